@@ -1,0 +1,297 @@
+"""Convert a torchvision-layout ImageNet ResNet/ResNeXt checkpoint into a detectron2 ``.pkl``.
+
+The output is ``{"model": {name: float32 ndarray}, "__author__": ..., "matching_heuristics": True,
+"gwdet": {"arch", "gw_positions", "norm", "source"}}`` with detectron2's ResNet names
+(``stem.conv1.weight``, ``res2.0.conv2.norm.weight``, ...), so ``DetectionCheckpointer(model)
+.load(path)`` maps them onto ``backbone.bottom_up.*`` of gwdet's backbones (and returns the
+``"gwdet"`` entry among the unprocessed ones).
+
+The architecture and the GW positions are inferred from the checkpoint and, when the caller names
+them, checked against it, so BN statistics never go into a GW layer nor GW parameters into a BN
+layer. The classifier (``fc``) and ``num_batches_tracked`` are dropped; GW affine parameters stored
+as ``[1, C, 1, 1]`` become ``[C]``. Keys outside torchvision's ResNet layout fail the conversion
+unless ``allow_unexpected=True``, which drops them and lists them in the report.
+
+Converted weights go with a config that feeds images as torchvision does: ``INPUT.FORMAT: "RGB"``,
+torchvision's pixel mean/std in 0-255 units, and ``MODEL.RESNETS.STRIDE_IN_1X1: False`` (the stride
+sits in the 3x3 conv), as ``configs/Base-RCNN-FPN.yaml`` sets. :meth:`ConversionReport.config` lists
+the keys.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+
+from gwdet.checkpoint.layout import (
+    ARCHITECTURES,
+    NORM_POSITIONS,
+    SourceLayout,
+    check_fits_architecture,
+    check_requested_architecture,
+    check_requested_gw_positions,
+    check_requested_names,
+    detectron2_weights,
+    expected_shapes,
+    format_gw_positions,
+    infer_architecture,
+    infer_gw_positions,
+    is_gn_style,
+    parse_torchvision_layout,
+)
+from gwdet.checkpoint.loading import (
+    ConversionError,
+    SourceStateDict,
+    preview_names,
+    read_source_state_dict,
+)
+
+OUTPUT_SUFFIX = ".pkl"
+METADATA_KEY = "gwdet"
+UNEXPECTED_FLAG = "--allow-unexpected"
+TORCHVISION_PIXEL_MEAN = (123.675, 116.28, 103.53)  # ImageNet statistics, RGB, 0-255 units
+TORCHVISION_PIXEL_STD = (58.395, 57.12, 57.375)
+
+
+@dataclass
+class ConversionReport:
+    """What a conversion found, converted, dropped and inferred."""
+
+    source: str
+    wrapping: str  # where the state dict sat in the file
+    stripped_prefix: str  # "module." when DataParallel prefixes were removed, else ""
+    arch: str  # an ARCHITECTURES name
+    arch_requested: str | None
+    gw_positions: str  # gwdet's GW_POSITIONS spelling; "" means no GW
+    gw_positions_requested: str | None
+    gn_style: bool  # no norm has running statistics (e.g. an ImageNet GN model)
+    converted_convs: int
+    converted_bn_norms: int
+    converted_affine_norms: int  # GW norms (GN norms when gn_style)
+    reshaped_affine: int  # GW weights/biases reshaped from [1, C, 1, 1] to [C]
+    converted_keys: int
+    dropped_classifier: list[str]
+    dropped_num_batches_tracked: int
+    unexpected: list[str]  # dropped because allow_unexpected was set
+    output: str | None = None
+
+    def format(self) -> str:
+        """The report as printed by ``tools/convert_pretrained.py``."""
+        affine_kind = "GN" if self.gn_style else "GW"
+        reshaped = ""
+        if self.reshaped_affine:
+            reshaped = f"; {self.reshaped_affine} reshaped [1,C,1,1] -> [C]"
+        unexpected = (
+            f"{len(self.unexpected)} dropped ({UNEXPECTED_FLAG}): {preview_names(self.unexpected)}"
+            if self.unexpected
+            else "none"
+        )
+        prefix = f", {self.stripped_prefix!r} prefix removed" if self.stripped_prefix else ""
+        lines = [
+            f"Converted {self.source}" + (f" -> {self.output}" if self.output else ""),
+            f"  source layout : {self.wrapping}{prefix}",
+            f"  architecture  : {self.arch}; {_origin(self.arch_requested, '--arch')}",
+            f"  GW positions  : {self._positions_text()}; "
+            f"{_origin(self.gw_positions_requested, '--gw-positions')}",
+            f"  converted     : {self.converted_keys} keys: {self.converted_convs} convs, "
+            f"{self.converted_bn_norms} BN norms (weight, bias, running_mean, running_var),",
+            f"                  {self.converted_affine_norms} {affine_kind} norms "
+            f"(weight, bias{reshaped})",
+            f"  dropped       : {len(self.dropped_classifier)} classifier keys "
+            f"{preview_names(self.dropped_classifier, 4)}, "
+            f"{self.dropped_num_batches_tracked} num_batches_tracked",
+            f"  unexpected    : {unexpected}",
+            "Config for these weights:",
+        ]
+        lines += [f"  {key}: {_yaml_value(value)}" for key, value in self.config().items()]
+        return "\n".join(lines)
+
+    def _positions_text(self) -> str:
+        if self.gw_positions:
+            return self.gw_positions
+        if self.gn_style:
+            return "none (no norm has running statistics: GN-style)"
+        return "none (BN everywhere)"
+
+    def config(self) -> dict[str, object]:
+        """The config keys (detectron2's and gwdet's) of a model loading these weights."""
+        arch = ARCHITECTURES[self.arch]
+        return {
+            "MODEL.RESNETS.DEPTH": arch.depth,
+            "MODEL.RESNETS.NUM_GROUPS": arch.num_groups,
+            "MODEL.RESNETS.WIDTH_PER_GROUP": arch.width_per_group,
+            "MODEL.RESNETS.STRIDE_IN_1X1": False,
+            "MODEL.RESNETS.NORM": "GN" if self.gn_style else "FrozenBN",  # BN/SyncBN to train it
+            "MODEL.RESNETS.GW_POSITIONS": self.gw_positions,
+            "MODEL.PIXEL_MEAN": list(TORCHVISION_PIXEL_MEAN),
+            "MODEL.PIXEL_STD": list(TORCHVISION_PIXEL_STD),
+            "INPUT.FORMAT": "RGB",
+        }
+
+    def author(self) -> str:
+        """The output's ``__author__``; detectron2 logs it when loading the weights."""
+        positions = self.gw_positions or "none"
+        source = os.path.basename(self.source)
+        return f"gwdet convert_pretrained: {source} as {self.arch}, GW at {positions}"
+
+    def metadata(self) -> dict[str, str]:
+        """What the weights are, stored in the output under :data:`METADATA_KEY`."""
+        return {
+            "arch": self.arch,
+            "gw_positions": self.gw_positions,
+            "norm": "GN" if self.gn_style else "BN",
+            "source": os.path.basename(self.source),
+        }
+
+
+def _yaml_value(value: object) -> str:
+    """``"RGB"`` for strings (so that ``""`` shows), ``str(value)`` otherwise."""
+    return f'"{value}"' if isinstance(value, str) else str(value)
+
+
+def _origin(requested: str | None, flag: str) -> str:
+    return "inferred" if requested is None else f"inferred, matches {flag}"
+
+
+def convert_state_dict(
+    source: SourceStateDict,
+    arch: str | None = None,
+    gw_positions: str | None = None,
+    allow_unexpected: bool = False,
+    source_name: str = "<state dict>",
+) -> tuple[dict[str, np.ndarray], ConversionReport]:
+    """Map a torchvision-layout state dict onto detectron2's ResNet names.
+
+    Args:
+        source: the source tensors, e.g. from :func:`read_source_state_dict`.
+        arch: an :data:`ARCHITECTURES` name to insist on, or None to accept the inferred one.
+        gw_positions: a GW_POSITIONS string to insist on (``""``: no GW), or None for any.
+        allow_unexpected: drop keys outside torchvision's ResNet layout instead of failing.
+        source_name: how the report names the source.
+
+    Returns:
+        The detectron2-named float32 arrays, and the report.
+
+    Raises:
+        ConversionError: the checkpoint does not fit ``arch``/``gw_positions``, is of an
+            unsupported architecture, has GW positions gwdet cannot represent, is incomplete,
+            or has unexpected keys.
+    """
+    check_requested_names(arch, gw_positions)
+    layout = parse_torchvision_layout(source.tensors)
+    _check_unexpected(layout, allow_unexpected)
+    inferred_arch = infer_architecture(layout)
+    check_requested_architecture(inferred_arch, arch)
+    positions = infer_gw_positions(layout)
+    check_requested_gw_positions(positions, gw_positions)
+    gn_style = is_gn_style(layout)
+    weights, reshaped = detectron2_weights(layout)
+    affine_only_positions = frozenset(NORM_POSITIONS) if gn_style else positions
+    expected = expected_shapes(inferred_arch, affine_only_positions)
+    check_fits_architecture(weights, expected, inferred_arch)
+    affine_norms = sum(norm.affine_only for norm in layout.norms.values())
+    return weights, ConversionReport(
+        source=source_name,
+        wrapping=source.wrapping,
+        stripped_prefix=source.stripped_prefix,
+        arch=inferred_arch.name,
+        arch_requested=arch,
+        gw_positions=format_gw_positions(positions),
+        gw_positions_requested=gw_positions,
+        gn_style=gn_style,
+        converted_convs=len(layout.convs),
+        converted_bn_norms=len(layout.norms) - affine_norms,
+        converted_affine_norms=affine_norms,
+        reshaped_affine=reshaped,
+        converted_keys=len(weights),
+        dropped_classifier=sorted(layout.dropped_classifier),
+        dropped_num_batches_tracked=len(layout.dropped_num_batches_tracked),
+        unexpected=sorted(layout.unexpected),
+    )
+
+
+def _check_unexpected(layout: SourceLayout, allow_unexpected: bool) -> None:
+    if layout.unexpected and not allow_unexpected:
+        raise ConversionError(
+            f"{len(layout.unexpected)} keys are not part of torchvision's ResNet layout: "
+            f"{preview_names(sorted(layout.unexpected))}. Check that this is the checkpoint you "
+            f"meant; pass {UNEXPECTED_FLAG} to drop these keys and convert the rest."
+        )
+
+
+def convert_checkpoint(
+    input_path: str | os.PathLike,
+    output_path: str | os.PathLike,
+    arch: str | None = None,
+    gw_positions: str | None = None,
+    allow_unsafe_pickle: bool = False,
+    allow_unexpected: bool = False,
+) -> ConversionReport:
+    """Read ``input_path``, convert it, and write a detectron2 ``.pkl`` to ``output_path``.
+
+    The output appears only when the conversion succeeds. See :func:`convert_state_dict` for
+    ``arch``, ``gw_positions`` and ``allow_unexpected``; ``allow_unsafe_pickle`` permits full
+    unpickling of the input, which can execute arbitrary code (trusted files only).
+
+    Raises:
+        ConversionError: anything that prevents a faithful conversion; the message says what
+            and how to fix it.
+    """
+    input_path, output_path = os.fspath(input_path), os.fspath(output_path)
+    check_requested_names(arch, gw_positions)
+    _check_output_path(input_path, output_path)
+    source = read_source_state_dict(input_path, allow_unsafe_pickle=allow_unsafe_pickle)
+    try:
+        weights, report = convert_state_dict(
+            source, arch, gw_positions, allow_unexpected, source_name=input_path
+        )
+    except ConversionError as error:
+        raise ConversionError(f"{input_path}: {error}") from None
+    write_detectron2_pkl(weights, output_path, report.author(), report.metadata())
+    report.output = output_path
+    return report
+
+
+def _check_output_path(input_path: str, output_path: str) -> None:
+    if not output_path.endswith(OUTPUT_SUFFIX):
+        raise ConversionError(
+            f"{output_path}: the output must end with {OUTPUT_SUFFIX}; detectron2 reads "
+            "converted weights (numpy arrays, matching heuristics) only from .pkl files."
+        )
+    folder = os.path.dirname(os.path.abspath(output_path))
+    if not os.path.isdir(folder):
+        raise ConversionError(f"{output_path}: folder {folder} does not exist. Create it first.")
+    both_exist = os.path.isfile(input_path) and os.path.isfile(output_path)
+    if both_exist and os.path.samefile(input_path, output_path):
+        raise ConversionError(f"{output_path}: this is the input file; choose another output.")
+
+
+def write_detectron2_pkl(
+    weights: dict[str, np.ndarray],
+    output_path: str | os.PathLike,
+    author: str,
+    metadata: dict[str, str] | None = None,
+) -> None:
+    """Write ``weights`` as a detectron2 ``.pkl`` with matching heuristics on.
+
+    The file is written under a temporary name in the same folder and renamed when complete, so
+    ``output_path`` never holds a partial file. ``metadata`` goes under :data:`METADATA_KEY`.
+    """
+    output_path = os.fspath(output_path)
+    checkpoint = {"model": weights, "__author__": author, "matching_heuristics": True}
+    if metadata is not None:
+        checkpoint[METADATA_KEY] = metadata
+    folder, name = os.path.split(os.path.abspath(output_path))
+    temporary = os.path.join(folder, f".{name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(temporary, "xb") as f:
+            pickle.dump(checkpoint, f)
+        os.replace(temporary, output_path)
+    except OSError as error:
+        raise ConversionError(f"{output_path}: cannot write the output ({error}).") from None
+    finally:
+        if os.path.exists(temporary):  # the rename did not happen: leave nothing behind
+            os.unlink(temporary)

@@ -1,0 +1,152 @@
+"""Reading a torchvision-layout ImageNet checkpoint into a flat ``{name: tensor}`` state dict.
+
+Files are read with ``torch.load(path, map_location="cpu", weights_only=True)``, which unpickles
+only tensors and plain containers. A file that needs anything else (a class of the training code,
+``argparse.Namespace``, a whole pickled ``nn.Module``) is refused with :class:`ConversionError`
+unless the caller opts in with ``allow_unsafe_pickle=True``: full unpickling can run arbitrary
+code, so that is for files from a trusted source only.
+
+The state dict may be the file's top-level object, or sit under ``"state_dict"`` or ``"model"``
+(the layouts of ImageNet training scripts); ``module.`` prefixes left by ``DataParallel`` are
+removed.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+
+from gwdet.checkpoint.safe_load import UnsafeCheckpointError, load_torch_file, starts_like_torch_save_output
+
+DATA_PARALLEL_PREFIX = "module."
+STATE_DICT_ENTRIES = ("state_dict", "model")
+UNSAFE_PICKLE_FLAG = "--allow-unsafe-pickle"
+
+
+
+class ConversionError(ValueError):
+    """A checkpoint cannot be converted; the message says what is wrong and how to fix it."""
+
+
+@dataclass(frozen=True)
+class SourceStateDict:
+    """The tensors of a source checkpoint and where in the file they were found."""
+
+    tensors: dict[str, torch.Tensor]
+    wrapping: str  # "bare state_dict", "'state_dict' entry", "'model' entry", "pickled nn.Module"
+    stripped_prefix: str  # "module." (repeated if nested) when removed, else ""
+
+
+def read_source_state_dict(
+    path: str | os.PathLike, allow_unsafe_pickle: bool = False
+) -> SourceStateDict:
+    """Load ``path`` and return its state dict, unwrapped and without ``module.`` prefixes.
+
+    Raises:
+        ConversionError: the path is not a readable file, the file is truncated or not a PyTorch
+            checkpoint, it needs unsafe unpickling and ``allow_unsafe_pickle`` is false, or it
+            holds no state dict.
+    """
+    path = os.fspath(path)
+    _check_readable_file(path)
+    loaded = _torch_load(path, allow_unsafe_pickle)
+    tensors, wrapping = _unwrap_state_dict(path, loaded)
+    tensors, stripped_prefix = _strip_data_parallel_prefix(tensors)
+    return SourceStateDict(tensors=tensors, wrapping=wrapping, stripped_prefix=stripped_prefix)
+
+
+def _check_readable_file(path: str) -> None:
+    if not os.path.exists(path):
+        raise ConversionError(f"{path}: no such file. Check the input path.")
+    if not os.path.isfile(path):
+        raise ConversionError(f"{path}: not a regular file. Pass the checkpoint file itself.")
+    if not os.access(path, os.R_OK):
+        raise ConversionError(f"{path}: permission denied. Make the file readable for this user.")
+    if os.path.getsize(path) == 0:
+        raise ConversionError(f"{path}: the file is empty (an interrupted download?).")
+
+
+def _torch_load(path: str, allow_unsafe_pickle: bool) -> Any:
+    """``torch.load`` to CPU, weights-only unless opted out; any failure becomes ConversionError."""
+    try:
+        return load_torch_file(path, allow_unsafe_pickle, f"pass {UNSAFE_PICKLE_FLAG} (allow_unsafe_pickle=True)")
+    except UnsafeCheckpointError as refused:
+        raise ConversionError(str(refused)) from None
+    except Exception as error:  # torch.load reports bad files with many exception types
+        raise _unreadable_file_error(path, error) from None
+
+
+def _unreadable_file_error(path: str, error: Exception) -> ConversionError:
+    cause = error.__context__ if isinstance(error, pickle.UnpicklingError) else None
+    detail = f"{type(cause or error).__name__}: {_first_sentence(cause or error)}"
+    hint = (
+        " A .pkl from detectron2's model zoo needs no conversion: use it as MODEL.WEIGHTS."
+        if path.endswith(".pkl")
+        else ""
+    )
+    if starts_like_torch_save_output(path):
+        return ConversionError(
+            f"{path}: the file is truncated or corrupted ({detail}). It starts like a torch.save "
+            f"file but cannot be read to the end; download or save it again.{hint}"
+        )
+    return ConversionError(
+        f"{path}: not a PyTorch checkpoint ({detail}). Expected a .pth/.pt file written by "
+        f"torch.save, holding a torchvision-layout ResNet/ResNeXt state dict.{hint}"
+    )
+
+
+def _first_sentence(error: BaseException) -> str:
+    text = str(error).strip() or "no details"
+    return text.splitlines()[0].split(". ")[0].rstrip(".")
+
+
+def _unwrap_state_dict(path: str, loaded: Any) -> tuple[dict[str, torch.Tensor], str]:
+    """Find the state dict: ``loaded`` itself, its "state_dict"/"model" entry, or a module's."""
+    if isinstance(loaded, torch.nn.Module):
+        return dict(loaded.state_dict()), "pickled nn.Module"
+    if not isinstance(loaded, Mapping):
+        raise ConversionError(
+            f"{path}: holds a {type(loaded).__name__}, not a state dict. Expected a dict of "
+            "tensors, or a dict with the state dict under 'state_dict' or 'model'."
+        )
+    if _is_tensor_mapping(loaded):
+        return dict(loaded), "bare state_dict"
+    for entry in STATE_DICT_ENTRIES:
+        inner = loaded.get(entry)
+        if isinstance(inner, torch.nn.Module):
+            return dict(inner.state_dict()), f"pickled nn.Module in '{entry}'"
+        if isinstance(inner, Mapping) and _is_tensor_mapping(inner):
+            return dict(inner), f"'{entry}' entry"
+    raise ConversionError(
+        f"{path}: no state dict found. The file holds a dict with keys "
+        f"{preview_names(list(loaded))}; neither are all its values tensors, nor does it have a "
+        "'state_dict' or 'model' entry that is a dict of tensors."
+    )
+
+
+def _is_tensor_mapping(mapping: Mapping) -> bool:
+    """A non-empty dict from names to tensors."""
+    return bool(mapping) and all(
+        isinstance(key, str) and isinstance(value, torch.Tensor) for key, value in mapping.items()
+    )
+
+
+def _strip_data_parallel_prefix(
+    tensors: dict[str, torch.Tensor]
+) -> tuple[dict[str, torch.Tensor], str]:
+    """Remove ``module.`` (as often as every key has it) left by (Distributed)DataParallel."""
+    stripped = ""
+    while tensors and all(key.startswith(DATA_PARALLEL_PREFIX) for key in tensors):
+        tensors = {key[len(DATA_PARALLEL_PREFIX):]: value for key, value in tensors.items()}
+        stripped += DATA_PARALLEL_PREFIX
+    return tensors, stripped
+
+
+def preview_names(names: list[str], limit: int = 8) -> str:
+    """``['a', 'b', ... (3 more)]``: at most ``limit`` names, then a count of the rest."""
+    shown = ", ".join(repr(name) for name in names[:limit])
+    rest = len(names) - limit
+    return f"[{shown}{f', ... ({rest} more)' if rest > 0 else ''}]"

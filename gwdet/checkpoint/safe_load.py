@@ -1,0 +1,104 @@
+"""Reading weights and checkpoints without executing code from the file.
+
+``.pth`` files go through ``torch.load(weights_only=True)``, which builds only tensors and plain
+containers; ``.pkl`` weight files through an unpickler that builds only numpy arrays and plain
+containers. A file that needs anything else (a training script's class, ``argparse.Namespace``, a
+pickled ``nn.Module``) raises :class:`UnsafeCheckpointError` naming what it needs, unless the
+caller opts in (``allow_unsafe=True``): full unpickling can run arbitrary code, so that is for
+trusted files only.
+"""
+from __future__ import annotations
+
+import io
+import pickle
+import re
+import zipfile
+from typing import Any
+
+import torch
+
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since PyTorch 1.6
+LEGACY_MAGIC = b"\x80\x02"  # the legacy format: a pickle stream, protocol 2
+_UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+# (module, name) pairs a .pkl of numpy weights needs, and nothing else.
+_NUMPY_PICKLE_GLOBALS = {
+    ("numpy", "ndarray"),
+    ("numpy", "dtype"),
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.multiarray", "scalar"),
+    ("collections", "OrderedDict"),
+}
+
+
+class UnsafeCheckpointError(RuntimeError):
+    """A file that can only be read by unpickling arbitrary objects (which can run code)."""
+
+    def __init__(self, path: str, needed: list[str], how_to_opt_in: str):
+        super().__init__(
+            f"{path}: refusing to load this file. It needs unsafe unpickling: besides tensors and "
+            f"arrays it contains {', '.join(needed)}, and unpickling that can execute arbitrary code. "
+            f"If you trust where the file comes from, {how_to_opt_in}; otherwise re-save only the "
+            "state dict (torch.save(model.state_dict(), path)) where the file is trusted."
+        )
+
+
+def starts_like_torch_save_output(path: str) -> bool:
+    """True for a zip archive (torch.save since PyTorch 1.6) or a protocol-2 pickle (legacy)."""
+    with open(path, "rb") as f:
+        head = f.read(len(ZIP_MAGIC))
+    return head.startswith(ZIP_MAGIC) or head.startswith(LEGACY_MAGIC)
+
+
+def _globals_refused(path: str, error: Exception) -> list[str]:
+    """The classes/functions a torch.save file needs beyond what weights-only loading allows."""
+    if not starts_like_torch_save_output(path):
+        return []
+    if zipfile.is_zipfile(path):
+        try:
+            names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+        except Exception:  # a damaged archive: fall back to the error message
+            names = []
+        if names:
+            return sorted(names)
+    messages = f"{error} {error.__context__ or ''}"
+    return sorted(set(_UNSUPPORTED_GLOBAL.findall(messages)))
+
+
+def load_torch_file(path: str, allow_unsafe: bool, how_to_opt_in: str) -> Any:
+    """``torch.load`` to CPU, weights-only unless ``allow_unsafe``.
+
+    Raises :class:`UnsafeCheckpointError` for a file that needs more; any other failure (truncated,
+    corrupted, not a checkpoint) propagates as torch raised it.
+    """
+    try:
+        return torch.load(path, map_location="cpu", weights_only=not allow_unsafe)
+    except Exception as error:  # torch.load reports bad files with many exception types
+        needed = [] if allow_unsafe else _globals_refused(path, error)
+        if needed:
+            raise UnsafeCheckpointError(path, needed, how_to_opt_in) from None
+        raise
+
+
+class _NumpyOnlyUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _NUMPY_PICKLE_GLOBALS:
+            return super().find_class(module, name)
+        raise UnsafeGlobal(f"{module}.{name}")
+
+
+class UnsafeGlobal(pickle.UnpicklingError):
+    """Raised by the numpy-only unpickler for a global it will not build."""
+
+
+def load_pickle_file(path: str, allow_unsafe: bool, how_to_opt_in: str) -> Any:
+    """Unpickle a ``.pkl`` weight file, building only numpy arrays and plain containers."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        return _NumpyOnlyUnpickler(io.BytesIO(raw), encoding="latin1").load()
+    except UnsafeGlobal as refused:
+        if not allow_unsafe:
+            raise UnsafeCheckpointError(path, [str(refused)], how_to_opt_in) from None
+        return pickle.loads(raw, encoding="latin1")

@@ -1,0 +1,214 @@
+"""The embedded synthetic instance-segmentation dataset ("shapes"): runs anywhere, offline.
+
+Each image has a textured background (colour gradient, stripes and noise) and 1-6 filled shapes of
+four classes (circle, square, triangle, star) with random sizes, colours and rotations. Shapes are
+painted in order, so later ones occlude earlier ones; every annotation is the *visible* part of its
+shape (RLE mask, tight box, area), and shapes hidden below ``MIN_VISIBLE_AREA`` pixels are dropped.
+
+Images are written as PNG files and annotations as COCO json (``INPUT.MASK_FORMAT: "bitmask"``),
+generated once into a cache folder keyed by size and seed, and registered through detectron2's
+``register_coco_instances`` as ``shapes_train`` and ``shapes_val``. Generation depends only on
+(seed, split, image index), so two machines produce identical files.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pycocotools.mask as mask_util
+from detectron2.config import CfgNode
+from detectron2.data import DatasetCatalog, MetadataCatalog
+from detectron2.data.datasets import register_coco_instances
+from PIL import Image, ImageDraw
+
+CLASSES = ("circle", "square", "triangle", "star")
+SPLITS = ("train", "val")
+MIN_VISIBLE_AREA = 16
+MAX_SHAPES_PER_IMAGE = 6
+
+
+@dataclass(frozen=True)
+class ShapesSpec:
+    """What to generate: image side in pixels, images per split, and the seed."""
+
+    image_size: int = 128
+    num_train: int = 200
+    num_val: int = 50
+    seed: int = 0
+
+    def num_images(self, split: str) -> int:
+        return {"train": self.num_train, "val": self.num_val}[split]
+
+    def folder_name(self) -> str:
+        return f"shapes_s{self.image_size}_n{self.num_train}-{self.num_val}_seed{self.seed}"
+
+    @classmethod
+    def from_config(cls, cfg: CfgNode) -> "ShapesSpec":
+        shapes = cfg.DATASETS.SHAPES
+        return cls(shapes.IMAGE_SIZE, shapes.NUM_TRAIN, shapes.NUM_VAL, shapes.SEED)
+
+
+def default_cache_root() -> Path:
+    """``$GWDET_CACHE`` if set, else ``~/.cache/gwdet``."""
+    return Path(os.environ.get("GWDET_CACHE", Path.home() / ".cache" / "gwdet"))
+
+
+# ---- drawing ---------------------------------------------------------------------------------
+
+
+def _textured_background(rng: np.random.Generator, size: int) -> np.ndarray:
+    """A colour gradient plus oriented stripes plus pixel noise, as float RGB in [0, 255]."""
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
+    corner_a, corner_b = rng.uniform(40, 215, size=(2, 3))
+    angle = rng.uniform(0, math.pi)
+    ramp = (xx * math.cos(angle) + yy * math.sin(angle) + 1) / 2
+    image = corner_a + (corner_b - corner_a) * ramp[..., None]
+    stripe_angle, stripe_freq = rng.uniform(0, math.pi), rng.uniform(4, 16)
+    stripes = np.sin(2 * math.pi * stripe_freq * (xx * math.cos(stripe_angle) + yy * math.sin(stripe_angle)))
+    image += rng.uniform(5, 25) * stripes[..., None]
+    image += rng.normal(0, rng.uniform(2, 10), size=image.shape)
+    return image
+
+
+def _regular_polygon(center, radius: float, sides: int, rotation: float, inner_ratio: float = 1.0):
+    """Vertices of a regular polygon; ``inner_ratio`` < 1 alternates radii to make a star."""
+    points = []
+    steps = sides * (2 if inner_ratio < 1.0 else 1)
+    for k in range(steps):
+        r = radius if k % 2 == 0 or inner_ratio == 1.0 else radius * inner_ratio
+        theta = rotation + 2 * math.pi * k / steps
+        points.append((center[0] + r * math.cos(theta), center[1] + r * math.sin(theta)))
+    return points
+
+
+def _shape_mask(rng: np.random.Generator, size: int, class_id: int) -> np.ndarray:
+    """A boolean mask of one random shape of class ``class_id``."""
+    radius = rng.uniform(0.08, 0.25) * size
+    center = rng.uniform(0.1 * size, 0.9 * size, size=2)
+    rotation = rng.uniform(0, 2 * math.pi)
+    canvas = Image.new("L", (size, size), 0)
+    draw = ImageDraw.Draw(canvas)
+    name = CLASSES[class_id]
+    if name == "circle":
+        draw.ellipse([center[0] - radius, center[1] - radius, center[0] + radius, center[1] + radius], fill=1)
+    elif name == "square":
+        draw.polygon(_regular_polygon(center, radius * 1.2, 4, rotation), fill=1)
+    elif name == "triangle":
+        draw.polygon(_regular_polygon(center, radius * 1.3, 3, rotation), fill=1)
+    else:
+        draw.polygon(_regular_polygon(center, radius * 1.4, 5, rotation, inner_ratio=0.45), fill=1)
+    return np.asarray(canvas, dtype=bool)
+
+
+def render_image(seed: int, split: str, index: int, size: int) -> tuple[np.ndarray, list[dict]]:
+    """One image (uint8 HxWx3) and its instances ``{"category_id", "mask"}`` (visible parts)."""
+    rng = np.random.default_rng([seed, SPLITS.index(split), index])
+    image = _textured_background(rng, size)
+    masks, class_ids = [], []
+    for _ in range(rng.integers(1, MAX_SHAPES_PER_IMAGE + 1)):
+        class_id = int(rng.integers(len(CLASSES)))
+        mask = _shape_mask(rng, size, class_id)
+        colour = rng.uniform(0, 255, size=3)
+        shading = rng.normal(0, 6, size=(int(mask.sum()), 3))
+        image[mask] = colour + shading
+        masks.append(mask)
+        class_ids.append(class_id)
+    instances = []
+    covered_by_later = np.zeros((size, size), dtype=bool)
+    for mask, class_id in zip(reversed(masks), reversed(class_ids)):
+        visible = mask & ~covered_by_later
+        covered_by_later |= mask
+        if visible.sum() >= MIN_VISIBLE_AREA:
+            instances.append({"category_id": class_id, "mask": visible})
+    instances.reverse()
+    return np.clip(image, 0, 255).astype(np.uint8), instances
+
+
+# ---- writing ---------------------------------------------------------------------------------
+
+
+def _coco_annotation(mask: np.ndarray, category_id: int, image_id: int, annotation_id: int) -> dict:
+    rle = mask_util.encode(np.asfortranarray(mask.astype(np.uint8)))
+    return {
+        "id": annotation_id,
+        "image_id": image_id,
+        "category_id": category_id + 1,
+        "segmentation": {"size": list(rle["size"]), "counts": rle["counts"].decode("ascii")},
+        "area": float(mask_util.area(rle)),
+        "bbox": [float(v) for v in mask_util.toBbox(rle)],
+        "iscrowd": 0,
+    }
+
+
+def write_split(spec: ShapesSpec, split: str, out_dir: Path) -> None:
+    """Write ``out_dir/<split>/*.png`` and ``out_dir/<split>.json`` (COCO instances)."""
+    image_dir = out_dir / split
+    image_dir.mkdir(parents=True, exist_ok=True)
+    images, annotations = [], []
+    for index in range(spec.num_images(split)):
+        pixels, instances = render_image(spec.seed, split, index, spec.image_size)
+        file_name = f"{index:06d}.png"
+        Image.fromarray(pixels).save(image_dir / file_name)
+        image_id = index + 1
+        images.append({"id": image_id, "file_name": file_name, "height": spec.image_size, "width": spec.image_size})
+        for instance in instances:
+            annotations.append(
+                _coco_annotation(instance["mask"], instance["category_id"], image_id, len(annotations) + 1)
+            )
+    coco = {
+        "info": {"description": f"gwdet synthetic shapes ({split}, seed {spec.seed})"},
+        "images": images,
+        "annotations": annotations,
+        "categories": [{"id": i + 1, "name": name, "supercategory": "shape"} for i, name in enumerate(CLASSES)],
+    }
+    (out_dir / f"{split}.json").write_text(json.dumps(coco))
+
+
+def _is_complete(folder: Path) -> bool:
+    return all((folder / f"{split}.json").is_file() for split in SPLITS)
+
+
+def ensure_generated(spec: ShapesSpec, root: Path | None = None) -> Path:
+    """Generate the dataset once (atomically: a temp folder renamed into place); return its folder."""
+    root = Path(root) if root else default_cache_root()
+    target = root / spec.folder_name()
+    if _is_complete(target):
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
+    try:
+        for split in SPLITS:
+            write_split(spec, split, staging)
+        shutil.rmtree(target, ignore_errors=True)  # what an interrupted older version left
+        try:
+            os.replace(staging, target)
+        except OSError:
+            if not _is_complete(target):  # not just another process finishing first
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def register_shapes(cfg: CfgNode) -> Path:
+    """Generate (if needed) the dataset ``cfg.DATASETS.SHAPES`` asks for and register its splits.
+
+    Re-registering with a different size or seed replaces the earlier registration.
+    """
+    folder = ensure_generated(ShapesSpec.from_config(cfg), cfg.DATASETS.SHAPES.ROOT or None)
+    for split in SPLITS:
+        name = f"shapes_{split}"
+        json_file = str(folder / f"{split}.json")
+        if name in DatasetCatalog.list():
+            if MetadataCatalog.get(name).get("json_file") == json_file:
+                continue
+            DatasetCatalog.remove(name)
+            MetadataCatalog.remove(name)
+        register_coco_instances(name, {"thing_classes": list(CLASSES)}, json_file, str(folder / split))
+    return folder

@@ -1,0 +1,191 @@
+"""Batch group normalization (Summers & Dinneen, "Four Things Everyone Should Know to Improve
+Batch Normalization", ICLR 2020, Secs. 3.1, 3.2 and 3.4).
+
+Training (Sec. 3.4): the batch is cut into groups of ``examples_per_group`` consecutive examples
+and the channels into ``G`` contiguous groups; every value is standardized (Eq. 1) with the mean
+and biased variance of its (example group x channel group) block. ``examples_per_group = 1`` is
+group normalization; one channel per group is ghost batch normalization (Sec. 3.2, Eq. 4) and,
+with ``examples_per_group >= N``, batch normalization.
+
+Running statistics: per channel, ``running_mean`` and ``running_var`` follow the momentum update
+of batch norm, ``running <- (1 - momentum) running + momentum batch``, where ``batch`` averages,
+over the examples, the block statistics each example was normalized with (the variance with
+Bessel's correction for the block size, as batch norm does). The running second moment of
+Eq. 3 is ``m_{x^2} = running_var + running_mean^2``.
+
+Evaluation, inference example weighing (Sec. 3.1, Eq. 3) with ``alpha = eval_example_weight``:
+the example's own moments over its channel group (``E[x]``, ``E[x^2]``) are blended with the
+running ones, ``mu = alpha E[x] + (1 - alpha) m_x`` and
+``sigma^2 = alpha E[x^2] + (1 - alpha) m_{x^2} - mu^2``, computed in the equivalent form
+``alpha var_own + (1 - alpha) running_var + alpha (1 - alpha) (E[x] - running_mean)^2``, which
+avoids cancellation. ``alpha = 0`` is batch-norm inference, ``alpha = 1`` group norm.
+
+Rules: the channel-group count used is the largest divisor of ``C`` that is ``<= num_groups``.
+When ``N`` is not a multiple of ``examples_per_group``, the last ``N mod examples_per_group``
+examples form one smaller example group normalized over its own examples (and a batch smaller
+than ``examples_per_group`` is a single group). A block of a single value gets no Bessel
+correction. An input with no elements returns an empty output and leaves the running
+statistics untouched. Statistics are computed in float32 (float64 for float64 input) and the
+output is returned in the input dtype.
+"""
+from typing import Tuple
+
+import torch
+from torch import Tensor, nn
+
+from ._common import (
+    check_input,
+    check_int_at_least,
+    check_positive,
+    check_unit_interval,
+    largest_divisor_at_most,
+    per_channel_affine,
+    statistics_dtype,
+)
+
+
+class BatchGroupNorm(nn.Module):
+    """Normalization over groups of examples times groups of channels (Four Things Sec. 3.4).
+
+    Args:
+        num_channels: ``C``, the size of dim 1 of the input.
+        num_groups: requested channel-group count; :attr:`effective_num_groups` is the count
+            actually used (largest divisor of ``C`` that is ``<= num_groups``).
+        examples_per_group: consecutive examples sharing statistics in training, ``>= 1``.
+        eps: added to the variance, ``> 0``.
+        momentum: weight of the batch statistics in the running averages, in [0, 1].
+        eval_example_weight: ``alpha`` of inference example weighing (Eq. 3), in [0, 1].
+        affine: learn ``weight`` and ``bias`` of shape ``[C]`` (initialised to 1 and 0).
+
+    Buffers: ``running_mean`` (starts at 0) and ``running_var`` (starts at 1), both ``[C]``.
+    """
+
+    def __init__(
+        self,
+        num_channels: int,
+        num_groups: int = 32,
+        examples_per_group: int = 2,
+        eps: float = 1e-5,
+        momentum: float = 0.1,
+        eval_example_weight: float = 0.0,
+        affine: bool = True,
+    ) -> None:
+        super().__init__()
+        owner = type(self).__name__
+        check_int_at_least(owner, "num_channels", num_channels, 1)
+        check_int_at_least(owner, "num_groups", num_groups, 1)
+        check_int_at_least(owner, "examples_per_group", examples_per_group, 1)
+        check_positive(owner, "eps", eps)
+        check_unit_interval(owner, "momentum", momentum)
+        check_unit_interval(owner, "eval_example_weight", eval_example_weight)
+        self.num_channels = num_channels
+        self.num_groups = num_groups
+        self.effective_num_groups = largest_divisor_at_most(num_channels, num_groups)
+        self.examples_per_group = examples_per_group
+        self.eps = float(eps)
+        self.momentum = float(momentum)
+        self.eval_example_weight = float(eval_example_weight)
+        self.affine = affine
+        if affine:
+            self.weight = nn.Parameter(torch.ones(num_channels))
+            self.bias = nn.Parameter(torch.zeros(num_channels))
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        self.register_buffer("running_mean", torch.zeros(num_channels))
+        self.register_buffer("running_var", torch.ones(num_channels))
+
+    def forward(self, x: Tensor) -> Tensor:
+        check_input("BatchGroupNorm", x, self.num_channels)
+        if x.numel() == 0:
+            normalized = x
+        else:
+            values = x.to(statistics_dtype(x.dtype)).reshape(x.shape[0], self.num_channels, -1)
+            if self.training:
+                mean, var = self._training_statistics(values)
+            else:
+                mean, var = self._inference_statistics(values)
+            scale = torch.rsqrt(var + self.eps).unsqueeze(-1)
+            normalized = ((values - mean.unsqueeze(-1)) * scale).reshape(x.shape).to(x.dtype)
+        return per_channel_affine(normalized, self.weight, self.bias)
+
+    def _training_statistics(self, values: Tensor) -> Tuple[Tensor, Tensor]:
+        """Per-example, per-channel mean and variance of each example's block; updates buffers."""
+        mean, var, corrected_var = self._example_group_moments(values)
+        self._update_running_statistics(mean, corrected_var)
+        return self._to_channels(mean), self._to_channels(var)
+
+    def _example_group_moments(self, values: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """:meth:`_block_moments` with blocks of ``examples_per_group`` consecutive examples,
+        the last ``N mod examples_per_group`` examples forming one smaller block."""
+        num_examples = values.shape[0]
+        grouped_examples = num_examples - num_examples % self.examples_per_group
+        if grouped_examples == num_examples:
+            return self._block_moments(values, self.examples_per_group)
+        if grouped_examples == 0:
+            return self._block_moments(values, num_examples)
+        head_mean, head_var, head_corrected = self._block_moments(
+            values[:grouped_examples], self.examples_per_group
+        )
+        tail_mean, tail_var, tail_corrected = self._block_moments(
+            values[grouped_examples:], num_examples - grouped_examples
+        )
+        return (
+            torch.cat([head_mean, tail_mean]),
+            torch.cat([head_var, tail_var]),
+            torch.cat([head_corrected, tail_corrected]),
+        )
+
+    def _update_running_statistics(self, mean: Tensor, corrected_var: Tensor) -> None:
+        """``running <- (1 - momentum) running + momentum batch``, ``batch`` being the average over
+        the examples of the ``(N, G)`` block statistics they were normalized with."""
+        with torch.no_grad():
+            batch_mean = self._to_channels(mean).mean(dim=0)
+            batch_var = self._to_channels(corrected_var).mean(dim=0)
+            self.running_mean.lerp_(batch_mean.to(self.running_mean.dtype), self.momentum)
+            self.running_var.lerp_(batch_var.to(self.running_var.dtype), self.momentum)
+
+    def _inference_statistics(self, values: Tensor) -> Tuple[Tensor, Tensor]:
+        """Eq. 3: the example's own moments blended with the running ones, per example/channel."""
+        own_mean, own_var, _ = self._block_moments(values, 1)
+        own_mean = self._to_channels(own_mean)
+        own_var = self._to_channels(own_var)
+        running_mean = self.running_mean.to(values.dtype)
+        running_var = self.running_var.to(values.dtype)
+        alpha = self.eval_example_weight
+        mean = alpha * own_mean + (1.0 - alpha) * running_mean
+        var = (
+            alpha * own_var
+            + (1.0 - alpha) * running_var
+            + alpha * (1.0 - alpha) * (own_mean - running_mean) ** 2
+        )
+        return mean, var
+
+    def _block_moments(self, values: Tensor, examples: int) -> Tuple[Tensor, Tensor, Tensor]:
+        """Mean, biased and Bessel-corrected variance of each (``examples`` consecutive examples
+        x channel group) block of ``values`` ``(n, C, S)``, ``n`` a multiple of ``examples``;
+        each of shape ``(n, G)``, repeated for every example of a block."""
+        num_examples = values.shape[0]
+        groups = self.effective_num_groups
+        blocks = values.reshape(num_examples // examples, examples, groups, -1)
+        var, mean = torch.var_mean(blocks, dim=[1, 3], unbiased=False, keepdim=True)
+        block_size = examples * blocks.shape[-1]
+        bessel = block_size / (block_size - 1) if block_size > 1 else 1.0
+        expanded = [num_examples // examples, examples, groups, 1]
+        mean = mean.expand(expanded).reshape(num_examples, groups)
+        var = var.expand(expanded).reshape(num_examples, groups)
+        return mean, var, var * bessel
+
+    def _to_channels(self, group_statistic: Tensor) -> Tensor:
+        """Repeat an ``(n, G)`` per-group statistic for every channel of its group: ``(n, C)``."""
+        channels_per_group = self.num_channels // self.effective_num_groups
+        return group_statistic.repeat_interleave(channels_per_group, dim=1)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.num_channels}, num_groups={self.num_groups}, "
+            f"effective_num_groups={self.effective_num_groups}, "
+            f"examples_per_group={self.examples_per_group}, eps={self.eps}, "
+            f"momentum={self.momentum}, eval_example_weight={self.eval_example_weight}, "
+            f"affine={self.affine}"
+        )

@@ -1,0 +1,168 @@
+"""Group whitening (GW; Huang et al., "Group Whitening", CVPR 2021, Sec. 3 and Algorithm 1).
+
+For every sample independently, the ``C * H * W`` values are split into ``g`` contiguous channel
+groups, ``X_G in R^{g x c}`` with ``c = C/g * H * W`` (Eq. 8); each group is centred and the groups
+are whitened against each other, ``X_hat_G = Sigma^{-1/2} (X_G - mu 1^T)`` with the ``g x g``
+covariance ``Sigma = (1/c) X_C X_C^T + eps I`` (Eq. 9, Algorithm 1 lines 5-9); the division is
+then undone (Eq. 10) and a per-channel affine applied. There are no running statistics, so
+training and evaluation compute the same function. With ``g = 1`` GW is a layer norm over
+``(C, H, W)``.
+
+Channel-group rule: GW uses ``largest_divisor_at_most(C, num_groups)`` groups, i.e. the largest
+count ``<= num_groups`` that divides ``C``: ``C < num_groups`` gives one channel per group (paper
+Sec. 5.1.1), and e.g. ``C = 24, num_groups = 16`` gives 12 groups of 2 channels.
+
+Precision: statistics, whitening matrix and the whitened values are computed in float32 (float64
+for float64 input) outside any autocast region, and the result is cast back to the input dtype.
+A module compiled with ``torch.jit.script`` cannot leave an autocast region entered in eager
+code (TorchScript resolves autocast when it compiles), so run scripted models without autocast.
+
+Implementation: in eager mode both :func:`group_whitening` and :class:`GroupWhitening` (whose
+affine is fused in) run :class:`~.group_whitening_function.GroupWhiteningFunction`, a custom
+autograd Function with a closed-form backward that keeps only the input, the group means and
+small ``g x g`` matrices for the backward pass (see that module for the derivation and costs).
+Under ``torch.jit.script`` the same formulas run as plain tensor operations differentiated by
+autograd (:func:`_whiten_groups`); both compute the same function.
+"""
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from ._common import (
+    check_input,
+    check_int_at_least,
+    check_positive,
+    largest_divisor_at_most,
+    per_channel_affine,
+    statistics_dtype,
+)
+from .group_whitening_function import GroupWhiteningFunction
+from .whitening_matrix import check_whitening_method, ridge_covariance, whitening_matrix
+
+
+def group_whitening(
+    x: Tensor, num_groups: int, T: int = 5, eps: float = 1e-5, method: str = "itn"
+) -> Tensor:
+    """Group-whiten ``x`` of shape ``(N, C)`` or ``(N, C, *spatial)`` (no affine; Eqs. 8-10).
+
+    Args:
+        x: input; ``(N, C)`` is treated as ``(N, C, 1, 1)``, ``N = 0`` gives an empty output.
+        num_groups: requested group count; the count used is the largest divisor of ``C``
+            that is ``<= num_groups`` (see the module docstring).
+        T: Newton iterations for ``method="itn"`` (Eqs. 6-7); ignored by ``"zca"``.
+        eps: ridge added to the group covariance before whitening, ``> 0``.
+        method: ``"itn"`` (Newton iteration) or ``"zca"`` (eigendecomposition, Eq. 5).
+
+    Returns:
+        A tensor of ``x``'s shape and dtype.
+    """
+    check_int_at_least("group_whitening", "num_groups", num_groups, 1)
+    check_int_at_least("group_whitening", "T", T, 1)
+    check_positive("group_whitening", "eps", eps)
+    check_whitening_method("group_whitening", method)
+    if x.dim() < 2:
+        raise ValueError(
+            f"group_whitening: expected input of shape (N, C) or (N, C, *spatial), "
+            f"got {list(x.shape)}"
+        )
+    if torch.jit.is_scripting():
+        return _whiten_groups(x, num_groups, T, eps, method)
+    groups = largest_divisor_at_most(x.shape[1], num_groups)
+    return _group_whitening_function(x, None, None, groups, T, eps, method)
+
+
+@torch.jit.unused
+def _group_whitening_function(
+    x: Tensor,
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
+    groups: int,
+    T: int,
+    eps: float,
+    method: str,
+) -> Tensor:
+    """Eager-mode entry to :class:`GroupWhiteningFunction` (``groups`` must divide ``C``)."""
+    return GroupWhiteningFunction.apply(x, weight, bias, groups, T, eps, method)
+
+
+def _whiten_groups(x: Tensor, num_groups: int, T: int, eps: float, method: str) -> Tensor:
+    """Algorithm 1 for all samples at once with batched ``(N, g, g)`` matrix products,
+    differentiated by autograd (the TorchScript path; eager mode uses the fused Function)."""
+    num_samples = x.shape[0]
+    num_channels = x.shape[1]
+    groups = largest_divisor_at_most(num_channels, num_groups)
+    values_per_sample = num_channels
+    for size in x.shape[2:]:
+        values_per_sample *= size
+    grouped = x.to(statistics_dtype(x.dtype)).reshape(
+        num_samples, groups, values_per_sample // groups
+    )
+    centred = grouped - grouped.mean(dim=-1, keepdim=True)
+    cov = ridge_covariance(centred, eps)
+    whitened = torch.matmul(whitening_matrix(cov, method, T, eps), centred)
+    return whitened.reshape(x.shape).to(x.dtype)
+
+
+class GroupWhitening(nn.Module):
+    """Group whitening with a per-channel affine (Huang et al. 2021, Eqs. 8-10, Algorithm 1).
+
+    Args:
+        num_channels: ``C``, the size of dim 1 of the input.
+        num_groups: requested number of channel groups ``g``; :attr:`effective_num_groups` is
+            the count actually used (largest divisor of ``C`` that is ``<= num_groups``).
+        T: Newton iterations for ``method="itn"``; ignored by ``"zca"``.
+        eps: ridge added to the ``g x g`` group covariance, ``> 0``.
+        method: ``"itn"`` (Newton iteration, Eqs. 6-7; the paper's choice, T=5) or ``"zca"``
+            (eigendecomposition, Eq. 5).
+        affine: learn ``weight`` and ``bias`` of shape ``[C]`` (initialised to 1 and 0).
+
+    Per sample the output has zero group means and ``(1/c) X_hat_G X_hat_G^T = I - eps Sigma^{-1}``
+    for ZCA; ItN approaches this as ``T`` grows (see :func:`inverse_sqrt_itn`).
+    """
+
+    def __init__(
+        self,
+        num_channels: int,
+        num_groups: int = 64,
+        T: int = 5,
+        eps: float = 1e-5,
+        method: str = "itn",
+        affine: bool = True,
+    ) -> None:
+        super().__init__()
+        owner = type(self).__name__
+        check_int_at_least(owner, "num_channels", num_channels, 1)
+        check_int_at_least(owner, "num_groups", num_groups, 1)
+        check_int_at_least(owner, "T", T, 1)
+        check_positive(owner, "eps", eps)
+        check_whitening_method(owner, method)
+        self.num_channels = num_channels
+        self.num_groups = num_groups
+        self.effective_num_groups = largest_divisor_at_most(num_channels, num_groups)
+        self.T = T
+        self.eps = float(eps)
+        self.method = method
+        self.affine = affine
+        if affine:
+            self.weight = nn.Parameter(torch.ones(num_channels))
+            self.bias = nn.Parameter(torch.zeros(num_channels))
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+
+    def forward(self, x: Tensor) -> Tensor:
+        check_input("GroupWhitening", x, self.num_channels)
+        if torch.jit.is_scripting():
+            whitened = group_whitening(x, self.effective_num_groups, self.T, self.eps, self.method)
+            return per_channel_affine(whitened, self.weight, self.bias)
+        return _group_whitening_function(
+            x, self.weight, self.bias, self.effective_num_groups, self.T, self.eps, self.method
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.num_channels}, num_groups={self.num_groups}, "
+            f"effective_num_groups={self.effective_num_groups}, T={self.T}, eps={self.eps}, "
+            f"method={self.method!r}, affine={self.affine}"
+        )

@@ -1,0 +1,237 @@
+"""Covariance and inverse-square-root whitening matrices for batches of small matrices.
+
+Shared by group whitening (GW; Huang et al. 2021) and batch whitening (DBN; Huang et al. 2018).
+Every function works on a batch of row-major data matrices ``(..., g, m)`` (g variables,
+m observations) or on their ``(..., g, g)`` covariances; callers pass float32 or float64 tensors.
+"""
+from typing import Tuple
+
+import torch
+from torch import Tensor
+
+from ._common import check_choice
+
+
+def check_whitening_method(owner: str, method: str) -> None:
+    """Raise ``ValueError`` unless ``method`` is ``"itn"`` or ``"zca"``."""
+    check_choice(owner, "method", method, ["itn", "zca"])
+
+
+def ridge_covariance(centred: Tensor, eps: float) -> Tensor:
+    """``Sigma = (1/m) X_C X_C^T + eps I`` for centred data ``X_C`` of shape ``(..., g, m)``.
+
+    GW Algorithm 1 line 7 / DBN Eq. 3. The ridge ``eps I`` makes ``Sigma`` positive definite, so a
+    constant (zero-variance) set of rows still has a finite inverse square root.
+    """
+    num_rows = centred.shape[-2]
+    num_observations = centred.shape[-1]
+    cov = torch.matmul(centred, centred.transpose(-1, -2)) / num_observations
+    identity = torch.eye(num_rows, dtype=cov.dtype, device=cov.device)
+    return cov + eps * identity
+
+
+def inverse_sqrt_itn(cov: Tensor, T: int) -> Tensor:
+    """Approximate ``cov^{-1/2}`` by ``T`` Newton iterations ('ItN', GW Eqs. 6-7 / Eq. 17).
+
+    ``Sigma_N = Sigma / tr(Sigma)``, ``P_0 = I``, ``P_k = (3 P_{k-1} - P_{k-1}^3 Sigma_N) / 2``
+    and the result is ``P_T / sqrt(tr(Sigma))``. Each ``P_k`` is a polynomial in ``Sigma_N``, so
+    on an eigenvalue ``x = lambda / tr(Sigma)`` of ``Sigma_N`` the whitened covariance
+    ``P_T Sigma_N P_T`` has eigenvalue ``y_T`` with ``y_0 = x``,
+    ``y_k = y_{k-1} (3 - y_{k-1})^2 / 4``:
+    ``y_T`` rises monotonically to 1, slowly while ``x`` is small (many groups or an
+    ill-conditioned ``Sigma``) and quadratically once ``y`` is near 1. ``cov`` must include the
+    ``eps`` ridge so that the trace is positive. Differentiable by autograd (the backward is
+    GW Eqs. 18-19).
+    """
+    trace = cov.diagonal(dim1=-2, dim2=-1).sum(-1).unsqueeze(-1).unsqueeze(-1)
+    normalised = cov / trace
+    p = torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device).expand_as(cov)
+    for _ in range(T):
+        p_cubed = torch.matmul(torch.matmul(p, p), p)
+        p = 1.5 * p - 0.5 * torch.matmul(p_cubed, normalised)
+    return p / trace.sqrt()
+
+
+def inverse_sqrt_zca(cov: Tensor, min_eigenvalue: float) -> Tensor:
+    """``cov^{-1/2} = D Lambda^{-1/2} D^T`` by eigendecomposition (ZCA; GW Eq. 5, DBN Eq. 4).
+
+    Eigenvalues are floored at ``min_eigenvalue`` (pass the ridge ``eps``: it is their exact
+    lower bound, the floor only absorbs rounding error of the eigensolver).
+
+    Gradient: the eigendecomposition itself is not differentiated, because its backward
+    (DBN Eq. 5, GW Eqs. 14-16) divides by eigenvalue gaps ``1 / (lambda_i - lambda_j)`` and
+    returns inf/NaN as soon as two eigenvalues coincide, e.g. for two constant groups.
+    Combining Eqs. 14-16 gives ``dL/dSigma = D (K o (D^T G D)) D^T`` for the gradient ``G``
+    w.r.t. ``Sigma^{-1/2}`` (``o``: elementwise product), where ``K`` holds the divided
+    differences of ``f(lambda) = lambda^{-1/2}``; with ``s = sqrt(lambda)``,
+    ``K_ij = (f(lambda_i) - f(lambda_j)) / (lambda_i - lambda_j) = -1 / (s_i s_j (s_i + s_j))``,
+    which also equals ``f'(lambda_i)`` when ``i = j`` and stays finite for repeated
+    eigenvalues. That first-order term is added as ``D (K o (D^T (Sigma - Sigma.detach()) D)) D^T``,
+    whose value is exactly zero and whose gradient is the one above. First derivatives are
+    exact; second derivatives through this path are not supported (they come out as zero).
+    """
+    eigenvalues, eigenvectors = torch.linalg.eigh(cov.detach())
+    roots = eigenvalues.clamp_min(min_eigenvalue).sqrt()
+    eigenvectors_t = eigenvectors.transpose(-1, -2)
+    whitening = torch.matmul(eigenvectors / roots.unsqueeze(-2), eigenvectors_t)
+    if not cov.requires_grad:
+        return whitening
+    roots_i = roots.unsqueeze(-1)
+    roots_j = roots.unsqueeze(-2)
+    divided_differences = -1.0 / (roots_i * roots_j * (roots_i + roots_j))
+    zero_carrying_gradient = cov - cov.detach()
+    rotated = torch.matmul(torch.matmul(eigenvectors_t, zero_carrying_gradient), eigenvectors)
+    first_order = torch.matmul(
+        torch.matmul(eigenvectors, divided_differences * rotated), eigenvectors_t
+    )
+    return whitening + first_order
+
+
+def whitening_matrix(cov: Tensor, method: str, T: int, eps: float) -> Tensor:
+    """``cov^{-1/2}`` by ``method``: ``"itn"`` (``T`` Newton iterations) or ``"zca"`` (exact).
+
+    ``cov`` must already contain the ridge ``eps I`` (see :func:`ridge_covariance`).
+    """
+    check_whitening_method("whitening_matrix", method)
+    if method == "itn":
+        return inverse_sqrt_itn(cov, T)
+    return inverse_sqrt_zca(cov, eps)
+
+
+# ---- Closed-form value-and-gradient kernels for custom autograd Functions ------------------------
+#
+# The functions above are differentiated by autograd, which for ItN keeps every one of the 3T
+# intermediate (..., g, g) products alive until the backward pass. The kernels below run without
+# autograd: ``*_whitening`` returns ``cov^{-1/2}``, ``*_whitening_vjp`` recomputes it and returns
+# the gradient w.r.t. ``cov`` as well, so a caller only keeps ``cov`` (or what it is made from).
+# Both take a batch of symmetric ridge covariances ``(..., g, g)`` and are not TorchScript-able.
+
+
+def _sym(matrix: Tensor) -> Tensor:
+    return 0.5 * (matrix + matrix.transpose(-1, -2))
+
+
+def _trace(matrix: Tensor) -> Tensor:
+    """``tr`` over the last two dims, shaped ``(..., 1, 1)`` for broadcasting."""
+    return matrix.diagonal(dim1=-2, dim2=-1).sum(-1)[..., None, None]
+
+
+def _itn_stack(*matrices: Tensor) -> Tensor:
+    """Stack ``(..., g, g)`` matrices along the rows, so one product multiplies them all by the
+    same right factor: ``[A; B] R = [A R; B R]`` is one ``(k g x g) (g x g)`` product."""
+    return torch.cat(matrices, dim=-2)
+
+
+def itn_whitening(cov: Tensor, T: int) -> Tensor:
+    """The value of :func:`inverse_sqrt_itn` with ``3T - 3`` instead of ``3T`` products.
+
+    Every iterate of Eq. 17 is a polynomial in ``Sigma_N``, so they all commute and the iteration
+    can carry ``Q_k = P_k^2 Sigma_N`` instead of forming ``P_k^3 Sigma_N``: with
+    ``R_k = (3I - Q_k) / 2``, ``P_{k+1} = P_k R_k`` and ``Q_{k+1} = Q_k R_k^2`` (``P_0 = I``,
+    ``Q_0 = Sigma_N``, so ``P_1 = R_0`` costs nothing). In exact arithmetic this is the same
+    function of ``Sigma`` as Eq. 17.
+    """
+    num_rows = cov.shape[-1]
+    trace = _trace(cov)
+    normalised = cov / trace
+    eye = torch.eye(num_rows, dtype=cov.dtype, device=cov.device)
+    r = 1.5 * eye - 0.5 * normalised
+    p = r
+    if T > 1:
+        q = torch.matmul(torch.matmul(normalised, r), r)
+        for k in range(1, T):
+            r = 1.5 * eye - 0.5 * q
+            if k == T - 1:
+                p = torch.matmul(p, r)
+            else:
+                pr_qr = torch.matmul(_itn_stack(p, q), r)
+                p = pr_qr[..., :num_rows, :]
+                q = torch.matmul(pr_qr[..., num_rows:, :], r)
+    return p / trace.sqrt()
+
+
+def itn_whitening_vjp(cov: Tensor, grad: Tensor, T: int) -> Tuple[Tensor, Tensor]:
+    """``(W, dL/dSigma)`` for ``W = itn_whitening(cov, T)`` and ``grad = dL/dW``.
+
+    The returned gradient is that of the symmetric part of ``grad``, and is itself symmetric:
+    exactly what a caller needs whose ``Sigma`` is a symmetric function of its input
+    (``Sigma = X X^T / c + eps I``), since then only ``dL/dSigma + dL/dSigma^T`` enters.
+
+    Derivation (an equivalent of GW Eqs. 18-19 with fewer products). ``W = P_T(A) / sqrt(tau)``
+    with ``tau = tr(Sigma)``, ``A = Sigma / tau`` and ``P_T`` a polynomial with real
+    coefficients. For such a polynomial the Frechet derivative ``L(A, E)`` satisfies
+    ``<L(A, E), G> = <E, L(A^T, G)>``, so for symmetric ``A`` the adjoint of the derivative is
+    the derivative itself: ``dL/dA = L(A, G / sqrt(tau))`` with ``G = sym(grad)``. ``L(A, E)``
+    is computed in forward mode, differentiating the commuting recursion of
+    :func:`itn_whitening` alongside it (``dR = -dQ / 2``, ``dP' = dP R + P dR``,
+    ``dQ' = (dQ R + Q dR) R + Q R dR``): ``6T - 6`` products besides the ``3T - 3`` of the
+    value, nothing stored per iteration. The trace enters twice: through ``A``
+    (``-<dL/dA, A> / tau``) and through ``1 / sqrt(tau)`` (``-<G, P_T> / (2 tau^{3/2})``); both
+    multiply the identity.
+    """
+    g = cov.shape[-1]
+    trace = _trace(cov)
+    root = trace.sqrt()
+    a = cov / trace
+    eye = torch.eye(g, dtype=cov.dtype, device=cov.device)
+    grad_sym = _sym(grad)
+    e = grad_sym / root
+    r = 1.5 * eye - 0.5 * a
+    dr = -0.5 * e
+    p, dp = r, dr
+    if T > 1:
+        ar = torch.matmul(a, r)
+        dar = torch.matmul(e, r) + torch.matmul(a, dr)
+        stacked = torch.matmul(_itn_stack(ar, dar), r)
+        q = stacked[..., :g, :]
+        dq = stacked[..., g:, :] + torch.matmul(ar, dr)
+        for k in range(1, T):
+            r = 1.5 * eye - 0.5 * q
+            dr = -0.5 * dq
+            if k == T - 1:
+                stacked = torch.matmul(_itn_stack(p, dp), r)
+                dp = stacked[..., g:, :] + torch.matmul(p, dr)
+                p = stacked[..., :g, :]
+            else:
+                by_r = torch.matmul(_itn_stack(p, q, dp, dq), r)
+                by_dr = torch.matmul(_itn_stack(p, q), dr)
+                p = by_r[..., :g, :]
+                dp = by_r[..., 2 * g : 3 * g, :] + by_dr[..., :g, :]
+                qr = by_r[..., g : 2 * g, :]
+                dqr = by_r[..., 3 * g :, :] + by_dr[..., g:, :]
+                stacked = torch.matmul(_itn_stack(qr, dqr), r)
+                q = stacked[..., :g, :]
+                dq = stacked[..., g:, :] + torch.matmul(qr, dr)
+    grad_a = dp
+    dtrace = -(grad_a * a).sum((-2, -1), keepdim=True) / trace
+    dtrace = dtrace - 0.5 * (grad_sym * p).sum((-2, -1), keepdim=True) / (trace * root)
+    grad_cov = grad_a / trace + dtrace * eye
+    return p / root, grad_cov
+
+
+def _zca_factors(cov: Tensor, min_eigenvalue: float) -> Tuple[Tensor, Tensor]:
+    eigenvalues, eigenvectors = torch.linalg.eigh(cov)
+    return eigenvectors, eigenvalues.clamp_min(min_eigenvalue).sqrt()
+
+
+def zca_whitening(cov: Tensor, min_eigenvalue: float) -> Tensor:
+    """The value of :func:`inverse_sqrt_zca` (``D Lambda^{-1/2} D^T``), without autograd."""
+    eigenvectors, roots = _zca_factors(cov, min_eigenvalue)
+    return torch.matmul(eigenvectors / roots.unsqueeze(-2), eigenvectors.transpose(-1, -2))
+
+
+def zca_whitening_vjp(cov: Tensor, grad: Tensor, min_eigenvalue: float) -> Tuple[Tensor, Tensor]:
+    """``(W, dL/dSigma)`` for ``W = zca_whitening(cov)``: ``D (K o (D^T G D)) D^T`` with
+    ``G = sym(grad)`` and the divided differences ``K`` of :func:`inverse_sqrt_zca` (GW
+    Eqs. 14-16 combined; finite for repeated eigenvalues). Symmetric, like
+    :func:`itn_whitening_vjp`.
+    """
+    eigenvectors, roots = _zca_factors(cov, min_eigenvalue)
+    eigenvectors_t = eigenvectors.transpose(-1, -2)
+    whitening = torch.matmul(eigenvectors / roots.unsqueeze(-2), eigenvectors_t)
+    roots_i = roots.unsqueeze(-1)
+    roots_j = roots.unsqueeze(-2)
+    divided_differences = -1.0 / (roots_i * roots_j * (roots_i + roots_j))
+    rotated = torch.matmul(torch.matmul(eigenvectors_t, _sym(grad)), eigenvectors)
+    grad_cov = torch.matmul(torch.matmul(eigenvectors, divided_differences * rotated), eigenvectors_t)
+    return whitening, grad_cov

@@ -1,0 +1,37 @@
+"""Shared fixtures: a per-session dataset cache, and the tiny demo-config overrides tests train with."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import gwdet  # noqa: F401  (before any test module binds detectron2's get_norm by name)
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_CONFIG = REPO / "configs" / "Demo" / "mask_rcnn_R_50_FPN_gw_shapes.yaml"
+
+# The demo model at test size: 64x64 images, a handful of them, a couple of iterations.
+TINY_OPTS = [
+    "DATASETS.SHAPES.IMAGE_SIZE", "64",
+    "DATASETS.SHAPES.NUM_TRAIN", "8",
+    "DATASETS.SHAPES.NUM_VAL", "4",
+    "INPUT.MIN_SIZE_TRAIN", "(64,)",
+    "INPUT.MAX_SIZE_TRAIN", "64",
+    "INPUT.MIN_SIZE_TEST", "64",
+    "INPUT.MAX_SIZE_TEST", "64",
+    "SOLVER.IMS_PER_BATCH", "2",
+    "SOLVER.MAX_ITER", "2",
+    "SOLVER.WARMUP_ITERS", "1",
+    "SOLVER.STEPS", "()",
+    "DATALOADER.NUM_WORKERS", "0",
+    "TEST.VIS_IMAGES", "0",
+]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def dataset_cache(tmp_path_factory) -> Path:
+    """Generated datasets go to a per-session folder, never the user's ~/.cache."""
+    cache = tmp_path_factory.mktemp("gwdet_cache")
+    os.environ["GWDET_CACHE"] = str(cache)
+    return cache

@@ -1,0 +1,109 @@
+"""Per-position GW backbones: GW exactly where asked, detectron2's keys, FREEZE_AT, tracing."""
+import pytest
+import torch
+from detectron2.config import get_cfg
+from detectron2.layers import FrozenBatchNorm2d, ShapeSpec
+from detectron2.modeling import build_backbone
+from detectron2.modeling.backbone.resnet import build_resnet_backbone
+
+from gwdet import add_gwdet_config
+from gwdet.layers import GroupWhitening
+from gwdet.modeling import parse_gw_positions
+
+# position -> (number of GW layers in a ResNet-50, the block convs whose norm is GW)
+EXPECTED = {
+    "S1": (1, set()),
+    "S1-B1": (17, {"conv1"}),
+    "S1-B2": (17, {"conv2"}),
+    "S1-B3": (17, {"conv3"}),
+    "S1-B12": (33, {"conv1", "conv2"}),
+    "B2": (16, {"conv2"}),
+    "": (0, set()),
+}
+
+
+def resnet_cfg(positions: str, norm: str = "FrozenBN", depth: int = 50, freeze_at: int = 0):
+    cfg = add_gwdet_config(get_cfg())
+    cfg.MODEL.BACKBONE.NAME = "build_gw_resnet_backbone"
+    cfg.MODEL.BACKBONE.FREEZE_AT = freeze_at
+    cfg.MODEL.RESNETS.DEPTH = depth
+    cfg.MODEL.RESNETS.NORM = norm
+    cfg.MODEL.RESNETS.OUT_FEATURES = ["res2", "res3", "res4", "res5"]
+    cfg.MODEL.RESNETS.GW_POSITIONS = positions
+    return cfg
+
+
+@pytest.mark.parametrize("positions", sorted(EXPECTED))
+def test_gw_sits_exactly_at_the_requested_positions(positions):
+    count, gw_convs = EXPECTED[positions]
+    backbone = build_backbone(resnet_cfg(positions), ShapeSpec(channels=3))
+    assert sum(isinstance(m, GroupWhitening) for m in backbone.modules()) == count
+    assert isinstance(backbone.stem.conv1.norm, GroupWhitening) == positions.startswith("S1")
+    for stage in backbone.stages:
+        for block in stage:
+            for conv_name in ("conv1", "conv2", "conv3"):
+                norm = getattr(block, conv_name).norm
+                expected = GroupWhitening if conv_name in gw_convs else FrozenBatchNorm2d
+                assert type(norm) is expected, (positions, conv_name)
+            if block.shortcut is not None:
+                assert type(block.shortcut.norm) is FrozenBatchNorm2d
+
+
+def test_checkpoint_keys_are_detectron2s():
+    cfg = resnet_cfg("S1-B2", norm="BN")
+    ours = set(build_backbone(cfg, ShapeSpec(channels=3)).state_dict())
+    reference = set(build_resnet_backbone(cfg, ShapeSpec(channels=3)).state_dict())
+    assert "res2.0.conv2.norm.weight" in ours and "stem.conv1.norm.bias" in ours
+    # GW keeps weight/bias under the same names; only the replaced BN statistics are gone.
+    missing = reference - ours
+    assert ours < reference
+    assert all(k.endswith(("running_mean", "running_var", "num_batches_tracked")) for k in missing)
+    assert all(".conv2.norm." in k or k.startswith("stem.") for k in missing)
+
+
+def test_freeze_at_freezes_stages_and_turns_bn_into_frozen_bn():
+    backbone = build_backbone(resnet_cfg("S1-B2", norm="BN", freeze_at=2), ShapeSpec(channels=3))
+    frozen_part = [backbone.stem, backbone.res2]
+    assert all(not p.requires_grad for part in frozen_part for p in part.parameters())
+    assert isinstance(backbone.res2[0].conv1.norm, FrozenBatchNorm2d)
+    assert isinstance(backbone.res2[0].conv2.norm, GroupWhitening), "GW stays GW when frozen"
+    assert isinstance(backbone.res3[0].conv1.norm, torch.nn.BatchNorm2d)
+    assert all(p.requires_grad for p in backbone.res3.parameters())
+
+
+@pytest.mark.parametrize("depth,groups,width", [(101, 1, 64), (50, 32, 4), (101, 32, 8)])
+def test_deeper_and_resnext_backbones_count_gw_per_block(depth, groups, width):
+    cfg = resnet_cfg("S1-B2", depth=depth)
+    cfg.MODEL.RESNETS.NUM_GROUPS, cfg.MODEL.RESNETS.WIDTH_PER_GROUP = groups, width
+    backbone = build_backbone(cfg, ShapeSpec(channels=3))
+    num_blocks = sum(len(stage) for stage in backbone.stages)
+    assert sum(isinstance(m, GroupWhitening) for m in backbone.modules()) == 1 + num_blocks
+    assert backbone.res2[0].conv2.groups == groups
+
+
+def test_traced_gw_backbone_matches_eager():
+    cfg = resnet_cfg("S1-B2", norm="GN")
+    cfg.MODEL.GN.NUM_GROUPS = 8
+    cfg.MODEL.RESNETS.STEM_OUT_CHANNELS, cfg.MODEL.RESNETS.RES2_OUT_CHANNELS = 16, 64
+    cfg.MODEL.RESNETS.WIDTH_PER_GROUP = 16
+    backbone = build_backbone(cfg, ShapeSpec(channels=3)).eval()
+    image = torch.randn(1, 3, 64, 64)
+    traced = torch.jit.trace(backbone, (image,), strict=False)
+    other = torch.randn(1, 3, 64, 64)
+    for name, expected in backbone(other).items():
+        assert torch.allclose(traced(other)[name], expected, atol=1e-5), name
+
+
+def test_bad_position_token_lists_valid_tokens():
+    with pytest.raises(ValueError) as err:
+        parse_gw_positions("S1-B4")
+    assert "'B4'" in str(err.value) and all(t in str(err.value) for t in ("S1", "B1", "B2", "B3", "B12"))
+    assert parse_gw_positions("S1-B12") == {"S1", "B1", "B2"}
+    assert parse_gw_positions("") == frozenset()
+
+
+def test_b3_on_basic_blocks_is_a_clear_error():
+    cfg = resnet_cfg("B3", norm="BN", depth=18)
+    cfg.MODEL.RESNETS.RES2_OUT_CHANNELS = 64
+    with pytest.raises(ValueError, match="DEPTH >= 50"):
+        build_backbone(cfg, ShapeSpec(channels=3))

@@ -1,0 +1,438 @@
+"""ImageNet checkpoint conversion (gwdet.checkpoint, tools/convert_pretrained.py).
+
+torchvision ResNet-50/ResNeXt-50 files (BN, and GW at S1-B2 as in the GW authors' models), in
+every wrapping, converted and loaded into gwdet's backbone through detectron2's
+DetectionCheckpointer must reproduce the source network's features; mismatched, broken or unsafe
+files must be refused with a clear message and no output file.
+"""
+import argparse
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+from detectron2.checkpoint import DetectionCheckpointer
+from detectron2.config import get_cfg
+from detectron2.layers import ShapeSpec
+from detectron2.modeling import build_backbone, build_model
+from torch import nn
+
+from gwdet import add_gwdet_config
+from gwdet.checkpoint import (
+    ConversionError,
+    SourceStateDict,
+    convert_checkpoint,
+    convert_state_dict,
+    read_source_state_dict,
+)
+from gwdet.layers import group_whitening
+
+REPO = Path(__file__).resolve().parents[1]
+TOOL = REPO / "tools" / "convert_pretrained.py"
+
+# arch -> (torchvision builder, MODEL.RESNETS.DEPTH, NUM_GROUPS, WIDTH_PER_GROUP)
+ARCHS = {
+    "R-50": (torchvision.models.resnet50, 50, 1, 64),
+    "X-50-32x4d": (torchvision.models.resnext50_32x4d, 50, 32, 4),
+}
+WRAPPINGS = ("bare", "state_dict", "model", "module-prefixed")
+STAGES = ("res2", "res3", "res4", "res5")
+
+
+class AuthorsGroupWhitening(nn.Module):
+    """Like the GW authors' ImageNet module: affine stored as [1, C, 1, 1], no statistics."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(1, channels, 1, 1).uniform_(0.2, 0.6))
+        self.bias = nn.Parameter(torch.empty(1, channels, 1, 1).normal_(0, 0.1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        whitened = group_whitening(x, num_groups=64, T=5, eps=1e-5, method="itn")
+        return whitened * self.weight + self.bias
+
+
+def torchvision_model(arch: str, with_gw: bool) -> nn.Module:
+    """A torchvision model with random BN statistics and affine; GW at S1-B2 if asked."""
+    torch.manual_seed(0)
+    model = ARCHS[arch][0](weights=None)
+    for module in model.modules():
+        if isinstance(module, nn.BatchNorm2d):
+            module.running_mean.normal_(0, 0.1)
+            module.running_var.uniform_(0.5, 2.0)
+            module.weight.data.uniform_(0.2, 0.6)  # keeps activations O(1) through 16 blocks
+            module.bias.data.normal_(0, 0.1)
+    if with_gw:
+        model.bn1 = AuthorsGroupWhitening(model.bn1.num_features)
+        for layer in (model.layer1, model.layer2, model.layer3, model.layer4):
+            for block in layer:
+                block.bn2 = AuthorsGroupWhitening(block.bn2.num_features)
+    return model.eval()
+
+
+@torch.no_grad()
+def torchvision_features(model: nn.Module, image: torch.Tensor) -> dict:
+    """layer1..layer4 outputs, named as detectron2's res2..res5."""
+    x = model.maxpool(model.relu(model.bn1(model.conv1(image))))
+    features = {}
+    for stage, layer in zip(STAGES, (model.layer1, model.layer2, model.layer3, model.layer4)):
+        x = features[stage] = layer(x)
+    return features
+
+
+class DetectorStub(nn.Module):
+    """Holds the backbone as ``backbone`` like GeneralizedRCNN: keys are backbone.bottom_up.*."""
+
+    def __init__(self, backbone: nn.Module) -> None:
+        super().__init__()
+        self.backbone = backbone
+
+
+def gwdet_detector(arch: str, gw_positions: str) -> DetectorStub:
+    """gwdet's ResNet+FPN backbone configured for converted torchvision weights."""
+    _, depth, num_groups, width_per_group = ARCHS[arch]
+    cfg = add_gwdet_config(get_cfg())
+    cfg.MODEL.BACKBONE.NAME = "build_gw_resnet_fpn_backbone"
+    cfg.MODEL.BACKBONE.FREEZE_AT = 0
+    cfg.MODEL.RESNETS.DEPTH = depth
+    cfg.MODEL.RESNETS.NUM_GROUPS = num_groups
+    cfg.MODEL.RESNETS.WIDTH_PER_GROUP = width_per_group
+    cfg.MODEL.RESNETS.STRIDE_IN_1X1 = False
+    cfg.MODEL.RESNETS.NORM = "FrozenBN"
+    cfg.MODEL.RESNETS.GW_POSITIONS = gw_positions
+    cfg.MODEL.RESNETS.OUT_FEATURES = list(STAGES)
+    cfg.MODEL.FPN.IN_FEATURES = list(STAGES)
+    return DetectorStub(build_backbone(cfg, ShapeSpec(channels=3))).eval()
+
+
+def save_wrapped(state_dict: dict, wrapping: str, path: Path, **save_kwargs) -> Path:
+    """Save ``state_dict`` the way ImageNet training scripts do."""
+    if wrapping == "bare":
+        obj = state_dict
+    elif wrapping == "state_dict":
+        obj = {"epoch": 90, "arch": "resnet50", "state_dict": state_dict, "best_acc1": 76.1}
+    elif wrapping == "model":
+        obj = {"model": state_dict}
+    else:  # saved from a (Distributed)DataParallel model
+        obj = {"state_dict": {f"module.{key}": value for key, value in state_dict.items()}}
+    torch.save(obj, path, **save_kwargs)
+    return path
+
+
+def in_memory(state_dict: dict) -> SourceStateDict:
+    return SourceStateDict(state_dict, "bare state_dict", "")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_cpu_thread():
+    """Small convs run fastest single-threaded, by far so when other processes use the CPUs."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def image() -> torch.Tensor:
+    return torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(
+    scope="module",
+    params=[("R-50", ""), ("R-50", "S1-B2"), ("X-50-32x4d", ""), ("X-50-32x4d", "S1-B2")],
+    ids=lambda param: f"{param[0]}-{'GW-' + param[1] if param[1] else 'BN'}",
+)
+def source(request, image):
+    """(arch, GW positions, source state dict, its res2..res5 features, a gwdet detector)."""
+    arch, positions = request.param
+    model = torchvision_model(arch, with_gw=bool(positions))
+    features = torchvision_features(model, image)
+    return arch, positions, model.state_dict(), features, gwdet_detector(arch, positions)
+
+
+@pytest.fixture(scope="module")
+def r50_files(tmp_path_factory):
+    """A torchvision ResNet-50 (BN) and one with GW at S1-B2, saved once for the other tests."""
+    folder = tmp_path_factory.mktemp("r50")
+    files = {
+        name: save_wrapped(torchvision_model("R-50", with_gw).state_dict(), "bare", folder / name)
+        for name, with_gw in (("bn.pth", False), ("gw.pth", True))
+    }
+    yield {name[:2]: path for name, path in files.items()}
+    for path in files.values():
+        path.unlink()
+
+
+def config_value(cfg, dotted_key: str):
+    """``cfg.MODEL.PIXEL_MEAN`` for ``"MODEL.PIXEL_MEAN"``."""
+    node = cfg
+    for part in dotted_key.split("."):
+        node = node[part]
+    return node
+
+
+def poison(module: nn.Module) -> None:
+    """Fill every parameter and buffer with NaN, so that anything a load leaves out shows."""
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            tensor.fill_(float("nan"))
+
+
+@pytest.mark.parametrize("wrapping", WRAPPINGS)
+def test_converted_backbone_reproduces_torchvision_features(source, wrapping, image, tmp_path):
+    arch, positions, state_dict, expected, detector = source
+    src = save_wrapped(state_dict, wrapping, tmp_path / "imagenet.pth")
+    out = tmp_path / "converted.pkl"
+
+    report = convert_checkpoint(src, out, arch=arch, gw_positions=positions)
+    assert (report.arch, report.gw_positions) == (arch, positions)
+
+    poison(detector.backbone.bottom_up)
+    extra = DetectionCheckpointer(detector).load(str(out))
+    assert extra["gwdet"] == {
+        "arch": arch, "gw_positions": positions, "norm": "BN", "source": src.name
+    }
+    with open(out, "rb") as f:
+        converted = pickle.load(f)["model"]
+    loaded = detector.backbone.bottom_up.state_dict()
+    assert set(loaded) == set(converted), "every backbone key loaded, nothing left over"
+    for key, value in loaded.items():
+        assert torch.equal(value, torch.from_numpy(converted[key])), key
+    with torch.no_grad():
+        features = detector.backbone.bottom_up(image)
+    for stage in STAGES:
+        torch.testing.assert_close(features[stage], expected[stage], atol=1e-4, rtol=0)
+    src.unlink()  # ~100 MB each
+    out.unlink()
+
+
+@pytest.mark.parametrize(
+    "config,checkpoint",
+    [("faster_rcnn_R_50_FPN_1x_bn.yaml", "bn"), ("faster_rcnn_R_50_FPN_1x_gw.yaml", "gw")],
+)
+def test_coco_configs_load_every_backbone_weight(r50_files, tmp_path, config, checkpoint):
+    cfg = add_gwdet_config(get_cfg())
+    cfg.merge_from_file(str(REPO / "configs" / "COCO-Detection" / config))
+    cfg.MODEL.DEVICE = "cpu"
+    out = tmp_path / "converted.pkl"
+    positions = cfg.MODEL.RESNETS.GW_POSITIONS
+    report = convert_checkpoint(r50_files[checkpoint], out, arch="R-50", gw_positions=positions)
+    for key, value in report.config().items():
+        assert config_value(cfg, key) == value, f"{config} sets {key} unlike the report"
+
+    model = build_model(cfg)
+    poison(model.backbone.bottom_up)
+    DetectionCheckpointer(model).load(str(out))
+    with open(out, "rb") as f:
+        converted = pickle.load(f)["model"]
+    loaded = model.backbone.bottom_up.state_dict()
+    assert set(loaded) == set(converted)
+    assert all(torch.isfinite(value).all() for value in loaded.values())
+    out.unlink()
+
+
+@pytest.mark.parametrize("legacy_format", [False, True], ids=["zip", "legacy"])
+@pytest.mark.parametrize("wrapping", ("bare", "state_dict", "model"))
+@pytest.mark.parametrize("prefixed", [False, True], ids=["", "module."])
+def test_every_wrapping_is_unwrapped(tmp_path, wrapping, prefixed, legacy_format):
+    state_dict = {"conv1.weight": torch.ones(2), "layer1.0.bn2.bias": torch.zeros(2)}
+    if prefixed:
+        state_dict = {f"module.{key}": value for key, value in state_dict.items()}
+    path = save_wrapped(
+        state_dict, wrapping, tmp_path / "in.pth", _use_new_zipfile_serialization=not legacy_format
+    )
+    source = read_source_state_dict(path)
+    assert sorted(source.tensors) == ["conv1.weight", "layer1.0.bn2.bias"]
+    assert source.stripped_prefix == ("module." if prefixed else "")
+    assert source.wrapping == ("bare state_dict" if wrapping == "bare" else f"'{wrapping}' entry")
+
+
+def test_report_counts_what_was_converted_and_dropped(r50_files):
+    weights, report = convert_state_dict(in_memory(torch.load(r50_files["gw"], weights_only=True)))
+    assert (report.arch, report.gw_positions, report.gn_style) == ("R-50", "S1-B2", False)
+    assert (report.converted_convs, report.converted_bn_norms) == (53, 36)
+    assert (report.converted_affine_norms, report.reshaped_affine) == (17, 34)
+    assert report.converted_keys == 53 + 36 * 4 + 17 * 2 == len(weights)
+    assert report.dropped_classifier == ["fc.bias", "fc.weight"]
+    assert report.dropped_num_batches_tracked == 36
+    assert weights["res3.0.conv2.norm.weight"].shape == (128,)
+    assert "res3.0.conv2.norm.running_mean" not in weights
+    text = report.format()
+    assert "GW positions  : S1-B2" in text and 'MODEL.RESNETS.GW_POSITIONS: "S1-B2"' in text
+
+
+def test_wrong_depth_is_refused(r50_files, tmp_path):
+    out = tmp_path / "out.pkl"
+    with pytest.raises(ConversionError) as error:
+        convert_checkpoint(r50_files["bn"], out, arch="R-101")
+    message = str(error.value)
+    assert "--arch R-101" in message and "it is R-50" in message and "[3, 4, 23, 3]" in message
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "checkpoint,requested,inferred,consequence",
+    [
+        ("bn", "S1-B2", "no position", "BN statistics would go into GW layers at 'S1-B2'"),
+        ("gw", "", "'S1-B2'", "GW parameters would go into BN layers at 'S1-B2'"),
+        ("gw", "S1-B12", "'S1-B2'", "BN statistics would go into GW layers at 'B1'"),
+    ],
+)
+def test_wrong_gw_positions_are_refused(
+    r50_files, tmp_path, checkpoint, requested, inferred, consequence
+):
+    out = tmp_path / "out.pkl"
+    out.write_bytes(b"previous weights")
+    with pytest.raises(ConversionError) as error:
+        convert_checkpoint(r50_files[checkpoint], out, gw_positions=requested)
+    message = str(error.value)
+    assert f"--gw-positions {requested!r}" in message
+    assert f"has GW (norms without running statistics) at {inferred}" in message
+    assert consequence in message
+    assert out.read_bytes() == b"previous weights", "a failed conversion leaves the output alone"
+    assert os.listdir(tmp_path) == ["out.pkl"], "no temporary file left behind"
+
+
+def test_gw_in_some_blocks_only_is_refused():
+    state_dict = torchvision_model("R-50", with_gw=False).state_dict()
+    for leaf in ("running_mean", "running_var", "num_batches_tracked"):
+        del state_dict[f"layer3.2.bn2.{leaf}"]
+    with pytest.raises(ConversionError, match="inconsistent GW positions: 1 of 16 norms at B2"):
+        convert_state_dict(in_memory(state_dict))
+
+
+def test_checkpoint_without_any_statistics_is_gn_style():
+    state_dict = torchvision_model("R-50", with_gw=False).state_dict()
+    for key in [k for k in state_dict if k.endswith(("running_mean", "running_var"))]:
+        del state_dict[key]
+    weights, report = convert_state_dict(in_memory(state_dict), gw_positions="")
+    assert report.gn_style and report.gw_positions == "" and report.converted_affine_norms == 53
+    assert report.config()["MODEL.RESNETS.NORM"] == "GN"
+    with pytest.raises(ConversionError, match=r"statistics\) at no position"):
+        convert_state_dict(in_memory(state_dict), gw_positions="S1-B2")
+
+
+def test_incomplete_checkpoint_is_refused():
+    state_dict = torchvision_model("R-50", with_gw=False).state_dict()
+    del state_dict["layer2.1.conv3.weight"]
+    with pytest.raises(ConversionError, match=r"does not fit R-50.*1 missing: \['res3.1.conv3"):
+        convert_state_dict(in_memory(state_dict))
+
+
+def test_basic_block_resnet_is_refused():
+    state_dict = torchvision.models.resnet18(weights=None).state_dict()
+    with pytest.raises(ConversionError, match="basic-block ResNet"):
+        convert_state_dict(in_memory(state_dict))
+
+
+def test_unexpected_keys_fail_unless_allowed(r50_files):
+    state_dict = torch.load(r50_files["bn"], weights_only=True)
+    state_dict["layer1.0.se.fc1.weight"] = torch.zeros(4, 256)
+    with pytest.raises(ConversionError, match=r"layer1\.0\.se\.fc1\.weight.*--allow-unexpected"):
+        convert_state_dict(in_memory(state_dict))
+    weights, report = convert_state_dict(in_memory(state_dict), allow_unexpected=True)
+    assert report.unexpected == ["layer1.0.se.fc1.weight"]
+    assert "unexpected    : 1 dropped" in report.format()
+    assert not any(".se." in key for key in weights)
+
+
+@pytest.mark.parametrize("legacy_format", [False, True], ids=["zip", "legacy"])
+def test_unsafe_pickle_is_refused_unless_allowed(r50_files, tmp_path, legacy_format):
+    state_dict = torch.load(r50_files["bn"], weights_only=True)
+    src = tmp_path / "with_args.pth"
+    checkpoint = {"state_dict": state_dict, "args": argparse.Namespace(lr=0.1)}
+    torch.save(checkpoint, src, _use_new_zipfile_serialization=not legacy_format)
+    out = tmp_path / "out.pkl"
+    with pytest.raises(ConversionError) as error:
+        convert_checkpoint(src, out)
+    message = str(error.value)
+    assert "argparse.Namespace" in message and "arbitrary code" in message
+    assert "--allow-unsafe-pickle" in message and not out.exists()
+    report = convert_checkpoint(src, out, allow_unsafe_pickle=True)
+    assert report.wrapping == "'state_dict' entry" and out.exists()
+    src.unlink()
+    out.unlink()
+
+
+def test_pickled_module_needs_the_unsafe_flag(tmp_path):
+    src = tmp_path / "module.pth"
+    torch.save(nn.Sequential(nn.Conv2d(3, 4, 1)), src)
+    with pytest.raises(ConversionError, match="torch.nn.modules"):
+        read_source_state_dict(src)
+    source = read_source_state_dict(src, allow_unsafe_pickle=True)
+    assert source.wrapping == "pickled nn.Module"
+    assert sorted(source.tensors) == ["0.bias", "0.weight"]
+
+
+@pytest.mark.parametrize("legacy_format", [False, True], ids=["zip", "legacy"])
+def test_truncated_file_is_refused(tmp_path, legacy_format):
+    src = tmp_path / "in.pth"
+    weights = {"conv1.weight": torch.zeros(64, 3, 7, 7)}
+    torch.save(weights, src, _use_new_zipfile_serialization=not legacy_format)
+    src.write_bytes(src.read_bytes()[: src.stat().st_size // 2])
+    with pytest.raises(ConversionError, match="truncated or corrupted"):
+        convert_checkpoint(src, tmp_path / "out.pkl")
+
+
+@pytest.mark.parametrize(
+    "content,expected",
+    [
+        (b"conv1.weight 0.1 0.2\n", "not a PyTorch checkpoint"),
+        (b"", "the file is empty"),
+        ({"epoch": 90, "arch": "resnet50"}, r"no state dict found.*'epoch', 'arch'"),
+        ({"weight": torch.zeros(3)}, "not a torchvision-layout ResNet"),
+    ],
+    ids=["text", "empty", "dict-without-tensors", "other-network"],
+)
+def test_non_checkpoint_files_are_refused(tmp_path, content, expected):
+    src = tmp_path / "input.pth"
+    if isinstance(content, bytes):
+        src.write_bytes(content)
+    else:
+        torch.save(content, src)
+    with pytest.raises(ConversionError, match=expected):
+        convert_checkpoint(src, tmp_path / "out.pkl")
+    assert os.listdir(tmp_path) == ["input.pth"]
+
+
+def test_bad_paths_are_refused(r50_files, tmp_path):
+    with pytest.raises(ConversionError, match="no such file"):
+        convert_checkpoint(tmp_path / "missing.pth", tmp_path / "out.pkl")
+    with pytest.raises(ConversionError, match="not a regular file"):
+        convert_checkpoint(tmp_path, tmp_path / "out.pkl")
+    with pytest.raises(ConversionError, match="must end with .pkl"):
+        convert_checkpoint(r50_files["bn"], tmp_path / "out.pth")
+    with pytest.raises(ConversionError, match="does not exist"):
+        convert_checkpoint(r50_files["bn"], tmp_path / "no" / "out.pkl")
+
+
+@pytest.mark.parametrize(
+    "request_,expected",
+    [({"arch": "R-152"}, "unknown architecture 'R-152'"), ({"gw_positions": "S1-B4"}, "'B4'")],
+)
+def test_bad_requests_are_refused_before_reading(tmp_path, request_, expected):
+    with pytest.raises(ConversionError, match=expected):
+        convert_checkpoint(tmp_path / "missing.pth", tmp_path / "out.pkl", **request_)
+
+
+def run_tool(*args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, str(TOOL), *args]
+    return subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=300)
+
+
+def test_command_line(r50_files, tmp_path):
+    out = tmp_path / "R-50-GW.pkl"
+    done = run_tool(str(r50_files["gw"]), str(out), "--arch", "R-50", "--gw-positions", "S1-B2")
+    assert done.returncode == 0, done.stderr
+    assert "architecture  : R-50; inferred, matches --arch" in done.stdout
+    assert "17 GW norms" in done.stdout and "STRIDE_IN_1X1: False" in done.stdout
+    out.unlink()
+
+    refused = run_tool(str(r50_files["bn"]), str(out), "--arch", "X-101-32x8d")
+    assert refused.returncode == 2
+    assert "does not fit --arch X-101-32x8d" in refused.stderr
+    assert "Traceback" not in refused.stderr and not out.exists()

@@ -1,0 +1,74 @@
+"""Crash and resume: a run killed with SIGKILL and resumed ends with the same weights as an
+uninterrupted one; a truncated checkpoint makes the resume fall back to the previous good one.
+
+Tolerance: exact equality (atol 0). Both runs execute the same CPU kernels on the same data in the
+same order with the same random streams (restored from the checkpoint), so no float may differ.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from gwdet.data import prepare_datasets
+from gwdet.engine import Trainer, build_config
+
+from conftest import DEMO_CONFIG, REPO, TINY_OPTS
+
+# 8 iterations, a checkpoint every 2 (model_0000001.pth, model_0000003.pth, ...), no evaluation.
+RESUME_OPTS = TINY_OPTS + ["SOLVER.MAX_ITER", "8", "SOLVER.CHECKPOINT_PERIOD", "2", "DATASETS.TEST", "()"]
+TRAIN_NET = [sys.executable, str(REPO / "tools" / "train_net.py"), "--config", str(DEMO_CONFIG)]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def run_train_net(output_dir, *extra):
+    command = TRAIN_NET + list(extra) + RESUME_OPTS + ["OUTPUT_DIR", str(output_dir)]
+    completed = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=900)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return completed.stdout + completed.stderr
+
+
+def final_weights(output_dir):
+    return torch.load(output_dir / "model_final.pth", map_location="cpu", weights_only=True)
+
+
+def test_sigkilled_run_resumes_to_the_same_weights(tmp_path):
+    uninterrupted, killed = tmp_path / "uninterrupted", tmp_path / "killed"
+    run_train_net(uninterrupted)
+
+    command = TRAIN_NET + RESUME_OPTS + ["OUTPUT_DIR", str(killed)]
+    process = subprocess.Popen(command, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    while not (killed / "model_0000001.pth").exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    assert process.wait() == -signal.SIGKILL, "the run was killed, not finished"
+    assert not (killed / "model_final.pth").exists()
+
+    log = run_train_net(killed, "--resume")
+    assert "Loading from" in log and "model_0000001.pth" in log
+    expected, resumed = final_weights(uninterrupted), final_weights(killed)
+    assert resumed["iteration"] == expected["iteration"] == 7
+    for name, tensor in expected["model"].items():
+        assert torch.equal(resumed["model"][name], tensor), name
+
+
+def test_truncated_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):
+    opts = TINY_OPTS + ["SOLVER.MAX_ITER", "4", "SOLVER.CHECKPOINT_PERIOD", "2", "DATASETS.TEST", "()",
+                        "OUTPUT_DIR", str(tmp_path)]
+    cfg = build_config(str(DEMO_CONFIG), opts)
+    prepare_datasets(cfg)
+    trainer = Trainer(cfg)
+    trainer.resume_or_load(resume=False)
+    trainer.train()
+    newest = tmp_path / "model_final.pth"
+    assert (tmp_path / "last_checkpoint").read_text().strip() == newest.name
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # a kill during saving
+
+    resumed = Trainer(cfg)
+    resumed.resume_or_load(resume=True)
+    assert resumed.start_iter == 4, "model_0000003.pth (iteration 3) was the previous good checkpoint"
+    assert any("Cannot read checkpoint" in r.message and "model_final.pth" in r.message for r in caplog.records)

@@ -1,0 +1,28 @@
+#!/usr/bin/env python
+"""Train or evaluate a gwdet model with detectron2's trainer and COCOEvaluator.
+
+    python tools/train_net.py --config configs/mask_rcnn_gw.yaml
+    python tools/train_net.py --config configs/Demo/mask_rcnn_R_50_FPN_gw_shapes.yaml
+    python tools/train_net.py --config-file CFG --eval-only MODEL.WEIGHTS out/model_final.pth
+    python tools/train_net.py --config CFG --resume            # continue from OUTPUT_DIR/last_checkpoint
+    python tools/train_net.py --config CFG --num-gpus 8 SOLVER.IMS_PER_BATCH 16
+
+Trailing ``KEY VALUE`` pairs override the config. Everything but argument parsing lives in
+:mod:`gwdet.engine`.
+"""
+from detectron2.engine import launch
+
+from gwdet.engine import argument_parser, main
+
+
+if __name__ == "__main__":
+    args = argument_parser().parse_args()
+    print("Command Line Args:", args)
+    launch(
+        main,
+        args.num_gpus,
+        num_machines=args.num_machines,
+        machine_rank=args.machine_rank,
+        dist_url=args.dist_url,
+        args=(args,),
+    )
