@@ -23,6 +23,7 @@ setup(
         "tabulate",
         "omegaconf>=2.1,<2.4",
         "opencv-python-headless",
+        "scikit-learn",
     ],
     extras_require={"test": ["pytest"]},
 )

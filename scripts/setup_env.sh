@@ -47,7 +47,7 @@ fi
 log "installing detectron2's runtime dependencies"
 "${pip[@]}" install -q "setuptools<81" wheel fvcore iopath pycocotools "omegaconf>=2.1,<2.4" \
     "hydra-core>=1.1" yacs tabulate termcolor cloudpickle tqdm matplotlib tensorboard Pillow numpy \
-    opencv-python-headless pytest
+    opencv-python-headless scikit-learn pytest
 
 if "$py" -c "import detectron2" 2>/dev/null; then
     log "detectron2 already importable: $("$py" -c 'import detectron2, os; print(os.path.dirname(detectron2.__file__))')"

@@ -1,0 +1,64 @@
+"""The normalizers the analyses compare, as modules acting on feature matrices of shape (m, d).
+
+Convention (group_whitening_huang2021, Sec. 2): the paper writes a mini-batch as
+``X in R^{d x m}`` (d features, m samples); here it is stored transposed, as an ``(m, d)`` tensor,
+which is the ``(N, C)`` layout every layer accepts. Then
+
+* ``BN`` (Eq. 1) and ``BW`` (Eq. 5, group-based with ``d / num_groups`` features per group)
+  normalize each feature (group) over the m samples, using batch statistics in train mode;
+* ``GN`` (Eq. 4) and ``GW`` / ``GW_ZCA`` (Eqs. 8-10) normalize each sample's d features,
+  split into ``num_groups`` contiguous groups;
+* ``none`` is the identity (the papers' "Base").
+
+Every whitening layer is gwdet's own (:mod:`gwdet.layers`); GN and BN are torch's.
+"""
+from __future__ import annotations
+
+from torch import nn
+
+from gwdet.layers import BatchWhitening, GroupWhitening
+
+NORM_KINDS = ("none", "BN", "BW", "GN", "GW", "GW_ZCA")
+GROUPED_KINDS = ("GN", "GW", "GW_ZCA")
+
+
+def make_norm(
+    kind: str, num_features: int, num_groups: int = 1, affine: bool = True, T: int = 5, eps: float = 1e-5
+) -> nn.Module:
+    """A normalizer of kind ``kind`` for ``(m, num_features)`` inputs.
+
+    Args:
+        kind: one of :data:`NORM_KINDS`.
+        num_features: d.
+        num_groups: for GN/GW the number of feature groups g of each sample; for BW the number of
+            whitening groups (``num_groups=1`` whitens all d features together, "BW"; ``d / 16``
+            groups is the paper's "BW-C16", Fig. 1); ignored by ``none`` and ``BN``.
+        affine: learnable per-feature scale and shift (initialised to 1 and 0).
+        T: Newton iterations of ``GW`` (ItN, Eqs. 6-7).
+        eps: the ridge / variance floor of every normalizer.
+    """
+    if kind not in NORM_KINDS:
+        raise ValueError(f"make_norm: kind must be one of {', '.join(NORM_KINDS)}, got {kind!r}")
+    if num_groups < 1 or num_features % num_groups != 0:
+        raise ValueError(f"make_norm: num_groups={num_groups} must divide num_features={num_features}")
+    if kind == "none":
+        return nn.Identity()
+    if kind == "BN":
+        return nn.BatchNorm1d(num_features, eps=eps, affine=affine)
+    if kind == "BW":
+        return BatchWhitening(num_features, group_size=num_features // num_groups, eps=eps, method="zca", affine=affine)
+    if kind == "GN":
+        return nn.GroupNorm(num_groups, num_features, eps=eps, affine=affine)
+    method = "itn" if kind == "GW" else "zca"
+    return GroupWhitening(num_features, num_groups=num_groups, T=T, eps=eps, method=method, affine=affine)
+
+
+def norm_label(kind: str, num_features: int, num_groups: int) -> str:
+    """The papers' legend names: ``BN``, ``BW`` / ``BW-C16``, ``GN-g8``, ``GW-g8``, ``Base``."""
+    if kind == "none":
+        return "Base"
+    if kind == "BN":
+        return "BN"
+    if kind == "BW":
+        return "BW" if num_groups == 1 else f"BW-C{num_features // num_groups}"
+    return f"{kind}-g{num_groups}"

@@ -1,0 +1,54 @@
+"""Markdown tables and the output folder of an analysis (``<out>/<subcommand>/``)."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Sequence
+
+TABLE_FILE = "table.md"
+
+
+def format_number(value: float | int | str, digits: int = 4) -> str:
+    """Integers as they are, floats with ``digits`` significant digits, inf/nan spelled out."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return str(value)
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return f"{value:.{digits}g}"
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[float | int | str]]) -> str:
+    """A GitHub-flavoured markdown table (without a trailing newline)."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(format_number(value) for value in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def display_path(path: str | Path) -> str:
+    """``path`` relative to the working directory when it lies below it (for portable reports)."""
+    resolved = Path(path).resolve()
+    try:
+        return str(resolved.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def output_folder(out: str | Path, subcommand: str) -> Path:
+    """``<out>/<subcommand>``, created if needed."""
+    folder = Path(out) / subcommand
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def write_markdown(folder: Path, title: str, sections: Sequence[tuple[str, str]]) -> Path:
+    """``folder/table.md``: a ``# title`` then one ``## heading`` + body per section."""
+    parts = [f"# {title}", ""]
+    for heading, body in sections:
+        parts += [f"## {heading}", "", body, ""]
+    path = folder / TABLE_FILE
+    path.write_text("\n".join(parts))
+    return path

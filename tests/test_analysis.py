@@ -1,0 +1,134 @@
+"""The analysis tools: the claims they illustrate hold on small sizes, and every subcommand of
+tools/analyze.py writes its pictures and table."""
+import importlib.util
+import math
+
+import pytest
+import torch
+
+from gwdet.analysis.conditioning import condition_number, normalized, simulate_activations
+from gwdet.analysis.constraint_report import SMALL_CASES
+from gwdet.analysis.constraints import (
+    METHODS,
+    constraint_number,
+    counting_limit,
+    in_counting_range,
+    is_solvable,
+    numerical_constraint_number,
+)
+from gwdet.analysis.cost import relative_cost
+
+from conftest import DEMO_CONFIG, REPO, TINY_OPTS
+
+GROUPS = (2, 4, 8)
+
+
+@pytest.fixture(scope="module")
+def activations() -> dict:
+    """Activations of 1- and 2-layer linear MLPs, d=128 features x m=256 samples."""
+    generator = torch.Generator().manual_seed(0)
+    return {depth: simulate_activations(depth, 128, 256, "linear", generator) for depth in (1, 2)}
+
+
+@pytest.mark.parametrize("method", ["GW", "GW_ZCA"])
+@pytest.mark.parametrize("depth", [1, 2])
+@pytest.mark.parametrize("p", [0.9, 0.8])
+def test_group_whitening_conditions_better_than_group_norm(activations, method, depth, p):
+    """GW paper Fig. 2: kappa_p of GW's output is below GN's at every group number g > 1."""
+    x = activations[depth]
+    for g in GROUPS:
+        kappa_gw = condition_number(normalized(x, method, g, T=5), p)
+        kappa_gn = condition_number(normalized(x, "GN", g, T=5), p)
+        assert kappa_gw < kappa_gn, (g, kappa_gw, kappa_gn)
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+@pytest.mark.parametrize("p", [0.9, 0.8])
+def test_batch_whitening_condition_number_is_one(activations, depth, p):
+    """BW (ZCA, one group of all features) whitens the batch: kappa_p = 1 up to its ridge eps.
+
+    With the ridge, an input eigenvalue lambda becomes lambda / (lambda + eps), so
+    1 <= kappa_p <= 1 + eps / lambda_p (lambda_p of the input covariance, same rank).
+    """
+    x = activations[depth]
+    centred = x - x.mean(dim=0)
+    input_eigenvalues = torch.linalg.eigvalsh(centred.T @ centred / x.shape[0]).flip(0)
+    lambda_p = input_eigenvalues[math.ceil(p * x.shape[1]) - 1].item()
+    kappa = condition_number(normalized(x, "BW", 1, T=5), p)
+    assert 1.0 - 1e-9 <= kappa <= 1.0 + 1e-5 / lambda_p + 1e-6
+    assert kappa == pytest.approx(1.0, abs=1e-2)
+
+
+def test_condition_number_of_rank_deficient_covariance_is_inf():
+    x = torch.randn(64, 8, dtype=torch.float64)
+    x[:, 4:] = 0.0
+    assert condition_number(x, 0.9) == float("inf")
+
+
+@pytest.mark.parametrize("case", SMALL_CASES, ids=lambda c: "-".join(str(v) for v in c))
+def test_constraint_number_formula_matches_jacobian_rank(case):
+    """Table 1's zeta(phi; X) is the rank of the Jacobian of all constraint equations at a point
+    satisfying them (the normalizer's output), wherever the system has a solution."""
+    method, d, m, g, k = case
+    rank, residual = numerical_constraint_number(method, d, m, g, k)
+    if is_solvable(method, d, m, g, k):
+        assert residual < 1e-6
+        assert rank == constraint_number(method, d, m, g, k)
+    else:  # inside Table 1's counting range, yet no solution: the normalizer's output misses them
+        assert in_counting_range(method, d, m, g, k)
+        assert residual > 0.1
+
+
+def test_every_method_has_a_solvable_numerical_check():
+    assert {case[0] for case in SMALL_CASES if is_solvable(*case)} == set(METHODS)
+
+
+@pytest.mark.parametrize("method, d, m, g", [("BN", 7, 2, 1), ("BW", 5, 4, 1), ("GN", 12, 3, 6), ("GW", 54, 3, 9)])
+def test_table1_ranges_are_where_constraints_equal_variables(method, d, m, g):
+    """At the boundary of Table 1's range, zeta(phi; X) = md (Eq. 12)."""
+    assert counting_limit(method, d) == (m if method in ("BN", "BW") else g)
+    assert constraint_number(method, d, m, g) == m * d
+
+
+def test_relative_cost_formula():
+    """2g/(9d) + Tg^3/(9HWd^2) (GW paper Sec. 3)."""
+    expected = 2 * 16 / (9 * 64) + 5 * 16**3 / (9 * 7 * 7 * 64**2)
+    assert relative_cost(d=64, g=16, height=7, width=7, T=5) == pytest.approx(expected)
+
+
+@pytest.fixture(scope="module")
+def analyze():
+    spec = importlib.util.spec_from_file_location("analyze", REPO / "tools" / "analyze.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SUBCOMMANDS = {
+    "conditioning": (
+        ["--dim", "32", "--samples", "128", "--groups", "1,2", "--depths", "1", "--activations", "linear"]
+        + ["--seeds", "1"],
+        ["kappa_90.png", "kappa_80.png", "table.md"],
+    ),
+    "constraints": (
+        ["--d", "16", "--m", "8", "--g", "2", "--N", "64", "--config", str(DEMO_CONFIG), "--input-size", "64x64"],
+        ["constraint_density.png", "gw_cost.png", "table.md"],
+    ),
+    "propagation": (
+        ["--config", str(DEMO_CONFIG), "--norms", "GN,GW", *TINY_OPTS, "MODEL.GW.NUM_GROUPS", "4"],
+        ["activation_variance.png", "cosine_similarity.png", "gradient_norms.png", "table.md"],
+    ),
+    "capacity": (["--quick"], ["batch_size.png", "group_number.png", "random_labels.png", "table.md"]),
+}
+
+
+@pytest.mark.parametrize("command", list(SUBCOMMANDS))
+def test_subcommand_writes_its_files(analyze, tmp_path, command):
+    args, expected = SUBCOMMANDS[command]
+    written = analyze.main([command, "--out", str(tmp_path), *args])
+    folder = tmp_path / command
+    assert sorted(p.name for p in written) == sorted(expected)
+    for name in expected:
+        assert (folder / name).stat().st_size > 0, name
+    table = (folder / "table.md").read_text()
+    assert table.startswith("# ") and "|---|" in table
