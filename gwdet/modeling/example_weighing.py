@@ -1,0 +1,98 @@
+"""Inference example weighing applied to a trained batch-norm model, without retraining.
+
+Summers & Dinneen ("Four Things Everyone Should Know to Improve Batch Normalization", ICLR 2020,
+Sec. 3.1, Eq. 3): at inference a batch-norm layer normalizes with its running averages only, so
+an example never contributes to its own statistics, unlike in training. Example weighing blends
+the example's own per-channel moments into the running ones with weight ``alpha``:
+``mu = alpha E[x] + (1 - alpha) m_x`` and ``sigma^2 = alpha E[x^2] + (1 - alpha) m_{x^2} - mu^2``.
+``alpha = 0`` is ordinary batch-norm inference, ``alpha = 1`` normalizes every example with its
+own statistics (instance normalization); the best ``alpha`` is chosen on a validation set.
+
+:func:`apply_example_weighing` swaps every ``torch.nn.BatchNorm2d`` (detectron2's "BN", and
+subclasses such as its ``NaiveSyncBatchNorm``) and ``torch.nn.SyncBatchNorm`` of a model for a
+:class:`gwdet.layers.BatchGroupNorm` with one channel per group carrying the same affine
+parameters, running statistics and ``eps``. Left alone: detectron2's ``FrozenBatchNorm2d`` (its
+statistics are frozen constants, usually from another dataset, and it is not a batch norm at
+training time) and batch norms that keep no running statistics (they use batch statistics at
+inference anyway).
+
+The replacement also keeps the training-mode function: its example groups are larger than any
+batch, so in ``train()`` mode it normalizes over the whole batch per channel, as batch norm does,
+with the exponential running-average update (a ``momentum=None`` cumulative average is replaced
+by ``momentum=0.1``).
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch import nn
+
+from gwdet.layers import BatchGroupNorm
+from gwdet.layers._common import check_unit_interval
+
+WEIGHABLE_NORMS = (nn.BatchNorm2d, nn.SyncBatchNorm)
+DEFAULT_MOMENTUM = 0.1
+# Example groups this large hold every batch, so BatchGroupNorm trains as batch norm.
+WHOLE_BATCH = sys.maxsize
+
+
+def example_weighted_norm(bn: nn.modules.batchnorm._BatchNorm, weight: float) -> BatchGroupNorm:
+    """A :class:`BatchGroupNorm` computing ``bn``'s inference with example weight ``weight``.
+
+    ``weight = 0`` gives ``bn``'s own inference output (same statistics, same formula up to
+    float rounding). The result is on ``bn``'s device and in ``bn``'s training mode.
+    """
+    check_unit_interval("example_weighted_norm", "weight", weight)
+    channels = bn.num_features
+    norm = BatchGroupNorm(
+        channels,
+        num_groups=channels,
+        examples_per_group=WHOLE_BATCH,
+        eps=bn.eps,
+        momentum=DEFAULT_MOMENTUM if bn.momentum is None else bn.momentum,
+        eval_example_weight=weight,
+        affine=bn.affine,
+    )
+    norm.to(device=bn.running_mean.device, dtype=bn.running_mean.dtype)
+    with torch.no_grad():
+        norm.running_mean.copy_(bn.running_mean)
+        norm.running_var.copy_(bn.running_var)
+        if bn.affine:
+            norm.weight.copy_(bn.weight)
+            norm.bias.copy_(bn.bias)
+    return norm.train(bn.training)
+
+
+def weighable_norms(model: nn.Module) -> list[tuple[str, nn.modules.batchnorm._BatchNorm]]:
+    """``(name, module)`` of every batch norm of ``model`` that example weighing applies to:
+    ``BatchNorm2d`` (and subclasses) and ``SyncBatchNorm`` keeping running statistics."""
+    return [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, WEIGHABLE_NORMS) and module.track_running_stats
+    ]
+
+
+def apply_example_weighing(model: nn.Module, weight: float) -> int:
+    """Replace, in place, every layer :func:`weighable_norms` lists by its example-weighted
+    version (:func:`example_weighted_norm`); return how many were replaced.
+
+    Args:
+        model: a trained model; evaluate it in ``eval()`` mode afterwards.
+        weight: ``alpha`` of Eq. 3; ``ValueError`` unless it is in [0, 1], checked even when
+            the model has no batch norm.
+
+    To compare several weights, apply each one to its own copy of the trained model
+    (``copy.deepcopy``): layers already replaced are not batch norms any more.
+    """
+    check_unit_interval("apply_example_weighing", "weight", weight)
+    if isinstance(model, WEIGHABLE_NORMS):
+        raise ValueError("apply_example_weighing replaces layers inside a model; for a single "
+                         "batch norm layer use example_weighted_norm(bn, weight)")
+    targets = weighable_norms(model)
+    for name, bn in targets:
+        parent_name, _, child_name = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        setattr(parent, child_name, example_weighted_norm(bn, weight))
+    return len(targets)
