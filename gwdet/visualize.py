@@ -12,6 +12,8 @@ from detectron2.data.transforms import ResizeShortestEdge
 from detectron2.utils.visualizer import Visualizer
 from PIL import Image
 
+MIN_DRAWN_SIDE = 384
+
 
 @torch.no_grad()
 def save_prediction_pngs(
@@ -35,8 +37,9 @@ def save_prediction_pngs(
             height, width = rgb.shape[:2]
             instances = model([{"image": tensor, "height": height, "width": width}])[0]["instances"].to("cpu")
             instances = instances[instances.scores >= score_threshold]
-            truth = Visualizer(rgb, metadata).draw_dataset_dict(record).get_image()
-            predicted = Visualizer(rgb, metadata).draw_instance_predictions(instances).get_image()
+            scale = max(1.0, MIN_DRAWN_SIDE / min(height, width))  # small images get enlarged
+            truth = Visualizer(rgb, metadata, scale=scale).draw_dataset_dict(record).get_image()
+            predicted = Visualizer(rgb, metadata, scale=scale).draw_instance_predictions(instances).get_image()
             path = os.path.join(out_dir, os.path.splitext(os.path.basename(record["file_name"]))[0] + ".png")
             Image.fromarray(np.concatenate([truth, predicted], axis=1)).save(path)
             paths.append(path)
