@@ -21,8 +21,8 @@ Implementation: in eager mode both :func:`group_whitening` and :class:`GroupWhit
 affine is fused in) run :class:`~.group_whitening_function.GroupWhiteningFunction`, a custom
 autograd Function with a closed-form backward that keeps only the input, the group means and
 small ``g x g`` matrices for the backward pass (see that module for the derivation and costs).
-Under ``torch.jit.script`` the same formulas run as plain tensor operations differentiated by
-autograd (:func:`_whiten_groups`); both compute the same function.
+Under ``torch.jit.script`` and ``torch.jit.trace`` the same formulas run as plain tensor
+operations differentiated by autograd (:func:`_whiten_groups`); both compute the same function.
 """
 from typing import Optional
 
@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from ._common import (
+    autocast_disabled,
     check_input,
     check_int_at_least,
     check_positive,
@@ -82,7 +83,15 @@ def _group_whitening_function(
     eps: float,
     method: str,
 ) -> Tensor:
-    """Eager-mode entry to :class:`GroupWhiteningFunction` (``groups`` must divide ``C``)."""
+    """Eager-mode entry to :class:`GroupWhiteningFunction` (``groups`` must divide ``C``).
+
+    Under ``torch.jit.trace`` the plain formulas run instead, so that a traced model holds only
+    tensor operations (a custom autograd Function would be recorded as an opaque Python op).
+    """
+    if torch.jit.is_tracing():
+        with autocast_disabled(x):
+            whitened = _whiten_groups(x, groups, T, eps, method)
+        return per_channel_affine(whitened, weight, bias)
     return GroupWhiteningFunction.apply(x, weight, bias, groups, T, eps, method)
 
 

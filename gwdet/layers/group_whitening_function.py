@@ -8,17 +8,21 @@ those formulas by autograd:
   3T intermediate ``g x g`` products of ItN; here only the input, the group means and (when it is
   small) the ``g x g`` covariance are saved, and the whitening matrix is recomputed in the
   backward pass together with its gradient (:func:`~.whitening_matrix.itn_whitening_vjp`);
-* the work over the activation is the minimum of ``g x g`` by ``g x (C/g HW)`` products per
-  sample: forward covariance and ``W X_C`` (2), backward ``dY X^T``, ``W^T dY`` and ``S X``
-  (3, plus 1 to recompute ``W X_C`` for the affine weight's gradient when a group has more than
-  one channel), with the centring of the backward folded into them as rank-one corrections;
+* the work over the activation is the minimum of ``g x g`` by ``g x m`` products per sample
+  (``m = C/g HW``): forward covariance and ``W X_C`` (2), backward ``dY X^T``, ``W^T dY`` and
+  ``S X`` (3, plus 1 to recompute ``W X_C`` for the affine weight's gradient when a group has
+  more than one channel), with the centring of the backward folded into them as rank-one
+  corrections;
 * with one channel per group (``C == g``) the affine folds into the ``g x g`` matrices: forward
   ``Z = (diag(weight) W) X_C + bias``, backward ``(W^T diag(weight)) dZ``, and the weight's
   gradient comes from ``dZ X_C^T`` without a pass over the activation;
-* samples are processed in chunks, so that temporaries (one activation-sized buffer for the
-  chunk plus the ``g x g`` work of the chunk) stay a fraction of the activation.
+* with fewer columns than groups (``m < g``, e.g. ``(N, C)`` input with ``C < g^2``) the
+  ``g x g`` covariance has rank at most ``m``, and the whole whitening runs on the ``m x m``
+  Gram matrix instead (see "Few columns" below);
+* samples are processed in chunks, so that temporaries (activation-sized buffers for the chunk
+  and its ``g x g`` work) stay a fraction of the activation, and on CPU in cache.
 
-Backward (Algorithm 2, one sample, ``X`` is ``g x m`` with ``m = C/g HW``, ``mu`` the row means,
+Backward (Algorithm 2, one sample, ``X`` is ``g x m``, ``mu`` the row means,
 ``X_C = X - mu 1^T``, ``Y = W X_C``, ``Z = gamma o Y + beta``)::
 
     dbeta = sum dZ,  dgamma = sum dZ o Y,  dY = gamma o dZ
@@ -30,12 +34,20 @@ Backward (Algorithm 2, one sample, ``X`` is ``g x m`` with ``m = C/g HW``, ``mu`
 (the mean of ``(2/m) dS X_C`` over a row is zero, so subtracting the row mean of
 ``dL/dX_C`` (Algorithm 2, line 7) only touches the ``W^T dY`` term).
 
+Few columns (``m < g``). With ``U = X_C / sqrt(m)``, ``Sigma = U U^T + eps I_g``; for every
+polynomial ``p``, ``p(U U^T + eps I) U = U p(U^T U + eps I)``, and the same holds for
+``x^{-1/2}`` through the SVD of ``U``. So ``W X_C = X_C W'`` with ``S = X_C^T X_C / m + eps I_m``
+and ``W' = P_T(S / tau) / sqrt(tau)`` (ItN, ``tau = tr(Sigma) = tr(S) + (g - m) eps``, the trace
+the ``g x g`` iteration normalizes by) or ``W' = S^{-1/2}`` (ZCA): exactly the same function,
+with ``m x m`` instead of ``g x g`` matrices. Backward: ``dW' = X_C^T dY``,
+``dS = psi_b(dW')``, ``dX_C = dY W'^T + (2/m) X_C dS`` and ``dX = dX_C`` minus its row means.
+
 Precision: the statistics, whitening matrix and products run in float32 (float64 for float64
 input) with autocast switched off; the affine is applied in that precision before the result is
 rounded to the input dtype.
 """
 import math
-from typing import Optional, Tuple
+from typing import Iterator, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -49,49 +61,24 @@ from .whitening_matrix import (
     zca_whitening_vjp,
 )
 
-# Temporaries of one chunk (an activation-sized buffer per sample and the g x g work) may use up
-# to this fraction of the activation's size (in the compute dtype); at least one sample is done
-# at a time. The g x g work per sample is about GG_BUFFERS matrices of g x g during the ItN
-# backward.
-CHUNK_FRACTION = 0.5
+# Samples are processed in chunks whose temporaries stay within a fraction of the activation's
+# size (in the compute dtype): FORWARD_FRACTION while the forward pass holds only the output,
+# BACKWARD_FRACTION (less any saved covariances) while the backward pass also holds the input
+# gradient, so that the peak stays near GroupNorm's (output + input gradient). A sample's g x g
+# work takes about GG_BUFFERS matrices (ItN backward). On CPU a chunk's g x g work is also kept
+# within CACHE_BYTES per thread: batched 64 x 64 products run about 1.5x faster on 16 samples
+# per thread than on 512, while much smaller chunks pay per-operation overhead (measured on a
+# 2-core Xeon: 16 samples per chunk on 1 thread, 32 on 2). At least one sample at a time.
+FORWARD_FRACTION = 1.1
+BACKWARD_FRACTION = 0.75
 GG_BUFFERS = 16
-
-
-def samples_per_chunk(num_samples: int, values_per_sample: int, groups: int) -> int:
-    """How many samples to process together (see :data:`CHUNK_FRACTION`)."""
-    per_sample = 2 * values_per_sample + GG_BUFFERS * groups * groups
-    budget = CHUNK_FRACTION * num_samples * values_per_sample
-    return max(1, min(num_samples, int(budget // per_sample)))
+CACHE_BYTES = 4 * 2**20
 
 
 def keeps_covariance(values_per_sample: int, groups: int) -> bool:
-    """Save the ``g x g`` covariance for the backward pass only when it is small (at most 1/8 of
-    the sample); otherwise recompute it from the saved input."""
-    return 8 * groups * groups <= values_per_sample
-
-
-def _whitening(cov: Tensor, method: str, T: int, eps: float) -> Tensor:
-    if method == "itn":
-        return itn_whitening(cov, T)
-    return zca_whitening(cov, eps)
-
-
-def _whitening_vjp(cov: Tensor, grad: Tensor, method: str, T: int, eps: float) -> Tuple[Tensor, Tensor]:
-    if method == "itn":
-        return itn_whitening_vjp(cov, grad, T)
-    return zca_whitening_vjp(cov, grad, eps)
-
-
-def _centred_covariance(x: Tensor, mean: Tensor, eps: float) -> Tuple[Tensor, Tensor]:
-    """``X_C`` and ``(1/m) X_C X_C^T + eps I`` for a chunk ``x`` ``(n, g, m)`` with means
-    ``(n, g, 1)``. Centred explicitly (a temporary of the chunk's size) rather than as
-    ``X X^T / m - mu mu^T``, which cancels catastrophically in float32 when means are large."""
-    centred = x - mean
-    ridge = torch.eye(x.shape[1], dtype=x.dtype, device=x.device).mul_(eps)
-    cov = torch.baddbmm(
-        ridge.expand(x.shape[0], -1, -1), centred, centred.transpose(1, 2), alpha=1.0 / x.shape[2]
-    )
-    return centred, cov
+    """Save the ``g x g`` covariance for the backward pass when it is at most a third of the
+    sample's size; otherwise recompute it from the saved input."""
+    return 3 * groups * groups <= values_per_sample
 
 
 class GroupWhiteningFunction(torch.autograd.Function):
@@ -103,9 +90,10 @@ class GroupWhiteningFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, groups, T, eps, method):
+        layout = _Layout(x, weight is not None, groups, T, eps, method)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            out, mean, cov = _forward(x, weight, bias, groups, T, eps, method)
-        ctx.groups, ctx.T, ctx.eps, ctx.method = groups, T, eps, method
+            out, mean, cov = _forward(x, layout.affine(weight), layout.affine(bias), layout)
+        ctx.layout = layout
         ctx.save_for_backward(x, weight, bias, mean, cov)
         return out
 
@@ -113,10 +101,11 @@ class GroupWhiteningFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out):
         x, weight, bias, mean, cov = ctx.saved_tensors
+        layout = ctx.layout
         needs_x, needs_weight, needs_bias = ctx.needs_input_grad[:3]
         with torch.autocast(device_type=x.device.type, enabled=False):
             grad_x, grad_weight, grad_bias = _backward(
-                grad_out, x, weight, mean, cov, ctx.groups, ctx.T, ctx.eps, ctx.method,
+                grad_out, x, layout.affine(weight), mean, cov, layout,
                 needs_x, needs_weight and weight is not None, needs_bias and bias is not None,
             )
         if grad_weight is not None:
@@ -126,136 +115,258 @@ class GroupWhiteningFunction(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias, None, None, None, None
 
 
+class _Layout:
+    """Shapes, hyper-parameters and chunk sizes of one call (holds no tensors)."""
+
+    def __init__(self, x: Tensor, has_weight: bool, groups: int, T: int, eps: float, method: str):
+        self.dtype = statistics_dtype(x.dtype)
+        self.samples = x.shape[0]
+        self.channels = x.shape[1]
+        self.values = math.prod(x.shape[1:])
+        self.spatial = self.values // self.channels
+        self.groups = groups
+        self.m = self.values // groups  # columns of X_G
+        self.T, self.eps, self.method = T, eps, method
+        self.one_channel_per_group = self.channels == groups
+        self.few_columns = self.m < groups
+        self.keeps_covariance = not self.few_columns and keeps_covariance(self.values, groups)
+        # activation-sized temporaries per sample: centred copy, dY and Y buffers, casts
+        casts = 0 if x.dtype == self.dtype else 1
+        forward_temps = 1 + 2 * casts
+        if self.few_columns:
+            backward_temps = 3 + 3 * casts
+        else:
+            affine_buffer = 0 if self.one_channel_per_group or not has_weight else 1
+            backward_temps = affine_buffer + 3 * casts
+        small = min(self.m, groups)
+        saved = self.samples * groups * groups if self.keeps_covariance else 0
+        activation = self.samples * self.values
+        device_type = x.device.type
+        self.forward_step = self._chunk(FORWARD_FRACTION * activation - saved, forward_temps, small, device_type)
+        self.backward_step = self._chunk(BACKWARD_FRACTION * activation - saved, backward_temps, small, device_type)
+
+    def _chunk(self, budget: float, temps: int, small: int, device_type: str) -> int:
+        gg_values = GG_BUFFERS * small * small
+        chunk = int(budget // (temps * self.values + gg_values))
+        if device_type == "cpu":
+            cache = CACHE_BYTES * torch.get_num_threads()
+            chunk = min(chunk, cache // (gg_values * torch.finfo(self.dtype).bits // 8))
+        return max(1, min(self.samples, chunk))
+
+    def affine(self, parameter: Optional[Tensor]) -> Optional[Tensor]:
+        """An affine parameter in the compute dtype (``None`` stays ``None``)."""
+        return None if parameter is None else parameter.detach().to(self.dtype)
+
+    def rows(self, t: Tensor) -> Tensor:
+        """``(N, C, *spatial)`` -> ``(N, g, m)`` (Eq. 8), a view of a contiguous tensor."""
+        return t.contiguous().view(self.samples, self.groups, self.m)
+
+    def per_channel(self, t: Tensor) -> Tensor:
+        """``(n, g, m)`` -> ``(n, C, HW)``: the same memory seen per channel."""
+        return t.view(t.shape[0], self.channels, self.spatial)
+
+    @staticmethod
+    def chunks(samples: int, step: int) -> Iterator[Tuple[int, int]]:
+        for start in range(0, samples, step):
+            yield start, min(start + step, samples)
+
+    def whitening(self, cov: Tensor) -> Tensor:
+        """``cov^{-1/2}``; for few columns ``cov`` is the ``m x m`` Gram matrix ``S``."""
+        if self.method == "itn":
+            return itn_whitening(cov, self.T, self.trace_offset)
+        return zca_whitening(cov, self.eps)
+
+    def whitening_vjp(self, cov: Tensor, grad: Tensor) -> Tuple[Tensor, Tensor]:
+        if self.method == "itn":
+            return itn_whitening_vjp(cov, grad, self.T, self.trace_offset)
+        return zca_whitening_vjp(cov, grad, self.eps)
+
+    @property
+    def trace_offset(self) -> float:
+        """``tr(Sigma) - tr(S)`` for few columns (0 otherwise): ItN normalizes by ``tr(Sigma)``."""
+        return (self.groups - self.m) * self.eps if self.few_columns else 0.0
+
+
+def _ridge_covariance(centred: Tensor, eps: float, out: Optional[Tensor] = None) -> Tensor:
+    """``(1/m) X_C X_C^T + eps I`` for a centred chunk ``(n, g, m)``. Centring explicitly (a
+    temporary of the chunk's size) rather than using ``X X^T / m - mu mu^T`` avoids catastrophic
+    cancellation in float32 when the means are large compared with the spread."""
+    cov = torch.bmm(centred, centred.transpose(1, 2), out=out).mul_(1.0 / centred.shape[2])
+    cov.diagonal(dim1=1, dim2=2).add_(eps)
+    return cov
+
+
+def _gram(centred: Tensor, eps: float) -> Tensor:
+    """``S = (1/m) X_C^T X_C + eps I_m`` (few columns)."""
+    gram = torch.bmm(centred.transpose(1, 2), centred).mul_(1.0 / centred.shape[2])
+    gram.diagonal(dim1=1, dim2=2).add_(eps)
+    return gram
+
+
+def _apply_affine(y: Tensor, gamma: Optional[Tensor], beta: Optional[Tensor], layout: _Layout) -> None:
+    """``y = y * gamma + beta`` per channel, in place on ``(n, g, m)``."""
+    per_channel = layout.per_channel(y)
+    if gamma is not None and beta is not None:
+        torch.addcmul(beta.view(-1, 1), per_channel, gamma.view(-1, 1), out=per_channel)
+    elif gamma is not None:
+        per_channel.mul_(gamma.view(-1, 1))
+    elif beta is not None:
+        per_channel.add_(beta.view(-1, 1))
+
+
+# ---- forward ----------------------------------------------------------------------------------
+
+
 def _forward(
-    x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], groups: int, T: int, eps: float, method: str
+    x: Tensor, gamma: Optional[Tensor], beta: Optional[Tensor], layout: _Layout
 ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
-    num_samples, channels = x.shape[0], x.shape[1]
-    dtype = statistics_dtype(x.dtype)
-    values = math.prod(x.shape[1:])
-    rows = x.contiguous().view(num_samples, groups, values // groups)
-    m = rows.shape[2]
-    spatial = values // channels
-    out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
-    mean_all = torch.empty(num_samples, groups, 1, dtype=dtype, device=x.device)
-    cov_all = (
-        torch.empty(num_samples, groups, groups, dtype=dtype, device=x.device)
-        if keeps_covariance(values, groups)
-        else None
-    )
-    if num_samples == 0:
-        return out.view(x.shape), mean_all, cov_all
-    gamma = weight.to(dtype) if weight is not None else None
-    beta = bias.to(dtype) if bias is not None else None
-    one_channel_per_group = channels == groups
-    step = samples_per_chunk(num_samples, values, groups)
-    for start in range(0, num_samples, step):
-        stop = min(start + step, num_samples)
-        chunk = rows[start:stop].to(dtype)
-        mean = chunk.mean(dim=2, keepdim=True)
-        centred, cov = _centred_covariance(chunk, mean, eps)
-        whitening = _whitening(cov, method, T, eps)
-        in_place = out.dtype == dtype
-        target = out[start:stop] if in_place else torch.empty_like(centred)
-        if one_channel_per_group and gamma is not None:
-            whitening = whitening * gamma.view(groups, 1)
-        if one_channel_per_group and beta is not None:
-            torch.baddbmm(beta.view(groups, 1), whitening, centred, out=target)
+    # The result must not be a view (detectron2's blocks apply relu_ to a norm's output).
+    result = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    mean = torch.empty(layout.samples, layout.groups, 1, dtype=layout.dtype, device=x.device)
+    cov = None
+    if layout.keeps_covariance:
+        cov = torch.empty(layout.samples, layout.groups, layout.groups, dtype=layout.dtype, device=x.device)
+    if layout.samples:
+        rows, out = layout.rows(x), result.view(layout.samples, layout.groups, layout.m)
+        for start, stop in layout.chunks(layout.samples, layout.forward_step):
+            _forward_chunk(
+                rows[start:stop], out[start:stop], mean[start:stop],
+                None if cov is None else cov[start:stop], gamma, beta, layout,
+            )
+    return result, mean, cov
+
+
+def _forward_chunk(
+    x: Tensor,
+    out: Tensor,
+    mean_out: Tensor,
+    cov_out: Optional[Tensor],
+    gamma: Optional[Tensor],
+    beta: Optional[Tensor],
+    layout: _Layout,
+) -> None:
+    """Algorithm 1 and the affine for samples ``x`` ``(n, g, m)``, written into ``out``; the
+    means (and covariances) go to ``mean_out`` (``cov_out``) for the backward pass."""
+    x = x.to(layout.dtype)
+    mean = torch.mean(x, dim=2, keepdim=True, out=mean_out)
+    centred = x - mean
+    target = out if out.dtype == layout.dtype else torch.empty_like(centred)
+    if layout.few_columns:
+        torch.bmm(centred, layout.whitening(_gram(centred, layout.eps)), out=target)
+        _apply_affine(target, gamma, beta, layout)
+    elif layout.one_channel_per_group:
+        # rows are channels: Z = (diag(gamma) W) X_C + beta 1^T in one product
+        whitening = layout.whitening(_ridge_covariance(centred, layout.eps, cov_out))
+        if gamma is not None:
+            whitening = whitening * gamma.view(-1, 1)
+        if beta is not None:
+            torch.baddbmm(beta.view(-1, 1), whitening, centred, out=target)
         else:
             torch.bmm(whitening, centred, out=target)
-            if not one_channel_per_group and (gamma is not None or beta is not None):
-                per_channel = target.view(stop - start, channels, spatial)
-                if gamma is not None and beta is not None:
-                    torch.addcmul(beta.view(channels, 1), per_channel, gamma.view(channels, 1), out=per_channel)
-                elif gamma is not None:
-                    per_channel.mul_(gamma.view(channels, 1))
-                else:
-                    per_channel.add_(beta.view(channels, 1))
-        del centred
-        if not in_place:
-            out[start:stop].copy_(target)
-        mean_all[start:stop] = mean
-        if cov_all is not None:
-            cov_all[start:stop] = cov
-    return out.view(x.shape), mean_all, cov_all
+    else:
+        whitening = layout.whitening(_ridge_covariance(centred, layout.eps, cov_out))
+        torch.bmm(whitening, centred, out=target)
+        _apply_affine(target, gamma, beta, layout)
+    if target is not out:
+        out.copy_(target)
+
+
+# ---- backward ---------------------------------------------------------------------------------
 
 
 def _backward(
     grad_out: Tensor,
     x: Tensor,
-    weight: Optional[Tensor],
-    mean_all: Tensor,
-    cov_all: Optional[Tensor],
-    groups: int,
-    T: int,
-    eps: float,
-    method: str,
+    gamma: Optional[Tensor],
+    mean: Tensor,
+    cov: Optional[Tensor],
+    layout: _Layout,
     needs_x: bool,
     needs_weight: bool,
     needs_bias: bool,
 ) -> Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
-    num_samples, channels = x.shape[0], x.shape[1]
-    dtype = mean_all.dtype
     device = x.device
-    grad_weight = torch.zeros(channels, dtype=dtype, device=device) if needs_weight else None
-    grad_bias = torch.zeros(channels, dtype=dtype, device=device) if needs_bias else None
+    grad_weight = torch.zeros(layout.channels, dtype=layout.dtype, device=device) if needs_weight else None
+    grad_bias = torch.zeros(layout.channels, dtype=layout.dtype, device=device) if needs_bias else None
     grad_x = torch.empty(x.shape, dtype=x.dtype, device=device) if needs_x else None
-    if num_samples == 0:
-        if grad_x is not None:
-            grad_x.zero_()
+    if not layout.samples:
         return grad_x, grad_weight, grad_bias
-    values = math.prod(x.shape[1:])
-    rows = x.contiguous().view(num_samples, groups, values // groups)
-    grad_rows = grad_out.contiguous().view(rows.shape)
+    rows, grad_rows = layout.rows(x), layout.rows(grad_out)
     grad_x_rows = grad_x.view(rows.shape) if grad_x is not None else None
-    m = rows.shape[2]
-    spatial = values // channels
-    gamma = weight.to(dtype) if weight is not None else None
-    one_channel_per_group = channels == groups
-    step = samples_per_chunk(num_samples, values, groups)
-    for start in range(0, num_samples, step):
-        stop = min(start + step, num_samples)
-        n = stop - start
-        chunk = rows[start:stop].to(dtype)
-        grad_chunk = grad_rows[start:stop].to(dtype)
-        mean = mean_all[start:stop]
-        cov = cov_all[start:stop] if cov_all is not None else _centred_covariance(chunk, mean, eps)[1]
-        if one_channel_per_group:
-            # dZ X_C^T gives dW (rows scaled by gamma) and dgamma (row sums of W o dZ X_C^T).
-            row_sums = grad_chunk.sum(dim=2, keepdim=True)
-            cross = torch.baddbmm(-row_sums * mean.transpose(1, 2), grad_chunk, chunk.transpose(1, 2))
-            grad_whitening = cross * gamma.view(groups, 1) if gamma is not None else cross
-            whitening, grad_cov = _whitening_vjp(cov, grad_whitening, method, T, eps)
-            if grad_weight is not None:
-                grad_weight += (whitening * cross).sum(dim=(0, 2))
-            if grad_bias is not None:
-                grad_bias += row_sums.sum(dim=0).view(channels)
-            if grad_x_rows is not None:
-                left = whitening.transpose(1, 2)
-                grad_means = row_sums / m
-                if gamma is not None:
-                    left = left * gamma.view(1, 1, groups)
-                _input_gradient(grad_x_rows[start:stop], left, grad_chunk, grad_means, grad_cov, chunk, mean, m)
-            continue
-        if gamma is not None:
-            grad_y = (grad_chunk.view(n, channels, spatial) * gamma.view(channels, 1)).view(grad_chunk.shape)
-        else:
-            grad_y = grad_chunk
-        row_sums = grad_y.sum(dim=2, keepdim=True)
-        grad_whitening = torch.baddbmm(-row_sums * mean.transpose(1, 2), grad_y, chunk.transpose(1, 2))
-        whitening, grad_cov = _whitening_vjp(cov, grad_whitening, method, T, eps)
-        if grad_x_rows is not None:
-            _input_gradient(
-                grad_x_rows[start:stop], whitening.transpose(1, 2), grad_y, row_sums / m, grad_cov, chunk, mean, m
-            )
-        if grad_bias is not None:
-            grad_bias += grad_chunk.view(n, channels, spatial).sum(dim=(0, 2))
-        if grad_weight is not None:
-            # Recompute Y = W X_C into grad_y's buffer when it is a temporary.
-            buffer = grad_y if grad_y is not grad_chunk else torch.empty_like(grad_chunk)
-            del grad_y
-            whitened = torch.baddbmm(-torch.bmm(whitening, mean), whitening, chunk, out=buffer)
-            grad_weight += whitened.mul_(grad_chunk).view(n, channels, spatial).sum(dim=(0, 2))
+    chunk_backward = _backward_few_columns if layout.few_columns else _backward_chunk
+    for start, stop in layout.chunks(layout.samples, layout.backward_step):
+        chunk_backward(
+            rows[start:stop],
+            grad_rows[start:stop],
+            mean[start:stop],
+            None if cov is None else cov[start:stop],
+            None if grad_x_rows is None else grad_x_rows[start:stop],
+            gamma,
+            grad_weight,
+            grad_bias,
+            layout,
+        )
     return grad_x, grad_weight, grad_bias
+
+
+def _backward_chunk(
+    x: Tensor,
+    grad_z: Tensor,
+    mean: Tensor,
+    cov: Optional[Tensor],
+    grad_x: Optional[Tensor],
+    gamma: Optional[Tensor],
+    grad_weight: Optional[Tensor],
+    grad_bias: Optional[Tensor],
+    layout: _Layout,
+) -> None:
+    """Algorithm 2 plus the affine for samples ``(n, g, m)`` (formulas in the module docstring):
+    writes ``grad_x`` and accumulates into ``grad_weight`` and ``grad_bias``."""
+    x = x.to(layout.dtype)
+    grad_z = grad_z.to(layout.dtype)
+    if cov is None:
+        cov = _ridge_covariance(x - mean, layout.eps)
+    m = layout.m
+    if layout.one_channel_per_group:
+        # rows are channels: dW = diag(gamma) dZ X_C^T, dgamma = row sums of W o (dZ X_C^T),
+        # and W^T dY = (W^T diag(gamma)) dZ, so no activation-sized temporary is needed.
+        row_sums = grad_z.sum(dim=2, keepdim=True)
+        cross = torch.baddbmm(-row_sums * mean.transpose(1, 2), grad_z, x.transpose(1, 2))
+        grad_whitening = cross * gamma.view(-1, 1) if gamma is not None else cross
+        whitening, grad_cov = layout.whitening_vjp(cov, grad_whitening)
+        if grad_weight is not None:
+            grad_weight += (whitening * cross).sum(dim=(0, 2))
+        if grad_bias is not None:
+            grad_bias += row_sums.sum(dim=0).view(-1)
+        if grad_x is not None:
+            left = whitening.transpose(1, 2)
+            if gamma is not None:
+                left = left * gamma.view(1, 1, -1)
+            _input_gradient(grad_x, left, grad_z, row_sums / m, grad_cov, x, mean, m)
+        return
+    n = x.shape[0]
+    channel_sums = layout.per_channel(grad_z).sum(dim=2)  # (n, C): dbeta and the sums of dY
+    grad_y = grad_z
+    if gamma is not None:
+        grad_y = layout.per_channel(grad_z).mul(gamma.view(-1, 1)).view(grad_z.shape)
+        row_sums = (channel_sums * gamma).view(n, layout.groups, -1).sum(dim=2, keepdim=True)
+    else:
+        row_sums = channel_sums.view(n, layout.groups, -1).sum(dim=2, keepdim=True)
+    grad_whitening = torch.baddbmm(-row_sums * mean.transpose(1, 2), grad_y, x.transpose(1, 2))
+    whitening, grad_cov = layout.whitening_vjp(cov, grad_whitening)
+    if grad_x is not None:
+        _input_gradient(grad_x, whitening.transpose(1, 2), grad_y, row_sums / m, grad_cov, x, mean, m)
+    if grad_bias is not None:
+        grad_bias += channel_sums.sum(dim=0)
+    if grad_weight is not None:
+        # dgamma = sum dZ o Y with Y = W X - (W mu) 1^T: sum dZ o (W X) (into dY's buffer if it
+        # has one) minus the channel sums of dZ times W mu
+        buffer = grad_y if grad_y is not grad_z else torch.empty_like(grad_z)
+        del grad_y
+        products = torch.bmm(whitening, x, out=buffer)
+        grad_weight += layout.per_channel(products.mul_(grad_z)).sum(dim=(0, 2))
+        shifts = torch.bmm(whitening, mean).expand(n, layout.groups, layout.channels // layout.groups)
+        grad_weight -= (channel_sums * shifts.reshape(n, layout.channels)).sum(dim=0)
 
 
 def _input_gradient(
@@ -264,7 +375,7 @@ def _input_gradient(
     grad_y: Tensor,
     grad_means: Tensor,
     grad_cov: Tensor,
-    chunk: Tensor,
+    x: Tensor,
     mean: Tensor,
     m: int,
 ) -> None:
@@ -272,10 +383,43 @@ def _input_gradient(
     ``left`` is ``W^T``, times ``diag(gamma)`` when the affine is folded in)."""
     scaled = grad_cov * (2.0 / m)
     offset = -(torch.bmm(left, grad_means) + torch.bmm(scaled, mean))
-    if target.dtype == chunk.dtype:
+    if target.dtype == x.dtype:
         torch.baddbmm(offset, left, grad_y, out=target)
-        target.baddbmm_(scaled, chunk)
+        target.baddbmm_(scaled, x)
     else:
-        result = torch.baddbmm(offset, left, grad_y)
-        result.baddbmm_(scaled, chunk)
-        target.copy_(result)
+        target.copy_(torch.baddbmm(offset, left, grad_y).baddbmm_(scaled, x))
+
+
+def _backward_few_columns(
+    x: Tensor,
+    grad_z: Tensor,
+    mean: Tensor,
+    cov: Optional[Tensor],
+    grad_x: Optional[Tensor],
+    gamma: Optional[Tensor],
+    grad_weight: Optional[Tensor],
+    grad_bias: Optional[Tensor],
+    layout: _Layout,
+) -> None:
+    """The backward of ``Y = X_C W'(S)`` (module docstring, "Few columns") plus the affine."""
+    del cov  # the m x m Gram matrix is recomputed
+    centred = x.to(layout.dtype) - mean
+    grad_z = grad_z.to(layout.dtype)
+    grad_y = grad_z
+    if gamma is not None:
+        grad_y = layout.per_channel(grad_z).mul(gamma.view(-1, 1)).view(grad_z.shape)
+    gram = _gram(centred, layout.eps)
+    whitening, grad_gram = layout.whitening_vjp(gram, torch.bmm(centred.transpose(1, 2), grad_y))
+    if grad_x is not None:
+        target = grad_x if grad_x.dtype == layout.dtype else torch.empty_like(centred)
+        torch.bmm(grad_y, whitening.transpose(1, 2), out=target)
+        target.baddbmm_(centred, grad_gram, alpha=2.0 / layout.m)
+        target.sub_(target.mean(dim=2, keepdim=True))
+        if target is not grad_x:
+            grad_x.copy_(target)
+        del target
+    if grad_bias is not None:
+        grad_bias += layout.per_channel(grad_z).sum(dim=(0, 2))
+    if grad_weight is not None:
+        whitened = torch.bmm(centred, whitening)
+        grad_weight += layout.per_channel(whitened.mul_(grad_z)).sum(dim=(0, 2))

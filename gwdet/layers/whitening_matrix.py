@@ -102,9 +102,14 @@ def whitening_matrix(cov: Tensor, method: str, T: int, eps: float) -> Tensor:
 #
 # The functions above are differentiated by autograd, which for ItN keeps every one of the 3T
 # intermediate (..., g, g) products alive until the backward pass. The kernels below run without
-# autograd: ``*_whitening`` returns ``cov^{-1/2}``, ``*_whitening_vjp`` recomputes it and returns
-# the gradient w.r.t. ``cov`` as well, so a caller only keeps ``cov`` (or what it is made from).
-# Both take a batch of symmetric ridge covariances ``(..., g, g)`` and are not TorchScript-able.
+# autograd on a batch of symmetric ridge covariances ``(n, g, g)``: ``*_whitening`` returns
+# ``cov^{-1/2}``, ``*_whitening_vjp`` recomputes it and returns the gradient w.r.t. ``cov`` as
+# well, so a caller only keeps ``cov`` (or what it is made from). Not TorchScript-able.
+#
+# Cost notes (ItN): every product is a separate ``bmm`` into a fresh buffer, or an in-place
+# ``baddbmm_`` accumulating into one; stacking operands with ``cat`` to share a right factor
+# costs about as much as the product it saves at g = 64, and ``baddbmm`` with an input first
+# copies that input.
 
 
 def _sym(matrix: Tensor) -> Tensor:
@@ -116,42 +121,36 @@ def _trace(matrix: Tensor) -> Tensor:
     return matrix.diagonal(dim1=-2, dim2=-1).sum(-1)[..., None, None]
 
 
-def _itn_stack(*matrices: Tensor) -> Tensor:
-    """Stack ``(..., g, g)`` matrices along the rows, so one product multiplies them all by the
-    same right factor: ``[A; B] R = [A R; B R]`` is one ``(k g x g) (g x g)`` product."""
-    return torch.cat(matrices, dim=-2)
-
-
-def itn_whitening(cov: Tensor, T: int) -> Tensor:
+def itn_whitening(cov: Tensor, T: int, trace_offset: float = 0.0) -> Tensor:
     """The value of :func:`inverse_sqrt_itn` with ``3T - 3`` instead of ``3T`` products.
 
     Every iterate of Eq. 17 is a polynomial in ``Sigma_N``, so they all commute and the iteration
     can carry ``Q_k = P_k^2 Sigma_N`` instead of forming ``P_k^3 Sigma_N``: with
-    ``R_k = (3I - Q_k) / 2``, ``P_{k+1} = P_k R_k`` and ``Q_{k+1} = Q_k R_k^2`` (``P_0 = I``,
-    ``Q_0 = Sigma_N``, so ``P_1 = R_0`` costs nothing). In exact arithmetic this is the same
-    function of ``Sigma`` as Eq. 17.
+    ``R_k = (3I - Q_k) / 2``, ``P_{k+1} = P_k R_k`` and ``Q_{k+1} = (Q_k R_k) R_k``
+    (``P_0 = I``, ``Q_0 = Sigma_N``, so ``P_1 = R_0`` costs nothing). In exact arithmetic this
+    is the same function of ``Sigma`` as Eq. 17.
+
+    ``trace_offset`` is added to ``tr(cov)`` wherever the trace enters (``Sigma_N`` and the final
+    scale): a caller that iterates on a smaller matrix with the same nonzero spectrum (see
+    :mod:`gwdet.layers.group_whitening_function`) passes the trace the full matrix would have.
     """
-    num_rows = cov.shape[-1]
-    trace = _trace(cov)
+    trace = _trace(cov) + trace_offset
     normalised = cov / trace
-    eye = torch.eye(num_rows, dtype=cov.dtype, device=cov.device)
-    r = 1.5 * eye - 0.5 * normalised
+    eye_3_2 = torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device).mul_(1.5)
+    r = torch.add(eye_3_2, normalised, alpha=-0.5)
     p = r
     if T > 1:
-        q = torch.matmul(torch.matmul(normalised, r), r)
+        q = torch.bmm(torch.bmm(normalised, r), r)
         for k in range(1, T):
-            r = 1.5 * eye - 0.5 * q
-            if k == T - 1:
-                p = torch.matmul(p, r)
-            else:
-                pr_qr = torch.matmul(_itn_stack(p, q), r)
-                p = pr_qr[..., :num_rows, :]
-                q = torch.matmul(pr_qr[..., num_rows:, :], r)
-    return p / trace.sqrt()
+            r = torch.add(eye_3_2, q, alpha=-0.5)
+            p = torch.bmm(p, r)
+            if k < T - 1:
+                q = torch.bmm(torch.bmm(q, r), r)
+    return p.div_(trace.sqrt()) if T > 1 else p / trace.sqrt()
 
 
-def itn_whitening_vjp(cov: Tensor, grad: Tensor, T: int) -> Tuple[Tensor, Tensor]:
-    """``(W, dL/dSigma)`` for ``W = itn_whitening(cov, T)`` and ``grad = dL/dW``.
+def itn_whitening_vjp(cov: Tensor, grad: Tensor, T: int, trace_offset: float = 0.0) -> Tuple[Tensor, Tensor]:
+    """``(W, dL/dSigma)`` for ``W = itn_whitening(cov, T, trace_offset)`` and ``grad = dL/dW``.
 
     The returned gradient is that of the symmetric part of ``grad``, and is itself symmetric:
     exactly what a caller needs whose ``Sigma`` is a symmetric function of its input
@@ -162,51 +161,44 @@ def itn_whitening_vjp(cov: Tensor, grad: Tensor, T: int) -> Tuple[Tensor, Tensor
     coefficients. For such a polynomial the Frechet derivative ``L(A, E)`` satisfies
     ``<L(A, E), G> = <E, L(A^T, G)>``, so for symmetric ``A`` the adjoint of the derivative is
     the derivative itself: ``dL/dA = L(A, G / sqrt(tau))`` with ``G = sym(grad)``. ``L(A, E)``
-    is computed in forward mode, differentiating the commuting recursion of
-    :func:`itn_whitening` alongside it (``dR = -dQ / 2``, ``dP' = dP R + P dR``,
-    ``dQ' = (dQ R + Q dR) R + Q R dR``): ``6T - 6`` products besides the ``3T - 3`` of the
-    value, nothing stored per iteration. The trace enters twice: through ``A``
-    (``-<dL/dA, A> / tau``) and through ``1 / sqrt(tau)`` (``-<G, P_T> / (2 tau^{3/2})``); both
-    multiply the identity.
+    is computed in forward mode, differentiating the recursion of :func:`itn_whitening` alongside
+    it (``dR = -dQ / 2``, ``dP' = dP R + P dR``, ``d(QR) = dQ R + Q dR``,
+    ``dQ' = d(QR) R + (QR) dR``): ``6T - 6`` products besides the ``3T - 3`` of the value, and
+    nothing stored per iteration. The trace enters twice: through ``A`` (``-<dL/dA, A> / tau``)
+    and through ``1 / sqrt(tau)`` (``-<G, P_T> / (2 tau^{3/2})``); both multiply the identity.
     """
-    g = cov.shape[-1]
-    trace = _trace(cov)
+    trace = _trace(cov) + trace_offset
     root = trace.sqrt()
     a = cov / trace
-    eye = torch.eye(g, dtype=cov.dtype, device=cov.device)
-    grad_sym = _sym(grad)
-    e = grad_sym / root
-    r = 1.5 * eye - 0.5 * a
-    dr = -0.5 * e
-    p, dp = r, dr
+    eye_3_2 = torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device).mul_(1.5)
+    # E = sym(grad) / sqrt(tau); the iteration carries dP / s with s = -1/2 (dP_1 = dR_0 = -E/2)
+    e = torch.add(grad, grad.transpose(1, 2)).mul_(0.5 / root)
+    r = torch.add(eye_3_2, a, alpha=-0.5)
+    p = r
+    dp = e
     if T > 1:
-        ar = torch.matmul(a, r)
-        dar = torch.matmul(e, r) + torch.matmul(a, dr)
-        stacked = torch.matmul(_itn_stack(ar, dar), r)
-        q = stacked[..., :g, :]
-        dq = stacked[..., g:, :] + torch.matmul(ar, dr)
+        # k = 0: P_0 = I, Q_0 = A, dQ_0 = E, dR_0 = -E / 2
+        ar = torch.bmm(a, r)
+        dar = torch.bmm(e, r).baddbmm_(a, e, alpha=-0.5)
+        q = torch.bmm(ar, r)
+        dq = torch.bmm(dar, r).baddbmm_(ar, e, alpha=-0.5)
         for k in range(1, T):
-            r = 1.5 * eye - 0.5 * q
-            dr = -0.5 * dq
-            if k == T - 1:
-                stacked = torch.matmul(_itn_stack(p, dp), r)
-                dp = stacked[..., g:, :] + torch.matmul(p, dr)
-                p = stacked[..., :g, :]
-            else:
-                by_r = torch.matmul(_itn_stack(p, q, dp, dq), r)
-                by_dr = torch.matmul(_itn_stack(p, q), dr)
-                p = by_r[..., :g, :]
-                dp = by_r[..., 2 * g : 3 * g, :] + by_dr[..., :g, :]
-                qr = by_r[..., g : 2 * g, :]
-                dqr = by_r[..., 3 * g :, :] + by_dr[..., g:, :]
-                stacked = torch.matmul(_itn_stack(qr, dqr), r)
-                q = stacked[..., :g, :]
-                dq = stacked[..., g:, :] + torch.matmul(qr, dr)
-    grad_a = dp
-    dtrace = -(grad_a * a).sum((-2, -1), keepdim=True) / trace
-    dtrace = dtrace - 0.5 * (grad_sym * p).sum((-2, -1), keepdim=True) / (trace * root)
-    grad_cov = grad_a / trace + dtrace * eye
-    return p / root, grad_cov
+            r = torch.add(eye_3_2, q, alpha=-0.5)
+            next_p = torch.bmm(p, r)
+            # dP' = dP R + P dR = s (dP/s R + P dQ) since dR = -dQ/2 and s = -1/2
+            dp = torch.bmm(dp, r).baddbmm_(p, dq)
+            p = next_p
+            if k < T - 1:
+                qr = torch.bmm(q, r)
+                dqr = torch.bmm(dq, r).baddbmm_(q, dq, alpha=-0.5)
+                q = torch.bmm(qr, r)
+                dq = torch.bmm(dqr, r).baddbmm_(qr, dq, alpha=-0.5)
+    # dL/dA = -dp / 2; dL/dSigma = dL/dA / tau - (<dL/dA, A> / tau + <G, P_T> / (2 tau^{3/2})) I
+    grad_cov = dp.mul(-0.5 / trace)
+    shift = (grad_cov * a).sum((1, 2), keepdim=True)
+    shift += 0.5 * (grad * p).sum((1, 2), keepdim=True) / (trace * root)
+    grad_cov.diagonal(dim1=1, dim2=2).sub_(shift.view(-1, 1))
+    return p.div_(root), grad_cov
 
 
 def _zca_factors(cov: Tensor, min_eigenvalue: float) -> Tuple[Tensor, Tensor]:
