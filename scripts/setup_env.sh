@@ -15,6 +15,7 @@ set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${1:-$repo/.venv}"
+case "$venv" in /*) ;; *) venv="$PWD/$venv" ;; esac  # the .pth file and link below need absolute paths
 python_bin="${PYTHON:-python3}"
 torch_version="2.14.1"
 torchvision_version="0.29.1"

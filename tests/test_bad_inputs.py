@@ -10,7 +10,7 @@ import torch
 from detectron2.data.datasets import register_coco_instances
 
 from gwdet.checkpoint.resilient import ResilientCheckpointer
-from gwdet.data import check_dataset_files, prepare_datasets
+from gwdet.data import check_dataset_files
 from gwdet.engine import Trainer, build_config
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
 

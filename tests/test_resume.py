@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 import torch
 
 from gwdet.data import prepare_datasets

@@ -32,16 +32,10 @@ from torch import Tensor, nn
 
 from gwdet.analysis.plotting import Curve, Panel, part_ticks, save_figure
 from gwdet.analysis.report import display_path, markdown_table, output_folder, write_markdown
+from gwdet.config_checks import NORM_KEYS
 from gwdet.data import prepare_datasets
 from gwdet.engine import build_config
 
-NORM_KEYS = (
-    "MODEL.RESNETS.NORM",
-    "MODEL.RESNETS.GW_NORM",
-    "MODEL.FPN.NORM",
-    "MODEL.ROI_BOX_HEAD.NORM",
-    "MODEL.ROI_MASK_HEAD.NORM",
-)
 AS_CONFIGURED = "config"
 """The norm entry that keeps the config's own norms."""
 

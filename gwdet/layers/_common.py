@@ -87,6 +87,17 @@ def autocast_disabled(x: Tensor) -> torch.autocast:
     return torch.autocast(device_type=x.device.type, enabled=False)
 
 
+def register_affine(module: torch.nn.Module, num_channels: int, affine: bool) -> None:
+    """Give ``module`` learnable ``weight`` (ones) and ``bias`` (zeros) of shape ``[C]``, or
+    register both as ``None`` when ``affine`` is false (names match detectron2's norm keys)."""
+    if affine:
+        module.weight = torch.nn.Parameter(torch.ones(num_channels))
+        module.bias = torch.nn.Parameter(torch.zeros(num_channels))
+    else:
+        module.register_parameter("weight", None)
+        module.register_parameter("bias", None)
+
+
 def per_channel_affine(y: Tensor, weight: Optional[Tensor], bias: Optional[Tensor]) -> Tensor:
     """``y * weight + bias`` with ``weight``, ``bias`` of shape [C] broadcast over dim 1 of ``y``.
 

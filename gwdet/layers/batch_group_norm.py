@@ -40,6 +40,7 @@ from ._common import (
     check_unit_interval,
     largest_divisor_at_most,
     per_channel_affine,
+    register_affine,
     statistics_dtype,
 )
 
@@ -86,12 +87,7 @@ class BatchGroupNorm(nn.Module):
         self.momentum = float(momentum)
         self.eval_example_weight = float(eval_example_weight)
         self.affine = affine
-        if affine:
-            self.weight = nn.Parameter(torch.ones(num_channels))
-            self.bias = nn.Parameter(torch.zeros(num_channels))
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        register_affine(self, num_channels, affine)
         self.register_buffer("running_mean", torch.zeros(num_channels))
         self.register_buffer("running_var", torch.ones(num_channels))
 

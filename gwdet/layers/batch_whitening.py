@@ -26,6 +26,7 @@ from ._common import (
     check_unit_interval,
     largest_divisor_at_most,
     per_channel_affine,
+    register_affine,
     statistics_dtype,
 )
 from .whitening_matrix import check_whitening_method, ridge_covariance, whitening_matrix
@@ -75,12 +76,7 @@ class BatchWhitening(nn.Module):
         self.momentum = float(momentum)
         self.method = method
         self.affine = affine
-        if affine:
-            self.weight = nn.Parameter(torch.ones(num_channels))
-            self.bias = nn.Parameter(torch.zeros(num_channels))
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        register_affine(self, num_channels, affine)
         self.register_buffer("running_mean", torch.zeros(num_channels))
         identity = torch.eye(self.effective_group_size)
         self.register_buffer("running_whitening", identity.repeat(self.num_groups, 1, 1))

@@ -36,6 +36,7 @@ from ._common import (
     check_positive,
     largest_divisor_at_most,
     per_channel_affine,
+    register_affine,
     statistics_dtype,
 )
 from .group_whitening_function import GroupWhiteningFunction
@@ -153,12 +154,7 @@ class GroupWhitening(nn.Module):
         self.eps = float(eps)
         self.method = method
         self.affine = affine
-        if affine:
-            self.weight = nn.Parameter(torch.ones(num_channels))
-            self.bias = nn.Parameter(torch.zeros(num_channels))
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        register_affine(self, num_channels, affine)
 
     def forward(self, x: Tensor) -> Tensor:
         check_input("GroupWhitening", x, self.num_channels)
