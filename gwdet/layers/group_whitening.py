@@ -21,8 +21,8 @@ Implementation: in eager mode both :func:`group_whitening` and :class:`GroupWhit
 affine is fused in) run :class:`~.group_whitening_function.GroupWhiteningFunction`, a custom
 autograd Function with a closed-form backward that keeps only the input, the group means and
 small ``g x g`` matrices for the backward pass (see that module for the derivation and costs).
-Under ``torch.jit.script`` and ``torch.jit.trace`` the same formulas run as plain tensor
-operations differentiated by autograd (:func:`_whiten_groups`); both compute the same function.
+Under ``torch.jit.script`` the same formulas run as plain tensor operations differentiated by
+autograd (:func:`_whiten_groups`); both compute the same function (up to float rounding).
 """
 from typing import Optional
 
@@ -30,7 +30,6 @@ import torch
 from torch import Tensor, nn
 
 from ._common import (
-    autocast_disabled,
     check_input,
     check_int_at_least,
     check_positive,
@@ -86,13 +85,9 @@ def _group_whitening_function(
 ) -> Tensor:
     """Eager-mode entry to :class:`GroupWhiteningFunction` (``groups`` must divide ``C``).
 
-    Under ``torch.jit.trace`` the plain formulas run instead, so that a traced model holds only
-    tensor operations (a custom autograd Function would be recorded as an opaque Python op).
+    ``torch.jit.trace`` records the Function as a Python op, so a traced model computes exactly
+    what the eager one does but cannot be saved or exported; script the module for that.
     """
-    if torch.jit.is_tracing():
-        with autocast_disabled(x):
-            whitened = _whiten_groups(x, groups, T, eps, method)
-        return per_channel_affine(whitened, weight, bias)
     return GroupWhiteningFunction.apply(x, weight, bias, groups, T, eps, method)
 
 
@@ -102,9 +97,11 @@ def _whiten_groups(x: Tensor, num_groups: int, T: int, eps: float, method: str) 
     num_samples = x.shape[0]
     num_channels = x.shape[1]
     groups = largest_divisor_at_most(num_channels, num_groups)
-    values_per_sample = num_channels
-    for size in x.shape[2:]:
-        values_per_sample *= size
+    # No in-place "*=": under torch.jit.trace the sizes are tensors, and that would also change
+    # num_channels and groups, which can be the same object.
+    values_per_sample = 1
+    for size in x.shape[1:]:
+        values_per_sample = values_per_sample * size
     grouped = x.to(statistics_dtype(x.dtype)).reshape(
         num_samples, groups, values_per_sample // groups
     )
