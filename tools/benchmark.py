@@ -298,7 +298,7 @@ def run_layers(args, device: torch.device) -> dict:
 def layer_tables(results: dict) -> str:
     shapes, names = results["shapes"], results["names"]
     times, ratios, memory = results["time"], results["ratio"], results["memory"]
-    lines = ["### Layer level: forward + backward time", ""]
+    lines = ["#### Layer level: forward + backward time", ""]
     lines.append(
         "Median time in ms; in parentheses the median over rounds of the time divided by the 3x3 "
         "convolution's in the same round (every round times each layer once at that shape)."
@@ -312,7 +312,7 @@ def layer_tables(results: dict) -> str:
             seconds = times[(shape, name)]
             cells.append(f"{seconds * 1e3:.1f}" if name == CONV else f"{seconds * 1e3:.1f} ({ratios[(shape, name)]:.3f})")
         lines.append(f"| {fmt_shape(shape)} | {where} | " + " | ".join(cells) + " |")
-    lines += ["", "### Layer level: peak memory of forward + backward", ""]
+    lines += ["", "#### Layer level: peak memory of forward + backward", ""]
     lines.append(
         "Peak MiB allocated above the input, output gradient and parameters; in parentheses the "
         f"ratio to {GN}."
@@ -329,7 +329,7 @@ def layer_tables(results: dict) -> str:
             cells.append(f"{nbytes / 2**20:.1f}{ratio}")
         lines.append(f"| {fmt_shape(shape)} | " + " | ".join(cells) + " |")
     if GW_ITN in names and GN in names:
-        lines += ["", "### Layer-level targets", ""]
+        lines += ["", "#### Layer-level targets", ""]
         lines.append(
             f"{GW_ITN} (g={GW_GROUPS}, T={GW_T}): time / conv at most max(0.30, 1.5 x the paper's "
             "2g/(9d) + Tg^3/(9HWd^2)); peak memory at most 1.5 x GN(32)'s."
@@ -457,7 +457,7 @@ def gw_share(step: Callable[[], None]) -> float:
 def model_tables(results: dict) -> str:
     rows = results["rows"]
     size = results["image_size"]
-    lines = ["### Model level: one Faster R-CNN R-50-FPN training step", ""]
+    lines = ["#### Model level: one Faster R-CNN R-50-FPN training step", ""]
     lines.append(
         f"2 synthetic images of {size}x{size}, forward + losses + backward + SGD step (lr 0); median "
         f"seconds per step; autocast: {results['amp']}; config overrides: "
