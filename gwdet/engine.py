@@ -57,7 +57,7 @@ class Trainer(DefaultTrainer):
     @classmethod
     def build_train_loader(cls, cfg: CfgNode):
         try:
-            return super().build_train_loader(cfg)
+            return build_resumed_train_loader(cfg, start_iter=0)
         except AssertionError as err:
             if "No valid data" not in str(err):
                 raise

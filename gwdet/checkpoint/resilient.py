@@ -115,6 +115,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
             except (OSError, EOFError, RuntimeError, pickle.UnpicklingError) as err:
                 if isinstance(err, UnsafeCheckpointError):
                     raise
+                self._parsed_url_during_load = None  # detectron2's load leaves it set when it raises
                 self.logger.warning(f"Cannot read checkpoint {candidate} ({err}); trying the previous one.")
         if candidates:
             raise RuntimeError(
