@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 from collections import OrderedDict
 from typing import Mapping
@@ -23,7 +24,7 @@ from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer
 from gwdet.config import add_gwdet_config
 from gwdet.config_checks import check_gwdet_config
 from gwdet.data import prepare_datasets
-from gwdet.data.resumable import build_resumed_train_loader
+from gwdet.data.resumable import build_resumable_train_loader, skip_trained_samples
 from gwdet.visualize import save_prediction_pngs
 
 RESULTS_MARKDOWN = "results.md"
@@ -57,7 +58,7 @@ class Trainer(DefaultTrainer):
     @classmethod
     def build_train_loader(cls, cfg: CfgNode):
         try:
-            return build_resumed_train_loader(cfg, start_iter=0)
+            return build_resumable_train_loader(cfg)
         except AssertionError as err:
             if "No valid data" not in str(err):
                 raise
@@ -83,8 +84,11 @@ class Trainer(DefaultTrainer):
 
     def resume_or_load(self, resume: bool = True) -> None:
         super().resume_or_load(resume=resume)
-        if self.start_iter > 0:
-            self._trainer.reset_data_loader(lambda: build_resumed_train_loader(self.cfg, self.start_iter))
+        if self.start_iter > 0 and not skip_trained_samples(self._trainer.data_loader, self.cfg, self.start_iter):
+            logging.getLogger(__name__).warning(
+                "The train loader was not built by gwdet's build_train_loader: it restarts its sample "
+                "stream on resume instead of continuing where the interrupted run stopped."
+            )
 
     @classmethod
     def build_evaluator(cls, cfg: CfgNode, dataset_name: str, output_folder: str | None = None):

@@ -1,7 +1,7 @@
 """Crash and resume: a run killed with SIGKILL resumes from its checkpoint and ends at the same
-iteration as an uninterrupted one; a truncated checkpoint makes the resume fall back to the previous
-good one. Bit-identical final weights (tolerance 0) are the goal and not reached yet: that test is a
-strict xfail, so it fails loudly once it starts passing.
+iteration as an uninterrupted one with bit-identical final weights (tolerance 0: CPU, one thread,
+DATALOADER.NUM_WORKERS 0, fixed SEED); a truncated checkpoint makes the resume fall back to the
+previous good one.
 """
 import os
 import signal
@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from gwdet.data import prepare_datasets
+from gwdet.data.resumable import skip_trained_samples
 from gwdet.engine import Trainer, build_config
 
 from conftest import DEMO_CONFIG, REPO, TINY_OPTS
@@ -59,8 +60,6 @@ def test_sigkilled_run_resumes_from_its_checkpoint_to_the_end(killed_and_uninter
     assert final_weights(killed)["iteration"] == final_weights(uninterrupted)["iteration"] == 7
 
 
-@pytest.mark.xfail(strict=True, reason="known gap (issue 8): after a resume the weights differ from an "
-                   "uninterrupted run by ~1e-3; some random or data state is not yet restored")
 def test_sigkilled_run_resumes_to_the_same_weights(killed_and_uninterrupted):
     uninterrupted, killed, _ = killed_and_uninterrupted
     expected, resumed = final_weights(uninterrupted), final_weights(killed)
@@ -84,3 +83,25 @@ def test_truncated_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):
     resumed.resume_or_load(resume=True)
     assert resumed.start_iter == 4, "model_0000003.pth (iteration 3) was the previous good checkpoint"
     assert any("Cannot read checkpoint" in r.message and "model_final.pth" in r.message for r in caplog.records)
+
+
+def test_starting_the_train_loader_leaves_torch_global_generator_alone():
+    """A resumed run starts iterating its loader after the random states were restored; a draw from
+    torch's global generator there would shift every later RPN/ROI sampling decision."""
+    cfg = build_config(str(DEMO_CONFIG), TINY_OPTS)
+    prepare_datasets(cfg)
+    loader = Trainer.build_train_loader(cfg)
+    before = torch.get_rng_state()
+    next(iter(loader))
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_a_resumed_loader_continues_the_uninterrupted_sample_stream():
+    cfg = build_config(str(DEMO_CONFIG), TINY_OPTS)
+    prepare_datasets(cfg)
+    uninterrupted = iter(Trainer.build_train_loader(cfg))
+    batches = [[d["file_name"] for d in next(uninterrupted)] for _ in range(5)]
+    resumed_loader = Trainer.build_train_loader(cfg)
+    assert skip_trained_samples(resumed_loader, cfg, start_iter=3)
+    resumed = iter(resumed_loader)
+    assert [[d["file_name"] for d in next(resumed)] for _ in range(2)] == batches[3:]
