@@ -105,3 +105,24 @@ def test_a_resumed_loader_continues_the_uninterrupted_sample_stream():
     assert skip_trained_samples(resumed_loader, cfg, start_iter=3)
     resumed = iter(resumed_loader)
     assert [[d["file_name"] for d in next(resumed)] for _ in range(2)] == batches[3:]
+
+
+def test_a_loader_gwdet_did_not_build_gets_a_warning_on_resume(tmp_path, caplog):
+    """A subclass with its own build_train_loader cannot be positioned: the resume says so."""
+    from detectron2.data import build_detection_train_loader
+
+    class OwnLoaderTrainer(Trainer):
+        @classmethod
+        def build_train_loader(cls, cfg):
+            return build_detection_train_loader(cfg)
+
+    opts = TINY_OPTS + ["SOLVER.CHECKPOINT_PERIOD", "1", "DATASETS.TEST", "()", "OUTPUT_DIR", str(tmp_path)]
+    cfg = build_config(str(DEMO_CONFIG), opts)
+    prepare_datasets(cfg)
+    first = OwnLoaderTrainer(cfg)
+    first.resume_or_load(resume=False)
+    first.train()
+    resumed = OwnLoaderTrainer(cfg)
+    resumed.resume_or_load(resume=True)
+    assert resumed.start_iter == 2
+    assert any("restarts its sample stream" in r.message for r in caplog.records)
