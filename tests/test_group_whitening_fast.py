@@ -1,4 +1,4 @@
-"""The fused GroupWhiteningFunction against the plain formulas, and tools/benchmark.py's quick mode.
+"""The fused custom op gwdet::group_whitening against the plain formulas, and tools/benchmark.py's quick mode.
 
 The reference below is written out independently of gwdet: group division (Eq. 8), centring,
 covariance plus ``eps I``, the paper's ItN (Eqs. 6-7, ``P_k = (3 P - P^3 Sigma_N) / 2``) or ZCA
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import gwdet.layers.group_whitening_function as gw_function
-from gwdet.layers import GroupWhitening, group_whitening
-from gwdet.layers.group_whitening_function import GroupWhiteningFunction
+from gwdet.layers import GroupWhitening, group_whitening, group_whitening_reference
+from gwdet.layers.group_whitening_function import fused_group_whitening
 from gwdet.layers.whitening_matrix import (
     itn_whitening,
     itn_whitening_vjp,
@@ -96,13 +96,29 @@ def test_function_matches_reference(shape, groups, method, affine, chunked, monk
     x, weight, bias, grad = random_inputs(shape, affine)
     T, eps = 5, 1e-3
     inputs = [t for t in (x, weight, bias) if t is not None]
-    out = GroupWhiteningFunction.apply(x, weight, bias, groups, T, eps, method)
+    out = fused_group_whitening(x, weight, bias, groups, T, eps, method)
     grads = torch.autograd.grad(out, inputs, grad)
     expected = reference(x, weight, bias, groups, T, eps, method)
     expected_grads = torch.autograd.grad(expected, inputs, grad)
     assert out.dtype == torch.float64 and out.shape == x.shape
     assert torch.allclose(out, expected, rtol=0, atol=1e-10)
     for got, want in zip(grads, expected_grads):
+        assert torch.allclose(got, want, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("method", ["itn", "zca"])
+@pytest.mark.parametrize("shape,groups", CASES)
+def test_public_reference_matches_the_formulas_written_out_here(shape, groups, method):
+    # gwdet.layers.group_whitening_reference: what TorchScript and ONNX graphs record
+    if method == "zca" and shape[0] * groups == math.prod(shape):
+        pytest.skip("m = 1 gives Sigma = eps I, whose eigh backward (the reference) is NaN")
+    x, weight, bias, grad = random_inputs(shape, affine=True)
+    out = group_whitening_reference(x, groups, 5, 1e-3, method, weight, bias)
+    expected = reference(x, weight, bias, groups, 5, 1e-3, method)
+    assert out.dtype == x.dtype and torch.allclose(out, expected, rtol=0, atol=1e-10)
+    got_grads = torch.autograd.grad(out, (x, weight, bias), grad)
+    expected_grads = torch.autograd.grad(expected, (x, weight, bias), grad)
+    for got, want in zip(got_grads, expected_grads):
         assert torch.allclose(got, want, rtol=0, atol=1e-9)
 
 
@@ -132,7 +148,7 @@ def test_gradcheck_function(method, shape, groups):
     x, weight, bias, _ = random_inputs(shape, affine=True, seed=1)
 
     def fn(x, weight, bias):
-        return GroupWhiteningFunction.apply(x, weight, bias, groups, 3, 1e-2, method)
+        return fused_group_whitening(x, weight, bias, groups, 3, 1e-2, method)
 
     assert torch.autograd.gradcheck(fn, (x, weight, bias))
 
@@ -222,8 +238,14 @@ def test_output_can_be_modified_in_place():
     assert torch.allclose(x.grad, expected_grad, atol=1e-9)
 
 
-def test_traced_layer_matches_eager():
+def test_traced_layer_records_the_reference_formulas(tmp_path):
+    # torch.jit.trace records plain ATen ops (no Python op), so the trace saves and reloads
+    torch.manual_seed(0)
     layer = GroupWhitening(16, num_groups=4)
     traced = torch.jit.trace(layer, (torch.randn(2, 16, 3, 3),))
-    other = torch.randn(2, 16, 3, 3)
-    assert torch.equal(traced(other), layer(other))
+    kinds = {node.kind() for node in traced.graph.nodes()}
+    assert not any(kind.startswith(("prim::PythonOp", "gwdet::")) for kind in kinds), kinds
+    torch.jit.save(traced, str(tmp_path / "gw.pt"))
+    loaded = torch.jit.load(str(tmp_path / "gw.pt"))
+    other = torch.randn(3, 16, 4, 2)  # another batch size and spatial size
+    assert torch.allclose(loaded(other), layer(other), rtol=0, atol=1e-5)

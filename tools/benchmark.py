@@ -44,6 +44,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
+from gwdet_lab.reporting import format_duration  # noqa: E402
+
+
 def markers(section: str) -> Tuple[str, str]:
     """The comment lines that delimit a generated section of the markdown file."""
     return (
@@ -91,6 +94,7 @@ CONV = "conv 3x3"
 GW_ITN = "GW (itn)"
 GW_AUTOGRAD = "GW (itn), autograd"
 GN = "GN(32)"
+COMPILED = ", compiled"
 
 
 # ---- layers -----------------------------------------------------------------------------------
@@ -98,7 +102,8 @@ GN = "GN(32)"
 
 class AutogradGroupWhitening(nn.Module):
     """GW written as plain tensor operations and differentiated by autograd (the paper's Fig. A1
-    style): what gwdet.layers.GroupWhitening ran before its fused autograd Function."""
+    style, gwdet.layers.group_whitening_reference): what gwdet.layers.GroupWhitening ran before
+    its fused op."""
 
     def __init__(self, num_channels: int) -> None:
         super().__init__()
@@ -107,19 +112,18 @@ class AutogradGroupWhitening(nn.Module):
         self.inner = GroupWhitening(num_channels, num_groups=GW_GROUPS, T=GW_T)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from gwdet.layers._common import autocast_disabled, per_channel_affine
-        from gwdet.layers.group_whitening import _whiten_groups
+        from gwdet.layers import group_whitening_reference
 
         inner = self.inner
-        with autocast_disabled(x):
-            whitened = _whiten_groups(x, inner.effective_num_groups, inner.T, inner.eps, inner.method)
-        return per_channel_affine(whitened, inner.weight, inner.bias)
+        return group_whitening_reference(
+            x, inner.effective_num_groups, inner.T, inner.eps, inner.method, inner.weight, inner.bias
+        )
 
 
-def layer_factories(include_autograd: bool) -> Dict[str, Callable[[int, int], nn.Module]]:
+def layer_factories(include_autograd: bool, include_compiled: bool = False) -> Dict[str, Callable[[int, int], nn.Module]]:
     """name -> factory(channels, input_dim) -> module."""
     from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
-    from gwdet.layers._common import largest_divisor_at_most
+    from gwdet.layers import largest_divisor_at_most
 
     factories: Dict[str, Callable[[int, int], nn.Module]] = {
         CONV: lambda c, dim: nn.Conv2d(c, c, 3, padding=1, bias=False),
@@ -132,17 +136,18 @@ def layer_factories(include_autograd: bool) -> Dict[str, Callable[[int, int], nn
     }
     if include_autograd:
         factories[GW_AUTOGRAD] = lambda c, dim: AutogradGroupWhitening(c)
+    if include_compiled:
+        # torch.compile (inductor, fullgraph) of the same layers: GW stays the opaque custom op
+        for name in (GW_ITN, "BW", "BGN"):
+            factories[name + COMPILED] = lambda c, dim, make=factories[name]: torch.compile(make(c, dim), fullgraph=True)
     return factories
 
 
 def analytic_ratio(shape: Sequence[int]) -> float:
     """GW's cost relative to a 3x3 conv, Sec. 3: ``2g/(9d) + T g^3 / (9 HW d^2)``."""
-    from gwdet.layers._common import largest_divisor_at_most
+    from gwdet.layers.cost import group_whitening_relative_cost
 
-    d = shape[1]
-    hw = math.prod(shape[2:]) if len(shape) > 2 else 1
-    g = largest_divisor_at_most(d, GW_GROUPS)
-    return 2 * g / (9 * d) + GW_T * g**3 / (9 * hw * d * d)
+    return group_whitening_relative_cost(shape, GW_GROUPS, GW_T)
 
 
 def time_target(shape: Sequence[int]) -> float:
@@ -236,13 +241,6 @@ class Progress:
         )
 
 
-def format_duration(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    minutes, secs = divmod(int(round(seconds)), 60)
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
-
-
 # ---- layer benchmark --------------------------------------------------------------------------
 
 
@@ -251,7 +249,7 @@ def run_layers(args, device: torch.device) -> dict:
     untimed calls each, so that a change of machine load hits all layers of a round alike; a
     layer's ratio is the median over rounds of its time divided by the conv's in that round."""
     shapes = QUICK_LAYER_SHAPES if args.quick else LAYER_SHAPES
-    factories = layer_factories(include_autograd=not args.no_autograd_gw)
+    factories = layer_factories(include_autograd=not args.no_autograd_gw, include_compiled=args.compile)
     names = [name for name in factories if args.norms is None or name in args.norms or name == CONV]
     # ETA weights: activation size times a rough per-layer cost (convolution ~ channels)
     weights = []
@@ -449,7 +447,7 @@ def gw_share(step: Callable[[], None]) -> float:
     inside = sum(
         event.cpu_time_total
         for event in prof.key_averages()
-        if event.key in ("GroupWhiteningFunction", "GroupWhiteningFunctionBackward")
+        if event.key in ("gwdet::group_whitening", "gwdet::group_whitening_backward")
     )
     return inside * 1e-6 / total
 
@@ -575,6 +573,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--model-names", nargs="+", default=None, help="subset of: " + ", ".join(n for n, _ in MODELS))
     parser.add_argument("--no-autograd-gw", action="store_true", help="skip the slow autograd GW reference")
     parser.add_argument(
+        "--compile", action="store_true", help="also time GW (itn), BW and BGN under torch.compile (compiled in the warmup)"
+    )
+    parser.add_argument(
         "--model-opts",
         nargs="*",
         default=DEFAULT_MODEL_OPTS,
@@ -600,6 +601,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         args.repeats = 1 if args.quick else 5
     if args.warmup is None:
         args.warmup = 0 if args.quick else 1
+    if args.compile:
+        args.warmup = max(args.warmup, 1)  # the first call compiles
     return args
 
 

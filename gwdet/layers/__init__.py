@@ -1,12 +1,31 @@
 """Normalization layers of gwdet, in pure PyTorch (no detectron2 import here).
 
-* :class:`GroupWhitening` / :func:`group_whitening`: group whitening (Huang et al., CVPR 2021);
-* :class:`BatchWhitening`: decorrelated batch normalization (Huang et al., CVPR 2018);
-* :class:`BatchGroupNorm`: batch group normalization with ghost batches and inference example
-  weighing (Summers & Dinneen, ICLR 2020).
-"""
-from .batch_group_norm import BatchGroupNorm
-from .batch_whitening import BatchWhitening
-from .group_whitening import GroupWhitening, group_whitening
+* :class:`GroupWhitening` / :func:`group_whitening`: group whitening (Huang et al., CVPR 2021),
+  run by the custom op ``gwdet::group_whitening``; :func:`group_whitening_reference` is the same
+  function as plain tensor operations (what TorchScript and ONNX graphs record);
+* :class:`BatchWhitening` / :func:`batch_whitening`: decorrelated batch normalization (Huang et
+  al., CVPR 2018);
+* :class:`BatchGroupNorm` / :func:`batch_group_norm`: batch group normalization with ghost
+  batches and inference example weighing (Summers & Dinneen, ICLR 2020).
 
-__all__ = ["BatchGroupNorm", "BatchWhitening", "GroupWhitening", "group_whitening"]
+:mod:`gwdet.layers.cost` holds their analytic cost, :mod:`gwdet.layers.tracing` which
+implementation runs under ``torch.jit``, ``torch.onnx``, ``torch.compile`` and ``torch.export``,
+and :mod:`gwdet.layers.common` the argument checks and the channel-group rule they share.
+"""
+from .batch_group_norm import BatchGroupNorm, batch_group_norm
+from .batch_whitening import BatchWhitening, batch_whitening
+from .common import largest_divisor_at_most
+from .group_whitening import GroupWhitening, group_whitening, group_whitening_reference
+from .tracing import trace_named_ops
+
+__all__ = [
+    "BatchGroupNorm",
+    "BatchWhitening",
+    "GroupWhitening",
+    "batch_group_norm",
+    "batch_whitening",
+    "group_whitening",
+    "group_whitening_reference",
+    "largest_divisor_at_most",
+    "trace_named_ops",
+]

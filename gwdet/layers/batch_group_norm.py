@@ -27,13 +27,17 @@ than ``examples_per_group`` is a single group). A block of a single value gets n
 correction. An input with no elements returns an empty output and leaves the running
 statistics untouched. Statistics are computed in float32 (float64 for float64 input) and the
 output is returned in the input dtype.
+
+:func:`batch_group_norm` is the functional form (the module passes its buffers and parameters);
+while ``torch.jit.trace`` records inside :func:`gwdet.layers.tracing.trace_named_ops` the module
+runs it as the custom op ``gwdet::batch_group_norm``, one named node for flop counting.
 """
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
-from ._common import (
+from .common import (
     check_input,
     check_int_at_least,
     check_positive,
@@ -42,6 +46,118 @@ from ._common import (
     per_channel_affine,
     register_affine,
     statistics_dtype,
+)
+from .tracing import counting_op, tracing_named_ops
+
+
+def batch_group_norm(
+    x: Tensor,
+    running_mean: Tensor,
+    running_var: Tensor,
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
+    training: bool,
+    groups: int,
+    examples_per_group: int,
+    eps: float,
+    momentum: float,
+    eval_example_weight: float,
+) -> Tensor:
+    """Batch-group normalization of ``x`` ``(N, C, *spatial)`` plus the per-channel affine.
+
+    ``groups`` channel groups (it must divide ``C``); in training, blocks of
+    ``examples_per_group`` consecutive examples, and ``running_mean``/``running_var`` ``[C]``
+    are updated in place; in evaluation, inference example weighing with
+    ``alpha = eval_example_weight`` (module docstring).
+    """
+    if x.numel() == 0:
+        normalized = x
+    else:
+        values = x.to(statistics_dtype(x.dtype)).reshape(x.shape[0], x.shape[1], -1)
+        if training:
+            mean, var, corrected_var = _example_group_moments(values, groups, examples_per_group)
+            # running <- (1 - momentum) running + momentum batch, "batch" being the average over
+            # the examples of the (N, G) block statistics they were normalized with (detached
+            # values rather than no_grad, which torch.export records as a region it cannot save)
+            batch_mean = _to_channels(mean.detach(), values.shape[1]).mean(dim=0)
+            batch_var = _to_channels(corrected_var.detach(), values.shape[1]).mean(dim=0)
+            running_mean.lerp_(batch_mean.to(running_mean.dtype), momentum)
+            running_var.lerp_(batch_var.to(running_var.dtype), momentum)
+            mean = _to_channels(mean, values.shape[1])
+            var = _to_channels(var, values.shape[1])
+        else:
+            mean, var = _inference_statistics(values, running_mean, running_var, groups, eval_example_weight)
+        scale = torch.rsqrt(var + eps).unsqueeze(-1)
+        normalized = ((values - mean.unsqueeze(-1)) * scale).reshape(x.shape).to(x.dtype)
+    return per_channel_affine(normalized, weight, bias)
+
+
+def _example_group_moments(values: Tensor, groups: int, examples_per_group: int) -> Tuple[Tensor, Tensor, Tensor]:
+    """:func:`_block_moments` with blocks of ``examples_per_group`` consecutive examples,
+    the last ``N mod examples_per_group`` examples forming one smaller block."""
+    num_examples = values.shape[0]
+    grouped_examples = num_examples - num_examples % examples_per_group
+    if grouped_examples == num_examples:
+        return _block_moments(values, examples_per_group, groups)
+    if grouped_examples == 0:
+        return _block_moments(values, num_examples, groups)
+    head_mean, head_var, head_corrected = _block_moments(values[:grouped_examples], examples_per_group, groups)
+    tail_mean, tail_var, tail_corrected = _block_moments(
+        values[grouped_examples:], num_examples - grouped_examples, groups
+    )
+    return (
+        torch.cat([head_mean, tail_mean]),
+        torch.cat([head_var, tail_var]),
+        torch.cat([head_corrected, tail_corrected]),
+    )
+
+
+def _inference_statistics(
+    values: Tensor, running_mean: Tensor, running_var: Tensor, groups: int, alpha: float
+) -> Tuple[Tensor, Tensor]:
+    """Eq. 3: the example's own moments blended with the running ones, per example/channel."""
+    own_mean, own_var, _ = _block_moments(values, 1, groups)
+    own_mean = _to_channels(own_mean, values.shape[1])
+    own_var = _to_channels(own_var, values.shape[1])
+    running_mean = running_mean.to(values.dtype)
+    running_var = running_var.to(values.dtype)
+    mean = alpha * own_mean + (1.0 - alpha) * running_mean
+    var = (
+        alpha * own_var
+        + (1.0 - alpha) * running_var
+        + alpha * (1.0 - alpha) * (own_mean - running_mean) ** 2
+    )
+    return mean, var
+
+
+def _block_moments(values: Tensor, examples: int, groups: int) -> Tuple[Tensor, Tensor, Tensor]:
+    """Mean, biased and Bessel-corrected variance of each (``examples`` consecutive examples
+    x channel group) block of ``values`` ``(n, C, S)``, ``n`` a multiple of ``examples``;
+    each of shape ``(n, G)``, repeated for every example of a block."""
+    num_examples = values.shape[0]
+    blocks = values.reshape(num_examples // examples, examples, groups, -1)
+    var, mean = torch.var_mean(blocks, dim=[1, 3], unbiased=False, keepdim=True)
+    block_size = examples * blocks.shape[-1]
+    bessel = block_size / (block_size - 1) if block_size > 1 else 1.0
+    expanded = [num_examples // examples, examples, groups, 1]
+    mean = mean.expand(expanded).reshape(num_examples, groups)
+    var = var.expand(expanded).reshape(num_examples, groups)
+    return mean, var, var * bessel
+
+
+def _to_channels(group_statistic: Tensor, channels: int) -> Tensor:
+    """Repeat an ``(n, G)`` per-group statistic for every channel of its group: ``(n, C)``."""
+    return group_statistic.repeat_interleave(channels // group_statistic.shape[1], dim=1)
+
+
+# batch_group_norm as one named op, for traces that count flops
+batch_group_norm_op = counting_op(
+    "gwdet::batch_group_norm",
+    batch_group_norm,
+    ("running_mean", "running_var"),
+    "(Tensor x, Tensor(a!) running_mean, Tensor(b!) running_var, Tensor? weight, Tensor? bias, "
+    "bool training, int groups, int examples_per_group, float eps, float momentum, "
+    "float eval_example_weight) -> Tensor",
 )
 
 
@@ -93,89 +209,23 @@ class BatchGroupNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         check_input("BatchGroupNorm", x, self.num_channels)
-        if x.numel() == 0:
-            normalized = x
-        else:
-            values = x.to(statistics_dtype(x.dtype)).reshape(x.shape[0], self.num_channels, -1)
-            if self.training:
-                mean, var = self._training_statistics(values)
-            else:
-                mean, var = self._inference_statistics(values)
-            scale = torch.rsqrt(var + self.eps).unsqueeze(-1)
-            normalized = ((values - mean.unsqueeze(-1)) * scale).reshape(x.shape).to(x.dtype)
-        return per_channel_affine(normalized, self.weight, self.bias)
-
-    def _training_statistics(self, values: Tensor) -> Tuple[Tensor, Tensor]:
-        """Per-example, per-channel mean and variance of each example's block; updates buffers."""
-        mean, var, corrected_var = self._example_group_moments(values)
-        self._update_running_statistics(mean, corrected_var)
-        return self._to_channels(mean), self._to_channels(var)
-
-    def _example_group_moments(self, values: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        """:meth:`_block_moments` with blocks of ``examples_per_group`` consecutive examples,
-        the last ``N mod examples_per_group`` examples forming one smaller block."""
-        num_examples = values.shape[0]
-        grouped_examples = num_examples - num_examples % self.examples_per_group
-        if grouped_examples == num_examples:
-            return self._block_moments(values, self.examples_per_group)
-        if grouped_examples == 0:
-            return self._block_moments(values, num_examples)
-        head_mean, head_var, head_corrected = self._block_moments(
-            values[:grouped_examples], self.examples_per_group
-        )
-        tail_mean, tail_var, tail_corrected = self._block_moments(
-            values[grouped_examples:], num_examples - grouped_examples
-        )
-        return (
-            torch.cat([head_mean, tail_mean]),
-            torch.cat([head_var, tail_var]),
-            torch.cat([head_corrected, tail_corrected]),
+        if not torch.jit.is_scripting():
+            if tracing_named_ops():
+                return self._named_op(x)
+        return batch_group_norm(
+            x, self.running_mean, self.running_var, self.weight, self.bias, self.training,
+            self.effective_num_groups, self.examples_per_group, self.eps, self.momentum,
+            self.eval_example_weight,
         )
 
-    def _update_running_statistics(self, mean: Tensor, corrected_var: Tensor) -> None:
-        """``running <- (1 - momentum) running + momentum batch``, ``batch`` being the average over
-        the examples of the ``(N, G)`` block statistics they were normalized with."""
+    @torch.jit.unused
+    def _named_op(self, x: Tensor) -> Tensor:
         with torch.no_grad():
-            batch_mean = self._to_channels(mean).mean(dim=0)
-            batch_var = self._to_channels(corrected_var).mean(dim=0)
-            self.running_mean.lerp_(batch_mean.to(self.running_mean.dtype), self.momentum)
-            self.running_var.lerp_(batch_var.to(self.running_var.dtype), self.momentum)
-
-    def _inference_statistics(self, values: Tensor) -> Tuple[Tensor, Tensor]:
-        """Eq. 3: the example's own moments blended with the running ones, per example/channel."""
-        own_mean, own_var, _ = self._block_moments(values, 1)
-        own_mean = self._to_channels(own_mean)
-        own_var = self._to_channels(own_var)
-        running_mean = self.running_mean.to(values.dtype)
-        running_var = self.running_var.to(values.dtype)
-        alpha = self.eval_example_weight
-        mean = alpha * own_mean + (1.0 - alpha) * running_mean
-        var = (
-            alpha * own_var
-            + (1.0 - alpha) * running_var
-            + alpha * (1.0 - alpha) * (own_mean - running_mean) ** 2
-        )
-        return mean, var
-
-    def _block_moments(self, values: Tensor, examples: int) -> Tuple[Tensor, Tensor, Tensor]:
-        """Mean, biased and Bessel-corrected variance of each (``examples`` consecutive examples
-        x channel group) block of ``values`` ``(n, C, S)``, ``n`` a multiple of ``examples``;
-        each of shape ``(n, G)``, repeated for every example of a block."""
-        num_examples = values.shape[0]
-        groups = self.effective_num_groups
-        blocks = values.reshape(num_examples // examples, examples, groups, -1)
-        var, mean = torch.var_mean(blocks, dim=[1, 3], unbiased=False, keepdim=True)
-        block_size = examples * blocks.shape[-1]
-        bessel = block_size / (block_size - 1) if block_size > 1 else 1.0
-        expanded = [num_examples // examples, examples, groups, 1]
-        mean = mean.expand(expanded).reshape(num_examples, groups)
-        var = var.expand(expanded).reshape(num_examples, groups)
-        return mean, var, var * bessel
-
-    def _to_channels(self, group_statistic: Tensor) -> Tensor:
-        """Repeat an ``(n, G)`` per-group statistic for every channel of its group: ``(n, C)``."""
-        channels_per_group = self.num_channels // self.effective_num_groups
-        return group_statistic.repeat_interleave(channels_per_group, dim=1)
+            return batch_group_norm_op(
+                x, self.running_mean, self.running_var, self.weight, self.bias, self.training,
+                self.effective_num_groups, self.examples_per_group, self.eps, self.momentum,
+                self.eval_example_weight,
+            )
 
     def extra_repr(self) -> str:
         return (

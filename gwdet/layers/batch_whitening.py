@@ -14,11 +14,17 @@ together; e.g. ``C = 24, group_size = 16`` gives 2 groups of 12 channels).
 An input with no elements (``N = 0``) returns an empty output and leaves the running statistics
 untouched. Precision as in :mod:`gwdet.layers.group_whitening`: float32 (float64 for float64
 input) outside autocast, output in the input dtype.
+
+:func:`batch_whitening` is the functional form (the module passes its buffers and parameters);
+while ``torch.jit.trace`` records inside :func:`gwdet.layers.tracing.trace_named_ops` the module
+runs it as the custom op ``gwdet::batch_whitening``, one named node for flop counting.
 """
+from typing import Optional
+
 import torch
 from torch import Tensor, nn
 
-from ._common import (
+from .common import (
     autocast_disabled,
     check_input,
     check_int_at_least,
@@ -29,7 +35,79 @@ from ._common import (
     register_affine,
     statistics_dtype,
 )
+from .tracing import counting_op, tracing_named_ops
 from .whitening_matrix import check_whitening_method, ridge_covariance, whitening_matrix
+
+
+def batch_whitening(
+    x: Tensor,
+    running_mean: Tensor,
+    running_whitening: Tensor,
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
+    training: bool,
+    momentum: float,
+    T: int,
+    eps: float,
+    method: str,
+) -> Tensor:
+    """Batch whitening of ``x`` ``(N, C, *spatial)`` (DBN Algorithm 1) plus the per-channel affine.
+
+    The channel groups are those of ``running_whitening`` (``[C / k, k, k]``). In training the
+    batch statistics whiten ``x`` and ``running_mean`` ``[C]`` and ``running_whitening`` are
+    updated in place (``running <- (1 - momentum) running + momentum batch``); in evaluation the
+    running ones whiten ``x``. ``T``, ``eps`` and ``method`` as for :class:`BatchWhitening`.
+    """
+    if x.numel() == 0:
+        whitened = x
+    elif torch.jit.is_scripting():
+        whitened = _whiten(x, running_mean, running_whitening, training, momentum, T, eps, method)
+    else:
+        whitened = _whiten_outside_autocast(x, running_mean, running_whitening, training, momentum, T, eps, method)
+    return per_channel_affine(whitened, weight, bias)
+
+
+def _whiten(
+    x: Tensor, running_mean: Tensor, running_whitening: Tensor, training: bool, momentum: float, T: int, eps: float, method: str
+) -> Tensor:
+    """DBN Algorithm 1 on all channel groups at once, batched over the groups."""
+    num_groups = running_whitening.shape[0]
+    group_size = running_whitening.shape[1]
+    dtype = statistics_dtype(x.dtype)
+    channels_first = x.to(dtype).transpose(0, 1)
+    rows = channels_first.reshape(num_groups, group_size, -1)
+    if training:
+        mean = rows.mean(dim=-1, keepdim=True)
+        centred = rows - mean
+        cov = ridge_covariance(centred, eps)
+        whitening = whitening_matrix(cov, method, T, eps)
+        # DBN Algorithm 1 lines 10-11, on detached values (rather than under no_grad, which
+        # torch.export would record as a region it cannot serialize)
+        running_mean.lerp_(mean.detach().reshape(running_mean.shape).to(running_mean.dtype), momentum)
+        running_whitening.lerp_(whitening.detach().to(running_whitening.dtype), momentum)
+    else:
+        centred = rows - running_mean.to(dtype).reshape(num_groups, group_size, 1)
+        whitening = running_whitening.to(dtype)
+    whitened = torch.matmul(whitening, centred).reshape(channels_first.shape)
+    return whitened.transpose(0, 1).to(x.dtype)
+
+
+@torch.jit.unused
+def _whiten_outside_autocast(
+    x: Tensor, running_mean: Tensor, running_whitening: Tensor, training: bool, momentum: float, T: int, eps: float, method: str
+) -> Tensor:
+    with autocast_disabled(x):
+        return _whiten(x, running_mean, running_whitening, training, momentum, T, eps, method)
+
+
+# batch_whitening as one named op, for traces that count flops
+batch_whitening_op = counting_op(
+    "gwdet::batch_whitening",
+    batch_whitening,
+    ("running_mean", "running_whitening"),
+    "(Tensor x, Tensor(a!) running_mean, Tensor(b!) running_whitening, Tensor? weight, Tensor? bias, "
+    "bool training, float momentum, int T, float eps, str method) -> Tensor",
+)
 
 
 class BatchWhitening(nn.Module):
@@ -83,40 +161,21 @@ class BatchWhitening(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         check_input("BatchWhitening", x, self.num_channels)
-        if x.numel() == 0:
-            whitened = x
-        elif torch.jit.is_scripting():
-            whitened = self._whiten(x)
-        else:
-            with autocast_disabled(x):
-                whitened = self._whiten(x)
-        return per_channel_affine(whitened, self.weight, self.bias)
+        if not torch.jit.is_scripting():
+            if tracing_named_ops():
+                return self._named_op(x)
+        return batch_whitening(
+            x, self.running_mean, self.running_whitening, self.weight, self.bias,
+            self.training, self.momentum, self.T, self.eps, self.method,
+        )
 
-    def _whiten(self, x: Tensor) -> Tensor:
-        """DBN Algorithm 1 on all channel groups at once, batched over the groups."""
-        dtype = statistics_dtype(x.dtype)
-        channels_first = x.to(dtype).transpose(0, 1)
-        rows = channels_first.reshape(self.num_groups, self.effective_group_size, -1)
-        if self.training:
-            mean = rows.mean(dim=-1, keepdim=True)
-            centred = rows - mean
-            cov = ridge_covariance(centred, self.eps)
-            whitening = whitening_matrix(cov, self.method, self.T, self.eps)
-            self._update_running_statistics(mean, whitening)
-        else:
-            running_mean = self.running_mean.to(dtype)
-            centred = rows - running_mean.reshape(self.num_groups, self.effective_group_size, 1)
-            whitening = self.running_whitening.to(dtype)
-        whitened = torch.matmul(whitening, centred).reshape(channels_first.shape)
-        return whitened.transpose(0, 1).to(x.dtype)
-
-    def _update_running_statistics(self, mean: Tensor, whitening: Tensor) -> None:
-        """DBN Algorithm 1 lines 10-11: ``running <- (1 - momentum) running + momentum batch``."""
+    @torch.jit.unused
+    def _named_op(self, x: Tensor) -> Tensor:
         with torch.no_grad():
-            batch_mean = mean.reshape(self.num_channels).to(self.running_mean.dtype)
-            self.running_mean.lerp_(batch_mean, self.momentum)
-            batch_whitening = whitening.detach().to(self.running_whitening.dtype)
-            self.running_whitening.lerp_(batch_whitening, self.momentum)
+            return batch_whitening_op(
+                x, self.running_mean, self.running_whitening, self.weight, self.bias,
+                self.training, self.momentum, self.T, self.eps, self.method,
+            )
 
     def extra_repr(self) -> str:
         return (

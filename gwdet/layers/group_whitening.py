@@ -17,19 +17,25 @@ for float64 input) outside any autocast region, and the result is cast back to t
 A module compiled with ``torch.jit.script`` cannot leave an autocast region entered in eager
 code (TorchScript resolves autocast when it compiles), so run scripted models without autocast.
 
-Implementation: in eager mode both :func:`group_whitening` and :class:`GroupWhitening` (whose
-affine is fused in) run :class:`~.group_whitening_function.GroupWhiteningFunction`, a custom
-autograd Function with a closed-form backward that keeps only the input, the group means and
-small ``g x g`` matrices for the backward pass (see that module for the derivation and costs).
-Under ``torch.jit.script`` the same formulas run as plain tensor operations differentiated by
-autograd (:func:`_whiten_groups`); both compute the same function (up to float rounding).
+Implementations (which one runs is decided per call, see :mod:`gwdet.layers.tracing`):
+
+* :func:`group_whitening_reference`: the formulas as plain tensor operations differentiated by
+  autograd. TorchScript scripting, ``torch.jit.trace`` and ``torch.onnx.export`` record it (a
+  graph of ATen operators only), and it is the baseline the fused op is tested and timed against.
+* the custom op ``gwdet::group_whitening``
+  (:func:`~.group_whitening_function.fused_group_whitening`): the same function with a
+  closed-form backward that keeps only the input, the group means and small ``g x g`` matrices;
+  eager mode, ``torch.compile`` and ``torch.export`` run it.
+
+Both compute the same function up to float rounding.
 """
 from typing import Optional
 
 import torch
 from torch import Tensor, nn
 
-from ._common import (
+from .common import (
+    autocast_disabled,
     check_input,
     check_int_at_least,
     check_positive,
@@ -38,7 +44,8 @@ from ._common import (
     register_affine,
     statistics_dtype,
 )
-from .group_whitening_function import GroupWhiteningFunction
+from .group_whitening_function import fused_group_whitening
+from .tracing import recording_reference_graph
 from .whitening_matrix import check_whitening_method, ridge_covariance, whitening_matrix
 
 
@@ -58,57 +65,90 @@ def group_whitening(
     Returns:
         A tensor of ``x``'s shape and dtype.
     """
-    check_int_at_least("group_whitening", "num_groups", num_groups, 1)
-    check_int_at_least("group_whitening", "T", T, 1)
-    check_positive("group_whitening", "eps", eps)
-    check_whitening_method("group_whitening", method)
+    _check_arguments("group_whitening", x, num_groups, T, eps, method)
+    groups = largest_divisor_at_most(x.shape[1], num_groups)
+    if torch.jit.is_scripting():
+        return _reference(x, groups, T, eps, method, None, None)
+    return _run(x, None, None, groups, T, eps, method)
+
+
+def _check_arguments(owner: str, x: Tensor, num_groups: int, T: int, eps: float, method: str) -> None:
+    check_int_at_least(owner, "num_groups", num_groups, 1)
+    check_int_at_least(owner, "T", T, 1)
+    check_positive(owner, "eps", eps)
+    check_whitening_method(owner, method)
     if x.dim() < 2:
         raise ValueError(
-            f"group_whitening: expected input of shape (N, C) or (N, C, *spatial), "
-            f"got {list(x.shape)}"
+            f"{owner}: expected input of shape (N, C) or (N, C, *spatial), got {list(x.shape)}"
         )
-    if torch.jit.is_scripting():
-        return _whiten_groups(x, num_groups, T, eps, method)
-    groups = largest_divisor_at_most(x.shape[1], num_groups)
-    return _group_whitening_function(x, None, None, groups, T, eps, method)
 
 
-@torch.jit.unused
-def _group_whitening_function(
+def group_whitening_reference(
     x: Tensor,
-    weight: Optional[Tensor],
-    bias: Optional[Tensor],
-    groups: int,
-    T: int,
-    eps: float,
-    method: str,
+    num_groups: int,
+    T: int = 5,
+    eps: float = 1e-5,
+    method: str = "itn",
+    weight: Optional[Tensor] = None,
+    bias: Optional[Tensor] = None,
 ) -> Tensor:
-    """Eager-mode entry to :class:`GroupWhiteningFunction` (``groups`` must divide ``C``).
+    """The reference implementation of GW: Algorithm 1 (Eqs. 8-10) plus the per-channel affine,
+    as plain tensor operations that autograd differentiates.
 
-    ``torch.jit.trace`` records the Function as a Python op, so a traced model computes exactly
-    what the eager one does but cannot be saved or exported; script the module for that.
+    Arguments as for :func:`group_whitening` (``num_groups`` goes through the same divisor rule),
+    with ``weight`` and ``bias`` of shape ``[C]`` (or ``None``). All samples are whitened at once
+    with batched ``(N, g, g)`` matrix products: the covariance by
+    :func:`~.whitening_matrix.ridge_covariance`, its inverse square root by
+    :func:`~.whitening_matrix.whitening_matrix` (the paper's iteration, ``3T`` products, or
+    ``eigh`` for ZCA). Statistics are computed in float32 (float64 for float64 input) with
+    autocast switched off (outside TorchScript), the affine in that precision, and the result is
+    returned in ``x``'s dtype.
+
+    This is what TorchScript scripting, ``torch.jit.trace`` and ``torch.onnx.export`` record; it
+    keeps every intermediate for the backward pass, so for training use :class:`GroupWhitening`
+    or :func:`group_whitening`, which run the fused op.
     """
-    return GroupWhiteningFunction.apply(x, weight, bias, groups, T, eps, method)
+    _check_arguments("group_whitening_reference", x, num_groups, T, eps, method)
+    groups = largest_divisor_at_most(x.shape[1], num_groups)
+    if torch.jit.is_scripting():
+        return _reference(x, groups, T, eps, method, weight, bias)
+    return _reference_outside_autocast(x, groups, T, eps, method, weight, bias)
 
 
-def _whiten_groups(x: Tensor, num_groups: int, T: int, eps: float, method: str) -> Tensor:
-    """Algorithm 1 for all samples at once with batched ``(N, g, g)`` matrix products,
-    differentiated by autograd (the TorchScript path; eager mode uses the fused Function)."""
+def _reference(
+    x: Tensor, groups: int, T: int, eps: float, method: str, weight: Optional[Tensor], bias: Optional[Tensor]
+) -> Tensor:
+    """:func:`group_whitening_reference` with ``groups`` dividing ``C``."""
     num_samples = x.shape[0]
-    num_channels = x.shape[1]
-    groups = largest_divisor_at_most(num_channels, num_groups)
-    # No in-place "*=": under torch.jit.trace the sizes are tensors, and that would also change
-    # num_channels and groups, which can be the same object.
+    # No in-place "*=": under torch.jit.trace the sizes can be traced values, and "*=" would
+    # also change the size it started from.
     values_per_sample = 1
     for size in x.shape[1:]:
         values_per_sample = values_per_sample * size
-    grouped = x.to(statistics_dtype(x.dtype)).reshape(
-        num_samples, groups, values_per_sample // groups
-    )
+    grouped = x.to(statistics_dtype(x.dtype)).reshape(num_samples, groups, values_per_sample // groups)
     centred = grouped - grouped.mean(dim=-1, keepdim=True)
     cov = ridge_covariance(centred, eps)
-    whitened = torch.matmul(whitening_matrix(cov, method, T, eps), centred)
-    return whitened.reshape(x.shape).to(x.dtype)
+    whitened = torch.matmul(whitening_matrix(cov, method, T, eps), centred).reshape(x.shape)
+    return per_channel_affine(whitened, weight, bias).to(x.dtype)
+
+
+@torch.jit.unused
+def _reference_outside_autocast(
+    x: Tensor, groups: int, T: int, eps: float, method: str, weight: Optional[Tensor], bias: Optional[Tensor]
+) -> Tensor:
+    with autocast_disabled(x):
+        return _reference(x, groups, T, eps, method, weight, bias)
+
+
+@torch.jit.unused
+def _run(
+    x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], groups: int, T: int, eps: float, method: str
+) -> Tensor:
+    """Outside TorchScript: the reference formulas while a deployment graph is being recorded,
+    else the custom op (see :mod:`gwdet.layers.tracing`)."""
+    if recording_reference_graph():
+        return _reference_outside_autocast(x, groups, T, eps, method, weight, bias)
+    return fused_group_whitening(x, weight, bias, groups, T, eps, method)
 
 
 class GroupWhitening(nn.Module):
@@ -155,12 +195,10 @@ class GroupWhitening(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         check_input("GroupWhitening", x, self.num_channels)
+        groups = self.effective_num_groups
         if torch.jit.is_scripting():
-            whitened = group_whitening(x, self.effective_num_groups, self.T, self.eps, self.method)
-            return per_channel_affine(whitened, self.weight, self.bias)
-        return _group_whitening_function(
-            x, self.weight, self.bias, self.effective_num_groups, self.T, self.eps, self.method
-        )
+            return _reference(x, groups, self.T, self.eps, self.method, self.weight, self.bias)
+        return _run(x, self.weight, self.bias, groups, self.T, self.eps, self.method)
 
     def extra_repr(self) -> str:
         return (

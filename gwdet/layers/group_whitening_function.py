@@ -1,8 +1,12 @@
-"""Group whitening with a fused per-channel affine as one autograd Function (closed-form backward).
+"""Group whitening with a fused per-channel affine as ``torch.library`` custom ops with a
+closed-form backward: ``gwdet::group_whitening`` and ``gwdet::group_whitening_backward``.
 
-What the Function computes is exactly :func:`gwdet.layers.group_whitening` followed by
-``y * weight + bias`` (GW Algorithm 1, Eqs. 8-10). What it avoids, compared with differentiating
-those formulas by autograd:
+What the ops compute is exactly :func:`gwdet.layers.group_whitening_reference` with the affine,
+``y * weight + bias`` (GW Algorithm 1, Eqs. 8-10). Being custom ops with registered fake (shape)
+kernels and an autograd formula that calls the backward op, they stay single opaque nodes under
+``torch.compile`` (``fullgraph=True``), ``torch.export`` (training graphs included) and
+``torch.jit.trace`` (see :mod:`gwdet.layers.tracing` for when the layers use them). What the ops
+avoid, compared with differentiating the reference formulas by autograd:
 
 * autograd keeps the centred copy of the input, the whitened output before the affine and the
   3T intermediate ``g x g`` products of ItN; here only the input, the group means and (when it is
@@ -47,13 +51,12 @@ input) with autocast switched off; the affine is applied in that precision befor
 rounded to the input dtype.
 """
 import math
-from typing import Iterator, Optional, Tuple
+from typing import Iterator, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
-from ._common import statistics_dtype
+from .common import statistics_dtype
 from .whitening_matrix import (
     itn_whitening,
     itn_whitening_vjp,
@@ -84,38 +87,127 @@ def keeps_covariance(values_per_sample: int, groups: int) -> bool:
     return 3 * groups * groups <= values_per_sample
 
 
-class GroupWhiteningFunction(torch.autograd.Function):
-    """``apply(x, weight, bias, groups, T, eps, method)`` -> ``group_whitening(x) * weight + bias``.
+def saved_covariance_shape(shape: Sequence[int], groups: int) -> Tuple[int, ...]:
+    """Shape of the covariances the forward op returns for the backward op: ``(N, g, g)`` when
+    they are kept (see :func:`keeps_covariance`), else ``(0,)`` (recomputed in the backward)."""
+    samples, values = shape[0], math.prod(shape[1:])
+    few_columns = values // groups < groups
+    if not few_columns and keeps_covariance(values, groups):
+        return (samples, groups, groups)
+    return (0,)
 
-    ``x`` is ``(N, C, *spatial)`` with ``C`` divisible by ``groups``; ``weight`` and ``bias`` are
-    ``[C]`` or ``None``. First derivatives only (``once_differentiable``).
+
+@torch.library.custom_op("gwdet::group_whitening", mutates_args=())
+def group_whitening_forward(
+    x: Tensor,
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
+    groups: int,
+    T: int,
+    eps: float,
+    method: str,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(group_whitening(x) * weight + bias, group means, covariances)``; ``groups`` divides ``C``.
+
+    The means ``(N, g, 1)`` and covariances (:func:`saved_covariance_shape`), in the statistics
+    dtype, are what the backward op needs besides the input; they are not differentiable.
     """
+    layout = _Layout(x, weight is not None, groups, T, eps, method)
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        out, mean, cov = _forward(x, layout.affine(weight), layout.affine(bias), layout)
+    if cov is None:
+        cov = torch.empty(0, dtype=layout.dtype, device=x.device)
+    return out, mean, cov
 
-    @staticmethod
-    def forward(ctx, x, weight, bias, groups, T, eps, method):
-        layout = _Layout(x, weight is not None, groups, T, eps, method)
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            out, mean, cov = _forward(x, layout.affine(weight), layout.affine(bias), layout)
-        ctx.layout = layout
-        ctx.save_for_backward(x, weight, bias, mean, cov)
-        return out
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out):
-        x, weight, bias, mean, cov = ctx.saved_tensors
-        layout = ctx.layout
-        needs_x, needs_weight, needs_bias = ctx.needs_input_grad[:3]
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            grad_x, grad_weight, grad_bias = _backward(
-                grad_out, x, layout.affine(weight), mean, cov, layout,
-                needs_x, needs_weight and weight is not None, needs_bias and bias is not None,
-            )
-        if grad_weight is not None:
-            grad_weight = grad_weight.to(weight.dtype)
-        if grad_bias is not None:
-            grad_bias = grad_bias.to(bias.dtype)
-        return grad_x, grad_weight, grad_bias, None, None, None, None
+@group_whitening_forward.register_fake
+def _group_whitening_forward_fake(x, weight, bias, groups, T, eps, method):
+    dtype = statistics_dtype(x.dtype)
+    out = x.new_empty(x.shape)
+    mean = x.new_empty((x.shape[0], groups, 1), dtype=dtype)
+    cov = x.new_empty(saved_covariance_shape(x.shape, groups), dtype=dtype)
+    return out, mean, cov
+
+
+@torch.library.custom_op("gwdet::group_whitening_backward", mutates_args=())
+def group_whitening_backward(
+    grad_out: Tensor,
+    x: Tensor,
+    weight: Optional[Tensor],
+    mean: Tensor,
+    cov: Tensor,
+    groups: int,
+    T: int,
+    eps: float,
+    method: str,
+    needs_x: bool,
+    needs_weight: bool,
+    needs_bias: bool,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Gradients w.r.t. ``x`` (in ``x``'s dtype), ``weight`` and ``bias`` (in the statistics
+    dtype) of :func:`group_whitening_forward` (Algorithm 2 and the affine, formulas in the module
+    docstring). A gradient that is not asked for comes back as an empty tensor. First derivatives
+    only: this op has no autograd kernel."""
+    layout = _Layout(x, weight is not None, groups, T, eps, method)
+    saved_cov = cov if cov.numel() else None
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        grad_x, grad_weight, grad_bias = _backward(
+            grad_out, x, layout.affine(weight), mean, saved_cov, layout,
+            needs_x, needs_weight and weight is not None, needs_bias,
+        )
+    return (
+        x.new_empty(0) if grad_x is None else grad_x,
+        mean.new_empty(0) if grad_weight is None else grad_weight,
+        mean.new_empty(0) if grad_bias is None else grad_bias,
+    )
+
+
+@group_whitening_backward.register_fake
+def _group_whitening_backward_fake(grad_out, x, weight, mean, cov, groups, T, eps, method, needs_x, needs_weight, needs_bias):
+    channels = x.shape[1]
+    grad_x = x.new_empty(x.shape) if needs_x else x.new_empty(0)
+    grad_weight = mean.new_empty(channels if needs_weight and weight is not None else 0)
+    grad_bias = mean.new_empty(channels if needs_bias else 0)
+    return grad_x, grad_weight, grad_bias
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, weight, bias, groups, T, eps, method = inputs
+    _, mean, cov = output
+    ctx.save_for_backward(x, weight, mean, cov)
+    ctx.bias_dtype = None if bias is None else bias.dtype
+    ctx.hyper_parameters = (groups, T, eps, method)
+    ctx.mark_non_differentiable(mean, cov)
+
+
+def _backward_formula(ctx, grad_out, grad_mean, grad_cov):
+    del grad_mean, grad_cov  # not differentiable outputs
+    x, weight, mean, cov = ctx.saved_tensors
+    needs_x, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+    needs_weight = needs_weight and weight is not None
+    needs_bias = needs_bias and ctx.bias_dtype is not None
+    grad_x, grad_weight, grad_bias = group_whitening_backward(
+        grad_out, x, weight, mean, cov, *ctx.hyper_parameters, needs_x, needs_weight, needs_bias
+    )
+    return (
+        grad_x if needs_x else None,
+        grad_weight.to(weight.dtype) if needs_weight else None,
+        grad_bias.to(ctx.bias_dtype) if needs_bias else None,
+        None,
+        None,
+        None,
+        None,
+    )
+
+
+group_whitening_forward.register_autograd(_backward_formula, setup_context=_setup_context)
+
+
+def fused_group_whitening(
+    x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], groups: int, T: int, eps: float, method: str
+) -> Tensor:
+    """``group_whitening(x) * weight + bias`` by the custom op (``groups`` must divide ``C``)."""
+    return group_whitening_forward(x, weight, bias, groups, T, eps, method)[0]
 
 
 class _Layout:

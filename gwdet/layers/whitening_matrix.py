@@ -9,7 +9,17 @@ from typing import Tuple
 import torch
 from torch import Tensor
 
-from ._common import check_choice
+from .common import check_choice
+from .tracing import onnx_exporting
+
+ZCA_NOT_IN_ONNX = (
+    "ZCA whitening cannot be exported to ONNX: it needs an eigendecomposition "
+    "(torch.linalg.eigh), which ONNX has no operator for. Export a model that uses the ItN "
+    "variants instead: norm 'GW' (GroupWhitening(method='itn')) in place of 'GW_ZCA', 'BW_ItN' "
+    "(BatchWhitening(method='itn')) in place of 'BW' in training mode. BatchWhitening with ZCA "
+    "exports in evaluation mode, where it applies its running whitening matrix. TorchScript "
+    "(torch.jit.trace / torch.jit.script) keeps ZCA."
+)
 
 
 def check_whitening_method(owner: str, method: str) -> None:
@@ -95,7 +105,15 @@ def whitening_matrix(cov: Tensor, method: str, T: int, eps: float) -> Tensor:
     check_whitening_method("whitening_matrix", method)
     if method == "itn":
         return inverse_sqrt_itn(cov, T)
+    if not torch.jit.is_scripting():
+        _refuse_onnx_export()
     return inverse_sqrt_zca(cov, eps)
+
+
+@torch.jit.unused
+def _refuse_onnx_export() -> None:
+    if onnx_exporting():
+        raise RuntimeError(ZCA_NOT_IN_ONNX)
 
 
 # ---- Closed-form value-and-gradient kernels for custom autograd Functions ------------------------

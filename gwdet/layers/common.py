@@ -7,8 +7,9 @@
 
 Everything here is TorchScript-compatible so that the layers can be scripted.
 """
+import contextlib
 import math
-from typing import List, Optional
+from typing import ContextManager, List, Optional
 
 import torch
 from torch import Tensor
@@ -77,14 +78,19 @@ def statistics_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32
 
 
-def autocast_disabled(x: Tensor) -> torch.autocast:
-    """A context that switches autocast off on ``x``'s device (eager mode only).
+def autocast_disabled(x: Tensor) -> ContextManager:
+    """A context that switches autocast off on ``x``'s device (eager mode only); a context that
+    does nothing when autocast is off there already.
 
+    Entering no autocast region when none is needed keeps graphs captured by ``torch.export`` free
+    of autocast regions (an in-place update of a running statistic inside one is not exported).
     TorchScript resolves autocast regions when it compiles, so inside a scripted graph this
     context cannot switch off an autocast region entered in eager code; callers skip it under
     ``torch.jit.is_scripting()``.
     """
-    return torch.autocast(device_type=x.device.type, enabled=False)
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.autocast(device_type=x.device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def register_affine(module: torch.nn.Module, num_channels: int, affine: bool) -> None:

@@ -1,0 +1,35 @@
+"""Deploying and analysing models with gwdet's layers by detectron2's and PyTorch's own tools.
+
+* :mod:`gwdet.export.deploy`: TorchScript (``torch.jit.trace`` through detectron2's
+  ``TracingAdapter``) and ONNX export, checked against the eager model;
+* :mod:`gwdet.export.flops`: fvcore / detectron2 flop counting with gwdet's cost formulas
+  (:mod:`gwdet.layers.cost`);
+* :mod:`gwdet.export.export_model` and :mod:`gwdet.export.analyze_model`: the command-line tools
+  ``tools/deploy/export_model.py`` and ``tools/analyze_model.py``.
+
+How each PyTorch tool sees gwdet's layers (custom ops or reference formulas):
+:mod:`gwdet.layers.tracing`.
+"""
+from gwdet.export.deploy import (
+    ONNX_OPSET,
+    export_model_onnx,
+    export_onnx,
+    export_torchscript,
+    max_abs_difference,
+    run_onnx,
+    tracing_adapter,
+)
+from gwdet.export.flops import FlopCountAnalysis, component_shares, flop_handles
+
+__all__ = [
+    "FlopCountAnalysis",
+    "ONNX_OPSET",
+    "component_shares",
+    "export_model_onnx",
+    "export_onnx",
+    "export_torchscript",
+    "flop_handles",
+    "max_abs_difference",
+    "run_onnx",
+    "tracing_adapter",
+]

@@ -1,0 +1,144 @@
+"""``tools/analyze_model.py``: flops, parameters and structure of a gwdet model, as detectron2's
+``tools/analyze_model.py`` reports them, with gwdet's layers counted by :mod:`gwdet.layers.cost`::
+
+    python tools/analyze_model.py --config-file configs/mask_rcnn_gw.yaml --tasks flop parameter \\
+        --input-size 800 1216 MODEL.DEVICE cpu
+
+``--tasks flop`` prints fvcore's per-module table (``--max-depth``), the flops per operator and,
+as a markdown table, the share of gwdet's layers in each component of an R-CNN (ResNet, FPN, RPN,
+box head, mask head). Inputs are the first ``-n`` images of ``DATASETS.TEST[0]``, or with
+``--input-size H W`` one random image of that size (no dataset needed). Head flops depend on the
+number of proposals and detections, so a randomly initialized model (no ``MODEL.WEIGHTS``) counts
+the work of ``POST_NMS_TOPK_TEST`` proposals and of its detections.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+from collections import Counter
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+logger = logging.getLogger("gwdet.export")
+
+# label -> module of a detectron2 R-CNN; "FPN" is the backbone without its bottom-up network.
+RCNN_COMPONENTS = {
+    "ResNet (backbone.bottom_up)": "backbone.bottom_up",
+    "backbone (ResNet + FPN)": "backbone",
+    "RPN (proposal_generator)": "proposal_generator",
+    "box head (roi_heads.box_head)": "roi_heads.box_head",
+    "mask head (roi_heads.mask_head)": "roi_heads.mask_head",
+    "whole model": "",
+}
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    from gwdet.export.export_model import add_opts, config_parser
+
+    parser = config_parser("Flops, parameters and structure of a gwdet model.")
+    parser.add_argument("--tasks", nargs="+", choices=["flop", "parameter", "structure"], default=["flop"])
+    parser.add_argument("-n", "--num-inputs", type=int, default=1, help="test images to average flops over")
+    parser.add_argument("--input-size", type=int, nargs=2, metavar=("H", "W"), default=None,
+                        help="count on one random image of this size instead of the test set")
+    parser.add_argument("--max-depth", type=int, default=3, help="depth of the per-module table")
+    return add_opts(parser)
+
+
+def model_inputs(cfg, num_inputs: int, input_size: Optional[Sequence[int]]) -> List[List[Dict]]:
+    """Batches of one image each: random ``input_size`` pixels, or the first test images."""
+    if input_size is not None:
+        generator = torch.Generator().manual_seed(0)
+        image = torch.rand(3, input_size[0], input_size[1], generator=generator) * 255
+        return [[{"image": image}]]
+    from detectron2.data import build_detection_test_loader
+
+    from gwdet.data.datasets import prepare_datasets
+
+    prepare_datasets(cfg)
+    batches = []
+    for batch in build_detection_test_loader(cfg, cfg.DATASETS.TEST[0]):
+        batches.append(batch)
+        if len(batches) == num_inputs:
+            break
+    return batches
+
+
+def share_rows(analysis, model: torch.nn.Module) -> List[Dict]:
+    """gwdet's layers per R-CNN component (:data:`RCNN_COMPONENTS`, plus the FPN row)."""
+    from gwdet.export.flops import component_shares
+
+    present = {name for name, _ in model.named_modules()}
+    components = {label: module for label, module in RCNN_COMPONENTS.items() if module in present}
+    rows = component_shares(analysis, model, components)
+    by_module = {row["module"]: row for row in rows}
+    if "backbone" in by_module and "backbone.bottom_up" in by_module:
+        backbone, bottom_up = by_module["backbone"], by_module["backbone.bottom_up"]
+        flops = backbone["flops"] - bottom_up["flops"]
+        inside = backbone["gwdet_flops"] - bottom_up["gwdet_flops"]
+        by_op = Counter(backbone["by_op"])
+        by_op.subtract(bottom_up["by_op"])
+        fpn = {"component": "FPN (backbone without bottom_up)", "module": "backbone - backbone.bottom_up",
+               "flops": flops, "gwdet_flops": inside, "by_op": dict(by_op), "share": inside / flops if flops else 0.0}
+        rows.insert(rows.index(backbone), fpn)
+    return rows
+
+
+def share_markdown(rows: List[Dict]) -> str:
+    """The rows of :func:`share_rows` as a markdown table (GFlops = 10^9 multiply-adds)."""
+    lines = [
+        "| component | GFlops | in gwdet layers (GFlops) | share | by layer op |",
+        "| --- | ---: | ---: | ---: | --- |",
+    ]
+    for row in rows:
+        ops = ", ".join(f"{op.split('::')[-1]} {value / 1e9:.3f}" for op, value in sorted(row["by_op"].items()) if value)
+        lines.append(
+            f"| {row['component']} | {row['flops'] / 1e9:.3f} | {row['gwdet_flops'] / 1e9:.3f} | "
+            f"{100 * row['share']:.1f}% | {ops or '-'} |"
+        )
+    return "\n".join(lines)
+
+
+def do_flop(cfg, model, batches, max_depth: int) -> Dict:
+    from fvcore.nn import flop_count_table
+
+    from gwdet.export.flops import FlopCountAnalysis
+
+    totals, by_operator = [], Counter()
+    for index, batch in enumerate(batches):
+        analysis = FlopCountAnalysis(model, batch)
+        if index > 0:
+            analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+        totals.append(analysis.total())
+        by_operator += analysis.by_operator()
+        if index == 0:
+            first = analysis
+    print("Flops (multiply-adds) of the first input:\n" + flop_count_table(first, max_depth=max_depth))
+    print("GFlops per operator, averaged: " + str({op: round(v / len(batches) / 1e9, 4) for op, v in by_operator.items()}))
+    mean = sum(totals) / len(totals)
+    print(f"Total GFlops: {mean / 1e9:.3f} (over {len(totals)} input(s))")
+    rows = share_rows(first, model)
+    print("gwdet layers per component (first input):\n" + share_markdown(rows))
+    return {"total": mean, "rows": rows}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from detectron2.utils.analysis import parameter_count_table
+    from detectron2.utils.logger import setup_logger
+
+    from gwdet.engine import build_config
+    from gwdet.export.export_model import build_trained_model
+
+    args = argument_parser().parse_args(argv)
+    setup_logger(name="fvcore")
+    setup_logger(name="detectron2")
+    cfg = build_config(args.config_file, ["DATALOADER.NUM_WORKERS", "0"] + list(args.opts))
+    model = build_trained_model(cfg)
+    if "flop" in args.tasks:
+        with torch.no_grad():
+            do_flop(cfg, model, model_inputs(cfg, args.num_inputs, args.input_size), args.max_depth)
+    if "parameter" in args.tasks:
+        print("Parameters:\n" + parameter_count_table(model, max_depth=args.max_depth))
+    if "structure" in args.tasks:
+        print("Model structure:\n" + str(model))
+    return 0

@@ -1,0 +1,151 @@
+"""Flop counting of models with gwdet's layers by fvcore / detectron2, with gwdet's cost formulas.
+
+fvcore counts a ``torch.jit`` trace operator by operator and reports operators it has no handle
+for as unsupported. Inside :func:`gwdet.layers.trace_named_ops` every gwdet layer is recorded as
+one named op (``gwdet::group_whitening``, ``gwdet::batch_whitening``,
+``gwdet::batch_group_norm``); :func:`flop_handles` counts each with :mod:`gwdet.layers.cost`,
+from the shapes and constants recorded in the trace. :class:`FlopCountAnalysis` is detectron2's
+analysis (model inputs in detectron2's format) with both in place::
+
+    from gwdet.export import FlopCountAnalysis
+    from fvcore.nn import flop_count_table
+
+    flops = FlopCountAnalysis(model.eval(), [{"image": image}])
+    print(flops.total(), flops.by_module()["backbone.bottom_up.stem.norm"])
+    print(flop_count_table(flops, max_depth=3))
+
+Counts are multiply-adds, fvcore's unit. Those of detection heads depend on the input (proposals,
+detections), as with detectron2's own models.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Callable, Dict, List, Mapping
+
+import torch
+from detectron2.utils.analysis import FlopCountAnalysis as Detectron2FlopCountAnalysis
+from fvcore.nn.jit_handles import get_shape
+
+from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening, trace_named_ops
+from gwdet.layers.cost import batch_group_norm_macs, batch_whitening_macs, group_whitening_macs
+
+Handle = Callable[[List[Any], List[Any]], int]
+
+# detectron2's FlopCountAnalysis counts a TracingAdapter whose attribute "model" is the model.
+ADAPTER_PREFIX = "model"
+
+# Module types counted by the handles below, and the op each is recorded as.
+GWDET_LAYER_OPS = {
+    GroupWhitening: "gwdet::group_whitening",
+    BatchWhitening: "gwdet::batch_whitening",
+    BatchGroupNorm: "gwdet::batch_group_norm",
+}
+
+
+def _constant(value: Any) -> Any:
+    return value.toIValue()
+
+
+def _group_whitening_flops(inputs: List[Any], outputs: List[Any]) -> int:
+    # gwdet::group_whitening(x, weight, bias, groups, T, eps, method)
+    shape = get_shape(inputs[0])
+    return group_whitening_macs(shape, _constant(inputs[3]), _constant(inputs[4]), _constant(inputs[6]))
+
+
+def _batch_whitening_flops(inputs: List[Any], outputs: List[Any]) -> int:
+    # gwdet::batch_whitening(x, running_mean, running_whitening, weight, bias, training,
+    #                        momentum, T, eps, method)
+    shape = get_shape(inputs[0])
+    group_size = get_shape(inputs[2])[-1]
+    return batch_whitening_macs(
+        shape, group_size, _constant(inputs[7]), _constant(inputs[9]), training=_constant(inputs[5])
+    )
+
+
+def _batch_group_norm_flops(inputs: List[Any], outputs: List[Any]) -> int:
+    # gwdet::batch_group_norm(x, running_mean, running_var, weight, bias, training, groups,
+    #                         examples_per_group, eps, momentum, eval_example_weight)
+    shape = get_shape(inputs[0])
+    affine = get_shape(inputs[3]) is not None
+    computes_statistics = bool(_constant(inputs[5])) or _constant(inputs[10]) > 0.0
+    return batch_group_norm_macs(shape, affine, computes_statistics)
+
+
+def flop_handles() -> Dict[str, Handle]:
+    """fvcore op handles for gwdet's named ops: ``analysis.set_op_handle(**flop_handles())``.
+
+    They apply to traces recorded inside :func:`gwdet.layers.trace_named_ops`;
+    :class:`FlopCountAnalysis` does both.
+    """
+    return {
+        "gwdet::group_whitening": _group_whitening_flops,
+        "gwdet::batch_whitening": _batch_whitening_flops,
+        "gwdet::batch_group_norm": _batch_group_norm_flops,
+    }
+
+
+class FlopCountAnalysis(Detectron2FlopCountAnalysis):
+    """detectron2's ``FlopCountAnalysis`` that counts gwdet's layers with :mod:`gwdet.layers.cost`.
+
+    Same arguments and queries (``total``, ``by_module``, ``by_operator``,
+    ``unsupported_ops``, ...; fvcore's ``flop_count_table`` / ``flop_count_str`` print it).
+    """
+
+    def __init__(self, model: torch.nn.Module, inputs: Any) -> None:
+        super().__init__(model, inputs)
+        self.set_op_handle(**flop_handles())
+
+    def _analyze(self):
+        # fvcore traces the model lazily, on the first query: this is where the trace happens.
+        with trace_named_ops():
+            return super()._analyze()
+
+    def by_model_module(self) -> Counter:
+        """:meth:`by_module` keyed by the module names of the model given to the constructor
+        (detectron2 wraps it in a ``TracingAdapter``, whose names start with ``model.``)."""
+        counts = Counter()
+        for name, value in self.by_module().items():
+            if name == ADAPTER_PREFIX:
+                counts[""] = value
+            elif name.startswith(ADAPTER_PREFIX + "."):
+                counts[name[len(ADAPTER_PREFIX) + 1 :]] = value
+        return counts
+
+
+def gwdet_layer_names(model: torch.nn.Module) -> Dict[str, str]:
+    """``module name -> op name`` of every gwdet layer in ``model``."""
+    return {
+        name: op
+        for name, module in model.named_modules()
+        for layer_type, op in GWDET_LAYER_OPS.items()
+        if type(module) is layer_type
+    }
+
+
+def component_shares(
+    analysis: FlopCountAnalysis, model: torch.nn.Module, components: Mapping[str, str]
+) -> List[Dict[str, Any]]:
+    """For each ``label -> module name`` of ``components`` (``""`` is the whole model): the
+    flops of that module, the flops of the gwdet layers inside it by op, and their share.
+    ``model`` is the model given to ``analysis``."""
+    by_module = analysis.by_model_module()
+    layers = gwdet_layer_names(model)
+    rows = []
+    for label, prefix in components.items():
+        total = by_module.get(prefix, 0)
+        inside: Counter = Counter()
+        for name, op in layers.items():
+            if not prefix or name == prefix or name.startswith(prefix + "."):
+                inside[op] += by_module.get(name, 0)
+        gwdet_total = sum(inside.values())
+        rows.append(
+            {
+                "component": label,
+                "module": prefix,
+                "flops": total,
+                "gwdet_flops": gwdet_total,
+                "by_op": dict(inside),
+                "share": gwdet_total / total if total else 0.0,
+            }
+        )
+    return rows
