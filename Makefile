@@ -1,27 +1,43 @@
 # gwdet's entry points. Each target installs what it needs first (scripts/setup_env.sh, idempotent).
-#   make demo   train + evaluate the demo Mask R-CNN (GW) on the embedded shapes dataset (CPU)
-#   make test   the test suite (CPU)
-#   make setup  only create/refresh the virtual environment (.venv)
+#   make demo          train + evaluate the demo Mask R-CNN (GW) on the embedded shapes dataset (CPU)
+#   make test          the test suite (CPU)
+#   make setup         only create/refresh the virtual environment (.venv)
+#   make test-matrix   the suite once per available Python 3.10-3.13 (and detectron2 source), each in
+#                      its own environment under .venv-matrix/; run before a release
+#
+# Variables (on the command line or in the environment, both work):
+#   PYTHON=python3.12        interpreter that creates a new .venv (default python3; Python 3.10-3.13)
+#   VENV=.venv-3.12          where the environment lives (default .venv)
+#   D2_SOURCE=path/or/url    build detectron2 from source (gets its compiled _C) instead of the wheel
+#   PYTHONS="3.10 3.12"      test-matrix: the Python versions to try (default: 3.10 3.11 3.12 3.13)
 VENV ?= .venv
-PYTHON := $(VENV)/bin/python
+# The environment's own interpreter; PYTHON is the one that creates it (scripts/setup_env.sh).
+VENV_PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.gwdet-installed
 DEMO_CONFIG ?= configs/Demo/mask_rcnn_R_50_FPN_gw_shapes.yaml
+export PYTHON D2_SOURCE PYTHONS MATRIX_DIR
 
-.PHONY: setup demo test clean-demo
+.PHONY: setup demo test test-matrix clean-demo
 
 $(STAMP): setup.py scripts/setup_env.sh
 	bash scripts/setup_env.sh $(VENV)
 	touch $(STAMP)
 
-setup: $(STAMP)
+# Always runs the (idempotent) set-up script, so it also checks an existing environment.
+setup:
+	bash scripts/setup_env.sh $(VENV)
+	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PYTHON) tools/train_net.py --config $(DEMO_CONFIG)
+	$(VENV_PYTHON) tools/train_net.py --config $(DEMO_CONFIG)
 
 # pytest exits 5 when it collects no test: an empty suite checks nothing, so that fails too.
 test: $(STAMP)
-	$(PYTHON) -m pytest -q tests; status=$$?; \
+	$(VENV_PYTHON) -m pytest -q tests; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$status
+
+test-matrix:
+	bash scripts/test_matrix.sh
 
 clean-demo:
 	rm -rf output/demo

@@ -1,29 +1,38 @@
-"""Packaging for gwdet, a detectron2 plugin for group whitening and related normalizers."""
+"""Packaging for gwdet, a detectron2 plugin for group whitening and related normalizers.
+
+``install_requires`` is what the plugin (``gwdet``) imports at run time, with detectron2's own bounds
+where detectron2 declares the same package. detectron2 itself is not on the package index under its
+own name: scripts/setup_env.sh installs it (or keeps yours); see README.md, "detectron2 versions".
+Extras: ``lab`` (analysis, norm study and benchmark plots), ``deploy`` (ONNX export and ONNX Runtime),
+``test`` (the test suite). gwdet never imports cv2, so no OpenCV package is required.
+"""
+from pathlib import Path
+
 from setuptools import find_packages, setup
+
+here = Path(__file__).resolve().parent
+packages = ["gwdet", "gwdet.*"]
+if (here / "gwdet_lab").is_dir():  # the lab package beside the plugin, when the checkout has it
+    packages += ["gwdet_lab", "gwdet_lab.*"]
 
 setup(
     name="gwdet",
     version="0.1.0",
     description="Group whitening, batch whitening and batch-group normalization for detectron2",
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=(here / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
-    packages=find_packages(include=["gwdet", "gwdet.*"]),
+    packages=find_packages(include=packages),
     python_requires=">=3.10",
-    # detectron2 itself is not on the package index under its own name: scripts/setup_env.sh
-    # installs it (or keeps an official install); see README.md.
     install_requires=[
         "torch>=2.0",
-        "torchvision",
-        "fvcore",
-        "iopath",
-        "pycocotools",
         "numpy",
-        "Pillow",
-        "matplotlib",
-        "tabulate",
-        "omegaconf>=2.1,<2.4",
-        "opencv-python-headless",
-        "scikit-learn",
+        "Pillow>=7.1",  # detectron2's bound; detectron2 v0.6 also needs < 10 (set-up installs it)
+        "pycocotools>=2.0.2",  # detectron2's bound
     ],
-    extras_require={"test": ["pytest"]},
+    extras_require={
+        "lab": ["matplotlib", "scikit-learn"],
+        # Tested with torch 2.14.1 on Python 3.10-3.13 (docs/compatibility.md).
+        "deploy": ["onnx>=1.23", "onnxruntime>=1.23", "onnxscript>=0.7"],
+        "test": ["pytest"],
+    },
 )

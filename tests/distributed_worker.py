@@ -1,13 +1,14 @@
-"""Run by tests/test_distributed.py through detectron2's ``launch``: train, then save this rank's
-parameters so the test can compare ranks. (Not a test module: spawned processes import it.)"""
+"""Run by tests/test_distributed.py through gwdet's ``launch`` (CPU processes, gloo, on every
+supported detectron2): train, then save this rank's parameters and its local rank so the test can
+compare ranks. (Not a test module: spawned processes import it.)"""
 import sys
 
 import torch
-from detectron2.engine import launch
 from detectron2.utils import comm
 
 from gwdet.data import prepare_datasets
 from gwdet.engine import Trainer, build_config
+from gwdet.launch import launch
 
 
 def train_and_save_parameters(config_file: str, opts: list, out_dir: str) -> None:
@@ -18,7 +19,9 @@ def train_and_save_parameters(config_file: str, opts: list, out_dir: str) -> Non
     trainer.train()
     model = trainer.model.module if hasattr(trainer.model, "module") else trainer.model
     parameters = {name: p.detach().clone() for name, p in model.named_parameters()}
-    torch.save({"world_size": comm.get_world_size(), "parameters": parameters}, f"{out_dir}/rank{comm.get_rank()}.pth")
+    record = {"world_size": comm.get_world_size(), "local_rank": comm.get_local_rank(),
+              "local_size": comm.get_local_size(), "parameters": parameters}
+    torch.save(record, f"{out_dir}/rank{comm.get_rank()}.pth")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Two CPU processes (gloo) through detectron2's launch: all ranks end with identical parameters.
+"""Two CPU processes (gloo) through gwdet's launch: all ranks end with identical parameters.
 
 BN buffers (running statistics) are per process, as in the paper's per-GPU BN (detectron2 does not
 broadcast buffers); only parameters are synchronised by DistributedDataParallel and compared here.
@@ -23,6 +23,8 @@ def test_two_process_training_keeps_ranks_identical(tmp_path, overrides):
     assert completed.returncode == 0, completed.stderr[-3000:]
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pth", weights_only=True) for r in (0, 1))
     assert rank0["world_size"] == rank1["world_size"] == 2
+    assert (rank0["local_rank"], rank1["local_rank"]) == (0, 1)
+    assert rank0["local_size"] == rank1["local_size"] == 2
     assert (tmp_path / "model_final.pth").exists(), "rank 0 saved the final checkpoint"
     for name, value in rank0["parameters"].items():
         assert torch.equal(value, rank1["parameters"][name]), name

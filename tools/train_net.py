@@ -8,15 +8,15 @@
     python tools/train_net.py --config CFG --num-gpus 8 SOLVER.IMS_PER_BATCH 16
 
 Trailing ``KEY VALUE`` pairs override the config. Everything but argument parsing lives in
-:mod:`gwdet.engine`.
+:mod:`gwdet.engine`. ``--num-gpus N`` starts N processes: one per GPU, or N CPU processes (gloo)
+when there is no GPU (:mod:`gwdet.launch`, which also works on detectron2 v0.6).
 """
-from detectron2.engine import launch
-
-from gwdet.engine import argument_parser, main
+from gwdet.engine import main, parse_args
+from gwdet.launch import launch
 
 
 if __name__ == "__main__":
-    args = argument_parser().parse_args()
+    args = parse_args()
     print("Command Line Args:", args)
     launch(
         main,

@@ -10,20 +10,27 @@ cannot reorder them, e.g. for images of equal shape). Other samplers (``DATALOAD
 are skipped ahead the same way but keep their own seeding. With ``cfg.SEED`` >= 0 the loader also
 gets its own seeded generator, so that starting to iterate it leaves torch's global generator
 (restored from the checkpoint) untouched.
+
+detectron2 takes that generator's seed as ``build_detection_train_loader(seed=)`` since 2024
+(after its last release, v0.6). On a detectron2 without the argument (v0.6) the loader is built
+without it and the seeded generator is then given to the ``torch.utils.data.DataLoader`` inside
+what detectron2 returned, which is what ``seed=`` does: the DataLoader reads ``generator`` only when
+iteration starts, to draw its workers' base seed.
 """
 from __future__ import annotations
 
+import inspect
 import itertools
 from typing import Iterable, Iterator
 
 import numpy as np
-
+import torch
 from detectron2.config import CfgNode
 from detectron2.data import build_detection_train_loader
-from detectron2.data.build import _train_loader_from_config
+from detectron2.data.build import _train_loader_from_config, build_batch_data_loader
 from detectron2.data.samplers import TrainingSampler
 from detectron2.utils import comm
-from torch.utils.data import Sampler
+from torch.utils.data import DataLoader, Sampler
 
 _SAMPLER_ATTRIBUTE = "gwdet_skipping_sampler"
 
@@ -36,6 +43,50 @@ class SkippingSampler(Sampler):
 
     def __iter__(self) -> Iterator[int]:
         return itertools.islice(iter(self.base), self.skip, None)
+
+
+def loader_accepts_seed() -> bool:
+    """Whether this detectron2's ``build_detection_train_loader`` takes ``seed=`` (not in v0.6): as
+    its own parameter, or through ``**kwargs`` that it hands to ``build_batch_data_loader``."""
+    parameters = inspect.signature(build_detection_train_loader).parameters
+    if "seed" in parameters:
+        return True
+    forwards_keywords = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    return forwards_keywords and "seed" in inspect.signature(build_batch_data_loader).parameters
+
+
+def _inner_data_loaders(loader) -> list[DataLoader]:
+    """The ``DataLoader`` objects inside what ``build_detection_train_loader`` returned: the loader
+    itself, or the one wrapped by detectron2's ``AspectRatioGroupedDataset`` (``.dataset``) and
+    ``MapDataset`` (``._dataset``)."""
+    found, seen, todo = [], set(), [loader]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, DataLoader):
+            found.append(current)
+            continue
+        todo.extend(getattr(current, attribute, None) for attribute in ("dataset", "_dataset"))
+    return found
+
+
+def seed_loader_generator(loader, seed: int) -> None:
+    """Give the DataLoader inside ``loader`` the generator ``build_detection_train_loader(seed=seed)``
+    would have given it (for a detectron2 without that argument)."""
+    data_loaders = _inner_data_loaders(loader)
+    if len(data_loaders) != 1:
+        raise RuntimeError(
+            f"gwdet cannot seed this detectron2's train loader ({type(loader).__name__}: found "
+            f"{len(data_loaders)} torch DataLoaders inside, expected 1), and its build_detection_train_loader "
+            "has no seed= argument; a reproducible, exactly resumable run needs one or the other. "
+            "gwdet is tested with detectron2 v0.6 and with main (seed= since 2024-02); or set SEED -1 "
+            "to train with an unseeded loader."
+        )
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    data_loaders[0].generator = generator
 
 
 def build_resumable_train_loader(cfg: CfgNode) -> Iterable:
@@ -53,8 +104,15 @@ def build_resumable_train_loader(cfg: CfgNode) -> Iterable:
         # from torch's global generator: a resumed run would do so after the restore, shifting every
         # later torch draw (RPN and ROI sampling) away from the uninterrupted run's. Offset by rank
         # as detectron2's default_setup does, so ranks' workers augment differently.
-        loader_args["seed"] = cfg.SEED + comm.get_rank()
-    loader = build_detection_train_loader(**loader_args)
+        seed = cfg.SEED + comm.get_rank()
+        if loader_accepts_seed():
+            loader_args["seed"] = seed
+            loader = build_detection_train_loader(**loader_args)
+        else:
+            loader = build_detection_train_loader(**loader_args)
+            seed_loader_generator(loader, seed)
+    else:
+        loader = build_detection_train_loader(**loader_args)
     setattr(loader, _SAMPLER_ATTRIBUTE, sampler)
     return loader
 
