@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from gwdet.analysis.conditioning import condition_number, normalized, simulate_activations
-from gwdet.analysis.constraint_report import SMALL_CASES
-from gwdet.analysis.constraints import (
+from gwdet_lab.analysis.conditioning import condition_number, normalized, simulate_activations
+from gwdet_lab.analysis.constraint_report import SMALL_CASES
+from gwdet_lab.analysis.constraints import (
     METHODS,
     constraint_number,
     counting_limit,
@@ -16,7 +16,7 @@ from gwdet.analysis.constraints import (
     is_solvable,
     numerical_constraint_number,
 )
-from gwdet.analysis.cost import relative_cost
+from gwdet_lab.analysis.cost import relative_cost
 
 from conftest import DEMO_CONFIG, REPO, TINY_OPTS
 
@@ -131,4 +131,4 @@ def test_subcommand_writes_its_files(analyze, tmp_path, command):
     for name in expected:
         assert (folder / name).stat().st_size > 0, name
     table = (folder / "table.md").read_text()
-    assert table.startswith("# ") and "|---|" in table
+    assert table.startswith("# ") and "| --- |" in table

@@ -1,118 +1,284 @@
-"""tools/compare_norms.py end to end on two tiny runs, its resume rules, and its pieces."""
-import csv
+"""The norm study (tools/compare_norms.py, gwdet_lab.study): a tiny study end to end with a kill and
+a resume, the recorded-config check, the statistics, batch scaling and the study configs."""
+import json
 import math
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import yaml
 
-from gwdet.study.cli import argument_parser, resolve_specs
-from gwdet.study.run_folder import RunFolder, final_loss, loss_curve, seconds_per_iteration
-from gwdet.study.runner import StudyTrainer, format_duration, plan_runs
-from gwdet.study.runs import RunSpec, check_unique_names, default_runs, parse_config_item, parse_extra
-from gwdet.study.weighing import choose_weight
+from gwdet.engine import build_config
+from gwdet_lab.study import worker
+from gwdet_lab.study.cells import Cell, RunSpec, batch_scaling_opts, paper_specs, parse_extra, study_cells
+from gwdet_lab.study.evaluation import choose_weight
+from gwdet_lab.study.record import ConfigMismatch, comparable_dump, plan
+from gwdet_lab.study.run_folder import RECORD_JSON, RunFolder, final_loss, loss_curve, seconds_per_iteration
+from gwdet_lab.study.stats import paired_difference, t_quantile
+from gwdet_lab.study.report import write_report
+from gwdet_lab.study.scheduler import is_done
+from gwdet_lab.study.summary import summarize
 
 from conftest import REPO, TINY_OPTS
 
-DEMO = REPO / "configs" / "Demo"
-BN_CONFIG = DEMO / "scratch_faster_rcnn_bn_shapes.yaml"
-GN_CONFIG = DEMO / "scratch_faster_rcnn_gn_shapes.yaml"
-OUTPUT_PNGS = ("loss_curves.png", "ap_bars.png")
+STUDY = REPO / "configs" / "Study"
+# The demo-sized overrides, with a test split and a schedule that scales to 1 and 8 images per batch.
+TINY = [*TINY_OPTS, "DATASETS.SHAPES.NUM_TEST", "4", "SOLVER.CHECKPOINT_PERIOD", "2"]
 
 
-def compare_norms(out: Path) -> subprocess.CompletedProcess:
-    command = [sys.executable, str(REPO / "tools" / "compare_norms.py"), "--out", str(out),
-               "--configs", f"bn={BN_CONFIG}", f"gn={GN_CONFIG}", "--example-weights", "0", "1",
-               "--threads", "1",
-               "--opts", *TINY_OPTS]
-    completed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert completed.returncode == 0, (completed.stdout + completed.stderr)[-4000:]
+def compare_norms(out: Path, *arguments: str, check: bool = True, **popen) -> subprocess.CompletedProcess:
+    command = [sys.executable, str(REPO / "tools" / "compare_norms.py"), "--out", str(out), *arguments]
+    completed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, **popen)
+    if check:
+        assert completed.returncode == 0, (completed.stdout + completed.stderr)[-4000:]
     return completed
 
 
-def test_two_runs_end_to_end_then_resume_skips_them(tmp_path):
-    first = compare_norms(tmp_path)
-    assert "[1/2] bn: training (2 iterations)" in first.stdout
-    assert "bn: example weight 1: box AP" in first.stdout
-
-    table = (tmp_path / "table.md").read_text()
-    main_table = table.split("## Inference example weighing")[0]
-    rows = [line for line in main_table.splitlines() if line.startswith(("| bn ", "| gn "))]
-    assert len(rows) == 2, table
-    assert "example weighing (w chosen on val)" in table and "| w=0 | w=1 |" in table
-    with open(tmp_path / "table.csv") as f:
-        records = list(csv.DictReader(f))
-    assert [r["run"] for r in records] == ["bn", "gn"]
-    assert records[0]["ew_weight"] in {"0.0", "1.0"} and records[1]["ew_weight"] == ""
-    assert float(records[0]["box_AP_ew_w0"]) == pytest.approx(float(records[0]["box_AP"]))
-    assert float(records[0]["peak_rss_mb"]) > 100 and float(records[0]["final_loss"]) > 0
-    for png in OUTPUT_PNGS:
-        assert (tmp_path / png).stat().st_size > 1000
-
-    produced = [tmp_path / run / name for run in ("bn", "gn") for name in ("model_final.pth", "results.json")]
-    produced.append(tmp_path / "bn" / "example_weighing.json")
-    mtimes = [p.stat().st_mtime_ns for p in produced]
-    second = compare_norms(tmp_path)
-    assert "[1/2] bn: skipped, already finished" in second.stdout
-    assert "[2/2] gn: skipped, already finished" in second.stdout
-    assert "training" not in second.stdout and "example weight" not in second.stdout
-    assert [p.stat().st_mtime_ns for p in produced] == mtimes
-    assert (tmp_path / "table.md").read_text() == table
+def cells(names):
+    specs = paper_specs("shapes", REPO)
+    configs = [build_config(s.config_file, TINY) for s in specs]
+    return [c for c in study_cells("paper", specs, configs, seeds=(0,)) if c.name in names]
 
 
-def test_interrupted_run_resumes_from_its_checkpoint(tmp_path):
-    (run,) = plan_runs([RunSpec("bn", str(BN_CONFIG))], tmp_path, TINY_OPTS)
-    trainer = StudyTrainer([run], REPO / "tools" / "train_net.py")
-    assert "--resume" not in trainer.command(run, resume=run.folder.has_checkpoint())
-    run.folder.path.mkdir()
-    (run.folder.path / "last_checkpoint").write_text("model_0000099.pth")
-    assert run.folder.has_checkpoint() and not run.folder.is_finished()
-    command = trainer.command(run, resume=run.folder.has_checkpoint())
-    assert "--resume" in command and command[-2:] == ["OUTPUT_DIR", str(tmp_path / "bn")]
+# ---- end to end ------------------------------------------------------------------------------------
 
 
-def test_run_overrides_win_over_common_ones(tmp_path):
-    spec = parse_extra([f"long={BN_CONFIG}", "SOLVER.MAX_ITER", "7", "MODEL.RESNETS.NORM", "GN"])
-    (run,) = plan_runs([spec], tmp_path, ["SOLVER.MAX_ITER", "3", "SOLVER.BASE_LR", "0.5"])
-    assert (run.max_iter, run.cfg.SOLVER.BASE_LR, run.cfg.MODEL.RESNETS.NORM) == (7, 0.5, "GN")
-    assert run.cfg.OUTPUT_DIR == str(tmp_path / "long")
+def test_study_killed_then_resumed_keeps_finished_cells_and_refuses_changed_configs(tmp_path):
+    opts = [*TINY, "SOLVER.MAX_ITER", "6"]  # checkpoints after iterations 2, 4 and 6
+    arguments = ["--study", "paper", "--seeds", "0", "--only", "bn-b2-s0", "gn-b2-s0",
+                 "--example-weights", "0", "1", "--opts", *opts]
+    first = subprocess.Popen([sys.executable, str(REPO / "tools" / "compare_norms.py"), "--out", str(tmp_path),
+                              *arguments], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    bn, gn = RunFolder(tmp_path / "runs" / "bn-b2-s0"), RunFolder(tmp_path / "runs" / "gn-b2-s0")
+    deadline = time.monotonic() + 300
+    # Kill the study once the first cell is complete and the second has a checkpoint.
+    while not (bn.is_complete() and gn.has_checkpoint()) and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    first.send_signal(signal.SIGTERM)  # the study stops its worker too
+    output, _ = first.communicate(timeout=120)
+    assert bn.is_complete(), output
+    assert first.returncode in (0, 130), output
+    assert not gn.is_busy()  # no worker left behind holding the folder
+
+    # Both cells were recorded before anything trained, with the config they resolve to.
+    for folder in (bn, gn):
+        record = json.loads(folder.file(RECORD_JSON).read_text())
+        assert yaml.safe_load(record["config"])["SOLVER"]["MAX_ITER"] == 6
+
+    kept = [bn.file(name) for name in ("model_final.pth", "results.json", "example_weighing.json",
+                                       "batch_statistics.json")]
+    mtimes = [p.stat().st_mtime_ns for p in kept]
+    second = compare_norms(tmp_path, *arguments)
+    assert "[1/2 bn-b2-s0] done, skipped" in second.stdout
+    assert "[2/2 gn-b2-s0] resuming from its last checkpoint" in second.stdout or \
+        "[2/2 gn-b2-s0] done, skipped" in second.stdout  # the kill came after its last iteration
+    assert [p.stat().st_mtime_ns for p in kept] == mtimes
+    assert gn.is_complete()
+
+    report = tmp_path / "paper"
+    table = (report / "table.md").read_text()
+    assert "| BN | 2 | 1 |" in table and "| GN | 2 | 1 |" in table and "## Pending" not in table
+    assert "| GN > BN | 2 | +3.09 |" in table and "fewer than 2 paired seeds" in table  # one seed: no interval
+    weighing = json.loads(bn.file("example_weighing.json").read_text())
+    assert set(weighing["shapes_val"]) == {"0", "1"} and weighing["chosen"] in (0.0, 1.0)
+    assert weighing["shapes_val"]["0"] == json.loads(bn.file("results.json").read_text())["shapes_val"]
+    for name in ("table.csv", "differences.csv", "cells.csv", "ap_bars.png", "loss_curves.png"):
+        assert (report / name).stat().st_size > 100
+
+    # The same cells with another schedule or group count: refused, nothing touched.
+    changed = arguments[:-len(opts) - 1] + ["--opts", *opts, "SOLVER.MAX_ITER", "4", "MODEL.GN.NUM_GROUPS", "4"]
+    refused = compare_norms(tmp_path, *changed, check=False)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "SOLVER.MAX_ITER: recorded 6, requested 4" in refused.stderr
+    assert "MODEL.GN.NUM_GROUPS: recorded 8, requested 4" in refused.stderr
+    assert "training" not in refused.stdout and [p.stat().st_mtime_ns for p in kept] == mtimes
+    assert not (tmp_path / "runs" / "bn-b2-s0.2").exists()
 
 
-def test_bad_override_fails_before_training(tmp_path):
-    with pytest.raises(ValueError, match="Run 'bn'.*SOLVER.NO_SUCH_KEY"):
-        plan_runs([RunSpec("bn", str(BN_CONFIG))], tmp_path, ["SOLVER.NO_SUCH_KEY", "1"])
-    with pytest.raises(FileNotFoundError):
-        plan_runs([RunSpec("x", str(tmp_path / "missing.yaml"))], tmp_path, [])
+# ---- the recorded config -----------------------------------------------------------------------------
 
 
-def test_default_run_sets_are_the_papers_four_configs():
-    for dataset in ("shapes", "coco"):
-        specs = default_runs(dataset, REPO)
-        assert [s.name for s in specs] == ["bn", "bn_gw_s1b2", "gn", "gw"]
-        assert all(Path(s.config_file).is_file() for s in specs)
+def test_plan_records_every_cell_first_and_refuses_a_changed_config(tmp_path):
+    bn, gn = cells({"bn-b2-s0", "gn-b2-s0"})
+    planned = plan([bn, gn], tmp_path, TINY)
+    assert all(p.folder.file(RECORD_JSON).is_file() for p in planned)
+    assert plan([bn, gn], tmp_path, TINY)[0].folder == planned[0].folder  # same config: accepted
+
+    changed = [*TINY, "SOLVER.BASE_LR", "0.5"]
+    with pytest.raises(ConfigMismatch) as refused:
+        plan([bn, gn], tmp_path, changed)
+    message = str(refused.value)
+    assert "bn-b2-s0" in message and "gn-b2-s0" in message
+    assert "SOLVER.BASE_LR: recorded 0.01, requested 0.5" in message
+
+    # With new-folder, the changed config goes beside the recorded one, and finds it again later.
+    moved = plan([bn, gn], tmp_path, changed, on_mismatch="new-folder")
+    assert [p.folder.path.name for p in moved] == ["bn-b2-s0.2", "gn-b2-s0.2"]
+    assert plan([bn], tmp_path, changed, on_mismatch="new-folder")[0].folder.path.name == "bn-b2-s0.2"
+    assert plan([bn], tmp_path, TINY, on_mismatch="new-folder")[0].folder.path.name == "bn-b2-s0"
 
 
-def test_run_selection_arguments():
-    parser = argument_parser()
-    args = parser.parse_args(["--configs", "a.yaml", "x=b.yaml", "--extra", "bgn=a.yaml", "K", "V"])
-    assert [(s.name, s.config_file, s.opts) for s in resolve_specs(args, REPO)] == [
-        ("a", "a.yaml", ()), ("x", "b.yaml", ()), ("bgn", "a.yaml", ("K", "V"))]
-    with pytest.raises(ValueError, match="not both"):
-        resolve_specs(parser.parse_args(["--dataset", "coco", "--configs", "a.yaml"]), REPO)
-    assert resolve_specs(parser.parse_args([]), REPO)[0].config_file == str(BN_CONFIG)
+def test_refused_plan_writes_nothing(tmp_path):
+    (bn,) = cells({"bn-b2-s0"})
+    (gn,) = cells({"gn-b2-s0"})
+    plan([bn], tmp_path, TINY)
+    with pytest.raises(ConfigMismatch):
+        plan([gn, bn], tmp_path, [*TINY, "SOLVER.MAX_ITER", "3"])
+    assert not (tmp_path / "gn-b2-s0").exists()
 
 
-def test_run_spec_validation():
-    assert parse_config_item("configs/x/my_run.yaml").name == "my_run"
+def test_folder_with_training_output_but_no_record_is_refused(tmp_path):
+    (bn,) = cells({"bn-b2-s0"})
+    legacy = tmp_path / "bn-b2-s0"
+    legacy.mkdir()
+    (legacy / "last_checkpoint").write_text("model_0000001.pth")
+    with pytest.raises(ConfigMismatch, match="no study_cell.json: its config is unknown"):
+        plan([bn], tmp_path, TINY)
+
+
+def test_ignored_keys_do_not_count_as_a_difference():
+    cfg = build_config(str(STUDY / "gn.yaml"), [*TINY, "OUTPUT_DIR", "/a", "DATASETS.SHAPES.ROOT", "/x"])
+    other = build_config(str(STUDY / "gn.yaml"), [*TINY, "OUTPUT_DIR", "/b"])
+    assert comparable_dump(cfg) == comparable_dump(other)
+
+
+def test_worker_refuses_a_config_file_edited_after_planning(tmp_path, capsys):
+    config = tmp_path / "gn.yaml"
+    config.write_text(f'_BASE_: "{STUDY / "gn.yaml"}"\n')
+    cell = Cell("gn-b2-s0", "gn", str(config), ("SEED", "0"), 0, 2)
+    (planned,) = plan([cell], tmp_path / "runs", TINY)
+    config.write_text(f'_BASE_: "{STUDY / "gn.yaml"}"\nSOLVER:\n  BASE_LR: 0.002\n')
+    assert worker.run(planned.folder, weights=()) == worker.EXIT_MISMATCH
+    assert "SOLVER.BASE_LR: recorded 0.01, requested 0.002" in capsys.readouterr().out
+    assert not planned.folder.has_training_output()
+
+
+def test_second_worker_on_a_folder_is_turned_away(tmp_path):
+    folder = RunFolder(tmp_path / "cell")
+    with folder.lock():
+        assert folder.is_busy()
+        completed = subprocess.run([sys.executable, "-m", "gwdet_lab.study.worker", str(folder.path)],
+                                   cwd=REPO, capture_output=True, text=True, timeout=120,
+                                   env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert completed.returncode == worker.EXIT_BUSY, completed.stdout + completed.stderr
+        assert "in use by another process" in completed.stdout
+    assert not folder.is_busy()
+
+
+# ---- cells -------------------------------------------------------------------------------------------
+
+
+def test_batch_scaling_keeps_images_seen_and_scales_the_learning_rate():
+    cfg = build_config(str(STUDY / "gn.yaml"), ["SOLVER.MAX_ITER", "6000", "SOLVER.STEPS", "(4800, 5600)",
+                                                "SOLVER.WARMUP_ITERS", "500", "SOLVER.CHECKPOINT_PERIOD", "500",
+                                                "SOLVER.BASE_LR", "0.01"])
+    assert batch_scaling_opts(cfg, 2) == ()
+    assert batch_scaling_opts(cfg, 8) == (
+        "SOLVER.IMS_PER_BATCH", "8", "SOLVER.BASE_LR", "0.04", "SOLVER.MAX_ITER", "1500",
+        "SOLVER.WARMUP_ITERS", "125", "SOLVER.CHECKPOINT_PERIOD", "125", "SOLVER.STEPS", "(1200, 1400)")
+    one = dict(zip(*[iter(batch_scaling_opts(cfg, 1))] * 2))
+    assert (one["SOLVER.BASE_LR"], one["SOLVER.MAX_ITER"], one["SOLVER.STEPS"]) == ("0.005", "12000", "(9600, 11200)")
+    with pytest.raises(ValueError, match="SOLVER.WARMUP_ITERS = 500 .* 3 images"):
+        batch_scaling_opts(cfg, 3)
+
+
+def test_batch_sweep_shares_its_two_image_cells_with_the_paper_study(tmp_path):
+    """The sweep's 2-image cells resolve to exactly the paper study's seed-0 cells, so they are
+    trained once; the others keep the images seen."""
+    sweep_opts = [*TINY, "SOLVER.MAX_ITER", "8", "SOLVER.STEPS", "(4,)", "SOLVER.WARMUP_ITERS", "4",
+                  "SOLVER.CHECKPOINT_PERIOD", "4"]
+    specs = paper_specs("shapes", REPO)
+    configs = [build_config(s.config_file, sweep_opts) for s in specs]
+    paper = study_cells("paper", specs, configs)
+    sweep = study_cells("batch-sweep", specs, configs, batch_sizes=(1, 2, 8))
+    assert [c.name for c in paper[:4]] == ["bn-b2-s0", "bn_gw_s1b2-b2-s0", "gn-b2-s0", "gw-b2-s0"]
+    assert [c.seed for c in paper] == [0] * 4 + [1] * 4 + [2] * 4
+    assert [c.batch_size for c in sweep] == [1] * 4 + [2] * 4 + [8] * 4
+    plan([c for c in paper if c.seed == 0], tmp_path, sweep_opts)
+    shared = plan([c for c in sweep if c.batch_size == 2], tmp_path, sweep_opts)  # no ConfigMismatch
+    assert [p.folder.path.name for p in shared] == [c.name for c in paper[:4]]
+    eight = plan([c for c in sweep if c.batch_size == 8][:1], tmp_path, sweep_opts)[0]
+    assert eight.images == 8 * 2
+    assert (eight.cfg.SOLVER.MAX_ITER, eight.cfg.SOLVER.STEPS, eight.cfg.SOLVER.BASE_LR) == (2, (1,), 0.04)
+
+
+def test_extra_runs_need_key_value_pairs():
+    assert parse_extra(["bgn=a.yaml", "K", "V"]) == RunSpec("bgn", "a.yaml", ("K", "V"))
     with pytest.raises(ValueError, match="NAME=CONFIG"):
         parse_extra(["a.yaml", "K", "V"])
     with pytest.raises(ValueError, match="KEY VALUE"):
         parse_extra(["a=a.yaml", "K"])
     with pytest.raises(ValueError, match="folder"):
-        RunSpec("../up", "a.yaml")
-    with pytest.raises(ValueError, match="Two runs"):
-        check_unique_names([RunSpec("a", "x.yaml"), RunSpec("a", "y.yaml")])
+        Cell("../up", "g", "a.yaml", (), 0, 2)
+
+
+# ---- the study configs ---------------------------------------------------------------------------------
+
+
+def flat_config(path: Path) -> dict:
+    from gwdet_lab.study.record import flatten
+
+    return flatten(yaml.safe_load(comparable_dump(build_config(str(path)))))
+
+
+def test_study_configs_differ_only_in_their_norms():
+    """The four study configs share data, schedule, model size and seed; only norm choices (and
+    what the norm implies, such as a head's name) differ."""
+    configs = {name: flat_config(STUDY / f"{name}.yaml") for name in ("bn", "bn_gw_s1b2", "gn", "gw")}
+    keys = set().union(*configs.values())
+    differing = {k for k in keys if len({repr(c.get(k)) for c in configs.values()}) > 1}
+    allowed = {k for k in differing if "NORM" in k or k.endswith((".GW_POSITIONS", ".NAME"))}
+    assert differing == allowed, sorted(differing - allowed)
+    assert configs["gn"]["SOLVER.IMS_PER_BATCH"] == 2 and configs["gn"]["MODEL.BACKBONE.FREEZE_AT"] == 0
+    assert configs["gn"]["DATASETS.TEST"] == ["shapes_val", "shapes_test"]
+
+
+def test_study_configs_change_only_data_and_schedule_of_their_demo_base():
+    for name in ("bn", "gw"):
+        study = flat_config(STUDY / f"{name}.yaml")
+        demo = flat_config(REPO / "configs" / "Demo" / f"scratch_faster_rcnn_{name}_shapes.yaml")
+        differing = {k for k in set(study) | set(demo) if study.get(k) != demo.get(k)}
+        assert all(k.startswith(("DATASETS.", "DATALOADER.", "SOLVER.", "TEST.", "SEED")) for k in differing), differing
+
+
+# ---- statistics ----------------------------------------------------------------------------------------
+
+
+def test_paired_t_interval_matches_hand_computation():
+    values = {"gw": {0: 30.0, 1: 31.0, 2: 29.5, 3: 40.0}, "gn": {0: 28.0, 1: 28.5, 2: 28.5}}
+    d = paired_difference("gw", "gn", values)
+    # d = 2.0, 2.5, 1.0 (seed 3 has no partner); mean 11/6; sd = sqrt(7/12); t_{0.975, 2} = 4.302653.
+    assert d.seeds == (0, 1, 2) and d.differences == (2.0, 2.5, 1.0)
+    assert d.mean == pytest.approx(11 / 6)
+    assert d.std == pytest.approx(math.sqrt(7 / 12))
+    half = 4.302652729911275 * math.sqrt(7 / 12) / math.sqrt(3)
+    assert (d.low, d.high) == (pytest.approx(11 / 6 - half), pytest.approx(11 / 6 + half))
+    assert (round(d.low, 4), round(d.high, 4)) == (-0.064, 3.7306)
+    assert d.verdict == "cannot resolve"
+
+
+def test_verdicts_and_t_quantiles():
+    assert t_quantile(0.95, 1) == pytest.approx(12.706204736)
+    assert t_quantile(0.95, 4) == pytest.approx(2.776445105)
+    clear = paired_difference("a", "b", {"a": {0: 3.0, 1: 3.2, 2: 3.1}, "b": {0: 1.0, 1: 1.1, 2: 1.0}})
+    assert clear.verdict == "supports" and clear.low > 0
+    reverse = paired_difference("b", "a", {"a": {0: 3.0, 1: 3.2, 2: 3.1}, "b": {0: 1.0, 1: 1.1, 2: 1.0}})
+    assert reverse.verdict == "contradicts" and reverse.high < 0
+    single = paired_difference("a", "b", {"a": {0: 3.0}, "b": {0: 1.0, 1: 2.0}})
+    assert single.mean == 2.0 and single.low is None and single.verdict.startswith("cannot resolve")
+    with_nan = paired_difference("a", "b", {"a": {0: math.nan, 1: 2.0, 2: 3.0}, "b": {0: 1.0, 1: 1.0, 2: 1.0}})
+    assert with_nan.seeds == (1, 2)
+
+
+def test_choose_weight_prefers_best_ap_then_smaller_weight():
+    aps = {"0": 10.0, "0.1": 12.0, "0.5": 12.0, "1": math.nan}
+    assert choose_weight(aps, [0.0, 0.1, 0.5, 1.0]) == 0.1
+    assert choose_weight(aps, [0.0, 1.0]) == 0.0
+    assert choose_weight(aps, [0.25]) is None
 
 
 def test_metrics_of_a_resumed_run(tmp_path):
@@ -129,13 +295,16 @@ def test_metrics_of_a_resumed_run(tmp_path):
     assert final_loss(records) == 1.4 and seconds_per_iteration(records) == 0.6
 
 
-def test_choose_weight_prefers_best_ap_then_smaller_weight():
-    sweep = {"0": {"bbox": {"AP": 10.0}}, "0.1": {"bbox": {"AP": 12.0}}, "0.5": {"bbox": {"AP": 12.0}},
-             "1": {"bbox": {"AP": math.nan}}}
-    assert choose_weight(sweep, [0.0, 0.1, 0.5, 1.0]) == (0.1, 12.0)
-    assert choose_weight(sweep, [0.0, 1.0]) == (0.0, 10.0)
-    assert choose_weight(sweep, [0.25]) is None
-
-
-def test_format_duration():
-    assert [format_duration(s) for s in (7, 65, 3725)] == ["7s", "1m05s", "1h02m05s"]
+def test_a_diverging_run_is_an_outcome_not_a_failure(tmp_path):
+    """A learning rate far too high: the worker records the divergence, the cell counts as done,
+    and the report shows it without averaging a number for it."""
+    (cell,) = cells({"gn-b2-s0"})
+    opts = [*TINY, "SOLVER.MAX_ITER", "4", "SOLVER.BASE_LR", "1e6", "SOLVER.WARMUP_ITERS", "0"]
+    (planned,) = plan([cell], tmp_path / "runs", opts)
+    assert worker.run(planned.folder, weights=()) == 0
+    assert planned.folder.diverged() and planned.folder.is_complete() and is_done(planned, ())
+    result = summarize(planned)
+    assert result.diverged and math.isnan(result.test_ap)
+    write_report("t", [result], [], tmp_path / "report")
+    table = (tmp_path / "report" / "table.md").read_text()
+    assert "| GN | 2 | 1 | 28.19 | – | – | diverged | 1 |" in table

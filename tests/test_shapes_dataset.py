@@ -1,4 +1,5 @@
 """The embedded shapes dataset: deterministic, valid COCO, consistent with its image files."""
+import dataclasses
 import json
 
 import numpy as np
@@ -10,9 +11,10 @@ from pycocotools.coco import COCO
 
 from gwdet import add_gwdet_config
 from gwdet.data import CLASSES, ShapesSpec, check_dataset_files, ensure_generated, register_shapes
-from gwdet.data.shapes import MIN_VISIBLE_AREA, render_image
+from gwdet.data import shapes
+from gwdet.data.shapes import MIN_VISIBLE_AREA, SPEC_JSON, render_image
 
-SPEC = ShapesSpec(image_size=64, num_train=6, num_val=3, seed=3)
+SPEC = ShapesSpec(image_size=64, num_train=6, num_val=3, seed=3, num_test=4)
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +23,7 @@ def folder(tmp_path_factory):
 
 
 def test_json_loads_with_pycocotools_and_matches_images(folder):
-    for split in ("train", "val"):
+    for split in ("train", "val", "test"):
         coco = COCO(str(folder / f"{split}.json"))
         assert len(coco.getImgIds()) == SPEC.num_images(split)
         assert [c["name"] for c in coco.loadCats(coco.getCatIds())] == list(CLASSES)
@@ -61,16 +63,19 @@ def test_registration_through_detectron2(tmp_path):
     cfg = add_gwdet_config(get_cfg())
     cfg.DATASETS.SHAPES.ROOT = str(tmp_path)
     cfg.DATASETS.SHAPES.IMAGE_SIZE, cfg.DATASETS.SHAPES.NUM_TRAIN, cfg.DATASETS.SHAPES.NUM_VAL = 64, 5, 2
+    cfg.DATASETS.SHAPES.NUM_TEST = 3
     register_shapes(cfg)
     records = DatasetCatalog.get("shapes_train")
     assert len(records) == 5
+    assert len(DatasetCatalog.get("shapes_test")) == 3
     assert MetadataCatalog.get("shapes_val").thing_classes == list(CLASSES)
+    assert MetadataCatalog.get("shapes_test").thing_classes == list(CLASSES)
     assert all(isinstance(a["segmentation"], dict) for r in records for a in r["annotations"])
     # A different size re-registers the name onto the new files.
     cfg.DATASETS.SHAPES.NUM_TRAIN = 7
     register_shapes(cfg)
     assert len(DatasetCatalog.get("shapes_train")) == 7
-    check_dataset_files(["shapes_train", "shapes_val"])
+    check_dataset_files(["shapes_train", "shapes_val", "shapes_test"])
 
 
 def test_missing_dataset_path_names_the_path_and_the_fix(tmp_path):
@@ -91,3 +96,63 @@ def test_interrupted_generation_is_redone(tmp_path):
     (target / "train.json").write_text(json.dumps({"partial": True}))  # no val.json: incomplete
     folder = ensure_generated(SPEC, tmp_path)
     assert "images" in json.loads((folder / "train.json").read_text())
+
+
+def _pixels(folder, split):
+    coco = json.loads((folder / f"{split}.json").read_text())
+    return [np.asarray(Image.open(folder / split / image["file_name"])) for image in coco["images"]]
+
+
+def test_test_split_holds_other_images_than_val_and_train(folder):
+    """The held-out split draws from its own random stream: no test image repeats a val or train
+    image, although all three are generated with the same seed and the same image indices."""
+    test, val, train = _pixels(folder, "test"), _pixels(folder, "val"), _pixels(folder, "train")
+    assert len(test) == SPEC.num_test
+    for image in test:
+        assert not any(np.array_equal(image, other) for other in val + train)
+    # Same index, same seed, another split: other shapes, other annotations.
+    coco_val = json.loads((folder / "val.json").read_text())
+    coco_test = json.loads((folder / "test.json").read_text())
+    first = lambda coco: [a["bbox"] for a in coco["annotations"] if a["image_id"] == 1]  # noqa: E731
+    assert first(coco_val) != first(coco_test)
+
+
+def test_val_and_train_images_do_not_depend_on_the_other_splits_sizes(tmp_path):
+    """Adding a test split (or more train images) leaves every existing val and train image as it
+    was: an image depends only on (seed, split, index)."""
+    small = ensure_generated(ShapesSpec(64, num_train=2, num_val=2, seed=3, num_test=1), tmp_path)
+    large = ensure_generated(ShapesSpec(64, num_train=3, num_val=2, seed=3, num_test=5), tmp_path)
+    for split in ("train", "val"):
+        for a, b in zip(_pixels(small, split), _pixels(large, split)):
+            assert np.array_equal(a, b)
+
+
+def test_cache_key_changes_with_every_generator_parameter(monkeypatch):
+    base = ShapesSpec(image_size=64, num_train=6, num_val=3, seed=3, num_test=4)
+    names = {base.folder_name()}
+    for field in dataclasses.fields(ShapesSpec):
+        changed = dataclasses.replace(base, **{field.name: getattr(base, field.name) + 1})
+        names.add(changed.folder_name())
+    assert len(names) == 1 + len(dataclasses.fields(ShapesSpec))
+    # Constants of the drawing code are part of the key too.
+    for constant in ("GENERATOR_VERSION", "MIN_VISIBLE_AREA", "MAX_SHAPES_PER_IMAGE"):
+        with monkeypatch.context() as patch:
+            patch.setattr(shapes, constant, getattr(shapes, constant) + 1)
+            assert base.folder_name() not in names
+
+
+def test_cache_folder_with_other_parameters_is_regenerated_not_reused(tmp_path, monkeypatch):
+    """A folder named like the spec's cache folder but recording other parameters (e.g. written by
+    older drawing code before GENERATOR_VERSION was bumped) is replaced."""
+    spec = ShapesSpec(image_size=64, num_train=2, num_val=2, seed=5, num_test=2)
+    folder = ensure_generated(spec, tmp_path)
+    recorded = json.loads((folder / SPEC_JSON).read_text())
+    assert recorded == spec.parameters()
+    stale = {**recorded, "generator_version": recorded["generator_version"] - 1}
+    (folder / SPEC_JSON).write_text(json.dumps(stale))
+    (folder / "val.json").write_text(json.dumps({"stale": True}))
+    again = ensure_generated(spec, tmp_path)
+    assert again == folder
+    assert json.loads((again / SPEC_JSON).read_text()) == spec.parameters()
+    assert "images" in json.loads((again / "val.json").read_text())
+

@@ -8,7 +8,7 @@
 
 Every subcommand writes ``<out>/<subcommand>/*.png`` and ``<out>/<subcommand>/table.md``
 (``--out``, default ``output/analysis``) and prints the files. Trailing ``KEY VALUE`` pairs
-override the config (constraints, propagation). The work is done in :mod:`gwdet.analysis`;
+override the config (constraints, propagation). The work is done in :mod:`gwdet_lab.analysis`;
 ``docs/analysis/README.md`` has the commands behind the committed examples.
 """
 from __future__ import annotations
@@ -101,24 +101,24 @@ def run(args: argparse.Namespace) -> list[Path]:
         torch.set_num_threads(args.threads)
 
     if args.command == "conditioning":
-        from gwdet.analysis.conditioning import ConditioningSetting, run_conditioning
+        from gwdet_lab.analysis.conditioning import ConditioningSetting, run_conditioning
 
         setting = ConditioningSetting(
             args.dim, args.samples, args.depths, args.activations, args.groups, args.percents, args.seeds, args.T
         )
         return run_conditioning(args.out, setting)
     if args.command == "constraints":
-        from gwdet.analysis.constraint_report import ConstraintSetting, run_constraints
+        from gwdet_lab.analysis.constraint_report import ConstraintSetting, run_constraints
         from gwdet.engine import build_config
 
         cfg = build_config(args.config, [*args.opts, "MODEL.DEVICE", "cpu"]) if args.config else None
         setting = ConstraintSetting(args.d, args.m, args.g, args.N, args.k)
         return run_constraints(args.out, setting, cfg, args.config, args.input_size)
     if args.command == "propagation":
-        from gwdet.analysis.propagation import run_propagation
+        from gwdet_lab.analysis.propagation import run_propagation
 
         return run_propagation(args.out, args.config, args.norms, args.opts, args.seed)
-    from gwdet.analysis.capacity import QUICK_CAPACITY, CapacitySetting, run_capacity
+    from gwdet_lab.analysis.capacity import QUICK_CAPACITY, CapacitySetting, run_capacity
 
     overrides = {
         "width": args.width,

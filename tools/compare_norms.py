@@ -1,21 +1,25 @@
 #!/usr/bin/env python
 """Compare norms on small-batch detection trained from scratch (group_whitening_huang2021, end of
-Sec. 5.2): train several configs with the same schedule, seed and data, evaluate each with
-COCOEvaluator, and write tables and plots into one folder.
+Sec. 5.2): BN, BN + GW at S1-B2, GN and GW over seeds and batch sizes, with paired confidence
+intervals, example weighing and batch norm's train/test gap. The lab package gwdet_lab.study
+does the work; this file only makes it runnable from a checkout.
 
-    python tools/compare_norms.py                        # BN, BN+GW S1-B2, GN, GW on shapes (CPU)
-    python tools/compare_norms.py --out output/study --opts SOLVER.MAX_ITER 300
-    python tools/compare_norms.py --dataset coco --num-gpus 8
-    python tools/compare_norms.py --extra bgn=configs/Demo/scratch_faster_rcnn_bn_shapes.yaml \\
-        MODEL.RESNETS.NORM BGN MODEL.FPN.NORM BGN MODEL.ROI_BOX_HEAD.NORM BGN
+    python tools/compare_norms.py --study paper                 # the four configurations x seeds 0, 1, 2
+    python tools/compare_norms.py --study batch-sweep --jobs 2  # x 1, 2, 4, 8 images per batch
+    python tools/compare_norms.py --study paper --only gn-b2-s1 # one cell
 
-Running the same command again resumes: finished runs are skipped, an interrupted run continues
-from its last checkpoint. See ``--help`` and :mod:`gwdet.study`.
+Running the same command again resumes: finished cells are skipped, an interrupted one continues
+from its last checkpoint, and a cell whose config differs from the recorded one is refused.
+See ``--help`` and docs/study/README.md.
 """
 import sys
 from pathlib import Path
 
-from gwdet.study.cli import main
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # gwdet_lab beside gwdet, also when only gwdet is installed
+
+from gwdet_lab.study.cli import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(repo_root=Path(__file__).resolve().parents[1]))
+    sys.exit(main(repo_root=REPO))

@@ -18,7 +18,7 @@ COCO_LAYOUT_HINT = (
     "For COCO, set DETECTRON2_DATASETS to the folder that holds coco/, laid out as "
     "coco/annotations/instances_{train,val}2017.json and coco/{train,val}2017/*.jpg. "
     "To run without COCO, use the embedded dataset: DATASETS.TRAIN ('shapes_train',) "
-    "DATASETS.TEST ('shapes_val',)."
+    "DATASETS.TEST ('shapes_val',) (or 'shapes_test', its held-out split)."
 )
 
 

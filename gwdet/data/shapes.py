@@ -6,18 +6,26 @@ painted in order, so later ones occlude earlier ones; every annotation is the *v
 shape (RLE mask, tight box, area), and shapes hidden below ``MIN_VISIBLE_AREA`` pixels are dropped.
 
 Images are written as PNG files and annotations as COCO json (``INPUT.MASK_FORMAT: "bitmask"``),
-generated once into a cache folder keyed by size and seed, and registered through detectron2's
-``register_coco_instances`` as ``shapes_train`` and ``shapes_val``. Generation depends only on
-(seed, split, image index), so two machines produce identical files.
+generated once into a cache folder and registered through detectron2's ``register_coco_instances``
+as ``shapes_train``, ``shapes_val`` and ``shapes_test``. An image depends only on (seed, split,
+image index): each split draws from its own random stream (the split's position in ``SPLITS`` is
+part of the generator's seed), so the held-out test split never repeats a val or train image, and
+two machines produce identical files.
+
+The cache folder's name holds every generator parameter (:meth:`ShapesSpec.cache_key`: image size,
+images per split, seed, and ``GENERATOR_VERSION``, bumped whenever the drawing code changes what
+it draws), and the folder records them in ``spec.json``; a folder whose record differs is
+regenerated, never reused.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,9 +36,14 @@ from detectron2.data.datasets import register_coco_instances
 from PIL import Image, ImageDraw
 
 CLASSES = ("circle", "square", "triangle", "star")
-SPLITS = ("train", "val")
+# Order matters: a split's index here seeds its random stream (train 0, val 1, test 2).
+SPLITS = ("train", "val", "test")
 MIN_VISIBLE_AREA = 16
 MAX_SHAPES_PER_IMAGE = 6
+# Bump when a change of the drawing code changes the images or annotations it produces: the
+# version is part of the cache key, so caches drawn by older code are not reused.
+GENERATOR_VERSION = 1
+SPEC_JSON = "spec.json"
 
 
 @dataclass(frozen=True)
@@ -41,17 +54,37 @@ class ShapesSpec:
     num_train: int = 200
     num_val: int = 50
     seed: int = 0
+    num_test: int = 50
 
     def num_images(self, split: str) -> int:
-        return {"train": self.num_train, "val": self.num_val}[split]
+        return {"train": self.num_train, "val": self.num_val, "test": self.num_test}[split]
+
+    def parameters(self) -> dict:
+        """Everything the generated files depend on: this spec plus the generator's constants."""
+        return {
+            **asdict(self),
+            "generator_version": GENERATOR_VERSION,
+            "splits": list(SPLITS),
+            "classes": list(CLASSES),
+            "min_visible_area": MIN_VISIBLE_AREA,
+            "max_shapes_per_image": MAX_SHAPES_PER_IMAGE,
+        }
+
+    def cache_key(self) -> str:
+        """A short hash of :meth:`parameters` (any change of any parameter changes it)."""
+        text = json.dumps(self.parameters(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:10]
 
     def folder_name(self) -> str:
-        return f"shapes_s{self.image_size}_n{self.num_train}-{self.num_val}_seed{self.seed}"
+        """Readable parameters plus :meth:`cache_key`, e.g. ``shapes_s128_n400-50-50_seed0_<hash>``."""
+        counts = "-".join(str(self.num_images(split)) for split in SPLITS)
+        return f"shapes_s{self.image_size}_n{counts}_seed{self.seed}_{self.cache_key()}"
 
     @classmethod
     def from_config(cls, cfg: CfgNode) -> "ShapesSpec":
         shapes = cfg.DATASETS.SHAPES
-        return cls(shapes.IMAGE_SIZE, shapes.NUM_TRAIN, shapes.NUM_VAL, shapes.SEED)
+        return cls(image_size=shapes.IMAGE_SIZE, num_train=shapes.NUM_TRAIN, num_val=shapes.NUM_VAL,
+                   seed=shapes.SEED, num_test=shapes.NUM_TEST)
 
 
 def default_cache_root() -> Path:
@@ -170,26 +203,38 @@ def write_split(spec: ShapesSpec, split: str, out_dir: Path) -> None:
     (out_dir / f"{split}.json").write_text(json.dumps(coco))
 
 
-def _is_complete(folder: Path) -> bool:
-    return all((folder / f"{split}.json").is_file() for split in SPLITS)
+def _is_complete(folder: Path, spec: ShapesSpec) -> bool:
+    """Every split's json is there and ``spec.json`` (written last) records ``spec``'s parameters."""
+    record = folder / SPEC_JSON
+    if not record.is_file() or not all((folder / f"{split}.json").is_file() for split in SPLITS):
+        return False
+    try:
+        return json.loads(record.read_text()) == spec.parameters()
+    except json.JSONDecodeError:
+        return False
 
 
 def ensure_generated(spec: ShapesSpec, root: Path | None = None) -> Path:
-    """Generate the dataset once (atomically: a temp folder renamed into place); return its folder."""
+    """Generate the dataset once (atomically: a temp folder renamed into place); return its folder.
+
+    A folder of the same name whose ``spec.json`` is missing or records other parameters (an
+    interrupted or older generation) is replaced.
+    """
     root = Path(root) if root else default_cache_root()
     target = root / spec.folder_name()
-    if _is_complete(target):
+    if _is_complete(target, spec):
         return target
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
     try:
         for split in SPLITS:
             write_split(spec, split, staging)
-        shutil.rmtree(target, ignore_errors=True)  # what an interrupted older version left
+        (staging / SPEC_JSON).write_text(json.dumps(spec.parameters(), sort_keys=True, indent=1))
+        shutil.rmtree(target, ignore_errors=True)  # what an interrupted or older version left
         try:
             os.replace(staging, target)
         except OSError:
-            if not _is_complete(target):  # not just another process finishing first
+            if not _is_complete(target, spec):  # not just another process finishing first
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)

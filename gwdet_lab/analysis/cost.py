@@ -21,11 +21,13 @@ from detectron2.structures import BitMasks, Boxes, Instances
 from detectron2.utils.events import EventStorage
 
 from gwdet.layers import GroupWhitening
+from gwdet.layers.cost import group_whitening_macs, group_whitening_relative_cost
 
 
 def relative_cost(d: int, g: int, height: int, width: int, T: int) -> float:
-    """``2g / (9d) + T g^3 / (9 HW d^2)``: GW (ItN, T iterations) over a 3x3 d -> d convolution."""
-    return 2 * g / (9 * d) + T * g**3 / (9 * height * width * d**2)
+    """``2g / (9d) + T g^3 / (9 HW d^2)``: GW (ItN, T iterations) over a 3x3 d -> d convolution
+    (the plugin's formula, :func:`gwdet.layers.cost.group_whitening_relative_cost`)."""
+    return group_whitening_relative_cost((1, d, height, width), g, T)
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ class GWLayerCost:
     @property
     def mega_ops_per_sample(self) -> float:
         """``(2 HW d g + T g^3) / 10^6`` multiply-adds per sample (image, or ROI in the heads)."""
-        return (2 * self.height * self.width * self.d * self.g + self.T * self.g**3) / 1e6
+        return group_whitening_macs((1, self.d, self.height, self.width), self.g, self.T) / 1e6
 
 
 def dummy_training_batch(height: int, width: int, mask_on: bool) -> list[dict]:

@@ -12,7 +12,7 @@ from typing import Sequence
 
 from detectron2.config import CfgNode
 
-from gwdet.analysis.constraints import (
+from gwdet_lab.analysis.constraints import (
     METHODS,
     constraint_number,
     counting_limit,
@@ -22,9 +22,9 @@ from gwdet.analysis.constraints import (
     numerical_constraint_number,
     solvable_limit,
 )
-from gwdet.analysis.cost import GWLayerCost, gw_layer_costs
-from gwdet.analysis.plotting import Curve, Panel, part_ticks, save_figure
-from gwdet.analysis.report import display_path, markdown_table, output_folder, write_markdown
+from gwdet_lab.analysis.cost import GWLayerCost, gw_layer_costs
+from gwdet_lab.analysis.plotting import Curve, Panel, part_ticks, save_figure
+from gwdet_lab.analysis.report import display_path, markdown_table, output_folder, write_markdown
 
 # (method, d, m, g, k) checked numerically: small sizes inside the solvable range, plus one BW and
 # one GW case that pass Table 1's counting range but have no solution (residual far from 0).
@@ -82,7 +82,7 @@ def table1_section(s: ConstraintSetting) -> str:
     note = (
         f"d={s.d}, m={s.m}, g={s.g} (GN/GW), N={s.N}. Table 1 range: Eq. 12, zeta(phi; X) <= md. "
         "Solvable range: where the constraint system has a solution at all (BW needs m >= k+1, "
-        "GW needs g(g+1) <= d); see gwdet/analysis/constraints.py."
+        "GW needs g(g+1) <= d); see gwdet_lab/analysis/constraints.py."
     )
     return markdown_table(headers, rows) + "\n\n" + note
 

@@ -24,9 +24,9 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from gwdet.analysis.normalizers import GROUPED_KINDS, make_norm
-from gwdet.analysis.plotting import Curve, Panel, save_figure
-from gwdet.analysis.report import markdown_table, output_folder, write_markdown
+from gwdet_lab.analysis.normalizers import GROUPED_KINDS, make_norm
+from gwdet_lab.analysis.plotting import Curve, Panel, save_figure
+from gwdet_lab.analysis.report import markdown_table, output_folder, write_markdown
 
 ACTIVATIONS = {"relu": torch.relu, "linear": lambda x: x, "tanh": torch.tanh}
 REFERENCE_KINDS = ("none", "BN", "BW")

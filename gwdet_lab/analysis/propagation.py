@@ -30,8 +30,8 @@ from detectron2.utils.env import seed_all_rng
 from detectron2.utils.events import EventStorage
 from torch import Tensor, nn
 
-from gwdet.analysis.plotting import Curve, Panel, part_ticks, save_figure
-from gwdet.analysis.report import display_path, markdown_table, output_folder, write_markdown
+from gwdet_lab.analysis.plotting import Curve, Panel, part_ticks, save_figure
+from gwdet_lab.analysis.report import display_path, markdown_table, output_folder, write_markdown
 from gwdet.config_checks import NORM_KEYS
 from gwdet.data import prepare_datasets
 from gwdet.engine import build_config

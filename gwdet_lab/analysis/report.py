@@ -5,6 +5,8 @@ import math
 from pathlib import Path
 from typing import Sequence
 
+from gwdet_lab.reporting import Column, Table
+
 TABLE_FILE = "table.md"
 
 
@@ -22,10 +24,10 @@ def format_number(value: float | int | str, digits: int = 4) -> str:
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[float | int | str]]) -> str:
-    """A GitHub-flavoured markdown table (without a trailing newline)."""
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(format_number(value) for value in row) + " |" for row in rows]
-    return "\n".join(lines)
+    """A GitHub-flavoured markdown table (without a trailing newline) of positional rows, numbers
+    shown by :func:`format_number`: :class:`gwdet_lab.reporting.Table` with one column per header."""
+    columns = [Column(str(index), header, format_number) for index, header in enumerate(headers)]
+    return Table(columns, [{str(index): value for index, value in enumerate(row)} for row in rows]).markdown()
 
 
 def display_path(path: str | Path) -> str:

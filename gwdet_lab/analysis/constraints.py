@@ -33,7 +33,7 @@ import math
 import torch
 from torch import Tensor
 
-from gwdet.analysis.normalizers import make_norm
+from gwdet_lab.analysis.normalizers import make_norm
 
 METHODS = ("BN", "BW", "GN", "GW")
 

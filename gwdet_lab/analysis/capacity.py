@@ -25,9 +25,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from gwdet.analysis.normalizers import make_norm, norm_label
-from gwdet.analysis.plotting import Curve, Panel, save_figure
-from gwdet.analysis.report import markdown_table, output_folder, write_markdown
+from gwdet_lab.analysis.normalizers import make_norm, norm_label
+from gwdet_lab.analysis.plotting import Curve, Panel, save_figure
+from gwdet_lab.analysis.report import markdown_table, output_folder, write_markdown
 
 NUM_CLASSES = 10
 

@@ -1,0 +1,193 @@
+"""Which runs ("cells") a study trains: a norm configuration at a batch size and a seed.
+
+group_whitening_huang2021 (end of Sec. 5.2) trains Faster R-CNN from scratch at 2 images per GPU
+with four norm configurations: all BN, BN + GW at S1-B2, all GN and all GW. The named studies:
+
+* ``paper``: those four at the configs' batch size (2) with seeds 0, 1, 2;
+* ``batch-sweep``: the four at 1, 2, 4 and 8 images per batch, seed 0, with the number of images
+  seen held fixed and the learning rate scaled linearly (:func:`batch_scaling_opts`), as in the
+  Group Normalization paper's Fig. 1, for detection.
+
+A cell's name is ``<group>-b<batch>-s<seed>`` and names its folder, so a cell two studies share
+(the batch sweep's 2-image cells at seed 0 are the paper study's) is trained once. Custom run
+sets (``--configs``, ``--extra``) are cells too, one per config and seed.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from detectron2.config import CfgNode
+
+PAPER_GROUPS = ("bn", "bn_gw_s1b2", "gn", "gw")
+GROUP_LABELS = {"bn": "BN", "bn_gw_s1b2": "BN+GW S1-B2", "gn": "GN", "gw": "GW"}
+# Box AP of the paper's from-scratch runs at 2 images per GPU (COCO, Faster R-CNN R-50-FPN, 3x).
+PAPER_AP = {"bn": 25.10, "bn_gw_s1b2": 28.37, "gn": 28.19, "gw": 28.79}
+# The orderings the paper's numbers state, as (better, worse) pairs.
+PAPER_ORDERINGS = (("bn_gw_s1b2", "bn"), ("gn", "bn"), ("gw", "gn"), ("gw", "bn_gw_s1b2"))
+CONFIG_PATTERNS = {
+    "shapes": "configs/Study/{group}.yaml",
+    "coco": "configs/Scratch/faster_rcnn_R_50_FPN_{group}.yaml",
+}
+STUDIES = ("paper", "batch-sweep")
+DEFAULT_SEEDS = {"paper": (0, 1, 2), "batch-sweep": (0,)}
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8)
+# Solver keys counted in iterations: scaled by (config batch / cell batch) to keep images fixed.
+ITERATION_KEYS = ("MAX_ITER", "WARMUP_ITERS", "CHECKPOINT_PERIOD")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run: its ``name`` (folder and table row), the ``group`` it is averaged in (a norm
+    configuration), its config file and overrides, and the seed and batch size they give."""
+
+    name: str
+    group: str
+    config_file: str
+    opts: tuple[str, ...]
+    seed: int
+    batch_size: int
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise ValueError(
+                f"Run name {self.name!r} must start with a letter or digit and hold only letters, "
+                "digits and _ . + - (it names a folder)."
+            )
+        if len(self.opts) % 2:
+            raise ValueError(f"Run {self.name!r}: overrides must be KEY VALUE pairs, got {list(self.opts)}")
+
+    @property
+    def label(self) -> str:
+        return GROUP_LABELS.get(self.group, self.group)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """A named config with overrides of its own, before seeds and batch sizes make cells of it."""
+
+    name: str
+    config_file: str
+    opts: tuple[str, ...] = ()
+
+
+def cell_name(group: str, batch_size: int, seed: int) -> str:
+    return f"{group}-b{batch_size}-s{seed}"
+
+
+def paper_specs(dataset: str, repo_root: Path) -> list[RunSpec]:
+    """The paper's four configurations on ``dataset`` ("shapes": configs/Study, "coco": configs/Scratch)."""
+    if dataset not in CONFIG_PATTERNS:
+        raise ValueError(f"Unknown dataset {dataset!r}; choose one of {', '.join(CONFIG_PATTERNS)}.")
+    pattern = CONFIG_PATTERNS[dataset]
+    return [RunSpec(group, str(repo_root / pattern.format(group=group))) for group in PAPER_GROUPS]
+
+
+def batch_scaling_opts(cfg: CfgNode, batch_size: int) -> tuple[str, ...]:
+    """Overrides that train ``cfg`` at ``batch_size`` images per batch on the same number of images
+    with the learning rate scaled linearly: iteration counts (``MAX_ITER``, ``STEPS``,
+    ``WARMUP_ITERS``, ``CHECKPOINT_PERIOD``, ``TEST.EVAL_PERIOD``) times ``B / batch_size`` and
+    ``BASE_LR`` times ``batch_size / B``, where B is ``cfg``'s batch. Empty at B itself, so that
+    cell's config is the config's own. ``ValueError`` when a count does not scale to an integer."""
+    base = int(cfg.SOLVER.IMS_PER_BATCH)
+    if batch_size == base:
+        return ()
+    if batch_size < 1:
+        raise ValueError(f"Batch size must be at least 1, got {batch_size}.")
+
+    def scaled(key: str, iterations: int) -> int:
+        images = iterations * base
+        if images % batch_size:
+            raise ValueError(
+                f"{key} = {iterations} iterations of {base} images is not a whole number of "
+                f"iterations of {batch_size} images; pick a schedule divisible by both."
+            )
+        return images // batch_size
+
+    opts = ["SOLVER.IMS_PER_BATCH", str(batch_size), "SOLVER.BASE_LR", repr(cfg.SOLVER.BASE_LR * batch_size / base)]
+    for key in ITERATION_KEYS:
+        opts += [f"SOLVER.{key}", str(scaled(f"SOLVER.{key}", int(cfg.SOLVER[key])))]
+    steps = tuple(scaled("SOLVER.STEPS", int(step)) for step in cfg.SOLVER.STEPS)
+    opts += ["SOLVER.STEPS", repr(steps)]
+    if cfg.TEST.EVAL_PERIOD:
+        opts += ["TEST.EVAL_PERIOD", str(scaled("TEST.EVAL_PERIOD", int(cfg.TEST.EVAL_PERIOD)))]
+    return tuple(opts)
+
+
+def seed_opts(seed: int) -> tuple[str, ...]:
+    return ("SEED", str(seed))
+
+
+def study_cells(
+    study: str,
+    specs: Sequence[RunSpec],
+    base_configs: Sequence[CfgNode],
+    seeds: Sequence[int] | None = None,
+    batch_sizes: Sequence[int] | None = None,
+) -> list[Cell]:
+    """The cells of ``study`` over ``specs`` (``base_configs[i]`` is ``specs[i]`` resolved with
+    the common overrides; it gives the batch size and the schedule to scale).
+
+    ``paper``: every spec at its own batch size, seed-major (all four norms of seed 0 first);
+    ``batch-sweep``: every spec at every batch size, batch-major; ``custom``: every spec at every
+    seed in ``seeds``, or once at its config's own seed when ``seeds`` is ``None``.
+    """
+    cells = []
+    if study == "paper":
+        for seed in seeds if seeds is not None else DEFAULT_SEEDS["paper"]:
+            for spec, cfg in zip(specs, base_configs):
+                batch = int(cfg.SOLVER.IMS_PER_BATCH)
+                cells.append(Cell(cell_name(spec.name, batch, seed), spec.name, spec.config_file,
+                                  (*spec.opts, *seed_opts(seed)), seed, batch))
+    elif study == "batch-sweep":
+        for batch in batch_sizes or DEFAULT_BATCH_SIZES:
+            for seed in seeds if seeds is not None else DEFAULT_SEEDS["batch-sweep"]:
+                for spec, cfg in zip(specs, base_configs):
+                    cells.append(Cell(cell_name(spec.name, batch, seed), spec.name, spec.config_file,
+                                      (*spec.opts, *batch_scaling_opts(cfg, batch), *seed_opts(seed)),
+                                      seed, batch))
+    elif study == "custom":
+        for spec, cfg in zip(specs, base_configs):
+            batch = int(cfg.SOLVER.IMS_PER_BATCH)
+            if seeds is None:
+                cells.append(Cell(spec.name, spec.name, spec.config_file, spec.opts, int(cfg.SEED), batch))
+            else:
+                cells += [Cell(f"{spec.name}-s{seed}", spec.name, spec.config_file,
+                               (*spec.opts, *seed_opts(seed)), seed, batch) for seed in seeds]
+    else:
+        raise ValueError(f"Unknown study {study!r}; choose one of {', '.join(STUDIES)}.")
+    check_unique_names(cells)
+    return cells
+
+
+def parse_config_item(item: str) -> RunSpec:
+    """``"NAME=path.yaml"``, or ``"path.yaml"`` named after the file (without ``.yaml``)."""
+    name, sep, path = item.partition("=")
+    if not sep:
+        name, path = Path(item).stem, item
+    return RunSpec(name, path)
+
+
+def parse_extra(tokens: Sequence[str]) -> RunSpec:
+    """``["NAME=CONFIG", KEY, VALUE, ...]``: a run with overrides of its own, e.g. a BGN run
+
+    ``bgn=configs/Study/bn.yaml MODEL.RESNETS.NORM BGN``.
+    """
+    if not tokens or "=" not in tokens[0]:
+        raise ValueError(f"--extra takes NAME=CONFIG [KEY VALUE ...], got {list(tokens)}")
+    if len(tokens[1:]) % 2:
+        raise ValueError(f"--extra {tokens[0]}: overrides must be KEY VALUE pairs, got {list(tokens[1:])}")
+    spec = parse_config_item(tokens[0])
+    return RunSpec(spec.name, spec.config_file, tuple(tokens[1:]))
+
+
+def check_unique_names(items: Iterable[Cell | RunSpec]) -> None:
+    """``ValueError`` naming any name used twice (two runs cannot share a folder)."""
+    seen: set[str] = set()
+    for item in items:
+        if item.name in seen:
+            raise ValueError(f"Two runs are named {item.name!r}; name them apart with NAME=CONFIG.")
+        seen.add(item.name)

@@ -1,0 +1,213 @@
+"""Command line of ``tools/compare_norms.py`` (also ``python -m gwdet_lab.study``).
+
+Steps: build the study's cells (:mod:`gwdet_lab.study.cells`); resolve each one's config, check it
+against its folder's record and record the new ones (:mod:`gwdet_lab.study.record`; a mismatch
+stops here, before anything trains); prepare the datasets; run the cells that are not done,
+``--jobs`` at a time (:mod:`gwdet_lab.study.scheduler`); write the report of every finished cell
+(:mod:`gwdet_lab.study.report`). Cells live in ``<out>/runs/<cell>``, reports in
+``<out>/<study>/``, so studies sharing a cell (same name, same config) train it once.
+
+Exit status: 0 when every cell is done, 1 when some failed or are pending (busy in another
+process), 2 for bad arguments or a config that differs from a recorded one, 130 when interrupted
+(Ctrl-C or SIGTERM; run the same command again to resume).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import signal
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from gwdet.data import prepare_datasets
+from gwdet.engine import build_config
+from gwdet_lab.study.cells import (
+    CONFIG_PATTERNS,
+    DEFAULT_BATCH_SIZES,
+    STUDIES,
+    Cell,
+    RunSpec,
+    check_unique_names,
+    paper_specs,
+    parse_config_item,
+    parse_extra,
+    study_cells,
+)
+from gwdet_lab.study.evaluation import PAPER_WEIGHTS
+from gwdet_lab.study.record import ON_MISMATCH, ConfigMismatch, PlannedCell, plan
+from gwdet_lab.study.report import write_report
+from gwdet_lab.study.scheduler import Scheduler, is_done
+from gwdet_lab.study.summary import display_path, summarize, train_command
+
+DEFAULT_OUT = "output/study"
+RUNS_FOLDER = "runs"
+TITLES = {
+    "paper": "From-scratch small-batch study: the paper's four configurations at 2 images per batch",
+    "batch-sweep": "Batch-size sweep: box AP against images per batch, images seen held fixed",
+    "custom": "Norm comparison",
+}
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="compare_norms.py",
+        description="Train norm configurations from scratch over seeds and batch sizes, evaluate each "
+                    "with COCOEvaluator, and report means, paired confidence intervals and plots. "
+                    "Re-running resumes; a config that differs from a recorded run is refused.",
+        epilog=(
+            "examples:\n"
+            "  compare_norms.py --study paper                       # BN, BN+GW, GN, GW x seeds 0,1,2\n"
+            "  compare_norms.py --study batch-sweep --jobs 2        # the four x 1,2,4,8 images per batch\n"
+            "  compare_norms.py --study paper --only gn-b2-s1       # one cell\n"
+            "  compare_norms.py --study paper --list                # cells, their state and commands\n"
+            "  compare_norms.py --configs gn=configs/Study/gn.yaml --extra bgn=configs/Study/bn.yaml \\\n"
+            "      MODEL.RESNETS.NORM BGN MODEL.FPN.NORM BGN MODEL.ROI_BOX_HEAD.NORM BGN --seeds 0 1"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    runs = parser.add_argument_group("what to run")
+    runs.add_argument("--study", choices=STUDIES, default=None,
+                      help="a named study: 'paper' (the four configurations x --seeds, default 0 1 2) or "
+                           "'batch-sweep' (the four x --batch-sizes, default 1 2 4 8, seed 0)")
+    runs.add_argument("--dataset", choices=sorted(CONFIG_PATTERNS), default="shapes",
+                      help="configs of the named studies: configs/Study (shapes, default) or "
+                           "configs/Scratch (COCO; needs DETECTRON2_DATASETS)")
+    runs.add_argument("--configs", nargs="+", metavar="[NAME=]CONFIG",
+                      help="a custom set of configurations instead of a named study")
+    runs.add_argument("--extra", nargs="+", action="append", default=[], metavar="ARG",
+                      help="NAME=CONFIG [KEY VALUE ...]: add a configuration with overrides of its own "
+                           "(repeatable)")
+    runs.add_argument("--seeds", nargs="+", type=int, default=None, help="seeds (SEED) of every configuration")
+    runs.add_argument("--batch-sizes", nargs="+", type=int, default=None,
+                      help=f"batch-sweep: images per batch (default {' '.join(map(str, DEFAULT_BATCH_SIZES))})")
+    runs.add_argument("--opts", nargs="+", default=[], metavar="KEY VALUE",
+                      help="config overrides applied to every cell (they become part of its recorded config)")
+    runs.add_argument("--only", nargs="+", metavar="CELL", help="run only these cells (names as --list shows)")
+    parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
+    parser.add_argument("--jobs", type=int, default=1, help="cells trained side by side (default 1)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="CPU threads per cell (OMP_NUM_THREADS and torch.set_num_threads; default 1); "
+                             "0 keeps PyTorch's default")
+    parser.add_argument("--num-gpus", type=int, default=1, help="GPUs per cell")
+    parser.add_argument("--on-mismatch", choices=ON_MISMATCH, default="refuse",
+                        help="when a cell's config differs from the one its folder recorded: stop before "
+                             "training (refuse, default) or train into a new folder <cell>.2, ...")
+    parser.add_argument("--example-weights", nargs="+", type=float, default=list(PAPER_WEIGHTS), metavar="W",
+                        help="inference example weights in [0, 1] swept on val for batch-norm models "
+                             "(default: %(default)s)")
+    parser.add_argument("--no-example-weighing", action="store_true", help="skip example weighing")
+    parser.add_argument("--list", action="store_true", help="list the cells, their state and commands; train nothing")
+    parser.add_argument("--report-only", action="store_true", help="write the report of the finished cells; train nothing")
+    return parser
+
+
+def study_name(args: argparse.Namespace) -> str:
+    return args.study or "custom"
+
+
+def resolve_specs(args: argparse.Namespace, repo_root: Path) -> list[RunSpec]:
+    """The configurations the arguments name (config paths made absolute)."""
+    if args.study and args.configs:
+        raise ValueError("Pass either --study (a named study) or --configs (your own set), not both.")
+    if not args.study and not args.configs and not args.extra:
+        raise ValueError("Name what to run: --study paper, --study batch-sweep, or --configs.")
+    specs = paper_specs(args.dataset, repo_root) if args.study else []
+    specs += [parse_config_item(item) for item in args.configs or []]
+    specs += [parse_extra(tokens) for tokens in args.extra]
+    check_unique_names(specs)
+    return [RunSpec(s.name, str(Path(s.config_file).resolve()), s.opts) for s in specs]
+
+
+def build_cells(args: argparse.Namespace, repo_root: Path) -> list[Cell]:
+    specs = resolve_specs(args, repo_root)
+    base_configs = []
+    for spec in specs:
+        try:
+            base_configs.append(build_config(spec.config_file, [*args.opts, *spec.opts]))
+        except (AssertionError, KeyError, ValueError) as error:
+            raise ValueError(f"Run {spec.name!r} ({spec.config_file}): {error}") from error
+    if args.batch_sizes and args.study != "batch-sweep":
+        raise ValueError("--batch-sizes belongs to --study batch-sweep.")
+    cells = study_cells(study_name(args), specs, base_configs, args.seeds, args.batch_sizes)
+    if args.only:
+        unknown = set(args.only) - {c.name for c in cells}
+        if unknown:
+            raise ValueError(f"--only: no cell named {', '.join(sorted(unknown))}; cells: "
+                             + ", ".join(c.name for c in cells))
+        cells = [c for c in cells if c.name in args.only]
+    return cells
+
+
+def main(argv: Sequence[str] | None = None, repo_root: Path | None = None) -> int:
+    """Run the study the command line describes; return the exit status."""
+    repo_root = repo_root or Path(__file__).resolve().parents[2]
+    parser = argument_parser()
+    args = parser.parse_args(argv)
+    if len(args.opts) % 2:
+        parser.error(f"--opts takes KEY VALUE pairs, got {args.opts}")
+    if not all(0.0 <= w <= 1.0 for w in args.example_weights):
+        parser.error(f"--example-weights must lie in [0, 1], got {args.example_weights}")
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
+    weights = [] if args.no_example_weighing else args.example_weights
+    out_dir = Path(args.out).resolve()
+    try:
+        cells = build_cells(args, repo_root)
+        planned = plan(cells, out_dir / RUNS_FOLDER, args.opts, args.on_mismatch, record=not args.list)
+        for item in planned:
+            prepare_datasets(item.cfg)
+    except ConfigMismatch as error:
+        print(f"compare_norms.py: error: {error}", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError, KeyError) as error:
+        parser.error(str(error))
+    if args.list:
+        list_cells(planned, weights)
+        return 0
+    echo(f"study {study_name(args)}: {len(planned)} cells into {out_dir / RUNS_FOLDER}, {args.jobs} at a time, "
+         f"{args.threads or 'default'} thread(s) each")
+    outcome = None
+    if not args.report_only:
+        # `kill PID` stops the study as Ctrl-C does; its workers stop too, their checkpoints stay.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        scheduler = Scheduler(planned, args.jobs, args.threads or None, weights, args.num_gpus, echo)
+        try:
+            outcome = scheduler.run()
+        except KeyboardInterrupt:
+            echo("interrupted; run the same command again to resume")
+            return 130
+    report(args, planned, weights, out_dir)
+    if outcome is None:
+        return 0
+    return 1 if outcome.failed or outcome.busy else 0
+
+
+def report(args: argparse.Namespace, planned: Sequence[PlannedCell], weights: Sequence[float], out_dir: Path) -> None:
+    done = [p for p in planned if is_done(p, weights)]
+    pending = [p.cell.name for p in planned if p not in done]
+    if not done:
+        echo("no finished cell yet: no report")
+        return
+    name = study_name(args)
+    notes = []
+    if args.only:
+        notes.append(f"Only the cells {', '.join(args.only)} were requested.")
+    if args.opts:
+        notes.append(f"Common overrides of every cell: {' '.join(args.opts)}.")
+    paths = write_report(TITLES[name], [summarize(p) for p in done], pending, out_dir / name, notes)
+    echo("wrote " + ", ".join(display_path(str(p)) for p in paths))
+
+
+def list_cells(planned: Sequence[PlannedCell], weights: Sequence[float]) -> None:
+    for item in planned:
+        folder = item.folder
+        state = ("done" if is_done(item, weights) else "busy" if folder.is_busy()
+                 else "interrupted" if folder.has_checkpoint() else "not started")
+        print(f"{item.cell.name:<22} {state:<12} {display_path(str(folder.path))}")
+        print(f"    {train_command(item)}")
+
+
+def echo(line: str) -> None:
+    """Progress goes to stdout at once, even when it is a pipe or a file."""
+    print(f"[compare_norms {datetime.datetime.now():%m-%d %H:%M:%S}] {line}", flush=True)

@@ -1,0 +1,209 @@
+"""Each cell's full resolved config, recorded before it trains, and the check against it.
+
+A study spans days; its config files, the common ``--opts`` or gwdet's defaults may change in
+between. Before anything trains, every cell of the study gets ``study_cell.json`` in its folder:
+the cell, the config file and overrides it came from, and the complete config they resolve to
+(``CfgNode.dump()``, every key and default). Later invocations, and the worker process before it
+trains, resolve the cell again and compare the full dumps key by key:
+
+* identical: the folder is the cell's; finished work is kept, interrupted work resumes;
+* different: the study stops before training anything and lists the keys that differ with both
+  values (``on_mismatch="refuse"``, the default), or the cell goes to the first free or matching
+  folder ``<name>.2``, ``<name>.3``, ... (``on_mismatch="new-folder"``).
+
+A folder with training output but no record (made by an older version of the tool, or by hand)
+cannot be checked and counts as a mismatch. Keys ignored by the comparison: ``OUTPUT_DIR`` (it is
+the folder) and ``DATASETS.SHAPES.ROOT`` (where the dataset cache lives; its contents are keyed
+by every generator parameter, see :mod:`gwdet.data.shapes`).
+"""
+from __future__ import annotations
+
+import datetime
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+from detectron2.config import CfgNode
+
+from gwdet.engine import build_config
+from gwdet_lab.study.cells import Cell
+from gwdet_lab.study.run_folder import RECORD_JSON, RunFolder
+
+IGNORED_KEYS = ("OUTPUT_DIR", "DATASETS.SHAPES.ROOT")
+ON_MISMATCH = ("refuse", "new-folder")
+MAX_FOLDER_VERSIONS = 99
+SNAPSHOT_FILE = "SNAPSHOT.txt"
+
+
+class ConfigMismatch(ValueError):
+    """A cell's requested config differs from what its folder recorded."""
+
+
+@dataclass(frozen=True)
+class PlannedCell:
+    """A cell, the full override list it trains with, its resolved config, and its folder."""
+
+    cell: Cell
+    opts: tuple[str, ...]
+    cfg: CfgNode
+    folder: RunFolder
+
+    @property
+    def max_iter(self) -> int:
+        return int(self.cfg.SOLVER.MAX_ITER)
+
+    @property
+    def images(self) -> int:
+        """Images the cell trains on: iterations x images per batch."""
+        return self.max_iter * int(self.cfg.SOLVER.IMS_PER_BATCH)
+
+
+def comparable_dump(cfg: CfgNode) -> str:
+    """``cfg.dump()`` with the :data:`IGNORED_KEYS` blanked."""
+    cfg = cfg.clone()
+    cfg.defrost()
+    for key in IGNORED_KEYS:
+        node = cfg
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.get(part) if isinstance(node, CfgNode) else None
+        if isinstance(node, CfgNode) and leaf in node:
+            node[leaf] = ""
+    return cfg.dump()
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"A": {"B": 1}}`` -> ``{"A.B": 1}``."""
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        flat.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
+def config_differences(recorded: str, requested: str) -> list[str]:
+    """One line per key whose value differs between two dumps (a key only one side has included)."""
+    old, new = flatten(yaml.safe_load(recorded) or {}), flatten(yaml.safe_load(requested) or {})
+    lines = []
+    for key in sorted(set(old) | set(new)):
+        if key not in new:
+            lines.append(f"{key}: recorded {old[key]!r}, requested config has no such key")
+        elif key not in old:
+            lines.append(f"{key}: requested {new[key]!r}, the record has no such key")
+        elif old[key] != new[key]:
+            lines.append(f"{key}: recorded {old[key]!r}, requested {new[key]!r}")
+    return lines
+
+
+def resolve(cell: Cell, folder: RunFolder, common_opts: Sequence[str] = ()) -> tuple[tuple[str, ...], CfgNode]:
+    """The cell's full overrides (common ones, then the cell's, which win, then ``OUTPUT_DIR``)
+    and the config they give. A bad key or value raises ``ValueError`` naming the cell."""
+    opts = (*common_opts, *cell.opts, "OUTPUT_DIR", str(folder.path))
+    try:
+        cfg = build_config(cell.config_file, list(opts))
+    except (AssertionError, KeyError, ValueError) as error:  # yacs asserts on unknown keys
+        raise ValueError(f"Run {cell.name!r} ({cell.config_file}): {error}") from error
+    return opts, cfg
+
+
+def read_record(folder: RunFolder) -> dict | None:
+    record = folder.read_json(RECORD_JSON)
+    return record or None
+
+
+def mismatch(folder: RunFolder, cfg: CfgNode) -> list[str]:
+    """Why ``folder`` cannot hold a cell with config ``cfg`` (empty when it can)."""
+    record = read_record(folder)
+    if record is None:
+        if folder.has_training_output():
+            return [f"{folder.path} holds training output but no {RECORD_JSON}: its config is unknown"]
+        return []
+    return config_differences(record["config"], comparable_dump(cfg))
+
+
+def write_record(planned: PlannedCell, common_opts: Sequence[str]) -> None:
+    """``study_cell.json``: the cell, where its config came from, the full resolved config, and
+    the code it was planned with (for the reader; only ``config`` is compared)."""
+    planned.folder.write_json(RECORD_JSON, {
+        "cell": asdict(planned.cell),
+        "common_opts": list(common_opts),
+        "opts": list(planned.opts),
+        "config": comparable_dump(planned.cfg),
+        "recorded": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "code": code_version(),
+    })
+
+
+def code_version() -> dict:
+    """The gwdet and gwdet_lab source folders and their git commit (and whether files differ from it)."""
+    import gwdet
+    import gwdet_lab
+
+    root = Path(gwdet.__file__).resolve().parents[1]
+    version = {"gwdet": str(Path(gwdet.__file__).resolve().parent),
+               "gwdet_lab": str(Path(gwdet_lab.__file__).resolve().parent)}
+    def git(*arguments: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *arguments], cwd=root, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    # Only when the code's folder is a repository's root (a copy inside another repository's
+    # ignored folder would otherwise report that repository's commit).
+    top = git("rev-parse", "--show-toplevel")
+    if top and Path(top).resolve() == root:
+        version["git_commit"] = git("rev-parse", "HEAD")
+        version["uncommitted_changes"] = bool(git("status", "--porcelain", "--", "gwdet", "gwdet_lab", "configs"))
+    snapshot = root / SNAPSHOT_FILE  # a copy of the tree made for a long study says what it copied
+    if snapshot.is_file():
+        version["snapshot"] = snapshot.read_text().strip()
+    return version
+
+
+def plan(cells: Sequence[Cell], runs_dir: Path, common_opts: Sequence[str] = (),
+         on_mismatch: str = "refuse", record: bool = True) -> list[PlannedCell]:
+    """Resolve every cell, pick its folder under ``runs_dir`` and check it against the record.
+
+    Nothing is written until every cell has passed, so a refused study leaves no trace; then
+    every cell without a record gets one (so later cells of a long study keep the config the
+    study started with; ``record=False`` only checks). ``ConfigMismatch`` lists every refused
+    cell with the keys that differ.
+    """
+    if on_mismatch not in ON_MISMATCH:
+        raise ValueError(f"on_mismatch must be one of {ON_MISMATCH}, got {on_mismatch!r}")
+    planned, problems = [], []
+    for cell in cells:
+        for version in range(1, MAX_FOLDER_VERSIONS + 1):
+            folder = RunFolder(runs_dir / (cell.name if version == 1 else f"{cell.name}.{version}"))
+            opts, cfg = resolve(cell, folder, common_opts)
+            differences = mismatch(folder, cfg)
+            if not differences or on_mismatch == "refuse":
+                break
+        else:
+            raise ConfigMismatch(f"{cell.name}: no free folder among {MAX_FOLDER_VERSIONS} versions")
+        if differences:
+            problems.append((cell, folder, differences))
+        planned.append(PlannedCell(cell, opts, cfg, folder))
+    if problems:
+        raise ConfigMismatch(mismatch_message(problems))
+    for item in planned if record else ():
+        if read_record(item.folder) is None:
+            write_record(item, common_opts)
+    return planned
+
+
+def mismatch_message(problems: Sequence[tuple[Cell, RunFolder, list[str]]], shown: int = 12) -> str:
+    lines = [f"{len(problems)} run(s) differ from the config their folder recorded; nothing was trained:"]
+    for cell, folder, differences in problems:
+        lines.append(f"  {cell.name} ({folder.path}):")
+        lines += [f"    {line}" for line in differences[:shown]]
+        if len(differences) > shown:
+            lines.append(f"    ... and {len(differences) - shown} more")
+    lines.append("Restore the recorded config (config files, --opts), use another --out, or pass "
+                 "--on-mismatch new-folder to train the requested config into new folders "
+                 "(<name>.2, ...) beside the recorded ones.")
+    return "\n".join(lines)

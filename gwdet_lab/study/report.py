@@ -1,0 +1,369 @@
+"""A study's report: ``table.md``, ``table.csv``, ``differences.csv``, ``cells.csv`` and plots.
+
+Every AP is box AP on the report split (the config's last test dataset: shapes_test); the
+selection split (shapes_val) only chooses the example weight. Tables, built with
+:class:`gwdet_lab.reporting.Table`:
+
+* per configuration and batch size: mean and sample standard deviation over seeds, each seed's AP;
+* paired differences (same seeds) with a t interval for each ordering the paper states;
+* example weighing of batch-norm models; batch norm's train/test gap (running statistics vs the
+  test batch's statistics);
+* AP against batch size when the study has several;
+* one row per cell with its own numbers and the command that re-trains it; the cells still pending.
+
+Plots (matplotlib's object API, no display needed): ``ap_bars.png`` (mean AP with standard
+deviation error bars and each seed as a dot), ``loss_curves.png`` (training loss against images
+seen) and, with several batch sizes, ``ap_vs_batch.png``.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from matplotlib.figure import Figure
+
+from gwdet_lab.reporting import Column, Table, format_duration
+from gwdet_lab.study.cells import GROUP_LABELS, PAPER_AP, PAPER_GROUPS, PAPER_ORDERINGS
+from gwdet_lab.study.stats import CONFIDENCE, PairedDifference, mean, paired_difference, std
+from gwdet_lab.study.summary import CellResult
+
+TABLE_MD, TABLE_CSV, DIFFERENCES_CSV, CELLS_CSV = "table.md", "table.csv", "differences.csv", "cells.csv"
+AP_BARS_PNG, LOSS_PNG, AP_BATCH_PNG = "ap_bars.png", "loss_curves.png", "ap_vs_batch.png"
+
+
+def label(group: str) -> str:
+    return GROUP_LABELS.get(group, group)
+
+
+def ordered_groups(results: Iterable[CellResult]) -> list[str]:
+    """The paper's groups in the paper's order, then any others in order of appearance."""
+    seen = list(dict.fromkeys(r.cell.group for r in results))
+    return [g for g in PAPER_GROUPS if g in seen] + [g for g in seen if g not in PAPER_GROUPS]
+
+
+@dataclass
+class Group:
+    """The finished cells of one configuration at one batch size."""
+
+    group: str
+    batch_size: int
+    cells: list[CellResult]
+
+    @property
+    def trained(self) -> list[CellResult]:
+        """The cells that did not diverge."""
+        return [c for c in self.cells if not c.diverged]
+
+    def values(self, get) -> list[float]:
+        return [v for v in (get(c) for c in self.trained) if v is not None]
+
+    def by_seed(self) -> dict[int, float]:
+        """Test AP per seed (NaN for a diverged cell; paired differences leave those seeds out)."""
+        return {c.cell.seed: c.test_ap for c in self.cells}
+
+
+def grouped(results: Sequence[CellResult]) -> list[Group]:
+    cells = defaultdict(list)
+    for r in results:
+        cells[(r.cell.group, r.cell.batch_size)].append(r)
+    order = ordered_groups(results)
+    keys = sorted(cells, key=lambda k: (order.index(k[0]), k[1]))
+    return [Group(g, b, sorted(cells[(g, b)], key=lambda r: r.cell.seed)) for g, b in keys]
+
+
+def batch_sizes(results: Sequence[CellResult]) -> list[int]:
+    return sorted({r.cell.batch_size for r in results})
+
+
+# ---- tables --------------------------------------------------------------------------------------
+
+
+AP = "{:.2f}"
+
+
+def summary_table(groups: Sequence[Group]) -> Table:
+    table = Table([
+        Column("config", "configuration"), Column("batch", "images / batch"), Column("n", "seeds"),
+        Column("paper_AP", "paper (COCO)", AP), Column("box_AP_mean", "box AP mean", AP),
+        Column("box_AP_std", "std", AP), Column("box_AP_per_seed", "per seed (s0, s1, ...)"),
+        Column("diverged", "diverged runs"),
+        Column("AP50_mean", "AP50", AP), Column("AP75_mean", "AP75", AP),
+        Column("val_AP_mean", "val AP (not reported; for choices)", AP),
+        Column("sec_per_iter", "s/iter (median)", "{:.3f}"),
+        Column("wall_per_run", "wall time / run", format_duration),
+        Column("peak_rss_mb", "peak RSS (MB)", "{:.0f}"),
+    ])
+    for g in groups:
+        aps = g.values(lambda c: c.test_ap)
+        table.add({
+            "config": label(g.group), "batch": g.batch_size, "n": len(g.cells),
+            "paper_AP": PAPER_AP.get(g.group) if g.batch_size == 2 else None,
+            "box_AP_mean": mean(aps), "box_AP_std": std(aps),
+            "box_AP_per_seed": ", ".join("diverged" if c.diverged else f"{c.test_ap:.2f}" for c in g.cells),
+            "diverged": sum(c.diverged for c in g.cells),
+            "AP50_mean": mean(g.values(lambda c: c.test_box["AP50"])),
+            "AP75_mean": mean(g.values(lambda c: c.test_box["AP75"])),
+            "val_AP_mean": mean(g.values(lambda c: c.val_box_ap)),
+            "sec_per_iter": mean(g.values(lambda c: c.seconds_per_iteration)),
+            "wall_per_run": mean(g.values(lambda c: c.wall_seconds)),
+            "peak_rss_mb": max(g.values(lambda c: c.peak_rss_mb), default=None),
+        })
+    return table
+
+
+def differences(groups: Sequence[Group]) -> list[tuple[int, PairedDifference]]:
+    """The paper's orderings at every batch size where both sides have a finished cell."""
+    by_key = {(g.group, g.batch_size): g for g in groups}
+    found = []
+    for batch in sorted({g.batch_size for g in groups}):
+        for better, worse in PAPER_ORDERINGS:
+            if (better, batch) in by_key and (worse, batch) in by_key:
+                values = {better: by_key[(better, batch)].by_seed(), worse: by_key[(worse, batch)].by_seed()}
+                found.append((batch, paired_difference(better, worse, values)))
+    return found
+
+
+def differences_table(found: Sequence[tuple[int, PairedDifference]]) -> Table:
+    level = f"{100 * CONFIDENCE:.0f}%"
+    table = Table([
+        Column("ordering", "paper's ordering (A > B)"), Column("batch", "images / batch"),
+        Column("paper_diff", "paper A-B (COCO)", "{:+.2f}"), Column("n", "paired seeds"),
+        Column("mean_diff", "mean A-B", "{:+.2f}"), Column("std_diff", "std", AP),
+        Column("ci_low", f"{level} CI low", "{:+.2f}"), Column("ci_high", f"{level} CI high", "{:+.2f}"),
+        Column("per_seed", "per seed"), Column("verdict", "data"),
+    ])
+    for batch, d in found:
+        paper = PAPER_AP[d.better] - PAPER_AP[d.worse] if batch == 2 else None
+        table.add({
+            "ordering": f"{label(d.better)} > {label(d.worse)}", "batch": batch, "paper_diff": paper, "n": d.n,
+            "mean_diff": d.mean, "std_diff": d.std, "ci_low": d.low, "ci_high": d.high,
+            "per_seed": ", ".join(f"s{s}: {v:+.2f}" for s, v in zip(d.seeds, d.differences)),
+            "verdict": d.verdict,
+        })
+    return table
+
+
+def comparison_table(groups: Sequence[Group], get: Callable[[CellResult], float | None], header: str,
+                     difference: str, detail: Column | None = None,
+                     describe: Callable[[list[CellResult]], str] | None = None) -> Table:
+    """Per configuration and batch size, over the runs that have it: box AP with ordinary
+    inference against box AP of another evaluation of the same models (``get``), and the mean of
+    the paired differences; ``detail``/``describe`` add a column about those runs."""
+    table = Table([
+        Column("config", "configuration"), Column("batch", "images / batch"), Column("n", "seeds"),
+        Column("plain_AP", "box AP, running statistics", AP), Column("other_AP", header, AP),
+        Column("difference", difference, "{:+.2f}"), *([detail] if detail else []),
+    ])
+    for g in groups:
+        cells = [c for c in g.cells if get(c) is not None]
+        if not cells:
+            continue
+        row = {"config": label(g.group), "batch": g.batch_size, "n": len(cells),
+               "plain_AP": mean([c.test_ap for c in cells]), "other_AP": mean([get(c) for c in cells]),
+               "difference": mean([get(c) - c.test_ap for c in cells])}
+        if detail:
+            row[detail.key] = describe(cells)
+        table.add(row)
+    return table
+
+
+def weighing_table(groups: Sequence[Group]) -> Table:
+    return comparison_table(groups, lambda c: c.weighing_test_ap, "box AP, example weighing",
+                            "gain (mean of paired)", Column("weights", "w chosen on val, per seed"),
+                            lambda cells: ", ".join(f"{c.weighing_weight:g}" for c in cells))
+
+
+def gap_table(groups: Sequence[Group]) -> Table:
+    return comparison_table(groups, lambda c: c.batch_statistics_ap, "box AP, test batch's statistics",
+                            "batch - running")
+
+
+def batch_table(groups: Sequence[Group], sizes: Sequence[int]) -> Table:
+    table = Table([Column("config", "configuration"), *(Column(f"b{b}", f"{b} image{'s' * (b > 1)}") for b in sizes)])
+    by_key = {(g.group, g.batch_size): g for g in groups}
+    for group in dict.fromkeys(g.group for g in groups):
+        row = {"config": label(group)}
+        for b in sizes:
+            g = by_key.get((group, b))
+            if g and g.trained:
+                aps = [c.test_ap for c in g.trained]
+                row[f"b{b}"] = f"{mean(aps):.2f}" + (f" ± {std(aps):.2f}" if len(aps) > 1 else "")
+                row[f"b{b}"] += f" ({len(g.cells) - len(aps)} diverged)" if len(aps) < len(g.cells) else ""
+            elif g:
+                row[f"b{b}"] = "diverged"
+        table.add(row)
+    return table
+
+
+def cells_table(results: Sequence[CellResult]) -> Table:
+    table = Table([
+        Column("cell"), Column("config", "configuration"), Column("batch", "images / batch"), Column("seed"),
+        Column("box_AP", "box AP", AP), Column("AP50", "AP50", AP), Column("AP75", "AP75", AP),
+        Column("val_box_AP", "val AP", AP), Column("ew_weight", "EW w (val)", "{:g}"),
+        Column("ew_box_AP", "box AP + EW", AP), Column("batch_stats_AP", "box AP, batch stats", AP),
+        Column("final_loss", "final loss", "{:.3f}"), Column("diverged", "diverged", lambda v: "yes" if v else "no"),
+        Column("sec_per_iter", "s/iter", "{:.3f}"),
+        Column("wall_seconds", "wall time", format_duration), Column("peak_rss_mb", "peak RSS (MB)", "{:.0f}"),
+        Column("command", "re-train this cell alone", lambda c: f"`{c}`"),
+    ])
+    for r in results:
+        table.add({
+            "cell": r.cell.name, "config": label(r.cell.group), "batch": r.cell.batch_size, "seed": r.cell.seed,
+            "box_AP": r.test_ap, "AP50": r.test_box["AP50"], "AP75": r.test_box["AP75"],
+            "val_box_AP": r.val_box_ap, "ew_weight": r.weighing_weight, "ew_box_AP": r.weighing_test_ap,
+            "batch_stats_AP": r.batch_statistics_ap, "final_loss": r.final_loss, "diverged": r.diverged,
+            "sec_per_iter": r.seconds_per_iteration, "wall_seconds": r.wall_seconds,
+            "peak_rss_mb": r.peak_rss_mb, "command": r.command,
+        })
+    return table
+
+
+def markdown(title: str, results: Sequence[CellResult], pending: Sequence[str], notes: Sequence[str] = ()) -> str:
+    groups = grouped(results)
+    sizes = batch_sizes(results)
+    lines = [f"# {title}", ""]
+    if results:
+        report, select = results[0].report_dataset, results[0].selection_dataset
+        lines += [f"Box AP in % on `{report}` (COCOEvaluator). `{select}` only chooses the example weight."
+                  + (" The two are the same split here, so chosen numbers are optimistic." if report == select else ""),
+                  ""]
+    lines += ["## Box AP per configuration (mean and sample std over seeds)", "", summary_table(groups).markdown(), ""]
+    found = differences(groups)
+    if found:
+        lines += ["## Paired differences for the paper's orderings", "",
+                  f"Mean of A - B over the seeds both have; {100 * CONFIDENCE:.0f}% two-sided paired Student t "
+                  "interval over seeds (df = seeds - 1). It covers training-seed variation on this test set, "
+                  "not the sampling of test images. 'supports': the interval lies above 0; 'contradicts': "
+                  "below 0; 'cannot resolve': it contains 0.", "", differences_table(found).markdown(), ""]
+    weighing = weighing_table(groups)
+    if weighing.rows:
+        lines += ["## Inference example weighing (batch-norm models)", "",
+                  "The weight w is chosen per run on the selection split among the swept weights; the "
+                  "table reports the report split at that w.", "", weighing.markdown(), ""]
+    gaps = gap_table(groups)
+    if gaps.rows:
+        lines += ["## Batch norm's train/test gap", "",
+                  "Running statistics: ordinary inference, one image at a time. Test batch's statistics: "
+                  "every batch norm normalizes with the statistics of the test batch, fed in batches of the "
+                  "training batch size, as in training.", "", gaps.markdown(), ""]
+    if len(sizes) > 1:
+        lines += ["## Box AP against images per batch (images seen held fixed, LR scaled linearly)", "",
+                  batch_table(groups, sizes).markdown(), ""]
+    lines += ["## Every cell", "", cells_table(results).markdown(), ""]
+    if pending:
+        lines += ["## Pending", "", "Not finished yet (not in the tables above): " + ", ".join(pending) + ".", ""]
+    if notes:
+        lines += ["## Notes", "", *(f"- {note}" for note in notes), ""]
+    return "\n".join(lines)
+
+
+# ---- plots ---------------------------------------------------------------------------------------
+
+
+def plot_ap_bars(results: Sequence[CellResult], path: Path) -> None:
+    """Mean box AP per configuration and batch size, std error bars, each seed as a dot; next to
+    batch-norm configurations, their AP with example weighing (hatched)."""
+    bars = []
+    for index, g in enumerate(grouped(results)):
+        colour = f"C{ordered_groups(results).index(g.group) % 10}"
+        suffix = f"\n{g.batch_size} img" if len(batch_sizes(results)) > 1 else ""
+        if not g.trained:
+            continue
+        bars.append((label(g.group) + suffix, [c.test_ap for c in g.trained], {"color": colour}))
+        weighed = [c.weighing_test_ap for c in g.cells if c.weighing_test_ap is not None]
+        if weighed:
+            bars.append((f"{label(g.group)}{suffix}\n+EW", weighed, {"color": colour, "hatch": "//", "alpha": 0.55}))
+    figure = Figure(figsize=(max(6.0, 0.9 * len(bars) + 1), 4.5), layout="constrained")
+    axis = figure.add_subplot()
+    for x, (name, values, style) in enumerate(bars):
+        m, s = mean(values), std(values)
+        axis.bar(x, m, yerr=s, capsize=4, edgecolor="black", **style)
+        axis.scatter([x] * len(values), values, color="black", s=10, zorder=3)
+        axis.annotate(f"{m:.2f}", (x, m + (s or 0)), ha="center", va="bottom", fontsize=8,
+                      xytext=(0, 2), textcoords="offset points")
+    axis.set_xticks(range(len(bars)), [name for name, _, _ in bars], fontsize=8)
+    axis.set_ylabel(f"box AP (%) on {results[0].report_dataset}")
+    axis.set_title("Box AP, mean over seeds; error bars: sample std; dots: seeds\n"
+                   "(+EW: inference example weighing, w chosen on the selection split)", fontsize=9)
+    axis.grid(axis="y", alpha=0.3)
+    figure.savefig(path, dpi=120)
+
+
+def plot_loss_curves(results: Sequence[CellResult], path: Path) -> None:
+    """Training loss (detectron2's 20-iteration median of total_loss) against images seen; one
+    colour per configuration, one line style per batch size, one line per seed."""
+    groups = ordered_groups(results)
+    sizes = batch_sizes(results)
+    styles = ["-", "--", ":", "-."]
+    figure = Figure(figsize=(8, 5), layout="constrained")
+    axis = figure.add_subplot()
+    labelled = set()
+    for r in results:
+        if not r.loss_curve:
+            continue
+        iterations, losses = zip(*r.loss_curve)
+        key = (r.cell.group, r.cell.batch_size)
+        name = label(r.cell.group) + (f", {r.cell.batch_size} img" if len(sizes) > 1 else "")
+        axis.plot([(i + 1) * r.images_per_iteration for i in iterations], losses,
+                  color=f"C{groups.index(r.cell.group) % 10}", linestyle=styles[sizes.index(r.cell.batch_size) % 4],
+                  linewidth=0.8, alpha=0.8, label=None if key in labelled else name)
+        labelled.add(key)
+    axis.set_xlabel("images seen")
+    axis.set_ylabel("total_loss (median of 20 iterations)")
+    axis.set_yscale("log")
+    axis.set_title("Training loss (one line per seed)")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.savefig(path, dpi=120)
+
+
+def plot_ap_vs_batch(results: Sequence[CellResult], path: Path) -> None:
+    """Box AP against images per batch per configuration (GN paper's Fig. 1, for detection);
+    dashed: batch-norm models evaluated with the test batch's statistics."""
+    groups = grouped(results)
+    figure = Figure(figsize=(7, 4.5), layout="constrained")
+    axis = figure.add_subplot()
+    order = ordered_groups(results)
+    for group in order:
+        mine = [g for g in groups if g.group == group and g.trained]
+        sizes = [g.batch_size for g in mine]
+        colour = f"C{order.index(group) % 10}"
+        aps = [[c.test_ap for c in g.trained] for g in mine]
+        axis.errorbar(sizes, [mean(a) for a in aps], yerr=[std(a) or 0.0 for a in aps], color=colour,
+                      marker="o", capsize=3, label=label(group))
+        with_batch = [(g.batch_size, mean([c.batch_statistics_ap for c in g.cells]))
+                      for g in mine if all(c.batch_statistics_ap is not None for c in g.cells)]
+        if with_batch:
+            xs, ys = zip(*with_batch)
+            axis.plot(xs, ys, color=colour, marker="x", linestyle="--",
+                      label=f"{label(group)}, test batch's statistics")
+    axis.set_xscale("log", base=2)
+    all_sizes = batch_sizes(results)
+    axis.set_xticks(all_sizes, [str(b) for b in all_sizes])
+    axis.set_xlabel("images per batch (images seen fixed, LR scaled linearly)")
+    axis.set_ylabel(f"box AP (%) on {results[0].report_dataset}")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.savefig(path, dpi=120)
+
+
+def write_report(title: str, results: Sequence[CellResult], pending: Sequence[str], out_dir: Path,
+                 notes: Sequence[str] = ()) -> list[Path]:
+    """Every file of the report into ``out_dir``; returns their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / TABLE_MD]
+    paths[0].write_text(markdown(title, results, pending, notes))
+    groups = grouped(results)
+    paths.append(summary_table(groups).write_csv(out_dir / TABLE_CSV))
+    paths.append(differences_table(differences(groups)).write_csv(out_dir / DIFFERENCES_CSV))
+    paths.append(cells_table(results).write_csv(out_dir / CELLS_CSV))
+    if results:
+        plot_ap_bars(results, out_dir / AP_BARS_PNG)
+        plot_loss_curves(results, out_dir / LOSS_PNG)
+        paths += [out_dir / AP_BARS_PNG, out_dir / LOSS_PNG]
+        if len(batch_sizes(results)) > 1:
+            plot_ap_vs_batch(results, out_dir / AP_BATCH_PNG)
+            paths.append(out_dir / AP_BATCH_PNG)
+    return paths

@@ -1,0 +1,163 @@
+"""What a cell's folder holds, and reading it.
+
+Training (:mod:`gwdet.engine` and detectron2) writes ``metrics.json`` (one json object per logged
+iteration, every 20 iterations: ``total_loss`` and the other losses as medians over the last 20
+iterations, ``time`` the median seconds per iteration over the same window), ``log.txt``,
+``config.yaml``, checkpoints with ``last_checkpoint`` naming the newest, and, once evaluated,
+``results.json`` (COCO results per test dataset). The study adds:
+
+* ``study_cell.json``: the cell and its full resolved config, written before anything trains
+  (:mod:`gwdet_lab.study.record`);
+* ``example_weighing.json``, ``batch_statistics.json``: the extra evaluations of batch-norm models
+  (:mod:`gwdet_lab.study.evaluation`);
+* ``study_timing.json``: seconds spent training and evaluating (written by the worker);
+* ``study_run.json``: peak memory and wall time of the worker processes (written by the scheduler);
+* ``study_complete.json``: written last, when every evaluation the cell needs is there;
+* ``diverged.json``: instead of results, when training stopped on a non-finite loss;
+* ``stdout.txt``: the worker's console output; ``.lock``: held while a worker uses the folder.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Mapping
+
+from gwdet.engine import RESULTS_JSON
+
+METRICS_JSON = "metrics.json"
+LAST_CHECKPOINT = "last_checkpoint"
+FINAL_WEIGHTS = "model_final.pth"
+DETECTRON2_LOG = "log.txt"
+RECORD_JSON = "study_cell.json"
+EXAMPLE_WEIGHING_JSON = "example_weighing.json"
+BATCH_STATISTICS_JSON = "batch_statistics.json"
+TIMING_JSON = "study_timing.json"
+STUDY_RUN_JSON = "study_run.json"
+COMPLETE_JSON = "study_complete.json"
+DIVERGED_JSON = "diverged.json"
+STDOUT_TXT = "stdout.txt"
+LOCK_FILE = ".lock"
+
+# detectron2's CommonMetricPrinter logs "max_mem: 1234M" (torch.cuda.max_memory_allocated) on GPUs.
+_MAX_MEM = re.compile(r"max_mem: (\d+)M")
+
+
+class FolderBusy(RuntimeError):
+    """Another process holds the folder's lock."""
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """The folder a cell trains into (its ``OUTPUT_DIR``)."""
+
+    path: Path
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    def exists(self) -> bool:
+        return self.path.is_dir()
+
+    def is_trained(self) -> bool:
+        """Trained and evaluated: ``results.json`` is written last by :func:`gwdet.engine.main`."""
+        return self.file(RESULTS_JSON).is_file()
+
+    def is_complete(self) -> bool:
+        """Every study evaluation done (``study_complete.json``) after training finished or diverged."""
+        return self.file(COMPLETE_JSON).is_file() and (self.is_trained() or self.diverged())
+
+    def diverged(self) -> bool:
+        """Training stopped on a non-finite loss (``diverged.json``): a result, not a failure."""
+        return self.file(DIVERGED_JSON).is_file()
+
+    def has_checkpoint(self) -> bool:
+        return self.file(LAST_CHECKPOINT).is_file()
+
+    def has_training_output(self) -> bool:
+        """Anything training leaves behind: a checkpoint, metrics or results."""
+        return any(self.file(name).exists() for name in (LAST_CHECKPOINT, METRICS_JSON, RESULTS_JSON, FINAL_WEIGHTS))
+
+    def metrics(self) -> list[dict]:
+        """Every record of ``metrics.json`` (empty before the first write); a line cut off by an
+        interruption is skipped."""
+        path = self.file(METRICS_JSON)
+        if not path.is_file():
+            return []
+        records = []
+        for line in path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return records
+
+    def results(self) -> dict[str, dict[str, dict[str, float]]]:
+        """``{dataset: {task: {metric: value}}}`` from ``results.json`` (COCO AP in %)."""
+        return self.read_json(RESULTS_JSON)
+
+    def read_json(self, name: str) -> dict:
+        """A json file of the folder, ``{}`` when it is not there."""
+        path = self.file(name)
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    def write_json(self, name: str, data: Mapping) -> None:
+        """Write through a temporary file renamed into place, so a kill leaves the old or the new file."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        target = self.file(name)
+        temporary = target.with_name(f".{name}.{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        os.replace(temporary, target)
+
+    def peak_gpu_memory_mb(self) -> float | None:
+        """Largest ``max_mem`` detectron2 logged (GPU runs only), else ``None``."""
+        path = self.file(DETECTRON2_LOG)
+        if not path.is_file():
+            return None
+        values = [float(m) for m in _MAX_MEM.findall(path.read_text(errors="replace"))]
+        return max(values) if values else None
+
+    def lock(self) -> IO:
+        """Take the folder's lock (``FolderBusy`` if another process holds it); it is released when
+        the returned file is closed or the process ends, however it ends."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        handle = open(self.file(LOCK_FILE), "a")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            raise FolderBusy(f"{self.path} is in use by another process (its {LOCK_FILE} is locked).") from None
+        return handle
+
+    def is_busy(self) -> bool:
+        """Whether another process holds the lock now."""
+        if not self.file(LOCK_FILE).exists():
+            return False
+        try:
+            self.lock().close()
+        except FolderBusy:
+            return True
+        return False
+
+
+def loss_curve(records: list[dict]) -> list[tuple[int, float]]:
+    """``(iteration, total_loss)`` sorted by iteration; where a resumed run logged an iteration
+    twice, the later record wins."""
+    by_iteration = {r["iteration"]: r["total_loss"] for r in records if "total_loss" in r}
+    return sorted(by_iteration.items())
+
+
+def final_loss(records: list[dict]) -> float | None:
+    """The last logged ``total_loss`` (a median over the last 20 iterations), ``None`` if none."""
+    curve = loss_curve(records)
+    return curve[-1][1] if curve else None
+
+
+def seconds_per_iteration(records: list[dict]) -> float | None:
+    """Median of the logged ``time`` values (detectron2 skips the first iterations' timing)."""
+    times = [r["time"] for r in records if "time" in r]
+    return statistics.median(times) if times else None

@@ -1,0 +1,109 @@
+"""The numbers of one finished cell, gathered from its folder (see :mod:`gwdet_lab.study.run_folder`)."""
+from __future__ import annotations
+
+import math
+import os
+import shlex
+from dataclasses import dataclass, field
+
+from gwdet_lab.study.cells import Cell
+from gwdet_lab.study.evaluation import report_dataset, selection_dataset, weight_key
+from gwdet_lab.study.record import PlannedCell
+from gwdet_lab.study.run_folder import (
+    BATCH_STATISTICS_JSON,
+    EXAMPLE_WEIGHING_JSON,
+    STUDY_RUN_JSON,
+    TIMING_JSON,
+    final_loss,
+    loss_curve,
+    seconds_per_iteration,
+)
+
+
+@dataclass
+class CellResult:
+    """What the tables and plots show of one cell (AP in %, memory in MB, times in seconds).
+
+    ``test_*`` are on the report split, ``val_*`` on the selection split (the same split when the
+    config has a single test dataset)."""
+
+    cell: Cell
+    folder: str
+    command: str
+    report_dataset: str
+    selection_dataset: str
+    test_box: dict[str, float]
+    val_box_ap: float | None
+    final_loss: float | None
+    seconds_per_iteration: float | None
+    train_seconds: float | None
+    wall_seconds: float | None
+    peak_rss_mb: float | None
+    peak_gpu_mb: float | None
+    images_per_iteration: int
+    loss_curve: list[tuple[int, float]] = field(default_factory=list)
+    # Example weighing: box AP per weight on the selection split, the weight chosen there, and the
+    # report split's box AP at that weight.
+    weighing_val: dict[str, float] = field(default_factory=dict)
+    weighing_weight: float | None = None
+    weighing_test_ap: float | None = None
+    # Batch norm with the test batch's statistics (training batch size), report split.
+    batch_statistics_ap: float | None = None
+    # Training stopped on a non-finite loss: the AP values are NaN and left out of means.
+    diverged: bool = False
+
+    @property
+    def test_ap(self) -> float:
+        return self.test_box["AP"]
+
+
+def summarize(planned: PlannedCell) -> CellResult:
+    """The numbers of the finished cell ``planned``."""
+    folder, cfg = planned.folder, planned.cfg
+    results = folder.results()
+    report, select = report_dataset(cfg), selection_dataset(cfg)
+    records = folder.metrics()
+    weighing = folder.read_json(EXAMPLE_WEIGHING_JSON)
+    statistics = folder.read_json(BATCH_STATISTICS_JSON)
+    chosen = weighing.get("chosen")
+    run = folder.read_json(STUDY_RUN_JSON)
+    if folder.diverged():
+        results = {report: {"bbox": {metric: math.nan for metric in ("AP", "AP50", "AP75")}}}
+    return CellResult(
+        cell=planned.cell,
+        folder=display_path(str(folder.path)),
+        command=train_command(planned),
+        report_dataset=report,
+        selection_dataset=select,
+        test_box={metric: results[report]["bbox"][metric] for metric in ("AP", "AP50", "AP75")},
+        val_box_ap=results.get(select, {}).get("bbox", {}).get("AP"),
+        final_loss=final_loss(records),
+        seconds_per_iteration=seconds_per_iteration(records),
+        train_seconds=folder.read_json(TIMING_JSON).get("train_seconds"),
+        wall_seconds=run.get("wall_seconds"),
+        peak_rss_mb=run.get("peak_rss_mb"),
+        peak_gpu_mb=folder.peak_gpu_memory_mb(),
+        images_per_iteration=int(cfg.SOLVER.IMS_PER_BATCH),
+        loss_curve=loss_curve(records),
+        weighing_val={w: r["bbox"]["AP"] for w, r in weighing.get(select, {}).items()},
+        weighing_weight=chosen,
+        weighing_test_ap=(weighing.get(report, {}).get(weight_key(chosen), {}).get("bbox", {}).get("AP")
+                          if chosen is not None else None),
+        batch_statistics_ap=statistics.get(report, {}).get("bbox", {}).get("AP"),
+        diverged=folder.diverged(),
+    )
+
+
+def train_command(planned: PlannedCell) -> str:
+    """The ``tools/train_net.py`` line that trains and evaluates this cell by itself (without the
+    study's extra evaluations) into a fresh folder ``output/rerun/<cell>``."""
+    opts = list(planned.opts)
+    if opts[-2:-1] == ["OUTPUT_DIR"]:
+        opts[-1] = f"output/rerun/{planned.cell.name}"
+    return shlex.join(["python", "tools/train_net.py", "--config", display_path(planned.cell.config_file), *opts])
+
+
+def display_path(path: str) -> str:
+    """``path`` relative to the working directory when it lies below it, else unchanged."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
