@@ -1,23 +1,27 @@
 """gwdet: group whitening and related normalizers for detectron2.
 
-``import gwdet`` installs gwdet's norm names into detectron2's ``get_norm`` (see
-:mod:`gwdet.norm_registry`) and registers the GW backbones in ``BACKBONE_REGISTRY``. Importing it
-again, or importing detectron2's modeling code before or after it, is harmless.
+``import gwdet`` registers gwdet's backbones and heads in detectron2's registries; it changes no
+detectron2 function. Norm layers get their hyper-parameters explicitly: :func:`norm` returns a
+callable that detectron2 accepts wherever it takes a norm, and gwdet's registered components turn a
+config's NORM string into one with that config's values (:func:`norm_from_config`).
 """
 from gwdet.config import add_gwdet_config
-from gwdet.norm_registry import install as _install_norms
-from gwdet.norm_registry import known_norm_names, norm_config, register_norm
-
-_install_norms()
-
-from gwdet.modeling import build_gw_resnet_backbone, build_gw_resnet_fpn_backbone  # noqa: E402
+from gwdet.config_checks import check_gwdet_config
+from gwdet.modeling import build_gw_resnet_backbone, build_gw_resnet_fpn_backbone, check_model, place_norm
+from gwdet.norms import Norm, UnknownNormError, known_norm_names, norm, norm_from_config, register_norm
 
 __all__ = [
+    "Norm",
+    "UnknownNormError",
     "add_gwdet_config",
     "build_gw_resnet_backbone",
     "build_gw_resnet_fpn_backbone",
+    "check_gwdet_config",
+    "check_model",
     "known_norm_names",
-    "norm_config",
+    "norm",
+    "norm_from_config",
+    "place_norm",
     "register_norm",
 ]
 __version__ = "0.1.0"

@@ -1,11 +1,109 @@
-"""Every config key gwdet adds to detectron2's config, with its default.
+"""Every config key gwdet adds to detectron2's config: one table of (key, default, check).
 
 ``add_gwdet_config(cfg)`` follows detectron2's project convention (``add_pointrend_config`` and the
 like): call it on a fresh ``get_cfg()`` before ``merge_from_file``. Calling it twice is harmless.
+:func:`check_config_values` checks every value of the table in a merged config, and
+:func:`config_default` is where the Python API (:func:`gwdet.norm`) takes its defaults, so the two
+surfaces cannot disagree.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, Callable
+
 from detectron2.config import CfgNode as CN
+
+from gwdet.layers.common import check_int_at_least, check_positive, check_unit_interval
+
+OWNER = "config"
+
+
+def _int_at_least(minimum: int) -> Callable[[str, Any], None]:
+    return lambda key, value: check_int_at_least(OWNER, key, value, minimum)
+
+
+def _positive(key: str, value: Any) -> None:
+    check_positive(OWNER, key, value)
+
+
+def _unit_interval(key: str, value: Any) -> None:
+    check_unit_interval(OWNER, key, value)
+
+
+def _boolean(key: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{OWNER}: {key} must be True or False, got {value!r}")
+
+
+def _string(key: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise ValueError(f"{OWNER}: {key} must be a string, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """A key gwdet adds: its dotted name, default and the check its value must pass."""
+
+    name: str
+    default: Any
+    check: Callable[[str, Any], None]
+    doc: str
+
+
+CONFIG_KEYS: tuple[ConfigKey, ...] = (
+    # Group whitening (group_whitening_huang2021, Eqs. 8-10): "GW" (ItN, Eqs. 6-7), "GW_ZCA" (Eq. 5).
+    ConfigKey("MODEL.GW.NUM_GROUPS", 64, _int_at_least(1),
+              "groups g; a layer with fewer channels uses one channel per group (Sec. 5.1.1)"),
+    ConfigKey("MODEL.GW.T", 5, _int_at_least(1), "Newton iterations of ItN (Eq. 7)"),
+    ConfigKey("MODEL.GW.EPS", 1e-5, _positive, "added to the diagonal of each group covariance"),
+    # Group normalization behind the name "GN": detectron2 fixes 32 groups; this makes it a knob so
+    # GN and GW compare at the same group number (group_whitening_huang2021, Fig. 6).
+    ConfigKey("MODEL.GN.NUM_GROUPS", 32, _int_at_least(1), "groups of the name GN (detectron2: 32)"),
+    # Batch whitening (decorrelated_batchnorm_huang2018, Algorithm 1): "BW" (ZCA) and "BW_ItN".
+    ConfigKey("MODEL.BW.GROUP_SIZE", 16, _int_at_least(1), "channels whitened together (k_G)"),
+    ConfigKey("MODEL.BW.T", 5, _int_at_least(1), "Newton iterations of BW_ItN"),
+    ConfigKey("MODEL.BW.EPS", 1e-5, _positive, "added to the diagonal of each covariance"),
+    ConfigKey("MODEL.BW.MOMENTUM", 0.1, _unit_interval, "running mean / whitening matrix update"),
+    # Batch-group normalization (four_things_batchnorm_summers2020, Sec. 3.4): "BGN"; "GhostBN" is
+    # the same layer with one channel per group (Sec. 3.2) and reads the other BGN keys.
+    ConfigKey("MODEL.BGN.NUM_GROUPS", 32, _int_at_least(1), "channel groups of BGN"),
+    ConfigKey("MODEL.BGN.EXAMPLES_PER_GROUP", 2, _int_at_least(1), "examples normalized together"),
+    ConfigKey("MODEL.BGN.EVAL_EXAMPLE_WEIGHT", 0.0, _unit_interval,
+              "inference example weighing alpha (Sec. 3.1, Eq. 3)"),
+    ConfigKey("MODEL.BGN.MOMENTUM", 0.1, _unit_interval, "running statistics update"),
+    ConfigKey("MODEL.BGN.EPS", 1e-5, _positive, "added to the variance"),
+    ConfigKey("MODEL.STRICT_NORM_GROUPS", False, _boolean,
+              "raise instead of logging when a GW/BW/BGN layer cannot use the requested groups"),
+    # Positions of GW in a ResNet/ResNeXt (group_whitening_huang2021, Sec. 5.1.1), read by gwdet's
+    # backbones only: see gwdet.positions.
+    ConfigKey("MODEL.RESNETS.GW_POSITIONS", "", _string, "e.g. 'S1-B2'; '' means none"),
+    ConfigKey("MODEL.RESNETS.GW_NORM", "GW", _string, "the norm name placed at GW_POSITIONS"),
+    # The embedded synthetic dataset (gwdet/data/shapes.py), registered as "shapes_train",
+    # "shapes_val" and "shapes_test". ROOT "" means the cache folder ($GWDET_CACHE or ~/.cache/gwdet).
+    ConfigKey("DATASETS.SHAPES.ROOT", "", _string, "folder of the generated dataset"),
+    ConfigKey("DATASETS.SHAPES.NUM_TRAIN", 200, _int_at_least(1), "training images"),
+    ConfigKey("DATASETS.SHAPES.NUM_VAL", 50, _int_at_least(1), "validation images"),
+    ConfigKey("DATASETS.SHAPES.NUM_TEST", 50, _int_at_least(1), "held-out test images"),
+    ConfigKey("DATASETS.SHAPES.IMAGE_SIZE", 128, _int_at_least(1), "image side in pixels"),
+    ConfigKey("DATASETS.SHAPES.SEED", 0, _int_at_least(0), "generator seed"),
+    # After training/evaluation, draw predictions on this many images of DATASETS.TEST[0] into
+    # OUTPUT_DIR/vis (detectron2's Visualizer). 0 turns it off.
+    ConfigKey("TEST.VIS_IMAGES", 0, _int_at_least(0), "prediction drawings written after a run"),
+)
+_BY_NAME = {key.name: key for key in CONFIG_KEYS}
+
+
+def config_default(name: str) -> Any:
+    """The default of gwdet's config key ``name`` (e.g. ``"MODEL.GW.NUM_GROUPS"``)."""
+    return _BY_NAME[name].default
+
+
+def config_value(cfg: CN, name: str) -> Any:
+    """``cfg``'s value at the dotted key ``name``."""
+    node = cfg
+    for part in name.split("."):
+        node = node[part]
+    return node
 
 
 def add_gwdet_config(cfg: CN) -> CN:
@@ -13,75 +111,42 @@ def add_gwdet_config(cfg: CN) -> CN:
 
     Returns ``cfg`` for chaining. Keys already present keep their values, so the call is idempotent.
     """
-    _add_norm_keys(cfg)
-    _add_backbone_keys(cfg)
-    _add_dataset_keys(cfg)
-    _add_output_keys(cfg)
+    for key in CONFIG_KEYS:
+        *parents, leaf = key.name.split(".")
+        node = cfg
+        for part in parents:
+            if part not in node:
+                node[part] = CN()
+            node = node[part]
+        if leaf not in node:
+            node[leaf] = key.default
     return cfg
 
 
-def _ensure(node: CN, key: str) -> CN:
-    if key not in node:
-        node[key] = CN()
-    return node[key]
+def has_gwdet_config(cfg: CN) -> bool:
+    """Whether ``cfg`` went through :func:`add_gwdet_config` (holds every key of the table)."""
+    try:
+        for key in CONFIG_KEYS:
+            config_value(cfg, key.name)
+    except (KeyError, AttributeError):
+        return False
+    return True
 
 
-def _set_default(node: CN, key: str, value) -> None:
-    if key not in node:
-        node[key] = value
+def require_gwdet_config(cfg: CN, who: str) -> None:
+    """Raise ``KeyError`` naming ``who`` when ``cfg`` lacks gwdet's keys.
+
+    A config without them cannot say which hyper-parameters its norms should have; building with
+    gwdet's defaults instead could silently differ from what the user meant.
+    """
+    if not has_gwdet_config(cfg):
+        raise KeyError(
+            f"{who} needs gwdet's config keys (MODEL.GW.*, ...), but the config has none: call "
+            "gwdet.add_gwdet_config(cfg) on the config before merge_from_file."
+        )
 
 
-def _add_norm_keys(cfg: CN) -> None:
-    # Group whitening (group_whitening_huang2021, Eqs. 8-10): the names "GW" (ItN, Eqs. 6-7) and
-    # "GW_ZCA" (Eq. 5). A layer with fewer channels than NUM_GROUPS uses one channel per group.
-    gw = _ensure(cfg.MODEL, "GW")
-    _set_default(gw, "NUM_GROUPS", 64)
-    _set_default(gw, "T", 5)
-    _set_default(gw, "EPS", 1e-5)
-
-    # Group normalization behind the name "GN": detectron2 fixes 32 groups; this makes it a knob so
-    # GN and GW can be compared at the same group number (group_whitening_huang2021, Fig. 6).
-    gn = _ensure(cfg.MODEL, "GN")
-    _set_default(gn, "NUM_GROUPS", 32)
-
-    # Batch whitening (decorrelated_batchnorm_huang2018, Algorithm 1): "BW" (ZCA) and "BW_ItN".
-    bw = _ensure(cfg.MODEL, "BW")
-    _set_default(bw, "GROUP_SIZE", 16)
-    _set_default(bw, "T", 5)
-    _set_default(bw, "EPS", 1e-5)
-    _set_default(bw, "MOMENTUM", 0.1)
-
-    # Batch-group normalization (four_things_batchnorm_summers2020, Sec. 3.4): "BGN"; "GhostBN" is
-    # the same layer with one channel per group (Sec. 3.2) and reads EXAMPLES_PER_GROUP, MOMENTUM,
-    # EPS and EVAL_EXAMPLE_WEIGHT (inference example weighing, Sec. 3.1, Eq. 3) from here too.
-    bgn = _ensure(cfg.MODEL, "BGN")
-    _set_default(bgn, "NUM_GROUPS", 32)
-    _set_default(bgn, "EXAMPLES_PER_GROUP", 2)
-    _set_default(bgn, "EVAL_EXAMPLE_WEIGHT", 0.0)
-    _set_default(bgn, "MOMENTUM", 0.1)
-    _set_default(bgn, "EPS", 1e-5)
-
-
-def _add_backbone_keys(cfg: CN) -> None:
-    # Positions of GW in a ResNet/ResNeXt (group_whitening_huang2021, Sec. 5.1.1): tokens S1 (stem),
-    # B1, B2, B3 (norm after conv1/conv2/conv3 of every bottleneck) and B12, joined by "-".
-    # "" means none. GW_NORM is the norm name placed there; every other norm follows RESNETS.NORM.
-    _set_default(cfg.MODEL.RESNETS, "GW_POSITIONS", "")
-    _set_default(cfg.MODEL.RESNETS, "GW_NORM", "GW")
-
-
-def _add_dataset_keys(cfg: CN) -> None:
-    # The embedded synthetic dataset (gwdet/data/shapes.py), registered as "shapes_train" and
-    # "shapes_val". ROOT "" means the cache folder ($GWDET_CACHE or ~/.cache/gwdet).
-    shapes = _ensure(cfg.DATASETS, "SHAPES")
-    _set_default(shapes, "ROOT", "")
-    _set_default(shapes, "NUM_TRAIN", 200)
-    _set_default(shapes, "NUM_VAL", 50)
-    _set_default(shapes, "IMAGE_SIZE", 128)
-    _set_default(shapes, "SEED", 0)
-
-
-def _add_output_keys(cfg: CN) -> None:
-    # After training/evaluation, draw predictions on this many images of DATASETS.TEST[0] into
-    # OUTPUT_DIR/vis (detectron2's Visualizer). 0 turns it off.
-    _set_default(cfg.TEST, "VIS_IMAGES", 0)
+def check_config_values(cfg: CN) -> None:
+    """Raise ``ValueError`` naming the key for any value in ``cfg`` that fails its check."""
+    for key in CONFIG_KEYS:
+        key.check(key.name, config_value(cfg, key.name))

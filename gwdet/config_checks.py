@@ -1,68 +1,95 @@
-"""Checks on gwdet's config values, run before anything is built.
+"""Checks of a whole merged config, run before anything is built.
 
-Each failure is a ``ValueError`` naming the config key, the value and the allowed range or names,
-so a typo in a yaml file is reported as such instead of surfacing deep inside a layer.
+* every value of gwdet's config table passes its check (:func:`gwdet.config.check_config_values`);
+* every NORM value is a known name (:class:`gwdet.norms.UnknownNormError`, naming the key);
+* a NORM value only gwdet can build with the config's values (gwdet's names, GN with
+  ``MODEL.GN.NUM_GROUPS`` other than 32) does not go to a detectron2 component that would build it
+  without them; ``MODEL.RESNETS.GW_POSITIONS`` does not go to a backbone that ignores it;
+* BGN example groups fit the batch.
+
+Each failure names the key, the value and the fix.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from detectron2.config import CfgNode
 
-from gwdet.layers._common import check_int_at_least, check_positive, check_unit_interval
-from gwdet.modeling.positions import parse_gw_positions
-from gwdet.norm_registry import known_norm_names
+from gwdet.config import check_config_values, config_value, require_gwdet_config
+from gwdet.positions import parse_gw_positions
+from gwdet.norms import UnknownNormError, known_norm_names, norm_from_config
 
-OWNER = "config"
-NORM_KEYS = (
-    "MODEL.RESNETS.NORM",
-    "MODEL.RESNETS.GW_NORM",
-    "MODEL.FPN.NORM",
-    "MODEL.ROI_BOX_HEAD.NORM",
-    "MODEL.ROI_MASK_HEAD.NORM",
+GW_BACKBONES = ("build_gw_resnet_backbone", "build_gw_resnet_fpn_backbone")
+
+
+@dataclass(frozen=True)
+class NormSite:
+    """A NORM key, the key naming the component that reads it, detectron2's components that read
+    it by name (without gwdet's values) and gwdet's replacement for them."""
+
+    norm_key: str
+    component_key: str
+    detectron2_readers: tuple[str, ...]
+    gwdet_reader: str
+
+
+NORM_SITES = (
+    NormSite("MODEL.RESNETS.NORM", "MODEL.BACKBONE.NAME",
+             ("build_resnet_backbone", "build_resnet_fpn_backbone", "build_retinanet_resnet_fpn_backbone"),
+             "build_gw_resnet_fpn_backbone (or build_gw_resnet_backbone)"),
+    NormSite("MODEL.FPN.NORM", "MODEL.BACKBONE.NAME",
+             ("build_resnet_fpn_backbone", "build_retinanet_resnet_fpn_backbone"),
+             "build_gw_resnet_fpn_backbone"),
+    NormSite("MODEL.ROI_BOX_HEAD.NORM", "MODEL.ROI_BOX_HEAD.NAME", ("FastRCNNConvFCHead",),
+             "GWFastRCNNConvFCHead"),
+    NormSite("MODEL.ROI_MASK_HEAD.NORM", "MODEL.ROI_MASK_HEAD.NAME", ("MaskRCNNConvUpsampleHead",),
+             "GWMaskRCNNConvUpsampleHead"),
+    NormSite("MODEL.RETINANET.NORM", "MODEL.META_ARCHITECTURE", ("RetinaNet",), "GWRetinaNet"),
 )
+NORM_KEYS = tuple(site.norm_key for site in NORM_SITES) + ("MODEL.RESNETS.GW_NORM",)
 BATCH_GROUP_NORMS = {"BGN", "GhostBN"}
 
 
-def _value(cfg: CfgNode, dotted_key: str):
-    node = cfg
-    for part in dotted_key.split("."):
-        node = node[part]
-    return node
-
-
 def _check_norm_names(cfg: CfgNode) -> set[str]:
-    known = known_norm_names()
     used = set()
     for key in NORM_KEYS:
-        name = _value(cfg, key)
-        if name and name not in known:
-            raise ValueError(
-                f"{OWNER}: {key}={name!r} is not a known norm name. Known names: {', '.join(known)} "
-                "(or register one with gwdet.register_norm)."
+        name = config_value(cfg, key)
+        if name and name not in known_norm_names():
+            raise UnknownNormError(
+                f"{key}={name!r} is not a known norm name. Known names: "
+                f"{', '.join(known_norm_names())} (or register one with gwdet.register_norm)."
             )
         used.add(name)
     return used
 
 
-def _check_hyper_parameters(cfg: CfgNode) -> None:
-    model = cfg.MODEL
-    for key, value in (
-        ("MODEL.GW.NUM_GROUPS", model.GW.NUM_GROUPS),
-        ("MODEL.GW.T", model.GW.T),
-        ("MODEL.GN.NUM_GROUPS", model.GN.NUM_GROUPS),
-        ("MODEL.BW.GROUP_SIZE", model.BW.GROUP_SIZE),
-        ("MODEL.BW.T", model.BW.T),
-        ("MODEL.BGN.NUM_GROUPS", model.BGN.NUM_GROUPS),
-        ("MODEL.BGN.EXAMPLES_PER_GROUP", model.BGN.EXAMPLES_PER_GROUP),
-    ):
-        check_int_at_least(OWNER, key, value, 1)
-    for key, value in (("MODEL.GW.EPS", model.GW.EPS), ("MODEL.BW.EPS", model.BW.EPS), ("MODEL.BGN.EPS", model.BGN.EPS)):
-        check_positive(OWNER, key, value)
-    for key, value in (
-        ("MODEL.BW.MOMENTUM", model.BW.MOMENTUM),
-        ("MODEL.BGN.MOMENTUM", model.BGN.MOMENTUM),
-        ("MODEL.BGN.EVAL_EXAMPLE_WEIGHT", model.BGN.EVAL_EXAMPLE_WEIGHT),
-    ):
-        check_unit_interval(OWNER, key, value)
+def _check_norm_readers(cfg: CfgNode) -> None:
+    """A norm that needs the config's values must not go to a component that cannot take them."""
+    for site in NORM_SITES:
+        name = config_value(cfg, site.norm_key)
+        component = config_value(cfg, site.component_key)
+        if component not in site.detectron2_readers or isinstance(norm_from_config(name, cfg), str):
+            continue
+        if name == "GN":
+            why = (f"MODEL.GN.NUM_GROUPS={cfg.MODEL.GN.NUM_GROUPS}, and detectron2's {component} "
+                   "always builds GN with 32 groups")
+        else:
+            why = f"detectron2's {component} cannot build {name!r} with the config's values"
+        raise ValueError(
+            f"{site.norm_key}={name!r}, but {why}. Set {site.component_key} to gwdet's "
+            f"{site.gwdet_reader}, which builds the same model with the configured norm."
+        )
+
+
+def _check_gw_positions(cfg: CfgNode) -> None:
+    positions = cfg.MODEL.RESNETS.GW_POSITIONS
+    parse_gw_positions(positions)
+    if positions and cfg.MODEL.BACKBONE.NAME not in GW_BACKBONES:
+        raise ValueError(
+            f"MODEL.RESNETS.GW_POSITIONS={positions!r} is read by gwdet's backbones only, but "
+            f"MODEL.BACKBONE.NAME={cfg.MODEL.BACKBONE.NAME!r} would build a model without GW there. "
+            f"Set MODEL.BACKBONE.NAME to one of {', '.join(GW_BACKBONES)}, or GW_POSITIONS to ''."
+        )
 
 
 def _check_example_groups(cfg: CfgNode, used_norms: set[str]) -> None:
@@ -72,15 +99,17 @@ def _check_example_groups(cfg: CfgNode, used_norms: set[str]) -> None:
     examples, batch = cfg.MODEL.BGN.EXAMPLES_PER_GROUP, cfg.SOLVER.IMS_PER_BATCH
     if examples > batch:
         raise ValueError(
-            f"{OWNER}: MODEL.BGN.EXAMPLES_PER_GROUP={examples} is larger than SOLVER.IMS_PER_BATCH={batch}, "
+            f"config: MODEL.BGN.EXAMPLES_PER_GROUP={examples} is larger than SOLVER.IMS_PER_BATCH={batch}, "
             "so no example group can be filled. Use at most the images per GPU "
             "(SOLVER.IMS_PER_BATCH / number of GPUs)."
         )
 
 
 def check_gwdet_config(cfg: CfgNode) -> None:
-    """Raise ``ValueError`` naming the key for any gwdet config value that cannot work."""
+    """Raise (naming the key and the fix) for any config value gwdet cannot build as written."""
+    require_gwdet_config(cfg, "gwdet")
+    check_config_values(cfg)
     used_norms = _check_norm_names(cfg)
-    _check_hyper_parameters(cfg)
-    parse_gw_positions(cfg.MODEL.RESNETS.GW_POSITIONS)
+    _check_gw_positions(cfg)
+    _check_norm_readers(cfg)
     _check_example_groups(cfg, used_norms)

@@ -8,52 +8,94 @@ when ``TEST.VIS_IMAGES`` > 0, PNGs of predictions on the first test images.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import weakref
 from collections import OrderedDict
-from typing import Mapping
+from typing import Mapping, Sequence
 
-import detectron2.engine.defaults as _d2_defaults
+import torch
+import yaml
+
 from detectron2.config import CfgNode, get_cfg
-from detectron2.engine import DefaultTrainer, default_argument_parser, default_setup
+from detectron2.engine import (
+    AMPTrainer,
+    DefaultTrainer,
+    SimpleTrainer,
+    TrainerBase,
+    create_ddp_model,
+    default_argument_parser,
+    default_setup,
+)
 from detectron2.evaluation import COCOEvaluator
 from detectron2.utils import comm
+from detectron2.utils.logger import setup_logger
 
+from gwdet.atomic import write_text_atomically
 from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer
 from gwdet.config import add_gwdet_config
 from gwdet.config_checks import check_gwdet_config
 from gwdet.data import prepare_datasets
 from gwdet.data.resumable import build_resumable_train_loader, skip_trained_samples
+from gwdet.modeling import check_model
+from gwdet.output_dir import OutputDirLock, check_fresh_start, check_resume_config, run_files
 from gwdet.visualize import save_prediction_pngs
 
 RESULTS_MARKDOWN = "results.md"
 RESULTS_JSON = "results.json"
 
 
-def _allow_cpu_ddp() -> None:
-    """detectron2's ``create_ddp_model`` pins ``device_ids`` to the local GPU, which PyTorch rejects
-    for a CPU model; a CPU model (gloo backend, ``MODEL.DEVICE cpu``) gets ``device_ids=None``."""
-    original = _d2_defaults.create_ddp_model
-    if getattr(original, "__gwdet__", False):
-        return
-
-    def create_ddp_model(model, **kwargs):
-        if next(model.parameters()).device.type == "cpu":
-            kwargs.setdefault("device_ids", None)
-        return original(model, **kwargs)
-
-    create_ddp_model.__gwdet__ = True
-    _d2_defaults.create_ddp_model = create_ddp_model
-
-
-_allow_cpu_ddp()
-
-
 class Trainer(DefaultTrainer):
     """``DefaultTrainer`` evaluating with ``COCOEvaluator`` (box, and mask when masks are on), whose
     checkpoints survive a killed run and whose ``--resume`` continues the data and random streams
     where they stopped (see :mod:`gwdet.checkpoint.resilient`, :mod:`gwdet.data.resumable`)."""
+
+    def __init__(self, cfg: CfgNode) -> None:
+        # DefaultTrainer's construction, in its order, with two differences: a CPU model is wrapped
+        # in DistributedDataParallel without device_ids (detectron2 pins a GPU index, which PyTorch
+        # rejects for a CPU model), and the checkpointer is gwdet's ResilientCheckpointer.
+        TrainerBase.__init__(self)
+        if not logging.getLogger("detectron2").isEnabledFor(logging.INFO):
+            setup_logger()
+        cfg = DefaultTrainer.auto_scale_workers(cfg, comm.get_world_size())
+        model = self.build_model(cfg)
+        optimizer = self.build_optimizer(cfg, model)
+        data_loader = self.build_train_loader(cfg)
+        on_cpu = next(model.parameters()).device.type == "cpu"
+        model = create_ddp_model(model, broadcast_buffers=False, **({"device_ids": None} if on_cpu else {}))
+        trainer_class = AMPTrainer if cfg.SOLVER.AMP.ENABLED else SimpleTrainer
+        self._trainer = trainer_class(model, data_loader, optimizer)
+        self.scheduler = self.build_lr_scheduler(cfg, optimizer)
+        self.checkpointer = ResilientCheckpointer(
+            model, cfg.OUTPUT_DIR, random_state=RandomState(), trainer=weakref.proxy(self)
+        )
+        self.start_iter = 0
+        self.max_iter = cfg.SOLVER.MAX_ITER
+        self.cfg = cfg
+        self.register_hooks(self.build_hooks())
+
+    if "state_dict" not in DefaultTrainer.__dict__:
+        # detectron2 0.6's DefaultTrainer checkpoints the iteration and the hooks' states but not
+        # its SimpleTrainer's (the optimizer): SGD momentum would restart from zero on --resume.
+        def state_dict(self) -> dict:
+            state = super().state_dict()
+            state["_trainer"] = self._trainer.state_dict()
+            return state
+
+        def load_state_dict(self, state_dict: dict) -> None:
+            super().load_state_dict(state_dict)
+            if "_trainer" in state_dict:
+                self._trainer.load_state_dict(state_dict["_trainer"])
+
+    @classmethod
+    def build_model(cls, cfg: CfgNode) -> torch.nn.Module:
+        """detectron2's ``build_model`` after :func:`gwdet.check_gwdet_config`, then
+        :func:`gwdet.check_model` (norms with batch statistics shared across FPN levels, group
+        numbers the layers could not use)."""
+        check_gwdet_config(cfg)
+        return check_model(super().build_model(cfg), strict_groups=cfg.MODEL.STRICT_NORM_GROUPS)
 
     @classmethod
     def build_train_loader(cls, cfg: CfgNode):
@@ -67,15 +109,6 @@ class Trainer(DefaultTrainer):
                 "check that the json's 'annotations' list is there and refers to its 'images' ids "
                 "(or set DATALOADER.FILTER_EMPTY_ANNOTATIONS False to train on empty images)."
             ) from err
-
-    def build_hooks(self):
-        # Swap the checkpointer before detectron2's PeriodicCheckpointer hook captures it.
-        plain = self.checkpointer
-        self.checkpointer = ResilientCheckpointer(
-            plain.model, plain.save_dir, save_to_disk=plain.save_to_disk,
-            random_state=RandomState(), **plain.checkpointables,
-        )
-        return super().build_hooks()
 
     def train(self):
         """Train; return the final COCO results (detectron2's EvalHook stores them on the trainer)."""
@@ -97,11 +130,39 @@ class Trainer(DefaultTrainer):
 
 
 def argument_parser() -> argparse.ArgumentParser:
-    """detectron2's parser (``--config-file``, ``--resume``, ``--eval-only``, ``--num-gpus``, ...).
+    """detectron2's parser (``--config-file``, ``--resume``, ``--eval-only``, ``--num-gpus``, ...)
+    plus ``--overwrite``.
 
     ``--config`` works as well: argparse accepts it as the unambiguous prefix of ``--config-file``.
     """
-    return default_argument_parser()
+    parser = default_argument_parser()
+    parser.add_argument("--overwrite", action="store_true",
+                        help="train from iteration 0 into an OUTPUT_DIR that holds an earlier run, "
+                             "deleting that run's checkpoints, metrics and results first")
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """:func:`argument_parser`'s arguments; flags may also follow the ``KEY VALUE`` overrides
+    (``... SOLVER.MAX_ITER 10 --resume``)."""
+    parser = argument_parser()
+    args = parser.parse_args(argv)
+    opts, flags = [], []
+    tokens = iter(args.opts)
+    for token in tokens:
+        if not token.startswith("--"):
+            opts.append(token)
+            continue
+        action = parser._option_string_actions.get(token.split("=", 1)[0])
+        if action is None:
+            parser.error(f"unknown flag {token!r} among the KEY VALUE overrides")
+        flags.append(token)
+        if action.nargs is None and "=" not in token:  # the flag takes one value
+            flags.append(next(tokens, ""))
+    if flags:
+        args = parser.parse_args(flags, namespace=args)
+    args.opts = opts
+    return args
 
 
 def build_config(config_file: str, opts: list[str] | None = None) -> CfgNode:
@@ -110,6 +171,15 @@ def build_config(config_file: str, opts: list[str] | None = None) -> CfgNode:
         raise ValueError("No config given: pass --config configs/<file>.yaml (see configs/).")
     if not os.path.isfile(config_file):
         raise FileNotFoundError(f"Config file {config_file!r} does not exist (run from the repository root?).")
+    with open(config_file, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        content = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError as error:
+        raise ValueError(f"Config file {config_file!r} is not valid YAML: {error}") from None
+    if not isinstance(content, dict):
+        raise ValueError(f"Config file {config_file!r} holds no KEY: VALUE mapping (is it empty?). "
+                         "Start from one of the files under configs/.")
     cfg = add_gwdet_config(get_cfg())
     cfg.merge_from_file(config_file)
     cfg.merge_from_list(opts or [])
@@ -118,9 +188,33 @@ def build_config(config_file: str, opts: list[str] | None = None) -> CfgNode:
     return cfg
 
 
-def setup(args: argparse.Namespace) -> CfgNode:
-    """Config from the command line, detectron2's logging/output set-up, datasets ready."""
-    cfg = build_config(args.config_file, args.opts)
+def check_run_request(cfg: CfgNode, args: argparse.Namespace) -> None:
+    """Refuse, before anything is written or loaded, a run that would evaluate a model nobody chose
+    or write over another run (``--eval-only`` / ``--resume`` / ``--overwrite`` of ``args``)."""
+    checkpoints = [name for name in run_files(cfg.OUTPUT_DIR) if name.startswith("model_")]
+    if args.eval_only:
+        if args.resume and not checkpoints:
+            raise FileNotFoundError(
+                f"--eval-only --resume: OUTPUT_DIR {cfg.OUTPUT_DIR!r} holds no checkpoint to evaluate. "
+                "Check OUTPUT_DIR, or name the weights with MODEL.WEIGHTS path/to/model_final.pth.")
+        if not args.resume and not cfg.MODEL.WEIGHTS:
+            raise ValueError(
+                "--eval-only needs trained weights: add MODEL.WEIGHTS path/to/model_final.pth (or "
+                "--resume to evaluate the last checkpoint in OUTPUT_DIR); without them the model "
+                "would be randomly initialized.")
+        return
+    if args.resume:
+        check_resume_config(cfg, cfg.OUTPUT_DIR)
+    else:
+        check_fresh_start(cfg.OUTPUT_DIR, getattr(args, "overwrite", False))
+
+
+def setup(args: argparse.Namespace, cfg: CfgNode | None = None) -> CfgNode:
+    """Config from the command line (or ``cfg``), the run request checked, detectron2's
+    logging/output set-up, datasets ready."""
+    cfg = cfg if cfg is not None else build_config(args.config_file, args.opts)
+    if comm.is_main_process():
+        check_run_request(cfg, args)
     default_setup(cfg, args)
     prepare_datasets(cfg)
     return cfg
@@ -150,25 +244,30 @@ def write_results(cfg: CfgNode, results: Mapping) -> None:
     if not comm.is_main_process() or not results:
         return
     os.makedirs(cfg.OUTPUT_DIR, exist_ok=True)
-    with open(os.path.join(cfg.OUTPUT_DIR, RESULTS_MARKDOWN), "w") as f:
-        f.write(results_markdown(results))
-    with open(os.path.join(cfg.OUTPUT_DIR, RESULTS_JSON), "w") as f:
-        json.dump(flatten_results(results), f, indent=2)
+    write_text_atomically(os.path.join(cfg.OUTPUT_DIR, RESULTS_MARKDOWN), results_markdown(results))
+    write_text_atomically(os.path.join(cfg.OUTPUT_DIR, RESULTS_JSON), json.dumps(flatten_results(results), indent=2))
 
 
 def main(args: argparse.Namespace):
-    """Train (or evaluate with ``--eval-only``) the model ``args`` describe; return COCO results."""
-    cfg = setup(args)
-    if args.eval_only:
-        model = Trainer.build_model(cfg)
-        ResilientCheckpointer(model, save_dir=cfg.OUTPUT_DIR).resume_or_load(cfg.MODEL.WEIGHTS, resume=args.resume)
-        results = Trainer.test(cfg, model)
-    else:
-        trainer = Trainer(cfg)
-        trainer.resume_or_load(resume=args.resume)
-        results = trainer.train()
-        model = trainer.model
-    write_results(cfg, results)
-    if comm.is_main_process() and cfg.TEST.VIS_IMAGES > 0:
-        save_prediction_pngs(cfg, model, cfg.DATASETS.TEST[0], cfg.TEST.VIS_IMAGES, os.path.join(cfg.OUTPUT_DIR, "vis"))
+    """Train (or evaluate with ``--eval-only``) the model ``args`` describe; return COCO results.
+
+    The main process holds a lock on OUTPUT_DIR for the whole run.
+    """
+    cfg = build_config(args.config_file, args.opts)
+    with OutputDirLock(cfg.OUTPUT_DIR) if comm.is_main_process() else contextlib.nullcontext():
+        cfg = setup(args, cfg)
+        if args.eval_only:
+            model = Trainer.build_model(cfg)
+            checkpointer = ResilientCheckpointer(model, save_dir=cfg.OUTPUT_DIR, require_every_weight=True)
+            checkpointer.resume_or_load(cfg.MODEL.WEIGHTS, resume=args.resume)
+            results = Trainer.test(cfg, model)
+        else:
+            trainer = Trainer(cfg)
+            trainer.resume_or_load(resume=args.resume)
+            results = trainer.train()
+            model = trainer.model
+        write_results(cfg, results)
+        if comm.is_main_process() and cfg.TEST.VIS_IMAGES > 0:
+            vis_folder = os.path.join(cfg.OUTPUT_DIR, "vis")
+            save_prediction_pngs(cfg, model, cfg.DATASETS.TEST[0], cfg.TEST.VIS_IMAGES, vis_folder)
     return results

@@ -9,7 +9,6 @@ from detectron2.config import CfgNode
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data import detection_utils
 from detectron2.data.transforms import ResizeShortestEdge
-from detectron2.utils.visualizer import Visualizer
 from PIL import Image
 
 MIN_DRAWN_SIDE = 384
@@ -22,6 +21,9 @@ def save_prediction_pngs(
 ) -> list[str]:
     """Draw ground truth (left) and predictions above ``score_threshold`` (right) for the first
     ``num_images`` images of ``dataset_name``; return the written paths."""
+    # detectron2's Visualizer needs OpenCV: imported only when drawings are asked for.
+    from detectron2.utils.visualizer import Visualizer
+
     os.makedirs(out_dir, exist_ok=True)
     metadata = MetadataCatalog.get(dataset_name)
     resize = ResizeShortestEdge([cfg.INPUT.MIN_SIZE_TEST] * 2, cfg.INPUT.MAX_SIZE_TEST)

@@ -288,7 +288,7 @@ def test_wrong_gw_positions_are_refused(
     out = tmp_path / "out.pkl"
     out.write_bytes(b"previous weights")
     with pytest.raises(ConversionError) as error:
-        convert_checkpoint(r50_files[checkpoint], out, gw_positions=requested)
+        convert_checkpoint(r50_files[checkpoint], out, gw_positions=requested, overwrite=True)
     message = str(error.value)
     assert f"--gw-positions {requested!r}" in message
     assert f"has GW (norms without running statistics) at {inferred}" in message

@@ -45,6 +45,11 @@ def argument_parser() -> argparse.ArgumentParser:
         help="load files that need full unpickling (arbitrary code execution!): trusted files only",
     )
     parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace OUT if it exists (by default an existing OUT is an error and stays as it is)",
+    )
+    parser.add_argument(
         "--allow-unexpected",
         action="store_true",
         help="drop keys outside torchvision's ResNet layout instead of failing (reported)",
@@ -63,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             gw_positions=args.gw_positions,
             allow_unsafe_pickle=args.allow_unsafe_pickle,
             allow_unexpected=args.allow_unexpected,
+            overwrite=args.overwrite,
         )
     except ConversionError as error:
         print(f"convert_pretrained: error: {error}", file=sys.stderr)

@@ -1,27 +1,24 @@
-"""Refusing converted ImageNet weights that do not fit the model they are loaded into.
+"""Refusing weights that do not fit the model they are loaded into.
 
 detectron2's ``FrozenBatchNorm2d`` quietly fills running statistics a checkpoint lacks with 0 and
 1, so GW affine parameters would load into BN layers without a word; a ResNet-101 checkpoint into a
 ResNet-50 only logs skipped keys. Weights written by ``tools/convert_pretrained.py`` record their
 architecture and GW positions, which are checked here against the model's backbone before loading.
+Checkpoints written by gwdet's trainer record the type of every norm layer, so weights trained
+with other norms (a GN model's affine parameters into GW layers) are refused the same way.
 """
 from __future__ import annotations
 
 from typing import Mapping
 
 import torch
+import detectron2.layers.batch_norm as detectron2_norms
 from detectron2.modeling.backbone import ResNet
 
 from gwdet.checkpoint.layout import ARCHITECTURES
-from gwdet.modeling.backbone import gw_positions_of
-from gwdet.modeling.positions import parse_gw_positions
-
-POSITION_ORDER = ("S1", "B1", "B2", "B3")
-
-
-def format_positions(positions) -> str:
-    """``{"B2", "S1"}`` -> ``"S1-B2"``; none -> ``""``."""
-    return "-".join(p for p in POSITION_ORDER if p in positions)
+from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
+from gwdet.modeling.heads import PerLevelNorm
+from gwdet.positions import format_gw_positions, parse_gw_positions, positions_with_norm
 
 
 def _resnet_of(model: torch.nn.Module) -> ResNet | None:
@@ -48,11 +45,42 @@ def check_weights_fit_model(metadata: Mapping, model: torch.nn.Module) -> None:
             )
     if "gw_positions" in metadata:
         expected = parse_gw_positions(metadata["gw_positions"])
-        present = gw_positions_of(resnet)
+        present = positions_with_norm(resnet, (GroupWhitening,))
         if expected != present:
             raise ValueError(
-                f"The weights have GW at {format_positions(expected)!r} (norms without running "
-                f"statistics), but the model has GW at {format_positions(present)!r}. Set "
-                f"MODEL.RESNETS.GW_POSITIONS {format_positions(expected)!r}, so that BN statistics "
+                f"The weights have GW at {format_gw_positions(expected)!r} (norms without running "
+                f"statistics), but the model has GW at {format_gw_positions(present)!r}. Set "
+                f"MODEL.RESNETS.GW_POSITIONS {format_gw_positions(expected)!r}, so that BN statistics "
                 "and GW parameters each load into their own kind of layer."
             )
+
+
+# ---- norm layer types recorded in gwdet's checkpoints ------------------------------------------
+
+NORM_TYPES_KEY = "gwdet_norm_types"
+NORM_LAYERS = (
+    torch.nn.modules.batchnorm._NormBase, torch.nn.GroupNorm, torch.nn.LayerNorm,
+    detectron2_norms.FrozenBatchNorm2d, GroupWhitening, BatchWhitening, BatchGroupNorm, PerLevelNorm,
+    # in detectron2 releases after 0.6 only:
+    *(getattr(detectron2_norms, name) for name in ("CycleBatchNormList", "LayerNorm") if hasattr(detectron2_norms, name)),
+)
+
+
+def norm_types(model: torch.nn.Module) -> dict[str, str]:
+    """``{module name: class name}`` of every norm layer of ``model`` (DDP's ``module.`` dropped)."""
+    model = getattr(model, "module", model)
+    return {name: type(module).__name__ for name, module in model.named_modules() if name and isinstance(module, NORM_LAYERS)}
+
+
+def check_norm_types(saved: Mapping[str, str], model: torch.nn.Module, how_to_opt_in: str) -> None:
+    """Raise ``ValueError`` when a norm layer of ``model`` had another type in the saved model:
+    its weights (a GN's affine into a GW, say) would load without a word, into the wrong layer."""
+    present = norm_types(model)
+    differing = [f"{name}: {saved[name]} -> {kind}" for name, kind in present.items()
+                 if name in saved and saved[name] != kind]
+    if differing:
+        raise ValueError(
+            f"The checkpoint was trained with other norm layers than this config builds "
+            f"({len(differing)} layers, e.g. {'; '.join(differing[:3])}); nothing was loaded. Load "
+            f"weights trained with this config's NORM values, or {how_to_opt_in} to load them anyway."
+        )

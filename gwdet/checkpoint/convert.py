@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import os
 import pickle
-import uuid
 from dataclasses import dataclass
 
 import numpy as np
 
+from gwdet.atomic import write_atomically
 from gwdet.checkpoint.layout import (
     ARCHITECTURES,
     NORM_POSITIONS,
@@ -36,7 +36,6 @@ from gwdet.checkpoint.layout import (
     check_requested_names,
     detectron2_weights,
     expected_shapes,
-    format_gw_positions,
     infer_architecture,
     infer_gw_positions,
     is_gn_style,
@@ -48,6 +47,7 @@ from gwdet.checkpoint.loading import (
     preview_names,
     read_source_state_dict,
 )
+from gwdet.positions import format_gw_positions
 
 OUTPUT_SUFFIX = ".pkl"
 METADATA_KEY = "gwdet"
@@ -229,10 +229,12 @@ def convert_checkpoint(
     gw_positions: str | None = None,
     allow_unsafe_pickle: bool = False,
     allow_unexpected: bool = False,
+    overwrite: bool = False,
 ) -> ConversionReport:
     """Read ``input_path``, convert it, and write a detectron2 ``.pkl`` to ``output_path``.
 
-    The output appears only when the conversion succeeds. See :func:`convert_state_dict` for
+    The output appears only when the conversion succeeds; an existing ``output_path`` is replaced
+    only with ``overwrite``. See :func:`convert_state_dict` for
     ``arch``, ``gw_positions`` and ``allow_unexpected``; ``allow_unsafe_pickle`` permits full
     unpickling of the input, which can execute arbitrary code (trusted files only).
 
@@ -242,7 +244,7 @@ def convert_checkpoint(
     """
     input_path, output_path = os.fspath(input_path), os.fspath(output_path)
     check_requested_names(arch, gw_positions)
-    _check_output_path(input_path, output_path)
+    _check_output_path(input_path, output_path, overwrite)
     source = read_source_state_dict(input_path, allow_unsafe_pickle=allow_unsafe_pickle)
     try:
         weights, report = convert_state_dict(
@@ -255,7 +257,7 @@ def convert_checkpoint(
     return report
 
 
-def _check_output_path(input_path: str, output_path: str) -> None:
+def _check_output_path(input_path: str, output_path: str, overwrite: bool) -> None:
     if not output_path.endswith(OUTPUT_SUFFIX):
         raise ConversionError(
             f"{output_path}: the output must end with {OUTPUT_SUFFIX}; detectron2 reads "
@@ -267,6 +269,11 @@ def _check_output_path(input_path: str, output_path: str) -> None:
     both_exist = os.path.isfile(input_path) and os.path.isfile(output_path)
     if both_exist and os.path.samefile(input_path, output_path):
         raise ConversionError(f"{output_path}: this is the input file; choose another output.")
+    if os.path.exists(output_path) and not overwrite:
+        raise ConversionError(
+            f"{output_path} already exists; it is left as it is. Pass --overwrite to replace it, "
+            "or choose another output file."
+        )
 
 
 def write_detectron2_pkl(
@@ -284,14 +291,7 @@ def write_detectron2_pkl(
     checkpoint = {"model": weights, "__author__": author, "matching_heuristics": True}
     if metadata is not None:
         checkpoint[METADATA_KEY] = metadata
-    folder, name = os.path.split(os.path.abspath(output_path))
-    temporary = os.path.join(folder, f".{name}.{uuid.uuid4().hex}.tmp")
     try:
-        with open(temporary, "xb") as f:
-            pickle.dump(checkpoint, f)
-        os.replace(temporary, output_path)
+        write_atomically(output_path, lambda file: pickle.dump(checkpoint, file))
     except OSError as error:
         raise ConversionError(f"{output_path}: cannot write the output ({error}).") from None
-    finally:
-        if os.path.exists(temporary):  # the rename did not happen: leave nothing behind
-            os.unlink(temporary)

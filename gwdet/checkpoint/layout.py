@@ -26,14 +26,14 @@ import numpy as np
 import torch
 
 from gwdet.checkpoint.loading import ConversionError, preview_names
-from gwdet.modeling.backbone import parse_gw_positions
+from gwdet.positions import POSITIONS, format_gw_positions, parse_gw_positions
 
 BN_LEAVES = frozenset({"weight", "bias", "running_mean", "running_var"})
 AFFINE_LEAVES = frozenset({"weight", "bias"})
 DROPPED_NORM_LEAF = "num_batches_tracked"
 CLASSIFIER_MODULE = "fc"
 SHORTCUT = "shortcut"
-NORM_POSITIONS = ("S1", "B1", "B2", "B3", SHORTCUT)
+NORM_POSITIONS = (*POSITIONS, SHORTCUT)
 CONV = "conv"
 
 STEM_CHANNELS = 64
@@ -270,18 +270,6 @@ def infer_gw_positions(layout: SourceLayout) -> frozenset[str]:
         if gw:
             positions.add(position)
     return frozenset(positions)
-
-
-def format_gw_positions(positions: frozenset[str]) -> str:
-    """gwdet's spelling of ``positions``: ``{"S1", "B1", "B2"}`` -> ``"S1-B12"``; none -> ``""``."""
-    tokens = ["S1"] if "S1" in positions else []
-    if {"B1", "B2"} <= positions:
-        tokens.append("B12")
-    else:
-        tokens.extend(position for position in ("B1", "B2") if position in positions)
-    if "B3" in positions:
-        tokens.append("B3")
-    return "-".join(tokens)
 
 
 def check_requested_gw_positions(inferred: frozenset[str], requested: str | None) -> None:

@@ -1,15 +1,18 @@
 """Checkpoints that survive a killed run and load without executing code.
 
-:class:`ResilientCheckpointer` is detectron2's ``DetectionCheckpointer`` with four changes:
+:class:`ResilientCheckpointer` is detectron2's ``DetectionCheckpointer`` with these changes:
 
-* ``save`` writes to a temporary file and renames it into place, so a kill during saving never
-  leaves a truncated ``model_*.pth`` under a real name;
+* ``save`` writes through :func:`gwdet.atomic.write_atomically` (a unique temporary name renamed
+  into place; a failed save names the operating system's error and leaves no partial file), and
+  records the type of every norm layer;
 * ``resume_or_load(resume=True)`` tries the checkpoint ``last_checkpoint`` names, then the other
-  ``model_*.pth`` files newest first, and skips (with a warning) any that cannot be read;
+  ``model_*.pth`` files newest first, and skips (with a warning) any that is gone or cannot be
+  read; with nothing to resume it says so;
 * files are read without executing code (:mod:`gwdet.checkpoint.safe_load`); a file that needs
   more is refused with an explanation, unless the user opts in with ``GWDET_ALLOW_UNSAFE_PICKLE=1``;
-* converted ImageNet weights that misfit the model (architecture, GW positions) are refused
-  (:mod:`gwdet.checkpoint.compatibility`);
+* converted ImageNet weights that misfit the model (architecture, GW positions), and checkpoints
+  trained with other norm layers, are refused before any weight is copied
+  (:mod:`gwdet.checkpoint.compatibility`; opt in with ``GWDET_ALLOW_NORM_MISMATCH=1``);
 * the random number generators (torch, numpy, python) are saved with each checkpoint and restored
   on resume, so a resumed run draws the same random numbers as an uninterrupted one.
 """
@@ -25,17 +28,24 @@ import numpy as np
 import torch
 from detectron2.checkpoint import DetectionCheckpointer
 
-from gwdet.checkpoint.compatibility import check_weights_fit_model
+from gwdet.atomic import write_atomically
+from gwdet.checkpoint.compatibility import NORM_TYPES_KEY, check_norm_types, check_weights_fit_model, norm_types
 from gwdet.checkpoint.convert import METADATA_KEY
 from gwdet.checkpoint.safe_load import UnsafeCheckpointError, load_pickle_file, load_torch_file
 
 UNSAFE_PICKLE_ENV = "GWDET_ALLOW_UNSAFE_PICKLE"
+MISMATCH_ENV = "GWDET_ALLOW_NORM_MISMATCH"
 _OPT_IN = f"set the environment variable {UNSAFE_PICKLE_ENV}=1"
+_MISMATCH_OPT_IN = f"set the environment variable {MISMATCH_ENV}=1"
 _CHECKPOINT_NAME = re.compile(r"^model_(\d+|final)\.pth$")
 
 
 def unsafe_pickle_allowed() -> bool:
     return os.environ.get(UNSAFE_PICKLE_ENV, "") == "1"
+
+
+def mismatch_allowed() -> bool:
+    return os.environ.get(MISMATCH_ENV, "") == "1"
 
 
 def load_pickle_weights(path: str) -> Any:
@@ -69,23 +79,27 @@ class RandomState:
 
 
 class ResilientCheckpointer(DetectionCheckpointer):
-    """``DetectionCheckpointer`` with atomic saves, fallback on unreadable files and safe loading."""
+    """``DetectionCheckpointer`` with atomic saves, fallback on unreadable files, safe loading,
+    and a refusal to load weights trained with other norm layers.
+
+    ``require_every_weight=True`` (evaluation) makes a checkpoint that leaves any model weight
+    missing or of another shape an error instead of a logged warning.
+    """
+
+    def __init__(self, *args: Any, require_every_weight: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.require_every_weight = require_every_weight
 
     def save(self, name: str, **extra: Any) -> None:
         if not self.save_dir or not self.save_to_disk:
             return
-        data = {"model": self.model.state_dict()}
+        data = {"model": self.model.state_dict(), NORM_TYPES_KEY: norm_types(self.model)}
         data.update({key: obj.state_dict() for key, obj in self.checkpointables.items()})
         data.update(extra)
         basename = f"{name}.pth"
-        final_path = os.path.join(self.save_dir, basename)
-        partial_path = final_path + ".partial"
-        self.logger.info(f"Saving checkpoint to {final_path}")
-        with open(partial_path, "wb") as f:
-            torch.save(data, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(partial_path, final_path)
+        path = os.path.join(self.save_dir, basename)
+        self.logger.info(f"Saving checkpoint to {path}")
+        write_atomically(path, lambda file: torch.save(data, file), self.path_manager)
         self.tag_last_checkpoint(basename)
 
     def resume_candidates(self) -> list[str]:
@@ -93,6 +107,10 @@ class ResilientCheckpointer(DetectionCheckpointer):
         others = [n for n in os.listdir(self.save_dir) if _CHECKPOINT_NAME.match(n)] if os.path.isdir(self.save_dir) else []
         others.sort(key=lambda n: (n != "model_final.pth", -int(n[6:-4]) if n[6:-4].isdigit() else 0))
         tagged = os.path.basename(self.get_checkpoint_file()) if self.has_checkpoint() else None
+        if tagged and tagged not in others:
+            self.logger.warning(f"last_checkpoint names {tagged}, which is not in {self.save_dir}; "
+                                "trying the other checkpoints there.")
+            tagged = None
         ordered = ([tagged] if tagged else []) + [n for n in others if n != tagged]
         return [os.path.join(self.save_dir, n) for n in ordered]
 
@@ -122,12 +140,29 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 f"None of the checkpoints in {self.save_dir} can be read ({', '.join(candidates)}). "
                 "Delete them to start over, or restore one from a backup."
             )
+        self.logger.warning(f"--resume: no checkpoint in {self.save_dir}; starting at iteration 0 "
+                            f"from MODEL.WEIGHTS ({path or 'none: random initialization'}).")
         return self.load_weights(path)
 
     def _load_model(self, checkpoint: dict):
         if isinstance(checkpoint.get(METADATA_KEY), dict):
             check_weights_fit_model(checkpoint[METADATA_KEY], self.model)
+        if isinstance(checkpoint.get(NORM_TYPES_KEY), dict) and not mismatch_allowed():
+            check_norm_types(checkpoint.pop(NORM_TYPES_KEY), self.model, _MISMATCH_OPT_IN)
+        checkpoint.pop(NORM_TYPES_KEY, None)
         return super()._load_model(checkpoint)
+
+    def _log_incompatible_keys(self, incompatible) -> None:
+        if self.require_every_weight and (incompatible.missing_keys or incompatible.incorrect_shapes):
+            problems = [f"missing: {key}" for key in incompatible.missing_keys]
+            problems += [f"{key}: shape {tuple(ck)} in the checkpoint, {tuple(mk)} in the model"
+                         for key, ck, mk in incompatible.incorrect_shapes]
+            raise ValueError(
+                f"The checkpoint does not hold every weight of the model ({len(problems)} problems: "
+                f"{'; '.join(problems[:4])}{'; ...' if len(problems) > 4 else ''}); evaluating it would "
+                "report a partly random model. Check that MODEL.WEIGHTS was trained with this config."
+            )
+        super()._log_incompatible_keys(incompatible)
 
     def _load_file(self, filename: str) -> dict:
         if filename.endswith(".pkl"):

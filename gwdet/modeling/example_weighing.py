@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from gwdet.layers import BatchGroupNorm
-from gwdet.layers._common import check_unit_interval
+from gwdet.layers.common import check_unit_interval
 
 WEIGHABLE_NORMS = (nn.BatchNorm2d, nn.SyncBatchNorm)
 DEFAULT_MOMENTUM = 0.1

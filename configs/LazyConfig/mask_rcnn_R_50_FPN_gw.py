@@ -1,0 +1,50 @@
+# LazyConfig version of gwdet's GW Mask R-CNN: R-50-FPN with GW (g=64, ItN T=5) at S1-B2 of the
+# backbone (FrozenBN elsewhere, the ImageNet weights' BN frozen), in the FPN, in a 4conv1fc box head
+# and in the mask head. Every GW layer gets its values from GW below, so the values travel with
+# the config (LazyConfig.save / load keep them).
+#   model = instantiate(LazyConfig.load("configs/LazyConfig/mask_rcnn_R_50_FPN_gw.py").model)
+# Training: detectron2's tools/lazyconfig_train_net.py --config-file <this file>, after `import gwdet`.
+from detectron2.config import LazyCall as L
+from detectron2.layers import ShapeSpec
+from detectron2.model_zoo import get_config
+from detectron2.modeling.backbone import BasicStem, ResNet
+from detectron2.modeling.roi_heads import FastRCNNConvFCHead
+
+import gwdet
+from gwdet.modeling import place_norm
+
+GW = L(gwdet.norm)(name="GW", num_groups=64, T=5, eps=1.0e-5)
+
+model = get_config("common/models/mask_rcnn_fpn.py").model
+model.backbone.bottom_up = L(place_norm)(
+    resnet=L(ResNet)(
+        stem=L(BasicStem)(in_channels=3, out_channels=64, norm="FrozenBN"),
+        stages=L(ResNet.make_default_stages)(depth=50, stride_in_1x1=False, norm="FrozenBN"),
+        out_features=["res2", "res3", "res4", "res5"],
+        freeze_at=0,  # frozen by place_norm, after GW is in place
+    ),
+    positions="S1-B2",
+    norm=GW,
+    freeze_at=2,
+)
+model.backbone.in_features = "${.bottom_up.resnet.out_features}"
+model.backbone.norm = GW
+model.roi_heads.box_head = L(FastRCNNConvFCHead)(
+    input_shape=ShapeSpec(channels=256, height=7, width=7),
+    conv_dims=[256, 256, 256, 256],
+    fc_dims=[1024],
+    conv_norm=GW,
+)
+model.roi_heads.mask_head.conv_norm = GW
+# Converted torchvision-layout ImageNet weights (tools/convert_pretrained.py): RGB input with
+# torchvision's mean/std in 0-255 units.
+model.input_format = "RGB"
+model.pixel_mean = [123.675, 116.280, 103.530]
+model.pixel_std = [58.395, 57.120, 57.375]
+
+dataloader = get_config("common/data/coco.py").dataloader
+dataloader.train.mapper.image_format = "RGB"
+optimizer = get_config("common/optim.py").SGD
+lr_multiplier = get_config("common/coco_schedule.py").lr_multiplier_1x
+train = get_config("common/train.py").train
+train.init_checkpoint = "weights/R-50-GW.pkl"

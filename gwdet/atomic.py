@@ -1,0 +1,83 @@
+"""Writing a file so that its final name never holds a partial file, with the real error on failure.
+
+Every file gwdet writes that a user keeps (checkpoints, converted weights, result tables) goes
+through :func:`write_atomically`. A local path is written under a unique temporary name in the
+same folder (two processes never share one) and renamed into place when complete; a failure
+removes the temporary file and raises ``OSError`` naming the path and the operating system's own
+reason (for example ``[Errno 28] No space left on device``), even when the writer was a library
+such as ``torch.save`` that reports write failures in words of its own. A non-local path
+(``scheme://...``) goes through detectron2's ``PathManager``, which cannot rename: it is written
+in place.
+"""
+from __future__ import annotations
+
+import os
+import uuid
+from typing import IO, Any, Callable
+
+from detectron2.utils.file_io import PathManager
+
+
+class _RecordingFile:
+    """A writable binary file that remembers the first ``OSError`` its writes raised."""
+
+    def __init__(self, file: IO[bytes]) -> None:
+        self._file = file
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._file.write(data)
+        except OSError as error:
+            self.error = self.error or error
+            raise
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._file, name)
+
+
+class WriteError(OSError):
+    """Writing ``path`` failed; the message names the path and the operating system's reason."""
+
+
+def _cannot_write(path: str, cause: OSError) -> WriteError:
+    return WriteError(cause.errno, f"cannot write {path}: {cause.strerror or cause}")
+
+
+def write_atomically(path: str, write: Callable[[IO[bytes]], None], path_manager=PathManager) -> None:
+    """Call ``write(file)`` on a binary file that becomes ``path`` only once ``write`` returned."""
+    path = os.fspath(path)
+    if "://" in path:
+        with path_manager.open(path, "wb") as file:
+            write(file)
+        return
+    folder, name = os.path.split(os.path.abspath(path))
+    temporary = os.path.join(folder, f".{name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.partial")
+    try:
+        with open(temporary, "xb") as raw:
+            recording = _RecordingFile(raw)
+            try:
+                write(recording)
+                recording.flush()
+                os.fsync(raw.fileno())
+            except Exception as error:
+                cause = recording.error or error
+                if not isinstance(cause, OSError):
+                    raise
+                raise _cannot_write(path, cause) from error
+        os.replace(temporary, path)
+    except WriteError:
+        raise
+    except OSError as error:
+        raise _cannot_write(path, error) from error
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+
+
+def write_text_atomically(path: str, text: str, path_manager=PathManager) -> None:
+    """:func:`write_atomically` for UTF-8 text."""
+    write_atomically(path, lambda file: file.write(text.encode("utf-8")), path_manager)

@@ -1,0 +1,84 @@
+"""Checks of a built model that a config check cannot see (models built by LazyConfig, say):
+norms with batch statistics shared across FPN levels, and group numbers a layer could not use."""
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+import detectron2.layers.batch_norm as detectron2_norms
+from detectron2.modeling.meta_arch.retinanet import RetinaNetHead
+from torch import nn
+
+from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
+from gwdet.modeling.heads import PerLevelNorm
+
+BATCH_STATISTICS_LAYERS = (nn.modules.batchnorm._BatchNorm, BatchWhitening, BatchGroupNorm)
+# detectron2's per-level BN of RetinaNetHead exists in releases after 0.6 only.
+PER_LEVEL_CONTAINERS = (PerLevelNorm, *([detectron2_norms.CycleBatchNormList]
+                                        if hasattr(detectron2_norms, "CycleBatchNormList") else []))
+
+
+def shared_batch_statistics(head: nn.Module) -> list[str]:
+    """Names of the layers of ``head`` that keep batch statistics and are not kept per level."""
+    per_level = {id(sub) for container in head.modules() if isinstance(container, PER_LEVEL_CONTAINERS)
+                 for sub in container.modules()}
+    return [name for name, module in head.named_modules()
+            if isinstance(module, BATCH_STATISTICS_LAYERS) and id(module) not in per_level]
+
+
+def _component(name: str) -> str:
+    parts = name.split(".")
+    return ".".join(parts[:2]) if parts[0] in ("backbone", "roi_heads") and len(parts) > 2 else parts[0]
+
+
+def adjusted_groups(model: nn.Module) -> list[str]:
+    """One line per component and layer type whose requested group number (GW, BGN) or group size
+    (BW) does not divide the channels, with what the layers use instead (the largest divisor of
+    the channels not above the request; one channel per group when there are fewer channels)."""
+    found: dict = defaultdict(lambda: {"layers": 0, "channels": set(), "used": set()})
+    for name, module in model.named_modules():
+        if isinstance(module, (GroupWhitening, BatchGroupNorm)):
+            requested, used, what = module.num_groups, module.effective_num_groups, "groups"
+        elif isinstance(module, BatchWhitening):
+            requested, used, what = module.group_size, module.effective_group_size, "channels per group"
+        else:
+            continue
+        if requested != used:
+            entry = found[(_component(name), type(module).__name__, what, requested)]
+            entry["layers"] += 1
+            entry["channels"].add(module.num_channels)
+            entry["used"].add(used)
+    return [f"{component}: {e['layers']} {kind} layer(s) asked for {requested} {what} use "
+            f"{'/'.join(map(str, sorted(e['used'])))} ({'/'.join(map(str, sorted(e['channels'])))} channels)"
+            for (component, kind, what, requested), e in sorted(found.items())]
+
+
+def check_model(model: nn.Module, strict_groups: bool = False) -> nn.Module:
+    """Check a built model; returns ``model``.
+
+    * Raise ``ValueError`` when a head shared by every FPN level holds one norm with batch
+      statistics for all levels (its running statistics would mix the levels). gwdet's
+      ``GWRetinaNetHead`` keeps such norms per level; detectron2's ``RetinaNetHead`` does so for
+      its names "BN" and "SyncBN" only.
+    * Log, once, every component whose norm layers could not use the requested group number
+      (:func:`adjusted_groups`); with ``strict_groups`` (``MODEL.STRICT_NORM_GROUPS``) raise instead.
+    """
+    adjusted = adjusted_groups(model)
+    if adjusted and strict_groups:
+        raise ValueError("Norm layers cannot use the requested group number (MODEL.STRICT_NORM_GROUPS "
+                         "is on): " + "; ".join(adjusted) + ". Choose group numbers that divide the "
+                         "channels, or turn MODEL.STRICT_NORM_GROUPS off.")
+    if adjusted:
+        logging.getLogger(__name__).warning("Group numbers adjusted to the channels: " + "; ".join(adjusted))
+    for name, module in model.named_modules():
+        if isinstance(module, RetinaNetHead):
+            shared = shared_batch_statistics(module)
+            if shared:
+                raise ValueError(
+                    f"{name} ({type(module).__name__}) runs on every FPN level, but its norm layers "
+                    f"{', '.join(shared[:3])}{', ...' if len(shared) > 3 else ''} keep batch statistics "
+                    "shared by all levels, which mixes the levels' statistics. Use "
+                    "gwdet.modeling.GWRetinaNetHead (MODEL.META_ARCHITECTURE 'GWRetinaNet'), which "
+                    "keeps one norm per level, or a per-sample norm (GW, GN)."
+                )
+    return model

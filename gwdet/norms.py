@@ -1,0 +1,265 @@
+"""Norm names -> layers, with their hyper-parameters carried explicitly.
+
+detectron2 builds norm layers with ``get_norm(norm, channels)``, where ``norm`` is one of its own
+names or any callable ``channels -> nn.Module``. gwdet plugs into the second form and never
+changes ``get_norm``: :func:`norm` returns a :class:`Norm`, a callable that holds a norm name and
+all of its hyper-parameters::
+
+    gwdet.norm("GW", num_groups=16)          # Norm('GW', num_groups=16, T=5, eps=1e-05)
+    FPN(..., norm=gwdet.norm("GW", num_groups=16))
+    L(FastRCNNConvFCHead)(..., conv_norm=L(gwdet.norm)(name="GW", num_groups=16))   # LazyConfig
+
+With a yacs config, :func:`norm_from_config` turns a NORM string into a :class:`Norm` carrying
+that config's values (``MODEL.GW.*``, ...); gwdet's registered backbones and heads call it in
+their ``from_config``. Nothing is kept between builds: the values travel with the callable.
+
+Hyper-parameters left out of :func:`norm` take the defaults of gwdet's config table
+(:mod:`gwdet.config`), so the Python API and the config agree.
+
+Registering a name of your own::
+
+    @gwdet.register_norm("MyGN", config_keys={"num_groups": "MODEL.MY_GN.NUM_GROUPS"})
+    def my_gn(channels: int, num_groups: int = 16) -> torch.nn.Module:
+        return torch.nn.GroupNorm(num_groups, channels)
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import torch
+from detectron2.layers import get_norm as detectron2_get_norm
+
+from gwdet.config import CONFIG_KEYS, config_default, config_value, require_gwdet_config
+from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
+
+# detectron2's own names (its get_norm resolves them). True: the layer mixes examples of a batch.
+DETECTRON2_NORMS: dict[str, bool] = {
+    "BN": True, "SyncBN": True, "FrozenBN": False, "GN": False, "nnSyncBN": True,
+    "naiveSyncBN": True, "naiveSyncBN_N": True, "LN": False,
+}
+_CHECKS = {key.name: key.check for key in CONFIG_KEYS}
+_REQUIRED = inspect.Parameter.empty
+
+
+class UnknownNormError(KeyError):
+    """A norm name nobody registered. A ``KeyError``, like detectron2's own lookup failure."""
+
+    def __str__(self) -> str:  # KeyError would print the message with quotes around it
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class NormKind:
+    """What a norm name builds: ``build(channels, **params)``, and where each param lives in a
+    yacs config (``config_keys``: param -> dotted key)."""
+
+    name: str
+    build: Callable[..., torch.nn.Module]
+    config_keys: Mapping[str, str] = field(default_factory=dict)
+    batch_statistics: bool = False  # normalizes with statistics over several examples
+
+    def default(self, param: str) -> Any:
+        key = self.config_keys.get(param)
+        if key in _CHECKS:
+            return config_default(key)
+        return inspect.signature(self.build).parameters[param].default
+
+    def params(self) -> list[str]:
+        return list(inspect.signature(self.build).parameters)[1:]
+
+
+_KINDS: dict[str, NormKind] = {}
+
+
+def register_norm(name: str, build: Callable[..., torch.nn.Module] | None = None, *,
+                  config_keys: Mapping[str, str] | None = None, batch_statistics: bool = False):
+    """Register ``build(channels, **params) -> nn.Module`` under ``name``.
+
+    ``config_keys`` maps each keyword of ``build`` to the yacs key :func:`norm_from_config` reads
+    it from; ``batch_statistics`` says whether the layer normalizes with statistics over several
+    examples (such a layer must not be shared across FPN levels). Usable as a decorator. The names
+    of detectron2 and gwdet cannot be replaced; a user name registered again is replaced.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"register_norm: name must be a non-empty string, got {name!r}")
+    if name in DETECTRON2_NORMS or name in _BUILTIN_NAMES:
+        raise ValueError(f"register_norm: {name!r} is a built-in norm name; choose another name")
+
+    def _register(fn: Callable[..., torch.nn.Module]) -> Callable[..., torch.nn.Module]:
+        kind = NormKind(name, fn, dict(config_keys or {}), batch_statistics)
+        unknown = set(kind.config_keys) - set(kind.params())
+        if unknown:
+            raise ValueError(f"register_norm({name!r}): config_keys name {sorted(unknown)}, which "
+                             f"{fn.__name__} does not take (it takes {kind.params()})")
+        _KINDS[name] = kind
+        return fn
+
+    return _register if build is None else _register(build)
+
+
+def known_norm_names() -> list[str]:
+    """Every name :func:`norm` accepts, sorted (detectron2's, gwdet's and registered ones)."""
+    return sorted(_KINDS)
+
+
+def norm_kind(name: str) -> NormKind:
+    """The :class:`NormKind` of ``name``; :class:`UnknownNormError` listing the known names."""
+    if isinstance(name, str) and name in _KINDS:
+        return _KINDS[name]
+    raise UnknownNormError(
+        f"Unknown norm name {name!r}. Known names: {', '.join(known_norm_names())}. Fix the "
+        "NORM value, or register the name with gwdet.register_norm(name, build)."
+    )
+
+
+class Norm:
+    """A norm name with every hyper-parameter fixed: call it with a channel count for a layer.
+
+    detectron2 accepts it wherever it takes a norm (``get_norm``, ``norm=`` / ``conv_norm=``
+    arguments). Equal names and values compare equal; ``repr`` shows every value.
+    """
+
+    def __init__(self, name: str, **params: Any) -> None:
+        kind = norm_kind(name)
+        accepted = kind.params()
+        unknown = sorted(set(params) - set(accepted))
+        if unknown:
+            raise TypeError(f"gwdet.norm({name!r}) takes {accepted or 'no hyper-parameters'}, "
+                            f"not {unknown}")
+        values = {}
+        for param in accepted:
+            value = params[param] if param in params else kind.default(param)
+            if value is _REQUIRED:
+                raise TypeError(f"gwdet.norm({name!r}) needs a value for {param!r}")
+            check = _CHECKS.get(kind.config_keys.get(param))
+            if check is not None:
+                check(f"{param} of norm {name!r}", value)
+            values[param] = value
+        self.name = name
+        self.params = values
+
+    @property
+    def batch_statistics(self) -> bool:
+        """Whether the layer normalizes with statistics over several examples (BN, BW, BGN)."""
+        return norm_kind(self.name).batch_statistics
+
+    def __call__(self, channels: int) -> torch.nn.Module:
+        return norm_kind(self.name).build(channels, **self.params)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Norm):
+            return NotImplemented
+        return (self.name, self.params) == (other.name, other.params)
+
+    def __hash__(self) -> int:
+        return hash((self.name, tuple(self.params.items())))
+
+    def __repr__(self) -> str:
+        args = "".join(f", {key}={value!r}" for key, value in self.params.items())
+        return f"Norm({self.name!r}{args})"
+
+
+def norm(name: str, **params: Any) -> Norm:
+    """The norm ``name`` with hyper-parameters ``params`` (the rest: gwdet's config defaults).
+
+    The documented entry point for Python and LazyConfig users (``L(gwdet.norm)(name="GW",
+    num_groups=16)``); see :class:`Norm`.
+    """
+    return Norm(name, **params)
+
+
+def norm_from_config(name: Any, cfg) -> Any:
+    """What to pass detectron2 as ``norm`` for the NORM value ``name`` of the yacs config ``cfg``.
+
+    * ``""``, ``None`` and callables are returned as they are;
+    * detectron2's names are returned as they are (so its components keep their behaviour), except
+      ``"GN"`` with ``MODEL.GN.NUM_GROUPS`` other than detectron2's 32;
+    * every other name becomes a :class:`Norm` holding ``cfg``'s values of its keys (``MODEL.GW.*``
+      for GW, ...). ``cfg`` must have gwdet's keys (:func:`gwdet.add_gwdet_config`).
+    """
+    if not name or not isinstance(name, str):
+        return name
+    kind = norm_kind(name)
+    if name in DETECTRON2_NORMS and not kind.config_keys:
+        return name
+    require_gwdet_config(cfg, f"The norm {name!r}")
+    values = {param: config_value(cfg, key) for param, key in kind.config_keys.items()}
+    if name == "GN" and values["num_groups"] == DETECTRON2_GN_GROUPS:
+        return name
+    return Norm(name, **values)
+
+
+# ---- the built-in names ------------------------------------------------------------------------
+
+DETECTRON2_GN_GROUPS = 32
+
+
+def _detectron2_norm(name: str) -> Callable[[int], torch.nn.Module]:
+    def build(channels: int) -> torch.nn.Module:
+        return detectron2_get_norm(name, channels)
+
+    build.__name__ = f"detectron2_{name}"
+    return build
+
+
+def _group_norm(channels: int, num_groups: int) -> torch.nn.Module:
+    return torch.nn.GroupNorm(num_groups, channels)
+
+
+def _group_whitening_itn(channels: int, num_groups: int, T: int, eps: float) -> torch.nn.Module:
+    return GroupWhitening(channels, num_groups=num_groups, T=T, eps=eps, method="itn")
+
+
+def _group_whitening_zca(channels: int, num_groups: int, eps: float) -> torch.nn.Module:
+    return GroupWhitening(channels, num_groups=num_groups, eps=eps, method="zca")
+
+
+def _batch_whitening_zca(channels: int, group_size: int, eps: float, momentum: float) -> torch.nn.Module:
+    return BatchWhitening(channels, group_size=group_size, eps=eps, momentum=momentum, method="zca")
+
+
+def _batch_whitening_itn(channels: int, group_size: int, T: int, eps: float,
+                         momentum: float) -> torch.nn.Module:
+    return BatchWhitening(channels, group_size=group_size, T=T, eps=eps, momentum=momentum, method="itn")
+
+
+def _batch_group_norm(channels: int, num_groups: int, examples_per_group: int, eps: float,
+                      momentum: float, eval_example_weight: float) -> torch.nn.Module:
+    return BatchGroupNorm(channels, num_groups=num_groups, examples_per_group=examples_per_group,
+                          eps=eps, momentum=momentum, eval_example_weight=eval_example_weight)
+
+
+def _ghost_batch_norm(channels: int, examples_per_group: int, eps: float, momentum: float,
+                      eval_example_weight: float) -> torch.nn.Module:
+    return _batch_group_norm(channels, channels, examples_per_group, eps, momentum, eval_example_weight)
+
+
+_GW_KEYS = {"num_groups": "MODEL.GW.NUM_GROUPS", "T": "MODEL.GW.T", "eps": "MODEL.GW.EPS"}
+_BW_KEYS = {"group_size": "MODEL.BW.GROUP_SIZE", "T": "MODEL.BW.T", "eps": "MODEL.BW.EPS",
+            "momentum": "MODEL.BW.MOMENTUM"}
+_BGN_KEYS = {"num_groups": "MODEL.BGN.NUM_GROUPS", "examples_per_group": "MODEL.BGN.EXAMPLES_PER_GROUP",
+             "eps": "MODEL.BGN.EPS", "momentum": "MODEL.BGN.MOMENTUM",
+             "eval_example_weight": "MODEL.BGN.EVAL_EXAMPLE_WEIGHT"}
+
+
+def _only(keys: Mapping[str, str], build: Callable) -> dict[str, str]:
+    params = list(inspect.signature(build).parameters)[1:]
+    return {param: keys[param] for param in params}
+
+
+_BUILTINS = [
+    NormKind(name, _detectron2_norm(name), batch_statistics=mixes)
+    for name, mixes in DETECTRON2_NORMS.items() if name != "GN"
+] + [
+    NormKind("GN", _group_norm, {"num_groups": "MODEL.GN.NUM_GROUPS"}),
+    NormKind("GW", _group_whitening_itn, _only(_GW_KEYS, _group_whitening_itn)),
+    NormKind("GW_ZCA", _group_whitening_zca, _only(_GW_KEYS, _group_whitening_zca)),
+    NormKind("BW", _batch_whitening_zca, _only(_BW_KEYS, _batch_whitening_zca), batch_statistics=True),
+    NormKind("BW_ItN", _batch_whitening_itn, _only(_BW_KEYS, _batch_whitening_itn), batch_statistics=True),
+    NormKind("BGN", _batch_group_norm, _only(_BGN_KEYS, _batch_group_norm), batch_statistics=True),
+    NormKind("GhostBN", _ghost_batch_norm, _only(_BGN_KEYS, _ghost_batch_norm), batch_statistics=True),
+]
+_BUILTIN_NAMES = frozenset(kind.name for kind in _BUILTINS)
+_KINDS.update((kind.name, kind) for kind in _BUILTINS)

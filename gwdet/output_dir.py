@@ -1,0 +1,142 @@
+"""What a training or evaluation run may do to its ``OUTPUT_DIR``.
+
+* :func:`check_fresh_start`: a run that starts from iteration 0 does not write over another run's
+  checkpoints, metrics and results unless told to (``--overwrite`` clears them first);
+* :func:`check_resume_config`: ``--resume`` continues a run only with the model it was trained with;
+* :class:`OutputDirLock`: one run at a time per ``OUTPUT_DIR``.
+"""
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+from typing import IO
+
+from detectron2.config import CfgNode
+
+LOCK_NAME = ".gwdet.lock"
+CONFIG_NAME = "config.yaml"  # detectron2's default_setup writes the run's config here
+# Files and folders of a run that a new run would replace or append to.
+RUN_FILES = ("last_checkpoint", "metrics.json", "results.md", "results.json", CONFIG_NAME)
+RUN_FOLDERS = ("inference", "vis")
+# Keys that may differ when a run is resumed: where it runs and where its first weights came from.
+RESUMABLE_DIFFERENCES = ("MODEL.DEVICE", "MODEL.WEIGHTS")
+
+logger = logging.getLogger(__name__)
+
+
+def run_files(output_dir: str) -> list[str]:
+    """The files and folders of an earlier run in ``output_dir`` (names, sorted)."""
+    if not os.path.isdir(output_dir):
+        return []
+    names = []
+    for name in os.listdir(output_dir):
+        is_checkpoint = name.startswith("model_") and name.endswith(".pth")
+        if is_checkpoint or name in RUN_FILES or name in RUN_FOLDERS or name.startswith("events.out.tfevents"):
+            names.append(name)
+    return sorted(names)
+
+
+def check_fresh_start(output_dir: str, overwrite: bool) -> None:
+    """Raise ``FileExistsError`` when ``output_dir`` holds another run; with ``overwrite``, delete
+    that run's files instead (and say so)."""
+    existing = run_files(output_dir)
+    if not existing:
+        return
+    if not overwrite:
+        shown = ", ".join(existing[:6]) + (", ..." if len(existing) > 6 else "")
+        raise FileExistsError(
+            f"OUTPUT_DIR {output_dir!r} already holds a run ({shown}); nothing was changed. Continue "
+            "it with --resume, write to another OUTPUT_DIR, or pass --overwrite to delete that run "
+            "and start again."
+        )
+    for name in existing:
+        path = os.path.join(output_dir, name)
+        shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
+    logger.warning(f"--overwrite: deleted the earlier run in {output_dir}: {', '.join(existing)}")
+
+
+def _as_saved(value):
+    """The value as a yaml round trip gives it back (tuples become lists)."""
+    return [_as_saved(item) for item in value] if isinstance(value, (list, tuple)) else value
+
+
+def _flatten(node: CfgNode, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in node.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, CfgNode):
+            flat.update(_flatten(value, name + "."))
+        else:
+            flat[name] = _as_saved(value)
+    return flat
+
+
+def config_differences(saved: CfgNode, current: CfgNode) -> list[str]:
+    """``"KEY: saved -> current"`` for every value that differs (keys of either config)."""
+    old, new = _flatten(saved), _flatten(current)
+    return [f"{key}: {old.get(key, '<absent>')!r} -> {new.get(key, '<absent>')!r}"
+            for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+
+
+def check_resume_config(cfg: CfgNode, output_dir: str) -> None:
+    """Raise ``ValueError`` when ``--resume`` would continue a run of another model.
+
+    The run's ``config.yaml`` (written when it started) is compared with ``cfg``: any difference
+    under ``MODEL`` (but ``MODEL.DEVICE`` and ``MODEL.WEIGHTS``) stops the run before anything is
+    loaded; other differences (a longer schedule, say) are logged.
+    """
+    path = os.path.join(output_dir, CONFIG_NAME)
+    if not os.path.isfile(path):
+        return
+    saved = cfg.clone()
+    saved.defrost()
+    saved.merge_from_file(path)
+    differences = config_differences(saved, cfg)
+    model = [d for d in differences if d.startswith("MODEL.") and not d.startswith(RESUMABLE_DIFFERENCES)]
+    if model:
+        raise ValueError(
+            f"--resume: the run in {output_dir!r} was trained with another model ({CONFIG_NAME} "
+            f"there): {'; '.join(model[:5])}{'; ...' if len(model) > 5 else ''}. Resume with the "
+            "same config and overrides, or train the new model into another OUTPUT_DIR."
+        )
+    if differences:
+        logger.warning(f"--resume with config values that differ from {path}: {'; '.join(differences)}")
+
+
+class OutputDirLock:
+    """An exclusive lock on ``OUTPUT_DIR`` for the duration of a run (``with OutputDirLock(dir):``).
+
+    A second run on the same folder fails at once, naming the process that holds it. The lock is
+    released when the process ends, however it ends.
+    """
+
+    def __init__(self, output_dir: str) -> None:
+        self.path = os.path.join(output_dir, LOCK_NAME)
+        self._file: IO[str] | None = None
+
+    def __enter__(self) -> "OutputDirLock":
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self._file = open(self.path, "a+")
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.seek(0)
+            holder = self._file.read().strip() or "another process"
+            self._file.close()
+            raise RuntimeError(
+                f"OUTPUT_DIR {os.path.dirname(self.path)!r} is in use by another run ({holder}). "
+                "Wait for it to finish, or give this run another OUTPUT_DIR."
+            ) from None
+        self._file.seek(0)
+        self._file.truncate()
+        self._file.write(f"pid {os.getpid()}\n")
+        self._file.flush()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._file is not None:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._file.close()
+            self._file = None

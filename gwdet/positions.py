@@ -1,0 +1,74 @@
+"""GW positions in a ResNet/ResNeXt (group_whitening_huang2021, Sec. 5.1.1): the one vocabulary.
+
+``S1`` is the stem norm; ``B1``, ``B2``, ``B3`` the norms after conv1, conv2, conv3 of every
+bottleneck block; ``B12`` is B1 and B2. Tokens are joined by ``-``; ``""`` means no GW. The
+paper's default ``S1-B2`` puts 17 GW layers in a ResNet-50. The backbones, the config checks and
+the checkpoint converter all use this module.
+"""
+from __future__ import annotations
+
+from typing import FrozenSet, Iterable, Iterator
+
+from detectron2.layers import Conv2d
+from detectron2.modeling.backbone import ResNet
+
+POSITION_TOKENS = {"S1": ("S1",), "B1": ("B1",), "B2": ("B2",), "B3": ("B3",), "B12": ("B1", "B2")}
+POSITIONS = ("S1", "B1", "B2", "B3")
+BLOCK_CONV_OF_POSITION = {"B1": "conv1", "B2": "conv2", "B3": "conv3"}
+
+
+def parse_gw_positions(spec: str) -> FrozenSet[str]:
+    """``"S1-B2"`` -> ``{"S1", "B2"}``; ``"S1-B12"`` -> ``{"S1", "B1", "B2"}``; ``""`` -> none."""
+    if not isinstance(spec, str):
+        raise ValueError(f"MODEL.RESNETS.GW_POSITIONS must be a string like 'S1-B2', got {spec!r}")
+    positions: set[str] = set()
+    for token in filter(None, (t.strip() for t in spec.split("-"))):
+        if token not in POSITION_TOKENS:
+            raise ValueError(
+                f"MODEL.RESNETS.GW_POSITIONS={spec!r}: unknown position {token!r}. Valid tokens: "
+                f"{', '.join(POSITION_TOKENS)}, joined by '-' (e.g. 'S1-B2'); '' means no GW."
+            )
+        positions.update(POSITION_TOKENS[token])
+    return frozenset(positions)
+
+
+def format_gw_positions(positions: Iterable[str]) -> str:
+    """The canonical spelling: ``{"S1", "B1", "B2"}`` -> ``"S1-B12"``; ``{"B2", "S1"}`` -> ``"S1-B2"``."""
+    positions = frozenset(positions)
+    tokens = ["S1"] if "S1" in positions else []
+    if {"B1", "B2"} <= positions:
+        tokens.append("B12")
+    else:
+        tokens.extend(position for position in ("B1", "B2") if position in positions)
+    if "B3" in positions:
+        tokens.append("B3")
+    return "-".join(tokens)
+
+
+def convs_at_positions(resnet: ResNet, positions: FrozenSet[str]) -> Iterator[Conv2d]:
+    """The conv layers whose norm sits at ``positions``, stem first, then block by block."""
+    if "S1" in positions:
+        yield resnet.stem.conv1
+    block_positions = [p for p in BLOCK_CONV_OF_POSITION if p in positions]
+    for stage in resnet.stages:
+        for block in stage:
+            for position in block_positions:
+                conv_name = BLOCK_CONV_OF_POSITION[position]
+                if not hasattr(block, conv_name):
+                    raise ValueError(
+                        f"GW position {position} needs {conv_name} in every block, but "
+                        f"{type(block).__name__} has none: use MODEL.RESNETS.DEPTH >= 50 "
+                        "(bottleneck blocks) or drop that position."
+                    )
+                yield getattr(block, conv_name)
+
+
+def positions_with_norm(resnet: ResNet, norm_types: tuple) -> FrozenSet[str]:
+    """The positions (``S1``, ``B1``, ``B2``, ``B3``) where every norm is one of ``norm_types``."""
+    positions = {"S1"} if isinstance(resnet.stem.conv1.norm, norm_types) else set()
+    blocks = [block for stage in resnet.stages for block in stage]
+    for position, conv_name in BLOCK_CONV_OF_POSITION.items():
+        if blocks and all(isinstance(getattr(getattr(b, conv_name, None), "norm", None), norm_types)
+                          for b in blocks):
+            positions.add(position)
+    return frozenset(positions)

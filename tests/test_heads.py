@@ -1,0 +1,86 @@
+"""gwdet's registered heads: detectron2's heads with the config's norm; per-level batch statistics."""
+import pytest
+import torch
+from detectron2.config import get_cfg
+from detectron2.layers import ShapeSpec
+from detectron2.modeling import build_model
+from detectron2.modeling.meta_arch.retinanet import RetinaNetHead
+
+import gwdet
+from gwdet import add_gwdet_config, check_gwdet_config, check_model
+from gwdet.layers import BatchWhitening, GroupWhitening
+from gwdet.modeling import GWRetinaNetHead, PerLevelNorm
+
+LEVELS = [ShapeSpec(channels=16, stride=s) for s in (8, 16, 32)]
+
+
+def _retinanet_cfg(norm: str, meta: str = "GWRetinaNet"):
+    cfg = add_gwdet_config(get_cfg())
+    cfg.MODEL.DEVICE = "cpu"
+    cfg.MODEL.META_ARCHITECTURE = meta
+    cfg.MODEL.BACKBONE.NAME = "build_gw_resnet_fpn_backbone"
+    cfg.MODEL.RESNETS.DEPTH = 18
+    cfg.MODEL.RESNETS.RES2_OUT_CHANNELS = 64
+    cfg.MODEL.RESNETS.OUT_FEATURES = cfg.MODEL.FPN.IN_FEATURES = ["res3", "res4", "res5"]
+    cfg.MODEL.FPN.OUT_CHANNELS = 32
+    cfg.MODEL.RETINANET.IN_FEATURES = ["p3", "p4", "p5", "p6"]
+    cfg.MODEL.ANCHOR_GENERATOR.SIZES = [[16], [32], [64], [128]]
+    cfg.MODEL.RETINANET.NUM_CONVS = 2
+    cfg.MODEL.RETINANET.NORM = norm
+    cfg.MODEL.BW.GROUP_SIZE = 8
+    return cfg
+
+
+def test_gw_retinanet_keeps_one_batch_statistics_norm_per_level():
+    model = build_model(_retinanet_cfg("BW"))
+    norms = [m for m in model.head.cls_subnet if isinstance(m, PerLevelNorm)]
+    assert len(norms) == 2 and all(len(n.levels) == 4 for n in norms)
+    assert all(isinstance(layer, BatchWhitening) and layer.group_size == 8 for n in norms for layer in n.levels)
+    model.train()
+    features = [torch.randn(2, 32, s, s) * (1 + i) for i, s in enumerate((16, 8, 4, 2))]
+    model.head(features)
+    means = [layer.running_mean.clone() for layer in norms[0].levels]
+    assert all(not torch.allclose(means[0], m) for m in means[1:]), "each level keeps its own statistics"
+    assert check_model(model) is model
+
+
+def test_gw_retinanet_with_a_per_sample_norm_shares_it_as_detectron2_does():
+    cfg = _retinanet_cfg("GW")
+    cfg.MODEL.GW.NUM_GROUPS = 4
+    model = build_model(cfg)
+    gw = [m for m in model.head.cls_subnet if isinstance(m, GroupWhitening)]
+    assert len(gw) == 2 and {m.num_groups for m in gw} == {4}
+
+
+def test_a_shared_batch_statistics_norm_in_detectron2s_head_is_refused():
+    head = RetinaNetHead(input_shape=LEVELS, num_classes=2, num_anchors=1, conv_dims=[16],
+                         norm=gwdet.norm("BW", group_size=8))
+    with pytest.raises(ValueError, match="mixes the levels' statistics.*GWRetinaNetHead"):
+        check_model(torch.nn.Sequential(head))
+    fine = RetinaNetHead(input_shape=LEVELS, num_classes=2, num_anchors=1, conv_dims=[16], norm=gwdet.norm("GW"))
+    per_level = GWRetinaNetHead(input_shape=LEVELS, num_classes=2, num_anchors=1, conv_dims=[16],
+                                norm=gwdet.norm("BGN", num_groups=4))
+    check_model(torch.nn.ModuleList([fine, per_level]))
+
+
+def test_gwdet_norm_in_detectron2s_retinanet_is_a_config_error():
+    with pytest.raises(ValueError, match="MODEL.RETINANET.NORM='BW'.*GWRetinaNet"):
+        check_gwdet_config(_retinanet_cfg("BW", meta="RetinaNet"))
+
+
+def test_group_numbers_that_do_not_divide_are_reported_once_per_component(caplog):
+    from gwdet.engine import Trainer, build_config
+
+    from conftest import DEMO_CONFIG, TINY_OPTS
+
+    cfg = build_config(str(DEMO_CONFIG), TINY_OPTS + ["MODEL.GW.NUM_GROUPS", "7"])
+    Trainer.build_model(cfg)
+    lines = [r.getMessage() for r in caplog.records if "Group numbers adjusted" in r.getMessage()]
+    assert len(lines) == 1
+    assert "roi_heads.box_head: 4 GroupWhitening layer(s) asked for 7 groups use 4 (64 channels)" in lines[0]
+    assert "backbone.bottom_up: 17 GroupWhitening layer(s) asked for 7 groups use" in lines[0]
+    strict = build_config(str(DEMO_CONFIG), TINY_OPTS + ["MODEL.GW.NUM_GROUPS", "7", "MODEL.STRICT_NORM_GROUPS", "True"])
+    with pytest.raises(ValueError, match="STRICT_NORM_GROUPS is on.*asked for 7 groups"):
+        Trainer.build_model(strict)
+    fine = build_config(str(DEMO_CONFIG), TINY_OPTS + ["MODEL.STRICT_NORM_GROUPS", "True"])
+    Trainer.build_model(fine)  # g=16 divides every channel count of the demo

@@ -1,0 +1,129 @@
+"""gwdet.norm / Norm / norm_from_config / register_norm: values travel with the callable."""
+import inspect
+import pickle
+
+import pytest
+import torch
+from detectron2.config import get_cfg
+from detectron2.layers import get_norm
+
+import gwdet
+from gwdet import Norm, UnknownNormError, add_gwdet_config, known_norm_names, norm, norm_from_config, register_norm
+from gwdet.config import CONFIG_KEYS, config_default
+from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
+
+GWDET_NAMES = {"GW": GroupWhitening, "GW_ZCA": GroupWhitening, "BW": BatchWhitening,
+               "BW_ItN": BatchWhitening, "BGN": BatchGroupNorm, "GhostBN": BatchGroupNorm}
+
+
+@pytest.mark.parametrize("name", sorted(GWDET_NAMES))
+def test_every_name_builds_its_layer_through_detectron2s_get_norm(name):
+    layer = get_norm(norm(name), 64)
+    assert isinstance(layer, GWDET_NAMES[name])
+    out = layer.train()(torch.randn(4, 64, 5, 5))
+    assert out.shape == (4, 64, 5, 5) and torch.isfinite(out).all()
+
+
+def test_values_given_reach_the_layer_and_the_rest_are_the_config_defaults():
+    layer = norm("GW", num_groups=16, T=3)(64)
+    assert (layer.num_groups, layer.T, layer.eps) == (16, 3, config_default("MODEL.GW.EPS"))
+    bgn = norm("BGN", examples_per_group=1, eval_example_weight=0.25)(64)
+    assert bgn.examples_per_group == 1 and bgn.eval_example_weight == 0.25
+    assert bgn.num_groups == config_default("MODEL.BGN.NUM_GROUPS")
+    ghost = norm("GhostBN")(48)
+    assert ghost.num_groups == 48, "GhostBN: one channel per group"
+    assert norm("GW_ZCA")(64).method == "zca" and norm("BW_ItN")(64).method == "itn"
+
+
+@pytest.mark.parametrize("layer_class, prefix", [(GroupWhitening, "MODEL.GW."), (BatchWhitening, "MODEL.BW."),
+                                                 (BatchGroupNorm, "MODEL.BGN.")])
+def test_layer_defaults_agree_with_the_config_table(layer_class, prefix):
+    keys = {key.name[len(prefix):].lower(): key.default for key in CONFIG_KEYS if key.name.startswith(prefix)}
+    parameters = {name.lower(): p.default for name, p in inspect.signature(layer_class).parameters.items()}
+    shared = set(keys) & set(parameters)
+    assert len(shared) >= 3, shared
+    assert {k: keys[k] for k in shared} == {k: parameters[k] for k in shared}
+
+
+def test_norms_compare_hash_pickle_and_show_every_value():
+    a, b = norm("GW", num_groups=16), Norm("GW", num_groups=16, T=5, eps=1e-5)
+    assert a == b and hash(a) == hash(b) and a != norm("GW", num_groups=8)
+    assert pickle.loads(pickle.dumps(a)) == a
+    assert repr(a) == "Norm('GW', num_groups=16, T=5, eps=1e-05)"
+    assert a != "GW" and not (a == ""), "detectron2 tests norm == '' for the bias"
+
+
+def test_unknown_name_is_a_key_error_listing_the_known_names():
+    with pytest.raises(KeyError) as err:
+        norm("GWW")
+    assert isinstance(err.value, UnknownNormError)
+    message = str(err.value)
+    assert "'GWW'" in message and "register_norm" in message
+    for name in ("BN", "FrozenBN", "SyncBN", "GN", *GWDET_NAMES):
+        assert name in message
+
+
+def test_bad_hyper_parameters_are_named():
+    with pytest.raises(TypeError, match="num_group"):
+        norm("GW", num_group=16)
+    with pytest.raises(ValueError, match="num_groups of norm 'GW' must be an integer >= 1, got 0"):
+        norm("GW", num_groups=0)
+    with pytest.raises(ValueError, match="momentum of norm 'BW' must be a number in"):
+        norm("BW", momentum=2.0)
+
+
+def test_a_key_error_inside_a_build_function_is_not_relabeled():
+    @register_norm("TestBrokenNorm")
+    def _broken(channels):
+        raise KeyError("missing table entry")
+
+    with pytest.raises(KeyError) as err:
+        norm("TestBrokenNorm")(8)
+    assert not isinstance(err.value, UnknownNormError) and err.value.args == ("missing table entry",)
+
+
+def test_users_register_their_own_name_with_config_keys():
+    @register_norm("TestGN", config_keys={"num_groups": "MODEL.GN.NUM_GROUPS"})
+    def _test_gn(channels, num_groups=4):
+        return torch.nn.GroupNorm(num_groups, channels)
+
+    assert "TestGN" in known_norm_names()
+    assert norm("TestGN")(64).num_groups == 32, "default of the config key it reads"
+    cfg = add_gwdet_config(get_cfg())
+    cfg.MODEL.GN.NUM_GROUPS = 2
+    assert norm_from_config("TestGN", cfg)(8).num_groups == 2
+    with pytest.raises(ValueError, match="built-in"):
+        register_norm("GW", _test_gn)
+    with pytest.raises(ValueError, match="does not take"):
+        register_norm("TestBad", _test_gn, config_keys={"groups": "MODEL.GN.NUM_GROUPS"})
+
+
+def test_norm_from_config_carries_the_configs_values():
+    cfg = add_gwdet_config(get_cfg())
+    cfg.MODEL.GW.NUM_GROUPS, cfg.MODEL.GW.T, cfg.MODEL.GW.EPS = 8, 3, 1e-3
+    assert norm_from_config("GW", cfg) == norm("GW", num_groups=8, T=3, eps=1e-3)
+    cfg.MODEL.BW.GROUP_SIZE = 4
+    assert norm_from_config("BW", cfg)(32).group_size == 4
+
+
+def test_norm_from_config_keeps_detectron2s_names_as_detectron2_builds_them():
+    cfg = add_gwdet_config(get_cfg())
+    for name in ("", "BN", "FrozenBN", "SyncBN", "GN", "LN"):
+        assert norm_from_config(name, cfg) == name
+    callable_norm = norm("GW")
+    assert norm_from_config(callable_norm, cfg) is callable_norm
+    cfg.MODEL.GN.NUM_GROUPS = 16
+    assert norm_from_config("GN", cfg)(64).num_groups == 16
+
+
+def test_norm_from_config_refuses_a_config_without_gwdets_keys():
+    with pytest.raises(KeyError, match="add_gwdet_config"):
+        norm_from_config("GW", get_cfg())
+    assert norm_from_config("BN", get_cfg()) == "BN"
+
+
+def test_detectron2s_get_norm_is_not_changed_by_gwdet():
+    with pytest.raises(KeyError):
+        get_norm("GW", 64)
+    assert get_norm("GN", 64).num_groups == 32
+    assert gwdet.norm("GN")(64).num_groups == 32
