@@ -26,26 +26,24 @@ from torch import nn
 from gwdet.norms import DETECTRON2_NORMS, Norm, norm_from_config
 
 
-@ROI_BOX_HEAD_REGISTRY.register()
-class GWFastRCNNConvFCHead(FastRCNNConvFCHead):
-    """detectron2's ``FastRCNNConvFCHead`` with ``MODEL.ROI_BOX_HEAD.NORM`` resolved by gwdet."""
+class _ConvNormFromConfig:
+    """Mixin for a detectron2 head taking ``conv_norm``: its NORM string becomes gwdet's callable."""
 
     @classmethod
     def from_config(cls, cfg: CfgNode, input_shape: ShapeSpec) -> dict:
         args = super().from_config(cfg, input_shape)
         args["conv_norm"] = norm_from_config(args["conv_norm"], cfg)
         return args
+
+
+@ROI_BOX_HEAD_REGISTRY.register()
+class GWFastRCNNConvFCHead(_ConvNormFromConfig, FastRCNNConvFCHead):
+    """detectron2's ``FastRCNNConvFCHead`` with ``MODEL.ROI_BOX_HEAD.NORM`` resolved by gwdet."""
 
 
 @ROI_MASK_HEAD_REGISTRY.register()
-class GWMaskRCNNConvUpsampleHead(MaskRCNNConvUpsampleHead):
+class GWMaskRCNNConvUpsampleHead(_ConvNormFromConfig, MaskRCNNConvUpsampleHead):
     """detectron2's ``MaskRCNNConvUpsampleHead`` with ``MODEL.ROI_MASK_HEAD.NORM`` resolved by gwdet."""
-
-    @classmethod
-    def from_config(cls, cfg: CfgNode, input_shape: ShapeSpec) -> dict:
-        args = super().from_config(cfg, input_shape)
-        args["conv_norm"] = norm_from_config(args["conv_norm"], cfg)
-        return args
 
 
 def has_batch_statistics(norm: Any) -> bool:
