@@ -10,7 +10,16 @@
 How each PyTorch tool sees gwdet's layers (custom ops or reference formulas):
 :mod:`gwdet.layers.tracing`.
 """
-from gwdet.export.deploy import (
+try:
+    import detectron2.export  # noqa: F401
+except ModuleNotFoundError as error:  # detectron2 0.6's export module imports caffe2
+    raise ImportError(
+        f"gwdet.export needs detectron2's export module, which does not import here ({error}). "
+        "detectron2 0.6 imports caffe2 there, which PyTorch no longer ships: use detectron2 0.7 "
+        "or newer (the default set-up's wheel, or detectron2 built from main; README, Set-up)."
+    ) from error
+
+from gwdet.export.deploy import (  # noqa: E402
     ONNX_OPSET,
     export_model_onnx,
     export_onnx,
@@ -19,7 +28,7 @@ from gwdet.export.deploy import (
     run_onnx,
     tracing_adapter,
 )
-from gwdet.export.flops import FlopCountAnalysis, component_shares, flop_handles
+from gwdet.export.flops import FlopCountAnalysis, component_shares, flop_handles  # noqa: E402
 
 __all__ = [
     "FlopCountAnalysis",
