@@ -5,10 +5,17 @@ detectron2 function. Norm layers get their hyper-parameters explicitly: :func:`n
 callable that detectron2 accepts wherever it takes a norm, and gwdet's registered components turn a
 config's NORM string into one with that config's values (:func:`norm_from_config`).
 """
-from gwdet.config import add_gwdet_config
-from gwdet.config_checks import check_gwdet_config
-from gwdet.modeling import build_gw_resnet_backbone, build_gw_resnet_fpn_backbone, check_model, place_norm
-from gwdet.norms import Norm, UnknownNormError, known_norm_names, norm, norm_from_config, register_norm
+import warnings
+
+with warnings.catch_warnings():
+    # detectron2 and fvcore script a few helpers with torch.jit.script when first imported, which
+    # PyTorch >= 2.9 reports as deprecated: a note about their code, not the user's, so it is
+    # silenced for these imports only.
+    warnings.filterwarnings("ignore", message="`torch.jit.script` is deprecated", category=FutureWarning)
+    from gwdet.config import add_gwdet_config
+    from gwdet.config_checks import check_gwdet_config
+    from gwdet.modeling import build_gw_resnet_backbone, build_gw_resnet_fpn_backbone, check_model, place_norm
+    from gwdet.norms import Norm, UnknownNormError, known_norm_names, norm, norm_from_config, register_norm
 
 __all__ = [
     "Norm",

@@ -61,3 +61,12 @@ def test_stock_configs_build_bit_identical_models_with_gwdet_imported():
     with_gwdet = _python("-c", STOCK_MODEL_HASH, "with-gwdet")
     assert with_gwdet == without
     assert without.endswith(":[32]"), "GN keeps detectron2's 32 groups"
+
+
+def test_importing_gwdet_prints_no_warning_and_leaves_the_warning_filters_alone():
+    script = ("import warnings; before = list(warnings.filters); import gwdet, gwdet.engine; "
+              "print(warnings.filters == before)")
+    result = subprocess.run([sys.executable, "-W", "default", "-c", script], cwd=REPO, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr[-2000:]
+    assert "Warning" not in result.stderr, result.stderr[-2000:]

@@ -12,12 +12,8 @@ Everything but argument parsing lives in :mod:`gwdet.checkpoint`.
 """
 import argparse
 import sys
-import warnings
 
-# fvcore, imported through detectron2, scripts a function at import time; keep the report clean.
-warnings.filterwarnings("ignore", "`torch.jit.script` is deprecated", FutureWarning)
-
-from gwdet.checkpoint import ARCHITECTURES, ConversionError, convert_checkpoint  # noqa: E402
+from gwdet.checkpoint import ARCHITECTURES, ConversionError, convert_checkpoint
 
 
 def argument_parser() -> argparse.ArgumentParser:
