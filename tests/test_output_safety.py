@@ -165,3 +165,11 @@ def test_the_converter_refuses_an_existing_output_unless_told(tmp_path):
     replaced = subprocess.run(command + ["--overwrite"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert replaced.returncode == 0, replaced.stderr[-2000:]
     assert output.read_bytes() != b"earlier weights"
+
+
+def test_random_bytes_as_weights_are_named_as_not_a_checkpoint(tmp_path):
+    junk = tmp_path / "weights.pth"
+    junk.write_bytes(bytes(range(256)) * 8)
+    model = Trainer.build_model(build_config(str(DEMO_CONFIG), TINY_OPTS))
+    with pytest.raises(Exception, match=r"weights.pth is not a PyTorch checkpoint.*torch.save.*MODEL.WEIGHTS"):
+        ResilientCheckpointer(model).resume_or_load(str(junk), resume=False)

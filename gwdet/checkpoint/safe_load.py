@@ -66,12 +66,23 @@ def _globals_refused(path: str, error: Exception) -> list[str]:
     return sorted(set(_UNSUPPORTED_GLOBAL.findall(messages)))
 
 
+class NotACheckpointError(pickle.UnpicklingError):
+    """A file that does not start like anything ``torch.save`` writes."""
+
+
 def load_torch_file(path: str, allow_unsafe: bool, how_to_opt_in: str) -> Any:
     """``torch.load`` to CPU, weights-only unless ``allow_unsafe``.
 
-    Raises :class:`UnsafeCheckpointError` for a file that needs more; any other failure (truncated,
-    corrupted, not a checkpoint) propagates as torch raised it.
+    Raises :class:`NotACheckpointError` for a file that ``torch.save`` did not write,
+    :class:`UnsafeCheckpointError` for a file that needs more than weights-only loading; any other
+    failure (truncated, corrupted) propagates as torch raised it.
     """
+    if not starts_like_torch_save_output(path):
+        raise NotACheckpointError(
+            f"{path} is not a PyTorch checkpoint: it does not start like a file written by "
+            "torch.save (a zip archive or a pickle). Check the path (MODEL.WEIGHTS, OUTPUT_DIR), or "
+            "convert ImageNet weights with tools/convert_pretrained.py."
+        )
     try:
         return torch.load(path, map_location="cpu", weights_only=not allow_unsafe)
     except Exception as error:  # torch.load reports bad files with many exception types
