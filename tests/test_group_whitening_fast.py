@@ -249,3 +249,10 @@ def test_traced_layer_records_the_reference_formulas(tmp_path):
     loaded = torch.jit.load(str(tmp_path / "gw.pt"))
     other = torch.randn(3, 16, 4, 2)  # another batch size and spatial size
     assert torch.allclose(loaded(other), layer(other), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("flag", ["--norms", "--model-names"])
+def test_benchmark_refuses_names_it_would_not_time(flag):
+    result = subprocess.run([sys.executable, os.path.join(REPO, "tools", "benchmark.py"), flag, "FOO"],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and f"{flag}: unknown FOO; choose from" in result.stderr

@@ -595,6 +595,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "--section", default="main", help="name of the generated section in --out (several runs can share one file)"
     )
     args = parser.parse_args(argv)
+    known_norms = layer_factories(include_autograd=True, include_compiled=args.compile)
+    for flag, asked, known in (("--norms", args.norms, known_norms), ("--model-names", args.model_names,
+                                                                      [name for name, _ in MODELS])):
+        unknown = sorted(set(asked or ()) - set(known))
+        if unknown:
+            parser.error(f"{flag}: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
     if not args.layers and not args.models:
         args.layers = args.models = True
     if args.repeats is None:
