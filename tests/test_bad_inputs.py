@@ -58,6 +58,12 @@ LAYER_CASES = {
     "BW T": (lambda: BatchWhitening(16, T=0), ["T", ">= 1"]),
     "BGN example weight": (lambda: BatchGroupNorm(16, eval_example_weight=2.0), ["eval_example_weight", "[0, 1]"]),
     "GW wrong channels": (lambda: GroupWhitening(16)(torch.randn(2, 8, 4, 4)), ["(N, 16", "[2, 8, 4, 4]"]),
+    "GW integer input": (lambda: GroupWhitening(16)(torch.ones(2, 16, 4, 4, dtype=torch.int64)),
+                         ["floating-point input", "torch.int64", ".float()"]),
+    "GW one value per group": (lambda: GroupWhitening(16, num_groups=16)(torch.randn(2, 16)),
+                               ["single value", "normalizes to 0", "fewer groups"]),
+    "BW one value per channel in training": (lambda: BatchWhitening(16).train()(torch.randn(1, 16, 1, 1)),
+                                             ["each channel of the batch holds a single value"]),
 }
 
 

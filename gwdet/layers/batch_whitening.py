@@ -30,6 +30,7 @@ from .common import (
     check_int_at_least,
     check_positive,
     check_unit_interval,
+    check_values_per_group,
     largest_divisor_at_most,
     per_channel_affine,
     register_affine,
@@ -161,6 +162,8 @@ class BatchWhitening(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         check_input("BatchWhitening", x, self.num_channels)
+        if self.training:
+            check_values_per_group("BatchWhitening", x.numel() // self.num_channels, "channel of the batch")
         if not torch.jit.is_scripting():
             if tracing_named_ops():
                 return self._named_op(x)

@@ -50,11 +50,24 @@ def check_choice(owner: str, name: str, value: str, choices: List[str]) -> None:
 
 
 def check_input(owner: str, x: Tensor, num_channels: int) -> None:
-    """Raise ``ValueError`` unless ``x`` has shape ``(N, num_channels, *spatial)``."""
+    """Raise ``ValueError`` unless ``x`` is floating point with shape ``(N, num_channels, *spatial)``
+    (an integer input would be whitened and returned rounded to integers)."""
     if x.dim() < 2 or x.shape[1] != num_channels:
         raise ValueError(
             f"{owner}: expected input of shape (N, {num_channels}) or "
             f"(N, {num_channels}, *spatial), got {list(x.shape)}"
+        )
+    if not x.is_floating_point():
+        raise ValueError(f"{owner}: expected a floating-point input, got {x.dtype}; convert it with .float()")
+
+
+def check_values_per_group(owner: str, values: int, what: str) -> None:
+    """Raise ``ValueError`` when each normalized group holds one value: normalizing it gives 0 for
+    any input, so the layer would output its bias whatever it is given (batch norm refuses too)."""
+    if values == 1:
+        raise ValueError(
+            f"{owner}: each {what} holds a single value, which normalizes to 0 for any input; use "
+            "fewer groups, a larger input or (for batch statistics) more than one example"
         )
 
 

@@ -39,6 +39,7 @@ from .common import (
     check_input,
     check_int_at_least,
     check_positive,
+    check_values_per_group,
     largest_divisor_at_most,
     per_channel_affine,
     register_affine,
@@ -196,6 +197,10 @@ class GroupWhitening(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         check_input("GroupWhitening", x, self.num_channels)
         groups = self.effective_num_groups
+        positions = 1
+        for size in x.shape[2:]:
+            positions *= size
+        check_values_per_group("GroupWhitening", self.num_channels // groups * positions, "group of a sample")
         if torch.jit.is_scripting():
             return _reference(x, groups, self.T, self.eps, self.method, self.weight, self.bias)
         return _run(x, self.weight, self.bias, groups, self.T, self.eps, self.method)
