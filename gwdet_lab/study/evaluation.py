@@ -29,7 +29,9 @@ from typing import Callable, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 from detectron2.config import CfgNode
-from detectron2.data import build_detection_test_loader
+from detectron2.data import DatasetCatalog, DatasetMapper
+from detectron2.data.build import trivial_batch_collator
+from detectron2.data.common import DatasetFromList, MapDataset
 from detectron2.evaluation import inference_on_dataset
 from torch import nn
 
@@ -83,9 +85,18 @@ def use_batch_statistics(model: nn.Module) -> int:
     return len(targets)
 
 
+def test_loader(cfg: CfgNode, dataset: str, batch_size: int) -> torch.utils.data.DataLoader:
+    """``dataset`` in order, mapped for inference, ``batch_size`` images per batch (detectron2's
+    ``build_detection_test_loader`` takes a batch size only after release 0.6)."""
+    records = DatasetFromList(DatasetCatalog.get(dataset), copy=False)
+    mapped = MapDataset(records, DatasetMapper(cfg, is_train=False))
+    return torch.utils.data.DataLoader(mapped, batch_size=batch_size, shuffle=False, num_workers=0,
+                                       collate_fn=trivial_batch_collator)
+
+
 def evaluate(cfg: CfgNode, model: nn.Module, dataset: str, output_folder: str, batch_size: int = 1) -> dict:
     """COCO results ``{task: {metric: value}}`` of ``model`` (in eval mode) on ``dataset``."""
-    loader = build_detection_test_loader(cfg, dataset, batch_size=batch_size)
+    loader = test_loader(cfg, dataset, batch_size)
     evaluator = Trainer.build_evaluator(cfg, dataset, output_folder=output_folder)
     model.eval()
     with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its summary tables
