@@ -1,19 +1,16 @@
 # LazyConfig version of gwdet's GW Mask R-CNN: R-50-FPN with GW (g=64, ItN T=5) at S1-B2 of the
 # backbone (FrozenBN elsewhere, the ImageNet weights' BN frozen), in the FPN, in a 4conv1fc box head
 # and in the mask head. Every GW layer gets its values from GW below, so the values travel with
-# the config (LazyConfig.save / load keep them).
+# the config (LazyConfig.save / load keep them); GW and the box head: gw_parts.py.
 #   model = instantiate(LazyConfig.load("configs/LazyConfig/mask_rcnn_R_50_FPN_gw.py").model)
 # Training: detectron2's tools/lazyconfig_train_net.py --config-file <this file>, after `import gwdet`.
 from detectron2.config import LazyCall as L
-from detectron2.layers import ShapeSpec
 from detectron2.model_zoo import get_config
 from detectron2.modeling.backbone import BasicStem, ResNet
-from detectron2.modeling.roi_heads import FastRCNNConvFCHead
 
-import gwdet
 from gwdet.modeling import place_norm
 
-GW = L(gwdet.norm)(name="GW", num_groups=64, T=5, eps=1.0e-5)
+from .gw_parts import GW, box_head_4conv1fc
 
 model = get_config("common/models/mask_rcnn_fpn.py").model
 model.backbone.bottom_up = L(place_norm)(
@@ -29,12 +26,7 @@ model.backbone.bottom_up = L(place_norm)(
 )
 model.backbone.in_features = "${.bottom_up.resnet.out_features}"
 model.backbone.norm = GW
-model.roi_heads.box_head = L(FastRCNNConvFCHead)(
-    input_shape=ShapeSpec(channels=256, height=7, width=7),
-    conv_dims=[256, 256, 256, 256],
-    fc_dims=[1024],
-    conv_norm=GW,
-)
+model.roi_heads.box_head = box_head_4conv1fc(GW)
 model.roi_heads.mask_head.conv_norm = GW
 # Converted torchvision-layout ImageNet weights (tools/convert_pretrained.py): RGB input with
 # torchvision's mean/std in 0-255 units.
