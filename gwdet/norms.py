@@ -39,6 +39,7 @@ DETECTRON2_NORMS: dict[str, bool] = {
     "BN": True, "SyncBN": True, "FrozenBN": False, "GN": False, "nnSyncBN": True,
     "naiveSyncBN": True, "naiveSyncBN_N": True, "LN": False,
 }
+DETECTRON2_GN_GROUPS = 32  # detectron2's get_norm("GN") always has 32 groups
 _CHECKS = {key.name: key.check for key in CONFIG_KEYS}
 _REQUIRED = inspect.Parameter.empty
 
@@ -192,9 +193,6 @@ def norm_from_config(name: Any, cfg) -> Any:
 
 
 # ---- the built-in names ------------------------------------------------------------------------
-
-DETECTRON2_GN_GROUPS = 32
-
 
 def _detectron2_norm(name: str) -> Callable[[int], torch.nn.Module]:
     def build(channels: int) -> torch.nn.Module:

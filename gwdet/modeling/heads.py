@@ -23,7 +23,7 @@ from detectron2.modeling.roi_heads.box_head import ROI_BOX_HEAD_REGISTRY, FastRC
 from detectron2.modeling.roi_heads.mask_head import ROI_MASK_HEAD_REGISTRY, MaskRCNNConvUpsampleHead
 from torch import nn
 
-from gwdet.norms import DETECTRON2_NORMS, Norm, norm_from_config
+from gwdet.norms import Norm, norm_from_config, norm_kind
 
 
 class _ConvNormFromConfig:
@@ -50,7 +50,7 @@ def has_batch_statistics(norm: Any) -> bool:
     """Whether ``norm`` (a name or a :class:`gwdet.Norm`) normalizes over several examples."""
     if isinstance(norm, Norm):
         return norm.batch_statistics
-    return bool(DETECTRON2_NORMS.get(norm, False)) if isinstance(norm, str) else False
+    return norm_kind(norm).batch_statistics if isinstance(norm, str) and norm else False
 
 
 class PerLevelNorm(nn.Module):
