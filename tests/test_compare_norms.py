@@ -63,6 +63,9 @@ def test_study_killed_then_resumed_keeps_finished_cells_and_refuses_changed_conf
     assert bn.is_complete(), output
     assert first.returncode in (0, 130), output
     assert not gn.is_busy()  # no worker left behind holding the folder
+    # The stopped invocation's wall time and memory are recorded, to be added to the resumed one's.
+    stopped = gn.read_json("study_run.json")
+    assert stopped["sessions"] == 1 and stopped["wall_seconds"] > 0 and stopped["peak_rss_mb"] > 100
 
     # Both cells were recorded before anything trained, with the config they resolve to.
     for folder in (bn, gn):
@@ -78,6 +81,9 @@ def test_study_killed_then_resumed_keeps_finished_cells_and_refuses_changed_conf
         "[2/2 gn-b2-s0] done, skipped" in second.stdout  # the kill came after its last iteration
     assert [p.stat().st_mtime_ns for p in kept] == mtimes
     assert gn.is_complete()
+    if "resuming" in second.stdout:
+        resumed = gn.read_json("study_run.json")
+        assert resumed["sessions"] == 2 and resumed["wall_seconds"] > stopped["wall_seconds"]
 
     report = tmp_path / "paper"
     table = (report / "table.md").read_text()

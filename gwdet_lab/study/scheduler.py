@@ -79,8 +79,36 @@ class Active:
     process: subprocess.Popen
     stdout: IO
     started: float
+    earlier: dict  # the folder's study_run.json from earlier invocations
+    peak_mb: float = 0.0  # largest peak memory seen in this invocation
     shown_iteration: int | None = None
     shown_at: float = 0.0
+
+
+def peak_rss_mb(pid: int) -> float:
+    """Peak resident set size so far of a running process (``VmHWM`` in ``/proc``; 0 where the
+    OS does not say)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return 0.0
+
+
+def record_usage(active: Active, peak_mb: float) -> None:
+    """Write the cell's ``study_run.json``: wall time over every invocation (this one up to now)
+    and the largest peak memory. Written while the worker runs too, so that a study killed with
+    its workers loses at most one progress interval of a cell's wall time."""
+    earlier = active.earlier
+    active.peak_mb = max(active.peak_mb, peak_mb)
+    active.planned.folder.write_json(STUDY_RUN_JSON, {
+        "peak_rss_mb": max(active.peak_mb, earlier.get("peak_rss_mb", 0.0)),
+        "wall_seconds": time.monotonic() - active.started + earlier.get("wall_seconds", 0.0),
+        "sessions": 1 + earlier.get("sessions", 0),
+    })
 
 
 @dataclass
@@ -149,7 +177,7 @@ class Scheduler:
         stdout.flush()
         process = subprocess.Popen(command, stdout=stdout, stderr=subprocess.STDOUT,
                                    env=worker_environment(self.threads))
-        active = Active(planned, self.label(planned), process, stdout, time.monotonic())
+        active = Active(planned, self.label(planned), process, stdout, time.monotonic(), folder.read_json(STUDY_RUN_JSON))
         self.active.append(active)
         self.echo(f"{active.label} {state} ({planned.max_iter} iterations of {planned.cfg.SOLVER.IMS_PER_BATCH} "
                   f"images) -> {folder.path}; {self.eta_text(queue)}")
@@ -159,12 +187,7 @@ class Scheduler:
         active.stdout.close()
         folder, name = active.planned.folder, active.planned.cell.name
         seconds = time.monotonic() - active.started
-        record = folder.read_json(STUDY_RUN_JSON)
-        folder.write_json(STUDY_RUN_JSON, {
-            "peak_rss_mb": max(usage.ru_maxrss / 1024.0, record.get("peak_rss_mb", 0.0)),
-            "wall_seconds": seconds + record.get("wall_seconds", 0.0),
-            "sessions": 1 + record.get("sessions", 0),
-        })
+        record_usage(active, usage.ru_maxrss / 1024.0)
         code = os.waitstatus_to_exitcode(status)
         if code == 0 and is_done(active.planned, self.weights):
             self.echo(f"{active.label} finished in {format_duration(seconds)}")
@@ -189,6 +212,7 @@ class Scheduler:
             except subprocess.TimeoutExpired:
                 active.process.kill()
                 active.process.wait()
+            record_usage(active, 0.0)
             active.stdout.close()
         self.active = []
 
@@ -198,6 +222,7 @@ class Scheduler:
         now = time.monotonic()
         if active.shown_iteration is not None and now - active.shown_at < self.progress_seconds:
             return
+        record_usage(active, peak_rss_mb(active.process.pid))
         records = [r for r in active.planned.folder.metrics() if "total_loss" in r]
         if not records or records[-1]["iteration"] == active.shown_iteration:
             return
