@@ -2,13 +2,13 @@
 as in the group whitening authors' models) converted into detectron2 ``.pkl`` weights for gwdet's
 backbones. The command line is ``tools/convert_pretrained.py``; see :mod:`gwdet.checkpoint.convert`.
 """
+from gwdet.checkpoint.architecture import ARCHITECTURES, Architecture
 from gwdet.checkpoint.convert import (
     ConversionReport,
     convert_checkpoint,
     convert_state_dict,
     write_detectron2_pkl,
 )
-from gwdet.checkpoint.layout import ARCHITECTURES, Architecture
 from gwdet.checkpoint.loading import ConversionError, SourceStateDict, read_source_state_dict
 
 __all__ = [

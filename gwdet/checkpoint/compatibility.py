@@ -15,7 +15,8 @@ import torch
 import detectron2.layers.batch_norm as detectron2_norms
 from detectron2.modeling.backbone import ResNet
 
-from gwdet.checkpoint.layout import ARCHITECTURES
+from gwdet.checkpoint.architecture import ARCHITECTURES
+from gwdet.checkpoint.metadata import ARCH_FIELD, GW_POSITIONS_FIELD
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
 from gwdet.modeling.heads import PerLevelNorm
 from gwdet.positions import format_gw_positions, parse_gw_positions, positions_with_norm
@@ -30,7 +31,7 @@ def check_weights_fit_model(metadata: Mapping, model: torch.nn.Module) -> None:
     resnet = _resnet_of(model)
     if resnet is None:
         return
-    arch = ARCHITECTURES.get(metadata.get("arch"))
+    arch = ARCHITECTURES.get(metadata.get(ARCH_FIELD))
     if arch is not None:
         conv2 = resnet.stages[0][0].conv2
         found = (tuple(len(stage) for stage in resnet.stages), conv2.groups, conv2.out_channels // conv2.groups)
@@ -43,8 +44,8 @@ def check_weights_fit_model(metadata: Mapping, model: torch.nn.Module) -> None:
                 f"MODEL.RESNETS.DEPTH {arch.depth}, NUM_GROUPS {arch.num_groups}, WIDTH_PER_GROUP "
                 f"{arch.width_per_group}, or load the weights converted for this architecture."
             )
-    if "gw_positions" in metadata:
-        expected = parse_gw_positions(metadata["gw_positions"])
+    if GW_POSITIONS_FIELD in metadata:
+        expected = parse_gw_positions(metadata[GW_POSITIONS_FIELD])
         present = positions_with_norm(resnet, (GroupWhitening,))
         if expected != present:
             raise ValueError(

@@ -1,10 +1,13 @@
 """Convert a torchvision-layout ImageNet ResNet/ResNeXt checkpoint into a detectron2 ``.pkl``.
 
-The output is ``{"model": {name: float32 ndarray}, "__author__": ..., "matching_heuristics": True,
-"gwdet": {"arch", "gw_positions", "norm", "source"}}`` with detectron2's ResNet names
-(``stem.conv1.weight``, ``res2.0.conv2.norm.weight``, ...), so ``DetectionCheckpointer(model)
-.load(path)`` maps them onto ``backbone.bottom_up.*`` of gwdet's backbones (and returns the
-``"gwdet"`` entry among the unprocessed ones).
+The steps, each in its own module: read the file (:mod:`~gwdet.checkpoint.loading`), map
+torchvision's names onto detectron2's (:mod:`~gwdet.checkpoint.torchvision_keys`), infer the
+architecture and the GW positions (:mod:`~gwdet.checkpoint.architecture`), check every tensor
+against the backbone that will load it (:mod:`~gwdet.checkpoint.target_backbone`); this module
+assembles the output, whose entries :mod:`~gwdet.checkpoint.metadata` describes. Its weights carry
+detectron2's ResNet names (``stem.conv1.weight``, ``res2.0.conv2.norm.weight``, ...), so
+``DetectionCheckpointer(model).load(path)`` maps them onto ``backbone.bottom_up.*`` of gwdet's
+backbones (and returns the ``"gwdet"`` entry among the unprocessed ones).
 
 The architecture and the GW positions are inferred from the checkpoint and, when the caller names
 them, checked against it, so BN statistics never go into a GW layer nor GW parameters into a BN
@@ -24,22 +27,18 @@ import pickle
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from gwdet.atomic import write_atomically
-from gwdet.checkpoint.layout import (
+from gwdet.checkpoint.architecture import (
     ARCHITECTURES,
-    NORM_POSITIONS,
-    SourceLayout,
-    check_fits_architecture,
+    check_bottleneck_blocks,
     check_requested_architecture,
     check_requested_gw_positions,
     check_requested_names,
-    detectron2_weights,
-    expected_shapes,
     infer_architecture,
     infer_gw_positions,
     is_gn_style,
-    parse_torchvision_layout,
 )
 from gwdet.checkpoint.loading import (
     ConversionError,
@@ -47,13 +46,20 @@ from gwdet.checkpoint.loading import (
     preview_names,
     read_source_state_dict,
 )
+from gwdet.checkpoint.metadata import (
+    AUTHOR_KEY,
+    MATCHING_HEURISTICS_KEY,
+    METADATA_KEY,
+    WEIGHTS_KEY,
+    conversion_author,
+    conversion_metadata,
+)
+from gwdet.checkpoint.target_backbone import check_fits_architecture, expected_shapes, loading_config
+from gwdet.checkpoint.torchvision_keys import SourceLayout, parse_torchvision_layout
 from gwdet.positions import format_gw_positions
 
 OUTPUT_SUFFIX = ".pkl"
-METADATA_KEY = "gwdet"
 UNEXPECTED_FLAG = "--allow-unexpected"
-TORCHVISION_PIXEL_MEAN = (123.675, 116.28, 103.53)  # ImageNet statistics, RGB, 0-255 units
-TORCHVISION_PIXEL_STD = (58.395, 57.12, 57.375)
 
 
 @dataclass
@@ -118,33 +124,15 @@ class ConversionReport:
 
     def config(self) -> dict[str, object]:
         """The config keys (detectron2's and gwdet's) of a model loading these weights."""
-        arch = ARCHITECTURES[self.arch]
-        return {
-            "MODEL.RESNETS.DEPTH": arch.depth,
-            "MODEL.RESNETS.NUM_GROUPS": arch.num_groups,
-            "MODEL.RESNETS.WIDTH_PER_GROUP": arch.width_per_group,
-            "MODEL.RESNETS.STRIDE_IN_1X1": False,
-            "MODEL.RESNETS.NORM": "GN" if self.gn_style else "FrozenBN",  # BN/SyncBN to train it
-            "MODEL.RESNETS.GW_POSITIONS": self.gw_positions,
-            "MODEL.PIXEL_MEAN": list(TORCHVISION_PIXEL_MEAN),
-            "MODEL.PIXEL_STD": list(TORCHVISION_PIXEL_STD),
-            "INPUT.FORMAT": "RGB",
-        }
+        return loading_config(ARCHITECTURES[self.arch], self.gw_positions, self.gn_style)
 
     def author(self) -> str:
         """The output's ``__author__``; detectron2 logs it when loading the weights."""
-        positions = self.gw_positions or "none"
-        source = os.path.basename(self.source)
-        return f"gwdet convert_pretrained: {source} as {self.arch}, GW at {positions}"
+        return conversion_author(self.arch, self.gw_positions, self.source)
 
     def metadata(self) -> dict[str, str]:
         """What the weights are, stored in the output under :data:`METADATA_KEY`."""
-        return {
-            "arch": self.arch,
-            "gw_positions": self.gw_positions,
-            "norm": "GN" if self.gn_style else "BN",
-            "source": os.path.basename(self.source),
-        }
+        return conversion_metadata(self.arch, self.gw_positions, self.gn_style, self.source)
 
 
 def _yaml_value(value: object) -> str:
@@ -182,6 +170,7 @@ def convert_state_dict(
     """
     check_requested_names(arch, gw_positions)
     layout = parse_torchvision_layout(source.tensors)
+    check_bottleneck_blocks(layout)
     _check_unexpected(layout, allow_unexpected)
     inferred_arch = infer_architecture(layout)
     check_requested_architecture(inferred_arch, arch)
@@ -189,8 +178,7 @@ def convert_state_dict(
     check_requested_gw_positions(positions, gw_positions)
     gn_style = is_gn_style(layout)
     weights, reshaped = detectron2_weights(layout)
-    affine_only_positions = frozenset(NORM_POSITIONS) if gn_style else positions
-    expected = expected_shapes(inferred_arch, affine_only_positions)
+    expected = expected_shapes(inferred_arch, format_gw_positions(positions), gn_style)
     check_fits_architecture(weights, expected, inferred_arch)
     affine_norms = sum(norm.affine_only for norm in layout.norms.values())
     return weights, ConversionReport(
@@ -211,6 +199,30 @@ def convert_state_dict(
         dropped_num_batches_tracked=len(layout.dropped_num_batches_tracked),
         unexpected=sorted(layout.unexpected),
     )
+
+
+def detectron2_weights(layout: SourceLayout) -> tuple[dict[str, np.ndarray], int]:
+    """detectron2-named float32 arrays of the convs and norms, and the number reshaped to [C]."""
+    weights = {key: _float_array(key, value) for key, value in layout.convs.items()}
+    reshaped = 0
+    for norm in layout.norms.values():
+        for leaf, value in norm.tensors.items():
+            if norm.affine_only and _is_broadcast_affine(value):
+                value = value.reshape(-1)
+                reshaped += 1
+            weights[f"{norm.target}.{leaf}"] = _float_array(f"{norm.source}.{leaf}", value)
+    return weights, reshaped
+
+
+def _is_broadcast_affine(value: torch.Tensor) -> bool:
+    """The GW authors' affine layout ``[1, C, 1, 1]``."""
+    return value.dim() == 4 and value.shape[0] == 1 and value.shape[2:] == (1, 1)
+
+
+def _float_array(name: str, value: torch.Tensor) -> np.ndarray:
+    if not value.is_floating_point():
+        raise ConversionError(f"{name} has dtype {value.dtype}; weights must be floating point.")
+    return value.detach().to(torch.float32).numpy()
 
 
 def _check_unexpected(layout: SourceLayout, allow_unexpected: bool) -> None:
@@ -288,7 +300,7 @@ def write_detectron2_pkl(
     ``output_path`` never holds a partial file. ``metadata`` goes under :data:`METADATA_KEY`.
     """
     output_path = os.fspath(output_path)
-    checkpoint = {"model": weights, "__author__": author, "matching_heuristics": True}
+    checkpoint = {WEIGHTS_KEY: weights, AUTHOR_KEY: author, MATCHING_HEURISTICS_KEY: True}
     if metadata is not None:
         checkpoint[METADATA_KEY] = metadata
     try:

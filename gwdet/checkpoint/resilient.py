@@ -30,7 +30,7 @@ from detectron2.checkpoint import DetectionCheckpointer
 
 from gwdet.atomic import write_atomically
 from gwdet.checkpoint.compatibility import NORM_TYPES_KEY, check_norm_types, check_weights_fit_model, norm_types
-from gwdet.checkpoint.convert import METADATA_KEY
+from gwdet.checkpoint.metadata import read_conversion_metadata
 from gwdet.checkpoint.safe_load import UnsafeCheckpointError, load_pickle_file, load_torch_file
 
 UNSAFE_PICKLE_ENV = "GWDET_ALLOW_UNSAFE_PICKLE"
@@ -145,8 +145,9 @@ class ResilientCheckpointer(DetectionCheckpointer):
         return self.load_weights(path)
 
     def _load_model(self, checkpoint: dict):
-        if isinstance(checkpoint.get(METADATA_KEY), dict):
-            check_weights_fit_model(checkpoint[METADATA_KEY], self.model)
+        metadata = read_conversion_metadata(checkpoint)
+        if metadata is not None:
+            check_weights_fit_model(metadata, self.model)
         if isinstance(checkpoint.get(NORM_TYPES_KEY), dict) and not mismatch_allowed():
             check_norm_types(checkpoint.pop(NORM_TYPES_KEY), self.model, _MISMATCH_OPT_IN)
         checkpoint.pop(NORM_TYPES_KEY, None)

@@ -1,0 +1,196 @@
+"""The architectures a converted checkpoint can have, and which one (with which GW positions) a
+torchvision-layout state dict is.
+
+The catalogue holds the bottleneck ResNets/ResNeXts of detectron2's ``MODEL.RESNETS`` that ImageNet
+checkpoints come in. A checkpoint's architecture is read off its blocks per stage and the grouping of
+its first 3x3 conv; its GW positions (group_whitening_huang2021, Sec. 5.1.1) are the positions whose
+norms have no running statistics. When no norm has any, the checkpoint is GN-style (e.g. an
+ImageNet GN ResNet) and has no GW.
+"""
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Iterable
+
+from gwdet.checkpoint.loading import ConversionError, preview_names
+from gwdet.checkpoint.torchvision_keys import NORM_POSITIONS, SHORTCUT, SourceLayout
+from gwdet.positions import format_gw_positions, parse_gw_positions
+
+_TARGET_BLOCK = re.compile(r"res([2-5])\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A bottleneck ResNet/ResNeXt as detectron2's ``MODEL.RESNETS`` describes it."""
+
+    name: str
+    depth: int
+    blocks_per_stage: tuple[int, int, int, int]
+    num_groups: int
+    width_per_group: int
+
+    def describe(self) -> str:
+        """``"R-50 (blocks per stage [3, 4, 6, 3], conv2 1 group x 64 channels)"``."""
+        shape = _describe_shape(self.blocks_per_stage, self.num_groups, self.width_per_group)
+        return f"{self.name} ({shape})"
+
+
+ARCHITECTURES = {
+    arch.name: arch
+    for arch in (
+        Architecture("R-50", 50, (3, 4, 6, 3), 1, 64),
+        Architecture("R-101", 101, (3, 4, 23, 3), 1, 64),
+        Architecture("X-50-32x4d", 50, (3, 4, 6, 3), 32, 4),
+        Architecture("X-101-32x8d", 101, (3, 4, 23, 3), 32, 8),
+    )
+}
+
+
+def _describe_shape(blocks: Iterable[int], num_groups: int, width_per_group: int) -> str:
+    groups = f"{num_groups} group{'s' if num_groups != 1 else ''}"
+    return f"blocks per stage {list(blocks)}, conv2 {groups} x {width_per_group} channels"
+
+
+# ---- the architecture of a checkpoint -------------------------------------------------------
+
+
+def check_bottleneck_blocks(layout: SourceLayout) -> None:
+    """Raise for a basic-block ResNet (ResNet-18/34), which no supported architecture is."""
+    if "res2.0.conv3.weight" not in layout.convs:
+        raise ConversionError(
+            "this is a basic-block ResNet (ResNet-18/34: no layer1.0.conv3). gwdet's GW "
+            "positions and the supported architectures need bottleneck blocks: use a "
+            f"checkpoint of {', '.join(ARCHITECTURES)}."
+        )
+
+
+def infer_architecture(layout: SourceLayout) -> Architecture:
+    """The architecture with the checkpoint's blocks per stage and conv2 grouping."""
+    blocks = _blocks_per_stage(layout)
+    num_groups, width_per_group = _conv2_grouping(layout)
+    found = (blocks, num_groups, width_per_group)
+    for arch in ARCHITECTURES.values():
+        if (arch.blocks_per_stage, arch.num_groups, arch.width_per_group) == found:
+            return arch
+    supported = "; ".join(arch.describe() for arch in ARCHITECTURES.values())
+    raise ConversionError(
+        "unsupported architecture: the checkpoint has "
+        f"{_describe_shape(blocks, num_groups, width_per_group)}. Supported: {supported}."
+    )
+
+
+def _blocks_per_stage(layout: SourceLayout) -> tuple[int, ...]:
+    blocks: dict[int, set[int]] = defaultdict(set)
+    for target in [*layout.convs, *(norm.target for norm in layout.norms.values())]:
+        match = _TARGET_BLOCK.match(target)
+        if match:
+            blocks[int(match.group(1))].add(int(match.group(2)))
+    return tuple(len(blocks[stage]) for stage in range(2, 6))
+
+
+def _conv2_grouping(layout: SourceLayout) -> tuple[int, int]:
+    """(groups, channels per group) of the first block's 3x3 conv, read off its weight's shape."""
+    weight = layout.convs.get("res2.0.conv2.weight")
+    if weight is None or weight.dim() != 4 or weight.shape[1] == 0:
+        raise ConversionError(
+            "layer1.0.conv2.weight is missing or not a 4-d conv weight, so ResNet cannot be told "
+            "from ResNeXt. The checkpoint is incomplete or not a torchvision-layout ResNet."
+        )
+    out_channels, width_per_group = int(weight.shape[0]), int(weight.shape[1])
+    return out_channels // width_per_group, width_per_group
+
+
+def check_requested_names(arch: str | None, gw_positions: str | None) -> None:
+    """Raise for an unknown architecture or a malformed GW_POSITIONS string (None: no request)."""
+    if arch is not None and arch not in ARCHITECTURES:
+        raise ConversionError(
+            f"unknown architecture {arch!r}: choose one of {', '.join(ARCHITECTURES)}."
+        )
+    if gw_positions is not None:
+        _parse_requested_gw_positions(gw_positions)
+
+
+def check_requested_architecture(inferred: Architecture, requested: str | None) -> None:
+    """Raise unless ``requested`` (an ``ARCHITECTURES`` name, or None for any) is ``inferred``."""
+    if requested is None or requested == inferred.name:
+        return
+    raise ConversionError(
+        f"the checkpoint does not fit --arch {requested}: it is {inferred.describe()}, while "
+        f"{ARCHITECTURES[requested].describe()}. Pass --arch {inferred.name} (and the matching "
+        "MODEL.RESNETS config), or convert the checkpoint you meant."
+    )
+
+
+# ---- the GW positions of a checkpoint -------------------------------------------------------
+
+
+def is_gn_style(layout: SourceLayout) -> bool:
+    """No norm has running statistics (e.g. an ImageNet GN ResNet): nothing there is BN."""
+    return all(norm.affine_only for norm in layout.norms.values())
+
+
+def infer_gw_positions(layout: SourceLayout) -> frozenset[str]:
+    """The positions (gwdet tokens S1, B1, B2, B3) whose norms are GW, i.e. affine-only.
+
+    A GN-style checkpoint has none. Raises when GW sits at the shortcuts, or at a block
+    position in some blocks but not in others: gwdet's backbone has neither.
+    """
+    if is_gn_style(layout):
+        return frozenset()
+    positions = set()
+    for position in NORM_POSITIONS:
+        norms = [norm for norm in layout.norms.values() if norm.position == position]
+        gw = [norm.source for norm in norms if norm.affine_only]
+        bn = [norm.source for norm in norms if not norm.affine_only]
+        if gw and position == SHORTCUT:
+            raise ConversionError(
+                f"norms without running statistics at shortcuts ({preview_names(gw, 3)}) "
+                "while other norms are BN: gwdet's backbone keeps BN at shortcuts."
+            )
+        if gw and bn:
+            raise ConversionError(
+                f"inconsistent GW positions: {len(gw)} of {len(norms)} norms at {position} are GW "
+                f"(e.g. {gw[0]}), the others BN (e.g. {bn[0]}). gwdet puts the same norm at a "
+                "position in every block, so no GW_POSITIONS fits this checkpoint."
+            )
+        if gw:
+            positions.add(position)
+    return frozenset(positions)
+
+
+def check_requested_gw_positions(inferred: frozenset[str], requested: str | None) -> None:
+    """Raise unless ``requested`` (a GW_POSITIONS string, or None for any) names ``inferred``."""
+    if requested is None:
+        return
+    wanted = _parse_requested_gw_positions(requested)
+    if wanted == inferred:
+        return
+    consequences = []
+    if wanted - inferred:
+        consequences.append(
+            f"BN statistics would go into GW layers at {_quoted(wanted - inferred)}"
+        )
+    if inferred - wanted:
+        consequences.append(
+            f"GW parameters would go into BN layers at {_quoted(inferred - wanted)}"
+        )
+    raise ConversionError(
+        f"the checkpoint does not fit --gw-positions {requested!r}: it has GW (norms without "
+        f"running statistics) at {_quoted(inferred)}, so {' and '.join(consequences)}. "
+        f"Pass --gw-positions '{format_gw_positions(inferred)}' and set "
+        "MODEL.RESNETS.GW_POSITIONS to the same, or convert the checkpoint you meant."
+    )
+
+
+def _parse_requested_gw_positions(requested: str) -> frozenset[str]:
+    try:
+        return parse_gw_positions(requested)
+    except ValueError as error:
+        message = str(error).replace("MODEL.RESNETS.GW_POSITIONS=", "--gw-positions ")
+        raise ConversionError(message) from None
+
+
+def _quoted(positions: frozenset[str]) -> str:
+    return repr(format_gw_positions(positions)) if positions else "no position"

@@ -1,0 +1,53 @@
+"""The entries of a converted ``.pkl``: written by the converter, read back when the weights load.
+
+A converted file is detectron2's weights format plus gwdet's record of what the weights are::
+
+    {"model": {name: float32 ndarray},      # detectron2's ResNet names
+     "__author__": "gwdet convert_pretrained: resnet50.pth as R-50, GW at none",
+     "matching_heuristics": True,           # detectron2 maps the names onto backbone.bottom_up.*
+     "gwdet": {"arch": "R-50",              # a gwdet.checkpoint.ARCHITECTURES name
+               "gw_positions": "S1-B2",     # MODEL.RESNETS.GW_POSITIONS spelling; "" is no GW
+               "norm": "BN",                # the norm elsewhere: "BN", or "GN" for a GN-style file
+               "source": "resnet50.pth"}}   # the converted file's name
+
+detectron2 logs ``__author__`` when it loads the file; gwdet's checkpointer reads the ``"gwdet"``
+entry back (:func:`read_conversion_metadata`) and refuses weights whose architecture or GW
+positions misfit the model (:mod:`gwdet.checkpoint.compatibility`).
+"""
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+WEIGHTS_KEY = "model"
+AUTHOR_KEY = "__author__"
+MATCHING_HEURISTICS_KEY = "matching_heuristics"
+METADATA_KEY = "gwdet"
+ARCH_FIELD = "arch"
+GW_POSITIONS_FIELD = "gw_positions"
+NORM_FIELD = "norm"
+SOURCE_FIELD = "source"
+
+
+def conversion_metadata(arch: str, gw_positions: str, gn_style: bool, source: str) -> dict[str, str]:
+    """The ``"gwdet"`` entry of weights converted from ``source`` (a path; its name is kept)."""
+    return {
+        ARCH_FIELD: arch,
+        GW_POSITIONS_FIELD: gw_positions,
+        NORM_FIELD: "GN" if gn_style else "BN",
+        SOURCE_FIELD: os.path.basename(source),
+    }
+
+
+def conversion_author(arch: str, gw_positions: str, source: str) -> str:
+    """The ``__author__`` line of weights converted from ``source``."""
+    return (
+        f"gwdet convert_pretrained: {os.path.basename(source)} as {arch}, "
+        f"GW at {gw_positions or 'none'}"
+    )
+
+
+def read_conversion_metadata(checkpoint: Mapping) -> Mapping | None:
+    """The ``"gwdet"`` entry of a loaded checkpoint; None for weights the converter did not write."""
+    metadata = checkpoint.get(METADATA_KEY)
+    return metadata if isinstance(metadata, Mapping) else None

@@ -1,0 +1,130 @@
+"""torchvision's ResNet/ResNeXt key layout, and its mapping onto detectron2's ResNet names.
+
+Source modules (torchvision) and their detectron2 counterparts (gwdet's backbone, without the
+``backbone.bottom_up.`` prefix that detectron2's matching heuristics add when loading)::
+
+    conv1                      -> stem.conv1
+    bn1                        -> stem.conv1.norm            position S1
+    layer{i}.{j}.conv{k}       -> res{i+1}.{j}.conv{k}
+    layer{i}.{j}.bn{k}         -> res{i+1}.{j}.conv{k}.norm  position B{k}
+    layer{i}.{j}.downsample.0  -> res{i+1}.{j}.shortcut
+    layer{i}.{j}.downsample.1  -> res{i+1}.{j}.shortcut.norm
+    fc                         -> dropped (the ImageNet classifier)
+
+A norm with ``running_mean``/``running_var`` is a BN; one with only ``weight``/``bias`` has no batch
+statistics (GW, or GN in a GN-style checkpoint; the GW authors' modules keep their affine as
+``[1, C, 1, 1]``). What the norms say about the architecture is :mod:`gwdet.checkpoint.architecture`.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from gwdet.checkpoint.loading import ConversionError, preview_names
+from gwdet.positions import POSITIONS
+
+BN_LEAVES = frozenset({"weight", "bias", "running_mean", "running_var"})
+AFFINE_LEAVES = frozenset({"weight", "bias"})
+DROPPED_NORM_LEAF = "num_batches_tracked"
+CLASSIFIER_MODULE = "fc"
+SHORTCUT = "shortcut"
+NORM_POSITIONS = (*POSITIONS, SHORTCUT)
+CONV = "conv"
+
+_BLOCK_MODULE = re.compile(r"layer([1-4])\.(\d+)\.(conv[123]|bn[123]|downsample\.[01])")
+
+
+@dataclass
+class SourceNorm:
+    """One norm module of the source checkpoint, ``num_batches_tracked`` left out."""
+
+    source: str  # torchvision module, e.g. "layer1.0.bn2"
+    target: str  # detectron2 module, e.g. "res2.0.conv2.norm"
+    position: str  # one of NORM_POSITIONS
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def affine_only(self) -> bool:
+        """No running statistics: GW (or GN in a GN-style checkpoint), not BN."""
+        return set(self.tensors) == AFFINE_LEAVES
+
+
+@dataclass
+class SourceLayout:
+    """A torchvision-layout state dict, sorted into what is converted, dropped, or unknown."""
+
+    convs: dict[str, torch.Tensor] = field(default_factory=dict)  # detectron2 key -> weight
+    norms: dict[str, SourceNorm] = field(default_factory=dict)  # torchvision module -> norm
+    dropped_classifier: list[str] = field(default_factory=list)
+    dropped_num_batches_tracked: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+
+
+def parse_torchvision_layout(tensors: dict[str, torch.Tensor]) -> SourceLayout:
+    """Sort every key of ``tensors`` into convs, norms, dropped keys and unexpected keys.
+
+    Raises:
+        ConversionError: the keys are not a torchvision ResNet's, or a norm is neither a complete
+            BN nor an affine-only layer.
+    """
+    layout = SourceLayout()
+    for key, value in tensors.items():
+        module, _, leaf = key.rpartition(".")
+        target = _detectron2_module(module)
+        if module == CLASSIFIER_MODULE:
+            layout.dropped_classifier.append(key)
+        elif target is None:
+            layout.unexpected.append(key)
+        elif target[1] == CONV and leaf == "weight":
+            layout.convs[f"{target[0]}.weight"] = value
+        elif target[1] != CONV and leaf == DROPPED_NORM_LEAF:
+            layout.dropped_num_batches_tracked.append(key)
+        elif target[1] != CONV and leaf in BN_LEAVES:
+            norm = layout.norms.setdefault(module, SourceNorm(module, *target))
+            norm.tensors[leaf] = value
+        else:  # e.g. a conv bias: torchvision's ResNet convs have none
+            layout.unexpected.append(key)
+    _check_resnet_keys(layout, tensors)
+    _check_norms_complete(layout)
+    return layout
+
+
+def _detectron2_module(module: str) -> tuple[str, str] | None:
+    """torchvision module -> (detectron2 module, CONV or the norm's position); None if unknown."""
+    if module == "conv1":
+        return "stem.conv1", CONV
+    if module == "bn1":
+        return "stem.conv1.norm", "S1"
+    match = _BLOCK_MODULE.fullmatch(module)
+    if match is None:
+        return None
+    stage, block, part = match.groups()
+    prefix = f"res{int(stage) + 1}.{block}"
+    if part.startswith("conv"):
+        return f"{prefix}.{part}", CONV
+    if part.startswith("bn"):
+        return f"{prefix}.conv{part[-1]}.norm", f"B{part[-1]}"
+    if part == "downsample.0":
+        return f"{prefix}.shortcut", CONV
+    return f"{prefix}.shortcut.norm", SHORTCUT
+
+
+def _check_resnet_keys(layout: SourceLayout, tensors: dict[str, torch.Tensor]) -> None:
+    if "stem.conv1.weight" not in layout.convs or "res2.0.conv1.weight" not in layout.convs:
+        raise ConversionError(
+            "not a torchvision-layout ResNet/ResNeXt: expected keys like 'conv1.weight', "
+            "'bn1.running_mean', 'layer1.0.conv2.weight', 'layer1.0.downsample.0.weight' "
+            f"(after removing 'module.' prefixes), found {preview_names(list(tensors))}."
+        )
+
+
+def _check_norms_complete(layout: SourceLayout) -> None:
+    for norm in layout.norms.values():
+        if set(norm.tensors) not in (BN_LEAVES, AFFINE_LEAVES):
+            raise ConversionError(
+                f"norm {norm.source} has {sorted(norm.tensors)}: neither a BatchNorm "
+                f"({sorted(BN_LEAVES)}) nor a GW layer ({sorted(AFFINE_LEAVES)}). The "
+                "checkpoint is incomplete or not a torchvision-layout ResNet."
+            )
