@@ -41,6 +41,7 @@ from gwdet.data import prepare_datasets
 from gwdet.data.resumable import build_resumable_train_loader, skip_trained_samples
 from gwdet.modeling import check_model
 from gwdet.output_dir import OutputDirLock, check_fresh_start, check_resume_config, run_files
+from gwdet.tables import Column, Table
 from gwdet.visualize import save_prediction_pngs
 
 RESULTS_MARKDOWN = "results.md"
@@ -131,11 +132,14 @@ class Trainer(DefaultTrainer):
 
 def argument_parser() -> argparse.ArgumentParser:
     """detectron2's parser (``--config-file``, ``--resume``, ``--eval-only``, ``--num-gpus``, ...)
-    plus ``--overwrite``.
+    plus ``--overwrite`` and ``--threads``.
 
     ``--config`` works as well: argparse accepts it as the unambiguous prefix of ``--config-file``.
     """
     parser = default_argument_parser()
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads per process (default: the CPUs other processes leave free, "
+                             "shared by --num-gpus processes; see gwdet.threads)")
     parser.add_argument("--overwrite", action="store_true",
                         help="train from iteration 0 into an OUTPUT_DIR that holds an earlier run, "
                              "deleting that run's checkpoints, metrics and results first")
@@ -234,8 +238,8 @@ def results_markdown(results: Mapping) -> str:
         for task, metrics in tasks.items():
             names = [name for name in metrics if "-" not in name]  # AP, AP50, ... not per-class
             title = f"{dataset} {task}".strip()
-            lines += [f"### {title}", "", "| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
-            lines += ["| " + " | ".join(f"{metrics[name]:.2f}" for name in names) + " |", ""]
+            table = Table([Column(name, fmt="{:.2f}") for name in names], [{name: metrics[name] for name in names}])
+            lines += [f"### {title}", "", table.markdown(), ""]
     return "\n".join(lines)
 
 

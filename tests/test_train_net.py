@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from gwdet.engine import Trainer, argument_parser, build_config, results_markdown, write_results
+from gwdet.engine import Trainer, argument_parser, build_config, flatten_results, results_markdown, write_results
 from gwdet.data import prepare_datasets
 
 from conftest import DEMO_CONFIG, REPO, TINY_OPTS
@@ -40,8 +40,21 @@ def test_missing_config_file_is_a_clear_error(tmp_path):
 
 def test_results_markdown_has_one_table_per_task():
     text = results_markdown({"bbox": {"AP": 12.5, "AP50": 30.0, "AP-circle": 1.0}, "segm": {"AP": 10.0}})
-    assert "### bbox" in text and "### segm" in text and "12.50" in text
+    assert text == (
+        "### bbox\n\n| AP | AP50 |\n| --- | --- |\n| 12.50 | 30.00 |\n\n"
+        "### segm\n\n| AP |\n| --- |\n| 10.00 |\n"
+    )
     assert "AP-circle" not in text, "per-class columns stay in results.json"
+
+
+def test_results_with_and_without_the_dataset_level_flatten_alike():
+    per_task = {"bbox": {"AP": 12.5, "AP50": float("nan")}}
+    assert flatten_results(per_task) == {"": per_task}
+    assert flatten_results({"shapes_val": per_task}) == {"shapes_val": per_task}
+    assert results_markdown({"shapes_val": per_task}).splitlines()[:5] == [
+        "### shapes_val bbox", "", "| AP | AP50 |", "| --- | --- |", "| 12.50 | nan |",
+    ]
+    assert results_markdown(per_task).splitlines()[0] == "### bbox"
 
 
 def test_train_net_script_end_to_end(tmp_path):

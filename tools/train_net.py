@@ -9,15 +9,23 @@
 
 Trailing ``KEY VALUE`` pairs override the config. Everything but argument parsing lives in
 :mod:`gwdet.engine`. ``--num-gpus N`` starts N processes: one per GPU, or N CPU processes (gloo)
-when there is no GPU (:mod:`gwdet.launch`, which also works on detectron2 v0.6).
+when there is no GPU (:mod:`gwdet.launch`, which also works on detectron2 v0.6). CPU threads: see
+:mod:`gwdet.threads` (``--threads N`` or ``OMP_NUM_THREADS`` to choose).
 """
-from gwdet.engine import main, parse_args
-from gwdet.launch import launch
+import os
+
+# Before torch loads OpenMP: idle threads sleep instead of spinning (gwdet.threads); an exported value is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from gwdet.engine import main, parse_args  # noqa: E402
+from gwdet.launch import launch  # noqa: E402
+from gwdet.threads import configure_threads  # noqa: E402
 
 
 if __name__ == "__main__":
     args = parse_args()
     print("Command Line Args:", args)
+    configure_threads(args.threads, processes=args.num_gpus)
     launch(
         main,
         args.num_gpus,

@@ -22,6 +22,7 @@ from typing import Sequence
 
 from gwdet.data import prepare_datasets
 from gwdet.engine import build_config
+from gwdet.threads import choose_threads
 from gwdet_lab.study.cells import (
     CONFIG_PATTERNS,
     DEFAULT_BATCH_SIZES,
@@ -87,8 +88,9 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
     parser.add_argument("--jobs", type=int, default=1, help="cells trained side by side (default 1)")
     parser.add_argument("--threads", type=int, default=1,
-                        help="CPU threads per cell (OMP_NUM_THREADS and torch.set_num_threads; default 1); "
-                             "0 keeps PyTorch's default")
+                        help="CPU threads per cell (OMP_NUM_THREADS and torch.set_num_threads; default 1, "
+                             "which keeps a cell's numbers independent of the machine's load); 0 chooses from the "
+                             "CPUs other processes leave free, shared by --jobs (gwdet.threads)")
     parser.add_argument("--num-gpus", type=int, default=1, help="GPUs per cell")
     parser.add_argument("--on-mismatch", choices=ON_MISMATCH, default="refuse",
                         help="when a cell's config differs from the one its folder recorded: stop before "
@@ -165,13 +167,14 @@ def main(argv: Sequence[str] | None = None, repo_root: Path | None = None) -> in
     if args.list:
         list_cells(planned, weights)
         return 0
-    echo(f"study {study_name(args)}: {len(planned)} cells into {out_dir / RUNS_FOLDER}, {args.jobs} at a time, "
-         f"{args.threads or 'default'} thread(s) each")
+    threads = choose_threads(args.threads or None, processes=args.jobs)
+    echo(f"study {study_name(args)}: {len(planned)} cells into {out_dir / RUNS_FOLDER}, {args.jobs} at a time; "
+         + threads.describe())
     outcome = None
     if not args.report_only:
         # `kill PID` stops the study as Ctrl-C does; its workers stop too, their checkpoints stay.
         signal.signal(signal.SIGTERM, signal.default_int_handler)
-        scheduler = Scheduler(planned, args.jobs, args.threads or None, weights, args.num_gpus, echo)
+        scheduler = Scheduler(planned, args.jobs, threads.threads, weights, args.num_gpus, echo)
         try:
             outcome = scheduler.run()
         except KeyboardInterrupt:

@@ -2,7 +2,7 @@
 
 Every AP is box AP on the report split (the config's last test dataset: shapes_test); the
 selection split (shapes_val) only chooses the example weight. Tables, built with
-:class:`gwdet_lab.reporting.Table`:
+:class:`gwdet.tables.Table`:
 
 * per configuration and batch size: mean and sample standard deviation over seeds, each seed's AP;
 * paired differences (same seeds) with a t interval for each ordering the paper states;
@@ -24,7 +24,8 @@ from typing import Callable, Iterable, Sequence
 
 from matplotlib.figure import Figure
 
-from gwdet_lab.reporting import Column, Table, format_duration
+from gwdet.tables import Column, Table
+from gwdet_lab.reporting import format_duration
 from gwdet_lab.study.cells import GROUP_LABELS, PAPER_AP, PAPER_GROUPS, PAPER_ORDERINGS
 from gwdet_lab.study.stats import CONFIDENCE, PairedDifference, mean, paired_difference, std
 from gwdet_lab.study.summary import CellResult

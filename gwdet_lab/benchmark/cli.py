@@ -1,0 +1,155 @@
+"""Speed and memory of gwdet's normalization layers, R-50-FPN Faster R-CNN training steps, and
+inference of the demo model.
+
+    python tools/benchmark.py                          # every level, printed
+    python tools/benchmark.py --out docs/benchmarks.md # ... and written into that file
+    python tools/benchmark.py --layers --repeats 9     # only the layer level
+    python tools/benchmark.py --models --image-size 512 --device cuda --amp bf16
+    python tools/benchmark.py --inference              # only the inference level
+    python tools/benchmark.py --layers --busy 1        # with one competing CPU-bound process
+    python tools/benchmark.py --layers --quick --out /tmp/b.md   # tiny shapes, a smoke test
+
+Layer level (gwdet_lab.benchmark.layer_level): forward + backward of BN, GN(32), GW (itn, g=64,
+T=5; and zca), the direct autograd implementation of GW (the state before the fused op), BW (DBN,
+ZCA, groups of 16), BGN and, as the yardstick, a 3x3 convolution C -> C at the same shape. Time is
+the median over ``--repeats`` rounds after ``--warmup`` calls; ratios divide by the convolution's
+time in the same round. Peak memory is the most bytes allocated at once during one forward +
+backward, above the input, output gradient and parameters.
+
+Model level (gwdet_lab.benchmark.model_level): one training step (forward, losses, backward, SGD
+step with learning rate 0) of Faster R-CNN R-50-FPN on 2 synthetic images of ``--image-size``
+squared pixels, for each norm placement, with ``--model-opts`` applied.
+
+Inference level (gwdet_lab.benchmark.inference): per-image evaluation time of the demo Mask R-CNN
+with GW (as configured) and with GN in its place; GW in evaluation mode against training mode at
+the layer level's shapes.
+
+``--busy N`` starts N competing CPU-bound processes for the measured part and stops them after it
+(gwdet_lab.benchmark.busy); the report says so. Progress goes to stderr, one line per measurement
+with an ETA; the tables go to stdout and, with ``--out``, into a markdown file (between the
+section's markers if the file has them, so text around them is kept).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import torch
+
+from gwdet.threads import configure_threads
+from gwdet_lab.benchmark.busy import competing_load
+from gwdet_lab.benchmark.cases import COMPILED_CASES, layer_factories
+from gwdet_lab.benchmark.inference import inference_tables, run_inference
+from gwdet_lab.benchmark.layer_level import layer_tables, run_layers
+from gwdet_lab.benchmark.measure import CLOCKS
+from gwdet_lab.benchmark.model_level import DEFAULT_MODEL_OPTS, MODELS, model_tables, run_models
+from gwdet_lab.benchmark.report import load_average, report, report_header, write_section
+
+Level = Tuple[str, Callable[[argparse.Namespace, torch.device], dict], Callable[[dict], str]]
+LEVELS: List[Level] = [
+    ("layers", run_layers, layer_tables),
+    ("models", run_models, model_tables),
+    ("inference", run_inference, inference_tables),
+]
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    """The benchmark's command line (``tools/benchmark.py``)."""
+    parser = argparse.ArgumentParser(
+        prog="tools/benchmark.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--layers", action="store_true", help="run the layer level (default: every level)")
+    parser.add_argument("--models", action="store_true", help="run the model level (default: every level)")
+    parser.add_argument("--inference", action="store_true", help="run the inference level (default: every level)")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed calls per layer (default 5, quick 1)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed calls first (default 1, quick 0)")
+    parser.add_argument("--model-repeats", type=int, default=3,
+                        help="timed training steps per model, and timed passes over the demo images")
+    parser.add_argument("--model-warmup", type=int, default=1, help="untimed training steps (demo passes) first")
+    parser.add_argument(
+        "--image-size", type=int, default=None, help="square image side for the model level (default: 320 on CPU, 800 on CUDA)"
+    )
+    parser.add_argument("--norms", nargs="+", default=None, help="layer names to time (the conv is always timed)")
+    parser.add_argument("--model-names", nargs="+", default=None, help="subset of: " + ", ".join(n for n, _ in MODELS))
+    parser.add_argument("--no-autograd-gw", action="store_true", help="skip the slow autograd GW reference")
+    parser.add_argument(
+        "--compile", action="store_true",
+        help=f"also time {', '.join(COMPILED_CASES)} under torch.compile (compiled in the warmup)",
+    )
+    parser.add_argument(
+        "--model-opts",
+        nargs="*",
+        default=DEFAULT_MODEL_OPTS,
+        help="KEY VALUE config overrides for every model (default: %(default)s; give none to use the configs as they are)",
+    )
+    parser.add_argument("--amp", choices=["none", "fp16", "bf16"], default="none", help="autocast for the model level")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: the CPUs other processes leave free; see gwdet.threads)")
+    parser.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
+        help="wall time, or the process's CPU time (CPU only; use with --threads 1 on a shared machine)",
+    )
+    parser.add_argument("--busy", type=int, default=0, metavar="N",
+                        help="start N competing CPU-bound processes for the measured part (default 0)")
+    parser.add_argument("--quick", action="store_true", help="tiny shapes, 1 repeat (a smoke test)")
+    parser.add_argument("--out", default=None, help="markdown file to write the tables into")
+    parser.add_argument(
+        "--section", default="main", help="name of the generated section in --out (several runs can share one file)"
+    )
+    return parser
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Parsed and checked arguments, with the defaults that depend on others filled in."""
+    parser = argument_parser()
+    args = parser.parse_args(argv)
+    known_norms = list(layer_factories(include_autograd=True, include_compiled=args.compile))
+    for flag, asked, known in (("--norms", args.norms, known_norms),
+                               ("--model-names", args.model_names, [name for name, _ in MODELS])):
+        unknown = sorted(set(asked or ()) - set(known))
+        if unknown:
+            parser.error(f"{flag}: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+    if args.busy < 0:
+        parser.error(f"--busy: {args.busy} is negative; give the number of competing processes (0 for none)")
+    for flag, value, least in (("--repeats", args.repeats, 1), ("--model-repeats", args.model_repeats, 1),
+                               ("--warmup", args.warmup, 0), ("--model-warmup", args.model_warmup, 0)):
+        if value is not None and value < least:
+            parser.error(f"{flag}: {value} is less than {least}; give a count of at least {least}")
+    if not (args.layers or args.models or args.inference):
+        args.layers = args.models = args.inference = True
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else 5
+    if args.warmup is None:
+        args.warmup = 0 if args.quick else 1
+    if args.compile:
+        args.warmup = max(args.warmup, 1)  # the first call compiles
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the levels the arguments ask for, print the report and write it into ``--out``."""
+    command = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(command)
+    configure_threads(args.threads, log=lambda line: print(line, file=sys.stderr))
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    # Randomly initialised models without normalization (FrozenBN keeps mean 0 / var 1) shrink
+    # activations into the denormal range, which is many times slower on x86 CPUs.
+    flushed = torch.set_flush_denormal(True)
+    if args.image_size is None:
+        args.image_size = 64 if args.quick else (800 if device.type == "cuda" else 320)
+    load_before = load_average()
+    start = time.perf_counter()
+    with competing_load(args.busy):
+        tables = [to_markdown(run(args, device)) for flag, run, to_markdown in LEVELS if getattr(args, flag)]
+    header = report_header(args, command, device, load_before, load_average(), time.perf_counter() - start, flushed)
+    body = report(header, tables)
+    print(body)
+    if args.out:
+        write_section(args.out, body, args.section)
+        print(f"written to {args.out}", file=sys.stderr)
+    return 0

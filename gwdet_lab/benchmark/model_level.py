@@ -1,0 +1,179 @@
+"""The model level: one training step of Faster R-CNN R-50-FPN with each norm placement.
+
+A step is forward, losses, backward and an SGD step on 2 synthetic images of ``--image-size``
+squared pixels with 3 random boxes each, of a model built from the repository's configs with
+:func:`gwdet.engine.build_config` and detectron2's ``build_model`` (no weights loaded), with
+``--model-opts`` applied (default :data:`DEFAULT_MODEL_OPTS`). The random seed is reset before
+every step and the SGD step uses learning rate 0, so every repeat does the same work on the same
+proposals. On CPU one more profiled step gives the share of a step spent in GW layers.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from gwdet.tables import Column, Table
+from gwdet_lab.benchmark.cases import verdict
+from gwdet_lab.benchmark.measure import median_time, peak_memory
+from gwdet_lab.benchmark.progress import Progress
+
+if TYPE_CHECKING:
+    from detectron2.config import CfgNode
+
+REPO = Path(__file__).resolve().parents[2]
+
+MODELS: List[Tuple[str, str]] = [
+    ("FrozenBN", "configs/COCO-Detection/faster_rcnn_R_50_FPN_1x_bn.yaml"),
+    ("FrozenBN + GW at S1-B2", "configs/COCO-Detection/faster_rcnn_R_50_FPN_1x_gw.yaml"),
+    ("GN everywhere", "configs/Scratch/faster_rcnn_R_50_FPN_gn.yaml"),
+    ("GW everywhere", "configs/Scratch/faster_rcnn_R_50_FPN_gw.yaml"),
+]
+# Config overrides for every model. detectron2's default adaptive ROIAlign sampling
+# (POOLER_SAMPLING_RATIO 0: ceil(box size / output size) points per bin) makes the CPU cost of
+# ROIAlign's backward depend on the sizes of the sampled proposals, which differ between randomly
+# initialised models and between steps; it varied a step of the same FrozenBN model by more than
+# the cost of all its GW layers. A fixed sampling ratio makes every model do the same pooling work.
+DEFAULT_MODEL_OPTS = ["MODEL.ROI_BOX_HEAD.POOLER_SAMPLING_RATIO", "2"]
+# (numerator, denominator, largest allowed ratio) of training-step times
+MODEL_TARGETS = [
+    ("FrozenBN + GW at S1-B2", "FrozenBN", 1.10),
+    ("GW everywhere", "GN everywhere", 1.30),
+]
+AMP_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+GW_OPS = ("gwdet::group_whitening", "gwdet::group_whitening_backward")
+BOXES_PER_IMAGE = 3
+CLASSES = 80
+
+
+def detector_config(config: str, device: torch.device, opts: List[str]) -> CfgNode:
+    """The config ``config`` (relative to the repository) for ``device``, no weights, ``opts`` applied."""
+    import gwdet  # noqa: F401  (registers gwdet's norms and backbones)
+    from gwdet.engine import build_config
+
+    return build_config(str(REPO / config), ["MODEL.DEVICE", str(device), "MODEL.WEIGHTS", "", *opts])
+
+
+def build_detector(config: str, device: torch.device, opts: List[str]) -> nn.Module:
+    """The detectron2 model of :func:`detector_config`, randomly initialised with seed 0."""
+    from detectron2.modeling import build_model
+
+    cfg = detector_config(config, device, opts)
+    torch.manual_seed(0)
+    return build_model(cfg)
+
+
+def synthetic_batch(size: int, images: int = 2) -> list:
+    """detectron2 training inputs: ``images`` noise images with :data:`BOXES_PER_IMAGE` random boxes."""
+    from detectron2.structures import Boxes, Instances
+
+    generator = torch.Generator().manual_seed(0)
+    batch = []
+    for _ in range(images):
+        corner = torch.rand(BOXES_PER_IMAGE, 2, generator=generator) * size * 0.5
+        extent = torch.rand(BOXES_PER_IMAGE, 2, generator=generator) * size * 0.4 + 16
+        instances = Instances((size, size))
+        instances.gt_boxes = Boxes(torch.cat([corner, (corner + extent).clamp(max=size - 1)], dim=1))
+        instances.gt_classes = torch.randint(0, CLASSES, (BOXES_PER_IMAGE,), generator=generator)
+        image = torch.randint(0, 256, (3, size, size), generator=generator, dtype=torch.uint8)
+        batch.append({"image": image, "instances": instances, "height": size, "width": size})
+    return batch
+
+
+def count_group_whitening(model: nn.Module) -> int:
+    """GroupWhitening layers in ``model``."""
+    return sum(type(module).__name__ == "GroupWhitening" for module in model.modules())
+
+
+def gw_share(step: Callable[[], None]) -> float:
+    """Fraction of one profiled training step's CPU time spent in GroupWhitening's forward and
+    backward (the profiler's own overhead inflates both a little)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    total = time.perf_counter() - start
+    inside = sum(event.cpu_time_total for event in prof.key_averages() if event.key in GW_OPS)
+    return inside * 1e-6 / total
+
+
+def selected_models(names: Optional[List[str]]) -> List[Tuple[str, str]]:
+    """``(name, config)`` of :data:`MODELS` that ``--model-names`` asks for (all by default)."""
+    return [(name, path) for name, path in MODELS if names is None or name in names]
+
+
+def run_models(args: argparse.Namespace, device: torch.device) -> dict:
+    """``{"rows": [{"name", "config", "seconds", "peak", "finite", "gw_layers", "in_gw"}], ...}``."""
+    from detectron2.utils.events import EventStorage
+
+    models = selected_models(args.model_names)
+    progress = Progress([1.0] * len(models))
+    amp_dtype = AMP_DTYPES[args.amp]
+    results = {"rows": [], "image_size": args.image_size, "amp": args.amp, "opts": list(args.model_opts)}
+    for name, path in models:
+        model = build_detector(path, device, list(args.model_opts)).train()
+        optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0, momentum=0.9)
+        batch = synthetic_batch(args.image_size)
+        finite = True
+
+        def step() -> None:
+            nonlocal finite
+            torch.manual_seed(0)
+            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                losses = model(batch)
+            loss = sum(losses.values())
+            finite = finite and bool(torch.isfinite(loss))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+
+        gw_layers = count_group_whitening(model)
+        with EventStorage(0):
+            seconds = median_time(step, device, args.model_warmup, args.model_repeats, args.clock)
+            peak = peak_memory(step, device) if device.type == "cuda" else None
+            in_gw = gw_share(step) if device.type == "cpu" and gw_layers else None
+        results["rows"].append(
+            {"name": name, "config": path, "seconds": seconds, "peak": peak, "finite": finite,
+             "gw_layers": gw_layers, "in_gw": in_gw}
+        )
+        progress.step(f"model {name}", f"{seconds:.3f} s/step")
+        del model, optimizer
+    return results
+
+
+def model_tables(results: dict) -> str:
+    """The model level's markdown: seconds per step per model, then the ratios :data:`MODEL_TARGETS` limit."""
+    size = results["image_size"]
+    steps = Table([
+        Column("name", "model"), Column("config", fmt=lambda path: f"`{path}`"),
+        Column("gw_layers", "GW layers", align_right=True), Column("seconds", "s / step", "{:.3f}", align_right=True),
+        Column("in_gw", "share of a step in GW layers (profiled)", align_right=True),
+        Column("peak", "peak memory", align_right=True),
+        Column("finite", "loss finite", lambda finite: "yes" if finite else "NO"),
+    ])
+    for row in results["rows"]:
+        share, peak = row["in_gw"], row["peak"]
+        steps.add({**row, "in_gw": f"{share * 100:.1f}%" if share is not None else "-",
+                   "peak": f"{peak / 2**20:.0f} MiB" if peak is not None else "n/a (CPU)"})
+    lines = [
+        "#### Model level: one Faster R-CNN R-50-FPN training step", "",
+        f"2 synthetic images of {size}x{size}, forward + losses + backward + SGD step (lr 0); median "
+        f"seconds per step; autocast: {results['amp']}; config overrides: "
+        f"`{' '.join(results['opts']) or 'none'}`.", "",
+        steps.markdown(),
+    ]
+    by_name = {row["name"]: row for row in results["rows"]}
+    checks = [(a, b, limit) for a, b, limit in MODEL_TARGETS if a in by_name and b in by_name]
+    if checks:
+        targets = Table([Column("target"), Column("ratio", fmt="{:.3f}", align_right=True),
+                         Column("limit", fmt="{:.2f}", align_right=True), Column("met")])
+        for a, b, limit in checks:
+            ratio = by_name[a]["seconds"] / by_name[b]["seconds"]
+            targets.add({"target": f"{a} / {b}", "ratio": ratio, "limit": limit, "met": verdict(ratio, limit)})
+        lines += ["", targets.markdown()]
+    return "\n".join(lines) + "\n"

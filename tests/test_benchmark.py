@@ -1,0 +1,166 @@
+"""gwdet_lab.benchmark (tools/benchmark.py) on tiny shapes: what the tables say is what was measured,
+the section writer keeps the rest of the file, the competing load never outlives the run.
+No test asserts a time."""
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from gwdet.layers.cost import conv3x3_macs, group_whitening_macs, group_whitening_relative_cost
+from gwdet_lab.benchmark.busy import competing_load
+from gwdet_lab.benchmark.cases import CONV, GW_ITN, LAYER_SHAPES, analytic_ratio, time_target
+from gwdet_lab.benchmark.cli import main, parse_args
+from gwdet_lab.benchmark.layer_level import layer_tables, run_layers
+from gwdet_lab.benchmark.model_level import model_tables
+from gwdet_lab.benchmark.report import markers, report_header, write_section
+
+from conftest import REPO
+
+CPU = torch.device("cpu")
+
+
+def table_rows(text: str, heading: str) -> list:
+    """The body rows (as lists of cells) of the first markdown table from the line holding ``heading`` on."""
+    lines = text.splitlines()
+    found = next(i for i, line in enumerate(lines) if heading in line)
+    start = next(i for i in range(found, len(lines)) if lines[i].startswith("|"))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_a_section_replaces_only_its_own_markers(tmp_path):
+    path = tmp_path / "benchmarks.md"
+    a_begin, a_end = markers("a")
+    b_begin, b_end = markers("b")
+    before = "# title\n\nintro\n\n"
+    between = "\n\n### next\n\ntext\n\n"
+    after = "\n\nclosing words\n"
+    path.write_text(f"{before}{a_begin}\nold a\n{a_end}{between}{b_begin}\nold b\n{b_end}{after}")
+    write_section(path, "new a\nsecond line", "a")
+    assert path.read_text() == f"{before}{a_begin}\nnew a\nsecond line\n{a_end}{between}{b_begin}\nold b\n{b_end}{after}"
+    kept = path.read_text()
+    write_section(path, "c", "c")
+    assert path.read_text() == kept.rstrip("\n") + f"\n\n{markers('c')[0]}\nc\n{markers('c')[1]}\n"
+    fresh = tmp_path / "sub" / "new.md"
+    write_section(fresh, "body", "main")
+    assert fresh.read_text().startswith("# gwdet benchmarks\n\n" + markers("main")[0])
+
+
+def test_layer_ratios_are_per_round_ratios_to_the_conv_of_the_same_results():
+    args = parse_args(["--layers", "--quick", "--repeats", "3", "--no-autograd-gw", "--norms", GW_ITN, "GN(32)"])
+    results = run_layers(args, CPU)
+    assert results["names"] == [CONV, "GN(32)", GW_ITN]
+    text = layer_tables(results)
+    rows = table_rows(text, "#### Layer level: forward + backward time")
+    for (where, shape), row in zip(results["shapes"], rows):
+        conv_rounds = results["rounds"][(shape, CONV)]
+        assert len(conv_rounds) == 3
+        for name, cell in zip(results["names"], row[2:]):
+            rounds = results["rounds"][(shape, name)]
+            ratio = statistics.median(t / c for t, c in zip(rounds, conv_rounds))
+            assert results["time"][(shape, name)] == statistics.median(rounds)
+            assert results["ratio"][(shape, name)] == pytest.approx(ratio, rel=1e-12)
+            expected = f"{results['time'][(shape, name)] * 1e3:.1f}"
+            assert cell == (expected if name == CONV else f"{expected} ({ratio:.3f})")
+    targets = table_rows(text, "#### Layer-level targets")
+    assert [row[1] for row in targets] == [f"{analytic_ratio(shape):.3f}" for _, shape in results["shapes"]]
+    assert [row[3] for row in targets] == [f"{results['ratio'][(shape, GW_ITN)]:.3f}" for _, shape in results["shapes"]]
+
+
+@pytest.mark.parametrize("_, shape", LAYER_SHAPES)
+def test_the_analytic_ratio_is_gwdet_layers_cost_and_the_papers_formula(_, shape):
+    g, T = 64, 5
+    assert analytic_ratio(shape) == group_whitening_relative_cost(shape, g, T)
+    assert analytic_ratio(shape) == group_whitening_macs(shape, g, T) / conv3x3_macs(shape)
+    d, positions = shape[1], (shape[2] * shape[3] if len(shape) == 4 else 1)
+    assert analytic_ratio(shape) == pytest.approx(2 * g / (9 * d) + T * g**3 / (9 * positions * d**2), rel=1e-12)
+    assert time_target(shape) == max(0.30, 1.5 * analytic_ratio(shape))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--norms", "GW (itn)", "FOO"], "--norms: unknown FOO; choose from conv 3x3, BN, GN(32)"),
+    (["--model-names", "FOO"], "--model-names: unknown FOO; choose from FrozenBN, FrozenBN + GW at S1-B2"),
+    (["--busy", "-1"], "--busy: -1 is negative"),
+    (["--model-repeats", "0"], "--model-repeats: 0 is less than 1"),
+])
+def test_bad_names_and_counts_stop_with_the_choices(argv, message, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        parse_args(argv)
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_model_targets_divide_the_seconds_of_the_rows_shown():
+    rows = [
+        {"name": name, "config": f"{name}.yaml", "seconds": seconds, "peak": None, "finite": True,
+         "gw_layers": 0, "in_gw": None}
+        for name, seconds in (("FrozenBN", 2.0), ("FrozenBN + GW at S1-B2", 2.5), ("GN everywhere", 4.0))
+    ]
+    text = model_tables({"rows": rows, "image_size": 64, "amp": "none", "opts": []})
+    targets = table_rows(text, "| target |")
+    assert targets == [["FrozenBN + GW at S1-B2 / FrozenBN", "1.250", "1.10", "no (+14%)"]]
+    assert [row[3] for row in table_rows(text, "#### Model level")] == ["2.000", "2.500", "4.000"]
+
+
+def test_competing_processes_run_in_the_block_and_stop_on_an_error():
+    with pytest.raises(RuntimeError, match="stop"):
+        with competing_load(2) as started:
+            assert len(started) == 2 and all(process.poll() is None for process in started)
+            raise RuntimeError("stop")
+    assert all(process.returncode is not None for process in started)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
+def test_competing_processes_exit_when_the_benchmark_is_killed():
+    # os._exit skips every clean-up, as kill -9 does: the busy process must notice on its own
+    script = ("import os\nfrom gwdet_lab.benchmark.busy import competing_load\n"
+              "started = competing_load(1).__enter__()\nprint(started[0].pid, flush=True)\nos._exit(0)\n")
+    completed = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    pid = int(completed.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid), f"busy process {pid} outlived the benchmark"
+
+
+def test_the_report_states_the_competing_load():
+    for busy, stated in ((0, False), (2, True)):
+        args = parse_args(["--layers", "--busy", str(busy)])
+        header = report_header(args, ["--busy", str(busy)], CPU, "1.00", "2.00", 1.0, True)
+        assert ("with 2 competing CPU-bound processes" in header) is stated
+        assert header.startswith(f"Command: `python tools/benchmark.py --busy {busy}`")
+
+
+def test_inference_level_end_to_end_into_a_section(tmp_path, capsys):
+    out = tmp_path / "benchmarks.md"
+    out.write_text("# kept\n")
+    argv = ["--inference", "--quick", "--threads", "1", "--model-repeats", "1", "--model-warmup", "0", "--busy", "1",
+            "--out", str(out), "--section", "smoke"]
+    assert main(argv) == 0
+    text = out.read_text()
+    assert text.startswith("# kept\n\n" + markers("smoke")[0]) and text.endswith(markers("smoke")[1] + "\n")
+    assert "with 1 competing CPU-bound process " in text
+    demo = {row[0]: row for row in table_rows(text, "#### Inference: the demo Mask R-CNN")}
+    gw, gn = demo["demo, GW (as configured)"], demo["demo, GN in place of GW"]
+    assert int(gw[1]) > 0 and gn[1] == "0", "the GN variant replaces every GW layer, the S1-B2 ones included"
+    assert gn[4] == "1.000" and float(gw[4]) == pytest.approx(float(gw[2]) / float(gn[2]), rel=0.05, abs=2e-3)
+    modes = table_rows(text, "evaluation mode against training mode")
+    assert len(modes) == 3 and all(len(row) == 6 for row in modes)
+    for row in modes:
+        eval_ms, forward_ms, step_ms = (float(cell) for cell in row[1:4])
+        assert float(row[4]) > 0 and float(row[5]) > 0 and step_ms > 0 and forward_ms > 0 and eval_ms > 0
