@@ -11,7 +11,7 @@ import fcntl
 import logging
 import os
 import shutil
-from typing import IO
+from typing import IO, Any, Mapping
 
 from detectron2.config import CfgNode
 
@@ -57,27 +57,37 @@ def check_fresh_start(output_dir: str, overwrite: bool) -> None:
     logger.warning(f"--overwrite: deleted the earlier run in {output_dir}: {', '.join(existing)}")
 
 
-def _as_saved(value):
-    """The value as a yaml round trip gives it back (tuples become lists)."""
-    return [_as_saved(item) for item in value] if isinstance(value, (list, tuple)) else value
+ABSENT = "<absent>"  # stands for a key that one of two compared configs lacks
 
 
-def _flatten(node: CfgNode, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in node.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, CfgNode):
-            flat.update(_flatten(value, name + "."))
+def flatten_config(tree: Mapping, prefix: str = "") -> dict[str, Any]:
+    """``{"A": {"B": 1}}`` -> ``{"A.B": 1}`` for a CfgNode or the dict a config's YAML dump loads
+    to; sequences become lists, as a YAML round trip gives them back."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping):
+            flat.update(flatten_config(value, name))
         else:
             flat[name] = _as_saved(value)
     return flat
 
 
+def _as_saved(value: Any) -> Any:
+    return [_as_saved(item) for item in value] if isinstance(value, (list, tuple)) else value
+
+
+def differing_values(old: Mapping, new: Mapping) -> list[tuple[str, Any, Any]]:
+    """``(key, old value, new value)`` for every key of either config whose value differs, sorted
+    by key; :data:`ABSENT` where a config lacks the key."""
+    old, new = flatten_config(old), flatten_config(new)
+    return [(key, old.get(key, ABSENT), new.get(key, ABSENT)) for key in sorted(set(old) | set(new))
+            if old.get(key, ABSENT) != new.get(key, ABSENT)]
+
+
 def config_differences(saved: CfgNode, current: CfgNode) -> list[str]:
     """``"KEY: saved -> current"`` for every value that differs (keys of either config)."""
-    old, new = _flatten(saved), _flatten(current)
-    return [f"{key}: {old.get(key, '<absent>')!r} -> {new.get(key, '<absent>')!r}"
-            for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+    return [f"{key}: {old!r} -> {new!r}" for key, old, new in differing_values(saved, current)]
 
 
 def check_resume_config(cfg: CfgNode, output_dir: str) -> None:

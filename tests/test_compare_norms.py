@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from gwdet.engine import build_config
+from gwdet.output_dir import flatten_config
 from gwdet_lab.study import worker
 from gwdet_lab.study.cells import Cell, RunSpec, batch_scaling_opts, paper_specs, parse_extra, study_cells
 from gwdet_lab.study.evaluation import choose_weight
@@ -226,9 +227,7 @@ def test_extra_runs_need_key_value_pairs():
 
 
 def flat_config(path: Path) -> dict:
-    from gwdet_lab.study.record import flatten
-
-    return flatten(yaml.safe_load(comparable_dump(build_config(str(path)))))
+    return flatten_config(yaml.safe_load(comparable_dump(build_config(str(path)))))
 
 
 def test_study_configs_differ_only_in_their_norms():

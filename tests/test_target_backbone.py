@@ -82,7 +82,7 @@ def test_one_wrong_shape_is_refused_naming_the_tensor(resnet50_state_dict, sourc
     with pytest.raises(ConversionError) as error:
         convert_state_dict(SourceStateDict(state_dict, "bare state_dict", ""))
     message = str(error.value)
-    assert f"does not fit R-50 (blocks per stage [3, 4, 6, 3]" in message
+    assert "does not fit R-50 (blocks per stage [3, 4, 6, 3]" in message
     assert f"1 with a wrong shape: ['{named}']" in message
     assert "missing" not in message and "surplus" not in message
     assert "incomplete or of another architecture" in message

@@ -22,12 +22,13 @@ import datetime
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import yaml
 from detectron2.config import CfgNode
 
 from gwdet.engine import build_config
+from gwdet.output_dir import ABSENT, differing_values
 from gwdet_lab.study.cells import Cell
 from gwdet_lab.study.run_folder import RECORD_JSON, RunFolder
 
@@ -74,27 +75,16 @@ def comparable_dump(cfg: CfgNode) -> str:
     return cfg.dump()
 
 
-def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"A": {"B": 1}}`` -> ``{"A.B": 1}``."""
-    if not isinstance(tree, dict):
-        return {prefix: tree}
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        flat.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-    return flat
-
-
 def config_differences(recorded: str, requested: str) -> list[str]:
     """One line per key whose value differs between two dumps (a key only one side has included)."""
-    old, new = flatten(yaml.safe_load(recorded) or {}), flatten(yaml.safe_load(requested) or {})
     lines = []
-    for key in sorted(set(old) | set(new)):
-        if key not in new:
-            lines.append(f"{key}: recorded {old[key]!r}, requested config has no such key")
-        elif key not in old:
-            lines.append(f"{key}: requested {new[key]!r}, the record has no such key")
-        elif old[key] != new[key]:
-            lines.append(f"{key}: recorded {old[key]!r}, requested {new[key]!r}")
+    for key, old, new in differing_values(yaml.safe_load(recorded) or {}, yaml.safe_load(requested) or {}):
+        if new is ABSENT:
+            lines.append(f"{key}: recorded {old!r}, requested config has no such key")
+        elif old is ABSENT:
+            lines.append(f"{key}: requested {new!r}, the record has no such key")
+        else:
+            lines.append(f"{key}: recorded {old!r}, requested {new!r}")
     return lines
 
 
