@@ -15,9 +15,14 @@ import pytest
 pytest.importorskip("detectron2.export", reason="detectron2 0.6's export module imports caffe2 (gwdet.export needs detectron2 >= 0.7)")
 
 import torch
+import torchvision
+from detectron2.modeling import build_model
+from detectron2.modeling.proposal_generator import proposal_utils
+from detectron2.modeling.roi_heads import fast_rcnn
 from PIL import Image
 
-from conftest import DEMO_CONFIG, TINY_OPTS
+from conftest import DEMO_CONFIG, REPO, TINY_OPTS
+from gwdet.engine import build_config
 from gwdet.export import (
     export_model_onnx,
     export_onnx,
@@ -103,6 +108,89 @@ def test_torchscript_outputs_match_eager_in_a_process_without_gwdet(tmp_path):
     assert report["leaked"] == []
     for variant in variants:
         assert report["differences"][variant] <= TOLERANCE, report
+
+
+# ---- float64: the traced formulas and the fused op compute one function --------------------------
+# In float32 the two implementations round differently and a deep random network amplifies that
+# (configs/mask_rcnn_gw.yaml at 256 x 256: 2.7e-4 pixels in the boxes, docs/deploy.md). In float64
+# rounding shrinks by 2^29, so any remaining difference would be a difference of formulas.
+
+# configs/mask_rcnn_gw.yaml with its structure kept and its size cut: a ResNeXt (32 groups) with GW
+# (g=64, T=5) in the stem and at B2 of every block, FrozenBN elsewhere; GW in the FPN, the 4conv1fc
+# box head and the mask head. The 64 x 64 and 48 x 64 images of images() take the fused op through
+# all its branches: one channel per group (stem, res2), several (most layers) and fewer columns than
+# groups (res5 at 2 x 2).
+HEADLINE_CONFIG = REPO / "configs" / "mask_rcnn_gw.yaml"
+HEADLINE_AT_TEST_SIZE = [
+    "MODEL.WEIGHTS", "", "MODEL.DEVICE", "cpu",
+    "MODEL.RESNETS.DEPTH", "50", "MODEL.RESNETS.WIDTH_PER_GROUP", "2", "MODEL.RESNETS.RES2_OUT_CHANNELS", "128",
+    "MODEL.FPN.OUT_CHANNELS", "128", "MODEL.ROI_BOX_HEAD.CONV_DIM", "128", "MODEL.ROI_BOX_HEAD.FC_DIM", "256",
+    "MODEL.ROI_MASK_HEAD.CONV_DIM", "128",
+    # random weights score every class near 1/81: keep all detections, fewer of them
+    "MODEL.ROI_HEADS.SCORE_THRESH_TEST", "0.0", "MODEL.RPN.POST_NMS_TOPK_TEST", "100", "TEST.DETECTIONS_PER_IMAGE", "30",
+]
+# float64 rounding: measured 7.8e-15 (mask probabilities) and 4.9e-16 (scores); eps scaled by 1 + 1e-6
+# in the traced formulas alone gives 2.8e-10 and 2.5e-11 (and by 1.01, 1.3e-4 pixels in the boxes)
+FLOAT64_TOLERANCE = 1e-12
+
+
+def batched_nms_in_scores_dtype(boxes, scores, idxs, iou_threshold):
+    """detectron2's ``batched_nms`` without its cast of the boxes to float32.
+
+    detectron2 casts the boxes to float32 (for float16's range) and torchvision's ``nms`` refuses
+    scores of another dtype, so a float64 R-CNN stops at the RPN's NMS. This is the same torchvision
+    call with the boxes in the scores' dtype (detectron2's ``Boxes`` hold float32 coordinates).
+    """
+    return torchvision.ops.batched_nms(boxes.to(scores.dtype), scores, idxs, iou_threshold)
+
+
+def strengthen_output_layers(model):
+    """Redraw the output layers detectron2 initializes near zero (RPN, box and mask predictors,
+    std 0.01 and 0.001) with std ``1/sqrt(fan_in)``: scores, boxes and masks then follow the
+    features at full strength instead of sitting at 1/81 and 0.5, so that a difference inside the
+    network shows in the outputs."""
+    layers = [
+        model.proposal_generator.rpn_head.objectness_logits,
+        model.proposal_generator.rpn_head.anchor_deltas,
+        model.roi_heads.box_predictor.cls_score,
+        model.roi_heads.box_predictor.bbox_pred,
+        model.roi_heads.mask_head.predictor,
+    ]
+    generator = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for layer in layers:
+            layer.weight.copy_(torch.randn(layer.weight.shape, generator=generator) * layer.weight[0].numel() ** -0.5)
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_traced_formulas_equal_the_fused_op_in_float64_on_the_headline_structure(tmp_path, monkeypatch):
+    for module in (proposal_utils, fast_rcnn):
+        monkeypatch.setattr(module, "batched_nms", batched_nms_in_scores_dtype)
+    torch.manual_seed(0)
+    model = build_model(build_config(str(HEADLINE_CONFIG), HEADLINE_AT_TEST_SIZE)).eval().double()
+    strengthen_output_layers(model)
+    box_head = model.roi_heads.box_head
+    assert len(box_head.conv_norm_relus) == 4 and len(box_head.fcs) == 1
+    # stem + 16 blocks at B2, 8 in the FPN, 4 in each head
+    assert count(model, GroupWhitening, num_groups=64, T=5, method="itn") == 1 + 16 + 8 + 4 + 4
+    first, second = (image.double() for image in images())
+    path = str(tmp_path / "headline_float64.ts")
+    _, adapter = export_torchscript(model, first, path)
+    loaded = torch.jit.load(path)
+    # the file runs the reference formulas (ATen operators), not the op eager mode runs
+    assert "gwdet::" not in str(loaded.inlined_graph)
+    for image in (first, second):
+        with torch.no_grad():
+            expected, outputs = adapter(image), loaded(image)
+        assert_meaningful(adapter, expected)
+        want = adapter.outputs_schema(expected)[0]["instances"]
+        got = adapter.outputs_schema(outputs)[0]["instances"]
+        assert want.scores.dtype == want.pred_masks.dtype == got.scores.dtype == torch.float64
+        assert torch.equal(got.pred_classes, want.pred_classes)
+        # detectron2's Boxes store float32 coordinates: float32's bound
+        assert (got.pred_boxes.tensor - want.pred_boxes.tensor).abs().max().item() <= TOLERANCE
+        assert (got.scores - want.scores).abs().max().item() <= FLOAT64_TOLERANCE
+        assert (got.pred_masks - want.pred_masks).abs().max().item() <= FLOAT64_TOLERANCE
 
 
 # ---- ONNX ------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 
 The model is wrapped in detectron2's :class:`~detectron2.export.TracingAdapter` (a
 ``GeneralizedRCNN`` runs ``inference(..., do_postprocess=False)``: boxes, scores, classes and the
-28x28 mask logits of each detection, in the input image's coordinates) and recorded with
+28x28 mask probabilities of each detection, in the input image's coordinates) and recorded with
 ``torch.jit.trace`` or the TorchScript-based ``torch.onnx.export``. While they record, gwdet's
 layers run their reference formulas (:mod:`gwdet.layers.tracing`), so the files hold only ATen
 (and torchvision) operators:
@@ -30,7 +30,7 @@ ONNX_OPSET = 17
 
 
 def _rcnn_inference(model: GeneralizedRCNN, inputs: List[dict]) -> List[dict]:
-    # detectron2's export_model: do_postprocess=False returns the 28x28 mask logits per detection
+    # detectron2's export_model: do_postprocess=False returns the 28x28 mask probabilities per detection
     instances = model.inference(inputs, do_postprocess=False)[0]
     return [{"instances": instances}]
 
