@@ -1,8 +1,22 @@
-"""Every yaml under configs/ builds, on CPU, the norm each NORM key names at every place, with the
-config's group numbers (expected types derived from the config alone)."""
+"""Every yaml under configs/ builds the model it describes, checked on the model and against
+sources outside the config: the norm each NORM key names at every place, with the config's group
+numbers; torchvision's ResNet/ResNeXt layout and input normalization where ImageNet weights are
+loaded; detectron2's own schedules; a trainable model and no weights for the from-scratch study,
+whose configs are the paper's rows.
+
+The models are built on the meta device: the structure without memory or initialization, which
+is all these tests read (tests that train or load weights build real models).
+"""
+import functools
+from pathlib import Path
+
+import detectron2
 import pytest
 import torch
-from detectron2.layers import FrozenBatchNorm2d
+import torchvision
+from detectron2.checkpoint import DetectionCheckpointer
+from detectron2.config import get_cfg
+from detectron2.layers import Conv2d, FrozenBatchNorm2d
 from detectron2.modeling import build_model
 
 from gwdet.engine import build_config
@@ -12,7 +26,33 @@ from gwdet.positions import BLOCK_CONV_OF_POSITION, parse_gw_positions
 from conftest import REPO
 
 CONFIGS = sorted(p for p in (REPO / "configs").rglob("*.yaml") if not p.name.startswith("Base-"))
+HEADLINE = REPO / "configs" / "mask_rcnn_gw.yaml"
 
+
+@functools.lru_cache(maxsize=None)
+def built(path: Path):
+    """(config, model) of the yaml at ``path``, the model on the meta device."""
+    cfg = build_config(str(path), ["MODEL.DEVICE", "meta"])
+    with torch.device("meta"):
+        return cfg, build_model(cfg)
+
+
+def config_id(path: Path) -> str:
+    return str(path.relative_to(REPO / "configs"))
+
+
+# the paper's from-scratch study (COCO) and everything on the shapes dataset; the rest fine-tunes
+# ImageNet weights converted by tools/convert_pretrained.py
+FROM_SCRATCH_CONFIGS = [path for path in CONFIGS if path.parent.name in ("Scratch", "Demo", "Study")]
+IMAGENET_CONFIGS = [path for path in CONFIGS if path not in FROM_SCRATCH_CONFIGS]
+
+
+def test_all_configs_are_found():
+    assert len(CONFIGS) >= 19, [p.name for p in CONFIGS]
+    assert len(IMAGENET_CONFIGS) >= 7 and len(FROM_SCRATCH_CONFIGS) >= 12
+
+
+# ---- the norm of every NORM key, at every place -------------------------------------------------
 
 NORM_TYPES = {"GW": GroupWhitening, "GN": torch.nn.GroupNorm, "BN": torch.nn.BatchNorm2d,
               "SyncBN": torch.nn.SyncBatchNorm, "FrozenBN": FrozenBatchNorm2d, "": type(None)}
@@ -41,10 +81,13 @@ def backbone_expectations(cfg, resnet):
                 yield conv, expected_type(name, freeze_at >= index)
 
 
+def fpn_convs(model) -> list:
+    return [conv for name, conv in model.backbone.named_children() if name.startswith(("fpn_lateral", "fpn_output"))]
+
+
 def head_expectations(cfg, model):
-    for name, conv in model.backbone.named_children():
-        if name.startswith(("fpn_lateral", "fpn_output")):
-            yield conv, expected_type(cfg.MODEL.FPN.NORM, False)
+    for conv in fpn_convs(model):
+        yield conv, expected_type(cfg.MODEL.FPN.NORM, False)
     for conv in getattr(model.roi_heads.box_head, "conv_norm_relus", []):
         yield conv, expected_type(cfg.MODEL.ROI_BOX_HEAD.NORM, False)
     if cfg.MODEL.MASK_ON:
@@ -52,14 +95,9 @@ def head_expectations(cfg, model):
             yield conv, expected_type(cfg.MODEL.ROI_MASK_HEAD.NORM, False)
 
 
-def test_all_configs_are_found():
-    assert len(CONFIGS) >= 19, [p.name for p in CONFIGS]
-
-
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(REPO / "configs")))
+@pytest.mark.parametrize("path", CONFIGS, ids=config_id)
 def test_config_builds_every_norm_the_config_names_with_its_values(path):
-    cfg = build_config(str(path), ["MODEL.DEVICE", "cpu"])
-    model = build_model(cfg)
+    cfg, model = built(path)
     checked = 0
     for conv, kind in [*backbone_expectations(cfg, model.backbone.bottom_up), *head_expectations(cfg, model)]:
         assert type(conv.norm) is kind, (path.name, conv, kind)
@@ -69,28 +107,133 @@ def test_config_builds_every_norm_the_config_names_with_its_values(path):
     assert checked >= 60
 
 
-def test_paper_configs_use_converted_weight_conventions():
-    for path in CONFIGS:
-        if {"Demo", "Study"} & set(path.parts):  # the shapes dataset: no ImageNet weights
-            continue
-        cfg = build_config(str(path))
-        assert cfg.INPUT.FORMAT == "RGB" and not cfg.MODEL.RESNETS.STRIDE_IN_1X1
-        assert cfg.MODEL.PIXEL_STD == [58.395, 57.120, 57.375]
+# ---- ImageNet weights: torchvision's architectures and input ------------------------------------
+
+TORCHVISION_RESNETS = ("resnet50", "resnet101", "resnext50_32x4d", "resnext101_32x8d")
 
 
-def test_headline_config_is_table_5():
-    cfg = build_config(str(REPO / "configs" / "mask_rcnn_gw.yaml"))
-    assert cfg.MODEL.MASK_ON and cfg.MODEL.RESNETS.DEPTH == 101
-    assert (cfg.MODEL.RESNETS.NUM_GROUPS, cfg.MODEL.RESNETS.WIDTH_PER_GROUP) == (32, 8)
-    assert cfg.MODEL.RESNETS.GW_POSITIONS == "S1-B2"
-    assert cfg.MODEL.FPN.NORM == cfg.MODEL.ROI_BOX_HEAD.NORM == cfg.MODEL.ROI_MASK_HEAD.NORM == "GW"
-    assert (cfg.MODEL.ROI_BOX_HEAD.NUM_CONV, cfg.MODEL.ROI_BOX_HEAD.NUM_FC) == (4, 1)
-    assert (cfg.SOLVER.MAX_ITER, cfg.SOLVER.IMS_PER_BATCH, cfg.SOLVER.BASE_LR) == (180000, 8, 0.01)
+def conv_signature(conv):
+    if conv is None:
+        return None
+    return (conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding, conv.groups)
 
 
-def test_scratch_configs_train_every_norm():
-    for path in CONFIGS:
-        if "Scratch" in path.parts:
-            cfg = build_config(str(path))
-            assert cfg.MODEL.BACKBONE.FREEZE_AT == 0 and cfg.MODEL.WEIGHTS == ""
-            assert cfg.MODEL.RESNETS.NORM in {"BN", "GN", "GW"}
+@functools.lru_cache(maxsize=None)
+def torchvision_convs(arch: str) -> tuple:
+    """The convs of torchvision's ``arch``, stem first, then conv1-3 and shortcut of each block."""
+    with torch.device("meta"):
+        model = getattr(torchvision.models, arch)()
+    blocks = [block for layer in (model.layer1, model.layer2, model.layer3, model.layer4) for block in layer]
+    shortcuts = [block.downsample[0] if block.downsample is not None else None for block in blocks]
+    return (conv_signature(model.conv1),) + tuple(
+        conv_signature(conv) for block, shortcut in zip(blocks, shortcuts)
+        for conv in (block.conv1, block.conv2, block.conv3, shortcut))
+
+
+def torchvision_architecture(model) -> str | None:
+    """The torchvision ResNet/ResNeXt whose convs (channels, kernel, stride, padding, groups) are
+    the model's backbone's one by one, or None."""
+    resnet = model.backbone.bottom_up
+    blocks = [block for stage in resnet.stages for block in stage]
+    convs = (conv_signature(resnet.stem.conv1),) + tuple(
+        conv_signature(conv) for block in blocks for conv in (block.conv1, block.conv2, block.conv3, block.shortcut))
+    matches = [arch for arch in TORCHVISION_RESNETS if torchvision_convs(arch) == convs]
+    return matches[0] if len(matches) == 1 else None
+
+
+@pytest.mark.parametrize("path", IMAGENET_CONFIGS, ids=config_id)
+def test_imagenet_weight_configs_build_a_torchvision_network_fed_as_torchvision_feeds_it(path):
+    # tools/convert_pretrained.py converts torchvision-layout checkpoints; such weights fit only
+    # torchvision's convs (stride in the 3x3 conv) and the input torchvision normalizes
+    cfg, model = built(path)
+    arch = torchvision_architecture(model)
+    assert arch is not None, f"{config_id(path)}: no torchvision ResNet/ResNeXt has this backbone's convs"
+    preset = torchvision.models.get_model_weights(arch).DEFAULT.transforms()
+    assert model.input_format == "RGB"
+    assert cfg.MODEL.PIXEL_MEAN == pytest.approx([255 * value for value in preset.mean], abs=1e-3)
+    assert cfg.MODEL.PIXEL_STD == pytest.approx([255 * value for value in preset.std], abs=1e-3)
+
+
+def test_headline_config_builds_the_papers_table_5_model():
+    # GW paper, Table 5 and Sec. 5.2: Mask R-CNN, ResNeXt-101 + FPN, '4conv1fc' box head, GW in
+    # the backbone at S1-B2 (the stem and the 2nd norm of every bottleneck, Sec. 5.1) and in the
+    # FPN, box and mask heads; a batch of 8 images (one per GPU on eight)
+    cfg, model = built(HEADLINE)
+    assert torchvision_architecture(model) == "resnext101_32x8d"
+    assert model.roi_heads.mask_on
+    box_head, mask_head = model.roi_heads.box_head, model.roi_heads.mask_head
+    assert (len(box_head.conv_norm_relus), len(box_head.fcs)) == (4, 1)
+    resnet = model.backbone.bottom_up
+    at_s1_b2 = [resnet.stem.conv1] + [block.conv2 for stage in resnet.stages for block in stage]
+    with_gw = at_s1_b2 + fpn_convs(model) + box_head.conv_norm_relus + mask_head.conv_norm_relus
+    assert all(isinstance(conv.norm, GroupWhitening) for conv in with_gw)
+    gw_layers = [module for module in model.modules() if isinstance(module, GroupWhitening)]
+    assert len(gw_layers) == len(with_gw), "GW nowhere else"
+    # GW with g = 64 (Sec. 5.1) and ItN with T = 5 (Sec. 5)
+    assert {(layer.num_groups, layer.T, layer.method) for layer in gw_layers} == {(64, 5, "itn")}
+    assert cfg.SOLVER.IMS_PER_BATCH == 8
+
+
+# ---- schedules: detectron2's own ----------------------------------------------------------------
+
+DETECTRON2_CONFIGS = Path(detectron2.__file__).parent / "model_zoo" / "configs"
+# The COCO configs train with detectron2's 1x schedule (the paper's Tables 4 and 5: "1x lr
+# scheduling"); from scratch with its 3x, as detectron2's GN from-scratch baselines.
+SCHEDULE_OF_FOLDER = {"configs": "1x", "COCO-Detection": "1x", "COCO-InstanceSegmentation": "1x", "Scratch": "3x"}
+COCO_CONFIGS = [path for path in CONFIGS if path.parent.name in SCHEDULE_OF_FOLDER]
+
+
+def detectron2_schedule(name: str):
+    """The SOLVER of detectron2's model-zoo Mask R-CNN R-50-FPN with schedule ``name``."""
+    path = DETECTRON2_CONFIGS / "COCO-InstanceSegmentation" / f"mask_rcnn_R_50_FPN_{name}.yaml"
+    assert path.is_file(), f"detectron2's model-zoo configs are not installed: {path}"
+    cfg = get_cfg()
+    cfg.merge_from_file(str(path))
+    return cfg.SOLVER
+
+
+@pytest.mark.parametrize("path", COCO_CONFIGS, ids=config_id)
+def test_coco_configs_train_on_detectron2s_schedule(path):
+    # at another batch size: as many images, the same learning rate per image, steps at the same images
+    solver, reference = built(path)[0].SOLVER, detectron2_schedule(SCHEDULE_OF_FOLDER[path.parent.name])
+    assert solver.MAX_ITER * solver.IMS_PER_BATCH == reference.MAX_ITER * reference.IMS_PER_BATCH
+    assert solver.BASE_LR / solver.IMS_PER_BATCH == pytest.approx(reference.BASE_LR / reference.IMS_PER_BATCH)
+    assert [step * solver.IMS_PER_BATCH for step in solver.STEPS] == [
+        step * reference.IMS_PER_BATCH for step in reference.STEPS]
+
+
+# ---- from scratch: the paper's small-batch study ------------------------------------------------
+
+@pytest.mark.parametrize("path", FROM_SCRATCH_CONFIGS, ids=config_id)
+def test_from_scratch_configs_train_every_parameter_and_load_nothing(path):
+    cfg, model = built(path)
+    assert all(parameter.requires_grad for parameter in model.parameters())
+    assert not any(isinstance(module, FrozenBatchNorm2d) for module in model.modules())
+    assert DetectionCheckpointer(model).resume_or_load(cfg.MODEL.WEIGHTS, resume=False) == {}
+
+
+def backbone_norms(model) -> dict:
+    """Norm type name -> how many of the backbone's convs carry it."""
+    counts: dict = {}
+    for module in model.backbone.bottom_up.modules():
+        if isinstance(module, Conv2d) and module.norm is not None:
+            kind = type(module.norm).__name__
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
+# GW paper, end of Sec. 5.2: from scratch with all BN, BN with GW at S1-B2 (17 GW layers in a
+# ResNet-50, Sec. 5.1), all GN, all GW. Every family of study configs has these four rows.
+STUDY_FAMILIES = {
+    "Scratch": sorted((REPO / "configs" / "Scratch").glob("faster_rcnn_*.yaml")),
+    "Demo": sorted((REPO / "configs" / "Demo").glob("scratch_*.yaml")),
+    "Study": [REPO / "configs" / "Study" / f"{row}.yaml" for row in ("bn", "bn_gw_s1b2", "gn", "gw")],
+}
+
+
+@pytest.mark.parametrize("family", sorted(STUDY_FAMILIES))
+def test_each_study_family_has_the_papers_four_from_scratch_rows(family):
+    family_norms = [backbone_norms(built(path)[1]) for path in STUDY_FAMILIES[family]]
+    rows = {tuple(sorted(norms)): norms for norms in family_norms}
+    assert sorted(rows) == [("BatchNorm2d",), ("BatchNorm2d", "GroupWhitening"), ("GroupNorm",), ("GroupWhitening",)]
+    assert rows[("BatchNorm2d", "GroupWhitening")]["GroupWhitening"] == 17

@@ -18,10 +18,8 @@ GWDET_NAMES = {"GW": GroupWhitening, "GW_ZCA": GroupWhitening, "BW": BatchWhiten
 
 @pytest.mark.parametrize("name", sorted(GWDET_NAMES))
 def test_every_name_builds_its_layer_through_detectron2s_get_norm(name):
-    layer = get_norm(norm(name), 64)
-    assert isinstance(layer, GWDET_NAMES[name])
-    out = layer.train()(torch.randn(4, 64, 5, 5))
-    assert out.shape == (4, 64, 5, 5) and torch.isfinite(out).all()
+    # what the layers then do: test_layer_contract.py
+    assert isinstance(get_norm(norm(name), 64), GWDET_NAMES[name])
 
 
 def test_values_given_reach_the_layer_and_the_rest_are_the_config_defaults():

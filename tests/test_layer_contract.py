@@ -1,0 +1,316 @@
+"""What every gwdet norm layer does, whatever it normalizes over.
+
+The layers are the gwdet names of the norm catalogue (:mod:`gwdet.norms`), built as detectron2
+builds a norm, ``get_norm(gwdet.norm(name, ...), channels)``, with trained-looking affine
+parameters and running statistics. The properties they share are tested here once, for every
+name: shapes and dtypes, gradients against finite differences, what training and evaluation
+mode normalize over (against the catalogue's ``batch_statistics``), empty and constant batches,
+float32 statistics under autocast, TorchScript and tracing, state dicts, and the refusal of bad
+arguments and inputs. What each layer computes is tested in its own file:
+test_group_whitening.py (and test_group_whitening_fast.py for GW's custom op),
+test_batch_whitening.py and test_batch_group_norm.py.
+"""
+import copy
+import inspect
+import math
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from detectron2.layers import get_norm
+
+from gwdet import known_norm_names, norm
+from gwdet.norms import DETECTRON2_NORMS, norm_kind
+
+CHANNELS = 12
+# Small hyper-parameters per name. The requested counts (8) do not divide 12 channels, so every
+# test also runs the largest-divisor rule: GW whitens 6 groups of 2 channels, BW 2 groups of 6,
+# BGN normalizes 6 channel groups.
+TEST_PARAMS = {
+    "GW": {"num_groups": 8},
+    "GW_ZCA": {"num_groups": 8},
+    "BW": {"group_size": 8},
+    "BW_ItN": {"group_size": 8},
+    "BGN": {"num_groups": 8, "examples_per_group": 2, "eval_example_weight": 0.4},
+    "GhostBN": {"examples_per_group": 2},
+}
+NAMES = sorted(TEST_PARAMS)
+WITH_BATCH_STATISTICS = [name for name in NAMES if norm_kind(name).batch_statistics]
+
+
+def build(name: str, dtype: torch.dtype = torch.float64) -> torch.nn.Module:
+    """The layer of ``name`` in training mode, with random affine parameters and (for layers with
+    running statistics) statistics moved away from their start by one training batch."""
+    layer = get_norm(norm(name, **TEST_PARAMS[name]), CHANNELS).to(dtype)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        layer.weight.copy_(torch.rand(CHANNELS, generator=generator) + 0.5)
+        layer.bias.copy_(torch.randn(CHANNELS, generator=generator))
+        layer.train()(random_batch((6, CHANNELS, 3, 3), dtype, seed=100))
+    return layer
+
+
+def random_batch(shape, dtype: torch.dtype = torch.float64, seed: int = 0) -> torch.Tensor:
+    """Random values with a scale and an offset per channel."""
+    generator = torch.Generator().manual_seed(seed)
+    per_channel = (1, shape[1]) + (1,) * (len(shape) - 2)
+    values = torch.randn(shape, generator=generator, dtype=torch.float64)
+    scale = torch.rand(per_channel, generator=generator, dtype=torch.float64) + 0.5
+    offset = torch.randn(per_channel, generator=generator, dtype=torch.float64)
+    return (values * scale + offset).to(dtype)
+
+
+def buffer_copies(layer: torch.nn.Module) -> list:
+    return [buffer.clone() for buffer in layer.buffers()]
+
+
+def unchanged(before: list, layer: torch.nn.Module) -> bool:
+    return all(torch.equal(a, b) for a, b in zip(before, layer.buffers(), strict=True))
+
+
+def test_every_gwdet_name_of_the_catalogue_is_tested_here():
+    gwdet_names = {name for name in known_norm_names()
+                   if name not in DETECTRON2_NORMS and norm_kind(name).build.__module__ == "gwdet.norms"}
+    assert gwdet_names == set(NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_output_has_the_shape_and_dtype_of_the_input(name, dtype):
+    layer = build(name, dtype)
+    for training in (True, False):
+        layer.train(training)
+        for shape in [(5, CHANNELS), (5, CHANNELS, 7), (5, CHANNELS, 3, 4), (5, CHANNELS, 2, 3, 2)]:
+            out = layer(random_batch(shape, dtype))
+            assert out.shape == shape and out.dtype == dtype and torch.isfinite(out).all()
+        # (N, C) is an (N, C, 1, 1) map
+        vectors = random_batch((5, CHANNELS), dtype)
+        assert torch.equal(layer(vectors), layer(vectors.view(5, CHANNELS, 1, 1)).view(5, CHANNELS))
+
+
+@pytest.mark.parametrize(
+    "name,training",
+    [(name, True) for name in NAMES] + [(name, False) for name in WITH_BATCH_STATISTICS],
+    ids=lambda value: {True: "train", False: "eval"}.get(value, value),
+)
+def test_gradients_match_finite_differences(name, training):
+    # 3 examples: BGN's example groups of 2 leave a smaller last group
+    layer = build(name).train(training)
+    x = random_batch((3, CHANNELS, 2, 2)).requires_grad_()
+
+    def output(x, weight, bias):
+        return torch.func.functional_call(layer, {"weight": weight, "bias": bias}, (x,))
+
+    assert torch.autograd.gradcheck(output, (x, layer.weight, layer.bias))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_batch_statistics_exactly_where_the_catalogue_says(name):
+    layer = build(name)
+    x = random_batch((6, CHANNELS, 3, 3), seed=1)
+    other_second_example = x.clone()
+    other_second_example[1] = 3.0 * x[1] + 1.0
+
+    # evaluation: every example alone, with fixed statistics
+    before = buffer_copies(layer)
+    evaluated = layer.eval()(x)
+    one_by_one = torch.cat([layer(x[i : i + 1]) for i in range(len(x))])
+    assert torch.allclose(evaluated, one_by_one, rtol=0, atol=1e-12)
+    assert unchanged(before, layer)
+
+    trained = layer.train()(x)
+    changed_neighbour = layer(other_second_example)
+    if norm_kind(name).batch_statistics:
+        assert not unchanged(before, layer), "training updates the running statistics"
+        assert not torch.allclose(changed_neighbour[0], trained[0], rtol=0, atol=1e-3), \
+            "the first example is normalized together with the second"
+    else:
+        assert list(layer.buffers()) == []
+        assert torch.equal(trained, evaluated), "no running statistics: training computes what evaluation does"
+        assert torch.allclose(changed_neighbour[0], trained[0], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_an_empty_batch_gives_an_empty_output_and_changes_nothing(name, training):
+    layer = build(name).train(training)
+    before = buffer_copies(layer)
+    for shape in [(0, CHANNELS, 5, 5), (0, CHANNELS)]:
+        x = torch.zeros(shape, dtype=torch.float64, requires_grad=True)
+        out = layer(x)
+        assert out.shape == shape
+        out.sum().backward()
+        assert x.grad.shape == shape
+    assert unchanged(before, layer)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dtype,value", [(torch.float32, 1000.0), (torch.float64, -2.0)], ids=["float32", "float64"])
+def test_a_constant_batch_gives_the_bias_and_finite_gradients(name, dtype, value):
+    layer = build(name, dtype)
+    x = torch.full((4, CHANNELS, 3, 3), value, dtype=dtype, requires_grad=True)
+    out = layer(x)
+    assert torch.allclose(out, layer.bias.detach().view(1, CHANNELS, 1, 1).expand_as(out))
+    (out * torch.randn(out.shape, dtype=dtype)).sum().backward()
+    assert torch.isfinite(x.grad).all() and torch.isfinite(layer.weight.grad).all()
+    assert all(torch.isfinite(buffer).all() for buffer in layer.buffers())
+
+
+# Largest error of a half-precision output against the float32 output on the unrounded input:
+# the input rounding (relative finfo.eps / 2 per value) carried through the normalization.
+INPUT_ROUNDING_ERROR = {torch.bfloat16: 0.05, torch.float16: 0.005}
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+def test_half_precision_and_autocast_keep_float32_statistics(name, dtype):
+    # the affine at its start (1, 0): BW and BGN apply it after rounding to the input dtype, GW
+    # before (test_group_whitening_fast.py)
+    layer = build(name, torch.float32)
+    with torch.no_grad():
+        layer.weight.fill_(1.0)
+        layer.bias.zero_()
+    x = random_batch((6, CHANNELS, 5, 5), torch.float32, seed=3)
+    rounded = x.to(dtype)
+    for training in (True, False):
+        layer.train(training)
+        reference = layer(x)
+        on_rounded_input = layer(rounded.float())
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            autocast_float32 = layer(x)
+            low = layer(rounded)
+        # float32 input: the statistics stay float32 under autocast
+        assert autocast_float32.dtype == torch.float32
+        assert torch.allclose(autocast_float32, reference, rtol=0, atol=1e-6)
+        # half-precision input: computed in float32 and rounded once, within half a unit in the last place
+        assert low.dtype == dtype and torch.isfinite(low).all()
+        half_ulp = torch.finfo(dtype).eps / 2 * on_rounded_input.abs() + 1e-6
+        assert ((low.float() - on_rounded_input).abs() <= half_ulp).all()
+        assert (low.float() - reference).abs().max() < INPUT_ROUNDING_ERROR[dtype]
+        assert layer(rounded).dtype == dtype
+    layer.train()
+    rounded.requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        layer(rounded).float().square().sum().backward()
+    assert rounded.grad.dtype == dtype and torch.isfinite(rounded.grad).all()
+    assert layer.weight.grad.dtype == torch.float32 and torch.isfinite(layer.weight.grad).all()
+    assert all(buffer.dtype == torch.float32 for buffer in layer.buffers())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_torchscript_computes_what_eager_mode_does(name):
+    eager = build(name, torch.float32)
+    scripted = torch.jit.script(copy.deepcopy(eager))
+    x = random_batch((5, CHANNELS, 3, 3), torch.float32, seed=4)
+    for training in (True, False):
+        eager.train(training)
+        scripted.train(training)
+        assert torch.allclose(scripted(x), eager(x), atol=1e-6)
+        for expected, got in zip(eager.buffers(), scripted.buffers(), strict=True):
+            assert torch.allclose(got, expected, atol=1e-6)
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+@pytest.mark.parametrize("name", NAMES)
+def test_a_trace_in_evaluation_mode_holds_only_aten_ops_and_reloads(name, tmp_path):
+    # what a deployment graph needs: it loads where gwdet is not installed
+    layer = build(name, torch.float32).eval()
+    traced = torch.jit.trace(layer, (random_batch((2, CHANNELS, 3, 3), torch.float32),))
+    kinds = {node.kind() for node in traced.graph.nodes()}
+    assert not any(kind.startswith(("prim::PythonOp", "gwdet::")) for kind in kinds), kinds
+    torch.jit.save(traced, str(tmp_path / "layer.pt"))
+    loaded = torch.jit.load(str(tmp_path / "layer.pt"))
+    other = random_batch((3, CHANNELS, 4, 2), torch.float32, seed=5)  # another batch and spatial size
+    assert torch.allclose(loaded(other), layer(other), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_state_dict_restores_the_layer(name):
+    trained = build(name)
+    fresh = get_norm(norm(name, **TEST_PARAMS[name]), CHANNELS).double()
+    fresh.load_state_dict(trained.state_dict())
+    x = random_batch((5, CHANNELS, 3, 3), seed=6)
+    for training in (False, True):
+        assert torch.equal(fresh.train(training)(x), trained.train(training)(x))
+    # the affine parameters have the names and shapes of torch's (and so detectron2's) norms
+    parameters = {key: value.shape for key, value in trained.named_parameters()}
+    assert parameters == {key: value.shape for key, value in torch.nn.GroupNorm(1, CHANNELS).named_parameters()}
+
+
+LAYER_CLASSES = sorted({type(get_norm(norm(name), CHANNELS)) for name in NAMES}, key=lambda cls: cls.__name__)
+
+
+@pytest.mark.parametrize("layer_class", LAYER_CLASSES, ids=lambda cls: cls.__name__)
+def test_without_affine_there_are_no_parameters_and_the_output_is_unscaled(layer_class):
+    plain, with_affine = layer_class(CHANNELS, affine=False).double(), layer_class(CHANNELS).double()
+    assert list(plain.parameters()) == []
+    assert set(plain.state_dict()) == set(with_affine.state_dict()) - {"weight", "bias"}
+    x = random_batch((5, CHANNELS, 4, 4), seed=7)
+    for training in (True, False):
+        assert torch.allclose(plain.train(training)(x), with_affine.train(training)(x), rtol=0, atol=1e-12)
+
+
+# constructor argument -> bad values and the end of the error each gets
+NOT_A_COUNT = [(0, "must be an integer >= 1, got 0"), (2.5, "must be an integer >= 1, got 2.5")]
+NOT_A_FRACTION = [(1.5, "must be a number in [0, 1], got 1.5"), (-0.1, "must be a number in [0, 1], got -0.1")]
+BAD_ARGUMENTS = {
+    "num_channels": NOT_A_COUNT,
+    "num_groups": NOT_A_COUNT + [(True, "must be an integer >= 1, got True")],
+    "group_size": NOT_A_COUNT,
+    "examples_per_group": NOT_A_COUNT,
+    "T": NOT_A_COUNT,
+    "eps": [(0.0, "must be a finite number > 0, got 0.0"), (-1e-5, "must be a finite number > 0, got -1e-05"),
+            (math.inf, "must be a finite number > 0, got inf")],
+    "momentum": NOT_A_FRACTION,
+    "eval_example_weight": NOT_A_FRACTION,
+    "method": [("pca", "must be one of 'itn', 'zca', got pca")],
+}
+
+
+def constructor_arguments(layer_class) -> list:
+    return [name for name in inspect.signature(layer_class).parameters if name != "affine"]
+
+
+def test_every_constructor_argument_has_bad_values_here():
+    for layer_class in LAYER_CLASSES:
+        assert set(constructor_arguments(layer_class)) <= set(BAD_ARGUMENTS), layer_class
+
+
+@pytest.mark.parametrize(
+    "layer_class,argument,value,message",
+    [(cls, argument, value, message) for cls in LAYER_CLASSES for argument in constructor_arguments(cls)
+     for value, message in BAD_ARGUMENTS.get(argument, [])],
+    ids=lambda value: value.__name__ if isinstance(value, type) else None,
+)
+def test_a_bad_constructor_argument_is_named(layer_class, argument, value, message):
+    arguments = {"num_channels": CHANNELS, argument: value}
+    with pytest.raises(ValueError, match=re.escape(f"{layer_class.__name__}: {argument} {message}")):
+        layer_class(**arguments)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_input_of_another_layout_or_dtype_is_refused(name):
+    layer = build(name, torch.float32)
+    owner = type(layer).__name__
+    expected_shape = f"{owner}: expected input of shape (N, {CHANNELS}) or (N, {CHANNELS}, *spatial), got"
+    for shape in [(2, 6, 3, 3), (CHANNELS,)]:
+        with pytest.raises(ValueError, match=re.escape(f"{expected_shape} {list(shape)}")):
+            layer(torch.randn(shape))
+    with pytest.raises(ValueError, match=re.escape(
+            f"{owner}: expected a floating-point input, got torch.int64; convert it with .float()")):
+        layer(torch.ones(2, CHANNELS, 3, 3, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_output_can_be_modified_in_place(name):
+    # detectron2's blocks run F.relu_(norm(conv(x))): the output must be no view of a saved tensor
+    layer = build(name)
+    x, grad = random_batch((4, CHANNELS, 3, 3), seed=8), random_batch((4, CHANNELS, 3, 3), seed=9)
+    in_place_input, input_ = x.clone().requires_grad_(), x.clone().requires_grad_()
+    in_place = F.relu_(layer(in_place_input))
+    (in_place * grad).sum().backward()
+    expected = torch.relu(layer(input_))
+    (expected_grad,) = torch.autograd.grad(expected, input_, grad)
+    assert torch.allclose(in_place, expected, rtol=0, atol=1e-12)
+    assert torch.allclose(in_place_input.grad, expected_grad, rtol=0, atol=1e-12)
