@@ -164,3 +164,20 @@ def test_inference_level_end_to_end_into_a_section(tmp_path, capsys):
     for row in modes:
         eval_ms, forward_ms, step_ms = (float(cell) for cell in row[1:4])
         assert float(row[4]) > 0 and float(row[5]) > 0 and step_ms > 0 and forward_ms > 0 and eval_ms > 0
+
+
+def test_benchmark_quick_mode_writes_markdown(tmp_path):
+    out = tmp_path / "bench.md"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "benchmark.py"), "--layers", "--quick", "--threads", "1", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = out.read_text()
+    assert "| shape |" in text
+    assert "GW (itn)" in text and "conv 3x3" in text
+    assert "peak memory" in text
+    assert "[1/" in result.stderr  # progress lines

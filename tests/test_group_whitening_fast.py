@@ -1,5 +1,5 @@
 """The fused custom op gwdet::group_whitening against the reference implementation, both against
-independent float64 computations; and tools/benchmark.py's quick mode.
+independent float64 computations.
 
 ``group_whitening_reference`` (plain tensor operations, differentiated by autograd) is what
 TorchScript and ONNX graphs record; the custom op computes the same function with a closed-form
@@ -10,8 +10,6 @@ against the reference in every layout it has a path for. No test here measures t
 """
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -196,20 +194,3 @@ def test_half_precision_output_is_rounded_once_after_the_affine(dtype):
     expected = layer(x.float())
     assert out.dtype == dtype
     assert ((out.float() - expected).abs() <= torch.finfo(dtype).eps / 2 * expected.abs() + 1e-6).all()
-
-
-def test_benchmark_quick_mode_writes_markdown(tmp_path):
-    out = tmp_path / "bench.md"
-    result = subprocess.run(
-        [sys.executable, os.path.join(REPO, "tools", "benchmark.py"), "--layers", "--quick", "--threads", "1", "--out", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    text = out.read_text()
-    assert "| shape |" in text
-    assert "GW (itn)" in text and "conv 3x3" in text
-    assert "peak memory" in text
-    assert "[1/" in result.stderr  # progress lines
