@@ -82,7 +82,7 @@ def test_the_analytic_ratio_is_gwdet_layers_cost_and_the_papers_formula(_, shape
     assert analytic_ratio(shape) == group_whitening_macs(shape, g, T) / conv3x3_macs(shape)
     d, positions = shape[1], (shape[2] * shape[3] if len(shape) == 4 else 1)
     assert analytic_ratio(shape) == pytest.approx(2 * g / (9 * d) + T * g**3 / (9 * positions * d**2), rel=1e-12)
-    assert time_target(shape) == max(0.30, 1.5 * analytic_ratio(shape))
+    assert time_target(shape) == max(0.20, 1.5 * analytic_ratio(shape))
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -105,7 +105,7 @@ def test_model_targets_divide_the_seconds_of_the_rows_shown():
     ]
     text = model_tables({"rows": rows, "image_size": 64, "amp": "none", "opts": []})
     targets = table_rows(text, "| target |")
-    assert targets == [["FrozenBN + GW at S1-B2 / FrozenBN", "1.250", "1.10", "no (+14%)"]]
+    assert targets == [["FrozenBN + GW at S1-B2 / FrozenBN", "1.250", "1.05", "no (+19%)"]]
     assert [row[3] for row in table_rows(text, "#### Model level")] == ["2.000", "2.500", "4.000"]
 
 

@@ -5,9 +5,9 @@ before the fused op), BW (DBN, ZCA, groups of 16), BGN and, as the yardstick, a 
 C -> C, at the activation shapes of a Faster R-CNN R-50-FPN (:data:`LAYER_SHAPES`); 2-D inputs
 ``(N, C)`` are fed to the convolution as ``(N, C, 1, 1)``.
 
-The targets: GW (ItN) forward + backward at most ``max(0.30, 1.5 x analytic)`` of the convolution,
+The targets: GW (ItN) forward + backward at most ``max(0.20, 1.5 x analytic)`` of the convolution,
 where the analytic ratio is the GW paper's cost model (Sec. 3, ``2g/(9d) + T g^3/(9 HW d^2)``) as
-:func:`gwdet.layers.cost.group_whitening_relative_cost` computes it; peak memory at most 1.5 x
+:func:`gwdet.layers.cost.group_whitening_relative_cost` computes it; peak memory at most 1.3 x
 GN(32)'s.
 """
 from __future__ import annotations
@@ -54,9 +54,9 @@ GN = "GN(32)"
 COMPILED = ", compiled"
 COMPILED_CASES = (GW_ITN, "BW", "BGN")
 
-TIME_FLOOR = 0.30
+TIME_FLOOR = 0.20
 TIME_SLACK = 1.5
-MEMORY_LIMIT = 1.5
+MEMORY_LIMIT = 1.3
 
 
 class AutogradGroupWhitening(nn.Module):

@@ -41,8 +41,8 @@ MODELS: List[Tuple[str, str]] = [
 DEFAULT_MODEL_OPTS = ["MODEL.ROI_BOX_HEAD.POOLER_SAMPLING_RATIO", "2"]
 # (numerator, denominator, largest allowed ratio) of training-step times
 MODEL_TARGETS = [
-    ("FrozenBN + GW at S1-B2", "FrozenBN", 1.10),
-    ("GW everywhere", "GN everywhere", 1.30),
+    ("FrozenBN + GW at S1-B2", "FrozenBN", 1.05),
+    ("GW everywhere", "GN everywhere", 1.10),
 ]
 AMP_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 GW_OPS = ("gwdet::group_whitening", "gwdet::group_whitening_backward")
