@@ -38,6 +38,7 @@ from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer
 from gwdet.config import add_gwdet_config
 from gwdet.config_checks import check_gwdet_config
 from gwdet.data import prepare_datasets
+from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.data.resumable import build_resumable_train_loader, skip_trained_samples
 from gwdet.modeling import check_model
 from gwdet.output_dir import OutputDirLock, check_fresh_start, check_resume_config, run_files
@@ -54,16 +55,17 @@ class Trainer(DefaultTrainer):
     where they stopped (see :mod:`gwdet.checkpoint.resilient`, :mod:`gwdet.data.resumable`)."""
 
     def __init__(self, cfg: CfgNode) -> None:
-        # DefaultTrainer's construction, in its order, with two differences: a CPU model is wrapped
+        # DefaultTrainer's construction, in its order, with three differences: a CPU model is wrapped
         # in DistributedDataParallel without device_ids (detectron2 pins a GPU index, which PyTorch
-        # rejects for a CPU model), and the checkpointer is gwdet's ResilientCheckpointer.
+        # rejects for a CPU model), the train loader's batches are checked for non-finite pixels
+        # (gwdet.data.finite_images), and the checkpointer is gwdet's ResilientCheckpointer.
         TrainerBase.__init__(self)
         if not logging.getLogger("detectron2").isEnabledFor(logging.INFO):
             setup_logger()
         cfg = DefaultTrainer.auto_scale_workers(cfg, comm.get_world_size())
         model = self.build_model(cfg)
         optimizer = self.build_optimizer(cfg, model)
-        data_loader = self.build_train_loader(cfg)
+        data_loader = FiniteImageBatches(self.build_train_loader(cfg))
         on_cpu = next(model.parameters()).device.type == "cpu"
         model = create_ddp_model(model, broadcast_buffers=False, **({"device_ids": None} if on_cpu else {}))
         trainer_class = AMPTrainer if cfg.SOLVER.AMP.ENABLED else SimpleTrainer

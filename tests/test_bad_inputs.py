@@ -1,20 +1,39 @@
-"""Bad input gets an error naming what is wrong and how to fix it (docs/reliability.md lists all).
+"""Bad input gets an error naming what is wrong and how to fix it (docs/reliability.md lists all),
+and input the layers can compute gets the right result however large or small it is.
 
 Weight-conversion errors (wrong architecture or positions, corrupted, truncated and non-checkpoint
 files) are tested in test_convert.py; unsafe pickles in test_safe_loading.py.
 """
+import copy
 import json
+import os
 
+import numpy as np
 import pytest
 import torch
+from detectron2.data import DatasetCatalog, MetadataCatalog, build_detection_train_loader
+from detectron2.data import detection_utils
 from detectron2.data.datasets import register_coco_instances
+from detectron2.structures import BoxMode
 
 from gwdet.checkpoint.resilient import ResilientCheckpointer
-from gwdet.data import check_dataset_files
+from gwdet.data import (
+    CacheNotWritableError,
+    NonFiniteImageError,
+    ShapesSpec,
+    check_dataset_files,
+    check_finite_images,
+    ensure_generated,
+    prepare_datasets,
+    register_shapes,
+)
+from gwdet.data.finite_images import FiniteImageBatches
+from gwdet.data.resumable import skip_trained_samples
 from gwdet.engine import Trainer, build_config
-from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
+from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening, group_whitening_reference
 
 from conftest import DEMO_CONFIG, TINY_OPTS
+from layer_cases import NAMES, RESULT_NAMES, assert_close_relative, forward_backward, inputs, make_layer
 
 CONFIG_CASES = {
     "unknown norm name": (["MODEL.FPN.NORM", "GWW"], ["MODEL.FPN.NORM", "'GWW'", "Known names", "GW_ZCA"]),
@@ -147,3 +166,213 @@ def test_converted_weights_that_misfit_the_model_are_refused(tmp_path, metadata,
     for fragment in fragments:
         assert fragment in str(err.value), str(err.value)
     assert torch.equal(backbone.stem.conv1.norm.weight, before), "nothing was loaded"
+
+
+# ---- magnitudes: values near 1e20, whose squares overflow float32, and tiny ones -----------------
+
+@pytest.mark.parametrize("scale", [1e20, 1e30, 1e-20])
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("name", NAMES)
+def test_huge_and_tiny_inputs_give_the_float64_result(name, training, scale):
+    """float32 at 1e20 (squares 1e40 > 3.4e38) and 1e30 against the same layer in float64, where
+    nothing overflows; and at 1e-20, where the variance (1e-40) is far below eps, so the output is
+    about x / sqrt(eps), not the output for x / 1e-20."""
+    layer = make_layer(name, training)
+    reference = copy.deepcopy(layer).double()
+    x, grad = inputs()
+    x = x * scale
+    got = forward_backward(layer, x, grad)
+    expected = forward_backward(reference, x.double(), grad.double())
+    for what, a, b in zip(RESULT_NAMES, got, expected):
+        assert_close_relative(a, b, 1e-5, what)
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("name", NAMES)
+def test_huge_input_gives_the_output_of_the_unscaled_input(name, training):
+    """Normalization does not see a factor 1e20 except through eps, which is then negligible: the
+    output is that of x, the input gradient that of x divided by 1e20, the affine's gradients the
+    same. In evaluation BW's running statistics come from one training step on its own input
+    (momentum 1); BGN uses only the example's own statistics (eval_example_weight 1), as its
+    running variance cannot hold the variance of 1e20-sized values."""
+    scale = 1e20
+    x, grad = inputs()
+    results = []
+    for data in (x * scale, x):
+        layer = make_layer(name, True)
+        if name.startswith("BW"):
+            layer.momentum = 1.0
+        if name == "BGN":
+            layer.eval_example_weight = 1.0
+        if not training:
+            if name.startswith("BW"):
+                with torch.no_grad():
+                    layer(data)
+            layer.eval()
+        results.append(forward_backward(layer, data, grad))
+    (out, grad_x, grad_w, grad_b), (out_1, grad_x_1, grad_w_1, grad_b_1) = results
+    assert_close_relative(out, out_1, 1e-4, "output")
+    assert_close_relative(grad_x * scale, grad_x_1, 1e-4, "input gradient")
+    assert_close_relative(grad_w, grad_w_1, 1e-4, "weight gradient")
+    assert_close_relative(grad_b, grad_b_1, 1e-4, "bias gradient")
+
+
+@pytest.mark.parametrize("method", ["itn", "zca"])
+def test_scaling_is_per_sample_and_leaves_ordinary_samples_untouched(method):
+    """A huge sample in the batch changes nothing, bit for bit, in the others' results."""
+    layer = make_layer("GW" if method == "itn" else "GW_ZCA", True)
+    x, grad = inputs()
+    mixed = x.clone()
+    mixed[1] *= 1e20
+    alone = forward_backward(layer, x[[0, 2, 3]], grad[[0, 2, 3]])
+    layer.zero_grad()
+    out, grad_x, _, _ = forward_backward(layer, mixed, grad)
+    assert torch.equal(out[[0, 2, 3]], alone[0]) and torch.equal(grad_x[[0, 2, 3]], alone[1])
+    assert torch.isfinite(out[1]).all() and torch.isfinite(grad_x[1]).all()
+
+
+@pytest.mark.parametrize("method", ["itn", "zca"])
+def test_reference_formulas_and_traced_layer_agree_on_huge_input(method):
+    """The public reference (what TorchScript and ONNX record) scales like the custom op."""
+    layer = make_layer("GW" if method == "itn" else "GW_ZCA", True)
+    x, _ = inputs()
+    x = x * 1e20
+    fused = layer(x)
+    reference = group_whitening_reference(x, 4, layer.T, layer.eps, method, layer.weight, layer.bias)
+    traced = torch.jit.trace(layer, (x,))
+    for other in (reference, traced(x)):
+        assert_close_relative(other.detach(), fused.detach(), 1e-5, "reference")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_constant_huge_input_stays_finite(name):
+    # zero variance leaves only the ridge eps / s^2 (floored, as it underflows near 1e38) to whiten by
+    layer = make_layer(name, True)
+    x = torch.full((2, 16, 3, 3), 3e38, requires_grad=True)
+    out = layer(x)
+    out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
+
+
+def test_bgn_running_variance_that_overflowed_gives_nan_not_the_bias():
+    layer = make_layer("BGN", True)
+    x, _ = inputs()
+    with torch.no_grad():
+        layer(x * 1e20)  # variance 1e40: the float32 buffer holds inf
+    assert torch.isinf(layer.running_var).all()
+    assert torch.isnan(layer.eval()(x)).all()
+
+
+# ---- the dataset cache folder -----------------------------------------------------------------
+
+TINY_SPEC = ShapesSpec(image_size=32, num_train=1, num_val=1, num_test=1)
+
+
+def test_cache_under_a_file_names_the_variable_and_the_fix(tmp_path, monkeypatch):
+    # a path below a regular file cannot be created, not even by root
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("GWDET_CACHE", str(blocker / "sub"))
+    with pytest.raises(CacheNotWritableError) as err:
+        ensure_generated(TINY_SPEC)
+    message = str(err.value)
+    for fragment in (f"GWDET_CACHE={str(blocker / 'sub')!r}", "Not a directory", "Point GWDET_CACHE at a writable directory"):
+        assert fragment in message, message
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory (chmod does not stop it)")
+def test_read_only_cache_names_the_variable_and_the_fix(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    cache.chmod(0o500)
+    monkeypatch.setenv("GWDET_CACHE", str(cache))
+    try:
+        with pytest.raises(CacheNotWritableError) as err:
+            ensure_generated(TINY_SPEC)
+    finally:
+        cache.chmod(0o700)
+    message = str(err.value)
+    assert f"GWDET_CACHE={str(cache)!r}" in message and "Permission denied" in message, message
+    assert list(cache.iterdir()) == []
+
+
+def test_unwritable_dataset_root_in_the_config_names_the_key(tmp_path):
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("not a folder")
+    cfg = build_config(str(DEMO_CONFIG), TINY_OPTS + ["DATASETS.SHAPES.ROOT", str(blocker / "shapes")])
+    with pytest.raises(CacheNotWritableError) as err:
+        register_shapes(cfg)
+    message = str(err.value)
+    assert f"DATASETS.SHAPES.ROOT={str(blocker / 'shapes')!r}" in message, message
+    assert "Set DATASETS.SHAPES.ROOT to a writable directory" in message, message
+
+
+# ---- input images with inf or NaN pixels ------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_non_finite_pixel_names_the_image(bad):
+    image = torch.rand(3, 8, 8) * 255
+    image[1, 2, 5] = bad
+    good = {"image": torch.randint(0, 256, (3, 8, 8), dtype=torch.uint8), "file_name": "good.png"}
+    with pytest.raises(NonFiniteImageError) as err:
+        check_finite_images([good, {"image": image, "file_name": "scan_07.npy", "image_id": 7}])
+    message = str(err.value)
+    for fragment in ("'scan_07.npy'", "image_id 7", "not finite", "1 of 192", "(1, 2, 5)"):
+        assert fragment in message, message
+    check_finite_images([good, {"image": image.nan_to_num(posinf=0.0), "file_name": "fixed.npy"}])
+
+
+def _npy_mapper(record):
+    """A custom mapper of the kind that can hand the model float images: pixels from ``.npy``."""
+    record = dict(record)
+    pixels = np.load(record["file_name"])
+    record["image"] = torch.as_tensor(np.ascontiguousarray(pixels.transpose(2, 0, 1)))
+    annotations = record.pop("annotations")
+    record["instances"] = detection_utils.annotations_to_instances(annotations, pixels.shape[:2], mask_format="bitmask")
+    return record
+
+
+class _NpyTrainer(Trainer):
+    @classmethod
+    def build_train_loader(cls, cfg):
+        return build_detection_train_loader(cfg, mapper=_npy_mapper)
+
+
+def test_inf_pixel_stops_training_before_the_model_runs(tmp_path):
+    records = []
+    for index in range(2):
+        pixels = np.random.default_rng(index).uniform(0, 255, (64, 64, 3)).astype(np.float32)
+        if index == 1:
+            pixels[10, 20, 0] = np.inf
+        file_name = tmp_path / f"image_{index}.npy"
+        np.save(file_name, pixels)
+        square = [8.0, 8.0, 40.0, 8.0, 40.0, 40.0, 8.0, 40.0]
+        records.append({
+            "file_name": str(file_name), "image_id": index, "height": 64, "width": 64,
+            "annotations": [{"bbox": [8, 8, 32, 32], "bbox_mode": BoxMode.XYWH_ABS, "category_id": 0,
+                             "segmentation": [square], "iscrowd": 0}],
+        })
+    name = "gwdet_test_inf_pixel"
+    if name in DatasetCatalog.list():
+        DatasetCatalog.remove(name)
+        MetadataCatalog.remove(name)
+    DatasetCatalog.register(name, lambda: records)
+    MetadataCatalog.get(name).set(thing_classes=["circle", "square", "triangle", "star"])
+    opts = ["DATASETS.TRAIN", f"('{name}',)", "DATASETS.TEST", "()", "OUTPUT_DIR", str(tmp_path / "out"),
+            "SOLVER.MAX_ITER", "5", "DATALOADER.ASPECT_RATIO_GROUPING", "False"]
+    trainer = _NpyTrainer(build_config(str(DEMO_CONFIG), TINY_OPTS + opts))
+    calls = []
+    trainer.model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    with pytest.raises(NonFiniteImageError) as err:
+        trainer.train()
+    assert "image_1.npy" in str(err.value) and "not finite" in str(err.value)
+    assert calls == [], "the model never ran on the batch"
+
+
+def test_checked_train_loader_still_resumes_where_it_stopped():
+    # the wrapper passes on what gwdet.data.resumable set on the loader it wraps
+    cfg = build_config(str(DEMO_CONFIG), TINY_OPTS)
+    prepare_datasets(cfg)
+    loader = FiniteImageBatches(Trainer.build_train_loader(cfg))
+    assert skip_trained_samples(loader, cfg, 3)

@@ -1,5 +1,10 @@
-"""Datasets: the embedded synthetic shapes dataset and checks on registered dataset paths."""
+"""Datasets: the embedded synthetic shapes dataset, checks on registered dataset paths, and the
+refusal of training images with non-finite pixels."""
 from gwdet.data.datasets import check_dataset_files, prepare_datasets
-from gwdet.data.shapes import CLASSES, ShapesSpec, ensure_generated, register_shapes
+from gwdet.data.finite_images import NonFiniteImageError, check_finite_images
+from gwdet.data.shapes import CLASSES, CacheNotWritableError, ShapesSpec, ensure_generated, register_shapes
 
-__all__ = ["CLASSES", "ShapesSpec", "check_dataset_files", "ensure_generated", "prepare_datasets", "register_shapes"]
+__all__ = [
+    "CLASSES", "CacheNotWritableError", "NonFiniteImageError", "ShapesSpec", "check_dataset_files",
+    "check_finite_images", "ensure_generated", "prepare_datasets", "register_shapes",
+]

@@ -15,10 +15,13 @@ two machines produce identical files.
 The cache folder's name holds every generator parameter (:meth:`ShapesSpec.cache_key`: image size,
 images per split, seed, and ``GENERATOR_VERSION``, bumped whenever the drawing code changes what
 it draws), and the folder records them in ``spec.json``; a folder whose record differs is
-regenerated, never reused.
+regenerated, never reused. A cache root that cannot be created or written raises
+:class:`CacheNotWritableError`, naming the setting it came from (``GWDET_CACHE`` or
+``DATASETS.SHAPES.ROOT``), the path, the operating system's reason and the fix.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -27,6 +30,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pycocotools.mask as mask_util
@@ -87,9 +91,46 @@ class ShapesSpec:
                    seed=shapes.SEED, num_test=shapes.NUM_TEST)
 
 
+CACHE_VARIABLE = "GWDET_CACHE"
+# the setting register_shapes passes on: a config's folder for the dataset, used instead of the cache
+ROOT_KEY = "DATASETS.SHAPES.ROOT"
+
+
 def default_cache_root() -> Path:
     """``$GWDET_CACHE`` if set, else ``~/.cache/gwdet``."""
-    return Path(os.environ.get("GWDET_CACHE", Path.home() / ".cache" / "gwdet"))
+    return Path(os.environ.get(CACHE_VARIABLE, Path.home() / ".cache" / "gwdet"))
+
+
+class CacheNotWritableError(OSError):
+    """The folder the shapes dataset is generated into cannot be created or written."""
+
+
+def _unwritable_root_message(root: Path, setting: str | None, error: OSError) -> str:
+    """The error text for a dataset folder ``root`` that cannot be written; ``setting`` names where
+    ``root`` came from (``None``: ``$GWDET_CACHE`` or its default)."""
+    reason = f"{error.strerror or error}: {error.filename!r}" if error.filename else str(error)
+    writable = f"a writable directory, e.g. export {CACHE_VARIABLE}=/tmp/gwdet-cache"
+    if setting is None and CACHE_VARIABLE in os.environ:
+        source = f"{CACHE_VARIABLE}={os.environ[CACHE_VARIABLE]!r}"
+        fix = f"Point {CACHE_VARIABLE} at {writable}."
+    elif setting is None:
+        source = f"the default cache folder {str(root)!r}, as {CACHE_VARIABLE} is not set"
+        fix = f"Point {CACHE_VARIABLE} at {writable}."
+    else:
+        source, fix = f"{setting}={str(root)!r}", f"Set {setting} to a writable directory"
+        fix += f", or to \"\" to use ${CACHE_VARIABLE}." if setting == ROOT_KEY else "."
+    return f"The shapes dataset cannot be written to {source} ({reason}). {fix}"
+
+
+@contextlib.contextmanager
+def _writing_into(root: Path, setting: str | None) -> Iterator[None]:
+    """Turn an ``OSError`` while creating or writing the dataset under ``root`` into a
+    :class:`CacheNotWritableError` that names ``setting`` (``None``: ``$GWDET_CACHE`` or its
+    default) and the fix."""
+    try:
+        yield
+    except OSError as error:
+        raise CacheNotWritableError(_unwritable_root_message(root, setting, error)) from error
 
 
 # ---- drawing ---------------------------------------------------------------------------------
@@ -214,30 +255,37 @@ def _is_complete(folder: Path, spec: ShapesSpec) -> bool:
         return False
 
 
-def ensure_generated(spec: ShapesSpec, root: Path | None = None) -> Path:
+def ensure_generated(spec: ShapesSpec, root: Path | None = None, setting: str | None = None) -> Path:
     """Generate the dataset once (atomically: a temp folder renamed into place); return its folder.
 
-    A folder of the same name whose ``spec.json`` is missing or records other parameters (an
-    interrupted or older generation) is replaced.
+    ``root`` is the folder to generate into (default :func:`default_cache_root`) and ``setting``
+    the name of the setting it came from (default ``"root"``), for the error raised when it
+    cannot be written (:class:`CacheNotWritableError`). A folder of the same name whose
+    ``spec.json`` is missing or records other parameters (an interrupted or older generation) is
+    replaced.
     """
-    root = Path(root) if root else default_cache_root()
+    if root:
+        root, setting = Path(root), setting or "root"
+    else:
+        root, setting = default_cache_root(), None
     target = root / spec.folder_name()
     if _is_complete(target, spec):
         return target
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
-    try:
-        for split in SPLITS:
-            write_split(spec, split, staging)
-        (staging / SPEC_JSON).write_text(json.dumps(spec.parameters(), sort_keys=True, indent=1))
-        shutil.rmtree(target, ignore_errors=True)  # what an interrupted or older version left
+    with _writing_into(root, setting):
+        root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
         try:
-            os.replace(staging, target)
-        except OSError:
-            if not _is_complete(target, spec):  # not just another process finishing first
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+            for split in SPLITS:
+                write_split(spec, split, staging)
+            (staging / SPEC_JSON).write_text(json.dumps(spec.parameters(), sort_keys=True, indent=1))
+            shutil.rmtree(target, ignore_errors=True)  # what an interrupted or older version left
+            try:
+                os.replace(staging, target)
+            except OSError:
+                if not _is_complete(target, spec):  # not just another process finishing first
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return target
 
 
@@ -246,7 +294,8 @@ def register_shapes(cfg: CfgNode) -> Path:
 
     Re-registering with a different size or seed replaces the earlier registration.
     """
-    folder = ensure_generated(ShapesSpec.from_config(cfg), cfg.DATASETS.SHAPES.ROOT or None)
+    root = cfg.DATASETS.SHAPES.ROOT or None
+    folder = ensure_generated(ShapesSpec.from_config(cfg), root, ROOT_KEY if root else None)
     for split in SPLITS:
         name = f"shapes_{split}"
         json_file = str(folder / f"{split}.json")

@@ -28,6 +28,16 @@ correction. An input with no elements returns an empty output and leaves the run
 statistics untouched. Statistics are computed in float32 (float64 for float64 input) and the
 output is returned in the input dtype.
 
+Huge inputs: a block (in evaluation, an example's channel group) whose largest magnitude exceeds
+``2**32`` (``2**256`` in float64) is standardized as ``(x/s - mu') / sqrt(var' + eps/s^2)`` with
+the moments of ``x / s``, ``s`` a power of two (:func:`~.common.magnitude_scales`), which is the
+same function; in evaluation the running moments are scaled along (``running_mean / s``,
+``running_var / s^2``).
+Ordinary inputs are computed exactly as without scaling. ``running_var`` holds the variance in
+the buffer's dtype: training on float32 inputs of magnitude around ``1e19`` and beyond (float32's
+square root is ``1.8e19``) makes it ``inf``, as in ``torch.nn.BatchNorm2d``, and evaluation with
+``eval_example_weight < 1`` then returns NaN (not the bias).
+
 :func:`batch_group_norm` is the functional form (the module passes its buffers and parameters);
 while ``torch.jit.trace`` records inside :func:`gwdet.layers.tracing.trace_named_ops` the module
 runs it as the custom op ``gwdet::batch_group_norm``, one named node for flop counting.
@@ -43,8 +53,11 @@ from .common import (
     check_positive,
     check_unit_interval,
     largest_divisor_at_most,
+    largest_magnitude,
+    magnitude_scales,
     per_channel_affine,
     register_affine,
+    scaled_ridge,
     statistics_dtype,
 )
 from .tracing import counting_op, tracing_named_ops
@@ -74,25 +87,32 @@ def batch_group_norm(
         normalized = x
     else:
         values = x.to(statistics_dtype(x.dtype)).reshape(x.shape[0], x.shape[1], -1)
+        channels = values.shape[1]
         if training:
-            mean, var, corrected_var = _example_group_moments(values, groups, examples_per_group)
+            mean, var, corrected_var, scales = _example_group_moments(values, groups, examples_per_group)
             # running <- (1 - momentum) running + momentum batch, "batch" being the average over
-            # the examples of the (N, G) block statistics they were normalized with (detached
-            # values rather than no_grad, which torch.export records as a region it cannot save)
-            batch_mean = _to_channels(mean.detach(), values.shape[1]).mean(dim=0)
-            batch_var = _to_channels(corrected_var.detach(), values.shape[1]).mean(dim=0)
+            # the examples of the (N, G) block statistics they were normalized with, in the units
+            # of x (detached values rather than no_grad, which torch.export records as a region
+            # it cannot save)
+            batch_mean = _to_channels((mean / scales).detach(), channels).mean(dim=0)
+            batch_var = _to_channels((corrected_var / scales / scales).detach(), channels).mean(dim=0)
             running_mean.lerp_(batch_mean.to(running_mean.dtype), momentum)
             running_var.lerp_(batch_var.to(running_var.dtype), momentum)
-            mean = _to_channels(mean, values.shape[1])
-            var = _to_channels(var, values.shape[1])
+            mean = _to_channels(mean, channels)
+            var = _to_channels(var, channels)
+            scales = _to_channels(scales, channels)
         else:
-            mean, var = _inference_statistics(values, running_mean, running_var, groups, eval_example_weight)
-        scale = torch.rsqrt(var + eps).unsqueeze(-1)
-        normalized = ((values - mean.unsqueeze(-1)) * scale).reshape(x.shape).to(x.dtype)
+            mean, var, scales = _inference_statistics(values, running_mean, running_var, groups, eval_example_weight)
+        # (x / s - mu') / sqrt(var' + eps / s^2), all of (n, C)
+        inverse_std = torch.rsqrt(var + scaled_ridge(eps, scales)).unsqueeze(-1)
+        centred = torch.addcmul(-mean.unsqueeze(-1), values, scales.unsqueeze(-1))
+        normalized = (centred * inverse_std).reshape(x.shape).to(x.dtype)
     return per_channel_affine(normalized, weight, bias)
 
 
-def _example_group_moments(values: Tensor, groups: int, examples_per_group: int) -> Tuple[Tensor, Tensor, Tensor]:
+def _example_group_moments(
+    values: Tensor, groups: int, examples_per_group: int
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """:func:`_block_moments` with blocks of ``examples_per_group`` consecutive examples,
     the last ``N mod examples_per_group`` examples forming one smaller block."""
     num_examples = values.shape[0]
@@ -101,48 +121,58 @@ def _example_group_moments(values: Tensor, groups: int, examples_per_group: int)
         return _block_moments(values, examples_per_group, groups)
     if grouped_examples == 0:
         return _block_moments(values, num_examples, groups)
-    head_mean, head_var, head_corrected = _block_moments(values[:grouped_examples], examples_per_group, groups)
-    tail_mean, tail_var, tail_corrected = _block_moments(
-        values[grouped_examples:], num_examples - grouped_examples, groups
-    )
+    head = _block_moments(values[:grouped_examples], examples_per_group, groups)
+    tail = _block_moments(values[grouped_examples:], num_examples - grouped_examples, groups)
     return (
-        torch.cat([head_mean, tail_mean]),
-        torch.cat([head_var, tail_var]),
-        torch.cat([head_corrected, tail_corrected]),
+        torch.cat([head[0], tail[0]]),
+        torch.cat([head[1], tail[1]]),
+        torch.cat([head[2], tail[2]]),
+        torch.cat([head[3], tail[3]]),
     )
 
 
 def _inference_statistics(
     values: Tensor, running_mean: Tensor, running_var: Tensor, groups: int, alpha: float
-) -> Tuple[Tensor, Tensor]:
-    """Eq. 3: the example's own moments blended with the running ones, per example/channel."""
-    own_mean, own_var, _ = _block_moments(values, 1, groups)
-    own_mean = _to_channels(own_mean, values.shape[1])
-    own_var = _to_channels(own_var, values.shape[1])
-    running_mean = running_mean.to(values.dtype)
-    running_var = running_var.to(values.dtype)
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Eq. 3: the example's own moments blended with the running ones, per example/channel,
+    for the example scaled by ``1/s`` (the running moments scaled along); returns the mean, the
+    variance and the factors ``1/s``, each ``(n, C)``."""
+    channels = values.shape[1]
+    own_mean, own_var, _, scales = _block_moments(values, 1, groups)
+    own_mean = _to_channels(own_mean, channels)
+    own_var = _to_channels(own_var, channels)
+    scales = _to_channels(scales, channels)
+    if alpha == 1.0:  # group norm: the running moments have no weight (even an infinite one)
+        return own_mean, own_var, scales
+    running_mean = running_mean.to(values.dtype) * scales
+    running_var = running_var.to(values.dtype) * scales * scales
     mean = alpha * own_mean + (1.0 - alpha) * running_mean
     var = (
         alpha * own_var
         + (1.0 - alpha) * running_var
         + alpha * (1.0 - alpha) * (own_mean - running_mean) ** 2
     )
-    return mean, var
+    # a running variance that overflowed (see the module docstring) has no value to blend
+    var = torch.where(torch.isinf(running_var), torch.full_like(var, float("nan")), var)
+    return mean, var, scales
 
 
-def _block_moments(values: Tensor, examples: int, groups: int) -> Tuple[Tensor, Tensor, Tensor]:
+def _block_moments(values: Tensor, examples: int, groups: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """Mean, biased and Bessel-corrected variance of each (``examples`` consecutive examples
-    x channel group) block of ``values`` ``(n, C, S)``, ``n`` a multiple of ``examples``;
-    each of shape ``(n, G)``, repeated for every example of a block."""
+    x channel group) block of ``values`` ``(n, C, S)`` divided by the block's ``s``, and the
+    factor ``1/s`` (:func:`~.common.magnitude_scales`: 1 unless the block is huge); ``n`` a
+    multiple of ``examples``; each of shape ``(n, G)``, repeated for every example of a block."""
     num_examples = values.shape[0]
     blocks = values.reshape(num_examples // examples, examples, groups, -1)
-    var, mean = torch.var_mean(blocks, dim=[1, 3], unbiased=False, keepdim=True)
+    scales = magnitude_scales(largest_magnitude(blocks, [1, 3]))
+    var, mean = torch.var_mean(blocks * scales, dim=[1, 3], unbiased=False, keepdim=True)
     block_size = examples * blocks.shape[-1]
     bessel = block_size / (block_size - 1) if block_size > 1 else 1.0
     expanded = [num_examples // examples, examples, groups, 1]
     mean = mean.expand(expanded).reshape(num_examples, groups)
     var = var.expand(expanded).reshape(num_examples, groups)
-    return mean, var, var * bessel
+    scales = scales.expand(expanded).reshape(num_examples, groups)
+    return mean, var, var * bessel, scales
 
 
 def _to_channels(group_statistic: Tensor, channels: int) -> Tensor:

@@ -13,7 +13,12 @@ together; e.g. ``C = 24, group_size = 16`` gives 2 groups of 12 channels).
 
 An input with no elements (``N = 0``) returns an empty output and leaves the running statistics
 untouched. Precision as in :mod:`gwdet.layers.group_whitening`: float32 (float64 for float64
-input) outside autocast, output in the input dtype.
+input) outside autocast, output in the input dtype. In training, a channel group whose largest
+magnitude in the batch exceeds ``2**32`` (``2**256`` in float64) is whitened as ``X / s`` with the
+ridge ``eps / s^2`` (``s`` a power of two, :func:`~.common.magnitude_scales`; the same function),
+and the running statistics get ``s mu'`` and ``W' / s``, the mean and whitening matrix of ``X``
+itself; ordinary inputs are computed exactly as without scaling. Evaluation applies the running
+statistics, ``W (x - mu)``, with no squares to overflow.
 
 :func:`batch_whitening` is the functional form (the module passes its buffers and parameters);
 while ``torch.jit.trace`` records inside :func:`gwdet.layers.tracing.trace_named_ops` the module
@@ -32,8 +37,11 @@ from .common import (
     check_unit_interval,
     check_values_per_group,
     largest_divisor_at_most,
+    largest_magnitude,
+    magnitude_scales,
     per_channel_affine,
     register_affine,
+    scaled_ridge,
     statistics_dtype,
 )
 from .tracing import counting_op, tracing_named_ops
@@ -78,14 +86,20 @@ def _whiten(
     channels_first = x.to(dtype).transpose(0, 1)
     rows = channels_first.reshape(num_groups, group_size, -1)
     if training:
+        # the statistics of X / s with the ridge eps / s^2 (s = 1 unless a group is huge)
+        scales = magnitude_scales(largest_magnitude(rows, [1, 2]))
+        rows = rows * scales
         mean = rows.mean(dim=-1, keepdim=True)
         centred = rows - mean
-        cov = ridge_covariance(centred, eps)
-        whitening = whitening_matrix(cov, method, T, eps)
-        # DBN Algorithm 1 lines 10-11, on detached values (rather than under no_grad, which
-        # torch.export would record as a region it cannot serialize)
-        running_mean.lerp_(mean.detach().reshape(running_mean.shape).to(running_mean.dtype), momentum)
-        running_whitening.lerp_(whitening.detach().to(running_whitening.dtype), momentum)
+        ridge = scaled_ridge(eps, scales)
+        cov = ridge_covariance(centred, ridge)
+        whitening = whitening_matrix(cov, method, T, ridge)
+        # DBN Algorithm 1 lines 10-11 with the mean s mu' and whitening matrix W' / s of X, on
+        # detached values (rather than under no_grad, which torch.export would record as a region
+        # it cannot serialize)
+        batch_mean = mean.detach() / scales
+        running_mean.lerp_(batch_mean.reshape(running_mean.shape).to(running_mean.dtype), momentum)
+        running_whitening.lerp_((whitening.detach() * scales).to(running_whitening.dtype), momentum)
     else:
         centred = rows - running_mean.to(dtype).reshape(num_groups, group_size, 1)
         whitening = running_whitening.to(dtype)

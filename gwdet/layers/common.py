@@ -3,6 +3,7 @@
 * argument validation that raises ``ValueError`` naming the argument and its allowed range;
 * the rule that turns a requested channel-group size or count into one that divides the channels;
 * the dtype in which statistics are computed, and leaving an autocast region for that computation;
+* the power-of-two scaling that keeps the statistics of huge inputs finite (:func:`magnitude_scales`);
 * the per-channel affine transform ``y * weight + bias``.
 
 Everything here is TorchScript-compatible so that the layers can be scripted.
@@ -89,6 +90,62 @@ def statistics_dtype(dtype: torch.dtype) -> torch.dtype:
     if dtype == torch.float64:
         return torch.float64
     return torch.float32
+
+
+def safe_exponent(dtype: torch.dtype) -> int:
+    """``E`` such that values up to ``2**E`` in magnitude enter the statistics of ``dtype`` unscaled:
+    a quarter of its exponent range, ``2**32`` for float32 and ``2**256`` for float64.
+
+    Below it every intermediate stays finite (the largest finite value is about ``2**(4E)``):
+    centred values are at most ``2**(E+1)``, so sums of up to ``2**(2E-2)`` of their products
+    (covariances, variances) fit, and so does ItN's ``tr(Sigma)**1.5`` in the backward pass
+    (:func:`~.whitening_matrix.itn_whitening_vjp`) for up to ``2**19`` groups.
+    """
+    if dtype == torch.float64:
+        return 256
+    return 32
+
+
+def largest_magnitude(x: Tensor, dims: List[int]) -> Tensor:
+    """``max |x|`` over ``dims`` (kept as size-1 dimensions), detached from autograd. (Two
+    reductions without a temporary: on CPU ``linalg.vector_norm(ord=inf)`` takes about 15 times
+    as long as ``amax``.)"""
+    x = x.detach()
+    return torch.maximum(x.amax(dim=dims, keepdim=True), x.amin(dim=dims, keepdim=True).neg())
+
+
+def magnitude_scales(largest: Tensor) -> Tensor:
+    """Factors ``1/s`` that bring values of largest magnitude ``largest`` into range for their
+    statistics: ``s`` is the power of two with ``largest / s`` in ``(2**(E-1), 2**E]``
+    (``E = safe_exponent``) where ``largest > 2**E``, and ``s = 1`` elsewhere, so ordinary inputs
+    are computed exactly as without scaling.
+
+    Normalization is invariant to scaling its centred input except through ``eps``: for ``s > 0``,
+    ``(s^2 C + eps I)^{-1/2} s X_C = (C + (eps/s^2) I)^{-1/2} X_C``, and likewise
+    ``(s x - s mu) / sqrt(s^2 var + eps) = (x - mu) / sqrt(var + eps/s^2)``. A layer computes the
+    statistics of ``x / s`` with the ridge :func:`scaled_ridge` and gets the same function, while
+    the squares of values near ``1e20`` would overflow float32 (``1e40 > 3.4e38``). Multiplying by
+    a power of two is exact, so nothing is rounded by the scaling itself. An infinite ``largest``
+    (an input holding inf) gets the factor 0 and a NaN one the factor 1: either way the output of
+    a non-finite input stays non-finite.
+    """
+    exponent = safe_exponent(largest.dtype)
+    shift = torch.ceil(torch.log2(largest)) - exponent
+    return torch.where(largest > 2.0 ** exponent, torch.pow(2.0, -shift), torch.ones_like(largest))
+
+
+def scaled_ridge(eps: float, scales: Tensor) -> Tensor:
+    """``eps / s^2`` for the factors ``scales = 1/s`` of :func:`magnitude_scales`, in their dtype.
+
+    Where ``s > 1`` the ridge is at least ``2**(-E-8)`` (``E = safe_exponent``). A smaller one is far
+    below the resolution of the scaled values, which reach ``2**(E-1)``, so the floor changes no
+    result; it keeps finite the derivatives of whitening or standardizing a constant group, which
+    grow like ``ridge**-1.5`` (``eps / s^2`` underflows for inputs near float32's largest value).
+    Where ``s = 1`` the ridge is ``eps``.
+    """
+    ridge = eps * scales * scales
+    floor = 2.0 ** (-safe_exponent(scales.dtype) - 8)
+    return torch.where(scales < 1.0, ridge.clamp_min(floor), ridge)
 
 
 def autocast_disabled(x: Tensor) -> ContextManager:

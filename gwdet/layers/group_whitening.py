@@ -14,6 +14,10 @@ Sec. 5.1.1), and e.g. ``C = 24, num_groups = 16`` gives 12 groups of 2 channels.
 
 Precision: statistics, whitening matrix and the whitened values are computed in float32 (float64
 for float64 input) outside any autocast region, and the result is cast back to the input dtype.
+A sample whose largest magnitude exceeds ``2**32`` (``2**256`` in float64) is whitened as
+``x / s`` with the ridge ``eps / s^2``, ``s`` a power of two, which is the same function
+(:func:`~.common.magnitude_scales`): inputs near ``1e20``, whose squares overflow float32, give
+the finite, correct output, and every other input is computed exactly as without scaling.
 A module compiled with ``torch.jit.script`` cannot leave an autocast region entered in eager
 code (TorchScript resolves autocast when it compiles), so run scripted models without autocast.
 
@@ -41,8 +45,11 @@ from .common import (
     check_positive,
     check_values_per_group,
     largest_divisor_at_most,
+    largest_magnitude,
+    magnitude_scales,
     per_channel_affine,
     register_affine,
+    scaled_ridge,
     statistics_dtype,
 )
 from .group_whitening_function import fused_group_whitening
@@ -101,7 +108,8 @@ def group_whitening_reference(
     with batched ``(N, g, g)`` matrix products: the covariance by
     :func:`~.whitening_matrix.ridge_covariance`, its inverse square root by
     :func:`~.whitening_matrix.whitening_matrix` (the paper's iteration, ``3T`` products, or
-    ``eigh`` for ZCA). Statistics are computed in float32 (float64 for float64 input) with
+    ``eigh`` for ZCA), each sample scaled by :func:`~.common.magnitude_scales` (1 for ordinary
+    inputs). Statistics are computed in float32 (float64 for float64 input) with
     autocast switched off (outside TorchScript), the affine in that precision, and the result is
     returned in ``x``'s dtype.
 
@@ -127,9 +135,14 @@ def _reference(
     for size in x.shape[1:]:
         values_per_sample = values_per_sample * size
     grouped = x.to(statistics_dtype(x.dtype)).reshape(num_samples, groups, values_per_sample // groups)
+    # the statistics of x / s with the ridge eps / s^2 (s = 1 unless a sample is huge): W X_C is
+    # the same, so the output needs no rescaling
+    scales = magnitude_scales(largest_magnitude(grouped, [1, 2]))
+    grouped = grouped * scales
     centred = grouped - grouped.mean(dim=-1, keepdim=True)
-    cov = ridge_covariance(centred, eps)
-    whitened = torch.matmul(whitening_matrix(cov, method, T, eps), centred).reshape(x.shape)
+    ridge = scaled_ridge(eps, scales)
+    cov = ridge_covariance(centred, ridge)
+    whitened = torch.matmul(whitening_matrix(cov, method, T, ridge), centred).reshape(x.shape)
     return per_channel_affine(whitened, weight, bias).to(x.dtype)
 
 

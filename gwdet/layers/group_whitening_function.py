@@ -49,14 +49,24 @@ with ``m x m`` instead of ``g x g`` matrices. Backward: ``dW' = X_C^T dY``,
 Precision: the statistics, whitening matrix and products run in float32 (float64 for float64
 input) with autocast switched off; the affine is applied in that precision before the result is
 rounded to the input dtype.
+
+Huge inputs: a sample whose largest magnitude exceeds ``2**32`` (``2**256`` in float64) is
+processed as ``X' = X / s`` with the ridge ``eps / s^2``, ``s`` the power of two of
+:func:`~.common.magnitude_scales`. That is the same function: ``W X_C = W' X'_C`` for the
+whitening matrix ``W'`` of the scaled covariance, so the forward pass needs no rescaling; the
+saved means and covariances are those of ``X'``. The backward pass finds the same ``s`` from the
+input, runs the formulas above on ``X'`` (the affine's gradients are unchanged, ``Y`` being the
+same) and divides the input gradient by ``s``. Other samples are computed with ``s = 1``, i.e.
+exactly as without scaling; on CPU a call in which no sample needs scaling (known there without a
+device synchronisation) skips the scaling steps altogether.
 """
 import math
-from typing import Iterator, Optional, Sequence, Tuple
+from typing import Iterator, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
-from .common import statistics_dtype
+from .common import largest_magnitude, magnitude_scales, safe_exponent, scaled_ridge, statistics_dtype
 from .whitening_matrix import (
     itn_whitening,
     itn_whitening_vjp,
@@ -225,18 +235,21 @@ class _Layout:
         self.one_channel_per_group = self.channels == groups
         self.few_columns = self.m < groups
         self.keeps_covariance = not self.few_columns and keeps_covariance(self.values, groups)
-        # activation-sized temporaries per sample: centred copy, dY and Y buffers, casts
+        # activation-sized temporaries per sample: centred copy, dY and Y buffers, casts; and in the
+        # backward pass the scaled copy of the input in place of a cast, which on CPU is made only
+        # for huge inputs (:meth:`scales`) and is left out of the budget there
+        device_type = x.device.type
         casts = 0 if x.dtype == self.dtype else 1
         forward_temps = 1 + 2 * casts
         if self.few_columns:
             backward_temps = 3 + 3 * casts
         else:
             affine_buffer = 0 if self.one_channel_per_group or not has_weight else 1
-            backward_temps = affine_buffer + 3 * casts
+            scaled_copy = 0 if device_type == "cpu" else 1 - casts
+            backward_temps = affine_buffer + 3 * casts + scaled_copy
         small = min(self.m, groups)
         saved = self.samples * groups * groups if self.keeps_covariance else 0
         activation = self.samples * self.values
-        device_type = x.device.type
         self.forward_step = self._chunk(FORWARD_FRACTION * activation - saved, forward_temps, small, device_type)
         self.backward_step = self._chunk(BACKWARD_FRACTION * activation - saved, backward_temps, small, device_type)
 
@@ -247,6 +260,21 @@ class _Layout:
             cache = CACHE_BYTES * torch.get_num_threads()
             chunk = min(chunk, cache // (gg_values * torch.finfo(self.dtype).bits // 8))
         return max(1, min(self.samples, chunk))
+
+    def scales(self, rows: Tensor) -> Optional[Tensor]:
+        """The factors ``1/s`` of :func:`~.common.magnitude_scales` for the samples ``rows``
+        ``(N, g, m)``, ``(N, 1, 1)`` in the compute dtype; ``None`` when every one is 1 and the
+        input is on the CPU, where finding that out needs no device synchronisation: the samples
+        are then processed unscaled. (Checked once per call, not per chunk: a small layer can run
+        many chunks.)"""
+        limit = 2.0 ** safe_exponent(self.dtype)
+        if rows.device.type == "cpu" and max(float(rows.amax()), -float(rows.amin())) <= limit:
+            return None
+        return magnitude_scales(largest_magnitude(rows, [1, 2]).to(self.dtype))
+
+    def ridge(self, scales: Optional[Tensor]) -> Union[float, Tensor]:
+        """``eps``, or ``eps / s^2`` per sample (:func:`~.common.scaled_ridge`)."""
+        return self.eps if scales is None else scaled_ridge(self.eps, scales)
 
     def affine(self, parameter: Optional[Tensor]) -> Optional[Tensor]:
         """An affine parameter in the compute dtype (``None`` stays ``None``)."""
@@ -274,37 +302,42 @@ class _Layout:
         for start in range(0, samples, step):
             yield start, min(start + step, samples)
 
-    def whitening(self, cov: Tensor) -> Tensor:
-        """``cov^{-1/2}``; for few columns ``cov`` is the ``m x m`` Gram matrix ``S``."""
+    def whitening(self, cov: Tensor, ridge: Union[float, Tensor]) -> Tensor:
+        """``cov^{-1/2}`` for covariances holding ``ridge`` (:meth:`ridge`); for few columns
+        ``cov`` is the ``m x m`` Gram matrix ``S``."""
         if self.method == "itn":
-            return itn_whitening(cov, self.T, self.trace_offset)
-        return zca_whitening(cov, self.eps)
+            return itn_whitening(cov, self.T, self.trace_offset(ridge))
+        return zca_whitening(cov, ridge)
 
-    def whitening_vjp(self, cov: Tensor, grad: Tensor) -> Tuple[Tensor, Tensor]:
+    def whitening_vjp(self, cov: Tensor, grad: Tensor, ridge: Union[float, Tensor]) -> Tuple[Tensor, Tensor]:
         if self.method == "itn":
-            return itn_whitening_vjp(cov, grad, self.T, self.trace_offset)
-        return zca_whitening_vjp(cov, grad, self.eps)
+            return itn_whitening_vjp(cov, grad, self.T, self.trace_offset(ridge))
+        return zca_whitening_vjp(cov, grad, ridge)
 
-    @property
-    def trace_offset(self) -> float:
+    def trace_offset(self, ridge: Union[float, Tensor]) -> Union[float, Tensor]:
         """``tr(Sigma) - tr(S)`` for few columns (0 otherwise): ItN normalizes by ``tr(Sigma)``."""
-        return (self.groups - self.m) * self.eps if self.few_columns else 0.0
+        return (self.groups - self.m) * ridge if self.few_columns else 0.0
 
 
-def _ridge_covariance(centred: Tensor, eps: float, out: Optional[Tensor] = None) -> Tensor:
+def _add_ridge(matrices: Tensor, ridge: Union[float, Tensor]) -> Tensor:
+    """Add ``ridge`` (a number or one value per matrix, ``(n, 1, 1)``) to the diagonals, in place."""
+    diagonals = matrices.diagonal(dim1=1, dim2=2)
+    diagonals.add_(ridge.squeeze(-1) if isinstance(ridge, Tensor) else ridge)
+    return matrices
+
+
+def _ridge_covariance(centred: Tensor, ridge: Union[float, Tensor], out: Optional[Tensor] = None) -> Tensor:
     """``(1/m) X_C X_C^T + eps I`` for a centred chunk ``(n, g, m)``. Centring explicitly (a
     temporary of the chunk's size) rather than using ``X X^T / m - mu mu^T`` avoids catastrophic
     cancellation in float32 when the means are large compared with the spread."""
     cov = torch.bmm(centred, centred.transpose(1, 2), out=out).mul_(1.0 / centred.shape[2])
-    cov.diagonal(dim1=1, dim2=2).add_(eps)
-    return cov
+    return _add_ridge(cov, ridge)
 
 
-def _gram(centred: Tensor, eps: float) -> Tensor:
+def _gram(centred: Tensor, ridge: Union[float, Tensor]) -> Tensor:
     """``S = (1/m) X_C^T X_C + eps I_m`` (few columns)."""
     gram = torch.bmm(centred.transpose(1, 2), centred).mul_(1.0 / centred.shape[2])
-    gram.diagonal(dim1=1, dim2=2).add_(eps)
-    return gram
+    return _add_ridge(gram, ridge)
 
 
 def _apply_affine(y: Tensor, gamma: Optional[Tensor], beta: Optional[Tensor], layout: _Layout) -> None:
@@ -332,10 +365,12 @@ def _forward(
         cov = torch.empty(layout.samples, layout.groups, layout.groups, dtype=layout.dtype, device=x.device)
     if layout.samples:
         rows, out = layout.rows(x), result.view(layout.samples, layout.groups, layout.m)
+        scales = layout.scales(rows)
         for start, stop in layout.chunks(layout.samples, layout.forward_step):
             _forward_chunk(
                 rows[start:stop], out[start:stop], mean[start:stop],
-                None if cov is None else cov[start:stop], gamma, beta, layout,
+                None if cov is None else cov[start:stop],
+                None if scales is None else scales[start:stop], gamma, beta, layout,
             )
     return result, mean, cov
 
@@ -345,22 +380,30 @@ def _forward_chunk(
     out: Tensor,
     mean_out: Tensor,
     cov_out: Optional[Tensor],
+    scales: Optional[Tensor],
     gamma: Optional[Tensor],
     beta: Optional[Tensor],
     layout: _Layout,
 ) -> None:
     """Algorithm 1 and the affine for samples ``x`` ``(n, g, m)``, written into ``out``; the
-    means (and covariances) go to ``mean_out`` (``cov_out``) for the backward pass."""
-    x = x.to(layout.dtype)
-    mean = torch.mean(x, dim=2, keepdim=True, out=mean_out)
-    centred = x - mean
+    means (and covariances) of the samples scaled by ``scales`` (:meth:`_Layout.scales`) go to
+    ``mean_out`` (``cov_out``) for the backward pass."""
+    if scales is None:
+        x = x.to(layout.dtype)
+        mean = torch.mean(x, dim=2, keepdim=True, out=mean_out)
+        centred = x - mean
+    else:
+        centred = x * scales
+        mean = torch.mean(centred, dim=2, keepdim=True, out=mean_out)
+        centred.sub_(mean)
+    ridge = layout.ridge(scales)
     target = out if out.dtype == layout.dtype else torch.empty_like(centred)
     if layout.few_columns:
-        torch.bmm(centred, layout.whitening(_gram(centred, layout.eps)), out=target)
+        torch.bmm(centred, layout.whitening(_gram(centred, ridge), ridge), out=target)
         _apply_affine(target, gamma, beta, layout)
     elif layout.one_channel_per_group:
         # rows are channels: Z = (diag(gamma) W) X_C + beta 1^T in one product
-        whitening = layout.whitening(_ridge_covariance(centred, layout.eps, cov_out))
+        whitening = layout.whitening(_ridge_covariance(centred, ridge, cov_out), ridge)
         if gamma is not None:
             whitening = whitening * gamma.view(-1, 1)
         if beta is not None:
@@ -368,7 +411,7 @@ def _forward_chunk(
         else:
             torch.bmm(whitening, centred, out=target)
     else:
-        whitening = layout.whitening(_ridge_covariance(centred, layout.eps, cov_out))
+        whitening = layout.whitening(_ridge_covariance(centred, ridge, cov_out), ridge)
         torch.bmm(whitening, centred, out=target)
         _apply_affine(target, gamma, beta, layout)
     if target is not out:
@@ -397,6 +440,7 @@ def _backward(
         return grad_x, grad_weight, grad_bias
     rows, grad_rows = layout.rows(x), layout.rows(grad_out)
     grad_x_rows = grad_x.view(rows.shape) if grad_x is not None else None
+    scales = layout.scales(rows)  # the forward pass's, found again from the input
     chunk_backward = _backward_few_columns if layout.few_columns else _backward_chunk
     for start, stop in layout.chunks(layout.samples, layout.backward_step):
         chunk_backward(
@@ -404,6 +448,7 @@ def _backward(
             grad_rows[start:stop],
             mean[start:stop],
             None if cov is None else cov[start:stop],
+            None if scales is None else scales[start:stop],
             None if grad_x_rows is None else grad_x_rows[start:stop],
             gamma,
             grad_weight,
@@ -418,18 +463,21 @@ def _backward_chunk(
     grad_z: Tensor,
     mean: Tensor,
     cov: Optional[Tensor],
+    scales: Optional[Tensor],
     grad_x: Optional[Tensor],
     gamma: Optional[Tensor],
     grad_weight: Optional[Tensor],
     grad_bias: Optional[Tensor],
     layout: _Layout,
 ) -> None:
-    """Algorithm 2 plus the affine for samples ``(n, g, m)`` (formulas in the module docstring):
-    writes ``grad_x`` and accumulates into ``grad_weight`` and ``grad_bias``."""
-    x = x.to(layout.dtype)
+    """Algorithm 2 plus the affine for samples ``(n, g, m)`` (formulas in the module docstring),
+    scaled by ``scales`` as in the forward pass: writes ``grad_x`` and accumulates into
+    ``grad_weight`` and ``grad_bias``."""
+    x = x.to(layout.dtype) if scales is None else x * scales
+    ridge = layout.ridge(scales)
     grad_z = grad_z.to(layout.dtype)
     if cov is None:
-        cov = _ridge_covariance(x - mean, layout.eps)
+        cov = _ridge_covariance(x - mean, ridge)
     m = layout.m
     if layout.one_channel_per_group:
         # rows are channels: dW = diag(gamma) dZ X_C^T, dgamma = row sums of W o (dZ X_C^T),
@@ -437,7 +485,7 @@ def _backward_chunk(
         row_sums = grad_z.sum(dim=2, keepdim=True)
         cross = torch.baddbmm(-row_sums * mean.transpose(1, 2), grad_z, x.transpose(1, 2))
         grad_whitening = cross * gamma.view(-1, 1) if gamma is not None else cross
-        whitening, grad_cov = layout.whitening_vjp(cov, grad_whitening)
+        whitening, grad_cov = layout.whitening_vjp(cov, grad_whitening, ridge)
         if grad_weight is not None:
             grad_weight += (whitening * cross).sum(dim=(0, 2))
         if grad_bias is not None:
@@ -446,7 +494,7 @@ def _backward_chunk(
             left = whitening.transpose(1, 2)
             if gamma is not None:
                 left = left * gamma.view(1, 1, -1)
-            _input_gradient(grad_x, left, grad_z, row_sums / m, grad_cov, x, mean, m)
+            _input_gradient(grad_x, left, grad_z, row_sums / m, grad_cov, x, mean, m, scales)
         return
     n = x.shape[0]
     channel_sums = layout.per_channel(grad_z).sum(dim=2)  # (n, C): dbeta and the sums of dY
@@ -457,9 +505,9 @@ def _backward_chunk(
     else:
         row_sums = channel_sums.view(n, layout.groups, -1).sum(dim=2, keepdim=True)
     grad_whitening = torch.baddbmm(-row_sums * mean.transpose(1, 2), grad_y, x.transpose(1, 2))
-    whitening, grad_cov = layout.whitening_vjp(cov, grad_whitening)
+    whitening, grad_cov = layout.whitening_vjp(cov, grad_whitening, ridge)
     if grad_x is not None:
-        _input_gradient(grad_x, whitening.transpose(1, 2), grad_y, row_sums / m, grad_cov, x, mean, m)
+        _input_gradient(grad_x, whitening.transpose(1, 2), grad_y, row_sums / m, grad_cov, x, mean, m, scales)
     if grad_bias is not None:
         grad_bias += channel_sums.sum(dim=0)
     if grad_weight is not None:
@@ -482,16 +530,21 @@ def _input_gradient(
     x: Tensor,
     mean: Tensor,
     m: int,
+    scales: Optional[Tensor],
 ) -> None:
     """``target = left dY + B X - (left f + B mu) 1^T`` with ``B = 2 dS / m`` (module docstring;
-    ``left`` is ``W^T``, times ``diag(gamma)`` when the affine is folded in)."""
+    ``left`` is ``W^T``, times ``diag(gamma)`` when the affine is folded in), times ``scales``
+    (``1 / s``: ``X`` is the scaled input) unless that is ``None``."""
     scaled = grad_cov * (2.0 / m)
     offset = -(torch.bmm(left, grad_means) + torch.bmm(scaled, mean))
     if target.dtype == x.dtype:
         torch.baddbmm(offset, left, grad_y, out=target)
         target.baddbmm_(scaled, x)
+        if scales is not None:
+            target.mul_(scales)
     else:
-        target.copy_(torch.baddbmm(offset, left, grad_y).baddbmm_(scaled, x))
+        result = torch.baddbmm(offset, left, grad_y).baddbmm_(scaled, x)
+        target.copy_(result if scales is None else result.mul_(scales))
 
 
 def _backward_few_columns(
@@ -499,26 +552,31 @@ def _backward_few_columns(
     grad_z: Tensor,
     mean: Tensor,
     cov: Optional[Tensor],
+    scales: Optional[Tensor],
     grad_x: Optional[Tensor],
     gamma: Optional[Tensor],
     grad_weight: Optional[Tensor],
     grad_bias: Optional[Tensor],
     layout: _Layout,
 ) -> None:
-    """The backward of ``Y = X_C W'(S)`` (module docstring, "Few columns") plus the affine."""
+    """The backward of ``Y = X_C W'(S)`` (module docstring, "Few columns") plus the affine,
+    scaled by ``scales`` as in the forward pass."""
     del cov  # the m x m Gram matrix is recomputed
-    centred = x.to(layout.dtype) - mean
+    centred = x.to(layout.dtype) - mean if scales is None else (x * scales).sub_(mean)
+    ridge = layout.ridge(scales)
     grad_z = grad_z.to(layout.dtype)
     grad_y = grad_z
     if gamma is not None:
         grad_y = layout.per_channel(grad_z).mul(layout.spread(gamma)).view(grad_z.shape)
-    gram = _gram(centred, layout.eps)
-    whitening, grad_gram = layout.whitening_vjp(gram, torch.bmm(centred.transpose(1, 2), grad_y))
+    gram = _gram(centred, ridge)
+    whitening, grad_gram = layout.whitening_vjp(gram, torch.bmm(centred.transpose(1, 2), grad_y), ridge)
     if grad_x is not None:
         target = grad_x if grad_x.dtype == layout.dtype else torch.empty_like(centred)
         torch.bmm(grad_y, whitening.transpose(1, 2), out=target)
         target.baddbmm_(centred, grad_gram, alpha=2.0 / layout.m)
         target.sub_(target.mean(dim=2, keepdim=True))
+        if scales is not None:
+            target.mul_(scales)
         if target is not grad_x:
             grad_x.copy_(target)
         del target

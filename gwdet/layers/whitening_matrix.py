@@ -3,8 +3,10 @@
 Shared by group whitening (GW; Huang et al. 2021) and batch whitening (DBN; Huang et al. 2018).
 Every function works on a batch of row-major data matrices ``(..., g, m)`` (g variables,
 m observations) or on their ``(..., g, g)`` covariances; callers pass float32 or float64 tensors.
+The ridge ``eps`` comes as a tensor ``(..., 1, 1)`` with one value per matrix: a caller that scales
+a matrix's data by ``1/s`` passes ``eps / s^2`` for it (:func:`~.common.magnitude_scales`).
 """
-from typing import Tuple
+from typing import Tuple, Union
 
 import torch
 from torch import Tensor
@@ -27,8 +29,9 @@ def check_whitening_method(owner: str, method: str) -> None:
     check_choice(owner, "method", method, ["itn", "zca"])
 
 
-def ridge_covariance(centred: Tensor, eps: float) -> Tensor:
-    """``Sigma = (1/m) X_C X_C^T + eps I`` for centred data ``X_C`` of shape ``(..., g, m)``.
+def ridge_covariance(centred: Tensor, ridge: Tensor) -> Tensor:
+    """``Sigma = (1/m) X_C X_C^T + eps I`` for centred data ``X_C`` of shape ``(..., g, m)`` and
+    ``eps`` in ``ridge`` ``(..., 1, 1)``.
 
     GW Algorithm 1 line 7 / DBN Eq. 3. The ridge ``eps I`` makes ``Sigma`` positive definite, so a
     constant (zero-variance) set of rows still has a finite inverse square root.
@@ -37,7 +40,7 @@ def ridge_covariance(centred: Tensor, eps: float) -> Tensor:
     num_observations = centred.shape[-1]
     cov = torch.matmul(centred, centred.transpose(-1, -2)) / num_observations
     identity = torch.eye(num_rows, dtype=cov.dtype, device=cov.device)
-    return cov + eps * identity
+    return cov + ridge * identity
 
 
 def inverse_sqrt_itn(cov: Tensor, T: int) -> Tensor:
@@ -62,11 +65,11 @@ def inverse_sqrt_itn(cov: Tensor, T: int) -> Tensor:
     return p / trace.sqrt()
 
 
-def inverse_sqrt_zca(cov: Tensor, min_eigenvalue: float) -> Tensor:
+def inverse_sqrt_zca(cov: Tensor, min_eigenvalue: Tensor) -> Tensor:
     """``cov^{-1/2} = D Lambda^{-1/2} D^T`` by eigendecomposition (ZCA; GW Eq. 5, DBN Eq. 4).
 
-    Eigenvalues are floored at ``min_eigenvalue`` (pass the ridge ``eps``: it is their exact
-    lower bound, the floor only absorbs rounding error of the eigensolver).
+    Eigenvalues are floored at ``min_eigenvalue`` ``(..., 1, 1)`` (pass the ridge ``eps``: it is
+    their exact lower bound, the floor only absorbs rounding error of the eigensolver).
 
     Gradient: the eigendecomposition itself is not differentiated, because its backward
     (DBN Eq. 5, GW Eqs. 14-16) divides by eigenvalue gaps ``1 / (lambda_i - lambda_j)`` and
@@ -81,7 +84,7 @@ def inverse_sqrt_zca(cov: Tensor, min_eigenvalue: float) -> Tensor:
     exact; second derivatives through this path are not supported (they come out as zero).
     """
     eigenvalues, eigenvectors = torch.linalg.eigh(cov.detach())
-    roots = eigenvalues.clamp_min(min_eigenvalue).sqrt()
+    roots = eigenvalues.clamp_min(min_eigenvalue.squeeze(-1)).sqrt()
     eigenvectors_t = eigenvectors.transpose(-1, -2)
     whitening = torch.matmul(eigenvectors / roots.unsqueeze(-2), eigenvectors_t)
     if not cov.requires_grad:
@@ -97,17 +100,18 @@ def inverse_sqrt_zca(cov: Tensor, min_eigenvalue: float) -> Tensor:
     return whitening + first_order
 
 
-def whitening_matrix(cov: Tensor, method: str, T: int, eps: float) -> Tensor:
+def whitening_matrix(cov: Tensor, method: str, T: int, ridge: Tensor) -> Tensor:
     """``cov^{-1/2}`` by ``method``: ``"itn"`` (``T`` Newton iterations) or ``"zca"`` (exact).
 
-    ``cov`` must already contain the ridge ``eps I`` (see :func:`ridge_covariance`).
+    ``cov`` must already contain the ridge ``eps I``, ``eps`` given in ``ridge`` ``(..., 1, 1)``
+    (see :func:`ridge_covariance`).
     """
     check_whitening_method("whitening_matrix", method)
     if method == "itn":
         return inverse_sqrt_itn(cov, T)
     if not torch.jit.is_scripting():
         _refuse_onnx_export()
-    return inverse_sqrt_zca(cov, eps)
+    return inverse_sqrt_zca(cov, ridge)
 
 
 @torch.jit.unused
@@ -122,7 +126,9 @@ def _refuse_onnx_export() -> None:
 # intermediate (..., g, g) products alive until the backward pass. The kernels below run without
 # autograd on a batch of symmetric ridge covariances ``(n, g, g)``: ``*_whitening`` returns
 # ``cov^{-1/2}``, ``*_whitening_vjp`` recomputes it and returns the gradient w.r.t. ``cov`` as
-# well, so a caller only keeps ``cov`` (or what it is made from). Not TorchScript-able.
+# well, so a caller only keeps ``cov`` (or what it is made from). The ridge-dependent arguments
+# (``trace_offset``, ``min_eigenvalue``) are a number or one value per matrix, ``(n, 1, 1)``.
+# Not TorchScript-able.
 #
 # Cost notes (ItN): every product is a separate ``bmm`` into a fresh buffer, or an in-place
 # ``baddbmm_`` accumulating into one; stacking operands with ``cat`` to share a right factor
@@ -139,7 +145,7 @@ def _trace(matrix: Tensor) -> Tensor:
     return matrix.diagonal(dim1=-2, dim2=-1).sum(-1)[..., None, None]
 
 
-def itn_whitening(cov: Tensor, T: int, trace_offset: float = 0.0) -> Tensor:
+def itn_whitening(cov: Tensor, T: int, trace_offset: Union[float, Tensor] = 0.0) -> Tensor:
     """The value of :func:`inverse_sqrt_itn` with ``3T - 3`` instead of ``3T`` products.
 
     Every iterate of Eq. 17 is a polynomial in ``Sigma_N``, so they all commute and the iteration
@@ -167,7 +173,9 @@ def itn_whitening(cov: Tensor, T: int, trace_offset: float = 0.0) -> Tensor:
     return p.div_(trace.sqrt()) if T > 1 else p / trace.sqrt()
 
 
-def itn_whitening_vjp(cov: Tensor, grad: Tensor, T: int, trace_offset: float = 0.0) -> Tuple[Tensor, Tensor]:
+def itn_whitening_vjp(
+    cov: Tensor, grad: Tensor, T: int, trace_offset: Union[float, Tensor] = 0.0
+) -> Tuple[Tensor, Tensor]:
     """``(W, dL/dSigma)`` for ``W = itn_whitening(cov, T, trace_offset)`` and ``grad = dL/dW``.
 
     The returned gradient is that of the symmetric part of ``grad``, and is itself symmetric:
@@ -219,18 +227,22 @@ def itn_whitening_vjp(cov: Tensor, grad: Tensor, T: int, trace_offset: float = 0
     return p.div_(root), grad_cov
 
 
-def _zca_factors(cov: Tensor, min_eigenvalue: float) -> Tuple[Tensor, Tensor]:
+def _zca_factors(cov: Tensor, min_eigenvalue: Union[float, Tensor]) -> Tuple[Tensor, Tensor]:
     eigenvalues, eigenvectors = torch.linalg.eigh(cov)
+    if isinstance(min_eigenvalue, Tensor):
+        min_eigenvalue = min_eigenvalue.squeeze(-1)
     return eigenvectors, eigenvalues.clamp_min(min_eigenvalue).sqrt()
 
 
-def zca_whitening(cov: Tensor, min_eigenvalue: float) -> Tensor:
+def zca_whitening(cov: Tensor, min_eigenvalue: Union[float, Tensor]) -> Tensor:
     """The value of :func:`inverse_sqrt_zca` (``D Lambda^{-1/2} D^T``), without autograd."""
     eigenvectors, roots = _zca_factors(cov, min_eigenvalue)
     return torch.matmul(eigenvectors / roots.unsqueeze(-2), eigenvectors.transpose(-1, -2))
 
 
-def zca_whitening_vjp(cov: Tensor, grad: Tensor, min_eigenvalue: float) -> Tuple[Tensor, Tensor]:
+def zca_whitening_vjp(
+    cov: Tensor, grad: Tensor, min_eigenvalue: Union[float, Tensor]
+) -> Tuple[Tensor, Tensor]:
     """``(W, dL/dSigma)`` for ``W = zca_whitening(cov)``: ``D (K o (D^T G D)) D^T`` with
     ``G = sym(grad)`` and the divided differences ``K`` of :func:`inverse_sqrt_zca` (GW
     Eqs. 14-16 combined; finite for repeated eigenvalues). Symmetric, like

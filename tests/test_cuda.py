@@ -1,0 +1,110 @@
+"""The CUDA paths of gwdet's layers and of a GW model, where a GPU is present (skipped otherwise).
+
+For GW (ItN and ZCA), BW (ZCA and ItN) and BGN, in training and evaluation mode: forward and
+backward on CUDA against the same layer in float64 on the CPU, also at 1e20, where the layers
+scale the statistics; under ``torch.autocast("cuda")`` with float16 and bfloat16 the output keeps
+the input's dtype and is the float32 computation rounded once (so the statistics are float32);
+a constant input stays finite. Then a training step of the demo's GW Faster R-CNN on CUDA, with
+and without mixed precision, has finite losses and gradients. No test measures time.
+"""
+import copy
+
+import pytest
+import torch
+from detectron2.modeling import build_model
+from detectron2.structures import Boxes, Instances
+from detectron2.utils.events import EventStorage
+
+from gwdet.engine import build_config
+
+from conftest import REPO
+from layer_cases import CHANNELS, NAMES, RESULT_NAMES, assert_close_relative, forward_backward, inputs, make_layer
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+
+DEVICE = "cuda"
+GW_FASTER_RCNN = REPO / "configs" / "Demo" / "scratch_faster_rcnn_gw_shapes.yaml"
+MODES = pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e20])
+@MODES
+@pytest.mark.parametrize("name", NAMES)
+def test_cuda_matches_cpu_float64(name, training, scale):
+    layer = make_layer(name, training)
+    reference = copy.deepcopy(layer).double()
+    on_cuda = copy.deepcopy(layer).to(DEVICE)
+    x, grad = inputs()
+    x = x * scale
+    got = forward_backward(on_cuda, x.to(DEVICE), grad.to(DEVICE))
+    expected = forward_backward(reference, x.double(), grad.double())
+    for what, a, b in zip(RESULT_NAMES, got, expected):
+        assert_close_relative(a, b, 1e-4, what)
+    if scale == 1.0:  # (BGN's float32 running variance cannot hold the variance of 1e20-sized values)
+        for (buffer_name, a), b in zip(on_cuda.named_buffers(), reference.buffers()):
+            assert a.dtype == torch.float32
+            assert_close_relative(a.double().cpu(), b, 1e-4, buffer_name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@MODES
+@pytest.mark.parametrize("name", NAMES)
+def test_autocast_keeps_the_input_dtype_and_float32_statistics(name, training, dtype):
+    layer = make_layer(name, training).to(DEVICE)
+    with torch.no_grad():  # the affine at its start: BW and BGN apply it in the input dtype
+        layer.weight.fill_(1.0)
+        layer.bias.zero_()
+    in_float32 = copy.deepcopy(layer)  # the same running statistics, run without autocast
+    x = inputs()[0].to(DEVICE, dtype).requires_grad_()
+    with torch.autocast(DEVICE, dtype=dtype):
+        out = layer(x)
+    expected = in_float32(x.detach().float()).detach()
+    assert out.dtype == dtype and torch.isfinite(out).all()
+    # computed in float32 and rounded once to the input dtype: within half a unit in the last place
+    # (plus float32 rounding, as the two runs may group the samples differently)
+    error = (out.detach().float() - expected).abs()
+    assert (error <= torch.finfo(dtype).eps / 2 * expected.abs() + 1e-5 * expected.abs().max()).all()
+    out.float().square().sum().backward()
+    assert x.grad.dtype == dtype and torch.isfinite(x.grad).all()
+    assert layer.weight.grad.dtype == torch.float32 and torch.isfinite(layer.weight.grad).all()
+    assert all(buffer.dtype == torch.float32 and torch.isfinite(buffer).all() for buffer in layer.buffers())
+
+
+@MODES
+@pytest.mark.parametrize("name", NAMES)
+def test_constant_input_gives_no_nan(name, training):
+    layer = make_layer(name, training).to(DEVICE)
+    x = torch.full((2, CHANNELS, 5, 5), 3.0, device=DEVICE, requires_grad=True)
+    out = layer(x)
+    out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
+
+
+def detection_batch(size: int, device: str) -> list:
+    """Two images of the demo's size with two boxes each, as detectron2's mapper gives them."""
+    generator = torch.Generator().manual_seed(0)
+    batch = []
+    for _ in range(2):
+        instances = Instances((size, size))
+        instances.gt_boxes = Boxes(torch.tensor([[4.0, 6.0, 40.0, 50.0], [30.0, 20.0, 90.0, 100.0]], device=device))
+        instances.gt_classes = torch.tensor([0, 3], device=device)
+        image = torch.rand(3, size, size, generator=generator) * 255
+        batch.append({"image": image.to(device), "instances": instances})
+    return batch
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["float32", "mixed-precision"])
+def test_gw_faster_rcnn_training_step_on_cuda(amp):
+    cfg = build_config(str(GW_FASTER_RCNN), ["MODEL.DEVICE", DEVICE])
+    torch.manual_seed(0)
+    model = build_model(cfg).train()
+    batch = detection_batch(cfg.DATASETS.SHAPES.IMAGE_SIZE, DEVICE)
+    with EventStorage(0), torch.autocast(DEVICE, dtype=torch.float16, enabled=amp):
+        losses = model(batch)
+    total = sum(losses.values())
+    assert torch.isfinite(total), losses
+    total.backward()
+    gradients = [p.grad for p in model.parameters() if p.grad is not None]
+    assert gradients
+    if not amp:  # float16 activation gradients may overflow (AMPTrainer's GradScaler skips such steps)
+        assert all(torch.isfinite(g).all() for g in gradients)
