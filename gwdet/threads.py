@@ -5,31 +5,31 @@ On a machine that another CPU-bound process shares, PyTorch's defaults collapse.
 (GNU OpenMP on Linux) has as many threads as cores, and a thread that finishes its share of a
 parallel region spins on the CPU for a while before it sleeps, waiting for the others. When one of
 them is descheduled in favour of the other process, the spinning threads burn their time slices
-waiting for it, and every parallel region costs a scheduler time slice. Group whitening runs many
-small parallel operations, so it suffers most (docs/benchmarks.md, "Busy machine").
+waiting for it. Group whitening runs many small parallel operations, so it suffers most.
 
-Two settings avoid that:
+So the thread count (:func:`choose_threads`) is the CPUs this process may use less those that
+other processes keep busy when the tool starts (:func:`busy_cpus`: the kernel's count of runnable
+tasks, sampled for a moment), shared among the processes the run starts, at least 1.
+``--threads N`` or ``OMP_NUM_THREADS`` chooses it instead; the choice is printed, because the thread
+count changes the order of some floating-point sums and so the last bits of results.
 
-* the wait policy: ``OMP_WAIT_POLICY=PASSIVE`` makes idle OpenMP threads sleep at once. GNU
-  OpenMP reads it once, when PyTorch loads it, so an entry point sets it before importing torch
-  (:data:`WAIT_POLICY_VARIABLE`, :data:`DEFAULT_WAIT_POLICY`); a value the user exported is kept;
-* the thread count (:func:`choose_threads`): the CPUs this process may use, less those that other
-  processes keep busy (the 1-minute load average), shared among the processes the run starts.
-  ``--threads N`` or ``OMP_NUM_THREADS`` chooses it instead.
-
-The thread count changes the order of some floating-point sums, so results can differ in the last
-bits between thread counts; the chosen count is printed so that a run can be repeated with it.
+The OpenMP wait policy is left as the user's environment sets it. Measured on the project's 2-core
+machine (docs/benchmarks.md, "Busy machine"), ``OMP_WAIT_POLICY=PASSIVE`` (idle threads sleep at
+once) avoids most of the collapse when a competing process starts after the tool, but makes a demo
+training step 1.7x slower on an idle machine, slower than one thread; so it is advice for machines
+whose load comes and goes, not a default.
 """
 from __future__ import annotations
 
 import os
+import statistics
+import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, MutableMapping
 
 import torch
 
 WAIT_POLICY_VARIABLE = "OMP_WAIT_POLICY"
-DEFAULT_WAIT_POLICY = "PASSIVE"
 THREADS_VARIABLE = "OMP_NUM_THREADS"
 
 
@@ -42,10 +42,8 @@ class ThreadChoice:
 
     def describe(self, environ: Mapping[str, str] = os.environ) -> str:
         """One line for the log: the count, its reason and the wait policy in effect."""
-        policy = environ.get(WAIT_POLICY_VARIABLE)
-        waiting = (f"{WAIT_POLICY_VARIABLE}={policy}" if policy else
-                   f"{WAIT_POLICY_VARIABLE} unset (idle threads spin; set it to {DEFAULT_WAIT_POLICY} "
-                   "before torch is imported on a shared machine)")
+        policy = environ.get(WAIT_POLICY_VARIABLE) or "unset (OpenMP's default: idle threads spin a while)"
+        waiting = f"{WAIT_POLICY_VARIABLE} {policy}"
         return (f"CPU threads: {self.threads} per process ({self.reason}); {waiting}. "
                 f"Override with --threads N or {THREADS_VARIABLE}.")
 
@@ -57,13 +55,18 @@ def usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
-def busy_cpus() -> int:
-    """CPUs that other processes keep busy: the 1-minute load average, rounded (0 where the OS
-    has none)."""
-    try:
-        return round(os.getloadavg()[0])
-    except (AttributeError, OSError):
-        return 0
+def busy_cpus(samples: int = 10, interval: float = 0.02) -> int:
+    """CPUs other processes keep busy now: the median, over ``samples`` readings of
+    ``/proc/loadavg``, of the runnable tasks less this process (0 where the OS has no such file)."""
+    counts = []
+    for _ in range(samples):
+        try:
+            with open("/proc/loadavg") as loadavg:
+                counts.append(int(loadavg.read().split()[3].split("/")[0]))
+        except (OSError, IndexError, ValueError):
+            return 0
+        time.sleep(interval)
+    return max(0, round(statistics.median(counts)) - 1)
 
 
 def choose_threads(
@@ -74,7 +77,7 @@ def choose_threads(
     busy: Callable[[], int] = busy_cpus,
 ) -> ThreadChoice:
     """Threads per process: ``requested`` if given, else ``OMP_NUM_THREADS``, else the usable CPUs
-    that other processes leave free, divided among ``processes`` (at least 1)."""
+    other processes leave free, divided among ``processes`` (at least 1)."""
     if processes < 1:
         raise ValueError(f"processes must be at least 1, got {processes}")
     if requested is not None:
@@ -88,9 +91,8 @@ def choose_threads(
                              "number of threads such as 1")
         return ThreadChoice(int(value), f"from {THREADS_VARIABLE}")
     usable, taken = cpus(), busy()
-    free = max(1, usable - taken)
-    threads = max(1, free // processes)
-    reason = f"{usable} usable CPUs, about {taken} busy with other processes (1-minute load average)"
+    threads = max(1, max(1, usable - taken) // processes)
+    reason = f"{usable} usable CPUs, {taken} busy with other processes at start"
     if processes > 1:
         reason += f", shared by {processes} processes"
     return ThreadChoice(threads, reason)

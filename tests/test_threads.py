@@ -1,17 +1,12 @@
-"""CPU thread settings of the entry points (gwdet.threads): the choice and its precedence, and the
-OpenMP wait policy set before torch is imported."""
-import json
-import os
+"""CPU thread settings of the entry points (gwdet.threads): the choice, its precedence and the
+sensing of competing processes."""
 import subprocess
 import sys
-from pathlib import Path
+import time
 
 import pytest
 
-from gwdet.threads import DEFAULT_WAIT_POLICY, WAIT_POLICY_VARIABLE, ThreadChoice, choose_threads
-
-REPO = Path(__file__).resolve().parents[1]
-ENTRY_POINTS = ("tools/train_net.py", "tools/compare_norms.py", "tools/benchmark.py")
+from gwdet.threads import WAIT_POLICY_VARIABLE, ThreadChoice, busy_cpus, choose_threads
 
 
 def choose(requested=None, processes=1, environ=None, cpus=4, busy=0) -> ThreadChoice:
@@ -25,7 +20,17 @@ def choose(requested=None, processes=1, environ=None, cpus=4, busy=0) -> ThreadC
 def test_free_cpus_are_shared_among_processes(cpus, busy, processes, expected):
     choice = choose(processes=processes, cpus=cpus, busy=busy)
     assert choice.threads == expected
-    assert f"{cpus} usable CPUs" in choice.reason and f"about {busy} busy" in choice.reason
+    assert f"{cpus} usable CPUs, {busy} busy" in choice.reason
+
+
+def test_a_competing_process_is_seen_as_a_busy_cpu():
+    competitor = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        assert busy_cpus() >= 1
+    finally:
+        competitor.kill()
+        competitor.wait()
 
 
 def test_request_beats_environment_beats_load():
@@ -47,42 +52,8 @@ def test_bad_request_and_process_count_are_refused():
         choose(processes=0)
 
 
-def test_description_names_the_wait_policy_or_the_missing_setting():
-    choice = ThreadChoice(2, "test")
-    assert f"{WAIT_POLICY_VARIABLE}=PASSIVE" in choice.describe({WAIT_POLICY_VARIABLE: "PASSIVE"})
-    unset = choice.describe({})
-    assert "unset" in unset and DEFAULT_WAIT_POLICY in unset
-
-
-# Runs an entry point's module-level code (not its main) and records the wait policy in the
-# environment at the moment torch is first imported.
-PROBE = """
-import importlib.abc, json, os, runpy, sys
-seen = {}
-class Probe(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch" and "at_torch_import" not in seen:
-            seen["at_torch_import"] = os.environ.get("OMP_WAIT_POLICY")
-        return None
-sys.meta_path.insert(0, Probe())
-runpy.run_path(sys.argv[1], run_name="entry_point_under_test")
-print(json.dumps(seen))
-"""
-
-
-def probe(script: str, environ: dict) -> dict:
-    result = subprocess.run([sys.executable, "-c", PROBE, str(REPO / script)], cwd=REPO, env=environ,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
-@pytest.mark.parametrize("script", ENTRY_POINTS)
-def test_entry_points_set_a_passive_wait_policy_before_torch_loads(script):
-    environ = {k: v for k, v in os.environ.items() if k != WAIT_POLICY_VARIABLE}
-    assert probe(script, environ) == {"at_torch_import": DEFAULT_WAIT_POLICY}
-
-
-def test_an_exported_wait_policy_is_kept():
-    environ = dict(os.environ, **{WAIT_POLICY_VARIABLE: "ACTIVE"})
-    assert probe("tools/train_net.py", environ) == {"at_torch_import": "ACTIVE"}
+def test_description_names_the_count_its_reason_and_the_wait_policy():
+    choice = ThreadChoice(2, "test reason")
+    assert choice.describe({WAIT_POLICY_VARIABLE: "PASSIVE"}).startswith("CPU threads: 2 per process (test reason)")
+    assert f"{WAIT_POLICY_VARIABLE} PASSIVE" in choice.describe({WAIT_POLICY_VARIABLE: "PASSIVE"})
+    assert "unset" in choice.describe({})

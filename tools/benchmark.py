@@ -5,9 +5,6 @@
 import os
 import sys
 
-# Before torch loads OpenMP: idle threads sleep instead of spinning (gwdet.threads); an exported value is kept.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)

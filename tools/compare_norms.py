@@ -12,12 +12,8 @@ Running the same command again resumes: finished cells are skipped, an interrupt
 from its last checkpoint, and a cell whose config differs from the recorded one is refused.
 See ``--help`` and docs/study/README.md.
 """
-import os
 import sys
 from pathlib import Path
-
-# Before torch loads OpenMP: idle threads sleep instead of spinning (gwdet.threads); an exported value is kept.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:

@@ -12,14 +12,9 @@ Trailing ``KEY VALUE`` pairs override the config. Everything but argument parsin
 when there is no GPU (:mod:`gwdet.launch`, which also works on detectron2 v0.6). CPU threads: see
 :mod:`gwdet.threads` (``--threads N`` or ``OMP_NUM_THREADS`` to choose).
 """
-import os
-
-# Before torch loads OpenMP: idle threads sleep instead of spinning (gwdet.threads); an exported value is kept.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-from gwdet.engine import main, parse_args  # noqa: E402
-from gwdet.launch import launch  # noqa: E402
-from gwdet.threads import configure_threads  # noqa: E402
+from gwdet.engine import main, parse_args
+from gwdet.launch import launch
+from gwdet.threads import configure_threads
 
 
 if __name__ == "__main__":

@@ -87,7 +87,7 @@ def argument_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--amp", choices=["none", "fp16", "bf16"], default="none", help="autocast for the model level")
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads (default: the CPUs other processes leave free; see gwdet.threads)")
+                        help="torch threads (default: the usable CPUs; see gwdet.threads)")
     parser.add_argument(
         "--clock",
         choices=sorted(CLOCKS),
@@ -135,7 +135,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the levels the arguments ask for, print the report and write it into ``--out``."""
     command = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(command)
-    configure_threads(args.threads, log=lambda line: print(line, file=sys.stderr))
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     # Randomly initialised models without normalization (FrozenBN keeps mean 0 / var 1) shrink
     # activations into the denormal range, which is many times slower on x86 CPUs.
@@ -145,6 +144,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     load_before = load_average()
     start = time.perf_counter()
     with competing_load(args.busy):
+        # chosen with the competing load running, as a tool started on a busy machine chooses
+        configure_threads(args.threads, log=lambda line: print(line, file=sys.stderr))
         tables = [to_markdown(run(args, device)) for flag, run, to_markdown in LEVELS if getattr(args, flag)]
     header = report_header(args, command, device, load_before, load_average(), time.perf_counter() - start, flushed)
     body = report(header, tables)
