@@ -3,7 +3,7 @@
 :class:`Trainer` is detectron2's ``DefaultTrainer`` evaluating with ``COCOEvaluator`` (pycocotools'
 COCOeval). :func:`setup` builds the config from the command line and prepares the datasets it names;
 :func:`main` trains (or evaluates with ``--eval-only``), then writes the AP tables as markdown and,
-when ``TEST.VIS_IMAGES`` > 0, PNGs of predictions on the first test images.
+when ``TEST.VIS_IMAGES`` > 0 and there is a test set, PNGs of predictions on its first images.
 """
 from __future__ import annotations
 
@@ -273,7 +273,7 @@ def main(args: argparse.Namespace):
             results = trainer.train()
             model = trainer.model
         write_results(cfg, results)
-        if comm.is_main_process() and cfg.TEST.VIS_IMAGES > 0:
+        if comm.is_main_process() and cfg.TEST.VIS_IMAGES > 0 and cfg.DATASETS.TEST:  # no test set: nothing to draw
             vis_folder = os.path.join(cfg.OUTPUT_DIR, "vis")
             save_prediction_pngs(cfg, model, cfg.DATASETS.TEST[0], cfg.TEST.VIS_IMAGES, vis_folder)
     return results

@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from gwdet.engine import Trainer, argument_parser, build_config, flatten_results, results_markdown, write_results
+from gwdet.engine import (Trainer, argument_parser, build_config, flatten_results, main, parse_args, results_markdown,
+                          write_results)
 from gwdet.data import prepare_datasets
 
 from conftest import DEMO_CONFIG, REPO, TINY_OPTS
@@ -68,3 +69,10 @@ def test_train_net_script_end_to_end(tmp_path):
     assert (tmp_path / "results.md").is_file() and (tmp_path / "metrics.json").is_file()
     assert list(tmp_path.glob("events.out.tfevents.*"))
     assert len(list((tmp_path / "vis").glob("*.png"))) == 2
+
+
+def test_a_run_without_a_test_set_trains_and_draws_nothing(tmp_path):
+    args = parse_args(["--config", str(DEMO_CONFIG), *TINY_OPTS, "DATASETS.TEST", "()", "TEST.VIS_IMAGES", "2",
+                       "SOLVER.MAX_ITER", "1", "OUTPUT_DIR", str(tmp_path)])
+    assert main(args) == {}
+    assert (tmp_path / "model_final.pth").is_file() and not (tmp_path / "vis").exists()
