@@ -165,12 +165,7 @@ INPUT_ROUNDING_ERROR = {torch.bfloat16: 0.05, torch.float16: 0.005}
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
 def test_half_precision_and_autocast_keep_float32_statistics(name, dtype):
-    # the affine at its start (1, 0): BW and BGN apply it after rounding to the input dtype, GW
-    # before (test_group_whitening_fast.py)
-    layer = build(name, torch.float32)
-    with torch.no_grad():
-        layer.weight.fill_(1.0)
-        layer.bias.zero_()
+    layer = build(name, torch.float32)  # trained affine: applied in float32, rounded once
     x = random_batch((6, CHANNELS, 5, 5), torch.float32, seed=3)
     rounded = x.to(dtype)
     for training in (True, False):

@@ -106,8 +106,9 @@ def batch_group_norm(
         # (x / s - mu') / sqrt(var' + eps / s^2), all of (n, C)
         inverse_std = torch.rsqrt(var + scaled_ridge(eps, scales)).unsqueeze(-1)
         centred = torch.addcmul(-mean.unsqueeze(-1), values, scales.unsqueeze(-1))
-        normalized = (centred * inverse_std).reshape(x.shape).to(x.dtype)
-    return per_channel_affine(normalized, weight, bias)
+        normalized = (centred * inverse_std).reshape(x.shape)
+    # the affine in the statistics dtype, then one rounding to the input's (as the fused GW op)
+    return per_channel_affine(normalized, weight, bias).to(x.dtype)
 
 
 def _example_group_moments(

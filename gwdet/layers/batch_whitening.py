@@ -73,13 +73,15 @@ def batch_whitening(
         whitened = _whiten(x, running_mean, running_whitening, training, momentum, T, eps, method)
     else:
         whitened = _whiten_outside_autocast(x, running_mean, running_whitening, training, momentum, T, eps, method)
-    return per_channel_affine(whitened, weight, bias)
+    # the affine in the statistics dtype, then one rounding to the input's (as the fused GW op)
+    return per_channel_affine(whitened, weight, bias).to(x.dtype)
 
 
 def _whiten(
     x: Tensor, running_mean: Tensor, running_whitening: Tensor, training: bool, momentum: float, T: int, eps: float, method: str
 ) -> Tensor:
-    """DBN Algorithm 1 on all channel groups at once, batched over the groups."""
+    """DBN Algorithm 1 on all channel groups at once, batched over the groups; the result is in the
+    statistics dtype."""
     num_groups = running_whitening.shape[0]
     group_size = running_whitening.shape[1]
     dtype = statistics_dtype(x.dtype)
@@ -104,7 +106,7 @@ def _whiten(
         centred = rows - running_mean.to(dtype).reshape(num_groups, group_size, 1)
         whitening = running_whitening.to(dtype)
     whitened = torch.matmul(whitening, centred).reshape(channels_first.shape)
-    return whitened.transpose(0, 1).to(x.dtype)
+    return whitened.transpose(0, 1)
 
 
 @torch.jit.unused
