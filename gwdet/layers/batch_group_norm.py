@@ -48,17 +48,8 @@ import torch
 from torch import Tensor, nn
 
 from .common import (
-    check_input,
-    check_int_at_least,
-    check_positive,
-    check_unit_interval,
-    largest_divisor_at_most,
-    largest_magnitude,
-    magnitude_scales,
-    per_channel_affine,
-    register_affine,
-    scaled_ridge,
-    statistics_dtype,
+    check_hyper_parameters, check_input, largest_divisor_at_most, largest_magnitude,
+    magnitude_scales, per_channel_affine, register_affine, scaled_ridge, statistics_dtype,
 )
 from .tracing import counting_op, tracing_named_ops
 
@@ -220,12 +211,10 @@ class BatchGroupNorm(nn.Module):
     ) -> None:
         super().__init__()
         owner = type(self).__name__
-        check_int_at_least(owner, "num_channels", num_channels, 1)
-        check_int_at_least(owner, "num_groups", num_groups, 1)
-        check_int_at_least(owner, "examples_per_group", examples_per_group, 1)
-        check_positive(owner, "eps", eps)
-        check_unit_interval(owner, "momentum", momentum)
-        check_unit_interval(owner, "eval_example_weight", eval_example_weight)
+        check_hyper_parameters(
+            owner, {"num_channels": num_channels, "num_groups": num_groups, "examples_per_group": examples_per_group},
+            positive={"eps": eps}, unit_interval={"momentum": momentum, "eval_example_weight": eval_example_weight},
+        )
         self.num_channels = num_channels
         self.num_groups = num_groups
         self.effective_num_groups = largest_divisor_at_most(num_channels, num_groups)

@@ -30,19 +30,9 @@ import torch
 from torch import Tensor, nn
 
 from .common import (
-    autocast_disabled,
-    check_input,
-    check_int_at_least,
-    check_positive,
-    check_unit_interval,
-    check_values_per_group,
-    largest_divisor_at_most,
-    largest_magnitude,
-    magnitude_scales,
-    per_channel_affine,
-    register_affine,
-    scaled_ridge,
-    statistics_dtype,
+    autocast_disabled, check_hyper_parameters, check_input, check_values_per_group,
+    largest_divisor_at_most, largest_magnitude, magnitude_scales, per_channel_affine,
+    register_affine, scaled_ridge, statistics_dtype,
 )
 from .tracing import counting_op, tracing_named_ops
 from .whitening_matrix import check_whitening_method, ridge_covariance, whitening_matrix
@@ -156,11 +146,8 @@ class BatchWhitening(nn.Module):
     ) -> None:
         super().__init__()
         owner = type(self).__name__
-        check_int_at_least(owner, "num_channels", num_channels, 1)
-        check_int_at_least(owner, "group_size", group_size, 1)
-        check_int_at_least(owner, "T", T, 1)
-        check_positive(owner, "eps", eps)
-        check_unit_interval(owner, "momentum", momentum)
+        check_hyper_parameters(owner, {"num_channels": num_channels, "group_size": group_size, "T": T},
+                               positive={"eps": eps}, unit_interval={"momentum": momentum})
         check_whitening_method(owner, method)
         self.num_channels = num_channels
         self.group_size = group_size

@@ -10,7 +10,7 @@ Everything here is TorchScript-compatible so that the layers can be scripted.
 """
 import contextlib
 import math
-from typing import ContextManager, List, Optional
+from typing import ContextManager, List, Mapping, Optional
 
 import torch
 from torch import Tensor
@@ -41,6 +41,23 @@ def check_unit_interval(owner: str, name: str, value: float) -> None:
         or not 0.0 <= value <= 1.0
     ):
         raise ValueError(f"{owner}: {name} must be a number in [0, 1], got {value}")
+
+
+def check_hyper_parameters(
+    owner: str,
+    counts: Mapping[str, int],
+    positive: Mapping[str, float] = {},
+    unit_interval: Mapping[str, float] = {},
+) -> None:
+    """A layer's constructor checks: every ``counts`` value an integer >= 1, every ``positive``
+    value finite and > 0, every ``unit_interval`` value in [0, 1] (``ValueError`` naming ``owner``
+    and the argument otherwise)."""
+    for name, value in counts.items():
+        check_int_at_least(owner, name, value, 1)
+    for name, value in positive.items():
+        check_positive(owner, name, value)
+    for name, value in unit_interval.items():
+        check_unit_interval(owner, name, value)
 
 
 def check_choice(owner: str, name: str, value: str, choices: List[str]) -> None:

@@ -39,18 +39,9 @@ import torch
 from torch import Tensor, nn
 
 from .common import (
-    autocast_disabled,
-    check_input,
-    check_int_at_least,
-    check_positive,
-    check_values_per_group,
-    largest_divisor_at_most,
-    largest_magnitude,
-    magnitude_scales,
-    per_channel_affine,
-    register_affine,
-    scaled_ridge,
-    statistics_dtype,
+    autocast_disabled, check_hyper_parameters, check_input, check_values_per_group,
+    largest_divisor_at_most, largest_magnitude, magnitude_scales, per_channel_affine,
+    register_affine, scaled_ridge, statistics_dtype,
 )
 from .group_whitening_function import fused_group_whitening
 from .tracing import recording_reference_graph
@@ -81,9 +72,7 @@ def group_whitening(
 
 
 def _check_arguments(owner: str, x: Tensor, num_groups: int, T: int, eps: float, method: str) -> None:
-    check_int_at_least(owner, "num_groups", num_groups, 1)
-    check_int_at_least(owner, "T", T, 1)
-    check_positive(owner, "eps", eps)
+    check_hyper_parameters(owner, {"num_groups": num_groups, "T": T}, positive={"eps": eps})
     check_whitening_method(owner, method)
     if x.dim() < 2:
         raise ValueError(
@@ -193,10 +182,8 @@ class GroupWhitening(nn.Module):
     ) -> None:
         super().__init__()
         owner = type(self).__name__
-        check_int_at_least(owner, "num_channels", num_channels, 1)
-        check_int_at_least(owner, "num_groups", num_groups, 1)
-        check_int_at_least(owner, "T", T, 1)
-        check_positive(owner, "eps", eps)
+        check_hyper_parameters(owner, {"num_channels": num_channels, "num_groups": num_groups, "T": T},
+                               positive={"eps": eps})
         check_whitening_method(owner, method)
         self.num_channels = num_channels
         self.num_groups = num_groups
