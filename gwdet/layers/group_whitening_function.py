@@ -61,7 +61,7 @@ exactly as without scaling; on CPU a call in which no sample needs scaling (know
 device synchronisation) skips the scaling steps altogether.
 """
 import math
-from typing import Iterator, Optional, Sequence, Tuple, Union
+from typing import Iterator, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -421,6 +421,23 @@ def _forward_chunk(
 # ---- backward ---------------------------------------------------------------------------------
 
 
+class _BackwardChunk(NamedTuple):
+    """What the backward pass of one chunk of samples ``(n, g, m)`` reads and writes: its input,
+    output gradient, saved means and covariances (``None``: recomputed), scales (``None``: 1), the
+    slice of the input gradient to write (``None``: not needed), the affine weight, and the
+    weight and bias gradients it accumulates into (``None``: not needed)."""
+
+    x: Tensor
+    grad_z: Tensor
+    mean: Tensor
+    cov: Optional[Tensor]
+    scales: Optional[Tensor]
+    grad_x: Optional[Tensor]
+    gamma: Optional[Tensor]
+    grad_weight: Optional[Tensor]
+    grad_bias: Optional[Tensor]
+
+
 def _backward(
     grad_out: Tensor,
     x: Tensor,
@@ -443,7 +460,7 @@ def _backward(
     scales = layout.scales(rows)  # the forward pass's, found again from the input
     chunk_backward = _backward_few_columns if layout.few_columns else _backward_chunk
     for start, stop in layout.chunks(layout.samples, layout.backward_step):
-        chunk_backward(
+        chunk = _BackwardChunk(
             rows[start:stop],
             grad_rows[start:stop],
             mean[start:stop],
@@ -453,26 +470,16 @@ def _backward(
             gamma,
             grad_weight,
             grad_bias,
-            layout,
         )
+        chunk_backward(chunk, layout)
     return grad_x, grad_weight, grad_bias
 
 
-def _backward_chunk(
-    x: Tensor,
-    grad_z: Tensor,
-    mean: Tensor,
-    cov: Optional[Tensor],
-    scales: Optional[Tensor],
-    grad_x: Optional[Tensor],
-    gamma: Optional[Tensor],
-    grad_weight: Optional[Tensor],
-    grad_bias: Optional[Tensor],
-    layout: _Layout,
-) -> None:
+def _backward_chunk(chunk: _BackwardChunk, layout: _Layout) -> None:
     """Algorithm 2 plus the affine for samples ``(n, g, m)`` (formulas in the module docstring),
     scaled by ``scales`` as in the forward pass: writes ``grad_x`` and accumulates into
     ``grad_weight`` and ``grad_bias``."""
+    x, grad_z, mean, cov, scales, grad_x, gamma, grad_weight, grad_bias = chunk
     x = x.to(layout.dtype) if scales is None else x * scales
     ridge = layout.ridge(scales)
     grad_z = grad_z.to(layout.dtype)
@@ -547,21 +554,11 @@ def _input_gradient(
         target.copy_(result if scales is None else result.mul_(scales))
 
 
-def _backward_few_columns(
-    x: Tensor,
-    grad_z: Tensor,
-    mean: Tensor,
-    cov: Optional[Tensor],
-    scales: Optional[Tensor],
-    grad_x: Optional[Tensor],
-    gamma: Optional[Tensor],
-    grad_weight: Optional[Tensor],
-    grad_bias: Optional[Tensor],
-    layout: _Layout,
-) -> None:
+def _backward_few_columns(chunk: _BackwardChunk, layout: _Layout) -> None:
     """The backward of ``Y = X_C W'(S)`` (module docstring, "Few columns") plus the affine,
-    scaled by ``scales`` as in the forward pass."""
-    del cov  # the m x m Gram matrix is recomputed
+    scaled by ``scales`` as in the forward pass (the m x m Gram matrix is recomputed, so
+    ``chunk.cov`` is not used)."""
+    x, grad_z, mean, _, scales, grad_x, gamma, grad_weight, grad_bias = chunk
     centred = x.to(layout.dtype) - mean if scales is None else (x * scales).sub_(mean)
     ridge = layout.ridge(scales)
     grad_z = grad_z.to(layout.dtype)
