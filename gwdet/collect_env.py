@@ -39,11 +39,16 @@ _BUILD_FROM_SOURCE = (
 )
 
 
+def _error_text(err: BaseException) -> str:
+    """How the report shows an exception: its type and the first line of its message."""
+    return f"error: {type(err).__name__}: {_first_line(err)}"
+
+
 def _guard(probe: Callable[[], str]) -> str:
     try:
         return probe()
     except Exception as err:  # the report must survive any broken package
-        return f"error: {type(err).__name__}: {_first_line(err)}"
+        return _error_text(err)
 
 
 def _first_line(err: BaseException) -> str:
@@ -90,7 +95,7 @@ def _torch_section() -> dict[str, str]:
     try:
         import torch
     except Exception as err:
-        return {"torch": f"error: {type(err).__name__}: {_first_line(err)}"}
+        return {"torch": _error_text(err)}
     section = {
         "torch": torch.__version__,
         "torch path": str(_module_dir(torch)),
@@ -193,8 +198,7 @@ def _detectron2_section() -> dict[str, str]:
     try:
         import detectron2
     except Exception as err:
-        return {"detectron2": f"error: {type(err).__name__}: {_first_line(err)} "
-                              "(gwdet needs detectron2: run make setup, see README)"}
+        return {"detectron2": f"{_error_text(err)} (gwdet needs detectron2: run make setup, see README)"}
     package_dir = _module_dir(detectron2)
     section = {
         "detectron2": getattr(detectron2, "__version__", "?"),
@@ -268,7 +272,7 @@ def _gwdet_section() -> dict[str, str]:
     try:
         import gwdet
     except Exception as err:
-        return {"gwdet": f"error: {type(err).__name__}: {_first_line(err)}"}
+        return {"gwdet": _error_text(err)}
     section = {
         "gwdet": getattr(gwdet, "__version__", "?"),
         "gwdet path": str(_module_dir(gwdet)),

@@ -140,8 +140,8 @@ def argument_parser() -> argparse.ArgumentParser:
     """
     parser = default_argument_parser()
     parser.add_argument("--threads", type=int, default=None,
-                        help="CPU threads per process (default: the usable CPUs shared by the "
-                             "--num-gpus processes; see gwdet.threads)")
+                        help="CPU threads per process (default: the CPUs other processes leave free at "
+                             "start, shared by the --num-gpus processes; see gwdet.threads)")
     parser.add_argument("--overwrite", action="store_true",
                         help="train from iteration 0 into an OUTPUT_DIR that holds an earlier run, "
                              "deleting that run's checkpoints, metrics and results first")

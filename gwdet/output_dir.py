@@ -57,7 +57,14 @@ def check_fresh_start(output_dir: str, overwrite: bool) -> None:
     logger.warning(f"--overwrite: deleted the earlier run in {output_dir}: {', '.join(existing)}")
 
 
-ABSENT = "<absent>"  # stands for a key that one of two compared configs lacks
+class _Absent:
+    """Stands for a key that one of two compared configs lacks (no config value can equal it)."""
+
+    def __repr__(self) -> str:
+        return "<absent>"
+
+
+ABSENT = _Absent()
 
 
 def flatten_config(tree: Mapping, prefix: str = "") -> dict[str, Any]:

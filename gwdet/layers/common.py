@@ -46,17 +46,17 @@ def check_unit_interval(owner: str, name: str, value: float) -> None:
 def check_hyper_parameters(
     owner: str,
     counts: Mapping[str, int],
-    positive: Mapping[str, float] = {},
-    unit_interval: Mapping[str, float] = {},
+    positive: Optional[Mapping[str, float]] = None,
+    unit_interval: Optional[Mapping[str, float]] = None,
 ) -> None:
     """A layer's constructor checks: every ``counts`` value an integer >= 1, every ``positive``
     value finite and > 0, every ``unit_interval`` value in [0, 1] (``ValueError`` naming ``owner``
     and the argument otherwise)."""
     for name, value in counts.items():
         check_int_at_least(owner, name, value, 1)
-    for name, value in positive.items():
+    for name, value in (positive or {}).items():
         check_positive(owner, name, value)
-    for name, value in unit_interval.items():
+    for name, value in (unit_interval or {}).items():
         check_unit_interval(owner, name, value)
 
 

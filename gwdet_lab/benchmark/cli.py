@@ -87,7 +87,7 @@ def argument_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--amp", choices=["none", "fp16", "bf16"], default="none", help="autocast for the model level")
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads (default: the usable CPUs; see gwdet.threads)")
+                        help="torch threads (default: the CPUs other processes leave free; see gwdet.threads)")
     parser.add_argument(
         "--clock",
         choices=sorted(CLOCKS),

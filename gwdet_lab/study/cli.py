@@ -89,8 +89,8 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--jobs", type=int, default=1, help="cells trained side by side (default 1)")
     parser.add_argument("--threads", type=int, default=1,
                         help="CPU threads per cell (OMP_NUM_THREADS and torch.set_num_threads; default 1, "
-                             "which keeps a cell's numbers independent of the machine's load); 0 shares the usable "
-                             "CPUs among --jobs (gwdet.threads)")
+                             "which keeps a cell's numbers independent of the machine's load); 0 shares the CPUs "
+                             "other processes leave free among --jobs (gwdet.threads)")
     parser.add_argument("--num-gpus", type=int, default=1, help="GPUs per cell")
     parser.add_argument("--on-mismatch", choices=ON_MISMATCH, default="refuse",
                         help="when a cell's config differs from the one its folder recorded: stop before "
