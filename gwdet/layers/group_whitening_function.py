@@ -77,13 +77,14 @@ from .whitening_matrix import (
 # Samples are processed in chunks whose temporaries stay within a fraction of the activation's
 # size (in the compute dtype): FORWARD_FRACTION while the forward pass holds only the output,
 # BACKWARD_FRACTION (less any saved covariances) while the backward pass also holds the input
-# gradient, so that the peak stays near GroupNorm's (output + input gradient). A sample's g x g
-# work takes about GG_BUFFERS matrices (ItN backward). On CPU a chunk's g x g work is also kept
+# gradient, so that the peak stays near GroupNorm's (output + input gradient, about 2.05
+# activations): at most 2.6 activations, within the 1.3x of GroupNorm that docs/benchmarks.md
+# targets. A sample's g x g work takes about GG_BUFFERS matrices (ItN backward). On CPU a chunk's g x g work is also kept
 # within CACHE_BYTES per thread: batched 64 x 64 products run about 1.5x faster on 16 samples
 # per thread than on 512, while much smaller chunks pay per-operation overhead (measured on a
 # 2-core Xeon: 16 samples per chunk on 1 thread, 32 on 2). At least one sample at a time.
 FORWARD_FRACTION = 1.1
-BACKWARD_FRACTION = 0.75
+BACKWARD_FRACTION = 0.6
 GG_BUFFERS = 16
 CACHE_BYTES = 4 * 2**20
 # Below this many positions per channel, per-channel affine parameters are spread over the
@@ -188,10 +189,15 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.bias_dtype = None if bias is None else bias.dtype
     ctx.hyper_parameters = (groups, T, eps, method)
     ctx.mark_non_differentiable(mean, cov)
+    # the means and covariances get no gradient: without this autograd would allocate zeros of
+    # their shape for the backward formula (the covariances' are (N, g, g), a third of the input)
+    ctx.set_materialize_grads(False)
 
 
 def _backward_formula(ctx, grad_out, grad_mean, grad_cov):
     del grad_mean, grad_cov  # not differentiable outputs
+    if grad_out is None:  # nothing flows back (grads are not materialised, see _setup_context)
+        return (None,) * 7
     x, weight, mean, cov = ctx.saved_tensors
     needs_x, needs_weight, needs_bias = ctx.needs_input_grad[:3]
     needs_weight = needs_weight and weight is not None
