@@ -23,6 +23,7 @@ from gwdet.layers.whitening_matrix import (
     zca_whitening,
     zca_whitening_vjp,
 )
+from gwdet_lab.benchmark.measure import peak_memory
 from spectral_whitening import inverse_sqrt_by_eigh, row_covariance
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -196,21 +197,6 @@ def test_half_precision_output_is_rounded_once_after_the_affine(dtype):
     assert ((out.float() - expected).abs() <= torch.finfo(dtype).eps / 2 * expected.abs() + 1e-6).all()
 
 
-def allocated_peak(call) -> int:
-    """Most bytes held at once by the tensors allocated during ``call()`` (the profiler's
-    allocation events replayed in time order; independent of the allocator's caching)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        call()
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
-    current = peak = 0
-    for _, nbytes in events:
-        current += nbytes
-        peak = max(peak, current)
-    return peak
-
-
 def test_training_memory_of_the_box_head_shape_stays_near_group_norm():
     # At ROI shapes (C = 256 at 7 x 7 with g = 64) the op saves the (N, g, g) covariances, a third
     # of the input. Its peak, forward + backward, holds the output, the input gradient, those
@@ -222,9 +208,8 @@ def test_training_memory_of_the_box_head_shape_stays_near_group_norm():
     grad = torch.randn_like(x)
 
     def training_peak(layer: torch.nn.Module) -> int:
-        def call():
-            layer(x).backward(grad)
-        return allocated_peak(call)
+        # the benchmark's measure: the profiler's allocation events replayed in time order
+        return peak_memory(lambda: layer(x).backward(grad), torch.device("cpu"))
 
     gw, gn = training_peak(GroupWhitening(256, num_groups=64)), training_peak(torch.nn.GroupNorm(32, 256))
     activation = x.numel() * x.element_size()
