@@ -95,6 +95,10 @@ def test_study_killed_then_resumed_keeps_finished_cells_and_refuses_changed_conf
     assert weighing["shapes_val"]["0"] == json.loads(bn.file("results.json").read_text())["shapes_val"]
     for name in ("table.csv", "differences.csv", "cells.csv", "ap_bars.png", "loss_curves.png"):
         assert (report / name).stat().st_size > 100
+    # the bootstrap over the test images, from each cell's own detections, in both tables
+    assert "SE over test images" in table and "test images 95% low" in table
+    for folder in (bn, gn):
+        assert len(folder.read_json("image_bootstrap.json")["box_ap"]) == 1000
 
     # The same cells with another schedule or group count: refused, nothing touched.
     changed = arguments[:-len(opts) - 1] + ["--opts", *opts, "SOLVER.MAX_ITER", "4", "MODEL.GN.NUM_GROUPS", "4"]
@@ -312,4 +316,4 @@ def test_a_diverging_run_is_an_outcome_not_a_failure(tmp_path):
     assert result.diverged and math.isnan(result.test_ap)
     write_report("t", [result], [], tmp_path / "report")
     table = (tmp_path / "report" / "table.md").read_text()
-    assert "| GN | 2 | 1 | 28.19 | – | – | diverged | 1 |" in table
+    assert "| GN | 2 | 1 | 28.19 | – | – | diverged | – | 1 |" in table

@@ -27,6 +27,7 @@ from matplotlib.figure import Figure
 from gwdet.tables import Column, Table
 from gwdet_lab.reporting import format_duration
 from gwdet_lab.study.cells import GROUP_LABELS, PAPER_AP, PAPER_GROUPS, PAPER_ORDERINGS
+from gwdet_lab.study.image_bootstrap import RESAMPLES, image_spread
 from gwdet_lab.study.stats import CONFIDENCE, PairedDifference, mean, paired_difference, std
 from gwdet_lab.study.summary import CellResult
 
@@ -64,6 +65,10 @@ class Group:
         """Test AP per seed (NaN for a diverged cell; paired differences leave those seeds out)."""
         return {c.cell.seed: c.test_ap for c in self.cells}
 
+    def resampled_by_seed(self) -> dict[int, list[float]]:
+        """Test AP per bootstrap resample of the test images, per seed (cells that have them)."""
+        return {c.cell.seed: c.test_ap_resampled for c in self.cells if c.test_ap_resampled}
+
 
 def grouped(results: Sequence[CellResult]) -> list[Group]:
     cells = defaultdict(list)
@@ -89,6 +94,7 @@ def summary_table(groups: Sequence[Group]) -> Table:
         Column("config", "configuration"), Column("batch", "images / batch"), Column("n", "seeds"),
         Column("paper_AP", "paper (COCO)", AP), Column("box_AP_mean", "box AP mean", AP),
         Column("box_AP_std", "std", AP), Column("box_AP_per_seed", "per seed (s0, s1, ...)"),
+        Column("image_se", "SE over test images", AP),
         Column("diverged", "diverged runs"),
         Column("AP50_mean", "AP50", AP), Column("AP75_mean", "AP75", AP),
         Column("val_AP_mean", "val AP (not reported; for choices)", AP),
@@ -104,6 +110,7 @@ def summary_table(groups: Sequence[Group]) -> Table:
             "box_AP_mean": mean(aps), "box_AP_std": std(aps),
             "box_AP_per_seed": ", ".join("diverged" if c.diverged else f"{c.test_ap:.2f}" for c in g.cells),
             "diverged": sum(c.diverged for c in g.cells),
+            "image_se": mean(g.values(lambda c: image_spread(c.test_ap_resampled) if c.test_ap_resampled else None)),
             "AP50_mean": mean(g.values(lambda c: c.test_box["AP50"])),
             "AP75_mean": mean(g.values(lambda c: c.test_box["AP75"])),
             "val_AP_mean": mean(g.values(lambda c: c.val_box_ap)),
@@ -121,8 +128,10 @@ def differences(groups: Sequence[Group]) -> list[tuple[int, PairedDifference]]:
     for batch in sorted({g.batch_size for g in groups}):
         for better, worse in PAPER_ORDERINGS:
             if (better, batch) in by_key and (worse, batch) in by_key:
-                values = {better: by_key[(better, batch)].by_seed(), worse: by_key[(worse, batch)].by_seed()}
-                found.append((batch, paired_difference(better, worse, values)))
+                a, b = by_key[(better, batch)], by_key[(worse, batch)]
+                values = {better: a.by_seed(), worse: b.by_seed()}
+                resampled = {better: a.resampled_by_seed(), worse: b.resampled_by_seed()}
+                found.append((batch, paired_difference(better, worse, values, resampled=resampled)))
     return found
 
 
@@ -134,6 +143,8 @@ def differences_table(found: Sequence[tuple[int, PairedDifference]]) -> Table:
         Column("mean_diff", "mean A-B", "{:+.2f}"), Column("std_diff", "std", AP),
         Column("ci_low", f"{level} CI low", "{:+.2f}"), Column("ci_high", f"{level} CI high", "{:+.2f}"),
         Column("per_seed", "per seed"), Column("verdict", "data"),
+        Column("image_low", f"test images {level} low", "{:+.2f}"),
+        Column("image_high", f"test images {level} high", "{:+.2f}"),
     ])
     for batch, d in found:
         paper = PAPER_AP[d.better] - PAPER_AP[d.worse] if batch == 2 else None
@@ -141,7 +152,7 @@ def differences_table(found: Sequence[tuple[int, PairedDifference]]) -> Table:
             "ordering": f"{label(d.better)} > {label(d.worse)}", "batch": batch, "paper_diff": paper, "n": d.n,
             "mean_diff": d.mean, "std_diff": d.std, "ci_low": d.low, "ci_high": d.high,
             "per_seed": ", ".join(f"s{s}: {v:+.2f}" for s, v in zip(d.seeds, d.differences)),
-            "verdict": d.verdict,
+            "verdict": d.verdict, "image_low": d.image_low, "image_high": d.image_high,
         })
     return table
 
@@ -201,8 +212,8 @@ def batch_table(groups: Sequence[Group], sizes: Sequence[int]) -> Table:
 def cells_table(results: Sequence[CellResult]) -> Table:
     table = Table([
         Column("cell"), Column("config", "configuration"), Column("batch", "images / batch"), Column("seed"),
-        Column("box_AP", "box AP", AP), Column("AP50", "AP50", AP), Column("AP75", "AP75", AP),
-        Column("val_box_AP", "val AP", AP), Column("ew_weight", "EW w (val)", "{:g}"),
+        Column("box_AP", "box AP", AP), Column("image_se", "SE over test images", AP),
+        Column("AP50", "AP50", AP), Column("AP75", "AP75", AP), Column("val_box_AP", "val AP", AP), Column("ew_weight", "EW w (val)", "{:g}"),
         Column("ew_box_AP", "box AP + EW", AP), Column("batch_stats_AP", "box AP, batch stats", AP),
         Column("final_loss", "final loss", "{:.3f}"), Column("diverged", "diverged", lambda v: "yes" if v else "no"),
         Column("sec_per_iter", "s/iter", "{:.3f}"),
@@ -212,7 +223,9 @@ def cells_table(results: Sequence[CellResult]) -> Table:
     for r in results:
         table.add({
             "cell": r.cell.name, "config": label(r.cell.group), "batch": r.cell.batch_size, "seed": r.cell.seed,
-            "box_AP": r.test_ap, "AP50": r.test_box["AP50"], "AP75": r.test_box["AP75"],
+            "box_AP": r.test_ap,
+            "image_se": image_spread(r.test_ap_resampled) if r.test_ap_resampled else None,
+            "AP50": r.test_box["AP50"], "AP75": r.test_box["AP75"],
             "val_box_AP": r.val_box_ap, "ew_weight": r.weighing_weight, "ew_box_AP": r.weighing_test_ap,
             "batch_stats_AP": r.batch_statistics_ap, "final_loss": r.final_loss, "diverged": r.diverged,
             "sec_per_iter": r.seconds_per_iteration, "wall_seconds": r.wall_seconds,
@@ -230,14 +243,21 @@ def markdown(title: str, results: Sequence[CellResult], pending: Sequence[str], 
         lines += [f"Box AP in % on `{report}` (COCOEvaluator). `{select}` only chooses the example weight."
                   + (" The two are the same split here, so chosen numbers are optimistic." if report == select else ""),
                   ""]
-    lines += ["## Box AP per configuration (mean and sample std over seeds)", "", summary_table(groups).markdown(), ""]
+    lines += ["## Box AP per configuration (mean and sample std over seeds)", "",
+              f"'SE over test images': the standard deviation of a cell's box AP over {RESAMPLES} bootstrap "
+              "resamples of the test images (mean over the configuration's cells), i.e. how much the AP "
+              "would move with another test set of the same size.", "", summary_table(groups).markdown(), ""]
     found = differences(groups)
     if found:
         lines += ["## Paired differences for the paper's orderings", "",
                   f"Mean of A - B over the seeds both have; {100 * CONFIDENCE:.0f}% two-sided paired Student t "
                   "interval over seeds (df = seeds - 1). It covers training-seed variation on this test set, "
                   "not the sampling of test images. 'supports': the interval lies above 0; 'contradicts': "
-                  "below 0; 'cannot resolve': it contains 0.", "", differences_table(found).markdown(), ""]
+                  "below 0; 'cannot resolve': it contains 0. 'test images': the percentile interval of the "
+                  f"same mean difference over {RESAMPLES} bootstrap resamples of the test images (the same "
+                  "resamples for every cell, so paired over images too), trained models fixed; it shows how "
+                  "much of the difference the choice of test images could account for and does not enter "
+                  "the verdict.", "", differences_table(found).markdown(), ""]
     weighing = weighing_table(groups)
     if weighing.rows:
         lines += ["## Inference example weighing (batch-norm models)", "",

@@ -13,6 +13,8 @@ iterations, ``time`` the median seconds per iteration over the same window), ``l
 * ``study_timing.json``: seconds spent training and evaluating (written by the worker);
 * ``study_run.json``: peak memory and wall time of the worker processes (written by the scheduler);
 * ``study_complete.json``: written last, when every evaluation the cell needs is there;
+* ``image_bootstrap.json``: box AP on bootstrap resamples of the report split's images, written
+  by the report (:mod:`gwdet_lab.study.image_bootstrap`) from ``inference/<dataset>/``;
 * ``diverged.json``: instead of results, when training stopped on a non-finite loss;
 * ``stdout.txt``: the worker's console output; ``.lock``: held while a worker uses the folder.
 """
@@ -39,6 +41,8 @@ BATCH_STATISTICS_JSON = "batch_statistics.json"
 TIMING_JSON = "study_timing.json"
 STUDY_RUN_JSON = "study_run.json"
 COMPLETE_JSON = "study_complete.json"
+IMAGE_BOOTSTRAP_JSON = "image_bootstrap.json"
+INFERENCE_DIR = "inference"
 DIVERGED_JSON = "diverged.json"
 STDOUT_TXT = "stdout.txt"
 LOCK_FILE = ".lock"

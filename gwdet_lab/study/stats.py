@@ -7,7 +7,10 @@ with the sample standard deviation (``n - 1`` in the denominator). It covers the
 between training seeds on this test set, not the sampling of the test images themselves.
 
 The verdict on an ordering "A better than B": *supports* when the interval lies above 0,
-*contradicts* when it lies below 0, *cannot resolve* when it contains 0.
+*contradicts* when it lies below 0, *cannot resolve* when it contains 0. Beside it, when the
+cells have them, the bootstrap interval over test images (:mod:`gwdet_lab.study.image_bootstrap`)
+says how much of the difference the choice of test images could account for; it does not enter
+the verdict.
 """
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from scipy.stats import t as student_t
+
+from gwdet_lab.study.image_bootstrap import image_interval
 
 CONFIDENCE = 0.95
 
@@ -48,6 +53,9 @@ class PairedDifference:
     low: float | None
     high: float | None
     confidence: float = CONFIDENCE
+    # interval of the mean difference over bootstrap resamples of the test images (None: not known)
+    image_low: float | None = None
+    image_high: float | None = None
 
     @property
     def n(self) -> int:
@@ -65,9 +73,12 @@ class PairedDifference:
 
 
 def paired_difference(better: str, worse: str, values: Mapping[str, Mapping[int, float]],
-                      confidence: float = CONFIDENCE) -> PairedDifference:
+                      confidence: float = CONFIDENCE,
+                      resampled: Mapping[str, Mapping[int, Sequence[float]]] | None = None) -> PairedDifference:
     """Paired t interval of ``values[better][seed] - values[worse][seed]`` over the shared seeds
-    (``values``: group -> seed -> AP). NaN values are left out with their seed."""
+    (``values``: group -> seed -> AP). NaN values are left out with their seed. ``resampled``
+    (group -> seed -> AP per bootstrap resample of the test images) adds the test-image interval
+    over the same seeds."""
     a, b = values.get(better, {}), values.get(worse, {})
     seeds = tuple(sorted(s for s in set(a) & set(b) if not (math.isnan(a[s]) or math.isnan(b[s]))))
     differences = tuple(a[s] - b[s] for s in seeds)
@@ -76,4 +87,8 @@ def paired_difference(better: str, worse: str, values: Mapping[str, Mapping[int,
     if sd is not None:
         half = t_quantile(confidence, len(differences) - 1) * sd / math.sqrt(len(differences))
         low, high = m - half, m + half
-    return PairedDifference(better, worse, seeds, differences, m, sd, low, high, confidence)
+    images = None
+    if resampled is not None:
+        images = image_interval(resampled.get(better, {}), resampled.get(worse, {}), seeds, confidence)
+    image_low, image_high = images if images is not None else (None, None)
+    return PairedDifference(better, worse, seeds, differences, m, sd, low, high, confidence, image_low, image_high)

@@ -6,12 +6,18 @@ import os
 import shlex
 from dataclasses import dataclass, field
 
+from detectron2.data import MetadataCatalog
+
+from gwdet.data import prepare_datasets
 from gwdet_lab.study.cells import Cell
 from gwdet_lab.study.evaluation import report_dataset, selection_dataset, weight_key
+from gwdet_lab.study.image_bootstrap import resampled_box_ap
 from gwdet_lab.study.record import PlannedCell
 from gwdet_lab.study.run_folder import (
     BATCH_STATISTICS_JSON,
     EXAMPLE_WEIGHING_JSON,
+    IMAGE_BOOTSTRAP_JSON,
+    INFERENCE_DIR,
     STUDY_RUN_JSON,
     TIMING_JSON,
     final_loss,
@@ -51,6 +57,9 @@ class CellResult:
     batch_statistics_ap: float | None = None
     # Training stopped on a non-finite loss: the AP values are NaN and left out of means.
     diverged: bool = False
+    # Box AP on each bootstrap resample of the report split's images (gwdet_lab.study.image_bootstrap);
+    # empty for a diverged cell.
+    test_ap_resampled: list[float] = field(default_factory=list)
 
     @property
     def test_ap(self) -> float:
@@ -91,7 +100,18 @@ def summarize(planned: PlannedCell) -> CellResult:
                           if chosen is not None else None),
         batch_statistics_ap=statistics.get(report, {}).get("bbox", {}).get("AP"),
         diverged=folder.diverged(),
+        test_ap_resampled=[] if folder.diverged() else resampled_test_ap(planned, report),
     )
+
+
+def resampled_test_ap(planned: PlannedCell, report: str) -> list[float]:
+    """The cell's box AP on each bootstrap resample of ``report``'s images (cached in its folder)."""
+    prepare_datasets(planned.cfg)  # registers the shapes splits, so that their annotation file is known
+    annotation_file = MetadataCatalog.get(report).get("json_file")
+    if annotation_file is None:
+        raise ValueError(f"dataset {report!r} has no COCO annotation file (metadata json_file) to resample")
+    folder = planned.folder
+    return resampled_box_ap(folder.file(INFERENCE_DIR), report, annotation_file, folder.file(IMAGE_BOOTSTRAP_JSON))
 
 
 def train_command(planned: PlannedCell) -> str:

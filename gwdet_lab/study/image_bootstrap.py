@@ -1,0 +1,121 @@
+"""How much a box AP depends on which test images were drawn: a bootstrap over the report split.
+
+The t intervals of :mod:`gwdet_lab.study.stats` hold the test images fixed and vary the training
+seed. The other source of noise is the test set itself: another 500 images from the same generator
+would give other APs. The bootstrap (Efron) estimates it by resampling the test images with
+replacement, ``RESAMPLES`` times, and recomputing box AP on each resample. Every cell of a study
+uses the same resampled image lists (drawn from ``BOOTSTRAP_SEED``), so a difference between two
+configurations is paired over images as well as over seeds, and its bootstrap interval is the
+spread of ``mean over seeds (AP_A - AP_B)`` across resamples (:func:`image_interval`).
+
+The AP of a resample is pycocotools' own: ``COCOeval.evaluate`` matches detections to ground truth
+per image once (restricted to what box AP averages: area "all", at most 100 detections per image),
+and ``COCOeval.accumulate`` runs on the resampled image list, an image drawn twice counting twice.
+The list of all images in order gives the evaluation's box AP exactly. The APs are cached (in the
+cell's folder, see :mod:`gwdet_lab.study.run_folder`), keyed by the dataset, the resampling and the
+detections file's digest.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import math
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+from pycocotools.coco import COCO
+from pycocotools.cocoeval import COCOeval
+
+from gwdet.atomic import write_text_atomically
+
+RESAMPLES = 1000
+BOOTSTRAP_SEED = 0
+DETECTIONS_JSON = "coco_instances_results.json"
+
+
+def resampled_positions(images: int, resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED) -> np.ndarray:
+    """``(resamples, images)`` positions drawn with replacement: the same for every cell."""
+    return np.random.default_rng(seed).integers(0, images, size=(resamples, images))
+
+
+def quiet_coco(annotation_file: str) -> COCO:
+    """pycocotools' ground truth without its progress prints."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        return COCO(annotation_file)
+
+
+class ImageLevelEvaluation:
+    """Box detections of one model on one dataset, matched to the ground truth image by image."""
+
+    def __init__(self, ground_truth: COCO, detections_file: str):
+        with contextlib.redirect_stdout(io.StringIO()):
+            detections = ground_truth.loadRes(detections_file)
+            self._eval = COCOeval(ground_truth, detections, "bbox")
+            params = self._eval.params
+            params.areaRng, params.areaRngLbl, params.maxDets = params.areaRng[:1], params.areaRngLbl[:1], [100]
+            self._eval.evaluate()
+        self._image_ids = list(self._eval.params.imgIds)
+        self._per_image = list(self._eval.evalImgs)  # category-major, then image
+
+    @property
+    def images(self) -> int:
+        return len(self._image_ids)
+
+    def box_ap(self, positions: Sequence[int]) -> float:
+        """Box AP in % (IoU 0.50:0.95, area all, 100 detections) over the images at ``positions``
+        of the sorted image ids, repeats counted as often as they occur."""
+        images, categories = self.images, len(self._eval.params.catIds)
+        image_ids = [self._image_ids[p] for p in positions]
+        self._eval.params.imgIds = self._eval._paramsEval.imgIds = image_ids
+        self._eval.evalImgs = [self._per_image[k * images + p] for k in range(categories) for p in positions]
+        with contextlib.redirect_stdout(io.StringIO()):
+            self._eval.accumulate()
+        precision = self._eval.eval["precision"][..., 0, 0]  # (IoU, recall, category)
+        valid = precision[precision > -1]
+        return float(valid.mean()) * 100 if valid.size else float("nan")
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def resampled_box_ap(inference_dir: Path, dataset: str, annotation_file: str, cache: Path,
+                     resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED) -> list[float]:
+    """Box AP of each resample of ``dataset``'s images for the detections that detectron2's
+    COCOEvaluator wrote to ``inference_dir/<dataset>/``; read from ``cache`` when it holds them
+    for the same detections and resampling, else computed and written there."""
+    detections = inference_dir / dataset / DETECTIONS_JSON
+    if not detections.is_file():
+        raise FileNotFoundError(f"{detections}: no detections to resample; evaluate the cell on {dataset} first")
+    key = {"dataset": dataset, "resamples": resamples, "seed": seed, "detections_sha256": _digest(detections)}
+    if cache.is_file():
+        stored = json.loads(cache.read_text())
+        if stored.get("key") == key:
+            return stored["box_ap"]
+    if not json.loads(detections.read_text()):
+        aps = [math.nan] * resamples  # no detections: COCOEvaluator reports NaN, and so does every resample
+    else:
+        evaluation = ImageLevelEvaluation(quiet_coco(annotation_file), str(detections))
+        aps = [evaluation.box_ap(p) for p in resampled_positions(evaluation.images, resamples, seed)]
+    write_text_atomically(str(cache), json.dumps({"key": key, "box_ap": aps}))
+    return aps
+
+
+def image_interval(better: Mapping[int, Sequence[float]], worse: Mapping[int, Sequence[float]],
+                   seeds: Sequence[int], confidence: float) -> tuple[float, float] | None:
+    """Percentile interval over resamples of ``mean over seeds (better[s][r] - worse[s][r])``;
+    ``None`` when a seed lacks resampled APs."""
+    if not seeds or any(s not in better or s not in worse for s in seeds):
+        return None
+    differences = np.mean([np.subtract(better[s], worse[s]) for s in seeds], axis=0)
+    tail = 100 * (1 - confidence) / 2
+    low, high = np.percentile(differences, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def image_spread(aps: Sequence[float]) -> float:
+    """Standard deviation of a cell's box AP over the resamples (the bootstrap standard error)."""
+    return float(np.std(aps, ddof=1))

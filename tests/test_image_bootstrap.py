@@ -1,0 +1,117 @@
+"""The bootstrap over test images (gwdet_lab.study.image_bootstrap) against pycocotools' own
+evaluation: the identity resample is the evaluation, and a resample that draws images twice is the
+evaluation of a dataset holding those images twice."""
+import json
+import math
+
+import numpy as np
+import pytest
+from pycocotools.cocoeval import COCOeval
+
+from gwdet_lab.study.image_bootstrap import (
+    ImageLevelEvaluation,
+    image_interval,
+    quiet_coco,
+    resampled_box_ap,
+    resampled_positions,
+)
+
+
+def synthetic_dataset(images: int = 8, seed: int = 0):
+    """COCO ground truth and detections: boxes of 2 categories, detections jittered from them with
+    random scores, some missed and some false."""
+    rng = np.random.default_rng(seed)
+    gt = {"images": [], "annotations": [], "categories": [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}]}
+    detections = []
+    for image_id in range(1, images + 1):
+        gt["images"].append({"id": image_id, "width": 128, "height": 128})
+        for _ in range(int(rng.integers(1, 4))):
+            x, y, w, h = (float(v) for v in rng.uniform([0, 0, 8, 8], [90, 90, 36, 36]))
+            category = int(rng.integers(1, 3))
+            gt["annotations"].append({"id": len(gt["annotations"]) + 1, "image_id": image_id, "category_id": category,
+                                      "bbox": [x, y, w, h], "area": w * h, "iscrowd": 0})
+            if rng.uniform() < 0.8:  # found, more or less accurately
+                jitter = rng.normal(0, 1, 4)
+                detections.append({"image_id": image_id, "category_id": category, "score": float(rng.uniform()),
+                                   "bbox": [x + jitter[0], y + jitter[1], w + abs(jitter[2]), h + abs(jitter[3])]})
+        detections.append({"image_id": image_id, "category_id": int(rng.integers(1, 3)), "score": float(rng.uniform()),
+                           "bbox": [float(v) for v in rng.uniform([0, 0, 8, 8], [90, 90, 36, 36])]})
+    return gt, detections
+
+
+def write(path, data):
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def full_box_ap(gt_file: str, detections_file: str) -> float:
+    gt = quiet_coco(gt_file)
+    evaluation = COCOeval(gt, gt.loadRes(detections_file), "bbox")
+    evaluation.evaluate()
+    evaluation.accumulate()
+    evaluation.summarize()
+    return evaluation.stats[0] * 100
+
+
+def test_all_images_once_is_the_evaluation(tmp_path):
+    gt, detections = synthetic_dataset()
+    gt_file, detections_file = write(tmp_path / "gt.json", gt), write(tmp_path / "dt.json", detections)
+    evaluation = ImageLevelEvaluation(quiet_coco(gt_file), detections_file)
+    assert evaluation.images == 8
+    expected = full_box_ap(gt_file, detections_file)
+    assert 10 < expected < 90  # neither trivial nor perfect
+    assert evaluation.box_ap(range(8)) == pytest.approx(expected, abs=1e-12)
+
+
+def test_an_image_drawn_twice_counts_as_two_images(tmp_path):
+    gt, detections = synthetic_dataset()
+    evaluation = ImageLevelEvaluation(quiet_coco(write(tmp_path / "gt.json", gt)), write(tmp_path / "dt.json", detections))
+    positions = [0, 0, 3, 5, 5, 5, 6, 7]  # image ids 1, 1, 4, 6, 6, 6, 7, 8
+    # the same multiset as a dataset: each copy of an image gets its own id, annotations and detections
+    copies = {"images": [], "annotations": [], "categories": gt["categories"]}
+    copied_detections = []
+    for copy_id, position in enumerate(positions, start=1):
+        source = gt["images"][position]["id"]
+        copies["images"].append({**gt["images"][position], "id": copy_id})
+        for annotation in (a for a in gt["annotations"] if a["image_id"] == source):
+            copies["annotations"].append({**annotation, "id": len(copies["annotations"]) + 1, "image_id": copy_id})
+        copied_detections += [{**d, "image_id": copy_id} for d in detections if d["image_id"] == source]
+    expected = full_box_ap(write(tmp_path / "copies.json", copies), write(tmp_path / "copied_dt.json", copied_detections))
+    assert evaluation.box_ap(positions) == pytest.approx(expected, abs=1e-12)
+    assert evaluation.box_ap(positions) != pytest.approx(evaluation.box_ap(range(8)), abs=1e-3)
+
+
+def test_resamples_are_cached_per_detections_and_the_same_for_every_cell(tmp_path):
+    gt, detections = synthetic_dataset()
+    gt_file = write(tmp_path / "gt.json", gt)
+    inference = tmp_path / "inference"
+    (inference / "test").mkdir(parents=True)
+    write(inference / "test" / "coco_instances_results.json", detections)
+    cache = tmp_path / "image_bootstrap.json"
+    aps = resampled_box_ap(inference, "test", gt_file, cache, resamples=50)
+    assert len(aps) == 50 and np.std(aps) > 0
+    evaluation = ImageLevelEvaluation(quiet_coco(gt_file), str(inference / "test" / "coco_instances_results.json"))
+    assert aps[7] == evaluation.box_ap(resampled_positions(8, 50)[7])
+    # read back, not recomputed: the cache holds what was computed
+    stored = json.loads(cache.read_text())
+    stored["box_ap"][0] = -1.0
+    cache.write_text(json.dumps(stored))
+    assert resampled_box_ap(inference, "test", gt_file, cache, resamples=50)[0] == -1.0
+    # other detections: recomputed
+    write(inference / "test" / "coco_instances_results.json", detections[1:])
+    assert resampled_box_ap(inference, "test", gt_file, cache, resamples=50)[0] != -1.0
+    # no detections at all: NaN, as COCOEvaluator reports
+    write(inference / "test" / "coco_instances_results.json", [])
+    assert all(math.isnan(v) for v in resampled_box_ap(inference, "test", gt_file, cache, resamples=5))
+
+
+def test_image_interval_pairs_resamples_and_averages_seeds():
+    base = np.linspace(40, 60, 1000)
+    # A is B + 2 on every resample of seed 0 and B + 4 on seed 1: the mean difference is 3 exactly,
+    # however much the resamples move each AP
+    better = {0: base + 2, 1: base[::-1] + 4}
+    worse = {0: base, 1: base[::-1]}
+    assert image_interval(better, worse, [0, 1], 0.95) == pytest.approx((3.0, 3.0))
+    low, high = image_interval({0: base}, {0: np.full(1000, 50.0)}, [0], 0.95)
+    assert low == pytest.approx(np.percentile(base - 50, 2.5)) and high == pytest.approx(np.percentile(base - 50, 97.5))
+    assert image_interval(better, {0: base}, [0, 1], 0.95) is None  # seed 1 has no resamples for B
