@@ -109,41 +109,44 @@ def selected_models(names: Optional[List[str]]) -> List[Tuple[str, str]]:
 
 def run_models(args: argparse.Namespace, device: torch.device) -> dict:
     """``{"rows": [{"name", "config", "seconds", "peak", "finite", "gw_layers", "in_gw"}], ...}``."""
-    from detectron2.utils.events import EventStorage
-
     models = selected_models(args.model_names)
     progress = Progress([1.0] * len(models))
-    amp_dtype = AMP_DTYPES[args.amp]
     results = {"rows": [], "image_size": args.image_size, "amp": args.amp, "opts": list(args.model_opts)}
     for name, path in models:
-        model = build_detector(path, device, list(args.model_opts)).train()
-        optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0, momentum=0.9)
-        batch = synthetic_batch(args.image_size)
-        finite = True
-
-        def step() -> None:
-            nonlocal finite
-            torch.manual_seed(0)
-            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                losses = model(batch)
-            loss = sum(losses.values())
-            finite = finite and bool(torch.isfinite(loss))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-
-        gw_layers = count_group_whitening(model)
-        with EventStorage(0):
-            seconds = median_time(step, device, args.model_warmup, args.model_repeats, args.clock)
-            peak = peak_memory(step, device) if device.type == "cuda" else None
-            in_gw = gw_share(step) if device.type == "cpu" and gw_layers else None
-        results["rows"].append(
-            {"name": name, "config": path, "seconds": seconds, "peak": peak, "finite": finite,
-             "gw_layers": gw_layers, "in_gw": in_gw}
-        )
-        progress.step(f"model {name}", f"{seconds:.3f} s/step")
-        del model, optimizer
+        row = measure_model(name, path, args, device)  # the model is freed before the next is built
+        results["rows"].append(row)
+        progress.step(f"model {name}", f"{row['seconds']:.3f} s/step")
     return results
+
+
+def measure_model(name: str, path: str, args: argparse.Namespace, device: torch.device) -> dict:
+    """One row of :func:`run_models`: the training step of the model that config ``path`` builds."""
+    from detectron2.utils.events import EventStorage
+
+    amp_dtype = AMP_DTYPES[args.amp]
+    model = build_detector(path, device, list(args.model_opts)).train()
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0, momentum=0.9)
+    batch = synthetic_batch(args.image_size)
+    finite = True
+
+    def step() -> None:
+        nonlocal finite
+        torch.manual_seed(0)
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            losses = model(batch)
+        loss = sum(losses.values())
+        finite = finite and bool(torch.isfinite(loss))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    gw_layers = count_group_whitening(model)
+    with EventStorage(0):
+        seconds = median_time(step, device, args.model_warmup, args.model_repeats, args.clock)
+        peak = peak_memory(step, device) if device.type == "cuda" else None
+        in_gw = gw_share(step) if device.type == "cpu" and gw_layers else None
+    return {"name": name, "config": path, "seconds": seconds, "peak": peak, "finite": finite,
+            "gw_layers": gw_layers, "in_gw": in_gw}
 
 
 def model_tables(results: dict) -> str:
