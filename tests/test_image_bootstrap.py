@@ -56,7 +56,7 @@ def full_box_ap(gt_file: str, detections_file: str) -> float:
 def test_all_images_once_is_the_evaluation(tmp_path):
     gt, detections = synthetic_dataset()
     gt_file, detections_file = write(tmp_path / "gt.json", gt), write(tmp_path / "dt.json", detections)
-    evaluation = ImageLevelEvaluation(quiet_coco(gt_file), detections_file)
+    evaluation = ImageLevelEvaluation(quiet_coco(gt_file), detections)
     assert evaluation.images == 8
     expected = full_box_ap(gt_file, detections_file)
     assert 10 < expected < 90  # neither trivial nor perfect
@@ -65,7 +65,7 @@ def test_all_images_once_is_the_evaluation(tmp_path):
 
 def test_an_image_drawn_twice_counts_as_two_images(tmp_path):
     gt, detections = synthetic_dataset()
-    evaluation = ImageLevelEvaluation(quiet_coco(write(tmp_path / "gt.json", gt)), write(tmp_path / "dt.json", detections))
+    evaluation = ImageLevelEvaluation(quiet_coco(write(tmp_path / "gt.json", gt)), detections)
     positions = [0, 0, 3, 5, 5, 5, 6, 7]  # image ids 1, 1, 4, 6, 6, 6, 7, 8
     # the same multiset as a dataset: each copy of an image gets its own id, annotations and detections
     copies = {"images": [], "annotations": [], "categories": gt["categories"]}
@@ -76,7 +76,8 @@ def test_an_image_drawn_twice_counts_as_two_images(tmp_path):
         for annotation in (a for a in gt["annotations"] if a["image_id"] == source):
             copies["annotations"].append({**annotation, "id": len(copies["annotations"]) + 1, "image_id": copy_id})
         copied_detections += [{**d, "image_id": copy_id} for d in detections if d["image_id"] == source]
-    expected = full_box_ap(write(tmp_path / "copies.json", copies), write(tmp_path / "copied_dt.json", copied_detections))
+    copies_file = write(tmp_path / "copies.json", copies)
+    expected = full_box_ap(copies_file, write(tmp_path / "copied_dt.json", copied_detections))
     assert evaluation.box_ap(positions) == pytest.approx(expected, abs=1e-12)
     assert evaluation.box_ap(positions) != pytest.approx(evaluation.box_ap(range(8)), abs=1e-3)
 
@@ -90,7 +91,7 @@ def test_resamples_are_cached_per_detections_and_the_same_for_every_cell(tmp_pat
     cache = tmp_path / "image_bootstrap.json"
     aps = resampled_box_ap(inference, "test", gt_file, cache, resamples=50)
     assert len(aps) == 50 and np.std(aps) > 0
-    evaluation = ImageLevelEvaluation(quiet_coco(gt_file), str(inference / "test" / "coco_instances_results.json"))
+    evaluation = ImageLevelEvaluation(quiet_coco(gt_file), detections)
     assert aps[7] == evaluation.box_ap(resampled_positions(8, 50)[7])
     # read back, not recomputed: the cache holds what was computed
     stored = json.loads(cache.read_text())

@@ -79,10 +79,11 @@ from .whitening_matrix import (
 # BACKWARD_FRACTION (less any saved covariances) while the backward pass also holds the input
 # gradient, so that the peak stays near GroupNorm's (output + input gradient, about 2.05
 # activations): at most 2.6 activations, within the 1.3x of GroupNorm that docs/benchmarks.md
-# targets. A sample's g x g work takes about GG_BUFFERS matrices (ItN backward). On CPU a chunk's g x g work is also kept
-# within CACHE_BYTES per thread: batched 64 x 64 products run about 1.5x faster on 16 samples
-# per thread than on 512, while much smaller chunks pay per-operation overhead (measured on a
-# 2-core Xeon: 16 samples per chunk on 1 thread, 32 on 2). At least one sample at a time.
+# targets. A sample's g x g work takes about GG_BUFFERS matrices (ItN backward). On CPU a
+# chunk's g x g work is also kept within CACHE_BYTES per thread: batched 64 x 64 products run
+# about 1.5x faster on 16 samples per thread than on 512, while much smaller chunks pay
+# per-operation overhead (measured on a 2-core Xeon: 16 samples per chunk on 1 thread, 32 on 2).
+# At least one sample at a time.
 FORWARD_FRACTION = 1.1
 BACKWARD_FRACTION = 0.6
 GG_BUFFERS = 16

@@ -50,10 +50,10 @@ def quiet_coco(annotation_file: str) -> COCO:
 class ImageLevelEvaluation:
     """Box detections of one model on one dataset, matched to the ground truth image by image."""
 
-    def __init__(self, ground_truth: COCO, detections_file: str):
+    def __init__(self, ground_truth: COCO, detections: list[dict]):
+        """``detections``: COCO result records (what COCOEvaluator writes to its results json)."""
         with contextlib.redirect_stdout(io.StringIO()):
-            detections = ground_truth.loadRes(detections_file)
-            self._eval = COCOeval(ground_truth, detections, "bbox")
+            self._eval = COCOeval(ground_truth, ground_truth.loadRes(detections), "bbox")
             params = self._eval.params
             params.areaRng, params.areaRngLbl, params.maxDets = params.areaRng[:1], params.areaRngLbl[:1], [100]
             self._eval.evaluate()
@@ -78,10 +78,6 @@ class ImageLevelEvaluation:
         return float(valid.mean()) * 100 if valid.size else float("nan")
 
 
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def resampled_box_ap(inference_dir: Path, dataset: str, annotation_file: str, cache: Path,
                      resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED) -> list[float]:
     """Box AP of each resample of ``dataset``'s images for the detections that detectron2's
@@ -90,15 +86,18 @@ def resampled_box_ap(inference_dir: Path, dataset: str, annotation_file: str, ca
     detections = inference_dir / dataset / DETECTIONS_JSON
     if not detections.is_file():
         raise FileNotFoundError(f"{detections}: no detections to resample; evaluate the cell on {dataset} first")
-    key = {"dataset": dataset, "resamples": resamples, "seed": seed, "detections_sha256": _digest(detections)}
+    raw = detections.read_bytes()
+    digest = hashlib.sha256(raw).hexdigest()
+    key = {"dataset": dataset, "resamples": resamples, "seed": seed, "detections_sha256": digest}
     if cache.is_file():
         stored = json.loads(cache.read_text())
         if stored.get("key") == key:
             return stored["box_ap"]
-    if not json.loads(detections.read_text()):
+    records = json.loads(raw)
+    if not records:
         aps = [math.nan] * resamples  # no detections: COCOEvaluator reports NaN, and so does every resample
     else:
-        evaluation = ImageLevelEvaluation(quiet_coco(annotation_file), str(detections))
+        evaluation = ImageLevelEvaluation(quiet_coco(annotation_file), records)
         aps = [evaluation.box_ap(p) for p in resampled_positions(evaluation.images, resamples, seed)]
     write_text_atomically(str(cache), json.dumps({"key": key, "box_ap": aps}))
     return aps

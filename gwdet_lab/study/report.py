@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 from gwdet.tables import Column, Table
 from gwdet_lab.reporting import format_duration
 from gwdet_lab.study.cells import GROUP_LABELS, PAPER_AP, PAPER_GROUPS, PAPER_ORDERINGS
-from gwdet_lab.study.image_bootstrap import RESAMPLES, image_spread
+from gwdet_lab.study.image_bootstrap import RESAMPLES
 from gwdet_lab.study.stats import CONFIDENCE, PairedDifference, mean, paired_difference, std
 from gwdet_lab.study.summary import CellResult
 
@@ -110,7 +110,7 @@ def summary_table(groups: Sequence[Group]) -> Table:
             "box_AP_mean": mean(aps), "box_AP_std": std(aps),
             "box_AP_per_seed": ", ".join("diverged" if c.diverged else f"{c.test_ap:.2f}" for c in g.cells),
             "diverged": sum(c.diverged for c in g.cells),
-            "image_se": mean(g.values(lambda c: image_spread(c.test_ap_resampled) if c.test_ap_resampled else None)),
+            "image_se": mean(g.values(lambda c: c.test_ap_image_se)),
             "AP50_mean": mean(g.values(lambda c: c.test_box["AP50"])),
             "AP75_mean": mean(g.values(lambda c: c.test_box["AP75"])),
             "val_AP_mean": mean(g.values(lambda c: c.val_box_ap)),
@@ -213,7 +213,8 @@ def cells_table(results: Sequence[CellResult]) -> Table:
     table = Table([
         Column("cell"), Column("config", "configuration"), Column("batch", "images / batch"), Column("seed"),
         Column("box_AP", "box AP", AP), Column("image_se", "SE over test images", AP),
-        Column("AP50", "AP50", AP), Column("AP75", "AP75", AP), Column("val_box_AP", "val AP", AP), Column("ew_weight", "EW w (val)", "{:g}"),
+        Column("AP50", "AP50", AP), Column("AP75", "AP75", AP),
+        Column("val_box_AP", "val AP", AP), Column("ew_weight", "EW w (val)", "{:g}"),
         Column("ew_box_AP", "box AP + EW", AP), Column("batch_stats_AP", "box AP, batch stats", AP),
         Column("final_loss", "final loss", "{:.3f}"), Column("diverged", "diverged", lambda v: "yes" if v else "no"),
         Column("sec_per_iter", "s/iter", "{:.3f}"),
@@ -223,9 +224,7 @@ def cells_table(results: Sequence[CellResult]) -> Table:
     for r in results:
         table.add({
             "cell": r.cell.name, "config": label(r.cell.group), "batch": r.cell.batch_size, "seed": r.cell.seed,
-            "box_AP": r.test_ap,
-            "image_se": image_spread(r.test_ap_resampled) if r.test_ap_resampled else None,
-            "AP50": r.test_box["AP50"], "AP75": r.test_box["AP75"],
+            "box_AP": r.test_ap, "image_se": r.test_ap_image_se, "AP50": r.test_box["AP50"], "AP75": r.test_box["AP75"],
             "val_box_AP": r.val_box_ap, "ew_weight": r.weighing_weight, "ew_box_AP": r.weighing_test_ap,
             "batch_stats_AP": r.batch_statistics_ap, "final_loss": r.final_loss, "diverged": r.diverged,
             "sec_per_iter": r.seconds_per_iteration, "wall_seconds": r.wall_seconds,

@@ -11,7 +11,7 @@ from detectron2.data import MetadataCatalog
 from gwdet.data import prepare_datasets
 from gwdet_lab.study.cells import Cell
 from gwdet_lab.study.evaluation import report_dataset, selection_dataset, weight_key
-from gwdet_lab.study.image_bootstrap import resampled_box_ap
+from gwdet_lab.study.image_bootstrap import image_spread, resampled_box_ap
 from gwdet_lab.study.record import PlannedCell
 from gwdet_lab.study.run_folder import (
     BATCH_STATISTICS_JSON,
@@ -64,6 +64,11 @@ class CellResult:
     @property
     def test_ap(self) -> float:
         return self.test_box["AP"]
+
+    @property
+    def test_ap_image_se(self) -> float | None:
+        """Standard error of the test AP over the test-image resamples (``None``: none)."""
+        return image_spread(self.test_ap_resampled) if self.test_ap_resampled else None
 
 
 def summarize(planned: PlannedCell) -> CellResult:
