@@ -104,6 +104,10 @@ def test_resamples_are_cached_per_detections_and_the_same_for_every_cell(tmp_pat
     # no detections at all: NaN, as COCOEvaluator reports
     write(inference / "test" / "coco_instances_results.json", [])
     assert all(math.isnan(v) for v in resampled_box_ap(inference, "test", gt_file, cache, resamples=5))
+    # a dataset the cell was never evaluated on: an error naming the file and the fix
+    with pytest.raises(FileNotFoundError, match=r"val/coco_instances_results.json: no detections .* evaluate the cell"):
+        resampled_box_ap(inference, "val", gt_file, tmp_path / "other.json")
+    assert not (tmp_path / "other.json").exists()
 
 
 def test_image_interval_pairs_resamples_and_averages_seeds():
