@@ -3,7 +3,9 @@
 ``import gwdet`` registers gwdet's backbones and heads in detectron2's registries; it changes no
 detectron2 function. Norm layers get their hyper-parameters explicitly: :func:`norm` returns a
 callable that detectron2 accepts wherever it takes a norm, and gwdet's registered components turn a
-config's NORM string into one with that config's values (:func:`norm_from_config`).
+config's NORM string into one with that config's values (:func:`norm_from_config`). gwdet's norm
+layers get the norm weight decay when the optimizer is built with :func:`build_optimizer` (yacs)
+or :func:`get_default_optimizer_params` (LazyConfig); see :mod:`gwdet.solver`.
 """
 import warnings
 
@@ -16,15 +18,18 @@ with warnings.catch_warnings():
     from gwdet.config_checks import check_gwdet_config
     from gwdet.modeling import build_gw_resnet_backbone, build_gw_resnet_fpn_backbone, check_model, place_norm
     from gwdet.norms import Norm, UnknownNormError, known_norm_names, norm, norm_from_config, register_norm
+    from gwdet.solver import build_optimizer, get_default_optimizer_params
 
 __all__ = [
     "Norm",
     "UnknownNormError",
     "add_gwdet_config",
+    "build_optimizer",
     "build_gw_resnet_backbone",
     "build_gw_resnet_fpn_backbone",
     "check_gwdet_config",
     "check_model",
+    "get_default_optimizer_params",
     "known_norm_names",
     "norm",
     "norm_from_config",

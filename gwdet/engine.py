@@ -41,7 +41,9 @@ from gwdet.data import prepare_datasets
 from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.data.resumable import build_resumable_train_loader, skip_trained_samples
 from gwdet.modeling import check_model
+from gwdet.modeling.model_checks import check_norm_weight_decay
 from gwdet.output_dir import OutputDirLock, check_fresh_start, check_resume_config, run_files
+from gwdet.solver import build_optimizer
 from gwdet.tables import Column, Table
 from gwdet.visualize import save_prediction_pngs
 
@@ -99,6 +101,14 @@ class Trainer(DefaultTrainer):
         numbers the layers could not use)."""
         check_gwdet_config(cfg)
         return check_model(super().build_model(cfg), strict_groups=cfg.MODEL.STRICT_NORM_GROUPS)
+
+    @classmethod
+    def build_optimizer(cls, cfg: CfgNode, model: torch.nn.Module) -> torch.optim.Optimizer:
+        """detectron2's optimizer in which gwdet's norm layers get ``SOLVER.WEIGHT_DECAY_NORM`` like
+        detectron2's own (:func:`gwdet.build_optimizer`), checked by :func:`check_norm_weight_decay`."""
+        optimizer = build_optimizer(cfg, model)
+        check_norm_weight_decay(model, optimizer, cfg.SOLVER.WEIGHT_DECAY_NORM, cfg.SOLVER.WEIGHT_DECAY_BIAS)
+        return optimizer
 
     @classmethod
     def build_train_loader(cls, cfg: CfgNode):

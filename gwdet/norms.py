@@ -42,6 +42,9 @@ DETECTRON2_NORMS: dict[str, bool] = {
 DETECTRON2_GN_GROUPS = 32  # detectron2's get_norm("GN") always has 32 groups
 _CHECKS = {key.name: key.check for key in CONFIG_KEYS}
 _REQUIRED = inspect.Parameter.empty
+# Set on every module a norm name registered with register_norm builds, so that the optimizer
+# treats it as a norm (gwdet.solver.is_norm_layer); the built-in names are recognised by class.
+NORM_LAYER_MARK = "_gwdet_norm_layer"
 
 
 class UnknownNormError(KeyError):
@@ -80,7 +83,8 @@ def register_norm(name: str, build: Callable[..., torch.nn.Module] | None = None
 
     ``config_keys`` maps each keyword of ``build`` to the yacs key :func:`norm_from_config` reads
     it from; ``batch_statistics`` says whether the layer normalizes with statistics over several
-    examples (such a layer must not be shared across FPN levels). Usable as a decorator. The names
+    examples (such a layer must not be shared across FPN levels). The layers it builds are norms to
+    the optimizer (:func:`gwdet.solver.is_norm_layer`: ``SOLVER.WEIGHT_DECAY_NORM``). Usable as a decorator. The names
     of detectron2 and gwdet cannot be replaced; a user name registered again is replaced.
     """
     if not isinstance(name, str) or not name:
@@ -147,7 +151,10 @@ class Norm:
         return norm_kind(self.name).batch_statistics
 
     def __call__(self, channels: int) -> torch.nn.Module:
-        return norm_kind(self.name).build(channels, **self.params)
+        layer = norm_kind(self.name).build(channels, **self.params)
+        if self.name not in _BUILTIN_NAMES:
+            setattr(layer, NORM_LAYER_MARK, True)
+        return layer
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Norm):

@@ -9,6 +9,7 @@ from detectron2.model_zoo import get_config
 from detectron2.modeling.backbone import BasicStem, ResNet
 
 from gwdet.modeling import place_norm
+from gwdet.solver import get_default_optimizer_params
 
 from .gw_parts import GW, box_head_4conv1fc
 
@@ -37,6 +38,7 @@ model.pixel_std = [58.395, 57.120, 57.375]
 dataloader = get_config("common/data/coco.py").dataloader
 dataloader.train.mapper.image_format = "RGB"
 optimizer = get_config("common/optim.py").SGD
+optimizer.params._target_ = get_default_optimizer_params  # GW layers are norms: weight_decay_norm
 lr_multiplier = get_config("common/coco_schedule.py").lr_multiplier_1x
 train = get_config("common/train.py").train
 train.init_checkpoint = "weights/R-50-GW.pkl"

@@ -3,6 +3,8 @@
 # GPU on 8 GPUs, the 3x schedule (group_whitening_huang2021, end of Sec. 5.2: 28.79 AP).
 from detectron2.model_zoo import get_config
 
+from gwdet.solver import get_default_optimizer_params
+
 from .gw_parts import GW, box_head_4conv1fc
 
 model = get_config("common/models/mask_rcnn_fpn.py").model
@@ -20,6 +22,7 @@ dataloader = get_config("common/data/coco.py").dataloader
 dataloader.train.mapper.use_instance_mask = False
 dataloader.train.total_batch_size = 16
 optimizer = get_config("common/optim.py").SGD
+optimizer.params._target_ = get_default_optimizer_params  # GW layers are norms: weight_decay_norm
 lr_multiplier = get_config("common/coco_schedule.py").lr_multiplier_3x
 train = get_config("common/train.py").train
 train.init_checkpoint = ""

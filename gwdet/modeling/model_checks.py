@@ -1,5 +1,6 @@
 """Checks of a built model that a config check cannot see (models built by LazyConfig, say):
-norms with batch statistics shared across FPN levels, and group numbers a layer could not use."""
+norms with batch statistics shared across FPN levels, group numbers a layer could not use, and
+norm layers that an optimizer decays otherwise than the config's norm setting."""
 from __future__ import annotations
 
 import logging
@@ -7,10 +8,12 @@ from collections import defaultdict
 
 import detectron2.layers.batch_norm as detectron2_norms
 from detectron2.modeling.meta_arch.retinanet import RetinaNetHead
+import torch
 from torch import nn
 
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
 from gwdet.modeling.heads import PerLevelNorm
+from gwdet.solver import misdecayed_norm_layers
 
 BATCH_STATISTICS_LAYERS = (nn.modules.batchnorm._BatchNorm, BatchWhitening, BatchGroupNorm)
 # detectron2's per-level BN of RetinaNetHead exists in releases after 0.6 only.
@@ -53,7 +56,25 @@ def adjusted_groups(model: nn.Module) -> list[str]:
             for (component, kind, what, requested), e in sorted(found.items())]
 
 
-def check_model(model: nn.Module, strict_groups: bool = False) -> nn.Module:
+def check_norm_weight_decay(model: nn.Module, optimizer: torch.optim.Optimizer, weight_decay_norm: float,
+                            weight_decay_bias: float | None = None) -> list[str]:
+    """Warn, naming them, about the norm layers of ``model`` whose parameters ``optimizer`` decays
+    otherwise than ``weight_decay_norm`` (``SOLVER.WEIGHT_DECAY_NORM``; a bias: ``weight_decay_bias``
+    when set); returns them. detectron2's own optimizer builders do this to gwdet's layers: build
+    the optimizer with :func:`gwdet.build_optimizer` / :func:`gwdet.get_default_optimizer_params`."""
+    layers = misdecayed_norm_layers(model, optimizer, weight_decay_norm, weight_decay_bias)
+    if layers:
+        logging.getLogger(__name__).warning(
+            f"{len(layers)} norm layer(s) are decayed otherwise than the norm weight decay "
+            f"{weight_decay_norm:g} (SOLVER.WEIGHT_DECAY_NORM / weight_decay_norm): "
+            f"{', '.join(layers[:5])}{', ...' if len(layers) > 5 else ''}. detectron2's optimizer builders "
+            "know only torch's norm classes: build the optimizer with gwdet.build_optimizer(cfg, model), or "
+            "in a LazyConfig set optimizer.params._target_ = gwdet.get_default_optimizer_params.")
+    return layers
+
+
+def check_model(model: nn.Module, strict_groups: bool = False, optimizer: torch.optim.Optimizer | None = None,
+                weight_decay_norm: float | None = None, weight_decay_bias: float | None = None) -> nn.Module:
     """Check a built model; returns ``model``.
 
     * Raise ``ValueError`` when a head shared by every FPN level holds one norm with batch
@@ -62,7 +83,14 @@ def check_model(model: nn.Module, strict_groups: bool = False) -> nn.Module:
       its names "BN" and "SyncBN" only.
     * Log, once, every component whose norm layers could not use the requested group number
       (:func:`adjusted_groups`); with ``strict_groups`` (``MODEL.STRICT_NORM_GROUPS``) raise instead.
+    * With an ``optimizer`` (and the config's ``weight_decay_norm``, ``weight_decay_bias``), warn
+      about norm layers it decays otherwise (:func:`check_norm_weight_decay`).
     """
+    if optimizer is not None:
+        if weight_decay_norm is None:
+            raise TypeError("check_model: with an optimizer, give weight_decay_norm (SOLVER.WEIGHT_DECAY_NORM) "
+                            "to check the norm layers' weight decay against")
+        check_norm_weight_decay(model, optimizer, weight_decay_norm, weight_decay_bias)
     adjusted = adjusted_groups(model)
     if adjusted and strict_groups:
         raise ValueError("Norm layers cannot use the requested group number (MODEL.STRICT_NORM_GROUPS "

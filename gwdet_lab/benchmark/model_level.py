@@ -58,13 +58,20 @@ def detector_config(config: str, device: torch.device, opts: List[str]) -> CfgNo
     return build_config(str(REPO / config), ["MODEL.DEVICE", str(device), "MODEL.WEIGHTS", "", *opts])
 
 
-def build_detector(config: str, device: torch.device, opts: List[str]) -> nn.Module:
-    """The detectron2 model of :func:`detector_config`, randomly initialised with seed 0."""
+def build_detector(config: str, device: torch.device, opts: List[str]) -> Tuple[nn.Module, torch.optim.Optimizer]:
+    """The detectron2 model of :func:`detector_config`, randomly initialised with seed 0, and its
+    training optimizer (:func:`gwdet.build_optimizer`: the config's SGD, momentum and weight decays)
+    at learning rate 0, so that a step does the optimizer's work but repeated steps see one model."""
     from detectron2.modeling import build_model
+
+    from gwdet.solver import build_optimizer
 
     cfg = detector_config(config, device, opts)
     torch.manual_seed(0)
-    return build_model(cfg)
+    model = build_model(cfg)
+    cfg.defrost()
+    cfg.SOLVER.BASE_LR = 0.0
+    return model, build_optimizer(cfg, model)
 
 
 def synthetic_batch(size: int, images: int = 2) -> list:
@@ -124,8 +131,8 @@ def measure_model(name: str, path: str, args: argparse.Namespace, device: torch.
     from detectron2.utils.events import EventStorage
 
     amp_dtype = AMP_DTYPES[args.amp]
-    model = build_detector(path, device, list(args.model_opts)).train()
-    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0, momentum=0.9)
+    model, optimizer = build_detector(path, device, list(args.model_opts))
+    model.train()
     batch = synthetic_batch(args.image_size)
     finite = True
 

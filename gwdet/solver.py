@@ -1,0 +1,139 @@
+"""Optimizer parameter groups in which every norm layer, gwdet's included, is a norm.
+
+detectron2's ``get_default_optimizer_params`` (behind ``DefaultTrainer.build_optimizer`` and the
+LazyConfig ``common/optim.py``) gives ``weight_decay_norm`` (``SOLVER.WEIGHT_DECAY_NORM``, 0 by
+default) to the parameters of modules whose class is in its own list of torch norm classes
+(:data:`TORCH_NORM_TYPES`). gwdet's layers are not in that list, so detectron2 alone would decay
+their affine parameters like convolution weights: a GW model and a GN model would train with
+different recipes. :func:`get_default_optimizer_params` here takes the same arguments and returns
+the same groups, except that the parameters of every norm layer :func:`is_norm_layer` recognises
+get ``weight_decay_norm`` too. With no gwdet norm in the model the groups are detectron2's, object
+for object.
+
+* yacs: gwdet's ``Trainer`` builds its optimizer with :func:`build_optimizer`. A trainer of your
+  own (a ``DefaultTrainer`` subclass) adds one line::
+
+      build_optimizer = classmethod(lambda cls, cfg, model: gwdet.build_optimizer(cfg, model))
+
+* LazyConfig: gwdet's configs set, and a config of your own sets, ::
+
+      optimizer.params._target_ = gwdet.get_default_optimizer_params
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Iterable, Mapping
+
+import torch
+from detectron2.config import CfgNode
+from detectron2.solver.build import get_default_optimizer_params as detectron2_optimizer_params
+from detectron2.solver.build import maybe_add_gradient_clipping, reduce_param_groups
+from torch import nn
+
+from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
+from gwdet.norms import NORM_LAYER_MARK
+
+# The classes detectron2's get_default_optimizer_params treats as norms (detectron2 0.6 to 0.7; its
+# NaiveSyncBatchNorm derives from BatchNorm2d). gwdet keeps their treatment exactly as it is.
+TORCH_NORM_TYPES: tuple[type[nn.Module], ...] = (
+    nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.GroupNorm,
+    nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d, nn.LayerNorm, nn.LocalResponseNorm,
+)
+# gwdet's own layers (per-level containers hold these, or torch's, as children).
+GWDET_NORM_TYPES: tuple[type[nn.Module], ...] = (GroupWhitening, BatchWhitening, BatchGroupNorm)
+
+
+def is_norm_layer(module: nn.Module) -> bool:
+    """Whether ``module``'s parameters are norm parameters to the optimizer: detectron2's torch norm
+    classes, gwdet's layers, and modules built by a norm name registered with gwdet."""
+    return isinstance(module, TORCH_NORM_TYPES + GWDET_NORM_TYPES) or getattr(module, NORM_LAYER_MARK, False)
+
+
+def norm_parameters(model: nn.Module) -> dict[nn.Parameter, tuple[str, str]]:
+    """Every trainable parameter of a norm layer of ``model``: ``{parameter: (layer name, parameter
+    name within the layer)}``. A parameter belongs to the first module that holds it in
+    ``named_modules`` order, as in detectron2's grouping."""
+    owners: dict[nn.Parameter, tuple[str, nn.Module, str]] = {}
+    for module_name, module in model.named_modules():
+        for param_name, param in module.named_parameters(recurse=False):
+            owners.setdefault(param, (module_name, module, param_name))
+    norm_modules = {id(sub) for module in model.modules() if is_norm_layer(module) for sub in module.modules()}
+    return {param: (module_name, param_name) for param, (module_name, module, param_name) in owners.items()
+            if id(module) in norm_modules and param.requires_grad}
+
+
+def get_default_optimizer_params(
+    model: nn.Module,
+    base_lr: float | None = None,
+    weight_decay: float | None = None,
+    weight_decay_norm: float | None = None,
+    bias_lr_factor: float | None = 1.0,
+    weight_decay_bias: float | None = None,
+    lr_factor_func: Callable[[str], float] | None = None,
+    overrides: Mapping[str, Mapping[str, float]] | None = None,
+) -> list[dict[str, Any]]:
+    """detectron2's ``get_default_optimizer_params`` (same arguments, same groups) in which the
+    parameters of every norm layer (:func:`is_norm_layer`) get ``weight_decay_norm``.
+
+    As in detectron2, an override by parameter name (``overrides``, or ``weight_decay_bias`` for
+    biases) that sets a weight decay takes precedence over ``weight_decay_norm``.
+    """
+    groups = detectron2_optimizer_params(
+        model, base_lr=base_lr, weight_decay=weight_decay, weight_decay_norm=weight_decay_norm,
+        bias_lr_factor=bias_lr_factor, weight_decay_bias=weight_decay_bias, lr_factor_func=lr_factor_func,
+        overrides=copy.deepcopy(dict(overrides)) if overrides is not None else None,  # detectron2 adds "bias" to it
+    )
+    if weight_decay_norm is None:
+        return groups
+    overridden = {name for name, values in (overrides or {}).items() if "weight_decay" in values}
+    if weight_decay_bias is not None:
+        overridden.add("bias")
+    norms = {param for param, (_, param_name) in norm_parameters(model).items() if param_name not in overridden}
+    changed = [group for group in groups if any(param in norms and group.get("weight_decay") != weight_decay_norm
+                                                for param in group["params"])]
+    if not changed:
+        return groups
+    per_parameter = []
+    for group in groups:
+        values = {key: value for key, value in group.items() if key not in ("params", "param_names")}
+        for param in group["params"]:
+            decay = {"weight_decay": weight_decay_norm} if param in norms else {}
+            per_parameter.append({"params": [param], **values, **decay})
+    return reduce_param_groups(per_parameter)
+
+
+def build_optimizer(cfg: CfgNode, model: nn.Module) -> torch.optim.Optimizer:
+    """detectron2's ``build_optimizer`` for a yacs config (SGD with ``SOLVER.*``, gradient clipping
+    when ``SOLVER.CLIP_GRADIENTS`` is on) over :func:`get_default_optimizer_params`' groups."""
+    params = get_default_optimizer_params(
+        model,
+        base_lr=cfg.SOLVER.BASE_LR,
+        weight_decay_norm=cfg.SOLVER.WEIGHT_DECAY_NORM,
+        bias_lr_factor=cfg.SOLVER.BIAS_LR_FACTOR,
+        weight_decay_bias=cfg.SOLVER.WEIGHT_DECAY_BIAS,
+    )
+    sgd = torch.optim.SGD(params, lr=cfg.SOLVER.BASE_LR, momentum=cfg.SOLVER.MOMENTUM,
+                          nesterov=cfg.SOLVER.NESTEROV, weight_decay=cfg.SOLVER.WEIGHT_DECAY, foreach=True)
+    return maybe_add_gradient_clipping(cfg, sgd)
+
+
+def weight_decay_of(param_groups: Iterable[Mapping[str, Any]], defaults: Mapping[str, Any]) -> dict[nn.Parameter, float]:
+    """``{parameter: weight decay}`` of an optimizer's (or a parameter list's) groups; a group
+    without its own value takes ``defaults["weight_decay"]`` (0 when the optimizer has none)."""
+    return {param: group.get("weight_decay", defaults.get("weight_decay", 0.0))
+            for group in param_groups for param in group["params"]}
+
+
+def misdecayed_norm_layers(model: nn.Module, optimizer: torch.optim.Optimizer, weight_decay_norm: float,
+                           weight_decay_bias: float | None = None) -> list[str]:
+    """The norm layers of ``model`` with a parameter that ``optimizer`` decays by another value than
+    the config's norm setting, each as ``"<layer> (<value>)"``: ``weight_decay_norm``, or for a bias
+    ``weight_decay_bias`` when that is set (detectron2's bias override wins over the norm value)."""
+    decays = weight_decay_of(optimizer.param_groups, optimizer.defaults)
+    found: dict[str, float] = {}
+    for param, (layer, param_name) in norm_parameters(model).items():
+        expected = weight_decay_bias if param_name == "bias" and weight_decay_bias is not None else weight_decay_norm
+        decay = decays.get(param)
+        if decay is not None and decay != expected:
+            found.setdefault(layer, decay)
+    return [f"{layer} ({decay:g})" for layer, decay in found.items()]

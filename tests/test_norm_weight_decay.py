@@ -1,0 +1,176 @@
+"""gwdet's norm layers get detectron2's norm weight decay (SOLVER.WEIGHT_DECAY_NORM / weight_decay_norm)
+exactly as detectron2's own norms do, for every config gwdet ships (gwdet.solver)."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from detectron2.config import LazyConfig, instantiate
+from detectron2.solver import build_optimizer as detectron2_build_optimizer
+from detectron2.solver import get_default_optimizer_params as detectron2_optimizer_params
+from torch import nn
+
+import gwdet
+from conftest import REPO
+from gwdet.engine import Trainer, build_config
+from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
+from gwdet.modeling import check_model
+from gwdet.norms import _KINDS, register_norm
+from gwdet.solver import get_default_optimizer_params
+
+# What this test counts as a norm layer, written out independently of gwdet.solver.is_norm_layer.
+NORM_CLASSES = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, GroupWhitening, BatchWhitening, BatchGroupNorm)
+GWDET_CLASSES = (GroupWhitening, BatchWhitening, BatchGroupNorm)
+YACS_CONFIGS = sorted(p for p in (REPO / "configs").rglob("*.yaml"))
+LAZY_CONFIGS = sorted(p for p in (REPO / "configs" / "LazyConfig").glob("*.py") if p.name != "gw_parts.py")
+# Built on the meta device: no weights are initialised, so even the X-101 configs build in a moment.
+META = ["MODEL.DEVICE", "meta", "MODEL.WEIGHTS", ""]
+
+
+def decay_by_parameter(groups, default: float) -> dict[nn.Parameter, float]:
+    return {p: group.get("weight_decay", default) for group in groups for p in group["params"]}
+
+
+def norm_layer_parameters(model: nn.Module) -> list[tuple[str, str, nn.Parameter, nn.Module]]:
+    return [(name, param_name, param, module) for name, module in model.named_modules()
+            if isinstance(module, NORM_CLASSES)
+            for param_name, param in module.named_parameters(recurse=False) if param.requires_grad]
+
+
+def check_every_norm_parameter(model, optimizer, weight_decay_norm, weight_decay) -> int:
+    """Every norm parameter has the norm decay, every other one the ordinary decay; returns how many
+    gwdet norm parameters there are."""
+    decays = decay_by_parameter(optimizer.param_groups, optimizer.defaults["weight_decay"])
+    norm_params = norm_layer_parameters(model)
+    wrong = [f"{name}.{param_name}: {decays[param]}" for name, param_name, param, _ in norm_params
+             if decays[param] != weight_decay_norm]
+    assert not wrong, f"norm parameters not decayed by {weight_decay_norm}: {wrong[:5]}"
+    in_norms = {param for *_, param, _ in norm_params}
+    others = [p for p in decays if p not in in_norms]
+    assert others and all(decays[p] == weight_decay for p in others)
+    return sum(isinstance(module, GWDET_CLASSES) for *_, module in norm_params)
+
+
+@pytest.mark.parametrize("config", YACS_CONFIGS, ids=lambda p: str(p.relative_to(REPO / "configs")))
+def test_every_shipped_yacs_config_gives_every_norm_parameter_the_norm_weight_decay(config: Path):
+    cfg = build_config(str(config), META)
+    model = Trainer.build_model(cfg)
+    optimizer = Trainer.build_optimizer(cfg, model)
+    assert cfg.SOLVER.WEIGHT_DECAY_NORM != cfg.SOLVER.WEIGHT_DECAY  # else the check below proves nothing
+    gwdet_params = check_every_norm_parameter(model, optimizer, cfg.SOLVER.WEIGHT_DECAY_NORM, cfg.SOLVER.WEIGHT_DECAY)
+    names_gwdet_norm = any(value in ("GW", "GW_ZCA", "BW", "BW_ItN", "BGN", "GhostBN")
+                           for value in (cfg.MODEL.RESNETS.NORM, cfg.MODEL.FPN.NORM, cfg.MODEL.ROI_BOX_HEAD.NORM,
+                                         cfg.MODEL.ROI_MASK_HEAD.NORM))
+    assert (gwdet_params > 0) == (names_gwdet_norm or bool(cfg.MODEL.RESNETS.GW_POSITIONS))
+
+
+@pytest.mark.parametrize("config", LAZY_CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_lazy_config_gives_every_norm_parameter_the_norm_weight_decay(config: Path):
+    cfg = LazyConfig.load(str(config))
+    with torch.device("meta"):
+        model = instantiate(cfg.model)
+    cfg.optimizer.params.model = model
+    optimizer = instantiate(cfg.optimizer)
+    gwdet_params = check_every_norm_parameter(model, optimizer, cfg.optimizer.params.weight_decay_norm,
+                                              cfg.optimizer.weight_decay)
+    assert gwdet_params > 0
+
+
+@pytest.mark.parametrize("name", ["bn", "gn"])
+def test_bn_and_gn_study_cells_get_the_same_groups_as_from_detectron2(name: str):
+    """Their recipe does not change with gwdet's optimizer: the study keeps their cells."""
+    cfg = build_config(str(REPO / "configs" / "Study" / f"{name}.yaml"), META)
+    model = Trainer.build_model(cfg)
+    ours, theirs = Trainer.build_optimizer(cfg, model), detectron2_build_optimizer(cfg, model)
+    assert len(ours.param_groups) == len(theirs.param_groups)
+    for a, b in zip(ours.param_groups, theirs.param_groups):
+        assert [id(p) for p in a["params"]] == [id(p) for p in b["params"]]
+        assert {k: v for k, v in a.items() if k != "params"} == {k: v for k, v in b.items() if k != "params"}
+
+
+def test_gw_and_bn_gw_study_cells_differ_from_detectron2_only_in_gwdets_norm_layers():
+    for name, expected in (("gw", 130), ("bn_gw_s1b2", 34)):
+        cfg = build_config(str(REPO / "configs" / "Study" / f"{name}.yaml"), META)
+        model = Trainer.build_model(cfg)
+        ours = decay_by_parameter(Trainer.build_optimizer(cfg, model).param_groups, cfg.SOLVER.WEIGHT_DECAY)
+        theirs = decay_by_parameter(detectron2_build_optimizer(cfg, model).param_groups, cfg.SOLVER.WEIGHT_DECAY)
+        gwdet_params = {param for *_, param, module in norm_layer_parameters(model) if isinstance(module, GWDET_CLASSES)}
+        changed = {p for p in ours if ours[p] != theirs[p]}
+        assert changed == gwdet_params and len(changed) == expected
+        assert all(ours[p] == 0.0 and theirs[p] == 1e-4 for p in changed)
+
+
+class _Net(nn.Module):
+    """A conv, then a norm named ``norm`` (its parameters ``weight`` and ``bias``), then a linear."""
+
+    def __init__(self, norm: nn.Module) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, bias=True)
+        self.norm = norm
+        self.fc = nn.Linear(8, 2)
+
+
+@pytest.mark.parametrize("options", [
+    {},
+    {"weight_decay_bias": 0.5},
+    {"bias_lr_factor": 2.0},
+    {"overrides": {"weight": {"weight_decay": 0.25}}},
+    {"overrides": {"bias": {"lr": 0.3}}},
+    {"lr_factor_func": lambda name: 0.5 if name.startswith("norm") else 1.0},
+])
+@pytest.mark.parametrize("layer", [lambda: GroupWhitening(8, num_groups=4), lambda: BatchWhitening(8, group_size=4),
+                                   lambda: BatchGroupNorm(8, num_groups=4)], ids=["GW", "BW", "BGN"])
+def test_a_gwdet_layer_gets_what_detectron2_gives_its_own_group_norm(layer, options):
+    """The oracle: detectron2's groups for the same network with torch's GroupNorm in its place."""
+    ours_net, theirs_net = _Net(layer()), _Net(nn.GroupNorm(4, 8))
+
+    def per_name(net, build) -> dict[str, dict]:
+        groups = build(net, base_lr=0.1, weight_decay=1e-4, weight_decay_norm=0.0, **options)
+        names = {param: name for name, param in net.named_parameters()}
+        return {names[p]: {k: v for k, v in g.items() if k != "params"} for g in groups for p in g["params"]}
+
+    ours = per_name(ours_net, get_default_optimizer_params)
+    assert ours == per_name(theirs_net, detectron2_optimizer_params)
+    assert ours["norm.weight"]["weight_decay"] != ours["conv.weight"]["weight_decay"] or "overrides" in options
+
+
+def test_without_a_norm_setting_the_groups_are_detectron2s():
+    net = _Net(GroupWhitening(8, num_groups=4))
+    ours = get_default_optimizer_params(net, base_lr=0.1, weight_decay=1e-4)
+    theirs = detectron2_optimizer_params(net, base_lr=0.1, weight_decay=1e-4)
+    assert [(g.keys(), [id(p) for p in g["params"]]) for g in ours] == [(g.keys(), [id(p) for p in g["params"]]) for g in theirs]
+
+
+def test_a_norm_registered_by_the_user_is_a_norm_to_the_optimizer():
+    class Scale(nn.Module):  # no torch norm class: only the registration says it is a norm
+        def __init__(self, channels: int) -> None:
+            super().__init__()
+            self.gain = nn.Parameter(torch.ones(channels))
+
+    register_norm("TestScaleNorm", lambda channels: Scale(channels))
+    try:
+        net = _Net(gwdet.norm("TestScaleNorm")(8))
+        groups = get_default_optimizer_params(net, weight_decay=1e-4, weight_decay_norm=0.0)
+        assert decay_by_parameter(groups, 1e-4)[net.norm.gain] == 0.0
+        assert decay_by_parameter(groups, 1e-4)[net.conv.weight] == 1e-4
+        assert not hasattr(Scale(8), "_gwdet_norm_layer")  # marked when built by the name only
+    finally:
+        _KINDS.pop("TestScaleNorm")
+
+
+def test_check_model_names_the_norm_layers_detectron2s_optimizer_decays(caplog):
+    cfg = build_config(str(REPO / "configs" / "Study" / "bn_gw_s1b2.yaml"), META)
+    model = Trainer.build_model(cfg)
+    with caplog.at_level(logging.WARNING, logger="gwdet.modeling.model_checks"):
+        check_model(model, optimizer=detectron2_build_optimizer(cfg, model), weight_decay_norm=0.0)
+    warned = "\n".join(r.getMessage() for r in caplog.records)
+    assert "17 norm layer(s)" in warned and "backbone.bottom_up.stem.conv1.norm (0.0001)" in warned
+    assert "gwdet.build_optimizer" in warned
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="gwdet.modeling.model_checks"):
+        check_model(model, optimizer=Trainer.build_optimizer(cfg, model), weight_decay_norm=0.0)
+    assert not caplog.records
+    with pytest.raises(TypeError, match="weight_decay_norm"):
+        check_model(model, optimizer=Trainer.build_optimizer(cfg, model))
