@@ -11,9 +11,10 @@ in place.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
-from typing import IO, Any, Callable
+from typing import IO, Any, Callable, Iterator
 
 from detectron2.utils.file_io import PathManager
 
@@ -47,6 +48,26 @@ def _cannot_write(path: str, cause: OSError) -> WriteError:
     return WriteError(cause.errno, f"cannot write {path}: {cause.strerror or cause}")
 
 
+def _temporary_name(path: str) -> str:
+    folder, name = os.path.split(os.path.abspath(path))
+    return os.path.join(folder, f".{name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.partial")
+
+
+@contextlib.contextmanager
+def path_written_atomically(path: str) -> Iterator[str]:
+    """For writers that take a path, not a file (``torch.jit.save``, ``torch.onnx.export``): yields a
+    temporary path in ``path``'s folder that becomes ``path`` when the block ends without an error
+    (checks of the written file belong inside the block); otherwise it is removed and ``path``,
+    if it existed, is untouched."""
+    temporary = _temporary_name(path)
+    try:
+        yield temporary
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+
+
 def write_atomically(path: str, write: Callable[[IO[bytes]], None], path_manager=PathManager) -> None:
     """Call ``write(file)`` on a binary file that becomes ``path`` only once ``write`` returned."""
     path = os.fspath(path)
@@ -54,8 +75,7 @@ def write_atomically(path: str, write: Callable[[IO[bytes]], None], path_manager
         with path_manager.open(path, "wb") as file:
             write(file)
         return
-    folder, name = os.path.split(os.path.abspath(path))
-    temporary = os.path.join(folder, f".{name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.partial")
+    temporary = _temporary_name(path)
     try:
         with open(temporary, "xb") as raw:
             recording = _RecordingFile(raw)

@@ -84,6 +84,11 @@ def _check_norm_readers(cfg: CfgNode) -> None:
 def _check_gw_positions(cfg: CfgNode) -> None:
     positions = cfg.MODEL.RESNETS.GW_POSITIONS
     parse_gw_positions(positions)
+    if positions and not cfg.MODEL.RESNETS.GW_NORM:
+        raise ValueError(
+            f"MODEL.RESNETS.GW_POSITIONS={positions!r} with MODEL.RESNETS.GW_NORM='' would leave those "
+            "positions without any normalization. Set GW_NORM to the norm to place there (e.g. 'GW'), "
+            "or GW_POSITIONS to '' to keep MODEL.RESNETS.NORM everywhere.")
     if positions and cfg.MODEL.BACKBONE.NAME not in GW_BACKBONES:
         raise ValueError(
             f"MODEL.RESNETS.GW_POSITIONS={positions!r} is read by gwdet's backbones only, but "

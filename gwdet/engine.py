@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import sys
 import weakref
 from collections import OrderedDict
 from typing import Mapping, Sequence
@@ -29,12 +30,14 @@ from detectron2.engine import (
     default_argument_parser,
     default_setup,
 )
+from detectron2.engine.hooks import EvalHook
 from detectron2.evaluation import COCOEvaluator
 from detectron2.utils import comm
 from detectron2.utils.logger import setup_logger
 
 from gwdet.atomic import write_text_atomically
 from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer
+from gwdet.checkpoint.signal_hook import CheckpointOnSignal
 from gwdet.config import add_gwdet_config
 from gwdet.config_checks import check_gwdet_config
 from gwdet.data import prepare_datasets
@@ -42,7 +45,14 @@ from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.data.resumable import build_resumable_train_loader, skip_trained_samples
 from gwdet.modeling import check_model
 from gwdet.modeling.model_checks import check_norm_weight_decay
-from gwdet.output_dir import OutputDirLock, check_fresh_start, check_resume_config, run_files
+from gwdet.output_dir import (
+    OutputDirLock,
+    check_fresh_start,
+    check_resume_config,
+    evaluation_folder,
+    tagged_checkpoint,
+    trim_metrics,
+)
 from gwdet.solver import build_optimizer
 from gwdet.tables import Column, Table
 from gwdet.visualize import save_prediction_pngs
@@ -123,6 +133,14 @@ class Trainer(DefaultTrainer):
                 "(or set DATALOADER.FILTER_EMPTY_ANNOTATIONS False to train on empty images)."
             ) from err
 
+    def build_hooks(self) -> list:
+        """detectron2's hooks plus :class:`CheckpointOnSignal` (SIGTERM, SIGINT and SIGUSR2 save a
+        checkpoint of the current iteration before training stops), placed after the LR scheduler
+        and the periodic checkpointer, before evaluation and the writers."""
+        hooks = super().build_hooks()
+        evaluation = next(i for i, hook in enumerate(hooks) if isinstance(hook, EvalHook))
+        return hooks[:evaluation] + [CheckpointOnSignal()] + hooks[evaluation:]
+
     def train(self):
         """Train; return the final COCO results (detectron2's EvalHook stores them on the trainer)."""
         super().train()
@@ -130,6 +148,8 @@ class Trainer(DefaultTrainer):
 
     def resume_or_load(self, resume: bool = True) -> None:
         super().resume_or_load(resume=resume)
+        if self.start_iter > 0 and comm.is_main_process():
+            trim_metrics(self.cfg.OUTPUT_DIR, self.start_iter)
         if self.start_iter > 0 and not skip_trained_samples(self._trainer.data_loader, self.cfg, self.start_iter):
             logging.getLogger(__name__).warning(
                 "The train loader was not built by gwdet's build_train_loader: it restarts its sample "
@@ -162,6 +182,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """:func:`argument_parser`'s arguments; flags may also follow the ``KEY VALUE`` overrides
     (``... SOLVER.MAX_ITER 10 --resume``)."""
     parser = argument_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    given = [token for token in argv if token.split("=", 1)[0] in ("--config-file", "--config")]
+    if len(given) > 1:
+        parser.error("--config-file is given more than once; a second one would replace the first. Give one "
+                     "config file, and put what the other changes in it (_BASE_) or as KEY VALUE overrides.")
     args = parser.parse_args(argv)
     opts, flags = [], []
     tokens = iter(args.opts)
@@ -199,6 +224,8 @@ def build_config(config_file: str, opts: list[str] | None = None) -> CfgNode:
     cfg = add_gwdet_config(get_cfg())
     cfg.merge_from_file(config_file)
     cfg.merge_from_list(opts or [])
+    if cfg.OUTPUT_DIR.startswith("~"):  # a quoted ~ reaches the config as it is: a folder named "~"
+        cfg.OUTPUT_DIR = os.path.expanduser(cfg.OUTPUT_DIR)
     check_gwdet_config(cfg)
     cfg.freeze()
     return cfg
@@ -207,22 +234,39 @@ def build_config(config_file: str, opts: list[str] | None = None) -> CfgNode:
 def check_run_request(cfg: CfgNode, args: argparse.Namespace) -> None:
     """Refuse, before anything is written or loaded, a run that would evaluate a model nobody chose
     or write over another run (``--eval-only`` / ``--resume`` / ``--overwrite`` of ``args``)."""
-    checkpoints = [name for name in run_files(cfg.OUTPUT_DIR) if name.startswith("model_")]
+    if args.resume and getattr(args, "overwrite", False):
+        raise ValueError("--resume continues the run in OUTPUT_DIR and --overwrite deletes it: give one of them.")
     if args.eval_only:
-        if args.resume and not checkpoints:
-            raise FileNotFoundError(
-                f"--eval-only --resume: OUTPUT_DIR {cfg.OUTPUT_DIR!r} holds no checkpoint to evaluate. "
-                "Check OUTPUT_DIR, or name the weights with MODEL.WEIGHTS path/to/model_final.pth.")
-        if not args.resume and not cfg.MODEL.WEIGHTS:
+        if args.resume:
+            tagged_checkpoint(cfg.OUTPUT_DIR)
+        elif not cfg.MODEL.WEIGHTS:
             raise ValueError(
                 "--eval-only needs trained weights: add MODEL.WEIGHTS path/to/model_final.pth (or "
-                "--resume to evaluate the last checkpoint in OUTPUT_DIR); without them the model "
-                "would be randomly initialized.")
+                "--resume to evaluate the checkpoint OUTPUT_DIR/last_checkpoint names); without them the "
+                "model would be randomly initialized.")
         return
     if args.resume:
         check_resume_config(cfg, cfg.OUTPUT_DIR)
     else:
         check_fresh_start(cfg.OUTPUT_DIR, getattr(args, "overwrite", False))
+
+
+def evaluation_request(cfg: CfgNode, args: argparse.Namespace) -> tuple[CfgNode, argparse.Namespace]:
+    """``--eval-only``: the config and arguments that evaluate exactly the chosen weights
+    (``MODEL.WEIGHTS``, or with ``--resume`` the checkpoint ``last_checkpoint`` names) into a folder
+    of their own when ``OUTPUT_DIR`` holds a run (:func:`gwdet.output_dir.evaluation_folder`)."""
+    check_run_request(cfg, args)
+    weights = tagged_checkpoint(cfg.OUTPUT_DIR) if args.resume else cfg.MODEL.WEIGHTS
+    output_dir = evaluation_folder(cfg.OUTPUT_DIR, weights)
+    if output_dir != cfg.OUTPUT_DIR:
+        logging.getLogger(__name__).info(
+            f"OUTPUT_DIR {cfg.OUTPUT_DIR} holds a run: the evaluation of {weights} is written to {output_dir}, "
+            "and the run's own files stay as they are.")
+    cfg = cfg.clone()
+    cfg.defrost()
+    cfg.MODEL.WEIGHTS, cfg.OUTPUT_DIR = weights, output_dir
+    cfg.freeze()
+    return cfg, argparse.Namespace(**{**vars(args), "resume": False})
 
 
 def setup(args: argparse.Namespace, cfg: CfgNode | None = None) -> CfgNode:
@@ -232,6 +276,7 @@ def setup(args: argparse.Namespace, cfg: CfgNode | None = None) -> CfgNode:
     if comm.is_main_process():
         check_run_request(cfg, args)
     default_setup(cfg, args)
+    setup_logger(cfg.OUTPUT_DIR, distributed_rank=comm.get_rank(), name="gwdet")  # gwdet's messages in log.txt too
     prepare_datasets(cfg)
     return cfg
 
@@ -267,15 +312,19 @@ def write_results(cfg: CfgNode, results: Mapping) -> None:
 def main(args: argparse.Namespace):
     """Train (or evaluate with ``--eval-only``) the model ``args`` describe; return COCO results.
 
+An evaluation of weights into a folder that holds a run writes to ``OUTPUT_DIR/eval/<checkpoint>/``
+(:func:`evaluation_request`).
     The main process holds a lock on OUTPUT_DIR for the whole run.
     """
     cfg = build_config(args.config_file, args.opts)
+    if args.eval_only:
+        cfg, args = evaluation_request(cfg, args)
     with OutputDirLock(cfg.OUTPUT_DIR) if comm.is_main_process() else contextlib.nullcontext():
         cfg = setup(args, cfg)
         if args.eval_only:
             model = Trainer.build_model(cfg)
             checkpointer = ResilientCheckpointer(model, save_dir=cfg.OUTPUT_DIR, require_every_weight=True)
-            checkpointer.resume_or_load(cfg.MODEL.WEIGHTS, resume=args.resume)
+            checkpointer.load_weights(cfg.MODEL.WEIGHTS)
             results = Trainer.test(cfg, model)
         else:
             trainer = Trainer(cfg)

@@ -25,11 +25,13 @@ Registering a name of your own::
 from __future__ import annotations
 
 import inspect
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import torch
 from detectron2.layers import get_norm as detectron2_get_norm
+from detectron2.utils.logger import log_first_n
 
 from gwdet.config import CONFIG_KEYS, config_default, config_value, require_gwdet_config
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
@@ -119,14 +121,28 @@ def norm_kind(name: str) -> NormKind:
     )
 
 
+def group_adjustment(layer: torch.nn.Module) -> tuple[str, int, int] | None:
+    """``(what, requested, used)`` when a layer could not use the group number (GW, BGN) or group
+    size (BW) it was given, because it does not divide the channels; ``None`` otherwise."""
+    for requested, used, what in (("num_groups", "effective_num_groups", "groups"),
+                                  ("group_size", "effective_group_size", "channels per group")):
+        if hasattr(layer, used) and getattr(layer, requested) != getattr(layer, used):
+            return what, getattr(layer, requested), getattr(layer, used)
+    return None
+
+
 class Norm:
     """A norm name with every hyper-parameter fixed: call it with a channel count for a layer.
 
     detectron2 accepts it wherever it takes a norm (``get_norm``, ``norm=`` / ``conv_norm=``
     arguments). Equal names and values compare equal; ``repr`` shows every value.
+
+    A layer that cannot use the requested group number (it does not divide the channels; see
+    :func:`group_adjustment`) is logged once per name, request and channel count, or with
+    ``strict=True`` (``MODEL.STRICT_NORM_GROUPS``) refused: a group count never changes silently.
     """
 
-    def __init__(self, name: str, **params: Any) -> None:
+    def __init__(self, name: str, strict: bool = False, **params: Any) -> None:
         kind = norm_kind(name)
         accepted = kind.params()
         unknown = sorted(set(params) - set(accepted))
@@ -144,6 +160,7 @@ class Norm:
             values[param] = value
         self.name = name
         self.params = values
+        self.strict = bool(strict)
 
     @property
     def batch_statistics(self) -> bool:
@@ -154,28 +171,38 @@ class Norm:
         layer = norm_kind(self.name).build(channels, **self.params)
         if self.name not in _BUILTIN_NAMES:
             setattr(layer, NORM_LAYER_MARK, True)
+        adjusted = group_adjustment(layer)
+        if adjusted is not None:
+            what, requested, used = adjusted
+            message = (f"{self.name} with {requested} {what} cannot divide {channels} channels; the layer "
+                       f"uses {used}.")
+            if self.strict:
+                raise ValueError(f"{message} Choose a value that divides the channels, or allow the "
+                                 "adjustment (strict=False; MODEL.STRICT_NORM_GROUPS False).")
+            log_first_n(logging.WARNING, message, key="message", name=__name__)
         return layer
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Norm):
             return NotImplemented
-        return (self.name, self.params) == (other.name, other.params)
+        return (self.name, self.params, self.strict) == (other.name, other.params, other.strict)
 
     def __hash__(self) -> int:
-        return hash((self.name, tuple(self.params.items())))
+        return hash((self.name, tuple(self.params.items()), self.strict))
 
     def __repr__(self) -> str:
         args = "".join(f", {key}={value!r}" for key, value in self.params.items())
-        return f"Norm({self.name!r}{args})"
+        return f"Norm({self.name!r}{args}{', strict=True' if self.strict else ''})"
 
 
-def norm(name: str, **params: Any) -> Norm:
-    """The norm ``name`` with hyper-parameters ``params`` (the rest: gwdet's config defaults).
+def norm(name: str, strict: bool = False, **params: Any) -> Norm:
+    """The norm ``name`` with hyper-parameters ``params`` (the rest: gwdet's config defaults);
+    ``strict=True`` refuses a group number a layer's channels cannot use.
 
     The documented entry point for Python and LazyConfig users (``L(gwdet.norm)(name="GW",
     num_groups=16)``); see :class:`Norm`.
     """
-    return Norm(name, **params)
+    return Norm(name, strict, **params)
 
 
 def norm_from_config(name: Any, cfg) -> Any:
@@ -196,7 +223,7 @@ def norm_from_config(name: Any, cfg) -> Any:
     values = {param: config_value(cfg, key) for param, key in kind.config_keys.items()}
     if name == "GN" and values["num_groups"] == DETECTRON2_GN_GROUPS:
         return name
-    return Norm(name, **values)
+    return Norm(name, bool(config_value(cfg, "MODEL.STRICT_NORM_GROUPS")), **values)
 
 
 # ---- the built-in names ------------------------------------------------------------------------

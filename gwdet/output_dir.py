@@ -3,11 +3,18 @@
 * :func:`check_fresh_start`: a run that starts from iteration 0 does not write over another run's
   checkpoints, metrics and results unless told to (``--overwrite`` clears them first);
 * :func:`check_resume_config`: ``--resume`` continues a run only with the model it was trained with;
+* :func:`evaluation_folder`: ``--eval-only`` into a folder that holds a run writes under
+  ``eval/<checkpoint>/`` and never touches the run's own config, results, vis or inference;
 * :class:`OutputDirLock`: one run at a time per ``OUTPUT_DIR``.
+
+A folder "holds a run" when a run trained there: checkpoints, metrics, results, evaluations. A
+``config.yaml`` alone (a run that failed before its first iteration) is no claim: the next run
+starts there and writes its own.
 """
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import shutil
@@ -15,11 +22,14 @@ from typing import IO, Any, Mapping
 
 from detectron2.config import CfgNode
 
+from gwdet.atomic import write_text_atomically
+
 LOCK_NAME = ".gwdet.lock"
 CONFIG_NAME = "config.yaml"  # detectron2's default_setup writes the run's config here
 # Files and folders of a run that a new run would replace or append to.
 RUN_FILES = ("last_checkpoint", "metrics.json", "results.md", "results.json", CONFIG_NAME)
-RUN_FOLDERS = ("inference", "vis")
+EVAL_FOLDER = "eval"  # --eval-only of a folder that holds a run writes to eval/<checkpoint>/
+RUN_FOLDERS = ("inference", "vis", EVAL_FOLDER)
 # Keys that may differ when a run is resumed: where it runs and where its first weights came from.
 RESUMABLE_DIFFERENCES = ("MODEL.DEVICE", "MODEL.WEIGHTS")
 
@@ -38,12 +48,22 @@ def run_files(output_dir: str) -> list[str]:
     return sorted(names)
 
 
+def holds_run(output_dir: str) -> bool:
+    """Whether a run trained or was evaluated in ``output_dir`` (more than a ``config.yaml``)."""
+    return any(name != CONFIG_NAME for name in run_files(output_dir))
+
+
+def checkpoints_in(output_dir: str) -> list[str]:
+    """The ``model_*.pth`` files of ``output_dir`` (names, sorted)."""
+    return [name for name in run_files(output_dir) if name.startswith("model_")]
+
+
 def check_fresh_start(output_dir: str, overwrite: bool) -> None:
     """Raise ``FileExistsError`` when ``output_dir`` holds another run; with ``overwrite``, delete
     that run's files instead (and say so)."""
-    existing = run_files(output_dir)
-    if not existing:
+    if not holds_run(output_dir):
         return
+    existing = run_files(output_dir)
     if not overwrite:
         shown = ", ".join(existing[:6]) + (", ..." if len(existing) > 6 else "")
         raise FileExistsError(
@@ -105,7 +125,7 @@ def check_resume_config(cfg: CfgNode, output_dir: str) -> None:
     loaded; other differences (a longer schedule, say) are logged.
     """
     path = os.path.join(output_dir, CONFIG_NAME)
-    if not os.path.isfile(path):
+    if not os.path.isfile(path) or not checkpoints_in(output_dir):  # nothing to resume: a fresh start
         return
     saved = cfg.clone()
     saved.defrost()
@@ -122,6 +142,76 @@ def check_resume_config(cfg: CfgNode, output_dir: str) -> None:
         logger.warning(f"--resume with config values that differ from {path}: {'; '.join(differences)}")
 
 
+def tagged_checkpoint(output_dir: str) -> str:
+    """The checkpoint ``output_dir/last_checkpoint`` names (a path); an error naming the fix when
+    there is none or it is gone: ``--eval-only --resume`` evaluates exactly that file, never an
+    older one in its place."""
+    tag = os.path.join(output_dir, "last_checkpoint")
+    available = checkpoints_in(output_dir)
+    if not available:
+        raise FileNotFoundError(f"--eval-only --resume: OUTPUT_DIR {output_dir!r} holds no checkpoint to "
+                                "evaluate. Check OUTPUT_DIR, or name the weights with MODEL.WEIGHTS "
+                                "path/to/model_final.pth.")
+    choose = f"Name the weights to evaluate, e.g. MODEL.WEIGHTS {os.path.join(output_dir, available[-1])}"
+    try:
+        with open(tag, "rb") as f:
+            name = f.read().decode("utf-8").strip()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--eval-only --resume: OUTPUT_DIR {output_dir!r} has no last_checkpoint "
+                                f"file, so which checkpoint is the run's is unknown. {choose}.") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"--eval-only --resume: {tag} is damaged (not text). {choose}.") from None
+    path = os.path.join(output_dir, name)
+    if not name or os.sep in name or not os.path.isfile(path):
+        raise FileNotFoundError(f"--eval-only --resume: {tag} names {name!r}, which is not a file in "
+                                f"{output_dir!r}. {choose}.")
+    return path
+
+
+def evaluation_folder(output_dir: str, weights: str) -> str:
+    """Where ``--eval-only`` of ``weights`` writes: ``output_dir`` itself when it holds no run,
+    else ``output_dir/eval/<checkpoint>`` (``<folder>-<checkpoint>`` for weights from elsewhere),
+    so that the run's own files stay as its training left them."""
+    if not holds_run(output_dir):
+        return output_dir
+    weights = os.path.abspath(os.path.expanduser(weights))
+    stem = os.path.splitext(os.path.basename(weights))[0] or "weights"
+    if os.path.dirname(weights) != os.path.abspath(output_dir):
+        stem = f"{os.path.basename(os.path.dirname(weights))}-{stem}"
+    return os.path.join(output_dir, EVAL_FOLDER, stem)
+
+
+def trim_metrics(output_dir: str, start_iter: int) -> None:
+    """Make ``output_dir/metrics.json`` (detectron2's JSON lines, appended to on resume) hold what an
+    uninterrupted run would have at ``start_iter``: lines a kill cut short, which would otherwise
+    stay in the middle of the file, and records of iterations the resumed run repeats are removed
+    (with a warning naming how many)."""
+    path = os.path.join(output_dir, "metrics.json")
+    if not os.path.isfile(path):
+        return
+    with open(path, "rb") as f:
+        lines = f.read().decode("utf-8", errors="replace").splitlines()
+    kept, broken, repeated = [], 0, 0
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            broken += bool(line.strip())
+            continue
+        if isinstance(record, dict) and isinstance(record.get("iteration"), int) and record["iteration"] >= start_iter:
+            repeated += 1
+            continue
+        kept.append(line)
+    if broken or repeated:
+        write_text_atomically(path, "".join(f"{line}\n" for line in kept))
+        logger.warning(f"{path}: removed {broken} damaged line(s) and {repeated} record(s) of iterations from "
+                       f"{start_iter} on, which this resumed run writes again.")
+
+
+class OutputDirNotWritableError(PermissionError):
+    """OUTPUT_DIR cannot be created or written (read-only disk, permissions, a file in its place)."""
+
+
 class OutputDirLock:
     """An exclusive lock on ``OUTPUT_DIR`` for the duration of a run (``with OutputDirLock(dir):``).
 
@@ -134,8 +224,16 @@ class OutputDirLock:
         self._file: IO[str] | None = None
 
     def __enter__(self) -> "OutputDirLock":
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        self._file = open(self.path, "a+")
+        output_dir = os.path.dirname(self.path)
+        try:
+            os.makedirs(output_dir, exist_ok=True)
+            self._file = open(self.path, "a+")
+        except OSError as error:
+            raise OutputDirNotWritableError(
+                f"OUTPUT_DIR {output_dir!r} cannot be written ({error.strerror or error}); nothing was "
+                "changed. Give the run a writable OUTPUT_DIR; to evaluate or export a run kept on a read-only "
+                "disk, name its weights and write elsewhere: MODEL.WEIGHTS <run>/model_final.pth OUTPUT_DIR "
+                "<writable folder>.") from None
         try:
             fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

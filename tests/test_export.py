@@ -267,3 +267,25 @@ def test_export_tool_scripts_the_model_and_checks_it(tmp_path, capsys):
     printed = capsys.readouterr().out
     difference = float(printed.split("on the sample input: ")[-1].strip())
     assert difference <= TOLERANCE
+
+
+def test_export_tool_keeps_an_earlier_export_and_leaves_nothing_when_it_cannot_check(tmp_path):
+    """No detection on the sample image: nothing to compare, so nothing is written; an earlier
+    export stays as it was unless --overwrite."""
+    from gwdet.export.export_model import main
+
+    Image.fromarray(np.zeros((64, 64, 3), dtype=np.uint8)).save(tmp_path / "blank.png")
+    out = tmp_path / "out"
+    argv = ["--config-file", str(DEMO_CONFIG), "--sample-image", str(tmp_path / "blank.png"), "--output", str(out)]
+    no_detection = ["MODEL.ROI_HEADS.SCORE_THRESH_TEST", "1.0"]
+    with pytest.raises(SystemExit, match="gave no detection.*nothing was written"):
+        main(argv + list(TINY_OPTS) + no_detection)
+    assert not out.exists(), "refused before anything was written"
+
+    out.mkdir()
+    (out / "model.ts").write_bytes(b"an earlier export")
+    with pytest.raises(SystemExit, match="model.ts already exists; it is left as it is.*--overwrite"):
+        main(argv + list(TINY_OPTS))
+    with pytest.raises(SystemExit, match="gave no detection"):
+        main(argv + ["--overwrite"] + list(TINY_OPTS) + no_detection)
+    assert [p.name for p in out.iterdir()] == ["model.ts"] and (out / "model.ts").read_bytes() == b"an earlier export"

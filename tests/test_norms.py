@@ -125,3 +125,28 @@ def test_detectron2s_get_norm_is_not_changed_by_gwdet():
         get_norm("GW", 64)
     assert get_norm("GN", 64).num_groups == 32
     assert gwdet.norm("GN")(64).num_groups == 32
+
+
+def test_a_group_number_the_channels_cannot_use_is_logged_or_refused_never_silent(caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="gwdet.norms"):
+        layer = norm("GW", num_groups=48)(256)
+    assert layer.effective_num_groups == 32
+    assert "GW with 48 groups cannot divide 256 channels; the layer uses 32" in caplog.text
+    with pytest.raises(ValueError, match="GW with 48 groups cannot divide 256 channels.*strict=False"):
+        norm("GW", num_groups=48, strict=True)(256)
+    with pytest.raises(ValueError, match="BW with 48 channels per group cannot divide 256 channels"):
+        norm("BW", group_size=48, strict=True)(256)
+    assert norm("GW", num_groups=32, strict=True)(256).effective_num_groups == 32
+
+
+def test_strict_norm_groups_holds_in_detectron2s_own_build_model():
+    from detectron2.modeling import build_model
+
+    from conftest import DEMO_CONFIG, TINY_OPTS
+    from gwdet.engine import build_config
+
+    cfg = build_config(str(DEMO_CONFIG), TINY_OPTS + ["MODEL.GW.NUM_GROUPS", "48", "MODEL.STRICT_NORM_GROUPS", "True"])
+    with pytest.raises(ValueError, match="GW with 48 groups cannot divide"):
+        build_model(cfg)  # detectron2's builder, not gwdet's Trainer

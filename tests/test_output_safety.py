@@ -173,3 +173,177 @@ def test_random_bytes_as_weights_are_named_as_not_a_checkpoint(tmp_path):
     model = Trainer.build_model(build_config(str(DEMO_CONFIG), TINY_OPTS))
     with pytest.raises(Exception, match=r"weights.pth is not a PyTorch checkpoint.*torch.save.*MODEL.WEIGHTS"):
         ResilientCheckpointer(model).resume_or_load(str(junk), resume=False)
+
+
+def _tree_digest(folder) -> dict:
+    """Every file of a run but its evaluations and log.txt (this test process's loggers still hold
+    the training's log file open; a command-line evaluation is a process of its own)."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*"))
+            if p.is_file() and "eval" not in p.relative_to(folder).parts and p.name != "log.txt"}
+
+
+def test_eval_only_into_a_run_writes_under_eval_and_keeps_the_runs_files(finished_run):
+    before = _tree_digest(finished_run)
+    checkpoint = finished_run / "model_0000000.pth"
+    main(_args(finished_run, "--eval-only", "MODEL.WEIGHTS", str(checkpoint)))
+    assert _tree_digest(finished_run) == before, "the run's config, results, vis, inference stay as they were"
+    evaluation = finished_run / "eval" / "model_0000000"
+    assert (evaluation / "results.md").is_file() and (evaluation / "config.yaml").is_file()
+    # the resume check still reads the training config, not the evaluation's
+    with pytest.raises(ValueError, match="trained with another model.*MODEL.GW.NUM_GROUPS"):
+        check_resume_config(build_config(str(DEMO_CONFIG), TINY_OPTS + ["MODEL.GW.NUM_GROUPS", "8"]), str(finished_run))
+
+
+def test_eval_only_resume_evaluates_only_the_checkpoint_last_checkpoint_names(finished_run, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "model_0000000.pth").write_bytes((finished_run / "model_0000000.pth").read_bytes())
+    (run / "last_checkpoint").write_text("model_final.pth")  # gone: no older file in its place
+    with pytest.raises(FileNotFoundError, match="names 'model_final.pth'.*MODEL.WEIGHTS .*model_0000000.pth"):
+        check_run_request(build_config(str(DEMO_CONFIG), TINY_OPTS + ["OUTPUT_DIR", str(run)]),
+                          _args(run, "--eval-only", "--resume"))
+    (run / "last_checkpoint").write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ValueError, match="last_checkpoint is damaged"):
+        check_run_request(build_config(str(DEMO_CONFIG), TINY_OPTS + ["OUTPUT_DIR", str(run)]),
+                          _args(run, "--eval-only", "--resume"))
+
+
+def test_a_config_left_by_a_run_that_failed_before_training_claims_nothing(tmp_path):
+    (tmp_path / "config.yaml").write_text("MODEL:\n  GW:\n    NUM_GROUPS: 3\n")
+    check_fresh_start(str(tmp_path), overwrite=False)  # the corrected command may start here
+    check_resume_config(build_config(str(DEMO_CONFIG), TINY_OPTS), str(tmp_path))  # nothing to resume
+
+
+def test_resume_with_overwrite_is_refused():
+    with pytest.raises(ValueError, match="--resume continues.*--overwrite deletes"):
+        check_run_request(build_config(str(DEMO_CONFIG), TINY_OPTS), _args("unused", "--resume", "--overwrite"))
+
+
+def test_a_run_on_a_read_only_disk_is_evaluated_with_its_outputs_elsewhere(finished_run, tmp_path):
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("a read-only bind mount needs root (chmod does not stop root)")
+    archived = tmp_path / "archived"
+    archived.mkdir()
+    for name in ("model_final.pth", "last_checkpoint", "config.yaml"):
+        (archived / name).write_bytes((finished_run / name).read_bytes())
+    read_only = tmp_path / "read_only"
+    read_only.mkdir()
+    subprocess.run(["mount", "--bind", str(archived), str(read_only)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(read_only)], check=True)
+        with pytest.raises(PermissionError, match="cannot be written.*MODEL.WEIGHTS <run>/model_final.pth OUTPUT_DIR"):
+            main(_args(read_only, "--eval-only", "--resume"))
+        elsewhere = tmp_path / "elsewhere"
+        main(_args(elsewhere, "--eval-only", "MODEL.WEIGHTS", str(read_only / "model_final.pth")))
+        assert (elsewhere / "results.md").is_file()
+        assert sorted(p.name for p in read_only.iterdir()) == ["config.yaml", "last_checkpoint", "model_final.pth"]
+    finally:
+        subprocess.run(["umount", str(read_only)], check=True)
+
+
+@pytest.mark.parametrize("override", [("MODEL.GW.NUM_GROUPS", "8"), ("MODEL.GW.T", "3"), ("MODEL.GW.EPS", "0.001")])
+def test_weights_trained_with_other_norm_values_are_refused_naming_them(finished_run, monkeypatch, override):
+    """The same parameter shapes, another function: a silent result without the recorded values."""
+    model = Trainer.build_model(build_config(str(DEMO_CONFIG), TINY_OPTS + list(override)))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    attribute = {"MODEL.GW.NUM_GROUPS": "num_groups", "MODEL.GW.T": "T", "MODEL.GW.EPS": "eps"}[override[0]]
+    with pytest.raises(ValueError, match=rf"other norm hyper-parameters.*\.norm {attribute} .* -> .*config.yaml"):
+        ResilientCheckpointer(model).load(str(finished_run / "model_final.pth"))
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    monkeypatch.setenv("GWDET_ALLOW_NORM_MISMATCH", "1")  # the documented opt-in
+    ResilientCheckpointer(model).load(str(finished_run / "model_final.pth"))
+    assert not all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def _zero_bytes_inside_the_largest_tensor(path, count=65536):
+    """Overwrite ``count`` bytes in the middle of the largest tensor record of a torch.save archive
+    (what a bad disk or an interrupted copy does); the archive itself stays readable."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        record = max((i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+        header = 30 + len(record.filename.encode()) + len(record.extra)
+    start = record.header_offset + header + max(0, record.file_size // 2 - count // 2)
+    with open(path, "r+b") as f:
+        f.seek(start)
+        f.write(b"\x00" * min(count, record.file_size))
+
+
+def test_a_checkpoint_with_damaged_tensor_bytes_is_refused_by_name(finished_run, tmp_path):
+    damaged = tmp_path / "model_final.pth"
+    damaged.write_bytes((finished_run / "model_final.pth").read_bytes())
+    _zero_bytes_inside_the_largest_tensor(damaged)
+    model = Trainer.build_model(build_config(str(DEMO_CONFIG), TINY_OPTS))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=rf"{damaged} is damaged: 1 tensor\(s\) differ.*Restore the file"):
+        ResilientCheckpointer(model, require_every_weight=True).load(str(damaged))
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_resume_skips_a_damaged_checkpoint_for_the_previous_one(finished_run, tmp_path, caplog):
+    for name in ("model_0000000.pth", "model_final.pth", "last_checkpoint"):
+        (tmp_path / name).write_bytes((finished_run / name).read_bytes())
+    _zero_bytes_inside_the_largest_tensor(tmp_path / "model_final.pth")
+    model = Trainer.build_model(build_config(str(DEMO_CONFIG), TINY_OPTS))
+    loaded = ResilientCheckpointer(model, save_dir=str(tmp_path)).resume_or_load("", resume=True)
+    assert loaded["iteration"] == 0
+    assert "is damaged" in caplog.text and "model_final.pth" in caplog.text
+
+
+def test_converted_weights_with_a_changed_array_are_refused_by_name(tmp_path):
+    import pickle
+
+    import numpy as np
+
+    from gwdet.checkpoint.convert import write_detectron2_pkl
+    from gwdet.checkpoint.resilient import load_pickle_weights
+
+    path = tmp_path / "weights.pkl"
+    write_detectron2_pkl({"stem.conv1.weight": np.ones((4, 3, 3, 3), np.float32)}, path, "test")
+    data = load_pickle_weights(str(path))
+    data["model"]["stem.conv1.weight"][0, 0, 0, 0] = 0.0  # the checksums stay those of the written array
+    path.write_bytes(pickle.dumps(data))
+    with pytest.raises(ValueError, match=r"weights.pkl is damaged.*stem.conv1.weight"):
+        ResilientCheckpointer(torch.nn.Linear(1, 1))._load_file(str(path))
+
+
+def test_resume_trims_metrics_a_kill_cut_short_and_iterations_it_repeats(tmp_path):
+    from gwdet.output_dir import trim_metrics
+
+    lines = ['{"iteration": 19, "loss": 1.0}', '{"iteration": 39, "loss": 0.9}', '{"iteration": 59, "lo']
+    (tmp_path / "metrics.json").write_text("\n".join(lines))
+    trim_metrics(str(tmp_path), start_iter=40)  # resumed from the checkpoint of iteration 39
+    assert (tmp_path / "metrics.json").read_text() == lines[0] + "\n" + lines[1] + "\n"
+    trim_metrics(str(tmp_path), start_iter=40)
+    assert (tmp_path / "metrics.json").read_text() == lines[0] + "\n" + lines[1] + "\n"
+    trim_metrics(str(tmp_path), start_iter=20)
+    assert (tmp_path / "metrics.json").read_text() == lines[0] + "\n"
+
+
+def test_random_bytes_in_last_checkpoint_fall_back_to_the_newest_checkpoint(finished_run, tmp_path, caplog):
+    for name in ("model_0000000.pth", "model_final.pth"):
+        (tmp_path / name).write_bytes((finished_run / name).read_bytes())
+    (tmp_path / "last_checkpoint").write_bytes(bytes(range(128, 256)))
+    model = Trainer.build_model(build_config(str(DEMO_CONFIG), TINY_OPTS))
+    checkpointer = ResilientCheckpointer(model, save_dir=str(tmp_path))
+    assert [p.rsplit("/", 1)[1] for p in checkpointer.resume_candidates()] == ["model_final.pth", "model_0000000.pth"]
+    assert "last_checkpoint in" in caplog.text and "cannot be read" in caplog.text
+
+
+def test_a_second_config_file_is_refused_instead_of_replacing_the_first():
+    with pytest.raises(SystemExit):
+        parse_args(["--config-file", str(DEMO_CONFIG), "--config", str(DEMO_CONFIG)])
+
+
+def test_output_dir_with_a_tilde_is_the_home_folder(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = build_config(str(DEMO_CONFIG), TINY_OPTS + ["OUTPUT_DIR", "~/runs/demo"])
+    assert cfg.OUTPUT_DIR == str(tmp_path / "runs" / "demo")
+
+
+def test_gw_positions_without_a_norm_to_place_there_are_refused():
+    with pytest.raises(ValueError, match="GW_NORM='' would leave those positions without any normalization"):
+        build_config(str(DEMO_CONFIG), TINY_OPTS + ["MODEL.RESNETS.GW_NORM", ""])

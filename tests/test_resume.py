@@ -126,3 +126,34 @@ def test_a_loader_gwdet_did_not_build_gets_a_warning_on_resume(tmp_path, caplog)
     resumed.resume_or_load(resume=True)
     assert resumed.start_iter == 2
     assert any("restarts its sample stream" in r.message for r in caplog.records)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR2], ids=lambda s: s.name)
+def test_a_stop_signal_saves_the_current_iteration_and_resume_ends_with_the_same_weights(
+        killed_and_uninterrupted, tmp_path, signum):
+    """A cluster's preemption (SIGTERM, SIGUSR2) or Ctrl-C (SIGINT) loses no iteration: no periodic
+    checkpoint is due before the end, so the only one is the signal's."""
+    uninterrupted = killed_and_uninterrupted[0]
+    output = tmp_path / "signalled"
+    no_periodic = ["SOLVER.CHECKPOINT_PERIOD", "1000", "OUTPUT_DIR", str(output)]
+    process = subprocess.Popen(TRAIN_NET + RESUME_OPTS + no_periodic, cwd=REPO, env=ENV,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log, deadline = output / "log.txt", time.time() + 600
+    while process.poll() is None and time.time() < deadline and not (
+            log.exists() and "save a checkpoint of the current iteration" in log.read_text()):
+        time.sleep(0.02)
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=600)
+    assert process.returncode == 128 + signum, stderr[-3000:]
+    saved = sorted(output.glob("model_*.pth"))
+    assert len(saved) == 1 and saved[0].name != "model_final.pth", saved
+    iteration = int(saved[0].stem.split("_")[1])
+    assert torch.load(saved[0], map_location="cpu", weights_only=True)["iteration"] == iteration < 7
+    assert f"Stopped by {signum.name} after iteration {iteration}" in log.read_text()
+
+    resumed_log = run_train_net(output, "--resume", *no_periodic)
+    assert f"model_{iteration:07d}.pth" in resumed_log
+    expected, resumed = final_weights(uninterrupted), final_weights(output)
+    assert resumed["iteration"] == 7
+    for name, tensor in expected["model"].items():
+        assert torch.equal(resumed["model"][name], tensor), name

@@ -4,12 +4,14 @@ detectron2's ``FrozenBatchNorm2d`` quietly fills running statistics a checkpoint
 1, so GW affine parameters would load into BN layers without a word; a ResNet-101 checkpoint into a
 ResNet-50 only logs skipped keys. Weights written by ``tools/convert_pretrained.py`` record their
 architecture and GW positions, which are checked here against the model's backbone before loading.
-Checkpoints written by gwdet's trainer record the type of every norm layer, so weights trained
-with other norms (a GN model's affine parameters into GW layers) are refused the same way.
+Checkpoints written by gwdet's trainer record the type and the hyper-parameters of every norm
+layer, so weights trained with other norms (a GN model's affine parameters into GW layers) or with
+other norm values (GW with 16 groups evaluated with 8: the same parameter shapes, another function)
+are refused the same way.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import torch
 import detectron2.layers.batch_norm as detectron2_norms
@@ -84,4 +86,44 @@ def check_norm_types(saved: Mapping[str, str], model: torch.nn.Module, how_to_op
             f"The checkpoint was trained with other norm layers than this config builds "
             f"({len(differing)} layers, e.g. {'; '.join(differing[:3])}); nothing was loaded. Load "
             f"weights trained with this config's NORM values, or {how_to_opt_in} to load them anyway."
+        )
+
+
+# ---- norm hyper-parameters recorded in gwdet's checkpoints --------------------------------------
+
+NORM_SETTINGS_KEY = "gwdet_norm_settings"
+# The attributes that make each kind of norm layer the function it is (first matching class wins).
+NORM_SETTINGS: tuple[tuple[type, tuple[str, ...]], ...] = (
+    (GroupWhitening, ("num_groups", "T", "eps", "method")),
+    (BatchWhitening, ("group_size", "T", "eps", "momentum", "method")),
+    (BatchGroupNorm, ("num_groups", "examples_per_group", "eps", "momentum", "eval_example_weight")),
+    (torch.nn.GroupNorm, ("num_groups", "eps")),
+    (torch.nn.modules.batchnorm._NormBase, ("eps", "momentum")),
+    (detectron2_norms.FrozenBatchNorm2d, ("eps",)),
+)
+
+
+def norm_settings(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
+    """``{module name: {hyper-parameter: value}}`` of every norm layer of ``model`` that has any."""
+    model = getattr(model, "module", model)
+    found = {}
+    for name, module in model.named_modules():
+        names = next((attributes for kind, attributes in NORM_SETTINGS if isinstance(module, kind)), ())
+        if name and names:
+            found[name] = {attribute: getattr(module, attribute) for attribute in names}
+    return found
+
+
+def check_norm_settings(saved: Mapping[str, Mapping[str, Any]], model: torch.nn.Module, how_to_opt_in: str) -> None:
+    """Raise ``ValueError`` naming the layers and values when a norm layer of ``model`` has other
+    hyper-parameters than the saved model had (the weights load, but into another function)."""
+    differing = [f"{name} {key} {saved[name][key]!r} -> {value!r}"
+                 for name, values in norm_settings(model).items() if isinstance(saved.get(name), Mapping)
+                 for key, value in values.items() if key in saved[name] and saved[name][key] != value]
+    if differing:
+        raise ValueError(
+            f"The checkpoint was trained with other norm hyper-parameters than this config gives its layers "
+            f"({len(differing)} values, e.g. {'; '.join(differing[:3])}); nothing was loaded. Use the values "
+            "the weights were trained with (the run's config.yaml: MODEL.GW.*, MODEL.BW.*, MODEL.BGN.*, "
+            f"MODEL.GN.NUM_GROUPS), or {how_to_opt_in} to load them anyway."
         )

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from gwdet.atomic import write_atomically
+from gwdet.checkpoint.integrity import with_checksums
 from gwdet.checkpoint.architecture import (
     ARCHITECTURES,
     check_bottleneck_blocks,
@@ -297,10 +298,12 @@ def write_detectron2_pkl(
     """Write ``weights`` as a detectron2 ``.pkl`` with matching heuristics on.
 
     The file is written under a temporary name in the same folder and renamed when complete, so
-    ``output_path`` never holds a partial file. ``metadata`` goes under :data:`METADATA_KEY`.
+    ``output_path`` never holds a partial file. ``metadata`` goes under :data:`METADATA_KEY`, and
+    a checksum of every array (:mod:`gwdet.checkpoint.integrity`) beside the weights.
     """
     output_path = os.fspath(output_path)
-    checkpoint = {WEIGHTS_KEY: weights, AUTHOR_KEY: author, MATCHING_HEURISTICS_KEY: True}
+    checkpoint = with_checksums({WEIGHTS_KEY: weights, AUTHOR_KEY: author, MATCHING_HEURISTICS_KEY: True},
+                                WEIGHTS_KEY)
     if metadata is not None:
         checkpoint[METADATA_KEY] = metadata
     try:

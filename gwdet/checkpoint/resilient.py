@@ -4,14 +4,16 @@
 
 * ``save`` writes through :func:`gwdet.atomic.write_atomically` (a unique temporary name renamed
   into place; a failed save names the operating system's error and leaves no partial file), and
-  records the type of every norm layer;
+  records the type and hyper-parameters of every norm layer;
 * ``resume_or_load(resume=True)`` tries the checkpoint ``last_checkpoint`` names, then the other
   ``model_*.pth`` files newest first, and skips (with a warning) any that is gone or cannot be
   read; with nothing to resume it says so;
+* every tensor carries a checksum (:mod:`gwdet.checkpoint.integrity`): a damaged file is refused
+  by name (with ``--resume``, the previous checkpoint is taken instead);
 * files are read without executing code (:mod:`gwdet.checkpoint.safe_load`); a file that needs
   more is refused with an explanation, unless the user opts in with ``GWDET_ALLOW_UNSAFE_PICKLE=1``;
 * converted ImageNet weights that misfit the model (architecture, GW positions), and checkpoints
-  trained with other norm layers, are refused before any weight is copied
+  trained with other norm layers or other norm hyper-parameters, are refused before any weight is copied
   (:mod:`gwdet.checkpoint.compatibility`; opt in with ``GWDET_ALLOW_NORM_MISMATCH=1``);
 * the random number generators (torch, numpy, python) are saved with each checkpoint and restored
   on resume, so a resumed run draws the same random numbers as an uninterrupted one.
@@ -29,7 +31,16 @@ import torch
 from detectron2.checkpoint import DetectionCheckpointer
 
 from gwdet.atomic import write_atomically
-from gwdet.checkpoint.compatibility import NORM_TYPES_KEY, check_norm_types, check_weights_fit_model, norm_types
+from gwdet.checkpoint.compatibility import (
+    NORM_SETTINGS_KEY,
+    NORM_TYPES_KEY,
+    check_norm_settings,
+    check_norm_types,
+    check_weights_fit_model,
+    norm_settings,
+    norm_types,
+)
+from gwdet.checkpoint.integrity import CHECKSUMS_KEY, DamagedFileError, verify_checksums, with_checksums
 from gwdet.checkpoint.metadata import read_conversion_metadata
 from gwdet.checkpoint.safe_load import UnsafeCheckpointError, load_pickle_file, load_torch_file
 
@@ -93,7 +104,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
     def save(self, name: str, **extra: Any) -> None:
         if not self.save_dir or not self.save_to_disk:
             return
-        data = {"model": self.model.state_dict(), NORM_TYPES_KEY: norm_types(self.model)}
+        data = with_checksums({"model": self.model.state_dict(), NORM_TYPES_KEY: norm_types(self.model),
+                               NORM_SETTINGS_KEY: norm_settings(self.model)})
         data.update({key: obj.state_dict() for key, obj in self.checkpointables.items()})
         data.update(extra)
         basename = f"{name}.pth"
@@ -106,7 +118,12 @@ class ResilientCheckpointer(DetectionCheckpointer):
         """The checkpoint ``last_checkpoint`` names, then the other ``model_*.pth`` newest first."""
         others = [n for n in os.listdir(self.save_dir) if _CHECKPOINT_NAME.match(n)] if os.path.isdir(self.save_dir) else []
         others.sort(key=lambda n: (n != "model_final.pth", -int(n[6:-4]) if n[6:-4].isdigit() else 0))
-        tagged = os.path.basename(self.get_checkpoint_file()) if self.has_checkpoint() else None
+        try:
+            tagged = os.path.basename(self.get_checkpoint_file()) if self.has_checkpoint() else None
+        except (UnicodeDecodeError, OSError) as error:
+            self.logger.warning(f"last_checkpoint in {self.save_dir} cannot be read ({error}); trying the "
+                                "checkpoints there newest first.")
+            tagged = None
         if tagged and tagged not in others:
             self.logger.warning(f"last_checkpoint names {tagged}, which is not in {self.save_dir}; "
                                 "trying the other checkpoints there.")
@@ -130,7 +147,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
         for candidate in candidates:
             try:
                 return self.load(candidate)
-            except (OSError, EOFError, RuntimeError, pickle.UnpicklingError) as err:
+            except (OSError, EOFError, RuntimeError, pickle.UnpicklingError, DamagedFileError) as err:
                 if isinstance(err, UnsafeCheckpointError):
                     raise
                 self._parsed_url_during_load = None  # detectron2's load leaves it set when it raises
@@ -149,8 +166,11 @@ class ResilientCheckpointer(DetectionCheckpointer):
         if metadata is not None:
             check_weights_fit_model(metadata, self.model)
         if isinstance(checkpoint.get(NORM_TYPES_KEY), dict) and not mismatch_allowed():
-            check_norm_types(checkpoint.pop(NORM_TYPES_KEY), self.model, _MISMATCH_OPT_IN)
+            check_norm_types(checkpoint[NORM_TYPES_KEY], self.model, _MISMATCH_OPT_IN)
+        if isinstance(checkpoint.get(NORM_SETTINGS_KEY), dict) and not mismatch_allowed():
+            check_norm_settings(checkpoint[NORM_SETTINGS_KEY], self.model, _MISMATCH_OPT_IN)
         checkpoint.pop(NORM_TYPES_KEY, None)
+        checkpoint.pop(NORM_SETTINGS_KEY, None)
         return super()._load_model(checkpoint)
 
     def _log_incompatible_keys(self, incompatible) -> None:
@@ -166,12 +186,16 @@ class ResilientCheckpointer(DetectionCheckpointer):
         super()._log_incompatible_keys(incompatible)
 
     def _load_file(self, filename: str) -> dict:
+        """The file's contents, its recorded checksums verified (:mod:`gwdet.checkpoint.integrity`)."""
         if filename.endswith(".pkl"):
             data = load_pickle_weights(filename)
-            if "model" in data and "__author__" in data:
-                return data
-            return {"model": data, "__author__": "unknown", "matching_heuristics": True}
-        return super()._load_file(filename)
+            if not ("model" in data and "__author__" in data):
+                return {"model": data, "__author__": "unknown", "matching_heuristics": True}
+        else:
+            data = super()._load_file(filename)
+        verify_checksums(filename, data)
+        data.pop(CHECKSUMS_KEY, None)
+        return data
 
     def _torch_load(self, f: str) -> Any:
         return load_torch_checkpoint(f)

@@ -59,6 +59,7 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sample-image", default=None, help="image to trace with (default: first test image)")
     parser.add_argument("--run-eval", action="store_true", help="evaluate the exported TorchScript model")
     parser.add_argument("--output", required=True, help="output folder")
+    parser.add_argument("--overwrite", action="store_true", help="replace an earlier export in --output")
     parser.add_argument("--opset", type=int, default=None, help="ONNX opset (default: gwdet.export.ONNX_OPSET)")
     return add_opts(parser)
 
@@ -167,17 +168,25 @@ def evaluate_traced(cfg, traced, adapter) -> Dict:
     return results
 
 
+def require_detections(model: torch.nn.Module, image: Tensor) -> int:
+    """The number of detections ``model`` makes on ``image``; ``SystemExit`` when there are none:
+    an exported model is compared with the eager one on the sample image's outputs, and empty
+    outputs agree whatever the exported file computes."""
+    with torch.no_grad():
+        found = len(model.inference([{"image": image}], do_postprocess=False)[0])
+    if not found:
+        raise SystemExit("The sample image gave no detection, so the export could not be compared with the "
+                         "model (empty outputs always agree); nothing was written. Give --sample-image an image "
+                         "with objects the model detects (or weights trained further).")
+    return found
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from detectron2.utils.logger import setup_logger
 
     from gwdet.engine import build_config
-    from gwdet.export.deploy import (
-        ONNX_OPSET,
-        export_model_onnx,
-        export_torchscript,
-        max_abs_difference,
-        run_onnx,
-    )
+    from gwdet.atomic import path_written_atomically
+    from gwdet.export.deploy import ONNX_OPSET, export_model_onnx, export_torchscript, max_abs_difference, run_onnx
 
     args = argument_parser().parse_args(argv)
     setup_logger(name="gwdet")
@@ -186,26 +195,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise SystemExit("--format onnx needs --export-method tracing")
     if args.run_eval and (args.format != "torchscript" or args.export_method != "tracing"):
         raise SystemExit("--run-eval evaluates a traced TorchScript model: use --format torchscript --export-method tracing")
+    path = os.path.join(args.output, "model.onnx" if args.format == "onnx" else "model.ts")
+    if os.path.exists(path) and not args.overwrite:
+        raise SystemExit(f"{path} already exists; it is left as it is. Pass --overwrite to replace it, or "
+                         "choose another --output.")
     cfg = build_config(args.config_file, ["DATALOADER.NUM_WORKERS", "0"] + list(args.opts))
     model = build_trained_model(cfg)
     image = sample_inputs(cfg, args.sample_image)[0]["image"]
+    logger.info("The sample image gives %d detections to compare the export on.", require_detections(model, image))
     os.makedirs(args.output, exist_ok=True)
-    with torch.no_grad():
+    # The export is written under a temporary name and checked there; only a complete, checked file
+    # takes the name, so a failed or interrupted export leaves an earlier one as it was.
+    with torch.no_grad(), path_written_atomically(path) as written:
         if args.format == "torchscript" and args.export_method == "scripting":
-            path = os.path.join(args.output, "model.ts")
-            scripted = export_scripting(model, path)
+            scripted = export_scripting(model, written)
             difference = _scripted_difference(model, scripted, image)
         elif args.format == "torchscript":
-            path = os.path.join(args.output, "model.ts")
-            traced, adapter = export_torchscript(model, image, path)
+            traced, adapter = export_torchscript(model, image, written)
             difference = max_abs_difference(adapter(image), traced(image))
             logger.info("Inputs schema: %s", adapter.inputs_schema)
             logger.info("Outputs schema: %s", adapter.outputs_schema)
         else:
-            path = os.path.join(args.output, "model.onnx")
-            adapter = export_model_onnx(model, image, path, args.opset or ONNX_OPSET)
+            adapter = export_model_onnx(model, image, written, args.opset or ONNX_OPSET)
             try:
-                difference = max_abs_difference(adapter(image), run_onnx(path, [image]))
+                difference = max_abs_difference(adapter(image), run_onnx(written, [image]))
             except ImportError:
                 difference = None
                 logger.warning("onnxruntime is not installed: the exported file was not run.")

@@ -11,8 +11,9 @@ from detectron2.modeling.meta_arch.retinanet import RetinaNetHead
 import torch
 from torch import nn
 
-from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
+from gwdet.layers import BatchGroupNorm, BatchWhitening
 from gwdet.modeling.heads import PerLevelNorm
+from gwdet.norms import group_adjustment
 from gwdet.solver import misdecayed_norm_layers
 
 BATCH_STATISTICS_LAYERS = (nn.modules.batchnorm._BatchNorm, BatchWhitening, BatchGroupNorm)
@@ -40,13 +41,9 @@ def adjusted_groups(model: nn.Module) -> list[str]:
     the channels not above the request; one channel per group when there are fewer channels)."""
     found: dict = defaultdict(lambda: {"layers": 0, "channels": set(), "used": set()})
     for name, module in model.named_modules():
-        if isinstance(module, (GroupWhitening, BatchGroupNorm)):
-            requested, used, what = module.num_groups, module.effective_num_groups, "groups"
-        elif isinstance(module, BatchWhitening):
-            requested, used, what = module.group_size, module.effective_group_size, "channels per group"
-        else:
-            continue
-        if requested != used:
+        adjusted = group_adjustment(module)
+        if adjusted is not None:
+            what, requested, used = adjusted
             entry = found[(_component(name), type(module).__name__, what, requested)]
             entry["layers"] += 1
             entry["channels"].add(module.num_channels)

@@ -1,0 +1,115 @@
+"""A checkpoint at the current iteration when training is told to stop.
+
+A cluster's preemption and time limit send SIGTERM (or the signal a job asked for, usually SIGUSR2)
+and a user sends SIGINT (Ctrl-C); by default each ends the process and loses the work since the
+last periodic checkpoint. :class:`CheckpointOnSignal`, a detectron2 hook, turns those signals into
+a request: the iteration in progress finishes, a checkpoint of that iteration is saved exactly as a
+periodic one would be (``model_<iteration>.pth`` with the optimizer, scheduler, random and data
+states), and the process stops with :class:`TrainingInterrupted`. ``--resume`` then continues at
+the next iteration and ends with the weights of an uninterrupted run.
+
+A handler that was installed before training (submitit's, which requeues a SLURM job) is called
+after the checkpoint is written, so it still does its job. A second signal of the same kind while
+the step finishes falls back to that earlier handler at once (a second Ctrl-C stops immediately).
+With several processes the request is shared at every step, so that every rank stops after the
+same iteration.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from detectron2.engine import HookBase
+from detectron2.utils import comm
+
+STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
+logger = logging.getLogger(__name__)
+
+
+class TrainingInterrupted(SystemExit):
+    """Training stopped on a signal after saving a checkpoint; the exit status is 128 + the signal."""
+
+    def __init__(self, signum: int, checkpoint: str | None) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+        self.checkpoint = checkpoint
+
+
+def _chained_handler(previous: Any) -> Callable[[int, FrameType | None], Any] | None:
+    """The earlier Python-level handler to call after the checkpoint (``None``: exit ourselves)."""
+    if callable(previous) and previous is not signal.default_int_handler:
+        return previous
+    return None
+
+
+class CheckpointOnSignal(HookBase):
+    """Saves ``model_<iteration>.pth`` after the step in which one of ``signals`` arrived, then stops."""
+
+    def __init__(self, signals: Sequence[signal.Signals] = STOP_SIGNALS) -> None:
+        self.signals = tuple(signals)
+        self._received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self._received is not None:  # asked twice: the earlier behaviour, now
+            self._restore()
+            previous = self._previous.get(signum)
+            if callable(previous):
+                previous(signum, frame)
+            else:
+                signal.raise_signal(signum)
+            return
+        self._received = signum
+        logger.warning(f"Received {signal.Signals(signum).name}: the current iteration finishes, a checkpoint "
+                       "is saved, then training stops (send the signal again to stop at once).")
+
+    def before_train(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            logger.warning("Training runs outside the main thread: signals cannot be caught there, so a "
+                           "stop signal ends it without a checkpoint.")
+            return
+        for signum in self.signals:
+            self._previous[signum] = signal.signal(signum, self._handle)
+        logger.info(f"{', '.join(s.name for s in self.signals)} save a checkpoint of the current iteration "
+                    "before training stops.")
+
+    def _restore(self) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+
+    def after_train(self) -> None:
+        if self._previous:
+            self._restore()
+            self._previous = {}
+
+    def _requested(self) -> int | None:
+        """The signal number any rank received (every rank gets the same answer)."""
+        if comm.get_world_size() == 1:
+            return self._received
+        flag = torch.tensor([self._received or 0], dtype=torch.int64)
+        if dist.get_backend() == "nccl":
+            flag = flag.cuda()
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return int(flag.item()) or None
+
+    def after_step(self) -> None:
+        signum = self._requested()
+        if signum is None:
+            return
+        iteration = self.trainer.iter
+        name = f"model_{iteration:07d}"
+        if comm.is_main_process():
+            self.trainer.checkpointer.save(name, iteration=iteration)
+        comm.synchronize()
+        logger.warning(f"Stopped by {signal.Signals(signum).name} after iteration {iteration}; saved {name}.pth. "
+                       "Continue with the same command and --resume.")
+        previous = _chained_handler(self._previous.get(signum))
+        self.after_train()
+        if previous is not None:
+            previous(signum, None)
+        raise TrainingInterrupted(signum, f"{name}.pth")
