@@ -6,8 +6,9 @@ Reports Python, PyTorch, torchvision and detectron2 (version, where it was impor
 was installed: gwdet's set-up of the ``sal-detectron2`` wheel, a pip install built from a source tree,
 an editable install, or a source tree on ``sys.path``), whether detectron2's compiled extension
 ``detectron2._C`` loads and which detectron2 features are missing without it, which optional
-detectron2 APIs gwdet relies on are there, gwdet's registered norm names and backbones, and the
-thread settings that decide CPU speed.
+detectron2 APIs gwdet relies on are there, gwdet's registered norm names and backbones, the
+execution plan its whitening layers run on CPU and CUDA tensors (:mod:`gwdet.layers.plans`), and
+the thread settings that decide CPU speed.
 
 Every probe is guarded: a broken package shows up as a line saying what failed, never as a crash of
 this report.
@@ -282,7 +283,14 @@ def _gwdet_section() -> dict[str, str]:
         "gwdet.known_norm_names is not available in this gwdet"
     section["gwdet backbones"] = _guard(_gwdet_backbones)
     section["other gwdet components"] = _guard(_other_registrations)
+    section["execution plan"] = _guard(_execution_plan)
     return section
+
+
+def _execution_plan() -> str:
+    from gwdet.layers.plans import describe_plans
+
+    return describe_plans()
 
 
 def _gwdet_backbones() -> str:

@@ -1,6 +1,7 @@
 """gwdet_lab.benchmark (tools/benchmark.py) on tiny shapes: what the tables say is what was measured,
 the section writer keeps the rest of the file, the competing load never outlives the run.
 No test asserts a time."""
+import math
 import statistics
 import subprocess
 import sys
@@ -181,3 +182,36 @@ def test_benchmark_quick_mode_writes_markdown(tmp_path):
     assert "GW (itn)" in text and "conv 3x3" in text
     assert "peak memory" in text
     assert "[1/" in result.stderr  # progress lines
+
+
+def test_the_op_count_level_tables_show_the_counts_and_the_cost_model_adds_them_up(monkeypatch):
+    import gwdet.layers.plans.triton_plan as triton_plan
+    from gwdet_lab.benchmark.gpu_cost import LAUNCH_SECONDS, V100, group_whitening_flops, layer_seconds
+    from gwdet_lab.benchmark.op_level import describe_count, op_count_tables, run_op_counts
+
+    monkeypatch.setattr(triton_plan, "_failure", None)  # this process's Triton falls back: keep that local
+    with pytest.warns(RuntimeWarning, match="runs the 'accelerator' plan"):
+        results = run_op_counts(parse_args(["--op-counts", "--quick"]), CPU)
+    text = op_count_tables(results)
+    rows = table_rows(text, "#### Dispatched operations per forward + backward")
+    for (where, shape), row in zip(results["shapes"], rows):
+        cells = dict(zip(results["names"], row[2:]))
+        assert cells == {name: describe_count(results["counts"][(shape, name)]) for name in results["names"]}
+        assert cells[CONV] == cells["GN(32)"] == "2"
+        assert "syncs" in cells["GW cpu"] and "syncs" not in cells["GW accelerator"]
+    assert "fell back to the accelerator plan" in text  # no interpreter here: the report says so
+    shape = results["shapes"][0][1]
+    counted = results["counts"][(shape, "GW accelerator")]
+    expected = (counted.total * LAUNCH_SECONDS + group_whitening_flops(shape) / V100.fp32_flops
+                + counted.bytes_moved / V100.bandwidth)
+    assert layer_seconds(V100, "GW accelerator", shape, counted) == pytest.approx(expected, rel=1e-12)
+    assert counted.bytes_moved >= 4 * 4 * math.prod(shape)  # at least input, output and gradients once
+
+
+def test_gw_flops_of_the_cost_model_count_the_products_the_code_runs():
+    from gwdet_lab.benchmark.gpu_cost import group_whitening_flops
+
+    # (512, 256, 7, 7), g = 64, m = 196: 6 products of 64 x 64 by 64 x 196 and 48 of 64 x 64 per sample
+    assert group_whitening_flops((512, 256, 7, 7)) == 2.0 * 512 * (6 * 64 * 196 * 64 + 48 * 64**3)
+    # few columns (1024, 1024): m = 16 < g, so 16 x 16 matrices
+    assert group_whitening_flops((1024, 1024)) == 2.0 * 1024 * (6 * 64 * 16 * 16 + 48 * 16**3)

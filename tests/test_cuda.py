@@ -5,7 +5,11 @@ backward on CUDA against the same layer in float64 on the CPU, also at 1e20, whe
 scale the statistics; under ``torch.autocast("cuda")`` with float16 and bfloat16 the output keeps
 the input's dtype and is the float32 computation rounded once (so the statistics are float32);
 a constant input stays finite. Then a training step of the demo's GW Faster R-CNN on CUDA, with
-and without mixed precision, has finite losses and gradients. No test measures time.
+and without mixed precision, has finite losses and gradients. Execution plans
+(gwdet.layers.plans): every plan forced on CUDA matches the float64 CPU result (the Triton kernels
+running, not falling back), the GPU plans keep float32 statistics under autocast, and
+``torch.compile(mode="reduce-overhead")`` captures a GW model in CUDA graphs (no host sync in the
+``accelerator`` and ``triton`` plans). No test measures time.
 """
 import copy
 
@@ -108,3 +112,76 @@ def test_gw_faster_rcnn_training_step_on_cuda(amp):
     assert gradients
     if not amp:  # float16 activation gradients may overflow (AMPTrainer's GradScaler skips such steps)
         assert all(torch.isfinite(g).all() for g in gradients)
+
+
+# ---- execution plans on CUDA (gwdet.layers.plans) --------------------------------------------------
+
+PLANS = ["cpu", "accelerator", "triton"]
+PLANNED = ["GW", "GW_ZCA", "BW", "BW_ItN"]
+
+
+@pytest.mark.parametrize("plan", PLANS)
+@pytest.mark.parametrize("name", PLANNED)
+def test_every_plan_matches_cpu_float64_on_cuda(name, plan, monkeypatch):
+    from gwdet.layers.plans.triton_plan import fallback_reason
+
+    monkeypatch.setenv("GWDET_GW_PLAN", plan)
+    layer = make_layer(name, training=True)
+    reference = copy.deepcopy(layer).double()
+    on_cuda = copy.deepcopy(layer).to(DEVICE)
+    x, grad = inputs(shape=(7, CHANNELS, 5, 5))  # an odd sample count
+    got = forward_backward(on_cuda, x.to(DEVICE), grad.to(DEVICE))
+    monkeypatch.setenv("GWDET_GW_PLAN", "cpu")
+    expected = forward_backward(reference, x.double(), grad.double())
+    for what, a, b in zip(RESULT_NAMES, got, expected):
+        assert_close_relative(a, b, 1e-4, what)
+    assert fallback_reason() is None  # the Triton kernels ran (a failure would have fallen back)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("plan", ["accelerator", "triton"])
+def test_gpu_plans_under_autocast_keep_float32_statistics(plan, dtype, monkeypatch):
+    monkeypatch.setenv("GWDET_GW_PLAN", plan)
+    layer = make_layer("GW", training=True).to(DEVICE)
+    x = inputs(shape=(64, CHANNELS, 7, 7))[0].to(DEVICE, dtype).requires_grad_()
+    with torch.autocast(DEVICE, dtype=dtype):
+        out = layer(x)
+    expected = copy.deepcopy(layer)(x.detach().float()).detach()
+    assert out.dtype == dtype
+    error = (out.detach().float() - expected).abs()
+    assert (error <= torch.finfo(dtype).eps / 2 * expected.abs() + 1e-5 * expected.abs().max()).all()
+    out.float().square().sum().backward()
+    assert x.grad.dtype == dtype and torch.isfinite(x.grad).all()
+
+
+class CapturedNet(torch.nn.Module):
+    """Convolutions and GW layers: what torch.compile(mode="reduce-overhead") must capture."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, CHANNELS, 3, padding=1)
+        self.gw1 = make_layer("GW", training=True)
+        self.conv2 = torch.nn.Conv2d(CHANNELS, CHANNELS, 3, padding=1)
+        self.gw2 = make_layer("GW", training=True, seed=1)
+
+    def forward(self, x):
+        return self.gw2(self.conv2(self.gw1(self.conv1(x)).relu_()))
+
+
+@pytest.mark.parametrize("plan", ["accelerator", "triton"])
+def test_reduce_overhead_compile_captures_gw_in_cuda_graphs(plan, monkeypatch):
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("GWDET_GW_PLAN", plan)
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    net = CapturedNet().to(DEVICE)
+    eager = copy.deepcopy(net)
+    compiled = torch.compile(net, mode="reduce-overhead")
+    x = torch.randn(8, 3, 16, 16, device=DEVICE)
+    for _ in range(3):  # warm-up, recording, replay
+        out = compiled(x)
+        out.square().mean().backward()
+    assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+    assert torch.allclose(out, eager(x), rtol=0, atol=1e-4)

@@ -10,7 +10,9 @@
 
 :mod:`gwdet.layers.cost` holds their analytic cost, :mod:`gwdet.layers.tracing` which
 implementation runs under ``torch.jit``, ``torch.onnx``, ``torch.compile`` and ``torch.export``,
-and :mod:`gwdet.layers.common` the argument checks and the channel-group rule they share.
+:mod:`gwdet.layers.plans` how GW and BW run on each device (execution plans: ``cpu``,
+``accelerator``, ``triton``; ``GWDET_GW_PLAN`` forces one), and :mod:`gwdet.layers.common` the
+argument checks and the channel-group rule they share.
 """
 from .batch_group_norm import BatchGroupNorm, batch_group_norm
 from .batch_whitening import BatchWhitening, batch_whitening

@@ -23,6 +23,13 @@ statistics, ``W (x - mu)``, with no squares to overflow.
 :func:`batch_whitening` is the functional form (the module passes its buffers and parameters);
 while ``torch.jit.trace`` records inside :func:`gwdet.layers.tracing.trace_named_ops` the module
 runs it as the custom op ``gwdet::batch_whitening``, one named node for flop counting.
+
+Execution plans (:mod:`gwdet.layers.plans`): the whole batch is one pass on every plan, with no
+host synchronisation (ZCA's ``torch.linalg.eigh`` excepted: PyTorch checks its result on the
+host). Outside the ``cpu`` plan the ItN whitening matrix is the closed-form op
+:func:`~.itn_whitening_op.itn_whitening_op` (Triton kernels under ``triton``) instead of autograd
+through the iteration: the same function, different rounding, far fewer operations. Under
+``torch.compile`` that choice is made when the graph is compiled.
 """
 from typing import Optional
 
@@ -34,7 +41,9 @@ from .common import (
     largest_divisor_at_most, largest_magnitude, magnitude_scales, per_channel_affine,
     register_affine, scaled_ridge, statistics_dtype,
 )
-from .tracing import counting_op, tracing_named_ops
+from .itn_whitening_op import itn_whitening_op
+from .plans import plan_name
+from .tracing import counting_op, onnx_exporting, tracing_named_ops
 from .whitening_matrix import check_whitening_method, ridge_covariance, whitening_matrix
 
 
@@ -85,7 +94,10 @@ def _whiten(
         centred = rows - mean
         ridge = scaled_ridge(eps, scales)
         cov = ridge_covariance(centred, ridge)
-        whitening = whitening_matrix(cov, method, T, ridge)
+        if torch.jit.is_scripting():
+            whitening = whitening_matrix(cov, method, T, ridge)
+        else:
+            whitening = _planned_whitening_matrix(cov, method, T, ridge)
         # DBN Algorithm 1 lines 10-11 with the mean s mu' and whitening matrix W' / s of X, on
         # detached values (rather than under no_grad, which torch.export would record as a region
         # it cannot serialize)
@@ -97,6 +109,19 @@ def _whiten(
         whitening = running_whitening.to(dtype)
     whitened = torch.matmul(whitening, centred).reshape(channels_first.shape)
     return whitened.transpose(0, 1)
+
+
+@torch.jit.unused
+def _planned_whitening_matrix(cov: Tensor, method: str, T: int, ridge: Tensor) -> Tensor:
+    """The whitening matrix by the execution plan of ``cov``'s device (:mod:`gwdet.layers.plans`):
+    outside the ``cpu`` plan, ItN is the closed-form op ``gwdet::itn_whitening`` (two kernel
+    launches under ``triton``, against about 100 operations through autograd); the ``cpu`` plan,
+    ZCA and graphs recorded for deployment or counting (``torch.jit.trace``, ONNX) take the
+    paper's iteration, differentiated by autograd."""
+    recording = torch.jit.is_tracing() or onnx_exporting()
+    if method == "itn" and not recording and plan_name(cov.device) != "cpu":
+        return itn_whitening_op(cov, T)
+    return whitening_matrix(cov, method, T, ridge)
 
 
 @torch.jit.unused

@@ -143,12 +143,12 @@ def magnitude_scales(largest: Tensor) -> Tensor:
     statistics of ``x / s`` with the ridge :func:`scaled_ridge` and gets the same function, while
     the squares of values near ``1e20`` would overflow float32 (``1e40 > 3.4e38``). Multiplying by
     a power of two is exact, so nothing is rounded by the scaling itself. An infinite ``largest``
-    (an input holding inf) gets the factor 0 and a NaN one the factor 1: either way the output of
-    a non-finite input stays non-finite.
+    (an input holding inf) gets the factor 0 and a NaN one the factor NaN: either way the output
+    of a non-finite input stays non-finite. (Five elementwise operations on the small tensor
+    ``largest``: ``2**min(E - ceil(log2 largest), 0)``; each is a kernel launch on a GPU.)
     """
     exponent = safe_exponent(largest.dtype)
-    shift = torch.ceil(torch.log2(largest)) - exponent
-    return torch.where(largest > 2.0 ** exponent, torch.pow(2.0, -shift), torch.ones_like(largest))
+    return torch.pow(2.0, (exponent - torch.ceil(torch.log2(largest))).clamp_max(0.0))
 
 
 def scaled_ridge(eps: float, scales: Tensor) -> Tensor:

@@ -29,7 +29,9 @@ Implementations (which one runs is decided per call, see :mod:`gwdet.layers.trac
 * the custom op ``gwdet::group_whitening``
   (:func:`~.group_whitening_function.fused_group_whitening`): the same function with a
   closed-form backward that keeps only the input, the group means and small ``g x g`` matrices;
-  eager mode, ``torch.compile`` and ``torch.export`` run it.
+  eager mode, ``torch.compile`` and ``torch.export`` run it, by the execution plan of the input's
+  device (:mod:`gwdet.layers.plans`: cache-sized chunks on CPU, the whole batch in few operations
+  on a GPU, the Newton iterations as Triton kernels where Triton is available).
 
 Both compute the same function up to float rounding.
 """

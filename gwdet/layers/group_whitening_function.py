@@ -9,8 +9,9 @@ kernels and an autograd formula that calls the backward op, they stay single opa
 avoid, compared with differentiating the reference formulas by autograd:
 
 * autograd keeps the centred copy of the input, the whitened output before the affine and the
-  3T intermediate ``g x g`` products of ItN; here only the input, the group means and (when it is
-  small) the ``g x g`` covariance are saved, and the whitening matrix is recomputed in the
+  3T intermediate ``g x g`` products of ItN; here only the input, the group means, the samples'
+  scaling factors and (when it is small) the ``g x g`` covariance are saved, and the whitening
+  matrix is recomputed in the
   backward pass together with its gradient (:func:`~.whitening_matrix.itn_whitening_vjp`);
 * the work over the activation is the minimum of ``g x g`` by ``g x m`` products per sample
   (``m = C/g HW``): forward covariance and ``W X_C`` (2), backward ``dY X^T``, ``W^T dY`` and
@@ -23,8 +24,10 @@ avoid, compared with differentiating the reference formulas by autograd:
 * with fewer columns than groups (``m < g``, e.g. ``(N, C)`` input with ``C < g^2``) the
   ``g x g`` covariance has rank at most ``m``, and the whole whitening runs on the ``m x m``
   Gram matrix instead (see "Few columns" below);
-* samples are processed in chunks, so that temporaries (activation-sized buffers for the chunk
-  and its ``g x g`` work) stay a fraction of the activation, and on CPU in cache.
+* how the samples are cut into passes, whether the scaling of huge inputs may be skipped and what
+  computes the ItN whitening matrix is the execution plan's choice (:mod:`gwdet.layers.plans`:
+  cache-sized chunks on CPU, the whole batch on a GPU, Triton kernels for the ``g x g`` Newton
+  iterations); the formulas here are the same for every plan.
 
 Backward (Algorithm 2, one sample, ``X`` is ``g x m``, ``mu`` the row means,
 ``X_C = X - mu 1^T``, ``Y = W X_C``, ``Z = gamma o Y + beta``)::
@@ -54,11 +57,12 @@ Huge inputs: a sample whose largest magnitude exceeds ``2**32`` (``2**256`` in f
 processed as ``X' = X / s`` with the ridge ``eps / s^2``, ``s`` the power of two of
 :func:`~.common.magnitude_scales`. That is the same function: ``W X_C = W' X'_C`` for the
 whitening matrix ``W'`` of the scaled covariance, so the forward pass needs no rescaling; the
-saved means and covariances are those of ``X'``. The backward pass finds the same ``s`` from the
-input, runs the formulas above on ``X'`` (the affine's gradients are unchanged, ``Y`` being the
-same) and divides the input gradient by ``s``. Other samples are computed with ``s = 1``, i.e.
-exactly as without scaling; on CPU a call in which no sample needs scaling (known there without a
-device synchronisation) skips the scaling steps altogether.
+saved means and covariances are those of ``X'``, and the factors ``1/s`` are saved too. The
+backward pass runs the formulas above on ``X'`` (the affine's gradients are unchanged, ``Y``
+being the same) and divides the input gradient by ``s``. Other samples are computed with
+``s = 1``, i.e. exactly as without scaling; the ``cpu`` plan skips the scaling steps altogether
+in a call in which no sample needs them (which it finds out on the host, from the input, in
+either pass).
 """
 import math
 from typing import Iterator, NamedTuple, Optional, Sequence, Tuple, Union
@@ -66,42 +70,28 @@ from typing import Iterator, NamedTuple, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from .common import largest_magnitude, magnitude_scales, safe_exponent, scaled_ridge, statistics_dtype
-from .whitening_matrix import (
-    itn_whitening,
-    itn_whitening_vjp,
-    zca_whitening,
-    zca_whitening_vjp,
-)
+from .common import scaled_ridge, statistics_dtype
+from .group_shapes import GroupShapes, keeps_covariance
+from .plans import ExecutionPlan, plan_for
+from .whitening_matrix import zca_whitening, zca_whitening_vjp
 
-# Samples are processed in chunks whose temporaries stay within a fraction of the activation's
-# size (in the compute dtype): FORWARD_FRACTION while the forward pass holds only the output,
-# BACKWARD_FRACTION (less any saved covariances) while the backward pass also holds the input
-# gradient, so that the peak stays near GroupNorm's (output + input gradient, about 2.05
-# activations): at most 2.6 activations, within the 1.3x of GroupNorm that docs/benchmarks.md
-# targets. A sample's g x g work takes about GG_BUFFERS matrices (ItN backward). On CPU a
-# chunk's g x g work is also kept within CACHE_BYTES per thread: batched 64 x 64 products run
-# about 1.5x faster on 16 samples per thread than on 512, while much smaller chunks pay
-# per-operation overhead (measured on a 2-core Xeon: 16 samples per chunk on 1 thread, 32 on 2).
-# At least one sample at a time.
+# Memory model of the formulas below, for the plans' chunk sizes. A pass over samples holds
+# activation-sized temporaries (see _chunk_steps) and about GG_BUFFERS g x g matrices per sample
+# (ItN backward). The layer's target keeps the peak near GroupNorm's (output + input gradient,
+# about 2.05 activations): temporaries within FORWARD_FRACTION of the activation while the forward
+# pass holds only the output, BACKWARD_FRACTION (less any saved covariances) while the backward
+# pass also holds the input gradient, i.e. at most 2.6 activations, within the 1.3x of GroupNorm
+# that docs/benchmarks.md targets. The ``cpu`` plan keeps to that budget; the ``accelerator`` plan
+# to an absolute one (gwdet.layers.plans.accelerator).
 FORWARD_FRACTION = 1.1
 BACKWARD_FRACTION = 0.6
 GG_BUFFERS = 16
-CACHE_BYTES = 4 * 2**20
-# Below this many positions per channel, per-channel affine parameters are spread over the
-# positions before broadcasting (see _Layout.spread; at most C x SHORT_SPATIAL values).
-SHORT_SPATIAL = 1024
-
-
-def keeps_covariance(values_per_sample: int, groups: int) -> bool:
-    """Save the ``g x g`` covariance for the backward pass when it is at most a third of the
-    sample's size; otherwise recompute it from the saved input."""
-    return 3 * groups * groups <= values_per_sample
 
 
 def saved_covariance_shape(shape: Sequence[int], groups: int) -> Tuple[int, ...]:
     """Shape of the covariances the forward op returns for the backward op: ``(N, g, g)`` when
-    they are kept (see :func:`keeps_covariance`), else ``(0,)`` (recomputed in the backward)."""
+    they are kept (see :func:`~.group_shapes.keeps_covariance`), else ``(0,)`` (recomputed in the
+    backward)."""
     samples, values = shape[0], math.prod(shape[1:])
     few_columns = values // groups < groups
     if not few_columns and keeps_covariance(values, groups):
@@ -118,18 +108,22 @@ def group_whitening_forward(
     T: int,
     eps: float,
     method: str,
-) -> Tuple[Tensor, Tensor, Tensor]:
-    """``(group_whitening(x) * weight + bias, group means, covariances)``; ``groups`` divides ``C``.
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(group_whitening(x) * weight + bias, group means, covariances, scales)``; ``groups``
+    divides ``C``.
 
-    The means ``(N, g, 1)`` and covariances (:func:`saved_covariance_shape`), in the statistics
-    dtype, are what the backward op needs besides the input; they are not differentiable.
+    The means ``(N, g, 1)``, covariances (:func:`saved_covariance_shape`) and factors ``1/s``
+    ``(N, 1, 1)`` of the huge-input scaling, in the statistics dtype, are what the backward op
+    needs besides the input; they are not differentiable.
     """
-    layout = _Layout(x, weight is not None, groups, T, eps, method)
+    call = _Call(x, weight is not None, groups, T, eps, method)
     with torch.autocast(device_type=x.device.type, enabled=False):
-        out, mean, cov = _forward(x, layout.affine(weight), layout.affine(bias), layout)
+        out, mean, cov, scales = _forward(x, call.affine(weight), call.affine(bias), call)
     if cov is None:
-        cov = torch.empty(0, dtype=layout.dtype, device=x.device)
-    return out, mean, cov
+        cov = torch.empty(0, dtype=call.shapes.dtype, device=x.device)
+    if scales is None:
+        scales = torch.ones(call.shapes.samples, 1, 1, dtype=call.shapes.dtype, device=x.device)
+    return out, mean, cov, scales
 
 
 @group_whitening_forward.register_fake
@@ -138,7 +132,8 @@ def _group_whitening_forward_fake(x, weight, bias, groups, T, eps, method):
     out = x.new_empty(x.shape)
     mean = x.new_empty((x.shape[0], groups, 1), dtype=dtype)
     cov = x.new_empty(saved_covariance_shape(x.shape, groups), dtype=dtype)
-    return out, mean, cov
+    scales = x.new_empty((x.shape[0], 1, 1), dtype=dtype)
+    return out, mean, cov, scales
 
 
 @torch.library.custom_op("gwdet::group_whitening_backward", mutates_args=())
@@ -148,6 +143,7 @@ def group_whitening_backward(
     weight: Optional[Tensor],
     mean: Tensor,
     cov: Tensor,
+    scales: Tensor,
     groups: int,
     T: int,
     eps: float,
@@ -160,11 +156,11 @@ def group_whitening_backward(
     dtype) of :func:`group_whitening_forward` (Algorithm 2 and the affine, formulas in the module
     docstring). A gradient that is not asked for comes back as an empty tensor. First derivatives
     only: this op has no autograd kernel."""
-    layout = _Layout(x, weight is not None, groups, T, eps, method)
+    call = _Call(x, weight is not None, groups, T, eps, method)
     saved_cov = cov if cov.numel() else None
     with torch.autocast(device_type=x.device.type, enabled=False):
         grad_x, grad_weight, grad_bias = _backward(
-            grad_out, x, layout.affine(weight), mean, saved_cov, layout,
+            grad_out, x, call.affine(weight), mean, saved_cov, scales, call,
             needs_x, needs_weight and weight is not None, needs_bias,
         )
     return (
@@ -175,7 +171,9 @@ def group_whitening_backward(
 
 
 @group_whitening_backward.register_fake
-def _group_whitening_backward_fake(grad_out, x, weight, mean, cov, groups, T, eps, method, needs_x, needs_weight, needs_bias):
+def _group_whitening_backward_fake(
+    grad_out, x, weight, mean, cov, scales, groups, T, eps, method, needs_x, needs_weight, needs_bias
+):
     channels = x.shape[1]
     grad_x = x.new_empty(x.shape) if needs_x else x.new_empty(0)
     grad_weight = mean.new_empty(channels if needs_weight and weight is not None else 0)
@@ -185,26 +183,26 @@ def _group_whitening_backward_fake(grad_out, x, weight, mean, cov, groups, T, ep
 
 def _setup_context(ctx, inputs, output) -> None:
     x, weight, bias, groups, T, eps, method = inputs
-    _, mean, cov = output
-    ctx.save_for_backward(x, weight, mean, cov)
+    _, mean, cov, scales = output
+    ctx.save_for_backward(x, weight, mean, cov, scales)
     ctx.bias_dtype = None if bias is None else bias.dtype
     ctx.hyper_parameters = (groups, T, eps, method)
-    ctx.mark_non_differentiable(mean, cov)
-    # the means and covariances get no gradient: without this autograd would allocate zeros of
-    # their shape for the backward formula (the covariances' are (N, g, g), a third of the input)
+    ctx.mark_non_differentiable(mean, cov, scales)
+    # the statistics get no gradient: without this autograd would allocate zeros of their shape
+    # for the backward formula (the covariances' are (N, g, g), a third of the input)
     ctx.set_materialize_grads(False)
 
 
-def _backward_formula(ctx, grad_out, grad_mean, grad_cov):
-    del grad_mean, grad_cov  # not differentiable outputs
+def _backward_formula(ctx, grad_out, grad_mean, grad_cov, grad_scales):
+    del grad_mean, grad_cov, grad_scales  # not differentiable outputs
     if grad_out is None:  # nothing flows back (grads are not materialised, see _setup_context)
         return (None,) * 7
-    x, weight, mean, cov = ctx.saved_tensors
+    x, weight, mean, cov, scales = ctx.saved_tensors
     needs_x, needs_weight, needs_bias = ctx.needs_input_grad[:3]
     needs_weight = needs_weight and weight is not None
     needs_bias = needs_bias and ctx.bias_dtype is not None
     grad_x, grad_weight, grad_bias = group_whitening_backward(
-        grad_out, x, weight, mean, cov, *ctx.hyper_parameters, needs_x, needs_weight, needs_bias
+        grad_out, x, weight, mean, cov, scales, *ctx.hyper_parameters, needs_x, needs_weight, needs_bias
     )
     return (
         grad_x if needs_x else None,
@@ -227,57 +225,44 @@ def fused_group_whitening(
     return group_whitening_forward(x, weight, bias, groups, T, eps, method)[0]
 
 
-class _Layout:
-    """Shapes, hyper-parameters and chunk sizes of one call (holds no tensors)."""
+class _Whitening:
+    """Which inverse square root a call takes: ``method`` (ItN by the plan's kernels, or ZCA) of
+    the ``g x g`` covariance, or of the ``m x m`` Gram matrix for few columns."""
 
-    def __init__(self, x: Tensor, has_weight: bool, groups: int, T: int, eps: float, method: str):
-        self.dtype = statistics_dtype(x.dtype)
-        self.samples = x.shape[0]
-        self.channels = x.shape[1]
-        self.values = math.prod(x.shape[1:])
-        self.spatial = self.values // self.channels
-        self.groups = groups
-        self.m = self.values // groups  # columns of X_G
-        self.T, self.eps, self.method = T, eps, method
-        self.one_channel_per_group = self.channels == groups
-        self.few_columns = self.m < groups
-        self.keeps_covariance = not self.few_columns and keeps_covariance(self.values, groups)
-        # activation-sized temporaries per sample: centred copy, dY and Y buffers, casts; and in the
-        # backward pass the scaled copy of the input in place of a cast, which on CPU is made only
-        # for huge inputs (:meth:`scales`) and is left out of the budget there
-        device_type = x.device.type
-        casts = 0 if x.dtype == self.dtype else 1
-        forward_temps = 1 + 2 * casts
-        if self.few_columns:
-            backward_temps = 3 + 3 * casts
-        else:
-            affine_buffer = 0 if self.one_channel_per_group or not has_weight else 1
-            scaled_copy = 0 if device_type == "cpu" else 1 - casts
-            backward_temps = affine_buffer + 3 * casts + scaled_copy
-        small = min(self.m, groups)
-        saved = self.samples * groups * groups if self.keeps_covariance else 0
-        activation = self.samples * self.values
-        self.forward_step = self._chunk(FORWARD_FRACTION * activation - saved, forward_temps, small, device_type)
-        self.backward_step = self._chunk(BACKWARD_FRACTION * activation - saved, backward_temps, small, device_type)
+    def __init__(self, shapes: GroupShapes, T: int, method: str, plan: ExecutionPlan) -> None:
+        self.T, self.method, self.plan = T, method, plan
+        # tr(Sigma) - tr(S) per unit of ridge for few columns: ItN normalizes by tr(Sigma)
+        self.missing_diagonal = shapes.groups - shapes.m if shapes.few_columns else 0
 
-    def _chunk(self, budget: float, temps: int, small: int, device_type: str) -> int:
-        gg_values = GG_BUFFERS * small * small
-        chunk = int(budget // (temps * self.values + gg_values))
-        if device_type == "cpu":
-            cache = CACHE_BYTES * torch.get_num_threads()
-            chunk = min(chunk, cache // (gg_values * torch.finfo(self.dtype).bits // 8))
-        return max(1, min(self.samples, chunk))
+    def value(self, cov: Tensor, ridge: Union[float, Tensor]) -> Tensor:
+        """``cov^{-1/2}`` for covariances holding ``ridge`` (:meth:`_Call.ridge`)."""
+        if self.method == "itn":
+            return self.plan.itn_whitening(cov, self.T, self.trace_offset(ridge))
+        return zca_whitening(cov, ridge)
 
-    def scales(self, rows: Tensor) -> Optional[Tensor]:
-        """The factors ``1/s`` of :func:`~.common.magnitude_scales` for the samples ``rows``
-        ``(N, g, m)``, ``(N, 1, 1)`` in the compute dtype; ``None`` when every one is 1 and the
-        input is on the CPU, where finding that out needs no device synchronisation: the samples
-        are then processed unscaled. (Checked once per call, not per chunk: a small layer can run
-        many chunks.)"""
-        limit = 2.0 ** safe_exponent(self.dtype)
-        if rows.device.type == "cpu" and max(float(rows.amax()), -float(rows.amin())) <= limit:
-            return None
-        return magnitude_scales(largest_magnitude(rows, [1, 2]).to(self.dtype))
+    @property
+    def needs_ridge(self) -> bool:
+        """Whether :meth:`vjp` reads its ``ridge`` (ZCA's eigenvalue floor, the few-columns trace)."""
+        return self.method == "zca" or self.missing_diagonal > 0
+
+    def vjp(self, cov: Tensor, grad: Tensor, ridge: Union[None, float, Tensor]) -> Tuple[Tensor, Tensor]:
+        if self.method == "itn":
+            return self.plan.itn_whitening_vjp(cov, grad, self.T, self.trace_offset(ridge))
+        return zca_whitening_vjp(cov, grad, ridge)
+
+    def trace_offset(self, ridge: Union[float, Tensor]) -> Union[float, Tensor]:
+        return self.missing_diagonal * ridge if self.missing_diagonal else 0.0
+
+
+class _Call:
+    """One call of the op: its shapes, execution plan, whitening and chunk sizes (no tensors)."""
+
+    def __init__(self, x: Tensor, has_weight: bool, groups: int, T: int, eps: float, method: str) -> None:
+        self.shapes = GroupShapes(x, groups)
+        self.plan = plan_for(x.device)
+        self.whitening = _Whitening(self.shapes, T, method, self.plan)
+        self.eps = eps
+        self.forward_step, self.backward_step = _chunk_steps(self.shapes, self.plan, has_weight)
 
     def ridge(self, scales: Optional[Tensor]) -> Union[float, Tensor]:
         """``eps``, or ``eps / s^2`` per sample (:func:`~.common.scaled_ridge`)."""
@@ -285,45 +270,42 @@ class _Layout:
 
     def affine(self, parameter: Optional[Tensor]) -> Optional[Tensor]:
         """An affine parameter in the compute dtype (``None`` stays ``None``)."""
-        return None if parameter is None else parameter.detach().to(self.dtype)
-
-    def rows(self, t: Tensor) -> Tensor:
-        """``(N, C, *spatial)`` -> ``(N, g, m)`` (Eq. 8), a view of a contiguous tensor."""
-        return t.contiguous().view(self.samples, self.groups, self.m)
+        return None if parameter is None else parameter.detach().to(self.shapes.dtype)
 
     def spread(self, parameter: Tensor) -> Tensor:
-        """A ``[C]`` parameter shaped to broadcast over :meth:`per_channel` views: ``(C, HW)``,
-        materialised, when the spatial extent is short (a broadcast over a short innermost
-        dimension runs 2-6x slower than one over the samples; measured at 7 x 7), else ``(C, 1)``."""
-        column = parameter.view(-1, 1)
-        if self.spatial < SHORT_SPATIAL:
-            return column.expand(self.channels, self.spatial).contiguous()
-        return column
+        """A ``[C]`` parameter laid out by the plan to broadcast over ``(n, C, HW)`` views."""
+        return self.plan.spread(parameter, self.shapes.spatial)
 
-    def per_channel(self, t: Tensor) -> Tensor:
-        """``(n, g, m)`` -> ``(n, C, HW)``: the same memory seen per channel."""
-        return t.view(t.shape[0], self.channels, self.spatial)
 
-    @staticmethod
-    def chunks(samples: int, step: int) -> Iterator[Tuple[int, int]]:
-        for start in range(0, samples, step):
-            yield start, min(start + step, samples)
+def _chunk_steps(shapes: GroupShapes, plan: ExecutionPlan, has_weight: bool) -> Tuple[int, int]:
+    """Samples per forward and backward pass, from the memory model (see GG_BUFFERS).
 
-    def whitening(self, cov: Tensor, ridge: Union[float, Tensor]) -> Tensor:
-        """``cov^{-1/2}`` for covariances holding ``ridge`` (:meth:`ridge`); for few columns
-        ``cov`` is the ``m x m`` Gram matrix ``S``."""
-        if self.method == "itn":
-            return itn_whitening(cov, self.T, self.trace_offset(ridge))
-        return zca_whitening(cov, ridge)
+    Activation-sized temporaries per sample: centred copy, dY and Y buffers, casts; and in the
+    backward pass the scaled copy of the input in place of a cast, left out of the budget for a
+    plan that makes it only for huge inputs."""
+    casts = 1 if shapes.casts else 0
+    forward_temps = 1 + 2 * casts
+    if shapes.few_columns:
+        backward_temps = 3 + 3 * casts
+    else:
+        affine_buffer = 0 if shapes.one_channel_per_group or not has_weight else 1
+        scaled_copy = 0 if plan.skips_unneeded_scaling else 1 - casts
+        backward_temps = affine_buffer + 3 * casts + scaled_copy
+    small = min(shapes.m, shapes.groups)
+    matrix_values = GG_BUFFERS * small * small
+    saved = shapes.samples * shapes.groups * shapes.groups if shapes.keeps_covariance else 0
+    activation = shapes.samples * shapes.values
+    steps = []
+    for fraction, temps in ((FORWARD_FRACTION, forward_temps), (BACKWARD_FRACTION, backward_temps)):
+        per_sample = temps * shapes.values + matrix_values
+        steps.append(plan.chunk_size(shapes.samples, per_sample, matrix_values, shapes.itemsize,
+                                     fraction * activation - saved))
+    return steps[0], steps[1]
 
-    def whitening_vjp(self, cov: Tensor, grad: Tensor, ridge: Union[float, Tensor]) -> Tuple[Tensor, Tensor]:
-        if self.method == "itn":
-            return itn_whitening_vjp(cov, grad, self.T, self.trace_offset(ridge))
-        return zca_whitening_vjp(cov, grad, ridge)
 
-    def trace_offset(self, ridge: Union[float, Tensor]) -> Union[float, Tensor]:
-        """``tr(Sigma) - tr(S)`` for few columns (0 otherwise): ItN normalizes by ``tr(Sigma)``."""
-        return (self.groups - self.m) * ridge if self.few_columns else 0.0
+def _chunks(samples: int, step: int) -> Iterator[Tuple[int, int]]:
+    for start in range(0, samples, step):
+        yield start, min(start + step, samples)
 
 
 def _add_ridge(matrices: Tensor, ridge: Union[float, Tensor]) -> Tensor:
@@ -347,39 +329,40 @@ def _gram(centred: Tensor, ridge: Union[float, Tensor]) -> Tensor:
     return _add_ridge(gram, ridge)
 
 
-def _apply_affine(y: Tensor, gamma: Optional[Tensor], beta: Optional[Tensor], layout: _Layout) -> None:
+def _apply_affine(y: Tensor, gamma: Optional[Tensor], beta: Optional[Tensor], call: _Call) -> None:
     """``y = y * gamma + beta`` per channel, in place on ``(n, g, m)``."""
-    per_channel = layout.per_channel(y)
+    per_channel = call.shapes.per_channel(y)
     if gamma is not None and beta is not None:
-        torch.addcmul(layout.spread(beta), per_channel, layout.spread(gamma), out=per_channel)
+        torch.addcmul(call.spread(beta), per_channel, call.spread(gamma), out=per_channel)
     elif gamma is not None:
-        per_channel.mul_(layout.spread(gamma))
+        per_channel.mul_(call.spread(gamma))
     elif beta is not None:
-        per_channel.add_(layout.spread(beta))
+        per_channel.add_(call.spread(beta))
 
 
 # ---- forward ----------------------------------------------------------------------------------
 
 
 def _forward(
-    x: Tensor, gamma: Optional[Tensor], beta: Optional[Tensor], layout: _Layout
-) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    x: Tensor, gamma: Optional[Tensor], beta: Optional[Tensor], call: _Call
+) -> Tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor]]:
+    shapes = call.shapes
     # The result must not be a view (detectron2's blocks apply relu_ to a norm's output).
     result = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    mean = torch.empty(layout.samples, layout.groups, 1, dtype=layout.dtype, device=x.device)
-    cov = None
-    if layout.keeps_covariance:
-        cov = torch.empty(layout.samples, layout.groups, layout.groups, dtype=layout.dtype, device=x.device)
-    if layout.samples:
-        rows, out = layout.rows(x), result.view(layout.samples, layout.groups, layout.m)
-        scales = layout.scales(rows)
-        for start, stop in layout.chunks(layout.samples, layout.forward_step):
+    mean = torch.empty(shapes.samples, shapes.groups, 1, dtype=shapes.dtype, device=x.device)
+    cov = scales = None
+    if shapes.keeps_covariance:
+        cov = torch.empty(shapes.samples, shapes.groups, shapes.groups, dtype=shapes.dtype, device=x.device)
+    if shapes.samples:
+        rows, out = shapes.rows(x), result.view(shapes.samples, shapes.groups, shapes.m)
+        scales = call.plan.forward_scales(rows, shapes.dtype)
+        for start, stop in _chunks(shapes.samples, call.forward_step):
             _forward_chunk(
                 rows[start:stop], out[start:stop], mean[start:stop],
                 None if cov is None else cov[start:stop],
-                None if scales is None else scales[start:stop], gamma, beta, layout,
+                None if scales is None else scales[start:stop], gamma, beta, call,
             )
-    return result, mean, cov
+    return result, mean, cov, scales
 
 
 def _forward_chunk(
@@ -390,37 +373,38 @@ def _forward_chunk(
     scales: Optional[Tensor],
     gamma: Optional[Tensor],
     beta: Optional[Tensor],
-    layout: _Layout,
+    call: _Call,
 ) -> None:
     """Algorithm 1 and the affine for samples ``x`` ``(n, g, m)``, written into ``out``; the
-    means (and covariances) of the samples scaled by ``scales`` (:meth:`_Layout.scales`) go to
+    means (and covariances) of the samples scaled by ``scales`` (``None``: unscaled) go to
     ``mean_out`` (``cov_out``) for the backward pass."""
+    shapes, whitening = call.shapes, call.whitening
     if scales is None:
-        x = x.to(layout.dtype)
+        x = x.to(shapes.dtype)
         mean = torch.mean(x, dim=2, keepdim=True, out=mean_out)
         centred = x - mean
     else:
         centred = x * scales
         mean = torch.mean(centred, dim=2, keepdim=True, out=mean_out)
         centred.sub_(mean)
-    ridge = layout.ridge(scales)
-    target = out if out.dtype == layout.dtype else torch.empty_like(centred)
-    if layout.few_columns:
-        torch.bmm(centred, layout.whitening(_gram(centred, ridge), ridge), out=target)
-        _apply_affine(target, gamma, beta, layout)
-    elif layout.one_channel_per_group:
+    ridge = call.ridge(scales)
+    target = out if out.dtype == shapes.dtype else torch.empty_like(centred)
+    if shapes.few_columns:
+        torch.bmm(centred, whitening.value(_gram(centred, ridge), ridge), out=target)
+        _apply_affine(target, gamma, beta, call)
+    elif shapes.one_channel_per_group:
         # rows are channels: Z = (diag(gamma) W) X_C + beta 1^T in one product
-        whitening = layout.whitening(_ridge_covariance(centred, ridge, cov_out), ridge)
+        matrix = whitening.value(_ridge_covariance(centred, ridge, cov_out), ridge)
         if gamma is not None:
-            whitening = whitening * gamma.view(-1, 1)
+            matrix = matrix * gamma.view(-1, 1)
         if beta is not None:
-            torch.baddbmm(beta.view(-1, 1), whitening, centred, out=target)
+            torch.baddbmm(beta.view(-1, 1), matrix, centred, out=target)
         else:
-            torch.bmm(whitening, centred, out=target)
+            torch.bmm(matrix, centred, out=target)
     else:
-        whitening = layout.whitening(_ridge_covariance(centred, ridge, cov_out), ridge)
-        torch.bmm(whitening, centred, out=target)
-        _apply_affine(target, gamma, beta, layout)
+        matrix = whitening.value(_ridge_covariance(centred, ridge, cov_out), ridge)
+        torch.bmm(matrix, centred, out=target)
+        _apply_affine(target, gamma, beta, call)
     if target is not out:
         out.copy_(target)
 
@@ -441,8 +425,30 @@ class _BackwardChunk(NamedTuple):
     scales: Optional[Tensor]
     grad_x: Optional[Tensor]
     gamma: Optional[Tensor]
-    grad_weight: Optional[Tensor]
-    grad_bias: Optional[Tensor]
+    grad_weight: Optional["_Sum"]
+    grad_bias: Optional["_Sum"]
+
+
+class _Sum:
+    """A gradient summed over chunks, starting from the first chunk's part (a whole-batch pass
+    needs no zero-filled buffer and no addition)."""
+
+    def __init__(self) -> None:
+        self.value: Optional[Tensor] = None
+
+    def __iadd__(self, part: Tensor) -> "_Sum":
+        self.value = part if self.value is None else self.value.add_(part)
+        return self
+
+    def __isub__(self, part: Tensor) -> "_Sum":
+        self.value = part.neg() if self.value is None else self.value.sub_(part)
+        return self
+
+    def total(self, size: int, like: Tensor) -> Tensor:
+        """The sum, or zeros ``[size]`` of ``like``'s dtype and device when no chunk added to it."""
+        if self.value is None:
+            return torch.zeros(size, dtype=like.dtype, device=like.device)
+        return self.value
 
 
 def _backward(
@@ -451,22 +457,43 @@ def _backward(
     gamma: Optional[Tensor],
     mean: Tensor,
     cov: Optional[Tensor],
-    layout: _Layout,
+    saved_scales: Tensor,
+    call: _Call,
     needs_x: bool,
     needs_weight: bool,
     needs_bias: bool,
 ) -> Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
-    device = x.device
-    grad_weight = torch.zeros(layout.channels, dtype=layout.dtype, device=device) if needs_weight else None
-    grad_bias = torch.zeros(layout.channels, dtype=layout.dtype, device=device) if needs_bias else None
-    grad_x = torch.empty(x.shape, dtype=x.dtype, device=device) if needs_x else None
-    if not layout.samples:
-        return grad_x, grad_weight, grad_bias
-    rows, grad_rows = layout.rows(x), layout.rows(grad_out)
+    shapes = call.shapes
+    grad_weight = _Sum() if needs_weight else None
+    grad_bias = _Sum() if needs_bias else None
+    grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device) if needs_x else None
+    if shapes.samples:
+        _backward_chunks(grad_out, x, gamma, mean, cov, saved_scales, call, grad_x, grad_weight, grad_bias)
+    return (
+        grad_x,
+        None if grad_weight is None else grad_weight.total(shapes.channels, mean),
+        None if grad_bias is None else grad_bias.total(shapes.channels, mean),
+    )
+
+
+def _backward_chunks(
+    grad_out: Tensor,
+    x: Tensor,
+    gamma: Optional[Tensor],
+    mean: Tensor,
+    cov: Optional[Tensor],
+    saved_scales: Tensor,
+    call: _Call,
+    grad_x: Optional[Tensor],
+    grad_weight: Optional[_Sum],
+    grad_bias: Optional[_Sum],
+) -> None:
+    shapes = call.shapes
+    rows, grad_rows = shapes.rows(x), shapes.rows(grad_out)
     grad_x_rows = grad_x.view(rows.shape) if grad_x is not None else None
-    scales = layout.scales(rows)  # the forward pass's, found again from the input
-    chunk_backward = _backward_few_columns if layout.few_columns else _backward_chunk
-    for start, stop in layout.chunks(layout.samples, layout.backward_step):
+    scales = call.plan.backward_scales(rows, saved_scales, shapes.dtype)
+    chunk_backward = _backward_few_columns if shapes.few_columns else _backward_chunk
+    for start, stop in _chunks(shapes.samples, call.backward_step):
         chunk = _BackwardChunk(
             rows[start:stop],
             grad_rows[start:stop],
@@ -478,28 +505,29 @@ def _backward(
             grad_weight,
             grad_bias,
         )
-        chunk_backward(chunk, layout)
-    return grad_x, grad_weight, grad_bias
+        chunk_backward(chunk, call)
 
 
-def _backward_chunk(chunk: _BackwardChunk, layout: _Layout) -> None:
+def _backward_chunk(chunk: _BackwardChunk, call: _Call) -> None:
     """Algorithm 2 plus the affine for samples ``(n, g, m)`` (formulas in the module docstring),
     scaled by ``scales`` as in the forward pass: writes ``grad_x`` and accumulates into
     ``grad_weight`` and ``grad_bias``."""
     x, grad_z, mean, cov, scales, grad_x, gamma, grad_weight, grad_bias = chunk
-    x = x.to(layout.dtype) if scales is None else x * scales
-    ridge = layout.ridge(scales)
-    grad_z = grad_z.to(layout.dtype)
+    shapes = call.shapes
+    x = x.to(shapes.dtype) if scales is None else x * scales
+    # the ridge enters only through a recomputed covariance or a whitening that reads it
+    ridge = call.ridge(scales) if cov is None or call.whitening.needs_ridge else None
+    grad_z = grad_z.to(shapes.dtype)
     if cov is None:
         cov = _ridge_covariance(x - mean, ridge)
-    m = layout.m
-    if layout.one_channel_per_group:
+    m = shapes.m
+    if shapes.one_channel_per_group:
         # rows are channels: dW = diag(gamma) dZ X_C^T, dgamma = row sums of W o (dZ X_C^T),
         # and W^T dY = (W^T diag(gamma)) dZ, so no activation-sized temporary is needed.
         row_sums = grad_z.sum(dim=2, keepdim=True)
         cross = torch.baddbmm(-row_sums * mean.transpose(1, 2), grad_z, x.transpose(1, 2))
         grad_whitening = cross * gamma.view(-1, 1) if gamma is not None else cross
-        whitening, grad_cov = layout.whitening_vjp(cov, grad_whitening, ridge)
+        whitening, grad_cov = call.whitening.vjp(cov, grad_whitening, ridge)
         if grad_weight is not None:
             grad_weight += (whitening * cross).sum(dim=(0, 2))
         if grad_bias is not None:
@@ -511,15 +539,15 @@ def _backward_chunk(chunk: _BackwardChunk, layout: _Layout) -> None:
             _input_gradient(grad_x, left, grad_z, row_sums / m, grad_cov, x, mean, m, scales)
         return
     n = x.shape[0]
-    channel_sums = layout.per_channel(grad_z).sum(dim=2)  # (n, C): dbeta and the sums of dY
+    channel_sums = shapes.per_channel(grad_z).sum(dim=2)  # (n, C): dbeta and the sums of dY
     grad_y = grad_z
     if gamma is not None:
-        grad_y = layout.per_channel(grad_z).mul(layout.spread(gamma)).view(grad_z.shape)
-        row_sums = (channel_sums * gamma).view(n, layout.groups, -1).sum(dim=2, keepdim=True)
+        grad_y = shapes.per_channel(grad_z).mul(call.spread(gamma)).view(grad_z.shape)
+        row_sums = (channel_sums * gamma).view(n, shapes.groups, -1).sum(dim=2, keepdim=True)
     else:
-        row_sums = channel_sums.view(n, layout.groups, -1).sum(dim=2, keepdim=True)
+        row_sums = channel_sums.view(n, shapes.groups, -1).sum(dim=2, keepdim=True)
     grad_whitening = torch.baddbmm(-row_sums * mean.transpose(1, 2), grad_y, x.transpose(1, 2))
-    whitening, grad_cov = layout.whitening_vjp(cov, grad_whitening, ridge)
+    whitening, grad_cov = call.whitening.vjp(cov, grad_whitening, ridge)
     if grad_x is not None:
         _input_gradient(grad_x, whitening.transpose(1, 2), grad_y, row_sums / m, grad_cov, x, mean, m, scales)
     if grad_bias is not None:
@@ -530,9 +558,9 @@ def _backward_chunk(chunk: _BackwardChunk, layout: _Layout) -> None:
         buffer = grad_y if grad_y is not grad_z else torch.empty_like(grad_z)
         del grad_y
         products = torch.bmm(whitening, x, out=buffer)
-        grad_weight += layout.per_channel(products.mul_(grad_z)).sum(dim=(0, 2))
-        shifts = torch.bmm(whitening, mean).expand(n, layout.groups, layout.channels // layout.groups)
-        grad_weight -= (channel_sums * shifts.reshape(n, layout.channels)).sum(dim=0)
+        grad_weight += shapes.per_channel(products.mul_(grad_z)).sum(dim=(0, 2))
+        shifts = torch.bmm(whitening, mean).expand(n, shapes.groups, shapes.channels // shapes.groups)
+        grad_weight -= (channel_sums * shifts.reshape(n, shapes.channels)).sum(dim=0)
 
 
 def _input_gradient(
@@ -561,23 +589,24 @@ def _input_gradient(
         target.copy_(result if scales is None else result.mul_(scales))
 
 
-def _backward_few_columns(chunk: _BackwardChunk, layout: _Layout) -> None:
+def _backward_few_columns(chunk: _BackwardChunk, call: _Call) -> None:
     """The backward of ``Y = X_C W'(S)`` (module docstring, "Few columns") plus the affine,
     scaled by ``scales`` as in the forward pass (the m x m Gram matrix is recomputed, so
     ``chunk.cov`` is not used)."""
     x, grad_z, mean, _, scales, grad_x, gamma, grad_weight, grad_bias = chunk
-    centred = x.to(layout.dtype) - mean if scales is None else (x * scales).sub_(mean)
-    ridge = layout.ridge(scales)
-    grad_z = grad_z.to(layout.dtype)
+    shapes = call.shapes
+    centred = x.to(shapes.dtype) - mean if scales is None else (x * scales).sub_(mean)
+    ridge = call.ridge(scales)
+    grad_z = grad_z.to(shapes.dtype)
     grad_y = grad_z
     if gamma is not None:
-        grad_y = layout.per_channel(grad_z).mul(layout.spread(gamma)).view(grad_z.shape)
+        grad_y = shapes.per_channel(grad_z).mul(call.spread(gamma)).view(grad_z.shape)
     gram = _gram(centred, ridge)
-    whitening, grad_gram = layout.whitening_vjp(gram, torch.bmm(centred.transpose(1, 2), grad_y), ridge)
+    whitening, grad_gram = call.whitening.vjp(gram, torch.bmm(centred.transpose(1, 2), grad_y), ridge)
     if grad_x is not None:
-        target = grad_x if grad_x.dtype == layout.dtype else torch.empty_like(centred)
+        target = grad_x if grad_x.dtype == shapes.dtype else torch.empty_like(centred)
         torch.bmm(grad_y, whitening.transpose(1, 2), out=target)
-        target.baddbmm_(centred, grad_gram, alpha=2.0 / layout.m)
+        target.baddbmm_(centred, grad_gram, alpha=2.0 / shapes.m)
         target.sub_(target.mean(dim=2, keepdim=True))
         if scales is not None:
             target.mul_(scales)
@@ -585,7 +614,7 @@ def _backward_few_columns(chunk: _BackwardChunk, layout: _Layout) -> None:
             grad_x.copy_(target)
         del target
     if grad_bias is not None:
-        grad_bias += layout.per_channel(grad_z).sum(dim=(0, 2))
+        grad_bias += shapes.per_channel(grad_z).sum(dim=(0, 2))
     if grad_weight is not None:
         whitened = torch.bmm(centred, whitening)
-        grad_weight += layout.per_channel(whitened.mul_(grad_z)).sum(dim=(0, 2))
+        grad_weight += shapes.per_channel(whitened.mul_(grad_z)).sum(dim=(0, 2))

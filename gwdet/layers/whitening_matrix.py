@@ -145,6 +145,14 @@ def _trace(matrix: Tensor) -> Tensor:
     return matrix.diagonal(dim1=-2, dim2=-1).sum(-1)[..., None, None]
 
 
+def _offset_trace(cov: Tensor, trace_offset: Union[float, Tensor]) -> Tensor:
+    """``tr(cov) + trace_offset`` (no operation for an offset of 0)."""
+    trace = _trace(cov)
+    if isinstance(trace_offset, Tensor) or trace_offset != 0.0:
+        trace = trace + trace_offset
+    return trace
+
+
 def itn_whitening(cov: Tensor, T: int, trace_offset: Union[float, Tensor] = 0.0) -> Tensor:
     """The value of :func:`inverse_sqrt_itn` with ``3T - 3`` instead of ``3T`` products.
 
@@ -158,7 +166,7 @@ def itn_whitening(cov: Tensor, T: int, trace_offset: Union[float, Tensor] = 0.0)
     scale): a caller that iterates on a smaller matrix with the same nonzero spectrum (see
     :mod:`gwdet.layers.group_whitening_function`) passes the trace the full matrix would have.
     """
-    trace = _trace(cov) + trace_offset
+    trace = _offset_trace(cov, trace_offset)
     normalised = cov / trace
     eye_3_2 = torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device).mul_(1.5)
     r = torch.add(eye_3_2, normalised, alpha=-0.5)
@@ -193,7 +201,7 @@ def itn_whitening_vjp(
     nothing stored per iteration. The trace enters twice: through ``A`` (``-<dL/dA, A> / tau``)
     and through ``1 / sqrt(tau)`` (``-<G, P_T> / (2 tau^{3/2})``); both multiply the identity.
     """
-    trace = _trace(cov) + trace_offset
+    trace = _offset_trace(cov, trace_offset)
     root = trace.sqrt()
     a = cov / trace
     eye_3_2 = torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device).mul_(1.5)

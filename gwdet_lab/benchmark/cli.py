@@ -8,6 +8,7 @@ inference of the demo model.
     python tools/benchmark.py --inference              # only the inference level
     python tools/benchmark.py --layers --busy 1        # with one competing CPU-bound process
     python tools/benchmark.py --layers --quick --out /tmp/b.md   # tiny shapes, a smoke test
+    python tools/benchmark.py --op-counts              # operations per plan, GPU cost model
 
 Layer level (gwdet_lab.benchmark.layer_level): forward + backward of BN, GN(32), GW (itn, g=64,
 T=5; and zca), the direct autograd implementation of GW (the state before the fused op), BW (DBN,
@@ -23,6 +24,14 @@ squared pixels, for each norm placement, with ``--model-opts`` applied.
 Inference level (gwdet_lab.benchmark.inference): per-image evaluation time of the demo Mask R-CNN
 with GW (as configured) and with GN in its place; GW in evaluation mode against training mode at
 the layer level's shapes.
+
+Op-count level (gwdet_lab.benchmark.op_level): the operations one forward + backward dispatches
+(each a kernel launch on a GPU) under each execution plan of gwdet's whitening layers, host
+synchronisations, the accelerator plan's peak memory against GN's, and a GPU cost model's
+predictions for a V100 and an H100 (gwdet_lab.benchmark.gpu_cost). On a CPU the triton plan's
+kernels run in Triton's interpreter: tools/benchmark.py sets TRITON_INTERPRET=1 before anything
+imports Triton when there is no GPU (without it the triton columns show the accelerator fallback,
+and the report says so).
 
 ``--busy N`` starts N competing CPU-bound processes for the measured part and stops them after it
 (gwdet_lab.benchmark.busy); the report says so. Progress goes to stderr, one line per measurement
@@ -45,6 +54,7 @@ from gwdet_lab.benchmark.inference import inference_tables, run_inference
 from gwdet_lab.benchmark.layer_level import layer_tables, run_layers
 from gwdet_lab.benchmark.measure import CLOCKS
 from gwdet_lab.benchmark.model_level import DEFAULT_MODEL_OPTS, MODELS, model_tables, run_models
+from gwdet_lab.benchmark.op_level import op_count_tables, run_op_counts
 from gwdet_lab.benchmark.report import load_average, report, report_header, write_section
 
 Level = Tuple[str, Callable[[argparse.Namespace, torch.device], dict], Callable[[dict], str]]
@@ -52,6 +62,7 @@ LEVELS: List[Level] = [
     ("layers", run_layers, layer_tables),
     ("models", run_models, model_tables),
     ("inference", run_inference, inference_tables),
+    ("op_counts", run_op_counts, op_count_tables),
 ]
 
 
@@ -63,6 +74,8 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--layers", action="store_true", help="run the layer level (default: every level)")
     parser.add_argument("--models", action="store_true", help="run the model level (default: every level)")
     parser.add_argument("--inference", action="store_true", help="run the inference level (default: every level)")
+    parser.add_argument("--op-counts", action="store_true",
+                        help="count the operations per execution plan and predict GPU times (default: every level)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per layer (default 5, quick 1)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed calls first (default 1, quick 0)")
@@ -120,8 +133,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                                ("--warmup", args.warmup, 0), ("--model-warmup", args.model_warmup, 0)):
         if value is not None and value < least:
             parser.error(f"{flag}: {value} is less than {least}; give a count of at least {least}")
-    if not (args.layers or args.models or args.inference):
-        args.layers = args.models = args.inference = True
+    if not (args.layers or args.models or args.inference or args.op_counts):
+        args.layers = args.models = args.inference = args.op_counts = True
     if args.repeats is None:
         args.repeats = 1 if args.quick else 5
     if args.warmup is None:

@@ -1,0 +1,53 @@
+"""The ItN whitening matrix of a batch of covariances as one custom op with a closed-form backward:
+``gwdet::itn_whitening`` and ``gwdet::itn_whitening_backward``.
+
+For layers whose other steps autograd differentiates (batch whitening): autograd through the
+paper's iteration (GW Eqs. 6-7, :func:`~.whitening_matrix.inverse_sqrt_itn`) dispatches ``3T``
+products and their glue forward and twice that backward, one kernel launch each on a GPU. The op
+computes the same function with :func:`~.whitening_matrix.itn_whitening` and its gradient with
+:func:`~.whitening_matrix.itn_whitening_vjp` (GW Eqs. 18-19), run by the execution plan of the
+tensors' device (:mod:`gwdet.layers.plans`: one Triton kernel per direction under ``triton``). The
+gradient is that of the symmetric part of ``dL/dW``, which is all a covariance ``X X^T / m + eps
+I`` passes on. As a custom op with fake and autograd kernels it stays one node under
+``torch.compile`` and ``torch.export``.
+"""
+import torch
+from torch import Tensor
+
+from .plans import plan_for
+
+
+@torch.library.custom_op("gwdet::itn_whitening", mutates_args=())
+def itn_whitening_op(cov: Tensor, T: int) -> Tensor:
+    """``cov^{-1/2}`` by ``T`` Newton iterations for symmetric ridge covariances ``(n, k, k)``."""
+    return plan_for(cov.device).itn_whitening(cov, T, 0.0)
+
+
+@itn_whitening_op.register_fake
+def _itn_whitening_fake(cov, T):
+    return cov.new_empty(cov.shape)
+
+
+@torch.library.custom_op("gwdet::itn_whitening_backward", mutates_args=())
+def itn_whitening_backward(cov: Tensor, grad: Tensor, T: int) -> Tensor:
+    """``dL/dcov`` (symmetric) of :func:`itn_whitening_op` for ``grad = dL/dW``."""
+    return plan_for(cov.device).itn_whitening_vjp(cov, grad, T, 0.0)[1]
+
+
+@itn_whitening_backward.register_fake
+def _itn_whitening_backward_fake(cov, grad, T):
+    return cov.new_empty(cov.shape)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    cov, T = inputs
+    ctx.save_for_backward(cov)
+    ctx.T = T
+
+
+def _backward_formula(ctx, grad):
+    (cov,) = ctx.saved_tensors
+    return itn_whitening_backward(cov, grad, ctx.T), None
+
+
+itn_whitening_op.register_autograd(_backward_formula, setup_context=_setup_context)
