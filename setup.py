@@ -4,7 +4,7 @@
 where detectron2 declares the same package. detectron2 itself is not on the package index under its
 own name: scripts/setup_env.sh installs it (or keeps yours); see README.md, "detectron2 versions".
 Extras: ``lab`` (analysis, norm study and benchmark plots), ``deploy`` (ONNX export and ONNX Runtime),
-``test`` (the test suite). gwdet never imports cv2, so no OpenCV package is required.
+``cluster`` (SLURM jobs through submitit: ``--launcher slurm``, docs/cluster.md), ``test`` (the test suite). gwdet never imports cv2, so no OpenCV package is required.
 """
 from pathlib import Path
 
@@ -33,6 +33,8 @@ setup(
         "lab": ["matplotlib", "scikit-learn"],
         # Tested with torch 2.14.1 on Python 3.10-3.13 (docs/compatibility.md).
         "deploy": ["onnx>=1.23", "onnxruntime>=1.23", "onnxscript>=0.7"],
+        # Tested with submitit 1.5.4 against SLURM 22.05 (scripts/local_slurm.sh).
+        "cluster": ["submitit>=1.5"],
         "test": ["pytest"],
     },
 )

@@ -38,9 +38,11 @@ from detectron2.utils.logger import setup_logger
 from gwdet.atomic import write_text_atomically
 from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer
 from gwdet.checkpoint.signal_hook import CheckpointOnSignal
+from gwdet.cluster.options import add_launcher_arguments
 from gwdet.config import add_gwdet_config
 from gwdet.config_checks import check_gwdet_config
 from gwdet.data import prepare_datasets
+from gwdet.layers.plans import describe_plans
 from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.data.resumable import build_resumable_train_loader, skip_trained_samples
 from gwdet.modeling import check_model
@@ -164,7 +166,7 @@ class Trainer(DefaultTrainer):
 
 def argument_parser() -> argparse.ArgumentParser:
     """detectron2's parser (``--config-file``, ``--resume``, ``--eval-only``, ``--num-gpus``, ...)
-    plus ``--overwrite`` and ``--threads``.
+    plus ``--overwrite``, ``--threads`` and the launcher flags (:mod:`gwdet.cluster.options`).
 
     ``--config`` works as well: argparse accepts it as the unambiguous prefix of ``--config-file``.
     """
@@ -175,6 +177,7 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--overwrite", action="store_true",
                         help="train from iteration 0 into an OUTPUT_DIR that holds an earlier run, "
                              "deleting that run's checkpoints, metrics and results first")
+    add_launcher_arguments(parser)
     return parser
 
 
@@ -277,6 +280,7 @@ def setup(args: argparse.Namespace, cfg: CfgNode | None = None) -> CfgNode:
         check_run_request(cfg, args)
     default_setup(cfg, args)
     setup_logger(cfg.OUTPUT_DIR, distributed_rank=comm.get_rank(), name="gwdet")  # gwdet's messages in log.txt too
+    logging.getLogger(__name__).info(describe_plans())
     prepare_datasets(cfg)
     return cfg
 

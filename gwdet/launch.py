@@ -9,9 +9,13 @@ under every version the test suite covers.
 """
 from __future__ import annotations
 
+import os
+import pickle
 import socket
+import time
 from datetime import timedelta
 from typing import Callable, Sequence
+from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
@@ -20,6 +24,15 @@ from detectron2.engine import launch as _detectron2_launch
 from detectron2.utils import comm
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
+DEFAULT_RENDEZVOUS_TIMEOUT = timedelta(minutes=5)
+
+
+class RendezvousError(ConnectionError):
+    """The processes of a run did not all meet at ``dist_url`` within the rendezvous timeout."""
+
+
+class WorkerFailed(RuntimeError):
+    """A training process of this machine failed; the others were stopped."""
 
 
 def _free_local_port() -> int:
@@ -36,13 +49,18 @@ def launch(
     dist_url: str | None = None,
     args: Sequence = (),
     timeout: timedelta = DEFAULT_TIMEOUT,
+    rendezvous_timeout: timedelta = DEFAULT_RENDEZVOUS_TIMEOUT,
 ) -> None:
     """Run ``main_func(*args)`` in ``num_machines * num_processes_per_machine`` processes.
 
     On CPU, ``dist_url="auto"`` (one machine only) picks a free port on 127.0.0.1; several machines
-    need a ``tcp://HOST:PORT`` every machine can reach.
+    need a ``tcp://HOST:PORT`` every machine can reach. When a CPU process fails, the others of this
+    machine are stopped and :class:`WorkerFailed` is raised with the error of the process that failed
+    first.
     """
     world_size = num_machines * num_processes_per_machine
+    if num_machines > 1 and machine_rank > 0:
+        wait_for_first_machine(dist_url, rendezvous_timeout)
     if world_size <= 1 or torch.cuda.is_available():
         _detectron2_launch(main_func, num_processes_per_machine, num_machines=num_machines,
                            machine_rank=machine_rank, dist_url=dist_url, args=tuple(args), timeout=timeout)
@@ -51,26 +69,98 @@ def launch(
         if num_machines != 1:
             raise ValueError("dist_url 'auto' picks a port on this machine: give tcp://HOST:PORT for several machines")
         dist_url = f"tcp://127.0.0.1:{_free_local_port()}"
-    mp.start_processes(
+    context = mp.start_processes(
         _cpu_worker,
         nprocs=num_processes_per_machine,
-        args=(main_func, world_size, num_processes_per_machine, machine_rank, dist_url, tuple(args), timeout),
+        args=(main_func, world_size, num_processes_per_machine, machine_rank, dist_url, tuple(args), timeout,
+              rendezvous_timeout),
         daemon=False,
         start_method="spawn",
+        join=False,
     )
+    try:
+        while not context.join():
+            pass
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
+        raise WorkerFailed(_failure_report(context, error)) from None
+
+
+def _failure_report(context: mp.ProcessContext, error: Exception) -> str:
+    """The traceback of the process that failed first (the oldest error file), then one line for each
+    process that failed after it (usually because a peer disappeared from a collective operation).
+    torch reports whichever failure it noticed first, which is often such a consequence."""
+    failures = []
+    for index, path in enumerate(context.error_files):
+        if path and os.path.isfile(path) and os.path.getsize(path):
+            with open(path, "rb") as file:
+                failures.append((os.path.getmtime(path), index, str(pickle.load(file))))
+    if not failures:
+        return str(error).strip()
+    failures.sort()
+    _, first, trace = failures[0]
+    lines = [f"Training process {first} of this machine failed; the others were stopped:", trace.rstrip()]
+    lines += [f"(process {index} failed after it: {text.strip().splitlines()[-1]})" for _, index, text in failures[1:]]
+    return "\n".join(lines)
+
+
+def _tcp_address(dist_url: str | None) -> tuple[str, int]:
+    parsed = urlparse(dist_url or "")
+    if parsed.scheme != "tcp" or not parsed.hostname or not parsed.port:
+        raise ValueError(f"--dist-url {dist_url!r}: several machines meet at tcp://HOST:PORT, the address of "
+                         "the first machine (--machine-rank 0), e.g. tcp://10.0.0.1:29500")
+    return parsed.hostname, parsed.port
+
+
+def wait_for_first_machine(dist_url: str | None, timeout: timedelta = DEFAULT_RENDEZVOUS_TIMEOUT) -> None:
+    """Return once something accepts connections at ``dist_url``; :class:`RendezvousError` when
+    nothing does within ``timeout``."""
+    host, port = _tcp_address(dist_url)
+    deadline = time.monotonic() + timeout.total_seconds()
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=min(5.0, timeout.total_seconds())):
+                return
+        except OSError as error:
+            if time.monotonic() >= deadline:
+                raise RendezvousError(
+                    f"Nothing answers at --dist-url {dist_url} after {timeout.total_seconds():.0f} s ({error}). "
+                    "Start the first machine (--machine-rank 0) with the same --dist-url and --num-machines, "
+                    "check that HOST is its address and that PORT is open between the machines; "
+                    "--rendezvous-timeout sets how long to wait.") from None
+        time.sleep(0.5)
+
+
+def _init_gloo(rank: int, world_size: int, dist_url: str, timeout: timedelta, rendezvous_timeout: timedelta) -> None:
+    """Join the gloo process group; at a tcp:// address the joining is bounded by ``rendezvous_timeout``."""
+    if not dist_url.startswith("tcp://"):
+        dist.init_process_group(backend="gloo", init_method=dist_url, world_size=world_size, rank=rank,
+                                timeout=timeout)
+        return
+    host, port = _tcp_address(dist_url)
+    try:
+        store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=rendezvous_timeout,
+                              wait_for_workers=True)
+    except RuntimeError as error:  # torch's DistStoreError / DistNetworkError
+        waited = rendezvous_timeout.total_seconds()
+        raise RendezvousError(
+            f"Process {rank} of {world_size} could not meet the others at {dist_url} within {waited:.0f} s: {error}. "
+            "Start every machine with the same --dist-url and --num-machines and --machine-rank 0 to "
+            "N-1; --rendezvous-timeout sets how long to wait.") from None
+    store.set_timeout(timeout)
+    dist.init_process_group(backend="gloo", store=store, world_size=world_size, rank=rank, timeout=timeout)
 
 
 def _cpu_worker(local_rank: int, main_func: Callable, world_size: int, num_processes_per_machine: int,
-                machine_rank: int, dist_url: str, args: tuple, timeout: timedelta) -> None:
+                machine_rank: int, dist_url: str, args: tuple, timeout: timedelta,
+                rendezvous_timeout: timedelta) -> None:
     rank = machine_rank * num_processes_per_machine + local_rank
-    dist.init_process_group(backend="gloo", init_method=dist_url, world_size=world_size, rank=rank,
-                            timeout=timeout)
+    _init_gloo(rank, world_size, dist_url, timeout, rendezvous_timeout)
     _create_local_process_group(num_processes_per_machine)
     comm.synchronize()
-    try:
-        main_func(*args)
-    finally:
-        dist.destroy_process_group()
+    main_func(*args)
+    # Not on an exception: torch records this process's error first, and only when the process
+    # exits do its peers see the connections close, so the first error recorded is the cause.
+    dist.destroy_process_group()
 
 
 def _create_local_process_group(num_processes_per_machine: int) -> None:

@@ -12,7 +12,7 @@
 #               takes, e.g. git+https://github.com/facebookresearch/detectron2.git) instead of
 #               using the registry wheel; this is how detectron2's compiled `_C` gets there.
 #               Built once per environment (D2_REBUILD=1 builds it again, e.g. after a git pull).
-#   GWDET_EXTRAS  gwdet's extras to install (default lab,deploy,test; empty: the plugin only).
+#   GWDET_EXTRAS  gwdet's extras to install (default lab,deploy,cluster,test; empty: the plugin only).
 #
 # Safe to re-run: every step checks what is already there. Steps:
 #   1. the interpreter and its version; a virtual environment with it (a half-made one from an
@@ -26,7 +26,7 @@
 #      dependencies detectron2 declares (that wheel is installed without them);
 #      a detectron2 that needs Pillow < 10 (v0.6) gets it;
 #   4. OpenCV (opencv-python-headless) only when no cv2 imports: detectron2's Visualizer needs one;
-#   5. gwdet itself (`pip install -e .[lab,deploy,test]`), then `pip check`.
+#   5. gwdet itself (`pip install -e .[lab,deploy,cluster,test]`), then `pip check`.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -35,7 +35,7 @@ case "$venv" in /*) ;; *) venv="$PWD/$venv" ;; esac  # the .pth file and link be
 requested_python="${PYTHON:-}"
 python_bin="${requested_python:-python3}"
 d2_source="${D2_SOURCE:-}"
-extras="${GWDET_EXTRAS-lab,deploy,test}"
+extras="${GWDET_EXTRAS-lab,deploy,cluster,test}"
 torch_version="2.14.1"
 torchvision_version="0.29.1"
 detectron2_wheel="sal-detectron2==0.7.2"

@@ -7,10 +7,11 @@ does the work; this file only makes it runnable from a checkout.
     python tools/compare_norms.py --study paper                 # the four configurations x seeds 0, 1, 2
     python tools/compare_norms.py --study batch-sweep --jobs 2  # x 1, 2, 4, 8 images per batch
     python tools/compare_norms.py --study paper --only gn-b2-s1 # one cell
+    python tools/compare_norms.py --study paper --launcher slurm --num-gpus 8  # one SLURM job per cell
 
 Running the same command again resumes: finished cells are skipped, an interrupted one continues
 from its last checkpoint, and a cell whose config differs from the recorded one is refused.
-See ``--help`` and docs/study/README.md.
+See ``--help``, docs/study/README.md and, for clusters, docs/cluster.md.
 """
 import sys
 from pathlib import Path

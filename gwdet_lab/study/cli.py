@@ -7,9 +7,15 @@ stops here, before anything trains); prepare the datasets; run the cells that ar
 (:mod:`gwdet_lab.study.report`). Cells live in ``<out>/runs/<cell>``, reports in
 ``<out>/<study>/``, so studies sharing a cell (same name, same config) train it once.
 
-Exit status: 0 when every cell is done, 1 when some failed or are pending (busy in another
-process), 2 for bad arguments or a config that differs from a recorded one, 130 when interrupted
-(Ctrl-C or SIGTERM; run the same command again to resume).
+``--launcher slurm`` (or ``submitit-local``) checks that jobs can be submitted, plans and checks the
+cells the same way, then submits one job per cell that is not done and has no queued or running job
+(:mod:`gwdet_lab.study.cluster`) and returns (``--wait`` waits for them); the last cell to end
+writes the report. ``--list`` shows each cell's job and its state from SLURM.
+
+Exit status: 0 when every cell is done (or, on a cluster, submitted), 1 when some failed or are
+pending (busy in another process), 2 for bad arguments, a cluster that cannot take jobs, or a config
+that differs from a recorded one, 130 when interrupted (Ctrl-C or SIGTERM; run the same command
+again to resume).
 """
 from __future__ import annotations
 
@@ -20,6 +26,9 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from gwdet.cluster.executor import SubmissionRefused, check_launcher
+from gwdet.cluster.options import LauncherOptions, add_launcher_arguments, launcher_options
+from gwdet.cluster.slurm import ClusterUnavailable
 from gwdet.data import prepare_datasets
 from gwdet.engine import build_config
 from gwdet.threads import choose_threads
@@ -35,6 +44,7 @@ from gwdet_lab.study.cells import (
     parse_extra,
     study_cells,
 )
+from gwdet_lab.study.cluster import REPORT_LOCK, folder_lock, list_jobs, submit_cells, wait_for_cells
 from gwdet_lab.study.evaluation import PAPER_WEIGHTS
 from gwdet_lab.study.record import ON_MISMATCH, ConfigMismatch, PlannedCell, plan
 from gwdet_lab.study.report import write_report
@@ -62,6 +72,7 @@ def argument_parser() -> argparse.ArgumentParser:
             "  compare_norms.py --study batch-sweep --jobs 2        # the four x 1,2,4,8 images per batch\n"
             "  compare_norms.py --study paper --only gn-b2-s1       # one cell\n"
             "  compare_norms.py --study paper --list                # cells, their state and commands\n"
+            "  compare_norms.py --study paper --launcher slurm --partition gpu --num-gpus 8  # one job per cell\n"
             "  compare_norms.py --configs gn=configs/Study/gn.yaml --extra bgn=configs/Study/bn.yaml \\\n"
             "      MODEL.RESNETS.NORM BGN MODEL.FPN.NORM BGN MODEL.ROI_BOX_HEAD.NORM BGN --seeds 0 1"
         ),
@@ -101,6 +112,7 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-example-weighing", action="store_true", help="skip example weighing")
     parser.add_argument("--list", action="store_true", help="list the cells, their state and commands; train nothing")
     parser.add_argument("--report-only", action="store_true", help="write the report of the finished cells; train nothing")
+    add_launcher_arguments(parser, multi_machine=False)
     return parser
 
 
@@ -141,9 +153,23 @@ def build_cells(args: argparse.Namespace, repo_root: Path) -> list[Cell]:
     return cells
 
 
+def cluster_options(args: argparse.Namespace) -> LauncherOptions | None:
+    """The checked launcher flags when cells are to be submitted as jobs (``None``: run them here);
+    ``ValueError`` / ``ClusterUnavailable`` before anything is written."""
+    options = launcher_options(args, args.num_gpus)
+    if not options.submits or args.list or args.report_only:
+        return None
+    if options.nodes != 1:
+        raise ValueError("--nodes: a study cell runs on one node (its --num-gpus processes); "
+                         "train a multi-node run with tools/train_net.py --launcher slurm --nodes N")
+    check_launcher(options)
+    return options
+
+
 def main(argv: Sequence[str] | None = None, repo_root: Path | None = None) -> int:
     """Run the study the command line describes; return the exit status."""
     repo_root = repo_root or Path(__file__).resolve().parents[2]
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argument_parser()
     args = parser.parse_args(argv)
     if len(args.opts) % 2:
@@ -154,6 +180,11 @@ def main(argv: Sequence[str] | None = None, repo_root: Path | None = None) -> in
         parser.error("--jobs must be at least 1")
     weights = [] if args.no_example_weighing else args.example_weights
     out_dir = Path(args.out).resolve()
+    try:
+        options = cluster_options(args)
+    except (ValueError, ClusterUnavailable) as error:
+        print(f"compare_norms.py: error: {error}", file=sys.stderr)
+        return 2
     try:
         cells = build_cells(args, repo_root)
         planned = plan(cells, out_dir / RUNS_FOLDER, args.opts, args.on_mismatch, record=not args.list)
@@ -167,6 +198,8 @@ def main(argv: Sequence[str] | None = None, repo_root: Path | None = None) -> in
     if args.list:
         list_cells(planned, weights)
         return 0
+    if options is not None:
+        return run_on_cluster(args, argv, options, planned, weights, out_dir, repo_root)
     threads = choose_threads(args.threads or None, processes=args.jobs)
     echo(f"study {study_name(args)}: {len(planned)} cells into {out_dir / RUNS_FOLDER}, {args.jobs} at a time; "
          + threads.describe())
@@ -186,12 +219,49 @@ def main(argv: Sequence[str] | None = None, repo_root: Path | None = None) -> in
     return 1 if outcome.failed or outcome.busy else 0
 
 
-def report(args: argparse.Namespace, planned: Sequence[PlannedCell], weights: Sequence[float], out_dir: Path) -> None:
+def run_on_cluster(args: argparse.Namespace, argv: Sequence[str], options: LauncherOptions,
+                   planned: Sequence[PlannedCell], weights: Sequence[float], out_dir: Path, repo_root: Path) -> int:
+    """Submit the cells' jobs (:mod:`gwdet_lab.study.cluster`); with ``--wait``, wait for them and
+    write the report."""
+    echo(f"study {study_name(args)}: {len(planned)} cells into {out_dir / RUNS_FOLDER}, one {options.launcher} "
+         "job each")
+    try:
+        submitted = submit_cells(planned, options, weights, args.threads or None, args.num_gpus, argv, repo_root,
+                                 out_dir / RUNS_FOLDER, echo)
+    except (SubmissionRefused, ClusterUnavailable) as error:
+        print(f"compare_norms.py: error: {error}", file=sys.stderr)
+        return 2
+    echo(f"submitted {len(submitted)} job(s)" + (f": {', '.join(submitted)}" if submitted else "")
+         + f"; the last cell to end writes the report in {out_dir / study_name(args)}. "
+         "Follow with --list; --report-only writes it at any time.")
+    if not options.wait:
+        return 0
+    failed = wait_for_cells(planned, weights, echo)
+    report(args, planned, weights, out_dir)
+    return 1 if failed else 0
+
+
+def report_if_complete(argv: Sequence[str], repo_root: Path) -> list[Path] | None:
+    """Write the report of the study ``argv`` describes if every one of its cells is done (what a
+    cell's job does when it ends: the last one to end writes it); the files written, else ``None``."""
+    args = argument_parser().parse_args(list(argv))
+    weights = [] if args.no_example_weighing else args.example_weights
+    out_dir = Path(args.out).resolve()
+    planned = plan(build_cells(args, repo_root), out_dir / RUNS_FOLDER, args.opts, args.on_mismatch, record=False)
+    with folder_lock(out_dir / REPORT_LOCK):
+        if not all(is_done(p, weights) for p in planned):
+            return None
+        return report(args, planned, weights, out_dir)
+
+
+def report(args: argparse.Namespace, planned: Sequence[PlannedCell], weights: Sequence[float],
+           out_dir: Path) -> list[Path] | None:
+    """Write the report of the finished cells; the files written (``None`` when none is finished)."""
     done = [p for p in planned if is_done(p, weights)]
     pending = [p.cell.name for p in planned if p not in done]
     if not done:
         echo("no finished cell yet: no report")
-        return
+        return None
     name = study_name(args)
     notes = []
     if args.only:
@@ -200,14 +270,19 @@ def report(args: argparse.Namespace, planned: Sequence[PlannedCell], weights: Se
         notes.append(f"Common overrides of every cell: {' '.join(args.opts)}.")
     paths = write_report(TITLES[name], [summarize(p) for p in done], pending, out_dir / name, notes)
     echo("wrote " + ", ".join(display_path(str(p)) for p in paths))
+    return list(paths)
 
 
 def list_cells(planned: Sequence[PlannedCell], weights: Sequence[float]) -> None:
+    """Each cell's state, folder, cluster job (id and state from SLURM) and its train_net command."""
+    jobs = list_jobs(planned)
     for item in planned:
         folder = item.folder
         state = ("done" if is_done(item, weights) else "busy" if folder.is_busy()
                  else "interrupted" if folder.has_checkpoint() else "not started")
         print(f"{item.cell.name:<22} {state:<12} {display_path(str(folder.path))}")
+        if item.cell.name in jobs:
+            print(f"    {jobs[item.cell.name]}")
         print(f"    {train_command(item)}")
 
 

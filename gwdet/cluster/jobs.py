@@ -1,0 +1,116 @@
+"""What gwdet's submitit jobs share: where this node sits in the job, and requeueing on a signal.
+
+A gwdet job runs one task per node; that task starts the node's training processes with
+detectron2's launch (:func:`gwdet.launch.launch`), exactly as ``tools/train_net.py --num-gpus N``
+does on one machine. One task per node, rather than one per GPU, keeps detectron2's own process
+start-up and per-machine process group (``comm.get_local_rank``) and its CPU path, so a job runs the
+same code as a local run. :class:`NodePlacement` reads this node's rank, the number of nodes and the
+first node's name from the job's environment (submitit's ``JobEnvironment``, which reads SLURM's
+variables or those of submitit's local executor).
+
+Preemption and time limits follow submitit's checkpoint protocol: on the job's signal (SIGUSR2:
+``scancel --signal=USR2``, ``--signal=USR2@<s>`` before the time limit) submitit calls the job's
+``checkpoint()``, which returns a ``DelayedSubmission`` of the same job marked as requeued, and
+requeues it. gwdet's trainer saves a checkpoint of the iteration in progress on that signal before
+submitit's handler runs (:mod:`gwdet.checkpoint.signal_hook`); either way the requeued job continues
+with ``--resume`` from the newest checkpoint on disk. A job that SLURM itself requeued (a node
+failure, ``PreemptMode=REQUEUE``) resumes too: SLURM counts restarts in ``SLURM_RESTART_COUNT``.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+import zlib
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from submitit.helpers import DelayedSubmission
+
+PORT_BASE, PORT_SPAN = 20000, 20000
+STOP_SECONDS = 60.0  # how long the training processes get to save their checkpoint and end
+LOCAL_EXECUTOR = "local"
+
+
+@dataclass(frozen=True)
+class NodePlacement:
+    """This node's place in a running job."""
+
+    job_id: str
+    machine_rank: int
+    num_machines: int
+    first_node: str
+    restarts: int
+
+    @classmethod
+    def from_environment(cls) -> "NodePlacement":
+        """Read from the job's environment (only inside a submitit job)."""
+        import submitit
+
+        environment = submitit.JobEnvironment()
+        return cls(str(environment.job_id), environment.node, environment.num_nodes,
+                   environment.hostnames[0], int(os.environ.get("SLURM_RESTART_COUNT") or 0))
+
+    @property
+    def dist_url(self) -> str:
+        """``auto`` (a free local port) on one node; otherwise a port on the first node derived from
+        the job id and restart count, so every node computes the same one without talking."""
+        if self.num_machines == 1:
+            return "auto"
+        port = PORT_BASE + zlib.crc32(f"{self.job_id}:{self.restarts}".encode()) % PORT_SPAN
+        return f"tcp://{self.first_node}:{port}"
+
+    def machine_flags(self) -> list[str]:
+        """``tools/train_net.py`` flags that place this node's processes in the job."""
+        return ["--num-machines", str(self.num_machines), "--machine-rank", str(self.machine_rank),
+                "--dist-url", self.dist_url]
+
+    def describe(self) -> str:
+        text = f"job {self.job_id}, node {self.machine_rank} of {self.num_machines}"
+        return text + (f", restart {self.restarts}" if self.restarts else "")
+
+
+@dataclass(frozen=True)
+class RequeueableJob:
+    """Base of gwdet's submitit jobs: ``checkpoint()`` resubmits the job, marked ``requeued``."""
+
+    requeued: bool = field(default=False, kw_only=True)
+
+    def resumes(self, placement: NodePlacement) -> bool:
+        """Whether this run continues an earlier one: requeued by its own checkpoint or by SLURM."""
+        return self.requeued or placement.restarts > 0
+
+    def checkpoint(self, *args: object, **kwargs: object) -> "DelayedSubmission":
+        """submitit's hook on the job's signal: let the training processes end, then hand back the
+        job to run after the requeue (the same job, continuing from its newest checkpoint)."""
+        import submitit
+
+        stop_spawned_processes()
+        return submitit.helpers.DelayedSubmission(replace(self, requeued=True))
+
+
+def stop_spawned_processes(timeout: float = STOP_SECONDS) -> None:
+    """Give the training processes this one started (detectron2's launch with several processes)
+    ``timeout`` seconds to save and end, then stop what is left.
+
+    They are this process's non-daemonic children; DataLoader workers are daemonic and end with the
+    process that reads from them. SLURM delivers a job's signal to every process of the job step, so
+    the training processes already have it; the local executor signals only the job's own process,
+    so there it is passed on to them.
+    """
+    children = [child for child in multiprocessing.active_children() if not child.daemon]
+    if not children:
+        return
+    if os.environ.get("SUBMITIT_EXECUTOR") == LOCAL_EXECUTOR:
+        for child in children:
+            os.kill(child.pid, signal.SIGUSR2)
+    deadline = time.monotonic() + timeout
+    for child in children:
+        child.join(max(deadline - time.monotonic(), 0.0))
+    for child in (child for child in children if child.is_alive()):
+        child.terminate()
+        child.join(10)
+        if child.is_alive():
+            child.kill()

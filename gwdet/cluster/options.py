@@ -1,0 +1,108 @@
+"""The launcher flags shared by ``tools/train_net.py`` and ``tools/compare_norms.py``.
+
+``--launcher local`` (the default) runs here as before. ``--launcher slurm`` submits a job through
+submitit's SLURM executor; ``--launcher submitit-local`` runs the very same job object through
+submitit's local executor on this machine. The SLURM request (``--nodes``, ``--gpus-per-node``,
+``--cpus-per-task``, ``--partition``, ``--account``, ``--timeout-min``, ``--slurm-extra KEY=VALUE``)
+becomes the job's ``#SBATCH`` lines. This module only parses and checks them; it imports neither
+submitit nor torch.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+LAUNCHERS = ("local", "submitit-local", "slurm")
+DEFAULT_TIMEOUT_MIN = 24 * 60
+DEFAULT_RENDEZVOUS_SECONDS = 300.0
+
+
+def add_launcher_arguments(parser: argparse.ArgumentParser, multi_machine: bool = True) -> None:
+    """Add the launcher flags (one argument group) to ``parser``; ``multi_machine`` adds
+    ``--rendezvous-timeout`` for runs that span machines."""
+    group = parser.add_argument_group(
+        "cluster", "run through SLURM (submitit) instead of here; see docs/cluster.md")
+    group.add_argument("--launcher", choices=LAUNCHERS, default="local",
+                       help="local: run in this process (default); slurm: submit a SLURM job through "
+                            "submitit and return (--wait waits); submitit-local: the same job through "
+                            "submitit's local executor on this machine")
+    group.add_argument("--nodes", type=int, default=1, help="SLURM nodes (machines) of the job (default 1)")
+    group.add_argument("--gpus-per-node", type=int, default=None,
+                       help="GPUs each node asks for: --num-gpus or 0 (CPU nodes, which still start --num-gpus "
+                            "processes); default --num-gpus where the partition's nodes have GPUs (sinfo), else 0")
+    group.add_argument("--cpus-per-task", type=int, default=None,
+                       help="CPUs per node (one task per node; default: the partition's default)")
+    group.add_argument("--partition", default=None, help="SLURM partition (default: the cluster's default)")
+    group.add_argument("--account", default=None, help="SLURM account to charge")
+    group.add_argument("--timeout-min", type=int, default=DEFAULT_TIMEOUT_MIN,
+                       help="time limit of one job run in minutes (default %(default)s); at the limit the "
+                            "job checkpoints, requeues itself and continues")
+    group.add_argument("--slurm-extra", action="append", default=[], metavar="KEY=VALUE",
+                       help="any other sbatch option, e.g. qos=high, constraint=volta32gb, mem=64G, or "
+                            "exclusive (no value); repeatable")
+    group.add_argument("--wait", action="store_true",
+                       help="after submitting, wait for the job to end and print its result")
+    if multi_machine:
+        group.add_argument("--rendezvous-timeout", type=float, default=DEFAULT_RENDEZVOUS_SECONDS, metavar="SECONDS",
+                           help="how long the processes of a multi-machine run wait for each other at "
+                                "--dist-url before stopping with an error (default %(default)s)")
+
+
+@dataclass(frozen=True)
+class LauncherOptions:
+    """The checked launcher flags: what to ask SLURM (or submitit's local executor) for."""
+
+    launcher: str
+    processes_per_node: int = 1
+    nodes: int = 1
+    gpus_per_node: int | None = None  # None: --num-gpus where the nodes have GPUs, else 0
+    cpus_per_task: int | None = None
+    partition: str | None = None
+    account: str | None = None
+    timeout_min: int = DEFAULT_TIMEOUT_MIN
+    extra: dict[str, str | bool] = field(default_factory=dict)
+    wait: bool = False
+
+    @property
+    def submits(self) -> bool:
+        """Whether the run goes through submitit (not ``--launcher local``)."""
+        return self.launcher != "local"
+
+
+def parse_slurm_extra(items: list[str]) -> dict[str, str | bool]:
+    """``["qos=high", "exclusive"]`` -> ``{"qos": "high", "exclusive": True}`` (sbatch's option
+    names, without the leading dashes)."""
+    extra: dict[str, str | bool] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip().lstrip("-")
+        if not key or " " in key:
+            raise ValueError(f"--slurm-extra {item!r}: give an sbatch option as KEY=VALUE (e.g. qos=high) "
+                             "or KEY alone for a flag (e.g. exclusive)")
+        extra[key] = value if sep else True
+    return extra
+
+
+def launcher_options(args: argparse.Namespace, processes_per_node: int) -> LauncherOptions:
+    """Check the launcher flags of ``args`` (``processes_per_node``: the processes each node starts,
+    ``--num-gpus``); ``ValueError`` naming the flag and the fix."""
+    if args.nodes < 1:
+        raise ValueError(f"--nodes must be at least 1, got {args.nodes}")
+    if args.timeout_min < 1:
+        raise ValueError(f"--timeout-min must be at least 1 minute, got {args.timeout_min}")
+    if args.cpus_per_task is not None and args.cpus_per_task < 1:
+        raise ValueError(f"--cpus-per-task must be at least 1, got {args.cpus_per_task}")
+    gpus = args.gpus_per_node
+    if gpus is not None and gpus < 0:
+        raise ValueError(f"--gpus-per-node must be 0 or more, got {gpus}")
+    if gpus and gpus != processes_per_node:
+        raise ValueError(
+            f"--gpus-per-node {gpus} with --num-gpus {processes_per_node}: each node starts one process per "
+            "GPU, so give the same number to both (or --gpus-per-node 0 on CPU nodes).")
+    if args.launcher == "submitit-local" and args.nodes != 1:
+        raise ValueError("--launcher submitit-local runs on this machine only: use --nodes 1, or --launcher slurm")
+    if args.launcher == "local" and (args.nodes != 1 or args.wait):
+        raise ValueError("--nodes and --wait belong to --launcher slurm or submitit-local; for several "
+                         "machines without SLURM, start each with --num-machines, --machine-rank and --dist-url")
+    return LauncherOptions(args.launcher, processes_per_node, args.nodes, gpus, args.cpus_per_task, args.partition,
+                           args.account, args.timeout_min, parse_slurm_extra(args.slurm_extra), args.wait)

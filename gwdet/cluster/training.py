@@ -1,0 +1,111 @@
+"""``tools/train_net.py``: train here, or submit the same training as a SLURM job through submitit.
+
+``--launcher local`` (default) starts ``--num-gpus`` processes here (:func:`train_here`).
+``--launcher slurm`` / ``submitit-local`` checks everything it can first (submitit installed,
+SLURM reachable, the config, the output folder), then submits one :class:`TrainingJob`, prints the
+job id, its log files and how to follow it, and returns; ``--wait`` waits and prints the result.
+On each node the job runs :func:`train_here` with that node's ``--machine-rank``, the number of
+nodes and the first node's address (:class:`gwdet.cluster.jobs.NodePlacement`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Sequence
+
+from gwdet.cluster.executor import SubmissionRefused, check_launcher, describe, make_executor, submit, wait
+from gwdet.cluster.jobs import NodePlacement, RequeueableJob
+from gwdet.cluster.options import launcher_options
+from gwdet.cluster.slurm import ClusterUnavailable
+from gwdet.engine import RESULTS_JSON, RESULTS_MARKDOWN, build_config, check_run_request, main, parse_args
+from gwdet.launch import launch
+from gwdet.threads import configure_threads
+
+JOBS_FOLDER = "submitit"  # inside OUTPUT_DIR: <job id>/ with submitit's pickles and logs
+PROG = "train_net.py"
+
+
+def train_here(args: argparse.Namespace) -> None:
+    """Train (or evaluate) with ``args`` on this machine: ``--num-gpus`` processes."""
+    print("Command Line Args:", args, flush=True)
+    configure_threads(args.threads, processes=args.num_gpus)
+    launch(main, args.num_gpus, num_machines=args.num_machines, machine_rank=args.machine_rank,
+           dist_url=args.dist_url, args=(args,), rendezvous_timeout=timedelta(seconds=args.rendezvous_timeout))
+
+
+@dataclass(frozen=True)
+class TrainingJob(RequeueableJob):
+    """``tools/train_net.py ARGV`` on every node of a submitit job, run from folder ``cwd``."""
+
+    argv: tuple[str, ...]
+    cwd: str
+
+    def __call__(self) -> dict:
+        placement = NodePlacement.from_environment()
+        resumes = self.resumes(placement)
+        flags = ["--launcher", "local", *placement.machine_flags(), *(["--resume"] if resumes else [])]
+        print(f"[gwdet] {placement.describe()}: "
+              + ("continuing from the newest checkpoint (--resume)" if resumes else "starting"), flush=True)
+        os.chdir(self.cwd)
+        args = parse_args([*self.argv, *flags])
+        train_here(args)
+        output_dir = build_config(args.config_file, args.opts).OUTPUT_DIR
+        results = Path(output_dir, RESULTS_JSON)
+        return {"output_dir": os.path.abspath(output_dir),
+                "results": json.loads(results.read_text()) if results.is_file() else None}
+
+
+def check_before_submitting(args: argparse.Namespace) -> str:
+    """The config builds and the output folder fits the request (as the job will check it); returns
+    OUTPUT_DIR. ``--overwrite`` is left to the job (it deletes the earlier run when it starts)."""
+    cfg = build_config(args.config_file, args.opts)
+    if args.eval_only or args.resume or not args.overwrite:
+        check_run_request(cfg, args)
+    return cfg.OUTPUT_DIR
+
+
+def submit_training(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Submit ``argv`` as a :class:`TrainingJob`; the exit status (2: refused, nothing submitted)."""
+    try:
+        options = launcher_options(args, args.num_gpus)
+        check_launcher(options)
+        output_dir = Path(check_before_submitting(args)).resolve()
+        folder = output_dir / JOBS_FOLDER
+        executor = make_executor(options, folder, job_name=f"gwdet-{Path(args.config_file).stem}")
+        job = submit(executor, TrainingJob(tuple(argv), os.getcwd()), folder)
+    except (ClusterUnavailable, SubmissionRefused, ValueError, KeyError, FileNotFoundError, FileExistsError) as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    print("\n".join([*describe(job, options.launcher), f"  output: {output_dir}"]), flush=True)
+    if not options.wait:
+        return 0
+    try:
+        result = wait(job.task(0), options.launcher)
+    except RuntimeError as error:
+        print(f"{PROG}: {error}", file=sys.stderr)
+        return 1
+    print(f"job {job.job_id} finished; results in {result['output_dir']}")
+    table = Path(result["output_dir"], RESULTS_MARKDOWN)
+    if table.is_file():
+        print(table.read_text())
+    return 0
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """``tools/train_net.py``'s command line; the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if args.launcher == "local":
+        try:
+            launcher_options(args, args.num_gpus)
+        except ValueError as error:
+            print(f"{PROG}: error: {error}", file=sys.stderr)
+            return 2
+        train_here(args)
+        return 0
+    return submit_training(args, argv)

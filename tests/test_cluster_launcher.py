@@ -1,0 +1,175 @@
+"""``--launcher`` without a cluster: submitit's local executor runs the same job; bad input (submitit
+missing, no SLURM commands, no controller answering, flags that do not fit) is refused with a clear
+message before anything is submitted or written."""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import multiprocessing
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import DEMO_CONFIG, REPO, TINY_OPTS
+from gwdet.cluster.options import add_launcher_arguments, launcher_options, parse_slurm_extra
+from gwdet.cluster.slurm import ClusterUnavailable, check_reachable
+from gwdet.cluster.training import TrainingJob, run as train_net
+from gwdet_lab.study.cli import main as compare_norms
+
+TRAIN_NET = [sys.executable, str(REPO / "tools" / "train_net.py"), "--config", str(DEMO_CONFIG), "--threads", "1"]
+SLURM_FLAGS = ["--launcher", "slurm"]
+
+
+def run(command, timeout=300):
+    """``command`` with the session's dataset cache (conftest sets it after this module is imported)."""
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(command, cwd=REPO, env=environment, capture_output=True, text=True, timeout=timeout)
+
+
+def test_submitit_local_runs_the_training_job_and_waits_for_its_results(tmp_path):
+    pytest.importorskip("submitit")
+    out = tmp_path / "demo"
+    completed = run([*TRAIN_NET, "--launcher", "submitit-local", "--wait", *TINY_OPTS,
+                     "OUTPUT_DIR", str(out)])
+    assert completed.returncode == 0, (completed.stdout + completed.stderr)[-4000:]
+    job_id = re.search(r"submitted job (\d+) \(submitit-local\)", completed.stdout).group(1)
+    assert f"job {job_id} finished" in completed.stdout and "### bbox" in completed.stdout
+    assert (out / "model_final.pth").is_file()
+    log = (out / "submitit" / job_id / f"{job_id}_0_log.out").read_text()
+    assert f"[gwdet] job {job_id}, node 0 of 1: starting" in log
+
+
+def test_without_submitit_the_message_names_the_extra_and_nothing_is_written(tmp_path):
+    out = tmp_path / "out"
+    hide_submitit = ("import sys; sys.modules['submitit'] = None; sys.argv[0] = 'train_net.py'; "
+                     "from gwdet.cluster.training import run; sys.exit(run(sys.argv[1:]))")
+    completed = run([sys.executable, "-c", hide_submitit, "--config", str(DEMO_CONFIG), *SLURM_FLAGS, *TINY_OPTS,
+                     "OUTPUT_DIR", str(out)])
+    assert completed.returncode == 2, completed.stdout + completed.stderr
+    assert "submitit, which is not installed" in completed.stderr and "pip install 'gwdet[cluster]'" in completed.stderr
+    assert not out.exists()
+
+
+def test_without_slurm_commands_the_message_names_the_missing_command_and_nothing_is_written(tmp_path, monkeypatch,
+                                                                                            capsys):
+    pytest.importorskip("submitit")
+    out, study = tmp_path / "out", tmp_path / "study"
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no sbatch, squeue, ...
+    assert train_net(["--config", str(DEMO_CONFIG), *SLURM_FLAGS, *TINY_OPTS, "OUTPUT_DIR", str(out)]) == 2
+    assert "SLURM's command 'sbatch' is not on PATH" in capsys.readouterr().err
+    assert not out.exists()
+    assert compare_norms(["--out", str(study), "--configs", f"gn={REPO}/configs/Study/gn.yaml", *SLURM_FLAGS]) == 2
+    assert "'sbatch' is not on PATH" in capsys.readouterr().err
+    assert not study.exists()
+
+
+@pytest.mark.skipif(shutil.which("scontrol") is None, reason="SLURM's client commands are not installed")
+def test_without_a_controller_the_message_names_slurm_conf_and_nothing_is_written(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("submitit")
+    conf = tmp_path / "slurm.conf"  # a cluster whose controller does not run
+    conf.write_text("ClusterName=nowhere\nSlurmctldHost=localhost\nSlurmctldPort=9\nAuthType=auth/none\n"
+                    "NodeName=localhost CPUs=1\nPartitionName=p Nodes=ALL Default=YES\n")
+    out = tmp_path / "out"
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    assert train_net(["--config", str(DEMO_CONFIG), *SLURM_FLAGS, *TINY_OPTS, "OUTPUT_DIR", str(out)]) == 2
+    assert f"No SLURM controller answered 'scontrol ping' (SLURM_CONF={conf})" in capsys.readouterr().err
+    assert not out.exists()
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "none.conf"))
+    with pytest.raises(ClusterUnavailable, match=f"SLURM_CONF={tmp_path / 'none.conf'} does not exist"):
+        check_reachable()
+
+
+def parse(*flags: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_launcher_arguments(parser)
+    return parser.parse_args(list(flags))
+
+
+def test_launcher_flags_that_do_not_fit_are_refused_with_the_fix():
+    options = launcher_options(parse("--launcher", "slurm", "--nodes", "2", "--partition", "gpu",
+                                     "--slurm-extra", "qos=high", "--slurm-extra", "exclusive"), 8)
+    assert (options.nodes, options.processes_per_node, options.gpus_per_node, options.partition) == (2, 8, None, "gpu")
+    assert options.extra == {"qos": "high", "exclusive": True}
+    assert launcher_options(parse("--launcher", "slurm", "--gpus-per-node", "0"), 2).gpus_per_node == 0
+    with pytest.raises(ValueError, match="--gpus-per-node 4 with --num-gpus 8"):
+        launcher_options(parse("--launcher", "slurm", "--gpus-per-node", "4"), 8)
+    with pytest.raises(ValueError, match="submitit-local runs on this machine only"):
+        launcher_options(parse("--launcher", "submitit-local", "--nodes", "2"), 1)
+    with pytest.raises(ValueError, match="--nodes and --wait belong to --launcher slurm"):
+        launcher_options(parse("--wait"), 1)
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_slurm_extra(["=high"])
+
+
+def free_port_pair() -> int:
+    """A port whose successor is free too (slurmctld's and slurmd's ports)."""
+    for _ in range(20):
+        with socket.socket() as first, socket.socket() as second:
+            first.bind(("127.0.0.1", 0))
+            port = first.getsockname()[1]
+            try:
+                second.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no two adjacent free ports")
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("slurmctld") is None or shutil.which("munged") is None,
+                    reason="the local cluster needs root and SLURM's and MUNGE's daemons (slurm-wlm, munge)")
+def test_the_local_cluster_starts_once_and_stops_exactly_its_own_daemons(tmp_path):
+    script = ["bash", str(REPO / "scripts" / "local_slurm.sh")]
+    env = {**os.environ, "GWDET_SLURM_PORT": str(free_port_pair())}
+    started = subprocess.run([*script, "start", str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    pid_files = {name: tmp_path / "run" / f"{name}.pid" for name in ("munged", "slurmctld", "slurmd")}
+    try:
+        assert started.returncode == 0, started.stderr
+        assert started.stdout == f"export SLURM_CONF={tmp_path / 'slurm.conf'}\n"
+        pids = {name: int(path.read_text()) for name, path in pid_files.items()}
+        again = subprocess.run([*script, "start", str(tmp_path)], env=env, capture_output=True, text=True, timeout=60)
+        assert again.returncode == 0 and "already running" in again.stderr and again.stdout == started.stdout
+        assert {name: int(path.read_text()) for name, path in pid_files.items()} == pids
+        answer = subprocess.run(["sinfo", "-h", "-o", "%T"], env={**env, "SLURM_CONF": str(tmp_path / "slurm.conf")},
+                                capture_output=True, text=True, timeout=30)
+        assert answer.stdout.strip() == "idle", answer.stderr
+    finally:
+        stopped = subprocess.run([*script, "stop", str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
+    assert stopped.returncode == 0, stopped.stderr
+    assert not any(alive(pid) for pid in pids.values()) and not any(path.exists() for path in pid_files.values())
+    if os.environ.get("SLURM_CONF"):  # the session's cluster, if any, was left alone
+        assert subprocess.run(["sinfo", "-h"], capture_output=True, timeout=30).returncode == 0
+
+
+def test_checkpoint_resubmits_the_job_resumed_after_its_training_processes_end(monkeypatch):
+    """What submitit calls on the job's signal: training processes (non-daemonic children) get the
+    signal passed on by the local executor and are waited for; DataLoader workers (daemonic) are not."""
+    pytest.importorskip("submitit")
+    context = multiprocessing.get_context("fork")
+    loader_worker = context.Process(target=time.sleep, args=(60,), daemon=True)
+    training = context.Process(target=time.sleep, args=(60,))
+    loader_worker.start(), training.start()
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "local")
+    try:
+        started = time.monotonic()
+        resubmitted = TrainingJob(("--config", "c.yaml"), "/somewhere").checkpoint()
+        assert time.monotonic() - started < 10
+        assert training.exitcode == -signal.SIGUSR2, "the signal was passed on and the process waited for"
+        assert loader_worker.is_alive(), "a DataLoader worker is left to its process"
+    finally:
+        loader_worker.kill()
+    assert resubmitted.function == TrainingJob(("--config", "c.yaml"), "/somewhere", requeued=True)
+    assert (resubmitted.args, resubmitted.kwargs) == ((), {})
