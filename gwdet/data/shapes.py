@@ -278,6 +278,8 @@ def ensure_generated(spec: ShapesSpec, root: Path | None = None, setting: str | 
             for split in SPLITS:
                 write_split(spec, split, staging)
             (staging / SPEC_JSON).write_text(json.dumps(spec.parameters(), sort_keys=True, indent=1))
+            if _is_complete(target, spec):  # another process finished first, and may be reading it
+                return target
             shutil.rmtree(target, ignore_errors=True)  # what an interrupted or older version left
             try:
                 os.replace(staging, target)
