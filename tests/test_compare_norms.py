@@ -317,3 +317,14 @@ def test_a_diverging_run_is_an_outcome_not_a_failure(tmp_path):
     write_report("t", [result], [], tmp_path / "report")
     table = (tmp_path / "report" / "table.md").read_text()
     assert "| GN | 2 | 1 | 28.19 | – | – | diverged | – | 1 |" in table
+
+
+@pytest.mark.parametrize("flag, value, message", [("--seeds", "-1", "a seed must be >= 0, got -1"),
+                                                 ("--batch-sizes", "0", "images per batch must be >= 1, got 0"),
+                                                 ("--seeds", "x", "'x' is not an integer")])
+def test_seeds_and_batch_sizes_out_of_range_are_refused_before_anything_runs(capsys, flag, value, message):
+    from gwdet_lab.study.cli import argument_parser
+
+    with pytest.raises(SystemExit):
+        argument_parser().parse_args(["--study", "paper", flag, value])
+    assert message in capsys.readouterr().err

@@ -60,6 +60,21 @@ TITLES = {
 }
 
 
+def _at_least(minimum: int, what: str):
+    """An argparse type: an integer >= ``minimum``. A negative seed would be detectron2's "draw a
+    random seed" and be reported as a seed; zero images per batch trains nothing."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{what} must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
 def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="compare_norms.py",
@@ -90,8 +105,9 @@ def argument_parser() -> argparse.ArgumentParser:
     runs.add_argument("--extra", nargs="+", action="append", default=[], metavar="ARG",
                       help="NAME=CONFIG [KEY VALUE ...]: add a configuration with overrides of its own "
                            "(repeatable)")
-    runs.add_argument("--seeds", nargs="+", type=int, default=None, help="seeds (SEED) of every configuration")
-    runs.add_argument("--batch-sizes", nargs="+", type=int, default=None,
+    runs.add_argument("--seeds", nargs="+", type=_at_least(0, "a seed"), default=None,
+                      help="seeds (SEED, each >= 0) of every configuration")
+    runs.add_argument("--batch-sizes", nargs="+", type=_at_least(1, "images per batch"), default=None,
                       help=f"batch-sweep: images per batch (default {' '.join(map(str, DEFAULT_BATCH_SIZES))})")
     runs.add_argument("--opts", nargs="+", default=[], metavar="KEY VALUE",
                       help="config overrides applied to every cell (they become part of its recorded config)")
