@@ -285,17 +285,20 @@ def setup(args: argparse.Namespace, cfg: CfgNode | None = None) -> CfgNode:
     return cfg
 
 
-def flatten_results(results: Mapping) -> "OrderedDict[str, Mapping]":
-    """``{dataset: {task: {metric: value}}}`` whether or not detectron2 dropped the dataset level."""
+def flatten_results(results: Mapping, datasets: Sequence[str] = ()) -> "OrderedDict[str, Mapping]":
+    """``{dataset: {task: {metric: value}}}`` whether or not detectron2 dropped the dataset level.
+
+    detectron2's ``DefaultTrainer.test`` drops it when it evaluated one dataset; given the names
+    evaluated (``DATASETS.TEST``), that one dataset's name comes back as the key, else ``""``."""
     if results and all(isinstance(v, Mapping) and all(isinstance(m, float) for m in v.values()) for v in results.values()):
-        return OrderedDict([("", results)])
+        return OrderedDict([(datasets[0] if len(datasets) == 1 else "", results)])
     return OrderedDict(results)
 
 
-def results_markdown(results: Mapping) -> str:
+def results_markdown(results: Mapping, datasets: Sequence[str] = ()) -> str:
     """COCO AP tables (one per dataset and task) as markdown."""
     lines = []
-    for dataset, tasks in flatten_results(results).items():
+    for dataset, tasks in flatten_results(results, datasets).items():
         for task, metrics in tasks.items():
             names = [name for name in metrics if "-" not in name]  # AP, AP50, ... not per-class
             title = f"{dataset} {task}".strip()
@@ -309,8 +312,10 @@ def write_results(cfg: CfgNode, results: Mapping) -> None:
     if not comm.is_main_process() or not results:
         return
     os.makedirs(cfg.OUTPUT_DIR, exist_ok=True)
-    write_text_atomically(os.path.join(cfg.OUTPUT_DIR, RESULTS_MARKDOWN), results_markdown(results))
-    write_text_atomically(os.path.join(cfg.OUTPUT_DIR, RESULTS_JSON), json.dumps(flatten_results(results), indent=2))
+    datasets = tuple(cfg.DATASETS.TEST)
+    write_text_atomically(os.path.join(cfg.OUTPUT_DIR, RESULTS_MARKDOWN), results_markdown(results, datasets))
+    write_text_atomically(os.path.join(cfg.OUTPUT_DIR, RESULTS_JSON),
+                          json.dumps(flatten_results(results, datasets), indent=2))
 
 
 def main(args: argparse.Namespace):

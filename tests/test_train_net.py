@@ -51,6 +51,9 @@ def test_results_markdown_has_one_table_per_task():
 def test_results_with_and_without_the_dataset_level_flatten_alike():
     per_task = {"bbox": {"AP": 12.5, "AP50": float("nan")}}
     assert flatten_results(per_task) == {"": per_task}
+    # detectron2 drops the level when it evaluated one dataset: its name comes back from DATASETS.TEST.
+    assert flatten_results(per_task, ("shapes_val",)) == {"shapes_val": per_task}
+    assert flatten_results({"shapes_val": per_task}, ("shapes_val",)) == {"shapes_val": per_task}
     assert flatten_results({"shapes_val": per_task}) == {"shapes_val": per_task}
     assert results_markdown({"shapes_val": per_task}).splitlines()[:5] == [
         "### shapes_val bbox", "", "| AP | AP50 |", "| --- | --- |", "| 12.50 | nan |",

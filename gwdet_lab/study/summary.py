@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from detectron2.data import MetadataCatalog
 
 from gwdet.data import prepare_datasets
+from gwdet.engine import RESULTS_JSON
 from gwdet_lab.study.cells import Cell
 from gwdet_lab.study.evaluation import report_dataset, selection_dataset, weight_key
 from gwdet_lab.study.image_bootstrap import image_spread, resampled_box_ap
@@ -76,6 +77,14 @@ def summarize(planned: PlannedCell) -> CellResult:
     folder, cfg = planned.folder, planned.cfg
     results = folder.results()
     report, select = report_dataset(cfg), selection_dataset(cfg)
+    if set(results) == {""} and len(cfg.DATASETS.TEST) == 1:
+        results = {report: results[""]}  # written before results.json named a lone test dataset
+    if report not in results and not folder.diverged():
+        raise ValueError(
+            f"{folder.file(RESULTS_JSON)} has no results for the report dataset {report!r} (DATASETS.TEST[-1]); "
+            f"it holds {sorted(results) or 'none'}. Check DATASETS.TEST of the configuration, or remove that file "
+            "and run the same command again: the cell resumes from its last checkpoint and is evaluated again."
+        )
     records = folder.metrics()
     weighing = folder.read_json(EXAMPLE_WEIGHING_JSON)
     statistics = folder.read_json(BATCH_STATISTICS_JSON)
