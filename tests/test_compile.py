@@ -172,19 +172,3 @@ def test_group_whitening_op_registration_passes_opcheck(shape, groups, affine):
     weight = torch.rand(shape[1], generator=generator, requires_grad=True) if affine else None
     bias = torch.randn(shape[1], generator=generator, requires_grad=True) if affine else None
     torch.library.opcheck(GW_OP, (x, weight, bias, groups, 5, 1e-5, "itn"))
-
-
-@pytest.mark.parametrize("training", [True, False])
-def test_counting_ops_of_the_batch_layers_pass_opcheck(training):
-    x = torch.randn(4, 16, 3, 3)
-    bw, bgn = BatchWhitening(16, 4, method="itn"), BatchGroupNorm(16, 4, eval_example_weight=0.5)
-    torch.library.opcheck(
-        torch.ops.gwdet.batch_whitening.default,
-        (x, bw.running_mean, bw.running_whitening, bw.weight.detach(), bw.bias.detach(), training, 0.1, 5, 1e-5, "itn"),
-        test_utils=("test_schema", "test_faketensor"),
-    )
-    torch.library.opcheck(
-        torch.ops.gwdet.batch_group_norm.default,
-        (x, bgn.running_mean, bgn.running_var, bgn.weight.detach(), bgn.bias.detach(), training, 4, 2, 1e-5, 0.1, 0.5),
-        test_utils=("test_schema", "test_faketensor"),
-    )

@@ -1,15 +1,24 @@
 """Flop counting with fvcore / detectron2: gwdet's layers are counted by gwdet.layers.cost, checked
 against fvcore's own handles (3x3 convolution, matrix products of the reference formulas) and
-against the input shapes each layer sees in the eager model."""
+against the input shapes each layer sees in the eager model; the counting wrappers of
+gwdet.export.counting_ops, which stand for the layers while a model is traced, and leave it as it
+was."""
+import subprocess
+import sys
+
 import pytest
 
 pytest.importorskip("detectron2.export", reason="detectron2 0.6's export module imports caffe2 (gwdet.export needs detectron2 >= 0.7)")
 
 import torch
+from detectron2.layers import ShapeSpec
 from detectron2.utils.analysis import FlopCountAnalysis as Detectron2FlopCountAnalysis
 
-from gwdet.export import FlopCountAnalysis, component_shares
+from conftest import REPO
+from gwdet import norm
+from gwdet.export import FlopCountAnalysis, component_shares, trace_named_ops
 from gwdet.export.analyze_model import share_markdown, share_rows
+from gwdet.export.counting_ops import CountingWrapper
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
 from gwdet.layers.cost import (
     batch_group_norm_macs,
@@ -17,6 +26,7 @@ from gwdet.layers.cost import (
     group_whitening_macs,
     group_whitening_relative_cost,
 )
+from gwdet.modeling import GWRetinaNetHead, PerLevelNorm
 from tiny_models import build_tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
@@ -126,3 +136,167 @@ def test_every_gwdet_layer_of_a_model_is_counted_with_the_shape_it_sees():
     assert "| whole model |" in share_markdown(list(rows.values()))
     (whole,) = component_shares(analysis, model, {"all": ""})
     assert whole["flops"] == analysis.total()
+
+
+def model_state(model: torch.nn.Module):
+    """Everything counting could leave changed: the module tree (objects under their names), the
+    tensors of the state dict (objects and values), the hooks and the training flags."""
+    return {
+        "modules": [(name, module) for name, module in model.named_modules(remove_duplicate=False)],
+        "tensors": {key: (value, value.detach().clone()) for key, value in model.state_dict(keep_vars=True).items()},
+        "hooks": [
+            (len(module._forward_hooks), len(module._forward_pre_hooks), module.training)
+            for module in model.modules()
+        ],
+    }
+
+
+def assert_same_state(before, after) -> None:
+    assert [name for name, _ in after["modules"]] == [name for name, _ in before["modules"]]
+    assert all(a is b for (_, a), (_, b) in zip(after["modules"], before["modules"], strict=True))
+    assert after["tensors"].keys() == before["tensors"].keys()
+    for key, (tensor, value) in before["tensors"].items():
+        assert after["tensors"][key][0] is tensor and torch.equal(after["tensors"][key][1], value), key
+    assert after["hooks"] == before["hooks"]
+
+
+def test_counting_leaves_the_model_exactly_as_it_was():
+    model = build_tiny_model("all_norms")
+    image = torch.rand(3, 64, 64, generator=torch.Generator().manual_seed(0)) * 255
+    before = model_state(model)
+    analysis = FlopCountAnalysis(model, [{"image": image}])
+    analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+    assert analysis.total() > 0 and analysis.by_operator()["batch_whitening"] > 0
+    assert_same_state(before, model_state(model))
+    with torch.no_grad():
+        model([{"image": image}])  # the layers run again in the model
+
+
+def test_inside_trace_named_ops_wrappers_take_the_layers_places_until_an_error_leaves_it():
+    model = build_tiny_model("itn_bw_bgn", training=True)
+    before = model_state(model)
+    layer_types = (GroupWhitening, BatchWhitening, BatchGroupNorm)
+    layers = {name for name, module in model.named_modules() if isinstance(module, layer_types)}
+    with pytest.raises(RuntimeError, match="stop"):
+        with trace_named_ops(model) as wrappers:
+            inside = dict(model.named_modules())
+            assert {name for name, module in inside.items() if isinstance(module, CountingWrapper)} == layers
+            assert len(wrappers) == len(layers)
+            assert all(inside[name].wrapped is wrappers[inside[name]] for name in layers)
+            # the same tensors under the same names, the same training flags
+            assert model.state_dict(keep_vars=True).keys() == before["tensors"].keys()
+            tensors = model.state_dict(keep_vars=True)
+            assert all(value is before["tensors"][key][0] for key, value in tensors.items())
+            assert all(inside[name].training for name in layers)
+            raise RuntimeError("stop")
+    assert_same_state(before, model_state(model))
+
+
+@pytest.mark.parametrize(
+    "norm_name,kwargs", [("BW", {"group_size": 8}), ("BGN", {"num_groups": 4, "eval_example_weight": 0.5})]
+)
+def test_the_per_level_norms_of_a_retinanet_head_are_counted_level_by_level(norm_name, kwargs):
+    levels = [ShapeSpec(channels=16, stride=stride) for stride in (8, 16, 32)]
+    torch.manual_seed(0)
+    head = GWRetinaNetHead(
+        input_shape=levels, num_classes=2, num_anchors=1, conv_dims=[16, 16], norm=norm(norm_name, **kwargs)
+    )
+    per_level = [name for name, module in head.named_modules() if isinstance(module, PerLevelNorm)]
+    assert len(per_level) == 4  # two convs in each of the two subnets
+
+    class Head(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = head
+
+        def forward(self, *features):
+            return self.head(list(features))
+
+    model = Head().eval()
+    sizes = (8, 4, 2)
+    features = tuple(
+        torch.randn(2, 16, size, size, generator=torch.Generator().manual_seed(size)) for size in sizes
+    )
+    before = model_state(model)
+    analysis = FlopCountAnalysis(model, features)
+    counts = analysis.by_model_module()
+    for container in per_level:
+        for level, size in enumerate(sizes):
+            layer = head.get_submodule(f"{container}.levels.{level}")
+            shape = (2, 16, size, size)
+            if isinstance(layer, BatchWhitening):
+                expected = batch_whitening_macs(shape, layer.group_size, layer.T, layer.method, training=False)
+            else:
+                expected = batch_group_norm_macs(shape, affine=True, computes_statistics=True)
+            assert counts[f"head.{container}.levels.{level}"] == expected, (container, level)
+        assert counts[f"head.{container}"] == sum(counts[f"head.{container}.levels.{level}"] for level in range(3))
+    assert not analysis.unsupported_ops() and not analysis.uncalled_modules()
+    assert_same_state(before, model_state(model))
+
+
+@pytest.mark.parametrize(
+    "layer,op",
+    [
+        (GroupWhitening(12, 4), "gwdet::group_whitening"),
+        (GroupWhitening(12, 4, method="zca", affine=False), "gwdet::group_whitening"),
+        (BatchWhitening(12, 4).eval(), "gwdet::batch_whitening"),
+        (BatchGroupNorm(12, 3), "gwdet::batch_group_norm"),
+    ],
+)
+def test_a_trace_inside_trace_named_ops_holds_one_named_op_per_layer_and_none_outside(layer, op):
+    model = torch.nn.Sequential(torch.nn.Conv2d(12, 12, 1), layer, torch.nn.ReLU(), layer)  # a layer used twice
+    x = torch.randn(4, 12, 3, 3, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model(x)
+    with trace_named_ops(model):
+        with torch.no_grad():
+            eager = model(x)  # outside a trace the wrappers run the layers
+        traced = torch.jit.trace(model, (x,), check_trace=False)
+    assert torch.equal(eager, expected)
+    kinds = [node.kind() for node in traced.inlined_graph.nodes()]
+    assert kinds.count(op) == 2 and not any(kind.startswith("gwdet::") and kind != op for kind in kinds)
+    assert torch.allclose(traced(x), expected, rtol=0, atol=1e-5)
+    plain = torch.jit.trace(model, (x,), check_trace=False)
+    assert not any(node.kind().startswith("gwdet::") for node in plain.inlined_graph.nodes())
+    with pytest.raises(ValueError, match="itself a gwdet layer"):
+        with trace_named_ops(layer):
+            pass
+
+
+def test_a_counting_wrapper_refuses_the_inputs_its_layer_refuses():
+    model = torch.nn.Sequential(GroupWhitening(8, 8))
+    with trace_named_ops(model), pytest.raises(ValueError, match="single value"):
+        torch.jit.trace(model, (torch.randn(2, 8),), check_trace=False)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_counting_ops_of_the_batch_layers_pass_opcheck(training):
+    x = torch.randn(4, 16, 3, 3)
+    bw, bgn = BatchWhitening(16, 4, method="itn"), BatchGroupNorm(16, 4, eval_example_weight=0.5)
+    torch.library.opcheck(
+        torch.ops.gwdet.batch_whitening.default,
+        (x, bw.running_mean, bw.running_whitening, bw.weight.detach(), bw.bias.detach(), training, 0.1, 5, 1e-5,
+         "itn"),
+        test_utils=("test_schema", "test_faketensor"),
+    )
+    torch.library.opcheck(
+        torch.ops.gwdet.batch_group_norm.default,
+        (x, bgn.running_mean, bgn.running_var, bgn.weight.detach(), bgn.bias.detach(), training, 4, 2, 1e-5, 0.1,
+         0.5),
+        test_utils=("test_schema", "test_faketensor"),
+    )
+
+
+def test_the_layers_register_no_counting_op():
+    # gwdet.layers registers the ops its layers run (GW's fused op, ItN's whitening op) and no more
+    script = (
+        "import sys, torch, gwdet.layers\n"
+        "ops = sorted(name for name in dir(torch.ops.gwdet) if not name.startswith('_') and name != 'name')\n"
+        "print(ops, 'gwdet.export' in sys.modules)\n"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert completed.returncode == 0, completed.stderr
+    expected = ["group_whitening", "group_whitening_backward", "itn_whitening", "itn_whitening_backward"]
+    assert completed.stdout.strip().splitlines()[-1] == f"{expected} False"

@@ -3,12 +3,14 @@
 * :mod:`gwdet.export.deploy`: TorchScript (``torch.jit.trace`` through detectron2's
   ``TracingAdapter``) and ONNX export, checked against the eager model;
 * :mod:`gwdet.export.flops`: fvcore / detectron2 flop counting with gwdet's cost formulas
-  (:mod:`gwdet.layers.cost`);
+  (:mod:`gwdet.layers.cost`), on traces in which :mod:`gwdet.export.counting_ops` has recorded
+  each gwdet layer as one named op (:func:`trace_named_ops`, which swaps the layers for counting
+  wrappers while it lasts);
 * :mod:`gwdet.export.export_model` and :mod:`gwdet.export.analyze_model`: the command-line tools
   ``tools/deploy/export_model.py`` and ``tools/analyze_model.py``.
 
 How each PyTorch tool sees gwdet's layers (custom ops or reference formulas):
-:mod:`gwdet.layers.tracing`.
+:mod:`gwdet.layers.tracing`; the counting ops are this package's, not the layers'.
 """
 try:
     import detectron2.export  # noqa: F401
@@ -28,6 +30,7 @@ from gwdet.export.deploy import (  # noqa: E402
     run_onnx,
     tracing_adapter,
 )
+from gwdet.export.counting_ops import trace_named_ops  # noqa: E402
 from gwdet.export.flops import FlopCountAnalysis, component_shares, flop_handles  # noqa: E402
 
 __all__ = [
@@ -40,5 +43,6 @@ __all__ = [
     "flop_handles",
     "max_abs_difference",
     "run_onnx",
+    "trace_named_ops",
     "tracing_adapter",
 ]

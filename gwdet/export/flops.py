@@ -1,11 +1,12 @@
 """Flop counting of models with gwdet's layers by fvcore / detectron2, with gwdet's cost formulas.
 
 fvcore counts a ``torch.jit`` trace operator by operator and reports operators it has no handle
-for as unsupported. Inside :func:`gwdet.layers.trace_named_ops` every gwdet layer is recorded as
-one named op (``gwdet::group_whitening``, ``gwdet::batch_whitening``,
-``gwdet::batch_group_norm``); :func:`flop_handles` counts each with :mod:`gwdet.layers.cost`,
-from the shapes and constants recorded in the trace. :class:`FlopCountAnalysis` is detectron2's
-analysis (model inputs in detectron2's format) with both in place::
+for as unsupported. Inside :func:`gwdet.export.counting_ops.trace_named_ops` the gwdet layers of
+a model are swapped for counting wrappers, so that a trace records each as one named op
+(``gwdet::group_whitening``, ``gwdet::batch_whitening``, ``gwdet::batch_group_norm``);
+:func:`flop_handles` counts each with :mod:`gwdet.layers.cost`, from the shapes and constants
+recorded in the trace. :class:`FlopCountAnalysis` is detectron2's analysis (model inputs in
+detectron2's format) with both in place, the model restored after its trace::
 
     from gwdet.export import FlopCountAnalysis
     from fvcore.nn import flop_count_table
@@ -26,7 +27,7 @@ import torch
 from detectron2.utils.analysis import FlopCountAnalysis as Detectron2FlopCountAnalysis
 from fvcore.nn.jit_handles import get_shape
 
-from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening, trace_named_ops
+from gwdet.export.counting_ops import LAYER_OPS, trace_named_ops
 from gwdet.layers.cost import batch_group_norm_macs, batch_whitening_macs, group_whitening_macs
 
 Handle = Callable[[List[Any], List[Any]], int]
@@ -35,11 +36,7 @@ Handle = Callable[[List[Any], List[Any]], int]
 ADAPTER_PREFIX = "model"
 
 # Module types counted by the handles below, and the op each is recorded as.
-GWDET_LAYER_OPS = {
-    GroupWhitening: "gwdet::group_whitening",
-    BatchWhitening: "gwdet::batch_whitening",
-    BatchGroupNorm: "gwdet::batch_group_norm",
-}
+GWDET_LAYER_OPS = LAYER_OPS
 
 
 def _constant(value: Any) -> Any:
@@ -74,7 +71,7 @@ def _batch_group_norm_flops(inputs: List[Any], outputs: List[Any]) -> int:
 def flop_handles() -> Dict[str, Handle]:
     """fvcore op handles for gwdet's named ops: ``analysis.set_op_handle(**flop_handles())``.
 
-    They apply to traces recorded inside :func:`gwdet.layers.trace_named_ops`;
+    They apply to traces recorded inside :func:`gwdet.export.counting_ops.trace_named_ops`;
     :class:`FlopCountAnalysis` does both.
     """
     return {
@@ -96,9 +93,19 @@ class FlopCountAnalysis(Detectron2FlopCountAnalysis):
         self.set_op_handle(**flop_handles())
 
     def _analyze(self):
-        # fvcore traces the model lazily, on the first query: this is where the trace happens.
-        with trace_named_ops():
-            return super()._analyze()
+        # fvcore traces the model lazily, on the first query: this is where the trace happens,
+        # with the gwdet layers swapped for counting wrappers under their names. fvcore names the
+        # modules of the trace by the aliases it took from the model at construction, keyed by
+        # module object: each wrapper takes its layer's.
+        if self._stats is not None:
+            return self._stats
+        aliases = self._aliases
+        with trace_named_ops(self._model) as layers:
+            self._aliases = {**aliases, **{wrapper: aliases[layer] for wrapper, layer in layers.items()}}
+            try:
+                return super()._analyze()
+            finally:
+                self._aliases = aliases
 
     def by_model_module(self) -> Counter:
         """:meth:`by_module` keyed by the module names of the model given to the constructor

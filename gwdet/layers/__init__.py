@@ -8,17 +8,17 @@
 * :class:`BatchGroupNorm` / :func:`batch_group_norm`: batch group normalization with ghost
   batches and inference example weighing (Summers & Dinneen, ICLR 2020).
 
-:mod:`gwdet.layers.cost` holds their analytic cost, :mod:`gwdet.layers.tracing` which
-implementation runs under ``torch.jit``, ``torch.onnx``, ``torch.compile`` and ``torch.export``,
-:mod:`gwdet.layers.plans` how GW and BW run on each device (execution plans: ``cpu``,
-``accelerator``, ``triton``; ``GWDET_GW_PLAN`` forces one), and :mod:`gwdet.layers.common` the
-argument checks and the channel-group rule they share.
+:mod:`gwdet.layers.cost` holds their analytic cost (the formulas; counting a model's flops with
+them is :mod:`gwdet.export.flops`'s), :mod:`gwdet.layers.tracing` which implementation runs under
+``torch.jit``, ``torch.onnx``, ``torch.compile`` and ``torch.export``, :mod:`gwdet.layers.plans`
+how GW and BW run on each device (execution plans: ``cpu``, ``accelerator``, ``triton``;
+``GWDET_GW_PLAN`` forces one), and :mod:`gwdet.layers.common` the argument checks and the
+channel-group rule they share. Nothing here depends on :mod:`gwdet.export`.
 """
 from .batch_group_norm import BatchGroupNorm, batch_group_norm
 from .batch_whitening import BatchWhitening, batch_whitening
 from .common import largest_divisor_at_most
 from .group_whitening import GroupWhitening, group_whitening, group_whitening_reference
-from .tracing import trace_named_ops
 
 __all__ = [
     "BatchGroupNorm",
@@ -29,5 +29,4 @@ __all__ = [
     "group_whitening",
     "group_whitening_reference",
     "largest_divisor_at_most",
-    "trace_named_ops",
 ]

@@ -38,9 +38,10 @@ the buffer's dtype: training on float32 inputs of magnitude around ``1e19`` and 
 square root is ``1.8e19``) makes it ``inf``, as in ``torch.nn.BatchNorm2d``, and evaluation with
 ``eval_example_weight < 1`` then returns NaN (not the bias).
 
-:func:`batch_group_norm` is the functional form (the module passes its buffers and parameters);
-while ``torch.jit.trace`` records inside :func:`gwdet.layers.tracing.trace_named_ops` the module
-runs it as the custom op ``gwdet::batch_group_norm``, one named node for flop counting.
+:func:`batch_group_norm` is the functional form (the module passes its buffers and parameters).
+Flop counting (:mod:`gwdet.export.counting_ops`) registers it as the custom op
+``gwdet::batch_group_norm`` and, while it traces a model, puts a wrapper that calls that op in the
+module's place; the module itself has no counting path.
 """
 from typing import Optional, Tuple
 
@@ -51,7 +52,6 @@ from .common import (
     check_hyper_parameters, check_input, largest_divisor_at_most, largest_magnitude,
     magnitude_scales, per_channel_affine, register_affine, scaled_ridge, statistics_dtype,
 )
-from .tracing import counting_op, tracing_named_ops
 
 
 def batch_group_norm(
@@ -172,17 +172,6 @@ def _to_channels(group_statistic: Tensor, channels: int) -> Tensor:
     return group_statistic.repeat_interleave(channels // group_statistic.shape[1], dim=1)
 
 
-# batch_group_norm as one named op, for traces that count flops
-batch_group_norm_op = counting_op(
-    "gwdet::batch_group_norm",
-    batch_group_norm,
-    ("running_mean", "running_var"),
-    "(Tensor x, Tensor(a!) running_mean, Tensor(b!) running_var, Tensor? weight, Tensor? bias, "
-    "bool training, int groups, int examples_per_group, float eps, float momentum, "
-    "float eval_example_weight) -> Tensor",
-)
-
-
 class BatchGroupNorm(nn.Module):
     """Normalization over groups of examples times groups of channels (Four Things Sec. 3.4).
 
@@ -228,24 +217,16 @@ class BatchGroupNorm(nn.Module):
         self.register_buffer("running_var", torch.ones(num_channels))
 
     def forward(self, x: Tensor) -> Tensor:
-        check_input("BatchGroupNorm", x, self.num_channels)
-        if not torch.jit.is_scripting():
-            if tracing_named_ops():
-                return self._named_op(x)
+        self.validate_input(x)
         return batch_group_norm(
             x, self.running_mean, self.running_var, self.weight, self.bias, self.training,
             self.effective_num_groups, self.examples_per_group, self.eps, self.momentum,
             self.eval_example_weight,
         )
 
-    @torch.jit.unused
-    def _named_op(self, x: Tensor) -> Tensor:
-        with torch.no_grad():
-            return batch_group_norm_op(
-                x, self.running_mean, self.running_var, self.weight, self.bias, self.training,
-                self.effective_num_groups, self.examples_per_group, self.eps, self.momentum,
-                self.eval_example_weight,
-            )
+    def validate_input(self, x: Tensor) -> None:
+        """Raise ``ValueError`` for an input :meth:`forward` refuses (wrong shape or dtype)."""
+        check_input("BatchGroupNorm", x, self.num_channels)
 
     def extra_repr(self) -> str:
         return (

@@ -20,9 +20,10 @@ and the running statistics get ``s mu'`` and ``W' / s``, the mean and whitening 
 itself; ordinary inputs are computed exactly as without scaling. Evaluation applies the running
 statistics, ``W (x - mu)``, with no squares to overflow.
 
-:func:`batch_whitening` is the functional form (the module passes its buffers and parameters);
-while ``torch.jit.trace`` records inside :func:`gwdet.layers.tracing.trace_named_ops` the module
-runs it as the custom op ``gwdet::batch_whitening``, one named node for flop counting.
+:func:`batch_whitening` is the functional form (the module passes its buffers and parameters).
+Flop counting (:mod:`gwdet.export.counting_ops`) registers it as the custom op
+``gwdet::batch_whitening`` and, while it traces a model, puts a wrapper that calls that op in the
+module's place; the module itself has no counting path.
 
 Execution plans (:mod:`gwdet.layers.plans`): the whole batch is one pass on every plan, with no
 host synchronisation (ZCA's ``torch.linalg.eigh`` excepted: PyTorch checks its result on the
@@ -43,7 +44,7 @@ from .common import (
 )
 from .itn_whitening_op import itn_whitening_op
 from .plans import plan_name
-from .tracing import counting_op, onnx_exporting, tracing_named_ops
+from .tracing import recording_reference_graph
 from .whitening_matrix import check_whitening_method, ridge_covariance, whitening_matrix
 
 
@@ -116,10 +117,9 @@ def _planned_whitening_matrix(cov: Tensor, method: str, T: int, ridge: Tensor) -
     """The whitening matrix by the execution plan of ``cov``'s device (:mod:`gwdet.layers.plans`):
     outside the ``cpu`` plan, ItN is the closed-form op ``gwdet::itn_whitening`` (two kernel
     launches under ``triton``, against about 100 operations through autograd); the ``cpu`` plan,
-    ZCA and graphs recorded for deployment or counting (``torch.jit.trace``, ONNX) take the
-    paper's iteration, differentiated by autograd."""
-    recording = torch.jit.is_tracing() or onnx_exporting()
-    if method == "itn" and not recording and plan_name(cov.device) != "cpu":
+    ZCA and graphs being recorded (``torch.jit.trace``, ONNX) take the paper's iteration,
+    differentiated by autograd."""
+    if method == "itn" and not recording_reference_graph() and plan_name(cov.device) != "cpu":
         return itn_whitening_op(cov, T)
     return whitening_matrix(cov, method, T, ridge)
 
@@ -130,16 +130,6 @@ def _whiten_outside_autocast(
 ) -> Tensor:
     with autocast_disabled(x):
         return _whiten(x, running_mean, running_whitening, training, momentum, T, eps, method)
-
-
-# batch_whitening as one named op, for traces that count flops
-batch_whitening_op = counting_op(
-    "gwdet::batch_whitening",
-    batch_whitening,
-    ("running_mean", "running_whitening"),
-    "(Tensor x, Tensor(a!) running_mean, Tensor(b!) running_whitening, Tensor? weight, Tensor? bias, "
-    "bool training, float momentum, int T, float eps, str method) -> Tensor",
-)
 
 
 class BatchWhitening(nn.Module):
@@ -189,24 +179,18 @@ class BatchWhitening(nn.Module):
         self.register_buffer("running_whitening", identity.repeat(self.num_groups, 1, 1))
 
     def forward(self, x: Tensor) -> Tensor:
-        check_input("BatchWhitening", x, self.num_channels)
-        if self.training:
-            check_values_per_group("BatchWhitening", x.numel() // self.num_channels, "channel of the batch")
-        if not torch.jit.is_scripting():
-            if tracing_named_ops():
-                return self._named_op(x)
+        self.validate_input(x)
         return batch_whitening(
             x, self.running_mean, self.running_whitening, self.weight, self.bias,
             self.training, self.momentum, self.T, self.eps, self.method,
         )
 
-    @torch.jit.unused
-    def _named_op(self, x: Tensor) -> Tensor:
-        with torch.no_grad():
-            return batch_whitening_op(
-                x, self.running_mean, self.running_whitening, self.weight, self.bias,
-                self.training, self.momentum, self.T, self.eps, self.method,
-            )
+    def validate_input(self, x: Tensor) -> None:
+        """Raise ``ValueError`` for an input :meth:`forward` refuses (wrong shape or dtype; in
+        training, a single value per channel)."""
+        check_input("BatchWhitening", x, self.num_channels)
+        if self.training:
+            check_values_per_group("BatchWhitening", x.numel() // self.num_channels, "channel of the batch")
 
     def extra_repr(self) -> str:
         return (

@@ -31,7 +31,9 @@ Implementations (which one runs is decided per call, see :mod:`gwdet.layers.trac
   closed-form backward that keeps only the input, the group means and small ``g x g`` matrices;
   eager mode, ``torch.compile`` and ``torch.export`` run it, by the execution plan of the input's
   device (:mod:`gwdet.layers.plans`: cache-sized chunks on CPU, the whole batch in few operations
-  on a GPU, the Newton iterations as Triton kernels where Triton is available).
+  on a GPU, the Newton iterations as Triton kernels where Triton is available). Flop counting
+  (:mod:`gwdet.export.counting_ops`) has the module's wrapper call it while it traces, so that
+  the trace holds one node per layer.
 
 Both compute the same function up to float rounding.
 """
@@ -197,15 +199,21 @@ class GroupWhitening(nn.Module):
         register_affine(self, num_channels, affine)
 
     def forward(self, x: Tensor) -> Tensor:
-        check_input("GroupWhitening", x, self.num_channels)
+        self.validate_input(x)
         groups = self.effective_num_groups
-        positions = 1
-        for size in x.shape[2:]:
-            positions *= size
-        check_values_per_group("GroupWhitening", self.num_channels // groups * positions, "group of a sample")
         if torch.jit.is_scripting():
             return _reference(x, groups, self.T, self.eps, self.method, self.weight, self.bias)
         return _run(x, self.weight, self.bias, groups, self.T, self.eps, self.method)
+
+    def validate_input(self, x: Tensor) -> None:
+        """Raise ``ValueError`` for an input :meth:`forward` refuses (wrong shape or dtype, a
+        single value per group of a sample)."""
+        check_input("GroupWhitening", x, self.num_channels)
+        positions = 1
+        for size in x.shape[2:]:
+            positions *= size
+        values = self.num_channels // self.effective_num_groups * positions
+        check_values_per_group("GroupWhitening", values, "group of a sample")
 
     def extra_repr(self) -> str:
         return (
