@@ -1,6 +1,6 @@
 # gwdet's entry points. Each target installs what it needs first (scripts/setup_env.sh, idempotent).
 #   make demo          train + evaluate the demo Mask R-CNN (GW) on the embedded shapes dataset (CPU,
-#                      one thread, so that it prints the README's numbers on any machine)
+#                      one thread, so that it prints the numbers of docs/demo.md on any machine)
 #   make test          the test suite (CPU)
 #   make setup         only create/refresh the virtual environment (.venv)
 #   make test-matrix   the suite once per available Python 3.10-3.13 (and detectron2 source), each in
@@ -20,7 +20,7 @@ export PYTHON D2_SOURCE PYTHONS MATRIX_DIR
 
 .PHONY: setup demo test test-matrix clean-demo
 
-$(STAMP): setup.py scripts/setup_env.sh
+$(STAMP): setup.py pyproject.toml scripts/setup_env.sh
 	bash scripts/setup_env.sh $(VENV)
 	touch $(STAMP)
 
@@ -31,7 +31,7 @@ setup:
 
 # One CPU thread: the thread count changes the order of some floating-point sums and so the result,
 # and the count gwdet's tools choose by themselves depends on the machine's load; one thread gives
-# the README's numbers on any machine.
+# the numbers of docs/demo.md on any machine.
 demo: $(STAMP)
 	$(VENV_PYTHON) tools/train_net.py --config $(DEMO_CONFIG) --threads 1
 

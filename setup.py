@@ -1,40 +1,44 @@
-"""Packaging for gwdet, a detectron2 plugin for group whitening and related normalizers.
+"""Build step for gwdet: the package metadata, dependencies and extras (``lab``, ``deploy``,
+``cluster``, ``test``) and the console scripts are in pyproject.toml.
 
-``install_requires`` is what the plugin (``gwdet``) imports at run time, with detectron2's own bounds
-where detectron2 declares the same package. detectron2 itself is not on the package index under its
-own name: scripts/setup_env.sh installs it (or keeps yours); see README.md, "detectron2 versions".
-Extras: ``lab`` (analysis, norm study and benchmark plots), ``deploy`` (ONNX export and ONNX Runtime),
-``cluster`` (SLURM jobs through submitit: ``--launcher slurm``, docs/cluster.md), ``test`` (the test suite). gwdet never imports cv2, so no OpenCV package is required.
+The configs live at the top of the repository (``configs/``), where the tools and the README name
+them. A wheel carries them as package data of :mod:`gwdet.model_zoo`: building the package copies
+``configs/`` into ``gwdet/model_zoo/configs`` inside the build folder (never into the working
+tree, so git holds one copy). An editable install (``pip install -e .``) copies nothing:
+:mod:`gwdet.model_zoo` reads the checkout's ``configs/`` directly.
 """
+import shutil
 from pathlib import Path
 
-from setuptools import find_packages, setup
+from setuptools import setup
+from setuptools.command.build_py import build_py
 
-here = Path(__file__).resolve().parent
-packages = ["gwdet", "gwdet.*"]
-if (here / "gwdet_lab").is_dir():  # the lab package beside the plugin, when the checkout has it
-    packages += ["gwdet_lab", "gwdet_lab.*"]
+HERE = Path(__file__).resolve().parent
+CONFIGS = HERE / "configs"
+PACKAGED_CONFIGS = ("gwdet", "model_zoo", "configs")  # where they go inside the package
 
-setup(
-    name="gwdet",
-    version="0.1.0",
-    description="Group whitening, batch whitening and batch-group normalization for detectron2",
-    long_description=(here / "README.md").read_text(encoding="utf-8"),
-    long_description_content_type="text/markdown",
-    packages=find_packages(include=packages),
-    python_requires=">=3.10",
-    install_requires=[
-        "torch>=2.0",
-        "numpy",
-        "Pillow>=7.1",  # detectron2's bound; detectron2 v0.6 also needs < 10 (set-up installs it)
-        "pycocotools>=2.0.2",  # detectron2's bound
-    ],
-    extras_require={
-        "lab": ["matplotlib", "scikit-learn"],
-        # Tested with torch 2.14.1 on Python 3.10-3.13 (docs/compatibility.md).
-        "deploy": ["onnx>=1.23", "onnxruntime>=1.23", "onnxscript>=0.7"],
-        # Tested with submitit 1.5.4 against SLURM 22.05 (scripts/local_slurm.sh).
-        "cluster": ["submitit>=1.5"],
-        "test": ["pytest"],
-    },
-)
+
+class BuildPyWithConfigs(build_py):
+    """setuptools' ``build_py``, then ``configs/`` copied into ``<build_lib>/gwdet/model_zoo/configs``."""
+
+    def run(self) -> None:
+        super().run()
+        if getattr(self, "editable_mode", False):  # gwdet.model_zoo finds the checkout's configs/
+            return
+        if not CONFIGS.is_dir():
+            raise FileNotFoundError(f"{CONFIGS} is missing: a gwdet wheel must carry its configs (build from the "
+                                    "repository or from an sdist, which includes configs/ through MANIFEST.in)")
+        target = Path(self.build_lib, *PACKAGED_CONFIGS)
+        if target.exists():  # a build folder from an earlier build: no config deleted since may survive
+            shutil.rmtree(target)
+        shutil.copytree(CONFIGS, target, ignore=shutil.ignore_patterns("__pycache__", "*.py[cod]"))
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        outputs = super().get_outputs(include_bytecode)
+        target = Path(self.build_lib, *PACKAGED_CONFIGS)
+        if target.is_dir():
+            outputs += [str(path) for path in sorted(target.rglob("*")) if path.is_file()]
+        return outputs
+
+
+setup(cmdclass={"build_py": BuildPyWithConfigs})

@@ -36,7 +36,7 @@ _C_FEATURES = {
 _BUILD_FROM_SOURCE = (
     "build detectron2 from source into this environment: "
     "pip install --no-build-isolation 'git+https://github.com/facebookresearch/detectron2.git', "
-    "then pip install -e . in the gwdet checkout (README: 'detectron2 versions')"
+    "then pip install -e . in the gwdet checkout (docs/install.md, 'detectron2 versions')"
 )
 
 
@@ -199,7 +199,7 @@ def _detectron2_section() -> dict[str, str]:
     try:
         import detectron2
     except Exception as err:
-        return {"detectron2": f"{_error_text(err)} (gwdet needs detectron2: run make setup, see README)"}
+        return {"detectron2": f"{_error_text(err)} (gwdet needs detectron2: run make setup, see docs/install.md)"}
     package_dir = _module_dir(detectron2)
     section = {
         "detectron2": getattr(detectron2, "__version__", "?"),

@@ -150,3 +150,28 @@ def check_config_values(cfg: CN) -> None:
     """Raise ``ValueError`` naming the key for any value in ``cfg`` that fails its check."""
     for key in CONFIG_KEYS:
         key.check(key.name, config_value(cfg, key.name))
+
+
+def _markdown_default(value: Any) -> str:
+    """A default as it reads in a config file: strings in double quotes, ``1e-5`` for 1e-05."""
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, float):
+        mantissa, exponent_mark, exponent = repr(value).partition("e")
+        if exponent_mark:
+            sign = "-" if exponent.startswith("-") else ""
+            return f"{mantissa}e{sign}{exponent.lstrip('+-').lstrip('0') or '0'}"
+    return repr(value)
+
+
+def config_keys_markdown() -> str:
+    """The table of every key in :data:`CONFIG_KEYS` as markdown: key, default and meaning.
+
+    ``docs/usage.md`` holds this text between its ``config-keys`` markers, and
+    ``tests/test_docs.py`` checks that the two are equal.
+    """
+    lines = ["| key | default | meaning |", "| --- | --- | --- |"]
+    for key in CONFIG_KEYS:
+        doc = key.doc.replace("|", "\\|")
+        lines.append(f"| `{key.name}` | `{_markdown_default(key.default)}` | {doc} |")
+    return "\n".join(lines) + "\n"

@@ -45,6 +45,7 @@ from gwdet.data import prepare_datasets
 from gwdet.layers.plans import describe_plans
 from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.data.resumable import build_resumable_train_loader, skip_trained_samples
+from gwdet.model_zoo import resolve_config_argument
 from gwdet.modeling import check_model
 from gwdet.modeling.model_checks import check_norm_weight_decay
 from gwdet.output_dir import (
@@ -206,6 +207,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if flags:
         args = parser.parse_args(flags, namespace=args)
     args.opts = opts
+    resolve_config_argument(parser, args)
     return args
 
 

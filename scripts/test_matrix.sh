@@ -29,7 +29,7 @@ mkdir -p "$matrix_dir"
 matrix_dir="$(cd "$matrix_dir" && pwd)"
 [ -e "$matrix_dir/.gitignore" ] || echo '*' > "$matrix_dir/.gitignore"
 results="$matrix_dir/results.md"
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"  # small shared machines: see README, "Speed"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"  # small shared machines: see docs/benchmarks.md, "Busy machine"
 
 log() { printf '[matrix] %s\n' "$*"; }
 

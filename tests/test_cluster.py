@@ -115,7 +115,7 @@ def test_train_net_through_slurm_prints_the_job_and_waits_for_its_results(slurm,
     (job_id,) = job_ids(stdout)
     log = out / "submitit" / job_id / f"{job_id}_0_log.out"
     assert f"tail -f {log}" in stdout and f"squeue -j {job_id}" in stdout
-    assert f"job {job_id} finished" in stdout and "### bbox" in stdout
+    assert f"job {job_id} finished" in stdout and "### shapes_val bbox" in stdout
     assert (out / "model_final.pth").is_file() and (out / "results.json").is_file()
     assert f"[gwdet] job {job_id}, node 0 of 1: starting" in log.read_text()
     request = (out / "submitit" / job_id / f"{job_id}_submission.sh").read_text()

@@ -40,7 +40,7 @@ def test_submitit_local_runs_the_training_job_and_waits_for_its_results(tmp_path
                      "OUTPUT_DIR", str(out)])
     assert completed.returncode == 0, (completed.stdout + completed.stderr)[-4000:]
     job_id = re.search(r"submitted job (\d+) \(submitit-local\)", completed.stdout).group(1)
-    assert f"job {job_id} finished" in completed.stdout and "### bbox" in completed.stdout
+    assert f"job {job_id} finished" in completed.stdout and "### shapes_val bbox" in completed.stdout
     assert (out / "model_final.pth").is_file()
     log = (out / "submitit" / job_id / f"{job_id}_0_log.out").read_text()
     assert f"[gwdet] job {job_id}, node 0 of 1: starting" in log

@@ -24,7 +24,7 @@ def test_tiny_config_trains_two_iterations_and_evaluates(tmp_path):
     metrics = [json.loads(line) for line in (tmp_path / "metrics.json").read_text().splitlines()]
     assert any("total_loss" in m for m in metrics)
     write_results(cfg, results)
-    assert "### bbox" in (tmp_path / "results.md").read_text()
+    assert "### shapes_val bbox" in (tmp_path / "results.md").read_text()
 
 
 def test_argument_parser_accepts_config_and_config_file():

@@ -8,10 +8,13 @@
     python tools/train_net.py --config CFG --num-gpus 8 SOLVER.IMS_PER_BATCH 16
     python tools/train_net.py --config CFG --launcher slurm --nodes 2 --num-gpus 8 --partition gpu
 
-Trailing ``KEY VALUE`` pairs override the config. Everything but argument parsing lives in
-:mod:`gwdet.engine`. ``--num-gpus N`` starts N processes: one per GPU, or N CPU processes (gloo)
-when there is no GPU (:mod:`gwdet.launch`, which also works on detectron2 v0.6). CPU threads: see
-:mod:`gwdet.threads` (``--threads N`` or ``OMP_NUM_THREADS`` to choose). ``--launcher slurm``
+Trailing ``KEY VALUE`` pairs override the config. ``--config`` also takes the name of a config
+gwdet ships (``--config mask_rcnn_gw.yaml``): a path that does not exist here is looked up in
+:mod:`gwdet.model_zoo`. This file is a thin wrapper of :func:`gwdet.cluster.training.run`, which an
+installed gwdet also provides as the command ``gwdet-train``; training itself lives in :mod:`gwdet.engine`.
+``--num-gpus N`` starts N processes: one per GPU, or N CPU processes (gloo) when there is no GPU
+(:mod:`gwdet.launch`, which also works on detectron2 v0.6). CPU threads: see :mod:`gwdet.threads`
+(``--threads N`` or ``OMP_NUM_THREADS`` to choose). ``--launcher slurm``
 submits the same run as a SLURM job through submitit (:mod:`gwdet.cluster`, docs/cluster.md).
 """
 import sys

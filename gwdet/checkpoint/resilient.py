@@ -136,7 +136,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
         if path and "://" not in path and not os.path.isfile(path):
             raise FileNotFoundError(
                 f"MODEL.WEIGHTS file {path!r} does not exist. Convert ImageNet weights with "
-                "tools/convert_pretrained.py IN OUT (see README), or set MODEL.WEIGHTS \"\" to train from scratch."
+                "tools/convert_pretrained.py IN OUT (see docs/weights.md), or set MODEL.WEIGHTS \"\" to train from scratch."
             )
         return self.load(path, checkpointables=[]) if path else {}
 

@@ -18,7 +18,7 @@ except ModuleNotFoundError as error:  # detectron2 0.6's export module imports c
     raise ImportError(
         f"gwdet.export needs detectron2's export module, which does not import here ({error}). "
         "detectron2 0.6 imports caffe2 there, which PyTorch no longer ships: use detectron2 0.7 "
-        "or newer (the default set-up's wheel, or detectron2 built from main; README, Set-up)."
+        "or newer (the default set-up's wheel, or detectron2 built from main; docs/install.md)."
     ) from error
 
 from gwdet.export.deploy import (  # noqa: E402

@@ -185,10 +185,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from detectron2.utils.logger import setup_logger
 
     from gwdet.engine import build_config
+    from gwdet.model_zoo import resolve_config_argument
     from gwdet.atomic import path_written_atomically
     from gwdet.export.deploy import ONNX_OPSET, export_model_onnx, export_torchscript, max_abs_difference, run_onnx
 
-    args = argument_parser().parse_args(argv)
+    parser = argument_parser()
+    args = parser.parse_args(argv)
+    resolve_config_argument(parser, args)
     setup_logger(name="gwdet")
     setup_logger(name="detectron2")
     if args.format == "onnx" and args.export_method != "tracing":

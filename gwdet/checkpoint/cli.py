@@ -1,0 +1,71 @@
+"""``tools/convert_pretrained.py`` and the command ``gwdet-convert`` of an installed gwdet: convert a
+torchvision-layout ImageNet checkpoint into detectron2 weights and print the report
+(:func:`gwdet.checkpoint.convert_checkpoint`)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from gwdet.checkpoint.convert import convert_checkpoint
+from gwdet.checkpoint.loading import ConversionError
+from gwdet.checkpoint.architecture import ARCHITECTURES
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    """IN, OUT and the flags that constrain or relax the conversion."""
+    parser = argparse.ArgumentParser(
+        description="Convert a torchvision-layout ImageNet ResNet/ResNeXt checkpoint (BN, or GW "
+        "at some positions) into a detectron2 .pkl for gwdet's backbones."
+    )
+    parser.add_argument("input", metavar="IN", help="checkpoint written by torch.save (.pth/.pt)")
+    parser.add_argument("output", metavar="OUT", help="detectron2 weights to write (.pkl)")
+    parser.add_argument(
+        "--arch",
+        choices=list(ARCHITECTURES),
+        help="fail unless the checkpoint is this architecture (default: accept the inferred one)",
+    )
+    parser.add_argument(
+        "--gw-positions",
+        metavar="SPEC",
+        help="fail unless GW sits exactly here, e.g. S1-B2 ('' = no GW, BN everywhere); "
+        "default: accept the inferred positions",
+    )
+    parser.add_argument(
+        "--allow-unsafe-pickle",
+        action="store_true",
+        help="load files that need full unpickling (arbitrary code execution!): trusted files only",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace OUT if it exists (by default an existing OUT is an error and stays as it is)",
+    )
+    parser.add_argument(
+        "--allow-unexpected",
+        action="store_true",
+        help="drop keys outside torchvision's ResNet layout instead of failing (reported)",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``gwdet-convert`` / ``tools/convert_pretrained.py``: convert, print the report; on a
+    ConversionError print it and return 2."""
+    parser = argument_parser()
+    args = parser.parse_args(argv)
+    try:
+        report = convert_checkpoint(
+            args.input,
+            args.output,
+            arch=args.arch,
+            gw_positions=args.gw_positions,
+            allow_unsafe_pickle=args.allow_unsafe_pickle,
+            allow_unexpected=args.allow_unexpected,
+            overwrite=args.overwrite,
+        )
+    except ConversionError as error:
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return 2
+    print(report.format())
+    return 0

@@ -1,0 +1,25 @@
+"""gwdet's configs, from any working directory (detectron2's ``model_zoo`` convention)::
+
+    from gwdet import model_zoo
+
+    model_zoo.get_config_file("mask_rcnn_gw.yaml")                        # absolute path
+    cfg = model_zoo.get_config("Demo/mask_rcnn_R_50_FPN_gw_shapes.yaml")  # yacs CfgNode, gwdet keys added
+    lazy = model_zoo.get_config("LazyConfig/mask_rcnn_R_50_FPN_gw.py")    # LazyConfig (OmegaConf DictConfig)
+    model_zoo.list_configs()                                              # every name the two accept
+
+Names are paths relative to the repository's ``configs/`` folder. A wheel carries that folder as
+``gwdet/model_zoo/configs`` (setup.py copies it at build time); a source checkout or an editable
+install (``pip install -e .``) reads the checkout's ``configs/`` itself, so an edit there is seen
+at once. :func:`resolve_config_argument` is how the train and export tools (``gwdet-train --config-file
+mask_rcnn_gw.yaml``) fall back on a packaged config when no such file exists locally.
+"""
+from gwdet.model_zoo.model_zoo import (
+    configs_dir,
+    get_config,
+    get_config_file,
+    list_configs,
+    resolve_config_argument,
+    resolve_config_file,
+)
+
+__all__ = ["configs_dir", "get_config", "get_config_file", "list_configs", "resolve_config_argument", "resolve_config_file"]
