@@ -1,11 +1,14 @@
 """The analysis tools: the claims they illustrate hold on small sizes, and every subcommand of
-tools/analyze.py writes its pictures and table."""
-import importlib.util
+tools/analyze.py (gwdet_lab.analysis.cli) writes its pictures and table."""
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+from gwdet_lab.analysis.cli import main
 from gwdet_lab.analysis.conditioning import condition_number, normalized, simulate_activations
 from gwdet_lab.analysis.constraint_report import SMALL_CASES
 from gwdet_lab.analysis.constraints import (
@@ -96,14 +99,6 @@ def test_relative_cost_formula():
     assert relative_cost(d=64, g=16, height=7, width=7, T=5) == pytest.approx(expected)
 
 
-@pytest.fixture(scope="module")
-def analyze():
-    spec = importlib.util.spec_from_file_location("analyze", REPO / "tools" / "analyze.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 SUBCOMMANDS = {
     "conditioning": (
         ["--dim", "32", "--samples", "128", "--groups", "1,2", "--depths", "1", "--activations", "linear"]
@@ -123,12 +118,23 @@ SUBCOMMANDS = {
 
 
 @pytest.mark.parametrize("command", list(SUBCOMMANDS))
-def test_subcommand_writes_its_files(analyze, tmp_path, command):
+def test_subcommand_writes_its_files(tmp_path, command, capsys):
     args, expected = SUBCOMMANDS[command]
-    written = analyze.main([command, "--out", str(tmp_path), *args])
+    assert main([command, "--out", str(tmp_path), *args]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    written = [Path(line.strip()) for line in printed[printed.index(f"{command}: wrote") + 1:]]
     folder = tmp_path / command
     assert sorted(p.name for p in written) == sorted(expected)
     for name in expected:
         assert (folder / name).stat().st_size > 0, name
     table = (folder / "table.md").read_text()
     assert table.startswith("# ") and "| --- |" in table
+
+
+def test_tool_is_the_cli_entry_point():
+    """tools/analyze.py runs gwdet_lab.analysis.cli: its subcommands, and argparse's exit codes."""
+    tool = [sys.executable, str(REPO / "tools" / "analyze.py")]
+    shown = subprocess.run([*tool, "--help"], capture_output=True, text=True, cwd=REPO, check=False)
+    assert shown.returncode == 0 and "{conditioning,constraints,propagation,capacity}" in shown.stdout
+    refused = subprocess.run([*tool, "nonsense"], capture_output=True, text=True, cwd=REPO, check=False)
+    assert refused.returncode == 2 and "invalid choice: 'nonsense'" in refused.stderr

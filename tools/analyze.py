@@ -1,150 +1,16 @@
 #!/usr/bin/env python
-"""Diagnostics of normalizers from the GW and "Beyond BatchNorm" papers, as PNGs + markdown tables.
-
-    python tools/analyze.py conditioning [--dim 256 --samples 1024 --groups 1,2,4,8,16]
-    python tools/analyze.py constraints  [--d 256 --m 64 --g 16 --N 60000] [--config CFG --input-size 800x1333]
-    python tools/analyze.py propagation  [--config CFG] [--norms GN,GW,BN] [KEY VALUE ...]
-    python tools/analyze.py capacity     [--quick] [--epochs 4 --batch-sizes 2,8,32,128 --groups 1,4,16,64,128]
-
-Every subcommand writes ``<out>/<subcommand>/*.png`` and ``<out>/<subcommand>/table.md``
-(``--out``, default ``output/analysis``) and prints the files. Trailing ``KEY VALUE`` pairs
-override the config (constraints, propagation). The work is done in :mod:`gwdet_lab.analysis`;
-``docs/analysis/README.md`` has the commands behind the committed examples.
+"""Diagnostics of normalizers from the GW and "Beyond BatchNorm" papers, as PNGs + markdown tables;
+see ``python tools/analyze.py --help``. The lab package gwdet_lab.analysis does the work (its cli
+module holds the subcommands); this file only makes it runnable from a checkout.
 """
-from __future__ import annotations
-
-import argparse
-import dataclasses
 import sys
 from pathlib import Path
-from typing import Sequence
 
 REPO = Path(__file__).resolve().parents[1]
-DEMO_CONFIG = REPO / "configs" / "Demo" / "mask_rcnn_R_50_FPN_gw_shapes.yaml"
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # gwdet_lab beside gwdet, also when only gwdet is installed
 
-
-def int_list(text: str) -> list[int]:
-    return [int(item) for item in text.split(",") if item]
-
-
-def float_list(text: str) -> list[float]:
-    return [float(item) for item in text.split(",") if item]
-
-
-def str_list(text: str) -> list[str]:
-    return [item for item in text.split(",") if item]
-
-
-def image_size(text: str) -> tuple[int, int]:
-    height, _, width = text.lower().partition("x")
-    return int(height), int(width or height)
-
-
-def argument_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--out", default="output/analysis", help="output root; files go to OUT/<subcommand>/")
-    common.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    p = commands.add_parser("conditioning", parents=[common], help="GW paper Fig. 2: kappa_p vs group number")
-    p.add_argument("--dim", type=int, default=256, help="features d")
-    p.add_argument("--samples", type=int, default=1024, help="samples m")
-    p.add_argument("--depths", type=int_list, default=[1, 2], help="MLP depths simulating the activations")
-    p.add_argument(
-        "--activations", type=str_list, default=["relu", "linear"], help="MLP nonlinearities: relu, linear, tanh"
-    )
-    p.add_argument("--groups", type=int_list, default=[1, 2, 4, 8, 16], help="group numbers of GN/GW")
-    p.add_argument("--percents", type=float_list, default=[0.9, 0.8], help="p of kappa_p")
-    p.add_argument("--seeds", type=int, default=3, help="simulations averaged")
-    p.add_argument("--T", type=int, default=5, help="Newton iterations of GW (ItN)")
-
-    p = commands.add_parser("constraints", parents=[common], help="GW paper Table 1 and GW cost of a config")
-    p.add_argument("--d", type=int, default=256, help="features d")
-    p.add_argument("--m", type=int, default=64, help="batch size m")
-    p.add_argument("--g", type=int, default=16, help="group number g of GN/GW")
-    p.add_argument("--N", type=int, default=60000, help="training set size N")
-    p.add_argument("--k", type=int, default=None, help="BW group size (default: d, plain BW)")
-    p.add_argument("--config", default=str(DEMO_CONFIG), help="detectron2 config for the GW cost table; '' skips it")
-    p.add_argument("--input-size", type=image_size, default=(800, 1333), help="HxW of the dummy image")
-    p.add_argument("opts", nargs=argparse.REMAINDER, help="KEY VALUE config overrides")
-
-    p = commands.add_parser("propagation", parents=[common], help="Lubana et al.: variance, cosine, gradients at init")
-    p.add_argument("--config", default=str(DEMO_CONFIG), help="detectron2 config (its training data is used)")
-    p.add_argument(
-        "--norms", type=str_list, default=["GN", "GW", "BN"], help="norm names to compare ('config': as configured)"
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("opts", nargs=argparse.REMAINDER, help="KEY VALUE config overrides, applied to every norm")
-
-    p = commands.add_parser("capacity", parents=[common], help="GW paper Figs. 1 and 5 on scikit-learn's digits")
-    p.add_argument("--quick", action="store_true", help="tiny MLP and sweeps (seconds; for tests)")
-    p.add_argument("--width", type=int, default=None, help="hidden units (default 256)")
-    p.add_argument("--depth", type=int, default=None, help="hidden layers (default 3)")
-    p.add_argument("--epochs", type=int, default=None, help="epochs of Figs. 1a/1b (default 4)")
-    p.add_argument("--lr", type=float, default=None, help="SGD learning rate (default 0.1)")
-    p.add_argument("--batch-sizes", type=int_list, default=None, help="Fig. 1a sweep (default 2,8,32,128)")
-    p.add_argument("--batch-norms", type=str_list, default=None, help="Fig. 1a norms (default BN,BW,GN,GW)")
-    p.add_argument("--groups", type=int_list, default=None, help="Figs. 1b and 5 sweep (default 1,4,16,64,128)")
-    p.add_argument("--random-samples", type=int, default=None, help="images with random labels (default 256)")
-    p.add_argument("--random-epochs", type=int, default=None, help="epochs on random labels (default 20)")
-    p.add_argument("--seed", type=int, default=None, help="(default 0)")
-    return parser
-
-
-def run(args: argparse.Namespace) -> list[Path]:
-    import torch
-
-    import gwdet  # noqa: F401  (registers gwdet's norms before any model is built)
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-
-    if args.command == "conditioning":
-        from gwdet_lab.analysis.conditioning import ConditioningSetting, run_conditioning
-
-        setting = ConditioningSetting(
-            args.dim, args.samples, args.depths, args.activations, args.groups, args.percents, args.seeds, args.T
-        )
-        return run_conditioning(args.out, setting)
-    if args.command == "constraints":
-        from gwdet_lab.analysis.constraint_report import ConstraintSetting, run_constraints
-        from gwdet.engine import build_config
-
-        cfg = build_config(args.config, [*args.opts, "MODEL.DEVICE", "cpu"]) if args.config else None
-        setting = ConstraintSetting(args.d, args.m, args.g, args.N, args.k)
-        return run_constraints(args.out, setting, cfg, args.config, args.input_size)
-    if args.command == "propagation":
-        from gwdet_lab.analysis.propagation import run_propagation
-
-        return run_propagation(args.out, args.config, args.norms, args.opts, args.seed)
-    from gwdet_lab.analysis.capacity import QUICK_CAPACITY, CapacitySetting, run_capacity
-
-    overrides = {
-        "width": args.width,
-        "depth": args.depth,
-        "epochs": args.epochs,
-        "lr": args.lr,
-        "batch_sizes": args.batch_sizes,
-        "batch_sweep_norms": args.batch_norms,
-        "groups": args.groups,
-        "random_label_samples": args.random_samples,
-        "random_label_epochs": args.random_epochs,
-        "seed": args.seed,
-    }
-    base = QUICK_CAPACITY if args.quick else CapacitySetting()
-    setting = dataclasses.replace(base, **{name: value for name, value in overrides.items() if value is not None})
-    return run_capacity(args.out, setting)
-
-
-def main(argv: Sequence[str] | None = None) -> list[Path]:
-    args = argument_parser().parse_args(argv)
-    written = run(args)
-    print(f"{args.command}: wrote")
-    for path in written:
-        print(f"  {path}")
-    return written
-
+from gwdet_lab.analysis.cli import main  # noqa: E402
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main())

@@ -2,6 +2,7 @@
 
 One module per job:
 
+* :mod:`~gwdet_lab.analysis.cli`: the subcommands and their flags (``tools/analyze.py`` runs its ``main``);
 * :mod:`~gwdet_lab.analysis.normalizers`: the normalizers compared, on ``(m, d)`` feature matrices;
 * :mod:`~gwdet_lab.analysis.conditioning`: kappa_p of normalized activations (GW paper Fig. 2);
 * :mod:`~gwdet_lab.analysis.constraints`: constraint numbers, ranges and their numerical count (Table 1);

@@ -10,13 +10,15 @@ which is the ``(N, C)`` layout every layer accepts. Then
   split into ``num_groups`` contiguous groups;
 * ``none`` is the identity (the papers' "Base").
 
-Every whitening layer is gwdet's own (:mod:`gwdet.layers`); GN and BN are torch's.
+Every whitening layer is gwdet's own, built by :func:`gwdet.norm` under the same name (``BW``,
+``GW``, ``GW_ZCA``; what the call leaves out takes gwdet's config defaults). GN and BN are torch's:
+the analyses need their ``eps`` and ``affine``, which gwdet's names do not take.
 """
 from __future__ import annotations
 
 from torch import nn
 
-from gwdet.layers import BatchWhitening, GroupWhitening
+import gwdet
 
 NORM_KINDS = ("none", "BN", "BW", "GN", "GW", "GW_ZCA")
 GROUPED_KINDS = ("GN", "GW", "GW_ZCA")
@@ -34,7 +36,7 @@ def make_norm(
             whitening groups (``num_groups=1`` whitens all d features together, "BW"; ``d / 16``
             groups is the paper's "BW-C16", Fig. 1); ignored by ``none`` and ``BN``.
         affine: learnable per-feature scale and shift (initialised to 1 and 0).
-        T: Newton iterations of ``GW`` (ItN, Eqs. 6-7).
+        T: Newton iterations of ``GW`` (ItN, Eqs. 6-7); ZCA (``BW``, ``GW_ZCA``) has none.
         eps: the ridge / variance floor of every normalizer.
     """
     if kind not in NORM_KINDS:
@@ -45,12 +47,26 @@ def make_norm(
         return nn.Identity()
     if kind == "BN":
         return nn.BatchNorm1d(num_features, eps=eps, affine=affine)
-    if kind == "BW":
-        return BatchWhitening(num_features, group_size=num_features // num_groups, eps=eps, method="zca", affine=affine)
     if kind == "GN":
         return nn.GroupNorm(num_groups, num_features, eps=eps, affine=affine)
-    method = "itn" if kind == "GW" else "zca"
-    return GroupWhitening(num_features, num_groups=num_groups, T=T, eps=eps, method=method, affine=affine)
+    if kind == "BW":
+        params = {"group_size": num_features // num_groups}
+    elif kind == "GW":
+        params = {"num_groups": num_groups, "T": T}
+    else:
+        params = {"num_groups": num_groups}
+    layer = gwdet.norm(kind, eps=eps, **params)(num_features)
+    return layer if affine else _without_affine(layer)
+
+
+def _without_affine(layer: nn.Module) -> nn.Module:
+    """``layer`` as gwdet's layers are with ``affine=False``: ``weight`` and ``bias`` registered as
+    ``None``. :func:`gwdet.norm` has no such switch (a norm in a detector always learns its affine),
+    so the analyses, which look at the bare normalization, take it off here."""
+    layer.register_parameter("weight", None)
+    layer.register_parameter("bias", None)
+    layer.affine = False
+    return layer
 
 
 def norm_label(kind: str, num_features: int, num_groups: int) -> str:

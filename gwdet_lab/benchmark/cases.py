@@ -9,6 +9,11 @@ The targets: GW (ItN) forward + backward at most ``max(0.20, 1.5 x analytic)`` o
 where the analytic ratio is the GW paper's cost model (Sec. 3, ``2g/(9d) + T g^3/(9 HW d^2)``) as
 :func:`gwdet.layers.cost.group_whitening_relative_cost` computes it; peak memory at most 1.3 x
 GN(32)'s.
+
+Every norm layer but BN is built by :func:`gwdet.norm` with gwdet's config defaults (GW: g =
+``MODEL.GW.NUM_GROUPS``, T = ``MODEL.GW.T``; BW: ``MODEL.BW.GROUP_SIZE``; BGN:
+``MODEL.BGN.NUM_GROUPS`` and ``MODEL.BGN.EXAMPLES_PER_GROUP``; GN: ``MODEL.GN.NUM_GROUPS``, cut
+to a divisor of C). BN is torch's: the 2-D shape needs ``BatchNorm1d``.
 """
 from __future__ import annotations
 
@@ -17,17 +22,14 @@ from typing import Callable, Dict, List, Sequence, Tuple
 import torch
 from torch import nn
 
-from gwdet.layers import (
-    BatchGroupNorm,
-    BatchWhitening,
-    GroupWhitening,
-    group_whitening_reference,
-    largest_divisor_at_most,
-)
+import gwdet
+from gwdet.config import config_default
+from gwdet.layers import GroupWhitening, group_whitening_reference, largest_divisor_at_most
 from gwdet.layers.cost import group_whitening_relative_cost
 
-GW_GROUPS = 64
-GW_T = 5
+GW_GROUPS: int = config_default("MODEL.GW.NUM_GROUPS")
+GW_T: int = config_default("MODEL.GW.T")
+GN_GROUPS: int = config_default("MODEL.GN.NUM_GROUPS")
 
 Shape = Tuple[int, ...]
 LayerFactory = Callable[[int, int], nn.Module]
@@ -50,7 +52,7 @@ QUICK_LAYER_SHAPES: List[Tuple[str, Shape]] = [
 CONV = "conv 3x3"
 GW_ITN = "GW (itn)"
 GW_AUTOGRAD = "GW (itn), autograd"
-GN = "GN(32)"
+GN = f"GN({GN_GROUPS})"
 COMPILED = ", compiled"
 COMPILED_CASES = (GW_ITN, "BW", "BGN")
 
@@ -66,7 +68,7 @@ class AutogradGroupWhitening(nn.Module):
 
     def __init__(self, num_channels: int) -> None:
         super().__init__()
-        self.inner = GroupWhitening(num_channels, num_groups=GW_GROUPS, T=GW_T)
+        self.inner = group_whitening(num_channels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         inner = self.inner
@@ -76,8 +78,9 @@ class AutogradGroupWhitening(nn.Module):
 
 
 def group_whitening(channels: int) -> GroupWhitening:
-    """The GW layer every level of the benchmark times: ItN, g = :data:`GW_GROUPS`, T = :data:`GW_T`."""
-    return GroupWhitening(channels, num_groups=GW_GROUPS, T=GW_T, method="itn")
+    """The GW layer every level of the benchmark times: ItN, g = :data:`GW_GROUPS`, T = :data:`GW_T`
+    (gwdet's defaults)."""
+    return gwdet.norm("GW")(channels)
 
 
 def layer_factories(include_autograd: bool, include_compiled: bool = False) -> Dict[str, LayerFactory]:
@@ -87,11 +90,11 @@ def layer_factories(include_autograd: bool, include_compiled: bool = False) -> D
     factories: Dict[str, LayerFactory] = {
         CONV: lambda c, dim: nn.Conv2d(c, c, 3, padding=1, bias=False),
         "BN": lambda c, dim: nn.BatchNorm1d(c) if dim == 2 else nn.BatchNorm2d(c),
-        GN: lambda c, dim: nn.GroupNorm(largest_divisor_at_most(c, 32), c),
+        GN: lambda c, dim: gwdet.norm("GN", num_groups=largest_divisor_at_most(c, GN_GROUPS))(c),
         GW_ITN: lambda c, dim: group_whitening(c),
-        "GW (zca)": lambda c, dim: GroupWhitening(c, num_groups=GW_GROUPS, method="zca"),
-        "BW": lambda c, dim: BatchWhitening(c, group_size=16, method="zca"),
-        "BGN": lambda c, dim: BatchGroupNorm(c, num_groups=32, examples_per_group=2),
+        "GW (zca)": lambda c, dim: gwdet.norm("GW_ZCA")(c),
+        "BW": lambda c, dim: gwdet.norm("BW")(c),
+        "BGN": lambda c, dim: gwdet.norm("BGN")(c),
     }
     if include_autograd:
         factories[GW_AUTOGRAD] = lambda c, dim: AutogradGroupWhitening(c)

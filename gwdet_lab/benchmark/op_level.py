@@ -17,12 +17,12 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from gwdet.layers import BatchWhitening, GroupWhitening
+import gwdet
 from gwdet.layers.plans import PLAN_VARIABLE
 from gwdet.layers.plans.triton_plan import fallback_reason
 from gwdet.tables import Column, Table
 from gwdet_lab.benchmark.cases import (
-    CONV, GN, GW_GROUPS, GW_T, AutogradGroupWhitening, format_shape, input_view, layer_factories,
+    CONV, GN, GW_ITN, AutogradGroupWhitening, format_shape, input_view, layer_factories,
 )
 from gwdet_lab.benchmark.layer_level import layer_shapes
 from gwdet_lab.benchmark.measure import peak_memory, training_call
@@ -37,12 +37,8 @@ BOX_HEAD_2048: Shape = (2048, 256, 7, 7)
 GW_AUTOGRAD_CASE = "GW autograd"
 
 
-def _gw(channels: int, dim: int) -> nn.Module:
-    return GroupWhitening(channels, num_groups=GW_GROUPS, T=GW_T)
-
-
 def _bw_itn(channels: int, dim: int) -> nn.Module:
-    return BatchWhitening(channels, group_size=16, method="itn")
+    return gwdet.norm("BW_ItN")(channels)
 
 
 def op_cases() -> List[OpCase]:
@@ -53,7 +49,7 @@ def op_cases() -> List[OpCase]:
         (CONV, factories[CONV], None),
         (GN, factories[GN], None),
         (GW_AUTOGRAD_CASE, lambda c, dim: AutogradGroupWhitening(c), None),
-        *((f"GW {plan}", _gw, plan) for plan in ("cpu", "accelerator", "triton")),
+        *((f"GW {plan}", factories[GW_ITN], plan) for plan in ("cpu", "accelerator", "triton")),
         *((f"BW {plan}", factories["BW"], plan) for plan in ("cpu", "accelerator")),
         *((f"BW_ItN {plan}", _bw_itn, plan) for plan in ("cpu", "accelerator", "triton")),
     ]
