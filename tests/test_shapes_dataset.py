@@ -1,6 +1,9 @@
 """The embedded shapes dataset: deterministic, valid COCO, consistent with its image files."""
 import dataclasses
 import json
+import logging
+import os
+import stat
 
 import numpy as np
 import pytest
@@ -12,7 +15,7 @@ from pycocotools.coco import COCO
 from gwdet import add_gwdet_config
 from gwdet.data import CLASSES, ShapesSpec, check_dataset_files, ensure_generated, register_shapes
 from gwdet.data import shapes
-from gwdet.data.shapes import MIN_VISIBLE_AREA, SPEC_JSON, render_image
+from gwdet.data.shapes import CHECKSUMS_JSON, MIN_VISIBLE_AREA, SPEC_JSON, damaged_files, render_image
 
 SPEC = ShapesSpec(image_size=64, num_train=6, num_val=3, seed=3, num_test=4)
 
@@ -156,3 +159,41 @@ def test_cache_folder_with_other_parameters_is_regenerated_not_reused(tmp_path, 
     assert json.loads((again / SPEC_JSON).read_text()) == spec.parameters()
     assert "images" in json.loads((again / "val.json").read_text())
 
+
+
+@pytest.mark.parametrize("damage", ["truncated image", "image bytes changed", "json cut short", "image removed",
+                                    "checksums removed"])
+def test_a_damaged_cache_is_named_and_generated_again(tmp_path, caplog, damage):
+    spec = ShapesSpec(image_size=64, num_train=2, num_val=2, seed=5, num_test=2)
+    folder = ensure_generated(spec, tmp_path)
+    assert damaged_files(folder) == []
+    image, annotations = folder / "train" / "000001.png", folder / "val.json"
+    intact = {image: image.read_bytes(), annotations: annotations.read_bytes()}
+    if damage == "truncated image":
+        image.write_bytes(intact[image][:100])
+    elif damage == "image bytes changed":
+        image.write_bytes(intact[image][:-40] + bytes(40))
+    elif damage == "json cut short":
+        annotations.write_bytes(intact[annotations][:-10])
+    elif damage == "image removed":
+        image.unlink()
+    else:
+        (folder / CHECKSUMS_JSON).unlink()
+    expected = {"truncated image": ["train/000001.png"], "image bytes changed": ["train/000001.png"],
+                "json cut short": ["val.json"], "image removed": ["train/000001.png"],
+                "checksums removed": [CHECKSUMS_JSON]}[damage]
+    assert damaged_files(folder) == expected
+    with caplog.at_level(logging.WARNING, logger="gwdet.data.shapes"):
+        again = ensure_generated(spec, tmp_path)
+    assert again == folder and damaged_files(folder) == []
+    assert image.read_bytes() == intact[image] and annotations.read_bytes() == intact[annotations]
+    assert f"is damaged ({expected[0]} do not match" in caplog.text
+
+
+def test_the_cache_folder_follows_the_users_umask(tmp_path):
+    previous = os.umask(0o022)
+    try:
+        folder = ensure_generated(ShapesSpec(image_size=64, num_train=2, num_val=2, seed=6, num_test=2), tmp_path)
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o755

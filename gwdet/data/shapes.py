@@ -15,7 +15,11 @@ two machines produce identical files.
 The cache folder's name holds every generator parameter (:meth:`ShapesSpec.cache_key`: image size,
 images per split, seed, and ``GENERATOR_VERSION``, bumped whenever the drawing code changes what
 it draws), and the folder records them in ``spec.json``; a folder whose record differs is
-regenerated, never reused. A cache root that cannot be created or written raises
+regenerated, never reused. ``checksums.json`` holds the SHA-256 of every image and json file,
+recorded as they were written; a folder with a missing or damaged file (a truncated PNG, a json cut
+short, a disk error) is found before any run reads it, logged with the damaged files named, and
+generated again. The folder is made with the user's umask, so a shared cache stays usable by the
+group it is shared with. A cache root that cannot be created or written raises
 :class:`CacheNotWritableError`, naming the setting it came from (``GWDET_CACHE`` or
 ``DATASETS.SHAPES.ROOT``), the path, the operating system's reason and the fix.
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import math
 import os
 import shutil
@@ -48,6 +53,9 @@ MAX_SHAPES_PER_IMAGE = 6
 # version is part of the cache key, so caches drawn by older code are not reused.
 GENERATOR_VERSION = 1
 SPEC_JSON = "spec.json"
+CHECKSUMS_JSON = "checksums.json"
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -244,15 +252,60 @@ def write_split(spec: ShapesSpec, split: str, out_dir: Path) -> None:
     (out_dir / f"{split}.json").write_text(json.dumps(coco))
 
 
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _record_checksums(folder: Path) -> None:
+    """``checksums.json``: the SHA-256 of every image and json file of the generated ``folder``."""
+    files = sorted(path for path in folder.rglob("*") if path.is_file() and path.suffix in (".png", ".json"))
+    checksums = {path.relative_to(folder).as_posix(): _sha256(path) for path in files}
+    (folder / CHECKSUMS_JSON).write_text(json.dumps(checksums, sort_keys=True, indent=0))
+
+
+def damaged_files(folder: Path) -> list[str]:
+    """The files of the generated ``folder`` that are missing or differ from ``checksums.json``
+    (``[CHECKSUMS_JSON]`` when that record itself is missing or unreadable)."""
+    try:
+        checksums = json.loads((folder / CHECKSUMS_JSON).read_text())
+    except (OSError, ValueError):
+        return [CHECKSUMS_JSON]
+    if not isinstance(checksums, dict):
+        return [CHECKSUMS_JSON]
+    damaged = []
+    for name, digest in sorted(checksums.items()):
+        try:
+            if _sha256(folder / name) != digest:
+                damaged.append(name)
+        except OSError:
+            damaged.append(name)
+    return damaged
+
+
 def _is_complete(folder: Path, spec: ShapesSpec) -> bool:
-    """Every split's json is there and ``spec.json`` (written last) records ``spec``'s parameters."""
+    """``spec.json`` (written last) records ``spec``'s parameters and every file matches its
+    checksum; damaged files are logged by name."""
     record = folder / SPEC_JSON
-    if not record.is_file() or not all((folder / f"{split}.json").is_file() for split in SPLITS):
+    if not record.is_file():
         return False
     try:
-        return json.loads(record.read_text()) == spec.parameters()
-    except json.JSONDecodeError:
+        if json.loads(record.read_text()) != spec.parameters():
+            return False
+    except (OSError, ValueError):
         return False
+    damaged = damaged_files(folder)
+    if damaged:
+        shown = ", ".join(damaged[:5]) + (f" and {len(damaged) - 5} more" if len(damaged) > 5 else "")
+        logger.warning("The shapes dataset in %s is damaged (%s do not match the checksums recorded when it "
+                       "was generated): generating it again.", folder, shown)
+        return False
+    return True
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def ensure_generated(spec: ShapesSpec, root: Path | None = None, setting: str | None = None) -> Path:
@@ -275,8 +328,10 @@ def ensure_generated(spec: ShapesSpec, root: Path | None = None, setting: str | 
         root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
         try:
+            os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes it 0700: unusable when the cache is shared
             for split in SPLITS:
                 write_split(spec, split, staging)
+            _record_checksums(staging)
             (staging / SPEC_JSON).write_text(json.dumps(spec.parameters(), sort_keys=True, indent=1))
             if _is_complete(target, spec):  # another process finished first, and may be reading it
                 return target
