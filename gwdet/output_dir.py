@@ -129,7 +129,14 @@ def check_resume_config(cfg: CfgNode, output_dir: str) -> None:
         return
     saved = cfg.clone()
     saved.defrost()
-    saved.merge_from_file(path)
+    try:
+        saved.merge_from_file(path)
+    except Exception as error:  # yaml's errors, a key cfg does not have, bytes that are not text
+        raise ValueError(
+            f"--resume: {path} is damaged, so which model the run in {output_dir!r} trained cannot be checked "
+            f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}). Restore that file, or "
+            "train afresh into this OUTPUT_DIR with --overwrite (which deletes the run) or into another one."
+        ) from None
     differences = config_differences(saved, cfg)
     model = [d for d in differences if d.startswith("MODEL.") and not d.startswith(RESUMABLE_DIFFERENCES)]
     if model:

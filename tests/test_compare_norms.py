@@ -18,7 +18,8 @@ from gwdet_lab.study import worker
 from gwdet_lab.study.cells import Cell, RunSpec, batch_scaling_opts, paper_specs, parse_extra, study_cells
 from gwdet_lab.study.evaluation import choose_weight
 from gwdet_lab.study.record import ConfigMismatch, comparable_dump, plan
-from gwdet_lab.study.run_folder import RECORD_JSON, RunFolder, final_loss, loss_curve, seconds_per_iteration
+from gwdet_lab.study.run_folder import (RECORD_JSON, DamagedFile, RunFolder, final_loss, loss_curve,
+                                       seconds_per_iteration)
 from gwdet_lab.study.stats import paired_difference, t_quantile
 from gwdet_lab.study.report import write_report
 from gwdet_lab.study.scheduler import is_done
@@ -341,3 +342,14 @@ def test_seeds_and_batch_sizes_out_of_range_are_refused_before_anything_runs(cap
     with pytest.raises(SystemExit):
         argument_parser().parse_args(["--study", "paper", flag, value])
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", [b'{"shapes_test": {"bbox": {"AP": 1', b"\x00\xff\xfe", b"[1, 2]"])
+def test_a_damaged_results_json_does_not_count_as_trained_and_is_named(tmp_path, damage):
+    folder = RunFolder(tmp_path)
+    (tmp_path / "results.json").write_text('{"shapes_test": {"bbox": {"AP": 1.0}}}')
+    assert folder.is_trained()
+    (tmp_path / "results.json").write_bytes(damage)
+    assert not folder.is_trained()  # the cell resumes from its last checkpoint and is evaluated again
+    with pytest.raises(DamagedFile, match=r"results.json is damaged .*Remove it and run the same command again"):
+        folder.results()

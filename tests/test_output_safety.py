@@ -347,3 +347,14 @@ def test_output_dir_with_a_tilde_is_the_home_folder(monkeypatch, tmp_path):
 def test_gw_positions_without_a_norm_to_place_there_are_refused():
     with pytest.raises(ValueError, match="GW_NORM='' would leave those positions without any normalization"):
         build_config(str(DEMO_CONFIG), TINY_OPTS + ["MODEL.RESNETS.GW_NORM", ""])
+
+
+@pytest.mark.parametrize("damage", [b"MODEL:\n  GW: [unclosed\n", b"\xff\xfe\x00\x01 random bytes", b"MODEL:\n  NO_SUCH_KEY: 1\n"])
+def test_resume_over_a_damaged_config_yaml_names_the_file_and_the_fix(finished_run, tmp_path, damage):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "model_0000000.pth").write_bytes((finished_run / "model_0000000.pth").read_bytes())
+    (run / "config.yaml").write_bytes(damage)
+    with pytest.raises(ValueError, match=r"config.yaml is damaged, so which model the run .* cannot be checked.*"
+                                         r"Restore that file, or train afresh .*--overwrite"):
+        check_resume_config(build_config(str(DEMO_CONFIG), TINY_OPTS), str(run))

@@ -55,6 +55,10 @@ class FolderBusy(RuntimeError):
     """Another process holds the folder's lock."""
 
 
+class DamagedFile(ValueError):
+    """A record of the folder that cannot be read (the message names it and the fix)."""
+
+
 @dataclass(frozen=True)
 class RunFolder:
     """The folder a cell trains into (its ``OUTPUT_DIR``)."""
@@ -68,8 +72,13 @@ class RunFolder:
         return self.path.is_dir()
 
     def is_trained(self) -> bool:
-        """Trained and evaluated: ``results.json`` is written last by :func:`gwdet.engine.main`."""
-        return self.file(RESULTS_JSON).is_file()
+        """Trained and evaluated: ``results.json`` is written last by :func:`gwdet.engine.main`. A
+        damaged one (not a json object) does not count: the cell resumes from its last checkpoint
+        and is evaluated again."""
+        try:
+            return bool(self.read_json(RESULTS_JSON))
+        except DamagedFile:
+            return False
 
     def is_complete(self) -> bool:
         """Every study evaluation done (``study_complete.json``) after training finished or diverged."""
@@ -105,9 +114,20 @@ class RunFolder:
         return self.read_json(RESULTS_JSON)
 
     def read_json(self, name: str) -> dict:
-        """A json file of the folder, ``{}`` when it is not there."""
+        """A json object file of the folder, ``{}`` when it is not there; :class:`DamagedFile` when
+        it is not a json object (cut short by a full disk or a kill, overwritten)."""
         path = self.file(name)
-        return json.loads(path.read_text()) if path.is_file() else {}
+        if not path.is_file():
+            return {}
+        try:
+            data = json.loads(path.read_bytes())
+        except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
+            raise DamagedFile(f"{path} is damaged ({error}). Remove it and run the same command again: the cell "
+                              "resumes from its last checkpoint and writes it anew.") from None
+        if not isinstance(data, dict):
+            raise DamagedFile(f"{path} is damaged (a json {type(data).__name__}, not an object). Remove it and "
+                              "run the same command again: the cell resumes from its last checkpoint and writes it anew.")
+        return data
 
     def write_json(self, name: str, data: Mapping) -> None:
         """Write through a temporary file renamed into place, so a kill leaves the old or the new file."""
