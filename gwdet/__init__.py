@@ -15,18 +15,28 @@ with warnings.catch_warnings():
     # silenced for these imports only.
     warnings.filterwarnings("ignore", message="`torch.jit.script` is deprecated", category=FutureWarning)
     from gwdet.config import add_gwdet_config
-    from gwdet.config_checks import check_gwdet_config
-    from gwdet.modeling import build_gw_resnet_backbone, build_gw_resnet_fpn_backbone, check_model, place_norm
+    from gwdet.config_checks import NormConfigError, check_gwdet_config
+    from gwdet.modeling import (
+        build_gw_resnet_backbone,
+        build_gw_resnet_fpn_backbone,
+        build_gw_retinanet_resnet_fpn_backbone,
+        build_model,
+        check_model,
+        place_norm,
+    )
     from gwdet.norms import Norm, UnknownNormError, known_norm_names, norm, norm_from_config, register_norm
     from gwdet.solver import build_optimizer, get_default_optimizer_params
 
 __all__ = [
     "Norm",
+    "NormConfigError",
     "UnknownNormError",
     "add_gwdet_config",
     "build_optimizer",
     "build_gw_resnet_backbone",
     "build_gw_resnet_fpn_backbone",
+    "build_gw_retinanet_resnet_fpn_backbone",
+    "build_model",
     "check_gwdet_config",
     "check_model",
     "get_default_optimizer_params",

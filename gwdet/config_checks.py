@@ -1,87 +1,257 @@
 """Checks of a whole merged config, run before anything is built.
 
-* every value of gwdet's config table passes its check (:func:`gwdet.config.check_config_values`);
-* every NORM value is a known name (:class:`gwdet.norms.UnknownNormError`, naming the key);
-* a NORM value only gwdet can build with the config's values (gwdet's names, GN with
+* every value of gwdet's config table passes its check (:func:`gwdet.config.check_config_values`),
+  ``MODEL.RESNETS.GW_POSITIONS`` parses and has a ``GW_NORM`` to place, BGN example groups fit
+  the batch;
+* then, in ONE :class:`NormConfigError` listing every key to change at once: every NORM value is a
+  known name; a NORM value only gwdet can build with the config's values (gwdet's names, GN with
   ``MODEL.GN.NUM_GROUPS`` other than 32) does not go to a detectron2 component that would build it
-  without them; ``MODEL.RESNETS.GW_POSITIONS`` does not go to a backbone that ignores it;
-* BGN example groups fit the batch.
+  without them (or fail with detectron2's bare ``KeyError``); ``MODEL.RESNETS.GW_POSITIONS`` does
+  not go to a component that ignores it. Setting every key the message names builds the model.
 
-Each failure names the key, the value and the fix.
+:data:`NORM_SITES` is the table of which NORM key detectron2 reads in which component;
+:data:`GWDET_COMPONENTS` maps each such component to gwdet's, which is detectron2's own component
+with its norms built from the config (:mod:`gwdet.modeling`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
 from detectron2.config import CfgNode
 
 from gwdet.config import check_config_values, config_value, require_gwdet_config
-from gwdet.positions import parse_gw_positions
-from gwdet.norms import UnknownNormError, known_norm_names, norm_from_config
+from gwdet.norms import DETECTRON2_GN_GROUPS, UnknownNormError, known_norm_names, norm_from_config
+from gwdet.positions import BLOCK_CONV_OF_POSITION, parse_gw_positions
 
-GW_BACKBONES = ("build_gw_resnet_backbone", "build_gw_resnet_fpn_backbone")
+# Where a message sends the reader: the section explaining how NORM strings become layers.
+DOC_FILE = "docs/usage.md"
+DOC_SECTION_TITLE = "How norm hyper-parameters reach the layers"
+DOC_SECTION = f'{DOC_FILE}, section "{DOC_SECTION_TITLE}"'
+
+# detectron2's components that read a NORM key -> gwdet's component that builds the same network
+# with the config's norms. detectron2's components missing here have no gwdet replacement.
+GWDET_COMPONENTS: Mapping[str, str] = {
+    "build_resnet_backbone": "build_gw_resnet_backbone",
+    "build_resnet_fpn_backbone": "build_gw_resnet_fpn_backbone",
+    "build_retinanet_resnet_fpn_backbone": "build_gw_retinanet_resnet_fpn_backbone",
+    "Res5ROIHeads": "GWRes5ROIHeads",
+    "FastRCNNConvFCHead": "GWFastRCNNConvFCHead",
+    "MaskRCNNConvUpsampleHead": "GWMaskRCNNConvUpsampleHead",
+    "RetinaNet": "GWRetinaNet",
+    "SemSegFPNHead": "GWSemSegFPNHead",
+}
+GW_BACKBONES = ("build_gw_resnet_backbone", "build_gw_resnet_fpn_backbone", "build_gw_retinanet_resnet_fpn_backbone")
+GW_ROI_HEADS = ("GWRes5ROIHeads",)
+
+# The parts detectron2's meta-architectures build from the config besides the backbone (a
+# meta-architecture not listed here may build any part, so every part is checked for it).
+ROI_HEADS, BOX_HEAD, MASK_HEAD, SEM_SEG_HEAD = "roi_heads", "box_head", "mask_head", "sem_seg_head"
+RES5_HEAD = "res5_head"  # the res5 stage of C4 models, built by the ROI heads
+META_ARCH_PARTS: Mapping[str, frozenset] = {
+    "GeneralizedRCNN": frozenset({ROI_HEADS}),
+    "PanopticFPN": frozenset({ROI_HEADS, SEM_SEG_HEAD}),
+    "ProposalNetwork": frozenset(),
+    "RetinaNet": frozenset(),
+    "GWRetinaNet": frozenset(),
+    "SemanticSegmentor": frozenset({SEM_SEG_HEAD}),
+}
+RES5_ROI_HEADS = ("Res5ROIHeads", "GWRes5ROIHeads")  # these build no box head: res5 is their head
 
 
 @dataclass(frozen=True)
 class NormSite:
-    """A NORM key, the key naming the component that reads it, detectron2's components that read
-    it by name (without gwdet's values) and gwdet's replacement for them."""
+    """A NORM key, the key naming the component that reads it, and detectron2's components that
+    read it by name (without the config's values; gwdet's replacement: :data:`GWDET_COMPONENTS`).
+    ``part`` is the model part the component is (None: always built, like the backbone)."""
 
     norm_key: str
     component_key: str
     detectron2_readers: tuple[str, ...]
-    gwdet_reader: str
+    part: str | None = None
 
 
 NORM_SITES = (
     NormSite("MODEL.RESNETS.NORM", "MODEL.BACKBONE.NAME",
-             ("build_resnet_backbone", "build_resnet_fpn_backbone", "build_retinanet_resnet_fpn_backbone"),
-             "build_gw_resnet_fpn_backbone (or build_gw_resnet_backbone)"),
+             ("build_resnet_backbone", "build_resnet_fpn_backbone", "build_retinanet_resnet_fpn_backbone",
+              "build_resnet_deeplab_backbone")),
     NormSite("MODEL.FPN.NORM", "MODEL.BACKBONE.NAME",
-             ("build_resnet_fpn_backbone", "build_retinanet_resnet_fpn_backbone"),
-             "build_gw_resnet_fpn_backbone"),
-    NormSite("MODEL.ROI_BOX_HEAD.NORM", "MODEL.ROI_BOX_HEAD.NAME", ("FastRCNNConvFCHead",),
-             "GWFastRCNNConvFCHead"),
-    NormSite("MODEL.ROI_MASK_HEAD.NORM", "MODEL.ROI_MASK_HEAD.NAME", ("MaskRCNNConvUpsampleHead",),
-             "GWMaskRCNNConvUpsampleHead"),
-    NormSite("MODEL.RETINANET.NORM", "MODEL.META_ARCHITECTURE", ("RetinaNet",), "GWRetinaNet"),
+             ("build_resnet_fpn_backbone", "build_retinanet_resnet_fpn_backbone")),
+    # C4 models: Res5ROIHeads builds the res5 stage with MODEL.RESNETS.NORM
+    NormSite("MODEL.RESNETS.NORM", "MODEL.ROI_HEADS.NAME", ("Res5ROIHeads",), RES5_HEAD),
+    NormSite("MODEL.ROI_BOX_HEAD.NORM", "MODEL.ROI_BOX_HEAD.NAME", ("FastRCNNConvFCHead",), BOX_HEAD),
+    NormSite("MODEL.ROI_MASK_HEAD.NORM", "MODEL.ROI_MASK_HEAD.NAME", ("MaskRCNNConvUpsampleHead",), MASK_HEAD),
+    NormSite("MODEL.RETINANET.NORM", "MODEL.META_ARCHITECTURE", ("RetinaNet",)),
+    NormSite("MODEL.SEM_SEG_HEAD.NORM", "MODEL.SEM_SEG_HEAD.NAME",
+             ("SemSegFPNHead", "DeepLabV3Head", "DeepLabV3PlusHead", "PanopticDeepLabSemSegHead"), SEM_SEG_HEAD),
 )
-NORM_KEYS = tuple(site.norm_key for site in NORM_SITES) + ("MODEL.RESNETS.GW_NORM",)
+NORM_KEYS = tuple(dict.fromkeys(site.norm_key for site in NORM_SITES)) + ("MODEL.RESNETS.GW_NORM",)
 BATCH_GROUP_NORMS = {"BGN", "GhostBN"}
 
 
-def _check_norm_names(cfg: CfgNode) -> set[str]:
-    used = set()
+class NormConfigError(ValueError):
+    """The config sends norms where they cannot be built as configured. ``changes`` holds every
+    ``key -> value`` that fixes them, all at once (``problems``: one line per finding; findings
+    only the user can fix, such as an unknown name, have no change)."""
+
+    def __init__(self, message: str, changes: Mapping[str, str], problems: Sequence[str]) -> None:
+        super().__init__(message)
+        self.changes = dict(changes)
+        self.problems = list(problems)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+    def __reduce__(self):  # picklable, e.g. from a worker process
+        return type(self), (self.args[0], self.changes, self.problems)
+
+
+class UnknownNormConfigError(UnknownNormError, NormConfigError):
+    """A :class:`NormConfigError` that includes a NORM name nobody registered: also an
+    :class:`gwdet.UnknownNormError` (a ``KeyError``)."""
+
+
+@dataclass(frozen=True)
+class _Problem:
+    why: str
+    change: tuple[str, str] | None  # (key, value) that fixes it; None: only the user can fix it
+
+
+def _value(cfg: CfgNode, key: str) -> Any:
+    """``cfg``'s value at ``key``; None where the config has no such key (a project's key)."""
+    try:
+        return config_value(cfg, key)
+    except (KeyError, AttributeError):
+        return None
+
+
+def builds_part(cfg: CfgNode, part: str | None) -> bool:
+    """Whether the model of ``cfg`` has ``part`` (None: the backbone, always built)."""
+    if part is None:
+        return True
+    parts = META_ARCH_PARTS.get(cfg.MODEL.META_ARCHITECTURE)  # None: may build any part
+    if part == SEM_SEG_HEAD:
+        return parts is None or SEM_SEG_HEAD in parts
+    if parts is not None and ROI_HEADS not in parts:
+        return False  # the box and mask heads are parts of the ROI heads
+    if part == BOX_HEAD:
+        return cfg.MODEL.ROI_HEADS.NAME not in RES5_ROI_HEADS
+    if part == MASK_HEAD:
+        return bool(cfg.MODEL.MASK_ON)
+    if part == RES5_HEAD:  # a backbone that makes res5 itself is no C4 backbone (e.g. built alone)
+        return cfg.MODEL.ROI_HEADS.NAME in RES5_ROI_HEADS and "res5" not in cfg.MODEL.RESNETS.OUT_FEATURES
+    return True
+
+
+def _unknown_names(cfg: CfgNode) -> tuple[list[_Problem], set[str]]:
+    problems, unknown = [], set()
     for key in NORM_KEYS:
-        name = config_value(cfg, key)
+        name = _value(cfg, key)
         if name and name not in known_norm_names():
-            raise UnknownNormError(
-                f"{key}={name!r} is not a known norm name. Known names: "
-                f"{', '.join(known_norm_names())} (or register one with gwdet.register_norm)."
-            )
-        used.add(name)
-    return used
+            unknown.add(key)
+            problems.append(_Problem(f"{key}={name!r} is not a known norm name: fix the name, or register it "
+                                     "with gwdet.register_norm", None))
+    return problems, unknown
 
 
-def _check_norm_readers(cfg: CfgNode) -> None:
+def _replacement(component_key: str, component: str, built_with: str,
+                 otherwise: str) -> tuple[str, tuple[str, str] | None]:
+    """The fix for detectron2's ``component``: gwdet's replacement (and the change naming it), or
+    what to do by hand where gwdet has none."""
+    gwdet_component = GWDET_COMPONENTS.get(component)
+    if gwdet_component is None:
+        by_hand = (f"gwdet has no replacement for {component}: {otherwise}, or build that part with "
+                   "gwdet.norm_from_config(name, cfg) in a subclass's from_config")
+        return by_hand, None
+    fix = f"gwdet's {gwdet_component} builds the same network {built_with} ({component_key} {gwdet_component})"
+    return fix, (component_key, gwdet_component)
+
+
+def _norm_reader_problems(cfg: CfgNode, skip: set[str]) -> list[_Problem]:
     """A norm that needs the config's values must not go to a component that cannot take them."""
+    problems = []
     for site in NORM_SITES:
-        name = config_value(cfg, site.norm_key)
-        component = config_value(cfg, site.component_key)
-        if component not in site.detectron2_readers or isinstance(norm_from_config(name, cfg), str):
+        name = _value(cfg, site.norm_key)
+        component = _value(cfg, site.component_key)
+        if site.norm_key in skip or component not in site.detectron2_readers or not builds_part(cfg, site.part):
             continue
+        if isinstance(norm_from_config(name, cfg), str):
+            continue  # detectron2 builds it as configured
         if name == "GN":
-            why = (f"MODEL.GN.NUM_GROUPS={cfg.MODEL.GN.NUM_GROUPS}, and detectron2's {component} "
-                   "always builds GN with 32 groups")
+            why = (f"{site.norm_key}='GN' with MODEL.GN.NUM_GROUPS={cfg.MODEL.GN.NUM_GROUPS}, and "
+                   f"detectron2's {component} ({site.component_key}) always builds GN with "
+                   f"{DETECTRON2_GN_GROUPS} groups")
         else:
-            why = f"detectron2's {component} cannot build {name!r} with the config's values"
-        raise ValueError(
-            f"{site.norm_key}={name!r}, but {why}. Set {site.component_key} to gwdet's "
-            f"{site.gwdet_reader}, which builds the same model with the configured norm."
-        )
+            why = (f"{site.norm_key}={name!r}, but detectron2's {component} ({site.component_key}) cannot "
+                   f"build {name!r} with the config's values (detectron2's get_norm would raise KeyError)")
+        fix, change = _replacement(site.component_key, component, "with the config's values",
+                                   f"set {site.norm_key} to one of detectron2's names (BN, SyncBN, FrozenBN; GN "
+                                   f"with MODEL.GN.NUM_GROUPS {DETECTRON2_GN_GROUPS})")
+        problems.append(_Problem(f"{why}; {fix}", change))
+    return problems
 
 
-def _check_gw_positions(cfg: CfgNode) -> None:
+def _gw_position_problems(cfg: CfgNode) -> list[_Problem]:
+    """``MODEL.RESNETS.GW_POSITIONS`` must go to gwdet's components, which read it."""
+    spec = cfg.MODEL.RESNETS.GW_POSITIONS
+    positions = parse_gw_positions(spec)
+    if not positions:
+        return []
+    problems = []
+    backbone = cfg.MODEL.BACKBONE.NAME
+    if backbone not in GW_BACKBONES:
+        why = (f"MODEL.RESNETS.GW_POSITIONS={spec!r} is read by gwdet's backbones only, but "
+               f"MODEL.BACKBONE.NAME={backbone!r} would build a model without GW there")
+        fix, change = _replacement("MODEL.BACKBONE.NAME", backbone, "with GW there",
+                                   f"set MODEL.BACKBONE.NAME to one of {', '.join(GW_BACKBONES)}, or "
+                                   "MODEL.RESNETS.GW_POSITIONS to ''")
+        problems.append(_Problem(f"{why}; {fix}", change))
+    roi_heads = cfg.MODEL.ROI_HEADS.NAME
+    if positions & set(BLOCK_CONV_OF_POSITION) and roi_heads not in GW_ROI_HEADS and builds_part(cfg, RES5_HEAD):
+        why = (f"MODEL.RESNETS.GW_POSITIONS={spec!r} puts GW in every bottleneck block, but detectron2's "
+               f"{roi_heads} (MODEL.ROI_HEADS.NAME) would build the res5 blocks without it")
+        fix, change = _replacement("MODEL.ROI_HEADS.NAME", roi_heads, "with GW there in res5",
+                                   "set MODEL.RESNETS.GW_POSITIONS to stem positions only ('S1') or ''")
+        problems.append(_Problem(f"{why}; {fix}", change))
+    return problems
+
+
+def _error(cfg: CfgNode, problems: list[_Problem], any_unknown: bool) -> NormConfigError:
+    changes: dict[str, str] = {}
+    for problem in problems:
+        if problem.change is not None:
+            changes.setdefault(*problem.change)
+    by_hand = [problem for problem in problems if problem.change is None]
+    lines = [f"The config's norms cannot be built as configured ({len(problems)} finding(s))."]
+    if changes:
+        lines.append("Change these keys, all at once:" if not by_hand else
+                     "Change these keys, all at once (and fix the findings below marked 'by hand'):")
+        lines.extend(f"  {key}: {_value(cfg, key)!r} -> {value!r}" for key, value in changes.items())
+        lines.append("  (command-line overrides: " + " ".join(f"{key} {value}" for key, value in changes.items())
+                     + ")")
+    lines.append("Findings:")
+    lines.extend(f"  - {'by hand: ' if problem.change is None and changes else ''}{problem.why}"
+                 for problem in problems)
+    if any_unknown:
+        lines.append(f"Known names: {', '.join(known_norm_names())}.")
+    lines.append("gwdet's components are detectron2's own with the norms built with the config's values; "
+                 f"see {DOC_SECTION}.")
+    message = "\n".join(lines)
+    whys = [problem.why for problem in problems]
+    if any_unknown:
+        return UnknownNormConfigError(message, changes, whys)
+    return NormConfigError(message, changes, whys)
+
+
+def norm_config_problems(cfg: CfgNode) -> NormConfigError | None:
+    """Every finding about where the config's norms go, as one :class:`NormConfigError` (not
+    raised), or None when there is none."""
+    unknown_problems, unknown = _unknown_names(cfg)
+    problems = unknown_problems + _norm_reader_problems(cfg, unknown) + _gw_position_problems(cfg)
+    return _error(cfg, problems, bool(unknown)) if problems else None
+
+
+def _check_gw_norm(cfg: CfgNode) -> None:
     positions = cfg.MODEL.RESNETS.GW_POSITIONS
     parse_gw_positions(positions)
     if positions and not cfg.MODEL.RESNETS.GW_NORM:
@@ -89,17 +259,11 @@ def _check_gw_positions(cfg: CfgNode) -> None:
             f"MODEL.RESNETS.GW_POSITIONS={positions!r} with MODEL.RESNETS.GW_NORM='' would leave those "
             "positions without any normalization. Set GW_NORM to the norm to place there (e.g. 'GW'), "
             "or GW_POSITIONS to '' to keep MODEL.RESNETS.NORM everywhere.")
-    if positions and cfg.MODEL.BACKBONE.NAME not in GW_BACKBONES:
-        raise ValueError(
-            f"MODEL.RESNETS.GW_POSITIONS={positions!r} is read by gwdet's backbones only, but "
-            f"MODEL.BACKBONE.NAME={cfg.MODEL.BACKBONE.NAME!r} would build a model without GW there. "
-            f"Set MODEL.BACKBONE.NAME to one of {', '.join(GW_BACKBONES)}, or GW_POSITIONS to ''."
-        )
 
 
-def _check_example_groups(cfg: CfgNode, used_norms: set[str]) -> None:
+def _check_example_groups(cfg: CfgNode) -> None:
     """An example group larger than the whole batch never fills: BGN would silently become GN."""
-    if not used_norms & BATCH_GROUP_NORMS:
+    if not {_value(cfg, key) for key in NORM_KEYS} & BATCH_GROUP_NORMS:
         return
     examples, batch = cfg.MODEL.BGN.EXAMPLES_PER_GROUP, cfg.SOLVER.IMS_PER_BATCH
     if examples > batch:
@@ -111,10 +275,16 @@ def _check_example_groups(cfg: CfgNode, used_norms: set[str]) -> None:
 
 
 def check_gwdet_config(cfg: CfgNode) -> None:
-    """Raise (naming the key and the fix) for any config value gwdet cannot build as written."""
+    """Raise (naming the keys and the fix) for any config value gwdet cannot build as written.
+
+    Values are checked first (each error names its key, and none depends on which components
+    build the model); then every finding about where the norms go is raised at once as a :class:`NormConfigError` whose message lists every key to
+    change (``.changes``); applying them all builds the model.
+    """
     require_gwdet_config(cfg, "gwdet")
     check_config_values(cfg)
-    used_norms = _check_norm_names(cfg)
-    _check_gw_positions(cfg)
-    _check_norm_readers(cfg)
-    _check_example_groups(cfg, used_norms)
+    _check_gw_norm(cfg)
+    _check_example_groups(cfg)
+    error = norm_config_problems(cfg)
+    if error is not None:
+        raise error

@@ -8,6 +8,8 @@ detectron2 initializes them. ``MODEL.BACKBONE.FREEZE_AT`` keeps its meaning: it 
 the replacement (BN in frozen stages becomes FrozenBN, every parameter there stops requiring
 gradients; a GW layer in a frozen stage keeps whitening, with frozen affine parameters).
 
+Registered: ``build_gw_resnet_backbone`` (C4), ``build_gw_resnet_fpn_backbone`` (P2-P6, R-CNN) and
+``build_gw_retinanet_resnet_fpn_backbone`` (P3-P7, RetinaNet): detectron2's three ResNet builders.
 For LazyConfig, :func:`place_norm` does the same to a ResNet built by ``L(ResNet)(...)``.
 """
 from __future__ import annotations
@@ -18,19 +20,21 @@ from detectron2.config import CfgNode
 from detectron2.layers import Conv2d, ShapeSpec, get_norm
 from detectron2.modeling import BACKBONE_REGISTRY
 from detectron2.modeling.backbone import FPN, ResNet
-from detectron2.modeling.backbone.fpn import LastLevelMaxPool
+from detectron2.modeling.backbone.fpn import LastLevelMaxPool, LastLevelP6P7
 from detectron2.modeling.backbone.resnet import build_resnet_backbone
+from torch import nn
 
 from gwdet.config_checks import check_gwdet_config
 from gwdet.positions import convs_at_positions, parse_gw_positions
 from gwdet.norms import norm_from_config
 
 # Built in place of a norm detectron2 cannot make by name; every such module is replaced.
-_PLACEHOLDER_NORM = "BN"
+PLACEHOLDER_NORM = "BN"
 
 
-def convs_with_norm(resnet: ResNet) -> Iterator[Conv2d]:
-    """Every conv of ``resnet`` that carries a norm (stem, block convs, shortcuts)."""
+def convs_with_norm(resnet: nn.Module) -> Iterator[Conv2d]:
+    """Every conv of ``resnet`` (or of any part of one) that carries a norm (stem, block convs,
+    shortcuts)."""
     for module in resnet.modules():
         if isinstance(module, Conv2d) and module.norm is not None:
             yield module
@@ -62,7 +66,7 @@ def build_gw_resnet(cfg: CfgNode, input_shape: ShapeSpec) -> ResNet:
     stock.defrost()
     stock.MODEL.BACKBONE.FREEZE_AT = 0
     if not isinstance(base_norm, str):
-        stock.MODEL.RESNETS.NORM = _PLACEHOLDER_NORM
+        stock.MODEL.RESNETS.NORM = PLACEHOLDER_NORM
     resnet = build_resnet_backbone(stock, input_shape)
     if not isinstance(base_norm, str):
         for conv in convs_with_norm(resnet):
@@ -77,15 +81,32 @@ def build_gw_resnet_backbone(cfg: CfgNode, input_shape: ShapeSpec) -> ResNet:
     return build_gw_resnet(cfg, input_shape)
 
 
-@BACKBONE_REGISTRY.register()
-def build_gw_resnet_fpn_backbone(cfg: CfgNode, input_shape: ShapeSpec) -> FPN:
-    """``MODEL.BACKBONE.NAME: "build_gw_resnet_fpn_backbone"``: the GW ResNet under an FPN whose
-    norm (``MODEL.FPN.NORM``) carries the config's hyper-parameters too."""
+def build_gw_fpn(cfg: CfgNode, bottom_up: ResNet, top_block: Any) -> FPN:
+    """detectron2's FPN on ``bottom_up`` with ``MODEL.FPN.*``, its norm carrying the config's values."""
     return FPN(
-        bottom_up=build_gw_resnet(cfg, input_shape),
+        bottom_up=bottom_up,
         in_features=cfg.MODEL.FPN.IN_FEATURES,
         out_channels=cfg.MODEL.FPN.OUT_CHANNELS,
         norm=norm_from_config(cfg.MODEL.FPN.NORM, cfg),
-        top_block=LastLevelMaxPool(),
+        top_block=top_block,
         fuse_type=cfg.MODEL.FPN.FUSE_TYPE,
     )
+
+
+@BACKBONE_REGISTRY.register()
+def build_gw_resnet_fpn_backbone(cfg: CfgNode, input_shape: ShapeSpec) -> FPN:
+    """``MODEL.BACKBONE.NAME: "build_gw_resnet_fpn_backbone"``: the GW ResNet under an FPN whose
+    norm (``MODEL.FPN.NORM``) carries the config's hyper-parameters too; P2-P6 (P6 by max pooling),
+    as detectron2's ``build_resnet_fpn_backbone``."""
+    return build_gw_fpn(cfg, build_gw_resnet(cfg, input_shape), LastLevelMaxPool())
+
+
+@BACKBONE_REGISTRY.register()
+def build_gw_retinanet_resnet_fpn_backbone(cfg: CfgNode, input_shape: ShapeSpec) -> FPN:
+    """``MODEL.BACKBONE.NAME: "build_gw_retinanet_resnet_fpn_backbone"``: detectron2's
+    ``build_retinanet_resnet_fpn_backbone`` (P3-P7, P6 and P7 by detectron2's ``LastLevelP6P7``
+    from C5) on the GW ResNet, the FPN's norm carrying the config's values. Built in detectron2's
+    order, so with detectron2's norms it is that backbone, weight for weight."""
+    bottom_up = build_gw_resnet(cfg, input_shape)
+    top_block = LastLevelP6P7(bottom_up.output_shape()["res5"].channels, cfg.MODEL.FPN.OUT_CHANNELS)
+    return build_gw_fpn(cfg, bottom_up, top_block)

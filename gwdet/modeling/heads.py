@@ -3,10 +3,16 @@
 detectron2's own heads pass their NORM string to ``get_norm``, which knows neither gwdet's names
 nor ``MODEL.GW.*``. These subclasses change only ``from_config``: the NORM string becomes
 :func:`gwdet.norm_from_config`'s callable. Everything else (layers, initialization, forward,
-checkpoint keys) is detectron2's.
+checkpoint keys) is detectron2's. Each first runs :func:`gwdet.check_gwdet_config`, so a config
+that sends a gwdet norm to one of detectron2's components elsewhere in the model stops with the
+message naming every key to change, not with detectron2's ``KeyError``.
 
-* ``MODEL.ROI_BOX_HEAD.NAME: "GWFastRCNNConvFCHead"`` (2fc and 4conv1fc box heads);
+* ``MODEL.ROI_BOX_HEAD.NAME: "GWFastRCNNConvFCHead"`` (2fc and 4conv1fc box heads; Cascade R-CNN's
+  stages too);
 * ``MODEL.ROI_MASK_HEAD.NAME: "GWMaskRCNNConvUpsampleHead"``;
+* ``MODEL.ROI_HEADS.NAME: "GWRes5ROIHeads"`` (C4 models: the res5 stage with ``MODEL.RESNETS.NORM``
+  and ``GW_NORM`` at the block positions of ``GW_POSITIONS``);
+* ``MODEL.SEM_SEG_HEAD.NAME: "GWSemSegFPNHead"`` (semantic FPN, panoptic FPN);
 * ``MODEL.META_ARCHITECTURE: "GWRetinaNet"``, whose head keeps one norm module per FPN level for
   norms with batch statistics (:class:`GWRetinaNetHead`).
 """
@@ -17,33 +23,84 @@ from typing import Any, List
 import torch
 from detectron2.config import CfgNode, configurable
 from detectron2.layers import ShapeSpec, get_norm
-from detectron2.modeling import META_ARCH_REGISTRY
+from detectron2.modeling import META_ARCH_REGISTRY, ROI_HEADS_REGISTRY, SEM_SEG_HEADS_REGISTRY, build_backbone
+from detectron2.modeling.anchor_generator import build_anchor_generator
+from detectron2.modeling.box_regression import Box2BoxTransform
+from detectron2.modeling.matcher import Matcher
 from detectron2.modeling.meta_arch.retinanet import RetinaNet, RetinaNetHead
+from detectron2.modeling.meta_arch.semantic_seg import SemSegFPNHead
 from detectron2.modeling.roi_heads.box_head import ROI_BOX_HEAD_REGISTRY, FastRCNNConvFCHead
 from detectron2.modeling.roi_heads.mask_head import ROI_MASK_HEAD_REGISTRY, MaskRCNNConvUpsampleHead
+from detectron2.modeling.roi_heads.roi_heads import Res5ROIHeads
 from torch import nn
 
+from gwdet.config_checks import check_gwdet_config
+from gwdet.modeling.backbone import PLACEHOLDER_NORM, convs_with_norm
 from gwdet.norms import Norm, norm_from_config, norm_kind
+from gwdet.positions import BLOCK_CONV_OF_POSITION, parse_gw_positions
 
 
-class _ConvNormFromConfig:
-    """Mixin for a detectron2 head taking ``conv_norm``: its NORM string becomes gwdet's callable."""
+class _NormFromConfig:
+    """Mixin for a detectron2 head configured by ``from_config(cfg, input_shape)``: the NORM string
+    it passes as ``norm_argument`` becomes gwdet's callable with the config's values."""
+
+    norm_argument = "conv_norm"
 
     @classmethod
-    def from_config(cls, cfg: CfgNode, input_shape: ShapeSpec) -> dict:
+    def from_config(cls, cfg: CfgNode, input_shape: Any) -> dict:
+        check_gwdet_config(cfg)
         args = super().from_config(cfg, input_shape)
-        args["conv_norm"] = norm_from_config(args["conv_norm"], cfg)
+        args[cls.norm_argument] = norm_from_config(args[cls.norm_argument], cfg)
         return args
 
 
 @ROI_BOX_HEAD_REGISTRY.register()
-class GWFastRCNNConvFCHead(_ConvNormFromConfig, FastRCNNConvFCHead):
+class GWFastRCNNConvFCHead(_NormFromConfig, FastRCNNConvFCHead):
     """detectron2's ``FastRCNNConvFCHead`` with ``MODEL.ROI_BOX_HEAD.NORM`` resolved by gwdet."""
 
 
 @ROI_MASK_HEAD_REGISTRY.register()
-class GWMaskRCNNConvUpsampleHead(_ConvNormFromConfig, MaskRCNNConvUpsampleHead):
+class GWMaskRCNNConvUpsampleHead(_NormFromConfig, MaskRCNNConvUpsampleHead):
     """detectron2's ``MaskRCNNConvUpsampleHead`` with ``MODEL.ROI_MASK_HEAD.NORM`` resolved by gwdet."""
+
+
+@SEM_SEG_HEADS_REGISTRY.register()
+class GWSemSegFPNHead(_NormFromConfig, SemSegFPNHead):
+    """detectron2's ``SemSegFPNHead`` (semantic and panoptic FPN) with ``MODEL.SEM_SEG_HEAD.NORM``
+    resolved by gwdet."""
+
+    norm_argument = "norm"
+
+
+@ROI_HEADS_REGISTRY.register()
+class GWRes5ROIHeads(Res5ROIHeads):
+    """detectron2's ``Res5ROIHeads`` (C4 models), whose res5 stage has ``MODEL.RESNETS.NORM``
+    everywhere and ``MODEL.RESNETS.GW_NORM`` at the block positions (B1/B2/B3) of
+    ``MODEL.RESNETS.GW_POSITIONS``, with the config's values, as gwdet's backbones place them in
+    res2-res4. Built by detectron2 (same layers, initialization and keys), then the norms replaced."""
+
+    @classmethod
+    def from_config(cls, cfg: CfgNode, input_shape: Any) -> dict:
+        check_gwdet_config(cfg)
+        base_norm = norm_from_config(cfg.MODEL.RESNETS.NORM, cfg)
+        stock = cfg
+        if not isinstance(base_norm, str):
+            stock = cfg.clone()
+            stock.defrost()
+            stock.MODEL.RESNETS.NORM = PLACEHOLDER_NORM
+        args = super().from_config(stock, input_shape)
+        res5 = args["res5"]
+        if not isinstance(base_norm, str):
+            for conv in convs_with_norm(res5):
+                conv.norm = get_norm(base_norm, conv.out_channels)
+        positions = parse_gw_positions(cfg.MODEL.RESNETS.GW_POSITIONS)
+        gw_norm = norm_from_config(cfg.MODEL.RESNETS.GW_NORM, cfg)
+        for block in res5:
+            for position, conv_name in BLOCK_CONV_OF_POSITION.items():
+                if position in positions:
+                    conv = getattr(block, conv_name)
+                    conv.norm = get_norm(gw_norm, conv.out_channels)
+        return args
 
 
 def has_batch_statistics(norm: Any) -> bool:
@@ -84,22 +141,59 @@ class GWRetinaNetHead(RetinaNetHead):
 
     @classmethod
     def from_config(cls, cfg: CfgNode, input_shape: List[ShapeSpec]) -> dict:
+        check_gwdet_config(cfg)
         args = super().from_config(cfg, input_shape)
         args["norm"] = norm_from_config(args["norm"], cfg)
         return args
 
 
+def head_feature_shapes(cfg: CfgNode, backbone: nn.Module) -> List[ShapeSpec]:
+    """The backbone's shapes of ``MODEL.RETINANET.IN_FEATURES``; an error naming both sides when
+    the backbone does not make one of them (e.g. P7 from a backbone that ends at P6)."""
+    shapes = backbone.output_shape()
+    missing = [name for name in cfg.MODEL.RETINANET.IN_FEATURES if name not in shapes]
+    if missing:
+        raise ValueError(
+            f"MODEL.RETINANET.IN_FEATURES={list(cfg.MODEL.RETINANET.IN_FEATURES)} needs {missing}, but "
+            f"MODEL.BACKBONE.NAME={cfg.MODEL.BACKBONE.NAME!r} makes only {sorted(shapes)}. RetinaNet's "
+            "P3-P7 come from build_gw_retinanet_resnet_fpn_backbone (detectron2's "
+            "build_retinanet_resnet_fpn_backbone with the config's norms).")
+    return [shapes[name] for name in cfg.MODEL.RETINANET.IN_FEATURES]
+
+
 @META_ARCH_REGISTRY.register()
 class GWRetinaNet(RetinaNet):
     """detectron2's ``RetinaNet`` with :class:`GWRetinaNetHead` (``MODEL.RETINANET.NORM`` resolved
-    by gwdet)."""
+    by gwdet). ``from_config`` reads the same keys as detectron2's and builds the backbone, the
+    head and the anchors in detectron2's order, each once."""
 
     @classmethod
     def from_config(cls, cfg: CfgNode) -> dict:
-        without_norm = cfg.clone()
-        without_norm.defrost()
-        without_norm.MODEL.RETINANET.NORM = ""  # detectron2's head cannot make gwdet's norms
-        args = super().from_config(without_norm)
-        shapes = args["backbone"].output_shape()
-        args["head"] = GWRetinaNetHead(cfg, [shapes[name] for name in args["head_in_features"]])
-        return args
+        check_gwdet_config(cfg)
+        backbone = build_backbone(cfg)
+        feature_shapes = head_feature_shapes(cfg, backbone)
+        head = GWRetinaNetHead(cfg, feature_shapes)
+        anchor_generator = build_anchor_generator(cfg, feature_shapes)
+        retinanet = cfg.MODEL.RETINANET
+        return {
+            "backbone": backbone,
+            "head": head,
+            "anchor_generator": anchor_generator,
+            "box2box_transform": Box2BoxTransform(weights=retinanet.BBOX_REG_WEIGHTS),
+            "anchor_matcher": Matcher(retinanet.IOU_THRESHOLDS, retinanet.IOU_LABELS,
+                                      allow_low_quality_matches=True),
+            "pixel_mean": cfg.MODEL.PIXEL_MEAN,
+            "pixel_std": cfg.MODEL.PIXEL_STD,
+            "num_classes": retinanet.NUM_CLASSES,
+            "head_in_features": retinanet.IN_FEATURES,
+            "focal_loss_alpha": retinanet.FOCAL_LOSS_ALPHA,
+            "focal_loss_gamma": retinanet.FOCAL_LOSS_GAMMA,
+            "smooth_l1_beta": retinanet.SMOOTH_L1_LOSS_BETA,
+            "box_reg_loss_type": retinanet.BBOX_REG_LOSS_TYPE,
+            "test_score_thresh": retinanet.SCORE_THRESH_TEST,
+            "test_topk_candidates": retinanet.TOPK_CANDIDATES_TEST,
+            "test_nms_thresh": retinanet.NMS_THRESH_TEST,
+            "max_detections_per_image": cfg.TEST.DETECTIONS_PER_IMAGE,
+            "vis_period": cfg.VIS_PERIOD,
+            "input_format": cfg.INPUT.FORMAT,
+        }

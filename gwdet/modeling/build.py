@@ -1,0 +1,24 @@
+"""``gwdet.build_model``: detectron2's ``build_model`` with gwdet's checks before and after.
+
+detectron2's own ``build_model`` runs only detectron2's code when the config names detectron2's
+components: a NORM only gwdet can build (``GW``, ...) reaches detectron2's ``get_norm``, whose
+lookup of the name in a dict written inside the function raises ``KeyError: 'GW'``. gwdet cannot
+intercept that without changing detectron2's functions, which it never does. This function (like
+gwdet's ``Trainer.build_model``) runs :func:`gwdet.check_gwdet_config` first, so such a config
+stops with one message naming every key to change and gwdet's component for each.
+"""
+from __future__ import annotations
+
+from detectron2.config import CfgNode
+from detectron2.modeling import build_model as detectron2_build_model
+from torch import nn
+
+from gwdet.config_checks import check_gwdet_config
+from gwdet.modeling.model_checks import check_model
+
+
+def build_model(cfg: CfgNode) -> nn.Module:
+    """:func:`gwdet.check_gwdet_config`, detectron2's ``build_model``, then :func:`gwdet.check_model`
+    (with ``MODEL.STRICT_NORM_GROUPS``)."""
+    check_gwdet_config(cfg)
+    return check_model(detectron2_build_model(cfg), strict_groups=cfg.MODEL.STRICT_NORM_GROUPS)
