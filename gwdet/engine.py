@@ -167,11 +167,16 @@ class Trainer(DefaultTrainer):
 
 def argument_parser() -> argparse.ArgumentParser:
     """detectron2's parser (``--config-file``, ``--resume``, ``--eval-only``, ``--num-gpus``, ...)
-    plus ``--overwrite``, ``--threads`` and the launcher flags (:mod:`gwdet.cluster.options`).
+    plus ``--overwrite``, ``--threads``, ``--register-coco NAME=JSON:IMAGE_ROOT`` (repeatable: your
+    own COCO-format data as dataset NAME, its files checked as the flag is read; see
+    :mod:`gwdet.data.coco_registration`) and the launcher flags (:mod:`gwdet.cluster.options`).
 
     ``--config`` works as well: argparse accepts it as the unambiguous prefix of ``--config-file``.
     """
+    from gwdet.data import add_register_coco_argument
+
     parser = default_argument_parser()
+    add_register_coco_argument(parser)
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads per process (default: the CPUs other processes leave free at "
                              "start, shared by the --num-gpus processes; see gwdet.threads)")
@@ -275,9 +280,22 @@ def evaluation_request(cfg: CfgNode, args: argparse.Namespace) -> tuple[CfgNode,
 
 
 def setup(args: argparse.Namespace, cfg: CfgNode | None = None) -> CfgNode:
-    """Config from the command line (or ``cfg``), the run request checked, detectron2's
-    logging/output set-up, datasets ready."""
+    """Config from the command line (or ``cfg``), its datasets registered and checked
+    (``--register-coco``), the run request checked, detectron2's logging/output set-up, datasets ready.
+
+    A dataset the config cannot use (a ``--register-coco`` file that fails its checks, a number of
+    classes or categories that do not match, a dataset name nobody registered) stops here, before
+    detectron2's set-up writes the run's config and log: ``PROG: error: ...`` on one line, no
+    traceback, exit status 2, as the tools report their other refusals (:class:`gwdet.data.DatasetError`).
+    """
+    from gwdet.data import DatasetError, register_datasets
+
     cfg = cfg if cfg is not None else build_config(args.config_file, args.opts)
+    try:
+        register_datasets(cfg, getattr(args, "register_coco", ()))
+    except DatasetError as error:
+        print(f"{os.path.basename(sys.argv[0]) or 'gwdet'}: error: {error}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     if comm.is_main_process():
         check_run_request(cfg, args)
     default_setup(cfg, args)

@@ -110,10 +110,11 @@ def test_a_second_run_on_the_same_output_dir_is_refused(tmp_path):
 
 
 def test_flags_may_follow_the_overrides():
-    args = parse_args(["--config", "x.yaml", "SOLVER.MAX_ITER", "10", "--resume", "--num-gpus", "2"])
+    config = str(DEMO_CONFIG)
+    args = parse_args(["--config", config, "SOLVER.MAX_ITER", "10", "--resume", "--num-gpus", "2"])
     assert args.resume and args.num_gpus == 2 and args.opts == ["SOLVER.MAX_ITER", "10"]
     with pytest.raises(SystemExit):
-        parse_args(["--config", "x.yaml", "SOLVER.MAX_ITER", "10", "--resme"])
+        parse_args(["--config", config, "SOLVER.MAX_ITER", "10", "--resme"])
 
 
 def test_an_empty_config_file_names_the_file(tmp_path):

@@ -1,10 +1,21 @@
-"""Datasets: the embedded synthetic shapes dataset, checks on registered dataset paths, and the
-refusal of training images with non-finite pixels."""
-from gwdet.data.datasets import check_dataset_files, prepare_datasets
+"""Datasets: the embedded synthetic shapes dataset, your own COCO-format data registered from the
+command line (``--register-coco``), checks on registered dataset paths, and the refusal of training
+images with non-finite pixels."""
+from gwdet.data.coco_registration import (
+    CocoDataset,
+    DatasetError,
+    add_register_coco_argument,
+    check_config_against_datasets,
+    export_to_environment,
+    register_coco_datasets,
+)
+from gwdet.data.datasets import check_dataset_files, prepare_datasets, register_datasets
 from gwdet.data.finite_images import NonFiniteImageError, check_finite_images
 from gwdet.data.shapes import CLASSES, CacheNotWritableError, ShapesSpec, ensure_generated, register_shapes
 
 __all__ = [
-    "CLASSES", "CacheNotWritableError", "NonFiniteImageError", "ShapesSpec", "check_dataset_files",
-    "check_finite_images", "ensure_generated", "prepare_datasets", "register_shapes",
+    "CLASSES", "CacheNotWritableError", "CocoDataset", "DatasetError", "NonFiniteImageError", "ShapesSpec",
+    "add_register_coco_argument", "check_config_against_datasets", "check_dataset_files", "check_finite_images",
+    "ensure_generated", "export_to_environment", "prepare_datasets", "register_coco_datasets", "register_datasets",
+    "register_shapes",
 ]

@@ -3,15 +3,26 @@
 detectron2 registers COCO under ``$DETECTRON2_DATASETS`` (default ``./datasets``) at import time,
 whether or not the files exist; a missing file would otherwise surface only deep inside data
 loading. :func:`check_dataset_files` turns that into an error naming the path and the fix.
+Your own COCO-format datasets come from ``--register-coco NAME=JSON:IMAGE_ROOT`` or
+``$GWDET_REGISTER_COCO`` (:mod:`gwdet.data.coco_registration`; :func:`register_datasets`).
 """
 from __future__ import annotations
 
 import os
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from detectron2.config import CfgNode
 from detectron2.data import DatasetCatalog, MetadataCatalog
 
+from gwdet.data.coco_registration import (
+    ENVIRONMENT_VARIABLE,
+    CocoDataset,
+    DatasetError,
+    check_config_against_datasets,
+    environment_datasets,
+    register_coco_datasets,
+    registered_coco_dataset,
+)
 from gwdet.data.shapes import register_shapes
 
 COCO_LAYOUT_HINT = (
@@ -27,16 +38,22 @@ def config_dataset_names(cfg: CfgNode) -> list[str]:
     return list(dict.fromkeys([*cfg.DATASETS.TRAIN, *cfg.DATASETS.TEST]))
 
 
+def unregistered_message(name: str) -> str:
+    """Why dataset ``name`` cannot be used: it is not registered; how to register it."""
+    return (
+        f"Dataset {name!r} is not registered. Register your own COCO-format data with --register-coco "
+        f"{name}=path/to/instances.json:path/to/images (tools/train_net.py, tools/compare_norms.py; "
+        "detectron2.data.datasets.register_coco_instances in code), or pick a registered one. "
+        f"{COCO_LAYOUT_HINT}"
+    )
+
+
 def check_dataset_files(names: Iterable[str]) -> None:
     """Raise FileNotFoundError / KeyError, naming the path and the fix, for any missing dataset."""
     registered = set(DatasetCatalog.list())
     for name in names:
         if name not in registered:
-            raise KeyError(
-                f"Dataset {name!r} is not registered. Register it with "
-                "detectron2.data.datasets.register_coco_instances(name, {}, json_file, image_root) "
-                f"before training, or pick a registered one. {COCO_LAYOUT_HINT}"
-            )
+            raise KeyError(unregistered_message(name))
         metadata = MetadataCatalog.get(name)
         for field in ("json_file", "image_root"):
             path = metadata.get(field)
@@ -46,8 +63,32 @@ def check_dataset_files(names: Iterable[str]) -> None:
                 )
 
 
-def prepare_datasets(cfg: CfgNode) -> None:
-    """Generate and register the shapes dataset if the config uses it, then check every file."""
+def register_datasets(cfg: CfgNode, coco: Sequence[CocoDataset] = ()) -> None:
+    """Register the ``--register-coco`` datasets ``coco``, and those of ``$GWDET_REGISTER_COCO``
+    that the config names and that are not registered here yet; then check the config against them
+    (:func:`gwdet.data.coco_registration.check_config_against_datasets`) and that every dataset it
+    names, other than the shapes splits (generated later), is registered. :class:`DatasetError`
+    names the file or key and the fix."""
+    names = config_dataset_names(cfg)
+    register_coco_datasets(coco)
+    try:
+        register_coco_datasets([dataset for dataset in environment_datasets()
+                                if dataset.name in names and registered_coco_dataset(dataset.name) is None])
+    except DatasetError as error:
+        message = str(error)
+        prefix = f"{ENVIRONMENT_VARIABLE}: "
+        raise DatasetError(message if message.startswith(prefix) else prefix + message) from None
+    registered = set(DatasetCatalog.list())
+    for name in names:
+        if name not in registered and not name.startswith("shapes_"):
+            raise DatasetError(unregistered_message(name))
+    check_config_against_datasets(cfg)
+
+
+def prepare_datasets(cfg: CfgNode, coco: Sequence[CocoDataset] = ()) -> None:
+    """Register the datasets given on the command line (:func:`register_datasets`), generate and
+    register the shapes dataset if the config uses it, then check every file."""
+    register_datasets(cfg, coco)
     names = config_dataset_names(cfg)
     if any(name.startswith("shapes_") for name in names):
         register_shapes(cfg)

@@ -29,7 +29,7 @@ from typing import Sequence
 from gwdet.cluster.executor import SubmissionRefused, check_launcher
 from gwdet.cluster.options import LauncherOptions, add_launcher_arguments, launcher_options
 from gwdet.cluster.slurm import ClusterUnavailable
-from gwdet.data import prepare_datasets
+from gwdet.data import add_register_coco_argument, export_to_environment, prepare_datasets
 from gwdet.engine import build_config
 from gwdet.threads import choose_threads
 from gwdet_lab.study.cells import (
@@ -112,6 +112,8 @@ def argument_parser() -> argparse.ArgumentParser:
     runs.add_argument("--opts", nargs="+", default=[], metavar="KEY VALUE",
                       help="config overrides applied to every cell (they become part of its recorded config)")
     runs.add_argument("--only", nargs="+", metavar="CELL", help="run only these cells (names as --list shows)")
+    # Each cell's process gets the registrations through $GWDET_REGISTER_COCO (gwdet.data.coco_registration).
+    add_register_coco_argument(runs)
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
     parser.add_argument("--jobs", type=int, default=1, help="cells trained side by side (default 1)")
     parser.add_argument("--threads", type=int, default=1,
@@ -197,6 +199,7 @@ def main(argv: Sequence[str] | None = None, repo_root: Path | None = None) -> in
     weights = [] if args.no_example_weighing else args.example_weights
     out_dir = Path(args.out).resolve()
     try:
+        export_to_environment(args.register_coco)  # for prepare_datasets here and in every cell's process
         options = cluster_options(args)
     except (ValueError, ClusterUnavailable) as error:
         print(f"compare_norms.py: error: {error}", file=sys.stderr)
@@ -229,7 +232,11 @@ def main(argv: Sequence[str] | None = None, repo_root: Path | None = None) -> in
         except KeyboardInterrupt:
             echo("interrupted; run the same command again to resume")
             return 130
-    report(args, planned, weights, out_dir)
+    try:
+        report(args, planned, weights, out_dir)
+    except ValueError as error:  # a damaged record of a cell (DamagedFile) or results without the report split
+        print(f"compare_norms.py: error: no report written: {error}", file=sys.stderr)
+        return 2
     if outcome is None:
         return 0
     return 1 if outcome.failed or outcome.busy else 0
@@ -263,6 +270,7 @@ def report_if_complete(argv: Sequence[str], repo_root: Path) -> list[Path] | Non
     args = argument_parser().parse_args(list(argv))
     weights = [] if args.no_example_weighing else args.example_weights
     out_dir = Path(args.out).resolve()
+    export_to_environment(args.register_coco)
     planned = plan(build_cells(args, repo_root), out_dir / RUNS_FOLDER, args.opts, args.on_mismatch, record=False)
     with folder_lock(out_dir / REPORT_LOCK):
         if not all(is_done(p, weights) for p in planned):

@@ -1,0 +1,435 @@
+"""Your own COCO-format data, registered by name on the command line: no code to write.
+
+    python tools/train_net.py --config configs/mask_rcnn_gw.yaml \\
+        --register-coco mine_train=~/data/train.json:~/data/train_images \\
+        --register-coco mine_val=~/data/val.json:~/data/val_images \\
+        DATASETS.TRAIN "('mine_train',)" DATASETS.TEST "('mine_val',)" MODEL.ROI_HEADS.NUM_CLASSES 3
+
+``--register-coco NAME=JSON:IMAGE_ROOT`` (repeatable; ``tools/train_net.py`` and
+``tools/compare_norms.py``) registers the COCO instances file JSON, whose images' ``file_name``
+entries are relative to the folder IMAGE_ROOT, as dataset NAME with detectron2's
+``register_coco_instances``. The last ``:`` separates the two paths; ``~`` is expanded and relative
+paths are taken from the working directory. NAME can then be used in ``DATASETS.TRAIN`` and
+``DATASETS.TEST``.
+
+Checked when the flag is read, before any model is built (:func:`inspect_coco_file`), each failure
+one error that names the file and the fix: the JSON exists and is valid JSON (the line and column
+of its first error), holds ``images``, ``annotations`` and ``categories`` in COCO's form, its
+annotations use its categories, and IMAGE_ROOT is a folder holding the first image. A NAME that is
+taken (detectron2's builtin datasets such as ``coco_2017_train``, gwdet's ``shapes_*``) is refused.
+
+Checked against the config (:func:`check_config_against_datasets`): the model's number of classes
+(``MODEL.ROI_HEADS.NUM_CLASSES``, or ``MODEL.RETINANET.NUM_CLASSES`` for RetinaNet) equals the
+number of categories; every dataset the config trains and tests on has the same categories (ids
+and names); with ``MODEL.MASK_ON`` every training annotation has a mask, and RLE masks come with
+``INPUT.MASK_FORMAT bitmask`` (detectron2 turns polygons into either format, RLE only into bitmasks).
+
+Other processes (the norm study's cells, SLURM jobs, ``tools/deploy/export_model.py``) get the
+registrations from the environment variable ``GWDET_REGISTER_COCO``, a JSON list of
+``"NAME=JSON:IMAGE_ROOT"`` strings: :func:`gwdet.data.prepare_datasets` registers those the config
+names (:func:`environment_datasets`, :func:`export_to_environment`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Sequence
+
+from detectron2.config import CfgNode
+from detectron2.data import DatasetCatalog, MetadataCatalog
+from detectron2.data.datasets import register_coco_instances
+
+FLAG = "--register-coco"
+FORMAT = "NAME=JSON:IMAGE_ROOT"
+EXAMPLE = "mine_train=~/data/train.json:~/data/train_images"
+ENVIRONMENT_VARIABLE = "GWDET_REGISTER_COCO"
+# gwdet's embedded dataset: prepare_datasets generates the shapes dataset for any name with it.
+RESERVED_PREFIX = "shapes_"
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+COCO_LISTS = ("images", "annotations", "categories")
+IMAGE_KEYS = ("id", "file_name", "height", "width")  # what detectron2's load_coco_json reads
+ANNOTATION_KEYS = ("id", "image_id", "category_id", "bbox")
+SHOWN = 6  # categories or differences listed in one message
+
+
+class DatasetError(ValueError):
+    """A dataset given on the command line, or the config's use of it, that cannot train or be
+    evaluated on as it is; the message names the dataset, the file or config key, and the fix."""
+
+
+@dataclass(frozen=True)
+class CocoContents:
+    """What the checks need to know of a COCO instances file."""
+
+    categories: tuple[tuple[int, str], ...]  # (id, name), by id: detectron2's class order
+    images: int
+    instances: int  # annotations that are not crowd regions (detectron2 trains on these only)
+    rle_masks: int  # ... whose mask is RLE
+    without_mask: int  # ... without a mask
+
+    @property
+    def class_names(self) -> list[str]:
+        return [name for _, name in self.categories]
+
+
+@dataclass(frozen=True)
+class CocoDataset:
+    """One ``--register-coco`` dataset: its name, its files (absolute), and what its JSON holds once
+    read (:meth:`inspected`; not part of equality)."""
+
+    name: str
+    json_file: str
+    image_root: str
+    contents: CocoContents | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def parse(cls, text: str) -> CocoDataset:
+        """``NAME=JSON:IMAGE_ROOT`` (the last ``:`` separates the paths) with ``~`` expanded and
+        relative paths made absolute; :class:`DatasetError` for any other form."""
+        name, equals, paths = text.partition("=")
+        json_file, colon, image_root = paths.rpartition(":")
+        name = name.strip()
+        if not (equals and colon and name and json_file.strip() and image_root.strip()):
+            raise DatasetError(f"expects {FORMAT}, e.g. {EXAMPLE}; got {text!r}")
+        if not NAME_PATTERN.fullmatch(name):
+            raise DatasetError(f"dataset name {name!r} (in {text!r}): use letters, digits, '_', '.' and '-', "
+                               f"starting with a letter or digit, e.g. {EXAMPLE}")
+        return cls(name, _absolute(json_file), _absolute(image_root))
+
+    @property
+    def spec(self) -> str:
+        """The ``NAME=JSON:IMAGE_ROOT`` that :meth:`parse` reads back into this dataset."""
+        return f"{self.name}={self.json_file}:{self.image_root}"
+
+    def inspected(self) -> CocoDataset:
+        """This dataset with :attr:`contents` read (:func:`inspect_coco_file`)."""
+        return self if self.contents is not None else replace(self, contents=inspect_coco_file(self))
+
+
+def _absolute(path: str) -> str:
+    return os.path.abspath(os.path.expanduser(path.strip()))
+
+
+def _short(value, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _listing(items: Sequence[str], shown: int = SHOWN) -> str:
+    more = f", ... ({len(items) - shown} more)" if len(items) > shown else ""
+    return ", ".join(items[:shown]) + more
+
+
+def _read_json(dataset: CocoDataset):
+    where = f"dataset {dataset.name!r}:"
+    path = dataset.json_file
+    if not os.path.exists(path):
+        raise DatasetError(f"{where} the annotation file {path} does not exist. Give the path of your COCO "
+                           f"instances JSON ({FORMAT}).")
+    if os.path.isdir(path):
+        raise DatasetError(f"{where} {path} is a folder. Give the COCO instances JSON file ({FORMAT}).")
+    try:
+        with open(path, encoding="utf-8") as file:
+            return json.load(file)
+    except json.JSONDecodeError as error:
+        raise DatasetError(f"{where} {path} is not valid JSON: {error.msg} at line {error.lineno}, column "
+                           f"{error.colno}. Fix the file there (python -m json.tool {path} points at the same "
+                           "place).") from None
+    except UnicodeDecodeError as error:
+        raise DatasetError(f"{where} {path} is not UTF-8 text (byte {error.start} cannot be decoded): give the "
+                           "COCO instances JSON file.") from None
+    except OSError as error:
+        raise DatasetError(f"{where} {path} cannot be read ({error.strerror or error}).") from None
+
+
+def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
+    """Read and check ``dataset``'s JSON and image folder; what the config checks need of them.
+
+    :class:`DatasetError` naming the file and the fix: the JSON is missing, unreadable, not valid
+    JSON, not a COCO object with ``images``, ``annotations`` and ``categories`` lists (entries with
+    the keys detectron2 reads, category ids unique, annotations of known categories); the image
+    folder is missing or does not hold the first image.
+    """
+    where, path = f"dataset {dataset.name!r}:", dataset.json_file
+    coco = _read_json(dataset)
+    if not isinstance(coco, dict):
+        raise DatasetError(f"{where} {path} holds a JSON {type(coco).__name__}, not a COCO object with "
+                           "'images', 'annotations' and 'categories' lists.")
+    missing = [key for key in COCO_LISTS if key not in coco]
+    if missing:
+        raise DatasetError(
+            f"{where} {path} has no {' and '.join(repr(key) for key in missing)}: a COCO instances file holds "
+            "'images', 'annotations' and 'categories' lists (an image-info file without annotations cannot be "
+            "trained or evaluated on).")
+    for key in COCO_LISTS:
+        if not isinstance(coco[key], list):
+            raise DatasetError(f"{where} '{key}' in {path} is a JSON {type(coco[key]).__name__}, not a list.")
+    if not coco["categories"]:
+        raise DatasetError(f"{where} {path} lists no categories: 'categories' names the classes, "
+                           "e.g. [{\"id\": 1, \"name\": \"cat\"}].")
+    if not coco["images"]:
+        raise DatasetError(f"{where} {path} lists no images.")
+    names: dict[int, str] = {}
+    for index, category in enumerate(coco["categories"]):
+        if not (isinstance(category, dict) and isinstance(category.get("id"), int)
+                and isinstance(category.get("name"), str)):
+            raise DatasetError(f"{where} category #{index} of {path} is {_short(category)}: each category needs "
+                               "an integer 'id' and a string 'name'.")
+        if category["id"] in names:
+            raise DatasetError(f"{where} category id {category['id']} appears twice in {path} "
+                               f"({names[category['id']]!r} and {category['name']!r}): give each category its own id.")
+        names[category["id"]] = category["name"]
+    for index, image in enumerate(coco["images"]):
+        absent = [key for key in IMAGE_KEYS if not isinstance(image, dict) or key not in image]
+        if absent:
+            raise DatasetError(f"{where} image #{index} of {path} has no {', '.join(map(repr, absent))} "
+                               f"({_short(image)}): detectron2 reads {', '.join(map(repr, IMAGE_KEYS))} of every image.")
+    instances = rle_masks = without_mask = 0
+    for index, annotation in enumerate(coco["annotations"]):
+        absent = [key for key in ANNOTATION_KEYS if not isinstance(annotation, dict) or key not in annotation]
+        if absent:
+            raise DatasetError(f"{where} annotation #{index} of {path} has no {', '.join(map(repr, absent))} "
+                               f"({_short(annotation)}): every annotation needs {', '.join(map(repr, ANNOTATION_KEYS))}.")
+        if annotation["category_id"] not in names:
+            raise DatasetError(
+                f"{where} annotation id {annotation['id']} of {path} has category_id {annotation['category_id']!r}, "
+                f"which is not among its categories (ids {_listing([str(i) for i in sorted(names)])}): add the "
+                "category to 'categories' or correct the annotation.")
+        if annotation.get("iscrowd", 0):
+            continue
+        instances += 1
+        mask = annotation.get("segmentation")
+        rle_masks += isinstance(mask, dict)
+        without_mask += not mask
+    root = dataset.image_root
+    if not os.path.exists(root):
+        raise DatasetError(f"{where} the image folder {root} does not exist. Give the folder that the JSON's "
+                           f"file_name entries are relative to ({FORMAT}).")
+    if not os.path.isdir(root):
+        raise DatasetError(f"{where} the image folder {root} is a file. Give the folder that the JSON's file_name "
+                           f"entries are relative to ({FORMAT}).")
+    first = coco["images"][0]["file_name"]
+    if not os.path.isfile(os.path.join(root, first)):
+        raise DatasetError(f"{where} the first image of {path}, {first!r}, is not in the image folder {root}: "
+                           "IMAGE_ROOT must be the folder that the JSON's file_name entries are relative to.")
+    return CocoContents(tuple(sorted(names.items())), len(coco["images"]), instances, rle_masks, without_mask)
+
+
+# ---- the catalog -----------------------------------------------------------------------------
+
+_REGISTERED: dict[str, CocoDataset] = {}  # what this process registered, with its contents
+
+
+def registered_coco_dataset(name: str) -> CocoDataset | None:
+    """The dataset registered as ``name`` through this module (``None``: not one of those)."""
+    dataset = _REGISTERED.get(name)
+    return dataset if dataset is not None and name in DatasetCatalog.list() else None
+
+
+def check_name_available(name: str) -> None:
+    """:class:`DatasetError` unless ``name`` is free for a ``--register-coco`` dataset (a name this
+    module registered before may be registered again)."""
+    if name.startswith(RESERVED_PREFIX):
+        raise DatasetError(f"dataset name {name!r} is taken: names starting with {RESERVED_PREFIX!r} are gwdet's "
+                           "embedded shapes dataset. Pick another NAME.")
+    if name in DatasetCatalog.list() and name not in _REGISTERED:
+        raise DatasetError(f"dataset name {name!r} is taken: it is already registered (detectron2 registers its "
+                           "builtin datasets, such as coco_2017_train, under DETECTRON2_DATASETS). Pick another NAME.")
+
+
+def register_coco_datasets(datasets: Iterable[CocoDataset]) -> None:
+    """Register each dataset (checked as :func:`inspect_coco_file` does, unless it was) with
+    detectron2's ``register_coco_instances`` and its categories as ``thing_classes``. A dataset
+    already registered here with the same files is left as it is; :class:`DatasetError` for a name
+    that is taken (:func:`check_name_available`) or files that fail the checks."""
+    for dataset in datasets:
+        if registered_coco_dataset(dataset.name) == dataset:
+            continue
+        check_name_available(dataset.name)
+        dataset = dataset.inspected()
+        if dataset.name in DatasetCatalog.list():  # registered here before, onto other files
+            DatasetCatalog.remove(dataset.name)
+            MetadataCatalog.remove(dataset.name)
+        register_coco_instances(dataset.name, {"thing_classes": dataset.contents.class_names},
+                                dataset.json_file, dataset.image_root)
+        _REGISTERED[dataset.name] = dataset
+
+
+# ---- other processes -------------------------------------------------------------------------
+
+
+def environment_datasets() -> list[CocoDataset]:
+    """The datasets ``$GWDET_REGISTER_COCO`` lists (not read yet); :class:`DatasetError` when it
+    is not a JSON list of ``"NAME=JSON:IMAGE_ROOT"`` strings."""
+    text = os.environ.get(ENVIRONMENT_VARIABLE, "").strip()
+    if not text:
+        return []
+    try:
+        specs = json.loads(text)
+    except json.JSONDecodeError:
+        specs = None
+    if not isinstance(specs, list) or not all(isinstance(spec, str) for spec in specs):
+        raise DatasetError(f"{ENVIRONMENT_VARIABLE} must be a JSON list of \"{FORMAT}\" strings, e.g. "
+                           f"'[\"{EXAMPLE}\"]'; it is {_short(text)}.")
+    datasets = []
+    for spec in specs:
+        try:
+            datasets.append(CocoDataset.parse(spec))
+        except DatasetError as error:
+            raise DatasetError(f"{ENVIRONMENT_VARIABLE}: {error}") from None
+    return datasets
+
+
+def export_to_environment(datasets: Sequence[CocoDataset]) -> None:
+    """Add ``datasets`` to ``$GWDET_REGISTER_COCO`` (replacing entries of the same names), so that
+    the processes this one starts register them too."""
+    if not datasets:
+        return
+    given = {dataset.name for dataset in datasets}
+    kept = [dataset.spec for dataset in environment_datasets() if dataset.name not in given]
+    os.environ[ENVIRONMENT_VARIABLE] = json.dumps(kept + [dataset.spec for dataset in datasets])
+
+
+# ---- the command line ------------------------------------------------------------------------
+
+
+class RegisterCocoAction(argparse.Action):
+    """``--register-coco NAME=JSON:IMAGE_ROOT``, repeatable: a tuple of checked :class:`CocoDataset`
+    (:func:`inspect_coco_file`; nothing registered yet). A bad value, a taken NAME or a NAME given
+    twice is an argparse error: one line, exit status 2."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        kwargs.setdefault("default", ())
+        kwargs.setdefault("metavar", FORMAT)
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = tuple(getattr(namespace, self.dest, None) or ())
+        try:
+            dataset = CocoDataset.parse(values)
+            if any(earlier.name == dataset.name for earlier in given):
+                raise DatasetError(f"dataset {dataset.name!r} is given twice: give each NAME once.")
+            check_name_available(dataset.name)
+            dataset = dataset.inspected()
+        except DatasetError as error:
+            raise argparse.ArgumentError(self, str(error)) from None
+        setattr(namespace, self.dest, (*given, dataset))
+
+
+def add_register_coco_argument(parser) -> None:
+    """Add ``--register-coco`` to ``parser`` (an ``ArgumentParser`` or an argument group)."""
+    parser.add_argument(
+        FLAG, dest="register_coco", action=RegisterCocoAction,
+        help="register your own COCO-format data as dataset NAME, to use in DATASETS.TRAIN/TEST "
+             f"(repeatable; e.g. {EXAMPLE}). The last ':' separates the annotation JSON from the folder its "
+             "file_name entries are relative to. The number of classes (MODEL.ROI_HEADS.NUM_CLASSES) must "
+             "equal the JSON's number of categories, and train and test datasets must have the same categories.")
+
+
+# ---- the config ------------------------------------------------------------------------------
+
+
+def _dataset_role(cfg: CfgNode, name: str) -> str:
+    return "DATASETS.TRAIN" if name in cfg.DATASETS.TRAIN else "DATASETS.TEST"
+
+
+def _known_class_names(name: str) -> list[str] | None:
+    """The class names of a dataset not registered here, where known before it is loaded."""
+    if name.startswith(RESERVED_PREFIX):
+        from gwdet.data.shapes import CLASSES
+
+        return list(CLASSES)
+    if name not in DatasetCatalog.list():
+        return None
+    classes = MetadataCatalog.get(name).get("thing_classes", None)
+    return list(classes) if classes is not None else None
+
+
+def _difference(first: Sequence, second: Sequence, first_name: str, second_name: str, show) -> str:
+    """What only one of two category lists has, or that they order the same categories otherwise."""
+    first_set, second_set = set(first), set(second)
+    only_first = [show(item) for item in first if item not in second_set]
+    only_second = [show(item) for item in second if item not in first_set]
+    parts = [f"only {name} has {_listing(items)}"
+             for name, items in ((first_name, only_first), (second_name, only_second)) if items]
+    return "; ".join(parts) or "the same categories in another order"
+
+
+def _show_category(category: tuple[int, str]) -> str:
+    return f"{category[0]} {category[1]!r}"
+
+
+def _check_same_categories(cfg: CfgNode, reference: CocoDataset, name: str) -> None:
+    """:class:`DatasetError` unless dataset ``name`` has ``reference``'s categories: the same ids
+    and names for another ``--register-coco`` dataset, the same class names in the same order for
+    any other dataset whose classes are known before loading (shapes, detectron2's builtin COCO)."""
+    dataset = registered_coco_dataset(name)
+    if dataset is not None:  # both JSON files: ids and names
+        first, second = reference.contents.categories, dataset.contents.categories
+        show = _show_category
+        described = f"{_dataset_role(cfg, name)} {name!r} ({dataset.json_file})"
+    else:
+        second = _known_class_names(name)
+        if second is None:
+            return
+        first = reference.contents.class_names
+        show = repr
+        described = f"{_dataset_role(cfg, name)} {name!r}"
+    if list(first) == list(second):
+        return
+    detail = _difference(first, second, repr(reference.name), repr(name), show)
+    raise DatasetError(
+        f"{_dataset_role(cfg, reference.name)} {reference.name!r} ({reference.json_file}) and {described} have "
+        f"different categories ({detail}): train and test on datasets with the same categories, the same ids and "
+        "names.")
+
+
+def _check_num_classes(cfg: CfgNode, dataset: CocoDataset) -> None:
+    architecture = cfg.MODEL.META_ARCHITECTURE
+    if architecture == "ProposalNetwork":  # class-agnostic proposals
+        return
+    key = "RETINANET" if architecture == "RetinaNet" else "ROI_HEADS"
+    value = cfg.MODEL[key].NUM_CLASSES
+    count = len(dataset.contents.categories)
+    if value != count:
+        raise DatasetError(
+            f"MODEL.{key}.NUM_CLASSES is {value}, but {_dataset_role(cfg, dataset.name)} {dataset.name!r} "
+            f"({dataset.json_file}) has {count} categories ({_listing(dataset.contents.class_names)}): add "
+            f"MODEL.{key}.NUM_CLASSES {count} to the command line (or set it in the config).")
+
+
+def _check_masks(cfg: CfgNode, dataset: CocoDataset) -> None:
+    contents, described = dataset.contents, f"DATASETS.TRAIN {dataset.name!r} ({dataset.json_file})"
+    if contents.without_mask:
+        raise DatasetError(
+            f"MODEL.MASK_ON is True, but {contents.without_mask} of the {contents.instances} annotations of "
+            f"{described} have no 'segmentation' mask: add their masks (polygons or RLE), or train boxes only with "
+            "MODEL.MASK_ON False.")
+    if contents.rle_masks and cfg.INPUT.MASK_FORMAT != "bitmask":
+        raise DatasetError(
+            f"{contents.rle_masks} annotations of {described} have RLE masks, which detectron2 reads only as "
+            f"bitmasks, and INPUT.MASK_FORMAT is {cfg.INPUT.MASK_FORMAT!r}: add INPUT.MASK_FORMAT bitmask to the "
+            "command line (or set it in the config).")
+
+
+def check_config_against_datasets(cfg: CfgNode) -> None:
+    """:class:`DatasetError` unless the config fits the ``--register-coco`` datasets it trains or
+    tests on: they and the config's other datasets (where their classes are known) have the same
+    categories, the model has as many classes as they have categories, and with ``MODEL.MASK_ON``
+    every training annotation has a mask in a format ``INPUT.MASK_FORMAT`` reads."""
+    names = list(dict.fromkeys([*cfg.DATASETS.TRAIN, *cfg.DATASETS.TEST]))
+    ours = [dataset for dataset in map(registered_coco_dataset, names) if dataset is not None]
+    if not ours:
+        return
+    reference = ours[0]
+    for name in names:
+        if name != reference.name:
+            _check_same_categories(cfg, reference, name)
+    _check_num_classes(cfg, reference)
+    if cfg.MODEL.MASK_ON:
+        for dataset in ours:
+            if dataset.name in cfg.DATASETS.TRAIN:  # test images are evaluated against the JSON itself
+                _check_masks(cfg, dataset)
