@@ -129,3 +129,22 @@ def test_link_finder_skips_code_and_external_links(tmp_path):
         "missing.md", "missing.png", "https://example.org", "#here", "missing_reference.md",
         f"{page.name}#anchor",
     ]
+
+
+def _table_rows(text: str, start: str, end: str) -> list[list[str]]:
+    section = text[text.index(start):text.index(end)]
+    rows = [line for line in section.splitlines() if line.startswith("| ")]
+    return [[cell.strip() for cell in row.strip("|").split(" | ")] for row in rows[2:]]  # header, rule
+
+
+def test_reliability_counts_match_its_tables():
+    text = (REPO / "docs" / "reliability.md").read_text()
+    bad = _table_rows(text, "## Bad input", "## Faults")
+    faults = _table_rows(text, "## Faults", "## GPU")
+    handled = sum(row[2].startswith("handled") for row in bad)
+    recovered = sum(row[1] == "recovered" for row in faults)
+    assert {row[1] for row in faults} <= {"recovered", "clear error"}
+    assert all(row[-1].startswith("test_") for row in bad + faults), "every row names its test"
+    expected = (f"bad input, {len(bad)} cases: {len(bad) - handled} clear\nerrors, {handled} handled; faults, "
+                f"{len(faults)} cases: {recovered} recovered, {len(faults) - recovered} clear errors.")
+    assert " ".join(expected.split()) in " ".join(text.split("\n\n")[1].split())
