@@ -1,5 +1,6 @@
 """Deploying GW models: TorchScript through detectron2's TracingAdapter (loaded in a process without
-gwdet), ONNX in onnxruntime, the ZCA refusal, and tools/deploy/export_model.py.
+gwdet), ONNX in onnxruntime, the ZCA refusal, empty inputs (every layer on 0 samples, a Mask R-CNN on
+an image without detections), and tools/deploy/export_model.py (its sample, its check, its files).
 
 Every check compares numbers with the eager model (which runs gwdet's fused custom op), on the tiny
 randomly initialized Mask R-CNNs of tests/tiny_models.py.
@@ -16,12 +17,15 @@ pytest.importorskip("detectron2.export", reason="detectron2 0.6's export module 
 
 import torch
 import torchvision
+from detectron2.layers import get_norm
 from detectron2.modeling import build_model
 from detectron2.modeling.proposal_generator import proposal_utils
 from detectron2.modeling.roi_heads import fast_rcnn
 from PIL import Image
 
 from conftest import DEMO_CONFIG, REPO, TINY_OPTS
+from gwdet import known_norm_names
+from gwdet import norm as gwdet_norm
 from gwdet.engine import build_config
 from gwdet.export import (
     export_model_onnx,
@@ -29,8 +33,10 @@ from gwdet.export import (
     export_torchscript,
     max_abs_difference,
     run_onnx,
+    tracing_adapter,
 )
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
+from gwdet.norms import DETECTRON2_NORMS, norm_kind
 from tiny_models import build_tiny_model
 
 TOLERANCE = 1e-4
@@ -239,6 +245,163 @@ def test_onnx_full_model_matches_onnxruntime(tmp_path):
     assert max_abs_difference(expected, run_onnx(path, [image])) <= TOLERANCE
 
 
+def onnxruntime_outputs(path, inputs, optimized=True):
+    """The file's outputs in onnxruntime with its graph optimizations (as :func:`run_onnx` runs it)
+    or without any: a file must run both ways, not only where a rewrite happens to hide a fault."""
+    import onnxruntime
+
+    if optimized:
+        return run_onnx(path, inputs)
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    names = [entry.name for entry in session.get_inputs()]
+    return session.run(None, {name: tensor.numpy() for name, tensor in zip(names, inputs)})
+
+
+# ---- empty inputs: no ROI in a head --------------------------------------------------------------
+# A head's norm layers see one sample per ROI, and an image without detections sends 0 ROIs through
+# the mask head. Every gwdet layer, traced (or exported) on a non-empty batch, must then return an
+# empty output in TorchScript and in onnxruntime.
+
+# The layers of the norm catalogue with small hyper-parameters: 12 channels make GW whiten 6 groups
+# of 2 channels, BW 2 groups of 6, BGN normalize 6 channel groups.
+EMPTY_BATCH_LAYERS = {
+    "GW": {"num_groups": 8},
+    "GW_ZCA": {"num_groups": 8},
+    "BW": {"group_size": 8},
+    "BW_ItN": {"group_size": 8},
+    "BGN": {"num_groups": 8, "examples_per_group": 2, "eval_example_weight": 0.4},
+    "GhostBN": {"examples_per_group": 2},
+}
+
+
+class ConvAndNorm(torch.nn.Module):
+    """A conv and one of gwdet's layers after it, as in detectron2's heads."""
+
+    def __init__(self, name: str, channels: int = 12) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, channels, 3, padding=1)
+        self.norm = get_norm(gwdet_norm(name, **EMPTY_BATCH_LAYERS[name]), channels)
+
+    def forward(self, x):
+        return self.norm(self.conv(x))
+
+
+def trained_conv_and_norm(name):
+    """:class:`ConvAndNorm` in evaluation mode, with an affine and running statistics of one
+    training batch, so that neither is the identity."""
+    torch.manual_seed(0)
+    module = ConvAndNorm(name)
+    with torch.no_grad():
+        module.train()(torch.randn(6, 3, 5, 5) * 3 + 1)
+        module.norm.weight.uniform_(0.5, 1.5)
+        module.norm.bias.normal_()
+    return module.eval()
+
+
+def test_the_empty_batch_test_covers_every_gwdet_layer():
+    gwdet_names = {name for name in known_norm_names()
+                   if name not in DETECTRON2_NORMS and norm_kind(name).build.__module__ == "gwdet.norms"}
+    assert gwdet_names == set(EMPTY_BATCH_LAYERS)
+
+
+# (torch warns that the variance of BGN's empty blocks has no degree of freedom: there is none to compute)
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::DeprecationWarning",
+                            r"ignore:var_mean\(\). degrees of freedom:UserWarning")
+@pytest.mark.parametrize("name", sorted(EMPTY_BATCH_LAYERS))
+def test_a_traced_layer_returns_an_empty_output_for_an_empty_batch(name, tmp_path):
+    module = trained_conv_and_norm(name)
+    generator = torch.Generator().manual_seed(3)
+    example = torch.randn(2, 3, 5, 5, generator=generator)
+    # 3 samples of another size, and none
+    batch, empty = torch.randn(3, 3, 4, 6, generator=generator), torch.zeros(0, 3, 5, 5)
+    with torch.no_grad():
+        expected = module(batch)
+        assert module(empty).shape == (0, 12, 5, 5)
+    traced = torch.jit.trace(module, (example,), check_trace=False)
+    torch.jit.save(traced, str(tmp_path / "layer.ts"))
+    loaded = torch.jit.load(str(tmp_path / "layer.ts"))
+    with torch.no_grad():
+        out = loaded(empty)
+        assert out.shape == (0, 12, 5, 5) and out.dtype == torch.float32
+        assert (loaded(batch) - expected).abs().max().item() <= 1e-5
+    if name == "GW_ZCA":
+        return  # no eigendecomposition in ONNX (test_onnx_export_of_zca_names_the_itn_alternatives)
+    pytest.importorskip("onnxruntime")
+    path = str(tmp_path / "layer.onnx")
+    export_onnx(module, (example,), path, input_names=["x"], dynamic_axes={"x": {0: "n", 2: "h", 3: "w"}})
+    for optimized in (True, False):
+        [out] = onnxruntime_outputs(path, [empty], optimized)
+        assert out.shape == (0, 12, 5, 5) and out.dtype == np.float32
+        [out] = onnxruntime_outputs(path, [batch], optimized)
+        assert max_abs_difference([expected], [out]) <= 1e-5
+
+
+# ---- a GW Mask R-CNN on an image without detections ----------------------------------------------
+
+
+def detector_with_and_without_detections(variant):
+    """The tiny model of ``variant`` with a score threshold between the best scores of two 64 x 64
+    images: ``(model, image with detections, image without)``. Its mask head then meets 0 ROIs on
+    the second image. (An ONNX file takes images of the size it was traced at, hence one size.)"""
+    model = build_tiny_model(variant)
+    strengthen_output_layers(model)  # scores that follow the image, not 1/81 everywhere
+    predictor = model.roi_heads.box_predictor
+    predictor.test_score_thresh = 0.0
+    generator = torch.Generator().manual_seed(6)
+    candidates = [torch.rand(3, 64, 64, generator=generator) * 255 for _ in range(4)]
+    with torch.no_grad():
+        scores = [model.inference([{"image": image}], do_postprocess=False)[0].scores for image in candidates]
+    best = [s.max().item() for s in scores]
+    with_detections, without = candidates[best.index(max(best))], candidates[best.index(min(best))]
+    threshold = (max(best) + min(best)) / 2
+    # far from every score: float rounding in an exported file cannot move a detection across it
+    assert min((torch.cat(scores) - threshold).abs()).item() > 1e-3
+    predictor.test_score_thresh = threshold
+    return model, with_detections, without
+
+
+def detection_outputs(adapter, outputs):
+    """boxes, scores, classes and masks of the exported model's outputs."""
+    instances = adapter.outputs_schema(outputs)[0]["instances"]
+    return [instances.pred_boxes.tensor, instances.scores, instances.pred_classes, instances.pred_masks]
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::DeprecationWarning")
+@pytest.mark.parametrize("variant", ["demo", "itn_bw_bgn"])
+def test_exported_mask_rcnn_runs_an_image_without_detections(variant, tmp_path):
+    # GW in the mask head in both; demo: GW in the FPN and box head, itn_bw_bgn: BW_ItN, BGN there
+    pytest.importorskip("onnxruntime")
+    model, with_detections, without = detector_with_and_without_detections(variant)
+    rois = []
+    mask_norm = model.roi_heads.mask_head.mask_fcn1.norm
+    assert isinstance(mask_norm, GroupWhitening)
+    hook = mask_norm.register_forward_pre_hook(lambda module, inputs: rois.append(inputs[0].shape[0]))
+    with torch.no_grad():
+        expected = {"with": tracing_adapter(model, with_detections)(with_detections)}
+        expected["without"] = tracing_adapter(model, without)(without)
+    hook.remove()
+    assert rois[0] > 0 and rois[1] == 0, "the second image must reach the mask head's GW with no ROI"
+    images = {"with": with_detections, "without": without}
+
+    # traced on the image with detections, as the export tool does
+    onnx_path = str(tmp_path / "model.onnx")
+    adapter = export_model_onnx(model, with_detections, onnx_path)
+    traced, _ = export_torchscript(model, with_detections, str(tmp_path / "model.ts"))
+    runs = {"torchscript": lambda image: traced(image)}
+    runs["onnxruntime"] = lambda image: onnxruntime_outputs(onnx_path, [image])
+    runs["onnxruntime, not optimized"] = lambda image: onnxruntime_outputs(onnx_path, [image], optimized=False)
+    for how, run in runs.items():
+        with torch.no_grad():
+            got = {key: run(image) for key, image in images.items()}
+        empty = detection_outputs(adapter, [torch.as_tensor(output) for output in got["without"]])
+        assert [tuple(t.shape) for t in empty] == [(0, 4), (0,), (0,), (0, 1, 28, 28)], how
+        assert max_abs_difference(expected["with"], got["with"]) <= TOLERANCE, how
+        assert len(detection_outputs(adapter, expected["with"])[1]) > 0
+
+
 def test_onnx_export_of_zca_names_the_itn_alternatives(tmp_path):
     backbone = FeatureTuple(build_tiny_model("all_norms").backbone).eval()
     with pytest.raises(RuntimeError) as error:
@@ -289,3 +452,77 @@ def test_export_tool_keeps_an_earlier_export_and_leaves_nothing_when_it_cannot_c
     with pytest.raises(SystemExit, match="gave no detection"):
         main(argv + ["--overwrite"] + list(TINY_OPTS) + no_detection)
     assert [p.name for p in out.iterdir()] == ["model.ts"] and (out / "model.ts").read_bytes() == b"an earlier export"
+
+
+def test_export_tool_compares_on_the_first_sample_with_detections_or_says_there_is_none(monkeypatch):
+    from types import SimpleNamespace
+
+    from gwdet.export import export_model
+
+    model, with_detections, without = detector_with_and_without_detections("demo")
+    image, found = export_model.pick_sample(model, iter([without, with_detections]), "shapes_val (DATASETS.TEST[0])")
+    assert image is with_detections and found > 0
+    with pytest.raises(SystemExit, match=r"None of the first 2 images of shapes_val \(DATASETS.TEST\[0\]\) gave a "
+                                         r"detection, so the export could not be compared.*nothing was written"):
+        export_model.pick_sample(model, iter([without, without]), "shapes_val (DATASETS.TEST[0])")
+    with pytest.raises(SystemExit, match="The sample image gave no detection.*nothing was written"):
+        export_model.pick_sample(model, iter([without]))
+
+    # without --sample-image the test set's images are tried in order, at most SAMPLE_SEARCH_LIMIT
+    read = []
+
+    def batches(cfg):
+        for index in range(3 * export_model.SAMPLE_SEARCH_LIMIT):
+            read.append(index)
+            yield [{"image": without}]
+
+    monkeypatch.setattr(export_model, "_test_batches", batches)
+    cfg = SimpleNamespace(DATASETS=SimpleNamespace(TEST=["shapes_val"]))
+    images, source = export_model.sample_candidates(cfg, None)
+    with pytest.raises(SystemExit, match=f"None of the first {export_model.SAMPLE_SEARCH_LIMIT} images of "
+                                         r"shapes_val \(DATASETS.TEST\[0\]\) gave a detection"):
+        export_model.pick_sample(model, images, source)
+    assert len(read) == export_model.SAMPLE_SEARCH_LIMIT
+
+
+def test_export_check_compares_only_outputs_that_hold_values():
+    from gwdet.export.export_model import compared_difference
+
+    boxes, size = torch.rand(3, 4), torch.tensor([64, 64])
+    assert compared_difference([boxes, size], [boxes + 1e-3, size]) == pytest.approx(1e-3, rel=1e-3)
+    # no detection: boxes, scores, classes and masks are empty, and only the image size would be compared
+    with pytest.raises(SystemExit, match=r"outputs \[0\] are empty.*nothing was written"):
+        compared_difference([torch.zeros(0, 4), size], [torch.zeros(0, 4), size])
+    with pytest.raises(SystemExit, match=r"differ from the eager model's \(output 0: shape \(2, 4\), expected \(3, 4\)\)"):
+        compared_difference([boxes, size], [boxes[:2], size])
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_export_tool_replaces_an_export_only_with_overwrite_and_a_checked_file(tmp_path, monkeypatch):
+    from gwdet.export import deploy
+    from gwdet.export.export_model import main
+
+    generator = np.random.default_rng(3)
+    Image.fromarray(generator.integers(0, 255, (80, 96, 3), dtype=np.uint8)).save(tmp_path / "sample.png")
+    out = tmp_path / "out"
+    argv = ["--config-file", str(DEMO_CONFIG), "--sample-image", str(tmp_path / "sample.png"), "--output", str(out)]
+
+    def interrupted(model, image, path):
+        with open(path, "wb") as file:
+            file.write(b"the first half of an export")
+        raise RuntimeError("interrupted")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(deploy, "export_torchscript", interrupted)
+        with pytest.raises(RuntimeError, match="interrupted"):
+            main(argv + list(TINY_OPTS))
+        assert not out.exists(), "the folder made for the export goes with its partial file"
+        out.mkdir()
+        (out / "model.ts").write_bytes(b"an earlier export")
+        with pytest.raises(RuntimeError, match="interrupted"):
+            main(argv + ["--overwrite"] + list(TINY_OPTS))
+        assert [p.name for p in out.iterdir()] == ["model.ts"]
+        assert (out / "model.ts").read_bytes() == b"an earlier export"
+    assert main(argv + ["--overwrite"] + list(TINY_OPTS)) == 0
+    assert [p.name for p in out.iterdir()] == ["model.ts"]
+    assert torch.jit.load(str(out / "model.ts"))(torch.rand(3, 64, 80) * 255)[-1].tolist() == [64, 80]

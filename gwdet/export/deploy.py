@@ -14,12 +14,18 @@ layers run their reference formulas (:mod:`gwdet.layers.tracing`), so the files 
   needs an eigendecomposition ONNX does not have: exporting it stops with an error naming the
   ItN alternatives (``GW``, ``BW_ItN``).
 
+An exported R-CNN runs every image, an image without detections included: the norm layers of its
+mask head then see 0 ROIs, which the layers' recorded formulas keep valid in TorchScript and ONNX
+(:func:`gwdet.layers.common.reshape_with_samples`), and :func:`export_onnx` removes the subgraph
+shapes on which onnxruntime stopped (:func:`drop_subgraph_shapes`).
+
 :func:`max_abs_difference` compares what the exported file computes with the eager model.
 """
 from __future__ import annotations
 
 import os
-from typing import Any, List, Optional, Sequence, Tuple
+import warnings
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from detectron2.export import TracingAdapter
@@ -68,6 +74,8 @@ def export_onnx(
     path: str,
     opset: Optional[int] = None,
     dynamo: bool = False,
+    input_names: Optional[Sequence[str]] = None,
+    dynamic_axes: Optional[Dict[str, Dict[int, str]]] = None,
 ) -> None:
     """``torch.onnx.export`` of ``module(*args)`` into ``path``.
 
@@ -75,16 +83,67 @@ def export_onnx(
     ``torch.export`` cannot capture a detectron2 R-CNN, with gwdet's layers or without); with
     ``dynamo=True`` the ``torch.export``-based one, at its own default opset unless ``opset`` is
     given (asked for 17, it converts its opset-18 graph down and, for ``ReduceMean``, fails and
-    keeps 18).
+    keeps 18). ``input_names`` and ``dynamic_axes`` are ``torch.onnx.export``'s (sizes of the
+    inputs left free, e.g. ``{"x": {0: "batch"}}``; by default every input size is the example's).
+
+    The TorchScript-based exporter's file is then rewritten without the shapes it guessed for the
+    outputs of subgraphs (the branches of ``If``), see :func:`drop_subgraph_shapes`.
     """
     folder = os.path.dirname(path)
     if folder:
         os.makedirs(folder, exist_ok=True)
     module.eval()
+    names = None if input_names is None else list(input_names)
     if dynamo:
-        torch.onnx.export(module, args, path, opset_version=opset, dynamo=True)
+        torch.onnx.export(module, args, path, opset_version=opset, dynamo=True,
+                          input_names=names, dynamic_axes=dynamic_axes)
     else:
-        torch.onnx.export(module, args, path, opset_version=opset or ONNX_OPSET, dynamo=False)
+        torch.onnx.export(module, args, path, opset_version=opset or ONNX_OPSET, dynamo=False,
+                          input_names=names, dynamic_axes=dynamic_axes)
+        drop_subgraph_shapes(path)
+
+
+def drop_subgraph_shapes(path: str) -> int:
+    """Remove the shapes that the TorchScript-based exporter wrote for the outputs (and value
+    infos) of subgraphs in the ONNX file at ``path``; returns how many it removed.
+
+    The exporter names the unknown sizes it meets (a count of ROIs, of detections) and gives
+    sizes that differ at run time one name: in a GW Mask R-CNN the ``If`` of ``torch.diagonal``
+    (in the ItN trace of every GW layer) declared its output, one value per ROI, to be as long as
+    a size of the mask output. onnxruntime plans its buffers by those names, so the file stopped
+    with "Shape mismatch attempting to re-use buffer" in the box head's GW, or ran only as long as
+    its graph optimizations happened to rewrite the graph around it. Without the declared shapes
+    onnxruntime infers them from the branches themselves. The element types stay, and so do the
+    shapes of the graph's own inputs and outputs. Without the ``onnx`` package (the ``deploy``
+    extra) the file stays as written, with a warning.
+    """
+    try:
+        import onnx
+    except ImportError:
+        warnings.warn(f"onnx is not installed: {path} keeps the shapes the exporter guessed for its subgraphs, "
+                      "which onnxruntime may stop on (install gwdet's deploy extra)", stacklevel=2)
+        return 0
+    model = onnx.load(path, load_external_data=False)
+    removed = _drop_shapes_in_subgraphs(model.graph)
+    if removed:
+        onnx.save(model, path)
+    return removed
+
+
+def _drop_shapes_in_subgraphs(graph) -> int:
+    import onnx
+
+    removed = 0
+    for node in graph.node:
+        for attribute in node.attribute:
+            subgraphs = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)
+            for subgraph in subgraphs:
+                for value in list(subgraph.output) + list(subgraph.value_info):
+                    if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
+                        value.type.tensor_type.ClearField("shape")
+                        removed += 1
+                removed += _drop_shapes_in_subgraphs(subgraph)
+    return removed
 
 
 def export_model_onnx(model: torch.nn.Module, image: torch.Tensor, path: str, opset: int = ONNX_OPSET) -> TracingAdapter:

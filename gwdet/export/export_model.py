@@ -8,17 +8,22 @@ TorchScript or ONNX, with detectron2's flags (``tools/deploy/export_model.py`` o
 ``--format torchscript`` writes ``model.ts`` (``--export-method tracing`` or ``scripting``),
 ``--format onnx`` writes ``model.onnx`` (tracing, opset ``--opset``). The sample input is
 ``--sample-image`` resized as detectron2's ``DefaultPredictor`` does, or else the first image of
-``DATASETS.TEST[0]``. After exporting, the tool runs the file (TorchScript in this process, ONNX in
-onnxruntime) on the sample input and prints the largest absolute difference from the eager model.
+``DATASETS.TEST[0]`` on which the model detects something (of the first ``SAMPLE_SEARCH_LIMIT``).
+After exporting, the tool runs the file (TorchScript in this process, ONNX in onnxruntime) on the
+sample input and prints the largest absolute difference from the eager model, over outputs that
+all hold values: without a detection to compare, or when an output shape differs, it stops and
+writes nothing. The file is written under a temporary name and takes its name only once checked;
+an existing export is replaced only with ``--overwrite``.
 ``--run-eval`` (TorchScript, tracing) evaluates the exported model on ``DATASETS.TEST[0]`` with the
 config's evaluator, as detectron2's tool does.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import os
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -64,23 +69,53 @@ def argument_parser() -> argparse.ArgumentParser:
     return add_opts(parser)
 
 
+# How many images of DATASETS.TEST[0] the tool tries, in order, for one with a detection to compare
+# the export on (without --sample-image).
+SAMPLE_SEARCH_LIMIT = 20
+
+
 def sample_inputs(cfg, sample_image: Optional[str]) -> List[Dict]:
     """``[{"image": (3, H, W) float tensor, "height", "width"}]`` from ``sample_image`` resized like
     detectron2's ``DefaultPredictor``, or the first batch of ``DATASETS.TEST[0]``."""
+    if sample_image is None:
+        return next(_test_batches(cfg))
+    return [_read_sample_image(cfg, sample_image)]
+
+
+def _test_batches(cfg) -> Iterator[List[Dict]]:
     from detectron2.data import build_detection_test_loader
+
+    from gwdet.data.datasets import prepare_datasets
+
+    prepare_datasets(cfg)
+    return iter(build_detection_test_loader(cfg, cfg.DATASETS.TEST[0]))
+
+
+def sample_candidates(cfg, sample_image: Optional[str]) -> Tuple[Iterator[Tensor], Optional[str]]:
+    """The images the export may be compared on, each ``(3, H, W)`` as :func:`sample_inputs` gives
+    it, and where they come from: ``sample_image`` alone (``None``), or those of
+    ``DATASETS.TEST[0]`` in order, at most :data:`SAMPLE_SEARCH_LIMIT` (the dataset's name)."""
+    if sample_image is not None:
+        return iter([_read_sample_image(cfg, sample_image)["image"]]), None
+
+    def images() -> Iterator[Tensor]:
+        # the loader's batches hold one image each (detectron2's test loader)
+        for batch in itertools.islice(_test_batches(cfg), SAMPLE_SEARCH_LIMIT):
+            for sample in batch:
+                yield sample["image"]
+
+    return images(), f"{cfg.DATASETS.TEST[0]} (DATASETS.TEST[0])"
+
+
+def _read_sample_image(cfg, sample_image: str) -> Dict:
     from detectron2.data import detection_utils
     from detectron2.data import transforms as T
 
-    if sample_image is None:
-        from gwdet.data.datasets import prepare_datasets
-
-        prepare_datasets(cfg)
-        return next(iter(build_detection_test_loader(cfg, cfg.DATASETS.TEST[0])))
     original = detection_utils.read_image(sample_image, format=cfg.INPUT.FORMAT)
     height, width = original.shape[:2]
     resize = T.ResizeShortestEdge([cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MIN_SIZE_TEST], cfg.INPUT.MAX_SIZE_TEST)
     image = resize.get_transform(original).apply_image(original)
-    return [{"image": torch.as_tensor(image.astype("float32").transpose(2, 0, 1)), "height": height, "width": width}]
+    return {"image": torch.as_tensor(image.astype("float32").transpose(2, 0, 1)), "height": height, "width": width}
 
 
 def build_trained_model(cfg) -> torch.nn.Module:
@@ -131,13 +166,11 @@ def export_scripting(model: torch.nn.Module, path: str) -> torch.jit.ScriptModul
 
 
 def _scripted_difference(model, scripted, image: Tensor) -> float:
-    from gwdet.export.deploy import max_abs_difference
-
     with torch.no_grad():
         expected = model.inference([{"image": image}], do_postprocess=False)[0].get_fields()
         got = scripted(({"image": image},))[0]
     names = sorted(expected)
-    return max_abs_difference([_tensor_of(expected[n]) for n in names], [_tensor_of(got[n]) for n in names])
+    return compared_difference([_tensor_of(expected[n]) for n in names], [_tensor_of(got[n]) for n in names])
 
 
 def _tensor_of(field):
@@ -168,17 +201,50 @@ def evaluate_traced(cfg, traced, adapter) -> Dict:
     return results
 
 
-def require_detections(model: torch.nn.Module, image: Tensor) -> int:
-    """The number of detections ``model`` makes on ``image``; ``SystemExit`` when there are none:
-    an exported model is compared with the eager one on the sample image's outputs, and empty
-    outputs agree whatever the exported file computes."""
+def count_detections(model: torch.nn.Module, image: Tensor) -> int:
+    """The number of detections ``model`` (in evaluation mode) makes on ``image``."""
     with torch.no_grad():
-        found = len(model.inference([{"image": image}], do_postprocess=False)[0])
-    if not found:
-        raise SystemExit("The sample image gave no detection, so the export could not be compared with the "
-                         "model (empty outputs always agree); nothing was written. Give --sample-image an image "
-                         "with objects the model detects (or weights trained further).")
-    return found
+        return len(model.inference([{"image": image}], do_postprocess=False)[0])
+
+
+def pick_sample(model: torch.nn.Module, images: Iterable[Tensor], source: Optional[str] = None) -> Tuple[Tensor, int]:
+    """The first of ``images`` on which ``model`` detects something, and its detection count;
+    ``SystemExit`` when there is none (``source`` names where the images came from, ``None`` for
+    ``--sample-image``). An export is compared with the eager model on the outputs of this image,
+    and empty outputs would agree whatever the exported file computes."""
+    tried = 0
+    for image in images:
+        tried += 1
+        found = count_detections(model, image)
+        if found:
+            return image, found
+    if source is None:
+        nothing = "The sample image gave no detection"
+    else:
+        nothing = f"None of the first {tried} images of {source} gave a detection"
+    raise SystemExit(
+        f"{nothing}, so the export could not be compared with the model (empty outputs always agree); "
+        "nothing was written. Give --sample-image an image with objects the model detects (or weights "
+        "trained further)."
+    )
+
+
+def compared_difference(expected: Sequence[Tensor], actual: Sequence) -> float:
+    """:func:`~gwdet.export.deploy.max_abs_difference` of the exported file's outputs from the
+    eager model's, on outputs that hold values only: ``SystemExit`` (nothing is written) when an
+    eager output is empty (an agreement on it would say nothing) or when the shapes differ."""
+    from gwdet.export.deploy import max_abs_difference
+
+    empty = [index for index, output in enumerate(expected) if torch.as_tensor(output).numel() == 0]
+    if empty:
+        raise SystemExit(
+            f"The eager model's outputs {empty} are empty on the sample image, so the export could not be "
+            "compared there; nothing was written."
+        )
+    try:
+        return max_abs_difference(expected, actual)
+    except ValueError as error:
+        raise SystemExit(f"The exported model's outputs differ from the eager model's ({error}); nothing was written.") from error
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -187,7 +253,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from gwdet.engine import build_config
     from gwdet.model_zoo import resolve_config_argument
     from gwdet.atomic import path_written_atomically
-    from gwdet.export.deploy import ONNX_OPSET, export_model_onnx, export_torchscript, max_abs_difference, run_onnx
+    from gwdet.export.deploy import ONNX_OPSET, export_model_onnx, export_torchscript, run_onnx
 
     parser = argument_parser()
     args = parser.parse_args(argv)
@@ -204,27 +270,34 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "choose another --output.")
     cfg = build_config(args.config_file, ["DATALOADER.NUM_WORKERS", "0"] + list(args.opts))
     model = build_trained_model(cfg)
-    image = sample_inputs(cfg, args.sample_image)[0]["image"]
-    logger.info("The sample image gives %d detections to compare the export on.", require_detections(model, image))
+    image, found = pick_sample(model, *sample_candidates(cfg, args.sample_image))
+    logger.info("The sample image gives %d detections to compare the export on.", found)
+    created_output = not os.path.isdir(args.output)
     os.makedirs(args.output, exist_ok=True)
     # The export is written under a temporary name and checked there; only a complete, checked file
     # takes the name, so a failed or interrupted export leaves an earlier one as it was.
-    with torch.no_grad(), path_written_atomically(path) as written:
-        if args.format == "torchscript" and args.export_method == "scripting":
-            scripted = export_scripting(model, written)
-            difference = _scripted_difference(model, scripted, image)
-        elif args.format == "torchscript":
-            traced, adapter = export_torchscript(model, image, written)
-            difference = max_abs_difference(adapter(image), traced(image))
-            logger.info("Inputs schema: %s", adapter.inputs_schema)
-            logger.info("Outputs schema: %s", adapter.outputs_schema)
-        else:
-            adapter = export_model_onnx(model, image, written, args.opset or ONNX_OPSET)
-            try:
-                difference = max_abs_difference(adapter(image), run_onnx(written, [image]))
-            except ImportError:
-                difference = None
-                logger.warning("onnxruntime is not installed: the exported file was not run.")
+    try:
+        with torch.no_grad(), path_written_atomically(path) as written:
+            if args.format == "torchscript" and args.export_method == "scripting":
+                scripted = export_scripting(model, written)
+                difference = _scripted_difference(model, scripted, image)
+            elif args.format == "torchscript":
+                traced, adapter = export_torchscript(model, image, written)
+                difference = compared_difference(adapter(image), traced(image))
+                logger.info("Inputs schema: %s", adapter.inputs_schema)
+                logger.info("Outputs schema: %s", adapter.outputs_schema)
+            else:
+                adapter = export_model_onnx(model, image, written, args.opset or ONNX_OPSET)
+                try:
+                    difference = compared_difference(adapter(image), run_onnx(written, [image]))
+                except ImportError:
+                    difference = None
+                    logger.warning("onnxruntime is not installed: the exported file was not run.")
+    except BaseException:
+        # a folder this call made and left empty goes too
+        if created_output and not os.listdir(args.output):
+            os.rmdir(args.output)
+        raise
     logger.info("Exported %s", path)
     if difference is not None:
         print(f"Exported {path}; largest absolute difference from the eager model on the sample input: {difference:.3g}")

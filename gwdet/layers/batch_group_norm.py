@@ -50,7 +50,8 @@ from torch import Tensor, nn
 
 from .common import (
     check_hyper_parameters, check_input, largest_divisor_at_most, largest_magnitude,
-    magnitude_scales, per_channel_affine, register_affine, scaled_ridge, statistics_dtype,
+    magnitude_scales, per_channel_affine, product, register_affine, reshape_with_samples, scaled_ridge,
+    statistics_dtype,
 )
 
 
@@ -77,7 +78,10 @@ def batch_group_norm(
     if x.numel() == 0:
         normalized = x
     else:
-        values = x.to(statistics_dtype(x.dtype)).reshape(x.shape[0], x.shape[1], -1)
+        # (N, C, S) with every size but N explicit (reshape_with_samples): a recorded graph meets
+        # N = 0 (a head without ROIs), and then the positions could not be inferred from the elements
+        shape = list(x.shape)
+        values = reshape_with_samples(x.to(statistics_dtype(x.dtype)), [shape[0], shape[1], product(shape[2:])])
         channels = values.shape[1]
         if training:
             mean, var, corrected_var, scales = _example_group_moments(values, groups, examples_per_group)
@@ -97,7 +101,7 @@ def batch_group_norm(
         # (x / s - mu') / sqrt(var' + eps / s^2), all of (n, C)
         inverse_std = torch.rsqrt(var + scaled_ridge(eps, scales)).unsqueeze(-1)
         centred = torch.addcmul(-mean.unsqueeze(-1), values, scales.unsqueeze(-1))
-        normalized = (centred * inverse_std).reshape(x.shape)
+        normalized = reshape_with_samples(centred * inverse_std, shape)
     # the affine in the statistics dtype, then one rounding to the input's (as the fused GW op)
     return per_channel_affine(normalized, weight, bias).to(x.dtype)
 
@@ -154,16 +158,16 @@ def _block_moments(values: Tensor, examples: int, groups: int) -> Tuple[Tensor, 
     x channel group) block of ``values`` ``(n, C, S)`` divided by the block's ``s``, and the
     factor ``1/s`` (:func:`~.common.magnitude_scales`: 1 unless the block is huge); ``n`` a
     multiple of ``examples``; each of shape ``(n, G)``, repeated for every example of a block."""
-    num_examples = values.shape[0]
-    blocks = values.reshape(num_examples // examples, examples, groups, -1)
+    num_examples, channels, positions = values.shape
+    blocks = reshape_with_samples(values, [num_examples // examples, examples, groups, channels // groups * positions])
     scales = magnitude_scales(largest_magnitude(blocks, [1, 3]))
     var, mean = torch.var_mean(blocks * scales, dim=[1, 3], unbiased=False, keepdim=True)
     block_size = examples * blocks.shape[-1]
     bessel = block_size / (block_size - 1) if block_size > 1 else 1.0
     expanded = [num_examples // examples, examples, groups, 1]
-    mean = mean.expand(expanded).reshape(num_examples, groups)
-    var = var.expand(expanded).reshape(num_examples, groups)
-    scales = scales.expand(expanded).reshape(num_examples, groups)
+    mean = reshape_with_samples(mean.expand(expanded), [num_examples, groups])
+    var = reshape_with_samples(var.expand(expanded), [num_examples, groups])
+    scales = reshape_with_samples(scales.expand(expanded), [num_examples, groups])
     return mean, var, var * bessel, scales
 
 

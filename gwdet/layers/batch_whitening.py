@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from .common import (
     autocast_disabled, check_hyper_parameters, check_input, check_values_per_group,
     largest_divisor_at_most, largest_magnitude, magnitude_scales, per_channel_affine,
-    register_affine, scaled_ridge, statistics_dtype,
+    register_affine, reshape_with_samples, scaled_ridge, statistics_dtype,
 )
 from .itn_whitening_op import itn_whitening_op
 from .plans import plan_name
@@ -86,6 +86,8 @@ def _whiten(
     group_size = running_whitening.shape[1]
     dtype = statistics_dtype(x.dtype)
     channels_first = x.to(dtype).transpose(0, 1)
+    # (C, N, *spatial) -> (C/k, k, N HW): "-1" is the observation count, which may be 0 in a recorded
+    # graph (no ROI), and the sizes beside it never are
     rows = channels_first.reshape(num_groups, group_size, -1)
     if training:
         # the statistics of X / s with the ridge eps / s^2 (s = 1 unless a group is huge)
@@ -108,7 +110,7 @@ def _whiten(
     else:
         centred = rows - running_mean.to(dtype).reshape(num_groups, group_size, 1)
         whitening = running_whitening.to(dtype)
-    whitened = torch.matmul(whitening, centred).reshape(channels_first.shape)
+    whitened = reshape_with_samples(torch.matmul(whitening, centred), list(channels_first.shape), sample_dim=1)
     return whitened.transpose(0, 1)
 
 

@@ -4,7 +4,8 @@
 * the rule that turns a requested channel-group size or count into one that divides the channels;
 * the dtype in which statistics are computed, and leaving an autocast region for that computation;
 * the power-of-two scaling that keeps the statistics of huge inputs finite (:func:`magnitude_scales`);
-* the per-channel affine transform ``y * weight + bias``.
+* the per-channel affine transform ``y * weight + bias``;
+* reshapes of a batch whose sample count may be 0 in a recorded graph (:func:`reshape_with_samples`).
 
 Everything here is TorchScript-compatible so that the layers can be scripted.
 """
@@ -14,6 +15,8 @@ from typing import ContextManager, List, Mapping, Optional
 
 import torch
 from torch import Tensor
+
+from .tracing import onnx_exporting
 
 
 def check_int_at_least(owner: str, name: str, value: int, minimum: int) -> None:
@@ -189,6 +192,33 @@ def register_affine(module: torch.nn.Module, num_channels: int, affine: bool) ->
     else:
         module.register_parameter("weight", None)
         module.register_parameter("bias", None)
+
+
+def reshape_with_samples(t: Tensor, sizes: List[int], sample_dim: int = 0) -> Tensor:
+    """``t.reshape(sizes)`` where ``sizes[sample_dim]`` is a sample count that may be 0 when a
+    recorded graph runs (no ROI in a head); every other size must be nonzero.
+
+    PyTorch (eager, scripted, traced) reshapes to the explicit sizes, which hold for a count of 0.
+    While ``torch.onnx.export`` records, the sample count is written as ``-1`` and the other sizes
+    as given: in ONNX a size of 0 means "copy the input's size at that index" (``allowzero=0``),
+    and onnxruntime's graph optimizer rewrites a shape computed from traced sizes into copies and
+    a ``-1`` (``{0, 16, -1}`` for ``(N, 16, m)``), which cannot be resolved once another size is
+    0. With ``-1`` exactly at the sample count and nothing else to infer, every reading of the
+    shape gives the same result, ``0`` samples included.
+    """
+    if not torch.jit.is_scripting():
+        if onnx_exporting():
+            sizes = sizes[:sample_dim] + [-1] + sizes[sample_dim + 1:]
+    return t.reshape(sizes)
+
+
+def product(sizes: List[int]) -> int:
+    """The product of ``sizes`` (1 for none), without an in-place ``*=``: under ``torch.jit.trace``
+    the sizes can be traced values, and ``*=`` would change the size it started from."""
+    result = 1
+    for size in sizes:
+        result = result * size
+    return result
 
 
 def per_channel_affine(y: Tensor, weight: Optional[Tensor], bias: Optional[Tensor]) -> Tensor:

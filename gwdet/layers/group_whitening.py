@@ -44,8 +44,8 @@ from torch import Tensor, nn
 
 from .common import (
     autocast_disabled, check_hyper_parameters, check_input, check_values_per_group,
-    largest_divisor_at_most, largest_magnitude, magnitude_scales, per_channel_affine,
-    register_affine, scaled_ridge, statistics_dtype,
+    largest_divisor_at_most, largest_magnitude, magnitude_scales, per_channel_affine, product,
+    register_affine, reshape_with_samples, scaled_ridge, statistics_dtype,
 )
 from .group_whitening_function import fused_group_whitening
 from .tracing import recording_reference_graph
@@ -121,13 +121,10 @@ def _reference(
     x: Tensor, groups: int, T: int, eps: float, method: str, weight: Optional[Tensor], bias: Optional[Tensor]
 ) -> Tensor:
     """:func:`group_whitening_reference` with ``groups`` dividing ``C``."""
-    num_samples = x.shape[0]
-    # No in-place "*=": under torch.jit.trace the sizes can be traced values, and "*=" would
-    # also change the size it started from.
-    values_per_sample = 1
-    for size in x.shape[1:]:
-        values_per_sample = values_per_sample * size
-    grouped = x.to(statistics_dtype(x.dtype)).reshape(num_samples, groups, values_per_sample // groups)
+    # every size but the sample count explicit (reshape_with_samples): a recorded graph meets 0
+    # samples (a mask head without ROIs), and then no other size could be inferred from the elements
+    shape = list(x.shape)
+    grouped = reshape_with_samples(x.to(statistics_dtype(x.dtype)), [shape[0], groups, product(shape[1:]) // groups])
     # the statistics of x / s with the ridge eps / s^2 (s = 1 unless a sample is huge): W X_C is
     # the same, so the output needs no rescaling
     scales = magnitude_scales(largest_magnitude(grouped, [1, 2]))
@@ -135,7 +132,7 @@ def _reference(
     centred = grouped - grouped.mean(dim=-1, keepdim=True)
     ridge = scaled_ridge(eps, scales)
     cov = ridge_covariance(centred, ridge)
-    whitened = torch.matmul(whitening_matrix(cov, method, T, ridge), centred).reshape(x.shape)
+    whitened = reshape_with_samples(torch.matmul(whitening_matrix(cov, method, T, ridge), centred), shape)
     return per_channel_affine(whitened, weight, bias).to(x.dtype)
 
 
