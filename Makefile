@@ -2,6 +2,8 @@
 #   make demo          train + evaluate the demo Mask R-CNN (GW) on the embedded shapes dataset (CPU,
 #                      one thread, so that it prints the numbers of docs/demo.md on any machine)
 #   make test          the test suite (CPU)
+#   make lint          the linter and the type checker: ruff check . and mypy gwdet (settings in
+#                      pyproject.toml); CI runs it after the tests
 #   make setup         only create/refresh the virtual environment (.venv)
 #   make test-matrix   the suite once per available Python 3.10-3.13 (and detectron2 source), each in
 #                      its own environment under .venv-matrix/; run before a release
@@ -18,7 +20,7 @@ STAMP := $(VENV)/.gwdet-installed
 DEMO_CONFIG ?= configs/Demo/mask_rcnn_R_50_FPN_gw_shapes.yaml
 export PYTHON D2_SOURCE PYTHONS MATRIX_DIR
 
-.PHONY: setup demo test test-matrix clean-demo
+.PHONY: setup demo test lint test-matrix clean-demo
 
 $(STAMP): setup.py pyproject.toml scripts/setup_env.sh
 	bash scripts/setup_env.sh $(VENV)
@@ -39,6 +41,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV_PYTHON) -m pytest -q tests; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$status
+
+# Both run, so that one call shows every finding; it fails when either finds something. mypy
+# checks the files pyproject.toml names (gwdet/).
+lint: $(STAMP)
+	status=0; $(VENV)/bin/ruff check . || status=1; $(VENV)/bin/mypy || status=1; exit $$status
 
 test-matrix:
 	bash scripts/test_matrix.sh

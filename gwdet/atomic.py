@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from typing import IO, Any, Callable, Iterator
+from typing import IO, Any, Callable, Iterator, cast
 
 from detectron2.utils.file_io import PathManager
 
@@ -68,8 +68,9 @@ def path_written_atomically(path: str) -> Iterator[str]:
             os.unlink(temporary)
 
 
-def write_atomically(path: str, write: Callable[[IO[bytes]], None], path_manager=PathManager) -> None:
-    """Call ``write(file)`` on a binary file that becomes ``path`` only once ``write`` returned."""
+def write_atomically(path: str, write: Callable[[IO[bytes]], object], path_manager=PathManager) -> None:
+    """Call ``write(file)`` on a binary file that becomes ``path`` only once ``write`` returned
+    (what it returns, such as the count ``file.write`` gives, is ignored)."""
     path = os.fspath(path)
     if "://" in path:
         with path_manager.open(path, "wb") as file:
@@ -80,7 +81,7 @@ def write_atomically(path: str, write: Callable[[IO[bytes]], None], path_manager
         with open(temporary, "xb") as raw:
             recording = _RecordingFile(raw)
             try:
-                write(recording)
+                write(cast(IO[bytes], recording))  # a file to ``write``: it passes on what it does not wrap
                 recording.flush()
                 os.fsync(raw.fileno())
             except Exception as error:

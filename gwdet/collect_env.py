@@ -52,6 +52,11 @@ def _guard(probe: Callable[[], str]) -> str:
         return _error_text(err)
 
 
+def _text_of(function: Callable[[], object]) -> Callable[[], str]:
+    """A probe for :func:`_guard`: ``str(function())`` of this ``function`` (not of a loop's variable)."""
+    return lambda: str(function())
+
+
 def _first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else ""
@@ -224,7 +229,7 @@ def _compiled_extension() -> dict[str, str]:
     for probe, label in (("get_compiler_version", "compiler"), ("get_cuda_version", "CUDA")):
         function = getattr(_C, probe, None)
         if function is not None:
-            details.append(f"{label} {_guard(lambda: str(function()))}")
+            details.append(f"{label} {_guard(_text_of(function))}")
     return {
         "detectron2._C": f"loads ({_C.__file__}{'; ' + ', '.join(details) if details else ''})",
         "features needing _C": "available: " + ", ".join(_C_FEATURES),

@@ -154,7 +154,8 @@ class Norm:
             value = params[param] if param in params else kind.default(param)
             if value is _REQUIRED:
                 raise TypeError(f"gwdet.norm({name!r}) needs a value for {param!r}")
-            check = _CHECKS.get(kind.config_keys.get(param))
+            key = kind.config_keys.get(param)
+            check = _CHECKS.get(key) if key is not None else None
             if check is not None:
                 check(f"{param} of norm {name!r}", value)
             values[param] = value

@@ -183,7 +183,7 @@ def test_huge_and_tiny_inputs_give_the_float64_result(name, training, scale):
     x = x * scale
     got = forward_backward(layer, x, grad)
     expected = forward_backward(reference, x.double(), grad.double())
-    for what, a, b in zip(RESULT_NAMES, got, expected):
+    for what, a, b in zip(RESULT_NAMES, got, expected, strict=True):
         assert_close_relative(a, b, 1e-5, what)
 
 

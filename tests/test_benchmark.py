@@ -61,12 +61,12 @@ def test_layer_ratios_are_per_round_ratios_to_the_conv_of_the_same_results():
     assert results["names"] == [CONV, "GN(32)", GW_ITN]
     text = layer_tables(results)
     rows = table_rows(text, "#### Layer level: forward + backward time")
-    for (where, shape), row in zip(results["shapes"], rows):
+    for (_where, shape), row in zip(results["shapes"], rows, strict=True):
         conv_rounds = results["rounds"][(shape, CONV)]
         assert len(conv_rounds) == 3
-        for name, cell in zip(results["names"], row[2:]):
+        for name, cell in zip(results["names"], row[2:], strict=True):
             rounds = results["rounds"][(shape, name)]
-            ratio = statistics.median(t / c for t, c in zip(rounds, conv_rounds))
+            ratio = statistics.median(t / c for t, c in zip(rounds, conv_rounds, strict=True))
             assert results["time"][(shape, name)] == statistics.median(rounds)
             assert results["ratio"][(shape, name)] == pytest.approx(ratio, rel=1e-12)
             expected = f"{results['time'][(shape, name)] * 1e3:.1f}"
@@ -194,8 +194,8 @@ def test_the_op_count_level_tables_show_the_counts_and_the_cost_model_adds_them_
         results = run_op_counts(parse_args(["--op-counts", "--quick"]), CPU)
     text = op_count_tables(results)
     rows = table_rows(text, "#### Dispatched operations per forward + backward")
-    for (where, shape), row in zip(results["shapes"], rows):
-        cells = dict(zip(results["names"], row[2:]))
+    for (_where, shape), row in zip(results["shapes"], rows, strict=True):
+        cells = dict(zip(results["names"], row[2:], strict=True))
         assert cells == {name: describe_count(results["counts"][(shape, name)]) for name in results["names"]}
         assert cells[CONV] == cells["GN(32)"] == "2"
         assert "syncs" in cells["GW cpu"] and "syncs" not in cells["GW accelerator"]

@@ -205,7 +205,7 @@ def test_batch_scaling_keeps_images_seen_and_scales_the_learning_rate():
     assert batch_scaling_opts(cfg, 8) == (
         "SOLVER.IMS_PER_BATCH", "8", "SOLVER.BASE_LR", "0.04", "SOLVER.MAX_ITER", "1500",
         "SOLVER.WARMUP_ITERS", "125", "SOLVER.CHECKPOINT_PERIOD", "125", "SOLVER.STEPS", "(1200, 1400)")
-    one = dict(zip(*[iter(batch_scaling_opts(cfg, 1))] * 2))
+    one = dict(zip(*[iter(batch_scaling_opts(cfg, 1))] * 2, strict=True))
     assert (one["SOLVER.BASE_LR"], one["SOLVER.MAX_ITER"], one["SOLVER.STEPS"]) == ("0.005", "12000", "(9600, 11200)")
     with pytest.raises(ValueError, match="SOLVER.WARMUP_ITERS = 500 .* 3 images"):
         batch_scaling_opts(cfg, 3)

@@ -24,7 +24,7 @@ def run(module, x, grad):
 
 def assert_all_close(got, expected, atol):
     assert len(got) == len(expected)
-    for a, b in zip(got, expected):
+    for a, b in zip(got, expected, strict=True):
         assert torch.allclose(a, b, rtol=0, atol=atol), (a - b).abs().max()
 
 

@@ -126,7 +126,7 @@ def torchvision_convs(arch: str) -> tuple:
     blocks = [block for layer in (model.layer1, model.layer2, model.layer3, model.layer4) for block in layer]
     shortcuts = [block.downsample[0] if block.downsample is not None else None for block in blocks]
     return (conv_signature(model.conv1),) + tuple(
-        conv_signature(conv) for block, shortcut in zip(blocks, shortcuts)
+        conv_signature(conv) for block, shortcut in zip(blocks, shortcuts, strict=True)
         for conv in (block.conv1, block.conv2, block.conv3, shortcut))
 
 

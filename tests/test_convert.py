@@ -79,7 +79,7 @@ def torchvision_features(model: nn.Module, image: torch.Tensor) -> dict:
     """layer1..layer4 outputs, named as detectron2's res2..res5."""
     x = model.maxpool(model.relu(model.bn1(model.conv1(image))))
     features = {}
-    for stage, layer in zip(STAGES, (model.layer1, model.layer2, model.layer3, model.layer4)):
+    for stage, layer in zip(STAGES, (model.layer1, model.layer2, model.layer3, model.layer4), strict=True):
         x = features[stage] = layer(x)
     return features
 

@@ -42,10 +42,10 @@ def test_cuda_matches_cpu_float64(name, training, scale):
     x = x * scale
     got = forward_backward(on_cuda, x.to(DEVICE), grad.to(DEVICE))
     expected = forward_backward(reference, x.double(), grad.double())
-    for what, a, b in zip(RESULT_NAMES, got, expected):
+    for what, a, b in zip(RESULT_NAMES, got, expected, strict=True):
         assert_close_relative(a, b, 1e-4, what)
     if scale == 1.0:  # (BGN's float32 running variance cannot hold the variance of 1e20-sized values)
-        for (buffer_name, a), b in zip(on_cuda.named_buffers(), reference.buffers()):
+        for (buffer_name, a), b in zip(on_cuda.named_buffers(), reference.buffers(), strict=True):
             assert a.dtype == torch.float32
             assert_close_relative(a.double().cpu(), b, 1e-4, buffer_name)
 
@@ -133,7 +133,7 @@ def test_every_plan_matches_cpu_float64_on_cuda(name, plan, monkeypatch):
     got = forward_backward(on_cuda, x.to(DEVICE), grad.to(DEVICE))
     monkeypatch.setenv("GWDET_GW_PLAN", "cpu")
     expected = forward_backward(reference, x.double(), grad.double())
-    for what, a, b in zip(RESULT_NAMES, got, expected):
+    for what, a, b in zip(RESULT_NAMES, got, expected, strict=True):
         assert_close_relative(a, b, 1e-4, what)
     assert fallback_reason() is None  # the Triton kernels ran (a failure would have fallen back)
 

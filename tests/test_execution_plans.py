@@ -50,7 +50,7 @@ def under_plan(monkeypatch, plan, layer, x, grad):
 
 
 def assert_agree(got, expected, dtype):
-    for a, b in zip(got, expected):
+    for a, b in zip(got, expected, strict=True):
         assert torch.isfinite(a).all()
         if dtype == torch.float64:
             assert torch.allclose(a, b, rtol=0, atol=1e-10 * b.abs().max())
@@ -124,7 +124,7 @@ def test_batch_whitening_accelerator_matches_cpu(method, dtype, monkeypatch):
     on_cpu_plan = copy.deepcopy(layer)
     expected = under_plan(monkeypatch, "cpu", on_cpu_plan, x, grad)
     assert_agree(under_plan(monkeypatch, "accelerator", layer, x, grad), expected, dtype)
-    for got, want in zip(layer.buffers(), on_cpu_plan.buffers()):
+    for got, want in zip(layer.buffers(), on_cpu_plan.buffers(), strict=True):
         assert torch.allclose(got, want, rtol=0, atol=1e-6 if dtype == torch.float32 else 1e-12)
 
 

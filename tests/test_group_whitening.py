@@ -89,7 +89,7 @@ def test_itn_approaches_zca_as_T_grows():
     distances = [
         (group_whitening(x, 4, T=T, method="itn") - zca).abs().max().item() for T in range(1, 9)
     ]
-    assert all(later < earlier for earlier, later in zip(distances[:5], distances[1:6]))
+    assert all(later < earlier for earlier, later in zip(distances[:5], distances[1:6], strict=True))
     assert distances[0] > 0.1
     assert distances[-1] < 1e-10
 

@@ -61,7 +61,7 @@ def assert_same_values_and_gradients(out, expected, inputs, grad):
     assert torch.allclose(out, expected, rtol=0, atol=1e-10)
     got_grads = torch.autograd.grad(out, inputs, grad)
     expected_grads = torch.autograd.grad(expected, inputs, grad)
-    for got, want in zip(got_grads, expected_grads):
+    for got, want in zip(got_grads, expected_grads, strict=True):
         assert torch.allclose(got, want, rtol=0, atol=1e-9)
 
 
@@ -125,7 +125,7 @@ def test_layer_with_non_divisible_channels_runs_the_op_on_the_divisor(method):
     expected = whitened_by_eigh(x, weight, bias, 12, layer.T, layer.eps, method)
     expected_grads = torch.autograd.grad(expected, (x, weight, bias), grad)
     assert torch.allclose(out, expected, rtol=0, atol=1e-10)
-    for got, want in zip((x.grad, layer.weight.grad, layer.bias.grad), expected_grads):
+    for got, want in zip((x.grad, layer.weight.grad, layer.bias.grad), expected_grads, strict=True):
         assert torch.allclose(got, want, rtol=0, atol=1e-9)
     # the functional form without affine takes the same path
     plain = group_whitening(x.detach(), 16, eps=1e-3, method=method)

@@ -56,7 +56,7 @@ def test_a_worker_process_loader_repeats_its_stream_and_spares_torch_global_gene
         streams.append([torch.stack([d["image"] for d in next(iterator)]) for _ in range(3)])
         del iterator
     assert torch.equal(torch.get_rng_state(), before)
-    for first, second in zip(*streams):
+    for first, second in zip(*streams, strict=True):
         assert torch.equal(first, second)
 
 

@@ -85,7 +85,7 @@ def test_bn_and_gn_study_cells_get_the_same_groups_as_from_detectron2(name: str)
     model = Trainer.build_model(cfg)
     ours, theirs = Trainer.build_optimizer(cfg, model), detectron2_build_optimizer(cfg, model)
     assert len(ours.param_groups) == len(theirs.param_groups)
-    for a, b in zip(ours.param_groups, theirs.param_groups):
+    for a, b in zip(ours.param_groups, theirs.param_groups, strict=True):
         assert [id(p) for p in a["params"]] == [id(p) for p in b["params"]]
         assert {k: v for k, v in a.items() if k != "params"} == {k: v for k, v in b.items() if k != "params"}
 

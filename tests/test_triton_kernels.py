@@ -48,7 +48,7 @@ def test_layers_under_the_triton_plan_are_as_accurate_as_the_cpu_plan_in_float32
     # sample counts, a constant sample, one channel per group, few columns, BW_ItN
     assert len(report["layers"]) == 9
     for case in report["layers"]:
-        for error, cpu_error in zip(case["errors"], case["cpu_float32_errors"]):
+        for error, cpu_error in zip(case["errors"], case["cpu_float32_errors"], strict=True):
             assert error <= max(2 * cpu_error, KERNEL_TOLERANCE), case
 
 

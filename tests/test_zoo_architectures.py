@@ -149,7 +149,7 @@ def synthetic_batch(tasks: set[str], num_keypoints: int = 4, sem_classes: int = 
         instances = Instances((height, width), gt_boxes=Boxes(boxes), gt_classes=torch.tensor([0, 2]))
         if "masks" in tasks:
             masks = torch.zeros(2, height, width, dtype=torch.bool)
-            for mask, (x0, y0, x1, y1) in zip(masks, boxes.int().tolist()):
+            for mask, (x0, y0, x1, y1) in zip(masks, boxes.int().tolist(), strict=True):
                 mask[y0:y1, x0:x1] = True
             instances.gt_masks = BitMasks(masks)
         if "keypoints" in tasks:

@@ -98,8 +98,9 @@ def layer_cases() -> list:
         os.environ[PLAN_VARIABLE] = "triton"
         got = forward_backward(layer, x.float(), grad.float())
         results.append({"layer": make.__name__, "shape": list(shape), "groups": size,
-                        "errors": [relative_error(a, b) for a, b in zip(got, expected)],
-                        "cpu_float32_errors": [relative_error(a, b) for a, b in zip(in_float32, expected)]})
+                        "errors": [relative_error(a, b) for a, b in zip(got, expected, strict=True)],
+                        "cpu_float32_errors": [relative_error(a, b)
+                                               for a, b in zip(in_float32, expected, strict=True)]})
     return results
 
 
@@ -113,8 +114,9 @@ def launches() -> list:
             x = torch.randn(samples, 256, 7, 7, requires_grad=True)
             grad = torch.randn(x.shape)
             holder = {}
-            forward = count_operations(lambda: holder.update(out=layer(x)))
-            backward = count_operations(lambda: holder["out"].backward(grad))
+            # count_operations calls each at once; the defaults bind this iteration's layer and tensors
+            forward = count_operations(lambda holder=holder, layer=layer, x=x: holder.update(out=layer(x)))
+            backward = count_operations(lambda holder=holder, grad=grad: holder["out"].backward(grad))
             for direction, counted in (("forward", forward), ("backward", backward)):
                 results.append({"layer": name, "samples": samples, "direction": direction,
                                 "pytorch_operations": counted.pytorch_operations,

@@ -33,13 +33,14 @@ def check_weights_fit_model(metadata: Mapping, model: torch.nn.Module) -> None:
     resnet = _resnet_of(model)
     if resnet is None:
         return
-    arch = ARCHITECTURES.get(metadata.get(ARCH_FIELD))
+    arch_name = metadata.get(ARCH_FIELD)
+    arch = ARCHITECTURES.get(arch_name) if arch_name is not None else None
     if arch is not None:
         conv2 = resnet.stages[0][0].conv2
         found = (tuple(len(stage) for stage in resnet.stages), conv2.groups, conv2.out_channels // conv2.groups)
         # A ResNet built for fewer OUT_FEATURES omits its last stages: compare the ones it has.
-        expected = (arch.blocks_per_stage[: len(found[0])], arch.num_groups, arch.width_per_group)
-        if found != expected:
+        expected_shape = (arch.blocks_per_stage[: len(found[0])], arch.num_groups, arch.width_per_group)
+        if found != expected_shape:
             raise ValueError(
                 f"The weights are {arch.describe()}, but the model's ResNet has blocks per stage "
                 f"{list(found[0])} and conv2 {found[1]} group(s) x {found[2]} channels. Set "
@@ -47,13 +48,13 @@ def check_weights_fit_model(metadata: Mapping, model: torch.nn.Module) -> None:
                 f"{arch.width_per_group}, or load the weights converted for this architecture."
             )
     if GW_POSITIONS_FIELD in metadata:
-        expected = parse_gw_positions(metadata[GW_POSITIONS_FIELD])
+        expected_positions = parse_gw_positions(metadata[GW_POSITIONS_FIELD])
         present = positions_with_norm(resnet, (GroupWhitening,))
-        if expected != present:
+        if expected_positions != present:
             raise ValueError(
-                f"The weights have GW at {format_gw_positions(expected)!r} (norms without running "
+                f"The weights have GW at {format_gw_positions(expected_positions)!r} (norms without running "
                 f"statistics), but the model has GW at {format_gw_positions(present)!r}. Set "
-                f"MODEL.RESNETS.GW_POSITIONS {format_gw_positions(expected)!r}, so that BN statistics "
+                f"MODEL.RESNETS.GW_POSITIONS {format_gw_positions(expected_positions)!r}, so that BN statistics "
                 "and GW parameters each load into their own kind of layer."
             )
 

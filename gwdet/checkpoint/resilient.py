@@ -73,7 +73,9 @@ class RandomState:
     """A checkpointable holding the torch, numpy and python random generators' states."""
 
     def state_dict(self) -> dict:
-        name, keys, position, has_gauss, cached_gaussian = np.random.get_state()
+        numpy_state = np.random.get_state()  # legacy=True: the global MT19937 generator's tuple
+        assert isinstance(numpy_state, tuple)
+        name, keys, position, has_gauss, cached_gaussian = numpy_state
         version, internal, gauss_next = random.getstate()
         return {
             "torch": torch.get_rng_state(),

@@ -78,6 +78,10 @@ class RequeueableJob:
 
     requeued: bool = field(default=False, kw_only=True)
 
+    def __call__(self) -> object:
+        """The job's work, run where submitit starts it; each kind of job defines its own."""
+        raise NotImplementedError(f"{type(self).__name__} defines no __call__")
+
     def resumes(self, placement: NodePlacement) -> bool:
         """Whether this run continues an earlier one: requeued by its own checkpoint or by SLURM."""
         return self.requeued or placement.restarts > 0
@@ -105,7 +109,8 @@ def stop_spawned_processes(timeout: float = STOP_SECONDS) -> None:
         return
     if os.environ.get("SUBMITIT_EXECUTOR") == LOCAL_EXECUTOR:
         for child in children:
-            os.kill(child.pid, signal.SIGUSR2)
+            if child.pid is not None:  # always set: active children have been started
+                os.kill(child.pid, signal.SIGUSR2)
     deadline = time.monotonic() + timeout
     for child in children:
         child.join(max(deadline - time.monotonic(), 0.0))

@@ -104,7 +104,8 @@ def do_flop(cfg, model, batches, max_depth: int) -> Dict:
 
     from gwdet.export.flops import FlopCountAnalysis
 
-    totals, by_operator = [], Counter()
+    totals: List[int] = []
+    by_operator: Counter[str] = Counter()
     for index, batch in enumerate(batches):
         analysis = FlopCountAnalysis(model, batch)
         if index > 0:

@@ -31,7 +31,7 @@ gets one wrapper, placed under each of them. Outside ``torch.jit.trace``, and un
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Type
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Type, Union
 
 import torch
 from torch import Tensor, nn
@@ -89,6 +89,11 @@ class CountingWrapper(nn.Module):
     layer_type: Type[nn.Module]
     op_name: str
     buffer_names: Tuple[str, ...] = ()
+    # Set in __init__, outside nn.Module's registration (``wrapped``) or through it (the affine);
+    # declared here for the type checker, which otherwise sees them as nn.Module.__getattr__'s.
+    wrapped: Union[GroupWhitening, BatchWhitening, BatchGroupNorm]
+    weight: Optional[Tensor]
+    bias: Optional[Tensor]
 
     def __init__(self, layer: nn.Module) -> None:
         super().__init__()
@@ -118,6 +123,7 @@ class CountingGroupWhitening(CountingWrapper):
 
     layer_type = GroupWhitening
     op_name = "gwdet::group_whitening"
+    wrapped: GroupWhitening
 
     def named_op(self, x: Tensor) -> Tensor:
         layer = self.wrapped
@@ -132,6 +138,9 @@ class CountingBatchWhitening(CountingWrapper):
     layer_type = BatchWhitening
     op_name = "gwdet::batch_whitening"
     buffer_names = ("running_mean", "running_whitening")
+    wrapped: BatchWhitening
+    running_mean: Tensor
+    running_whitening: Tensor
 
     def named_op(self, x: Tensor) -> Tensor:
         layer = self.wrapped
@@ -148,6 +157,9 @@ class CountingBatchGroupNorm(CountingWrapper):
     layer_type = BatchGroupNorm
     op_name = "gwdet::batch_group_norm"
     buffer_names = ("running_mean", "running_var")
+    wrapped: BatchGroupNorm
+    running_mean: Tensor
+    running_var: Tensor
 
     def named_op(self, x: Tensor) -> Tensor:
         layer = self.wrapped
@@ -191,17 +203,17 @@ def trace_named_ops(model: nn.Module) -> Iterator[Dict[nn.Module, nn.Module]]:
             "replaced in place; pass a module that holds it, e.g. torch.nn.Sequential(layer)"
         )
     places = [
-        (name.rpartition(".")[0], name.rpartition(".")[2], module)
+        (name.rpartition(".")[0], name.rpartition(".")[2], module, wrapper_type)
         for name, module in model.named_modules(remove_duplicate=False)
-        if name and counting_wrapper_type(module) is not None
+        if name and (wrapper_type := counting_wrapper_type(module)) is not None
     ]
     wrappers: Dict[int, CountingWrapper] = {}
     replaced: List[Tuple[nn.Module, str, nn.Module]] = []
     try:
-        for parent_name, attribute, layer in places:
+        for parent_name, attribute, layer, wrapper_type in places:
             parent = model.get_submodule(parent_name)
             if id(layer) not in wrappers:
-                wrappers[id(layer)] = counting_wrapper_type(layer)(layer)
+                wrappers[id(layer)] = wrapper_type(layer)
             setattr(parent, attribute, wrappers[id(layer)])
             replaced.append((parent, attribute, layer))
         yield {wrapper: wrapper.wrapped for wrapper in wrappers.values()}

@@ -107,10 +107,10 @@ class FlopCountAnalysis(Detectron2FlopCountAnalysis):
             finally:
                 self._aliases = aliases
 
-    def by_model_module(self) -> Counter:
+    def by_model_module(self) -> Counter[str]:
         """:meth:`by_module` keyed by the module names of the model given to the constructor
         (detectron2 wraps it in a ``TracingAdapter``, whose names start with ``model.``)."""
-        counts = Counter()
+        counts: Counter[str] = Counter()
         for name, value in self.by_module().items():
             if name == ADAPTER_PREFIX:
                 counts[""] = value

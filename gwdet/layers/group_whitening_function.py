@@ -248,10 +248,16 @@ class _Whitening:
     def vjp(self, cov: Tensor, grad: Tensor, ridge: Union[None, float, Tensor]) -> Tuple[Tensor, Tensor]:
         if self.method == "itn":
             return self.plan.itn_whitening_vjp(cov, grad, self.T, self.trace_offset(ridge))
+        assert ridge is not None, "ZCA's vjp reads the ridge (needs_ridge)"
         return zca_whitening_vjp(cov, grad, ridge)
 
-    def trace_offset(self, ridge: Union[float, Tensor]) -> Union[float, Tensor]:
-        return self.missing_diagonal * ridge if self.missing_diagonal else 0.0
+    def trace_offset(self, ridge: Union[None, float, Tensor]) -> Union[float, Tensor]:
+        """ItN's trace offset; ``ridge`` is read only with missing diagonal entries (few columns),
+        where :attr:`needs_ridge` makes the callers pass it."""
+        if not self.missing_diagonal:
+            return 0.0
+        assert ridge is not None, "the few-columns trace reads the ridge (needs_ridge)"
+        return self.missing_diagonal * ridge
 
 
 class _Call:
@@ -519,6 +525,7 @@ def _backward_chunk(chunk: _BackwardChunk, call: _Call) -> None:
     ridge = call.ridge(scales) if cov is None or call.whitening.needs_ridge else None
     grad_z = grad_z.to(shapes.dtype)
     if cov is None:
+        assert ridge is not None  # computed above whenever cov is None
         cov = _ridge_covariance(x - mean, ridge)
     m = shapes.m
     if shapes.one_channel_per_group:

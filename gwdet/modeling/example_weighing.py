@@ -44,6 +44,10 @@ def example_weighted_norm(bn: nn.modules.batchnorm._BatchNorm, weight: float) ->
     float rounding). The result is on ``bn``'s device and in ``bn``'s training mode.
     """
     check_unit_interval("example_weighted_norm", "weight", weight)
+    running_mean, running_var = bn.running_mean, bn.running_var
+    if running_mean is None or running_var is None:
+        raise ValueError(f"example_weighted_norm: {type(bn).__name__} keeps no running statistics "
+                         "(track_running_stats=False), so there is no inference to weigh")
     channels = bn.num_features
     norm = BatchGroupNorm(
         channels,
@@ -54,13 +58,14 @@ def example_weighted_norm(bn: nn.modules.batchnorm._BatchNorm, weight: float) ->
         eval_example_weight=weight,
         affine=bn.affine,
     )
-    norm.to(device=bn.running_mean.device, dtype=bn.running_mean.dtype)
+    norm.to(device=running_mean.device, dtype=running_mean.dtype)
+    # get_buffer / get_parameter: typed as tensors, where nn.Module's attribute access is not
     with torch.no_grad():
-        norm.running_mean.copy_(bn.running_mean)
-        norm.running_var.copy_(bn.running_var)
+        norm.get_buffer("running_mean").copy_(running_mean)
+        norm.get_buffer("running_var").copy_(running_var)
         if bn.affine:
-            norm.weight.copy_(bn.weight)
-            norm.bias.copy_(bn.bias)
+            norm.get_parameter("weight").copy_(bn.weight)
+            norm.get_parameter("bias").copy_(bn.bias)
     return norm.train(bn.training)
 
 

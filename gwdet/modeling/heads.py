@@ -23,7 +23,7 @@ from typing import Any, List
 import torch
 from detectron2.config import CfgNode, configurable
 from detectron2.layers import ShapeSpec, get_norm
-from detectron2.modeling import META_ARCH_REGISTRY, ROI_HEADS_REGISTRY, SEM_SEG_HEADS_REGISTRY, build_backbone
+from detectron2.modeling import META_ARCH_REGISTRY, ROI_HEADS_REGISTRY, SEM_SEG_HEADS_REGISTRY, Backbone, build_backbone
 from detectron2.modeling.anchor_generator import build_anchor_generator
 from detectron2.modeling.box_regression import Box2BoxTransform
 from detectron2.modeling.matcher import Matcher
@@ -49,7 +49,8 @@ class _NormFromConfig:
     @classmethod
     def from_config(cls, cfg: CfgNode, input_shape: Any) -> dict:
         check_gwdet_config(cfg)
-        args = super().from_config(cfg, input_shape)
+        # a mixin: the detectron2 head after it in each subclass's MRO defines from_config
+        args = super().from_config(cfg, input_shape)  # type: ignore[misc]
         args[cls.norm_argument] = norm_from_config(args[cls.norm_argument], cfg)
         return args
 
@@ -147,7 +148,7 @@ class GWRetinaNetHead(RetinaNetHead):
         return args
 
 
-def head_feature_shapes(cfg: CfgNode, backbone: nn.Module) -> List[ShapeSpec]:
+def head_feature_shapes(cfg: CfgNode, backbone: Backbone) -> List[ShapeSpec]:
     """The backbone's shapes of ``MODEL.RETINANET.IN_FEATURES``; an error naming both sides when
     the backbone does not make one of them (e.g. P7 from a backbone that ends at P6)."""
     shapes = backbone.output_shape()

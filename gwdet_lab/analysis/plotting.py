@@ -47,7 +47,8 @@ def save_figure(path: Path, panels: Sequence[Panel], title: str = "", columns: i
     columns = min(columns, len(panels))
     rows = math.ceil(len(panels) / columns)
     figure, axes = plt.subplots(rows, columns, figsize=(5.2 * columns, 3.9 * rows), squeeze=False)
-    for ax, panel in zip(axes.flat, panels):
+    # strict=False: the grid can have more axes than panels; the spare ones are hidden below
+    for ax, panel in zip(axes.flat, panels, strict=False):
         _draw(ax, panel)
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
@@ -80,7 +81,7 @@ def part_ticks(layer_names: Sequence[str]) -> tuple[list[int], list[str]]:
 
 def _draw(ax, panel: Panel) -> None:
     for curve in panel.curves:
-        points = [(x, y) for x, y in zip(curve.x, curve.y) if math.isfinite(y)]
+        points = [(x, y) for x, y in zip(curve.x, curve.y, strict=True) if math.isfinite(y)]
         xs, ys = [p[0] for p in points], [p[1] for p in points]
         ax.plot(xs, ys, curve.style, label=curve.label, markersize=4, color=curve.color)
     for index, (label, value) in enumerate(panel.hlines.items()):

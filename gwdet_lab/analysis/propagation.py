@@ -65,7 +65,7 @@ def residual_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     resnet = next((module for module in model.modules() if isinstance(module, ResNet)), None)
     if resnet is None:
         raise ValueError("propagation: the model has no detectron2 ResNet backbone to hook")
-    stages = zip(resnet.stage_names, resnet.stages)
+    stages = zip(resnet.stage_names, resnet.stages, strict=True)
     return [(f"{name}.{i}", block) for name, stage in stages for i, block in enumerate(stage)]
 
 
@@ -209,7 +209,7 @@ def run_propagation(
     folder = output_folder(out, "propagation")
     cfgs = [build_config(config, [*opts, *norm_overrides(norm), "MODEL.DEVICE", "cpu"]) for norm in norms]
     batch = training_batch(cfgs[0], seed)
-    results = [measure_propagation(cfg, batch, norm, seed) for cfg, norm in zip(cfgs, norms)]
+    results = [measure_propagation(cfg, batch, norm, seed) for cfg, norm in zip(cfgs, norms, strict=True)]
     written = _figures(folder, results)
     title = "Signal propagation at initialization (beyond_batchnorm_lubana2021 Secs. 3-5)"
     written.append(write_markdown(folder, title, _sections(results, config, len(batch))))

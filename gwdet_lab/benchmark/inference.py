@@ -70,6 +70,17 @@ def demo_predictor(norm: str, device: torch.device) -> Tuple[DefaultPredictor, C
     return DefaultPredictor(cfg), cfg
 
 
+def detection_pass(predictor: DefaultPredictor, images: List[np.ndarray], detections: List[int]) -> Callable[[], None]:
+    """One pass of ``predictor`` over ``images``, which leaves the number of detections per image in
+    ``detections``. A function of its own, so that the pass holds its own predictor and images rather
+    than a loop's variables."""
+
+    def evaluate_all() -> None:
+        detections[:] = [len(predictor(image)["instances"]) for image in images]
+
+    return evaluate_all
+
+
 def run_demo(args: argparse.Namespace, device: torch.device, progress: Progress) -> dict:
     """``{"config", "image_size", "images", "rows": [{"name", "norm", "seconds", "detections", "gw_layers"}]}``;
     ``seconds`` per image: the median over ``--model-repeats`` passes over the images (after
@@ -82,10 +93,7 @@ def run_demo(args: argparse.Namespace, device: torch.device, progress: Progress)
         images = demo_images(cfg, count)
         image_size = cfg.DATASETS.SHAPES.IMAGE_SIZE
         detections: List[int] = []
-
-        def evaluate_all() -> None:
-            detections[:] = [len(predictor(image)["instances"]) for image in images]
-
+        evaluate_all = detection_pass(predictor, images, detections)
         times = call_times(evaluate_all, device, args.model_warmup, args.model_repeats, args.clock)
         seconds = statistics.median(times) / len(images)
         rows.append({"name": name, "norm": norm, "seconds": seconds, "detections": statistics.mean(detections),

@@ -75,7 +75,7 @@ def median_ratio(times: List[float], reference: List[float]) -> float:
     """Median over rounds of ``times[i] / reference[i]``."""
     if len(times) != len(reference):
         raise ValueError(f"ratio of {len(times)} rounds to {len(reference)} rounds: time both in the same rounds")
-    return statistics.median(t / r for t, r in zip(times, reference))
+    return statistics.median(t / r for t, r in zip(times, reference, strict=True))
 
 
 def peak_memory(fn: Callable[[], None], device: torch.device) -> int:

@@ -91,7 +91,7 @@ def _count(events: Iterable, result: OperationCount) -> None:
 def _bytes_moved(shapes: Sequence, dtypes: Sequence) -> int:
     """Inputs read plus the largest written once (module docstring); 0 without recorded shapes."""
     sizes = [math.prod(shape) * DTYPE_BYTES.get(dtype, 4)
-             for shape, dtype in zip(shapes or (), dtypes or ()) if shape and dtype not in ("", "Scalar")]
+             for shape, dtype in zip(shapes or (), dtypes or (), strict=True) if shape and dtype not in ("", "Scalar")]
     return sum(sizes) + max(sizes, default=0)
 
 

@@ -138,19 +138,19 @@ def study_cells(
     cells = []
     if study == "paper":
         for seed in seeds if seeds is not None else DEFAULT_SEEDS["paper"]:
-            for spec, cfg in zip(specs, base_configs):
+            for spec, cfg in zip(specs, base_configs, strict=True):
                 batch = int(cfg.SOLVER.IMS_PER_BATCH)
                 cells.append(Cell(cell_name(spec.name, batch, seed), spec.name, spec.config_file,
                                   (*spec.opts, *seed_opts(seed)), seed, batch))
     elif study == "batch-sweep":
         for batch in batch_sizes or DEFAULT_BATCH_SIZES:
             for seed in seeds if seeds is not None else DEFAULT_SEEDS["batch-sweep"]:
-                for spec, cfg in zip(specs, base_configs):
+                for spec, cfg in zip(specs, base_configs, strict=True):
                     cells.append(Cell(cell_name(spec.name, batch, seed), spec.name, spec.config_file,
                                       (*spec.opts, *batch_scaling_opts(cfg, batch), *seed_opts(seed)),
                                       seed, batch))
     elif study == "custom":
-        for spec, cfg in zip(specs, base_configs):
+        for spec, cfg in zip(specs, base_configs, strict=True):
             batch = int(cfg.SOLVER.IMS_PER_BATCH)
             if seeds is None:
                 cells.append(Cell(spec.name, spec.name, spec.config_file, spec.opts, int(cfg.SEED), batch))

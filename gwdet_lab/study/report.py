@@ -151,7 +151,7 @@ def differences_table(found: Sequence[tuple[int, PairedDifference]]) -> Table:
         table.add({
             "ordering": f"{label(d.better)} > {label(d.worse)}", "batch": batch, "paper_diff": paper, "n": d.n,
             "mean_diff": d.mean, "std_diff": d.std, "ci_low": d.low, "ci_high": d.high,
-            "per_seed": ", ".join(f"s{s}: {v:+.2f}" for s, v in zip(d.seeds, d.differences)),
+            "per_seed": ", ".join(f"s{s}: {v:+.2f}" for s, v in zip(d.seeds, d.differences, strict=True)),
             "verdict": d.verdict, "image_low": d.image_low, "image_high": d.image_high,
         })
     return table
@@ -286,7 +286,7 @@ def plot_ap_bars(results: Sequence[CellResult], path: Path) -> None:
     """Mean box AP per configuration and batch size, std error bars, each seed as a dot; next to
     batch-norm configurations, their AP with example weighing (hatched)."""
     bars = []
-    for index, g in enumerate(grouped(results)):
+    for g in grouped(results):
         colour = f"C{ordered_groups(results).index(g.group) % 10}"
         suffix = f"\n{g.batch_size} img" if len(batch_sizes(results)) > 1 else ""
         if not g.trained:
@@ -297,7 +297,7 @@ def plot_ap_bars(results: Sequence[CellResult], path: Path) -> None:
             bars.append((f"{label(g.group)}{suffix}\n+EW", weighed, {"color": colour, "hatch": "//", "alpha": 0.55}))
     figure = Figure(figsize=(max(6.0, 0.9 * len(bars) + 1), 4.5), layout="constrained")
     axis = figure.add_subplot()
-    for x, (name, values, style) in enumerate(bars):
+    for x, (_name, values, style) in enumerate(bars):
         m, s = mean(values), std(values)
         axis.bar(x, m, yerr=s, capsize=4, edgecolor="black", **style)
         axis.scatter([x] * len(values), values, color="black", s=10, zorder=3)
@@ -323,7 +323,7 @@ def plot_loss_curves(results: Sequence[CellResult], path: Path) -> None:
     for r in results:
         if not r.loss_curve:
             continue
-        iterations, losses = zip(*r.loss_curve)
+        iterations, losses = zip(*r.loss_curve, strict=True)
         key = (r.cell.group, r.cell.batch_size)
         name = label(r.cell.group) + (f", {r.cell.batch_size} img" if len(sizes) > 1 else "")
         axis.plot([(i + 1) * r.images_per_iteration for i in iterations], losses,
@@ -356,7 +356,7 @@ def plot_ap_vs_batch(results: Sequence[CellResult], path: Path) -> None:
         with_batch = [(g.batch_size, mean([c.batch_statistics_ap for c in g.cells]))
                       for g in mine if all(c.batch_statistics_ap is not None for c in g.cells)]
         if with_batch:
-            xs, ys = zip(*with_batch)
+            xs, ys = zip(*with_batch, strict=True)
             axis.plot(xs, ys, color=colour, marker="x", linestyle="--",
                       label=f"{label(group)}, test batch's statistics")
     axis.set_xscale("log", base=2)
