@@ -49,7 +49,7 @@ def write_coco(folder: Path, images: int, categories=CATEGORIES, seed: int = 0, 
         shapes = {"block": (x, y, x + 16, y + 16), wide: (8, 48, 56, 56)}
         file_name = f"{index:03d}.png"
         coco["images"].append({"id": index + 1, "file_name": file_name, "height": SIZE, "width": SIZE})
-        for colour, (name, (x0, y0, x1, y1)) in zip(((230, 60, 60), (60, 230, 60)), shapes.items()):
+        for colour, (name, (x0, y0, x1, y1)) in zip(((230, 60, 60), (60, 230, 60)), shapes.items(), strict=True):
             pixels[y0:y1, x0:x1] = colour
             mask = np.zeros((SIZE, SIZE), dtype=np.uint8)
             mask[y0:y1, x0:x1] = 1

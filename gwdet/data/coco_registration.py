@@ -36,7 +36,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from detectron2.config import CfgNode
 from detectron2.data import DatasetCatalog, MetadataCatalog
@@ -107,6 +107,14 @@ class CocoDataset:
     def inspected(self) -> CocoDataset:
         """This dataset with :attr:`contents` read (:func:`inspect_coco_file`)."""
         return self if self.contents is not None else replace(self, contents=inspect_coco_file(self))
+
+    @property
+    def read(self) -> CocoContents:
+        """:attr:`contents`, read from the JSON file on first use."""
+        if self.contents is None:
+            object.__setattr__(self, "contents", inspect_coco_file(self))
+        assert self.contents is not None
+        return self.contents
 
 
 def _absolute(path: str) -> str:
@@ -253,7 +261,7 @@ def register_coco_datasets(datasets: Iterable[CocoDataset]) -> None:
         if dataset.name in DatasetCatalog.list():  # registered here before, onto other files
             DatasetCatalog.remove(dataset.name)
             MetadataCatalog.remove(dataset.name)
-        register_coco_instances(dataset.name, {"thing_classes": dataset.contents.class_names},
+        register_coco_instances(dataset.name, {"thing_classes": dataset.read.class_names},
                                 dataset.json_file, dataset.image_root)
         _REGISTERED[dataset.name] = dataset
 
@@ -367,15 +375,17 @@ def _check_same_categories(cfg: CfgNode, reference: CocoDataset, name: str) -> N
     and names for another ``--register-coco`` dataset, the same class names in the same order for
     any other dataset whose classes are known before loading (shapes, detectron2's builtin COCO)."""
     dataset = registered_coco_dataset(name)
+    first: Sequence[Any]
+    second: Sequence[Any] | None
     if dataset is not None:  # both JSON files: ids and names
-        first, second = reference.contents.categories, dataset.contents.categories
-        show = _show_category
+        first, second = reference.read.categories, dataset.read.categories
+        show: Callable[[Any], str] = _show_category
         described = f"{_dataset_role(cfg, name)} {name!r} ({dataset.json_file})"
     else:
         second = _known_class_names(name)
         if second is None:
             return
-        first = reference.contents.class_names
+        first = reference.read.class_names
         show = repr
         described = f"{_dataset_role(cfg, name)} {name!r}"
     if list(first) == list(second):
@@ -393,16 +403,16 @@ def _check_num_classes(cfg: CfgNode, dataset: CocoDataset) -> None:
         return
     key = "RETINANET" if architecture == "RetinaNet" else "ROI_HEADS"
     value = cfg.MODEL[key].NUM_CLASSES
-    count = len(dataset.contents.categories)
+    count = len(dataset.read.categories)
     if value != count:
         raise DatasetError(
             f"MODEL.{key}.NUM_CLASSES is {value}, but {_dataset_role(cfg, dataset.name)} {dataset.name!r} "
-            f"({dataset.json_file}) has {count} categories ({_listing(dataset.contents.class_names)}): add "
+            f"({dataset.json_file}) has {count} categories ({_listing(dataset.read.class_names)}): add "
             f"MODEL.{key}.NUM_CLASSES {count} to the command line (or set it in the config).")
 
 
 def _check_masks(cfg: CfgNode, dataset: CocoDataset) -> None:
-    contents, described = dataset.contents, f"DATASETS.TRAIN {dataset.name!r} ({dataset.json_file})"
+    contents, described = dataset.read, f"DATASETS.TRAIN {dataset.name!r} ({dataset.json_file})"
     if contents.without_mask:
         raise DatasetError(
             f"MODEL.MASK_ON is True, but {contents.without_mask} of the {contents.instances} annotations of "

@@ -163,8 +163,9 @@ def run_onnx(path: str, inputs: Sequence[torch.Tensor]) -> List[Any]:
     options.log_severity_level = 3
     session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     names = [entry.name for entry in session.get_inputs()]
-    # the exporter drops inputs the graph does not use; keep the order of the rest
-    feeds = {name: tensor.detach().cpu().numpy() for name, tensor in zip(names, inputs)}
+    # the exporter drops inputs the graph does not use; keep the order of the rest (so fewer names
+    # than inputs is expected: zip stops at the names)
+    feeds = {name: tensor.detach().cpu().numpy() for name, tensor in zip(names, inputs, strict=False)}
     return session.run(None, feeds)
 
 
@@ -174,7 +175,7 @@ def max_abs_difference(expected: Sequence[Any], actual: Sequence[Any]) -> float:
     if len(expected) != len(actual):
         raise ValueError(f"{len(expected)} outputs expected, got {len(actual)}")
     largest = 0.0
-    for index, (want, got) in enumerate(zip(expected, actual)):
+    for index, (want, got) in enumerate(zip(expected, actual, strict=True)):
         want = torch.as_tensor(want).detach().cpu()
         got = torch.as_tensor(got).detach().cpu()
         if want.shape != got.shape:

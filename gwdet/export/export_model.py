@@ -23,7 +23,7 @@ import argparse
 import itertools
 import logging
 import os
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -133,7 +133,7 @@ def build_trained_model(cfg) -> torch.nn.Module:
     return model.eval()
 
 
-def _scripted_adapter(model: torch.nn.Module) -> torch.nn.Module:
+def _scripted_adapter(model: Any) -> torch.nn.Module:  # GeneralizedRCNN, checked below
     from detectron2.modeling import GeneralizedRCNN
 
     if not isinstance(model, GeneralizedRCNN):
@@ -201,7 +201,7 @@ def evaluate_traced(cfg, traced, adapter) -> Dict:
     return results
 
 
-def count_detections(model: torch.nn.Module, image: Tensor) -> int:
+def count_detections(model: Any, image: Tensor) -> int:  # a detectron2 meta-architecture (inference())
     """The number of detections ``model`` (in evaluation mode) makes on ``image``."""
     with torch.no_grad():
         return len(model.inference([{"image": image}], do_postprocess=False)[0])

@@ -192,6 +192,11 @@ class BatchGroupNorm(nn.Module):
     Buffers: ``running_mean`` (starts at 0) and ``running_var`` (starts at 1), both ``[C]``.
     """
 
+    weight: Optional[Tensor]
+    bias: Optional[Tensor]
+    running_mean: Tensor
+    running_var: Tensor
+
     def __init__(
         self,
         num_channels: int,

@@ -151,6 +151,11 @@ class BatchWhitening(nn.Module):
     ``[C / k, k, k]`` (starts at the identity).
     """
 
+    weight: Optional[Tensor]
+    bias: Optional[Tensor]
+    running_mean: Tensor
+    running_whitening: Tensor
+
     def __init__(
         self,
         num_channels: int,

@@ -55,12 +55,12 @@ def check_hyper_parameters(
     """A layer's constructor checks: every ``counts`` value an integer >= 1, every ``positive``
     value finite and > 0, every ``unit_interval`` value in [0, 1] (``ValueError`` naming ``owner``
     and the argument otherwise)."""
-    for name, value in counts.items():
-        check_int_at_least(owner, name, value, 1)
-    for name, value in (positive or {}).items():
-        check_positive(owner, name, value)
-    for name, value in (unit_interval or {}).items():
-        check_unit_interval(owner, name, value)
+    for name, count in counts.items():
+        check_int_at_least(owner, name, count, 1)
+    for name, number in (positive or {}).items():
+        check_positive(owner, name, number)
+    for name, fraction in (unit_interval or {}).items():
+        check_unit_interval(owner, name, fraction)
 
 
 def check_choice(owner: str, name: str, value: str, choices: List[str]) -> None:

@@ -172,6 +172,9 @@ class GroupWhitening(nn.Module):
     for ZCA; ItN approaches this as ``T`` grows (see :func:`inverse_sqrt_itn`).
     """
 
+    weight: Optional[Tensor]
+    bias: Optional[Tensor]
+
     def __init__(
         self,
         num_channels: int,
