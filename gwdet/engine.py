@@ -4,6 +4,11 @@
 COCOeval). :func:`setup` builds the config from the command line and prepares the datasets it names;
 :func:`main` trains (or evaluates with ``--eval-only``), then writes the AP tables as markdown and,
 when ``TEST.VIS_IMAGES`` > 0 and there is a test set, PNGs of predictions on its first images.
+
+A LazyConfig (a ``.py`` config) takes the same way through :func:`main`, into
+:mod:`gwdet.lazy_engine`, which shares this module's run-folder checks, results files, model
+wrapping, writers and signal checkpointing (:func:`check_output_request`, :func:`evaluation_target`,
+:func:`write_results_to`, :func:`training_ddp_model`, :func:`run_writers`, :func:`with_signal_checkpoints`).
 """
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ import os
 import sys
 import weakref
 from collections import OrderedDict
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 import yaml
@@ -33,6 +38,7 @@ from detectron2.engine import (
 from detectron2.engine.hooks import EvalHook
 from detectron2.evaluation import COCOEvaluator
 from detectron2.utils import comm
+from detectron2.utils.events import CommonMetricPrinter, EventWriter, JSONWriter, TensorboardXWriter
 from detectron2.utils.logger import setup_logger
 
 from gwdet.atomic import write_text_atomically
@@ -64,6 +70,50 @@ RESULTS_MARKDOWN = "results.md"
 RESULTS_JSON = "results.json"
 
 
+class MetricsFileWriter(EventWriter):
+    """detectron2's ``JSONWriter`` of ``metrics.json`` that opens the file at its first write.
+
+    The trainer's writers are built with its hooks, before ``--resume`` loads the checkpoint and
+    :func:`gwdet.output_dir.trim_metrics` replaces the file with the records the resumed run keeps:
+    a ``JSONWriter`` opened before that would append to the replaced file and lose every record of
+    the resumed run."""
+
+    def __init__(self, path: str, window_size: int = 20) -> None:
+        self.path, self.window_size = path, window_size
+        self._writer: JSONWriter | None = None
+
+    def write(self) -> None:
+        if self._writer is None:
+            self._writer = JSONWriter(self.path, self.window_size)
+        self._writer.write()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+def run_writers(output_dir: str, max_iter: int) -> list:
+    """detectron2's ``default_writers`` (console, ``metrics.json``, TensorBoard events), with
+    ``metrics.json`` written by a :class:`MetricsFileWriter`."""
+    os.makedirs(output_dir, exist_ok=True)
+    return [CommonMetricPrinter(max_iter), MetricsFileWriter(os.path.join(output_dir, "metrics.json")),
+            TensorboardXWriter(output_dir)]
+
+
+def training_ddp_model(model: torch.nn.Module, **options) -> torch.nn.Module:
+    """detectron2's ``create_ddp_model(model, **options)``; a CPU model is wrapped without
+    ``device_ids`` (detectron2 pins a GPU index, which PyTorch rejects for a CPU model)."""
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    return create_ddp_model(model, **options, **({"device_ids": None} if on_cpu else {}))
+
+
+def with_signal_checkpoints(hooks: list) -> list:
+    """``hooks`` with :class:`CheckpointOnSignal` placed before the (first) ``EvalHook``: after the
+    LR scheduler and the periodic checkpointer, before evaluation and the writers."""
+    evaluation = next(i for i, hook in enumerate(hooks) if isinstance(hook, EvalHook))
+    return hooks[:evaluation] + [CheckpointOnSignal()] + hooks[evaluation:]
+
+
 class Trainer(DefaultTrainer):
     """``DefaultTrainer`` evaluating with ``COCOEvaluator`` (box, and mask when masks are on), whose
     checkpoints survive a killed run and whose ``--resume`` continues the data and random streams
@@ -81,8 +131,7 @@ class Trainer(DefaultTrainer):
         model = self.build_model(cfg)
         optimizer = self.build_optimizer(cfg, model)
         data_loader = FiniteImageBatches(self.build_train_loader(cfg))
-        on_cpu = next(model.parameters()).device.type == "cpu"
-        model = create_ddp_model(model, broadcast_buffers=False, **({"device_ids": None} if on_cpu else {}))
+        model = training_ddp_model(model, broadcast_buffers=False)
         trainer_class = AMPTrainer if cfg.SOLVER.AMP.ENABLED else SimpleTrainer
         self._trainer = trainer_class(model, data_loader, optimizer)
         self.scheduler = self.build_lr_scheduler(cfg, optimizer)
@@ -140,9 +189,11 @@ class Trainer(DefaultTrainer):
         """detectron2's hooks plus :class:`CheckpointOnSignal` (SIGTERM, SIGINT and SIGUSR2 save a
         checkpoint of the current iteration before training stops), placed after the LR scheduler
         and the periodic checkpointer, before evaluation and the writers."""
-        hooks = super().build_hooks()
-        evaluation = next(i for i, hook in enumerate(hooks) if isinstance(hook, EvalHook))
-        return hooks[:evaluation] + [CheckpointOnSignal()] + hooks[evaluation:]
+        return with_signal_checkpoints(super().build_hooks())
+
+    def build_writers(self) -> list:
+        """detectron2's writers, ``metrics.json`` opened once a resume has trimmed it (:func:`run_writers`)."""
+        return run_writers(self.cfg.OUTPUT_DIR, self.max_iter)
 
     def train(self):
         """Train; return the final COCO results (detectron2's EvalHook stores them on the trainer)."""
@@ -222,6 +273,12 @@ def build_config(config_file: str, opts: list[str] | None = None) -> CfgNode:
         raise ValueError("No config given: pass --config configs/<file>.yaml (see configs/).")
     if not os.path.isfile(config_file):
         raise FileNotFoundError(f"Config file {config_file!r} does not exist (run from the repository root?).")
+    if config_file.endswith(".py"):
+        raise ValueError(
+            f"Config file {config_file!r} is a LazyConfig (.py), not a yacs config, which is what this step "
+            "reads. tools/train_net.py (on this machine: --launcher local), tools/analyze_model.py and "
+            "tools/deploy/export_model.py take LazyConfigs, with key=value overrides; in Python, load one with "
+            "gwdet.lazy_engine.load_lazy_config.")
     with open(config_file, encoding="utf-8") as f:
         text = f.read()
     try:
@@ -241,24 +298,49 @@ def build_config(config_file: str, opts: list[str] | None = None) -> CfgNode:
     return cfg
 
 
-def check_run_request(cfg: CfgNode, args: argparse.Namespace) -> None:
+def check_output_request(args: argparse.Namespace, output_dir: str, weights: str, *,
+                         check_resume: Callable[[], None], weights_setting: str = "MODEL.WEIGHTS path/to/model_final.pth",
+                         output_setting: str = "OUTPUT_DIR") -> None:
     """Refuse, before anything is written or loaded, a run that would evaluate a model nobody chose
-    or write over another run (``--eval-only`` / ``--resume`` / ``--overwrite`` of ``args``)."""
+    or write over another run (``--eval-only`` / ``--resume`` / ``--overwrite`` of ``args``), for a
+    run into ``output_dir`` whose initial weights are ``weights``. ``check_resume`` refuses a
+    ``--resume`` of another model; ``weights_setting`` and ``output_setting`` are how the messages
+    name the config's settings (yacs: ``MODEL.WEIGHTS ...``, ``OUTPUT_DIR``)."""
     if args.resume and getattr(args, "overwrite", False):
-        raise ValueError("--resume continues the run in OUTPUT_DIR and --overwrite deletes it: give one of them.")
+        raise ValueError(f"--resume continues the run in {output_setting} and --overwrite deletes it: give one of them.")
     if args.eval_only:
         if args.resume:
-            tagged_checkpoint(cfg.OUTPUT_DIR)
-        elif not cfg.MODEL.WEIGHTS:
+            tagged_checkpoint(output_dir)
+        elif not weights:
             raise ValueError(
-                "--eval-only needs trained weights: add MODEL.WEIGHTS path/to/model_final.pth (or "
-                "--resume to evaluate the checkpoint OUTPUT_DIR/last_checkpoint names); without them the "
+                f"--eval-only needs trained weights: add {weights_setting} (or "
+                f"--resume to evaluate the checkpoint {output_setting}/last_checkpoint names); without them the "
                 "model would be randomly initialized.")
         return
     if args.resume:
-        check_resume_config(cfg, cfg.OUTPUT_DIR)
+        check_resume()
     else:
-        check_fresh_start(cfg.OUTPUT_DIR, getattr(args, "overwrite", False))
+        check_fresh_start(output_dir, getattr(args, "overwrite", False))
+
+
+def check_run_request(cfg: CfgNode, args: argparse.Namespace) -> None:
+    """Refuse, before anything is written or loaded, a run that would evaluate a model nobody chose
+    or write over another run (``--eval-only`` / ``--resume`` / ``--overwrite`` of ``args``)."""
+    check_output_request(args, cfg.OUTPUT_DIR, cfg.MODEL.WEIGHTS,
+                         check_resume=lambda: check_resume_config(cfg, cfg.OUTPUT_DIR))
+
+
+def evaluation_target(args: argparse.Namespace, output_dir: str, weights: str, output_setting: str = "OUTPUT_DIR") -> tuple[str, str]:
+    """``--eval-only``: the weights to evaluate (``weights``, or with ``--resume`` the checkpoint
+    ``output_dir/last_checkpoint`` names) and the folder to write to
+    (:func:`gwdet.output_dir.evaluation_folder`), logged when that is not ``output_dir``."""
+    weights = tagged_checkpoint(output_dir) if args.resume else weights
+    folder = evaluation_folder(output_dir, weights)
+    if folder != output_dir:
+        logging.getLogger(__name__).info(
+            f"{output_setting} {output_dir} holds a run: the evaluation of {weights} is written to {folder}, "
+            "and the run's own files stay as they are.")
+    return weights, folder
 
 
 def evaluation_request(cfg: CfgNode, args: argparse.Namespace) -> tuple[CfgNode, argparse.Namespace]:
@@ -266,12 +348,7 @@ def evaluation_request(cfg: CfgNode, args: argparse.Namespace) -> tuple[CfgNode,
     (``MODEL.WEIGHTS``, or with ``--resume`` the checkpoint ``last_checkpoint`` names) into a folder
     of their own when ``OUTPUT_DIR`` holds a run (:func:`gwdet.output_dir.evaluation_folder`)."""
     check_run_request(cfg, args)
-    weights = tagged_checkpoint(cfg.OUTPUT_DIR) if args.resume else cfg.MODEL.WEIGHTS
-    output_dir = evaluation_folder(cfg.OUTPUT_DIR, weights)
-    if output_dir != cfg.OUTPUT_DIR:
-        logging.getLogger(__name__).info(
-            f"OUTPUT_DIR {cfg.OUTPUT_DIR} holds a run: the evaluation of {weights} is written to {output_dir}, "
-            "and the run's own files stay as they are.")
+    weights, output_dir = evaluation_target(args, cfg.OUTPUT_DIR, cfg.MODEL.WEIGHTS)
     cfg = cfg.clone()
     cfg.defrost()
     cfg.MODEL.WEIGHTS, cfg.OUTPUT_DIR = weights, output_dir
@@ -327,15 +404,21 @@ def results_markdown(results: Mapping, datasets: Sequence[str] = ()) -> str:
     return "\n".join(lines)
 
 
-def write_results(cfg: CfgNode, results: Mapping) -> None:
-    """``OUTPUT_DIR/results.md`` and ``results.json`` (main process only)."""
+def write_results_to(output_dir: str, results: Mapping, datasets: Sequence[str] = ()) -> None:
+    """``output_dir/results.md`` and ``results.json`` of ``results`` for the test sets ``datasets``
+    (main process only; nothing without results)."""
     if not comm.is_main_process() or not results:
         return
-    os.makedirs(cfg.OUTPUT_DIR, exist_ok=True)
-    datasets = tuple(cfg.DATASETS.TEST)
-    write_text_atomically(os.path.join(cfg.OUTPUT_DIR, RESULTS_MARKDOWN), results_markdown(results, datasets))
-    write_text_atomically(os.path.join(cfg.OUTPUT_DIR, RESULTS_JSON),
+    os.makedirs(output_dir, exist_ok=True)
+    datasets = tuple(datasets)
+    write_text_atomically(os.path.join(output_dir, RESULTS_MARKDOWN), results_markdown(results, datasets))
+    write_text_atomically(os.path.join(output_dir, RESULTS_JSON),
                           json.dumps(flatten_results(results, datasets), indent=2))
+
+
+def write_results(cfg: CfgNode, results: Mapping) -> None:
+    """``OUTPUT_DIR/results.md`` and ``results.json`` (main process only)."""
+    write_results_to(cfg.OUTPUT_DIR, results, cfg.DATASETS.TEST)
 
 
 def main(args: argparse.Namespace):
@@ -343,8 +426,15 @@ def main(args: argparse.Namespace):
 
 An evaluation of weights into a folder that holds a run writes to ``OUTPUT_DIR/eval/<checkpoint>/``
 (:func:`evaluation_request`).
-    The main process holds a lock on OUTPUT_DIR for the whole run.
+    The main process holds a lock on OUTPUT_DIR for the whole run. A LazyConfig (``.py``) is
+    trained by :func:`gwdet.lazy_engine.main` with the same rules.
     """
+    from gwdet.lazy_engine import is_lazy_config
+
+    if is_lazy_config(args.config_file):
+        from gwdet.lazy_engine import main as lazy_main
+
+        return lazy_main(args)
     cfg = build_config(args.config_file, args.opts)
     if args.eval_only:
         cfg, args = evaluation_request(cfg, args)

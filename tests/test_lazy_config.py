@@ -6,6 +6,7 @@ import torch
 from detectron2.config import LazyCall as L
 from detectron2.config import LazyConfig, instantiate
 from detectron2.modeling.backbone import BasicStem, ResNet
+from omegaconf import OmegaConf
 
 import gwdet
 from gwdet.layers import GroupWhitening
@@ -76,3 +77,236 @@ def test_a_norm_name_detectron2_does_not_know_fails_loudly_in_a_lazy_config():
     node = L(BasicStem)(in_channels=3, out_channels=16, norm="GW")
     with pytest.raises(KeyError):
         instantiate(node)
+
+
+# ---- the LazyConfigs of the shapes models: the same models, data and recipe as their yacs configs ----
+
+SHAPES_PAIRS = [  # (LazyConfig, its yacs config, which of DATASETS.TEST the LazyConfig evaluates on)
+    ("mask_rcnn_R_50_FPN_gw_shapes.py", "Demo/mask_rcnn_R_50_FPN_gw_shapes.yaml", 0),
+    ("Study/bn.py", "Study/bn.yaml", -1),
+    ("Study/bn_gw_s1b2.py", "Study/bn_gw_s1b2.yaml", -1),
+    ("Study/gn.py", "Study/gn.yaml", -1),
+    ("Study/gw.py", "Study/gw.yaml", -1),
+]
+
+
+def _attributes(module: torch.nn.Module) -> dict:
+    """A module's settings: the plain values among its attributes (thresholds, sizes, group numbers,
+    norm hyper-parameters, ...), loss weights with detectron2's default of 1.0 filled in."""
+    values = {}
+    for key, value in vars(module).items():
+        if key.startswith("_") or key == "training" or not isinstance(value, (bool, int, float, str, tuple, dict)):
+            continue
+        if key == "loss_weight" and isinstance(value, dict):
+            value = {name: value.get(name, 1.0) for name in ("loss_cls", "loss_box_reg", "loss_mask")}
+        values[key] = value
+    return values
+
+
+def _built_pair(lazy_name: str, yacs_name: str):
+    from gwdet.engine import Trainer, build_config
+
+    cfg = build_config(str(REPO / "configs" / yacs_name))
+    lazy = LazyConfig.load(str(LAZY / lazy_name))
+    torch.manual_seed(0)
+    yacs_model = Trainer.build_model(cfg)
+    torch.manual_seed(0)
+    lazy_model = instantiate(lazy.model)
+    return cfg, lazy, yacs_model, lazy_model
+
+
+@pytest.mark.parametrize("lazy_name, yacs_name, test_index", SHAPES_PAIRS, ids=[p[0] for p in SHAPES_PAIRS])
+def test_shapes_lazy_configs_build_their_yacs_models_weight_for_weight(lazy_name, yacs_name, test_index):
+    _, _, yacs_model, lazy_model = _built_pair(lazy_name, yacs_name)
+    yacs_modules, lazy_modules = dict(yacs_model.named_modules()), dict(lazy_model.named_modules())
+    assert list(lazy_modules) == list(yacs_modules), "the same modules, in the same order"
+    for name, module in yacs_modules.items():
+        other = lazy_modules[name]
+        # gwdet's registered heads (GWFastRCNNConvFCHead, ...) are detectron2's with norms from the config
+        assert type(other).__name__ == type(module).__name__.removeprefix("GW"), name
+        assert _attributes(other) == _attributes(module), name
+        if not list(module.children()):
+            assert repr(other) == repr(module), name  # layer shapes, norm types and hyper-parameters
+    yacs_state, lazy_state = yacs_model.state_dict(), lazy_model.state_dict()
+    assert list(lazy_state) == list(yacs_state)
+    for key, tensor in yacs_state.items():  # built in the same order from the same seed
+        assert torch.equal(lazy_state[key], tensor), key
+    if "gw" in lazy_name:
+        assert _gw_values(lazy_model) == {(16, 5, 1e-5)}
+
+
+@pytest.mark.parametrize("lazy_name, yacs_name, test_index", SHAPES_PAIRS, ids=[p[0] for p in SHAPES_PAIRS])
+def test_shapes_lazy_configs_train_and_test_as_their_yacs_configs(lazy_name, yacs_name, test_index):
+    from detectron2.data import DatasetMapper
+
+    from gwdet.data import ShapesSpec
+    from gwdet.engine import Trainer
+    from gwdet.lazy_engine import build_optimizer
+
+    cfg, lazy, yacs_model, lazy_model = _built_pair(lazy_name, yacs_name)
+    # data: the same images, masks, augmentations, batches and test set
+    assert instantiate(lazy.dataloader.shapes) == ShapesSpec.from_config(cfg)
+    assert lazy.dataloader.train.dataset.names.split == "train" and cfg.DATASETS.TRAIN == ("shapes_train",)
+    assert f"shapes_{lazy.dataloader.test.dataset.names.split}" == cfg.DATASETS.TEST[test_index]
+    for is_train, node in ((True, lazy.dataloader.train.mapper), (False, lazy.dataloader.test.mapper)):
+        expected, mapper = DatasetMapper(cfg, is_train=is_train), instantiate(node)
+        # annotations (instance masks, keypoints, proposals) are read for training only
+        for key in ("is_train", "image_format") + (("use_instance_mask", "instance_mask_format", "recompute_boxes",
+                                                     "use_keypoint", "proposal_topk") if is_train else ()):
+            assert getattr(mapper, key) == getattr(expected, key), key
+        theirs, ours = expected.augmentations.augs, mapper.augmentations.augs
+        assert [type(a) for a in ours] == [type(a) for a in theirs]
+        for a, b in zip(ours, theirs, strict=True):
+            assert {k: set(v) if isinstance(v, tuple) else v for k, v in vars(a).items()} == \
+                   {k: set(v) if isinstance(v, tuple) else v for k, v in vars(b).items()}
+    train = lazy.dataloader.train
+    assert (train.total_batch_size, train.num_workers, train.aspect_ratio_grouping, train.dataset.filter_empty) == (
+        cfg.SOLVER.IMS_PER_BATCH, cfg.DATALOADER.NUM_WORKERS, cfg.DATALOADER.ASPECT_RATIO_GROUPING,
+        cfg.DATALOADER.FILTER_EMPTY_ANNOTATIONS)
+    # training: the optimizer's value for every parameter, the learning rate at every iteration
+    ours, theirs = build_optimizer(lazy, lazy_model), Trainer.build_optimizer(cfg, yacs_model)
+    names = {id(p): n for n, p in lazy_model.named_parameters()} | {id(p): n for n, p in yacs_model.named_parameters()}
+
+    def by_parameter(optimizer):
+        return {names[id(p)]: {k: v for k, v in group.items() if k not in ("params", "param_names", "foreach")}
+                for group in optimizer.param_groups for p in group["params"]}
+
+    assert by_parameter(ours) == by_parameter(theirs)
+    assert "model" not in lazy.optimizer.params, "the model is not left in the config"
+    schedule, expected = instantiate(lazy.lr_multiplier), Trainer.build_lr_scheduler(cfg, theirs)
+    for iteration in range(0, cfg.SOLVER.MAX_ITER, 7):
+        where = iteration / cfg.SOLVER.MAX_ITER
+        assert schedule(where) == pytest.approx(expected._multiplier(where), rel=1e-12), iteration
+    settings = lazy.train
+    assert (settings.max_iter, settings.checkpointer.period, settings.eval_period, settings.seed, settings.device,
+            settings.init_checkpoint) == (cfg.SOLVER.MAX_ITER, cfg.SOLVER.CHECKPOINT_PERIOD, cfg.TEST.EVAL_PERIOD,
+                                          cfg.SEED, cfg.MODEL.DEVICE, cfg.MODEL.WEIGHTS)
+
+
+@pytest.mark.parametrize("lazy_name", [p[0] for p in SHAPES_PAIRS])
+def test_shapes_lazy_configs_survive_save_and_load(lazy_name, tmp_path):
+    cfg = LazyConfig.load(str(LAZY / lazy_name))
+    LazyConfig.save(cfg, str(tmp_path / "config.yaml"))
+    assert not (tmp_path / "config.yaml.pkl").exists(), "saved as yaml, not pickled"
+    reloaded = LazyConfig.load(str(tmp_path / "config.yaml"))
+    # the same model (the saved file sorts keys, so parts are built, and drawn, in another order)
+    assert repr(instantiate(reloaded.model)) == repr(instantiate(cfg.model))
+    assert instantiate(reloaded.dataloader.shapes) == instantiate(cfg.dataloader.shapes)
+    evaluator = OmegaConf.to_container(reloaded.dataloader.evaluator, resolve=True)
+    assert evaluator["dataset_name"]["split"] == cfg.dataloader.test.dataset.names.split
+    assert evaluator["output_dir"] == f"{cfg.train.output_dir}/inference"
+
+
+def test_one_norm_node_per_part_reaches_exactly_that_part():
+    cfg = LazyConfig.load(str(LAZY / "mask_rcnn_R_50_FPN_gw_shapes.py"))
+    cfg.model.backbone.bottom_up.resnet.stem.norm.num_groups = 4  # GN of the whole ResNet
+    cfg.model.backbone.bottom_up.norm.num_groups = 8  # GW at S1-B2
+    model = instantiate(cfg.model)
+
+    def groups(kind, part):
+        return {m.num_groups for n, m in model.named_modules() if isinstance(m, kind) and part in n}
+
+    assert groups(torch.nn.GroupNorm, "") == {4}
+    assert groups(GroupWhitening, "bottom_up") == {8}
+    assert groups(GroupWhitening, "fpn_") == groups(GroupWhitening, "roi_heads") == {16}
+
+
+# ---- the embedded data from a LazyConfig ----
+
+def test_shapes_dataset_registers_the_splits_of_its_spec_and_returns_the_name():
+    from detectron2.data import DatasetCatalog, MetadataCatalog
+
+    from gwdet.data import ShapesSpec, shapes_dataset
+
+    spec = ShapesSpec(image_size=32, num_train=3, num_val=2, num_test=2, seed=5)
+    assert shapes_dataset("val", spec) == "shapes_val"
+    assert len(DatasetCatalog.get("shapes_val")) == 2 and len(DatasetCatalog.get("shapes_train")) == 3
+    assert spec.folder_name() in MetadataCatalog.get("shapes_test").json_file
+    with pytest.raises(ValueError, match="'validation' is not one of the shapes splits train, val, test"):
+        shapes_dataset("validation", spec)
+    with pytest.raises(TypeError, match=r"spec must be a gwdet.data.ShapesSpec .*L\(ShapesSpec\)"):
+        shapes_dataset("train", {"image_size": 32})
+
+
+# ---- overrides: checked keys, never a silent new one ----
+
+def test_lazy_overrides_are_checked_against_the_config_and_the_nodes_arguments():
+    from gwdet.lazy_engine import load_lazy_config
+
+    demo = str(LAZY / "mask_rcnn_R_50_FPN_gw_shapes.py")
+    cfg = load_lazy_config(demo, ["train.max_iter=7", "dataloader.shapes.num_train=8",
+                                  "dataloader.test.dataset.names.split=test",
+                                  "model.roi_heads.box_predictor.test_nms_thresh=0.4",  # an argument left at its default
+                                  "+train.note=mine"])
+    assert (cfg.train.max_iter, cfg.dataloader.shapes.num_train, cfg.train.note) == (7, 8, "mine")
+    assert cfg.model.roi_heads.box_predictor.test_nms_thresh == 0.4
+    with pytest.raises(ValueError, match=r"'train.max_iters'.*Did you mean 'train.max_iter'\?"):
+        load_lazy_config(demo, ["train.max_iters=7"])
+    with pytest.raises(ValueError, match=r"no 'num_trian' under 'dataloader.shapes' \(ShapesSpec takes image_size"):
+        load_lazy_config(demo, ["dataloader.shapes.num_trian=8"])
+    with pytest.raises(ValueError, match=r"no 'trian'.*Did you mean 'dataloader.train'"):
+        load_lazy_config(demo, ["dataloader.trian.num_workers=0"])
+    with pytest.raises(ValueError, match="is not key=value.*KEY VALUE pairs are for yacs configs"):
+        load_lazy_config(demo, ["SOLVER.MAX_ITER", "7"])
+    # below a reference to a shared node, a value would replace the reference: refused, naming it
+    stage = "model.backbone.bottom_up.resnet.stages.1.norm"
+    with pytest.raises(ValueError, match=rf"'{stage}' is \$\{{...stem.norm\}}, a reference to a node other settings"):
+        load_lazy_config(demo, [f"{stage}.num_groups=4"])
+    own = load_lazy_config(demo, [f"{stage}={{_target_: gwdet.norm, name: GN, num_groups: 4}}"])  # its own node
+    model = instantiate(own.model)
+    assert {m.num_groups for n, m in model.named_modules() if isinstance(m, torch.nn.GroupNorm)
+            and n.startswith("backbone.bottom_up.res3.")} == {4}
+    assert {m.num_groups for n, m in model.named_modules() if isinstance(m, torch.nn.GroupNorm)
+            and n.startswith("backbone.bottom_up.res4.")} == {8}
+
+
+def test_the_yacs_loader_names_a_lazy_config_instead_of_a_yaml_error():
+    from gwdet.engine import build_config
+
+    with pytest.raises(ValueError, match=r"is a LazyConfig \(.py\), not a yacs config.*load_lazy_config"):
+        build_config(str(LAZY / "mask_rcnn_R_50_FPN_gw_shapes.py"))
+
+
+# ---- flop counts of a LazyConfig GW model ----
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_gwdets_flop_count_of_a_lazy_config_gw_model_is_complete_where_detectron2s_is_not():
+    pytest.importorskip("detectron2.export", reason="gwdet.export needs detectron2 >= 0.7")
+    from detectron2.utils.analysis import FlopCountAnalysis as Detectron2FlopCountAnalysis
+
+    from gwdet.export import FlopCountAnalysis
+    from gwdet.layers.cost import group_whitening_macs
+
+    torch.manual_seed(0)
+    model = instantiate(LazyConfig.load(str(LAZY / "mask_rcnn_R_50_FPN_gw_shapes.py")).model).eval()
+    inputs = [{"image": torch.rand(3, 64, 64) * 255}]
+    layers = {name: module for name, module in model.named_modules() if isinstance(module, GroupWhitening)}
+    assert len(layers) == 33  # S1 + 16 B2 positions, 8 in the FPN, 4 in each head
+    shapes: dict = {}
+
+    def record(name):
+        def hook(module, args, output):
+            shapes.setdefault(name, tuple(args[0].shape))
+        return hook
+
+    hooks = [module.register_forward_hook(record(name)) for name, module in layers.items()]
+    with torch.no_grad():
+        model(inputs)
+    for hook in hooks:
+        hook.remove()
+
+    ours, theirs = FlopCountAnalysis(model, inputs), Detectron2FlopCountAnalysis(model, inputs)
+    for analysis in (ours, theirs):
+        analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+    with torch.no_grad():
+        counts = ours.by_model_module()
+        theirs.total()
+    for name, layer in layers.items():
+        assert not ours.unsupported_ops(f"model.{name}"), name  # every operation of GW counted ...
+        assert counts[name] == group_whitening_macs(shapes[name], layer.num_groups, layer.T), name  # ... as gwdet.layers.cost
+    assert counts["backbone.bottom_up.stem.conv1.norm"] > 0
+    # detectron2's own analysis (its tools/analyze_model.py) meets GW's operations one by one and
+    # counts only its matrix products; what is left unsupported is detectron2's own (anchors, ROI align, ...)
+    assert "aten::eye" in theirs.unsupported_ops("model.backbone.fpn_lateral2.norm")
+    assert set(ours.unsupported_ops()) < set(theirs.unsupported_ops())
+    assert set(ours.unsupported_ops()) <= {"prim::CallFunction", "aten::pad", "aten::topk", "torchvision::roi_align"}

@@ -3,7 +3,8 @@
 # and in the mask head. Every GW layer gets its values from GW below, so the values travel with
 # the config (LazyConfig.save / load keep them); GW and the box head: gw_parts.py.
 #   model = instantiate(LazyConfig.load("configs/LazyConfig/mask_rcnn_R_50_FPN_gw.py").model)
-# Training: detectron2's tools/lazyconfig_train_net.py --config-file <this file>, after `import gwdet`.
+# Training: tools/train_net.py --config-file <this file> (gwdet's run folder, checks and results), or
+# detectron2's own .venv/detectron2-dist/tools/lazyconfig_train_net.py (docs/usage.md, "LazyConfig").
 from detectron2.config import LazyCall as L
 from detectron2.model_zoo import get_config
 from detectron2.modeling.backbone import BasicStem, ResNet

@@ -11,11 +11,19 @@ from gwdet.data.coco_registration import (
 )
 from gwdet.data.datasets import check_dataset_files, prepare_datasets, register_datasets
 from gwdet.data.finite_images import NonFiniteImageError, check_finite_images
-from gwdet.data.shapes import CLASSES, CacheNotWritableError, ShapesSpec, ensure_generated, register_shapes
+from gwdet.data.shapes import (
+    CLASSES,
+    CacheNotWritableError,
+    ShapesSpec,
+    ensure_generated,
+    register_shapes,
+    register_shapes_spec,
+    shapes_dataset,
+)
 
 __all__ = [
     "CLASSES", "CacheNotWritableError", "CocoDataset", "DatasetError", "NonFiniteImageError", "ShapesSpec",
     "add_register_coco_argument", "check_config_against_datasets", "check_dataset_files", "check_finite_images",
     "ensure_generated", "export_to_environment", "prepare_datasets", "register_coco_datasets", "register_datasets",
-    "register_shapes",
+    "register_shapes", "register_shapes_spec", "shapes_dataset",
 ]

@@ -7,8 +7,9 @@ shape (RLE mask, tight box, area), and shapes hidden below ``MIN_VISIBLE_AREA`` 
 
 Images are written as PNG files and annotations as COCO json (``INPUT.MASK_FORMAT: "bitmask"``),
 generated once into a cache folder and registered through detectron2's ``register_coco_instances``
-as ``shapes_train``, ``shapes_val`` and ``shapes_test``. An image depends only on (seed, split,
-image index): each split draws from its own random stream (the split's position in ``SPLITS`` is
+as ``shapes_train``, ``shapes_val`` and ``shapes_test`` (from a yacs config's ``DATASETS.SHAPES``
+by :func:`register_shapes`, from a LazyConfig by :func:`shapes_dataset`). An image depends only on
+(seed, split, image index): each split draws from its own random stream (the split's position in ``SPLITS`` is
 part of the generator's seed), so the held-out test split never repeats a val or train image, and
 two machines produce identical files.
 
@@ -203,7 +204,7 @@ def render_image(seed: int, split: str, index: int, size: int) -> tuple[np.ndarr
         class_ids.append(class_id)
     instances = []
     covered_by_later = np.zeros((size, size), dtype=bool)
-    for mask, class_id in zip(reversed(masks), reversed(class_ids)):
+    for mask, class_id in zip(reversed(masks), reversed(class_ids), strict=True):
         visible = mask & ~covered_by_later
         covered_by_later |= mask
         if visible.sum() >= MIN_VISIBLE_AREA:
@@ -232,7 +233,8 @@ def write_split(spec: ShapesSpec, split: str, out_dir: Path) -> None:
     """Write ``out_dir/<split>/*.png`` and ``out_dir/<split>.json`` (COCO instances)."""
     image_dir = out_dir / split
     image_dir.mkdir(parents=True, exist_ok=True)
-    images, annotations = [], []
+    images: list[dict] = []
+    annotations: list[dict] = []
     for index in range(spec.num_images(split)):
         pixels, instances = render_image(spec.seed, split, index, spec.image_size)
         file_name = f"{index:06d}.png"
@@ -352,7 +354,38 @@ def register_shapes(cfg: CfgNode) -> Path:
     Re-registering with a different size or seed replaces the earlier registration.
     """
     root = cfg.DATASETS.SHAPES.ROOT or None
-    folder = ensure_generated(ShapesSpec.from_config(cfg), root, ROOT_KEY if root else None)
+    return register_shapes_spec(ShapesSpec.from_config(cfg), root, ROOT_KEY if root else None)
+
+
+def shapes_dataset(split: str, spec: ShapesSpec, root: str | None = None) -> str:
+    """The shapes dataset from a LazyConfig: generate (if needed) the dataset ``spec`` describes,
+    register its splits, and return the registered name of ``split`` (``"shapes_<split>"``), for
+    any argument that takes a dataset name::
+
+        dataloader.shapes = L(ShapesSpec)(image_size=128, num_train=400, num_val=50, num_test=50, seed=0)
+        dataloader.train.dataset = L(get_detection_dataset_dicts)(
+            names=L(shapes_dataset)(split="train", spec="${dataloader.shapes}"))
+        dataloader.evaluator = L(COCOEvaluator)(dataset_name="${..test.dataset.names}")
+
+    Every node that names a split should refer to the one ``spec`` (as above), since the names are
+    registered once per process: registering another spec replaces the earlier registration.
+    ``root`` is the folder to generate into (default: ``$GWDET_CACHE`` or ``~/.cache/gwdet``).
+    """
+    if split not in SPLITS:
+        raise ValueError(f"shapes_dataset: split {split!r} is not one of the shapes splits {', '.join(SPLITS)}.")
+    if not isinstance(spec, ShapesSpec):
+        raise TypeError(f"shapes_dataset: spec must be a gwdet.data.ShapesSpec (in a LazyConfig, "
+                        f"L(ShapesSpec)(image_size=..., num_train=..., num_val=..., num_test=..., seed=...)), "
+                        f"not {type(spec).__name__} {spec!r}.")
+    register_shapes_spec(spec, root or None, "root of gwdet.data.shapes_dataset" if root else None)
+    return f"shapes_{split}"
+
+
+def register_shapes_spec(spec: ShapesSpec, root: Path | str | None = None, setting: str | None = None) -> Path:
+    """Generate (if needed) the dataset ``spec`` describes into ``root`` (:func:`ensure_generated`;
+    ``setting`` names where ``root`` came from) and register its splits as ``shapes_<split>``,
+    replacing a registration of other files; return its folder."""
+    folder = ensure_generated(spec, Path(root) if root else None, setting)
     for split in SPLITS:
         name = f"shapes_{split}"
         json_file = str(folder / f"{split}.json")

@@ -10,10 +10,20 @@ box head, mask head). Inputs are the first ``-n`` images of ``DATASETS.TEST[0]``
 ``--input-size H W`` one random image of that size (no dataset needed). Head flops depend on the
 number of proposals and detections, so a randomly initialized model (no ``MODEL.WEIGHTS``) counts
 the work of ``POST_NMS_TOPK_TEST`` proposals and of its detections.
+
+A LazyConfig (``.py``) works the same way, with ``key=value`` overrides: its model with
+``train.init_checkpoint`` on ``train.device``, and the first ``-n`` batches of ``dataloader.test``::
+
+    python tools/analyze_model.py --config-file configs/LazyConfig/mask_rcnn_R_50_FPN_gw_shapes.py -n 2
+
+gwdet's layers are counted completely there too (:class:`gwdet.export.FlopCountAnalysis`), which
+detectron2's own ``tools/analyze_model.py`` does not do: it counts GW's matrix products only in part
+and reports the rest of its operations as unsupported.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 from collections import Counter
 from typing import Dict, List, Optional, Sequence
@@ -46,11 +56,18 @@ def argument_parser() -> argparse.ArgumentParser:
 
 
 def model_inputs(cfg, num_inputs: int, input_size: Optional[Sequence[int]]) -> List[List[Dict]]:
-    """Batches of one image each: random ``input_size`` pixels, or the first test images."""
+    """Batches of one image each: random ``input_size`` pixels, or the first test images
+    (``DATASETS.TEST[0]``; a LazyConfig's ``dataloader.test``)."""
     if input_size is not None:
         generator = torch.Generator().manual_seed(0)
         image = torch.rand(3, input_size[0], input_size[1], generator=generator) * 255
         return [[{"image": image}]]
+    from gwdet.export.export_model import is_lazy
+
+    if is_lazy(cfg):
+        from gwdet.lazy_engine import iter_test_batches
+
+        return list(itertools.islice(iter_test_batches(cfg), num_inputs))
     from detectron2.data import build_detection_test_loader
 
     from gwdet.data.datasets import prepare_datasets
@@ -127,13 +144,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from detectron2.utils.analysis import parameter_count_table
     from detectron2.utils.logger import setup_logger
 
-    from gwdet.engine import build_config
-    from gwdet.export.export_model import build_trained_model
+    from gwdet.export.export_model import build_trained_model, load_config
 
     args = argument_parser().parse_args(argv)
     setup_logger(name="fvcore")
     setup_logger(name="detectron2")
-    cfg = build_config(args.config_file, ["DATALOADER.NUM_WORKERS", "0"] + list(args.opts))
+    cfg = load_config(args.config_file, args.opts)
     model = build_trained_model(cfg)
     if "flop" in args.tasks:
         with torch.no_grad():

@@ -16,6 +16,9 @@ writes nothing. The file is written under a temporary name and takes its name on
 an existing export is replaced only with ``--overwrite``.
 ``--run-eval`` (TorchScript, tracing) evaluates the exported model on ``DATASETS.TEST[0]`` with the
 config's evaluator, as detectron2's tool does.
+A LazyConfig (``.py``, ``key=value`` overrides; :func:`load_config`) gives its model
+``train.init_checkpoint`` and its test images from ``dataloader.test`` (``--sample-image`` read in
+the test mapper's format, through its augmentations), and ``--run-eval`` uses ``dataloader.evaluator``.
 """
 from __future__ import annotations
 
@@ -53,8 +56,29 @@ def config_parser(description: str) -> argparse.ArgumentParser:
 
 def add_opts(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The trailing ``KEY VALUE`` config overrides, as in detectron2's tools."""
-    parser.add_argument("opts", nargs=argparse.REMAINDER, default=[], help="KEY VALUE pairs overriding the config")
+    parser.add_argument("opts", nargs=argparse.REMAINDER, default=[],
+                        help="KEY VALUE pairs overriding the config (key=value for a LazyConfig .py)")
     return parser
+
+
+def load_config(config_file: str, opts: Sequence[str] = ()) -> Any:
+    """The config the export and analyze tools work from, its test images read in this process: a
+    yacs ``CfgNode`` with ``KEY VALUE`` overrides (:func:`gwdet.engine.build_config`), or for a
+    ``.py`` file the LazyConfig with ``key=value`` overrides (:func:`gwdet.lazy_engine.load_lazy_config`)."""
+    from gwdet.lazy_engine import is_lazy_config, load_lazy_config, without_loader_workers
+
+    if is_lazy_config(config_file):
+        return without_loader_workers(load_lazy_config(config_file, list(opts)))
+    from gwdet.engine import build_config
+
+    return build_config(config_file, ["DATALOADER.NUM_WORKERS", "0"] + list(opts))
+
+
+def is_lazy(cfg: Any) -> bool:
+    """Whether ``cfg`` is a LazyConfig (what :func:`load_config` returns for a ``.py`` file)."""
+    from omegaconf import DictConfig
+
+    return isinstance(cfg, DictConfig)
 
 
 def argument_parser() -> argparse.ArgumentParser:
@@ -83,6 +107,10 @@ def sample_inputs(cfg, sample_image: Optional[str]) -> List[Dict]:
 
 
 def _test_batches(cfg) -> Iterator[List[Dict]]:
+    if is_lazy(cfg):
+        from gwdet.lazy_engine import iter_test_batches
+
+        return iter_test_batches(cfg)
     from detectron2.data import build_detection_test_loader
 
     from gwdet.data.datasets import prepare_datasets
@@ -104,10 +132,18 @@ def sample_candidates(cfg, sample_image: Optional[str]) -> Tuple[Iterator[Tensor
             for sample in batch:
                 yield sample["image"]
 
+    if is_lazy(cfg):
+        from gwdet.lazy_engine import describe_test_set
+
+        return images(), describe_test_set(cfg)
     return images(), f"{cfg.DATASETS.TEST[0]} (DATASETS.TEST[0])"
 
 
 def _read_sample_image(cfg, sample_image: str) -> Dict:
+    if is_lazy(cfg):
+        from gwdet.lazy_engine import read_test_image
+
+        return read_test_image(cfg, sample_image)
     from detectron2.data import detection_utils
     from detectron2.data import transforms as T
 
@@ -119,7 +155,12 @@ def _read_sample_image(cfg, sample_image: str) -> Dict:
 
 
 def build_trained_model(cfg) -> torch.nn.Module:
-    """The config's model with ``MODEL.WEIGHTS`` loaded as ``train_net.py --eval-only`` loads them."""
+    """The config's model with ``MODEL.WEIGHTS`` (a LazyConfig's ``train.init_checkpoint``) loaded
+    as ``train_net.py --eval-only`` loads them."""
+    if is_lazy(cfg):
+        from gwdet.lazy_engine import build_trained_model as build_lazy_trained_model
+
+        return build_lazy_trained_model(cfg)
     from gwdet.checkpoint.resilient import ResilientCheckpointer
     from gwdet.engine import Trainer
 
@@ -187,8 +228,14 @@ def evaluate_traced(cfg, traced, adapter) -> Dict:
     from gwdet.data.datasets import prepare_datasets
     from gwdet.engine import Trainer
 
-    prepare_datasets(cfg)
-    dataset = cfg.DATASETS.TEST[0]
+    if is_lazy(cfg):  # dataloader.test and dataloader.evaluator
+        from gwdet.lazy_engine import build_evaluator, build_test_loader
+
+        loader, evaluator = build_test_loader(cfg), build_evaluator(cfg)
+    else:
+        prepare_datasets(cfg)
+        dataset = cfg.DATASETS.TEST[0]
+        loader, evaluator = build_detection_test_loader(cfg, dataset), Trainer.build_evaluator(cfg, dataset)
 
     def run(inputs):
         # the traced model stops before the resize to the original image size
@@ -196,7 +243,7 @@ def evaluate_traced(cfg, traced, adapter) -> Dict:
         instances = adapter.outputs_schema(traced(sample["image"]))[0]["instances"]
         return [{"instances": detector_postprocess(instances, sample["height"], sample["width"])}]
 
-    results = inference_on_dataset(run, build_detection_test_loader(cfg, dataset), Trainer.build_evaluator(cfg, dataset))
+    results = inference_on_dataset(run, loader, evaluator)
     print_csv_format(results)
     return results
 
@@ -250,7 +297,6 @@ def compared_difference(expected: Sequence[Tensor], actual: Sequence) -> float:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from detectron2.utils.logger import setup_logger
 
-    from gwdet.engine import build_config
     from gwdet.model_zoo import resolve_config_argument
     from gwdet.atomic import path_written_atomically
     from gwdet.export.deploy import ONNX_OPSET, export_model_onnx, export_torchscript, run_onnx
@@ -268,7 +314,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if os.path.exists(path) and not args.overwrite:
         raise SystemExit(f"{path} already exists; it is left as it is. Pass --overwrite to replace it, or "
                          "choose another --output.")
-    cfg = build_config(args.config_file, ["DATALOADER.NUM_WORKERS", "0"] + list(args.opts))
+    cfg = load_config(args.config_file, args.opts)
     model = build_trained_model(cfg)
     image, found = pick_sample(model, *sample_candidates(cfg, args.sample_image))
     logger.info("The sample image gives %d detections to compare the export on.", found)

@@ -1,0 +1,219 @@
+"""LazyConfigs trained and evaluated end to end: by gwdet's tools/train_net.py (the yacs path's run
+folder, checks, resume, signal checkpoint and results files; gwdet.lazy_engine) and by detectron2's
+own tools/lazyconfig_train_net.py, unmodified, on the demo LazyConfig at test size."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from detectron2.engine import HookBase
+
+from gwdet.checkpoint.compatibility import NORM_TYPES_KEY
+from gwdet.checkpoint.signal_hook import TrainingInterrupted
+from gwdet.engine import main, parse_args
+from gwdet.lazy_engine import LazyTrainer
+
+from conftest import REPO
+
+LAZY_DEMO = REPO / "configs" / "LazyConfig" / "mask_rcnn_R_50_FPN_gw_shapes.py"
+# The demo LazyConfig at test size (conftest.TINY_OPTS as LazyConfig overrides): 64x64 images, 8 to
+# train on, 4 to evaluate, 2 per batch, 2 iterations, no loader processes.
+LAZY_TINY = [
+    "dataloader.shapes.image_size=64",
+    "dataloader.shapes.num_train=8",
+    "dataloader.shapes.num_val=4",
+    "dataloader.train.total_batch_size=2",
+    "dataloader.train.num_workers=0",
+    "dataloader.test.num_workers=0",
+    "train.max_iter=2",
+]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def run(output_dir: Path, *extra: str) -> dict:
+    """gwdet's train tool (its main, in this process) on the tiny demo LazyConfig."""
+    args = parse_args(["--config-file", str(LAZY_DEMO), *LAZY_TINY, f"train.output_dir={output_dir}", *extra])
+    return main(args)
+
+
+def iteration_of(checkpoint: Path) -> int:
+    return torch.load(checkpoint, map_location="cpu", weights_only=False)["iteration"]
+
+
+def test_train_net_trains_and_evaluates_a_lazy_config(tmp_path):
+    """The command users type, with a .py config and key=value overrides."""
+    command = [sys.executable, str(REPO / "tools" / "train_net.py"), "--config-file", str(LAZY_DEMO), *LAZY_TINY,
+               f"train.output_dir={tmp_path}", "--threads", "1"]
+    completed = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    log = completed.stdout + completed.stderr
+    assert "Evaluation results for bbox" in log and "Evaluation results for segm" in log
+    assert "save a checkpoint of the current iteration before training stops" in log  # CheckpointOnSignal
+    markdown = (tmp_path / "results.md").read_text()
+    assert "### shapes_val bbox" in markdown and "### shapes_val segm" in markdown
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert set(results) == {"shapes_val"} and set(results["shapes_val"]) == {"bbox", "segm"}
+    assert {"AP", "AP50", "AP75"} <= set(results["shapes_val"]["bbox"])
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.json").read_text().splitlines()]
+    assert any("total_loss" in m for m in metrics)
+    checkpoint = torch.load(tmp_path / "model_final.pth", map_location="cpu", weights_only=False)
+    assert checkpoint["iteration"] == 1 and NORM_TYPES_KEY in checkpoint, "gwdet's ResilientCheckpointer saved it"
+    assert "gwdet.norm" in (tmp_path / "config.yaml").read_text()
+    assert list((tmp_path / "inference").glob("coco_instances_results.json"))
+
+
+def test_a_lazy_run_folder_follows_the_yacs_rules(tmp_path):
+    results = run(tmp_path)
+    assert set(results) == {"shapes_val"} and set(results["shapes_val"]) == {"bbox", "segm"}
+    final = tmp_path / "model_final.pth"
+    trained = final.stat().st_mtime_ns
+    with pytest.raises(FileExistsError, match="already holds a run.*--resume.*--overwrite"):
+        run(tmp_path)
+    with pytest.raises(ValueError, match=r"another model .*model.backbone.norm.num_groups: 16 -> 8"):
+        run(tmp_path, "--resume", "model.backbone.norm.num_groups=8")
+    with pytest.raises(ValueError, match="--resume continues the run in train.output_dir and --overwrite deletes it"):
+        run(tmp_path, "--resume", "--overwrite")
+    with pytest.raises(ValueError, match=r"--eval-only needs trained weights: add train.init_checkpoint=path/to"):
+        run(tmp_path, "--eval-only")
+    assert final.stat().st_mtime_ns == trained, "no refused request touched the run"
+
+    warnings = logging.Handler(logging.WARNING)
+    warnings.emit = lambda record: logged.append(record.getMessage())
+    logged: list[str] = []
+    logging.getLogger("gwdet.lazy_engine").addHandler(warnings)  # detectron2's logger set-up stops propagation
+    try:
+        run(tmp_path, "--resume", "train.max_iter=3")  # one more iteration
+    finally:
+        logging.getLogger("gwdet.lazy_engine").removeHandler(warnings)
+    assert iteration_of(final) == 2
+    assert any("train.max_iter: 2 -> 3" in message for message in logged), "a difference outside the model is logged"
+    iterations = [json.loads(line).get("iteration") for line in (tmp_path / "metrics.json").read_text().splitlines()]
+    # iterations 1 (first run) and 2 (resumed; written to the trimmed file), then the resumed run's
+    # evaluation, recorded after the last iteration; the first run's evaluation record (at 2) is gone
+    assert iterations == [1, 2, 3]
+
+    run_results = (tmp_path / "results.json").read_text()
+    evaluated = run(tmp_path, "--eval-only", "--resume")  # the checkpoint last_checkpoint names, beside the run
+    assert set(evaluated) == {"shapes_val"}
+    assert json.loads((tmp_path / "eval" / "model_final" / "results.json").read_text()).keys() == {"shapes_val"}
+    assert (tmp_path / "results.json").read_text() == run_results
+
+    run(tmp_path, "--overwrite")
+    assert iteration_of(final) == 1 and not (tmp_path / "eval").exists()
+
+
+class SignalAfter(HookBase):
+    """Sends this process ``signum`` after iteration ``iteration`` (as a cluster's preemption would)."""
+
+    def __init__(self, iteration: int, signum: int) -> None:
+        self.iteration, self.signum = iteration, signum
+
+    def after_step(self) -> None:
+        if self.trainer.iter == self.iteration:
+            os.kill(os.getpid(), self.signum)
+
+
+def test_a_lazy_run_stopped_by_a_signal_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path, monkeypatch):
+    uninterrupted, stopped = tmp_path / "uninterrupted", tmp_path / "stopped"
+    run(uninterrupted, "train.max_iter=4")
+
+    build_hooks = LazyTrainer.build_hooks
+    monkeypatch.setattr(LazyTrainer, "build_hooks",
+                        lambda self: build_hooks(self) + [SignalAfter(1, signal.SIGUSR2)])
+    with pytest.raises(TrainingInterrupted) as stop:
+        run(stopped, "train.max_iter=4")
+    assert stop.value.checkpoint == "model_0000002.pth" and not (stopped / "model_final.pth").exists()
+    monkeypatch.setattr(LazyTrainer, "build_hooks", build_hooks)
+
+    run(stopped, "train.max_iter=4", "--resume")
+    expected = torch.load(uninterrupted / "model_final.pth", map_location="cpu", weights_only=False)
+    resumed = torch.load(stopped / "model_final.pth", map_location="cpu", weights_only=False)
+    assert resumed["iteration"] == expected["iteration"] == 3
+    for name, tensor in expected["model"].items():  # same data order, random draws and optimizer state
+        assert torch.equal(resumed["model"][name], tensor), name
+
+
+def detectron2_lazyconfig_train_net() -> Path | None:
+    """detectron2's tools/lazyconfig_train_net.py where gwdet's set-up leaves it: beside the
+    detectron2 package of the sal-detectron2 wheel (``.venv/detectron2-dist/tools``)."""
+    import detectron2
+
+    tool = Path(detectron2.__file__).resolve().parents[1] / "tools" / "lazyconfig_train_net.py"
+    return tool if tool.is_file() else None
+
+
+@pytest.mark.skipif(detectron2_lazyconfig_train_net() is None,
+                    reason="detectron2's tools/ are not beside this detectron2 (a source build keeps them in its checkout)")
+def test_detectron2s_own_lazyconfig_train_net_trains_and_evaluates_the_demo_config(tmp_path):
+    tool = detectron2_lazyconfig_train_net()
+    assert tool == REPO / ".venv" / "detectron2-dist" / "tools" / "lazyconfig_train_net.py" or ".venv" not in str(tool)
+    command = [sys.executable, str(tool), "--config-file", str(LAZY_DEMO), *LAZY_TINY, f"train.output_dir={tmp_path}"]
+    completed = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    log = completed.stdout + completed.stderr
+    assert "Evaluation results for bbox" in log and "Evaluation results for segm" in log
+    assert (tmp_path / "model_final.pth").is_file() and (tmp_path / "metrics.json").is_file()
+
+
+def test_a_resumed_yacs_run_keeps_its_metrics_too(tmp_path):
+    """The writers both paths share (gwdet.engine.run_writers) open metrics.json after --resume has
+    trimmed it: before, a resumed run appended its records to the replaced file and lost them."""
+    from conftest import DEMO_CONFIG, TINY_OPTS
+
+    def yacs_run(*extra):
+        return main(parse_args(["--config", str(DEMO_CONFIG), *TINY_OPTS, "DATASETS.TEST", "()",
+                                "OUTPUT_DIR", str(tmp_path), *extra]))
+
+    yacs_run()
+    (tmp_path / "metrics.json").write_text((tmp_path / "metrics.json").read_text() + '{"iteration": 2, "cut')
+    yacs_run("--resume", "SOLVER.MAX_ITER", "3")  # trims the damaged line, then writes iteration 2
+    iterations = [json.loads(line)["iteration"] for line in (tmp_path / "metrics.json").read_text().splitlines()]
+    assert iterations == [1, 2]
+
+
+# ---- gwdet's export and analyze tools with a LazyConfig ----
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_export_and_analyze_tools_take_a_lazy_config(tmp_path, capsys):
+    pytest.importorskip("detectron2.export", reason="gwdet.export needs detectron2 >= 0.7")
+    from detectron2.data import DatasetCatalog
+
+    from gwdet.export.analyze_model import main as analyze
+    from gwdet.export.export_model import main as export
+
+    config = ["--config-file", str(LAZY_DEMO)]
+    tiny = [*LAZY_TINY[:3], f"train.output_dir={tmp_path / 'out'}"]  # --run-eval writes the COCO results there
+    # TorchScript by tracing, compared on the first test image with detections, then evaluated.
+    # A model of seeded random weights: with barely trained weights, detections of equal scores can
+    # come out in another order from the traced model, as with a yacs config.
+    torch.manual_seed(0)
+    assert export([*config, "--format", "torchscript", "--output", str(tmp_path / "ts"), "--run-eval", *tiny]) == 0
+    printed = capsys.readouterr().out
+    assert float(printed.split("on the sample input: ")[1].split()[0]) <= 1e-3
+    assert (tmp_path / "ts" / "model.ts").is_file()
+    # a sample image, read as dataloader.test reads its images (format, resize)
+    sample = DatasetCatalog.get("shapes_val")[0]["file_name"]
+    torch.manual_seed(0)
+    assert export([*config, "--sample-image", sample, "--output", str(tmp_path / "sample"), *tiny]) == 0
+    assert float(capsys.readouterr().out.split("on the sample input: ")[1].split()[0]) <= 1e-3
+
+    # flops of trained weights on the first two test images, every GW layer counted
+    run(tmp_path / "run", "train.max_iter=1")
+    capsys.readouterr()
+    weights = f"train.init_checkpoint={tmp_path / 'run' / 'model_final.pth'}"
+    assert analyze([*config, "--tasks", "flop", "parameter", "-n", "2", weights, *tiny]) == 0
+    printed = capsys.readouterr().out
+    assert "Total GFlops:" in printed and "over 2 input(s)" in printed
+    whole = next(line for line in printed.splitlines() if line.startswith("| whole model |"))
+    assert "group_whitening" in whole
+    with pytest.raises(FileNotFoundError, match="train.init_checkpoint file .*missing.pth' does not exist"):
+        analyze([*config, f"train.init_checkpoint={tmp_path / 'missing.pth'}", *tiny])
+    with pytest.raises(ValueError, match="is not key=value"):
+        analyze([*config, "MODEL.WEIGHTS", "x.pth"])
