@@ -264,7 +264,7 @@ def _feature_probes() -> dict[str, str]:
 
         if torch.cuda.is_available():
             return "tools/train_net.py --num-gpus N: detectron2's launch (NCCL)"
-        return "tools/train_net.py --num-gpus N on CPU: gwdet.launch starts gloo processes (detectron2 v0.6's launch needs CUDA)"
+        return "tools/train_net.py --num-gpus N on CPU: gwdet.engine.launch starts gloo processes (detectron2 v0.6's launch needs CUDA)"
 
     section["multi-process launch"] = _guard(launch_path)
     return section

@@ -7,8 +7,8 @@ import torch
 from detectron2.utils import comm
 
 from gwdet.data import prepare_datasets
-from gwdet.engine import Trainer, build_config
-from gwdet.launch import launch
+from gwdet.engine.trainer import Trainer, build_config
+from gwdet.engine.launch import launch
 
 
 def train_and_save_parameters(config_file: str, opts: list, out_dir: str) -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gwdet.engine import build_config
-from gwdet.output_dir import flatten_config
+from gwdet.engine.trainer import build_config
+from gwdet.engine.output_dir import flatten_config
 from gwdet_lab.study import worker
 from gwdet_lab.study.cells import Cell, RunSpec, batch_scaling_opts, paper_specs, parse_extra, study_cells
 from gwdet_lab.study.evaluation import choose_weight

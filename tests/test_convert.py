@@ -1,4 +1,4 @@
-"""ImageNet checkpoint conversion (gwdet.checkpoint, tools/convert_pretrained.py).
+"""ImageNet checkpoint conversion (gwdet.convert, tools/convert_pretrained.py).
 
 torchvision ResNet-50/ResNeXt-50 files (BN, and GW at S1-B2 as in the GW authors' models), in
 every wrapping, converted and loaded into gwdet's backbone through detectron2's
@@ -22,7 +22,7 @@ from detectron2.modeling import build_backbone, build_model
 from torch import nn
 
 from gwdet import add_gwdet_config
-from gwdet.checkpoint import (
+from gwdet.convert import (
     ConversionError,
     SourceStateDict,
     convert_checkpoint,

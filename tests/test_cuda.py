@@ -19,7 +19,7 @@ from detectron2.modeling import build_model
 from detectron2.structures import Boxes, Instances
 from detectron2.utils.events import EventStorage
 
-from gwdet.engine import build_config
+from gwdet.engine.trainer import build_config
 
 from conftest import REPO
 from layer_cases import CHANNELS, NAMES, RESULT_NAMES, assert_close_relative, forward_backward, inputs, make_layer

@@ -26,7 +26,7 @@ from PIL import Image
 from conftest import DEMO_CONFIG, REPO, TINY_OPTS
 from gwdet import known_norm_names
 from gwdet import norm as gwdet_norm
-from gwdet.engine import build_config
+from gwdet.engine.trainer import build_config
 from gwdet.export import (
     export_model_onnx,
     export_onnx,

@@ -1,10 +1,10 @@
-"""gwdet.launch starts CPU processes in a gloo group with detectron2's per-machine group set up,
+"""gwdet.engine.launch starts CPU processes in a gloo group with detectron2's per-machine group set up,
 on every supported detectron2 (v0.6's own launch needs CUDA for that)."""
 import json
 
 import torch
 
-from gwdet.launch import launch
+from gwdet.engine.launch import launch
 
 
 def record_rank(out_dir: str) -> None:

@@ -28,3 +28,17 @@ def test_the_plugin_never_imports_the_lab_and_the_layers_never_import_detectron2
 def test_the_boundary_check_sees_the_files():
     assert len(PLUGIN_FILES) > 30
     assert "detectron2.config" in set(_imports(REPO / "gwdet" / "config.py"))
+
+
+def test_the_top_level_is_the_plugin_and_run_infrastructure_has_its_own_packages():
+    modules = sorted(path.name for path in (REPO / "gwdet").glob("*.py"))
+    assert len(modules) <= 8, modules
+    packages = {path.name for path in (REPO / "gwdet").iterdir() if (path / "__init__.py").is_file()}
+    assert {"engine", "convert", "checkpoint", "layers", "modeling", "export"} <= packages
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "gwdet" / "layers").rglob("*.py")), ids=lambda p: p.name)
+def test_the_layers_hold_no_ambient_state_and_no_export_code(path):
+    text = path.read_text()
+    assert "ContextVar" not in text
+    assert not [m for m in _imports(path) if m.startswith("gwdet.export")]

@@ -104,7 +104,7 @@ def _attributes(module: torch.nn.Module) -> dict:
 
 
 def _built_pair(lazy_name: str, yacs_name: str):
-    from gwdet.engine import Trainer, build_config
+    from gwdet.engine.trainer import Trainer, build_config
 
     cfg = build_config(str(REPO / "configs" / yacs_name))
     lazy = LazyConfig.load(str(LAZY / lazy_name))
@@ -140,8 +140,8 @@ def test_shapes_lazy_configs_train_and_test_as_their_yacs_configs(lazy_name, yac
     from detectron2.data import DatasetMapper
 
     from gwdet.data import ShapesSpec
-    from gwdet.engine import Trainer
-    from gwdet.lazy_engine import build_optimizer
+    from gwdet.engine.trainer import Trainer
+    from gwdet.engine.lazy import build_optimizer
 
     cfg, lazy, yacs_model, lazy_model = _built_pair(lazy_name, yacs_name)
     # data: the same images, masks, augmentations, batches and test set
@@ -231,7 +231,7 @@ def test_shapes_dataset_registers_the_splits_of_its_spec_and_returns_the_name():
 # ---- overrides: checked keys, never a silent new one ----
 
 def test_lazy_overrides_are_checked_against_the_config_and_the_nodes_arguments():
-    from gwdet.lazy_engine import load_lazy_config
+    from gwdet.engine.lazy import load_lazy_config
 
     demo = str(LAZY / "mask_rcnn_R_50_FPN_gw_shapes.py")
     cfg = load_lazy_config(demo, ["train.max_iter=7", "dataloader.shapes.num_train=8",
@@ -261,7 +261,7 @@ def test_lazy_overrides_are_checked_against_the_config_and_the_nodes_arguments()
 
 
 def test_the_yacs_loader_names_a_lazy_config_instead_of_a_yaml_error():
-    from gwdet.engine import build_config
+    from gwdet.engine.trainer import build_config
 
     with pytest.raises(ValueError, match=r"is a LazyConfig \(.py\), not a yacs config.*load_lazy_config"):
         build_config(str(LAZY / "mask_rcnn_R_50_FPN_gw_shapes.py"))

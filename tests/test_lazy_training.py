@@ -1,5 +1,5 @@
 """LazyConfigs trained and evaluated end to end: by gwdet's tools/train_net.py (the yacs path's run
-folder, checks, resume, signal checkpoint and results files; gwdet.lazy_engine) and by detectron2's
+folder, checks, resume, signal checkpoint and results files; gwdet.engine.lazy) and by detectron2's
 own tools/lazyconfig_train_net.py, unmodified, on the demo LazyConfig at test size."""
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from detectron2.engine import HookBase
 
 from gwdet.checkpoint.compatibility import NORM_TYPES_KEY
 from gwdet.checkpoint.signal_hook import TrainingInterrupted
-from gwdet.engine import main, parse_args
-from gwdet.lazy_engine import LazyTrainer
+from gwdet.engine.trainer import main, parse_args
+from gwdet.engine.lazy import LazyTrainer
 
 from conftest import REPO
 
@@ -87,11 +87,11 @@ def test_a_lazy_run_folder_follows_the_yacs_rules(tmp_path):
     warnings = logging.Handler(logging.WARNING)
     warnings.emit = lambda record: logged.append(record.getMessage())
     logged: list[str] = []
-    logging.getLogger("gwdet.lazy_engine").addHandler(warnings)  # detectron2's logger set-up stops propagation
+    logging.getLogger("gwdet.engine.lazy").addHandler(warnings)  # detectron2's logger set-up stops propagation
     try:
         run(tmp_path, "--resume", "train.max_iter=3")  # one more iteration
     finally:
-        logging.getLogger("gwdet.lazy_engine").removeHandler(warnings)
+        logging.getLogger("gwdet.engine.lazy").removeHandler(warnings)
     assert iteration_of(final) == 2
     assert any("train.max_iter: 2 -> 3" in message for message in logged), "a difference outside the model is logged"
     iterations = [json.loads(line).get("iteration") for line in (tmp_path / "metrics.json").read_text().splitlines()]
@@ -163,7 +163,7 @@ def test_detectron2s_own_lazyconfig_train_net_trains_and_evaluates_the_demo_conf
 
 
 def test_a_resumed_yacs_run_keeps_its_metrics_too(tmp_path):
-    """The writers both paths share (gwdet.engine.run_writers) open metrics.json after --resume has
+    """The writers both paths share (gwdet.engine.trainer.run_writers) open metrics.json after --resume has
     trimmed it: before, a resumed run appended its records to the replaced file and lost them."""
     from conftest import DEMO_CONFIG, TINY_OPTS
 

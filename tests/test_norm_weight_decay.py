@@ -14,7 +14,7 @@ from torch import nn
 
 import gwdet
 from conftest import REPO
-from gwdet.engine import Trainer, build_config
+from gwdet.engine.trainer import Trainer, build_config
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
 from gwdet.modeling import check_model
 from gwdet.norms import _KINDS, register_norm

@@ -14,8 +14,8 @@ import torch
 import torchvision
 
 from gwdet.checkpoint.resilient import ResilientCheckpointer
-from gwdet.engine import Trainer, build_config, check_run_request, main, parse_args
-from gwdet.output_dir import OutputDirLock, check_fresh_start, check_resume_config
+from gwdet.engine.trainer import Trainer, build_config, check_run_request, main, parse_args
+from gwdet.engine.output_dir import OutputDirLock, check_fresh_start, check_resume_config
 
 from conftest import DEMO_CONFIG, REPO, TINY_OPTS
 
@@ -132,7 +132,7 @@ def test_resume_config_differences_outside_the_model_are_allowed(finished_run):
 
 FAILED_SAVE = textwrap.dedent("""
     import os, resource, signal, sys, torch
-    from gwdet.atomic import write_atomically
+    from gwdet.engine.atomic import write_atomically
     target = sys.argv[1]
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))   # a disk that fills up
@@ -299,7 +299,7 @@ def test_converted_weights_with_a_changed_array_are_refused_by_name(tmp_path):
 
     import numpy as np
 
-    from gwdet.checkpoint.convert import write_detectron2_pkl
+    from gwdet.convert.converter import write_detectron2_pkl
     from gwdet.checkpoint.resilient import load_pickle_weights
 
     path = tmp_path / "weights.pkl"
@@ -312,7 +312,7 @@ def test_converted_weights_with_a_changed_array_are_refused_by_name(tmp_path):
 
 
 def test_resume_trims_metrics_a_kill_cut_short_and_iterations_it_repeats(tmp_path):
-    from gwdet.output_dir import trim_metrics
+    from gwdet.engine.output_dir import trim_metrics
 
     lines = ['{"iteration": 19, "loss": 1.0}', '{"iteration": 39, "loss": 0.9}', '{"iteration": 59, "lo']
     (tmp_path / "metrics.json").write_text("\n".join(lines))

@@ -21,7 +21,7 @@ import pytest
 
 import gwdet
 from conftest import REPO, TINY_OPTS
-from gwdet.engine import parse_args
+from gwdet.engine.trainer import parse_args
 from gwdet.model_zoo import get_config_file, list_configs, resolve_config_file
 
 # Not part of a build: environments, outputs and what earlier builds left.
@@ -89,7 +89,7 @@ def test_the_wheel_carries_every_config_the_metadata_and_the_scripts(installed):
     for extra in EXTRAS:
         assert f"Provides-Extra: {extra}\n" in metadata
     assert "gwdet/model_zoo/__init__.py" in names
-    for script, function in zip(SCRIPTS, ("gwdet.cluster.training:run", "gwdet.checkpoint.cli:main",
+    for script, function in zip(SCRIPTS, ("gwdet.cluster.training:run", "gwdet.convert.cli:main",
                                           "gwdet.export.export_model:main"), strict=True):
         assert f"{script} = {function}" in entry_points
         assert (installed["site"] / "bin" / script).is_file()

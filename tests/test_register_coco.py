@@ -17,7 +17,7 @@ from PIL import Image
 from gwdet.data import (CocoDataset, DatasetError, check_config_against_datasets, register_coco_datasets,
                         register_datasets)
 from gwdet.data.coco_registration import ENVIRONMENT_VARIABLE, registered_coco_dataset
-from gwdet.engine import build_config, parse_args, setup
+from gwdet.engine.trainer import build_config, parse_args, setup
 
 from conftest import DEMO_CONFIG, REPO, TINY_OPTS
 

@@ -1,10 +1,10 @@
-"""gwdet.tables: one table definition gives markdown and CSV, for results.md and every lab report."""
+"""gwdet.engine.tables: one table definition gives markdown and CSV, for results.md and every lab report."""
 import csv
 import math
 
 import pytest
 
-from gwdet.tables import Column, Table, format_value
+from gwdet.engine.tables import Column, Table, format_value
 from gwdet_lab.reporting import format_duration
 
 

@@ -1,4 +1,4 @@
-"""The shapes converted weights are checked against (gwdet.checkpoint.target_backbone).
+"""The shapes converted weights are checked against (gwdet.convert.target_backbone).
 
 They come from gwdet's backbone built on the meta device; here they are compared with two other
 sources: the same backbone built for real on the CPU (as a user's FPN config builds it), and
@@ -11,10 +11,10 @@ from detectron2.config import get_cfg
 from detectron2.modeling import build_backbone
 
 from gwdet import add_gwdet_config
-from gwdet.checkpoint import ARCHITECTURES, ConversionError, SourceStateDict, convert_state_dict
-from gwdet.checkpoint.architecture import infer_architecture
-from gwdet.checkpoint.target_backbone import expected_shapes, loading_config
-from gwdet.checkpoint.torchvision_keys import parse_torchvision_layout
+from gwdet.convert import ARCHITECTURES, ConversionError, SourceStateDict, convert_state_dict
+from gwdet.convert.architecture import infer_architecture
+from gwdet.convert.target_backbone import expected_shapes, loading_config
+from gwdet.convert.torchvision_keys import parse_torchvision_layout
 
 TORCHVISION_BUILDERS = {
     "R-50": torchvision.models.resnet50,

@@ -1,4 +1,4 @@
-"""CPU thread settings of the entry points (gwdet.threads): the choice, its precedence and the
+"""CPU thread settings of the entry points (gwdet.engine.threads): the choice, its precedence and the
 sensing of competing processes."""
 import subprocess
 import sys
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from gwdet.threads import WAIT_POLICY_VARIABLE, ThreadChoice, busy_cpus, choose_threads
+from gwdet.engine.threads import WAIT_POLICY_VARIABLE, ThreadChoice, busy_cpus, choose_threads
 
 
 def choose(requested=None, processes=1, environ=None, cpus=4, busy=0) -> ThreadChoice:

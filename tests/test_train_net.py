@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from gwdet.engine import (Trainer, argument_parser, build_config, flatten_results, main, parse_args, results_markdown,
+from gwdet.engine.trainer import (Trainer, argument_parser, build_config, flatten_results, main, parse_args, results_markdown,
                           write_results)
 from gwdet.data import prepare_datasets
 

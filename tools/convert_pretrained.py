@@ -8,12 +8,12 @@ The architecture and the GW positions (norms without running statistics) are rea
 checkpoint; --arch and --gw-positions make the conversion fail unless the checkpoint has them.
 Prints a report (keys converted and dropped, the config for the weights). On a checkpoint that
 cannot be converted faithfully it prints why and exits with code 2, leaving no output file.
-This file is a thin wrapper of :func:`gwdet.checkpoint.cli.main` (the command ``gwdet-convert`` of
-an installed gwdet); the conversion lives in :mod:`gwdet.checkpoint`.
+This file is a thin wrapper of :func:`gwdet.convert.cli.main` (the command ``gwdet-convert`` of
+an installed gwdet); the conversion lives in :mod:`gwdet.convert`.
 """
 import sys
 
-from gwdet.checkpoint.cli import argument_parser, main  # noqa: F401  (argument_parser: the tool's parser)
+from gwdet.convert.cli import argument_parser, main  # noqa: F401  (argument_parser: the tool's parser)
 
 if __name__ == "__main__":
     sys.exit(main())

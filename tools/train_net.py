@@ -11,9 +11,9 @@
 Trailing ``KEY VALUE`` pairs override the config. ``--config`` also takes the name of a config
 gwdet ships (``--config mask_rcnn_gw.yaml``): a path that does not exist here is looked up in
 :mod:`gwdet.model_zoo`. This file is a thin wrapper of :func:`gwdet.cluster.training.run`, which an
-installed gwdet also provides as the command ``gwdet-train``; training itself lives in :mod:`gwdet.engine`.
+installed gwdet also provides as the command ``gwdet-train``; training itself lives in :mod:`gwdet.engine.trainer`.
 ``--num-gpus N`` starts N processes: one per GPU, or N CPU processes (gloo) when there is no GPU
-(:mod:`gwdet.launch`, which also works on detectron2 v0.6). CPU threads: see :mod:`gwdet.threads`
+(:mod:`gwdet.engine.launch`, which also works on detectron2 v0.6). CPU threads: see :mod:`gwdet.engine.threads`
 (``--threads N`` or ``OMP_NUM_THREADS`` to choose). ``--launcher slurm``
 submits the same run as a SLURM job through submitit (:mod:`gwdet.cluster`, docs/cluster.md).
 """

@@ -1,24 +1,6 @@
-"""ImageNet-pretrained torchvision-layout ResNet/ResNeXt checkpoints (BN, or GW at some positions
-as in the group whitening authors' models) converted into detectron2 ``.pkl`` weights for gwdet's
-backbones. The command line is ``tools/convert_pretrained.py``; see :mod:`gwdet.checkpoint.convert`.
+"""Training-time checkpoints: written so that a killed or signalled run loses nothing
+(:mod:`~gwdet.checkpoint.resilient`, :mod:`~gwdet.checkpoint.signal_hook`), every tensor with a
+checksum (:mod:`~gwdet.checkpoint.integrity`), loaded without unsafe unpickling
+(:mod:`~gwdet.checkpoint.safe_load`) and only into a model they fit
+(:mod:`~gwdet.checkpoint.compatibility`). Converting ImageNet weights is :mod:`gwdet.convert`.
 """
-from gwdet.checkpoint.architecture import ARCHITECTURES, Architecture
-from gwdet.checkpoint.convert import (
-    ConversionReport,
-    convert_checkpoint,
-    convert_state_dict,
-    write_detectron2_pkl,
-)
-from gwdet.checkpoint.loading import ConversionError, SourceStateDict, read_source_state_dict
-
-__all__ = [
-    "ARCHITECTURES",
-    "Architecture",
-    "ConversionError",
-    "ConversionReport",
-    "SourceStateDict",
-    "convert_checkpoint",
-    "convert_state_dict",
-    "read_source_state_dict",
-    "write_detectron2_pkl",
-]

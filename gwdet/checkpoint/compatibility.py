@@ -17,8 +17,8 @@ import torch
 import detectron2.layers.batch_norm as detectron2_norms
 from detectron2.modeling.backbone import ResNet
 
-from gwdet.checkpoint.architecture import ARCHITECTURES
-from gwdet.checkpoint.metadata import ARCH_FIELD, GW_POSITIONS_FIELD
+from gwdet.convert.architecture import ARCHITECTURES
+from gwdet.convert.metadata import ARCH_FIELD, GW_POSITIONS_FIELD
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
 from gwdet.modeling.heads import PerLevelNorm
 from gwdet.positions import format_gw_positions, parse_gw_positions, positions_with_norm

@@ -2,7 +2,7 @@
 
 :class:`ResilientCheckpointer` is detectron2's ``DetectionCheckpointer`` with these changes:
 
-* ``save`` writes through :func:`gwdet.atomic.write_atomically` (a unique temporary name renamed
+* ``save`` writes through :func:`gwdet.engine.atomic.write_atomically` (a unique temporary name renamed
   into place; a failed save names the operating system's error and leaves no partial file), and
   records the type and hyper-parameters of every norm layer;
 * ``resume_or_load(resume=True)`` tries the checkpoint ``last_checkpoint`` names, then the other
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from detectron2.checkpoint import DetectionCheckpointer
 
-from gwdet.atomic import write_atomically
+from gwdet.engine.atomic import write_atomically
 from gwdet.checkpoint.compatibility import (
     NORM_SETTINGS_KEY,
     NORM_TYPES_KEY,
@@ -41,7 +41,7 @@ from gwdet.checkpoint.compatibility import (
     norm_types,
 )
 from gwdet.checkpoint.integrity import CHECKSUMS_KEY, DamagedFileError, verify_checksums, with_checksums
-from gwdet.checkpoint.metadata import read_conversion_metadata
+from gwdet.convert.metadata import read_conversion_metadata
 from gwdet.checkpoint.safe_load import UnsafeCheckpointError, load_pickle_file, load_torch_file
 
 UNSAFE_PICKLE_ENV = "GWDET_ALLOW_UNSAFE_PICKLE"

@@ -1,7 +1,7 @@
 """What gwdet's submitit jobs share: where this node sits in the job, and requeueing on a signal.
 
 A gwdet job runs one task per node; that task starts the node's training processes with
-detectron2's launch (:func:`gwdet.launch.launch`), exactly as ``tools/train_net.py --num-gpus N``
+detectron2's launch (:func:`gwdet.engine.launch.launch`), exactly as ``tools/train_net.py --num-gpus N``
 does on one machine. One task per node, rather than one per GPU, keeps detectron2's own process
 start-up and per-machine process group (``comm.get_local_rank``) and its CPU path, so a job runs the
 same code as a local run. :class:`NodePlacement` reads this node's rank, the number of nodes and the

@@ -22,9 +22,9 @@ from gwdet.cluster.executor import SubmissionRefused, check_launcher, describe, 
 from gwdet.cluster.jobs import NodePlacement, RequeueableJob
 from gwdet.cluster.options import launcher_options
 from gwdet.cluster.slurm import ClusterUnavailable
-from gwdet.engine import RESULTS_JSON, RESULTS_MARKDOWN, build_config, check_run_request, main, parse_args
-from gwdet.launch import launch
-from gwdet.threads import configure_threads
+from gwdet.engine.trainer import RESULTS_JSON, RESULTS_MARKDOWN, build_config, check_run_request, main, parse_args
+from gwdet.engine.launch import launch
+from gwdet.engine.threads import configure_threads
 
 JOBS_FOLDER = "submitit"  # inside OUTPUT_DIR: <job id>/ with submitit's pickles and logs
 PROG = "train_net.py"

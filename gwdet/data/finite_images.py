@@ -3,7 +3,7 @@
 An ``inf`` or NaN pixel makes the first loss non-finite, and detectron2's trainer then stops with
 ``FloatingPointError: Loss became infinite or NaN``, which reads like a diverging training. The
 image is broken, not the training: :class:`FiniteImageBatches` wraps a train loader (gwdet's
-:class:`~gwdet.engine.Trainer` wraps whatever its ``build_train_loader`` returns, so custom
+:class:`~gwdet.engine.trainer.Trainer` wraps whatever its ``build_train_loader`` returns, so custom
 mappers are covered too) and raises :class:`NonFiniteImageError` naming the image.
 
 detectron2's own ``DatasetMapper`` reads images as 8-bit integers (a float TIFF's ``inf`` becomes

@@ -65,7 +65,7 @@ def model_inputs(cfg, num_inputs: int, input_size: Optional[Sequence[int]]) -> L
     from gwdet.export.export_model import is_lazy
 
     if is_lazy(cfg):
-        from gwdet.lazy_engine import iter_test_batches
+        from gwdet.engine.lazy import iter_test_batches
 
         return list(itertools.islice(iter_test_batches(cfg), num_inputs))
     from detectron2.data import build_detection_test_loader

@@ -63,13 +63,13 @@ def add_opts(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def load_config(config_file: str, opts: Sequence[str] = ()) -> Any:
     """The config the export and analyze tools work from, its test images read in this process: a
-    yacs ``CfgNode`` with ``KEY VALUE`` overrides (:func:`gwdet.engine.build_config`), or for a
-    ``.py`` file the LazyConfig with ``key=value`` overrides (:func:`gwdet.lazy_engine.load_lazy_config`)."""
-    from gwdet.lazy_engine import is_lazy_config, load_lazy_config, without_loader_workers
+    yacs ``CfgNode`` with ``KEY VALUE`` overrides (:func:`gwdet.engine.trainer.build_config`), or for a
+    ``.py`` file the LazyConfig with ``key=value`` overrides (:func:`gwdet.engine.lazy.load_lazy_config`)."""
+    from gwdet.engine.lazy import is_lazy_config, load_lazy_config, without_loader_workers
 
     if is_lazy_config(config_file):
         return without_loader_workers(load_lazy_config(config_file, list(opts)))
-    from gwdet.engine import build_config
+    from gwdet.engine.trainer import build_config
 
     return build_config(config_file, ["DATALOADER.NUM_WORKERS", "0"] + list(opts))
 
@@ -108,7 +108,7 @@ def sample_inputs(cfg, sample_image: Optional[str]) -> List[Dict]:
 
 def _test_batches(cfg) -> Iterator[List[Dict]]:
     if is_lazy(cfg):
-        from gwdet.lazy_engine import iter_test_batches
+        from gwdet.engine.lazy import iter_test_batches
 
         return iter_test_batches(cfg)
     from detectron2.data import build_detection_test_loader
@@ -133,7 +133,7 @@ def sample_candidates(cfg, sample_image: Optional[str]) -> Tuple[Iterator[Tensor
                 yield sample["image"]
 
     if is_lazy(cfg):
-        from gwdet.lazy_engine import describe_test_set
+        from gwdet.engine.lazy import describe_test_set
 
         return images(), describe_test_set(cfg)
     return images(), f"{cfg.DATASETS.TEST[0]} (DATASETS.TEST[0])"
@@ -141,7 +141,7 @@ def sample_candidates(cfg, sample_image: Optional[str]) -> Tuple[Iterator[Tensor
 
 def _read_sample_image(cfg, sample_image: str) -> Dict:
     if is_lazy(cfg):
-        from gwdet.lazy_engine import read_test_image
+        from gwdet.engine.lazy import read_test_image
 
         return read_test_image(cfg, sample_image)
     from detectron2.data import detection_utils
@@ -158,11 +158,11 @@ def build_trained_model(cfg) -> torch.nn.Module:
     """The config's model with ``MODEL.WEIGHTS`` (a LazyConfig's ``train.init_checkpoint``) loaded
     as ``train_net.py --eval-only`` loads them."""
     if is_lazy(cfg):
-        from gwdet.lazy_engine import build_trained_model as build_lazy_trained_model
+        from gwdet.engine.lazy import build_trained_model as build_lazy_trained_model
 
         return build_lazy_trained_model(cfg)
     from gwdet.checkpoint.resilient import ResilientCheckpointer
-    from gwdet.engine import Trainer
+    from gwdet.engine.trainer import Trainer
 
     model = Trainer.build_model(cfg)
     if cfg.MODEL.WEIGHTS:
@@ -226,10 +226,10 @@ def evaluate_traced(cfg, traced, adapter) -> Dict:
     from detectron2.modeling.postprocessing import detector_postprocess
 
     from gwdet.data.datasets import prepare_datasets
-    from gwdet.engine import Trainer
+    from gwdet.engine.trainer import Trainer
 
     if is_lazy(cfg):  # dataloader.test and dataloader.evaluator
-        from gwdet.lazy_engine import build_evaluator, build_test_loader
+        from gwdet.engine.lazy import build_evaluator, build_test_loader
 
         loader, evaluator = build_test_loader(cfg), build_evaluator(cfg)
     else:
@@ -298,7 +298,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from detectron2.utils.logger import setup_logger
 
     from gwdet.model_zoo import resolve_config_argument
-    from gwdet.atomic import path_written_atomically
+    from gwdet.engine.atomic import path_written_atomically
     from gwdet.export.deploy import ONNX_OPSET, export_model_onnx, export_torchscript, run_onnx
 
     parser = argument_parser()

@@ -95,7 +95,7 @@ def get_config(config_path: str, *, opts: Sequence[str] | None = None):
     path = get_config_file(config_path)
     suffix = Path(path).suffix
     if suffix in (".yaml", ".yml"):
-        from gwdet.engine import build_config
+        from gwdet.engine.trainer import build_config
 
         cfg = build_config(path, list(opts or []))
         cfg.defrost()

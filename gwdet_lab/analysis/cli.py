@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> list[Path]:
         )
         return run_conditioning(args.out, setting)
     if args.command == "constraints":
-        from gwdet.engine import build_config
+        from gwdet.engine.trainer import build_config
         from gwdet_lab.analysis.constraint_report import ConstraintSetting, run_constraints
 
         cfg = build_config(args.config, [*args.opts, "MODEL.DEVICE", "cpu"]) if args.config else None

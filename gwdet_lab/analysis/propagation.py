@@ -34,7 +34,7 @@ from gwdet_lab.analysis.plotting import Curve, Panel, part_ticks, save_figure
 from gwdet_lab.analysis.report import display_path, markdown_table, output_folder, write_markdown
 from gwdet.config_checks import NORM_KEYS
 from gwdet.data import prepare_datasets
-from gwdet.engine import build_config
+from gwdet.engine.trainer import build_config
 
 AS_CONFIGURED = "config"
 """The norm entry that keeps the config's own norms."""

@@ -5,7 +5,7 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-from gwdet.tables import Column, Table
+from gwdet.engine.tables import Column, Table
 
 TABLE_FILE = "table.md"
 
@@ -25,7 +25,7 @@ def format_number(value: float | int | str, digits: int = 4) -> str:
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[float | int | str]]) -> str:
     """A GitHub-flavoured markdown table (without a trailing newline) of positional rows, numbers
-    shown by :func:`format_number`: :class:`gwdet.tables.Table` with one column per header."""
+    shown by :func:`format_number`: :class:`gwdet.engine.tables.Table` with one column per header."""
     columns = [Column(str(index), header, format_number) for index, header in enumerate(headers)]
     return Table(columns, [{str(index): value for index, value in enumerate(row)} for row in rows]).markdown()
 

@@ -47,7 +47,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
-from gwdet.threads import configure_threads
+from gwdet.engine.threads import configure_threads
 from gwdet_lab.benchmark.busy import competing_load
 from gwdet_lab.benchmark.cases import COMPILED_CASES, layer_factories
 from gwdet_lab.benchmark.inference import inference_tables, run_inference
@@ -100,7 +100,7 @@ def argument_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--amp", choices=["none", "fp16", "bf16"], default="none", help="autocast for the model level")
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads (default: the CPUs other processes leave free; see gwdet.threads)")
+                        help="torch threads (default: the CPUs other processes leave free; see gwdet.engine.threads)")
     parser.add_argument(
         "--clock",
         choices=sorted(CLOCKS),

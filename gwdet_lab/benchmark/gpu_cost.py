@@ -44,7 +44,7 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 
 from gwdet.layers import largest_divisor_at_most
-from gwdet.tables import Column, Table
+from gwdet.engine.tables import Column, Table
 from gwdet_lab.benchmark.cases import CONV, GN, GW_GROUPS, GW_T, format_shape
 from gwdet_lab.benchmark.op_counts import OperationCount
 

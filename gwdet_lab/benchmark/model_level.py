@@ -2,7 +2,7 @@
 
 A step is forward, losses, backward and an SGD step on 2 synthetic images of ``--image-size``
 squared pixels with 3 random boxes each, of a model built from the repository's configs with
-:func:`gwdet.engine.build_config` and detectron2's ``build_model`` (no weights loaded), with
+:func:`gwdet.engine.trainer.build_config` and detectron2's ``build_model`` (no weights loaded), with
 ``--model-opts`` applied (default :data:`DEFAULT_MODEL_OPTS`). The random seed is reset before
 every step and the SGD step uses learning rate 0, so every repeat does the same work on the same
 proposals. On CPU one more profiled step gives the share of a step spent in GW layers.
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
 import torch
 from torch import nn
 
-from gwdet.tables import Column, Table
+from gwdet.engine.tables import Column, Table
 from gwdet_lab.benchmark.cases import verdict
 from gwdet_lab.benchmark.measure import median_time, peak_memory
 from gwdet_lab.benchmark.progress import Progress
@@ -53,7 +53,7 @@ CLASSES = 80
 def detector_config(config: str, device: torch.device, opts: List[str]) -> CfgNode:
     """The config ``config`` (relative to the repository) for ``device``, no weights, ``opts`` applied."""
     import gwdet  # noqa: F401  (registers gwdet's norms and backbones)
-    from gwdet.engine import build_config
+    from gwdet.engine.trainer import build_config
 
     return build_config(str(REPO / config), ["MODEL.DEVICE", str(device), "MODEL.WEIGHTS", "", *opts])
 

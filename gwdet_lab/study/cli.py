@@ -30,8 +30,8 @@ from gwdet.cluster.executor import SubmissionRefused, check_launcher
 from gwdet.cluster.options import LauncherOptions, add_launcher_arguments, launcher_options
 from gwdet.cluster.slurm import ClusterUnavailable
 from gwdet.data import add_register_coco_argument, export_to_environment, prepare_datasets
-from gwdet.engine import build_config
-from gwdet.threads import choose_threads
+from gwdet.engine.trainer import build_config
+from gwdet.engine.threads import choose_threads
 from gwdet_lab.study.cells import (
     CONFIG_PATTERNS,
     DEFAULT_BATCH_SIZES,
@@ -119,7 +119,7 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=1,
                         help="CPU threads per cell (OMP_NUM_THREADS and torch.set_num_threads; default 1, "
                              "which keeps a cell's numbers independent of the machine's load); 0 shares the CPUs "
-                             "other processes leave free among --jobs (gwdet.threads)")
+                             "other processes leave free among --jobs (gwdet.engine.threads)")
     parser.add_argument("--num-gpus", type=int, default=1, help="GPUs per cell")
     parser.add_argument("--on-mismatch", choices=ON_MISMATCH, default="refuse",
                         help="when a cell's config differs from the one its folder recorded: stop before "

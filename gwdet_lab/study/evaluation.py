@@ -35,7 +35,7 @@ from detectron2.data.common import DatasetFromList, MapDataset
 from detectron2.evaluation import inference_on_dataset
 from torch import nn
 
-from gwdet.engine import Trainer
+from gwdet.engine.trainer import Trainer
 from gwdet.modeling.example_weighing import apply_example_weighing, weighable_norms
 from gwdet_lab.study.run_folder import BATCH_STATISTICS_JSON, EXAMPLE_WEIGHING_JSON, RunFolder
 

@@ -29,7 +29,7 @@ import numpy as np
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from gwdet.atomic import write_text_atomically
+from gwdet.engine.atomic import write_text_atomically
 
 RESAMPLES = 1000
 BOOTSTRAP_SEED = 0

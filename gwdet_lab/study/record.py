@@ -27,8 +27,8 @@ from typing import Sequence
 import yaml
 from detectron2.config import CfgNode
 
-from gwdet.engine import build_config
-from gwdet.output_dir import ABSENT, differing_values
+from gwdet.engine.trainer import build_config
+from gwdet.engine.output_dir import ABSENT, differing_values
 from gwdet_lab.study.cells import Cell
 from gwdet_lab.study.run_folder import RECORD_JSON, RunFolder
 

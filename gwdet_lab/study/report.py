@@ -2,7 +2,7 @@
 
 Every AP is box AP on the report split (the config's last test dataset: shapes_test); the
 selection split (shapes_val) only chooses the example weight. Tables, built with
-:class:`gwdet.tables.Table`:
+:class:`gwdet.engine.tables.Table`:
 
 * per configuration and batch size: mean and sample standard deviation over seeds, each seed's AP;
 * paired differences (same seeds) with a t interval for each ordering the paper states;
@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Sequence
 
 from matplotlib.figure import Figure
 
-from gwdet.tables import Column, Table
+from gwdet.engine.tables import Column, Table
 from gwdet_lab.reporting import format_duration
 from gwdet_lab.study.cells import GROUP_LABELS, PAPER_AP, PAPER_GROUPS, PAPER_ORDERINGS
 from gwdet_lab.study.image_bootstrap import RESAMPLES

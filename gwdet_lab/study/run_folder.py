@@ -1,6 +1,6 @@
 """What a cell's folder holds, and reading it.
 
-Training (:mod:`gwdet.engine` and detectron2) writes ``metrics.json`` (one json object per logged
+Training (:mod:`gwdet.engine.trainer` and detectron2) writes ``metrics.json`` (one json object per logged
 iteration, every 20 iterations: ``total_loss`` and the other losses as medians over the last 20
 iterations, ``time`` the median seconds per iteration over the same window), ``log.txt``,
 ``config.yaml``, checkpoints with ``last_checkpoint`` naming the newest, and, once evaluated,
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Mapping
 
-from gwdet.engine import RESULTS_JSON
+from gwdet.engine.trainer import RESULTS_JSON
 
 METRICS_JSON = "metrics.json"
 LAST_CHECKPOINT = "last_checkpoint"
@@ -72,7 +72,7 @@ class RunFolder:
         return self.path.is_dir()
 
     def is_trained(self) -> bool:
-        """Trained and evaluated: ``results.json`` is written last by :func:`gwdet.engine.main`. A
+        """Trained and evaluated: ``results.json`` is written last by :func:`gwdet.engine.trainer.main`. A
         damaged one (not a json object) does not count: the cell resumes from its last checkpoint
         and is evaluated again."""
         try:

@@ -7,7 +7,7 @@ cell's memory, threads and crashes stay its own and two cells can train side by 
 2. resolves the cell from ``FOLDER/study_cell.json`` again and refuses (exit status 3, the keys
    that differ) unless the config equals the recorded one: config files edited since the study
    was planned cannot slip into a cell;
-3. trains with :func:`gwdet.engine.main` (``--resume``: continues from the last checkpoint, or
+3. trains with :func:`gwdet.engine.trainer.main` (``--resume``: continues from the last checkpoint, or
    starts afresh when there is none), which evaluates on ``DATASETS.TEST`` and writes
    ``results.json``; skipped when that file is there. A non-finite loss (detectron2's
    ``FloatingPointError``) is an outcome of the configuration, not a crash: it is recorded in
@@ -34,7 +34,7 @@ from typing import Sequence
 
 import torch
 
-from gwdet.engine import Trainer, argument_parser, main as engine_main
+from gwdet.engine.trainer import Trainer, argument_parser, main as engine_main
 from gwdet.checkpoint.resilient import ResilientCheckpointer
 from gwdet_lab.study.cells import Cell
 from gwdet_lab.study.evaluation import PAPER_WEIGHTS, batch_statistics, example_weighing, has_batch_norm
@@ -85,7 +85,7 @@ def add_seconds(folder: RunFolder, key: str, seconds: float) -> None:
 
 
 def train(cell: Cell, opts: Sequence[str], num_gpus: int) -> None:
-    """``gwdet.engine.main`` with ``--resume``, exactly as ``tools/train_net.py`` would run it."""
+    """``gwdet.engine.trainer.main`` with ``--resume``, exactly as ``tools/train_net.py`` would run it."""
     args = argument_parser().parse_args(
         ["--config-file", cell.config_file, "--num-gpus", str(num_gpus), "--resume", *opts])
     if num_gpus > 1:

@@ -6,7 +6,7 @@ COCOeval). :func:`setup` builds the config from the command line and prepares th
 when ``TEST.VIS_IMAGES`` > 0 and there is a test set, PNGs of predictions on its first images.
 
 A LazyConfig (a ``.py`` config) takes the same way through :func:`main`, into
-:mod:`gwdet.lazy_engine`, which shares this module's run-folder checks, results files, model
+:mod:`gwdet.engine.lazy`, which shares this module's run-folder checks, results files, model
 wrapping, writers and signal checkpointing (:func:`check_output_request`, :func:`evaluation_target`,
 :func:`write_results_to`, :func:`training_ddp_model`, :func:`run_writers`, :func:`with_signal_checkpoints`).
 """
@@ -41,7 +41,7 @@ from detectron2.utils import comm
 from detectron2.utils.events import CommonMetricPrinter, EventWriter, JSONWriter, TensorboardXWriter
 from detectron2.utils.logger import setup_logger
 
-from gwdet.atomic import write_text_atomically
+from gwdet.engine.atomic import write_text_atomically
 from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer
 from gwdet.checkpoint.signal_hook import CheckpointOnSignal
 from gwdet.cluster.options import add_launcher_arguments
@@ -54,7 +54,7 @@ from gwdet.data.resumable import build_resumable_train_loader, skip_trained_samp
 from gwdet.model_zoo import resolve_config_argument
 from gwdet.modeling import check_model
 from gwdet.modeling.model_checks import check_norm_weight_decay
-from gwdet.output_dir import (
+from gwdet.engine.output_dir import (
     OutputDirLock,
     check_fresh_start,
     check_resume_config,
@@ -63,8 +63,8 @@ from gwdet.output_dir import (
     trim_metrics,
 )
 from gwdet.solver import build_optimizer
-from gwdet.tables import Column, Table
-from gwdet.visualize import save_prediction_pngs
+from gwdet.engine.tables import Column, Table
+from gwdet.engine.visualize import save_prediction_pngs
 
 RESULTS_MARKDOWN = "results.md"
 RESULTS_JSON = "results.json"
@@ -74,7 +74,7 @@ class MetricsFileWriter(EventWriter):
     """detectron2's ``JSONWriter`` of ``metrics.json`` that opens the file at its first write.
 
     The trainer's writers are built with its hooks, before ``--resume`` loads the checkpoint and
-    :func:`gwdet.output_dir.trim_metrics` replaces the file with the records the resumed run keeps:
+    :func:`gwdet.engine.output_dir.trim_metrics` replaces the file with the records the resumed run keeps:
     a ``JSONWriter`` opened before that would append to the replaced file and lose every record of
     the resumed run."""
 
@@ -230,7 +230,7 @@ def argument_parser() -> argparse.ArgumentParser:
     add_register_coco_argument(parser)
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads per process (default: the CPUs other processes leave free at "
-                             "start, shared by the --num-gpus processes; see gwdet.threads)")
+                             "start, shared by the --num-gpus processes; see gwdet.engine.threads)")
     parser.add_argument("--overwrite", action="store_true",
                         help="train from iteration 0 into an OUTPUT_DIR that holds an earlier run, "
                              "deleting that run's checkpoints, metrics and results first")
@@ -278,7 +278,7 @@ def build_config(config_file: str, opts: list[str] | None = None) -> CfgNode:
             f"Config file {config_file!r} is a LazyConfig (.py), not a yacs config, which is what this step "
             "reads. tools/train_net.py (on this machine: --launcher local), tools/analyze_model.py and "
             "tools/deploy/export_model.py take LazyConfigs, with key=value overrides; in Python, load one with "
-            "gwdet.lazy_engine.load_lazy_config.")
+            "gwdet.engine.lazy.load_lazy_config.")
     with open(config_file, encoding="utf-8") as f:
         text = f.read()
     try:
@@ -333,7 +333,7 @@ def check_run_request(cfg: CfgNode, args: argparse.Namespace) -> None:
 def evaluation_target(args: argparse.Namespace, output_dir: str, weights: str, output_setting: str = "OUTPUT_DIR") -> tuple[str, str]:
     """``--eval-only``: the weights to evaluate (``weights``, or with ``--resume`` the checkpoint
     ``output_dir/last_checkpoint`` names) and the folder to write to
-    (:func:`gwdet.output_dir.evaluation_folder`), logged when that is not ``output_dir``."""
+    (:func:`gwdet.engine.output_dir.evaluation_folder`), logged when that is not ``output_dir``."""
     weights = tagged_checkpoint(output_dir) if args.resume else weights
     folder = evaluation_folder(output_dir, weights)
     if folder != output_dir:
@@ -346,7 +346,7 @@ def evaluation_target(args: argparse.Namespace, output_dir: str, weights: str, o
 def evaluation_request(cfg: CfgNode, args: argparse.Namespace) -> tuple[CfgNode, argparse.Namespace]:
     """``--eval-only``: the config and arguments that evaluate exactly the chosen weights
     (``MODEL.WEIGHTS``, or with ``--resume`` the checkpoint ``last_checkpoint`` names) into a folder
-    of their own when ``OUTPUT_DIR`` holds a run (:func:`gwdet.output_dir.evaluation_folder`)."""
+    of their own when ``OUTPUT_DIR`` holds a run (:func:`gwdet.engine.output_dir.evaluation_folder`)."""
     check_run_request(cfg, args)
     weights, output_dir = evaluation_target(args, cfg.OUTPUT_DIR, cfg.MODEL.WEIGHTS)
     cfg = cfg.clone()
@@ -427,12 +427,12 @@ def main(args: argparse.Namespace):
 An evaluation of weights into a folder that holds a run writes to ``OUTPUT_DIR/eval/<checkpoint>/``
 (:func:`evaluation_request`).
     The main process holds a lock on OUTPUT_DIR for the whole run. A LazyConfig (``.py``) is
-    trained by :func:`gwdet.lazy_engine.main` with the same rules.
+    trained by :func:`gwdet.engine.lazy.main` with the same rules.
     """
-    from gwdet.lazy_engine import is_lazy_config
+    from gwdet.engine.lazy import is_lazy_config
 
     if is_lazy_config(args.config_file):
-        from gwdet.lazy_engine import main as lazy_main
+        from gwdet.engine.lazy import main as lazy_main
 
         return lazy_main(args)
     cfg = build_config(args.config_file, args.opts)

@@ -22,7 +22,7 @@ from typing import IO, Any, Mapping
 
 from detectron2.config import CfgNode
 
-from gwdet.atomic import write_text_atomically
+from gwdet.engine.atomic import write_text_atomically
 
 LOCK_NAME = ".gwdet.lock"
 CONFIG_NAME = "config.yaml"  # detectron2's default_setup writes the run's config here

@@ -1,12 +1,12 @@
 """LazyConfig (``.py``) configs in gwdet's tools: loading them with checked ``key=value``
-overrides, and training and evaluating them as :mod:`gwdet.engine` does yacs configs.
+overrides, and training and evaluating them as :mod:`gwdet.engine.trainer` does yacs configs.
 
 ``tools/train_net.py --config-file X.py key=value ...`` reaches :func:`main` through
-:func:`gwdet.engine.main`. A run follows the yacs path's rules, with the LazyConfig's settings in
+:func:`gwdet.engine.trainer.main`. A run follows the yacs path's rules, with the LazyConfig's settings in
 place of the yacs keys (``train.output_dir`` for ``OUTPUT_DIR``, ``train.init_checkpoint`` for
 ``MODEL.WEIGHTS``, ``train.seed`` for ``SEED``, ``train.device`` for ``MODEL.DEVICE``):
 
-* the run folder (:mod:`gwdet.output_dir`): a fresh run refuses a folder that holds another run
+* the run folder (:mod:`gwdet.engine.output_dir`): a fresh run refuses a folder that holds another run
   unless ``--overwrite``; ``--resume`` continues the run there and refuses another model (any
   difference under ``model`` from the run's ``config.yaml``); ``--eval-only`` needs weights
   (``train.init_checkpoint=...`` or ``--resume``) and writes beside a run, never over it; one run
@@ -19,7 +19,7 @@ place of the yacs keys (``train.output_dir`` for ``OUTPUT_DIR``, ``train.init_ch
   pixels;
 * the model checked by :func:`gwdet.check_model`, the optimizer's norm weight decay by
   :func:`gwdet.modeling.model_checks.check_norm_weight_decay`;
-* ``results.md`` and ``results.json`` in the run folder, as :func:`gwdet.engine.write_results`
+* ``results.md`` and ``results.json`` in the run folder, as :func:`gwdet.engine.trainer.write_results`
   writes them, after evaluation with ``dataloader.test`` and ``dataloader.evaluator``.
 
 The LazyConfig is the layout of detectron2's ``tools/lazyconfig_train_net.py`` (``model``,
@@ -59,7 +59,7 @@ from detectron2.utils.registry import locate
 from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer
 from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.data.resumable import SkippingSampler, loader_accepts_seed, seed_loader_generator
-from gwdet.engine import (
+from gwdet.engine.trainer import (
     check_output_request,
     evaluation_target,
     run_writers,
@@ -70,7 +70,7 @@ from gwdet.engine import (
 from gwdet.layers.plans import describe_plans
 from gwdet.modeling import check_model
 from gwdet.modeling.model_checks import check_norm_weight_decay
-from gwdet.output_dir import CONFIG_NAME, OutputDirLock, checkpoints_in, differing_values, trim_metrics
+from gwdet.engine.output_dir import CONFIG_NAME, OutputDirLock, checkpoints_in, differing_values, trim_metrics
 
 LAZY_SUFFIX = ".py"
 OUTPUT_SETTING = "train.output_dir"
@@ -396,7 +396,7 @@ def build_evaluator(cfg: DictConfig) -> Any:
 
 
 class LazyTrainer(TrainerBase):
-    """gwdet's :class:`~gwdet.engine.Trainer` for a LazyConfig: detectron2's trainer loop and
+    """gwdet's :class:`~gwdet.engine.trainer.Trainer` for a LazyConfig: detectron2's trainer loop and
     hooks as ``tools/lazyconfig_train_net.py`` sets them up (timer, LR scheduler, periodic
     checkpointer, evaluation, writers) plus :class:`CheckpointOnSignal`, with
     :class:`ResilientCheckpointer`, a resumable train loader whose batches are checked for
@@ -543,7 +543,7 @@ def check_resume_config(cfg: DictConfig, output_dir: str) -> None:
 
 
 def check_run_request(cfg: DictConfig, args: argparse.Namespace) -> None:
-    """:func:`gwdet.engine.check_output_request` for a LazyConfig's ``train.output_dir`` and
+    """:func:`gwdet.engine.trainer.check_output_request` for a LazyConfig's ``train.output_dir`` and
     ``train.init_checkpoint``."""
     output_dir = cfg.train.output_dir
     check_output_request(args, output_dir, cfg.train.init_checkpoint,
@@ -554,7 +554,7 @@ def check_run_request(cfg: DictConfig, args: argparse.Namespace) -> None:
 def evaluation_request(cfg: DictConfig, args: argparse.Namespace) -> tuple[DictConfig, argparse.Namespace]:
     """``--eval-only``: the config and arguments that evaluate exactly the chosen weights
     (``train.init_checkpoint``, or with ``--resume`` the checkpoint ``last_checkpoint`` names) into
-    a folder of their own when ``train.output_dir`` holds a run (:func:`gwdet.engine.evaluation_target`)."""
+    a folder of their own when ``train.output_dir`` holds a run (:func:`gwdet.engine.trainer.evaluation_target`)."""
     check_run_request(cfg, args)
     weights, output_dir = evaluation_target(args, cfg.train.output_dir, cfg.train.init_checkpoint, OUTPUT_SETTING)
     cfg.train.init_checkpoint, cfg.train.output_dir = weights, output_dir

@@ -14,8 +14,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable
 
-from gwdet.checkpoint.loading import ConversionError, preview_names
-from gwdet.checkpoint.torchvision_keys import NORM_POSITIONS, SHORTCUT, SourceLayout
+from gwdet.convert.loading import ConversionError, preview_names
+from gwdet.convert.torchvision_keys import NORM_POSITIONS, SHORTCUT, SourceLayout
 from gwdet.positions import format_gw_positions, parse_gw_positions
 
 _TARGET_BLOCK = re.compile(r"res([2-5])\.(\d+)\.")

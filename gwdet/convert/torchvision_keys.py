@@ -13,7 +13,7 @@ Source modules (torchvision) and their detectron2 counterparts (gwdet's backbone
 
 A norm with ``running_mean``/``running_var`` is a BN; one with only ``weight``/``bias`` has no batch
 statistics (GW, or GN in a GN-style checkpoint; the GW authors' modules keep their affine as
-``[1, C, 1, 1]``). What the norms say about the architecture is :mod:`gwdet.checkpoint.architecture`.
+``[1, C, 1, 1]``). What the norms say about the architecture is :mod:`gwdet.convert.architecture`.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gwdet.checkpoint.loading import ConversionError, preview_names
+from gwdet.convert.loading import ConversionError, preview_names
 from gwdet.positions import POSITIONS
 
 BN_LEAVES = frozenset({"weight", "bias", "running_mean", "running_var"})

@@ -5,7 +5,7 @@ A converted file is detectron2's weights format plus gwdet's record of what the 
     {"model": {name: float32 ndarray},      # detectron2's ResNet names
      "__author__": "gwdet convert_pretrained: resnet50.pth as R-50, GW at none",
      "matching_heuristics": True,           # detectron2 maps the names onto backbone.bottom_up.*
-     "gwdet": {"arch": "R-50",              # a gwdet.checkpoint.ARCHITECTURES name
+     "gwdet": {"arch": "R-50",              # a gwdet.convert.ARCHITECTURES name
                "gw_positions": "S1-B2",     # MODEL.RESNETS.GW_POSITIONS spelling; "" is no GW
                "norm": "BN",                # the norm elsewhere: "BN", or "GN" for a GN-style file
                "source": "resnet50.pth"}}   # the converted file's name

@@ -12,8 +12,8 @@ import torch
 from detectron2.config import get_cfg
 from detectron2.modeling import build_backbone
 
-from gwdet.checkpoint.architecture import Architecture
-from gwdet.checkpoint.loading import ConversionError, preview_names
+from gwdet.convert.architecture import Architecture
+from gwdet.convert.loading import ConversionError, preview_names
 from gwdet.config import add_gwdet_config
 from gwdet.modeling.backbone import build_gw_resnet_backbone
 

@@ -1,15 +1,15 @@
 """``tools/convert_pretrained.py`` and the command ``gwdet-convert`` of an installed gwdet: convert a
 torchvision-layout ImageNet checkpoint into detectron2 weights and print the report
-(:func:`gwdet.checkpoint.convert_checkpoint`)."""
+(:func:`gwdet.convert.convert_checkpoint`)."""
 from __future__ import annotations
 
 import argparse
 import sys
 from typing import Sequence
 
-from gwdet.checkpoint.convert import convert_checkpoint
-from gwdet.checkpoint.loading import ConversionError
-from gwdet.checkpoint.architecture import ARCHITECTURES
+from gwdet.convert.converter import convert_checkpoint
+from gwdet.convert.loading import ConversionError
+from gwdet.convert.architecture import ARCHITECTURES
 
 
 def argument_parser() -> argparse.ArgumentParser:

@@ -1,10 +1,10 @@
 """Convert a torchvision-layout ImageNet ResNet/ResNeXt checkpoint into a detectron2 ``.pkl``.
 
-The steps, each in its own module: read the file (:mod:`~gwdet.checkpoint.loading`), map
-torchvision's names onto detectron2's (:mod:`~gwdet.checkpoint.torchvision_keys`), infer the
-architecture and the GW positions (:mod:`~gwdet.checkpoint.architecture`), check every tensor
-against the backbone that will load it (:mod:`~gwdet.checkpoint.target_backbone`); this module
-assembles the output, whose entries :mod:`~gwdet.checkpoint.metadata` describes. Its weights carry
+The steps, each in its own module: read the file (:mod:`~gwdet.convert.loading`), map
+torchvision's names onto detectron2's (:mod:`~gwdet.convert.torchvision_keys`), infer the
+architecture and the GW positions (:mod:`~gwdet.convert.architecture`), check every tensor
+against the backbone that will load it (:mod:`~gwdet.convert.target_backbone`); this module
+assembles the output, whose entries :mod:`~gwdet.convert.metadata` describes. Its weights carry
 detectron2's ResNet names (``stem.conv1.weight``, ``res2.0.conv2.norm.weight``, ...), so
 ``DetectionCheckpointer(model).load(path)`` maps them onto ``backbone.bottom_up.*`` of gwdet's
 backbones (and returns the ``"gwdet"`` entry among the unprocessed ones).
@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gwdet.atomic import write_atomically
+from gwdet.engine.atomic import write_atomically
 from gwdet.checkpoint.integrity import with_checksums
-from gwdet.checkpoint.architecture import (
+from gwdet.convert.architecture import (
     ARCHITECTURES,
     check_bottleneck_blocks,
     check_requested_architecture,
@@ -41,13 +41,13 @@ from gwdet.checkpoint.architecture import (
     infer_gw_positions,
     is_gn_style,
 )
-from gwdet.checkpoint.loading import (
+from gwdet.convert.loading import (
     ConversionError,
     SourceStateDict,
     preview_names,
     read_source_state_dict,
 )
-from gwdet.checkpoint.metadata import (
+from gwdet.convert.metadata import (
     AUTHOR_KEY,
     MATCHING_HEURISTICS_KEY,
     METADATA_KEY,
@@ -55,8 +55,8 @@ from gwdet.checkpoint.metadata import (
     conversion_author,
     conversion_metadata,
 )
-from gwdet.checkpoint.target_backbone import check_fits_architecture, expected_shapes, loading_config
-from gwdet.checkpoint.torchvision_keys import SourceLayout, parse_torchvision_layout
+from gwdet.convert.target_backbone import check_fits_architecture, expected_shapes, loading_config
+from gwdet.convert.torchvision_keys import SourceLayout, parse_torchvision_layout
 from gwdet.positions import format_gw_positions
 
 OUTPUT_SUFFIX = ".pkl"
