@@ -4,7 +4,7 @@ This file is here for one case. Python started in the folder that *holds* a chec
 ``gwdet`` (``git clone``'s default) finds the checkout before any installed gwdet, because the
 working directory comes first on ``sys.path``. A folder without ``__init__.py`` would be imported
 as an empty namespace package named ``gwdet``, with no error, and every later use would fail far
-from the cause (``No module named 'gwdet.engine'``, ``cannot import name ... (unknown location)``).
+from the cause (``No module named 'gwdet.engine.trainer'``, ``cannot import name ... (unknown location)``).
 With this file the checkout is a regular package, and importing it under the name ``gwdet`` stops
 at once with an ImportError that names the folder and the fix.
 
