@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import sys
 
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -95,9 +97,14 @@ def apply_example_weighing(model: nn.Module, weight: float) -> int:
     if isinstance(model, WEIGHABLE_NORMS):
         raise ValueError("apply_example_weighing replaces layers inside a model; for a single "
                          "batch norm layer use example_weighted_norm(bn, weight)")
+    return replace_weighable_norms(model, lambda bn: example_weighted_norm(bn, weight))
+
+
+def replace_weighable_norms(model: nn.Module, replacement: Callable[[nn.modules.batchnorm._BatchNorm], nn.Module]) -> int:
+    """Replace, in place, every layer :func:`weighable_norms` lists by ``replacement(layer)``;
+    return how many were replaced."""
     targets = weighable_norms(model)
     for name, bn in targets:
         parent_name, _, child_name = name.rpartition(".")
-        parent = model.get_submodule(parent_name)
-        setattr(parent, child_name, example_weighted_norm(bn, weight))
+        setattr(model.get_submodule(parent_name), child_name, replacement(bn))
     return len(targets)

@@ -36,7 +36,7 @@ from detectron2.evaluation import inference_on_dataset
 from torch import nn
 
 from gwdet.engine.trainer import Trainer
-from gwdet.modeling.example_weighing import apply_example_weighing, weighable_norms
+from gwdet.modeling.example_weighing import apply_example_weighing, replace_weighable_norms, weighable_norms
 from gwdet_lab.study.run_folder import BATCH_STATISTICS_JSON, EXAMPLE_WEIGHING_JSON, RunFolder
 
 PAPER_WEIGHTS = (0.0, 0.1, 0.25, 0.5, 1.0)
@@ -78,11 +78,7 @@ class BatchStatisticsNorm(nn.Module):
 def use_batch_statistics(model: nn.Module) -> int:
     """Replace, in place, every batch norm :func:`weighable_norms` lists by a
     :class:`BatchStatisticsNorm`; return how many were replaced."""
-    targets = weighable_norms(model)
-    for name, bn in targets:
-        parent_name, _, child_name = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), child_name, BatchStatisticsNorm(bn))
-    return len(targets)
+    return replace_weighable_norms(model, BatchStatisticsNorm)
 
 
 def test_loader(cfg: CfgNode, dataset: str, batch_size: int) -> torch.utils.data.DataLoader:
