@@ -21,7 +21,8 @@ from typing import Any, Mapping, Sequence
 from detectron2.config import CfgNode
 
 from gwdet.config import check_config_values, config_value, require_gwdet_config
-from gwdet.norms import DETECTRON2_GN_GROUPS, UnknownNormError, known_norm_names, norm_from_config
+from gwdet.norms import (DETECTRON2_GN_GROUPS, UnknownNormError, detectron2_builds_as_configured,
+                         known_norm_names, norm_records, norm_record)
 from gwdet.positions import BLOCK_CONV_OF_POSITION, parse_gw_positions
 
 # Where a message sends the reader: the section explaining how NORM strings become layers.
@@ -86,7 +87,6 @@ NORM_SITES = (
              ("SemSegFPNHead", "DeepLabV3Head", "DeepLabV3PlusHead", "PanopticDeepLabSemSegHead"), SEM_SEG_HEAD),
 )
 NORM_KEYS = tuple(dict.fromkeys(site.norm_key for site in NORM_SITES)) + ("MODEL.RESNETS.GW_NORM",)
-BATCH_GROUP_NORMS = {"BGN", "GhostBN"}
 
 
 class NormConfigError(ValueError):
@@ -167,6 +167,11 @@ def _replacement(component_key: str, component: str, built_with: str,
     return fix, (component_key, gwdet_component)
 
 
+def _describe(param: str, value: Any) -> str:
+    """``num_groups``, 32 -> "32 groups"."""
+    return f"{value} groups" if param == "num_groups" else f"{param}={value!r}"
+
+
 def _norm_reader_problems(cfg: CfgNode, skip: set[str]) -> list[_Problem]:
     """A norm that needs the config's values must not go to a component that cannot take them."""
     problems = []
@@ -175,12 +180,15 @@ def _norm_reader_problems(cfg: CfgNode, skip: set[str]) -> list[_Problem]:
         component = _value(cfg, site.component_key)
         if site.norm_key in skip or component not in site.detectron2_readers or not builds_part(cfg, site.part):
             continue
-        if isinstance(norm_from_config(name, cfg), str):
-            continue  # detectron2 builds it as configured
-        if name == "GN":
-            why = (f"{site.norm_key}='GN' with MODEL.GN.NUM_GROUPS={cfg.MODEL.GN.NUM_GROUPS}, and "
-                   f"detectron2's {component} ({site.component_key}) always builds GN with "
-                   f"{DETECTRON2_GN_GROUPS} groups")
+        if detectron2_builds_as_configured(name, cfg):
+            continue
+        record = norm_record(name)
+        if record.detectron2_values:  # detectron2 builds the name, with other values than the config's
+            configured = ", ".join(f"{record.config_keys[param]}={_value(cfg, record.config_keys[param])}"
+                                   for param in record.detectron2_values)
+            fixed = ", ".join(_describe(param, value) for param, value in record.detectron2_values.items())
+            why = (f"{site.norm_key}={name!r} with {configured}, and detectron2's {component} "
+                   f"({site.component_key}) always builds {name} with {fixed}")
         else:
             why = (f"{site.norm_key}={name!r}, but detectron2's {component} ({site.component_key}) cannot "
                    f"build {name!r} with the config's values (detectron2's get_norm would raise KeyError)")
@@ -263,7 +271,8 @@ def _check_gw_norm(cfg: CfgNode) -> None:
 
 def _check_example_groups(cfg: CfgNode) -> None:
     """An example group larger than the whole batch never fills: BGN would silently become GN."""
-    if not {_value(cfg, key) for key in NORM_KEYS} & BATCH_GROUP_NORMS:
+    example_group_norms = {record.name for record in norm_records() if record.example_groups}
+    if not {_value(cfg, key) for key in NORM_KEYS} & example_group_norms:
         return
     examples, batch = cfg.MODEL.BGN.EXAMPLES_PER_GROUP, cfg.SOLVER.IMS_PER_BATCH
     if examples > batch:

@@ -30,17 +30,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import torch
+import detectron2.layers.batch_norm as detectron2_batch_norm
 from detectron2.layers import get_norm as detectron2_get_norm
 from detectron2.utils.logger import log_first_n
 
 from gwdet.config import CONFIG_KEYS, config_default, config_value, require_gwdet_config
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
 
-# detectron2's own names (its get_norm resolves them). True: the layer mixes examples of a batch.
-DETECTRON2_NORMS: dict[str, bool] = {
-    "BN": True, "SyncBN": True, "FrozenBN": False, "GN": False, "nnSyncBN": True,
-    "naiveSyncBN": True, "naiveSyncBN_N": True, "LN": False,
-}
 DETECTRON2_GN_GROUPS = 32  # detectron2's get_norm("GN") always has 32 groups
 _CHECKS = {key.name: key.check for key in CONFIG_KEYS}
 _REQUIRED = inspect.Parameter.empty
@@ -57,14 +53,34 @@ class UnknownNormError(KeyError):
 
 
 @dataclass(frozen=True)
-class NormKind:
-    """What a norm name builds: ``build(channels, **params)``, and where each param lives in a
-    yacs config (``config_keys``: param -> dotted key)."""
+class NormRecord:
+    """Everything gwdet knows about one norm name; every check asks the catalogue, not a list.
+
+    * ``build(channels, **params)`` makes the layer; ``config_keys`` says where each param lives in
+      a yacs config (param -> dotted key).
+    * ``batch_statistics``: the layer normalizes with statistics over several examples (it must
+      not be shared across FPN levels).
+    * ``layer_types``: the classes of the layers it builds (a base class stands for its
+      subclasses); checkpoints record them, the model checks look for them.
+    * ``detectron2_values``: ``None`` when detectron2's ``get_norm`` cannot build the name; else
+      the param values with which ``get_norm(name)`` builds it itself (``{}``: it has none to set;
+      GN: ``{"num_groups": 32}``).
+    * ``detectron2_per_level``: detectron2's ``RetinaNetHead`` keeps this name's layers per FPN
+      level itself (its "BN" and "SyncBN").
+    * ``example_groups``: the layer normalizes over groups of ``MODEL.BGN.EXAMPLES_PER_GROUP``
+      examples, which must fit the batch (BGN, GhostBN).
+    * ``builtin``: one of detectron2's or gwdet's names (never replaced, never unregistered).
+    """
 
     name: str
     build: Callable[..., torch.nn.Module]
     config_keys: Mapping[str, str] = field(default_factory=dict)
-    batch_statistics: bool = False  # normalizes with statistics over several examples
+    batch_statistics: bool = False
+    layer_types: tuple[type, ...] = ()
+    detectron2_values: Mapping[str, Any] | None = None
+    detectron2_per_level: bool = False
+    example_groups: bool = False
+    builtin: bool = False
 
     def default(self, param: str) -> Any:
         key = self.config_keys.get(param)
@@ -76,49 +92,121 @@ class NormKind:
         return list(inspect.signature(self.build).parameters)[1:]
 
 
-_KINDS: dict[str, NormKind] = {}
+_RECORDS: dict[str, NormRecord] = {}
 
 
 def register_norm(name: str, build: Callable[..., torch.nn.Module] | None = None, *,
-                  config_keys: Mapping[str, str] | None = None, batch_statistics: bool = False):
+                  config_keys: Mapping[str, str] | None = None, batch_statistics: bool = False,
+                  layer_types: tuple[type, ...] = ()):
     """Register ``build(channels, **params) -> nn.Module`` under ``name``.
 
     ``config_keys`` maps each keyword of ``build`` to the yacs key :func:`norm_from_config` reads
     it from; ``batch_statistics`` says whether the layer normalizes with statistics over several
-    examples (such a layer must not be shared across FPN levels). The layers it builds are norms to
-    the optimizer (:func:`gwdet.solver.is_norm_layer`: ``SOLVER.WEIGHT_DECAY_NORM``). Usable as a decorator. The names
-    of detectron2 and gwdet cannot be replaced; a user name registered again is replaced.
+    examples (such a layer must not be shared across FPN levels); ``layer_types``, optional, the
+    classes of the layers it builds (checkpoints then record those layers' types). The layers it
+    builds are norms to the optimizer (:func:`gwdet.solver.is_norm_layer`:
+    ``SOLVER.WEIGHT_DECAY_NORM``). Usable as a decorator. A name is registered once: the names of
+    detectron2 and gwdet, and a name already registered, are refused with ``ValueError`` (a plugin
+    that reloads calls :func:`unregister_norm` first).
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"register_norm: name must be a non-empty string, got {name!r}")
-    if name in DETECTRON2_NORMS or name in _BUILTIN_NAMES:
-        raise ValueError(f"register_norm: {name!r} is a built-in norm name; choose another name")
+    _refuse_taken(name)
 
     def _register(fn: Callable[..., torch.nn.Module]) -> Callable[..., torch.nn.Module]:
-        kind = NormKind(name, fn, dict(config_keys or {}), batch_statistics)
-        unknown = set(kind.config_keys) - set(kind.params())
+        _refuse_taken(name)
+        record = NormRecord(name, fn, dict(config_keys or {}), bool(batch_statistics), tuple(layer_types))
+        unknown = set(record.config_keys) - set(record.params())
         if unknown:
             raise ValueError(f"register_norm({name!r}): config_keys name {sorted(unknown)}, which "
-                             f"{fn.__name__} does not take (it takes {kind.params()})")
-        _KINDS[name] = kind
+                             f"{fn.__name__} does not take (it takes {record.params()})")
+        _RECORDS[name] = record
         return fn
 
     return _register if build is None else _register(build)
 
 
+def _refuse_taken(name: str) -> None:
+    record = _RECORDS.get(name)
+    if record is not None and record.builtin:
+        raise ValueError(f"register_norm: {name!r} is a built-in norm name; choose another name")
+    if record is not None:
+        raise ValueError(f"register_norm: {name!r} is already registered (by {record.build.__module__}."
+                         f"{getattr(record.build, '__qualname__', record.build)}); choose another name, or "
+                         f"call gwdet.norms.unregister_norm({name!r}) first")
+
+
+def unregister_norm(name: str) -> None:
+    """Remove a name registered with :func:`register_norm`: for tests, and for plugins that reload
+    and register again. Built-in names cannot be removed; an unknown name is an
+    :class:`UnknownNormError`."""
+    if norm_record(name).builtin:
+        raise ValueError(f"unregister_norm: {name!r} is a built-in norm name and cannot be removed")
+    del _RECORDS[name]
+
+
 def known_norm_names() -> list[str]:
     """Every name :func:`norm` accepts, sorted (detectron2's, gwdet's and registered ones)."""
-    return sorted(_KINDS)
+    return sorted(_RECORDS)
 
 
-def norm_kind(name: str) -> NormKind:
-    """The :class:`NormKind` of ``name``; :class:`UnknownNormError` listing the known names."""
-    if isinstance(name, str) and name in _KINDS:
-        return _KINDS[name]
+def norm_records() -> list[NormRecord]:
+    """Every record of the catalogue, sorted by name."""
+    return [_RECORDS[name] for name in known_norm_names()]
+
+
+def norm_record(name: str) -> NormRecord:
+    """The :class:`NormRecord` of ``name``; :class:`UnknownNormError` listing the known names."""
+    if isinstance(name, str) and name in _RECORDS:
+        return _RECORDS[name]
     raise UnknownNormError(
         f"Unknown norm name {name!r}. Known names: {', '.join(known_norm_names())}. Fix the "
         "NORM value, or register the name with gwdet.register_norm(name, build)."
     )
+
+
+norm_kind = norm_record  # the former name
+
+
+def layer_types(*, batch_statistics: bool | None = None) -> tuple[type, ...]:
+    """The layer classes the catalogue's names build, each once; with ``batch_statistics`` given,
+    those of the names that do (True) or do not (False) normalize over several examples."""
+    found: dict[type, None] = {}
+    for record in norm_records():
+        if batch_statistics is None or record.batch_statistics == batch_statistics:
+            found.update(dict.fromkeys(record.layer_types))
+    return tuple(found)
+
+
+def detectron2_builds(name: str, values: Mapping[str, Any]) -> bool:
+    """Whether detectron2's ``get_norm(name)`` itself builds ``name`` with hyper-parameters
+    ``values`` (missing ones: the name's defaults)."""
+    native = norm_record(name).detectron2_values
+    if native is None:
+        return False
+    record = norm_record(name)
+    return all((values[param] if param in values else record.default(param)) == value
+               for param, value in native.items())
+
+
+def _config_values(record: NormRecord, cfg) -> dict[str, Any]:
+    require_gwdet_config(cfg, f"The norm {record.name!r}")
+    return {param: config_value(cfg, key) for param, key in record.config_keys.items()}
+
+
+def detectron2_builds_as_configured(name: Any, cfg) -> bool:
+    """Whether detectron2's own components build the NORM value ``name`` as the yacs config
+    ``cfg`` configures it: no norm (``""``), or a detectron2 name with detectron2's values (GN
+    only with ``MODEL.GN.NUM_GROUPS`` 32). False for every name only gwdet builds so; an unknown
+    name is an :class:`UnknownNormError`. ``cfg`` needs gwdet's keys only where the name reads any."""
+    if not name:
+        return True
+    record = norm_record(name)
+    if record.detectron2_values is None:
+        return False
+    if not record.config_keys:
+        return detectron2_builds(name, {})
+    return detectron2_builds(name, _config_values(record, cfg))
 
 
 def group_adjustment(layer: torch.nn.Module) -> tuple[str, int, int] | None:
@@ -143,7 +231,7 @@ class Norm:
     """
 
     def __init__(self, name: str, strict: bool = False, **params: Any) -> None:
-        kind = norm_kind(name)
+        kind = norm_record(name)
         accepted = kind.params()
         unknown = sorted(set(params) - set(accepted))
         if unknown:
@@ -166,11 +254,12 @@ class Norm:
     @property
     def batch_statistics(self) -> bool:
         """Whether the layer normalizes with statistics over several examples (BN, BW, BGN)."""
-        return norm_kind(self.name).batch_statistics
+        return norm_record(self.name).batch_statistics
 
     def __call__(self, channels: int) -> torch.nn.Module:
-        layer = norm_kind(self.name).build(channels, **self.params)
-        if self.name not in _BUILTIN_NAMES:
+        record = norm_record(self.name)
+        layer = record.build(channels, **self.params)
+        if not record.builtin:
             setattr(layer, NORM_LAYER_MARK, True)
         adjusted = group_adjustment(layer)
         if adjusted is not None:
@@ -210,20 +299,18 @@ def norm_from_config(name: Any, cfg) -> Any:
     """What to pass detectron2 as ``norm`` for the NORM value ``name`` of the yacs config ``cfg``.
 
     * ``""``, ``None`` and callables are returned as they are;
-    * detectron2's names are returned as they are (so its components keep their behaviour), except
-      ``"GN"`` with ``MODEL.GN.NUM_GROUPS`` other than detectron2's 32;
+    * names detectron2 builds as configured are returned as they are (so its components keep their
+      behaviour; :func:`detectron2_builds_as_configured`): its names, except ``"GN"`` with
+      ``MODEL.GN.NUM_GROUPS`` other than detectron2's 32;
     * every other name becomes a :class:`Norm` holding ``cfg``'s values of its keys (``MODEL.GW.*``
       for GW, ...). ``cfg`` must have gwdet's keys (:func:`gwdet.add_gwdet_config`).
     """
     if not name or not isinstance(name, str):
         return name
-    kind = norm_kind(name)
-    if name in DETECTRON2_NORMS and not kind.config_keys:
+    if detectron2_builds_as_configured(name, cfg):
         return name
-    require_gwdet_config(cfg, f"The norm {name!r}")
-    values = {param: config_value(cfg, key) for param, key in kind.config_keys.items()}
-    if name == "GN" and values["num_groups"] == DETECTRON2_GN_GROUPS:
-        return name
+    record = norm_record(name)
+    values = _config_values(record, cfg)
     return Norm(name, bool(config_value(cfg, "MODEL.STRICT_NORM_GROUPS")), **values)
 
 
@@ -282,17 +369,37 @@ def _only(keys: Mapping[str, str], build: Callable) -> dict[str, str]:
     return {param: keys[param] for param in params}
 
 
+_BATCH_NORMS = (torch.nn.modules.batchnorm._BatchNorm,)  # BatchNorm2d, SyncBatchNorm, NaiveSyncBatchNorm
+_DETECTRON2_LN = getattr(detectron2_batch_norm, "LayerNorm", torch.nn.LayerNorm)
+
+
+def _detectron2_record(name: str, batch_statistics: bool, layers: tuple[type, ...],
+                       per_level: bool = False) -> NormRecord:
+    return NormRecord(name, _detectron2_norm(name), batch_statistics=batch_statistics, layer_types=layers,
+                      detectron2_values={}, detectron2_per_level=per_level, builtin=True)
+
+
 _BUILTINS = [
-    NormKind(name, _detectron2_norm(name), batch_statistics=mixes)
-    for name, mixes in DETECTRON2_NORMS.items() if name != "GN"
-] + [
-    NormKind("GN", _group_norm, {"num_groups": "MODEL.GN.NUM_GROUPS"}),
-    NormKind("GW", _group_whitening_itn, _only(_GW_KEYS, _group_whitening_itn)),
-    NormKind("GW_ZCA", _group_whitening_zca, _only(_GW_KEYS, _group_whitening_zca)),
-    NormKind("BW", _batch_whitening_zca, _only(_BW_KEYS, _batch_whitening_zca), batch_statistics=True),
-    NormKind("BW_ItN", _batch_whitening_itn, _only(_BW_KEYS, _batch_whitening_itn), batch_statistics=True),
-    NormKind("BGN", _batch_group_norm, _only(_BGN_KEYS, _batch_group_norm), batch_statistics=True),
-    NormKind("GhostBN", _ghost_batch_norm, _only(_BGN_KEYS, _ghost_batch_norm), batch_statistics=True),
+    _detectron2_record("BN", True, _BATCH_NORMS, per_level=True),
+    _detectron2_record("SyncBN", True, _BATCH_NORMS, per_level=True),
+    _detectron2_record("FrozenBN", False, (detectron2_batch_norm.FrozenBatchNorm2d,)),
+    _detectron2_record("nnSyncBN", True, _BATCH_NORMS),
+    _detectron2_record("naiveSyncBN", True, _BATCH_NORMS),
+    _detectron2_record("naiveSyncBN_N", True, _BATCH_NORMS),
+    _detectron2_record("LN", False, (_DETECTRON2_LN,)),
+    NormRecord("GN", _group_norm, {"num_groups": "MODEL.GN.NUM_GROUPS"}, layer_types=(torch.nn.GroupNorm,),
+               detectron2_values={"num_groups": DETECTRON2_GN_GROUPS}, builtin=True),
+    NormRecord("GW", _group_whitening_itn, _only(_GW_KEYS, _group_whitening_itn),
+               layer_types=(GroupWhitening,), builtin=True),
+    NormRecord("GW_ZCA", _group_whitening_zca, _only(_GW_KEYS, _group_whitening_zca),
+               layer_types=(GroupWhitening,), builtin=True),
+    NormRecord("BW", _batch_whitening_zca, _only(_BW_KEYS, _batch_whitening_zca), batch_statistics=True,
+               layer_types=(BatchWhitening,), builtin=True),
+    NormRecord("BW_ItN", _batch_whitening_itn, _only(_BW_KEYS, _batch_whitening_itn), batch_statistics=True,
+               layer_types=(BatchWhitening,), builtin=True),
+    NormRecord("BGN", _batch_group_norm, _only(_BGN_KEYS, _batch_group_norm), batch_statistics=True,
+               layer_types=(BatchGroupNorm,), example_groups=True, builtin=True),
+    NormRecord("GhostBN", _ghost_batch_norm, _only(_BGN_KEYS, _ghost_batch_norm), batch_statistics=True,
+               layer_types=(BatchGroupNorm,), example_groups=True, builtin=True),
 ]
-_BUILTIN_NAMES = frozenset(kind.name for kind in _BUILTINS)
-_KINDS.update((kind.name, kind) for kind in _BUILTINS)
+_RECORDS.update((record.name, record) for record in _BUILTINS)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 import gwdet  # noqa: F401  (before any test module binds detectron2's get_norm by name)
+from gwdet.norms import norm_records
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CONFIG = REPO / "configs" / "Demo" / "mask_rcnn_R_50_FPN_gw_shapes.yaml"
@@ -35,3 +36,16 @@ def dataset_cache(tmp_path_factory) -> Path:
     cache = tmp_path_factory.mktemp("gwdet_cache")
     os.environ["GWDET_CACHE"] = str(cache)
     return cache
+
+
+@pytest.fixture(autouse=True)
+def norm_catalogue_unchanged():
+    """Every test leaves gwdet's norm catalogue as it found it: a test that registers a norm name
+    unregisters it (gwdet.norms.unregister_norm), so no name leaks into the tests after it."""
+    before = norm_records()
+    yield
+    after = norm_records()
+    assert after == before, (f"the test left the norm catalogue changed: added "
+                             f"{sorted({r.name for r in after} - {r.name for r in before})}, removed "
+                             f"{sorted({r.name for r in before} - {r.name for r in after})}; unregister "
+                             "what a test registers (gwdet.norms.unregister_norm)")

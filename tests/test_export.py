@@ -36,7 +36,7 @@ from gwdet.export import (
     tracing_adapter,
 )
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
-from gwdet.norms import DETECTRON2_NORMS, norm_kind
+from gwdet.norms import norm_record
 from tiny_models import build_tiny_model
 
 TOLERANCE = 1e-4
@@ -304,7 +304,7 @@ def trained_conv_and_norm(name):
 
 def test_the_empty_batch_test_covers_every_gwdet_layer():
     gwdet_names = {name for name in known_norm_names()
-                   if name not in DETECTRON2_NORMS and norm_kind(name).build.__module__ == "gwdet.norms"}
+                   if norm_record(name).builtin and norm_record(name).detectron2_values is None}
     assert gwdet_names == set(EMPTY_BATCH_LAYERS)
 
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from detectron2.layers import get_norm
 
 from gwdet import known_norm_names, norm
-from gwdet.norms import DETECTRON2_NORMS, norm_kind
+from gwdet.norms import norm_record
 
 CHANNELS = 12
 # Small hyper-parameters per name. The requested counts (8) do not divide 12 channels, so every
@@ -36,7 +36,7 @@ TEST_PARAMS = {
     "GhostBN": {"examples_per_group": 2},
 }
 NAMES = sorted(TEST_PARAMS)
-WITH_BATCH_STATISTICS = [name for name in NAMES if norm_kind(name).batch_statistics]
+WITH_BATCH_STATISTICS = [name for name in NAMES if norm_record(name).batch_statistics]
 
 
 def build(name: str, dtype: torch.dtype = torch.float64) -> torch.nn.Module:
@@ -71,7 +71,7 @@ def unchanged(before: list, layer: torch.nn.Module) -> bool:
 
 def test_every_gwdet_name_of_the_catalogue_is_tested_here():
     gwdet_names = {name for name in known_norm_names()
-                   if name not in DETECTRON2_NORMS and norm_kind(name).build.__module__ == "gwdet.norms"}
+                   if norm_record(name).builtin and norm_record(name).detectron2_values is None}
     assert gwdet_names == set(NAMES)
 
 
@@ -121,7 +121,7 @@ def test_batch_statistics_exactly_where_the_catalogue_says(name):
 
     trained = layer.train()(x)
     changed_neighbour = layer(other_second_example)
-    if norm_kind(name).batch_statistics:
+    if norm_record(name).batch_statistics:
         assert not unchanged(before, layer), "training updates the running statistics"
         assert not torch.allclose(changed_neighbour[0], trained[0], rtol=0, atol=1e-3), \
             "the first example is normalized together with the second"

@@ -17,7 +17,7 @@ from conftest import REPO
 from gwdet.engine.trainer import Trainer, build_config
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
 from gwdet.modeling import check_model
-from gwdet.norms import _KINDS, register_norm
+from gwdet.norms import register_norm, unregister_norm
 from gwdet.solver import get_default_optimizer_params
 
 # What this test counts as a norm layer, written out independently of gwdet.solver.is_norm_layer.
@@ -157,7 +157,7 @@ def test_a_norm_registered_by_the_user_is_a_norm_to_the_optimizer():
         assert decay_by_parameter(groups, 1e-4)[net.conv.weight] == 1e-4
         assert not hasattr(Scale(8), "_gwdet_norm_layer")  # marked when built by the name only
     finally:
-        _KINDS.pop("TestScaleNorm")
+        unregister_norm("TestScaleNorm")
 
 
 def test_check_model_names_the_norm_layers_detectron2s_optimizer_decays(caplog):

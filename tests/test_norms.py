@@ -11,9 +11,20 @@ import gwdet
 from gwdet import Norm, UnknownNormError, add_gwdet_config, known_norm_names, norm, norm_from_config, register_norm
 from gwdet.config import CONFIG_KEYS, config_default
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
+from gwdet.norms import layer_types, norm_record, unregister_norm
 
 GWDET_NAMES = {"GW": GroupWhitening, "GW_ZCA": GroupWhitening, "BW": BatchWhitening,
                "BW_ItN": BatchWhitening, "BGN": BatchGroupNorm, "GhostBN": BatchGroupNorm}
+
+
+@pytest.fixture
+def registered():
+    """Names the test registers, unregistered after it, whether it passes or not."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        if name in known_norm_names():
+            unregister_norm(name)
 
 
 @pytest.mark.parametrize("name", sorted(GWDET_NAMES))
@@ -70,7 +81,9 @@ def test_bad_hyper_parameters_are_named():
         norm("BW", momentum=2.0)
 
 
-def test_a_key_error_inside_a_build_function_is_not_relabeled():
+def test_a_key_error_inside_a_build_function_is_not_relabeled(registered):
+    registered.append("TestBrokenNorm")
+
     @register_norm("TestBrokenNorm")
     def _broken(channels):
         raise KeyError("missing table entry")
@@ -80,7 +93,9 @@ def test_a_key_error_inside_a_build_function_is_not_relabeled():
     assert not isinstance(err.value, UnknownNormError) and err.value.args == ("missing table entry",)
 
 
-def test_users_register_their_own_name_with_config_keys():
+def test_users_register_their_own_name_with_config_keys(registered):
+    registered.append("TestGN")
+
     @register_norm("TestGN", config_keys={"num_groups": "MODEL.GN.NUM_GROUPS"})
     def _test_gn(channels, num_groups=4):
         return torch.nn.GroupNorm(num_groups, channels)
@@ -94,6 +109,42 @@ def test_users_register_their_own_name_with_config_keys():
         register_norm("GW", _test_gn)
     with pytest.raises(ValueError, match="does not take"):
         register_norm("TestBad", _test_gn, config_keys={"groups": "MODEL.GN.NUM_GROUPS"})
+    assert "TestBad" not in known_norm_names()
+
+
+def test_a_name_is_registered_once(registered):
+    registered.append("TestOnce")
+    register_norm("TestOnce", lambda channels: torch.nn.GroupNorm(1, channels))
+    first = norm_record("TestOnce")
+    with pytest.raises(ValueError, match="'TestOnce' is already registered.*unregister_norm"):
+        register_norm("TestOnce", lambda channels: torch.nn.LayerNorm(channels))
+    with pytest.raises(ValueError, match="'TestOnce' is already registered"):
+        register_norm("TestOnce")(lambda channels: torch.nn.LayerNorm(channels))
+    assert norm_record("TestOnce") is first, "the first registration stays"
+    for name in ("BN", "SyncBN", "FrozenBN", "GN", "LN", "GW", "BGN"):  # detectron2's and gwdet's
+        with pytest.raises(ValueError, match=f"{name!r} is a built-in norm name"):
+            register_norm(name, lambda channels: torch.nn.LayerNorm(channels))
+        with pytest.raises(ValueError, match=f"{name!r} is a built-in norm name"):
+            unregister_norm(name)
+    unregister_norm("TestOnce")  # a plugin that reloads unregisters, then registers again
+    register_norm("TestOnce", lambda channels: torch.nn.LayerNorm(channels))
+    assert isinstance(norm("TestOnce")(8), torch.nn.LayerNorm)
+    with pytest.raises(UnknownNormError):
+        unregister_norm("TestNeverRegistered")
+
+
+def test_the_catalogue_holds_every_fact_about_a_name():
+    assert norm_record("BN").detectron2_values == {} and norm_record("BN").detectron2_per_level
+    assert norm_record("GN").detectron2_values == {"num_groups": 32}
+    assert norm_record("GW").detectron2_values is None and not norm_record("GW").batch_statistics
+    assert {name for name in known_norm_names() if norm_record(name).example_groups} == {"BGN", "GhostBN"}
+    assert {name for name in known_norm_names() if norm_record(name).detectron2_per_level} == {"BN", "SyncBN"}
+    with_statistics = layer_types(batch_statistics=True)
+    assert issubclass(torch.nn.SyncBatchNorm, with_statistics) and BatchWhitening in with_statistics
+    assert GroupWhitening not in with_statistics and GroupWhitening in layer_types()
+    for name in known_norm_names():  # every layer a name builds is of its record's types
+        if name not in ("SyncBN", "nnSyncBN"):  # those need a process group to run, not to build
+            assert isinstance(norm(name)(32), norm_record(name).layer_types), name
 
 
 def test_norm_from_config_carries_the_configs_values():

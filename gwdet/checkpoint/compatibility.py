@@ -21,6 +21,7 @@ from gwdet.convert.architecture import ARCHITECTURES
 from gwdet.convert.metadata import ARCH_FIELD, GW_POSITIONS_FIELD
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
 from gwdet.modeling.heads import PerLevelNorm
+from gwdet.norms import layer_types
 from gwdet.positions import format_gw_positions, parse_gw_positions, positions_with_norm
 
 
@@ -62,18 +63,25 @@ def check_weights_fit_model(metadata: Mapping, model: torch.nn.Module) -> None:
 # ---- norm layer types recorded in gwdet's checkpoints ------------------------------------------
 
 NORM_TYPES_KEY = "gwdet_norm_types"
-NORM_LAYERS = (
-    torch.nn.modules.batchnorm._NormBase, torch.nn.GroupNorm, torch.nn.LayerNorm,
-    detectron2_norms.FrozenBatchNorm2d, GroupWhitening, BatchWhitening, BatchGroupNorm, PerLevelNorm,
+# Besides the layers of the norm catalogue's names (gwdet.norms.layer_types): torch's norm classes
+# built otherwise (by LazyConfigs, say), and the containers that keep one norm per FPN level.
+OTHER_NORM_LAYERS = (
+    torch.nn.modules.batchnorm._NormBase, torch.nn.LayerNorm, PerLevelNorm,
     # in detectron2 releases after 0.6 only:
-    *(getattr(detectron2_norms, name) for name in ("CycleBatchNormList", "LayerNorm") if hasattr(detectron2_norms, name)),
+    *([detectron2_norms.CycleBatchNormList] if hasattr(detectron2_norms, "CycleBatchNormList") else []),
 )
+
+
+def norm_layer_types() -> tuple[type, ...]:
+    """The classes whose modules :func:`norm_types` records."""
+    return OTHER_NORM_LAYERS + layer_types()
 
 
 def norm_types(model: torch.nn.Module) -> dict[str, str]:
     """``{module name: class name}`` of every norm layer of ``model`` (DDP's ``module.`` dropped)."""
     model = getattr(model, "module", model)
-    return {name: type(module).__name__ for name, module in model.named_modules() if name and isinstance(module, NORM_LAYERS)}
+    kinds = norm_layer_types()
+    return {name: type(module).__name__ for name, module in model.named_modules() if name and isinstance(module, kinds)}
 
 
 def check_norm_types(saved: Mapping[str, str], model: torch.nn.Module, how_to_opt_in: str) -> None:

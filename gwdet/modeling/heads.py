@@ -36,7 +36,7 @@ from torch import nn
 
 from gwdet.config_checks import check_gwdet_config
 from gwdet.modeling.backbone import PLACEHOLDER_NORM, convs_with_norm
-from gwdet.norms import Norm, norm_from_config, norm_kind
+from gwdet.norms import Norm, norm_from_config, norm_record
 from gwdet.positions import BLOCK_CONV_OF_POSITION, parse_gw_positions
 
 
@@ -108,7 +108,7 @@ def has_batch_statistics(norm: Any) -> bool:
     """Whether ``norm`` (a name or a :class:`gwdet.Norm`) normalizes over several examples."""
     if isinstance(norm, Norm):
         return norm.batch_statistics
-    return norm_kind(norm).batch_statistics if isinstance(norm, str) and norm else False
+    return norm_record(norm).batch_statistics if isinstance(norm, str) and norm else False
 
 
 class PerLevelNorm(nn.Module):
@@ -135,7 +135,8 @@ class GWRetinaNetHead(RetinaNetHead):
 
     @configurable
     def __init__(self, *, input_shape: List[ShapeSpec], norm: Any = "", **kwargs: Any) -> None:
-        if has_batch_statistics(norm) and norm not in ("BN", "SyncBN"):  # detectron2 handles those
+        detectron2_per_level = isinstance(norm, str) and bool(norm) and norm_record(norm).detectron2_per_level
+        if has_batch_statistics(norm) and not detectron2_per_level:  # detectron2's head handles those
             shared, levels = norm, len(input_shape)
             norm = lambda channels: PerLevelNorm(shared, channels, levels)  # noqa: E731
         super().__init__(input_shape=input_shape, norm=norm, **kwargs)

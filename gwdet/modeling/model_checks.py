@@ -11,12 +11,10 @@ from detectron2.modeling.meta_arch.retinanet import RetinaNetHead
 import torch
 from torch import nn
 
-from gwdet.layers import BatchGroupNorm, BatchWhitening
 from gwdet.modeling.heads import PerLevelNorm
-from gwdet.norms import group_adjustment
+from gwdet.norms import group_adjustment, layer_types
 from gwdet.solver import misdecayed_norm_layers
 
-BATCH_STATISTICS_LAYERS = (nn.modules.batchnorm._BatchNorm, BatchWhitening, BatchGroupNorm)
 # detectron2's per-level BN of RetinaNetHead exists in releases after 0.6 only.
 PER_LEVEL_CONTAINERS = (PerLevelNorm, *([detectron2_norms.CycleBatchNormList]
                                         if hasattr(detectron2_norms, "CycleBatchNormList") else []))
@@ -24,10 +22,11 @@ PER_LEVEL_CONTAINERS = (PerLevelNorm, *([detectron2_norms.CycleBatchNormList]
 
 def shared_batch_statistics(head: nn.Module) -> list[str]:
     """Names of the layers of ``head`` that keep batch statistics and are not kept per level."""
+    batch_statistics = layer_types(batch_statistics=True)  # the catalogue's (BN, BW, BGN, ...)
     per_level = {id(sub) for container in head.modules() if isinstance(container, PER_LEVEL_CONTAINERS)
                  for sub in container.modules()}
     return [name for name, module in head.named_modules()
-            if isinstance(module, BATCH_STATISTICS_LAYERS) and id(module) not in per_level]
+            if isinstance(module, batch_statistics) and id(module) not in per_level]
 
 
 def _component(name: str) -> str:
