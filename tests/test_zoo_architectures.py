@@ -381,3 +381,14 @@ def test_a_detectron2_reader_gwdet_cannot_replace_is_a_fix_by_hand_and_the_error
     assert "MODEL.RESNETS.NORM='GW'" in message and "gwdet has no replacement for build_resnet_deeplab_backbone" in message
     copy = pickle.loads(pickle.dumps(err.value))
     assert type(copy) is NormConfigError and str(copy) == message and copy.changes == {}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without a CUDA GPU")
+def test_a_cuda_config_on_a_machine_without_a_gpu_names_model_device(tmp_path):
+    cfg = add_gwdet_config(get_cfg())
+    cfg.merge_from_file(str(REPO / "configs" / "COCO-Detection" / "faster_rcnn_R_50_FPN_1x_gw.yaml"))
+    assert cfg.MODEL.DEVICE == "cuda"
+    for build in (gwdet.build_model, Trainer.build_model):
+        with pytest.raises(ValueError, match=r"MODEL.DEVICE is 'cuda', but this machine has no CUDA GPU.*"
+                                             r"add MODEL.DEVICE cpu"):
+            build(cfg)

@@ -53,6 +53,7 @@ from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.data.resumable import build_resumable_train_loader, skip_trained_samples
 from gwdet.model_zoo import resolve_config_argument
 from gwdet.modeling import check_model
+from gwdet.modeling.build import check_device
 from gwdet.modeling.model_checks import check_norm_weight_decay
 from gwdet.engine.output_dir import (
     OutputDirLock,
@@ -162,6 +163,7 @@ class Trainer(DefaultTrainer):
         :func:`gwdet.check_model` (norms with batch statistics shared across FPN levels, group
         numbers the layers could not use)."""
         check_gwdet_config(cfg)
+        check_device(cfg)
         return check_model(super().build_model(cfg), strict_groups=cfg.MODEL.STRICT_NORM_GROUPS)
 
     @classmethod
