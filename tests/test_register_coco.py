@@ -258,3 +258,22 @@ def test_the_study_takes_the_flag_and_hands_it_to_its_cells(data, tmp_path, monk
         [registered_coco_dataset(name).spec for name in ("study_train", "study_val")]
     results = json.loads((tmp_path / "runs" / "gn-s0" / "results.json").read_text())
     assert list(results) == ["study_val"] and "AP" in results["study_val"]["bbox"]
+
+
+@pytest.mark.parametrize("bbox, problem", [
+    ([10, 10, 0, 5], "has no area"),
+    ([10, 10, -4, 5], "has no area"),
+    ([10, 10, float("nan"), 5], "is not four finite numbers"),
+    ([60, 10, 30, 5], "reaches outside the 64x64 image"),
+    ([10, 10, 5], "is not four finite numbers"),
+])
+def test_degenerate_boxes_are_refused_naming_the_annotation_and_image(data, tmp_path, capsys, bbox, problem):
+    json_file, images = data["train"]
+    coco = json.loads(Path(json_file).read_text())
+    coco["annotations"][1]["bbox"] = bbox
+    damaged = tmp_path / "boxes.json"
+    damaged.write_text(json.dumps(coco))  # NaN written as JSON's NaN, as Python's json reads it back
+    line = _parse_error(capsys, ["--register-coco", f"m={damaged}:{images}"])
+    annotation = coco["annotations"][1]
+    assert f"annotation id {annotation['id']} of image {annotation['image_id']}" in line, line
+    assert problem in line and "1 box(es)" in line and "Correct or remove" in line, line

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -196,6 +197,8 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
             raise DatasetError(f"{where} image #{index} of {path} has no {', '.join(map(repr, absent))} "
                                f"({_short(image)}): detectron2 reads {', '.join(map(repr, IMAGE_KEYS))} of every image.")
     instances = rle_masks = without_mask = 0
+    sizes = {image["id"]: image for image in coco["images"]}
+    degenerate: list[str] = []
     for index, annotation in enumerate(coco["annotations"]):
         absent = [key for key in ANNOTATION_KEYS if not isinstance(annotation, dict) or key not in annotation]
         if absent:
@@ -208,10 +211,19 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
                 "category to 'categories' or correct the annotation.")
         if annotation.get("iscrowd", 0):
             continue
+        problem = _box_problem(annotation["bbox"], sizes.get(annotation["image_id"]))
+        if problem:
+            degenerate.append(f"annotation id {annotation['id']} of image {annotation['image_id']} "
+                              f"({sizes.get(annotation['image_id'], {}).get('file_name', 'not in images')}): {problem}")
         instances += 1
         mask = annotation.get("segmentation")
         rle_masks += isinstance(mask, dict)
         without_mask += not mask
+    if degenerate:
+        raise DatasetError(
+            f"{where} {len(degenerate)} box(es) of {path} cannot be trained on (detectron2 would drop them or learn "
+            f"nothing from them, without a word): {'; '.join(degenerate[:3])}{'; ...' if len(degenerate) > 3 else ''}. "
+            "Correct or remove those annotations (bbox is [x, y, width, height] in pixels, inside the image).")
     root = dataset.image_root
     if not os.path.exists(root):
         raise DatasetError(f"{where} the image folder {root} does not exist. Give the folder that the JSON's "
@@ -229,6 +241,22 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
 # ---- the catalog -----------------------------------------------------------------------------
 
 _REGISTERED: dict[str, CocoDataset] = {}  # what this process registered, with its contents
+
+
+def _box_problem(bbox: Any, image: dict | None) -> str:
+    """What is wrong with a COCO ``bbox`` ``[x, y, width, height]`` of ``image`` ("" when nothing):
+    not four finite numbers, no area, or reaching outside the image by more than a pixel."""
+    if not isinstance(bbox, (list, tuple)) or len(bbox) != 4 or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in bbox):
+        return f"bbox {bbox!r} is not four finite numbers"
+    x, y, width, height = bbox
+    if width <= 0 or height <= 0:
+        return f"bbox {bbox!r} has no area (width and height must be > 0)"
+    if image is None:
+        return "its image_id is not among the images"
+    if x < -1 or y < -1 or x + width > image["width"] + 1 or y + height > image["height"] + 1:
+        return f"bbox {bbox!r} reaches outside the {image['width']}x{image['height']} image"
+    return ""
 
 
 def registered_coco_dataset(name: str) -> CocoDataset | None:
