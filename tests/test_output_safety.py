@@ -4,6 +4,7 @@ One tiny training run (module fixture) is reused by the checks on its OUTPUT_DIR
 must fail is asserted to fail before anything of that run changed.
 """
 import argparse
+import os
 import hashlib
 import subprocess
 import sys
@@ -359,3 +360,21 @@ def test_resume_over_a_damaged_config_yaml_names_the_file_and_the_fix(finished_r
     with pytest.raises(ValueError, match=r"config.yaml is damaged, so which model the run .* cannot be checked.*"
                                          r"Restore that file, or train afresh .*--overwrite"):
         check_resume_config(build_config(str(DEMO_CONFIG), TINY_OPTS), str(run))
+
+
+def _dead_pid() -> int:
+    process = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(process.stdout)
+
+
+def test_partial_files_of_a_killed_save_are_removed_when_the_next_run_takes_the_folder(tmp_path, caplog):
+    dead, alive = _dead_pid(), os.getpid()
+    stale = tmp_path / f".model_0000009.pth.{dead}.0123456789ab.partial"
+    running = tmp_path / f".model_0000019.pth.{alive}.ba9876543210.partial"
+    for path in (stale, running):
+        path.write_bytes(b"half a checkpoint")
+    with caplog.at_level("WARNING"), OutputDirLock(str(tmp_path)):
+        pass
+    assert not stale.exists(), "left by a process that no longer runs"
+    assert running.exists(), "a running process may still rename it into place"
+    assert f"Removed 1 partial file(s) an interrupted save left in {tmp_path}" in caplog.text

@@ -198,3 +198,18 @@ def test_the_cache_folder_follows_the_users_umask(tmp_path):
     finally:
         os.umask(previous)
     assert stat.S_IMODE(folder.stat().st_mode) == 0o755
+
+
+def test_staging_folders_of_an_interrupted_generation_are_removed(tmp_path):
+    import subprocess
+    import sys
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+    stale = tmp_path / f"{shapes.STAGING_PREFIX}{dead}-abc"
+    running = tmp_path / f"{shapes.STAGING_PREFIX}{os.getpid()}-def"
+    for folder in (stale, running):
+        (folder / "train").mkdir(parents=True)
+    ensure_generated(ShapesSpec(image_size=64, num_train=2, num_val=2, seed=7, num_test=2), tmp_path)
+    assert not stale.exists(), "left by a process that no longer runs"
+    # a running process's staging folder stays; this generation's own was renamed into place
+    assert list(tmp_path.glob(f"{shapes.STAGING_PREFIX}*")) == [running]

@@ -45,6 +45,8 @@ from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data.datasets import register_coco_instances
 from PIL import Image, ImageDraw
 
+from gwdet.engine.atomic import process_is_gone
+
 CLASSES = ("circle", "square", "triangle", "star")
 # Order matters: a split's index here seeds its random stream (train 0, val 1, test 2).
 SPLITS = ("train", "val", "test")
@@ -304,6 +306,19 @@ def _is_complete(folder: Path, spec: ShapesSpec) -> bool:
     return True
 
 
+STAGING_PREFIX = ".staging-"
+
+
+def _remove_stale_staging(root: Path) -> None:
+    """Remove the staging folders (``.staging-<pid>-*``) that generations killed on their way left
+    in ``root``; those of running processes stay (they are being written)."""
+    for folder in root.glob(f"{STAGING_PREFIX}*"):
+        pid = folder.name[len(STAGING_PREFIX):].split("-", 1)[0]
+        if folder.is_dir() and pid.isdigit() and process_is_gone(int(pid)):
+            logger.warning("Removing %s, left by a dataset generation that was interrupted.", folder)
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -328,7 +343,8 @@ def ensure_generated(spec: ShapesSpec, root: Path | None = None, setting: str | 
         return target
     with _writing_into(root, setting):
         root.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
+        _remove_stale_staging(root)
+        staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=root))
         try:
             os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes it 0700: unusable when the cache is shared
             for split in SPLITS:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import uuid
 from typing import IO, Any, Callable, Iterator, cast
 
@@ -51,6 +52,38 @@ def _cannot_write(path: str, cause: OSError) -> WriteError:
 def _temporary_name(path: str) -> str:
     folder, name = os.path.split(os.path.abspath(path))
     return os.path.join(folder, f".{name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.partial")
+
+
+_PARTIAL = re.compile(r"^\..+\.(\d+)\.[0-9a-f]{12}\.partial$")
+
+
+def process_is_gone(pid: int) -> bool:
+    """Whether no process ``pid`` runs on this machine (a pid of another user's process counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def remove_stale_partials(folder: str) -> list[str]:
+    """Remove the temporary files of :func:`write_atomically` in ``folder`` that a process which no
+    longer runs left behind (killed during a save); return their names. Files of running
+    processes are kept: they may still become a checkpoint."""
+    removed: list[str] = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        match = _PARTIAL.match(name)
+        if match and process_is_gone(int(match.group(1))):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(folder, name))
+                removed.append(name)
+    return sorted(removed)
 
 
 @contextlib.contextmanager

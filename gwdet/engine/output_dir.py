@@ -22,7 +22,7 @@ from typing import IO, Any, Mapping
 
 from detectron2.config import CfgNode
 
-from gwdet.engine.atomic import write_text_atomically
+from gwdet.engine.atomic import remove_stale_partials, write_text_atomically
 
 LOCK_NAME = ".gwdet.lock"
 CONFIG_NAME = "config.yaml"  # detectron2's default_setup writes the run's config here
@@ -255,6 +255,10 @@ class OutputDirLock:
         self._file.truncate()
         self._file.write(f"pid {os.getpid()}\n")
         self._file.flush()
+        removed = remove_stale_partials(os.path.dirname(self.path))
+        if removed:
+            logger.warning("Removed %d partial file(s) an interrupted save left in %s: %s", len(removed),
+                           os.path.dirname(self.path), ", ".join(removed))
         return self
 
     def __exit__(self, *exc_info) -> None:
