@@ -378,3 +378,18 @@ def test_partial_files_of_a_killed_save_are_removed_when_the_next_run_takes_the_
     assert not stale.exists(), "left by a process that no longer runs"
     assert running.exists(), "a running process may still rename it into place"
     assert f"Removed 1 partial file(s) an interrupted save left in {tmp_path}" in caplog.text
+
+
+def test_a_torchvision_checkpoint_as_model_weights_is_refused_with_the_converter(tmp_path):
+    cfg = build_config(str(DEMO_CONFIG), TINY_OPTS)
+    model = Trainer.build_model(cfg)
+    source = tmp_path / "resnet50.pth"
+    torch.save(torchvision.models.resnet50().state_dict(), source)
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"leave \d+ of the backbone's \d+ weights unloaded .*keys like 'conv1.weight'"
+                                         r".*tools/convert_pretrained.py IN OUT"):
+        ResilientCheckpointer(model, str(tmp_path)).load_weights(str(source))
+    # a checkpoint of the model itself loads every backbone weight and is accepted
+    ResilientCheckpointer(model, str(tmp_path)).save("complete")
+    ResilientCheckpointer(model, str(tmp_path)).load_weights(str(tmp_path / "complete.pth"))
+    assert all(torch.equal(before[name], value) for name, value in model.state_dict().items())

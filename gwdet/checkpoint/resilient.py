@@ -175,7 +175,27 @@ class ResilientCheckpointer(DetectionCheckpointer):
         checkpoint.pop(NORM_SETTINGS_KEY, None)
         return super()._load_model(checkpoint)
 
+    def _backbone_parameters(self) -> list[str]:
+        """Names of the parameters of the model's bottom-up network (the ResNet of an FPN backbone,
+        or the whole backbone), as they appear in the model's state dict."""
+        backbone = getattr(self.model, "backbone", None)
+        if backbone is None:
+            return []
+        prefix = "backbone.bottom_up." if hasattr(backbone, "bottom_up") else "backbone."
+        return [name for name, _ in self.model.named_parameters() if name.startswith(prefix)]
+
     def _log_incompatible_keys(self, incompatible) -> None:
+        backbone = self._backbone_parameters()
+        missing = [key for key in incompatible.missing_keys if key in set(backbone)]
+        if missing:
+            unexpected = list(incompatible.unexpected_keys)
+            hint = (f" The file holds keys like {', '.join(map(repr, unexpected[:3]))}, not the model's: a torchvision-"
+                    "layout ImageNet checkpoint needs converting first." if unexpected else "")
+            raise ValueError(
+                f"The weights leave {len(missing)} of the backbone's {len(backbone)} weights unloaded (e.g. "
+                f"{missing[0]}), so training would start from a partly random backbone.{hint} Convert ImageNet "
+                "weights with tools/convert_pretrained.py IN OUT and give OUT as MODEL.WEIGHTS (docs/weights.md), "
+                "or set MODEL.WEIGHTS \"\" to train from scratch.")
         if self.require_every_weight and (incompatible.missing_keys or incompatible.incorrect_shapes):
             problems = [f"missing: {key}" for key in incompatible.missing_keys]
             problems += [f"{key}: shape {tuple(ck)} in the checkpoint, {tuple(mk)} in the model"
