@@ -162,8 +162,7 @@ def test_cache_folder_with_other_parameters_is_regenerated_not_reused(tmp_path, 
 
 
 
-@pytest.mark.parametrize("damage", ["truncated image", "image bytes changed", "json cut short", "image removed",
-                                    "checksums removed"])
+@pytest.mark.parametrize("damage", ["truncated image", "image bytes changed", "json cut short", "image removed"])
 def test_a_damaged_cache_is_named_and_generated_again(tmp_path, caplog, damage):
     spec = ShapesSpec(image_size=64, num_train=2, num_val=2, seed=5, num_test=2)
     folder = ensure_generated(spec, tmp_path)
@@ -176,13 +175,10 @@ def test_a_damaged_cache_is_named_and_generated_again(tmp_path, caplog, damage):
         image.write_bytes(intact[image][:-40] + bytes(40))
     elif damage == "json cut short":
         annotations.write_bytes(intact[annotations][:-10])
-    elif damage == "image removed":
-        image.unlink()
     else:
-        (folder / CHECKSUMS_JSON).unlink()
+        image.unlink()
     expected = {"truncated image": ["train/000001.png"], "image bytes changed": ["train/000001.png"],
-                "json cut short": ["val.json"], "image removed": ["train/000001.png"],
-                "checksums removed": [CHECKSUMS_JSON]}[damage]
+                "json cut short": ["val.json"], "image removed": ["train/000001.png"]}[damage]
     assert damaged_files(folder) == expected
     with caplog.at_level(logging.WARNING, logger="gwdet.data.shapes"):
         again = ensure_generated(spec, tmp_path)
@@ -213,3 +209,21 @@ def test_staging_folders_of_an_interrupted_generation_are_removed(tmp_path):
     assert not stale.exists(), "left by a process that no longer runs"
     # a running process's staging folder stays; this generation's own was renamed into place
     assert list(tmp_path.glob(f"{shapes.STAGING_PREFIX}*")) == [running]
+
+
+def test_a_cache_without_checksums_is_recorded_in_place_unless_a_file_does_not_decode(tmp_path, caplog):
+    """A cache written by a gwdet that recorded no checksums is not generated again under the runs
+    that may be reading it: its files are checked to decode and their checksums recorded."""
+    spec = ShapesSpec(image_size=64, num_train=2, num_val=2, seed=5, num_test=2)
+    folder = ensure_generated(spec, tmp_path)
+    (folder / CHECKSUMS_JSON).unlink()
+    image = folder / "train" / "000001.png"
+    modified = image.stat().st_mtime_ns
+    with caplog.at_level(logging.WARNING, logger="gwdet.data.shapes"):
+        assert ensure_generated(spec, tmp_path) == folder
+    assert damaged_files(folder) == [] and image.stat().st_mtime_ns == modified and "damaged" not in caplog.text
+    (folder / CHECKSUMS_JSON).unlink()
+    intact = image.read_bytes()
+    image.write_bytes(intact[:100])  # an old-format cache with a truncated image is generated again
+    ensure_generated(spec, tmp_path)
+    assert image.read_bytes() == intact and damaged_files(folder) == []
