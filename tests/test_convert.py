@@ -8,6 +8,7 @@ files must be refused with a clear message and no output file.
 import argparse
 import os
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -194,7 +195,9 @@ def test_converted_backbone_reproduces_torchvision_features(source, wrapping, im
     poison(detector.backbone.bottom_up)
     extra = DetectionCheckpointer(detector).load(str(out))
     assert extra["gwdet"] == {
-        "arch": arch, "gw_positions": positions, "norm": "BN", "source": src.name
+        "arch": arch, "gw_positions": positions, "norm": "BN", "source": src.name,
+        "input": {"format": "RGB", "pixel_mean": [123.675, 116.28, 103.53], "pixel_std": [58.395, 57.12, 57.375],
+                  "stride_in_1x1": False},
     }
     with open(out, "rb") as f:
         converted = pickle.load(f)["model"]
@@ -436,3 +439,24 @@ def test_command_line(r50_files, tmp_path):
     assert refused.returncode == 2
     assert "does not fit --arch X-101-32x8d" in refused.stderr
     assert "Traceback" not in refused.stderr and not out.exists()
+
+
+@pytest.mark.parametrize("override, named", [
+    (("INPUT.FORMAT", "BGR"), "INPUT.FORMAT is 'BGR', the weights expect 'RGB'"),
+    (("MODEL.PIXEL_MEAN", [103.53, 116.28, 123.675]), "MODEL.PIXEL_MEAN is [103.53, 116.28, 123.675]"),
+    (("MODEL.PIXEL_STD", [1.0, 1.0, 1.0]), "MODEL.PIXEL_STD is [1.0, 1.0, 1.0]"),
+    (("MODEL.RESNETS.STRIDE_IN_1X1", True), "MODEL.RESNETS.STRIDE_IN_1X1 is True, the weights expect False"),
+])
+def test_converted_weights_refuse_a_model_fed_other_inputs(r50_files, tmp_path, override, named):
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    cfg = add_gwdet_config(get_cfg())
+    cfg.merge_from_file(str(REPO / "configs" / "COCO-Detection" / "faster_rcnn_R_50_FPN_1x_bn.yaml"))
+    cfg.MODEL.DEVICE = "cpu"
+    out = tmp_path / "converted.pkl"
+    convert_checkpoint(r50_files["bn"], out, arch="R-50", gw_positions="")
+    ResilientCheckpointer(build_model(cfg)).load(str(out))  # the config the converter reports: loads
+    key, value = override
+    cfg.merge_from_list([key, value])
+    with pytest.raises(ValueError, match=re.escape(named) + r".*configs/Base-RCNN-FPN.yaml sets all of them"):
+        ResilientCheckpointer(build_model(cfg)).load(str(out))

@@ -18,7 +18,7 @@ import detectron2.layers.batch_norm as detectron2_norms
 from detectron2.modeling.backbone import ResNet
 
 from gwdet.convert.architecture import ARCHITECTURES
-from gwdet.convert.metadata import ARCH_FIELD, GW_POSITIONS_FIELD
+from gwdet.convert.metadata import ARCH_FIELD, GW_POSITIONS_FIELD, INPUT_FIELD
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
 from gwdet.modeling.heads import PerLevelNorm
 from gwdet.norms import layer_types
@@ -27,6 +27,40 @@ from gwdet.positions import format_gw_positions, parse_gw_positions, positions_w
 
 def _resnet_of(model: torch.nn.Module) -> ResNet | None:
     return next((m for m in model.modules() if isinstance(m, ResNet)), None)
+
+
+def _check_input_format(expected: Mapping, model: torch.nn.Module, resnet: ResNet) -> None:
+    """``ValueError`` naming the keys to set when ``model`` feeds its ResNet images otherwise than
+    the converted weights expect (colour order, pixel mean and std, stride in the 1x1 or 3x3 conv):
+    such weights would load and train, on inputs they were never trained on."""
+    found: dict[str, Any] = {}
+    if hasattr(model, "input_format"):
+        found["INPUT.FORMAT"] = model.input_format
+    for key, name in (("MODEL.PIXEL_MEAN", "pixel_mean"), ("MODEL.PIXEL_STD", "pixel_std")):
+        value = getattr(model, name, None)
+        if isinstance(value, torch.Tensor):
+            found[key] = [round(float(v), 3) for v in value.flatten()]
+    blocks = [block for stage in resnet.stages[1:2] for block in stage[:1] if hasattr(block, "conv1")]
+    if blocks:
+        found["MODEL.RESNETS.STRIDE_IN_1X1"] = tuple(blocks[0].conv1.stride) != (1, 1)
+    wanted = {"INPUT.FORMAT": expected.get("format"), "MODEL.PIXEL_MEAN": expected.get("pixel_mean"),
+              "MODEL.PIXEL_STD": expected.get("pixel_std"), "MODEL.RESNETS.STRIDE_IN_1X1": expected.get("stride_in_1x1")}
+    differing = []
+    for key, value in wanted.items():
+        if value is None or key not in found:
+            continue
+        if isinstance(value, list):
+            same = len(value) == len(found[key]) and all(abs(float(a) - b) < 1e-3 for a, b in zip(value, found[key], strict=True))
+        else:
+            same = value == found[key]
+        if not same:
+            differing.append((key, found[key], value))
+    if differing:
+        raise ValueError(
+            "The weights were converted for images fed as torchvision feeds them, but the model differs: "
+            + "; ".join(f"{key} is {now!r}, the weights expect {want!r}" for key, now, want in differing)
+            + ". Set " + " ".join(f"{key} {want!r}" for key, _, want in differing)
+            + " (configs/Base-RCNN-FPN.yaml sets all of them), or load weights converted for this input.")
 
 
 def check_weights_fit_model(metadata: Mapping, model: torch.nn.Module) -> None:
@@ -48,6 +82,8 @@ def check_weights_fit_model(metadata: Mapping, model: torch.nn.Module) -> None:
                 f"MODEL.RESNETS.DEPTH {arch.depth}, NUM_GROUPS {arch.num_groups}, WIDTH_PER_GROUP "
                 f"{arch.width_per_group}, or load the weights converted for this architecture."
             )
+    if isinstance(metadata.get(INPUT_FIELD), Mapping):
+        _check_input_format(metadata[INPUT_FIELD], model, resnet)
     if GW_POSITIONS_FIELD in metadata:
         expected_positions = parse_gw_positions(metadata[GW_POSITIONS_FIELD])
         present = positions_with_norm(resnet, (GroupWhitening,))

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import pickle
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 import torch
@@ -131,9 +132,9 @@ class ConversionReport:
         """The output's ``__author__``; detectron2 logs it when loading the weights."""
         return conversion_author(self.arch, self.gw_positions, self.source)
 
-    def metadata(self) -> dict[str, str]:
+    def metadata(self) -> dict[str, object]:
         """What the weights are, stored in the output under :data:`METADATA_KEY`."""
-        return conversion_metadata(self.arch, self.gw_positions, self.gn_style, self.source)
+        return conversion_metadata(self.arch, self.gw_positions, self.gn_style, self.source, self.config())
 
 
 def _yaml_value(value: object) -> str:
@@ -293,7 +294,7 @@ def write_detectron2_pkl(
     weights: dict[str, np.ndarray],
     output_path: str | os.PathLike,
     author: str,
-    metadata: dict[str, str] | None = None,
+    metadata: Mapping[str, object] | None = None,
 ) -> None:
     """Write ``weights`` as a detectron2 ``.pkl`` with matching heuristics on.
 

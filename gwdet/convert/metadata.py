@@ -8,11 +8,15 @@ A converted file is detectron2's weights format plus gwdet's record of what the 
      "gwdet": {"arch": "R-50",              # a gwdet.convert.ARCHITECTURES name
                "gw_positions": "S1-B2",     # MODEL.RESNETS.GW_POSITIONS spelling; "" is no GW
                "norm": "BN",                # the norm elsewhere: "BN", or "GN" for a GN-style file
-               "source": "resnet50.pth"}}   # the converted file's name
+               "source": "resnet50.pth",    # the converted file's name
+               "input": {"format": "RGB",   # how the weights expect images: torchvision's way
+                         "pixel_mean": [...], "pixel_std": [...], "stride_in_1x1": False}}}
 
 detectron2 logs ``__author__`` when it loads the file; gwdet's checkpointer reads the ``"gwdet"``
-entry back (:func:`read_conversion_metadata`) and refuses weights whose architecture or GW
-positions misfit the model (:mod:`gwdet.checkpoint.compatibility`).
+entry back (:func:`read_conversion_metadata`) and refuses weights whose architecture, GW
+positions or input format (colour order, pixel mean and std, stride placement) misfit the model
+(:mod:`gwdet.checkpoint.compatibility`). Files written before the ``"input"`` entry existed are
+checked for the rest.
 """
 from __future__ import annotations
 
@@ -27,15 +31,24 @@ ARCH_FIELD = "arch"
 GW_POSITIONS_FIELD = "gw_positions"
 NORM_FIELD = "norm"
 SOURCE_FIELD = "source"
+INPUT_FIELD = "input"
 
 
-def conversion_metadata(arch: str, gw_positions: str, gn_style: bool, source: str) -> dict[str, str]:
-    """The ``"gwdet"`` entry of weights converted from ``source`` (a path; its name is kept)."""
+def conversion_metadata(arch: str, gw_positions: str, gn_style: bool, source: str,
+                        config: Mapping[str, object]) -> dict[str, object]:
+    """The ``"gwdet"`` entry of weights converted from ``source`` (a path; its name is kept), whose
+    loading config (:func:`gwdet.convert.target_backbone.loading_config`) is ``config``."""
     return {
         ARCH_FIELD: arch,
         GW_POSITIONS_FIELD: gw_positions,
         NORM_FIELD: "GN" if gn_style else "BN",
         SOURCE_FIELD: os.path.basename(source),
+        INPUT_FIELD: {
+            "format": config["INPUT.FORMAT"],
+            "pixel_mean": config["MODEL.PIXEL_MEAN"],
+            "pixel_std": config["MODEL.PIXEL_STD"],
+            "stride_in_1x1": config["MODEL.RESNETS.STRIDE_IN_1X1"],
+        },
     }
 
 
