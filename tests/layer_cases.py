@@ -15,6 +15,21 @@ LAYERS = {
 }
 NAMES = sorted(LAYERS)
 
+# The gwdet names of the norm catalogue with small hyper-parameters, for 12 channels (built with
+# get_norm(gwdet.norm(name, **CATALOGUE_PARAMS[name]), 12); test_layer_contract.py,
+# test_export.py). The requested counts (8) do not divide 12 channels, so they also run the
+# largest-divisor rule: GW whitens 6 groups of 2 channels, BW 2 groups of 6, BGN normalizes 6
+# channel groups.
+CATALOGUE_CHANNELS = 12
+CATALOGUE_PARAMS = {
+    "GW": {"num_groups": 8},
+    "GW_ZCA": {"num_groups": 8},
+    "BW": {"group_size": 8},
+    "BW_ItN": {"group_size": 8},
+    "BGN": {"num_groups": 8, "examples_per_group": 2, "eval_example_weight": 0.4},
+    "GhostBN": {"examples_per_group": 2},
+}
+
 
 def make_layer(name: str, training: bool, seed: int = 0) -> torch.nn.Module:
     """The layer ``name`` (float32, CPU) with a random affine and, for evaluation, random running

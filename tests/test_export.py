@@ -37,6 +37,7 @@ from gwdet.export import (
 )
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
 from gwdet.norms import norm_record
+from layer_cases import CATALOGUE_CHANNELS, CATALOGUE_PARAMS
 from tiny_models import build_tiny_model
 
 TOLERANCE = 1e-4
@@ -266,22 +267,14 @@ def onnxruntime_outputs(path, inputs, optimized=True):
 # the mask head. Every gwdet layer, traced (or exported) on a non-empty batch, must then return an
 # empty output in TorchScript and in onnxruntime.
 
-# The layers of the norm catalogue with small hyper-parameters: 12 channels make GW whiten 6 groups
-# of 2 channels, BW 2 groups of 6, BGN normalize 6 channel groups.
-EMPTY_BATCH_LAYERS = {
-    "GW": {"num_groups": 8},
-    "GW_ZCA": {"num_groups": 8},
-    "BW": {"group_size": 8},
-    "BW_ItN": {"group_size": 8},
-    "BGN": {"num_groups": 8, "examples_per_group": 2, "eval_example_weight": 0.4},
-    "GhostBN": {"examples_per_group": 2},
-}
+# The layers of the norm catalogue with small hyper-parameters (layer_cases.py).
+EMPTY_BATCH_LAYERS = CATALOGUE_PARAMS
 
 
 class ConvAndNorm(torch.nn.Module):
     """A conv and one of gwdet's layers after it, as in detectron2's heads."""
 
-    def __init__(self, name: str, channels: int = 12) -> None:
+    def __init__(self, name: str, channels: int = CATALOGUE_CHANNELS) -> None:
         super().__init__()
         self.conv = torch.nn.Conv2d(3, channels, 3, padding=1)
         self.norm = get_norm(gwdet_norm(name, **EMPTY_BATCH_LAYERS[name]), channels)

@@ -22,19 +22,10 @@ from detectron2.layers import get_norm
 
 from gwdet import known_norm_names, norm
 from gwdet.norms import norm_record
+from layer_cases import CATALOGUE_CHANNELS, CATALOGUE_PARAMS
 
-CHANNELS = 12
-# Small hyper-parameters per name. The requested counts (8) do not divide 12 channels, so every
-# test also runs the largest-divisor rule: GW whitens 6 groups of 2 channels, BW 2 groups of 6,
-# BGN normalizes 6 channel groups.
-TEST_PARAMS = {
-    "GW": {"num_groups": 8},
-    "GW_ZCA": {"num_groups": 8},
-    "BW": {"group_size": 8},
-    "BW_ItN": {"group_size": 8},
-    "BGN": {"num_groups": 8, "examples_per_group": 2, "eval_example_weight": 0.4},
-    "GhostBN": {"examples_per_group": 2},
-}
+CHANNELS = CATALOGUE_CHANNELS
+TEST_PARAMS = CATALOGUE_PARAMS  # small hyper-parameters per name (layer_cases.py)
 NAMES = sorted(TEST_PARAMS)
 WITH_BATCH_STATISTICS = [name for name in NAMES if norm_record(name).batch_statistics]
 
