@@ -426,6 +426,11 @@ def register_shapes_spec(spec: ShapesSpec, root: Path | str | None = None, setti
     """Generate (if needed) the dataset ``spec`` describes into ``root`` (:func:`ensure_generated`;
     ``setting`` names where ``root`` came from) and register its splits as ``shapes_<split>``,
     replacing a registration of other files; return its folder."""
+    registered = {split: MetadataCatalog.get(f"shapes_{split}").get("json_file")
+                  for split in SPLITS if f"shapes_{split}" in DatasetCatalog.list()}
+    folder = Path(root) / spec.folder_name() if root else default_cache_root() / spec.folder_name()
+    if registered == {split: str(folder / f"{split}.json") for split in SPLITS}:
+        return folder  # checked (or generated) and registered by this process already: not hashed again
     folder = ensure_generated(spec, Path(root) if root else None, setting)
     for split in SPLITS:
         name = f"shapes_{split}"
