@@ -4,6 +4,8 @@
 #   make test          the test suite (CPU)
 #   make lint          the linter and the type checker: ruff check . and mypy gwdet (settings in
 #                      pyproject.toml); CI runs it after the tests
+#   make mutation      mutation testing of the checks (mutmut; scope in pyproject.toml, results
+#                      and survivors in docs/reliability.md); about 30 minutes on 2 cores
 #   make setup         only create/refresh the virtual environment (.venv)
 #   make test-matrix   the suite once per available Python 3.10-3.13 (and detectron2 source), each in
 #                      its own environment under .venv-matrix/; run before a release
@@ -20,7 +22,7 @@ STAMP := $(VENV)/.gwdet-installed
 DEMO_CONFIG ?= configs/Demo/mask_rcnn_R_50_FPN_gw_shapes.yaml
 export PYTHON D2_SOURCE PYTHONS MATRIX_DIR
 
-.PHONY: setup demo test lint test-matrix clean-demo
+.PHONY: setup demo test lint mutation test-matrix clean-demo
 
 $(STAMP): setup.py pyproject.toml scripts/setup_env.sh
 	bash scripts/setup_env.sh $(VENV)
@@ -46,6 +48,12 @@ test: $(STAMP)
 # checks the files pyproject.toml names (gwdet/).
 lint: $(STAMP)
 	status=0; $(VENV)/bin/ruff check . || status=1; $(VENV)/bin/mypy || status=1; exit $$status
+
+# mutmut works in a copy of the sources under mutants/ (git-ignored); `mutmut results` lists the
+# survivors, `mutmut show NAME` shows one.
+mutation: $(STAMP)
+	$(VENV)/bin/pip install -q "mutmut>=3.8"
+	OMP_NUM_THREADS=1 $(VENV)/bin/mutmut run; status=$$?; $(VENV)/bin/mutmut results; exit $$status
 
 test-matrix:
 	bash scripts/test_matrix.sh

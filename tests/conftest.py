@@ -49,3 +49,19 @@ def norm_catalogue_unchanged():
                              f"{sorted({r.name for r in after} - {r.name for r in before})}, removed "
                              f"{sorted({r.name for r in before} - {r.name for r in after})}; unregister "
                              "what a test registers (gwdet.norms.unregister_norm)")
+
+
+@pytest.fixture(autouse=True)
+def datasets_registered_by_the_test_removed():
+    """Dataset names a test registers in detectron2's catalogues (e.g. with register_coco_instances)
+    are removed after it, so the same test can run again in one process (mutation testing reruns
+    the suite in-process) and no name reaches a later test. The shapes datasets stay: gwdet
+    registers them once per process and keeps them current itself (gwdet.data.shapes)."""
+    from detectron2.data import DatasetCatalog, MetadataCatalog
+
+    before = set(DatasetCatalog.list())
+    yield
+    for name in set(DatasetCatalog.list()) - before:
+        if not name.startswith("shapes_"):
+            DatasetCatalog.remove(name)
+            MetadataCatalog.remove(name)
