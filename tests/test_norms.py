@@ -1,5 +1,6 @@
 """gwdet.norm / Norm / norm_from_config / register_norm: values travel with the callable."""
 import inspect
+import itertools
 import pickle
 
 import pytest
@@ -178,13 +179,19 @@ def test_detectron2s_get_norm_is_not_changed_by_gwdet():
     assert gwdet.norm("GN")(64).num_groups == 32
 
 
+# The adjustment is logged once per process for each message; the suite can run twice in one
+# process (mutation testing), so each run of the test below asks with a channel count of its own.
+_CHANNEL_RUNS = itertools.count()
+
+
 def test_a_group_number_the_channels_cannot_use_is_logged_or_refused_never_silent(caplog):
     import logging
 
+    channels = 256 * 2 ** next(_CHANNEL_RUNS)  # 48 divides none of them; the layer uses 32 groups
     with caplog.at_level(logging.WARNING, logger="gwdet.norms"):
-        layer = norm("GW", num_groups=48)(256)
+        layer = norm("GW", num_groups=48)(channels)
     assert layer.effective_num_groups == 32
-    assert "GW with 48 groups cannot divide 256 channels; the layer uses 32" in caplog.text
+    assert f"GW with 48 groups cannot divide {channels} channels; the layer uses 32" in caplog.text
     with pytest.raises(ValueError, match="GW with 48 groups cannot divide 256 channels.*strict=False"):
         norm("GW", num_groups=48, strict=True)(256)
     with pytest.raises(ValueError, match="BW with 48 channels per group cannot divide 256 channels"):
