@@ -106,9 +106,10 @@ class NormConfigError(ValueError):
         return type(self), (self.args[0], self.changes, self.problems)
 
 
-class UnknownNormConfigError(UnknownNormError, NormConfigError):
+class UnknownNormConfigError(NormConfigError, UnknownNormError):
     """A :class:`NormConfigError` that includes a NORM name nobody registered: also an
-    :class:`gwdet.UnknownNormError` (a ``KeyError``)."""
+    :class:`gwdet.UnknownNormError` (a ``KeyError``). NormConfigError comes first, so that its
+    ``__init__`` (``.changes``, ``.problems``) runs, not ``KeyError``'s."""
 
 
 @dataclass(frozen=True)
@@ -167,11 +168,6 @@ def _replacement(component_key: str, component: str, built_with: str,
     return fix, (component_key, gwdet_component)
 
 
-def _describe(param: str, value: Any) -> str:
-    """``num_groups``, 32 -> "32 groups"."""
-    return f"{value} groups" if param == "num_groups" else f"{param}={value!r}"
-
-
 def _norm_reader_problems(cfg: CfgNode, skip: set[str]) -> list[_Problem]:
     """A norm that needs the config's values must not go to a component that cannot take them."""
     problems = []
@@ -186,7 +182,8 @@ def _norm_reader_problems(cfg: CfgNode, skip: set[str]) -> list[_Problem]:
         if record.detectron2_values:  # detectron2 builds the name, with other values than the config's
             configured = ", ".join(f"{record.config_keys[param]}={_value(cfg, record.config_keys[param])}"
                                    for param in record.detectron2_values)
-            fixed = ", ".join(_describe(param, value) for param, value in record.detectron2_values.items())
+            # the one value detectron2 fixes is a group number (GN's 32)
+            fixed = ", ".join(f"{value} groups" for value in record.detectron2_values.values())
             why = (f"{site.norm_key}={name!r} with {configured}, and detectron2's {component} "
                    f"({site.component_key}) always builds {name} with {fixed}")
         else:

@@ -315,8 +315,11 @@ def norm_from_config(name: Any, cfg) -> Any:
 
 
 # ---- the built-in names ------------------------------------------------------------------------
+# The functions marked "no mutate block" run only while this module is imported, building the
+# catalogue: mutation testing cannot change them under a test (its workers import gwdet before a
+# mutant is chosen). The catalogue they build is checked by tests/test_norms.py.
 
-def _detectron2_norm(name: str) -> Callable[[int], torch.nn.Module]:
+def _detectron2_norm(name: str) -> Callable[[int], torch.nn.Module]:  # pragma: no mutate block
     def build(channels: int) -> torch.nn.Module:
         return detectron2_get_norm(name, channels)
 
@@ -364,7 +367,7 @@ _BGN_KEYS = {"num_groups": "MODEL.BGN.NUM_GROUPS", "examples_per_group": "MODEL.
              "eval_example_weight": "MODEL.BGN.EVAL_EXAMPLE_WEIGHT"}
 
 
-def _only(keys: Mapping[str, str], build: Callable) -> dict[str, str]:
+def _only(keys: Mapping[str, str], build: Callable) -> dict[str, str]:  # pragma: no mutate block
     params = list(inspect.signature(build).parameters)[1:]
     return {param: keys[param] for param in params}
 
@@ -373,7 +376,7 @@ _BATCH_NORMS = (torch.nn.modules.batchnorm._BatchNorm,)  # BatchNorm2d, SyncBatc
 _DETECTRON2_LN = getattr(detectron2_batch_norm, "LayerNorm", torch.nn.LayerNorm)
 
 
-def _detectron2_record(name: str, batch_statistics: bool, layers: tuple[type, ...],
+def _detectron2_record(name: str, batch_statistics: bool, layers: tuple[type, ...],  # pragma: no mutate block
                        per_level: bool = False) -> NormRecord:
     return NormRecord(name, _detectron2_norm(name), batch_statistics=batch_statistics, layer_types=layers,
                       detectron2_values={}, detectron2_per_level=per_level, builtin=True)

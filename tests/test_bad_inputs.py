@@ -95,6 +95,30 @@ def test_bad_layer_argument_names_the_argument(case):
         assert fragment in str(err.value), (case, str(err.value))
 
 
+@pytest.mark.parametrize("shape", [(2, 16, 0, 5), (0, 16, 4, 0), (2, 16, 0)])
+def test_zero_spatial_size_to_gw_names_the_shape_as_group_norm_refuses_it(shape):
+    x = torch.randn(shape)
+    with pytest.raises(RuntimeError):
+        torch.nn.GroupNorm(4, 16)(x)  # torch refuses it (a RuntimeError without the shape)
+    for whiten in (GroupWhitening(16, num_groups=4), lambda x: group_whitening_reference(x, 4)):
+        with pytest.raises(ValueError) as err:
+            whiten(x)
+        assert f"input of shape {list(shape)} has a zero spatial size" in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("layer", [BatchWhitening(16, group_size=4), BatchGroupNorm(16, num_groups=4)],
+                         ids=["BW", "BGN"])
+def test_zero_spatial_size_to_batch_statistics_norms_is_empty_as_batch_norm(layer):
+    x = torch.randn(2, 16, 0, 5)
+    assert torch.nn.BatchNorm2d(16)(x).shape == x.shape  # what torch's batch norm does
+    buffers = {name: buffer.clone() for name, buffer in layer.named_buffers()}
+    for training in (True, False):
+        out = layer.train(training)(x)
+        assert out.shape == x.shape and out.dtype == x.dtype
+    assert all(torch.equal(buffers[name], buffer) for name, buffer in layer.named_buffers()), \
+        "no observation: the running statistics stay as they were"
+
+
 def test_missing_image_folder_names_the_path(tmp_path):
     json_file = tmp_path / "instances.json"
     json_file.write_text(json.dumps({"images": [], "annotations": [], "categories": []}))
@@ -118,6 +142,70 @@ def test_json_without_annotations_is_explained(tmp_path):
     with pytest.raises(ValueError) as err:
         Trainer.build_train_loader(cfg)
     assert "gwdet_test_no_annotations" in str(err.value) and "'annotations'" in str(err.value)
+
+
+def _unregister(name):
+    if name in DatasetCatalog.list():
+        DatasetCatalog.remove(name)
+        MetadataCatalog.remove(name)
+
+
+DEGENERATE_BOXES = {
+    "zero width": ([10, 10, 0, 8], "has no area"),
+    "negative height": ([10, 10, 8, -2], "has no area"),
+    "NaN": ([10, float("nan"), 8, 8], "is not four finite numbers"),
+    "three numbers": ([10, 10, 8], "is not four finite numbers"),
+    "far outside the image": ([50, 50, 100, 8], "reaches outside the 64x64 image"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DEGENERATE_BOXES))
+def test_degenerate_box_of_a_dataset_registered_by_the_user_names_the_image(tmp_path, case):
+    """A dataset registered with detectron2's own register_coco_instances (not --register-coco) is
+    checked when gwdet's Trainer builds its train loader."""
+    bbox, fault = DEGENERATE_BOXES[case]
+    json_file = tmp_path / "instances.json"
+    # NaN is not JSON: Python writes it as NaN, which json.load (detectron2's reader) reads back
+    json_file.write_text(json.dumps({
+        "images": [{"id": 1, "file_name": "good.png", "height": 64, "width": 64},
+                   {"id": 2, "file_name": "bad_box.png", "height": 64, "width": 64}],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [8, 8, 16, 16], "area": 256, "iscrowd": 0},
+                        {"id": 2, "image_id": 2, "category_id": 1, "bbox": bbox, "area": 64, "iscrowd": 0}],
+        "categories": [{"id": 1, "name": "circle"}],
+    }))
+    _unregister("gwdet_test_bad_box")
+    register_coco_instances("gwdet_test_bad_box", {}, str(json_file), str(tmp_path))
+    cfg = build_config(str(DEMO_CONFIG), TINY_OPTS + ["DATASETS.TRAIN", "('gwdet_test_bad_box',)",
+                                                      "MODEL.MASK_ON", "False"])
+    with pytest.raises(ValueError) as err:
+        Trainer.build_train_loader(cfg)
+    message = str(err.value)
+    for fragment in ("DATASETS.TRAIN ('gwdet_test_bad_box',): 1 box(es) cannot be trained on",
+                     f"image '{tmp_path / 'bad_box.png'}' (image_id 2): bbox", fault, "Correct or remove"):
+        assert fragment in message, message
+    assert "good.png" not in message
+
+
+def test_degenerate_xyxy_box_of_a_registered_function_is_refused_and_crowd_boxes_pass():
+    from detectron2.config import LazyCall
+    from detectron2.data import get_detection_dataset_dicts
+
+    from gwdet.engine.lazy import _instantiate_dataset
+
+    records = [{"file_name": "scan.png", "image_id": 5, "height": 64, "width": 64, "annotations": [
+        {"bbox": [0, 0, 64, 64], "bbox_mode": BoxMode.XYWH_ABS, "category_id": 0, "iscrowd": 1},  # crowd: not a box
+        {"bbox": [30, 30, 20, 40], "bbox_mode": BoxMode.XYXY_ABS, "category_id": 0, "iscrowd": 0},
+    ]}]
+    _unregister("gwdet_test_xyxy_box")
+    DatasetCatalog.register("gwdet_test_xyxy_box", lambda: records)
+    MetadataCatalog.get("gwdet_test_xyxy_box").set(thing_classes=["circle"])
+    node = LazyCall(get_detection_dataset_dicts)(names="gwdet_test_xyxy_box", filter_empty=False)
+    with pytest.raises(ValueError) as err:
+        _instantiate_dataset(node)  # a LazyConfig's dataloader.train.dataset
+    message = str(err.value)
+    assert "dataloader.train.dataset: 1 box(es)" in message and "bbox [30, 30, 20, 40] (XYXY_ABS) has no area" in message
+    records[0]["annotations"].pop()
+    assert _instantiate_dataset(node)[0]["image_id"] == 5
 
 
 def test_missing_weights_file_says_how_to_get_one(tmp_path):

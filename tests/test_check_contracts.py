@@ -3,11 +3,13 @@ that the rest of the suite let pass (docs/reliability.md, "Mutation testing").
 """
 import logging
 import os
+import pickle
 
 import pytest
 from detectron2.config import get_cfg
 
-from gwdet import add_gwdet_config, check_gwdet_config, norm
+from gwdet import add_gwdet_config, check_gwdet_config, known_norm_names, norm
+from gwdet.config_checks import NormConfigError, UnknownNormConfigError
 from gwdet.config import config_default
 from gwdet.engine.output_dir import CONFIG_NAME, check_resume_config
 from gwdet.layers import GroupWhitening
@@ -74,3 +76,52 @@ def test_resume_allows_other_weights_and_device_but_not_another_model(tmp_path, 
         other.merge_from_list([f"MODEL.{key}", value])
         with pytest.raises(ValueError, match=rf"trained with another model .*MODEL\.{key}"):
             check_resume_config(other, folder)
+
+
+def test_the_combined_norm_error_lists_changes_then_every_finding_and_marks_the_ones_by_hand():
+    cfg = get_cfg()
+    add_gwdet_config(cfg)
+    cfg.MODEL.META_ARCHITECTURE = "SemanticSegmentor"
+    cfg.MODEL.BACKBONE.NAME = "build_resnet_fpn_backbone"
+    cfg.MODEL.SEM_SEG_HEAD.NAME = "DeepLabV3Head"  # no gwdet replacement: a finding to fix by hand
+    cfg.MODEL.SEM_SEG_HEAD.NORM = "GW"
+    cfg.MODEL.FPN.NORM, cfg.MODEL.GN.NUM_GROUPS = "GN", 16  # detectron2's FPN would build 32 groups
+    cfg.MODEL.ROI_BOX_HEAD.NORM = "GWW"
+    with pytest.raises(UnknownNormConfigError) as err:
+        check_gwdet_config(cfg)
+    assert isinstance(err.value, KeyError) and isinstance(err.value, NormConfigError)
+    assert err.value.changes == {"MODEL.BACKBONE.NAME": "build_gw_resnet_fpn_backbone"}
+    assert len(err.value.problems) == 3
+    assert str(err.value) == "\n".join([
+        "The config's norms cannot be built as configured (3 finding(s)).",
+        "Change these keys, all at once (and fix the findings below marked 'by hand'):",
+        "  MODEL.BACKBONE.NAME: 'build_resnet_fpn_backbone' -> 'build_gw_resnet_fpn_backbone'",
+        "  (command-line overrides: MODEL.BACKBONE.NAME build_gw_resnet_fpn_backbone)",
+        "Findings:",
+        "  - by hand: MODEL.ROI_BOX_HEAD.NORM='GWW' is not a known norm name: fix the name, or register it with "
+        "gwdet.register_norm",
+        "  - MODEL.FPN.NORM='GN' with MODEL.GN.NUM_GROUPS=16, and detectron2's build_resnet_fpn_backbone "
+        "(MODEL.BACKBONE.NAME) always builds GN with 32 groups; gwdet's build_gw_resnet_fpn_backbone builds the "
+        "same network with the config's values (MODEL.BACKBONE.NAME build_gw_resnet_fpn_backbone)",
+        "  - by hand: MODEL.SEM_SEG_HEAD.NORM='GW', but detectron2's DeepLabV3Head (MODEL.SEM_SEG_HEAD.NAME) cannot "
+        "build 'GW' with the config's values (detectron2's get_norm would raise KeyError); gwdet has no replacement "
+        "for DeepLabV3Head: set MODEL.SEM_SEG_HEAD.NORM to one of detectron2's names (BN, SyncBN, FrozenBN; GN with "
+        "MODEL.GN.NUM_GROUPS 32), or build that part with gwdet.norm_from_config(name, cfg) in a subclass's "
+        "from_config",
+        f"Known names: {', '.join(known_norm_names())}.",
+        "gwdet's components are detectron2's own with the norms built with the config's values; see docs/usage.md, "
+        "section \"How norm hyper-parameters reach the layers\".",
+    ])
+    # fixed by hand, the rest is one change away: no 'by hand' marks, no list of names
+    cfg.MODEL.ROI_BOX_HEAD.NORM, cfg.MODEL.SEM_SEG_HEAD.NAME = "", "SemSegFPNHead"
+    with pytest.raises(NormConfigError) as err:
+        check_gwdet_config(cfg)
+    assert not isinstance(err.value, KeyError)
+    lines = str(err.value).splitlines()
+    assert lines[1] == "Change these keys, all at once:" and "Known names" not in str(err.value)
+    assert err.value.changes == {"MODEL.BACKBONE.NAME": "build_gw_resnet_fpn_backbone",
+                                 "MODEL.SEM_SEG_HEAD.NAME": "GWSemSegFPNHead"}
+    assert [line for line in lines if line.startswith("  - ")] == [f"  - {why}" for why in err.value.problems]
+    restored = pickle.loads(pickle.dumps(err.value))  # e.g. from a worker process
+    assert (str(restored), restored.changes, restored.problems) == (str(err.value), err.value.changes,
+                                                                    err.value.problems)

@@ -46,6 +46,25 @@ def test_submitit_local_runs_the_training_job_and_waits_for_its_results(tmp_path
     assert f"[gwdet] job {job_id}, node 0 of 1: starting" in log
 
 
+def test_submitit_local_runs_a_lazy_config_and_refuses_its_occupied_folder(tmp_path):
+    """A LazyConfig goes through the launcher as a yacs config does: the job trains it into its
+    train.output_dir, and a second submission into that folder is refused before submitting."""
+    pytest.importorskip("submitit")
+    from test_lazy_training import LAZY_DEMO, LAZY_TINY
+
+    out = tmp_path / "lazy"
+    command = [sys.executable, str(REPO / "tools" / "train_net.py"), "--config-file", str(LAZY_DEMO), "--threads", "1",
+               "--launcher", "submitit-local", *LAZY_TINY, f"train.output_dir={out}"]
+    completed = run([*command, "--wait"])
+    assert completed.returncode == 0, (completed.stdout + completed.stderr)[-4000:]
+    assert re.search(r"job \d+ finished", completed.stdout) and "### shapes_val bbox" in completed.stdout
+    assert (out / "model_final.pth").is_file()
+    again = run(command)
+    assert again.returncode == 2 and "already holds a run" in again.stderr, again.stdout + again.stderr
+    jobs = [folder for folder in (out / "submitit").iterdir() if folder.name.isdigit()]
+    assert len(jobs) == 1, "nothing submitted the second time"
+
+
 def test_without_submitit_the_message_names_the_extra_and_nothing_is_written(tmp_path):
     out = tmp_path / "out"
     hide_submitit = ("import sys; sys.modules['submitit'] = None; sys.argv[0] = 'train_net.py'; "

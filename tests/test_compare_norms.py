@@ -353,3 +353,29 @@ def test_a_damaged_results_json_does_not_count_as_trained_and_is_named(tmp_path,
     assert not folder.is_trained()  # the cell resumes from its last checkpoint and is evaluated again
     with pytest.raises(DamagedFile, match=r"results.json is damaged .*Remove it and run the same command again"):
         folder.results()
+
+
+def test_a_results_json_changed_after_it_was_written_does_not_count_as_trained(tmp_path):
+    from gwdet.engine.trainer import write_results_to
+
+    folder = RunFolder(tmp_path)
+    write_results_to(str(tmp_path), {"bbox": {"AP": 12.5, "AP50": 30.0}}, ["shapes_test"])
+    assert folder.is_trained() and folder.results()["shapes_test"]["bbox"]["AP"] == 12.5
+    # still a json object, so only the SHA-256 recorded in results.json.sha256 tells
+    path = tmp_path / "results.json"
+    path.write_text(path.read_text().replace("12.5", "42.5"))
+    assert not folder.is_trained()
+    with pytest.raises(DamagedFile, match=r"results.json is damaged \(its SHA-256 differs from the one recorded in "
+                                          r"results.json.sha256 when it was written\)\. Remove it and run the same"):
+        folder.results()
+    # the study's own records carry theirs too
+    folder.write_json("study_timing.json", {"train_seconds": 3.0})
+    (tmp_path / "study_timing.json").write_text('{"train_seconds": 1.0}')
+    with pytest.raises(DamagedFile, match=r"study_timing.json is damaged \(its SHA-256 differs"):
+        folder.read_json("study_timing.json")
+
+
+def test_metrics_readers_skip_damaged_lines(tmp_path):
+    (tmp_path / "metrics.json").write_bytes(b'{"iteration": 19, "total_loss": 2.0}\n[1, 2]\n7\n\xff\xfe\n'
+                                            b'{"total_loss": 9.0}\n{"iteration": 39, "total_loss": 1.5}\n{"iter')
+    assert loss_curve(RunFolder(tmp_path).metrics()) == [(19, 2.0), (39, 1.5)]

@@ -404,6 +404,68 @@ def test_onnx_export_of_zca_names_the_itn_alternatives(tmp_path):
     assert "eigendecomposition" in message and "'GW'" in message and "'BW_ItN'" in message
 
 
+# ---- checksums: a damaged export is refused by name ----------------------------------------------
+
+
+def _flip_a_byte(path, position=None):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2 if position is None else position] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_a_torchscript_export_records_its_sha256_and_a_damaged_one_is_refused(tmp_path):
+    import hashlib
+    import warnings
+
+    from gwdet.export import DamagedExportError, load_export
+
+    model, image = build_tiny_model("demo"), images()[0]
+    path = tmp_path / "model.ts"
+    traced, _ = export_torchscript(model, image, str(path))
+    record = (tmp_path / "model.ts.sha256").read_text()
+    assert record == f"{hashlib.sha256(path.read_bytes()).hexdigest()}  model.ts\n"  # sha256sum's format
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.ts", "model.ts.sha256"]  # no temporary left
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = load_export(str(path))
+    assert not [w for w in caught if "checksum" in str(w.message)], "a recorded export loads checked, without a warning"
+    with torch.no_grad():
+        assert max_abs_difference(traced(image), loaded(image)) == 0.0
+
+    _flip_a_byte(path)
+    with pytest.raises(DamagedExportError, match=r"model.ts is damaged \(its SHA-256 differs from the one recorded "
+                                                 r"in model.ts.sha256 when it was written\). Export the model again"):
+        load_export(str(path))
+    # without a record: loaded unchecked with a warning; a file that is no TorchScript is still named
+    (tmp_path / "model.ts.sha256").unlink()
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.warns(UserWarning, match="has no checksum record"), \
+            pytest.raises(DamagedExportError, match=r"model.ts cannot be read as TorchScript .*Export the model again"):
+        load_export(str(path))
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::DeprecationWarning")
+def test_an_onnx_export_records_its_sha256_and_run_onnx_refuses_a_damaged_one(tmp_path):
+    pytest.importorskip("onnxruntime")
+    from gwdet.export import DamagedExportError, load_export
+
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), GroupWhitening(8, num_groups=2)).eval()
+    x = torch.randn(2, 3, 16, 16)
+    path = tmp_path / "layer.onnx"
+    export_onnx(module, (x,), str(path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["layer.onnx", "layer.onnx.sha256"]
+    with torch.no_grad():
+        expected = module(x)
+    session = load_export(str(path))  # an onnxruntime session
+    (output,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    assert max_abs_difference([expected], [output]) <= TOLERANCE
+    _flip_a_byte(path, position=-20)
+    for load in (lambda: run_onnx(str(path), [x]), lambda: load_export(str(path))):
+        with pytest.raises(DamagedExportError, match=r"layer.onnx is damaged \(its SHA-256 differs .*layer.onnx.sha256"):
+            load()
+
+
 # ---- tools/deploy/export_model.py --------------------------------------------------------------
 
 
@@ -518,5 +580,7 @@ def test_export_tool_replaces_an_export_only_with_overwrite_and_a_checked_file(t
         assert [p.name for p in out.iterdir()] == ["model.ts"]
         assert (out / "model.ts").read_bytes() == b"an earlier export"
     assert main(argv + ["--overwrite"] + list(TINY_OPTS)) == 0
-    assert [p.name for p in out.iterdir()] == ["model.ts"]
-    assert torch.jit.load(str(out / "model.ts"))(torch.rand(3, 64, 80) * 255)[-1].tolist() == [64, 80]
+    assert sorted(p.name for p in out.iterdir()) == ["model.ts", "model.ts.sha256"]
+    from gwdet.export import load_export
+
+    assert load_export(str(out / "model.ts"))(torch.rand(3, 64, 80) * 255)[-1].tolist() == [64, 80]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +34,7 @@ LAZY_TINY = [
     "dataloader.train.num_workers=0",
     "dataloader.test.num_workers=0",
     "train.max_iter=2",
+    "train.vis_images=0",
 ]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -50,7 +52,7 @@ def iteration_of(checkpoint: Path) -> int:
 def test_train_net_trains_and_evaluates_a_lazy_config(tmp_path):
     """The command users type, with a .py config and key=value overrides."""
     command = [sys.executable, str(REPO / "tools" / "train_net.py"), "--config-file", str(LAZY_DEMO), *LAZY_TINY,
-               f"train.output_dir={tmp_path}", "--threads", "1"]
+               f"train.output_dir={tmp_path}", "train.vis_images=2", "--threads", "1"]
     completed = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr[-3000:]
     log = completed.stdout + completed.stderr
@@ -58,6 +60,7 @@ def test_train_net_trains_and_evaluates_a_lazy_config(tmp_path):
     assert "save a checkpoint of the current iteration before training stops" in log  # CheckpointOnSignal
     markdown = (tmp_path / "results.md").read_text()
     assert "### shapes_val bbox" in markdown and "### shapes_val segm" in markdown
+    assert len(list((tmp_path / "vis").glob("*.png"))) == 2  # train.vis_images drawings of shapes_val
     results = json.loads((tmp_path / "results.json").read_text())
     assert set(results) == {"shapes_val"} and set(results["shapes_val"]) == {"bbox", "segm"}
     assert {"AP", "AP50", "AP75"} <= set(results["shapes_val"]["bbox"])
@@ -83,6 +86,13 @@ def test_a_lazy_run_folder_follows_the_yacs_rules(tmp_path):
     with pytest.raises(ValueError, match=r"--eval-only needs trained weights: add train.init_checkpoint=path/to"):
         run(tmp_path, "--eval-only")
     assert final.stat().st_mtime_ns == trained, "no refused request touched the run"
+    config = tmp_path / "config.yaml"
+    written = config.read_bytes()
+    config.write_bytes(written + b"# still valid YAML, but not what the run wrote\n")
+    with pytest.raises(ValueError, match=r"config.yaml is damaged, .*\(its SHA-256 differs from the one recorded in "
+                                         r"config.yaml.sha256 when it was written\)\. .*this train.output_dir"):
+        run(tmp_path, "--resume")
+    config.write_bytes(written)
 
     warnings = logging.Handler(logging.WARNING)
     warnings.emit = lambda record: logged.append(record.getMessage())
@@ -213,7 +223,9 @@ def test_export_and_analyze_tools_take_a_lazy_config(tmp_path, capsys):
     assert "Total GFlops:" in printed and "over 2 input(s)" in printed
     whole = next(line for line in printed.splitlines() if line.startswith("| whole model |"))
     assert "group_whitening" in whole
-    with pytest.raises(FileNotFoundError, match="train.init_checkpoint file .*missing.pth' does not exist"):
+    with pytest.raises(SystemExit) as stopped:  # the tool's one-line error (gwdet.engine.cli_errors)
         analyze([*config, f"train.init_checkpoint={tmp_path / 'missing.pth'}", *tiny])
-    with pytest.raises(ValueError, match="is not key=value"):
-        analyze([*config, "MODEL.WEIGHTS", "x.pth"])
+    assert stopped.value.code == 2
+    assert re.search(r"error: train.init_checkpoint file .*missing.pth' does not exist", capsys.readouterr().err)
+    with pytest.raises(ValueError, match="is not key=value"):  # --verbose: the exception itself
+        analyze([*config, "MODEL.WEIGHTS", "x.pth", "--verbose"])

@@ -208,3 +208,59 @@ def test_strict_norm_groups_holds_in_detectron2s_own_build_model():
     cfg = build_config(str(DEMO_CONFIG), TINY_OPTS + ["MODEL.GW.NUM_GROUPS", "48", "MODEL.STRICT_NORM_GROUPS", "True"])
     with pytest.raises(ValueError, match="GW with 48 groups cannot divide"):
         build_model(cfg)  # detectron2's builder, not gwdet's Trainer
+
+
+# A value of every hyper-parameter that is no name's default, all different from each other.
+NON_DEFAULT = {"num_groups": 4, "T": 3, "eps": 1e-3, "group_size": 8, "momentum": 0.25, "examples_per_group": 1,
+               "eval_example_weight": 0.75}
+
+
+@pytest.mark.parametrize("name", sorted(GWDET_NAMES))
+def test_every_hyper_parameter_reaches_the_layer(name):
+    params = norm_record(name).params()
+    assert params, name
+    values = {param: NON_DEFAULT[param] for param in params}
+    layer = norm(name, **values)(32)
+    assert {param: getattr(layer, param) for param in params} == values
+    assert all(values[param] != norm_record(name).default(param) for param in params), "values the defaults are not"
+    methods = {"GW": "itn", "GW_ZCA": "zca", "BW": "zca", "BW_ItN": "itn"}
+    if name in methods:
+        assert layer.method == methods[name]
+
+
+def test_norms_with_other_values_or_strictness_differ_in_equality_hash_and_repr():
+    base = norm("GW", num_groups=16)
+    strict = norm("GW", num_groups=16, strict=True)
+    assert strict != base and hash(strict) != hash(base)
+    assert repr(strict) == "Norm('GW', num_groups=16, T=5, eps=1e-05, strict=True)"
+    assert len({hash(norm("GW", num_groups=g)) for g in (8, 16, 32)}) == 3
+
+
+def test_a_registered_name_has_the_facts_it_was_registered_with(registered):
+    registered.extend(["TestPlain", "TestBatch"])
+    register_norm("TestPlain", lambda channels, groups=2: torch.nn.GroupNorm(groups, channels))
+    plain = norm_record("TestPlain")
+    assert (plain.name, plain.batch_statistics, plain.layer_types, plain.builtin) == ("TestPlain", False, (), False)
+    assert plain.default("groups") == 2 and norm("TestPlain")(8).num_groups == 2  # no config key: its own default
+    register_norm("TestBatch", lambda channels: torch.nn.BatchNorm2d(channels), batch_statistics=True,
+                  layer_types=[torch.nn.BatchNorm2d])
+    batch = norm_record("TestBatch")
+    assert batch.batch_statistics is True and batch.layer_types == (torch.nn.BatchNorm2d,)
+    for bad in ("", None, 3):
+        with pytest.raises(ValueError, match=rf"register_norm: name must be a non-empty string, got {bad!r}"):
+            register_norm(bad, lambda channels: torch.nn.Identity())
+
+
+def test_a_taken_name_names_who_registered_it(registered):
+    registered.append("TestTaken")
+
+    def build_taken(channels):
+        return torch.nn.GroupNorm(1, channels)
+
+    register_norm("TestTaken", build_taken)
+    with pytest.raises(ValueError) as err:
+        register_norm("TestTaken", build_taken)
+    assert str(err.value) == (
+        f"register_norm: 'TestTaken' is already registered (by {__name__}."
+        "test_a_taken_name_names_who_registered_it.<locals>.build_taken); choose another name, or call "
+        "gwdet.norms.unregister_norm('TestTaken') first")

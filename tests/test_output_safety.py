@@ -48,6 +48,8 @@ def test_training_again_into_a_finished_run_is_refused_and_changes_nothing(finis
 def test_overwrite_deletes_the_earlier_run_first(tmp_path):
     (tmp_path / "model_final.pth").write_bytes(b"old")
     (tmp_path / "metrics.json").write_text('{"iteration": 99}\n')
+    for name in ("config.yaml", "config.yaml.sha256", "results.json", "results.json.sha256"):
+        (tmp_path / name).write_text("old")
     (tmp_path / "notes.txt").write_text("mine")
     check_fresh_start(str(tmp_path), overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"], "only the run's own files go"
@@ -213,6 +215,7 @@ def test_eval_only_resume_evaluates_only_the_checkpoint_last_checkpoint_names(fi
 
 def test_a_config_left_by_a_run_that_failed_before_training_claims_nothing(tmp_path):
     (tmp_path / "config.yaml").write_text("MODEL:\n  GW:\n    NUM_GROUPS: 3\n")
+    (tmp_path / "config.yaml.sha256").write_text("its checksum record")
     check_fresh_start(str(tmp_path), overwrite=False)  # the corrected command may start here
     check_resume_config(build_config(str(DEMO_CONFIG), TINY_OPTS), str(tmp_path))  # nothing to resume
 
@@ -393,3 +396,53 @@ def test_a_torchvision_checkpoint_as_model_weights_is_refused_with_the_converter
     ResilientCheckpointer(model, str(tmp_path)).save("complete")
     ResilientCheckpointer(model, str(tmp_path)).load_weights(str(tmp_path / "complete.pth"))
     assert all(torch.equal(before[name], value) for name, value in model.state_dict().items())
+
+
+def test_resume_refuses_a_config_yaml_that_differs_from_its_recorded_sha256(finished_run, tmp_path):
+    # the run recorded the SHA-256 of its config.yaml (and of results.json) as it wrote them
+    for name in ("config.yaml", "results.json"):
+        assert (finished_run / f"{name}.sha256").read_text() == \
+            f"{hashlib.sha256((finished_run / name).read_bytes()).hexdigest()}  {name}\n"
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("model_0000000.pth", "config.yaml", "config.yaml.sha256"):
+        (run / name).write_bytes((finished_run / name).read_bytes())
+    cfg = build_config(str(DEMO_CONFIG), TINY_OPTS)
+    check_resume_config(cfg, str(run))
+    # cut short before MODEL (a kill while detectron2 rewrote it): still valid YAML, and without the
+    # record the missing keys would silently take the new config's values
+    text = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text(text[:text.index("\nMODEL:")])
+    with pytest.raises(ValueError, match=r"--resume: .*config.yaml is damaged, so which model the run .* cannot be "
+                                         r"checked \(its SHA-256 differs from the one recorded in config.yaml.sha256 "
+                                         r"when it was written\)\. Restore that file, or train afresh .*--overwrite"):
+        check_resume_config(cfg, str(run))
+    (run / "config.yaml.sha256").unlink()
+    check_resume_config(cfg, str(run))  # what a run of an older gwdet (no record) gets
+
+
+def test_resume_removes_damaged_metrics_lines_and_names_them(tmp_path, caplog):
+    from gwdet.engine.output_dir import trim_metrics
+
+    good = [b'{"iteration": 19, "loss": 1.0}', b'{"iteration": 39, "loss": 0.9}']
+    damaged = [b"\x00\x00\x00\x00", b'{"iteration": 2\xff9}', b'[19, 1.0]', b'{"loss": 0.8}', b'{"iteration": "29"}']
+    (tmp_path / "metrics.json").write_bytes(b"\n".join([good[0], *damaged, good[1]]) + b"\n")
+    with caplog.at_level("WARNING"):
+        trim_metrics(str(tmp_path), start_iter=40)
+    assert (tmp_path / "metrics.json").read_bytes() == b"\n".join(good) + b"\n"
+    assert "metrics.json: removed 5 damaged line(s) (line 2, 3, 4, 5, 6) and 0 record(s)" in caplog.text
+
+
+def test_an_output_dir_name_this_python_cannot_pass_on_is_refused_before_anything_is_written(tmp_path):
+    from gwdet.engine.output_dir import OutputDirNameError, check_output_dir_name
+
+    # PYTHONUTF8=0 in the C locale: the bytes of "run ä" reach Python as surrogate escapes
+    undecodable = os.path.join(str(tmp_path), b"run \xc3\xa4".decode("ascii", "surrogateescape"))
+    with pytest.raises(OutputDirNameError, match=r"has characters beyond ASCII, which this Python cannot pass on "
+                                                 r"unchanged .*export PYTHONUTF8=1.*nothing was written"):
+        OutputDirLock(undecodable).__enter__()
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(OutputDirNameError, match="file system encoding is 'iso8859-1', not UTF-8"):
+        check_output_dir_name("/runs/run ä", encoding="latin-1")
+    check_output_dir_name("/runs/run ä 日本", encoding="utf-8")
+    check_output_dir_name("/runs/run a", encoding="ascii")

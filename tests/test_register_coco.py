@@ -245,9 +245,12 @@ def test_the_study_takes_the_flag_and_hands_it_to_its_cells(data, tmp_path, monk
     from gwdet_lab.study import cli
 
     monkeypatch.delenv(ENVIRONMENT_VARIABLE, raising=False)
+    train_json = tmp_path / "train.json"  # a copy, changed below
+    train_json.write_text(data["train"][0].read_text())
     names = ["DATASETS.TRAIN", "('study_train',)", "DATASETS.TEST", "('study_val',)"]
     argv = ["--configs", f"gn={REPO / 'configs' / 'Study' / 'gn.yaml'}", "--seeds", "0", "--out", str(tmp_path),
-            "--register-coco", spec("study_train", data["train"]), "--register-coco", spec("study_val", data["val"]),
+            "--register-coco", spec("study_train", (train_json, data["train"][1])),
+            "--register-coco", spec("study_val", data["val"]),
             "--no-example-weighing", "--threads", "1", "--opts", *tiny(*names)]
     with pytest.raises(SystemExit) as exit_info:
         cli.main([*argv, "--list"], repo_root=REPO)
@@ -258,6 +261,16 @@ def test_the_study_takes_the_flag_and_hands_it_to_its_cells(data, tmp_path, monk
         [registered_coco_dataset(name).spec for name in ("study_train", "study_val")]
     results = json.loads((tmp_path / "runs" / "gn-s0" / "results.json").read_text())
     assert list(results) == ["study_val"] and "AP" in results["study_val"]["bbox"]
+    # The cell's record names the datasets' files; a changed JSON no longer matches it.
+    recorded = json.loads((tmp_path / "runs" / "gn-s0" / "study_cell.json").read_text())["datasets"]
+    assert recorded["study_train"]["json_file"] == str(train_json) and len(recorded["study_train"]["json_sha256"]) == 64
+    assert set(recorded) == {"study_train", "study_val"}
+    coco = json.loads(train_json.read_text())
+    coco["annotations"] = coco["annotations"][:-1]
+    train_json.write_text(json.dumps(coco))
+    capsys.readouterr()
+    assert cli.main([*argv, "MODEL.ROI_HEADS.NUM_CLASSES", "2", "--list"], repo_root=REPO) == 2
+    assert f"dataset study_train: {train_json} changed since the cell was recorded" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("bbox, problem", [

@@ -22,4 +22,4 @@ dataloader = shapes_dataloader(num_train=400, num_val=50, num_test=50, test_spli
                                num_workers=1)
 optimizer = sgd(lr=0.02)
 lr_multiplier = warmup_multistep(max_iter=1000, warmup_iters=100, steps=(800, 950))
-train = training(output_dir="output/demo_lazy", max_iter=1000, checkpoint_period=500)
+train = training(output_dir="output/demo_lazy", max_iter=1000, checkpoint_period=500, vis_images=4)

@@ -15,19 +15,21 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
+from gwdet.engine.atomic import DamagedFileError
+
 CHECKSUMS_KEY = "gwdet_checksums"
 
 
-class DamagedFileError(ValueError):
-    """A weight file whose tensor bytes differ from those recorded when it was written."""
+class DamagedTensorsError(DamagedFileError):
+    """A weight file whose tensor bytes differ from those recorded when it was written (the
+    :class:`gwdet.engine.atomic.DamagedFileError` of weight files; ``damaged``: the tensors' names)."""
 
     def __init__(self, path: str, damaged: list[str]) -> None:
         shown = ", ".join(damaged[:4]) + (", ..." if len(damaged) > 4 else "")
         super().__init__(
             f"{path} is damaged: {len(damaged)} tensor(s) differ from what was written ({shown}); nothing "
             "was loaded from it. Restore the file from a copy or write it again (train, or convert the "
-            "weights again); with --resume, the previous checkpoint in the folder is used instead.")
-        self.path = path
+            "weights again); with --resume, the previous checkpoint in the folder is used instead.", path)
         self.damaged = damaged
 
 
@@ -55,7 +57,7 @@ def with_checksums(data: dict, weights_key: str = "model") -> dict:
 
 
 def verify_checksums(path: str, data: Mapping, weights_key: str = "model") -> None:
-    """Raise :class:`DamagedFileError` when a tensor of ``data[weights_key]`` no longer has the
+    """Raise :class:`DamagedTensorsError` when a tensor of ``data[weights_key]`` no longer has the
     checksum recorded in ``data``; nothing to check when none was recorded. Weights a user removed
     from the file are not damage (the loader reports them as missing)."""
     recorded = data.get(CHECKSUMS_KEY)
@@ -65,4 +67,4 @@ def verify_checksums(path: str, data: Mapping, weights_key: str = "model") -> No
     damaged = [name for name, expected in recorded.items()  # a missing weight is the loader's to report
                if name in weights and tensor_checksum(weights[name]) != expected]
     if damaged:
-        raise DamagedFileError(path, damaged)
+        raise DamagedTensorsError(path, damaged)

@@ -12,6 +12,9 @@
   by name (with ``--resume``, the previous checkpoint is taken instead);
 * files are read without executing code (:mod:`gwdet.checkpoint.safe_load`); a file that needs
   more is refused with an explanation, unless the user opts in with ``GWDET_ALLOW_UNSAFE_PICKLE=1``;
+* initial weights given as a URL (``https://...``, ``detectron2://...``) that cannot be downloaded
+  (no internet access, an unknown host, an HTTP error) are refused with the URL, the reason and
+  the fix (:class:`WeightsDownloadError`), instead of urllib's traceback;
 * converted ImageNet weights that misfit the model (architecture, GW positions), and checkpoints
   trained with other norm layers or other norm hyper-parameters, are refused before any weight is copied
   (:mod:`gwdet.checkpoint.compatibility`; opt in with ``GWDET_ALLOW_NORM_MISMATCH=1``);
@@ -25,6 +28,7 @@ import pickle
 import random
 import re
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 import torch
@@ -91,17 +95,24 @@ class RandomState:
         random.setstate((version, tuple(internal), gauss_next))
 
 
+class WeightsDownloadError(OSError):
+    """Initial weights named by a URL that cannot be downloaded here."""
+
+
 class ResilientCheckpointer(DetectionCheckpointer):
     """``DetectionCheckpointer`` with atomic saves, fallback on unreadable files, safe loading,
     and a refusal to load weights trained with other norm layers.
 
     ``require_every_weight=True`` (evaluation) makes a checkpoint that leaves any model weight
-    missing or of another shape an error instead of a logged warning.
+    missing or of another shape an error instead of a logged warning. ``weights_setting`` is how
+    messages name the setting the initial weights come from (``train.init_checkpoint`` for a LazyConfig).
     """
 
-    def __init__(self, *args: Any, require_every_weight: bool = False, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, require_every_weight: bool = False, weights_setting: str = "MODEL.WEIGHTS",
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.require_every_weight = require_every_weight
+        self.weights_setting = weights_setting
 
     def save(self, name: str, **extra: Any) -> None:
         if not self.save_dir or not self.save_to_disk:
@@ -140,7 +151,25 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 f"MODEL.WEIGHTS file {path!r} does not exist. Convert ImageNet weights with "
                 "tools/convert_pretrained.py IN OUT (see docs/weights.md), or set MODEL.WEIGHTS \"\" to train from scratch."
             )
+        if "://" in path:
+            self.download(path)
         return self.load(path, checkpointables=[]) if path else {}
+
+    def download(self, url: str) -> str:
+        """The local copy of the weights at ``url`` (downloaded once into iopath's cache, where
+        detectron2's ``load`` then finds it); :class:`WeightsDownloadError` naming the URL, the
+        reason and the fix when it cannot be downloaded."""
+        address = urlsplit(url)._replace(query="").geturl()  # detectron2 strips its ?matching_heuristics=
+        try:
+            return self.path_manager.get_local_path(address)
+        except OSError as error:  # urllib's URLError/HTTPError, socket errors, timeouts
+            reason = getattr(error, "reason", None) or error
+            name = os.path.basename(urlsplit(address).path) or "weights.pkl"
+            raise WeightsDownloadError(
+                f"{self.weights_setting} {url} cannot be downloaded: {reason}. Without access to it from this "
+                "machine (no internet, a firewall, or a wrong address), download the file on a machine that "
+                f"has internet access, copy it here (e.g. to weights/{name}) and set {self.weights_setting} to "
+                "that local file.") from None
 
     def resume_or_load(self, path: str, *, resume: bool = True) -> dict:
         if not resume:

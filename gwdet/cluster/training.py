@@ -16,12 +16,14 @@ import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from gwdet.cluster.executor import SubmissionRefused, check_launcher, describe, make_executor, submit, wait
 from gwdet.cluster.jobs import NodePlacement, RequeueableJob
 from gwdet.cluster.options import launcher_options
 from gwdet.cluster.slurm import ClusterUnavailable
+from gwdet.engine.cli_errors import reported_errors, split_verbose
+from gwdet.engine.lazy import check_run_request as check_lazy_run_request, is_lazy_config, load_lazy_config
 from gwdet.engine.trainer import RESULTS_JSON, RESULTS_MARKDOWN, build_config, check_run_request, main, parse_args
 from gwdet.engine.launch import launch
 from gwdet.engine.threads import configure_threads
@@ -54,19 +56,29 @@ class TrainingJob(RequeueableJob):
         os.chdir(self.cwd)
         args = parse_args([*self.argv, *flags])
         train_here(args)
-        output_dir = build_config(args.config_file, args.opts).OUTPUT_DIR
+        output_dir = checked_run(args)[0]
         results = Path(output_dir, RESULTS_JSON)
         return {"output_dir": os.path.abspath(output_dir),
                 "results": json.loads(results.read_text()) if results.is_file() else None}
 
 
+def checked_run(args: argparse.Namespace) -> tuple[str, Callable[[], None]]:
+    """The output folder of the run ``args`` describe (``OUTPUT_DIR`` of a yacs config,
+    ``train.output_dir`` of a LazyConfig), and the check of the request against that folder."""
+    if is_lazy_config(args.config_file):
+        lazy_cfg = load_lazy_config(args.config_file, args.opts)
+        return lazy_cfg.train.output_dir, lambda: check_lazy_run_request(lazy_cfg, args)
+    cfg = build_config(args.config_file, args.opts)
+    return cfg.OUTPUT_DIR, lambda: check_run_request(cfg, args)
+
+
 def check_before_submitting(args: argparse.Namespace) -> str:
     """The config builds and the output folder fits the request (as the job will check it); returns
-    OUTPUT_DIR. ``--overwrite`` is left to the job (it deletes the earlier run when it starts)."""
-    cfg = build_config(args.config_file, args.opts)
+    the output folder. ``--overwrite`` is left to the job (it deletes the earlier run when it starts)."""
+    output_dir, check_request = checked_run(args)
     if args.eval_only or args.resume or not args.overwrite:
-        check_run_request(cfg, args)
-    return cfg.OUTPUT_DIR
+        check_request()
+    return output_dir
 
 
 def submit_training(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -97,15 +109,18 @@ def submit_training(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def run(argv: Sequence[str] | None = None) -> int:
-    """``tools/train_net.py``'s command line; the exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args(argv)
-    if args.launcher == "local":
-        try:
-            launcher_options(args, args.num_gpus)
-        except ValueError as error:
-            print(f"{PROG}: error: {error}", file=sys.stderr)
-            return 2
-        train_here(args)
-        return 0
-    return submit_training(args, argv)
+    """``tools/train_net.py``'s command line; the exit status. An error gwdet raises on purpose
+    ends the tool with ``train_net.py: error: <message>`` and status 2, its traceback shown only
+    with ``--verbose`` (:mod:`gwdet.engine.cli_errors`)."""
+    argv, verbose = split_verbose(sys.argv[1:] if argv is None else argv)
+    with reported_errors(PROG, verbose):
+        args = parse_args(argv)
+        if args.launcher == "local":
+            try:
+                launcher_options(args, args.num_gpus)
+            except ValueError as error:
+                print(f"{PROG}: error: {error}", file=sys.stderr)
+                return 2
+            train_here(args)
+            return 0
+        return submit_training(args, argv)

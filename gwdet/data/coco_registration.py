@@ -32,8 +32,8 @@ names (:func:`environment_datasets`, :func:`export_to_environment`).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import math
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -42,6 +42,8 @@ from typing import Any, Callable, Iterable, Sequence
 from detectron2.config import CfgNode
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data.datasets import register_coco_instances
+
+from gwdet.data.boxes import box_problem
 
 FLAG = "--register-coco"
 FORMAT = "NAME=JSON:IMAGE_ROOT"
@@ -109,13 +111,10 @@ class CocoDataset:
         """This dataset with :attr:`contents` read (:func:`inspect_coco_file`)."""
         return self if self.contents is not None else replace(self, contents=inspect_coco_file(self))
 
-    @property
+    @functools.cached_property
     def read(self) -> CocoContents:
-        """:attr:`contents`, read from the JSON file on first use."""
-        if self.contents is None:
-            object.__setattr__(self, "contents", inspect_coco_file(self))
-        assert self.contents is not None
-        return self.contents
+        """:attr:`contents`, or what the JSON file holds, read on first use."""
+        return self.contents if self.contents is not None else inspect_coco_file(self)
 
 
 def _absolute(path: str) -> str:
@@ -245,18 +244,11 @@ _REGISTERED: dict[str, CocoDataset] = {}  # what this process registered, with i
 
 def _box_problem(bbox: Any, image: dict | None) -> str:
     """What is wrong with a COCO ``bbox`` ``[x, y, width, height]`` of ``image`` ("" when nothing):
-    not four finite numbers, no area, or reaching outside the image by more than a pixel."""
-    if not isinstance(bbox, (list, tuple)) or len(bbox) != 4 or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in bbox):
-        return f"bbox {bbox!r} is not four finite numbers"
-    x, y, width, height = bbox
-    if width <= 0 or height <= 0:
-        return f"bbox {bbox!r} has no area (width and height must be > 0)"
-    if image is None:
-        return "its image_id is not among the images"
-    if x < -1 or y < -1 or x + width > image["width"] + 1 or y + height > image["height"] + 1:
-        return f"bbox {bbox!r} reaches outside the {image['width']}x{image['height']} image"
-    return ""
+    :func:`gwdet.data.boxes.box_problem`, or an ``image_id`` that is not among the images."""
+    problem = box_problem(bbox)
+    if problem or image is None:
+        return problem or "its image_id is not among the images"
+    return box_problem(bbox, image["width"], image["height"])
 
 
 def registered_coco_dataset(name: str) -> CocoDataset | None:

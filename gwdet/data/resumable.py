@@ -16,6 +16,10 @@ detectron2 takes that generator's seed as ``build_detection_train_loader(seed=)`
 without it and the seeded generator is then given to the ``torch.utils.data.DataLoader`` inside
 what detectron2 returned, which is what ``seed=`` does: the DataLoader reads ``generator`` only when
 iteration starts, to draw its workers' base seed.
+
+Before the loader is built, the training records' boxes are checked
+(:func:`gwdet.data.boxes.check_dataset_boxes`): a degenerate box stops the run with the image named,
+however the dataset was registered.
 """
 from __future__ import annotations
 
@@ -31,6 +35,8 @@ from detectron2.data.build import _train_loader_from_config, build_batch_data_lo
 from detectron2.data.samplers import TrainingSampler
 from detectron2.utils import comm
 from torch.utils.data import DataLoader, Sampler
+
+from gwdet.data.boxes import check_dataset_boxes
 
 _SAMPLER_ATTRIBUTE = "gwdet_skipping_sampler"
 
@@ -96,6 +102,8 @@ def build_resumable_train_loader(cfg: CfgNode) -> Iterable:
     numpy_state = np.random.get_state()
     loader_args = _train_loader_from_config(cfg)
     np.random.set_state(numpy_state)
+    if isinstance(loader_args["dataset"], list):
+        check_dataset_boxes(loader_args["dataset"], f"DATASETS.TRAIN {tuple(cfg.DATASETS.TRAIN)}")
     if isinstance(loader_args["sampler"], TrainingSampler) and cfg.SEED >= 0:
         loader_args["sampler"] = TrainingSampler(len(loader_args["dataset"]), seed=cfg.SEED)
     sampler = loader_args["sampler"] = SkippingSampler(loader_args["sampler"])

@@ -45,7 +45,7 @@ from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data.datasets import register_coco_instances
 from PIL import Image, ImageDraw
 
-from gwdet.engine.atomic import process_is_gone
+from gwdet.engine.atomic import file_sha256, process_is_gone
 
 CLASSES = ("circle", "square", "triangle", "star")
 # Order matters: a split's index here seeds its random stream (train 0, val 1, test 2).
@@ -256,14 +256,10 @@ def write_split(spec: ShapesSpec, split: str, out_dir: Path) -> None:
     (out_dir / f"{split}.json").write_text(json.dumps(coco))
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _record_checksums(folder: Path) -> None:
     """``checksums.json``: the SHA-256 of every image and json file of the generated ``folder``."""
     files = sorted(path for path in folder.rglob("*") if path.is_file() and path.suffix in (".png", ".json"))
-    checksums = {path.relative_to(folder).as_posix(): _sha256(path) for path in files}
+    checksums = {path.relative_to(folder).as_posix(): file_sha256(str(path)) for path in files}
     (folder / CHECKSUMS_JSON).write_text(json.dumps(checksums, sort_keys=True, indent=0))
 
 
@@ -279,7 +275,7 @@ def damaged_files(folder: Path) -> list[str]:
     damaged = []
     for name, digest in sorted(checksums.items()):
         try:
-            if _sha256(folder / name) != digest:
+            if file_sha256(str(folder / name)) != digest:
                 damaged.append(name)
         except OSError:
             damaged.append(name)

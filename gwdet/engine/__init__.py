@@ -7,7 +7,10 @@
 * :mod:`gwdet.engine.launch`: multi-process and multi-machine starts (also CPU processes with gloo);
 * :mod:`gwdet.engine.threads`: the CPU thread count of a run;
 * :mod:`gwdet.engine.output_dir`: a run folder's lock, fresh-start, resume and evaluation rules;
-* :mod:`gwdet.engine.atomic`: files written under a temporary name and renamed into place;
+* :mod:`gwdet.engine.atomic`: files written under a temporary name and renamed into place, with
+  their SHA-256 recorded beside them (``<file>.sha256``) where gwdet reads them again;
+* :mod:`gwdet.engine.cli_errors`: the tools' one-line errors (``<tool>: error: <message>``, exit
+  status 2; ``--verbose`` shows the traceback);
 * :mod:`gwdet.engine.tables`, :mod:`gwdet.engine.visualize`: results as markdown/CSV tables and
   prediction drawings.
 

@@ -8,10 +8,20 @@ reason (for example ``[Errno 28] No space left on device``), even when the write
 such as ``torch.save`` that reports write failures in words of its own. A non-local path
 (``scheme://...``) goes through detectron2's ``PathManager``, which cannot rename: it is written
 in place.
+
+A file gwdet trusts when it reads it again (a run's ``config.yaml`` and ``results.json``, exports,
+the study's records) also carries its SHA-256 in a file beside it, ``<file>.sha256``, in the format
+of ``sha256sum`` (``<64 hex digits>  <name>``, so ``sha256sum -c model.ts.sha256`` checks it by
+hand): :func:`write_text_with_checksum`, :func:`path_written_with_checksum`, :func:`record_checksum`
+write it, :func:`checksum_problem` checks a file against it (its callers refuse a mismatch with a
+:class:`DamagedFileError` naming the file and the fix). A file without a record (written by an
+older gwdet or by other means) is not checked. Checkpoints and converted weights carry their
+checksums inside (:mod:`gwdet.checkpoint.integrity`, whose error is a :class:`DamagedFileError` too).
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import uuid
@@ -135,3 +145,95 @@ def write_atomically(path: str, write: Callable[[IO[bytes]], object], path_manag
 def write_text_atomically(path: str, text: str, path_manager=PathManager) -> None:
     """:func:`write_atomically` for UTF-8 text."""
     write_atomically(path, lambda file: file.write(text.encode("utf-8")), path_manager)
+
+
+# ---- checksums recorded beside a file --------------------------------------------------------------
+
+CHECKSUM_SUFFIX = ".sha256"
+_CHECKSUM_RECORD = re.compile(rb"([0-9a-f]{64}) [ *]")
+
+
+class DamagedFileError(ValueError):
+    """A file no longer holds what gwdet wrote (or cannot be read as what it should be); the
+    message names the file and the fix. ``path`` is the file."""
+
+    def __init__(self, message: str, path: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+def checksum_path(path: str) -> str:
+    """Where the checksum of ``path`` is recorded: ``path.sha256``."""
+    return os.fspath(path) + CHECKSUM_SUFFIX
+
+
+def file_sha256(path: str) -> str:
+    """The SHA-256 of the file at ``path`` (hex digits)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def record_checksum(path: str, digest: str | None = None) -> None:
+    """Write ``path.sha256`` (atomically) with ``digest``, the SHA-256 of the bytes the caller wrote
+    to ``path``, or else of the file as it is now. Nothing for a non-local path."""
+    path = os.fspath(path)
+    if "://" in path:
+        return
+    line = (digest or file_sha256(path)).encode("ascii") + b"  " + os.fsencode(os.path.basename(path)) + b"\n"
+    write_atomically(checksum_path(path), lambda file: file.write(line))
+
+
+def remove_checksum(path: str) -> None:
+    """Remove ``path.sha256`` if it is there."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(checksum_path(path))
+
+
+def checksum_problem(path: str) -> str | None:
+    """Why the file at ``path`` does not hold what was written, by the SHA-256 recorded beside it
+    (words to put in a message); ``None`` when it matches, and when nothing is recorded."""
+    path = os.fspath(path)
+    record = checksum_path(path)
+    if "://" in path or not os.path.isfile(record):
+        return None
+    name = os.path.basename(record)
+    try:
+        with open(record, "rb") as file:
+            match = _CHECKSUM_RECORD.match(file.read(256))
+    except OSError as error:
+        return f"its checksum record {name} cannot be read: {error.strerror or error}"
+    if match is None:
+        return f"its checksum record {name} is damaged"
+    if file_sha256(path) != match.group(1).decode("ascii"):
+        return f"its SHA-256 differs from the one recorded in {name} when it was written"
+    return None
+
+
+def write_text_with_checksum(path: str, text: str) -> None:
+    """:func:`write_text_atomically`, then ``path.sha256`` recorded. An earlier record is removed
+    first: whichever moment a kill comes, the file is the old or the new one, complete, and its
+    record is absent (the file is then read unchecked) or right."""
+    data = text.encode("utf-8")
+    path = os.fspath(path)
+    if "://" not in path:
+        remove_checksum(path)
+    write_atomically(path, lambda file: file.write(data))
+    record_checksum(path, hashlib.sha256(data).hexdigest())
+
+
+@contextlib.contextmanager
+def path_written_with_checksum(path: str) -> Iterator[str]:
+    """:func:`path_written_atomically`, then ``path.sha256`` recorded once the file has its name
+    (an earlier record is removed before the rename, as in :func:`write_text_with_checksum`). A
+    record that a writer inside made for the temporary name goes with the temporary file."""
+    with path_written_atomically(path) as temporary:
+        try:
+            yield temporary
+            digest = file_sha256(temporary)
+        finally:
+            remove_checksum(temporary)
+        remove_checksum(path)
+    record_checksum(path, digest)

@@ -57,6 +57,7 @@ from detectron2.utils.logger import setup_logger
 from detectron2.utils.registry import locate
 
 from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer
+from gwdet.data.boxes import check_dataset_boxes
 from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.data.resumable import SkippingSampler, loader_accepts_seed, seed_loader_generator
 from gwdet.engine.trainer import (
@@ -67,10 +68,20 @@ from gwdet.engine.trainer import (
     with_signal_checkpoints,
     write_results_to,
 )
+from gwdet.engine.visualize import save_prediction_pngs
 from gwdet.layers.plans import describe_plans
 from gwdet.modeling import check_model
 from gwdet.modeling.model_checks import check_norm_weight_decay
-from gwdet.engine.output_dir import CONFIG_NAME, OutputDirLock, checkpoints_in, differing_values, trim_metrics
+from gwdet.engine.output_dir import (
+    CONFIG_NAME,
+    OutputDirLock,
+    check_config_checksum,
+    checkpoints_in,
+    damaged_config,
+    differing_values,
+    record_config_checksum,
+    trim_metrics,
+)
 
 LAZY_SUFFIX = ".py"
 OUTPUT_SETTING = "train.output_dir"
@@ -254,8 +265,13 @@ def build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Opti
 
 
 def _instantiate_dataset(node: Any) -> Any:
+    """``dataloader.train.dataset``, its boxes checked (:func:`gwdet.data.boxes.check_dataset_boxes`)
+    when it is a list of detectron2 dataset dicts."""
     try:
-        return instantiate(node)
+        dataset = instantiate(node)
+        if isinstance(dataset, list):
+            check_dataset_boxes(dataset, "dataloader.train.dataset")
+        return dataset
     except AssertionError as err:
         if "No valid data" not in str(err):
             raise
@@ -333,7 +349,8 @@ def load_weights(cfg: DictConfig, model: torch.nn.Module) -> torch.nn.Module:
     required; see :class:`ResilientCheckpointer`); nothing for an empty setting."""
     path = cfg.train.init_checkpoint
     _check_weights_file(path)
-    ResilientCheckpointer(model, save_dir=cfg.train.output_dir, require_every_weight=True).load_weights(path)
+    ResilientCheckpointer(model, save_dir=cfg.train.output_dir, require_every_weight=True,
+                          weights_setting="train.init_checkpoint").load_weights(path)
     return model
 
 
@@ -373,22 +390,6 @@ def describe_test_set(cfg: DictConfig) -> str:
     return f"{name} (dataloader.test)" if name else "dataloader.test"
 
 
-def read_test_image(cfg: DictConfig, path: str) -> dict:
-    """``{"image", "height", "width"}`` of the image file ``path`` as ``dataloader.test`` gives its
-    images to the model: read in the test mapper's ``image_format``, through its augmentations."""
-    from detectron2.data import detection_utils
-    from detectron2.data import transforms as T
-
-    mapper = cfg.dataloader.test.mapper
-    original = detection_utils.read_image(path, format=mapper.get("image_format", "BGR"))
-    height, width = original.shape[:2]
-    augmentations = T.AugmentationList(list(instantiate(mapper.get("augmentations", []))))
-    inputs = T.AugInput(original)
-    augmentations(inputs)
-    image = np.ascontiguousarray(inputs.image.transpose(2, 0, 1))
-    return {"image": torch.as_tensor(image.astype("float32")), "height": height, "width": width}
-
-
 def build_evaluator(cfg: DictConfig) -> Any:
     """``dataloader.evaluator`` instantiated."""
     check_keys(cfg, ("dataloader.evaluator",), "evaluation")
@@ -415,7 +416,8 @@ class LazyTrainer(TrainerBase):
         self._trainer = trainer_class(model, FiniteImageBatches(loader), optimizer)
         self.scheduler = LRMultiplier(optimizer, multiplier=instantiate(cfg.lr_multiplier), max_iter=cfg.train.max_iter)
         self.checkpointer = ResilientCheckpointer(
-            model, cfg.train.output_dir, random_state=RandomState(), trainer=weakref.proxy(self)
+            model, cfg.train.output_dir, random_state=RandomState(), trainer=weakref.proxy(self),
+            weights_setting="train.init_checkpoint",
         )
         self.start_iter = 0
         self.max_iter = cfg.train.max_iter
@@ -513,15 +515,12 @@ def check_resume_config(cfg: DictConfig, output_dir: str) -> None:
     path = os.path.join(output_dir, CONFIG_NAME)
     if not os.path.isfile(path) or not checkpoints_in(output_dir):  # nothing to resume: a fresh start
         return
+    check_config_checksum(path, output_dir, OUTPUT_SETTING)
     try:
         saved = LazyConfig.load(path)
         saved = OmegaConf.to_container(saved, resolve=True) if isinstance(saved, DictConfig) else None
     except Exception as error:  # yaml's and omegaconf's errors, bytes that are not text
-        raise ValueError(
-            f"--resume: {path} is damaged, so which model the run in {output_dir!r} trained cannot be checked "
-            f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}). Restore that file, or "
-            "train afresh into this train.output_dir with --overwrite (which deletes the run) or into another one."
-        ) from None
+        raise damaged_config(path, output_dir, error, OUTPUT_SETTING) from None
     if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
         raise ValueError(
             f"--resume: the run in {output_dir!r} was not trained from a LazyConfig ({path} has no model), so "
@@ -587,6 +586,8 @@ def setup(args: argparse.Namespace, cfg: DictConfig) -> DictConfig:
     if comm.is_main_process():
         check_run_request(cfg, args)
     default_setup(cfg, args)
+    if comm.is_main_process():
+        record_config_checksum(cfg.train.output_dir)  # what --resume checks config.yaml against
     setup_logger(cfg.train.output_dir, distributed_rank=comm.get_rank(), name="gwdet")
     logger.info(describe_plans())
     return cfg
@@ -606,10 +607,16 @@ def main(args: argparse.Namespace):
     with OutputDirLock(output_dir) if comm.is_main_process() else contextlib.nullcontext():
         setup(args, cfg)
         if args.eval_only:
-            results = evaluate(cfg, load_weights(cfg, build_model(cfg)))
+            model = load_weights(cfg, build_model(cfg))
+            results = evaluate(cfg, model)
         else:
             trainer = LazyTrainer(cfg)
             trainer.resume_or_load(resume=args.resume)
             results = trainer.train()
-        write_results_to(output_dir, results or {}, [name for name in [evaluated_dataset(cfg)] if name])
+            model = trainer.model
+        evaluated = evaluated_dataset(cfg)
+        write_results_to(output_dir, results or {}, [name for name in [evaluated] if name])
+        vis_images = int(cfg.train.get("vis_images", 0))
+        if comm.is_main_process() and vis_images > 0 and evaluated:  # no evaluated dataset: nothing to draw
+            save_prediction_pngs(cfg, model, evaluated, vis_images, os.path.join(output_dir, "vis"))
     return results

@@ -13,21 +13,32 @@ starts there and writes its own.
 """
 from __future__ import annotations
 
+import codecs
 import fcntl
 import json
 import logging
 import os
 import shutil
+import sys
 from typing import IO, Any, Mapping
 
 from detectron2.config import CfgNode
 
-from gwdet.engine.atomic import remove_stale_partials, write_text_atomically
+from gwdet.engine.atomic import (
+    CHECKSUM_SUFFIX,
+    DamagedFileError,
+    checksum_problem,
+    record_checksum,
+    remove_stale_partials,
+    write_text_atomically,
+)
 
 LOCK_NAME = ".gwdet.lock"
 CONFIG_NAME = "config.yaml"  # detectron2's default_setup writes the run's config here
-# Files and folders of a run that a new run would replace or append to.
-RUN_FILES = ("last_checkpoint", "metrics.json", "results.md", "results.json", CONFIG_NAME)
+# Files and folders of a run that a new run would replace or append to (config.yaml and
+# results.json with the SHA-256 recorded beside them, gwdet.engine.atomic).
+RUN_FILES = ("last_checkpoint", "metrics.json", "results.md", "results.json", CONFIG_NAME,
+             CONFIG_NAME + CHECKSUM_SUFFIX, "results.json" + CHECKSUM_SUFFIX)
 EVAL_FOLDER = "eval"  # --eval-only of a folder that holds a run writes to eval/<checkpoint>/
 RUN_FOLDERS = ("inference", "vis", EVAL_FOLDER)
 # Keys that may differ when a run is resumed: where it runs and where its first weights came from.
@@ -50,7 +61,7 @@ def run_files(output_dir: str) -> list[str]:
 
 def holds_run(output_dir: str) -> bool:
     """Whether a run trained or was evaluated in ``output_dir`` (more than a ``config.yaml``)."""
-    return any(name != CONFIG_NAME for name in run_files(output_dir))
+    return any(name not in (CONFIG_NAME, CONFIG_NAME + CHECKSUM_SUFFIX) for name in run_files(output_dir))
 
 
 def checkpoints_in(output_dir: str) -> list[str]:
@@ -117,6 +128,33 @@ def config_differences(saved: CfgNode, current: CfgNode) -> list[str]:
     return [f"{key}: {old!r} -> {new!r}" for key, old, new in differing_values(saved, current)]
 
 
+def record_config_checksum(output_dir: str) -> None:
+    """Record the SHA-256 of ``output_dir/config.yaml`` as detectron2's ``default_setup`` has just
+    written it (in place: a kill during that write leaves a file that no longer matches the
+    earlier record, which ``--resume`` then refuses instead of trusting a cut-off config)."""
+    path = os.path.join(output_dir, CONFIG_NAME)
+    if os.path.isfile(path):
+        record_checksum(path)
+
+
+def damaged_config(path: str, output_dir: str, reason: Exception | str, output_setting: str = "OUTPUT_DIR") -> DamagedFileError:
+    """The refusal of ``--resume`` over a run whose ``config.yaml`` at ``path`` is damaged (``reason``:
+    the checksum's words, or the error reading it gave)."""
+    if isinstance(reason, Exception):
+        reason = f"{type(reason).__name__}: {str(reason).splitlines()[0] if str(reason) else ''}"
+    return DamagedFileError(
+        f"--resume: {path} is damaged, so which model the run in {output_dir!r} trained cannot be checked "
+        f"({reason}). Restore that file, or train afresh into this {output_setting} with --overwrite (which "
+        "deletes the run) or into another one.", path)
+
+
+def check_config_checksum(path: str, output_dir: str, output_setting: str = "OUTPUT_DIR") -> None:
+    """Refuse (:func:`damaged_config`) a run's ``config.yaml`` that differs from its recorded SHA-256."""
+    problem = checksum_problem(path)
+    if problem is not None:
+        raise damaged_config(path, output_dir, problem, output_setting)
+
+
 def check_resume_config(cfg: CfgNode, output_dir: str) -> None:
     """Raise ``ValueError`` when ``--resume`` would continue a run of another model.
 
@@ -127,16 +165,13 @@ def check_resume_config(cfg: CfgNode, output_dir: str) -> None:
     path = os.path.join(output_dir, CONFIG_NAME)
     if not os.path.isfile(path) or not checkpoints_in(output_dir):  # nothing to resume: a fresh start
         return
+    check_config_checksum(path, output_dir)
     saved = cfg.clone()
     saved.defrost()
     try:
         saved.merge_from_file(path)
     except Exception as error:  # yaml's errors, a key cfg does not have, bytes that are not text
-        raise ValueError(
-            f"--resume: {path} is damaged, so which model the run in {output_dir!r} trained cannot be checked "
-            f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}). Restore that file, or "
-            "train afresh into this OUTPUT_DIR with --overwrite (which deletes the run) or into another one."
-        ) from None
+        raise damaged_config(path, output_dir, error) from None
     differences = config_differences(saved, cfg)
     model = [d for d in differences if d.startswith("MODEL.") and not d.startswith(RESUMABLE_DIFFERENCES)]
     if model:
@@ -190,33 +225,75 @@ def evaluation_folder(output_dir: str, weights: str) -> str:
 
 def trim_metrics(output_dir: str, start_iter: int) -> None:
     """Make ``output_dir/metrics.json`` (detectron2's JSON lines, appended to on resume) hold what an
-    uninterrupted run would have at ``start_iter``: lines a kill cut short, which would otherwise
-    stay in the middle of the file, and records of iterations the resumed run repeats are removed
-    (with a warning naming how many)."""
+    uninterrupted run would have at ``start_iter``: damaged lines (a line a kill cut short, which
+    would otherwise stay in the middle of the file, bytes that are not UTF-8, anything but a JSON
+    object with an integer ``iteration``, which every record of detectron2's ``JSONWriter`` has) and
+    records of iterations the resumed run repeats are removed, with a warning naming how many and
+    the damaged lines' numbers. (detectron2 appends the lines one by one, so no checksum of the
+    whole file can be recorded: a changed value that leaves a valid record is not detected.)"""
     path = os.path.join(output_dir, "metrics.json")
     if not os.path.isfile(path):
         return
     with open(path, "rb") as f:
-        lines = f.read().decode("utf-8", errors="replace").splitlines()
-    kept, broken, repeated = [], 0, 0
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            broken += bool(line.strip())
+        lines = f.read().split(b"\n")
+    kept, broken, repeated = [], [], 0
+    for number, line in enumerate(lines, start=1):
+        record = metrics_record(line)
+        if record is None:
+            if line.strip():
+                broken.append(number)
             continue
-        if isinstance(record, dict) and isinstance(record.get("iteration"), int) and record["iteration"] >= start_iter:
+        if record["iteration"] >= start_iter:
             repeated += 1
             continue
-        kept.append(line)
+        kept.append(line.decode("utf-8"))
     if broken or repeated:
         write_text_atomically(path, "".join(f"{line}\n" for line in kept))
-        logger.warning(f"{path}: removed {broken} damaged line(s) and {repeated} record(s) of iterations from "
-                       f"{start_iter} on, which this resumed run writes again.")
+        shown = ", ".join(map(str, broken[:10])) + (", ..." if len(broken) > 10 else "")
+        logger.warning(f"{path}: removed {len(broken)} damaged line(s){f' (line {shown})' if broken else ''} and "
+                       f"{repeated} record(s) of iterations from {start_iter} on, which this resumed run writes again.")
+
+
+def metrics_record(line: bytes) -> dict | None:
+    """One line of ``metrics.json`` as detectron2's ``JSONWriter`` writes it (a JSON object with an
+    integer ``iteration``), or ``None`` for a damaged line: cut short, not UTF-8, anything else."""
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError
+        return None
+    if not isinstance(record, dict) or type(record.get("iteration")) is not int:
+        return None
+    return record
 
 
 class OutputDirNotWritableError(PermissionError):
     """OUTPUT_DIR cannot be created or written (read-only disk, permissions, a file in its place)."""
+
+
+class OutputDirNameError(ValueError):
+    """OUTPUT_DIR's name cannot reach every writer of a run unchanged under this locale."""
+
+
+def check_output_dir_name(output_dir: str, encoding: str | None = None) -> None:
+    """Refuse an OUTPUT_DIR whose name the writers of a run would not all find: TensorBoard's event
+    writer encodes folder names as UTF-8 itself, so a name with characters beyond ASCII must be
+    UTF-8 in Python's file system encoding (``encoding``, by default ``sys.getfilesystemencoding()``).
+    That holds in Python's UTF-8 mode, which Python 3.7+ turns on in the C and POSIX locales
+    (``LC_ALL=C``); it fails where the locale is ASCII with that mode off (``PYTHONUTF8=0``), where
+    such a name reaches Python as undecodable bytes (TensorBoard stopped with ``surrogates not
+    allowed`` after the first iteration), or a Latin-1 locale (events in another folder)."""
+    encoding = codecs.lookup(encoding or sys.getfilesystemencoding()).name
+    try:
+        output_dir.encode("utf-8")
+        representable = output_dir.isascii() or encoding == "utf-8"
+    except UnicodeEncodeError:  # bytes the file system encoding could not decode (surrogate escapes)
+        representable = False
+    if not representable:
+        raise OutputDirNameError(
+            f"OUTPUT_DIR {output_dir!r} has characters beyond ASCII, which this Python cannot pass on unchanged "
+            f"(its file system encoding is {encoding!r}, not UTF-8): TensorBoard's writer would fail or write "
+            "elsewhere. Run Python in UTF-8 mode (export PYTHONUTF8=1, or a UTF-8 locale such as LC_ALL=C.UTF-8), "
+            "or choose an OUTPUT_DIR of ASCII characters; nothing was written.")
 
 
 class OutputDirLock:
@@ -232,6 +309,7 @@ class OutputDirLock:
 
     def __enter__(self) -> "OutputDirLock":
         output_dir = os.path.dirname(self.path)
+        check_output_dir_name(output_dir)
         try:
             os.makedirs(output_dir, exist_ok=True)
             self._file = open(self.path, "a+")

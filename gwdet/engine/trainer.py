@@ -41,7 +41,8 @@ from detectron2.utils import comm
 from detectron2.utils.events import CommonMetricPrinter, EventWriter, JSONWriter, TensorboardXWriter
 from detectron2.utils.logger import setup_logger
 
-from gwdet.engine.atomic import write_text_atomically
+from gwdet.engine.atomic import write_text_atomically, write_text_with_checksum
+from gwdet.engine.cli_errors import add_verbose_argument
 from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer
 from gwdet.checkpoint.signal_hook import CheckpointOnSignal
 from gwdet.cluster.options import add_launcher_arguments
@@ -60,6 +61,7 @@ from gwdet.engine.output_dir import (
     check_fresh_start,
     check_resume_config,
     evaluation_folder,
+    record_config_checksum,
     tagged_checkpoint,
     trim_metrics,
 )
@@ -236,8 +238,25 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--overwrite", action="store_true",
                         help="train from iteration 0 into an OUTPUT_DIR that holds an earlier run, "
                              "deleting that run's checkpoints, metrics and results first")
+    add_verbose_argument(parser)
     add_launcher_arguments(parser)
     return parser
+
+
+def check_process_counts(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A usage error (``parser.error``) for a process or thread count no run can have: ``--num-gpus``,
+    ``--num-machines`` or ``--threads`` below 1, a ``--machine-rank`` outside 0 .. --num-machines - 1."""
+    if args.num_gpus < 1:
+        parser.error(f"--num-gpus {args.num_gpus}: give the number of processes to start on this machine, at "
+                     "least 1 (one per GPU; on a machine without a GPU, that many CPU processes).")
+    if args.num_machines < 1:
+        parser.error(f"--num-machines {args.num_machines}: give the number of machines of the run, at least 1.")
+    if not 0 <= args.machine_rank < args.num_machines:
+        parser.error(f"--machine-rank {args.machine_rank}: give this machine's index, from 0 to "
+                     f"--num-machines - 1 = {args.num_machines - 1}.")
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads {args.threads}: give the CPU threads of each process, at least 1 (or leave "
+                     "the flag out to share the CPUs that other processes leave free).")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -265,6 +284,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if flags:
         args = parser.parse_args(flags, namespace=args)
     args.opts = opts
+    check_process_counts(parser, args)
     resolve_config_argument(parser, args)
     return args
 
@@ -278,7 +298,7 @@ def build_config(config_file: str, opts: list[str] | None = None) -> CfgNode:
     if config_file.endswith(".py"):
         raise ValueError(
             f"Config file {config_file!r} is a LazyConfig (.py), not a yacs config, which is what this step "
-            "reads. tools/train_net.py (on this machine: --launcher local), tools/analyze_model.py and "
+            "reads. tools/train_net.py (here or through --launcher slurm), tools/analyze_model.py and "
             "tools/deploy/export_model.py take LazyConfigs, with key=value overrides; in Python, load one with "
             "gwdet.engine.lazy.load_lazy_config.")
     with open(config_file, encoding="utf-8") as f:
@@ -290,6 +310,7 @@ def build_config(config_file: str, opts: list[str] | None = None) -> CfgNode:
     if not isinstance(content, dict):
         raise ValueError(f"Config file {config_file!r} holds no KEY: VALUE mapping (is it empty?). "
                          "Start from one of the files under configs/.")
+    check_base_files(config_file, content)
     cfg = add_gwdet_config(get_cfg())
     cfg.merge_from_file(config_file)
     cfg.merge_from_list(opts or [])
@@ -298,6 +319,65 @@ def build_config(config_file: str, opts: list[str] | None = None) -> CfgNode:
     check_gwdet_config(cfg)
     cfg.freeze()
     return cfg
+
+
+BASE_KEY = "_BASE_"
+
+
+def _base_paths(config_file: str, content: Mapping) -> list[tuple[str, str]]:
+    """``(as written, as fvcore resolves it)`` for each ``_BASE_`` of a config (one or a list):
+    ``~`` expanded, a relative path taken from the folder of ``config_file``; URLs are left out."""
+    bases = content.get(BASE_KEY)
+    written = [bases] if isinstance(bases, str) else [b for b in bases if isinstance(b, str)] if isinstance(bases, list) else []
+    resolved = []
+    for base in written:
+        path = os.path.expanduser(base) if base.startswith("~") else base
+        if path.startswith(("http://", "https://")):
+            continue
+        if not path.startswith("/"):
+            path = os.path.join(os.path.dirname(config_file), path)
+        resolved.append((base, path))
+    return resolved
+
+
+def _shipped_config_named(name: str) -> str | None:
+    """The path of a config gwdet ships whose file name is ``name`` (the first, by path), if any."""
+    from gwdet.model_zoo import configs_dir
+
+    try:
+        matches = sorted(configs_dir().rglob(os.path.basename(name)))
+    except (FileNotFoundError, ValueError):
+        return None
+    return str(matches[0]) if matches else None
+
+
+def check_base_files(config_file: str, content: Mapping, named_from: Sequence[str] = ()) -> None:
+    """Every ``_BASE_`` file that ``config_file`` (whose YAML is ``content``) names, directly or
+    through its own bases, exists, and no config is its own base: ``FileNotFoundError`` naming the
+    missing base, the config that names it (and the chain from the config given) and the fix, or
+    ``ValueError`` for a cycle. A base that is not plain YAML is left to detectron2 to read."""
+    chain = [*named_from, config_file]
+    for written, path in _base_paths(config_file, content):
+        path = os.path.normpath(path)
+        if os.path.abspath(path) in {os.path.abspath(named) for named in chain}:
+            raise ValueError(
+                f"Config file {config_file!r} names {BASE_KEY}: {written!r}, so a config is its own base "
+                f"({' -> '.join([*chain, path])}). Remove that {BASE_KEY} line or point it at another config.")
+        if not os.path.isfile(path):
+            via = f" (a base of {' -> '.join(repr(named) for named in chain[:-1])})" if named_from else ""
+            shipped = _shipped_config_named(written)
+            hint = f" gwdet ships a config of that name: {shipped}." if shipped else ""
+            raise FileNotFoundError(
+                f"Config file {config_file!r}{via} names {BASE_KEY}: {written!r}, but there is no file {path} "
+                f"(a relative {BASE_KEY} is read from the folder of the config that names it). Correct the "
+                f"{BASE_KEY} line of {config_file} to the base config's path, or put the base config at {path}.{hint}")
+        try:
+            with open(path, encoding="utf-8") as f:
+                base_content = yaml.safe_load(f)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        if isinstance(base_content, dict):
+            check_base_files(path, base_content, chain)
 
 
 def check_output_request(args: argparse.Namespace, output_dir: str, weights: str, *,
@@ -378,6 +458,8 @@ def setup(args: argparse.Namespace, cfg: CfgNode | None = None) -> CfgNode:
     if comm.is_main_process():
         check_run_request(cfg, args)
     default_setup(cfg, args)
+    if comm.is_main_process():
+        record_config_checksum(cfg.OUTPUT_DIR)  # what --resume checks config.yaml against
     setup_logger(cfg.OUTPUT_DIR, distributed_rank=comm.get_rank(), name="gwdet")  # gwdet's messages in log.txt too
     logging.getLogger(__name__).info(describe_plans())
     prepare_datasets(cfg)
@@ -414,8 +496,9 @@ def write_results_to(output_dir: str, results: Mapping, datasets: Sequence[str] 
     os.makedirs(output_dir, exist_ok=True)
     datasets = tuple(datasets)
     write_text_atomically(os.path.join(output_dir, RESULTS_MARKDOWN), results_markdown(results, datasets))
-    write_text_atomically(os.path.join(output_dir, RESULTS_JSON),
-                          json.dumps(flatten_results(results, datasets), indent=2))
+    # results.json is what gwdet reads again (the study counts a cell done by it): its SHA-256 is recorded beside it
+    write_text_with_checksum(os.path.join(output_dir, RESULTS_JSON),
+                             json.dumps(flatten_results(results, datasets), indent=2))
 
 
 def write_results(cfg: CfgNode, results: Mapping) -> None:

@@ -1,7 +1,8 @@
 """Deploying and analysing models with gwdet's layers by detectron2's and PyTorch's own tools.
 
 * :mod:`gwdet.export.deploy`: TorchScript (``torch.jit.trace`` through detectron2's
-  ``TracingAdapter``) and ONNX export, checked against the eager model;
+  ``TracingAdapter``) and ONNX export, checked against the eager model, each file with its
+  SHA-256 beside it; :func:`load_export` loads an export once it matches;
 * :mod:`gwdet.export.flops`: fvcore / detectron2 flop counting with gwdet's cost formulas
   (:mod:`gwdet.layers.cost`), on traces in which :mod:`gwdet.export.counting_ops` has recorded
   each gwdet layer as one named op (:func:`trace_named_ops`, which swaps the layers for counting
@@ -23,17 +24,21 @@ except ModuleNotFoundError as error:  # detectron2 0.6's export module imports c
 
 from gwdet.export.deploy import (  # noqa: E402
     ONNX_OPSET,
+    DamagedExportError,
     export_model_onnx,
     export_onnx,
     export_torchscript,
+    load_export,
     max_abs_difference,
     run_onnx,
     tracing_adapter,
+    verify_export,
 )
 from gwdet.export.counting_ops import trace_named_ops  # noqa: E402
 from gwdet.export.flops import FlopCountAnalysis, component_shares, flop_handles  # noqa: E402
 
 __all__ = [
+    "DamagedExportError",
     "FlopCountAnalysis",
     "ONNX_OPSET",
     "component_shares",
@@ -41,8 +46,10 @@ __all__ = [
     "export_onnx",
     "export_torchscript",
     "flop_handles",
+    "load_export",
     "max_abs_difference",
     "run_onnx",
     "trace_named_ops",
     "tracing_adapter",
+    "verify_export",
 ]

@@ -20,6 +20,13 @@ mask head then see 0 ROIs, which the layers' recorded formulas keep valid in Tor
 shapes on which onnxruntime stopped (:func:`drop_subgraph_shapes`).
 
 :func:`max_abs_difference` compares what the exported file computes with the eager model.
+
+Every export is written under a temporary name and renamed into place when complete, and its
+SHA-256 is recorded beside it in ``<file>.sha256`` (``model.ts.sha256``, in ``sha256sum``'s
+format: ``sha256sum -c model.ts.sha256`` checks it too; :mod:`gwdet.engine.atomic`).
+:func:`load_export` loads an export after checking it against that record, and refuses a file
+that differs (:class:`DamagedExportError`, naming the file and the fix: export again);
+:func:`run_onnx` checks the same way.
 """
 from __future__ import annotations
 
@@ -30,6 +37,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from detectron2.export import TracingAdapter
 from detectron2.modeling import GeneralizedRCNN
+
+from gwdet.engine.atomic import (
+    DamagedFileError,
+    checksum_path,
+    checksum_problem,
+    path_written_atomically,
+    path_written_with_checksum,
+)
 
 # ONNX opset of gwdet's exports (detectron2's STABLE_ONNX_OPSET_VERSION is 11).
 ONNX_OPSET = 17
@@ -54,7 +69,7 @@ def export_torchscript(model: torch.nn.Module, image: torch.Tensor, path: str) -
     """Trace ``model`` on ``image`` and save it to ``path`` (``torch.jit.save``).
 
     Returns the traced module and the adapter (``adapter.outputs_schema(traced(image))`` rebuilds
-    detectron2's outputs).
+    detectron2's outputs). The file is written atomically, with its SHA-256 in ``path.sha256``.
     """
     adapter = tracing_adapter(model, image)
     with torch.no_grad():
@@ -64,7 +79,8 @@ def export_torchscript(model: torch.nn.Module, image: torch.Tensor, path: str) -
     folder = os.path.dirname(path)
     if folder:
         os.makedirs(folder, exist_ok=True)
-    torch.jit.save(traced, path)
+    with path_written_with_checksum(path) as temporary:
+        torch.jit.save(traced, temporary)
     return traced, adapter
 
 
@@ -87,20 +103,22 @@ def export_onnx(
     inputs left free, e.g. ``{"x": {0: "batch"}}``; by default every input size is the example's).
 
     The TorchScript-based exporter's file is then rewritten without the shapes it guessed for the
-    outputs of subgraphs (the branches of ``If``), see :func:`drop_subgraph_shapes`.
+    outputs of subgraphs (the branches of ``If``), see :func:`drop_subgraph_shapes`. The file is
+    written atomically, with its SHA-256 in ``path.sha256``.
     """
     folder = os.path.dirname(path)
     if folder:
         os.makedirs(folder, exist_ok=True)
     module.eval()
     names = None if input_names is None else list(input_names)
-    if dynamo:
-        torch.onnx.export(module, args, path, opset_version=opset, dynamo=True,
-                          input_names=names, dynamic_axes=dynamic_axes)
-    else:
-        torch.onnx.export(module, args, path, opset_version=opset or ONNX_OPSET, dynamo=False,
-                          input_names=names, dynamic_axes=dynamic_axes)
-        drop_subgraph_shapes(path)
+    with path_written_with_checksum(path) as temporary:
+        if dynamo:
+            torch.onnx.export(module, args, temporary, opset_version=opset, dynamo=True,
+                              input_names=names, dynamic_axes=dynamic_axes)
+        else:
+            torch.onnx.export(module, args, temporary, opset_version=opset or ONNX_OPSET, dynamo=False,
+                              input_names=names, dynamic_axes=dynamic_axes)
+            drop_subgraph_shapes(temporary)
 
 
 def drop_subgraph_shapes(path: str) -> int:
@@ -115,7 +133,8 @@ def drop_subgraph_shapes(path: str) -> int:
     its graph optimizations happened to rewrite the graph around it. Without the declared shapes
     onnxruntime infers them from the branches themselves. The element types stay, and so do the
     shapes of the graph's own inputs and outputs. Without the ``onnx`` package (the ``deploy``
-    extra) the file stays as written, with a warning.
+    extra) the file stays as written, with a warning. The file is rewritten atomically; a file with
+    a checksum record is checked against it first and recorded anew.
     """
     try:
         import onnx
@@ -123,10 +142,12 @@ def drop_subgraph_shapes(path: str) -> int:
         warnings.warn(f"onnx is not installed: {path} keeps the shapes the exporter guessed for its subgraphs, "
                       "which onnxruntime may stop on (install gwdet's deploy extra)", stacklevel=2)
         return 0
+    recorded = verify_export(path)
     model = onnx.load(path, load_external_data=False)
     removed = _drop_shapes_in_subgraphs(model.graph)
     if removed:
-        onnx.save(model, path)
+        with (path_written_with_checksum if recorded else path_written_atomically)(path) as temporary:
+            onnx.save(model, temporary)
     return removed
 
 
@@ -153,15 +174,70 @@ def export_model_onnx(model: torch.nn.Module, image: torch.Tensor, path: str, op
     return adapter
 
 
-def run_onnx(path: str, inputs: Sequence[torch.Tensor]) -> List[Any]:
-    """Outputs (numpy arrays) of the ONNX file at ``path`` in onnxruntime on the CPU."""
+class DamagedExportError(DamagedFileError):
+    """An exported file that no longer holds what was exported (or cannot be read as an export);
+    nothing was loaded from it. The message names the file and the fix: export the model again."""
+
+
+REEXPORT = ("Export the model again (tools/deploy/export_model.py with --overwrite, or "
+            "gwdet.export.export_torchscript / export_model_onnx); nothing was loaded from it.")
+
+
+def verify_export(path: str) -> bool:
+    """Check the export at ``path`` against the SHA-256 recorded in ``path.sha256`` when it was
+    written: :class:`DamagedExportError` when they differ; whether there was a record (a file
+    exported by an older gwdet, or saved by other means, has none and is not checked)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such export (a file written by tools/deploy/export_model.py, "
+                                "gwdet.export.export_torchscript or export_model_onnx).")
+    problem = checksum_problem(path)
+    if problem is not None:
+        raise DamagedExportError(f"{path} is damaged ({problem}). {REEXPORT}", path)
+    return os.path.isfile(checksum_path(path))
+
+
+def load_export(path: str, map_location: Any = None, providers: Optional[Sequence[str]] = None) -> Any:
+    """An export, loaded once it matches the SHA-256 recorded beside it (:func:`verify_export`): a
+    TorchScript file (``model.ts``) as ``torch.jit.load(path, map_location)`` gives it, an ONNX file
+    (``.onnx``) as an onnxruntime ``InferenceSession`` (``providers``, by default the CPU).
+
+    A damaged file raises :class:`DamagedExportError` naming it and the fix, also one without a
+    record that cannot be read as TorchScript or ONNX; a file without a record loads with a warning.
+    TorchScript exports need ``import torchvision`` (its ``nms`` and ``roi_align``) before they run.
+    """
+    if not verify_export(path):
+        warnings.warn(f"{path} has no checksum record ({os.path.basename(checksum_path(path))} beside it), so "
+                      "it is loaded unchecked; gwdet's exports record one when they are written.", stacklevel=2)
+    if path.endswith(".onnx"):
+        return _onnx_session(path, providers)
+    try:
+        return torch.jit.load(path, map_location=map_location)
+    except RuntimeError as error:  # not a TorchScript archive (cut short, other bytes)
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0].split(". ")[0]
+        raise DamagedExportError(f"{path} cannot be read as TorchScript ({reason}). {REEXPORT}", path) from None
+
+
+def _onnx_session(path: str, providers: Optional[Sequence[str]] = None) -> Any:
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     # errors only: onnxruntime warns when its buffer reuse meets the data-dependent shapes of an
     # R-CNN (detections), which does not change the results
     options.log_severity_level = 3
-    session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    try:
+        return onnxruntime.InferenceSession(path, options, providers=list(providers or ["CPUExecutionProvider"]))
+    except Exception as error:  # onnxruntime's own error types (InvalidProtobuf, Fail, ...)
+        if "protobuf" not in str(error).lower():
+            raise
+        raise DamagedExportError(f"{path} cannot be read as ONNX ({str(error).strip().splitlines()[0]}). "
+                                 f"{REEXPORT}", path) from None
+
+
+def run_onnx(path: str, inputs: Sequence[torch.Tensor]) -> List[Any]:
+    """Outputs (numpy arrays) of the ONNX file at ``path`` in onnxruntime on the CPU; a file that
+    differs from its recorded SHA-256 is refused (:func:`verify_export`)."""
+    verify_export(path)
+    session = _onnx_session(path)
     names = [entry.name for entry in session.get_inputs()]
     # the exporter drops inputs the graph does not use; keep the order of the rest (so fewer names
     # than inputs is expected: zip stops at the names)

@@ -12,8 +12,9 @@ TorchScript or ONNX, with detectron2's flags (``tools/deploy/export_model.py`` o
 After exporting, the tool runs the file (TorchScript in this process, ONNX in onnxruntime) on the
 sample input and prints the largest absolute difference from the eager model, over outputs that
 all hold values: without a detection to compare, or when an output shape differs, it stops and
-writes nothing. The file is written under a temporary name and takes its name only once checked;
-an existing export is replaced only with ``--overwrite``.
+writes nothing. The file is written under a temporary name and takes its name only once checked,
+and its SHA-256 is recorded beside it (``model.ts.sha256``; :func:`gwdet.export.load_export`
+checks it); an existing export is replaced only with ``--overwrite``.
 ``--run-eval`` (TorchScript, tracing) evaluates the exported model on ``DATASETS.TEST[0]`` with the
 config's evaluator, as detectron2's tool does.
 A LazyConfig (``.py``, ``key=value`` overrides; :func:`load_config`) gives its model
@@ -26,10 +27,14 @@ import argparse
 import itertools
 import logging
 import os
+import sys
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
+
+from gwdet.data.test_images import read_test_image
+from gwdet.engine.cli_errors import add_verbose_argument, reported_errors, split_verbose
 
 logger = logging.getLogger("gwdet.export")
 
@@ -51,6 +56,7 @@ def config_parser(description: str) -> argparse.ArgumentParser:
     :func:`add_opts`."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config-file", "--config", dest="config_file", required=True, metavar="FILE")
+    add_verbose_argument(parser)
     return parser
 
 
@@ -103,7 +109,7 @@ def sample_inputs(cfg, sample_image: Optional[str]) -> List[Dict]:
     detectron2's ``DefaultPredictor``, or the first batch of ``DATASETS.TEST[0]``."""
     if sample_image is None:
         return next(_test_batches(cfg))
-    return [_read_sample_image(cfg, sample_image)]
+    return [read_test_image(cfg, sample_image)]
 
 
 def _test_batches(cfg) -> Iterator[List[Dict]]:
@@ -124,7 +130,7 @@ def sample_candidates(cfg, sample_image: Optional[str]) -> Tuple[Iterator[Tensor
     it, and where they come from: ``sample_image`` alone (``None``), or those of
     ``DATASETS.TEST[0]`` in order, at most :data:`SAMPLE_SEARCH_LIMIT` (the dataset's name)."""
     if sample_image is not None:
-        return iter([_read_sample_image(cfg, sample_image)["image"]]), None
+        return iter([read_test_image(cfg, sample_image)["image"]]), None
 
     def images() -> Iterator[Tensor]:
         # the loader's batches hold one image each (detectron2's test loader)
@@ -137,21 +143,6 @@ def sample_candidates(cfg, sample_image: Optional[str]) -> Tuple[Iterator[Tensor
 
         return images(), describe_test_set(cfg)
     return images(), f"{cfg.DATASETS.TEST[0]} (DATASETS.TEST[0])"
-
-
-def _read_sample_image(cfg, sample_image: str) -> Dict:
-    if is_lazy(cfg):
-        from gwdet.engine.lazy import read_test_image
-
-        return read_test_image(cfg, sample_image)
-    from detectron2.data import detection_utils
-    from detectron2.data import transforms as T
-
-    original = detection_utils.read_image(sample_image, format=cfg.INPUT.FORMAT)
-    height, width = original.shape[:2]
-    resize = T.ResizeShortestEdge([cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MIN_SIZE_TEST], cfg.INPUT.MAX_SIZE_TEST)
-    image = resize.get_transform(original).apply_image(original)
-    return {"image": torch.as_tensor(image.astype("float32").transpose(2, 0, 1)), "height": height, "width": width}
 
 
 def build_trained_model(cfg) -> torch.nn.Module:
@@ -196,13 +187,16 @@ def _scripted_adapter(model: Any) -> torch.nn.Module:  # GeneralizedRCNN, checke
 def export_scripting(model: torch.nn.Module, path: str) -> torch.jit.ScriptModule:
     """``torch.jit.script`` of an R-CNN (detectron2's ``scripting_with_instances``), saved to ``path``."""
     from detectron2.export import scripting_with_instances
+
+    from gwdet.engine.atomic import path_written_with_checksum
     from detectron2.structures import Boxes
 
     types = {"Boxes": Boxes, "Tensor": Tensor}
     fields = {name: types[kind] for name, kind in SCRIPTED_FIELDS.items()}
     scripted = scripting_with_instances(_scripted_adapter(model), fields)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    torch.jit.save(scripted, path)
+    with path_written_with_checksum(path) as temporary:  # atomically, SHA-256 in path.sha256
+        torch.jit.save(scripted, temporary)
     return scripted
 
 
@@ -295,10 +289,19 @@ def compared_difference(expected: Sequence[Tensor], actual: Sequence) -> float:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``gwdet-export`` / ``tools/deploy/export_model.py``: the exit status. An error gwdet raises on
+    purpose ends it with ``<tool>: error: <message>`` and status 2; ``--verbose`` shows tracebacks
+    (:mod:`gwdet.engine.cli_errors`)."""
+    argv, verbose = split_verbose(sys.argv[1:] if argv is None else argv)
+    with reported_errors(verbose=verbose):
+        return _export(argv)
+
+
+def _export(argv: Sequence[str]) -> int:
     from detectron2.utils.logger import setup_logger
 
     from gwdet.model_zoo import resolve_config_argument
-    from gwdet.engine.atomic import path_written_atomically
+    from gwdet.engine.atomic import path_written_with_checksum
     from gwdet.export.deploy import ONNX_OPSET, export_model_onnx, export_torchscript, run_onnx
 
     parser = argument_parser()
@@ -321,9 +324,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     created_output = not os.path.isdir(args.output)
     os.makedirs(args.output, exist_ok=True)
     # The export is written under a temporary name and checked there; only a complete, checked file
-    # takes the name, so a failed or interrupted export leaves an earlier one as it was.
+    # takes the name, so a failed or interrupted export leaves an earlier one as it was; its SHA-256
+    # is then recorded in model.ts.sha256 / model.onnx.sha256 (gwdet.export.load_export checks it).
     try:
-        with torch.no_grad(), path_written_atomically(path) as written:
+        with torch.no_grad(), path_written_with_checksum(path) as written:
             if args.format == "torchscript" and args.export_method == "scripting":
                 scripted = export_scripting(model, written)
                 difference = _scripted_difference(model, scripted, image)

@@ -24,8 +24,8 @@ Rules: the channel-group count used is the largest divisor of ``C`` that is ``<=
 When ``N`` is not a multiple of ``examples_per_group``, the last ``N mod examples_per_group``
 examples form one smaller example group normalized over its own examples (and a batch smaller
 than ``examples_per_group`` is a single group). A block of a single value gets no Bessel
-correction. An input with no elements returns an empty output and leaves the running
-statistics untouched. Statistics are computed in float32 (float64 for float64 input) and the
+correction. An input with no elements (``N = 0``, or a zero spatial size) returns an empty output
+and leaves the running statistics untouched, as torch's batch norm does. Statistics are computed in float32 (float64 for float64 input) and the
 output is returned in the input dtype.
 
 Huge inputs: a block (in evaluation, an example's channel group) whose largest magnitude exceeds

@@ -11,8 +11,8 @@ Channel-group rule: the group size used is ``largest_divisor_at_most(C, group_si
 largest size ``<= group_size`` that divides ``C`` (``group_size >= C`` whitens all channels
 together; e.g. ``C = 24, group_size = 16`` gives 2 groups of 12 channels).
 
-An input with no elements (``N = 0``) returns an empty output and leaves the running statistics
-untouched. Precision as in :mod:`gwdet.layers.group_whitening`: float32 (float64 for float64
+An input with no elements (``N = 0``, or a zero spatial size) returns an empty output and leaves
+the running statistics untouched, as torch's batch norm does. Precision as in :mod:`gwdet.layers.group_whitening`: float32 (float64 for float64
 input) outside autocast, output in the input dtype. In training, a channel group whose largest
 magnitude in the batch exceeds ``2**32`` (``2**256`` in float64) is whitened as ``X / s`` with the
 ridge ``eps / s^2`` (``s`` a power of two, :func:`~.common.magnitude_scales`; the same function),

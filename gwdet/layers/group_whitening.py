@@ -58,7 +58,8 @@ def group_whitening(
     """Group-whiten ``x`` of shape ``(N, C)`` or ``(N, C, *spatial)`` (no affine; Eqs. 8-10).
 
     Args:
-        x: input; ``(N, C)`` is treated as ``(N, C, 1, 1)``, ``N = 0`` gives an empty output.
+        x: input; ``(N, C)`` is treated as ``(N, C, 1, 1)``, ``N = 0`` gives an empty output, a
+            zero spatial size is refused (``ValueError``, as torch's ``GroupNorm`` refuses it).
         num_groups: requested group count; the count used is the largest divisor of ``C``
             that is ``<= num_groups`` (see the module docstring).
         T: Newton iterations for ``method="itn"`` (Eqs. 6-7); ignored by ``"zca"``.
@@ -81,6 +82,20 @@ def _check_arguments(owner: str, x: Tensor, num_groups: int, T: int, eps: float,
     if x.dim() < 2:
         raise ValueError(
             f"{owner}: expected input of shape (N, C) or (N, C, *spatial), got {list(x.shape)}"
+        )
+    check_spatial_size(owner, x)
+
+
+def check_spatial_size(owner: str, x: Tensor) -> None:
+    """Raise ``ValueError`` naming the shape for an input with a zero spatial size (``(2, 16, 0, 5)``):
+    a sample then has no values to take statistics over, which torch's ``GroupNorm`` refuses too.
+    A zero sample count (``N = 0``) with positions is fine: the output is empty. Not checked while
+    ``torch.jit.trace`` records (the recorded graph could not refuse anything)."""
+    if not torch.jit.is_tracing() and 0 in x.shape[2:]:
+        raise ValueError(
+            f"{owner}: input of shape {list(x.shape)} has a zero spatial size, so a sample has no values to "
+            "whiten (torch's GroupNorm refuses it too); give feature maps of at least one position (an input "
+            "image smaller than the network's stride leaves none)"
         )
 
 
@@ -209,6 +224,7 @@ class GroupWhitening(nn.Module):
         """Raise ``ValueError`` for an input :meth:`forward` refuses (wrong shape or dtype, a
         single value per group of a sample)."""
         check_input("GroupWhitening", x, self.num_channels)
+        check_spatial_size("GroupWhitening", x)
         positions = 1
         for size in x.shape[2:]:
             positions *= size

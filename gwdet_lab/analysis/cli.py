@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from pathlib import Path
 from typing import Sequence
+
+from gwdet.engine.cli_errors import add_verbose_argument, output_path_problem, reported_errors, split_verbose
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = REPO / "configs" / "Demo" / "mask_rcnn_R_50_FPN_gw_shapes.yaml"
@@ -42,6 +45,7 @@ def argument_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--out", default="output/analysis", help="output root; files go to OUT/<subcommand>/")
     common.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    add_verbose_argument(common)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -136,10 +140,18 @@ def run(args: argparse.Namespace) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the subcommand ``argv`` names (default: the command line) and print the files it wrote."""
-    args = argument_parser().parse_args(argv)
-    written = run(args)
-    print(f"{args.command}: wrote")
-    for path in written:
-        print(f"  {path}")
-    return 0
+    """Run the subcommand ``argv`` names (default: the command line) and print the files it wrote.
+    An error gwdet raises on purpose ends it with ``<tool>: error: <message>`` and status 2;
+    ``--verbose`` shows tracebacks (:mod:`gwdet.engine.cli_errors`)."""
+    argv, verbose = split_verbose(sys.argv[1:] if argv is None else argv)
+    parser = argument_parser()
+    with reported_errors(parser.prog, verbose):
+        args = parser.parse_args(argv)
+        problem = output_path_problem("--out", args.out, folder=True)
+        if problem:
+            parser.error(problem)
+        written = run(args)
+        print(f"{args.command}: wrote")
+        for path in written:
+            print(f"  {path}")
+        return 0

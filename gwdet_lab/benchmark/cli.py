@@ -47,6 +47,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
+from gwdet.engine.cli_errors import add_verbose_argument, output_path_problem, reported_errors, split_verbose
 from gwdet.engine.threads import configure_threads
 from gwdet_lab.benchmark.busy import competing_load
 from gwdet_lab.benchmark.cases import COMPILED_CASES, layer_factories
@@ -114,6 +115,7 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--section", default="main", help="name of the generated section in --out (several runs can share one file)"
     )
+    add_verbose_argument(parser)
     return parser
 
 
@@ -127,6 +129,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         unknown = sorted(set(asked or ()) - set(known))
         if unknown:
             parser.error(f"{flag}: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+    problem = output_path_problem("--out", args.out, folder=False) if args.out else None
+    if problem:
+        parser.error(problem)
     if args.busy < 0:
         parser.error(f"--busy: {args.busy} is negative; give the number of competing processes (0 for none)")
     for flag, value, least in (("--repeats", args.repeats, 1), ("--model-repeats", args.model_repeats, 1),
@@ -145,8 +150,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the levels the arguments ask for, print the report and write it into ``--out``."""
-    command = list(sys.argv[1:] if argv is None else argv)
+    """Run the levels the arguments ask for, print the report and write it into ``--out``. An error
+    gwdet raises on purpose ends it with ``<tool>: error: <message>`` and status 2; ``--verbose``
+    shows tracebacks (:mod:`gwdet.engine.cli_errors`)."""
+    command, verbose = split_verbose(sys.argv[1:] if argv is None else argv)
+    with reported_errors(verbose=verbose):
+        return _benchmark(command)
+
+
+def _benchmark(command: List[str]) -> int:
     args = parse_args(command)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     # Randomly initialised models without normalization (FrozenBN keeps mean 0 / var 1) shrink

@@ -30,6 +30,7 @@ from gwdet.cluster.executor import SubmissionRefused, check_launcher
 from gwdet.cluster.options import LauncherOptions, add_launcher_arguments, launcher_options
 from gwdet.cluster.slurm import ClusterUnavailable
 from gwdet.data import add_register_coco_argument, export_to_environment, prepare_datasets
+from gwdet.engine.cli_errors import add_verbose_argument, output_path_problem, reported_errors, split_verbose
 from gwdet.engine.trainer import build_config
 from gwdet.engine.threads import choose_threads
 from gwdet_lab.study.cells import (
@@ -75,9 +76,12 @@ def _at_least(minimum: int, what: str):
     return parse
 
 
+PROG = "compare_norms.py"
+
+
 def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="compare_norms.py",
+        prog=PROG,
         description="Train norm configurations from scratch over seeds and batch sizes, evaluate each "
                     "with COCOEvaluator, and report means, paired confidence intervals and plots. "
                     "Re-running resumes; a config that differs from a recorded run is refused.",
@@ -130,6 +134,7 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-example-weighing", action="store_true", help="skip example weighing")
     parser.add_argument("--list", action="store_true", help="list the cells, their state and commands; train nothing")
     parser.add_argument("--report-only", action="store_true", help="write the report of the finished cells; train nothing")
+    add_verbose_argument(parser)
     add_launcher_arguments(parser, multi_machine=False)
     return parser
 
@@ -185,9 +190,15 @@ def cluster_options(args: argparse.Namespace) -> LauncherOptions | None:
 
 
 def main(argv: Sequence[str] | None = None, repo_root: Path | None = None) -> int:
-    """Run the study the command line describes; return the exit status."""
-    repo_root = repo_root or Path(__file__).resolve().parents[2]
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Run the study the command line describes; return the exit status. An error gwdet raises on
+    purpose ends it with ``compare_norms.py: error: <message>`` and status 2; ``--verbose`` shows
+    tracebacks (:mod:`gwdet.engine.cli_errors`)."""
+    argv, verbose = split_verbose(sys.argv[1:] if argv is None else argv)
+    with reported_errors(PROG, verbose):
+        return _run_study(argv, repo_root or Path(__file__).resolve().parents[2])
+
+
+def _run_study(argv: list[str], repo_root: Path) -> int:
     parser = argument_parser()
     args = parser.parse_args(argv)
     if len(args.opts) % 2:
@@ -196,6 +207,11 @@ def main(argv: Sequence[str] | None = None, repo_root: Path | None = None) -> in
         parser.error(f"--example-weights must lie in [0, 1], got {args.example_weights}")
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
+    if args.num_gpus < 1:
+        parser.error(f"--num-gpus {args.num_gpus}: give the processes (GPUs) of each cell, at least 1")
+    problem = output_path_problem("--out", args.out, folder=True)
+    if problem:
+        parser.error(problem)
     weights = [] if args.no_example_weighing else args.example_weights
     out_dir = Path(args.out).resolve()
     try:

@@ -11,6 +11,10 @@ trains, resolve the cell again and compare the full dumps key by key:
   values (``on_mismatch="refuse"``, the default), or the cell goes to the first free or matching
   folder ``<name>.2``, ``<name>.3``, ... (``on_mismatch="new-folder"``).
 
+Datasets given with ``--register-coco`` are recorded by their files: the JSON's and the image
+folder's paths and the JSON's SHA-256 (:func:`dataset_files`). A later invocation whose dataset
+of the same name points at other files, or whose JSON changed, is a mismatch like a config key.
+
 A folder with training output but no record (made by an older version of the tool, or by hand)
 cannot be checked and counts as a mismatch. Keys ignored by the comparison: ``OUTPUT_DIR`` (it is
 the folder) and ``DATASETS.SHAPES.ROOT`` (where the dataset cache lives; its contents are keyed
@@ -19,6 +23,8 @@ by every generator parameter, see :mod:`gwdet.data.shapes`).
 from __future__ import annotations
 
 import datetime
+import functools
+import os
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +33,8 @@ from typing import Sequence
 import yaml
 from detectron2.config import CfgNode
 
+from gwdet.data.coco_registration import environment_datasets
+from gwdet.engine.atomic import file_sha256
 from gwdet.engine.trainer import build_config
 from gwdet.engine.output_dir import ABSENT, differing_values
 from gwdet_lab.study.cells import Cell
@@ -104,6 +112,45 @@ def read_record(folder: RunFolder) -> dict | None:
     return record or None
 
 
+@functools.lru_cache(maxsize=None)
+def _json_sha256(path: str, size: int, modified_ns: int) -> str:
+    """SHA-256 of a dataset JSON, hashed once per process for each size and modification time."""
+    return file_sha256(path)
+
+
+def dataset_files(cfg: CfgNode) -> dict[str, dict[str, str]]:
+    """The ``--register-coco`` datasets (``$GWDET_REGISTER_COCO``) among ``cfg``'s
+    ``DATASETS.TRAIN`` and ``DATASETS.TEST``: name -> JSON file, image folder, JSON's SHA-256."""
+    given = {dataset.name: dataset for dataset in environment_datasets()}
+    files = {}
+    for name in dict.fromkeys((*cfg.DATASETS.TRAIN, *cfg.DATASETS.TEST)):
+        dataset = given.get(name)
+        if dataset is not None:
+            status = os.stat(dataset.json_file)
+            files[name] = {"json_file": dataset.json_file, "image_root": dataset.image_root,
+                           "json_sha256": _json_sha256(dataset.json_file, status.st_size, status.st_mtime_ns)}
+    return files
+
+
+def dataset_differences(recorded: dict, requested: dict) -> list[str]:
+    """One line per dataset whose recorded files differ from the requested ones."""
+    lines = []
+    for name in sorted(set(recorded) | set(requested)):
+        old, new = recorded.get(name), requested.get(name)
+        if old is None:
+            lines.append(f"dataset {name}: the record does not name its files (recorded without --register-coco)")
+            continue
+        if new is None:
+            lines.append(f"dataset {name}: recorded with --register-coco {old.get('json_file')!r}, requested without")
+            continue
+        lines += [f"dataset {name}: {key} recorded {old.get(key)!r}, requested {new[key]!r}"
+                  for key in ("json_file", "image_root") if old.get(key) != new[key]]
+        if old.get("json_sha256") != new["json_sha256"] and old.get("json_file") == new["json_file"]:
+            lines.append(f"dataset {name}: {new['json_file']} changed since the cell was recorded (SHA-256 "
+                         f"{str(old.get('json_sha256'))[:12]}... then, {new['json_sha256'][:12]}... now)")
+    return lines
+
+
 def mismatch(folder: RunFolder, cfg: CfgNode) -> list[str]:
     """Why ``folder`` cannot hold a cell with config ``cfg`` (empty when it can)."""
     record = read_record(folder)
@@ -111,7 +158,8 @@ def mismatch(folder: RunFolder, cfg: CfgNode) -> list[str]:
         if folder.has_training_output():
             return [f"{folder.path} holds training output but no {RECORD_JSON}: its config is unknown"]
         return []
-    return config_differences(record["config"], comparable_dump(cfg))
+    return (config_differences(record["config"], comparable_dump(cfg))
+            + dataset_differences(record.get("datasets", {}), dataset_files(cfg)))
 
 
 def write_record(planned: PlannedCell, common_opts: Sequence[str]) -> None:
@@ -122,6 +170,7 @@ def write_record(planned: PlannedCell, common_opts: Sequence[str]) -> None:
         "common_opts": list(common_opts),
         "opts": list(planned.opts),
         "config": comparable_dump(planned.cfg),
+        "datasets": dataset_files(planned.cfg),
         "recorded": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "code": code_version(),
     })

@@ -17,18 +17,24 @@ iterations, ``time`` the median seconds per iteration over the same window), ``l
   by the report (:mod:`gwdet_lab.study.image_bootstrap`) from ``inference/<dataset>/``;
 * ``diverged.json``: instead of results, when training stopped on a non-finite loss;
 * ``stdout.txt``: the worker's console output; ``.lock``: held while a worker uses the folder.
+
+``config.yaml``, ``results.json`` and every json record above have their SHA-256 recorded beside
+them (``<name>.sha256``, :mod:`gwdet.engine.atomic`): a record that no longer matches is damaged
+(:class:`DamagedFile`), and damaged ``results.json`` does not count as trained. ``metrics.json``
+is appended to line by line and has no checksum; its damaged lines are skipped.
 """
 from __future__ import annotations
 
 import fcntl
 import json
-import os
 import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Mapping
 
+from gwdet.engine.atomic import checksum_problem, write_text_with_checksum
+from gwdet.engine.output_dir import metrics_record
 from gwdet.engine.trainer import RESULTS_JSON
 
 METRICS_JSON = "metrics.json"
@@ -96,18 +102,15 @@ class RunFolder:
         return any(self.file(name).exists() for name in (LAST_CHECKPOINT, METRICS_JSON, RESULTS_JSON, FINAL_WEIGHTS))
 
     def metrics(self) -> list[dict]:
-        """Every record of ``metrics.json`` (empty before the first write); a line cut off by an
-        interruption is skipped."""
+        """Every record of ``metrics.json`` (empty before the first write); a damaged line (cut off
+        by an interruption, or the line training is writing now; not UTF-8; not a record with an
+        ``iteration``: :func:`gwdet.engine.output_dir.metrics_record`) is skipped. ``--resume``
+        removes such lines from the file, naming them in a warning."""
         path = self.file(METRICS_JSON)
         if not path.is_file():
             return []
-        records = []
-        for line in path.read_text().splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        return records
+        records = (metrics_record(line) for line in path.read_bytes().split(b"\n"))
+        return [record for record in records if record is not None]
 
     def results(self) -> dict[str, dict[str, dict[str, float]]]:
         """``{dataset: {task: {metric: value}}}`` from ``results.json`` (COCO AP in %)."""
@@ -119,6 +122,10 @@ class RunFolder:
         path = self.file(name)
         if not path.is_file():
             return {}
+        problem = checksum_problem(str(path))  # results.json and the study's records carry their SHA-256
+        if problem is not None:
+            raise DamagedFile(f"{path} is damaged ({problem}). Remove it and run the same command again: the cell "
+                              "resumes from its last checkpoint and writes it anew.")
         try:
             data = json.loads(path.read_bytes())
         except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
@@ -130,12 +137,10 @@ class RunFolder:
         return data
 
     def write_json(self, name: str, data: Mapping) -> None:
-        """Write through a temporary file renamed into place, so a kill leaves the old or the new file."""
+        """Write through a temporary file renamed into place, so a kill leaves the old or the new file,
+        and record its SHA-256 beside it (``<name>.sha256``), which :meth:`read_json` checks."""
         self.path.mkdir(parents=True, exist_ok=True)
-        target = self.file(name)
-        temporary = target.with_name(f".{name}.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        os.replace(temporary, target)
+        write_text_with_checksum(str(self.file(name)), json.dumps(data, indent=2, sort_keys=True) + "\n")
 
     def peak_gpu_memory_mb(self) -> float | None:
         """Largest ``max_mem`` detectron2 logged (GPU runs only), else ``None``."""

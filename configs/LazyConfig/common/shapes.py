@@ -201,10 +201,12 @@ def warmup_multistep(max_iter, warmup_iters, steps):
     )
 
 
-def training(output_dir, max_iter, checkpoint_period, seed=0):
+def training(output_dir, max_iter, checkpoint_period, seed=0, vis_images=0):
     """detectron2's ``common/train.py`` with the yacs configs' values: no initial weights
     (MODEL.WEIGHTS ""), on the CPU (MODEL.DEVICE "cpu"; train.device=cuda for a GPU), evaluation at
-    the end only (TEST.EVAL_PERIOD 0), every periodic checkpoint kept, seeded (SEED)."""
+    the end only (TEST.EVAL_PERIOD 0), every periodic checkpoint kept, seeded (SEED), and
+    ``vis_images`` prediction drawings of the evaluated dataset written to ``output_dir/vis`` by
+    gwdet's train tool (TEST.VIS_IMAGES; detectron2's tool ignores the key)."""
     train = get_config("common/train.py").train
     train.output_dir = output_dir
     train.init_checkpoint = ""
@@ -214,4 +216,5 @@ def training(output_dir, max_iter, checkpoint_period, seed=0):
     train.checkpointer = dict(period=checkpoint_period, max_to_keep=None)
     train.device = "cpu"
     train.seed = seed
+    train.vis_images = vis_images
     return train

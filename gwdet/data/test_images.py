@@ -1,0 +1,38 @@
+"""One image file as a config's test loader hands it to the model, for the tools that feed single
+files (prediction drawings, the export's sample image).
+
+A yacs config reads the file in ``INPUT.FORMAT`` and resizes it with detectron2's
+``ResizeShortestEdge(INPUT.MIN_SIZE_TEST, INPUT.MAX_SIZE_TEST)``, as its ``DatasetMapper`` does at
+test time; a LazyConfig reads it in ``dataloader.test.mapper.image_format`` and applies that
+mapper's ``augmentations``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from detectron2.config import CfgNode, instantiate
+from detectron2.data import detection_utils
+from detectron2.data import transforms as T
+
+
+def _format_and_augmentations(cfg: Any) -> tuple[str, list]:
+    if isinstance(cfg, CfgNode):
+        size = cfg.INPUT.MIN_SIZE_TEST
+        return cfg.INPUT.FORMAT, [T.ResizeShortestEdge([size, size], cfg.INPUT.MAX_SIZE_TEST)]
+    mapper = cfg.dataloader.test.mapper
+    return mapper.get("image_format", "BGR"), list(instantiate(mapper.get("augmentations", [])))
+
+
+def read_test_image(cfg: Any, path: str) -> dict:
+    """``{"image", "height", "width"}`` of the image file ``path`` as the test loader of ``cfg`` (a
+    yacs ``CfgNode`` or a LazyConfig) gives it to the model: float32 CHW in the model's input
+    format, resized; height and width of the file."""
+    image_format, augmentations = _format_and_augmentations(cfg)
+    original = detection_utils.read_image(path, format=image_format)
+    height, width = original.shape[:2]
+    inputs = T.AugInput(original)
+    T.AugmentationList(augmentations)(inputs)
+    image = np.ascontiguousarray(inputs.image.transpose(2, 0, 1))
+    return {"image": torch.as_tensor(image.astype("float32")), "height": height, "width": width}

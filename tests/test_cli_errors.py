@@ -1,0 +1,205 @@
+"""The tools' short errors (gwdet.engine.cli_errors): an error gwdet raises on purpose prints
+``<tool>: error: <message>`` and a line on --verbose, exit status 2; bugs and other packages' errors
+keep their traceback; --verbose shows every traceback. And the cases of docs/reliability.md that
+printed a raw traceback before (process counts, a missing _BASE_, weights at an unreachable URL,
+an --out that is a file)."""
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from gwdet.checkpoint.resilient import ResilientCheckpointer, WeightsDownloadError
+from gwdet.cluster import training
+from gwdet.engine import cli_errors
+from gwdet.engine.cli_errors import is_deliberate, output_path_problem, reported_errors, split_verbose
+
+from conftest import DEMO_CONFIG, REPO
+
+
+def _raised_in_gwdet(source: str) -> Exception:
+    """The exception ``source`` raises when its code lives in a file of the gwdet package (the
+    rule looks at the innermost frame's file and instruction, not at the file's text)."""
+    code = compile(textwrap.dedent(source), str(cli_errors.PACKAGE_FOLDERS[0] / "engine" / "_test_only.py"), "exec")
+    try:
+        exec(code, {})
+    except Exception as error:  # noqa: BLE001 - the test inspects whatever it raised
+        return error
+    raise AssertionError("the source raised nothing")
+
+
+@pytest.mark.parametrize("source,deliberate", [
+    ("raise ValueError('MODEL.X must be > 0: set it to 1')", True),
+    ("raise FileNotFoundError(\n    'config.yaml does not exist'\n    ' (run from the repository root?)'\n)", True),
+    ("raise ValueError(f'{undefined_name} is wrong')", False),  # a NameError inside the raise's argument
+    ("{}.items().missing", False),  # AttributeError: a bug
+    ("len(1, 2)", False),  # TypeError: a bug
+    ("import torch\ntorch.zeros(2) @ torch.zeros(3)", False),  # raised inside torch
+])
+def test_deliberate_means_a_raise_statement_of_gwdet(source, deliberate):
+    assert is_deliberate(_raised_in_gwdet(source)) is deliberate
+
+
+def test_errors_raised_outside_gwdet_are_not_deliberate():
+    try:
+        raise ValueError("raised by a test file, not by gwdet")
+    except ValueError as error:
+        assert not is_deliberate(error)
+
+
+def test_a_deliberate_error_prints_one_message_and_exits_2(capsys):
+    error = _raised_in_gwdet("raise KeyError('MODEL.GWW is not a config key: see gwdet/config.py')")
+    with pytest.raises(SystemExit) as stop:
+        with reported_errors("some_tool.py"):
+            raise error
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["some_tool.py: error: MODEL.GWW is not a config key: see gwdet/config.py",
+                                "some_tool.py: --verbose shows the Python traceback of this error"]
+
+
+def test_verbose_and_other_errors_keep_the_exception():
+    error = _raised_in_gwdet("raise ValueError('on purpose')")
+    with pytest.raises(ValueError, match="on purpose"):
+        with reported_errors("tool", verbose=True):
+            raise error
+    bug = _raised_in_gwdet("{}.missing")
+    with pytest.raises(AttributeError):
+        with reported_errors("tool"):
+            raise bug
+    with pytest.raises(SystemExit, match="a message of the tool's own"):
+        with reported_errors("tool"):
+            raise SystemExit("a message of the tool's own")
+
+
+def test_verbose_is_taken_out_of_the_command_line_wherever_it_stands():
+    assert split_verbose(["--config", "a.yaml", "MODEL.WEIGHTS", "w.pth", "--verbose"]) == (
+        ["--config", "a.yaml", "MODEL.WEIGHTS", "w.pth"], True)
+    assert split_verbose(["--config", "a.yaml"]) == (["--config", "a.yaml"], False)
+
+
+def _parsers():
+    from gwdet.convert.cli import argument_parser as convert_parser
+    from gwdet.engine.trainer import argument_parser as train_parser
+    from gwdet.export.analyze_model import argument_parser as analyze_model_parser
+    from gwdet.export.export_model import argument_parser as export_parser
+    from gwdet_lab.benchmark.cli import argument_parser as benchmark_parser
+    from gwdet_lab.study.cli import argument_parser as study_parser
+
+    return [train_parser(), convert_parser(), export_parser(), analyze_model_parser(), study_parser(), benchmark_parser()]
+
+
+def test_every_tool_lists_verbose_in_its_help():
+    from gwdet_lab.analysis.cli import argument_parser as analysis_parser
+
+    for parser in _parsers():
+        assert "--verbose" in parser.format_help(), parser.prog
+    assert analysis_parser().parse_args(["conditioning", "--verbose"]).verbose
+
+
+# ---- the cases that printed a raw traceback -------------------------------------------------------
+
+@pytest.mark.parametrize("flags,fragment", [
+    (["--num-gpus", "0"], "--num-gpus 0: give the number of processes to start on this machine, at least 1"),
+    (["--num-machines", "0"], "--num-machines 0: give the number of machines of the run, at least 1"),
+    (["--num-machines", "2", "--machine-rank", "2"], "--machine-rank 2: give this machine's index, from 0 to"),
+    (["--threads", "0"], "--threads 0: give the CPU threads of each process, at least 1"),
+])
+def test_process_counts_below_one_are_usage_errors(capsys, flags, fragment):
+    with pytest.raises(SystemExit) as stop:
+        training.run(["--config-file", str(DEMO_CONFIG), *flags])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "Traceback" not in err, err
+
+
+@pytest.fixture
+def config_with_a_missing_base(tmp_path):
+    config = tmp_path / "mine.yaml"
+    config.write_text('_BASE_: "../Base-RCNN-FPN.yaml"\nSOLVER:\n  MAX_ITER: 1\n')
+    return config
+
+
+def test_a_missing_base_names_the_base_the_config_and_the_fix(capsys, config_with_a_missing_base):
+    config = config_with_a_missing_base
+    with pytest.raises(SystemExit) as stop:
+        training.run(["--config-file", str(config)])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    for fragment in (f"train_net.py: error: Config file '{config}' names _BASE_: '../Base-RCNN-FPN.yaml'",
+                     f"there is no file {config.parent.parent / 'Base-RCNN-FPN.yaml'}",
+                     f"Correct the _BASE_ line of {config}", "gwdet ships a config of that name: ",
+                     "--verbose shows the Python traceback"):
+        assert fragment in err, err
+    with pytest.raises(FileNotFoundError, match="names _BASE_"):
+        training.run(["--config-file", str(config), "--verbose"])
+
+
+def test_a_missing_base_of_a_base_names_the_chain_and_a_cycle_is_refused(tmp_path):
+    from gwdet.engine.trainer import build_config
+    from gwdet.export.export_model import load_config
+
+    (tmp_path / "top.yaml").write_text('_BASE_: "mid.yaml"\n')
+    (tmp_path / "mid.yaml").write_text('_BASE_: ["missing/deeper.yaml"]\n')
+    for load in (build_config, load_config):  # the train tool's loader, and the export/analyze tools'
+        with pytest.raises(FileNotFoundError) as err:
+            load(str(tmp_path / "top.yaml"))
+        assert (f"Config file '{tmp_path / 'mid.yaml'}' (a base of '{tmp_path / 'top.yaml'}') names _BASE_: "
+                f"'missing/deeper.yaml', but there is no file {tmp_path / 'missing' / 'deeper.yaml'}") in str(err.value)
+    (tmp_path / "loop.yaml").write_text('_BASE_: "loop.yaml"\n')
+    with pytest.raises(ValueError, match="a config is its own base"):
+        build_config(str(tmp_path / "loop.yaml"))
+
+
+def test_the_real_command_line_prints_no_traceback(config_with_a_missing_base):
+    completed = subprocess.run([sys.executable, str(REPO / "tools" / "train_net.py"), "--config-file",
+                                str(config_with_a_missing_base)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 2
+    assert "Traceback" not in completed.stderr and "train_net.py: error: Config file" in completed.stderr, completed.stderr
+
+
+@pytest.mark.parametrize("setting", ["MODEL.WEIGHTS", "train.init_checkpoint"])
+def test_weights_at_an_unreachable_url_name_the_url_the_reason_and_the_fix(tmp_path, setting):
+    url = "http://127.0.0.1:9/R-50.pkl"  # the discard port: nothing listens there
+    checkpointer = ResilientCheckpointer(torch.nn.Linear(2, 2), str(tmp_path), weights_setting=setting)
+    with pytest.raises(WeightsDownloadError) as err:
+        checkpointer.resume_or_load(url, resume=False)
+    message = str(err.value)
+    for fragment in (f"{setting} {url} cannot be downloaded", "Connection refused",
+                     "download the file on a machine that has internet access", f"set {setting} to that local file"):
+        assert fragment in message, message
+    assert is_deliberate(err.value), "the tools print it without a traceback"
+
+
+@pytest.mark.parametrize("folder", [True, False], ids=["folder", "file"])
+def test_output_path_problems_name_the_flag_and_the_path(tmp_path, folder):
+    blocker = tmp_path / "results.md"
+    blocker.write_text("a file")
+    below = blocker / "sub" / "x"
+    assert f"--out {below}: {blocker} is a file, so no" in output_path_problem("--out", below, folder)
+    assert output_path_problem("--out", tmp_path / "new" / "deeper", folder) is None
+    if folder:
+        assert output_path_problem("--out", blocker, True).startswith(f"--out {blocker} is a file, not a folder")
+    else:
+        assert output_path_problem("--out", tmp_path, False).startswith(f"--out {tmp_path} is a folder")
+
+
+@pytest.mark.parametrize("tool", ["compare_norms", "analyze", "benchmark"])
+def test_lab_tools_refuse_an_out_below_or_at_a_file(tmp_path, capsys, tool):
+    from gwdet_lab.analysis.cli import main as analysis_main
+    from gwdet_lab.benchmark.cli import main as benchmark_main
+    from gwdet_lab.study.cli import main as study_main
+
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("a file")
+    out = blocker if tool != "benchmark" else blocker / "report.md"
+    run = {"compare_norms": lambda: study_main(["--out", str(out), "--study", "paper", "--list"], repo_root=REPO),
+           "analyze": lambda: analysis_main(["conditioning", "--out", str(out)]),
+           "benchmark": lambda: benchmark_main(["--layers", "--quick", "--out", str(out)])}[tool]
+    with pytest.raises(SystemExit) as stop:
+        run()
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: --out {out}" in err and "file" in err and "Traceback" not in err, err
+    assert blocker.read_text() == "a file"
