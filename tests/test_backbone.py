@@ -9,6 +9,7 @@ from detectron2.modeling.backbone.resnet import build_resnet_backbone
 from gwdet import add_gwdet_config
 from gwdet.layers import GroupWhitening
 from gwdet.modeling import parse_gw_positions
+from gwdet.positions import positions_with_norm
 
 # position -> (number of GW layers in a ResNet-50, the block convs whose norm is GW)
 EXPECTED = {
@@ -47,6 +48,9 @@ def test_gw_sits_exactly_at_the_requested_positions(positions):
                 assert type(norm) is expected, (positions, conv_name)
             if block.shortcut is not None:
                 assert type(block.shortcut.norm) is FrozenBatchNorm2d
+    # what the checkpoint checks read back from a model (gwdet.checkpoint.compatibility)
+    assert positions_with_norm(backbone, (GroupWhitening,)) == parse_gw_positions(positions)
+    assert positions_with_norm(backbone, (FrozenBatchNorm2d,)) == {"S1", "B1", "B2", "B3"} - parse_gw_positions(positions)
 
 
 def test_checkpoint_keys_are_detectron2s():

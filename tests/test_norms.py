@@ -264,3 +264,15 @@ def test_a_taken_name_names_who_registered_it(registered):
         f"register_norm: 'TestTaken' is already registered (by {__name__}."
         "test_a_taken_name_names_who_registered_it.<locals>.build_taken); choose another name, or call "
         "gwdet.norms.unregister_norm('TestTaken') first")
+
+
+def test_the_decorator_refuses_a_taken_name_when_made_and_when_applied(registered):
+    registered.append("TestDecorated")
+    register_norm("TestDecorated", lambda channels: torch.nn.GroupNorm(1, channels))
+    with pytest.raises(ValueError, match="'TestDecorated' is already registered"):
+        register_norm("TestDecorated")  # refused before any function is given
+    registered.append("TestLate")
+    decorate = register_norm("TestLate")  # free when the decorator is made ...
+    register_norm("TestLate", lambda channels: torch.nn.GroupNorm(1, channels))  # ... taken before it is applied
+    with pytest.raises(ValueError, match="'TestLate' is already registered"):
+        decorate(lambda channels: torch.nn.LayerNorm(channels))

@@ -61,6 +61,7 @@ from gwdet.data.boxes import check_dataset_boxes
 from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.data.resumable import SkippingSampler, loader_accepts_seed, seed_loader_generator
 from gwdet.engine.trainer import (
+    InnerTrainerState,
     check_output_request,
     evaluation_target,
     run_writers,
@@ -396,7 +397,7 @@ def build_evaluator(cfg: DictConfig) -> Any:
     return instantiate(cfg.dataloader.evaluator)
 
 
-class LazyTrainer(TrainerBase):
+class LazyTrainer(InnerTrainerState, TrainerBase):
     """gwdet's :class:`~gwdet.engine.trainer.Trainer` for a LazyConfig: detectron2's trainer loop and
     hooks as ``tools/lazyconfig_train_net.py`` sets them up (timer, LR scheduler, periodic
     checkpointer, evaluation, writers) plus :class:`CheckpointOnSignal`, with
@@ -476,16 +477,6 @@ class LazyTrainer(TrainerBase):
     def run_step(self) -> None:
         self._trainer.iter = self.iter
         self._trainer.run_step()
-
-    def state_dict(self) -> dict:
-        state = super().state_dict()
-        state["_trainer"] = self._trainer.state_dict()
-        return state
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        super().load_state_dict(state_dict)
-        if "_trainer" in state_dict:
-            self._trainer.load_state_dict(state_dict["_trainer"])
 
     def train(self):
         """Train from :attr:`start_iter` to ``train.max_iter``; return the last evaluation's results."""

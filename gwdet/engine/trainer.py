@@ -20,7 +20,7 @@ import os
 import sys
 import weakref
 from collections import OrderedDict
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import yaml
@@ -117,7 +117,29 @@ def with_signal_checkpoints(hooks: list) -> list:
     return hooks[:evaluation] + [CheckpointOnSignal()] + hooks[evaluation:]
 
 
-class Trainer(DefaultTrainer):
+class InnerTrainerState:
+    """``TrainerBase``'s checkpointed state (iteration, hooks) plus that of the wrapped
+    ``SimpleTrainer`` / ``AMPTrainer`` in ``_trainer`` (its optimizer: SGD momentum continues on
+    ``--resume``). detectron2 0.7's ``DefaultTrainer`` does this itself; 0.6's and ``TrainerBase``
+    do not (:class:`gwdet.engine.lazy.LazyTrainer`)."""
+
+    _trainer: Any
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()  # type: ignore[misc]
+        state["_trainer"] = self._trainer.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)  # type: ignore[misc]
+        if "_trainer" in state_dict:
+            self._trainer.load_state_dict(state_dict["_trainer"])
+
+
+_OPTIMIZER_STATE: tuple[type, ...] = () if "state_dict" in DefaultTrainer.__dict__ else (InnerTrainerState,)
+
+
+class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
     """``DefaultTrainer`` evaluating with ``COCOEvaluator`` (box, and mask when masks are on), whose
     checkpoints survive a killed run and whose ``--resume`` continues the data and random streams
     where they stopped (see :mod:`gwdet.checkpoint.resilient`, :mod:`gwdet.data.resumable`)."""
@@ -145,19 +167,6 @@ class Trainer(DefaultTrainer):
         self.max_iter = cfg.SOLVER.MAX_ITER
         self.cfg = cfg
         self.register_hooks(self.build_hooks())
-
-    if "state_dict" not in DefaultTrainer.__dict__:
-        # detectron2 0.6's DefaultTrainer checkpoints the iteration and the hooks' states but not
-        # its SimpleTrainer's (the optimizer): SGD momentum would restart from zero on --resume.
-        def state_dict(self) -> dict:
-            state = super().state_dict()
-            state["_trainer"] = self._trainer.state_dict()
-            return state
-
-        def load_state_dict(self, state_dict: dict) -> None:
-            super().load_state_dict(state_dict)
-            if "_trainer" in state_dict:
-                self._trainer.load_state_dict(state_dict["_trainer"])
 
     @classmethod
     def build_model(cls, cfg: CfgNode) -> torch.nn.Module:
