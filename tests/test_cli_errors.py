@@ -203,3 +203,51 @@ def test_lab_tools_refuse_an_out_below_or_at_a_file(tmp_path, capsys, tool):
     err = capsys.readouterr().err
     assert f"error: --out {out}" in err and "file" in err and "Traceback" not in err, err
     assert blocker.read_text() == "a file"
+
+
+@pytest.mark.parametrize("opts, message", [
+    (["SOLVER.MAX_ITR", "1"], "The KEY VALUE overrides: SOLVER.MAX_ITR is not a key of detectron2's or gwdet's config. "
+                              "Did you mean SOLVER.MAX_ITER?"),
+    (["NO_SUCH.KEY", "1"], "The KEY VALUE overrides: NO_SUCH.KEY is not a key of detectron2's or gwdet's config. (A "),
+    (["SOLVER.BASE_LR", "0,02"], "The KEY VALUE overrides: SOLVER.BASE_LR takes a value of type float (it is 0.02 "
+                                 "before this value); got 0,02 (a str)."),
+    (["MODEL.RESNETS", "1"], "The KEY VALUE overrides: MODEL.RESNETS is a section of keys, not a value: set one of "
+                             "its keys (e.g. MODEL.RESNETS.<KEY> VALUE)."),
+    (["SOLVER.MAX_ITER"], "The KEY VALUE overrides: overrides come in KEY VALUE pairs; ['SOLVER.MAX_ITER'] has a key "
+                          "without its value."),
+])
+def test_config_overrides_yacs_cannot_merge_are_explained(opts, message):
+    from gwdet.engine.trainer import build_config
+
+    with pytest.raises(ValueError) as err:
+        build_config(str(DEMO_CONFIG), opts)
+    assert str(err.value).startswith(message) and is_deliberate(err.value)
+
+
+def test_a_config_file_with_an_unknown_key_or_given_as_a_folder_is_explained(tmp_path):
+    from gwdet.engine.trainer import build_config
+
+    config = tmp_path / "mine.yaml"
+    config.write_text(f"_BASE_: {DEMO_CONFIG}\nSOLVER:\n  MAX_ITR: 3\n")
+    with pytest.raises(ValueError, match=r"mine.yaml' \(or a _BASE_ it names\): SOLVER.MAX_ITR is not a key .* "
+                                         r"Did you mean SOLVER.MAX_ITER\?"):
+        build_config(str(config))
+    with pytest.raises(IsADirectoryError, match="is a folder: give a config file in it"):
+        build_config(str(tmp_path))
+
+
+@pytest.mark.parametrize("opts, world_size, message", [
+    (["DATASETS.TRAIN", "()"], 1, "DATASETS.TRAIN is empty: name the dataset(s) to train on"),
+    (["SOLVER.MAX_ITER", "0"], 1, "SOLVER.MAX_ITER is 0: a run trains for at least 1 iteration."),
+    (["SOLVER.IMS_PER_BATCH", "0"], 1, "SOLVER.IMS_PER_BATCH is 0, which 1 process(es)"),
+    (["SOLVER.IMS_PER_BATCH", "3"], 2, "SOLVER.IMS_PER_BATCH is 3, which 2 process(es) (--num-gpus x --num-machines) "
+                                       "cannot share evenly: use a positive multiple of 2"),
+])
+def test_training_values_detectron2_would_assert_on_are_refused_first(opts, world_size, message):
+    from gwdet.engine.trainer import build_config, check_training_values
+
+    cfg = build_config(str(DEMO_CONFIG), opts)
+    with pytest.raises(ValueError) as err:
+        check_training_values(cfg, world_size)
+    assert str(err.value).startswith(message)
+    check_training_values(build_config(str(DEMO_CONFIG), ["SOLVER.IMS_PER_BATCH", "4"]), 2)  # 2 images each: fine

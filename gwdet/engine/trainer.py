@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import json
 import logging
 import os
+import re
 import sys
 import weakref
 from collections import OrderedDict
@@ -61,6 +63,7 @@ from gwdet.engine.output_dir import (
     check_fresh_start,
     check_resume_config,
     evaluation_folder,
+    flatten_config,
     record_config_checksum,
     tagged_checkpoint,
     trim_metrics,
@@ -302,6 +305,9 @@ def build_config(config_file: str, opts: list[str] | None = None) -> CfgNode:
     """detectron2's defaults + gwdet's keys + ``config_file`` + ``KEY VALUE`` overrides, checked, frozen."""
     if not config_file:
         raise ValueError("No config given: pass --config configs/<file>.yaml (see configs/).")
+    if os.path.isdir(config_file):
+        raise IsADirectoryError(f"Config file {config_file!r} is a folder: give a config file in it (configs/ "
+                                "holds gwdet's).")
     if not os.path.isfile(config_file):
         raise FileNotFoundError(f"Config file {config_file!r} does not exist (run from the repository root?).")
     if config_file.endswith(".py"):
@@ -321,13 +327,64 @@ def build_config(config_file: str, opts: list[str] | None = None) -> CfgNode:
                          "Start from one of the files under configs/.")
     check_base_files(config_file, content)
     cfg = add_gwdet_config(get_cfg())
-    cfg.merge_from_file(config_file)
-    cfg.merge_from_list(opts or [])
+    try:
+        cfg.merge_from_file(config_file)
+    except (KeyError, AssertionError, ValueError) as error:  # yacs: unknown key, wrong type
+        raise ValueError(f"Config file {config_file!r} (or a _BASE_ it names): {merge_problem(cfg, error)}") from None
+    try:
+        cfg.merge_from_list(opts or [])
+    except (KeyError, AssertionError, ValueError) as error:
+        raise ValueError(f"The KEY VALUE overrides: {merge_problem(cfg, error)}") from None
     if cfg.OUTPUT_DIR.startswith("~"):  # a quoted ~ reaches the config as it is: a folder named "~"
         cfg.OUTPUT_DIR = os.path.expanduser(cfg.OUTPUT_DIR)
     check_gwdet_config(cfg)
     cfg.freeze()
     return cfg
+
+
+_UNKNOWN_KEY = re.compile(r"Non-existent (?:config )?key: (\S+)")
+_WRONG_TYPE = re.compile(r"Type mismatch \(<class '([\w.]+)'> vs\. <class '([\w.]+)'>\) with values "
+                         r"\((.*) vs\. (.*)\) for config key: (\S+)$", re.DOTALL)
+
+
+def merge_problem(cfg: CfgNode, error: BaseException) -> str:
+    """What yacs' error when merging into ``cfg`` means, with the fix: a key the config does not
+    have (and the close ones it has), a value of another type than the key's default, a section
+    given a value, overrides that do not come in pairs."""
+    text = str(error.args[0]) if error.args else str(error)
+    unknown = _UNKNOWN_KEY.search(text)
+    if unknown:
+        key = unknown.group(1)
+        close = difflib.get_close_matches(key, list(flatten_config(cfg)), n=3, cutoff=0.8)
+        hint = f" Did you mean {' or '.join(close)}?" if close else ""
+        return (f"{key} is not a key of detectron2's or gwdet's config.{hint} (A project's own keys are added "
+                "by its add_*_config function before the config is read.)")
+    wrong = _WRONG_TYPE.search(text)
+    if wrong:
+        expected, given, default, value, key = wrong.groups()
+        if expected.endswith("CfgNode"):
+            return f"{key} is a section of keys, not a value: set one of its keys (e.g. {key}.<KEY> VALUE)."
+        return (f"{key} takes a value of type {expected.rsplit('.', 1)[-1]} (it is {default} before this "
+                f"value); got {value} (a {given.rsplit('.', 1)[-1]}).")
+    if "odd length" in text:
+        return f"overrides come in KEY VALUE pairs; {text.split(': ', 1)[-1].split(';')[0]} has a key without its value."
+    return text
+
+
+def check_training_values(cfg: CfgNode, world_size: int) -> None:
+    """Refuse, before anything is built, solver and dataset values a training run cannot start
+    with (detectron2 would stop later with a bare assertion): no training dataset, no iteration,
+    a batch of no images or one that cannot be split evenly over the ``world_size`` processes."""
+    if not cfg.DATASETS.TRAIN:
+        raise ValueError("DATASETS.TRAIN is empty: name the dataset(s) to train on, e.g. DATASETS.TRAIN "
+                         "\"('shapes_train',)\" (or evaluate weights with --eval-only).")
+    if cfg.SOLVER.MAX_ITER < 1:
+        raise ValueError(f"SOLVER.MAX_ITER is {cfg.SOLVER.MAX_ITER}: a run trains for at least 1 iteration.")
+    batch = cfg.SOLVER.IMS_PER_BATCH
+    if batch < 1 or batch % world_size:
+        raise ValueError(
+            f"SOLVER.IMS_PER_BATCH is {batch}, which {world_size} process(es) (--num-gpus x --num-machines) "
+            f"cannot share evenly: use a positive multiple of {world_size} (it is the batch of all processes together).")
 
 
 BASE_KEY = "_BASE_"
@@ -540,6 +597,7 @@ An evaluation of weights into a folder that holds a run writes to ``OUTPUT_DIR/e
             checkpointer.load_weights(cfg.MODEL.WEIGHTS)
             results = Trainer.test(cfg, model)
         else:
+            check_training_values(cfg, comm.get_world_size())
             trainer = Trainer(cfg)
             trainer.resume_or_load(resume=args.resume)
             results = trainer.train()
