@@ -177,7 +177,7 @@ def check_resume_config(cfg: CfgNode, output_dir: str) -> None:
     if model:
         raise ValueError(
             f"--resume: the run in {output_dir!r} was trained with another model ({CONFIG_NAME} "
-            f"there): {'; '.join(model[:5])}{'; ...' if len(model) > 5 else ''}. Resume with the "
+            f"there): {'; '.join(model[:5])}{f'; and {len(model) - 5} more' if len(model) > 5 else ''}. Resume with the "
             "same config and overrides, or train the new model into another OUTPUT_DIR."
         )
     if differences:
@@ -217,7 +217,7 @@ def evaluation_folder(output_dir: str, weights: str) -> str:
     if not holds_run(output_dir):
         return output_dir
     weights = os.path.abspath(os.path.expanduser(weights))
-    stem = os.path.splitext(os.path.basename(weights))[0] or "weights"
+    stem = os.path.splitext(os.path.basename(weights))[0]
     if os.path.dirname(weights) != os.path.abspath(output_dir):
         stem = f"{os.path.basename(os.path.dirname(weights))}-{stem}"
     return os.path.join(output_dir, EVAL_FOLDER, stem)

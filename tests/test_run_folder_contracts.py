@@ -1,0 +1,466 @@
+"""Contracts of the run folder and of checkpoint loading that no other test pinned: which files a
+run owns and --overwrite deletes, the refusals of --resume and --eval-only --resume (their exact
+words: they name the file, the key and the fix), trimming metrics.json on resume, the OUTPUT_DIR
+lock, the checksums of weight files and the refusal of unsafe unpickling. Each test here kills
+mutations of the code that the rest of the suite let pass (docs/reliability.md, "Mutation testing").
+"""
+import argparse
+import datetime
+import fcntl
+import logging
+import os
+import pickle
+
+import pytest
+import torch
+from detectron2.config import get_cfg
+
+from gwdet.checkpoint.integrity import DamagedTensorsError, verify_checksums, with_checksums
+from gwdet.checkpoint.safe_load import UnsafeCheckpointError, _globals_refused, load_torch_file
+from gwdet.engine.atomic import DamagedFileError, process_is_gone
+from gwdet.engine.output_dir import (
+    ABSENT,
+    CONFIG_NAME,
+    LOCK_NAME,
+    OutputDirLock,
+    OutputDirNotWritableError,
+    check_fresh_start,
+    check_resume_config,
+    config_differences,
+    damaged_config,
+    differing_values,
+    evaluation_folder,
+    holds_run,
+    record_config_checksum,
+    run_files,
+    tagged_checkpoint,
+    trim_metrics,
+)
+
+LOGGER = "gwdet.engine.output_dir"
+
+
+def make(folder, *names):
+    """Empty files (``name``) and folders (``name/``) in ``folder``."""
+    for name in names:
+        path = os.path.join(folder, name)
+        if name.endswith("/"):
+            os.makedirs(path, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            open(path, "wb").close()
+
+
+def warnings_of(caplog):
+    return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
+
+
+# ---- which files are a run's, and --overwrite ------------------------------------------------------
+
+# Not a run's: the user's own files, whatever their names look like.
+USER_FILES = ("notes.txt", "converted.pth", "model_notes.txt", "my.events.out.tfevents")
+
+
+def test_a_runs_files_are_checkpoints_records_event_files_and_its_folders_and_nothing_else(tmp_path):
+    make(tmp_path, *USER_FILES)
+    assert run_files(str(tmp_path)) == [] and not holds_run(str(tmp_path))
+    check_fresh_start(str(tmp_path), overwrite=False)  # the user's files are no run: nothing to refuse
+
+    make(tmp_path, "events.out.tfevents.1700000000.host")  # TensorBoard's events alone: a run trained here
+    assert run_files(str(tmp_path)) == ["events.out.tfevents.1700000000.host"] and holds_run(str(tmp_path))
+    make(tmp_path, "model_0000009.pth", "inference/", CONFIG_NAME, CONFIG_NAME + ".sha256", "results.json.sha256")
+    assert run_files(str(tmp_path)) == [CONFIG_NAME, CONFIG_NAME + ".sha256", "events.out.tfevents.1700000000.host",
+                                        "inference", "model_0000009.pth", "results.json.sha256"]
+
+
+def test_a_config_yaml_and_its_checksum_alone_claim_nothing(tmp_path):
+    make(tmp_path, CONFIG_NAME, CONFIG_NAME + ".sha256")
+    assert not holds_run(str(tmp_path))
+    check_fresh_start(str(tmp_path), overwrite=False)
+    assert sorted(os.listdir(tmp_path)) == [CONFIG_NAME, CONFIG_NAME + ".sha256"]  # the next run writes its own
+
+
+SEVEN = ("events.out.tfevents.1700000000.host", "inference/", "last_checkpoint", "metrics.json",
+         "model_0000009.pth", "model_final.pth", "vis/")
+
+
+def test_a_fresh_start_over_a_run_is_refused_naming_six_of_its_files_then_dots(tmp_path):
+    make(tmp_path, *SEVEN, *USER_FILES)
+    with pytest.raises(FileExistsError) as refused:
+        check_fresh_start(str(tmp_path), overwrite=False)
+    assert str(refused.value) == (
+        f"OUTPUT_DIR {str(tmp_path)!r} already holds a run (events.out.tfevents.1700000000.host, inference, "
+        "last_checkpoint, metrics.json, model_0000009.pth, model_final.pth, ...); nothing was changed. Continue it "
+        "with --resume, write to another OUTPUT_DIR, or pass --overwrite to delete that run and start again.")
+    assert len(os.listdir(tmp_path)) == len(SEVEN) + len(USER_FILES)
+
+
+def test_a_fresh_start_over_a_run_of_six_files_names_them_all_without_dots(tmp_path):
+    make(tmp_path, *SEVEN[:6])
+    with pytest.raises(FileExistsError) as refused:
+        check_fresh_start(str(tmp_path), overwrite=False)
+    assert "(events.out.tfevents.1700000000.host, inference, last_checkpoint, metrics.json, model_0000009.pth, " \
+           "model_final.pth); nothing was changed." in str(refused.value)
+
+
+def test_overwrite_deletes_the_runs_files_and_folders_keeps_the_users_and_says_what_it_deleted(tmp_path, caplog):
+    make(tmp_path, *SEVEN, *USER_FILES, "inference/coco_instances_results.json", "eval/model_0000009/results.md",
+         "results.json", "results.json.sha256", CONFIG_NAME, CONFIG_NAME + ".sha256")
+    deleted = run_files(str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        check_fresh_start(str(tmp_path), overwrite=True)
+    assert sorted(os.listdir(tmp_path)) == sorted(USER_FILES)
+    assert warnings_of(caplog) == [f"--overwrite: deleted the earlier run in {tmp_path}: {', '.join(deleted)}"]
+    assert deleted[:3] == [CONFIG_NAME, CONFIG_NAME + ".sha256", "eval"]
+
+
+# ---- --resume: which differences count, and its refusals -------------------------------------------
+
+def test_keys_on_one_side_only_differ_even_when_the_other_side_holds_none():
+    old = {"MODEL": {"NORM": "GN", "GONE": None}, "SOLVER": {"STEPS": (10, 20)}}
+    new = {"MODEL": {"NORM": "GN", "ADDED": None}, "SOLVER": {"STEPS": [10, 20]}}  # a tuple saves as a list
+    assert differing_values(old, new) == [("MODEL.ADDED", ABSENT, None), ("MODEL.GONE", None, ABSENT)]
+    assert differing_values(new, old) == [("MODEL.ADDED", None, ABSENT), ("MODEL.GONE", ABSENT, None)]
+    assert config_differences(old, new) == ["MODEL.ADDED: <absent> -> None", "MODEL.GONE: None -> <absent>"]
+    assert differing_values({"A": {"B": 1}}, {"A": {"B": 1, "C": 2}}) == [("A.C", ABSENT, 2)]
+    assert differing_values({"A": {"B": 1, "C": 2}}, {"A": {"B": 1}}) == [("A.C", 2, ABSENT)]
+
+
+def run_folder(folder, cfg):
+    """A run folder as training leaves it: its config.yaml and a checkpoint."""
+    with open(os.path.join(folder, CONFIG_NAME), "w") as f:
+        f.write(cfg.dump())
+    make(folder, "model_0000009.pth")
+    return str(folder)
+
+
+def another_model(count):
+    """get_cfg() with ``count`` of six MODEL keys changed (sorted: the order the message lists them)."""
+    cfg = get_cfg()
+    changes = [("MODEL.BACKBONE.FREEZE_AT", 3), ("MODEL.BACKBONE.NAME", "build_resnet_fpn_backbone"),
+               ("MODEL.KEYPOINT_ON", True), ("MODEL.LOAD_PROPOSALS", True), ("MODEL.MASK_ON", True),
+               ("MODEL.META_ARCHITECTURE", "RetinaNet")]
+    for key, value in changes[:count]:
+        cfg.merge_from_list([key, value])
+    return cfg
+
+
+FIRST_FIVE_DIFFERENCES = ("MODEL.BACKBONE.FREEZE_AT: 2 -> 3; MODEL.BACKBONE.NAME: 'build_resnet_backbone' -> "
+                   "'build_resnet_fpn_backbone'; MODEL.KEYPOINT_ON: False -> True; MODEL.LOAD_PROPOSALS: False -> True; "
+                   "MODEL.MASK_ON: False -> True")
+
+
+def test_resume_of_another_model_names_five_differences_then_how_many_more(tmp_path):
+    folder = run_folder(tmp_path, get_cfg())
+    with pytest.raises(ValueError) as refused:
+        check_resume_config(another_model(6), folder)
+    assert str(refused.value) == (
+        f"--resume: the run in {folder!r} was trained with another model (config.yaml there): {FIRST_FIVE_DIFFERENCES}; "
+        "and 1 more. Resume with the same config and overrides, or train the new model into another OUTPUT_DIR.")
+
+
+def test_resume_of_another_model_in_five_keys_names_them_all(tmp_path):
+    folder = run_folder(tmp_path, get_cfg())
+    with pytest.raises(ValueError) as refused:
+        check_resume_config(another_model(5), folder)
+    assert f"(config.yaml there): {FIRST_FIVE_DIFFERENCES}. Resume with" in str(refused.value)
+
+
+def test_resume_with_other_values_outside_the_model_logs_each_of_them(tmp_path, caplog):
+    trained = get_cfg()
+    trained.SOLVER.BASE_LR, trained.SOLVER.MAX_ITER = 0.02, 100
+    folder = run_folder(tmp_path, trained)
+    resumed = trained.clone()
+    resumed.SOLVER.BASE_LR, resumed.SOLVER.MAX_ITER = 0.04, 200
+    resumed.MODEL.WEIGHTS, resumed.MODEL.DEVICE = "elsewhere/model_final.pth", "cpu"
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        check_resume_config(resumed, folder)
+    assert warnings_of(caplog) == [
+        f"--resume with config values that differ from {os.path.join(folder, CONFIG_NAME)}: "
+        "MODEL.DEVICE: 'cuda' -> 'cpu'; MODEL.WEIGHTS: '' -> 'elsewhere/model_final.pth'; "
+        "SOLVER.BASE_LR: 0.02 -> 0.04; SOLVER.MAX_ITER: 100 -> 200"]
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("MODEL:\n  NO_SUCH_KEY: 1\n", "KeyError: 'Non-existent config key: MODEL.NO_SUCH_KEY'"),
+    ("MODEL: [unclosed\n", "ParserError: while parsing a flow sequence"),  # the first of the error's lines
+])
+def test_resume_over_a_config_yaml_that_cannot_be_read_names_the_file_the_error_and_the_fix(tmp_path, text, reason):
+    folder = run_folder(tmp_path, get_cfg())
+    path = os.path.join(folder, CONFIG_NAME)
+    with open(path, "w") as f:
+        f.write(text)
+    with pytest.raises(DamagedFileError) as refused:
+        check_resume_config(get_cfg(), folder)
+    assert refused.value.path == path
+    assert str(refused.value) == (
+        f"--resume: {path} is damaged, so which model the run in {folder!r} trained cannot be checked ({reason}). "
+        "Restore that file, or train afresh into this OUTPUT_DIR with --overwrite (which deletes the run) or "
+        "into another one.")
+
+
+def test_a_damaged_config_error_without_words_still_names_its_type_and_the_setting():
+    refused = damaged_config("run/config.yaml", "run", ValueError(), "train.output_dir")
+    assert str(refused) == (
+        "--resume: run/config.yaml is damaged, so which model the run in 'run' trained cannot be checked "
+        "(ValueError: ). Restore that file, or train afresh into this train.output_dir with --overwrite (which "
+        "deletes the run) or into another one.")
+    assert refused.path == "run/config.yaml"
+
+
+def test_resume_refuses_a_config_yaml_changed_since_its_checksum_was_recorded(tmp_path):
+    folder = run_folder(tmp_path, get_cfg())
+    record_config_checksum(folder)
+    check_resume_config(get_cfg(), folder)  # as written: accepted
+    with open(os.path.join(folder, CONFIG_NAME), "a") as f:
+        f.write("\n")
+    with pytest.raises(DamagedFileError, match=r"config\.yaml is damaged, so which model") as refused:
+        check_resume_config(get_cfg(), folder)
+    assert refused.value.path == os.path.join(folder, CONFIG_NAME)
+
+
+# ---- --eval-only --resume: the checkpoint last_checkpoint names ------------------------------------
+
+def test_eval_only_resume_of_a_folder_without_checkpoints_names_the_fix(tmp_path):
+    with pytest.raises(FileNotFoundError) as refused:
+        tagged_checkpoint(str(tmp_path))
+    assert str(refused.value) == (
+        f"--eval-only --resume: OUTPUT_DIR {str(tmp_path)!r} holds no checkpoint to evaluate. Check OUTPUT_DIR, "
+        "or name the weights with MODEL.WEIGHTS path/to/model_final.pth.")
+
+
+def test_eval_only_resume_evaluates_the_named_checkpoint_even_when_a_newer_one_is_there(tmp_path):
+    make(tmp_path, "model_0000004.pth", "model_0000009.pth")
+    (tmp_path / "last_checkpoint").write_text("model_0000004.pth\n")
+    assert tagged_checkpoint(str(tmp_path)) == os.path.join(str(tmp_path), "model_0000004.pth")
+
+
+def choose(folder):
+    return f"Name the weights to evaluate, e.g. MODEL.WEIGHTS {os.path.join(folder, 'model_0000009.pth')}."
+
+
+def test_eval_only_resume_without_last_checkpoint_suggests_the_newest_checkpoints_path(tmp_path):
+    make(tmp_path, "model_0000004.pth", "model_0000009.pth")
+    with pytest.raises(FileNotFoundError) as refused:
+        tagged_checkpoint(str(tmp_path))
+    assert str(refused.value) == (
+        f"--eval-only --resume: OUTPUT_DIR {str(tmp_path)!r} has no last_checkpoint file, so which checkpoint is "
+        f"the run's is unknown. {choose(str(tmp_path))}")
+
+
+def test_eval_only_resume_with_a_last_checkpoint_that_is_not_utf8_text_calls_it_damaged(tmp_path):
+    make(tmp_path, "model_0000009.pth")
+    tag = tmp_path / "last_checkpoint"
+    tag.write_bytes(b"\xff\xfe\x00model")
+    with pytest.raises(ValueError) as refused:
+        tagged_checkpoint(str(tmp_path))
+    assert str(refused.value) == f"--eval-only --resume: {tag} is damaged (not text). {choose(str(tmp_path))}"
+
+
+@pytest.mark.parametrize("name", ["", "model_0000004.pth", "../elsewhere/model_final.pth"])
+def test_eval_only_resume_refuses_a_last_checkpoint_naming_no_checkpoint_of_this_folder(tmp_path, name):
+    folder = tmp_path / "run"
+    make(folder, "model_0000009.pth")
+    make(tmp_path, "elsewhere/model_final.pth")  # exists, but is another folder's
+    tag = folder / "last_checkpoint"
+    tag.write_text(name)
+    with pytest.raises(FileNotFoundError) as refused:
+        tagged_checkpoint(str(folder))
+    assert str(refused.value) == (f"--eval-only --resume: {tag} names {name!r}, which is not a file in "
+                                  f"{str(folder)!r}. {choose(str(folder))}")
+
+
+# ---- --eval-only: where the evaluation is written ---------------------------------------------------
+
+def test_eval_only_writes_into_a_folder_of_its_own_named_after_the_checkpoint_and_its_folder(tmp_path):
+    run = str(tmp_path / "run")
+    assert evaluation_folder(run, "/zoo/R-50/model_final.pth") == run  # no run there (not even the folder)
+    make(run, "model_0000009.pth")
+    assert evaluation_folder(run, os.path.join(run, "model_0000009.pth")) == os.path.join(run, "eval", "model_0000009")
+    assert evaluation_folder(run, "/zoo/R-50/model_final.pth") == os.path.join(run, "eval", "R-50-model_final")
+
+
+# ---- metrics.json on --resume -----------------------------------------------------------------------
+
+def write_lines(path, lines, end=b"\n"):
+    path.write_bytes(b"\n".join(lines) + end)
+
+
+def test_resume_trims_damaged_lines_and_repeated_records_and_says_which(tmp_path, caplog):
+    metrics = tmp_path / "metrics.json"
+    lines = [
+        b'{"iteration": 0, "loss": 1.5}',
+        b'{"iteration": 1, "loss": 1.25, "note": "\xc3\xa9"}',  # UTF-8 beyond ASCII: a good record
+        b"",  # an empty line: not a record, not reported
+        b'{"iteration": 2, "note": "\xff"}',  # bytes that are not UTF-8 (in a string: no JSON error)
+        b'{"iteration": 2, "loss": 1.0}',
+        b"[1, 2]",  # JSON, but no record
+        b'{"iteration": true}',  # not an integer iteration
+        b'{"iteration": "3"}',
+        b'{"iteration": 3, "loss": 0.75}',  # from start_iter on: written again
+        b'{"iteration": 4, "loss": 0.5}',
+        b'{"iteration": 5, "lo',  # cut short by a kill
+    ]
+    write_lines(metrics, lines, end=b"")
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        trim_metrics(str(tmp_path), 3)
+    assert metrics.read_bytes() == b"\n".join([lines[0], lines[1], lines[4]]) + b"\n"
+    assert warnings_of(caplog) == [
+        f"{metrics}: removed 5 damaged line(s) (line 4, 6, 7, 8, 11) and 2 record(s) of iterations from 3 on, "
+        "which this resumed run writes again."]
+
+
+@pytest.mark.parametrize("damaged, shown", [(10, "1, 2, 3, 4, 5, 6, 7, 8, 9, 10"),
+                                            (11, "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, ...")])
+def test_resume_names_the_first_ten_damaged_lines(tmp_path, caplog, damaged, shown):
+    write_lines(tmp_path / "metrics.json", [b"{"] * damaged + [b'{"iteration": 0}'])
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        trim_metrics(str(tmp_path), 1)
+    assert warnings_of(caplog) == [
+        f"{tmp_path / 'metrics.json'}: removed {damaged} damaged line(s) (line {shown}) and 0 record(s) of "
+        "iterations from 1 on, which this resumed run writes again."]
+    assert (tmp_path / "metrics.json").read_bytes() == b'{"iteration": 0}\n'
+
+
+def test_resume_with_only_repeated_records_names_no_lines(tmp_path, caplog):
+    write_lines(tmp_path / "metrics.json", [b'{"iteration": 0}', b'{"iteration": 1}', b'{"iteration": 2}'])
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        trim_metrics(str(tmp_path), 1)
+    assert warnings_of(caplog) == [f"{tmp_path / 'metrics.json'}: removed 0 damaged line(s) and 2 record(s) of "
+                                   "iterations from 1 on, which this resumed run writes again."]
+
+
+def test_resume_leaves_metrics_with_nothing_to_trim_byte_for_byte_as_they_are(tmp_path, caplog):
+    trim_metrics(str(tmp_path), 5)  # no metrics.json: nothing to do
+    content = b'{"iteration": 0}\n\n{"iteration": 4}'  # no newline at the end, an empty line
+    (tmp_path / "metrics.json").write_bytes(content)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        trim_metrics(str(tmp_path), 5)
+    assert (tmp_path / "metrics.json").read_bytes() == content and warnings_of(caplog) == []
+
+
+# ---- the OUTPUT_DIR lock ------------------------------------------------------------------------------
+
+def in_use(folder, holder):
+    return (f"OUTPUT_DIR {folder!r} is in use by another run ({holder}). Wait for it to finish, or give this run "
+            "another OUTPUT_DIR.")
+
+
+def test_a_held_output_dir_is_refused_naming_the_holder_and_released_at_the_end(tmp_path):
+    folder = str(tmp_path / "run")
+    first = OutputDirLock(folder)
+    with first:
+        assert (tmp_path / "run" / LOCK_NAME).read_text() == f"pid {os.getpid()}\n"
+        with pytest.raises(RuntimeError) as refused:
+            with OutputDirLock(folder):
+                pass
+        assert str(refused.value) == in_use(folder, f"pid {os.getpid()}")
+    with OutputDirLock(folder):
+        pass  # released: the next run gets it
+    first.__exit__(None, None, None)  # releasing again: nothing to do
+    OutputDirLock(folder).__exit__(None, None, None)  # never taken: nothing to do
+
+
+def test_a_holder_that_wrote_no_pid_is_called_another_process(tmp_path):
+    with open(tmp_path / LOCK_NAME, "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(RuntimeError) as refused:
+            with OutputDirLock(str(tmp_path)):
+                pass
+    assert str(refused.value) == in_use(str(tmp_path), "another process")
+
+
+def test_an_output_dir_that_cannot_be_created_is_refused_with_the_os_reason_and_the_fix(tmp_path):
+    make(tmp_path, "afile")
+    folder = str(tmp_path / "afile" / "run")
+    with pytest.raises(OutputDirNotWritableError) as refused:
+        with OutputDirLock(folder):
+            pass
+    assert str(refused.value) == (
+        f"OUTPUT_DIR {folder!r} cannot be written (Not a directory); nothing was changed. Give the run a writable "
+        "OUTPUT_DIR; to evaluate or export a run kept on a read-only disk, name its weights and write elsewhere: "
+        "MODEL.WEIGHTS <run>/model_final.pth OUTPUT_DIR <writable folder>.")
+
+
+def test_taking_the_lock_removes_partial_files_of_dead_processes_and_names_them(tmp_path, caplog):
+    with open("/proc/sys/kernel/pid_max") as f:
+        dead = int(f.read()) + 1  # no process can have it
+    assert process_is_gone(dead)
+    stale = sorted([f".model_0000009.pth.{dead}.0123456789ab.partial", f".model_final.pth.{dead}.ba9876543210.partial"])
+    live = f".model_final.pth.{os.getpid()}.aaaaaaaaaaaa.partial"  # this process may still finish it
+    make(tmp_path, *stale, live)
+    with caplog.at_level(logging.WARNING, logger=LOGGER), OutputDirLock(str(tmp_path)):
+        pass
+    assert sorted(os.listdir(tmp_path)) == sorted([LOCK_NAME, live])
+    [message] = warnings_of(caplog)
+    head, names = message.split(": ")
+    assert head == f"Removed 2 partial file(s) an interrupted save left in {tmp_path}"
+    assert sorted(names.split(", ")) == stale
+
+
+# ---- checksums of weight files ------------------------------------------------------------------------
+
+def damaged_weights(count):
+    names = [f"layer{i}.weight" for i in range(6)]
+    data = with_checksums({"model": {name: torch.full((3,), float(i)) for i, name in enumerate(names)}})
+    for name in names[:count]:
+        data["model"][name][0] += 1
+    return data, names[:count]
+
+
+def test_damaged_tensors_are_named_four_then_dots_and_kept_on_the_error(tmp_path):
+    data, names = damaged_weights(5)
+    with pytest.raises(DamagedTensorsError) as refused:
+        verify_checksums("run/model_final.pth", data)
+    assert str(refused.value) == (
+        "run/model_final.pth is damaged: 5 tensor(s) differ from what was written (layer0.weight, layer1.weight, "
+        "layer2.weight, layer3.weight, ...); nothing was loaded from it. Restore the file from a copy or write it "
+        "again (train, or convert the weights again); with --resume, the previous checkpoint in the folder is used "
+        "instead.")
+    assert refused.value.damaged == names and refused.value.path == "run/model_final.pth"
+    assert isinstance(refused.value, DamagedFileError)
+
+
+def test_four_damaged_tensors_are_all_named_without_dots():
+    data, names = damaged_weights(4)
+    with pytest.raises(DamagedTensorsError) as refused:
+        verify_checksums("w.pth", data)
+    assert "(layer0.weight, layer1.weight, layer2.weight, layer3.weight); nothing was loaded" in str(refused.value)
+    assert refused.value.damaged == names
+
+
+def test_undamaged_weights_and_weights_removed_by_the_user_are_no_damage():
+    data, _ = damaged_weights(0)
+    verify_checksums("w.pth", data)
+    del data["model"]["layer0.weight"]
+    verify_checksums("w.pth", data)
+
+
+# ---- unsafe unpickling ------------------------------------------------------------------------------
+
+def test_a_checkpoint_needing_unsafe_globals_is_refused_naming_every_one_of_them(tmp_path):
+    path = str(tmp_path / "run.pth")
+    torch.save({"model": {"w": torch.ones(2)}, "args": argparse.Namespace(lr=0.1), "day": datetime.date(2024, 1, 2)},
+               path)
+    with pytest.raises(UnsafeCheckpointError) as refused:
+        load_torch_file(path, allow_unsafe=False, how_to_opt_in="set GWDET_ALLOW_UNSAFE_PICKLE=1")
+    assert str(refused.value) == (
+        f"{path}: refusing to load this file. It needs unsafe unpickling: besides tensors and arrays it contains "
+        "argparse.Namespace, datetime.date, and unpickling that can execute arbitrary code. If you trust where the "
+        "file comes from, set GWDET_ALLOW_UNSAFE_PICKLE=1; otherwise re-save only the state dict "
+        "(torch.save(model.state_dict(), path)) where the file is trusted.")
+    assert load_torch_file(path, allow_unsafe=True, how_to_opt_in="")["args"].lr == 0.1
+
+
+def test_unsafe_globals_named_only_in_the_error_torch_chained_are_found(tmp_path):
+    # The legacy format has no archive to list globals from: the names come from torch's error,
+    # which another torch version may put in the error it chained instead of its own words.
+    path = str(tmp_path / "legacy.pth")
+    torch.save({"args": argparse.Namespace()}, path, _use_new_zipfile_serialization=False)
+    try:
+        try:
+            raise pickle.UnpicklingError("Unsupported global: GLOBAL argparse.Namespace was not an allowed global")
+        except pickle.UnpicklingError:
+            raise pickle.UnpicklingError("Weights only load failed.") from None
+    except pickle.UnpicklingError as error:
+        assert _globals_refused(path, error) == ["argparse.Namespace"]
