@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from gwdet.checkpoint.safe_load import load_torch_file
 from gwdet.checkpoint.resilient import (
     UNSAFE_PICKLE_ENV,
     UnsafeCheckpointError,
@@ -43,3 +44,20 @@ def test_numpy_pickle_weights_load_and_code_is_refused(tmp_path, monkeypatch):
     monkeypatch.delenv(UNSAFE_PICKLE_ENV, raising=False)
     with pytest.raises(UnsafeCheckpointError, match="Payload"):
         load_pickle_weights(str(bad))
+
+
+def test_an_archive_whose_pickle_is_cut_is_damaged_not_unsafe(tmp_path):
+    """A cut pickle ends inside a global's name (``torch.Flo...``): that is damage, not a need for
+    unsafe unpickling, so torch's own error comes through instead of an UnsafeCheckpointError."""
+    import zipfile
+
+    whole, cut = tmp_path / "whole.pth", tmp_path / "cut.pth"
+    torch.save({"model": {"w": torch.zeros(3)}}, whole)
+    with zipfile.ZipFile(whole) as source, zipfile.ZipFile(cut, "w") as target:
+        for name in source.namelist():
+            data = source.read(name)
+            target.writestr(name, data[: len(data) // 2] if name.endswith("data.pkl") else data)
+    with pytest.raises(Exception) as err:
+        load_torch_file(str(cut), allow_unsafe=False, how_to_opt_in="set X")
+    assert not isinstance(err.value, UnsafeCheckpointError)
+    assert isinstance(load_torch_file(str(whole), allow_unsafe=False, how_to_opt_in="set X"), dict)

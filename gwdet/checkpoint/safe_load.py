@@ -56,6 +56,8 @@ def _globals_refused(path: str, error: Exception) -> list[str]:
     if not starts_like_torch_save_output(path):
         return []
     if zipfile.is_zipfile(path):
+        if not _pickle_is_complete(path):
+            return []  # a cut pickle names cut globals: the error is the damage, not a global
         try:
             names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
         except Exception:  # a damaged archive: fall back to the error message
@@ -64,6 +66,17 @@ def _globals_refused(path: str, error: Exception) -> list[str]:
             return sorted(names)
     messages = f"{error} {error.__context__ or ''}"
     return sorted(set(_UNSUPPORTED_GLOBAL.findall(messages)))
+
+
+def _pickle_is_complete(path: str) -> bool:
+    """Whether the pickle of a torch.save archive ends with pickle's STOP opcode (``.``); False for
+    one cut short, or an archive whose pickle cannot be read."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            name = next((n for n in archive.namelist() if n.endswith("data.pkl")), None)
+            return name is not None and archive.read(name).endswith(pickle.STOP)
+    except (zipfile.BadZipFile, OSError, EOFError):
+        return False
 
 
 class NotACheckpointError(pickle.UnpicklingError):

@@ -80,21 +80,22 @@ def _torch_load(path: str, allow_unsafe_pickle: bool) -> Any:
 
 
 def _unreadable_file_error(path: str, error: Exception) -> ConversionError:
-    cause = error.__context__ if isinstance(error, pickle.UnpicklingError) else None
-    detail = f"{type(cause or error).__name__}: {_first_sentence(cause or error)}"
     hint = (
         " A .pkl from detectron2's model zoo needs no conversion: use it as MODEL.WEIGHTS."
         if path.endswith(".pkl")
         else ""
     )
     if starts_like_torch_save_output(path):
+        cause = error.__context__ if isinstance(error, pickle.UnpicklingError) else None
+        detail = f"{type(cause or error).__name__}: {_first_sentence(cause or error)}"
         return ConversionError(
             f"{path}: the file is truncated or corrupted ({detail}). It starts like a torch.save "
             f"file but cannot be read to the end; download or save it again.{hint}"
         )
     return ConversionError(
-        f"{path}: not a PyTorch checkpoint ({detail}). Expected a .pth/.pt file written by "
-        f"torch.save, holding a torchvision-layout ResNet/ResNeXt state dict.{hint}"
+        f"{path}: not a PyTorch checkpoint: it does not start like a file written by torch.save (a zip "
+        f"archive or a pickle). Expected a .pth/.pt file written by torch.save, holding a "
+        f"torchvision-layout ResNet/ResNeXt state dict.{hint}"
     )
 
 

@@ -1,0 +1,500 @@
+"""The contracts of loading weights, pinned where a user meets them: which converted weights,
+gwdet checkpoints and source files are refused (and which are not), what the refusals say, which
+layouts of a source file are unwrapped.
+
+gwdet.checkpoint.compatibility: converted weights record their architecture, GW positions and
+input format, gwdet's checkpoints the type and hyper-parameters of every norm layer; all are
+compared with the model before anything loads. gwdet.convert.loading: reading a source file for
+tools/convert_pretrained.py. Everything here is in memory or in small files; the ResNets are built
+once per module (detectron2's builders, FrozenBN: a fraction of a second each).
+"""
+import os
+import pickle
+
+import pytest
+import torch
+from detectron2.config import get_cfg
+from detectron2.layers import FrozenBatchNorm2d, ShapeSpec
+from detectron2.layers.batch_norm import LayerNorm as Detectron2LayerNorm
+from detectron2.modeling import build_backbone
+from detectron2.modeling.backbone.resnet import BasicStem, BottleneckBlock, ResNet
+from torch import nn
+
+from gwdet import add_gwdet_config
+from gwdet.checkpoint.compatibility import (
+    check_norm_settings,
+    check_norm_types,
+    check_weights_fit_model,
+    norm_layer_types,
+    norm_settings,
+    norm_types,
+)
+from gwdet.convert.loading import (
+    ConversionError,
+    _unreadable_file_error,
+    preview_names,
+    read_source_state_dict,
+)
+from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
+from gwdet.modeling.heads import PerLevelNorm
+
+# What tools/convert_pretrained.py records as the input of torchvision's ImageNet weights.
+TORCHVISION_INPUT = {"format": "RGB", "pixel_mean": [123.675, 116.28, 103.53],
+                     "pixel_std": [58.395, 57.12, 57.375], "stride_in_1x1": False}
+OPT_IN = "set the environment variable GWDET_ALLOW_NORM_MISMATCH=1"
+
+
+def gw_resnet(positions: str, out_features: list, stride_in_1x1: bool) -> ResNet:
+    cfg = add_gwdet_config(get_cfg())
+    cfg.MODEL.BACKBONE.NAME = "build_gw_resnet_backbone"
+    cfg.MODEL.BACKBONE.FREEZE_AT = 0
+    cfg.MODEL.RESNETS.NORM = "FrozenBN"
+    cfg.MODEL.RESNETS.OUT_FEATURES = out_features
+    cfg.MODEL.RESNETS.GW_POSITIONS = positions
+    cfg.MODEL.RESNETS.STRIDE_IN_1X1 = stride_in_1x1
+    return build_backbone(cfg, ShapeSpec(channels=3))
+
+
+@pytest.fixture(scope="module")
+def r50():
+    """A ResNet-50 with GW at S1-B2, fed the torchvision way (stride in the 3x3 conv)."""
+    return gw_resnet("S1-B2", ["res2", "res3", "res4", "res5"], stride_in_1x1=False)
+
+
+@pytest.fixture(scope="module")
+def r50_to_res3():
+    """The first two stages of a ResNet-50 (OUT_FEATURES up to res3), no GW, stride in the 1x1 conv."""
+    return gw_resnet("", ["res2", "res3"], stride_in_1x1=True)
+
+
+class Detector(nn.Module):
+    """What check_weights_fit_model reads off a detectron2 meta-architecture: the backbone's ResNet
+    somewhere inside, and (when the model has them) input_format, pixel_mean and pixel_std."""
+
+    def __init__(self, backbone, input_format=None, pixel_mean=None, pixel_std=None):
+        super().__init__()
+        self.backbone = backbone
+        if input_format is not None:
+            self.input_format = input_format
+        for name, value in (("pixel_mean", pixel_mean), ("pixel_std", pixel_std)):
+            if value is not None:
+                self.register_buffer(name, torch.tensor(value).view(-1, 1, 1), persistent=False)
+
+
+def torchvision_fed(backbone) -> Detector:
+    return Detector(backbone, "RGB", TORCHVISION_INPUT["pixel_mean"], TORCHVISION_INPUT["pixel_std"])
+
+
+def refusal(metadata, model) -> str:
+    with pytest.raises(ValueError) as error:
+        check_weights_fit_model(metadata, model)
+    return str(error.value)
+
+
+# ---- converted weights: architecture ---------------------------------------------------------
+
+def test_weights_that_fit_the_model_load(r50):
+    check_weights_fit_model({"arch": "R-50", "gw_positions": "S1-B2", "input": TORCHVISION_INPUT},
+                            torchvision_fed(r50))
+
+
+def test_a_model_without_a_resnet_is_not_checked():
+    misfit = {"arch": "R-101", "gw_positions": "S1-B12", "input": {**TORCHVISION_INPUT, "format": "BGR"}}
+    assert check_weights_fit_model(misfit, nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4))) is None
+
+
+def test_another_depth_is_refused_naming_the_settings(r50):
+    assert refusal({"arch": "R-101"}, r50) == (
+        "The weights are R-101 (blocks per stage [3, 4, 23, 3], conv2 1 group x 64 channels), but the "
+        "model's ResNet has blocks per stage [3, 4, 6, 3] and conv2 1 group(s) x 64 channels. Set "
+        "MODEL.RESNETS.DEPTH 101, NUM_GROUPS 1, WIDTH_PER_GROUP 64, or load the weights converted for "
+        "this architecture.")
+
+
+def test_another_grouping_of_conv2_is_refused(r50):
+    assert refusal({"arch": "X-50-32x4d"}, torchvision_fed(r50)) == (
+        "The weights are X-50-32x4d (blocks per stage [3, 4, 6, 3], conv2 32 groups x 4 channels), but "
+        "the model's ResNet has blocks per stage [3, 4, 6, 3] and conv2 1 group(s) x 64 channels. Set "
+        "MODEL.RESNETS.DEPTH 50, NUM_GROUPS 32, WIDTH_PER_GROUP 4, or load the weights converted for "
+        "this architecture.")
+
+
+def test_a_resnet_with_a_single_block_per_stage_gets_the_message_too():
+    stem = BasicStem(3, 64, norm="FrozenBN")
+    stage = ResNet.make_stage(BottleneckBlock, 1, in_channels=64, out_channels=256,
+                              bottleneck_channels=64, norm="FrozenBN")
+    resnet = ResNet(stem, [stage], out_features=["res2"])
+    assert "the model's ResNet has blocks per stage [1] and conv2 1 group(s) x 64 channels. Set " \
+           "MODEL.RESNETS.DEPTH 50," in refusal({"arch": "R-50"}, resnet)
+
+
+def test_a_resnet_cut_after_res3_is_compared_on_the_stages_it_has(r50_to_res3):
+    # R-50 and R-101 differ in res4 only: a backbone without res4 fits either.
+    check_weights_fit_model({"arch": "R-101"}, r50_to_res3)
+    assert "has blocks per stage [3, 4] and conv2 1 group(s) x 64 channels" in \
+        refusal({"arch": "X-101-32x8d"}, r50_to_res3)
+
+
+@pytest.mark.parametrize("arch", [None, "R-152"], ids=["unrecorded", "unknown"])
+def test_weights_without_a_known_architecture_are_not_checked_for_one(r50, arch):
+    check_weights_fit_model({"arch": arch}, r50)
+
+
+# ---- converted weights: input format ---------------------------------------------------------
+
+def test_every_input_difference_is_named_with_the_settings_to_set(r50_to_res3):
+    model = Detector(r50_to_res3, "BGR", [103.53, 116.28, 123.675], [1.0, 1.0, 1.0])
+    assert refusal({"input": TORCHVISION_INPUT}, model) == (
+        "The weights were converted for images fed as torchvision feeds them, but the model differs: "
+        "INPUT.FORMAT is 'BGR', the weights expect 'RGB'; "
+        "MODEL.PIXEL_MEAN is [103.53, 116.28, 123.675], the weights expect [123.675, 116.28, 103.53]; "
+        "MODEL.PIXEL_STD is [1.0, 1.0, 1.0], the weights expect [58.395, 57.12, 57.375]; "
+        "MODEL.RESNETS.STRIDE_IN_1X1 is True, the weights expect False. "
+        "Set INPUT.FORMAT 'RGB' MODEL.PIXEL_MEAN [123.675, 116.28, 103.53] "
+        "MODEL.PIXEL_STD [58.395, 57.12, 57.375] MODEL.RESNETS.STRIDE_IN_1X1 False "
+        "(configs/Base-RCNN-FPN.yaml sets all of them), or load weights converted for this input.")
+
+
+def test_the_model_pixel_values_are_shown_to_three_decimals(r50):
+    model = Detector(r50, "RGB", [127.12345, 116.28, 103.53], TORCHVISION_INPUT["pixel_std"])
+    assert "MODEL.PIXEL_MEAN is [127.123, 116.28, 103.53], the weights expect [123.675, 116.28, 103.53]. " \
+           "Set MODEL.PIXEL_MEAN [123.675, 116.28, 103.53] (configs" in refusal({"input": TORCHVISION_INPUT}, model)
+
+
+def test_pixel_values_within_a_thousandth_fit_and_others_do_not(r50):
+    close = Detector(r50, "RGB", [123.6754, 116.2796, 103.5304], [58.395, 57.12, 57.375])
+    check_weights_fit_model({"input": TORCHVISION_INPUT}, close)
+    off = Detector(r50, "RGB", [123.68, 116.28, 103.53], [58.395, 57.12, 57.375])
+    assert "MODEL.PIXEL_MEAN is [123.68, 116.28, 103.53]" in refusal({"input": TORCHVISION_INPUT}, off)
+    one_channel = Detector(r50, "RGB", [123.675], [58.395, 57.12, 57.375])
+    assert "MODEL.PIXEL_MEAN is [123.675], the weights expect" in refusal({"input": TORCHVISION_INPUT}, one_channel)
+
+
+def test_only_the_recorded_input_values_are_compared(r50_to_res3):
+    model = Detector(r50_to_res3, "BGR", [103.53, 116.28, 123.675], [1.0, 1.0, 1.0])
+    # the format, mean and stride are not recorded: only the std is compared
+    only_std = {"pixel_std": TORCHVISION_INPUT["pixel_std"]}
+    assert refusal({"input": only_std}, model) == (
+        "The weights were converted for images fed as torchvision feeds them, but the model differs: "
+        "MODEL.PIXEL_STD is [1.0, 1.0, 1.0], the weights expect [58.395, 57.12, 57.375]. "
+        "Set MODEL.PIXEL_STD [58.395, 57.12, 57.375] (configs/Base-RCNN-FPN.yaml sets all of them), "
+        "or load weights converted for this input.")
+    check_weights_fit_model({"input": {"pixel_std": [1.0, 1.0, 1.0]}}, model)
+
+
+def test_input_values_the_model_lacks_are_not_compared(r50, r50_to_res3):
+    # a bare backbone has no input_format, pixel_mean, pixel_std: only the stride is compared
+    check_weights_fit_model({"input": TORCHVISION_INPUT}, r50)
+    assert "but the model differs: MODEL.RESNETS.STRIDE_IN_1X1 is True, the weights expect False. Set " \
+           "MODEL.RESNETS.STRIDE_IN_1X1 False (configs" in refusal({"input": TORCHVISION_INPUT}, r50_to_res3)
+
+
+def test_weights_without_an_input_record_are_not_checked_for_one(r50_to_res3):
+    model = Detector(r50_to_res3, "BGR", [0.0, 0.0, 0.0], [1.0, 1.0, 1.0])
+    check_weights_fit_model({}, model)
+    check_weights_fit_model({"input": "RGB"}, model)
+
+
+# ---- converted weights: GW positions ---------------------------------------------------------
+
+def test_other_gw_positions_are_refused_naming_the_setting(r50, r50_to_res3):
+    check_weights_fit_model({"gw_positions": "S1-B2"}, r50)
+    assert refusal({"gw_positions": ""}, r50) == (
+        "The weights have GW at '' (norms without running statistics), but the model has GW at 'S1-B2'. "
+        "Set MODEL.RESNETS.GW_POSITIONS '', so that BN statistics and GW parameters each load into their "
+        "own kind of layer.")
+    assert refusal({"gw_positions": "B12-S1"}, r50_to_res3) == (
+        "The weights have GW at 'S1-B12' (norms without running statistics), but the model has GW at ''. "
+        "Set MODEL.RESNETS.GW_POSITIONS 'S1-B12', so that BN statistics and GW parameters each load into "
+        "their own kind of layer.")
+
+
+# ---- gwdet checkpoints: norm layer types and hyper-parameters --------------------------------
+
+class Norms(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(4)
+        self.gn = nn.GroupNorm(2, 4)
+        self.gw = GroupWhitening(4, num_groups=2)
+        self.bw = BatchWhitening(4, group_size=2)
+        self.bgn = BatchGroupNorm(4, num_groups=2)
+        self.frozen = FrozenBatchNorm2d(4)
+        self.instance = nn.InstanceNorm2d(4)
+        self.ln = nn.LayerNorm(4)
+        self.d2_ln = Detectron2LayerNorm(4)
+        self.per_level = PerLevelNorm("BN", 4, 2)
+        self.conv = nn.Conv2d(4, 4, 1)
+        self.relu = nn.ReLU()
+
+
+class DistributedDataParallelLike(nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+
+NORM_TYPES = {
+    "bn": "BatchNorm2d", "gn": "GroupNorm", "gw": "GroupWhitening", "bw": "BatchWhitening",
+    "bgn": "BatchGroupNorm", "frozen": "FrozenBatchNorm2d", "instance": "InstanceNorm2d", "ln": "LayerNorm",
+    "d2_ln": "LayerNorm", "per_level": "PerLevelNorm", "per_level.levels.0": "BatchNorm2d",
+    "per_level.levels.1": "BatchNorm2d",
+}
+
+
+def test_norm_types_records_every_norm_layer_by_name():
+    assert norm_types(Norms()) == NORM_TYPES
+    assert norm_types(DistributedDataParallelLike(Norms())) == NORM_TYPES, "DDP's module. dropped"
+    assert norm_types(nn.BatchNorm2d(4)) == {}, "the model itself is no named layer"
+    assert {nn.LayerNorm, PerLevelNorm, GroupWhitening, FrozenBatchNorm2d} <= set(norm_layer_types())
+
+
+def test_norm_types_records_detectron2s_per_level_batch_norms():
+    from detectron2.layers.batch_norm import CycleBatchNormList
+
+    model = nn.Sequential(CycleBatchNormList(2, num_features=4))
+    assert norm_types(model) == {"0": "CycleBatchNormList", "0.0": "BatchNorm2d", "0.1": "BatchNorm2d"}
+
+
+def test_norm_settings_records_the_values_that_make_each_layer_its_function():
+    assert norm_settings(DistributedDataParallelLike(Norms())) == {
+        "bn": {"eps": 1e-5, "momentum": 0.1},
+        "gn": {"num_groups": 2, "eps": 1e-5},
+        "gw": {"num_groups": 2, "T": 5, "eps": 1e-5, "method": "itn"},
+        "bw": {"group_size": 2, "T": 5, "eps": 1e-5, "momentum": 0.1, "method": "zca"},
+        "bgn": {"num_groups": 2, "examples_per_group": 2, "eps": 1e-5, "momentum": 0.1, "eval_example_weight": 0.0},
+        "frozen": {"eps": 1e-5},
+        "instance": {"eps": 1e-5, "momentum": 0.1},
+        "per_level.levels.0": {"eps": 1e-5, "momentum": 0.1},
+        "per_level.levels.1": {"eps": 1e-5, "momentum": 0.1},
+    }
+    assert norm_settings(GroupWhitening(4)) == {}, "the model itself is no named layer"
+
+
+def test_other_norm_types_are_refused_naming_up_to_three_layers():
+    saved = dict(NORM_TYPES, bn="GroupWhitening", gn="BatchNorm2d", gw="GroupNorm", bw="GroupNorm",
+                 removed="GroupNorm")
+    with pytest.raises(ValueError) as error:
+        check_norm_types(saved, Norms(), OPT_IN)
+    assert str(error.value) == (
+        "The checkpoint was trained with other norm layers than this config builds (4 layers, e.g. "
+        "bn: GroupWhitening -> BatchNorm2d; gn: BatchNorm2d -> GroupNorm; gw: GroupNorm -> GroupWhitening); "
+        "nothing was loaded. Load weights trained with this config's NORM values, or set the environment "
+        "variable GWDET_ALLOW_NORM_MISMATCH=1 to load them anyway.")
+
+
+def test_the_same_norm_types_and_layers_unknown_to_the_checkpoint_pass():
+    check_norm_types(NORM_TYPES, Norms(), OPT_IN)
+    check_norm_types({"bn": "BatchNorm2d", "elsewhere.gn": "GroupNorm"}, Norms(), OPT_IN)
+    check_norm_types({}, Norms(), OPT_IN)
+
+
+def test_other_norm_hyper_parameters_are_refused_naming_up_to_three_values():
+    saved = norm_settings(Norms())
+    saved["gw"] = {**saved["gw"], "num_groups": 4, "T": 3}
+    saved["bw"] = {**saved["bw"], "method": "itn"}
+    saved["frozen"] = {"eps": 1e-3}
+    with pytest.raises(ValueError) as error:
+        check_norm_settings(saved, Norms(), OPT_IN)
+    assert str(error.value) == (
+        "The checkpoint was trained with other norm hyper-parameters than this config gives its layers "
+        "(4 values, e.g. gw num_groups 4 -> 2; gw T 3 -> 5; bw method 'itn' -> 'zca'); nothing was loaded. "
+        "Use the values the weights were trained with (the run's config.yaml: MODEL.GW.*, MODEL.BW.*, "
+        "MODEL.BGN.*, MODEL.GN.NUM_GROUPS), or set the environment variable GWDET_ALLOW_NORM_MISMATCH=1 "
+        "to load them anyway.")
+
+
+def test_the_same_norm_hyper_parameters_and_unrecorded_ones_pass():
+    check_norm_settings(norm_settings(Norms()), Norms(), OPT_IN)
+    # a layer or a value the checkpoint did not record (an older gwdet's) is not compared
+    check_norm_settings({"gw": {"num_groups": 2}, "bn": None, "unknown": {"eps": 1.0}}, Norms(), OPT_IN)
+
+
+# ---- source files: readable files -------------------------------------------------------------
+
+def test_missing_and_unreadable_paths_are_refused_saying_what_to_do(tmp_path, monkeypatch):
+    missing = tmp_path / "missing.pth"
+    with pytest.raises(ConversionError) as error:
+        read_source_state_dict(missing)
+    assert str(error.value) == f"{missing}: no such file. Check the input path."
+    with pytest.raises(ConversionError) as error:
+        read_source_state_dict(tmp_path)
+    assert str(error.value) == f"{tmp_path}: not a regular file. Pass the checkpoint file itself."
+    empty = tmp_path / "empty.pth"
+    empty.write_bytes(b"")
+    with pytest.raises(ConversionError) as error:
+        read_source_state_dict(empty)
+    assert str(error.value) == f"{empty}: the file is empty (an interrupted download?)."
+    unreadable = tmp_path / "unreadable.pth"
+    torch.save({"conv1.weight": torch.ones(1)}, unreadable)
+    real_access = os.access
+    # chmod does not stop root, who runs these tests in containers: the check asks os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: mode != os.R_OK and real_access(path, mode))
+    with pytest.raises(ConversionError) as error:
+        read_source_state_dict(str(unreadable))
+    assert str(error.value) == f"{unreadable}: permission denied. Make the file readable for this user."
+
+
+def test_a_file_torch_save_did_not_write_is_refused(tmp_path):
+    text = tmp_path / "weights.pth"
+    text.write_bytes(b"conv1.weight 0.1 0.2\n")
+    with pytest.raises(ConversionError) as error:
+        read_source_state_dict(text)
+    assert str(error.value) == (
+        f"{text}: not a PyTorch checkpoint: it does not start like a file written by torch.save (a zip archive "
+        "or a pickle). Expected a .pth/.pt file written by torch.save, holding a torchvision-layout ResNet/ResNeXt "
+        "state dict.")
+
+
+def test_a_detectron2_pkl_is_pointed_to_model_weights(tmp_path):
+    zoo = tmp_path / "R-50.pkl"
+    zoo.write_bytes(pickle.dumps({"model": {}}, protocol=4))
+    with pytest.raises(ConversionError) as error:
+        read_source_state_dict(zoo)
+    assert str(error.value).endswith(
+        "holding a torchvision-layout ResNet/ResNeXt state dict. A .pkl from detectron2's model zoo needs "
+        "no conversion: use it as MODEL.WEIGHTS.")
+
+
+def test_a_truncated_file_names_what_torch_found(tmp_path):
+    source = tmp_path / "in.pth"
+    torch.save({"conv1.weight": torch.zeros(64, 3, 7, 7)}, source, _use_new_zipfile_serialization=False)
+    source.write_bytes(source.read_bytes()[:-5])
+    with pytest.raises(ConversionError) as error:
+        read_source_state_dict(source)
+    message = str(error.value)  # torch's own words: its first sentence only
+    assert message.startswith(f"{source}: the file is truncated or corrupted (RuntimeError: unexpected EOF")
+    assert message.endswith(
+        "). It starts like a torch.save file but cannot be read to the end; download or save it again.")
+    assert "might be corrupted" not in message, "torch's second sentence"
+
+
+def test_a_truncated_file_without_torchs_words_says_no_details(tmp_path):
+    source = tmp_path / "in.pth"
+    torch.save({"conv1.weight": torch.zeros(4)}, source, _use_new_zipfile_serialization=False)
+    source.write_bytes(source.read_bytes()[:20])
+    with pytest.raises(ConversionError) as error:
+        read_source_state_dict(source)
+    assert "the file is truncated or corrupted (EOFError: no details). It starts" in str(error.value)
+
+
+def test_a_corrupted_pickle_names_the_unpicklers_error_not_torchs_wrapper(tmp_path):
+    # torch.load(weights_only=True) raises "Weights only load failed..." from the unpickler's own
+    # error; the message names the latter, which says what is wrong with the file.
+    source = tmp_path / "in.pth"
+    source.write_bytes(b"\x80\x02\xff\xff\xff")
+    with pytest.raises(ConversionError) as error:
+        read_source_state_dict(source)
+    message = str(error.value)
+    assert message.startswith(f"{source}: the file is truncated or corrupted (UnpicklingError: Unsupported "
+                              "operand 255). It starts like a torch.save file")
+    assert "Weights only load failed" not in message
+
+
+def test_other_errors_are_named_as_raised_by_their_first_sentence(tmp_path):
+    source = tmp_path / "in.pkl"
+    source.write_bytes(b"PK\x03\x04 a damaged archive")
+    try:
+        try:
+            raise KeyError("data.pkl")
+        except KeyError:  # an error raised while handling another names itself, not the other
+            raise RuntimeError("PytorchStreamReader failed reading zip archive: not a ZIP archive. This is "
+                               "an internal miniz error.") from None
+    except RuntimeError as raised:
+        error = _unreadable_file_error(str(source), raised)
+    assert str(error) == (
+        f"{source}: the file is truncated or corrupted (RuntimeError: PytorchStreamReader failed reading zip "
+        "archive: not a ZIP archive). It starts like a torch.save file but cannot be read to the end; "
+        "download or save it again. A .pkl from detectron2's model zoo needs no conversion: use it as "
+        "MODEL.WEIGHTS.")
+    # the first line, without its full stop (and only that: the sentence's own letters stay)
+    first_line = _unreadable_file_error(str(source), ValueError("Written by another platform: UNIX.\nSee the docs."))
+    assert "(ValueError: Written by another platform: UNIX). It starts" in str(first_line)
+
+
+def test_a_file_that_needs_unsafe_unpickling_names_the_flag(tmp_path):
+    source = tmp_path / "module.pth"
+    torch.save(nn.Sequential(nn.Conv2d(3, 4, 1)), source)
+    with pytest.raises(ConversionError) as error:
+        read_source_state_dict(source)
+    message = str(error.value)
+    assert message.startswith(f"{source}: refusing to load this file. It needs unsafe unpickling")
+    assert "If you trust where the file comes from, pass --allow-unsafe-pickle (allow_unsafe_pickle=True);" in message
+    assert error.value.__cause__ is None and error.value.__suppress_context__
+
+
+# ---- source files: unwrapping -----------------------------------------------------------------
+
+def saved(tmp_path, content, name="in.pth"):
+    path = tmp_path / name
+    torch.save(content, path)
+    return path
+
+
+def test_the_state_dict_entry_comes_before_the_model_entry(tmp_path):
+    path = saved(tmp_path, {"model": {"fc.weight": torch.ones(1)}, "state_dict": {"conv1.weight": torch.ones(1)}})
+    source = read_source_state_dict(path)
+    assert (list(source.tensors), source.wrapping) == (["conv1.weight"], "'state_dict' entry")
+
+
+def test_an_entry_that_is_not_a_dict_of_tensors_is_passed_over(tmp_path):
+    path = saved(tmp_path, {"state_dict": {"conv1.weight": torch.ones(1), "epoch": 3},
+                            "model": {"conv1.weight": torch.ones(1)}, "epoch": 3})
+    assert read_source_state_dict(path).wrapping == "'model' entry"
+    path = saved(tmp_path, {"state_dict": [torch.ones(1)], "model": {"conv1.weight": torch.ones(1)}})
+    assert read_source_state_dict(path).wrapping == "'model' entry"
+
+
+def test_a_pickled_module_in_an_entry_is_unwrapped_when_allowed(tmp_path):
+    path = saved(tmp_path, {"model": nn.Linear(2, 3), "epoch": 1})
+    with pytest.raises(ConversionError, match="torch.nn.modules.linear.Linear"):
+        read_source_state_dict(path)
+    source = read_source_state_dict(path, allow_unsafe_pickle=True)
+    assert (sorted(source.tensors), source.wrapping) == (["bias", "weight"], "pickled nn.Module in 'model'")
+
+
+def test_a_pickled_module_without_parameters_gives_no_tensors(tmp_path):
+    source = read_source_state_dict(saved(tmp_path, nn.ReLU()), allow_unsafe_pickle=True)
+    assert (source.tensors, source.wrapping, source.stripped_prefix) == ({}, "pickled nn.Module", "")
+
+
+def test_a_file_holding_no_dict_is_refused(tmp_path):
+    path = saved(tmp_path, [torch.ones(1)])
+    with pytest.raises(ConversionError) as error:
+        read_source_state_dict(path)
+    assert str(error.value) == (
+        f"{path}: holds a list, not a state dict. Expected a dict of tensors, or a dict with the state "
+        "dict under 'state_dict' or 'model'.")
+
+
+@pytest.mark.parametrize("content, keys", [
+    ({}, "[]"),
+    ({0: torch.ones(1)}, "[0]"),
+    ({"state_dict": {}, "model": {}}, "['state_dict', 'model']"),
+    ({f"tensor{i}": torch.ones(1) for i in range(9)} | {"epoch": 90},
+     "['tensor0', 'tensor1', 'tensor2', 'tensor3', 'tensor4', 'tensor5', 'tensor6', 'tensor7', ... (2 more)]"),
+], ids=["empty", "int-keys", "empty-entries", "nine-tensors-and-an-epoch"])
+def test_a_dict_without_a_state_dict_is_refused_naming_its_keys(tmp_path, content, keys):
+    path = saved(tmp_path, content)
+    with pytest.raises(ConversionError) as error:
+        read_source_state_dict(path)
+    assert str(error.value) == (
+        f"{path}: no state dict found. The file holds a dict with keys {keys}; neither are all its values "
+        "tensors, nor does it have a 'state_dict' or 'model' entry that is a dict of tensors.")
+
+
+def test_data_parallel_prefixes_are_removed_as_often_as_every_key_has_them(tmp_path):
+    nested = {"module.module.conv1.weight": torch.ones(1), "module.module.fc.bias": torch.ones(1)}
+    source = read_source_state_dict(saved(tmp_path, {"model": nested}))
+    assert (sorted(source.tensors), source.stripped_prefix) == (["conv1.weight", "fc.bias"], "module.module.")
+    partly = {"module.conv1.weight": torch.ones(1), "fc.bias": torch.ones(1)}
+    source = read_source_state_dict(saved(tmp_path, partly))
+    assert (sorted(source.tensors), source.stripped_prefix) == (["fc.bias", "module.conv1.weight"], "")
+
+
+def test_preview_names_shows_eight_names_then_a_count():
+    names = [f"n{i}" for i in range(10)]
+    assert preview_names(names[:8]) == "['n0', 'n1', 'n2', 'n3', 'n4', 'n5', 'n6', 'n7']"
+    assert preview_names(names[:9]) == "['n0', 'n1', 'n2', 'n3', 'n4', 'n5', 'n6', 'n7', ... (1 more)]"
+    assert preview_names(names, 3) == "['n0', 'n1', 'n2', ... (7 more)]"
+    assert preview_names([]) == "[]"
