@@ -376,10 +376,12 @@ _BATCH_NORMS = (torch.nn.modules.batchnorm._BatchNorm,)  # BatchNorm2d, SyncBatc
 _DETECTRON2_LN = getattr(detectron2_batch_norm, "LayerNorm", torch.nn.LayerNorm)
 
 
-def _detectron2_record(name: str, batch_statistics: bool, layers: tuple[type, ...],  # pragma: no mutate block
+# pragma: no mutate start
+def _detectron2_record(name: str, batch_statistics: bool, layers: tuple[type, ...],
                        per_level: bool = False) -> NormRecord:
     return NormRecord(name, _detectron2_norm(name), batch_statistics=batch_statistics, layer_types=layers,
                       detectron2_values={}, detectron2_per_level=per_level, builtin=True)
+# pragma: no mutate end
 
 
 _BUILTINS = [

@@ -112,5 +112,17 @@ def test_bad_position_token_lists_valid_tokens():
 def test_b3_on_basic_blocks_is_a_clear_error():
     cfg = resnet_cfg("B3", norm="BN", depth=18)
     cfg.MODEL.RESNETS.RES2_OUT_CHANNELS = 64
-    with pytest.raises(ValueError, match="DEPTH >= 50"):
+    with pytest.raises(ValueError, match="GW position B3 needs conv3 in every block, but BasicBlock has none: use "
+                                         "MODEL.RESNETS.DEPTH >= 50"):
         build_backbone(cfg, ShapeSpec(channels=3))
+
+
+@pytest.mark.parametrize("positions, spelled", [
+    ({"S1", "B1", "B2"}, "S1-B12"), ({"B2", "S1"}, "S1-B2"), ({"B1", "B2"}, "B12"), ({"B1"}, "B1"),
+    ({"B2", "B3"}, "B2-B3"), ({"S1", "B1", "B2", "B3"}, "S1-B12-B3"), ({"B3"}, "B3"), (set(), ""),
+])
+def test_positions_have_one_canonical_spelling(positions, spelled):
+    from gwdet.positions import format_gw_positions
+
+    assert format_gw_positions(positions) == spelled
+    assert parse_gw_positions(spelled) == positions

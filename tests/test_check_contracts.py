@@ -119,6 +119,8 @@ def test_the_combined_norm_error_lists_changes_then_every_finding_and_marks_the_
     assert not isinstance(err.value, KeyError)
     lines = str(err.value).splitlines()
     assert lines[1] == "Change these keys, all at once:" and "Known names" not in str(err.value)
+    assert lines[4] == ("  (command-line overrides: MODEL.BACKBONE.NAME build_gw_resnet_fpn_backbone "
+                        "MODEL.SEM_SEG_HEAD.NAME GWSemSegFPNHead)")
     assert err.value.changes == {"MODEL.BACKBONE.NAME": "build_gw_resnet_fpn_backbone",
                                  "MODEL.SEM_SEG_HEAD.NAME": "GWSemSegFPNHead"}
     assert [line for line in lines if line.startswith("  - ")] == [f"  - {why}" for why in err.value.problems]

@@ -167,7 +167,7 @@ def test_norm_from_config_keeps_detectron2s_names_as_detectron2_builds_them():
 
 
 def test_norm_from_config_refuses_a_config_without_gwdets_keys():
-    with pytest.raises(KeyError, match="add_gwdet_config"):
+    with pytest.raises(KeyError, match=r"The norm 'GW' needs gwdet's config keys .*add_gwdet_config"):
         norm_from_config("GW", get_cfg())
     assert norm_from_config("BN", get_cfg()) == "BN"
 
@@ -188,12 +188,20 @@ def test_a_group_number_the_channels_cannot_use_is_logged_or_refused_never_silen
     import logging
 
     channels = 256 * 2 ** next(_CHANNEL_RUNS)  # 48 divides none of them; the layer uses 32 groups
+    other = channels * 3  # 48 divides 768 * 2**k: no adjustment; 40 does not, and 8 groups are used
     with caplog.at_level(logging.WARNING, logger="gwdet.norms"):
         layer = norm("GW", num_groups=48)(channels)
+        norm("GW", num_groups=40)(other)
     assert layer.effective_num_groups == 32
-    assert f"GW with 48 groups cannot divide {channels} channels; the layer uses 32" in caplog.text
-    with pytest.raises(ValueError, match="GW with 48 groups cannot divide 256 channels.*strict=False"):
+    messages = [(record.name, record.getMessage()) for record in caplog.records]
+    assert ("gwdet.norms", f"GW with 48 groups cannot divide {channels} channels; the layer uses 32.") in messages
+    assert ("gwdet.norms", f"GW with 40 groups cannot divide {other} channels; the layer uses 32.") in messages, \
+        "each different adjustment is logged, not only the first"
+    with pytest.raises(ValueError) as refused:
         norm("GW", num_groups=48, strict=True)(256)
+    assert str(refused.value) == ("GW with 48 groups cannot divide 256 channels; the layer uses 32. Choose a value "
+                                  "that divides the channels, or allow the adjustment (strict=False; "
+                                  "MODEL.STRICT_NORM_GROUPS False).")
     with pytest.raises(ValueError, match="BW with 48 channels per group cannot divide 256 channels"):
         norm("BW", group_size=48, strict=True)(256)
     assert norm("GW", num_groups=32, strict=True)(256).effective_num_groups == 32
@@ -276,3 +284,29 @@ def test_the_decorator_refuses_a_taken_name_when_made_and_when_applied(registere
     register_norm("TestLate", lambda channels: torch.nn.GroupNorm(1, channels))  # ... taken before it is applied
     with pytest.raises(ValueError, match="'TestLate' is already registered"):
         decorate(lambda channels: torch.nn.LayerNorm(channels))
+
+
+def test_detectron2_builds_a_name_only_with_its_own_values():
+    from gwdet.norms import detectron2_builds, detectron2_builds_as_configured
+
+    assert detectron2_builds("GN", {}) and detectron2_builds("GN", {"num_groups": 32})  # default: the config's 32
+    assert not detectron2_builds("GN", {"num_groups": 16}) and not detectron2_builds("GW", {})
+    assert detectron2_builds("BN", {})
+    cfg = get_cfg()  # without gwdet's keys: fine for names that read none
+    assert detectron2_builds_as_configured("", cfg) and detectron2_builds_as_configured(None, cfg)
+    assert detectron2_builds_as_configured("BN", cfg)
+    cfg = add_gwdet_config(get_cfg())
+    assert detectron2_builds_as_configured("GN", cfg) and not detectron2_builds_as_configured("GW", cfg)
+    cfg.MODEL.GN.NUM_GROUPS = 16
+    assert not detectron2_builds_as_configured("GN", cfg)
+
+
+def test_a_taken_name_whose_builder_has_no_qualname_is_named_by_its_repr(registered):
+    import functools
+
+    registered.append("TestPartial")
+    build = functools.partial(torch.nn.GroupNorm, 1)
+    register_norm("TestPartial", build)
+    with pytest.raises(ValueError) as err:
+        register_norm("TestPartial", build)
+    assert f"(by functools.{build!r}); choose another name" in str(err.value)
