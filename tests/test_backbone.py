@@ -112,8 +112,8 @@ def test_bad_position_token_lists_valid_tokens():
 def test_b3_on_basic_blocks_is_a_clear_error():
     cfg = resnet_cfg("B3", norm="BN", depth=18)
     cfg.MODEL.RESNETS.RES2_OUT_CHANNELS = 64
-    with pytest.raises(ValueError, match="GW position B3 needs conv3 in every block, but BasicBlock has none: use "
-                                         "MODEL.RESNETS.DEPTH >= 50"):
+    with pytest.raises(ValueError, match=r"^GW position B3 needs conv3 in every block, but BasicBlock has none: use "
+                                         r"MODEL.RESNETS.DEPTH >= 50 \(bottleneck blocks\) or drop that position.$"):
         build_backbone(cfg, ShapeSpec(channels=3))
 
 

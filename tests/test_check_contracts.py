@@ -6,6 +6,7 @@ import os
 import pickle
 
 import pytest
+import torch
 from detectron2.config import get_cfg
 
 from gwdet import add_gwdet_config, check_gwdet_config, known_norm_names, norm
@@ -127,3 +128,70 @@ def test_the_combined_norm_error_lists_changes_then_every_finding_and_marks_the_
     restored = pickle.loads(pickle.dumps(err.value))  # e.g. from a worker process
     assert (str(restored), restored.changes, restored.problems) == (str(err.value), err.value.changes,
                                                                     err.value.problems)
+
+
+def test_which_parts_each_meta_architecture_builds():
+    from gwdet.config_checks import BOX_HEAD, MASK_HEAD, ROI_HEADS, SEM_SEG_HEAD, builds_part
+
+    cfg = get_cfg()
+    add_gwdet_config(cfg)
+    cfg.MODEL.MASK_ON, cfg.MODEL.ROI_HEADS.NAME = True, "StandardROIHeads"
+    expected = {  # meta-architecture -> (ROI heads, box head, mask head, semantic head)
+        "GeneralizedRCNN": (True, True, True, False),
+        "ProposalNetwork": (False, False, False, False),
+        "RetinaNet": (False, False, False, False),
+        "SemanticSegmentor": (False, False, False, True),
+        "PanopticFPN": (True, True, True, True),
+        "MyProjectsArch": (True, True, True, True),  # unknown: it may build any part, so all are checked
+    }
+    for arch, parts in expected.items():
+        cfg.MODEL.META_ARCHITECTURE = arch
+        assert tuple(builds_part(cfg, part) for part in (ROI_HEADS, BOX_HEAD, MASK_HEAD, SEM_SEG_HEAD)) == parts, arch
+        assert builds_part(cfg, None), "the backbone is always built"
+
+
+def test_an_unknown_name_at_a_key_detectron2_reads_is_one_finding_not_two():
+    cfg = gw_backbone_config()
+    cfg.MODEL.BACKBONE.NAME = "build_resnet_fpn_backbone"
+    cfg.MODEL.RESNETS.GW_POSITIONS = ""
+    cfg.MODEL.FPN.NORM = "GWW"
+    with pytest.raises(UnknownNormConfigError) as err:
+        check_gwdet_config(cfg)
+    assert err.value.problems == ["MODEL.FPN.NORM='GWW' is not a known norm name: fix the name, or register it with "
+                                  "gwdet.register_norm"]
+
+
+def test_hyper_parameters_a_name_does_not_take_or_lacks_are_named(registered_names):
+    from gwdet.norms import register_norm, unregister_norm
+
+    with pytest.raises(TypeError) as err:
+        norm("BN", num_groups=3)
+    assert str(err.value) == "gwdet.norm('BN') takes no hyper-parameters, not ['num_groups']"
+    register_norm("TestNeedsWidth", lambda channels, width: torch.nn.GroupNorm(width, channels))
+    registered_names.append("TestNeedsWidth")
+    with pytest.raises(TypeError) as err:
+        norm("TestNeedsWidth")
+    assert str(err.value) == "gwdet.norm('TestNeedsWidth') needs a value for 'width'"
+    assert norm("TestNeedsWidth", width=2)(4).num_groups == 2
+    unregister_norm("TestNeedsWidth")
+    registered_names.remove("TestNeedsWidth")
+
+
+def test_an_unknown_norm_name_is_named_with_every_known_one():
+    from gwdet.norms import norm_record
+
+    with pytest.raises(UnknownNormError) as err:
+        norm_record("GWW")
+    assert str(err.value) == (f"Unknown norm name 'GWW'. Known names: {', '.join(known_norm_names())}. Fix the NORM "
+                              "value, or register the name with gwdet.register_norm(name, build).")
+
+
+@pytest.fixture
+def registered_names():
+    from gwdet.norms import known_norm_names as names, unregister_norm
+
+    added: list[str] = []
+    yield added
+    for name in added:
+        if name in names():
+            unregister_norm(name)

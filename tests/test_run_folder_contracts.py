@@ -10,6 +10,7 @@ import fcntl
 import logging
 import os
 import pickle
+import re
 
 import pytest
 import torch
@@ -464,3 +465,54 @@ def test_unsafe_globals_named_only_in_the_error_torch_chained_are_found(tmp_path
             raise pickle.UnpicklingError("Weights only load failed.") from None
     except pickle.UnpicklingError as error:
         assert _globals_refused(path, error) == ["argparse.Namespace"]
+
+
+def test_a_config_yaml_changed_since_it_was_recorded_is_refused_naming_the_run_and_the_setting(tmp_path):
+    from gwdet.engine.atomic import record_checksum
+    from gwdet.engine.output_dir import check_config_checksum
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    config = folder / "config.yaml"
+    config.write_text("MODEL:\n  MASK_ON: true\n")
+    record_checksum(str(config))
+    check_config_checksum(str(config), str(folder))  # as written: fine
+    config.write_text("MODEL:\n  MASK_ON: false\n")
+    with pytest.raises(DamagedFileError) as refused:
+        check_config_checksum(str(config), str(folder), "train.output_dir")
+    assert str(refused.value) == (
+        f"--resume: {config} is damaged, so which model the run in {str(folder)!r} trained cannot be checked (its "
+        "SHA-256 differs from the one recorded in config.yaml.sha256 when it was written). Restore that file, or "
+        "train afresh into this train.output_dir with --overwrite (which deletes the run) or into another one.")
+    (folder / "model_0000009.pth").write_bytes(b"")  # a run to resume: the check reads its config.yaml
+    with pytest.raises(DamagedFileError, match=rf"the run in {re.escape(repr(str(folder)))} trained"):
+        check_resume_config(get_cfg(), str(folder))
+
+
+def test_an_output_dir_name_the_file_system_encoding_cannot_carry_is_refused_with_the_fix():
+    from gwdet.engine.output_dir import check_output_dir_name
+
+    check_output_dir_name("runs/été", encoding="utf-8")
+    check_output_dir_name("runs/plain", encoding="ascii")
+    with pytest.raises(ValueError) as refused:
+        check_output_dir_name("runs/été", encoding="latin-1")
+    assert str(refused.value) == (
+        "OUTPUT_DIR 'runs/été' has characters beyond ASCII, which this Python cannot pass on unchanged (its file "
+        "system encoding is 'iso8859-1', not UTF-8): TensorBoard's writer would fail or write elsewhere. Run Python "
+        "in UTF-8 mode (export PYTHONUTF8=1, or a UTF-8 locale such as LC_ALL=C.UTF-8), or choose an OUTPUT_DIR of "
+        "ASCII characters; nothing was written.")
+    with pytest.raises(ValueError, match="has characters beyond ASCII"):
+        check_output_dir_name("runs/\udcc3\udca4", encoding="utf-8")  # undecodable bytes of another locale
+
+
+def test_bfloat16_and_empty_tensors_have_checksums_that_notice_a_change(tmp_path):
+    from gwdet.checkpoint.integrity import tensor_checksum, verify_checksums, with_checksums
+
+    weights = {"half": torch.arange(6, dtype=torch.bfloat16), "empty": torch.zeros(0)}
+    data = with_checksums({"model": dict(weights)})
+    verify_checksums("ok.pth", data)
+    assert tensor_checksum(torch.zeros(0)) == 0
+    changed = dict(data, model={**weights, "half": weights["half"] + 1})
+    with pytest.raises(DamagedTensorsError, match="half"):
+        verify_checksums("changed.pth", changed)
+    verify_checksums("no-model.pth", {k: v for k, v in data.items() if k != "model"})  # nothing to compare

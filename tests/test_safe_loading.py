@@ -61,3 +61,46 @@ def test_an_archive_whose_pickle_is_cut_is_damaged_not_unsafe(tmp_path):
         load_torch_file(str(cut), allow_unsafe=False, how_to_opt_in="set X")
     assert not isinstance(err.value, UnsafeCheckpointError)
     assert isinstance(load_torch_file(str(whole), allow_unsafe=False, how_to_opt_in="set X"), dict)
+
+
+def test_pickle_weights_needing_code_load_only_when_opted_in_and_the_refusal_names_file_and_fix(tmp_path):
+    from gwdet.checkpoint.safe_load import load_pickle_file
+
+    bad = tmp_path / "bad.pkl"
+    bad.write_bytes(pickle.dumps({"model": Payload()}))
+    with pytest.raises(UnsafeCheckpointError) as err:
+        load_pickle_file(str(bad), allow_unsafe=False, how_to_opt_in="set GWDET_X=1")
+    message = str(err.value)
+    assert message.startswith(f"{bad}: refusing to load this file.") and "contains test_safe_loading.Payload" in message
+    assert "If you trust where the file comes from, set GWDET_X=1;" in message
+    assert isinstance(load_pickle_file(str(bad), allow_unsafe=True, how_to_opt_in="")["model"], Payload)
+    # detectron2's zoo files are Python 2 pickles: their byte strings are read as latin-1 text
+    py2 = tmp_path / "py2.pkl"
+    py2.write_bytes(b"\x80\x02}q\x00U\x03\xe9t\xe9q\x01K\x01s.")  # {b'\xe9t\xe9' (a Python 2 str): 1}
+    assert load_pickle_file(str(py2), allow_unsafe=False, how_to_opt_in="") == {"été": 1}
+
+
+def test_a_file_torch_save_did_not_write_is_named_with_the_fix(tmp_path):
+    from gwdet.checkpoint.safe_load import NotACheckpointError
+
+    text = tmp_path / "weights.pth"
+    text.write_bytes(b"not a checkpoint at all")
+    with pytest.raises(NotACheckpointError) as err:
+        load_torch_file(str(text), allow_unsafe=False, how_to_opt_in="")
+    assert str(err.value) == (
+        f"{text} is not a PyTorch checkpoint: it does not start like a file written by torch.save (a zip archive or "
+        "a pickle). Check the path (MODEL.WEIGHTS, OUTPUT_DIR), or convert ImageNet weights with "
+        "tools/convert_pretrained.py.")
+
+
+def test_a_zip_without_a_pickle_is_not_taken_for_a_complete_checkpoint(tmp_path):
+    import zipfile
+
+    from gwdet.checkpoint.safe_load import _pickle_is_complete
+
+    archive = tmp_path / "other.zip"
+    with zipfile.ZipFile(archive, "w") as target:
+        target.writestr("readme.txt", "not torch")
+    assert _pickle_is_complete(str(archive)) is False
+    (tmp_path / "broken.zip").write_bytes(b"PK\x03\x04" + b"\x00" * 40)
+    assert _pickle_is_complete(str(tmp_path / "broken.zip")) is False
