@@ -195,3 +195,41 @@ def registered_names():
     for name in added:
         if name in names():
             unregister_norm(name)
+
+
+def test_gw_positions_in_a_c4_model_of_detectron2s_components_name_both_replacements():
+    cfg = get_cfg()
+    add_gwdet_config(cfg)
+    cfg.MODEL.RESNETS.GW_POSITIONS = "S1-B2"  # detectron2's C4 defaults: build_resnet_backbone, Res5ROIHeads
+    with pytest.raises(NormConfigError) as err:
+        check_gwdet_config(cfg)
+    assert err.value.changes == {"MODEL.BACKBONE.NAME": "build_gw_resnet_backbone",
+                                 "MODEL.ROI_HEADS.NAME": "GWRes5ROIHeads"}
+    assert err.value.problems == [
+        "MODEL.RESNETS.GW_POSITIONS='S1-B2' is read by gwdet's backbones only, but MODEL.BACKBONE.NAME="
+        "'build_resnet_backbone' would build a model without GW there; gwdet's build_gw_resnet_backbone builds the "
+        "same network with GW there (MODEL.BACKBONE.NAME build_gw_resnet_backbone)",
+        "MODEL.RESNETS.GW_POSITIONS='S1-B2' puts GW in every bottleneck block, but detectron2's Res5ROIHeads "
+        "(MODEL.ROI_HEADS.NAME) would build the res5 blocks without it; gwdet's GWRes5ROIHeads builds the same "
+        "network with GW there in res5 (MODEL.ROI_HEADS.NAME GWRes5ROIHeads)",
+    ]
+    cfg.MODEL.RESNETS.GW_POSITIONS = "S1"  # the stem only: res5 has no GW to lose
+    with pytest.raises(NormConfigError) as err:
+        check_gwdet_config(cfg)
+    assert err.value.changes == {"MODEL.BACKBONE.NAME": "build_gw_resnet_backbone"}
+
+
+def test_gw_positions_with_a_backbone_gwdet_has_no_replacement_for_say_what_to_do_by_hand():
+    cfg = get_cfg()
+    add_gwdet_config(cfg)
+    cfg.MODEL.BACKBONE.NAME = "build_resnet_deeplab_backbone"
+    cfg.MODEL.RESNETS.GW_POSITIONS = "S1"
+    with pytest.raises(NormConfigError) as err:
+        check_gwdet_config(cfg)
+    assert err.value.changes == {}
+    assert err.value.problems == [
+        "MODEL.RESNETS.GW_POSITIONS='S1' is read by gwdet's backbones only, but MODEL.BACKBONE.NAME="
+        "'build_resnet_deeplab_backbone' would build a model without GW there; gwdet has no replacement for "
+        "build_resnet_deeplab_backbone: set MODEL.BACKBONE.NAME to one of build_gw_resnet_backbone, "
+        "build_gw_resnet_fpn_backbone, build_gw_retinanet_resnet_fpn_backbone, or MODEL.RESNETS.GW_POSITIONS to '', "
+        "or build that part with gwdet.norm_from_config(name, cfg) in a subclass's from_config"]

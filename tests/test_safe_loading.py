@@ -104,3 +104,13 @@ def test_a_zip_without_a_pickle_is_not_taken_for_a_complete_checkpoint(tmp_path)
     assert _pickle_is_complete(str(archive)) is False
     (tmp_path / "broken.zip").write_bytes(b"PK\x03\x04" + b"\x00" * 40)
     assert _pickle_is_complete(str(tmp_path / "broken.zip")) is False
+
+
+def test_python2_pickle_weights_needing_code_load_as_text_when_opted_in(tmp_path):
+    from gwdet.checkpoint.safe_load import load_pickle_file
+
+    py2 = tmp_path / "py2_set.pkl"
+    py2.write_bytes(b"\x80\x02c__builtin__\nset\nq\x00]q\x01U\x03\xe9t\xe9q\x02a\x85q\x03Rq\x04.")  # set(['été'])
+    with pytest.raises(UnsafeCheckpointError, match="contains __builtin__.set"):
+        load_pickle_file(str(py2), allow_unsafe=False, how_to_opt_in="")
+    assert load_pickle_file(str(py2), allow_unsafe=True, how_to_opt_in="") == {"été"}
