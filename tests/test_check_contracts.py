@@ -233,3 +233,41 @@ def test_gw_positions_with_a_backbone_gwdet_has_no_replacement_for_say_what_to_d
         "build_resnet_deeplab_backbone: set MODEL.BACKBONE.NAME to one of build_gw_resnet_backbone, "
         "build_gw_resnet_fpn_backbone, build_gw_retinanet_resnet_fpn_backbone, or MODEL.RESNETS.GW_POSITIONS to '', "
         "or build that part with gwdet.norm_from_config(name, cfg) in a subclass's from_config"]
+
+
+def test_gw_positions_without_a_gw_norm_and_example_groups_larger_than_the_batch_are_refused_in_full():
+    cfg = gw_backbone_config()
+    cfg.MODEL.RESNETS.GW_NORM = ""
+    with pytest.raises(ValueError) as err:
+        check_gwdet_config(cfg)
+    assert str(err.value) == (
+        "MODEL.RESNETS.GW_POSITIONS='S1-B2' with MODEL.RESNETS.GW_NORM='' would leave those positions without any "
+        "normalization. Set GW_NORM to the norm to place there (e.g. 'GW'), or GW_POSITIONS to '' to keep "
+        "MODEL.RESNETS.NORM everywhere.")
+    cfg = gw_backbone_config()
+    cfg.MODEL.FPN.NORM, cfg.SOLVER.IMS_PER_BATCH = "BGN", 2
+    cfg.MODEL.BGN.EXAMPLES_PER_GROUP = 2
+    check_gwdet_config(cfg)  # one example group of the whole batch: fine
+    cfg.MODEL.BGN.EXAMPLES_PER_GROUP = 3
+    with pytest.raises(ValueError) as err:
+        check_gwdet_config(cfg)
+    assert str(err.value) == (
+        "config: MODEL.BGN.EXAMPLES_PER_GROUP=3 is larger than SOLVER.IMS_PER_BATCH=2, so no example group can be "
+        "filled. Use at most the images per GPU (SOLVER.IMS_PER_BATCH / number of GPUs).")
+    cfg.MODEL.FPN.NORM = "GN"  # no norm with example groups: the value is not read
+    check_gwdet_config(cfg)
+
+
+def test_a_config_without_gwdets_keys_and_bad_position_specs_are_refused_in_full():
+    with pytest.raises(KeyError) as err:
+        check_gwdet_config(get_cfg())
+    assert str(err.value.args[0]).startswith("gwdet needs gwdet's config keys (MODEL.GW.*, ...), but the config has none")
+    from gwdet.positions import parse_gw_positions
+
+    with pytest.raises(ValueError) as err:
+        parse_gw_positions(["S1"])
+    assert str(err.value) == "MODEL.RESNETS.GW_POSITIONS must be a string like 'S1-B2', got ['S1']"
+    with pytest.raises(ValueError) as err:
+        parse_gw_positions("S1-B4")
+    assert str(err.value) == ("MODEL.RESNETS.GW_POSITIONS='S1-B4': unknown position 'B4'. Valid tokens: S1, B1, B2, "
+                              "B3, B12, joined by '-' (e.g. 'S1-B2'); '' means no GW.")
