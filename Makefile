@@ -5,7 +5,7 @@
 #   make lint          the linter and the type checker: ruff check . and mypy gwdet (settings in
 #                      pyproject.toml); CI runs it after the tests
 #   make mutation      mutation testing of the checks (mutmut; scope in pyproject.toml, results
-#                      and survivors in docs/reliability.md); about 30 minutes on 2 cores
+#                      and survivors in docs/reliability.md); about 45 minutes on 2 cores
 #   make setup         only create/refresh the virtual environment (.venv)
 #   make test-matrix   the suite once per available Python 3.10-3.13 (and detectron2 source), each in
 #                      its own environment under .venv-matrix/; run before a release
