@@ -65,3 +65,15 @@ def datasets_registered_by_the_test_removed():
         if not name.startswith("shapes_"):
             DatasetCatalog.remove(name)
             MetadataCatalog.remove(name)
+
+
+@pytest.fixture
+def registered():
+    """Norm names the test registers (it appends them), unregistered after it, pass or fail."""
+    from gwdet.norms import known_norm_names, unregister_norm
+
+    names: list[str] = []
+    yield names
+    for name in names:
+        if name in known_norm_names():
+            unregister_norm(name)

@@ -161,20 +161,18 @@ def test_an_unknown_name_at_a_key_detectron2_reads_is_one_finding_not_two():
                                   "gwdet.register_norm"]
 
 
-def test_hyper_parameters_a_name_does_not_take_or_lacks_are_named(registered_names):
-    from gwdet.norms import register_norm, unregister_norm
+def test_hyper_parameters_a_name_does_not_take_or_lacks_are_named(registered):
+    from gwdet.norms import register_norm
 
     with pytest.raises(TypeError) as err:
         norm("BN", num_groups=3)
     assert str(err.value) == "gwdet.norm('BN') takes no hyper-parameters, not ['num_groups']"
     register_norm("TestNeedsWidth", lambda channels, width: torch.nn.GroupNorm(width, channels))
-    registered_names.append("TestNeedsWidth")
+    registered.append("TestNeedsWidth")
     with pytest.raises(TypeError) as err:
         norm("TestNeedsWidth")
     assert str(err.value) == "gwdet.norm('TestNeedsWidth') needs a value for 'width'"
     assert norm("TestNeedsWidth", width=2)(4).num_groups == 2
-    unregister_norm("TestNeedsWidth")
-    registered_names.remove("TestNeedsWidth")
 
 
 def test_an_unknown_norm_name_is_named_with_every_known_one():
@@ -185,16 +183,6 @@ def test_an_unknown_norm_name_is_named_with_every_known_one():
     assert str(err.value) == (f"Unknown norm name 'GWW'. Known names: {', '.join(known_norm_names())}. Fix the NORM "
                               "value, or register the name with gwdet.register_norm(name, build).")
 
-
-@pytest.fixture
-def registered_names():
-    from gwdet.norms import known_norm_names as names, unregister_norm
-
-    added: list[str] = []
-    yield added
-    for name in added:
-        if name in names():
-            unregister_norm(name)
 
 
 def test_gw_positions_in_a_c4_model_of_detectron2s_components_name_both_replacements():

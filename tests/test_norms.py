@@ -18,16 +18,6 @@ GWDET_NAMES = {"GW": GroupWhitening, "GW_ZCA": GroupWhitening, "BW": BatchWhiten
                "BW_ItN": BatchWhitening, "BGN": BatchGroupNorm, "GhostBN": BatchGroupNorm}
 
 
-@pytest.fixture
-def registered():
-    """Names the test registers, unregistered after it, whether it passes or not."""
-    names: list[str] = []
-    yield names
-    for name in names:
-        if name in known_norm_names():
-            unregister_norm(name)
-
-
 @pytest.mark.parametrize("name", sorted(GWDET_NAMES))
 def test_every_name_builds_its_layer_through_detectron2s_get_norm(name):
     # what the layers then do: test_layer_contract.py
