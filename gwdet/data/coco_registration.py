@@ -245,9 +245,8 @@ _REGISTERED: dict[str, CocoDataset] = {}  # what this process registered, with i
 def _box_problem(bbox: Any, image: dict | None) -> str:
     """What is wrong with a COCO ``bbox`` ``[x, y, width, height]`` of ``image`` ("" when nothing):
     :func:`gwdet.data.boxes.box_problem`, or an ``image_id`` that is not among the images."""
-    problem = box_problem(bbox)
-    if problem or image is None:
-        return problem or "its image_id is not among the images"
+    if image is None:
+        return box_problem(bbox) or "its image_id is not among the images"
     return box_problem(bbox, image["width"], image["height"])
 
 

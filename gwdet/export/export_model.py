@@ -187,9 +187,9 @@ def _scripted_adapter(model: Any) -> torch.nn.Module:  # GeneralizedRCNN, checke
 def export_scripting(model: torch.nn.Module, path: str) -> torch.jit.ScriptModule:
     """``torch.jit.script`` of an R-CNN (detectron2's ``scripting_with_instances``), saved to ``path``."""
     from detectron2.export import scripting_with_instances
+    from detectron2.structures import Boxes
 
     from gwdet.engine.atomic import path_written_with_checksum
-    from detectron2.structures import Boxes
 
     types = {"Boxes": Boxes, "Tensor": Tensor}
     fields = {name: types[kind] for name, kind in SCRIPTED_FIELDS.items()}
