@@ -32,7 +32,7 @@ from gwdet.cluster.slurm import ClusterUnavailable
 from gwdet.data import add_register_coco_argument, export_to_environment, prepare_datasets
 from gwdet.engine.cli_errors import add_verbose_argument, output_path_problem, reported_errors, split_verbose
 from gwdet.engine.trainer import build_config
-from gwdet.engine.threads import choose_threads
+from gwdet.engine.threads import AUTO_LOAD, choose_threads, thread_request
 from gwdet_lab.study.cells import (
     CONFIG_PATTERNS,
     DEFAULT_BATCH_SIZES,
@@ -48,6 +48,7 @@ from gwdet_lab.study.cells import (
 from gwdet_lab.study.cluster import REPORT_LOCK, folder_lock, list_jobs, submit_cells, wait_for_cells
 from gwdet_lab.study.evaluation import PAPER_WEIGHTS
 from gwdet_lab.study.record import ON_MISMATCH, ConfigMismatch, PlannedCell, plan
+from gwdet_lab.study.records import RecordsIncomplete, export_records, recorded_cells
 from gwdet_lab.study.report import write_report
 from gwdet_lab.study.scheduler import Scheduler, is_done
 from gwdet_lab.study.summary import display_path, summarize, train_command
@@ -120,10 +121,11 @@ def argument_parser() -> argparse.ArgumentParser:
     add_register_coco_argument(runs)
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
     parser.add_argument("--jobs", type=int, default=1, help="cells trained side by side (default 1)")
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--threads", type=thread_request, default=1, metavar="N|auto-load",
                         help="CPU threads per cell (OMP_NUM_THREADS and torch.set_num_threads; default 1, "
-                             "which keeps a cell's numbers independent of the machine's load); 0 shares the CPUs "
-                             "other processes leave free among --jobs (gwdet.engine.threads)")
+                             "which keeps a cell's numbers independent of the machine); 0 shares the CPUs this "
+                             "process may use among --jobs, auto-load those other processes leave free at start "
+                             "(gwdet.engine.threads)")
     parser.add_argument("--num-gpus", type=int, default=1, help="GPUs per cell")
     parser.add_argument("--on-mismatch", choices=ON_MISMATCH, default="refuse",
                         help="when a cell's config differs from the one its folder recorded: stop before "
@@ -134,6 +136,15 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-example-weighing", action="store_true", help="skip example weighing")
     parser.add_argument("--list", action="store_true", help="list the cells, their state and commands; train nothing")
     parser.add_argument("--report-only", action="store_true", help="write the report of the finished cells; train nothing")
+    records = parser.add_argument_group("committed records (docs/study/records)")
+    records.add_argument("--records", metavar="DIR", default=None,
+                         help="write the report from the cell records in DIR (e.g. docs/study/records/paper) "
+                              "instead of run folders: configs come from the records; nothing is trained")
+    records.add_argument("--report-to", metavar="DIR", default=None,
+                         help="folder of the report (default <out>/<study>)")
+    records.add_argument("--export-records", metavar="DIR", default=None,
+                         help="after the report, copy each finished cell's records into DIR/<cell>/ "
+                              "(what --records reads back; checkpoints are not copied)")
     add_verbose_argument(parser)
     add_launcher_arguments(parser, multi_machine=False)
     return parser
@@ -207,6 +218,12 @@ def _run_study(argv: list[str], repo_root: Path) -> int:
         parser.error(f"--example-weights must lie in [0, 1], got {args.example_weights}")
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
+    if isinstance(args.threads, int) and args.threads < 0:
+        parser.error(f"--threads {args.threads}: give the CPU threads of each cell, at least 1 (0: share the CPUs "
+                     f"this process may use among --jobs; {AUTO_LOAD}: those other processes leave free)")
+    if args.threads == AUTO_LOAD and args.launcher != "local":
+        parser.error(f"--threads {AUTO_LOAD} reads this machine's load, not that of the nodes the cells run on: "
+                     "give --threads N with --launcher " + args.launcher)
     if args.num_gpus < 1:
         parser.error(f"--num-gpus {args.num_gpus}: give the processes (GPUs) of each cell, at least 1")
     problem = output_path_problem("--out", args.out, folder=True)
@@ -214,6 +231,8 @@ def _run_study(argv: list[str], repo_root: Path) -> int:
         parser.error(problem)
     weights = [] if args.no_example_weighing else args.example_weights
     out_dir = Path(args.out).resolve()
+    if args.records:
+        return report_from_records(args, Path(args.records), weights, out_dir)
     try:
         export_to_environment(args.register_coco)  # for prepare_datasets here and in every cell's process
         options = cluster_options(args)
@@ -308,9 +327,29 @@ def report(args: argparse.Namespace, planned: Sequence[PlannedCell], weights: Se
         notes.append(f"Only the cells {', '.join(args.only)} were requested.")
     if args.opts:
         notes.append(f"Common overrides of every cell: {' '.join(args.opts)}.")
-    paths = write_report(TITLES[name], [summarize(p) for p in done], pending, out_dir / name, notes)
+    paths = write_report(TITLES[name], [summarize(p) for p in done], pending, report_folder(args, out_dir), notes)
     echo("wrote " + ", ".join(display_path(str(p)) for p in paths))
+    if args.export_records:
+        exported = export_records(done, Path(args.export_records))
+        echo(f"records of {len(exported)} cell(s) copied into {display_path(args.export_records)}")
     return list(paths)
+
+
+def report_folder(args: argparse.Namespace, out_dir: Path) -> Path:
+    return Path(args.report_to) if args.report_to else out_dir / study_name(args)
+
+
+def report_from_records(args: argparse.Namespace, records_dir: Path, weights: Sequence[float], out_dir: Path) -> int:
+    """``--records``: the report of the cells recorded in ``records_dir`` (every one, or ``--only``),
+    with the configs their records hold; the cells must be finished."""
+    planned = recorded_cells(records_dir, args.only)
+    unfinished = [p.cell.name for p in planned if not is_done(p, weights)]
+    if unfinished:
+        raise RecordsIncomplete(f"--records {records_dir}: {', '.join(unfinished)} not finished in the records "
+                                "(no study_complete.json, or example weighing without the requested "
+                                "--example-weights); export records of finished cells only")
+    report(args, planned, weights, out_dir)
+    return 0
 
 
 def list_cells(planned: Sequence[PlannedCell], weights: Sequence[float]) -> None:

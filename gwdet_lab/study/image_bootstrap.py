@@ -18,12 +18,13 @@ detections file's digest.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import io
 import json
 import math
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 from pycocotools.coco import COCO
@@ -78,21 +79,29 @@ class ImageLevelEvaluation:
         return float(valid.mean()) * 100 if valid.size else float("nan")
 
 
-def resampled_box_ap(inference_dir: Path, dataset: str, annotation_file: str, cache: Path,
+def resampled_box_ap(inference_dir: Path, dataset: str, annotation_file: str | Callable[[], str], cache: Path,
                      resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED) -> list[float]:
     """Box AP of each resample of ``dataset``'s images for the detections that detectron2's
-    COCOEvaluator wrote to ``inference_dir/<dataset>/``; read from ``cache`` when it holds them
-    for the same detections and resampling, else computed and written there."""
+    COCOEvaluator wrote to ``inference_dir/<dataset>/`` (or their gzip copy, ``.json.gz``, as the
+    study's committed records keep them); read from ``cache`` when it holds them for the same
+    detections and resampling, else computed and written there. ``annotation_file`` may be a
+    function returning the path, called only when the APs are computed."""
     detections = inference_dir / dataset / DETECTIONS_JSON
-    if not detections.is_file():
+    packed = detections.with_name(DETECTIONS_JSON + ".gz")
+    if detections.is_file():
+        raw = detections.read_bytes()
+    elif packed.is_file():
+        raw = gzip.decompress(packed.read_bytes())
+    else:
         raise FileNotFoundError(f"{detections}: no detections to resample; evaluate the cell on {dataset} first")
-    raw = detections.read_bytes()
     digest = hashlib.sha256(raw).hexdigest()
     key = {"dataset": dataset, "resamples": resamples, "seed": seed, "detections_sha256": digest}
     if cache.is_file():
         stored = json.loads(cache.read_text())
         if stored.get("key") == key:
             return stored["box_ap"]
+    if callable(annotation_file):
+        annotation_file = annotation_file()
     records = json.loads(raw)
     if not records:
         aps = [math.nan] * resamples  # no detections: COCOEvaluator reports NaN, and so does every resample
@@ -103,16 +112,31 @@ def resampled_box_ap(inference_dir: Path, dataset: str, annotation_file: str, ca
     return aps
 
 
-def image_interval(better: Mapping[int, Sequence[float]], worse: Mapping[int, Sequence[float]],
-                   seeds: Sequence[int], confidence: float) -> tuple[float, float] | None:
-    """Percentile interval over resamples of ``mean over seeds (better[s][r] - worse[s][r])``;
-    ``None`` when a seed lacks resampled APs."""
+def mean_differences(better: Mapping[int, Sequence[float]], worse: Mapping[int, Sequence[float]],
+                     seeds: Sequence[int]) -> np.ndarray | None:
+    """Per resample, ``mean over seeds (better[s][r] - worse[s][r])``; ``None`` when a seed lacks
+    resampled APs."""
     if not seeds or any(s not in better or s not in worse for s in seeds):
         return None
-    differences = np.mean([np.subtract(better[s], worse[s]) for s in seeds], axis=0)
+    return np.mean([np.subtract(better[s], worse[s]) for s in seeds], axis=0)
+
+
+def image_interval(better: Mapping[int, Sequence[float]], worse: Mapping[int, Sequence[float]],
+                   seeds: Sequence[int], confidence: float) -> tuple[float, float] | None:
+    """Percentile interval over resamples of the mean difference (:func:`mean_differences`)."""
+    differences = mean_differences(better, worse, seeds)
+    if differences is None:
+        return None
     tail = 100 * (1 - confidence) / 2
     low, high = np.percentile(differences, [tail, 100 - tail])
     return float(low), float(high)
+
+
+def image_variance(better: Mapping[int, Sequence[float]], worse: Mapping[int, Sequence[float]],
+                   seeds: Sequence[int]) -> float | None:
+    """Variance (``n - 1``) over resamples of the mean difference (:func:`mean_differences`)."""
+    differences = mean_differences(better, worse, seeds)
+    return None if differences is None else float(np.var(differences, ddof=1))
 
 
 def image_spread(aps: Sequence[float]) -> float:

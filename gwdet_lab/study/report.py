@@ -5,7 +5,8 @@ selection split (shapes_val) only chooses the example weight. Tables, built with
 :class:`gwdet.engine.tables.Table`:
 
 * per configuration and batch size: mean and sample standard deviation over seeds, each seed's AP;
-* paired differences (same seeds) with a t interval for each ordering the paper states;
+* paired differences (same seeds) for each of the six orderings the paper's numbers imply: t interval,
+  p-value, Holm-adjusted verdict, the interval with the test images' noise, equivalence (TOST);
 * example weighing of batch-norm models; batch norm's train/test gap (running statistics vs the
   test batch's statistics);
 * AP against batch size when the study has several;
@@ -28,7 +29,15 @@ from gwdet.engine.tables import Column, Table
 from gwdet_lab.reporting import format_duration
 from gwdet_lab.study.cells import GROUP_LABELS, PAPER_AP, PAPER_GROUPS, PAPER_ORDERINGS
 from gwdet_lab.study.image_bootstrap import RESAMPLES
-from gwdet_lab.study.stats import CONFIDENCE, PairedDifference, mean, paired_difference, std
+from gwdet_lab.study.stats import (
+    CONFIDENCE,
+    EQUIVALENCE_MARGIN,
+    PairedDifference,
+    mean,
+    paired_difference,
+    std,
+    with_holm,
+)
 from gwdet_lab.study.summary import CellResult
 
 TABLE_MD, TABLE_CSV, DIFFERENCES_CSV, CELLS_CSV = "table.md", "table.csv", "differences.csv", "cells.csv"
@@ -122,17 +131,24 @@ def summary_table(groups: Sequence[Group]) -> Table:
 
 
 def differences(groups: Sequence[Group]) -> list[tuple[int, PairedDifference]]:
-    """The paper's orderings at every batch size where both sides have a finished cell."""
+    """The paper's six orderings at every batch size where both sides have a finished cell; the
+    orderings at one batch size are one family for Holm's adjustment."""
     by_key = {(g.group, g.batch_size): g for g in groups}
     found = []
     for batch in sorted({g.batch_size for g in groups}):
+        family = []
         for better, worse in PAPER_ORDERINGS:
             if (better, batch) in by_key and (worse, batch) in by_key:
                 a, b = by_key[(better, batch)], by_key[(worse, batch)]
                 values = {better: a.by_seed(), worse: b.by_seed()}
                 resampled = {better: a.resampled_by_seed(), worse: b.resampled_by_seed()}
-                found.append((batch, paired_difference(better, worse, values, resampled=resampled)))
+                family.append(paired_difference(better, worse, values, resampled=resampled))
+        found += [(batch, d) for d in with_holm(family)]
     return found
+
+
+def _yes_no(value: bool | None) -> str:
+    return "" if value is None else "yes" if value else "no"
 
 
 def differences_table(found: Sequence[tuple[int, PairedDifference]]) -> Table:
@@ -142,17 +158,25 @@ def differences_table(found: Sequence[tuple[int, PairedDifference]]) -> Table:
         Column("paper_diff", "paper A-B (COCO)", "{:+.2f}"), Column("n", "paired seeds"),
         Column("mean_diff", "mean A-B", "{:+.2f}"), Column("std_diff", "std", AP),
         Column("ci_low", f"{level} CI low", "{:+.2f}"), Column("ci_high", f"{level} CI high", "{:+.2f}"),
-        Column("per_seed", "per seed"), Column("verdict", "data"),
-        Column("image_low", f"test images {level} low", "{:+.2f}"),
-        Column("image_high", f"test images {level} high", "{:+.2f}"),
+        Column("p", "p", "{:.3g}"), Column("verdict", "data (unadjusted)"),
+        Column("holm_p", "Holm p", "{:.3g}"), Column("holm_verdict", "data (Holm)"),
+        Column("images_low", f"{level} CI low, with test-image noise", "{:+.2f}"),
+        Column("images_high", f"{level} CI high, with test-image noise", "{:+.2f}"),
+        Column("equivalent", f"within ±{EQUIVALENCE_MARGIN:g} AP (TOST)", _yes_no),
+        Column("per_seed", "per seed"),
+        Column("image_low", f"test images only {level} low", "{:+.2f}"),
+        Column("image_high", f"test images only {level} high", "{:+.2f}"),
     ])
     for batch, d in found:
         paper = PAPER_AP[d.better] - PAPER_AP[d.worse] if batch == 2 else None
+        combined = d.with_image_noise or (None, None)
         table.add({
             "ordering": f"{label(d.better)} > {label(d.worse)}", "batch": batch, "paper_diff": paper, "n": d.n,
             "mean_diff": d.mean, "std_diff": d.std, "ci_low": d.low, "ci_high": d.high,
+            "p": d.p_value, "verdict": d.verdict, "holm_p": d.holm_p, "holm_verdict": d.holm_verdict,
+            "images_low": combined[0], "images_high": combined[1], "equivalent": d.equivalent(),
             "per_seed": ", ".join(f"s{s}: {v:+.2f}" for s, v in zip(d.seeds, d.differences, strict=True)),
-            "verdict": d.verdict, "image_low": d.image_low, "image_high": d.image_high,
+            "image_low": d.image_low, "image_high": d.image_high,
         })
     return table
 
@@ -248,15 +272,21 @@ def markdown(title: str, results: Sequence[CellResult], pending: Sequence[str], 
               "would move with another test set of the same size.", "", summary_table(groups).markdown(), ""]
     found = differences(groups)
     if found:
-        lines += ["## Paired differences for the paper's orderings", "",
-                  f"Mean of A - B over the seeds both have; {100 * CONFIDENCE:.0f}% two-sided paired Student t "
-                  "interval over seeds (df = seeds - 1). It covers training-seed variation on this test set, "
-                  "not the sampling of test images. 'supports': the interval lies above 0; 'contradicts': "
-                  "below 0; 'cannot resolve': it contains 0. 'test images': the percentile interval of the "
-                  f"same mean difference over {RESAMPLES} bootstrap resamples of the test images (the same "
-                  "resamples for every cell, so paired over images too), trained models fixed; it shows how "
-                  "much of the difference the choice of test images could account for and does not enter "
-                  "the verdict.", "", differences_table(found).markdown(), ""]
+        lines += ["## Paired differences for the paper's six orderings", "",
+                  "The paper's four numbers order the configurations GW > BN + GW at S1-B2 > GN > BN; every "
+                  "pair of them is an ordering, and each is tested here. Mean of A - B over the seeds both "
+                  f"have; {100 * CONFIDENCE:.0f}% two-sided paired Student t interval over seeds (df = seeds - 1) "
+                  "and its p-value. 'supports': the interval lies above 0; 'contradicts': below 0; 'cannot "
+                  "resolve': it contains 0. 'Holm': the verdict again with p-values adjusted by Holm's "
+                  "step-down method over the orderings at the same batch size, so that the chance of any "
+                  f"false verdict among them stays below {1 - CONFIDENCE:.2f}. The seed interval covers "
+                  "training-seed variation on this one test set; 'with test-image noise' adds the variance "
+                  f"of the mean difference over {RESAMPLES} bootstrap resamples of the test images (the same "
+                  "resamples for every cell), the part of the difference that all seeds share because they "
+                  f"are scored on the same images. 'within ±{EQUIVALENCE_MARGIN:g} AP': two one-sided t tests "
+                  f"at alpha {1 - CONFIDENCE:.2f} (the {100 * (1 - 2 * (1 - CONFIDENCE)):.0f}% interval lies "
+                  "inside the margin). 'test images only': the percentile interval over the resamples with "
+                  "the trained models fixed.", "", differences_table(found).markdown(), ""]
     weighing = weighing_table(groups)
     if weighing.rows:
         lines += ["## Inference example weighing (batch-norm models)", "",

@@ -119,11 +119,15 @@ def summarize(planned: PlannedCell) -> CellResult:
 
 
 def resampled_test_ap(planned: PlannedCell, report: str) -> list[float]:
-    """The cell's box AP on each bootstrap resample of ``report``'s images (cached in its folder)."""
-    prepare_datasets(planned.cfg)  # registers the shapes splits, so that their annotation file is known
-    annotation_file = MetadataCatalog.get(report).get("json_file")
-    if annotation_file is None:
-        raise ValueError(f"dataset {report!r} has no COCO annotation file (metadata json_file) to resample")
+    """The cell's box AP on each bootstrap resample of ``report``'s images (cached in its folder;
+    the dataset is prepared only when the cache does not hold them)."""
+    def annotation_file() -> str:
+        prepare_datasets(planned.cfg)  # registers the shapes splits, so that their annotation file is known
+        found = MetadataCatalog.get(report).get("json_file")
+        if found is None:
+            raise ValueError(f"dataset {report!r} has no COCO annotation file (metadata json_file) to resample")
+        return found
+
     folder = planned.folder
     return resampled_box_ap(folder.file(INFERENCE_DIR), report, annotation_file, folder.file(IMAGE_BOOTSTRAP_JSON))
 

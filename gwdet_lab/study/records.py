@@ -1,0 +1,112 @@
+"""A study's committed records: what a report needs of each finished cell, without checkpoints.
+
+A cell's run folder (:mod:`gwdet_lab.study.run_folder`) lives on the machine that trained it. Its
+records are the files the report reads: ``study_cell.json`` (the cell and its resolved config),
+``config.yaml``, the results, metrics, timing and evaluation records, ``image_bootstrap.json`` and
+the detections on the report split (gzip-compressed). :func:`export_records` copies them into a
+folder kept with the documentation (``docs/study/records/<study>/<cell>/``);
+:func:`recorded_cells` reads such a folder back as finished cells, taking each cell's config from
+its record instead of resolving it again, so that a report regenerates from the records alone.
+"""
+from __future__ import annotations
+
+import gzip
+import shutil
+from pathlib import Path
+from typing import Sequence
+
+import yaml
+from detectron2.config import CfgNode
+
+from gwdet.engine.atomic import checksum_path
+from gwdet.engine.trainer import RESULTS_JSON
+from gwdet_lab.study.cells import PAPER_GROUPS, Cell
+from gwdet_lab.study.evaluation import report_dataset
+from gwdet_lab.study.image_bootstrap import DETECTIONS_JSON
+from gwdet_lab.study.record import PlannedCell, read_record
+from gwdet_lab.study.run_folder import (
+    BATCH_STATISTICS_JSON,
+    COMPLETE_JSON,
+    DIVERGED_JSON,
+    EXAMPLE_WEIGHING_JSON,
+    IMAGE_BOOTSTRAP_JSON,
+    INFERENCE_DIR,
+    METRICS_JSON,
+    RECORD_JSON,
+    STUDY_RUN_JSON,
+    TIMING_JSON,
+    RunFolder,
+)
+
+CONFIG_YAML, RESULTS_MD = "config.yaml", "results.md"
+RECORD_FILES = (RECORD_JSON, CONFIG_YAML, RESULTS_JSON, RESULTS_MD, METRICS_JSON, EXAMPLE_WEIGHING_JSON,
+                BATCH_STATISTICS_JSON, TIMING_JSON, STUDY_RUN_JSON, COMPLETE_JSON, IMAGE_BOOTSTRAP_JSON,
+                DIVERGED_JSON)
+
+
+class RecordsIncomplete(ValueError):
+    """A records folder names a cell that did not finish every evaluation the report needs."""
+
+
+def export_records(planned: Sequence[PlannedCell], destination: Path) -> list[Path]:
+    """Copy the records of the finished cells ``planned`` into ``destination/<cell>/`` (each file
+    with its ``.sha256`` where the run folder has one; the report split's detections as
+    ``.json.gz``); returns the cell folders written. A cell folder already there is replaced."""
+    written = []
+    for item in planned:
+        source, target = item.folder.path, destination / item.cell.name
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir(parents=True)
+        for name in RECORD_FILES:
+            for path in (source / name, Path(checksum_path(str(source / name)))):
+                if path.is_file():
+                    shutil.copy2(path, target / path.name)
+        detections = source / INFERENCE_DIR / report_dataset(item.cfg) / DETECTIONS_JSON
+        packed = target / INFERENCE_DIR / report_dataset(item.cfg) / (DETECTIONS_JSON + ".gz")
+        if detections.is_file():
+            packed.parent.mkdir(parents=True)
+            # mtime 0: the same detections give the same bytes, so re-exporting changes nothing in git
+            packed.write_bytes(gzip.compress(detections.read_bytes(), mtime=0))
+        elif detections.with_name(packed.name).is_file():  # records exported before
+            packed.parent.mkdir(parents=True)
+            shutil.copy2(detections.with_name(packed.name), packed)
+        written.append(target)
+    return written
+
+
+def recorded_cells(records_dir: Path, only: Sequence[str] | None = None) -> list[PlannedCell]:
+    """The cells recorded in ``records_dir`` (sub-folders holding ``study_cell.json``), optionally
+    only those named in ``only``, as finished cells with the config of their record."""
+    if not records_dir.is_dir():
+        raise FileNotFoundError(f"--records {records_dir}: no such folder (a study's records are kept in "
+                                "docs/study/records/<study>/)")
+    found = {}
+    for folder in sorted(p for p in records_dir.iterdir() if (p / RECORD_JSON).is_file()):
+        record = read_record(RunFolder(folder))
+        assert record is not None  # the file exists; a damaged one raises DamagedFile
+        details = dict(record["cell"], opts=tuple(record["cell"]["opts"]),
+                       config_file=_relative_to_checkout(record["cell"]["config_file"], record.get("code", {})))
+        cell = Cell(**details)
+        cfg = CfgNode(yaml.safe_load(record["config"]) or {})
+        found[cell.name] = PlannedCell(cell, tuple(record["opts"]), cfg, RunFolder(folder))
+    if not found:
+        raise FileNotFoundError(f"--records {records_dir}: no cell records in it (folders with {RECORD_JSON})")
+    if only:
+        unknown = sorted(set(only) - set(found))
+        if unknown:
+            raise ValueError(f"--only: no record of {', '.join(unknown)} in {records_dir}; recorded: "
+                             + ", ".join(found))
+        found = {name: found[name] for name in only}
+    groups = list(dict.fromkeys([*PAPER_GROUPS, *(p.cell.group for p in found.values())]))
+    return sorted(found.values(), key=lambda p: (p.cell.batch_size, p.cell.seed, groups.index(p.cell.group)))
+
+
+def _relative_to_checkout(config_file: str, code: dict) -> str:
+    """``config_file`` relative to the checkout the cell was trained from (the folder holding the
+    recorded ``gwdet`` package), so that the report's commands read ``configs/...`` on any machine."""
+    checkout = Path(code["gwdet"]).parent if "gwdet" in code else None
+    path = Path(config_file)
+    if checkout is not None and path.is_relative_to(checkout):
+        return str(path.relative_to(checkout))
+    return config_file

@@ -1,0 +1,112 @@
+"""The study's committed reports regenerate from its committed records, and the statistics of the
+six orderings: Holm's adjustment, the interval with the test images' noise, equivalence by TOST."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+
+import pytest
+
+from gwdet_lab.study.cells import PAPER_AP, PAPER_ORDERINGS
+from gwdet_lab.study.cli import main, report_from_records
+from gwdet_lab.study.records import export_records, recorded_cells
+from gwdet_lab.study.stats import holm_adjusted, paired_difference, t_quantile, with_holm
+
+from conftest import REPO
+
+RECORDS = REPO / "docs" / "study" / "records"
+REPORTED_FILES = ("table.md", "table.csv", "differences.csv", "cells.csv")
+
+
+def test_the_six_orderings_are_every_pair_ordered_by_the_papers_numbers():
+    assert len(PAPER_ORDERINGS) == 6 and len(set(PAPER_ORDERINGS)) == 6
+    assert all(PAPER_AP[better] > PAPER_AP[worse] for better, worse in PAPER_ORDERINGS)
+    assert ("bn_gw_s1b2", "gn") in PAPER_ORDERINGS and ("gw", "bn") in PAPER_ORDERINGS
+
+
+def test_a_committed_report_regenerates_byte_for_byte_from_its_records(tmp_path):
+    """The command docs/study/README.md gives, in process, into a fresh folder."""
+    name = "paper-seeds-3-4"
+    code = main(["--study", "paper", "--records", str(RECORDS / name), "--report-to", str(tmp_path / name)])
+    assert code == 0
+    for file in REPORTED_FILES:
+        assert (tmp_path / name / file).read_text() == (REPO / "docs" / "study" / name / file).read_text(), file
+
+
+def test_records_export_and_read_back_to_the_same_report(tmp_path):
+    source = recorded_cells(RECORDS / "paper-seeds-3-4", ["gw-b2-s3", "gn-b2-s3"])
+    assert [p.cell.name for p in source] == ["gn-b2-s3", "gw-b2-s3"]  # paper order within a seed
+    assert source[0].cell.config_file == "configs/Study/gn.yaml"  # relative to the checkout it trained in
+    exported = export_records(source, tmp_path / "copy")
+    assert sorted(p.name for p in exported) == ["gn-b2-s3", "gw-b2-s3"]
+    for cell in exported:
+        assert (cell / "inference" / "shapes_test" / "coco_instances_results.json.gz").is_file()
+        original = RECORDS / "paper-seeds-3-4" / cell.name
+        assert json.loads((cell / "results.json").read_text()) == json.loads((original / "results.json").read_text())
+    args = argparse.Namespace(study="paper", only=None, opts=[], report_to=str(tmp_path / "report"),
+                              export_records=None)
+    assert report_from_records(args, tmp_path / "copy", [], tmp_path) == 0
+    table = (tmp_path / "report" / "table.md").read_text()
+    assert "| GW > GN | 2 | +0.60 | 1 | +0.36 |" in table  # one paired seed: no interval, no verdict
+
+
+def test_records_of_an_unfinished_cell_or_a_missing_folder_are_refused(tmp_path, capsys):
+    shutil.copytree(RECORDS / "paper-seeds-3-4" / "gw-b2-s3", tmp_path / "records" / "gw-b2-s3")
+    (tmp_path / "records" / "gw-b2-s3" / "study_complete.json").unlink()
+    for records, message in ((tmp_path / "records", "gw-b2-s3 not finished in the records"),
+                             (tmp_path / "none", "no such folder")):
+        with pytest.raises(SystemExit) as exit_:
+            main(["--study", "paper", "--records", str(records), "--out", str(tmp_path)])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
+    with pytest.raises(ValueError, match="no record of gn-b2-s9"):
+        recorded_cells(tmp_path / "records", ["gn-b2-s9"])
+
+
+def test_holm_adjustment_by_hand():
+    # sorted: 0.01 (x4 = 0.04), 0.02 (x3 = 0.06), 0.03 (x2 = 0.06, kept monotone), 0.5 (x1)
+    adjusted = holm_adjusted([0.03, 0.5, 0.01, None, 0.02])
+    assert adjusted[3] is None
+    assert adjusted[:3] + adjusted[4:] == pytest.approx([0.06, 0.5, 0.04, 0.06])
+    assert holm_adjusted([0.9, 0.8]) == pytest.approx([1.0, 1.0])  # 2 x 0.8 capped at 1; then never below it
+
+
+def test_holm_turns_a_marginal_ordering_into_cannot_resolve():
+    values = {"a": {0: 2.0, 1: 3.0, 2: 4.0}, "b": {0: 0.0, 1: 0.0, 2: 0.0},
+              "c": {0: 1.0, 1: -1.0, 2: 0.5}, "d": {0: 0.0, 1: 0.0, 2: 0.0}}
+    marginal, unresolved = paired_difference("a", "b", values), paired_difference("c", "d", values)
+    assert marginal.verdict == "supports" and 0.025 < marginal.p_value < 0.05
+    adjusted = with_holm([marginal, unresolved])
+    # the smaller p of two is doubled; the larger one is kept, and never falls below the first
+    assert adjusted[0].holm_p == pytest.approx(2 * marginal.p_value)
+    assert adjusted[1].holm_p == pytest.approx(max(2 * marginal.p_value, unresolved.p_value))
+    assert adjusted[0].holm_verdict == "cannot resolve" and adjusted[1].holm_verdict == "cannot resolve"
+    assert with_holm([marginal])[0].holm_verdict == "supports"  # a family of one: unchanged
+    assert marginal.holm_verdict is None  # not adjusted: no Holm verdict
+
+
+def test_the_interval_with_test_image_noise_adds_the_shared_variance():
+    values = {"a": {0: 1.0, 1: 2.0, 2: 0.0}, "b": {0: 0.0, 1: 0.0, 2: 0.0}}
+    # resamples: a's AP moves by +-0.5 on every seed alike (shared test images), b's not at all
+    resampled = {"a": {s: [values["a"][s] + e for e in (-0.5, 0.5, -0.5, 0.5)] for s in range(3)},
+                 "b": {s: [0.0] * 4 for s in range(3)}}
+    d = paired_difference("a", "b", values, resampled=resampled)
+    image_var = 1 / 3  # variance (n - 1) of -0.5, 0.5, -0.5, 0.5 around mean 1.0
+    assert d.image_var == pytest.approx(image_var)
+    half = t_quantile(0.95, 2) * math.sqrt(1.0 / 3 + image_var)  # sd of differences 1.0
+    assert d.with_image_noise == pytest.approx((1.0 - half, 1.0 + half))
+    assert d.with_image_noise[0] < d.low and d.with_image_noise[1] > d.high
+
+
+def test_equivalence_by_two_one_sided_tests():
+    close = {"a": {s: 50.0 + 0.1 * (s % 2) for s in range(20)}, "b": {s: 50.0 for s in range(20)}}
+    assert paired_difference("a", "b", close).equivalent(margin=1.0) is True
+    far = {"a": {s: 51.5 + 0.1 * (s % 2) for s in range(20)}, "b": {s: 50.0 for s in range(20)}}
+    assert paired_difference("a", "b", far).equivalent(margin=1.0) is False
+    # the 90% interval decides: a mean of 0.5 with an interval reaching past 1 is not equivalent
+    wide = {"a": {0: 0.0, 1: 1.0, 2: 0.5}, "b": {0: 0.0, 1: 0.0, 2: 0.0}}
+    d = paired_difference("a", "b", wide)
+    low, high = d.interval(0.90)
+    assert high > 1.0 and d.equivalent(margin=1.0) is False
+    assert paired_difference("a", "b", {"a": {0: 1.0}, "b": {0: 0.0}}).equivalent() is None
