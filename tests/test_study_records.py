@@ -110,3 +110,31 @@ def test_equivalence_by_two_one_sided_tests():
     low, high = d.interval(0.90)
     assert high > 1.0 and d.equivalent(margin=1.0) is False
     assert paired_difference("a", "b", {"a": {0: 1.0}, "b": {0: 0.0}}).equivalent() is None
+
+
+def test_kept_checkpoints_in_training_order_with_the_final_weights_last(tmp_path):
+    from gwdet_lab.study.over_training import kept_checkpoints
+    from gwdet_lab.study.run_folder import RunFolder
+
+    for name in ("model_0000999.pth", "model_0000499.pth", "model_final.pth", "model_best_by_me.pth", "log.txt"):
+        (tmp_path / name).write_bytes(b"")
+    found = kept_checkpoints(RunFolder(tmp_path), max_iter=1500)
+    assert [(iteration, path.name) for iteration, path in found] == [
+        (500, "model_0000499.pth"), (1000, "model_0000999.pth"), (1500, "model_final.pth")]
+
+
+def test_over_training_report_from_records(tmp_path):
+    from gwdet_lab.study.over_training import main as over_training
+
+    for cell, curve, subset in (("gn-b2-s3", {"500": 10.0, "4000": 55.7}, {"running": 70.0}),
+                                ("gw-b2-s3", {"500": 8.0, "4000": 56.1}, {"running": 71.0})):
+        shutil.copytree(RECORDS / "paper-seeds-3-4" / cell, tmp_path / "records" / cell)
+        (tmp_path / "records" / cell / "over_training.json").write_text(json.dumps(
+            {"key": {"checkpoints": [500, 4000], "subset": 200, "batch_size": 2},
+             "val_box_ap": curve, "train_subset_box_ap": subset}))
+    assert over_training(["--records", str(tmp_path / "records"), "--cells", "gw-b2-s3", "gn-b2-s3",
+                          "--out", str(tmp_path / "report")]) == 0
+    table = (tmp_path / "report" / "table.md").read_text()
+    assert "| gn-b2-s3 | 10.00 | 55.70 |" in table and "| gw-b2-s3 | 8.00 | 56.10 |" in table
+    assert "| gw-b2-s3 | GW | 56.10 | 71.00 | – | – |" in table and "shapes_train_first200" in table
+    assert (tmp_path / "report" / "ap_over_training.png").stat().st_size > 1000

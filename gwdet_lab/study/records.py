@@ -39,9 +39,10 @@ from gwdet_lab.study.run_folder import (
 )
 
 CONFIG_YAML, RESULTS_MD = "config.yaml", "results.md"
+OVER_TRAINING_JSON = "over_training.json"  # gwdet_lab.study.over_training
 RECORD_FILES = (RECORD_JSON, CONFIG_YAML, RESULTS_JSON, RESULTS_MD, METRICS_JSON, EXAMPLE_WEIGHING_JSON,
                 BATCH_STATISTICS_JSON, TIMING_JSON, STUDY_RUN_JSON, COMPLETE_JSON, IMAGE_BOOTSTRAP_JSON,
-                DIVERGED_JSON)
+                DIVERGED_JSON, OVER_TRAINING_JSON)
 
 
 class RecordsIncomplete(ValueError):

@@ -1,0 +1,199 @@
+"""Box AP over training, and batch norm's train/test mismatch on training images, from the
+checkpoints a finished study cell kept.
+
+group_whitening_huang2021 (end of Sec. 5.2, citing the Group Normalization paper) attributes BN's
+small-batch failure to "the inaccurate estimation between training and inference distributions":
+batch norm normalizes with each training batch's statistics but with running averages at test
+time. Two measurements separate that from a model that simply learned less:
+
+* **AP over training**: the selection split (``DATASETS.TEST[0]``, shapes_val) evaluated at every
+  kept checkpoint (``model_XXXXXXX.pth``, every ``SOLVER.CHECKPOINT_PERIOD`` iterations, and
+  ``model_final.pth``), ordinary inference (running statistics, one image at a time).
+* **A fixed training subset**: the first ``--subset`` images of ``DATASETS.TRAIN[0]`` (training
+  data, so generalization plays no part), evaluated with the final weights twice for a model with
+  batch norms: with running statistics, and with every batch norm normalizing over the batch it is
+  given (:class:`gwdet_lab.study.evaluation.BatchStatisticsNorm`) in batches of the training batch
+  size, as in training. If running statistics lose AP that batch statistics keep on images the
+  model trained on, the loss is the train/test mismatch the paper names; if both are low, it is not.
+
+Results are cached per cell in ``over_training.json`` (its checkpoints, subset and batch size are
+the key), which the study's records keep (:mod:`gwdet_lab.study.records`); the report (a table and
+``ap_over_training.png``) is written from those files, by ``--runs`` (evaluating what is missing)
+or ``--records`` (reading only).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import re
+from pathlib import Path
+from typing import Sequence
+
+from detectron2.data import DatasetCatalog, MetadataCatalog
+from matplotlib.figure import Figure
+
+from gwdet.checkpoint.resilient import ResilientCheckpointer
+from gwdet.data import prepare_datasets
+from gwdet.engine.tables import Column, Table
+from gwdet.engine.trainer import Trainer
+from gwdet_lab.study.evaluation import evaluate, has_batch_norm, selection_dataset, use_batch_statistics
+from gwdet_lab.study.record import PlannedCell
+from gwdet_lab.study.records import OVER_TRAINING_JSON, recorded_cells
+from gwdet_lab.study.report import label
+from gwdet_lab.study.run_folder import FINAL_WEIGHTS, RunFolder
+
+TABLE_MD, CURVE_PNG = "table.md", "ap_over_training.png"
+DEFAULT_SUBSET = 200
+_PERIODIC = re.compile(r"^model_(\d{7})\.pth$")
+
+
+def kept_checkpoints(folder: RunFolder, max_iter: int) -> list[tuple[int, Path]]:
+    """``(iterations trained, path)`` of every kept checkpoint, in training order: detectron2's
+    periodic ``model_{iteration:07d}.pth`` holds the weights after ``iteration + 1`` iterations,
+    ``model_final.pth`` those after ``max_iter``."""
+    found = [(int(m.group(1)) + 1, p) for p in folder.path.iterdir() if (m := _PERIODIC.match(p.name))]
+    final = folder.file(FINAL_WEIGHTS)
+    if final.is_file():
+        found = [item for item in found if item[0] != max_iter] + [(max_iter, final)]
+    return sorted(found)
+
+
+def training_subset(train_dataset: str, size: int) -> str:
+    """Registers (once) and names the dataset of the first ``size`` images of ``train_dataset``,
+    with its metadata; COCOEvaluator converts its records to COCO json by itself."""
+    name = f"{train_dataset}_first{size}"
+    if name not in DatasetCatalog.list():
+        def first_images() -> list[dict]:
+            records = DatasetCatalog.get(train_dataset)
+            if len(records) < size:
+                raise ValueError(f"--subset {size}: {train_dataset} has only {len(records)} images")
+            return records[:size]
+
+        DatasetCatalog.register(name, first_images)
+        source = MetadataCatalog.get(train_dataset).as_dict()
+        MetadataCatalog.get(name).set(**{k: v for k, v in source.items() if k not in ("name", "json_file")})
+    return name
+
+
+def box_ap(results: dict) -> float:
+    return float(results["bbox"]["AP"])
+
+
+def measure(planned: PlannedCell, subset: int, echo=print) -> dict:
+    """The cell's measurements (read from ``over_training.json`` where it already holds them)."""
+    cfg, folder = planned.cfg, planned.folder
+    checkpoints = kept_checkpoints(folder, planned.max_iter)
+    batch_size = int(cfg.SOLVER.IMS_PER_BATCH)
+    key = {"checkpoints": [it for it, _ in checkpoints], "subset": subset, "batch_size": batch_size}
+    done = folder.read_json(OVER_TRAINING_JSON)
+    if done.get("key") != key:
+        done = {"key": key}
+    prepare_datasets(cfg)
+    model = Trainer.build_model(cfg)
+    val = selection_dataset(cfg)
+    curve = done.setdefault("val_box_ap", {})
+    for iteration, path in checkpoints:
+        if str(iteration) not in curve:
+            ResilientCheckpointer(model).load(str(path), checkpointables=[])
+            curve[str(iteration)] = box_ap(evaluate(cfg, model, val, str(folder.file(f"over_training/{iteration}"))))
+            echo(f"{planned.cell.name}: {val} box AP after {iteration} iterations: {curve[str(iteration)]:.2f}")
+            folder.write_json(OVER_TRAINING_JSON, done)
+    train_subset = training_subset(cfg.DATASETS.TRAIN[0], subset)
+    subset_aps = done.setdefault("train_subset_box_ap", {})
+    modes = ["running", "batch"] if has_batch_norm(model) else ["running"]
+    for mode in (m for m in modes if m not in subset_aps):
+        ResilientCheckpointer(model).load(str(checkpoints[-1][1]), checkpointables=[])
+        evaluated, images = model, 1
+        if mode == "batch":
+            evaluated, images = copy.deepcopy(model), batch_size
+            use_batch_statistics(evaluated)
+        out = str(folder.file(f"over_training/{train_subset}-{mode}"))
+        subset_aps[mode] = box_ap(evaluate(cfg, evaluated, train_subset, out, images))
+        echo(f"{planned.cell.name}: {train_subset} box AP, {mode} statistics: {subset_aps[mode]:.2f}")
+        folder.write_json(OVER_TRAINING_JSON, done)
+    return done
+
+
+def subset_table(cells: Sequence[tuple[PlannedCell, dict]]) -> Table:
+    table = Table([
+        Column("cell"), Column("config", "configuration"),
+        Column("val_final", "val box AP, final", "{:.2f}"),
+        Column("running", "training subset, running statistics", "{:.2f}"),
+        Column("batch", "training subset, batch statistics", "{:.2f}"),
+        Column("gap", "batch - running", "{:+.2f}"),
+    ])
+    for planned, done in cells:
+        curve, aps = done["val_box_ap"], done["train_subset_box_ap"]
+        table.add({"cell": planned.cell.name, "config": label(planned.cell.group),
+                   "val_final": curve[str(max(map(int, curve)))], "running": aps.get("running"),
+                   "batch": aps.get("batch"),
+                   "gap": aps["batch"] - aps["running"] if "batch" in aps else None})
+    return table
+
+
+def curve_table(cells: Sequence[tuple[PlannedCell, dict]]) -> Table:
+    iterations = sorted({int(i) for _, done in cells for i in done["val_box_ap"]})
+    table = Table([Column("cell"), *(Column(str(i), f"{i}", "{:.2f}") for i in iterations)])
+    for planned, done in cells:
+        table.add({"cell": planned.cell.name, **{i: v for i, v in done["val_box_ap"].items()}})
+    return table
+
+
+def write_report(cells: Sequence[tuple[PlannedCell, dict]], out_dir: Path) -> list[Path]:
+    """``table.md`` and ``ap_over_training.png`` of the measured ``cells`` into ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    subset = cells[0][1]["key"]["subset"]
+    val = selection_dataset(cells[0][0].cfg)
+    train = f"{cells[0][0].cfg.DATASETS.TRAIN[0]}_first{subset}"
+    text = [
+        "# Box AP over training, and batch norm's statistics on training images", "",
+        f"Box AP (%) on `{val}` at every kept checkpoint (running statistics, one image at a time), "
+        "columns: iterations trained.", "", curve_table(cells).markdown(), "",
+        f"With the final weights on `{train}` (the first {subset} training images, seen in training): "
+        "running statistics, one image at a time, against every batch norm normalizing over its batch "
+        "of the training batch size, as in training (models with batch norms only).", "",
+        subset_table(cells).markdown(), "",
+    ]
+    paths = [out_dir / TABLE_MD, out_dir / CURVE_PNG]
+    paths[0].write_text("\n".join(text))
+    figure = Figure(figsize=(7, 4.5), layout="constrained")
+    axis = figure.add_subplot()
+    for planned, done in cells:
+        points = sorted((int(i), ap) for i, ap in done["val_box_ap"].items())
+        axis.plot(*zip(*points, strict=True), marker="o", label=f"{label(planned.cell.group)} ({planned.cell.name})")
+    axis.set_xlabel("iterations trained")
+    axis.set_ylabel(f"box AP (%) on {val}")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.savefig(paths[1], dpi=120)
+    return paths
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m gwdet_lab.study.over_training", description=__doc__.split("\n")[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--runs", help="a study's run folder (<out>/runs): evaluate the cells' kept checkpoints")
+    source.add_argument("--records", help="a records folder: write the report from its over_training.json files")
+    parser.add_argument("--cells", nargs="+", required=True, help="the cells, e.g. bn-b2-s0 gn-b2-s0")
+    parser.add_argument("--subset", type=int, default=DEFAULT_SUBSET, help=f"training images (default {DEFAULT_SUBSET})")
+    parser.add_argument("--out", required=True, help="the report's folder")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = argument_parser().parse_args(argv)
+    if args.records:
+        cells = [(p, p.folder.read_json(OVER_TRAINING_JSON)) for p in recorded_cells(Path(args.records), args.cells)]
+        missing = [p.cell.name for p, done in cells if "val_box_ap" not in done]
+        if missing:
+            raise ValueError(f"--records {args.records}: no {OVER_TRAINING_JSON} for {', '.join(missing)}")
+    else:
+        planned = recorded_cells(Path(args.runs), args.cells)
+        cells = [(p, measure(p, args.subset)) for p in planned]
+    for path in write_report(cells, Path(args.out)):
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
