@@ -6,7 +6,10 @@ with four norm configurations: all BN, BN + GW at S1-B2, all GN and all GW. The 
 * ``paper``: those four at the configs' batch size (2) with seeds 0, 1, 2;
 * ``batch-sweep``: the four at 1, 2, 4 and 8 images per batch, seed 0, with the number of images
   seen held fixed and the learning rate scaled linearly (:func:`batch_scaling_opts`), as in the
-  Group Normalization paper's Fig. 1, for detection.
+  Group Normalization paper's Fig. 1, for detection;
+* ``heads``: BN + GW at S1-B2 as it is (BN in the FPN and box head) and with GN or GW there
+  instead, beside all GN, at 2 images per batch with seeds 0-4: whether BN + GW's gap to GN comes
+  from the batch norms that normalize over 2 images outside the backbone.
 
 A cell's name is ``<group>-b<batch>-s<seed>`` and names its folder, so a cell two studies share
 (the batch sweep's 2-image cells at seed 0 are the paper study's) is trained once. Custom run
@@ -23,19 +26,28 @@ from typing import Iterable, Sequence
 from detectron2.config import CfgNode
 
 PAPER_GROUPS = ("bn", "bn_gw_s1b2", "gn", "gw")
-GROUP_LABELS = {"bn": "BN", "bn_gw_s1b2": "BN+GW S1-B2", "gn": "GN", "gw": "GW"}
+HEADS_GROUPS = ("bn_gw_s1b2", "bn_gw_s1b2_gn_heads", "bn_gw_s1b2_gw_heads", "gn")
+GROUP_LABELS = {"bn": "BN", "bn_gw_s1b2": "BN+GW S1-B2", "gn": "GN", "gw": "GW",
+                "bn_gw_s1b2_gn_heads": "BN+GW S1-B2, GN heads", "bn_gw_s1b2_gw_heads": "BN+GW S1-B2, GW heads"}
 # Box AP of the paper's from-scratch runs at 2 images per GPU (COCO, Faster R-CNN R-50-FPN, 1x: the
 # setup of its Table 4, which the from-scratch experiment says it follows).
 PAPER_AP = {"bn": 25.10, "bn_gw_s1b2": 28.37, "gn": 28.19, "gw": 28.79}
 # Every pairwise ordering the paper's four numbers imply, as (better, worse) pairs: all six pairs,
 # higher paper AP first (GW > BN + GW > GN > BN).
 PAPER_ORDERINGS = tuple(itertools.combinations(sorted(PAPER_GROUPS, key=PAPER_AP.__getitem__, reverse=True), 2))
+# The heads study's questions, as (A, B) pairs tested for A > B: does GN or GW in the FPN and box
+# head raise BN + GW, and does it close the gap to all GN?
+HEADS_COMPARISONS = (("bn_gw_s1b2_gn_heads", "bn_gw_s1b2"), ("bn_gw_s1b2_gw_heads", "bn_gw_s1b2"),
+                     ("gn", "bn_gw_s1b2_gn_heads"), ("gn", "bn_gw_s1b2_gw_heads"))
+# Every comparison a report makes where it has both sides' cells, in this order.
+COMPARISONS = PAPER_ORDERINGS + HEADS_COMPARISONS
 CONFIG_PATTERNS = {
     "shapes": "configs/Study/{group}.yaml",
     "coco": "configs/Scratch/faster_rcnn_R_50_FPN_{group}.yaml",
 }
-STUDIES = ("paper", "batch-sweep")
-DEFAULT_SEEDS = {"paper": (0, 1, 2), "batch-sweep": (0,)}
+STUDIES = ("paper", "batch-sweep", "heads")
+STUDY_GROUPS = {"paper": PAPER_GROUPS, "batch-sweep": PAPER_GROUPS, "heads": HEADS_GROUPS}
+DEFAULT_SEEDS = {"paper": (0, 1, 2), "batch-sweep": (0,), "heads": (0, 1, 2, 3, 4)}
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8)
 # Solver keys counted in iterations: scaled by (config batch / cell batch) to keep images fixed.
 ITERATION_KEYS = ("MAX_ITER", "WARMUP_ITERS", "CHECKPOINT_PERIOD")
@@ -81,12 +93,15 @@ def cell_name(group: str, batch_size: int, seed: int) -> str:
     return f"{group}-b{batch_size}-s{seed}"
 
 
-def paper_specs(dataset: str, repo_root: Path) -> list[RunSpec]:
-    """The paper's four configurations on ``dataset`` ("shapes": configs/Study, "coco": configs/Scratch)."""
+def paper_specs(dataset: str, repo_root: Path, study: str = "paper") -> list[RunSpec]:
+    """The configurations of the named ``study`` on ``dataset`` ("shapes": configs/Study, "coco":
+    configs/Scratch, which has the paper's four only)."""
     if dataset not in CONFIG_PATTERNS:
         raise ValueError(f"Unknown dataset {dataset!r}; choose one of {', '.join(CONFIG_PATTERNS)}.")
+    if study == "heads" and dataset != "shapes":
+        raise ValueError("--study heads has configs for --dataset shapes only (configs/Study/*_heads.yaml).")
     pattern = CONFIG_PATTERNS[dataset]
-    return [RunSpec(group, str(repo_root / pattern.format(group=group))) for group in PAPER_GROUPS]
+    return [RunSpec(group, str(repo_root / pattern.format(group=group))) for group in STUDY_GROUPS[study]]
 
 
 def batch_scaling_opts(cfg: CfgNode, batch_size: int) -> tuple[str, ...]:
@@ -134,13 +149,13 @@ def study_cells(
     """The cells of ``study`` over ``specs`` (``base_configs[i]`` is ``specs[i]`` resolved with
     the common overrides; it gives the batch size and the schedule to scale).
 
-    ``paper``: every spec at its own batch size, seed-major (all four norms of seed 0 first);
+    ``paper`` and ``heads``: every spec at its own batch size, seed-major (all norms of seed 0 first);
     ``batch-sweep``: every spec at every batch size, batch-major; ``custom``: every spec at every
     seed in ``seeds``, or once at its config's own seed when ``seeds`` is ``None``.
     """
     cells = []
-    if study == "paper":
-        for seed in seeds if seeds is not None else DEFAULT_SEEDS["paper"]:
+    if study in ("paper", "heads"):
+        for seed in seeds if seeds is not None else DEFAULT_SEEDS[study]:
             for spec, cfg in zip(specs, base_configs, strict=True):
                 batch = int(cfg.SOLVER.IMS_PER_BATCH)
                 cells.append(Cell(cell_name(spec.name, batch, seed), spec.name, spec.config_file,

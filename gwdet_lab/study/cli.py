@@ -58,6 +58,7 @@ RUNS_FOLDER = "runs"
 TITLES = {
     "paper": "From-scratch small-batch study: the paper's four configurations at 2 images per batch",
     "batch-sweep": "Batch-size sweep: box AP against images per batch, images seen held fixed",
+    "heads": "BN + GW at S1-B2 with BN, GN or GW in the FPN and box head, beside all GN, at 2 images per batch",
     "custom": "Norm comparison",
 }
 
@@ -90,6 +91,7 @@ def argument_parser() -> argparse.ArgumentParser:
             "examples:\n"
             "  compare_norms.py --study paper                       # BN, BN+GW, GN, GW x seeds 0,1,2\n"
             "  compare_norms.py --study batch-sweep --jobs 2        # the four x 1,2,4,8 images per batch\n"
+            "  compare_norms.py --study heads                       # BN+GW with BN/GN/GW heads, GN x seeds 0-4\n"
             "  compare_norms.py --study paper --only gn-b2-s1       # one cell\n"
             "  compare_norms.py --study paper --list                # cells, their state and commands\n"
             "  compare_norms.py --study paper --launcher slurm --partition gpu --num-gpus 8  # one job per cell\n"
@@ -160,7 +162,7 @@ def resolve_specs(args: argparse.Namespace, repo_root: Path) -> list[RunSpec]:
         raise ValueError("Pass either --study (a named study) or --configs (your own set), not both.")
     if not args.study and not args.configs and not args.extra:
         raise ValueError("Name what to run: --study paper, --study batch-sweep, or --configs.")
-    specs = paper_specs(args.dataset, repo_root) if args.study else []
+    specs = paper_specs(args.dataset, repo_root, args.study) if args.study else []
     specs += [parse_config_item(item) for item in args.configs or []]
     specs += [parse_extra(tokens) for tokens in args.extra]
     check_unique_names(specs)

@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 
 from gwdet.engine.tables import Column, Table
 from gwdet_lab.reporting import format_duration
-from gwdet_lab.study.cells import GROUP_LABELS, PAPER_AP, PAPER_GROUPS, PAPER_ORDERINGS
+from gwdet_lab.study.cells import COMPARISONS, GROUP_LABELS, PAPER_AP, PAPER_GROUPS, PAPER_ORDERINGS
 from gwdet_lab.study.image_bootstrap import RESAMPLES
 from gwdet_lab.study.stats import (
     CONFIDENCE,
@@ -131,13 +131,13 @@ def summary_table(groups: Sequence[Group]) -> Table:
 
 
 def differences(groups: Sequence[Group]) -> list[tuple[int, PairedDifference]]:
-    """The paper's six orderings at every batch size where both sides have a finished cell; the
-    orderings at one batch size are one family for Holm's adjustment."""
+    """The comparisons (the paper's six orderings, the heads study's) at every batch size where
+    both sides have a finished cell; those at one batch size are one family for Holm's adjustment."""
     by_key = {(g.group, g.batch_size): g for g in groups}
     found = []
     for batch in sorted({g.batch_size for g in groups}):
         family = []
-        for better, worse in PAPER_ORDERINGS:
+        for better, worse in COMPARISONS:
             if (better, batch) in by_key and (worse, batch) in by_key:
                 a, b = by_key[(better, batch)], by_key[(worse, batch)]
                 values = {better: a.by_seed(), worse: b.by_seed()}
@@ -154,7 +154,7 @@ def _yes_no(value: bool | None) -> str:
 def differences_table(found: Sequence[tuple[int, PairedDifference]]) -> Table:
     level = f"{100 * CONFIDENCE:.0f}%"
     table = Table([
-        Column("ordering", "paper's ordering (A > B)"), Column("batch", "images / batch"),
+        Column("ordering", "ordering (A > B)"), Column("batch", "images / batch"),
         Column("paper_diff", "paper A-B (COCO)", "{:+.2f}"), Column("n", "paired seeds"),
         Column("mean_diff", "mean A-B", "{:+.2f}"), Column("std_diff", "std", AP),
         Column("ci_low", f"{level} CI low", "{:+.2f}"), Column("ci_high", f"{level} CI high", "{:+.2f}"),
@@ -168,7 +168,8 @@ def differences_table(found: Sequence[tuple[int, PairedDifference]]) -> Table:
         Column("image_high", f"test images only {level} high", "{:+.2f}"),
     ])
     for batch, d in found:
-        paper = PAPER_AP[d.better] - PAPER_AP[d.worse] if batch == 2 else None
+        paper = (PAPER_AP[d.better] - PAPER_AP[d.worse]
+                 if batch == 2 and (d.better, d.worse) in PAPER_ORDERINGS else None)
         combined = d.with_image_noise or (None, None)
         table.add({
             "ordering": f"{label(d.better)} > {label(d.worse)}", "batch": batch, "paper_diff": paper, "n": d.n,
@@ -272,9 +273,10 @@ def markdown(title: str, results: Sequence[CellResult], pending: Sequence[str], 
               "would move with another test set of the same size.", "", summary_table(groups).markdown(), ""]
     found = differences(groups)
     if found:
-        lines += ["## Paired differences for the paper's six orderings", "",
+        lines += ["## Paired differences", "",
                   "The paper's four numbers order the configurations GW > BN + GW at S1-B2 > GN > BN; every "
-                  "pair of them is an ordering, and each is tested here. Mean of A - B over the seeds both "
+                  "pair of them is an ordering, and each is tested here where both have cells (the heads "
+                  "study adds its own comparisons). Mean of A - B over the seeds both "
                   f"have; {100 * CONFIDENCE:.0f}% two-sided paired Student t interval over seeds (df = seeds - 1) "
                   "and its p-value. 'supports': the interval lies above 0; 'contradicts': below 0; 'cannot "
                   "resolve': it contains 0. 'Holm': the verdict again with p-values adjusted by Holm's "
