@@ -9,6 +9,9 @@
 #   make setup         only create/refresh the virtual environment (.venv)
 #   make test-matrix   the suite once per available Python 3.10-3.13 (and detectron2 source), each in
 #                      its own environment under .venv-matrix/; run before a release
+#   make gpu-check     on a CUDA GPU, at most about 5 minutes: tests/test_cuda.py, every GW plan against GN
+#                      and the 3x3 conv, a demo detector's step with and without AMP, the Triton kernels'
+#                      resources, the cost model beside it all; a dated section in docs/benchmarks.md
 #
 # Variables (on the command line or in the environment, both work):
 #   PYTHON=python3.12        interpreter that creates a new .venv (default python3; Python 3.10-3.13)
@@ -22,9 +25,9 @@ STAMP := $(VENV)/.gwdet-installed
 DEMO_CONFIG ?= configs/Demo/mask_rcnn_R_50_FPN_gw_shapes.yaml
 export PYTHON D2_SOURCE PYTHONS MATRIX_DIR
 
-.PHONY: setup demo test lint mutation test-matrix clean-demo
+.PHONY: setup demo test lint mutation test-matrix gpu-check clean-demo
 
-$(STAMP): setup.py pyproject.toml scripts/setup_env.sh
+$(STAMP): setup.py pyproject.toml scripts/setup_env.sh requirements/lock.txt
 	bash scripts/setup_env.sh $(VENV)
 	touch $(STAMP)
 
@@ -57,6 +60,10 @@ mutation: $(STAMP)
 
 test-matrix:
 	bash scripts/test_matrix.sh
+
+# Refuses (exit status 2, nothing written) where torch sees no CUDA GPU.
+gpu-check: $(STAMP)
+	$(VENV_PYTHON) tools/gpu_check.py --out docs/benchmarks.md
 
 clean-demo:
 	rm -rf output/demo

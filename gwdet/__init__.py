@@ -5,7 +5,8 @@ detectron2 function. Norm layers get their hyper-parameters explicitly: :func:`n
 callable that detectron2 accepts wherever it takes a norm, and gwdet's registered components turn a
 config's NORM string into one with that config's values (:func:`norm_from_config`). gwdet's norm
 layers get the norm weight decay when the optimizer is built with :func:`build_optimizer` (yacs)
-or :func:`get_default_optimizer_params` (LazyConfig); see :mod:`gwdet.solver`.
+or :func:`get_default_optimizer_params` (LazyConfig); see :mod:`gwdet.solver`. Every refusal of
+gwdet's is a :class:`GwdetError` (:mod:`gwdet.errors`).
 """
 import warnings
 
@@ -16,6 +17,7 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="`torch.jit.script` is deprecated", category=FutureWarning)
     from gwdet.config import add_gwdet_config
     from gwdet.config_checks import NormConfigError, check_gwdet_config
+    from gwdet.errors import GwdetError
     from gwdet.modeling import (
         build_gw_resnet_backbone,
         build_gw_resnet_fpn_backbone,
@@ -28,6 +30,7 @@ with warnings.catch_warnings():
     from gwdet.solver import build_optimizer, get_default_optimizer_params
 
 __all__ = [
+    "GwdetError",
     "Norm",
     "NormConfigError",
     "UnknownNormError",

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from detectron2.config import CfgNode as CN
 
+from gwdet.errors import GwdetKeyError, GwdetValueError
 from gwdet.layers.common import check_int_at_least, check_positive, check_unit_interval
 
 OWNER = "config"
@@ -32,12 +33,12 @@ def _unit_interval(key: str, value: Any) -> None:
 
 def _boolean(key: str, value: Any) -> None:
     if not isinstance(value, bool):
-        raise ValueError(f"{OWNER}: {key} must be True or False, got {value!r}")
+        raise GwdetValueError(f"{OWNER}: {key} must be True or False, got {value!r}")
 
 
 def _string(key: str, value: Any) -> None:
     if not isinstance(value, str):
-        raise ValueError(f"{OWNER}: {key} must be a string, got {value!r}")
+        raise GwdetValueError(f"{OWNER}: {key} must be a string, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ def require_gwdet_config(cfg: CN, who: str) -> None:
     gwdet's defaults instead could silently differ from what the user meant.
     """
     if not has_gwdet_config(cfg):
-        raise KeyError(
+        raise GwdetKeyError(
             f"{who} needs gwdet's config keys (MODEL.GW.*, ...), but the config has none: call "
             "gwdet.add_gwdet_config(cfg) on the config before merge_from_file."
         )

@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 
 from detectron2.config import CfgNode
 
+from gwdet.errors import GwdetError, GwdetValueError
 from gwdet.config import check_config_values, config_value, require_gwdet_config
 from gwdet.norms import (DETECTRON2_GN_GROUPS, UnknownNormError, detectron2_builds_as_configured,
                          known_norm_names, norm_records, norm_record)
@@ -89,7 +90,7 @@ NORM_SITES = (
 NORM_KEYS = tuple(dict.fromkeys(site.norm_key for site in NORM_SITES)) + ("MODEL.RESNETS.GW_NORM",)
 
 
-class NormConfigError(ValueError):
+class NormConfigError(GwdetError, ValueError):
     """The config sends norms where they cannot be built as configured. ``changes`` holds every
     ``key -> value`` that fixes them, all at once (``problems``: one line per finding; findings
     only the user can fix, such as an unknown name, have no change)."""
@@ -260,7 +261,7 @@ def _check_gw_norm(cfg: CfgNode) -> None:
     positions = cfg.MODEL.RESNETS.GW_POSITIONS
     parse_gw_positions(positions)
     if positions and not cfg.MODEL.RESNETS.GW_NORM:
-        raise ValueError(
+        raise GwdetValueError(
             f"MODEL.RESNETS.GW_POSITIONS={positions!r} with MODEL.RESNETS.GW_NORM='' would leave those "
             "positions without any normalization. Set GW_NORM to the norm to place there (e.g. 'GW'), "
             "or GW_POSITIONS to '' to keep MODEL.RESNETS.NORM everywhere.")
@@ -273,7 +274,7 @@ def _check_example_groups(cfg: CfgNode) -> None:
         return
     examples, batch = cfg.MODEL.BGN.EXAMPLES_PER_GROUP, cfg.SOLVER.IMS_PER_BATCH
     if examples > batch:
-        raise ValueError(
+        raise GwdetValueError(
             f"config: MODEL.BGN.EXAMPLES_PER_GROUP={examples} is larger than SOLVER.IMS_PER_BATCH={batch}, "
             "so no example group can be filled. Use at most the images per GPU "
             "(SOLVER.IMS_PER_BATCH / number of GPUs)."

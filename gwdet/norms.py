@@ -34,6 +34,7 @@ import detectron2.layers.batch_norm as detectron2_batch_norm
 from detectron2.layers import get_norm as detectron2_get_norm
 from detectron2.utils.logger import log_first_n
 
+from gwdet.errors import GwdetError, GwdetTypeError, GwdetValueError
 from gwdet.config import CONFIG_KEYS, config_default, config_value, require_gwdet_config
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
 
@@ -45,7 +46,7 @@ _REQUIRED = inspect.Parameter.empty
 NORM_LAYER_MARK = "_gwdet_norm_layer"
 
 
-class UnknownNormError(KeyError):
+class UnknownNormError(GwdetError, KeyError):
     """A norm name nobody registered. A ``KeyError``, like detectron2's own lookup failure."""
 
     def __str__(self) -> str:  # KeyError would print the message with quotes around it
@@ -110,7 +111,7 @@ def register_norm(name: str, build: Callable[..., torch.nn.Module] | None = None
     that reloads calls :func:`unregister_norm` first).
     """
     if not isinstance(name, str) or not name:
-        raise ValueError(f"register_norm: name must be a non-empty string, got {name!r}")
+        raise GwdetValueError(f"register_norm: name must be a non-empty string, got {name!r}")
     _refuse_taken(name)
 
     def _register(fn: Callable[..., torch.nn.Module]) -> Callable[..., torch.nn.Module]:
@@ -118,8 +119,8 @@ def register_norm(name: str, build: Callable[..., torch.nn.Module] | None = None
         record = NormRecord(name, fn, dict(config_keys or {}), bool(batch_statistics), tuple(layer_types))
         unknown = set(record.config_keys) - set(record.params())
         if unknown:
-            raise ValueError(f"register_norm({name!r}): config_keys name {sorted(unknown)}, which "
-                             f"{fn.__name__} does not take (it takes {record.params()})")
+            raise GwdetValueError(f"register_norm({name!r}): config_keys name {sorted(unknown)}, which "
+                                  f"{fn.__name__} does not take (it takes {record.params()})")
         _RECORDS[name] = record
         return fn
 
@@ -129,11 +130,11 @@ def register_norm(name: str, build: Callable[..., torch.nn.Module] | None = None
 def _refuse_taken(name: str) -> None:
     record = _RECORDS.get(name)
     if record is not None and record.builtin:
-        raise ValueError(f"register_norm: {name!r} is a built-in norm name; choose another name")
+        raise GwdetValueError(f"register_norm: {name!r} is a built-in norm name; choose another name")
     if record is not None:
-        raise ValueError(f"register_norm: {name!r} is already registered (by {record.build.__module__}."
-                         f"{getattr(record.build, '__qualname__', record.build)}); choose another name, or "
-                         f"call gwdet.norms.unregister_norm({name!r}) first")
+        raise GwdetValueError(f"register_norm: {name!r} is already registered (by {record.build.__module__}."
+                              f"{getattr(record.build, '__qualname__', record.build)}); choose another name, or "
+                              f"call gwdet.norms.unregister_norm({name!r}) first")
 
 
 def unregister_norm(name: str) -> None:
@@ -141,7 +142,7 @@ def unregister_norm(name: str) -> None:
     and register again. Built-in names cannot be removed; an unknown name is an
     :class:`UnknownNormError`."""
     if norm_record(name).builtin:
-        raise ValueError(f"unregister_norm: {name!r} is a built-in norm name and cannot be removed")
+        raise GwdetValueError(f"unregister_norm: {name!r} is a built-in norm name and cannot be removed")
     del _RECORDS[name]
 
 
@@ -163,9 +164,6 @@ def norm_record(name: str) -> NormRecord:
         f"Unknown norm name {name!r}. Known names: {', '.join(known_norm_names())}. Fix the "
         "NORM value, or register the name with gwdet.register_norm(name, build)."
     )
-
-
-norm_kind = norm_record  # the former name
 
 
 def layer_types(*, batch_statistics: bool | None = None) -> tuple[type, ...]:
@@ -235,13 +233,13 @@ class Norm:
         accepted = kind.params()
         unknown = sorted(set(params) - set(accepted))
         if unknown:
-            raise TypeError(f"gwdet.norm({name!r}) takes {accepted or 'no hyper-parameters'}, "
-                            f"not {unknown}")
+            raise GwdetTypeError(f"gwdet.norm({name!r}) takes {accepted or 'no hyper-parameters'}, "
+                                 f"not {unknown}")
         values = {}
         for param in accepted:
             value = params[param] if param in params else kind.default(param)
             if value is _REQUIRED:
-                raise TypeError(f"gwdet.norm({name!r}) needs a value for {param!r}")
+                raise GwdetTypeError(f"gwdet.norm({name!r}) needs a value for {param!r}")
             key = kind.config_keys.get(param)
             check = _CHECKS.get(key) if key is not None else None
             if check is not None:
@@ -267,8 +265,8 @@ class Norm:
             message = (f"{self.name} with {requested} {what} cannot divide {channels} channels; the layer "
                        f"uses {used}.")
             if self.strict:
-                raise ValueError(f"{message} Choose a value that divides the channels, or allow the "
-                                 "adjustment (strict=False; MODEL.STRICT_NORM_GROUPS False).")
+                raise GwdetValueError(f"{message} Choose a value that divides the channels, or allow the "
+                                      "adjustment (strict=False; MODEL.STRICT_NORM_GROUPS False).")
             log_first_n(logging.WARNING, message, key="message", name=__name__)
         return layer
 
@@ -315,9 +313,8 @@ def norm_from_config(name: Any, cfg) -> Any:
 
 
 # ---- the built-in names ------------------------------------------------------------------------
-# The functions marked "no mutate block" run only while this module is imported, building the
-# catalogue: mutation testing cannot change them under a test (its workers import gwdet before a
-# mutant is chosen). The catalogue they build is checked by tests/test_norms.py.
+# "pragma: no mutate": code that runs once, while this module is imported (docs/reliability.md,
+# "Mutation testing").
 
 def _detectron2_norm(name: str) -> Callable[[int], torch.nn.Module]:  # pragma: no mutate block
     def build(channels: int) -> torch.nn.Module:

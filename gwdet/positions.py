@@ -12,6 +12,8 @@ from typing import FrozenSet, Iterable, Iterator
 from detectron2.layers import Conv2d
 from detectron2.modeling.backbone import ResNet
 
+from gwdet.errors import GwdetValueError
+
 POSITION_TOKENS = {"S1": ("S1",), "B1": ("B1",), "B2": ("B2",), "B3": ("B3",), "B12": ("B1", "B2")}
 POSITIONS = ("S1", "B1", "B2", "B3")
 BLOCK_CONV_OF_POSITION = {"B1": "conv1", "B2": "conv2", "B3": "conv3"}
@@ -20,11 +22,11 @@ BLOCK_CONV_OF_POSITION = {"B1": "conv1", "B2": "conv2", "B3": "conv3"}
 def parse_gw_positions(spec: str) -> FrozenSet[str]:
     """``"S1-B2"`` -> ``{"S1", "B2"}``; ``"S1-B12"`` -> ``{"S1", "B1", "B2"}``; ``""`` -> none."""
     if not isinstance(spec, str):
-        raise ValueError(f"MODEL.RESNETS.GW_POSITIONS must be a string like 'S1-B2', got {spec!r}")
+        raise GwdetValueError(f"MODEL.RESNETS.GW_POSITIONS must be a string like 'S1-B2', got {spec!r}")
     positions: set[str] = set()
     for token in filter(None, (t.strip() for t in spec.split("-"))):
         if token not in POSITION_TOKENS:
-            raise ValueError(
+            raise GwdetValueError(
                 f"MODEL.RESNETS.GW_POSITIONS={spec!r}: unknown position {token!r}. Valid tokens: "
                 f"{', '.join(POSITION_TOKENS)}, joined by '-' (e.g. 'S1-B2'); '' means no GW."
             )
@@ -55,7 +57,7 @@ def convs_at_positions(resnet: ResNet, positions: FrozenSet[str]) -> Iterator[Co
             for position in block_positions:
                 conv_name = BLOCK_CONV_OF_POSITION[position]
                 if not hasattr(block, conv_name):
-                    raise ValueError(
+                    raise GwdetValueError(
                         f"GW position {position} needs {conv_name} in every block, but "
                         f"{type(block).__name__} has none: use MODEL.RESNETS.DEPTH >= 50 "
                         "(bottleneck blocks) or drop that position."

@@ -14,19 +14,27 @@
 #               Built once per environment (D2_REBUILD=1 builds it again, e.g. after a git pull).
 #   GWDET_EXTRAS  gwdet's extras to install (default lab,deploy,cluster,test; empty: the plugin only).
 #
+# Versions: every package comes at the version of the lock, requirements/lock.txt, and each
+# downloaded file is checked against the lock's sha256 hashes (scripts/locked_install.py: pip's plan
+# under the lock's versions, then exactly those packages with --require-hashes). Not from the lock:
+# a torch/torchvision or detectron2 you already have (kept as they are), a detectron2 built from
+# D2_SOURCE (pip resolves its dependencies), and the Pillow < 10 of detectron2 v0.6. Regenerate the
+# lock with scripts/update_lock.sh (docs/install.md, "The lock").
+#
 # Safe to re-run: every step checks what is already there. Steps:
 #   1. the interpreter and its version; a virtual environment with it (a half-made one from an
 #      interrupted earlier try is recognised by its marker file and made again);
 #   2. torch + torchvision: kept when both already import in the environment (e.g. next to your
-#      own detectron2 build); otherwise torch 2.14.1 + torchvision 0.29.1;
+#      own detectron2 build); otherwise the lock's (torch 2.14.1 + torchvision 0.29.1);
 #   3. detectron2: built from D2_SOURCE when given; else kept when one is importable already (an
-#      official install); otherwise the registry repackaging `sal-detectron2` is unpacked into
-#      VENV/detectron2-dist and only its `detectron2` package is exposed through a .pth file (the
-#      wheel's top-level `tools` package is kept off the import path), plus the runtime
-#      dependencies detectron2 declares (that wheel is installed without them);
-#      a detectron2 that needs Pillow < 10 (v0.6) gets it;
+#      official install); otherwise the registry repackaging `sal-detectron2` (the lock's wheel,
+#      hash-checked) is unpacked into VENV/detectron2-dist and only its `detectron2` package is
+#      exposed through a .pth file (the wheel's top-level `tools` package is kept off the import
+#      path), plus the runtime dependencies detectron2 declares (requirements/detectron2-runtime.in;
+#      that wheel is installed without them); a detectron2 that needs Pillow < 10 (v0.6) gets it;
 #   4. OpenCV (opencv-python-headless) only when no cv2 imports: detectron2's Visualizer needs one;
-#   5. gwdet itself (`pip install -e .[lab,deploy,cluster,test]`), then `pip check`.
+#   5. gwdet's dependencies and extras (pyproject.toml), then gwdet itself (`pip install -e .`,
+#      the checkout), then `pip check`.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -36,13 +44,7 @@ requested_python="${PYTHON:-}"
 python_bin="${requested_python:-python3}"
 d2_source="${D2_SOURCE:-}"
 extras="${GWDET_EXTRAS-lab,deploy,cluster,test}"
-torch_version="2.14.1"
-torchvision_version="0.29.1"
-detectron2_wheel="sal-detectron2==0.7.2"
-# detectron2's own bounds (its setup.py) for what the registry wheel is installed without.
-detectron2_runtime=("fvcore>=0.1.5,<0.1.6" "iopath>=0.1.7,<0.1.10" "pycocotools>=2.0.2" "omegaconf>=2.1,<2.4"
-    "hydra-core>=1.1" "yacs>=0.1.8" tabulate "termcolor>=1.1" cloudpickle "tqdm>4.29.0" matplotlib
-    tensorboard "Pillow>=7.1" numpy packaging)
+lock="$repo/requirements/lock.txt"
 marker="$venv/.gwdet-creating"
 
 log() { printf '[setup] %s\n' "$*"; }
@@ -93,6 +95,14 @@ else
 fi
 py="$venv/bin/python"
 pip=("$py" -m pip --disable-pip-version-check)
+[ -f "$lock" ] || die "$lock is missing: it comes with the repository (git checkout requirements/lock.txt), or regenerate it with scripts/update_lock.sh"
+# Installs at the lock's versions, hash-checked: `locked [--unpinned NAME]... -- ARGS` resolves ARGS
+# (names, -r FILE, -e DIR) under the lock; `locked --exact NAME -- PIP_OPTIONS` installs NAME's line.
+locked() { "$py" "$repo/scripts/locked_install.py" "$lock" "$@"; }
+locked_version() { sed -n "s/^$1==\([^ ;\\]*\).*/\1/p" "$lock" | head -1; }
+# Packages kept as the environment has them, left out of the lock's constraints in later steps.
+unpinned=()
+log "versions from ${lock#"$repo"/} (exact versions, sha256-checked; regenerate it with scripts/update_lock.sh)"
 rm -f "$venv/.gwdet-installed"  # the Makefile's stamp: set again only when this run succeeds
 
 installed_version() {
@@ -101,13 +111,21 @@ installed_version() {
 
 # 2. torch + torchvision -----------------------------------------------------------------------
 if "$py" -c "import torch, torchvision" 2>/dev/null; then
-    log "keeping torch $(installed_version torch) and torchvision $(installed_version torchvision)"
+    kept="torch $(installed_version torch) and torchvision $(installed_version torchvision)"
+    locked_pair="torch $(locked_version torch) and torchvision $(locked_version torchvision)"
+    if [ "$kept" = "$locked_pair" ]; then
+        log "keeping $kept (the lock's versions)"
+    else
+        log "keeping $kept, the environment's own (the lock has $locked_pair)"
+    fi
+    unpinned+=(--unpinned torch --unpinned torchvision)
 else
-    log "installing torch $torch_version and torchvision $torchvision_version"
-    "${pip[@]}" install "torch==$torch_version" "torchvision==$torchvision_version"
+    log "installing torch $(locked_version torch) and torchvision $(locked_version torchvision)"
+    locked -- torch torchvision
 fi
-# setuptools < 81: detectron2's model_zoo imports pkg_resources; wheel: for --no-build-isolation builds.
-"${pip[@]}" install -q "setuptools<81" wheel
+# setuptools < 81: detectron2's own model_zoo imports pkg_resources (gwdet's LazyConfigs do not
+# need it); wheel: for --no-build-isolation builds.
+locked ${unpinned[@]+"${unpinned[@]}"} -- "setuptools<81" wheel
 
 # 3. detectron2 --------------------------------------------------------------------------------
 dist="$venv/detectron2-dist"
@@ -136,7 +154,7 @@ PY
     if [ "$built_from" = "file://$d2_source" ] && [ -z "${D2_REBUILD:-}" ]; then
         log "detectron2 is already built from $d2_source: keeping it (D2_REBUILD=1 builds it again)"
     else
-        log "building detectron2 from $d2_source (pip install --no-build-isolation; 5 to 15 minutes on 2 cores)"
+        log "building detectron2 from $d2_source (pip install --no-build-isolation; 5 to 15 minutes on 2 cores; pip resolves its dependencies, the lock does not)"
         "${pip[@]}" install --no-build-isolation "$d2_source"
     fi
     remove_registry_wheel
@@ -148,25 +166,26 @@ else
     elif [ -n "$found" ]; then
         log "keeping the registry wheel's detectron2 at $found"
     else
-        log "installing $detectron2_wheel into $dist"
+        log "installing sal-detectron2 $(locked_version sal-detectron2) into $dist"
         rm -rf "$dist" "$pth"
-        "${pip[@]}" install -q --no-deps --target "$dist" --python-version 3.10 --implementation cp \
-            --only-binary=:all: --platform manylinux2014_x86_64 "$detectron2_wheel"
+        locked --exact sal-detectron2 -- --target "$dist" --python-version 3.10 --implementation cp \
+            --only-binary=:all: --platform manylinux2014_x86_64
         # Expose only the detectron2 package: a .pth file adds a folder holding nothing but a link to it.
         mkdir -p "$dist/importable"
         ln -sfn "$dist/detectron2" "$dist/importable/detectron2"
         echo "$dist/importable" > "$pth"
     fi
     if [ -e "$pth" ]; then  # the registry wheel's copy is the one in use
-        log "installing the runtime dependencies detectron2 declares"
-        "${pip[@]}" install -q "${detectron2_runtime[@]}"
+        log "installing the runtime dependencies detectron2 declares (requirements/detectron2-runtime.in)"
+        locked ${unpinned[@]+"${unpinned[@]}"} -- -r "$repo/requirements/detectron2-runtime.in"
     fi
 fi
 
 # detectron2 up to v0.6 uses PIL.Image.LINEAR, which Pillow 10 removed: detect it by importing.
 if ! d2_error="$("$py" -c 'import detectron2.data' 2>&1)"; then
     if printf '%s' "$d2_error" | grep -q "LINEAR"; then
-        log "this detectron2 (v0.6 or older) needs Pillow < 10: installing it"
+        log "this detectron2 (v0.6 or older) needs Pillow < 10: installing it (not the lock's Pillow)"
+        unpinned+=(--unpinned pillow)
         "${pip[@]}" install -q "Pillow<10" || die "installing Pillow < 10 failed; it has wheels for Python 3.10 and 3.11 only (on 3.12/3.13 pip must build it, which needs libjpeg and zlib headers). Use Python 3.10 or 3.11 for detectron2 v0.6, or a detectron2 built from main."
     else
         printf '%s\n' "$d2_error" | tail -5 >&2
@@ -180,14 +199,16 @@ fi
 # owning cv2 break each other when one is removed).
 if ! "$py" -c 'import cv2' 2>/dev/null; then
     log "no OpenCV in the environment: installing opencv-python-headless (detectron2's Visualizer imports cv2)"
-    "${pip[@]}" install -q opencv-python-headless
+    locked ${unpinned[@]+"${unpinned[@]}"} -- opencv-python-headless
 fi
 
 # 5. gwdet -------------------------------------------------------------------------------------
 target="$repo"
 [ -n "$extras" ] && target="$repo[$extras]"
-log "installing gwdet (editable${extras:+, extras $extras})"
-"${pip[@]}" install -q --no-build-isolation -e "$target"
+log "installing gwdet's dependencies${extras:+ and extras $extras}"
+locked ${unpinned[@]+"${unpinned[@]}"} -- --no-build-isolation -e "$target"
+log "installing gwdet (editable, from $repo)"
+"${pip[@]}" install -q --no-deps --no-build-isolation -e "$target"
 if check="$("${pip[@]}" check 2>&1)"; then
     log "pip check: $check"
 else

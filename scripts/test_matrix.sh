@@ -91,11 +91,11 @@ for version in $versions; do
 import json, subprocess, sys
 report = json.loads(subprocess.run([sys.executable, "-m", "gwdet.collect_env", "--json"],
                                    capture_output=True, text=True, check=True).stdout)
-d2 = report["detectron2"]
-origin = d2.get("detectron2 origin", "?").split(":")[0]
-print(f"{d2.get('detectron2', '?')}_({origin})".replace(" ", "_"),
-      "loads" if d2.get("detectron2._C", "").startswith("loads") else "missing",
-      report["PyTorch"].get("torch", "?"))
+d2 = report["detectron2"]  # detectron2's own table; gwdet's rows under "gwdet"
+origin = report["gwdet"].get("detectron2 origin", "?").split(":")[0]
+print(f"{d2.get('detectron2', '?').split(' @')[0]}_({origin})".replace(" ", "_"),
+      "missing" if "detectron2._C" in d2 else "loads",  # the row appears only when _C fails to load
+      d2.get("PyTorch", "?").split(" @")[0])
 PY
 )
     echo "| $("$venv/bin/python" -c 'import platform; print(platform.python_version())') | ${d2//_/ }${d2_source:+, from $d2_source} | ${c_ext:-?} | ${torch_version:-?} | $summary | $check | $(( $(date +%s) - start )) s |" >> "$results"

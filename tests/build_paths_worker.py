@@ -24,7 +24,8 @@ from detectron2.engine import DefaultTrainer  # noqa: E402
 from detectron2.layers import ShapeSpec  # noqa: E402
 from detectron2.modeling import build_backbone, build_roi_heads  # noqa: E402
 
-from gwdet.engine.trainer import Trainer, build_config  # noqa: E402
+from gwdet.engine.trainer import Trainer  # noqa: E402
+from gwdet.model_zoo import build_config  # noqa: E402
 from gwdet.layers import GroupWhitening  # noqa: E402
 from gwdet.modeling import GWFastRCNNConvFCHead, GWMaskRCNNConvUpsampleHead  # noqa: E402
 

@@ -7,7 +7,8 @@ import torch
 from detectron2.utils import comm
 
 from gwdet.data import prepare_datasets
-from gwdet.engine.trainer import Trainer, build_config
+from gwdet.engine.trainer import Trainer
+from gwdet.model_zoo import build_config
 from gwdet.engine.launch import launch
 
 

@@ -29,7 +29,8 @@ from gwdet.data import (
 )
 from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.data.resumable import skip_trained_samples
-from gwdet.engine.trainer import Trainer, build_config
+from gwdet.engine.trainer import Trainer
+from gwdet.model_zoo import build_config
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening, group_whitening_reference
 
 from conftest import DEMO_CONFIG, TINY_OPTS

@@ -58,7 +58,7 @@ def test_gn_group_number_of_the_config_reaches_the_backbone():
     script = (
         "import gwdet, torch\n"
         "from detectron2.modeling import build_backbone\n"
-        "from gwdet.engine.trainer import build_config\n"
+        "from gwdet.model_zoo import build_config\n"
         "cfg = build_config('configs/Demo/mask_rcnn_R_50_FPN_gw_shapes.yaml', ['MODEL.GN.NUM_GROUPS', '4'])\n"
         "print(sorted({m.num_groups for m in build_backbone(cfg).modules() if type(m) is torch.nn.GroupNorm}))\n"
     )

@@ -1,76 +1,154 @@
-"""The tools' short errors (gwdet.engine.cli_errors): an error gwdet raises on purpose prints
+"""The tools' short errors (gwdet.utils.cli_errors): a gwdet.errors.GwdetError prints
 ``<tool>: error: <message>`` and a line on --verbose, exit status 2; bugs and other packages' errors
-keep their traceback; --verbose shows every traceback. And the cases of docs/reliability.md that
-printed a raw traceback before (process counts, a missing _BASE_, weights at an unreachable URL,
-an --out that is a file)."""
+keep their traceback; --verbose shows every traceback. Every exception class of gwdet is a
+GwdetError, and every raise of a plain built-in type is a listed check for a bug. And the cases of
+docs/reliability.md that printed a raw traceback before (process counts, a missing _BASE_, weights
+at an unreachable URL, an --out that is a file)."""
+import ast
+import builtins
+import importlib
+import inspect
+import pkgutil
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
 
+import gwdet
+import gwdet_lab
 from gwdet.checkpoint.resilient import ResilientCheckpointer, WeightsDownloadError
 from gwdet.cluster import training
-from gwdet.engine import cli_errors
-from gwdet.engine.cli_errors import is_deliberate, output_path_problem, reported_errors, split_verbose
+from gwdet.errors import GwdetError, GwdetKeyError, GwdetValueError
+from gwdet.utils.cli_errors import output_path_problem, reported_errors, run_tool, split_verbose
 
 from conftest import DEMO_CONFIG, REPO
 
 
-def _raised_in_gwdet(source: str) -> Exception:
-    """The exception ``source`` raises when its code lives in a file of the gwdet package (the
-    rule looks at the innermost frame's file and instruction, not at the file's text)."""
-    code = compile(textwrap.dedent(source), str(cli_errors.PACKAGE_FOLDERS[0] / "engine" / "_test_only.py"), "exec")
-    try:
-        exec(code, {})
-    except Exception as error:  # noqa: BLE001 - the test inspects whatever it raised
-        return error
-    raise AssertionError("the source raised nothing")
-
-
-@pytest.mark.parametrize("source,deliberate", [
-    ("raise ValueError('MODEL.X must be > 0: set it to 1')", True),
-    ("raise FileNotFoundError(\n    'config.yaml does not exist'\n    ' (run from the repository root?)'\n)", True),
-    ("raise ValueError(f'{undefined_name} is wrong')", False),  # a NameError inside the raise's argument
-    ("{}.items().missing", False),  # AttributeError: a bug
-    ("len(1, 2)", False),  # TypeError: a bug
-    ("import torch\ntorch.zeros(2) @ torch.zeros(3)", False),  # raised inside torch
-])
-def test_deliberate_means_a_raise_statement_of_gwdet(source, deliberate):
-    assert is_deliberate(_raised_in_gwdet(source)) is deliberate
-
-
-def test_errors_raised_outside_gwdet_are_not_deliberate():
-    try:
-        raise ValueError("raised by a test file, not by gwdet")
-    except ValueError as error:
-        assert not is_deliberate(error)
-
-
-def test_a_deliberate_error_prints_one_message_and_exits_2(capsys):
-    error = _raised_in_gwdet("raise KeyError('MODEL.GWW is not a config key: see gwdet/config.py')")
+def test_a_gwdet_error_prints_one_message_and_exits_2(capsys):
     with pytest.raises(SystemExit) as stop:
         with reported_errors("some_tool.py"):
-            raise error
+            raise GwdetKeyError("MODEL.GWW is not a config key: see gwdet/config.py")
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert err.splitlines() == ["some_tool.py: error: MODEL.GWW is not a config key: see gwdet/config.py",
                                 "some_tool.py: --verbose shows the Python traceback of this error"]
 
 
-def test_verbose_and_other_errors_keep_the_exception():
-    error = _raised_in_gwdet("raise ValueError('on purpose')")
-    with pytest.raises(ValueError, match="on purpose"):
-        with reported_errors("tool", verbose=True):
-            raise error
-    bug = _raised_in_gwdet("{}.missing")
-    with pytest.raises(AttributeError):
+@pytest.mark.parametrize("error", [ValueError("a check that should not fail"), AttributeError("missing"),
+                                   FileNotFoundError("raised by another package")], ids=type)
+def test_every_other_error_keeps_its_traceback(error):
+    with pytest.raises(type(error)) as raised:
         with reported_errors("tool"):
-            raise bug
+            raise error
+    assert raised.value is error and raised.value.__traceback__ is not None
+
+
+def test_verbose_keeps_a_gwdet_error_and_system_exit_passes_through():
+    with pytest.raises(GwdetValueError, match="on purpose"):
+        with reported_errors("tool", verbose=True):
+            raise GwdetValueError("on purpose")
     with pytest.raises(SystemExit, match="a message of the tool's own"):
         with reported_errors("tool"):
             raise SystemExit("a message of the tool's own")
+
+
+def test_run_tool_hands_the_work_the_command_line_without_verbose(capsys):
+    seen = []
+
+    def work(argv):
+        seen.append(argv)
+        if "fail" in argv:
+            raise GwdetValueError("--fail: refused")
+        return 7
+
+    assert run_tool(work, ["a", "--verbose", "b"]) == 7 and seen == [["a", "b"]]
+    with pytest.raises(SystemExit) as stop:
+        run_tool(work, ["fail"], "tool")
+    assert stop.value.code == 2 and capsys.readouterr().err.startswith("tool: error: --fail: refused\n")
+    with pytest.raises(GwdetValueError):
+        run_tool(work, ["fail", "--verbose"], "tool")
+
+
+def _modules(package):
+    for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+        if info.name.endswith(".__main__"):
+            continue  # runs a tool
+        try:
+            yield importlib.import_module(info.name)
+        except ImportError as error:  # an optional package (submitit, onnx, ...) that is not installed
+            if (error.name or "gwdet").split(".")[0] in ("gwdet", "gwdet_lab"):
+                raise
+
+
+# Exception classes that are not refusals: signals caught inside gwdet (an unpickler's refusal of a
+# global; a Triton kernel that cannot run here, which falls back to the accelerator formulas) and the
+# training's stop on a signal (a SystemExit with the status 128 + signal).
+NOT_REFUSALS = {"gwdet.checkpoint.safe_load.UnsafeGlobal", "gwdet.layers.plans.triton_plan.KernelUnavailable",
+                "gwdet.checkpoint.signal_hook.TrainingInterrupted"}
+
+
+def test_every_exception_class_of_gwdet_and_the_lab_is_a_gwdet_error():
+    classes = {f"{cls.__module__}.{cls.__qualname__}": cls
+               for package in (gwdet, gwdet_lab) for module in _modules(package)
+               for _, cls in inspect.getmembers(module, inspect.isclass)
+               if issubclass(cls, BaseException) and cls.__module__.split(".")[0] in ("gwdet", "gwdet_lab")}
+    assert len(classes) > 25
+    assert NOT_REFUSALS <= set(classes)
+    assert not [name for name, cls in classes.items() if name not in NOT_REFUSALS and not issubclass(cls, GwdetError)]
+
+
+# Raises of plain built-in exceptions: checks for a bug (an argument no caller gives, a value no
+# input reaches), which keep their traceback. A refusal of the user's input raises a gwdet.errors
+# class instead (or a gwdet error class of its own kind), so the tools print its message.
+INTERNAL_GUARDS = {
+    ("gwdet/cluster/executor.py", "make_executor", "ValueError"),
+    ("gwdet/cluster/jobs.py", "__call__", "NotImplementedError"),
+    ("gwdet/data/finite_images.py", "__getattr__", "AttributeError"),
+    ("gwdet/engine/lazy.py", "saved_tree", "TypeError"),
+    ("gwdet/engine/tables.py", "add", "KeyError"),
+    ("gwdet/engine/threads.py", "choose_threads", "ValueError"),
+    ("gwdet/export/counting_ops.py", "named_op", "NotImplementedError"),
+    ("gwdet/layers/cost.py", "whitening_matrix_macs", "ValueError"),
+    ("gwdet/layers/cost.py", "_samples_channels_positions", "ValueError"),
+    ("gwdet/layers/plans/base.py", "chunk_size", "NotImplementedError"),
+    # reached only where detectron2 does not import, and gwdet's tools with it:
+    ("gwdet/model_zoo/detectron2_configs.py", "detectron2_configs_dir", "ModuleNotFoundError"),
+    ("gwdet_lab/benchmark/kernel_resources.py", "local_memory", "RuntimeError"),  # ptxas changed its output
+    ("gwdet_lab/benchmark/measure.py", "median_ratio", "ValueError"),
+    ("gwdet_lab/study/record.py", "plan", "ValueError"),
+    ("gwdet_lab/study/scheduler.py", "__init__", "ValueError"),
+}
+
+
+BUILT_IN_ERRORS = {name for name, value in vars(builtins).items()
+                   if isinstance(value, type) and issubclass(value, BaseException)}
+
+
+def _plain_raises(path):
+    tree = ast.parse(path.read_text())
+    functions = [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for node in ast.walk(tree):
+        raised = node.exc.func if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) else \
+            node.exc if isinstance(node, ast.Raise) else None
+        if isinstance(raised, ast.Name):
+            name = raised.id
+            if name in BUILT_IN_ERRORS and name != "SystemExit":
+                inner = min((f for f in functions if f.lineno <= node.lineno <= f.end_lineno),
+                            key=lambda f: f.end_lineno - f.lineno, default=None)
+                yield node.lineno, (inner.name if inner else "<module>"), name
+
+
+def test_every_plain_built_in_raise_is_a_listed_check_for_a_bug():
+    found = {(str(path.relative_to(REPO)), function, name): line
+             for folder in ("gwdet", "gwdet_lab") for path in sorted((REPO / folder).rglob("*.py"))
+             for line, function, name in _plain_raises(path)}
+    unlisted = [f"{path}:{line} {function}: raise {name}" for (path, function, name), line in found.items()
+                if (path, function, name) not in INTERNAL_GUARDS]
+    assert not unlisted, ("a refusal of the user's input raises a gwdet.errors class (GwdetValueError, ...), "
+                          "which the tools print without a traceback; a check for a bug goes into INTERNAL_GUARDS: "
+                          + "; ".join(unlisted))
+    assert set(found) == INTERNAL_GUARDS, "INTERNAL_GUARDS names a raise that is gone"
 
 
 def test_verbose_is_taken_out_of_the_command_line_wherever_it_stands():
@@ -121,8 +199,9 @@ def config_with_a_missing_base(tmp_path):
     return config
 
 
-def test_a_missing_base_names_the_base_the_config_and_the_fix(capsys, config_with_a_missing_base):
+def test_a_missing_base_names_the_base_the_config_and_the_fix(capsys, config_with_a_missing_base, monkeypatch):
     config = config_with_a_missing_base
+    monkeypatch.setattr(sys, "argv", [str(REPO / "tools" / "train_net.py")])  # as the tool starts
     with pytest.raises(SystemExit) as stop:
         training.run(["--config-file", str(config)])
     assert stop.value.code == 2
@@ -137,7 +216,7 @@ def test_a_missing_base_names_the_base_the_config_and_the_fix(capsys, config_wit
 
 
 def test_a_missing_base_of_a_base_names_the_chain_and_a_cycle_is_refused(tmp_path):
-    from gwdet.engine.trainer import build_config
+    from gwdet.model_zoo import build_config
     from gwdet.export.export_model import load_config
 
     (tmp_path / "top.yaml").write_text('_BASE_: "mid.yaml"\n')
@@ -150,6 +229,24 @@ def test_a_missing_base_of_a_base_names_the_chain_and_a_cycle_is_refused(tmp_pat
     (tmp_path / "loop.yaml").write_text('_BASE_: "loop.yaml"\n')
     with pytest.raises(ValueError, match="a config is its own base"):
         build_config(str(tmp_path / "loop.yaml"))
+
+
+@pytest.mark.parametrize("program", ["/env/bin/gwdet-train", "tools/train_net.py"])
+def test_the_errors_call_the_tool_by_the_name_it_was_started_as(capsys, monkeypatch, program,
+                                                                  config_with_a_missing_base):
+    """The console script gwdet-train and tools/train_net.py run the same code; each error names
+    the program as the user typed it, as argparse's own usage errors do."""
+    monkeypatch.setattr(sys, "argv", [program])
+    name = program.rsplit("/", 1)[-1]
+    for flags, message in ((["--config-file", str(config_with_a_missing_base)], "error: Config file"),
+                           (["--config-file", str(DEMO_CONFIG), "--threads", "0"], "error: --threads 0: give"),
+                           (["--config-file", str(DEMO_CONFIG), "--threads", "x"], "error: argument --threads:")):
+        with pytest.raises(SystemExit) as stop:
+            training.run(flags)
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert f"{name}: {message}" in err, err
+        assert ("train_net.py" in err) == (name == "train_net.py"), err
 
 
 def test_the_real_command_line_prints_no_traceback(config_with_a_missing_base):
@@ -169,7 +266,7 @@ def test_weights_at_an_unreachable_url_name_the_url_the_reason_and_the_fix(tmp_p
     for fragment in (f"{setting} {url} cannot be downloaded", "Connection refused",
                      "download the file on a machine that has internet access", f"set {setting} to that local file"):
         assert fragment in message, message
-    assert is_deliberate(err.value), "the tools print it without a traceback"
+    assert isinstance(err.value, GwdetError), "the tools print it without a traceback"
 
 
 @pytest.mark.parametrize("folder", [True, False], ids=["folder", "file"])
@@ -217,15 +314,15 @@ def test_lab_tools_refuse_an_out_below_or_at_a_file(tmp_path, capsys, tool):
                           "without its value."),
 ])
 def test_config_overrides_yacs_cannot_merge_are_explained(opts, message):
-    from gwdet.engine.trainer import build_config
+    from gwdet.model_zoo import build_config
 
     with pytest.raises(ValueError) as err:
         build_config(str(DEMO_CONFIG), opts)
-    assert str(err.value).startswith(message) and is_deliberate(err.value)
+    assert str(err.value).startswith(message) and isinstance(err.value, GwdetError)
 
 
 def test_a_config_file_with_an_unknown_key_or_given_as_a_folder_is_explained(tmp_path):
-    from gwdet.engine.trainer import build_config
+    from gwdet.model_zoo import build_config
 
     config = tmp_path / "mine.yaml"
     config.write_text(f"_BASE_: {DEMO_CONFIG}\nSOLVER:\n  MAX_ITR: 3\n")
@@ -244,7 +341,8 @@ def test_a_config_file_with_an_unknown_key_or_given_as_a_folder_is_explained(tmp
                                        "cannot share evenly: use a positive multiple of 2"),
 ])
 def test_training_values_detectron2_would_assert_on_are_refused_first(opts, world_size, message):
-    from gwdet.engine.trainer import build_config, check_training_values
+    from gwdet.engine.trainer import check_training_values
+    from gwdet.model_zoo import build_config
 
     cfg = build_config(str(DEMO_CONFIG), opts)
     with pytest.raises(ValueError) as err:

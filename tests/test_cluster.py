@@ -21,7 +21,7 @@ from conftest import DEMO_CONFIG, REPO, TINY_OPTS
 from gwdet.cluster.slurm import ACTIVE_STATES
 from gwdet.cluster.training import run as train_net_run
 from gwdet.data import prepare_datasets
-from gwdet.engine.trainer import build_config
+from gwdet.model_zoo import build_config
 from gwdet_lab.study.cli import main as compare_norms_main
 
 # No --gpus-per-node: the default asks for GPUs only where the partition's nodes have them.

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from conftest import DEMO_CONFIG, REPO, TINY_OPTS
 from gwdet.data import prepare_datasets
-from gwdet.engine.trainer import build_config
+from gwdet.model_zoo import build_config
 from gwdet.engine.launch import WorkerFailed, launch
 
 TRAIN_NET = [sys.executable, str(REPO / "tools" / "train_net.py"), "--config", str(DEMO_CONFIG), "--threads", "1"]

@@ -1,24 +1,26 @@
-"""``python -m gwdet.collect_env`` reports this process's real environment, and tells apart the ways
-detectron2 gets installed."""
+"""``python -m gwdet.collect_env`` prints detectron2's own table and gwdet's rows of this process's
+real environment, tells apart the ways detectron2 and gwdet get installed, and still reports when
+gwdet cannot be imported."""
 import json
 import os
-import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import detectron2
 import pytest
 import torch
+from detectron2.utils.collect_env import collect_env_info as detectron2_env_info
 
 import gwdet
-from gwdet.collect_env import collect_env_info, detectron2_origin, format_report
+from gwdet.collect_env import detectron2_origin, format_rows, gwdet_rows, main, table_rows
 
 from conftest import REPO
 
 
 @pytest.fixture(scope="module")
 def cli_report():
-    """The JSON report of a fresh interpreter with known thread settings."""
+    """The JSON report of a fresh interpreter with known settings."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GWDET_CACHE": "/nonexistent/gwdet-cache"}
     completed = subprocess.run([sys.executable, "-m", "gwdet.collect_env", "--json"], cwd=REPO, env=env,
                                capture_output=True, text=True, timeout=300)
@@ -26,64 +28,38 @@ def cli_report():
     return json.loads(completed.stdout)
 
 
-def test_versions_are_the_running_ones(cli_report):
-    assert cli_report["Python"]["Python"] == platform.python_version()
-    assert cli_report["PyTorch"]["torch"] == torch.__version__
-    assert cli_report["detectron2"]["detectron2"] == detectron2.__version__
-    assert cli_report["detectron2"]["detectron2 path"] == os.path.dirname(os.path.realpath(detectron2.__file__))
-    assert cli_report["gwdet"]["gwdet"] == gwdet.__version__
+def test_detectron2_s_rows_are_detectron2_s_own_table(cli_report):
+    assert cli_report["detectron2"] == table_rows(detectron2_env_info())
+    assert cli_report["detectron2"]["PyTorch"].startswith(torch.__version__ + " @")
+    assert cli_report["detectron2"]["detectron2"].startswith(detectron2.__version__ + " @")
 
 
-def test_compiled_extension_status_matches_an_import(cli_report):
-    try:
-        from detectron2 import _C  # noqa: F401
-        loads = True
-    except Exception:
-        loads = False
-    status = cli_report["detectron2"]["detectron2._C"]
-    features = cli_report["detectron2"]["features needing _C"]
-    if loads:
-        assert status.startswith("loads")
-        assert features == "available: rotated boxes, deformable convolution, fast COCOeval"
-    else:
-        assert status.startswith("does not load")
-        assert features.startswith("missing: ")
-        for feature in ("rotated boxes", "deformable convolution", "fast COCOeval"):
-            assert feature in features
-        assert "--no-build-isolation" in cli_report["detectron2"]["to get _C"]
+def test_gwdet_s_rows_are_the_running_gwdet(cli_report):
+    rows = cli_report["gwdet"]
+    assert rows["gwdet"] == f"{gwdet.__version__} @{REPO / 'gwdet'}"
+    assert rows["norm names"] == ", ".join(gwdet.known_norm_names()) and "GW" in rows["norm names"].split(", ")
+    assert "BACKBONE_REGISTRY: build_gw_resnet_backbone, build_gw_resnet_fpn_backbone" in rows["gwdet components"]
+    assert rows["execution plan"].startswith("GW/BW execution plan: ")
+    assert rows["threads"].startswith("torch uses 1 (inter-op ") and f"({os.cpu_count()} on the machine)" in rows["threads"]
+    assert rows["OMP_NUM_THREADS"] == "1" and rows["GWDET_CACHE"] == "/nonexistent/gwdet-cache"
+    assert rows["detectron2 origin"] == detectron2_origin(Path(detectron2.__file__).resolve().parent)
 
 
-def test_norm_names_and_backbones_are_gwdet_registrations(cli_report):
-    names = getattr(gwdet, "known_norm_names", None)
-    if callable(names):
-        assert cli_report["gwdet"]["norm names"] == ", ".join(names())
-        assert "GW" in cli_report["gwdet"]["norm names"].split(", ")
-    else:
-        assert "not available" in cli_report["gwdet"]["norm names"]
-    assert "build_gw_resnet_fpn_backbone" in cli_report["gwdet"]["gwdet backbones"]
+def test_the_text_form_is_detectron2_s_table_then_gwdet_s():
+    completed = subprocess.run([sys.executable, "-m", "gwdet.collect_env"], cwd=REPO, capture_output=True, text=True,
+                               timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    own = format_rows(gwdet_rows())
+    assert completed.stdout.rstrip("\n").endswith(own.splitlines()[-1])
+    table = completed.stdout[: completed.stdout.index("\n" + own.splitlines()[0])]
+    assert table_rows(table) == table_rows(detectron2_env_info())
+    assert table_rows(completed.stdout[len(table) + 1:])["gwdet"].startswith(gwdet.__version__)
 
 
-def test_thread_settings_are_reported(cli_report):
-    threads = cli_report["threads"]
-    assert threads["OMP_NUM_THREADS"] == "1"
-    assert threads["torch.get_num_threads"] == "1"
-    assert threads["os.cpu_count"] == str(os.cpu_count())
-    assert cli_report["environment"]["GWDET_CACHE"] == "/nonexistent/gwdet-cache"
-
-
-def test_the_feature_probes_answer(cli_report):
-    from gwdet.data.resumable import loader_accepts_seed
-
-    seeding = cli_report["detectron2"]["train loader seeding"]
-    assert seeding.startswith("build_detection_train_loader(seed=) present") == loader_accepts_seed()
-    assert cli_report["detectron2"]["detectron2.data"] == "imports"
-
-
-def test_text_form_has_one_line_per_entry():
-    report = collect_env_info()
-    text = format_report(report)
-    assert "torch" in text and torch.__version__ in text
-    assert len(text.splitlines()) == len(report) + sum(len(section) for section in report.values())
+def test_table_rows_reads_a_plain_table_and_nothing_else():
+    text = format_rows({"a key": "a value", "b": "two words"})
+    assert table_rows(text) == {"a key": "a value", "b": "two words"}
+    assert table_rows("detectron2's environment table: error: ImportError: x") == {}
 
 
 def _write_dist_info(folder, name, version, package="detectron2", direct_url=None):
@@ -128,6 +104,14 @@ def test_origin_of_a_bare_source_tree(tmp_path):
     assert detectron2_origin(tmp_path / "checkout" / "detectron2").startswith("source tree on sys.path")
 
 
+def test_when_gwdet_does_not_import_the_report_is_detectron2_s_table_and_the_error(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "gwdet", None)  # `import gwdet` now fails (ModuleNotFoundError)
+    assert main(["--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["gwdet"] == {"gwdet": "error: ModuleNotFoundError: import of gwdet halted; None in sys.modules"}
+    assert report["detectron2"]["PyTorch"].startswith(torch.__version__)
+
+
 def test_run_as_a_file_it_reports_a_broken_detectron2_instead_of_crashing(tmp_path):
     """``python gwdet/collect_env.py`` works when ``import gwdet`` cannot (here: a detectron2 that
     fails to import shadows the real one)."""
@@ -139,6 +123,6 @@ def test_run_as_a_file_it_reports_a_broken_detectron2_instead_of_crashing(tmp_pa
                                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr[-3000:]
     report = json.loads(completed.stdout)
-    assert "broken on purpose" in report["detectron2"]["detectron2"]
-    assert report["gwdet"]["gwdet"].startswith("error: ")
-    assert report["PyTorch"]["torch"] == torch.__version__
+    assert report["detectron2"] == {"error": "detectron2's environment table: error: ImportError: this detectron2 is "
+                                             "broken on purpose"}
+    assert report["gwdet"] == {"gwdet": "error: ImportError: this detectron2 is broken on purpose"}

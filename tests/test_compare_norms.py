@@ -1,5 +1,6 @@
 """The norm study (tools/compare_norms.py, gwdet_lab.study): a tiny study end to end with a kill and
 a resume, the recorded-config check, the statistics, batch scaling and the study configs."""
+import hashlib
 import json
 import math
 import os
@@ -12,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gwdet.engine.trainer import build_config
-from gwdet.engine.output_dir import flatten_config
+from gwdet.model_zoo import build_config
+from gwdet.model_zoo.loading import flatten_config
 from gwdet_lab.study import worker
 from gwdet_lab.study.cells import Cell, RunSpec, batch_scaling_opts, paper_specs, parse_extra, study_cells
 from gwdet_lab.study.evaluation import choose_weight
@@ -119,7 +120,7 @@ def test_a_custom_comparison_with_one_test_dataset_ends_with_a_report(tmp_path):
                   f"gn={demo / 'scratch_faster_rcnn_gn_shapes.yaml'}", "--seeds", "0", "--no-example-weighing",
                   "--opts", *TINY_OPTS)
     results = json.loads((tmp_path / "runs" / "gw-s0" / "results.json").read_text())
-    assert list(results) == ["shapes_val"]
+    assert list(results) == ["shapes_val", "environment"]
     table = (tmp_path / "custom" / "table.md").read_text()
     assert "| GW | 2 | 1 |" in table and "| GN | 2 | 1 |" in table and "## Pending" not in table
 
@@ -131,6 +132,12 @@ def test_plan_records_every_cell_first_and_refuses_a_changed_config(tmp_path):
     bn, gn = cells({"bn-b2-s0", "gn-b2-s0"})
     planned = plan([bn, gn], tmp_path, TINY)
     assert all(p.folder.file(RECORD_JSON).is_file() for p in planned)
+    environment = json.loads(planned[0].folder.file(RECORD_JSON).read_text())["environment"]
+    assert {"python", "torch", "torchvision", "detectron2", "numpy", "Pillow", "pycocotools"} <= set(environment["versions"])
+    names = [*planned[0].cfg.DATASETS.TRAIN, *planned[0].cfg.DATASETS.TEST]
+    assert set(environment["datasets"]) == set(names) and "shapes_train" in names
+    for files in environment["datasets"].values():  # the shapes splits, generated before the record was written
+        assert files["json_sha256"] == hashlib.sha256(Path(files["json_file"]).read_bytes()).hexdigest()
     assert plan([bn, gn], tmp_path, TINY)[0].folder == planned[0].folder  # same config: accepted
 
     changed = [*TINY, "SOLVER.BASE_LR", "0.5"]

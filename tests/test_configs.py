@@ -19,7 +19,7 @@ from detectron2.config import get_cfg
 from detectron2.layers import Conv2d, FrozenBatchNorm2d
 from detectron2.modeling import build_model
 
-from gwdet.engine.trainer import build_config
+from gwdet.model_zoo import build_config
 from gwdet.layers import GroupWhitening
 from gwdet.positions import BLOCK_CONV_OF_POSITION, parse_gw_positions
 

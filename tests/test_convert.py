@@ -30,6 +30,8 @@ from gwdet.convert import (
     convert_state_dict,
     read_source_state_dict,
 )
+from gwdet.checkpoint.safe_load import load_pickle_file
+from gwdet.checkpoint.converted_weights import read_conversion_metadata
 from gwdet.layers import group_whitening
 
 REPO = Path(__file__).resolve().parents[1]
@@ -460,3 +462,47 @@ def test_converted_weights_refuse_a_model_fed_other_inputs(r50_files, tmp_path, 
     cfg.merge_from_list([key, value])
     with pytest.raises(ValueError, match=re.escape(named) + r".*configs/Base-RCNN-FPN.yaml sets all of them"):
         ResilientCheckpointer(build_model(cfg)).load(str(out))
+
+
+def _dead_pid() -> int:
+    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+
+
+def test_partial_files_of_a_killed_conversion_into_the_output_are_removed(r50_files, tmp_path, caplog):
+    dead, alive = _dead_pid(), os.getpid()
+    stale = tmp_path / f".out.pkl.{dead}.0123456789ab.partial"
+    other_output = tmp_path / f".other.pkl.{dead}.0123456789ab.partial"  # another conversion's: not this one's to judge
+    running = tmp_path / f".out.pkl.{alive}.ba9876543210.partial"
+    for path in (stale, other_output, running):
+        path.write_bytes(b"half a conversion")
+    with caplog.at_level("WARNING", logger="gwdet.convert.converter"):
+        convert_checkpoint(r50_files["bn"], tmp_path / "out.pkl")
+    assert not stale.exists() and other_output.exists() and running.exists()
+    assert f"Removed 1 partial file(s) an interrupted conversion left in {tmp_path}: {stale.name}" in caplog.text
+
+
+def test_of_two_conversions_into_one_new_output_exactly_one_succeeds(r50_files, tmp_path):
+    import threading
+
+    out, outcomes = tmp_path / "out.pkl", {}
+
+    def convert(name: str) -> None:
+        try:
+            outcomes[name] = convert_checkpoint(r50_files[name], out).arch
+        except ConversionError as error:
+            outcomes[name] = str(error)
+
+    threads = [threading.Thread(target=convert, args=(name,)) for name in ("bn", "gw")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    succeeded = [name for name, outcome in outcomes.items() if outcome == "R-50"]
+    assert len(succeeded) == 1, outcomes
+    (refused,) = [outcome for outcome in outcomes.values() if outcome != "R-50"]
+    assert re.search(r"out.pkl (already exists; it is left as it is|was written by another conversion while this one "
+                     r"ran; it is left as it is and this conversion's output discarded)\..*--overwrite", refused), refused
+    positions = read_conversion_metadata(load_pickle_file(str(out), False, ""))["gw_positions"]
+    assert positions == ("S1-B2" if succeeded == ["gw"] else ""), "the file is the successful conversion's"
+    assert sorted(os.listdir(tmp_path)) == ["out.pkl"], "the refused conversion leaves no partial file"

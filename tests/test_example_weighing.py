@@ -7,7 +7,7 @@ from detectron2.layers import FrozenBatchNorm2d
 from detectron2.modeling import build_model
 from torch import nn
 
-from gwdet.engine.trainer import build_config
+from gwdet.model_zoo import build_config
 from gwdet.layers import BatchGroupNorm
 from gwdet.modeling.example_weighing import apply_example_weighing, example_weighted_norm
 

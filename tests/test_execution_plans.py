@@ -4,11 +4,18 @@
 when, that the ``accelerator`` plan computes what the ``cpu`` plan computes (float64 tightly,
 float32 to 1e-4 of the largest value), that it dispatches at most :data:`LAUNCH_BUDGET` operations
 per forward + backward at every shape of the benchmark, as many at 512 as at 2048 samples, with
-no host synchronisation (the proxy for kernel launches and CUDA-graph capture on a GPU), and that
-the ``triton`` plan falls back to ``accelerator`` once when a kernel fails. The Triton kernels
-themselves: test_triton_kernels.py (interpreter) and test_triton_compile.py (ahead of time).
+no host synchronisation (the proxy for kernel launches and CUDA-graph capture on a GPU), half
+precision inputs included; which products of few samples it splits over the columns, and that the
+split computes the same; which errors make the ``triton`` plan fall back (once per kernel, tile and
+device) and which propagate; which GPUs the installed PyTorch runs on and which plan a GPU gets by
+default; the warning for ZCA above 32 groups on CUDA. The Triton kernels themselves:
+test_triton_kernels.py (interpreter) and test_triton_compile.py (ahead of time).
 """
+import contextlib
 import copy
+import math
+import re
+import subprocess
 import warnings
 
 import pytest
@@ -67,6 +74,14 @@ def test_the_default_plan_follows_the_device(monkeypatch):
     assert plan_name(torch.device("cuda")) == ("triton" if triton_version() else "accelerator")
     assert plan_name(torch.device("meta")) == "accelerator"
     assert describe_plans().startswith("GW/BW execution plan: cpu for CPU tensors")
+
+
+def test_the_default_gpu_plan_follows_the_gpu_generation():
+    from gwdet.layers.plans import default_gpu_plan
+
+    assert default_gpu_plan((9, 0), True) == default_gpu_plan((8, 0), True) == "triton"  # TF32 tensor cores
+    assert default_gpu_plan((7, 5), True) == default_gpu_plan((7, 0), True) == "accelerator"  # FMA kernels
+    assert default_gpu_plan((9, 0), False) == "accelerator"  # no Triton
 
 
 def test_collect_env_reports_the_plans(monkeypatch):
@@ -153,6 +168,61 @@ def test_batch_whitening_compiles_as_one_graph_under_the_accelerator_plan(monkey
     assert any(node.target is torch.ops.gwdet.itn_whitening.default for node in graphs[0].graph.nodes)
 
 
+# ---- products of few samples split over the columns (accelerator plan) --------------------------
+
+
+@pytest.mark.parametrize("units,expected", [
+    (132, {(2, 64, 200, 200): 64, (2, 256, 64, 64): 64, (2, 1024, 32, 32): 64, (2, 256, 100, 152): 64}),
+    (80, {(2, 64, 200, 200): 40, (2, 256, 64, 64): 32, (2, 1024, 32, 32): 32, (2, 256, 100, 152): 40}),
+], ids=["H100", "V100"])
+def test_which_benchmark_shapes_split_their_products(units, expected):
+    # the 2-image backbone and FPN shapes: 2 x 64 x 64 outputs over 16k-40k columns occupy 2
+    # multiprocessors unsplit, so the columns are cut into S slices (stacked products, about 2
+    # tiles per multiprocessor); the box head, the mask head and the 2-D shape have tiles enough
+    splits = {}
+    for _, shape in LAYER_SHAPES + [(None, (2048, 256, 7, 7))]:
+        groups = min(64, shape[1])
+        columns = math.prod(shape[1:]) // groups
+        splits[shape] = accelerator.split_columns(shape[0], groups, columns, units)
+    assert {shape: chunks for shape, chunks in splits.items() if chunks > 1} == expected
+    for shape, chunks in expected.items():
+        assert (math.prod(shape[1:]) // 64) % chunks == 0
+
+
+class RecordProducts(TorchDispatchMode):
+    """The batch sizes of the batched products, also inside gwdet's custom ops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.bmm, torch.ops.aten.baddbmm):
+            self.batches.append(args[0].shape[0] if func.overloadpacket is torch.ops.aten.bmm else args[1].shape[0])
+        if func.namespace != "gwdet":
+            return func(*args, **(kwargs or {}))
+        with self:
+            return func.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), *args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("shape,groups,chunks", [((2, 16, 32, 32), 4, 16), ((2, 8, 32, 32), 8, 4)],
+                         ids=["channels per group", "one channel per group"])
+def test_split_products_compute_what_the_cpu_plan_computes(shape, groups, chunks, dtype, monkeypatch):
+    assert accelerator.split_columns(shape[0], groups, math.prod(shape[1:]) // groups, 132) == chunks
+    torch.manual_seed(0)
+    layer = GroupWhitening(shape[1], groups, eps=1e-3).to(dtype)
+    with torch.no_grad():
+        layer.weight.uniform_(0.5, 1.5)
+        layer.bias.uniform_(-1.0, 1.0)
+    x, grad = random_case(shape, dtype)
+    expected = under_plan(monkeypatch, "cpu", layer, x, grad)
+    with RecordProducts() as mode:
+        got = under_plan(monkeypatch, "accelerator", layer, x, grad)
+    assert chunks in mode.batches  # the covariance and dW X^T products ran as one product of the slices
+    assert_agree(got, expected, dtype)
+
+
 # ---- launches and host synchronisations ---------------------------------------------------------
 
 LAYERS = {
@@ -180,6 +250,20 @@ def test_accelerator_launch_budget_at_the_benchmark_shapes(name, shape, monkeypa
     counted = accelerator_count(name, shape, monkeypatch)
     assert counted.total <= LAUNCH_BUDGET, counted.operations.most_common(10)
     assert counted.host_syncs == EIGH_SYNCS[name]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("shape", [shape for _, shape in LAYER_SHAPES], ids=str)
+def test_accelerator_launch_budget_with_half_precision_inputs(shape, dtype, monkeypatch):
+    # what GW gets under mixed precision: the casts to float32 and back are launches too
+    monkeypatch.setenv(PLAN_VARIABLE, "accelerator")
+    torch.manual_seed(0)
+    layer = LAYERS["GW"](shape[1])
+    samples = (min(shape[0], 64), *shape[1:])  # launches do not depend on the sample count
+    x, grad = torch.randn(samples, dtype=dtype, requires_grad=True), torch.randn(samples, dtype=dtype)
+    counted = count_operations(lambda: layer(x).backward(grad))
+    assert counted.total <= LAUNCH_BUDGET, counted.operations.most_common(10)
+    assert counted.host_syncs == 0
 
 
 @pytest.mark.parametrize("name", ["GW", "BW_ItN"])
@@ -239,26 +323,143 @@ def test_accelerator_plan_never_synchronises_with_the_host(monkeypatch):
 # ---- the triton plan's fallback -----------------------------------------------------------------
 
 
-def test_a_failing_triton_kernel_falls_back_to_accelerator_once(monkeypatch):
-    calls = []
+def triton_errors():
+    """Real instances of the errors Triton raises when it cannot build or load a kernel."""
+    import ast
 
-    def failing_launch(*args):
+    from triton.compiler.errors import CompilationError
+    from triton.runtime.errors import OutOfResources, PTXASError
+
+    node = ast.parse("x = tl.dot(a, b)").body[0]
+    return [
+        CompilationError("x = tl.dot(a, b)", node, "unsupported layout"),
+        OutOfResources(232448, 101376, "shared memory"),
+        PTXASError("`ptxas` failed with error code 255"),
+    ]
+
+
+FALLS_BACK = [
+    triton_plan.KernelUnavailable("Triton kernels run on CUDA tensors"),
+    ImportError("No module named 'triton'"),
+    subprocess.CalledProcessError(1, ["gcc", "main.c"]),
+    RuntimeError("Failed to find C compiler. Please specify via CC environment variable or set triton.knobs.build.impl."),
+    RuntimeError("Triton Error [CUDA]: no kernel image is available for execution on the device"),
+    RuntimeError("Triton Error [CUDA]: the provided PTX was compiled with an unsupported toolchain."),
+    RuntimeError("Triton Error [CUDA]: too many resources requested for launch"),
+]
+PROPAGATES = [
+    torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+    RuntimeError("Triton Error [CUDA]: an illegal memory access was encountered"),
+    RuntimeError("Triton Error [CUDA]: out of memory"),
+    RuntimeError("CUDA error: device-side assert triggered"),
+    ValueError("pointer argument cannot be accessed from Triton (cpu tensor?)"),
+    TypeError("kernel() got an unexpected keyword argument 'BLOCK_SIZE'"),
+]
+
+
+def test_only_a_kernel_that_cannot_be_built_or_loaded_falls_back():
+    pytest.importorskip("triton", reason="Triton's own error classes")
+    for error in FALLS_BACK + triton_errors():
+        assert triton_plan.falls_back(error), error
+    for error in PROPAGATES:
+        assert not triton_plan.falls_back(error), error
+
+
+def failing(error, calls):
+    def launch(*args):
         calls.append(args)
-        raise RuntimeError("no kernel image is available for execution on the device")
+        raise error
 
-    monkeypatch.setattr(triton_plan, "_failure", None)
-    monkeypatch.setattr(triton_plan, "_launch_whitening", failing_launch)
+    return launch
+
+
+def test_a_kernel_failure_falls_back_once_per_kernel_tile_and_device_with_a_warning(monkeypatch):
+    calls, backward_calls = [], []
+    monkeypatch.setattr(triton_plan, "_failures", {})
+    no_image = RuntimeError("Triton Error [CUDA]: no kernel image is available for execution on the device")
+    monkeypatch.setattr(triton_plan, "_launch_whitening", failing(no_image, calls))
+    monkeypatch.setattr(triton_plan, "_launch_whitening_vjp", failing(no_image, backward_calls))
     torch.manual_seed(0)
     layer = GroupWhitening(16, 4)
     x, grad = random_case((4, 16, 3, 3), torch.float32)
     expected = under_plan(monkeypatch, "accelerator", layer, x, grad)
-    with pytest.warns(RuntimeWarning, match="no kernel image is available.*runs the 'accelerator' plan"):
+    with pytest.warns(RuntimeWarning) as record:
         got = under_plan(monkeypatch, "triton", layer, x, grad)
-    assert len(calls) == 1 and torch.equal(got[0], expected[0])
+    assert [str(warning.message).split(" (RuntimeError")[0] for warning in record] == [
+        f"gwdet: the Triton kernel {kernel} (tile 16) cannot run on cpu"
+        for kernel in ("itn_whitening_kernel", "itn_whitening_vjp_kernel")
+    ]
+    assert len(calls) == len(backward_calls) == 1 and torch.equal(got[0], expected[0])
     assert_agree(got, expected, torch.float32)
-    assert "no kernel image" in describe_plans()
-    with warnings.catch_warnings():  # no second warning, no second try
+    assert "itn_whitening_vjp_kernel (tile 16) on cpu: RuntimeError: Triton Error [CUDA]: no kernel image" in describe_plans()
+    with warnings.catch_warnings():  # no second warning, no second try for that kernel and tile
         warnings.simplefilter("error")
         under_plan(monkeypatch, "triton", layer, x, grad)
-    assert len(calls) == 1
+    assert len(calls) == len(backward_calls) == 1
+    # another tile size is another kernel: it is still tried
+    with pytest.warns(RuntimeWarning, match="tile 64"):
+        under_plan(monkeypatch, "triton", GroupWhitening(64, 64), *random_case((2, 64, 9, 9), torch.float32))
+    assert len(calls) == len(backward_calls) == 2
 
+
+@pytest.mark.parametrize("error", PROPAGATES[:2], ids=["out of memory", "illegal address"])
+def test_out_of_memory_and_other_errors_propagate_and_are_not_remembered(error, monkeypatch):
+    monkeypatch.setattr(triton_plan, "_failures", {})
+    monkeypatch.setattr(triton_plan, "_launch_whitening", failing(error, []))
+    monkeypatch.setenv(PLAN_VARIABLE, "triton")
+    with pytest.raises(type(error), match=re.escape(str(error))):
+        GroupWhitening(16, 4)(torch.randn(2, 16, 3, 3))
+    assert triton_plan.fallback_reason() is None
+
+
+def test_kernels_on_cpu_tensors_without_the_interpreter_fall_back(monkeypatch):
+    monkeypatch.setattr(triton_plan, "_failures", {})
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv(PLAN_VARIABLE, "triton")
+    with pytest.warns(RuntimeWarning, match="KernelUnavailable: Triton kernels run on CUDA tensors"):
+        GroupWhitening(16, 4)(torch.randn(2, 16, 3, 3))
+    assert triton_plan.on_device(torch.zeros(1)).__class__ is contextlib.nullcontext
+
+
+# ---- GPUs the installed PyTorch cannot run on ----------------------------------------------------
+
+CU130_ARCHES = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]  # torch 2.14.1+cu130
+
+
+@pytest.mark.parametrize("capability,arch_list,runs", [
+    ((7, 0), CU130_ARCHES, False),  # V100
+    ((6, 1), CU130_ARCHES, False),  # P40 / GTX 1080
+    ((7, 5), CU130_ARCHES, True),  # T4
+    ((8, 9), CU130_ARCHES, True),  # L4: sm_86 machine code runs on 8.9
+    ((9, 0), CU130_ARCHES, True),  # H100
+    ((10, 3), CU130_ARCHES, True),  # sm_100 machine code on a 10.3 GPU
+    ((12, 1), ["sm_75", "sm_80", "sm_90"], False),  # machine code never crosses a major version
+    ((12, 1), ["sm_80", "compute_90"], True),  # PTX is compiled by the driver for newer GPUs
+    ((9, 0), ["sm_90a"], True),  # arch-specific code: exactly that GPU
+    ((10, 0), ["sm_90a"], False),
+    ((7, 0), ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"], True),  # a cu126 wheel
+    ((7, 0), [], True),  # nothing listed: not judged
+])
+def test_which_gpus_the_installed_pytorch_runs_on(capability, arch_list, runs):
+    from gwdet.layers.plans.gpu_support import unsupported_gpu_message
+
+    message = unsupported_gpu_message("Tesla V100-SXM2-16GB", capability, arch_list)
+    assert (message is None) == runs
+    if not runs:
+        sm = f"sm_{capability[0]}{capability[1]}"
+        assert f"Tesla V100-SXM2-16GB (compute capability {capability[0]}.{capability[1]}, {sm})" in message
+        assert f"GPU code for {', '.join(arch_list)} only" in message
+        assert "cu126" in message and "docs/install.md" in message
+
+
+# ---- ZCA with more than 32 groups on CUDA ------------------------------------------------------------
+
+
+def test_zca_on_cuda_above_32_groups_is_named_as_looped_and_itn_recommended():
+    from gwdet.layers.whitening_matrix import looped_eigh_warning
+
+    message = looped_eigh_warning(torch.device("cuda", 0), 64)
+    assert "64 x 64 matrices on CUDA" in message and "one matrix after another" in message
+    assert "norm 'GW', method='itn'" in message
+    assert looped_eigh_warning(torch.device("cuda", 0), 32) is None  # batched up to 32 x 32
+    assert looped_eigh_warning(torch.device("cpu"), 64) is None

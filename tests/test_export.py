@@ -7,6 +7,7 @@ randomly initialized Mask R-CNNs of tests/tiny_models.py.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -26,7 +27,7 @@ from PIL import Image
 from conftest import DEMO_CONFIG, REPO, TINY_OPTS
 from gwdet import known_norm_names
 from gwdet import norm as gwdet_norm
-from gwdet.engine.trainer import build_config
+from gwdet.model_zoo import build_config
 from gwdet.export import (
     export_model_onnx,
     export_onnx,
@@ -554,7 +555,7 @@ def test_export_check_compares_only_outputs_that_hold_values():
 
 
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
-def test_export_tool_replaces_an_export_only_with_overwrite_and_a_checked_file(tmp_path, monkeypatch):
+def test_export_tool_replaces_an_export_only_with_overwrite_and_a_checked_file(tmp_path, monkeypatch, capsys):
     from gwdet.export import deploy
     from gwdet.export.export_model import main
 
@@ -579,8 +580,95 @@ def test_export_tool_replaces_an_export_only_with_overwrite_and_a_checked_file(t
             main(argv + ["--overwrite"] + list(TINY_OPTS))
         assert [p.name for p in out.iterdir()] == ["model.ts"]
         assert (out / "model.ts").read_bytes() == b"an earlier export"
+    stale = out / f".model.ts.{_dead_pid()}.0123456789ab.partial"  # left by an export killed while writing
+    stale.write_bytes(b"half an export")
     assert main(argv + ["--overwrite"] + list(TINY_OPTS)) == 0
     assert sorted(p.name for p in out.iterdir()) == ["model.ts", "model.ts.sha256"]
+    printed = capsys.readouterr().out
+    assert re.search(r"detection\(s\) matched by class and box; largest differences: boxes .* px, scores .*, mask "
+                     r"probabilities .* \(tolerance 0.001: boxes 0.064 px, scores and mask probabilities 0.001\); "
+                     r"largest absolute difference from the eager model on the sample input: ", printed), printed
     from gwdet.export import load_export
 
     assert load_export(str(out / "model.ts"))(torch.rand(3, 64, 80) * 255)[-1].tolist() == [64, 80]
+
+
+# ---- the export's check: detections matched by class and box, then compared within a tolerance ------
+
+def _detections(rows, masks=None):
+    """``Detections`` from ``(class, score, x0, y0, x1, y1)`` rows."""
+    from gwdet.export.detection_check import Detections
+
+    table = torch.tensor(rows, dtype=torch.float64).reshape(-1, 6)
+    return Detections(table[:, 2:], table[:, 1], table[:, 0], masks)
+
+
+def test_near_equal_scores_in_the_other_order_are_the_same_detections():
+    from gwdet.export.detection_check import compare_detections
+
+    masks = torch.rand(3, 1, 28, 28, dtype=torch.float64)
+    eager = _detections([(1, 0.81230, 10, 10, 30, 30), (2, 0.81229, 40, 5, 60, 50), (1, 0.3, 2, 40, 20, 62)], masks)
+    swapped = [1, 0, 2]  # the export rounds the first two scores the other way round
+    export = _detections([(2, 0.81231, 40, 5, 60, 50.00002), (1, 0.81230, 10, 10, 30, 30), (1, 0.3, 2, 40, 20, 62)],
+                         masks[swapped] + 1e-6)
+    in_order = (eager.boxes - export.boxes).abs().max().item()
+    assert in_order == 30.0, "position by position, two different objects are compared"
+    comparison = compare_detections(eager, export, (64, 64))
+    assert comparison.problems == [] and comparison.matched == 3
+    assert comparison.box == pytest.approx(2e-5) and comparison.score == pytest.approx(2e-5)
+    assert comparison.mask == pytest.approx(1e-6)
+    assert comparison.summary() == (
+        "3 detection(s) matched by class and box; largest differences: boxes 2e-05 px, scores 2e-05, mask "
+        "probabilities 1e-06 (tolerance 0.001: boxes 0.064 px, scores and mask probabilities 0.001)")
+
+
+def test_detections_beyond_the_tolerance_or_found_by_one_side_only_are_differences():
+    from gwdet.export.detection_check import compare_detections
+
+    eager = _detections([(1, 0.9, 10, 10, 30, 30), (2, 0.6, 40, 5, 60, 50), (3, 0.0502, 0, 0, 8, 8)])
+    moved = _detections([(1, 0.9, 10, 10, 30, 35), (2, 0.6, 40, 5, 60, 50)])  # a box 5 px off; the last one dropped
+    comparison = compare_detections(eager, moved, (64, 64), score_threshold=0.05)
+    assert comparison.problems == ["only the eager model finds class 1 score 0.9000 box [10.0, 10.0, 30.0, 30.0]",
+                                   "only the export finds class 1 score 0.9000 box [10.0, 10.0, 30.0, 35.0]"]
+    assert comparison.refusal().startswith(
+        "The exported model's detections differ from the eager model's on the sample image beyond the tolerance (2 "
+        "difference(s): only the eager model finds class 1 score 0.9000 box [10.0, 10.0, 30.0, 30.0]; only the export "
+        "finds class 1 score 0.9000 box [10.0, 10.0, 30.0, 35.0]); nothing was written. 1 detection(s) matched")
+    # the detection at the score threshold is rounding's to keep or drop; another class is another detection
+    assert compare_detections(eager, eager, (64, 64)).problems == []
+    relabelled = _detections([(1, 0.9, 10, 10, 30, 30), (4, 0.6, 40, 5, 60, 50), (3, 0.0502, 0, 0, 8, 8)])
+    assert len(compare_detections(eager, relabelled, (64, 64)).problems) == 2
+    rescored = _detections([(1, 0.95, 10, 10, 30, 30), (2, 0.6, 40, 5, 60, 50)])
+    assert compare_detections(eager, rescored, (64, 64), score_threshold=0.05).problems == [
+        "a matched detection's score differs by 0.05"]
+    # with as many detections as the model keeps, the lowest kept score is a cut rounding can move too
+    first_two = _detections([(1, 0.9, 10, 10, 30, 30), (2, 0.6, 40, 5, 60, 50)])
+    assert compare_detections(eager, first_two, (64, 64), max_detections=3).problems == []
+    assert len(compare_detections(eager, first_two, (64, 64)).problems) == 1
+
+
+def _sample_image(folder):
+    generator = np.random.default_rng(3)
+    Image.fromarray(generator.integers(0, 255, (80, 96, 3), dtype=np.uint8)).save(folder / "sample.png")
+    return folder / "sample.png"
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_export_tool_refuses_an_export_beyond_its_tolerance_and_one_into_a_folder_another_export_holds(tmp_path):
+    from gwdet.export.export_model import ExportFolderLock, main
+
+    out = tmp_path / "out"
+    argv = ["--config-file", str(DEMO_CONFIG), "--sample-image", str(_sample_image(tmp_path)), "--output", str(out)]
+    with pytest.raises(SystemExit) as refused:
+        main(argv + ["--tolerance", "1e-12"] + list(TINY_OPTS))  # float rounding alone exceeds it
+    assert "beyond the tolerance" in str(refused.value) and "nothing was written" in str(refused.value)
+    assert not out.exists()
+    out.mkdir()
+    with ExportFolderLock(str(out)), pytest.raises(SystemExit, match=f"--output {out} is in use by another export"):
+        main(argv + list(TINY_OPTS))
+    assert os.listdir(out) == []
+
+
+def _dead_pid() -> int:
+    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)

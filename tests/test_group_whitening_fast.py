@@ -8,6 +8,7 @@ eigendecomposition of the group covariance (tests/spectral_whitening.py), its gr
 autograd through that eigendecomposition or against finite differences; the op is then checked
 against the reference in every layout it has a path for. No test here measures time.
 """
+import copy
 import math
 import os
 
@@ -215,3 +216,95 @@ def test_training_memory_of_the_box_head_shape_stays_near_group_norm():
     activation = x.numel() * x.element_size()
     assert gn >= 2 * activation  # output and input gradient
     assert gw <= 1.3 * gn, (gw / activation, gn / activation)
+
+
+# ---- precision policy (gwdet.layers.precision) ------------------------------------------------
+
+
+class RecordProductPrecision(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the oneDNN float32 matmul precision in force at each batched product, also inside
+    gwdet's custom ops (their kernels run with the mode active)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.bmm, torch.ops.aten.baddbmm):
+            self.seen.add(torch.backends.mkldnn.matmul.fp32_precision)
+        if func.namespace != "gwdet":
+            return func(*args, **(kwargs or {}))
+        with self:
+            return func.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), *args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("plan", ["cpu", "accelerator"])
+def test_the_ops_run_ieee_products_whatever_the_tf32_setting_and_restore_it(plan, monkeypatch):
+    monkeypatch.setenv("GWDET_GW_PLAN", plan)
+    torch.manual_seed(0)
+    layer = GroupWhitening(16, num_groups=4)
+    x, grad = torch.randn(3, 16, 5, 5), torch.randn(3, 16, 5, 5)
+
+    def forward_backward():
+        inputs = x.clone().requires_grad_()
+        layer.zero_grad()
+        out = layer(inputs)
+        out.backward(grad)
+        return [out.detach(), inputs.grad, layer.weight.grad.clone()]
+
+    highest = forward_backward()
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")  # TF32 for CUDA and oneDNN products
+    try:
+        with RecordProductPrecision() as mode:
+            high = forward_backward()
+        assert mode.seen == {"ieee"}  # inside the ops, every product ran in IEEE float32
+        assert torch.get_float32_matmul_precision() == "high"  # the user's setting is back
+        assert torch.backends.mkldnn.matmul.fp32_precision == "tf32"
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    for a, b in zip(high, highest, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_the_precision_context_restores_each_backends_setting_exactly_also_after_an_error():
+    from gwdet.layers.precision import ieee_float32_products
+
+    cuda_matmul = torch.backends.cuda.matmul
+    previous = cuda_matmul.fp32_precision
+    cuda_matmul.fp32_precision = "tf32"  # the newer interface: a plain restore must not mix in the legacy one
+    try:
+        with pytest.raises(RuntimeError, match="inside"), ieee_float32_products(torch.device("cuda")):
+            assert cuda_matmul.fp32_precision == "ieee"
+            raise RuntimeError("inside")
+        assert cuda_matmul.fp32_precision == "tf32"
+        with ieee_float32_products(torch.device("meta")):  # a device without such a setting: untouched
+            assert cuda_matmul.fp32_precision == "tf32"
+    finally:
+        cuda_matmul.fp32_precision = previous
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore:`torch.jit.(trace|script)` is deprecated:FutureWarning")
+@pytest.mark.parametrize("recording", ["trace", "script"])
+@pytest.mark.parametrize("method", ["itn", "zca"])
+def test_recorded_models_keep_float32_statistics_under_bfloat16_autocast(recording, method):
+    # A recorded graph cannot leave an autocast region entered by its caller: without
+    # gwdet.layers.precision.float32_matmul its covariance and Newton products ran in bfloat16
+    # (error 5e-3 instead of 5e-7 for ItN).
+    torch.manual_seed(0)
+    layer = GroupWhitening(64, num_groups=16, method=method).eval()
+    x = torch.randn(4, 64, 6, 6) * 3.0 + 1.0
+    expected = copy.deepcopy(layer).double()(x.double())
+    recorded = torch.jit.trace(layer, (x,)) if recording == "trace" else torch.jit.script(layer)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for _ in range(2):  # the profiling executor optimizes the graph at the second call
+            out = recorded(x)
+    assert out.dtype == torch.float32
+    assert (out.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
+    # with a gradient to compute the products run in float64 there, which autocast leaves alone
+    inputs = x.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = recorded(inputs)
+    out.square().sum().backward()
+    assert (out.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
+    assert inputs.grad.dtype == torch.float32 and torch.isfinite(inputs.grad).all()

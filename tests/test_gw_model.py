@@ -5,7 +5,7 @@ from detectron2.modeling import build_model
 from detectron2.structures import BitMasks, Boxes, Instances
 from detectron2.utils.events import EventStorage
 
-from gwdet.engine.trainer import build_config
+from gwdet.model_zoo import build_config
 
 from conftest import DEMO_CONFIG, TINY_OPTS
 

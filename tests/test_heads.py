@@ -69,7 +69,8 @@ def test_gwdet_norm_in_detectron2s_retinanet_is_a_config_error():
 
 
 def test_group_numbers_that_do_not_divide_are_reported_once_per_component(caplog):
-    from gwdet.engine.trainer import Trainer, build_config
+    from gwdet.engine.trainer import Trainer
+    from gwdet.model_zoo import build_config
 
     from conftest import DEMO_CONFIG, TINY_OPTS
 

@@ -104,7 +104,8 @@ def _attributes(module: torch.nn.Module) -> dict:
 
 
 def _built_pair(lazy_name: str, yacs_name: str):
-    from gwdet.engine.trainer import Trainer, build_config
+    from gwdet.engine.trainer import Trainer
+    from gwdet.model_zoo import build_config
 
     cfg = build_config(str(REPO / "configs" / yacs_name))
     lazy = LazyConfig.load(str(LAZY / lazy_name))
@@ -261,7 +262,7 @@ def test_lazy_overrides_are_checked_against_the_config_and_the_nodes_arguments()
 
 
 def test_the_yacs_loader_names_a_lazy_config_instead_of_a_yaml_error():
-    from gwdet.engine.trainer import build_config
+    from gwdet.model_zoo import build_config
 
     with pytest.raises(ValueError, match=r"is a LazyConfig \(.py\), not a yacs config.*load_lazy_config"):
         build_config(str(LAZY / "mask_rcnn_R_50_FPN_gw_shapes.py"))

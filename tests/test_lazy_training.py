@@ -62,8 +62,11 @@ def test_train_net_trains_and_evaluates_a_lazy_config(tmp_path):
     assert "### shapes_val bbox" in markdown and "### shapes_val segm" in markdown
     assert len(list((tmp_path / "vis").glob("*.png"))) == 2  # train.vis_images drawings of shapes_val
     results = json.loads((tmp_path / "results.json").read_text())
-    assert set(results) == {"shapes_val"} and set(results["shapes_val"]) == {"bbox", "segm"}
+    assert set(results) == {"shapes_val", "environment"} and set(results["shapes_val"]) == {"bbox", "segm"}
     assert {"AP", "AP50", "AP75"} <= set(results["shapes_val"]["bbox"])
+    assert set(results["environment"]["datasets"]) == {"shapes_train", "shapes_val"}  # dataloader.train / .test
+    assert (tmp_path / "log.txt").read_text().strip().splitlines()[-1].endswith(
+        f"prediction drawings: {tmp_path / 'vis'}/ (2 PNG files).")
     metrics = [json.loads(line) for line in (tmp_path / "metrics.json").read_text().splitlines()]
     assert any("total_loss" in m for m in metrics)
     checkpoint = torch.load(tmp_path / "model_final.pth", map_location="cpu", weights_only=False)
@@ -112,7 +115,8 @@ def test_a_lazy_run_folder_follows_the_yacs_rules(tmp_path):
     run_results = (tmp_path / "results.json").read_text()
     evaluated = run(tmp_path, "--eval-only", "--resume")  # the checkpoint last_checkpoint names, beside the run
     assert set(evaluated) == {"shapes_val"}
-    assert json.loads((tmp_path / "eval" / "model_final" / "results.json").read_text()).keys() == {"shapes_val"}
+    assert json.loads((tmp_path / "eval" / "model_final" / "results.json").read_text()).keys() == {"shapes_val",
+                                                                                                 "environment"}
     assert (tmp_path / "results.json").read_text() == run_results
 
     run(tmp_path, "--overwrite")
@@ -223,7 +227,7 @@ def test_export_and_analyze_tools_take_a_lazy_config(tmp_path, capsys):
     assert "Total GFlops:" in printed and "over 2 input(s)" in printed
     whole = next(line for line in printed.splitlines() if line.startswith("| whole model |"))
     assert "group_whitening" in whole
-    with pytest.raises(SystemExit) as stopped:  # the tool's one-line error (gwdet.engine.cli_errors)
+    with pytest.raises(SystemExit) as stopped:  # the tool's one-line error (gwdet.utils.cli_errors)
         analyze([*config, f"train.init_checkpoint={tmp_path / 'missing.pth'}", *tiny])
     assert stopped.value.code == 2
     assert re.search(r"error: train.init_checkpoint file .*missing.pth' does not exist", capsys.readouterr().err)

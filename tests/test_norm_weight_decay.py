@@ -14,7 +14,8 @@ from torch import nn
 
 import gwdet
 from conftest import REPO
-from gwdet.engine.trainer import Trainer, build_config
+from gwdet.engine.trainer import Trainer
+from gwdet.model_zoo import build_config
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
 from gwdet.modeling import check_model
 from gwdet.norms import register_norm, unregister_norm

@@ -201,7 +201,7 @@ def test_strict_norm_groups_holds_in_detectron2s_own_build_model():
     from detectron2.modeling import build_model
 
     from conftest import DEMO_CONFIG, TINY_OPTS
-    from gwdet.engine.trainer import build_config
+    from gwdet.model_zoo import build_config
 
     cfg = build_config(str(DEMO_CONFIG), TINY_OPTS + ["MODEL.GW.NUM_GROUPS", "48", "MODEL.STRICT_NORM_GROUPS", "True"])
     with pytest.raises(ValueError, match="GW with 48 groups cannot divide"):

@@ -55,4 +55,8 @@ def test_training_and_resume_in_the_c_locale_without_home_into_a_non_ascii_folde
     assert "SOLVER:\n" in (run / "config.yaml").read_text(encoding="utf-8") and _matches_its_record(run / "config.yaml")
     assert _matches_its_record(run / "results.json")
     assert [p.name for p in (run / "vis").iterdir()], "the drawings (matplotlib without a writable HOME)"
+    log = (run / "log.txt").read_text(encoding="utf-8")
+    # the resume check runs before detectron2's set-up creates the log; its warning is held until then
+    warned = [line for line in log.splitlines() if f"--resume with config values that differ from {run}" in line]
+    assert len(warned) == 1 and "SOLVER.MAX_ITER: 2 -> 3" in warned[0], log[-3000:]
     assert not os.path.exists(missing)

@@ -6,6 +6,7 @@ must fail is asserted to fail before anything of that run changed.
 import argparse
 import os
 import hashlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,8 @@ import torch
 import torchvision
 
 from gwdet.checkpoint.resilient import ResilientCheckpointer
-from gwdet.engine.trainer import Trainer, build_config, check_run_request, main, parse_args
+from gwdet.engine.trainer import Trainer, check_run_request, main, parse_args
+from gwdet.model_zoo import build_config
 from gwdet.engine.output_dir import OutputDirLock, check_fresh_start, check_resume_config
 
 from conftest import DEMO_CONFIG, REPO, TINY_OPTS
@@ -135,7 +137,7 @@ def test_resume_config_differences_outside_the_model_are_allowed(finished_run):
 
 FAILED_SAVE = textwrap.dedent("""
     import os, resource, signal, sys, torch
-    from gwdet.engine.atomic import write_atomically
+    from gwdet.utils.atomic import write_atomically
     target = sys.argv[1]
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))   # a disk that fills up
@@ -446,3 +448,92 @@ def test_an_output_dir_name_this_python_cannot_pass_on_is_refused_before_anythin
         check_output_dir_name("/runs/run ä", encoding="latin-1")
     check_output_dir_name("/runs/run ä 日本", encoding="utf-8")
     check_output_dir_name("/runs/run a", encoding="ascii")
+
+
+# ---- the whole checkpoint under checksums, and resumes that would train nothing ----------------------
+
+def _optimizer_state(data: dict) -> dict:
+    trainer = data["trainer"]
+    return (trainer["_trainer"] if "_trainer" in trainer else trainer)["optimizer"]
+
+
+def test_checkpoints_carry_the_sha256_of_their_bytes_beside_them(finished_run):
+    for checkpoint in sorted(finished_run.glob("model_*.pth")):
+        record = (finished_run / f"{checkpoint.name}.sha256").read_text()
+        assert record == f"{hashlib.sha256(checkpoint.read_bytes()).hexdigest()}  {checkpoint.name}\n"
+
+
+def test_a_changed_optimizer_state_is_refused_by_name_with_or_without_the_sha256_record(finished_run, tmp_path, caplog):
+    data = torch.load(finished_run / "model_final.pth", weights_only=True)
+    state = _optimizer_state(data)["state"]
+    next(iter(state.values()))["momentum_buffer"].fill_(50.0)  # saved again: a valid file, other momentum
+    torch.save(data, tmp_path / "model_final.pth")
+    model = Trainer.build_model(build_config(str(DEMO_CONFIG), TINY_OPTS))
+    with pytest.raises(ValueError, match=r"model_final.pth is damaged: 1 value\(s\) of its training state or metadata "
+                                         r"differ .*\(trainer/(_trainer/)?optimizer/state/\d+/momentum_buffer\); "
+                                         r"nothing was loaded from it\. Restore the file"):
+        ResilientCheckpointer(model).load(str(tmp_path / "model_final.pth"))
+    # beside its run's checkpoints and records, --resume takes the previous checkpoint instead, naming the file
+    for name in ("model_0000000.pth", "model_0000000.pth.sha256", "model_final.pth.sha256", "last_checkpoint"):
+        (tmp_path / name).write_bytes((finished_run / name).read_bytes())
+    loaded = ResilientCheckpointer(model, save_dir=str(tmp_path)).resume_or_load("", resume=True)
+    assert loaded["iteration"] == 0
+    assert re.search(r"Cannot read checkpoint .*model_final.pth \(.*model_final.pth is damaged \(its SHA-256 differs "
+                     r"from the one recorded in model_final.pth.sha256", caplog.text)
+
+
+def test_four_bytes_changed_near_the_end_of_a_checkpoint_are_refused_naming_the_file_and_the_fix(finished_run, tmp_path):
+    import zipfile
+
+    damaged = tmp_path / "model_final.pth"
+    original = (finished_run / "model_final.pth").read_bytes()
+    with zipfile.ZipFile(finished_run / "model_final.pth") as archive:  # the last tensor the archive stores
+        record = max((i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.header_offset)
+        start = record.header_offset + 30 + len(record.filename.encode()) + len(record.extra) + record.file_size - 4
+    assert len(original) - start < len(original) // 100, "in the last 1 % of the file"
+    damaged.write_bytes(original[:start] + bytes(255 - b for b in original[start:start + 4]) + original[start + 4:])
+    model = Trainer.build_model(build_config(str(DEMO_CONFIG), TINY_OPTS))
+    with pytest.raises(ValueError, match=r"model_final.pth is damaged: 1 value\(s\) of its training state"):
+        ResilientCheckpointer(model).load(str(damaged))  # no record beside it: the checksums inside notice
+    (tmp_path / "model_final.pth.sha256").write_bytes((finished_run / "model_final.pth.sha256").read_bytes())
+    end = len(original) - 8  # in the archive's directory: bytes no tensor holds
+    damaged.write_bytes(original[:end] + b"\x00\x01\x02\x03" + original[end + 4:])
+    with pytest.raises(ValueError) as refused:
+        ResilientCheckpointer(model).load(str(damaged))
+    assert str(refused.value) == (
+        f"{damaged} is damaged (its SHA-256 differs from the one recorded in model_final.pth.sha256 when it was "
+        "written); nothing was loaded from it. Restore the file from a copy or write it again (train, or convert the "
+        "weights again); if you replaced it on purpose, delete model_final.pth.sha256. With --resume, the previous "
+        "checkpoint in the folder is used instead.")
+
+
+def test_a_resume_that_would_train_nothing_is_refused_before_the_runs_records_change(finished_run):
+    def records():  # log.txt is appended to by whatever logs in this process
+        return {name: digest for name, digest in _digest(finished_run).items() if name != "log.txt"}
+
+    before = records()
+    with pytest.raises(ValueError) as refused:
+        main(_args(finished_run, "SOLVER.MAX_ITER", "1", "--resume"))
+    assert str(refused.value) == (
+        f"--resume: the run in {str(finished_run)!r} has trained 2 iterations (model_final.pth), more than "
+        "SOLVER.MAX_ITER 1: resuming would train nothing and write the run's config.yaml and results again with a "
+        "schedule its weights did not have; nothing was changed. To train it further, resume with SOLVER.MAX_ITER "
+        "above 2; to evaluate it, use --eval-only --resume.")
+    assert records() == before and {"config.yaml", "results.md", "results.json"} <= set(before)
+
+
+def test_an_exclusive_write_keeps_the_file_another_process_wrote_meanwhile_and_leaves_no_partial(tmp_path):
+    from gwdet.utils.atomic import OutputExistsError, write_atomically
+
+    path = tmp_path / "weights.pkl"
+
+    def write_while_another_finishes(file):
+        file.write(b"this process's output")
+        path.write_bytes(b"the other process's output")  # it renamed its file into place first
+
+    with pytest.raises(OutputExistsError, match="weights.pkl was written by another process while this one wrote it"):
+        write_atomically(str(path), write_while_another_finishes, exclusive=True)
+    assert path.read_bytes() == b"the other process's output"
+    assert os.listdir(tmp_path) == ["weights.pkl"]
+    write_atomically(str(path), lambda file: file.write(b"replaced"))  # without exclusive: replaced, as before
+    assert path.read_bytes() == b"replaced"

@@ -3,6 +3,7 @@ tools/train_net.py and tools/compare_norms.py, trained and evaluated on a COCO J
 and each way the files or the config can be wrong refused on one line naming the file or key."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -17,7 +18,8 @@ from PIL import Image
 from gwdet.data import (CocoDataset, DatasetError, check_config_against_datasets, register_coco_datasets,
                         register_datasets)
 from gwdet.data.coco_registration import ENVIRONMENT_VARIABLE, registered_coco_dataset
-from gwdet.engine.trainer import build_config, parse_args, setup
+from gwdet.engine.trainer import parse_args, setup
+from gwdet.model_zoo import build_config
 
 from conftest import DEMO_CONFIG, REPO, TINY_OPTS
 
@@ -100,7 +102,11 @@ def test_train_net_trains_and_evaluates_on_registered_coco_data(data, tmp_path):
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
-    assert list(results) == ["mine_val"]
+    assert list(results) == ["mine_val", "environment"]
+    recorded = results["environment"]["datasets"]  # the registered files the run trained and evaluated on
+    assert {name: (files["json_file"], files["json_sha256"]) for name, files in recorded.items()} == {
+        name: (str(data[split][0]), hashlib.sha256(data[split][0].read_bytes()).hexdigest())
+        for name, split in (("mine_train", "train"), ("mine_val", "val"))}
     assert {"bbox", "segm"} <= set(results["mine_val"])
     assert {"AP-bar", "AP-block"} <= set(results["mine_val"]["bbox"]), "classes named by the JSON, in id order"
 
@@ -260,7 +266,7 @@ def test_the_study_takes_the_flag_and_hands_it_to_its_cells(data, tmp_path, monk
     assert json.loads(os.environ[ENVIRONMENT_VARIABLE]) == \
         [registered_coco_dataset(name).spec for name in ("study_train", "study_val")]
     results = json.loads((tmp_path / "runs" / "gn-s0" / "results.json").read_text())
-    assert list(results) == ["study_val"] and "AP" in results["study_val"]["bbox"]
+    assert list(results) == ["study_val", "environment"] and "AP" in results["study_val"]["bbox"]
     # The cell's record names the datasets' files; a changed JSON no longer matches it.
     recorded = json.loads((tmp_path / "runs" / "gn-s0" / "study_cell.json").read_text())["datasets"]
     assert recorded["study_train"]["json_file"] == str(train_json) and len(recorded["study_train"]["json_sha256"]) == 64
@@ -290,3 +296,138 @@ def test_degenerate_boxes_are_refused_naming_the_annotation_and_image(data, tmp_
     annotation = coco["annotations"][1]
     assert f"annotation id {annotation['id']} of image {annotation['image_id']}" in line, line
     assert problem in line and "1 box(es)" in line and "Correct or remove" in line, line
+
+
+# ---- ids, masks and image files, checked as the flag is read -----------------------------------------
+
+def _copy(files: tuple[Path, Path], folder: Path) -> tuple[dict, Path, Path]:
+    """A copy of a dataset's JSON (loaded) and images in ``folder``."""
+    json_file, images = files
+    root = folder / "images"
+    root.mkdir(parents=True)
+    for image in images.iterdir():
+        (root / image.name).write_bytes(image.read_bytes())
+    return json.loads(json_file.read_text()), folder / "instances.json", root
+
+
+def _sixteen_bit(coco, root):
+    pixels = (np.arange(SIZE * SIZE, dtype=np.uint16).reshape(SIZE, SIZE) * 16)
+    Image.fromarray(pixels).save(root / coco["images"][1]["file_name"])  # PIL mode I;16: read as white by detectron2
+
+
+def _cut_short(coco, root):
+    path = root / coco["images"][1]["file_name"]
+    path.write_bytes(path.read_bytes()[:-200])
+
+
+def _cut_short_jpeg(coco, root):
+    Image.open(root / coco["images"][1]["file_name"]).convert("RGB").save(root / "001.jpg", quality=90)
+    coco["images"][1]["file_name"] = "001.jpg"
+    data = (root / "001.jpg").read_bytes()
+    (root / "001.jpg").write_bytes(data[:len(data) * 2 // 3])
+
+
+def _rle_counts(coco, counts):
+    coco["annotations"][2]["segmentation"] = {"size": [SIZE, SIZE], "counts": counts}
+
+
+DATA_CASES = {
+    "16-bit png": (_sixteen_bit, ["1 of the 4 images", "image id 2 (001.png) is a 16-bit grayscale image (PIL mode "
+                                  "'I;16')", "white image", "convert it to 8-bit"]),
+    "stated size": (lambda coco, root: coco["images"][1].update(width=80),
+                    ["image id 2 (001.png) is 64x64 pixels (width x height), but the JSON states 80x64", "correct"]),
+    "missing image after the first": (lambda coco, root: (root / coco["images"][2]["file_name"]).unlink(),
+                                      ["image id 3 (002.png) does not exist", "Fix or replace those files"]),
+    "png cut short": (_cut_short, ["image id 2 (001.png) cannot be decoded", "cut short or damaged"]),
+    "jpeg cut short": (_cut_short_jpeg, ["image id 2 (001.jpg) cannot be decoded", "cut short or damaged"]),
+    "image id twice": (lambda coco, root: coco["images"][2].update(id=2),
+                       ["1 image id(s)", "id 2 of both '001.png' and '002.png'", "Give each image its own id"]),
+    "annotation id twice": (lambda coco, root: coco["annotations"][3].update(id=1),
+                            ["1 annotation id(s)", "id 1 of both an annotation of image 1 and an annotation of image 2",
+                             "Give each annotation its own id"]),
+    "polygon of two points": (lambda coco, root: coco["annotations"][2].update(segmentation=[[1.0, 2.0, 3.0, 4.0]]),
+                              ["annotation id 3 of image 2 (001.png): its mask has polygon #0 of 4 values",
+                               "at least 3 points", "Correct or remove those masks"]),
+    "polygon of strings": (lambda coco, root: coco["annotations"][2].update(segmentation=[["1", 2, 3, 4, 5, 6]]),
+                           ["annotation id 3", "polygon #0 that is not a list of finite numbers"]),
+    "rle not decodable": (lambda coco, root: _rle_counts(coco, "0000000000\x7f"),
+                          ["annotation id 3", "its mask is RLE whose 'counts' string is not COCO's compressed RLE"]),
+    "rle of another size": (lambda coco, root: _rle_counts(coco, [100, 20]),
+                            ["its mask is RLE whose runs cover 120 pixels, not the 64x64 = 4096"]),
+    "mask far outside its box": (lambda coco, root: coco["annotations"][2].update(bbox=[40.0, 2.0, 10.0, 10.0]),
+                                 ["annotation id 3 of image 2 (001.png): its mask lies outside its bbox [40.0, 2.0, "
+                                  "10.0, 10.0]", "the box and the mask must describe the same object"]),
+}
+
+
+@pytest.mark.parametrize("case", list(DATA_CASES))
+def test_data_that_would_train_wrong_or_fail_late_is_refused_naming_the_id_the_file_and_the_fix(data, tmp_path, capsys,
+                                                                                                case):
+    damage, fragments = DATA_CASES[case]
+    coco, json_file, root = _copy(data["train"], tmp_path)
+    damage(coco, root)
+    json_file.write_text(json.dumps(coco))
+    line = _parse_error(capsys, ["--register-coco", f"m={json_file}:{root}"])
+    assert "argument --register-coco: dataset 'm': " in line and str(json_file) in line, line
+    for fragment in fragments:
+        assert fragment in line, (case, line)
+
+
+def test_an_image_root_holding_a_colon_is_split_where_the_json_file_is(data, tmp_path):
+    coco, _, root = _copy(data["train"], tmp_path / "c:d")
+    json_file = tmp_path / "a:b.json"  # a ':' in both paths
+    json_file.write_text(json.dumps(coco))
+    dataset = CocoDataset.parse(f"colons={json_file}:{root}")
+    assert (dataset.json_file, dataset.image_root) == (str(json_file), str(root))
+    assert CocoDataset.parse(dataset.spec) == dataset
+    register_coco_datasets([dataset])
+    assert len(DatasetCatalog.get("colons")) == 4
+
+
+def test_paths_that_can_be_split_at_two_colons_are_refused_naming_both_readings(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("x", "x:y"):  # two JSON files and two folders: 'x:y:z' reads both ways
+        (tmp_path / name).write_text("{}")
+    for name in ("y:z", "z"):
+        (tmp_path / name).mkdir()
+    with pytest.raises(DatasetError) as refused:
+        CocoDataset.parse("amb=x:y:z")
+    assert str(refused.value) == ("'amb=x:y:z' can be read as JSON 'x' with IMAGE_ROOT 'y:z' or as JSON 'x:y' with "
+                                  "IMAGE_ROOT 'z': rename the file or folder whose name holds ':' (or link it under a "
+                                  "name without one).")
+
+
+def test_an_exif_rotated_image_is_checked_at_the_size_detectron2_reads_it(data, tmp_path):
+    coco, json_file, root = _copy(data["train"], tmp_path)
+    rotated = Image.new("RGB", (SIZE // 2, SIZE))  # stored 32 wide, 64 high; EXIF orientation 6 turns it to 64x32
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    rotated.save(root / "rotated.jpg", exif=exif)
+    coco["images"][1].update(file_name="rotated.jpg", width=SIZE, height=SIZE // 2)
+    coco["annotations"] = [a for a in coco["annotations"] if a["image_id"] != 2]
+    json_file.write_text(json.dumps(coco))
+    CocoDataset.parse(f"turned={json_file}:{root}").inspected()  # as detectron2 reads it: no error
+    coco["images"][1].update(width=SIZE // 2, height=SIZE)  # the stored size, which detectron2 does not read
+    json_file.write_text(json.dumps(coco))
+    with pytest.raises(DatasetError, match=r"rotated.jpg\) is 64x32 pixels \(width x height after the rotation its "
+                                           r"EXIF orientation asks for\), but the JSON states 32x64"):
+        CocoDataset.parse(f"turned={json_file}:{root}").inspected()
+
+
+@pytest.mark.parametrize("names, overrides, expected", [
+    (("shapes_train", "shapes_val"), ["MODEL.ROI_HEADS.NUM_CLASSES", "3"],
+     "MODEL.ROI_HEADS.NUM_CLASSES is 3, but DATASETS.TRAIN 'shapes_train' has 4 categories (circle, square, triangle, "
+     "star): with fewer classes a category would train as background, with more the evaluation fails. Add "
+     "MODEL.ROI_HEADS.NUM_CLASSES 4 to the command line (or set it in the config)."),
+    (("coco_2017_train", "coco_2017_val"), ["MODEL.ROI_HEADS.NUM_CLASSES", "81"],
+     "MODEL.ROI_HEADS.NUM_CLASSES is 81, but DATASETS.TRAIN 'coco_2017_train' has 80 categories (person, bicycle, "),
+])
+def test_the_number_of_classes_is_checked_against_datasets_not_registered_here(names, overrides, expected):
+    cfg = build_config(str(DEMO_CONFIG), tiny("DATASETS.TRAIN", f"('{names[0]}',)", "DATASETS.TEST", f"('{names[1]}',)",
+                                              *overrides))
+    with pytest.raises(DatasetError) as refused:
+        register_datasets(cfg)  # before any file of the datasets is read
+    assert str(refused.value).startswith(expected)
+    cfg = build_config(str(DEMO_CONFIG), tiny("DATASETS.TRAIN", f"('{names[0]}',)", "DATASETS.TEST", f"('{names[1]}',)",
+                                              "MODEL.META_ARCHITECTURE", "ProposalNetwork", *overrides))
+    register_datasets(cfg)  # class-agnostic proposals: no number of classes to check

@@ -14,7 +14,8 @@ import torch
 
 from gwdet.data import prepare_datasets
 from gwdet.data.resumable import skip_trained_samples
-from gwdet.engine.trainer import Trainer, build_config
+from gwdet.engine.trainer import Trainer
+from gwdet.model_zoo import build_config
 
 from conftest import DEMO_CONFIG, REPO, TINY_OPTS
 

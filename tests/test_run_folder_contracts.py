@@ -18,7 +18,7 @@ from detectron2.config import get_cfg
 
 from gwdet.checkpoint.integrity import DamagedTensorsError, verify_checksums, with_checksums
 from gwdet.checkpoint.safe_load import UnsafeCheckpointError, _globals_refused, load_torch_file
-from gwdet.engine.atomic import DamagedFileError, process_is_gone
+from gwdet.utils.atomic import DamagedFileError, process_is_gone
 from gwdet.engine.output_dir import (
     ABSENT,
     CONFIG_NAME,
@@ -27,6 +27,7 @@ from gwdet.engine.output_dir import (
     OutputDirNotWritableError,
     check_fresh_start,
     check_resume_config,
+    checkpoints_in,
     config_differences,
     damaged_config,
     differing_values,
@@ -59,7 +60,8 @@ def warnings_of(caplog):
 # ---- which files are a run's, and --overwrite ------------------------------------------------------
 
 # Not a run's: the user's own files, whatever their names look like.
-USER_FILES = ("notes.txt", "converted.pth", "model_notes.txt", "my.events.out.tfevents")
+USER_FILES = ("notes.txt", "converted.pth", "model_notes.txt", "my.events.out.tfevents", "model_best_by_me.pth",
+              "model_best_by_me.pth.sha256", "model_12.pth", "model_final.pth.bak")
 
 
 def test_a_runs_files_are_checkpoints_records_event_files_and_its_folders_and_nothing_else(tmp_path):
@@ -111,8 +113,32 @@ def test_overwrite_deletes_the_runs_files_and_folders_keeps_the_users_and_says_w
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         check_fresh_start(str(tmp_path), overwrite=True)
     assert sorted(os.listdir(tmp_path)) == sorted(USER_FILES)
-    assert warnings_of(caplog) == [f"--overwrite: deleted the earlier run in {tmp_path}: {', '.join(deleted)}"]
+    assert warnings_of(caplog) == [f"--overwrite: deleted the earlier run in {tmp_path}: {', '.join(deleted)}; kept "
+                                   f"what no run of gwdet wrote there: {', '.join(sorted(USER_FILES))}"]
     assert deleted[:3] == [CONFIG_NAME, CONFIG_NAME + ".sha256", "eval"]
+
+
+def test_overwrite_deletes_checkpoints_by_the_checkpointers_names_with_their_records_and_the_tagged_one(tmp_path, caplog):
+    make(tmp_path, "model_0000009.pth", "model_0000009.pth.sha256", "model_12345678.pth", "model_final.pth.sha256",
+         "model_best.pth", "model_best_by_me.pth", LOCK_NAME, *[f"mine_{i:02d}.txt" for i in range(11)])
+    (tmp_path / "last_checkpoint").write_text("model_best.pth")  # a checkpointer of one's own names its file here
+    assert run_files(str(tmp_path)) == ["last_checkpoint", "model_0000009.pth", "model_0000009.pth.sha256",
+                                        "model_12345678.pth", "model_best.pth", "model_final.pth.sha256"]
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        check_fresh_start(str(tmp_path), overwrite=True)
+    assert sorted(os.listdir(tmp_path)) == sorted([LOCK_NAME, "model_best_by_me.pth",
+                                                   *[f"mine_{i:02d}.txt" for i in range(11)]])
+    assert warnings_of(caplog)[0].endswith(  # the lock is the running process's own, not listed
+        "; kept what no run of gwdet wrote there: mine_00.txt, mine_01.txt, mine_02.txt, mine_03.txt, mine_04.txt, "
+        "mine_05.txt, mine_06.txt, mine_07.txt, mine_08.txt, mine_09.txt, ... (2 more)")
+
+
+def test_a_users_own_checkpoint_alone_is_no_run_and_nothing_to_resume_or_evaluate(tmp_path):
+    make(tmp_path, "model_best_by_me.pth", CONFIG_NAME)
+    assert not holds_run(str(tmp_path)) and checkpoints_in(str(tmp_path)) == []
+    check_fresh_start(str(tmp_path), overwrite=False)
+    with pytest.raises(FileNotFoundError, match="holds no checkpoint to evaluate"):
+        tagged_checkpoint(str(tmp_path))
 
 
 # ---- --resume: which differences count, and its refusals -------------------------------------------
@@ -468,7 +494,7 @@ def test_unsafe_globals_named_only_in_the_error_torch_chained_are_found(tmp_path
 
 
 def test_a_config_yaml_changed_since_it_was_recorded_is_refused_naming_the_run_and_the_setting(tmp_path):
-    from gwdet.engine.atomic import record_checksum
+    from gwdet.utils.atomic import record_checksum
     from gwdet.engine.output_dir import check_config_checksum
 
     folder = tmp_path / "run"
@@ -516,3 +542,86 @@ def test_bfloat16_and_empty_tensors_have_checksums_that_notice_a_change(tmp_path
     with pytest.raises(DamagedTensorsError, match="half"):
         verify_checksums("changed.pth", changed)
     verify_checksums("no-model.pth", {k: v for k, v in data.items() if k != "model"})  # nothing to compare
+
+
+# ---- the iteration a --resume starts from, and the checksums of a checkpoint's other values --------
+
+def checkpoint_file(folder, name, data, tag=True):
+    torch.save(data, os.path.join(folder, name))
+    if tag:
+        with open(os.path.join(folder, "last_checkpoint"), "w") as f:
+            f.write(name)
+    return os.path.join(folder, name)
+
+
+def test_the_resumed_iteration_is_the_tagged_checkpoints_plus_one_read_from_it_or_its_trainer_state(tmp_path):
+    from gwdet.engine.output_dir import resumed_iteration
+
+    assert resumed_iteration(str(tmp_path)) is None  # nothing tagged
+    path = checkpoint_file(tmp_path, "model_0000009.pth", {"model": {}, "iteration": 9})
+    assert resumed_iteration(str(tmp_path)) == (path, 10)
+    path = checkpoint_file(tmp_path, "model_final.pth", {"model": {}, "trainer": {"iteration": 19}})
+    assert resumed_iteration(str(tmp_path)) == (path, 20)
+    checkpoint_file(tmp_path, "model_final.pth", {"model": {}, "iteration": "19"})
+    assert resumed_iteration(str(tmp_path)) is None, "no integer iteration: the resume decides"
+    with open(path, "wb") as f:
+        f.write(b"not a checkpoint")
+    assert resumed_iteration(str(tmp_path)) is None
+
+
+def test_a_tagged_checkpoint_that_differs_from_its_sha256_record_tells_no_iteration(tmp_path):
+    from gwdet.utils.atomic import record_checksum
+    from gwdet.engine.output_dir import resumed_iteration
+
+    path = checkpoint_file(tmp_path, "model_final.pth", {"model": {}, "iteration": 99})
+    record_checksum(path)
+    assert resumed_iteration(str(tmp_path)) == (path, 100)
+    checkpoint_file(tmp_path, "model_final.pth", {"model": {}, "iteration": 98})  # the record is the old file's
+    assert resumed_iteration(str(tmp_path)) is None, "the resume takes an older checkpoint: its iteration is unknown"
+
+
+def test_a_resume_is_refused_only_when_the_checkpoint_is_past_the_schedule(tmp_path):
+    from gwdet.engine.output_dir import check_resume_trains
+
+    checkpoint_file(tmp_path, "model_final.pth", {"model": {}, "iteration": 99})
+    check_resume_trains(str(tmp_path), 100)  # a finished run, the same schedule: evaluated again
+    check_resume_trains(str(tmp_path), 150)
+    with pytest.raises(ValueError) as refused:
+        check_resume_trains(str(tmp_path), 99, "train.max_iter")
+    assert str(refused.value) == (
+        f"--resume: the run in {str(tmp_path)!r} has trained 100 iterations (model_final.pth), more than "
+        "train.max_iter 99: resuming would train nothing and write the run's config.yaml and results again with a "
+        "schedule its weights did not have; nothing was changed. To train it further, resume with train.max_iter "
+        "above 100; to evaluate it, use --eval-only --resume.")
+    cfg = get_cfg()
+    cfg.SOLVER.MAX_ITER = 50  # the yacs check runs it too, also without the run's config.yaml
+    with pytest.raises(ValueError, match="more than SOLVER.MAX_ITER 50"):
+        check_resume_config(cfg, str(tmp_path))
+
+
+def test_every_value_of_a_checkpoint_is_checked_by_its_place_whatever_its_container(tmp_path):
+    from collections import OrderedDict
+
+    from gwdet.checkpoint.integrity import STATE_CHECKSUMS_KEY, value_checksum
+
+    state = {"model": {"w": torch.ones(2)}, "iteration": 7, "note": "run",
+             "trainer": {"optimizer": {"state": {0: {"momentum_buffer": torch.zeros(3)}},
+                                       "param_groups": [{"lr": 0.02, "params": [0]}]},
+                         "hooks": {"a/b": {"x": 1.5}}, "empty": {}}}
+    data = with_checksums(state)
+    assert sorted(data[STATE_CHECKSUMS_KEY]) == ["iteration", "note", "trainer/empty", "trainer/hooks/a/b/x",
+                                                 "trainer/optimizer/param_groups", "trainer/optimizer/state/0/momentum_buffer"]
+    verify_checksums("run.pth", data)
+    assert value_checksum(OrderedDict(a=[1, 2.0])) == value_checksum({"a": (1, 2.0)}), "as torch.load gives them back"
+    assert value_checksum([1, 2.0]) != value_checksum([1, 2.0000000001]) != value_checksum([1, 2])
+    changed = pickle.loads(pickle.dumps(data))
+    changed["trainer"]["optimizer"]["param_groups"][0]["lr"] = 0.2
+    changed["trainer"]["hooks"]["a/b"]["x"] = 2.5
+    del changed["note"]
+    with pytest.raises(DamagedTensorsError) as refused:
+        verify_checksums("run.pth", changed)
+    assert refused.value.state == ["note", "trainer/optimizer/param_groups", "trainer/hooks/a/b/x"]
+    assert refused.value.damaged == []
+    assert str(refused.value).startswith(
+        "run.pth is damaged: 3 value(s) of its training state or metadata differ from what was written or are gone "
+        "(note, trainer/optimizer/param_groups, trainer/hooks/a/b/x); nothing was loaded from it.")

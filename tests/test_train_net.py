@@ -4,9 +4,12 @@ import subprocess
 import sys
 
 import pytest
+from PIL import Image
 
-from gwdet.engine.trainer import (Trainer, argument_parser, build_config, flatten_results, main, parse_args, results_markdown,
-                          write_results)
+from gwdet.engine.trainer import (
+    Trainer, argument_parser, flatten_results, main, parse_args, results_markdown, write_results,
+)
+from gwdet.model_zoo import build_config
 from gwdet.data import prepare_datasets
 
 from conftest import DEMO_CONFIG, REPO, TINY_OPTS
@@ -71,7 +74,16 @@ def test_train_net_script_end_to_end(tmp_path):
     assert "Evaluation results for bbox" in log and "Evaluation results for segm" in log
     assert (tmp_path / "results.md").is_file() and (tmp_path / "metrics.json").is_file()
     assert list(tmp_path.glob("events.out.tfevents.*"))
-    assert len(list((tmp_path / "vis").glob("*.png"))) == 2
+    drawings = sorted((tmp_path / "vis").glob("*.png"))
+    assert len(drawings) == 2
+    with Image.open(drawings[0]) as drawing:  # two 384 px halves (64 px images enlarged), captions above
+        assert drawing.width == 768 and drawing.height > 384
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert set(results) == {"shapes_val", "environment"}
+    assert set(results["environment"]["datasets"]) == {"shapes_train", "shapes_val"}
+    last = (tmp_path / "log.txt").read_text().strip().splitlines()[-1]
+    assert last.endswith(f"Results: {tmp_path / 'results.md'} and results.json (with the package versions and "
+                         f"dataset checksums); prediction drawings: {tmp_path / 'vis'}/ (2 PNG files)."), last
 
 
 def test_a_run_without_a_test_set_trains_and_draws_nothing(tmp_path):

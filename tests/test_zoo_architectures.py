@@ -22,7 +22,8 @@ from detectron2.utils.events import EventStorage
 import gwdet
 from gwdet import NormConfigError, UnknownNormError, add_gwdet_config
 from gwdet.config_checks import DOC_FILE, DOC_SECTION, DOC_SECTION_TITLE, UnknownNormConfigError
-from gwdet.engine.trainer import Trainer, build_config
+from gwdet.engine.trainer import Trainer
+from gwdet.model_zoo import build_config
 from gwdet.layers import GroupWhitening
 from gwdet.modeling import GWRetinaNet, GWSemSegFPNHead
 from gwdet.solver import build_optimizer

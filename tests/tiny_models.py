@@ -8,7 +8,7 @@ import torch
 from detectron2.modeling import build_model
 
 from conftest import DEMO_CONFIG, TINY_OPTS
-from gwdet.engine.trainer import build_config
+from gwdet.model_zoo import build_config
 from gwdet.layers import BatchGroupNorm, BatchWhitening
 
 VARIANTS = {

@@ -6,15 +6,15 @@
 # Training: tools/train_net.py --config-file <this file> (gwdet's run folder, checks and results), or
 # detectron2's own .venv/detectron2-dist/tools/lazyconfig_train_net.py (docs/usage.md, "LazyConfig").
 from detectron2.config import LazyCall as L
-from detectron2.model_zoo import get_config
 from detectron2.modeling.backbone import BasicStem, ResNet
 
+from gwdet.model_zoo import detectron2_lazy_config  # detectron2's common/ configs, without pkg_resources
 from gwdet.modeling import place_norm
 from gwdet.solver import get_default_optimizer_params
 
 from .gw_parts import GW, box_head_4conv1fc
 
-model = get_config("common/models/mask_rcnn_fpn.py").model
+model = detectron2_lazy_config("common/models/mask_rcnn_fpn.py").model
 model.backbone.bottom_up = L(place_norm)(
     resnet=L(ResNet)(
         stem=L(BasicStem)(in_channels=3, out_channels=64, norm="FrozenBN"),
@@ -36,10 +36,10 @@ model.input_format = "RGB"
 model.pixel_mean = [123.675, 116.280, 103.530]
 model.pixel_std = [58.395, 57.120, 57.375]
 
-dataloader = get_config("common/data/coco.py").dataloader
+dataloader = detectron2_lazy_config("common/data/coco.py").dataloader
 dataloader.train.mapper.image_format = "RGB"
-optimizer = get_config("common/optim.py").SGD
+optimizer = detectron2_lazy_config("common/optim.py").SGD
 optimizer.params._target_ = get_default_optimizer_params  # GW layers are norms: weight_decay_norm
-lr_multiplier = get_config("common/coco_schedule.py").lr_multiplier_1x
-train = get_config("common/train.py").train
+lr_multiplier = detectron2_lazy_config("common/coco_schedule.py").lr_multiplier_1x
+train = detectron2_lazy_config("common/train.py").train
 train.init_checkpoint = "weights/R-50-GW.pkl"

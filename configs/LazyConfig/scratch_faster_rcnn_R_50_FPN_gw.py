@@ -2,13 +2,13 @@
 # from scratch with GW (g=64, ItN T=5) everywhere (backbone, FPN, 4conv1fc box head), 2 images per
 # GPU on 8 GPUs, the paper's 1x schedule (group_whitening_huang2021, end of Sec. 5.2: 28.79 AP;
 # it follows the setup of Table 4: 90k iterations, batch 16 on eight GPUs).
-from detectron2.model_zoo import get_config
 
+from gwdet.model_zoo import detectron2_lazy_config  # detectron2's common/ configs, without pkg_resources
 from gwdet.solver import get_default_optimizer_params
 
 from .gw_parts import GW, box_head_4conv1fc
 
-model = get_config("common/models/mask_rcnn_fpn.py").model
+model = detectron2_lazy_config("common/models/mask_rcnn_fpn.py").model
 model.roi_heads.mask_in_features = None
 model.roi_heads.mask_pooler = None
 model.roi_heads.mask_head = None
@@ -19,12 +19,12 @@ model.backbone.bottom_up.freeze_at = 0
 model.backbone.norm = GW
 model.roi_heads.box_head = box_head_4conv1fc(GW)
 
-dataloader = get_config("common/data/coco.py").dataloader
+dataloader = detectron2_lazy_config("common/data/coco.py").dataloader
 dataloader.train.mapper.use_instance_mask = False
 dataloader.train.total_batch_size = 16
-optimizer = get_config("common/optim.py").SGD
+optimizer = detectron2_lazy_config("common/optim.py").SGD
 optimizer.params._target_ = get_default_optimizer_params  # GW layers are norms: weight_decay_norm
-lr_multiplier = get_config("common/coco_schedule.py").lr_multiplier_1x
-train = get_config("common/train.py").train
+lr_multiplier = detectron2_lazy_config("common/coco_schedule.py").lr_multiplier_1x
+train = detectron2_lazy_config("common/train.py").train
 train.init_checkpoint = ""
 train.max_iter = 90000

@@ -17,8 +17,8 @@ import torch
 import detectron2.layers.batch_norm as detectron2_norms
 from detectron2.modeling.backbone import ResNet
 
-from gwdet.convert.architecture import ARCHITECTURES
-from gwdet.convert.metadata import ARCH_FIELD, GW_POSITIONS_FIELD, INPUT_FIELD
+from gwdet.errors import GwdetValueError
+from gwdet.checkpoint.converted_weights import ARCH_FIELD, ARCHITECTURES, GW_POSITIONS_FIELD, INPUT_FIELD
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
 from gwdet.modeling.heads import PerLevelNorm
 from gwdet.norms import layer_types
@@ -56,7 +56,7 @@ def _check_input_format(expected: Mapping, model: torch.nn.Module, resnet: ResNe
         if not same:
             differing.append((key, found[key], value))
     if differing:
-        raise ValueError(
+        raise GwdetValueError(
             "The weights were converted for images fed as torchvision feeds them, but the model differs: "
             + "; ".join(f"{key} is {now!r}, the weights expect {want!r}" for key, now, want in differing)
             + ". Set " + " ".join(f"{key} {want!r}" for key, _, want in differing)
@@ -76,7 +76,7 @@ def check_weights_fit_model(metadata: Mapping, model: torch.nn.Module) -> None:
         # A ResNet built for fewer OUT_FEATURES omits its last stages: compare the ones it has.
         expected_shape = (arch.blocks_per_stage[: len(found[0])], arch.num_groups, arch.width_per_group)
         if found != expected_shape:
-            raise ValueError(
+            raise GwdetValueError(
                 f"The weights are {arch.describe()}, but the model's ResNet has blocks per stage "
                 f"{list(found[0])} and conv2 {found[1]} group(s) x {found[2]} channels. Set "
                 f"MODEL.RESNETS.DEPTH {arch.depth}, NUM_GROUPS {arch.num_groups}, WIDTH_PER_GROUP "
@@ -88,7 +88,7 @@ def check_weights_fit_model(metadata: Mapping, model: torch.nn.Module) -> None:
         expected_positions = parse_gw_positions(metadata[GW_POSITIONS_FIELD])
         present = positions_with_norm(resnet, (GroupWhitening,))
         if expected_positions != present:
-            raise ValueError(
+            raise GwdetValueError(
                 f"The weights have GW at {format_gw_positions(expected_positions)!r} (norms without running "
                 f"statistics), but the model has GW at {format_gw_positions(present)!r}. Set "
                 f"MODEL.RESNETS.GW_POSITIONS {format_gw_positions(expected_positions)!r}, so that BN statistics "
@@ -127,7 +127,7 @@ def check_norm_types(saved: Mapping[str, str], model: torch.nn.Module, how_to_op
     differing = [f"{name}: {saved[name]} -> {kind}" for name, kind in present.items()
                  if name in saved and saved[name] != kind]
     if differing:
-        raise ValueError(
+        raise GwdetValueError(
             f"The checkpoint was trained with other norm layers than this config builds "
             f"({len(differing)} layers, e.g. {'; '.join(differing[:3])}); nothing was loaded. Load "
             f"weights trained with this config's NORM values, or {how_to_opt_in} to load them anyway."
@@ -166,7 +166,7 @@ def check_norm_settings(saved: Mapping[str, Mapping[str, Any]], model: torch.nn.
                  for name, values in norm_settings(model).items() if isinstance(saved.get(name), Mapping)
                  for key, value in values.items() if key in saved[name] and saved[name][key] != value]
     if differing:
-        raise ValueError(
+        raise GwdetValueError(
             f"The checkpoint was trained with other norm hyper-parameters than this config gives its layers "
             f"({len(differing)} values, e.g. {'; '.join(differing[:3])}); nothing was loaded. Use the values "
             "the weights were trained with (the run's config.yaml: MODEL.GW.*, MODEL.BW.*, MODEL.BGN.*, "

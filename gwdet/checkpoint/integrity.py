@@ -1,36 +1,59 @@
-"""Checksums that make a damaged weight file an error instead of a silently different model.
+"""Checksums that make a damaged weight file or checkpoint an error instead of a silently different model.
 
 ``torch.save`` archives carry no check of their tensor bytes, and a pickle of numpy arrays none at
 all: bytes overwritten inside a tensor (a bad disk, an interrupted copy) load without a word. gwdet
-records a CRC-32 of every tensor's bytes next to the tensors when it writes a checkpoint or a
-converted weight file (:func:`with_checksums`), and :func:`verify_checksums` compares them when the
-file is read again, naming the file and the damaged tensors. Files without checksums (detectron2's
-own, older ones) load as before.
+records, when it writes a checkpoint or a converted weight file (:func:`with_checksums`):
+
+* a CRC-32 of every weight's bytes (:data:`CHECKSUMS_KEY`, ``{weight name: CRC}``);
+* a CRC-32 of every other value of the file (:data:`STATE_CHECKSUMS_KEY`): the training state of a
+  checkpoint (the optimizer's momentum buffers and settings, the LR scheduler, the iteration, the
+  random generators' states), the author and conversion metadata of converted weights. Nested
+  dicts are followed, so each entry names one value, e.g.
+  ``trainer/_trainer/optimizer/state/3/momentum_buffer``; a list or a tensor is one value.
+
+:func:`verify_checksums` compares them when the file is read again, naming the file and the damaged
+values. gwdet's checkpoints also carry the SHA-256 of the whole file beside it (``model_final.pth.sha256``,
+:mod:`gwdet.checkpoint.resilient`), which covers bytes no value holds. Files without checksums
+(detectron2's own, older ones) load as before.
 """
 from __future__ import annotations
 
+import hashlib
 import zlib
-from typing import Any, Mapping
+from typing import IO, Any, Iterator, Mapping
 
 import numpy as np
 import torch
 
-from gwdet.engine.atomic import DamagedFileError
+from gwdet.utils.atomic import DamagedFileError
 
 CHECKSUMS_KEY = "gwdet_checksums"
+STATE_CHECKSUMS_KEY = "gwdet_state_checksums"
+_SEPARATOR = "/"  # between the keys of nested dicts in STATE_CHECKSUMS_KEY's names
+SHOWN = 4  # damaged names quoted in one message
 
 
 class DamagedTensorsError(DamagedFileError):
-    """A weight file whose tensor bytes differ from those recorded when it was written (the
-    :class:`gwdet.engine.atomic.DamagedFileError` of weight files; ``damaged``: the tensors' names)."""
+    """A weight file or checkpoint whose values differ from those recorded when it was written (the
+    :class:`gwdet.utils.atomic.DamagedFileError` of weight files; ``damaged``: the weights' names,
+    ``state``: the other values' names)."""
 
-    def __init__(self, path: str, damaged: list[str]) -> None:
-        shown = ", ".join(damaged[:4]) + (", ..." if len(damaged) > 4 else "")
+    def __init__(self, path: str, damaged: list[str], state: list[str] | None = None) -> None:
+        state = state or []
+        parts = []
+        if damaged:
+            shown = ", ".join(damaged[:SHOWN]) + (", ..." if len(damaged) > SHOWN else "")
+            parts.append(f"{len(damaged)} tensor(s) differ from what was written ({shown})")
+        if state:
+            shown = ", ".join(state[:SHOWN]) + (", ..." if len(state) > SHOWN else "")
+            parts.append(f"{len(state)} value(s) of its training state or metadata differ from what was written "
+                         f"or are gone ({shown})")
         super().__init__(
-            f"{path} is damaged: {len(damaged)} tensor(s) differ from what was written ({shown}); nothing "
-            "was loaded from it. Restore the file from a copy or write it again (train, or convert the "
-            "weights again); with --resume, the previous checkpoint in the folder is used instead.", path)
+            f"{path} is damaged: {'; '.join(parts)}; nothing was loaded from it. Restore the file from a copy or "
+            "write it again (train, or convert the weights again); with --resume, the previous checkpoint in the "
+            "folder is used instead.", path)
         self.damaged = damaged
+        self.state = state
 
 
 def tensor_checksum(value: Any) -> int | None:
@@ -51,20 +74,110 @@ def checksums(weights: Mapping[str, Any]) -> dict[str, int]:
     return {name: value for name, value in found.items() if value is not None}
 
 
+def value_checksum(value: Any) -> int:
+    """CRC-32 of any value a checkpoint holds: a tensor's or array's dtype, shape and bytes, a
+    number's or string's type and ``repr`` (exact for floats), dicts and sequences item by item (with
+    their keys), in order."""
+    crc = 0
+    for piece in _value_pieces(value):
+        crc = zlib.crc32(piece, crc)
+    return crc
+
+
+def _value_pieces(value: Any) -> Iterator[bytes]:
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        yield f"{type(value).__name__}:{value.dtype}:{tuple(value.shape)}:".encode()
+        yield str(tensor_checksum(value)).encode()
+    elif isinstance(value, Mapping):  # dict or OrderedDict alike
+        yield f"{{{len(value)}:".encode()
+        for key, item in value.items():
+            yield from _value_pieces(key)
+            yield from _value_pieces(item)
+        yield b"}"
+    elif isinstance(value, (list, tuple)):  # list or tuple alike
+        yield f"[{len(value)}:".encode()
+        for item in value:
+            yield from _value_pieces(item)
+        yield b"]"
+    else:  # numbers, strings, bytes, None, and whatever else a file holds: by its repr
+        yield f"{type(value).__name__}:{value!r};".encode()
+
+
+def state_checksums(data: Mapping[str, Any], weights_key: str = "model") -> dict[str, int]:
+    """``{name: CRC-32}`` (:func:`value_checksum`) of every value of ``data`` but its weights
+    (``data[weights_key]``) and checksums; nested dicts are followed, ``a/b/c`` names a value."""
+    found: dict[str, int] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, Mapping) and value:
+            for key, item in value.items():
+                walk(f"{prefix}{_SEPARATOR}{key}", item)
+        else:
+            found[prefix] = value_checksum(value)
+
+    for key, value in data.items():
+        if key not in (weights_key, CHECKSUMS_KEY, STATE_CHECKSUMS_KEY):
+            walk(str(key), value)
+    return found
+
+
+def _state_value(value: Any, name: str) -> tuple[bool, Any]:
+    """``(found, value)`` of the value :func:`state_checksums` named ``name`` inside ``value`` (a
+    key may hold the separator itself: every key the name starts with is tried)."""
+    if not isinstance(value, Mapping):
+        return False, None
+    for key, item in value.items():
+        key = str(key)
+        if name == key:
+            return True, item
+        if name.startswith(key + _SEPARATOR):
+            found, inner = _state_value(item, name[len(key) + 1:])
+            if found:
+                return True, inner
+    return False, None
+
+
 def with_checksums(data: dict, weights_key: str = "model") -> dict:
-    """``data`` with :data:`CHECKSUMS_KEY` holding the checksums of ``data[weights_key]``."""
-    return {**data, CHECKSUMS_KEY: checksums(data[weights_key])}
+    """``data`` with :data:`CHECKSUMS_KEY` holding the checksums of ``data[weights_key]`` and
+    :data:`STATE_CHECKSUMS_KEY` those of every other value (:func:`state_checksums`)."""
+    return {**data, CHECKSUMS_KEY: checksums(data[weights_key]),
+            STATE_CHECKSUMS_KEY: state_checksums(data, weights_key)}
 
 
 def verify_checksums(path: str, data: Mapping, weights_key: str = "model") -> None:
     """Raise :class:`DamagedTensorsError` when a tensor of ``data[weights_key]`` no longer has the
-    checksum recorded in ``data``; nothing to check when none was recorded. Weights a user removed
-    from the file are not damage (the loader reports them as missing)."""
+    checksum recorded in ``data``, or another recorded value differs or is gone; nothing to check
+    where nothing was recorded. Weights a user removed from the file are not damage (the loader
+    reports them as missing); a value of the training state that is gone is."""
     recorded = data.get(CHECKSUMS_KEY)
-    if not isinstance(recorded, Mapping):
-        return
-    weights = data.get(weights_key, {})
-    damaged = [name for name, expected in recorded.items()  # a missing weight is the loader's to report
-               if name in weights and tensor_checksum(weights[name]) != expected]
-    if damaged:
-        raise DamagedTensorsError(path, damaged)
+    damaged: list[str] = []
+    if isinstance(recorded, Mapping):
+        weights = data.get(weights_key, {})
+        damaged = [name for name, expected in recorded.items()  # a missing weight is the loader's to report
+                   if name in weights and tensor_checksum(weights[name]) != expected]
+    state = data.get(STATE_CHECKSUMS_KEY)
+    changed: list[str] = []
+    if isinstance(state, Mapping):
+        for name, expected in state.items():
+            found, value = _state_value(data, name)
+            if not found or value_checksum(value) != expected:
+                changed.append(name)
+    if damaged or changed:
+        raise DamagedTensorsError(path, damaged, changed)
+
+
+class HashingWriter:
+    """A binary file whose written bytes also go into ``digest`` (a ``hashlib`` object), for a
+    writer such as ``torch.save`` that writes a file from start to end: the SHA-256 of what was
+    written, without reading the file again."""
+
+    def __init__(self, file: IO[bytes], digest: Any | None = None) -> None:
+        self._file = file
+        self.digest = digest if digest is not None else hashlib.sha256()
+
+    def write(self, data: Any) -> int:
+        self.digest.update(data)
+        return self._file.write(data)
+
+    def flush(self) -> None:
+        self._file.flush()

@@ -2,14 +2,16 @@
 
 :class:`ResilientCheckpointer` is detectron2's ``DetectionCheckpointer`` with these changes:
 
-* ``save`` writes through :func:`gwdet.engine.atomic.write_atomically` (a unique temporary name renamed
+* ``save`` writes through :func:`gwdet.utils.atomic.write_atomically` (a unique temporary name renamed
   into place; a failed save names the operating system's error and leaves no partial file), and
   records the type and hyper-parameters of every norm layer;
 * ``resume_or_load(resume=True)`` tries the checkpoint ``last_checkpoint`` names, then the other
   ``model_*.pth`` files newest first, and skips (with a warning) any that is gone or cannot be
   read; with nothing to resume it says so;
-* every tensor carries a checksum (:mod:`gwdet.checkpoint.integrity`): a damaged file is refused
-  by name (with ``--resume``, the previous checkpoint is taken instead);
+* every tensor and every value of the training state (optimizer, scheduler, iteration, random
+  generators) carries a checksum inside the file (:mod:`gwdet.checkpoint.integrity`), and the file's
+  SHA-256 is recorded beside it (``model_final.pth.sha256``, ``sha256sum``'s format): a damaged
+  file is refused by name (with ``--resume``, the previous checkpoint is taken instead);
 * files are read without executing code (:mod:`gwdet.checkpoint.safe_load`); a file that needs
   more is refused with an explanation, unless the user opts in with ``GWDET_ALLOW_UNSAFE_PICKLE=1``;
 * initial weights given as a URL (``https://...``, ``detectron2://...``) that cannot be downloaded
@@ -23,18 +25,19 @@
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import random
 import re
-from typing import Any
+from typing import IO, Any, cast
 from urllib.parse import urlsplit
 
 import numpy as np
 import torch
 from detectron2.checkpoint import DetectionCheckpointer
 
-from gwdet.engine.atomic import write_atomically
+from gwdet.utils.atomic import checksum_path, checksum_problem, record_checksum, remove_checksum, write_atomically
 from gwdet.checkpoint.compatibility import (
     NORM_SETTINGS_KEY,
     NORM_TYPES_KEY,
@@ -44,15 +47,25 @@ from gwdet.checkpoint.compatibility import (
     norm_settings,
     norm_types,
 )
-from gwdet.checkpoint.integrity import CHECKSUMS_KEY, DamagedFileError, verify_checksums, with_checksums
-from gwdet.convert.metadata import read_conversion_metadata
+from gwdet.checkpoint.integrity import (
+    CHECKSUMS_KEY,
+    STATE_CHECKSUMS_KEY,
+    DamagedFileError,
+    HashingWriter,
+    verify_checksums,
+    with_checksums,
+)
+from gwdet.checkpoint.converted_weights import read_conversion_metadata
 from gwdet.checkpoint.safe_load import UnsafeCheckpointError, load_pickle_file, load_torch_file
+from gwdet.errors import GwdetError, GwdetFileNotFoundError, GwdetRuntimeError, GwdetValueError
 
+# The checkpoints a run writes: detectron2's PeriodicCheckpointer names them model_{iteration:07d}
+# and model_final, gwdet's signal checkpoints (gwdet.checkpoint.signal_hook) likewise.
+CHECKPOINT_NAME = re.compile(r"^model_(\d{7,}|final)\.pth$")
 UNSAFE_PICKLE_ENV = "GWDET_ALLOW_UNSAFE_PICKLE"
 MISMATCH_ENV = "GWDET_ALLOW_NORM_MISMATCH"
 _OPT_IN = f"set the environment variable {UNSAFE_PICKLE_ENV}=1"
 _MISMATCH_OPT_IN = f"set the environment variable {MISMATCH_ENV}=1"
-_CHECKPOINT_NAME = re.compile(r"^model_(\d+|final)\.pth$")
 
 
 def unsafe_pickle_allowed() -> bool:
@@ -95,7 +108,7 @@ class RandomState:
         random.setstate((version, tuple(internal), gauss_next))
 
 
-class WeightsDownloadError(OSError):
+class WeightsDownloadError(GwdetError, OSError):
     """Initial weights named by a URL that cannot be downloaded here."""
 
 
@@ -117,19 +130,30 @@ class ResilientCheckpointer(DetectionCheckpointer):
     def save(self, name: str, **extra: Any) -> None:
         if not self.save_dir or not self.save_to_disk:
             return
-        data = with_checksums({"model": self.model.state_dict(), NORM_TYPES_KEY: norm_types(self.model),
-                               NORM_SETTINGS_KEY: norm_settings(self.model)})
+        data = {"model": self.model.state_dict(), NORM_TYPES_KEY: norm_types(self.model),
+                NORM_SETTINGS_KEY: norm_settings(self.model)}
         data.update({key: obj.state_dict() for key, obj in self.checkpointables.items()})
         data.update(extra)
+        data = with_checksums(data)
         basename = f"{name}.pth"
         path = os.path.join(self.save_dir, basename)
         self.logger.info(f"Saving checkpoint to {path}")
-        write_atomically(path, lambda file: torch.save(data, file), self.path_manager)
+        # The file's SHA-256 is taken from the bytes as they are written and recorded beside it once it
+        # has its name; an earlier record of that name goes first, so a kill in between leaves a file
+        # without a record (read unchecked but for the checksums inside), never a wrong record.
+        digest = hashlib.sha256()
+        local = "://" not in path
+        if local:
+            remove_checksum(path)
+        write_atomically(path, lambda file: torch.save(data, cast(IO[bytes], HashingWriter(file, digest))),
+                         self.path_manager)
+        if local:
+            record_checksum(path, digest.hexdigest())
         self.tag_last_checkpoint(basename)
 
     def resume_candidates(self) -> list[str]:
         """The checkpoint ``last_checkpoint`` names, then the other ``model_*.pth`` newest first."""
-        others = [n for n in os.listdir(self.save_dir) if _CHECKPOINT_NAME.match(n)] if os.path.isdir(self.save_dir) else []
+        others = [n for n in os.listdir(self.save_dir) if CHECKPOINT_NAME.match(n)] if os.path.isdir(self.save_dir) else []
         others.sort(key=lambda n: (n != "model_final.pth", -int(n[6:-4]) if n[6:-4].isdigit() else 0))
         try:
             tagged = os.path.basename(self.get_checkpoint_file()) if self.has_checkpoint() else None
@@ -147,7 +171,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
     def load_weights(self, path: str) -> dict:
         """Initial weights (``MODEL.WEIGHTS``): a missing local file is an error naming the fix."""
         if path and "://" not in path and not os.path.isfile(path):
-            raise FileNotFoundError(
+            raise GwdetFileNotFoundError(
                 f"MODEL.WEIGHTS file {path!r} does not exist. Convert ImageNet weights with "
                 "tools/convert_pretrained.py IN OUT (see docs/weights.md), or set MODEL.WEIGHTS \"\" to train from scratch."
             )
@@ -184,7 +208,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 self._parsed_url_during_load = None  # detectron2's load leaves it set when it raises
                 self.logger.warning(f"Cannot read checkpoint {candidate} ({err}); trying the previous one.")
         if candidates:
-            raise RuntimeError(
+            raise GwdetRuntimeError(
                 f"None of the checkpoints in {self.save_dir} can be read ({', '.join(candidates)}). "
                 "Delete them to start over, or restore one from a backup."
             )
@@ -220,7 +244,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
             unexpected = list(incompatible.unexpected_keys)
             hint = (f" The file holds keys like {', '.join(map(repr, unexpected[:3]))}, not the model's: a torchvision-"
                     "layout ImageNet checkpoint needs converting first." if unexpected else "")
-            raise ValueError(
+            raise GwdetValueError(
                 f"The weights leave {len(missing)} of the backbone's {len(backbone)} weights unloaded (e.g. "
                 f"{missing[0]}), so training would start from a partly random backbone.{hint} Convert ImageNet "
                 "weights with tools/convert_pretrained.py IN OUT and give OUT as MODEL.WEIGHTS (docs/weights.md), "
@@ -229,7 +253,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
             problems = [f"missing: {key}" for key in incompatible.missing_keys]
             problems += [f"{key}: shape {tuple(ck)} in the checkpoint, {tuple(mk)} in the model"
                          for key, ck, mk in incompatible.incorrect_shapes]
-            raise ValueError(
+            raise GwdetValueError(
                 f"The checkpoint does not hold every weight of the model ({len(problems)} problems: "
                 f"{'; '.join(problems[:4])}{'; ...' if len(problems) > 4 else ''}); evaluating it would "
                 "report a partly random model. Check that MODEL.WEIGHTS was trained with this config."
@@ -237,7 +261,15 @@ class ResilientCheckpointer(DetectionCheckpointer):
         super()._log_incompatible_keys(incompatible)
 
     def _load_file(self, filename: str) -> dict:
-        """The file's contents, its recorded checksums verified (:mod:`gwdet.checkpoint.integrity`)."""
+        """The file's contents, checked against the SHA-256 recorded beside it (``<file>.sha256``,
+        where there is one) and the checksums recorded inside it (:mod:`gwdet.checkpoint.integrity`)."""
+        problem = checksum_problem(filename)
+        if problem is not None:
+            record = os.path.basename(checksum_path(filename))
+            raise DamagedFileError(
+                f"{filename} is damaged ({problem}); nothing was loaded from it. Restore the file from a copy or write "
+                f"it again (train, or convert the weights again); if you replaced it on purpose, delete {record}. "
+                "With --resume, the previous checkpoint in the folder is used instead.", filename)
         if filename.endswith(".pkl"):
             data = load_pickle_weights(filename)
             if not ("model" in data and "__author__" in data):
@@ -246,6 +278,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
             data = super()._load_file(filename)
         verify_checksums(filename, data)
         data.pop(CHECKSUMS_KEY, None)
+        data.pop(STATE_CHECKSUMS_KEY, None)
         return data
 
     def _torch_load(self, f: str) -> Any:

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from gwdet.errors import GwdetError
+
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since PyTorch 1.6
 LEGACY_MAGIC = b"\x80\x02"  # the legacy format: a pickle stream, protocol 2
 _UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
@@ -32,7 +34,7 @@ _NUMPY_PICKLE_GLOBALS = {
 }
 
 
-class UnsafeCheckpointError(RuntimeError):
+class UnsafeCheckpointError(GwdetError, RuntimeError):
     """A file that can only be read by unpickling arbitrary objects (which can run code)."""
 
     def __init__(self, path: str, needed: list[str], how_to_opt_in: str):
@@ -79,12 +81,13 @@ def _pickle_is_complete(path: str) -> bool:
         return False
 
 
-class NotACheckpointError(pickle.UnpicklingError):
+class NotACheckpointError(GwdetError, pickle.UnpicklingError):
     """A file that does not start like anything ``torch.save`` writes."""
 
 
-def load_torch_file(path: str, allow_unsafe: bool, how_to_opt_in: str) -> Any:
-    """``torch.load`` to CPU, weights-only unless ``allow_unsafe``.
+def load_torch_file(path: str, allow_unsafe: bool, how_to_opt_in: str, mmap: bool = False) -> Any:
+    """``torch.load`` to CPU, weights-only unless ``allow_unsafe``; with ``mmap`` the tensors are
+    mapped from the file, not read (a zip archive only: what ``torch.save`` writes since PyTorch 1.6).
 
     Raises :class:`NotACheckpointError` for a file that ``torch.save`` did not write,
     :class:`UnsafeCheckpointError` for a file that needs more than weights-only loading; any other
@@ -97,7 +100,7 @@ def load_torch_file(path: str, allow_unsafe: bool, how_to_opt_in: str) -> Any:
             "convert ImageNet weights with tools/convert_pretrained.py."
         )
     try:
-        return torch.load(path, map_location="cpu", weights_only=not allow_unsafe)
+        return torch.load(path, map_location="cpu", weights_only=not allow_unsafe, mmap=mmap)
     except Exception as error:  # torch.load reports bad files with many exception types
         needed = [] if allow_unsafe else _globals_refused(path, error)
         if needed:

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
+from gwdet.errors import GwdetError, GwdetRuntimeError
 from gwdet.cluster.options import LauncherOptions
 from gwdet.cluster.slurm import ClusterUnavailable, check_reachable, job_states, partition_has_gpus
 
@@ -25,7 +26,7 @@ POLL_SECONDS = 2.0
 RESULT_GRACE_SECONDS = 15.0  # a finished job's result file may appear a moment after squeue says so
 
 
-class SubmissionRefused(RuntimeError):
+class SubmissionRefused(GwdetError, RuntimeError):
     """sbatch (or submitit's executor) refused the job; nothing was submitted."""
 
 
@@ -150,13 +151,13 @@ def wait(job: "submitit.Job", launcher: str, poll_seconds: float = POLL_SECONDS)
                 ended_since, last_state = time.monotonic(), state
             elif time.monotonic() - ended_since > RESULT_GRACE_SECONDS:
                 shown = last_state.state if last_state else "no longer known to SLURM"
-                raise RuntimeError(f"job {job.job_id} ended ({shown}) without a result; see {job.paths.stdout} "
-                                   f"and {job.paths.stderr}")
+                raise GwdetRuntimeError(f"job {job.job_id} ended ({shown}) without a result; see {job.paths.stdout} "
+                                        f"and {job.paths.stderr}")
             time.sleep(poll_seconds)
     else:
         while not job.done():
             time.sleep(poll_seconds)
     error = job.exception()
     if error is not None:
-        raise RuntimeError(f"job {job.job_id} failed: {error}")
+        raise GwdetRuntimeError(f"job {job.job_id} failed: {error}")
     return job.result()

@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
+from gwdet.errors import GwdetValueError
+
 LAUNCHERS = ("local", "submitit-local", "slurm")
 DEFAULT_TIMEOUT_MIN = 24 * 60
 DEFAULT_RENDEZVOUS_SECONDS = 300.0
@@ -77,8 +79,8 @@ def parse_slurm_extra(items: list[str]) -> dict[str, str | bool]:
         key, sep, value = item.partition("=")
         key = key.strip().lstrip("-")
         if not key or " " in key:
-            raise ValueError(f"--slurm-extra {item!r}: give an sbatch option as KEY=VALUE (e.g. qos=high) "
-                             "or KEY alone for a flag (e.g. exclusive)")
+            raise GwdetValueError(f"--slurm-extra {item!r}: give an sbatch option as KEY=VALUE (e.g. qos=high) "
+                                  "or KEY alone for a flag (e.g. exclusive)")
         extra[key] = value if sep else True
     return extra
 
@@ -87,22 +89,22 @@ def launcher_options(args: argparse.Namespace, processes_per_node: int) -> Launc
     """Check the launcher flags of ``args`` (``processes_per_node``: the processes each node starts,
     ``--num-gpus``); ``ValueError`` naming the flag and the fix."""
     if args.nodes < 1:
-        raise ValueError(f"--nodes must be at least 1, got {args.nodes}")
+        raise GwdetValueError(f"--nodes must be at least 1, got {args.nodes}")
     if args.timeout_min < 1:
-        raise ValueError(f"--timeout-min must be at least 1 minute, got {args.timeout_min}")
+        raise GwdetValueError(f"--timeout-min must be at least 1 minute, got {args.timeout_min}")
     if args.cpus_per_task is not None and args.cpus_per_task < 1:
-        raise ValueError(f"--cpus-per-task must be at least 1, got {args.cpus_per_task}")
+        raise GwdetValueError(f"--cpus-per-task must be at least 1, got {args.cpus_per_task}")
     gpus = args.gpus_per_node
     if gpus is not None and gpus < 0:
-        raise ValueError(f"--gpus-per-node must be 0 or more, got {gpus}")
+        raise GwdetValueError(f"--gpus-per-node must be 0 or more, got {gpus}")
     if gpus and gpus != processes_per_node:
-        raise ValueError(
+        raise GwdetValueError(
             f"--gpus-per-node {gpus} with --num-gpus {processes_per_node}: each node starts one process per "
             "GPU, so give the same number to both (or --gpus-per-node 0 on CPU nodes).")
     if args.launcher == "submitit-local" and args.nodes != 1:
-        raise ValueError("--launcher submitit-local runs on this machine only: use --nodes 1, or --launcher slurm")
+        raise GwdetValueError("--launcher submitit-local runs on this machine only: use --nodes 1, or --launcher slurm")
     if args.launcher == "local" and (args.nodes != 1 or args.wait):
-        raise ValueError("--nodes and --wait belong to --launcher slurm or submitit-local; for several "
-                         "machines without SLURM, start each with --num-machines, --machine-rank and --dist-url")
+        raise GwdetValueError("--nodes and --wait belong to --launcher slurm or submitit-local; for several "
+                              "machines without SLURM, start each with --num-machines, --machine-rank and --dist-url")
     return LauncherOptions(args.launcher, processes_per_node, args.nodes, gpus, args.cpus_per_task, args.partition,
                            args.account, args.timeout_min, parse_slurm_extra(args.slurm_extra), args.wait)

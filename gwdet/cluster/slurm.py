@@ -14,6 +14,8 @@ import subprocess
 from dataclasses import dataclass
 from typing import Iterable
 
+from gwdet.errors import GwdetError
+
 CLIENT_COMMANDS = ("sbatch", "srun", "squeue", "scontrol", "scancel", "sinfo")
 # States in which a job will still run (or is running): see `man squeue`, JOB STATE CODES.
 ACTIVE_STATES = frozenset({
@@ -23,7 +25,7 @@ ACTIVE_STATES = frozenset({
 QUERY_SECONDS = 30.0
 
 
-class ClusterUnavailable(RuntimeError):
+class ClusterUnavailable(GwdetError, RuntimeError):
     """SLURM cannot be used from here: a command is missing or no controller answers."""
 
 
@@ -105,21 +107,3 @@ def job_states(job_ids: Iterable[str], timeout: float = QUERY_SECONDS) -> dict[s
         if job_id in wanted:
             states[job_id] = JobState(job_id, state, "" if reason == "None" else reason)
     return states
-
-
-def job_details(job_id: str, timeout: float = QUERY_SECONDS) -> dict[str, str]:
-    """``scontrol show job``'s ``KEY=VALUE`` fields (``JobState``, ``Restarts``, ``NodeList``, ...);
-    empty when the controller has forgotten the job."""
-    try:
-        answer = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)],
-                                capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        raise ClusterUnavailable(f"scontrol did not answer ({_config_hint()}): {error}") from None
-    if answer.returncode != 0:
-        return {}
-    fields = {}
-    for token in answer.stdout.split():
-        key, sep, value = token.partition("=")
-        if sep and key not in fields:
-            fields[key] = value
-    return fields

@@ -1,5 +1,6 @@
 """``tools/train_net.py``: train here, or submit the same training as a SLURM job through submitit.
 
+The tool's flags (:func:`argument_parser`) are the trainer's and the launcher's.
 ``--launcher local`` (default) starts ``--num-gpus`` processes here (:func:`train_here`).
 ``--launcher slurm`` / ``submitit-local`` checks everything it can first (submitit installed,
 SLURM reachable, the config, the output folder), then submits one :class:`TrainingJob`, prints the
@@ -20,16 +21,31 @@ from typing import Callable, Sequence
 
 from gwdet.cluster.executor import SubmissionRefused, check_launcher, describe, make_executor, submit, wait
 from gwdet.cluster.jobs import NodePlacement, RequeueableJob
-from gwdet.cluster.options import launcher_options
+from gwdet.cluster.options import add_launcher_arguments, launcher_options
 from gwdet.cluster.slurm import ClusterUnavailable
-from gwdet.engine.cli_errors import reported_errors, split_verbose
+from gwdet.utils.cli_errors import run_tool, tool_name
 from gwdet.engine.lazy import check_run_request as check_lazy_run_request, is_lazy_config, load_lazy_config
-from gwdet.engine.trainer import RESULTS_JSON, RESULTS_MARKDOWN, build_config, check_run_request, main, parse_args
+from gwdet.engine import trainer
+from gwdet.engine.trainer import RESULTS_JSON, RESULTS_MARKDOWN, check_run_request, main
 from gwdet.engine.launch import launch
 from gwdet.engine.threads import configure_threads
+from gwdet.model_zoo.loading import build_config
 
 JOBS_FOLDER = "submitit"  # inside OUTPUT_DIR: <job id>/ with submitit's pickles and logs
-PROG = "train_net.py"
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    """The train tool's flags: the trainer's (:func:`gwdet.engine.trainer.argument_parser`) and the
+    launcher's (``--launcher``, ``--nodes``, ``--partition``, ...: :mod:`gwdet.cluster.options`)."""
+    parser = trainer.argument_parser()
+    add_launcher_arguments(parser)
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """:func:`argument_parser`'s arguments, read as :func:`gwdet.engine.trainer.parse_args` reads them
+    (flags may follow the ``KEY VALUE`` overrides)."""
+    return trainer.parse_args(argv, argument_parser())
 
 
 def train_here(args: argparse.Namespace) -> None:
@@ -91,7 +107,7 @@ def submit_training(args: argparse.Namespace, argv: Sequence[str]) -> int:
         executor = make_executor(options, folder, job_name=f"gwdet-{Path(args.config_file).stem}")
         job = submit(executor, TrainingJob(tuple(argv), os.getcwd()), folder)
     except (ClusterUnavailable, SubmissionRefused, ValueError, KeyError, FileNotFoundError, FileExistsError) as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
+        print(f"{tool_name()}: error: {error}", file=sys.stderr)
         return 2
     print("\n".join([*describe(job, options.launcher), f"  output: {output_dir}"]), flush=True)
     if not options.wait:
@@ -99,7 +115,7 @@ def submit_training(args: argparse.Namespace, argv: Sequence[str]) -> int:
     try:
         result = wait(job.task(0), options.launcher)
     except RuntimeError as error:
-        print(f"{PROG}: {error}", file=sys.stderr)
+        print(f"{tool_name()}: {error}", file=sys.stderr)
         return 1
     print(f"job {job.job_id} finished; results in {result['output_dir']}")
     table = Path(result["output_dir"], RESULTS_MARKDOWN)
@@ -109,18 +125,21 @@ def submit_training(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def run(argv: Sequence[str] | None = None) -> int:
-    """``tools/train_net.py``'s command line; the exit status. An error gwdet raises on purpose
-    ends the tool with ``train_net.py: error: <message>`` and status 2, its traceback shown only
-    with ``--verbose`` (:mod:`gwdet.engine.cli_errors`)."""
-    argv, verbose = split_verbose(sys.argv[1:] if argv is None else argv)
-    with reported_errors(PROG, verbose):
-        args = parse_args(argv)
-        if args.launcher == "local":
-            try:
-                launcher_options(args, args.num_gpus)
-            except ValueError as error:
-                print(f"{PROG}: error: {error}", file=sys.stderr)
-                return 2
-            train_here(args)
-            return 0
-        return submit_training(args, argv)
+    """The command line of ``gwdet-train`` and ``tools/train_net.py``; the exit status. An error
+    gwdet raises on purpose ends the tool with ``<program>: error: <message>`` and status 2, its
+    traceback shown only with ``--verbose`` (:mod:`gwdet.utils.cli_errors`); ``<program>`` is the
+    name the tool was started as (``gwdet-train``, ``train_net.py``), as in argparse's errors."""
+    return run_tool(_train, argv)
+
+
+def _train(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if args.launcher == "local":
+        try:
+            launcher_options(args, args.num_gpus)
+        except ValueError as error:
+            print(f"{tool_name()}: error: {error}", file=sys.stderr)
+            return 2
+        train_here(args)
+        return 0
+    return submit_training(args, argv)

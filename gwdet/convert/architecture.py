@@ -1,57 +1,22 @@
-"""The architectures a converted checkpoint can have, and which one (with which GW positions) a
-torchvision-layout state dict is.
+"""Which architecture (with which GW positions) a torchvision-layout state dict is.
 
-The catalogue holds the bottleneck ResNets/ResNeXts of detectron2's ``MODEL.RESNETS`` that ImageNet
-checkpoints come in. A checkpoint's architecture is read off its blocks per stage and the grouping of
-its first 3x3 conv; its GW positions (group_whitening_huang2021, Sec. 5.1.1) are the positions whose
-norms have no running statistics. When no norm has any, the checkpoint is GN-style (e.g. an
-ImageNet GN ResNet) and has no GW.
+The architectures are those a converted checkpoint can have
+(:data:`gwdet.checkpoint.converted_weights.ARCHITECTURES`). A checkpoint's architecture is read off
+its blocks per stage and the grouping of its first 3x3 conv; its GW positions
+(group_whitening_huang2021, Sec. 5.1.1) are the positions whose norms have no running statistics.
+When no norm has any, the checkpoint is GN-style (e.g. an ImageNet GN ResNet) and has no GW.
 """
 from __future__ import annotations
 
 import re
 from collections import defaultdict
-from dataclasses import dataclass
-from typing import Iterable
 
+from gwdet.checkpoint.converted_weights import ARCHITECTURES, Architecture, describe_shape
 from gwdet.convert.loading import ConversionError, preview_names
 from gwdet.convert.torchvision_keys import NORM_POSITIONS, SHORTCUT, SourceLayout
 from gwdet.positions import format_gw_positions, parse_gw_positions
 
 _TARGET_BLOCK = re.compile(r"res([2-5])\.(\d+)\.")
-
-
-@dataclass(frozen=True)
-class Architecture:
-    """A bottleneck ResNet/ResNeXt as detectron2's ``MODEL.RESNETS`` describes it."""
-
-    name: str
-    depth: int
-    blocks_per_stage: tuple[int, int, int, int]
-    num_groups: int
-    width_per_group: int
-
-    def describe(self) -> str:
-        """``"R-50 (blocks per stage [3, 4, 6, 3], conv2 1 group x 64 channels)"``."""
-        shape = _describe_shape(self.blocks_per_stage, self.num_groups, self.width_per_group)
-        return f"{self.name} ({shape})"
-
-
-ARCHITECTURES = {
-    arch.name: arch
-    for arch in (
-        Architecture("R-50", 50, (3, 4, 6, 3), 1, 64),
-        Architecture("R-101", 101, (3, 4, 23, 3), 1, 64),
-        Architecture("X-50-32x4d", 50, (3, 4, 6, 3), 32, 4),
-        Architecture("X-101-32x8d", 101, (3, 4, 23, 3), 32, 8),
-    )
-}
-
-
-def _describe_shape(blocks: Iterable[int], num_groups: int, width_per_group: int) -> str:
-    groups = f"{num_groups} group{'s' if num_groups != 1 else ''}"
-    return f"blocks per stage {list(blocks)}, conv2 {groups} x {width_per_group} channels"
-
 
 # ---- the architecture of a checkpoint -------------------------------------------------------
 
@@ -77,7 +42,7 @@ def infer_architecture(layout: SourceLayout) -> Architecture:
     supported = "; ".join(arch.describe() for arch in ARCHITECTURES.values())
     raise ConversionError(
         "unsupported architecture: the checkpoint has "
-        f"{_describe_shape(blocks, num_groups, width_per_group)}. Supported: {supported}."
+        f"{describe_shape(blocks, num_groups, width_per_group)}. Supported: {supported}."
     )
 
 

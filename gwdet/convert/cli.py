@@ -10,7 +10,7 @@ from typing import Sequence
 from gwdet.convert.converter import convert_checkpoint
 from gwdet.convert.loading import ConversionError
 from gwdet.convert.architecture import ARCHITECTURES
-from gwdet.engine.cli_errors import add_verbose_argument, reported_errors, split_verbose
+from gwdet.utils.cli_errors import add_verbose_argument, run_tool
 
 
 def argument_parser() -> argparse.ArgumentParser:
@@ -54,23 +54,25 @@ def argument_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """``gwdet-convert`` / ``tools/convert_pretrained.py``: convert, print the report; on a
     ConversionError print it and return 2 (any other error gwdet raises on purpose: the same line,
-    :mod:`gwdet.engine.cli_errors`; ``--verbose`` shows tracebacks)."""
-    argv, verbose = split_verbose(sys.argv[1:] if argv is None else argv)
+    :mod:`gwdet.utils.cli_errors`; ``--verbose`` shows tracebacks)."""
+    return run_tool(_convert, argv)
+
+
+def _convert(argv: Sequence[str]) -> int:
     parser = argument_parser()
-    with reported_errors(parser.prog, verbose):
-        args = parser.parse_args(argv)
-        try:
-            report = convert_checkpoint(
-                args.input,
-                args.output,
-                arch=args.arch,
-                gw_positions=args.gw_positions,
-                allow_unsafe_pickle=args.allow_unsafe_pickle,
-                allow_unexpected=args.allow_unexpected,
-                overwrite=args.overwrite,
-            )
-        except ConversionError as error:
-            print(f"{parser.prog}: error: {error}", file=sys.stderr)
-            return 2
-        print(report.format())
-        return 0
+    args = parser.parse_args(argv)
+    try:
+        report = convert_checkpoint(
+            args.input,
+            args.output,
+            arch=args.arch,
+            gw_positions=args.gw_positions,
+            allow_unsafe_pickle=args.allow_unsafe_pickle,
+            allow_unexpected=args.allow_unexpected,
+            overwrite=args.overwrite,
+        )
+    except ConversionError as error:
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return 2
+    print(report.format())
+    return 0

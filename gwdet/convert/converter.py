@@ -4,7 +4,7 @@ The steps, each in its own module: read the file (:mod:`~gwdet.convert.loading`)
 torchvision's names onto detectron2's (:mod:`~gwdet.convert.torchvision_keys`), infer the
 architecture and the GW positions (:mod:`~gwdet.convert.architecture`), check every tensor
 against the backbone that will load it (:mod:`~gwdet.convert.target_backbone`); this module
-assembles the output, whose entries :mod:`~gwdet.convert.metadata` describes. Its weights carry
+assembles the output, whose entries :mod:`~gwdet.checkpoint.converted_weights` describes. Its weights carry
 detectron2's ResNet names (``stem.conv1.weight``, ``res2.0.conv2.norm.weight``, ...), so
 ``DetectionCheckpointer(model).load(path)`` maps them onto ``backbone.bottom_up.*`` of gwdet's
 backbones (and returns the ``"gwdet"`` entry among the unprocessed ones).
@@ -22,6 +22,7 @@ the keys.
 """
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from gwdet.engine.atomic import write_atomically
+from gwdet.utils.atomic import OutputExistsError, remove_stale_partials, write_atomically
 from gwdet.checkpoint.integrity import with_checksums
 from gwdet.convert.architecture import (
     ARCHITECTURES,
@@ -48,7 +49,7 @@ from gwdet.convert.loading import (
     preview_names,
     read_source_state_dict,
 )
-from gwdet.convert.metadata import (
+from gwdet.checkpoint.converted_weights import (
     AUTHOR_KEY,
     MATCHING_HEURISTICS_KEY,
     METADATA_KEY,
@@ -61,6 +62,7 @@ from gwdet.convert.torchvision_keys import SourceLayout, parse_torchvision_layou
 from gwdet.positions import format_gw_positions
 
 OUTPUT_SUFFIX = ".pkl"
+logger = logging.getLogger(__name__)
 UNEXPECTED_FLAG = "--allow-unexpected"
 
 
@@ -259,6 +261,7 @@ def convert_checkpoint(
     input_path, output_path = os.fspath(input_path), os.fspath(output_path)
     check_requested_names(arch, gw_positions)
     _check_output_path(input_path, output_path, overwrite)
+    _remove_leftovers(output_path)
     source = read_source_state_dict(input_path, allow_unsafe_pickle=allow_unsafe_pickle)
     try:
         weights, report = convert_state_dict(
@@ -266,9 +269,19 @@ def convert_checkpoint(
         )
     except ConversionError as error:
         raise ConversionError(f"{input_path}: {error}") from None
-    write_detectron2_pkl(weights, output_path, report.author(), report.metadata())
+    write_detectron2_pkl(weights, output_path, report.author(), report.metadata(), exclusive=not overwrite)
     report.output = output_path
     return report
+
+
+def _remove_leftovers(output_path: str) -> None:
+    """Remove the temporary files of ``output_path`` that conversions killed while writing it left
+    behind (those of processes that no longer run), and say so."""
+    folder, name = os.path.split(os.path.abspath(output_path))
+    removed = remove_stale_partials(folder, of=name)
+    if removed:
+        logger.warning("Removed %d partial file(s) an interrupted conversion left in %s: %s", len(removed), folder,
+                       ", ".join(removed))
 
 
 def _check_output_path(input_path: str, output_path: str, overwrite: bool) -> None:
@@ -295,19 +308,28 @@ def write_detectron2_pkl(
     output_path: str | os.PathLike,
     author: str,
     metadata: Mapping[str, object] | None = None,
+    exclusive: bool = False,
 ) -> None:
     """Write ``weights`` as a detectron2 ``.pkl`` with matching heuristics on.
 
     The file is written under a temporary name in the same folder and renamed when complete, so
-    ``output_path`` never holds a partial file. ``metadata`` goes under :data:`METADATA_KEY`, and
-    a checksum of every array (:mod:`gwdet.checkpoint.integrity`) beside the weights.
+    ``output_path`` never holds a partial file; with ``exclusive``, an ``output_path`` that another
+    process wrote meanwhile is kept and this one refused (:class:`ConversionError`), so that of two
+    conversions into one new file exactly one succeeds. ``metadata`` goes under :data:`METADATA_KEY`, and
+    a checksum of every array and of the author and metadata (:mod:`gwdet.checkpoint.integrity`)
+    beside the weights.
     """
     output_path = os.fspath(output_path)
-    checkpoint = with_checksums({WEIGHTS_KEY: weights, AUTHOR_KEY: author, MATCHING_HEURISTICS_KEY: True},
-                                WEIGHTS_KEY)
+    checkpoint: dict[str, object] = {WEIGHTS_KEY: weights, AUTHOR_KEY: author, MATCHING_HEURISTICS_KEY: True}
     if metadata is not None:
         checkpoint[METADATA_KEY] = metadata
+    checkpoint = with_checksums(checkpoint, WEIGHTS_KEY)
     try:
-        write_atomically(output_path, lambda file: pickle.dump(checkpoint, file))
+        write_atomically(output_path, lambda file: pickle.dump(checkpoint, file), exclusive=exclusive)
+    except OutputExistsError:
+        raise ConversionError(
+            f"{output_path} was written by another conversion while this one ran; it is left as it is and this "
+            "conversion's output discarded. Check which conversion you want there; pass --overwrite to replace it, "
+            "or choose another output file.") from None
     except OSError as error:
         raise ConversionError(f"{output_path}: cannot write the output ({error}).") from None

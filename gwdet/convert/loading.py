@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 import torch
 
+from gwdet.errors import GwdetError
 from gwdet.checkpoint.safe_load import UnsafeCheckpointError, load_torch_file, starts_like_torch_save_output
 
 DATA_PARALLEL_PREFIX = "module."
@@ -27,7 +28,7 @@ UNSAFE_PICKLE_FLAG = "--allow-unsafe-pickle"
 
 
 
-class ConversionError(ValueError):
+class ConversionError(GwdetError, ValueError):
     """A checkpoint cannot be converted; the message says what is wrong and how to fix it."""
 
 

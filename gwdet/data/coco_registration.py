@@ -8,14 +8,17 @@
 ``--register-coco NAME=JSON:IMAGE_ROOT`` (repeatable; ``tools/train_net.py`` and
 ``tools/compare_norms.py``) registers the COCO instances file JSON, whose images' ``file_name``
 entries are relative to the folder IMAGE_ROOT, as dataset NAME with detectron2's
-``register_coco_instances``. The last ``:`` separates the two paths; ``~`` is expanded and relative
-paths are taken from the working directory. NAME can then be used in ``DATASETS.TRAIN`` and
-``DATASETS.TEST``.
+``register_coco_instances``. The ``:`` that separates the two paths is the one after which JSON
+is an existing file, so either path may hold a ``:`` (:meth:`CocoDataset.parse`; when no split
+names an existing file, the last ``:``); ``~`` is expanded and relative paths are taken from the
+working directory. NAME can then be used in ``DATASETS.TRAIN`` and ``DATASETS.TEST``.
 
 Checked when the flag is read, before any model is built (:func:`inspect_coco_file`), each failure
-one error that names the file and the fix: the JSON exists and is valid JSON (the line and column
-of its first error), holds ``images``, ``annotations`` and ``categories`` in COCO's form, its
-annotations use its categories, and IMAGE_ROOT is a folder holding the first image. A NAME that is
+one error that names the file, the image or annotation id and the fix: the JSON exists and is valid
+JSON (the line and column of its first error), holds ``images``, ``annotations`` and ``categories``
+in COCO's form, with unique ids, its annotations use its categories and have boxes and masks that
+can be trained on, and IMAGE_ROOT is a folder holding every image, each of the size the JSON states,
+decodable and of a mode detectron2 reads faithfully (:mod:`gwdet.data.coco_checks`). A NAME that is
 taken (detectron2's builtin datasets such as ``coco_2017_train``, gwdet's ``shapes_*``) is refused.
 
 Checked against the config (:func:`check_config_against_datasets`): the model's number of classes
@@ -43,7 +46,15 @@ from detectron2.config import CfgNode
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data.datasets import register_coco_instances
 
+from gwdet.errors import GwdetError
 from gwdet.data.boxes import box_problem
+from gwdet.data.coco_checks import (
+    duplicate_ids,
+    image_entry_problems,
+    image_file_problems,
+    mask_problems,
+    shown_problems,
+)
 
 FLAG = "--register-coco"
 FORMAT = "NAME=JSON:IMAGE_ROOT"
@@ -58,7 +69,7 @@ ANNOTATION_KEYS = ("id", "image_id", "category_id", "bbox")
 SHOWN = 6  # categories or differences listed in one message
 
 
-class DatasetError(ValueError):
+class DatasetError(GwdetError, ValueError):
     """A dataset given on the command line, or the config's use of it, that cannot train or be
     evaluated on as it is; the message names the dataset, the file or config key, and the fix."""
 
@@ -90,10 +101,12 @@ class CocoDataset:
 
     @classmethod
     def parse(cls, text: str) -> CocoDataset:
-        """``NAME=JSON:IMAGE_ROOT`` (the last ``:`` separates the paths) with ``~`` expanded and
-        relative paths made absolute; :class:`DatasetError` for any other form."""
+        """``NAME=JSON:IMAGE_ROOT`` with ``~`` expanded and relative paths made absolute; the ``:``
+        that separates the paths is the one after which JSON is an existing file (the last ``:``
+        when none is, or when several are and only the last leaves an existing folder), so a path may
+        hold ``:`` itself. :class:`DatasetError` for any other form, or for a split that is ambiguous."""
         name, equals, paths = text.partition("=")
-        json_file, colon, image_root = paths.rpartition(":")
+        json_file, colon, image_root = _split_paths(paths, text)
         name = name.strip()
         if not (equals and colon and name and json_file.strip() and image_root.strip()):
             raise DatasetError(f"expects {FORMAT}, e.g. {EXAMPLE}; got {text!r}")
@@ -119,6 +132,21 @@ class CocoDataset:
 
 def _absolute(path: str) -> str:
     return os.path.abspath(os.path.expanduser(path.strip()))
+
+
+def _split_paths(paths: str, text: str) -> tuple[str, str, str]:
+    """``(JSON, ":", IMAGE_ROOT)`` of ``JSON:IMAGE_ROOT`` (``("", "", paths)`` without a ``:``): at the
+    ``:`` after which JSON is an existing file; of several such, the one whose IMAGE_ROOT is an
+    existing folder; without any, the last ``:``."""
+    splits = [(paths[:at], paths[at + 1:]) for at, char in enumerate(paths) if char == ":"]
+    files = [(json_file, root) for json_file, root in splits if json_file.strip() and os.path.isfile(_absolute(json_file))]
+    if len(files) > 1:
+        files = [(json_file, root) for json_file, root in files if root.strip() and os.path.isdir(_absolute(root))]
+        if len(files) > 1:
+            raise DatasetError(f"{text!r} can be read as {' or as '.join(f'JSON {j!r} with IMAGE_ROOT {r!r}' for j, r in files)}: "
+                               "rename the file or folder whose name holds ':' (or link it under a name without one).")
+    json_file, root = files[0] if files else (splits[-1] if splits else ("", ""))
+    return (json_file, ":", root) if splits else ("", "", paths)
 
 
 def _short(value, limit: int = 120) -> str:
@@ -158,8 +186,11 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
 
     :class:`DatasetError` naming the file and the fix: the JSON is missing, unreadable, not valid
     JSON, not a COCO object with ``images``, ``annotations`` and ``categories`` lists (entries with
-    the keys detectron2 reads, category ids unique, annotations of known categories); the image
-    folder is missing or does not hold the first image.
+    the keys detectron2 reads, category, image and annotation ids unique, annotations of known
+    categories, boxes and masks that can be trained on); the image folder is missing or does not
+    hold the first image; an image file is missing, cut short or damaged, of a mode detectron2 does
+    not convert faithfully (16-bit PNGs) or of another size than stated
+    (:mod:`gwdet.data.coco_checks`).
     """
     where, path = f"dataset {dataset.name!r}:", dataset.json_file
     coco = _read_json(dataset)
@@ -195,6 +226,16 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
         if absent:
             raise DatasetError(f"{where} image #{index} of {path} has no {', '.join(map(repr, absent))} "
                                f"({_short(image)}): detectron2 reads {', '.join(map(repr, IMAGE_KEYS))} of every image.")
+    problems = image_entry_problems(coco["images"])
+    if problems:
+        raise DatasetError(f"{where} image entries of {path} cannot be read ({len(problems)} problem(s)): {shown_problems(problems)}. "
+                           "Correct them (file_name: the image's path under IMAGE_ROOT; width, height: its size in pixels).")
+    problems = duplicate_ids(coco["images"], lambda image: repr(image["file_name"]))
+    if problems:
+        raise DatasetError(
+            f"{where} {len(problems)} image id(s) of {path} are not unique: {shown_problems(problems)}. detectron2 would "
+            "attach the annotations of both images to one of the files. Give each image its own id, and its "
+            "annotations that image_id.")
     instances = rle_masks = without_mask = 0
     sizes = {image["id"]: image for image in coco["images"]}
     degenerate: list[str] = []
@@ -218,11 +259,23 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
         mask = annotation.get("segmentation")
         rle_masks += isinstance(mask, dict)
         without_mask += not mask
+    problems = duplicate_ids(coco["annotations"], lambda annotation: f"an annotation of image {annotation['image_id']}")
+    if problems:
+        raise DatasetError(
+            f"{where} {len(problems)} annotation id(s) of {path} are not unique: {shown_problems(problems)}. detectron2 "
+            "refuses such a file with a bare assertion and COCO evaluation mixes the annotations up. Give each "
+            "annotation its own id.")
     if degenerate:
         raise DatasetError(
             f"{where} {len(degenerate)} box(es) of {path} cannot be trained on (detectron2 would drop them or learn "
             f"nothing from them, without a word): {'; '.join(degenerate[:3])}{'; ...' if len(degenerate) > 3 else ''}. "
             "Correct or remove those annotations (bbox is [x, y, width, height] in pixels, inside the image).")
+    problems = mask_problems(coco["annotations"], sizes)
+    if problems:
+        raise DatasetError(
+            f"{where} {len(problems)} mask(s) of {path} cannot be used: {shown_problems(problems)}. Correct or remove "
+            "those masks (polygons: [[x1, y1, x2, y2, x3, y3, ...]] in pixels; RLE: {\"size\": [height, width], "
+            "\"counts\": ...} as pycocotools.mask.encode writes it), or the 'segmentation' key to train boxes only.")
     root = dataset.image_root
     if not os.path.exists(root):
         raise DatasetError(f"{where} the image folder {root} does not exist. Give the folder that the JSON's "
@@ -234,6 +287,12 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
     if not os.path.isfile(os.path.join(root, first)):
         raise DatasetError(f"{where} the first image of {path}, {first!r}, is not in the image folder {root}: "
                            "IMAGE_ROOT must be the folder that the JSON's file_name entries are relative to.")
+    problems = image_file_problems(coco["images"], root)
+    if problems:
+        raise DatasetError(
+            f"{where} {len(problems)} of the {len(coco['images'])} images of {path} cannot be read as it states (under "
+            f"{root}): {shown_problems(problems)}. Fix or replace those files, or remove them and their annotations "
+            "from the JSON.")
     return CocoContents(tuple(sorted(names.items())), len(coco["images"]), instances, rle_masks, without_mask)
 
 
@@ -416,18 +475,30 @@ def _check_same_categories(cfg: CfgNode, reference: CocoDataset, name: str) -> N
         "names.")
 
 
-def _check_num_classes(cfg: CfgNode, dataset: CocoDataset) -> None:
+# What MODEL.*.NUM_CLASSES means for the meta-architectures whose class count gwdet checks against any
+# dataset's categories (a --register-coco dataset's for every architecture but these without classes).
+_CLASS_COUNT_KEYS = {"GeneralizedRCNN": "ROI_HEADS", "PanopticFPN": "ROI_HEADS", "RetinaNet": "RETINANET"}
+_WITHOUT_CLASSES = ("ProposalNetwork", "SemanticSegmentor")  # class-agnostic proposals; no ROI heads
+
+
+def _check_num_classes(cfg: CfgNode, name: str, classes: Sequence[str], source: str = "",
+                       any_architecture: bool = False) -> None:
+    """:class:`DatasetError` unless the model's number of classes is the number of ``classes`` of
+    dataset ``name`` (``source``: its JSON, in the message). Checked for the architectures of
+    :data:`_CLASS_COUNT_KEYS`, or with ``any_architecture`` for all but :data:`_WITHOUT_CLASSES`."""
     architecture = cfg.MODEL.META_ARCHITECTURE
-    if architecture == "ProposalNetwork":  # class-agnostic proposals
-        return
-    key = "RETINANET" if architecture == "RetinaNet" else "ROI_HEADS"
-    value = cfg.MODEL[key].NUM_CLASSES
-    count = len(dataset.read.categories)
+    key = _CLASS_COUNT_KEYS.get(architecture)
+    if key is None:
+        if not any_architecture or architecture in _WITHOUT_CLASSES:
+            return
+        key = "ROI_HEADS"
+    value, count = cfg.MODEL[key].NUM_CLASSES, len(classes)
     if value != count:
         raise DatasetError(
-            f"MODEL.{key}.NUM_CLASSES is {value}, but {_dataset_role(cfg, dataset.name)} {dataset.name!r} "
-            f"({dataset.json_file}) has {count} categories ({_listing(dataset.read.class_names)}): add "
-            f"MODEL.{key}.NUM_CLASSES {count} to the command line (or set it in the config).")
+            f"MODEL.{key}.NUM_CLASSES is {value}, but {_dataset_role(cfg, name)} {name!r}{f' ({source})' if source else ''} "
+            f"has {count} categories ({_listing(list(classes))}): with fewer classes a category would train as "
+            f"background, with more the evaluation fails. Add MODEL.{key}.NUM_CLASSES {count} to the command line (or "
+            "set it in the config).")
 
 
 def _check_masks(cfg: CfgNode, dataset: CocoDataset) -> None:
@@ -448,16 +519,23 @@ def check_config_against_datasets(cfg: CfgNode) -> None:
     """:class:`DatasetError` unless the config fits the ``--register-coco`` datasets it trains or
     tests on: they and the config's other datasets (where their classes are known) have the same
     categories, the model has as many classes as they have categories, and with ``MODEL.MASK_ON``
-    every training annotation has a mask in a format ``INPUT.MASK_FORMAT`` reads."""
+    every training annotation has a mask in a format ``INPUT.MASK_FORMAT`` reads. Without such a
+    dataset, the model's number of classes is checked against every dataset whose classes are known
+    before loading (gwdet's shapes, detectron2's builtin datasets; for R-CNN, Panoptic FPN and
+    RetinaNet models)."""
     names = list(dict.fromkeys([*cfg.DATASETS.TRAIN, *cfg.DATASETS.TEST]))
     ours = [dataset for dataset in map(registered_coco_dataset, names) if dataset is not None]
     if not ours:
+        for name in names:  # the datasets whose classes are known before loading: shapes, detectron2's builtin ones
+            classes = _known_class_names(name)
+            if classes is not None:
+                _check_num_classes(cfg, name, classes)
         return
     reference = ours[0]
     for name in names:
         if name != reference.name:
             _check_same_categories(cfg, reference, name)
-    _check_num_classes(cfg, reference)
+    _check_num_classes(cfg, reference.name, reference.read.class_names, reference.json_file, any_architecture=True)
     if cfg.MODEL.MASK_ON:
         for dataset in ours:
             if dataset.name in cfg.DATASETS.TRAIN:  # test images are evaluated against the JSON itself

@@ -14,6 +14,7 @@ from typing import Iterable, Sequence
 from detectron2.config import CfgNode
 from detectron2.data import DatasetCatalog, MetadataCatalog
 
+from gwdet.errors import GwdetFileNotFoundError, GwdetKeyError
 from gwdet.data.coco_registration import (
     ENVIRONMENT_VARIABLE,
     CocoDataset,
@@ -53,12 +54,12 @@ def check_dataset_files(names: Iterable[str]) -> None:
     registered = set(DatasetCatalog.list())
     for name in names:
         if name not in registered:
-            raise KeyError(unregistered_message(name))
+            raise GwdetKeyError(unregistered_message(name))
         metadata = MetadataCatalog.get(name)
         for field in ("json_file", "image_root"):
             path = metadata.get(field)
             if path is not None and not os.path.exists(path):
-                raise FileNotFoundError(
+                raise GwdetFileNotFoundError(
                     f"Dataset {name!r}: its {field} {path!r} does not exist. {COCO_LAYOUT_HINT}"
                 )
 

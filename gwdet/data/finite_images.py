@@ -16,8 +16,10 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
+from gwdet.errors import GwdetError
 
-class NonFiniteImageError(ValueError):
+
+class NonFiniteImageError(GwdetError, ValueError):
     """An input image holds ``inf`` or NaN pixels."""
 
 

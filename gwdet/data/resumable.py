@@ -36,6 +36,7 @@ from detectron2.data.samplers import TrainingSampler
 from detectron2.utils import comm
 from torch.utils.data import DataLoader, Sampler
 
+from gwdet.errors import GwdetRuntimeError
 from gwdet.data.boxes import check_dataset_boxes
 
 _SAMPLER_ATTRIBUTE = "gwdet_skipping_sampler"
@@ -83,7 +84,7 @@ def seed_loader_generator(loader, seed: int) -> None:
     would have given it (for a detectron2 without that argument)."""
     data_loaders = _inner_data_loaders(loader)
     if len(data_loaders) != 1:
-        raise RuntimeError(
+        raise GwdetRuntimeError(
             f"gwdet cannot seed this detectron2's train loader ({type(loader).__name__}: found "
             f"{len(data_loaders)} torch DataLoaders inside, expected 1), and its build_detection_train_loader "
             "has no seed= argument; a reproducible, exactly resumable run needs one or the other. "

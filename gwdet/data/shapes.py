@@ -45,7 +45,8 @@ from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data.datasets import register_coco_instances
 from PIL import Image, ImageDraw
 
-from gwdet.engine.atomic import file_sha256, process_is_gone
+from gwdet.errors import GwdetError, GwdetTypeError, GwdetValueError
+from gwdet.utils.atomic import file_sha256, process_is_gone
 
 CLASSES = ("circle", "square", "triangle", "star")
 # Order matters: a split's index here seeds its random stream (train 0, val 1, test 2).
@@ -112,7 +113,7 @@ def default_cache_root() -> Path:
     return Path(os.environ.get(CACHE_VARIABLE, Path.home() / ".cache" / "gwdet"))
 
 
-class CacheNotWritableError(OSError):
+class CacheNotWritableError(GwdetError, OSError):
     """The folder the shapes dataset is generated into cannot be created or written."""
 
 
@@ -409,11 +410,11 @@ def shapes_dataset(split: str, spec: ShapesSpec, root: str | None = None) -> str
     ``root`` is the folder to generate into (default: ``$GWDET_CACHE`` or ``~/.cache/gwdet``).
     """
     if split not in SPLITS:
-        raise ValueError(f"shapes_dataset: split {split!r} is not one of the shapes splits {', '.join(SPLITS)}.")
+        raise GwdetValueError(f"shapes_dataset: split {split!r} is not one of the shapes splits {', '.join(SPLITS)}.")
     if not isinstance(spec, ShapesSpec):
-        raise TypeError(f"shapes_dataset: spec must be a gwdet.data.ShapesSpec (in a LazyConfig, "
-                        f"L(ShapesSpec)(image_size=..., num_train=..., num_val=..., num_test=..., seed=...)), "
-                        f"not {type(spec).__name__} {spec!r}.")
+        raise GwdetTypeError(f"shapes_dataset: spec must be a gwdet.data.ShapesSpec (in a LazyConfig, "
+                             f"L(ShapesSpec)(image_size=..., num_train=..., num_val=..., num_test=..., seed=...)), "
+                             f"not {type(spec).__name__} {spec!r}.")
     register_shapes_spec(spec, root or None, "root of gwdet.data.shapes_dataset" if root else None)
     return f"shapes_{split}"
 

@@ -16,6 +16,9 @@ from detectron2.config import CfgNode, instantiate
 from detectron2.data import detection_utils
 from detectron2.data import transforms as T
 
+from gwdet.errors import GwdetValueError
+from gwdet.data.image_files import image_file_problem
+
 
 def _format_and_augmentations(cfg: Any) -> tuple[str, list]:
     if isinstance(cfg, CfgNode):
@@ -28,7 +31,12 @@ def _format_and_augmentations(cfg: Any) -> tuple[str, list]:
 def read_test_image(cfg: Any, path: str) -> dict:
     """``{"image", "height", "width"}`` of the image file ``path`` as the test loader of ``cfg`` (a
     yacs ``CfgNode`` or a LazyConfig) gives it to the model: float32 CHW in the model's input
-    format, resized; height and width of the file."""
+    format, resized; height and width of the file. ``ValueError`` naming the file and the fix for a
+    file that is missing, not an image, cut short, or of a mode detectron2 would not read as it is
+    (a 16-bit PNG would reach the model as a white image; :mod:`gwdet.data.image_files`)."""
+    problem = image_file_problem(path)
+    if problem:
+        raise GwdetValueError(f"{path} {problem}.")
     image_format, augmentations = _format_and_augmentations(cfg)
     original = detection_utils.read_image(path, format=image_format)
     height, width = original.shape[:2]

@@ -2,10 +2,9 @@
 
 :func:`launch` takes detectron2's ``launch`` arguments. With CUDA available (or a single process)
 it is detectron2's ``launch``. Without CUDA and with more than one process it starts the processes
-itself and joins them in a gloo process group: detectron2 v0.6's ``launch`` asserts CUDA in every
-worker and initialises NCCL (CPU support came to detectron2's main branch in 2023, after its last
-release), so gwdet takes this path on CPU whatever the detectron2 version, and the same code runs
-under every version the test suite covers.
+itself and joins them in a gloo process group, with the per-machine process groups of
+``detectron2.utils.comm``; this path is the same on every detectron2 version gwdet supports
+(docs/compatibility.md: which versions' ``launch`` needs CUDA).
 """
 from __future__ import annotations
 
@@ -23,15 +22,17 @@ import torch.multiprocessing as mp
 from detectron2.engine import launch as _detectron2_launch
 from detectron2.utils import comm
 
+from gwdet.errors import GwdetError, GwdetValueError
+
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 DEFAULT_RENDEZVOUS_TIMEOUT = timedelta(minutes=5)
 
 
-class RendezvousError(ConnectionError):
+class RendezvousError(GwdetError, ConnectionError):
     """The processes of a run did not all meet at ``dist_url`` within the rendezvous timeout."""
 
 
-class WorkerFailed(RuntimeError):
+class WorkerFailed(GwdetError, RuntimeError):
     """A training process of this machine failed; the others were stopped."""
 
 
@@ -67,7 +68,8 @@ def launch(
         return
     if dist_url is None or dist_url == "auto":
         if num_machines != 1:
-            raise ValueError("dist_url 'auto' picks a port on this machine: give tcp://HOST:PORT for several machines")
+            raise GwdetValueError(
+                "dist_url 'auto' picks a port on this machine: give tcp://HOST:PORT for several machines")
         dist_url = f"tcp://127.0.0.1:{_free_local_port()}"
     context = mp.start_processes(
         _cpu_worker,
@@ -106,8 +108,8 @@ def _failure_report(context: mp.ProcessContext, error: Exception) -> str:
 def _tcp_address(dist_url: str | None) -> tuple[str, int]:
     parsed = urlparse(dist_url or "")
     if parsed.scheme != "tcp" or not parsed.hostname or not parsed.port:
-        raise ValueError(f"--dist-url {dist_url!r}: several machines meet at tcp://HOST:PORT, the address of "
-                         "the first machine (--machine-rank 0), e.g. tcp://10.0.0.1:29500")
+        raise GwdetValueError(f"--dist-url {dist_url!r}: several machines meet at tcp://HOST:PORT, the address of "
+                              "the first machine (--machine-rank 0), e.g. tcp://10.0.0.1:29500")
     return parsed.hostname, parsed.port
 
 
@@ -165,7 +167,7 @@ def _cpu_worker(local_rank: int, main_func: Callable, world_size: int, num_proce
 
 def _create_local_process_group(num_processes_per_machine: int) -> None:
     """The per-machine group that ``comm.get_local_rank``/``get_local_size`` read: detectron2's
-    ``comm.create_local_process_group`` where it exists (since 2023-01), else the same groups set
+    ``comm.create_local_process_group`` where it exists, else the same groups set
     into ``comm._LOCAL_PROCESS_GROUP`` as v0.6's own launch does."""
     if hasattr(comm, "create_local_process_group"):
         comm.create_local_process_group(num_processes_per_machine)

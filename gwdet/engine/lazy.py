@@ -56,19 +56,24 @@ from detectron2.utils import comm
 from detectron2.utils.logger import setup_logger
 from detectron2.utils.registry import locate
 
+from gwdet.errors import GwdetFileNotFoundError, GwdetValueError
 from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer
 from gwdet.data.boxes import check_dataset_boxes
 from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.data.resumable import SkippingSampler, loader_accepts_seed, seed_loader_generator
+from gwdet.utils.cli_errors import tool_name
 from gwdet.engine.trainer import (
+    VIS_FOLDER,
     InnerTrainerState,
     check_output_request,
     evaluation_target,
+    log_outputs,
     run_writers,
     training_ddp_model,
     with_signal_checkpoints,
     write_results_to,
 )
+from gwdet.engine.run_log import HeldRecords
 from gwdet.engine.visualize import save_prediction_pngs
 from gwdet.layers.plans import describe_plans
 from gwdet.modeling import check_model
@@ -77,6 +82,7 @@ from gwdet.engine.output_dir import (
     CONFIG_NAME,
     OutputDirLock,
     check_config_checksum,
+    check_resume_trains,
     checkpoints_in,
     damaged_config,
     differing_values,
@@ -164,7 +170,7 @@ def check_override_key(cfg: DictConfig, key: str) -> None:
     reference = _reference_above(cfg, parts)
     if reference is not None:
         level, target = reference
-        raise ValueError(
+        raise GwdetValueError(
             f"LazyConfig override {key!r}: {level!r} is {target}, a reference to a node other settings share, "
             f"and setting a value under it would replace the reference. Set the value where it points, or give "
             f"{level} a node of its own ({level}={{_target_: ..., ...}}).")
@@ -184,8 +190,8 @@ def check_override_key(cfg: DictConfig, key: str) -> None:
     where = f"under {parent_key!r}" if parent_key else "at the top of the config"
     hint = f" Did you mean {' or '.join(repr('.'.join([*parts[:depth], c])) for c in close)}?" if close else ""
     takes = f" ({getattr(target, '__qualname__', target)} takes {', '.join(sorted(arguments))})" if arguments else ""
-    raise ValueError(f"LazyConfig override {key!r}: the config has no {name!r} {where}{takes}.{hint} "
-                     f"Write +{key}=... to add a new key on purpose.")
+    raise GwdetValueError(f"LazyConfig override {key!r}: the config has no {name!r} {where}{takes}.{hint} "
+                          f"Write +{key}=... to add a new key on purpose.")
 
 
 def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
@@ -195,11 +201,11 @@ def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
     for override in overrides:
         key, equals, _ = override.partition("=")
         if not equals or not key.strip():
-            raise ValueError(
+            raise GwdetValueError(
                 f"LazyConfig override {override!r} is not key=value. A LazyConfig takes dotted keys with '=', "
                 "e.g. train.max_iter=100 train.output_dir=output/run (KEY VALUE pairs are for yacs configs).")
         if key.startswith("~"):
-            raise ValueError(f"LazyConfig override {override!r}: deleting a key is not supported.")
+            raise GwdetValueError(f"LazyConfig override {override!r}: deleting a key is not supported.")
         if not key.startswith("+"):
             check_override_key(cfg, key.strip())
     return LazyConfig.apply_overrides(cfg, [o[1:] if o.startswith("+") else o for o in overrides])
@@ -209,9 +215,9 @@ def load_lazy_config(config_file: str, overrides: Sequence[str] = ()) -> DictCon
     """The LazyConfig ``config_file`` with the ``key=value`` ``overrides`` applied (checked by
     :func:`apply_overrides`); a ``~`` in ``train.output_dir`` is expanded."""
     if not config_file:
-        raise ValueError("No config given: pass --config-file configs/<file>.py (see configs/LazyConfig/).")
+        raise GwdetValueError("No config given: pass --config-file configs/<file>.py (see configs/LazyConfig/).")
     if not os.path.isfile(config_file):
-        raise FileNotFoundError(f"Config file {config_file!r} does not exist (run from the repository root?).")
+        raise GwdetFileNotFoundError(f"Config file {config_file!r} does not exist (run from the repository root?).")
     cfg = apply_overrides(LazyConfig.load(config_file), overrides or ())
     output_dir = _select(cfg, OUTPUT_SETTING)
     if isinstance(output_dir, str) and output_dir.startswith("~"):
@@ -223,7 +229,7 @@ def check_keys(cfg: DictConfig, keys: Sequence[str], purpose: str) -> None:
     """Raise ``ValueError`` naming every one of ``keys`` the config lacks for ``purpose``."""
     missing = [key for key in keys if _select(cfg, key) is _ABSENT]
     if missing:
-        raise ValueError(
+        raise GwdetValueError(
             f"This LazyConfig cannot be used for {purpose}: it has no {', '.join(missing)}. A LazyConfig for "
             "gwdet's tools (and detectron2's tools/lazyconfig_train_net.py) defines model, dataloader.train, "
             "dataloader.test, dataloader.evaluator, optimizer, lr_multiplier and train (detectron2's "
@@ -236,7 +242,8 @@ def check_keys(cfg: DictConfig, keys: Sequence[str], purpose: str) -> None:
 def check_device(device: str) -> None:
     """A ``train.device`` that cannot be used here is an error naming the fix."""
     if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"train.device is {device!r}, but this machine has no usable GPU: run with train.device=cpu.")
+        raise GwdetValueError(
+            f"train.device is {device!r}, but this machine has no usable GPU: run with train.device=cpu.")
 
 
 def build_model(cfg: DictConfig) -> torch.nn.Module:
@@ -276,7 +283,7 @@ def _instantiate_dataset(node: Any) -> Any:
     except AssertionError as err:
         if "No valid data" not in str(err):
             raise
-        raise ValueError(
+        raise GwdetValueError(
             "None of the images of dataloader.train.dataset has an annotation to train on: check that the "
             "json's 'annotations' list is there and refers to its 'images' ids (or set "
             "dataloader.train.dataset.filter_empty=False to train on empty images).") from err
@@ -339,7 +346,7 @@ def evaluate(cfg: DictConfig, model: torch.nn.Module) -> "OrderedDict[str, Any]"
 
 def _check_weights_file(path: str) -> None:
     if path and "://" not in path and not os.path.isfile(path):
-        raise FileNotFoundError(
+        raise GwdetFileNotFoundError(
             f"train.init_checkpoint file {path!r} does not exist. Convert ImageNet weights with "
             "tools/convert_pretrained.py IN OUT (see docs/weights.md), or set train.init_checkpoint=\"\" to train "
             "from scratch.")
@@ -502,7 +509,9 @@ def saved_tree(cfg: DictConfig) -> dict:
 def check_resume_config(cfg: DictConfig, output_dir: str) -> None:
     """Raise ``ValueError`` when ``--resume`` would continue a run of another model: any
     difference under ``model`` from the run's ``config.yaml`` stops the run before anything is
-    loaded; other differences (a longer schedule, another device) are logged."""
+    loaded; other differences (a longer schedule, another device) are logged. A resume that would
+    train nothing (``train.max_iter`` below the checkpoint's iteration) is refused too
+    (:func:`gwdet.engine.output_dir.check_resume_trains`)."""
     path = os.path.join(output_dir, CONFIG_NAME)
     if not os.path.isfile(path) or not checkpoints_in(output_dir):  # nothing to resume: a fresh start
         return
@@ -513,14 +522,14 @@ def check_resume_config(cfg: DictConfig, output_dir: str) -> None:
     except Exception as error:  # yaml's and omegaconf's errors, bytes that are not text
         raise damaged_config(path, output_dir, error, OUTPUT_SETTING) from None
     if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
-        raise ValueError(
+        raise GwdetValueError(
             f"--resume: the run in {output_dir!r} was not trained from a LazyConfig ({path} has no model), so "
             "this config cannot continue it. Resume it with the config it was trained with, or train into "
             "another train.output_dir.")
     current = saved_tree(cfg)
     model = [f"model.{key}: {old!r} -> {new!r}" for key, old, new in differing_values(saved["model"], current["model"])]
     if model:
-        raise ValueError(
+        raise GwdetValueError(
             f"--resume: the run in {output_dir!r} was trained with another model ({CONFIG_NAME} there): "
             f"{'; '.join(model[:5])}{'; ...' if len(model) > 5 else ''}. Resume with the same config and "
             "overrides, or train the new model into another train.output_dir."
@@ -530,6 +539,7 @@ def check_resume_config(cfg: DictConfig, output_dir: str) -> None:
     if differences:
         logger.warning(f"--resume with config values that differ from {path}: "
                        + "; ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in differences))
+    check_resume_trains(output_dir, cfg.train.max_iter, "train.max_iter")
 
 
 def check_run_request(cfg: DictConfig, args: argparse.Namespace) -> None:
@@ -566,22 +576,40 @@ def register_command_line_datasets(args: argparse.Namespace) -> None:
         register_coco_datasets(getattr(args, "register_coco", None) or ())
         register_coco_datasets([d for d in environment_datasets() if registered_coco_dataset(d.name) is None])
     except DatasetError as error:
-        print(f"{os.path.basename(sys.argv[0]) or 'gwdet'}: error: {error}", file=sys.stderr, flush=True)
+        print(f"{tool_name()}: error: {error}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
 
 
 def setup(args: argparse.Namespace, cfg: DictConfig) -> DictConfig:
     """The command line's datasets registered, the run request checked, detectron2's logging and
-    output set-up (``config.yaml``, seeding with ``train.seed``), gwdet's messages in ``log.txt``."""
-    register_command_line_datasets(args)
-    if comm.is_main_process():
-        check_run_request(cfg, args)
-    default_setup(cfg, args)
-    if comm.is_main_process():
-        record_config_checksum(cfg.train.output_dir)  # what --resume checks config.yaml against
-    setup_logger(cfg.train.output_dir, distributed_rank=comm.get_rank(), name="gwdet")
+    output set-up (``config.yaml``, seeding with ``train.seed``), gwdet's messages in ``log.txt``
+    (also those of the checks, held until it exists: :class:`~gwdet.engine.run_log.HeldRecords`)."""
+    with HeldRecords():
+        register_command_line_datasets(args)
+        if comm.is_main_process():
+            check_run_request(cfg, args)
+        default_setup(cfg, args)
+        if comm.is_main_process():
+            record_config_checksum(cfg.train.output_dir)  # what --resume checks config.yaml against
+        setup_logger(cfg.train.output_dir, distributed_rank=comm.get_rank(), name="gwdet")
     logger.info(describe_plans())
     return cfg
+
+
+def dataset_names(cfg: DictConfig) -> list[str]:
+    """The datasets the LazyConfig trains and evaluates on: the ``names`` of ``dataloader.train.dataset``
+    and ``dataloader.test.dataset`` (``L(...)`` nodes such as ``gwdet.data.shapes_dataset``
+    instantiated) and the evaluator's dataset; a loader built otherwise names none."""
+    names: list[str] = []
+    for key in ("dataloader.train.dataset.names", "dataloader.test.dataset.names"):
+        value = _select(cfg, key)
+        if isinstance(value, DictConfig):
+            value = instantiate(value)
+        if isinstance(value, str):
+            names.append(value)
+        elif isinstance(value, (list, tuple, ListConfig)):
+            names += [name for name in value if isinstance(name, str)]
+    return [name for name in dict.fromkeys([*names, evaluated_dataset(cfg)]) if name]
 
 
 def main(args: argparse.Namespace):
@@ -606,8 +634,10 @@ def main(args: argparse.Namespace):
             results = trainer.train()
             model = trainer.model
         evaluated = evaluated_dataset(cfg)
-        write_results_to(output_dir, results or {}, [name for name in [evaluated] if name])
+        write_results_to(output_dir, results or {}, [name for name in [evaluated] if name], dataset_names(cfg))
         vis_images = int(cfg.train.get("vis_images", 0))
+        drawings: list[str] = []
         if comm.is_main_process() and vis_images > 0 and evaluated:  # no evaluated dataset: nothing to draw
-            save_prediction_pngs(cfg, model, evaluated, vis_images, os.path.join(output_dir, "vis"))
+            drawings = save_prediction_pngs(cfg, model, evaluated, vis_images, os.path.join(output_dir, VIS_FOLDER))
+    log_outputs(output_dir, bool(results), drawings, "train.vis_images")
     return results

@@ -2,14 +2,19 @@
 
 * :func:`check_fresh_start`: a run that starts from iteration 0 does not write over another run's
   checkpoints, metrics and results unless told to (``--overwrite`` clears them first);
-* :func:`check_resume_config`: ``--resume`` continues a run only with the model it was trained with;
+* :func:`check_resume_config`: ``--resume`` continues a run only with the model it was trained with,
+  and only when there is something left to train (:func:`check_resume_trains`);
 * :func:`evaluation_folder`: ``--eval-only`` into a folder that holds a run writes under
   ``eval/<checkpoint>/`` and never touches the run's own config, results, vis or inference;
 * :class:`OutputDirLock`: one run at a time per ``OUTPUT_DIR``.
 
 A folder "holds a run" when a run trained there: checkpoints, metrics, results, evaluations. A
 ``config.yaml`` alone (a run that failed before its first iteration) is no claim: the next run
-starts there and writes its own.
+starts there and writes its own. A run's checkpoints are the names detectron2's and gwdet's
+checkpointers give them (``model_0000099.pth``, ``model_final.pth``, :data:`CHECKPOINT_NAME`, with
+their ``.sha256`` records) and the one ``last_checkpoint`` names; any other file, a
+``model_best_by_me.pth`` of the user's included, is not the run's: it does not make the folder
+hold a run and ``--overwrite`` keeps it (and says so).
 """
 from __future__ import annotations
 
@@ -24,7 +29,10 @@ from typing import IO, Any, Mapping
 
 from detectron2.config import CfgNode
 
-from gwdet.engine.atomic import (
+from gwdet.errors import GwdetError, GwdetFileExistsError, GwdetFileNotFoundError, GwdetRuntimeError, GwdetValueError
+from gwdet.checkpoint.resilient import CHECKPOINT_NAME
+from gwdet.model_zoo.loading import flatten_config
+from gwdet.utils.atomic import (
     CHECKSUM_SUFFIX,
     DamagedFileError,
     checksum_problem,
@@ -36,25 +44,48 @@ from gwdet.engine.atomic import (
 LOCK_NAME = ".gwdet.lock"
 CONFIG_NAME = "config.yaml"  # detectron2's default_setup writes the run's config here
 # Files and folders of a run that a new run would replace or append to (config.yaml and
-# results.json with the SHA-256 recorded beside them, gwdet.engine.atomic).
+# results.json with the SHA-256 recorded beside them, gwdet.utils.atomic).
 RUN_FILES = ("last_checkpoint", "metrics.json", "results.md", "results.json", CONFIG_NAME,
              CONFIG_NAME + CHECKSUM_SUFFIX, "results.json" + CHECKSUM_SUFFIX)
 EVAL_FOLDER = "eval"  # --eval-only of a folder that holds a run writes to eval/<checkpoint>/
 RUN_FOLDERS = ("inference", "vis", EVAL_FOLDER)
+LAST_CHECKPOINT = "last_checkpoint"  # detectron2's Checkpointer names the latest checkpoint in it
 # Keys that may differ when a run is resumed: where it runs and where its first weights came from.
 RESUMABLE_DIFFERENCES = ("MODEL.DEVICE", "MODEL.WEIGHTS")
 
 logger = logging.getLogger(__name__)
 
 
+def _tagged_name(output_dir: str) -> str | None:
+    """The file name ``output_dir/last_checkpoint`` holds, when it names a ``.pth`` file of the folder."""
+    try:
+        with open(os.path.join(output_dir, LAST_CHECKPOINT), "rb") as f:
+            name = f.read(4096).decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not name.endswith(".pth") or os.sep in name or not os.path.isfile(os.path.join(output_dir, name)):
+        return None
+    return name
+
+
+def is_checkpoint_name(name: str, tagged: str | None = None) -> bool:
+    """Whether ``name`` is a checkpoint a run wrote: :data:`CHECKPOINT_NAME`, or ``tagged`` (the name
+    ``last_checkpoint`` holds: a checkpointer of one's own may choose other names)."""
+    return bool(CHECKPOINT_NAME.match(name)) or (tagged is not None and name == tagged)
+
+
 def run_files(output_dir: str) -> list[str]:
-    """The files and folders of an earlier run in ``output_dir`` (names, sorted)."""
+    """The files and folders of an earlier run in ``output_dir`` (names, sorted): its checkpoints
+    (:func:`is_checkpoint_name`) and their ``.sha256`` records, :data:`RUN_FILES`, :data:`RUN_FOLDERS`
+    and TensorBoard's event files. Nothing else is a run's."""
     if not os.path.isdir(output_dir):
         return []
+    tagged = _tagged_name(output_dir)
     names = []
     for name in os.listdir(output_dir):
-        is_checkpoint = name.startswith("model_") and name.endswith(".pth")
-        if is_checkpoint or name in RUN_FILES or name in RUN_FOLDERS or name.startswith("events.out.tfevents"):
+        checkpoint = name[:-len(CHECKSUM_SUFFIX)] if name.endswith(CHECKSUM_SUFFIX) else name
+        if (is_checkpoint_name(checkpoint, tagged) or name in RUN_FILES or name in RUN_FOLDERS
+                or name.startswith("events.out.tfevents")):
             names.append(name)
     return sorted(names)
 
@@ -65,19 +96,21 @@ def holds_run(output_dir: str) -> bool:
 
 
 def checkpoints_in(output_dir: str) -> list[str]:
-    """The ``model_*.pth`` files of ``output_dir`` (names, sorted)."""
-    return [name for name in run_files(output_dir) if name.startswith("model_")]
+    """The checkpoints a run wrote in ``output_dir`` (:func:`is_checkpoint_name`; names, sorted)."""
+    tagged = _tagged_name(output_dir) if os.path.isdir(output_dir) else None
+    return [name for name in run_files(output_dir) if is_checkpoint_name(name, tagged)]
 
 
 def check_fresh_start(output_dir: str, overwrite: bool) -> None:
     """Raise ``FileExistsError`` when ``output_dir`` holds another run; with ``overwrite``, delete
-    that run's files instead (and say so)."""
+    that run's files (:func:`run_files`) instead, keep every other file, and say which were deleted
+    and which kept."""
     if not holds_run(output_dir):
         return
     existing = run_files(output_dir)
     if not overwrite:
         shown = ", ".join(existing[:6]) + (", ..." if len(existing) > 6 else "")
-        raise FileExistsError(
+        raise GwdetFileExistsError(
             f"OUTPUT_DIR {output_dir!r} already holds a run ({shown}); nothing was changed. Continue "
             "it with --resume, write to another OUTPUT_DIR, or pass --overwrite to delete that run "
             "and start again."
@@ -85,7 +118,10 @@ def check_fresh_start(output_dir: str, overwrite: bool) -> None:
     for name in existing:
         path = os.path.join(output_dir, name)
         shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
-    logger.warning(f"--overwrite: deleted the earlier run in {output_dir}: {', '.join(existing)}")
+    kept = sorted(set(os.listdir(output_dir)) - {LOCK_NAME})
+    shown = ", ".join(kept[:10]) + (f", ... ({len(kept) - 10} more)" if len(kept) > 10 else "")
+    logger.warning(f"--overwrite: deleted the earlier run in {output_dir}: {', '.join(existing)}"
+                   + (f"; kept what no run of gwdet wrote there: {shown}" if kept else ""))
 
 
 class _Absent:
@@ -96,23 +132,6 @@ class _Absent:
 
 
 ABSENT = _Absent()
-
-
-def flatten_config(tree: Mapping, prefix: str = "") -> dict[str, Any]:
-    """``{"A": {"B": 1}}`` -> ``{"A.B": 1}`` for a CfgNode or the dict a config's YAML dump loads
-    to; sequences become lists, as a YAML round trip gives them back."""
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, Mapping):
-            flat.update(flatten_config(value, name))
-        else:
-            flat[name] = _as_saved(value)
-    return flat
-
-
-def _as_saved(value: Any) -> Any:
-    return [_as_saved(item) for item in value] if isinstance(value, (list, tuple)) else value
 
 
 def differing_values(old: Mapping, new: Mapping) -> list[tuple[str, Any, Any]]:
@@ -155,16 +174,67 @@ def check_config_checksum(path: str, output_dir: str, output_setting: str = "OUT
         raise damaged_config(path, output_dir, problem, output_setting)
 
 
+def resumed_iteration(output_dir: str) -> tuple[str, int] | None:
+    """``(checkpoint, iteration)``: the checkpoint ``output_dir/last_checkpoint`` names and the
+    iteration a ``--resume`` starts from (the one recorded in it, + 1, as detectron2's
+    ``DefaultTrainer.resume_or_load`` counts), read without loading its tensors. ``None`` when that
+    cannot be told (no such checkpoint; unreadable or damaged, so that the resume takes an older
+    one; no iteration recorded): the resume itself then decides."""
+    from gwdet.checkpoint.safe_load import load_torch_file
+
+    name = _tagged_name(output_dir) if os.path.isdir(output_dir) else None
+    if name is None:
+        return None
+    path = os.path.join(output_dir, name)
+    if checksum_problem(path) is not None:
+        return None
+    try:
+        data = load_torch_file(path, allow_unsafe=False, how_to_opt_in="", mmap=True)
+    except Exception:  # torch.load reports bad files with many exception types; the resume names them
+        return None
+    if not isinstance(data, dict):
+        return None
+    trainer = data.get("trainer")  # the trainer's state holds the iteration too
+    iteration = data.get("iteration", trainer.get("iteration") if isinstance(trainer, dict) else None)
+    return (path, iteration + 1) if type(iteration) is int else None
+
+
+def check_resume_trains(output_dir: str, max_iter: int, setting: str = "SOLVER.MAX_ITER") -> None:
+    """Raise ``ValueError`` when ``--resume`` of the run in ``output_dir`` would train nothing because
+    its checkpoint is past ``max_iter`` (the config's ``setting``): the run would only be evaluated
+    again, and its ``config.yaml`` and results rewritten with a schedule its weights never had. A
+    run resumed at exactly ``max_iter`` (a finished run, the same schedule) is evaluated again, as
+    before."""
+    found = resumed_iteration(output_dir)
+    if found is None:
+        return
+    path, start = found
+    if max_iter < start:
+        raise GwdetValueError(
+            f"--resume: the run in {output_dir!r} has trained {start} iterations ({os.path.basename(path)}), more "
+            f"than {setting} {max_iter}: resuming would train nothing and write the run's {CONFIG_NAME} and results "
+            f"again with a schedule its weights did not have; nothing was changed. To train it further, resume with "
+            f"{setting} above {start}; to evaluate it, use --eval-only --resume.")
+
+
 def check_resume_config(cfg: CfgNode, output_dir: str) -> None:
-    """Raise ``ValueError`` when ``--resume`` would continue a run of another model.
+    """Raise ``ValueError`` when ``--resume`` would continue a run of another model, or would train
+    nothing (:func:`check_resume_trains`).
 
     The run's ``config.yaml`` (written when it started) is compared with ``cfg``: any difference
     under ``MODEL`` (but ``MODEL.DEVICE`` and ``MODEL.WEIGHTS``) stops the run before anything is
     loaded; other differences (a longer schedule, say) are logged.
     """
     path = os.path.join(output_dir, CONFIG_NAME)
-    if not os.path.isfile(path) or not checkpoints_in(output_dir):  # nothing to resume: a fresh start
+    if not checkpoints_in(output_dir):  # nothing to resume: a fresh start
         return
+    if os.path.isfile(path):
+        check_resumed_model(cfg, output_dir, path)
+    check_resume_trains(output_dir, cfg.SOLVER.MAX_ITER)
+
+
+def check_resumed_model(cfg: CfgNode, output_dir: str, path: str) -> None:
+    """The model check of :func:`check_resume_config` against the run's ``config.yaml`` at ``path``."""
     check_config_checksum(path, output_dir)
     saved = cfg.clone()
     saved.defrost()
@@ -175,7 +245,7 @@ def check_resume_config(cfg: CfgNode, output_dir: str) -> None:
     differences = config_differences(saved, cfg)
     model = [d for d in differences if d.startswith("MODEL.") and not d.startswith(RESUMABLE_DIFFERENCES)]
     if model:
-        raise ValueError(
+        raise GwdetValueError(
             f"--resume: the run in {output_dir!r} was trained with another model ({CONFIG_NAME} "
             f"there): {'; '.join(model[:5])}{f'; and {len(model) - 5} more' if len(model) > 5 else ''}. Resume with the "
             "same config and overrides, or train the new model into another OUTPUT_DIR."
@@ -188,25 +258,25 @@ def tagged_checkpoint(output_dir: str) -> str:
     """The checkpoint ``output_dir/last_checkpoint`` names (a path); an error naming the fix when
     there is none or it is gone: ``--eval-only --resume`` evaluates exactly that file, never an
     older one in its place."""
-    tag = os.path.join(output_dir, "last_checkpoint")
+    tag = os.path.join(output_dir, LAST_CHECKPOINT)
     available = checkpoints_in(output_dir)
     if not available:
-        raise FileNotFoundError(f"--eval-only --resume: OUTPUT_DIR {output_dir!r} holds no checkpoint to "
-                                "evaluate. Check OUTPUT_DIR, or name the weights with MODEL.WEIGHTS "
-                                "path/to/model_final.pth.")
+        raise GwdetFileNotFoundError(f"--eval-only --resume: OUTPUT_DIR {output_dir!r} holds no checkpoint to "
+                                     "evaluate. Check OUTPUT_DIR, or name the weights with MODEL.WEIGHTS "
+                                     "path/to/model_final.pth.")
     choose = f"Name the weights to evaluate, e.g. MODEL.WEIGHTS {os.path.join(output_dir, available[-1])}"
     try:
         with open(tag, "rb") as f:
             name = f.read().decode("utf-8").strip()
     except FileNotFoundError:
-        raise FileNotFoundError(f"--eval-only --resume: OUTPUT_DIR {output_dir!r} has no last_checkpoint "
-                                f"file, so which checkpoint is the run's is unknown. {choose}.") from None
+        raise GwdetFileNotFoundError(f"--eval-only --resume: OUTPUT_DIR {output_dir!r} has no last_checkpoint "
+                                     f"file, so which checkpoint is the run's is unknown. {choose}.") from None
     except UnicodeDecodeError:
-        raise ValueError(f"--eval-only --resume: {tag} is damaged (not text). {choose}.") from None
+        raise GwdetValueError(f"--eval-only --resume: {tag} is damaged (not text). {choose}.") from None
     path = os.path.join(output_dir, name)
     if not name or os.sep in name or not os.path.isfile(path):
-        raise FileNotFoundError(f"--eval-only --resume: {tag} names {name!r}, which is not a file in "
-                                f"{output_dir!r}. {choose}.")
+        raise GwdetFileNotFoundError(f"--eval-only --resume: {tag} names {name!r}, which is not a file in "
+                                     f"{output_dir!r}. {choose}.")
     return path
 
 
@@ -266,11 +336,11 @@ def metrics_record(line: bytes) -> dict | None:
     return record
 
 
-class OutputDirNotWritableError(PermissionError):
+class OutputDirNotWritableError(GwdetError, PermissionError):
     """OUTPUT_DIR cannot be created or written (read-only disk, permissions, a file in its place)."""
 
 
-class OutputDirNameError(ValueError):
+class OutputDirNameError(GwdetError, ValueError):
     """OUTPUT_DIR's name cannot reach every writer of a run unchanged under this locale."""
 
 
@@ -280,8 +350,8 @@ def check_output_dir_name(output_dir: str, encoding: str | None = None) -> None:
     UTF-8 in Python's file system encoding (``encoding``, by default ``sys.getfilesystemencoding()``).
     That holds in Python's UTF-8 mode, which Python 3.7+ turns on in the C and POSIX locales
     (``LC_ALL=C``); it fails where the locale is ASCII with that mode off (``PYTHONUTF8=0``), where
-    such a name reaches Python as undecodable bytes (TensorBoard stopped with ``surrogates not
-    allowed`` after the first iteration), or a Latin-1 locale (events in another folder)."""
+    such a name reaches Python as undecodable bytes that TensorBoard's writer cannot encode
+    (``surrogates not allowed``), and in a Latin-1 locale, where the writer's folder is another one."""
     encoding = codecs.lookup(encoding or sys.getfilesystemencoding()).name
     try:
         output_dir.encode("utf-8")
@@ -325,7 +395,7 @@ class OutputDirLock:
             self._file.seek(0)
             holder = self._file.read().strip() or "another process"
             self._file.close()
-            raise RuntimeError(
+            raise GwdetRuntimeError(
                 f"OUTPUT_DIR {os.path.dirname(self.path)!r} is in use by another run ({holder}). "
                 "Wait for it to finish, or give this run another OUTPUT_DIR."
             ) from None

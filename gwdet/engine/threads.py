@@ -1,36 +1,62 @@
 """CPU thread settings for gwdet's entry points (``tools/train_net.py``, ``tools/compare_norms.py``,
-``tools/benchmark.py``): how many threads PyTorch uses and how idle threads wait.
+``tools/benchmark.py``): how many threads PyTorch uses.
 
-On a machine that another CPU-bound process shares, PyTorch's defaults collapse. Its OpenMP pool
-(GNU OpenMP on Linux) has as many threads as cores, and a thread that finishes its share of a
-parallel region spins on the CPU for a while before it sleeps, waiting for the others. When one of
-them is descheduled in favour of the other process, the spinning threads burn their time slices
-waiting for it. Group whitening runs many small parallel operations, so it suffers most.
+The thread count of a process (:func:`choose_threads`), first that applies:
 
-So the thread count (:func:`choose_threads`) is the CPUs this process may use less those that
-other processes keep busy when the tool starts (:func:`busy_cpus`: the kernel's count of runnable
-tasks, sampled for a moment), shared among the processes the run starts, at least 1.
-``--threads N`` or ``OMP_NUM_THREADS`` chooses it instead; the choice is printed, because the thread
-count changes the order of some floating-point sums and so the last bits of results.
+1. ``--threads N``: N;
+2. ``--threads auto-load``: the CPUs this process may use less those other processes keep busy
+   when the tool starts (:func:`busy_cpus`: the kernel's count of runnable tasks in
+   ``/proc/loadavg``, sampled for a moment), so it depends on the machine's load at that moment;
+3. ``OMP_NUM_THREADS``;
+4. by default, the CPUs this process may use (:func:`cpu_limits`): the smallest of its affinity
+   mask (``os.sched_getaffinity``), its cgroup's CPU quota (cgroup v2 ``cpu.max``, cgroup v1
+   ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``, of the process's own cgroup and the cgroups
+   above it, rounded down, at least 1) and ``SLURM_CPUS_PER_TASK``; without any of them,
+   ``os.cpu_count()``. It does not depend on what else runs on the machine.
 
-The OpenMP wait policy is left as the user's environment sets it. Measured on the project's 2-core
-machine (docs/benchmarks.md, "Busy machine"), ``OMP_WAIT_POLICY=PASSIVE`` (idle threads sleep at
-once) avoids most of the collapse when a competing process starts after the tool, but makes a demo
-training step 1.7x slower on an idle machine, slower than one thread; so it is advice for machines
-whose load comes and goes, not a default.
+A choice other than ``--threads N`` is divided among the processes a run starts on this machine
+(``--num-gpus``; the study's ``--jobs``), at least 1 each. The choice is logged, because the thread
+count changes the order of some floating-point sums and so the last bits of results. The OpenMP
+wait policy (``OMP_WAIT_POLICY``) is left as the user's environment sets it; docs/benchmarks.md
+("Busy machine") has the measurements behind these rules.
 """
 from __future__ import annotations
 
+import argparse
+import math
 import os
+import re
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping, MutableMapping
+from pathlib import Path
+from typing import Callable, Mapping, MutableMapping, Union
 
 import torch
 
+from gwdet.errors import GwdetValueError
+
 WAIT_POLICY_VARIABLE = "OMP_WAIT_POLICY"
 THREADS_VARIABLE = "OMP_NUM_THREADS"
+SLURM_VARIABLE = "SLURM_CPUS_PER_TASK"
+AUTO_LOAD = "auto-load"
+PROC_CGROUP = Path("/proc/self/cgroup")
+PROC_MOUNTINFO = Path("/proc/self/mountinfo")
+
+# --threads: a number of threads, AUTO_LOAD, or None (the default rule)
+ThreadRequest = Union[int, str, None]
+
+
+def thread_request(text: str) -> int | str:
+    """``--threads``'s argparse type: an integer (its range is the tool's to check) or ``auto-load``."""
+    if text == AUTO_LOAD:
+        return AUTO_LOAD
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a number of threads nor {AUTO_LOAD}: give --threads N (N >= 1) or --threads "
+            f"{AUTO_LOAD} (the CPUs other processes leave free at start)") from None
 
 
 @dataclass(frozen=True)
@@ -45,14 +71,169 @@ class ThreadChoice:
         policy = environ.get(WAIT_POLICY_VARIABLE) or "unset (OpenMP's default: idle threads spin a while)"
         waiting = f"{WAIT_POLICY_VARIABLE} {policy}"
         return (f"CPU threads: {self.threads} per process ({self.reason}); {waiting}. "
-                f"Override with --threads N or {THREADS_VARIABLE}.")
+                f"Override with --threads N, --threads {AUTO_LOAD} or {THREADS_VARIABLE}.")
+
+
+# ---- the CPUs this process may use ------------------------------------------------------------
+
+
+def read_cpu_max(path: Path) -> float | None:
+    """The CPUs a cgroup v2 ``cpu.max`` file (``"$MAX $PERIOD"``, ``"max $PERIOD"`` without a
+    limit) allows; ``None`` without a limit or without the file. ``ValueError`` names a file of
+    another format."""
+    try:
+        fields = path.read_text().split()
+    except FileNotFoundError:
+        return None
+    if len(fields) == 2 and fields[0] == "max" and fields[1].isdigit():
+        return None
+    if len(fields) == 2 and all(field.isdigit() for field in fields) and int(fields[1]) > 0:
+        return int(fields[0]) / int(fields[1])
+    raise GwdetValueError(f"{path} holds {' '.join(fields)!r}, not a cgroup v2 CPU limit ('QUOTA PERIOD' or 'max "
+                          f"PERIOD'): choose the thread count with --threads N or {THREADS_VARIABLE}.")
+
+
+def read_cfs_quota(folder: Path) -> float | None:
+    """The CPUs a cgroup v1 ``cpu`` folder's ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` allow;
+    ``None`` without a limit (quota -1) or without the files. ``ValueError`` names a file of
+    another format."""
+    quota_file, period_file = folder / "cpu.cfs_quota_us", folder / "cpu.cfs_period_us"
+    try:
+        quota, period = quota_file.read_text().strip(), period_file.read_text().strip()
+    except FileNotFoundError:
+        return None
+    if quota == "-1":
+        return None
+    if quota.isdigit() and period.isdigit() and int(period) > 0:
+        return int(quota) / int(period)
+    raise GwdetValueError(f"{quota_file} ({quota!r}) and {period_file} ({period!r}) are not a cgroup v1 CPU limit: "
+                          f"choose the thread count with --threads N or {THREADS_VARIABLE}.")
+
+
+@dataclass(frozen=True)
+class _Mount:
+    root: str
+    point: Path
+    version: int  # 2: the unified hierarchy, 1: a v1 hierarchy with the cpu controller
+
+
+_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+def _cgroup_mounts(mountinfo: Path) -> list[_Mount]:
+    """The cgroup2 mounts and the cgroup v1 mounts of the ``cpu`` controller listed in ``mountinfo``
+    (``/proc/self/mountinfo``: ``ID PARENT MAJOR:MINOR ROOT POINT OPTIONS [OPTIONAL...] - TYPE
+    SOURCE SUPER_OPTIONS``; spaces in paths written as ``\\040``)."""
+    mounts = []
+    for line in mountinfo.read_text().splitlines():
+        fields = line.split()
+        if "-" not in fields[6:]:
+            continue
+        separator = fields.index("-", 6)
+        kind, options = fields[separator + 1], fields[separator + 3].split(",") if len(fields) > separator + 3 else []
+        root, point = (_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field) for field in fields[3:5])
+        if kind == "cgroup2":
+            mounts.append(_Mount(root, Path(point), 2))
+        elif kind == "cgroup" and "cpu" in options:
+            mounts.append(_Mount(root, Path(point), 1))
+    return mounts
+
+
+def _cgroup_paths(proc_cgroup: Path) -> dict[int, str]:
+    """The process's cgroup in the unified hierarchy (key 2: the ``0::PATH`` line) and in the v1
+    hierarchy of the ``cpu`` controller (key 1), from ``proc_cgroup`` (``/proc/self/cgroup``)."""
+    paths = {}
+    for line in proc_cgroup.read_text().splitlines():
+        hierarchy, controllers, path = line.split(":", 2)
+        if hierarchy == "0" and controllers == "":
+            paths[2] = path
+        elif "cpu" in controllers.split(","):
+            paths[1] = path
+    return paths
+
+
+def _folders_up(mount: _Mount, path: str) -> list[Path]:
+    """The folders of cgroup ``path`` and of every cgroup above it, within ``mount``; none when the
+    cgroup is outside what ``mount`` shows."""
+    root = mount.root.rstrip("/")
+    if root and path != root and not path.startswith(root + "/"):
+        return []
+    relative = Path(path[len(root):].lstrip("/"))
+    return [mount.point / relative, *(mount.point / above for above in relative.parents)]
+
+
+def cgroup_cpu_quota(proc_cgroup: Path = PROC_CGROUP, mountinfo: Path = PROC_MOUNTINFO) -> float | None:
+    """The CPUs the cgroup CPU quota allows this process: the smallest limit set on its cgroup or
+    a cgroup above it, in the unified (v2) hierarchy and the v1 ``cpu`` hierarchy, found through
+    ``proc_cgroup`` and ``mountinfo``; ``None`` when no limit is set or the files are not there."""
+    try:
+        paths, mounts = _cgroup_paths(proc_cgroup), _cgroup_mounts(mountinfo)
+    except FileNotFoundError:
+        return None
+    limits = []
+    for mount in mounts:
+        if mount.version not in paths:
+            continue
+        for folder in _folders_up(mount, paths[mount.version]):
+            limit = read_cpu_max(folder / "cpu.max") if mount.version == 2 else read_cfs_quota(folder)
+            if limit is not None:
+                limits.append(limit)
+    return min(limits, default=None)
+
+
+def affinity_cpus() -> int | None:
+    """The CPUs of this process's affinity mask; ``None`` where the OS has none."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+
+
+def slurm_cpus(environ: Mapping[str, str] = os.environ) -> int | None:
+    """``SLURM_CPUS_PER_TASK`` of ``environ``; ``None`` when unset; ``ValueError`` when it is not a
+    positive integer."""
+    value = environ.get(SLURM_VARIABLE)
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise GwdetValueError(f"{SLURM_VARIABLE}={value!r} is not a positive integer: unset it, or choose the thread "
+                              f"count with --threads N or {THREADS_VARIABLE}.")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class CpuLimits:
+    """What limits the CPUs this process may use: ``None`` where a limit does not apply."""
+
+    affinity: int | None
+    cgroup_quota: float | None
+    slurm_cpus_per_task: int | None
+
+    def usable(self) -> int:
+        """The smallest limit (a fractional quota rounded down, at least 1); ``os.cpu_count()``
+        when none applies."""
+        quota = None if self.cgroup_quota is None else max(1, math.floor(self.cgroup_quota))
+        limits = [limit for limit in (self.affinity, quota, self.slurm_cpus_per_task) if limit is not None]
+        return min(limits) if limits else os.cpu_count() or 1
+
+    def describe(self) -> str:
+        """``"N CPUs this process may use (affinity mask A, cgroup CPU quota Q, SLURM_CPUS_PER_TASK S)"``,
+        naming the limits that apply."""
+        parts = [f"affinity mask {self.affinity}" if self.affinity is not None else None,
+                 f"cgroup CPU quota {self.cgroup_quota:g}" if self.cgroup_quota is not None else None,
+                 f"{SLURM_VARIABLE} {self.slurm_cpus_per_task}" if self.slurm_cpus_per_task is not None else None]
+        named = ", ".join(part for part in parts if part) or "os.cpu_count()"
+        usable = self.usable()
+        return f"{usable} CPU{'' if usable == 1 else 's'} this process may use ({named})"
+
+
+def cpu_limits(environ: Mapping[str, str] = os.environ, proc_cgroup: Path = PROC_CGROUP,
+               mountinfo: Path = PROC_MOUNTINFO) -> CpuLimits:
+    """The affinity mask, the cgroup CPU quota (read through ``proc_cgroup`` and ``mountinfo``) and
+    ``SLURM_CPUS_PER_TASK`` of ``environ``."""
+    return CpuLimits(affinity_cpus(), cgroup_cpu_quota(proc_cgroup, mountinfo), slurm_cpus(environ))
 
 
 def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask where the OS has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    """The CPUs this process may use (:func:`cpu_limits`)."""
+    return cpu_limits().usable()
 
 
 def busy_cpus(samples: int = 10, interval: float = 0.02) -> int:
@@ -69,33 +250,42 @@ def busy_cpus(samples: int = 10, interval: float = 0.02) -> int:
     return max(0, round(statistics.median(counts)) - 1)
 
 
+# ---- the choice ------------------------------------------------------------------------------
+
+
 def choose_threads(
-    requested: int | None = None,
+    requested: ThreadRequest = None,
     processes: int = 1,
     environ: Mapping[str, str] = os.environ,
-    cpus: Callable[[], int] = usable_cpus,
+    limits: Callable[[], CpuLimits] | None = None,
     busy: Callable[[], int] = busy_cpus,
 ) -> ThreadChoice:
-    """Threads per process: ``requested`` if given, else ``OMP_NUM_THREADS``, else the usable CPUs
-    other processes leave free, divided among ``processes`` (at least 1)."""
+    """Threads per process (the module docstring's rules): ``requested`` (a number, or
+    ``"auto-load"``: the usable CPUs ``busy`` leaves free), else ``OMP_NUM_THREADS`` of ``environ``,
+    else the usable CPUs (``limits``, default :func:`cpu_limits` of ``environ``); all but a number
+    divided among ``processes``, at least 1."""
     if processes < 1:
         raise ValueError(f"processes must be at least 1, got {processes}")
-    if requested is not None:
+    shared = f", shared by {processes} processes" if processes > 1 else ""
+    if isinstance(requested, int):
         if requested < 1:
-            raise ValueError(f"--threads must be at least 1, got {requested}")
+            raise GwdetValueError(f"--threads must be at least 1, got {requested}")
         return ThreadChoice(requested, "--threads")
+    if requested is not None and requested != AUTO_LOAD:
+        raise GwdetValueError(f"--threads {requested!r}: give a number of threads (at least 1) or {AUTO_LOAD}")
+    usable = (limits or (lambda: cpu_limits(environ)))
+    if requested == AUTO_LOAD:
+        cpus, taken = usable().usable(), busy()
+        return ThreadChoice(max(1, max(1, cpus - taken) // processes),
+                            f"--threads {AUTO_LOAD}: {cpus} usable CPUs, {taken} busy with other processes at start{shared}")
     if environ.get(THREADS_VARIABLE):
         value = environ[THREADS_VARIABLE]
         if not value.isdigit() or int(value) < 1:
-            raise ValueError(f"{THREADS_VARIABLE}={value!r} is not a positive integer: unset it or set it to a "
-                             "number of threads such as 1")
+            raise GwdetValueError(f"{THREADS_VARIABLE}={value!r} is not a positive integer: unset it or set it to a "
+                                  "number of threads such as 1")
         return ThreadChoice(int(value), f"from {THREADS_VARIABLE}")
-    usable, taken = cpus(), busy()
-    threads = max(1, max(1, usable - taken) // processes)
-    reason = f"{usable} usable CPUs, {taken} busy with other processes at start"
-    if processes > 1:
-        reason += f", shared by {processes} processes"
-    return ThreadChoice(threads, reason)
+    found = usable()
+    return ThreadChoice(max(1, found.usable() // processes), found.describe() + shared)
 
 
 def apply_threads(choice: ThreadChoice, environ: MutableMapping[str, str] = os.environ) -> None:
@@ -105,7 +295,8 @@ def apply_threads(choice: ThreadChoice, environ: MutableMapping[str, str] = os.e
     environ[THREADS_VARIABLE] = environ["MKL_NUM_THREADS"] = str(choice.threads)
 
 
-def configure_threads(requested: int | None = None, processes: int = 1, log: Callable[[str], None] = print) -> ThreadChoice:
+def configure_threads(requested: ThreadRequest = None, processes: int = 1,
+                      log: Callable[[str], None] = print) -> ThreadChoice:
     """:func:`choose_threads`, :func:`apply_threads`, and one line to ``log`` saying what was chosen."""
     choice = choose_threads(requested, processes)
     apply_threads(choice)

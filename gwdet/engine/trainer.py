@@ -14,20 +14,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import difflib
 import json
 import logging
 import os
-import re
 import sys
 import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
-import yaml
 
-from detectron2.config import CfgNode, get_cfg
+from detectron2.config import CfgNode
 from detectron2.engine import (
     AMPTrainer,
     DefaultTrainer,
@@ -43,18 +40,19 @@ from detectron2.utils import comm
 from detectron2.utils.events import CommonMetricPrinter, EventWriter, JSONWriter, TensorboardXWriter
 from detectron2.utils.logger import setup_logger
 
-from gwdet.engine.atomic import write_text_atomically, write_text_with_checksum
-from gwdet.engine.cli_errors import add_verbose_argument
+from gwdet.errors import GwdetValueError
+from gwdet.utils.atomic import write_text_atomically, write_text_with_checksum
+from gwdet.utils.cli_errors import add_verbose_argument, tool_name
 from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer
 from gwdet.checkpoint.signal_hook import CheckpointOnSignal
-from gwdet.cluster.options import add_launcher_arguments
-from gwdet.config import add_gwdet_config
 from gwdet.config_checks import check_gwdet_config
 from gwdet.data import prepare_datasets
+from gwdet.data.datasets import config_dataset_names
 from gwdet.layers.plans import describe_plans
 from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.data.resumable import build_resumable_train_loader, skip_trained_samples
 from gwdet.model_zoo import resolve_config_argument
+from gwdet.model_zoo.loading import build_config
 from gwdet.modeling import check_model
 from gwdet.modeling.build import check_device
 from gwdet.modeling.model_checks import check_norm_weight_decay
@@ -63,17 +61,20 @@ from gwdet.engine.output_dir import (
     check_fresh_start,
     check_resume_config,
     evaluation_folder,
-    flatten_config,
     record_config_checksum,
     tagged_checkpoint,
     trim_metrics,
 )
 from gwdet.solver import build_optimizer
+from gwdet.engine.run_environment import ENVIRONMENT_KEY, run_environment
+from gwdet.engine.run_log import HeldRecords
 from gwdet.engine.tables import Column, Table
+from gwdet.engine.threads import thread_request
 from gwdet.engine.visualize import save_prediction_pngs
 
 RESULTS_MARKDOWN = "results.md"
 RESULTS_JSON = "results.json"
+VIS_FOLDER = "vis"
 
 
 class MetricsFileWriter(EventWriter):
@@ -195,7 +196,7 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
         except AssertionError as err:
             if "No valid data" not in str(err):
                 raise
-            raise ValueError(
+            raise GwdetValueError(
                 f"None of the images of {', '.join(cfg.DATASETS.TRAIN)} has an annotation to train on: "
                 "check that the json's 'annotations' list is there and refers to its 'images' ids "
                 "(or set DATALOADER.FILTER_EMPTY_ANNOTATIONS False to train on empty images)."
@@ -236,7 +237,8 @@ def argument_parser() -> argparse.ArgumentParser:
     """detectron2's parser (``--config-file``, ``--resume``, ``--eval-only``, ``--num-gpus``, ...)
     plus ``--overwrite``, ``--threads``, ``--register-coco NAME=JSON:IMAGE_ROOT`` (repeatable: your
     own COCO-format data as dataset NAME, its files checked as the flag is read; see
-    :mod:`gwdet.data.coco_registration`) and the launcher flags (:mod:`gwdet.cluster.options`).
+    :mod:`gwdet.data.coco_registration`) and ``--verbose``. The train tool adds the launcher flags
+    (:func:`gwdet.cluster.training.argument_parser`).
 
     ``--config`` works as well: argparse accepts it as the unambiguous prefix of ``--config-file``.
     """
@@ -244,14 +246,14 @@ def argument_parser() -> argparse.ArgumentParser:
 
     parser = default_argument_parser()
     add_register_coco_argument(parser)
-    parser.add_argument("--threads", type=int, default=None,
-                        help="CPU threads per process (default: the CPUs other processes leave free at "
-                             "start, shared by the --num-gpus processes; see gwdet.engine.threads)")
+    parser.add_argument("--threads", type=thread_request, default=None, metavar="N|auto-load",
+                        help="CPU threads per process (default: the CPUs this process may use: affinity mask, "
+                             "cgroup CPU quota, SLURM_CPUS_PER_TASK, shared by the --num-gpus processes; "
+                             "auto-load: the CPUs other processes leave free at start; see gwdet.engine.threads)")
     parser.add_argument("--overwrite", action="store_true",
                         help="train from iteration 0 into an OUTPUT_DIR that holds an earlier run, "
                              "deleting that run's checkpoints, metrics and results first")
     add_verbose_argument(parser)
-    add_launcher_arguments(parser)
     return parser
 
 
@@ -266,15 +268,15 @@ def check_process_counts(parser: argparse.ArgumentParser, args: argparse.Namespa
     if not 0 <= args.machine_rank < args.num_machines:
         parser.error(f"--machine-rank {args.machine_rank}: give this machine's index, from 0 to "
                      f"--num-machines - 1 = {args.num_machines - 1}.")
-    if args.threads is not None and args.threads < 1:
+    if isinstance(args.threads, int) and args.threads < 1:
         parser.error(f"--threads {args.threads}: give the CPU threads of each process, at least 1 (or leave "
-                     "the flag out to share the CPUs that other processes leave free).")
+                     "the flag out to use the CPUs this process may use).")
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """:func:`argument_parser`'s arguments; flags may also follow the ``KEY VALUE`` overrides
-    (``... SOLVER.MAX_ITER 10 --resume``)."""
-    parser = argument_parser()
+def parse_args(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    """The arguments of ``parser`` (default: :func:`argument_parser`); flags may also follow the
+    ``KEY VALUE`` overrides (``... SOLVER.MAX_ITER 10 --resume``)."""
+    parser = parser or argument_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     given = [token for token in argv if token.split("=", 1)[0] in ("--config-file", "--config")]
     if len(given) > 1:
@@ -301,149 +303,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def build_config(config_file: str, opts: list[str] | None = None) -> CfgNode:
-    """detectron2's defaults + gwdet's keys + ``config_file`` + ``KEY VALUE`` overrides, checked, frozen."""
-    if not config_file:
-        raise ValueError("No config given: pass --config configs/<file>.yaml (see configs/).")
-    if os.path.isdir(config_file):
-        raise IsADirectoryError(f"Config file {config_file!r} is a folder: give a config file in it (configs/ "
-                                "holds gwdet's).")
-    if not os.path.isfile(config_file):
-        raise FileNotFoundError(f"Config file {config_file!r} does not exist (run from the repository root?).")
-    if config_file.endswith(".py"):
-        raise ValueError(
-            f"Config file {config_file!r} is a LazyConfig (.py), not a yacs config, which is what this step "
-            "reads. tools/train_net.py (here or through --launcher slurm), tools/analyze_model.py and "
-            "tools/deploy/export_model.py take LazyConfigs, with key=value overrides; in Python, load one with "
-            "gwdet.engine.lazy.load_lazy_config.")
-    with open(config_file, encoding="utf-8") as f:
-        text = f.read()
-    try:
-        content = yaml.safe_load(text) if text.strip() else None
-    except yaml.YAMLError as error:
-        raise ValueError(f"Config file {config_file!r} is not valid YAML: {error}") from None
-    if not isinstance(content, dict):
-        raise ValueError(f"Config file {config_file!r} holds no KEY: VALUE mapping (is it empty?). "
-                         "Start from one of the files under configs/.")
-    check_base_files(config_file, content)
-    cfg = add_gwdet_config(get_cfg())
-    try:
-        cfg.merge_from_file(config_file)
-    except (KeyError, AssertionError, ValueError) as error:  # yacs: unknown key, wrong type
-        raise ValueError(f"Config file {config_file!r} (or a _BASE_ it names): {merge_problem(cfg, error)}") from None
-    try:
-        cfg.merge_from_list(opts or [])
-    except (KeyError, AssertionError, ValueError) as error:
-        raise ValueError(f"The KEY VALUE overrides: {merge_problem(cfg, error)}") from None
-    if cfg.OUTPUT_DIR.startswith("~"):  # a quoted ~ reaches the config as it is: a folder named "~"
-        cfg.OUTPUT_DIR = os.path.expanduser(cfg.OUTPUT_DIR)
-    check_gwdet_config(cfg)
-    cfg.freeze()
-    return cfg
-
-
-_UNKNOWN_KEY = re.compile(r"Non-existent (?:config )?key: (\S+)")
-_WRONG_TYPE = re.compile(r"Type mismatch \(<class '([\w.]+)'> vs\. <class '([\w.]+)'>\) with values "
-                         r"\((.*) vs\. (.*)\) for config key: (\S+)$", re.DOTALL)
-
-
-def merge_problem(cfg: CfgNode, error: BaseException) -> str:
-    """What yacs' error when merging into ``cfg`` means, with the fix: a key the config does not
-    have (and the close ones it has), a value of another type than the key's default, a section
-    given a value, overrides that do not come in pairs."""
-    text = str(error.args[0]) if error.args else str(error)
-    unknown = _UNKNOWN_KEY.search(text)
-    if unknown:
-        key = unknown.group(1)
-        close = difflib.get_close_matches(key, list(flatten_config(cfg)), n=3, cutoff=0.8)
-        hint = f" Did you mean {' or '.join(close)}?" if close else ""
-        return (f"{key} is not a key of detectron2's or gwdet's config.{hint} (A project's own keys are added "
-                "by its add_*_config function before the config is read.)")
-    wrong = _WRONG_TYPE.search(text)
-    if wrong:
-        expected, given, default, value, key = wrong.groups()
-        if expected.endswith("CfgNode"):
-            return f"{key} is a section of keys, not a value: set one of its keys (e.g. {key}.<KEY> VALUE)."
-        return (f"{key} takes a value of type {expected.rsplit('.', 1)[-1]} (it is {default} before this "
-                f"value); got {value} (a {given.rsplit('.', 1)[-1]}).")
-    if "odd length" in text:
-        return f"overrides come in KEY VALUE pairs; {text.split(': ', 1)[-1].split(';')[0]} has a key without its value."
-    return text
-
-
 def check_training_values(cfg: CfgNode, world_size: int) -> None:
     """Refuse, before anything is built, solver and dataset values a training run cannot start
     with (detectron2 would stop later with a bare assertion): no training dataset, no iteration,
     a batch of no images or one that cannot be split evenly over the ``world_size`` processes."""
     if not cfg.DATASETS.TRAIN:
-        raise ValueError("DATASETS.TRAIN is empty: name the dataset(s) to train on, e.g. DATASETS.TRAIN "
-                         "\"('shapes_train',)\" (or evaluate weights with --eval-only).")
+        raise GwdetValueError("DATASETS.TRAIN is empty: name the dataset(s) to train on, e.g. DATASETS.TRAIN "
+                              "\"('shapes_train',)\" (or evaluate weights with --eval-only).")
     if cfg.SOLVER.MAX_ITER < 1:
-        raise ValueError(f"SOLVER.MAX_ITER is {cfg.SOLVER.MAX_ITER}: a run trains for at least 1 iteration.")
+        raise GwdetValueError(f"SOLVER.MAX_ITER is {cfg.SOLVER.MAX_ITER}: a run trains for at least 1 iteration.")
     batch = cfg.SOLVER.IMS_PER_BATCH
     if batch < 1 or batch % world_size:
-        raise ValueError(
+        raise GwdetValueError(
             f"SOLVER.IMS_PER_BATCH is {batch}, which {world_size} process(es) (--num-gpus x --num-machines) "
             f"cannot share evenly: use a positive multiple of {world_size} (it is the batch of all processes together).")
-
-
-BASE_KEY = "_BASE_"
-
-
-def _base_paths(config_file: str, content: Mapping) -> list[tuple[str, str]]:
-    """``(as written, as fvcore resolves it)`` for each ``_BASE_`` of a config (one or a list):
-    ``~`` expanded, a relative path taken from the folder of ``config_file``; URLs are left out."""
-    bases = content.get(BASE_KEY)
-    written = [bases] if isinstance(bases, str) else [b for b in bases if isinstance(b, str)] if isinstance(bases, list) else []
-    resolved = []
-    for base in written:
-        path = os.path.expanduser(base) if base.startswith("~") else base
-        if path.startswith(("http://", "https://")):
-            continue
-        if not path.startswith("/"):
-            path = os.path.join(os.path.dirname(config_file), path)
-        resolved.append((base, path))
-    return resolved
-
-
-def _shipped_config_named(name: str) -> str | None:
-    """The path of a config gwdet ships whose file name is ``name`` (the first, by path), if any."""
-    from gwdet.model_zoo import configs_dir
-
-    try:
-        matches = sorted(configs_dir().rglob(os.path.basename(name)))
-    except (FileNotFoundError, ValueError):
-        return None
-    return str(matches[0]) if matches else None
-
-
-def check_base_files(config_file: str, content: Mapping, named_from: Sequence[str] = ()) -> None:
-    """Every ``_BASE_`` file that ``config_file`` (whose YAML is ``content``) names, directly or
-    through its own bases, exists, and no config is its own base: ``FileNotFoundError`` naming the
-    missing base, the config that names it (and the chain from the config given) and the fix, or
-    ``ValueError`` for a cycle. A base that is not plain YAML is left to detectron2 to read."""
-    chain = [*named_from, config_file]
-    for written, path in _base_paths(config_file, content):
-        path = os.path.normpath(path)
-        if os.path.abspath(path) in {os.path.abspath(named) for named in chain}:
-            raise ValueError(
-                f"Config file {config_file!r} names {BASE_KEY}: {written!r}, so a config is its own base "
-                f"({' -> '.join([*chain, path])}). Remove that {BASE_KEY} line or point it at another config.")
-        if not os.path.isfile(path):
-            via = f" (a base of {' -> '.join(repr(named) for named in chain[:-1])})" if named_from else ""
-            shipped = _shipped_config_named(written)
-            hint = f" gwdet ships a config of that name: {shipped}." if shipped else ""
-            raise FileNotFoundError(
-                f"Config file {config_file!r}{via} names {BASE_KEY}: {written!r}, but there is no file {path} "
-                f"(a relative {BASE_KEY} is read from the folder of the config that names it). Correct the "
-                f"{BASE_KEY} line of {config_file} to the base config's path, or put the base config at {path}.{hint}")
-        try:
-            with open(path, encoding="utf-8") as f:
-                base_content = yaml.safe_load(f)
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
-            continue
-        if isinstance(base_content, dict):
-            check_base_files(path, base_content, chain)
 
 
 def check_output_request(args: argparse.Namespace, output_dir: str, weights: str, *,
@@ -455,12 +328,13 @@ def check_output_request(args: argparse.Namespace, output_dir: str, weights: str
     ``--resume`` of another model; ``weights_setting`` and ``output_setting`` are how the messages
     name the config's settings (yacs: ``MODEL.WEIGHTS ...``, ``OUTPUT_DIR``)."""
     if args.resume and getattr(args, "overwrite", False):
-        raise ValueError(f"--resume continues the run in {output_setting} and --overwrite deletes it: give one of them.")
+        raise GwdetValueError(
+            f"--resume continues the run in {output_setting} and --overwrite deletes it: give one of them.")
     if args.eval_only:
         if args.resume:
             tagged_checkpoint(output_dir)
         elif not weights:
-            raise ValueError(
+            raise GwdetValueError(
                 f"--eval-only needs trained weights: add {weights_setting} (or "
                 f"--resume to evaluate the checkpoint {output_setting}/last_checkpoint names); without them the "
                 "model would be randomly initialized.")
@@ -512,21 +386,24 @@ def setup(args: argparse.Namespace, cfg: CfgNode | None = None) -> CfgNode:
     classes or categories that do not match, a dataset name nobody registered) stops here, before
     detectron2's set-up writes the run's config and log: ``PROG: error: ...`` on one line, no
     traceback, exit status 2, as the tools report their other refusals (:class:`gwdet.data.DatasetError`).
+    What the checks log (the ``--resume`` warning about changed values) is held until the run's
+    logger writes ``log.txt``, then logged there and on the console (:class:`HeldRecords`).
     """
     from gwdet.data import DatasetError, register_datasets
 
     cfg = cfg if cfg is not None else build_config(args.config_file, args.opts)
-    try:
-        register_datasets(cfg, getattr(args, "register_coco", ()))
-    except DatasetError as error:
-        print(f"{os.path.basename(sys.argv[0]) or 'gwdet'}: error: {error}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
-    if comm.is_main_process():
-        check_run_request(cfg, args)
-    default_setup(cfg, args)
-    if comm.is_main_process():
-        record_config_checksum(cfg.OUTPUT_DIR)  # what --resume checks config.yaml against
-    setup_logger(cfg.OUTPUT_DIR, distributed_rank=comm.get_rank(), name="gwdet")  # gwdet's messages in log.txt too
+    with HeldRecords():
+        try:
+            register_datasets(cfg, getattr(args, "register_coco", ()))
+        except DatasetError as error:
+            print(f"{tool_name()}: error: {error}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        if comm.is_main_process():
+            check_run_request(cfg, args)
+        default_setup(cfg, args)
+        if comm.is_main_process():
+            record_config_checksum(cfg.OUTPUT_DIR)  # what --resume checks config.yaml against
+        setup_logger(cfg.OUTPUT_DIR, distributed_rank=comm.get_rank(), name="gwdet")  # gwdet's messages in log.txt too
     logging.getLogger(__name__).info(describe_plans())
     prepare_datasets(cfg)
     return cfg
@@ -554,9 +431,24 @@ def results_markdown(results: Mapping, datasets: Sequence[str] = ()) -> str:
     return "\n".join(lines)
 
 
-def write_results_to(output_dir: str, results: Mapping, datasets: Sequence[str] = ()) -> None:
-    """``output_dir/results.md`` and ``results.json`` of ``results`` for the test sets ``datasets``
-    (main process only; nothing without results)."""
+def results_record(results: Mapping, datasets: Sequence[str] = (), run_datasets: Sequence[str] = ()) -> dict:
+    """What ``results.json`` holds: ``{dataset: {task: {metric: value}}}`` of ``results`` for the
+    test sets ``datasets`` (:func:`flatten_results`), and under ``"environment"`` the package
+    versions and the annotation files of ``run_datasets`` (every dataset the run trained or
+    evaluated on) with their SHA-256 (:func:`gwdet.engine.run_environment.run_environment`)."""
+    record = dict(flatten_results(results, datasets))
+    if ENVIRONMENT_KEY in record:
+        raise GwdetValueError(f"A test dataset is named {ENVIRONMENT_KEY!r}, the key under which results.json records "
+                              f"the run's environment: register the dataset under another name. (results.md holds "
+                              f"its results.)")
+    record[ENVIRONMENT_KEY] = run_environment([*run_datasets, *datasets])
+    return record
+
+
+def write_results_to(output_dir: str, results: Mapping, datasets: Sequence[str] = (),
+                     run_datasets: Sequence[str] = ()) -> None:
+    """``output_dir/results.md`` and ``results.json`` (:func:`results_record`) of ``results`` for the
+    test sets ``datasets`` of a run on ``run_datasets`` (main process only; nothing without results)."""
     if not comm.is_main_process() or not results:
         return
     os.makedirs(output_dir, exist_ok=True)
@@ -564,12 +456,31 @@ def write_results_to(output_dir: str, results: Mapping, datasets: Sequence[str] 
     write_text_atomically(os.path.join(output_dir, RESULTS_MARKDOWN), results_markdown(results, datasets))
     # results.json is what gwdet reads again (the study counts a cell done by it): its SHA-256 is recorded beside it
     write_text_with_checksum(os.path.join(output_dir, RESULTS_JSON),
-                             json.dumps(flatten_results(results, datasets), indent=2))
+                             json.dumps(results_record(results, datasets, run_datasets), indent=2))
 
 
 def write_results(cfg: CfgNode, results: Mapping) -> None:
     """``OUTPUT_DIR/results.md`` and ``results.json`` (main process only)."""
-    write_results_to(cfg.OUTPUT_DIR, results, cfg.DATASETS.TEST)
+    write_results_to(cfg.OUTPUT_DIR, results, cfg.DATASETS.TEST, config_dataset_names(cfg))
+
+
+def log_outputs(output_dir: str, wrote_results: bool, drawings: Sequence[str], drawings_setting: str) -> None:
+    """The run's last log line (main process): where ``results.md`` / ``results.json`` are (when
+    ``wrote_results``) and the prediction drawings ``drawings``, or why there are none
+    (``drawings_setting``: the setting that asks for them, e.g. ``TEST.VIS_IMAGES``)."""
+    if not comm.is_main_process():
+        return
+    if wrote_results:
+        where = (f"Results: {os.path.join(output_dir, RESULTS_MARKDOWN)} and {RESULTS_JSON} (with the package "
+                 "versions and dataset checksums)")
+    else:
+        where = f"No results: nothing was evaluated (no test set); the run is in {output_dir}"
+    if drawings:
+        count = f"{len(drawings)} PNG file{'' if len(drawings) == 1 else 's'}"
+        pictures = f"prediction drawings: {os.path.dirname(drawings[0])}{os.sep} ({count})"
+    else:
+        pictures = f"no prediction drawings ({drawings_setting} is 0 or there is no test set)"
+    logging.getLogger(__name__).info(f"{where}; {pictures}.")
 
 
 def main(args: argparse.Namespace):
@@ -603,7 +514,9 @@ An evaluation of weights into a folder that holds a run writes to ``OUTPUT_DIR/e
             results = trainer.train()
             model = trainer.model
         write_results(cfg, results)
+        drawings: list[str] = []
         if comm.is_main_process() and cfg.TEST.VIS_IMAGES > 0 and cfg.DATASETS.TEST:  # no test set: nothing to draw
-            vis_folder = os.path.join(cfg.OUTPUT_DIR, "vis")
-            save_prediction_pngs(cfg, model, cfg.DATASETS.TEST[0], cfg.TEST.VIS_IMAGES, vis_folder)
+            vis_folder = os.path.join(cfg.OUTPUT_DIR, VIS_FOLDER)
+            drawings = save_prediction_pngs(cfg, model, cfg.DATASETS.TEST[0], cfg.TEST.VIS_IMAGES, vis_folder)
+    log_outputs(cfg.OUTPUT_DIR, bool(results), drawings, "TEST.VIS_IMAGES")
     return results

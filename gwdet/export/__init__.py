@@ -13,10 +13,12 @@
 How each PyTorch tool sees gwdet's layers (custom ops or reference formulas):
 :mod:`gwdet.layers.tracing`; the counting ops are this package's, not the layers'.
 """
+from gwdet.errors import GwdetImportError
+
 try:
     import detectron2.export  # noqa: F401
 except ModuleNotFoundError as error:  # detectron2 0.6's export module imports caffe2
-    raise ImportError(
+    raise GwdetImportError(
         f"gwdet.export needs detectron2's export module, which does not import here ({error}). "
         "detectron2 0.6 imports caffe2 there, which PyTorch no longer ships: use detectron2 0.7 "
         "or newer (the default set-up's wheel, or detectron2 built from main; docs/install.md)."

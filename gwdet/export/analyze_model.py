@@ -25,13 +25,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import logging
-import sys
 from collections import Counter
 from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from gwdet.engine.cli_errors import reported_errors, split_verbose
+from gwdet.utils.cli_errors import run_tool
 
 logger = logging.getLogger("gwdet.export")
 
@@ -146,10 +145,8 @@ def do_flop(cfg, model, batches, max_depth: int) -> Dict:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``tools/analyze_model.py``: the exit status. An error gwdet raises on purpose ends it with
     ``<tool>: error: <message>`` and status 2; ``--verbose`` shows tracebacks
-    (:mod:`gwdet.engine.cli_errors`)."""
-    argv, verbose = split_verbose(sys.argv[1:] if argv is None else argv)
-    with reported_errors(verbose=verbose):
-        return _analyze(argv)
+    (:mod:`gwdet.utils.cli_errors`)."""
+    return run_tool(_analyze, argv)
 
 
 def _analyze(argv: Sequence[str]) -> int:

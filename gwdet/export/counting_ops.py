@@ -36,6 +36,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Ty
 import torch
 from torch import Tensor, nn
 
+from gwdet.errors import GwdetValueError
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening, batch_group_norm, batch_whitening
 from gwdet.layers.group_whitening_function import fused_group_whitening
 from gwdet.layers.tracing import onnx_exporting
@@ -198,7 +199,7 @@ def trace_named_ops(model: nn.Module) -> Iterator[Dict[nn.Module, nn.Module]]:
     holding it, e.g. ``nn.Sequential(layer)``).
     """
     if counting_wrapper_type(model) is not None:
-        raise ValueError(
+        raise GwdetValueError(
             f"trace_named_ops: the model is itself a gwdet layer ({type(model).__name__}) and cannot be "
             "replaced in place; pass a module that holds it, e.g. torch.nn.Sequential(layer)"
         )

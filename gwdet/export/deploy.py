@@ -23,7 +23,7 @@ shapes on which onnxruntime stopped (:func:`drop_subgraph_shapes`).
 
 Every export is written under a temporary name and renamed into place when complete, and its
 SHA-256 is recorded beside it in ``<file>.sha256`` (``model.ts.sha256``, in ``sha256sum``'s
-format: ``sha256sum -c model.ts.sha256`` checks it too; :mod:`gwdet.engine.atomic`).
+format: ``sha256sum -c model.ts.sha256`` checks it too; :mod:`gwdet.utils.atomic`).
 :func:`load_export` loads an export after checking it against that record, and refuses a file
 that differs (:class:`DamagedExportError`, naming the file and the fix: export again);
 :func:`run_onnx` checks the same way.
@@ -38,7 +38,8 @@ import torch
 from detectron2.export import TracingAdapter
 from detectron2.modeling import GeneralizedRCNN
 
-from gwdet.engine.atomic import (
+from gwdet.errors import GwdetFileNotFoundError, GwdetValueError
+from gwdet.utils.atomic import (
     DamagedFileError,
     checksum_path,
     checksum_problem,
@@ -188,8 +189,8 @@ def verify_export(path: str) -> bool:
     written: :class:`DamagedExportError` when they differ; whether there was a record (a file
     exported by an older gwdet, or saved by other means, has none and is not checked)."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no such export (a file written by tools/deploy/export_model.py, "
-                                "gwdet.export.export_torchscript or export_model_onnx).")
+        raise GwdetFileNotFoundError(f"{path}: no such export (a file written by tools/deploy/export_model.py, "
+                                     "gwdet.export.export_torchscript or export_model_onnx).")
     problem = checksum_problem(path)
     if problem is not None:
         raise DamagedExportError(f"{path} is damaged ({problem}). {REEXPORT}", path)
@@ -249,13 +250,13 @@ def max_abs_difference(expected: Sequence[Any], actual: Sequence[Any]) -> float:
     """Largest absolute difference between two equally long sequences of tensors/arrays of equal
     shapes (a shape mismatch raises ``ValueError``)."""
     if len(expected) != len(actual):
-        raise ValueError(f"{len(expected)} outputs expected, got {len(actual)}")
+        raise GwdetValueError(f"{len(expected)} outputs expected, got {len(actual)}")
     largest = 0.0
     for index, (want, got) in enumerate(zip(expected, actual, strict=True)):
         want = torch.as_tensor(want).detach().cpu()
         got = torch.as_tensor(got).detach().cpu()
         if want.shape != got.shape:
-            raise ValueError(f"output {index}: shape {tuple(got.shape)}, expected {tuple(want.shape)}")
+            raise GwdetValueError(f"output {index}: shape {tuple(got.shape)}, expected {tuple(want.shape)}")
         if want.numel():
             largest = max(largest, (want.double() - got.double()).abs().max().item())
     return largest

@@ -10,11 +10,14 @@ TorchScript or ONNX, with detectron2's flags (``tools/deploy/export_model.py`` o
 ``--sample-image`` resized as detectron2's ``DefaultPredictor`` does, or else the first image of
 ``DATASETS.TEST[0]`` on which the model detects something (of the first ``SAMPLE_SEARCH_LIMIT``).
 After exporting, the tool runs the file (TorchScript in this process, ONNX in onnxruntime) on the
-sample input and prints the largest absolute difference from the eager model, over outputs that
-all hold values: without a detection to compare, or when an output shape differs, it stops and
-writes nothing. The file is written under a temporary name and takes its name only once checked,
-and its SHA-256 is recorded beside it (``model.ts.sha256``; :func:`gwdet.export.load_export`
-checks it); an existing export is replaced only with ``--overwrite``.
+sample input and compares its detections with the eager model's, matched by class and box, within
+``--tolerance`` (:mod:`gwdet.export.detection_check`; outputs that are not detections in order,
+within the tolerance of their largest magnitude): without a detection to compare, or beyond the
+tolerance, it stops and writes nothing; else it prints the largest differences. The file is
+written under a temporary name and takes its name only once checked, and its SHA-256 is recorded
+beside it (``model.ts.sha256``; :func:`gwdet.export.load_export` checks it); an existing export is
+replaced only with ``--overwrite``. One export at a time writes into an ``--output`` folder
+(:class:`ExportFolderLock`, which also removes partial files of exports killed there).
 ``--run-eval`` (TorchScript, tracing) evaluates the exported model on ``DATASETS.TEST[0]`` with the
 config's evaluator, as detectron2's tool does.
 A LazyConfig (``.py``, ``key=value`` overrides; :func:`load_config`) gives its model
@@ -27,14 +30,15 @@ import argparse
 import itertools
 import logging
 import os
-import sys
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
+from gwdet.errors import GwdetValueError
 from gwdet.data.test_images import read_test_image
-from gwdet.engine.cli_errors import add_verbose_argument, reported_errors, split_verbose
+from gwdet.utils.cli_errors import add_verbose_argument, run_tool
+from gwdet.export.detection_check import TOLERANCE
 
 logger = logging.getLogger("gwdet.export")
 
@@ -69,13 +73,13 @@ def add_opts(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def load_config(config_file: str, opts: Sequence[str] = ()) -> Any:
     """The config the export and analyze tools work from, its test images read in this process: a
-    yacs ``CfgNode`` with ``KEY VALUE`` overrides (:func:`gwdet.engine.trainer.build_config`), or for a
+    yacs ``CfgNode`` with ``KEY VALUE`` overrides (:func:`gwdet.model_zoo.build_config`), or for a
     ``.py`` file the LazyConfig with ``key=value`` overrides (:func:`gwdet.engine.lazy.load_lazy_config`)."""
     from gwdet.engine.lazy import is_lazy_config, load_lazy_config, without_loader_workers
 
     if is_lazy_config(config_file):
         return without_loader_workers(load_lazy_config(config_file, list(opts)))
-    from gwdet.engine.trainer import build_config
+    from gwdet.model_zoo import build_config
 
     return build_config(config_file, ["DATALOADER.NUM_WORKERS", "0"] + list(opts))
 
@@ -96,20 +100,27 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output", required=True, help="output folder")
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier export in --output")
     parser.add_argument("--opset", type=int, default=None, help="ONNX opset (default: gwdet.export.ONNX_OPSET)")
+    parser.add_argument("--tolerance", type=_positive_number, default=TOLERANCE, metavar="T",
+                        help="largest difference the check of the exported file accepts on the sample image: scores "
+                             "and mask probabilities within T, boxes within T x the image's longer side, after "
+                             f"matching detections by class and box (default {TOLERANCE:g}; docs/deploy.md)")
     return add_opts(parser)
+
+
+def _positive_number(text: str) -> float:
+    """``--tolerance``: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"give a finite number > 0, e.g. {TOLERANCE:g}; got {text!r}")
+    return value
 
 
 # How many images of DATASETS.TEST[0] the tool tries, in order, for one with a detection to compare
 # the export on (without --sample-image).
 SAMPLE_SEARCH_LIMIT = 20
-
-
-def sample_inputs(cfg, sample_image: Optional[str]) -> List[Dict]:
-    """``[{"image": (3, H, W) float tensor, "height", "width"}]`` from ``sample_image`` resized like
-    detectron2's ``DefaultPredictor``, or the first batch of ``DATASETS.TEST[0]``."""
-    if sample_image is None:
-        return next(_test_batches(cfg))
-    return [read_test_image(cfg, sample_image)]
 
 
 def _test_batches(cfg) -> Iterator[List[Dict]]:
@@ -126,9 +137,10 @@ def _test_batches(cfg) -> Iterator[List[Dict]]:
 
 
 def sample_candidates(cfg, sample_image: Optional[str]) -> Tuple[Iterator[Tensor], Optional[str]]:
-    """The images the export may be compared on, each ``(3, H, W)`` as :func:`sample_inputs` gives
-    it, and where they come from: ``sample_image`` alone (``None``), or those of
-    ``DATASETS.TEST[0]`` in order, at most :data:`SAMPLE_SEARCH_LIMIT` (the dataset's name)."""
+    """The images the export may be compared on, each a ``(3, H, W)`` float tensor resized as
+    detectron2's ``DefaultPredictor`` resizes it, and where they come from: ``sample_image`` alone
+    (``None``), or those of ``DATASETS.TEST[0]`` in order, at most :data:`SAMPLE_SEARCH_LIMIT` (the
+    dataset's name)."""
     if sample_image is not None:
         return iter([read_test_image(cfg, sample_image)["image"]]), None
 
@@ -165,11 +177,47 @@ def build_trained_model(cfg) -> torch.nn.Module:
     return model.eval()
 
 
+class ExportFolderLock:
+    """One export at a time into a folder (``with ExportFolderLock(folder):``): an exclusive
+    ``flock`` on the folder itself, so nothing is written into it and the lock goes with the process
+    however it ends. A second export into the folder meanwhile stops at once (``SystemExit``); on
+    entry the partial files of exports killed there (those of processes that no longer run) are
+    removed, with a warning."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self._descriptor: Optional[int] = None
+
+    def __enter__(self) -> "ExportFolderLock":
+        import fcntl
+
+        from gwdet.utils.atomic import remove_stale_partials
+
+        descriptor = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(descriptor)
+            raise SystemExit(f"--output {self.folder} is in use by another export (a process holds its lock); nothing "
+                             "was written. Wait for it to finish, or choose another --output.") from None
+        self._descriptor = descriptor
+        removed = remove_stale_partials(self.folder)
+        if removed:
+            logger.warning("Removed %d partial file(s) an interrupted export left in %s: %s", len(removed), self.folder,
+                           ", ".join(removed))
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._descriptor is not None:
+            os.close(self._descriptor)  # closing the descriptor releases the lock
+            self._descriptor = None
+
+
 def _scripted_adapter(model: Any) -> torch.nn.Module:  # GeneralizedRCNN, checked below
     from detectron2.modeling import GeneralizedRCNN
 
     if not isinstance(model, GeneralizedRCNN):
-        raise ValueError("--export-method scripting supports detectron2's GeneralizedRCNN models only")
+        raise GwdetValueError("--export-method scripting supports detectron2's GeneralizedRCNN models only")
 
     class ScriptableAdapter(torch.nn.Module):
         def __init__(self) -> None:
@@ -189,7 +237,7 @@ def export_scripting(model: torch.nn.Module, path: str) -> torch.jit.ScriptModul
     from detectron2.export import scripting_with_instances
     from detectron2.structures import Boxes
 
-    from gwdet.engine.atomic import path_written_with_checksum
+    from gwdet.utils.atomic import path_written_with_checksum
 
     types = {"Boxes": Boxes, "Tensor": Tensor}
     fields = {name: types[kind] for name, kind in SCRIPTED_FIELDS.items()}
@@ -200,17 +248,28 @@ def export_scripting(model: torch.nn.Module, path: str) -> torch.jit.ScriptModul
     return scripted
 
 
-def _scripted_difference(model, scripted, image: Tensor) -> float:
+def _scripted_fields(model, scripted, image: Tensor) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """The eager and the scripted model's instance fields on ``image``."""
     with torch.no_grad():
         expected = model.inference([{"image": image}], do_postprocess=False)[0].get_fields()
         got = scripted(({"image": image},))[0]
-    names = sorted(expected)
-    return compared_difference([_tensor_of(expected[n]) for n in names], [_tensor_of(got[n]) for n in names])
+    return dict(expected), dict(got)
 
 
-def _tensor_of(field):
-    """The tensor of an instance field (``Boxes`` hold theirs in ``.tensor``)."""
-    return getattr(field, "tensor", field)
+def _instance_fields(outputs: Any) -> Optional[Dict[str, Any]]:
+    """The instance fields of one image in outputs a ``TracingAdapter``'s schema rebuilt
+    (``[{"instances": Instances}]`` of an R-CNN, or the ``Instances`` themselves); ``None`` otherwise."""
+    if isinstance(outputs, (list, tuple)) and len(outputs) == 1:
+        outputs = outputs[0]
+    if isinstance(outputs, dict) and "instances" in outputs:
+        outputs = outputs["instances"]
+    fields = getattr(outputs, "get_fields", None)
+    return dict(fields()) if callable(fields) else None
+
+
+def _adapter_fields(adapter, flat_outputs: Sequence[Any]) -> Optional[Dict[str, Any]]:
+    """:func:`_instance_fields` of the flat outputs of an export (tensors or onnxruntime's arrays)."""
+    return _instance_fields(adapter.outputs_schema([torch.as_tensor(output) for output in flat_outputs]))
 
 
 def evaluate_traced(cfg, traced, adapter) -> Dict:
@@ -270,6 +329,45 @@ def pick_sample(model: torch.nn.Module, images: Iterable[Tensor], source: Option
     )
 
 
+def check_export(model: torch.nn.Module, image: Tensor, expected: Any, actual: Any, tolerance: float) -> str:
+    """Compare the export's outputs ``actual`` with the eager model's ``expected`` on ``image`` and
+    say how they agree; ``SystemExit`` (nothing is written) beyond ``tolerance``. Detections (instance
+    fields, dicts) are matched by class and box first (:func:`~gwdet.export.detection_check.compare_detections`);
+    other outputs (sequences of tensors) are compared in order (:func:`compared_difference`), within
+    ``tolerance`` of their largest magnitude (at least 1)."""
+    from gwdet.export.detection_check import Detections, compare_detections, detection_limits
+
+    eager = Detections.from_fields(expected) if isinstance(expected, dict) else None
+    exported = Detections.from_fields(actual) if isinstance(actual, dict) else None
+    if eager is not None and exported is not None:
+        threshold, most = detection_limits(model)
+        size = (int(image.shape[-2]), int(image.shape[-1]))
+        comparison = compare_detections(eager, exported, size, tolerance, threshold, most)
+        if comparison.problems:
+            raise SystemExit(comparison.refusal())
+        return (f"{comparison.summary()}; largest absolute difference from the eager model on the sample input: "
+                f"{comparison.largest:.3g}")
+    difference = compared_difference(expected, actual)
+    scale = max([1.0] + [float(torch.as_tensor(output).double().abs().max()) for output in expected
+                         if torch.as_tensor(output).numel()])
+    if difference > tolerance * scale:
+        raise SystemExit(f"The exported model's outputs differ from the eager model's by {difference:.3g}, beyond the "
+                         f"tolerance {tolerance:g} of their largest magnitude {scale:.3g}; nothing was written. Check "
+                         "the config and weights it was built from; a larger --tolerance accepts larger rounding "
+                         "differences.")
+    return f"largest absolute difference from the eager model on the sample input: {difference:.3g}"
+
+
+def _check_adapter_outputs(model, image: Tensor, adapter, exported: Sequence[Any], tolerance: float) -> str:
+    """:func:`check_export` of the flat outputs of a traced or ONNX export against the eager
+    model's through the same ``TracingAdapter``: as detections where its schema rebuilds them."""
+    expected = adapter(image)
+    eager, actual = _adapter_fields(adapter, expected), _adapter_fields(adapter, exported)
+    if eager is not None and actual is not None:
+        return check_export(model, image, eager, actual, tolerance)
+    return check_export(model, image, expected, exported, tolerance)
+
+
 def compared_difference(expected: Sequence[Tensor], actual: Sequence) -> float:
     """:func:`~gwdet.export.deploy.max_abs_difference` of the exported file's outputs from the
     eager model's, on outputs that hold values only: ``SystemExit`` (nothing is written) when an
@@ -291,17 +389,15 @@ def compared_difference(expected: Sequence[Tensor], actual: Sequence) -> float:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``gwdet-export`` / ``tools/deploy/export_model.py``: the exit status. An error gwdet raises on
     purpose ends it with ``<tool>: error: <message>`` and status 2; ``--verbose`` shows tracebacks
-    (:mod:`gwdet.engine.cli_errors`)."""
-    argv, verbose = split_verbose(sys.argv[1:] if argv is None else argv)
-    with reported_errors(verbose=verbose):
-        return _export(argv)
+    (:mod:`gwdet.utils.cli_errors`)."""
+    return run_tool(_export, argv)
 
 
 def _export(argv: Sequence[str]) -> int:
     from detectron2.utils.logger import setup_logger
 
     from gwdet.model_zoo import resolve_config_argument
-    from gwdet.engine.atomic import path_written_with_checksum
+    from gwdet.utils.atomic import path_written_with_checksum
     from gwdet.export.deploy import ONNX_OPSET, export_model_onnx, export_torchscript, run_onnx
 
     parser = argument_parser()
@@ -326,31 +422,38 @@ def _export(argv: Sequence[str]) -> int:
     # The export is written under a temporary name and checked there; only a complete, checked file
     # takes the name, so a failed or interrupted export leaves an earlier one as it was; its SHA-256
     # is then recorded in model.ts.sha256 / model.onnx.sha256 (gwdet.export.load_export checks it).
+    # One export at a time writes into a folder (ExportFolderLock), which also removes the partial
+    # files of exports killed there.
     try:
-        with torch.no_grad(), path_written_with_checksum(path) as written:
-            if args.format == "torchscript" and args.export_method == "scripting":
-                scripted = export_scripting(model, written)
-                difference = _scripted_difference(model, scripted, image)
-            elif args.format == "torchscript":
-                traced, adapter = export_torchscript(model, image, written)
-                difference = compared_difference(adapter(image), traced(image))
-                logger.info("Inputs schema: %s", adapter.inputs_schema)
-                logger.info("Outputs schema: %s", adapter.outputs_schema)
-            else:
-                adapter = export_model_onnx(model, image, written, args.opset or ONNX_OPSET)
-                try:
-                    difference = compared_difference(adapter(image), run_onnx(written, [image]))
-                except ImportError:
-                    difference = None
-                    logger.warning("onnxruntime is not installed: the exported file was not run.")
+        with ExportFolderLock(args.output), torch.no_grad():
+            if os.path.exists(path) and not args.overwrite:  # another export finished meanwhile
+                raise SystemExit(f"{path} was written by another export while this one ran; it is left as it is. Pass "
+                                 "--overwrite to replace it, or choose another --output.")
+            with path_written_with_checksum(path) as written:
+                if args.format == "torchscript" and args.export_method == "scripting":
+                    scripted = export_scripting(model, written)
+                    agreement = check_export(model, image, *_scripted_fields(model, scripted, image), args.tolerance)
+                elif args.format == "torchscript":
+                    traced, adapter = export_torchscript(model, image, written)
+                    agreement = _check_adapter_outputs(model, image, adapter, traced(image), args.tolerance)
+                    logger.info("Inputs schema: %s", adapter.inputs_schema)
+                    logger.info("Outputs schema: %s", adapter.outputs_schema)
+                else:
+                    adapter = export_model_onnx(model, image, written, args.opset or ONNX_OPSET)
+                    try:
+                        agreement = _check_adapter_outputs(model, image, adapter, run_onnx(written, [image]),
+                                                           args.tolerance)
+                    except ImportError:
+                        agreement = None
+                        logger.warning("onnxruntime is not installed: the exported file was not run.")
     except BaseException:
         # a folder this call made and left empty goes too
         if created_output and not os.listdir(args.output):
             os.rmdir(args.output)
         raise
     logger.info("Exported %s", path)
-    if difference is not None:
-        print(f"Exported {path}; largest absolute difference from the eager model on the sample input: {difference:.3g}")
+    if agreement is not None:
+        print(f"Exported {path}; {agreement}")
     if args.run_eval:
         evaluate_traced(cfg, traced, adapter)
     return 0

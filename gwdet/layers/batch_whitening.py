@@ -44,6 +44,7 @@ from .common import (
 )
 from .itn_whitening_op import itn_whitening_op
 from .plans import plan_name
+from .precision import float32_matmul
 from .tracing import recording_reference_graph
 from .whitening_matrix import check_whitening_method, ridge_covariance, whitening_matrix
 
@@ -110,7 +111,7 @@ def _whiten(
     else:
         centred = rows - running_mean.to(dtype).reshape(num_groups, group_size, 1)
         whitening = running_whitening.to(dtype)
-    whitened = reshape_with_samples(torch.matmul(whitening, centred), list(channels_first.shape), sample_dim=1)
+    whitened = reshape_with_samples(float32_matmul(whitening, centred), list(channels_first.shape), sample_dim=1)
     return whitened.transpose(0, 1)
 
 

@@ -18,11 +18,13 @@ from torch import Tensor
 
 from .tracing import onnx_exporting
 
+from gwdet.errors import GwdetValueError
+
 
 def check_int_at_least(owner: str, name: str, value: int, minimum: int) -> None:
     """Raise ``ValueError`` unless ``value`` is an integer (not a bool) ``>= minimum``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{owner}: {name} must be an integer >= {minimum}, got {value}")
+        raise GwdetValueError(f"{owner}: {name} must be an integer >= {minimum}, got {value}")
 
 
 def check_positive(owner: str, name: str, value: float) -> None:
@@ -33,7 +35,7 @@ def check_positive(owner: str, name: str, value: float) -> None:
         or not value > 0.0
         or math.isinf(value)
     ):
-        raise ValueError(f"{owner}: {name} must be a finite number > 0, got {value}")
+        raise GwdetValueError(f"{owner}: {name} must be a finite number > 0, got {value}")
 
 
 def check_unit_interval(owner: str, name: str, value: float) -> None:
@@ -43,7 +45,7 @@ def check_unit_interval(owner: str, name: str, value: float) -> None:
         or not isinstance(value, (int, float))
         or not 0.0 <= value <= 1.0
     ):
-        raise ValueError(f"{owner}: {name} must be a number in [0, 1], got {value}")
+        raise GwdetValueError(f"{owner}: {name} must be a number in [0, 1], got {value}")
 
 
 def check_hyper_parameters(
@@ -67,26 +69,26 @@ def check_choice(owner: str, name: str, value: str, choices: List[str]) -> None:
     """Raise ``ValueError`` unless ``value`` is one of ``choices``."""
     if not isinstance(value, str) or value not in choices:
         allowed = ", ".join(["'" + choice + "'" for choice in choices])
-        raise ValueError(f"{owner}: {name} must be one of {allowed}, got {value}")
+        raise GwdetValueError(f"{owner}: {name} must be one of {allowed}, got {value}")
 
 
 def check_input(owner: str, x: Tensor, num_channels: int) -> None:
     """Raise ``ValueError`` unless ``x`` is floating point with shape ``(N, num_channels, *spatial)``
     (an integer input would be whitened and returned rounded to integers)."""
     if x.dim() < 2 or x.shape[1] != num_channels:
-        raise ValueError(
+        raise GwdetValueError(
             f"{owner}: expected input of shape (N, {num_channels}) or "
             f"(N, {num_channels}, *spatial), got {list(x.shape)}"
         )
     if not x.is_floating_point():
-        raise ValueError(f"{owner}: expected a floating-point input, got {x.dtype}; convert it with .float()")
+        raise GwdetValueError(f"{owner}: expected a floating-point input, got {x.dtype}; convert it with .float()")
 
 
 def check_values_per_group(owner: str, values: int, what: str) -> None:
     """Raise ``ValueError`` when each normalized group holds one value: normalizing it gives 0 for
     any input, so the layer would output its bias whatever it is given (batch norm refuses too)."""
     if values == 1:
-        raise ValueError(
+        raise GwdetValueError(
             f"{owner}: each {what} holds a single value, which normalizes to 0 for any input; use "
             "fewer groups, a larger input or (for batch statistics) more than one example"
         )

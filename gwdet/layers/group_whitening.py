@@ -18,8 +18,9 @@ A sample whose largest magnitude exceeds ``2**32`` (``2**256`` in float64) is wh
 ``x / s`` with the ridge ``eps / s^2``, ``s`` a power of two, which is the same function
 (:func:`~.common.magnitude_scales`): inputs near ``1e20``, whose squares overflow float32, give
 the finite, correct output, and every other input is computed exactly as without scaling.
-A module compiled with ``torch.jit.script`` cannot leave an autocast region entered in eager
-code (TorchScript resolves autocast when it compiles), so run scripted models without autocast.
+A graph recorded by ``torch.jit.script`` or ``torch.jit.trace`` cannot leave an autocast region
+entered by its caller; its products keep float32 there all the same
+(:func:`~.precision.float32_matmul`).
 
 Implementations (which one runs is decided per call, see :mod:`gwdet.layers.tracing`):
 
@@ -48,8 +49,11 @@ from .common import (
     register_affine, reshape_with_samples, scaled_ridge, statistics_dtype,
 )
 from .group_whitening_function import fused_group_whitening
+from .precision import float32_matmul
 from .tracing import recording_reference_graph
 from .whitening_matrix import check_whitening_method, ridge_covariance, whitening_matrix
+
+from gwdet.errors import GwdetValueError
 
 
 def group_whitening(
@@ -80,7 +84,7 @@ def _check_arguments(owner: str, x: Tensor, num_groups: int, T: int, eps: float,
     check_hyper_parameters(owner, {"num_groups": num_groups, "T": T}, positive={"eps": eps})
     check_whitening_method(owner, method)
     if x.dim() < 2:
-        raise ValueError(
+        raise GwdetValueError(
             f"{owner}: expected input of shape (N, C) or (N, C, *spatial), got {list(x.shape)}"
         )
     check_spatial_size(owner, x)
@@ -92,7 +96,7 @@ def check_spatial_size(owner: str, x: Tensor) -> None:
     A zero sample count (``N = 0``) with positions is fine: the output is empty. Not checked while
     ``torch.jit.trace`` records (the recorded graph could not refuse anything)."""
     if not torch.jit.is_tracing() and 0 in x.shape[2:]:
-        raise ValueError(
+        raise GwdetValueError(
             f"{owner}: input of shape {list(x.shape)} has a zero spatial size, so a sample has no values to "
             "whiten (torch's GroupNorm refuses it too); give feature maps of at least one position (an input "
             "image smaller than the network's stride leaves none)"
@@ -147,7 +151,7 @@ def _reference(
     centred = grouped - grouped.mean(dim=-1, keepdim=True)
     ridge = scaled_ridge(eps, scales)
     cov = ridge_covariance(centred, ridge)
-    whitened = reshape_with_samples(torch.matmul(whitening_matrix(cov, method, T, ridge), centred), shape)
+    whitened = reshape_with_samples(float32_matmul(whitening_matrix(cov, method, T, ridge), centred), shape)
     return per_channel_affine(whitened, weight, bias).to(x.dtype)
 
 

@@ -24,8 +24,9 @@ avoid, compared with differentiating the reference formulas by autograd:
 * with fewer columns than groups (``m < g``, e.g. ``(N, C)`` input with ``C < g^2``) the
   ``g x g`` covariance has rank at most ``m``, and the whole whitening runs on the ``m x m``
   Gram matrix instead (see "Few columns" below);
-* how the samples are cut into passes, whether the scaling of huge inputs may be skipped and what
-  computes the ItN whitening matrix is the execution plan's choice (:mod:`gwdet.layers.plans`:
+* how the samples are cut into passes, whether the scaling of huge inputs may be skipped, whether
+  the ``g x g`` products over the columns of few samples are split (:func:`_cross_products`) and
+  what computes the ItN whitening matrix is the execution plan's choice (:mod:`gwdet.layers.plans`:
   cache-sized chunks on CPU, the whole batch on a GPU, Triton kernels for the ``g x g`` Newton
   iterations); the formulas here are the same for every plan.
 
@@ -50,8 +51,9 @@ with ``m x m`` instead of ``g x g`` matrices. Backward: ``dW' = X_C^T dY``,
 ``dS = psi_b(dW')``, ``dX_C = dY W'^T + (2/m) X_C dS`` and ``dX = dX_C`` minus its row means.
 
 Precision: the statistics, whitening matrix and products run in float32 (float64 for float64
-input) with autocast switched off; the affine is applied in that precision before the result is
-rounded to the input dtype.
+input) with autocast switched off and float32 products in IEEE precision whatever the process's
+TF32 setting (:func:`~.precision.ieee_float32_products`); the affine is applied in that precision
+before the result is rounded to the input dtype.
 
 Huge inputs: a sample whose largest magnitude exceeds ``2**32`` (``2**256`` in float64) is
 processed as ``X' = X / s`` with the ridge ``eps / s^2``, ``s`` the power of two of
@@ -73,6 +75,7 @@ from torch import Tensor
 from .common import scaled_ridge, statistics_dtype
 from .group_shapes import GroupShapes, keeps_covariance
 from .plans import ExecutionPlan, plan_for
+from .precision import ieee_float32_products
 from .whitening_matrix import zca_whitening, zca_whitening_vjp
 
 # Memory model of the formulas below, for the plans' chunk sizes. A pass over samples holds
@@ -117,7 +120,7 @@ def group_whitening_forward(
     needs besides the input; they are not differentiable.
     """
     call = _Call(x, weight is not None, groups, T, eps, method)
-    with torch.autocast(device_type=x.device.type, enabled=False):
+    with torch.autocast(device_type=x.device.type, enabled=False), ieee_float32_products(x.device):
         out, mean, cov, scales = _forward(x, call.affine(weight), call.affine(bias), call)
     if cov is None:
         cov = torch.empty(0, dtype=call.shapes.dtype, device=x.device)
@@ -158,7 +161,7 @@ def group_whitening_backward(
     only: this op has no autograd kernel."""
     call = _Call(x, weight is not None, groups, T, eps, method)
     saved_cov = cov if cov.numel() else None
-    with torch.autocast(device_type=x.device.type, enabled=False):
+    with torch.autocast(device_type=x.device.type, enabled=False), ieee_float32_products(x.device):
         grad_x, grad_weight, grad_bias = _backward(
             grad_out, x, call.affine(weight), mean, saved_cov, scales, call,
             needs_x, needs_weight and weight is not None, needs_bias,
@@ -282,6 +285,10 @@ class _Call:
         """A ``[C]`` parameter laid out by the plan to broadcast over ``(n, C, HW)`` views."""
         return self.plan.spread(parameter, self.shapes.spatial)
 
+    def chunks(self, rows: Tensor) -> int:
+        """The plan's slices of the columns for the ``g x g`` products of ``rows`` ``(n, g, m)``."""
+        return self.plan.product_chunks(rows.shape[0], self.shapes.groups, self.shapes.m, rows.device)
+
 
 def _chunk_steps(shapes: GroupShapes, plan: ExecutionPlan, has_weight: bool) -> Tuple[int, int]:
     """Samples per forward and backward pass, from the memory model (see GG_BUFFERS).
@@ -321,12 +328,42 @@ def _add_ridge(matrices: Tensor, ridge: Union[float, Tensor]) -> Tensor:
     return matrices
 
 
-def _ridge_covariance(centred: Tensor, ridge: Union[float, Tensor], out: Optional[Tensor] = None) -> Tensor:
-    """``(1/m) X_C X_C^T + eps I`` for a centred chunk ``(n, g, m)``. Centring explicitly (a
-    temporary of the chunk's size) rather than using ``X X^T / m - mu mu^T`` avoids catastrophic
-    cancellation in float32 when the means are large compared with the spread."""
-    cov = torch.bmm(centred, centred.transpose(1, 2), out=out).mul_(1.0 / centred.shape[2])
+def _cross_products(a: Tensor, b: Tensor, chunks: int) -> Tensor:
+    """``A_i B_i^T`` for every sample of ``a`` and ``b`` ``(n, g, m)`` (contiguous), ``(n, g, g)``.
+
+    With ``chunks`` ``S > 1`` (the plan's :meth:`~.plans.base.ExecutionPlan.product_chunks`, for
+    few samples on a GPU): the stacked samples ``(n g) x m`` cut into ``S`` slices of ``m / S``
+    columns, one batched product of the slices ``(S, n g, n g)``, their sum, and the ``n``
+    diagonal blocks of it (a view). The same sums in another order: equal up to rounding."""
+    if chunks == 1:
+        return torch.bmm(a, b.transpose(1, 2))
+    n, g, m = a.shape
+    stacked = torch.bmm(a.reshape(n * g, chunks, m // chunks).transpose(0, 1),
+                        b.reshape(n * g, chunks, m // chunks).permute(1, 2, 0)).sum(dim=0)
+    return stacked.view(n, g, n, g).diagonal(dim1=0, dim2=2).permute(2, 0, 1)
+
+
+def _ridge_covariance(
+    centred: Tensor, ridge: Union[float, Tensor], chunks: int, out: Optional[Tensor] = None
+) -> Tensor:
+    """``(1/m) X_C X_C^T + eps I`` for a centred chunk ``(n, g, m)`` (``chunks``: see
+    :func:`_cross_products`). Centring explicitly (a temporary of the chunk's size) rather than
+    using ``X X^T / m - mu mu^T`` avoids catastrophic cancellation in float32 when the means are
+    large compared with the spread."""
+    scale = 1.0 / centred.shape[2]
+    if chunks == 1:
+        cov = torch.bmm(centred, centred.transpose(1, 2), out=out).mul_(scale)
+    else:
+        cov = torch.mul(_cross_products(centred, centred, chunks), scale, out=out)
     return _add_ridge(cov, ridge)
+
+
+def _gradient_cross_products(grad_y: Tensor, x: Tensor, row_sums: Tensor, mean: Tensor, chunks: int) -> Tensor:
+    """``dY X_C^T = dY X^T - (dY 1) mu^T`` for ``(n, g, m)`` chunks (``chunks``: see
+    :func:`_cross_products`)."""
+    if chunks == 1:
+        return torch.baddbmm(-row_sums * mean.transpose(1, 2), grad_y, x.transpose(1, 2))
+    return torch.addcmul(_cross_products(grad_y, x, chunks), row_sums, mean.transpose(1, 2), value=-1.0)
 
 
 def _gram(centred: Tensor, ridge: Union[float, Tensor]) -> Tensor:
@@ -400,7 +437,7 @@ def _forward_chunk(
         _apply_affine(target, gamma, beta, call)
     elif shapes.one_channel_per_group:
         # rows are channels: Z = (diag(gamma) W) X_C + beta 1^T in one product
-        matrix = whitening.value(_ridge_covariance(centred, ridge, cov_out), ridge)
+        matrix = whitening.value(_ridge_covariance(centred, ridge, call.chunks(centred), cov_out), ridge)
         if gamma is not None:
             matrix = matrix * gamma.view(-1, 1)
         if beta is not None:
@@ -408,7 +445,7 @@ def _forward_chunk(
         else:
             torch.bmm(matrix, centred, out=target)
     else:
-        matrix = whitening.value(_ridge_covariance(centred, ridge, cov_out), ridge)
+        matrix = whitening.value(_ridge_covariance(centred, ridge, call.chunks(centred), cov_out), ridge)
         torch.bmm(matrix, centred, out=target)
         _apply_affine(target, gamma, beta, call)
     if target is not out:
@@ -526,13 +563,13 @@ def _backward_chunk(chunk: _BackwardChunk, call: _Call) -> None:
     grad_z = grad_z.to(shapes.dtype)
     if cov is None:
         assert ridge is not None  # computed above whenever cov is None
-        cov = _ridge_covariance(x - mean, ridge)
+        cov = _ridge_covariance(x - mean, ridge, call.chunks(x))
     m = shapes.m
     if shapes.one_channel_per_group:
         # rows are channels: dW = diag(gamma) dZ X_C^T, dgamma = row sums of W o (dZ X_C^T),
         # and W^T dY = (W^T diag(gamma)) dZ, so no activation-sized temporary is needed.
         row_sums = grad_z.sum(dim=2, keepdim=True)
-        cross = torch.baddbmm(-row_sums * mean.transpose(1, 2), grad_z, x.transpose(1, 2))
+        cross = _gradient_cross_products(grad_z, x, row_sums, mean, call.chunks(x))
         grad_whitening = cross * gamma.view(-1, 1) if gamma is not None else cross
         whitening, grad_cov = call.whitening.vjp(cov, grad_whitening, ridge)
         if grad_weight is not None:
@@ -553,7 +590,7 @@ def _backward_chunk(chunk: _BackwardChunk, call: _Call) -> None:
         row_sums = (channel_sums * gamma).view(n, shapes.groups, -1).sum(dim=2, keepdim=True)
     else:
         row_sums = channel_sums.view(n, shapes.groups, -1).sum(dim=2, keepdim=True)
-    grad_whitening = torch.baddbmm(-row_sums * mean.transpose(1, 2), grad_y, x.transpose(1, 2))
+    grad_whitening = _gradient_cross_products(grad_y, x, row_sums, mean, call.chunks(x))
     whitening, grad_cov = call.whitening.vjp(cov, grad_whitening, ridge)
     if grad_x is not None:
         _input_gradient(grad_x, whitening.transpose(1, 2), grad_y, row_sums / m, grad_cov, x, mean, m, scales)

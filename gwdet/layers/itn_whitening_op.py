@@ -9,18 +9,21 @@ computes the same function with :func:`~.whitening_matrix.itn_whitening` and its
 tensors' device (:mod:`gwdet.layers.plans`: one Triton kernel per direction under ``triton``). The
 gradient is that of the symmetric part of ``dL/dW``, which is all a covariance ``X X^T / m + eps
 I`` passes on. As a custom op with fake and autograd kernels it stays one node under
-``torch.compile`` and ``torch.export``.
+``torch.compile`` and ``torch.export``. Its products run in IEEE float32 whatever the process's TF32
+setting (:func:`~.precision.ieee_float32_products`).
 """
 import torch
 from torch import Tensor
 
 from .plans import plan_for
+from .precision import ieee_float32_products
 
 
 @torch.library.custom_op("gwdet::itn_whitening", mutates_args=())
 def itn_whitening_op(cov: Tensor, T: int) -> Tensor:
     """``cov^{-1/2}`` by ``T`` Newton iterations for symmetric ridge covariances ``(n, k, k)``."""
-    return plan_for(cov.device).itn_whitening(cov, T, 0.0)
+    with ieee_float32_products(cov.device):
+        return plan_for(cov.device).itn_whitening(cov, T, 0.0)
 
 
 @itn_whitening_op.register_fake
@@ -31,7 +34,8 @@ def _itn_whitening_fake(cov, T):
 @torch.library.custom_op("gwdet::itn_whitening_backward", mutates_args=())
 def itn_whitening_backward(cov: Tensor, grad: Tensor, T: int) -> Tensor:
     """``dL/dcov`` (symmetric) of :func:`itn_whitening_op` for ``grad = dL/dW``."""
-    return plan_for(cov.device).itn_whitening_vjp(cov, grad, T, 0.0)[1]
+    with ieee_float32_products(cov.device):
+        return plan_for(cov.device).itn_whitening_vjp(cov, grad, T, 0.0)[1]
 
 
 @itn_whitening_backward.register_fake

@@ -5,14 +5,22 @@ Every function works on a batch of row-major data matrices ``(..., g, m)`` (g va
 m observations) or on their ``(..., g, g)`` covariances; callers pass float32 or float64 tensors.
 The ridge ``eps`` comes as a tensor ``(..., 1, 1)`` with one value per matrix: a caller that scales
 a matrix's data by ``1/s`` passes ``eps / s^2`` for it (:func:`~.common.magnitude_scales`).
+
+The differentiable functions (what TorchScript and ``torch.jit.trace`` record) take their products
+with :func:`~.precision.float32_matmul`, which keeps them in the operands' precision when a
+recorded graph runs inside an autocast region.
 """
-from typing import Tuple, Union
+import warnings
+from typing import Optional, Set, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from .common import check_choice
+from .precision import float32_matmul
 from .tracing import onnx_exporting
+
+from gwdet.errors import GwdetRuntimeError
 
 ZCA_NOT_IN_ONNX = (
     "ZCA whitening cannot be exported to ONNX: it needs an eigendecomposition "
@@ -38,7 +46,7 @@ def ridge_covariance(centred: Tensor, ridge: Tensor) -> Tensor:
     """
     num_rows = centred.shape[-2]
     num_observations = centred.shape[-1]
-    cov = torch.matmul(centred, centred.transpose(-1, -2)) / num_observations
+    cov = float32_matmul(centred, centred.transpose(-1, -2)) / num_observations
     identity = torch.eye(num_rows, dtype=cov.dtype, device=cov.device)
     return cov + ridge * identity
 
@@ -60,8 +68,8 @@ def inverse_sqrt_itn(cov: Tensor, T: int) -> Tensor:
     normalised = cov / trace
     p = torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device).expand_as(cov)
     for _ in range(T):
-        p_cubed = torch.matmul(torch.matmul(p, p), p)
-        p = 1.5 * p - 0.5 * torch.matmul(p_cubed, normalised)
+        p_cubed = float32_matmul(float32_matmul(p, p), p)
+        p = 1.5 * p - 0.5 * float32_matmul(p_cubed, normalised)
     return p / trace.sqrt()
 
 
@@ -86,16 +94,16 @@ def inverse_sqrt_zca(cov: Tensor, min_eigenvalue: Tensor) -> Tensor:
     eigenvalues, eigenvectors = torch.linalg.eigh(cov.detach())
     roots = eigenvalues.clamp_min(min_eigenvalue.squeeze(-1)).sqrt()
     eigenvectors_t = eigenvectors.transpose(-1, -2)
-    whitening = torch.matmul(eigenvectors / roots.unsqueeze(-2), eigenvectors_t)
+    whitening = float32_matmul(eigenvectors / roots.unsqueeze(-2), eigenvectors_t)
     if not cov.requires_grad:
         return whitening
     roots_i = roots.unsqueeze(-1)
     roots_j = roots.unsqueeze(-2)
     divided_differences = -1.0 / (roots_i * roots_j * (roots_i + roots_j))
     zero_carrying_gradient = cov - cov.detach()
-    rotated = torch.matmul(torch.matmul(eigenvectors_t, zero_carrying_gradient), eigenvectors)
-    first_order = torch.matmul(
-        torch.matmul(eigenvectors, divided_differences * rotated), eigenvectors_t
+    rotated = float32_matmul(float32_matmul(eigenvectors_t, zero_carrying_gradient), eigenvectors)
+    first_order = float32_matmul(
+        float32_matmul(eigenvectors, divided_differences * rotated), eigenvectors_t
     )
     return whitening + first_order
 
@@ -117,7 +125,7 @@ def whitening_matrix(cov: Tensor, method: str, T: int, ridge: Tensor) -> Tensor:
 @torch.jit.unused
 def _refuse_onnx_export() -> None:
     if onnx_exporting():
-        raise RuntimeError(ZCA_NOT_IN_ONNX)
+        raise GwdetRuntimeError(ZCA_NOT_IN_ONNX)
 
 
 # ---- Closed-form value-and-gradient kernels for custom autograd Functions ------------------------
@@ -235,7 +243,33 @@ def itn_whitening_vjp(
     return p.div_(root), grad_cov
 
 
+# PyTorch's CUDA eigh solves a batch of matrices up to this size in one batched call (cuSOLVER's
+# syevjBatched) and larger ones one matrix after another
+BATCHED_EIGH_LIMIT = 32
+_warned_eigh_sizes: Set[Tuple[str, int]] = set()
+
+
+def looped_eigh_warning(device: torch.device, size: int) -> Optional[str]:
+    """The warning for ZCA whitening of ``size x size`` matrices on ``device``, or None: on CUDA,
+    ``torch.linalg.eigh`` of a batch of matrices larger than :data:`BATCHED_EIGH_LIMIT` runs one
+    eigendecomposition per matrix."""
+    if device.type != "cuda" or size <= BATCHED_EIGH_LIMIT:
+        return None
+    return (
+        f"gwdet: ZCA whitening of {size} x {size} matrices on CUDA: torch.linalg.eigh decomposes a batch of "
+        f"matrices larger than {BATCHED_EIGH_LIMIT} x {BATCHED_EIGH_LIMIT} one matrix after another (and checks "
+        "its result on the host), so each GW_ZCA layer costs a solver call per sample, forward and backward: "
+        "milliseconds to seconds per layer for the hundreds of samples of a detector's heads. ItN whitening "
+        "(norm 'GW', method='itn') computes the same whitening by batched products; GW_ZCA with at most "
+        f"{BATCHED_EIGH_LIMIT} groups stays batched."
+    )
+
+
 def _zca_factors(cov: Tensor, min_eigenvalue: Union[float, Tensor]) -> Tuple[Tensor, Tensor]:
+    message = looped_eigh_warning(cov.device, cov.shape[-1])
+    if message is not None and (str(cov.device), cov.shape[-1]) not in _warned_eigh_sizes:
+        _warned_eigh_sizes.add((str(cov.device), cov.shape[-1]))
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
     eigenvalues, eigenvectors = torch.linalg.eigh(cov)
     if isinstance(min_eigenvalue, Tensor):
         min_eigenvalue = min_eigenvalue.squeeze(-1)

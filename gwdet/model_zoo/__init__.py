@@ -12,14 +12,26 @@ Names are paths relative to the repository's ``configs/`` folder. A wheel carrie
 install (``pip install -e .``) reads the checkout's ``configs/`` itself, so an edit there is seen
 at once. :func:`resolve_config_argument` is how the train and export tools (``gwdet-train --config-file
 mask_rcnn_gw.yaml``) fall back on a packaged config when no such file exists locally.
+
+:func:`detectron2_lazy_config` loads detectron2's own packaged LazyConfigs (``common/...``), which
+gwdet's LazyConfigs build on, without detectron2's ``model_zoo`` (it needs ``pkg_resources``, gone
+from setuptools >= 81); :mod:`gwdet.model_zoo.detectron2_configs`.
+
+:func:`build_config` reads a yacs config file by its path, as every gwdet tool reads it
+(:mod:`gwdet.model_zoo.loading`: ``_BASE_`` chains, ``KEY VALUE`` overrides, yacs' errors explained).
 """
+from gwdet.model_zoo.detectron2_configs import (
+    detectron2_config_file,
+    detectron2_configs_dir,
+    detectron2_lazy_config,
+)
+from gwdet.model_zoo.loading import build_config, get_config
 from gwdet.model_zoo.model_zoo import (
     configs_dir,
-    get_config,
     get_config_file,
     list_configs,
     resolve_config_argument,
     resolve_config_file,
 )
 
-__all__ = ["configs_dir", "get_config", "get_config_file", "list_configs", "resolve_config_argument", "resolve_config_file"]
+__all__ = ["build_config", "detectron2_config_file", "detectron2_configs_dir", "detectron2_lazy_config", "configs_dir", "get_config", "get_config_file", "list_configs", "resolve_config_argument", "resolve_config_file"]

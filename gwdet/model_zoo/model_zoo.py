@@ -1,4 +1,4 @@
-"""Where gwdet's configs are, and loading them by name (see :mod:`gwdet.model_zoo`)."""
+"""Where gwdet's configs are, and finding one by name (see :mod:`gwdet.model_zoo`)."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +9,8 @@ import re
 import sys
 from pathlib import Path, PurePath, PurePosixPath
 from typing import Callable, Sequence
+
+from gwdet.errors import GwdetFileNotFoundError
 
 _HERE = Path(__file__).resolve().parent
 PACKAGED_CONFIGS = _HERE / "configs"  # a wheel's copy of configs/ (setup.py puts it there)
@@ -41,7 +43,7 @@ def configs_dir() -> Path:
         return checkout
     if PACKAGED_CONFIGS.is_dir():
         return PACKAGED_CONFIGS
-    raise FileNotFoundError(
+    raise GwdetFileNotFoundError(
         f"gwdet's configs are missing: neither {PACKAGED_CONFIGS} (a wheel's configs) nor {_CHECKOUT / 'configs'} "
         "(a source checkout's) exists. This gwdet was installed from a build that left them out: reinstall it "
         "from a wheel built by its setup.py, or install the checkout with pip install -e .")
@@ -80,34 +82,8 @@ def get_config_file(config_path: str) -> str:
         return path
     names = list_configs()
     where = "is outside gwdet's configs folder" if not inside else "is not among gwdet's configs"
-    raise FileNotFoundError(f"{config_path!r} {where} ({root}).{_suggestion(config_path, names)} "
+    raise GwdetFileNotFoundError(f"{config_path!r} {where} ({root}).{_suggestion(config_path, names)} "
                             f"Available configs (gwdet.model_zoo.list_configs()):{_available(names)}")
-
-
-def get_config(config_path: str, *, opts: Sequence[str] | None = None):
-    """Config ``config_path`` loaded the way gwdet's tools load it.
-
-    ``.yaml``: a yacs ``CfgNode`` with detectron2's defaults, gwdet's keys, the file and its
-    ``_BASE_`` chain, and the ``KEY VALUE`` pairs of ``opts`` merged and checked (what
-    ``tools/train_net.py`` trains), left unfrozen for the caller. ``.py``: the LazyConfig
-    (``detectron2.config.LazyConfig.load``) with ``opts`` as ``key=value`` overrides.
-    """
-    path = get_config_file(config_path)
-    suffix = Path(path).suffix
-    if suffix in (".yaml", ".yml"):
-        from gwdet.engine.trainer import build_config
-
-        cfg = build_config(path, list(opts or []))
-        cfg.defrost()
-        return cfg
-    if suffix == ".py":
-        from detectron2.config import LazyConfig
-
-        cfg = LazyConfig.load(path)
-        if opts:
-            cfg = LazyConfig.apply_overrides(cfg, list(opts))
-        return cfg
-    raise ValueError(f"{config_path!r} is neither a yacs (.yaml) nor a LazyConfig (.py) config")
 
 
 def resolve_config_file(config_file: str, announce: Callable[[str], None] | None = None) -> str:
@@ -136,7 +112,7 @@ def resolve_config_file(config_file: str, announce: Callable[[str], None] | None
         return packaged
     available = list_configs()
     example = "mask_rcnn_gw.yaml" if "mask_rcnn_gw.yaml" in available else (available or ["NAME"])[0]
-    raise FileNotFoundError(
+    raise GwdetFileNotFoundError(
         f"Config file {config_file!r} does not exist: not at {local} (relative to the working directory), and "
         f"not among gwdet's packaged configs in {root} (gwdet.model_zoo).{_suggestion(config_file, available)} "
         f"Packaged configs, usable by name (e.g. --config-file {example}):"

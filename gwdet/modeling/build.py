@@ -14,6 +14,7 @@ from detectron2.modeling import build_model as detectron2_build_model
 import torch
 from torch import nn
 
+from gwdet.errors import GwdetValueError
 from gwdet.config_checks import check_gwdet_config
 from gwdet.modeling.model_checks import check_model
 
@@ -24,7 +25,7 @@ def check_device(cfg: CfgNode) -> None:
     otherwise PyTorch stops deep inside the build with "Found no NVIDIA driver"."""
     device = str(cfg.MODEL.DEVICE)
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(
+        raise GwdetValueError(
             f"MODEL.DEVICE is {device!r}, but this machine has no CUDA GPU that PyTorch can use: add "
             "MODEL.DEVICE cpu to the command line (or cfg.MODEL.DEVICE = 'cpu' in Python) to build and run "
             "the model on the CPU.")

@@ -30,6 +30,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from gwdet.errors import GwdetValueError
 from gwdet.layers import BatchGroupNorm
 from gwdet.layers.common import check_unit_interval
 
@@ -48,8 +49,8 @@ def example_weighted_norm(bn: nn.modules.batchnorm._BatchNorm, weight: float) ->
     check_unit_interval("example_weighted_norm", "weight", weight)
     running_mean, running_var = bn.running_mean, bn.running_var
     if running_mean is None or running_var is None:
-        raise ValueError(f"example_weighted_norm: {type(bn).__name__} keeps no running statistics "
-                         "(track_running_stats=False), so there is no inference to weigh")
+        raise GwdetValueError(f"example_weighted_norm: {type(bn).__name__} keeps no running statistics "
+                              "(track_running_stats=False), so there is no inference to weigh")
     channels = bn.num_features
     norm = BatchGroupNorm(
         channels,
@@ -95,8 +96,8 @@ def apply_example_weighing(model: nn.Module, weight: float) -> int:
     """
     check_unit_interval("apply_example_weighing", "weight", weight)
     if isinstance(model, WEIGHABLE_NORMS):
-        raise ValueError("apply_example_weighing replaces layers inside a model; for a single "
-                         "batch norm layer use example_weighted_norm(bn, weight)")
+        raise GwdetValueError("apply_example_weighing replaces layers inside a model; for a single "
+                              "batch norm layer use example_weighted_norm(bn, weight)")
     return replace_weighable_norms(model, lambda bn: example_weighted_norm(bn, weight))
 
 

@@ -34,6 +34,7 @@ from detectron2.modeling.roi_heads.mask_head import ROI_MASK_HEAD_REGISTRY, Mask
 from detectron2.modeling.roi_heads.roi_heads import Res5ROIHeads
 from torch import nn
 
+from gwdet.errors import GwdetValueError
 from gwdet.config_checks import check_gwdet_config
 from gwdet.modeling.backbone import PLACEHOLDER_NORM, convs_with_norm
 from gwdet.norms import Norm, norm_from_config, norm_record
@@ -155,7 +156,7 @@ def head_feature_shapes(cfg: CfgNode, backbone: Backbone) -> List[ShapeSpec]:
     shapes = backbone.output_shape()
     missing = [name for name in cfg.MODEL.RETINANET.IN_FEATURES if name not in shapes]
     if missing:
-        raise ValueError(
+        raise GwdetValueError(
             f"MODEL.RETINANET.IN_FEATURES={list(cfg.MODEL.RETINANET.IN_FEATURES)} needs {missing}, but "
             f"MODEL.BACKBONE.NAME={cfg.MODEL.BACKBONE.NAME!r} makes only {sorted(shapes)}. RetinaNet's "
             "P3-P7 come from build_gw_retinanet_resnet_fpn_backbone (detectron2's "

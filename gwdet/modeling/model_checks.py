@@ -11,6 +11,7 @@ from detectron2.modeling.meta_arch.retinanet import RetinaNetHead
 import torch
 from torch import nn
 
+from gwdet.errors import GwdetTypeError, GwdetValueError
 from gwdet.modeling.heads import PerLevelNorm
 from gwdet.norms import group_adjustment, layer_types
 from gwdet.solver import misdecayed_norm_layers
@@ -84,21 +85,21 @@ def check_model(model: nn.Module, strict_groups: bool = False, optimizer: torch.
     """
     if optimizer is not None:
         if weight_decay_norm is None:
-            raise TypeError("check_model: with an optimizer, give weight_decay_norm (SOLVER.WEIGHT_DECAY_NORM) "
-                            "to check the norm layers' weight decay against")
+            raise GwdetTypeError("check_model: with an optimizer, give weight_decay_norm (SOLVER.WEIGHT_DECAY_NORM) "
+                                 "to check the norm layers' weight decay against")
         check_norm_weight_decay(model, optimizer, weight_decay_norm, weight_decay_bias)
     adjusted = adjusted_groups(model)
     if adjusted and strict_groups:
-        raise ValueError("Norm layers cannot use the requested group number (MODEL.STRICT_NORM_GROUPS "
-                         "is on): " + "; ".join(adjusted) + ". Choose group numbers that divide the "
-                         "channels, or turn MODEL.STRICT_NORM_GROUPS off.")
+        raise GwdetValueError("Norm layers cannot use the requested group number (MODEL.STRICT_NORM_GROUPS "
+                              "is on): " + "; ".join(adjusted) + ". Choose group numbers that divide the "
+                              "channels, or turn MODEL.STRICT_NORM_GROUPS off.")
     if adjusted:
         logging.getLogger(__name__).warning("Group numbers adjusted to the channels: " + "; ".join(adjusted))
     for name, module in model.named_modules():
         if isinstance(module, RetinaNetHead):
             shared = shared_batch_statistics(module)
             if shared:
-                raise ValueError(
+                raise GwdetValueError(
                     f"{name} ({type(module).__name__}) runs on every FPN level, but its norm layers "
                     f"{', '.join(shared[:3])}{', ...' if len(shared) > 3 else ''} keep batch statistics "
                     "shared by all levels, which mixes the levels' statistics. Use "

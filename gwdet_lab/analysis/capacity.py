@@ -29,6 +29,8 @@ from gwdet_lab.analysis.normalizers import make_norm, norm_label
 from gwdet_lab.analysis.plotting import Curve, Panel, save_figure
 from gwdet_lab.analysis.report import markdown_table, output_folder, write_markdown
 
+from gwdet.errors import GwdetValueError
+
 NUM_CLASSES = 10
 
 
@@ -182,7 +184,7 @@ def batch_size_sweep(runs: Experiments) -> Sweep:
     groups_of = {"BN": 1, "BW": max(1, s.width // 16), "GN": s.batch_sweep_groups, "GW": s.batch_sweep_groups}
     unknown = set(s.batch_sweep_norms) - set(groups_of)
     if unknown:
-        raise ValueError(f"batch-size sweep: unknown norms {sorted(unknown)}; choose from {', '.join(groups_of)}")
+        raise GwdetValueError(f"batch-size sweep: unknown norms {sorted(unknown)}; choose from {', '.join(groups_of)}")
     sweep: Sweep = {}
     for kind in s.batch_sweep_norms:
         groups = groups_of[kind]

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 from pathlib import Path
 from typing import Sequence
 
-from gwdet.engine.cli_errors import add_verbose_argument, output_path_problem, reported_errors, split_verbose
+from gwdet.utils.cli_errors import add_verbose_argument, output_path_problem, run_tool
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = REPO / "configs" / "Demo" / "mask_rcnn_R_50_FPN_gw_shapes.yaml"
@@ -110,7 +109,7 @@ def run(args: argparse.Namespace) -> list[Path]:
         )
         return run_conditioning(args.out, setting)
     if args.command == "constraints":
-        from gwdet.engine.trainer import build_config
+        from gwdet.model_zoo import build_config
         from gwdet_lab.analysis.constraint_report import ConstraintSetting, run_constraints
 
         cfg = build_config(args.config, [*args.opts, "MODEL.DEVICE", "cpu"]) if args.config else None
@@ -142,16 +141,18 @@ def run(args: argparse.Namespace) -> list[Path]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the subcommand ``argv`` names (default: the command line) and print the files it wrote.
     An error gwdet raises on purpose ends it with ``<tool>: error: <message>`` and status 2;
-    ``--verbose`` shows tracebacks (:mod:`gwdet.engine.cli_errors`)."""
-    argv, verbose = split_verbose(sys.argv[1:] if argv is None else argv)
+    ``--verbose`` shows tracebacks (:mod:`gwdet.utils.cli_errors`)."""
+    return run_tool(_analyze, argv)
+
+
+def _analyze(argv: Sequence[str]) -> int:
     parser = argument_parser()
-    with reported_errors(parser.prog, verbose):
-        args = parser.parse_args(argv)
-        problem = output_path_problem("--out", args.out, folder=True)
-        if problem:
-            parser.error(problem)
-        written = run(args)
-        print(f"{args.command}: wrote")
-        for path in written:
-            print(f"  {path}")
-        return 0
+    args = parser.parse_args(argv)
+    problem = output_path_problem("--out", args.out, folder=True)
+    if problem:
+        parser.error(problem)
+    written = run(args)
+    print(f"{args.command}: wrote")
+    for path in written:
+        print(f"  {path}")
+    return 0

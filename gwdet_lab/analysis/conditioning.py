@@ -28,6 +28,8 @@ from gwdet_lab.analysis.normalizers import GROUPED_KINDS, make_norm
 from gwdet_lab.analysis.plotting import Curve, Panel, save_figure
 from gwdet_lab.analysis.report import markdown_table, output_folder, write_markdown
 
+from gwdet.errors import GwdetValueError
+
 ACTIVATIONS = {"relu": torch.relu, "linear": lambda x: x, "tanh": torch.tanh}
 REFERENCE_KINDS = ("none", "BN", "BW")
 REFERENCE_LABELS = {"none": "Base", "BN": "BN", "BW": "BW"}
@@ -42,7 +44,7 @@ def condition_number(x: Tensor, p: float) -> float:
     eigenvalue at rounding-error level (the covariance is rank deficient there) gives ``inf``.
     """
     if not 0.0 < p <= 1.0:
-        raise ValueError(f"condition_number: p must be in (0, 1], got {p}")
+        raise GwdetValueError(f"condition_number: p must be in (0, 1], got {p}")
     centred = x - x.mean(dim=0, keepdim=True)
     cov = centred.T @ centred / x.shape[0]
     eigenvalues = torch.linalg.eigvalsh(cov).flip(0)
@@ -95,7 +97,7 @@ def measure(setting: ConditioningSetting) -> Kappas:
     """``kappa_p`` of every normalizer's output, averaged over ``setting.seeds`` simulations."""
     for activation in setting.activations:
         if activation not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {activation!r}; choose from {', '.join(ACTIVATIONS)}")
+            raise GwdetValueError(f"unknown activation {activation!r}; choose from {', '.join(ACTIVATIONS)}")
     sums: Kappas = {}
     for seed in range(setting.seeds):
         generator = torch.Generator().manual_seed(seed)

@@ -35,6 +35,8 @@ from torch import Tensor
 
 from gwdet_lab.analysis.normalizers import make_norm
 
+from gwdet.errors import GwdetValueError
+
 METHODS = ("BN", "BW", "GN", "GW")
 
 
@@ -45,7 +47,7 @@ def constraint_number(method: str, d: int, m: int, g: int = 1, k: int | None = N
     """
     k = d if k is None else k
     if d % k or d % g:
-        raise ValueError(f"the BW group size k={k} and the group number g={g} must divide d={d}")
+        raise GwdetValueError(f"the BW group size k={k} and the group number g={g} must divide d={d}")
     formulas = {"BN": 2 * d, "BW": d * (k + 3) // 2, "GN": 2 * g * m, "GW": m * g * (g + 3) // 2}
     return formulas[_check_method(method)]
 
@@ -141,5 +143,5 @@ def numerical_constraint_number(
 
 def _check_method(method: str) -> str:
     if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+        raise GwdetValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
     return method

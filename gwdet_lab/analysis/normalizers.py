@@ -20,6 +20,8 @@ from torch import nn
 
 import gwdet
 
+from gwdet.errors import GwdetValueError
+
 NORM_KINDS = ("none", "BN", "BW", "GN", "GW", "GW_ZCA")
 GROUPED_KINDS = ("GN", "GW", "GW_ZCA")
 
@@ -40,9 +42,9 @@ def make_norm(
         eps: the ridge / variance floor of every normalizer.
     """
     if kind not in NORM_KINDS:
-        raise ValueError(f"make_norm: kind must be one of {', '.join(NORM_KINDS)}, got {kind!r}")
+        raise GwdetValueError(f"make_norm: kind must be one of {', '.join(NORM_KINDS)}, got {kind!r}")
     if num_groups < 1 or num_features % num_groups != 0:
-        raise ValueError(f"make_norm: num_groups={num_groups} must divide num_features={num_features}")
+        raise GwdetValueError(f"make_norm: num_groups={num_groups} must divide num_features={num_features}")
     if kind == "none":
         return nn.Identity()
     if kind == "BN":

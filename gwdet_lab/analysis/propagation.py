@@ -32,9 +32,10 @@ from torch import Tensor, nn
 
 from gwdet_lab.analysis.plotting import Curve, Panel, part_ticks, save_figure
 from gwdet_lab.analysis.report import display_path, markdown_table, output_folder, write_markdown
+from gwdet.errors import GwdetValueError
 from gwdet.config_checks import NORM_KEYS
 from gwdet.data import prepare_datasets
-from gwdet.engine.trainer import build_config
+from gwdet.model_zoo import build_config
 
 AS_CONFIGURED = "config"
 """The norm entry that keeps the config's own norms."""
@@ -64,7 +65,7 @@ def residual_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """``("res2.0", block), ...``: every block of the model's first detectron2 ResNet."""
     resnet = next((module for module in model.modules() if isinstance(module, ResNet)), None)
     if resnet is None:
-        raise ValueError("propagation: the model has no detectron2 ResNet backbone to hook")
+        raise GwdetValueError("propagation: the model has no detectron2 ResNet backbone to hook")
     stages = zip(resnet.stage_names, resnet.stages, strict=True)
     return [(f"{name}.{i}", block) for name, stage in stages for i, block in enumerate(stage)]
 
@@ -205,7 +206,7 @@ def run_propagation(
     """Compare ``norms`` on ``config`` (with ``opts`` applied to every variant) and write
     ``<out>/propagation/{activation_variance,cosine_similarity,gradient_norms}.png`` and ``table.md``."""
     if not norms:
-        raise ValueError("propagation: give at least one norm")
+        raise GwdetValueError("propagation: give at least one norm")
     folder = output_folder(out, "propagation")
     cfgs = [build_config(config, [*opts, *norm_overrides(norm), "MODEL.DEVICE", "cpu"]) for norm in norms]
     batch = training_batch(cfgs[0], seed)

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from typing import Iterator, List
 
+from gwdet.errors import GwdetValueError
+
 # argv[1]: the benchmark's process id. A million empty iterations take a few tens of milliseconds,
 # so the loop notices within that time that its parent is gone.
 BUSY_LOOP = """
@@ -50,7 +52,7 @@ def stop_processes(processes: List[subprocess.Popen]) -> None:
 def competing_load(processes: int) -> Iterator[List[subprocess.Popen]]:
     """``with competing_load(n) as started:`` ``n`` busy processes run while the block runs."""
     if processes < 0:
-        raise ValueError(f"--busy takes a number of competing processes >= 0, got {processes}")
+        raise GwdetValueError(f"--busy takes a number of competing processes >= 0, got {processes}")
     started: List[subprocess.Popen] = []
     try:
         for _ in range(processes):

@@ -47,8 +47,8 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
-from gwdet.engine.cli_errors import add_verbose_argument, output_path_problem, reported_errors, split_verbose
-from gwdet.engine.threads import configure_threads
+from gwdet.utils.cli_errors import add_verbose_argument, output_path_problem, run_tool
+from gwdet.engine.threads import configure_threads, thread_request
 from gwdet_lab.benchmark.busy import competing_load
 from gwdet_lab.benchmark.cases import COMPILED_CASES, layer_factories
 from gwdet_lab.benchmark.inference import inference_tables, run_inference
@@ -100,8 +100,9 @@ def argument_parser() -> argparse.ArgumentParser:
         help="KEY VALUE config overrides for every model (default: %(default)s; give none to use the configs as they are)",
     )
     parser.add_argument("--amp", choices=["none", "fp16", "bf16"], default="none", help="autocast for the model level")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads (default: the CPUs other processes leave free; see gwdet.engine.threads)")
+    parser.add_argument("--threads", type=thread_request, default=None, metavar="N|auto-load",
+                        help="torch threads (default: the CPUs this process may use; auto-load: those other "
+                             "processes leave free at start; see gwdet.engine.threads)")
     parser.add_argument(
         "--clock",
         choices=sorted(CLOCKS),
@@ -152,10 +153,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the levels the arguments ask for, print the report and write it into ``--out``. An error
     gwdet raises on purpose ends it with ``<tool>: error: <message>`` and status 2; ``--verbose``
-    shows tracebacks (:mod:`gwdet.engine.cli_errors`)."""
-    command, verbose = split_verbose(sys.argv[1:] if argv is None else argv)
-    with reported_errors(verbose=verbose):
-        return _benchmark(command)
+    shows tracebacks (:mod:`gwdet.utils.cli_errors`)."""
+    return run_tool(_benchmark, argv)
 
 
 def _benchmark(command: List[str]) -> int:
@@ -169,7 +168,7 @@ def _benchmark(command: List[str]) -> int:
     load_before = load_average()
     start = time.perf_counter()
     with competing_load(args.busy):
-        # chosen with the competing load running, as a tool started on a busy machine chooses
+        # chosen with the competing load running (--threads auto-load counts it), as on a busy machine
         configure_threads(args.threads, log=lambda line: print(line, file=sys.stderr))
         tables = [to_markdown(run(args, device)) for flag, run, to_markdown in LEVELS if getattr(args, flag)]
     header = report_header(args, command, device, load_before, load_average(), time.perf_counter() - start, flushed)

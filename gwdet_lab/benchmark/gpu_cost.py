@@ -1,39 +1,52 @@
 """A GPU cost model for the layers, fed by counts taken on a CPU (no GPU was available to measure).
 
-A layer's forward + backward takes ``launches x L + FLOPs / F + bytes / B`` seconds:
+A layer's forward + backward is a stream of kernels that the host enqueues while the device runs
+the earlier ones, so its time is ``max(host, device)`` (a roofline with launch overhead):
 
-* ``launches``: the operations it dispatches plus its Triton kernels
-  (:mod:`~gwdet_lab.benchmark.op_counts`; on a GPU each is at least one kernel launch);
-* ``L``: :data:`LAUNCH_SECONDS`, the host time PyTorch spends per operation in eager mode (Python,
-  dispatcher, ``cudaLaunchKernel``). Several microseconds on current CPUs: NVIDIA's "Getting
-  Started with CUDA Graphs" (developer.nvidia.com/blog/cuda-graphs, 2019) measures launch
-  overheads of a few microseconds per kernel, and PyTorch's "Accelerating PyTorch with CUDA
-  Graphs" (pytorch.org/blog/accelerating-pytorch-with-cuda-graphs, 2021) names per-operation CPU
-  overhead as what graphs remove. 5 us is a round value in that range, an assumption of this
-  model, not a measurement here;
-* ``FLOPs``: GW's multiply-adds times 2 (:func:`group_whitening_flops`: the products over the
-  activation and the Newton iterations as the code runs them), ``3 x 2 x 9 N HW C^2`` for the
-  3x3 convolution (forward, input and weight gradients), none for GN/BN;
-* ``F``: the datasheet peak for how the products run: batched matrix products and Triton's
-  ``ieee`` products in float32 on CUDA cores, convolutions in TF32 on tensor cores where the GPU
-  has them (PyTorch's default ``torch.backends.cudnn.allow_tf32 = True``);
-* ``bytes / B``: the bytes the operations move (estimated from their recorded input shapes) over
-  the datasheet memory bandwidth.
+* ``host = launches x L``: ``launches`` are the operations it dispatches plus its Triton kernels
+  (:mod:`~gwdet_lab.benchmark.op_counts`; on a GPU each is at least one kernel launch), ``L`` is
+  :data:`LAUNCH_SECONDS`, the host time PyTorch spends per operation in eager mode (Python,
+  dispatcher, ``cudaLaunchKernel``): several microseconds on current CPUs (NVIDIA, "Getting
+  Started with CUDA Graphs", developer.nvidia.com/blog/cuda-graphs, 2019; PyTorch, "Accelerating
+  PyTorch with CUDA Graphs", pytorch.org/blog/accelerating-pytorch-with-cuda-graphs, 2021); 5 us
+  is a round value in that range, an assumption of this model;
+* ``device = launches x K + bytes / (B e_mem) + the products' time``: ``K``
+  (:data:`KERNEL_SECONDS`) is the least a dependent kernel takes on the device, ``bytes`` what
+  the operations move (estimated from their recorded input shapes), ``B`` the datasheet
+  bandwidth at :data:`MEMORY_EFFICIENCY`, and each matrix product takes ``FLOPs / (rate x
+  efficiency x occupancy)``, ``occupancy = min(1, output tiles / multiprocessors)``: a batched
+  GEMM runs about one :data:`TILE` x :data:`TILE` output tile per multiprocessor at a time, so 2
+  samples of 64 x 64 outputs keep 2 of 132 busy (:func:`group_whitening_device_seconds` lists the
+  products of each plan; the ``accelerator`` and ``triton`` plans split such products over the
+  columns, :func:`gwdet.layers.plans.accelerator.split_columns`).
 
-Sources of ``F`` and ``B``: NVIDIA Tesla V100 datasheet (SXM2: 15.7 TFLOPS FP32, 900 GB/s HBM2;
-images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf) and
-NVIDIA H100 Tensor Core GPU datasheet (SXM5: 67 TFLOPS FP32, 989 TFLOPS TF32 with sparsity, i.e.
-494.7 dense, 3.35 TB/s HBM3; resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet).
+Rates and efficiencies (assumptions, each a round value, stated so that a measurement can replace
+it): cuBLAS float32 GEMM at :data:`GEMM_EFFICIENCY` of the FP32 peak; Triton's ``tf32x3``
+products (three TF32 tensor-core products each, ``mma.sync`` from register operands) at
+:data:`MMA_EFFICIENCY` of a third of the dense TF32 peak; Triton's ``ieee`` products (float32 FMA
+with operands read from shared memory for every FMA, the path on a V100) at
+:data:`FMA_DOT_EFFICIENCY` of the FP32 peak; local memory (register spills) as traffic at the
+memory bandwidth (the kernels compile without spills, tests/test_triton_compile.py, so that term
+is 0 here); a 3x3 convolution at :data:`CONV_EFFICIENCY` of the rate cuDNN runs it at by default
+(TF32 tensor cores where present, PyTorch's default ``torch.backends.cudnn.allow_tf32 = True``),
+the efficiency the GW paper's measured baseline implies (Appendix F.2: BN, 128 images of 224^2
+per V100, 419 ms per iteration).
 
-Every term is a lower bound of its kind (peak rates, no overlap lost), so the model predicts
-which term dominates and how the plans compare, not absolute times. Step ratios need the rest of
-a training step. For ResNet-50 on ImageNet it is the GW paper's measured baseline (Appendix F.2:
-BN, 128 images of 224^2 per V100, 419 ms per iteration). For Faster R-CNN it is modelled: the
-operations a GN-everywhere training step dispatches besides its GN layers (counted on the CPU at a
-small image size; the count hardly depends on it) times ``L``, plus the convolutions' training
-FLOPs at the efficiency the paper's baseline implies (:data:`CONV_EFFICIENCY` of the V100's FP32
-peak), taken as the same fraction of each GPU's convolution peak; memory traffic outside the
-norm layers is left out, so the rest is underestimated and GW's share overestimated.
+Sources of the peaks: NVIDIA Tesla V100 datasheet (SXM2: 15.7 TFLOPS FP32, 900 GB/s HBM2, 80
+SMs; images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf)
+and NVIDIA H100 Tensor Core GPU datasheet (SXM5: 67 TFLOPS FP32, 989 TFLOPS TF32 with sparsity,
+i.e. 494.7 dense, 3.35 TB/s HBM3, 132 SMs;
+resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet).
+
+The model ranks the plans and names the bound (host launches or device work); absolute times
+wait for a GPU (``make gpu-check`` writes measured times beside these predictions). Step ratios
+need the rest of a training step, and there too the host's launches overlap the device's work:
+``max(sum of host, sum of device)`` over the whole step. For ResNet-50 on ImageNet the rest is
+the GW paper's measured baseline; for Faster R-CNN it is modelled: the operations a
+GN-everywhere training step dispatches besides its GN layers (counted on the CPU at a small image
+size; the count hardly depends on it) and the convolutions' training FLOPs at
+:data:`CONV_EFFICIENCY`; memory traffic outside the norm layers is left out, so the rest is
+underestimated and GW's share overestimated.
 """
 from __future__ import annotations
 
@@ -44,24 +57,39 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 
 from gwdet.layers import largest_divisor_at_most
+from gwdet.layers.group_shapes import keeps_covariance
+from gwdet.layers.plans.accelerator import split_columns
 from gwdet.engine.tables import Column, Table
 from gwdet_lab.benchmark.cases import CONV, GN, GW_GROUPS, GW_T, format_shape
 from gwdet_lab.benchmark.op_counts import OperationCount
 
 Shape = Tuple[int, ...]
 LAUNCH_SECONDS = 5e-6
+KERNEL_SECONDS = 2e-6
+TILE = 64
+GEMM_EFFICIENCY = 0.7
+MMA_EFFICIENCY = 0.5
+FMA_DOT_EFFICIENCY = 0.25
+MEMORY_EFFICIENCY = 0.8
+# Triton kernels: programs per multiprocessor (gwdet.layers.plans.triton_plan) and the local
+# memory each thread reads and writes per product (none: tests/test_triton_compile.py)
+TRITON_PROGRAMS_PER_MULTIPROCESSOR = 2
+TRITON_THREADS = 128
+TRITON_SPILL_BYTES_PER_PRODUCT = 0
 
 
 @dataclass(frozen=True)
 class Gpu:
     name: str
-    fp32_flops: float  # CUDA cores: batched matrix products, Triton's ieee products
+    fp32_flops: float  # CUDA cores: cuBLAS float32 products, Triton's ieee products
+    tf32_flops: float  # dense TF32 tensor cores (0: none)
     conv_flops: float  # convolutions as cuDNN runs them by default (TF32 tensor cores where present)
     bandwidth: float  # bytes per second
+    multiprocessors: int
 
 
-V100 = Gpu("V100", 15.7e12, 15.7e12, 900e9)
-H100 = Gpu("H100", 67e12, 494.7e12, 3.35e12)
+V100 = Gpu("V100", 15.7e12, 0.0, 15.7e12, 900e9, 80)
+H100 = Gpu("H100", 67e12, 494.7e12, 494.7e12, 3.35e12, 132)
 GPUS = (V100, H100)
 
 # ResNet-50 (BN), 128 images of 224^2 per GPU: 4.1 G multiply-adds per image forward, 3x for a
@@ -77,6 +105,28 @@ DETECTOR_MACS_PER_IMAGE = (355.9 - 44.62) * 1e9
 DETECTOR_IMAGES_PER_GPU = 2
 
 
+@dataclass(frozen=True)
+class Cost:
+    """Host and device seconds of a piece of work; it takes ``max(host, device)``."""
+
+    host: float
+    device: float
+
+    @property
+    def seconds(self) -> float:
+        return max(self.host, self.device)
+
+    def __add__(self, other: "Cost") -> "Cost":
+        return Cost(self.host + other.host, self.device + other.device)
+
+
+def _gw_sizes(shape: Sequence[int], groups: int) -> Tuple[int, int, int]:
+    """``(g, m, s = min(g, m))`` of GW at ``shape``."""
+    g = largest_divisor_at_most(shape[1], groups)
+    m = math.prod(shape[1:]) // g
+    return g, m, min(g, m)
+
+
 def group_whitening_flops(
     shape: Sequence[int], groups: int = GW_GROUPS, T: int = GW_T, autograd: bool = False
 ) -> float:
@@ -85,12 +135,9 @@ def group_whitening_flops(
     backward ``dY X^T``, two for the input gradient, ``W X`` again for the affine weight) and
     ``12 (T - 1)`` products of ``s x s`` (``3T - 3`` forward, ``9T - 9`` backward); autograd through
     the paper's iteration does the same 6 and ``9T``."""
-    samples, channels = shape[0], shape[1]
-    g = largest_divisor_at_most(channels, groups)
-    m = math.prod(shape[1:]) // g
-    s = min(g, m)
+    g, m, s = _gw_sizes(shape, groups)
     newton = 9 * T if autograd else 12 * (T - 1)
-    return 2.0 * samples * (6 * g * m * s + newton * s**3)
+    return 2.0 * shape[0] * (6 * g * m * s + newton * s**3)
 
 
 def conv_flops(shape: Sequence[int]) -> float:
@@ -99,38 +146,101 @@ def conv_flops(shape: Sequence[int]) -> float:
     return 3 * 2.0 * 9 * samples * math.prod(shape[2:]) * channels**2
 
 
-def seconds(gpu: Gpu, counted: OperationCount, flops: float, flop_rate: float, scale: float = 1.0) -> float:
-    """The model's time; ``scale`` multiplies the bytes (counts taken at fewer samples)."""
-    return counted.total * LAUNCH_SECONDS + flops / flop_rate + scale * counted.bytes_moved / gpu.bandwidth
+def product_seconds(gpu: Gpu, flops: float, tiles: float, rate: float) -> float:
+    """``FLOPs / (rate x occupancy)`` with ``occupancy = min(1, tiles / multiprocessors)``."""
+    return flops / (rate * min(1.0, tiles / gpu.multiprocessors))
+
+
+def _tiles(rows: int, columns: int) -> int:
+    return math.ceil(rows / TILE) * math.ceil(columns / TILE)
+
+
+def triton_newton_seconds(gpu: Gpu, samples: int, size: int, products: int) -> float:
+    """The Triton kernels' time for ``products`` ``size x size`` products per matrix: persistent
+    programs, :data:`TRITON_PROGRAMS_PER_MULTIPROCESSOR` per multiprocessor sharing its rate, each
+    taking ``ceil(samples / programs)`` matrices in turn; ``tf32x3`` on tensor cores where the GPU
+    has TF32, ``ieee`` FMA products otherwise; plus the local memory traffic of spills."""
+    programs = min(samples, TRITON_PROGRAMS_PER_MULTIPROCESSOR * gpu.multiprocessors)
+    if gpu.tf32_flops:
+        rate = gpu.tf32_flops / 3 * MMA_EFFICIENCY
+    else:
+        rate = gpu.fp32_flops * FMA_DOT_EFFICIENCY
+    per_program = rate / (TRITON_PROGRAMS_PER_MULTIPROCESSOR * gpu.multiprocessors)
+    per_matrix = products * 2.0 * size**3 / per_program
+    spills = products * TRITON_SPILL_BYTES_PER_PRODUCT * TRITON_THREADS * samples / gpu.bandwidth
+    return math.ceil(samples / programs) * per_matrix + spills
+
+
+def group_whitening_device_seconds(gpu: Gpu, name: str, shape: Sequence[int], groups: int = GW_GROUPS,
+                                   T: int = GW_T) -> float:
+    """The products of GW case ``name`` (``GW autograd``, ``GW cpu``, ``GW accelerator``, ``GW
+    triton``) on ``gpu``: the ``g x g`` outputs (covariance, ``dY X^T`` and, when the covariance is
+    not kept, its recomputation; split over the columns under ``accelerator`` and ``triton``), the
+    ``g x m`` outputs (``W X``, ``W^T dY``, ``B X``, ``W X`` again), and the Newton products
+    (batched GEMMs of ``samples`` tiles, or the Triton kernels)."""
+    samples = shape[0]
+    g, m, s = _gw_sizes(shape, groups)
+    gemm = gpu.fp32_flops * GEMM_EFFICIENCY
+    small_outputs = 2 if keeps_covariance(math.prod(shape[1:]), g) or m < g else 3
+    chunks = split_columns(samples, g, m, gpu.multiprocessors) if name in ("GW accelerator", "GW triton") else 1
+    if chunks > 1:  # the stacked samples: samples times the work, chunks x (n g)^2 tiles
+        small = product_seconds(gpu, 2.0 * samples * samples * g * g * m, chunks * _tiles(samples * g, samples * g),
+                                gemm)
+    else:
+        small = product_seconds(gpu, 2.0 * samples * g * s * m, samples * _tiles(s, s), gemm)
+    wide = product_seconds(gpu, 2.0 * samples * g * s * m, samples * _tiles(g, m), gemm)
+    newton_products = 9 * T if name == "GW autograd" else 12 * (T - 1)
+    if name == "GW triton" and s <= 64:
+        newton = triton_newton_seconds(gpu, samples, s, newton_products)
+    else:
+        newton = product_seconds(gpu, 2.0 * samples * newton_products * s**3, samples * _tiles(s, s), gemm)
+    return small_outputs * small + (6 - small_outputs) * wide + newton
+
+
+def layer_cost(gpu: Gpu, name: str, shape: Shape, counted: OperationCount, scale: float = 1.0) -> Cost:
+    """Host and device time of case ``name`` (:func:`~.op_level.op_cases`) at ``shape``; ``scale``
+    multiplies the bytes (counts taken at fewer samples)."""
+    launches = counted.total
+    memory = scale * counted.bytes_moved / (gpu.bandwidth * MEMORY_EFFICIENCY)
+    device = launches * KERNEL_SECONDS + memory
+    if name == CONV:
+        device += conv_flops(shape) / (gpu.conv_flops * CONV_EFFICIENCY)
+    elif name.startswith("GW"):
+        device += group_whitening_device_seconds(gpu, name, shape)
+    return Cost(launches * LAUNCH_SECONDS, device)
 
 
 def layer_seconds(gpu: Gpu, name: str, shape: Shape, counted: OperationCount, scale: float = 1.0) -> float:
-    """The model's time of the case ``name`` (:func:`~.op_level.op_cases`) at ``shape``."""
-    if name == CONV:
-        return seconds(gpu, counted, conv_flops(shape), gpu.conv_flops, scale)
-    if name.startswith("GW"):
-        flops = group_whitening_flops(shape, autograd="autograd" in name)
-        return seconds(gpu, counted, flops, gpu.fp32_flops, scale)
-    return seconds(gpu, counted, 0.0, gpu.fp32_flops, scale)
+    """The model's time of the case ``name`` at ``shape``: ``max(host, device)``."""
+    return layer_cost(gpu, name, shape, counted, scale).seconds
 
 
 GW_MODELLED = ("GW autograd", "GW cpu", "GW accelerator", "GW triton")
+GPU_PLANS = ("GW accelerator", "GW triton")
+
+
+def faster_plan(gpu: Gpu, shape: Shape, counts: Dict[Tuple[Shape, str], OperationCount]) -> str:
+    """The plan of :data:`GPU_PLANS` (without the ``GW `` prefix) that the model predicts faster at
+    ``shape``."""
+    return min(GPU_PLANS, key=lambda name: layer_seconds(gpu, name, shape, counts[(shape, name)]))[3:]
 
 
 def layer_table(results: dict, gpu: Gpu) -> Table:
-    """Predicted ms per shape for the convolution, GN and GW under each plan; in parentheses
-    GW / conv, and the share of launches in GW's time."""
-    table = Table([Column("shape"), *(Column(name, align_right=True) for name in (CONV, GN, *GW_MODELLED))])
+    """Predicted ms per shape for the convolution, GN and GW under each plan; in parentheses GW /
+    conv and what bounds GW's time (``host``: its launches, ``device``: its work)."""
+    columns = [Column("shape"), *(Column(name, align_right=True) for name in (CONV, GN, *GW_MODELLED)),
+               Column("faster GPU plan")]
+    table = Table(columns)
+    counts = results["counts"]
     for _, shape in results["shapes"]:
-        counts = results["counts"]
         conv = layer_seconds(gpu, CONV, shape, counts[(shape, CONV)])
-        row = {"shape": format_shape(shape), CONV: f"{conv * 1e3:.2f}",
-               GN: f"{layer_seconds(gpu, GN, shape, counts[(shape, GN)]) * 1e3:.2f}"}
+        row = {"shape": format_shape(shape), CONV: f"{conv * 1e3:.3f}",
+               GN: f"{layer_seconds(gpu, GN, shape, counts[(shape, GN)]) * 1e3:.3f}",
+               "faster GPU plan": faster_plan(gpu, shape, counts)}
         for name in GW_MODELLED:
-            counted = counts[(shape, name)]
-            time = layer_seconds(gpu, name, shape, counted)
-            launches = counted.total * LAUNCH_SECONDS / time
-            row[name] = f"{time * 1e3:.2f} ({time / conv:.2f}; {launches:.0%})"
+            cost = layer_cost(gpu, name, shape, counts[(shape, name)])
+            bound = "host" if cost.host >= cost.device else "device"
+            row[name] = f"{cost.seconds * 1e3:.3f} ({cost.seconds / conv:.2f}; {bound})"
         table.add(row)
     return table
 
@@ -168,10 +278,14 @@ STEP_IMPLEMENTATIONS = ("GW autograd", "GW accelerator", "GW triton")
 PROXY_SAMPLES = 2  # counts are taken at 2 samples: launches do not depend on N, bytes scale with it
 
 
-def norm_layer_seconds(gpu: Gpu, name: str, shape: Shape, count_at) -> float:
-    """The model's time of ``name`` at ``shape``, counted at :data:`PROXY_SAMPLES` samples."""
-    proxy = (min(shape[0], PROXY_SAMPLES), *shape[1:])
-    return layer_seconds(gpu, name, shape, count_at(name, proxy), scale=shape[0] / proxy[0])
+def norm_layer_cost(gpu: Gpu, name: str, shapes: Sequence[Shape], count_at) -> Cost:
+    """The model's host and device time of ``name`` at each of ``shapes`` added up, counted at
+    :data:`PROXY_SAMPLES` samples."""
+    total = Cost(0.0, 0.0)
+    for shape in shapes:
+        proxy = (min(shape[0], PROXY_SAMPLES), *shape[1:])
+        total += layer_cost(gpu, name, shape, count_at(name, proxy), scale=shape[0] / proxy[0])
+    return total
 
 
 def detector_rest_operations(image_size: int = 128) -> int:
@@ -209,7 +323,8 @@ def step_predictions(count_at, rest_operations: int) -> Dict[str, Dict[str, floa
     ``count_at(name, shape)`` counts a case. ResNet-50 on ImageNet (the paper's setting, V100):
     GW in place of BN at S1-B2 and everywhere, over the paper's measured 419 ms. Faster R-CNN
     R-50-FPN: GW everywhere / GN everywhere, the rest of the step being ``rest_operations``
-    launches plus the convolutions' FLOPs at :data:`CONV_EFFICIENCY` of each GPU's peak."""
+    launches on the host and the convolutions' FLOPs at :data:`CONV_EFFICIENCY` of each GPU's
+    peak on the device. A step takes ``max(host, device)`` of all its work (module docstring)."""
     cache: Dict[Tuple[str, Shape], OperationCount] = {}
 
     def cached(name: str, shape: Shape) -> OperationCount:
@@ -221,20 +336,20 @@ def step_predictions(count_at, rest_operations: int) -> Dict[str, Dict[str, floa
     imagenet = resnet50_norm_shapes(PAPER_IMAGES_PER_GPU, 224, 224)
     for setting, positions in (("S1-B2", {"S1", "B2"}), ("everywhere", {"S1", "B1", "B2", "B3", "shortcut"})):
         chosen = [shape for position, shape in imagenet if position in positions]
-        baseline = sum(norm_layer_seconds(V100, "BN", shape, cached) for shape in chosen)
+        baseline = norm_layer_cost(V100, "BN", chosen, cached)
+        # the rest of the measured step is device work; the host's launches overlap it
+        rest = Cost(0.0, PAPER_BASELINE_SECONDS - baseline.device)
         predictions[f"ResNet-50, V100, GW at {setting} / BN"] = {
-            name: 1 + (sum(norm_layer_seconds(V100, name, shape, cached) for shape in chosen) - baseline)
-            / PAPER_BASELINE_SECONDS
+            name: (rest + norm_layer_cost(V100, name, chosen, cached)).seconds / (rest + baseline).seconds
             for name in STEP_IMPLEMENTATIONS
         }
     detector = [shape for _, shape in detector_norm_shapes()]
     for gpu in GPUS:
         flops = 3 * 2 * DETECTOR_MACS_PER_IMAGE * DETECTOR_IMAGES_PER_GPU
-        rest = rest_operations * LAUNCH_SECONDS + flops / (CONV_EFFICIENCY * gpu.conv_flops)
-        gn = sum(norm_layer_seconds(gpu, GN, shape, cached) for shape in detector)
+        rest = Cost(rest_operations * LAUNCH_SECONDS, flops / (CONV_EFFICIENCY * gpu.conv_flops))
+        gn = (rest + norm_layer_cost(gpu, GN, detector, cached)).seconds
         predictions[f"Faster R-CNN R-50-FPN, {gpu.name}, GW / GN everywhere"] = {
-            name: (rest + sum(norm_layer_seconds(gpu, name, shape, cached) for shape in detector)) / (rest + gn)
-            for name in STEP_IMPLEMENTATIONS
+            name: (rest + norm_layer_cost(gpu, name, detector, cached)).seconds / gn for name in STEP_IMPLEMENTATIONS
         }
     return predictions
 
@@ -261,9 +376,14 @@ def cost_tables(results: dict) -> str:
 
     lines = [
         "#### GPU cost model: predicted forward + backward per layer", "",
-        f"launches x {LAUNCH_SECONDS * 1e6:.0f} us + FLOPs / peak + bytes / bandwidth "
-        "(gwdet_lab/benchmark/gpu_cost.py, constants and sources there), from the counts above. ms; in "
-        "parentheses GW / conv and the share of launches in GW's time.", "",
+        f"max(host, device): host = launches x {LAUNCH_SECONDS * 1e6:.0f} us; device = launches x "
+        f"{KERNEL_SECONDS * 1e6:.0f} us + bytes / ({MEMORY_EFFICIENCY:.0%} of the bandwidth) + each product's "
+        f"FLOPs / (rate x efficiency x occupancy), occupancy = output tiles / multiprocessors (cuBLAS "
+        f"{GEMM_EFFICIENCY:.0%} of FP32, Triton tf32x3 {MMA_EFFICIENCY:.0%} of TF32 / 3, Triton ieee "
+        f"{FMA_DOT_EFFICIENCY:.0%} of FP32, convolutions {CONV_EFFICIENCY:.0%} of cuDNN's default rate; "
+        "gwdet_lab/benchmark/gpu_cost.py, constants and sources there), from the counts above. ms; in "
+        "parentheses GW / conv and whether the host's launches or the device's work bound GW's time; the last "
+        "column: the GPU plan the model predicts faster.", "",
     ]
     for gpu in GPUS:
         lines += [f"{gpu.name}:", "", layer_table(results, gpu).markdown(), ""]

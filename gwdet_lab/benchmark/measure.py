@@ -18,6 +18,8 @@ from typing import Callable, Dict, List, Mapping
 import torch
 from torch import nn
 
+from gwdet.errors import GwdetValueError
+
 CLOCKS: Dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
@@ -30,7 +32,7 @@ def synchronize(device: torch.device) -> None:
 def clock_for(device: torch.device, clock: str) -> Callable[[], float]:
     """The timer for ``clock`` (a key of :data:`CLOCKS`); CUDA always uses wall time."""
     if clock not in CLOCKS:
-        raise ValueError(f"clock must be one of {', '.join(sorted(CLOCKS))}, got {clock!r}")
+        raise GwdetValueError(f"clock must be one of {', '.join(sorted(CLOCKS))}, got {clock!r}")
     return CLOCKS["wall" if device.type == "cuda" else clock]
 
 

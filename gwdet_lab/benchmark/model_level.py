@@ -2,7 +2,7 @@
 
 A step is forward, losses, backward and an SGD step on 2 synthetic images of ``--image-size``
 squared pixels with 3 random boxes each, of a model built from the repository's configs with
-:func:`gwdet.engine.trainer.build_config` and detectron2's ``build_model`` (no weights loaded), with
+:func:`gwdet.model_zoo.build_config` and detectron2's ``build_model`` (no weights loaded), with
 ``--model-opts`` applied (default :data:`DEFAULT_MODEL_OPTS`). The random seed is reset before
 every step and the SGD step uses learning rate 0, so every repeat does the same work on the same
 proposals. On CPU one more profiled step gives the share of a step spent in GW layers.
@@ -53,7 +53,7 @@ CLASSES = 80
 def detector_config(config: str, device: torch.device, opts: List[str]) -> CfgNode:
     """The config ``config`` (relative to the repository) for ``device``, no weights, ``opts`` applied."""
     import gwdet  # noqa: F401  (registers gwdet's norms and backbones)
-    from gwdet.engine.trainer import build_config
+    from gwdet.model_zoo import build_config
 
     return build_config(str(REPO / config), ["MODEL.DEVICE", str(device), "MODEL.WEIGHTS", "", *opts])
 

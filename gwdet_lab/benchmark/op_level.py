@@ -5,7 +5,8 @@ each execution plan (:mod:`gwdet.layers.plans`), counted on any device by
 Counted at the layer level's shapes plus the box head with 2048 proposals (the same operations as
 at 512 for the ``accelerator`` and ``triton`` plans). The ``triton`` plan runs its kernels in
 Triton's interpreter on a CPU (``tools/benchmark.py --op-counts`` sets ``TRITON_INTERPRET=1``
-before Triton is imported); a kernel launch counts as one operation. The GPU cost model of
+before Triton is imported), at :data:`INTERPRETED_SAMPLES` samples at most (:func:`run_shape`); a
+kernel launch counts as one operation. The GPU cost model of
 :mod:`~gwdet_lab.benchmark.gpu_cost` turns these counts into predicted times.
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ Shape = Tuple[int, ...]
 OpCase = Tuple[str, Callable[[int, int], nn.Module], Optional[str]]
 
 BOX_HEAD_2048: Shape = (2048, 256, 7, 7)
+INTERPRETED_SAMPLES = 16
 GW_AUTOGRAD_CASE = "GW autograd"
 
 
@@ -58,14 +60,29 @@ def op_cases() -> List[OpCase]:
 MEMORY_CASES = (GN, "GW cpu", "GW accelerator", "GW triton")
 
 
+def run_shape(plan: Optional[str], shape: Shape, device: torch.device) -> Shape:
+    """The shape a case runs at: ``shape``, except for the ``triton`` plan off CUDA (its kernels in
+    Triton's interpreter, about 0.1 to 0.3 s of CPU per 64 x 64 matrix and direction), which runs
+    :data:`INTERPRETED_SAMPLES` samples at most; its launches do not depend on the sample count
+    (tests/test_triton_kernels.py), its bytes and memory are scaled to ``shape`` (:func:`count_case`,
+    :func:`run_op_counts`)."""
+    if plan == "triton" and device.type != "cuda":
+        return (min(shape[0], INTERPRETED_SAMPLES), *shape[1:])
+    return tuple(shape)
+
+
 def count_case(case: OpCase, shape: Shape, device: torch.device) -> OperationCount:
     """One forward + backward of ``case`` at ``shape`` on ``device``, counted (after one uncounted
-    call, which also compiles Triton kernels), under the case's plan."""
+    call, which also compiles Triton kernels), under the case's plan (at :func:`run_shape`, the
+    bytes scaled to ``shape``)."""
     name, factory, plan = case
+    ran = run_shape(plan, shape, device)
     with forced_plan(plan):
-        call = _training_call(name, factory, shape, device)
+        call = _training_call(name, factory, ran, device)
         call()
-        return count_operations(call)
+        counted = count_operations(call)
+    counted.bytes_moved = counted.bytes_moved * shape[0] // ran[0]
+    return counted
 
 
 def _training_call(name: str, factory, shape: Shape, device: torch.device) -> Callable[[], None]:
@@ -117,8 +134,9 @@ def run_op_counts(args: argparse.Namespace, device: torch.device) -> dict:
             progress.step(f"ops {case[0]} {shape}", f"{counted.total} ({counted.host_syncs} syncs)")
         for name in MEMORY_CASES:
             case = by_name[name]
+            ran = run_shape(case[2], shape, device)
             with forced_plan(case[2]):
-                nbytes = peak_memory(_training_call(name, case[1], shape, device), device)
+                nbytes = peak_memory(_training_call(name, case[1], ran, device), device) * shape[0] // ran[0]
             results["memory"][(shape, name)] = nbytes
             progress.step(f"memory {name} {shape}", f"{nbytes / 2**20:.1f} MiB")
     results["fallback"] = fallback_reason()
@@ -173,7 +191,9 @@ def op_count_tables(results: dict) -> str:
         op_count_table(results).markdown(), "",
         *([f"The Triton kernels fell back to the accelerator plan: {fallback}.", ""] if fallback else []),
         "#### Peak memory of forward + backward, by plan", "",
-        f"Peak MiB allocated above the input, output gradient and parameters; in parentheses the ratio to {GN}.", "",
+        f"Peak MiB allocated above the input, output gradient and parameters; in parentheses the ratio to {GN}. "
+        f"Off CUDA the triton plan runs at most {INTERPRETED_SAMPLES} samples (its kernels in Triton's interpreter), "
+        "its bytes and peak scaled to the shape's sample count.", "",
         memory_table(results).markdown(), "",
         cost_tables(results),
     ]

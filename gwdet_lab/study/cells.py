@@ -25,6 +25,8 @@ from typing import Iterable, Sequence
 
 from detectron2.config import CfgNode
 
+from gwdet.errors import GwdetValueError
+
 PAPER_GROUPS = ("bn", "bn_gw_s1b2", "gn", "gw")
 HEADS_GROUPS = ("bn_gw_s1b2", "bn_gw_s1b2_gn_heads", "bn_gw_s1b2_gw_heads", "gn")
 GROUP_LABELS = {"bn": "BN", "bn_gw_s1b2": "BN+GW S1-B2", "gn": "GN", "gw": "GW",
@@ -68,12 +70,12 @@ class Cell:
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
-            raise ValueError(
+            raise GwdetValueError(
                 f"Run name {self.name!r} must start with a letter or digit and hold only letters, "
                 "digits and _ . + - (it names a folder)."
             )
         if len(self.opts) % 2:
-            raise ValueError(f"Run {self.name!r}: overrides must be KEY VALUE pairs, got {list(self.opts)}")
+            raise GwdetValueError(f"Run {self.name!r}: overrides must be KEY VALUE pairs, got {list(self.opts)}")
 
     @property
     def label(self) -> str:
@@ -97,9 +99,9 @@ def paper_specs(dataset: str, repo_root: Path, study: str = "paper") -> list[Run
     """The configurations of the named ``study`` on ``dataset`` ("shapes": configs/Study, "coco":
     configs/Scratch, which has the paper's four only)."""
     if dataset not in CONFIG_PATTERNS:
-        raise ValueError(f"Unknown dataset {dataset!r}; choose one of {', '.join(CONFIG_PATTERNS)}.")
+        raise GwdetValueError(f"Unknown dataset {dataset!r}; choose one of {', '.join(CONFIG_PATTERNS)}.")
     if study == "heads" and dataset != "shapes":
-        raise ValueError("--study heads has configs for --dataset shapes only (configs/Study/*_heads.yaml).")
+        raise GwdetValueError("--study heads has configs for --dataset shapes only (configs/Study/*_heads.yaml).")
     pattern = CONFIG_PATTERNS[dataset]
     return [RunSpec(group, str(repo_root / pattern.format(group=group))) for group in STUDY_GROUPS[study]]
 
@@ -114,12 +116,12 @@ def batch_scaling_opts(cfg: CfgNode, batch_size: int) -> tuple[str, ...]:
     if batch_size == base:
         return ()
     if batch_size < 1:
-        raise ValueError(f"Batch size must be at least 1, got {batch_size}.")
+        raise GwdetValueError(f"Batch size must be at least 1, got {batch_size}.")
 
     def scaled(key: str, iterations: int) -> int:
         images = iterations * base
         if images % batch_size:
-            raise ValueError(
+            raise GwdetValueError(
                 f"{key} = {iterations} iterations of {base} images is not a whole number of "
                 f"iterations of {batch_size} images; pick a schedule divisible by both."
             )
@@ -176,7 +178,7 @@ def study_cells(
                 cells += [Cell(f"{spec.name}-s{seed}", spec.name, spec.config_file,
                                (*spec.opts, *seed_opts(seed)), seed, batch) for seed in seeds]
     else:
-        raise ValueError(f"Unknown study {study!r}; choose one of {', '.join(STUDIES)}.")
+        raise GwdetValueError(f"Unknown study {study!r}; choose one of {', '.join(STUDIES)}.")
     check_unique_names(cells)
     return cells
 
@@ -195,9 +197,9 @@ def parse_extra(tokens: Sequence[str]) -> RunSpec:
     ``bgn=configs/Study/bn.yaml MODEL.RESNETS.NORM BGN``.
     """
     if not tokens or "=" not in tokens[0]:
-        raise ValueError(f"--extra takes NAME=CONFIG [KEY VALUE ...], got {list(tokens)}")
+        raise GwdetValueError(f"--extra takes NAME=CONFIG [KEY VALUE ...], got {list(tokens)}")
     if len(tokens[1:]) % 2:
-        raise ValueError(f"--extra {tokens[0]}: overrides must be KEY VALUE pairs, got {list(tokens[1:])}")
+        raise GwdetValueError(f"--extra {tokens[0]}: overrides must be KEY VALUE pairs, got {list(tokens[1:])}")
     spec = parse_config_item(tokens[0])
     return RunSpec(spec.name, spec.config_file, tuple(tokens[1:]))
 
@@ -207,5 +209,5 @@ def check_unique_names(items: Iterable[Cell | RunSpec]) -> None:
     seen: set[str] = set()
     for item in items:
         if item.name in seen:
-            raise ValueError(f"Two runs are named {item.name!r}; name them apart with NAME=CONFIG.")
+            raise GwdetValueError(f"Two runs are named {item.name!r}; name them apart with NAME=CONFIG.")
         seen.add(item.name)

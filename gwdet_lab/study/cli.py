@@ -26,12 +26,13 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from gwdet.errors import GwdetValueError
 from gwdet.cluster.executor import SubmissionRefused, check_launcher
 from gwdet.cluster.options import LauncherOptions, add_launcher_arguments, launcher_options
 from gwdet.cluster.slurm import ClusterUnavailable
 from gwdet.data import add_register_coco_argument, export_to_environment, prepare_datasets
-from gwdet.engine.cli_errors import add_verbose_argument, output_path_problem, reported_errors, split_verbose
-from gwdet.engine.trainer import build_config
+from gwdet.utils.cli_errors import add_verbose_argument, output_path_problem, run_tool
+from gwdet.model_zoo import build_config
 from gwdet.engine.threads import AUTO_LOAD, choose_threads, thread_request
 from gwdet_lab.study.cells import (
     CONFIG_PATTERNS,
@@ -159,9 +160,9 @@ def study_name(args: argparse.Namespace) -> str:
 def resolve_specs(args: argparse.Namespace, repo_root: Path) -> list[RunSpec]:
     """The configurations the arguments name (config paths made absolute)."""
     if args.study and args.configs:
-        raise ValueError("Pass either --study (a named study) or --configs (your own set), not both.")
+        raise GwdetValueError("Pass either --study (a named study) or --configs (your own set), not both.")
     if not args.study and not args.configs and not args.extra:
-        raise ValueError("Name what to run: --study paper, --study batch-sweep, or --configs.")
+        raise GwdetValueError("Name what to run: --study paper, --study batch-sweep, or --configs.")
     specs = paper_specs(args.dataset, repo_root, args.study) if args.study else []
     specs += [parse_config_item(item) for item in args.configs or []]
     specs += [parse_extra(tokens) for tokens in args.extra]
@@ -176,15 +177,15 @@ def build_cells(args: argparse.Namespace, repo_root: Path) -> list[Cell]:
         try:
             base_configs.append(build_config(spec.config_file, [*args.opts, *spec.opts]))
         except (AssertionError, KeyError, ValueError) as error:
-            raise ValueError(f"Run {spec.name!r} ({spec.config_file}): {error}") from error
+            raise GwdetValueError(f"Run {spec.name!r} ({spec.config_file}): {error}") from error
     if args.batch_sizes and args.study != "batch-sweep":
-        raise ValueError("--batch-sizes belongs to --study batch-sweep.")
+        raise GwdetValueError("--batch-sizes belongs to --study batch-sweep.")
     cells = study_cells(study_name(args), specs, base_configs, args.seeds, args.batch_sizes)
     if args.only:
         unknown = set(args.only) - {c.name for c in cells}
         if unknown:
-            raise ValueError(f"--only: no cell named {', '.join(sorted(unknown))}; cells: "
-                             + ", ".join(c.name for c in cells))
+            raise GwdetValueError(f"--only: no cell named {', '.join(sorted(unknown))}; cells: "
+                                  + ", ".join(c.name for c in cells))
         cells = [c for c in cells if c.name in args.only]
     return cells
 
@@ -196,8 +197,8 @@ def cluster_options(args: argparse.Namespace) -> LauncherOptions | None:
     if not options.submits or args.list or args.report_only:
         return None
     if options.nodes != 1:
-        raise ValueError("--nodes: a study cell runs on one node (its --num-gpus processes); "
-                         "train a multi-node run with tools/train_net.py --launcher slurm --nodes N")
+        raise GwdetValueError("--nodes: a study cell runs on one node (its --num-gpus processes); "
+                              "train a multi-node run with tools/train_net.py --launcher slurm --nodes N")
     check_launcher(options)
     return options
 
@@ -205,10 +206,8 @@ def cluster_options(args: argparse.Namespace) -> LauncherOptions | None:
 def main(argv: Sequence[str] | None = None, repo_root: Path | None = None) -> int:
     """Run the study the command line describes; return the exit status. An error gwdet raises on
     purpose ends it with ``compare_norms.py: error: <message>`` and status 2; ``--verbose`` shows
-    tracebacks (:mod:`gwdet.engine.cli_errors`)."""
-    argv, verbose = split_verbose(sys.argv[1:] if argv is None else argv)
-    with reported_errors(PROG, verbose):
-        return _run_study(argv, repo_root or Path(__file__).resolve().parents[2])
+    tracebacks (:mod:`gwdet.utils.cli_errors`)."""
+    return run_tool(lambda command: _run_study(command, repo_root or Path(__file__).resolve().parents[2]), argv, PROG)
 
 
 def _run_study(argv: list[str], repo_root: Path) -> int:

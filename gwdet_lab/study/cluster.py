@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+from gwdet.errors import GwdetRuntimeError
 from gwdet.cluster.executor import describe, make_executor, submit
 from gwdet.cluster.jobs import NodePlacement, RequeueableJob
 from gwdet.cluster.options import LauncherOptions
@@ -77,12 +78,12 @@ class CellJob(RequeueableJob):
             if status not in (EXIT_BUSY, EXIT_MISMATCH):
                 record_usage(RunFolder(Path(self.folder)), time.monotonic() - started)
         if status == EXIT_MISMATCH:
-            raise RuntimeError(f"cell {name}: its config changed after the study was submitted (above); "
-                               "nothing was trained. Restore the config, or plan the study again.")
+            raise GwdetRuntimeError(f"cell {name}: its config changed after the study was submitted (above); "
+                                    "nothing was trained. Restore the config, or plan the study again.")
         if status == EXIT_BUSY:
-            raise RuntimeError(f"cell {name}: another process works in {self.folder}; this job left it alone.")
+            raise GwdetRuntimeError(f"cell {name}: another process works in {self.folder}; this job left it alone.")
         if status != 0:
-            raise RuntimeError(f"cell {name}: the worker ended with exit status {status} (above)")
+            raise GwdetRuntimeError(f"cell {name}: the worker ended with exit status {status} (above)")
         try:
             report = report_if_complete(list(self.study_argv), Path(self.repo_root))
         except Exception as error:  # the cell is done either way: the report can be written later

@@ -30,7 +30,8 @@ import numpy as np
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from gwdet.engine.atomic import write_text_atomically
+from gwdet.errors import GwdetFileNotFoundError
+from gwdet.utils.atomic import write_text_atomically
 
 RESAMPLES = 1000
 BOOTSTRAP_SEED = 0
@@ -93,7 +94,7 @@ def resampled_box_ap(inference_dir: Path, dataset: str, annotation_file: str | C
     elif packed.is_file():
         raw = gzip.decompress(packed.read_bytes())
     else:
-        raise FileNotFoundError(f"{detections}: no detections to resample; evaluate the cell on {dataset} first")
+        raise GwdetFileNotFoundError(f"{detections}: no detections to resample; evaluate the cell on {dataset} first")
     digest = hashlib.sha256(raw).hexdigest()
     key = {"dataset": dataset, "resamples": resamples, "seed": seed, "detections_sha256": digest}
     if cache.is_file():

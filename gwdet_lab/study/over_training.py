@@ -32,6 +32,7 @@ from typing import Sequence
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from matplotlib.figure import Figure
 
+from gwdet.errors import GwdetValueError
 from gwdet.checkpoint.resilient import ResilientCheckpointer
 from gwdet.data import prepare_datasets
 from gwdet.engine.tables import Column, Table
@@ -66,7 +67,7 @@ def training_subset(train_dataset: str, size: int) -> str:
         def first_images() -> list[dict]:
             records = DatasetCatalog.get(train_dataset)
             if len(records) < size:
-                raise ValueError(f"--subset {size}: {train_dataset} has only {len(records)} images")
+                raise GwdetValueError(f"--subset {size}: {train_dataset} has only {len(records)} images")
             return records[:size]
 
         DatasetCatalog.register(name, first_images)
@@ -186,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cells = [(p, p.folder.read_json(OVER_TRAINING_JSON)) for p in recorded_cells(Path(args.records), args.cells)]
         missing = [p.cell.name for p, done in cells if "val_box_ap" not in done]
         if missing:
-            raise ValueError(f"--records {args.records}: no {OVER_TRAINING_JSON} for {', '.join(missing)}")
+            raise GwdetValueError(f"--records {args.records}: no {OVER_TRAINING_JSON} for {', '.join(missing)}")
     else:
         planned = recorded_cells(Path(args.runs), args.cells)
         cells = [(p, measure(p, args.subset)) for p in planned]

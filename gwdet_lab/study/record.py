@@ -14,6 +14,9 @@ trains, resolve the cell again and compare the full dumps key by key:
 Datasets given with ``--register-coco`` are recorded by their files: the JSON's and the image
 folder's paths and the JSON's SHA-256 (:func:`dataset_files`). A later invocation whose dataset
 of the same name points at other files, or whose JSON changed, is a mismatch like a config key.
+The record also names, for the reader, the package versions and every dataset's annotation file
+with its SHA-256 (``environment``: :func:`gwdet.engine.run_environment.run_environment`, as each
+run's ``results.json`` does); those are not compared.
 
 A folder with training output but no record (made by an older version of the tool, or by hand)
 cannot be checked and counts as a mismatch. Keys ignored by the comparison: ``OUTPUT_DIR`` (it is
@@ -23,8 +26,6 @@ by every generator parameter, see :mod:`gwdet.data.shapes`).
 from __future__ import annotations
 
 import datetime
-import functools
-import os
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,9 +34,12 @@ from typing import Sequence
 import yaml
 from detectron2.config import CfgNode
 
+from gwdet.errors import GwdetError, GwdetValueError
+from gwdet.data import prepare_datasets
 from gwdet.data.coco_registration import environment_datasets
-from gwdet.engine.atomic import file_sha256
-from gwdet.engine.trainer import build_config
+from gwdet.data.datasets import config_dataset_names
+from gwdet.engine.run_environment import cached_sha256, run_environment
+from gwdet.model_zoo import build_config
 from gwdet.engine.output_dir import ABSENT, differing_values
 from gwdet_lab.study.cells import Cell
 from gwdet_lab.study.run_folder import RECORD_JSON, RunFolder
@@ -46,7 +50,7 @@ MAX_FOLDER_VERSIONS = 99
 SNAPSHOT_FILE = "SNAPSHOT.txt"
 
 
-class ConfigMismatch(ValueError):
+class ConfigMismatch(GwdetError, ValueError):
     """A cell's requested config differs from what its folder recorded."""
 
 
@@ -103,19 +107,13 @@ def resolve(cell: Cell, folder: RunFolder, common_opts: Sequence[str] = ()) -> t
     try:
         cfg = build_config(cell.config_file, list(opts))
     except (AssertionError, KeyError, ValueError) as error:  # yacs asserts on unknown keys
-        raise ValueError(f"Run {cell.name!r} ({cell.config_file}): {error}") from error
+        raise GwdetValueError(f"Run {cell.name!r} ({cell.config_file}): {error}") from error
     return opts, cfg
 
 
 def read_record(folder: RunFolder) -> dict | None:
     record = folder.read_json(RECORD_JSON)
     return record or None
-
-
-@functools.lru_cache(maxsize=None)
-def _json_sha256(path: str, size: int, modified_ns: int) -> str:
-    """SHA-256 of a dataset JSON, hashed once per process for each size and modification time."""
-    return file_sha256(path)
 
 
 def dataset_files(cfg: CfgNode) -> dict[str, dict[str, str]]:
@@ -126,9 +124,8 @@ def dataset_files(cfg: CfgNode) -> dict[str, dict[str, str]]:
     for name in dict.fromkeys((*cfg.DATASETS.TRAIN, *cfg.DATASETS.TEST)):
         dataset = given.get(name)
         if dataset is not None:
-            status = os.stat(dataset.json_file)
             files[name] = {"json_file": dataset.json_file, "image_root": dataset.image_root,
-                           "json_sha256": _json_sha256(dataset.json_file, status.st_size, status.st_mtime_ns)}
+                           "json_sha256": cached_sha256(dataset.json_file)}
     return files
 
 
@@ -164,7 +161,10 @@ def mismatch(folder: RunFolder, cfg: CfgNode) -> list[str]:
 
 def write_record(planned: PlannedCell, common_opts: Sequence[str]) -> None:
     """``study_cell.json``: the cell, where its config came from, the full resolved config, and
-    the code it was planned with (for the reader; only ``config`` is compared)."""
+    the code and environment it was planned with (package versions, the annotation files of its
+    datasets with their SHA-256: :func:`gwdet.engine.run_environment.run_environment`; for the
+    reader: only ``config`` and ``datasets`` are compared), once its datasets are registered
+    (:func:`gwdet.data.prepare_datasets`)."""
     planned.folder.write_json(RECORD_JSON, {
         "cell": asdict(planned.cell),
         "common_opts": list(common_opts),
@@ -173,6 +173,7 @@ def write_record(planned: PlannedCell, common_opts: Sequence[str]) -> None:
         "datasets": dataset_files(planned.cfg),
         "recorded": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "code": code_version(),
+        "environment": run_environment(config_dataset_names(planned.cfg)),
     })
 
 
@@ -208,7 +209,7 @@ def plan(cells: Sequence[Cell], runs_dir: Path, common_opts: Sequence[str] = (),
     """Resolve every cell, pick its folder under ``runs_dir`` and check it against the record.
 
     Nothing is written until every cell has passed, so a refused study leaves no trace; then
-    every cell without a record gets one (so later cells of a long study keep the config the
+    the datasets of the cells without a record are prepared and each of them gets one (so later cells of a long study keep the config the
     study started with; ``record=False`` only checks). ``ConfigMismatch`` lists every refused
     cell with the keys that differ.
     """
@@ -229,9 +230,11 @@ def plan(cells: Sequence[Cell], runs_dir: Path, common_opts: Sequence[str] = (),
         planned.append(PlannedCell(cell, opts, cfg, folder))
     if problems:
         raise ConfigMismatch(mismatch_message(problems))
-    for item in planned if record else ():
-        if read_record(item.folder) is None:
-            write_record(item, common_opts)
+    unrecorded = [item for item in planned if record and read_record(item.folder) is None]
+    for item in unrecorded:  # the datasets every record names, generated and registered before any is written
+        prepare_datasets(item.cfg)
+    for item in unrecorded:
+        write_record(item, common_opts)
     return planned
 
 

@@ -18,7 +18,8 @@ from typing import Sequence
 import yaml
 from detectron2.config import CfgNode
 
-from gwdet.engine.atomic import checksum_path
+from gwdet.errors import GwdetError, GwdetFileNotFoundError, GwdetValueError
+from gwdet.utils.atomic import checksum_path
 from gwdet.engine.trainer import RESULTS_JSON
 from gwdet_lab.study.cells import PAPER_GROUPS, Cell
 from gwdet_lab.study.evaluation import report_dataset
@@ -45,7 +46,7 @@ RECORD_FILES = (RECORD_JSON, CONFIG_YAML, RESULTS_JSON, RESULTS_MD, METRICS_JSON
                 DIVERGED_JSON, OVER_TRAINING_JSON)
 
 
-class RecordsIncomplete(ValueError):
+class RecordsIncomplete(GwdetError, ValueError):
     """A records folder names a cell that did not finish every evaluation the report needs."""
 
 
@@ -80,8 +81,8 @@ def recorded_cells(records_dir: Path, only: Sequence[str] | None = None) -> list
     """The cells recorded in ``records_dir`` (sub-folders holding ``study_cell.json``), optionally
     only those named in ``only``, as finished cells with the config of their record."""
     if not records_dir.is_dir():
-        raise FileNotFoundError(f"--records {records_dir}: no such folder (a study's records are kept in "
-                                "docs/study/records/<study>/)")
+        raise GwdetFileNotFoundError(f"--records {records_dir}: no such folder (a study's records are kept in "
+                                     "docs/study/records/<study>/)")
     found = {}
     for folder in sorted(p for p in records_dir.iterdir() if (p / RECORD_JSON).is_file()):
         record = read_record(RunFolder(folder))
@@ -92,12 +93,12 @@ def recorded_cells(records_dir: Path, only: Sequence[str] | None = None) -> list
         cfg = CfgNode(yaml.safe_load(record["config"]) or {})
         found[cell.name] = PlannedCell(cell, tuple(record["opts"]), cfg, RunFolder(folder))
     if not found:
-        raise FileNotFoundError(f"--records {records_dir}: no cell records in it (folders with {RECORD_JSON})")
+        raise GwdetFileNotFoundError(f"--records {records_dir}: no cell records in it (folders with {RECORD_JSON})")
     if only:
         unknown = sorted(set(only) - set(found))
         if unknown:
-            raise ValueError(f"--only: no record of {', '.join(unknown)} in {records_dir}; recorded: "
-                             + ", ".join(found))
+            raise GwdetValueError(f"--only: no record of {', '.join(unknown)} in {records_dir}; recorded: "
+                                  + ", ".join(found))
         found = {name: found[name] for name in only}
     groups = list(dict.fromkeys([*PAPER_GROUPS, *(p.cell.group for p in found.values())]))
     return sorted(found.values(), key=lambda p: (p.cell.batch_size, p.cell.seed, groups.index(p.cell.group)))

@@ -4,10 +4,11 @@ Training (:mod:`gwdet.engine.trainer` and detectron2) writes ``metrics.json`` (o
 iteration, every 20 iterations: ``total_loss`` and the other losses as medians over the last 20
 iterations, ``time`` the median seconds per iteration over the same window), ``log.txt``,
 ``config.yaml``, checkpoints with ``last_checkpoint`` naming the newest, and, once evaluated,
-``results.json`` (COCO results per test dataset). The study adds:
+``results.json`` (COCO results per test dataset, and the run's package versions and dataset
+files under ``environment``). The study adds:
 
-* ``study_cell.json``: the cell and its full resolved config, written before anything trains
-  (:mod:`gwdet_lab.study.record`);
+* ``study_cell.json``: the cell, its full resolved config and the environment it was planned in,
+  written before anything trains (:mod:`gwdet_lab.study.record`);
 * ``example_weighing.json``, ``batch_statistics.json``: the extra evaluations of batch-norm models
   (:mod:`gwdet_lab.study.evaluation`);
 * ``study_timing.json``: seconds spent training and evaluating (written by the worker);
@@ -19,7 +20,7 @@ iterations, ``time`` the median seconds per iteration over the same window), ``l
 * ``stdout.txt``: the worker's console output; ``.lock``: held while a worker uses the folder.
 
 ``config.yaml``, ``results.json`` and every json record above have their SHA-256 recorded beside
-them (``<name>.sha256``, :mod:`gwdet.engine.atomic`): a record that no longer matches is damaged
+them (``<name>.sha256``, :mod:`gwdet.utils.atomic`): a record that no longer matches is damaged
 (:class:`DamagedFile`), and damaged ``results.json`` does not count as trained. ``metrics.json``
 is appended to line by line and has no checksum; its damaged lines are skipped.
 """
@@ -33,8 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Mapping
 
-from gwdet.engine.atomic import checksum_problem, write_text_with_checksum
+from gwdet.errors import GwdetError
+from gwdet.utils.atomic import checksum_problem, write_text_with_checksum
 from gwdet.engine.output_dir import metrics_record
+from gwdet.engine.run_environment import ENVIRONMENT_KEY
 from gwdet.engine.trainer import RESULTS_JSON
 
 METRICS_JSON = "metrics.json"
@@ -57,11 +60,11 @@ LOCK_FILE = ".lock"
 _MAX_MEM = re.compile(r"max_mem: (\d+)M")
 
 
-class FolderBusy(RuntimeError):
+class FolderBusy(GwdetError, RuntimeError):
     """Another process holds the folder's lock."""
 
 
-class DamagedFile(ValueError):
+class DamagedFile(GwdetError, ValueError):
     """A record of the folder that cannot be read (the message names it and the fix)."""
 
 
@@ -113,8 +116,9 @@ class RunFolder:
         return [record for record in records if record is not None]
 
     def results(self) -> dict[str, dict[str, dict[str, float]]]:
-        """``{dataset: {task: {metric: value}}}`` from ``results.json`` (COCO AP in %)."""
-        return self.read_json(RESULTS_JSON)
+        """``{dataset: {task: {metric: value}}}`` from ``results.json`` (COCO AP in %), without the
+        run's ``environment`` record."""
+        return {name: value for name, value in self.read_json(RESULTS_JSON).items() if name != ENVIRONMENT_KEY}
 
     def read_json(self, name: str) -> dict:
         """A json object file of the folder, ``{}`` when it is not there; :class:`DamagedFile` when

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from detectron2.data import MetadataCatalog
 
+from gwdet.errors import GwdetValueError
 from gwdet.data import prepare_datasets
 from gwdet.engine.trainer import RESULTS_JSON
 from gwdet_lab.study.cells import Cell
@@ -80,7 +81,7 @@ def summarize(planned: PlannedCell) -> CellResult:
     if set(results) == {""} and len(cfg.DATASETS.TEST) == 1:
         results = {report: results[""]}  # written before results.json named a lone test dataset
     if report not in results and not folder.diverged():
-        raise ValueError(
+        raise GwdetValueError(
             f"{folder.file(RESULTS_JSON)} has no results for the report dataset {report!r} (DATASETS.TEST[-1]); "
             f"it holds {sorted(results) or 'none'}. Check DATASETS.TEST of the configuration, or remove that file "
             "and run the same command again: the cell resumes from its last checkpoint and is evaluated again."
@@ -125,7 +126,7 @@ def resampled_test_ap(planned: PlannedCell, report: str) -> list[float]:
         prepare_datasets(planned.cfg)  # registers the shapes splits, so that their annotation file is known
         found = MetadataCatalog.get(report).get("json_file")
         if found is None:
-            raise ValueError(f"dataset {report!r} has no COCO annotation file (metadata json_file) to resample")
+            raise GwdetValueError(f"dataset {report!r} has no COCO annotation file (metadata json_file) to resample")
         return found
 
     folder = planned.folder

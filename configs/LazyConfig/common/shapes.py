@@ -21,7 +21,6 @@ from detectron2.data import (
 import detectron2.data.transforms as T
 from detectron2.evaluation import COCOEvaluator
 from detectron2.layers import ShapeSpec
-from detectron2.model_zoo import get_config
 from detectron2.modeling.backbone import BasicStem, BottleneckBlock, ResNet
 from detectron2.solver import WarmupParamScheduler
 from detectron2.modeling.roi_heads import FastRCNNConvFCHead, MaskRCNNConvUpsampleHead
@@ -30,6 +29,7 @@ from omegaconf import OmegaConf
 
 import gwdet
 from gwdet.data import ShapesSpec, shapes_dataset
+from gwdet.model_zoo import detectron2_lazy_config  # detectron2's common/ configs, without pkg_resources
 from gwdet.modeling import place_norm
 from gwdet.solver import get_default_optimizer_params
 
@@ -83,7 +83,7 @@ def shapes_rcnn(resnet_norm, fpn_norm, box_head_norm, mask_head_norm=None, gw_po
     """The R-CNN of configs/Demo/Base-Shapes.yaml: the narrow ResNet (:func:`narrow_resnet`) under
     a 64-channel FPN, a 4conv1fc box head, and with ``mask`` a 4-conv mask head; each part with its
     norm. Mask R-CNN with ``mask``, Faster R-CNN without."""
-    model = get_config("common/models/mask_rcnn_fpn.py").model
+    model = detectron2_lazy_config("common/models/mask_rcnn_fpn.py").model
     model.backbone.bottom_up = narrow_resnet(resnet_norm, gw_positions, gw_norm)
     model.backbone.in_features = ["res2", "res3", "res4", "res5"]
     model.backbone.out_channels = WIDTH
@@ -176,7 +176,7 @@ def shapes_dataloader(num_train, num_val, num_test, test_split, batch_size, num_
 def sgd(lr):
     """SOLVER's SGD (momentum 0.9, weight decay 1e-4), norms without weight decay
     (SOLVER.WEIGHT_DECAY_NORM 0), gwdet's layers counted as norms."""
-    optimizer = get_config("common/optim.py").SGD
+    optimizer = detectron2_lazy_config("common/optim.py").SGD
     optimizer.params._target_ = get_default_optimizer_params
     optimizer.params.weight_decay_norm = 0.0
     optimizer.lr = lr
@@ -207,7 +207,7 @@ def training(output_dir, max_iter, checkpoint_period, seed=0, vis_images=0):
     the end only (TEST.EVAL_PERIOD 0), every periodic checkpoint kept, seeded (SEED), and
     ``vis_images`` prediction drawings of the evaluated dataset written to ``output_dir/vis`` by
     gwdet's train tool (TEST.VIS_IMAGES; detectron2's tool ignores the key)."""
-    train = get_config("common/train.py").train
+    train = detectron2_lazy_config("common/train.py").train
     train.output_dir = output_dir
     train.init_checkpoint = ""
     train.max_iter = max_iter

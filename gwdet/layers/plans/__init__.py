@@ -4,9 +4,10 @@
   tensors.
 * ``accelerator`` (:mod:`.accelerator`): plain PyTorch operations over the whole batch, chunked
   only beyond an absolute memory budget; no host synchronisation, so few kernel launches and
-  capturable by CUDA graphs. The default on a GPU without Triton and on other devices.
+  capturable by CUDA graphs. The default on a GPU without Triton or TF32 and on other devices.
 * ``triton`` (:mod:`.triton_plan`): ``accelerator`` with the ``g x g`` Newton iterations of ItN
-  fused into one Triton kernel per direction; the default for CUDA tensors when Triton imports.
+  fused into one Triton kernel per direction; the default for CUDA tensors when Triton imports and
+  the GPU has TF32 tensor cores (:func:`default_gpu_plan`).
 
 The environment variable ``GWDET_GW_PLAN=cpu|accelerator|triton`` forces a plan on every device
 (so each plan can be tested and counted on a CPU); it is read at every call, not at import.
@@ -16,14 +17,17 @@ place that chooses.
 import functools
 import importlib
 import os
-from typing import Dict
+from typing import Dict, Tuple
 
 import torch
 
 from .accelerator import AcceleratorPlan
 from .base import ExecutionPlan
 from .cpu import CpuPlan
+from .gpu_support import check_cuda_device
 from .triton_plan import TritonPlan, fallback_reason
+
+from gwdet.errors import GwdetValueError
 
 PLAN_VARIABLE = "GWDET_GW_PLAN"
 PLANS: Dict[str, ExecutionPlan] = {plan.name: plan for plan in (CpuPlan(), AcceleratorPlan(), TritonPlan())}
@@ -38,27 +42,47 @@ def triton_version() -> str:
         return ""
 
 
+def default_gpu_plan(capability: Tuple[int, int], triton_imports: bool) -> str:
+    """The plan for CUDA tensors on a GPU of ``capability``: ``triton`` where Triton imports and
+    the GPU has TF32 tensor cores (8.0 and later), for its kernels' ``tf32x3`` products; else
+    ``accelerator``. That is the plan the cost model (gwdet_lab/benchmark/gpu_cost.py) predicts
+    faster at the benchmark shapes until a GPU measures it: on an H100 ``triton`` at all of them,
+    on a V100 (float32 FMA products in the kernels) ``accelerator`` at all but the few-columns
+    shape ``(1024, 1024)`` (docs/benchmarks.md)."""
+    return "triton" if triton_imports and capability >= (8, 0) else "accelerator"
+
+
 def plan_name(device: torch.device) -> str:
     """The plan that runs on ``device``: ``GWDET_GW_PLAN`` when set, else ``cpu`` for CPU
-    tensors, ``triton`` for CUDA tensors when Triton imports and ``accelerator`` otherwise.
-    Raises ``ValueError`` for an unknown name in ``GWDET_GW_PLAN``."""
+    tensors, :func:`default_gpu_plan` for CUDA tensors (a GPU of compute capability 8.0 assumed
+    where none is visible) and ``accelerator`` for other devices. Raises ``ValueError`` for an
+    unknown name in ``GWDET_GW_PLAN``."""
     forced = os.environ.get(PLAN_VARIABLE, "")
     if forced:
         if forced not in PLANS:
-            raise ValueError(
+            raise GwdetValueError(
                 f"{PLAN_VARIABLE}={forced!r} is not an execution plan; choose one of "
                 f"{', '.join(PLANS)} (or unset it to choose by device)"
             )
         return forced
     if device.type == "cpu":
         return "cpu"
-    if device.type == "cuda" and triton_version():
-        return "triton"
+    if device.type == "cuda":
+        return default_gpu_plan(_capability(device), bool(triton_version()))
     return "accelerator"
 
 
+def _capability(device: torch.device) -> Tuple[int, int]:
+    if not torch.cuda.is_available():
+        return (8, 0)
+    return torch.cuda.get_device_capability(device)
+
+
 def plan_for(device: torch.device) -> ExecutionPlan:
-    """The :class:`~.base.ExecutionPlan` of :func:`plan_name`."""
+    """The :class:`~.base.ExecutionPlan` of :func:`plan_name`; for a CUDA device, after checking
+    that the installed PyTorch has code for that GPU (:func:`~.gpu_support.check_cuda_device`)."""
+    if device.type == "cuda":
+        check_cuda_device(device)
     return PLANS[plan_name(device)]
 
 
@@ -70,8 +94,11 @@ def describe_plans() -> str:
     why = f"forced by {PLAN_VARIABLE}" if forced else f"by device; Triton {triton_version() or 'not importable'}"
     line = f"GW/BW execution plan: {cpu} for CPU tensors, {cuda} for CUDA tensors ({why})"
     if fallback_reason():
-        line += f"; Triton kernels failed in this process ({fallback_reason()}), running 'accelerator'"
+        line += f"; Triton kernels that cannot run, computed by 'accelerator' instead: {fallback_reason()}"
     return line
 
 
-__all__ = ["PLANS", "PLAN_VARIABLE", "ExecutionPlan", "describe_plans", "plan_for", "plan_name", "triton_version"]
+__all__ = [
+    "PLANS", "PLAN_VARIABLE", "ExecutionPlan", "default_gpu_plan", "describe_plans", "plan_for", "plan_name",
+    "triton_version",
+]

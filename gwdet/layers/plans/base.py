@@ -8,6 +8,7 @@ A plan never changes the mathematics (:mod:`gwdet.layers.group_whitening_functio
   may be skipped after looking at the data on the host (:meth:`forward_scales`,
   :meth:`backward_scales`);
 * how a per-channel affine parameter is laid out for broadcasting (:meth:`spread`);
+* whether the ``g x g`` products over the columns are split into slices (:meth:`product_chunks`);
 * what computes the ItN whitening matrix and its gradient (:meth:`itn_whitening`,
   :meth:`itn_whitening_vjp`: :mod:`gwdet.layers.whitening_matrix` here, Triton kernels in
   :mod:`.triton_plan`).
@@ -40,6 +41,12 @@ class ExecutionPlan:
         ``itemsize`` bytes each; ``relative_budget`` is the values the formulas may hold at once
         by the layer's memory target (a fraction of the activation)."""
         raise NotImplementedError
+
+    def product_chunks(self, samples: int, rows: int, columns: int, device: torch.device) -> int:
+        """Slices of the inner dimension for the products ``A_b B_b^T`` of ``samples`` matrices of
+        ``rows x columns`` on ``device``: 1, one batched product (see
+        :meth:`~.accelerator.AcceleratorPlan.product_chunks` for the split)."""
+        return 1
 
     def forward_scales(self, rows: Tensor, dtype: torch.dtype) -> Optional[Tensor]:
         """Factors ``1/s`` ``(N, 1, 1)`` in ``dtype`` for the samples ``rows`` ``(N, g, m)``, or

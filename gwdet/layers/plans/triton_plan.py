@@ -2,41 +2,114 @@
 and backward, fused into one Triton kernel launch each for all the matrices of a call
 (:mod:`.triton_kernels`); the products over the activation stay batched matrix products.
 
-The kernels take float32 matrices of up to :data:`~.triton_kernels.MAX_BLOCK` rows (any size up
+The kernels take float32 matrices of up to :data:`MAX_BLOCK` rows (any size up
 to that, padded). Other matrices (float64 statistics, larger groups) and ZCA run the
-``accelerator`` plan's PyTorch operations. A kernel that fails (Triton missing, no compiler for
-this GPU, a CPU tensor without ``TRITON_INTERPRET=1``, out of resources, ...) makes this process
-fall back to the ``accelerator`` plan: once, with a warning naming the error; the call that failed
-is computed again that way, so results never change, only speed.
+``accelerator`` plan's PyTorch operations. A launch runs :func:`programs` persistent programs with
+their scratch tiles, ``"tf32x3"`` or ``"ieee"`` products (:func:`input_precision`) and panels of
+:func:`panel_rows` rows (:mod:`.triton_kernels` explains all three).
+
+Failures. Only a kernel that cannot be built or loaded for a device falls back to the
+``accelerator`` formulas (:func:`falls_back` decides, from the exception): Triton missing or
+broken, a compile error, too few resources on the GPU, no kernel image or PTX the driver
+accepts, no C compiler for Triton's launcher, or kernels asked to run on tensors of a device
+Triton cannot launch on (a CPU tensor without ``TRITON_INTERPRET=1``). Such a failure is
+remembered per (kernel, tile, device), warned about once, and the call that failed is computed
+again by the ``accelerator`` formulas, so results never change, only speed; other kernels, tiles
+and devices keep running Triton. Every other error propagates: out of memory
+(``torch.OutOfMemoryError``), an illegal memory access (which leaves the CUDA context unusable,
+so nothing could be computed again), a wrong argument.
+
+Devices: Triton launches on the current CUDA device, so every launch runs under
+``torch.cuda.device`` of its tensors (a layer on ``cuda:1`` while ``cuda:0`` is current).
 
 Each launch is recorded as ``triton::<kernel name>`` (``torch.profiler.record_function``), which
 names it in a profile and lets :mod:`gwdet_lab.benchmark.op_counts` count it as one launch.
 """
+import contextlib
+import os
+import subprocess
 import warnings
-from typing import Optional, Tuple, Union
+from typing import ContextManager, Dict, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 from torch.profiler import record_function
 
-from .accelerator import AcceleratorPlan
+from .accelerator import AcceleratorPlan, multiprocessors
 
-_failure: Optional[str] = None  # the error that made this process give up on the kernels
+MAX_BLOCK = 64  # the largest matrices the kernels take
+# persistent programs of a launch (triton_kernels: they loop over the matrices, each with its own
+# scratch tiles): two per multiprocessor, so that one computes while the other waits at a barrier
+# (at up to 253 registers x 128 threads, two fit a multiprocessor's 64K registers)
+PROGRAMS_PER_MULTIPROCESSOR = 2
+INTERPRETED_PROGRAMS = 2
+# (kernel name, tile, device) -> the error that made the plan stop launching that kernel there
+_failures: Dict[Tuple[str, int, str], str] = {}
+# what the CUDA driver reports (cuGetErrorString, prefixed by Triton's launcher) when a kernel
+# cannot be loaded or launched on this GPU; any other CUDA error propagates
+CUDA_ERROR_PREFIX = "Triton Error [CUDA]: "
+UNLOADABLE = (
+    "no kernel image is available",  # CUDA_ERROR_NO_BINARY_FOR_GPU
+    "PTX",  # CUDA_ERROR_INVALID_PTX, _UNSUPPORTED_PTX_VERSION, _JIT_COMPILER_NOT_FOUND
+    "device kernel image is invalid",  # CUDA_ERROR_INVALID_IMAGE, _INVALID_SOURCE
+    "too many resources requested for launch",  # CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
+    "named symbol not found",  # CUDA_ERROR_NOT_FOUND (the kernel is not in the module)
+)
+# Triton's own messages when it cannot build the launcher of a kernel (triton/runtime/build.py)
+NO_COMPILER = ("Failed to find C compiler", "Failed to find C++ compiler")
+
+
+class KernelUnavailable(RuntimeError):
+    """Triton cannot launch on the tensors' device (a CPU tensor without Triton's interpreter)."""
 
 
 def fallback_reason() -> Optional[str]:
-    """Why this process runs the ``accelerator`` plan in place of ``triton`` (None: it does not)."""
-    return _failure
+    """Why this process runs the ``accelerator`` formulas in place of some Triton kernels: one
+    ``kernel (tile N) on device: error`` entry per failed (kernel, tile, device), or None."""
+    if not _failures:
+        return None
+    return "; ".join(f"{kernel} (tile {tile}) on {device}: {error}"
+                     for (kernel, tile, device), error in _failures.items())
 
 
-def _fall_back(error: BaseException) -> None:
-    global _failure
-    _failure = f"{type(error).__name__}: {error}"
+def falls_back(error: BaseException) -> bool:
+    """Whether ``error``, raised while compiling, loading or launching a Triton kernel, means that
+    kernel cannot run on this device (module docstring): True for Triton's compile, resource and
+    ``ptxas`` errors, an import error, a failed or missing C compiler, the CUDA driver refusing the
+    kernel image, and :class:`KernelUnavailable`; False for everything else, out of memory
+    included."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return False
+    if isinstance(error, (KernelUnavailable, ImportError, subprocess.CalledProcessError)):
+        return True
+    if _is_triton_build_error(error):
+        return True
+    if type(error) is RuntimeError:
+        message = str(error)
+        if message.startswith(CUDA_ERROR_PREFIX):
+            return any(reason in message[len(CUDA_ERROR_PREFIX):] for reason in UNLOADABLE)
+        return message.startswith(NO_COMPILER)
+    return False
+
+
+def _is_triton_build_error(error: BaseException) -> bool:
+    try:
+        from triton.compiler.errors import CompilationError
+        from triton.runtime.errors import OutOfResources, PTXASError
+    except ImportError:  # no Triton: none of its errors can have been raised
+        return False
+    return isinstance(error, (CompilationError, OutOfResources, PTXASError))
+
+
+def _remember(key: Tuple[str, int, str], error: BaseException) -> None:
+    kernel, tile, device = key
+    _failures[key] = f"{type(error).__name__}: {error}"
     warnings.warn(
-        f"gwdet: a Triton kernel of the 'triton' execution plan failed ({_failure}); this process "
-        "runs the 'accelerator' plan from now on (the same results, more kernel launches).",
+        f"gwdet: the Triton kernel {kernel} (tile {tile}) cannot run on {device} ({_failures[key]}); "
+        "the 'triton' plan computes its calls there by the 'accelerator' plan's operations from now on "
+        "(the same results, more kernel launches).",
         RuntimeWarning,
-        stacklevel=4,
+        stacklevel=2,
     )
 
 
@@ -49,64 +122,134 @@ def _offset_arguments(cov: Tensor, trace_offset: Union[float, Tensor]) -> Tuple[
     return cov, 0, 0.0, float(trace_offset)
 
 
+def on_device(tensor: Tensor) -> ContextManager:
+    """``torch.cuda.device(tensor.device)`` for a CUDA tensor (Triton launches on the current
+    device), a context that does nothing otherwise."""
+    if tensor.is_cuda:
+        return torch.cuda.device(tensor.device)
+    return contextlib.nullcontext()
+
+
+def _check_launchable(tensor: Tensor) -> None:
+    """Raise :class:`KernelUnavailable` unless Triton can launch on ``tensor``'s device."""
+    if not tensor.is_cuda and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        raise KernelUnavailable(
+            f"Triton kernels run on CUDA tensors, or on CPU tensors in Triton's interpreter "
+            f"(TRITON_INTERPRET=1 before Triton is imported); these are on {tensor.device}"
+        )
+
+
 class TritonPlan(AcceleratorPlan):
     """``accelerator`` with the ItN whitening matrix and its gradient by Triton kernels."""
 
     name = "triton"
 
-    def _runs_kernels(self, cov: Tensor) -> bool:
-        return _failure is None and cov.dtype == torch.float32 and cov.shape[-1] <= 64
-
     def itn_whitening(self, cov: Tensor, T: int, trace_offset: Union[float, Tensor]) -> Tensor:
-        if self._runs_kernels(cov):
+        key = _kernel_key("itn_whitening_kernel", cov)
+        if key is not None and key not in _failures:
             try:
                 return _launch_whitening(cov, T, trace_offset)
-            except Exception as error:  # any failure of Triton: fall back, results unchanged
-                _fall_back(error)
+            except Exception as error:
+                if not falls_back(error):
+                    raise
+                _remember(key, error)
         return super().itn_whitening(cov, T, trace_offset)
 
     def itn_whitening_vjp(
         self, cov: Tensor, grad: Tensor, T: int, trace_offset: Union[float, Tensor]
     ) -> Tuple[Tensor, Tensor]:
-        if self._runs_kernels(cov):
+        key = _kernel_key("itn_whitening_vjp_kernel", cov)
+        if key is not None and key not in _failures:
             try:
                 return _launch_whitening_vjp(cov, grad, T, trace_offset)
-            except Exception as error:  # any failure of Triton: fall back, results unchanged
-                _fall_back(error)
+            except Exception as error:
+                if not falls_back(error):
+                    raise
+                _remember(key, error)
         return super().itn_whitening_vjp(cov, grad, T, trace_offset)
 
 
-def _launch_whitening(cov: Tensor, T: int, trace_offset: Union[float, Tensor]) -> Tensor:
+def block_size(size: int) -> int:
+    """The tile a ``size x size`` matrix is padded to: the next power of two, at least 16
+    (``tl.dot``'s smallest size)."""
+    return max(16, 1 << (size - 1).bit_length())
+
+
+def _kernel_key(kernel: str, cov: Tensor) -> Optional[Tuple[str, int, str]]:
+    """``(kernel, tile, device)`` of a call the kernels take (float32 matrices of at most
+    :data:`MAX_BLOCK` rows, at least one), else None."""
+    size = cov.shape[-1]
+    if cov.dtype != torch.float32 or not 0 < size <= MAX_BLOCK or cov.shape[0] == 0:
+        return None
+    return kernel, block_size(size), str(cov.device)
+
+
+def input_precision(device: torch.device) -> str:
+    """The kernels' ``PRECISION``: ``"tf32x3"`` (tensor cores) on GPUs of compute capability 8.0
+    and later and in Triton's interpreter on a CPU (which runs it by NumPy in float32), ``"ieee"``
+    (float32 FMA) on older GPUs, which have no TF32."""
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
+        return "ieee"
+    return "tf32x3"
+
+
+def programs(device: torch.device, count: int) -> int:
+    """Persistent programs for ``count`` matrices: :data:`PROGRAMS_PER_MULTIPROCESSOR` per
+    multiprocessor of a GPU (:data:`INTERPRETED_PROGRAMS` in Triton's interpreter), at most one
+    per matrix."""
+    if device.type == "cuda":
+        return min(count, PROGRAMS_PER_MULTIPROCESSOR * multiprocessors(device))
+    return min(count, INTERPRETED_PROGRAMS)
+
+
+def panel_rows(device: torch.device, block: int) -> int:
+    """The kernels' ``PANEL``: :data:`~.triton_kernels.ROWS` rows at a time on a GPU (what keeps
+    a thread's registers bounded), the whole tile at once in Triton's interpreter, whose cost is
+    per operation rather than per element (the same arithmetic in a different order)."""
+    return 16 if device.type == "cuda" else block
+
+
+def _scratch(name: str, cov: Tensor, block: int, launched: int) -> Tensor:
     from . import triton_kernels
 
+    return torch.empty(launched, triton_kernels.SLOTS[name], block, block, dtype=torch.float32, device=cov.device)
+
+
+def _launch_whitening(cov: Tensor, T: int, trace_offset: Union[float, Tensor]) -> Tensor:
+    _check_launchable(cov)
+    from . import triton_kernels
+
+    name = "itn_whitening_kernel"
     cov = cov.contiguous()
     whitening = torch.empty_like(cov)
     count, size = cov.shape[0], cov.shape[-1]
-    if count:
-        block = triton_kernels.block_size(size)
-        offsets, stride, coefficient, value = _offset_arguments(cov, trace_offset)
-        with record_function("triton::itn_whitening_kernel"):
-            triton_kernels.itn_whitening_kernel[(count,)](
-                cov, offsets, whitening, size, T, stride, coefficient, value,
-                BLOCK=block, **triton_kernels.launch_options(block),
-            )
+    block, launched = block_size(size), programs(cov.device, count)
+    offsets, stride, coefficient, value = _offset_arguments(cov, trace_offset)
+    with record_function(f"triton::{name}"), on_device(cov):
+        triton_kernels.itn_whitening_kernel[(launched,)](
+            cov, offsets, whitening, _scratch(name, cov, block, launched), count, size, T, stride, coefficient,
+            value, PANEL=panel_rows(cov.device, block), BLOCK=block, PRECISION=input_precision(cov.device),
+            **triton_kernels.launch_options(block),
+        )
     return whitening
 
 
 def _launch_whitening_vjp(
     cov: Tensor, grad: Tensor, T: int, trace_offset: Union[float, Tensor]
 ) -> Tuple[Tensor, Tensor]:
+    _check_launchable(cov)
     from . import triton_kernels
 
+    name = "itn_whitening_vjp_kernel"
     cov, grad = cov.contiguous(), grad.to(cov.dtype).contiguous()
     whitening, grad_cov = torch.empty_like(cov), torch.empty_like(cov)
     count, size = cov.shape[0], cov.shape[-1]
-    if count:
-        block = triton_kernels.block_size(size)
-        offsets, stride, coefficient, value = _offset_arguments(cov, trace_offset)
-        with record_function("triton::itn_whitening_vjp_kernel"):
-            triton_kernels.itn_whitening_vjp_kernel[(count,)](
-                cov, grad, offsets, whitening, grad_cov, size, T, stride, coefficient, value,
-                BLOCK=block, **triton_kernels.launch_options(block),
-            )
+    block, launched = block_size(size), programs(cov.device, count)
+    offsets, stride, coefficient, value = _offset_arguments(cov, trace_offset)
+    with record_function(f"triton::{name}"), on_device(cov):
+        triton_kernels.itn_whitening_vjp_kernel[(launched,)](
+            cov, grad, offsets, whitening, grad_cov, _scratch(name, cov, block, launched), count, size, T, stride,
+            coefficient, value, PANEL=panel_rows(cov.device, block), BLOCK=block,
+            PRECISION=input_precision(cov.device), **triton_kernels.launch_options(block),
+        )
     return whitening, grad_cov

@@ -21,6 +21,7 @@ checksums inside (:mod:`gwdet.checkpoint.integrity`, whose error is a :class:`Da
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import re
@@ -28,6 +29,8 @@ import uuid
 from typing import IO, Any, Callable, Iterator, cast
 
 from detectron2.utils.file_io import PathManager
+
+from gwdet.errors import GwdetError
 
 
 class _RecordingFile:
@@ -51,7 +54,7 @@ class _RecordingFile:
         return getattr(self._file, name)
 
 
-class WriteError(OSError):
+class WriteError(GwdetError, OSError):
     """Writing ``path`` failed; the message names the path and the operating system's reason."""
 
 
@@ -78,10 +81,10 @@ def process_is_gone(pid: int) -> bool:
     return False
 
 
-def remove_stale_partials(folder: str) -> list[str]:
+def remove_stale_partials(folder: str, of: str | None = None) -> list[str]:
     """Remove the temporary files of :func:`write_atomically` in ``folder`` that a process which no
-    longer runs left behind (killed during a save); return their names. Files of running
-    processes are kept: they may still become a checkpoint."""
+    longer runs left behind (killed during a save); only those of the file named ``of`` when it is
+    given; return their names. Files of running processes are kept: they may still become a checkpoint."""
     removed: list[str] = []
     try:
         names = os.listdir(folder)
@@ -89,6 +92,8 @@ def remove_stale_partials(folder: str) -> list[str]:
         return removed
     for name in names:
         match = _PARTIAL.match(name)
+        if of is not None and not name.startswith(f".{of}."):
+            continue
         if match and process_is_gone(int(match.group(1))):
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(folder, name))
@@ -111,9 +116,39 @@ def path_written_atomically(path: str) -> Iterator[str]:
             os.unlink(temporary)
 
 
-def write_atomically(path: str, write: Callable[[IO[bytes]], object], path_manager=PathManager) -> None:
+class OutputExistsError(GwdetError, FileExistsError):
+    """:func:`write_atomically` with ``exclusive``: another process wrote ``path`` meanwhile."""
+
+
+def _finish(temporary: str, path: str, exclusive: bool) -> None:
+    """Give the complete file ``temporary`` its name ``path``: replacing what is there, or with
+    ``exclusive`` only if nothing is (a hard link, which fails when the name exists, then the
+    temporary name removed; :class:`OutputExistsError` otherwise)."""
+    if not exclusive:
+        os.replace(temporary, path)
+        return
+    taken = OutputExistsError(errno.EEXIST, f"{path} was written by another process while this one wrote it; "
+                              "that file is kept and this one's output discarded", path)
+    try:
+        os.link(temporary, path)
+    except FileExistsError:
+        raise taken from None
+    except OSError as error:  # a file system without hard links: the check and the rename are two steps there
+        if error.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+        if os.path.lexists(path):
+            raise taken from None
+        os.replace(temporary, path)
+        return
+    os.unlink(temporary)
+
+
+def write_atomically(path: str, write: Callable[[IO[bytes]], object], path_manager=PathManager,
+                     exclusive: bool = False) -> None:
     """Call ``write(file)`` on a binary file that becomes ``path`` only once ``write`` returned
-    (what it returns, such as the count ``file.write`` gives, is ignored)."""
+    (what it returns, such as the count ``file.write`` gives, is ignored). With ``exclusive``, a
+    ``path`` that exists by then is kept and :class:`OutputExistsError` raised instead (two
+    processes writing one new file: exactly one succeeds; local paths only)."""
     path = os.fspath(path)
     if "://" in path:
         with path_manager.open(path, "wb") as file:
@@ -132,8 +167,8 @@ def write_atomically(path: str, write: Callable[[IO[bytes]], object], path_manag
                 if not isinstance(cause, OSError):
                     raise
                 raise _cannot_write(path, cause) from error
-        os.replace(temporary, path)
-    except WriteError:
+        _finish(temporary, path, exclusive)
+    except (WriteError, OutputExistsError):
         raise
     except OSError as error:
         raise _cannot_write(path, error) from error
@@ -153,7 +188,7 @@ CHECKSUM_SUFFIX = ".sha256"
 _CHECKSUM_RECORD = re.compile(rb"([0-9a-f]{64}) [ *]")
 
 
-class DamagedFileError(ValueError):
+class DamagedFileError(GwdetError, ValueError):
     """A file no longer holds what gwdet wrote (or cannot be read as what it should be); the
     message names the file and the fix. ``path`` is the file."""
 

@@ -1,27 +1,64 @@
-"""The entries of a converted ``.pkl``: written by the converter, read back when the weights load.
+"""What weights written by gwdet's converter record, read back when the weights load.
 
 A converted file is detectron2's weights format plus gwdet's record of what the weights are::
 
     {"model": {name: float32 ndarray},      # detectron2's ResNet names
      "__author__": "gwdet convert_pretrained: resnet50.pth as R-50, GW at none",
      "matching_heuristics": True,           # detectron2 maps the names onto backbone.bottom_up.*
-     "gwdet": {"arch": "R-50",              # a gwdet.convert.ARCHITECTURES name
+     "gwdet": {"arch": "R-50",              # an ARCHITECTURES name
                "gw_positions": "S1-B2",     # MODEL.RESNETS.GW_POSITIONS spelling; "" is no GW
                "norm": "BN",                # the norm elsewhere: "BN", or "GN" for a GN-style file
                "source": "resnet50.pth",    # the converted file's name
                "input": {"format": "RGB",   # how the weights expect images: torchvision's way
                          "pixel_mean": [...], "pixel_std": [...], "stride_in_1x1": False}}}
 
-detectron2 logs ``__author__`` when it loads the file; gwdet's checkpointer reads the ``"gwdet"``
-entry back (:func:`read_conversion_metadata`) and refuses weights whose architecture, GW
-positions or input format (colour order, pixel mean and std, stride placement) misfit the model
-(:mod:`gwdet.checkpoint.compatibility`). Files written before the ``"input"`` entry existed are
-checked for the rest.
+The converter (:mod:`gwdet.convert`) writes it; detectron2 logs ``__author__`` when it loads the
+file; gwdet's checkpointer reads the ``"gwdet"`` entry back (:func:`read_conversion_metadata`) and
+refuses weights whose architecture, GW positions or input format (colour order, pixel mean and
+std, stride placement) misfit the model (:mod:`gwdet.checkpoint.compatibility`). Files written
+before the ``"input"`` entry existed are checked for the rest.
+
+:data:`ARCHITECTURES` are the bottleneck ResNets/ResNeXts of detectron2's ``MODEL.RESNETS`` that
+ImageNet checkpoints come in: the architectures a converted file can name.
 """
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+@dataclass(frozen=True)
+class Architecture:
+    """A bottleneck ResNet/ResNeXt as detectron2's ``MODEL.RESNETS`` describes it."""
+
+    name: str
+    depth: int
+    blocks_per_stage: tuple[int, int, int, int]
+    num_groups: int
+    width_per_group: int
+
+    def describe(self) -> str:
+        """``"R-50 (blocks per stage [3, 4, 6, 3], conv2 1 group x 64 channels)"``."""
+        shape = describe_shape(self.blocks_per_stage, self.num_groups, self.width_per_group)
+        return f"{self.name} ({shape})"
+
+
+ARCHITECTURES = {
+    arch.name: arch
+    for arch in (
+        Architecture("R-50", 50, (3, 4, 6, 3), 1, 64),
+        Architecture("R-101", 101, (3, 4, 23, 3), 1, 64),
+        Architecture("X-50-32x4d", 50, (3, 4, 6, 3), 32, 4),
+        Architecture("X-101-32x8d", 101, (3, 4, 23, 3), 32, 8),
+    )
+}
+
+
+def describe_shape(blocks: Iterable[int], num_groups: int, width_per_group: int) -> str:
+    """``"blocks per stage [3, 4, 6, 3], conv2 1 group x 64 channels"``."""
+    groups = f"{num_groups} group{'s' if num_groups != 1 else ''}"
+    return f"blocks per stage {list(blocks)}, conv2 {groups} x {width_per_group} channels"
+
 
 WEIGHTS_KEY = "model"
 AUTHOR_KEY = "__author__"

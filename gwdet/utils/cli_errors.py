@@ -2,28 +2,22 @@
 
 Every entry point (``gwdet-train`` / ``tools/train_net.py``, ``gwdet-convert``, ``gwdet-export``,
 ``tools/analyze_model.py`` and the lab's ``compare_norms.py``, ``analyze.py``, ``benchmark.py``)
-runs its work inside :func:`reported_errors`. An error that gwdet raised on purpose to tell the
-user what is wrong (a config key, a file, a flag, and the fix) is printed as one
-``<tool>: error: <message>`` paragraph on stderr, followed by one line saying that ``--verbose``
-shows the traceback, and the tool exits with status 2 (as argparse does for a bad flag).
-``--verbose`` anywhere on the command line prints the full traceback instead.
+runs its work through :func:`run_tool`. A :class:`gwdet.errors.GwdetError` (an error that gwdet
+raises on purpose to tell the user what is wrong: a config key, a file, a flag, and the fix) is
+printed as one ``<tool>: error: <message>`` paragraph on stderr, followed by one line saying that
+``--verbose`` shows the traceback, and the tool exits with status 2 (as argparse does for a bad
+flag). ``--verbose`` anywhere on the command line prints the full traceback instead.
 
-Which errors are "on purpose" (:func:`is_deliberate`): an ``Exception`` whose traceback ends at a
-``raise`` statement (the instruction that raised it is ``RAISE_VARARGS``) in a source file of the
-``gwdet`` or ``gwdet_lab`` package. Everything else keeps Python's traceback, because the
-traceback is then where the information is:
-
-* a bug in gwdet (``AttributeError``, ``NameError``, ``TypeError``, ...) ends at the expression
-  that failed, not at a ``raise`` (also when that expression is the argument of a ``raise``);
-* an error raised by detectron2, torch, fvcore, yacs or Python itself ends in their files;
-* an error re-raised unchanged by gwdet (a bare ``raise``, ``raise error``) keeps the traceback of
-  where it was first raised, so it counts where it came from;
-* ``SystemExit`` (argparse's usage errors, the tools' ``raise SystemExit("...")`` messages) and
-  ``KeyboardInterrupt`` pass through as before.
+Every other exception keeps Python's traceback, because the traceback is then where the
+information is: a bug in gwdet (``AttributeError``, ``TypeError``, a plain ``ValueError`` of a
+check that should not fail, ...), or an error raised by detectron2, torch, fvcore, yacs or Python
+itself. ``SystemExit`` (argparse's usage errors, the tools' ``raise SystemExit("...")`` messages)
+and ``KeyboardInterrupt`` pass through as before.
 
 A training process started by ``--num-gpus N`` on CPUs reports its error to the first process as
-:class:`gwdet.engine.launch.WorkerFailed`, raised on purpose: its message (which quotes the failed
-process's own traceback) is printed the same way, without the first process's traceback on top.
+:class:`gwdet.engine.launch.WorkerFailed`, a :class:`~gwdet.errors.GwdetError`: its message (which
+quotes the failed process's own traceback) is printed the same way, without the first process's
+traceback on top.
 
 :func:`output_path_problem` is the check of an output flag (``--out``) that tools run before any
 work: a path that is a file where a folder is needed, or the other way round, or below a file.
@@ -31,28 +25,23 @@ work: a path that is a file where a folder is needed, or the other way round, or
 from __future__ import annotations
 
 import contextlib
-import dis
 import os
 import sys
 from pathlib import Path
-from types import CodeType, TracebackType
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
+
+from gwdet.errors import GwdetError
 
 VERBOSE_FLAG = "--verbose"
 EXIT_STATUS = 2  # argparse's status for a usage error; the tools already return 2 for their refusals
 VERBOSE_HINT = f"{VERBOSE_FLAG} shows the Python traceback of this error"
 VERBOSE_HELP = ("print the Python traceback of an error; without it an error that gwdet reports on purpose "
                 "prints only its message (and the fix)")
-# The packages whose deliberate errors are reported without a traceback: gwdet, and the lab package
-# installed or checked out beside it (found by path; the plugin never imports the lab).
-_GWDET = Path(__file__).resolve().parents[1]
-PACKAGE_FOLDERS = (_GWDET, _GWDET.parent / "gwdet_lab")
-_RAISE_OPCODES = frozenset(dis.opmap[name] for name in ("RAISE_VARARGS",) if name in dis.opmap)
 
 
 def add_verbose_argument(parser) -> None:
     """Add ``--verbose`` to ``parser`` (an ``argparse`` parser or argument group), for ``--help``;
-    :func:`reported_errors` reads the flag from the command line itself, before the parser runs."""
+    :func:`run_tool` reads the flag from the command line itself, before the parser runs."""
     parser.add_argument(VERBOSE_FLAG, action="store_true", help=VERBOSE_HELP)
 
 
@@ -62,37 +51,6 @@ def split_verbose(argv: Sequence[str]) -> tuple[list[str], bool]:
     (which some tools collect with ``argparse.REMAINDER``)."""
     kept = [token for token in argv if token != VERBOSE_FLAG]
     return kept, len(kept) != len(argv)
-
-
-def _innermost(traceback: TracebackType) -> TracebackType:
-    while traceback.tb_next is not None:
-        traceback = traceback.tb_next
-    return traceback
-
-
-def _in_packages(filename: str) -> bool:
-    try:
-        path = Path(filename).resolve()
-    except (OSError, RuntimeError):
-        return False
-    return any(path.is_relative_to(folder) for folder in PACKAGE_FOLDERS)
-
-
-def _opcode_at(code: CodeType, offset: int) -> int | None:
-    for instruction in dis.get_instructions(code):
-        if instruction.offset == offset:
-            return instruction.opcode
-    return None
-
-
-def is_deliberate(error: BaseException) -> bool:
-    """Whether ``error`` is an ``Exception`` raised by a ``raise`` statement in gwdet or gwdet_lab
-    (see the module docstring)."""
-    if not isinstance(error, Exception) or error.__traceback__ is None:
-        return False
-    last = _innermost(error.__traceback__)
-    code = last.tb_frame.f_code
-    return _in_packages(code.co_filename) and _opcode_at(code, last.tb_lasti) in _RAISE_OPCODES
 
 
 def message_of(error: BaseException) -> str:
@@ -112,18 +70,27 @@ def tool_name(prog: str | None = None) -> str:
 
 @contextlib.contextmanager
 def reported_errors(prog: str | None = None, verbose: bool = False) -> Iterator[None]:
-    """Run the block; an error gwdet raised on purpose (:func:`is_deliberate`) becomes
-    ``<prog>: error: <message>`` and a line on ``--verbose`` on stderr, then ``SystemExit(2)``.
-    Any other exception, and every exception when ``verbose``, propagates unchanged."""
+    """Run the block; a :class:`~gwdet.errors.GwdetError` becomes ``<prog>: error: <message>`` and
+    a line on ``--verbose`` on stderr, then ``SystemExit(2)``. Any other exception, and every
+    exception when ``verbose``, propagates unchanged."""
     try:
         yield
-    except Exception as error:
-        if verbose or not is_deliberate(error):
+    except GwdetError as error:
+        if verbose:
             raise
         name = tool_name(prog)
         sys.stdout.flush()
         print(f"{name}: error: {message_of(error)}\n{name}: {VERBOSE_HINT}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_STATUS) from None
+
+
+def run_tool(work: Callable[[list[str]], int], argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """A tool's command line: ``work`` called with ``argv`` (default: ``sys.argv[1:]``) less its
+    ``--verbose`` tokens, inside :func:`reported_errors` (``prog``: the tool's name in the errors,
+    default the name it was started as); returns what ``work`` returns, the exit status."""
+    kept, verbose = split_verbose(sys.argv[1:] if argv is None else argv)
+    with reported_errors(prog, verbose):
+        return work(kept)
 
 
 def output_path_problem(flag: str, path: str | os.PathLike, folder: bool) -> str | None:
@@ -149,6 +116,6 @@ def output_path_problem(flag: str, path: str | os.PathLike, folder: bool) -> str
 
 
 __all__ = [
-    "EXIT_STATUS", "VERBOSE_FLAG", "add_verbose_argument", "is_deliberate", "message_of", "output_path_problem",
-    "reported_errors", "split_verbose", "tool_name",
+    "EXIT_STATUS", "VERBOSE_FLAG", "add_verbose_argument", "message_of", "output_path_problem", "reported_errors",
+    "run_tool", "split_verbose", "tool_name",
 ]

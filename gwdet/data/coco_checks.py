@@ -1,0 +1,91 @@
+"""The entries and files of a COCO instances dataset, checked before detectron2 reads them.
+
+Each function returns the problems it finds as phrases naming the image or annotation id and its
+file (empty: nothing wrong); :func:`gwdet.data.coco_registration.inspect_coco_file` turns them
+into one error naming the JSON and the fix. What they catch would otherwise pass registration and
+then go wrong without a word or stop a run late:
+
+* :func:`image_entry_problems`: an image entry whose ``file_name`` is not a string or whose
+  ``width``/``height`` are not positive integers;
+* :func:`duplicate_ids`: an image id given twice (pycocotools keeps the last entry, so the
+  annotations of both images are trained on one file) or an annotation id given twice (detectron2
+  stops with a bare assertion, COCO evaluation mixes the two up);
+* :func:`mask_problems`: masks detectron2 would drop or fail on (:mod:`gwdet.data.masks`);
+* :func:`image_file_problems`: every image file exists, decodes (its end or chunk checksums read,
+  see :mod:`gwdet.data.image_files`), is of a mode detectron2 converts faithfully and of the size
+  the JSON states.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, Mapping, Sequence
+
+from gwdet.data.image_files import image_file_problem
+from gwdet.data.masks import segmentation_problem
+
+SHOWN = 3  # problems quoted in one message
+
+
+def shown_problems(problems: Sequence[str]) -> str:
+    """The first :data:`SHOWN` problems, joined, with "..." when there are more."""
+    return "; ".join(problems[:SHOWN]) + ("; ..." if len(problems) > SHOWN else "")
+
+
+def image_entry_problems(images: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Image entries whose ``file_name`` is not a non-empty string or whose ``width``/``height``
+    are not positive integers."""
+    problems = []
+    for index, image in enumerate(images):
+        name, width, height = image["file_name"], image["width"], image["height"]
+        if not isinstance(name, str) or not name:
+            problems.append(f"image #{index} (id {image['id']!r}) has file_name {name!r}, not a file name")
+        for key, value in (("width", width), ("height", height)):
+            if type(value) is not int or value < 1:
+                problems.append(f"image #{index} (id {image['id']!r}, {name!r}) has {key} {value!r}, not a positive "
+                                "integer number of pixels")
+    return problems
+
+
+def duplicate_ids(entries: Iterable[Mapping[str, Any]], describe) -> list[str]:
+    """``"<id>: <first> and <second>"`` for each id that two ``entries`` share (``describe(entry)``
+    names an entry); an id that is not a number or string is a problem of its own."""
+    seen: dict[Any, Mapping[str, Any]] = {}
+    problems = []
+    for entry in entries:
+        key = entry["id"]
+        if type(key) not in (int, str):
+            problems.append(f"id {key!r} of {describe(entry)} is not an integer")
+            continue
+        if key in seen:
+            problems.append(f"id {key!r} of both {describe(seen[key])} and {describe(entry)}")
+        else:
+            seen[key] = entry
+    return problems
+
+
+def mask_problems(annotations: Iterable[Mapping[str, Any]], images: Mapping[Any, Mapping[str, Any]]) -> list[str]:
+    """The masks (``segmentation``) of ``annotations`` that cannot be used (:func:`segmentation_problem`),
+    a crowd region's mask checked for fitting its image only (its box is not trained on)."""
+    problems = []
+    for annotation in annotations:
+        segmentation = annotation.get("segmentation")
+        image = images.get(annotation["image_id"])
+        if not segmentation or image is None:  # no mask; an unknown image is the box check's to name
+            continue
+        bbox = None if annotation.get("iscrowd", 0) else annotation["bbox"]
+        problem = segmentation_problem(segmentation, image["width"], image["height"], bbox)
+        if problem:
+            problems.append(f"annotation id {annotation['id']} of image {annotation['image_id']} "
+                            f"({image['file_name']}): its mask {problem}")
+    return problems
+
+
+def image_file_problems(images: Sequence[Mapping[str, Any]], root: str) -> list[str]:
+    """The images whose file under ``root`` detectron2 could not read as the entry states
+    (:func:`gwdet.data.image_files.image_file_problem`)."""
+    problems = []
+    for image in images:
+        problem = image_file_problem(os.path.join(root, image["file_name"]), image["width"], image["height"])
+        if problem:
+            problems.append(f"image id {image['id']} ({image['file_name']}) {problem}")
+    return problems

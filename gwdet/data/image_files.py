@@ -1,0 +1,92 @@
+"""Image files checked as detectron2 will read them, cheaply enough to check every image of a dataset.
+
+detectron2's ``read_image`` opens a file with PIL, turns it by its EXIF orientation and converts it
+to 8-bit RGB (``INPUT.FORMAT`` BGR or RGB); its ``DatasetMapper`` then requires the size the
+dataset states. Three ways a file passes registration and goes wrong later:
+
+* a mode PIL's conversion to 8 bits does not scale: 16-bit grayscale PNGs (PIL mode ``I;16``),
+  32-bit integer (``I``) and float (``F``) images are clipped at 255, so they read as white images,
+  without a word (:data:`READABLE_MODES` are the modes whose conversion keeps the picture);
+* a size that differs from the one the JSON states (after the EXIF rotation): detectron2 stops
+  with ``SizeMismatchError`` when it meets the image, in the middle of training or evaluation;
+* a file cut short (an interrupted copy) or damaged: it fails when it is decoded, at the same late moment.
+
+:func:`image_file_problem` checks one file at the cost of reading its header and its end: PIL's
+header gives the mode, size and orientation; a JPEG must end with its end-of-image marker and a PNG
+is verified chunk by chunk against the CRC each chunk carries (no decompression); a file of another
+format, or a JPEG with other bytes at its end, is decoded in full. A JPEG damaged in its middle
+decodes to a wrong picture without an error, in detectron2 as here: no check short of a recorded
+checksum notices that.
+"""
+from __future__ import annotations
+
+import os
+
+from PIL import Image, UnidentifiedImageError
+
+# PIL modes whose conversion to 8-bit RGB keeps the picture: 1-bit, 8-bit grayscale, palette,
+# 8-bit colour with or without alpha (alpha dropped), CMYK and YCbCr.
+READABLE_MODES = frozenset({"1", "L", "LA", "La", "P", "PA", "RGB", "RGBA", "RGBa", "RGBX", "CMYK", "YCbCr"})
+_MODE_WORDS = {"I;16": "16-bit grayscale", "I;16L": "16-bit grayscale", "I;16B": "16-bit grayscale",
+               "I;16N": "16-bit grayscale", "I": "32-bit integer", "F": "32-bit floating-point"}
+_EXIF_ORIENTATION = 0x0112
+_TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
+_JPEG_END = b"\xff\xd9"
+CONVERT_HINT = ("convert it to 8-bit RGB or grayscale (e.g. 16-bit values scaled to 0-255: "
+                "Image.fromarray((np.asarray(im) >> 8).astype(np.uint8)))")
+
+
+def mode_problem(mode: str) -> str:
+    """Why an image of PIL mode ``mode`` would not reach the model as it is ("" when it would)."""
+    if mode in READABLE_MODES:
+        return ""
+    if mode in _MODE_WORDS:
+        return (f"is a {_MODE_WORDS[mode]} image (PIL mode {mode!r}), which detectron2 converts to 8 bits by clipping "
+                "every value above 255 (a white image, without a word): " + CONVERT_HINT)
+    return (f"is an image of PIL mode {mode!r}, which detectron2's conversion to 8-bit RGB does not read as it is: "
+            "convert it to 8-bit RGB")
+
+
+def _ends_completely(path: str, image_format: str | None) -> bool:
+    """Whether a JPEG file ends with its end-of-image marker (else it may be cut short)."""
+    if image_format != "JPEG":
+        return False
+    with open(path, "rb") as file:
+        file.seek(max(0, os.path.getsize(path) - len(_JPEG_END)))
+        return file.read() == _JPEG_END
+
+
+def image_file_problem(path: str, width: int | None = None, height: int | None = None) -> str:
+    """What is wrong with the image file at ``path`` for detectron2 ("" when nothing): missing,
+    not an image, a mode that does not convert to 8 bits (:func:`mode_problem`), another size than
+    ``width`` x ``height`` after its EXIF rotation (not checked without them), cut short or damaged.
+    The words follow the file's name in a message ("... 003.png is ...")."""
+    try:
+        with Image.open(path) as image:
+            mode, size, image_format = image.mode, image.size, image.format
+            # a PNG's EXIF comes with its header or, rarely, after the image data, which only decoding reaches
+            has_exif = image_format != "PNG" or "exif" in image.info
+            orientation = image.getexif().get(_EXIF_ORIENTATION, 1) if has_exif else 1
+            problem = mode_problem(mode)
+            if problem:
+                return problem
+            if orientation in _TRANSPOSED:
+                size = (size[1], size[0])
+            if width is not None and height is not None and size != (width, height):
+                turned = " after the rotation its EXIF orientation asks for" if orientation in _TRANSPOSED else ""
+                return (f"is {size[0]}x{size[1]} pixels (width x height{turned}), but the JSON states {width}x{height}: "
+                        "correct the image's width and height in the JSON (or the file)")
+            if image_format == "PNG":
+                image.verify()  # every chunk against its CRC, up to the end chunk
+            elif not _ends_completely(path, image_format):
+                image.load()
+    except FileNotFoundError:
+        return "does not exist"
+    except IsADirectoryError:
+        return "is a folder, not an image file"
+    except UnidentifiedImageError:
+        return "is not an image file PIL can read"
+    except (OSError, SyntaxError, ValueError, EOFError) as error:  # PIL's words for cut or damaged data
+        reason = str(error).strip() or type(error).__name__
+        return f"cannot be decoded ({reason}): it is cut short or damaged; copy it again"
+    return ""

@@ -1,0 +1,100 @@
+"""What a run ran with: the versions of the packages that decide its numbers, and the annotation
+files of the datasets it trained and evaluated on with their SHA-256.
+
+:func:`run_environment` is the one record of it: gwdet's ``results.json`` (under the key
+``"environment"``, :func:`gwdet.engine.trainer.write_results_to`, yacs and LazyConfig runs) and
+the study's ``study_cell.json`` hold it. Two runs whose records agree ran the same library versions
+on the same annotations; the shapes dataset's images are pinned by its own digest test
+(tests/test_shapes_digest.py).
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.metadata
+import os
+import platform
+from typing import Any, Iterable
+
+from detectron2.data import MetadataCatalog
+
+from gwdet.utils.atomic import file_sha256
+
+ENVIRONMENT_KEY = "environment"
+# (distribution name, module): the packages whose versions a run records, besides python and gwdet
+PACKAGES = (("torch", "torch"), ("torchvision", "torchvision"), ("detectron2", "detectron2"), ("numpy", "numpy"),
+            ("Pillow", "PIL"), ("pycocotools", "pycocotools"))
+
+
+def package_version(distribution: str, module: str) -> str:
+    """The version of ``module`` (its ``__version__``, else that of the installed ``distribution``),
+    ``"not installed"`` when neither is there."""
+    try:
+        version = getattr(importlib.import_module(module), "__version__", None)
+    except ImportError:
+        version = None
+    if version is not None:
+        return str(version)
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def package_versions() -> dict[str, str]:
+    """``{"python": ..., "gwdet": ..., "torch": ..., "torchvision": ..., "detectron2": ..., "numpy": ...,
+    "Pillow": ..., "pycocotools": ...}``."""
+    import gwdet
+
+    versions = {"python": platform.python_version(), "gwdet": str(getattr(gwdet, "__version__", "?"))}
+    versions.update((name, package_version(name, module)) for name, module in PACKAGES)
+    return versions
+
+
+@functools.lru_cache(maxsize=None)
+def _sha256_of_version(path: str, size: int, modified_ns: int) -> str:
+    return file_sha256(path)
+
+
+def cached_sha256(path: str) -> str:
+    """The SHA-256 of the file ``path``, hashed once per process for each size and modification time."""
+    status = os.stat(path)
+    return _sha256_of_version(path, status.st_size, status.st_mtime_ns)
+
+
+def annotation_files(names: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """For each registered dataset of ``names``: ``json_file`` (its metadata's annotation file, as
+    detectron2's ``register_coco_instances`` records it; ``None`` for a dataset registered without
+    one), ``json_sha256`` and ``image_root``. A name that is not registered is left out."""
+    registered = set(MetadataCatalog.list())
+    files: dict[str, dict[str, Any]] = {}
+    for name in dict.fromkeys(names):
+        if name not in registered:
+            continue
+        metadata = MetadataCatalog.get(name)
+        json_file = metadata.get("json_file")
+        files[name] = {"json_file": json_file,
+                       "json_sha256": cached_sha256(json_file) if json_file else None,
+                       "image_root": metadata.get("image_root")}
+    return files
+
+
+def processor() -> dict[str, Any]:
+    """The CPU that computed the run: its model name, its vector extensions that PyTorch's CPU
+    kernels choose between (``torch.backends.cpu.get_cpu_capability()``), and its core count. The
+    same seed and library versions give other floating-point results on a CPU whose kernels differ."""
+    import torch
+
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            name = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), name)
+    except OSError:
+        pass
+    return {"model": name, "torch_capability": torch.backends.cpu.get_cpu_capability(), "cores": os.cpu_count()}
+
+
+def run_environment(dataset_names: Iterable[str]) -> dict[str, Any]:
+    """``{"versions": package_versions(), "cpu": processor(), "datasets": annotation_files(dataset_names)}``:
+    what a run on the datasets ``dataset_names`` (train and test) ran with."""
+    return {"versions": package_versions(), "cpu": processor(), "datasets": annotation_files(dataset_names)}

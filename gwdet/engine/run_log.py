@@ -1,0 +1,66 @@
+"""The run's log (``log.txt``, detectron2's ``setup_logger``) from its first message on.
+
+A run's checks come before its log file exists: they compare the request with the run folder
+(:func:`gwdet.engine.trainer.check_run_request`), and detectron2's set-up that creates ``log.txt``
+also writes the new ``config.yaml`` over the one they read. :class:`HeldRecords` holds what gwdet
+logs in the meantime (the ``--resume`` warning about changed config values, say) and hands it to
+the run's handlers once they exist, so it reaches the console and ``log.txt`` like any later
+message.
+"""
+from __future__ import annotations
+
+import logging
+from types import TracebackType
+
+LOGGER = "gwdet"
+
+
+class _Holder(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+class HeldRecords:
+    """In its ``with`` block, the records logged under ``gwdet`` (at any level) are held instead of
+    handled; :meth:`release` (at the latest when the block ends) restores the logger as it was and
+    hands every held record, in order, to the logger's handlers of that moment. Release it right
+    after the run's logger set-up to write them to ``log.txt``."""
+
+    def __init__(self, name: str = LOGGER) -> None:
+        self._logger = logging.getLogger(name)
+        self._holder: _Holder | None = None
+        self._saved: tuple[list[logging.Handler], int, bool] | None = None
+
+    def __enter__(self) -> "HeldRecords":
+        logger = self._logger
+        self._saved = (list(logger.handlers), logger.level, logger.propagate)
+        self._holder = _Holder()
+        logger.handlers = [self._holder]
+        logger.setLevel(logging.DEBUG)
+        logger.propagate = False
+        return self
+
+    def release(self) -> None:
+        """Stop holding; hand the held records to the handlers ``gwdet`` has now. Only the first call acts."""
+        if self._holder is None or self._saved is None:
+            return
+        holder, (handlers, level, propagate) = self._holder, self._saved
+        self._holder = self._saved = None
+        logger = self._logger
+        added = [handler for handler in logger.handlers if handler is not holder and handler not in handlers]
+        logger.handlers = [*handlers, *added]  # a logger set-up while holding keeps its handlers
+        if not added:  # nobody set the logger up meanwhile: as it was
+            logger.setLevel(level)
+            logger.propagate = propagate
+        for record in holder.records:
+            source = logging.getLogger(record.name)
+            if source.isEnabledFor(record.levelno):
+                source.handle(record)
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.release()

@@ -1,0 +1,66 @@
+"""The error types of gwdet's refusals: input that gwdet will not run with, named with the fix.
+
+Every error that gwdet (and the lab beside it) raises on purpose to tell the user what is wrong (a
+config key, a flag, a file, a value given to the Python API) is a :class:`GwdetError`. The tools
+print such an error as ``<tool>: error: <message>`` without a traceback
+(:mod:`gwdet.utils.cli_errors`); any other exception is a bug or comes from another package and
+keeps its traceback.
+
+Each class also derives from the built-in type that says what kind of refusal it is, so that
+``except ValueError`` (or ``FileNotFoundError``, ``KeyError``, ...) catches it as before. Errors of
+their own kind (:class:`gwdet.config_checks.NormConfigError`, :class:`gwdet.data.DatasetError`,
+:class:`gwdet.convert.ConversionError`, ...) derive from :class:`GwdetError` directly; the classes
+below are for refusals that need nothing beyond their message.
+
+This module imports nothing of gwdet, so every part of the package can raise these.
+"""
+from __future__ import annotations
+
+
+class GwdetError(Exception):
+    """A refusal by gwdet: the message names what is wrong and how to fix it."""
+
+
+class GwdetValueError(GwdetError, ValueError):
+    """A value gwdet refuses: a config value, a flag, an argument or a file's content."""
+
+
+class GwdetTypeError(GwdetError, TypeError):
+    """An argument of a type (or a keyword) that gwdet's Python API does not take."""
+
+
+class GwdetKeyError(GwdetError, KeyError):
+    """A name that is not there: a config key, a dataset, a registered name."""
+
+
+class GwdetRuntimeError(GwdetError, RuntimeError):
+    """A run that cannot go on in this environment: a folder in use, unreadable checkpoints, a job that failed."""
+
+
+class GwdetImportError(GwdetError, ImportError):
+    """A package gwdet needs for a feature does not import here."""
+
+
+class GwdetFileNotFoundError(GwdetError, FileNotFoundError):
+    """A file or folder that the command or config names does not exist."""
+
+
+class GwdetFileExistsError(GwdetError, FileExistsError):
+    """A file or folder is already there, and gwdet does not write over it."""
+
+
+class GwdetIsADirectoryError(GwdetError, IsADirectoryError):
+    """A folder was given where a file is needed."""
+
+
+__all__ = [
+    "GwdetError",
+    "GwdetFileExistsError",
+    "GwdetFileNotFoundError",
+    "GwdetImportError",
+    "GwdetIsADirectoryError",
+    "GwdetKeyError",
+    "GwdetRuntimeError",
+    "GwdetTypeError",
+    "GwdetValueError",
+]

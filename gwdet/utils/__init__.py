@@ -1,0 +1,8 @@
+"""Helpers every part of gwdet's run infrastructure uses, below all of it (they import nothing of
+gwdet but :mod:`gwdet.errors`):
+
+* :mod:`gwdet.utils.atomic`: files written under a temporary name and renamed into place, with
+  their SHA-256 recorded beside them (``<file>.sha256``) where gwdet reads them again;
+* :mod:`gwdet.utils.cli_errors`: the tools' one-line errors (``<tool>: error: <message>``, exit
+  status 2; ``--verbose`` shows the traceback) and the check of an output flag.
+"""

@@ -1,0 +1,89 @@
+"""The checks of image files and masks behind --register-coco and the tools' single images
+(gwdet.data.image_files, gwdet.data.masks), on files written here and masks pycocotools encodes."""
+from __future__ import annotations
+
+import numpy as np
+import pycocotools.mask as mask_util
+import pytest
+from PIL import Image
+
+from gwdet.data.image_files import image_file_problem
+from gwdet.data.masks import compressed_counts, segmentation_problem
+from gwdet.data.test_images import read_test_image
+from gwdet.model_zoo import build_config
+
+from conftest import DEMO_CONFIG, TINY_OPTS
+
+
+def _runs(mask: np.ndarray) -> list[int]:
+    """Run lengths of a mask in column-major order, starting with a run of zeros (COCO's RLE)."""
+    flat = mask.flatten(order="F")
+    changes = np.flatnonzero(np.diff(flat)) + 1
+    edges = np.concatenate(([0], changes, [flat.size]))
+    runs = [int(run) for run in np.diff(edges)]
+    return ([0] + runs) if flat[0] else runs
+
+
+def test_compressed_rle_strings_read_back_to_the_runs_pycocotools_encoded():
+    rng = np.random.default_rng(0)
+    for trial in range(200):
+        height, width = (int(v) for v in rng.integers(1, 80, size=2))
+        mask = (rng.random((height, width)) < rng.random()).astype(np.uint8)
+        if trial % 4 == 0:  # long runs: counts of several 5-bit groups, negative differences
+            mask[:] = 0
+            mask[rng.integers(0, height):, rng.integers(0, width):] = 1
+        encoded = mask_util.encode(np.asfortranarray(mask))
+        assert compressed_counts(encoded["counts"].decode("ascii")).tolist() == _runs(mask), trial
+        assert segmentation_problem({"size": [height, width], "counts": encoded["counts"].decode("ascii")},
+                                    width, height) in ("", "is RLE of no pixel (an empty mask)")
+    assert compressed_counts("a") is None, "a count whose last group says more follow"
+    assert compressed_counts("0 ") is None, "a character below '0'"
+
+
+def test_uncompressed_and_crowd_rle_that_fit_pass_and_empty_or_misfit_rle_is_named():
+    mask = np.zeros((20, 30), dtype=np.uint8)
+    mask[5:10, 8:20] = 1
+    runs = _runs(mask)
+    assert segmentation_problem({"size": [20, 30], "counts": runs}, 30, 20, [8, 5, 12, 5]) == ""
+    assert segmentation_problem({"size": [20, 30], "counts": runs}, 30, 20) == ""  # a crowd region: no box
+    assert segmentation_problem({"size": [20, 30], "counts": [600]}, 30, 20) == "is RLE of no pixel (an empty mask)"
+    assert segmentation_problem({"size": [30, 20], "counts": runs}, 30, 20) == (
+        "is RLE of size [30, 20] (height, width), but its image is 20x30")
+    assert "negative run length" in segmentation_problem({"size": [20, 30], "counts": [700, -100]}, 30, 20)
+    assert "not all integers" in segmentation_problem({"size": [20, 30], "counts": [600.0]}, 30, 20)
+    assert segmentation_problem([[0, 0, 5, 5, 10, 10]], 30, 20) == "has polygons of no area (all points on one line)"
+    assert segmentation_problem([], 30, 20) == "", "no mask: the mask check of MODEL.MASK_ON names it"
+    # a mask a little larger than its box (a loose annotation tool) is no problem
+    assert segmentation_problem([[8, 5, 21, 5, 21, 11, 8, 11]], 30, 20, [8, 5, 12, 5]) == ""
+
+
+def test_a_sixteen_bit_or_broken_sample_image_is_refused_before_it_reaches_the_model(tmp_path):
+    cfg = build_config(str(DEMO_CONFIG), TINY_OPTS)
+    deep = tmp_path / "deep.png"
+    Image.fromarray((np.arange(64 * 64, dtype=np.uint16).reshape(64, 64) * 16)).save(deep)
+    with pytest.raises(ValueError) as refused:
+        read_test_image(cfg, str(deep))
+    assert str(refused.value).startswith(f"{deep} is a 16-bit grayscale image (PIL mode 'I;16'), which detectron2 "
+                                         "converts to 8 bits by clipping every value above 255")
+    text = tmp_path / "notes.png"
+    text.write_text("not an image")
+    with pytest.raises(ValueError, match="notes.png is not an image file PIL can read"):
+        read_test_image(cfg, str(text))
+    with pytest.raises(ValueError, match="missing.png does not exist"):
+        read_test_image(cfg, str(tmp_path / "missing.png"))
+    plain = tmp_path / "plain.png"
+    Image.fromarray(np.full((64, 48, 3), 7, dtype=np.uint8)).save(plain)
+    read = read_test_image(cfg, str(plain))
+    assert (read["height"], read["width"]) == (64, 48) and read["image"].max() == 7
+
+
+def test_image_files_of_other_formats_are_decoded_in_full(tmp_path):
+    bmp = tmp_path / "image.bmp"
+    Image.fromarray(np.zeros((16, 16, 3), dtype=np.uint8)).save(bmp)
+    assert image_file_problem(str(bmp), 16, 16) == ""
+    bmp.write_bytes(bmp.read_bytes()[:-100])
+    assert image_file_problem(str(bmp), 16, 16).startswith("cannot be decoded (")
+    assert image_file_problem(str(tmp_path)) == "is a folder, not an image file"
+    floats = tmp_path / "floats.tif"
+    Image.fromarray(np.zeros((8, 8), dtype=np.float32)).save(floats)
+    assert image_file_problem(str(floats)).startswith("is a 32-bit floating-point image (PIL mode 'F')")

@@ -1,0 +1,167 @@
+"""What a run leaves for its reader: the environment results.json records (package versions,
+annotation files and their SHA-256), the checks' messages held until log.txt exists, the last log
+line naming where results and drawings are, and the captions of the prediction drawings."""
+import hashlib
+import json
+import os
+import logging
+import uuid
+
+import numpy as np
+import pytest
+from detectron2.data import DatasetCatalog, MetadataCatalog
+from detectron2.data.datasets import register_coco_instances
+from detectron2.utils.logger import setup_logger
+
+from gwdet.data import ShapesSpec, register_shapes_spec
+from gwdet.engine.run_environment import annotation_files, package_versions, run_environment
+from gwdet.engine.run_log import HeldRecords
+from gwdet.engine.trainer import log_outputs, results_record, write_results_to
+from gwdet.engine.visualize import TRUTH_CAPTION, captioned, predictions_caption, side_by_side
+
+VERSION_KEYS = {"python", "gwdet", "torch", "torchvision", "detectron2", "numpy", "Pillow", "pycocotools"}
+PER_TASK = {"bbox": {"AP": 12.5, "AP50": 30.0}}
+
+
+# ---- the environment record ----------------------------------------------------------------------
+
+
+def test_the_versions_are_those_of_the_imported_packages():
+    import detectron2
+    import numpy
+    import PIL
+    import torch
+    import torchvision
+
+    versions = package_versions()
+    assert set(versions) == VERSION_KEYS
+    assert versions["torch"] == torch.__version__ and versions["torchvision"] == torchvision.__version__
+    assert versions["detectron2"] == detectron2.__version__ and versions["numpy"] == numpy.__version__
+    assert versions["Pillow"] == PIL.__version__
+    assert versions["pycocotools"][0].isdigit(), versions  # pycocotools has no __version__: its distribution's
+
+
+def test_the_annotation_files_of_the_datasets_are_named_with_their_sha256(tmp_path):
+    annotations = tmp_path / "mine.json"
+    annotations.write_text('{"images": [], "annotations": [], "categories": []}')
+    name = f"mine_{uuid.uuid4().hex[:8]}"
+    register_coco_instances(name, {}, str(annotations), str(tmp_path))
+    try:
+        files = annotation_files([name, "never_registered", name])
+        assert files == {name: {"json_file": str(annotations), "image_root": str(tmp_path),
+                                "json_sha256": hashlib.sha256(annotations.read_bytes()).hexdigest()}}
+        annotations.write_text('{"images": [], "annotations": [], "categories": [{"id": 1, "name": "x"}]}')
+        assert annotation_files([name])[name]["json_sha256"] == hashlib.sha256(annotations.read_bytes()).hexdigest()
+    finally:
+        DatasetCatalog.remove(name)
+        MetadataCatalog.remove(name)
+
+
+def test_the_shapes_dataset_is_named_by_its_split_files(tmp_path):
+    folder = register_shapes_spec(ShapesSpec(image_size=32, num_train=2, num_val=1, num_test=1), tmp_path)
+    files = annotation_files(["shapes_train", "shapes_val"])
+    for split in ("train", "val"):
+        json_file = folder / f"{split}.json"
+        assert files[f"shapes_{split}"] == {"json_file": str(json_file), "image_root": str(folder / split),
+                                            "json_sha256": hashlib.sha256(json_file.read_bytes()).hexdigest()}
+
+
+def test_results_json_holds_the_results_and_the_environment(tmp_path):
+    register_shapes_spec(ShapesSpec(image_size=32, num_train=2, num_val=1, num_test=1), tmp_path / "data")
+    write_results_to(str(tmp_path), PER_TASK, ["shapes_val"], ["shapes_train"])
+    written = json.loads((tmp_path / "results.json").read_text())
+    assert written["shapes_val"] == PER_TASK
+    assert written["environment"] == run_environment(["shapes_train", "shapes_val"])
+    assert set(written["environment"]["versions"]) == VERSION_KEYS
+    assert list(written["environment"]["datasets"]) == ["shapes_train", "shapes_val"]
+    cpu = written["environment"]["cpu"]
+    assert cpu["cores"] == os.cpu_count() and cpu["model"] and cpu["torch_capability"] in (
+        "NO AVX", "DEFAULT", "AVX2", "AVX512", "ZVECTOR", "VSX", "SVE256")
+    checksum = (tmp_path / "results.json.sha256").read_text().split()[0]
+    assert checksum == hashlib.sha256((tmp_path / "results.json").read_bytes()).hexdigest()
+
+
+def test_a_test_dataset_named_like_the_environment_key_is_refused():
+    with pytest.raises(ValueError, match="A test dataset is named 'environment'.*register the dataset under another"):
+        results_record({"environment": PER_TASK})
+
+
+# ---- the log -------------------------------------------------------------------------------------
+
+
+def test_messages_logged_before_the_log_file_exists_reach_it(tmp_path):
+    """As a run's checks do: a warning logged before detectron2's setup_logger creates log.txt is
+    written there (and to the console) once it does. A logger name of this test's own stands for
+    gwdet's, as in a fresh process."""
+    name = f"gwdet_held_{uuid.uuid4().hex[:8]}"
+    with HeldRecords(name) as held:
+        logging.getLogger(f"{name}.checks").warning("--resume with config values that differ: SOLVER.MAX_ITER")
+        logging.getLogger(f"{name}.checks").debug("a detail")
+        setup_logger(str(tmp_path), name=name, color=False)
+        held.release()
+        logging.getLogger(name).info("after the set-up")
+    log = (tmp_path / "log.txt").read_text().splitlines()
+    assert [line.split(": ", 1)[1] for line in log] == [
+        "--resume with config values that differ: SOLVER.MAX_ITER", "a detail", "after the set-up"]
+    assert "WARNING" in log[0]
+    logger = logging.getLogger(name)
+    assert len(logger.handlers) == 2 and logger.propagate is False  # what setup_logger made, nothing of the hold
+
+
+def test_held_messages_without_a_log_set_up_are_handled_as_before(tmp_path):
+    name = f"gwdet_held_{uuid.uuid4().hex[:8]}"
+    logger = logging.getLogger(name)
+    seen: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    try:
+        with pytest.raises(ValueError), HeldRecords(name):
+            logging.getLogger(f"{name}.checks").warning("held")
+            assert seen == []
+            raise ValueError("a refused request")
+        assert seen == ["held"] and logger.handlers == [handler] and logger.propagate is True
+    finally:
+        logger.removeHandler(handler)
+
+
+def test_the_last_log_line_names_the_results_and_the_drawings(tmp_path):
+    vis = tmp_path / "vis"
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("gwdet.engine.trainer")  # detectron2's logger set-up stops propagation above it
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        log_outputs(str(tmp_path), True, [str(vis / "000000.png"), str(vis / "000001.png")], "TEST.VIS_IMAGES")
+        log_outputs(str(tmp_path), True, [], "TEST.VIS_IMAGES")
+        log_outputs(str(tmp_path), False, [], "train.vis_images")
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert lines[0] == (f"Results: {tmp_path / 'results.md'} and results.json (with the package versions and "
+                        f"dataset checksums); prediction drawings: {vis}/ (2 PNG files).")
+    assert lines[1].endswith("no prediction drawings (TEST.VIS_IMAGES is 0 or there is no test set).")
+    assert lines[2] == (f"No results: nothing was evaluated (no test set); the run is in {tmp_path}; no prediction "
+                        "drawings (train.vis_images is 0 or there is no test set).")
+
+
+# ---- the drawings' captions ----------------------------------------------------------------------
+
+
+def test_each_half_of_a_drawing_has_its_caption_above_it():
+    truth = np.full((384, 384, 3), 200, np.uint8)
+    predicted = np.full((384, 384, 3), 100, np.uint8)
+    drawing = side_by_side(truth, predicted, 0.5)
+    band = drawing.shape[0] - 384
+    assert band > 12 and drawing.shape[1] == 768
+    assert np.array_equal(drawing[band:, :384], truth) and np.array_equal(drawing[band:, 384:], predicted)
+    for half in (drawing[:band, :384], drawing[:band, 384:]):
+        assert (half == 255).mean() > 0.8 and (half < 100).any(), "a white band with dark text"
+    assert np.array_equal(drawing[:band, :384], captioned(truth, TRUTH_CAPTION)[:band])
+    assert predictions_caption(0.5) == "predictions, score >= 0.5"
+    other = side_by_side(truth, predicted, 0.75)
+    assert not np.array_equal(other[:band, 384:], drawing[:band, 384:]), "the threshold is in the caption"
+    assert np.array_equal(other[:band, :384], drawing[:band, :384])
