@@ -65,8 +65,6 @@ class PairedDifference:
     differences: tuple[float, ...]
     mean: float | None
     std: float | None
-    low: float | None
-    high: float | None
     confidence: float = CONFIDENCE
     # interval of the mean difference over bootstrap resamples of the test images (None: not known)
     image_low: float | None = None
@@ -79,6 +77,18 @@ class PairedDifference:
     @property
     def n(self) -> int:
         return len(self.differences)
+
+    @property
+    def low(self) -> float | None:
+        """Lower end of the seed-only ``confidence`` t interval (``None``: fewer than 2 seeds)."""
+        interval = self.interval(self.confidence)
+        return None if interval is None else interval[0]
+
+    @property
+    def high(self) -> float | None:
+        """Upper end of the seed-only ``confidence`` t interval (``None``: fewer than 2 seeds)."""
+        interval = self.interval(self.confidence)
+        return None if interval is None else interval[1]
 
     @property
     def p_value(self) -> float | None:
@@ -115,8 +125,9 @@ class PairedDifference:
         variance includes ``image_var`` (``None`` when unknown or fewer than 2 seeds)."""
         if self.std is None or self.mean is None or (image_noise and self.image_var is None):
             return None
-        variance = self.std ** 2 / self.n + (self.image_var if image_noise else 0.0)
-        half = t_quantile(confidence, self.n - 1) * math.sqrt(variance)
+        spread = (math.sqrt(self.std ** 2 / self.n + self.image_var) if image_noise and self.image_var is not None
+                  else self.std / math.sqrt(self.n))
+        half = t_quantile(confidence, self.n - 1) * spread
         return self.mean - half, self.mean + half
 
     @property
@@ -142,17 +153,12 @@ def paired_difference(better: str, worse: str, values: Mapping[str, Mapping[int,
     seeds = tuple(sorted(s for s in set(a) & set(b) if not (math.isnan(a[s]) or math.isnan(b[s]))))
     differences = tuple(a[s] - b[s] for s in seeds)
     m, sd = mean(differences), std(differences)
-    low = high = None
-    if sd is not None:
-        half = t_quantile(confidence, len(differences) - 1) * sd / math.sqrt(len(differences))
-        low, high = m - half, m + half
     images = variance = None
     if resampled is not None:
         images = image_interval(resampled.get(better, {}), resampled.get(worse, {}), seeds, confidence)
         variance = image_variance(resampled.get(better, {}), resampled.get(worse, {}), seeds)
     image_low, image_high = images if images is not None else (None, None)
-    return PairedDifference(better, worse, seeds, differences, m, sd, low, high, confidence, image_low, image_high,
-                            variance)
+    return PairedDifference(better, worse, seeds, differences, m, sd, confidence, image_low, image_high, variance)
 
 
 def holm_adjusted(p_values: Sequence[float | None]) -> list[float | None]:
