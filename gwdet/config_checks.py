@@ -2,7 +2,10 @@
 
 * every value of gwdet's config table passes its check (:func:`gwdet.config.check_config_values`),
   ``MODEL.RESNETS.GW_POSITIONS`` parses and has a ``GW_NORM`` to place, BGN example groups fit
-  the batch;
+  the batch and divide the images each process trains on;
+* detectron2's own keys that detectron2 reads only once training (or its data loading, or its first
+  checkpoint) has started hold values it can use (:data:`DETECTRON2_VALUE_RULES`, the pixel mean and
+  std against ``INPUT.FORMAT``), each refused naming the key, its value and the fix;
 * then, in ONE :class:`NormConfigError` listing every key to change at once: every NORM value is a
   known name; a NORM value only gwdet can build with the config's values (gwdet's names, GN with
   ``MODEL.GN.NUM_GROUPS`` other than 32) does not go to a detectron2 component that would build it
@@ -15,10 +18,14 @@ with its norms built from the config (:mod:`gwdet.modeling`).
 """
 from __future__ import annotations
 
+import json
+import math
+import numbers
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from detectron2.config import CfgNode
+from detectron2.utils import comm
 
 from gwdet.errors import GwdetError, GwdetValueError
 from gwdet.config import check_config_values, config_value, require_gwdet_config
@@ -88,6 +95,9 @@ NORM_SITES = (
              ("SemSegFPNHead", "DeepLabV3Head", "DeepLabV3PlusHead", "PanopticDeepLabSemSegHead"), SEM_SEG_HEAD),
 )
 NORM_KEYS = tuple(dict.fromkeys(site.norm_key for site in NORM_SITES)) + ("MODEL.RESNETS.GW_NORM",)
+# the NORM keys whose layers normalize the images of a batch (the ROI heads' normalize boxes)
+IMAGE_BATCH_NORM_KEYS = ("MODEL.RESNETS.NORM", "MODEL.RESNETS.GW_NORM", "MODEL.FPN.NORM", "MODEL.RETINANET.NORM",
+                         "MODEL.SEM_SEG_HEAD.NORM")
 
 
 class NormConfigError(GwdetError, ValueError):
@@ -268,7 +278,11 @@ def _check_gw_norm(cfg: CfgNode) -> None:
 
 
 def _check_example_groups(cfg: CfgNode) -> None:
-    """An example group larger than the whole batch never fills: BGN would silently become GN."""
+    """An example group larger than the whole batch never fills: BGN would silently become GN. Where
+    the layers see the images (backbone, FPN, the heads run on whole feature maps), the groups must
+    divide the images each process trains on: BGN would otherwise normalize the last images of every
+    batch as a smaller group of their own (the rule of :class:`~gwdet.layers.BatchGroupNorm`, which
+    the ROI heads, whose batches are the varying boxes of the images, keep)."""
     example_group_norms = {record.name for record in norm_records() if record.example_groups}
     if not {_value(cfg, key) for key in NORM_KEYS} & example_group_norms:
         return
@@ -279,19 +293,195 @@ def _check_example_groups(cfg: CfgNode) -> None:
             "so no example group can be filled. Use at most the images per GPU "
             "(SOLVER.IMS_PER_BATCH / number of GPUs)."
         )
+    on_images = [key for key in IMAGE_BATCH_NORM_KEYS if _value(cfg, key) in example_group_norms
+                 and (key != "MODEL.RESNETS.GW_NORM" or cfg.MODEL.RESNETS.GW_POSITIONS)]
+    processes = comm.get_world_size()
+    images = batch // processes
+    if on_images and images % examples:
+        raise GwdetValueError(
+            f"config: MODEL.BGN.EXAMPLES_PER_GROUP={examples} does not divide the {images} images each process "
+            f"trains on (SOLVER.IMS_PER_BATCH={batch} over {processes} process(es)), so the layers of "
+            f"{', '.join(on_images)} would normalize the last {images % examples} image(s) of every batch as an "
+            f"example group of their own. Use an EXAMPLES_PER_GROUP that divides {images}, or an IMS_PER_BATCH "
+            f"that is a multiple of {examples * processes}."
+        )
+
+
+# ---- detectron2's own keys, whose bad values detectron2 refuses late or never ------------------
+
+# the depths detectron2's ResNet builders know (their table of blocks per stage)
+DETECTRON2_RESNET_DEPTHS = (18, 34, 50, 101, 152)
+# the backbones that build a ResNet of MODEL.RESNETS.DEPTH (detectron2's and gwdet's)
+RESNET_BACKBONES = ("build_resnet_backbone", "build_resnet_fpn_backbone", "build_retinanet_resnet_fpn_backbone",
+                    "build_resnet_deeplab_backbone") + GW_BACKBONES
+# the values of INPUT.MASK_FORMAT detectron2's data loading reads (detectron2.data.detection_utils)
+DETECTRON2_MASK_FORMATS = ("polygon", "bitmask")
+# INPUT.FORMAT -> the channels of an image detectron2 reads in it (its own BGR and YUV-BT.601, and
+# PIL's modes); a format missing here is not compared with the pixel mean and std
+FORMAT_CHANNELS: Mapping[str, int] = {"BGR": 3, "RGB": 3, "YUV-BT.601": 3, "YCbCr": 3, "HSV": 3, "LAB": 3,
+                                      "L": 1, "RGBA": 4, "CMYK": 4}
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_finite_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _checkpoint_period(cfg: CfgNode, period: Any) -> str | None:
+    if _is_integer(period) and period >= 1:
+        return None
+    return ("is no number of iterations between checkpoints: detectron2's PeriodicCheckpointer saves one every "
+            "SOLVER.CHECKPOINT_PERIOD iterations (with 0 it stops with ZeroDivisionError after the first iteration). "
+            f"Use an integer >= 1; to save only the final model, use SOLVER.MAX_ITER ({_value(cfg, 'SOLVER.MAX_ITER')}).")
+
+
+def _base_lr(cfg: CfgNode, lr: Any) -> str | None:
+    if _is_finite_number(lr) and lr >= 0:
+        return None
+    return ("is no learning rate: it must be a finite number >= 0 (torch's optimizer refuses a negative one with "
+            "'Invalid learning rate' once the model is built, and a negative rate would climb the loss). Use a "
+            "positive rate, e.g. 0.02 for a batch of 16 images (detectron2's; scale it with SOLVER.IMS_PER_BATCH).")
+
+
+def _num_workers(cfg: CfgNode, workers: Any) -> str | None:
+    if _is_integer(workers) and workers >= 0:
+        return None
+    return ("is no number of data-loading processes: torch's DataLoader refuses a negative one when the loader is "
+            "built. Use 0 (load the data in the training process) or more, e.g. 4.")
+
+
+def _resnet_depth(cfg: CfgNode, depth: Any) -> str | None:
+    backbone = _value(cfg, "MODEL.BACKBONE.NAME")
+    if backbone not in RESNET_BACKBONES or (_is_integer(depth) and depth in DETECTRON2_RESNET_DEPTHS):
+        return None
+    return (f"is not a depth of detectron2's ResNets, which MODEL.BACKBONE.NAME={backbone!r} builds (it would stop "
+            f"with a bare KeyError). Use one of {', '.join(map(str, DETECTRON2_RESNET_DEPTHS))}, e.g. 50.")
+
+
+def _mask_format(cfg: CfgNode, mask_format: Any) -> str | None:
+    if mask_format in DETECTRON2_MASK_FORMATS:
+        return None
+    return ("is not a mask format detectron2 reads (it would stop with a bare AssertionError at the first mask it "
+            "loads). Use 'polygon' (masks kept as polygons) or 'bitmask' (masks as images; COCO's RLE masks need it).")
+
+
+@dataclass(frozen=True)
+class ValueRule:
+    """A key of detectron2's config and its rule: ``problem(cfg, value)`` is None for a value
+    detectron2 can use, else the rest of the message after ``config: KEY=VALUE`` (why and the fix)."""
+
+    key: str
+    problem: Callable[[CfgNode, Any], str | None]
+
+
+DETECTRON2_VALUE_RULES = (
+    ValueRule("SOLVER.CHECKPOINT_PERIOD", _checkpoint_period),
+    ValueRule("SOLVER.BASE_LR", _base_lr),
+    ValueRule("DATALOADER.NUM_WORKERS", _num_workers),
+    ValueRule("MODEL.RESNETS.DEPTH", _resnet_depth),
+    ValueRule("INPUT.MASK_FORMAT", _mask_format),
+)
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
+def _check_pixel_normalization(cfg: CfgNode) -> None:
+    """``MODEL.PIXEL_MEAN`` and ``MODEL.PIXEL_STD`` hold one finite number per channel of the images
+    of ``INPUT.FORMAT`` (the backbone takes ``len(MODEL.PIXEL_MEAN)`` input channels), the std ones
+    above 0: the model computes ``(image - mean) / std`` per channel."""
+    image_format = _value(cfg, "INPUT.FORMAT")
+    channels = FORMAT_CHANNELS.get(image_format)
+    values = {key: _value(cfg, key) for key in ("MODEL.PIXEL_MEAN", "MODEL.PIXEL_STD")}
+    if None in values.values():  # a config without detectron2's keys (a project's own)
+        return
+    examples = {"MODEL.PIXEL_MEAN": "[103.53, 116.28, 123.675]", "MODEL.PIXEL_STD": "[57.375, 57.12, 58.395]"}
+    for key, value in values.items():
+        if not isinstance(value, (list, tuple)) or not all(_is_finite_number(item) for item in value):
+            raise GwdetValueError(
+                f"config: {key}={value!r} must be a list of finite numbers, one per channel of the images "
+                f"(INPUT.FORMAT={image_format!r}), e.g. {examples[key]} for BGR images (ImageNet's).")
+    mean, std = values["MODEL.PIXEL_MEAN"], values["MODEL.PIXEL_STD"]
+    if any(item <= 0 for item in std):
+        raise GwdetValueError(
+            f"config: MODEL.PIXEL_STD={std!r} holds a value <= 0: the model divides each image channel by its value "
+            "(0 gives inf and NaN inputs, a negative value flips the channel). Use the standard deviations of the "
+            "pixel values, all > 0, e.g. [57.375, 57.12, 58.395] (ImageNet's, in BGR order), or 1.0 per channel "
+            "for weights that took them into their first conv (detectron2's MSRA R-50 and R-101).")
+    wrong = [key for key, value in values.items() if channels is not None and len(value) != channels]
+    if wrong:
+        given = " and ".join(f"{key}={values[key]!r}" for key in wrong)
+        lengths = sorted({len(values[key]) for key in wrong})
+        formats = [name for name, count in FORMAT_CHANNELS.items() if count == lengths[0]]
+        other_format = (f", or set INPUT.FORMAT to a format of {_count(lengths[0], 'channel')} ({', '.join(formats)})"
+                        if len(mean) == len(std) and formats else "")
+        raise GwdetValueError(
+            f"config: {given} {'has' if len(wrong) == 1 else 'have'} "
+            f"{' and '.join(_count(length, 'value') for length in lengths)}, but images of "
+            f"INPUT.FORMAT={image_format!r} have {_count(channels or 0, 'channel')}: the model normalizes each "
+            "channel with one value of MODEL.PIXEL_MEAN and one of MODEL.PIXEL_STD, and the backbone takes "
+            f"len(MODEL.PIXEL_MEAN) input channels. Give {' and '.join(wrong)} {_count(channels or 0, 'value')}"
+            f"{' each' if len(wrong) > 1 else ''}, one per channel{other_format}.")
+    if len(mean) != len(std):
+        raise GwdetValueError(
+            f"config: MODEL.PIXEL_MEAN={mean!r} has {_count(len(mean), 'value')} and MODEL.PIXEL_STD={std!r} has "
+            f"{len(std)}: the model normalizes each image channel with one value of each. Give both one value per "
+            f"channel of the images (INPUT.FORMAT={image_format!r}).")
+
+
+def check_detectron2_values(cfg: CfgNode) -> None:
+    """Raise ``ValueError`` naming the key, its value and the fix for a value of detectron2's own
+    keys that detectron2 would refuse only late (when the optimizer, the data loader or the first
+    checkpoint is made, at the first mask loaded) or with a bare error: :data:`DETECTRON2_VALUE_RULES`,
+    and the pixel mean and std (:func:`_check_pixel_normalization`)."""
+    for rule in DETECTRON2_VALUE_RULES:
+        value = _value(cfg, rule.key)
+        if value is None:  # a config without the key (a project's own): nothing to check
+            continue
+        problem = rule.problem(cfg, value)
+        if problem is not None:
+            raise GwdetValueError(f"config: {rule.key}={value!r} {problem}")
+    _check_pixel_normalization(cfg)
 
 
 def check_gwdet_config(cfg: CfgNode) -> None:
     """Raise (naming the keys and the fix) for any config value gwdet cannot build as written.
 
     Values are checked first (each error names its key, and none depends on which components
-    build the model); then every finding about where the norms go is raised at once as a :class:`NormConfigError` whose message lists every key to
-    change (``.changes``); applying them all builds the model.
+    build the model); then every finding about where the norms go is raised at once as a
+    :class:`NormConfigError` whose message lists every key to change (``.changes``); applying them
+    all builds the model. A config that passes is marked with its content (:func:`ensure_checked`).
     """
     require_gwdet_config(cfg, "gwdet")
     check_config_values(cfg)
+    check_detectron2_values(cfg)
     _check_gw_norm(cfg)
     _check_example_groups(cfg)
     error = norm_config_problems(cfg)
     if error is not None:
         raise error
+    object.__setattr__(cfg, _CHECKED_CONTENT, _content(cfg))  # beside yacs' own flags, not a config key
+
+
+# The attribute of a CfgNode holding the content check_gwdet_config accepted (copied by clone()).
+_CHECKED_CONTENT = "_gwdet_checked_content"
+
+
+def _content(cfg: CfgNode) -> str:
+    """Every key and value of ``cfg``, as one string."""
+    return json.dumps(cfg, sort_keys=True, default=repr)
+
+
+def ensure_checked(cfg: CfgNode) -> None:
+    """:func:`check_gwdet_config`, unless it already accepted ``cfg`` with its present content.
+
+    The gate of gwdet's components (backbones, heads), which detectron2's own ``build_model`` may
+    build without passing through :func:`gwdet.build_model`: a config read by
+    :func:`gwdet.model_zoo.build_config` or checked by a build is checked once, and a changed
+    value is checked again."""
+    if getattr(cfg, _CHECKED_CONTENT, None) != _content(cfg):
+        check_gwdet_config(cfg)

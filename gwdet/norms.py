@@ -34,15 +34,17 @@ import detectron2.layers.batch_norm as detectron2_batch_norm
 from detectron2.layers import get_norm as detectron2_get_norm
 from detectron2.utils.logger import log_first_n
 
-from gwdet.errors import GwdetError, GwdetTypeError, GwdetValueError
+from gwdet.errors import GwdetError, GwdetKeyError, GwdetTypeError, GwdetValueError
 from gwdet.config import CONFIG_KEYS, config_default, config_value, require_gwdet_config
-from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
+from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening, largest_divisor_at_most
+from gwdet.layers.common import check_flag
 
 DETECTRON2_GN_GROUPS = 32  # detectron2's get_norm("GN") always has 32 groups
 _CHECKS = {key.name: key.check for key in CONFIG_KEYS}
 _REQUIRED = inspect.Parameter.empty
 # Set on every module a norm name registered with register_norm builds, so that the optimizer
-# treats it as a norm (gwdet.solver.is_norm_layer); the built-in names are recognised by class.
+# treats it as a norm (gwdet.solver.is_norm_layer) whether or not the name gave its layer_types;
+# every other norm layer is recognised by its class.
 NORM_LAYER_MARK = "_gwdet_norm_layer"
 
 
@@ -62,7 +64,12 @@ class NormRecord:
     * ``batch_statistics``: the layer normalizes with statistics over several examples (it must
       not be shared across FPN levels).
     * ``layer_types``: the classes of the layers it builds (a base class stands for its
-      subclasses); checkpoints record them, the model checks look for them.
+      subclasses), wherever such a layer is built. Checkpoints record their types (and the settings
+      gwdet's layers name, ``HYPER_PARAMETERS``); the model checks look for those of the names with
+      ``batch_statistics``; the optimizer gives ``SOLVER.WEIGHT_DECAY_NORM`` to those of the names
+      detectron2 does not build; example weighing replaces those of detectron2's batch-norm names;
+      flop counting reports one that derives from a gwdet layer under that layer's op
+      (:mod:`gwdet.export.counting_ops`). Norm classes no name builds: the end of this module.
     * ``detectron2_values``: ``None`` when detectron2's ``get_norm`` cannot build the name; else
       the param values with which ``get_norm(name)`` builds it itself (``{}``: it has none to set;
       GN: ``{"num_groups": 32}``).
@@ -104,19 +111,33 @@ def register_norm(name: str, build: Callable[..., torch.nn.Module] | None = None
     ``config_keys`` maps each keyword of ``build`` to the yacs key :func:`norm_from_config` reads
     it from; ``batch_statistics`` says whether the layer normalizes with statistics over several
     examples (such a layer must not be shared across FPN levels); ``layer_types``, optional, the
-    classes of the layers it builds (checkpoints then record those layers' types). The layers it
-    builds are norms to the optimizer (:func:`gwdet.solver.is_norm_layer`:
-    ``SOLVER.WEIGHT_DECAY_NORM``). Usable as a decorator. A name is registered once: the names of
-    detectron2 and gwdet, and a name already registered, are refused with ``ValueError`` (a plugin
-    that reloads calls :func:`unregister_norm` first).
+    classes of the layers it builds: every layer of those classes, however built, is then a norm
+    to the optimizer, to gwdet's checkpoints and to the model checks (those of a name with
+    ``batch_statistics``), and one deriving from a gwdet layer is that layer to flop counting
+    (:attr:`NormRecord.layer_types`). The layers it builds are norms to the optimizer in any case
+    (:func:`gwdet.solver.is_norm_layer`: ``SOLVER.WEIGHT_DECAY_NORM``). Usable as a decorator. A
+    name is registered once: the names of detectron2 and gwdet, and a name already registered, are
+    refused with ``ValueError`` (a plugin that reloads calls :func:`unregister_norm` first).
+
+    Everything is checked here, naming the norm: ``build`` is callable and takes the channel count
+    first; ``config_keys`` maps keywords ``build`` takes to dotted key names (whether a config holds
+    them is checked where one is read, :func:`norm_from_config`); ``batch_statistics`` is a bool;
+    ``layer_types`` a tuple of classes. What ``build`` returns is checked where a layer is built
+    (:class:`Norm`).
     """
     if not isinstance(name, str) or not name:
         raise GwdetValueError(f"register_norm: name must be a non-empty string, got {name!r}")
     _refuse_taken(name)
+    owner = f"register_norm({name!r})"
+    check_flag(owner, "batch_statistics", batch_statistics)
+    keys = _checked_config_keys(owner, config_keys)
+    if not isinstance(layer_types, (tuple, list)) or not all(isinstance(kind, type) for kind in layer_types):
+        raise GwdetTypeError(f"{owner}: layer_types must be a tuple of classes, got {layer_types!r}")
 
     def _register(fn: Callable[..., torch.nn.Module]) -> Callable[..., torch.nn.Module]:
         _refuse_taken(name)
-        record = NormRecord(name, fn, dict(config_keys or {}), bool(batch_statistics), tuple(layer_types))
+        _check_build(owner, fn)
+        record = NormRecord(name, fn, keys, batch_statistics, tuple(layer_types))
         unknown = set(record.config_keys) - set(record.params())
         if unknown:
             raise GwdetValueError(f"register_norm({name!r}): config_keys name {sorted(unknown)}, which "
@@ -125,6 +146,39 @@ def register_norm(name: str, build: Callable[..., torch.nn.Module] | None = None
         return fn
 
     return _register if build is None else _register(build)
+
+
+def _checked_config_keys(owner: str, config_keys: Any) -> dict[str, str]:
+    """``config_keys`` as a dict, after checking that it maps keyword names to dotted key names."""
+    if config_keys is None:
+        return {}
+    if not isinstance(config_keys, Mapping):
+        raise GwdetTypeError(f"{owner}: config_keys must map build's keywords to config keys, e.g. "
+                             f"{{'num_groups': 'MODEL.GN.NUM_GROUPS'}}, got {config_keys!r}")
+    for param, key in config_keys.items():
+        if not isinstance(param, str) or not isinstance(key, str) or not key or any(
+                not part for part in key.split(".")):
+            raise GwdetValueError(f"{owner}: config_keys must map build's keywords to dotted config keys "
+                                  f"(e.g. 'MODEL.GN.NUM_GROUPS'), got {param!r}: {key!r}")
+    return dict(config_keys)
+
+
+def _check_build(owner: str, build: Any) -> None:
+    """Raise naming the norm unless ``build`` is a callable that takes the channel count first."""
+    if not callable(build):
+        raise GwdetTypeError(f"{owner}: build must be a function channels -> torch.nn.Module, got "
+                             f"{build!r} ({type(build).__name__})")
+    try:
+        parameters = list(inspect.signature(build).parameters.values())
+    except (TypeError, ValueError):  # a callable whose signature Python cannot read: its keywords are unknown
+        raise GwdetTypeError(f"{owner}: the signature of {build!r} cannot be read, so its keywords are "
+                             "unknown; register a function (def build(channels, ...))") from None
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                  inspect.Parameter.VAR_POSITIONAL)
+    if not parameters or parameters[0].kind not in positional:
+        raise GwdetTypeError(f"{owner}: build must take the channel count as its first argument "
+                             f"(def build(channels, ...)), but {getattr(build, '__qualname__', build)!r} takes "
+                             f"{[p.name for p in parameters]}")
 
 
 def _refuse_taken(name: str) -> None:
@@ -166,13 +220,19 @@ def norm_record(name: str) -> NormRecord:
     )
 
 
-def layer_types(*, batch_statistics: bool | None = None) -> tuple[type, ...]:
-    """The layer classes the catalogue's names build, each once; with ``batch_statistics`` given,
-    those of the names that do (True) or do not (False) normalize over several examples."""
+def layer_types(*, batch_statistics: bool | None = None, detectron2: bool | None = None) -> tuple[type, ...]:
+    """The layer classes the catalogue's names build, each once. With ``batch_statistics`` given,
+    those of the names that do (True) or do not (False) normalize over several examples; with
+    ``detectron2`` given, those of the names detectron2's ``get_norm`` builds itself (True: BN, GN,
+    ...) or does not (False: gwdet's names and registered ones). Norm classes outside the catalogue
+    (torch's InstanceNorm, ...) are listed at the end of this module."""
     found: dict[type, None] = {}
     for record in norm_records():
-        if batch_statistics is None or record.batch_statistics == batch_statistics:
-            found.update(dict.fromkeys(record.layer_types))
+        if batch_statistics is not None and record.batch_statistics != batch_statistics:
+            continue
+        if detectron2 is not None and (record.detectron2_values is not None) != detectron2:
+            continue
+        found.update(dict.fromkeys(record.layer_types))
     return tuple(found)
 
 
@@ -188,8 +248,21 @@ def detectron2_builds(name: str, values: Mapping[str, Any]) -> bool:
 
 
 def _config_values(record: NormRecord, cfg) -> dict[str, Any]:
+    """The values of ``record``'s keywords in ``cfg``; a key the config lacks (one a user's
+    :func:`register_norm` named) is a ``KeyError`` naming the norm, the key and the fix."""
     require_gwdet_config(cfg, f"The norm {record.name!r}")
-    return {param: config_value(cfg, key) for param, key in record.config_keys.items()}
+    values = {}
+    for param, key in record.config_keys.items():
+        try:
+            values[param] = config_value(cfg, key)
+        except (KeyError, AttributeError):
+            parent = key.rpartition(".")[0] or key
+            raise GwdetKeyError(
+                f"The norm {record.name!r} reads its {param} from the config key {key} (its register_norm "
+                f"config_keys), which the config does not have. Add the key to the config before merge_from_file "
+                f"(e.g. cfg.{parent} = CfgNode(); cfg.{key} = <default>), or register the norm with a key the "
+                "config has.") from None
+    return values
 
 
 def detectron2_builds_as_configured(name: Any, cfg) -> bool:
@@ -208,11 +281,12 @@ def detectron2_builds_as_configured(name: Any, cfg) -> bool:
 
 
 def group_adjustment(layer: torch.nn.Module) -> tuple[str, int, int] | None:
-    """``(what, requested, used)`` when a layer could not use the group number (GW, BGN) or group
-    size (BW) it was given, because it does not divide the channels; ``None`` otherwise."""
+    """``(what, requested, used)`` when a layer could not use the group number (GW, BGN, GN) or
+    group size (BW) it was given, because it does not divide the channels; ``None`` otherwise."""
     for requested, used, what in (("num_groups", "effective_num_groups", "groups"),
-                                  ("group_size", "effective_group_size", "channels per group")):
-        if hasattr(layer, used) and getattr(layer, requested) != getattr(layer, used):
+                                  ("group_size", "effective_group_size", "channels per group"),
+                                  (REQUESTED_GROUPS, "num_groups", "groups")):  # GN (_group_norm)
+        if hasattr(layer, requested) and hasattr(layer, used) and getattr(layer, requested) != getattr(layer, used):
             return what, getattr(layer, requested), getattr(layer, used)
     return None
 
@@ -230,6 +304,7 @@ class Norm:
 
     def __init__(self, name: str, strict: bool = False, **params: Any) -> None:
         kind = norm_record(name)
+        check_flag(f"gwdet.norm({name!r})", "strict", strict)
         accepted = kind.params()
         unknown = sorted(set(params) - set(accepted))
         if unknown:
@@ -247,7 +322,7 @@ class Norm:
             values[param] = value
         self.name = name
         self.params = values
-        self.strict = bool(strict)
+        self.strict = strict
 
     @property
     def batch_statistics(self) -> bool:
@@ -257,6 +332,11 @@ class Norm:
     def __call__(self, channels: int) -> torch.nn.Module:
         record = norm_record(self.name)
         layer = record.build(channels, **self.params)
+        if not isinstance(layer, torch.nn.Module):
+            raise GwdetTypeError(
+                f"The norm {self.name!r}: its build function "
+                f"{getattr(record.build, '__qualname__', record.build)} returned {layer!r} "
+                f"({type(layer).__name__}) for {channels} channels, not a torch.nn.Module; make it return the layer")
         if not record.builtin:
             setattr(layer, NORM_LAYER_MARK, True)
         adjusted = group_adjustment(layer)
@@ -297,17 +377,19 @@ def norm_from_config(name: Any, cfg) -> Any:
     """What to pass detectron2 as ``norm`` for the NORM value ``name`` of the yacs config ``cfg``.
 
     * ``""``, ``None`` and callables are returned as they are;
-    * names detectron2 builds as configured are returned as they are (so its components keep their
-      behaviour; :func:`detectron2_builds_as_configured`): its names, except ``"GN"`` with
-      ``MODEL.GN.NUM_GROUPS`` other than detectron2's 32;
+    * detectron2's names without hyper-parameters in the config (BN, FrozenBN, SyncBN, LN, ...)
+      are returned as they are, so its components keep their behaviour for them;
     * every other name becomes a :class:`Norm` holding ``cfg``'s values of its keys (``MODEL.GW.*``
-      for GW, ...). ``cfg`` must have gwdet's keys (:func:`gwdet.add_gwdet_config`).
+      for GW, ``MODEL.GN.NUM_GROUPS`` for GN, ...). ``GN`` too, whatever its group count: gwdet
+      builds torch's ``GroupNorm`` with GW's channel-group rule (a group count that does not divide
+      a layer's channels is adjusted and logged, or refused with ``MODEL.STRICT_NORM_GROUPS``, where
+      torch's would stop). ``cfg`` must have gwdet's keys (:func:`gwdet.add_gwdet_config`).
     """
     if not name or not isinstance(name, str):
         return name
-    if detectron2_builds_as_configured(name, cfg):
-        return name
     record = norm_record(name)
+    if not record.config_keys and detectron2_builds_as_configured(name, cfg):
+        return name
     values = _config_values(record, cfg)
     return Norm(name, bool(config_value(cfg, "MODEL.STRICT_NORM_GROUPS")), **values)
 
@@ -324,8 +406,19 @@ def _detectron2_norm(name: str) -> Callable[[int], torch.nn.Module]:  # pragma: 
     return build
 
 
+# the attribute of a GN layer that keeps the group count asked for (group_adjustment)
+REQUESTED_GROUPS = "requested_num_groups"
+
+
 def _group_norm(channels: int, num_groups: int) -> torch.nn.Module:
-    return torch.nn.GroupNorm(num_groups, channels)
+    """torch's ``GroupNorm`` (Wu & He 2018) over the largest divisor of ``channels`` not above
+    ``num_groups``: GW's channel-group rule, where torch would stop ("num_channels must be
+    divisible by num_groups"). The layer stays torch's class with torch's state dict, so that its
+    weights move between gwdet's components and detectron2's; the request is kept on it for
+    :func:`group_adjustment`."""
+    layer = torch.nn.GroupNorm(largest_divisor_at_most(channels, num_groups), channels)
+    setattr(layer, REQUESTED_GROUPS, num_groups)
+    return layer
 
 
 def _group_whitening_itn(channels: int, num_groups: int, T: int, eps: float) -> torch.nn.Module:
@@ -369,7 +462,8 @@ def _only(keys: Mapping[str, str], build: Callable) -> dict[str, str]:  # pragma
     return {param: keys[param] for param in params}
 
 
-_BATCH_NORMS = (torch.nn.modules.batchnorm._BatchNorm,)  # BatchNorm2d, SyncBatchNorm, NaiveSyncBatchNorm
+_SYNC_BN = (torch.nn.SyncBatchNorm,)  # detectron2's "SyncBN" with torch > 1.5
+_NAIVE_SYNC_BN = (detectron2_batch_norm.NaiveSyncBatchNorm,)  # a BatchNorm2d
 _DETECTRON2_LN = getattr(detectron2_batch_norm, "LayerNorm", torch.nn.LayerNorm)
 
 
@@ -382,12 +476,12 @@ def _detectron2_record(name: str, batch_statistics: bool, layers: tuple[type, ..
 
 
 _BUILTINS = [
-    _detectron2_record("BN", True, _BATCH_NORMS, per_level=True),
-    _detectron2_record("SyncBN", True, _BATCH_NORMS, per_level=True),
+    _detectron2_record("BN", True, (torch.nn.BatchNorm2d,), per_level=True),
+    _detectron2_record("SyncBN", True, _SYNC_BN, per_level=True),
     _detectron2_record("FrozenBN", False, (detectron2_batch_norm.FrozenBatchNorm2d,)),
-    _detectron2_record("nnSyncBN", True, _BATCH_NORMS),
-    _detectron2_record("naiveSyncBN", True, _BATCH_NORMS),
-    _detectron2_record("naiveSyncBN_N", True, _BATCH_NORMS),
+    _detectron2_record("nnSyncBN", True, _SYNC_BN),
+    _detectron2_record("naiveSyncBN", True, _NAIVE_SYNC_BN),
+    _detectron2_record("naiveSyncBN_N", True, _NAIVE_SYNC_BN),
     _detectron2_record("LN", False, (_DETECTRON2_LN,)),
     NormRecord("GN", _group_norm, {"num_groups": "MODEL.GN.NUM_GROUPS"}, layer_types=(torch.nn.GroupNorm,),
                detectron2_values={"num_groups": DETECTRON2_GN_GROUPS}, builtin=True),
@@ -405,3 +499,40 @@ _BUILTINS = [
                layer_types=(BatchGroupNorm,), example_groups=True, builtin=True),
 ]
 _RECORDS.update((record.name, record) for record in _BUILTINS)
+
+
+# ---- norm layers outside the catalogue ---------------------------------------------------------
+# What gwdet's checks and records know of torch's and detectron2's norm classes besides the layer
+# types of the names above: layers built without a name (by a LazyConfig's lambda, say) and
+# detectron2's own lists. Each fact is here once; its readers add the catalogue's layer types.
+
+# The classes detectron2's get_default_optimizer_params gives weight_decay_norm (its own list,
+# detectron2/solver/build.py, 0.6 to 0.7; its NaiveSyncBatchNorm derives from BatchNorm2d).
+# gwdet.solver adds the layer types of the names detectron2 does not build
+# (layer_types(detectron2=False)).
+DETECTRON2_OPTIMIZER_NORMS: tuple[type[torch.nn.Module], ...] = (
+    torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm, torch.nn.GroupNorm,
+    torch.nn.InstanceNorm1d, torch.nn.InstanceNorm2d, torch.nn.InstanceNorm3d, torch.nn.LayerNorm,
+    torch.nn.LocalResponseNorm,
+)
+
+# torch's batch norms of every kind (BatchNorm1d and 3d and the lazy ones too, which no name
+# builds): they normalize with statistics over several examples, as the names with
+# batch_statistics do (gwdet.modeling.model_checks).
+TORCH_BATCH_NORMS: tuple[type[torch.nn.Module], ...] = (torch.nn.modules.batchnorm._BatchNorm,)
+
+# torch's and detectron2's norm classes, each with the attributes that make such a layer the
+# function it is (the first class a layer is an instance of counts; gwdet's layers name theirs in
+# HYPER_PARAMETERS). gwdet's checkpoints record the class of every such layer, whoever built it,
+# and these values (gwdet.checkpoint.compatibility). _NormBase: torch's batch and instance norms.
+TORCH_NORM_SETTINGS: tuple[tuple[type[torch.nn.Module], tuple[str, ...]], ...] = (
+    (torch.nn.GroupNorm, ("num_groups", "eps")),
+    (torch.nn.modules.batchnorm._NormBase, ("eps", "momentum")),
+    (detectron2_batch_norm.FrozenBatchNorm2d, ("eps",)),
+    (torch.nn.LayerNorm, ()),
+)
+
+# detectron2's container of one batch norm per FPN level, in which its RetinaNetHead keeps the
+# layers of the names with detectron2_per_level (detectron2 releases after 0.6 only).
+DETECTRON2_PER_LEVEL_NORMS: tuple[type[torch.nn.Module], ...] = (
+    (detectron2_batch_norm.CycleBatchNormList,) if hasattr(detectron2_batch_norm, "CycleBatchNormList") else ())

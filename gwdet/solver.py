@@ -3,8 +3,9 @@
 detectron2's ``get_default_optimizer_params`` (behind ``DefaultTrainer.build_optimizer`` and the
 LazyConfig ``common/optim.py``) gives ``weight_decay_norm`` (``SOLVER.WEIGHT_DECAY_NORM``, 0 by
 default) to the parameters of modules whose class is in its own list of torch norm classes
-(:data:`TORCH_NORM_TYPES`). gwdet's layers are not in that list, so detectron2 alone would decay
-their affine parameters like convolution weights: a GW model and a GN model would train with
+(:data:`gwdet.norms.DETECTRON2_OPTIMIZER_NORMS`). gwdet's layers are not in that list, so
+detectron2 alone would decay their affine parameters like convolution weights: a GW model and a GN
+model would train with
 different recipes. :func:`get_default_optimizer_params` here takes the same arguments and returns
 the same groups, except that the parameters of every norm layer :func:`is_norm_layer` recognises
 get ``weight_decay_norm`` too. With no gwdet norm in the model the groups are detectron2's, object
@@ -30,23 +31,20 @@ from detectron2.solver.build import get_default_optimizer_params as detectron2_o
 from detectron2.solver.build import maybe_add_gradient_clipping, reduce_param_groups
 from torch import nn
 
-from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
-from gwdet.norms import NORM_LAYER_MARK
+from gwdet.norms import DETECTRON2_OPTIMIZER_NORMS, NORM_LAYER_MARK, layer_types
 
-# The classes detectron2's get_default_optimizer_params treats as norms (detectron2 0.6 to 0.7; its
-# NaiveSyncBatchNorm derives from BatchNorm2d). gwdet keeps their treatment exactly as it is.
-TORCH_NORM_TYPES: tuple[type[nn.Module], ...] = (
-    nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.GroupNorm,
-    nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d, nn.LayerNorm, nn.LocalResponseNorm,
-)
-# gwdet's own layers (per-level containers hold these, or torch's, as children).
-GWDET_NORM_TYPES: tuple[type[nn.Module], ...] = (GroupWhitening, BatchWhitening, BatchGroupNorm)
+
+def optimizer_norm_types() -> tuple[type, ...]:
+    """The classes whose modules are norms to the optimizer: detectron2's own list (which gwdet
+    keeps as it is) and the layer types of the catalogue's names that detectron2 does not build
+    (gwdet's layers, those of registered names). Per-level containers hold these as children."""
+    return DETECTRON2_OPTIMIZER_NORMS + layer_types(detectron2=False)
 
 
 def is_norm_layer(module: nn.Module) -> bool:
-    """Whether ``module``'s parameters are norm parameters to the optimizer: detectron2's torch norm
-    classes, gwdet's layers, and modules built by a norm name registered with gwdet."""
-    return isinstance(module, TORCH_NORM_TYPES + GWDET_NORM_TYPES) or getattr(module, NORM_LAYER_MARK, False)
+    """Whether ``module``'s parameters are norm parameters to the optimizer: its class is one of
+    :func:`optimizer_norm_types`, or a norm name registered with gwdet built it."""
+    return isinstance(module, optimizer_norm_types()) or getattr(module, NORM_LAYER_MARK, False)
 
 
 def norm_parameters(model: nn.Module) -> dict[nn.Parameter, tuple[str, str]]:

@@ -464,4 +464,4 @@ def test_checked_train_loader_still_resumes_where_it_stopped():
     cfg = build_config(str(DEMO_CONFIG), TINY_OPTS)
     prepare_datasets(cfg)
     loader = FiniteImageBatches(Trainer.build_train_loader(cfg))
-    assert skip_trained_samples(loader, cfg, 3)
+    assert skip_trained_samples(loader, 3 * cfg.SOLVER.IMS_PER_BATCH)

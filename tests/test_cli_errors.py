@@ -108,7 +108,6 @@ INTERNAL_GUARDS = {
     ("gwdet/engine/lazy.py", "saved_tree", "TypeError"),
     ("gwdet/engine/tables.py", "add", "KeyError"),
     ("gwdet/engine/threads.py", "choose_threads", "ValueError"),
-    ("gwdet/export/counting_ops.py", "named_op", "NotImplementedError"),
     ("gwdet/layers/cost.py", "whitening_matrix_macs", "ValueError"),
     ("gwdet/layers/cost.py", "_samples_channels_positions", "ValueError"),
     ("gwdet/layers/plans/base.py", "chunk_size", "NotImplementedError"),
@@ -159,7 +158,7 @@ def test_verbose_is_taken_out_of_the_command_line_wherever_it_stands():
 
 def _parsers():
     from gwdet.convert.cli import argument_parser as convert_parser
-    from gwdet.engine.trainer import argument_parser as train_parser
+    from gwdet.engine.arguments import argument_parser as train_parser
     from gwdet.export.analyze_model import argument_parser as analyze_model_parser
     from gwdet.export.export_model import argument_parser as export_parser
     from gwdet_lab.benchmark.cli import argument_parser as benchmark_parser
@@ -217,11 +216,11 @@ def test_a_missing_base_names_the_base_the_config_and_the_fix(capsys, config_wit
 
 def test_a_missing_base_of_a_base_names_the_chain_and_a_cycle_is_refused(tmp_path):
     from gwdet.model_zoo import build_config
-    from gwdet.export.export_model import load_config
+    from gwdet.engine.run import load_run_config
 
     (tmp_path / "top.yaml").write_text('_BASE_: "mid.yaml"\n')
     (tmp_path / "mid.yaml").write_text('_BASE_: ["missing/deeper.yaml"]\n')
-    for load in (build_config, load_config):  # the train tool's loader, and the export/analyze tools'
+    for load in (build_config, load_run_config):  # the yacs loader, and the one every tool reads configs with
         with pytest.raises(FileNotFoundError) as err:
             load(str(tmp_path / "top.yaml"))
         assert (f"Config file '{tmp_path / 'mid.yaml'}' (a base of '{tmp_path / 'top.yaml'}') names _BASE_: "

@@ -111,6 +111,15 @@ def test_study_killed_then_resumed_keeps_finished_cells_and_refuses_changed_conf
     assert "training" not in refused.stdout and [p.stat().st_mtime_ns for p in kept] == mtimes
     assert not (tmp_path / "runs" / "bn-b2-s0.2").exists()
 
+    # A cell killed after its training but before its evaluations finished is evaluated by a new
+    # worker process, which registers the datasets itself (no training there to do it).
+    for name in ("study_complete.json", "study_complete.json.sha256", "batch_statistics.json",
+                 "batch_statistics.json.sha256"):
+        bn.file(name).unlink()
+    third = compare_norms(tmp_path, *arguments)
+    assert "[1/2 bn-b2-s0] evaluating" in third.stdout and bn.is_complete(), third.stdout
+    assert bn.file("batch_statistics.json").exists()
+
 
 def test_a_custom_comparison_with_one_test_dataset_ends_with_a_report(tmp_path):
     # The demo configs evaluate on one dataset, for which detectron2 drops the dataset level of its
@@ -363,7 +372,7 @@ def test_a_damaged_results_json_does_not_count_as_trained_and_is_named(tmp_path,
 
 
 def test_a_results_json_changed_after_it_was_written_does_not_count_as_trained(tmp_path):
-    from gwdet.engine.trainer import write_results_to
+    from gwdet.engine.run import write_results_to
 
     folder = RunFolder(tmp_path)
     write_results_to(str(tmp_path), {"bbox": {"AP": 12.5, "AP50": 30.0}}, ["shapes_test"])

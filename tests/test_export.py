@@ -511,9 +511,7 @@ def test_export_tool_keeps_an_earlier_export_and_leaves_nothing_when_it_cannot_c
     assert [p.name for p in out.iterdir()] == ["model.ts"] and (out / "model.ts").read_bytes() == b"an earlier export"
 
 
-def test_export_tool_compares_on_the_first_sample_with_detections_or_says_there_is_none(monkeypatch):
-    from types import SimpleNamespace
-
+def test_export_tool_compares_on_the_first_sample_with_detections_or_says_there_is_none():
     from gwdet.export import export_model
 
     model, with_detections, without = detector_with_and_without_detections("demo")
@@ -528,14 +526,16 @@ def test_export_tool_compares_on_the_first_sample_with_detections_or_says_there_
     # without --sample-image the test set's images are tried in order, at most SAMPLE_SEARCH_LIMIT
     read = []
 
-    def batches(cfg):
-        for index in range(3 * export_model.SAMPLE_SEARCH_LIMIT):
-            read.append(index)
-            yield [{"image": without}]
+    class EndlessTestSet:  # what sample_candidates asks of a gwdet.engine.run.RunConfig
+        def test_batches(self):
+            for index in range(3 * export_model.SAMPLE_SEARCH_LIMIT):
+                read.append(index)
+                yield [{"image": without}]
 
-    monkeypatch.setattr(export_model, "_test_batches", batches)
-    cfg = SimpleNamespace(DATASETS=SimpleNamespace(TEST=["shapes_val"]))
-    images, source = export_model.sample_candidates(cfg, None)
+        def describe_test_set(self):
+            return "shapes_val (DATASETS.TEST[0])"
+
+    images, source = export_model.sample_candidates(EndlessTestSet(), None)
     with pytest.raises(SystemExit, match=f"None of the first {export_model.SAMPLE_SEARCH_LIMIT} images of "
                                          r"shapes_val \(DATASETS.TEST\[0\]\) gave a detection"):
         export_model.pick_sample(model, images, source)

@@ -18,7 +18,8 @@ from detectron2.engine import HookBase
 
 from gwdet.checkpoint.compatibility import NORM_TYPES_KEY
 from gwdet.checkpoint.signal_hook import TrainingInterrupted
-from gwdet.engine.trainer import main, parse_args
+from gwdet.engine.arguments import parse_args
+from gwdet.engine.run import main
 from gwdet.engine.lazy import LazyTrainer
 
 from conftest import REPO

@@ -16,7 +16,9 @@ import torch
 import torchvision
 
 from gwdet.checkpoint.resilient import ResilientCheckpointer
-from gwdet.engine.trainer import Trainer, check_run_request, main, parse_args
+from gwdet.engine.arguments import parse_args
+from gwdet.engine.run import check_output_request, main
+from gwdet.engine.trainer import Trainer, YacsRun
 from gwdet.model_zoo import build_config
 from gwdet.engine.output_dir import OutputDirLock, check_fresh_start, check_resume_config
 
@@ -59,7 +61,7 @@ def test_overwrite_deletes_the_earlier_run_first(tmp_path):
 
 def test_eval_only_without_weights_is_an_error():
     with pytest.raises(ValueError, match="--eval-only needs trained weights.*MODEL.WEIGHTS"):
-        check_run_request(build_config(str(DEMO_CONFIG), TINY_OPTS), _args("unused", "--eval-only"))
+        check_output_request(_args("unused", "--eval-only"), YacsRun(build_config(str(DEMO_CONFIG), TINY_OPTS)))
 
 
 def test_eval_only_resume_with_no_checkpoint_is_an_error(tmp_path):
@@ -207,12 +209,12 @@ def test_eval_only_resume_evaluates_only_the_checkpoint_last_checkpoint_names(fi
     (run / "model_0000000.pth").write_bytes((finished_run / "model_0000000.pth").read_bytes())
     (run / "last_checkpoint").write_text("model_final.pth")  # gone: no older file in its place
     with pytest.raises(FileNotFoundError, match="names 'model_final.pth'.*MODEL.WEIGHTS .*model_0000000.pth"):
-        check_run_request(build_config(str(DEMO_CONFIG), TINY_OPTS + ["OUTPUT_DIR", str(run)]),
-                          _args(run, "--eval-only", "--resume"))
+        check_output_request(_args(run, "--eval-only", "--resume"),
+                             YacsRun(build_config(str(DEMO_CONFIG), TINY_OPTS + ["OUTPUT_DIR", str(run)])))
     (run / "last_checkpoint").write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(ValueError, match="last_checkpoint is damaged"):
-        check_run_request(build_config(str(DEMO_CONFIG), TINY_OPTS + ["OUTPUT_DIR", str(run)]),
-                          _args(run, "--eval-only", "--resume"))
+        check_output_request(_args(run, "--eval-only", "--resume"),
+                             YacsRun(build_config(str(DEMO_CONFIG), TINY_OPTS + ["OUTPUT_DIR", str(run)])))
 
 
 def test_a_config_left_by_a_run_that_failed_before_training_claims_nothing(tmp_path):
@@ -224,7 +226,8 @@ def test_a_config_left_by_a_run_that_failed_before_training_claims_nothing(tmp_p
 
 def test_resume_with_overwrite_is_refused():
     with pytest.raises(ValueError, match="--resume continues.*--overwrite deletes"):
-        check_run_request(build_config(str(DEMO_CONFIG), TINY_OPTS), _args("unused", "--resume", "--overwrite"))
+        check_output_request(_args("unused", "--resume", "--overwrite"),
+                             YacsRun(build_config(str(DEMO_CONFIG), TINY_OPTS)))
 
 
 def test_a_run_on_a_read_only_disk_is_evaluated_with_its_outputs_elsewhere(finished_run, tmp_path):

@@ -33,7 +33,7 @@ from packaging.requirements import Requirement
 
 import gwdet
 from conftest import REPO, TINY_OPTS
-from gwdet.engine.trainer import parse_args
+from gwdet.engine.arguments import parse_args
 from gwdet.model_zoo import get_config_file, list_configs, resolve_config_file
 from test_lazy_training import LAZY_TINY
 

@@ -18,7 +18,8 @@ from PIL import Image
 from gwdet.data import (CocoDataset, DatasetError, check_config_against_datasets, register_coco_datasets,
                         register_datasets)
 from gwdet.data.coco_registration import ENVIRONMENT_VARIABLE, registered_coco_dataset
-from gwdet.engine.trainer import parse_args, setup
+from gwdet.engine.arguments import parse_args
+from gwdet.engine.run import load_run_config, setup
 from gwdet.model_zoo import build_config
 
 from conftest import DEMO_CONFIG, REPO, TINY_OPTS
@@ -168,7 +169,8 @@ def _setup_error(capsys, tmp_path, registrations: list[str], overrides: list[str
     argv = ["--config", str(DEMO_CONFIG), *[t for r in registrations for t in ("--register-coco", r)],
             *tiny(*overrides, "OUTPUT_DIR", str(tmp_path / "out"))]
     with pytest.raises(SystemExit) as exit_info:
-        setup(parse_args(argv))
+        args = parse_args(argv)
+        setup(args, load_run_config(args.config_file, args.opts))
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and ": error: " in err, err

@@ -103,7 +103,7 @@ def test_a_resumed_loader_continues_the_uninterrupted_sample_stream():
     uninterrupted = iter(Trainer.build_train_loader(cfg))
     batches = [[d["file_name"] for d in next(uninterrupted)] for _ in range(5)]
     resumed_loader = Trainer.build_train_loader(cfg)
-    assert skip_trained_samples(resumed_loader, cfg, start_iter=3)
+    assert skip_trained_samples(resumed_loader, 3 * cfg.SOLVER.IMS_PER_BATCH)
     resumed = iter(resumed_loader)
     assert [[d["file_name"] for d in next(resumed)] for _ in range(2)] == batches[3:]
 

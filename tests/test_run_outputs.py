@@ -16,7 +16,7 @@ from detectron2.utils.logger import setup_logger
 from gwdet.data import ShapesSpec, register_shapes_spec
 from gwdet.engine.run_environment import annotation_files, package_versions, run_environment
 from gwdet.engine.run_log import HeldRecords
-from gwdet.engine.trainer import log_outputs, results_record, write_results_to
+from gwdet.engine.run import log_outputs, results_record, write_results_to
 from gwdet.engine.visualize import TRUTH_CAPTION, captioned, predictions_caption, side_by_side
 
 VERSION_KEYS = {"python", "gwdet", "torch", "torchvision", "detectron2", "numpy", "Pillow", "pycocotools"}
@@ -130,7 +130,7 @@ def test_the_last_log_line_names_the_results_and_the_drawings(tmp_path):
     lines: list[str] = []
     handler = logging.Handler(logging.INFO)
     handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
-    logger = logging.getLogger("gwdet.engine.trainer")  # detectron2's logger set-up stops propagation above it
+    logger = logging.getLogger("gwdet.engine.run")  # detectron2's logger set-up stops propagation above it
     level = logger.level
     logger.setLevel(logging.INFO)
     logger.addHandler(handler)

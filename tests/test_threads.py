@@ -224,7 +224,7 @@ def test_description_names_the_count_its_reason_and_the_wait_policy():
 
 
 def test_the_tools_take_auto_load_and_refuse_other_words(capsys):
-    from gwdet.engine.trainer import parse_args
+    from gwdet.engine.arguments import parse_args
     from gwdet_lab.study import cli as study
 
     from conftest import DEMO_CONFIG

@@ -6,9 +6,9 @@ import sys
 import pytest
 from PIL import Image
 
-from gwdet.engine.trainer import (
-    Trainer, argument_parser, flatten_results, main, parse_args, results_markdown, write_results,
-)
+from gwdet.engine.arguments import argument_parser, parse_args
+from gwdet.engine.run import flatten_results, main, results_markdown, write_results_to
+from gwdet.engine.trainer import Trainer
 from gwdet.model_zoo import build_config
 from gwdet.data import prepare_datasets
 
@@ -26,7 +26,7 @@ def test_tiny_config_trains_two_iterations_and_evaluates(tmp_path):
     assert {"AP", "AP50", "AP75"} <= set(results["bbox"])
     metrics = [json.loads(line) for line in (tmp_path / "metrics.json").read_text().splitlines()]
     assert any("total_loss" in m for m in metrics)
-    write_results(cfg, results)
+    write_results_to(cfg.OUTPUT_DIR, results, cfg.DATASETS.TEST)
     assert "### shapes_val bbox" in (tmp_path / "results.md").read_text()
 
 

@@ -11,7 +11,7 @@
 Trailing ``KEY VALUE`` pairs override the config. ``--config`` also takes the name of a config
 gwdet ships (``--config mask_rcnn_gw.yaml``): a path that does not exist here is looked up in
 :mod:`gwdet.model_zoo`. This file is a thin wrapper of :func:`gwdet.cluster.training.run`, which an
-installed gwdet also provides as the command ``gwdet-train``; training itself lives in :mod:`gwdet.engine.trainer`.
+installed gwdet also provides as the command ``gwdet-train``; training itself lives in :mod:`gwdet.engine.run`.
 ``--num-gpus N`` starts N processes: one per GPU, or N CPU processes (gloo) when there is no GPU
 (:mod:`gwdet.engine.launch`, which also works on detectron2 v0.6). CPU threads: see :mod:`gwdet.engine.threads`
 (``--threads N`` or ``OMP_NUM_THREADS`` to choose). ``--launcher slurm``

@@ -8,20 +8,29 @@ Checkpoints written by gwdet's trainer record the type and the hyper-parameters 
 layer, so weights trained with other norms (a GN model's affine parameters into GW layers) or with
 other norm values (GW with 16 groups evaluated with 8: the same parameter shapes, another function)
 are refused the same way.
+
+gwdet's own norm layers also record their settings in the model's state (``<layer>._extra_state``,
+:mod:`gwdet.layers.settings_state`), which every loader checks as it loads. gwdet's checkpointer
+compares those records with the model before anything is loaded (:func:`check_layer_settings`), so
+that a checkpoint without gwdet's records beside the weights (one written by detectron2's
+``lazyconfig_train_net.py``) is refused as its own are; with the opt-in to load other norm values
+anyway, it removes them from the state first (:func:`drop_layer_settings`). A state saved before
+the layers recorded settings has none: its values are then checked as before, from the records
+beside the weights where gwdet's trainer wrote them.
 """
 from __future__ import annotations
 
 from typing import Any, Mapping
 
 import torch
-import detectron2.layers.batch_norm as detectron2_norms
 from detectron2.modeling.backbone import ResNet
 
 from gwdet.errors import GwdetValueError
 from gwdet.checkpoint.converted_weights import ARCH_FIELD, ARCHITECTURES, GW_POSITIONS_FIELD, INPUT_FIELD
-from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
-from gwdet.modeling.heads import PerLevelNorm
-from gwdet.norms import layer_types
+from gwdet.layers import GroupWhitening
+from gwdet.layers.settings_state import EXTRA_STATE_KEY, SettingsInState, decode_settings
+from gwdet.modeling.model_checks import PER_LEVEL_CONTAINERS
+from gwdet.norms import TORCH_NORM_SETTINGS, layer_types
 from gwdet.positions import format_gw_positions, parse_gw_positions, positions_with_norm
 
 
@@ -99,18 +108,14 @@ def check_weights_fit_model(metadata: Mapping, model: torch.nn.Module) -> None:
 # ---- norm layer types recorded in gwdet's checkpoints ------------------------------------------
 
 NORM_TYPES_KEY = "gwdet_norm_types"
-# Besides the layers of the norm catalogue's names (gwdet.norms.layer_types): torch's norm classes
-# built otherwise (by LazyConfigs, say), and the containers that keep one norm per FPN level.
-OTHER_NORM_LAYERS = (
-    torch.nn.modules.batchnorm._NormBase, torch.nn.LayerNorm, PerLevelNorm,
-    # in detectron2 releases after 0.6 only:
-    *([detectron2_norms.CycleBatchNormList] if hasattr(detectron2_norms, "CycleBatchNormList") else []),
-)
 
 
 def norm_layer_types() -> tuple[type, ...]:
-    """The classes whose modules :func:`norm_types` records."""
-    return OTHER_NORM_LAYERS + layer_types()
+    """The classes whose modules :func:`norm_types` records: the layer types of the norm
+    catalogue's names (:func:`gwdet.norms.layer_types`), torch's and detectron2's norm classes
+    however built (by LazyConfigs, say; :data:`gwdet.norms.TORCH_NORM_SETTINGS`), and the
+    containers that keep one norm per FPN level."""
+    return layer_types() + tuple(kind for kind, _ in TORCH_NORM_SETTINGS) + PER_LEVEL_CONTAINERS
 
 
 def norm_types(model: torch.nn.Module) -> dict[str, str]:
@@ -137,23 +142,26 @@ def check_norm_types(saved: Mapping[str, str], model: torch.nn.Module, how_to_op
 # ---- norm hyper-parameters recorded in gwdet's checkpoints --------------------------------------
 
 NORM_SETTINGS_KEY = "gwdet_norm_settings"
-# The attributes that make each kind of norm layer the function it is (first matching class wins).
-NORM_SETTINGS: tuple[tuple[type, tuple[str, ...]], ...] = (
-    (GroupWhitening, ("num_groups", "T", "eps", "method")),
-    (BatchWhitening, ("group_size", "T", "eps", "momentum", "method")),
-    (BatchGroupNorm, ("num_groups", "examples_per_group", "eps", "momentum", "eval_example_weight")),
-    (torch.nn.GroupNorm, ("num_groups", "eps")),
-    (torch.nn.modules.batchnorm._NormBase, ("eps", "momentum")),
-    (detectron2_norms.FrozenBatchNorm2d, ("eps",)),
-)
+
+
+def norm_setting_names() -> tuple[tuple[type, tuple[str, ...]], ...]:
+    """The attributes that make each kind of norm layer the function it is (the first class a
+    layer is an instance of counts): those the catalogue's layer types name, gwdet's layers
+    (``HYPER_PARAMETERS``, what their state dicts record besides channels and ``affine``; a
+    subclass before the class it derives from), then torch's and detectron2's
+    (:data:`gwdet.norms.TORCH_NORM_SETTINGS`)."""
+    named = sorted((kind for kind in layer_types() if issubclass(kind, SettingsInState)),
+                   key=lambda kind: -len(kind.__mro__))
+    return tuple((kind, kind.HYPER_PARAMETERS) for kind in named) + TORCH_NORM_SETTINGS
 
 
 def norm_settings(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
     """``{module name: {hyper-parameter: value}}`` of every norm layer of ``model`` that has any."""
     model = getattr(model, "module", model)
+    settings = norm_setting_names()
     found = {}
     for name, module in model.named_modules():
-        names = next((attributes for kind, attributes in NORM_SETTINGS if isinstance(module, kind)), ())
+        names = next((attributes for kind, attributes in settings if isinstance(module, kind)), ())
         if name and names:
             found[name] = {attribute: getattr(module, attribute) for attribute in names}
     return found
@@ -162,8 +170,15 @@ def norm_settings(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
 def check_norm_settings(saved: Mapping[str, Mapping[str, Any]], model: torch.nn.Module, how_to_opt_in: str) -> None:
     """Raise ``ValueError`` naming the layers and values when a norm layer of ``model`` has other
     hyper-parameters than the saved model had (the weights load, but into another function)."""
+    _refuse_other_settings(saved, norm_settings(model), how_to_opt_in)
+
+
+def _refuse_other_settings(saved: Mapping[str, Mapping[str, Any]], present: Mapping[str, Mapping[str, Any]],
+                           how_to_opt_in: str) -> None:
+    """Raise ``ValueError`` naming up to three values that differ between ``saved`` and ``present``
+    (``{layer: {setting: value}}``); layers and values that ``saved`` lacks are not compared."""
     differing = [f"{name} {key} {saved[name][key]!r} -> {value!r}"
-                 for name, values in norm_settings(model).items() if isinstance(saved.get(name), Mapping)
+                 for name, values in present.items() if isinstance(saved.get(name), Mapping)
                  for key, value in values.items() if key in saved[name] and saved[name][key] != value]
     if differing:
         raise GwdetValueError(
@@ -172,3 +187,53 @@ def check_norm_settings(saved: Mapping[str, Mapping[str, Any]], model: torch.nn.
             "the weights were trained with (the run's config.yaml: MODEL.GW.*, MODEL.BW.*, MODEL.BGN.*, "
             f"MODEL.GN.NUM_GROUPS), or {how_to_opt_in} to load them anyway."
         )
+
+
+# ---- settings recorded by gwdet's layers in the model's state ---------------------------------
+
+def _recording_layers(model: torch.nn.Module) -> dict[str, SettingsInState]:
+    """``{state dict key of its settings: layer}`` for every gwdet layer of ``model`` (DDP's
+    ``module.`` dropped) that records its settings in its state."""
+    model = getattr(model, "module", model)
+    return {f"{name}.{EXTRA_STATE_KEY}" if name else EXTRA_STATE_KEY: module
+            for name, module in model.named_modules() if isinstance(module, SettingsInState)}
+
+
+def _saved_key(weights: Mapping[str, Any], key: str) -> str | None:
+    """The key of ``weights`` that holds ``key``'s value: itself, or with DDP's ``module.``."""
+    return next((found for found in (key, "module." + key) if found in weights), None)
+
+
+def check_layer_settings(weights: Mapping[str, Any], model: torch.nn.Module, how_to_opt_in: str) -> None:
+    """Raise ``ValueError`` before anything is loaded when a gwdet layer of ``model`` recorded
+    other settings in ``weights`` (a state dict) than it has: another layer class (as
+    :func:`check_norm_types`) or other values (as :func:`check_norm_settings`: its hyper-parameters,
+    and its channel count and ``affine``). A record that is not gwdet's settings is refused naming its key. Layers without a
+    record (states saved before the layers recorded settings) are not compared."""
+    saved_types: dict[str, str] = {}
+    saved_settings: dict[str, dict[str, Any]] = {}
+    present: dict[str, dict[str, Any]] = {}
+    for key, layer in _recording_layers(model).items():
+        found = _saved_key(weights, key)
+        if found is None:
+            continue
+        saved = decode_settings(weights[found])
+        name = key[: -len(EXTRA_STATE_KEY)].rstrip(".")
+        if saved is None:
+            raise GwdetValueError(f"The checkpoint's {found} is not the settings a gwdet norm layer records, so "
+                                  f"the weights of {name or 'the model'} cannot be checked against the layer; "
+                                  "load an unchanged checkpoint of this model.")
+        saved_types[name] = saved.pop("layer")
+        saved_settings[name] = saved
+        present[name] = layer.settings()
+    check_norm_types(saved_types, model, how_to_opt_in)
+    _refuse_other_settings(saved_settings, present, how_to_opt_in)
+
+
+def drop_layer_settings(weights: dict[str, Any], model: torch.nn.Module) -> None:
+    """Remove from ``weights`` the settings that ``model``'s gwdet layers recorded: the layers then
+    load the weights whatever settings they were saved with (the opt-in to load other norm values)."""
+    for key in _recording_layers(model):
+        found = _saved_key(weights, key)
+        if found is not None:
+            del weights[found]

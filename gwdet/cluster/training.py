@@ -24,28 +24,26 @@ from gwdet.cluster.jobs import NodePlacement, RequeueableJob
 from gwdet.cluster.options import add_launcher_arguments, launcher_options
 from gwdet.cluster.slurm import ClusterUnavailable
 from gwdet.utils.cli_errors import run_tool, tool_name
-from gwdet.engine.lazy import check_run_request as check_lazy_run_request, is_lazy_config, load_lazy_config
-from gwdet.engine import trainer
-from gwdet.engine.trainer import RESULTS_JSON, RESULTS_MARKDOWN, check_run_request, main
+from gwdet.engine import arguments
 from gwdet.engine.launch import launch
+from gwdet.engine.run import RESULTS_JSON, RESULTS_MARKDOWN, check_output_request, load_run_config, main
 from gwdet.engine.threads import configure_threads
-from gwdet.model_zoo.loading import build_config
 
 JOBS_FOLDER = "submitit"  # inside OUTPUT_DIR: <job id>/ with submitit's pickles and logs
 
 
 def argument_parser() -> argparse.ArgumentParser:
-    """The train tool's flags: the trainer's (:func:`gwdet.engine.trainer.argument_parser`) and the
+    """The train tool's flags: the trainer's (:func:`gwdet.engine.arguments.argument_parser`) and the
     launcher's (``--launcher``, ``--nodes``, ``--partition``, ...: :mod:`gwdet.cluster.options`)."""
-    parser = trainer.argument_parser()
+    parser = arguments.argument_parser()
     add_launcher_arguments(parser)
     return parser
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """:func:`argument_parser`'s arguments, read as :func:`gwdet.engine.trainer.parse_args` reads them
+    """:func:`argument_parser`'s arguments, read as :func:`gwdet.engine.arguments.parse_args` reads them
     (flags may follow the ``KEY VALUE`` overrides)."""
-    return trainer.parse_args(argv, argument_parser())
+    return arguments.parse_args(argv, argument_parser())
 
 
 def train_here(args: argparse.Namespace) -> None:
@@ -81,11 +79,8 @@ class TrainingJob(RequeueableJob):
 def checked_run(args: argparse.Namespace) -> tuple[str, Callable[[], None]]:
     """The output folder of the run ``args`` describe (``OUTPUT_DIR`` of a yacs config,
     ``train.output_dir`` of a LazyConfig), and the check of the request against that folder."""
-    if is_lazy_config(args.config_file):
-        lazy_cfg = load_lazy_config(args.config_file, args.opts)
-        return lazy_cfg.train.output_dir, lambda: check_lazy_run_request(lazy_cfg, args)
-    cfg = build_config(args.config_file, args.opts)
-    return cfg.OUTPUT_DIR, lambda: check_run_request(cfg, args)
+    run = load_run_config(args.config_file, args.opts)
+    return run.output_dir, lambda: check_output_request(args, run)
 
 
 def check_before_submitting(args: argparse.Namespace) -> str:

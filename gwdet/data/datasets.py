@@ -8,13 +8,14 @@ Your own COCO-format datasets come from ``--register-coco NAME=JSON:IMAGE_ROOT``
 """
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from detectron2.config import CfgNode
 from detectron2.data import DatasetCatalog, MetadataCatalog
 
-from gwdet.errors import GwdetFileNotFoundError, GwdetKeyError
+from gwdet.errors import GwdetFileNotFoundError, GwdetKeyError, GwdetValueError
 from gwdet.data.coco_registration import (
     ENVIRONMENT_VARIABLE,
     CocoDataset,
@@ -94,3 +95,18 @@ def prepare_datasets(cfg: CfgNode, coco: Sequence[CocoDataset] = ()) -> None:
     if any(name.startswith("shapes_") for name in names):
         register_shapes(cfg)
     check_dataset_files(names)
+
+
+@contextlib.contextmanager
+def named_empty_training_set(datasets: str, keep_empty: str) -> Iterator[None]:
+    """detectron2's bare ``AssertionError: No valid data found`` (every training image filtered out
+    for want of annotations) raised as an error naming the training ``datasets`` and the setting
+    ``keep_empty`` that trains on images without annotations."""
+    try:
+        yield
+    except AssertionError as err:
+        if "No valid data" not in str(err):
+            raise
+        raise GwdetValueError(
+            f"None of the images of {datasets} has an annotation to train on: check that the json's 'annotations' "
+            f"list is there and refers to its 'images' ids (or set {keep_empty} to train on empty images).") from err

@@ -97,7 +97,8 @@ def seed_loader_generator(loader, seed: int) -> None:
 
 
 def build_resumable_train_loader(cfg: CfgNode) -> Iterable:
-    """detectron2's train loader for ``cfg``, seeded, that :func:`skip_trained_samples` can position."""
+    """detectron2's train loader for ``cfg``, seeded with ``cfg.SEED``, that
+    :func:`skip_trained_samples` can position (:func:`resumable_train_loader`)."""
     # detectron2 builds a default sampler here, drawing a seed from numpy's global generator; after
     # a resume restored that generator, the draw would shift every later augmentation decision.
     numpy_state = np.random.get_state()
@@ -107,30 +108,38 @@ def build_resumable_train_loader(cfg: CfgNode) -> Iterable:
         check_dataset_boxes(loader_args["dataset"], f"DATASETS.TRAIN {tuple(cfg.DATASETS.TRAIN)}")
     if isinstance(loader_args["sampler"], TrainingSampler) and cfg.SEED >= 0:
         loader_args["sampler"] = TrainingSampler(len(loader_args["dataset"]), seed=cfg.SEED)
-    sampler = loader_args["sampler"] = SkippingSampler(loader_args["sampler"])
-    if cfg.SEED >= 0:
+    return resumable_train_loader(loader_args, cfg.SEED)
+
+
+def resumable_train_loader(arguments: dict, seed: int) -> Iterable:
+    """``build_detection_train_loader(**arguments)`` (detectron2's keyword arguments, ``sampler``
+    among them) with the sampler wrapped in a :class:`SkippingSampler` that
+    :func:`skip_trained_samples` positions; with ``seed`` >= 0 the loader also gets its own
+    generator, seeded with ``seed`` + the process's rank."""
+    sampler = arguments["sampler"] = SkippingSampler(arguments["sampler"])
+    if seed >= 0:
         # Without its own generator, starting to iterate the loader draws the workers' base seed
         # from torch's global generator: a resumed run would do so after the restore, shifting every
         # later torch draw (RPN and ROI sampling) away from the uninterrupted run's. Offset by rank
         # as detectron2's default_setup does, so ranks' workers augment differently.
-        seed = cfg.SEED + comm.get_rank()
+        rank_seed = seed + comm.get_rank()
         if loader_accepts_seed():
-            loader_args["seed"] = seed
-            loader = build_detection_train_loader(**loader_args)
+            loader = build_detection_train_loader(**arguments, seed=rank_seed)
         else:
-            loader = build_detection_train_loader(**loader_args)
-            seed_loader_generator(loader, seed)
+            loader = build_detection_train_loader(**arguments)
+            seed_loader_generator(loader, rank_seed)
     else:
-        loader = build_detection_train_loader(**loader_args)
+        loader = build_detection_train_loader(**arguments)
     setattr(loader, _SAMPLER_ATTRIBUTE, sampler)
     return loader
 
 
-def skip_trained_samples(loader: Iterable, cfg: CfgNode, start_iter: int) -> bool:
-    """Position a not yet iterated :func:`build_resumable_train_loader` loader after ``start_iter``
-    iterations; False (nothing done) for a loader built otherwise."""
+def skip_trained_samples(loader: Iterable, samples: int) -> bool:
+    """Position a not yet iterated :func:`resumable_train_loader` loader (or a wrapper passing its
+    attributes on) after its first ``samples`` samples (this process's share of the iterations
+    trained); False (nothing done) for a loader built otherwise."""
     sampler = getattr(loader, _SAMPLER_ATTRIBUTE, None)
     if sampler is None:
         return False
-    sampler.skip = start_iter * (cfg.SOLVER.IMS_PER_BATCH // comm.get_world_size())
+    sampler.skip = samples
     return True

@@ -1,9 +1,12 @@
 """gwdet's run infrastructure: what trains, evaluates and records a run, beside the plugin itself.
 
-* :mod:`gwdet.engine.trainer`: the yacs path (``Trainer``: detectron2's ``DefaultTrainer`` with
-  COCOEvaluator, gwdet's optimizer, checkpointer and checks; ``setup``, ``main``),
-  behind ``tools/train_net.py`` / ``gwdet-train``;
-* :mod:`gwdet.engine.lazy`: the same for LazyConfig ``.py`` files;
+* :mod:`gwdet.engine.run`: the one run of ``tools/train_net.py`` / ``gwdet-train`` (``main``,
+  ``setup``, the run-request checks, results files) for any config, through a ``RunConfig``;
+* :mod:`gwdet.engine.trainer`: a yacs config's ``RunConfig`` and ``Trainer`` (detectron2's
+  ``DefaultTrainer`` with COCOEvaluator, gwdet's optimizer, checkpointer and checks);
+* :mod:`gwdet.engine.lazy`: a LazyConfig's ``RunConfig`` and ``LazyTrainer``;
+* :mod:`gwdet.engine.training`: what both trainers add to detectron2's loop;
+* :mod:`gwdet.engine.arguments`: the train tool's command line;
 * :mod:`gwdet.engine.launch`: multi-process and multi-machine starts (also CPU processes with gloo);
 * :mod:`gwdet.engine.threads`: the CPU thread count of a run;
 * :mod:`gwdet.engine.output_dir`: a run folder's lock, fresh-start, resume and evaluation rules;

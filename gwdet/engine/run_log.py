@@ -1,7 +1,7 @@
 """The run's log (``log.txt``, detectron2's ``setup_logger``) from its first message on.
 
 A run's checks come before its log file exists: they compare the request with the run folder
-(:func:`gwdet.engine.trainer.check_run_request`), and detectron2's set-up that creates ``log.txt``
+(:func:`gwdet.engine.run.check_output_request`), and detectron2's set-up that creates ``log.txt``
 also writes the new ``config.yaml`` over the one they read. :class:`HeldRecords` holds what gwdet
 logs in the meantime (the ``--resume`` warning about changed config values, say) and hands it to
 the run's handlers once they exist, so it reaches the console and ``log.txt`` like any later

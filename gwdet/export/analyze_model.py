@@ -30,6 +30,8 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from gwdet.engine.arguments import parse_with_trailing_flags
+from gwdet.engine.run import RunConfig, load_run_config
 from gwdet.utils.cli_errors import run_tool
 
 logger = logging.getLogger("gwdet.export")
@@ -50,37 +52,32 @@ def argument_parser() -> argparse.ArgumentParser:
 
     parser = config_parser("Flops, parameters and structure of a gwdet model.")
     parser.add_argument("--tasks", nargs="+", choices=["flop", "parameter", "structure"], default=["flop"])
-    parser.add_argument("-n", "--num-inputs", type=int, default=1, help="test images to average flops over")
-    parser.add_argument("--input-size", type=int, nargs=2, metavar=("H", "W"), default=None,
+    parser.add_argument("-n", "--num-inputs", type=positive_int, default=1, help="test images to average flops over")
+    parser.add_argument("--input-size", type=positive_int, nargs=2, metavar=("H", "W"), default=None,
                         help="count on one random image of this size instead of the test set")
-    parser.add_argument("--max-depth", type=int, default=3, help="depth of the per-module table")
+    parser.add_argument("--max-depth", type=positive_int, default=3, help="depth of the per-module table")
     return add_opts(parser)
 
 
-def model_inputs(cfg, num_inputs: int, input_size: Optional[Sequence[int]]) -> List[List[Dict]]:
+def positive_int(text: str) -> int:
+    """A count or size flag's value: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"give an integer of at least 1, got {text!r}")
+    return value
+
+
+def model_inputs(run: RunConfig, num_inputs: int, input_size: Optional[Sequence[int]]) -> List[List[Dict]]:
     """Batches of one image each: random ``input_size`` pixels, or the first test images
     (``DATASETS.TEST[0]``; a LazyConfig's ``dataloader.test``)."""
     if input_size is not None:
         generator = torch.Generator().manual_seed(0)
         image = torch.rand(3, input_size[0], input_size[1], generator=generator) * 255
         return [[{"image": image}]]
-    from gwdet.export.export_model import is_lazy
-
-    if is_lazy(cfg):
-        from gwdet.engine.lazy import iter_test_batches
-
-        return list(itertools.islice(iter_test_batches(cfg), num_inputs))
-    from detectron2.data import build_detection_test_loader
-
-    from gwdet.data.datasets import prepare_datasets
-
-    prepare_datasets(cfg)
-    batches = []
-    for batch in build_detection_test_loader(cfg, cfg.DATASETS.TEST[0]):
-        batches.append(batch)
-        if len(batches) == num_inputs:
-            break
-    return batches
+    return list(itertools.islice(run.test_batches(), num_inputs))
 
 
 def share_rows(analysis, model: torch.nn.Module) -> List[Dict]:
@@ -118,7 +115,7 @@ def share_markdown(rows: List[Dict]) -> str:
     return "\n".join(lines)
 
 
-def do_flop(cfg, model, batches, max_depth: int) -> Dict:
+def do_flop(model, batches, max_depth: int) -> Dict:
     from fvcore.nn import flop_count_table
 
     from gwdet.export.flops import FlopCountAnalysis
@@ -153,16 +150,14 @@ def _analyze(argv: Sequence[str]) -> int:
     from detectron2.utils.analysis import parameter_count_table
     from detectron2.utils.logger import setup_logger
 
-    from gwdet.export.export_model import build_trained_model, load_config
-
-    args = argument_parser().parse_args(argv)
+    args = parse_with_trailing_flags(argument_parser(), argv)
     setup_logger(name="fvcore")
     setup_logger(name="detectron2")
-    cfg = load_config(args.config_file, args.opts)
-    model = build_trained_model(cfg)
+    run = load_run_config(args.config_file, args.opts, tool=True)
+    model = run.build_trained_model()
     if "flop" in args.tasks:
         with torch.no_grad():
-            do_flop(cfg, model, model_inputs(cfg, args.num_inputs, args.input_size), args.max_depth)
+            do_flop(model, model_inputs(run, args.num_inputs, args.input_size), args.max_depth)
     if "parameter" in args.tasks:
         print("Parameters:\n" + parameter_count_table(model, max_depth=args.max_depth))
     if "structure" in args.tasks:

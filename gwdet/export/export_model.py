@@ -20,7 +20,7 @@ replaced only with ``--overwrite``. One export at a time writes into an ``--outp
 (:class:`ExportFolderLock`, which also removes partial files of exports killed there).
 ``--run-eval`` (TorchScript, tracing) evaluates the exported model on ``DATASETS.TEST[0]`` with the
 config's evaluator, as detectron2's tool does.
-A LazyConfig (``.py``, ``key=value`` overrides; :func:`load_config`) gives its model
+A LazyConfig (``.py``, ``key=value`` overrides; :func:`gwdet.engine.run.load_run_config`) gives its model
 ``train.init_checkpoint`` and its test images from ``dataloader.test`` (``--sample-image`` read in
 the test mapper's format, through its augmentations), and ``--run-eval`` uses ``dataloader.evaluator``.
 """
@@ -39,6 +39,8 @@ from gwdet.errors import GwdetValueError
 from gwdet.data.test_images import read_test_image
 from gwdet.utils.cli_errors import add_verbose_argument, run_tool
 from gwdet.export.detection_check import TOLERANCE
+from gwdet.engine.arguments import parse_with_trailing_flags
+from gwdet.engine.run import RunConfig, load_run_config
 
 logger = logging.getLogger("gwdet.export")
 
@@ -69,26 +71,6 @@ def add_opts(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("opts", nargs=argparse.REMAINDER, default=[],
                         help="KEY VALUE pairs overriding the config (key=value for a LazyConfig .py)")
     return parser
-
-
-def load_config(config_file: str, opts: Sequence[str] = ()) -> Any:
-    """The config the export and analyze tools work from, its test images read in this process: a
-    yacs ``CfgNode`` with ``KEY VALUE`` overrides (:func:`gwdet.model_zoo.build_config`), or for a
-    ``.py`` file the LazyConfig with ``key=value`` overrides (:func:`gwdet.engine.lazy.load_lazy_config`)."""
-    from gwdet.engine.lazy import is_lazy_config, load_lazy_config, without_loader_workers
-
-    if is_lazy_config(config_file):
-        return without_loader_workers(load_lazy_config(config_file, list(opts)))
-    from gwdet.model_zoo import build_config
-
-    return build_config(config_file, ["DATALOADER.NUM_WORKERS", "0"] + list(opts))
-
-
-def is_lazy(cfg: Any) -> bool:
-    """Whether ``cfg`` is a LazyConfig (what :func:`load_config` returns for a ``.py`` file)."""
-    from omegaconf import DictConfig
-
-    return isinstance(cfg, DictConfig)
 
 
 def argument_parser() -> argparse.ArgumentParser:
@@ -123,58 +105,21 @@ def _positive_number(text: str) -> float:
 SAMPLE_SEARCH_LIMIT = 20
 
 
-def _test_batches(cfg) -> Iterator[List[Dict]]:
-    if is_lazy(cfg):
-        from gwdet.engine.lazy import iter_test_batches
-
-        return iter_test_batches(cfg)
-    from detectron2.data import build_detection_test_loader
-
-    from gwdet.data.datasets import prepare_datasets
-
-    prepare_datasets(cfg)
-    return iter(build_detection_test_loader(cfg, cfg.DATASETS.TEST[0]))
-
-
-def sample_candidates(cfg, sample_image: Optional[str]) -> Tuple[Iterator[Tensor], Optional[str]]:
+def sample_candidates(run: RunConfig, sample_image: Optional[str]) -> Tuple[Iterator[Tensor], Optional[str]]:
     """The images the export may be compared on, each a ``(3, H, W)`` float tensor resized as
     detectron2's ``DefaultPredictor`` resizes it, and where they come from: ``sample_image`` alone
-    (``None``), or those of ``DATASETS.TEST[0]`` in order, at most :data:`SAMPLE_SEARCH_LIMIT` (the
-    dataset's name)."""
+    (``None``), or those of the first test set in order, at most :data:`SAMPLE_SEARCH_LIMIT` (its
+    description, :meth:`~gwdet.engine.run.RunConfig.describe_test_set`)."""
     if sample_image is not None:
-        return iter([read_test_image(cfg, sample_image)["image"]]), None
+        return iter([read_test_image(run.cfg, sample_image)["image"]]), None
 
     def images() -> Iterator[Tensor]:
         # the loader's batches hold one image each (detectron2's test loader)
-        for batch in itertools.islice(_test_batches(cfg), SAMPLE_SEARCH_LIMIT):
+        for batch in itertools.islice(run.test_batches(), SAMPLE_SEARCH_LIMIT):
             for sample in batch:
                 yield sample["image"]
 
-    if is_lazy(cfg):
-        from gwdet.engine.lazy import describe_test_set
-
-        return images(), describe_test_set(cfg)
-    return images(), f"{cfg.DATASETS.TEST[0]} (DATASETS.TEST[0])"
-
-
-def build_trained_model(cfg) -> torch.nn.Module:
-    """The config's model with ``MODEL.WEIGHTS`` (a LazyConfig's ``train.init_checkpoint``) loaded
-    as ``train_net.py --eval-only`` loads them."""
-    if is_lazy(cfg):
-        from gwdet.engine.lazy import build_trained_model as build_lazy_trained_model
-
-        return build_lazy_trained_model(cfg)
-    from gwdet.checkpoint.resilient import ResilientCheckpointer
-    from gwdet.engine.trainer import Trainer
-
-    model = Trainer.build_model(cfg)
-    if cfg.MODEL.WEIGHTS:
-        ResilientCheckpointer(model, save_dir=cfg.OUTPUT_DIR, require_every_weight=True).resume_or_load(
-            cfg.MODEL.WEIGHTS, resume=False
-        )
-    else:
-        logger.warning("MODEL.WEIGHTS is empty: exporting a randomly initialized model.")
-    return model.eval()
+    return images(), run.describe_test_set()
 
 
 class ExportFolderLock:
@@ -237,6 +182,7 @@ def export_scripting(model: torch.nn.Module, path: str) -> torch.jit.ScriptModul
     from detectron2.export import scripting_with_instances
     from detectron2.structures import Boxes
 
+    from gwdet.export.deploy import save_script_module
     from gwdet.utils.atomic import path_written_with_checksum
 
     types = {"Boxes": Boxes, "Tensor": Tensor}
@@ -244,7 +190,7 @@ def export_scripting(model: torch.nn.Module, path: str) -> torch.jit.ScriptModul
     scripted = scripting_with_instances(_scripted_adapter(model), fields)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with path_written_with_checksum(path) as temporary:  # atomically, SHA-256 in path.sha256
-        torch.jit.save(scripted, temporary)
+        save_script_module(scripted, temporary)
     return scripted
 
 
@@ -272,31 +218,21 @@ def _adapter_fields(adapter, flat_outputs: Sequence[Any]) -> Optional[Dict[str, 
     return _instance_fields(adapter.outputs_schema([torch.as_tensor(output) for output in flat_outputs]))
 
 
-def evaluate_traced(cfg, traced, adapter) -> Dict:
-    """COCO evaluation of the traced model on ``DATASETS.TEST[0]`` (postprocessed like eager)."""
-    from detectron2.data import build_detection_test_loader
+def evaluate_traced(run: RunConfig, traced, adapter) -> Dict:
+    """COCO evaluation of the traced model on the first test set with the config's evaluator
+    (postprocessed like eager)."""
     from detectron2.evaluation import inference_on_dataset, print_csv_format
     from detectron2.modeling.postprocessing import detector_postprocess
 
-    from gwdet.data.datasets import prepare_datasets
-    from gwdet.engine.trainer import Trainer
+    loader, evaluator = run.test_loader(), run.evaluator()
 
-    if is_lazy(cfg):  # dataloader.test and dataloader.evaluator
-        from gwdet.engine.lazy import build_evaluator, build_test_loader
-
-        loader, evaluator = build_test_loader(cfg), build_evaluator(cfg)
-    else:
-        prepare_datasets(cfg)
-        dataset = cfg.DATASETS.TEST[0]
-        loader, evaluator = build_detection_test_loader(cfg, dataset), Trainer.build_evaluator(cfg, dataset)
-
-    def run(inputs):
+    def run_traced(inputs):
         # the traced model stops before the resize to the original image size
         sample = inputs[0]
         instances = adapter.outputs_schema(traced(sample["image"]))[0]["instances"]
         return [{"instances": detector_postprocess(instances, sample["height"], sample["width"])}]
 
-    results = inference_on_dataset(run, loader, evaluator)
+    results = inference_on_dataset(run_traced, loader, evaluator)
     print_csv_format(results)
     return results
 
@@ -386,6 +322,36 @@ def compared_difference(expected: Sequence[Tensor], actual: Sequence) -> float:
         raise SystemExit(f"The exported model's outputs differ from the eager model's ({error}); nothing was written.") from error
 
 
+# The ONNX opsets the export accepts: from detectron2's STABLE_ONNX_OPSET_VERSION to the newest
+# that torch's TorchScript-based exporter writes.
+MIN_ONNX_OPSET = 11
+
+
+def check_export_flags(args: argparse.Namespace) -> None:
+    """Refuse, before the model is built, flags the export cannot use: an ``--output`` that is a
+    file, a ``--sample-image`` that is missing or not an image detectron2 reads as it is
+    (:func:`gwdet.data.image_files.image_file_problem`), an ``--opset`` the exporter cannot write."""
+    from torch.onnx import _constants
+
+    from gwdet.data.image_files import image_file_problem
+
+    if os.path.exists(args.output) and not os.path.isdir(args.output):
+        raise GwdetValueError(f"--output {args.output} is a file, not a folder: give the folder to write "
+                              "model.ts / model.onnx into (it is created when missing).")
+    if args.sample_image is not None:
+        problem = image_file_problem(args.sample_image)
+        if problem:
+            raise GwdetValueError(f"--sample-image {args.sample_image} {problem}.")
+    if args.opset is not None:
+        if args.format != "onnx":
+            raise GwdetValueError(f"--opset {args.opset} is an ONNX setting: add --format onnx, or leave --opset out.")
+        newest = getattr(_constants, "ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET", _constants.ONNX_MAX_OPSET)
+        if not MIN_ONNX_OPSET <= args.opset <= newest:
+            raise GwdetValueError(f"--opset {args.opset}: give an ONNX opset from {MIN_ONNX_OPSET} (detectron2's "
+                                  f"R-CNN export needs it) to {newest} (the newest torch's exporter writes); "
+                                  "the default is gwdet.export.ONNX_OPSET.")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``gwdet-export`` / ``tools/deploy/export_model.py``: the exit status. An error gwdet raises on
     purpose ends it with ``<tool>: error: <message>`` and status 2; ``--verbose`` shows tracebacks
@@ -401,7 +367,7 @@ def _export(argv: Sequence[str]) -> int:
     from gwdet.export.deploy import ONNX_OPSET, export_model_onnx, export_torchscript, run_onnx
 
     parser = argument_parser()
-    args = parser.parse_args(argv)
+    args = parse_with_trailing_flags(parser, argv)
     resolve_config_argument(parser, args)
     setup_logger(name="gwdet")
     setup_logger(name="detectron2")
@@ -409,13 +375,14 @@ def _export(argv: Sequence[str]) -> int:
         raise SystemExit("--format onnx needs --export-method tracing")
     if args.run_eval and (args.format != "torchscript" or args.export_method != "tracing"):
         raise SystemExit("--run-eval evaluates a traced TorchScript model: use --format torchscript --export-method tracing")
+    check_export_flags(args)
     path = os.path.join(args.output, "model.onnx" if args.format == "onnx" else "model.ts")
     if os.path.exists(path) and not args.overwrite:
         raise SystemExit(f"{path} already exists; it is left as it is. Pass --overwrite to replace it, or "
                          "choose another --output.")
-    cfg = load_config(args.config_file, args.opts)
-    model = build_trained_model(cfg)
-    image, found = pick_sample(model, *sample_candidates(cfg, args.sample_image))
+    run = load_run_config(args.config_file, args.opts, tool=True)
+    model = run.build_trained_model()
+    image, found = pick_sample(model, *sample_candidates(run, args.sample_image))
     logger.info("The sample image gives %d detections to compare the export on.", found)
     created_output = not os.path.isdir(args.output)
     os.makedirs(args.output, exist_ok=True)
@@ -455,5 +422,5 @@ def _export(argv: Sequence[str]) -> int:
     if agreement is not None:
         print(f"Exported {path}; {agreement}")
     if args.run_eval:
-        evaluate_traced(cfg, traced, adapter)
+        evaluate_traced(run, traced, adapter)
     return 0

@@ -7,6 +7,9 @@
     lazy = model_zoo.get_config("LazyConfig/mask_rcnn_R_50_FPN_gw.py")    # LazyConfig (OmegaConf DictConfig)
     model_zoo.list_configs()                                              # every name the two accept
 
+gwdet publishes no trained weights of its configs, so ``get_config(name, trained=True)`` (detectron2's
+argument) is refused with what to do instead (:func:`get_config`).
+
 Names are paths relative to the repository's ``configs/`` folder. A wheel carries that folder as
 ``gwdet/model_zoo/configs`` (setup.py copies it at build time); a source checkout or an editable
 install (``pip install -e .``) reads the checkout's ``configs/`` itself, so an edit there is seen

@@ -4,8 +4,10 @@ the file with its ``_BASE_`` chain, then the command line's ``KEY VALUE`` overri
 What yacs and fvcore report in their own words (a missing ``_BASE_`` file, a key the config does
 not have, a value of another type than the key's default, overrides that do not come in pairs) is
 refused here before or instead, naming the file, the key and the fix (:func:`check_base_files`,
-:func:`merge_problem`). :func:`build_config` is the one loader of yacs configs: the train, export
-and analyze tools, :func:`gwdet.model_zoo.get_config` and the study all call it.
+:func:`merge_problem`); so is a key given twice in one YAML mapping of the file or of a base, of
+which YAML would silently keep the last (:func:`load_config_yaml`). :func:`build_config` is the one
+loader of yacs configs: the train, export and analyze tools, :func:`gwdet.model_zoo.get_config` and
+the study all call it.
 """
 from __future__ import annotations
 
@@ -17,11 +19,13 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-from detectron2.config import CfgNode, LazyConfig, get_cfg
+from detectron2.config import CfgNode, get_cfg
 
 from gwdet.config import add_gwdet_config
 from gwdet.config_checks import check_gwdet_config
 from gwdet.errors import GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetValueError
+from gwdet.layers.common import check_flag
+from gwdet.model_zoo.lazy_loading import load_lazy_config
 from gwdet.model_zoo.model_zoo import configs_dir, get_config_file
 
 
@@ -39,11 +43,11 @@ def build_config(config_file: str, opts: list[str] | None = None) -> CfgNode:
             f"Config file {config_file!r} is a LazyConfig (.py), not a yacs config, which is what this step "
             "reads. tools/train_net.py (here or through --launcher slurm), tools/analyze_model.py and "
             "tools/deploy/export_model.py take LazyConfigs, with key=value overrides; in Python, load one with "
-            "gwdet.engine.lazy.load_lazy_config.")
+            "gwdet.model_zoo.lazy_loading.load_lazy_config.")
     with open(config_file, encoding="utf-8") as f:
         text = f.read()
     try:
-        content = yaml.safe_load(text) if text.strip() else None
+        content = load_config_yaml(config_file, text) if text.strip() else None
     except yaml.YAMLError as error:
         raise GwdetValueError(f"Config file {config_file!r} is not valid YAML: {error}") from None
     if not isinstance(content, dict):
@@ -80,6 +84,13 @@ def merge_problem(cfg: CfgNode, error: BaseException) -> str:
     unknown = _UNKNOWN_KEY.search(text)
     if unknown:
         key = unknown.group(1)
+        if key != key.upper():  # a key spelled in lower case (``model.gw.num_groups``)
+            names = _config_names(cfg)
+            close = [key.upper()] if key.upper() in names else difflib.get_close_matches(
+                key.upper(), sorted(names), n=3, cutoff=0.8)
+            if close:
+                return (f"{key} is not a key of detectron2's or gwdet's config, whose keys are upper-case: did you "
+                        f"mean {' or '.join(close)}?")
         close = difflib.get_close_matches(key, list(flatten_config(cfg)), n=3, cutoff=0.8)
         hint = f" Did you mean {' or '.join(close)}?" if close else ""
         return (f"{key} is not a key of detectron2's or gwdet's config.{hint} (A project's own keys are added "
@@ -94,6 +105,68 @@ def merge_problem(cfg: CfgNode, error: BaseException) -> str:
     if "odd length" in text:
         return f"overrides come in KEY VALUE pairs; {text.split(': ', 1)[-1].split(';')[0]} has a key without its value."
     return text
+
+
+def _config_names(cfg: CfgNode) -> set[str]:
+    """Every dotted name of ``cfg``: its keys and the sections above them (``MODEL``, ``MODEL.GW``)."""
+    names: set[str] = set()
+    for key in flatten_config(cfg):
+        parts = key.split(".")
+        names.update(".".join(parts[:end]) for end in range(1, len(parts) + 1))
+    return names
+
+
+class DuplicateKeyCheckingLoader(yaml.SafeLoader):
+    """PyYAML's ``SafeLoader`` (what fvcore reads yacs configs with), except that a key given twice
+    in one mapping raises instead of silently keeping the last value (a second ``MODEL:`` block
+    would drop every key of the first): a ``ValueError`` (:class:`gwdet.errors.GwdetError`) naming
+    the config file ``path`` (and the configs whose ``_BASE_`` chain reaches it, ``named_from``), the
+    dotted key and the line of both. Mapping nodes are constructed parents first, so each mapping's
+    dotted name is known when its keys are checked."""
+
+    def __init__(self, stream: Any, path: str = "", named_from: Sequence[str] = ()) -> None:
+        super().__init__(stream)
+        self.path, self.named_from = path, tuple(named_from)
+        self._mapping_names: dict[int, str] = {}  # id of a mapping node -> its dotted name
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            prefix = self._mapping_names.get(id(node), "")
+            first_seen: dict[tuple[str, Any], tuple[Any, Any]] = {}  # (tag, key) -> (key node, value node)
+            for key_node, value_node in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # a '<<' merge key (or a complex key) is PyYAML's to handle
+                name = f"{prefix}.{key_node.value}" if prefix else str(key_node.value)
+                identity = (key_node.tag, key_node.value)
+                if identity in first_seen:
+                    first_key, first_value = first_seen[identity]
+                    sections = isinstance(first_value, yaml.MappingNode) and isinstance(value_node, yaml.MappingNode)
+                    self._refuse(name, first_key.start_mark.line + 1, key_node.start_mark.line + 1, sections)
+                first_seen[identity] = (key_node, value_node)
+                if isinstance(value_node, yaml.MappingNode):
+                    self._mapping_names[id(value_node)] = name
+        return super().construct_mapping(node, deep=deep)
+
+    def _refuse(self, key: str, first: int, second: int, sections: bool) -> None:
+        path = self.path or str(self.name)
+        via = f" (a base of {' -> '.join(repr(named) for named in self.named_from)})" if self.named_from else ""
+        fix = (f"put the keys of both blocks under a single {key.rsplit('.', 1)[-1]}: block" if sections else
+               "delete the line you do not mean")
+        raise GwdetValueError(
+            f"Config file {path!r}{via} gives the key {key} twice, at line {first} and at line {second}: YAML keeps "
+            f"only the last, so what line {first} sets would be silently dropped. Give {key} once in {path}: {fix}.")
+
+
+def load_config_yaml(path: str, text: str, named_from: Sequence[str] = ()) -> Any:
+    """The YAML ``text`` of the config file ``path``, loaded as fvcore loads it (``yaml.safe_load``),
+    but a key given twice in one mapping is refused (:class:`DuplicateKeyCheckingLoader`; ``named_from``:
+    the configs whose ``_BASE_`` chain reaches ``path``, for the message). Invalid YAML raises
+    ``yaml.YAMLError`` as ``yaml.safe_load`` does."""
+    loader = DuplicateKeyCheckingLoader(text, path, named_from)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 BASE_KEY = "_BASE_"
@@ -146,7 +219,8 @@ def check_base_files(config_file: str, content: Mapping, named_from: Sequence[st
                 f"{BASE_KEY} line of {config_file} to the base config's path, or put the base config at {path}.{hint}")
         try:
             with open(path, encoding="utf-8") as f:
-                base_content = yaml.safe_load(f)
+                base_text = f.read()
+            base_content = load_config_yaml(path, base_text, named_from=chain)
         except (OSError, UnicodeDecodeError, yaml.YAMLError):
             continue
         if isinstance(base_content, dict):
@@ -170,23 +244,34 @@ def _as_saved(value: Any) -> Any:
     return [_as_saved(item) for item in value] if isinstance(value, (list, tuple)) else value
 
 
-def get_config(config_path: str, *, opts: Sequence[str] | None = None):
+def get_config(config_path: str, trained: bool = False, *, opts: Sequence[str] | None = None):
     """Config ``config_path`` loaded the way gwdet's tools load it.
 
     ``.yaml``: a yacs ``CfgNode`` with detectron2's defaults, gwdet's keys, the file and its
     ``_BASE_`` chain, and the ``KEY VALUE`` pairs of ``opts`` merged and checked (what
     ``tools/train_net.py`` trains), left unfrozen for the caller. ``.py``: the LazyConfig
-    (``detectron2.config.LazyConfig.load``) with ``opts`` as ``key=value`` overrides.
+    (:func:`gwdet.model_zoo.lazy_loading.load_lazy_config`) with ``opts`` as ``key=value``
+    overrides, each key checked.
+
+    ``trained`` is detectron2's ``model_zoo.get_config`` argument, which points the config's weights
+    at the model zoo's trained model. gwdet publishes no trained models of its configs, so
+    ``trained=True`` is refused (``ValueError``) saying how to get weights instead.
     """
+    check_flag("gwdet.model_zoo.get_config", "trained", trained)
     path = get_config_file(config_path)
+    if trained:
+        weights_key = "train.init_checkpoint" if Path(path).suffix == ".py" else "MODEL.WEIGHTS"
+        raise GwdetValueError(
+            f"gwdet.model_zoo.get_config({config_path!r}, trained=True): gwdet ships no trained weights for its "
+            f"configs (detectron2's model_zoo points {weights_key} at its own zoo's trained model; gwdet has none "
+            f"to point at). Call get_config({config_path!r}) without trained=True, train the config (tools/train_net.py "
+            f"--config-file {config_path}, or gwdet-train) and set {weights_key} to the run's model_final.pth; "
+            "ImageNet backbones to start from: docs/weights.md.")
     suffix = Path(path).suffix
     if suffix in (".yaml", ".yml"):
         cfg = build_config(path, list(opts or []))
         cfg.defrost()
         return cfg
     if suffix == ".py":
-        cfg = LazyConfig.load(path)
-        if opts:
-            cfg = LazyConfig.apply_overrides(cfg, list(opts))
-        return cfg
+        return load_lazy_config(path, list(opts or []))
     raise GwdetValueError(f"{config_path!r} is neither a yacs (.yaml) nor a LazyConfig (.py) config")

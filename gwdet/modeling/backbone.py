@@ -24,7 +24,7 @@ from detectron2.modeling.backbone.fpn import LastLevelMaxPool, LastLevelP6P7
 from detectron2.modeling.backbone.resnet import build_resnet_backbone
 from torch import nn
 
-from gwdet.config_checks import check_gwdet_config
+from gwdet.config_checks import ensure_checked
 from gwdet.positions import convs_at_positions, parse_gw_positions
 from gwdet.norms import norm_from_config
 
@@ -60,7 +60,7 @@ def place_norm(resnet: ResNet, positions: str, norm: Any, freeze_at: int = 0) ->
 def build_gw_resnet(cfg: CfgNode, input_shape: ShapeSpec) -> ResNet:
     """detectron2's ResNet with ``MODEL.RESNETS.NORM`` everywhere and ``MODEL.RESNETS.GW_NORM`` at
     ``MODEL.RESNETS.GW_POSITIONS``, each carrying ``cfg``'s hyper-parameters."""
-    check_gwdet_config(cfg)
+    ensure_checked(cfg)
     base_norm = norm_from_config(cfg.MODEL.RESNETS.NORM, cfg)
     stock = cfg.clone()
     stock.defrost()

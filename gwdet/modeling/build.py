@@ -15,25 +15,27 @@ import torch
 from torch import nn
 
 from gwdet.errors import GwdetValueError
-from gwdet.config_checks import check_gwdet_config
+from gwdet.config_checks import ensure_checked
 from gwdet.modeling.model_checks import check_model
 
 
-def check_device(cfg: CfgNode) -> None:
-    """``ValueError`` naming ``MODEL.DEVICE`` and the fix when the config asks for a CUDA device this
-    machine does not have (detectron2's default, and that of every COCO config, is ``cuda``);
-    otherwise PyTorch stops deep inside the build with "Found no NVIDIA driver"."""
-    device = str(cfg.MODEL.DEVICE)
+def check_device(device: str, setting: str = "MODEL.DEVICE",
+                 fix: str = "add MODEL.DEVICE cpu to the command line (or cfg.MODEL.DEVICE = 'cpu' in Python)") -> None:
+    """``ValueError`` naming the ``setting`` (a yacs config's ``MODEL.DEVICE``, a LazyConfig's
+    ``train.device``) and the ``fix`` when ``device`` is a CUDA device this machine does not have
+    (detectron2's default, and that of every COCO config, is ``cuda``); otherwise PyTorch stops deep
+    inside the build with "Found no NVIDIA driver"."""
+    device = str(device)
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise GwdetValueError(
-            f"MODEL.DEVICE is {device!r}, but this machine has no CUDA GPU that PyTorch can use: add "
-            "MODEL.DEVICE cpu to the command line (or cfg.MODEL.DEVICE = 'cpu' in Python) to build and run "
-            "the model on the CPU.")
+            f"{setting} is {device!r}, but this machine has no CUDA GPU that PyTorch can use: {fix} to build and "
+            "run the model on the CPU.")
 
 
 def build_model(cfg: CfgNode) -> nn.Module:
-    """:func:`gwdet.check_gwdet_config`, :func:`check_device`, detectron2's ``build_model``, then
+    """:func:`gwdet.check_gwdet_config` (unless it accepted this config already:
+    :func:`gwdet.config_checks.ensure_checked`), :func:`check_device`, detectron2's ``build_model``, then
     :func:`gwdet.check_model` (with ``MODEL.STRICT_NORM_GROUPS``)."""
-    check_gwdet_config(cfg)
-    check_device(cfg)
+    ensure_checked(cfg)
+    check_device(cfg.MODEL.DEVICE)
     return check_model(detectron2_build_model(cfg), strict_groups=cfg.MODEL.STRICT_NORM_GROUPS)

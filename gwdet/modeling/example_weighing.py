@@ -8,8 +8,9 @@ the example's own per-channel moments into the running ones with weight ``alpha`
 ``alpha = 0`` is ordinary batch-norm inference, ``alpha = 1`` normalizes every example with its
 own statistics (instance normalization); the best ``alpha`` is chosen on a validation set.
 
-:func:`apply_example_weighing` swaps every ``torch.nn.BatchNorm2d`` (detectron2's "BN", and
-subclasses such as its ``NaiveSyncBatchNorm``) and ``torch.nn.SyncBatchNorm`` of a model for a
+:func:`apply_example_weighing` swaps every layer of the classes detectron2's batch-norm names
+build (:func:`weighable_types`: ``torch.nn.BatchNorm2d`` for "BN", and subclasses such as its
+``NaiveSyncBatchNorm``; ``torch.nn.SyncBatchNorm`` for "SyncBN") of a model for a
 :class:`gwdet.layers.BatchGroupNorm` with one channel per group carrying the same affine
 parameters, running statistics and ``eps``. Left alone: detectron2's ``FrozenBatchNorm2d`` (its
 statistics are frozen constants, usually from another dataset, and it is not a batch norm at
@@ -33,8 +34,8 @@ from torch import nn
 from gwdet.errors import GwdetValueError
 from gwdet.layers import BatchGroupNorm
 from gwdet.layers.common import check_unit_interval
+from gwdet.norms import layer_types
 
-WEIGHABLE_NORMS = (nn.BatchNorm2d, nn.SyncBatchNorm)
 DEFAULT_MOMENTUM = 0.1
 # Example groups this large hold every batch, so BatchGroupNorm trains as batch norm.
 WHOLE_BATCH = sys.maxsize
@@ -72,13 +73,23 @@ def example_weighted_norm(bn: nn.modules.batchnorm._BatchNorm, weight: float) ->
     return norm.train(bn.training)
 
 
+def weighable_types() -> tuple[type[nn.modules.batchnorm._BatchNorm], ...]:
+    """The classes example weighing applies to: the layer types of the norm catalogue's names that
+    detectron2's ``get_norm`` builds and that normalize with batch statistics (``BatchNorm2d`` and
+    ``SyncBatchNorm``; detectron2's ``NaiveSyncBatchNorm`` is a ``BatchNorm2d``), as far as they are
+    torch's batch norms, whose running statistics :func:`example_weighted_norm` reads."""
+    return tuple(kind for kind in layer_types(batch_statistics=True, detectron2=True)
+                 if issubclass(kind, nn.modules.batchnorm._BatchNorm))
+
+
 def weighable_norms(model: nn.Module) -> list[tuple[str, nn.modules.batchnorm._BatchNorm]]:
-    """``(name, module)`` of every batch norm of ``model`` that example weighing applies to:
-    ``BatchNorm2d`` (and subclasses) and ``SyncBatchNorm`` keeping running statistics."""
+    """``(name, module)`` of every batch norm of ``model`` that example weighing applies to: a
+    layer of :func:`weighable_types` (subclasses too) keeping running statistics."""
+    kinds = weighable_types()
     return [
         (name, module)
         for name, module in model.named_modules()
-        if isinstance(module, WEIGHABLE_NORMS) and module.track_running_stats
+        if isinstance(module, kinds) and module.track_running_stats
     ]
 
 
@@ -95,7 +106,7 @@ def apply_example_weighing(model: nn.Module, weight: float) -> int:
     (``copy.deepcopy``): layers already replaced are not batch norms any more.
     """
     check_unit_interval("apply_example_weighing", "weight", weight)
-    if isinstance(model, WEIGHABLE_NORMS):
+    if isinstance(model, weighable_types()):
         raise GwdetValueError("apply_example_weighing replaces layers inside a model; for a single "
                               "batch norm layer use example_weighted_norm(bn, weight)")
     return replace_weighable_norms(model, lambda bn: example_weighted_norm(bn, weight))

@@ -3,7 +3,8 @@
 detectron2's own heads pass their NORM string to ``get_norm``, which knows neither gwdet's names
 nor ``MODEL.GW.*``. These subclasses change only ``from_config``: the NORM string becomes
 :func:`gwdet.norm_from_config`'s callable. Everything else (layers, initialization, forward,
-checkpoint keys) is detectron2's. Each first runs :func:`gwdet.check_gwdet_config`, so a config
+checkpoint keys) is detectron2's. Each first makes sure :func:`gwdet.check_gwdet_config` accepted the
+config (:func:`gwdet.config_checks.ensure_checked`: once per config content), so a config
 that sends a gwdet norm to one of detectron2's components elsewhere in the model stops with the
 message naming every key to change, not with detectron2's ``KeyError``.
 
@@ -35,7 +36,7 @@ from detectron2.modeling.roi_heads.roi_heads import Res5ROIHeads
 from torch import nn
 
 from gwdet.errors import GwdetValueError
-from gwdet.config_checks import check_gwdet_config
+from gwdet.config_checks import ensure_checked
 from gwdet.modeling.backbone import PLACEHOLDER_NORM, convs_with_norm
 from gwdet.norms import Norm, norm_from_config, norm_record
 from gwdet.positions import BLOCK_CONV_OF_POSITION, parse_gw_positions
@@ -49,7 +50,7 @@ class _NormFromConfig:
 
     @classmethod
     def from_config(cls, cfg: CfgNode, input_shape: Any) -> dict:
-        check_gwdet_config(cfg)
+        ensure_checked(cfg)
         # a mixin: the detectron2 head after it in each subclass's MRO defines from_config
         args = super().from_config(cfg, input_shape)  # type: ignore[misc]
         args[cls.norm_argument] = norm_from_config(args[cls.norm_argument], cfg)
@@ -83,7 +84,7 @@ class GWRes5ROIHeads(Res5ROIHeads):
 
     @classmethod
     def from_config(cls, cfg: CfgNode, input_shape: Any) -> dict:
-        check_gwdet_config(cfg)
+        ensure_checked(cfg)
         base_norm = norm_from_config(cfg.MODEL.RESNETS.NORM, cfg)
         stock = cfg
         if not isinstance(base_norm, str):
@@ -144,7 +145,7 @@ class GWRetinaNetHead(RetinaNetHead):
 
     @classmethod
     def from_config(cls, cfg: CfgNode, input_shape: List[ShapeSpec]) -> dict:
-        check_gwdet_config(cfg)
+        ensure_checked(cfg)
         args = super().from_config(cfg, input_shape)
         args["norm"] = norm_from_config(args["norm"], cfg)
         return args
@@ -172,7 +173,7 @@ class GWRetinaNet(RetinaNet):
 
     @classmethod
     def from_config(cls, cfg: CfgNode) -> dict:
-        check_gwdet_config(cfg)
+        ensure_checked(cfg)
         backbone = build_backbone(cfg)
         feature_shapes = head_feature_shapes(cfg, backbone)
         head = GWRetinaNetHead(cfg, feature_shapes)

@@ -6,24 +6,24 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 
-import detectron2.layers.batch_norm as detectron2_norms
 from detectron2.modeling.meta_arch.retinanet import RetinaNetHead
 import torch
 from torch import nn
 
 from gwdet.errors import GwdetTypeError, GwdetValueError
 from gwdet.modeling.heads import PerLevelNorm
-from gwdet.norms import group_adjustment, layer_types
+from gwdet.norms import DETECTRON2_PER_LEVEL_NORMS, TORCH_BATCH_NORMS, group_adjustment, layer_types
 from gwdet.solver import misdecayed_norm_layers
 
-# detectron2's per-level BN of RetinaNetHead exists in releases after 0.6 only.
-PER_LEVEL_CONTAINERS = (PerLevelNorm, *([detectron2_norms.CycleBatchNormList]
-                                        if hasattr(detectron2_norms, "CycleBatchNormList") else []))
+# The containers that keep one norm per FPN level: gwdet's and detectron2's.
+PER_LEVEL_CONTAINERS: tuple[type[nn.Module], ...] = (PerLevelNorm, *DETECTRON2_PER_LEVEL_NORMS)
 
 
 def shared_batch_statistics(head: nn.Module) -> list[str]:
-    """Names of the layers of ``head`` that keep batch statistics and are not kept per level."""
-    batch_statistics = layer_types(batch_statistics=True)  # the catalogue's (BN, BW, BGN, ...)
+    """Names of the layers of ``head`` that keep batch statistics and are not kept per level: the
+    layer types of the catalogue's names with ``batch_statistics`` (BN, BW, BGN, registered ones)
+    and torch's batch norms of every kind."""
+    batch_statistics = layer_types(batch_statistics=True) + TORCH_BATCH_NORMS
     per_level = {id(sub) for container in head.modules() if isinstance(container, PER_LEVEL_CONTAINERS)
                  for sub in container.modules()}
     return [name for name, module in head.named_modules()

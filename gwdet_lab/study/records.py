@@ -20,7 +20,7 @@ from detectron2.config import CfgNode
 
 from gwdet.errors import GwdetError, GwdetFileNotFoundError, GwdetValueError
 from gwdet.utils.atomic import checksum_path
-from gwdet.engine.trainer import RESULTS_JSON
+from gwdet.engine.run import RESULTS_JSON
 from gwdet_lab.study.cells import PAPER_GROUPS, Cell
 from gwdet_lab.study.evaluation import report_dataset
 from gwdet_lab.study.image_bootstrap import DETECTIONS_JSON

@@ -38,7 +38,7 @@ from gwdet.errors import GwdetError
 from gwdet.utils.atomic import checksum_problem, write_text_with_checksum
 from gwdet.engine.output_dir import metrics_record
 from gwdet.engine.run_environment import ENVIRONMENT_KEY
-from gwdet.engine.trainer import RESULTS_JSON
+from gwdet.engine.run import RESULTS_JSON
 
 METRICS_JSON = "metrics.json"
 LAST_CHECKPOINT = "last_checkpoint"
@@ -81,7 +81,7 @@ class RunFolder:
         return self.path.is_dir()
 
     def is_trained(self) -> bool:
-        """Trained and evaluated: ``results.json`` is written last by :func:`gwdet.engine.trainer.main`. A
+        """Trained and evaluated: ``results.json`` is written last by :func:`gwdet.engine.run.main`. A
         damaged one (not a json object) does not count: the cell resumes from its last checkpoint
         and is evaluated again."""
         try:

@@ -10,7 +10,7 @@ from detectron2.data import MetadataCatalog
 
 from gwdet.errors import GwdetValueError
 from gwdet.data import prepare_datasets
-from gwdet.engine.trainer import RESULTS_JSON
+from gwdet.engine.run import RESULTS_JSON
 from gwdet_lab.study.cells import Cell
 from gwdet_lab.study.evaluation import report_dataset, selection_dataset, weight_key
 from gwdet_lab.study.image_bootstrap import image_spread, resampled_box_ap

@@ -7,7 +7,7 @@ cell's memory, threads and crashes stay its own and two cells can train side by 
 2. resolves the cell from ``FOLDER/study_cell.json`` again and refuses (exit status 3, the keys
    that differ) unless the config equals the recorded one: config files edited since the study
    was planned cannot slip into a cell;
-3. trains with :func:`gwdet.engine.trainer.main` (``--resume``: continues from the last checkpoint, or
+3. trains with :func:`gwdet.engine.run.main` (``--resume``: continues from the last checkpoint, or
    starts afresh when there is none), which evaluates on ``DATASETS.TEST`` and writes
    ``results.json``; skipped when that file is there. A non-finite loss (detectron2's
    ``FloatingPointError``) is an outcome of the configuration, not a crash: it is recorded in
@@ -34,8 +34,11 @@ from typing import Sequence
 
 import torch
 
-from gwdet.engine.trainer import Trainer, argument_parser, main as engine_main
+from gwdet.engine.arguments import argument_parser
+from gwdet.engine.run import main as engine_main
+from gwdet.engine.trainer import Trainer
 from gwdet.checkpoint.resilient import ResilientCheckpointer
+from gwdet.data.datasets import prepare_datasets
 from gwdet_lab.study.cells import Cell
 from gwdet_lab.study.evaluation import PAPER_WEIGHTS, batch_statistics, example_weighing, has_batch_norm
 from gwdet_lab.study.record import comparable_dump, config_differences, read_record, resolve
@@ -85,7 +88,7 @@ def add_seconds(folder: RunFolder, key: str, seconds: float) -> None:
 
 
 def train(cell: Cell, opts: Sequence[str], num_gpus: int) -> None:
-    """``gwdet.engine.trainer.main`` with ``--resume``, exactly as ``tools/train_net.py`` would run it."""
+    """``gwdet.engine.run.main`` with ``--resume``, exactly as ``tools/train_net.py`` would run it."""
     args = argument_parser().parse_args(
         ["--config-file", cell.config_file, "--num-gpus", str(num_gpus), "--resume", *opts])
     if num_gpus > 1:
@@ -125,6 +128,7 @@ def run(folder: RunFolder, weights: Sequence[float], num_gpus: int = 1) -> int:
             return 0
         add_seconds(folder, "train_seconds", time.monotonic() - started)
     started = time.monotonic()
+    prepare_datasets(cfg)  # a cell trained by an earlier process registered them there, not here
     model = Trainer.build_model(cfg)
     evaluations = []
     if has_batch_norm(model):

@@ -1,0 +1,343 @@
+"""One run of ``tools/train_net.py`` / ``gwdet-train``, for yacs and LazyConfig configs alike.
+
+:func:`main` is the whole run:
+
+1. :func:`load_run_config` reads the config into a :class:`RunConfig` (yacs ``.yaml``:
+   :class:`gwdet.engine.trainer.YacsRun`; LazyConfig ``.py``: :class:`gwdet.engine.lazy.LazyRun`),
+   which checks that it holds what the request needs (:meth:`RunConfig.check_request`);
+2. ``--eval-only``: :func:`evaluation_request` fixes exactly the weights to evaluate and a folder of
+   their own when the output folder holds a run (:func:`gwdet.engine.output_dir.evaluation_folder`);
+3. the main process holds :class:`~gwdet.engine.output_dir.OutputDirLock` on the output folder
+   for the whole run;
+4. :func:`setup`: the command line's datasets registered, the request checked against the output
+   folder (:func:`check_output_request`), detectron2's ``default_setup`` (``config.yaml``,
+   ``log.txt``, seeding), the checksum ``--resume`` checks ``config.yaml`` against, gwdet's
+   messages in ``log.txt``, the datasets ready;
+5. training (fresh or ``--resume``) with the config's trainer, or the evaluation of the weights;
+6. ``results.md`` and ``results.json`` (with the package versions and dataset checksums), the
+   prediction drawings, and a last log line saying where they are.
+
+The rules are those of one run whatever the config's kind; a :class:`RunConfig` only says how its
+kind of config names and builds things (``OUTPUT_DIR`` or ``train.output_dir``, ``MODEL.WEIGHTS``
+or ``train.init_checkpoint``, detectron2's ``DefaultTrainer`` or the LazyConfig's nodes).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import sys
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from typing import Any, ClassVar, Iterator, Mapping, Sequence
+
+import torch
+
+from detectron2.engine import default_setup
+from detectron2.utils import comm
+from detectron2.utils.logger import setup_logger
+
+from gwdet.data.coco_registration import CocoDataset, DatasetError
+from gwdet.errors import GwdetValueError
+from gwdet.layers.plans import describe_plans
+from gwdet.model_zoo.lazy_loading import is_lazy_config
+from gwdet.utils.atomic import write_text_atomically, write_text_with_checksum
+from gwdet.utils.cli_errors import tool_name
+from gwdet.engine.output_dir import (
+    OutputDirLock,
+    check_fresh_start,
+    evaluation_folder,
+    record_config_checksum,
+    tagged_checkpoint,
+)
+from gwdet.engine.run_environment import ENVIRONMENT_KEY, run_environment
+from gwdet.engine.run_log import HeldRecords
+from gwdet.engine.tables import Column, Table
+from gwdet.engine.visualize import save_prediction_pngs
+
+RESULTS_MARKDOWN = "results.md"
+RESULTS_JSON = "results.json"
+VIS_FOLDER = "vis"
+
+logger = logging.getLogger(__name__)
+
+
+class RunConfig(ABC):
+    """A config as a run and gwdet's tools use it: where the run writes, which weights it starts
+    from, how its model, trainer, test images and evaluation are built. ``cfg`` is the config itself
+    (a yacs ``CfgNode`` or a LazyConfig), as detectron2's functions take it."""
+
+    output_setting: ClassVar[str]  # the setting of the output folder, as messages name it
+    weights_setting: ClassVar[str]  # the setting of the initial weights
+    weights_example: ClassVar[str]  # that setting given a value, as a message suggests it
+    vis_setting: ClassVar[str]  # the setting of the number of prediction drawings
+
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+
+    @property
+    @abstractmethod
+    def output_dir(self) -> str:
+        """The run's folder."""
+
+    @property
+    @abstractmethod
+    def weights(self) -> str:
+        """The initial weights (a path or URL; ``""`` for none)."""
+
+    @property
+    @abstractmethod
+    def vis_images(self) -> int:
+        """How many test images the run draws its predictions on."""
+
+    @abstractmethod
+    def with_target(self, weights: str, output_dir: str) -> "RunConfig":
+        """This config with initial weights ``weights`` and output folder ``output_dir``."""
+
+    @abstractmethod
+    def check_request(self, eval_only: bool, world_size: int) -> None:
+        """Refuse, before anything is built, a config that lacks what training (or with
+        ``eval_only`` evaluation) by ``world_size`` processes needs."""
+
+    @abstractmethod
+    def check_resume(self) -> None:
+        """Refuse a ``--resume`` of a run of another model, or one that would train nothing."""
+
+    @abstractmethod
+    def register_datasets(self, coco: Sequence[CocoDataset]) -> None:
+        """Register the ``--register-coco`` datasets ``coco`` and those of ``$GWDET_REGISTER_COCO``
+        the config may name; :class:`~gwdet.data.coco_registration.DatasetError` for one it cannot use."""
+
+    @abstractmethod
+    def prepare_datasets(self) -> None:
+        """Make the datasets the config names ready to read (the shapes dataset generated, files checked)."""
+
+    @abstractmethod
+    def build_model(self) -> torch.nn.Module:
+        """The config's model, checked (:func:`gwdet.check_model`), on the config's device."""
+
+    @abstractmethod
+    def load_weights(self, model: torch.nn.Module) -> torch.nn.Module:
+        """``model`` with the initial weights loaded, every weight of the model required."""
+
+    @abstractmethod
+    def build_trainer(self) -> Any:
+        """The trainer of the run (``resume_or_load``, then ``train`` returning the last results)."""
+
+    @abstractmethod
+    def evaluate(self, model: torch.nn.Module) -> Mapping:
+        """``model`` evaluated on the config's test sets: ``{dataset: {task: {metric: value}}}``."""
+
+    @abstractmethod
+    def test_datasets(self) -> list[str]:
+        """The datasets the run evaluates on."""
+
+    @abstractmethod
+    def run_datasets(self) -> list[str]:
+        """Every dataset the run trains or evaluates on."""
+
+    @abstractmethod
+    def test_batches(self) -> Iterator[list]:
+        """The batches of the first test set, read in this process, in the model's input format."""
+
+    @abstractmethod
+    def describe_test_set(self) -> str:
+        """How the tools name the first test set, e.g. ``"shapes_val (DATASETS.TEST[0])"``."""
+
+    @abstractmethod
+    def test_loader(self) -> Any:
+        """The loader of the first test set."""
+
+    @abstractmethod
+    def evaluator(self) -> Any:
+        """The evaluator of the first test set."""
+
+    def build_trained_model(self) -> torch.nn.Module:
+        """The model with the initial weights loaded as ``--eval-only`` loads them, in evaluation
+        mode (the export and analyze tools); a warning when there are none."""
+        model = self.build_model()
+        if self.weights:
+            self.load_weights(model)
+        else:
+            logger.warning(f"{self.weights_setting} is empty: the model is randomly initialized.")
+        return model.eval()
+
+
+def load_run_config(config_file: str, opts: Sequence[str] = (), *, tool: bool = False) -> RunConfig:
+    """The config ``config_file`` with the command line's overrides ``opts`` (``KEY VALUE`` pairs
+    for a yacs file, ``key=value`` for a LazyConfig ``.py``). ``tool``: for the export and analyze
+    tools, which read a few test images in this process (no loader workers)."""
+    if is_lazy_config(config_file):
+        from gwdet.engine.lazy import LazyRun
+
+        return LazyRun.load(config_file, opts, tool=tool)
+    from gwdet.engine.trainer import YacsRun
+
+    return YacsRun.load(config_file, opts, tool=tool)
+
+
+# ---- the run request -------------------------------------------------------------------------
+
+
+def check_output_request(args: argparse.Namespace, run: RunConfig) -> None:
+    """Refuse, before anything is written or loaded, a run that would evaluate a model nobody chose
+    or write over another run (``--eval-only`` / ``--resume`` / ``--overwrite`` of ``args``)."""
+    output_setting = run.output_setting
+    if args.resume and getattr(args, "overwrite", False):
+        raise GwdetValueError(
+            f"--resume continues the run in {output_setting} and --overwrite deletes it: give one of them.")
+    if args.eval_only:
+        if args.resume:
+            tagged_checkpoint(run.output_dir)
+        elif not run.weights:
+            raise GwdetValueError(
+                f"--eval-only needs trained weights: add {run.weights_example} (or "
+                f"--resume to evaluate the checkpoint {output_setting}/last_checkpoint names); without them the "
+                "model would be randomly initialized.")
+        return
+    if args.resume:
+        run.check_resume()
+    else:
+        check_fresh_start(run.output_dir, getattr(args, "overwrite", False))
+
+
+def evaluation_request(run: RunConfig, args: argparse.Namespace) -> tuple[RunConfig, argparse.Namespace]:
+    """``--eval-only``: the config and arguments that evaluate exactly the chosen weights (the
+    initial weights, or with ``--resume`` the checkpoint ``last_checkpoint`` names) into a folder of
+    their own when the output folder holds a run (:func:`gwdet.engine.output_dir.evaluation_folder`;
+    logged when that is not the output folder)."""
+    check_output_request(args, run)
+    weights = tagged_checkpoint(run.output_dir) if args.resume else run.weights
+    folder = evaluation_folder(run.output_dir, weights)
+    if folder != run.output_dir:
+        logger.info(f"{run.output_setting} {run.output_dir} holds a run: the evaluation of {weights} is written to "
+                    f"{folder}, and the run's own files stay as they are.")
+    return run.with_target(weights, folder), argparse.Namespace(**{**vars(args), "resume": False})
+
+
+def setup(args: argparse.Namespace, run: RunConfig) -> None:
+    """The command line's datasets registered, the run request checked, detectron2's logging and
+    output set-up, the datasets ready.
+
+    A dataset the config cannot use (a ``--register-coco`` file that fails its checks, a number of
+    classes or categories that do not match, a dataset name nobody registered) stops here, before
+    detectron2's set-up writes the run's config and log: ``PROG: error: ...`` on one line, no
+    traceback, exit status 2, as the tools report their other refusals. What the checks log (the
+    ``--resume`` warning about changed values) is held until the run's logger writes ``log.txt``,
+    then logged there and on the console (:class:`~gwdet.engine.run_log.HeldRecords`).
+    """
+    with HeldRecords():
+        try:
+            run.register_datasets(getattr(args, "register_coco", None) or ())
+        except DatasetError as error:
+            print(f"{tool_name()}: error: {error}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        if comm.is_main_process():
+            check_output_request(args, run)
+        default_setup(run.cfg, args)
+        if comm.is_main_process():
+            record_config_checksum(run.output_dir)  # what --resume checks config.yaml against
+        setup_logger(run.output_dir, distributed_rank=comm.get_rank(), name="gwdet")  # gwdet's messages in log.txt too
+    logger.info(describe_plans())
+    run.prepare_datasets()
+
+
+def main(args: argparse.Namespace):
+    """Train (or evaluate with ``--eval-only``) the model ``args`` describe; return the results
+    (module docstring: the steps)."""
+    run = load_run_config(args.config_file, args.opts)
+    run.check_request(args.eval_only, comm.get_world_size())
+    if args.eval_only:
+        run, args = evaluation_request(run, args)
+    with OutputDirLock(run.output_dir) if comm.is_main_process() else contextlib.nullcontext():
+        setup(args, run)
+        if args.eval_only:
+            model = run.load_weights(run.build_model())
+            results = run.evaluate(model)
+        else:
+            trainer = run.build_trainer()
+            trainer.resume_or_load(resume=args.resume)
+            results = trainer.train()
+            model = trainer.model
+        test_datasets = run.test_datasets()
+        write_results_to(run.output_dir, results or {}, test_datasets, run.run_datasets())
+        drawings: list[str] = []
+        if comm.is_main_process() and run.vis_images > 0 and test_datasets:  # no test set: nothing to draw
+            drawings = save_prediction_pngs(run.cfg, model, test_datasets[0], run.vis_images,
+                                            os.path.join(run.output_dir, VIS_FOLDER))
+    log_outputs(run.output_dir, bool(results), drawings, run.vis_setting)
+    return results
+
+
+# ---- results -----------------------------------------------------------------------------------
+
+
+def flatten_results(results: Mapping, datasets: Sequence[str] = ()) -> "OrderedDict[str, Mapping]":
+    """``{dataset: {task: {metric: value}}}`` whether or not detectron2 dropped the dataset level.
+
+    detectron2's ``DefaultTrainer.test`` drops it when it evaluated one dataset; given the names
+    evaluated (``DATASETS.TEST``), that one dataset's name comes back as the key, else ``""``."""
+    if results and all(isinstance(v, Mapping) and all(isinstance(m, float) for m in v.values()) for v in results.values()):
+        return OrderedDict([(datasets[0] if len(datasets) == 1 else "", results)])
+    return OrderedDict(results)
+
+
+def results_markdown(results: Mapping, datasets: Sequence[str] = ()) -> str:
+    """COCO AP tables (one per dataset and task) as markdown."""
+    lines = []
+    for dataset, tasks in flatten_results(results, datasets).items():
+        for task, metrics in tasks.items():
+            names = [name for name in metrics if "-" not in name]  # AP, AP50, ... not per-class
+            title = f"{dataset} {task}".strip()
+            table = Table([Column(name, fmt="{:.2f}") for name in names], [{name: metrics[name] for name in names}])
+            lines += [f"### {title}", "", table.markdown(), ""]
+    return "\n".join(lines)
+
+
+def results_record(results: Mapping, datasets: Sequence[str] = (), run_datasets: Sequence[str] = ()) -> dict:
+    """What ``results.json`` holds: ``{dataset: {task: {metric: value}}}`` of ``results`` for the
+    test sets ``datasets`` (:func:`flatten_results`), and under ``"environment"`` the package
+    versions and the annotation files of ``run_datasets`` (every dataset the run trained or
+    evaluated on) with their SHA-256 (:func:`gwdet.engine.run_environment.run_environment`)."""
+    record = dict(flatten_results(results, datasets))
+    if ENVIRONMENT_KEY in record:
+        raise GwdetValueError(f"A test dataset is named {ENVIRONMENT_KEY!r}, the key under which results.json records "
+                              f"the run's environment: register the dataset under another name. (results.md holds "
+                              f"its results.)")
+    record[ENVIRONMENT_KEY] = run_environment([*run_datasets, *datasets])
+    return record
+
+
+def write_results_to(output_dir: str, results: Mapping, datasets: Sequence[str] = (),
+                     run_datasets: Sequence[str] = ()) -> None:
+    """``output_dir/results.md`` and ``results.json`` (:func:`results_record`) of ``results`` for the
+    test sets ``datasets`` of a run on ``run_datasets`` (main process only; nothing without results)."""
+    if not comm.is_main_process() or not results:
+        return
+    os.makedirs(output_dir, exist_ok=True)
+    datasets = tuple(datasets)
+    write_text_atomically(os.path.join(output_dir, RESULTS_MARKDOWN), results_markdown(results, datasets))
+    # results.json is what gwdet reads again (the study counts a cell done by it): its SHA-256 is recorded beside it
+    write_text_with_checksum(os.path.join(output_dir, RESULTS_JSON),
+                             json.dumps(results_record(results, datasets, run_datasets), indent=2))
+
+
+def log_outputs(output_dir: str, wrote_results: bool, drawings: Sequence[str], drawings_setting: str) -> None:
+    """The run's last log line (main process): where ``results.md`` / ``results.json`` are (when
+    ``wrote_results``) and the prediction drawings ``drawings``, or why there are none
+    (``drawings_setting``: the setting that asks for them, e.g. ``TEST.VIS_IMAGES``)."""
+    if not comm.is_main_process():
+        return
+    if wrote_results:
+        where = (f"Results: {os.path.join(output_dir, RESULTS_MARKDOWN)} and {RESULTS_JSON} (with the package "
+                 "versions and dataset checksums)")
+    else:
+        where = f"No results: nothing was evaluated (no test set); the run is in {output_dir}"
+    if drawings:
+        count = f"{len(drawings)} PNG file{'' if len(drawings) == 1 else 's'}"
+        pictures = f"prediction drawings: {os.path.dirname(drawings[0])}{os.sep} ({count})"
+    else:
+        pictures = f"no prediction drawings ({drawings_setting} is 0 or there is no test set)"
+    logger.info(f"{where}; {pictures}.")

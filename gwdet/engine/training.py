@@ -1,0 +1,120 @@
+"""What gwdet's two trainers add to detectron2's training loop, in one place.
+
+:class:`gwdet.engine.trainer.Trainer` (a yacs config: detectron2's ``DefaultTrainer``) and
+:class:`gwdet.engine.lazy.LazyTrainer` (a LazyConfig: the loop of detectron2's
+``tools/lazyconfig_train_net.py``) differ only in how they build their parts. Both:
+
+* check every training batch for non-finite pixels before the model sees it (:func:`check_train_batches`);
+* save a checkpoint of the current iteration on SIGTERM, SIGINT and SIGUSR2 (:func:`with_signal_checkpoints`);
+* write ``metrics.json`` with a writer that opens it only after a resume trimmed it (:func:`run_writers`);
+* continue a resumed run where it stopped: its metrics trimmed to the iterations kept, its train
+  loader positioned after the samples already trained (:func:`continue_after_resume`);
+* checkpoint the inner ``SimpleTrainer``'s optimizer state where detectron2 does not (:class:`InnerTrainerState`).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Iterable
+
+import torch
+
+from detectron2.engine import create_ddp_model
+from detectron2.engine.hooks import EvalHook
+from detectron2.utils import comm
+from detectron2.utils.events import CommonMetricPrinter, EventWriter, JSONWriter, TensorboardXWriter
+
+from gwdet.checkpoint.signal_hook import CheckpointOnSignal
+from gwdet.data.finite_images import FiniteImageBatches
+from gwdet.data.resumable import skip_trained_samples
+from gwdet.engine.output_dir import trim_metrics
+
+logger = logging.getLogger(__name__)
+
+
+class MetricsFileWriter(EventWriter):
+    """detectron2's ``JSONWriter`` of ``metrics.json`` that opens the file at its first write.
+
+    The trainer's writers are built with its hooks, before ``--resume`` loads the checkpoint and
+    :func:`gwdet.engine.output_dir.trim_metrics` replaces the file with the records the resumed run keeps:
+    a ``JSONWriter`` opened before that would append to the replaced file and lose every record of
+    the resumed run."""
+
+    def __init__(self, path: str, window_size: int = 20) -> None:
+        self.path, self.window_size = path, window_size
+        self._writer: JSONWriter | None = None
+
+    def write(self) -> None:
+        if self._writer is None:
+            self._writer = JSONWriter(self.path, self.window_size)
+        self._writer.write()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+def run_writers(output_dir: str, max_iter: int) -> list:
+    """detectron2's ``default_writers`` (console, ``metrics.json``, TensorBoard events), with
+    ``metrics.json`` written by a :class:`MetricsFileWriter`."""
+    os.makedirs(output_dir, exist_ok=True)
+    return [CommonMetricPrinter(max_iter), MetricsFileWriter(os.path.join(output_dir, "metrics.json")),
+            TensorboardXWriter(output_dir)]
+
+
+def training_ddp_model(model: torch.nn.Module, **options) -> torch.nn.Module:
+    """detectron2's ``create_ddp_model(model, **options)``; a CPU model is wrapped without
+    ``device_ids`` (detectron2 pins a GPU index, which PyTorch rejects for a CPU model)."""
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    return create_ddp_model(model, **options, **({"device_ids": None} if on_cpu else {}))
+
+
+def with_signal_checkpoints(hooks: list) -> list:
+    """``hooks`` with :class:`CheckpointOnSignal` placed before the (first) ``EvalHook``: after the
+    LR scheduler and the periodic checkpointer, before evaluation and the writers."""
+    evaluation = next(i for i, hook in enumerate(hooks) if isinstance(hook, EvalHook))
+    return hooks[:evaluation] + [CheckpointOnSignal()] + hooks[evaluation:]
+
+
+def check_train_batches(inner: Any) -> None:
+    """Make detectron2's ``SimpleTrainer`` / ``AMPTrainer`` ``inner`` read its batches through
+    :class:`~gwdet.data.finite_images.FiniteImageBatches`, before its first step. detectron2 0.6
+    creates the loader's iterator when the trainer is constructed (later versions at the first
+    step): that iterator is replaced by one of the checked loader."""
+    inner.data_loader = FiniteImageBatches(inner.data_loader)
+    if "_data_loader_iter" in vars(inner):
+        inner._data_loader_iter = iter(inner.data_loader)
+
+
+def continue_after_resume(output_dir: str, start_iter: int, loader: Iterable, images_per_process: int,
+                          loader_origin: str) -> None:
+    """After a resume at iteration ``start_iter`` (nothing at 0): ``metrics.json`` keeps the records
+    of the iterations the checkpoint holds, and ``loader`` skips the samples those iterations
+    consumed (``images_per_process`` each), or a warning says it restarts its stream
+    (``loader_origin`` names what built it, e.g. "dataloader.train is not built by ...")."""
+    if start_iter == 0:
+        return
+    if comm.is_main_process():
+        trim_metrics(output_dir, start_iter)
+    if not skip_trained_samples(loader, start_iter * images_per_process):
+        logger.warning(f"{loader_origin}: it restarts its sample stream on resume instead of continuing where "
+                       "the interrupted run stopped.")
+
+
+class InnerTrainerState:
+    """``TrainerBase``'s checkpointed state (iteration, hooks) plus that of the wrapped
+    ``SimpleTrainer`` / ``AMPTrainer`` in ``_trainer`` (its optimizer: SGD momentum continues on
+    ``--resume``). detectron2 0.7's ``DefaultTrainer`` does this itself; 0.6's and ``TrainerBase``
+    do not (:class:`gwdet.engine.lazy.LazyTrainer`)."""
+
+    _trainer: Any
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()  # type: ignore[misc]
+        state["_trainer"] = self._trainer.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)  # type: ignore[misc]
+        if "_trainer" in state_dict:
+            self._trainer.load_state_dict(state_dict["_trainer"])

@@ -1,0 +1,154 @@
+"""Reading a LazyConfig (``.py``) the way gwdet's tools read it: detectron2's ``LazyConfig.load``,
+then the command line's ``key=value`` overrides, each key checked.
+
+An override's key must exist in the config, or name an argument of the callable of the ``L(...)``
+node it is set on; ``+key=value`` adds a key on purpose. A misspelt key is an error naming the close
+ones, never a new key; a key below a reference to a shared node (``"${..stem.norm}"``) is refused,
+since setting it would replace the reference. :func:`load_lazy_config` is the one loader of
+LazyConfigs for the train, export and analyze tools (:mod:`gwdet.model_zoo.loading` is the yacs one).
+"""
+from __future__ import annotations
+
+import difflib
+import inspect
+import os
+from typing import Any, Iterable, Sequence
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from detectron2.config import LazyConfig
+from detectron2.utils.registry import locate
+
+from gwdet.errors import GwdetFileNotFoundError, GwdetValueError
+
+LAZY_SUFFIX = ".py"
+OUTPUT_SETTING = "train.output_dir"
+ABSENT = object()  # what select() returns for a key the config does not have
+
+
+def is_lazy_config(config_file: str | os.PathLike | None) -> bool:
+    """Whether ``config_file`` names a LazyConfig (a ``.py`` file) rather than a yacs config."""
+    return bool(config_file) and str(config_file).endswith(LAZY_SUFFIX)
+
+
+def callable_of(node: Any) -> Any:
+    """The callable an ``L(...)`` node calls (its ``_target_``, imported when it is a name), or None."""
+    if not isinstance(node, DictConfig) or "_target_" not in node:
+        return None
+    target = node._target_
+    if isinstance(target, str):
+        try:
+            target = locate(target)
+        except Exception:  # a name that does not import: instantiate will say so
+            return None
+    return target if callable(target) else None
+
+
+def _argument_names(target: Any) -> tuple[set[str], bool]:
+    """The keyword arguments ``target`` takes, and whether it takes any (``**kwargs``)."""
+    try:
+        parameters = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: accept, as instantiate would try
+        return set(), True
+    names = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return names, any(p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+def select(cfg: DictConfig, key: str) -> Any:
+    """The value at the dotted ``key`` of ``cfg`` (interpolations resolved where they can be), or
+    :data:`ABSENT` when there is none."""
+    return OmegaConf.select(cfg, key, default=ABSENT, throw_on_resolution_failure=False)
+
+
+def _reference_above(cfg: DictConfig, parts: Sequence[str]) -> tuple[str, str] | None:
+    """The first level above the key ``parts`` that is a reference to another node
+    (``"${...stem.norm}"``), and the reference; None when there is none."""
+    container: Any = cfg
+    for depth in range(1, len(parts)):
+        name: str | int = parts[depth - 1]
+        if isinstance(container, ListConfig) and str(name).isdigit():
+            name = int(name)
+        if not isinstance(container, (DictConfig, ListConfig)):
+            return None
+        try:
+            if OmegaConf.is_interpolation(container, name):
+                raw: Any = OmegaConf.to_container(container, resolve=False)
+                return ".".join(parts[:depth]), str(raw[name])
+        except (KeyError, IndexError, ValueError, TypeError):
+            return None
+        container = select(cfg, ".".join(parts[:depth]))
+    return None
+
+
+def check_override_key(cfg: DictConfig, key: str) -> None:
+    """Raise ``ValueError`` unless ``key`` (dotted) is in ``cfg`` or names an argument of the
+    callable of the ``L(...)`` node it would be set on, and is not below a reference to a shared
+    node (which the override would replace); the message names the close keys or the fix."""
+    parts = key.split(".")
+    reference = _reference_above(cfg, parts)
+    if reference is not None:
+        level, target = reference
+        raise GwdetValueError(
+            f"LazyConfig override {key!r}: {level!r} is {target}, a reference to a node other settings share, "
+            f"and setting a value under it would replace the reference. Set the value where it points, or give "
+            f"{level} a node of its own ({level}={{_target_: ..., ...}}).")
+    if select(cfg, key) is not ABSENT:
+        return
+    depth = len(parts) - 1  # the deepest level of the key that the config has
+    while depth > 0 and select(cfg, ".".join(parts[:depth])) is ABSENT:
+        depth -= 1
+    parent_key, name = ".".join(parts[:depth]), parts[depth]
+    parent = select(cfg, parent_key) if parent_key else cfg
+    target = callable_of(parent)
+    arguments, any_keyword = _argument_names(target) if target is not None else (set(), False)
+    if depth == len(parts) - 1 and (name in arguments or any_keyword):
+        return  # an argument the node's callable takes, left at its default by the config
+    present = {str(k) for k in parent.keys()} if isinstance(parent, DictConfig) else set()
+    close = difflib.get_close_matches(name, sorted(present | arguments), n=3, cutoff=0.6)
+    where = f"under {parent_key!r}" if parent_key else "at the top of the config"
+    hint = f" Did you mean {' or '.join(repr('.'.join([*parts[:depth], c])) for c in close)}?" if close else ""
+    takes = f" ({getattr(target, '__qualname__', target)} takes {', '.join(sorted(arguments))})" if arguments else ""
+    raise GwdetValueError(f"LazyConfig override {key!r}: the config has no {name!r} {where}{takes}.{hint} "
+                          f"Write +{key}=... to add a new key on purpose.")
+
+
+def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
+    """detectron2's ``LazyConfig.apply_overrides`` after every key is checked
+    (:func:`check_override_key`; ``+key=value`` adds a key without the check)."""
+    overrides = list(overrides)
+    for override in overrides:
+        key, equals, _ = override.partition("=")
+        if not equals or not key.strip():
+            raise GwdetValueError(
+                f"LazyConfig override {override!r} is not key=value. A LazyConfig takes dotted keys with '=', "
+                "e.g. train.max_iter=100 train.output_dir=output/run (KEY VALUE pairs are for yacs configs).")
+        if key.startswith("~"):
+            raise GwdetValueError(f"LazyConfig override {override!r}: deleting a key is not supported.")
+        if not key.startswith("+"):
+            check_override_key(cfg, key.strip())
+    return LazyConfig.apply_overrides(cfg, [o[1:] if o.startswith("+") else o for o in overrides])
+
+
+def load_lazy_config(config_file: str, overrides: Sequence[str] = ()) -> DictConfig:
+    """The LazyConfig ``config_file`` with the ``key=value`` ``overrides`` applied (checked by
+    :func:`apply_overrides`); a ``~`` in ``train.output_dir`` is expanded."""
+    if not config_file:
+        raise GwdetValueError("No config given: pass --config-file configs/<file>.py (see configs/LazyConfig/).")
+    if not os.path.isfile(config_file):
+        raise GwdetFileNotFoundError(f"Config file {config_file!r} does not exist (run from the repository root?).")
+    cfg = apply_overrides(LazyConfig.load(config_file), overrides or ())
+    output_dir = select(cfg, OUTPUT_SETTING)
+    if isinstance(output_dir, str) and output_dir.startswith("~"):
+        cfg.train.output_dir = os.path.expanduser(output_dir)
+    return cfg
+
+
+def check_keys(cfg: DictConfig, keys: Sequence[str], purpose: str) -> None:
+    """Raise ``ValueError`` naming every one of ``keys`` the config lacks for ``purpose``."""
+    missing = [key for key in keys if select(cfg, key) is ABSENT]
+    if missing:
+        raise GwdetValueError(
+            f"This LazyConfig cannot be used for {purpose}: it has no {', '.join(missing)}. A LazyConfig for "
+            "gwdet's tools (and detectron2's tools/lazyconfig_train_net.py) defines model, dataloader.train, "
+            "dataloader.test, dataloader.evaluator, optimizer, lr_multiplier and train (detectron2's "
+            "common/train.py: train = get_config('common/train.py').train); see configs/LazyConfig/.")

@@ -1,0 +1,249 @@
+"""Config values that detectron2 would take and fail on late (when the optimizer, the data loader
+or the first checkpoint is made, at the first mask loaded) or never refuse, and config files that
+YAML would read without a word, are refused when the config is read: the message names the key, its
+value and the fix (gwdet.config_checks.check_detectron2_values, gwdet.model_zoo.loading)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from detectron2.config import get_cfg
+
+import gwdet.model_zoo
+from gwdet.config import add_gwdet_config
+from gwdet.config_checks import (DETECTRON2_MASK_FORMATS, DETECTRON2_RESNET_DEPTHS, check_detectron2_values,
+                                 check_gwdet_config)
+from gwdet.errors import GwdetValueError
+from gwdet.model_zoo.loading import build_config
+
+from conftest import DEMO_CONFIG, REPO
+
+YACS_CONFIGS = sorted(path for path in (REPO / "configs").rglob("*.yaml") if "LazyConfig" not in path.parts)
+
+
+def refusal(*opts: str) -> str:
+    """The message with which the demo config with the ``KEY VALUE`` overrides ``opts`` is refused."""
+    with pytest.raises(GwdetValueError) as refused:
+        build_config(str(DEMO_CONFIG), list(opts))
+    return str(refused.value)
+
+
+# ---- what passes ---------------------------------------------------------------------------------
+
+def test_detectron2s_and_gwdets_defaults_pass():
+    cfg = add_gwdet_config(get_cfg())
+    check_detectron2_values(cfg)
+    check_gwdet_config(cfg)
+
+
+@pytest.mark.parametrize("path", YACS_CONFIGS, ids=lambda path: str(path.relative_to(REPO / "configs")))
+def test_every_shipped_yacs_config_passes(path: Path):
+    check_gwdet_config(build_config(str(path)))
+
+
+def test_the_values_detectron2_uses_pass():
+    build_config(str(DEMO_CONFIG), ["SOLVER.CHECKPOINT_PERIOD", "1", "SOLVER.BASE_LR", "0.0",
+                                    "DATALOADER.NUM_WORKERS", "0", "INPUT.MASK_FORMAT", "polygon"])
+    for depth in DETECTRON2_RESNET_DEPTHS:
+        build_config(str(DEMO_CONFIG), ["MODEL.RESNETS.DEPTH", str(depth)])
+    for mask_format in DETECTRON2_MASK_FORMATS:
+        build_config(str(DEMO_CONFIG), ["INPUT.MASK_FORMAT", mask_format])
+
+
+def test_a_grey_image_format_with_one_mean_and_std_passes():
+    build_config(str(DEMO_CONFIG), ["INPUT.FORMAT", "L", "MODEL.PIXEL_MEAN", "[127.5]", "MODEL.PIXEL_STD", "[64.0]"])
+
+
+def test_a_format_of_unknown_channels_is_only_held_to_equal_lengths():
+    build_config(str(DEMO_CONFIG), ["INPUT.FORMAT", "P", "MODEL.PIXEL_MEAN", "[1.0]", "MODEL.PIXEL_STD", "[2.0]"])
+
+
+def test_the_depth_of_a_backbone_that_is_no_resnet_is_not_checked():
+    cfg = add_gwdet_config(get_cfg())
+    cfg.MODEL.BACKBONE.NAME = "build_my_backbone"
+    cfg.MODEL.RESNETS.DEPTH = 200
+    check_detectron2_values(cfg)
+
+
+# ---- detectron2's keys: refused with the key, the value and the fix -----------------------------
+
+@pytest.mark.parametrize("period", ["0", "-5"])
+def test_a_checkpoint_period_below_1_is_refused(period):
+    message = refusal("SOLVER.CHECKPOINT_PERIOD", period, "SOLVER.MAX_ITER", "300")
+    assert message.startswith(f"config: SOLVER.CHECKPOINT_PERIOD={period} is no number of iterations between "
+                              "checkpoints: detectron2's PeriodicCheckpointer saves one every")
+    assert message.endswith("Use an integer >= 1; to save only the final model, use SOLVER.MAX_ITER (300).")
+
+
+def test_a_negative_learning_rate_is_refused():
+    message = refusal("SOLVER.BASE_LR", "-0.01")
+    assert message.startswith("config: SOLVER.BASE_LR=-0.01 is no learning rate: it must be a finite number >= 0")
+    assert "Use a positive rate, e.g. 0.02 for a batch of 16 images" in message
+
+
+def test_a_learning_rate_that_is_not_finite_is_refused():
+    cfg = add_gwdet_config(get_cfg())
+    cfg.SOLVER.BASE_LR = float("inf")
+    with pytest.raises(GwdetValueError, match=r"^config: SOLVER.BASE_LR=inf is no learning rate"):
+        check_gwdet_config(cfg)
+
+
+def test_a_negative_number_of_workers_is_refused():
+    message = refusal("DATALOADER.NUM_WORKERS", "-1")
+    assert message.startswith("config: DATALOADER.NUM_WORKERS=-1 is no number of data-loading processes: torch's "
+                              "DataLoader refuses a negative one")
+    assert message.endswith("Use 0 (load the data in the training process) or more, e.g. 4.")
+
+
+@pytest.mark.parametrize("depth", ["42", "0", "200"])
+def test_a_resnet_depth_detectron2_does_not_build_is_refused(depth):
+    message = refusal("MODEL.RESNETS.DEPTH", depth)
+    assert message == (f"config: MODEL.RESNETS.DEPTH={depth} is not a depth of detectron2's ResNets, which "
+                       "MODEL.BACKBONE.NAME='build_gw_resnet_fpn_backbone' builds (it would stop with a bare "
+                       "KeyError). Use one of 18, 34, 50, 101, 152, e.g. 50.")
+
+
+@pytest.mark.parametrize("mask_format", ["polygons", "rle", "Bitmask"])
+def test_an_unknown_mask_format_is_refused(mask_format):
+    message = refusal("INPUT.MASK_FORMAT", mask_format)
+    assert message.startswith(f"config: INPUT.MASK_FORMAT={mask_format!r} is not a mask format detectron2 reads")
+    assert message.endswith("Use 'polygon' (masks kept as polygons) or 'bitmask' (masks as images; COCO's RLE "
+                            "masks need it).")
+
+
+@pytest.mark.parametrize("std", ["[0.0, 64.0, 64.0]", "[64.0, -1.0, 64.0]"])
+def test_a_pixel_std_at_or_below_0_is_refused(std):
+    message = refusal("MODEL.PIXEL_STD", std)
+    assert message.startswith(f"config: MODEL.PIXEL_STD={std} holds a value <= 0: the model divides each image "
+                              "channel by its value")
+    assert "Use the standard deviations of the pixel values, all > 0" in message
+
+
+def test_pixel_values_that_are_not_numbers_are_refused():
+    message = refusal("MODEL.PIXEL_MEAN", "['a', 1.0, 1.0]")
+    assert message.startswith("config: MODEL.PIXEL_MEAN=['a', 1.0, 1.0] must be a list of finite numbers, one per "
+                              "channel of the images (INPUT.FORMAT='RGB')")
+
+
+@pytest.mark.parametrize("key", ["MODEL.PIXEL_MEAN", "MODEL.PIXEL_STD"])
+def test_pixel_values_of_another_length_than_the_formats_channels_are_refused(key):
+    message = refusal(key, "[1.0, 1.0]")
+    assert message.startswith(f"config: {key}=[1.0, 1.0] has 2 values, but images of INPUT.FORMAT='RGB' have 3 "
+                              "channels")
+    assert message.endswith(f"Give {key} 3 values, one per channel.")
+
+
+def test_three_channel_pixel_values_for_grey_images_are_refused():
+    message = refusal("INPUT.FORMAT", "L")
+    assert message.startswith("config: MODEL.PIXEL_MEAN=[127.5, 127.5, 127.5] and MODEL.PIXEL_STD=[64.0, 64.0, "
+                              "64.0] have 3 values, but images of INPUT.FORMAT='L' have 1 channel")
+    assert message.endswith("Give MODEL.PIXEL_MEAN and MODEL.PIXEL_STD 1 value each, one per channel, or set "
+                            "INPUT.FORMAT to a format of 3 channels (BGR, RGB, YUV-BT.601, YCbCr, HSV, LAB).")
+
+
+def test_a_pixel_mean_and_std_of_different_lengths_are_refused():
+    message = refusal("INPUT.FORMAT", "P", "MODEL.PIXEL_MEAN", "[1.0, 2.0]")
+    assert message == ("config: MODEL.PIXEL_MEAN=[1.0, 2.0] has 2 values and MODEL.PIXEL_STD=[64.0, 64.0, 64.0] "
+                       "has 3: the model normalizes each image channel with one value of each. Give both one value "
+                       "per channel of the images (INPUT.FORMAT='P').")
+
+
+def test_the_check_runs_where_gwdet_builds_too():
+    cfg = add_gwdet_config(get_cfg())
+    cfg.SOLVER.CHECKPOINT_PERIOD = 0
+    with pytest.raises(GwdetValueError, match=r"^config: SOLVER.CHECKPOINT_PERIOD=0 "):
+        check_gwdet_config(cfg)
+
+
+# ---- keys spelled in lower case ------------------------------------------------------------------
+
+@pytest.mark.parametrize("key", ["model.gw.num_groups", "MODEL.gw.NUM_GROUPS", "Model.Gw.Num_Groups"])
+def test_a_lower_case_override_key_is_named_with_its_upper_case_spelling(key):
+    assert refusal(key, "8") == (f"The KEY VALUE overrides: {key} is not a key of detectron2's or gwdet's config, "
+                                 "whose keys are upper-case: did you mean MODEL.GW.NUM_GROUPS?")
+
+
+def test_a_misspelled_lower_case_key_gets_the_close_upper_case_keys():
+    message = refusal("solver.max_itr", "8")
+    assert message == ("The KEY VALUE overrides: solver.max_itr is not a key of detectron2's or gwdet's config, "
+                       "whose keys are upper-case: did you mean SOLVER.MAX_ITER?")
+
+
+def test_a_lower_case_section_in_a_file_is_named_with_its_upper_case_spelling(tmp_path):
+    config = tmp_path / "lower.yaml"
+    config.write_text(f'_BASE_: "{DEMO_CONFIG}"\nMODEL:\n  gw:\n    NUM_GROUPS: 8\n', encoding="utf-8")
+    with pytest.raises(GwdetValueError) as refused:
+        build_config(str(config))
+    assert str(refused.value) == (f"Config file {str(config)!r} (or a _BASE_ it names): MODEL.gw is not a key of "
+                                  "detectron2's or gwdet's config, whose keys are upper-case: did you mean MODEL.GW?")
+
+
+# ---- a key given twice in a YAML file ------------------------------------------------------------
+
+def _refused_file(path: Path) -> str:
+    with pytest.raises(GwdetValueError) as refused:
+        build_config(str(path))
+    return str(refused.value)
+
+
+def test_a_section_given_twice_is_refused_with_both_lines(tmp_path):
+    config = tmp_path / "twice.yaml"
+    config.write_text(f'_BASE_: "{DEMO_CONFIG}"\nMODEL:\n  GW:\n    NUM_GROUPS: 8\nSOLVER:\n  MAX_ITER: 3\n'
+                      "MODEL:\n  GN:\n    NUM_GROUPS: 4\n", encoding="utf-8")
+    assert _refused_file(config) == (
+        f"Config file {str(config)!r} gives the key MODEL twice, at line 2 and at line 7: YAML keeps only the last, "
+        f"so what line 2 sets would be silently dropped. Give MODEL once in {config}: put the keys of both blocks "
+        "under a single MODEL: block.")
+
+
+def test_a_value_given_twice_in_a_section_is_refused_with_its_dotted_key(tmp_path):
+    config = tmp_path / "twice.yaml"
+    config.write_text(f'_BASE_: "{DEMO_CONFIG}"\nMODEL:\n  GW:\n    NUM_GROUPS: 8\n    T: 3\n    NUM_GROUPS: 4\n',
+                      encoding="utf-8")
+    assert _refused_file(config) == (
+        f"Config file {str(config)!r} gives the key MODEL.GW.NUM_GROUPS twice, at line 4 and at line 6: YAML keeps "
+        f"only the last, so what line 4 sets would be silently dropped. Give MODEL.GW.NUM_GROUPS once in {config}: "
+        "delete the line you do not mean.")
+
+
+def test_a_key_given_twice_in_a_base_is_refused_naming_the_base_and_the_config(tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_text(f'_BASE_: "{DEMO_CONFIG}"\nSOLVER:\n  MAX_ITER: 3\n  BASE_LR: 0.01\n  MAX_ITER: 5\n',
+                    encoding="utf-8")
+    config = tmp_path / "config.yaml"
+    config.write_text('_BASE_: "base.yaml"\nSEED: 1\n', encoding="utf-8")
+    assert _refused_file(config).startswith(
+        f"Config file {str(base)!r} (a base of {str(config)!r}) gives the key SOLVER.MAX_ITER twice, at line 3 and "
+        "at line 5: YAML keeps only the last")
+
+
+def test_the_same_key_name_in_different_sections_is_no_duplicate(tmp_path):
+    config = tmp_path / "distinct.yaml"
+    config.write_text(f'_BASE_: "{DEMO_CONFIG}"\nMODEL:\n  GW:\n    NUM_GROUPS: 8\n  GN:\n    NUM_GROUPS: 4\n',
+                      encoding="utf-8")
+    cfg = build_config(str(config))
+    assert (cfg.MODEL.GW.NUM_GROUPS, cfg.MODEL.GN.NUM_GROUPS) == (8, 4)
+
+
+# ---- gwdet.model_zoo.get_config(..., trained=True) -----------------------------------------------
+
+@pytest.mark.parametrize("name, weights_key", [("Demo/mask_rcnn_R_50_FPN_gw_shapes.yaml", "MODEL.WEIGHTS"),
+                                               ("LazyConfig/mask_rcnn_R_50_FPN_gw.py", "train.init_checkpoint")])
+def test_trained_weights_are_refused_saying_gwdet_ships_none(name, weights_key):
+    with pytest.raises(GwdetValueError) as refused:
+        gwdet.model_zoo.get_config(name, trained=True)
+    message = str(refused.value)
+    assert message.startswith(f"gwdet.model_zoo.get_config({name!r}, trained=True): gwdet ships no trained weights "
+                              "for its configs")
+    assert f"set {weights_key} to the run's model_final.pth" in message and "docs/weights.md" in message
+
+
+def test_trained_false_loads_the_config_as_before():
+    cfg = gwdet.model_zoo.get_config("Demo/mask_rcnn_R_50_FPN_gw_shapes.yaml", False)
+    assert cfg.MODEL.WEIGHTS == build_config(str(DEMO_CONFIG)).MODEL.WEIGHTS
+
+
+def test_trained_must_be_a_bool():
+    with pytest.raises(GwdetValueError, match=r"^gwdet.model_zoo.get_config: trained must be True or False, "
+                                              r"got 'yes' \(str\)$"):
+        gwdet.model_zoo.get_config("Demo/mask_rcnn_R_50_FPN_gw_shapes.yaml", trained="yes")  # type: ignore[arg-type]
