@@ -14,7 +14,7 @@ from typing import Any, Callable
 from detectron2.config import CfgNode as CN
 
 from gwdet.errors import GwdetKeyError, GwdetValueError
-from gwdet.layers.common import check_int_at_least, check_positive, check_unit_interval
+from gwdet.layers.common import check_flag, check_int_at_least, check_positive, check_unit_interval
 
 OWNER = "config"
 
@@ -32,8 +32,7 @@ def _unit_interval(key: str, value: Any) -> None:
 
 
 def _boolean(key: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise GwdetValueError(f"{OWNER}: {key} must be True or False, got {value!r}")
+    check_flag(OWNER, key, value)
 
 
 def _string(key: str, value: Any) -> None:
@@ -74,7 +73,7 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("MODEL.BGN.MOMENTUM", 0.1, _unit_interval, "running statistics update"),
     ConfigKey("MODEL.BGN.EPS", 1e-5, _positive, "added to the variance"),
     ConfigKey("MODEL.STRICT_NORM_GROUPS", False, _boolean,
-              "raise instead of logging when a GW/BW/BGN layer cannot use the requested groups"),
+              "raise instead of logging when a GW/BW/BGN/GN layer cannot use the requested groups"),
     # Positions of GW in a ResNet/ResNeXt (group_whitening_huang2021, Sec. 5.1.1), read by gwdet's
     # backbones only: see gwdet.positions.
     ConfigKey("MODEL.RESNETS.GW_POSITIONS", "", _string, "e.g. 'S1-B2'; '' means none"),

@@ -64,3 +64,7 @@ __all__ = [
     "GwdetTypeError",
     "GwdetValueError",
 ]
+
+
+class GwdetOSError(GwdetError, OSError):
+    """A file could not be written (a full disk, a read-only folder), named with the fix."""

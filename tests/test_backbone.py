@@ -55,7 +55,11 @@ def test_gw_sits_exactly_at_the_requested_positions(positions):
 
 def test_checkpoint_keys_are_detectron2s():
     cfg = resnet_cfg("S1-B2", norm="BN")
-    ours = set(build_backbone(cfg, ShapeSpec(channels=3)).state_dict())
+    keys = set(build_backbone(cfg, ShapeSpec(channels=3)).state_dict())
+    # beside its weights each GW layer records its settings (gwdet.layers.settings_state)
+    settings = {k for k in keys if k.endswith(".norm._extra_state")}
+    assert settings and all(".conv2.norm." in k or k.startswith("stem.") for k in settings)
+    ours = keys - settings
     reference = set(build_resnet_backbone(cfg, ShapeSpec(channels=3)).state_dict())
     assert "res2.0.conv2.norm.weight" in ours and "stem.conv1.norm.bias" in ours
     # GW keeps weight/bias under the same names; only the replaced BN statistics are gone.

@@ -1,10 +1,11 @@
 """What BatchGroupNorm computes (Summers & Dinneen 2020, Secs. 3.1, 3.2, 3.4), against torch's
 GroupNorm and BatchNorm and statistics taken by hand; what every gwdet layer does is in
 test_layer_contract.py."""
+import pytest
 import torch
 import torch.nn.functional as F
 
-from gwdet.layers import BatchGroupNorm
+from gwdet.layers import BatchGroupNorm, batch_group_norm
 
 
 def batch(num_examples=6, channels=8, size=3, seed=0):
@@ -143,16 +144,69 @@ def test_channels_not_divisible_use_largest_divisor():
     assert BatchGroupNorm(8, num_groups=32).effective_num_groups == 8
 
 
-def test_a_block_of_a_single_value_gets_no_bessel_correction():
-    # one example per group and one channel per group, (N, C) input: every block holds one value
-    single = BatchGroupNorm(4, num_groups=4, examples_per_group=1)
-    assert torch.isfinite(single(torch.randn(3, 4))).all()
-    assert torch.isfinite(single.running_var).all()
+def test_a_block_of_a_single_value_is_refused_in_training_as_batch_norm_refuses_one():
+    # one channel per group (GhostBN) and (N, C) inputs: a block of one example holds one value,
+    # which normalizes to 0 whatever it is (the output would be the bias for any input)
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel when training"):
+        F.batch_norm(torch.randn(1, 4), None, None, training=True)
+    cases = [
+        (1, torch.randn(3, 4), "examples_per_group=1 puts each example in a group of its own"),
+        (2, torch.randn(3, 4), "examples_per_group=2 does not divide the batch of 3 examples, whose last example "
+                               "group has 1 example"),
+        (2, torch.randn(1, 4, 1, 1), "the batch of 1 example is smaller than examples_per_group=2"),
+    ]
+    for examples, x, why in cases:
+        layer = BatchGroupNorm(4, num_groups=4, examples_per_group=examples)
+        with pytest.raises(ValueError) as refused:
+            layer(x)
+        assert str(refused.value) == (
+            f"BatchGroupNorm: in training, an input of shape {list(x.shape)} leaves an (example group x channel "
+            f"group) block of a single value: {why}, with one channel per group (num_groups=4 for 4 channels) and "
+            "one position. A single value normalizes to 0 for any input (batch norm refuses it too: expected more "
+            "than 1 value per channel when training). Use an examples_per_group of at least 2 that divides the "
+            "batch size (MODEL.BGN.EXAMPLES_PER_GROUP), or fewer channel groups (MODEL.BGN.NUM_GROUPS; GhostBN has "
+            "one channel per group)")
+        assert torch.equal(layer.running_var, torch.ones(4)), "nothing was updated"
+        assert torch.isfinite(layer.eval()(x)).all(), "evaluation uses the running statistics: nothing to refuse"
+    # two values in every block: two examples, two channels or two positions
+    assert torch.isfinite(BatchGroupNorm(4, num_groups=4, examples_per_group=2)(torch.randn(4, 4))).all()
+    assert torch.isfinite(BatchGroupNorm(4, num_groups=2, examples_per_group=1)(torch.randn(3, 4))).all()
+    assert torch.isfinite(BatchGroupNorm(4, num_groups=4, examples_per_group=1)(torch.randn(3, 4, 2))).all()
+
+
+def test_the_functional_form_gives_a_block_of_a_single_value_no_bessel_correction():
+    # batch_group_norm itself checks nothing (the module does): its running variance stays finite
+    running_mean, running_var = torch.zeros(4), torch.ones(4)
+    batch_group_norm(torch.randn(3, 4), running_mean, running_var, None, None, True, 4, 1, 1e-5, 0.1, 0.0)
+    assert torch.isfinite(running_var).all() and torch.equal(running_var, torch.full((4,), 0.9))
 
 
 def test_buffers_are_named_as_batch_norms():
-    # a batch norm's statistics load into BGN under the same keys
+    # a batch norm's statistics load into BGN under the same keys (beside them, BGN's settings)
     state = BatchGroupNorm(32).state_dict()
     batch_norm = torch.nn.BatchNorm2d(32).state_dict()
-    assert {key: value.shape for key, value in state.items()} == {
+    assert {key: value.shape for key, value in state.items() if key != "_extra_state"} == {
         key: value.shape for key, value in batch_norm.items() if key != "num_batches_tracked"}
+
+
+def test_example_groups_that_do_not_divide_the_images_per_process_are_refused_where_layers_see_images():
+    from detectron2.config import get_cfg
+
+    from gwdet import add_gwdet_config, check_gwdet_config
+
+    cfg = add_gwdet_config(get_cfg())
+    cfg.MODEL.BACKBONE.NAME = "build_gw_resnet_fpn_backbone"
+    cfg.MODEL.FPN.NORM, cfg.SOLVER.IMS_PER_BATCH, cfg.MODEL.BGN.EXAMPLES_PER_GROUP = "BGN", 4, 3
+    with pytest.raises(ValueError) as refused:
+        check_gwdet_config(cfg)
+    assert str(refused.value) == (
+        "config: MODEL.BGN.EXAMPLES_PER_GROUP=3 does not divide the 4 images each process trains on "
+        "(SOLVER.IMS_PER_BATCH=4 over 1 process(es)), so the layers of MODEL.FPN.NORM would normalize the last 1 "
+        "image(s) of every batch as an example group of their own. Use an EXAMPLES_PER_GROUP that divides 4, or an "
+        "IMS_PER_BATCH that is a multiple of 3.")
+    cfg.MODEL.BGN.EXAMPLES_PER_GROUP = 2
+    check_gwdet_config(cfg)
+    # in the ROI heads the batch is the boxes sampled from the images: the layer's rule (a smaller last group)
+    cfg.MODEL.FPN.NORM, cfg.MODEL.BGN.EXAMPLES_PER_GROUP = "GN", 3
+    cfg.MODEL.ROI_BOX_HEAD.NAME, cfg.MODEL.ROI_BOX_HEAD.NORM = "GWFastRCNNConvFCHead", "BGN"
+    check_gwdet_config(cfg)

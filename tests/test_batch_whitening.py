@@ -130,6 +130,16 @@ def test_channels_not_divisible_use_largest_divisor():
 
 def test_buffers_are_the_running_mean_of_batch_norm_and_one_whitening_matrix_per_group():
     state = BatchWhitening(32, group_size=16).state_dict()
-    assert set(state) - {"weight", "bias"} == {"running_mean", "running_whitening"}
+    # beside them, the settings (gwdet.layers.settings_state)
+    assert set(state) - {"weight", "bias", "_extra_state"} == {"running_mean", "running_whitening"}
     assert state["running_mean"].shape == torch.nn.BatchNorm2d(32).state_dict()["running_mean"].shape
     assert state["running_whitening"].shape == (2, 16, 16)
+
+
+def test_second_derivatives_through_bws_itn_op_are_refused_by_name():
+    from gwdet.layers.itn_whitening_op import itn_whitening_op
+
+    cov = (torch.eye(3, dtype=torch.float64) * 2 + 0.1).repeat(2, 1, 1).requires_grad_()
+    (grad,) = torch.autograd.grad(itn_whitening_op(cov, 5).square().sum(), cov, create_graph=True)
+    with pytest.raises(RuntimeError, match=r"BatchWhitening \(ItN\): second derivatives .* set GWDET_GW_PLAN=cpu"):
+        grad.sum().backward()

@@ -123,6 +123,14 @@ def test_launcher_flags_that_do_not_fit_are_refused_with_the_fix():
         launcher_options(parse("--launcher", "submitit-local", "--nodes", "2"), 1)
     with pytest.raises(ValueError, match="--nodes and --wait belong to --launcher slurm"):
         launcher_options(parse("--wait"), 1)
+    # flags the launcher would ignore are refused, never dropped
+    with pytest.raises(ValueError, match=r"^--partition, --account: --launcher local does not use them .*--launcher slurm"):
+        launcher_options(parse("--partition", "gpu", "--account", "lab"), 1)
+    with pytest.raises(ValueError, match=r"^--timeout-min: --launcher local does not use it"):
+        launcher_options(parse("--timeout-min", "5"), 1)
+    with pytest.raises(ValueError, match=r"^--slurm-extra: --launcher submitit-local does not use it"):
+        launcher_options(parse("--launcher", "submitit-local", "--slurm-extra", "qos=high"), 1)
+    assert launcher_options(parse("--launcher", "submitit-local", "--timeout-min", "5"), 1).timeout_min == 5
     with pytest.raises(ValueError, match="KEY=VALUE"):
         parse_slurm_extra(["=high"])
 

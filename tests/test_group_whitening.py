@@ -159,3 +159,34 @@ def test_invalid_functional_arguments():
         group_whitening(torch.randn(2, 8), 2, method="svd")
     with pytest.raises(ValueError, match=r"group_whitening: expected input of shape \(N, C\)"):
         group_whitening(torch.randn(8), 2)
+
+
+@pytest.mark.parametrize("method", ["itn", "zca"])
+def test_second_derivatives_through_the_layer_are_refused_by_name(method):
+    # the fused op's backward has no derivative of its own: a gradient penalty or double backward is
+    # refused naming the layer and what has second derivatives, not with torch's "register_autograd"
+    layer = GroupWhitening(8, num_groups=4, method=method).double()
+    x = torch.randn(3, 8, 2, 2, dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(layer(x).pow(3).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError) as refused:
+        grad.square().sum().backward()
+    assert str(refused.value) == (
+        "GroupWhitening: second derivatives (a backward pass through gradients computed with create_graph=True) "
+        "are not supported by its fused op; for them, compute GW (method 'itn') with "
+        "gwdet.layers.group_whitening_reference(x, num_groups, T, eps, 'itn', weight, bias), the same function as "
+        "tensor operations that autograd differentiates to any order")
+
+
+def test_the_reference_named_for_second_derivatives_has_them():
+    from gwdet.layers import group_whitening_reference
+
+    x = torch.randn(2, 4, 3, dtype=torch.float64, requires_grad=True)
+    weight = (torch.rand(4, dtype=torch.float64) + 0.5).requires_grad_()
+    assert torch.autograd.gradgradcheck(lambda t, w: group_whitening_reference(t, 2, 5, 1e-5, "itn", w), (x, weight))
+    layer = GroupWhitening(4, num_groups=2).double()
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+    (fused,) = torch.autograd.grad(layer(x).pow(3).sum(), x)
+    (reference,) = torch.autograd.grad(group_whitening_reference(x, 2, weight=weight).pow(3).sum(), x)
+    assert torch.allclose(fused, reference, atol=1e-10), "the same first derivative"
+

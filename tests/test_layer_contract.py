@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from detectron2.layers import get_norm
 
 from gwdet import known_norm_names, norm
+from gwdet.layers.settings_state import decode_settings
 from gwdet.norms import norm_record
 from layer_cases import CATALOGUE_CHANNELS, CATALOGUE_PARAMS
 
@@ -72,12 +73,14 @@ def test_output_has_the_shape_and_dtype_of_the_input(name, dtype):
     layer = build(name, dtype)
     for training in (True, False):
         layer.train(training)
-        for shape in [(5, CHANNELS), (5, CHANNELS, 7), (5, CHANNELS, 3, 4), (5, CHANNELS, 2, 3, 2)]:
+        # 6 examples: GhostBN's example groups of 2 divide them (an odd one would be a single value per
+        # channel of an (N, C) input, refused in training)
+        for shape in [(6, CHANNELS), (6, CHANNELS, 7), (6, CHANNELS, 3, 4), (6, CHANNELS, 2, 3, 2)]:
             out = layer(random_batch(shape, dtype))
             assert out.shape == shape and out.dtype == dtype and torch.isfinite(out).all()
         # (N, C) is an (N, C, 1, 1) map
-        vectors = random_batch((5, CHANNELS), dtype)
-        assert torch.equal(layer(vectors), layer(vectors.view(5, CHANNELS, 1, 1)).view(5, CHANNELS))
+        vectors = random_batch((6, CHANNELS), dtype)
+        assert torch.equal(layer(vectors), layer(vectors.view(6, CHANNELS, 1, 1)).view(6, CHANNELS))
 
 
 @pytest.mark.parametrize(
@@ -227,6 +230,91 @@ def test_a_state_dict_restores_the_layer(name):
     assert parameters == {key: value.shape for key, value in torch.nn.GroupNorm(1, CHANNELS).named_parameters()}
 
 
+# ---- the settings each layer records in its state dict (gwdet.layers.settings_state) -------------
+
+# for every hyper-parameter a value that no name above is built with (BW: another group size, so
+# another shape of running_whitening)
+OTHER_VALUES = {"num_groups": 3, "T": 3, "eps": 1e-3, "group_size": 4, "momentum": 0.25, "examples_per_group": 3,
+                "eval_example_weight": 0.75}
+
+
+def build_named(name: str, **changed) -> torch.nn.Module:
+    """``name``'s layer with the test values and ``changed``, float64, with random parameters."""
+    layer = get_norm(norm(name, **{**TEST_PARAMS[name], **changed}), CHANNELS).double()
+    generator = torch.Generator().manual_seed(len(changed))
+    with torch.no_grad():
+        for tensor in layer.state_dict().values():
+            if tensor.is_floating_point():
+                tensor.copy_(torch.rand(tensor.shape, generator=generator, dtype=tensor.dtype) + 0.5)
+    return layer
+
+
+def test_every_hyper_parameter_has_another_value_here():
+    for name in NAMES:
+        assert set(norm_record(name).params()) <= set(OTHER_VALUES), name
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_state_dict_records_the_settings(name):
+    layer = build_named(name)
+    recorded = decode_settings(layer.state_dict()["_extra_state"])
+    assert recorded == {"layer": type(layer).__name__, **layer.settings()}
+    assert recorded["num_channels"] == CHANNELS and recorded["affine"] is True
+    assert all(recorded[param] == getattr(layer, param) for param in norm_record(name).params())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_state_of_other_settings_is_refused_naming_the_layer_the_setting_and_both_values(name):
+    saved = build_named(name)
+    state = {f"head.0.{key}": value for key, value in saved.state_dict().items()}
+    for param in norm_record(name).params():
+        other = build_named(name, **{param: OTHER_VALUES[param]})
+        model = torch.nn.ModuleDict({"head": torch.nn.Sequential(other)})
+        before = {key: value.clone() for key, value in other.state_dict().items() if key != "_extra_state"}
+        for strict in (True, False):  # detectron2's checkpointer loads with strict=False
+            with pytest.raises(RuntimeError) as refused:
+                model.load_state_dict(state, strict=strict)
+            message = str(refused.value)
+            assert (f"head.0 ({type(other).__name__}) was saved with {param}={getattr(saved, param)!r}, but this "
+                    f"layer has {param}={getattr(other, param)!r}: the weights were trained as another function. Build "
+                    "the layer with the saved values") in message, message
+            assert "delete 'head.0._extra_state' from the state dict" in message and "size mismatch" not in message
+            assert all(torch.equal(value, before[key]) for key, value in other.state_dict().items()
+                       if key != "_extra_state"), "the refused layer keeps its own values"
+        without_record = {key: value for key, value in state.items() if not key.endswith("_extra_state")}
+        if param != "group_size":  # the one setting that changes a shape (BW's running_whitening)
+            model.load_state_dict(without_record)  # the fix the message names: it loads, and the layer keeps its settings
+            assert getattr(other, param) == OTHER_VALUES[param]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_state_saved_before_the_layers_recorded_settings_loads_strictly(name):
+    old_state = {key: value for key, value in build_named(name).state_dict().items() if key != "_extra_state"}
+    fresh = build_named(name)
+    with torch.no_grad():
+        for tensor in fresh.state_dict().values():
+            if tensor.is_floating_point():
+                tensor.zero_()
+    loaded = fresh.load_state_dict(old_state, strict=True)
+    assert (loaded.missing_keys, loaded.unexpected_keys) == ([], []), "the absent record is not a missing key"
+    assert all(torch.equal(fresh.state_dict()[key], value) for key, value in old_state.items())
+
+
+@pytest.mark.parametrize("name", ["GW", "BW"])
+def test_a_record_that_is_not_settings_or_of_another_layer_is_refused(name):
+    layer = build_named(name)
+    state = layer.state_dict()
+    with pytest.raises(RuntimeError, match=r"the state's '_extra_state' is not the settings a gwdet norm layer records"):
+        build_named(name).load_state_dict({**state, "_extra_state": torch.zeros(3)})
+    other_kind = build_named("BGN").state_dict()["_extra_state"]
+    with pytest.raises(RuntimeError, match=rf"{type(layer).__name__}: the state is of a BatchGroupNorm layer, not of a "
+                                           rf"{type(layer).__name__}"):
+        build_named(name).load_state_dict({**state, "_extra_state": other_kind})
+    with pytest.raises(ValueError, match=r"was saved with"):  # set_extra_state called on its own
+        build_named(name, **{norm_record(name).params()[0]: OTHER_VALUES[norm_record(name).params()[0]]}) \
+            .set_extra_state(state["_extra_state"])
+
+
 LAYER_CLASSES = sorted({type(get_norm(norm(name), CHANNELS)) for name in NAMES}, key=lambda cls: cls.__name__)
 
 
@@ -240,25 +328,35 @@ def test_without_affine_there_are_no_parameters_and_the_output_is_unscaled(layer
         assert torch.allclose(plain.train(training)(x), with_affine.train(training)(x), rtol=0, atol=1e-12)
 
 
-# constructor argument -> bad values and the end of the error each gets
-NOT_A_COUNT = [(0, "must be an integer >= 1, got 0"), (2.5, "must be an integer >= 1, got 2.5")]
-NOT_A_FRACTION = [(1.5, "must be a number in [0, 1], got 1.5"), (-0.1, "must be a number in [0, 1], got -0.1")]
+# constructor argument -> bad values and the end of the error each gets: the value's repr, with its
+# type where the type is wrong (a string that reads like a number, a bool)
+NOT_A_COUNT = [(0, "must be an integer >= 1, got 0"), (2.5, "must be an integer >= 1, got 2.5 (float)"),
+               ("4", "must be an integer >= 1, got '4' (str)"), (True, "must be an integer >= 1, got True (bool)")]
+NOT_A_FRACTION = [(1.5, "must be a number in [0, 1], got 1.5"), (-0.1, "must be a number in [0, 1], got -0.1"),
+                  ("0.5", "must be a number in [0, 1], got '0.5' (str)"), (math.nan, "must be a number in [0, 1], got nan")]
 BAD_ARGUMENTS = {
     "num_channels": NOT_A_COUNT,
-    "num_groups": NOT_A_COUNT + [(True, "must be an integer >= 1, got True")],
+    "num_groups": NOT_A_COUNT,
     "group_size": NOT_A_COUNT,
     "examples_per_group": NOT_A_COUNT,
     "T": NOT_A_COUNT,
     "eps": [(0.0, "must be a finite number > 0, got 0.0"), (-1e-5, "must be a finite number > 0, got -1e-05"),
-            (math.inf, "must be a finite number > 0, got inf")],
+            (math.inf, "must be a finite number > 0, got inf"), (math.nan, "must be a finite number > 0, got nan"),
+            ("1e-5", "must be a finite number > 0, got '1e-5' (str)"),
+            # finite in Python's float64, not in float32, in which the layers compute
+            (1e300, "must be a finite number > 0 in float32, the precision the norm layers compute in, got 1e+300, "
+                    "which float32 rounds to inf; use a value within float32's range (1.4e-45 to 3.4e+38)"),
+            (1e-50, "must be a finite number > 0 in float32, the precision the norm layers compute in, got 1e-50, "
+                    "which float32 rounds to 0.0; use a value within float32's range (1.4e-45 to 3.4e+38)")],
     "momentum": NOT_A_FRACTION,
     "eval_example_weight": NOT_A_FRACTION,
-    "method": [("pca", "must be one of 'itn', 'zca', got pca")],
+    "method": [("pca", "must be one of 'itn', 'zca', got 'pca'"), (None, "must be one of 'itn', 'zca', got None (NoneType)")],
+    "affine": [("no", "must be True or False, got 'no' (str)"), (0, "must be True or False, got 0 (int)")],
 }
 
 
 def constructor_arguments(layer_class) -> list:
-    return [name for name in inspect.signature(layer_class).parameters if name != "affine"]
+    return list(inspect.signature(layer_class).parameters)
 
 
 def test_every_constructor_argument_has_bad_values_here():

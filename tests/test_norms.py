@@ -148,10 +148,16 @@ def test_norm_from_config_carries_the_configs_values():
 
 def test_norm_from_config_keeps_detectron2s_names_as_detectron2_builds_them():
     cfg = add_gwdet_config(get_cfg())
-    for name in ("", "BN", "FrozenBN", "SyncBN", "GN", "LN"):
+    for name in ("", "BN", "FrozenBN", "SyncBN", "LN"):
         assert norm_from_config(name, cfg) == name
     callable_norm = norm("GW")
     assert norm_from_config(callable_norm, cfg) is callable_norm
+    # GN has a config value: gwdet builds it (the divisor rule), with detectron2's 32 groups too, as
+    # torch's GroupNorm with its state dict, as detectron2 builds it
+    assert norm_from_config("GN", cfg) == norm("GN", num_groups=32)
+    gn = norm_from_config("GN", cfg)(64)
+    assert type(gn) is torch.nn.GroupNorm and gn.num_groups == 32
+    assert gn.state_dict().keys() == get_norm("GN", 64).state_dict().keys()
     cfg.MODEL.GN.NUM_GROUPS = 16
     assert norm_from_config("GN", cfg)(64).num_groups == 16
 
@@ -300,3 +306,111 @@ def test_a_taken_name_whose_builder_has_no_qualname_is_named_by_its_repr(registe
     with pytest.raises(ValueError) as err:
         register_norm("TestPartial", build)
     assert f"(by functools.{build!r}); choose another name" in str(err.value)
+
+
+def test_gn_with_a_group_count_the_channels_cannot_use_follows_gws_rule_logged_or_refused(caplog):
+    import logging
+
+    channels = 16 * 37 ** next(_CHANNEL_RUNS)  # of each run its own (logged once per process); 16 divides it, 17-32 not
+    with caplog.at_level(logging.WARNING, logger="gwdet.norms"):
+        layer = norm("GN", num_groups=32)(channels)
+    assert isinstance(layer, torch.nn.GroupNorm) and (layer.num_groups, layer.requested_num_groups) == (16, 32)
+    assert ("gwdet.norms", f"GN with 32 groups cannot divide {channels} channels; the layer uses 16.") in [
+        (record.name, record.getMessage()) for record in caplog.records]
+    x = torch.randn(2, channels, 3, 3)
+    assert torch.equal(layer(x), torch.nn.functional.group_norm(x, 16, layer.weight, layer.bias, layer.eps))
+    with pytest.raises(ValueError, match=f"GN with 32 groups cannot divide {channels} channels; the layer uses 16. "
+                                         "Choose a value .*MODEL.STRICT_NORM_GROUPS False"):
+        norm("GN", num_groups=32, strict=True)(channels)
+    assert norm("GN", num_groups=8, strict=True)(channels).num_groups == 8
+
+
+def test_gn_32_on_the_demos_16_channel_stem_is_adjusted_and_logged_or_refused(caplog):
+    import logging
+
+    from conftest import DEMO_CONFIG, TINY_OPTS
+    from gwdet.model_zoo import build_config
+
+    # gwdet's build_model: detectron2's, then the model's check, which logs each time, per component (the
+    # stem and the 16-channel norms of res2 blocks)
+    opts = TINY_OPTS + ["MODEL.RESNETS.GW_POSITIONS", "", "MODEL.GN.NUM_GROUPS", "32"]
+    with caplog.at_level(logging.WARNING):
+        model = gwdet.build_model(build_config(str(DEMO_CONFIG), opts))
+    stem = model.backbone.bottom_up.stem.conv1.norm
+    assert (type(stem), stem.num_channels, stem.num_groups, stem.requested_num_groups) == (torch.nn.GroupNorm, 16, 16, 32)
+    messages = [record.getMessage() for record in caplog.records]
+    assert any("backbone.bottom_up: 7 GroupNorm layer(s) asked for 32 groups use 16 (16 channels)" in message
+               for message in messages), messages
+    with pytest.raises(ValueError, match="GN with 32 groups cannot divide 16 channels.*MODEL.STRICT_NORM_GROUPS"):
+        gwdet.build_model(build_config(str(DEMO_CONFIG), opts + ["MODEL.STRICT_NORM_GROUPS", "True"]))
+
+
+def test_norm_arguments_of_the_wrong_type_are_named_with_their_repr():
+    with pytest.raises(ValueError, match=r"num_groups of norm 'GW' must be an integer >= 1, got '4' \(str\)"):
+        norm("GW", num_groups="4")
+    with pytest.raises(ValueError, match=r"eps of norm 'GW' must be a finite number > 0 in float32.*got 1e\+300, "
+                                         r"which float32 rounds to inf"):
+        norm("GW", eps=1e300)
+    with pytest.raises(ValueError, match=r"gwdet.norm\('GW'\): strict must be True or False, got 'no' \(str\)"):
+        norm("GW", strict="no")
+    # the config keys go through the same checks
+    from gwdet.config import check_config_values
+
+    cfg = add_gwdet_config(get_cfg())
+    cfg.MODEL.GW.EPS = 1e300
+    with pytest.raises(ValueError, match=r"config: MODEL.GW.EPS must be a finite number > 0 in float32, .*got 1e\+300"):
+        check_config_values(cfg)
+    cfg.MODEL.GW.EPS, cfg.MODEL.STRICT_NORM_GROUPS = 1e-5, "yes"
+    with pytest.raises(ValueError, match=r"config: MODEL.STRICT_NORM_GROUPS must be True or False, got 'yes' \(str\)"):
+        check_config_values(cfg)
+
+
+def test_register_norm_checks_what_it_is_given_naming_the_norm(registered):
+    registered.append("TestChecked")
+    with pytest.raises(TypeError, match=r"register_norm\('TestChecked'\): build must be a function channels -> "
+                                        r"torch.nn.Module, got 5 \(int\)"):
+        register_norm("TestChecked", 5)
+    with pytest.raises(TypeError, match=r"register_norm\('TestChecked'\): build must be a function"):
+        register_norm("TestChecked")("not a function")
+    with pytest.raises(TypeError, match=r"build must take the channel count as its first argument .* takes \[\]"):
+        register_norm("TestChecked", lambda: torch.nn.Identity())
+    with pytest.raises(TypeError, match=r"config_keys must map build's keywords to config keys"):
+        register_norm("TestChecked", lambda channels: torch.nn.Identity(), config_keys="MODEL.GN.NUM_GROUPS")
+    for key in ("", "MODEL..GROUPS", 32):
+        with pytest.raises(ValueError, match="config_keys must map build's keywords to dotted config keys"):
+            register_norm("TestChecked", lambda channels, groups=2: torch.nn.Identity(), config_keys={"groups": key})
+    with pytest.raises(ValueError, match=r"batch_statistics must be True or False, got 'no' \(str\)"):
+        register_norm("TestChecked", lambda channels: torch.nn.Identity(), batch_statistics="no")
+    with pytest.raises(TypeError, match="layer_types must be a tuple of classes"):
+        register_norm("TestChecked", lambda channels: torch.nn.Identity(), layer_types=(torch.nn.Identity(),))
+    assert "TestChecked" not in known_norm_names(), "nothing was registered"
+
+
+def test_a_build_function_that_returns_no_module_is_named(registered):
+    registered.append("TestNone")
+
+    @register_norm("TestNone")
+    def forgot_the_return(channels):
+        torch.nn.GroupNorm(1, channels)
+
+    with pytest.raises(TypeError) as err:
+        norm("TestNone")(8)
+    assert str(err.value) == (
+        "The norm 'TestNone': its build function "
+        "test_a_build_function_that_returns_no_module_is_named.<locals>.forgot_the_return returned None "
+        "(NoneType) for 8 channels, not a torch.nn.Module; make it return the layer")
+
+
+def test_a_config_key_of_a_registered_norm_that_the_config_lacks_is_named(registered):
+    from detectron2.config import CfgNode
+
+    registered.append("TestOwnKey")
+    register_norm("TestOwnKey", lambda channels, num_groups=2: torch.nn.GroupNorm(num_groups, channels),
+                  config_keys={"num_groups": "MODEL.MY_GN.NUM_GROUPS"})
+    cfg = add_gwdet_config(get_cfg())
+    with pytest.raises(KeyError) as err:
+        norm_from_config("TestOwnKey", cfg)
+    assert "The norm 'TestOwnKey' reads its num_groups from the config key MODEL.MY_GN.NUM_GROUPS" in str(err.value)
+    assert "cfg.MODEL.MY_GN = CfgNode(); cfg.MODEL.MY_GN.NUM_GROUPS = <default>" in str(err.value)
+    cfg.MODEL.MY_GN = CfgNode({"NUM_GROUPS": 4})
+    assert norm_from_config("TestOwnKey", cfg)(8).num_groups == 4

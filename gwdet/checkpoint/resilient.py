@@ -41,9 +41,11 @@ from gwdet.utils.atomic import checksum_path, checksum_problem, record_checksum,
 from gwdet.checkpoint.compatibility import (
     NORM_SETTINGS_KEY,
     NORM_TYPES_KEY,
+    check_layer_settings,
     check_norm_settings,
     check_norm_types,
     check_weights_fit_model,
+    drop_layer_settings,
     norm_settings,
     norm_types,
 )
@@ -57,7 +59,7 @@ from gwdet.checkpoint.integrity import (
 )
 from gwdet.checkpoint.converted_weights import read_conversion_metadata
 from gwdet.checkpoint.safe_load import UnsafeCheckpointError, load_pickle_file, load_torch_file
-from gwdet.errors import GwdetError, GwdetFileNotFoundError, GwdetRuntimeError, GwdetValueError
+from gwdet.errors import GwdetError, GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetRuntimeError, GwdetValueError
 
 # The checkpoints a run writes: detectron2's PeriodicCheckpointer names them model_{iteration:07d}
 # and model_final, gwdet's signal checkpoints (gwdet.checkpoint.signal_hook) likewise.
@@ -169,11 +171,19 @@ class ResilientCheckpointer(DetectionCheckpointer):
         return [os.path.join(self.save_dir, n) for n in ordered]
 
     def load_weights(self, path: str) -> dict:
-        """Initial weights (``MODEL.WEIGHTS``): a missing local file is an error naming the fix."""
+        """Initial weights (``MODEL.WEIGHTS``, or the setting ``weights_setting`` names): a missing
+        local file is an error naming the fix."""
+        if path and os.path.isdir(path):
+            raise GwdetIsADirectoryError(
+                f"{self.weights_setting} {path!r} is a folder: give the checkpoint file in it (e.g. "
+                f"{os.path.join(path, 'model_final.pth')}).")
         if path and "://" not in path and not os.path.isfile(path):
+            setting = self.weights_setting
+            # a LazyConfig's settings are lower-case keys, set with key=value
+            empty = f'{setting}=""' if setting.islower() else f'{setting} ""'
             raise GwdetFileNotFoundError(
-                f"MODEL.WEIGHTS file {path!r} does not exist. Convert ImageNet weights with "
-                "tools/convert_pretrained.py IN OUT (see docs/weights.md), or set MODEL.WEIGHTS \"\" to train from scratch."
+                f"{setting} file {path!r} does not exist. Convert ImageNet weights with "
+                f"tools/convert_pretrained.py IN OUT (see docs/weights.md), or set {empty} to train from scratch."
             )
         if "://" in path:
             self.download(path)
@@ -224,6 +234,11 @@ class ResilientCheckpointer(DetectionCheckpointer):
             check_norm_types(checkpoint[NORM_TYPES_KEY], self.model, _MISMATCH_OPT_IN)
         if isinstance(checkpoint.get(NORM_SETTINGS_KEY), dict) and not mismatch_allowed():
             check_norm_settings(checkpoint[NORM_SETTINGS_KEY], self.model, _MISMATCH_OPT_IN)
+        if isinstance(checkpoint.get("model"), dict):  # the settings gwdet's layers record in the weights
+            if mismatch_allowed():
+                drop_layer_settings(checkpoint["model"], self.model)
+            else:
+                check_layer_settings(checkpoint["model"], self.model, _MISMATCH_OPT_IN)
         checkpoint.pop(NORM_TYPES_KEY, None)
         checkpoint.pop(NORM_SETTINGS_KEY, None)
         return super()._load_model(checkpoint)

@@ -81,6 +81,16 @@ def _pickle_is_complete(path: str) -> bool:
         return False
 
 
+def _holds_a_pickle(path: str) -> bool:
+    """Whether the zip archive ``path`` has the ``data.pkl`` entry of a torch.save archive (its
+    readable end is :func:`_pickle_is_complete`'s question)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any(name.endswith("data.pkl") for name in archive.namelist())
+    except (zipfile.BadZipFile, OSError):
+        return True  # a damaged archive: torch.load names the damage
+
+
 class NotACheckpointError(GwdetError, pickle.UnpicklingError):
     """A file that does not start like anything ``torch.save`` writes."""
 
@@ -98,6 +108,12 @@ def load_torch_file(path: str, allow_unsafe: bool, how_to_opt_in: str, mmap: boo
             f"{path} is not a PyTorch checkpoint: it does not start like a file written by "
             "torch.save (a zip archive or a pickle). Check the path (MODEL.WEIGHTS, OUTPUT_DIR), or "
             "convert ImageNet weights with tools/convert_pretrained.py."
+        )
+    if zipfile.is_zipfile(path) and not _holds_a_pickle(path):
+        raise NotACheckpointError(
+            f"{path} is not a PyTorch checkpoint: it is a zip archive, but not one torch.save writes (no "
+            "data.pkl inside; a NumPy .npz, say). Check the path (MODEL.WEIGHTS, OUTPUT_DIR), or convert the "
+            "weights to a state dict saved with torch.save (ImageNet weights: tools/convert_pretrained.py)."
         )
     try:
         return torch.load(path, map_location="cpu", weights_only=not allow_unsafe, mmap=mmap)

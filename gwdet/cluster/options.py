@@ -85,6 +85,18 @@ def parse_slurm_extra(items: list[str]) -> dict[str, str | bool]:
     return extra
 
 
+def unused_launcher_flags(args: argparse.Namespace) -> list[str]:
+    """The launcher flags given in ``args`` that its ``--launcher`` does not use: SLURM's requests
+    (``--partition``, ``--account``, ``--cpus-per-task``, ``--slurm-extra``) outside ``slurm``, and
+    the job's ``--gpus-per-node`` and ``--timeout-min`` with ``local`` too."""
+    given = {"--partition": args.partition is not None, "--account": args.account is not None,
+             "--cpus-per-task": args.cpus_per_task is not None, "--slurm-extra": bool(args.slurm_extra)}
+    if args.launcher == "local":
+        given.update({"--gpus-per-node": args.gpus_per_node is not None,
+                      "--timeout-min": args.timeout_min != DEFAULT_TIMEOUT_MIN})
+    return [flag for flag, is_given in given.items() if is_given] if args.launcher != "slurm" else []
+
+
 def launcher_options(args: argparse.Namespace, processes_per_node: int) -> LauncherOptions:
     """Check the launcher flags of ``args`` (``processes_per_node``: the processes each node starts,
     ``--num-gpus``); ``ValueError`` naming the flag and the fix."""
@@ -106,5 +118,12 @@ def launcher_options(args: argparse.Namespace, processes_per_node: int) -> Launc
     if args.launcher == "local" and (args.nodes != 1 or args.wait):
         raise GwdetValueError("--nodes and --wait belong to --launcher slurm or submitit-local; for several "
                               "machines without SLURM, start each with --num-machines, --machine-rank and --dist-url")
+    unused = unused_launcher_flags(args)
+    if unused:
+        raise GwdetValueError(
+            f"{', '.join(unused)}: --launcher {args.launcher} does not use {'it' if len(unused) == 1 else 'them'} "
+            f"({'a run here asks SLURM for nothing' if args.launcher == 'local' else 'a job on this machine asks SLURM for nothing'}). "
+            "Add --launcher slurm to submit the run as a SLURM job, or leave "
+            f"{'it' if len(unused) == 1 else 'them'} out.")
     return LauncherOptions(args.launcher, processes_per_node, args.nodes, gpus, args.cpus_per_task, args.partition,
                            args.account, args.timeout_min, parse_slurm_extra(args.slurm_extra), args.wait)

@@ -15,6 +15,7 @@ from detectron2.modeling import build_backbone
 from gwdet.convert.architecture import Architecture
 from gwdet.convert.loading import ConversionError, preview_names
 from gwdet.config import add_gwdet_config
+from gwdet.layers.settings_state import EXTRA_STATE_KEY
 from gwdet.modeling.backbone import build_gw_resnet_backbone
 
 TORCHVISION_PIXEL_MEAN = (123.675, 116.28, 103.53)  # ImageNet statistics, RGB, 0-255 units
@@ -58,7 +59,9 @@ def expected_shapes(
     cfg.MODEL.RESNETS.OUT_FEATURES = [LAST_STAGE]
     with torch.device("meta"):
         backbone = build_backbone(cfg)
-    return {key: tuple(value.shape) for key, value in backbone.state_dict().items()}
+    # not the settings gwdet's norm layers record in their state: converted weights have none to give
+    return {key: tuple(value.shape) for key, value in backbone.state_dict().items()
+            if not key.endswith(EXTRA_STATE_KEY)}
 
 
 def check_fits_architecture(

@@ -30,6 +30,7 @@ that differs (:class:`DamagedExportError`, naming the file and the fix: export a
 """
 from __future__ import annotations
 
+import io
 import os
 import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -38,7 +39,7 @@ import torch
 from detectron2.export import TracingAdapter
 from detectron2.modeling import GeneralizedRCNN
 
-from gwdet.errors import GwdetFileNotFoundError, GwdetValueError
+from gwdet.errors import GwdetFileNotFoundError, GwdetOSError, GwdetValueError
 from gwdet.utils.atomic import (
     DamagedFileError,
     checksum_path,
@@ -81,8 +82,26 @@ def export_torchscript(model: torch.nn.Module, image: torch.Tensor, path: str) -
     if folder:
         os.makedirs(folder, exist_ok=True)
     with path_written_with_checksum(path) as temporary:
-        torch.jit.save(traced, temporary)
+        save_script_module(traced, temporary)
     return traced, adapter
+
+
+def save_script_module(module: torch.jit.ScriptModule, path: str) -> None:
+    """``torch.jit.save(module)`` into memory, then to the file ``path`` by Python, so that a disk
+    too full for it is an error naming the file and the space needed (torch's own file writer
+    stops with a C++ error there)."""
+    buffer = io.BytesIO()
+    torch.jit.save(module, buffer)
+    data = buffer.getbuffer()
+    try:
+        with open(path, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+    except OSError as error:
+        raise GwdetOSError(
+            f"Cannot write the export ({len(data) / 2**20:.1f} MiB) to {path}: {error.strerror or error}. Free "
+            "space there or choose another --output; nothing was written.") from error
 
 
 def export_onnx(

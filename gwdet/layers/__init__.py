@@ -8,6 +8,9 @@
 * :class:`BatchGroupNorm` / :func:`batch_group_norm`: batch group normalization with ghost
   batches and inference example weighing (Summers & Dinneen, ICLR 2020).
 
+Each records its settings in its state dict and refuses a state of other settings
+(:mod:`gwdet.layers.settings_state`).
+
 :mod:`gwdet.layers.cost` holds their analytic cost (the formulas; counting a model's flops with
 them is :mod:`gwdet.export.flops`'s), :mod:`gwdet.layers.tracing` which implementation runs under
 ``torch.jit``, ``torch.onnx``, ``torch.compile`` and ``torch.export``, :mod:`gwdet.layers.plans`

@@ -23,8 +23,11 @@ avoids cancellation. ``alpha = 0`` is batch-norm inference, ``alpha = 1`` group 
 Rules: the channel-group count used is the largest divisor of ``C`` that is ``<= num_groups``.
 When ``N`` is not a multiple of ``examples_per_group``, the last ``N mod examples_per_group``
 examples form one smaller example group normalized over its own examples (and a batch smaller
-than ``examples_per_group`` is a single group). A block of a single value gets no Bessel
-correction. An input with no elements (``N = 0``, or a zero spatial size) returns an empty output
+than ``examples_per_group`` is a single group); gwdet's config check refuses such batches where
+the layers see the images (``MODEL.BGN.EXAMPLES_PER_GROUP``), the ROI heads' varying batches of
+boxes keep this rule. In training the module refuses a block of a single value, which would
+normalize to 0 whatever it holds (:meth:`BatchGroupNorm.validate_input`); the functional form
+gives it no Bessel correction. An input with no elements (``N = 0``, or a zero spatial size) returns an empty output
 and leaves the running statistics untouched, as torch's batch norm does. Statistics are computed in float32 (float64 for float64 input) and the
 output is returned in the input dtype.
 
@@ -46,13 +49,16 @@ module's place; the module itself has no counting path.
 from typing import Optional, Tuple
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from .common import (
     check_hyper_parameters, check_input, largest_divisor_at_most, largest_magnitude,
     magnitude_scales, per_channel_affine, product, register_affine, reshape_with_samples, scaled_ridge,
     statistics_dtype,
 )
+from .settings_state import SettingsInState
+
+from gwdet.errors import GwdetValueError
 
 
 def batch_group_norm(
@@ -176,7 +182,7 @@ def _to_channels(group_statistic: Tensor, channels: int) -> Tensor:
     return group_statistic.repeat_interleave(channels // group_statistic.shape[1], dim=1)
 
 
-class BatchGroupNorm(nn.Module):
+class BatchGroupNorm(SettingsInState):
     """Normalization over groups of examples times groups of channels (Four Things Sec. 3.4).
 
     Args:
@@ -190,8 +196,13 @@ class BatchGroupNorm(nn.Module):
         affine: learn ``weight`` and ``bias`` of shape ``[C]`` (initialised to 1 and 0).
 
     Buffers: ``running_mean`` (starts at 0) and ``running_var`` (starts at 1), both ``[C]``.
+
+    Arguments are checked as :class:`~.group_whitening.GroupWhitening`'s, and the state dict
+    records the settings (:mod:`~.settings_state`). In training, a batch in which a block holds a
+    single value is refused, as batch norm refuses one (:meth:`validate_input`).
     """
 
+    HYPER_PARAMETERS = ("num_groups", "examples_per_group", "eps", "momentum", "eval_example_weight")
     weight: Optional[Tensor]
     bias: Optional[Tensor]
     running_mean: Tensor
@@ -212,18 +223,19 @@ class BatchGroupNorm(nn.Module):
         check_hyper_parameters(
             owner, {"num_channels": num_channels, "num_groups": num_groups, "examples_per_group": examples_per_group},
             positive={"eps": eps}, unit_interval={"momentum": momentum, "eval_example_weight": eval_example_weight},
+            flags={"affine": affine},
         )
-        self.num_channels = num_channels
-        self.num_groups = num_groups
-        self.effective_num_groups = largest_divisor_at_most(num_channels, num_groups)
-        self.examples_per_group = examples_per_group
+        self.num_channels = int(num_channels)
+        self.num_groups = int(num_groups)
+        self.effective_num_groups = largest_divisor_at_most(self.num_channels, self.num_groups)
+        self.examples_per_group = int(examples_per_group)
         self.eps = float(eps)
         self.momentum = float(momentum)
         self.eval_example_weight = float(eval_example_weight)
         self.affine = affine
-        register_affine(self, num_channels, affine)
-        self.register_buffer("running_mean", torch.zeros(num_channels))
-        self.register_buffer("running_var", torch.ones(num_channels))
+        register_affine(self, self.num_channels, affine)
+        self.register_buffer("running_mean", torch.zeros(self.num_channels))
+        self.register_buffer("running_var", torch.ones(self.num_channels))
 
     def forward(self, x: Tensor) -> Tensor:
         self.validate_input(x)
@@ -234,8 +246,38 @@ class BatchGroupNorm(nn.Module):
         )
 
     def validate_input(self, x: Tensor) -> None:
-        """Raise ``ValueError`` for an input :meth:`forward` refuses (wrong shape or dtype)."""
+        """Raise ``ValueError`` for an input :meth:`forward` refuses: a wrong shape or dtype; in
+        training, a batch in which an (example group x channel group) block holds a single value,
+        which normalizes to 0 whatever it is, so the layer would return its bias for any input
+        (torch's batch norm refuses it: "Expected more than 1 value per channel when training").
+        That happens with one channel per group (GhostBN, ``num_groups`` = C) on inputs of one
+        position, where an example group, or the smaller last one (module docstring), has one
+        example."""
         check_input("BatchGroupNorm", x, self.num_channels)
+        if self.training and x.numel() > 0:
+            examples = x.shape[0]
+            # the smallest example group: the whole batch, the remainder at its end, or a full one
+            smallest = examples if examples < self.examples_per_group else examples % self.examples_per_group
+            if smallest == 0:
+                smallest = self.examples_per_group
+            channels = self.num_channels // self.effective_num_groups
+            positions = x.numel() // (examples * self.num_channels)
+            if smallest * channels * positions == 1:
+                if self.examples_per_group == 1:
+                    why = "examples_per_group=1 puts each example in a group of its own"
+                elif examples < self.examples_per_group:
+                    why = f"the batch of 1 example is smaller than examples_per_group={self.examples_per_group}"
+                else:
+                    why = (f"examples_per_group={self.examples_per_group} does not divide the batch of {examples} "
+                           "examples, whose last example group has 1 example")
+                raise GwdetValueError(
+                    f"BatchGroupNorm: in training, an input of shape {list(x.shape)} leaves an (example group x "
+                    f"channel group) block of a single value: {why}, with one channel per group "
+                    f"(num_groups={self.num_groups} for {self.num_channels} channels) and one position. A single "
+                    "value normalizes to 0 for any input (batch norm refuses it too: expected more than 1 value "
+                    "per channel when training). Use an examples_per_group of at least 2 that divides the batch "
+                    "size (MODEL.BGN.EXAMPLES_PER_GROUP), or fewer channel groups (MODEL.BGN.NUM_GROUPS; GhostBN "
+                    "has one channel per group)")
 
     def extra_repr(self) -> str:
         return (

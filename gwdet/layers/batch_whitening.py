@@ -35,7 +35,7 @@ through the iteration: the same function, different rounding, far fewer operatio
 from typing import Optional
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from .common import (
     autocast_disabled, check_hyper_parameters, check_input, check_values_per_group,
@@ -45,6 +45,7 @@ from .common import (
 from .itn_whitening_op import itn_whitening_op
 from .plans import plan_name
 from .precision import float32_matmul
+from .settings_state import SettingsInState
 from .tracing import recording_reference_graph
 from .whitening_matrix import check_whitening_method, ridge_covariance, whitening_matrix
 
@@ -135,7 +136,7 @@ def _whiten_outside_autocast(
         return _whiten(x, running_mean, running_whitening, training, momentum, T, eps, method)
 
 
-class BatchWhitening(nn.Module):
+class BatchWhitening(SettingsInState):
     """Group-wise ZCA/ItN whitening over ``(N, H, W)`` with running statistics (DBN).
 
     Args:
@@ -150,8 +151,13 @@ class BatchWhitening(nn.Module):
 
     Buffers: ``running_mean`` ``[C]`` (starts at 0) and ``running_whitening``
     ``[C / k, k, k]`` (starts at the identity).
+
+    Arguments are checked as :class:`~.group_whitening.GroupWhitening`'s (``momentum`` in
+    [0, 1]), and the state dict records the settings (:mod:`~.settings_state`): a state of
+    another group size is refused naming ``group_size``, not by torch's size mismatch.
     """
 
+    HYPER_PARAMETERS = ("group_size", "T", "eps", "momentum", "method")
     weight: Optional[Tensor]
     bias: Optional[Tensor]
     running_mean: Tensor
@@ -170,19 +176,20 @@ class BatchWhitening(nn.Module):
         super().__init__()
         owner = type(self).__name__
         check_hyper_parameters(owner, {"num_channels": num_channels, "group_size": group_size, "T": T},
-                               positive={"eps": eps}, unit_interval={"momentum": momentum})
+                               positive={"eps": eps}, unit_interval={"momentum": momentum},
+                               flags={"affine": affine})
         check_whitening_method(owner, method)
-        self.num_channels = num_channels
-        self.group_size = group_size
-        self.effective_group_size = largest_divisor_at_most(num_channels, group_size)
-        self.num_groups = num_channels // self.effective_group_size
-        self.T = T
+        self.num_channels = int(num_channels)
+        self.group_size = int(group_size)
+        self.effective_group_size = largest_divisor_at_most(self.num_channels, self.group_size)
+        self.num_groups = self.num_channels // self.effective_group_size
+        self.T = int(T)
         self.eps = float(eps)
         self.momentum = float(momentum)
         self.method = method
         self.affine = affine
-        register_affine(self, num_channels, affine)
-        self.register_buffer("running_mean", torch.zeros(num_channels))
+        register_affine(self, self.num_channels, affine)
+        self.register_buffer("running_mean", torch.zeros(self.num_channels))
         identity = torch.eye(self.effective_group_size)
         self.register_buffer("running_whitening", identity.repeat(self.num_groups, 1, 1))
 

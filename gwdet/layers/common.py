@@ -1,75 +1,144 @@
 """Pieces shared by the three normalization layers of :mod:`gwdet.layers`.
 
-* argument validation that raises ``ValueError`` naming the argument and its allowed range;
+* argument validation that raises ``ValueError`` naming the argument, its value (``repr``, and
+  the type where the type is wrong) and its allowed range: the one home of these checks, which
+  the config keys (:mod:`gwdet.config`) and :func:`gwdet.norm` use too;
 * the rule that turns a requested channel-group size or count into one that divides the channels;
 * the dtype in which statistics are computed, and leaving an autocast region for that computation;
 * the power-of-two scaling that keeps the statistics of huge inputs finite (:func:`magnitude_scales`);
 * the per-channel affine transform ``y * weight + bias``;
 * reshapes of a batch whose sample count may be 0 in a recorded graph (:func:`reshape_with_samples`).
 
-Everything here is TorchScript-compatible so that the layers can be scripted.
+What the layers' forward passes call is TorchScript-compatible, so that the layers can be scripted.
 """
 import contextlib
 import math
-from typing import ContextManager, List, Mapping, Optional
+import numbers
+import struct
+from typing import Any, Callable, ContextManager, List, Mapping, Optional
 
 import torch
 from torch import Tensor
 
 from .tracing import onnx_exporting
 
-from gwdet.errors import GwdetValueError
+from gwdet.errors import GwdetRuntimeError, GwdetValueError
+
+# float32's smallest positive (subnormal) and largest finite value: the range of eps
+FLOAT32_SMALLEST = 2.0 ** -149
+FLOAT32_LARGEST = torch.finfo(torch.float32).max
 
 
-def check_int_at_least(owner: str, name: str, value: int, minimum: int) -> None:
-    """Raise ``ValueError`` unless ``value`` is an integer (not a bool) ``>= minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise GwdetValueError(f"{owner}: {name} must be an integer >= {minimum}, got {value}")
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def check_positive(owner: str, name: str, value: float) -> None:
-    """Raise ``ValueError`` unless ``value`` is a finite real number ``> 0``."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not value > 0.0
-        or math.isinf(value)
-    ):
-        raise GwdetValueError(f"{owner}: {name} must be a finite number > 0, got {value}")
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def check_unit_interval(owner: str, name: str, value: float) -> None:
-    """Raise ``ValueError`` unless ``value`` is a real number in ``[0, 1]``."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not 0.0 <= value <= 1.0
-    ):
-        raise GwdetValueError(f"{owner}: {name} must be a number in [0, 1], got {value}")
+def _shown(value: Any, of_right_type: bool) -> str:
+    """A refused value as its message shows it: its ``repr``, followed by its type where the type
+    is what is wrong (``'4' (str)``, a string that reads like a number; ``True (bool)``)."""
+    return repr(value) if of_right_type else f"{value!r} ({type(value).__name__})"
+
+
+def check_int_at_least(owner: str, name: str, value: Any, minimum: int) -> None:
+    """Raise ``ValueError`` unless ``value`` is an integer ``>= minimum``: an ``int`` or another
+    integral type (numpy's), never a bool or a string."""
+    if not _is_integer(value) or value < minimum:
+        raise GwdetValueError(
+            f"{owner}: {name} must be an integer >= {minimum}, got {_shown(value, _is_integer(value))}")
+
+
+def check_positive(owner: str, name: str, value: Any) -> None:
+    """Raise ``ValueError`` unless ``value`` is a real number (not a bool) ``> 0`` that stays finite
+    and nonzero in float32, the precision the norm layers compute their statistics in (float64
+    only for float64 inputs): ``1e300`` is ``inf`` there, ``1e-50`` is 0."""
+    if not _is_real(value) or not value > 0.0 or math.isinf(value):
+        raise GwdetValueError(
+            f"{owner}: {name} must be a finite number > 0, got {_shown(value, _is_real(value))}")
+    rounded = _as_float32(float(value))
+    if math.isinf(rounded) or rounded == 0.0:
+        raise GwdetValueError(
+            f"{owner}: {name} must be a finite number > 0 in float32, the precision the norm layers compute "
+            f"in, got {value!r}, which float32 rounds to {rounded}; use a value within float32's range "
+            f"({FLOAT32_SMALLEST:.2g} to {FLOAT32_LARGEST:.3g})")
+
+
+def _as_float32(value: float) -> float:
+    """``value`` rounded to float32 (``inf`` beyond its range), without a tensor: the check runs
+    under ``torch.device("meta")`` too."""
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
+def check_unit_interval(owner: str, name: str, value: Any) -> None:
+    """Raise ``ValueError`` unless ``value`` is a real number (not a bool) in ``[0, 1]``."""
+    if not _is_real(value) or not 0.0 <= value <= 1.0:
+        raise GwdetValueError(
+            f"{owner}: {name} must be a number in [0, 1], got {_shown(value, _is_real(value))}")
+
+
+def check_flag(owner: str, name: str, value: Any) -> None:
+    """Raise ``ValueError`` unless ``value`` is ``True`` or ``False`` (``'no'`` or ``0`` would be
+    read as a truth value without a word)."""
+    if not isinstance(value, bool):
+        raise GwdetValueError(f"{owner}: {name} must be True or False, got {_shown(value, False)}")
 
 
 def check_hyper_parameters(
     owner: str,
-    counts: Mapping[str, int],
-    positive: Optional[Mapping[str, float]] = None,
-    unit_interval: Optional[Mapping[str, float]] = None,
+    counts: Mapping[str, Any],
+    positive: Optional[Mapping[str, Any]] = None,
+    unit_interval: Optional[Mapping[str, Any]] = None,
+    flags: Optional[Mapping[str, Any]] = None,
 ) -> None:
-    """A layer's constructor checks: every ``counts`` value an integer >= 1, every ``positive``
-    value finite and > 0, every ``unit_interval`` value in [0, 1] (``ValueError`` naming ``owner``
-    and the argument otherwise)."""
+    """A layer's constructor checks, each naming ``owner``, the argument, its value and the range
+    (``ValueError``): every ``counts`` value an integer >= 1, every ``positive`` value finite and
+    > 0 in float32, every ``unit_interval`` value in [0, 1], every ``flags`` value a bool."""
     for name, count in counts.items():
         check_int_at_least(owner, name, count, 1)
     for name, number in (positive or {}).items():
         check_positive(owner, name, number)
     for name, fraction in (unit_interval or {}).items():
         check_unit_interval(owner, name, fraction)
+    for name, flag in (flags or {}).items():
+        check_flag(owner, name, flag)
 
 
 def check_choice(owner: str, name: str, value: str, choices: List[str]) -> None:
-    """Raise ``ValueError`` unless ``value`` is one of ``choices``."""
+    """Raise ``ValueError`` unless ``value`` is one of ``choices`` (shown with its ``repr``)."""
+    if torch.jit.is_scripting():  # a scripted graph passes only strings, and has no repr
+        if value not in choices:
+            raise GwdetValueError(f"{owner}: {name} must be one of {choices}, got {value}")
+        return
+    _check_choice_eagerly(owner, name, value, choices)
+
+
+@torch.jit.unused
+def _check_choice_eagerly(owner: str, name: str, value: Any, choices: List[str]) -> None:
     if not isinstance(value, str) or value not in choices:
-        allowed = ", ".join(["'" + choice + "'" for choice in choices])
-        raise GwdetValueError(f"{owner}: {name} must be one of {allowed}, got {value}")
+        allowed = ", ".join(repr(choice) for choice in choices)
+        raise GwdetValueError(f"{owner}: {name} must be one of {allowed}, got {_shown(value, isinstance(value, str))}")
+
+
+def refuse_second_derivative(op: str, alternative: str) -> Callable[..., Any]:
+    """An autograd formula for the backward op of a fused layer op that has none: it raises
+    ``RuntimeError`` naming ``op`` and ``alternative`` (rather than torch's "no autograd formula was
+    registered ... use register_autograd", which reads as if the user were to write one).
+
+    Registered on a backward op, it runs only when a gradient computed with ``create_graph=True``
+    is itself differentiated (double backward, gradient penalties, Hessian-vector products); first
+    derivatives never reach it."""
+    def second_derivative(ctx: Any, *grads: Any) -> Any:
+        raise GwdetRuntimeError(
+            f"{op}: second derivatives (a backward pass through gradients computed with create_graph=True) "
+            f"are not supported by its fused op; {alternative}")
+
+    return second_derivative
 
 
 def check_input(owner: str, x: Tensor, num_channels: int) -> None:

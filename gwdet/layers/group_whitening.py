@@ -41,7 +41,7 @@ Both compute the same function up to float rounding.
 from typing import Optional
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from .common import (
     autocast_disabled, check_hyper_parameters, check_input, check_values_per_group,
@@ -50,6 +50,7 @@ from .common import (
 )
 from .group_whitening_function import fused_group_whitening
 from .precision import float32_matmul
+from .settings_state import SettingsInState
 from .tracing import recording_reference_graph
 from .whitening_matrix import check_whitening_method, ridge_covariance, whitening_matrix
 
@@ -174,7 +175,7 @@ def _run(
     return fused_group_whitening(x, weight, bias, groups, T, eps, method)
 
 
-class GroupWhitening(nn.Module):
+class GroupWhitening(SettingsInState):
     """Group whitening with a per-channel affine (Huang et al. 2021, Eqs. 8-10, Algorithm 1).
 
     Args:
@@ -189,8 +190,14 @@ class GroupWhitening(nn.Module):
 
     Per sample the output has zero group means and ``(1/c) X_hat_G X_hat_G^T = I - eps Sigma^{-1}``
     for ZCA; ItN approaches this as ``T`` grows (see :func:`inverse_sqrt_itn`).
+
+    Every argument is checked where it enters (``ValueError`` naming it, its value and its range:
+    counts are integers, ``eps`` finite and > 0 in float32, ``affine`` a bool), and the state
+    dict records the settings, so that a state of other settings is refused on loading
+    (:mod:`~.settings_state`).
     """
 
+    HYPER_PARAMETERS = ("num_groups", "T", "eps", "method")
     weight: Optional[Tensor]
     bias: Optional[Tensor]
 
@@ -206,16 +213,16 @@ class GroupWhitening(nn.Module):
         super().__init__()
         owner = type(self).__name__
         check_hyper_parameters(owner, {"num_channels": num_channels, "num_groups": num_groups, "T": T},
-                               positive={"eps": eps})
+                               positive={"eps": eps}, flags={"affine": affine})
         check_whitening_method(owner, method)
-        self.num_channels = num_channels
-        self.num_groups = num_groups
-        self.effective_num_groups = largest_divisor_at_most(num_channels, num_groups)
-        self.T = T
+        self.num_channels = int(num_channels)
+        self.num_groups = int(num_groups)
+        self.effective_num_groups = largest_divisor_at_most(self.num_channels, self.num_groups)
+        self.T = int(T)
         self.eps = float(eps)
         self.method = method
         self.affine = affine
-        register_affine(self, num_channels, affine)
+        register_affine(self, self.num_channels, affine)
 
     def forward(self, x: Tensor) -> Tensor:
         self.validate_input(x)

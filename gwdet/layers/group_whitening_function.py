@@ -72,7 +72,7 @@ from typing import Iterator, NamedTuple, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from .common import scaled_ridge, statistics_dtype
+from .common import refuse_second_derivative, scaled_ridge, statistics_dtype
 from .group_shapes import GroupShapes, keeps_covariance
 from .plans import ExecutionPlan, plan_for
 from .precision import ieee_float32_products
@@ -219,6 +219,11 @@ def _backward_formula(ctx, grad_out, grad_mean, grad_cov, grad_scales):
 
 
 group_whitening_forward.register_autograd(_backward_formula, setup_context=_setup_context)
+# second derivatives: a clear refusal (the reference's ItN formulas have them, its ZCA ones do not)
+group_whitening_backward.register_autograd(refuse_second_derivative(
+    "GroupWhitening", "for them, compute GW (method 'itn') with gwdet.layers.group_whitening_reference(x, "
+    "num_groups, T, eps, 'itn', weight, bias), the same function as tensor operations that autograd "
+    "differentiates to any order"))
 
 
 def fused_group_whitening(

@@ -15,6 +15,7 @@ setting (:func:`~.precision.ieee_float32_products`).
 import torch
 from torch import Tensor
 
+from .common import refuse_second_derivative
 from .plans import plan_for
 from .precision import ieee_float32_products
 
@@ -55,3 +56,6 @@ def _backward_formula(ctx, grad):
 
 
 itn_whitening_op.register_autograd(_backward_formula, setup_context=_setup_context)
+itn_whitening_backward.register_autograd(refuse_second_derivative(
+    "BatchWhitening (ItN)", "for them, set GWDET_GW_PLAN=cpu, under which BW differentiates the paper's "
+    "iteration by autograd, to any order"))

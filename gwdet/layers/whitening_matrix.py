@@ -18,7 +18,7 @@ from torch import Tensor
 
 from .common import check_choice
 from .precision import float32_matmul
-from .tracing import onnx_exporting
+from .tracing import onnx_exporting, recording_reference_graph
 
 from gwdet.errors import GwdetRuntimeError
 
@@ -87,9 +87,31 @@ def inverse_sqrt_zca(cov: Tensor, min_eigenvalue: Tensor) -> Tensor:
     differences of ``f(lambda) = lambda^{-1/2}``; with ``s = sqrt(lambda)``,
     ``K_ij = (f(lambda_i) - f(lambda_j)) / (lambda_i - lambda_j) = -1 / (s_i s_j (s_i + s_j))``,
     which also equals ``f'(lambda_i)`` when ``i = j`` and stays finite for repeated
-    eigenvalues. That first-order term is added as ``D (K o (D^T (Sigma - Sigma.detach()) D)) D^T``,
-    whose value is exactly zero and whose gradient is the one above. First derivatives are
-    exact; second derivatives through this path are not supported (they come out as zero).
+    eigenvalues. First derivatives are exact.
+
+    Second derivatives. Eager code, ``torch.compile`` and ``torch.export`` run the custom op
+    ``gwdet::zca_whitening`` (:func:`zca_whitening_op`), whose backward op computes the gradient
+    above and refuses to be differentiated again: a backward pass through a gradient computed with
+    ``create_graph=True`` raises :class:`~gwdet.errors.GwdetRuntimeError`
+    (:data:`ZCA_SECOND_DERIVATIVES`), rather than returning numbers that are not the second
+    derivative. Graphs recorded by TorchScript (``torch.jit.script``, ``torch.jit.trace``) must
+    hold ATen operators only (:mod:`.tracing`); they record :func:`_zca_recorded`, whose first
+    derivatives are the same and whose second derivatives are not those of ``cov^{-1/2}``
+    (``D`` and ``K`` enter them as constants).
+    """
+    if not torch.jit.is_scripting():
+        if not recording_reference_graph():
+            return _zca_by_op(cov, min_eigenvalue)
+    return _zca_recorded(cov, min_eigenvalue)
+
+
+def _zca_recorded(cov: Tensor, min_eigenvalue: Tensor) -> Tensor:
+    """:func:`inverse_sqrt_zca` as ATen operators, what a TorchScript graph records.
+
+    The value is ``D Lambda^{-1/2} D^T`` of the detached ``cov``; the first-order term is added as
+    ``D (K o (D^T (Sigma - Sigma.detach()) D)) D^T``, whose value is exactly zero and whose gradient
+    is the ``dL/dSigma`` of :func:`inverse_sqrt_zca`. Its second derivatives are not those of
+    ``cov^{-1/2}``: ``D`` and ``K`` are constants here.
     """
     eigenvalues, eigenvectors = torch.linalg.eigh(cov.detach())
     roots = eigenvalues.clamp_min(min_eigenvalue.squeeze(-1)).sqrt()
@@ -106,6 +128,97 @@ def inverse_sqrt_zca(cov: Tensor, min_eigenvalue: Tensor) -> Tensor:
         float32_matmul(eigenvectors, divided_differences * rotated), eigenvectors_t
     )
     return whitening + first_order
+
+
+# ---- ZCA as a custom op with a closed-form backward that refuses second derivatives -------------
+
+ZCA_SECOND_DERIVATIVES = (
+    "ZCA whitening (group_whitening_reference and BatchWhitening with method='zca'): second derivatives "
+    "(a backward pass through gradients computed with create_graph=True) are not supported: its gradient is "
+    "computed in closed form from the eigendecomposition (GW Eqs. 14-16), and that closed form is not "
+    "differentiated again; for them, use ItN whitening (method='itn'): "
+    "gwdet.layers.group_whitening_reference(x, num_groups, T, eps, 'itn', weight, bias) for GW, "
+    "BatchWhitening(method='itn') with GWDET_GW_PLAN=cpu for BW, which autograd differentiates to any order"
+)
+
+
+@torch.library.custom_op("gwdet::zca_whitening", mutates_args=())
+def zca_whitening_op(cov: Tensor, min_eigenvalue: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(cov^{-1/2}, D, s)`` for symmetric covariances ``cov`` ``(..., g, g)``: the ZCA whitening
+    matrix ``D diag(1/s) D^T`` (GW Eq. 5) with the eigenvectors ``D`` and the square roots ``s`` of
+    the eigenvalues floored at ``min_eigenvalue`` ``(..., 1, 1)``. ``D`` and ``s`` are what the
+    backward op needs; they are not differentiable.
+
+    Autograd: the gradient w.r.t. ``cov`` is :func:`zca_whitening_backward`'s (GW Eqs. 14-16
+    combined, see :func:`inverse_sqrt_zca`); the gradient of that is refused
+    (:data:`ZCA_SECOND_DERIVATIVES`). ``min_eigenvalue`` gets no gradient.
+    """
+    eigenvalues, eigenvectors = torch.linalg.eigh(cov)
+    roots = eigenvalues.clamp_min(min_eigenvalue.squeeze(-1)).sqrt()
+    whitening = torch.matmul(eigenvectors / roots.unsqueeze(-2), eigenvectors.transpose(-1, -2))
+    return whitening, eigenvectors, roots
+
+
+@zca_whitening_op.register_fake
+def _zca_whitening_fake(cov, min_eigenvalue):
+    # eigh's own fake kernel gives the eigenvectors the strides (column-major) the real one has
+    eigenvalues, eigenvectors = torch.linalg.eigh(cov)
+    return cov.new_empty(cov.shape), eigenvectors, eigenvalues
+
+
+@torch.library.custom_op("gwdet::zca_whitening_backward", mutates_args=())
+def zca_whitening_backward(cov: Tensor, grad: Tensor, eigenvectors: Tensor, roots: Tensor) -> Tensor:
+    """``dL/dSigma = D (K o (D^T G D)) D^T`` for ``G = grad = dL/dW`` of :func:`zca_whitening_op`,
+    with its eigenvectors ``D`` and roots ``s``, ``K_ij = -1 / (s_i s_j (s_i + s_j))`` (see
+    :func:`inverse_sqrt_zca`). The products run in the order autograd takes through
+    :func:`_zca_recorded`, so both give the same numbers.
+
+    ``cov`` is not read: it is an input so that a gradient computed with ``create_graph=True``
+    depends on it whatever ``grad`` depends on, and a backward pass through that gradient reaches
+    this op's autograd formula, which refuses (:data:`ZCA_SECOND_DERIVATIVES`).
+    """
+    del cov
+    roots_i = roots.unsqueeze(-1)
+    roots_j = roots.unsqueeze(-2)
+    divided_differences = -1.0 / (roots_i * roots_j * (roots_i + roots_j))
+    eigenvectors_t = eigenvectors.transpose(-1, -2)
+    rotated = torch.matmul(eigenvectors_t, torch.matmul(grad, eigenvectors))
+    return torch.matmul(eigenvectors, torch.matmul(divided_differences * rotated, eigenvectors_t))
+
+
+@zca_whitening_backward.register_fake
+def _zca_whitening_backward_fake(cov, grad, eigenvectors, roots):
+    return eigenvectors.new_empty(eigenvectors.shape)
+
+
+def _zca_setup_context(ctx, inputs, output) -> None:
+    cov, _ = inputs
+    _, eigenvectors, roots = output
+    ctx.save_for_backward(cov, eigenvectors, roots)
+    ctx.mark_non_differentiable(eigenvectors, roots)
+    ctx.set_materialize_grads(False)
+
+
+def _zca_backward_formula(ctx, grad, grad_eigenvectors, grad_roots):
+    del grad_eigenvectors, grad_roots  # not differentiable outputs
+    if grad is None:
+        return None, None
+    cov, eigenvectors, roots = ctx.saved_tensors
+    return zca_whitening_backward(cov, grad, eigenvectors, roots), None
+
+
+def _refuse_zca_second_derivative(ctx, grad):
+    raise GwdetRuntimeError(ZCA_SECOND_DERIVATIVES)
+
+
+zca_whitening_op.register_autograd(_zca_backward_formula, setup_context=_zca_setup_context)
+zca_whitening_backward.register_autograd(_refuse_zca_second_derivative)
+
+
+@torch.jit.unused
+def _zca_by_op(cov: Tensor, min_eigenvalue: Tensor) -> Tensor:
+    """The whitening matrix of :func:`zca_whitening_op`."""
+    return zca_whitening_op(cov, min_eigenvalue)[0]
 
 
 def whitening_matrix(cov: Tensor, method: str, T: int, ridge: Tensor) -> Tensor:

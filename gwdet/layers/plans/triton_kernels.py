@@ -40,11 +40,26 @@ No argument is specialised on its value or alignment (``do_not_specialize``), so
 layer launches are exactly one compiled variant per (``BLOCK``, ``PRECISION``):
 :data:`LAUNCH_CONFIGURATIONS`, which ``tests/test_triton_compile.py`` compiles ahead of time for
 sm_70 (``ieee``), sm_80 and sm_90 (``tf32x3``) and holds to no spills and no stack.
+
+Launches. Each kernel is launched by a ``torch.library.triton_op``, ``gwdet::triton_itn_whitening``
+(:func:`triton_itn_whitening`) and ``gwdet::triton_itn_whitening_vjp``
+(:func:`triton_itn_whitening_vjp`), whose bodies allocate the outputs and the scratch area and call
+the kernel through ``torch.library.wrap_triton``. Called on real tensors the op launches the kernel
+directly (PyTorch switches ``wrap_triton``'s capture off there); traced by ``torch.compile``
+(AOTAutograd's functionalization) it decomposes into its allocations and a
+``triton_kernel_wrapper_functional`` node that names the kernel, which Inductor compiles with the
+rest of the graph; under a fake-tensor mode the same body gives the outputs' shapes and dtypes
+without launching anything. The execution plan (:mod:`.triton_plan`) chooses the launch
+configuration (programs, panel rows, tile, precision) and passes it in; this module imports Triton,
+so gwdet imports it only when a kernel is about to run.
 """
 from typing import Dict, Tuple
 
+import torch
 import triton
 import triton.language as tl
+from torch import Tensor
+from torch.library import triton_op, wrap_triton
 
 ROWS = 16  # rows of a panel on a GPU, and inner indices per tl.dot (its smallest size)
 WARPS = 4  # per program, at every tile size: a 16 x 64 panel is 8 values per thread
@@ -174,9 +189,29 @@ def _trace(cov_ptr, matrix, size, offsets_ptr, offset_stride, offset_coefficient
 
 
 @triton.jit
-def _slots(scratch_ptr, count: tl.constexpr, BLOCK: tl.constexpr):
-    """This program's first scratch tile (``count`` tiles per program)."""
-    return scratch_ptr + tl.program_id(0).to(tl.int64) * count * BLOCK * BLOCK
+def _iteration_slots(scratch_ptr, count: tl.constexpr, BLOCK: tl.constexpr):
+    """This program's scratch tiles ``P``, ``R``, ``Q`` and ``QR``: the first four of its ``count``
+    tiles (the backward kernel keeps the derivatives in the tiles after them)."""
+    tile: tl.constexpr = BLOCK * BLOCK
+    p_slot = scratch_ptr + tl.program_id(0).to(tl.int64) * count * BLOCK * BLOCK
+    r_slot = p_slot + tile
+    q_slot = r_slot + tile
+    return p_slot, r_slot, q_slot, q_slot + tile
+
+
+@triton.jit
+def _start_iteration(cov_ptr, p_slot, r_slot, q_slot, matrix, row, trace, size, PANEL: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    """Rows ``row ..`` of the iteration's start for the ``matrix``-th covariance: ``Q_0 = Sigma_N =
+    Sigma / tau``, ``R_0 = (3I - Q_0) / 2`` and ``P_1 = R_0`` (``P_0 = I``) into their scratch tiles.
+    Returns the panel's offsets in a tile."""
+    a = _load_matrix(cov_ptr, matrix, row, size, PANEL, BLOCK, False) / trace
+    r = 1.5 * _identity(row, size, PANEL, BLOCK) - 0.5 * a
+    panel = _panel(row, PANEL, BLOCK)
+    tl.store(q_slot + panel, a)
+    tl.store(r_slot + panel, r)
+    tl.store(p_slot + panel, r)
+    return panel
 
 
 @triton.jit(do_not_specialize=_UNSPECIALISED, do_not_specialize_on_alignment=_UNALIGNED)
@@ -188,21 +223,12 @@ def itn_whitening_kernel(
     (GW Eqs. 6-7): with ``R_k = (3I - Q_k) / 2``, ``P_{k+1} = P_k R_k`` and ``Q_{k+1} =
     (Q_k R_k) R_k`` from ``P_0 = I``, ``Q_0 = Sigma_N = Sigma / tau``, so ``P_1 = R_0``.
     Scratch tiles: P, R, Q and QR (the last two trade places at every step)."""
-    tile: tl.constexpr = BLOCK * BLOCK
-    p_slot = _slots(scratch_ptr, 4, BLOCK)
-    r_slot = p_slot + tile
-    q_slot = r_slot + tile
-    qr_slot = q_slot + tile
+    p_slot, r_slot, q_slot, qr_slot = _iteration_slots(scratch_ptr, 4, BLOCK)
     for matrix in range(tl.program_id(0), count, tl.num_programs(0)):
         trace = _trace(cov_ptr, matrix, size, offsets_ptr, offset_stride, offset_coefficient, offset_value,
                        PANEL, BLOCK)
         for row in range(0, size, PANEL):
-            a = _load_matrix(cov_ptr, matrix, row, size, PANEL, BLOCK, False) / trace
-            r = 1.5 * _identity(row, size, PANEL, BLOCK) - 0.5 * a
-            panel = _panel(row, PANEL, BLOCK)
-            tl.store(q_slot + panel, a)
-            tl.store(r_slot + panel, r)
-            tl.store(p_slot + panel, r)
+            _start_iteration(cov_ptr, p_slot, r_slot, q_slot, matrix, row, trace, size, PANEL, BLOCK)
         for k in range(0, iterations):
             tl.debug_barrier()
             if k > 0:  # P_{k+1} = P_k R_k
@@ -236,30 +262,22 @@ def itn_whitening_vjp_kernel(
     ``dQ_0 = E`` and, beside the iteration of :func:`itn_whitening_kernel`,
     ``dP_{k+1} = dP_k R_k + P_k dQ_k``, ``dQ_{k+1} = (dQ_k R_k - Q_k dQ_k / 2) R_k - (Q_k R_k)
     dQ_k / 2``; then ``dL/dSigma = -dP_T / (2 tau) - (<dL/dSigma_N, Sigma_N> / tau + <G, P_T> /
-    (2 tau^{3/2})) I``. Scratch tiles: P, dP, R, Q, dQ, QR, dQR (Q and dQ trade places with QR
-    and dQR at every step).
+    (2 tau^{3/2})) I``. Scratch tiles: P, R, Q, QR as in :func:`itn_whitening_kernel`, then dP, dQ,
+    dQR (Q and dQ trade places with QR and dQR at every step).
     """
     tile: tl.constexpr = BLOCK * BLOCK
-    p_slot = _slots(scratch_ptr, 7, BLOCK)
-    dp_slot = p_slot + tile
-    r_slot = dp_slot + tile
-    q_slot = r_slot + tile
-    dq_slot = q_slot + tile
-    qr_slot = dq_slot + tile
-    dqr_slot = qr_slot + tile
+    p_slot, r_slot, q_slot, qr_slot = _iteration_slots(scratch_ptr, 7, BLOCK)
+    dp_slot = qr_slot + tile
+    dq_slot = dp_slot + tile
+    dqr_slot = dq_slot + tile
     for matrix in range(tl.program_id(0), count, tl.num_programs(0)):
         trace = _trace(cov_ptr, matrix, size, offsets_ptr, offset_stride, offset_coefficient, offset_value,
                        PANEL, BLOCK)
         root = tl.sqrt(trace)
         for row in range(0, size, PANEL):
-            a = _load_matrix(cov_ptr, matrix, row, size, PANEL, BLOCK, False) / trace
-            r = 1.5 * _identity(row, size, PANEL, BLOCK) - 0.5 * a
             e = _load_matrix(grad_ptr, matrix, row, size, PANEL, BLOCK, False)
             e = (e + _load_matrix(grad_ptr, matrix, row, size, PANEL, BLOCK, True)) * (0.5 / root)
-            panel = _panel(row, PANEL, BLOCK)
-            tl.store(q_slot + panel, a)
-            tl.store(r_slot + panel, r)
-            tl.store(p_slot + panel, r)
+            panel = _start_iteration(cov_ptr, p_slot, r_slot, q_slot, matrix, row, trace, size, PANEL, BLOCK)
             tl.store(dq_slot + panel, e)
             tl.store(dp_slot + panel, e)
         for k in range(0, iterations):
@@ -293,6 +311,49 @@ def itn_whitening_vjp_kernel(
             _store_matrix(whitening_ptr, p / root, matrix, row, size, PANEL, BLOCK)
             _store_matrix(grad_cov_ptr, grad_cov, matrix, row, size, PANEL, BLOCK)
         tl.debug_barrier()  # this matrix's reads of the scratch tiles, before the next one's writes
+
+
+# ---- the launches, as torch.library Triton ops ------------------------------------------------
+
+
+@triton_op("gwdet::triton_itn_whitening", mutates_args=())
+def triton_itn_whitening(
+    cov: Tensor, offsets: Tensor, T: int, offset_stride: int, offset_coefficient: float, offset_value: float,
+    programs: int, panel: int, block: int, precision: str,
+) -> Tensor:
+    """``W = P_T(Sigma_N) / sqrt(tau)`` for float32 covariances ``cov`` ``(n, size, size)``
+    (``1 <= n``, ``size <= block``) by one launch of :func:`itn_whitening_kernel` with
+    ``programs`` persistent programs, ``PANEL = panel``, ``BLOCK = block`` and
+    ``PRECISION = precision``. The trace offset per matrix ``i`` is ``offset_coefficient *
+    offsets[i * offset_stride] + offset_value`` (``offsets`` is not read where the coefficient is
+    0)."""
+    cov = cov.contiguous()
+    whitening = torch.empty_like(cov)
+    scratch = torch.empty(programs, SLOTS["itn_whitening_kernel"], block, block, dtype=torch.float32,
+                          device=cov.device)
+    wrap_triton(itn_whitening_kernel)[(programs,)](
+        cov, offsets, whitening, scratch, cov.shape[0], cov.shape[-1], T, offset_stride, offset_coefficient,
+        offset_value, PANEL=panel, BLOCK=block, PRECISION=precision, **launch_options(block),
+    )
+    return whitening
+
+
+@triton_op("gwdet::triton_itn_whitening_vjp", mutates_args=())
+def triton_itn_whitening_vjp(
+    cov: Tensor, grad: Tensor, offsets: Tensor, T: int, offset_stride: int, offset_coefficient: float,
+    offset_value: float, programs: int, panel: int, block: int, precision: str,
+) -> Tuple[Tensor, Tensor]:
+    """``(W, dL/dSigma)`` for ``grad = dL/dW`` (float32, the shape of ``cov``) by one launch of
+    :func:`itn_whitening_vjp_kernel`; the other arguments as for :func:`triton_itn_whitening`."""
+    cov, grad = cov.contiguous(), grad.contiguous()
+    whitening, grad_cov = torch.empty_like(cov), torch.empty_like(cov)
+    scratch = torch.empty(programs, SLOTS["itn_whitening_vjp_kernel"], block, block, dtype=torch.float32,
+                          device=cov.device)
+    wrap_triton(itn_whitening_vjp_kernel)[(programs,)](
+        cov, grad, offsets, whitening, grad_cov, scratch, cov.shape[0], cov.shape[-1], T, offset_stride,
+        offset_coefficient, offset_value, PANEL=panel, BLOCK=block, PRECISION=precision, **launch_options(block),
+    )
+    return whitening, grad_cov
 
 
 # Every (kernel, BLOCK) the layers launch, with the signature its arguments have (float32

@@ -22,8 +22,13 @@ so nothing could be computed again), a wrong argument.
 Devices: Triton launches on the current CUDA device, so every launch runs under
 ``torch.cuda.device`` of its tensors (a layer on ``cuda:1`` while ``cuda:0`` is current).
 
-Each launch is recorded as ``triton::<kernel name>`` (``torch.profiler.record_function``), which
-names it in a profile and lets :mod:`gwdet_lab.benchmark.op_counts` count it as one launch.
+Launches go through the ``torch.library`` Triton ops of :mod:`.triton_kernels`
+(``gwdet::triton_itn_whitening`` and ``gwdet::triton_itn_whitening_vjp``), which call the kernels
+through ``torch.library.wrap_triton``: the same launch as a direct one on real tensors, and a node
+that ``torch.compile`` can trace into where it traces the op. This plan passes them the launch
+configuration. Each launch is recorded as ``triton::<kernel name>``
+(``torch.profiler.record_function``), which names it in a profile and lets
+:mod:`gwdet_lab.benchmark.op_counts` count it as one launch.
 """
 import contextlib
 import os
@@ -209,47 +214,37 @@ def panel_rows(device: torch.device, block: int) -> int:
     return 16 if device.type == "cuda" else block
 
 
-def _scratch(name: str, cov: Tensor, block: int, launched: int) -> Tensor:
-    from . import triton_kernels
-
-    return torch.empty(launched, triton_kernels.SLOTS[name], block, block, dtype=torch.float32, device=cov.device)
-
-
 def _launch_whitening(cov: Tensor, T: int, trace_offset: Union[float, Tensor]) -> Tensor:
+    """:func:`~.triton_kernels.triton_itn_whitening` (the op ``gwdet::triton_itn_whitening``) in this
+    plan's launch configuration, on the tensors' device, recorded as one kernel."""
     _check_launchable(cov)
     from . import triton_kernels
 
-    name = "itn_whitening_kernel"
     cov = cov.contiguous()
-    whitening = torch.empty_like(cov)
-    count, size = cov.shape[0], cov.shape[-1]
-    block, launched = block_size(size), programs(cov.device, count)
     offsets, stride, coefficient, value = _offset_arguments(cov, trace_offset)
-    with record_function(f"triton::{name}"), on_device(cov):
-        triton_kernels.itn_whitening_kernel[(launched,)](
-            cov, offsets, whitening, _scratch(name, cov, block, launched), count, size, T, stride, coefficient,
-            value, PANEL=panel_rows(cov.device, block), BLOCK=block, PRECISION=input_precision(cov.device),
-            **triton_kernels.launch_options(block),
-        )
-    return whitening
+    launched, panel, block, precision = _configuration(cov)
+    with record_function("triton::itn_whitening_kernel"), on_device(cov):
+        return triton_kernels.triton_itn_whitening(
+            cov, offsets, T, stride, coefficient, value, launched, panel, block, precision)
 
 
 def _launch_whitening_vjp(
     cov: Tensor, grad: Tensor, T: int, trace_offset: Union[float, Tensor]
 ) -> Tuple[Tensor, Tensor]:
+    """:func:`~.triton_kernels.triton_itn_whitening_vjp` (the op ``gwdet::triton_itn_whitening_vjp``)
+    as :func:`_launch_whitening` launches the forward kernel."""
     _check_launchable(cov)
     from . import triton_kernels
 
-    name = "itn_whitening_vjp_kernel"
     cov, grad = cov.contiguous(), grad.to(cov.dtype).contiguous()
-    whitening, grad_cov = torch.empty_like(cov), torch.empty_like(cov)
-    count, size = cov.shape[0], cov.shape[-1]
-    block, launched = block_size(size), programs(cov.device, count)
     offsets, stride, coefficient, value = _offset_arguments(cov, trace_offset)
-    with record_function(f"triton::{name}"), on_device(cov):
-        triton_kernels.itn_whitening_vjp_kernel[(launched,)](
-            cov, grad, offsets, whitening, grad_cov, _scratch(name, cov, block, launched), count, size, T, stride,
-            coefficient, value, PANEL=panel_rows(cov.device, block), BLOCK=block,
-            PRECISION=input_precision(cov.device), **triton_kernels.launch_options(block),
-        )
-    return whitening, grad_cov
+    launched, panel, block, precision = _configuration(cov)
+    with record_function("triton::itn_whitening_vjp_kernel"), on_device(cov):
+        return triton_kernels.triton_itn_whitening_vjp(
+            cov, grad, offsets, T, stride, coefficient, value, launched, panel, block, precision)
+
+
+def _configuration(cov: Tensor) -> Tuple[int, int, int, str]:
+    """``(programs, panel rows, tile, precision)`` of a launch for the matrices ``cov``."""
+    block = block_size(cov.shape[-1])
+    return programs(cov.device, cov.shape[0]), panel_rows(cov.device, block), block, input_precision(cov.device)

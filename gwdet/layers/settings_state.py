@@ -1,0 +1,137 @@
+"""Norm layers that carry their settings in their state dict, and refuse a state of other settings.
+
+A GW layer trained with 4 groups and one built with 8 have parameters of the same shapes, so a
+state dict would load from one into the other and the model would compute another function
+without a word. Every gwdet norm layer (a :class:`SettingsInState`) therefore writes its settings
+into its state dict, under torch's extra-state key ``<prefix>_extra_state``
+(``nn.Module.get_extra_state``), and compares them when a state is loaded into it. Whatever loads
+the state (``model.load_state_dict``, strict or not, detectron2's ``DetectionCheckpointer``,
+``torch.hub``) gets an error naming the layer (its name in the model), each differing setting and
+both values, and the layer keeps its own values. The settings recorded are ``num_channels``, the
+layer's :attr:`~SettingsInState.HYPER_PARAMETERS` and ``affine``.
+
+Format: a ``uint8`` tensor of :data:`SETTINGS_BYTES` bytes holding the UTF-8 JSON object
+``{"layer": class name, setting: value, ...}``, padded with zero bytes. A tensor, because fvcore's
+checkpointer (detectron2's) accepts only tensors and arrays in a model's state; of one shape for
+every layer and setting, because fvcore drops, with a warning only, every value whose shape differs
+from the model's before it loads the rest, and the comparison would never run.
+
+A state without the key (saved before the layers recorded their settings, or by a scripted or
+traced copy, whose state dicts hold no extra state) loads as before: there is nothing to compare,
+and strict loading does not report the key missing. gwdet's checkpointer compares such a state
+with the settings its checkpoints record beside the weights (:mod:`gwdet.checkpoint.compatibility`).
+"""
+import json
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from gwdet.errors import GwdetValueError
+
+# torch's suffix for a module's extra state in a state dict (torch.nn.modules.module)
+EXTRA_STATE_KEY = "_extra_state"
+# the length of the recorded settings; their JSON takes about 200 bytes
+SETTINGS_BYTES = 512
+# where a user changes the settings of gwdet's layers, named in the refusal
+_WHERE_SET = ("in a yacs config MODEL.GW.*, MODEL.BW.*, MODEL.BGN.*; in Python the arguments of "
+              "gwdet.norm or of the layer")
+
+
+def encode_settings(layer: str, settings: Dict[str, Any]) -> Tensor:
+    """The ``uint8`` tensor of :data:`SETTINGS_BYTES` bytes that records ``settings`` of the layer
+    class ``layer`` (JSON, padded with zero bytes)."""
+    data = json.dumps({"layer": layer, **settings}).encode("utf-8")
+    if len(data) > SETTINGS_BYTES:
+        raise GwdetValueError(f"{layer}: its settings take {len(data)} bytes as JSON, more than the "
+                              f"{SETTINGS_BYTES} a state records; {settings}")
+    return torch.tensor(list(data) + [0] * (SETTINGS_BYTES - len(data)), dtype=torch.uint8)
+
+
+def decode_settings(state: Any) -> Optional[Dict[str, Any]]:
+    """The settings :func:`encode_settings` recorded in ``state`` (with ``"layer"``, the class
+    name), or ``None`` when ``state`` is not such a record."""
+    if isinstance(state, np.ndarray):  # a state that went through numpy (a .pkl)
+        state = torch.from_numpy(state)
+    if not isinstance(state, Tensor) or state.dtype != torch.uint8 or state.dim() != 1:
+        return None
+    try:
+        settings = json.loads(state.cpu().numpy().tobytes().rstrip(b"\0").decode("utf-8"))
+    except ValueError:  # not UTF-8, or not JSON
+        return None
+    if not isinstance(settings, dict) or not isinstance(settings.get("layer"), str):
+        return None
+    return settings
+
+
+class SettingsInState(nn.Module):
+    """A norm layer whose state dict records its settings (module docstring).
+
+    A subclass names in ``HYPER_PARAMETERS`` the attributes that, besides ``num_channels`` and
+    ``affine``, make the layer the function it is; gwdet's checkpoints record the same values
+    beside the weights (:func:`gwdet.checkpoint.compatibility.norm_setting_names`).
+    """
+
+    HYPER_PARAMETERS = ()  # type: Tuple[str, ...]
+
+    def settings(self) -> Dict[str, Any]:
+        """The values the layer records in its state: ``num_channels``, its hyper-parameters and
+        ``affine``."""
+        names = ("num_channels",) + tuple(self.HYPER_PARAMETERS) + ("affine",)
+        return {name: getattr(self, name) for name in names}
+
+    def get_extra_state(self) -> Tensor:
+        return encode_settings(type(self).__name__, self.settings())
+
+    def set_extra_state(self, state: Any) -> None:
+        """Accept the settings a state recorded when they are this layer's; raise ``ValueError``
+        naming each differing setting otherwise (:meth:`settings_mismatch`)."""
+        problem = self.settings_mismatch(state)
+        if problem is not None:
+            raise GwdetValueError(problem)
+
+    def settings_mismatch(self, state: Any, name: str = "") -> Optional[str]:
+        """``None`` when ``state`` (a state dict's ``_extra_state`` value) records this layer's
+        settings; else the refusal, naming the layer (``name`` in its model, when known), each
+        differing setting with both values, and the fix."""
+        kind = type(self).__name__
+        layer = f"{name} ({kind})" if name else kind
+        key = f"'{name}.{EXTRA_STATE_KEY}'" if name else f"'{EXTRA_STATE_KEY}'"
+        saved = decode_settings(state)
+        if saved is None:
+            return (f"{layer}: the state's {key} is not the settings a gwdet norm layer records (a uint8 "
+                    f"tensor of {SETTINGS_BYTES} bytes of JSON), so the state cannot be checked against the "
+                    "layer; load an unchanged state dict of this model")
+        if saved["layer"] != kind:
+            return (f"{layer}: the state is of a {saved['layer']} layer, not of a {kind}; load weights trained "
+                    "with the norm this model has at that place")
+        differing = [(setting, saved[setting], value) for setting, value in self.settings().items()
+                     if setting in saved and saved[setting] != value]
+        if not differing:
+            return None
+        return (f"{layer} was saved with {_listed([(s, old) for s, old, _ in differing])}, but this layer has "
+                f"{_listed([(s, new) for s, _, new in differing])}: the weights were trained as another "
+                f"function. Build the layer with the saved values ({_WHERE_SET}), or, to load the weights "
+                f"into this layer anyway, delete {key} from the state dict")
+
+    def _load_from_state_dict(self, state_dict: Dict[str, Any], prefix: str, local_metadata: Dict[str, Any],
+                              strict: bool, missing_keys: List[str], unexpected_keys: List[str],
+                              error_msgs: List[str]) -> None:
+        """torch's loading, after the recorded settings are compared with the layer's: differing
+        ones add the refusal to ``error_msgs`` (``load_state_dict`` raises them all, as it does
+        size mismatches) and load nothing into the layer; a state without the key loads as before."""
+        key = prefix + EXTRA_STATE_KEY
+        if key in state_dict:
+            problem = self.settings_mismatch(state_dict[key], prefix[:-1])
+            if problem is not None:
+                error_msgs.append(problem)
+                return
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        if key not in state_dict and key in missing_keys:
+            missing_keys.remove(key)
+
+
+def _listed(values: List[Tuple[str, Any]]) -> str:
+    return ", ".join(f"{setting}={value!r}" for setting, value in values)

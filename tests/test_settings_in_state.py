@@ -1,0 +1,106 @@
+"""A detectron2 model's gwdet norm layers carry their settings in its state dict: every loader refuses
+weights trained with other settings, naming the layer, the setting and both values, and states
+saved before the layers recorded settings still load (gwdet.layers.settings_state). What each layer
+records and refuses on its own: test_layer_contract.py."""
+import logging
+
+import pytest
+import torch
+from detectron2.checkpoint import DetectionCheckpointer
+from detectron2.modeling import build_model
+
+from conftest import DEMO_CONFIG, TINY_OPTS
+from gwdet.checkpoint.resilient import ResilientCheckpointer
+from gwdet.model_zoo import build_config
+
+STEM = "backbone.bottom_up.stem.conv1.norm"  # GW at S1 in the demo
+
+
+def tiny_model(*opts: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model(build_config(str(DEMO_CONFIG), TINY_OPTS + list(opts)))
+
+
+def weights(model: torch.nn.Module) -> dict:
+    return {key: value.clone() for key, value in model.state_dict().items() if not key.endswith("_extra_state")}
+
+
+def same_weights(model: torch.nn.Module, expected: dict) -> bool:
+    return all(torch.equal(value, expected[key]) for key, value in weights(model).items())
+
+
+@pytest.fixture(scope="module")
+def four_groups(tmp_path_factory):
+    """The state of the demo model with GW of 4 groups, and a file holding it as a plain checkpoint
+    (as detectron2's lazyconfig_train_net.py writes one: the weights under "model", nothing else)."""
+    model = tiny_model("MODEL.GW.NUM_GROUPS", "4")
+    path = tmp_path_factory.mktemp("weights") / "gw4.pth"
+    torch.save({"model": model.state_dict()}, path)
+    return model.state_dict(), path
+
+
+def test_a_gw_state_of_4_groups_is_refused_by_plain_load_state_dict_into_8(four_groups):
+    state, _ = four_groups
+    model = tiny_model("MODEL.GW.NUM_GROUPS", "8")
+    for strict in (True, False):
+        with pytest.raises(RuntimeError) as refused:
+            model.load_state_dict(state, strict=strict)
+        assert (f"{STEM} (GroupWhitening) was saved with num_groups=4, but this layer has num_groups=8: the weights "
+                "were trained as another function.") in str(refused.value)
+        assert f"delete '{STEM}._extra_state' from the state dict" in str(refused.value)
+
+
+def test_a_gw_state_of_4_groups_is_refused_by_detectron2s_checkpointer(four_groups):
+    _, path = four_groups
+    model = tiny_model("MODEL.GW.NUM_GROUPS", "8")
+    with pytest.raises(RuntimeError, match=rf"{STEM} \(GroupWhitening\) was saved with num_groups=4, but this layer "
+                                           "has num_groups=8"):
+        DetectionCheckpointer(model).load(str(path))
+
+
+def test_gwdets_checkpointer_refuses_a_checkpoint_without_its_records_before_loading_anything(four_groups, monkeypatch):
+    _, path = four_groups
+    model = tiny_model("MODEL.GW.NUM_GROUPS", "8")
+    before = weights(model)
+    with pytest.raises(ValueError) as refused:
+        ResilientCheckpointer(model).load(str(path))
+    assert str(refused.value).startswith(
+        "The checkpoint was trained with other norm hyper-parameters than this config gives its layers (")
+    assert "norm num_groups 4 -> 8" in str(refused.value) and "GWDET_ALLOW_NORM_MISMATCH=1" in str(refused.value)
+    assert same_weights(model, before), "nothing was loaded"
+    monkeypatch.setenv("GWDET_ALLOW_NORM_MISMATCH", "1")  # the opt-in the message names: the weights load
+    ResilientCheckpointer(model).load(str(path))
+    assert same_weights(model, {key: value for key, value in torch.load(path)["model"].items()})
+    assert model.backbone.bottom_up.stem.conv1.norm.num_groups == 8, "the layer keeps its settings"
+
+
+def test_a_bw_state_of_another_group_size_is_refused_by_name_not_by_a_size_mismatch(tmp_path):
+    saved = tiny_model("MODEL.FPN.NORM", "BW", "MODEL.BW.GROUP_SIZE", "8")
+    model = tiny_model("MODEL.FPN.NORM", "BW", "MODEL.BW.GROUP_SIZE", "4")
+    with pytest.raises(RuntimeError) as refused:
+        model.load_state_dict(saved.state_dict())
+    assert ("backbone.fpn_lateral2.norm (BatchWhitening) was saved with group_size=8, but this layer has "
+            "group_size=4") in str(refused.value)
+    assert "size mismatch" not in str(refused.value)
+    # detectron2's checkpointer would skip the mismatched running_whitening with a warning and load the rest
+    path = tmp_path / "bw8.pth"
+    torch.save({"model": saved.state_dict()}, path)
+    with pytest.raises(RuntimeError, match=r"backbone.fpn_lateral2.norm \(BatchWhitening\) was saved with group_size=8"):
+        DetectionCheckpointer(model).load(str(path))
+
+
+def test_a_state_saved_before_the_layers_recorded_settings_loads_with_every_loader(four_groups, tmp_path, caplog):
+    state, _ = four_groups
+    old = {key: value for key, value in state.items() if not key.endswith("_extra_state")}
+    assert len(old) < len(state), "the demo's GW layers record their settings"
+    model = tiny_model("MODEL.GW.NUM_GROUPS", "8")
+    loaded = model.load_state_dict(old, strict=True)  # a different model, as the state lacks the record: loads
+    assert (loaded.missing_keys, loaded.unexpected_keys) == ([], [])
+    assert same_weights(model, old)
+    path = tmp_path / "old.pth"
+    torch.save({"model": old}, path)
+    fresh = tiny_model("MODEL.GW.NUM_GROUPS", "4")
+    with caplog.at_level(logging.WARNING):
+        DetectionCheckpointer(fresh).load(str(path))
+    assert same_weights(fresh, old)
+    assert not any("_extra_state" in record.getMessage() for record in caplog.records), "no key reported missing"

@@ -1,0 +1,82 @@
+"""The export and analyze tools refuse flags they cannot use before building anything, and read
+their flags wherever they stand on the command line (after the config overrides too)."""
+import pytest
+
+from gwdet.engine.arguments import parse_with_trailing_flags
+from gwdet.export import analyze_model, export_model
+
+from conftest import DEMO_CONFIG
+
+
+def export(capsys, tmp_path, *flags: str) -> str:
+    """The export tool's one-line refusal (exit status 2) for ``flags``; nothing is written."""
+    with pytest.raises(SystemExit) as exit_info:
+        export_model.main(["--config-file", str(DEMO_CONFIG), "--output", str(tmp_path / "out"), *flags])
+    err = capsys.readouterr().err.strip().splitlines()[0]
+    assert exit_info.value.code == 2, err
+    assert not (tmp_path / "out").exists()
+    return err
+
+
+def test_export_refuses_an_output_that_is_a_file(capsys, tmp_path):
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(SystemExit) as exit_info:
+        export_model.main(["--config-file", str(DEMO_CONFIG), "--output", str(tmp_path / "file")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--output" in err and "is a file, not a folder" in err, err
+    assert (tmp_path / "file").read_text() == "mine"
+
+
+def test_export_refuses_a_sample_image_that_is_missing_or_not_an_image(capsys, tmp_path):
+    err = export(capsys, tmp_path, "--sample-image", str(tmp_path / "missing.png"))
+    assert "--sample-image" in err and "missing.png" in err
+    (tmp_path / "notes.png").write_text("not an image")
+    err = export(capsys, tmp_path, "--sample-image", str(tmp_path / "notes.png"))
+    assert "--sample-image" in err and "notes.png" in err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--format", "onnx", "--opset", "5"], "--opset 5: give an ONNX opset from 11"),
+    (["--format", "onnx", "--opset", "999"], "--opset 999: give an ONNX opset from 11"),
+    (["--opset", "17"], "--opset 17 is an ONNX setting: add --format onnx"),
+])
+def test_export_refuses_an_opset_it_cannot_write(capsys, tmp_path, flags, message):
+    assert message in export(capsys, tmp_path, *flags)
+
+
+def test_flags_after_the_overrides_are_flags():
+    parser = export_model.argument_parser()
+    args = parse_with_trailing_flags(parser, ["--config-file", "c.yaml", "--output", "out", "MODEL.DEVICE", "cpu",
+                                              "--overwrite", "--opset", "13", "SOLVER.MAX_ITER", "2"])
+    assert args.overwrite and args.opset == 13
+    assert args.opts == ["MODEL.DEVICE", "cpu", "SOLVER.MAX_ITER", "2"]
+    with pytest.raises(SystemExit):
+        parse_with_trailing_flags(parser, ["--config-file", "c.yaml", "--output", "out", "MODEL.DEVICE", "cpu",
+                                           "--overwrit"])
+
+
+@pytest.mark.parametrize("flag", [["-n", "0"], ["--max-depth", "-1"], ["--input-size", "0", "64"]])
+def test_analyze_refuses_counts_below_one(capsys, flag):
+    with pytest.raises(SystemExit) as exit_info:
+        analyze_model.argument_parser().parse_args(["--config-file", str(DEMO_CONFIG), *flag])
+    assert exit_info.value.code == 2
+    assert "give an integer of at least 1" in capsys.readouterr().err
+
+
+def test_weights_that_are_a_folder_or_a_numpy_archive_are_named(tmp_path):
+    import numpy as np
+    import torch
+
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from gwdet.checkpoint.safe_load import NotACheckpointError
+
+    checkpointer = ResilientCheckpointer(torch.nn.Linear(2, 2), save_dir=str(tmp_path))
+    with pytest.raises(IsADirectoryError, match=r"MODEL.WEIGHTS '.*' is a folder: give the checkpoint file in it"):
+        checkpointer.load_weights(str(tmp_path))
+    np.savez(tmp_path / "weights.npz", weight=np.zeros((2, 2)))
+    with pytest.raises(NotACheckpointError, match="a zip archive, but not one torch.save writes"):
+        checkpointer.load_weights(str(tmp_path / "weights.npz"))
+    lazy = ResilientCheckpointer(torch.nn.Linear(2, 2), save_dir=str(tmp_path), weights_setting="train.init_checkpoint")
+    with pytest.raises(FileNotFoundError, match=r"train.init_checkpoint file '.*missing.pth' does not exist.*"
+                                                r"set train.init_checkpoint=\"\" to train from scratch"):
+        lazy.load_weights(str(tmp_path / "missing.pth"))
