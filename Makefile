@@ -1,7 +1,8 @@
 # gwdet's entry points. Each target installs what it needs first (scripts/setup_env.sh, idempotent).
 #   make demo          train + evaluate the demo Mask R-CNN (GW) on the embedded shapes dataset (CPU,
 #                      one thread, so that it prints the numbers of docs/demo.md on any machine)
-#   make test          the test suite (CPU)
+#   make test          the test suite (CPU), in TEST_WORKERS processes (pytest-xdist; default 2, each
+#                      computing with one thread: tests/conftest.py)
 #   make lint          the linter and the type checker: ruff check . and mypy gwdet (settings in
 #                      pyproject.toml); CI runs it after the tests
 #   make mutation      mutation testing of the checks (mutmut; scope in pyproject.toml, results
@@ -17,8 +18,10 @@
 #   PYTHON=python3.12        interpreter that creates a new .venv (default python3; Python 3.10-3.13)
 #   VENV=.venv-3.12          where the environment lives (default .venv)
 #   D2_SOURCE=path/or/url    build detectron2 from source (gets its compiled _C) instead of the wheel
+#   TEST_WORKERS=1           make test in one process (default 2)
 #   PYTHONS="3.10 3.12"      test-matrix: the Python versions to try (default: 3.10 3.11 3.12 3.13)
 VENV ?= .venv
+TEST_WORKERS ?= 2
 # The environment's own interpreter; PYTHON is the one that creates it (scripts/setup_env.sh).
 VENV_PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.gwdet-installed
@@ -44,7 +47,7 @@ demo: $(STAMP)
 
 # pytest exits 5 when it collects no test: an empty suite checks nothing, so that fails too.
 test: $(STAMP)
-	$(VENV_PYTHON) -m pytest -q tests; status=$$?; \
+	$(VENV_PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist worksteal tests; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$status
 
 # Both run, so that one call shows every finding; it fails when either finds something. mypy

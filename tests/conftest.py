@@ -6,8 +6,17 @@ from pathlib import Path
 
 import pytest
 
+import torch
+
 import gwdet  # noqa: F401  (before any test module binds detectron2's get_norm by name)
 from gwdet.norms import norm_records
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `pytest -n N` (make test): N test processes share the machine's cores, so each computes with
+    # one thread, and so do the tools the tests start (gwdet reads OMP_NUM_THREADS), instead of N
+    # processes each spinning one thread per core.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CONFIG = REPO / "configs" / "Demo" / "mask_rcnn_R_50_FPN_gw_shapes.yaml"
