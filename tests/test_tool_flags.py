@@ -80,3 +80,56 @@ def test_weights_that_are_a_folder_or_a_numpy_archive_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"train.init_checkpoint file '.*missing.pth' does not exist.*"
                                                 r"set train.init_checkpoint=\"\" to train from scratch"):
         lazy.load_weights(str(tmp_path / "missing.pth"))
+
+
+LAZY_CONFIG = DEMO_CONFIG.parents[1] / "LazyConfig" / "mask_rcnn_R_50_FPN_gw_shapes.py"
+
+
+@pytest.mark.parametrize("override, world_size, message", [
+    ("train.max_iter=0", 1, "train.max_iter=0: give a whole number of iterations of at least 1"),
+    ("train.max_iter=abc", 1, "train.max_iter='abc': give a whole number"),
+    ("train.checkpointer.period=0", 1, "train.checkpointer.period=0: give a whole number"),
+    ("train.eval_period=-1", 1, "train.eval_period=-1: give a whole number of iterations of at least 0"),
+    ("dataloader.train.total_batch_size=3", 2, "total_batch_size=3, which 2 process(es)"),
+])
+def test_lazy_training_values_are_refused_before_anything_is_built(override, world_size, message):
+    from gwdet.engine.lazy import LazyRun
+
+    run = LazyRun.load(str(LAZY_CONFIG), [override])
+    run.check_request(eval_only=True, world_size=world_size)  # evaluation needs none of them
+    with pytest.raises(ValueError) as refused:
+        run.check_request(eval_only=False, world_size=world_size)
+    assert message in str(refused.value)
+    LazyRun.load(str(LAZY_CONFIG)).check_request(eval_only=False, world_size=1)  # the shipped values pass
+
+
+@pytest.mark.parametrize("device", ["xyz", "mps"])
+def test_benchmark_refuses_a_device_it_cannot_measure(capsys, device):
+    from gwdet_lab.benchmark.cli import parse_args
+
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--device", device])
+    assert exit_info.value.code == 2 and f"argument --device: {device!r}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("opts", [["MODEL.RESNETS.NORM", "FrozenBN"], ["MODEL.RESNETS.GW_NORM", "FrozenBN"]])
+def test_frozen_norms_trained_from_scratch_are_refused(opts):
+    from gwdet.engine.trainer import check_training_values
+    from gwdet.model_zoo import build_config
+
+    with pytest.raises(ValueError, match=rf"{opts[0]} is FrozenBN, .* MODEL.WEIGHTS is empty"):
+        check_training_values(build_config(str(DEMO_CONFIG), [*opts, "MODEL.WEIGHTS", ""]), 1)
+    check_training_values(build_config(str(DEMO_CONFIG), [*opts, "MODEL.WEIGHTS", "weights.pkl"]), 1)
+    if opts[0] == "MODEL.RESNETS.GW_NORM":  # a GW_NORM at no position builds nothing
+        check_training_values(build_config(str(DEMO_CONFIG), [*opts, "MODEL.RESNETS.GW_POSITIONS", ""]), 1)
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full (Linux), a device that is always full")
+def test_an_export_into_a_full_disk_is_a_one_line_error():
+    import torch
+
+    from gwdet.errors import GwdetOSError
+    from gwdet.export.deploy import save_script_module
+
+    with pytest.raises(GwdetOSError, match=r"Cannot write the export \(.* MiB\) to /dev/full: .*Free space there"):
+        save_script_module(torch.jit.script(torch.nn.Linear(2, 2)), "/dev/full")

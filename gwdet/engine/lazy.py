@@ -301,6 +301,36 @@ def check_resume_config(cfg: DictConfig, output_dir: str) -> None:
     check_resume_trains(output_dir, cfg.train.max_iter, "train.max_iter")
 
 
+def _whole_number(value: Any) -> int | None:
+    """``value`` as an int when it is one (not a bool, a float or a string), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def check_training_values(cfg: DictConfig, world_size: int) -> None:
+    """Refuse, before anything is built, ``train`` values a training run cannot start with
+    (detectron2 would stop later with a bare ZeroDivisionError or TypeError): ``train.max_iter``,
+    ``train.log_period`` and ``train.checkpointer.period`` below 1 or not whole numbers,
+    ``train.eval_period`` below 0, a ``dataloader.train.total_batch_size`` that the
+    ``world_size`` processes cannot share evenly."""
+    for key, least in (("train.max_iter", 1), ("train.log_period", 1), ("train.checkpointer.period", 1),
+                       ("train.eval_period", 0)):
+        value = select(cfg, key)
+        if value is ABSENT:
+            continue
+        number = _whole_number(value)
+        if number is None or number < least:
+            raise GwdetValueError(f"{key}={value!r}: give a whole number of iterations of at least {least}, e.g. "
+                                  f"{key}={max(least, 1) * 100}.")
+    batch = select(cfg, "dataloader.train.total_batch_size")
+    if batch is not ABSENT:
+        number = _whole_number(batch)
+        if number is None or number < 1 or number % world_size:
+            raise GwdetValueError(
+                f"dataloader.train.total_batch_size={batch!r}, which {world_size} process(es) (--num-gpus x "
+                f"--num-machines) cannot share evenly: use a positive multiple of {world_size} (it is the batch of "
+                "all processes together).")
+
+
 def dataset_names(cfg: DictConfig) -> list[str]:
     """The datasets the LazyConfig trains and evaluates on: the ``names`` of ``dataloader.train.dataset``
     and ``dataloader.test.dataset`` (``L(...)`` nodes such as ``gwdet.data.shapes_dataset``
@@ -357,6 +387,7 @@ class LazyRun(RunConfig):
             check_keys(self.cfg, EVALUATION_KEYS, "evaluation (--eval-only)")
         else:
             check_keys(self.cfg, TRAINING_KEYS, "training")
+            check_training_values(self.cfg, world_size)
 
     def check_resume(self) -> None:
         check_resume_config(self.cfg, self.output_dir)

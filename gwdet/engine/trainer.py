@@ -141,15 +141,36 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
         return COCOEvaluator(dataset_name, output_dir=output_folder)
 
 
+# The norms of detectron2's R-CNN components that a config may set to FrozenBN.
+FROZEN_NORM_KEYS = ("MODEL.RESNETS.NORM", "MODEL.FPN.NORM", "MODEL.ROI_BOX_HEAD.NORM", "MODEL.ROI_MASK_HEAD.NORM")
+
+
+def _config_get(cfg: CfgNode, key: str) -> object:
+    node: object = cfg
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
 def check_training_values(cfg: CfgNode, world_size: int) -> None:
     """Refuse, before anything is built, solver and dataset values a training run cannot start
     with (detectron2 would stop later with a bare assertion): no training dataset, no iteration,
-    a batch of no images or one that cannot be split evenly over the ``world_size`` processes."""
+    a batch of no images or one that cannot be split evenly over the ``world_size`` processes; and
+    a training from scratch (no ``MODEL.WEIGHTS``) with FrozenBN layers, which would stay identities."""
     if not cfg.DATASETS.TRAIN:
         raise GwdetValueError("DATASETS.TRAIN is empty: name the dataset(s) to train on, e.g. DATASETS.TRAIN "
                               "\"('shapes_train',)\" (or evaluate weights with --eval-only).")
     if cfg.SOLVER.MAX_ITER < 1:
         raise GwdetValueError(f"SOLVER.MAX_ITER is {cfg.SOLVER.MAX_ITER}: a run trains for at least 1 iteration.")
+    frozen = [key for key in FROZEN_NORM_KEYS if _config_get(cfg, key) == "FrozenBN"]
+    if cfg.MODEL.RESNETS.GW_POSITIONS and cfg.MODEL.RESNETS.GW_NORM == "FrozenBN":
+        frozen.append("MODEL.RESNETS.GW_NORM")
+    if frozen and not cfg.MODEL.WEIGHTS:
+        raise GwdetValueError(
+            f"{', '.join(frozen)} is FrozenBN, which normalizes with the fixed statistics and affine values of "
+            "pretrained weights, and MODEL.WEIGHTS is empty: trained from scratch, those layers would stay "
+            "identities. Use a norm that learns (BN, GN, GW, ...: configs/Study/ trains from scratch), or set "
+            "MODEL.WEIGHTS to pretrained weights (docs/weights.md).")
     batch = cfg.SOLVER.IMS_PER_BATCH
     if batch < 1 or batch % world_size:
         raise GwdetValueError(

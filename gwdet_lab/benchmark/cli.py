@@ -77,7 +77,8 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--inference", action="store_true", help="run the inference level (default: every level)")
     parser.add_argument("--op-counts", action="store_true",
                         help="count the operations per execution plan and predict GPU times (default: every level)")
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--device", type=device_argument, default=None,
+                        help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per layer (default 5, quick 1)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed calls first (default 1, quick 0)")
     parser.add_argument("--model-repeats", type=int, default=3,
@@ -148,6 +149,19 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.compile:
         args.warmup = max(args.warmup, 1)  # the first call compiles
     return args
+
+
+def device_argument(text: str) -> str:
+    """``--device``: ``cpu``, or ``cuda`` / ``cuda:N`` where PyTorch has a CUDA GPU."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device: give cpu or cuda (cuda:N for another GPU)") from None
+    if device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"{text!r}: the benchmark measures cpu or cuda, not {device.type}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text!r}: this machine has no CUDA GPU that PyTorch can use; give cpu")
+    return text
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
