@@ -133,3 +133,29 @@ def test_an_export_into_a_full_disk_is_a_one_line_error():
 
     with pytest.raises(GwdetOSError, match=r"Cannot write the export \(.* MiB\) to /dev/full: .*Free space there"):
         save_script_module(torch.jit.script(torch.nn.Linear(2, 2)), "/dev/full")
+
+
+def test_a_head_norm_without_convolutions_is_warned_about():
+    import logging
+
+    import gwdet
+    from gwdet.model_zoo import build_config
+
+    from conftest import TINY_OPTS
+
+    messages: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger("gwdet.modeling.heads")  # detectron2's logger set-up stops propagation above it
+    logger.addHandler(handler)
+    try:
+        gwdet.build_model(build_config(str(DEMO_CONFIG), [*TINY_OPTS, "MODEL.DEVICE", "cpu"]))
+        assert messages == []  # the demo's heads have convolutions for their GW
+        gwdet.build_model(build_config(str(DEMO_CONFIG), [*TINY_OPTS, "MODEL.DEVICE", "cpu",
+                                                          "MODEL.ROI_BOX_HEAD.NUM_CONV", "0"]))
+    finally:
+        logger.removeHandler(handler)
+    assert messages == ["MODEL.ROI_BOX_HEAD.NORM is 'GW', but MODEL.ROI_BOX_HEAD.NUM_CONV is 0: the head has no "
+                        "convolution to normalize, so the model has no GW there. Give the head convolutions "
+                        "(MODEL.ROI_BOX_HEAD.NUM_CONV, e.g. 4 for a 4conv1fc box head) or set "
+                        "MODEL.ROI_BOX_HEAD.NORM \"\"."]

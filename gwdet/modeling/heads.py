@@ -19,6 +19,7 @@ message naming every key to change, not with detectron2's ``KeyError``.
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, List
 
 import torch
@@ -47,6 +48,7 @@ class _NormFromConfig:
     it passes as ``norm_argument`` becomes gwdet's callable with the config's values."""
 
     norm_argument = "conv_norm"
+    section = ""  # the head's config section, where a NORM may have no convolution to go to
 
     @classmethod
     def from_config(cls, cfg: CfgNode, input_shape: Any) -> dict:
@@ -54,17 +56,37 @@ class _NormFromConfig:
         # a mixin: the detectron2 head after it in each subclass's MRO defines from_config
         args = super().from_config(cfg, input_shape)  # type: ignore[misc]
         args[cls.norm_argument] = norm_from_config(args[cls.norm_argument], cfg)
+        if cls.section:
+            warn_unused_norm(cfg, cls.section)
         return args
+
+
+def warn_unused_norm(cfg: CfgNode, section: str) -> None:
+    """A warning when the head of config section ``section`` (e.g. ``MODEL.ROI_BOX_HEAD``) has a
+    NORM but no convolution to put it after (``NUM_CONV 0``): detectron2's heads normalize only
+    their convolutions, so the model has no such norm."""
+    head = cfg
+    for part in section.split("."):
+        head = head[part]
+    if head.NORM and head.NUM_CONV == 0:
+        logging.getLogger(__name__).warning(
+            f"{section}.NORM is {head.NORM!r}, but {section}.NUM_CONV is 0: the head has no convolution to "
+            f"normalize, so the model has no {head.NORM} there. Give the head convolutions ({section}.NUM_CONV, "
+            f"e.g. 4 for a 4conv1fc box head) or set {section}.NORM \"\".")
 
 
 @ROI_BOX_HEAD_REGISTRY.register()
 class GWFastRCNNConvFCHead(_NormFromConfig, FastRCNNConvFCHead):
     """detectron2's ``FastRCNNConvFCHead`` with ``MODEL.ROI_BOX_HEAD.NORM`` resolved by gwdet."""
 
+    section = "MODEL.ROI_BOX_HEAD"
+
 
 @ROI_MASK_HEAD_REGISTRY.register()
 class GWMaskRCNNConvUpsampleHead(_NormFromConfig, MaskRCNNConvUpsampleHead):
     """detectron2's ``MaskRCNNConvUpsampleHead`` with ``MODEL.ROI_MASK_HEAD.NORM`` resolved by gwdet."""
+
+    section = "MODEL.ROI_MASK_HEAD"
 
 
 @SEM_SEG_HEADS_REGISTRY.register()
