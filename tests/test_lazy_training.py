@@ -178,7 +178,7 @@ def test_detectron2s_own_lazyconfig_train_net_trains_and_evaluates_the_demo_conf
 
 
 def test_a_resumed_yacs_run_keeps_its_metrics_too(tmp_path):
-    """The writers both paths share (gwdet.engine.trainer.run_writers) open metrics.json after --resume has
+    """The writers both paths share (gwdet.engine.training.run_writers) open metrics.json after --resume has
     trimmed it: before, a resumed run appended its records to the replaced file and lost them."""
     from conftest import DEMO_CONFIG, TINY_OPTS
 

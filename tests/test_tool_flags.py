@@ -53,6 +53,12 @@ def test_flags_after_the_overrides_are_flags():
     with pytest.raises(SystemExit):
         parse_with_trailing_flags(parser, ["--config-file", "c.yaml", "--output", "out", "MODEL.DEVICE", "cpu",
                                            "--overwrit"])
+    analyze = analyze_model.argument_parser()
+    args = parse_with_trailing_flags(analyze, ["--config-file", "c.yaml", "MODEL.DEVICE", "cpu", "--input-size", "64",
+                                               "96", "SOLVER.MAX_ITER", "2"])
+    assert args.input_size == [64, 96] and args.opts == ["MODEL.DEVICE", "cpu", "SOLVER.MAX_ITER", "2"]
+    with pytest.raises(SystemExit):  # a list of values: only before the overrides
+        parse_with_trailing_flags(analyze, ["--config-file", "c.yaml", "MODEL.DEVICE", "cpu", "--tasks", "flop"])
 
 
 @pytest.mark.parametrize("flag", [["-n", "0"], ["--max-depth", "-1"], ["--input-size", "0", "64"]])

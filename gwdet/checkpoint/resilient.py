@@ -223,7 +223,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 "Delete them to start over, or restore one from a backup."
             )
         self.logger.warning(f"--resume: no checkpoint in {self.save_dir}; starting at iteration 0 "
-                            f"from MODEL.WEIGHTS ({path or 'none: random initialization'}).")
+                            f"from {self.weights_setting} ({path or 'none: random initialization'}).")
         return self.load_weights(path)
 
     def _load_model(self, checkpoint: dict):

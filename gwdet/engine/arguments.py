@@ -84,8 +84,14 @@ def parse_with_trailing_flags(parser: argparse.ArgumentParser, argv: Sequence[st
         if action is None:
             parser.error(f"unknown flag {token!r} among the KEY VALUE overrides")
         flags.append(token)
-        if action.nargs is None and "=" not in token:  # the flag takes one value
+        if "=" in token:
+            continue
+        if action.nargs is None:  # the flag takes one value
             flags.append(next(tokens, ""))
+        elif isinstance(action.nargs, int):
+            flags += [next(tokens, "") for _ in range(action.nargs)]
+        elif action.nargs in ("+", "*"):  # how many values it takes cannot be told from the overrides after it
+            parser.error(f"{token.split('=', 1)[0]} takes a list of values: put it before the KEY VALUE overrides")
     if flags:  # parsed again with the flags before the overrides, where argparse reads them
         args = parser.parse_args(argv[:len(argv) - len(args.opts)] + flags + opts)
     return args

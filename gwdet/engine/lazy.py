@@ -64,9 +64,9 @@ from gwdet.engine.output_dir import (
     differing_values,
 )
 from gwdet.engine.run import RunConfig
+from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.engine.training import (
     InnerTrainerState,
-    check_train_batches,
     continue_after_resume,
     run_writers,
     training_ddp_model,
@@ -188,8 +188,8 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
         loader = build_train_loader(cfg)
         self._images_per_rank = int(cfg.dataloader.train.get("total_batch_size", 0)) // comm.get_world_size()
         model = training_ddp_model(model, **cfg.train.ddp)
-        self._trainer = (AMPTrainer if cfg.train.amp.enabled else SimpleTrainer)(model, loader, optimizer)
-        check_train_batches(self._trainer)
+        self._trainer = (AMPTrainer if cfg.train.amp.enabled else SimpleTrainer)(model, FiniteImageBatches(loader),
+                                                                                 optimizer)
         self.scheduler = LRMultiplier(optimizer, multiplier=instantiate(cfg.lr_multiplier), max_iter=cfg.train.max_iter)
         self.checkpointer = ResilientCheckpointer(
             model, cfg.train.output_dir, random_state=RandomState(), trainer=weakref.proxy(self),

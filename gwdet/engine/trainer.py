@@ -39,9 +39,9 @@ from gwdet.modeling.model_checks import check_norm_weight_decay
 from gwdet.solver import build_optimizer
 from gwdet.engine.output_dir import check_resume_config
 from gwdet.engine.run import RunConfig
+from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.engine.training import (
     InnerTrainerState,
-    check_train_batches,
     continue_after_resume,
     run_writers,
     training_ddp_model,
@@ -57,11 +57,17 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
     where they stopped (see :mod:`gwdet.checkpoint.resilient`, :mod:`gwdet.data.resumable`)."""
 
     def __init__(self, cfg: CfgNode) -> None:
-        if comm.get_world_size() > 1 and not str(cfg.MODEL.DEVICE).startswith("cuda"):
-            self._construct_for_cpu_processes(cfg)
-        else:
-            super().__init__(cfg)
-        check_train_batches(self._trainer)
+        # Whatever build_train_loader (a subclass's too) returns reaches detectron2's SimpleTrainer
+        # with its batches checked (gwdet.data.finite_images): during the construction the
+        # instance's build_train_loader wraps the class's.
+        self.build_train_loader = lambda cfg: FiniteImageBatches(type(self).build_train_loader(cfg))  # type: ignore[method-assign]
+        try:
+            if comm.get_world_size() > 1 and not str(cfg.MODEL.DEVICE).startswith("cuda"):
+                self._construct_for_cpu_processes(cfg)
+            else:
+                super().__init__(cfg)
+        finally:
+            del self.build_train_loader
 
     def _construct_for_cpu_processes(self, cfg: CfgNode) -> None:
         """``DefaultTrainer.__init__`` for several CPU processes, which detectron2 cannot construct:

@@ -4,7 +4,8 @@
 :class:`gwdet.engine.lazy.LazyTrainer` (a LazyConfig: the loop of detectron2's
 ``tools/lazyconfig_train_net.py``) differ only in how they build their parts. Both:
 
-* check every training batch for non-finite pixels before the model sees it (:func:`check_train_batches`);
+* check every training batch for non-finite pixels before the model sees it
+  (:class:`~gwdet.data.finite_images.FiniteImageBatches` around the train loader);
 * save a checkpoint of the current iteration on SIGTERM, SIGINT and SIGUSR2 (:func:`with_signal_checkpoints`);
 * write ``metrics.json`` with a writer that opens it only after a resume trimmed it (:func:`run_writers`);
 * continue a resumed run where it stopped: its metrics trimmed to the iterations kept, its train
@@ -25,7 +26,6 @@ from detectron2.utils import comm
 from detectron2.utils.events import CommonMetricPrinter, EventWriter, JSONWriter, TensorboardXWriter
 
 from gwdet.checkpoint.signal_hook import CheckpointOnSignal
-from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.data.resumable import skip_trained_samples
 from gwdet.engine.output_dir import trim_metrics
 
@@ -74,16 +74,6 @@ def with_signal_checkpoints(hooks: list) -> list:
     LR scheduler and the periodic checkpointer, before evaluation and the writers."""
     evaluation = next(i for i, hook in enumerate(hooks) if isinstance(hook, EvalHook))
     return hooks[:evaluation] + [CheckpointOnSignal()] + hooks[evaluation:]
-
-
-def check_train_batches(inner: Any) -> None:
-    """Make detectron2's ``SimpleTrainer`` / ``AMPTrainer`` ``inner`` read its batches through
-    :class:`~gwdet.data.finite_images.FiniteImageBatches`, before its first step. detectron2 0.6
-    creates the loader's iterator when the trainer is constructed (later versions at the first
-    step): that iterator is replaced by one of the checked loader."""
-    inner.data_loader = FiniteImageBatches(inner.data_loader)
-    if "_data_loader_iter" in vars(inner):
-        inner._data_loader_iter = iter(inner.data_loader)
 
 
 def continue_after_resume(output_dir: str, start_iter: int, loader: Iterable, images_per_process: int,
