@@ -165,3 +165,26 @@ def test_a_head_norm_without_convolutions_is_warned_about():
                         "convolution to normalize, so the model has no GW there. Give the head convolutions "
                         "(MODEL.ROI_BOX_HEAD.NUM_CONV, e.g. 4 for a 4conv1fc box head) or set "
                         "MODEL.ROI_BOX_HEAD.NORM \"\"."]
+
+
+def test_test_loaders_check_their_images_as_train_loaders_do():
+    import torch
+
+    from gwdet.data import prepare_datasets
+    from gwdet.data.finite_images import FiniteImageBatches, NonFiniteImageError
+    from gwdet.engine.lazy import LazyRun
+    from gwdet.engine.trainer import Trainer
+    from gwdet.model_zoo import build_config
+
+    from conftest import TINY_OPTS
+
+    cfg = build_config(str(DEMO_CONFIG), TINY_OPTS)
+    prepare_datasets(cfg)
+    loader = Trainer.build_test_loader(cfg, "shapes_val")
+    assert isinstance(loader, FiniteImageBatches) and len(loader) == 4  # inference_on_dataset reads len()
+    assert isinstance(LazyRun.load(str(LAZY_CONFIG), ["dataloader.test.num_workers=0"]).test_loader(), FiniteImageBatches)
+    image = torch.zeros(3, 8, 8)
+    image[1, 2, 3] = float("nan")
+    with pytest.raises(NonFiniteImageError, match=r"file_name 'x.npy' has pixels that are not finite.*before training or "
+                                                  r"evaluating on it"):
+        next(iter(FiniteImageBatches([[{"image": image, "file_name": "x.npy"}]])))

@@ -44,8 +44,8 @@ def check_finite_images(batch: Sequence[Mapping[str, Any]]) -> None:
         raise NonFiniteImageError(
             f"The input image {_image_name(record, position)} has pixels that are not finite: "
             f"{len(bad)} of {image.numel()} values are inf or NaN (the first at index ({first}) of its "
-            f"{tuple(image.shape)} tensor). The image, not the training, is broken: fix or drop the "
-            "file, or the mapper that produced it, before training."
+            f"{tuple(image.shape)} tensor). The image, not the model, is broken: fix or drop the "
+            "file, or the mapper that produced it, before training or evaluating on it."
         )
 
 
@@ -60,6 +60,11 @@ class FiniteImageBatches:
         for batch in self.loader:
             check_finite_images(batch)
             yield batch
+
+    def __len__(self) -> int:
+        """``len(loader)``: a test loader's number of batches (detectron2's ``inference_on_dataset``
+        reads it)."""
+        return len(self.loader)  # type: ignore[arg-type]
 
     def __getattr__(self, name: str) -> Any:
         # called only for names the wrapper itself lacks

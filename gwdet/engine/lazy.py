@@ -165,7 +165,7 @@ def evaluate(cfg: DictConfig, model: torch.nn.Module) -> "OrderedDict[str, Any]"
     if select(cfg, "dataloader.test") is ABSENT or select(cfg, "dataloader.evaluator") is ABSENT:
         logger.info("The config has no dataloader.test / dataloader.evaluator: nothing is evaluated.")
         return OrderedDict()
-    loader = instantiate(cfg.dataloader.test)
+    loader = FiniteImageBatches(instantiate(cfg.dataloader.test))  # batches checked as in training
     results = inference_on_dataset(model, loader, instantiate(cfg.dataloader.evaluator))
     if comm.is_main_process() and results:
         print_csv_format(results)
@@ -428,7 +428,7 @@ class LazyRun(RunConfig):
 
     def test_loader(self) -> Any:
         check_keys(self.cfg, ("dataloader.test",), "reading test images")
-        return instantiate(self.cfg.dataloader.test)
+        return FiniteImageBatches(instantiate(self.cfg.dataloader.test))
 
     def evaluator(self) -> Any:
         check_keys(self.cfg, ("dataloader.evaluator",), "evaluation")

@@ -19,7 +19,6 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 
 from detectron2.config import CfgNode
-from detectron2.data import build_detection_test_loader
 from detectron2.engine import AMPTrainer, DefaultTrainer, SimpleTrainer, TrainerBase
 from detectron2.evaluation import COCOEvaluator
 from detectron2.utils import comm
@@ -142,6 +141,13 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
                               "The train loader was not built by gwdet's build_train_loader")
 
     @classmethod
+    def build_test_loader(cls, cfg: CfgNode, dataset_name: str):
+        """detectron2's test loader, its batches checked for non-finite pixels as training's are
+        (:class:`~gwdet.data.finite_images.FiniteImageBatches`): such an image would give no
+        detections without a word."""
+        return FiniteImageBatches(super().build_test_loader(cfg, dataset_name))
+
+    @classmethod
     def build_evaluator(cls, cfg: CfgNode, dataset_name: str, output_folder: str | None = None):
         output_folder = output_folder or os.path.join(cfg.OUTPUT_DIR, "inference", dataset_name)
         return COCOEvaluator(dataset_name, output_dir=output_folder)
@@ -260,7 +266,7 @@ class YacsRun(RunConfig):
 
     def test_loader(self) -> Any:
         self.prepare_datasets()
-        return build_detection_test_loader(self.cfg, self.cfg.DATASETS.TEST[0])
+        return self.trainer_class.build_test_loader(self.cfg, self.cfg.DATASETS.TEST[0])
 
     def evaluator(self) -> Any:
         return self.trainer_class.build_evaluator(self.cfg, self.cfg.DATASETS.TEST[0])
