@@ -368,6 +368,35 @@ def _mask_format(cfg: CfgNode, mask_format: Any) -> str | None:
             "loads). Use 'polygon' (masks kept as polygons) or 'bitmask' (masks as images; COCO's RLE masks need it).")
 
 
+def _warmup_iters(cfg: CfgNode, iters: Any) -> str | None:
+    if _is_integer(iters) and iters >= 0:
+        return None
+    return ("is no number of warm-up iterations: detectron2's scheduler would stretch a negative warm-up into a "
+            "learning rate outside the schedule without a word. Use an integer >= 0 (0: no warm-up), e.g. 1000.")
+
+
+def _steps(cfg: CfgNode, steps: Any) -> str | None:
+    if (isinstance(steps, (list, tuple)) and all(_is_integer(step) and step >= 1 for step in steps)
+            and all(steps[index] < steps[index + 1] for index in range(len(steps) - 1))):
+        return None
+    return ("is no schedule of learning-rate steps: give the iterations at which the rate is multiplied by "
+            "SOLVER.GAMMA as positive integers in increasing order, e.g. (60000, 80000), or () for none.")
+
+
+def _gamma(cfg: CfgNode, gamma: Any) -> str | None:
+    if _is_finite_number(gamma) and gamma > 0:
+        return None
+    return ("is no learning-rate factor: each of SOLVER.STEPS multiplies the rate by it, so it must be a finite "
+            "number > 0 (0 stops training, a negative one turns the rate negative), e.g. 0.1.")
+
+
+def _momentum(cfg: CfgNode, momentum: Any) -> str | None:
+    if _is_finite_number(momentum) and 0 <= momentum < 1:
+        return None
+    return ("is no SGD momentum: it must be a number from 0 (none) to below 1 (torch's SGD refuses a negative one; "
+            "1 or more makes the updates grow without bound), e.g. 0.9.")
+
+
 @dataclass(frozen=True)
 class ValueRule:
     """A key of detectron2's config and its rule: ``problem(cfg, value)`` is None for a value
@@ -380,6 +409,10 @@ class ValueRule:
 DETECTRON2_VALUE_RULES = (
     ValueRule("SOLVER.CHECKPOINT_PERIOD", _checkpoint_period),
     ValueRule("SOLVER.BASE_LR", _base_lr),
+    ValueRule("SOLVER.WARMUP_ITERS", _warmup_iters),
+    ValueRule("SOLVER.STEPS", _steps),
+    ValueRule("SOLVER.GAMMA", _gamma),
+    ValueRule("SOLVER.MOMENTUM", _momentum),
     ValueRule("DATALOADER.NUM_WORKERS", _num_workers),
     ValueRule("MODEL.RESNETS.DEPTH", _resnet_depth),
     ValueRule("INPUT.MASK_FORMAT", _mask_format),

@@ -247,3 +247,21 @@ def test_trained_must_be_a_bool():
     with pytest.raises(GwdetValueError, match=r"^gwdet.model_zoo.get_config: trained must be True or False, "
                                               r"got 'yes' \(str\)$"):
         gwdet.model_zoo.get_config("Demo/mask_rcnn_R_50_FPN_gw_shapes.yaml", trained="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("key, value, start", [
+    ("SOLVER.WARMUP_ITERS", "-1", "config: SOLVER.WARMUP_ITERS=-1 is no number of warm-up iterations"),
+    ("SOLVER.STEPS", "(100, 50)", "config: SOLVER.STEPS=(100, 50) is no schedule of learning-rate steps"),
+    ("SOLVER.STEPS", "(0,)", "config: SOLVER.STEPS=(0,) is no schedule of learning-rate steps"),
+    ("SOLVER.GAMMA", "-1.0", "config: SOLVER.GAMMA=-1.0 is no learning-rate factor"),
+    ("SOLVER.GAMMA", "0.0", "config: SOLVER.GAMMA=0.0 is no learning-rate factor"),
+    ("SOLVER.MOMENTUM", "1.5", "config: SOLVER.MOMENTUM=1.5 is no SGD momentum"),
+    ("SOLVER.MOMENTUM", "-0.1", "config: SOLVER.MOMENTUM=-0.1 is no SGD momentum"),
+])
+def test_schedule_values_detectron2_would_misuse_are_refused(key, value, start):
+    assert refusal(key, value).startswith(start)
+
+
+def test_schedule_values_detectron2_uses_pass():
+    build_config(str(DEMO_CONFIG), ["SOLVER.WARMUP_ITERS", "0", "SOLVER.STEPS", "()", "SOLVER.MOMENTUM", "0.0"])
+    build_config(str(DEMO_CONFIG), ["SOLVER.STEPS", "(60000, 80000)", "SOLVER.MAX_ITER", "90000", "SOLVER.GAMMA", "0.1"])
