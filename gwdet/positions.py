@@ -19,15 +19,16 @@ POSITIONS = ("S1", "B1", "B2", "B3")
 BLOCK_CONV_OF_POSITION = {"B1": "conv1", "B2": "conv2", "B3": "conv3"}
 
 
-def parse_gw_positions(spec: str) -> FrozenSet[str]:
-    """``"S1-B2"`` -> ``{"S1", "B2"}``; ``"S1-B12"`` -> ``{"S1", "B1", "B2"}``; ``""`` -> none."""
+def parse_gw_positions(spec: str, setting: str = "MODEL.RESNETS.GW_POSITIONS") -> FrozenSet[str]:
+    """``"S1-B2"`` -> ``{"S1", "B2"}``; ``"S1-B12"`` -> ``{"S1", "B1", "B2"}``; ``""`` -> none.
+    ``setting`` is how an error names where ``spec`` came from."""
     if not isinstance(spec, str):
-        raise GwdetValueError(f"MODEL.RESNETS.GW_POSITIONS must be a string like 'S1-B2', got {spec!r}")
+        raise GwdetValueError(f"{setting} must be a string like 'S1-B2', got {spec!r}")
     positions: set[str] = set()
     for token in filter(None, (t.strip() for t in spec.split("-"))):
         if token not in POSITION_TOKENS:
             raise GwdetValueError(
-                f"MODEL.RESNETS.GW_POSITIONS={spec!r}: unknown position {token!r}. Valid tokens: "
+                f"{setting}={spec!r}: unknown position {token!r}. Valid tokens: "
                 f"{', '.join(POSITION_TOKENS)}, joined by '-' (e.g. 'S1-B2'); '' means no GW."
             )
         positions.update(POSITION_TOKENS[token])

@@ -14,6 +14,7 @@ with checked ``key=value`` overrides is :mod:`gwdet.model_zoo.lazy_loading`.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import tempfile
 import weakref
@@ -310,7 +311,8 @@ def check_training_values(cfg: DictConfig, world_size: int) -> None:
     """Refuse, before anything is built, ``train`` values a training run cannot start with
     (detectron2 would stop later with a bare ZeroDivisionError or TypeError): ``train.max_iter``,
     ``train.log_period`` and ``train.checkpointer.period`` below 1 or not whole numbers,
-    ``train.eval_period`` below 0, a ``dataloader.train.total_batch_size`` that the
+    ``train.eval_period`` below 0, an ``optimizer.lr`` or ``weight_decay`` below 0, an
+    ``optimizer.momentum`` outside [0, 1), a ``dataloader.train.total_batch_size`` that the
     ``world_size`` processes cannot share evenly."""
     for key, least in (("train.max_iter", 1), ("train.log_period", 1), ("train.checkpointer.period", 1),
                        ("train.eval_period", 0)):
@@ -321,6 +323,17 @@ def check_training_values(cfg: DictConfig, world_size: int) -> None:
         if number is None or number < least:
             raise GwdetValueError(f"{key}={value!r}: give a whole number of iterations of at least {least}, e.g. "
                                   f"{key}={max(least, 1) * 100}.")
+    optimizer_values: tuple[tuple[str, float | None, float], ...] = (
+        ("optimizer.lr", None, 0.02), ("optimizer.weight_decay", None, 1e-4), ("optimizer.momentum", 1.0, 0.9))
+    for key, below, example in optimizer_values:  # each at least 0, below ``below`` where given
+        setting = select(cfg, key)
+        if setting is ABSENT or isinstance(setting, DictConfig):
+            continue
+        valid = isinstance(setting, (int, float)) and not isinstance(setting, bool) and math.isfinite(setting)
+        if not (valid and setting >= 0 and (below is None or setting < below)):
+            bound = f"from 0 to below {below:g}" if below is not None else "finite and at least 0"
+            raise GwdetValueError(f"{key}={setting!r}: give a number {bound}, e.g. {key}={example:g} (torch's optimizer "
+                                  "would refuse it, or train with it, once the model is built).")
     batch = select(cfg, "dataloader.train.total_batch_size")
     if batch is not ABSENT:
         number = _whole_number(batch)

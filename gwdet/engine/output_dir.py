@@ -344,7 +344,7 @@ class OutputDirNameError(GwdetError, ValueError):
     """OUTPUT_DIR's name cannot reach every writer of a run unchanged under this locale."""
 
 
-def check_output_dir_name(output_dir: str, encoding: str | None = None) -> None:
+def check_output_dir_name(output_dir: str, encoding: str | None = None, setting: str = "OUTPUT_DIR") -> None:
     """Refuse an OUTPUT_DIR whose name the writers of a run would not all find: TensorBoard's event
     writer encodes folder names as UTF-8 itself, so a name with characters beyond ASCII must be
     UTF-8 in Python's file system encoding (``encoding``, by default ``sys.getfilesystemencoding()``).
@@ -360,10 +360,10 @@ def check_output_dir_name(output_dir: str, encoding: str | None = None) -> None:
         representable = False
     if not representable:
         raise OutputDirNameError(
-            f"OUTPUT_DIR {output_dir!r} has characters beyond ASCII, which this Python cannot pass on unchanged "
+            f"{setting} {output_dir!r} has characters beyond ASCII, which this Python cannot pass on unchanged "
             f"(its file system encoding is {encoding!r}, not UTF-8): TensorBoard's writer would fail or write "
             "elsewhere. Run Python in UTF-8 mode (export PYTHONUTF8=1, or a UTF-8 locale such as LC_ALL=C.UTF-8), "
-            "or choose an OUTPUT_DIR of ASCII characters; nothing was written.")
+            f"or choose an {setting} of ASCII characters; nothing was written.")
 
 
 class OutputDirLock:
@@ -373,22 +373,25 @@ class OutputDirLock:
     released when the process ends, however it ends.
     """
 
-    def __init__(self, output_dir: str) -> None:
+    def __init__(self, output_dir: str, setting: str = "OUTPUT_DIR", weights_setting: str = "MODEL.WEIGHTS") -> None:
         self.path = os.path.join(output_dir, LOCK_NAME)
+        self.setting, self.weights_setting = setting, weights_setting  # how the messages name them
         self._file: IO[str] | None = None
 
     def __enter__(self) -> "OutputDirLock":
         output_dir = os.path.dirname(self.path)
-        check_output_dir_name(output_dir)
+        check_output_dir_name(output_dir, setting=self.setting)
         try:
             os.makedirs(output_dir, exist_ok=True)
             self._file = open(self.path, "a+")
         except OSError as error:
+            # a LazyConfig's settings are lower-case keys, set with key=value
+            assign = "=" if self.setting.islower() else " "
             raise OutputDirNotWritableError(
-                f"OUTPUT_DIR {output_dir!r} cannot be written ({error.strerror or error}); nothing was "
-                "changed. Give the run a writable OUTPUT_DIR; to evaluate or export a run kept on a read-only "
-                "disk, name its weights and write elsewhere: MODEL.WEIGHTS <run>/model_final.pth OUTPUT_DIR "
-                "<writable folder>.") from None
+                f"{self.setting} {output_dir!r} cannot be written ({error.strerror or error}); nothing was "
+                f"changed. Give the run a writable {self.setting}; to evaluate or export a run kept on a read-only "
+                f"disk, name its weights and write elsewhere: {self.weights_setting}{assign}<run>/model_final.pth "
+                f"{self.setting}{assign}<writable folder>.") from None
         try:
             fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -396,8 +399,8 @@ class OutputDirLock:
             holder = self._file.read().strip() or "another process"
             self._file.close()
             raise GwdetRuntimeError(
-                f"OUTPUT_DIR {os.path.dirname(self.path)!r} is in use by another run ({holder}). "
-                "Wait for it to finish, or give this run another OUTPUT_DIR."
+                f"{self.setting} {os.path.dirname(self.path)!r} is in use by another run ({holder}). "
+                f"Wait for it to finish, or give this run another {self.setting}."
             ) from None
         self._file.seek(0)
         self._file.truncate()

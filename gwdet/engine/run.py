@@ -251,7 +251,8 @@ def main(args: argparse.Namespace):
     run.check_request(args.eval_only, comm.get_world_size())
     if args.eval_only:
         run, args = evaluation_request(run, args)
-    with OutputDirLock(run.output_dir) if comm.is_main_process() else contextlib.nullcontext():
+    lock = OutputDirLock(run.output_dir, run.output_setting, run.weights_setting)
+    with lock if comm.is_main_process() else contextlib.nullcontext():
         setup(args, run)
         if args.eval_only:
             model = run.load_weights(run.build_model())

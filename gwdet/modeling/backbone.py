@@ -52,7 +52,7 @@ def place_norm(resnet: ResNet, positions: str, norm: Any, freeze_at: int = 0) ->
             resnet=L(ResNet)(stem=..., stages=..., out_features=[...], freeze_at=0),
             positions="S1-B2", norm=L(gwdet.norm)(name="GW", num_groups=64), freeze_at=2)
     """
-    for conv in convs_at_positions(resnet, parse_gw_positions(positions)):
+    for conv in convs_at_positions(resnet, parse_gw_positions(positions, "positions of gwdet.modeling.place_norm")):
         conv.norm = get_norm(norm, conv.out_channels)
     return resnet.freeze(freeze_at)
 
