@@ -322,16 +322,18 @@ FORMAT_CHANNELS: Mapping[str, int] = {"BGR": 3, "RGB": 3, "YUV-BT.601": 3, "YCbC
                                       "L": 1, "RGBA": 4, "CMYK": 4}
 
 
-def _is_integer(value: Any) -> bool:
+def is_whole_number(value: Any) -> bool:
+    """Whether ``value`` is an integer (a bool is not)."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _is_finite_number(value: Any) -> bool:
+def is_finite_number(value: Any) -> bool:
+    """Whether ``value`` is a finite real number (a bool is not)."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _checkpoint_period(cfg: CfgNode, period: Any) -> str | None:
-    if _is_integer(period) and period >= 1:
+    if is_whole_number(period) and period >= 1:
         return None
     return ("is no number of iterations between checkpoints: detectron2's PeriodicCheckpointer saves one every "
             "SOLVER.CHECKPOINT_PERIOD iterations (with 0 it stops with ZeroDivisionError after the first iteration). "
@@ -339,7 +341,7 @@ def _checkpoint_period(cfg: CfgNode, period: Any) -> str | None:
 
 
 def _base_lr(cfg: CfgNode, lr: Any) -> str | None:
-    if _is_finite_number(lr) and lr >= 0:
+    if is_finite_number(lr) and lr >= 0:
         return None
     return ("is no learning rate: it must be a finite number >= 0 (torch's optimizer refuses a negative one with "
             "'Invalid learning rate' once the model is built, and a negative rate would climb the loss). Use a "
@@ -347,7 +349,7 @@ def _base_lr(cfg: CfgNode, lr: Any) -> str | None:
 
 
 def _num_workers(cfg: CfgNode, workers: Any) -> str | None:
-    if _is_integer(workers) and workers >= 0:
+    if is_whole_number(workers) and workers >= 0:
         return None
     return ("is no number of data-loading processes: torch's DataLoader refuses a negative one when the loader is "
             "built. Use 0 (load the data in the training process) or more, e.g. 4.")
@@ -355,7 +357,7 @@ def _num_workers(cfg: CfgNode, workers: Any) -> str | None:
 
 def _resnet_depth(cfg: CfgNode, depth: Any) -> str | None:
     backbone = _value(cfg, "MODEL.BACKBONE.NAME")
-    if backbone not in RESNET_BACKBONES or (_is_integer(depth) and depth in DETECTRON2_RESNET_DEPTHS):
+    if backbone not in RESNET_BACKBONES or (is_whole_number(depth) and depth in DETECTRON2_RESNET_DEPTHS):
         return None
     return (f"is not a depth of detectron2's ResNets, which MODEL.BACKBONE.NAME={backbone!r} builds (it would stop "
             f"with a bare KeyError). Use one of {', '.join(map(str, DETECTRON2_RESNET_DEPTHS))}, e.g. 50.")
@@ -369,14 +371,14 @@ def _mask_format(cfg: CfgNode, mask_format: Any) -> str | None:
 
 
 def _warmup_iters(cfg: CfgNode, iters: Any) -> str | None:
-    if _is_integer(iters) and iters >= 0:
+    if is_whole_number(iters) and iters >= 0:
         return None
     return ("is no number of warm-up iterations: detectron2's scheduler would stretch a negative warm-up into a "
             "learning rate outside the schedule without a word. Use an integer >= 0 (0: no warm-up), e.g. 1000.")
 
 
 def _steps(cfg: CfgNode, steps: Any) -> str | None:
-    if (isinstance(steps, (list, tuple)) and all(_is_integer(step) and step >= 1 for step in steps)
+    if (isinstance(steps, (list, tuple)) and all(is_whole_number(step) and step >= 1 for step in steps)
             and all(steps[index] < steps[index + 1] for index in range(len(steps) - 1))):
         return None
     return ("is no schedule of learning-rate steps: give the iterations at which the rate is multiplied by "
@@ -384,14 +386,14 @@ def _steps(cfg: CfgNode, steps: Any) -> str | None:
 
 
 def _gamma(cfg: CfgNode, gamma: Any) -> str | None:
-    if _is_finite_number(gamma) and gamma > 0:
+    if is_finite_number(gamma) and gamma > 0:
         return None
     return ("is no learning-rate factor: each of SOLVER.STEPS multiplies the rate by it, so it must be a finite "
             "number > 0 (0 stops training, a negative one turns the rate negative), e.g. 0.1.")
 
 
 def _momentum(cfg: CfgNode, momentum: Any) -> str | None:
-    if _is_finite_number(momentum) and 0 <= momentum < 1:
+    if is_finite_number(momentum) and 0 <= momentum < 1:
         return None
     return ("is no SGD momentum: it must be a number from 0 (none) to below 1 (torch's SGD refuses a negative one; "
             "1 or more makes the updates grow without bound), e.g. 0.9.")
@@ -434,7 +436,7 @@ def _check_pixel_normalization(cfg: CfgNode) -> None:
         return
     examples = {"MODEL.PIXEL_MEAN": "[103.53, 116.28, 123.675]", "MODEL.PIXEL_STD": "[57.375, 57.12, 58.395]"}
     for key, value in values.items():
-        if not isinstance(value, (list, tuple)) or not all(_is_finite_number(item) for item in value):
+        if not isinstance(value, (list, tuple)) or not all(is_finite_number(item) for item in value):
             raise GwdetValueError(
                 f"config: {key}={value!r} must be a list of finite numbers, one per channel of the images "
                 f"(INPUT.FORMAT={image_format!r}), e.g. {examples[key]} for BGR images (ImageNet's).")

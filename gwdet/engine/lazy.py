@@ -14,12 +14,11 @@ with checked ``key=value`` overrides is :mod:`gwdet.model_zoo.lazy_loading`.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import tempfile
 import weakref
 from collections import OrderedDict
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -36,6 +35,7 @@ from detectron2.utils.logger import setup_logger
 
 from gwdet.errors import GwdetValueError
 from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer
+from gwdet.config_checks import is_finite_number, is_whole_number
 from gwdet.data.boxes import check_dataset_boxes
 from gwdet.data.coco_registration import (
     CocoDataset,
@@ -302,11 +302,6 @@ def check_resume_config(cfg: DictConfig, output_dir: str) -> None:
     check_resume_trains(output_dir, cfg.train.max_iter, "train.max_iter")
 
 
-def _whole_number(value: Any) -> int | None:
-    """``value`` as an int when it is one (not a bool, a float or a string), else None."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def check_training_values(cfg: DictConfig, world_size: int) -> None:
     """Refuse, before anything is built, ``train`` values a training run cannot start with
     (detectron2 would stop later with a bare ZeroDivisionError or TypeError): ``train.max_iter``,
@@ -319,8 +314,7 @@ def check_training_values(cfg: DictConfig, world_size: int) -> None:
         value = select(cfg, key)
         if value is ABSENT:
             continue
-        number = _whole_number(value)
-        if number is None or number < least:
+        if not is_whole_number(value) or value < least:
             raise GwdetValueError(f"{key}={value!r}: give a whole number of iterations of at least {least}, e.g. "
                                   f"{key}={max(least, 1) * 100}.")
     optimizer_values: tuple[tuple[str, float | None, float], ...] = (
@@ -329,15 +323,13 @@ def check_training_values(cfg: DictConfig, world_size: int) -> None:
         setting = select(cfg, key)
         if setting is ABSENT or isinstance(setting, DictConfig):
             continue
-        valid = isinstance(setting, (int, float)) and not isinstance(setting, bool) and math.isfinite(setting)
-        if not (valid and setting >= 0 and (below is None or setting < below)):
+        if not (is_finite_number(setting) and setting >= 0 and (below is None or setting < below)):
             bound = f"from 0 to below {below:g}" if below is not None else "finite and at least 0"
             raise GwdetValueError(f"{key}={setting!r}: give a number {bound}, e.g. {key}={example:g} (torch's optimizer "
                                   "would refuse it, or train with it, once the model is built).")
     batch = select(cfg, "dataloader.train.total_batch_size")
     if batch is not ABSENT:
-        number = _whole_number(batch)
-        if number is None or number < 1 or number % world_size:
+        if not is_whole_number(batch) or batch < 1 or batch % world_size:
             raise GwdetValueError(
                 f"dataloader.train.total_batch_size={batch!r}, which {world_size} process(es) (--num-gpus x "
                 f"--num-machines) cannot share evenly: use a positive multiple of {world_size} (it is the batch of "
@@ -431,9 +423,6 @@ class LazyRun(RunConfig):
 
     def run_datasets(self) -> list[str]:
         return dataset_names(self.cfg)
-
-    def test_batches(self) -> Iterator[list]:
-        return iter(self.test_loader())
 
     def describe_test_set(self) -> str:
         name = evaluated_dataset(self.cfg)

@@ -138,9 +138,9 @@ class RunConfig(ABC):
     def run_datasets(self) -> list[str]:
         """Every dataset the run trains or evaluates on."""
 
-    @abstractmethod
     def test_batches(self) -> Iterator[list]:
-        """The batches of the first test set, read in this process, in the model's input format."""
+        """The batches of the first test set, in the model's input format (:meth:`test_loader`)."""
+        return iter(self.test_loader())
 
     @abstractmethod
     def describe_test_set(self) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -26,6 +26,7 @@ from detectron2.utils.logger import setup_logger
 
 from gwdet.errors import GwdetValueError
 from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer
+from gwdet.config import config_value
 from gwdet.config_checks import ensure_checked
 from gwdet.data import prepare_datasets, register_datasets
 from gwdet.data.coco_registration import CocoDataset
@@ -157,13 +158,6 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
 FROZEN_NORM_KEYS = ("MODEL.RESNETS.NORM", "MODEL.FPN.NORM", "MODEL.ROI_BOX_HEAD.NORM", "MODEL.ROI_MASK_HEAD.NORM")
 
 
-def _config_get(cfg: CfgNode, key: str) -> object:
-    node: object = cfg
-    for part in key.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    return node
-
-
 def check_training_values(cfg: CfgNode, world_size: int) -> None:
     """Refuse, before anything is built, solver and dataset values a training run cannot start
     with (detectron2 would stop later with a bare assertion): no training dataset, no iteration,
@@ -174,7 +168,7 @@ def check_training_values(cfg: CfgNode, world_size: int) -> None:
                               "\"('shapes_train',)\" (or evaluate weights with --eval-only).")
     if cfg.SOLVER.MAX_ITER < 1:
         raise GwdetValueError(f"SOLVER.MAX_ITER is {cfg.SOLVER.MAX_ITER}: a run trains for at least 1 iteration.")
-    frozen = [key for key in FROZEN_NORM_KEYS if _config_get(cfg, key) == "FrozenBN"]
+    frozen = [key for key in FROZEN_NORM_KEYS if config_value(cfg, key) == "FrozenBN"]
     if cfg.MODEL.RESNETS.GW_POSITIONS and cfg.MODEL.RESNETS.GW_NORM == "FrozenBN":
         frozen.append("MODEL.RESNETS.GW_NORM")
     if frozen and not cfg.MODEL.WEIGHTS:
@@ -257,9 +251,6 @@ class YacsRun(RunConfig):
 
     def run_datasets(self) -> list[str]:
         return config_dataset_names(self.cfg)
-
-    def test_batches(self) -> Iterator[list]:
-        return iter(self.test_loader())
 
     def describe_test_set(self) -> str:
         return f"{self.cfg.DATASETS.TEST[0]} (DATASETS.TEST[0])"

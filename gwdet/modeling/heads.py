@@ -37,6 +37,7 @@ from detectron2.modeling.roi_heads.roi_heads import Res5ROIHeads
 from torch import nn
 
 from gwdet.errors import GwdetValueError
+from gwdet.config import config_value
 from gwdet.config_checks import ensure_checked
 from gwdet.modeling.backbone import PLACEHOLDER_NORM, convs_with_norm
 from gwdet.norms import Norm, norm_from_config, norm_record
@@ -65,9 +66,7 @@ def warn_unused_norm(cfg: CfgNode, section: str) -> None:
     """A warning when the head of config section ``section`` (e.g. ``MODEL.ROI_BOX_HEAD``) has a
     NORM but no convolution to put it after (``NUM_CONV 0``): detectron2's heads normalize only
     their convolutions, so the model has no such norm."""
-    head = cfg
-    for part in section.split("."):
-        head = head[part]
+    head = config_value(cfg, section)
     if head.NORM and head.NUM_CONV == 0:
         logging.getLogger(__name__).warning(
             f"{section}.NORM is {head.NORM!r}, but {section}.NUM_CONV is 0: the head has no convolution to "
