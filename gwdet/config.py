@@ -9,11 +9,11 @@ surfaces cannot disagree.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from detectron2.config import CfgNode as CN
 
-from gwdet.errors import GwdetKeyError, GwdetValueError
+from gwdet.errors import GwdetKeyError, GwdetTypeError, GwdetValueError
 from gwdet.layers.common import check_flag, check_int_at_least, check_positive, check_unit_interval
 
 OWNER = "config"
@@ -139,6 +139,13 @@ def require_gwdet_config(cfg: CN, who: str) -> None:
     A config without them cannot say which hyper-parameters its norms should have; building with
     gwdet's defaults instead could silently differ from what the user meant.
     """
+    if not isinstance(cfg, Mapping):
+        raise GwdetTypeError(f"{who} needs a detectron2 CfgNode (detectron2.config.get_cfg() with "
+                             f"gwdet.add_gwdet_config), got {type(cfg).__name__}")
+    if type(cfg).__name__ == "DictConfig":  # omegaconf's, without importing it
+        raise GwdetTypeError(
+            f"{who} needs a yacs CfgNode, but got a LazyConfig (omegaconf DictConfig): build its model with "
+            "detectron2.config.instantiate(cfg.model); its norms are the gwdet.norm(...) nodes in it.")
     if not has_gwdet_config(cfg):
         raise GwdetKeyError(
             f"{who} needs gwdet's config keys (MODEL.GW.*, ...), but the config has none: call "

@@ -399,6 +399,140 @@ def _momentum(cfg: CfgNode, momentum: Any) -> str | None:
             "1 or more makes the updates grow without bound), e.g. 0.9.")
 
 
+def _one_of(*choices: str, reads: str) -> Callable[[CfgNode, Any], str | None]:
+    """A rule for a key detectron2 reads as one of ``choices`` (``reads``: which part reads it)."""
+    def problem(cfg: CfgNode, value: Any) -> str | None:
+        if value in choices:
+            return None
+        return (f"is not one of the values {reads} knows (it would stop with a bare error when that part is "
+                f"built): use one of {', '.join(map(repr, choices))}.")
+    return problem
+
+
+def _number(low: float, high: float | None = None, *, low_open: bool = False,
+            means: str) -> Callable[[CfgNode, Any], str | None]:
+    """A rule for a finite number from ``low`` (excluded with ``low_open``) to ``high`` (``None``:
+    no bound); ``means`` says what the key is."""
+    def problem(cfg: CfgNode, value: Any) -> str | None:
+        if is_finite_number(value) and (value > low if low_open else value >= low) and (high is None or value <= high):
+            return None
+        bound = f"{'above' if low_open else 'at least'} {low:g}" + (f" and at most {high:g}" if high is not None else "")
+        return f"is no {means}: give a finite number {bound}."
+    return problem
+
+
+def _whole(least: int, most: int | None = None, *, means: str) -> Callable[[CfgNode, Any], str | None]:
+    """A rule for an integer from ``least`` to ``most`` (``None``: no bound); ``means`` says what
+    the key counts."""
+    def problem(cfg: CfgNode, value: Any) -> str | None:
+        if is_whole_number(value) and value >= least and (most is None or value <= most):
+            return None
+        return f"is no {means}: give an integer of at least {least}" + (f" and at most {most}." if most else ".")
+    return problem
+
+
+def _registered(registry_name: str, *also: str, part: str | None = None) -> Callable[[CfgNode, Any], str | None]:
+    """A rule for a component name that detectron2 looks up in its registry ``registry_name``
+    (detectron2.modeling), where gwdet's components and those a project registered before the
+    build are too; ``also``: names detectron2 takes without the registry; ``part``: the model part
+    the component is, checked only where the model has it (:func:`builds_part`)."""
+    def problem(cfg: CfgNode, value: Any) -> str | None:
+        import detectron2.modeling as modeling
+
+        if not value or not builds_part(cfg, part):  # "": detectron2's default where the part is not chosen
+            return None
+
+        registry = getattr(modeling, registry_name)
+        known = sorted([*(name for name, _ in registry), *also])
+        if value in known:
+            return None
+        return (f"is not registered in detectron2's {registry_name} (the build would stop with a KeyError): fix "
+                f"the name, or register your component before building. Registered: {', '.join(known)}.")
+    return problem
+
+
+def _image_format(cfg: CfgNode, image_format: Any) -> str | None:
+    from PIL import Image
+
+    known = ("BGR", "YUV-BT.601", *Image.MODES)  # detectron2's read_image: its own two and PIL's modes
+    return _one_of(*known, reads="detectron2's read_image")(cfg, image_format)
+
+
+def _min_sizes(cfg: CfgNode, sizes: Any) -> str | None:
+    sampling = _value(cfg, "INPUT.MIN_SIZE_TRAIN_SAMPLING")
+    if (isinstance(sizes, (list, tuple)) and sizes and all(is_whole_number(size) and size >= 1 for size in sizes)
+            and (sampling != "range" or len(sizes) == 2)):
+        return None
+    return ("is no list of training image sizes: give the shorter image sides to choose from as integers >= 1, "
+            "e.g. (640, 672, 704) (with INPUT.MIN_SIZE_TRAIN_SAMPLING 'range': exactly two, the range's ends).")
+
+
+def _clip_value(cfg: CfgNode, value: Any) -> str | None:
+    if not _value(cfg, "SOLVER.CLIP_GRADIENTS.ENABLED") or (is_finite_number(value) and value > 0):
+        return None
+    return ("is no gradient clipping bound: with SOLVER.CLIP_GRADIENTS.ENABLED it must be a finite number > 0 "
+            "(a negative bound would set every gradient to it), e.g. 1.0.")
+
+
+def _weight_decay_bias(cfg: CfgNode, value: Any) -> str | None:
+    return None if value is None else _number(0, means="weight decay of the biases")(cfg, value)
+
+
+def _reference_world_size(cfg: CfgNode, size: Any) -> str | None:
+    batch = _value(cfg, "SOLVER.IMS_PER_BATCH")
+    if is_whole_number(size) and (size == 0 or (size >= 1 and is_whole_number(batch) and batch % size == 0)):
+        return None
+    return (f"is no number of processes SOLVER.IMS_PER_BATCH={batch!r} was chosen for: detectron2 rescales the "
+            "batch, learning rate and schedule from it to the processes of the run, and needs a positive "
+            "divisor of SOLVER.IMS_PER_BATCH. Use 0 (no rescaling) or such a divisor.")
+
+
+def _thresholds(prefix: str) -> Callable[[CfgNode, Any], str | None]:
+    """A rule for ``{prefix}.IOU_THRESHOLDS`` with ``{prefix}.IOU_LABELS`` (detectron2's Matcher)."""
+    def problem(cfg: CfgNode, thresholds: Any) -> str | None:
+        labels = _value(cfg, f"{prefix}.IOU_LABELS")
+        if (isinstance(thresholds, (list, tuple)) and thresholds
+                and all(is_finite_number(t) and 0 <= t <= 1 for t in thresholds)
+                and list(thresholds) == sorted(thresholds) and isinstance(labels, (list, tuple))
+                and len(labels) == len(thresholds) + 1):
+            return None
+        return (f"with {prefix}.IOU_LABELS={labels!r} is no matching rule: give IoU thresholds in [0, 1] in "
+                f"increasing order and one more label than thresholds (each of -1, 0, 1), e.g. IOU_THRESHOLDS "
+                "[0.5] with IOU_LABELS [0, 1].")
+    return problem
+
+
+def _feature_names(cfg: CfgNode, names: Any) -> str | None:
+    stages = ("stem", "res2", "res3", "res4", "res5")
+    if isinstance(names, (list, tuple)) and names and all(name in stages for name in names):
+        return None
+    return f"names no ResNet outputs: give some of {', '.join(stages)}, e.g. ['res2', 'res3', 'res4', 'res5']."
+
+
+def _fpn_inputs(cfg: CfgNode, names: Any) -> str | None:
+    outputs = _value(cfg, "MODEL.RESNETS.OUT_FEATURES")
+    backbone = _value(cfg, "MODEL.BACKBONE.NAME")
+    if "fpn" not in str(backbone) or not names or (  # []: detectron2's default, for a config that builds no FPN
+            isinstance(names, (list, tuple)) and isinstance(outputs, (list, tuple))
+            and all(name in outputs for name in names)):
+        return None
+    return (f"names features the ResNet does not output (MODEL.RESNETS.OUT_FEATURES={outputs!r}), which the FPN of "
+            f"MODEL.BACKBONE.NAME={backbone!r} reads: give a subset of MODEL.RESNETS.OUT_FEATURES.")
+
+
+def _anchor_lists(cfg: CfgNode, lists: Any) -> str | None:
+    reader = "RETINANET" if "RetinaNet" in str(_value(cfg, "MODEL.META_ARCHITECTURE")) else "RPN"
+    levels = _value(cfg, f"MODEL.{reader}.IN_FEATURES")
+    count = len(levels) if isinstance(levels, (list, tuple)) else None
+    if (isinstance(lists, (list, tuple)) and lists and len(lists) in (1, count)
+            and all(isinstance(item, (list, tuple)) and item and all(is_finite_number(v) and v > 0 for v in item)
+                    for item in lists)):
+        return None
+    return (f"is no list of anchor settings per feature level: give one non-empty list of positive numbers per "
+            f"level the proposal generator reads ({count} here), or one list for all of them, e.g. [[32], [64], "
+            "[128], [256], [512]] for SIZES and [[0.5, 1.0, 2.0]] for ASPECT_RATIOS.")
+
+
 @dataclass(frozen=True)
 class ValueRule:
     """A key of detectron2's config and its rule: ``problem(cfg, value)`` is None for a value
@@ -418,6 +552,52 @@ DETECTRON2_VALUE_RULES = (
     ValueRule("DATALOADER.NUM_WORKERS", _num_workers),
     ValueRule("MODEL.RESNETS.DEPTH", _resnet_depth),
     ValueRule("INPUT.MASK_FORMAT", _mask_format),
+    ValueRule("SOLVER.LR_SCHEDULER_NAME", _one_of("WarmupMultiStepLR", "WarmupCosineLR", "WarmupStepWithFixedGammaLR",
+                                                  reads="detectron2's build_lr_scheduler")),
+    ValueRule("SOLVER.WARMUP_METHOD", _one_of("linear", "constant", reads="detectron2's warm-up")),
+    ValueRule("SOLVER.WARMUP_FACTOR", _number(0, 1, means="warm-up factor (the rate starts at BASE_LR times it)")),
+    ValueRule("SOLVER.WEIGHT_DECAY", _number(0, means="weight decay")),
+    ValueRule("SOLVER.WEIGHT_DECAY_NORM", _number(0, means="weight decay of the norm layers")),
+    ValueRule("SOLVER.WEIGHT_DECAY_BIAS", _weight_decay_bias),
+    ValueRule("SOLVER.BIAS_LR_FACTOR", _number(0, means="learning-rate factor of the biases")),
+    ValueRule("SOLVER.CLIP_GRADIENTS.CLIP_TYPE", _one_of("value", "norm", reads="detectron2's gradient clipping")),
+    ValueRule("SOLVER.CLIP_GRADIENTS.CLIP_VALUE", _clip_value),
+    ValueRule("SOLVER.REFERENCE_WORLD_SIZE", _reference_world_size),
+    ValueRule("INPUT.FORMAT", _image_format),
+    ValueRule("INPUT.MIN_SIZE_TRAIN_SAMPLING", _one_of("choice", "range", reads="detectron2's ResizeShortestEdge")),
+    ValueRule("INPUT.MIN_SIZE_TRAIN", _min_sizes),
+    ValueRule("INPUT.MAX_SIZE_TRAIN", _whole(1, means="longest image side")),
+    ValueRule("INPUT.MIN_SIZE_TEST", _whole(0, means="test image size (0: no resizing)")),
+    ValueRule("INPUT.MAX_SIZE_TEST", _whole(1, means="longest image side")),
+    ValueRule("INPUT.RANDOM_FLIP", _one_of("none", "horizontal", "vertical", reads="detectron2's augmentations")),
+    ValueRule("INPUT.CROP.TYPE", _one_of("relative_range", "relative", "absolute", "absolute_range",
+                                         reads="detectron2's RandomCrop")),
+    ValueRule("DATALOADER.SAMPLER_TRAIN", _one_of("TrainingSampler", "RepeatFactorTrainingSampler",
+                                                  "RandomSubsetTrainingSampler", reads="detectron2's train loader")),
+    ValueRule("DATALOADER.REPEAT_THRESHOLD", _number(0, means="repeat-factor threshold")),
+    ValueRule("MODEL.META_ARCHITECTURE", _registered("META_ARCH_REGISTRY")),
+    # DeepLab's backbone is registered when its detectron2 project is imported (gwdet names it)
+    ValueRule("MODEL.BACKBONE.NAME", _registered("BACKBONE_REGISTRY", "build_resnet_deeplab_backbone")),
+    ValueRule("MODEL.BACKBONE.FREEZE_AT", _whole(0, 5, means="number of frozen backbone stages")),
+    ValueRule("MODEL.PROPOSAL_GENERATOR.NAME", _registered("PROPOSAL_GENERATOR_REGISTRY", "PrecomputedProposals")),
+    ValueRule("MODEL.ROI_HEADS.NAME", _registered("ROI_HEADS_REGISTRY", part=ROI_HEADS)),
+    ValueRule("MODEL.ROI_BOX_HEAD.NAME", _registered("ROI_BOX_HEAD_REGISTRY", part=BOX_HEAD)),
+    ValueRule("MODEL.ROI_MASK_HEAD.NAME", _registered("ROI_MASK_HEAD_REGISTRY", part=MASK_HEAD)),
+    ValueRule("MODEL.RESNETS.OUT_FEATURES", _feature_names),
+    ValueRule("MODEL.FPN.IN_FEATURES", _fpn_inputs),
+    ValueRule("MODEL.FPN.FUSE_TYPE", _one_of("sum", "avg", reads="detectron2's FPN")),
+    ValueRule("MODEL.ANCHOR_GENERATOR.SIZES", _anchor_lists),
+    ValueRule("MODEL.ANCHOR_GENERATOR.ASPECT_RATIOS", _anchor_lists),
+    ValueRule("MODEL.ROI_HEADS.IOU_THRESHOLDS", _thresholds("MODEL.ROI_HEADS")),
+    ValueRule("MODEL.RPN.IOU_THRESHOLDS", _thresholds("MODEL.RPN")),
+    ValueRule("MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE", _whole(1, means="number of regions sampled per image")),
+    ValueRule("MODEL.RPN.BATCH_SIZE_PER_IMAGE", _whole(1, means="number of anchors sampled per image")),
+    ValueRule("MODEL.ROI_HEADS.POSITIVE_FRACTION", _number(0, 1, means="fraction of foreground regions")),
+    ValueRule("MODEL.RPN.POSITIVE_FRACTION", _number(0, 1, means="fraction of foreground anchors")),
+    ValueRule("MODEL.ROI_HEADS.SCORE_THRESH_TEST", _number(0, 1, means="score threshold (scores are in [0, 1])")),
+    ValueRule("MODEL.ROI_HEADS.NMS_THRESH_TEST", _number(0, 1, means="NMS IoU threshold (IoUs are in [0, 1])")),
+    ValueRule("MODEL.RPN.NMS_THRESH", _number(0, 1, means="NMS IoU threshold (IoUs are in [0, 1])")),
+    ValueRule("TEST.DETECTIONS_PER_IMAGE", _whole(1, means="number of detections kept per image")),
 )
 
 

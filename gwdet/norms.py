@@ -182,6 +182,12 @@ def _check_build(owner: str, build: Any) -> None:
 
 
 def _refuse_taken(name: str) -> None:
+    alike = [other for other, known in _RECORDS.items() if known.builtin and other != name
+             and other.casefold() == name.casefold()]
+    if alike:
+        raise GwdetValueError(f"register_norm: {name!r} differs from the built-in norm name {alike[0]!r} only in "
+                              f"case, so a config saying {name!r} would build your layer where {alike[0]!r} may "
+                              "have been meant; choose a name that differs in more than case")
     record = _RECORDS.get(name)
     if record is not None and record.builtin:
         raise GwdetValueError(f"register_norm: {name!r} is a built-in norm name; choose another name")

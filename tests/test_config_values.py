@@ -62,7 +62,9 @@ def test_the_depth_of_a_backbone_that_is_no_resnet_is_not_checked():
     cfg = add_gwdet_config(get_cfg())
     cfg.MODEL.BACKBONE.NAME = "build_my_backbone"
     cfg.MODEL.RESNETS.DEPTH = 200
-    check_detectron2_values(cfg)
+    # the depth rule comes first and says nothing; the unregistered name is what is refused
+    with pytest.raises(GwdetValueError, match=r"^config: MODEL.BACKBONE.NAME='build_my_backbone' is not registered"):
+        check_detectron2_values(cfg)
 
 
 # ---- detectron2's keys: refused with the key, the value and the fix -----------------------------
@@ -265,3 +267,66 @@ def test_schedule_values_detectron2_would_misuse_are_refused(key, value, start):
 def test_schedule_values_detectron2_uses_pass():
     build_config(str(DEMO_CONFIG), ["SOLVER.WARMUP_ITERS", "0", "SOLVER.STEPS", "()", "SOLVER.MOMENTUM", "0.0"])
     build_config(str(DEMO_CONFIG), ["SOLVER.STEPS", "(60000, 80000)", "SOLVER.MAX_ITER", "90000", "SOLVER.GAMMA", "0.1"])
+
+
+# ---- detectron2's names, numbers, features and anchors (rows 68c-68f) ----------------------------
+
+@pytest.mark.parametrize("opts, start", [
+    (["SOLVER.LR_SCHEDULER_NAME", "WarmupFoo"], "SOLVER.LR_SCHEDULER_NAME='WarmupFoo' is not one of the values"),
+    (["SOLVER.WARMUP_METHOD", "cosine"], "SOLVER.WARMUP_METHOD='cosine' is not one of the values"),
+    (["SOLVER.CLIP_GRADIENTS.CLIP_TYPE", "foo"], "SOLVER.CLIP_GRADIENTS.CLIP_TYPE='foo' is not one of the values"),
+    (["INPUT.FORMAT", "XYZ"], "INPUT.FORMAT='XYZ' is not one of the values detectron2's read_image knows"),
+    (["INPUT.RANDOM_FLIP", "diagonal"], "INPUT.RANDOM_FLIP='diagonal' is not one of the values"),
+    (["INPUT.CROP.TYPE", "foo"], "INPUT.CROP.TYPE='foo' is not one of the values"),
+    (["DATALOADER.SAMPLER_TRAIN", "FooSampler"], "DATALOADER.SAMPLER_TRAIN='FooSampler' is not one of the values"),
+    (["MODEL.FPN.FUSE_TYPE", "max"], "MODEL.FPN.FUSE_TYPE='max' is not one of the values"),
+    (["MODEL.META_ARCHITECTURE", "Foo"], "MODEL.META_ARCHITECTURE='Foo' is not registered in detectron2's "
+                                         "META_ARCH_REGISTRY"),
+    (["MODEL.BACKBONE.NAME", "build_foo_backbone"], "MODEL.BACKBONE.NAME='build_foo_backbone' is not registered"),
+    (["MODEL.ROI_HEADS.NAME", "FooHeads"], "MODEL.ROI_HEADS.NAME='FooHeads' is not registered"),
+    (["MODEL.ROI_MASK_HEAD.NAME", "FooHead"], "MODEL.ROI_MASK_HEAD.NAME='FooHead' is not registered"),
+    (["SOLVER.WEIGHT_DECAY", "-1.0"], "SOLVER.WEIGHT_DECAY=-1.0 is no weight decay: give a finite number at least 0."),
+    (["SOLVER.WEIGHT_DECAY_NORM", "-0.5"], "SOLVER.WEIGHT_DECAY_NORM=-0.5 is no weight decay of the norm layers"),
+    (["SOLVER.BIAS_LR_FACTOR", "-1.0"], "SOLVER.BIAS_LR_FACTOR=-1.0 is no learning-rate factor of the biases"),
+    (["SOLVER.WARMUP_FACTOR", "-2.0"], "SOLVER.WARMUP_FACTOR=-2.0 is no warm-up factor"),
+    (["SOLVER.CLIP_GRADIENTS.ENABLED", "True", "SOLVER.CLIP_GRADIENTS.CLIP_VALUE", "-1.0"],
+     "SOLVER.CLIP_GRADIENTS.CLIP_VALUE=-1.0 is no gradient clipping bound"),
+    (["SOLVER.REFERENCE_WORLD_SIZE", "3"], "SOLVER.REFERENCE_WORLD_SIZE=3 is no number of processes"),
+    (["DATALOADER.REPEAT_THRESHOLD", "-1.0"], "DATALOADER.REPEAT_THRESHOLD=-1.0 is no repeat-factor threshold"),
+    (["MODEL.BACKBONE.FREEZE_AT", "9"], "MODEL.BACKBONE.FREEZE_AT=9 is no number of frozen backbone stages: give an "
+                                        "integer of at least 0 and at most 5."),
+    (["MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE", "0"], "MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE=0 is no number of regions"),
+    (["MODEL.ROI_HEADS.POSITIVE_FRACTION", "2.0"], "MODEL.ROI_HEADS.POSITIVE_FRACTION=2.0 is no fraction"),
+    (["MODEL.ROI_HEADS.SCORE_THRESH_TEST", "1.5"], "MODEL.ROI_HEADS.SCORE_THRESH_TEST=1.5 is no score threshold"),
+    (["MODEL.ROI_HEADS.NMS_THRESH_TEST", "2.0"], "MODEL.ROI_HEADS.NMS_THRESH_TEST=2.0 is no NMS IoU threshold"),
+    (["TEST.DETECTIONS_PER_IMAGE", "0"], "TEST.DETECTIONS_PER_IMAGE=0 is no number of detections kept per image"),
+    (["INPUT.MIN_SIZE_TRAIN", "(-128,)"], "INPUT.MIN_SIZE_TRAIN=(-128,) is no list of training image sizes"),
+    (["INPUT.MIN_SIZE_TRAIN_SAMPLING", "range", "INPUT.MIN_SIZE_TRAIN", "(96, 112, 128)"],
+     "INPUT.MIN_SIZE_TRAIN=(96, 112, 128) is no list of training image sizes"),
+    (["INPUT.MIN_SIZE_TEST", "-5"], "INPUT.MIN_SIZE_TEST=-5 is no test image size"),
+    (["INPUT.MAX_SIZE_TRAIN", "0"], "INPUT.MAX_SIZE_TRAIN=0 is no longest image side"),
+    (["MODEL.RESNETS.OUT_FEATURES", "['res9']"], "MODEL.RESNETS.OUT_FEATURES=['res9'] names no ResNet outputs"),
+    (["MODEL.FPN.IN_FEATURES", "['res1', 'res2']"], "MODEL.FPN.IN_FEATURES=['res1', 'res2'] names features the "
+                                                     "ResNet does not output"),
+    (["MODEL.ANCHOR_GENERATOR.SIZES", "[[8], [16]]"], "MODEL.ANCHOR_GENERATOR.SIZES=[[8], [16]] is no list of anchor "
+                                                      "settings per feature level: give one non-empty list of "
+                                                      "positive numbers per level the proposal generator reads (5 here)"),
+    (["MODEL.ANCHOR_GENERATOR.ASPECT_RATIOS", "[[]]"], "MODEL.ANCHOR_GENERATOR.ASPECT_RATIOS=[[]] is no list"),
+    (["MODEL.ROI_HEADS.IOU_THRESHOLDS", "[0.5, 0.4]"], "MODEL.ROI_HEADS.IOU_THRESHOLDS=[0.5, 0.4] with "
+                                                       "MODEL.ROI_HEADS.IOU_LABELS=[0, 1] is no matching rule"),
+    (["MODEL.RPN.IOU_THRESHOLDS", "[0.3]"], "MODEL.RPN.IOU_THRESHOLDS=[0.3] with MODEL.RPN.IOU_LABELS=[0, -1, 1] is "
+                                            "no matching rule"),
+])
+def test_detectron2_values_it_would_refuse_late_or_train_wrong_with_are_refused(opts, start):
+    message = refusal(*opts)
+    assert message.startswith("config: " + start), message
+
+
+@pytest.mark.parametrize("opts", [
+    ["INPUT.FORMAT", "BGR"], ["INPUT.FORMAT", "L", "MODEL.PIXEL_MEAN", "[1.0]", "MODEL.PIXEL_STD", "[2.0]"],
+    ["SOLVER.LR_SCHEDULER_NAME", "WarmupCosineLR"], ["MODEL.ANCHOR_GENERATOR.SIZES", "[[32]]"],
+    ["MODEL.MASK_ON", "False", "MODEL.ROI_MASK_HEAD.NAME", "NotUsed"], ["SOLVER.REFERENCE_WORLD_SIZE", "2"],
+    ["MODEL.PROPOSAL_GENERATOR.NAME", "PrecomputedProposals"], ["MODEL.BACKBONE.FREEZE_AT", "5"],
+])
+def test_values_detectron2_can_use_pass(opts):
+    build_config(str(DEMO_CONFIG), opts)

@@ -12,7 +12,10 @@ records, when it writes a checkpoint or a converted weight file (:func:`with_che
   ``trainer/_trainer/optimizer/state/3/momentum_buffer``; a list or a tensor is one value.
 
 :func:`verify_checksums` compares them when the file is read again, naming the file and the damaged
-values. gwdet's checkpoints also carry the SHA-256 of the whole file beside it (``model_final.pth.sha256``,
+values, and how to save a file changed on purpose without the checksums
+(:func:`without_checksums_recipe`); whole entries of the training state removed from a file (a
+checkpoint stripped to publish its weights) can be accepted where only the weights are loaded.
+gwdet's checkpoints also carry the SHA-256 of the whole file beside it (``model_final.pth.sha256``,
 :mod:`gwdet.checkpoint.resilient`), which covers bytes no value holds. Files without checksums
 (detectron2's own, older ones) load as before.
 """
@@ -20,7 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import zlib
-from typing import IO, Any, Iterator, Mapping
+import os
+from typing import IO, Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -36,13 +40,19 @@ SHOWN = 4  # damaged names quoted in one message
 class DamagedTensorsError(DamagedFileError):
     """A weight file or checkpoint whose values differ from those recorded when it was written (the
     :class:`gwdet.utils.atomic.DamagedFileError` of weight files; ``damaged``: the weights' names,
-    ``state``: the other values' names)."""
+    ``state``: the other values' names; ``dtypes``: the dtypes the damaged weights have now, named
+    when they all share one other than float32, as a conversion such as ``.half()`` leaves them).
+    The message also says how to keep a file that was changed on purpose (:func:`without_checksums_recipe`)."""
 
-    def __init__(self, path: str, damaged: list[str], state: list[str] | None = None) -> None:
+    def __init__(self, path: str, damaged: list[str], state: list[str] | None = None,
+                 dtypes: Sequence[str] = ()) -> None:
         state = state or []
         parts = []
         if damaged:
             shown = ", ".join(damaged[:SHOWN]) + (", ..." if len(damaged) > SHOWN else "")
+            converted = {str(dtype).replace("torch.", "") for dtype in dtypes}
+            if len(converted) == 1 and converted != {"float32"}:
+                shown += f"; every one of them is {converted.pop()} now"
             parts.append(f"{len(damaged)} tensor(s) differ from what was written ({shown})")
         if state:
             shown = ", ".join(state[:SHOWN]) + (", ..." if len(state) > SHOWN else "")
@@ -51,9 +61,25 @@ class DamagedTensorsError(DamagedFileError):
         super().__init__(
             f"{path} is damaged: {'; '.join(parts)}; nothing was loaded from it. Restore the file from a copy or "
             "write it again (train, or convert the weights again); with --resume, the previous checkpoint in the "
-            "folder is used instead.", path)
+            "folder is used instead. If the file was changed on purpose (its training state removed to publish the "
+            "weights, the weights converted to another dtype), the checksums gwdet recorded in it no longer apply: "
+            f"save it without them (its keys {CHECKSUMS_KEY} and {STATE_CHECKSUMS_KEY}), e.g. "
+            f"{without_checksums_recipe(path)}", path)
         self.damaged = damaged
         self.state = state
+
+
+def without_checksums_recipe(path: str) -> str:
+    """The Python line that writes the weight file ``path`` again without gwdet's checksums
+    (:data:`CHECKSUMS_KEY`, :data:`STATE_CHECKSUMS_KEY`), everything else kept: ``torch.load`` /
+    ``torch.save`` for a checkpoint, ``pickle`` for converted ``.pkl`` weights."""
+    stem, suffix = os.path.splitext(path)
+    target = f"{stem}_unchecked{suffix or '.pth'}"
+    drop = f'{{k: v for k, v in d.items() if k not in ("{CHECKSUMS_KEY}", "{STATE_CHECKSUMS_KEY}")}}'
+    if suffix == ".pkl":
+        return (f'import pickle; d = pickle.load(open("{path}", "rb")); '
+                f'pickle.dump({drop}, open("{target}", "wb"))')
+    return f'import torch; d = torch.load("{path}", weights_only=True); torch.save({drop}, "{target}")'
 
 
 def tensor_checksum(value: Any) -> int | None:
@@ -144,15 +170,30 @@ def with_checksums(data: dict, weights_key: str = "model") -> dict:
             STATE_CHECKSUMS_KEY: state_checksums(data, weights_key)}
 
 
-def verify_checksums(path: str, data: Mapping, weights_key: str = "model") -> None:
+def removed_entries(data: Mapping, names: Sequence[str]) -> list[str]:
+    """The entries of ``data`` (a checkpoint's top-level keys: ``optimizer``, ``trainer``,
+    ``random_state``, ...) removed altogether, when every one of the recorded values ``names``
+    (:func:`state_checksums`' names of the values that differ or are gone) lies in such an entry;
+    ``[]`` when any of them lies in an entry that is still there (a changed value: damage)."""
+    present = [str(key) for key in data]
+    if any(name == key or name.startswith(key + _SEPARATOR) for name in names for key in present):
+        return []
+    return sorted({name.split(_SEPARATOR)[0] for name in names})
+
+
+def verify_checksums(path: str, data: Mapping, weights_key: str = "model",
+                     accept_removed_state: bool = False) -> list[str]:
     """Raise :class:`DamagedTensorsError` when a tensor of ``data[weights_key]`` no longer has the
     checksum recorded in ``data``, or another recorded value differs or is gone; nothing to check
     where nothing was recorded. Weights a user removed from the file are not damage (the loader
-    reports them as missing); a value of the training state that is gone is."""
+    reports them as missing); a value of the training state that is gone is, unless
+    ``accept_removed_state`` (only the weights are loaded) and every such value went with a whole
+    entry of the file (:func:`removed_entries`) while every weight is intact: the names of those
+    entries are returned then (``[]`` for an intact file), for the caller to say so."""
     recorded = data.get(CHECKSUMS_KEY)
     damaged: list[str] = []
+    weights = data.get(weights_key, {})
     if isinstance(recorded, Mapping):
-        weights = data.get(weights_key, {})
         damaged = [name for name, expected in recorded.items()  # a missing weight is the loader's to report
                    if name in weights and tensor_checksum(weights[name]) != expected]
     state = data.get(STATE_CHECKSUMS_KEY)
@@ -162,8 +203,13 @@ def verify_checksums(path: str, data: Mapping, weights_key: str = "model") -> No
             found, value = _state_value(data, name)
             if not found or value_checksum(value) != expected:
                 changed.append(name)
-    if damaged or changed:
-        raise DamagedTensorsError(path, damaged, changed)
+    if not damaged and not changed:
+        return []
+    removed = removed_entries(data, changed) if accept_removed_state and not damaged else []
+    if not removed:
+        dtypes = [str(getattr(weights[name], "dtype", "")) for name in damaged]
+        raise DamagedTensorsError(path, damaged, changed, dtypes)
+    return removed
 
 
 class HashingWriter:

@@ -16,7 +16,14 @@
   more is refused with an explanation, unless the user opts in with ``GWDET_ALLOW_UNSAFE_PICKLE=1``;
 * initial weights given as a URL (``https://...``, ``detectron2://...``) that cannot be downloaded
   (no internet access, an unknown host, an HTTP error) are refused with the URL, the reason and
-  the fix (:class:`WeightsDownloadError`), instead of urllib's traceback;
+  the fix (:class:`WeightsDownloadError`), instead of urllib's traceback; a path starting with ``~``
+  and a ``file://`` URL are read as the local file they name (:func:`local_weights_path`);
+* initial weights whose training state was removed after gwdet wrote them (a checkpoint stripped
+  to publish its weights) load with a warning naming what was removed, as long as the weights
+  match their checksums (:func:`gwdet.checkpoint.integrity.verify_checksums`); ``--resume`` needs
+  that state and refuses such a file;
+* ``--resume`` where ``last_checkpoint`` is left but no checkpoint is (:func:`lost_checkpoint_error`)
+  is refused: detectron2 would count the run as resumed and start at iteration 1;
 * converted ImageNet weights that misfit the model (architecture, GW positions), and checkpoints
   trained with other norm layers or other norm hyper-parameters, are refused before any weight is copied
   (:mod:`gwdet.checkpoint.compatibility`; opt in with ``GWDET_ALLOW_NORM_MISMATCH=1``);
@@ -32,6 +39,7 @@ import random
 import re
 from typing import IO, Any, cast
 from urllib.parse import urlsplit
+from urllib.request import url2pathname
 
 import numpy as np
 import torch
@@ -114,6 +122,47 @@ class WeightsDownloadError(GwdetError, OSError):
     """Initial weights named by a URL that cannot be downloaded here."""
 
 
+LAST_CHECKPOINT = "last_checkpoint"  # detectron2's Checkpointer names the latest checkpoint in it
+FILE_URL = "file://"
+
+
+def local_weights_path(path: str, setting: str = "MODEL.WEIGHTS") -> str:
+    """Initial weights ``path`` (the value of ``setting``) as the file it names on this machine: a
+    leading ``~`` expanded to the home folder, as a quoted ``~`` of ``OUTPUT_DIR`` is
+    (:func:`gwdet.model_zoo.build_config`); a ``file://`` URL (of this host) turned into its path,
+    which detectron2's ``PathManager`` has no handler for. Anything else is returned as it is."""
+    if path.startswith("~"):
+        return os.path.expanduser(path)
+    if not path.startswith(FILE_URL):
+        return path
+    address = urlsplit(path)
+    if address.netloc not in ("", "localhost"):
+        raise GwdetValueError(
+            f"{setting} {path} names a file on the host {address.netloc!r}, which cannot be read from here. Copy "
+            f"the file to this machine and set {setting} to its path.")
+    return url2pathname(address.path)
+
+
+def lost_checkpoint_error(save_dir: str, weights_setting: str = "MODEL.WEIGHTS") -> GwdetFileNotFoundError:
+    """The refusal of ``--resume`` in ``save_dir`` where ``last_checkpoint`` is left but the checkpoint
+    it names is not there, nor any other: detectron2 counts a folder with ``last_checkpoint`` as one
+    to resume (``has_checkpoint``) and would start at iteration 1, from ``weights_setting``."""
+    tag = os.path.join(save_dir, LAST_CHECKPOINT)
+    try:
+        with open(tag, "rb") as f:
+            name = f.read(4096).decode("utf-8").strip()
+        named = f"names {name!r}, which is not a checkpoint file in {save_dir!r}," if name else "is empty,"
+        restore = f"Restore {os.path.basename(name)} into {save_dir}" if name else "Restore the run's checkpoint"
+    except UnicodeDecodeError:
+        named, restore = "is not text (damaged),", "Restore the run's checkpoint"
+    return GwdetFileNotFoundError(
+        f"--resume: {tag} {named} and no other checkpoint is there, so there is nothing to resume: detectron2 "
+        f"would still count the run as resumed and start training at iteration 1, from {weights_setting}; nothing "
+        f"was changed. {restore} (from a copy) to continue the run; or delete {tag} to train afresh from "
+        "iteration 0 with --resume; or train afresh with --overwrite instead of --resume (which deletes the earlier "
+        "run's files).")
+
+
 class ResilientCheckpointer(DetectionCheckpointer):
     """``DetectionCheckpointer`` with atomic saves, fallback on unreadable files, safe loading,
     and a refusal to load weights trained with other norm layers.
@@ -128,6 +177,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
         super().__init__(*args, **kwargs)
         self.require_every_weight = require_every_weight
         self.weights_setting = weights_setting
+        self._loading_initial_weights = False  # set by load_weights: training state removed from the file is no loss
 
     def save(self, name: str, **extra: Any) -> None:
         if not self.save_dir or not self.save_to_disk:
@@ -154,7 +204,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
         self.tag_last_checkpoint(basename)
 
     def resume_candidates(self) -> list[str]:
-        """The checkpoint ``last_checkpoint`` names, then the other ``model_*.pth`` newest first."""
+        """The checkpoint ``last_checkpoint`` names (when it is a file of the folder), then the other
+        ``model_*.pth`` newest first."""
         others = [n for n in os.listdir(self.save_dir) if CHECKPOINT_NAME.match(n)] if os.path.isdir(self.save_dir) else []
         others.sort(key=lambda n: (n != "model_final.pth", -int(n[6:-4]) if n[6:-4].isdigit() else 0))
         try:
@@ -163,7 +214,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
             self.logger.warning(f"last_checkpoint in {self.save_dir} cannot be read ({error}); trying the "
                                 "checkpoints there newest first.")
             tagged = None
-        if tagged and tagged not in others:
+        if tagged and not os.path.isfile(os.path.join(self.save_dir, tagged)):
             self.logger.warning(f"last_checkpoint names {tagged}, which is not in {self.save_dir}; "
                                 "trying the other checkpoints there.")
             tagged = None
@@ -171,8 +222,11 @@ class ResilientCheckpointer(DetectionCheckpointer):
         return [os.path.join(self.save_dir, n) for n in ordered]
 
     def load_weights(self, path: str) -> dict:
-        """Initial weights (``MODEL.WEIGHTS``, or the setting ``weights_setting`` names): a missing
-        local file is an error naming the fix."""
+        """Initial weights (``MODEL.WEIGHTS``, or the setting ``weights_setting`` names), ``~`` and
+        ``file://`` read as local paths (:func:`local_weights_path`): a missing local file is an error
+        naming the fix. Only the weights are loaded, so a file whose training state was removed is
+        accepted with a warning (:meth:`_load_file`)."""
+        path = local_weights_path(path, self.weights_setting)
         if path and os.path.isdir(path):
             raise GwdetIsADirectoryError(
                 f"{self.weights_setting} {path!r} is a folder: give the checkpoint file in it (e.g. "
@@ -187,7 +241,11 @@ class ResilientCheckpointer(DetectionCheckpointer):
             )
         if "://" in path:
             self.download(path)
-        return self.load(path, checkpointables=[]) if path else {}
+        self._loading_initial_weights = True
+        try:
+            return self.load(path, checkpointables=[]) if path else {}
+        finally:
+            self._loading_initial_weights = False
 
     def download(self, url: str) -> str:
         """The local copy of the weights at ``url`` (downloaded once into iopath's cache, where
@@ -222,6 +280,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 f"None of the checkpoints in {self.save_dir} can be read ({', '.join(candidates)}). "
                 "Delete them to start over, or restore one from a backup."
             )
+        if self.has_checkpoint():  # detectron2's trainers would start at iteration 1, not 0
+            raise lost_checkpoint_error(self.save_dir, self.weights_setting)
         self.logger.warning(f"--resume: no checkpoint in {self.save_dir}; starting at iteration 0 "
                             f"from {self.weights_setting} ({path or 'none: random initialization'}).")
         return self.load_weights(path)
@@ -291,7 +351,14 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 return {"model": data, "__author__": "unknown", "matching_heuristics": True}
         else:
             data = super()._load_file(filename)
-        verify_checksums(filename, data)
+        removed = verify_checksums(filename, data, accept_removed_state=self._loading_initial_weights)
+        if removed:
+            were = "was" if len(removed) == 1 else "were"
+            self.logger.warning(
+                f"{filename}: {', '.join(removed)} {were} removed from the file after gwdet wrote it (as when a "
+                "checkpoint's training state is removed to publish its weights). Its weights match the checksums "
+                f"recorded with them and are loaded as {self.weights_setting}; the file cannot continue a training "
+                "with --resume.")
         data.pop(CHECKSUMS_KEY, None)
         data.pop(STATE_CHECKSUMS_KEY, None)
         return data

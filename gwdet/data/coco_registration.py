@@ -16,16 +16,21 @@ working directory. NAME can then be used in ``DATASETS.TRAIN`` and ``DATASETS.TE
 Checked when the flag is read, before any model is built (:func:`inspect_coco_file`), each failure
 one error that names the file, the image or annotation id and the fix: the JSON exists and is valid
 JSON (the line and column of its first error), holds ``images``, ``annotations`` and ``categories``
-in COCO's form, with unique ids, its annotations use its categories and have boxes and masks that
-can be trained on, and IMAGE_ROOT is a folder holding every image, each of the size the JSON states,
-decodable and of a mode detectron2 reads faithfully (:mod:`gwdet.data.coco_checks`). A NAME that is
-taken (detectron2's builtin datasets such as ``coco_2017_train``, gwdet's ``shapes_*``) is refused.
+in COCO's form, with unique ids (image ids not a mix of integers and strings) and unique category
+names, its annotations use its categories, have ``iscrowd`` 0 or 1, an ``area`` >= 0 (COCO
+evaluation reads it) and boxes and masks that can be trained on (not every box below a pixel: boxes
+normalized to 0..1), and IMAGE_ROOT is a folder holding every image, each of the size the JSON
+states, decodable, not larger than PIL opens and of a mode detectron2 reads faithfully
+(:mod:`gwdet.data.coco_checks`). Images that detectron2 turns by their EXIF orientation in a way the
+stated size cannot confirm are named in a warning. A NAME that is taken (detectron2's builtin
+datasets such as ``coco_2017_train``, gwdet's ``shapes_*``) is refused.
 
 Checked against the config (:func:`check_config_against_datasets`): the model's number of classes
 (``MODEL.ROI_HEADS.NUM_CLASSES``, or ``MODEL.RETINANET.NUM_CLASSES`` for RetinaNet) equals the
 number of categories; every dataset the config trains and tests on has the same categories (ids
-and names); with ``MODEL.MASK_ON`` every training annotation has a mask, and RLE masks come with
-``INPUT.MASK_FORMAT bitmask`` (detectron2 turns polygons into either format, RLE only into bitmasks).
+and names); every test dataset has annotations to evaluate against; with ``MODEL.MASK_ON`` every
+training and test annotation has a mask, and RLE masks come with ``INPUT.MASK_FORMAT bitmask``
+(detectron2 turns polygons into either format, RLE only into bitmasks).
 
 Other processes (the norm study's cells, SLURM jobs, ``tools/deploy/export_model.py``) get the
 registrations from the environment variable ``GWDET_REGISTER_COCO``, a JSON list of
@@ -37,6 +42,8 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import logging
+import math
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -55,6 +62,7 @@ from gwdet.data.coco_checks import (
     mask_problems,
     shown_problems,
 )
+from gwdet.data.image_files import unconfirmed_rotations
 
 FLAG = "--register-coco"
 FORMAT = "NAME=JSON:IMAGE_ROOT"
@@ -67,6 +75,8 @@ COCO_LISTS = ("images", "annotations", "categories")
 IMAGE_KEYS = ("id", "file_name", "height", "width")  # what detectron2's load_coco_json reads
 ANNOTATION_KEYS = ("id", "image_id", "category_id", "bbox")
 SHOWN = 6  # categories or differences listed in one message
+
+logger = logging.getLogger(__name__)
 
 
 class DatasetError(GwdetError, ValueError):
@@ -83,6 +93,9 @@ class CocoContents:
     instances: int  # annotations that are not crowd regions (detectron2 trains on these only)
     rle_masks: int  # ... whose mask is RLE
     without_mask: int  # ... without a mask
+    crowd: int = 0  # crowd regions (iscrowd 1): COCO evaluation ignores them, detectron2 does not train on them
+    crowd_without_mask: int = 0  # ... without a mask (COCO's mask evaluation reads every annotation's mask)
+    without_iscrowd: int = 0  # annotations without an 'iscrowd' (detectron2 reads 0; COCO evaluation needs it)
 
     @property
     def class_names(self) -> list[str]:
@@ -181,16 +194,121 @@ def _read_json(dataset: CocoDataset):
         raise DatasetError(f"{where} {path} cannot be read ({error.strerror or error}).") from None
 
 
+def _shared_category_names(names: dict[int, str]) -> list[str]:
+    """``"'a' (ids 1 and 2)"`` for each name that more than one category of ``names`` (id: name) has."""
+    ids_by_name: dict[str, list[int]] = {}
+    for category_id, name in sorted(names.items()):
+        ids_by_name.setdefault(name, []).append(category_id)
+    return [f"{name!r} (ids {' and '.join(map(str, ids))})" for name, ids in ids_by_name.items() if len(ids) > 1]
+
+
+def _string_ids_among_integers(images: Sequence[dict]) -> list[str]:
+    """``"'two' ('001.png')"`` for each image whose id is a string while other images' ids are
+    integers (empty when the ids are of one type)."""
+    strings = [image for image in images if isinstance(image["id"], str)]
+    if len(strings) in (0, len(images)):
+        return []
+    return [f"{image['id']!r} ({image['file_name']!r})" for image in strings]
+
+
+def _iscrowd_problem(annotation: dict) -> str:
+    """Why an annotation's ``iscrowd`` (0 when absent) is neither 0 nor 1 ("" when it is one of them;
+    ``true`` and ``false`` read as 1 and 0 everywhere)."""
+    value = annotation.get("iscrowd", 0)
+    if type(value) in (int, bool) and value in (0, 1):
+        return ""
+    return f"iscrowd {_short(value)} ({type(value).__name__})"
+
+
+def _area_problem(annotation: dict) -> str:
+    """Why an annotation's ``area`` is not a finite number >= 0 ("" when it is)."""
+    if "area" not in annotation:
+        return "has no 'area'"
+    area = annotation["area"]
+    if type(area) not in (int, float):
+        return f"area {_short(area)} is a {type(area).__name__}, not a number"
+    if not math.isfinite(area):
+        return f"area {area} is not finite"
+    return f"area {area} is negative" if area < 0 else ""
+
+
+def _below_a_pixel(bbox: Sequence[float]) -> bool:
+    """Whether a valid COCO ``bbox`` ``[x, y, width, height]`` is under a pixel wide and high."""
+    return bbox[2] < 1 and bbox[3] < 1
+
+
+@dataclass
+class _AnnotationTally:
+    """What :func:`inspect_coco_file` gathers of a file's annotations, one at a time (:meth:`add`):
+    the counts :class:`CocoContents` keeps and the problems, each naming its annotation."""
+
+    images: dict[Any, dict]  # image id: image entry
+    instances: int = 0
+    rle_masks: int = 0
+    without_mask: int = 0
+    crowd: int = 0
+    crowd_without_mask: int = 0
+    without_iscrowd: int = 0
+    crowd_values: list[str] = field(default_factory=list)  # iscrowd neither 0 nor 1
+    areas: list[str] = field(default_factory=list)  # area missing, not a number, not finite, negative
+    degenerate: list[str] = field(default_factory=list)  # boxes that cannot be trained on
+    below_a_pixel: list[str] = field(default_factory=list)  # valid boxes under a pixel in both sides
+
+    def named(self, annotation: dict) -> str:
+        """``annotation id 7 of image 3 (003.png)``: how messages name an annotation."""
+        image_id = annotation["image_id"]
+        return (f"annotation id {annotation['id']} of image {image_id} "
+                f"({self.images.get(image_id, {}).get('file_name', 'not in images')})")
+
+    def add(self, annotation: dict) -> None:
+        """Count ``annotation`` (an entry with :data:`ANNOTATION_KEYS`) and note its problems."""
+        for problems, problem in ((self.crowd_values, _iscrowd_problem(annotation)),
+                                  (self.areas, _area_problem(annotation))):
+            if problem:
+                problems.append(f"{self.named(annotation)}: {problem}")
+        mask = annotation.get("segmentation")
+        self.without_iscrowd += "iscrowd" not in annotation
+        if annotation.get("iscrowd", 0):
+            self.crowd += 1
+            self.crowd_without_mask += not mask
+            return
+        problem = _box_problem(annotation["bbox"], self.images.get(annotation["image_id"]))
+        if problem:
+            self.degenerate.append(f"{self.named(annotation)}: {problem}")
+        elif _below_a_pixel(annotation["bbox"]):
+            self.below_a_pixel.append(f"{self.named(annotation)}: bbox {_short(annotation['bbox'])}")
+        self.instances += 1
+        self.rle_masks += isinstance(mask, dict)
+        self.without_mask += not mask
+
+
+def _warn_of_rotations(dataset: CocoDataset, rotations: dict[str, int]) -> None:
+    """Log which images of ``dataset`` detectron2 turns by their EXIF orientation (path: orientation)
+    in a way their stated size cannot confirm, and what that means for their annotations."""
+    if not rotations:
+        return
+    shown = [f"{os.path.relpath(path, dataset.image_root)!r} (orientation {orientation})"
+             for path, orientation in rotations.items()]
+    logger.warning(
+        f"dataset {dataset.name!r}: {len(shown)} image(s) of {dataset.json_file} have an EXIF orientation other than 1 "
+        f"that their size does not reveal: {_listing(shown, 3)}. detectron2 turns (or flips) each image by its EXIF "
+        "orientation when it reads it, so their boxes and masks must be in the turned frame, as an image viewer "
+        "shows the image, not in the stored pixels. If your annotation tool ignored the orientation, remove it "
+        "from the files (or turn the annotations).")
+
+
 def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
     """Read and check ``dataset``'s JSON and image folder; what the config checks need of them.
 
     :class:`DatasetError` naming the file and the fix: the JSON is missing, unreadable, not valid
     JSON, not a COCO object with ``images``, ``annotations`` and ``categories`` lists (entries with
-    the keys detectron2 reads, category, image and annotation ids unique, annotations of known
-    categories, boxes and masks that can be trained on); the image folder is missing or does not
-    hold the first image; an image file is missing, cut short or damaged, of a mode detectron2 does
-    not convert faithfully (16-bit PNGs) or of another size than stated
-    (:mod:`gwdet.data.coco_checks`).
+    the keys detectron2 reads, category, image and annotation ids unique, image ids not a mix of
+    integers and strings, category names unique, annotations of known categories with ``iscrowd`` 0
+    or 1 and an ``area`` >= 0, boxes and masks that can be trained on, not every box below a pixel);
+    the image folder is missing or does not hold the first image; an image file is missing, cut short
+    or damaged, larger than PIL opens, of a mode detectron2 does not convert faithfully (16-bit PNGs)
+    or of another size than stated (:mod:`gwdet.data.coco_checks`). Images turned by an EXIF
+    orientation that their size cannot confirm are named in a warning.
     """
     where, path = f"dataset {dataset.name!r}:", dataset.json_file
     coco = _read_json(dataset)
@@ -221,6 +339,13 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
             raise DatasetError(f"{where} category id {category['id']} appears twice in {path} "
                                f"({names[category['id']]!r} and {category['name']!r}): give each category its own id.")
         names[category["id"]] = category["name"]
+    shared = _shared_category_names(names)
+    if shared:
+        raise DatasetError(
+            f"{where} {len(shared)} category name(s) of {path} are given to more than one category: {_listing(shared)}. "
+            "detectron2 names the classes by these names (its thing_classes) and the per-class AP of the results by "
+            "them, so those categories would be reported as one, the others' AP lost. Give each category its own "
+            "name (or merge them into one category, their annotations with its id).")
     for index, image in enumerate(coco["images"]):
         absent = [key for key in IMAGE_KEYS if not isinstance(image, dict) or key not in image]
         if absent:
@@ -236,9 +361,15 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
             f"{where} {len(problems)} image id(s) of {path} are not unique: {shown_problems(problems)}. detectron2 would "
             "attach the annotations of both images to one of the files. Give each image its own id, and its "
             "annotations that image_id.")
-    instances = rle_masks = without_mask = 0
+    strings = _string_ids_among_integers(coco["images"])
+    if strings:
+        raise DatasetError(
+            f"{where} the image ids of {path} mix integers and strings: {len(strings)} image(s) have a string id, "
+            f"{_listing(strings)}, the others integers. COCO's image ids are integers, and detectron2 sorts them "
+            "when it loads the file, which fails on a mix (TypeError: '<' not supported between 'str' and 'int'). "
+            "Give those images integer ids, unique in the file, and their annotations those image_ids.")
     sizes = {image["id"]: image for image in coco["images"]}
-    degenerate: list[str] = []
+    tally = _AnnotationTally(sizes)
     for index, annotation in enumerate(coco["annotations"]):
         absent = [key for key in ANNOTATION_KEYS if not isinstance(annotation, dict) or key not in annotation]
         if absent:
@@ -249,27 +380,37 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
                 f"{where} annotation id {annotation['id']} of {path} has category_id {annotation['category_id']!r}, "
                 f"which is not among its categories (ids {_listing([str(i) for i in sorted(names)])}): add the "
                 "category to 'categories' or correct the annotation.")
-        if annotation.get("iscrowd", 0):
-            continue
-        problem = _box_problem(annotation["bbox"], sizes.get(annotation["image_id"]))
-        if problem:
-            degenerate.append(f"annotation id {annotation['id']} of image {annotation['image_id']} "
-                              f"({sizes.get(annotation['image_id'], {}).get('file_name', 'not in images')}): {problem}")
-        instances += 1
-        mask = annotation.get("segmentation")
-        rle_masks += isinstance(mask, dict)
-        without_mask += not mask
+        tally.add(annotation)
+    if tally.crowd_values:
+        raise DatasetError(
+            f"{where} {len(tally.crowd_values)} annotation(s) of {path} have an 'iscrowd' that is neither 0 nor 1: "
+            f"{shown_problems(tally.crowd_values)}. detectron2 trains only on annotations whose iscrowd equals 0 (a "
+            "string \"0\" counts as a crowd region, not trained on) and COCO evaluation reads int(iscrowd) (null "
+            "stops it after training). Set iscrowd to the number 0 for an object, 1 for a crowd region.")
+    if tally.areas:
+        raise DatasetError(
+            f"{where} {len(tally.areas)} annotation(s) of {path} have no usable 'area': {shown_problems(tally.areas)}. "
+            "COCO evaluation reads every annotation's area, a number >= 0 in pixels: without it, or with a string, "
+            "it stops after training; with a negative one it ignores the object, so missing it costs no AP. Set "
+            "area to the object's mask area (or box area) in pixels.")
     problems = duplicate_ids(coco["annotations"], lambda annotation: f"an annotation of image {annotation['image_id']}")
     if problems:
         raise DatasetError(
             f"{where} {len(problems)} annotation id(s) of {path} are not unique: {shown_problems(problems)}. detectron2 "
             "refuses such a file with a bare assertion and COCO evaluation mixes the annotations up. Give each "
             "annotation its own id.")
+    degenerate = tally.degenerate
     if degenerate:
         raise DatasetError(
             f"{where} {len(degenerate)} box(es) of {path} cannot be trained on (detectron2 would drop them or learn "
             f"nothing from them, without a word): {'; '.join(degenerate[:3])}{'; ...' if len(degenerate) > 3 else ''}. "
             "Correct or remove those annotations (bbox is [x, y, width, height] in pixels, inside the image).")
+    if tally.instances and len(tally.below_a_pixel) == tally.instances:
+        raise DatasetError(
+            f"{where} every box of {path} is smaller than one pixel in both sides ({tally.instances} boxes, e.g. "
+            f"{shown_problems(tally.below_a_pixel)}): the boxes (and masks) look normalized to 0..1, but COCO's are in "
+            "pixels of the image, and detectron2 would learn nothing from them (loss_box_reg 0). Multiply x and width "
+            "by the image's width, y and height by its height (the polygons' x and y the same way).")
     problems = mask_problems(coco["annotations"], sizes)
     if problems:
         raise DatasetError(
@@ -287,13 +428,16 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
     if not os.path.isfile(os.path.join(root, first)):
         raise DatasetError(f"{where} the first image of {path}, {first!r}, is not in the image folder {root}: "
                            "IMAGE_ROOT must be the folder that the JSON's file_name entries are relative to.")
-    problems = image_file_problems(coco["images"], root)
+    with unconfirmed_rotations() as rotations:
+        problems = image_file_problems(coco["images"], root)
     if problems:
         raise DatasetError(
             f"{where} {len(problems)} of the {len(coco['images'])} images of {path} cannot be read as it states (under "
             f"{root}): {shown_problems(problems)}. Fix or replace those files, or remove them and their annotations "
             "from the JSON.")
-    return CocoContents(tuple(sorted(names.items())), len(coco["images"]), instances, rle_masks, without_mask)
+    _warn_of_rotations(dataset, rotations)
+    return CocoContents(tuple(sorted(names.items())), len(coco["images"]), tally.instances, tally.rle_masks,
+                        tally.without_mask, tally.crowd, tally.crowd_without_mask, tally.without_iscrowd)
 
 
 # ---- the catalog -----------------------------------------------------------------------------
@@ -501,13 +645,47 @@ def _check_num_classes(cfg: CfgNode, name: str, classes: Sequence[str], source: 
             "set it in the config).")
 
 
-def _check_masks(cfg: CfgNode, dataset: CocoDataset) -> None:
-    contents, described = dataset.read, f"DATASETS.TRAIN {dataset.name!r} ({dataset.json_file})"
-    if contents.without_mask:
+def _check_masks_present(role: str, dataset: CocoDataset, without_mask: int, annotations: int, why: str,
+                         boxes_only: str) -> None:
+    """:class:`DatasetError` when ``without_mask`` of the ``annotations`` of ``dataset`` (in ``role``,
+    DATASETS.TRAIN or DATASETS.TEST) have no mask: ``why`` that matters (or ""), ``boxes_only``:
+    what to do without masks."""
+    if without_mask:
         raise DatasetError(
-            f"MODEL.MASK_ON is True, but {contents.without_mask} of the {contents.instances} annotations of "
-            f"{described} have no 'segmentation' mask: add their masks (polygons or RLE), or train boxes only with "
-            "MODEL.MASK_ON False.")
+            f"MODEL.MASK_ON is True, but {without_mask} of the {annotations} annotations of {role} {dataset.name!r} "
+            f"({dataset.json_file}) have no 'segmentation' mask{why}: add their masks (polygons or RLE), or "
+            f"{boxes_only} with MODEL.MASK_ON False.")
+
+
+def _check_test_annotations(cfg: CfgNode, dataset: CocoDataset) -> None:
+    """:class:`DatasetError` unless test ``dataset`` has objects to evaluate against and, with
+    ``MODEL.MASK_ON``, a mask for every annotation (COCO's mask evaluation reads each one's)."""
+    contents, described = dataset.read, f"DATASETS.TEST {dataset.name!r} ({dataset.json_file})"
+    if not contents.instances:
+        crowd = (f" (its {contents.crowd} annotation(s) are all crowd regions, iscrowd 1, which COCO evaluation "
+                 "ignores)" if contents.crowd else "")
+        raise DatasetError(
+            f"{described} has no annotations to evaluate against{crowd}: COCO evaluation would report every AP of it "
+            "as nan. Give a test set with annotations (its JSON's 'annotations' list, each with the 'image_id' of one "
+            "of its images and iscrowd 0), or leave it out of DATASETS.TEST.")
+    if contents.without_iscrowd:
+        raise DatasetError(
+            f"{contents.without_iscrowd} of the {contents.instances + contents.crowd} annotations of {described} have "
+            "no 'iscrowd': detectron2 trains on them as iscrowd 0, but COCO evaluation reads every test annotation's "
+            "and would stop with KeyError: 'iscrowd' after training. Add \"iscrowd\": 0 to them (1 for crowd "
+            "regions).")
+    if cfg.MODEL.MASK_ON:
+        _check_masks_present("DATASETS.TEST", dataset, contents.without_mask + contents.crowd_without_mask,
+                             contents.instances + contents.crowd,
+                             " (COCO's mask evaluation reads every annotation's mask: it would stop with KeyError: "
+                             "'segmentation' after training)", "evaluate boxes only")
+
+
+def _check_masks(cfg: CfgNode, dataset: CocoDataset) -> None:
+    """:class:`DatasetError` unless every annotation of training ``dataset`` has a mask, in a
+    format ``INPUT.MASK_FORMAT`` reads."""
+    contents, described = dataset.read, f"DATASETS.TRAIN {dataset.name!r} ({dataset.json_file})"
+    _check_masks_present("DATASETS.TRAIN", dataset, contents.without_mask, contents.instances, "", "train boxes only")
     if contents.rle_masks and cfg.INPUT.MASK_FORMAT != "bitmask":
         raise DatasetError(
             f"{contents.rle_masks} annotations of {described} have RLE masks, which detectron2 reads only as "
@@ -518,8 +696,9 @@ def _check_masks(cfg: CfgNode, dataset: CocoDataset) -> None:
 def check_config_against_datasets(cfg: CfgNode) -> None:
     """:class:`DatasetError` unless the config fits the ``--register-coco`` datasets it trains or
     tests on: they and the config's other datasets (where their classes are known) have the same
-    categories, the model has as many classes as they have categories, and with ``MODEL.MASK_ON``
-    every training annotation has a mask in a format ``INPUT.MASK_FORMAT`` reads. Without such a
+    categories, the model has as many classes as they have categories, every test dataset has
+    annotations to evaluate against, and with ``MODEL.MASK_ON`` every training annotation has a mask
+    in a format ``INPUT.MASK_FORMAT`` reads and every test annotation a mask. Without such a
     dataset, the model's number of classes is checked against every dataset whose classes are known
     before loading (gwdet's shapes, detectron2's builtin datasets; for R-CNN, Panoptic FPN and
     RetinaNet models)."""
@@ -536,7 +715,8 @@ def check_config_against_datasets(cfg: CfgNode) -> None:
         if name != reference.name:
             _check_same_categories(cfg, reference, name)
     _check_num_classes(cfg, reference.name, reference.read.class_names, reference.json_file, any_architecture=True)
-    if cfg.MODEL.MASK_ON:
-        for dataset in ours:
-            if dataset.name in cfg.DATASETS.TRAIN:  # test images are evaluated against the JSON itself
-                _check_masks(cfg, dataset)
+    for dataset in ours:
+        if cfg.MODEL.MASK_ON and dataset.name in cfg.DATASETS.TRAIN:
+            _check_masks(cfg, dataset)
+        if dataset.name in cfg.DATASETS.TEST:  # evaluated against the JSON itself
+            _check_test_annotations(cfg, dataset)

@@ -97,16 +97,31 @@ def prepare_datasets(cfg: CfgNode, coco: Sequence[CocoDataset] = ()) -> None:
     check_dataset_files(names)
 
 
+def _crowd_regions_only(datasets: str) -> int:
+    """The number of crowd regions (iscrowd 1) of the training ``datasets`` (names joined by ", ")
+    when they are all ``--register-coco`` datasets whose annotations are all crowd regions, else 0."""
+    registered = [registered_coco_dataset(name.strip()) for name in datasets.split(",")]
+    if not registered or any(dataset is None for dataset in registered):
+        return 0
+    contents = [dataset.read for dataset in registered if dataset is not None]
+    return 0 if any(content.instances for content in contents) else sum(content.crowd for content in contents)
+
+
 @contextlib.contextmanager
 def named_empty_training_set(datasets: str, keep_empty: str) -> Iterator[None]:
     """detectron2's bare ``AssertionError: No valid data found`` (every training image filtered out
-    for want of annotations) raised as an error naming the training ``datasets`` and the setting
-    ``keep_empty`` that trains on images without annotations."""
+    for want of annotations) raised as an error naming the training ``datasets`` (names joined by
+    ", ", or the setting that names them), the cause where it is known (annotations that are all
+    crowd regions, which detectron2 does not train on) and the setting ``keep_empty`` that trains on
+    images without annotations."""
     try:
         yield
     except AssertionError as err:
         if "No valid data" not in str(err):
             raise
-        raise GwdetValueError(
-            f"None of the images of {datasets} has an annotation to train on: check that the json's 'annotations' "
-            f"list is there and refers to its 'images' ids (or set {keep_empty} to train on empty images).") from err
+        crowd = _crowd_regions_only(datasets)
+        cause = (f"all {crowd} of the annotations are crowd regions (iscrowd 1), which detectron2 does not train on. "
+                 "Set iscrowd 0 on the annotations of single objects" if crowd else
+                 "check that the json's 'annotations' list is there and refers to its 'images' ids")
+        raise GwdetValueError(f"None of the images of {datasets} has an annotation to train on: {cause} (or set "
+                              f"{keep_empty} to train on empty images).") from err

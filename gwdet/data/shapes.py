@@ -22,7 +22,9 @@ short, a disk error) is found before any run reads it, logged with the damaged f
 generated again. The folder is made with the user's umask, so a shared cache stays usable by the
 group it is shared with. A cache root that cannot be created or written raises
 :class:`CacheNotWritableError`, naming the setting it came from (``GWDET_CACHE`` or
-``DATASETS.SHAPES.ROOT``), the path, the operating system's reason and the fix.
+``DATASETS.SHAPES.ROOT``), the path, the operating system's reason and the fix. An empty
+``GWDET_CACHE`` counts as unset. An image side below :data:`MIN_IMAGE_SIZE`, in which no shape
+covers ``MIN_VISIBLE_AREA`` pixels, is refused before anything is generated (:func:`check_image_size`).
 """
 from __future__ import annotations
 
@@ -31,12 +33,13 @@ import hashlib
 import json
 import logging
 import math
+import numbers
 import os
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import pycocotools.mask as mask_util
@@ -53,6 +56,16 @@ CLASSES = ("circle", "square", "triangle", "star")
 SPLITS = ("train", "val", "test")
 MIN_VISIBLE_AREA = 16
 MAX_SHAPES_PER_IMAGE = 6
+# A shape's radius is drawn from [MIN_RADIUS_FRACTION, MAX_RADIUS_FRACTION) times the image side.
+MIN_RADIUS_FRACTION = 0.08
+MAX_RADIUS_FRACTION = 0.25
+# The smallest image side a shape can keep MIN_VISIBLE_AREA pixels in: the largest shape the generator
+# draws is a circle of radius MAX_RADIUS_FRACTION x side (pi r^2; at the same radius the square,
+# 2.88 r^2, the star, 2.59 r^2, and the triangle, 2.20 r^2, cover less), so below
+# sqrt(MIN_VISIBLE_AREA / pi) / MAX_RADIUS_FRACTION = 9.03 pixels no shape reaches the area (10).
+# (PIL also fills the pixels a shape's outline touches: at sides 7 to 9 a few of the largest shapes
+# reach 16 pixels, in 70 to 98% of the images none does; below 7, none ever does.)
+MIN_IMAGE_SIZE = math.ceil(math.sqrt(MIN_VISIBLE_AREA / math.pi) / MAX_RADIUS_FRACTION)
 # Bump when a change of the drawing code changes the images or annotations it produces: the
 # version is part of the cache key, so caches drawn by older code are not reused.
 GENERATOR_VERSION = 1
@@ -98,9 +111,29 @@ class ShapesSpec:
 
     @classmethod
     def from_config(cls, cfg: CfgNode) -> "ShapesSpec":
-        shapes = cfg.DATASETS.SHAPES
-        return cls(image_size=shapes.IMAGE_SIZE, num_train=shapes.NUM_TRAIN, num_val=shapes.NUM_VAL,
-                   seed=shapes.SEED, num_test=shapes.NUM_TEST)
+        """The spec a yacs config's ``DATASETS.SHAPES`` keys give (:data:`SPEC_CONFIG_KEYS`)."""
+        return cls(**{field: cfg.DATASETS.SHAPES[key.rsplit(".", 1)[1]] for field, key in SPEC_CONFIG_KEYS.items()})
+
+
+# each field of ShapesSpec -> the yacs key that gives it (the LazyConfig's L(ShapesSpec) node takes the same values)
+SPEC_CONFIG_KEYS = {"image_size": "DATASETS.SHAPES.IMAGE_SIZE", "num_train": "DATASETS.SHAPES.NUM_TRAIN",
+                    "num_val": "DATASETS.SHAPES.NUM_VAL", "num_test": "DATASETS.SHAPES.NUM_TEST",
+                    "seed": "DATASETS.SHAPES.SEED"}
+SPEC_SIZE_SETTING = "the ShapesSpec's image_size"  # what an image size given to the Python API is called
+
+
+def check_image_size(image_size: Any, setting: str = SPEC_SIZE_SETTING) -> None:
+    """Raise ``ValueError`` naming ``setting`` unless ``image_size`` is an integer of at least
+    :data:`MIN_IMAGE_SIZE`: in a smaller image no shape covers :data:`MIN_VISIBLE_AREA` pixels, so
+    the dataset would hold (almost) no annotation to train or evaluate on."""
+    if isinstance(image_size, numbers.Integral) and not isinstance(image_size, bool) and int(image_size) >= MIN_IMAGE_SIZE:
+        return
+    raise GwdetValueError(
+        f"{setting}={image_size!r}: the shapes dataset needs images of at least {MIN_IMAGE_SIZE} pixels a side (an "
+        f"integer). Its shapes have radii of {MIN_RADIUS_FRACTION:.0%} to {MAX_RADIUS_FRACTION:.0%} of the image "
+        f"side, and a shape covering fewer than {MIN_VISIBLE_AREA} pixels is left out of the annotations: in a "
+        "smaller image even its largest shape covers fewer, so (almost) no image would hold an annotation to train "
+        f"or evaluate on. Use at least {MIN_IMAGE_SIZE}, e.g. 64 (the demo's images are 128 pixels a side).")
 
 
 CACHE_VARIABLE = "GWDET_CACHE"
@@ -109,8 +142,9 @@ ROOT_KEY = "DATASETS.SHAPES.ROOT"
 
 
 def default_cache_root() -> Path:
-    """``$GWDET_CACHE`` if set, else ``~/.cache/gwdet``."""
-    return Path(os.environ.get(CACHE_VARIABLE, Path.home() / ".cache" / "gwdet"))
+    """``$GWDET_CACHE`` if set and not empty (shells often export an empty variable, which would
+    otherwise be the current folder), else ``~/.cache/gwdet``."""
+    return Path(os.environ.get(CACHE_VARIABLE) or Path.home() / ".cache" / "gwdet")
 
 
 class CacheNotWritableError(GwdetError, OSError):
@@ -122,11 +156,12 @@ def _unwritable_root_message(root: Path, setting: str | None, error: OSError) ->
     ``root`` came from (``None``: ``$GWDET_CACHE`` or its default)."""
     reason = f"{error.strerror or error}: {error.filename!r}" if error.filename else str(error)
     writable = f"a writable directory, e.g. export {CACHE_VARIABLE}=/tmp/gwdet-cache"
-    if setting is None and CACHE_VARIABLE in os.environ:
+    if setting is None and os.environ.get(CACHE_VARIABLE):
         source = f"{CACHE_VARIABLE}={os.environ[CACHE_VARIABLE]!r}"
         fix = f"Point {CACHE_VARIABLE} at {writable}."
     elif setting is None:
-        source = f"the default cache folder {str(root)!r}, as {CACHE_VARIABLE} is not set"
+        unset = "is empty" if CACHE_VARIABLE in os.environ else "is not set"
+        source = f"the default cache folder {str(root)!r}, as {CACHE_VARIABLE} {unset}"
         fix = f"Point {CACHE_VARIABLE} at {writable}."
     else:
         source, fix = f"{setting}={str(root)!r}", f"Set {setting} to a writable directory"
@@ -175,7 +210,7 @@ def _regular_polygon(center, radius: float, sides: int, rotation: float, inner_r
 
 def _shape_mask(rng: np.random.Generator, size: int, class_id: int) -> np.ndarray:
     """A boolean mask of one random shape of class ``class_id``."""
-    radius = rng.uniform(0.08, 0.25) * size
+    radius = rng.uniform(MIN_RADIUS_FRACTION, MAX_RADIUS_FRACTION) * size
     center = rng.uniform(0.1 * size, 0.9 * size, size=2)
     rotation = rng.uniform(0, 2 * math.pi)
     canvas = Image.new("L", (size, size), 0)
@@ -340,15 +375,18 @@ def _umask() -> int:
     return mask
 
 
-def ensure_generated(spec: ShapesSpec, root: Path | None = None, setting: str | None = None) -> Path:
+def ensure_generated(spec: ShapesSpec, root: Path | None = None, setting: str | None = None,
+                     size_setting: str = SPEC_SIZE_SETTING) -> Path:
     """Generate the dataset once (atomically: a temp folder renamed into place); return its folder.
 
     ``root`` is the folder to generate into (default :func:`default_cache_root`) and ``setting``
     the name of the setting it came from (default ``"root"``), for the error raised when it
     cannot be written (:class:`CacheNotWritableError`). A folder of the same name whose
     ``spec.json`` is missing or records other parameters (an interrupted or older generation) is
-    replaced.
+    replaced. An image size too small to hold a shape is refused first, naming ``size_setting``
+    (:func:`check_image_size`).
     """
+    check_image_size(spec.image_size, size_setting)
     if root:
         root, setting = Path(root), setting or "root"
     else:
@@ -392,7 +430,8 @@ def register_shapes(cfg: CfgNode) -> Path:
     Re-registering with a different size or seed replaces the earlier registration.
     """
     root = cfg.DATASETS.SHAPES.ROOT or None
-    return register_shapes_spec(ShapesSpec.from_config(cfg), root, ROOT_KEY if root else None)
+    return register_shapes_spec(ShapesSpec.from_config(cfg), root, ROOT_KEY if root else None,
+                                size_setting=SPEC_CONFIG_KEYS["image_size"])
 
 
 def shapes_dataset(split: str, spec: ShapesSpec, root: str | None = None) -> str:
@@ -419,16 +458,18 @@ def shapes_dataset(split: str, spec: ShapesSpec, root: str | None = None) -> str
     return f"shapes_{split}"
 
 
-def register_shapes_spec(spec: ShapesSpec, root: Path | str | None = None, setting: str | None = None) -> Path:
+def register_shapes_spec(spec: ShapesSpec, root: Path | str | None = None, setting: str | None = None,
+                         size_setting: str = SPEC_SIZE_SETTING) -> Path:
     """Generate (if needed) the dataset ``spec`` describes into ``root`` (:func:`ensure_generated`;
-    ``setting`` names where ``root`` came from) and register its splits as ``shapes_<split>``,
-    replacing a registration of other files; return its folder."""
+    ``setting`` names where ``root`` came from, ``size_setting`` where its image size did) and
+    register its splits as ``shapes_<split>``, replacing a registration of other files; return its
+    folder."""
     registered = {split: MetadataCatalog.get(f"shapes_{split}").get("json_file")
                   for split in SPLITS if f"shapes_{split}" in DatasetCatalog.list()}
     folder = Path(root) / spec.folder_name() if root else default_cache_root() / spec.folder_name()
     if registered == {split: str(folder / f"{split}.json") for split in SPLITS}:
         return folder  # checked (or generated) and registered by this process already: not hashed again
-    folder = ensure_generated(spec, Path(root) if root else None, setting)
+    folder = ensure_generated(spec, Path(root) if root else None, setting, size_setting)
     for split in SPLITS:
         name = f"shapes_{split}"
         json_file = str(folder / f"{split}.json")

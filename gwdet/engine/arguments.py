@@ -58,7 +58,8 @@ def parse_args(argv: Sequence[str] | None = None, parser: argparse.ArgumentParse
     ``KEY VALUE`` overrides (``... SOLVER.MAX_ITER 10 --resume``)."""
     parser = parser or argument_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    given = [token for token in argv if token.split("=", 1)[0] in ("--config-file", "--config")]
+    config_file = parser._option_string_actions["--config-file"]
+    given = [token for token in argv if token.startswith("--") and _action_of(parser, token.split("=", 1)[0]) is config_file]
     if len(given) > 1:
         parser.error("--config-file is given more than once; a second one would replace the first. Give one "
                      "config file, and put what the other changes in it (_BASE_) or as KEY VALUE overrides.")
@@ -73,6 +74,10 @@ def parse_with_trailing_flags(parser: argparse.ArgumentParser, argv: Sequence[st
     config overrides: flags of ``parser`` found among the overrides are parsed as flags, and an
     unknown flag there is a usage error (not an override)."""
     argv = list(argv)
+    for token in argv:  # before argparse, whose overrides would take an unknown flag and every flag after it
+        name = token.split("=", 1)[0]
+        if name.startswith("--") and name != "--" and _action_of(parser, name) is None:
+            parser.error(f"unknown flag {name!r}; see --help for the flags of this tool")
     args = parser.parse_args(argv)
     opts, flags = [], []
     tokens = iter(args.opts)
@@ -91,7 +96,19 @@ def parse_with_trailing_flags(parser: argparse.ArgumentParser, argv: Sequence[st
         elif isinstance(action.nargs, int):
             flags += [next(tokens, "") for _ in range(action.nargs)]
         elif action.nargs in ("+", "*"):  # how many values it takes cannot be told from the overrides after it
-            parser.error(f"{token.split('=', 1)[0]} takes a list of values: put it before the KEY VALUE overrides")
+            flag = token.split("=", 1)[0]
+            parser.error(f"{flag} takes a list of values, every word up to the next flag: put it before another "
+                         f"flag, ahead of the KEY VALUE overrides (e.g. {flag} A B --config-file FILE KEY VALUE)")
     if flags:  # parsed again with the flags before the overrides, where argparse reads them
         args = parser.parse_args(argv[:len(argv) - len(args.opts)] + flags + opts)
     return args
+
+
+def _action_of(parser: argparse.ArgumentParser, name: str) -> argparse.Action | None:
+    """The action argparse reads flag ``name`` as (the flag itself or an unambiguous prefix of one),
+    ``None`` for a name that is no flag of ``parser``."""
+    flags = parser._option_string_actions
+    if name in flags:
+        return flags[name]
+    actions = {flags[flag] for flag in flags if flag.startswith(name)} if parser.allow_abbrev else set()
+    return actions.pop() if len(actions) == 1 else None

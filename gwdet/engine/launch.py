@@ -55,11 +55,14 @@ def launch(
     """Run ``main_func(*args)`` in ``num_machines * num_processes_per_machine`` processes.
 
     On CPU, ``dist_url="auto"`` (one machine only) picks a free port on 127.0.0.1; several machines
-    need a ``tcp://HOST:PORT`` every machine can reach. When a CPU process fails, the others of this
+    need a ``tcp://HOST:PORT`` every machine can reach. A ``dist_url`` the processes cannot meet at
+    is refused before any starts (:func:`check_dist_url`). When a CPU process fails, the others of this
     machine are stopped and :class:`WorkerFailed` is raised with the error of the process that failed
     first.
     """
     world_size = num_machines * num_processes_per_machine
+    if world_size > 1:
+        check_dist_url(dist_url, num_machines)
     if num_machines > 1 and machine_rank > 0:
         wait_for_first_machine(dist_url, rendezvous_timeout)
     if world_size <= 1 or torch.cuda.is_available():
@@ -67,9 +70,6 @@ def launch(
                            machine_rank=machine_rank, dist_url=dist_url, args=tuple(args), timeout=timeout)
         return
     if dist_url is None or dist_url == "auto":
-        if num_machines != 1:
-            raise GwdetValueError(
-                "dist_url 'auto' picks a port on this machine: give tcp://HOST:PORT for several machines")
         dist_url = f"tcp://127.0.0.1:{_free_local_port()}"
     context = mp.start_processes(
         _cpu_worker,
@@ -85,6 +85,34 @@ def launch(
             pass
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
         raise WorkerFailed(_failure_report(context, error)) from None
+
+
+# --dist-url: where the processes of a run meet (torch's rendezvous handlers, and detectron2's 'auto')
+DIST_URL_FORMS = ("tcp://HOST:PORT (e.g. tcp://127.0.0.1:29500; on several machines, the first machine's address)",
+                  "file:///PATH (a file in a folder every process can write)",
+                  "env:// (MASTER_ADDR and MASTER_PORT from the environment)",
+                  "auto (a free port on this machine; one machine only)")
+
+
+def check_dist_url(dist_url: str | None, num_machines: int = 1) -> None:
+    """Raise ``ValueError`` naming ``--dist-url`` and the forms it takes (:data:`DIST_URL_FORMS`)
+    unless ``dist_url`` is one the processes can meet at: torch finds no rendezvous for another
+    scheme, and only after the processes have started. ``None`` is ``auto``."""
+    if dist_url is None or dist_url == "auto":
+        if num_machines > 1:
+            raise GwdetValueError(
+                "dist_url 'auto' picks a port on this machine: give tcp://HOST:PORT for several machines")
+        return
+    parsed = urlparse(dist_url)
+    try:
+        port = parsed.port
+    except ValueError:  # a port that is no number, or out of range
+        port = None
+    if ((parsed.scheme == "tcp" and parsed.hostname and port) or (parsed.scheme == "file" and parsed.path)
+            or (parsed.scheme == "env" and not parsed.netloc.strip("/") and not parsed.path.strip("/"))):
+        return
+    raise GwdetValueError(f"--dist-url {dist_url!r} is not an address the processes can meet at: give "
+                          + ", ".join(DIST_URL_FORMS[:-1]) + f" or {DIST_URL_FORMS[-1]}.")
 
 
 def _failure_report(context: mp.ProcessContext, error: Exception) -> str:

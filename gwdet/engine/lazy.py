@@ -8,8 +8,10 @@ detectron2's ``common/train.py``), so the same file runs there too. A run follow
 rules, with the LazyConfig's settings in place of the yacs keys (``train.output_dir`` for
 ``OUTPUT_DIR``, ``train.init_checkpoint`` for ``MODEL.WEIGHTS``, ``train.seed`` for ``SEED``,
 ``train.device`` for ``MODEL.DEVICE``, ``train.vis_images`` for ``TEST.VIS_IMAGES``); ``--resume``
-refuses another model (any difference under ``model`` from the run's ``config.yaml``). Loading
-with checked ``key=value`` overrides is :mod:`gwdet.model_zoo.lazy_loading`.
+refuses another model (any difference under ``model`` from the run's ``config.yaml``), and values
+the yacs path's checks refuse are refused under the LazyConfig's names before anything is built
+(:func:`check_training_values`, :func:`check_run_values`). Loading with checked ``key=value``
+overrides is :mod:`gwdet.model_zoo.lazy_loading`.
 """
 from __future__ import annotations
 
@@ -18,13 +20,13 @@ import os
 import tempfile
 import weakref
 from collections import OrderedDict
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from detectron2.config import LazyConfig, instantiate
+from detectron2.config import CfgNode, LazyConfig, instantiate
 from detectron2.data import build_detection_train_loader
 from detectron2.data.samplers import TrainingSampler
 from detectron2.engine import AMPTrainer, SimpleTrainer, TrainerBase, hooks
@@ -35,7 +37,8 @@ from detectron2.utils.logger import setup_logger
 
 from gwdet.errors import GwdetValueError
 from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer
-from gwdet.config_checks import is_finite_number, is_whole_number
+from gwdet.config import CONFIG_KEYS
+from gwdet.config_checks import DETECTRON2_VALUE_RULES, is_finite_number, is_whole_number
 from gwdet.data.boxes import check_dataset_boxes
 from gwdet.data.coco_registration import (
     CocoDataset,
@@ -45,6 +48,7 @@ from gwdet.data.coco_registration import (
 )
 from gwdet.data.datasets import named_empty_training_set
 from gwdet.data.resumable import resumable_train_loader
+from gwdet.data.shapes import SPEC_CONFIG_KEYS, ShapesSpec, check_image_size
 from gwdet.model_zoo.lazy_loading import (
     ABSENT,
     OUTPUT_SETTING,
@@ -84,6 +88,12 @@ TRAINING_KEYS = (
 )
 EVALUATION_KEYS = ("model", "dataloader.test", "dataloader.evaluator", "train.output_dir", "train.init_checkpoint",
                    "train.device")
+# Settings that take the values of a yacs key gwdet checks (gwdet.config.CONFIG_KEYS,
+# gwdet.config_checks.DETECTRON2_VALUE_RULES), as (setting, yacs key): those every run reads, and
+# those only training reads. The arguments of each L(ShapesSpec) node are checked the same way
+# (gwdet.data.shapes.SPEC_CONFIG_KEYS).
+RUN_TWINS = (("train.vis_images", "TEST.VIS_IMAGES"), ("dataloader.test.num_workers", "DATALOADER.NUM_WORKERS"))
+TRAINING_TWINS = (("dataloader.train.num_workers", "DATALOADER.NUM_WORKERS"),)
 
 logger = logging.getLogger(__name__)
 
@@ -308,7 +318,9 @@ def check_training_values(cfg: DictConfig, world_size: int) -> None:
     ``train.log_period`` and ``train.checkpointer.period`` below 1 or not whole numbers,
     ``train.eval_period`` below 0, an ``optimizer.lr`` or ``weight_decay`` below 0, an
     ``optimizer.momentum`` outside [0, 1), a ``dataloader.train.total_batch_size`` that the
-    ``world_size`` processes cannot share evenly."""
+    ``world_size`` processes cannot share evenly, a ``train.checkpointer.max_to_keep`` below 1, an
+    ``lr_multiplier.warmup_length`` outside [0, 1], ``train.amp.enabled`` without CUDA, and
+    :data:`TRAINING_TWINS` (``dataloader.train.num_workers`` below 0, as ``DATALOADER.NUM_WORKERS``)."""
     for key, least in (("train.max_iter", 1), ("train.log_period", 1), ("train.checkpointer.period", 1),
                        ("train.eval_period", 0)):
         value = select(cfg, key)
@@ -334,6 +346,128 @@ def check_training_values(cfg: DictConfig, world_size: int) -> None:
                 f"dataloader.train.total_batch_size={batch!r}, which {world_size} process(es) (--num-gpus x "
                 f"--num-machines) cannot share evenly: use a positive multiple of {world_size} (it is the batch of "
                 "all processes together).")
+    _check_checkpoints_kept(cfg)
+    _check_warmup_length(cfg)
+    _check_amp(cfg)
+    check_twins(cfg, TRAINING_TWINS)
+
+
+def _check_checkpoints_kept(cfg: DictConfig) -> None:
+    """``train.checkpointer.max_to_keep``: None (every checkpoint kept) or a whole number >= 1
+    (detectron2's PeriodicCheckpointer stops with a bare AssertionError otherwise)."""
+    kept = select(cfg, "train.checkpointer.max_to_keep")
+    if kept is ABSENT or kept is None or (is_whole_number(kept) and kept >= 1):
+        return
+    raise GwdetValueError(
+        f"train.checkpointer.max_to_keep={kept!r}: give the number of periodic checkpoints to keep, a whole number "
+        "of at least 1 (older ones are deleted), or null to keep every one, e.g. train.checkpointer.max_to_keep=3 "
+        "(detectron2's PeriodicCheckpointer would stop with a bare AssertionError).")
+
+
+def _check_warmup_length(cfg: DictConfig) -> None:
+    """``lr_multiplier.warmup_length`` (detectron2's WarmupParamScheduler): the fraction of
+    ``train.max_iter`` the warm-up lasts, in [0, 1]."""
+    length = select(cfg, "lr_multiplier.warmup_length")
+    if length is ABSENT or (is_finite_number(length) and 0 <= length <= 1):
+        return
+    max_iter = select(cfg, "train.max_iter")
+    meant = (f"; for a warm-up of {length:g} iterations of train.max_iter={max_iter}, "
+             f"lr_multiplier.warmup_length={length / max_iter:g}"
+             if is_finite_number(length) and 1 < length <= (max_iter if is_whole_number(max_iter) else 0) else "")
+    raise GwdetValueError(
+        f"lr_multiplier.warmup_length={length!r}: give the fraction of train.max_iter the warm-up lasts, a number "
+        f"from 0 (no warm-up) to 1, e.g. lr_multiplier.warmup_length=0.1{meant} (fvcore's scheduler would stop "
+        "with 'where in ParamScheduler must be in [0, 1]' at the first iteration).")
+
+
+def _check_amp(cfg: DictConfig) -> None:
+    """``train.amp.enabled`` needs ``train.device`` on a CUDA GPU: detectron2's AMPTrainer autocasts
+    with CUDA's autocast (which leaves CPU operations in float32) and stops without CUDA. A device
+    string that is no device is left to :func:`gwdet.modeling.build.check_device`, which names it,
+    and so is a CUDA device on a machine without one."""
+    enabled, device = select(cfg, "train.amp.enabled"), select(cfg, "train.device")
+    if enabled is ABSENT or not enabled:
+        return
+    try:
+        device_type = torch.device(device).type
+    except (RuntimeError, TypeError):
+        return
+    if device_type == "cuda":
+        return
+    gpu = "" if torch.cuda.is_available() else ", and this machine has no CUDA GPU PyTorch can use"
+    raise GwdetValueError(
+        f"train.amp.enabled={enabled!r} with train.device={device!r}{gpu}: detectron2's AMPTrainer trains in mixed "
+        "precision with CUDA's autocast only (it stops with '[AMPTrainer] CUDA is required for AMP training!' "
+        "without CUDA, and would leave a model on the CPU in float32). Set train.amp.enabled=False to train in "
+        "float32 here, or train.device=cuda on a machine with a GPU.")
+
+
+def check_twin(key: str, value: Any, twin: str) -> None:
+    """Raise ``ValueError`` naming the LazyConfig setting ``key`` for a ``value`` that gwdet's check
+    of its yacs twin ``twin`` refuses, in that check's words: a key of :data:`gwdet.config.CONFIG_KEYS`,
+    or of :data:`gwdet.config_checks.DETECTRON2_VALUE_RULES` (whose rule is given an empty config:
+    the twins here read their own value only)."""
+    gwdet_checks = {config_key.name: config_key.check for config_key in CONFIG_KEYS}
+    if twin in gwdet_checks:
+        try:
+            gwdet_checks[twin](key, value)
+        except GwdetValueError as error:
+            raise GwdetValueError(f"{error} (as {twin} in a yacs config)") from None
+        return
+    problem = {rule.key: rule.problem for rule in DETECTRON2_VALUE_RULES}[twin](CfgNode(), value)
+    if problem is not None:
+        raise GwdetValueError(f"{key}={value!r} {problem}")
+
+
+def check_twins(cfg: DictConfig, twins: Sequence[tuple[str, str]]) -> None:
+    """:func:`check_twin` for each ``(setting, yacs key)`` of ``twins`` that ``cfg`` holds."""
+    for key, twin in twins:
+        value = select(cfg, key)
+        if value is not ABSENT:
+            check_twin(key, value, twin)
+
+
+def nodes_calling(node: DictConfig | ListConfig, target: Any, path: str = "") -> Iterator[tuple[str, DictConfig]]:
+    """The ``L(target)(...)`` nodes in ``node`` and their dotted keys (below ``path``), each found
+    where it is defined: references to a node (``"${dataloader.shapes}"``) are not followed."""
+    if isinstance(node, DictConfig) and callable_of(node) is target:
+        yield path, node
+    keys: list[Any] = [str(key) for key in node.keys()] if isinstance(node, DictConfig) else list(range(len(node)))
+    for key in keys:
+        if OmegaConf.is_interpolation(node, key) or OmegaConf.is_missing(node, key):
+            continue
+        child = node[key]
+        if isinstance(child, (DictConfig, ListConfig)):
+            yield from nodes_calling(child, target, f"{path}.{key}" if path else str(key))
+
+
+def check_shapes_specs(cfg: DictConfig) -> None:
+    """Each ``L(ShapesSpec)`` node's arguments take the values of their yacs twins
+    (``DATASETS.SHAPES.*``), and its ``image_size`` is large enough to hold a shape
+    (:func:`gwdet.data.shapes.check_image_size`), refused before anything is generated."""
+    for path, _ in nodes_calling(cfg, ShapesSpec):
+        for field, twin in SPEC_CONFIG_KEYS.items():
+            key = f"{path}.{field}" if path else field
+            value = select(cfg, key)
+            if value is ABSENT:
+                continue
+            check_twin(key, value, twin)
+            if field == "image_size":
+                check_image_size(value, key)
+
+
+def check_run_values(cfg: DictConfig) -> None:
+    """Refuse, before anything is built, values that training and evaluation both read and
+    detectron2 or gwdet would fail on later, or take without a word: a ``train.seed`` that is not a
+    whole number (detectron2's ``default_setup`` compares it with 0), :data:`RUN_TWINS`
+    (``train.vis_images`` below 0, as ``TEST.VIS_IMAGES``), the shapes dataset's settings
+    (:func:`check_shapes_specs`)."""
+    seed = select(cfg, "train.seed")
+    if seed is not ABSENT and not is_whole_number(seed):
+        raise GwdetValueError(f"train.seed={seed!r}: give a whole number, e.g. train.seed=0 (a negative seed draws a "
+                              "random one, as SEED -1 does in a yacs config).")
+    check_twins(cfg, RUN_TWINS)
+    check_shapes_specs(cfg)
 
 
 def dataset_names(cfg: DictConfig) -> list[str]:
@@ -393,6 +527,7 @@ class LazyRun(RunConfig):
         else:
             check_keys(self.cfg, TRAINING_KEYS, "training")
             check_training_values(self.cfg, world_size)
+        check_run_values(self.cfg)
 
     def check_resume(self) -> None:
         check_resume_config(self.cfg, self.output_dir)

@@ -10,36 +10,47 @@
 
 A folder "holds a run" when a run trained there: checkpoints, metrics, results, evaluations. A
 ``config.yaml`` alone (a run that failed before its first iteration) is no claim: the next run
-starts there and writes its own. A run's checkpoints are the names detectron2's and gwdet's
-checkpointers give them (``model_0000099.pth``, ``model_final.pth``, :data:`CHECKPOINT_NAME`, with
-their ``.sha256`` records) and the one ``last_checkpoint`` names; any other file, a
+starts there and writes its own. A run's folders (:data:`RUN_FOLDERS`) are folders: a file of the
+user's named ``vis`` or ``inference`` is no part of a run. A run's checkpoints are the names
+detectron2's and gwdet's checkpointers give them (``model_0000099.pth``, ``model_final.pth``,
+:data:`CHECKPOINT_NAME`, with their ``.sha256`` records) and the one ``last_checkpoint`` names; any other file, a
 ``model_best_by_me.pth`` of the user's included, is not the run's: it does not make the folder
 hold a run and ``--overwrite`` keeps it (and says so).
 """
 from __future__ import annotations
 
 import codecs
+import contextlib
 import fcntl
 import json
 import logging
 import os
 import shutil
 import sys
-from typing import IO, Any, Mapping
+from typing import IO, Any, Iterator, Mapping, Sequence
 
 from detectron2.config import CfgNode
 
-from gwdet.errors import GwdetError, GwdetFileExistsError, GwdetFileNotFoundError, GwdetRuntimeError, GwdetValueError
-from gwdet.checkpoint.resilient import CHECKPOINT_NAME
+from gwdet.errors import (
+    GwdetError,
+    GwdetFileExistsError,
+    GwdetFileNotFoundError,
+    GwdetOSError,
+    GwdetRuntimeError,
+    GwdetValueError,
+)
+from gwdet.checkpoint.resilient import CHECKPOINT_NAME, LAST_CHECKPOINT, local_weights_path, lost_checkpoint_error
 from gwdet.model_zoo.loading import flatten_config
 from gwdet.utils.atomic import (
     CHECKSUM_SUFFIX,
     DamagedFileError,
+    checksum_path,
     checksum_problem,
     record_checksum,
     remove_stale_partials,
     write_text_atomically,
 )
+from gwdet.utils.cli_errors import output_path_problem
 
 LOCK_NAME = ".gwdet.lock"
 CONFIG_NAME = "config.yaml"  # detectron2's default_setup writes the run's config here
@@ -48,8 +59,14 @@ CONFIG_NAME = "config.yaml"  # detectron2's default_setup writes the run's confi
 RUN_FILES = ("last_checkpoint", "metrics.json", "results.md", "results.json", CONFIG_NAME,
              CONFIG_NAME + CHECKSUM_SUFFIX, "results.json" + CHECKSUM_SUFFIX)
 EVAL_FOLDER = "eval"  # --eval-only of a folder that holds a run writes to eval/<checkpoint>/
-RUN_FOLDERS = ("inference", "vis", EVAL_FOLDER)
-LAST_CHECKPOINT = "last_checkpoint"  # detectron2's Checkpointer names the latest checkpoint in it
+INFERENCE_FOLDER = "inference"  # detectron2's evaluators write their files in inference/<dataset>/
+VIS_FOLDER = "vis"  # the prediction drawings
+RUN_FOLDERS = (INFERENCE_FOLDER, VIS_FOLDER, EVAL_FOLDER)
+# While detectron2 rewrites config.yaml in place, a copy of it and of its record is kept in this folder
+# (complete once renamed from CONFIG_KEEPING): config_rewrite, restore_config.
+CONFIG_KEPT = ".gwdet-config-before"
+CONFIG_KEEPING = CONFIG_KEPT + ".new"
+CONFIG_PAIR = (CONFIG_NAME + CHECKSUM_SUFFIX, CONFIG_NAME)  # put back in this order: the record first
 # Keys that may differ when a run is resumed: where it runs and where its first weights came from.
 RESUMABLE_DIFFERENCES = ("MODEL.DEVICE", "MODEL.WEIGHTS")
 
@@ -84,10 +101,17 @@ def run_files(output_dir: str) -> list[str]:
     names = []
     for name in os.listdir(output_dir):
         checkpoint = name[:-len(CHECKSUM_SUFFIX)] if name.endswith(CHECKSUM_SUFFIX) else name
-        if (is_checkpoint_name(checkpoint, tagged) or name in RUN_FILES or name in RUN_FOLDERS
+        if (is_checkpoint_name(checkpoint, tagged) or name in RUN_FILES or _is_run_folder(output_dir, name)
                 or name.startswith("events.out.tfevents")):
             names.append(name)
     return sorted(names)
+
+
+def _is_run_folder(output_dir: str, name: str) -> bool:
+    """Whether ``output_dir/name`` is one of the folders runs write (:data:`RUN_FOLDERS`): a folder of
+    that name, not a file or a link of the user's."""
+    path = os.path.join(output_dir, name)
+    return name in RUN_FOLDERS and os.path.isdir(path) and not os.path.islink(path)
 
 
 def holds_run(output_dir: str) -> bool:
@@ -149,11 +173,122 @@ def config_differences(saved: CfgNode, current: CfgNode) -> list[str]:
 
 def record_config_checksum(output_dir: str) -> None:
     """Record the SHA-256 of ``output_dir/config.yaml`` as detectron2's ``default_setup`` has just
-    written it (in place: a kill during that write leaves a file that no longer matches the
-    earlier record, which ``--resume`` then refuses instead of trusting a cut-off config)."""
+    written it (in place; :func:`config_rewrite` keeps the earlier file and record until then, and a
+    config.yaml that no longer matches its record is refused by ``--resume`` instead of trusting a
+    cut-off config)."""
     path = os.path.join(output_dir, CONFIG_NAME)
     if os.path.isfile(path):
         record_checksum(path)
+
+
+def written_by_a_run(path: str) -> bool:
+    """Whether the ``config.yaml`` at ``path`` is as a run wrote it: its SHA-256 matches the record
+    beside it (``config.yaml.sha256``)."""
+    return os.path.isfile(checksum_path(path)) and checksum_problem(path) is None
+
+
+def check_config_file_kept(config_file: str, output_dir: str, setting: str = "OUTPUT_DIR") -> None:
+    """Refuse a run whose config file ``config_file`` is ``output_dir/config.yaml``, where detectron2's
+    ``default_setup`` writes the run's full config: the user's file (its comments, its ``_BASE_``)
+    would be replaced by the dump. A ``config.yaml`` a run wrote (:func:`written_by_a_run`) may be
+    given: ``--resume --config-file <run>/config.yaml`` writes the same config there again."""
+    path = os.path.join(output_dir, CONFIG_NAME)
+    try:
+        same = os.path.samefile(config_file, path)
+    except OSError:  # either is missing: nothing to write over
+        return
+    if same and not written_by_a_run(path):
+        raise GwdetFileExistsError(
+            f"The config file {config_file} is {setting}/{CONFIG_NAME} ({path}), where the run writes its full "
+            f"config: your file (its comments and _BASE_ too), which no run wrote (no {CONFIG_NAME}{CHECKSUM_SUFFIX} "
+            f"beside it matches it), would be replaced; nothing was changed. Give the run another {setting}, or keep "
+            f"the config file elsewhere (e.g. mv {path} {os.path.join(output_dir, 'my_config.yaml')} and pass that "
+            "as --config-file).")
+
+
+def _cannot_write(output_dir: str, error: OSError, setting: str) -> GwdetOSError:
+    """The refusal of a run whose first files (``config.yaml``, ``log.txt``) could not be written to
+    ``output_dir`` (a full disk, ...): the folder, the operating system's reason and the fix."""
+    return GwdetOSError(
+        f"{setting} {output_dir!r}: writing the run's {CONFIG_NAME} and log there failed ({error}); {CONFIG_NAME} "
+        f"and {CONFIG_NAME}{CHECKSUM_SUFFIX} there are as they were before this run, and nothing was trained. Free "
+        f"space there (or fix what the error names), or give the run another {setting}.")
+
+
+def _keep_config(output_dir: str) -> None:
+    """Copy ``config.yaml`` and its record, those that are there, into :data:`CONFIG_KEPT` (made
+    under :data:`CONFIG_KEEPING` and renamed when complete, so that :func:`restore_config` never
+    takes a half-made copy for the files as they were)."""
+    keeping, kept = os.path.join(output_dir, CONFIG_KEEPING), os.path.join(output_dir, CONFIG_KEPT)
+    shutil.rmtree(keeping, ignore_errors=True)
+    os.makedirs(keeping)
+    try:
+        for name in CONFIG_PAIR:
+            if os.path.lexists(os.path.join(output_dir, name)):  # a link is kept as the link
+                shutil.copyfile(os.path.join(output_dir, name), os.path.join(keeping, name), follow_symlinks=False)
+        os.rename(keeping, kept)
+    except BaseException:
+        shutil.rmtree(keeping, ignore_errors=True)
+        raise
+
+
+def restore_config(output_dir: str) -> bool:
+    """Put ``config.yaml`` and its record back as :func:`_keep_config` kept them (a name it did not
+    keep was not there: it is removed), when a copy is kept; a half-made copy is removed. Whether
+    anything was put back."""
+    shutil.rmtree(os.path.join(output_dir, CONFIG_KEEPING), ignore_errors=True)
+    kept = os.path.join(output_dir, CONFIG_KEPT)
+    if not os.path.isdir(kept):
+        return False
+    for name in CONFIG_PAIR:
+        if os.path.lexists(os.path.join(kept, name)):
+            os.replace(os.path.join(kept, name), os.path.join(output_dir, name))
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(output_dir, name))
+    shutil.rmtree(kept)
+    return True
+
+
+@contextlib.contextmanager
+def config_rewrite(output_dir: str, setting: str = "OUTPUT_DIR") -> Iterator[None]:
+    """Around detectron2's ``default_setup``, which writes the run's ``config.yaml`` in place: the
+    ``config.yaml`` and ``config.yaml.sha256`` there are kept aside first (:func:`_keep_config`); when
+    the block ends, the new file's SHA-256 is recorded (:func:`record_config_checksum`) and the copy
+    removed. An error in the block or in recording puts both files back as they were
+    (:func:`restore_config`; an ``OSError``, such as a full disk, becomes a
+    :class:`~gwdet.errors.GwdetOSError` naming the folder and the fix); a kill is undone by the next run that
+    takes the folder's lock (:class:`OutputDirLock`). So ``--resume`` always finds the config and
+    record of one run, never a config cut short beside an older record."""
+    try:
+        _keep_config(output_dir)
+    except OSError as error:
+        raise _cannot_write(output_dir, error, setting) from None
+    try:
+        yield
+        record_config_checksum(output_dir)
+    except BaseException as error:
+        restore_config(output_dir)
+        if isinstance(error, OSError):
+            raise _cannot_write(output_dir, error, setting) from error
+        raise
+    shutil.rmtree(os.path.join(output_dir, CONFIG_KEPT))
+
+
+RUN_FOLDER_PURPOSES = {INFERENCE_FOLDER: "the evaluation's files", VIS_FOLDER: "the prediction drawings"}
+
+
+def check_run_folders(output_dir: str, names: Sequence[str], setting: str = "OUTPUT_DIR") -> None:
+    """Refuse, before training, a run that would write its folders ``names`` (of :data:`RUN_FOLDERS`)
+    in ``output_dir`` where a file of that name is: creating the folder would fail after training."""
+    for name in names:
+        path = os.path.join(output_dir, name)
+        if os.path.lexists(path) and not _is_run_folder(output_dir, name):
+            purpose = RUN_FOLDER_PURPOSES.get(name, "its files")
+            raise GwdetFileExistsError(
+                f"{setting} {output_dir!r} holds a file {name}, but the run writes {purpose} into a folder of that "
+                f"name, which it could not create after training; nothing was changed. Move or rename {path} (no run "
+                f"wrote it: --overwrite keeps it), or give the run another {setting}.")
 
 
 def damaged_config(path: str, output_dir: str, reason: Exception | str, output_setting: str = "OUTPUT_DIR") -> DamagedFileError:
@@ -233,6 +368,14 @@ def check_resume_config(cfg: CfgNode, output_dir: str) -> None:
     check_resume_trains(output_dir, cfg.SOLVER.MAX_ITER)
 
 
+def check_resume_source(output_dir: str, weights_setting: str = "MODEL.WEIGHTS") -> None:
+    """Refuse ``--resume`` in ``output_dir`` where ``last_checkpoint`` is there but no checkpoint is
+    (:func:`gwdet.checkpoint.resilient.lost_checkpoint_error`): detectron2 would count the run as
+    resumed and start at iteration 1 from ``weights_setting``, not at 0 as a fresh start does."""
+    if os.path.exists(os.path.join(output_dir, LAST_CHECKPOINT)) and not checkpoints_in(output_dir):
+        raise lost_checkpoint_error(output_dir, weights_setting)
+
+
 def check_resumed_model(cfg: CfgNode, output_dir: str, path: str) -> None:
     """The model check of :func:`check_resume_config` against the run's ``config.yaml`` at ``path``."""
     check_config_checksum(path, output_dir)
@@ -286,7 +429,7 @@ def evaluation_folder(output_dir: str, weights: str) -> str:
     so that the run's own files stay as its training left them."""
     if not holds_run(output_dir):
         return output_dir
-    weights = os.path.abspath(os.path.expanduser(weights))
+    weights = os.path.abspath(local_weights_path(weights))
     stem = os.path.splitext(os.path.basename(weights))[0]
     if os.path.dirname(weights) != os.path.abspath(output_dir):
         stem = f"{os.path.basename(os.path.dirname(weights))}-{stem}"
@@ -381,6 +524,9 @@ class OutputDirLock:
     def __enter__(self) -> "OutputDirLock":
         output_dir = os.path.dirname(self.path)
         check_output_dir_name(output_dir, setting=self.setting)
+        if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+            raise OutputDirNotWritableError(f"{output_path_problem(self.setting, output_dir, folder=True)} Nothing "
+                                            "was changed.")
         try:
             os.makedirs(output_dir, exist_ok=True)
             self._file = open(self.path, "a+")
@@ -406,6 +552,9 @@ class OutputDirLock:
         self._file.truncate()
         self._file.write(f"pid {os.getpid()}\n")
         self._file.flush()
+        if restore_config(os.path.dirname(self.path)):
+            logger.warning(f"{os.path.dirname(self.path)}: put {CONFIG_NAME} and {CONFIG_NAME}{CHECKSUM_SUFFIX} back "
+                           "as they were before a run that stopped while writing them.")
         removed = remove_stale_partials(os.path.dirname(self.path))
         if removed:
             logger.warning("Removed %d partial file(s) an interrupted save left in %s: %s", len(removed),

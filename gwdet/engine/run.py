@@ -7,12 +7,15 @@
    which checks that it holds what the request needs (:meth:`RunConfig.check_request`);
 2. ``--eval-only``: :func:`evaluation_request` fixes exactly the weights to evaluate and a folder of
    their own when the output folder holds a run (:func:`gwdet.engine.output_dir.evaluation_folder`);
-3. the main process holds :class:`~gwdet.engine.output_dir.OutputDirLock` on the output folder
-   for the whole run;
+3. the config file must not be the ``config.yaml`` the run writes
+   (:func:`gwdet.engine.output_dir.check_config_file_kept`), and the main process holds
+   :class:`~gwdet.engine.output_dir.OutputDirLock` on the output folder for the whole run;
 4. :func:`setup`: the command line's datasets registered, the request checked against the output
-   folder (:func:`check_output_request`), detectron2's ``default_setup`` (``config.yaml``,
-   ``log.txt``, seeding), the checksum ``--resume`` checks ``config.yaml`` against, gwdet's
-   messages in ``log.txt``, the datasets ready;
+   folder (:func:`check_output_request`, :func:`gwdet.engine.output_dir.check_run_folders`),
+   detectron2's ``default_setup`` (``config.yaml``, ``log.txt``, seeding) with the checksum
+   ``--resume`` checks ``config.yaml`` against, the earlier ``config.yaml`` and checksum kept until
+   both are written (:func:`gwdet.engine.output_dir.config_rewrite`), gwdet's messages in
+   ``log.txt``, the datasets ready;
 5. training (fresh or ``--resume``) with the config's trainer, or the evaluation of the weights;
 6. ``results.md`` and ``results.json`` (with the package versions and dataset checksums), the
    prediction drawings, and a last log line saying where they are.
@@ -46,10 +49,15 @@ from gwdet.model_zoo.lazy_loading import is_lazy_config
 from gwdet.utils.atomic import write_text_atomically, write_text_with_checksum
 from gwdet.utils.cli_errors import tool_name
 from gwdet.engine.output_dir import (
+    INFERENCE_FOLDER,
+    VIS_FOLDER,
     OutputDirLock,
+    check_config_file_kept,
     check_fresh_start,
+    check_resume_source,
+    check_run_folders,
+    config_rewrite,
     evaluation_folder,
-    record_config_checksum,
     tagged_checkpoint,
 )
 from gwdet.engine.run_environment import ENVIRONMENT_KEY, run_environment
@@ -59,7 +67,6 @@ from gwdet.engine.visualize import save_prediction_pngs
 
 RESULTS_MARKDOWN = "results.md"
 RESULTS_JSON = "results.json"
-VIS_FOLDER = "vis"
 
 logger = logging.getLogger(__name__)
 
@@ -198,6 +205,7 @@ def check_output_request(args: argparse.Namespace, run: RunConfig) -> None:
                 "model would be randomly initialized.")
         return
     if args.resume:
+        check_resume_source(run.output_dir, run.weights_setting)
         run.check_resume()
     else:
         check_fresh_start(run.output_dir, getattr(args, "overwrite", False))
@@ -229,19 +237,36 @@ def setup(args: argparse.Namespace, run: RunConfig) -> None:
     then logged there and on the console (:class:`~gwdet.engine.run_log.HeldRecords`).
     """
     with HeldRecords():
+        given = getattr(args, "register_coco", None) or ()
         try:
-            run.register_datasets(getattr(args, "register_coco", None) or ())
+            run.register_datasets(given)
         except DatasetError as error:
             print(f"{tool_name()}: error: {error}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
-        if comm.is_main_process():
+        named = run.run_datasets()  # empty where a LazyConfig's loaders name no dataset gwdet can read
+        unused = [dataset.name for dataset in given if named and dataset.name not in named]
+        if unused:
+            logger.warning(f"--register-coco registered {', '.join(map(repr, unused))}, but the run neither trains nor "
+                           f"evaluates on {'it' if len(unused) == 1 else 'them'}: name it in the config's datasets "
+                           "(DATASETS.TRAIN / DATASETS.TEST, or the LazyConfig's dataloader) to use it.")
+        main_process = comm.is_main_process()
+        if main_process:
             check_output_request(args, run)
-        default_setup(run.cfg, args)
-        if comm.is_main_process():
-            record_config_checksum(run.output_dir)  # what --resume checks config.yaml against
+            check_run_folders(run.output_dir, written_folders(run), run.output_setting)
+        # config.yaml with the checksum --resume checks it against; on failure both as they were
+        with config_rewrite(run.output_dir, run.output_setting) if main_process else contextlib.nullcontext():
+            default_setup(run.cfg, args)
         setup_logger(run.output_dir, distributed_rank=comm.get_rank(), name="gwdet")  # gwdet's messages in log.txt too
     logger.info(describe_plans())
     run.prepare_datasets()
+
+
+def written_folders(run: RunConfig) -> list[str]:
+    """The folders the run writes in its output folder: ``inference/`` (the evaluation's files) and,
+    when it draws predictions, ``vis/``; none without a test set."""
+    if not run.test_datasets():
+        return []
+    return [INFERENCE_FOLDER, *([VIS_FOLDER] if run.vis_images > 0 else [])]
 
 
 def main(args: argparse.Namespace):
@@ -251,6 +276,7 @@ def main(args: argparse.Namespace):
     run.check_request(args.eval_only, comm.get_world_size())
     if args.eval_only:
         run, args = evaluation_request(run, args)
+    check_config_file_kept(args.config_file, run.output_dir, run.output_setting)
     lock = OutputDirLock(run.output_dir, run.output_setting, run.weights_setting)
     with lock if comm.is_main_process() else contextlib.nullcontext():
         setup(args, run)

@@ -3,7 +3,7 @@
 
 The thread count of a process (:func:`choose_threads`), first that applies:
 
-1. ``--threads N``: N;
+1. ``--threads N``: N (:func:`check_thread_count` refuses a count far above the usable CPUs);
 2. ``--threads auto-load``: the CPUs this process may use less those other processes keep busy
    when the tool starts (:func:`busy_cpus`: the kernel's count of runnable tasks in
    ``/proc/loadavg``, sampled for a moment), so it depends on the machine's load at that moment;
@@ -253,6 +253,33 @@ def busy_cpus(samples: int = 10, interval: float = 0.02) -> int:
 # ---- the choice ------------------------------------------------------------------------------
 
 
+# --threads N above this many times the usable CPUs is refused: no count anyone means, and PyTorch
+# stops with a MemoryError while it starts threads by the hundred thousand
+OVERSUBSCRIPTION_LIMIT = 16
+
+
+def check_thread_count(requested: int, limits: Callable[[], CpuLimits]) -> str:
+    """Raise ``ValueError`` for ``--threads N`` below 1 or above :data:`OVERSUBSCRIPTION_LIMIT`
+    times the CPUs this process may use (``limits``; where those cannot be read, which ``--threads
+    N`` is the way around, its affinity mask or ``os.cpu_count()``); the reason to log for N: more
+    than the usable CPUs is allowed (a thread count of another machine, repeated for its
+    floating-point sums) and said."""
+    if requested < 1:
+        raise GwdetValueError(f"--threads must be at least 1, got {requested}")
+    try:
+        found = limits()
+    except GwdetValueError:  # an unreadable cgroup file or SLURM_CPUS_PER_TASK
+        found = CpuLimits(affinity_cpus(), None, None)
+    if requested > OVERSUBSCRIPTION_LIMIT * found.usable():
+        raise GwdetValueError(
+            f"--threads {requested} is more than {OVERSUBSCRIPTION_LIMIT} times the {found.describe()}: give --threads "
+            f"{found.usable()} or fewer (more threads than CPUs only take turns on them), or leave --threads out to "
+            "use one thread per usable CPU.")
+    if requested > found.usable():
+        return f"--threads, more than the {found.describe()}: the threads take turns on them"
+    return "--threads"
+
+
 def choose_threads(
     requested: ThreadRequest = None,
     processes: int = 1,
@@ -267,13 +294,11 @@ def choose_threads(
     if processes < 1:
         raise ValueError(f"processes must be at least 1, got {processes}")
     shared = f", shared by {processes} processes" if processes > 1 else ""
+    usable = (limits or (lambda: cpu_limits(environ)))
     if isinstance(requested, int):
-        if requested < 1:
-            raise GwdetValueError(f"--threads must be at least 1, got {requested}")
-        return ThreadChoice(requested, "--threads")
+        return ThreadChoice(requested, check_thread_count(requested, usable))
     if requested is not None and requested != AUTO_LOAD:
         raise GwdetValueError(f"--threads {requested!r}: give a number of threads (at least 1) or {AUTO_LOAD}")
-    usable = (limits or (lambda: cpu_limits(environ)))
     if requested == AUTO_LOAD:
         cpus, taken = usable().usable(), busy()
         return ThreadChoice(max(1, max(1, cpus - taken) // processes),

@@ -161,8 +161,10 @@ FROZEN_NORM_KEYS = ("MODEL.RESNETS.NORM", "MODEL.FPN.NORM", "MODEL.ROI_BOX_HEAD.
 def check_training_values(cfg: CfgNode, world_size: int) -> None:
     """Refuse, before anything is built, solver and dataset values a training run cannot start
     with (detectron2 would stop later with a bare assertion): no training dataset, no iteration,
-    a batch of no images or one that cannot be split evenly over the ``world_size`` processes; and
-    a training from scratch (no ``MODEL.WEIGHTS``) with FrozenBN layers, which would stay identities."""
+    a batch of no images or one that cannot be split evenly over the ``world_size`` processes; a
+    training from scratch (no ``MODEL.WEIGHTS``) with FrozenBN layers, which would stay identities,
+    or with frozen backbone stages (``MODEL.BACKBONE.FREEZE_AT``), which would stay random; and
+    mixed precision (``SOLVER.AMP.ENABLED``) without a CUDA GPU."""
     if not cfg.DATASETS.TRAIN:
         raise GwdetValueError("DATASETS.TRAIN is empty: name the dataset(s) to train on, e.g. DATASETS.TRAIN "
                               "\"('shapes_train',)\" (or evaluate weights with --eval-only).")
@@ -177,6 +179,17 @@ def check_training_values(cfg: CfgNode, world_size: int) -> None:
             "pretrained weights, and MODEL.WEIGHTS is empty: trained from scratch, those layers would stay "
             "identities. Use a norm that learns (BN, GN, GW, ...: configs/Study/ trains from scratch), or set "
             "MODEL.WEIGHTS to pretrained weights (docs/weights.md).")
+    freeze_at = cfg.MODEL.BACKBONE.FREEZE_AT
+    if freeze_at > 0 and not cfg.MODEL.WEIGHTS:
+        raise GwdetValueError(
+            f"MODEL.BACKBONE.FREEZE_AT is {freeze_at}, which keeps the first {freeze_at} stage(s) of the backbone (the "
+            "stem first) at their initial weights, and MODEL.WEIGHTS is empty: trained from scratch, they would stay "
+            "random. Use MODEL.BACKBONE.FREEZE_AT 0 (configs/Study/ trains from scratch), or set MODEL.WEIGHTS to "
+            "pretrained weights (docs/weights.md).")
+    if cfg.SOLVER.AMP.ENABLED and not torch.cuda.is_available():
+        raise GwdetValueError("SOLVER.AMP.ENABLED is True, but this machine has no CUDA GPU, which detectron2's "
+                              "AMPTrainer requires: add SOLVER.AMP.ENABLED False to the command line to train in "
+                              "float32 on the CPU.")
     batch = cfg.SOLVER.IMS_PER_BATCH
     if batch < 1 or batch % world_size:
         raise GwdetValueError(

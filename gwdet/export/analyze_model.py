@@ -154,6 +154,7 @@ def _analyze(argv: Sequence[str]) -> int:
     setup_logger(name="fvcore")
     setup_logger(name="detectron2")
     run = load_run_config(args.config_file, args.opts, tool=True)
+    run.register_datasets(args.register_coco)
     model = run.build_trained_model()
     if "flop" in args.tasks:
         with torch.no_grad():

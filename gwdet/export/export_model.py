@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from gwdet.errors import GwdetValueError
+from gwdet.data import add_register_coco_argument
 from gwdet.data.test_images import read_test_image
 from gwdet.utils.cli_errors import add_verbose_argument, run_tool
 from gwdet.export.detection_check import TOLERANCE
@@ -58,10 +59,11 @@ SCRIPTED_FIELDS = {
 
 
 def config_parser(description: str) -> argparse.ArgumentParser:
-    """A parser with detectron2's ``--config-file`` (alias ``--config``); add ``opts`` last with
-    :func:`add_opts`."""
+    """A parser with detectron2's ``--config-file`` (alias ``--config``), ``--register-coco`` (as
+    in the train tool) and ``--verbose``; add ``opts`` last with :func:`add_opts`."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config-file", "--config", dest="config_file", required=True, metavar="FILE")
+    add_register_coco_argument(parser)
     add_verbose_argument(parser)
     return parser
 
@@ -329,7 +331,7 @@ MIN_ONNX_OPSET = 11
 
 def check_export_flags(args: argparse.Namespace) -> None:
     """Refuse, before the model is built, flags the export cannot use: an ``--output`` that is a
-    file, a ``--sample-image`` that is missing or not an image detectron2 reads as it is
+    file or cannot be written (its nearest existing folder not writable), a ``--sample-image`` that is missing or not an image detectron2 reads as it is
     (:func:`gwdet.data.image_files.image_file_problem`), an ``--opset`` the exporter cannot write."""
     from torch.onnx import _constants
 
@@ -338,6 +340,13 @@ def check_export_flags(args: argparse.Namespace) -> None:
     if os.path.exists(args.output) and not os.path.isdir(args.output):
         raise GwdetValueError(f"--output {args.output} is a file, not a folder: give the folder to write "
                               "model.ts / model.onnx into (it is created when missing).")
+    existing = os.path.abspath(args.output)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        raise GwdetValueError(f"--output {args.output} cannot be written: {existing} is not a folder this process may "
+                              "write into (a read-only disk, another owner, or a file on the way); choose another "
+                              "--output.")
     if args.sample_image is not None:
         problem = image_file_problem(args.sample_image)
         if problem:
@@ -381,6 +390,7 @@ def _export(argv: Sequence[str]) -> int:
         raise SystemExit(f"{path} already exists; it is left as it is. Pass --overwrite to replace it, or "
                          "choose another --output.")
     run = load_run_config(args.config_file, args.opts, tool=True)
+    run.register_datasets(args.register_coco)
     model = run.build_trained_model()
     image, found = pick_sample(model, *sample_candidates(run, args.sample_image))
     logger.info("The sample image gives %d detections to compare the export on.", found)

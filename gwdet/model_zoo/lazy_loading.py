@@ -4,8 +4,10 @@ then the command line's ``key=value`` overrides, each key checked.
 An override's key must exist in the config, or name an argument of the callable of the ``L(...)``
 node it is set on; ``+key=value`` adds a key on purpose. A misspelt key is an error naming the close
 ones, never a new key; a key below a reference to a shared node (``"${..stem.norm}"``) is refused,
-since setting it would replace the reference. :func:`load_lazy_config` is the one loader of
-LazyConfigs for the train, export and analyze tools (:mod:`gwdet.model_zoo.loading` is the yacs one).
+since setting it would replace the reference. A key with an empty part (``train..max_iter``) and
+an override hydra's grammar cannot read (``train.max_iter==3``) are refused naming the override,
+before any is applied. :func:`load_lazy_config` is the one loader of LazyConfigs for the train,
+export and analyze tools (:mod:`gwdet.model_zoo.loading` is the yacs one).
 """
 from __future__ import annotations
 
@@ -112,20 +114,59 @@ def check_override_key(cfg: DictConfig, key: str) -> None:
                           f"Write +{key}=... to add a new key on purpose.")
 
 
+def _check_key_parts(override: str, key: str, value: str) -> None:
+    """Raise ``ValueError`` when the dotted ``key`` of ``override`` has an empty part (two dots in a
+    row, or a dot at an end), naming the override as it was probably meant."""
+    plus, parts = key[:len(key) - len(key.lstrip("+"))], key.lstrip("+").split(".")
+    if all(parts):
+        return
+    meant = ".".join(part for part in parts if part) or "train.max_iter"
+    raise GwdetValueError(
+        f"LazyConfig override {override!r}: the key {key!r} has an empty part (two dots in a row, or a dot at "
+        f"an end): write one dot between the names of a dotted key, e.g. {plus}{meant}={value}")
+
+
+def _check_override_syntax(override: str, key: str, value: str) -> None:
+    """Raise ``ValueError`` naming ``override`` when hydra's override grammar, which detectron2's
+    ``LazyConfig.apply_overrides`` reads the overrides with, cannot read it (``train.max_iter==3``,
+    an unclosed bracket or quote); nothing to check where hydra is not installed (detectron2 then
+    splits at the '=')."""
+    try:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+        from hydra.errors import OverrideParseException
+    except ImportError:
+        return
+    try:
+        OverridesParser.create().parse_overrides([override])
+    except OverrideParseException as error:
+        details = [line for line in str(error).splitlines()
+                   if line.strip() and not line.startswith(("Error parsing override", "See https://"))]
+        reason = details[0].split(" expecting ")[0].strip() if details else "not in hydra's override grammar"
+        meant = f" Did you mean {key}={value.lstrip('=')}?" if value.startswith("=") else ""
+        raise GwdetValueError(
+            f"LazyConfig override {override!r} cannot be read ({reason}).{meant} Write key=value with one '=', "
+            "e.g. train.max_iter=100, and quote a value holding special characters, e.g. "
+            "train.output_dir='output/a=b' (hydra's override grammar: "
+            "https://hydra.cc/docs/advanced/override_grammar/basic/).") from None
+
+
 def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
-    """detectron2's ``LazyConfig.apply_overrides`` after every key is checked
-    (:func:`check_override_key`; ``+key=value`` adds a key without the check)."""
+    """detectron2's ``LazyConfig.apply_overrides`` after every override is checked: its key has no
+    empty part and is in the config (:func:`check_override_key`; ``+key=value`` adds a key without
+    that check), and hydra's grammar reads it (:func:`_check_override_syntax`)."""
     overrides = list(overrides)
     for override in overrides:
-        key, equals, _ = override.partition("=")
+        key, equals, value = override.partition("=")
         if not equals or not key.strip():
             raise GwdetValueError(
                 f"LazyConfig override {override!r} is not key=value. A LazyConfig takes dotted keys with '=', "
                 "e.g. train.max_iter=100 train.output_dir=output/run (KEY VALUE pairs are for yacs configs).")
         if key.startswith("~"):
             raise GwdetValueError(f"LazyConfig override {override!r}: deleting a key is not supported.")
+        _check_key_parts(override, key.strip(), value)
         if not key.startswith("+"):
             check_override_key(cfg, key.strip())
+        _check_override_syntax(override, key.strip(), value)
     return LazyConfig.apply_overrides(cfg, [o[1:] if o.startswith("+") else o for o in overrides])
 
 

@@ -22,10 +22,16 @@ from gwdet.modeling.model_checks import check_model
 def check_device(device: str, setting: str = "MODEL.DEVICE",
                  fix: str = "add MODEL.DEVICE cpu to the command line (or cfg.MODEL.DEVICE = 'cpu' in Python)") -> None:
     """``ValueError`` naming the ``setting`` (a yacs config's ``MODEL.DEVICE``, a LazyConfig's
-    ``train.device``) and the ``fix`` when ``device`` is a CUDA device this machine does not have
+    ``train.device``) when ``device`` is not a PyTorch device string (``"CPU"``), and naming the
+    ``fix`` too when it is a CUDA device this machine does not have
     (detectron2's default, and that of every COCO config, is ``cuda``); otherwise PyTorch stops deep
     inside the build with "Found no NVIDIA driver"."""
     device = str(device)
+    try:
+        torch.device(device)
+    except RuntimeError:
+        raise GwdetValueError(f"{setting} is {device!r}, which is not a PyTorch device: use 'cpu', 'cuda' or "
+                              "'cuda:N' (lower case)") from None
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise GwdetValueError(
             f"{setting} is {device!r}, but this machine has no CUDA GPU that PyTorch can use: {fix} to build and "

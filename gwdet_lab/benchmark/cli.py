@@ -36,7 +36,9 @@ and the report says so).
 ``--busy N`` starts N competing CPU-bound processes for the measured part and stops them after it
 (gwdet_lab.benchmark.busy); the report says so. Progress goes to stderr, one line per measurement
 with an ETA; the tables go to stdout and, with ``--out``, into a markdown file (between the
-section's markers if the file has them, so text around them is kept).
+section's markers if the file has them, so text around them is kept). A flag the run would not use
+is refused, as the report's command line would show it: ``--amp`` without the model level,
+``--section`` without ``--out``.
 """
 from __future__ import annotations
 
@@ -57,6 +59,11 @@ from gwdet_lab.benchmark.measure import CLOCKS
 from gwdet_lab.benchmark.model_level import DEFAULT_MODEL_OPTS, MODELS, model_tables, run_models
 from gwdet_lab.benchmark.op_level import op_count_tables, run_op_counts
 from gwdet_lab.benchmark.report import load_average, report, report_header, write_section
+
+# The smallest --image-size: the models (R-50-FPN) pad an image to a multiple of 32, their coarsest
+# feature stride, so a smaller one is a 32 x 32 step, not one of the size the report states.
+MIN_MODEL_IMAGE_SIZE = 32
+DEFAULT_SECTION = "main"
 
 Level = Tuple[str, Callable[[argparse.Namespace, torch.device], dict], Callable[[dict], str]]
 LEVELS: List[Level] = [
@@ -85,7 +92,8 @@ def argument_parser() -> argparse.ArgumentParser:
                         help="timed training steps per model, and timed passes over the demo images")
     parser.add_argument("--model-warmup", type=int, default=1, help="untimed training steps (demo passes) first")
     parser.add_argument(
-        "--image-size", type=int, default=None, help="square image side for the model level (default: 320 on CPU, 800 on CUDA)"
+        "--image-size", type=image_size_argument, default=None,
+        help=f"square image side for the model level, at least {MIN_MODEL_IMAGE_SIZE} (default: 320 on CPU, 800 on CUDA)"
     )
     parser.add_argument("--norms", nargs="+", default=None, help="layer names to time (the conv is always timed)")
     parser.add_argument("--model-names", nargs="+", default=None, help="subset of: " + ", ".join(n for n, _ in MODELS))
@@ -100,7 +108,8 @@ def argument_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MODEL_OPTS,
         help="KEY VALUE config overrides for every model (default: %(default)s; give none to use the configs as they are)",
     )
-    parser.add_argument("--amp", choices=["none", "fp16", "bf16"], default="none", help="autocast for the model level")
+    parser.add_argument("--amp", choices=["none", "fp16", "bf16"], default="none",
+                        help="autocast of the model level (--models only)")
     parser.add_argument("--threads", type=thread_request, default=None, metavar="N|auto-load",
                         help="torch threads (default: the CPUs this process may use; auto-load: those other "
                              "processes leave free at start; see gwdet.engine.threads)")
@@ -115,7 +124,8 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="tiny shapes, 1 repeat (a smoke test)")
     parser.add_argument("--out", default=None, help="markdown file to write the tables into")
     parser.add_argument(
-        "--section", default="main", help="name of the generated section in --out (several runs can share one file)"
+        "--section", default=None,
+        help=f"name of the generated section in --out (default {DEFAULT_SECTION}; several runs can share one file)"
     )
     add_verbose_argument(parser)
     return parser
@@ -142,6 +152,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             parser.error(f"{flag}: {value} is less than {least}; give a count of at least {least}")
     if not (args.layers or args.models or args.inference or args.op_counts):
         args.layers = args.models = args.inference = args.op_counts = True
+    problem = unused_flag_problem(args)
+    if problem:
+        parser.error(problem)
+    if args.section is None:
+        args.section = DEFAULT_SECTION
     if args.repeats is None:
         args.repeats = 1 if args.quick else 5
     if args.warmup is None:
@@ -149,6 +164,34 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.compile:
         args.warmup = max(args.warmup, 1)  # the first call compiles
     return args
+
+
+def unused_flag_problem(args: argparse.Namespace) -> Optional[str]:
+    """What is wrong with a flag the run would not use (``--amp`` without the model level,
+    ``--section`` without ``--out``), else None: the report's command line would show it, as if
+    it had applied."""
+    if args.amp != "none" and not args.models:
+        levels = ", ".join(f"--{flag.replace('_', '-')}" for flag, _, _ in LEVELS if getattr(args, flag))
+        return (f"--amp {args.amp} applies to the model level (--models) only, which this run does not measure "
+                f"({levels}: in float32). Add --models, or leave --amp out.")
+    if args.section is not None and not args.out:
+        return (f"--section {args.section}: it names the section of --out the tables are written into, and there "
+                "is no --out (the tables are printed only). Add --out FILE, or leave --section out.")
+    return None
+
+
+def image_size_argument(text: str) -> int:
+    """``--image-size``: an integer of at least :data:`MIN_MODEL_IMAGE_SIZE`."""
+    try:
+        size = int(text)
+    except ValueError:
+        size = 0
+    if size < MIN_MODEL_IMAGE_SIZE:
+        raise argparse.ArgumentTypeError(
+            f"give an integer of at least {MIN_MODEL_IMAGE_SIZE}, got {text!r}: the models pad their images to "
+            f"multiples of {MIN_MODEL_IMAGE_SIZE} (the FPN's coarsest stride), so a smaller side would be measured as "
+            f"{MIN_MODEL_IMAGE_SIZE} x {MIN_MODEL_IMAGE_SIZE}")
+    return size
 
 
 def device_argument(text: str) -> str:

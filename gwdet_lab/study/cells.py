@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -202,6 +203,17 @@ def parse_extra(tokens: Sequence[str]) -> RunSpec:
         raise GwdetValueError(f"--extra {tokens[0]}: overrides must be KEY VALUE pairs, got {list(tokens[1:])}")
     spec = parse_config_item(tokens[0])
     return RunSpec(spec.name, spec.config_file, tuple(tokens[1:]))
+
+
+def check_no_repeats(flag: str, values: Sequence[int] | None) -> None:
+    """``ValueError`` naming ``flag`` and each value it gives more than once: every value makes cells
+    of its own, named after it, so a repeated one would make the same cells twice."""
+    repeated = [value for value, count in Counter(values or ()).items() if count > 1]
+    if repeated:
+        once = " ".join(str(value) for value in dict.fromkeys(values or ()))
+        raise GwdetValueError(
+            f"{flag} gives {', '.join(map(str, repeated))} more than once: each value makes cells of its own, so a "
+            f"repeated one would make the same cells twice. Give each value once, e.g. {flag} {once}.")
 
 
 def check_unique_names(items: Iterable[Cell | RunSpec]) -> None:

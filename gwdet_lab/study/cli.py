@@ -40,6 +40,7 @@ from gwdet_lab.study.cells import (
     STUDIES,
     Cell,
     RunSpec,
+    check_no_repeats,
     check_unique_names,
     paper_specs,
     parse_config_item,
@@ -171,6 +172,10 @@ def resolve_specs(args: argparse.Namespace, repo_root: Path) -> list[RunSpec]:
 
 
 def build_cells(args: argparse.Namespace, repo_root: Path) -> list[Cell]:
+    """The cells the arguments ask for; repeated ``--seeds`` or ``--batch-sizes`` are refused
+    before any config is built."""
+    check_no_repeats("--seeds", args.seeds)
+    check_no_repeats("--batch-sizes", args.batch_sizes)
     specs = resolve_specs(args, repo_root)
     base_configs = []
     for spec in specs:

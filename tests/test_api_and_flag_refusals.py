@@ -1,0 +1,134 @@
+"""Refusals of the Python API and the tools' flags that name the problem and the fix: a config that
+is not a yacs CfgNode, a norm name that differs from a built-in only in case, a device string
+PyTorch does not know, an unknown flag ahead of the config overrides, a list flag among them, and an
+export folder that cannot be written; and ``--register-coco`` on the export and analyze tools."""
+import re
+
+import pytest
+import torch
+
+import gwdet
+from gwdet.engine.arguments import parse_with_trailing_flags
+from gwdet.errors import GwdetTypeError, GwdetValueError
+from gwdet.export import analyze_model, export_model
+from gwdet.modeling.build import check_device
+from gwdet.norms import unregister_norm
+
+from conftest import DEMO_CONFIG, REPO
+
+
+def test_build_model_names_what_it_was_given_instead_of_a_cfgnode():
+    from detectron2.config import LazyConfig
+
+    with pytest.raises(GwdetTypeError, match="needs a detectron2 CfgNode .* got NoneType"):
+        gwdet.build_model(None)
+    lazy = LazyConfig.load(str(REPO / "configs" / "LazyConfig" / "mask_rcnn_R_50_FPN_gw_shapes.py"))
+    with pytest.raises(GwdetTypeError, match=r"got a LazyConfig .*instantiate\(cfg.model\)"):
+        gwdet.build_model(lazy)
+
+
+@pytest.mark.parametrize("name, builtin", [("gw", "GW"), ("frozenbn", "FrozenBN"), ("Bgn", "BGN")])
+def test_a_norm_name_equal_to_a_builtin_up_to_case_is_refused(name, builtin):
+    with pytest.raises(GwdetValueError, match=f"{name!r} differs from the built-in norm name {builtin!r} only in case"):
+        gwdet.register_norm(name, lambda channels: torch.nn.GroupNorm(2, channels))
+    with pytest.raises(KeyError):  # nothing was registered
+        gwdet.norm(name)
+
+
+def test_a_name_that_differs_in_more_than_case_is_registered():
+    gwdet.register_norm("gw_mine", lambda channels: torch.nn.GroupNorm(2, channels))
+    try:
+        assert isinstance(gwdet.norm("gw_mine")(4), torch.nn.GroupNorm)
+    finally:
+        unregister_norm("gw_mine")
+
+
+@pytest.mark.parametrize("device", ["CPU", "gpu", "cuda0"])
+def test_a_device_pytorch_does_not_know_is_named_with_its_setting(device):
+    with pytest.raises(GwdetValueError, match=f"MODEL.DEVICE is {device!r}, which is not a PyTorch device"):
+        check_device(device)
+    with pytest.raises(GwdetValueError, match=f"train.device is {device!r}"):
+        check_device(device, "train.device")
+    check_device("cpu")
+
+
+def test_an_unknown_flag_is_named_not_taken_as_the_start_of_the_overrides(capsys):
+    parser = export_model.argument_parser()
+    with pytest.raises(SystemExit):
+        parse_with_trailing_flags(parser, ["--config-file", "c.yaml", "--bogus", "x", "--output", "out"])
+    err = capsys.readouterr().err
+    assert "unknown flag '--bogus'" in err and "required" not in err, err
+    args = parse_with_trailing_flags(parser, ["--config", "c.yaml", "--out", "o", "--overw"])  # prefixes still work
+    assert args.config_file == "c.yaml" and args.output == "o" and args.overwrite
+
+
+def test_the_advice_for_a_list_flag_among_the_overrides_can_be_followed(capsys):
+    analyze = analyze_model.argument_parser()
+    with pytest.raises(SystemExit):
+        parse_with_trailing_flags(analyze, ["--config-file", "c.yaml", "MODEL.DEVICE", "cpu", "--tasks", "flop"])
+    assert "put it before another flag" in capsys.readouterr().err
+    args = parse_with_trailing_flags(analyze, ["--tasks", "flop", "--config-file", "c.yaml", "MODEL.DEVICE", "cpu"])
+    assert args.tasks == ["flop"] and args.opts == ["MODEL.DEVICE", "cpu"]
+
+
+def test_export_refuses_an_output_below_a_file_before_building(capsys, tmp_path):
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(SystemExit) as exit_info:
+        export_model.main(["--config-file", str(DEMO_CONFIG), "--output", str(tmp_path / "file" / "sub")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "cannot be written" in err and str(tmp_path / "file") in err, err
+    assert (tmp_path / "file").read_text() == "mine"
+
+
+@pytest.mark.parametrize("tool, flags", [(export_model, ["--output", "o"]), (analyze_model, [])])
+def test_the_export_and_analyze_tools_take_register_coco(tool, flags, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:  # read and checked as the flag is read, as in the train tool
+        parse_with_trailing_flags(tool.argument_parser(), [
+            "--config-file", "c.yaml", *flags, "--register-coco", f"mine={tmp_path / 'missing.json'}:{tmp_path}"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--register-coco" in err and "missing.json" in err and "unrecognized" not in err, err
+
+
+@pytest.mark.parametrize("flags", [["--conf", "a.yaml", "--config-file", "b.yaml"],
+                                   ["--config-file=a.yaml", "--config-fi", "b.yaml"]])
+def test_a_second_config_file_is_refused_whatever_prefix_names_it(flags, capsys):
+    from gwdet.engine.arguments import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args([*flags, "--eval-only"])
+    assert "--config-file is given more than once" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("opts, message", [
+    (["MODEL.BACKBONE.FREEZE_AT", "2", "MODEL.WEIGHTS", ""], "MODEL.BACKBONE.FREEZE_AT is 2, which keeps the first 2 "
+                                                              "stage(s) of the backbone"),
+    (["SOLVER.AMP.ENABLED", "True"], "SOLVER.AMP.ENABLED is True, but this machine has no CUDA GPU"),
+])
+def test_a_training_that_would_keep_random_stages_or_needs_a_gpu_is_refused(opts, message):
+    from gwdet.engine.trainer import check_training_values
+    from gwdet.model_zoo import build_config
+
+    if "AMP" in opts[0] and torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU, with which AMP trains")
+    cfg = build_config(str(DEMO_CONFIG), opts)
+    with pytest.raises(GwdetValueError, match=re.escape(message)):
+        check_training_values(cfg, world_size=1)
+    check_training_values(build_config(str(DEMO_CONFIG)), world_size=1)
+
+
+def test_a_registered_dataset_no_run_uses_is_named_in_a_warning(tmp_path, caplog):
+    import logging
+
+    from gwdet.engine.arguments import parse_args
+    from gwdet.engine.run import load_run_config, setup
+
+    from conftest import TINY_OPTS
+    from test_coco_sweep_checks import write_dataset
+
+    overrides = [*TINY_OPTS, "OUTPUT_DIR", str(tmp_path / "run")]
+    args = parse_args(["--config-file", str(DEMO_CONFIG), "--register-coco",
+                       f"unused_mine={write_dataset(tmp_path / 'mine')}", *overrides])
+    with caplog.at_level(logging.WARNING, logger="gwdet"):
+        setup(args, load_run_config(args.config_file, args.opts))
+    assert "--register-coco registered 'unused_mine', but the run neither trains nor evaluates on it" in caplog.text

@@ -1,0 +1,313 @@
+"""The bad inputs of sweep B that passed ``--register-coco`` and then trained wrong without a word or
+failed after training: each refused (or warned of) at registration or before training, naming the
+file, the image or annotation id, the problem and the fix; and the prediction drawings that
+overwrote each other or stopped a run after training."""
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+import torch
+from detectron2.structures import Boxes, Instances
+from PIL import Image
+
+from gwdet.data import CocoDataset, DatasetError, check_config_against_datasets, register_coco_datasets
+from gwdet.data.datasets import named_empty_training_set
+from gwdet.engine.visualize import TRUTH_CAPTION, captioned, drawing_names, save_prediction_pngs, side_by_side
+from gwdet.errors import GwdetValueError
+from gwdet.model_zoo import build_config
+
+from conftest import DEMO_CONFIG, TINY_OPTS
+
+SIZE = 64
+EXIF_ORIENTATION = 0x0112
+
+
+def write_dataset(folder: Path, change: Callable[[dict, Path], None] = lambda coco, root: None,
+                  folders: tuple[str, ...] = ()) -> str:
+    """4 PNGs of 64x64 pixels, each with one rectangle (categories "a" and "b" in turn: polygon, box,
+    area, iscrowd 0), under ``folder/img`` (image i in ``folders[i]`` when given); ``change(coco,
+    image_root)`` edits the dataset before the JSON is written. Returns ``JSON:IMAGE_ROOT``."""
+    root = folder / "img"
+    root.mkdir(parents=True)
+    coco: dict = {"images": [], "annotations": [], "categories": [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}]}
+    for index in range(4):
+        pixels = np.full((SIZE, SIZE, 3), 30, np.uint8)
+        x, y, w, h = 8 + index, 10, 24, 20
+        pixels[y:y + h, x:x + w] = (200, 50 + 40 * index, 50)
+        file_name = f"{folders[index]}/x.png" if folders else f"{index:03d}.png"
+        (root / file_name).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels).save(root / file_name)
+        coco["images"].append({"id": index + 1, "file_name": file_name, "width": SIZE, "height": SIZE})
+        coco["annotations"].append({"id": index + 1, "image_id": index + 1, "category_id": 1 + index % 2,
+                                    "bbox": [x, y, w, h], "area": w * h, "iscrowd": 0,
+                                    "segmentation": [[x, y, x + w, y, x + w, y + h, x, y + h]]})
+    change(coco, root)
+    json_file = folder / "train.json"
+    json_file.write_text(json.dumps(coco))
+    return f"{json_file}:{root}"
+
+
+def refusal(tmp_path: Path, change: Callable[[dict, Path], None]) -> str:
+    """The message of the DatasetError that registering the changed dataset raises."""
+    with pytest.raises(DatasetError) as refused:
+        CocoDataset.parse(f"m={write_dataset(tmp_path, change)}").inspected()
+    return str(refused.value)
+
+
+def registered(name: str, folder: Path, change: Callable[[dict, Path], None] = lambda coco, root: None,
+               folders: tuple[str, ...] = ()) -> None:
+    """Register the dataset of :func:`write_dataset` as ``name``."""
+    register_coco_datasets([CocoDataset.parse(f"{name}={write_dataset(folder, change, folders)}")])
+
+
+def config(train: str, test: str, *overrides: str):
+    return build_config(str(DEMO_CONFIG), [*TINY_OPTS, "DATASETS.TRAIN", f"('{train}',)", "DATASETS.TEST",
+                                           f"('{test}',)", "MODEL.ROI_HEADS.NUM_CLASSES", "2",
+                                           "INPUT.MASK_FORMAT", "polygon", *overrides])
+
+
+# ---- iscrowd and area (sweep B: SILENT 1, 4; RAW 1, 2, 3) -----------------------------------------
+
+@pytest.mark.parametrize("value, shown", [("0", "iscrowd '0' (str)"), (None, "iscrowd None (NoneType)"),
+                                          (2, "iscrowd 2 (int)")])
+def test_an_iscrowd_other_than_0_or_1_is_refused_naming_the_annotation(tmp_path, value, shown):
+    message = refusal(tmp_path, lambda coco, root: coco["annotations"][1].update(iscrowd=value))
+    assert "1 annotation(s) of " in message and "have an 'iscrowd' that is neither 0 nor 1" in message, message
+    assert f"annotation id 2 of image 2 (001.png): {shown}" in message, message
+    assert "Set iscrowd to the number 0 for an object, 1 for a crowd region." in message, message
+
+
+def test_iscrowd_true_and_false_are_read_as_1_and_0(tmp_path):
+    def booleans(coco, root):
+        coco["annotations"][0]["iscrowd"], coco["annotations"][1]["iscrowd"] = True, False
+    contents = CocoDataset.parse(f"m={write_dataset(tmp_path, booleans)}").inspected().read
+    assert (contents.instances, contents.crowd) == (3, 1)
+
+
+@pytest.mark.parametrize("change, shown", [
+    (lambda annotation: annotation.pop("area"), "annotation id 1 of image 1 (000.png): has no 'area'"),
+    (lambda annotation: annotation.update(area="480"), "area '480' is a str, not a number"),
+    (lambda annotation: annotation.update(area=-5), "area -5 is negative"),
+    (lambda annotation: annotation.update(area=float("nan")), "area nan is not finite"),
+], ids=["missing", "string", "negative", "nan"])
+def test_an_area_coco_evaluation_cannot_use_is_refused_naming_the_annotation(tmp_path, change, shown):
+    message = refusal(tmp_path, lambda coco, root: change(coco["annotations"][0]))
+    assert "1 annotation(s) of " in message and "have no usable 'area'" in message and shown in message, message
+    assert "COCO evaluation reads every annotation's area" in message, message
+    assert "area to the object's mask area (or box area)" in message, message
+
+
+def test_a_crowd_region_needs_an_area_too(tmp_path):
+    message = refusal(tmp_path, lambda coco, root: coco["annotations"][3].update(iscrowd=1, area=None))
+    assert "annotation id 4 of image 4 (003.png): area None is a NoneType, not a number" in message, message
+
+
+# ---- boxes in 0..1, category names, image ids (SILENT 2, 3; RAW 4) ---------------------------------
+
+def _normalized(coco, root):
+    for annotation in coco["annotations"]:
+        annotation["bbox"] = [value / SIZE for value in annotation["bbox"]]
+        annotation["segmentation"] = [[value / SIZE for value in annotation["segmentation"][0]]]
+
+
+def test_boxes_all_below_a_pixel_are_refused_as_normalized(tmp_path):
+    message = refusal(tmp_path, _normalized)
+    assert "every box of " in message and "is smaller than one pixel in both sides (4 boxes, e.g. " in message, message
+    assert "annotation id 1 of image 1 (000.png): bbox [0.125, 0.15625, 0.375, 0.3125]" in message, message
+    assert "look normalized to 0..1, but COCO's are in pixels" in message, message
+    assert "Multiply x and width by the image's width, y and height by its height" in message, message
+
+
+def test_one_box_below_a_pixel_among_others_is_kept(tmp_path):
+    def one_tiny_box(coco, root):
+        coco["annotations"][0].update(bbox=[10, 10, 0.5, 0.5], segmentation=[[10, 10, 10.5, 10, 10.5, 10.5]])
+    assert CocoDataset.parse(f"m={write_dataset(tmp_path, one_tiny_box)}").inspected().read.instances == 4
+
+
+def test_two_categories_of_one_name_are_refused(tmp_path):
+    message = refusal(tmp_path, lambda coco, root: coco["categories"][1].update(name="a"))
+    assert "1 category name(s) of " in message and "are given to more than one category: 'a' (ids 1 and 2)" in message
+    assert "thing_classes" in message and "per-class AP" in message and "Give each category its own name" in message
+
+
+def test_image_ids_that_mix_integers_and_strings_are_refused_naming_the_strings(tmp_path):
+    def mixed(coco, root):
+        coco["images"][1]["id"] = coco["annotations"][1]["image_id"] = "two"
+    message = refusal(tmp_path, mixed)
+    assert "the image ids of " in message and "mix integers and strings: 1 image(s) have a string id, 'two' " \
+        "('001.png'), the others integers" in message, message
+    assert "COCO's image ids are integers" in message and "Give those images integer ids" in message, message
+
+
+# ---- images: too large for PIL, turned by EXIF (RAW 6; SILENT 6) ------------------------------------
+
+def test_an_image_larger_than_pil_opens_is_refused_naming_its_size_and_the_limit(tmp_path, monkeypatch):
+    spec = write_dataset(tmp_path)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 64x64 = 4096 pixels: over twice the limit
+    with pytest.raises(DatasetError) as refused:
+        CocoDataset.parse(f"m={spec}").inspected()
+    message = str(refused.value)
+    assert "image id 1 (000.png) is 64x64 = 4096 pixels, more than PIL opens" in message, message
+    assert "(PIL.Image.MAX_IMAGE_PIXELS is 1000; PIL refuses more than twice that" in message, message
+    assert "resize it" in message and "raise PIL.Image.MAX_IMAGE_PIXELS in your own code" in message, message
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 3000)  # over the limit, under twice it: PIL warns
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        assert CocoDataset.parse(f"m={spec}").inspected().read.images == 4, "detectron2 reads these: not refused"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)  # the warning as an error: PIL refuses them
+        with pytest.raises(DatasetError, match=r"000.png\) is 64x64 = 4096 pixels, more than PIL opens \(PIL.Image."
+                                               "MAX_IMAGE_PIXELS is 3000; PIL warns above it, and a warnings filter "
+                                               "made the warning an error"):
+            CocoDataset.parse(f"m={spec}").inspected()
+
+
+def _turned_jpeg(orientation: int, width: int = SIZE, height: int = SIZE):
+    def change(coco, root):
+        exif = Image.Exif()
+        exif[EXIF_ORIENTATION] = orientation
+        Image.open(root / "000.png").convert("RGB").resize((width, height)).save(root / "000.jpg", exif=exif)
+        turned = (height, width) if orientation in (5, 6, 7, 8) else (width, height)
+        coco["images"][0].update(file_name="000.jpg", width=turned[0], height=turned[1])
+        coco["annotations"][0].update(bbox=[1, 1, 10, 10], segmentation=[[1, 1, 11, 1, 11, 11, 1, 11]])
+    return change
+
+
+@pytest.fixture
+def registration_warnings():
+    """The warnings that registration logs (gwdet.data.coco_registration's logger)."""
+    lines: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("gwdet.data.coco_registration")
+    logger.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+
+
+def test_a_square_image_turned_by_its_exif_orientation_is_named_in_a_warning(tmp_path, registration_warnings):
+    CocoDataset.parse(f"m={write_dataset(tmp_path, _turned_jpeg(6))}").inspected()
+    assert len(registration_warnings) == 1, registration_warnings
+    warning = registration_warnings[0]
+    assert "1 image(s) of " in warning and "have an EXIF orientation other than 1" in warning, warning
+    assert "'000.jpg' (orientation 6)" in warning and "detectron2 turns (or flips) each image by its EXIF " \
+        "orientation" in warning and "must be in the turned frame" in warning, warning
+
+
+@pytest.mark.parametrize("orientation, width, height, warned", [
+    (1, SIZE, SIZE, False),  # as stored
+    (3, SIZE, SIZE // 2, True),  # upside down: the size cannot tell
+    (6, SIZE, SIZE // 2, False),  # a quarter turn of a non-square image: the JSON states the turned size
+])
+def test_only_orientations_the_stated_size_cannot_confirm_are_warned_of(tmp_path, registration_warnings, orientation,
+                                                                       width, height, warned):
+    CocoDataset.parse(f"m={write_dataset(tmp_path, _turned_jpeg(orientation, width, height))}").inspected()
+    assert bool(registration_warnings) == warned, registration_warnings
+
+
+# ---- test sets: no annotations, no masks (SILENT 5; RAW 5) -----------------------------------------
+
+def test_a_test_set_without_annotations_is_refused_before_training(tmp_path):
+    registered("sweep_train", tmp_path / "train")
+    registered("sweep_empty", tmp_path / "empty", lambda coco, root: coco.update(annotations=[]))
+    with pytest.raises(DatasetError) as refused:
+        check_config_against_datasets(config("sweep_train", "sweep_empty"))
+    message = str(refused.value)
+    assert message.startswith("DATASETS.TEST 'sweep_empty' (") and "has no annotations to evaluate against: COCO " \
+        "evaluation would report every AP of it as nan. Give a test set with annotations" in message, message
+    registered("sweep_crowd_test", tmp_path / "crowd",
+               lambda coco, root: [annotation.update(iscrowd=1) for annotation in coco["annotations"]])
+    with pytest.raises(DatasetError, match=r"has no annotations to evaluate against \(its 4 annotation\(s\) are all "
+                                           r"crowd regions, iscrowd 1, which COCO evaluation ignores\)"):
+        check_config_against_datasets(config("sweep_train", "sweep_crowd_test"))
+    check_config_against_datasets(config("sweep_train", "sweep_train"))
+
+
+def test_a_test_set_without_masks_is_refused_before_training_when_masks_are_evaluated(tmp_path):
+    registered("sweep_masks", tmp_path / "train")
+    registered("sweep_no_masks", tmp_path / "boxes",
+               lambda coco, root: [annotation.pop("segmentation") for annotation in coco["annotations"]])
+    with pytest.raises(DatasetError) as refused:
+        check_config_against_datasets(config("sweep_masks", "sweep_no_masks"))
+    message = str(refused.value)
+    assert message.startswith("MODEL.MASK_ON is True, but 4 of the 4 annotations of DATASETS.TEST 'sweep_no_masks' (")
+    assert "KeyError: 'segmentation'" in message and "or evaluate boxes only with MODEL.MASK_ON False" in message
+    check_config_against_datasets(config("sweep_masks", "sweep_no_masks", "MODEL.MASK_ON", "False"))
+
+
+def test_a_test_set_without_iscrowd_is_refused_before_training_but_trained_on(tmp_path):
+    registered("sweep_no_crowd_key", tmp_path / "plain",
+               lambda coco, root: [annotation.pop("iscrowd") for annotation in coco["annotations"]])
+    with pytest.raises(DatasetError, match=r"4 of the 4 annotations of DATASETS.TEST 'sweep_no_crowd_key' .* have no "
+                                           r"'iscrowd'.*KeyError: 'iscrowd' after training. Add \"iscrowd\": 0"):
+        check_config_against_datasets(config("sweep_no_crowd_key", "sweep_no_crowd_key"))
+    registered("sweep_test_ok", tmp_path / "test")
+    check_config_against_datasets(config("sweep_no_crowd_key", "sweep_test_ok"))  # detectron2 trains on them
+
+
+# ---- every annotation a crowd region (MISLEADING 8) ---------------------------------------------
+
+def test_a_training_set_of_crowd_regions_only_is_named_as_such(tmp_path):
+    registered("sweep_all_crowd", tmp_path,
+               lambda coco, root: [annotation.update(iscrowd=1) for annotation in coco["annotations"]])
+    with pytest.raises(GwdetValueError) as refused:
+        with named_empty_training_set("sweep_all_crowd", "DATALOADER.FILTER_EMPTY_ANNOTATIONS False"):
+            raise AssertionError("No valid data found in sweep_all_crowd.")  # what detectron2's loader raises
+    assert str(refused.value) == (
+        "None of the images of sweep_all_crowd has an annotation to train on: all 4 of the annotations are crowd "
+        "regions (iscrowd 1), which detectron2 does not train on. Set iscrowd 0 on the annotations of single "
+        "objects (or set DATALOADER.FILTER_EMPTY_ANNOTATIONS False to train on empty images).")
+    with pytest.raises(GwdetValueError, match="check that the json's 'annotations' list is there"):
+        with named_empty_training_set("dataloader.train.dataset", "dataloader.train.dataset.filter_empty=False"):
+            raise AssertionError("No valid data found.")
+
+
+# ---- prediction drawings: names, caption bands (SILENT 7; RAW 7) ----------------------------------
+
+def test_drawings_are_named_by_the_image_path_below_the_shared_folder():
+    assert drawing_names(["/r/img/a/x.png", "/r/img/b/x.png"]) == ["a__x.png", "b__x.png"]
+    assert drawing_names(["/r/img/000.png", "/r/img/001.jpg"]) == ["000.png", "001.png"], "one folder: the names"
+    assert drawing_names(["/r/x.jpg", "/r/x.png", "/r/X.png"]) == ["x.png", "x-2.png", "X-3.png"]
+    assert drawing_names([]) == []
+
+
+class _NoDetections(torch.nn.Module):
+    """A model that detects nothing: enough to draw."""
+
+    def forward(self, inputs: list[dict]) -> list[dict]:
+        return [{"instances": Instances((item["height"], item["width"]), scores=torch.zeros(0),
+                                        pred_classes=torch.zeros(0, dtype=torch.long), pred_boxes=Boxes(torch.zeros(0, 4)))}
+                for item in inputs]
+
+
+def test_drawings_of_images_of_one_name_in_two_folders_are_two_files(tmp_path):
+    registered("sweep_same_name", tmp_path / "data", folders=("s0", "s1", "s2", "s3"))
+    out = tmp_path / "vis"
+    paths = save_prediction_pngs(config("sweep_same_name", "sweep_same_name"), _NoDetections(), "sweep_same_name", 4,
+                                 str(out))
+    assert sorted(path.name for path in out.iterdir()) == ["s0__x.png", "s1__x.png", "s2__x.png", "s3__x.png"]
+    assert sorted(paths) == sorted(str(path) for path in out.iterdir()), "as many paths as files"
+
+
+@pytest.mark.parametrize("height", [384, 870, 1000, 1080, 1500, 2160])
+def test_both_halves_of_a_drawing_have_one_caption_band_at_any_height(height):
+    truth = np.full((height, 96, 3), 200, np.uint8)
+    predicted = np.full((height, 96, 3), 100, np.uint8)
+    drawing = side_by_side(truth, predicted, 0.5)
+    band = drawing.shape[0] - height
+    assert np.array_equal(drawing[band:, :96], truth) and np.array_equal(drawing[band:, 96:], predicted)
+    assert (drawing[:band] == 255).mean() > 0.5 and np.array_equal(drawing[:band, :96][:band - 1],
+                                                                    captioned(truth, TRUTH_CAPTION)[:band - 1])
+
+
+def test_a_shorter_drawing_is_padded_below():
+    drawing = side_by_side(np.zeros((100, 50, 3), np.uint8), np.zeros((90, 50, 3), np.uint8), 0.5)
+    assert drawing.shape[1] == 100 and (drawing[-10:, 50:] == 255).all() and (drawing[-10:, :50] == 0).all()

@@ -1,0 +1,228 @@
+"""Bad input of sweep A refused before anything is built or started, naming the setting or flag,
+its value, the range and the fix: LazyConfig values whose yacs twins are refused already (a
+seed, loader workers, the shapes dataset, prediction drawings), LazyConfig values detectron2
+asserts on (checkpoints kept, warm-up length, AMP without CUDA), overrides hydra cannot read or
+whose key has an empty part; ``--threads`` above the usable CPUs, a ``--dist-url`` no process can
+meet at, an empty ``GWDET_CACHE``, a shapes image size too small to hold a shape, repeated
+``compare_norms.py --seeds`` / ``--batch-sizes``, and benchmark flags the run would not use."""
+import math
+from pathlib import Path
+
+import pytest
+
+from gwdet.cluster import training
+from gwdet.data import shapes
+from gwdet.engine.launch import check_dist_url, launch
+from gwdet.engine.lazy import LazyRun
+from gwdet.engine import threads
+from gwdet.engine.threads import CpuLimits, choose_threads
+from gwdet.errors import GwdetValueError
+from gwdet.model_zoo.lazy_loading import load_lazy_config
+
+from conftest import DEMO_CONFIG, REPO
+
+LAZY_CONFIG = REPO / "configs" / "LazyConfig" / "mask_rcnn_R_50_FPN_gw_shapes.py"
+
+
+def refusal(overrides, eval_only=False) -> str:
+    """The message of the refusal of the demo LazyConfig with ``overrides`` (checked as the train
+    tool checks a request, before anything is built)."""
+    run = LazyRun.load(str(LAZY_CONFIG), overrides)
+    with pytest.raises(GwdetValueError) as refused:
+        run.check_request(eval_only=eval_only, world_size=1)
+    return str(refused.value)
+
+
+# ---- LazyConfig values ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("override, message", [
+    # l_seed: detectron2's default_setup compares the seed with 0 (TypeError)
+    ("train.seed=abc", "train.seed='abc': give a whole number, e.g. train.seed=0"),
+    # l_vis: TEST.VIS_IMAGES -1 is refused in a yacs config, and was taken here as 0
+    ("train.vis_images=-1", "config: train.vis_images must be an integer >= 0, got -1 (as TEST.VIS_IMAGES"),
+    # l_ntrain: AssertionError "Dataset 'shapes_train' is empty!" after generating the other splits
+    ("dataloader.shapes.num_train=0", "config: dataloader.shapes.num_train must be an integer >= 1, got 0"),
+    # l_imgsz: numpy's "negative dimensions are not allowed"
+    ("dataloader.shapes.image_size=-1", "config: dataloader.shapes.image_size must be an integer >= 1, got -1"),
+    ("dataloader.shapes.image_size=4", "dataloader.shapes.image_size=4: the shapes dataset needs images of at "
+                                       f"least {shapes.MIN_IMAGE_SIZE} pixels a side"),
+])
+def test_values_every_run_reads_are_refused_for_training_and_evaluation(override, message):
+    assert message in refusal([override])
+    assert message in refusal([override], eval_only=True)
+
+
+@pytest.mark.parametrize("override, message", [
+    # l_nw: torch's "num_workers option should be non-negative" when the loader is built; the words
+    # of the yacs check of DATALOADER.NUM_WORKERS (gwdet.config_checks)
+    ("dataloader.train.num_workers=-1", "dataloader.train.num_workers=-1 is no number of data-loading processes"),
+    # l_keep0: a bare AssertionError from fvcore's PeriodicCheckpointer
+    ("train.checkpointer.max_to_keep=0", "train.checkpointer.max_to_keep=0: give the number of periodic checkpoints "
+                                         "to keep, a whole number of at least 1"),
+    ("train.checkpointer.max_to_keep=-1", "or null to keep every one"),
+    # l_warm: fvcore's "where in ParamScheduler must be in [0, 1]" at the first iteration
+    ("lr_multiplier.warmup_length=2", "lr_multiplier.warmup_length=2: give the fraction of train.max_iter the "
+                                      "warm-up lasts, a number from 0 (no warm-up) to 1"),
+    # l_amp: "[AMPTrainer] CUDA is required for AMP training!"; on the CPU it would not autocast either
+    ("train.amp.enabled=True", "train.amp.enabled=True with train.device='cpu'"),
+])
+def test_training_values_detectron2_asserts_on_are_refused_first(override, message):
+    assert message in refusal([override])
+    LazyRun.load(str(LAZY_CONFIG), [override]).check_request(eval_only=True, world_size=1)  # evaluation reads none
+
+
+def test_the_warm_up_refusal_converts_iterations_into_the_fraction():
+    assert "for a warm-up of 2 iterations of train.max_iter=1000, lr_multiplier.warmup_length=0.002" in refusal(
+        ["lr_multiplier.warmup_length=2"])
+
+
+def test_the_values_these_checks_allow_pass():
+    LazyRun.load(str(LAZY_CONFIG), ["train.seed=-1", "train.checkpointer.max_to_keep=null",
+                                    "lr_multiplier.warmup_length=0", "dataloader.train.num_workers=0",
+                                    f"dataloader.shapes.image_size={shapes.MIN_IMAGE_SIZE}",
+                                    "train.vis_images=0"]).check_request(eval_only=False, world_size=1)
+    LazyRun.load(str(LAZY_CONFIG), ["train.checkpointer.max_to_keep=3"]).check_request(eval_only=False, world_size=1)
+
+
+# ---- LazyConfig overrides ------------------------------------------------------------------------
+
+def test_an_override_hydra_cannot_read_is_named_with_the_fix():
+    # l_eq2: hydra's OverrideParseException traceback
+    with pytest.raises(GwdetValueError, match=r"LazyConfig override 'train.max_iter==3' cannot be read "
+                                              r"\(extraneous input '='\)\. Did you mean train.max_iter=3\?"):
+        load_lazy_config(str(LAZY_CONFIG), ["train.max_iter==3"])
+    with pytest.raises(GwdetValueError, match=r"'train.output_dir=a=b' cannot be read .*quote a value"):
+        load_lazy_config(str(LAZY_CONFIG), ["train.output_dir=a=b"])
+    assert load_lazy_config(str(LAZY_CONFIG), ["train.output_dir='a=b'"]).train.output_dir == "a=b"
+
+
+def test_the_train_tool_prints_the_unreadable_override_on_one_line(capsys):
+    with pytest.raises(SystemExit) as stop:
+        training.run(["--config-file", str(LAZY_CONFIG), "--threads", "1", "train.max_iter==3"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "Traceback" not in err, err
+    assert "error: LazyConfig override 'train.max_iter==3' cannot be read" in err, err
+
+
+@pytest.mark.parametrize("override, meant", [("train..max_iter=3", "train.max_iter=3"),
+                                             ("+train.extra.=1", "+train.extra=1")])
+def test_a_key_with_an_empty_part_is_named_as_such(override, meant):
+    # l_dots: was "the config has no '' under 'train' ... Write +train..max_iter=... to add a new key"
+    with pytest.raises(GwdetValueError) as refused:
+        load_lazy_config(str(LAZY_CONFIG), [override])
+    message = str(refused.value)
+    assert "has an empty part" in message and f"e.g. {meant}" in message and "to add a new key" not in message
+
+
+# ---- --threads, --dist-url -----------------------------------------------------------------------
+
+def test_a_thread_count_far_above_the_usable_cpus_is_refused_and_a_few_more_are_said():
+    two = CpuLimits(2, None, None)
+    with pytest.raises(GwdetValueError) as refused:
+        choose_threads(100000, environ={}, limits=lambda: two)
+    assert str(refused.value).startswith("--threads 100000 is more than 16 times the 2 CPUs this process may use "
+                                         "(affinity mask 2)") and "give --threads 2 or fewer" in str(refused.value)
+    assert choose_threads(2, environ={}, limits=lambda: two).reason == "--threads"
+    more = choose_threads(8, environ={}, limits=lambda: two)  # another machine's count, repeated here
+    assert more.threads == 8 and "more than the 2 CPUs this process may use" in more.reason
+
+
+def test_thread_limits_that_cannot_be_read_do_not_block_threads_n():
+    # the limits' own error says "choose the thread count with --threads N": N up to the CPUs here works
+    assert choose_threads(1, environ={"SLURM_CPUS_PER_TASK": "two"}).threads == 1
+
+
+def test_the_train_tool_refuses_a_huge_thread_count_before_starting(capsys, monkeypatch):
+    # threads_huge: MemoryError (or a crash) while starting the threads; nothing is started here
+    started = []
+    monkeypatch.setattr(threads, "apply_threads", lambda choice: started.append(choice))
+    monkeypatch.setattr(training, "launch", lambda *args, **kwargs: started.append("launch"))
+    with pytest.raises(SystemExit) as stop:
+        training.run(["--config-file", str(DEMO_CONFIG), "--threads", "100000"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "error: --threads 100000 is more than 16 times the" in err, err
+    assert not started
+
+
+def never_called() -> None:
+    raise AssertionError("no process should start")
+
+
+def test_a_dist_url_no_process_can_meet_at_is_refused_before_any_starts():
+    # distbad: torch's "No rendezvous handler for foo://" from every started process
+    with pytest.raises(GwdetValueError, match=r"--dist-url 'foo://bar' is not an address the processes can meet "
+                                              r"at: give tcp://HOST:PORT .*file:///PATH.*env://.* or auto"):
+        launch(never_called, 2, dist_url="foo://bar")
+    for url in ("tcp://host", "tcp://127.0.0.1:port", "file://", "127.0.0.1:29500"):
+        with pytest.raises(GwdetValueError, match="--dist-url"):
+            check_dist_url(url)
+    for url in ("tcp://127.0.0.1:29500", "file:///tmp/rendezvous", "env://", "auto", None):
+        check_dist_url(url)
+
+
+# ---- the shapes dataset ----------------------------------------------------------------------------
+
+def test_an_empty_cache_variable_is_the_default_cache(monkeypatch):
+    # cache_empty: the dataset went into the current folder (Path(""))
+    monkeypatch.setenv("GWDET_CACHE", "")
+    assert shapes.default_cache_root() == Path.home() / ".cache" / "gwdet"
+    message = shapes._unwritable_root_message(Path("/ro"), None, PermissionError(13, "Permission denied", "/ro"))
+    assert "the default cache folder '/ro', as GWDET_CACHE is empty" in message, message
+
+
+def test_an_image_size_too_small_for_a_shape_is_refused_before_generating(tmp_path):
+    # imgsz4: "None of the images of shapes_train has an annotation ... check the json's annotations"
+    from detectron2.config import get_cfg
+
+    from gwdet import add_gwdet_config
+
+    cfg = add_gwdet_config(get_cfg())
+    cfg.DATASETS.SHAPES.IMAGE_SIZE, cfg.DATASETS.SHAPES.ROOT = 4, str(tmp_path / "shapes")
+    with pytest.raises(GwdetValueError) as refused:
+        shapes.register_shapes(cfg)
+    assert str(refused.value).startswith("DATASETS.SHAPES.IMAGE_SIZE=4: the shapes dataset needs images of at least "
+                                         f"{shapes.MIN_IMAGE_SIZE} pixels a side")
+    assert not (tmp_path / "shapes").exists()
+
+
+def test_the_smallest_image_size_is_where_the_largest_shape_covers_the_visible_area():
+    largest_area = lambda size: math.pi * (shapes.MAX_RADIUS_FRACTION * size) ** 2  # a circle, the largest class
+    assert largest_area(shapes.MIN_IMAGE_SIZE - 1) < shapes.MIN_VISIBLE_AREA <= largest_area(shapes.MIN_IMAGE_SIZE)
+    assert not any(shapes.render_image(0, "train", index, 4)[1] for index in range(30))
+    assert any(shapes.render_image(0, "train", index, shapes.MIN_IMAGE_SIZE)[1] for index in range(30))
+
+
+# ---- compare_norms.py, benchmark.py ----------------------------------------------------------------
+
+@pytest.mark.parametrize("flags, message", [
+    (["--study", "paper", "--seeds", "0", "0", "1"], "--seeds gives 0 more than once"),
+    (["--study", "batch-sweep", "--batch-sizes", "2", "2"], "--batch-sizes gives 2 more than once"),
+])
+def test_a_repeated_seed_or_batch_size_is_named(capsys, tmp_path, flags, message):
+    from gwdet_lab.study import cli
+
+    with pytest.raises(SystemExit) as stop:
+        cli.main([*flags, "--list", "--out", str(tmp_path / "study")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and message in err and "NAME=CONFIG" not in err, err
+    assert not (tmp_path / "study").exists()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--layers", "--quick", "--amp", "fp16"], "--amp fp16 applies to the model level (--models) only"),
+    (["--layers", "--quick", "--section", "mine"], "--section mine: it names the section of --out"),
+    (["--models", "--image-size", "0"], "argument --image-size: give an integer of at least 32, got '0'"),
+])
+def test_benchmark_flags_the_run_would_not_use_or_cannot_measure_are_refused(capsys, flags, message):
+    from gwdet_lab.benchmark.cli import parse_args
+
+    with pytest.raises(SystemExit) as stop:
+        parse_args(flags)
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_benchmark_section_defaults_to_main_with_out(tmp_path):
+    from gwdet_lab.benchmark.cli import parse_args
+
+    assert parse_args(["--layers", "--out", str(tmp_path / "b.md")]).section == "main"
+    assert parse_args(["--amp", "bf16", "--image-size", "32"]).models  # every level, the model level too

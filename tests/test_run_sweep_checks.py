@@ -1,0 +1,291 @@
+"""Bad inputs and faults of the run folder, the run's config.yaml and weight files found by a sweep
+(sweep B): each refusal names the file, key or flag, the problem and the fix, comes before any
+expensive work, and loses nothing the user had; what a run does and what it says agree.
+
+One tiny training run (module fixture) provides a run folder and checkpoints; each check copies
+what it changes.
+"""
+import argparse
+import errno
+import hashlib
+import logging
+import os
+import shutil
+
+import pytest
+import torch
+
+from gwdet.checkpoint.integrity import DamagedTensorsError, verify_checksums, with_checksums, without_checksums_recipe
+from gwdet.checkpoint.resilient import ResilientCheckpointer
+from gwdet.engine.arguments import parse_args
+from gwdet.engine.output_dir import (
+    CONFIG_KEPT,
+    CONFIG_NAME,
+    OutputDirLock,
+    OutputDirNotWritableError,
+    check_config_file_kept,
+    check_fresh_start,
+    check_resume_config,
+    check_run_folders,
+    evaluation_folder,
+    holds_run,
+    run_files,
+)
+from gwdet.engine.run import evaluation_request, load_run_config, main
+from gwdet.engine.trainer import Trainer
+from gwdet.errors import GwdetError, GwdetOSError
+from gwdet.model_zoo import build_config
+from gwdet.utils.atomic import WriteError
+
+from conftest import DEMO_CONFIG, TINY_OPTS
+
+RECORD = CONFIG_NAME + ".sha256"
+
+
+def _args(output_dir, *extra: str, config_file=DEMO_CONFIG) -> argparse.Namespace:
+    return parse_args(["--config-file", str(config_file), *TINY_OPTS, "SOLVER.CHECKPOINT_PERIOD", "1",
+                       "OUTPUT_DIR", str(output_dir), *extra])
+
+
+def _digest(folder) -> dict:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def _copy_run(source, target, *names):
+    target.mkdir()
+    for name in names:
+        shutil.copyfile(source / name, target / name)
+    return target
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    output_dir = tmp_path_factory.mktemp("finished_run")
+    main(_args(output_dir))
+    assert (output_dir / "model_final.pth").is_file() and (output_dir / "model_0000000.pth").is_file()
+    return output_dir
+
+
+@pytest.fixture(scope="module")
+def model():
+    return Trainer.build_model(build_config(str(DEMO_CONFIG), TINY_OPTS))
+
+
+# ---- LOSS 1: the config file given is the config.yaml the run writes ----------------------------------
+
+USERS_CONFIG = f'# my experiment\n_BASE_: "{DEMO_CONFIG}"\nMODEL:\n  GW:\n    NUM_GROUPS: 16\n'
+
+
+def test_a_config_file_that_is_the_output_dirs_config_yaml_is_refused_before_anything_is_written(tmp_path):
+    config = tmp_path / CONFIG_NAME
+    config.write_text(USERS_CONFIG)
+    with pytest.raises(FileExistsError) as refused:
+        main(_args(tmp_path, config_file=config))
+    assert str(refused.value) == (
+        f"The config file {config} is OUTPUT_DIR/{CONFIG_NAME} ({config}), where the run writes its full config: "
+        f"your file (its comments and _BASE_ too), which no run wrote (no {RECORD} beside it matches it), would be "
+        "replaced; nothing was changed. Give the run another OUTPUT_DIR, or keep the config file elsewhere (e.g. mv "
+        f"{config} {tmp_path / 'my_config.yaml'} and pass that as --config-file).")
+    assert isinstance(refused.value, GwdetError)
+    assert config.read_text() == USERS_CONFIG and os.listdir(tmp_path) == [CONFIG_NAME], "nothing written"
+
+
+def test_a_runs_own_config_yaml_is_still_a_config_file_to_resume_and_evaluate_with(finished_run, tmp_path):
+    check_config_file_kept(str(finished_run / CONFIG_NAME), str(finished_run))  # as the run wrote it
+    # --eval-only with it: the evaluation goes to eval/<checkpoint>/, the run's config.yaml stays
+    args = parse_args(["--config-file", str(finished_run / CONFIG_NAME), "--eval-only",
+                       "MODEL.WEIGHTS", str(finished_run / "model_final.pth")])
+    run, args = evaluation_request(load_run_config(args.config_file, args.opts), args)
+    assert run.output_dir == str(finished_run / "eval" / "model_final")
+    check_config_file_kept(args.config_file, run.output_dir)
+    # --resume with it: trains on, and its config.yaml is the new dump with a matching record
+    run = _copy_run(finished_run, tmp_path / "run", "model_final.pth", "last_checkpoint", CONFIG_NAME, RECORD)
+    text = (run / CONFIG_NAME).read_text().replace(str(finished_run), str(run))
+    (run / CONFIG_NAME).write_text(text)
+    (run / RECORD).write_text(f"{hashlib.sha256(text.encode()).hexdigest()}  {CONFIG_NAME}\n")
+    main(parse_args(["--config-file", str(run / CONFIG_NAME), "--resume", "SOLVER.MAX_ITER", "3"]))
+    assert "MAX_ITER: 3" in (run / CONFIG_NAME).read_text() and (run / "model_final.pth").is_file()
+    assert (run / RECORD).read_text().split()[0] == hashlib.sha256((run / CONFIG_NAME).read_bytes()).hexdigest()
+    # edited by hand, it is the user's file again
+    with open(run / CONFIG_NAME, "a") as f:
+        f.write("# my notes\n")
+    with pytest.raises(FileExistsError, match="which no run wrote"):
+        check_config_file_kept(str(run / CONFIG_NAME), str(run))
+
+
+# ---- LOSS 2, RAW 8: writing config.yaml fails (full disk) ------------------------------------------------
+
+def test_a_resume_whose_config_record_cannot_be_written_leaves_config_and_record_as_they_were(
+        finished_run, tmp_path, monkeypatch):
+    run = _copy_run(finished_run, tmp_path / "run", "model_0000000.pth", "model_final.pth", "last_checkpoint",
+                    "metrics.json", CONFIG_NAME, RECORD)
+    before = _digest(run)
+
+    def full_disk(path, digest=None):
+        raise WriteError(errno.ENOSPC, f"cannot write {path}.sha256: No space left on device")
+
+    monkeypatch.setattr("gwdet.engine.output_dir.record_checksum", full_disk)
+    with pytest.raises(GwdetOSError) as refused:
+        main(_args(run, "--resume", "SOLVER.MAX_ITER", "3"))
+    assert str(refused.value) == (
+        f"OUTPUT_DIR {str(run)!r}: writing the run's {CONFIG_NAME} and log there failed ([Errno 28] cannot write "
+        f"{run / CONFIG_NAME}.sha256: No space left on device); {CONFIG_NAME} and {RECORD} there are as they were "
+        "before this run, and nothing was trained. Free space there (or fix what the error names), or give the run "
+        "another OUTPUT_DIR.")
+    assert isinstance(refused.value, GwdetError) and isinstance(refused.value, OSError)
+    after = _digest(run)
+    assert {name: after[name] for name in before} == before, "config.yaml, its record and the run as they were"
+    assert not (run / CONFIG_KEPT).exists()
+    monkeypatch.undo()
+    check_resume_config(build_config(str(DEMO_CONFIG), TINY_OPTS + ["SOLVER.MAX_ITER", "3"]), str(run))  # accepted
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux), a device that is always full")
+def test_a_config_yaml_on_a_full_disk_is_one_error_naming_output_dir_and_leaves_no_partial_file(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    os.symlink("/dev/full", run / CONFIG_NAME)  # detectron2's write of config.yaml meets a full disk
+    with pytest.raises(GwdetOSError, match=rf"^OUTPUT_DIR {str(run)!r}: writing the run's config.yaml and log "
+                                                  r"there failed \(\[Errno 28\] No space left on device\); .*nothing "
+                                                  r"was trained\. Free space there"):
+        main(_args(run))
+    assert os.readlink(run / CONFIG_NAME) == "/dev/full" and not (run / RECORD).exists()
+    assert not (run / CONFIG_KEPT).exists()
+
+
+def test_a_run_killed_while_writing_config_yaml_has_it_put_back_by_the_next_run(finished_run, tmp_path, caplog):
+    run = _copy_run(finished_run, tmp_path / "run", "model_final.pth", "last_checkpoint", CONFIG_NAME, RECORD)
+    before = _digest(run)
+    kept = run / CONFIG_KEPT  # what a run keeps while detectron2 rewrites config.yaml in place
+    kept.mkdir()
+    for name in (CONFIG_NAME, RECORD):
+        shutil.copyfile(run / name, kept / name)
+    text = (run / CONFIG_NAME).read_text()
+    (run / CONFIG_NAME).write_text(text[:text.index("\nMODEL:")])  # the kill came half way
+    with caplog.at_level(logging.WARNING, logger="gwdet.engine.output_dir"), OutputDirLock(str(run)):
+        pass
+    assert {name: digest for name, digest in _digest(run).items() if name != ".gwdet.lock"} == before
+    assert not kept.exists()
+    assert f"{run}: put config.yaml and config.yaml.sha256 back as they were before a run that stopped" in caplog.text
+    check_resume_config(build_config(str(DEMO_CONFIG), TINY_OPTS), str(run))
+
+
+# ---- SILENT 8: last_checkpoint left, no checkpoint ---------------------------------------------------------
+
+def test_resume_with_last_checkpoint_but_no_checkpoint_is_refused_before_training(finished_run, tmp_path):
+    run = _copy_run(finished_run, tmp_path / "run", "last_checkpoint", "metrics.json", CONFIG_NAME, RECORD)
+    before = _digest(run)
+    tag = run / "last_checkpoint"
+    message = (f"--resume: {tag} names 'model_final.pth', which is not a checkpoint file in {str(run)!r}, and no other "
+               "checkpoint is there, so there is nothing to resume: detectron2 would still count the run as resumed "
+               f"and start training at iteration 1, from MODEL.WEIGHTS; nothing was changed. Restore model_final.pth "
+               f"into {run} (from a copy) to continue the run; or delete {tag} to train afresh from iteration 0 with "
+               "--resume; or train afresh with --overwrite instead of --resume (which deletes the earlier run's files).")
+    with pytest.raises(FileNotFoundError) as refused:
+        main(_args(run, "--resume", "SOLVER.MAX_ITER", "3"))
+    assert str(refused.value) == message and isinstance(refused.value, GwdetError)
+    assert {name: digest for name, digest in _digest(run).items() if name != ".gwdet.lock"} == before
+    # the trainer itself (gwdet's Python API) refuses the same way instead of starting at iteration 1
+    trainer = Trainer(build_config(str(DEMO_CONFIG), TINY_OPTS + ["OUTPUT_DIR", str(run)]))
+    with pytest.raises(FileNotFoundError) as refused:
+        trainer.resume_or_load(resume=True)
+    assert str(refused.value) == message
+
+
+# ---- MISLEADING 1, 2: a checkpoint changed on purpose ------------------------------------------------------
+
+def test_weights_whose_training_state_was_removed_load_with_a_warning_and_resume_refuses_them(
+        finished_run, tmp_path, model, caplog):
+    checkpoint = torch.load(finished_run / "model_final.pth", weights_only=True)
+    stripped = tmp_path / "stripped.pth"
+    torch.save({key: value for key, value in checkpoint.items() if key not in ("trainer", "random_state")}, stripped)
+    with caplog.at_level(logging.WARNING):
+        ResilientCheckpointer(model, require_every_weight=True).load_weights(str(stripped))
+    assert all(torch.equal(value, checkpoint["model"][name]) for name, value in model.state_dict().items()
+               if isinstance(value, torch.Tensor))
+    assert (f"{stripped}: random_state, trainer were removed from the file after gwdet wrote it (as when a "
+            "checkpoint's training state is removed to publish its weights). Its weights match the checksums recorded "
+            "with them and are loaded as MODEL.WEIGHTS; the file cannot continue a training with --resume.") in caplog.text
+    with pytest.raises(DamagedTensorsError, match=r"is damaged: \d+ value\(s\) of its training state .*If the file was "
+                                                  r"changed on purpose .*gwdet_checksums and gwdet_state_checksums"):
+        ResilientCheckpointer(model, save_dir=str(tmp_path)).load(str(stripped))  # --resume needs that state
+
+
+def test_weights_converted_to_float16_are_refused_naming_the_dtype_and_the_recipe_that_keeps_them(
+        finished_run, tmp_path, model):
+    checkpoint = torch.load(finished_run / "model_final.pth", weights_only=True)
+    checkpoint["model"] = {name: value.half() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+                           for name, value in checkpoint["model"].items()}
+    half = tmp_path / "half.pth"
+    torch.save(checkpoint, half)
+    with pytest.raises(DamagedTensorsError) as refused:
+        ResilientCheckpointer(model, require_every_weight=True).load_weights(str(half))
+    text = str(refused.value)
+    assert "; every one of them is float16 now)" in text
+    assert text.endswith(
+        "If the file was changed on purpose (its training state removed to publish the weights, the weights converted "
+        "to another dtype), the checksums gwdet recorded in it no longer apply: save it without them (its keys "
+        f"gwdet_checksums and gwdet_state_checksums), e.g. {without_checksums_recipe(str(half))}")
+    exec(without_checksums_recipe(str(half)))  # the recipe as printed
+    ResilientCheckpointer(model, require_every_weight=True).load_weights(str(tmp_path / "half_unchecked.pth"))
+
+
+def test_only_whole_entries_removed_with_the_weights_intact_are_accepted():
+    data = with_checksums({"model": {"w": torch.ones(2)}, "iteration": 3, "trainer": {"iteration": 3, "lr": 0.1}})
+    assert verify_checksums("w.pth", {k: v for k, v in data.items() if k not in ("trainer", "iteration")},
+                            accept_removed_state=True) == ["iteration", "trainer"]
+    partly = {**data, "trainer": {"iteration": 3}}  # a value gone inside an entry that is there: damage
+    with pytest.raises(DamagedTensorsError, match=r"\(trainer/lr\)"):
+        verify_checksums("w.pth", partly, accept_removed_state=True)
+    changed = {k: v for k, v in data.items() if k != "trainer"}
+    changed["model"] = {"w": torch.zeros(2)}
+    with pytest.raises(DamagedTensorsError, match=r"1 tensor\(s\) differ"):
+        verify_checksums("w.pth", changed, accept_removed_state=True)
+    with pytest.raises(DamagedTensorsError):
+        verify_checksums("w.pth", {k: v for k, v in data.items() if k != "trainer"})  # --resume: refused
+
+
+# ---- MISLEADING 3, 9: OUTPUT_DIR a file; a user's file named like a run folder -----------------------------
+
+def test_an_output_dir_that_is_a_file_is_called_a_file(tmp_path):
+    path = tmp_path / "afile"
+    path.write_text("mine")
+    with pytest.raises(OutputDirNotWritableError) as refused:
+        with OutputDirLock(str(path)):
+            pass
+    assert str(refused.value) == (f"OUTPUT_DIR {path} is a file, not a folder: give a folder to write into (it is "
+                                  "created if it does not exist), or move the file away. Nothing was changed.")
+    assert path.read_text() == "mine"
+
+
+@pytest.mark.parametrize("name", ["vis", "inference"])
+def test_a_users_file_named_like_a_run_folder_is_no_run_and_is_kept(tmp_path, name):
+    (tmp_path / name).write_text("my notes")
+    assert run_files(str(tmp_path)) == [] and not holds_run(str(tmp_path))
+    check_fresh_start(str(tmp_path), overwrite=True)
+    assert (tmp_path / name).read_text() == "my notes"
+    with pytest.raises(FileExistsError) as refused:  # the run could not create its folder there after training
+        main(_args(tmp_path, "TEST.VIS_IMAGES", "1"))
+    assert str(refused.value).startswith(f"OUTPUT_DIR {str(tmp_path)!r} holds a file {name}, but the run writes ")
+    assert f"Move or rename {tmp_path / name} (no run wrote it: --overwrite keeps it)" in str(refused.value)
+    assert (tmp_path / name).read_text() == "my notes" and not (tmp_path / CONFIG_NAME).exists()
+    check_run_folders(str(tmp_path), ["vis" if name == "inference" else "inference"])  # another name: no matter
+
+
+# ---- MISLEADING 7, RAW 11: MODEL.WEIGHTS with ~ or as a file:// URL ---------------------------------------
+
+def test_model_weights_with_a_tilde_are_found_in_the_home_folder(finished_run, tmp_path, monkeypatch, model):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    shutil.copyfile(finished_run / "model_final.pth", tmp_path / "w.pth")
+    ResilientCheckpointer(model, require_every_weight=True).load_weights("~/w.pth")
+
+
+def test_model_weights_as_a_file_url_are_read_as_the_local_file(finished_run, tmp_path, model):
+    weights = finished_run / "model_final.pth"
+    ResilientCheckpointer(model, require_every_weight=True).load_weights(f"file://{weights}")
+    with pytest.raises(FileNotFoundError, match=rf"^MODEL.WEIGHTS file '{tmp_path}/gone.pth' does not exist\."):
+        ResilientCheckpointer(model).load_weights(f"file://{tmp_path}/gone.pth")
+    with pytest.raises(ValueError, match=r"^MODEL.WEIGHTS file://server/w.pth names a file on the host 'server', "
+                                         r"which cannot be read from here\. Copy the file to this machine"):
+        ResilientCheckpointer(model).load_weights("file://server/w.pth")
+    assert evaluation_folder(str(finished_run), f"file://{weights}") == str(finished_run / "eval" / "model_final")
