@@ -533,6 +533,17 @@ def _anchor_lists(cfg: CfgNode, lists: Any) -> str | None:
             "[128], [256], [512]] for SIZES and [[0.5, 1.0, 2.0]] for ASPECT_RATIOS.")
 
 
+def _config_version(cfg: CfgNode, version: Any) -> str | None:
+    from detectron2.config import get_cfg
+
+    latest = get_cfg().VERSION
+    if version == latest:
+        return None
+    return (f"is not the version of detectron2's config format ({latest}), which detectron2 sets itself (a file of "
+            "an older version is upgraded as it is read): leave VERSION out of the overrides, and a run's config.yaml "
+            "written with it could not be read back.")
+
+
 @dataclass(frozen=True)
 class ValueRule:
     """A key of detectron2's config and its rule: ``problem(cfg, value)`` is None for a value
@@ -598,6 +609,7 @@ DETECTRON2_VALUE_RULES = (
     ValueRule("MODEL.ROI_HEADS.NMS_THRESH_TEST", _number(0, 1, means="NMS IoU threshold (IoUs are in [0, 1])")),
     ValueRule("MODEL.RPN.NMS_THRESH", _number(0, 1, means="NMS IoU threshold (IoUs are in [0, 1])")),
     ValueRule("TEST.DETECTIONS_PER_IMAGE", _whole(1, means="number of detections kept per image")),
+    ValueRule("VERSION", _config_version),
 )
 
 

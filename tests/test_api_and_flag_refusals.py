@@ -132,3 +132,22 @@ def test_a_registered_dataset_no_run_uses_is_named_in_a_warning(tmp_path, caplog
     with caplog.at_level(logging.WARNING, logger="gwdet"):
         setup(args, load_run_config(args.config_file, args.opts))
     assert "--register-coco registered 'unused_mine', but the run neither trains nor evaluates on it" in caplog.text
+
+
+def test_a_double_dash_ends_the_flags_and_a_flag_without_its_value_is_named(capsys):
+    parser = export_model.argument_parser()
+    args = parse_with_trailing_flags(parser, ["--config-file", "c.yaml", "--output", "o", "--", "MODEL.DEVICE", "cpu"])
+    assert args.opts == ["MODEL.DEVICE", "cpu"]
+    args = parse_with_trailing_flags(parser, ["--config-file", "c.yaml", "--output", "o", "MODEL.DEVICE", "cpu",
+                                              "--overw", "--opset", "13"])  # a prefix among the overrides
+    assert args.overwrite and args.opset == 13 and args.opts == ["MODEL.DEVICE", "cpu"]
+    with pytest.raises(SystemExit):
+        parse_with_trailing_flags(parser, ["--config-file", "c.yaml", "--output", "o", "MODEL.DEVICE", "cpu", "--opset"])
+    assert "--opset needs a value after it" in capsys.readouterr().err
+
+
+def test_an_override_of_detectrons_config_version_is_refused():
+    from gwdet.model_zoo import build_config
+
+    with pytest.raises(GwdetValueError, match=r"^config: VERSION=1 is not the version of detectron2's config format"):
+        build_config(str(DEMO_CONFIG), ["VERSION", "1"])

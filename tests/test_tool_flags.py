@@ -52,7 +52,7 @@ def test_flags_after_the_overrides_are_flags():
     assert args.opts == ["MODEL.DEVICE", "cpu", "SOLVER.MAX_ITER", "2"]
     with pytest.raises(SystemExit):
         parse_with_trailing_flags(parser, ["--config-file", "c.yaml", "--output", "out", "MODEL.DEVICE", "cpu",
-                                           "--overwrit"])
+                                           "--overwritten"])
     analyze = analyze_model.argument_parser()
     args = parse_with_trailing_flags(analyze, ["--config-file", "c.yaml", "MODEL.DEVICE", "cpu", "--input-size", "64",
                                                "96", "SOLVER.MAX_ITER", "2"])

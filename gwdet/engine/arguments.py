@@ -4,6 +4,7 @@ are added by :func:`gwdet.cluster.training.argument_parser`."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from typing import Sequence
 
@@ -82,25 +83,31 @@ def parse_with_trailing_flags(parser: argparse.ArgumentParser, argv: Sequence[st
     opts, flags = [], []
     tokens = iter(args.opts)
     for token in tokens:
+        if token == "--":  # the end of the flags, as for any command: what follows are overrides
+            continue
         if not token.startswith("--"):
             opts.append(token)
             continue
-        action = parser._option_string_actions.get(token.split("=", 1)[0])
+        flag = token.split("=", 1)[0]
+        action = _action_of(parser, flag)
         if action is None:
             parser.error(f"unknown flag {token!r} among the KEY VALUE overrides")
         flags.append(token)
         if "=" in token:
             continue
-        if action.nargs is None:  # the flag takes one value
-            flags.append(next(tokens, ""))
-        elif isinstance(action.nargs, int):
-            flags += [next(tokens, "") for _ in range(action.nargs)]
+        if action.nargs is None or isinstance(action.nargs, int):  # the flag takes one value, or that many
+            count = 1 if action.nargs is None else action.nargs
+            values = list(itertools.islice(tokens, count))
+            if len(values) < count:
+                parser.error(f"{flag} needs {'a value' if count == 1 else f'{count} values'} after it, and the "
+                             "command line ends before")
+            flags += values
         elif action.nargs in ("+", "*"):  # how many values it takes cannot be told from the overrides after it
-            flag = token.split("=", 1)[0]
             parser.error(f"{flag} takes a list of values, every word up to the next flag: put it before another "
                          f"flag, ahead of the KEY VALUE overrides (e.g. {flag} A B --config-file FILE KEY VALUE)")
     if flags:  # parsed again with the flags before the overrides, where argparse reads them
         args = parser.parse_args(argv[:len(argv) - len(args.opts)] + flags + opts)
+    args.opts = opts
     return args
 
 
