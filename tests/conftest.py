@@ -39,6 +39,26 @@ TINY_OPTS = [
 ]
 
 
+def tiny_run_args(output_dir, *extra: str, config_file=DEMO_CONFIG):
+    """The train tool's arguments for the demo model at test size with a checkpoint every
+    iteration into ``output_dir``, then ``extra``."""
+    from gwdet.engine.arguments import parse_args
+
+    return parse_args(["--config-file", str(config_file), *TINY_OPTS, "SOLVER.CHECKPOINT_PERIOD", "1",
+                       "OUTPUT_DIR", str(output_dir), *extra])
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A folder holding a finished run of :func:`tiny_run_args` (one per test module)."""
+    from gwdet.engine.run import main
+
+    output_dir = tmp_path_factory.mktemp("finished_run")
+    main(tiny_run_args(output_dir))
+    assert (output_dir / "model_final.pth").is_file() and (output_dir / "model_0000000.pth").is_file()
+    return output_dir
+
+
 @pytest.fixture(scope="session", autouse=True)
 def dataset_cache(tmp_path_factory) -> Path:
     """Generated datasets go to a per-session folder, never the user's ~/.cache."""

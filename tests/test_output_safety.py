@@ -3,7 +3,6 @@
 One tiny training run (module fixture) is reused by the checks on its OUTPUT_DIR; each check that
 must fail is asserted to fail before anything of that run changed.
 """
-import argparse
 import os
 import hashlib
 import re
@@ -22,30 +21,19 @@ from gwdet.engine.trainer import Trainer, YacsRun
 from gwdet.model_zoo import build_config
 from gwdet.engine.output_dir import OutputDirLock, check_fresh_start, check_resume_config
 
-from conftest import DEMO_CONFIG, REPO, TINY_OPTS
+from conftest import DEMO_CONFIG, REPO, TINY_OPTS, tiny_run_args
 
 
 def _digest(folder) -> dict:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
 
 
-def _args(output_dir, *extra: str) -> argparse.Namespace:
-    return parse_args(["--config", str(DEMO_CONFIG), *TINY_OPTS, "SOLVER.CHECKPOINT_PERIOD", "1",
-                       "OUTPUT_DIR", str(output_dir), *extra])
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    output_dir = tmp_path_factory.mktemp("finished_run")
-    main(_args(output_dir))
-    assert (output_dir / "model_final.pth").is_file() and (output_dir / "model_0000000.pth").is_file()
-    return output_dir
 
 
 def test_training_again_into_a_finished_run_is_refused_and_changes_nothing(finished_run):
     before = _digest(finished_run)
     with pytest.raises(FileExistsError, match="already holds a run.*--resume.*--overwrite"):
-        main(_args(finished_run))
+        main(tiny_run_args(finished_run))
     assert _digest(finished_run) == before
 
 
@@ -61,18 +49,18 @@ def test_overwrite_deletes_the_earlier_run_first(tmp_path):
 
 def test_eval_only_without_weights_is_an_error():
     with pytest.raises(ValueError, match="--eval-only needs trained weights.*MODEL.WEIGHTS"):
-        check_output_request(_args("unused", "--eval-only"), YacsRun(build_config(str(DEMO_CONFIG), TINY_OPTS)))
+        check_output_request(tiny_run_args("unused", "--eval-only"), YacsRun(build_config(str(DEMO_CONFIG), TINY_OPTS)))
 
 
 def test_eval_only_resume_with_no_checkpoint_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="holds no checkpoint to evaluate"):
-        main(_args(tmp_path / "mistyped", "--eval-only", "--resume"))
+        main(tiny_run_args(tmp_path / "mistyped", "--eval-only", "--resume"))
 
 
 def test_resume_with_another_model_is_refused_before_loading(finished_run):
     before = _digest(finished_run)
     with pytest.raises(ValueError, match=r"another model.*MODEL.GW.NUM_GROUPS: 16 -> 8"):
-        main(_args(finished_run, "--resume", "MODEL.GW.NUM_GROUPS", "8"))
+        main(tiny_run_args(finished_run, "--resume", "MODEL.GW.NUM_GROUPS", "8"))
     assert _digest(finished_run) == before
 
 
@@ -111,7 +99,7 @@ def test_resume_when_the_named_checkpoint_is_gone_uses_the_previous_one(finished
 def test_a_second_run_on_the_same_output_dir_is_refused(tmp_path):
     with OutputDirLock(str(tmp_path)):
         with pytest.raises(RuntimeError, match=r"in use by another run \(pid \d+\)"):
-            main(_args(tmp_path))
+            main(tiny_run_args(tmp_path))
     with OutputDirLock(str(tmp_path)):
         pass  # released: the next run gets it
 
@@ -194,7 +182,7 @@ def _tree_digest(folder) -> dict:
 def test_eval_only_into_a_run_writes_under_eval_and_keeps_the_runs_files(finished_run):
     before = _tree_digest(finished_run)
     checkpoint = finished_run / "model_0000000.pth"
-    main(_args(finished_run, "--eval-only", "MODEL.WEIGHTS", str(checkpoint)))
+    main(tiny_run_args(finished_run, "--eval-only", "MODEL.WEIGHTS", str(checkpoint)))
     assert _tree_digest(finished_run) == before, "the run's config, results, vis, inference stay as they were"
     evaluation = finished_run / "eval" / "model_0000000"
     assert (evaluation / "results.md").is_file() and (evaluation / "config.yaml").is_file()
@@ -209,11 +197,11 @@ def test_eval_only_resume_evaluates_only_the_checkpoint_last_checkpoint_names(fi
     (run / "model_0000000.pth").write_bytes((finished_run / "model_0000000.pth").read_bytes())
     (run / "last_checkpoint").write_text("model_final.pth")  # gone: no older file in its place
     with pytest.raises(FileNotFoundError, match="names 'model_final.pth'.*MODEL.WEIGHTS .*model_0000000.pth"):
-        check_output_request(_args(run, "--eval-only", "--resume"),
+        check_output_request(tiny_run_args(run, "--eval-only", "--resume"),
                              YacsRun(build_config(str(DEMO_CONFIG), TINY_OPTS + ["OUTPUT_DIR", str(run)])))
     (run / "last_checkpoint").write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(ValueError, match="last_checkpoint is damaged"):
-        check_output_request(_args(run, "--eval-only", "--resume"),
+        check_output_request(tiny_run_args(run, "--eval-only", "--resume"),
                              YacsRun(build_config(str(DEMO_CONFIG), TINY_OPTS + ["OUTPUT_DIR", str(run)])))
 
 
@@ -226,7 +214,7 @@ def test_a_config_left_by_a_run_that_failed_before_training_claims_nothing(tmp_p
 
 def test_resume_with_overwrite_is_refused():
     with pytest.raises(ValueError, match="--resume continues.*--overwrite deletes"):
-        check_output_request(_args("unused", "--resume", "--overwrite"),
+        check_output_request(tiny_run_args("unused", "--resume", "--overwrite"),
                              YacsRun(build_config(str(DEMO_CONFIG), TINY_OPTS)))
 
 
@@ -245,9 +233,9 @@ def test_a_run_on_a_read_only_disk_is_evaluated_with_its_outputs_elsewhere(finis
     try:
         subprocess.run(["mount", "-o", "remount,bind,ro", str(read_only)], check=True)
         with pytest.raises(PermissionError, match="cannot be written.*MODEL.WEIGHTS <run>/model_final.pth OUTPUT_DIR"):
-            main(_args(read_only, "--eval-only", "--resume"))
+            main(tiny_run_args(read_only, "--eval-only", "--resume"))
         elsewhere = tmp_path / "elsewhere"
-        main(_args(elsewhere, "--eval-only", "MODEL.WEIGHTS", str(read_only / "model_final.pth")))
+        main(tiny_run_args(elsewhere, "--eval-only", "MODEL.WEIGHTS", str(read_only / "model_final.pth")))
         assert (elsewhere / "results.md").is_file()
         assert sorted(p.name for p in read_only.iterdir()) == ["config.yaml", "last_checkpoint", "model_final.pth"]
     finally:
@@ -516,7 +504,7 @@ def test_a_resume_that_would_train_nothing_is_refused_before_the_runs_records_ch
 
     before = records()
     with pytest.raises(ValueError) as refused:
-        main(_args(finished_run, "SOLVER.MAX_ITER", "1", "--resume"))
+        main(tiny_run_args(finished_run, "SOLVER.MAX_ITER", "1", "--resume"))
     assert str(refused.value) == (
         f"--resume: the run in {str(finished_run)!r} has trained 2 iterations (model_final.pth), more than "
         "SOLVER.MAX_ITER 1: resuming would train nothing and write the run's config.yaml and results again with a "

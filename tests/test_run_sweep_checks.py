@@ -5,7 +5,6 @@ expensive work, and loses nothing the user had; what a run does and what it says
 One tiny training run (module fixture) provides a run folder and checkpoints; each check copies
 what it changes.
 """
-import argparse
 import errno
 import hashlib
 import logging
@@ -37,14 +36,11 @@ from gwdet.errors import GwdetError, GwdetOSError
 from gwdet.model_zoo import build_config
 from gwdet.utils.atomic import WriteError
 
-from conftest import DEMO_CONFIG, TINY_OPTS
+from conftest import DEMO_CONFIG, TINY_OPTS, tiny_run_args
 
 RECORD = CONFIG_NAME + ".sha256"
 
 
-def _args(output_dir, *extra: str, config_file=DEMO_CONFIG) -> argparse.Namespace:
-    return parse_args(["--config-file", str(config_file), *TINY_OPTS, "SOLVER.CHECKPOINT_PERIOD", "1",
-                       "OUTPUT_DIR", str(output_dir), *extra])
 
 
 def _digest(folder) -> dict:
@@ -56,14 +52,6 @@ def _copy_run(source, target, *names):
     for name in names:
         shutil.copyfile(source / name, target / name)
     return target
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    output_dir = tmp_path_factory.mktemp("finished_run")
-    main(_args(output_dir))
-    assert (output_dir / "model_final.pth").is_file() and (output_dir / "model_0000000.pth").is_file()
-    return output_dir
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +68,7 @@ def test_a_config_file_that_is_the_output_dirs_config_yaml_is_refused_before_any
     config = tmp_path / CONFIG_NAME
     config.write_text(USERS_CONFIG)
     with pytest.raises(FileExistsError) as refused:
-        main(_args(tmp_path, config_file=config))
+        main(tiny_run_args(tmp_path, config_file=config))
     assert str(refused.value) == (
         f"The config file {config} is OUTPUT_DIR/{CONFIG_NAME} ({config}), where the run writes its full config: "
         f"your file (its comments and _BASE_ too), which no run wrote (no {RECORD} beside it matches it), would be "
@@ -126,7 +114,7 @@ def test_a_resume_whose_config_record_cannot_be_written_leaves_config_and_record
 
     monkeypatch.setattr("gwdet.engine.output_dir.record_checksum", full_disk)
     with pytest.raises(GwdetOSError) as refused:
-        main(_args(run, "--resume", "SOLVER.MAX_ITER", "3"))
+        main(tiny_run_args(run, "--resume", "SOLVER.MAX_ITER", "3"))
     assert str(refused.value) == (
         f"OUTPUT_DIR {str(run)!r}: writing the run's {CONFIG_NAME} and log there failed ([Errno 28] cannot write "
         f"{run / CONFIG_NAME}.sha256: No space left on device); {CONFIG_NAME} and {RECORD} there are as they were "
@@ -148,7 +136,7 @@ def test_a_config_yaml_on_a_full_disk_is_one_error_naming_output_dir_and_leaves_
     with pytest.raises(GwdetOSError, match=rf"^OUTPUT_DIR {str(run)!r}: writing the run's config.yaml and log "
                                                   r"there failed \(\[Errno 28\] No space left on device\); .*nothing "
                                                   r"was trained\. Free space there"):
-        main(_args(run))
+        main(tiny_run_args(run))
     assert os.readlink(run / CONFIG_NAME) == "/dev/full" and not (run / RECORD).exists()
     assert not (run / CONFIG_KEPT).exists()
 
@@ -182,7 +170,7 @@ def test_resume_with_last_checkpoint_but_no_checkpoint_is_refused_before_trainin
                f"into {run} (from a copy) to continue the run; or delete {tag} to train afresh from iteration 0 with "
                "--resume; or train afresh with --overwrite instead of --resume (which deletes the earlier run's files).")
     with pytest.raises(FileNotFoundError) as refused:
-        main(_args(run, "--resume", "SOLVER.MAX_ITER", "3"))
+        main(tiny_run_args(run, "--resume", "SOLVER.MAX_ITER", "3"))
     assert str(refused.value) == message and isinstance(refused.value, GwdetError)
     assert {name: digest for name, digest in _digest(run).items() if name != ".gwdet.lock"} == before
     # the trainer itself (gwdet's Python API) refuses the same way instead of starting at iteration 1
@@ -265,7 +253,7 @@ def test_a_users_file_named_like_a_run_folder_is_no_run_and_is_kept(tmp_path, na
     check_fresh_start(str(tmp_path), overwrite=True)
     assert (tmp_path / name).read_text() == "my notes"
     with pytest.raises(FileExistsError) as refused:  # the run could not create its folder there after training
-        main(_args(tmp_path, "TEST.VIS_IMAGES", "1"))
+        main(tiny_run_args(tmp_path, "TEST.VIS_IMAGES", "1"))
     assert str(refused.value).startswith(f"OUTPUT_DIR {str(tmp_path)!r} holds a file {name}, but the run writes ")
     assert f"Move or rename {tmp_path / name} (no run wrote it: --overwrite keeps it)" in str(refused.value)
     assert (tmp_path / name).read_text() == "my notes" and not (tmp_path / CONFIG_NAME).exists()
