@@ -80,12 +80,15 @@ def mask_problems(annotations: Iterable[Mapping[str, Any]], images: Mapping[Any,
     return problems
 
 
-def image_file_problems(images: Sequence[Mapping[str, Any]], root: str) -> list[str]:
+def image_file_problems(images: Sequence[Mapping[str, Any]], root: str,
+                        rotations: dict[str, int] | None = None) -> list[str]:
     """The images whose file under ``root`` detectron2 could not read as the entry states
-    (:func:`gwdet.data.image_files.image_file_problem`)."""
+    (:func:`gwdet.data.image_files.image_file_problem`, which adds to ``rotations`` the images
+    turned by an EXIF orientation their size cannot confirm)."""
     problems = []
     for image in images:
-        problem = image_file_problem(os.path.join(root, image["file_name"]), image["width"], image["height"])
+        problem = image_file_problem(os.path.join(root, image["file_name"]), image["width"], image["height"],
+                                     rotations)
         if problem:
             problems.append(f"image id {image['id']} ({image['file_name']}) {problem}")
     return problems

@@ -62,7 +62,6 @@ from gwdet.data.coco_checks import (
     mask_problems,
     shown_problems,
 )
-from gwdet.data.image_files import unconfirmed_rotations
 
 FLAG = "--register-coco"
 FORMAT = "NAME=JSON:IMAGE_ROOT"
@@ -428,8 +427,8 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
     if not os.path.isfile(os.path.join(root, first)):
         raise DatasetError(f"{where} the first image of {path}, {first!r}, is not in the image folder {root}: "
                            "IMAGE_ROOT must be the folder that the JSON's file_name entries are relative to.")
-    with unconfirmed_rotations() as rotations:
-        problems = image_file_problems(coco["images"], root)
+    rotations: dict[str, int] = {}
+    problems = image_file_problems(coco["images"], root, rotations)
     if problems:
         raise DatasetError(
             f"{where} {len(problems)} of the {len(coco['images'])} images of {path} cannot be read as it states (under "

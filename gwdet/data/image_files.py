@@ -14,7 +14,7 @@ dataset states. Three ways a file passes registration and goes wrong later:
 An image larger than PIL opens (``PIL.Image.MAX_IMAGE_PIXELS``: PIL refuses over twice that as a
 possible decompression bomb, and warns above it) is named with its size and the limit, not left to
 PIL's traceback. An EXIF orientation that the stated size cannot confirm (a square image turned, a
-flipped or upside-down one) is recorded for a warning (:func:`unconfirmed_rotations`): detectron2
+flipped or upside-down one) is recorded for a warning (``rotations`` of :func:`image_file_problem`): detectron2
 turns the image, so its annotations must be in the turned frame.
 
 :func:`image_file_problem` checks one file at the cost of reading its header and its end: PIL's
@@ -26,10 +26,8 @@ checksum notices that.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-from typing import Iterator
 
 from PIL import Image, UnidentifiedImageError
 
@@ -42,7 +40,6 @@ _EXIF_ORIENTATION = 0x0112
 _TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
 _TURNED = (2, 3, 4, *_TRANSPOSED)  # EXIF orientations that detectron2's read_image applies (1: as stored)
 _BOMB_PIXELS = re.compile(r"\((\d+) pixels\)")  # the pixel count in PIL's decompression bomb message
-_rotation_records: list[dict[str, int]] = []  # the dicts of the active unconfirmed_rotations blocks
 _JPEG_END = b"\xff\xd9"
 CONVERT_HINT = ("convert it to 8-bit RGB or grayscale (e.g. 16-bit values scaled to 0-255: "
                 "Image.fromarray((np.asarray(im) >> 8).astype(np.uint8)))")
@@ -68,27 +65,12 @@ def _ends_completely(path: str, image_format: str | None) -> bool:
         return file.read() == _JPEG_END
 
 
-@contextlib.contextmanager
-def unconfirmed_rotations() -> Iterator[dict[str, int]]:
-    """In its ``with`` block, :func:`image_file_problem` records in the dict it yields the path and
-    EXIF orientation of each image it opens that detectron2 turns (an orientation other than 1)
-    without changing its size, so that the check of the size a JSON states cannot see the turn: a
-    flip or half turn, or a quarter turn of a square image. Read where the size check opens the file
-    anyway: no extra cost."""
-    found: dict[str, int] = {}
-    _rotation_records.append(found)
-    try:
-        yield found
-    finally:
-        _rotation_records.remove(found)
-
-
-def _record_rotation(path: str, orientation: int, size: tuple[int, int]) -> None:
-    """Record ``path`` in the active :func:`unconfirmed_rotations` blocks if its ``orientation``
-    turns it without changing its ``size``."""
+def _record_rotation(rotations: dict[str, int], path: str, orientation: int, size: tuple[int, int]) -> None:
+    """Add ``path`` to ``rotations`` if its EXIF ``orientation`` turns it without changing its
+    ``size`` (a flip or half turn, or a quarter turn of a square image), which the check of the size
+    a JSON states cannot see."""
     if orientation in _TURNED and (orientation not in _TRANSPOSED or size[0] == size[1]):
-        for found in _rotation_records:
-            found[path] = orientation
+        rotations[path] = orientation
 
 
 def _too_many_pixels(error: Exception, width: int | None, height: int | None) -> str:
@@ -111,11 +93,13 @@ def _too_many_pixels(error: Exception, width: int | None, height: int | None) ->
             "images that large, raise PIL.Image.MAX_IMAGE_PIXELS in your own code before the images are read")
 
 
-def image_file_problem(path: str, width: int | None = None, height: int | None = None) -> str:
+def image_file_problem(path: str, width: int | None = None, height: int | None = None,
+                       rotations: dict[str, int] | None = None) -> str:
     """What is wrong with the image file at ``path`` for detectron2 ("" when nothing): missing,
     not an image, larger than PIL opens, a mode that does not convert to 8 bits (:func:`mode_problem`),
     another size than ``width`` x ``height`` after its EXIF rotation (not checked without them), cut
-    short or damaged. An orientation the size cannot confirm is recorded (:func:`unconfirmed_rotations`).
+    short or damaged. An EXIF orientation the size cannot confirm is added to ``rotations`` (path:
+    orientation) when given, read where the size check opens the file anyway.
     The words follow the file's name in a message ("... 003.png is ...")."""
     try:
         with Image.open(path) as image:
@@ -126,7 +110,8 @@ def image_file_problem(path: str, width: int | None = None, height: int | None =
             problem = mode_problem(mode)
             if problem:
                 return problem
-            _record_rotation(path, orientation, size)
+            if rotations is not None:
+                _record_rotation(rotations, path, orientation, size)
             if orientation in _TRANSPOSED:
                 size = (size[1], size[0])
             if width is not None and height is not None and size != (width, height):
