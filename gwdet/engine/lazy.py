@@ -58,7 +58,7 @@ from gwdet.model_zoo.lazy_loading import (
     select,
 )
 from gwdet.modeling import check_model
-from gwdet.modeling.build import check_device
+from gwdet.modeling.build import check_device, check_mixed_precision
 from gwdet.modeling.model_checks import check_norm_weight_decay
 from gwdet.engine.output_dir import (
     CONFIG_NAME,
@@ -348,7 +348,9 @@ def check_training_values(cfg: DictConfig, world_size: int) -> None:
                 "all processes together).")
     _check_checkpoints_kept(cfg)
     _check_warmup_length(cfg)
-    _check_amp(cfg)
+    enabled = select(cfg, "train.amp.enabled")
+    check_mixed_precision(enabled is not ABSENT and enabled, select(cfg, "train.device"), "train.amp.enabled",
+                          "train.device", "train.amp.enabled=False", "train.device=cuda")
     check_twins(cfg, TRAINING_TWINS)
 
 
@@ -378,28 +380,6 @@ def _check_warmup_length(cfg: DictConfig) -> None:
         f"lr_multiplier.warmup_length={length!r}: give the fraction of train.max_iter the warm-up lasts, a number "
         f"from 0 (no warm-up) to 1, e.g. lr_multiplier.warmup_length=0.1{meant} (fvcore's scheduler would stop "
         "with 'where in ParamScheduler must be in [0, 1]' at the first iteration).")
-
-
-def _check_amp(cfg: DictConfig) -> None:
-    """``train.amp.enabled`` needs ``train.device`` on a CUDA GPU: detectron2's AMPTrainer autocasts
-    with CUDA's autocast (which leaves CPU operations in float32) and stops without CUDA. A device
-    string that is no device is left to :func:`gwdet.modeling.build.check_device`, which names it,
-    and so is a CUDA device on a machine without one."""
-    enabled, device = select(cfg, "train.amp.enabled"), select(cfg, "train.device")
-    if enabled is ABSENT or not enabled:
-        return
-    try:
-        device_type = torch.device(device).type
-    except (RuntimeError, TypeError):
-        return
-    if device_type == "cuda":
-        return
-    gpu = "" if torch.cuda.is_available() else ", and this machine has no CUDA GPU PyTorch can use"
-    raise GwdetValueError(
-        f"train.amp.enabled={enabled!r} with train.device={device!r}{gpu}: detectron2's AMPTrainer trains in mixed "
-        "precision with CUDA's autocast only (it stops with '[AMPTrainer] CUDA is required for AMP training!' "
-        "without CUDA, and would leave a model on the CPU in float32). Set train.amp.enabled=False to train in "
-        "float32 here, or train.device=cuda on a machine with a GPU.")
 
 
 def check_twin(key: str, value: Any, twin: str) -> None:

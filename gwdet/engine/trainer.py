@@ -34,7 +34,7 @@ from gwdet.data.datasets import config_dataset_names, named_empty_training_set
 from gwdet.data.resumable import build_resumable_train_loader
 from gwdet.model_zoo.loading import build_config
 from gwdet.modeling import check_model
-from gwdet.modeling.build import check_device
+from gwdet.modeling.build import check_device, check_mixed_precision
 from gwdet.modeling.model_checks import check_norm_weight_decay
 from gwdet.solver import build_optimizer
 from gwdet.engine.output_dir import check_resume_config
@@ -164,7 +164,7 @@ def check_training_values(cfg: CfgNode, world_size: int) -> None:
     a batch of no images or one that cannot be split evenly over the ``world_size`` processes; a
     training from scratch (no ``MODEL.WEIGHTS``) with FrozenBN layers, which would stay identities,
     or with frozen backbone stages (``MODEL.BACKBONE.FREEZE_AT``), which would stay random; and
-    mixed precision (``SOLVER.AMP.ENABLED``) without a CUDA GPU."""
+    mixed precision (``SOLVER.AMP.ENABLED``) on a device that is no CUDA GPU."""
     if not cfg.DATASETS.TRAIN:
         raise GwdetValueError("DATASETS.TRAIN is empty: name the dataset(s) to train on, e.g. DATASETS.TRAIN "
                               "\"('shapes_train',)\" (or evaluate weights with --eval-only).")
@@ -186,10 +186,8 @@ def check_training_values(cfg: CfgNode, world_size: int) -> None:
             "stem first) at their initial weights, and MODEL.WEIGHTS is empty: trained from scratch, they would stay "
             "random. Use MODEL.BACKBONE.FREEZE_AT 0 (configs/Study/ trains from scratch), or set MODEL.WEIGHTS to "
             "pretrained weights (docs/weights.md).")
-    if cfg.SOLVER.AMP.ENABLED and not torch.cuda.is_available():
-        raise GwdetValueError("SOLVER.AMP.ENABLED is True, but this machine has no CUDA GPU, which detectron2's "
-                              "AMPTrainer requires: add SOLVER.AMP.ENABLED False to the command line to train in "
-                              "float32 on the CPU.")
+    check_mixed_precision(cfg.SOLVER.AMP.ENABLED, cfg.MODEL.DEVICE, "SOLVER.AMP.ENABLED", "MODEL.DEVICE",
+                          "SOLVER.AMP.ENABLED False", "MODEL.DEVICE cuda")
     batch = cfg.SOLVER.IMS_PER_BATCH
     if batch < 1 or batch % world_size:
         raise GwdetValueError(

@@ -38,6 +38,28 @@ def check_device(device: str, setting: str = "MODEL.DEVICE",
             "run the model on the CPU.")
 
 
+def check_mixed_precision(enabled: object, device: object, amp_setting: str, device_setting: str,
+                          float32_fix: str, cuda_fix: str) -> None:
+    """``ValueError`` naming ``amp_setting`` (yacs ``SOLVER.AMP.ENABLED``, LazyConfig
+    ``train.amp.enabled``) when it is on and ``device`` (of ``device_setting``) is no CUDA device:
+    detectron2's AMPTrainer autocasts with CUDA's autocast only, stops without CUDA and would leave a
+    model on the CPU in float32. A device string that is no device is left to :func:`check_device`,
+    which names it. ``float32_fix`` / ``cuda_fix``: how to train in float32 / on a GPU."""
+    if not enabled:
+        return
+    try:
+        if torch.device(str(device)).type == "cuda":
+            return
+    except RuntimeError:
+        return
+    gpu = "" if torch.cuda.is_available() else ", and this machine has no CUDA GPU PyTorch can use"
+    raise GwdetValueError(
+        f"{amp_setting}={enabled!r} with {device_setting}={device!r}{gpu}: detectron2's AMPTrainer trains in mixed "
+        "precision with CUDA's autocast only (it stops with '[AMPTrainer] CUDA is required for AMP training!' "
+        f"without CUDA, and would leave a model on the CPU in float32). Set {float32_fix} to train in float32 "
+        f"here, or {cuda_fix} on a machine with a GPU.")
+
+
 def build_model(cfg: CfgNode) -> nn.Module:
     """:func:`gwdet.check_gwdet_config` (unless it accepted this config already:
     :func:`gwdet.config_checks.ensure_checked`), :func:`check_device`, detectron2's ``build_model``, then
