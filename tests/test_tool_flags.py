@@ -190,3 +190,24 @@ def test_test_loaders_check_their_images_as_train_loaders_do():
     with pytest.raises(NonFiniteImageError, match=r"file_name 'x.npy' has pixels that are not finite.*before training or "
                                                   r"evaluating on it"):
         next(iter(FiniteImageBatches([[{"image": image, "file_name": "x.npy"}]])))
+
+
+def test_required_flags_may_follow_the_overrides_and_each_flag_is_read_once(tmp_path, monkeypatch):
+    from gwdet.data import coco_registration
+    from gwdet.engine.arguments import argument_parser
+
+    from test_coco_sweep_checks import write_dataset
+
+    args = parse_with_trailing_flags(export_model.argument_parser(),
+                                     ["--config-file", "c.yaml", "MODEL.DEVICE", "cpu", "--output", "out"])
+    assert args.output == "out" and args.opts == ["MODEL.DEVICE", "cpu"]
+    # A dataset's JSON is inspected once, also when a flag after the overrides moves the flags.
+    inspected = []
+    original = coco_registration.CocoDataset.inspected
+    monkeypatch.setattr(coco_registration.CocoDataset, "inspected",
+                        lambda dataset: inspected.append(dataset.name) or original(dataset))
+    args = parse_with_trailing_flags(argument_parser(), [
+        "--config-file", "c.yaml", "--register-coco", f"once_mine={write_dataset(tmp_path / 'mine')}",
+        "--threads", "1", "SOLVER.MAX_ITER", "2", "--resume", "--num-gpus", "1"])
+    assert inspected == ["once_mine"] and args.resume and args.threads == 1
+    assert args.opts == ["SOLVER.MAX_ITER", "2"] and [d.name for d in args.register_coco] == ["once_mine"]

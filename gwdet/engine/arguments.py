@@ -72,26 +72,25 @@ def parse_args(argv: Sequence[str] | None = None, parser: argparse.ArgumentParse
 
 def parse_with_trailing_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
     """``parser.parse_args(argv)`` for a parser whose last argument, ``opts``, takes the remaining
-    config overrides: flags of ``parser`` found among the overrides are parsed as flags, and an
-    unknown flag there is a usage error (not an override)."""
+    config overrides: flags of ``parser`` found among the overrides are moved before them, so that
+    argparse reads every flag once, wherever it was given; an unknown flag is a usage error (not an
+    override), and ``--`` is dropped (what follows it are overrides and flags as anywhere else)."""
     argv = list(argv)
     for token in argv:  # before argparse, whose overrides would take an unknown flag and every flag after it
         name = token.split("=", 1)[0]
         if name.startswith("--") and name != "--" and _action_of(parser, name) is None:
             parser.error(f"unknown flag {name!r}; see --help for the flags of this tool")
-    args = parser.parse_args(argv)
-    opts, flags = [], []
-    tokens = iter(args.opts)
+    start = _start_of_overrides(parser, argv)
+    flags, opts = [], []
+    tokens = iter(argv[start:])
     for token in tokens:
-        if token == "--":  # the end of the flags, as for any command: what follows are overrides
+        if token == "--":
             continue
         if not token.startswith("--"):
             opts.append(token)
             continue
         flag = token.split("=", 1)[0]
         action = _action_of(parser, flag)
-        if action is None:
-            parser.error(f"unknown flag {token!r} among the KEY VALUE overrides")
         flags.append(token)
         if "=" in token:
             continue
@@ -105,10 +104,42 @@ def parse_with_trailing_flags(parser: argparse.ArgumentParser, argv: Sequence[st
         elif action.nargs in ("+", "*"):  # how many values it takes cannot be told from the overrides after it
             parser.error(f"{flag} takes a list of values, every word up to the next flag: put it before another "
                          f"flag, ahead of the KEY VALUE overrides (e.g. {flag} A B --config-file FILE KEY VALUE)")
-    if flags:  # parsed again with the flags before the overrides, where argparse reads them
-        args = parser.parse_args(argv[:len(argv) - len(args.opts)] + flags + opts)
+    leading = [token for token in argv[:start] if token != "--"]
+    args = parser.parse_args(leading + flags + opts)
     args.opts = opts
     return args
+
+
+def _start_of_overrides(parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:
+    """The index in ``argv`` of the first ``KEY VALUE`` override, where argparse would begin ``opts``:
+    the first word that is neither a flag nor one of a flag's values (``len(argv)`` if there is none)."""
+    position = 0
+    while position < len(argv):
+        token = argv[position]
+        if token == "--":
+            return position
+        if not token.startswith("-") or _is_number(token):
+            return position
+        position += 1
+        action = _action_of(parser, token.split("=", 1)[0])
+        if action is None or "=" in token:  # a value given in the token itself, or a usage error argparse names
+            continue
+        if action.nargs is None or isinstance(action.nargs, int):
+            position += 1 if action.nargs is None else action.nargs
+        elif action.nargs == "?":
+            position += int(position < len(argv) and not argv[position].startswith("-"))
+        else:  # "+" or "*": every word up to the next flag, as argparse takes them
+            while position < len(argv) and (not argv[position].startswith("-") or _is_number(argv[position])):
+                position += 1
+    return len(argv)
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
 
 
 def _action_of(parser: argparse.ArgumentParser, name: str) -> argparse.Action | None:
