@@ -91,6 +91,7 @@ def parse_with_trailing_flags(parser: argparse.ArgumentParser, argv: Sequence[st
             continue
         flag = token.split("=", 1)[0]
         action = _action_of(parser, flag)
+        assert action is not None, flag  # unknown flags were refused above
         flags.append(token)
         if "=" in token:
             continue
