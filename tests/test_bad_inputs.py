@@ -216,17 +216,29 @@ def test_missing_weights_file_says_how_to_get_one(tmp_path):
     assert "R-50-GW.pkl" in str(err.value) and "convert_pretrained.py" in str(err.value)
 
 
-def test_non_finite_input_stays_in_its_own_sample():
+@pytest.mark.parametrize("method", ["itn", "zca"])
+def test_non_finite_input_stays_in_its_own_sample(method):
     """Documented behaviour: GW normalises each sample alone, so a NaN/Inf poisons that sample's
-    output and nothing else (no check on the hot path; detectron2's trainer stops on a NaN loss)."""
-    layer = GroupWhitening(8, num_groups=4)
+    output and nothing else (no check on the hot path; detectron2's trainer stops on a NaN loss);
+    ZCA's eigendecomposition does not fail for the whole batch."""
+    layer = GroupWhitening(8, num_groups=4, method=method)
     for bad in (float("nan"), float("inf")):
         x = torch.randn(3, 8, 4, 4)
         x[1, 2, 0, 0] = bad
         y = layer(x)
         assert torch.isfinite(y[0]).all() and torch.isfinite(y[2]).all()
         assert not torch.isfinite(y[1]).all()
-        assert torch.allclose(y[[0, 2]], layer(x[[0, 2]]))
+        assert torch.allclose(y[[0, 2]], layer(x[[0, 2]]), atol=1e-5)
+        reference = group_whitening_reference(x, 4, 5, layer.eps, method, layer.weight, layer.bias)
+        assert torch.allclose(reference[[0, 2]], y[[0, 2]], atol=1e-4) and not torch.isfinite(reference[1]).all()
+
+
+@pytest.mark.parametrize("method", ["itn", "zca"])
+def test_batch_whitening_of_a_batch_with_a_non_finite_value_is_nan_like_batch_norm(method):
+    x = torch.randn(4, 8, 3, 3)
+    x[2, 1, 0, 0] = float("nan")
+    y = BatchWhitening(8, group_size=4, method=method)(x)  # the NaN's group of channels is NaN, like BN's channel
+    assert torch.isnan(y[:, :4]).all() and torch.isfinite(y[:, 4:]).all()
 
 
 @pytest.mark.parametrize("metadata,fragments", [
@@ -465,3 +477,10 @@ def test_checked_train_loader_still_resumes_where_it_stopped():
     prepare_datasets(cfg)
     loader = FiniteImageBatches(Trainer.build_train_loader(cfg))
     assert skip_trained_samples(loader, 3 * cfg.SOLVER.IMS_PER_BATCH)
+
+
+def test_group_whitening_parameters_on_another_device_than_the_input_are_named():
+    with torch.device("meta"):  # e.g. built on the meta device, its weights never loaded
+        layer = GroupWhitening(8, num_groups=4)
+    with pytest.raises(ValueError, match=r"GroupWhitening: the input is on cpu, the weight on meta; move the layer"):
+        layer(torch.randn(2, 8, 3, 3))

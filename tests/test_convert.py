@@ -421,6 +421,38 @@ def test_bad_paths_are_refused(r50_files, tmp_path):
         convert_checkpoint(r50_files["bn"], tmp_path / "no" / "out.pkl")
 
 
+def test_flags_that_are_not_bools_and_odd_paths_are_refused_before_anything_is_replaced(r50_files, tmp_path):
+    existing = tmp_path / "existing.pkl"
+    existing.write_bytes(b"the user's weights")
+    for flag in ("overwrite", "allow_unexpected", "allow_unsafe_pickle"):
+        with pytest.raises(ValueError, match=f"convert_checkpoint: {flag} must be True or False, got 'no'"):
+            convert_checkpoint(r50_files["bn"], existing, **{flag: "no"})
+    assert existing.read_bytes() == b"the user's weights"
+    with pytest.raises(ConversionError, match=r"output_path must be a str or os.PathLike path, got b'out.pkl'"):
+        convert_checkpoint(r50_files["bn"], b"out.pkl")
+    with pytest.raises(ConversionError, match="source must be a SourceStateDict .*got dict"):
+        convert_state_dict({"conv1.weight": torch.zeros(1)})
+
+
+@pytest.mark.parametrize("damage, expected", [
+    (lambda sd: sd["layer1.0.conv1.weight"].view(-1)[3:5].fill_(float("nan")),
+     r"res2.0.conv1.weight holds 2 non-finite value\(s\) \(NaN or inf\)"),
+    (lambda sd: sd["bn1.running_var"].fill_(-1.0), r"bn1.running_var holds 64 negative value\(s\)"),
+], ids=["nan-weight", "negative-variance"])
+def test_damaged_weights_are_refused(tmp_path, damage, expected):
+    state_dict = torchvision_model("R-50", with_gw=False).state_dict()
+    damage(state_dict)
+    with pytest.raises(ConversionError, match=expected):
+        convert_state_dict(in_memory(state_dict))
+
+
+def test_a_torchscript_model_is_named_as_such(tmp_path):
+    src = tmp_path / "model.ts"
+    torch.jit.save(torch.jit.script(nn.Linear(2, 2)), src)
+    with pytest.raises(ConversionError, match="a TorchScript model .*torch.jit.save.*not a checkpoint"):
+        convert_checkpoint(src, tmp_path / "out.pkl")
+
+
 @pytest.mark.parametrize(
     "request_,expected",
     [({"arch": "R-152"}, "unknown architecture 'R-152'"), ({"gw_positions": "S1-B4"}, "'B4'")],

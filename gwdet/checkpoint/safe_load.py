@@ -53,6 +53,18 @@ def starts_like_torch_save_output(path: str) -> bool:
     return head.startswith(ZIP_MAGIC) or head.startswith(LEGACY_MAGIC)
 
 
+def is_torchscript_archive(path: str) -> bool:
+    """True for a file written by ``torch.jit.save`` (a zip archive with TorchScript code and
+    ``constants.pkl``), which ``torch.load`` cannot read as a checkpoint."""
+    if not zipfile.is_zipfile(path):
+        return False
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any(name.endswith("/constants.pkl") for name in archive.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
 def _globals_refused(path: str, error: Exception) -> list[str]:
     """The classes/functions a torch.save file needs beyond what weights-only loading allows."""
     if not starts_like_torch_save_output(path):

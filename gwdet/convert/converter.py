@@ -59,6 +59,7 @@ from gwdet.checkpoint.converted_weights import (
 )
 from gwdet.convert.target_backbone import check_fits_architecture, expected_shapes, loading_config
 from gwdet.convert.torchvision_keys import SourceLayout, parse_torchvision_layout
+from gwdet.layers.common import check_flag
 from gwdet.positions import format_gw_positions
 
 OUTPUT_SUFFIX = ".pkl"
@@ -172,6 +173,11 @@ def convert_state_dict(
             unsupported architecture, has GW positions gwdet cannot represent, is incomplete,
             or has unexpected keys.
     """
+    check_flag("convert_state_dict", "allow_unexpected", allow_unexpected)
+    if not isinstance(source, SourceStateDict):
+        raise ConversionError(f"convert_state_dict: source must be a SourceStateDict (from read_source_state_dict, "
+                              f"or SourceStateDict(tensors=state_dict, wrapping='bare state_dict', stripped_prefix='')), got "
+                              f"{type(source).__name__}")
     check_requested_names(arch, gw_positions)
     layout = parse_torchvision_layout(source.tensors)
     check_bottleneck_blocks(layout)
@@ -224,9 +230,19 @@ def _is_broadcast_affine(value: torch.Tensor) -> bool:
 
 
 def _float_array(name: str, value: torch.Tensor) -> np.ndarray:
+    """``value`` as float32 numbers; a ``ConversionError`` for integer tensors, non-finite values
+    and a negative running variance (a damaged or wrongly saved checkpoint)."""
     if not value.is_floating_point():
         raise ConversionError(f"{name} has dtype {value.dtype}; weights must be floating point.")
-    return value.detach().to(torch.float32).numpy()
+    array = value.detach().to(torch.float32).numpy()
+    bad = int(array.size - np.isfinite(array).sum())
+    if bad:
+        raise ConversionError(f"{name} holds {bad} non-finite value(s) (NaN or inf) in float32: the checkpoint is "
+                              "damaged or diverged; convert the weights of a finite model.")
+    if name.endswith("running_var") and (array < 0).any():
+        raise ConversionError(f"{name} holds {int((array < 0).sum())} negative value(s): a variance is never "
+                              "negative, so the checkpoint is damaged or not a batch norm's state; convert another.")
+    return array
 
 
 def _check_unexpected(layout: SourceLayout, allow_unexpected: bool) -> None:
@@ -258,7 +274,14 @@ def convert_checkpoint(
         ConversionError: anything that prevents a faithful conversion; the message says what
             and how to fix it.
     """
+    for name, value in (("allow_unsafe_pickle", allow_unsafe_pickle), ("allow_unexpected", allow_unexpected),
+                        ("overwrite", overwrite)):
+        check_flag("convert_checkpoint", name, value)
     input_path, output_path = os.fspath(input_path), os.fspath(output_path)
+    for name, path in (("input_path", input_path), ("output_path", output_path)):
+        if not isinstance(path, str):
+            raise ConversionError(f"convert_checkpoint: {name} must be a str or os.PathLike path, got "
+                                  f"{path!r} ({type(path).__name__})")
     check_requested_names(arch, gw_positions)
     _check_output_path(input_path, output_path, overwrite)
     _remove_leftovers(output_path)

@@ -20,7 +20,8 @@ from typing import Any, Mapping
 import torch
 
 from gwdet.errors import GwdetError
-from gwdet.checkpoint.safe_load import UnsafeCheckpointError, load_torch_file, starts_like_torch_save_output
+from gwdet.checkpoint.safe_load import (UnsafeCheckpointError, is_torchscript_archive, load_torch_file,
+                                        starts_like_torch_save_output)
 
 DATA_PARALLEL_PREFIX = "module."
 STATE_DICT_ENTRIES = ("state_dict", "model")
@@ -68,6 +69,12 @@ def _check_readable_file(path: str) -> None:
         raise ConversionError(f"{path}: permission denied. Make the file readable for this user.")
     if os.path.getsize(path) == 0:
         raise ConversionError(f"{path}: the file is empty (an interrupted download?).")
+    if is_torchscript_archive(path):
+        raise ConversionError(
+            f"{path}: a TorchScript model (written by torch.jit.save, e.g. an exported model.ts), not a "
+            "checkpoint: its weights are compiled into the model. Convert the torch.save checkpoint (a "
+            "state dict) the model was made from."
+        )
 
 
 def _torch_load(path: str, allow_unsafe_pickle: bool) -> Any:

@@ -78,6 +78,8 @@ from .plans import ExecutionPlan, plan_for
 from .precision import ieee_float32_products
 from .whitening_matrix import zca_whitening, zca_whitening_vjp
 
+from gwdet.errors import GwdetValueError
+
 # Memory model of the formulas below, for the plans' chunk sizes. A pass over samples holds
 # activation-sized temporaries (see _chunk_steps) and about GG_BUFFERS g x g matrices per sample
 # (ItN backward). The layer's target keeps the peak near GroupNorm's (output + input gradient,
@@ -229,7 +231,12 @@ group_whitening_backward.register_autograd(refuse_second_derivative(
 def fused_group_whitening(
     x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], groups: int, T: int, eps: float, method: str
 ) -> Tensor:
-    """``group_whitening(x) * weight + bias`` by the custom op (``groups`` must divide ``C``)."""
+    """``group_whitening(x) * weight + bias`` by the custom op (``groups`` must divide ``C``); the
+    affine parameters must lie on ``x``'s device (the op reads them there)."""
+    for name, parameter in (("weight", weight), ("bias", bias)):
+        if parameter is not None and parameter.device != x.device:
+            raise GwdetValueError(f"GroupWhitening: the input is on {x.device}, the {name} on {parameter.device}; "
+                                  "move the layer and its input to one device (module.to(device), x.to(device))")
     return group_whitening_forward(x, weight, bias, groups, T, eps, method)[0]
 
 

@@ -105,6 +105,16 @@ def inverse_sqrt_zca(cov: Tensor, min_eigenvalue: Tensor) -> Tensor:
     return _zca_recorded(cov, min_eigenvalue)
 
 
+def finite_eigh(cov: Tensor) -> Tuple[Tensor, Tensor]:
+    """``torch.linalg.eigh`` of each symmetric matrix of ``cov`` ``(..., g, g)``, where a matrix
+    holding a non-finite value gets NaN eigenvalues (and identity eigenvectors) instead of making
+    ``eigh`` fail for the whole batch: its sample's whitening is NaN, the others' are unchanged."""
+    finite = torch.isfinite(cov).all(-1).all(-1)
+    identity = torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device)
+    eigenvalues, eigenvectors = torch.linalg.eigh(torch.where(finite.unsqueeze(-1).unsqueeze(-1), cov, identity))
+    return torch.where(finite.unsqueeze(-1), eigenvalues, torch.full_like(eigenvalues, float("nan"))), eigenvectors
+
+
 def _zca_recorded(cov: Tensor, min_eigenvalue: Tensor) -> Tensor:
     """:func:`inverse_sqrt_zca` as ATen operators, what a TorchScript graph records.
 
@@ -113,7 +123,7 @@ def _zca_recorded(cov: Tensor, min_eigenvalue: Tensor) -> Tensor:
     is the ``dL/dSigma`` of :func:`inverse_sqrt_zca`. Its second derivatives are not those of
     ``cov^{-1/2}``: ``D`` and ``K`` are constants here.
     """
-    eigenvalues, eigenvectors = torch.linalg.eigh(cov.detach())
+    eigenvalues, eigenvectors = finite_eigh(cov.detach())
     roots = eigenvalues.clamp_min(min_eigenvalue.squeeze(-1)).sqrt()
     eigenvectors_t = eigenvectors.transpose(-1, -2)
     whitening = float32_matmul(eigenvectors / roots.unsqueeze(-2), eigenvectors_t)
@@ -153,7 +163,7 @@ def zca_whitening_op(cov: Tensor, min_eigenvalue: Tensor) -> Tuple[Tensor, Tenso
     combined, see :func:`inverse_sqrt_zca`); the gradient of that is refused
     (:data:`ZCA_SECOND_DERIVATIVES`). ``min_eigenvalue`` gets no gradient.
     """
-    eigenvalues, eigenvectors = torch.linalg.eigh(cov)
+    eigenvalues, eigenvectors = finite_eigh(cov)
     roots = eigenvalues.clamp_min(min_eigenvalue.squeeze(-1)).sqrt()
     whitening = torch.matmul(eigenvectors / roots.unsqueeze(-2), eigenvectors.transpose(-1, -2))
     return whitening, eigenvectors, roots
@@ -383,7 +393,7 @@ def _zca_factors(cov: Tensor, min_eigenvalue: Union[float, Tensor]) -> Tuple[Ten
     if message is not None and (str(cov.device), cov.shape[-1]) not in _warned_eigh_sizes:
         _warned_eigh_sizes.add((str(cov.device), cov.shape[-1]))
         warnings.warn(message, RuntimeWarning, stacklevel=2)
-    eigenvalues, eigenvectors = torch.linalg.eigh(cov)
+    eigenvalues, eigenvectors = finite_eigh(cov)
     if isinstance(min_eigenvalue, Tensor):
         min_eigenvalue = min_eigenvalue.squeeze(-1)
     return eigenvectors, eigenvalues.clamp_min(min_eigenvalue).sqrt()
