@@ -73,6 +73,23 @@ def test_place_norm_puts_the_norm_at_the_positions_and_freezes_after():
     assert all(p.requires_grad for p in stage3.parameters())
 
 
+@pytest.mark.parametrize("norm, freeze_at, built_frozen, message", [
+    (None, 0, 0, "norm=None would remove the norms at the positions"),
+    ("", 0, 0, "norm='' would remove the norms"),
+    ("GW", 0, 0, r"norm='GW' is built by gwdet, not by detectron2's get_norm: give gwdet.norm\('GW', \.\.\.\)"),
+    (gwdet.norm("GW", num_groups=4), 6, 0, r"freeze_at=6: give 0 \(nothing frozen\) to 5"),
+    (gwdet.norm("GW", num_groups=4), 0, 2, "the ResNet has frozen parameters already"),
+])
+def test_place_norm_refuses_what_would_remove_norms_or_leave_them_trainable_in_frozen_stages(
+        norm, freeze_at, built_frozen, message):
+    resnet = ResNet(BasicStem(3, 64, norm="BN"), ResNet.make_default_stages(18, norm="BN"), out_features=["res5"],
+                    freeze_at=built_frozen)
+    before = resnet.stem.conv1.norm
+    with pytest.raises(ValueError, match=message):
+        place_norm(resnet, positions="S1-B2", norm=norm, freeze_at=freeze_at)
+    assert resnet.stem.conv1.norm is before
+
+
 def test_a_norm_name_detectron2_does_not_know_fails_loudly_in_a_lazy_config():
     node = L(BasicStem)(in_channels=3, out_channels=16, norm="GW")
     with pytest.raises(KeyError):

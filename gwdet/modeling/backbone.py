@@ -26,7 +26,8 @@ from torch import nn
 
 from gwdet.config_checks import ensure_checked
 from gwdet.positions import convs_at_positions, parse_gw_positions
-from gwdet.norms import norm_from_config
+from gwdet.errors import GwdetValueError
+from gwdet.norms import norm_from_config, norm_record
 
 # Built in place of a norm detectron2 cannot make by name; every such module is replaced.
 PLACEHOLDER_NORM = "BN"
@@ -52,9 +53,31 @@ def place_norm(resnet: ResNet, positions: str, norm: Any, freeze_at: int = 0) ->
             resnet=L(ResNet)(stem=..., stages=..., out_features=[...], freeze_at=0),
             positions="S1-B2", norm=L(gwdet.norm)(name="GW", num_groups=64), freeze_at=2)
     """
+    _check_placement(resnet, norm, freeze_at)
     for conv in convs_at_positions(resnet, parse_gw_positions(positions, "positions of gwdet.modeling.place_norm")):
         conv.norm = get_norm(norm, conv.out_channels)
     return resnet.freeze(freeze_at)
+
+
+def _check_placement(resnet: ResNet, norm: Any, freeze_at: Any) -> None:
+    """:func:`place_norm`'s refusals (``ValueError``), before anything is replaced: no norm (it would
+    remove the norms at the positions), a name only gwdet builds (``get_norm`` cannot), a
+    ``freeze_at`` outside 0 .. stages + 1, and a ResNet with frozen parameters already (the norms
+    placed in its frozen stages would stay trainable)."""
+    if norm is None or norm == "":
+        raise GwdetValueError(f"place_norm: norm={norm!r} would remove the norms at the positions; give a norm, "
+                              "e.g. gwdet.norm('GW', num_groups=64), or leave the positions out.")
+    if isinstance(norm, str) and norm_record(norm).detectron2_values is None:
+        raise GwdetValueError(f"place_norm: norm={norm!r} is built by gwdet, not by detectron2's get_norm: give "
+                              f"gwdet.norm({norm!r}, ...) with the hyper-parameters you want.")
+    stages = len(resnet.stages)
+    if isinstance(freeze_at, bool) or not isinstance(freeze_at, int) or not 0 <= freeze_at <= stages + 1:
+        raise GwdetValueError(f"place_norm: freeze_at={freeze_at!r}: give 0 (nothing frozen) to {stages + 1} (the "
+                              f"stem and all {stages} stages of this ResNet).")
+    if any(not parameter.requires_grad for parameter in resnet.parameters()):
+        raise GwdetValueError("place_norm: the ResNet has frozen parameters already (built with freeze_at > 0?), so "
+                              "norms placed in its frozen stages would stay trainable: build it with freeze_at=0 and "
+                              "give the freezing to place_norm(..., freeze_at=N).")
 
 
 def build_gw_resnet(cfg: CfgNode, input_shape: ShapeSpec) -> ResNet:
