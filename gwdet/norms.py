@@ -37,7 +37,7 @@ from detectron2.utils.logger import log_first_n
 from gwdet.errors import GwdetError, GwdetKeyError, GwdetTypeError, GwdetValueError
 from gwdet.config import CONFIG_KEYS, config_default, config_value, require_gwdet_config
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening, largest_divisor_at_most
-from gwdet.layers.common import check_flag
+from gwdet.layers.common import check_flag, check_int_at_least
 
 DETECTRON2_GN_GROUPS = 32  # detectron2's get_norm("GN") always has 32 groups
 _CHECKS = {key.name: key.check for key in CONFIG_KEYS}
@@ -182,10 +182,13 @@ def _check_build(owner: str, build: Any) -> None:
 
 
 def _refuse_taken(name: str) -> None:
-    alike = [other for other, known in _RECORDS.items() if known.builtin and other != name
-             and other.casefold() == name.casefold()]
+    if name != name.strip() or not name.isprintable() or not name.isascii():
+        raise GwdetValueError(f"register_norm: name {name!r} has spaces at an end, unprintable or non-ASCII "
+                              "characters, which a config cannot be told apart by; use letters, digits and '_'")
+    alike = [other for other in _RECORDS if other != name and other.casefold() == name.casefold()]
     if alike:
-        raise GwdetValueError(f"register_norm: {name!r} differs from the built-in norm name {alike[0]!r} only in "
+        kind = "built-in norm name" if _RECORDS[alike[0]].builtin else "registered norm name"
+        raise GwdetValueError(f"register_norm: {name!r} differs from the {kind} {alike[0]!r} only in "
                               f"case, so a config saying {name!r} would build your layer where {alike[0]!r} may "
                               "have been meant; choose a name that differs in more than case")
     record = _RECORDS.get(name)
@@ -268,6 +271,11 @@ def _config_values(record: NormRecord, cfg) -> dict[str, Any]:
                 f"config_keys), which the config does not have. Add the key to the config before merge_from_file "
                 f"(e.g. cfg.{parent} = CfgNode(); cfg.{key} = <default>), or register the norm with a key the "
                 "config has.") from None
+        if isinstance(values[param], dict):  # a CfgNode: the key names a section
+            raise GwdetValueError(
+                f"The norm {record.name!r} reads its {param} from the config key {key} (its register_norm "
+                f"config_keys), which is a section of the config ({', '.join(sorted(values[param]))}), not a value; "
+                "register the norm with the full key of the value.")
     return values
 
 
@@ -336,6 +344,7 @@ class Norm:
         return norm_record(self.name).batch_statistics
 
     def __call__(self, channels: int) -> torch.nn.Module:
+        check_int_at_least(f"The norm {self.name!r}", "channels", channels, 1)
         record = norm_record(self.name)
         layer = record.build(channels, **self.params)
         if not isinstance(layer, torch.nn.Module):

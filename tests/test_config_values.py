@@ -330,3 +330,16 @@ def test_detectron2_values_it_would_refuse_late_or_train_wrong_with_are_refused(
 ])
 def test_values_detectron2_can_use_pass(opts):
     build_config(str(DEMO_CONFIG), opts)
+
+
+def test_detectrons_zoo_functions_and_odd_arguments_are_named():
+    for name in ("get", "get_checkpoint_url"):
+        with pytest.raises(AttributeError, match=f"gwdet.model_zoo has no {name}\\(\\): detectron2's model_zoo"):
+            getattr(gwdet.model_zoo, name)
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        gwdet.model_zoo.nothing  # noqa: B018
+    with pytest.raises(TypeError, match=r"config_path must be a config's name .* got None \(NoneType\)"):
+        gwdet.model_zoo.get_config(None)
+    for opts in ("MODEL.GW.NUM_GROUPS 4", {"MODEL.GW.NUM_GROUPS": 4}, ["MODEL.GW.NUM_GROUPS", 4]):
+        with pytest.raises(TypeError, match="opts must be a list of strings"):
+            gwdet.model_zoo.get_config("Demo/mask_rcnn_R_50_FPN_gw_shapes.yaml", opts=opts)

@@ -414,3 +414,20 @@ def test_a_config_key_of_a_registered_norm_that_the_config_lacks_is_named(regist
     assert "cfg.MODEL.MY_GN = CfgNode(); cfg.MODEL.MY_GN.NUM_GROUPS = <default>" in str(err.value)
     cfg.MODEL.MY_GN = CfgNode({"NUM_GROUPS": 4})
     assert norm_from_config("TestOwnKey", cfg)(8).num_groups == 4
+
+
+def test_odd_names_a_section_as_a_config_key_and_zero_channels_are_named(registered):
+    for odd in (" MyX", "MyX ", "G\u0057\uff37", "My\tX"):
+        with pytest.raises(ValueError, match="has spaces at an end, unprintable or non-ASCII characters"):
+            register_norm(odd, lambda channels: torch.nn.GroupNorm(1, channels))
+    registered.append("TestFoo1")
+    register_norm("TestFoo1", lambda channels: torch.nn.GroupNorm(1, channels))
+    with pytest.raises(ValueError, match="'TESTFOO1' differs from the registered norm name 'TestFoo1' only in case"):
+        register_norm("TESTFOO1", lambda channels: torch.nn.GroupNorm(1, channels))
+    registered.append("TestSection")
+    register_norm("TestSection", lambda channels, num_groups=2: torch.nn.GroupNorm(num_groups, channels),
+                  config_keys={"num_groups": "MODEL.GW"})
+    with pytest.raises(ValueError, match=r"from the config key MODEL.GW .*which is a section of the config \(EPS, "):
+        norm_from_config("TestSection", add_gwdet_config(get_cfg()))
+    with pytest.raises(ValueError, match="The norm 'GN': channels must be an integer >= 1, got 0"):
+        norm("GN")(0)

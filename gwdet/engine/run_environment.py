@@ -79,9 +79,15 @@ def annotation_files(names: Iterable[str]) -> dict[str, dict[str, Any]]:
     return files
 
 
+# The environment variables that limit the vector extensions of the CPU kernels: PyTorch's own
+# (ATen), MKL's (Conditional Numerical Reproducibility branch) and oneDNN's (`make demo` sets all three).
+CPU_KERNEL_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
+
+
 def processor() -> dict[str, Any]:
     """The CPU that computed the run: its model name, its vector extensions that PyTorch's CPU
-    kernels choose between (``torch.backends.cpu.get_cpu_capability()``), and its core count. The
+    kernels choose between (``torch.backends.cpu.get_cpu_capability()``), the limits set on the
+    kernels' extensions (:data:`CPU_KERNEL_VARIABLES`, ``None`` where unset) and its core count. The
     same seed and library versions give other floating-point results on a CPU whose kernels differ."""
     import torch
 
@@ -91,7 +97,9 @@ def processor() -> dict[str, Any]:
             name = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), name)
     except OSError:
         pass
-    return {"model": name, "torch_capability": torch.backends.cpu.get_cpu_capability(), "cores": os.cpu_count()}
+    return {"model": name, "torch_capability": torch.backends.cpu.get_cpu_capability(),
+            "kernel_limits": {variable: os.environ.get(variable) for variable in CPU_KERNEL_VARIABLES},
+            "cores": os.cpu_count()}
 
 
 def run_environment(dataset_names: Iterable[str]) -> dict[str, Any]:

@@ -38,3 +38,13 @@ from gwdet.model_zoo.model_zoo import (
 )
 
 __all__ = ["build_config", "detectron2_config_file", "detectron2_configs_dir", "detectron2_lazy_config", "configs_dir", "get_config", "get_config_file", "list_configs", "resolve_config_argument", "resolve_config_file"]
+
+
+def __getattr__(name: str):
+    """detectron2's ``model_zoo.get`` and ``get_checkpoint_url`` named with what to use instead."""
+    if name in ("get", "get_checkpoint_url"):
+        raise AttributeError(
+            f"gwdet.model_zoo has no {name}(): detectron2's model_zoo.{name} builds or points at its zoo's trained "
+            "models, and gwdet publishes none. Build a model with gwdet.build_model(gwdet.model_zoo.get_config(NAME)); "
+            "train it with tools/train_net.py (or gwdet-train) for weights; ImageNet backbones: docs/weights.md.")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,7 +23,7 @@ from detectron2.config import CfgNode, get_cfg
 
 from gwdet.config import add_gwdet_config
 from gwdet.config_checks import check_gwdet_config
-from gwdet.errors import GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetValueError
+from gwdet.errors import GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetTypeError, GwdetValueError
 from gwdet.layers.common import check_flag
 from gwdet.model_zoo.lazy_loading import load_lazy_config
 from gwdet.model_zoo.model_zoo import configs_dir, get_config_file
@@ -258,6 +258,10 @@ def get_config(config_path: str, trained: bool = False, *, opts: Sequence[str] |
     ``trained=True`` is refused (``ValueError``) saying how to get weights instead.
     """
     check_flag("gwdet.model_zoo.get_config", "trained", trained)
+    if opts is not None and (isinstance(opts, (str, bytes)) or not isinstance(opts, Sequence)
+                             or not all(isinstance(item, str) for item in opts)):
+        raise GwdetTypeError(f"gwdet.model_zoo.get_config: opts must be a list of strings, KEY VALUE pairs for a "
+                             f"yacs config (['MODEL.GW.NUM_GROUPS', '4']) or key=value for a LazyConfig, got {opts!r}")
     path = get_config_file(config_path)
     if trained:
         weights_key = "train.init_checkpoint" if Path(path).suffix == ".py" else "MODEL.WEIGHTS"

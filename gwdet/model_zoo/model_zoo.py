@@ -10,7 +10,7 @@ import sys
 from pathlib import Path, PurePath, PurePosixPath
 from typing import Callable, Sequence
 
-from gwdet.errors import GwdetFileNotFoundError
+from gwdet.errors import GwdetFileNotFoundError, GwdetTypeError
 
 _HERE = Path(__file__).resolve().parent
 PACKAGED_CONFIGS = _HERE / "configs"  # a wheel's copy of configs/ (setup.py puts it there)
@@ -75,6 +75,10 @@ def get_config_file(config_path: str) -> str:
     ``"mask_rcnn_gw.yaml"``, ``"Demo/mask_rcnn_R_50_FPN_gw_shapes.yaml"``,
     ``"LazyConfig/mask_rcnn_R_50_FPN_gw.py"``). A name that is not there raises FileNotFoundError
     listing the configs that are."""
+    if not isinstance(config_path, (str, os.PathLike)):
+        raise GwdetTypeError(f"gwdet.model_zoo: config_path must be a config's name (a str such as "
+                             f"'mask_rcnn_gw.yaml'), got {config_path!r} ({type(config_path).__name__})")
+    config_path = os.fspath(config_path)
     root = configs_dir()
     path = os.path.normpath(os.path.join(root, config_path))
     inside = Path(path).resolve().is_relative_to(root.resolve())
