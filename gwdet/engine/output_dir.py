@@ -40,7 +40,7 @@ from gwdet.errors import (
     GwdetValueError,
 )
 from gwdet.checkpoint.resilient import CHECKPOINT_NAME, LAST_CHECKPOINT, local_weights_path, lost_checkpoint_error
-from gwdet.model_zoo.loading import flatten_config
+from gwdet.model_zoo.loading import flatten_config, load_config_yaml
 from gwdet.utils.atomic import (
     CHECKSUM_SUFFIX,
     DamagedFileError,
@@ -382,7 +382,11 @@ def check_resumed_model(cfg: CfgNode, output_dir: str, path: str) -> None:
     saved = cfg.clone()
     saved.defrost()
     try:
+        with open(path, encoding="utf-8") as f:
+            load_config_yaml(path, f.read())  # plain YAML only: detectron2 would unpickle a python tag
         saved.merge_from_file(path)
+    except GwdetValueError:  # a python tag, a key given twice
+        raise
     except Exception as error:  # yaml's errors, a key cfg does not have, bytes that are not text
         raise damaged_config(path, output_dir, error) from None
     differences = config_differences(saved, cfg)

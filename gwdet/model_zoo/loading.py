@@ -160,11 +160,18 @@ class DuplicateKeyCheckingLoader(yaml.SafeLoader):
 def load_config_yaml(path: str, text: str, named_from: Sequence[str] = ()) -> Any:
     """The YAML ``text`` of the config file ``path``, loaded as fvcore loads it (``yaml.safe_load``),
     but a key given twice in one mapping is refused (:class:`DuplicateKeyCheckingLoader`; ``named_from``:
-    the configs whose ``_BASE_`` chain reaches ``path``, for the message). Invalid YAML raises
-    ``yaml.YAMLError`` as ``yaml.safe_load`` does."""
+    the configs whose ``_BASE_`` chain reaches ``path``, for the message), and so is a tag that
+    builds a Python object (``!!python/...``), for which fvcore would fall back on
+    ``yaml.unsafe_load`` and run what the tag names. Other invalid YAML raises ``yaml.YAMLError`` as
+    ``yaml.safe_load`` does."""
     loader = DuplicateKeyCheckingLoader(text, path, named_from)
     try:
         return loader.get_single_data()
+    except yaml.constructor.ConstructorError as error:
+        raise GwdetValueError(
+            f"Config file {path!r} holds a YAML tag that builds a Python object ({error.problem}, line "
+            f"{error.problem_mark.line + 1 if error.problem_mark else '?'}); loading it could run code, so gwdet "
+            "reads configs as plain YAML only. Remove the tag: a config holds plain values.") from None
     finally:
         loader.dispose()
 
