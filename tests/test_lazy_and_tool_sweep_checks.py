@@ -226,3 +226,17 @@ def test_benchmark_section_defaults_to_main_with_out(tmp_path):
 
     assert parse_args(["--layers", "--out", str(tmp_path / "b.md")]).section == "main"
     assert parse_args(["--amp", "bf16", "--image-size", "32"]).models  # every level, the model level too
+
+
+@pytest.mark.parametrize("override, message", [
+    # lo_ncls: trained and evaluated a 3-class model on the 4 shapes categories without a word
+    ("model.roi_heads.num_classes=3", "model.roi_heads.num_classes=3, but dataset 'shapes_train' has 4 categories"),
+    # lo_evalname: scored the predictions on shapes_val's images against shapes_test's annotations
+    ("dataloader.evaluator.dataset_name=shapes_test", "dataloader.evaluator.dataset_name='shapes_test', but "
+                                                      "dataloader.test.dataset.names is 'shapes_val'"),
+])
+def test_a_lazy_configs_class_count_and_evaluated_dataset_must_fit_its_datasets(override, message):
+    run = LazyRun.load(str(LAZY_CONFIG), [override])
+    with pytest.raises(GwdetValueError, match=message.replace("(", r"\(")):
+        run.prepare_datasets()
+    LazyRun.load(str(LAZY_CONFIG)).prepare_datasets()

@@ -565,8 +565,12 @@ def _dataset_role(cfg: CfgNode, name: str) -> str:
     return "DATASETS.TRAIN" if name in cfg.DATASETS.TRAIN else "DATASETS.TEST"
 
 
-def _known_class_names(name: str) -> list[str] | None:
-    """The class names of a dataset not registered here, where known before it is loaded."""
+def known_class_names(name: str) -> list[str] | None:
+    """The class names of a dataset, where known before it is loaded: a ``--register-coco``
+    dataset's categories, gwdet's shapes, a registered dataset whose metadata names them."""
+    ours = registered_coco_dataset(name)
+    if ours is not None:
+        return list(ours.read.class_names)
     if name.startswith(RESERVED_PREFIX):
         from gwdet.data.shapes import CLASSES
 
@@ -603,7 +607,7 @@ def _check_same_categories(cfg: CfgNode, reference: CocoDataset, name: str) -> N
         show: Callable[[Any], str] = _show_category
         described = f"{_dataset_role(cfg, name)} {name!r} ({dataset.json_file})"
     else:
-        second = _known_class_names(name)
+        second = known_class_names(name)
         if second is None:
             return
         first = reference.read.class_names
@@ -705,7 +709,7 @@ def check_config_against_datasets(cfg: CfgNode) -> None:
     ours = [dataset for dataset in map(registered_coco_dataset, names) if dataset is not None]
     if not ours:
         for name in names:  # the datasets whose classes are known before loading: shapes, detectron2's builtin ones
-            classes = _known_class_names(name)
+            classes = known_class_names(name)
             if classes is not None:
                 _check_num_classes(cfg, name, classes)
         return

@@ -43,6 +43,7 @@ from gwdet.data.boxes import check_dataset_boxes
 from gwdet.data.coco_registration import (
     CocoDataset,
     environment_datasets,
+    known_class_names,
     register_coco_datasets,
     registered_coco_dataset,
 )
@@ -454,16 +455,44 @@ def dataset_names(cfg: DictConfig) -> list[str]:
     """The datasets the LazyConfig trains and evaluates on: the ``names`` of ``dataloader.train.dataset``
     and ``dataloader.test.dataset`` (``L(...)`` nodes such as ``gwdet.data.shapes_dataset``
     instantiated) and the evaluator's dataset; a loader built otherwise names none."""
-    names: list[str] = []
-    for key in ("dataloader.train.dataset.names", "dataloader.test.dataset.names"):
-        value = select(cfg, key)
-        if isinstance(value, DictConfig):
-            value = instantiate(value)
-        if isinstance(value, str):
-            names.append(value)
-        elif isinstance(value, (list, tuple, ListConfig)):
-            names += [name for name in value if isinstance(name, str)]
+    names = [*_names_at(cfg, "dataloader.train.dataset.names"), *_names_at(cfg, "dataloader.test.dataset.names")]
     return [name for name in dict.fromkeys([*names, evaluated_dataset(cfg)]) if name]
+
+
+def _names_at(cfg: DictConfig, key: str) -> list[str]:
+    """The dataset names at ``key`` (one or a list; an ``L(...)`` node instantiated)."""
+    value = select(cfg, key)
+    if isinstance(value, DictConfig):
+        value = instantiate(value)
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple, ListConfig)):
+        return [name for name in value if isinstance(name, str)]
+    return []
+
+
+def check_datasets(cfg: DictConfig) -> None:
+    """Refuse, before training or evaluating, an evaluator of another dataset than the test loader
+    reads (it would score the predictions on those images against the other dataset's annotations),
+    and a ``model.roi_heads.num_classes`` other than the categories of a dataset whose classes are
+    known (:func:`gwdet.data.coco_registration.known_class_names`), as a yacs config's
+    ``MODEL.ROI_HEADS.NUM_CLASSES`` is refused."""
+    tested, evaluated = _names_at(cfg, "dataloader.test.dataset.names"), evaluated_dataset(cfg)
+    if evaluated and tested and evaluated not in tested:
+        raise GwdetValueError(
+            f"dataloader.evaluator.dataset_name={evaluated!r}, but dataloader.test.dataset.names is "
+            f"{', '.join(map(repr, tested))}: the evaluator would score the predictions on those images against "
+            f"{evaluated!r}'s annotations. Give both the same dataset.")
+    count = select(cfg, "model.roi_heads.num_classes")
+    if not is_whole_number(count):
+        return
+    for name in dataset_names(cfg):
+        classes = known_class_names(name)
+        if classes is not None and len(classes) != count:
+            raise GwdetValueError(
+                f"model.roi_heads.num_classes={count}, but dataset {name!r} has {len(classes)} categories: with fewer "
+                "classes a category would train as background, with more the evaluation fails. Add "
+                f"model.roi_heads.num_classes={len(classes)} to the overrides (or set it in the LazyConfig).")
 
 
 class LazyRun(RunConfig):
@@ -517,7 +546,9 @@ class LazyRun(RunConfig):
         register_coco_datasets([d for d in environment_datasets() if registered_coco_dataset(d.name) is None])
 
     def prepare_datasets(self) -> None:
-        """Nothing: the LazyConfig's dataset nodes (``gwdet.data.shapes_dataset``, ...) do it when built."""
+        """:func:`check_datasets` (the LazyConfig's dataset nodes, ``gwdet.data.shapes_dataset``, ...,
+        register their datasets when built)."""
+        check_datasets(self.cfg)
 
     def build_model(self) -> torch.nn.Module:
         return build_model(self.cfg)
