@@ -1,6 +1,6 @@
 # gwdet's entry points. Each target installs what it needs first (scripts/setup_env.sh, idempotent).
 #   make demo          train + evaluate the demo Mask R-CNN (GW) on the embedded shapes dataset (CPU,
-#                      one thread, so that it prints the numbers of docs/demo.md on any machine)
+#                      one thread, AVX2 kernels: it prints the numbers of docs/demo.md on any x86-64 CPU)
 #   make test          the test suite (CPU), in TEST_WORKERS processes (pytest-xdist; default 2, each
 #                      computing with one thread: tests/conftest.py)
 #   make lint          the linter and the type checker: ruff check . and mypy gwdet (settings in
@@ -39,11 +39,12 @@ setup:
 	bash scripts/setup_env.sh $(VENV)
 	touch $(STAMP)
 
-# One CPU thread: the thread count changes the order of some floating-point sums and so the result,
-# and the count gwdet's tools choose by themselves depends on the machine's load; one thread gives
-# the numbers of docs/demo.md on any machine.
+# One CPU thread, and the CPU kernels of PyTorch, MKL and oneDNN limited to AVX2: the thread count
+# and the vector extensions the kernels use (AVX2, AVX-512) change the order of floating-point sums
+# and so the result; with both fixed, an x86-64 CPU with AVX2 gives the numbers of docs/demo.md.
+DEMO_KERNELS = ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
 demo: $(STAMP)
-	$(VENV_PYTHON) tools/train_net.py --config $(DEMO_CONFIG) --threads 1
+	$(DEMO_KERNELS) $(VENV_PYTHON) tools/train_net.py --config $(DEMO_CONFIG) --threads 1
 
 # pytest exits 5 when it collects no test: an empty suite checks nothing, so that fails too.
 test: $(STAMP)

@@ -66,7 +66,9 @@ def test_the_shapes_dataset_is_named_by_its_split_files(tmp_path):
                                             "json_sha256": hashlib.sha256(json_file.read_bytes()).hexdigest()}
 
 
-def test_results_json_holds_the_results_and_the_environment(tmp_path):
+def test_results_json_holds_the_results_and_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("MKL_CBWR", "AVX2")  # as `make demo` sets it
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     register_shapes_spec(ShapesSpec(image_size=32, num_train=2, num_val=1, num_test=1), tmp_path / "data")
     write_results_to(str(tmp_path), PER_TASK, ["shapes_val"], ["shapes_train"])
     written = json.loads((tmp_path / "results.json").read_text())
@@ -77,6 +79,7 @@ def test_results_json_holds_the_results_and_the_environment(tmp_path):
     cpu = written["environment"]["cpu"]
     assert cpu["cores"] == os.cpu_count() and cpu["model"] and cpu["torch_capability"] in (
         "NO AVX", "DEFAULT", "AVX2", "AVX512", "ZVECTOR", "VSX", "SVE256")
+    assert cpu["kernel_limits"]["MKL_CBWR"] == "AVX2" and cpu["kernel_limits"]["ONEDNN_MAX_CPU_ISA"] is None
     checksum = (tmp_path / "results.json.sha256").read_text().split()[0]
     assert checksum == hashlib.sha256((tmp_path / "results.json").read_bytes()).hexdigest()
 
