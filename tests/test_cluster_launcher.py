@@ -133,6 +133,12 @@ def test_launcher_flags_that_do_not_fit_are_refused_with_the_fix():
     assert launcher_options(parse("--launcher", "submitit-local", "--timeout-min", "5"), 1).timeout_min == 5
     with pytest.raises(ValueError, match="KEY=VALUE"):
         parse_slurm_extra(["=high"])
+    # an sbatch option the launcher sets: given again it replaced the launcher's without a word
+    with pytest.raises(ValueError, match=r"^--slurm-extra 'signal=USR1@60': the launcher sets sbatch's --signal "
+                                         r"itself \(the launcher asks for SIGUSR2 before the time limit"):
+        parse_slurm_extra(["signal=USR1@60"])
+    with pytest.raises(ValueError, match="sets sbatch's --cpus-per-task itself .*use --cpus-per-task"):
+        parse_slurm_extra(["cpus_per_task=4"])
 
 
 def free_port_pair() -> int:

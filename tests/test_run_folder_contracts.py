@@ -98,6 +98,14 @@ def test_a_fresh_start_over_a_run_is_refused_naming_six_of_its_files_then_dots(t
     assert len(os.listdir(tmp_path)) == len(SEVEN) + len(USER_FILES)
 
 
+def test_a_fresh_start_over_an_evaluations_results_does_not_advise_resume(tmp_path):
+    make(tmp_path, "results.json", "results.md", "inference/")  # --eval-only into a folder without a run
+    with pytest.raises(FileExistsError) as refused:
+        check_fresh_start(str(tmp_path), overwrite=False)
+    assert "holds the results of an evaluation (inference, results.json, results.md), no checkpoint to continue" \
+        in str(refused.value) and "--resume" not in str(refused.value)
+
+
 def test_a_fresh_start_over_a_run_of_six_files_names_them_all_without_dots(tmp_path):
     make(tmp_path, *SEVEN[:6])
     with pytest.raises(FileExistsError) as refused:
@@ -305,6 +313,15 @@ def test_eval_only_writes_into_a_folder_of_its_own_named_after_the_checkpoint_an
     make(run, "model_0000009.pth")
     assert evaluation_folder(run, os.path.join(run, "model_0000009.pth")) == os.path.join(run, "eval", "model_0000009")
     assert evaluation_folder(run, "/zoo/R-50/model_final.pth") == os.path.join(run, "eval", "R-50-model_final")
+
+
+def test_no_evaluation_replaces_an_earlier_one(tmp_path):
+    only = str(tmp_path / "evaluations")
+    make(only, "results.json")  # an evaluation into a folder without a run wrote here
+    assert evaluation_folder(only, "/zoo/R-50/model_final.pth") == os.path.join(only, "eval", "R-50-model_final")
+    run = str(tmp_path / "run")
+    make(run, "model_final.pth", "eval/model_final/results.json", "eval/model_final-2/results.json")
+    assert evaluation_folder(run, os.path.join(run, "model_final.pth")) == os.path.join(run, "eval", "model_final-3")
 
 
 # ---- metrics.json on --resume -----------------------------------------------------------------------
@@ -598,8 +615,8 @@ def test_a_resume_is_refused_only_when_the_checkpoint_is_past_the_schedule(tmp_p
         "schedule its weights did not have; nothing was changed. To train it further, resume with train.max_iter "
         "above 100; to evaluate it, use --eval-only --resume.")
     cfg = get_cfg()
-    cfg.SOLVER.MAX_ITER = 50  # the yacs check runs it too, also without the run's config.yaml
-    with pytest.raises(ValueError, match="more than SOLVER.MAX_ITER 50"):
+    cfg.SOLVER.MAX_ITER = 50  # without the run's config.yaml the model cannot be checked: refused first
+    with pytest.raises(FileNotFoundError, match="has checkpoints but no config.yaml, so which model it trained"):
         check_resume_config(cfg, str(tmp_path))
 
 

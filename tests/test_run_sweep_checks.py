@@ -277,3 +277,41 @@ def test_model_weights_as_a_file_url_are_read_as_the_local_file(finished_run, tm
                                          r"which cannot be read from here\. Copy the file to this machine"):
         ResilientCheckpointer(model).load_weights("file://server/w.pth")
     assert evaluation_folder(str(finished_run), f"file://{weights}") == str(finished_run / "eval" / "model_final")
+
+
+def test_resume_of_a_run_without_its_config_yaml_or_of_a_lazyconfig_run_by_a_yacs_config_is_named(
+        finished_run, tmp_path):
+    from gwdet.engine.lazy import check_resume_config as check_lazy_resume
+    from gwdet.engine.output_dir import check_resume_config
+    from gwdet.model_zoo import build_config
+    from gwdet.model_zoo.lazy_loading import load_lazy_config
+
+    from conftest import DEMO_CONFIG, REPO, TINY_OPTS
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "model_0000000.pth").write_bytes((finished_run / "model_0000000.pth").read_bytes())
+    cfg = build_config(str(DEMO_CONFIG), TINY_OPTS)
+    lazy = load_lazy_config(str(REPO / "configs" / "LazyConfig" / "mask_rcnn_R_50_FPN_gw_shapes.py"))
+    for check, config, setting in ((check_resume_config, cfg, "OUTPUT_DIR"),
+                                   (check_lazy_resume, lazy, "train.output_dir")):
+        with pytest.raises(FileNotFoundError, match=f"has checkpoints but no config.yaml, .* in another {setting}"):
+            check(config, str(run))  # dm4: the model check was skipped
+    (run / "config.yaml").write_text("model:\n  _target_: x\ntrain:\n  max_iter: 2\ndataloader: {}\n")
+    with pytest.raises(ValueError, match="was trained from a LazyConfig .*Resume it with the LazyConfig"):
+        check_resume_config(cfg, str(run))  # was: "damaged ... --overwrite", which deletes the run
+
+
+def test_eval_only_resume_with_weights_named_on_the_command_line_is_refused(finished_run, tmp_path):
+    from gwdet.engine.arguments import parse_args
+    from gwdet.engine.run import evaluation_request, load_run_config
+
+    from conftest import DEMO_CONFIG, TINY_OPTS
+
+    other = tmp_path / "other.pth"
+    other.write_bytes((finished_run / "model_final.pth").read_bytes())
+    args = parse_args(["--config-file", str(DEMO_CONFIG), "--eval-only", "--resume", *TINY_OPTS,
+                       "OUTPUT_DIR", str(finished_run), "MODEL.WEIGHTS", str(other)])
+    with pytest.raises(ValueError, match=r"--eval-only --resume evaluates the checkpoint that .*last_checkpoint names "
+                                         r".*not MODEL.WEIGHTS .*other.pth given on the command line: leave out"):
+        evaluation_request(load_run_config(args.config_file, args.opts), args)

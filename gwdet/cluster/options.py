@@ -71,9 +71,22 @@ class LauncherOptions:
         return self.launcher != "local"
 
 
+# sbatch options the launcher sets itself, and what to use instead of giving them in --slurm-extra.
+SET_BY_THE_LAUNCHER = {
+    "signal": "the launcher asks for SIGUSR2 before the time limit, on which the job saves a checkpoint and is "
+              "requeued; another signal would end the job without either (the delay follows --timeout-min)",
+    "time": "use --timeout-min", "nodes": "use --nodes", "partition": "use --partition", "account": "use --account",
+    "cpus-per-task": "use --cpus-per-task", "gpus-per-node": "use --gpus-per-node",
+    "ntasks-per-node": "the launcher starts one task per node, which starts --num-gpus processes",
+    "job-name": "the job is named after the run", "output": "the job's logs go to the run's folder",
+    "error": "the job's logs go to the run's folder",
+}
+
+
 def parse_slurm_extra(items: list[str]) -> dict[str, str | bool]:
     """``["qos=high", "exclusive"]`` -> ``{"qos": "high", "exclusive": True}`` (sbatch's option
-    names, without the leading dashes)."""
+    names, without the leading dashes); an option the launcher sets itself
+    (:data:`SET_BY_THE_LAUNCHER`) is refused rather than silently replacing the launcher's."""
     extra: dict[str, str | bool] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -81,6 +94,10 @@ def parse_slurm_extra(items: list[str]) -> dict[str, str | bool]:
         if not key or " " in key:
             raise GwdetValueError(f"--slurm-extra {item!r}: give an sbatch option as KEY=VALUE (e.g. qos=high) "
                                   "or KEY alone for a flag (e.g. exclusive)")
+        why = SET_BY_THE_LAUNCHER.get(key.replace("_", "-"))
+        if why is not None:
+            raise GwdetValueError(f"--slurm-extra {item!r}: the launcher sets sbatch's --{key.replace('_', '-')} "
+                                  f"itself ({why}); leave it out of --slurm-extra.")
         extra[key] = value if sep else True
     return extra
 

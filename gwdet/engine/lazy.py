@@ -64,6 +64,7 @@ from gwdet.modeling.model_checks import check_norm_weight_decay
 from gwdet.engine.output_dir import (
     CONFIG_NAME,
     check_config_checksum,
+    check_config_present,
     check_resume_trains,
     checkpoints_in,
     damaged_config,
@@ -284,8 +285,9 @@ def check_resume_config(cfg: DictConfig, output_dir: str) -> None:
     train nothing (``train.max_iter`` below the checkpoint's iteration) is refused too
     (:func:`gwdet.engine.output_dir.check_resume_trains`)."""
     path = os.path.join(output_dir, CONFIG_NAME)
-    if not os.path.isfile(path) or not checkpoints_in(output_dir):  # nothing to resume: a fresh start
+    if not checkpoints_in(output_dir):  # nothing to resume: a fresh start
         return
+    check_config_present(path, output_dir, OUTPUT_SETTING)
     check_config_checksum(path, output_dir, OUTPUT_SETTING)
     try:
         saved = LazyConfig.load(path)

@@ -56,8 +56,9 @@ LOCK_NAME = ".gwdet.lock"
 CONFIG_NAME = "config.yaml"  # detectron2's default_setup writes the run's config here
 # Files and folders of a run that a new run would replace or append to (config.yaml and
 # results.json with the SHA-256 recorded beside them, gwdet.utils.atomic).
-RUN_FILES = ("last_checkpoint", "metrics.json", "results.md", "results.json", CONFIG_NAME,
-             CONFIG_NAME + CHECKSUM_SUFFIX, "results.json" + CHECKSUM_SUFFIX)
+RESULTS_JSON = "results.json"
+RUN_FILES = ("last_checkpoint", "metrics.json", "results.md", RESULTS_JSON, CONFIG_NAME,
+             CONFIG_NAME + CHECKSUM_SUFFIX, RESULTS_JSON + CHECKSUM_SUFFIX)
 EVAL_FOLDER = "eval"  # --eval-only of a folder that holds a run writes to eval/<checkpoint>/
 INFERENCE_FOLDER = "inference"  # detectron2's evaluators write their files in inference/<dataset>/
 VIS_FOLDER = "vis"  # the prediction drawings
@@ -134,6 +135,11 @@ def check_fresh_start(output_dir: str, overwrite: bool) -> None:
     existing = run_files(output_dir)
     if not overwrite:
         shown = ", ".join(existing[:6]) + (", ..." if len(existing) > 6 else "")
+        if not checkpoints_in(output_dir):  # an evaluation's results: --resume would start afresh over them
+            raise GwdetFileExistsError(
+                f"OUTPUT_DIR {output_dir!r} already holds the results of an evaluation ({shown}), no checkpoint to "
+                "continue; nothing was changed. Write to another OUTPUT_DIR, or pass --overwrite to delete those "
+                "results and train here.")
         raise GwdetFileExistsError(
             f"OUTPUT_DIR {output_dir!r} already holds a run ({shown}); nothing was changed. Continue "
             "it with --resume, write to another OUTPUT_DIR, or pass --overwrite to delete that run "
@@ -363,9 +369,19 @@ def check_resume_config(cfg: CfgNode, output_dir: str) -> None:
     path = os.path.join(output_dir, CONFIG_NAME)
     if not checkpoints_in(output_dir):  # nothing to resume: a fresh start
         return
-    if os.path.isfile(path):
-        check_resumed_model(cfg, output_dir, path)
+    check_config_present(path, output_dir)
+    check_resumed_model(cfg, output_dir, path)
     check_resume_trains(output_dir, cfg.SOLVER.MAX_ITER)
+
+
+def check_config_present(path: str, output_dir: str, output_setting: str = "OUTPUT_DIR") -> None:
+    """Refuse ``--resume`` of a run whose checkpoints are there but whose ``config.yaml`` (at
+    ``path``) is not: which model the checkpoints hold could not be checked."""
+    if not os.path.isfile(path):
+        raise GwdetFileNotFoundError(
+            f"--resume: the run in {output_dir!r} has checkpoints but no {CONFIG_NAME}, so which model it trained "
+            f"cannot be checked against this config. Restore {path} (the run's record of its config), or start from "
+            f"its weights in another {output_setting}, or train afresh here with --overwrite (which deletes the run).")
 
 
 def check_resume_source(output_dir: str, weights_setting: str = "MODEL.WEIGHTS") -> None:
@@ -383,7 +399,12 @@ def check_resumed_model(cfg: CfgNode, output_dir: str, path: str) -> None:
     saved.defrost()
     try:
         with open(path, encoding="utf-8") as f:
-            load_config_yaml(path, f.read())  # plain YAML only: detectron2 would unpickle a python tag
+            content = load_config_yaml(path, f.read())  # plain YAML only: detectron2 would unpickle a python tag
+        if isinstance(content, dict) and isinstance(content.get("model"), dict) and "MODEL" not in content:
+            raise GwdetValueError(
+                f"--resume: the run in {output_dir!r} was trained from a LazyConfig ({path} holds its model, train "
+                "and dataloader), so this yacs config cannot continue it. Resume it with the LazyConfig it was "
+                "trained with, or train into another OUTPUT_DIR.")
         saved.merge_from_file(path)
     except GwdetValueError:  # a python tag, a key given twice
         raise
@@ -428,16 +449,23 @@ def tagged_checkpoint(output_dir: str) -> str:
 
 
 def evaluation_folder(output_dir: str, weights: str) -> str:
-    """Where ``--eval-only`` of ``weights`` writes: ``output_dir`` itself when it holds no run,
-    else ``output_dir/eval/<checkpoint>`` (``<folder>-<checkpoint>`` for weights from elsewhere),
-    so that the run's own files stay as its training left them."""
-    if not holds_run(output_dir):
+    """Where ``--eval-only`` of ``weights`` writes: ``output_dir`` itself when it holds neither a
+    run nor an earlier evaluation, else ``output_dir/eval/<checkpoint>`` (``<folder>-<checkpoint>``
+    for weights from elsewhere), so that the run's own files stay as its training left them; where
+    that folder holds an evaluation already, ``<checkpoint>-2``, ``-3``, ...: no evaluation
+    replaces another."""
+    if not holds_run(output_dir) and not os.path.exists(os.path.join(output_dir, RESULTS_JSON)):
         return output_dir
     weights = os.path.abspath(local_weights_path(weights))
     stem = os.path.splitext(os.path.basename(weights))[0]
     if os.path.dirname(weights) != os.path.abspath(output_dir):
         stem = f"{os.path.basename(os.path.dirname(weights))}-{stem}"
-    return os.path.join(output_dir, EVAL_FOLDER, stem)
+    folder = candidate = os.path.join(output_dir, EVAL_FOLDER, stem)
+    number = 1
+    while os.path.exists(os.path.join(candidate, RESULTS_JSON)):
+        number += 1
+        candidate = f"{folder}-{number}"
+    return candidate
 
 
 def trim_metrics(output_dir: str, start_iter: int) -> None:

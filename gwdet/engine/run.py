@@ -218,10 +218,16 @@ def evaluation_request(run: RunConfig, args: argparse.Namespace) -> tuple[RunCon
     logged when that is not the output folder)."""
     check_output_request(args, run)
     weights = tagged_checkpoint(run.output_dir) if args.resume else run.weights
+    named = [token for token in args.opts if token.split("=", 1)[0] == run.weights_setting]
+    if args.resume and named and os.path.abspath(run.weights) != os.path.abspath(weights):
+        raise GwdetValueError(
+            f"--eval-only --resume evaluates the checkpoint that {run.output_dir}/last_checkpoint names ({weights}), "
+            f"not {run.weights_setting} {run.weights} given on the command line: leave out --resume to evaluate "
+            f"{run.weights}, or leave out {run.weights_setting} to evaluate the run's checkpoint.")
     folder = evaluation_folder(run.output_dir, weights)
     if folder != run.output_dir:
-        logger.info(f"{run.output_setting} {run.output_dir} holds a run: the evaluation of {weights} is written to "
-                    f"{folder}, and the run's own files stay as they are.")
+        logger.info(f"{run.output_setting} {run.output_dir} holds a run or an evaluation: the evaluation of {weights} "
+                    f"is written to {folder}, and the files already there stay as they are.")
     return run.with_target(weights, folder), argparse.Namespace(**{**vars(args), "resume": False})
 
 
