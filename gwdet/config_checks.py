@@ -24,11 +24,11 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from detectron2.config import CfgNode
+from detectron2.config import CfgNode, get_cfg
 from detectron2.utils import comm
 
 from gwdet.errors import GwdetError, GwdetValueError
-from gwdet.config import check_config_values, config_value, require_gwdet_config
+from gwdet.config import add_gwdet_config, check_config_values, config_value, require_gwdet_config
 from gwdet.norms import (DETECTRON2_GN_GROUPS, UnknownNormError, detectron2_builds_as_configured,
                          known_norm_names, norm_records, norm_record)
 from gwdet.positions import BLOCK_CONV_OF_POSITION, parse_gw_positions
@@ -380,9 +380,22 @@ def _warmup_iters(cfg: CfgNode, iters: Any) -> str | None:
 def _steps(cfg: CfgNode, steps: Any) -> str | None:
     if (isinstance(steps, (list, tuple)) and all(is_whole_number(step) and step >= 1 for step in steps)
             and all(steps[index] < steps[index + 1] for index in range(len(steps) - 1))):
+        max_iter = _value(cfg, "SOLVER.MAX_ITER")
+        if is_whole_number(max_iter) and max_iter in steps:
+            return (f"holds SOLVER.MAX_ITER={max_iter} itself, a step at the last iteration, which detectron2's "
+                    "scheduler (fvcore) refuses when training starts: give steps below SOLVER.MAX_ITER (a step "
+                    "above it is left out, with detectron2's warning).")
         return None
     return ("is no schedule of learning-rate steps: give the iterations at which the rate is multiplied by "
             "SOLVER.GAMMA as positive integers in increasing order, e.g. (60000, 80000), or () for none.")
+
+
+def _distinct_datasets(cfg: CfgNode, names: Any) -> str | None:
+    if not isinstance(names, (list, tuple)) or len(set(map(str, names))) == len(names):
+        return None
+    twice = sorted({str(name) for name in names if list(map(str, names)).count(str(name)) > 1})
+    return (f"names {', '.join(map(repr, twice))} more than once: give each test dataset once (evaluated twice, "
+            "detectron2 files its results under no name).")
 
 
 def _gamma(cfg: CfgNode, gamma: Any) -> str | None:
@@ -558,6 +571,7 @@ DETECTRON2_VALUE_RULES = (
     ValueRule("SOLVER.BASE_LR", _base_lr),
     ValueRule("SOLVER.WARMUP_ITERS", _warmup_iters),
     ValueRule("SOLVER.STEPS", _steps),
+    ValueRule("DATASETS.TEST", _distinct_datasets),
     ValueRule("SOLVER.GAMMA", _gamma),
     ValueRule("SOLVER.MOMENTUM", _momentum),
     ValueRule("DATALOADER.NUM_WORKERS", _num_workers),
@@ -660,6 +674,28 @@ def _check_pixel_normalization(cfg: CfgNode) -> None:
             f"channel of the images (INPUT.FORMAT={image_format!r}).")
 
 
+def _leaves(node: Mapping, prefix: str = "") -> dict[str, Any]:
+    """The dotted keys and values of a config's leaves."""
+    leaves: dict[str, Any] = {}
+    for key, value in node.items():
+        name = f"{prefix}{key}"
+        leaves.update(_leaves(value, name + ".") if isinstance(value, Mapping) else {name: value})
+    return leaves
+
+
+def check_no_empty_values(cfg: CfgNode) -> None:
+    """Raise ``ValueError`` for a key of detectron2 or gwdet left empty (``None``: yacs takes it for
+    any key, from an empty YAML value ``KEY:`` or the override ``KEY None``) whose default is a
+    value; a project's own keys, and keys whose default is ``None``, may be empty."""
+    defaults = _leaves(add_gwdet_config(get_cfg()))
+    for key, value in _leaves(cfg).items():
+        if value is None and defaults.get(key) is not None:
+            raise GwdetValueError(
+                f"config: {key} is empty (None), where its default is {defaults[key]!r}: give it a value (an "
+                f"empty YAML value, '{key.rsplit('.', 1)[-1]}:' with nothing after it, or the override "
+                f"'{key} None' reads as None).")
+
+
 def check_detectron2_values(cfg: CfgNode) -> None:
     """Raise ``ValueError`` naming the key, its value and the fix for a value of detectron2's own
     keys that detectron2 would refuse only late (when the optimizer, the data loader or the first
@@ -684,6 +720,7 @@ def check_gwdet_config(cfg: CfgNode) -> None:
     all builds the model. A config that passes is marked with its content (:func:`ensure_checked`).
     """
     require_gwdet_config(cfg, "gwdet")
+    check_no_empty_values(cfg)
     check_config_values(cfg)
     check_detectron2_values(cfg)
     _check_gw_norm(cfg)

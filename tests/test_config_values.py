@@ -4,6 +4,7 @@ YAML would read without a word, are refused when the config is read: the message
 value and the fix (gwdet.config_checks.check_detectron2_values, gwdet.model_zoo.loading)."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -343,3 +344,20 @@ def test_detectrons_zoo_functions_and_odd_arguments_are_named():
     for opts in ("MODEL.GW.NUM_GROUPS 4", {"MODEL.GW.NUM_GROUPS": 4}, ["MODEL.GW.NUM_GROUPS", 4]):
         with pytest.raises(TypeError, match="opts must be a list of strings"):
             gwdet.model_zoo.get_config("Demo/mask_rcnn_R_50_FPN_gw_shapes.yaml", opts=opts)
+
+
+@pytest.mark.parametrize("opts, message", [
+    (["OUTPUT_DIR", "None"], "config: OUTPUT_DIR is empty (None), where its default is './output'"),
+    (["SOLVER.MAX_ITER", "None"], "config: SOLVER.MAX_ITER is empty (None), where its default is 40000"),
+    (["MODEL.WEIGHTS", "None"], "config: MODEL.WEIGHTS is empty (None), where its default is ''"),
+    (["SOLVER.MAX_ITER", "800"], "config: SOLVER.STEPS=(800, 950) holds SOLVER.MAX_ITER=800 itself"),
+])
+def test_empty_values_and_a_step_at_the_last_iteration_are_refused(opts, message):
+    with pytest.raises(GwdetValueError, match=re.escape(message)):
+        build_config(str(DEMO_CONFIG), opts)
+
+
+def test_a_test_dataset_named_twice_is_refused():
+    with pytest.raises(GwdetValueError, match=r"DATASETS.TEST=\('shapes_val', 'shapes_val'\) names 'shapes_val' more "
+                                              r"than once: give each test dataset once"):
+        build_config(str(DEMO_CONFIG), ["DATASETS.TEST", "('shapes_val', 'shapes_val')"])

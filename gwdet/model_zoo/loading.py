@@ -64,7 +64,7 @@ def build_config(config_file: str, opts: list[str] | None = None) -> CfgNode:
         cfg.merge_from_list(opts or [])
     except (KeyError, AssertionError, ValueError) as error:
         raise GwdetValueError(f"The KEY VALUE overrides: {merge_problem(cfg, error)}") from None
-    if cfg.OUTPUT_DIR.startswith("~"):  # a quoted ~ reaches the config as it is: a folder named "~"
+    if isinstance(cfg.OUTPUT_DIR, str) and cfg.OUTPUT_DIR.startswith("~"):  # a quoted ~ reaches the config as it is
         cfg.OUTPUT_DIR = os.path.expanduser(cfg.OUTPUT_DIR)
     check_gwdet_config(cfg)
     cfg.freeze()
