@@ -211,3 +211,14 @@ def test_required_flags_may_follow_the_overrides_and_each_flag_is_read_once(tmp_
         "--threads", "1", "SOLVER.MAX_ITER", "2", "--resume", "--num-gpus", "1"])
     assert inspected == ["once_mine"] and args.resume and args.threads == 1
     assert args.opts == ["SOLVER.MAX_ITER", "2"] and [d.name for d in args.register_coco] == ["once_mine"]
+
+
+def test_export_refuses_an_empty_output_and_a_tolerance_that_accepts_any_export(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        export_model.main(["--config-file", str(DEMO_CONFIG), "--output", ""])
+    assert exit_info.value.code == 2 and "--output is empty: give the folder" in capsys.readouterr().err
+    for tolerance in ("1", "1e9", "0", "nan"):
+        with pytest.raises(SystemExit):
+            export_model.argument_parser().parse_args(["--config-file", "c.yaml", "--output", "o",
+                                                       "--tolerance", tolerance])
+        assert "give a number above 0 and below 1" in capsys.readouterr().err

@@ -92,13 +92,15 @@ def argument_parser() -> argparse.ArgumentParser:
 
 
 def _positive_number(text: str) -> float:
-    """``--tolerance``: a finite number > 0."""
+    """``--tolerance``: a number in (0, 1); scores and mask probabilities lie in [0, 1], so a
+    tolerance of 1 or more would accept any export."""
     try:
         value = float(text)
     except ValueError:
         value = float("nan")
-    if not (value > 0 and value != float("inf")):
-        raise argparse.ArgumentTypeError(f"give a finite number > 0, e.g. {TOLERANCE:g}; got {text!r}")
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"give a number above 0 and below 1 (scores and mask probabilities lie in "
+                                         f"[0, 1], so 1 or more accepts any export), e.g. {TOLERANCE:g}; got {text!r}")
     return value
 
 
@@ -337,6 +339,9 @@ def check_export_flags(args: argparse.Namespace) -> None:
 
     from gwdet.data.image_files import image_file_problem
 
+    if not args.output.strip():
+        raise GwdetValueError("--output is empty: give the folder to write model.ts / model.onnx into (it is "
+                              "created when missing), e.g. --output output/deploy.")
     if os.path.exists(args.output) and not os.path.isdir(args.output):
         raise GwdetValueError(f"--output {args.output} is a file, not a folder: give the folder to write "
                               "model.ts / model.onnx into (it is created when missing).")
