@@ -222,3 +222,19 @@ def test_export_refuses_an_empty_output_and_a_tolerance_that_accepts_any_export(
             export_model.argument_parser().parse_args(["--config-file", "c.yaml", "--output", "o",
                                                        "--tolerance", tolerance])
         assert "give a number above 0 and below 1" in capsys.readouterr().err
+
+
+def test_a_list_flag_before_the_overrides_stops_at_the_first_word_outside_its_choices():
+    analyze = analyze_model.argument_parser()
+    for between in ([], ["--"]):
+        args = parse_with_trailing_flags(analyze, ["--config-file", "c.yaml", "--tasks", "parameter", *between,
+                                                   "MODEL.WEIGHTS", "w"])
+        assert args.tasks == ["parameter"] and args.opts == ["MODEL.WEIGHTS", "w"]
+
+
+def test_analyze_refuses_flops_without_test_images_or_an_input_size(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        analyze_model.main(["--config-file", str(DEMO_CONFIG), "--tasks", "flop", "DATASETS.TEST", "()"])
+    assert exit_info.value.code == 2
+    assert "--tasks flop counts on images of the config's first test dataset, and the config has none: give " \
+           "--input-size H W" in capsys.readouterr().err

@@ -106,7 +106,8 @@ def parse_with_trailing_flags(parser: argparse.ArgumentParser, argv: Sequence[st
             parser.error(f"{flag} takes a list of values, every word up to the next flag: put it before another "
                          f"flag, ahead of the KEY VALUE overrides (e.g. {flag} A B --config-file FILE KEY VALUE)")
     leading = [token for token in argv[:start] if token != "--"]
-    args = parser.parse_args(leading + flags + opts)
+    # "--" before the overrides: argparse then takes no override as a value of a list flag before it
+    args = parser.parse_args(leading + flags + (["--"] if opts else []) + opts)
     args.opts = opts
     return args
 
@@ -129,8 +130,10 @@ def _start_of_overrides(parser: argparse.ArgumentParser, argv: Sequence[str]) ->
             position += 1 if action.nargs is None else action.nargs
         elif action.nargs == "?":
             position += int(position < len(argv) and not argv[position].startswith("-"))
-        else:  # "+" or "*": every word up to the next flag, as argparse takes them
+        else:  # "+" or "*": every word up to the next flag, or up to the first word outside its choices
             while position < len(argv) and (not argv[position].startswith("-") or _is_number(argv[position])):
+                if action.choices is not None and argv[position] not in action.choices:
+                    break  # an override's KEY (argparse would take it as a value and refuse it)
                 position += 1
     return len(argv)
 

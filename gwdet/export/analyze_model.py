@@ -30,6 +30,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from gwdet.errors import GwdetValueError
 from gwdet.engine.arguments import parse_with_trailing_flags
 from gwdet.engine.run import RunConfig, load_run_config
 from gwdet.utils.cli_errors import run_tool
@@ -155,6 +156,9 @@ def _analyze(argv: Sequence[str]) -> int:
     setup_logger(name="detectron2")
     run = load_run_config(args.config_file, args.opts, tool=True)
     run.register_datasets(args.register_coco)
+    if "flop" in args.tasks and args.input_size is None and not run.test_datasets():
+        raise GwdetValueError("--tasks flop counts on images of the config's first test dataset, and the config has "
+                              "none: give --input-size H W (random pixels of that size), or a test dataset.")
     model = run.build_trained_model()
     if "flop" in args.tasks:
         with torch.no_grad():
