@@ -33,6 +33,10 @@ class GwdetKeyError(GwdetError, KeyError):
     """A name that is not there: a config key, a dataset, a registered name."""
 
 
+class GwdetAttributeError(GwdetError, AttributeError):
+    """A name gwdet does not have, asked for as another library's (``hasattr`` stays False)."""
+
+
 class GwdetRuntimeError(GwdetError, RuntimeError):
     """A run that cannot go on in this environment: a folder in use, unreadable checkpoints, a job that failed."""
 

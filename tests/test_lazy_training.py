@@ -140,10 +140,14 @@ def test_a_lazy_run_stopped_by_a_signal_resumes_to_the_weights_of_an_uninterrupt
     run(uninterrupted, "train.max_iter=4")
 
     build_hooks = LazyTrainer.build_hooks
-    monkeypatch.setattr(LazyTrainer, "build_hooks",
-                        lambda self: build_hooks(self) + [SignalAfter(1, signal.SIGUSR2)])
-    with pytest.raises(TrainingInterrupted) as stop:
-        run(stopped, "train.max_iter=4")
+    monkeypatch.setattr(LazyTrainer, "build_hooks",  # a closed terminal (SIGUSR2 and the rest: test_resume.py)
+                        lambda self: build_hooks(self) + [SignalAfter(1, signal.SIGHUP)])
+    hangup = signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as in a terminal, not under nohup
+    try:
+        with pytest.raises(TrainingInterrupted) as stop:
+            run(stopped, "train.max_iter=4")
+    finally:
+        signal.signal(signal.SIGHUP, hangup)
     assert stop.value.checkpoint == "model_0000002.pth" and not (stopped / "model_final.pth").exists()
     monkeypatch.setattr(LazyTrainer, "build_hooks", build_hooks)
 

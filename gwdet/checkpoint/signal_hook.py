@@ -1,7 +1,8 @@
 """A checkpoint at the current iteration when training is told to stop.
 
-A cluster's preemption and time limit send SIGTERM (or the signal a job asked for, usually SIGUSR2)
-and a user sends SIGINT (Ctrl-C); by default each ends the process and loses the work since the
+A cluster's preemption and time limit send SIGTERM (or the signal a job asked for, usually SIGUSR2),
+a user sends SIGINT (Ctrl-C), and a closed terminal or a dropped ssh connection sends SIGHUP
+(unless the process runs under ``nohup``, which ignores it: left ignored); by default each ends the process and loses the work since the
 last periodic checkpoint. :class:`CheckpointOnSignal`, a detectron2 hook, turns those signals into
 a request: the iteration in progress finishes, a checkpoint of that iteration is saved exactly as a
 periodic one would be (``model_<iteration>.pth`` with the optimizer, scheduler, random and data
@@ -27,7 +28,7 @@ import torch.distributed as dist
 from detectron2.engine import HookBase
 from detectron2.utils import comm
 
-STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
+STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
 logger = logging.getLogger(__name__)
 
 
@@ -74,9 +75,11 @@ class CheckpointOnSignal(HookBase):
                            "stop signal ends it without a checkpoint.")
             return
         for signum in self.signals:
+            if signum == signal.SIGHUP and signal.getsignal(signum) == signal.SIG_IGN:
+                continue  # nohup: a closed terminal is not to stop the process
             self._previous[signum] = signal.signal(signum, self._handle)
-        logger.info(f"{', '.join(s.name for s in self.signals)} save a checkpoint of the current iteration "
-                    "before training stops.")
+        logger.info(f"{', '.join(signal.Signals(s).name for s in self._previous)} save a checkpoint of the current "
+                    "iteration before training stops.")
 
     def _restore(self) -> None:
         for signum, previous in self._previous.items():

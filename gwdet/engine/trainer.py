@@ -118,7 +118,7 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
         """detectron2's hooks, its periodic checkpointer saving with gwdet's
         :class:`ResilientCheckpointer` (which takes the place of the ``DetectionCheckpointer``
         detectron2 built just before), plus :class:`~gwdet.checkpoint.signal_hook.CheckpointOnSignal`
-        (SIGTERM, SIGINT and SIGUSR2 save a checkpoint of the current iteration before training
+        (SIGTERM, SIGINT, SIGHUP and SIGUSR2 save a checkpoint of the current iteration before training
         stops) after the LR scheduler and the periodic checkpointer, before evaluation and the writers."""
         if not isinstance(self.checkpointer, ResilientCheckpointer):
             self.checkpointer = ResilientCheckpointer(

@@ -6,7 +6,7 @@
 
 * check every training batch for non-finite pixels before the model sees it
   (:class:`~gwdet.data.finite_images.FiniteImageBatches` around the train loader);
-* save a checkpoint of the current iteration on SIGTERM, SIGINT and SIGUSR2 (:func:`with_signal_checkpoints`);
+* save a checkpoint of the current iteration on SIGTERM, SIGINT, SIGHUP and SIGUSR2 (:func:`with_signal_checkpoints`);
 * write ``metrics.json`` with a writer that opens it only after a resume trimmed it (:func:`run_writers`);
 * continue a resumed run where it stopped: its metrics trimmed to the iterations kept, its train
   loader positioned after the samples already trained (:func:`continue_after_resume`);

@@ -43,7 +43,9 @@ __all__ = ["build_config", "detectron2_config_file", "detectron2_configs_dir", "
 def __getattr__(name: str):
     """detectron2's ``model_zoo.get`` and ``get_checkpoint_url`` named with what to use instead."""
     if name in ("get", "get_checkpoint_url"):
-        raise AttributeError(
+        from gwdet.errors import GwdetAttributeError
+
+        raise GwdetAttributeError(
             f"gwdet.model_zoo has no {name}(): detectron2's model_zoo.{name} builds or points at its zoo's trained "
             "models, and gwdet publishes none. Build a model with gwdet.build_model(gwdet.model_zoo.get_config(NAME)); "
             "train it with tools/train_net.py (or gwdet-train) for weights; ImageNet backbones: docs/weights.md.")

@@ -157,18 +157,22 @@ class DuplicateKeyCheckingLoader(yaml.SafeLoader):
             f"only the last, so what line {first} sets would be silently dropped. Give {key} once in {path}: {fix}.")
 
 
+class PythonTagError(GwdetValueError):
+    """A config's YAML holds a tag that builds a Python object (:func:`load_config_yaml`)."""
+
+
 def load_config_yaml(path: str, text: str, named_from: Sequence[str] = ()) -> Any:
     """The YAML ``text`` of the config file ``path``, loaded as fvcore loads it (``yaml.safe_load``),
     but a key given twice in one mapping is refused (:class:`DuplicateKeyCheckingLoader`; ``named_from``:
     the configs whose ``_BASE_`` chain reaches ``path``, for the message), and so is a tag that
     builds a Python object (``!!python/...``), for which fvcore would fall back on
-    ``yaml.unsafe_load`` and run what the tag names. Other invalid YAML raises ``yaml.YAMLError`` as
-    ``yaml.safe_load`` does."""
+    ``yaml.unsafe_load`` and run what the tag names (:class:`PythonTagError`). Other invalid YAML
+    raises ``yaml.YAMLError`` as ``yaml.safe_load`` does."""
     loader = DuplicateKeyCheckingLoader(text, path, named_from)
     try:
         return loader.get_single_data()
     except yaml.constructor.ConstructorError as error:
-        raise GwdetValueError(
+        raise PythonTagError(
             f"Config file {path!r} holds a YAML tag that builds a Python object ({error.problem}, line "
             f"{error.problem_mark.line + 1 if error.problem_mark else '?'}); loading it could run code, so gwdet "
             "reads configs as plain YAML only. Remove the tag: a config holds plain values.") from None
@@ -228,8 +232,8 @@ def check_base_files(config_file: str, content: Mapping, named_from: Sequence[st
             with open(path, encoding="utf-8") as f:
                 base_text = f.read()
             base_content = load_config_yaml(path, base_text, named_from=chain)
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
-            continue
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, PythonTagError):
+            continue  # left to detectron2 (its Base-RetinaNet.yaml computes its anchor sizes with a python tag)
         if isinstance(base_content, dict):
             check_base_files(path, base_content, chain)
 
