@@ -111,13 +111,19 @@ def add_gwdet_config(cfg: CN) -> CN:
 
     Returns ``cfg`` for chaining. Keys already present keep their values, so the call is idempotent.
     """
+    if not isinstance(cfg, CN):
+        raise GwdetTypeError(f"add_gwdet_config: give a yacs CfgNode (detectron2.config.get_cfg()), got "
+                             f"{type(cfg).__name__}")
     for key in CONFIG_KEYS:
         *parents, leaf = key.name.split(".")
         node = cfg
-        for part in parents:
+        for depth, part in enumerate(parents):
             if part not in node:
                 node[part] = CN()
             node = node[part]
+            if not isinstance(node, CN):
+                raise GwdetTypeError(f"add_gwdet_config: {'.'.join(parents[:depth + 1])} is {node!r}, where gwdet's "
+                                     f"keys ({key.name}, ...) need a section; remove that value from the config")
         if leaf not in node:
             node[leaf] = key.default
     return cfg

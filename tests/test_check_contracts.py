@@ -259,3 +259,19 @@ def test_a_config_without_gwdets_keys_and_bad_position_specs_are_refused_in_full
         parse_gw_positions("S1-B4")
     assert str(err.value) == ("MODEL.RESNETS.GW_POSITIONS='S1-B4': unknown position 'B4'. Valid tokens: S1, B1, B2, "
                               "B3, B12, joined by '-' (e.g. 'S1-B2'); '' means no GW.")
+
+
+def test_the_python_api_names_what_it_was_given_instead_of_a_model_or_a_config():
+    import gwdet
+    from detectron2.config import get_cfg
+
+    with pytest.raises(TypeError, match="check_model: give the built model .*got NoneType"):
+        gwdet.check_model(None)
+    with pytest.raises(TypeError, match="build_optimizer.*got CfgNode and NoneType; for a LazyConfig"):
+        gwdet.build_optimizer(get_cfg(), None)
+    with pytest.raises(TypeError, match=r"add_gwdet_config: give a yacs CfgNode .*got NoneType"):
+        gwdet.add_gwdet_config(None)
+    cfg = get_cfg()
+    cfg.MODEL.GW = 5
+    with pytest.raises(TypeError, match="add_gwdet_config: MODEL.GW is 5, where gwdet's keys"):
+        gwdet.add_gwdet_config(cfg)

@@ -44,6 +44,7 @@ def refusal(overrides, eval_only=False) -> str:
     ("dataloader.shapes.num_train=0", "config: dataloader.shapes.num_train must be an integer >= 1, got 0"),
     # l_imgsz: numpy's "negative dimensions are not allowed"
     ("dataloader.shapes.image_size=-1", "config: dataloader.shapes.image_size must be an integer >= 1, got -1"),
+    ("train.init_checkpoint=null", "train.init_checkpoint=None: give '' to start from detectron2's initialization"),
     ("dataloader.shapes.image_size=4", "dataloader.shapes.image_size=4: the shapes dataset needs images of at "
                                        f"least {shapes.MIN_IMAGE_SIZE} pixels a side"),
 ])

@@ -443,12 +443,15 @@ def check_run_values(cfg: DictConfig) -> None:
     """Refuse, before anything is built, values that training and evaluation both read and
     detectron2 or gwdet would fail on later, or take without a word: a ``train.seed`` that is not a
     whole number (detectron2's ``default_setup`` compares it with 0), :data:`RUN_TWINS`
-    (``train.vis_images`` below 0, as ``TEST.VIS_IMAGES``), the shapes dataset's settings
-    (:func:`check_shapes_specs`)."""
+    (``train.vis_images`` below 0, as ``TEST.VIS_IMAGES``), a ``train.init_checkpoint`` of ``None``,
+    the shapes dataset's settings (:func:`check_shapes_specs`)."""
     seed = select(cfg, "train.seed")
     if seed is not ABSENT and not is_whole_number(seed):
         raise GwdetValueError(f"train.seed={seed!r}: give a whole number, e.g. train.seed=0 (a negative seed draws a "
                               "random one, as SEED -1 does in a yacs config).")
+    if select(cfg, "train.init_checkpoint") is None:
+        raise GwdetValueError("train.init_checkpoint=None: give '' to start from detectron2's initialization, or the "
+                              "path of weights (e.g. train.init_checkpoint=output/demo/model_final.pth).")
     check_twins(cfg, RUN_TWINS)
     check_shapes_specs(cfg)
 

@@ -83,6 +83,8 @@ def check_model(model: nn.Module, strict_groups: bool = False, optimizer: torch.
     * With an ``optimizer`` (and the config's ``weight_decay_norm``, ``weight_decay_bias``), warn
       about norm layers it decays otherwise (:func:`check_norm_weight_decay`).
     """
+    if not isinstance(model, nn.Module):
+        raise GwdetTypeError(f"check_model: give the built model (a torch.nn.Module), got {type(model).__name__}")
     if optimizer is not None:
         if weight_decay_norm is None:
             raise GwdetTypeError("check_model: with an optimizer, give weight_decay_norm (SOLVER.WEIGHT_DECAY_NORM) "
