@@ -104,3 +104,16 @@ def test_a_state_saved_before_the_layers_recorded_settings_loads_with_every_load
         DetectionCheckpointer(fresh).load(str(path))
     assert same_weights(fresh, old)
     assert not any("_extra_state" in record.getMessage() for record in caplog.records), "no key reported missing"
+
+
+def test_settings_that_make_the_same_function_load_and_others_are_named():
+    from gwdet.layers import BatchWhitening, GroupWhitening
+
+    # 64 requested groups on 16 channels whiten in 16, as 16 requested do; ZCA does not iterate (T)
+    GroupWhitening(16, num_groups=16).load_state_dict(GroupWhitening(16, num_groups=64).state_dict())
+    zca = BatchWhitening(16, group_size=4, method="zca", T=3).state_dict()
+    BatchWhitening(16, group_size=4, method="zca", T=5).load_state_dict(zca)
+    with pytest.raises(RuntimeError, match=r"saved with method='zca', but this layer has method='itn'"):
+        BatchWhitening(16, group_size=4, method="itn", T=3).load_state_dict(zca)
+    with pytest.raises(RuntimeError, match="saved with num_groups=4, but this layer has num_groups=8"):
+        GroupWhitening(16, num_groups=8).load_state_dict(GroupWhitening(16, num_groups=4).state_dict())

@@ -30,6 +30,8 @@ from torch import Tensor, nn
 
 from gwdet.errors import GwdetValueError
 
+from .common import largest_divisor_at_most
+
 # torch's suffix for a module's extra state in a state dict (torch.nn.modules.module)
 EXTRA_STATE_KEY = "_extra_state"
 # the length of the recorded settings; their JSON takes about 200 bytes
@@ -63,6 +65,25 @@ def decode_settings(state: Any) -> Optional[Dict[str, Any]]:
     if not isinstance(settings, dict) or not isinstance(settings.get("layer"), str):
         return None
     return settings
+
+
+# Per layer, the setting the layer rounds to a divisor of its channels (the largest at most the request).
+_DIVIDED_SETTING = {"GroupWhitening": "num_groups", "BatchGroupNorm": "num_groups", "BatchWhitening": "group_size"}
+
+
+def function_settings(layer: str, settings: Dict[str, Any]) -> Dict[str, Any]:
+    """The values of ``settings`` (of a ``layer`` class) that make the layer's function: a requested
+    group count (or size) as the layer uses it, and no ``T`` for ZCA, which does not iterate; two
+    states whose function settings agree were trained as the same function."""
+    function = dict(settings)
+    key, channels = _DIVIDED_SETTING.get(layer), function.get("num_channels")
+    requested = function.get(key) if key is not None else None
+    if (key is not None and isinstance(channels, int) and isinstance(requested, int)
+            and not isinstance(requested, bool) and channels >= 1 and requested >= 1):
+        function[key] = largest_divisor_at_most(channels, requested)
+    if function.get("method") == "zca":
+        function.pop("T", None)
+    return function
 
 
 class SettingsInState(nn.Module):
@@ -106,8 +127,11 @@ class SettingsInState(nn.Module):
         if saved["layer"] != kind:
             return (f"{layer}: the state is of a {saved['layer']} layer, not of a {kind}; load weights trained "
                     "with the norm this model has at that place")
-        differing = [(setting, saved[setting], value) for setting, value in self.settings().items()
-                     if setting in saved and saved[setting] != value]
+        own = self.settings()
+        saved_function, own_function = function_settings(kind, saved), function_settings(kind, own)
+        differing = [(setting, saved[setting], value) for setting, value in own.items()
+                     if setting in saved and saved[setting] != value
+                     and saved_function.get(setting) != own_function.get(setting)]
         if not differing:
             return None
         return (f"{layer} was saved with {_listed([(s, old) for s, old, _ in differing])}, but this layer has "
