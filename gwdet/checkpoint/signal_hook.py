@@ -1,8 +1,8 @@
 """A checkpoint at the current iteration when training is told to stop.
 
 A cluster's preemption and time limit send SIGTERM (or the signal a job asked for, usually SIGUSR2),
-a user sends SIGINT (Ctrl-C), and a closed terminal or a dropped ssh connection sends SIGHUP
-(unless the process runs under ``nohup``, which ignores it: left ignored); by default each ends the process and loses the work since the
+a user sends SIGINT (Ctrl-C), and a closed terminal or a dropped ssh connection sends SIGHUP (left
+ignored under ``nohup``, which ignores it); by default each ends the process and loses the work since the
 last periodic checkpoint. :class:`CheckpointOnSignal`, a detectron2 hook, turns those signals into
 a request: the iteration in progress finishes, a checkpoint of that iteration is saved exactly as a
 periodic one would be (``model_<iteration>.pth`` with the optimizer, scheduler, random and data
