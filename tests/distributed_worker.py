@@ -25,6 +25,23 @@ def train_and_save_parameters(config_file: str, opts: list, out_dir: str) -> Non
     torch.save(record, f"{out_dir}/rank{comm.get_rank()}.pth")
 
 
+def check_rank_configs(config_file: str, out_dir: str) -> None:
+    """Rank 1 holds another group count than rank 0; each rank writes what the config check said."""
+    from gwdet.engine.run import check_same_config, load_run_config
+
+    opts = ["MODEL.GW.NUM_GROUPS", "8"] if comm.get_rank() == 1 else []
+    try:
+        check_same_config(load_run_config(config_file, opts))
+        said = "accepted"
+    except ValueError as error:
+        said = str(error)
+    with open(f"{out_dir}/rank{comm.get_rank()}.txt", "w", encoding="utf-8") as f:
+        f.write(said)
+
+
 if __name__ == "__main__":
-    config_file, out_dir, *opts = sys.argv[1:]
-    launch(train_and_save_parameters, 2, dist_url="auto", args=(config_file, opts, out_dir))
+    if sys.argv[1] == "--check-rank-configs":
+        launch(check_rank_configs, 2, dist_url="auto", args=tuple(sys.argv[2:4]))
+    else:
+        config_file, out_dir, *opts = sys.argv[1:]
+        launch(train_and_save_parameters, 2, dist_url="auto", args=(config_file, opts, out_dir))

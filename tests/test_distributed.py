@@ -28,3 +28,14 @@ def test_two_process_training_keeps_ranks_identical(tmp_path, overrides):
     assert (tmp_path / "model_final.pth").exists(), "rank 0 saved the final checkpoint"
     for name, value in rank0["parameters"].items():
         assert torch.equal(value, rank1["parameters"][name]), name
+
+
+def test_processes_started_with_different_configs_are_refused_in_every_process(tmp_path):
+    command = [sys.executable, str(REPO / "tests" / "distributed_worker.py"), "--check-rank-configs", str(DEMO_CONFIG),
+               str(tmp_path)]
+    completed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    for rank in (0, 1):
+        assert (tmp_path / f"rank{rank}.txt").read_text() == (
+            "The processes of this run hold different configs (rank 1 against rank 0): start every machine with the "
+            "same config file and the same overrides.")

@@ -550,6 +550,9 @@ class LazyRun(RunConfig):
         register_coco_datasets(coco)
         register_coco_datasets([d for d in environment_datasets() if registered_coco_dataset(d.name) is None])
 
+    def config_record(self) -> Mapping:
+        return saved_tree(self.cfg)
+
     def prepare_datasets(self) -> None:
         """:func:`check_datasets` (the LazyConfig's dataset nodes, ``gwdet.data.shapes_dataset``, ...,
         register their datasets when built)."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -149,6 +150,10 @@ class RunConfig(ABC):
         """The batches of the first test set, in the model's input format (:meth:`test_loader`)."""
         return iter(self.test_loader())
 
+    def config_record(self) -> Mapping:
+        """The config as the run's ``config.yaml`` records it (what :func:`check_same_config` compares)."""
+        return self.cfg
+
     @abstractmethod
     def describe_test_set(self) -> str:
         """How the tools name the first test set, e.g. ``"shapes_val (DATASETS.TEST[0])"``."""
@@ -231,6 +236,21 @@ def evaluation_request(run: RunConfig, args: argparse.Namespace) -> tuple[RunCon
     return run.with_target(weights, folder), argparse.Namespace(**{**vars(args), "resume": False})
 
 
+def check_same_config(run: RunConfig) -> None:
+    """Refuse, in every process alike, a run whose processes hold different configs: the machines
+    of a multi-machine run each read their own command line, and would otherwise train together
+    with different models or schedules."""
+    if comm.get_world_size() == 1:
+        return
+    digest = hashlib.sha256(json.dumps(run.config_record(), sort_keys=True, default=repr).encode("utf-8")).hexdigest()
+    digests = comm.all_gather(digest)
+    differing = [rank for rank, other in enumerate(digests) if other != digests[0]]
+    if differing:
+        raise GwdetValueError(
+            f"The processes of this run hold different configs (rank {', '.join(map(str, differing))} against rank "
+            "0): start every machine with the same config file and the same overrides.")
+
+
 def setup(args: argparse.Namespace, run: RunConfig) -> None:
     """The command line's datasets registered, the run request checked, detectron2's logging and
     output set-up, the datasets ready.
@@ -255,6 +275,7 @@ def setup(args: argparse.Namespace, run: RunConfig) -> None:
             logger.warning(f"--register-coco registered {', '.join(map(repr, unused))}, but the run neither trains nor "
                            f"evaluates on {'it' if len(unused) == 1 else 'them'}: name it in the config's datasets "
                            "(DATASETS.TRAIN / DATASETS.TEST, or the LazyConfig's dataloader) to use it.")
+        check_same_config(run)
         main_process = comm.is_main_process()
         if main_process:
             check_output_request(args, run)
