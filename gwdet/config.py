@@ -106,6 +106,23 @@ def config_value(cfg: CN, name: str) -> Any:
     return node
 
 
+def flatten_config(tree: Mapping, prefix: str = "") -> dict[str, Any]:
+    """``{"A": {"B": 1}}`` -> ``{"A.B": 1}`` for a CfgNode or the dict a config's YAML dump loads
+    to; sequences become lists, as a YAML round trip gives them back."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping):
+            flat.update(flatten_config(value, name))
+        else:
+            flat[name] = _as_saved(value)
+    return flat
+
+
+def _as_saved(value: Any) -> Any:
+    return [_as_saved(item) for item in value] if isinstance(value, (list, tuple)) else value
+
+
 def add_gwdet_config(cfg: CN) -> CN:
     """Add gwdet's keys (norm hyper-parameters, GW positions, the shapes dataset) to ``cfg``.
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -28,7 +29,8 @@ from detectron2.config import CfgNode, get_cfg
 from detectron2.utils import comm
 
 from gwdet.errors import GwdetError, GwdetValueError
-from gwdet.config import add_gwdet_config, check_config_values, config_value, require_gwdet_config
+from gwdet.config import (add_gwdet_config, check_config_values, config_value, flatten_config,
+                          require_gwdet_config)
 from gwdet.norms import (DETECTRON2_GN_GROUPS, UnknownNormError, detectron2_builds_as_configured,
                          known_norm_names, norm_records, norm_record)
 from gwdet.positions import BLOCK_CONV_OF_POSITION, parse_gw_positions
@@ -391,9 +393,10 @@ def _steps(cfg: CfgNode, steps: Any) -> str | None:
 
 
 def _distinct_datasets(cfg: CfgNode, names: Any) -> str | None:
-    if not isinstance(names, (list, tuple)) or len(set(map(str, names))) == len(names):
+    counts = Counter(map(str, names)) if isinstance(names, (list, tuple)) else Counter()
+    twice = sorted(name for name, count in counts.items() if count > 1)
+    if not twice:
         return None
-    twice = sorted({str(name) for name in names if list(map(str, names)).count(str(name)) > 1})
     return (f"names {', '.join(map(repr, twice))} more than once: give each test dataset once (evaluated twice, "
             "detectron2 files its results under no name).")
 
@@ -547,8 +550,6 @@ def _anchor_lists(cfg: CfgNode, lists: Any) -> str | None:
 
 
 def _config_version(cfg: CfgNode, version: Any) -> str | None:
-    from detectron2.config import get_cfg
-
     latest = get_cfg().VERSION
     if version == latest:
         return None
@@ -674,21 +675,12 @@ def _check_pixel_normalization(cfg: CfgNode) -> None:
             f"channel of the images (INPUT.FORMAT={image_format!r}).")
 
 
-def _leaves(node: Mapping, prefix: str = "") -> dict[str, Any]:
-    """The dotted keys and values of a config's leaves."""
-    leaves: dict[str, Any] = {}
-    for key, value in node.items():
-        name = f"{prefix}{key}"
-        leaves.update(_leaves(value, name + ".") if isinstance(value, Mapping) else {name: value})
-    return leaves
-
-
 def check_no_empty_values(cfg: CfgNode) -> None:
     """Raise ``ValueError`` for a key of detectron2 or gwdet left empty (``None``: yacs takes it for
     any key, from an empty YAML value ``KEY:`` or the override ``KEY None``) whose default is a
     value; a project's own keys, and keys whose default is ``None``, may be empty."""
-    defaults = _leaves(add_gwdet_config(get_cfg()))
-    for key, value in _leaves(cfg).items():
+    defaults = flatten_config(add_gwdet_config(get_cfg()))
+    for key, value in flatten_config(cfg).items():
         if value is None and defaults.get(key) is not None:
             raise GwdetValueError(
                 f"config: {key} is empty (None), where its default is {defaults[key]!r}: give it a value (an "

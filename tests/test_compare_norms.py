@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from gwdet.model_zoo import build_config
-from gwdet.model_zoo.loading import flatten_config
+from gwdet.config import flatten_config
 from gwdet_lab.study import worker
 from gwdet_lab.study.cli import main as study_main
 from gwdet_lab.study.cells import Cell, RunSpec, batch_scaling_opts, paper_specs, parse_extra, study_cells

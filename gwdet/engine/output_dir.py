@@ -40,7 +40,8 @@ from gwdet.errors import (
     GwdetValueError,
 )
 from gwdet.checkpoint.resilient import CHECKPOINT_NAME, LAST_CHECKPOINT, local_weights_path, lost_checkpoint_error
-from gwdet.model_zoo.loading import flatten_config, load_config_yaml
+from gwdet.config import flatten_config
+from gwdet.model_zoo.loading import load_config_yaml
 from gwdet.utils.atomic import (
     CHECKSUM_SUFFIX,
     DamagedFileError,
@@ -56,8 +57,9 @@ LOCK_NAME = ".gwdet.lock"
 CONFIG_NAME = "config.yaml"  # detectron2's default_setup writes the run's config here
 # Files and folders of a run that a new run would replace or append to (config.yaml and
 # results.json with the SHA-256 recorded beside them, gwdet.utils.atomic).
+RESULTS_MARKDOWN = "results.md"  # the run's results, written by gwdet.engine.run
 RESULTS_JSON = "results.json"
-RUN_FILES = ("last_checkpoint", "metrics.json", "results.md", RESULTS_JSON, CONFIG_NAME,
+RUN_FILES = ("last_checkpoint", "metrics.json", RESULTS_MARKDOWN, RESULTS_JSON, CONFIG_NAME,
              CONFIG_NAME + CHECKSUM_SUFFIX, RESULTS_JSON + CHECKSUM_SUFFIX)
 EVAL_FOLDER = "eval"  # --eval-only of a folder that holds a run writes to eval/<checkpoint>/
 INFERENCE_FOLDER = "inference"  # detectron2's evaluators write their files in inference/<dataset>/

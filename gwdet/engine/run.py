@@ -51,6 +51,8 @@ from gwdet.utils.atomic import write_text_atomically, write_text_with_checksum
 from gwdet.utils.cli_errors import tool_name
 from gwdet.engine.output_dir import (
     INFERENCE_FOLDER,
+    RESULTS_JSON,
+    RESULTS_MARKDOWN,
     VIS_FOLDER,
     OutputDirLock,
     check_config_file_kept,
@@ -65,9 +67,6 @@ from gwdet.engine.run_environment import ENVIRONMENT_KEY, run_environment
 from gwdet.engine.run_log import HeldRecords
 from gwdet.engine.tables import Column, Table
 from gwdet.engine.visualize import save_prediction_pngs
-
-RESULTS_MARKDOWN = "results.md"
-RESULTS_JSON = "results.json"
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import yaml
 
 from detectron2.config import CfgNode, get_cfg
 
-from gwdet.config import add_gwdet_config
+from gwdet.config import add_gwdet_config, flatten_config
 from gwdet.config_checks import check_gwdet_config
 from gwdet.errors import GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetTypeError, GwdetValueError
 from gwdet.layers.common import check_flag
@@ -236,23 +236,6 @@ def check_base_files(config_file: str, content: Mapping, named_from: Sequence[st
             continue  # left to detectron2 (its Base-RetinaNet.yaml computes its anchor sizes with a python tag)
         if isinstance(base_content, dict):
             check_base_files(path, base_content, chain)
-
-
-def flatten_config(tree: Mapping, prefix: str = "") -> dict[str, Any]:
-    """``{"A": {"B": 1}}`` -> ``{"A.B": 1}`` for a CfgNode or the dict a config's YAML dump loads
-    to; sequences become lists, as a YAML round trip gives them back."""
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, Mapping):
-            flat.update(flatten_config(value, name))
-        else:
-            flat[name] = _as_saved(value)
-    return flat
-
-
-def _as_saved(value: Any) -> Any:
-    return [_as_saved(item) for item in value] if isinstance(value, (list, tuple)) else value
 
 
 def get_config(config_path: str, trained: bool = False, *, opts: Sequence[str] | None = None):
