@@ -23,6 +23,7 @@ from setuptools >= 81); :mod:`gwdet.model_zoo.detectron2_configs`.
 :func:`build_config` reads a yacs config file by its path, as every gwdet tool reads it
 (:mod:`gwdet.model_zoo.loading`: ``_BASE_`` chains, ``KEY VALUE`` overrides, yacs' errors explained).
 """
+from gwdet.errors import GwdetAttributeError
 from gwdet.model_zoo.detectron2_configs import (
     detectron2_config_file,
     detectron2_configs_dir,
@@ -43,8 +44,6 @@ __all__ = ["build_config", "detectron2_config_file", "detectron2_configs_dir", "
 def __getattr__(name: str):
     """detectron2's ``model_zoo.get`` and ``get_checkpoint_url`` named with what to use instead."""
     if name in ("get", "get_checkpoint_url"):
-        from gwdet.errors import GwdetAttributeError
-
         raise GwdetAttributeError(
             f"gwdet.model_zoo has no {name}(): detectron2's model_zoo.{name} builds or points at its zoo's trained "
             "models, and gwdet publishes none. Build a model with gwdet.build_model(gwdet.model_zoo.get_config(NAME)); "
