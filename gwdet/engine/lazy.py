@@ -460,8 +460,13 @@ def dataset_names(cfg: DictConfig) -> list[str]:
     """The datasets the LazyConfig trains and evaluates on: the ``names`` of ``dataloader.train.dataset``
     and ``dataloader.test.dataset`` (``L(...)`` nodes such as ``gwdet.data.shapes_dataset``
     instantiated) and the evaluator's dataset; a loader built otherwise names none."""
-    names = [*_names_at(cfg, "dataloader.train.dataset.names"), *_names_at(cfg, "dataloader.test.dataset.names")]
-    return [name for name in dict.fromkeys([*names, evaluated_dataset(cfg)]) if name]
+    return _distinct_names(_names_at(cfg, "dataloader.train.dataset.names"),
+                           _names_at(cfg, "dataloader.test.dataset.names"), evaluated_dataset(cfg))
+
+
+def _distinct_names(trained: Sequence[str], tested: Sequence[str], evaluated: str | None) -> list[str]:
+    """The names of the training sets, the test sets and the evaluator's dataset, each once, in order."""
+    return [name for name in dict.fromkeys([*trained, *tested, evaluated]) if name]
 
 
 def _names_at(cfg: DictConfig, key: str) -> list[str]:
@@ -491,7 +496,7 @@ def check_datasets(cfg: DictConfig) -> None:
     count = select(cfg, "model.roi_heads.num_classes")
     if not is_whole_number(count):
         return
-    for name in dataset_names(cfg):
+    for name in _distinct_names(_names_at(cfg, "dataloader.train.dataset.names"), tested, evaluated):
         classes = known_class_names(name)
         if classes is not None and len(classes) != count:
             raise GwdetValueError(
