@@ -247,20 +247,21 @@ def test_onnx_full_model_matches_onnxruntime(tmp_path):
     assert max_abs_difference(expected, run_onnx(path, [image])) <= TOLERANCE
 
 
-def onnxruntime_outputs(path, inputs, optimized=True):
-    """The file's outputs in onnxruntime with its graph optimizations (as :func:`run_onnx` runs it)
-    or without any: a file must run both ways, not only where a rewrite happens to hide a fault."""
+def onnxruntime_outputs(path, batches, optimized=True):
+    """The file's outputs for each of ``batches`` (a list of inputs each) from one onnxruntime
+    session, with its graph optimizations (onnxruntime's default, as :func:`run_onnx` runs it) or
+    without any: a file must run both ways, not only where a rewrite happens to hide a fault."""
     import onnxruntime
 
-    if optimized:
-        return run_onnx(path, inputs)
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if not optimized:
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     names = [entry.name for entry in session.get_inputs()]
     # the exporter drops inputs the graph does not use: fewer names than inputs is expected
-    return session.run(None, {name: tensor.numpy() for name, tensor in zip(names, inputs, strict=False)})
+    return [session.run(None, {name: tensor.numpy() for name, tensor in zip(names, inputs, strict=False)})
+            for inputs in batches]
 
 
 # ---- empty inputs: no ROI in a head --------------------------------------------------------------
@@ -328,9 +329,8 @@ def test_a_traced_layer_returns_an_empty_output_for_an_empty_batch(name, tmp_pat
     path = str(tmp_path / "layer.onnx")
     export_onnx(module, (example,), path, input_names=["x"], dynamic_axes={"x": {0: "n", 2: "h", 3: "w"}})
     for optimized in (True, False):
-        [out] = onnxruntime_outputs(path, [empty], optimized)
-        assert out.shape == (0, 12, 5, 5) and out.dtype == np.float32
-        [out] = onnxruntime_outputs(path, [batch], optimized)
+        [[out_empty], [out]] = onnxruntime_outputs(path, [[empty], [batch]], optimized)
+        assert out_empty.shape == (0, 12, 5, 5) and out_empty.dtype == np.float32
         assert max_abs_difference([expected], [out]) <= 1e-5
 
 
@@ -385,12 +385,12 @@ def test_exported_mask_rcnn_runs_an_image_without_detections(variant, tmp_path):
     onnx_path = str(tmp_path / "model.onnx")
     adapter = export_model_onnx(model, with_detections, onnx_path)
     traced, _ = export_torchscript(model, with_detections, str(tmp_path / "model.ts"))
-    runs = {"torchscript": lambda image: traced(image)}
-    runs["onnxruntime"] = lambda image: onnxruntime_outputs(onnx_path, [image])
-    runs["onnxruntime, not optimized"] = lambda image: onnxruntime_outputs(onnx_path, [image], optimized=False)
+    runs = {"torchscript": lambda batches: [traced(image) for [image] in batches]}
+    runs["onnxruntime"] = lambda batches: onnxruntime_outputs(onnx_path, batches)
+    runs["onnxruntime, not optimized"] = lambda batches: onnxruntime_outputs(onnx_path, batches, optimized=False)
     for how, run in runs.items():
         with torch.no_grad():
-            got = {key: run(image) for key, image in images.items()}
+            got = dict(zip(images, run([[image] for image in images.values()]), strict=True))
         empty = detection_outputs(adapter, [torch.as_tensor(output) for output in got["without"]])
         assert [tuple(t.shape) for t in empty] == [(0, 4), (0,), (0,), (0, 1, 28, 28)], how
         assert max_abs_difference(expected["with"], got["with"]) <= TOLERANCE, how

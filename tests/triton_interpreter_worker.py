@@ -187,7 +187,7 @@ def launches() -> list:
     results = []
     layers = (("GW", lambda: GroupWhitening(256, 64)), ("BW_ItN", lambda: BatchWhitening(256, 16, method="itn")))
     for name, make in layers:
-        for samples in (8, 16):
+        for samples in (4, 8):
             torch.manual_seed(0)
             layer = make()
             x = torch.randn(samples, 256, 7, 7, requires_grad=True)
