@@ -131,6 +131,30 @@ def test_subcommand_writes_its_files(tmp_path, command, capsys):
     assert table.startswith("# ") and "| --- |" in table
 
 
+@pytest.mark.parametrize("flag, message", [
+    (["--groups", "0,2"], "argument --groups: give an integer of at least 1, got 0"),
+    (["--dim", "0"], "argument --dim: give an integer of at least 1, got 0"),
+    (["--samples", "1"], "argument --samples: give an integer of at least 2 (a covariance needs two samples), got 1"),
+    (["--groups", ","], "argument --groups: give at least one integer"),
+])
+def test_conditioning_refuses_counts_it_cannot_use_before_any_work(tmp_path, capsys, flag, message):
+    with pytest.raises(SystemExit) as refused:  # before: raw errors after the simulations had run
+        main(["conditioning", "--out", str(tmp_path), *flag])
+    assert refused.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "conditioning").exists()
+
+
+def test_a_figure_whose_grouped_curves_are_all_infinite_is_still_written(tmp_path, capsys):
+    # d = 8 with 90%: lambda_p is the smallest eigenvalue, which centring each group makes 0 (kappa = inf);
+    # the log axes had no finite value and matplotlib raised while laying the figure out
+    args = ["--dim", "8", "--samples", "16", "--groups", "1,2", "--depths", "1", "--activations", "linear",
+            "--seeds", "1"]
+    assert main(["conditioning", "--out", str(tmp_path), *args]) == 0
+    table = (tmp_path / "conditioning" / "table.md").read_text()
+    assert "| 2 | inf | inf | inf |" in table  # every grouped kappa_90 and kappa_80 at g = 2
+    assert (tmp_path / "conditioning" / "kappa_90.png").stat().st_size > 0
+
+
 def test_tool_is_the_cli_entry_point():
     """tools/analyze.py runs gwdet_lab.analysis.cli: its subcommands, and argparse's exit codes."""
     tool = [sys.executable, str(REPO / "tools" / "analyze.py")]

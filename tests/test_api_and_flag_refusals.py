@@ -100,6 +100,18 @@ def test_a_second_config_file_is_refused_whatever_prefix_names_it(flags, capsys)
     assert "--config-file is given more than once" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value", ["-5", "nan", "0", "inf", "1e300"])
+def test_a_rendezvous_timeout_that_cannot_be_waited_is_refused(value, capsys):
+    # before: "Nothing answers ... after 0 s" at once, or raw ValueError / OverflowError
+    from gwdet.cluster.training import parse_args  # tools/train_net.py's flags, the launcher's included
+
+    with pytest.raises(SystemExit):
+        parse_args(["--config-file", str(DEMO_CONFIG), "--rendezvous-timeout", value])
+    assert f"argument --rendezvous-timeout: give a number of seconds above 0, e.g. 300; got '{value}'" in \
+        capsys.readouterr().err
+    assert parse_args(["--config-file", str(DEMO_CONFIG), "--rendezvous-timeout", "0.5"]).rendezvous_timeout == 0.5
+
+
 @pytest.mark.parametrize("opts, message", [
     (["MODEL.BACKBONE.FREEZE_AT", "2", "MODEL.WEIGHTS", ""], "MODEL.BACKBONE.FREEZE_AT is 2, which keeps the first 2 "
                                                               "stage(s) of the backbone"),

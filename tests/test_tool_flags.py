@@ -69,6 +69,18 @@ def test_analyze_refuses_counts_below_one(capsys, flag):
     assert "give an integer of at least 1" in capsys.readouterr().err
 
 
+def test_analyze_refuses_an_input_size_that_cannot_fit_before_building(capsys):
+    # the model gets the image as given: 100000 x 100000 failed in the allocator after building
+    with pytest.raises(SystemExit) as exit_info:
+        analyze_model.argument_parser().parse_args(["--config-file", str(DEMO_CONFIG), "--input-size", "64",
+                                                    str(analyze_model.MAX_INPUT_SIDE + 1)])
+    assert exit_info.value.code == 2
+    assert f"is above {analyze_model.MAX_INPUT_SIDE}" in capsys.readouterr().err
+    args = analyze_model.argument_parser().parse_args(["--config-file", str(DEMO_CONFIG), "--input-size", "64",
+                                                       str(analyze_model.MAX_INPUT_SIDE)])
+    assert args.input_size == [64, analyze_model.MAX_INPUT_SIDE]
+
+
 def test_weights_that_are_a_folder_or_a_numpy_archive_are_named(tmp_path):
     import numpy as np
     import torch

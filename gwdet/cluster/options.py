@@ -11,12 +11,26 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from gwdet.errors import GwdetValueError
 
 LAUNCHERS = ("local", "submitit-local", "slurm")
 DEFAULT_TIMEOUT_MIN = 24 * 60
 DEFAULT_RENDEZVOUS_SECONDS = 300.0
+
+
+def seconds(text: str) -> float:
+    """A waiting time flag's value: a number of seconds above 0 that a ``timedelta`` can hold."""
+    try:
+        value = float(text)
+        timedelta(seconds=value)
+    except (ValueError, OverflowError):
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"give a number of seconds above 0, e.g. {DEFAULT_RENDEZVOUS_SECONDS:g}; "
+                                         f"got {text!r}")
+    return value
 
 
 def add_launcher_arguments(parser: argparse.ArgumentParser, multi_machine: bool = True) -> None:
@@ -45,7 +59,7 @@ def add_launcher_arguments(parser: argparse.ArgumentParser, multi_machine: bool 
     group.add_argument("--wait", action="store_true",
                        help="after submitting, wait for the job to end and print its result")
     if multi_machine:
-        group.add_argument("--rendezvous-timeout", type=float, default=DEFAULT_RENDEZVOUS_SECONDS, metavar="SECONDS",
+        group.add_argument("--rendezvous-timeout", type=seconds, default=DEFAULT_RENDEZVOUS_SECONDS, metavar="SECONDS",
                            help="how long the processes of a multi-machine run wait for each other at "
                                 "--dist-url before stopping with an error (default %(default)s)")
 

@@ -123,17 +123,31 @@ def _unwrap_state_dict(path: str, loaded: Any) -> tuple[dict[str, torch.Tensor],
         )
     if _is_tensor_mapping(loaded):
         return dict(loaded), "bare state_dict"
+    found = {}
     for entry in STATE_DICT_ENTRIES:
         inner = loaded.get(entry)
         if isinstance(inner, torch.nn.Module):
-            return dict(inner.state_dict()), f"pickled nn.Module in '{entry}'"
-        if isinstance(inner, Mapping) and _is_tensor_mapping(inner):
-            return dict(inner), f"'{entry}' entry"
+            found[entry] = dict(inner.state_dict()), f"pickled nn.Module in '{entry}'"
+        elif isinstance(inner, Mapping) and _is_tensor_mapping(inner):
+            found[entry] = dict(inner), f"'{entry}' entry"
+    if len(found) > 1 and not _same_tensors(*(tensors for tensors, _ in found.values())):
+        raise ConversionError(
+            f"{path}: holds two different networks, under {' and '.join(repr(entry) for entry in found)}; "
+            "which one to convert cannot be told. Save the one you mean alone, e.g. "
+            f"torch.save(torch.load({path!r})['state_dict'], 'weights.pth'), and convert that file.")
+    if found:
+        return next(iter(found.values()))
     raise ConversionError(
         f"{path}: no state dict found. The file holds a dict with keys "
         f"{preview_names(list(loaded))}; neither are all its values tensors, nor does it have a "
         "'state_dict' or 'model' entry that is a dict of tensors."
     )
+
+
+def _same_tensors(first: Mapping[str, torch.Tensor], second: Mapping[str, torch.Tensor]) -> bool:
+    """Whether two state dicts hold the same names with equal tensors."""
+    return first.keys() == second.keys() and all(
+        first[name].shape == second[name].shape and torch.equal(first[name], second[name]) for name in first)
 
 
 def _is_tensor_mapping(mapping: Mapping) -> bool:

@@ -54,7 +54,7 @@ def argument_parser() -> argparse.ArgumentParser:
     parser = config_parser("Flops, parameters and structure of a gwdet model.")
     parser.add_argument("--tasks", nargs="+", choices=["flop", "parameter", "structure"], default=["flop"])
     parser.add_argument("-n", "--num-inputs", type=positive_int, default=1, help="test images to average flops over")
-    parser.add_argument("--input-size", type=positive_int, nargs=2, metavar=("H", "W"), default=None,
+    parser.add_argument("--input-size", type=input_side, nargs=2, metavar=("H", "W"), default=None,
                         help="count on one random image of this size instead of the test set")
     parser.add_argument("--max-depth", type=positive_int, default=3, help="depth of the per-module table")
     return add_opts(parser)
@@ -68,6 +68,23 @@ def positive_int(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"give an integer of at least 1, got {text!r}")
+    return value
+
+
+# Above the largest test sizes of detectron2's configs (1333 pixels on the long side for COCO, 2048
+# for Cityscapes) with room to spare; the model sees the image as given (no test resize), and its
+# activations at 8192 x 8192 already take tens of GB.
+MAX_INPUT_SIDE = 8192
+
+
+def input_side(text: str) -> int:
+    """A side of ``--input-size``: an integer from 1 to :data:`MAX_INPUT_SIDE`."""
+    value = positive_int(text)
+    if value > MAX_INPUT_SIDE:
+        raise argparse.ArgumentTypeError(
+            f"{value} pixels is above {MAX_INPUT_SIDE}: the model gets the image as given, without the test "
+            "resize, and would not fit in memory. Give the size images have after the config's test resize "
+            "(e.g. --input-size 800 1216 for COCO).")
     return value
 
 

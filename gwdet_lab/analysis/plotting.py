@@ -80,16 +80,27 @@ def part_ticks(layer_names: Sequence[str]) -> tuple[list[int], list[str]]:
 
 
 def _draw(ax, panel: Panel) -> None:
+    """One panel; non-finite values (an infinite condition number) are left out of the drawing, and
+    a panel with nothing finite to draw on its log y axis says so instead."""
+    drawn, drawn_x = [], []
     for curve in panel.curves:
         points = [(x, y) for x, y in zip(curve.x, curve.y, strict=True) if math.isfinite(y)]
         xs, ys = [p[0] for p in points], [p[1] for p in points]
+        drawn, drawn_x = drawn + ys, drawn_x + xs
         ax.plot(xs, ys, curve.style, label=curve.label, markersize=4, color=curve.color)
+    every_x = [x for curve in panel.curves for x in curve.x]
+    if not drawn_x and every_x:  # the x range of the values left out, so that the axis still has one
+        ax.set_xlim(min(every_x), max(every_x))
     for index, (label, value) in enumerate(panel.hlines.items()):
-        ax.axhline(value, linestyle="--", color=f"C{(len(panel.curves) + index) % 10}", label=label)
+        if math.isfinite(value):
+            drawn.append(value)
+            ax.axhline(value, linestyle="--", color=f"C{(len(panel.curves) + index) % 10}", label=label)
     if panel.logx:
         ax.set_xscale("log", base=2)
-    if panel.logy:
+    if panel.logy and any(value > 0 for value in drawn):
         ax.set_yscale("log")
+    elif panel.logy:
+        ax.text(0.5, 0.5, "no finite value to draw (see the table)", ha="center", va="center", transform=ax.transAxes)
     if panel.xticks is not None:
         ax.set_xticks(list(panel.xticks))
         if panel.xticklabels is not None:
