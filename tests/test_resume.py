@@ -11,13 +11,16 @@ import time
 
 import pytest
 import torch
+from detectron2.engine import HookBase
 
+from gwdet.checkpoint.signal_hook import TrainingInterrupted
 from gwdet.data import prepare_datasets
 from gwdet.data.resumable import skip_trained_samples
+from gwdet.engine.run import main
 from gwdet.engine.trainer import Trainer
 from gwdet.model_zoo import build_config
 
-from conftest import DEMO_CONFIG, REPO, TINY_OPTS
+from conftest import DEMO_CONFIG, REPO, TINY_OPTS, tiny_run_args
 
 # 8 iterations, a checkpoint every 2 (model_0000001.pth, model_0000003.pth, ...), no evaluation.
 RESUME_OPTS = TINY_OPTS + ["SOLVER.MAX_ITER", "8", "SOLVER.CHECKPOINT_PERIOD", "2", "DATASETS.TEST", "()"]
@@ -161,3 +164,31 @@ def test_a_stop_signal_saves_the_current_iteration_and_resume_ends_with_the_same
     assert resumed["iteration"] == 7
     for name, tensor in expected["model"].items():
         assert torch.equal(resumed["model"][name], tensor), name
+
+
+class SignalAfter(HookBase):
+    """Sends this process ``signum`` after iteration ``iteration`` (as a cluster's preemption would)."""
+
+    def __init__(self, iteration: int, signum: int) -> None:
+        self.iteration, self.signum = iteration, signum
+
+    def after_step(self) -> None:
+        if self.trainer.iter == self.iteration:
+            os.kill(os.getpid(), self.signum)
+
+
+def test_a_stop_in_the_last_iteration_stops_without_evaluating_and_resume_evaluates(tmp_path, monkeypatch):
+    # before: the stop was logged, then the final evaluation ran anyway (detectron2 calls every hook's
+    # after_train on the way out) and the process ended with 143 and no results
+    build_hooks = Trainer.build_hooks
+    # received after the hooks of iteration 0, so the stop comes after iteration 1, the last of 2
+    monkeypatch.setattr(Trainer, "build_hooks", lambda self: build_hooks(self) + [SignalAfter(0, signal.SIGTERM)])
+    with pytest.raises(TrainingInterrupted) as stop:
+        main(tiny_run_args(tmp_path))
+    assert stop.value.checkpoint == "model_0000001.pth" and stop.value.code == 128 + signal.SIGTERM
+    assert not (tmp_path / "inference").exists() and not (tmp_path / "results.json").exists()
+    assert "Evaluation results" not in (tmp_path / "log.txt").read_text()
+    monkeypatch.setattr(Trainer, "build_hooks", build_hooks)
+
+    results = main(tiny_run_args(tmp_path, "--resume"))
+    assert set(results) == {"bbox", "segm"} and (tmp_path / "results.json").is_file()

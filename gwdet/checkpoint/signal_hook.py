@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 from detectron2.engine import HookBase
+from detectron2.engine.hooks import EvalHook
 from detectron2.utils import comm
 
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
@@ -49,10 +50,17 @@ def _chained_handler(previous: Any) -> Callable[[int, FrameType | None], Any] | 
 
 
 class CheckpointOnSignal(HookBase):
-    """Saves ``model_<iteration>.pth`` after the step in which one of ``signals`` arrived, then stops."""
+    """Saves ``model_<iteration>.pth`` after the step in which one of ``signals`` arrived, then stops.
 
-    def __init__(self, signals: Sequence[signal.Signals] = STOP_SIGNALS) -> None:
+    ``evaluations``: the run's detectron2 ``EvalHook``s. Stopping in the last iteration would still
+    run their evaluation after training (detectron2 calls every hook's ``after_train`` on the way
+    out, and the last iteration is the one they evaluate after): a stop turns it off, as
+    ``EvalHook(..., eval_after_train=False)`` would, so the process stops when asked and
+    ``--resume`` evaluates."""
+
+    def __init__(self, signals: Sequence[signal.Signals] = STOP_SIGNALS, evaluations: Sequence[EvalHook] = ()) -> None:
         self.signals = tuple(signals)
+        self.evaluations = tuple(evaluations)
         self._received: int | None = None
         self._previous: dict[int, Any] = {}
 
@@ -111,6 +119,8 @@ class CheckpointOnSignal(HookBase):
         comm.synchronize()
         logger.warning(f"Stopped by {signal.Signals(signum).name} after iteration {iteration}; saved {name}.pth. "
                        "Continue with the same command and --resume.")
+        for evaluation in self.evaluations:
+            evaluation._eval_after_train = False  # the attribute of EvalHook's eval_after_train argument
         previous = _chained_handler(self._previous.get(signum))
         self.after_train()
         if previous is not None:

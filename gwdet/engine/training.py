@@ -71,9 +71,11 @@ def training_ddp_model(model: torch.nn.Module, **options) -> torch.nn.Module:
 
 def with_signal_checkpoints(hooks: list) -> list:
     """``hooks`` with :class:`CheckpointOnSignal` placed before the (first) ``EvalHook``: after the
-    LR scheduler and the periodic checkpointer, before evaluation and the writers."""
+    LR scheduler and the periodic checkpointer, before evaluation and the writers; a stop also
+    skips the evaluation after training."""
     evaluation = next(i for i, hook in enumerate(hooks) if isinstance(hook, EvalHook))
-    return hooks[:evaluation] + [CheckpointOnSignal()] + hooks[evaluation:]
+    stop = CheckpointOnSignal(evaluations=[hook for hook in hooks if isinstance(hook, EvalHook)])
+    return hooks[:evaluation] + [stop] + hooks[evaluation:]
 
 
 def continue_after_resume(output_dir: str, start_iter: int, loader: Iterable, images_per_process: int,
