@@ -12,6 +12,10 @@ derivative.
   the running statistics are constants and both have them.
 * ``BatchGroupNorm``: plain autograd, so it has them in training and evaluation.
 
+The same fused ops under ``torch.func``'s differentiating transforms (grad, jvp) and forward-mode
+AD are refused by name too (before: torch's "must override the setup_context staticmethod", or,
+under ``jvp``, a tangent of zeros without a word); ``torch.vmap`` alone runs them.
+
 The ZCA op keeps first derivatives exactly as the ATen formulation (what TorchScript records)
 computes them: checked bit for bit here, and against finite differences.
 """
@@ -63,6 +67,46 @@ def covariances(count=3, size=4, seed=0, dtype=torch.float64):
 
 
 # ---- refusals ---------------------------------------------------------------------------------
+
+
+def under_grad(function, x):
+    return torch.func.grad(lambda t: function(t).pow(2).sum())(x)
+
+
+def under_jvp(function, x):
+    return torch.func.jvp(function, (x,), (torch.ones_like(x),))[1]
+
+
+def under_forward_ad(function, x):
+    with torch.autograd.forward_ad.dual_level():
+        dual = torch.autograd.forward_ad.make_dual(x, torch.ones_like(x))
+        return torch.autograd.forward_ad.unpack_dual(function(dual)).tangent
+
+
+FUSED_OPS = {  # name: (plan, function of a (4, 8, 2, 2) float64 input), each through a fused op
+    "GW": ("cpu", lambda: with_affine(GroupWhitening(8, num_groups=4))),
+    "GW_ZCA": ("cpu", lambda: with_affine(GroupWhitening(8, num_groups=4, method="zca"))),
+    "zca reference": ("cpu", lambda: (lambda t: group_whitening_reference(t, 2, method="zca"))),
+    "BW": ("cpu", lambda: with_affine(BatchWhitening(8, group_size=4, method="zca")).train()),
+    "BW_ItN, accelerator plan": ("accelerator", lambda: with_affine(BatchWhitening(8, group_size=4, method="itn")).train()),
+}
+
+
+@pytest.mark.parametrize("transform", [under_grad, under_jvp, under_forward_ad], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("name", list(FUSED_OPS))
+def test_differentiating_function_transforms_are_refused_by_name(name, transform, monkeypatch):
+    plan, build = FUSED_OPS[name]
+    monkeypatch.setenv(PLAN_VARIABLE, plan)
+    with pytest.raises(GwdetRuntimeError, match="torch.func transforms that differentiate .* cannot run it; for them"):
+        transform(build(), sample((4, 8, 2, 2)).detach())
+
+
+def test_vmap_runs_the_fused_op_and_the_itn_reference_has_function_transform_gradients():
+    layer, x = with_affine(GroupWhitening(8, num_groups=4)), sample((4, 8, 2, 2)).detach()
+    assert torch.equal(torch.func.vmap(layer)(x.unsqueeze(1)).squeeze(1), torch.cat([layer(s[None]) for s in x]))
+    reference = lambda t: group_whitening_reference(t, 4, 5, 1e-5, "itn", layer.weight, layer.bias)  # noqa: E731
+    expected, = torch.autograd.grad(reference(x.requires_grad_()).pow(2).sum(), x)
+    assert torch.allclose(under_grad(reference, x.detach()), expected, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("plan", ["cpu", "accelerator"])

@@ -83,6 +83,16 @@ def test_output_has_the_shape_and_dtype_of_the_input(name, dtype):
         assert torch.equal(layer(vectors), layer(vectors.view(6, CHANNELS, 1, 1)).view(6, CHANNELS))
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_on_the_meta_device_the_output_has_the_input_s_shape(name):
+    # shapes without data (e.g. a model sized before its weights are loaded); BW, which leaves
+    # autocast on the input's device, raised "unknown device type for autocast" there
+    layer = build(name, torch.float32).to("meta")
+    for training in (True, False):
+        out = layer.train(training)(torch.empty(6, CHANNELS, 3, 4, device="meta"))
+        assert out.device.type == "meta" and out.shape == (6, CHANNELS, 3, 4)
+
+
 @pytest.mark.parametrize(
     "name,training",
     [(name, True) for name in NAMES] + [(name, False) for name in WITH_BATCH_STATISTICS],

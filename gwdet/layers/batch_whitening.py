@@ -40,9 +40,9 @@ from torch import Tensor
 from .common import (
     autocast_disabled, check_hyper_parameters, check_input, check_values_per_group,
     largest_divisor_at_most, largest_magnitude, magnitude_scales, per_channel_affine,
-    register_affine, reshape_with_samples, scaled_ridge, statistics_dtype,
+    refuse_differentiating_transforms, register_affine, reshape_with_samples, scaled_ridge, statistics_dtype,
 )
-from .itn_whitening_op import itn_whitening_op
+from .itn_whitening_op import CPU_PLAN_ADVICE, itn_whitening_op
 from .plans import plan_name
 from .precision import float32_matmul
 from .settings_state import SettingsInState
@@ -124,6 +124,7 @@ def _planned_whitening_matrix(cov: Tensor, method: str, T: int, ridge: Tensor) -
     ZCA and graphs being recorded (``torch.jit.trace``, ONNX) take the paper's iteration,
     differentiated by autograd."""
     if method == "itn" and not recording_reference_graph() and plan_name(cov.device) != "cpu":
+        refuse_differentiating_transforms("BatchWhitening (ItN)", CPU_PLAN_ADVICE, cov)
         return itn_whitening_op(cov, T)
     return whitening_matrix(cov, method, T, ridge)
 

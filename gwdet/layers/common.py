@@ -19,6 +19,9 @@ from typing import Any, Callable, ContextManager, List, Mapping, Optional
 
 import torch
 from torch import Tensor
+from torch._C._functorch import TransformType
+from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+from torch.autograd import forward_ad
 
 from .tracing import onnx_exporting
 
@@ -141,6 +144,26 @@ def refuse_second_derivative(op: str, alternative: str) -> Callable[..., Any]:
     return second_derivative
 
 
+# torch.func transforms that differentiate (grad, vjp, jacrev, hessian: Grad; jvp, jacfwd: Jvp)
+_DIFFERENTIATING_TRANSFORMS = (TransformType.Grad, TransformType.Jvp)
+
+
+def refuse_differentiating_transforms(op: str, alternative: str, *tensors: Optional[Tensor]) -> None:
+    """Raise ``RuntimeError`` naming ``op`` and ``alternative`` when a fused op is called inside a
+    ``torch.func`` transform that differentiates, or on forward-mode dual ``tensors``: its gradient
+    formula cannot run there (PyTorch refuses it under ``grad``, and under ``jvp`` the tangent
+    would come out as zeros without a word). ``torch.vmap`` alone runs the op; nothing is checked
+    while ``torch.compile`` traces."""
+    if torch.compiler.is_compiling():
+        return
+    transforms = [interpreter.key() for interpreter in retrieve_all_functorch_interpreters()]
+    dual = any(t is not None and forward_ad.unpack_dual(t).tangent is not None for t in tensors)
+    if dual or any(key in _DIFFERENTIATING_TRANSFORMS for key in transforms):
+        raise GwdetRuntimeError(
+            f"{op}: its fused op has a backward formula only: torch.func transforms that differentiate (grad, "
+            f"jvp, vjp, jacrev, jacfwd, hessian) and forward-mode AD cannot run it; {alternative}")
+
+
 def check_input(owner: str, x: Tensor, num_channels: int) -> None:
     """Raise ``ValueError`` unless ``x`` is floating point with shape ``(N, num_channels, *spatial)``
     (an integer input would be whitened and returned rounded to integers)."""
@@ -241,7 +264,7 @@ def scaled_ridge(eps: float, scales: Tensor) -> Tensor:
 
 def autocast_disabled(x: Tensor) -> ContextManager:
     """A context that switches autocast off on ``x``'s device (eager mode only); a context that
-    does nothing when autocast is off there already.
+    does nothing when autocast is off there already, or when the device has no autocast (``meta``).
 
     Entering no autocast region when none is needed keeps graphs captured by ``torch.export`` free
     of autocast regions (an in-place update of a running statistic inside one is not exported).
@@ -249,7 +272,7 @@ def autocast_disabled(x: Tensor) -> ContextManager:
     context cannot switch off an autocast region entered in eager code; callers skip it under
     ``torch.jit.is_scripting()``.
     """
-    if torch.is_autocast_enabled(x.device.type):
+    if torch.amp.is_autocast_available(x.device.type) and torch.is_autocast_enabled(x.device.type):
         return torch.autocast(device_type=x.device.type, enabled=False)
     return contextlib.nullcontext()
 

@@ -72,7 +72,7 @@ from typing import Iterator, NamedTuple, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from .common import refuse_second_derivative, scaled_ridge, statistics_dtype
+from .common import refuse_differentiating_transforms, refuse_second_derivative, scaled_ridge, statistics_dtype
 from .group_shapes import GroupShapes, keeps_covariance
 from .plans import ExecutionPlan, plan_for
 from .precision import ieee_float32_products
@@ -221,11 +221,12 @@ def _backward_formula(ctx, grad_out, grad_mean, grad_cov, grad_scales):
 
 
 group_whitening_forward.register_autograd(_backward_formula, setup_context=_setup_context)
-# second derivatives: a clear refusal (the reference's ItN formulas have them, its ZCA ones do not)
-group_whitening_backward.register_autograd(refuse_second_derivative(
-    "GroupWhitening", "for them, compute GW (method 'itn') with gwdet.layers.group_whitening_reference(x, "
-    "num_groups, T, eps, 'itn', weight, bias), the same function as tensor operations that autograd "
-    "differentiates to any order"))
+# What to use where the fused op has no formula (second derivatives, torch.func's transforms): the
+# reference's ItN formulas have them, its ZCA ones do not.
+REFERENCE_ADVICE = ("for them, compute GW (method 'itn') with gwdet.layers.group_whitening_reference(x, num_groups, "
+                    "T, eps, 'itn', weight, bias), the same function as tensor operations that autograd "
+                    "differentiates to any order")
+group_whitening_backward.register_autograd(refuse_second_derivative("GroupWhitening", REFERENCE_ADVICE))
 
 
 def fused_group_whitening(
@@ -237,6 +238,7 @@ def fused_group_whitening(
         if parameter is not None and parameter.device != x.device:
             raise GwdetValueError(f"GroupWhitening: the input is on {x.device}, the {name} on {parameter.device}; "
                                   "move the layer and its input to one device (module.to(device), x.to(device))")
+    refuse_differentiating_transforms("GroupWhitening", REFERENCE_ADVICE, x, weight, bias)
     return group_whitening_forward(x, weight, bias, groups, T, eps, method)[0]
 
 

@@ -56,6 +56,7 @@ def _backward_formula(ctx, grad):
 
 
 itn_whitening_op.register_autograd(_backward_formula, setup_context=_setup_context)
-itn_whitening_backward.register_autograd(refuse_second_derivative(
-    "BatchWhitening (ItN)", "for them, set GWDET_GW_PLAN=cpu, under which BW differentiates the paper's "
-    "iteration by autograd, to any order"))
+# where the op has no formula (second derivatives, torch.func's transforms)
+CPU_PLAN_ADVICE = ("for them, set GWDET_GW_PLAN=cpu, under which BW differentiates the paper's iteration by "
+                   "autograd, to any order")
+itn_whitening_backward.register_autograd(refuse_second_derivative("BatchWhitening (ItN)", CPU_PLAN_ADVICE))

@@ -16,7 +16,7 @@ from typing import Optional, Set, Tuple, Union
 import torch
 from torch import Tensor
 
-from .common import check_choice
+from .common import check_choice, refuse_differentiating_transforms
 from .precision import float32_matmul
 from .tracing import onnx_exporting, recording_reference_graph
 
@@ -142,13 +142,15 @@ def _zca_recorded(cov: Tensor, min_eigenvalue: Tensor) -> Tensor:
 
 # ---- ZCA as a custom op with a closed-form backward that refuses second derivatives -------------
 
+# what to use where ZCA's closed-form gradient has no formula (second derivatives, torch.func's transforms)
+ITN_ADVICE = ("for them, use ItN whitening (method='itn'): gwdet.layers.group_whitening_reference(x, num_groups, T, "
+              "eps, 'itn', weight, bias) for GW, BatchWhitening(method='itn') with GWDET_GW_PLAN=cpu for BW, which "
+              "autograd differentiates to any order")
 ZCA_SECOND_DERIVATIVES = (
     "ZCA whitening (group_whitening_reference and BatchWhitening with method='zca'): second derivatives "
     "(a backward pass through gradients computed with create_graph=True) are not supported: its gradient is "
     "computed in closed form from the eigendecomposition (GW Eqs. 14-16), and that closed form is not "
-    "differentiated again; for them, use ItN whitening (method='itn'): "
-    "gwdet.layers.group_whitening_reference(x, num_groups, T, eps, 'itn', weight, bias) for GW, "
-    "BatchWhitening(method='itn') with GWDET_GW_PLAN=cpu for BW, which autograd differentiates to any order"
+    f"differentiated again; {ITN_ADVICE}"
 )
 
 
@@ -242,7 +244,13 @@ def whitening_matrix(cov: Tensor, method: str, T: int, ridge: Tensor) -> Tensor:
         return inverse_sqrt_itn(cov, T)
     if not torch.jit.is_scripting():
         _refuse_onnx_export()
+        _refuse_differentiating_transforms(cov)
     return inverse_sqrt_zca(cov, ridge)
+
+
+@torch.jit.unused
+def _refuse_differentiating_transforms(cov: Tensor) -> None:
+    refuse_differentiating_transforms("ZCA whitening", ITN_ADVICE, cov)
 
 
 @torch.jit.unused
