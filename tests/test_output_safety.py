@@ -149,17 +149,19 @@ def test_a_failed_save_names_the_os_error_and_keeps_the_old_file(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["model_final.pth"], "no partial file left"
 
 
-def test_the_converter_refuses_an_existing_output_unless_told(tmp_path):
+def test_the_converter_refuses_an_existing_output_unless_told(tmp_path, capsys):
+    # the tool's main in this process (tests/test_convert.py runs the command line itself)
+    from gwdet.convert.cli import main as convert
+
     source = tmp_path / "resnet50.pth"
     torch.save(torchvision.models.resnet50().state_dict(), source)
     output = tmp_path / "R-50.pkl"
     output.write_bytes(b"earlier weights")
-    command = [sys.executable, str(REPO / "tools" / "convert_pretrained.py"), str(source), str(output)]
-    refused = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert refused.returncode == 2 and "already exists" in refused.stderr and "--overwrite" in refused.stderr
+    assert convert([str(source), str(output)]) == 2
+    err = capsys.readouterr().err
+    assert "already exists" in err and "--overwrite" in err
     assert output.read_bytes() == b"earlier weights"
-    replaced = subprocess.run(command + ["--overwrite"], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert replaced.returncode == 0, replaced.stderr[-2000:]
+    assert convert([str(source), str(output), "--overwrite"]) == 0
     assert output.read_bytes() != b"earlier weights"
 
 
