@@ -1,4 +1,5 @@
-"""Shared fixtures: a per-session dataset cache, and the tiny demo-config overrides tests train with."""
+"""Shared fixtures: a per-session dataset cache, the tiny demo-config overrides tests train with, and a
+hook that sends a stop signal during training."""
 from __future__ import annotations
 
 import os
@@ -7,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import torch
+from detectron2.engine import HookBase
 
 import gwdet  # noqa: F401  (before any test module binds detectron2's get_norm by name)
 from gwdet.norms import norm_records
@@ -46,6 +48,17 @@ def tiny_run_args(output_dir, *extra: str, config_file=DEMO_CONFIG):
 
     return parse_args(["--config-file", str(config_file), *TINY_OPTS, "SOLVER.CHECKPOINT_PERIOD", "1",
                        "OUTPUT_DIR", str(output_dir), *extra])
+
+
+class SignalAfter(HookBase):
+    """Sends this process ``signum`` after iteration ``iteration`` (as a cluster's preemption would)."""
+
+    def __init__(self, iteration: int, signum: int) -> None:
+        self.iteration, self.signum = iteration, signum
+
+    def after_step(self) -> None:
+        if self.trainer.iter == self.iteration:
+            os.kill(os.getpid(), self.signum)
 
 
 @pytest.fixture(scope="module")

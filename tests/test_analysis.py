@@ -132,10 +132,10 @@ def test_subcommand_writes_its_files(tmp_path, command, capsys):
 
 
 @pytest.mark.parametrize("flag, message", [
-    (["--groups", "0,2"], "argument --groups: give an integer of at least 1, got 0"),
-    (["--dim", "0"], "argument --dim: give an integer of at least 1, got 0"),
-    (["--samples", "1"], "argument --samples: give an integer of at least 2 (a covariance needs two samples), got 1"),
-    (["--groups", ","], "argument --groups: give at least one integer"),
+    (["--groups", "0,2"], "argument --groups: group number must be >= 1, got 0"),
+    (["--dim", "0"], "argument --dim: the feature count must be >= 1, got 0"),
+    (["--samples", "1"], "argument --samples: the sample count (a covariance needs two samples) must be >= 2, got 1"),
+    (["--groups", ","], "argument --groups: give at least one group number"),
 ])
 def test_conditioning_refuses_counts_it_cannot_use_before_any_work(tmp_path, capsys, flag, message):
     with pytest.raises(SystemExit) as refused:  # before: raw errors after the simulations had run

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from detectron2.engine import HookBase
 
 from gwdet.checkpoint.compatibility import NORM_TYPES_KEY
 from gwdet.checkpoint.signal_hook import TrainingInterrupted
@@ -22,7 +21,7 @@ from gwdet.engine.arguments import parse_args
 from gwdet.engine.run import main
 from gwdet.engine.lazy import LazyTrainer
 
-from conftest import REPO
+from conftest import REPO, SignalAfter
 
 LAZY_DEMO = REPO / "configs" / "LazyConfig" / "mask_rcnn_R_50_FPN_gw_shapes.py"
 # The demo LazyConfig at test size (conftest.TINY_OPTS as LazyConfig overrides): 64x64 images, 8 to
@@ -122,17 +121,6 @@ def test_a_lazy_run_folder_follows_the_yacs_rules(tmp_path):
 
     run(tmp_path, "--overwrite")
     assert iteration_of(final) == 1 and not (tmp_path / "eval").exists()
-
-
-class SignalAfter(HookBase):
-    """Sends this process ``signum`` after iteration ``iteration`` (as a cluster's preemption would)."""
-
-    def __init__(self, iteration: int, signum: int) -> None:
-        self.iteration, self.signum = iteration, signum
-
-    def after_step(self) -> None:
-        if self.trainer.iter == self.iteration:
-            os.kill(os.getpid(), self.signum)
 
 
 def test_a_lazy_run_stopped_by_a_signal_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path, monkeypatch):

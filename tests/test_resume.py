@@ -11,7 +11,6 @@ import time
 
 import pytest
 import torch
-from detectron2.engine import HookBase
 
 from gwdet.checkpoint.signal_hook import TrainingInterrupted
 from gwdet.data import prepare_datasets
@@ -20,7 +19,7 @@ from gwdet.engine.run import main
 from gwdet.engine.trainer import Trainer
 from gwdet.model_zoo import build_config
 
-from conftest import DEMO_CONFIG, REPO, TINY_OPTS, tiny_run_args
+from conftest import DEMO_CONFIG, REPO, TINY_OPTS, SignalAfter, tiny_run_args
 
 # 8 iterations, a checkpoint every 2 (model_0000001.pth, model_0000003.pth, ...), no evaluation.
 RESUME_OPTS = TINY_OPTS + ["SOLVER.MAX_ITER", "8", "SOLVER.CHECKPOINT_PERIOD", "2", "DATASETS.TEST", "()"]
@@ -164,17 +163,6 @@ def test_a_stop_signal_saves_the_current_iteration_and_resume_ends_with_the_same
     assert resumed["iteration"] == 7
     for name, tensor in expected["model"].items():
         assert torch.equal(resumed["model"][name], tensor), name
-
-
-class SignalAfter(HookBase):
-    """Sends this process ``signum`` after iteration ``iteration`` (as a cluster's preemption would)."""
-
-    def __init__(self, iteration: int, signum: int) -> None:
-        self.iteration, self.signum = iteration, signum
-
-    def after_step(self) -> None:
-        if self.trainer.iter == self.iteration:
-            os.kill(os.getpid(), self.signum)
 
 
 def test_a_stop_in_the_last_iteration_stops_without_evaluating_and_resume_evaluates(tmp_path, monkeypatch):

@@ -20,10 +20,12 @@ quotes the failed process's own traceback) is printed the same way, without the 
 traceback on top.
 
 :func:`output_path_problem` is the check of an output flag (``--out``) that tools run before any
-work: a path that is a file where a folder is needed, or the other way round, or below a file.
+work: a path that is a file where a folder is needed, or the other way round, or below a file;
+:func:`at_least` is the argparse type of a count flag.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import sys
@@ -37,6 +39,20 @@ EXIT_STATUS = 2  # argparse's status for a usage error; the tools already return
 VERBOSE_HINT = f"{VERBOSE_FLAG} shows the Python traceback of this error"
 VERBOSE_HELP = ("print the Python traceback of an error; without it an error that gwdet reports on purpose "
                 "prints only its message (and the fix)")
+
+
+def at_least(minimum: int, what: str) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``minimum``; ``what`` names the value in the refusal."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{what} must be >= {minimum}, got {value}")
+        return value
+
+    return parse
 
 
 def add_verbose_argument(parser) -> None:

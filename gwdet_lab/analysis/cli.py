@@ -17,33 +17,20 @@ import dataclasses
 from pathlib import Path
 from typing import Sequence
 
-from gwdet.utils.cli_errors import add_verbose_argument, output_path_problem, run_tool
+from gwdet.utils.cli_errors import add_verbose_argument, at_least, output_path_problem, run_tool
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = REPO / "configs" / "Demo" / "mask_rcnn_R_50_FPN_gw_shapes.yaml"
 
 
-def at_least(minimum: int, why: str = ""):
-    """The argparse type of a count: an integer of at least ``minimum`` (``why``: the reason, for the message)."""
-    def count(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"give an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"give an integer of at least {minimum}{why}, got {value}")
-        return value
-    return count
-
-
-def counts_at_least(minimum: int):
-    """The argparse type of a comma-separated list of integers of at least ``minimum`` each."""
-    count = at_least(minimum)
+def counts_at_least(minimum: int, what: str):
+    """The argparse type of a comma-separated list of integers >= ``minimum`` each."""
+    count = at_least(minimum, what)
 
     def counts(text: str) -> list[int]:
         values = [count(item.strip()) for item in text.split(",") if item.strip()]
         if not values:
-            raise argparse.ArgumentTypeError(f"give at least one integer, got {text!r}")
+            raise argparse.ArgumentTypeError(f"give at least one {what}, got {text!r}")
         return values
     return counts
 
@@ -70,22 +57,22 @@ def argument_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     p = commands.add_parser("conditioning", parents=[common], help="GW paper Fig. 2: kappa_p vs group number")
-    p.add_argument("--dim", type=at_least(1), default=256, help="features d")
-    p.add_argument("--samples", type=at_least(2, " (a covariance needs two samples)"), default=1024, help="samples m")
-    p.add_argument("--depths", type=counts_at_least(1), default=[1, 2], help="MLP depths simulating the activations")
+    p.add_argument("--dim", type=at_least(1, "the feature count"), default=256, help="features d")
+    p.add_argument("--samples", type=at_least(2, "the sample count (a covariance needs two samples)"), default=1024, help="samples m")
+    p.add_argument("--depths", type=counts_at_least(1, "depth"), default=[1, 2], help="MLP depths simulating the activations")
     p.add_argument(
         "--activations", type=str_list, default=["relu", "linear"], help="MLP nonlinearities: relu, linear, tanh"
     )
-    p.add_argument("--groups", type=counts_at_least(1), default=[1, 2, 4, 8, 16], help="group numbers of GN/GW")
+    p.add_argument("--groups", type=counts_at_least(1, "group number"), default=[1, 2, 4, 8, 16], help="group numbers of GN/GW")
     p.add_argument("--percents", type=float_list, default=[0.9, 0.8], help="p of kappa_p")
-    p.add_argument("--seeds", type=at_least(1), default=3, help="simulations averaged")
-    p.add_argument("--T", type=at_least(1), default=5, help="Newton iterations of GW (ItN)")
+    p.add_argument("--seeds", type=at_least(1, "the seed count"), default=3, help="simulations averaged")
+    p.add_argument("--T", type=at_least(1, "T"), default=5, help="Newton iterations of GW (ItN)")
 
     p = commands.add_parser("constraints", parents=[common], help="GW paper Table 1 and GW cost of a config")
-    p.add_argument("--d", type=at_least(1), default=256, help="features d")
-    p.add_argument("--m", type=at_least(1), default=64, help="batch size m")
-    p.add_argument("--g", type=at_least(1), default=16, help="group number g of GN/GW")
-    p.add_argument("--N", type=at_least(1), default=60000, help="training set size N")
+    p.add_argument("--d", type=at_least(1, "d"), default=256, help="features d")
+    p.add_argument("--m", type=at_least(1, "m"), default=64, help="batch size m")
+    p.add_argument("--g", type=at_least(1, "g"), default=16, help="group number g of GN/GW")
+    p.add_argument("--N", type=at_least(1, "N"), default=60000, help="training set size N")
     p.add_argument("--k", type=int, default=None, help="BW group size (default: d, plain BW)")
     p.add_argument("--config", default=str(DEMO_CONFIG), help="detectron2 config for the GW cost table; '' skips it")
     p.add_argument("--input-size", type=image_size, default=(800, 1333), help="HxW of the dummy image")
@@ -105,9 +92,9 @@ def argument_parser() -> argparse.ArgumentParser:
     p.add_argument("--depth", type=int, default=None, help="hidden layers (default 3)")
     p.add_argument("--epochs", type=int, default=None, help="epochs of Figs. 1a/1b (default 4)")
     p.add_argument("--lr", type=float, default=None, help="SGD learning rate (default 0.1)")
-    p.add_argument("--batch-sizes", type=counts_at_least(2), default=None, help="Fig. 1a sweep (default 2,8,32,128)")
+    p.add_argument("--batch-sizes", type=counts_at_least(2, "batch size"), default=None, help="Fig. 1a sweep (default 2,8,32,128)")
     p.add_argument("--batch-norms", type=str_list, default=None, help="Fig. 1a norms (default BN,BW,GN,GW)")
-    p.add_argument("--groups", type=counts_at_least(1), default=None, help="Figs. 1b and 5 sweep (default 1,4,16,64,128)")
+    p.add_argument("--groups", type=counts_at_least(1, "group number"), default=None, help="Figs. 1b and 5 sweep (default 1,4,16,64,128)")
     p.add_argument("--random-samples", type=int, default=None, help="images with random labels (default 256)")
     p.add_argument("--random-epochs", type=int, default=None, help="epochs on random labels (default 20)")
     p.add_argument("--seed", type=int, default=None, help="(default 0)")

@@ -31,7 +31,7 @@ from gwdet.cluster.executor import SubmissionRefused, check_launcher
 from gwdet.cluster.options import LauncherOptions, add_launcher_arguments, launcher_options
 from gwdet.cluster.slurm import ClusterUnavailable
 from gwdet.data import add_register_coco_argument, export_to_environment, prepare_datasets
-from gwdet.utils.cli_errors import add_verbose_argument, output_path_problem, run_tool
+from gwdet.utils.cli_errors import add_verbose_argument, at_least, output_path_problem, run_tool
 from gwdet.model_zoo import build_config
 from gwdet.engine.threads import AUTO_LOAD, choose_threads, thread_request
 from gwdet_lab.study.cells import (
@@ -63,21 +63,6 @@ TITLES = {
     "heads": "BN + GW at S1-B2 with BN, GN or GW in the FPN and box head, beside all GN, at 2 images per batch",
     "custom": "Norm comparison",
 }
-
-
-def _at_least(minimum: int, what: str):
-    """An argparse type: an integer >= ``minimum``. A negative seed would be detectron2's "draw a
-    random seed" and be reported as a seed; zero images per batch trains nothing."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{what} must be >= {minimum}, got {value}")
-        return value
-
-    return parse
 
 
 PROG = "compare_norms.py"
@@ -114,9 +99,9 @@ def argument_parser() -> argparse.ArgumentParser:
     runs.add_argument("--extra", nargs="+", action="append", default=[], metavar="ARG",
                       help="NAME=CONFIG [KEY VALUE ...]: add a configuration with overrides of its own "
                            "(repeatable)")
-    runs.add_argument("--seeds", nargs="+", type=_at_least(0, "a seed"), default=None,
+    runs.add_argument("--seeds", nargs="+", type=at_least(0, "a seed"), default=None,
                       help="seeds (SEED, each >= 0) of every configuration")
-    runs.add_argument("--batch-sizes", nargs="+", type=_at_least(1, "images per batch"), default=None,
+    runs.add_argument("--batch-sizes", nargs="+", type=at_least(1, "images per batch"), default=None,
                       help=f"batch-sweep: images per batch (default {' '.join(map(str, DEFAULT_BATCH_SIZES))})")
     runs.add_argument("--opts", nargs="+", default=[], metavar="KEY VALUE",
                       help="config overrides applied to every cell (they become part of its recorded config)")
