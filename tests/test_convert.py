@@ -262,15 +262,6 @@ def test_every_wrapping_is_unwrapped(tmp_path, wrapping, prefixed, legacy_format
     assert source.wrapping == ("bare state_dict" if wrapping == "bare" else f"'{wrapping}' entry")
 
 
-def test_a_file_holding_two_different_networks_is_refused_and_two_copies_of_one_are_read(tmp_path):
-    ours, other = {"conv1.weight": torch.ones(2)}, {"conv1.weight": torch.zeros(2)}
-    torch.save({"state_dict": ours, "model": other}, tmp_path / "both.pth")
-    with pytest.raises(ConversionError, match=r"two different networks, under 'state_dict' and 'model'.*Save the one"):
-        read_source_state_dict(tmp_path / "both.pth")  # before: the 'state_dict' one, without a word
-    torch.save({"state_dict": ours, "model": {"conv1.weight": torch.ones(2)}}, tmp_path / "copies.pth")
-    assert read_source_state_dict(tmp_path / "copies.pth").wrapping == "'state_dict' entry"
-
-
 def test_report_counts_what_was_converted_and_dropped(r50_files):
     weights, report = convert_state_dict(in_memory(torch.load(r50_files["gw"], weights_only=True)))
     assert (report.arch, report.gw_positions, report.gn_style) == ("R-50", "S1-B2", False)

@@ -431,10 +431,13 @@ def saved(tmp_path, content, name="in.pth"):
     return path
 
 
-def test_the_state_dict_entry_comes_before_the_model_entry(tmp_path):
+def test_two_different_networks_under_state_dict_and_model_are_refused_and_two_copies_of_one_are_read(tmp_path):
+    # before: the 'state_dict' entry was converted and the other network passed over without a word
     path = saved(tmp_path, {"model": {"fc.weight": torch.ones(1)}, "state_dict": {"conv1.weight": torch.ones(1)}})
-    source = read_source_state_dict(path)
-    assert (list(source.tensors), source.wrapping) == (["conv1.weight"], "'state_dict' entry")
+    with pytest.raises(ConversionError, match=r"two different networks, under 'state_dict' and 'model'.*Save the one"):
+        read_source_state_dict(path)
+    path = saved(tmp_path, {"state_dict": {"conv1.weight": torch.ones(2)}, "model": {"conv1.weight": torch.ones(2)}})
+    assert read_source_state_dict(path).wrapping == "'state_dict' entry"
 
 
 def test_an_entry_that_is_not_a_dict_of_tensors_is_passed_over(tmp_path):

@@ -7,8 +7,8 @@ unless the caller opts in with ``allow_unsafe_pickle=True``: full unpickling can
 code, so that is for files from a trusted source only.
 
 The state dict may be the file's top-level object, or sit under ``"state_dict"`` or ``"model"``
-(the layouts of ImageNet training scripts); ``module.`` prefixes left by ``DataParallel`` are
-removed.
+(the layouts of ImageNet training scripts; a file with two different networks under both is refused,
+since which one is meant cannot be told); ``module.`` prefixes left by ``DataParallel`` are removed.
 """
 from __future__ import annotations
 
