@@ -3,6 +3,7 @@ iteration as an uninterrupted one with bit-identical final weights (tolerance 0:
 DATALOADER.NUM_WORKERS 0, fixed SEED); a truncated checkpoint makes the resume fall back to the
 previous good one.
 """
+import errno
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ import time
 import pytest
 import torch
 
+from gwdet.checkpoint.resilient import ResilientCheckpointer
 from gwdet.checkpoint.signal_hook import TrainingInterrupted
 from gwdet.data import prepare_datasets
 from gwdet.data.resumable import skip_trained_samples
@@ -180,3 +182,20 @@ def test_a_stop_in_the_last_iteration_stops_without_evaluating_and_resume_evalua
 
     results = main(tiny_run_args(tmp_path, "--resume"))
     assert set(results) == {"bbox", "segm"} and (tmp_path / "results.json").is_file()
+
+
+def test_a_checkpoint_that_cannot_be_saved_in_the_last_iteration_ends_the_run_without_evaluating(tmp_path, monkeypatch):
+    # a full disk at model_final.pth: before, detectron2's evaluation after training ran on and
+    # failed with its own traceback (or hid the error), after the save had failed
+    save = ResilientCheckpointer.save
+
+    def save_or_fail(self, name, **extra):
+        if name == "model_final":
+            raise OSError(errno.ENOSPC, f"cannot write {self.save_dir}/model_final.pth: No space left on device")
+        return save(self, name, **extra)
+
+    monkeypatch.setattr(ResilientCheckpointer, "save", save_or_fail)
+    with pytest.raises(OSError, match="model_final.pth: No space left on device"):
+        main(tiny_run_args(tmp_path))
+    assert not (tmp_path / "inference").exists() and "Evaluation results" not in (tmp_path / "log.txt").read_text()
+    assert (tmp_path / "model_0000000.pth").is_file()  # the iteration before: --resume continues from it

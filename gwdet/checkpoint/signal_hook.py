@@ -56,13 +56,16 @@ class CheckpointOnSignal(HookBase):
     run their evaluation after training (detectron2 calls every hook's ``after_train`` on the way
     out, and the last iteration is the one they evaluate after): a stop turns it off, as
     ``EvalHook(..., eval_after_train=False)`` would, so the process stops when asked and
-    ``--resume`` evaluates."""
+    ``--resume`` evaluates. So does an error in the last iteration (a diverged loss, a checkpoint
+    that cannot be saved on a full disk): the error ends the run instead of an evaluation of an
+    unsaved model that would fail or hide it."""
 
     def __init__(self, signals: Sequence[signal.Signals] = STOP_SIGNALS, evaluations: Sequence[EvalHook] = ()) -> None:
         self.signals = tuple(signals)
         self.evaluations = tuple(evaluations)
         self._received: int | None = None
         self._previous: dict[int, Any] = {}
+        self._in_step = False  # between the step's start and this hook's after_step
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self._received is not None:  # asked twice: the earlier behaviour, now
@@ -93,7 +96,16 @@ class CheckpointOnSignal(HookBase):
         for signum, previous in self._previous.items():
             signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
 
+    def before_step(self) -> None:
+        self._in_step = True
+
+    def _skip_evaluations(self) -> None:
+        for evaluation in self.evaluations:
+            evaluation._eval_after_train = False  # the attribute of EvalHook's eval_after_train argument
+
     def after_train(self) -> None:
+        if self._in_step:  # an error ended the step (or a hook's after_step before this one)
+            self._skip_evaluations()
         if self._previous:
             self._restore()
             self._previous = {}
@@ -109,6 +121,7 @@ class CheckpointOnSignal(HookBase):
         return int(flag.item()) or None
 
     def after_step(self) -> None:
+        self._in_step = False
         signum = self._requested()
         if signum is None:
             return
@@ -119,8 +132,7 @@ class CheckpointOnSignal(HookBase):
         comm.synchronize()
         logger.warning(f"Stopped by {signal.Signals(signum).name} after iteration {iteration}; saved {name}.pth. "
                        "Continue with the same command and --resume.")
-        for evaluation in self.evaluations:
-            evaluation._eval_after_train = False  # the attribute of EvalHook's eval_after_train argument
+        self._skip_evaluations()
         previous = _chained_handler(self._previous.get(signum))
         self.after_train()
         if previous is not None:
