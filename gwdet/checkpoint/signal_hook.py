@@ -65,7 +65,7 @@ class CheckpointOnSignal(HookBase):
         self.evaluations = tuple(evaluations)
         self._received: int | None = None
         self._previous: dict[int, Any] = {}
-        self._in_step = False  # between the step's start and this hook's after_step
+        self._in_step = False  # from the step's start until this hook's after_step has run
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self._received is not None:  # asked twice: the earlier behaviour, now
@@ -121,9 +121,9 @@ class CheckpointOnSignal(HookBase):
         return int(flag.item()) or None
 
     def after_step(self) -> None:
-        self._in_step = False
         signum = self._requested()
         if signum is None:
+            self._in_step = False
             return
         iteration = self.trainer.iter
         name = f"model_{iteration:07d}"
