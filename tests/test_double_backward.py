@@ -88,7 +88,8 @@ FUSED_OPS = {  # name: (plan, function of a (4, 8, 2, 2) float64 input), each th
     "GW_ZCA": ("cpu", lambda: with_affine(GroupWhitening(8, num_groups=4, method="zca"))),
     "zca reference": ("cpu", lambda: (lambda t: group_whitening_reference(t, 2, method="zca"))),
     "BW": ("cpu", lambda: with_affine(BatchWhitening(8, group_size=4, method="zca")).train()),
-    "BW_ItN, accelerator plan": ("accelerator", lambda: with_affine(BatchWhitening(8, group_size=4, method="itn")).train()),
+    "BW_ItN, accelerator plan": ("accelerator",
+                                 lambda: with_affine(BatchWhitening(8, group_size=4, method="itn")).train()),
 }
 
 

@@ -1,7 +1,8 @@
 """Crash and resume: a run killed with SIGKILL resumes from its checkpoint and ends at the same
 iteration as an uninterrupted one with bit-identical final weights (tolerance 0: CPU, one thread,
 DATALOADER.NUM_WORKERS 0, fixed SEED); a truncated checkpoint makes the resume fall back to the
-previous good one.
+previous good one; a stop signal saves the current iteration, and a stop or an error in the last
+iteration ends the run without the evaluation after training.
 """
 import errno
 import os

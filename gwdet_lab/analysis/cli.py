@@ -58,12 +58,15 @@ def argument_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("conditioning", parents=[common], help="GW paper Fig. 2: kappa_p vs group number")
     p.add_argument("--dim", type=at_least(1, "the feature count"), default=256, help="features d")
-    p.add_argument("--samples", type=at_least(2, "the sample count (a covariance needs two samples)"), default=1024, help="samples m")
-    p.add_argument("--depths", type=counts_at_least(1, "depth"), default=[1, 2], help="MLP depths simulating the activations")
+    p.add_argument("--samples", type=at_least(2, "the sample count (a covariance needs two samples)"), default=1024,
+                   help="samples m")
+    p.add_argument("--depths", type=counts_at_least(1, "depth"), default=[1, 2],
+                   help="MLP depths simulating the activations")
     p.add_argument(
         "--activations", type=str_list, default=["relu", "linear"], help="MLP nonlinearities: relu, linear, tanh"
     )
-    p.add_argument("--groups", type=counts_at_least(1, "group number"), default=[1, 2, 4, 8, 16], help="group numbers of GN/GW")
+    p.add_argument("--groups", type=counts_at_least(1, "group number"), default=[1, 2, 4, 8, 16],
+                   help="group numbers of GN/GW")
     p.add_argument("--percents", type=float_list, default=[0.9, 0.8], help="p of kappa_p")
     p.add_argument("--seeds", type=at_least(1, "the seed count"), default=3, help="simulations averaged")
     p.add_argument("--T", type=at_least(1, "T"), default=5, help="Newton iterations of GW (ItN)")
@@ -92,9 +95,11 @@ def argument_parser() -> argparse.ArgumentParser:
     p.add_argument("--depth", type=int, default=None, help="hidden layers (default 3)")
     p.add_argument("--epochs", type=int, default=None, help="epochs of Figs. 1a/1b (default 4)")
     p.add_argument("--lr", type=float, default=None, help="SGD learning rate (default 0.1)")
-    p.add_argument("--batch-sizes", type=counts_at_least(2, "batch size"), default=None, help="Fig. 1a sweep (default 2,8,32,128)")
+    p.add_argument("--batch-sizes", type=counts_at_least(2, "batch size"), default=None,
+                   help="Fig. 1a sweep (default 2,8,32,128)")
     p.add_argument("--batch-norms", type=str_list, default=None, help="Fig. 1a norms (default BN,BW,GN,GW)")
-    p.add_argument("--groups", type=counts_at_least(1, "group number"), default=None, help="Figs. 1b and 5 sweep (default 1,4,16,64,128)")
+    p.add_argument("--groups", type=counts_at_least(1, "group number"), default=None,
+                   help="Figs. 1b and 5 sweep (default 1,4,16,64,128)")
     p.add_argument("--random-samples", type=int, default=None, help="images with random labels (default 256)")
     p.add_argument("--random-epochs", type=int, default=None, help="epochs on random labels (default 20)")
     p.add_argument("--seed", type=int, default=None, help="(default 0)")

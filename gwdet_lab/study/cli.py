@@ -99,6 +99,8 @@ def argument_parser() -> argparse.ArgumentParser:
     runs.add_argument("--extra", nargs="+", action="append", default=[], metavar="ARG",
                       help="NAME=CONFIG [KEY VALUE ...]: add a configuration with overrides of its own "
                            "(repeatable)")
+    # a negative seed would be detectron2's "draw a random seed" and be reported as a seed; zero
+    # images per batch trains nothing
     runs.add_argument("--seeds", nargs="+", type=at_least(0, "a seed"), default=None,
                       help="seeds (SEED, each >= 0) of every configuration")
     runs.add_argument("--batch-sizes", nargs="+", type=at_least(1, "images per batch"), default=None,
