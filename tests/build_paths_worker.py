@@ -54,8 +54,10 @@ def describe(module: torch.nn.Module, prefix: str = "") -> dict:
     return {part: {"norms": dict(e["norms"]), "gw": sorted(e["gw"])} for part, e in found.items()}
 
 
-cfg = build_config(config_file, ["MODEL.DEVICE", "cpu", *opts])
-torch.manual_seed(0)
+cfg = build_config(config_file, ["MODEL.DEVICE", "meta", *opts])
+# Built on the meta device: the layers and their settings as on the CPU, without initializing
+# the weights of a ResNeXt-101 five times.
+torch.set_default_device("meta")
 backbone = build_backbone(cfg)
 shapes = backbone.output_shape()
 heads = build_roi_heads(cfg, shapes)

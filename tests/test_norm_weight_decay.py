@@ -58,7 +58,8 @@ def check_every_norm_parameter(model, optimizer, weight_decay_norm, weight_decay
 @pytest.mark.parametrize("config", YACS_CONFIGS, ids=lambda p: str(p.relative_to(REPO / "configs")))
 def test_every_shipped_yacs_config_gives_every_norm_parameter_the_norm_weight_decay(config: Path):
     cfg = build_config(str(config), META)
-    model = Trainer.build_model(cfg)
+    with torch.device("meta"):  # MODEL.DEVICE only moves a model built on the CPU; this builds it on meta
+        model = Trainer.build_model(cfg)
     optimizer = Trainer.build_optimizer(cfg, model)
     assert cfg.SOLVER.WEIGHT_DECAY_NORM != cfg.SOLVER.WEIGHT_DECAY  # else the check below proves nothing
     gwdet_params = check_every_norm_parameter(model, optimizer, cfg.SOLVER.WEIGHT_DECAY_NORM, cfg.SOLVER.WEIGHT_DECAY)
