@@ -1,9 +1,9 @@
 """GW positions in a ResNet/ResNeXt (group_whitening_huang2021, Sec. 5.1.1): the one vocabulary.
 
 ``S1`` is the stem norm; ``B1``, ``B2``, ``B3`` the norms after conv1, conv2, conv3 of every
-bottleneck block; ``B12`` is B1 and B2. Tokens are joined by ``-``; ``""`` means no GW. The
-paper's default ``S1-B2`` puts 17 GW layers in a ResNet-50. The backbones, the config checks and
-the checkpoint converter all use this module.
+bottleneck block; ``B12`` is B1 and B2. Tokens are joined by ``-``, each position named once;
+``""`` means no GW. The paper's default ``S1-B2`` puts 17 GW layers in a ResNet-50. The
+backbones, the config checks and the checkpoint converter all use this module.
 """
 from __future__ import annotations
 
@@ -24,13 +24,19 @@ def parse_gw_positions(spec: str, setting: str = "MODEL.RESNETS.GW_POSITIONS") -
     ``setting`` is how an error names where ``spec`` came from."""
     if not isinstance(spec, str):
         raise GwdetValueError(f"{setting} must be a string like 'S1-B2', got {spec!r}")
+    valid = f"Valid tokens: {', '.join(POSITION_TOKENS)}, joined by '-' (e.g. 'S1-B2'); '' means no GW."
     positions: set[str] = set()
-    for token in filter(None, (t.strip() for t in spec.split("-"))):
+    if not spec.strip():
+        return frozenset(positions)
+    for token in (t.strip() for t in spec.split("-")):
         if token not in POSITION_TOKENS:
+            what = "an empty position (a '-' too many)" if not token else f"unknown position {token!r}"
+            raise GwdetValueError(f"{setting}={spec!r}: {what}. {valid}")
+        twice = positions.intersection(POSITION_TOKENS[token])
+        if twice:  # 'S1-B2-B2' or 'B12-B2': most likely a typo for another position
             raise GwdetValueError(
-                f"{setting}={spec!r}: unknown position {token!r}. Valid tokens: "
-                f"{', '.join(POSITION_TOKENS)}, joined by '-' (e.g. 'S1-B2'); '' means no GW."
-            )
+                f"{setting}={spec!r}: position {sorted(twice)[0]} is named twice; name each position once "
+                f"(B12 is B1 and B2). {valid}")
         positions.update(POSITION_TOKENS[token])
     return frozenset(positions)
 

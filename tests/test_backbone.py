@@ -113,6 +113,15 @@ def test_bad_position_token_lists_valid_tokens():
     assert parse_gw_positions("") == frozenset()
 
 
+@pytest.mark.parametrize("spec, named", [("S1-B2-B2", "position B2 is named twice"),
+                                         ("B12-B2", "position B2 is named twice"),
+                                         ("S1--B2", "an empty position"), ("S1-", "an empty position")])
+def test_a_position_named_twice_or_an_empty_one_is_refused(spec, named):
+    # 'S1-B2-B2' built S1-B2 without a word, where a typo for 'S1-B2-B3' is the likelier intent
+    with pytest.raises(ValueError, match=f"GW_POSITIONS='{spec}': {named}"):
+        parse_gw_positions(spec)
+
+
 def test_b3_on_basic_blocks_is_a_clear_error():
     cfg = resnet_cfg("B3", norm="BN", depth=18)
     cfg.MODEL.RESNETS.RES2_OUT_CHANNELS = 64
