@@ -244,6 +244,18 @@ def test_a_list_flag_before_the_overrides_stops_at_the_first_word_outside_its_ch
         assert args.tasks == ["parameter"] and args.opts == ["MODEL.WEIGHTS", "w"]
 
 
+@pytest.mark.parametrize("word", ["speed", "MODEL.WEIGHTS"])
+def test_a_list_flag_without_one_valid_value_names_the_word_it_got(capsys, word):
+    # before: "--tasks speed KEY VALUE" took 'speed' for the first override and said that --tasks
+    # expected at least one argument, which it had been given
+    with pytest.raises(SystemExit) as refused:
+        parse_with_trailing_flags(analyze_model.argument_parser(),
+                                  ["--config-file", "c.yaml", "--tasks", word, "MODEL.WEIGHTS", "w"])
+    assert refused.value.code == 2
+    assert f"argument --tasks: invalid choice: '{word}' (choose from 'flop', 'parameter', 'structure')" in \
+        capsys.readouterr().err
+
+
 def test_analyze_refuses_flops_without_test_images_or_an_input_size(capsys):
     with pytest.raises(SystemExit) as exit_info:
         analyze_model.main(["--config-file", str(DEMO_CONFIG), "--tasks", "flop", "DATASETS.TEST", "()"])

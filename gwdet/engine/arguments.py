@@ -131,10 +131,13 @@ def _start_of_overrides(parser: argparse.ArgumentParser, argv: Sequence[str]) ->
         elif action.nargs == "?":
             position += int(position < len(argv) and not argv[position].startswith("-"))
         else:  # "+" or "*": every word up to the next flag, or up to the first word outside its choices
+            first = position
             while position < len(argv) and (not argv[position].startswith("-") or _is_number(argv[position])):
                 if action.choices is not None and argv[position] not in action.choices:
                     break  # an override's KEY (argparse would take it as a value and refuse it)
                 position += 1
+            if position == first and action.nargs == "+" and position < len(argv) and not argv[position].startswith("-"):
+                position += 1  # not one value: argparse names the word as an invalid choice (`--tasks speed`)
     return len(argv)
 
 
