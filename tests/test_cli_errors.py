@@ -312,6 +312,11 @@ def test_lab_tools_refuse_an_out_below_or_at_a_file(tmp_path, capsys, tool):
                              "its keys (e.g. MODEL.RESNETS.<KEY> VALUE)."),
     (["SOLVER.MAX_ITER"], "The KEY VALUE overrides: overrides come in KEY VALUE pairs; ['SOLVER.MAX_ITER'] has a key "
                           "without its value."),
+    # a LazyConfig's key=value given to a yacs config (before: "has a key without its value", or for
+    # two of them "train.max_iter=2 is not a key")
+    (["train.max_iter=2", "OUTPUT_DIR", "out"], "The KEY VALUE overrides: 'train.max_iter=2' is key=value, which a "
+                                                "LazyConfig (.py) takes; a yacs config takes KEY VALUE pairs"),
+    (["SOLVER.MAX_ITER", "2", "OUTPUT_DIR=out", "x"], "The KEY VALUE overrides: 'OUTPUT_DIR=out' is key=value"),
 ])
 def test_config_overrides_yacs_cannot_merge_are_explained(opts, message):
     from gwdet.model_zoo import build_config

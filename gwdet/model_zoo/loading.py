@@ -60,6 +60,11 @@ def build_config(config_file: str, opts: list[str] | None = None) -> CfgNode:
     except (KeyError, AssertionError, ValueError) as error:  # yacs: unknown key, wrong type
         raise GwdetValueError(
             f"Config file {config_file!r} (or a _BASE_ it names): {merge_problem(cfg, error)}") from None
+    lazy_style = next((key for key in list(opts or [])[::2] if isinstance(key, str) and "=" in key), None)
+    if lazy_style is not None:  # yacs would take it for a key, or pair it with the next word
+        raise GwdetValueError(
+            f"The KEY VALUE overrides: {lazy_style!r} is key=value, which a LazyConfig (.py) takes; a yacs config "
+            "takes KEY VALUE pairs, e.g. SOLVER.MAX_ITER 100 OUTPUT_DIR output/run.")
     try:
         cfg.merge_from_list(opts or [])
     except (KeyError, AssertionError, ValueError) as error:
