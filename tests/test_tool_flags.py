@@ -61,12 +61,17 @@ def test_flags_after_the_overrides_are_flags():
         parse_with_trailing_flags(analyze, ["--config-file", "c.yaml", "MODEL.DEVICE", "cpu", "--tasks", "flop"])
 
 
-@pytest.mark.parametrize("flag", [["-n", "0"], ["--max-depth", "-1"], ["--input-size", "0", "64"]])
-def test_analyze_refuses_counts_below_one(capsys, flag):
+@pytest.mark.parametrize("flag, message", [
+    (["-n", "0"], "argument -n/--num-inputs: the image count must be >= 1, got 0"),
+    (["--max-depth", "-1"], "argument --max-depth: the table depth must be >= 1, got -1"),
+    (["--input-size", "0", "64"], "argument --input-size: an image side must be >= 1, got 0"),
+    (["-n", "two"], "argument -n/--num-inputs: 'two' is not an integer"),
+])
+def test_analyze_refuses_counts_below_one(capsys, flag, message):
     with pytest.raises(SystemExit) as exit_info:
         analyze_model.argument_parser().parse_args(["--config-file", str(DEMO_CONFIG), *flag])
     assert exit_info.value.code == 2
-    assert "give an integer of at least 1" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
 
 
 def test_analyze_refuses_an_input_size_that_cannot_fit_before_building(capsys):

@@ -33,7 +33,7 @@ import torch
 from gwdet.errors import GwdetValueError
 from gwdet.engine.arguments import parse_with_trailing_flags
 from gwdet.engine.run import RunConfig, load_run_config
-from gwdet.utils.cli_errors import run_tool
+from gwdet.utils.cli_errors import at_least, run_tool
 
 logger = logging.getLogger("gwdet.export")
 
@@ -53,22 +53,13 @@ def argument_parser() -> argparse.ArgumentParser:
 
     parser = config_parser("Flops, parameters and structure of a gwdet model.")
     parser.add_argument("--tasks", nargs="+", choices=["flop", "parameter", "structure"], default=["flop"])
-    parser.add_argument("-n", "--num-inputs", type=positive_int, default=1, help="test images to average flops over")
+    parser.add_argument("-n", "--num-inputs", type=at_least(1, "the image count"), default=1,
+                        help="test images to average flops over")
     parser.add_argument("--input-size", type=input_side, nargs=2, metavar=("H", "W"), default=None,
                         help="count on one random image of this size instead of the test set")
-    parser.add_argument("--max-depth", type=positive_int, default=3, help="depth of the per-module table")
+    parser.add_argument("--max-depth", type=at_least(1, "the table depth"), default=3,
+                        help="depth of the per-module table")
     return add_opts(parser)
-
-
-def positive_int(text: str) -> int:
-    """A count or size flag's value: an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"give an integer of at least 1, got {text!r}")
-    return value
 
 
 # Above the largest test sizes of detectron2's configs (1333 pixels on the long side for COCO, 2048
@@ -79,7 +70,7 @@ MAX_INPUT_SIDE = 8192
 
 def input_side(text: str) -> int:
     """A side of ``--input-size``: an integer from 1 to :data:`MAX_INPUT_SIDE`."""
-    value = positive_int(text)
+    value = at_least(1, "an image side")(text)
     if value > MAX_INPUT_SIDE:
         raise argparse.ArgumentTypeError(
             f"{value} pixels is above {MAX_INPUT_SIDE}: the model gets the image as given, without the test "
