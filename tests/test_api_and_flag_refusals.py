@@ -127,6 +127,37 @@ def test_a_training_that_would_keep_random_stages_or_needs_a_gpu_is_refused(opts
     check_training_values(build_config(str(DEMO_CONFIG)), world_size=1)
 
 
+@pytest.mark.parametrize("opts, message", [
+    # PreciseBN takes torch's batch norms only: BW / BGN kept their running averages without a word
+    (["MODEL.FPN.NORM", "BW"], "TEST.PRECISE_BN.ENABLED is True, but detectron2's PreciseBN recomputes the running "
+                               "statistics of torch's batch norms only, and the layers of MODEL.FPN.NORM (BW) would "
+                               "keep their running averages"),
+    (["MODEL.RESNETS.GW_NORM", "BGN", "MODEL.ROI_BOX_HEAD.NORM", "GhostBN"],
+     "the layers of MODEL.ROI_BOX_HEAD.NORM (GhostBN), MODEL.RESNETS.GW_NORM (BGN) would keep"),
+])
+def test_precise_bn_with_norms_it_does_not_recompute_is_refused(opts, message):
+    from gwdet.engine.trainer import check_training_values
+    from gwdet.model_zoo import build_config
+
+    with pytest.raises(GwdetValueError, match=re.escape(message)):
+        check_training_values(build_config(str(DEMO_CONFIG), ["TEST.PRECISE_BN.ENABLED", "True", *opts]), world_size=1)
+    # the norms it recomputes (BN), or none with running statistics (GW, GN): PreciseBN runs, or has nothing to do
+    for fine in (["MODEL.FPN.NORM", "BN"], []):
+        check_training_values(build_config(str(DEMO_CONFIG), ["TEST.PRECISE_BN.ENABLED", "True", *fine]), world_size=1)
+
+
+def test_test_time_augmentation_is_refused_for_training_and_evaluation():
+    # gwdet's runs evaluate the plain model: TEST.AUG.ENABLED was ignored without a word
+    from gwdet.engine.trainer import YacsRun
+    from gwdet.model_zoo import build_config
+
+    run = YacsRun(build_config(str(DEMO_CONFIG), ["TEST.AUG.ENABLED", "True"]))
+    for eval_only in (False, True):
+        with pytest.raises(GwdetValueError, match=r"TEST.AUG.ENABLED is True, but gwdet's runs evaluate without "
+                                                  r"test-time augmentation .* Set TEST.AUG.ENABLED False"):
+            run.check_request(eval_only, world_size=1)
+
+
 def test_a_registered_dataset_no_run_uses_is_named_in_a_warning(tmp_path, caplog):
     import logging
 

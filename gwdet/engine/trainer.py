@@ -23,6 +23,7 @@ from detectron2.engine import AMPTrainer, DefaultTrainer, SimpleTrainer, Trainer
 from detectron2.evaluation import COCOEvaluator
 from detectron2.utils import comm
 from detectron2.utils.logger import setup_logger
+from fvcore.nn.precise_bn import BN_MODULE_TYPES
 
 from gwdet.errors import GwdetValueError
 from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer
@@ -36,6 +37,7 @@ from gwdet.model_zoo.loading import build_config
 from gwdet.modeling import check_model
 from gwdet.modeling.build import check_device, check_mixed_precision
 from gwdet.modeling.model_checks import check_norm_weight_decay
+from gwdet.norms import norm_record
 from gwdet.solver import build_optimizer
 from gwdet.engine.output_dir import check_resume_config
 from gwdet.engine.run import RunConfig
@@ -154,8 +156,27 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
         return COCOEvaluator(dataset_name, output_dir=output_folder)
 
 
-# The norms of detectron2's R-CNN components that a config may set to FrozenBN.
-FROZEN_NORM_KEYS = ("MODEL.RESNETS.NORM", "MODEL.FPN.NORM", "MODEL.ROI_BOX_HEAD.NORM", "MODEL.ROI_MASK_HEAD.NORM")
+# The norms of detectron2's R-CNN components.
+NORM_KEYS = ("MODEL.RESNETS.NORM", "MODEL.FPN.NORM", "MODEL.ROI_BOX_HEAD.NORM", "MODEL.ROI_MASK_HEAD.NORM")
+
+
+def norm_settings(cfg: CfgNode) -> dict[str, str]:
+    """The norm names of the config's R-CNN by key: :data:`NORM_KEYS`, and ``MODEL.RESNETS.GW_NORM``
+    where ``MODEL.RESNETS.GW_POSITIONS`` places it."""
+    settings = {key: config_value(cfg, key) for key in NORM_KEYS}
+    if cfg.MODEL.RESNETS.GW_POSITIONS:
+        settings["MODEL.RESNETS.GW_NORM"] = cfg.MODEL.RESNETS.GW_NORM
+    return settings
+
+
+def check_evaluation_values(cfg: CfgNode) -> None:
+    """Refuse ``TEST.AUG.ENABLED``: detectron2's own ``tools/train_net.py`` adds test-time
+    augmentation results, gwdet's run evaluates the model as it is; the key would be ignored."""
+    if cfg.TEST.AUG.ENABLED:
+        raise GwdetValueError(
+            "TEST.AUG.ENABLED is True, but gwdet's runs evaluate without test-time augmentation (detectron2's own "
+            "tools/train_net.py adds it); the results would be those of the plain model. Set TEST.AUG.ENABLED False, "
+            "or evaluate with detectron2.modeling.GeneralizedRCNNWithTTA in a script of your own.")
 
 
 def check_training_values(cfg: CfgNode, world_size: int) -> None:
@@ -163,16 +184,17 @@ def check_training_values(cfg: CfgNode, world_size: int) -> None:
     with (detectron2 would stop later with a bare assertion): no training dataset, no iteration,
     a batch of no images or one that cannot be split evenly over the ``world_size`` processes; a
     training from scratch (no ``MODEL.WEIGHTS``) with FrozenBN layers, which would stay identities,
-    or with frozen backbone stages (``MODEL.BACKBONE.FREEZE_AT``), which would stay random; and
-    mixed precision (``SOLVER.AMP.ENABLED``) on a device that is no CUDA GPU."""
+    or with frozen backbone stages (``MODEL.BACKBONE.FREEZE_AT``), which would stay random; mixed
+    precision (``SOLVER.AMP.ENABLED``) on a device that is no CUDA GPU; and detectron2's PreciseBN
+    (``TEST.PRECISE_BN.ENABLED``) with norms of batch statistics whose running statistics it does
+    not recompute (it takes torch's batch norms only: BW and BGN would keep their running averages)."""
     if not cfg.DATASETS.TRAIN:
         raise GwdetValueError("DATASETS.TRAIN is empty: name the dataset(s) to train on, e.g. DATASETS.TRAIN "
                               "\"('shapes_train',)\" (or evaluate weights with --eval-only).")
     if cfg.SOLVER.MAX_ITER < 1:
         raise GwdetValueError(f"SOLVER.MAX_ITER is {cfg.SOLVER.MAX_ITER}: a run trains for at least 1 iteration.")
-    frozen = [key for key in FROZEN_NORM_KEYS if config_value(cfg, key) == "FrozenBN"]
-    if cfg.MODEL.RESNETS.GW_POSITIONS and cfg.MODEL.RESNETS.GW_NORM == "FrozenBN":
-        frozen.append("MODEL.RESNETS.GW_NORM")
+    norms = norm_settings(cfg)
+    frozen = [key for key, name in norms.items() if name == "FrozenBN"]
     if frozen and not cfg.MODEL.WEIGHTS:
         raise GwdetValueError(
             f"{', '.join(frozen)} is FrozenBN, which normalizes with the fixed statistics and affine values of "
@@ -188,6 +210,15 @@ def check_training_values(cfg: CfgNode, world_size: int) -> None:
             "pretrained weights (docs/weights.md).")
     check_mixed_precision(cfg.SOLVER.AMP.ENABLED, cfg.MODEL.DEVICE, "SOLVER.AMP.ENABLED", "MODEL.DEVICE",
                           "SOLVER.AMP.ENABLED False", "MODEL.DEVICE cuda")
+    if cfg.TEST.PRECISE_BN.ENABLED:
+        missed = [f"{key} ({name})" for key, name in norms.items() if name
+                  and norm_record(name).batch_statistics
+                  and not all(issubclass(t, BN_MODULE_TYPES) for t in norm_record(name).layer_types)]
+        if missed:
+            raise GwdetValueError(
+                f"TEST.PRECISE_BN.ENABLED is True, but detectron2's PreciseBN recomputes the running statistics of "
+                f"torch's batch norms only, and the layers of {', '.join(missed)} would keep their running averages. Set "
+                "TEST.PRECISE_BN.ENABLED False, or use BN / SyncBN there.")
     batch = cfg.SOLVER.IMS_PER_BATCH
     if batch < 1 or batch % world_size:
         raise GwdetValueError(
@@ -231,6 +262,7 @@ class YacsRun(RunConfig):
         return type(self)(cfg)
 
     def check_request(self, eval_only: bool, world_size: int) -> None:
+        check_evaluation_values(self.cfg)
         if not eval_only:
             check_training_values(self.cfg, world_size)
 
