@@ -170,8 +170,15 @@ def test_a_registered_dataset_no_run_uses_is_named_in_a_warning(tmp_path, caplog
     overrides = [*TINY_OPTS, "OUTPUT_DIR", str(tmp_path / "run")]
     args = parse_args(["--config-file", str(DEMO_CONFIG), "--register-coco",
                        f"unused_mine={write_dataset(tmp_path / 'mine')}", *overrides])
-    with caplog.at_level(logging.WARNING, logger="gwdet"):
-        setup(args, load_run_config(args.config_file, args.opts))
+    # detectron2's logger set-up (in setup) stops the "gwdet" logger's propagation to caplog's root
+    # handler; attached to the logger itself, the handler sees the warning whatever ran before
+    gwdet_logger = logging.getLogger("gwdet")
+    gwdet_logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING, logger="gwdet"):
+            setup(args, load_run_config(args.config_file, args.opts))
+    finally:
+        gwdet_logger.removeHandler(caplog.handler)
     assert "--register-coco registered 'unused_mine', but the run neither trains nor evaluates on it" in caplog.text
 
 

@@ -28,7 +28,7 @@ from fvcore.nn.precise_bn import BN_MODULE_TYPES
 from gwdet.errors import GwdetValueError
 from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer
 from gwdet.config import config_value
-from gwdet.config_checks import ensure_checked
+from gwdet.config_checks import BOX_HEAD, MASK_HEAD, builds_part, ensure_checked
 from gwdet.data import prepare_datasets, register_datasets
 from gwdet.data.coco_registration import CocoDataset
 from gwdet.data.datasets import config_dataset_names, named_empty_training_set
@@ -156,14 +156,17 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
         return COCOEvaluator(dataset_name, output_dir=output_folder)
 
 
-# The norms of detectron2's R-CNN components.
-NORM_KEYS = ("MODEL.RESNETS.NORM", "MODEL.FPN.NORM", "MODEL.ROI_BOX_HEAD.NORM", "MODEL.ROI_MASK_HEAD.NORM")
+# The norm settings of detectron2's R-CNN components, with the part of the model each one is in
+# (None: the backbone).
+RCNN_NORM_PARTS = {"MODEL.RESNETS.NORM": None, "MODEL.FPN.NORM": None, "MODEL.ROI_BOX_HEAD.NORM": BOX_HEAD,
+                   "MODEL.ROI_MASK_HEAD.NORM": MASK_HEAD}
 
 
 def norm_settings(cfg: CfgNode) -> dict[str, str]:
-    """The norm names of the config's R-CNN by key: :data:`NORM_KEYS`, and ``MODEL.RESNETS.GW_NORM``
+    """The norm names of the config's R-CNN by key, for the parts its model has
+    (:data:`RCNN_NORM_PARTS`; no mask head without ``MODEL.MASK_ON``), and ``MODEL.RESNETS.GW_NORM``
     where ``MODEL.RESNETS.GW_POSITIONS`` places it."""
-    settings = {key: config_value(cfg, key) for key in NORM_KEYS}
+    settings = {key: config_value(cfg, key) for key, part in RCNN_NORM_PARTS.items() if builds_part(cfg, part)}
     if cfg.MODEL.RESNETS.GW_POSITIONS:
         settings["MODEL.RESNETS.GW_NORM"] = cfg.MODEL.RESNETS.GW_NORM
     return settings
