@@ -182,6 +182,14 @@ def check_evaluation_values(cfg: CfgNode) -> None:
             "or evaluate with detectron2.modeling.GeneralizedRCNNWithTTA in a script of your own.")
 
 
+def precise_bn_skips(name: str) -> bool:
+    """Whether the layers of norm ``name`` keep running statistics that detectron2's PreciseBN hook
+    leaves as they are: it recomputes those of torch's batch-norm classes only (fvcore's
+    ``BN_MODULE_TYPES``; BW and BGN are none of them)."""
+    record = norm_record(name)
+    return record.batch_statistics and not all(issubclass(t, BN_MODULE_TYPES) for t in record.layer_types)
+
+
 def check_training_values(cfg: CfgNode, world_size: int) -> None:
     """Refuse, before anything is built, solver and dataset values a training run cannot start
     with (detectron2 would stop later with a bare assertion): no training dataset, no iteration,
@@ -214,9 +222,7 @@ def check_training_values(cfg: CfgNode, world_size: int) -> None:
     check_mixed_precision(cfg.SOLVER.AMP.ENABLED, cfg.MODEL.DEVICE, "SOLVER.AMP.ENABLED", "MODEL.DEVICE",
                           "SOLVER.AMP.ENABLED False", "MODEL.DEVICE cuda")
     if cfg.TEST.PRECISE_BN.ENABLED:
-        missed = [f"{key} ({name})" for key, name in norms.items() if name
-                  and norm_record(name).batch_statistics
-                  and not all(issubclass(t, BN_MODULE_TYPES) for t in norm_record(name).layer_types)]
+        missed = [f"{key} ({name})" for key, name in norms.items() if name and precise_bn_skips(name)]
         if missed:
             raise GwdetValueError(
                 f"TEST.PRECISE_BN.ENABLED is True, but detectron2's PreciseBN recomputes the running statistics of "
