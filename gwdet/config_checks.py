@@ -19,6 +19,7 @@ with its norms built from the config (:mod:`gwdet.modeling`).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import numbers
 from collections import Counter
@@ -720,7 +721,22 @@ def check_gwdet_config(cfg: CfgNode) -> None:
     error = norm_config_problems(cfg)
     if error is not None:
         raise error
+    warn_unbuilt_norms(cfg)
     object.__setattr__(cfg, _CHECKED_CONTENT, _content(cfg))  # beside yacs' own flags, not a config key
+
+
+def warn_unbuilt_norms(cfg: CfgNode) -> None:
+    """A warning for each NORM key given a norm that only parts the model does not build would read
+    (a mask head without ``MODEL.MASK_ON``, a box head in a C4 model): the setting has no effect."""
+    read = {site.norm_key for site in NORM_SITES if builds_part(cfg, site.part)}
+    for site in NORM_SITES:
+        name = _value(cfg, site.norm_key)
+        if name and site.norm_key not in read and site.part in (BOX_HEAD, MASK_HEAD):
+            why = "MODEL.MASK_ON is False" if site.part == MASK_HEAD else f"MODEL.ROI_HEADS.NAME is " \
+                  f"{cfg.MODEL.ROI_HEADS.NAME!r}, whose res5 stage is the box head"
+            logging.getLogger(__name__).warning(
+                f"{site.norm_key} is {name!r}, but the model has no {site.part.replace('_', ' ')} ({why}): no "
+                f"{name} is built there. Set {site.norm_key} \"\" or build that part.")
 
 
 # The attribute of a CfgNode holding the content check_gwdet_config accepted (copied by clone()).

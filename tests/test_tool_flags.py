@@ -186,6 +186,31 @@ def test_a_head_norm_without_convolutions_is_warned_about():
                         "MODEL.ROI_BOX_HEAD.NORM \"\"."]
 
 
+def test_a_norm_for_a_part_the_model_does_not_build_is_warned_about():
+    # before: MODEL.ROI_MASK_HEAD.NORM 'BW' without MODEL.MASK_ON (or a box-head NORM of a C4 model)
+    # was accepted without a word, and no such layer was built
+    import logging
+
+    from gwdet.model_zoo import build_config
+
+    messages: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger("gwdet.config_checks")
+    logger.addHandler(handler)
+    try:
+        build_config(str(DEMO_CONFIG))  # a mask head, with the GW its NORM names
+        assert messages == []
+        build_config(str(DEMO_CONFIG), ["MODEL.MASK_ON", "False", "MODEL.ROI_MASK_HEAD.NORM", "BW"])
+        build_config(str(DEMO_CONFIG), ["MODEL.ROI_HEADS.NAME", "Res5ROIHeads", "MODEL.ROI_BOX_HEAD.NORM", "GN"])
+    finally:
+        logger.removeHandler(handler)
+    assert messages[0] == ("MODEL.ROI_MASK_HEAD.NORM is 'BW', but the model has no mask head (MODEL.MASK_ON is "
+                           "False): no BW is built there. Set MODEL.ROI_MASK_HEAD.NORM \"\" or build that part.")
+    assert messages[1].startswith("MODEL.ROI_BOX_HEAD.NORM is 'GN', but the model has no box head (MODEL.ROI_HEADS."
+                                  "NAME is 'Res5ROIHeads', whose res5 stage is the box head)")
+
+
 def test_test_loaders_check_their_images_as_train_loaders_do():
     import torch
 
