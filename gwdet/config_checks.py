@@ -728,15 +728,14 @@ def check_gwdet_config(cfg: CfgNode) -> None:
 def warn_unbuilt_norms(cfg: CfgNode) -> None:
     """A warning for each NORM key given a norm that only parts the model does not build would read
     (a mask head without ``MODEL.MASK_ON``, a box head in a C4 model): the setting has no effect."""
-    read = {site.norm_key for site in NORM_SITES if builds_part(cfg, site.part)}
+    why_not_built = {MASK_HEAD: "MODEL.MASK_ON is False",
+                     BOX_HEAD: f"MODEL.ROI_HEADS.NAME is {cfg.MODEL.ROI_HEADS.NAME!r}, whose res5 stage is the box head"}
     for site in NORM_SITES:
         name = _value(cfg, site.norm_key)
-        if name and site.norm_key not in read and site.part in (BOX_HEAD, MASK_HEAD):
-            why = "MODEL.MASK_ON is False" if site.part == MASK_HEAD else f"MODEL.ROI_HEADS.NAME is " \
-                  f"{cfg.MODEL.ROI_HEADS.NAME!r}, whose res5 stage is the box head"
+        if name and site.part in why_not_built and not builds_part(cfg, site.part):
             logging.getLogger(__name__).warning(
-                f"{site.norm_key} is {name!r}, but the model has no {site.part.replace('_', ' ')} ({why}): no "
-                f"{name} is built there. Set {site.norm_key} \"\" or build that part.")
+                f"{site.norm_key} is {name!r}, but the model has no {site.part.replace('_', ' ')} "
+                f"({why_not_built[site.part]}): no {name} is built there. Set {site.norm_key} \"\" or build that part.")
 
 
 # The attribute of a CfgNode holding the content check_gwdet_config accepted (copied by clone()).
