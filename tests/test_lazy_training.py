@@ -20,6 +20,7 @@ from gwdet.checkpoint.signal_hook import TrainingInterrupted
 from gwdet.engine.arguments import parse_args
 from gwdet.engine.run import main
 from gwdet.engine.lazy import LazyTrainer
+from gwdet.utils.atomic import record_checksum
 
 from conftest import REPO, SignalAfter
 
@@ -95,7 +96,11 @@ def test_a_lazy_run_folder_follows_the_yacs_rules(tmp_path):
     with pytest.raises(ValueError, match=r"config.yaml is damaged, .*\(its SHA-256 differs from the one recorded in "
                                          r"config.yaml.sha256 when it was written\)\. .*this train.output_dir"):
         run(tmp_path, "--resume")
-    config.write_bytes(written)
+    # The run's config.yaml is read without running its tags (detectron2's LazyConfig.load would
+    # run them: yaml.unsafe_load); its own ShapeSpec tags still compare equal.
+    witness = tmp_path.parent / "ran"
+    config.write_bytes(written + f'X: !!python/object/apply:os.system ["touch {witness}"]\n'.encode())
+    record_checksum(str(config))
 
     warnings = logging.Handler(logging.WARNING)
     warnings.emit = lambda record: logged.append(record.getMessage())
@@ -107,6 +112,8 @@ def test_a_lazy_run_folder_follows_the_yacs_rules(tmp_path):
         logging.getLogger("gwdet.engine.lazy").removeHandler(warnings)
     assert iteration_of(final) == 2
     assert any("train.max_iter: 2 -> 3" in message for message in logged), "a difference outside the model is logged"
+    assert not witness.exists() and any("X.python_tag: 'object/apply:os.system' -> <absent>" in message
+                                        for message in logged)
     iterations = [json.loads(line).get("iteration") for line in (tmp_path / "metrics.json").read_text().splitlines()]
     # iterations 1 (first run) and 2 (resumed; written to the trimmed file), then the resumed run's
     # evaluation, recorded after the last iteration; the first run's evaluation record (at 2) is gone

@@ -349,7 +349,8 @@ def test_gw_positions_without_a_norm_to_place_there_are_refused():
         build_config(str(DEMO_CONFIG), TINY_OPTS + ["MODEL.RESNETS.GW_NORM", ""])
 
 
-@pytest.mark.parametrize("damage", [b"MODEL:\n  GW: [unclosed\n", b"\xff\xfe\x00\x01 random bytes", b"MODEL:\n  NO_SUCH_KEY: 1\n"])
+@pytest.mark.parametrize("damage", [b"MODEL:\n  GW: [unclosed\n", b"\xff\xfe\x00\x01 random bytes", b"MODEL:\n  NO_SUCH_KEY: 1\n",
+                                    b"", b"SOLVER:\n  MAX_ITER: 2\n"])
 def test_resume_over_a_damaged_config_yaml_names_the_file_and_the_fix(finished_run, tmp_path, damage):
     run = tmp_path / "run"
     run.mkdir()

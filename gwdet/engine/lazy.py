@@ -24,6 +24,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from detectron2.config import CfgNode, LazyConfig, instantiate
@@ -266,13 +267,43 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
 # ---- the run -------------------------------------------------------------------------------------
 
 
+class _TagsAsDataLoader(yaml.SafeLoader):
+    """PyYAML's ``SafeLoader`` that reads a ``!!python/...`` tag as data instead of refusing it:
+    ``{"python_tag": "object:detectron2.layers.shape_spec.ShapeSpec", "value": {...}}``. Nothing
+    is imported or called, and two saved configs still compare equal exactly when their tags and
+    values are equal."""
+
+
+def _tag_as_data(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> dict:
+    if isinstance(node, yaml.MappingNode):
+        value: Any = loader.construct_mapping(node, deep=True)
+    elif isinstance(node, yaml.SequenceNode):
+        value = loader.construct_sequence(node, deep=True)
+    else:
+        value = loader.construct_scalar(node)
+    return {"python_tag": suffix, "value": value}
+
+
+_TagsAsDataLoader.add_multi_constructor("tag:yaml.org,2002:python/", _tag_as_data)
+
+
+def read_saved_config(path: str) -> Any:
+    """The ``config.yaml`` at ``path`` (``LazyConfig.save``'s YAML, whose ``ShapeSpec`` and block
+    classes carry ``!!python/...`` tags), interpolations resolved, each tag read as data
+    (:class:`_TagsAsDataLoader`): ``LazyConfig.load`` reads YAML with ``yaml.unsafe_load``, which
+    would run what a tag names."""
+    with open(path, encoding="utf-8") as f:
+        content = yaml.load(f, Loader=_TagsAsDataLoader)  # noqa: S506 (a safe loader)
+    return OmegaConf.to_container(OmegaConf.create(content), resolve=True) if isinstance(content, dict) else content
+
+
 def saved_tree(cfg: DictConfig) -> dict:
     """``cfg`` as a ``config.yaml`` written by detectron2's ``default_setup`` holds it
-    (``LazyConfig.save``, then loaded back), interpolations resolved."""
+    (``LazyConfig.save``, then read back), interpolations resolved."""
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, CONFIG_NAME)
         LazyConfig.save(cfg, path)
-        tree = OmegaConf.to_container(LazyConfig.load(path), resolve=True)
+        tree = read_saved_config(path)
     if not isinstance(tree, dict):
         raise TypeError(f"A LazyConfig is a mapping of keys, not {type(tree).__name__}.")
     return tree
@@ -290,8 +321,7 @@ def check_resume_config(cfg: DictConfig, output_dir: str) -> None:
     check_config_present(path, output_dir, OUTPUT_SETTING)
     check_config_checksum(path, output_dir, OUTPUT_SETTING)
     try:
-        saved = LazyConfig.load(path)
-        saved = OmegaConf.to_container(saved, resolve=True) if isinstance(saved, DictConfig) else None
+        saved = read_saved_config(path)
     except Exception as error:  # yaml's and omegaconf's errors, bytes that are not text
         raise damaged_config(path, output_dir, error, OUTPUT_SETTING) from None
     if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):

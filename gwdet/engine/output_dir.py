@@ -407,7 +407,9 @@ def check_resumed_model(cfg: CfgNode, output_dir: str, path: str) -> None:
                 f"--resume: the run in {output_dir!r} was trained from a LazyConfig ({path} holds its model, train "
                 "and dataloader), so this yacs config cannot continue it. Resume it with the LazyConfig it was "
                 "trained with, or train into another OUTPUT_DIR.")
-        saved.merge_from_file(path)
+        if not isinstance(content, dict) or not isinstance(content.get("MODEL"), dict):
+            raise ValueError("it holds no MODEL section")
+        saved.merge_from_other_cfg(type(saved)(content))  # a run's config.yaml: no _BASE_, this detectron2's VERSION
     except GwdetValueError:  # a python tag, a key given twice
         raise
     except Exception as error:  # yaml's errors, a key cfg does not have, bytes that are not text
