@@ -633,25 +633,36 @@ def _count(number: int, noun: str) -> str:
     return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
+YACS_PIXEL_KEYS = ("MODEL.PIXEL_MEAN", "MODEL.PIXEL_STD", "INPUT.FORMAT")
+
+
 def _check_pixel_normalization(cfg: CfgNode) -> None:
-    """``MODEL.PIXEL_MEAN`` and ``MODEL.PIXEL_STD`` hold one finite number per channel of the images
-    of ``INPUT.FORMAT`` (the backbone takes ``len(MODEL.PIXEL_MEAN)`` input channels), the std ones
-    above 0: the model computes ``(image - mean) / std`` per channel."""
-    image_format = _value(cfg, "INPUT.FORMAT")
-    channels = FORMAT_CHANNELS.get(image_format)
-    values = {key: _value(cfg, key) for key in ("MODEL.PIXEL_MEAN", "MODEL.PIXEL_STD")}
-    if None in values.values():  # a config without detectron2's keys (a project's own)
+    """:func:`check_pixel_normalization` of the config's ``MODEL.PIXEL_MEAN``, ``MODEL.PIXEL_STD``
+    and ``INPUT.FORMAT``."""
+    mean, std, image_format = (_value(cfg, key) for key in YACS_PIXEL_KEYS)
+    if mean is None or std is None:  # a config without detectron2's keys (a project's own)
         return
-    examples = {"MODEL.PIXEL_MEAN": "[103.53, 116.28, 123.675]", "MODEL.PIXEL_STD": "[57.375, 57.12, 58.395]"}
+    check_pixel_normalization(mean, std, image_format)
+
+
+def check_pixel_normalization(mean: Any, std: Any, image_format: Any,
+                              keys: Sequence[str] = YACS_PIXEL_KEYS) -> None:
+    """The pixel ``mean`` and ``std`` hold one finite number per channel of the images of
+    ``image_format`` (the backbone takes ``len(mean)`` input channels), the std ones above 0: the
+    model computes ``(image - mean) / std`` per channel. ``keys``: the settings of the three values
+    (a yacs config's, or a LazyConfig's ``model.pixel_mean`` ...), as the refusals name them."""
+    mean_key, std_key, format_key = keys
+    channels = FORMAT_CHANNELS.get(image_format)
+    values = {mean_key: mean, std_key: std}
+    examples = {mean_key: "[103.53, 116.28, 123.675]", std_key: "[57.375, 57.12, 58.395]"}
     for key, value in values.items():
         if not isinstance(value, (list, tuple)) or not all(is_finite_number(item) for item in value):
             raise GwdetValueError(
                 f"config: {key}={value!r} must be a list of finite numbers, one per channel of the images "
-                f"(INPUT.FORMAT={image_format!r}), e.g. {examples[key]} for BGR images (ImageNet's).")
-    mean, std = values["MODEL.PIXEL_MEAN"], values["MODEL.PIXEL_STD"]
+                f"({format_key}={image_format!r}), e.g. {examples[key]} for BGR images (ImageNet's).")
     if any(item <= 0 for item in std):
         raise GwdetValueError(
-            f"config: MODEL.PIXEL_STD={std!r} holds a value <= 0: the model divides each image channel by its value "
+            f"config: {std_key}={std!r} holds a value <= 0: the model divides each image channel by its value "
             "(0 gives inf and NaN inputs, a negative value flips the channel). Use the standard deviations of the "
             "pixel values, all > 0, e.g. [57.375, 57.12, 58.395] (ImageNet's, in BGR order), or 1.0 per channel "
             "for weights that took them into their first conv (detectron2's MSRA R-50 and R-101).")
@@ -660,20 +671,20 @@ def _check_pixel_normalization(cfg: CfgNode) -> None:
         given = " and ".join(f"{key}={values[key]!r}" for key in wrong)
         lengths = sorted({len(values[key]) for key in wrong})
         formats = [name for name, count in FORMAT_CHANNELS.items() if count == lengths[0]]
-        other_format = (f", or set INPUT.FORMAT to a format of {_count(lengths[0], 'channel')} ({', '.join(formats)})"
+        other_format = (f", or set {format_key} to a format of {_count(lengths[0], 'channel')} ({', '.join(formats)})"
                         if len(mean) == len(std) and formats else "")
         raise GwdetValueError(
             f"config: {given} {'has' if len(wrong) == 1 else 'have'} "
             f"{' and '.join(_count(length, 'value') for length in lengths)}, but images of "
-            f"INPUT.FORMAT={image_format!r} have {_count(channels or 0, 'channel')}: the model normalizes each "
-            "channel with one value of MODEL.PIXEL_MEAN and one of MODEL.PIXEL_STD, and the backbone takes "
-            f"len(MODEL.PIXEL_MEAN) input channels. Give {' and '.join(wrong)} {_count(channels or 0, 'value')}"
+            f"{format_key}={image_format!r} have {_count(channels or 0, 'channel')}: the model normalizes each "
+            f"channel with one value of {mean_key} and one of {std_key}, and the backbone takes "
+            f"len({mean_key}) input channels. Give {' and '.join(wrong)} {_count(channels or 0, 'value')}"
             f"{' each' if len(wrong) > 1 else ''}, one per channel{other_format}.")
     if len(mean) != len(std):
         raise GwdetValueError(
-            f"config: MODEL.PIXEL_MEAN={mean!r} has {_count(len(mean), 'value')} and MODEL.PIXEL_STD={std!r} has "
+            f"config: {mean_key}={mean!r} has {_count(len(mean), 'value')} and {std_key}={std!r} has "
             f"{len(std)}: the model normalizes each image channel with one value of each. Give both one value per "
-            f"channel of the images (INPUT.FORMAT={image_format!r}).")
+            f"channel of the images ({format_key}={image_format!r}).")
 
 
 def check_no_empty_values(cfg: CfgNode) -> None:

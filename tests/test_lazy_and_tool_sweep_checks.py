@@ -47,6 +47,11 @@ def refusal(overrides, eval_only=False) -> str:
     ("train.init_checkpoint=null", "train.init_checkpoint=None: give '' to start from detectron2's initialization"),
     ("dataloader.shapes.image_size=4", "dataloader.shapes.image_size=4: the shapes dataset needs images of at "
                                        f"least {shapes.MIN_IMAGE_SIZE} pixels a side"),
+    # model.pixel_std with a 0 ended in "Training has diverged", a pixel_mean of 2 values in torch's
+    # shape error: the words of the yacs check of MODEL.PIXEL_STD / MODEL.PIXEL_MEAN
+    ("model.pixel_std=[0,1,1]", "config: model.pixel_std=[0, 1, 1] holds a value <= 0"),
+    ("model.pixel_mean=[1,2]", "config: model.pixel_mean=[1, 2] has 2 values, but images of "
+                               "model.input_format='RGB' have 3 channels"),
 ])
 def test_values_every_run_reads_are_refused_for_training_and_evaluation(override, message):
     assert message in refusal([override])

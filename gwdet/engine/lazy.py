@@ -39,7 +39,12 @@ from detectron2.utils.logger import setup_logger
 from gwdet.errors import GwdetValueError
 from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer
 from gwdet.config import CONFIG_KEYS
-from gwdet.config_checks import DETECTRON2_VALUE_RULES, is_finite_number, is_whole_number
+from gwdet.config_checks import (
+    DETECTRON2_VALUE_RULES,
+    check_pixel_normalization,
+    is_finite_number,
+    is_whole_number,
+)
 from gwdet.data.boxes import check_dataset_boxes
 from gwdet.data.coco_registration import (
     CocoDataset,
@@ -97,6 +102,8 @@ EVALUATION_KEYS = ("model", "dataloader.test", "dataloader.evaluator", "train.ou
 # (gwdet.data.shapes.SPEC_CONFIG_KEYS).
 RUN_TWINS = (("train.vis_images", "TEST.VIS_IMAGES"), ("dataloader.test.num_workers", "DATALOADER.NUM_WORKERS"))
 TRAINING_TWINS = (("dataloader.train.num_workers", "DATALOADER.NUM_WORKERS"),)
+# GeneralizedRCNN's arguments that MODEL.PIXEL_MEAN, MODEL.PIXEL_STD and INPUT.FORMAT give in a yacs config
+LAZY_PIXEL_KEYS = ("model.pixel_mean", "model.pixel_std", "model.input_format")
 
 logger = logging.getLogger(__name__)
 
@@ -474,7 +481,8 @@ def check_run_values(cfg: DictConfig) -> None:
     detectron2 or gwdet would fail on later, or take without a word: a ``train.seed`` that is not a
     whole number (detectron2's ``default_setup`` compares it with 0), :data:`RUN_TWINS`
     (``train.vis_images`` below 0, as ``TEST.VIS_IMAGES``), a ``train.init_checkpoint`` of ``None``,
-    the shapes dataset's settings (:func:`check_shapes_specs`)."""
+    the shapes dataset's settings (:func:`check_shapes_specs`), ``model.pixel_mean`` and
+    ``model.pixel_std`` (:func:`gwdet.config_checks.check_pixel_normalization`)."""
     seed = select(cfg, "train.seed")
     if seed is not ABSENT and not is_whole_number(seed):
         raise GwdetValueError(f"train.seed={seed!r}: give a whole number, e.g. train.seed=0 (a negative seed draws a "
@@ -484,6 +492,10 @@ def check_run_values(cfg: DictConfig) -> None:
                               "path of weights (e.g. train.init_checkpoint=output/demo/model_final.pth).")
     check_twins(cfg, RUN_TWINS)
     check_shapes_specs(cfg)
+    mean, std, image_format = (select(cfg, key) for key in LAZY_PIXEL_KEYS)
+    if mean is not ABSENT and std is not ABSENT:
+        mean, std = (OmegaConf.to_container(value) if isinstance(value, ListConfig) else value for value in (mean, std))
+        check_pixel_normalization(mean, std, None if image_format is ABSENT else image_format, LAZY_PIXEL_KEYS)
 
 
 def dataset_names(cfg: DictConfig) -> list[str]:
