@@ -52,6 +52,11 @@ def refusal(overrides, eval_only=False) -> str:
     ("model.pixel_std=[0,1,1]", "config: model.pixel_std=[0, 1, 1] holds a value <= 0"),
     ("model.pixel_mean=[1,2]", "config: model.pixel_mean=[1, 2] has 2 values, but images of "
                                "model.input_format='RGB' have 3 channels"),
+    # a score threshold above 1 kept no detection (AP 0, without a word): the yacs rules' words
+    ("model.roi_heads.box_predictor.test_score_thresh=1.5", "model.roi_heads.box_predictor.test_score_thresh=1.5 is "
+                                                            "no score threshold (scores are in [0, 1])"),
+    ("model.proposal_generator.nms_thresh=2", "model.proposal_generator.nms_thresh=2 is no NMS IoU threshold"),
+    ("model.roi_heads.box_predictor.test_topk_per_image=0", "is no number of detections kept per image"),
 ])
 def test_values_every_run_reads_are_refused_for_training_and_evaluation(override, message):
     assert message in refusal([override])
@@ -71,6 +76,11 @@ def test_values_every_run_reads_are_refused_for_training_and_evaluation(override
                                       "warm-up lasts, a number from 0 (no warm-up) to 1"),
     # l_amp: "[AMPTrainer] CUDA is required for AMP training!"; on the CPU it would not autocast either
     ("train.amp.enabled=True", "train.amp.enabled=True with train.device='cpu'"),
+    ("model.backbone.bottom_up.freeze_at=7", "model.backbone.bottom_up.freeze_at=7 is no number of frozen backbone "
+                                             "stages: give an integer of at least 0 and at most 5"),
+    ("model.roi_heads.positive_fraction=1.5", "is no fraction of foreground regions"),
+    ("lr_multiplier.warmup_method=cosine", "lr_multiplier.warmup_method='cosine' is not one of the values "
+                                           "detectron2's warm-up knows"),
 ])
 def test_training_values_detectron2_asserts_on_are_refused_first(override, message):
     assert message in refusal([override])

@@ -100,8 +100,24 @@ EVALUATION_KEYS = ("model", "dataloader.test", "dataloader.evaluator", "train.ou
 # gwdet.config_checks.DETECTRON2_VALUE_RULES), as (setting, yacs key): those every run reads, and
 # those only training reads. The arguments of each L(ShapesSpec) node are checked the same way
 # (gwdet.data.shapes.SPEC_CONFIG_KEYS).
-RUN_TWINS = (("train.vis_images", "TEST.VIS_IMAGES"), ("dataloader.test.num_workers", "DATALOADER.NUM_WORKERS"))
-TRAINING_TWINS = (("dataloader.train.num_workers", "DATALOADER.NUM_WORKERS"),)
+RUN_TWINS = (
+    ("train.vis_images", "TEST.VIS_IMAGES"), ("dataloader.test.num_workers", "DATALOADER.NUM_WORKERS"),
+    ("model.roi_heads.box_predictor.test_score_thresh", "MODEL.ROI_HEADS.SCORE_THRESH_TEST"),
+    ("model.roi_heads.box_predictor.test_nms_thresh", "MODEL.ROI_HEADS.NMS_THRESH_TEST"),
+    ("model.roi_heads.box_predictor.test_topk_per_image", "TEST.DETECTIONS_PER_IMAGE"),
+    ("model.proposal_generator.nms_thresh", "MODEL.RPN.NMS_THRESH"),
+)
+TRAINING_TWINS = (
+    ("dataloader.train.num_workers", "DATALOADER.NUM_WORKERS"),
+    ("model.backbone.bottom_up.freeze_at", "MODEL.BACKBONE.FREEZE_AT"),
+    ("model.roi_heads.batch_size_per_image", "MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE"),
+    ("model.roi_heads.positive_fraction", "MODEL.ROI_HEADS.POSITIVE_FRACTION"),
+    ("model.proposal_generator.batch_size_per_image", "MODEL.RPN.BATCH_SIZE_PER_IMAGE"),
+    ("model.proposal_generator.positive_fraction", "MODEL.RPN.POSITIVE_FRACTION"),
+    ("optimizer.params.weight_decay_norm", "SOLVER.WEIGHT_DECAY_NORM"),
+    ("lr_multiplier.warmup_factor", "SOLVER.WARMUP_FACTOR"),
+    ("lr_multiplier.warmup_method", "SOLVER.WARMUP_METHOD"),
+)
 # GeneralizedRCNN's arguments that MODEL.PIXEL_MEAN, MODEL.PIXEL_STD and INPUT.FORMAT give in a yacs config
 LAZY_PIXEL_KEYS = ("model.pixel_mean", "model.pixel_std", "model.input_format")
 
@@ -360,7 +376,7 @@ def check_training_values(cfg: DictConfig, world_size: int) -> None:
     ``optimizer.momentum`` outside [0, 1), a ``dataloader.train.total_batch_size`` that the
     ``world_size`` processes cannot share evenly, a ``train.checkpointer.max_to_keep`` below 1, an
     ``lr_multiplier.warmup_length`` outside [0, 1], ``train.amp.enabled`` without CUDA, and
-    :data:`TRAINING_TWINS` (``dataloader.train.num_workers`` below 0, as ``DATALOADER.NUM_WORKERS``)."""
+    :data:`TRAINING_TWINS` (loader workers, frozen stages, sampling, warm-up, as their yacs keys)."""
     for key, least in (("train.max_iter", 1), ("train.log_period", 1), ("train.checkpointer.period", 1),
                        ("train.eval_period", 0)):
         value = select(cfg, key)
@@ -480,7 +496,7 @@ def check_run_values(cfg: DictConfig) -> None:
     """Refuse, before anything is built, values that training and evaluation both read and
     detectron2 or gwdet would fail on later, or take without a word: a ``train.seed`` that is not a
     whole number (detectron2's ``default_setup`` compares it with 0), :data:`RUN_TWINS`
-    (``train.vis_images`` below 0, as ``TEST.VIS_IMAGES``), a ``train.init_checkpoint`` of ``None``,
+    (``train.vis_images`` below 0, a test score or NMS threshold outside [0, 1], ..., as their yacs keys), a ``train.init_checkpoint`` of ``None``,
     the shapes dataset's settings (:func:`check_shapes_specs`), ``model.pixel_mean`` and
     ``model.pixel_std`` (:func:`gwdet.config_checks.check_pixel_normalization`)."""
     seed = select(cfg, "train.seed")
