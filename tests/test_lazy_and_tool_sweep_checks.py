@@ -57,6 +57,11 @@ def refusal(overrides, eval_only=False) -> str:
                                                             "no score threshold (scores are in [0, 1])"),
     ("model.proposal_generator.nms_thresh=2", "model.proposal_generator.nms_thresh=2 is no NMS IoU threshold"),
     ("model.roi_heads.box_predictor.test_topk_per_image=0", "is no number of detections kept per image"),
+    # PIL's "height and width must be > 0" at the first test image
+    ("dataloader.test.mapper.augmentations.0.max_size=-1", "dataloader.test.mapper.augmentations.0.max_size=-1 is "
+                                                           "no longest image side: give an integer of at least 1"),
+    ("dataloader.test.mapper.augmentations.0.short_edge_length=-3", "short_edge_length=-3: give the shorter image "
+                                                                    "side as a whole number >= 0 (0: no resizing)"),
 ])
 def test_values_every_run_reads_are_refused_for_training_and_evaluation(override, message):
     assert message in refusal([override])
@@ -81,10 +86,20 @@ def test_values_every_run_reads_are_refused_for_training_and_evaluation(override
     ("model.roi_heads.positive_fraction=1.5", "is no fraction of foreground regions"),
     ("lr_multiplier.warmup_method=cosine", "lr_multiplier.warmup_method='cosine' is not one of the values "
                                            "detectron2's warm-up knows"),
+    ("dataloader.train.mapper.augmentations.0.max_size=0", "augmentations.0.max_size=0 is no longest image side"),
+    # detectron2's bare assertion: the 'range' style takes the range's two ends
 ])
 def test_training_values_detectron2_asserts_on_are_refused_first(override, message):
     assert message in refusal([override])
     LazyRun.load(str(LAZY_CONFIG), [override]).check_request(eval_only=True, world_size=1)  # evaluation reads none
+
+
+def test_a_training_resize_range_takes_its_two_ends():
+    resize = "dataloader.train.mapper.augmentations.0"
+    assert "(sample_style='range', ResizeShortestEdge's default, takes exactly two: the range's ends)" in refusal(
+        [f"{resize}.short_edge_length=[64,80,96]", f"{resize}.sample_style=range"])  # detectron2's bare assertion
+    LazyRun.load(str(LAZY_CONFIG), [f"{resize}.short_edge_length=[64,96]", f"{resize}.sample_style=range"]
+                 ).check_request(eval_only=False, world_size=1)
 
 
 def test_the_warm_up_refusal_converts_iterations_into_the_fraction():

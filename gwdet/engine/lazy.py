@@ -30,6 +30,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from detectron2.config import CfgNode, LazyConfig, instantiate
 from detectron2.data import build_detection_train_loader
 from detectron2.data.samplers import TrainingSampler
+from detectron2.data.transforms import ResizeShortestEdge
 from detectron2.engine import AMPTrainer, SimpleTrainer, TrainerBase, hooks
 from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.solver import LRMultiplier
@@ -477,6 +478,28 @@ def nodes_calling(node: DictConfig | ListConfig, target: Any, path: str = "") ->
             yield from nodes_calling(child, target, f"{path}.{key}" if path else str(key))
 
 
+def check_resize_nodes(cfg: DictConfig, loader: str) -> None:
+    """Each ``L(ResizeShortestEdge)`` node of the loader at ``loader`` (``dataloader.train`` or
+    ``dataloader.test``) takes sizes detectron2 can resize to: ``short_edge_length`` whole numbers
+    >= 0 (0: no resizing; exactly two with ``sample_style="range"``), ``max_size`` as
+    ``INPUT.MAX_SIZE_TRAIN`` (PIL stops at the first image otherwise, detectron2 with a bare assertion)."""
+    node = select(cfg, loader)
+    if not isinstance(node, DictConfig):
+        return
+    for path, resize in nodes_calling(node, ResizeShortestEdge, loader):
+        sizes = resize.get("short_edge_length")
+        listed = list(sizes) if isinstance(sizes, ListConfig) else [sizes]
+        ranged = resize.get("sample_style", "range") == "range"
+        if sizes is not None and not (all(is_whole_number(size) and size >= 0 for size in listed)
+                                      and (not ranged or not isinstance(sizes, ListConfig) or len(listed) == 2)):
+            raise GwdetValueError(
+                f"{path}.short_edge_length={sizes!r}: give the shorter image side as a whole number >= 0 (0: no "
+                "resizing), or a list of them to choose from, e.g. [640, 672, 704] with sample_style='choice' "
+                "(sample_style='range', ResizeShortestEdge's default, takes exactly two: the range's ends).")
+        if "max_size" in resize:
+            check_twin(f"{path}.max_size", resize.max_size, "INPUT.MAX_SIZE_TRAIN")
+
+
 def check_shapes_specs(cfg: DictConfig) -> None:
     """Each ``L(ShapesSpec)`` node's arguments take the values of their yacs twins
     (``DATASETS.SHAPES.*``), and its ``image_size`` is large enough to hold a shape
@@ -508,6 +531,7 @@ def check_run_values(cfg: DictConfig) -> None:
                               "path of weights (e.g. train.init_checkpoint=output/demo/model_final.pth).")
     check_twins(cfg, RUN_TWINS)
     check_shapes_specs(cfg)
+    check_resize_nodes(cfg, "dataloader.test")
     mean, std, image_format = (select(cfg, key) for key in LAZY_PIXEL_KEYS)
     if mean is not ABSENT and std is not ABSENT:
         mean, std = (OmegaConf.to_container(value) if isinstance(value, ListConfig) else value for value in (mean, std))
@@ -605,6 +629,8 @@ class LazyRun(RunConfig):
             check_keys(self.cfg, TRAINING_KEYS, "training")
             check_training_values(self.cfg, world_size)
         check_run_values(self.cfg)
+        if not eval_only:  # after the shapes dataset's checks: its image size may be the resize's
+            check_resize_nodes(self.cfg, "dataloader.train")
 
     def check_resume(self) -> None:
         check_resume_config(self.cfg, self.output_dir)
