@@ -87,11 +87,24 @@ def test_values_every_run_reads_are_refused_for_training_and_evaluation(override
     ("lr_multiplier.warmup_method=cosine", "lr_multiplier.warmup_method='cosine' is not one of the values "
                                            "detectron2's warm-up knows"),
     ("dataloader.train.mapper.augmentations.0.max_size=0", "augmentations.0.max_size=0 is no longest image side"),
+    # each parameter group's rate: torch checks the optimizer's own lr only, so -1 climbed the loss
+    ("optimizer.params.base_lr=-1", "optimizer.params.base_lr=-1 is no learning rate: it must be a finite number >= 0"),
+    ("optimizer.params.weight_decay=-1", "optimizer.params.weight_decay=-1 is no weight decay"),
+    # fvcore's ValueErrors once the model is built
+    ("lr_multiplier.scheduler.milestones=[950,800]", "lr_multiplier cannot be built: ValueError: Milestone must be "
+                                                     "smaller than start epoch"),
+    ("lr_multiplier.scheduler.milestones=[1200]", "lr_multiplier cannot be built: ValueError: MultiStep scheduler "
+                                                  "requires a list of 2 miletones"),
     # detectron2's bare assertion: the 'range' style takes the range's two ends
 ])
 def test_training_values_detectron2_asserts_on_are_refused_first(override, message):
     assert message in refusal([override])
     LazyRun.load(str(LAZY_CONFIG), [override]).check_request(eval_only=True, world_size=1)  # evaluation reads none
+
+
+def test_optimizer_parameter_values_of_none_take_the_optimizers_own():
+    LazyRun.load(str(LAZY_CONFIG), ["optimizer.params.base_lr=null", "optimizer.params.weight_decay=null"]
+                 ).check_request(eval_only=False, world_size=1)
 
 
 def test_a_training_resize_range_takes_its_two_ends():

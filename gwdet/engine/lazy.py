@@ -118,6 +118,13 @@ TRAINING_TWINS = (
     ("optimizer.params.weight_decay_norm", "SOLVER.WEIGHT_DECAY_NORM"),
     ("lr_multiplier.warmup_factor", "SOLVER.WARMUP_FACTOR"),
     ("lr_multiplier.warmup_method", "SOLVER.WARMUP_METHOD"),
+    ("optimizer.params.bias_lr_factor", "SOLVER.BIAS_LR_FACTOR"),
+)
+# get_default_optimizer_params's arguments whose None means "the optimizer's own value"
+OPTIONAL_TRAINING_TWINS = (
+    ("optimizer.params.base_lr", "SOLVER.BASE_LR"),
+    ("optimizer.params.weight_decay", "SOLVER.WEIGHT_DECAY"),
+    ("optimizer.params.weight_decay_bias", "SOLVER.WEIGHT_DECAY_BIAS"),
 )
 # GeneralizedRCNN's arguments that MODEL.PIXEL_MEAN, MODEL.PIXEL_STD and INPUT.FORMAT give in a yacs config
 LAZY_PIXEL_KEYS = ("model.pixel_mean", "model.pixel_std", "model.input_format")
@@ -376,7 +383,8 @@ def check_training_values(cfg: DictConfig, world_size: int) -> None:
     ``train.eval_period`` below 0, an ``optimizer.lr`` or ``weight_decay`` below 0, an
     ``optimizer.momentum`` outside [0, 1), a ``dataloader.train.total_batch_size`` that the
     ``world_size`` processes cannot share evenly, a ``train.checkpointer.max_to_keep`` below 1, an
-    ``lr_multiplier.warmup_length`` outside [0, 1], ``train.amp.enabled`` without CUDA, and
+    ``lr_multiplier.warmup_length`` outside [0, 1], an ``lr_multiplier`` that cannot be built,
+    ``train.amp.enabled`` without CUDA, and
     :data:`TRAINING_TWINS` (loader workers, frozen stages, sampling, warm-up, as their yacs keys)."""
     for key, least in (("train.max_iter", 1), ("train.log_period", 1), ("train.checkpointer.period", 1),
                        ("train.eval_period", 0)):
@@ -409,6 +417,8 @@ def check_training_values(cfg: DictConfig, world_size: int) -> None:
     check_mixed_precision(enabled is not ABSENT and enabled, select(cfg, "train.device"), "train.amp.enabled",
                           "train.device", "train.amp.enabled=False", "train.device=cuda")
     check_twins(cfg, TRAINING_TWINS)
+    check_twins(cfg, OPTIONAL_TRAINING_TWINS, none_allowed=True)
+    _check_lr_schedule(cfg)  # after its values' own checks, which name the value
 
 
 def _check_checkpoints_kept(cfg: DictConfig) -> None:
@@ -439,6 +449,21 @@ def _check_warmup_length(cfg: DictConfig) -> None:
         "with 'where in ParamScheduler must be in [0, 1]' at the first iteration).")
 
 
+def _check_lr_schedule(cfg: DictConfig) -> None:
+    """``lr_multiplier`` builds (it holds values only: fvcore's schedulers check their milestones,
+    values and length when constructed, which detectron2 does after building the model)."""
+    node = select(cfg, "lr_multiplier")
+    if not isinstance(node, DictConfig):
+        return
+    try:
+        instantiate(node)
+    except Exception as error:  # fvcore's ValueErrors, an unknown argument's TypeError
+        raise GwdetValueError(
+            f"lr_multiplier cannot be built: {type(error).__name__}: {error}. Fix the lr_multiplier values the message "
+            "names (a multi-step schedule takes increasing milestones below its num_updates and one value more than "
+            "milestones, e.g. lr_multiplier.scheduler.milestones=[800,950] with values=[1,0.1,0.01]).") from None
+
+
 def check_twin(key: str, value: Any, twin: str) -> None:
     """Raise ``ValueError`` naming the LazyConfig setting ``key`` for a ``value`` that gwdet's check
     of its yacs twin ``twin`` refuses, in that check's words: a key of :data:`gwdet.config.CONFIG_KEYS`,
@@ -456,11 +481,12 @@ def check_twin(key: str, value: Any, twin: str) -> None:
         raise GwdetValueError(f"{key}={value!r} {problem}")
 
 
-def check_twins(cfg: DictConfig, twins: Sequence[tuple[str, str]]) -> None:
-    """:func:`check_twin` for each ``(setting, yacs key)`` of ``twins`` that ``cfg`` holds."""
+def check_twins(cfg: DictConfig, twins: Sequence[tuple[str, str]], none_allowed: bool = False) -> None:
+    """:func:`check_twin` for each ``(setting, yacs key)`` of ``twins`` that ``cfg`` holds (and
+    that is not None, with ``none_allowed``)."""
     for key, twin in twins:
         value = select(cfg, key)
-        if value is not ABSENT:
+        if value is not ABSENT and not (none_allowed and value is None):
             check_twin(key, value, twin)
 
 
