@@ -62,6 +62,12 @@ def refusal(overrides, eval_only=False) -> str:
                                                            "no longest image side: give an integer of at least 1"),
     ("dataloader.test.mapper.augmentations.0.short_edge_length=-3", "short_edge_length=-3: give the shorter image "
                                                                     "side as a whole number >= 0 (0: no resizing)"),
+    # torch's "batch_size should be a positive integer value" at evaluation, after training
+    ("dataloader.test.batch_size=0", "dataloader.test.batch_size=0: give a whole number of images of at least 1"),
+    ("dataloader.evaluator.output_dir=/dev/null/inference", "dataloader.evaluator.output_dir /dev/null/inference: "
+                                                            "/dev/null is a file, so no folder can be created below it"),
+    # the model read images in one format while gwdet's weight checks read another
+    ("model.input_format=BGR", "mapper.image_format='RGB', but model.input_format='BGR'"),
 ])
 def test_values_every_run_reads_are_refused_for_training_and_evaluation(override, message):
     assert message in refusal([override])
@@ -87,6 +93,9 @@ def test_values_every_run_reads_are_refused_for_training_and_evaluation(override
     ("lr_multiplier.warmup_method=cosine", "lr_multiplier.warmup_method='cosine' is not one of the values "
                                            "detectron2's warm-up knows"),
     ("dataloader.train.mapper.augmentations.0.max_size=0", "augmentations.0.max_size=0 is no longest image side"),
+    # "Cannot find field 'gt_masks' in the given Instances!" at the first iteration
+    ("dataloader.train.mapper.use_instance_mask=False", "dataloader.train.mapper.use_instance_mask=False, but the "
+                                                        "model has a mask head"),
     # each parameter group's rate: torch checks the optimizer's own lr only, so -1 climbed the loss
     ("optimizer.params.base_lr=-1", "optimizer.params.base_lr=-1 is no learning rate: it must be a finite number >= 0"),
     ("optimizer.params.weight_decay=-1", "optimizer.params.weight_decay=-1 is no weight decay"),

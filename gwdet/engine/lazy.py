@@ -78,6 +78,7 @@ from gwdet.engine.output_dir import (
     differing_values,
 )
 from gwdet.engine.run import RunConfig
+from gwdet.utils.cli_errors import output_path_problem
 from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.engine.training import (
     InnerTrainerState,
@@ -504,6 +505,39 @@ def nodes_calling(node: DictConfig | ListConfig, target: Any, path: str = "") ->
             yield from nodes_calling(child, target, f"{path}.{key}" if path else str(key))
 
 
+def check_loader_values(cfg: DictConfig, training: bool) -> None:
+    """Refuse loader settings the model would read in another way than the config says, or that
+    fail only once the loop runs: a ``dataloader.test.batch_size`` below 1; a
+    ``dataloader.evaluator.output_dir`` below a file; a loader's ``mapper.image_format`` other than
+    ``model.input_format`` (gwdet's check of converted weights reads the model's, the model gets the
+    loader's; one ``INPUT.FORMAT`` in a yacs config); and, when ``training``, a training mapper
+    without instance masks (``use_instance_mask=False``) for a model with a mask head."""
+    batch = select(cfg, "dataloader.test.batch_size")
+    if batch is not ABSENT and not (is_whole_number(batch) and batch >= 1):
+        raise GwdetValueError(f"dataloader.test.batch_size={batch!r}: give a whole number of images of at least 1, "
+                              "e.g. dataloader.test.batch_size=1 (torch's DataLoader would refuse it at evaluation).")
+    folder = select(cfg, "dataloader.evaluator.output_dir")
+    problem = output_path_problem("dataloader.evaluator.output_dir", folder, folder=True) if isinstance(folder, str) \
+        and folder else None
+    if problem is not None:
+        raise GwdetValueError(problem)
+    model_format = select(cfg, "model.input_format")
+    for loader in ("dataloader.train", "dataloader.test") if training else ("dataloader.test",):
+        image_format = select(cfg, f"{loader}.mapper.image_format")
+        if ABSENT not in (model_format, image_format) and image_format != model_format:
+            raise GwdetValueError(
+                f"{loader}.mapper.image_format={image_format!r}, but model.input_format={model_format!r}: the model "
+                f"gets images in the loader's format, while its input format says {model_format!r} (and gwdet's check "
+                "of converted weights reads it). Give both the same format, as INPUT.FORMAT does in a yacs config.")
+    if training and isinstance(select(cfg, "model.roi_heads.mask_head"), DictConfig) \
+            and select(cfg, "dataloader.train.mapper.use_instance_mask") is False:
+        raise GwdetValueError(
+            "dataloader.train.mapper.use_instance_mask=False, but the model has a mask head "
+            "(model.roi_heads.mask_head), whose loss needs the instance masks: training would stop at the first "
+            "iteration with \"Cannot find field 'gt_masks'\". Set dataloader.train.mapper.use_instance_mask=True, or "
+            "train a model without a mask head.")
+
+
 def check_resize_nodes(cfg: DictConfig, loader: str) -> None:
     """Each ``L(ResizeShortestEdge)`` node of the loader at ``loader`` (``dataloader.train`` or
     ``dataloader.test``) takes sizes detectron2 can resize to: ``short_edge_length`` whole numbers
@@ -655,6 +689,7 @@ class LazyRun(RunConfig):
             check_keys(self.cfg, TRAINING_KEYS, "training")
             check_training_values(self.cfg, world_size)
         check_run_values(self.cfg)
+        check_loader_values(self.cfg, training=not eval_only)
         if not eval_only:  # after the shapes dataset's checks: its image size may be the resize's
             check_resize_nodes(self.cfg, "dataloader.train")
 
