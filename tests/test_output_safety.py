@@ -47,6 +47,20 @@ def test_overwrite_deletes_the_earlier_run_first(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"], "only the run's own files go"
 
 
+@pytest.mark.parametrize("weights", ["model_final.pth", "eval/model_final/model_final.pth", "link.pth"])
+def test_overwrite_never_deletes_the_weights_the_new_run_starts_from(tmp_path, weights):
+    (tmp_path / "model_final.pth").write_bytes(b"trained")
+    (tmp_path / "eval" / "model_final").mkdir(parents=True)
+    (tmp_path / "eval" / "model_final" / "model_final.pth").write_bytes(b"kept apart")
+    (tmp_path / "link.pth").symlink_to(tmp_path / "model_final.pth")  # a user's link to the run's file
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(FileExistsError, match=r"--overwrite would delete train.init_checkpoint .*, a file of the "
+                                              r"earlier run in train.output_dir .*; nothing was changed. Copy the "
+                                              r"weights out of that folder"):
+        check_fresh_start(str(tmp_path), True, "train.output_dir", str(tmp_path / weights), "train.init_checkpoint")
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
 def test_eval_only_without_weights_is_an_error():
     with pytest.raises(ValueError, match="--eval-only needs trained weights.*MODEL.WEIGHTS"):
         check_output_request(tiny_run_args("unused", "--eval-only"), YacsRun(build_config(str(DEMO_CONFIG), TINY_OPTS)))
@@ -425,8 +439,9 @@ def test_resume_refuses_a_config_yaml_that_differs_from_its_recorded_sha256(fini
                                          r"checked \(its SHA-256 differs from the one recorded in config.yaml.sha256 "
                                          r"when it was written\)\. Restore that file, or train afresh .*--overwrite"):
         check_resume_config(cfg, str(run))
-    (run / "config.yaml.sha256").unlink()
-    check_resume_config(cfg, str(run))  # what a run of an older gwdet (no record) gets
+    (run / "config.yaml.sha256").unlink()  # a run of an older gwdet (no record): no MODEL section is damage too
+    with pytest.raises(ValueError, match=r"config.yaml is damaged, .*\(ValueError: it holds no MODEL section\)"):
+        check_resume_config(cfg, str(run))
 
 
 def test_resume_removes_damaged_metrics_lines_and_names_them(tmp_path, caplog):

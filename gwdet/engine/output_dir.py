@@ -128,10 +128,12 @@ def checkpoints_in(output_dir: str) -> list[str]:
     return [name for name in run_files(output_dir) if is_checkpoint_name(name, tagged)]
 
 
-def check_fresh_start(output_dir: str, overwrite: bool) -> None:
-    """Raise ``FileExistsError`` when ``output_dir`` holds another run; with ``overwrite``, delete
-    that run's files (:func:`run_files`) instead, keep every other file, and say which were deleted
-    and which kept."""
+def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_DIR", weights: str = "",
+                      weights_setting: str = "MODEL.WEIGHTS") -> None:
+    """Raise ``FileExistsError`` when ``output_dir`` (the config's ``setting``) holds another run;
+    with ``overwrite``, delete that run's files (:func:`run_files`) instead, keep every other file,
+    and say which were deleted and which kept. The initial ``weights`` (``weights_setting``) are
+    never among them: an overwrite that would delete them is refused before anything is deleted."""
     if not holds_run(output_dir):
         return
     existing = run_files(output_dir)
@@ -139,14 +141,21 @@ def check_fresh_start(output_dir: str, overwrite: bool) -> None:
         shown = ", ".join(existing[:6]) + (", ..." if len(existing) > 6 else "")
         if not checkpoints_in(output_dir):  # an evaluation's results: --resume would start afresh over them
             raise GwdetFileExistsError(
-                f"OUTPUT_DIR {output_dir!r} already holds the results of an evaluation ({shown}), no checkpoint to "
-                "continue; nothing was changed. Write to another OUTPUT_DIR, or pass --overwrite to delete those "
+                f"{setting} {output_dir!r} already holds the results of an evaluation ({shown}), no checkpoint to "
+                f"continue; nothing was changed. Write to another {setting}, or pass --overwrite to delete those "
                 "results and train here.")
         raise GwdetFileExistsError(
-            f"OUTPUT_DIR {output_dir!r} already holds a run ({shown}); nothing was changed. Continue "
-            "it with --resume, write to another OUTPUT_DIR, or pass --overwrite to delete that run "
+            f"{setting} {output_dir!r} already holds a run ({shown}); nothing was changed. Continue "
+            f"it with --resume, write to another {setting}, or pass --overwrite to delete that run "
             "and start again."
         )
+    deleted = [os.path.realpath(os.path.join(output_dir, name)) for name in existing]
+    source = os.path.realpath(os.path.expanduser(weights)) if weights and "://" not in weights else None
+    if source is not None and any(source == path or source.startswith(path + os.sep) for path in deleted):
+        raise GwdetFileExistsError(
+            f"--overwrite would delete {weights_setting} {weights}, a file of the earlier run in {setting} "
+            f"{output_dir!r}, before training starts from it; nothing was changed. Copy the weights out of that "
+            f"folder and set {weights_setting} to the copy, or train into another {setting}.")
     for name in existing:
         path = os.path.join(output_dir, name)
         shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)

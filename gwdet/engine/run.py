@@ -212,7 +212,8 @@ def check_output_request(args: argparse.Namespace, run: RunConfig) -> None:
         check_resume_source(run.output_dir, run.weights_setting)
         run.check_resume()
     else:
-        check_fresh_start(run.output_dir, getattr(args, "overwrite", False))
+        check_fresh_start(run.output_dir, getattr(args, "overwrite", False), output_setting, run.weights,
+                          run.weights_setting)
 
 
 def evaluation_request(run: RunConfig, args: argparse.Namespace) -> tuple[RunConfig, argparse.Namespace]:
