@@ -93,6 +93,20 @@ def test_on_the_meta_device_the_output_has_the_input_s_shape(name):
         assert out.device.type == "meta" and out.shape == (6, CHANNELS, 3, 4)
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_a_layer_built_on_the_meta_device_then_reset_is_the_freshly_built_one(name):
+    # torch's meta-device initialization: build without memory, to_empty(), then reset_parameters()
+    fresh = get_norm(norm(name, **TEST_PARAMS[name]), CHANNELS)
+    with torch.device("meta"):
+        layer = get_norm(norm(name, **TEST_PARAMS[name]), CHANNELS)
+    layer = layer.to_empty(device="cpu")
+    layer.reset_parameters()
+    expected, built = fresh.state_dict(), layer.state_dict()
+    assert built.keys() == expected.keys()
+    for key, value in expected.items():
+        assert torch.equal(built[key], value), key
+
+
 @pytest.mark.parametrize(
     "name,training",
     [(name, True) for name in NAMES] + [(name, False) for name in WITH_BATCH_STATISTICS],

@@ -53,7 +53,7 @@ from torch import Tensor
 
 from .common import (
     check_hyper_parameters, check_input, largest_divisor_at_most, largest_magnitude,
-    magnitude_scales, per_channel_affine, product, register_affine, reshape_with_samples, scaled_ridge,
+    magnitude_scales, per_channel_affine, product, register_affine, reset_affine, reshape_with_samples, scaled_ridge,
     statistics_dtype,
 )
 from .settings_state import SettingsInState
@@ -236,6 +236,18 @@ class BatchGroupNorm(SettingsInState):
         register_affine(self, self.num_channels, affine)
         self.register_buffer("running_mean", torch.zeros(self.num_channels))
         self.register_buffer("running_var", torch.ones(self.num_channels))
+
+    def reset_running_stats(self) -> None:
+        """The running mean and variance back to zeros and ones."""
+        with torch.no_grad():
+            self.running_mean.zero_()
+            self.running_var.fill_(1.0)
+
+    def reset_parameters(self) -> None:
+        """Every parameter and buffer back to its initial value (as torch's batch norm does:
+        ``module.to_empty(device=...)`` after a build on the meta device needs it)."""
+        self.reset_running_stats()
+        reset_affine(self)
 
     def forward(self, x: Tensor) -> Tensor:
         self.validate_input(x)

@@ -40,7 +40,7 @@ from torch import Tensor
 from .common import (
     autocast_disabled, check_hyper_parameters, check_input, check_values_per_group,
     largest_divisor_at_most, largest_magnitude, magnitude_scales, per_channel_affine,
-    refuse_differentiating_transforms, register_affine, reshape_with_samples, scaled_ridge, statistics_dtype,
+    refuse_differentiating_transforms, register_affine, reset_affine, reshape_with_samples, scaled_ridge, statistics_dtype,
 )
 from .itn_whitening_op import CPU_PLAN_ADVICE, itn_whitening_op
 from .plans import plan_name
@@ -193,6 +193,18 @@ class BatchWhitening(SettingsInState):
         self.register_buffer("running_mean", torch.zeros(self.num_channels))
         identity = torch.eye(self.effective_group_size)
         self.register_buffer("running_whitening", identity.repeat(self.num_groups, 1, 1))
+
+    def reset_running_stats(self) -> None:
+        """The running mean back to zeros and the running whitening matrices to identities."""
+        with torch.no_grad():
+            self.running_mean.zero_()
+            self.running_whitening.copy_(torch.eye(self.effective_group_size).expand_as(self.running_whitening))
+
+    def reset_parameters(self) -> None:
+        """Every parameter and buffer back to its initial value (as torch's batch norm does:
+        ``module.to_empty(device=...)`` after a build on the meta device needs it)."""
+        self.reset_running_stats()
+        reset_affine(self)
 
     def forward(self, x: Tensor) -> Tensor:
         self.validate_input(x)

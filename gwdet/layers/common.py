@@ -288,6 +288,15 @@ def register_affine(module: torch.nn.Module, num_channels: int, affine: bool) ->
         module.register_parameter("bias", None)
 
 
+def reset_affine(module: torch.nn.Module) -> None:
+    """Set the ``weight`` and ``bias`` of :func:`register_affine` back to ones and zeros (nothing
+    without them)."""
+    weight, bias = module.weight, module.bias
+    if isinstance(weight, Tensor) and isinstance(bias, Tensor):
+        torch.nn.init.ones_(weight)
+        torch.nn.init.zeros_(bias)
+
+
 def reshape_with_samples(t: Tensor, sizes: List[int], sample_dim: int = 0) -> Tensor:
     """``t.reshape(sizes)`` where ``sizes[sample_dim]`` is a sample count that may be 0 when a
     recorded graph runs (no ROI in a head); every other size must be nonzero.

@@ -46,7 +46,7 @@ from torch import Tensor
 from .common import (
     autocast_disabled, check_hyper_parameters, check_input, check_values_per_group,
     largest_divisor_at_most, largest_magnitude, magnitude_scales, per_channel_affine, product,
-    register_affine, reshape_with_samples, scaled_ridge, statistics_dtype,
+    register_affine, reset_affine, reshape_with_samples, scaled_ridge, statistics_dtype,
 )
 from .group_whitening_function import fused_group_whitening
 from .precision import float32_matmul
@@ -223,6 +223,11 @@ class GroupWhitening(SettingsInState):
         self.method = method
         self.affine = affine
         register_affine(self, self.num_channels, affine)
+
+    def reset_parameters(self) -> None:
+        """The affine weight and bias back to their initial ones and zeros (as torch's norm layers
+        do: ``module.to_empty(device=...)`` after a build on the meta device needs it)."""
+        reset_affine(self)
 
     def forward(self, x: Tensor) -> Tensor:
         self.validate_input(x)
