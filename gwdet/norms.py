@@ -378,13 +378,18 @@ class Norm:
         return f"Norm({self.name!r}{args}{', strict=True' if self.strict else ''})"
 
 
-def norm(name: str, strict: bool = False, **params: Any) -> Norm:
+def norm(name: str, *positional: Any, strict: bool = False, **params: Any) -> Norm:
     """The norm ``name`` with hyper-parameters ``params`` (the rest: gwdet's config defaults);
-    ``strict=True`` refuses a group number a layer's channels cannot use.
+    ``strict=True`` refuses a group number a layer's channels cannot use. Everything but the name
+    is given by keyword: ``gwdet.norm("GW", 8)`` is refused (8 groups? 8 channels?).
 
     The documented entry point for Python and LazyConfig users (``L(gwdet.norm)(name="GW",
     num_groups=16)``); see :class:`Norm`.
     """
+    if positional:
+        raise GwdetTypeError(
+            f"gwdet.norm({name!r}, {', '.join(map(repr, positional))}): give the norm's settings by keyword, e.g. "
+            f"gwdet.norm({name!r}, num_groups=...); the layer's channels are given when detectron2 builds it.")
     return Norm(name, strict, **params)
 
 

@@ -353,6 +353,9 @@ def test_norm_arguments_of_the_wrong_type_are_named_with_their_repr():
         norm("GW", eps=1e300)
     with pytest.raises(ValueError, match=r"gwdet.norm\('GW'\): strict must be True or False, got 'no' \(str\)"):
         norm("GW", strict="no")
+    with pytest.raises(TypeError, match=r"gwdet.norm\('GW', 8\): give the norm's settings by keyword, e.g. "
+                                        r"gwdet.norm\('GW', num_groups=...\)"):
+        norm("GW", 8)  # was taken as strict=8
     # the config keys go through the same checks
     from gwdet.config import check_config_values
 
