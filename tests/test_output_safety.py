@@ -3,6 +3,7 @@
 One tiny training run (module fixture) is reused by the checks on its OUTPUT_DIR; each check that
 must fail is asserted to fail before anything of that run changed.
 """
+import logging
 import os
 import hashlib
 import re
@@ -14,7 +15,7 @@ import pytest
 import torch
 import torchvision
 
-from gwdet.checkpoint.resilient import ResilientCheckpointer
+from gwdet.checkpoint.resilient import CLASSES_KEY, ResilientCheckpointer
 from gwdet.engine.arguments import parse_args
 from gwdet.engine.run import check_output_request, main
 from gwdet.engine.trainer import Trainer, YacsRun
@@ -558,3 +559,35 @@ def test_an_exclusive_write_keeps_the_file_another_process_wrote_meanwhile_and_l
     assert os.listdir(tmp_path) == ["weights.pkl"]
     write_atomically(str(path), lambda file: file.write(b"replaced"))  # without exclusive: replaced, as before
     assert path.read_bytes() == b"replaced"
+
+
+def test_an_evaluation_refuses_test_data_with_the_training_classes_in_another_order(finished_run):
+    from detectron2.data import MetadataCatalog
+
+    trained = torch.load(finished_run / "model_final.pth", weights_only=True)[CLASSES_KEY]
+    assert trained == list(MetadataCatalog.get("shapes_train").thing_classes)  # recorded as the run trained
+    swapped, other = "shapes_val_swapped_ids", "shapes_val_other_names"
+    MetadataCatalog.get(swapped).thing_classes = trained[::-1]  # a test json giving the names other ids
+    MetadataCatalog.get(other).thing_classes = [f"x{i}" for i in range(len(trained))]
+    weights = str(finished_run / "model_final.pth")
+
+    def evaluation(test_set):
+        cfg = build_config(str(DEMO_CONFIG), TINY_OPTS + ["MODEL.WEIGHTS", weights, "DATASETS.TEST", f"('{test_set}',)"])
+        run = YacsRun(cfg)
+        return run.load_weights(run.build_model())
+
+    with pytest.raises(ValueError, match=rf"was trained on the classes \[.*\] \(the order of its outputs\), but "
+                                         rf"dataset '{swapped}' has them in the order .*: each prediction would be "
+                                         r"scored as another class"):
+        evaluation(swapped)
+    logged: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: logged.append(record.getMessage())
+    logger = logging.getLogger("gwdet.data.datasets")  # detectron2's logger set-up may stop propagation
+    logger.addHandler(handler)
+    try:
+        evaluation(other)  # another dataset's names: evaluated, and said
+    finally:
+        logger.removeHandler(handler)
+    assert any(f"dataset '{other}' has ['x0'" in message for message in logged)
+    evaluation("shapes_val")

@@ -37,7 +37,7 @@ import os
 import pickle
 import random
 import re
-from typing import IO, Any, cast
+from typing import IO, Any, Sequence, cast
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
@@ -163,6 +163,10 @@ def lost_checkpoint_error(save_dir: str, weights_setting: str = "MODEL.WEIGHTS")
         "run's files).")
 
 
+# The class names a checkpoint's model was trained on, in the order of its outputs.
+CLASSES_KEY = "gwdet_classes"
+
+
 class ResilientCheckpointer(DetectionCheckpointer):
     """``DetectionCheckpointer`` with atomic saves, fallback on unreadable files, safe loading,
     and a refusal to load weights trained with other norm layers.
@@ -170,13 +174,16 @@ class ResilientCheckpointer(DetectionCheckpointer):
     ``require_every_weight=True`` (evaluation) makes a checkpoint that leaves any model weight
     missing or of another shape an error instead of a logged warning. ``weights_setting`` is how
     messages name the setting the initial weights come from (``train.init_checkpoint`` for a LazyConfig).
+    ``classes``: the class names of the training data, in the order of the model's outputs, saved
+    under :data:`CLASSES_KEY` (what an evaluation checks its test data against).
     """
 
     def __init__(self, *args: Any, require_every_weight: bool = False, weights_setting: str = "MODEL.WEIGHTS",
-                 **kwargs: Any) -> None:
+                 classes: Sequence[str] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.require_every_weight = require_every_weight
         self.weights_setting = weights_setting
+        self.classes = list(classes) if classes else None
         self._loading_initial_weights = False  # set by load_weights: training state removed from the file is no loss
 
     def save(self, name: str, **extra: Any) -> None:
@@ -184,6 +191,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
             return
         data = {"model": self.model.state_dict(), NORM_TYPES_KEY: norm_types(self.model),
                 NORM_SETTINGS_KEY: norm_settings(self.model)}
+        if self.classes:
+            data[CLASSES_KEY] = self.classes
         data.update({key: obj.state_dict() for key, obj in self.checkpointables.items()})
         data.update(extra)
         data = with_checksums(data)

@@ -9,8 +9,9 @@ Your own COCO-format datasets come from ``--register-coco NAME=JSON:IMAGE_ROOT``
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
-from typing import Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from detectron2.config import CfgNode
 from detectron2.data import DatasetCatalog, MetadataCatalog
@@ -33,6 +34,7 @@ COCO_LAYOUT_HINT = (
     "To run without COCO, use the embedded dataset: DATASETS.TRAIN ('shapes_train',) "
     "DATASETS.TEST ('shapes_val',) (or 'shapes_test', its held-out split)."
 )
+logger = logging.getLogger(__name__)
 
 
 def config_dataset_names(cfg: CfgNode) -> list[str]:
@@ -125,3 +127,33 @@ def named_empty_training_set(datasets: str, keep_empty: str) -> Iterator[None]:
                  "check that the json's 'annotations' list is there and refers to its 'images' ids")
         raise GwdetValueError(f"None of the images of {datasets} has an annotation to train on: {cause} (or set "
                               f"{keep_empty} to train on empty images).") from err
+
+
+def dataset_classes(names: Sequence[str]) -> list[str] | None:
+    """The class names (``thing_classes``) of the first of the datasets ``names`` whose metadata has
+    them (detectron2 trains only on datasets with the same class names), or None."""
+    for name in names:
+        classes = MetadataCatalog.get(name).get("thing_classes", None)
+        if classes:
+            return list(classes)
+    return None
+
+
+def check_evaluated_classes(trained: Any, datasets: Sequence[str], weights: str) -> None:
+    """Refuse evaluating ``weights``, trained on the class names ``trained`` (the model's outputs in
+    order, as the checkpoint records them; nothing is checked without a record), on a dataset whose
+    categories are the same names in another order: each prediction would be scored as another
+    class. A dataset of other names is only logged (a model evaluated on another dataset)."""
+    if not isinstance(trained, list) or not all(isinstance(name, str) for name in trained):
+        return
+    for name in datasets:
+        classes = MetadataCatalog.get(name).get("thing_classes", None)
+        if not classes or list(classes) == trained:
+            continue
+        if sorted(classes) == sorted(trained):
+            raise GwdetValueError(
+                f"{weights} was trained on the classes {trained} (the order of its outputs), but dataset {name!r} "
+                f"has them in the order {list(classes)} (by category id): each prediction would be scored as another "
+                "class. Give the test json the category ids of the training json (the same id for each name).")
+        logger.warning(f"{weights} was trained on the classes {trained}, dataset {name!r} has {list(classes)}: "
+                       "the evaluation scores the model's outputs, in order, as that dataset's classes.")

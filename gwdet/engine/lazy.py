@@ -54,7 +54,7 @@ from gwdet.data.coco_registration import (
     register_coco_datasets,
     registered_coco_dataset,
 )
-from gwdet.data.datasets import named_empty_training_set
+from gwdet.data.datasets import dataset_classes, named_empty_training_set
 from gwdet.data.resumable import resumable_train_loader
 from gwdet.data.shapes import SPEC_CONFIG_KEYS, ShapesSpec, check_image_size
 from gwdet.model_zoo.lazy_loading import (
@@ -239,7 +239,7 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
         self.scheduler = LRMultiplier(optimizer, multiplier=instantiate(cfg.lr_multiplier), max_iter=cfg.train.max_iter)
         self.checkpointer = ResilientCheckpointer(
             model, cfg.train.output_dir, random_state=RandomState(), trainer=weakref.proxy(self),
-            weights_setting=WEIGHTS_SETTING,
+            weights_setting=WEIGHTS_SETTING, classes=dataset_classes(_names_at(cfg, "dataloader.train.dataset.names")),
         )
         self.start_iter = 0
         self.max_iter = cfg.train.max_iter
@@ -710,11 +710,6 @@ class LazyRun(RunConfig):
 
     def build_model(self) -> torch.nn.Module:
         return build_model(self.cfg)
-
-    def load_weights(self, model: torch.nn.Module) -> torch.nn.Module:
-        ResilientCheckpointer(model, save_dir=self.output_dir, require_every_weight=True,
-                              weights_setting=WEIGHTS_SETTING).load_weights(self.weights)
-        return model
 
     def build_trainer(self) -> LazyTrainer:
         return LazyTrainer(self.cfg)

@@ -43,7 +43,9 @@ from detectron2.engine import default_setup
 from detectron2.utils import comm
 from detectron2.utils.logger import setup_logger
 
+from gwdet.checkpoint.resilient import CLASSES_KEY, ResilientCheckpointer
 from gwdet.data.coco_registration import CocoDataset, DatasetError
+from gwdet.data.datasets import check_evaluated_classes
 from gwdet.errors import GwdetValueError
 from gwdet.layers.plans import describe_plans
 from gwdet.model_zoo.lazy_loading import is_lazy_config
@@ -125,9 +127,15 @@ class RunConfig(ABC):
     def build_model(self) -> torch.nn.Module:
         """The config's model, checked (:func:`gwdet.check_model`), on the config's device."""
 
-    @abstractmethod
     def load_weights(self, model: torch.nn.Module) -> torch.nn.Module:
-        """``model`` with the initial weights loaded, every weight of the model required."""
+        """``model`` with the initial weights loaded, every weight of the model required; weights
+        whose checkpoint records the class names they were trained on are refused for test data
+        with those names in another order (:func:`gwdet.data.datasets.check_evaluated_classes`)."""
+        checkpointer = ResilientCheckpointer(model, save_dir=self.output_dir, require_every_weight=True,
+                                             weights_setting=self.weights_setting)
+        loaded = checkpointer.load_weights(self.weights)
+        check_evaluated_classes(loaded.get(CLASSES_KEY), self.test_datasets(), self.weights)
+        return model
 
     @abstractmethod
     def build_trainer(self) -> Any:

@@ -31,7 +31,7 @@ from gwdet.config import config_value
 from gwdet.config_checks import BOX_HEAD, MASK_HEAD, builds_part, ensure_checked
 from gwdet.data import prepare_datasets, register_datasets
 from gwdet.data.coco_registration import CocoDataset
-from gwdet.data.datasets import config_dataset_names, named_empty_training_set
+from gwdet.data.datasets import config_dataset_names, dataset_classes, named_empty_training_set
 from gwdet.data.resumable import build_resumable_train_loader
 from gwdet.model_zoo.loading import build_config
 from gwdet.modeling import check_model
@@ -87,7 +87,7 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
         self._trainer = (AMPTrainer if cfg.SOLVER.AMP.ENABLED else SimpleTrainer)(model, data_loader, optimizer)
         self.scheduler = self.build_lr_scheduler(cfg, optimizer)
         self.checkpointer = ResilientCheckpointer(model, cfg.OUTPUT_DIR, random_state=RandomState(),
-                                                  trainer=weakref.proxy(self))
+                                                  trainer=weakref.proxy(self), classes=dataset_classes(cfg.DATASETS.TRAIN))
         self.start_iter, self.max_iter, self.cfg = 0, cfg.SOLVER.MAX_ITER, cfg
         self.register_hooks(self.build_hooks())
 
@@ -124,7 +124,8 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
         stops) after the LR scheduler and the periodic checkpointer, before evaluation and the writers."""
         if not isinstance(self.checkpointer, ResilientCheckpointer):
             self.checkpointer = ResilientCheckpointer(
-                self._trainer.model, self.cfg.OUTPUT_DIR, random_state=RandomState(), trainer=weakref.proxy(self))
+                self._trainer.model, self.cfg.OUTPUT_DIR, random_state=RandomState(), trainer=weakref.proxy(self),
+                classes=dataset_classes(self.cfg.DATASETS.TRAIN))
         return with_signal_checkpoints(super().build_hooks())
 
     def build_writers(self) -> list:
@@ -286,11 +287,6 @@ class YacsRun(RunConfig):
 
     def build_model(self) -> torch.nn.Module:
         return self.trainer_class.build_model(self.cfg)
-
-    def load_weights(self, model: torch.nn.Module) -> torch.nn.Module:
-        ResilientCheckpointer(model, save_dir=self.cfg.OUTPUT_DIR, require_every_weight=True).load_weights(
-            self.cfg.MODEL.WEIGHTS)
-        return model
 
     def build_trainer(self) -> Trainer:
         return self.trainer_class(self.cfg)
