@@ -351,6 +351,16 @@ def _base_lr(cfg: CfgNode, lr: Any) -> str | None:
             "positive rate, e.g. 0.02 for a batch of 16 images (detectron2's; scale it with SOLVER.IMS_PER_BATCH).")
 
 
+SEED_LIMIT = 2 ** 32  # numpy's seeds are below it (detectron2 seeds numpy, torch and random with it)
+
+
+def _seed(cfg: CfgNode, seed: Any) -> str | None:
+    if is_whole_number(seed) and seed < SEED_LIMIT:
+        return None
+    return (f"is no seed: give a whole number below 2**32 = {SEED_LIMIT} (numpy's limit), or a negative one for a "
+            "random seed, e.g. 0.")
+
+
 def _num_workers(cfg: CfgNode, workers: Any) -> str | None:
     if is_whole_number(workers) and workers >= 0:
         return None
@@ -577,6 +587,7 @@ DETECTRON2_VALUE_RULES = (
     ValueRule("SOLVER.GAMMA", _gamma),
     ValueRule("SOLVER.MOMENTUM", _momentum),
     ValueRule("DATALOADER.NUM_WORKERS", _num_workers),
+    ValueRule("SEED", _seed),
     ValueRule("MODEL.RESNETS.DEPTH", _resnet_depth),
     ValueRule("INPUT.MASK_FORMAT", _mask_format),
     ValueRule("SOLVER.LR_SCHEDULER_NAME", _one_of("WarmupMultiStepLR", "WarmupCosineLR", "WarmupStepWithFixedGammaLR",

@@ -199,3 +199,30 @@ def test_an_override_of_detectrons_config_version_is_refused():
 
     with pytest.raises(GwdetValueError, match=r"^config: VERSION=1 is not the version of detectron2's config format"):
         build_config(str(DEMO_CONFIG), ["VERSION", "1"])
+
+
+def test_torchs_sync_batch_norm_in_several_cpu_processes_is_refused():
+    # DDP stopped the workers with "SyncBatchNorm layers only work with GPU modules", naming no key
+    from gwdet.engine.trainer import check_training_values
+    from gwdet.model_zoo import build_config
+
+    cfg = build_config(str(DEMO_CONFIG), ["MODEL.FPN.NORM", "SyncBN", "SOLVER.IMS_PER_BATCH", "2"])
+    with pytest.raises(GwdetValueError, match=r"MODEL.FPN.NORM is SyncBN \(torch's SyncBatchNorm\), which synchronizes "
+                                              r"CUDA tensors only: 2 processes on 'cpu' would stop"):
+        check_training_values(cfg, world_size=2)
+    check_training_values(cfg, world_size=1)  # one process: torch's SyncBatchNorm normalizes as BN
+
+
+def test_a_run_on_the_meta_device_is_refused_for_yacs_and_lazy_configs():
+    # trained to iteration 0, then "Tensor.item() cannot be called on meta tensors"
+    from gwdet.engine.lazy import LazyRun
+    from gwdet.engine.trainer import YacsRun
+    from gwdet.model_zoo import build_config
+
+    for run, setting in ((YacsRun(build_config(str(DEMO_CONFIG), ["MODEL.DEVICE", "meta"])), "MODEL.DEVICE"),
+                         (LazyRun.load(str(REPO / "configs" / "LazyConfig" / "mask_rcnn_R_50_FPN_gw_shapes.py"),
+                                       ["train.device=meta"]), "train.device")):
+        for eval_only in (False, True):
+            with pytest.raises(GwdetValueError, match=rf"{setting} is 'meta', which holds tensor shapes only: a run "
+                                                      "cannot train or evaluate there"):
+                run.check_request(eval_only=eval_only, world_size=1)

@@ -90,6 +90,12 @@ def test_a_learning_rate_that_is_not_finite_is_refused():
         check_gwdet_config(cfg)
 
 
+@pytest.mark.parametrize("seed", ["4294967296", "10000000000000"])
+def test_a_seed_beyond_numpys_is_refused(seed):
+    # numpy's "Seed must be between 0 and 2**32 - 1" traceback when the run seeded its generators
+    assert refusal("SEED", seed).startswith(f"config: SEED={seed} is no seed: give a whole number below 2**32")
+
+
 def test_a_negative_number_of_workers_is_refused():
     message = refusal("DATALOADER.NUM_WORKERS", "-1")
     assert message.startswith("config: DATALOADER.NUM_WORKERS=-1 is no number of data-loading processes: torch's "

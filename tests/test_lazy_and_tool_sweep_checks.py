@@ -37,7 +37,8 @@ def refusal(overrides, eval_only=False) -> str:
 
 @pytest.mark.parametrize("override, message", [
     # l_seed: detectron2's default_setup compares the seed with 0 (TypeError)
-    ("train.seed=abc", "train.seed='abc': give a whole number, e.g. train.seed=0"),
+    ("train.seed=abc", "train.seed='abc': give a whole number below 2**32 (numpy's limit), e.g. train.seed=0"),
+    ("train.seed=4294967296", "train.seed=4294967296: give a whole number below 2**32"),
     # l_vis: TEST.VIS_IMAGES -1 is refused in a yacs config, and was taken here as 0
     ("train.vis_images=-1", "config: train.vis_images must be an integer >= 0, got -1 (as TEST.VIS_IMAGES"),
     # l_ntrain: AssertionError "Dataset 'shapes_train' is empty!" after generating the other splits

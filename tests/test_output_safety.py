@@ -353,6 +353,16 @@ def test_a_second_config_file_is_refused_instead_of_replacing_the_first():
         parse_args(["--config-file", str(DEMO_CONFIG), "--config", str(DEMO_CONFIG)])
 
 
+@pytest.mark.parametrize("setting, example", [("OUTPUT_DIR", "OUTPUT_DIR output/run"),
+                                              ("train.output_dir", "train.output_dir=output/run")])
+def test_an_empty_output_dir_is_named_as_empty(setting, example):
+    # was "cannot be written (No such file or directory)" with advice about read-only disks
+    with pytest.raises(ValueError, match=rf"{setting} is empty \(''\): give the folder the run writes into, e.g. "
+                                         rf"{example} .*nothing was written"):
+        with OutputDirLock("", setting):
+            pass
+
+
 def test_output_dir_with_a_tilde_is_the_home_folder(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     cfg = build_config(str(DEMO_CONFIG), TINY_OPTS + ["OUTPUT_DIR", "~/runs/demo"])

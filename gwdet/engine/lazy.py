@@ -42,6 +42,7 @@ from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer
 from gwdet.config import CONFIG_KEYS
 from gwdet.config_checks import (
     DETECTRON2_VALUE_RULES,
+    SEED_LIMIT,
     check_pixel_normalization,
     is_finite_number,
     is_whole_number,
@@ -66,7 +67,7 @@ from gwdet.model_zoo.lazy_loading import (
     select,
 )
 from gwdet.modeling import check_model
-from gwdet.modeling.build import check_device, check_mixed_precision
+from gwdet.modeling.build import check_device, check_mixed_precision, check_run_device
 from gwdet.modeling.model_checks import check_norm_weight_decay
 from gwdet.engine.output_dir import (
     CONFIG_NAME,
@@ -583,13 +584,14 @@ def check_run_values(cfg: DictConfig) -> None:
     the shapes dataset's settings (:func:`check_shapes_specs`), ``model.pixel_mean`` and
     ``model.pixel_std`` (:func:`gwdet.config_checks.check_pixel_normalization`)."""
     seed = select(cfg, "train.seed")
-    if seed is not ABSENT and not is_whole_number(seed):
-        raise GwdetValueError(f"train.seed={seed!r}: give a whole number, e.g. train.seed=0 (a negative seed draws a "
-                              "random one, as SEED -1 does in a yacs config).")
+    if seed is not ABSENT and not (is_whole_number(seed) and seed < SEED_LIMIT):
+        raise GwdetValueError(f"train.seed={seed!r}: give a whole number below 2**32 (numpy's limit), e.g. train.seed=0 "
+                              "(a negative seed draws a random one, as SEED -1 does in a yacs config).")
     if select(cfg, "train.init_checkpoint") is None:
         raise GwdetValueError("train.init_checkpoint=None: give '' to start from detectron2's initialization, or the "
                               "path of weights (e.g. train.init_checkpoint=output/demo/model_final.pth).")
     check_twins(cfg, RUN_TWINS)
+    check_run_device(select(cfg, "train.device"), "train.device")
     check_shapes_specs(cfg)
     check_resize_nodes(cfg, "dataloader.test")
     mean, std, image_format = (select(cfg, key) for key in LAZY_PIXEL_KEYS)

@@ -533,13 +533,18 @@ class OutputDirNameError(GwdetError, ValueError):
 
 
 def check_output_dir_name(output_dir: str, encoding: str | None = None, setting: str = "OUTPUT_DIR") -> None:
-    """Refuse an OUTPUT_DIR whose name the writers of a run would not all find: TensorBoard's event
+    """Refuse an empty OUTPUT_DIR, and one whose name the writers of a run would not all find: TensorBoard's event
     writer encodes folder names as UTF-8 itself, so a name with characters beyond ASCII must be
     UTF-8 in Python's file system encoding (``encoding``, by default ``sys.getfilesystemencoding()``).
     That holds in Python's UTF-8 mode, which Python 3.7+ turns on in the C and POSIX locales
     (``LC_ALL=C``); it fails where the locale is ASCII with that mode off (``PYTHONUTF8=0``), where
     such a name reaches Python as undecodable bytes that TensorBoard's writer cannot encode
     (``surrogates not allowed``), and in a Latin-1 locale, where the writer's folder is another one."""
+    if not output_dir.strip():
+        raise OutputDirNameError(
+            f"{setting} is empty ({output_dir!r}): give the folder the run writes into, e.g. {setting}"
+            f"{'=' if setting.islower() else ' '}output/run "
+            "(it is created if it does not exist); nothing was written.")
     encoding = codecs.lookup(encoding or sys.getfilesystemencoding()).name
     try:
         output_dir.encode("utf-8")

@@ -35,7 +35,7 @@ from gwdet.data.datasets import config_dataset_names, dataset_classes, named_emp
 from gwdet.data.resumable import build_resumable_train_loader
 from gwdet.model_zoo.loading import build_config
 from gwdet.modeling import check_model
-from gwdet.modeling.build import check_device, check_mixed_precision
+from gwdet.modeling.build import check_device, check_mixed_precision, check_run_device
 from gwdet.modeling.model_checks import check_norm_weight_decay
 from gwdet.norms import norm_record
 from gwdet.solver import build_optimizer
@@ -163,6 +163,10 @@ RCNN_NORM_PARTS = {"MODEL.RESNETS.NORM": None, "MODEL.FPN.NORM": None, "MODEL.RO
                    "MODEL.ROI_MASK_HEAD.NORM": MASK_HEAD}
 
 
+# detectron2's names of torch's SyncBatchNorm, which DDP accepts for CUDA modules only
+CUDA_SYNC_NORMS = ("SyncBN", "nnSyncBN")
+
+
 def norm_settings(cfg: CfgNode) -> dict[str, str]:
     """The norm names of the config's R-CNN by key, for the parts its model has
     (:data:`RCNN_NORM_PARTS`; no mask head without ``MODEL.MASK_ON``), and ``MODEL.RESNETS.GW_NORM``
@@ -199,7 +203,8 @@ def check_training_values(cfg: CfgNode, world_size: int) -> None:
     or with frozen backbone stages (``MODEL.BACKBONE.FREEZE_AT``), which would stay random; mixed
     precision (``SOLVER.AMP.ENABLED``) on a device that is no CUDA GPU; and detectron2's PreciseBN
     (``TEST.PRECISE_BN.ENABLED``) with norms of batch statistics whose running statistics it does
-    not recompute (it takes torch's batch norms only: BW and BGN would keep their running averages)."""
+    not recompute (it takes torch's batch norms only: BW and BGN would keep their running averages); and
+    torch's SyncBatchNorm in several processes off CUDA."""
     if not cfg.DATASETS.TRAIN:
         raise GwdetValueError("DATASETS.TRAIN is empty: name the dataset(s) to train on, e.g. DATASETS.TRAIN "
                               "\"('shapes_train',)\" (or evaluate weights with --eval-only).")
@@ -229,6 +234,12 @@ def check_training_values(cfg: CfgNode, world_size: int) -> None:
                 f"TEST.PRECISE_BN.ENABLED is True, but detectron2's PreciseBN recomputes the running statistics of "
                 f"torch's batch norms only, and the layers of {', '.join(missed)} would keep their running averages. Set "
                 "TEST.PRECISE_BN.ENABLED False, or use BN / SyncBN there.")
+    synchronized = [key for key, name in norms.items() if name in CUDA_SYNC_NORMS]
+    if synchronized and world_size > 1 and torch.device(cfg.MODEL.DEVICE).type != "cuda":
+        raise GwdetValueError(
+            f"{', '.join(synchronized)} is {norms[synchronized[0]]} (torch's SyncBatchNorm), which synchronizes CUDA "
+            f"tensors only: {world_size} processes on {cfg.MODEL.DEVICE!r} would stop when training starts. Train "
+            "with one process, on GPUs (MODEL.DEVICE cuda), or with another norm there (BN, GN, GW, ...).")
     batch = cfg.SOLVER.IMS_PER_BATCH
     if batch < 1 or batch % world_size:
         raise GwdetValueError(
@@ -272,6 +283,7 @@ class YacsRun(RunConfig):
         return type(self)(cfg)
 
     def check_request(self, eval_only: bool, world_size: int) -> None:
+        check_run_device(self.cfg.MODEL.DEVICE)
         check_evaluation_values(self.cfg)
         if not eval_only:
             check_training_values(self.cfg, world_size)

@@ -38,6 +38,21 @@ def check_device(device: str, setting: str = "MODEL.DEVICE",
             "run the model on the CPU.")
 
 
+def check_run_device(device: object, setting: str = "MODEL.DEVICE") -> None:
+    """``ValueError`` naming ``setting`` for the meta device in a run: it holds tensor shapes only,
+    so training stops at the first loss and an evaluation has nothing to score (building a model
+    there with :func:`gwdet.build_model` to read its structure is fine). A device string that is no
+    device is left to :func:`check_device`, which names it."""
+    try:
+        kind = torch.device(str(device)).type
+    except RuntimeError:
+        return
+    if kind == "meta":
+        raise GwdetValueError(
+            f"{setting} is 'meta', which holds tensor shapes only: a run cannot train or evaluate there. Use 'cpu' "
+            "or 'cuda' (gwdet.build_model builds on 'meta' to read a model's structure).")
+
+
 def check_mixed_precision(enabled: object, device: object, amp_setting: str, device_setting: str,
                           float32_fix: str, cuda_fix: str) -> None:
     """``ValueError`` naming ``amp_setting`` (yacs ``SOLVER.AMP.ENABLED``, LazyConfig
