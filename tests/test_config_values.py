@@ -225,6 +225,16 @@ def test_a_key_given_twice_in_a_base_is_refused_naming_the_base_and_the_config(t
         "at line 5: YAML keeps only the last")
 
 
+def test_a_dotted_key_inside_a_block_is_refused_with_the_nesting_to_write(tmp_path):
+    # was "MODEL.GW.T is not a key of detectron2's or gwdet's config. Did you mean MODEL.GW.T?"
+    config = tmp_path / "dotted.yaml"
+    config.write_text(f'_BASE_: "{DEMO_CONFIG}"\nMODEL:\n  GW.T: 3\n', encoding="utf-8")
+    assert _refused_file(config) == (
+        f"Config file {str(config)!r} gives the key 'GW.T' under MODEL: at line 3: a YAML config nests its keys in "
+        "blocks, a key holds no dot. Write it as nested blocks, GW: then T: each on its own line, indented below the "
+        "one before (or give the override MODEL.GW.T VALUE on the command line).")
+
+
 def test_the_same_key_name_in_different_sections_is_no_duplicate(tmp_path):
     config = tmp_path / "distinct.yaml"
     config.write_text(f'_BASE_: "{DEMO_CONFIG}"\nMODEL:\n  GW:\n    NUM_GROUPS: 8\n  GN:\n    NUM_GROUPS: 4\n',

@@ -127,7 +127,8 @@ class DuplicateKeyCheckingLoader(yaml.SafeLoader):
     would drop every key of the first): a ``ValueError`` (:class:`gwdet.errors.GwdetError`) naming
     the config file ``path`` (and the configs whose ``_BASE_`` chain reaches it, ``named_from``), the
     dotted key and the line of both. Mapping nodes are constructed parents first, so each mapping's
-    dotted name is known when its keys are checked."""
+    dotted name is known when its keys are checked. A key holding a dot (``GW.T: 3`` inside a
+    ``MODEL:`` block) is refused too: yacs would look for a key named ``GW.T``."""
 
     def __init__(self, stream: Any, path: str = "", named_from: Sequence[str] = ()) -> None:
         super().__init__(stream)
@@ -142,6 +143,8 @@ class DuplicateKeyCheckingLoader(yaml.SafeLoader):
                 if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
                     continue  # a '<<' merge key (or a complex key) is PyYAML's to handle
                 name = f"{prefix}.{key_node.value}" if prefix else str(key_node.value)
+                if "." in str(key_node.value):
+                    self._refuse_dotted(str(key_node.value), prefix, key_node.start_mark.line + 1)
                 identity = (key_node.tag, key_node.value)
                 if identity in first_seen:
                     first_key, first_value = first_seen[identity]
@@ -151,6 +154,15 @@ class DuplicateKeyCheckingLoader(yaml.SafeLoader):
                 if isinstance(value_node, yaml.MappingNode):
                     self._mapping_names[id(value_node)] = name
         return super().construct_mapping(node, deep=deep)
+
+    def _refuse_dotted(self, key: str, section: str, line: int) -> None:
+        path = self.path or str(self.name)
+        where = f"under {section}: " if section else ""
+        blocks = " then ".join(f"{part}:" for part in key.split("."))
+        raise GwdetValueError(
+            f"Config file {path!r} gives the key {key!r} {where}at line {line}: a YAML config nests its keys in "
+            f"blocks, a key holds no dot. Write it as nested blocks, {blocks} each on its own line, indented below "
+            f"the one before (or give the override {'.'.join(filter(None, [section, key]))} VALUE on the command line).")
 
     def _refuse(self, key: str, first: int, second: int, sections: bool) -> None:
         path = self.path or str(self.name)
