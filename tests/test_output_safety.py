@@ -386,6 +386,15 @@ def test_resume_over_a_damaged_config_yaml_names_the_file_and_the_fix(finished_r
         check_resume_config(build_config(str(DEMO_CONFIG), TINY_OPTS), str(run))
 
 
+def test_resume_with_another_batch_size_is_refused(finished_run):
+    # the resumed data stream skipped iterations x the new batch: images were skipped without a word
+    cfg = build_config(str(DEMO_CONFIG), TINY_OPTS + ["SOLVER.IMS_PER_BATCH", "4", "SOLVER.MAX_ITER", "9"])
+    with pytest.raises(ValueError, match=r"--resume: the run in .* trained with SOLVER.IMS_PER_BATCH 2, this config "
+                                         r"gives 4: the data stream continues .* Resume with SOLVER.IMS_PER_BATCH 2"):
+        check_resume_config(cfg, str(finished_run))
+    check_resume_config(build_config(str(DEMO_CONFIG), TINY_OPTS + ["SOLVER.MAX_ITER", "9"]), str(finished_run))
+
+
 def test_resume_never_runs_a_python_tag_of_the_runs_config_yaml(finished_run, tmp_path):
     witness = tmp_path / "ran"
     run = tmp_path / "run"

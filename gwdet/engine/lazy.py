@@ -74,6 +74,7 @@ from gwdet.engine.output_dir import (
     check_config_checksum,
     check_config_present,
     check_resume_trains,
+    check_resumed_batch,
     checkpoints_in,
     damaged_config,
     differing_values,
@@ -370,6 +371,12 @@ def check_resume_config(cfg: DictConfig, output_dir: str) -> None:
             f"{'; '.join(model[:5])}{'; ...' if len(model) > 5 else ''}. Resume with the same config and "
             "overrides, or train the new model into another train.output_dir."
         )
+    batch_key = "dataloader.train.total_batch_size"
+    saved_loader = saved.get("dataloader")
+    saved_train = saved_loader.get("train") if isinstance(saved_loader, dict) else None
+    saved_batch = saved_train.get("total_batch_size") if isinstance(saved_train, dict) else None
+    current_batch = select(cfg, batch_key)
+    check_resumed_batch(saved_batch, None if current_batch is ABSENT else current_batch, output_dir, batch_key)
     others = {key: value for key, value in saved.items() if key != "model"}
     differences = differing_values(others, {key: value for key, value in current.items() if key != "model"})
     if differences:

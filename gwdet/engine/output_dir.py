@@ -423,6 +423,7 @@ def check_resumed_model(cfg: CfgNode, output_dir: str, path: str) -> None:
         raise
     except Exception as error:  # yaml's errors, a key cfg does not have, bytes that are not text
         raise damaged_config(path, output_dir, error) from None
+    check_resumed_batch(saved.SOLVER.IMS_PER_BATCH, cfg.SOLVER.IMS_PER_BATCH, output_dir, "SOLVER.IMS_PER_BATCH")
     differences = config_differences(saved, cfg)
     model = [d for d in differences if d.startswith("MODEL.") and not d.startswith(RESUMABLE_DIFFERENCES)]
     if model:
@@ -433,6 +434,19 @@ def check_resumed_model(cfg: CfgNode, output_dir: str, path: str) -> None:
         )
     if differences:
         logger.warning(f"--resume with config values that differ from {path}: {'; '.join(differences)}")
+
+
+def check_resumed_batch(saved: Any, current: Any, output_dir: str, setting: str) -> None:
+    """Refuse ``--resume`` with another batch size ``current`` than the run's ``saved`` one (its
+    ``setting``): the resumed data stream skips the images the run read, counted as iterations
+    times the batch, so another batch would skip or repeat images."""
+    if saved != current:
+        resume_with = f"{setting}{'=' if setting.islower() else ' '}{saved!r}"  # a LazyConfig's key=value
+        raise GwdetValueError(
+            f"--resume: the run in {output_dir!r} trained with {setting} {saved!r}, this config gives {current!r}: the "
+            "data stream continues after the images the run read, counted as iterations times the batch, so it "
+            f"would skip or repeat images. Resume with {resume_with}, or start a new run in another folder "
+            "from the run's last checkpoint as its initial weights.")
 
 
 def tagged_checkpoint(output_dir: str) -> str:
