@@ -610,3 +610,23 @@ def test_an_evaluation_refuses_test_data_with_the_training_classes_in_another_or
         logger.removeHandler(handler)
     assert any(f"dataset '{other}' has ['x0'" in message for message in logged)
     evaluation("shapes_val")
+
+
+def test_weights_evaluated_with_other_model_values_than_their_run_are_warned_of(finished_run):
+    # an --eval-only with MODEL.PIXEL_MEAN [0, 0, 0] of weights trained with 127.5 scored AP 0 without a word
+    weights = str(finished_run / "model_final.pth")
+    logged: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: logged.append(record.getMessage())
+    logger = logging.getLogger("gwdet.engine.run")
+    logger.addHandler(handler)
+    try:
+        for opts in (["MODEL.PIXEL_MEAN", "[0.0, 0.0, 0.0]"], []):
+            run = YacsRun(build_config(str(DEMO_CONFIG), TINY_OPTS + ["MODEL.WEIGHTS", weights, *opts]))
+            run.load_weights(run.build_model())
+    finally:
+        logger.removeHandler(handler)
+    assert logged == [f"MODEL.WEIGHTS {weights} was trained in a run whose {finished_run / 'config.yaml'} gives the "
+                      "model other values: MODEL.PIXEL_MEAN: [127.5, 127.5, 127.5] -> [0.0, 0.0, 0.0]. The weights are "
+                      "evaluated with this config's values."]
+

@@ -720,6 +720,13 @@ class LazyRun(RunConfig):
     def build_model(self) -> torch.nn.Module:
         return build_model(self.cfg)
 
+    def model_differences_from(self, path: str) -> list[str]:
+        saved = read_saved_config(path)
+        if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
+            return []
+        return [f"model.{key}: {old!r} -> {new!r}"
+                for key, old, new in differing_values(saved["model"], saved_tree(self.cfg)["model"])]
+
     def build_trainer(self) -> LazyTrainer:
         return LazyTrainer(self.cfg)
 

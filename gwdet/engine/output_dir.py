@@ -403,8 +403,10 @@ def check_resume_source(output_dir: str, weights_setting: str = "MODEL.WEIGHTS")
         raise lost_checkpoint_error(output_dir, weights_setting)
 
 
-def check_resumed_model(cfg: CfgNode, output_dir: str, path: str) -> None:
-    """The model check of :func:`check_resume_config` against the run's ``config.yaml`` at ``path``."""
+def saved_run_config(cfg: CfgNode, output_dir: str, path: str) -> CfgNode:
+    """The config of the run in ``output_dir`` from its ``config.yaml`` at ``path`` (checked against
+    its recorded checksum, read as plain YAML), as ``cfg``'s keys hold it; the ``--resume``
+    refusal of a damaged file or of a LazyConfig's run."""
     check_config_checksum(path, output_dir)
     saved = cfg.clone()
     saved.defrost()
@@ -423,15 +425,27 @@ def check_resumed_model(cfg: CfgNode, output_dir: str, path: str) -> None:
         raise
     except Exception as error:  # yaml's errors, a key cfg does not have, bytes that are not text
         raise damaged_config(path, output_dir, error) from None
+    return saved
+
+
+def model_differences(saved: CfgNode, cfg: CfgNode) -> list[str]:
+    """The differences of :func:`config_differences` that build another model (``MODEL.*`` but
+    :data:`RESUMABLE_DIFFERENCES`)."""
+    return [d for d in config_differences(saved, cfg) if d.startswith("MODEL.") and not d.startswith(RESUMABLE_DIFFERENCES)]
+
+
+def check_resumed_model(cfg: CfgNode, output_dir: str, path: str) -> None:
+    """The model check of :func:`check_resume_config` against the run's ``config.yaml`` at ``path``."""
+    saved = saved_run_config(cfg, output_dir, path)
     check_resumed_batch(saved.SOLVER.IMS_PER_BATCH, cfg.SOLVER.IMS_PER_BATCH, output_dir, "SOLVER.IMS_PER_BATCH")
-    differences = config_differences(saved, cfg)
-    model = [d for d in differences if d.startswith("MODEL.") and not d.startswith(RESUMABLE_DIFFERENCES)]
+    model = model_differences(saved, cfg)
     if model:
         raise GwdetValueError(
             f"--resume: the run in {output_dir!r} was trained with another model ({CONFIG_NAME} "
             f"there): {'; '.join(model[:5])}{f'; and {len(model) - 5} more' if len(model) > 5 else ''}. Resume with the "
             "same config and overrides, or train the new model into another OUTPUT_DIR."
         )
+    differences = config_differences(saved, cfg)
     if differences:
         logger.warning(f"--resume with config values that differ from {path}: {'; '.join(differences)}")
 

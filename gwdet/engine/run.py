@@ -43,15 +43,16 @@ from detectron2.engine import default_setup
 from detectron2.utils import comm
 from detectron2.utils.logger import setup_logger
 
-from gwdet.checkpoint.resilient import CLASSES_KEY, ResilientCheckpointer
+from gwdet.checkpoint.resilient import CLASSES_KEY, ResilientCheckpointer, local_weights_path
 from gwdet.data.coco_registration import CocoDataset, DatasetError
 from gwdet.data.datasets import check_evaluated_classes
-from gwdet.errors import GwdetValueError
+from gwdet.errors import GwdetError, GwdetValueError
 from gwdet.layers.plans import describe_plans
 from gwdet.model_zoo.lazy_loading import is_lazy_config
 from gwdet.utils.atomic import write_text_atomically, write_text_with_checksum
 from gwdet.utils.cli_errors import tool_name
 from gwdet.engine.output_dir import (
+    CONFIG_NAME,
     INFERENCE_FOLDER,
     RESULTS_JSON,
     RESULTS_MARKDOWN,
@@ -135,7 +136,29 @@ class RunConfig(ABC):
                                              weights_setting=self.weights_setting)
         loaded = checkpointer.load_weights(self.weights)
         check_evaluated_classes(loaded.get(CLASSES_KEY), self.test_datasets(), self.weights)
+        self._warn_of_another_model(local_weights_path(self.weights, self.weights_setting))
         return model
+
+    @abstractmethod
+    def model_differences_from(self, path: str) -> list[str]:
+        """``"KEY: saved -> current"`` for each value of the model that differs between the run
+        config at ``path`` (a run's ``config.yaml``) and this config."""
+
+    def _warn_of_another_model(self, weights: str) -> None:
+        """A warning when the weights sit in a run folder whose ``config.yaml`` gives the model other
+        values than this config (a pixel mean: the weights evaluated in a model they were not trained
+        in; a test threshold); nothing when there is no such record or it cannot be compared."""
+        record = os.path.join(os.path.dirname(os.path.abspath(weights)), CONFIG_NAME)
+        if not weights or "://" in weights or not os.path.isfile(record):
+            return
+        try:
+            differences = self.model_differences_from(record)
+        except (GwdetError, OSError):  # a damaged record, or one of the other kind of config
+            return
+        if differences:
+            logger.warning(f"{self.weights_setting} {weights} was trained in a run whose {record} gives the model other "
+                           f"values: {'; '.join(differences[:5])}{'; ...' if len(differences) > 5 else ''}. The weights "
+                           "are evaluated with this config's values.")
 
     @abstractmethod
     def build_trainer(self) -> Any:

@@ -39,7 +39,7 @@ from gwdet.modeling.build import check_device, check_mixed_precision, check_run_
 from gwdet.modeling.model_checks import check_norm_weight_decay
 from gwdet.norms import norm_record
 from gwdet.solver import build_optimizer
-from gwdet.engine.output_dir import check_resume_config
+from gwdet.engine.output_dir import check_resume_config, model_differences, saved_run_config
 from gwdet.engine.run import RunConfig
 from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.engine.training import (
@@ -299,6 +299,9 @@ class YacsRun(RunConfig):
 
     def build_model(self) -> torch.nn.Module:
         return self.trainer_class.build_model(self.cfg)
+
+    def model_differences_from(self, path: str) -> list[str]:
+        return model_differences(saved_run_config(self.cfg, os.path.dirname(path), path), self.cfg)
 
     def build_trainer(self) -> Trainer:
         return self.trainer_class(self.cfg)
