@@ -10,7 +10,7 @@ rules, with the LazyConfig's settings in place of the yacs keys (``train.output_
 ``train.device`` for ``MODEL.DEVICE``, ``train.vis_images`` for ``TEST.VIS_IMAGES``); ``--resume``
 refuses another model (any difference under ``model`` from the run's ``config.yaml``), and values
 the yacs path's checks refuse are refused under the LazyConfig's names before anything is built
-(:func:`check_training_values`, :func:`check_run_values`). Loading with checked ``key=value``
+(:mod:`gwdet.engine.lazy_checks`). Loading with checked ``key=value``
 overrides is :mod:`gwdet.model_zoo.lazy_loading`.
 """
 from __future__ import annotations
@@ -20,17 +20,16 @@ import os
 import tempfile
 import weakref
 from collections import OrderedDict
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
 import yaml
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
-from detectron2.config import CfgNode, LazyConfig, instantiate
+from detectron2.config import LazyConfig, instantiate
 from detectron2.data import build_detection_train_loader
 from detectron2.data.samplers import TrainingSampler
-from detectron2.data.transforms import ResizeShortestEdge
 from detectron2.engine import AMPTrainer, SimpleTrainer, TrainerBase, hooks
 from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.solver import LRMultiplier
@@ -39,25 +38,15 @@ from detectron2.utils.logger import setup_logger
 
 from gwdet.errors import GwdetValueError
 from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer
-from gwdet.config import CONFIG_KEYS
-from gwdet.config_checks import (
-    DETECTRON2_VALUE_RULES,
-    SEED_LIMIT,
-    check_pixel_normalization,
-    is_finite_number,
-    is_whole_number,
-)
 from gwdet.data.boxes import check_dataset_boxes
 from gwdet.data.coco_registration import (
     CocoDataset,
     environment_datasets,
-    known_class_names,
     register_coco_datasets,
     registered_coco_dataset,
 )
 from gwdet.data.datasets import dataset_classes, named_empty_training_set
 from gwdet.data.resumable import resumable_train_loader
-from gwdet.data.shapes import SPEC_CONFIG_KEYS, ShapesSpec, check_image_size
 from gwdet.model_zoo.lazy_loading import (
     ABSENT,
     OUTPUT_SETTING,
@@ -67,7 +56,7 @@ from gwdet.model_zoo.lazy_loading import (
     select,
 )
 from gwdet.modeling import check_model
-from gwdet.modeling.build import check_device, check_mixed_precision, check_run_device
+from gwdet.modeling.build import check_device
 from gwdet.modeling.model_checks import check_norm_weight_decay
 from gwdet.engine.output_dir import (
     CONFIG_NAME,
@@ -79,8 +68,17 @@ from gwdet.engine.output_dir import (
     damaged_config,
     differing_values,
 )
+from gwdet.engine.lazy_checks import (
+    check_datasets,
+    check_loader_values,
+    check_resize_nodes,
+    check_run_values,
+    check_training_values,
+    dataset_names,
+    evaluated_dataset,
+    names_at,
+)
 from gwdet.engine.run import RunConfig
-from gwdet.utils.cli_errors import output_path_problem
 from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.engine.training import (
     InnerTrainerState,
@@ -100,37 +98,6 @@ TRAINING_KEYS = (
 )
 EVALUATION_KEYS = ("model", "dataloader.test", "dataloader.evaluator", "train.output_dir", "train.init_checkpoint",
                    "train.device")
-# Settings that take the values of a yacs key gwdet checks (gwdet.config.CONFIG_KEYS,
-# gwdet.config_checks.DETECTRON2_VALUE_RULES), as (setting, yacs key): those every run reads, and
-# those only training reads. The arguments of each L(ShapesSpec) node are checked the same way
-# (gwdet.data.shapes.SPEC_CONFIG_KEYS).
-RUN_TWINS = (
-    ("train.vis_images", "TEST.VIS_IMAGES"), ("dataloader.test.num_workers", "DATALOADER.NUM_WORKERS"),
-    ("model.roi_heads.box_predictor.test_score_thresh", "MODEL.ROI_HEADS.SCORE_THRESH_TEST"),
-    ("model.roi_heads.box_predictor.test_nms_thresh", "MODEL.ROI_HEADS.NMS_THRESH_TEST"),
-    ("model.roi_heads.box_predictor.test_topk_per_image", "TEST.DETECTIONS_PER_IMAGE"),
-    ("model.proposal_generator.nms_thresh", "MODEL.RPN.NMS_THRESH"),
-)
-TRAINING_TWINS = (
-    ("dataloader.train.num_workers", "DATALOADER.NUM_WORKERS"),
-    ("model.backbone.bottom_up.freeze_at", "MODEL.BACKBONE.FREEZE_AT"),
-    ("model.roi_heads.batch_size_per_image", "MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE"),
-    ("model.roi_heads.positive_fraction", "MODEL.ROI_HEADS.POSITIVE_FRACTION"),
-    ("model.proposal_generator.batch_size_per_image", "MODEL.RPN.BATCH_SIZE_PER_IMAGE"),
-    ("model.proposal_generator.positive_fraction", "MODEL.RPN.POSITIVE_FRACTION"),
-    ("optimizer.params.weight_decay_norm", "SOLVER.WEIGHT_DECAY_NORM"),
-    ("lr_multiplier.warmup_factor", "SOLVER.WARMUP_FACTOR"),
-    ("lr_multiplier.warmup_method", "SOLVER.WARMUP_METHOD"),
-    ("optimizer.params.bias_lr_factor", "SOLVER.BIAS_LR_FACTOR"),
-)
-# get_default_optimizer_params's arguments whose None means "the optimizer's own value"
-OPTIONAL_TRAINING_TWINS = (
-    ("optimizer.params.base_lr", "SOLVER.BASE_LR"),
-    ("optimizer.params.weight_decay", "SOLVER.WEIGHT_DECAY"),
-    ("optimizer.params.weight_decay_bias", "SOLVER.WEIGHT_DECAY_BIAS"),
-)
-# GeneralizedRCNN's arguments that MODEL.PIXEL_MEAN, MODEL.PIXEL_STD and INPUT.FORMAT give in a yacs config
-LAZY_PIXEL_KEYS = ("model.pixel_mean", "model.pixel_std", "model.input_format")
 
 logger = logging.getLogger(__name__)
 
@@ -198,15 +165,6 @@ def build_train_loader(cfg: DictConfig) -> Any:
     return resumable_train_loader(arguments, seed)
 
 
-def evaluated_dataset(cfg: DictConfig) -> str:
-    """The name of the dataset ``dataloader.evaluator`` evaluates (its ``dataset_name``, an
-    ``L(...)`` node such as ``gwdet.data.shapes_dataset`` instantiated), or ``""``."""
-    name = select(cfg, "dataloader.evaluator.dataset_name")
-    if isinstance(name, DictConfig):
-        name = instantiate(name)
-    return name if isinstance(name, str) else ""
-
-
 def evaluate(cfg: DictConfig, model: torch.nn.Module) -> "OrderedDict[str, Any]":
     """``model`` evaluated by ``dataloader.evaluator`` on ``dataloader.test`` (as detectron2's
     ``lazyconfig_train_net.py`` does): ``{dataset: {task: {metric: value}}}``; empty without them."""
@@ -241,7 +199,7 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
         self.scheduler = LRMultiplier(optimizer, multiplier=instantiate(cfg.lr_multiplier), max_iter=cfg.train.max_iter)
         self.checkpointer = ResilientCheckpointer(
             model, cfg.train.output_dir, random_state=RandomState(), trainer=weakref.proxy(self),
-            weights_setting=WEIGHTS_SETTING, classes=dataset_classes(_names_at(cfg, "dataloader.train.dataset.names")),
+            weights_setting=WEIGHTS_SETTING, classes=dataset_classes(names_at(cfg, "dataloader.train.dataset.names")),
         )
         self.start_iter = 0
         self.max_iter = cfg.train.max_iter
@@ -383,277 +341,6 @@ def check_resume_config(cfg: DictConfig, output_dir: str) -> None:
         logger.warning(f"--resume with config values that differ from {path}: "
                        + "; ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in differences))
     check_resume_trains(output_dir, cfg.train.max_iter, "train.max_iter")
-
-
-def check_training_values(cfg: DictConfig, world_size: int) -> None:
-    """Refuse, before anything is built, ``train`` values a training run cannot start with
-    (detectron2 would stop later with a bare ZeroDivisionError or TypeError): ``train.max_iter``,
-    ``train.log_period`` and ``train.checkpointer.period`` below 1 or not whole numbers,
-    ``train.eval_period`` below 0, an ``optimizer.lr`` or ``weight_decay`` below 0, an
-    ``optimizer.momentum`` outside [0, 1), a ``dataloader.train.total_batch_size`` that the
-    ``world_size`` processes cannot share evenly, a ``train.checkpointer.max_to_keep`` below 1, an
-    ``lr_multiplier.warmup_length`` outside [0, 1], an ``lr_multiplier`` that cannot be built,
-    ``train.amp.enabled`` without CUDA, and
-    :data:`TRAINING_TWINS` (loader workers, frozen stages, sampling, warm-up, as their yacs keys)."""
-    for key, least in (("train.max_iter", 1), ("train.log_period", 1), ("train.checkpointer.period", 1),
-                       ("train.eval_period", 0)):
-        value = select(cfg, key)
-        if value is ABSENT:
-            continue
-        if not is_whole_number(value) or value < least:
-            raise GwdetValueError(f"{key}={value!r}: give a whole number of iterations of at least {least}, e.g. "
-                                  f"{key}={max(least, 1) * 100}.")
-    optimizer_values: tuple[tuple[str, float | None, float], ...] = (
-        ("optimizer.lr", None, 0.02), ("optimizer.weight_decay", None, 1e-4), ("optimizer.momentum", 1.0, 0.9))
-    for key, below, example in optimizer_values:  # each at least 0, below ``below`` where given
-        setting = select(cfg, key)
-        if setting is ABSENT or isinstance(setting, DictConfig):
-            continue
-        if not (is_finite_number(setting) and setting >= 0 and (below is None or setting < below)):
-            bound = f"from 0 to below {below:g}" if below is not None else "finite and at least 0"
-            raise GwdetValueError(f"{key}={setting!r}: give a number {bound}, e.g. {key}={example:g} (torch's optimizer "
-                                  "would refuse it, or train with it, once the model is built).")
-    batch = select(cfg, "dataloader.train.total_batch_size")
-    if batch is not ABSENT:
-        if not is_whole_number(batch) or batch < 1 or batch % world_size:
-            raise GwdetValueError(
-                f"dataloader.train.total_batch_size={batch!r}, which {world_size} process(es) (--num-gpus x "
-                f"--num-machines) cannot share evenly: use a positive multiple of {world_size} (it is the batch of "
-                "all processes together).")
-    _check_checkpoints_kept(cfg)
-    _check_warmup_length(cfg)
-    enabled = select(cfg, "train.amp.enabled")
-    check_mixed_precision(enabled is not ABSENT and enabled, select(cfg, "train.device"), "train.amp.enabled",
-                          "train.device", "train.amp.enabled=False", "train.device=cuda")
-    check_twins(cfg, TRAINING_TWINS)
-    check_twins(cfg, OPTIONAL_TRAINING_TWINS, none_allowed=True)
-    _check_lr_schedule(cfg)  # after its values' own checks, which name the value
-
-
-def _check_checkpoints_kept(cfg: DictConfig) -> None:
-    """``train.checkpointer.max_to_keep``: None (every checkpoint kept) or a whole number >= 1
-    (detectron2's PeriodicCheckpointer stops with a bare AssertionError otherwise)."""
-    kept = select(cfg, "train.checkpointer.max_to_keep")
-    if kept is ABSENT or kept is None or (is_whole_number(kept) and kept >= 1):
-        return
-    raise GwdetValueError(
-        f"train.checkpointer.max_to_keep={kept!r}: give the number of periodic checkpoints to keep, a whole number "
-        "of at least 1 (older ones are deleted), or null to keep every one, e.g. train.checkpointer.max_to_keep=3 "
-        "(detectron2's PeriodicCheckpointer would stop with a bare AssertionError).")
-
-
-def _check_warmup_length(cfg: DictConfig) -> None:
-    """``lr_multiplier.warmup_length`` (detectron2's WarmupParamScheduler): the fraction of
-    ``train.max_iter`` the warm-up lasts, in [0, 1]."""
-    length = select(cfg, "lr_multiplier.warmup_length")
-    if length is ABSENT or (is_finite_number(length) and 0 <= length <= 1):
-        return
-    max_iter = select(cfg, "train.max_iter")
-    meant = (f"; for a warm-up of {length:g} iterations of train.max_iter={max_iter}, "
-             f"lr_multiplier.warmup_length={length / max_iter:g}"
-             if is_finite_number(length) and 1 < length <= (max_iter if is_whole_number(max_iter) else 0) else "")
-    raise GwdetValueError(
-        f"lr_multiplier.warmup_length={length!r}: give the fraction of train.max_iter the warm-up lasts, a number "
-        f"from 0 (no warm-up) to 1, e.g. lr_multiplier.warmup_length=0.1{meant} (fvcore's scheduler would stop "
-        "with 'where in ParamScheduler must be in [0, 1]' at the first iteration).")
-
-
-def _check_lr_schedule(cfg: DictConfig) -> None:
-    """``lr_multiplier`` builds (it holds values only: fvcore's schedulers check their milestones,
-    values and length when constructed, which detectron2 does after building the model)."""
-    node = select(cfg, "lr_multiplier")
-    if not isinstance(node, DictConfig):
-        return
-    try:
-        instantiate(node)
-    except Exception as error:  # fvcore's ValueErrors, an unknown argument's TypeError
-        raise GwdetValueError(
-            f"lr_multiplier cannot be built: {type(error).__name__}: {error}. Fix the lr_multiplier values the message "
-            "names (a multi-step schedule takes increasing milestones below its num_updates and one value more than "
-            "milestones, e.g. lr_multiplier.scheduler.milestones=[800,950] with values=[1,0.1,0.01]).") from None
-
-
-def check_twin(key: str, value: Any, twin: str) -> None:
-    """Raise ``ValueError`` naming the LazyConfig setting ``key`` for a ``value`` that gwdet's check
-    of its yacs twin ``twin`` refuses, in that check's words: a key of :data:`gwdet.config.CONFIG_KEYS`,
-    or of :data:`gwdet.config_checks.DETECTRON2_VALUE_RULES` (whose rule is given an empty config:
-    the twins here read their own value only)."""
-    gwdet_checks = {config_key.name: config_key.check for config_key in CONFIG_KEYS}
-    if twin in gwdet_checks:
-        try:
-            gwdet_checks[twin](key, value)
-        except GwdetValueError as error:
-            raise GwdetValueError(f"{error} (as {twin} in a yacs config)") from None
-        return
-    problem = {rule.key: rule.problem for rule in DETECTRON2_VALUE_RULES}[twin](CfgNode(), value)
-    if problem is not None:
-        raise GwdetValueError(f"{key}={value!r} {problem}")
-
-
-def check_twins(cfg: DictConfig, twins: Sequence[tuple[str, str]], none_allowed: bool = False) -> None:
-    """:func:`check_twin` for each ``(setting, yacs key)`` of ``twins`` that ``cfg`` holds (and
-    that is not None, with ``none_allowed``)."""
-    for key, twin in twins:
-        value = select(cfg, key)
-        if value is not ABSENT and not (none_allowed and value is None):
-            check_twin(key, value, twin)
-
-
-def nodes_calling(node: DictConfig | ListConfig, target: Any, path: str = "") -> Iterator[tuple[str, DictConfig]]:
-    """The ``L(target)(...)`` nodes in ``node`` and their dotted keys (below ``path``), each found
-    where it is defined: references to a node (``"${dataloader.shapes}"``) are not followed."""
-    if isinstance(node, DictConfig) and callable_of(node) is target:
-        yield path, node
-    keys: list[Any] = [str(key) for key in node.keys()] if isinstance(node, DictConfig) else list(range(len(node)))
-    for key in keys:
-        if OmegaConf.is_interpolation(node, key) or OmegaConf.is_missing(node, key):
-            continue
-        child = node[key]
-        if isinstance(child, (DictConfig, ListConfig)):
-            yield from nodes_calling(child, target, f"{path}.{key}" if path else str(key))
-
-
-def check_loader_values(cfg: DictConfig, training: bool) -> None:
-    """Refuse loader settings the model would read in another way than the config says, or that
-    fail only once the loop runs: a ``dataloader.test.batch_size`` below 1; a
-    ``dataloader.evaluator.output_dir`` below a file; a loader's ``mapper.image_format`` other than
-    ``model.input_format`` (gwdet's check of converted weights reads the model's, the model gets the
-    loader's; one ``INPUT.FORMAT`` in a yacs config); and, when ``training``, a training mapper
-    without instance masks (``use_instance_mask=False``) for a model with a mask head."""
-    batch = select(cfg, "dataloader.test.batch_size")
-    if batch is not ABSENT and not (is_whole_number(batch) and batch >= 1):
-        raise GwdetValueError(f"dataloader.test.batch_size={batch!r}: give a whole number of images of at least 1, "
-                              "e.g. dataloader.test.batch_size=1 (torch's DataLoader would refuse it at evaluation).")
-    folder = select(cfg, "dataloader.evaluator.output_dir")
-    problem = output_path_problem("dataloader.evaluator.output_dir", folder, folder=True) if isinstance(folder, str) \
-        and folder else None
-    if problem is not None:
-        raise GwdetValueError(problem)
-    model_format = select(cfg, "model.input_format")
-    for loader in ("dataloader.train", "dataloader.test") if training else ("dataloader.test",):
-        image_format = select(cfg, f"{loader}.mapper.image_format")
-        if ABSENT not in (model_format, image_format) and image_format != model_format:
-            raise GwdetValueError(
-                f"{loader}.mapper.image_format={image_format!r}, but model.input_format={model_format!r}: the model "
-                f"gets images in the loader's format, while its input format says {model_format!r} (and gwdet's check "
-                "of converted weights reads it). Give both the same format, as INPUT.FORMAT does in a yacs config.")
-    if training and isinstance(select(cfg, "model.roi_heads.mask_head"), DictConfig) \
-            and select(cfg, "dataloader.train.mapper.use_instance_mask") is False:
-        raise GwdetValueError(
-            "dataloader.train.mapper.use_instance_mask=False, but the model has a mask head "
-            "(model.roi_heads.mask_head), whose loss needs the instance masks: training would stop at the first "
-            "iteration with \"Cannot find field 'gt_masks'\". Set dataloader.train.mapper.use_instance_mask=True, or "
-            "train a model without a mask head.")
-
-
-def check_resize_nodes(cfg: DictConfig, loader: str) -> None:
-    """Each ``L(ResizeShortestEdge)`` node of the loader at ``loader`` (``dataloader.train`` or
-    ``dataloader.test``) takes sizes detectron2 can resize to: ``short_edge_length`` whole numbers
-    >= 0 (0: no resizing; exactly two with ``sample_style="range"``), ``max_size`` as
-    ``INPUT.MAX_SIZE_TRAIN`` (PIL stops at the first image otherwise, detectron2 with a bare assertion)."""
-    node = select(cfg, loader)
-    if not isinstance(node, DictConfig):
-        return
-    for path, resize in nodes_calling(node, ResizeShortestEdge, loader):
-        sizes = resize.get("short_edge_length")
-        listed = list(sizes) if isinstance(sizes, ListConfig) else [sizes]
-        ranged = resize.get("sample_style", "range") == "range"
-        if sizes is not None and not (all(is_whole_number(size) and size >= 0 for size in listed)
-                                      and (not ranged or not isinstance(sizes, ListConfig) or len(listed) == 2)):
-            raise GwdetValueError(
-                f"{path}.short_edge_length={sizes!r}: give the shorter image side as a whole number >= 0 (0: no "
-                "resizing), or a list of them to choose from, e.g. [640, 672, 704] with sample_style='choice' "
-                "(sample_style='range', ResizeShortestEdge's default, takes exactly two: the range's ends).")
-        if "max_size" in resize:
-            check_twin(f"{path}.max_size", resize.max_size, "INPUT.MAX_SIZE_TRAIN")
-
-
-def check_shapes_specs(cfg: DictConfig) -> None:
-    """Each ``L(ShapesSpec)`` node's arguments take the values of their yacs twins
-    (``DATASETS.SHAPES.*``), and its ``image_size`` is large enough to hold a shape
-    (:func:`gwdet.data.shapes.check_image_size`), refused before anything is generated."""
-    for path, _ in nodes_calling(cfg, ShapesSpec):
-        for field, twin in SPEC_CONFIG_KEYS.items():
-            key = f"{path}.{field}" if path else field
-            value = select(cfg, key)
-            if value is ABSENT:
-                continue
-            check_twin(key, value, twin)
-            if field == "image_size":
-                check_image_size(value, key)
-
-
-def check_run_values(cfg: DictConfig) -> None:
-    """Refuse, before anything is built, values that training and evaluation both read and
-    detectron2 or gwdet would fail on later, or take without a word: a ``train.seed`` that is not a
-    whole number (detectron2's ``default_setup`` compares it with 0), :data:`RUN_TWINS`
-    (``train.vis_images`` below 0, a test score or NMS threshold outside [0, 1], ..., as their yacs keys), a ``train.init_checkpoint`` of ``None``,
-    the shapes dataset's settings (:func:`check_shapes_specs`), ``model.pixel_mean`` and
-    ``model.pixel_std`` (:func:`gwdet.config_checks.check_pixel_normalization`)."""
-    seed = select(cfg, "train.seed")
-    if seed is not ABSENT and not (is_whole_number(seed) and seed < SEED_LIMIT):
-        raise GwdetValueError(f"train.seed={seed!r}: give a whole number below 2**32 (numpy's limit), e.g. train.seed=0 "
-                              "(a negative seed draws a random one, as SEED -1 does in a yacs config).")
-    if select(cfg, "train.init_checkpoint") is None:
-        raise GwdetValueError("train.init_checkpoint=None: give '' to start from detectron2's initialization, or the "
-                              "path of weights (e.g. train.init_checkpoint=output/demo/model_final.pth).")
-    check_twins(cfg, RUN_TWINS)
-    check_run_device(select(cfg, "train.device"), "train.device")
-    check_shapes_specs(cfg)
-    check_resize_nodes(cfg, "dataloader.test")
-    mean, std, image_format = (select(cfg, key) for key in LAZY_PIXEL_KEYS)
-    if mean is not ABSENT and std is not ABSENT:
-        mean, std = (OmegaConf.to_container(value) if isinstance(value, ListConfig) else value for value in (mean, std))
-        check_pixel_normalization(mean, std, None if image_format is ABSENT else image_format, LAZY_PIXEL_KEYS)
-
-
-def dataset_names(cfg: DictConfig) -> list[str]:
-    """The datasets the LazyConfig trains and evaluates on: the ``names`` of ``dataloader.train.dataset``
-    and ``dataloader.test.dataset`` (``L(...)`` nodes such as ``gwdet.data.shapes_dataset``
-    instantiated) and the evaluator's dataset; a loader built otherwise names none."""
-    return _distinct_names(_names_at(cfg, "dataloader.train.dataset.names"),
-                           _names_at(cfg, "dataloader.test.dataset.names"), evaluated_dataset(cfg))
-
-
-def _distinct_names(trained: Sequence[str], tested: Sequence[str], evaluated: str | None) -> list[str]:
-    """The names of the training sets, the test sets and the evaluator's dataset, each once, in order."""
-    return [name for name in dict.fromkeys([*trained, *tested, evaluated]) if name]
-
-
-def _names_at(cfg: DictConfig, key: str) -> list[str]:
-    """The dataset names at ``key`` (one or a list; an ``L(...)`` node instantiated)."""
-    value = select(cfg, key)
-    if isinstance(value, DictConfig):
-        value = instantiate(value)
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, (list, tuple, ListConfig)):
-        return [name for name in value if isinstance(name, str)]
-    return []
-
-
-def check_datasets(cfg: DictConfig) -> None:
-    """Refuse, before training or evaluating, an evaluator of another dataset than the test loader
-    reads (it would score the predictions on those images against the other dataset's annotations),
-    and a ``model.roi_heads.num_classes`` other than the categories of a dataset whose classes are
-    known (:func:`gwdet.data.coco_registration.known_class_names`), as a yacs config's
-    ``MODEL.ROI_HEADS.NUM_CLASSES`` is refused."""
-    tested, evaluated = _names_at(cfg, "dataloader.test.dataset.names"), evaluated_dataset(cfg)
-    if evaluated and tested and evaluated not in tested:
-        raise GwdetValueError(
-            f"dataloader.evaluator.dataset_name={evaluated!r}, but dataloader.test.dataset.names is "
-            f"{', '.join(map(repr, tested))}: the evaluator would score the predictions on those images against "
-            f"{evaluated!r}'s annotations. Give both the same dataset.")
-    count = select(cfg, "model.roi_heads.num_classes")
-    if not is_whole_number(count):
-        return
-    for name in _distinct_names(_names_at(cfg, "dataloader.train.dataset.names"), tested, evaluated):
-        classes = known_class_names(name)
-        if classes is not None and len(classes) != count:
-            raise GwdetValueError(
-                f"model.roi_heads.num_classes={count}, but dataset {name!r} has {len(classes)} categories: with fewer "
-                "classes a category would train as background, with more the evaluation fails. Add "
-                f"model.roi_heads.num_classes={len(classes)} to the overrides (or set it in the LazyConfig).")
 
 
 class LazyRun(RunConfig):

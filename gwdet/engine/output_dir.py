@@ -419,9 +419,9 @@ def saved_run_config(cfg: CfgNode, output_dir: str, path: str) -> CfgNode:
                 "and dataloader), so this yacs config cannot continue it. Resume it with the LazyConfig it was "
                 "trained with, or train into another OUTPUT_DIR.")
         if not isinstance(content, dict) or not isinstance(content.get("MODEL"), dict):
-            raise ValueError("it holds no MODEL section")
+            raise damaged_config(path, output_dir, "it holds no MODEL section")
         saved.merge_from_other_cfg(type(saved)(content))  # a run's config.yaml: no _BASE_, this detectron2's VERSION
-    except GwdetValueError:  # a python tag, a key given twice
+    except GwdetError:  # a python tag, a key given twice, no MODEL section
         raise
     except Exception as error:  # yaml's errors, a key cfg does not have, bytes that are not text
         raise damaged_config(path, output_dir, error) from None
