@@ -2,8 +2,11 @@
 hook that sends a stop signal during training."""
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -59,6 +62,21 @@ class SignalAfter(HookBase):
     def after_step(self) -> None:
         if self.trainer.iter == self.iteration:
             os.kill(os.getpid(), self.signum)
+
+
+@contextlib.contextmanager
+def logged_warnings(name: str) -> Iterator[list[str]]:
+    """The messages of the warnings (and worse) that logger ``name`` logs inside the block, caught
+    by a handler of its own: detectron2's logger set-up stops propagation to pytest's caplog."""
+    messages: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger(name)
+    logger.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
 
 
 @pytest.fixture(scope="module")

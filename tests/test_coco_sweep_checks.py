@@ -5,7 +5,6 @@ overwrote each other or stopped a run after training."""
 from __future__ import annotations
 
 import json
-import logging
 import warnings
 from pathlib import Path
 from typing import Callable
@@ -22,7 +21,7 @@ from gwdet.engine.visualize import TRUTH_CAPTION, captioned, drawing_names, save
 from gwdet.errors import GwdetValueError
 from gwdet.model_zoo import build_config
 
-from conftest import DEMO_CONFIG, TINY_OPTS
+from conftest import DEMO_CONFIG, TINY_OPTS, logged_warnings
 
 SIZE = 64
 EXIF_ORIENTATION = 0x0112
@@ -182,15 +181,8 @@ def _turned_jpeg(orientation: int, width: int = SIZE, height: int = SIZE):
 @pytest.fixture
 def registration_warnings():
     """The warnings that registration logs (gwdet.data.coco_registration's logger)."""
-    lines: list[str] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
-    logger = logging.getLogger("gwdet.data.coco_registration")
-    logger.addHandler(handler)
-    try:
+    with logged_warnings("gwdet.data.coco_registration") as lines:
         yield lines
-    finally:
-        logger.removeHandler(handler)
 
 
 def test_a_square_image_turned_by_its_exif_orientation_is_named_in_a_warning(tmp_path, registration_warnings):

@@ -4,7 +4,6 @@ own tools/lazyconfig_train_net.py, unmodified, on the demo LazyConfig at test si
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import signal
@@ -22,7 +21,7 @@ from gwdet.engine.run import main
 from gwdet.engine.lazy import LazyTrainer
 from gwdet.utils.atomic import record_checksum
 
-from conftest import REPO, SignalAfter
+from conftest import REPO, SignalAfter, logged_warnings
 
 LAZY_DEMO = REPO / "configs" / "LazyConfig" / "mask_rcnn_R_50_FPN_gw_shapes.py"
 # The demo LazyConfig at test size (conftest.TINY_OPTS as LazyConfig overrides): 64x64 images, 8 to
@@ -102,14 +101,8 @@ def test_a_lazy_run_folder_follows_the_yacs_rules(tmp_path):
     config.write_bytes(written + f'X: !!python/object/apply:os.system ["touch {witness}"]\n'.encode())
     record_checksum(str(config))
 
-    warnings = logging.Handler(logging.WARNING)
-    warnings.emit = lambda record: logged.append(record.getMessage())
-    logged: list[str] = []
-    logging.getLogger("gwdet.engine.lazy").addHandler(warnings)  # detectron2's logger set-up stops propagation
-    try:
+    with logged_warnings("gwdet.engine.lazy") as logged:
         run(tmp_path, "--resume", "train.max_iter=3")  # one more iteration
-    finally:
-        logging.getLogger("gwdet.engine.lazy").removeHandler(warnings)
     assert iteration_of(final) == 2
     assert any("train.max_iter: 2 -> 3" in message for message in logged), "a difference outside the model is logged"
     assert not witness.exists() and any("X.python_tag: 'object/apply:os.system' -> <absent>" in message

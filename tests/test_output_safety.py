@@ -3,7 +3,6 @@
 One tiny training run (module fixture) is reused by the checks on its OUTPUT_DIR; each check that
 must fail is asserted to fail before anything of that run changed.
 """
-import logging
 import os
 import hashlib
 import re
@@ -22,7 +21,7 @@ from gwdet.engine.trainer import Trainer, YacsRun
 from gwdet.model_zoo import build_config
 from gwdet.engine.output_dir import OutputDirLock, check_fresh_start, check_resume_config
 
-from conftest import DEMO_CONFIG, REPO, TINY_OPTS, tiny_run_args
+from conftest import DEMO_CONFIG, REPO, TINY_OPTS, logged_warnings, tiny_run_args
 
 
 def _digest(folder) -> dict:
@@ -599,15 +598,8 @@ def test_an_evaluation_refuses_test_data_with_the_training_classes_in_another_or
                                          rf"dataset '{swapped}' has them in the order .*: each prediction would be "
                                          r"scored as another class"):
         evaluation(swapped)
-    logged: list[str] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: logged.append(record.getMessage())
-    logger = logging.getLogger("gwdet.data.datasets")  # detectron2's logger set-up may stop propagation
-    logger.addHandler(handler)
-    try:
+    with logged_warnings("gwdet.data.datasets") as logged:
         evaluation(other)  # another dataset's names: evaluated, and said
-    finally:
-        logger.removeHandler(handler)
     assert any(f"dataset '{other}' has ['x0'" in message for message in logged)
     evaluation("shapes_val")
 
@@ -615,17 +607,10 @@ def test_an_evaluation_refuses_test_data_with_the_training_classes_in_another_or
 def test_weights_evaluated_with_other_model_values_than_their_run_are_warned_of(finished_run):
     # an --eval-only with MODEL.PIXEL_MEAN [0, 0, 0] of weights trained with 127.5 scored AP 0 without a word
     weights = str(finished_run / "model_final.pth")
-    logged: list[str] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: logged.append(record.getMessage())
-    logger = logging.getLogger("gwdet.engine.run")
-    logger.addHandler(handler)
-    try:
+    with logged_warnings("gwdet.engine.run") as logged:
         for opts in (["MODEL.PIXEL_MEAN", "[0.0, 0.0, 0.0]"], []):
             run = YacsRun(build_config(str(DEMO_CONFIG), TINY_OPTS + ["MODEL.WEIGHTS", weights, *opts]))
             run.load_weights(run.build_model())
-    finally:
-        logger.removeHandler(handler)
     assert logged == [f"MODEL.WEIGHTS {weights} was trained in a run whose {finished_run / 'config.yaml'} gives the "
                       "model other values: MODEL.PIXEL_MEAN: [127.5, 127.5, 127.5] -> [0.0, 0.0, 0.0]. The weights are "
                       "evaluated with this config's values."]

@@ -5,7 +5,7 @@ import pytest
 from gwdet.engine.arguments import parse_with_trailing_flags
 from gwdet.export import analyze_model, export_model
 
-from conftest import DEMO_CONFIG
+from conftest import DEMO_CONFIG, logged_warnings
 
 
 def export(capsys, tmp_path, *flags: str) -> str:
@@ -161,25 +161,16 @@ def test_an_export_into_a_full_disk_is_a_one_line_error():
 
 
 def test_a_head_norm_without_convolutions_is_warned_about():
-    import logging
-
     import gwdet
     from gwdet.model_zoo import build_config
 
     from conftest import TINY_OPTS
 
-    messages: list[str] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: messages.append(record.getMessage())
-    logger = logging.getLogger("gwdet.modeling.heads")  # detectron2's logger set-up stops propagation above it
-    logger.addHandler(handler)
-    try:
+    with logged_warnings("gwdet.modeling.heads") as messages:
         gwdet.build_model(build_config(str(DEMO_CONFIG), [*TINY_OPTS, "MODEL.DEVICE", "cpu"]))
         assert messages == []  # the demo's heads have convolutions for their GW
         gwdet.build_model(build_config(str(DEMO_CONFIG), [*TINY_OPTS, "MODEL.DEVICE", "cpu",
                                                           "MODEL.ROI_BOX_HEAD.NUM_CONV", "0"]))
-    finally:
-        logger.removeHandler(handler)
     assert messages == ["MODEL.ROI_BOX_HEAD.NORM is 'GW', but MODEL.ROI_BOX_HEAD.NUM_CONV is 0: the head has no "
                         "convolution to normalize, so the model has no GW there. Give the head convolutions "
                         "(MODEL.ROI_BOX_HEAD.NUM_CONV, e.g. 4 for a 4conv1fc box head) or set "
@@ -189,22 +180,13 @@ def test_a_head_norm_without_convolutions_is_warned_about():
 def test_a_norm_for_a_part_the_model_does_not_build_is_warned_about():
     # before: MODEL.ROI_MASK_HEAD.NORM 'BW' without MODEL.MASK_ON (or a box-head NORM of a C4 model)
     # was accepted without a word, and no such layer was built
-    import logging
-
     from gwdet.model_zoo import build_config
 
-    messages: list[str] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: messages.append(record.getMessage())
-    logger = logging.getLogger("gwdet.config_checks")
-    logger.addHandler(handler)
-    try:
+    with logged_warnings("gwdet.config_checks") as messages:
         build_config(str(DEMO_CONFIG))  # a mask head, with the GW its NORM names
         assert messages == []
         build_config(str(DEMO_CONFIG), ["MODEL.MASK_ON", "False", "MODEL.ROI_MASK_HEAD.NORM", "BW"])
         build_config(str(DEMO_CONFIG), ["MODEL.ROI_HEADS.NAME", "Res5ROIHeads", "MODEL.ROI_BOX_HEAD.NORM", "GN"])
-    finally:
-        logger.removeHandler(handler)
     assert messages[0] == ("MODEL.ROI_MASK_HEAD.NORM is 'BW', but the model has no mask head (MODEL.MASK_ON is "
                            "False): no BW is built there. Set MODEL.ROI_MASK_HEAD.NORM \"\" or build that part.")
     assert messages[1].startswith("MODEL.ROI_BOX_HEAD.NORM is 'GN', but the model has no box head (MODEL.ROI_HEADS."
