@@ -71,6 +71,11 @@ def test_a_sixteen_bit_or_broken_sample_image_is_refused_before_it_reaches_the_m
         read_test_image(cfg, str(text))
     with pytest.raises(ValueError, match="missing.png does not exist"):
         read_test_image(cfg, str(tmp_path / "missing.png"))
+    wide = tmp_path / "wide.png"  # the test resize (64 a side at most) would make it 0.43 pixels high
+    Image.fromarray(np.zeros((20, 3000, 3), dtype=np.uint8)).save(wide)
+    with pytest.raises(ValueError, match=r"wide.png \(3000x20 pixels\) cannot be resized as the test loader resizes "
+                                         r"images .*one side would keep no pixel"):
+        read_test_image(cfg, str(wide))  # was PIL's "height and width must be > 0"
     plain = tmp_path / "plain.png"
     Image.fromarray(np.full((64, 48, 3), 7, dtype=np.uint8)).save(plain)
     read = read_test_image(cfg, str(plain))

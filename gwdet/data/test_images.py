@@ -33,7 +33,8 @@ def read_test_image(cfg: Any, path: str) -> dict:
     yacs ``CfgNode`` or a LazyConfig) gives it to the model: float32 CHW in the model's input
     format, resized; height and width of the file. ``ValueError`` naming the file and the fix for a
     file that is missing, not an image, cut short, or of a mode detectron2 would not read as it is
-    (a 16-bit PNG would reach the model as a white image; :mod:`gwdet.data.image_files`)."""
+    (a 16-bit PNG would reach the model as a white image; :mod:`gwdet.data.image_files`), or so
+    elongated that the resize leaves a side without a pixel."""
     problem = image_file_problem(path)
     if problem:
         raise GwdetValueError(f"{path} {problem}.")
@@ -41,6 +42,11 @@ def read_test_image(cfg: Any, path: str) -> dict:
     original = detection_utils.read_image(path, format=image_format)
     height, width = original.shape[:2]
     inputs = T.AugInput(original)
-    T.AugmentationList(augmentations)(inputs)
+    try:
+        T.AugmentationList(augmentations)(inputs)
+    except ValueError as error:  # PIL's "height and width must be > 0": a side resized to no pixel
+        raise GwdetValueError(
+            f"{path} ({width}x{height} pixels) cannot be resized as the test loader resizes images ({error}): this "
+            "elongated, one side would keep no pixel. Give a less elongated image.") from None
     image = np.ascontiguousarray(inputs.image.transpose(2, 0, 1))
     return {"image": torch.as_tensor(image.astype("float32")), "height": height, "width": width}
