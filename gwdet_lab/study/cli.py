@@ -253,13 +253,15 @@ def _run_study(argv: list[str], repo_root: Path) -> int:
     outcome = None
     if not args.report_only:
         # `kill PID` stops the study as Ctrl-C does; its workers stop too, their checkpoints stay.
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
         scheduler = Scheduler(planned, args.jobs, threads.threads, weights, args.num_gpus, echo)
         try:
             outcome = scheduler.run()
         except KeyboardInterrupt:
             echo("interrupted; run the same command again to resume")
             return 130
+        finally:
+            signal.signal(signal.SIGTERM, previous)  # main() may run inside another program (a test)
     try:
         report(args, planned, weights, out_dir)
     except ValueError as error:  # a damaged record of a cell (DamagedFile) or results without the report split
