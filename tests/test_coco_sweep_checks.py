@@ -303,3 +303,21 @@ def test_both_halves_of_a_drawing_have_one_caption_band_at_any_height(height):
 def test_a_shorter_drawing_is_padded_below():
     drawing = side_by_side(np.zeros((100, 50, 3), np.uint8), np.zeros((90, 50, 3), np.uint8), 0.5)
     assert drawing.shape[1] == 100 and (drawing[-10:, 50:] == 255).all() and (drawing[-10:, :50] == 0).all()
+
+
+def _one_image_3000_by_20(coco: dict, root: Path) -> None:
+    """The last image made 3000x20 pixels (its box and polygon kept inside it)."""
+    Image.fromarray(np.full((20, 3000, 3), 30, np.uint8)).save(root / "003.png")
+    coco["images"][3].update(width=3000, height=20)
+    coco["annotations"][3].update(bbox=[8, 2, 24, 10], area=240, segmentation=[[8, 2, 32, 2, 32, 12, 8, 12]])
+
+
+def test_an_image_the_test_resize_leaves_without_a_pixel_side_is_refused_before_training(tmp_path):
+    # it trained, then PIL stopped the evaluation with "height and width must be > 0": no results
+    registered("plain_r", tmp_path / "plain")
+    registered("wide_r", tmp_path / "wide", _one_image_3000_by_20)
+    with pytest.raises(DatasetError, match=r"dataset 'wide_r': image '003.png' of .*train.json \(3000x20 pixels\) "
+                                           r"would be resized to 64x0 by INPUT.MIN_SIZE_TEST 64 and INPUT.MAX_SIZE_TEST 64: "
+                                           r"one side would keep no pixel.*Raise INPUT.MAX_SIZE_TEST"):
+        check_config_against_datasets(config("plain_r", "wide_r"))
+    check_config_against_datasets(config("plain_r", "wide_r", "INPUT.MAX_SIZE_TEST", "4000"))

@@ -52,6 +52,7 @@ from typing import Any, Callable, Iterable, Sequence
 from detectron2.config import CfgNode
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data.datasets import register_coco_instances
+from detectron2.data.transforms import ResizeShortestEdge
 
 from gwdet.errors import GwdetError
 from gwdet.data.boxes import box_problem
@@ -95,6 +96,7 @@ class CocoContents:
     crowd: int = 0  # crowd regions (iscrowd 1): COCO evaluation ignores them, detectron2 does not train on them
     crowd_without_mask: int = 0  # ... without a mask (COCO's mask evaluation reads every annotation's mask)
     without_iscrowd: int = 0  # annotations without an 'iscrowd' (detectron2 reads 0; COCO evaluation needs it)
+    most_elongated: tuple[str, int, int] | None = None  # (file_name, width, height) of the largest side ratio
 
     @property
     def class_names(self) -> list[str]:
@@ -435,8 +437,11 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
             f"{root}): {shown_problems(problems)}. Fix or replace those files, or remove them and their annotations "
             "from the JSON.")
     _warn_of_rotations(dataset, rotations)
+    elongated = max(coco["images"], key=lambda image: max(image["width"], image["height"])
+                    / max(min(image["width"], image["height"]), 1))
     return CocoContents(tuple(sorted(names.items())), len(coco["images"]), tally.instances, tally.rle_masks,
-                        tally.without_mask, tally.crowd, tally.crowd_without_mask, tally.without_iscrowd)
+                        tally.without_mask, tally.crowd, tally.crowd_without_mask, tally.without_iscrowd,
+                        (str(elongated["file_name"]), int(elongated["width"]), int(elongated["height"])))
 
 
 # ---- the catalog -----------------------------------------------------------------------------
@@ -696,6 +701,29 @@ def _check_masks(cfg: CfgNode, dataset: CocoDataset) -> None:
             "command line (or set it in the config).")
 
 
+def _check_resizable(cfg: CfgNode, dataset: CocoDataset) -> None:
+    """:class:`DatasetError` when the dataset's most elongated image would keep no pixel in one
+    direction after the resize of its loader (detectron2's ``ResizeShortestEdge``: the test sizes
+    for a test dataset, the smallest training size for a training one); PIL would stop there, at
+    the evaluation after training or at the first epoch that draws it."""
+    if dataset.read.most_elongated is None:
+        return
+    file_name, width, height = dataset.read.most_elongated
+    resizes = []
+    if dataset.name in cfg.DATASETS.TEST and cfg.INPUT.MIN_SIZE_TEST > 0:
+        resizes.append(("INPUT.MIN_SIZE_TEST", cfg.INPUT.MIN_SIZE_TEST, "INPUT.MAX_SIZE_TEST", cfg.INPUT.MAX_SIZE_TEST))
+    if dataset.name in cfg.DATASETS.TRAIN:
+        resizes.append(("INPUT.MIN_SIZE_TRAIN", min(cfg.INPUT.MIN_SIZE_TRAIN), "INPUT.MAX_SIZE_TRAIN",
+                        cfg.INPUT.MAX_SIZE_TRAIN))
+    for short_key, short, long_key, longest in resizes:
+        new_height, new_width = ResizeShortestEdge.get_output_shape(height, width, short, longest)
+        if min(new_height, new_width) < 1:
+            raise DatasetError(
+                f"dataset {dataset.name!r}: image {file_name!r} of {dataset.json_file} ({width}x{height} pixels) would "
+                f"be resized to {new_width}x{new_height} by {short_key} {short} and {long_key} {longest}: one side "
+                f"would keep no pixel, and PIL would stop there. Raise {long_key}, or crop or remove that image.")
+
+
 def check_config_against_datasets(cfg: CfgNode) -> None:
     """:class:`DatasetError` unless the config fits the ``--register-coco`` datasets it trains or
     tests on: they and the config's other datasets (where their classes are known) have the same
@@ -719,6 +747,7 @@ def check_config_against_datasets(cfg: CfgNode) -> None:
             _check_same_categories(cfg, reference, name)
     _check_num_classes(cfg, reference.name, reference.read.class_names, reference.json_file, any_architecture=True)
     for dataset in ours:
+        _check_resizable(cfg, dataset)
         if cfg.MODEL.MASK_ON and dataset.name in cfg.DATASETS.TRAIN:
             _check_masks(cfg, dataset)
         if dataset.name in cfg.DATASETS.TEST:  # evaluated against the JSON itself
