@@ -11,6 +11,7 @@ import torch
 from gwdet_lab.analysis.cli import main
 from gwdet_lab.analysis.conditioning import condition_number, normalized, simulate_activations
 from gwdet_lab.analysis.constraint_report import SMALL_CASES
+from gwdet_lab.analysis.report import TABLE_MARK
 from gwdet_lab.analysis.constraints import (
     METHODS,
     constraint_number,
@@ -127,8 +128,8 @@ def test_subcommand_writes_its_files(tmp_path, command, capsys):
     assert sorted(p.name for p in written) == sorted(expected)
     for name in expected:
         assert (folder / name).stat().st_size > 0, name
-    table = (folder / "table.md").read_text()
-    assert table.startswith("# ") and "| --- |" in table
+    mark, title = (folder / "table.md").read_text().split("\n", 1)
+    assert mark == TABLE_MARK and title.startswith("# ") and "| --- |" in title
 
 
 @pytest.mark.parametrize("flag, message", [
@@ -153,6 +154,20 @@ def test_a_figure_whose_grouped_curves_are_all_infinite_is_still_written(tmp_pat
     table = (tmp_path / "conditioning" / "table.md").read_text()
     assert "| 2 | inf | inf | inf |" in table  # every grouped kappa_90 and kappa_80 at g = 2
     assert (tmp_path / "conditioning" / "kappa_90.png").stat().st_size > 0
+
+
+def test_a_table_the_tool_did_not_write_is_never_replaced(tmp_path, capsys):
+    # an earlier table.md of the user's in <out>/conditioning was replaced without a word
+    args = ["--dim", "8", "--samples", "16", "--groups", "1,2", "--depths", "1", "--activations", "linear",
+            "--seeds", "1"]
+    assert main(["conditioning", "--out", str(tmp_path), *args]) == 0
+    assert main(["conditioning", "--out", str(tmp_path), *args]) == 0  # its own table: replaced
+    notes = tmp_path / "conditioning" / "table.md"
+    notes.write_text("# my notes\n")
+    with pytest.raises(SystemExit) as refused:
+        main(["conditioning", "--out", str(tmp_path), *args])
+    assert refused.value.code == 2 and f"{notes} was not written by tools/analyze.py" in capsys.readouterr().err
+    assert notes.read_text() == "# my notes\n"
 
 
 def test_tool_is_the_cli_entry_point(capsys):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from gwdet.utils.cli_errors import add_verbose_argument, at_least, output_path_problem, run_tool
+from gwdet_lab.analysis.report import foreign_table_problem
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = REPO / "configs" / "Demo" / "mask_rcnn_R_50_FPN_gw_shapes.yaml"
@@ -161,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _analyze(argv: Sequence[str]) -> int:
     parser = argument_parser()
     args = parser.parse_args(argv)
-    problem = output_path_problem("--out", args.out, folder=True)
+    problem = output_path_problem("--out", args.out, folder=True) or foreign_table_problem(args.out, args.command)
     if problem:
         parser.error(problem)
     written = run(args)

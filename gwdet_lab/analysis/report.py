@@ -8,6 +8,8 @@ from typing import Sequence
 from gwdet.engine.tables import Column, Table
 
 TABLE_FILE = "table.md"
+# The first line of every table.md this tool writes: a folder whose table.md lacks it is not replaced.
+TABLE_MARK = "<!-- written by tools/analyze.py: running the subcommand again replaces this table and its figures -->"
 
 
 def format_number(value: float | int | str, digits: int = 4) -> str:
@@ -46,9 +48,22 @@ def output_folder(out: str | Path, subcommand: str) -> Path:
     return folder
 
 
+def foreign_table_problem(out: str | Path, subcommand: str) -> str | None:
+    """Why the subcommand must not write into ``<out>/<subcommand>``: a ``table.md`` there that
+    this tool did not write (its first line is not :data:`TABLE_MARK`); ``None`` otherwise."""
+    table = Path(out) / subcommand / TABLE_FILE
+    if not table.is_file():
+        return None
+    with open(table, encoding="utf-8", errors="replace") as f:
+        if f.readline().rstrip("\n") == TABLE_MARK:
+            return None
+    return (f"--out {out}: {table} was not written by tools/analyze.py (its first line is not the tool's mark), and "
+            f"{subcommand} would replace it and the figures beside it. Give another --out, or move that file away.")
+
+
 def write_markdown(folder: Path, title: str, sections: Sequence[tuple[str, str]]) -> Path:
-    """``folder/table.md``: a ``# title`` then one ``## heading`` + body per section."""
-    parts = [f"# {title}", ""]
+    """``folder/table.md``: :data:`TABLE_MARK`, a ``# title``, then one ``## heading`` + body per section."""
+    parts = [TABLE_MARK, f"# {title}", ""]
     for heading, body in sections:
         parts += [f"## {heading}", "", body, ""]
     path = folder / TABLE_FILE
