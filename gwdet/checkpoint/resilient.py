@@ -45,6 +45,7 @@ import numpy as np
 import torch
 from detectron2.checkpoint import DetectionCheckpointer
 
+from gwdet.utils.cli_errors import as_override
 from gwdet.utils.atomic import checksum_path, checksum_problem, record_checksum, remove_checksum, write_atomically
 from gwdet.checkpoint.compatibility import (
     NORM_SETTINGS_KEY,
@@ -242,8 +243,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 f"{os.path.join(path, 'model_final.pth')}).")
         if path and "://" not in path and not os.path.isfile(path):
             setting = self.weights_setting
-            # a LazyConfig's settings are lower-case keys, set with key=value
-            empty = f'{setting}=""' if setting.islower() else f'{setting} ""'
+            empty = as_override(setting, '""')
             raise GwdetFileNotFoundError(
                 f"{setting} file {path!r} does not exist. Convert ImageNet weights with "
                 f"tools/convert_pretrained.py IN OUT (see docs/weights.md), or set {empty} to train from scratch."

@@ -44,7 +44,9 @@ def read_test_image(cfg: Any, path: str) -> dict:
     inputs = T.AugInput(original)
     try:
         T.AugmentationList(augmentations)(inputs)
-    except ValueError as error:  # PIL's "height and width must be > 0": a side resized to no pixel
+    except ValueError as error:
+        if "height and width must be > 0" not in str(error):  # PIL's words for a side resized to no pixel
+            raise
         raise GwdetValueError(
             f"{path} ({width}x{height} pixels) cannot be resized as the test loader resizes images ({error}): this "
             "elongated, one side would keep no pixel. Give a less elongated image.") from None

@@ -301,6 +301,12 @@ def saved_tree(cfg: DictConfig) -> dict:
     return tree
 
 
+def model_differences(saved: Mapping, current: Mapping) -> list[str]:
+    """``"model.KEY: saved -> current"`` for each value under ``model`` that differs between two
+    trees of :func:`read_saved_config`."""
+    return [f"model.{key}: {old!r} -> {new!r}" for key, old, new in differing_values(saved["model"], current["model"])]
+
+
 def check_resume_config(cfg: DictConfig, output_dir: str) -> None:
     """Raise ``ValueError`` when ``--resume`` would continue a run of another model: any
     difference under ``model`` from the run's ``config.yaml`` stops the run before anything is
@@ -322,7 +328,7 @@ def check_resume_config(cfg: DictConfig, output_dir: str) -> None:
             "this config cannot continue it. Resume it with the config it was trained with, or train into "
             "another train.output_dir.")
     current = saved_tree(cfg)
-    model = [f"model.{key}: {old!r} -> {new!r}" for key, old, new in differing_values(saved["model"], current["model"])]
+    model = model_differences(saved, current)
     if model:
         raise GwdetValueError(
             f"--resume: the run in {output_dir!r} was trained with another model ({CONFIG_NAME} there): "
@@ -330,11 +336,8 @@ def check_resume_config(cfg: DictConfig, output_dir: str) -> None:
             "overrides, or train the new model into another train.output_dir."
         )
     batch_key = "dataloader.train.total_batch_size"
-    saved_loader = saved.get("dataloader")
-    saved_train = saved_loader.get("train") if isinstance(saved_loader, dict) else None
-    saved_batch = saved_train.get("total_batch_size") if isinstance(saved_train, dict) else None
-    current_batch = select(cfg, batch_key)
-    check_resumed_batch(saved_batch, None if current_batch is ABSENT else current_batch, output_dir, batch_key)
+    saved_batch, current_batch = (OmegaConf.select(OmegaConf.create(tree), batch_key) for tree in (saved, current))
+    check_resumed_batch(saved_batch, current_batch, output_dir, batch_key)
     others = {key: value for key, value in saved.items() if key != "model"}
     differences = differing_values(others, {key: value for key, value in current.items() if key != "model"})
     if differences:
@@ -411,8 +414,7 @@ class LazyRun(RunConfig):
         saved = read_saved_config(path)
         if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
             return []
-        return [f"model.{key}: {old!r} -> {new!r}"
-                for key, old, new in differing_values(saved["model"], saved_tree(self.cfg)["model"])]
+        return model_differences(saved, saved_tree(self.cfg))
 
     def build_trainer(self) -> LazyTrainer:
         return LazyTrainer(self.cfg)

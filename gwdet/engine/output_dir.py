@@ -51,7 +51,7 @@ from gwdet.utils.atomic import (
     remove_stale_partials,
     write_text_atomically,
 )
-from gwdet.utils.cli_errors import output_path_problem
+from gwdet.utils.cli_errors import as_override, output_path_problem
 
 LOCK_NAME = ".gwdet.lock"
 CONFIG_NAME = "config.yaml"  # detectron2's default_setup writes the run's config here
@@ -428,24 +428,30 @@ def saved_run_config(cfg: CfgNode, output_dir: str, path: str) -> CfgNode:
     return saved
 
 
+def _of_the_model(differences: Sequence[str]) -> list[str]:
+    """The lines of ``differences`` (:func:`config_differences`) of ``MODEL.*`` keys, but
+    :data:`RESUMABLE_DIFFERENCES`."""
+    return [d for d in differences if d.startswith("MODEL.") and not d.startswith(RESUMABLE_DIFFERENCES)]
+
+
 def model_differences(saved: CfgNode, cfg: CfgNode) -> list[str]:
     """The differences of :func:`config_differences` that build another model (``MODEL.*`` but
     :data:`RESUMABLE_DIFFERENCES`)."""
-    return [d for d in config_differences(saved, cfg) if d.startswith("MODEL.") and not d.startswith(RESUMABLE_DIFFERENCES)]
+    return _of_the_model(config_differences(saved, cfg))
 
 
 def check_resumed_model(cfg: CfgNode, output_dir: str, path: str) -> None:
     """The model check of :func:`check_resume_config` against the run's ``config.yaml`` at ``path``."""
     saved = saved_run_config(cfg, output_dir, path)
     check_resumed_batch(saved.SOLVER.IMS_PER_BATCH, cfg.SOLVER.IMS_PER_BATCH, output_dir, "SOLVER.IMS_PER_BATCH")
-    model = model_differences(saved, cfg)
+    differences = config_differences(saved, cfg)
+    model = _of_the_model(differences)
     if model:
         raise GwdetValueError(
             f"--resume: the run in {output_dir!r} was trained with another model ({CONFIG_NAME} "
             f"there): {'; '.join(model[:5])}{f'; and {len(model) - 5} more' if len(model) > 5 else ''}. Resume with the "
             "same config and overrides, or train the new model into another OUTPUT_DIR."
         )
-    differences = config_differences(saved, cfg)
     if differences:
         logger.warning(f"--resume with config values that differ from {path}: {'; '.join(differences)}")
 
@@ -455,11 +461,10 @@ def check_resumed_batch(saved: Any, current: Any, output_dir: str, setting: str)
     ``setting``): the resumed data stream skips the images the run read, counted as iterations
     times the batch, so another batch would skip or repeat images."""
     if saved != current:
-        resume_with = f"{setting}{'=' if setting.islower() else ' '}{saved!r}"  # a LazyConfig's key=value
         raise GwdetValueError(
             f"--resume: the run in {output_dir!r} trained with {setting} {saved!r}, this config gives {current!r}: the "
             "data stream continues after the images the run read, counted as iterations times the batch, so it "
-            f"would skip or repeat images. Resume with {resume_with}, or start a new run in another folder "
+            f"would skip or repeat images. Resume with {as_override(setting, repr(saved))}, or start a new run in another folder "
             "from the run's last checkpoint as its initial weights.")
 
 
@@ -570,9 +575,8 @@ def check_output_dir_name(output_dir: str, encoding: str | None = None, setting:
     (``surrogates not allowed``), and in a Latin-1 locale, where the writer's folder is another one."""
     if not output_dir.strip():
         raise OutputDirNameError(
-            f"{setting} is empty ({output_dir!r}): give the folder the run writes into, e.g. {setting}"
-            f"{'=' if setting.islower() else ' '}output/run "
-            "(it is created if it does not exist); nothing was written.")
+            f"{setting} is empty ({output_dir!r}): give the folder the run writes into, e.g. "
+            f"{as_override(setting, 'output/run')} (it is created if it does not exist); nothing was written.")
     encoding = codecs.lookup(encoding or sys.getfilesystemencoding()).name
     try:
         output_dir.encode("utf-8")
@@ -609,13 +613,11 @@ class OutputDirLock:
             os.makedirs(output_dir, exist_ok=True)
             self._file = open(self.path, "a+")
         except OSError as error:
-            # a LazyConfig's settings are lower-case keys, set with key=value
-            assign = "=" if self.setting.islower() else " "
             raise OutputDirNotWritableError(
                 f"{self.setting} {output_dir!r} cannot be written ({error.strerror or error}); nothing was "
                 f"changed. Give the run a writable {self.setting}; to evaluate or export a run kept on a read-only "
-                f"disk, name its weights and write elsewhere: {self.weights_setting}{assign}<run>/model_final.pth "
-                f"{self.setting}{assign}<writable folder>.") from None
+                f"disk, name its weights and write elsewhere: {as_override(self.weights_setting, '<run>/model_final.pth')} "
+                f"{as_override(self.setting, '<writable folder>')}.") from None
         try:
             fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

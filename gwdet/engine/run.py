@@ -148,8 +148,10 @@ class RunConfig(ABC):
         """A warning when the weights sit in a run folder whose ``config.yaml`` gives the model other
         values than this config (a pixel mean: the weights evaluated in a model they were not trained
         in; a test threshold); nothing when there is no such record or it cannot be compared."""
+        if not weights or "://" in weights:
+            return
         record = os.path.join(os.path.dirname(os.path.abspath(weights)), CONFIG_NAME)
-        if not weights or "://" in weights or not os.path.isfile(record):
+        if not os.path.isfile(record):
             return
         try:
             differences = self.model_differences_from(record)

@@ -235,7 +235,7 @@ def check_training_values(cfg: CfgNode, world_size: int) -> None:
                 f"torch's batch norms only, and the layers of {', '.join(missed)} would keep their running averages. Set "
                 "TEST.PRECISE_BN.ENABLED False, or use BN / SyncBN there.")
     synchronized = [key for key, name in norms.items() if name in CUDA_SYNC_NORMS]
-    if synchronized and world_size > 1 and torch.device(cfg.MODEL.DEVICE).type != "cuda":
+    if synchronized and world_size > 1 and not str(cfg.MODEL.DEVICE).startswith("cuda"):
         raise GwdetValueError(
             f"{', '.join(synchronized)} is {norms[synchronized[0]]} (torch's SyncBatchNorm), which synchronizes CUDA "
             f"tensors only: {world_size} processes on {cfg.MODEL.DEVICE!r} would stop when training starts. Train "

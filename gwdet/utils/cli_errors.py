@@ -131,7 +131,13 @@ def output_path_problem(flag: str, path: str | os.PathLike, folder: bool) -> str
     return None
 
 
+def as_override(setting: str, value: str) -> str:
+    """``setting`` given ``value`` as the command line writes it: ``key=value`` for a LazyConfig's
+    settings (lower-case keys), ``KEY VALUE`` for a yacs config's."""
+    return f"{setting}={value}" if setting.islower() else f"{setting} {value}"
+
+
 __all__ = [
-    "EXIT_STATUS", "VERBOSE_FLAG", "add_verbose_argument", "message_of", "output_path_problem", "reported_errors",
-    "run_tool", "split_verbose", "tool_name",
+    "EXIT_STATUS", "VERBOSE_FLAG", "add_verbose_argument", "as_override", "message_of", "output_path_problem",
+    "reported_errors", "run_tool", "split_verbose", "tool_name",
 ]
