@@ -16,8 +16,9 @@ from gwdet.engine.launch import check_dist_url, launch
 from gwdet.engine.lazy import LazyRun
 from gwdet.engine import threads
 from gwdet.engine.threads import CpuLimits, choose_threads
-from gwdet.errors import GwdetValueError
+from gwdet.errors import GwdetTypeError, GwdetValueError
 from gwdet.model_zoo.lazy_loading import load_lazy_config
+from gwdet.norms import UnknownNormError
 
 from conftest import DEMO_CONFIG, REPO
 
@@ -110,6 +111,32 @@ def test_values_every_run_reads_are_refused_for_training_and_evaluation(override
 def test_training_values_detectron2_asserts_on_are_refused_first(override, message):
     assert message in refusal([override])
     LazyRun.load(str(LAZY_CONFIG), [override]).check_request(eval_only=True, world_size=1)  # evaluation reads none
+
+
+@pytest.mark.parametrize("overrides, error, message", [
+    # found only when the model was built, after default_setup had written config.yaml and log.txt
+    (["model.backbone.norm.name=GWW"], UnknownNormError, "model.backbone.norm: Unknown norm name 'GWW'. Known names: "),
+    (["model.roi_heads.box_head.conv_norm.num_groups=0"], GwdetValueError,
+     "model.roi_heads.box_head.conv_norm: config: num_groups of norm 'GW' must be an integer >= 1, got 0"),
+    (["model.backbone.norm.T=3", "model.backbone.norm.groups=8"], GwdetTypeError,
+     "model.backbone.norm: gwdet.norm('GW') takes ['num_groups', 'T', 'eps'], not ['groups']"),
+    # detectron2's get_norm raised a bare KeyError: 'GWW' when the model was built
+    (["model.backbone.norm=GWW"], UnknownNormError,
+     "model.backbone.norm='GWW' is not a norm name. detectron2's get_norm builds BN, FrozenBN, GN, LN, SyncBN, "
+     "naiveSyncBN, naiveSyncBN_N, nnSyncBN (or '' for none) from a name; gwdet's norms need their settings"),
+    (["model.roi_heads.mask_head.conv_norm=GW"], GwdetValueError,
+     "model.roi_heads.mask_head.conv_norm='GW': detectron2's get_norm builds only its own names from a string; "
+     "give L(gwdet.norm)(name='GW', ...)"),
+])
+def test_a_lazy_configs_norms_are_checked_when_it_is_loaded(overrides, error, message):
+    with pytest.raises(error) as refused:
+        LazyRun.load(str(LAZY_CONFIG), overrides)
+    assert str(refused.value).startswith(message)
+
+
+def test_norm_names_detectron2_builds_pass_the_load_check():
+    run = LazyRun.load(str(LAZY_CONFIG), ["model.backbone.norm=BN", "model.roi_heads.box_head.conv_norm=''"])
+    assert run.cfg.model.backbone.norm == "BN"
 
 
 def test_optimizer_parameter_values_of_none_take_the_optimizers_own():

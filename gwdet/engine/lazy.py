@@ -70,6 +70,7 @@ from gwdet.engine.output_dir import (
 )
 from gwdet.engine.lazy_checks import (
     check_datasets,
+    check_norm_nodes,
     check_loader_values,
     check_resize_nodes,
     check_run_values,
@@ -361,6 +362,7 @@ class LazyRun(RunConfig):
         """The LazyConfig with its ``key=value`` overrides; ``tool``: its test loader reading in this
         process (``num_workers=0``), as the export and analyze tools read a few images only."""
         cfg = load_lazy_config(config_file, list(opts))
+        check_norm_nodes(cfg)
         if tool and isinstance(select(cfg, "dataloader.test"), DictConfig) and "num_workers" in cfg.dataloader.test:
             cfg.dataloader.test.num_workers = 0
         return cls(cfg)

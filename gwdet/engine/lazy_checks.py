@@ -25,8 +25,9 @@ from gwdet.config_checks import (
 )
 from gwdet.data.coco_registration import known_class_names
 from gwdet.data.shapes import SPEC_CONFIG_KEYS, ShapesSpec, check_image_size
-from gwdet.errors import GwdetValueError
+from gwdet.errors import GwdetTypeError, GwdetValueError
 from gwdet.model_zoo.lazy_loading import ABSENT, callable_of, select
+from gwdet.norms import UnknownNormError, known_norm_names, norm, norm_records
 from gwdet.modeling.build import check_mixed_precision, check_run_device
 from gwdet.utils.cli_errors import output_path_problem
 
@@ -59,6 +60,8 @@ OPTIONAL_TRAINING_TWINS = (
     ("optimizer.params.weight_decay", "SOLVER.WEIGHT_DECAY"),
     ("optimizer.params.weight_decay_bias", "SOLVER.WEIGHT_DECAY_BIAS"),
 )
+# The arguments by which detectron2's components (and gwdet's) take a norm for get_norm
+NORM_ARGUMENTS = ("norm", "conv_norm")
 # GeneralizedRCNN's arguments that MODEL.PIXEL_MEAN, MODEL.PIXEL_STD and INPUT.FORMAT give in a yacs config
 LAZY_PIXEL_KEYS = ("model.pixel_mean", "model.pixel_std", "model.input_format")
 
@@ -189,15 +192,53 @@ def check_twins(cfg: DictConfig, twins: Sequence[tuple[str, str]], none_allowed:
 def nodes_calling(node: DictConfig | ListConfig, target: Any, path: str = "") -> Iterator[tuple[str, DictConfig]]:
     """The ``L(target)(...)`` nodes in ``node`` and their dotted keys (below ``path``), each found
     where it is defined: references to a node (``"${dataloader.shapes}"``) are not followed."""
-    if isinstance(node, DictConfig) and callable_of(node) is target:
-        yield path, node
+    return ((key, call) for key, call, called in lazy_calls(node, path) if called is target)
+
+
+def lazy_calls(node: DictConfig | ListConfig, path: str = "") -> Iterator[tuple[str, DictConfig, Any]]:
+    """Every ``L(...)`` node in ``node`` with its dotted key (below ``path``) and the callable it
+    calls, each found where it is defined: references to a node are not followed."""
+    if isinstance(node, DictConfig) and callable_of(node) is not None:
+        yield path, node, callable_of(node)
     keys: list[Any] = [str(key) for key in node.keys()] if isinstance(node, DictConfig) else list(range(len(node)))
     for key in keys:
         if OmegaConf.is_interpolation(node, key) or OmegaConf.is_missing(node, key):
             continue
         child = node[key]
         if isinstance(child, (DictConfig, ListConfig)):
-            yield from nodes_calling(child, target, f"{path}.{key}" if path else str(key))
+            yield from lazy_calls(child, f"{path}.{key}" if path else str(key))
+
+
+def check_norm_nodes(cfg: DictConfig) -> None:
+    """The model's norms checked before anything is written or built, as a yacs config's NORM
+    values are: every ``L(gwdet.norm)(...)`` node is made (:class:`gwdet.norms.Norm` checks its
+    name and settings; the error names the node), and a norm that a detectron2 or gwdet component
+    takes by name (its ``norm`` or ``conv_norm`` argument) must be one detectron2's ``get_norm``
+    builds: gwdet's names need a ``gwdet.norm`` node with their settings."""
+    detectron2_names = ["", *(record.name for record in norm_records() if record.detectron2_values is not None)]
+    for path, node, called in lazy_calls(select(cfg, "model"), "model"):
+        if called is norm:
+            arguments = {str(key): value for key, value in OmegaConf.to_container(node, resolve=True).items()
+                         if key != "_target_"}
+            try:
+                norm(**arguments)
+            except (UnknownNormError, GwdetValueError, GwdetTypeError) as error:
+                raise type(error)(f"{path}: {error.args[0]}") from None
+            continue
+        if not getattr(called, "__module__", "").startswith(("detectron2.", "gwdet.")):
+            continue  # the user's own component: its arguments are its own
+        for argument in NORM_ARGUMENTS:
+            name = node.get(argument) if not OmegaConf.is_interpolation(node, argument) else None
+            if not isinstance(name, str) or name in detectron2_names:
+                continue
+            if name not in known_norm_names():
+                raise UnknownNormError(
+                    f"{path}.{argument}={name!r} is not a norm name. detectron2's get_norm builds "
+                    f"{', '.join(detectron2_names[1:])} (or '' for none) from a name; gwdet's norms need their settings: "
+                    f"give L(gwdet.norm)(name=..., ...), e.g. L(gwdet.norm)(name='GW', num_groups=16).")
+            raise GwdetValueError(
+                f"{path}.{argument}={name!r}: detectron2's get_norm builds only its own names from a string; give "
+                f"L(gwdet.norm)(name={name!r}, ...) with the settings you want (gwdet.norm({name!r}, ...) in Python).")
 
 
 def check_loader_values(cfg: DictConfig, training: bool) -> None:
