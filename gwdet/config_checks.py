@@ -656,6 +656,15 @@ def _check_pixel_normalization(cfg: CfgNode) -> None:
     check_pixel_normalization(mean, std, image_format)
 
 
+def check_batch_split(described: str, batch: Any, world_size: int) -> None:
+    """Refuse a total batch (``described``: its setting and value) that ``world_size`` processes
+    cannot share evenly."""
+    if not is_whole_number(batch) or batch < 1 or batch % world_size:
+        raise GwdetValueError(
+            f"{described}, which {world_size} process(es) (--num-gpus x --num-machines) cannot share evenly: use a "
+            f"positive multiple of {world_size} (it is the batch of all processes together).")
+
+
 def check_pixel_normalization(mean: Any, std: Any, image_format: Any,
                               keys: Sequence[str] = YACS_PIXEL_KEYS) -> None:
     """The pixel ``mean`` and ``std`` hold one finite number per channel of the images of

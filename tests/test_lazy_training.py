@@ -101,7 +101,7 @@ def test_a_lazy_run_folder_follows_the_yacs_rules(tmp_path):
     config.write_bytes(written + f'X: !!python/object/apply:os.system ["touch {witness}"]\n'.encode())
     record_checksum(str(config))
 
-    with logged_warnings("gwdet.engine.lazy") as logged:
+    with logged_warnings("gwdet.engine.output_dir") as logged:
         run(tmp_path, "--resume", "train.max_iter=3")  # one more iteration
     assert iteration_of(final) == 2
     assert any("train.max_iter: 2 -> 3" in message for message in logged), "a difference outside the model is logged"

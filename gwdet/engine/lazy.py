@@ -60,11 +60,9 @@ from gwdet.modeling.build import check_device
 from gwdet.modeling.model_checks import check_norm_weight_decay
 from gwdet.engine.output_dir import (
     CONFIG_NAME,
+    SavedRun,
     check_config_checksum,
-    check_config_present,
-    check_resume_trains,
-    check_resumed_batch,
-    checkpoints_in,
+    check_resumed_run,
     damaged_config,
     differing_values,
 )
@@ -90,6 +88,7 @@ from gwdet.engine.training import (
 )
 
 WEIGHTS_SETTING = "train.init_checkpoint"
+BATCH_SETTING = "dataloader.train.total_batch_size"
 # What training needs besides dataloader.test / dataloader.evaluator (without them: no evaluation),
 # as detectron2's common/train.py and tools/lazyconfig_train_net.py lay it out.
 TRAINING_KEYS = (
@@ -308,16 +307,10 @@ def model_differences(saved: Mapping, current: Mapping) -> list[str]:
     return [f"model.{key}: {old!r} -> {new!r}" for key, old, new in differing_values(saved["model"], current["model"])]
 
 
-def check_resume_config(cfg: DictConfig, output_dir: str) -> None:
-    """Raise ``ValueError`` when ``--resume`` would continue a run of another model: any
-    difference under ``model`` from the run's ``config.yaml`` stops the run before anything is
-    loaded; other differences (a longer schedule, another device) are logged. A resume that would
-    train nothing (``train.max_iter`` below the checkpoint's iteration) is refused too
-    (:func:`gwdet.engine.output_dir.check_resume_trains`)."""
-    path = os.path.join(output_dir, CONFIG_NAME)
-    if not checkpoints_in(output_dir):  # nothing to resume: a fresh start
-        return
-    check_config_present(path, output_dir, OUTPUT_SETTING)
+def compare_with_run(cfg: DictConfig, output_dir: str, path: str) -> SavedRun:
+    """The run's ``config.yaml`` at ``path`` (checked against its checksum) compared with ``cfg``:
+    every difference under ``model`` is another model. A damaged file, or one of a yacs config, is
+    refused."""
     check_config_checksum(path, output_dir, OUTPUT_SETTING)
     try:
         saved = read_saved_config(path)
@@ -329,22 +322,17 @@ def check_resume_config(cfg: DictConfig, output_dir: str) -> None:
             "this config cannot continue it. Resume it with the config it was trained with, or train into "
             "another train.output_dir.")
     current = saved_tree(cfg)
-    model = model_differences(saved, current)
-    if model:
-        raise GwdetValueError(
-            f"--resume: the run in {output_dir!r} was trained with another model ({CONFIG_NAME} there): "
-            f"{'; '.join(model[:5])}{'; ...' if len(model) > 5 else ''}. Resume with the same config and "
-            "overrides, or train the new model into another train.output_dir."
-        )
-    batch_key = "dataloader.train.total_batch_size"
-    saved_batch, current_batch = (OmegaConf.select(OmegaConf.create(tree), batch_key) for tree in (saved, current))
-    check_resumed_batch(saved_batch, current_batch, output_dir, batch_key)
-    others = {key: value for key, value in saved.items() if key != "model"}
-    differences = differing_values(others, {key: value for key, value in current.items() if key != "model"})
-    if differences:
-        logger.warning(f"--resume with config values that differ from {path}: "
-                       + "; ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in differences))
-    check_resume_trains(output_dir, cfg.train.max_iter, "train.max_iter")
+    batches = tuple(OmegaConf.select(OmegaConf.create(tree), BATCH_SETTING) for tree in (saved, current))
+    others = differing_values({key: value for key, value in saved.items() if key != "model"},
+                              {key: value for key, value in current.items() if key != "model"})
+    return SavedRun((batches[0], batches[1]), model_differences(saved, current),
+                    [f"{key}: {old!r} -> {new!r}" for key, old, new in others])
+
+
+def check_resume_config(cfg: DictConfig, output_dir: str) -> None:
+    """:func:`~gwdet.engine.output_dir.check_resumed_run` of a LazyConfig (:func:`compare_with_run`)."""
+    check_resumed_run(output_dir, lambda path: compare_with_run(cfg, output_dir, path), cfg.train.max_iter,
+                      output_setting=OUTPUT_SETTING, batch_setting=BATCH_SETTING, max_iter_setting="train.max_iter")
 
 
 class LazyRun(RunConfig):

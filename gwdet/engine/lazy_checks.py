@@ -8,7 +8,7 @@ twin's check (:func:`check_twin`). Also the dataset names a LazyConfig trains an
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence, cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -19,6 +19,7 @@ from gwdet.config import CONFIG_KEYS
 from gwdet.config_checks import (
     DETECTRON2_VALUE_RULES,
     SEED_LIMIT,
+    check_batch_split,
     check_pixel_normalization,
     is_finite_number,
     is_whole_number,
@@ -105,11 +106,7 @@ def check_training_values(cfg: DictConfig, world_size: int) -> None:
                                   "would refuse it, or train with it, once the model is built).")
     batch = select(cfg, "dataloader.train.total_batch_size")
     if batch is not ABSENT:
-        if not is_whole_number(batch) or batch < 1 or batch % world_size:
-            raise GwdetValueError(
-                f"dataloader.train.total_batch_size={batch!r}, which {world_size} process(es) (--num-gpus x "
-                f"--num-machines) cannot share evenly: use a positive multiple of {world_size} (it is the batch of "
-                "all processes together).")
+        check_batch_split(f"dataloader.train.total_batch_size={batch!r}", batch, world_size)
     _check_checkpoints_kept(cfg)
     _check_warmup_length(cfg)
     enabled = select(cfg, "train.amp.enabled")
@@ -218,8 +215,8 @@ def check_norm_nodes(cfg: DictConfig) -> None:
     detectron2_names = ["", *(record.name for record in norm_records() if record.detectron2_values is not None)]
     for path, node, called in lazy_calls(select(cfg, "model"), "model"):
         if called is norm:
-            arguments = {str(key): value for key, value in OmegaConf.to_container(node, resolve=True).items()
-                         if key != "_target_"}
+            values = cast(dict, OmegaConf.to_container(node, resolve=True))  # a DictConfig's container
+            arguments = {str(key): value for key, value in values.items() if key != "_target_"}
             try:
                 norm(**arguments)
             except (UnknownNormError, GwdetValueError, GwdetTypeError) as error:

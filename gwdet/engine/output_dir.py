@@ -2,7 +2,7 @@
 
 * :func:`check_fresh_start`: a run that starts from iteration 0 does not write over another run's
   checkpoints, metrics and results unless told to (``--overwrite`` clears them first);
-* :func:`check_resume_config`: ``--resume`` continues a run only with the model it was trained with,
+* :func:`check_resumed_run`: ``--resume`` continues a run only with the model it was trained with,
   and only when there is something left to train (:func:`check_resume_trains`);
 * :func:`evaluation_folder`: ``--eval-only`` into a folder that holds a run writes under
   ``eval/<checkpoint>/`` and never touches the run's own config, results, vis or inference;
@@ -27,7 +27,7 @@ import logging
 import os
 import shutil
 import sys
-from typing import IO, Any, Iterator, Mapping, Sequence
+from typing import IO, Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 from detectron2.config import CfgNode
 
@@ -369,20 +369,54 @@ def check_resume_trains(output_dir: str, max_iter: int, setting: str = "SOLVER.M
             f"{setting} above {start}; to evaluate it, use --eval-only --resume.")
 
 
-def check_resume_config(cfg: CfgNode, output_dir: str) -> None:
-    """Raise ``ValueError`` when ``--resume`` would continue a run of another model, or would train
-    nothing (:func:`check_resume_trains`).
+class SavedRun(NamedTuple):
+    """A run's ``config.yaml`` compared with the config that resumes it (:func:`check_resumed_run`)."""
 
-    The run's ``config.yaml`` (written when it started) is compared with ``cfg``: any difference
-    under ``MODEL`` (but ``MODEL.DEVICE`` and ``MODEL.WEIGHTS``) stops the run before anything is
-    loaded; other differences (a longer schedule, say) are logged.
-    """
-    path = os.path.join(output_dir, CONFIG_NAME)
-    if not checkpoints_in(output_dir):  # nothing to resume: a fresh start
+    batches: tuple[Any, Any]  # the batch size of the run and of the config
+    model: list[str]  # "KEY: saved -> current" for each value that builds another model
+    others: list[str]  # the same for the other values that differ
+
+
+def check_resumed_run(output_dir: str, compare: Callable[[str], SavedRun], max_iter: int, *,
+                      output_setting: str, batch_setting: str, max_iter_setting: str) -> None:
+    """Refuse ``--resume`` of the run in ``output_dir`` (its checkpoints there) whose ``config.yaml``
+    is missing, or that ``compare`` (reading it: its checksum, its kind) finds trained with another
+    batch size or model, or that would train nothing (:func:`check_resume_trains`); other
+    differences (a longer schedule, say) are logged. No checkpoint: a fresh start, nothing to check."""
+    if not checkpoints_in(output_dir):
         return
-    check_config_present(path, output_dir)
-    check_resumed_model(cfg, output_dir, path)
-    check_resume_trains(output_dir, cfg.SOLVER.MAX_ITER)
+    path = os.path.join(output_dir, CONFIG_NAME)
+    check_config_present(path, output_dir, output_setting)
+    saved = compare(path)
+    check_resumed_batch(*saved.batches, output_dir, batch_setting)
+    if saved.model:
+        raise GwdetValueError(
+            f"--resume: the run in {output_dir!r} was trained with another model ({CONFIG_NAME} there): "
+            f"{listed(saved.model, 5)}. Resume with the same config and overrides, or train the new model into "
+            f"another {output_setting}.")
+    if saved.others:
+        logger.warning(f"--resume with config values that differ from {path}: {'; '.join(saved.others)}")
+    check_resume_trains(output_dir, max_iter, max_iter_setting)
+
+
+def check_resume_config(cfg: CfgNode, output_dir: str) -> None:
+    """:func:`check_resumed_run` of a yacs config: every difference under ``MODEL`` (but
+    :data:`RESUMABLE_DIFFERENCES`) is another model."""
+    def compare(path: str) -> SavedRun:
+        saved = saved_run_config(cfg, output_dir, path)
+        differences = config_differences(saved, cfg)
+        model = _of_the_model(differences)
+        return SavedRun((saved.SOLVER.IMS_PER_BATCH, cfg.SOLVER.IMS_PER_BATCH), model,
+                        [d for d in differences if d not in model])
+
+    check_resumed_run(output_dir, compare, cfg.SOLVER.MAX_ITER, output_setting="OUTPUT_DIR",
+                      batch_setting="SOLVER.IMS_PER_BATCH", max_iter_setting="SOLVER.MAX_ITER")
+
+
+def listed(items: Sequence[str], most: int) -> str:
+    """The first ``most`` of ``items`` joined by ``"; "``, and how many more there are."""
+    more = len(items) - most
+    return "; ".join(items[:most]) + (f"; and {more} more" if more > 0 else "")
 
 
 def check_config_present(path: str, output_dir: str, output_setting: str = "OUTPUT_DIR") -> None:
@@ -438,22 +472,6 @@ def model_differences(saved: CfgNode, cfg: CfgNode) -> list[str]:
     """The differences of :func:`config_differences` that build another model (``MODEL.*`` but
     :data:`RESUMABLE_DIFFERENCES`)."""
     return _of_the_model(config_differences(saved, cfg))
-
-
-def check_resumed_model(cfg: CfgNode, output_dir: str, path: str) -> None:
-    """The model check of :func:`check_resume_config` against the run's ``config.yaml`` at ``path``."""
-    saved = saved_run_config(cfg, output_dir, path)
-    check_resumed_batch(saved.SOLVER.IMS_PER_BATCH, cfg.SOLVER.IMS_PER_BATCH, output_dir, "SOLVER.IMS_PER_BATCH")
-    differences = config_differences(saved, cfg)
-    model = _of_the_model(differences)
-    if model:
-        raise GwdetValueError(
-            f"--resume: the run in {output_dir!r} was trained with another model ({CONFIG_NAME} "
-            f"there): {'; '.join(model[:5])}{f'; and {len(model) - 5} more' if len(model) > 5 else ''}. Resume with the "
-            "same config and overrides, or train the new model into another OUTPUT_DIR."
-        )
-    if differences:
-        logger.warning(f"--resume with config values that differ from {path}: {'; '.join(differences)}")
 
 
 def check_resumed_batch(saved: Any, current: Any, output_dir: str, setting: str) -> None:

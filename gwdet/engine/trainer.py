@@ -28,7 +28,7 @@ from fvcore.nn.precise_bn import BN_MODULE_TYPES
 from gwdet.errors import GwdetValueError
 from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer
 from gwdet.config import config_value
-from gwdet.config_checks import BOX_HEAD, MASK_HEAD, builds_part, ensure_checked
+from gwdet.config_checks import BOX_HEAD, MASK_HEAD, builds_part, check_batch_split, ensure_checked
 from gwdet.data import prepare_datasets, register_datasets
 from gwdet.data.coco_registration import CocoDataset
 from gwdet.data.datasets import config_dataset_names, dataset_classes, named_empty_training_set
@@ -240,11 +240,7 @@ def check_training_values(cfg: CfgNode, world_size: int) -> None:
             f"{', '.join(synchronized)} is {norms[synchronized[0]]} (torch's SyncBatchNorm), which synchronizes CUDA "
             f"tensors only: {world_size} processes on {cfg.MODEL.DEVICE!r} would stop when training starts. Train "
             "with one process, on GPUs (MODEL.DEVICE cuda), or with another norm there (BN, GN, GW, ...).")
-    batch = cfg.SOLVER.IMS_PER_BATCH
-    if batch < 1 or batch % world_size:
-        raise GwdetValueError(
-            f"SOLVER.IMS_PER_BATCH is {batch}, which {world_size} process(es) (--num-gpus x --num-machines) "
-            f"cannot share evenly: use a positive multiple of {world_size} (it is the batch of all processes together).")
+    check_batch_split(f"SOLVER.IMS_PER_BATCH is {cfg.SOLVER.IMS_PER_BATCH}", cfg.SOLVER.IMS_PER_BATCH, world_size)
 
 
 class YacsRun(RunConfig):
