@@ -1,17 +1,12 @@
 """What gwdet runs on: print it with ``python -m gwdet.collect_env`` (``--json`` for a machine-readable
 form) and paste the output into a bug report.
 
-The report is detectron2's own table (:func:`detectron2.utils.collect_env.collect_env_info`: Python,
-PyTorch, CUDA, detectron2 and its compiled ``_C``, the libraries) followed by gwdet's rows: gwdet's
-version and how it is installed, how detectron2 is installed (the distribution that owns it, which
-for the registry wheel is ``sal-detectron2``, a name ``pip show detectron2`` does not find), the norm
-names and the components gwdet registered, the execution plan of its whitening layers
-(:mod:`gwdet.layers.plans`), the CPU threads and the environment variables gwdet reads.
-
-Each part is guarded: when ``import gwdet`` fails, its rows are the import error, and when
-detectron2 fails to import, its table is the error. ``python -m gwdet.collect_env`` needs the
-package's ``__init__`` to import; when it does not, run this file directly
-(``python gwdet/collect_env.py``), which imports nothing of gwdet before it reports.
+The report is detectron2's own table (:func:`detectron2.utils.collect_env.collect_env_info`) followed
+by gwdet's rows: its version and installation, the distribution that owns detectron2 (e.g.
+``sal-detectron2``), the registered norm names and components, the whitening layers' execution plan
+(:mod:`gwdet.layers.plans`), the CPU threads and the environment variables gwdet reads. Each part is
+guarded: a failed import shows as its error. When the package's ``__init__`` does not import, run
+this file directly (``python gwdet/collect_env.py``), which imports nothing of gwdet before it reports.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ print such an error as ``<tool>: error: <message>`` without a traceback
 keeps its traceback.
 
 Each class also derives from the built-in type that says what kind of refusal it is, so that
-``except ValueError`` (or ``FileNotFoundError``, ``KeyError``, ...) catches it as before. Errors of
+``except ValueError`` (or ``FileNotFoundError``, ``KeyError``, ...) catches it too. Errors of
 their own kind (:class:`gwdet.config_checks.NormConfigError`, :class:`gwdet.data.DatasetError`,
 :class:`gwdet.convert.ConversionError`, ...) derive from :class:`GwdetError` directly; the classes
 below are for refusals that need nothing beyond their message.

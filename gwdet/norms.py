@@ -59,24 +59,17 @@ class UnknownNormError(GwdetError, KeyError):
 class NormRecord:
     """Everything gwdet knows about one norm name; every check asks the catalogue, not a list.
 
-    * ``build(channels, **params)`` makes the layer; ``config_keys`` says where each param lives in
-      a yacs config (param -> dotted key).
+    * ``build(channels, **params)`` makes the layer; ``config_keys`` maps each param to its yacs key.
     * ``batch_statistics``: the layer normalizes with statistics over several examples (it must
       not be shared across FPN levels).
-    * ``layer_types``: the classes of the layers it builds (a base class stands for its
-      subclasses), wherever such a layer is built. Checkpoints record their types (and the settings
-      gwdet's layers name, ``HYPER_PARAMETERS``); the model checks look for those of the names with
-      ``batch_statistics``; the optimizer gives ``SOLVER.WEIGHT_DECAY_NORM`` to those of the names
-      detectron2 does not build; example weighing replaces those of detectron2's batch-norm names;
-      flop counting reports one that derives from a gwdet layer under that layer's op
-      (:mod:`gwdet.export.counting_ops`). Norm classes no name builds: the end of this module.
-    * ``detectron2_values``: ``None`` when detectron2's ``get_norm`` cannot build the name; else
-      the param values with which ``get_norm(name)`` builds it itself (``{}``: it has none to set;
-      GN: ``{"num_groups": 32}``).
-    * ``detectron2_per_level``: detectron2's ``RetinaNetHead`` keeps this name's layers per FPN
-      level itself (its "BN" and "SyncBN").
+    * ``layer_types``: the classes of the layers it builds (a base class stands for its subclasses),
+      by which checkpoints, model checks, the optimizer, example weighing and flop counting
+      recognise such a layer however it was built; norm classes no name builds: the end of this module.
+    * ``detectron2_values``: ``None`` when detectron2's ``get_norm`` cannot build the name, else the
+      param values it builds it with (GN: ``{"num_groups": 32}``).
+    * ``detectron2_per_level``: detectron2's ``RetinaNetHead`` keeps this name's layers per FPN level.
     * ``example_groups``: the layer normalizes over groups of ``MODEL.BGN.EXAMPLES_PER_GROUP``
-      examples, which must fit the batch (BGN, GhostBN).
+      examples (BGN, GhostBN).
     * ``builtin``: one of detectron2's or gwdet's names (never replaced, never unregistered).
     """
 
@@ -106,24 +99,14 @@ _RECORDS: dict[str, NormRecord] = {}
 def register_norm(name: str, build: Callable[..., torch.nn.Module] | None = None, *,
                   config_keys: Mapping[str, str] | None = None, batch_statistics: bool = False,
                   layer_types: tuple[type, ...] = ()):
-    """Register ``build(channels, **params) -> nn.Module`` under ``name``.
+    """Register ``build(channels, **params) -> nn.Module`` under ``name``; usable as a decorator.
 
     ``config_keys`` maps each keyword of ``build`` to the yacs key :func:`norm_from_config` reads
-    it from; ``batch_statistics`` says whether the layer normalizes with statistics over several
-    examples (such a layer must not be shared across FPN levels); ``layer_types``, optional, the
-    classes of the layers it builds: every layer of those classes, however built, is then a norm
-    to the optimizer, to gwdet's checkpoints and to the model checks (those of a name with
-    ``batch_statistics``), and one deriving from a gwdet layer is that layer to flop counting
-    (:attr:`NormRecord.layer_types`). The layers it builds are norms to the optimizer in any case
-    (:func:`gwdet.solver.is_norm_layer`: ``SOLVER.WEIGHT_DECAY_NORM``). Usable as a decorator. A
-    name is registered once: the names of detectron2 and gwdet, and a name already registered, are
-    refused with ``ValueError`` (a plugin that reloads calls :func:`unregister_norm` first).
-
-    Everything is checked here, naming the norm: ``build`` is callable and takes the channel count
-    first; ``config_keys`` maps keywords ``build`` takes to dotted key names (whether a config holds
-    them is checked where one is read, :func:`norm_from_config`); ``batch_statistics`` is a bool;
-    ``layer_types`` a tuple of classes. What ``build`` returns is checked where a layer is built
-    (:class:`Norm`).
+    it from; ``batch_statistics`` and ``layer_types`` as in :class:`NormRecord`. The layers it builds
+    are norms to the optimizer in any case (:func:`gwdet.solver.is_norm_layer`). Raises
+    ``ValueError`` naming the norm for a name of detectron2's or gwdet's or one already registered (a
+    plugin that reloads calls :func:`unregister_norm` first), or for arguments of the wrong kind;
+    what ``build`` returns is checked by :class:`Norm`.
     """
     if not isinstance(name, str) or not name:
         raise GwdetValueError(f"register_norm: name must be a non-empty string, got {name!r}")

@@ -1,15 +1,11 @@
 """Optimizer parameter groups in which every norm layer, gwdet's included, is a norm.
 
-detectron2's ``get_default_optimizer_params`` (behind ``DefaultTrainer.build_optimizer`` and the
-LazyConfig ``common/optim.py``) gives ``weight_decay_norm`` (``SOLVER.WEIGHT_DECAY_NORM``, 0 by
-default) to the parameters of modules whose class is in its own list of torch norm classes
-(:data:`gwdet.norms.DETECTRON2_OPTIMIZER_NORMS`). gwdet's layers are not in that list, so
-detectron2 alone would decay their affine parameters like convolution weights: a GW model and a GN
-model would train with
-different recipes. :func:`get_default_optimizer_params` here takes the same arguments and returns
-the same groups, except that the parameters of every norm layer :func:`is_norm_layer` recognises
-get ``weight_decay_norm`` too. With no gwdet norm in the model the groups are detectron2's, object
-for object.
+detectron2's ``get_default_optimizer_params`` gives ``weight_decay_norm`` (``SOLVER.WEIGHT_DECAY_NORM``)
+only to modules of its own list of torch norm classes (:data:`gwdet.norms.DETECTRON2_OPTIMIZER_NORMS`),
+which would decay gwdet's affine parameters like convolution weights.
+:func:`get_default_optimizer_params` here takes the same arguments and returns the same groups,
+except that every norm layer :func:`is_norm_layer` recognises gets ``weight_decay_norm`` too; with no
+gwdet norm in the model the groups are detectron2's.
 
 * yacs: gwdet's ``Trainer`` builds its optimizer with :func:`build_optimizer`. A trainer of your
   own (a ``DefaultTrainer`` subclass) adds one line::

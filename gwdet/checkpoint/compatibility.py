@@ -1,22 +1,13 @@
 """Refusing weights that do not fit the model they are loaded into.
 
-detectron2's ``FrozenBatchNorm2d`` quietly fills running statistics a checkpoint lacks with 0 and
-1, so GW affine parameters would load into BN layers without a word; a ResNet-101 checkpoint into a
-ResNet-50 only logs skipped keys. Weights written by ``tools/convert_pretrained.py`` record their
-architecture and GW positions, which are checked here against the model's backbone before loading.
-Checkpoints written by gwdet's trainer record the type and the hyper-parameters of every norm
-layer, so weights trained with other norms (a GN model's affine parameters into GW layers) or with
-other norm values (GW with 16 groups evaluated with 8: the same parameter shapes, another function)
-are refused the same way.
-
-gwdet's own norm layers also record their settings in the model's state (``<layer>._extra_state``,
-:mod:`gwdet.layers.settings_state`), which every loader checks as it loads. gwdet's checkpointer
-compares those records with the model before anything is loaded (:func:`check_layer_settings`), so
-that a checkpoint without gwdet's records beside the weights (one written by detectron2's
-``lazyconfig_train_net.py``) is refused as its own are; with the opt-in to load other norm values
-anyway, it removes them from the state first (:func:`drop_layer_settings`). A state saved before
-the layers recorded settings has none: its values are then checked as before, from the records
-beside the weights where gwdet's trainer wrote them.
+detectron2 loads mismatched weights with at most a logged warning (``FrozenBatchNorm2d`` fills
+missing running statistics with 0 and 1). Converted weights record their architecture and GW
+positions, gwdet's checkpoints the type and hyper-parameters of every norm layer, and gwdet's norm
+layers their settings in the model's state (``<layer>._extra_state``,
+:mod:`gwdet.layers.settings_state`); these are checked against the model before anything is loaded,
+so weights of another architecture, or trained with other norms or other norm values (GW with 16
+groups evaluated with 8), are refused. With the opt-in to load them anyway, the layers' recorded
+settings are removed from the state first (:func:`drop_layer_settings`).
 """
 from __future__ import annotations
 

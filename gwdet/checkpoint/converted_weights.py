@@ -12,14 +12,10 @@ A converted file is detectron2's weights format plus gwdet's record of what the 
                "input": {"format": "RGB",   # how the weights expect images: torchvision's way
                          "pixel_mean": [...], "pixel_std": [...], "stride_in_1x1": False}}}
 
-The converter (:mod:`gwdet.convert`) writes it; detectron2 logs ``__author__`` when it loads the
-file; gwdet's checkpointer reads the ``"gwdet"`` entry back (:func:`read_conversion_metadata`) and
-refuses weights whose architecture, GW positions or input format (colour order, pixel mean and
-std, stride placement) misfit the model (:mod:`gwdet.checkpoint.compatibility`). Files written
-before the ``"input"`` entry existed are checked for the rest.
-
-:data:`ARCHITECTURES` are the bottleneck ResNets/ResNeXts of detectron2's ``MODEL.RESNETS`` that
-ImageNet checkpoints come in: the architectures a converted file can name.
+The converter (:mod:`gwdet.convert`) writes it; gwdet's checkpointer reads the ``"gwdet"`` entry
+back (:func:`read_conversion_metadata`) and refuses weights whose architecture, GW positions or
+input format misfit the model (:mod:`gwdet.checkpoint.compatibility`); a file without ``"input"``
+is checked for the rest.
 """
 from __future__ import annotations
 

@@ -1,23 +1,12 @@
 """Checksums that make a damaged weight file or checkpoint an error instead of a silently different model.
 
-``torch.save`` archives carry no check of their tensor bytes, and a pickle of numpy arrays none at
-all: bytes overwritten inside a tensor (a bad disk, an interrupted copy) load without a word. gwdet
-records, when it writes a checkpoint or a converted weight file (:func:`with_checksums`):
-
-* a CRC-32 of every weight's bytes (:data:`CHECKSUMS_KEY`, ``{weight name: CRC}``);
-* a CRC-32 of every other value of the file (:data:`STATE_CHECKSUMS_KEY`): the training state of a
-  checkpoint (the optimizer's momentum buffers and settings, the LR scheduler, the iteration, the
-  random generators' states), the author and conversion metadata of converted weights. Nested
-  dicts are followed, so each entry names one value, e.g.
-  ``trainer/_trainer/optimizer/state/3/momentum_buffer``; a list or a tensor is one value.
-
-:func:`verify_checksums` compares them when the file is read again, naming the file and the damaged
-values, and how to save a file changed on purpose without the checksums
-(:func:`without_checksums_recipe`); whole entries of the training state removed from a file (a
-checkpoint stripped to publish its weights) can be accepted where only the weights are loaded.
-gwdet's checkpoints also carry the SHA-256 of the whole file beside it (``model_final.pth.sha256``,
-:mod:`gwdet.checkpoint.resilient`), which covers bytes no value holds. Files without checksums
-(detectron2's own, older ones) load as before.
+``torch.save`` archives and pickles carry no check of their tensor bytes, so bytes overwritten
+inside a tensor load without a word. :func:`with_checksums` records, in a checkpoint or converted
+weight file, a CRC-32 of every weight (:data:`CHECKSUMS_KEY`, ``{weight name: CRC}``) and of every
+other value (:data:`STATE_CHECKSUMS_KEY`, nested dicts followed, e.g.
+``trainer/_trainer/optimizer/state/3/momentum_buffer``). :func:`verify_checksums` compares them when
+the file is read again, naming the file and the damaged values; training state removed whole from a
+file can be accepted where only the weights are loaded. Files without checksums load unchecked.
 """
 from __future__ import annotations
 

@@ -1,34 +1,14 @@
 """Checkpoints that survive a killed run and load without executing code.
 
-:class:`ResilientCheckpointer` is detectron2's ``DetectionCheckpointer`` with these changes:
-
-* ``save`` writes through :func:`gwdet.utils.atomic.write_atomically` (a unique temporary name renamed
-  into place; a failed save names the operating system's error and leaves no partial file), and
-  records the type and hyper-parameters of every norm layer;
-* ``resume_or_load(resume=True)`` tries the checkpoint ``last_checkpoint`` names, then the other
-  ``model_*.pth`` files newest first, and skips (with a warning) any that is gone or cannot be
-  read; with nothing to resume it says so;
-* every tensor and every value of the training state (optimizer, scheduler, iteration, random
-  generators) carries a checksum inside the file (:mod:`gwdet.checkpoint.integrity`), and the file's
-  SHA-256 is recorded beside it (``model_final.pth.sha256``, ``sha256sum``'s format): a damaged
-  file is refused by name (with ``--resume``, the previous checkpoint is taken instead);
-* files are read without executing code (:mod:`gwdet.checkpoint.safe_load`); a file that needs
-  more is refused with an explanation, unless the user opts in with ``GWDET_ALLOW_UNSAFE_PICKLE=1``;
-* initial weights given as a URL (``https://...``, ``detectron2://...``) that cannot be downloaded
-  (no internet access, an unknown host, an HTTP error) are refused with the URL, the reason and
-  the fix (:class:`WeightsDownloadError`), instead of urllib's traceback; a path starting with ``~``
-  and a ``file://`` URL are read as the local file they name (:func:`local_weights_path`);
-* initial weights whose training state was removed after gwdet wrote them (a checkpoint stripped
-  to publish its weights) load with a warning naming what was removed, as long as the weights
-  match their checksums (:func:`gwdet.checkpoint.integrity.verify_checksums`); ``--resume`` needs
-  that state and refuses such a file;
-* ``--resume`` where ``last_checkpoint`` is left but no checkpoint is (:func:`lost_checkpoint_error`)
-  is refused: detectron2 would count the run as resumed and start at iteration 1;
-* converted ImageNet weights that misfit the model (architecture, GW positions), and checkpoints
-  trained with other norm layers or other norm hyper-parameters, are refused before any weight is copied
-  (:mod:`gwdet.checkpoint.compatibility`; opt in with ``GWDET_ALLOW_NORM_MISMATCH=1``);
-* the random number generators (torch, numpy, python) are saved with each checkpoint and restored
-  on resume, so a resumed run draws the same random numbers as an uninterrupted one.
+:class:`ResilientCheckpointer` is detectron2's ``DetectionCheckpointer`` whose saves are atomic
+(:mod:`gwdet.utils.atomic`) and carry checksums inside the file (:mod:`gwdet.checkpoint.integrity`)
+and its SHA-256 beside it (``model_final.pth.sha256``), the norm layers' types and settings, and the
+random generators' states, so that a resumed run draws the numbers an uninterrupted one would.
+Files are read without executing code (:mod:`gwdet.checkpoint.safe_load`;
+``GWDET_ALLOW_UNSAFE_PICKLE=1`` allows more); a damaged or unreadable checkpoint is refused by name,
+or with ``--resume`` skipped for the previous one; weights that misfit the model or were trained with
+other norm layers are refused before any weight is copied (:mod:`gwdet.checkpoint.compatibility`;
+``GWDET_ALLOW_NORM_MISMATCH=1`` allows them).
 """
 from __future__ import annotations
 

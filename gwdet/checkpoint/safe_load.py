@@ -109,7 +109,7 @@ class NotACheckpointError(GwdetError, pickle.UnpicklingError):
 
 def load_torch_file(path: str, allow_unsafe: bool, how_to_opt_in: str, mmap: bool = False) -> Any:
     """``torch.load`` to CPU, weights-only unless ``allow_unsafe``; with ``mmap`` the tensors are
-    mapped from the file, not read (a zip archive only: what ``torch.save`` writes since PyTorch 1.6).
+    mapped from the file, not read (a zip archive only, as ``torch.save`` writes).
 
     Raises :class:`NotACheckpointError` for a file that ``torch.save`` did not write,
     :class:`UnsafeCheckpointError` for a file that needs more than weights-only loading; any other

@@ -1,18 +1,11 @@
 """A checkpoint at the current iteration when training is told to stop.
 
-A cluster's preemption and time limit send SIGTERM (or the signal a job asked for, usually SIGUSR2),
-a user sends SIGINT (Ctrl-C), and a closed terminal or a dropped ssh connection sends SIGHUP (left
-ignored under ``nohup``, which ignores it); by default each ends the process and loses the work since the
-last periodic checkpoint. :class:`CheckpointOnSignal`, a detectron2 hook, turns those signals into
-a request: the iteration in progress finishes, a checkpoint of that iteration is saved exactly as a
-periodic one would be (``model_<iteration>.pth`` with the optimizer, scheduler, random and data
-states), and the process stops with :class:`TrainingInterrupted`. ``--resume`` then continues at
-the next iteration and ends with the weights of an uninterrupted run.
-
-A handler that was installed before training (submitit's, which requeues a SLURM job) is called
-after the checkpoint is written, so it still does its job. A second signal of the same kind while
-the step finishes falls back to that earlier handler at once (a second Ctrl-C stops immediately).
-With several processes the request is shared at every step, so that every rank stops after the
+:class:`CheckpointOnSignal`, a detectron2 hook, turns SIGTERM, SIGINT, SIGHUP (unless ignored, as
+under ``nohup``) and SIGUSR2 into a request: the iteration in progress finishes, a checkpoint of it
+is saved as a periodic one would be (``model_<iteration>.pth``), and the process stops with
+:class:`TrainingInterrupted`; ``--resume`` then continues at the next iteration. A handler installed
+before training (submitit's, which requeues a SLURM job) is called after the checkpoint is written;
+a second signal of the same kind runs it at once. With several processes every rank stops after the
 same iteration.
 """
 from __future__ import annotations
@@ -52,13 +45,9 @@ def _chained_handler(previous: Any) -> Callable[[int, FrameType | None], Any] | 
 class CheckpointOnSignal(HookBase):
     """Saves ``model_<iteration>.pth`` after the step in which one of ``signals`` arrived, then stops.
 
-    ``evaluations``: the run's detectron2 ``EvalHook``s. Stopping in the last iteration would still
-    run their evaluation after training (detectron2 calls every hook's ``after_train`` on the way
-    out, and the last iteration is the one they evaluate after): a stop turns it off, as
-    ``EvalHook(..., eval_after_train=False)`` would, so the process stops when asked and
-    ``--resume`` evaluates. So does an error in the last iteration (a diverged loss, a checkpoint
-    that cannot be saved on a full disk): the error ends the run instead of an evaluation of an
-    unsaved model that would fail or hide it."""
+    ``evaluations``: the run's detectron2 ``EvalHook``s, whose evaluation after training a stop or
+    an error in a step turns off (as ``eval_after_train=False`` would), so that the process stops
+    when asked and an error is not hidden by an evaluation."""
 
     def __init__(self, signals: Sequence[signal.Signals] = STOP_SIGNALS, evaluations: Sequence[EvalHook] = ()) -> None:
         self.signals = tuple(signals)
@@ -68,7 +57,7 @@ class CheckpointOnSignal(HookBase):
         self._in_step = False  # from the step's start until this hook's after_step has run
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self._received is not None:  # asked twice: the earlier behaviour, now
+        if self._received is not None:  # asked twice: the previous handler runs at once
             self._restore()
             previous = self._previous.get(signum)
             if callable(previous):

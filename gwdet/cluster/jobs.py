@@ -1,20 +1,14 @@
 """What gwdet's submitit jobs share: where this node sits in the job, and requeueing on a signal.
 
-A gwdet job runs one task per node; that task starts the node's training processes with
-detectron2's launch (:func:`gwdet.engine.launch.launch`), exactly as ``tools/train_net.py --num-gpus N``
-does on one machine. One task per node, rather than one per GPU, keeps detectron2's own process
-start-up and per-machine process group (``comm.get_local_rank``) and its CPU path, so a job runs the
-same code as a local run. :class:`NodePlacement` reads this node's rank, the number of nodes and the
-first node's name from the job's environment (submitit's ``JobEnvironment``, which reads SLURM's
-variables or those of submitit's local executor).
+A gwdet job runs one task per node, which starts the node's training processes with detectron2's
+launch (:func:`gwdet.engine.launch.launch`) as ``tools/train_net.py --num-gpus N`` does on one
+machine, so a job runs the same code as a local run. :class:`NodePlacement` reads this node's rank,
+the number of nodes and the first node's name from submitit's ``JobEnvironment``.
 
-Preemption and time limits follow submitit's checkpoint protocol: on the job's signal (SIGUSR2:
-``scancel --signal=USR2``, ``--signal=USR2@<s>`` before the time limit) submitit calls the job's
-``checkpoint()``, which returns a ``DelayedSubmission`` of the same job marked as requeued, and
-requeues it. gwdet's trainer saves a checkpoint of the iteration in progress on that signal before
-submitit's handler runs (:mod:`gwdet.checkpoint.signal_hook`); either way the requeued job continues
-with ``--resume`` from the newest checkpoint on disk. A job that SLURM itself requeued (a node
-failure, ``PreemptMode=REQUEUE``) resumes too: SLURM counts restarts in ``SLURM_RESTART_COUNT``.
+Preemption and time limits follow submitit's checkpoint protocol: on the job's signal (SIGUSR2)
+submitit calls the job's ``checkpoint()``, which returns the same job marked as requeued, after
+gwdet's trainer has saved the iteration in progress (:mod:`gwdet.checkpoint.signal_hook`). A
+requeued job, also one SLURM itself requeued (``SLURM_RESTART_COUNT``), continues with ``--resume``.
 """
 from __future__ import annotations
 

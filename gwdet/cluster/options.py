@@ -1,6 +1,6 @@
 """The launcher flags shared by ``tools/train_net.py`` and ``tools/compare_norms.py``.
 
-``--launcher local`` (the default) runs here as before. ``--launcher slurm`` submits a job through
+``--launcher local`` (the default) runs on this machine. ``--launcher slurm`` submits a job through
 submitit's SLURM executor; ``--launcher submitit-local`` runs the very same job object through
 submitit's local executor on this machine. The SLURM request (``--nodes``, ``--gpus-per-node``,
 ``--cpus-per-task``, ``--partition``, ``--account``, ``--timeout-min``, ``--slurm-extra KEY=VALUE``)

@@ -1,24 +1,13 @@
 """Convert a torchvision-layout ImageNet ResNet/ResNeXt checkpoint into a detectron2 ``.pkl``.
 
-The steps, each in its own module: read the file (:mod:`~gwdet.convert.loading`), map
-torchvision's names onto detectron2's (:mod:`~gwdet.convert.torchvision_keys`), infer the
-architecture and the GW positions (:mod:`~gwdet.convert.architecture`), check every tensor
-against the backbone that will load it (:mod:`~gwdet.convert.target_backbone`); this module
-assembles the output, whose entries :mod:`~gwdet.checkpoint.converted_weights` describes. Its weights carry
-detectron2's ResNet names (``stem.conv1.weight``, ``res2.0.conv2.norm.weight``, ...), so
-``DetectionCheckpointer(model).load(path)`` maps them onto ``backbone.bottom_up.*`` of gwdet's
-backbones (and returns the ``"gwdet"`` entry among the unprocessed ones).
-
-The architecture and the GW positions are inferred from the checkpoint and, when the caller names
-them, checked against it, so BN statistics never go into a GW layer nor GW parameters into a BN
-layer. The classifier (``fc``) and ``num_batches_tracked`` are dropped; GW affine parameters stored
-as ``[1, C, 1, 1]`` become ``[C]``. Keys outside torchvision's ResNet layout fail the conversion
-unless ``allow_unexpected=True``, which drops them and lists them in the report.
-
-Converted weights go with a config that feeds images as torchvision does: ``INPUT.FORMAT: "RGB"``,
-torchvision's pixel mean/std in 0-255 units, and ``MODEL.RESNETS.STRIDE_IN_1X1: False`` (the stride
-sits in the 3x3 conv), as ``configs/Base-RCNN-FPN.yaml`` sets. :meth:`ConversionReport.config` lists
-the keys.
+The file is read (:mod:`~gwdet.convert.loading`), its names mapped onto detectron2's ResNet names
+(:mod:`~gwdet.convert.torchvision_keys`), its architecture and GW positions inferred and, when the
+caller names them, checked (:mod:`~gwdet.convert.architecture`), and every tensor checked against
+the backbone that will load it (:mod:`~gwdet.convert.target_backbone`); this module assembles the
+output (:mod:`~gwdet.checkpoint.converted_weights`), which ``DetectionCheckpointer`` maps onto
+``backbone.bottom_up.*``. The classifier (``fc``) and ``num_batches_tracked`` are dropped; other
+keys outside torchvision's layout fail the conversion unless ``allow_unexpected=True``. Converted
+weights expect images as torchvision feeds them (:meth:`ConversionReport.config` lists the keys).
 """
 from __future__ import annotations
 

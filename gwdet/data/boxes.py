@@ -1,14 +1,10 @@
 """Boxes that cannot be trained on: the one check behind ``--register-coco`` and the train loader.
 
 A box is refused when it is not four finite numbers, has no area (width or height <= 0), or
-reaches outside its image by more than a pixel. detectron2 would otherwise drop such a box after
-the augmentations or learn nothing from it, without a word (a NaN coordinate becomes a NaN loss
-much later). :func:`box_problem` checks one COCO ``[x, y, width, height]`` box;
-:func:`check_dataset_boxes` checks the dataset dicts of detectron2's ``DatasetCatalog`` (any way
-the dataset was registered: ``register_coco_instances``, a function of your own, gwdet's shapes),
-which gwdet's ``Trainer`` and LazyConfig trainer run on their training data before building the
-loader (:mod:`gwdet.data.resumable`, :mod:`gwdet.engine.lazy`). Crowd annotations (``iscrowd``)
-are not trained as boxes and are not checked.
+reaches outside its image by more than a pixel: detectron2 would drop it or learn nothing from it,
+without a word. :func:`box_problem` checks one COCO ``[x, y, width, height]`` box;
+:func:`check_dataset_boxes` checks the dataset dicts of detectron2's ``DatasetCatalog``, however
+the dataset was registered, before the train loader is built. Crowd annotations are not checked.
 """
 from __future__ import annotations
 

@@ -3,17 +3,7 @@
 Each function returns the problems it finds as phrases naming the image or annotation id and its
 file (empty: nothing wrong); :func:`gwdet.data.coco_registration.inspect_coco_file` turns them
 into one error naming the JSON and the fix. What they catch would otherwise pass registration and
-then go wrong without a word or stop a run late:
-
-* :func:`image_entry_problems`: an image entry whose ``file_name`` is not a string or whose
-  ``width``/``height`` are not positive integers;
-* :func:`duplicate_ids`: an image id given twice (pycocotools keeps the last entry, so the
-  annotations of both images are trained on one file) or an annotation id given twice (detectron2
-  stops with a bare assertion, COCO evaluation mixes the two up);
-* :func:`mask_problems`: masks detectron2 would drop or fail on (:mod:`gwdet.data.masks`);
-* :func:`image_file_problems`: every image file exists, decodes (its end or chunk checksums read,
-  see :mod:`gwdet.data.image_files`), is of a mode detectron2 converts faithfully and of the size
-  the JSON states.
+then go wrong without a word or stop a run late.
 """
 from __future__ import annotations
 

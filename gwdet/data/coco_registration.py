@@ -5,37 +5,14 @@
         --register-coco mine_val=~/data/val.json:~/data/val_images \\
         DATASETS.TRAIN "('mine_train',)" DATASETS.TEST "('mine_val',)" MODEL.ROI_HEADS.NUM_CLASSES 3
 
-``--register-coco NAME=JSON:IMAGE_ROOT`` (repeatable; ``tools/train_net.py`` and
-``tools/compare_norms.py``) registers the COCO instances file JSON, whose images' ``file_name``
-entries are relative to the folder IMAGE_ROOT, as dataset NAME with detectron2's
-``register_coco_instances``. The ``:`` that separates the two paths is the one after which JSON
-is an existing file, so either path may hold a ``:`` (:meth:`CocoDataset.parse`; when no split
-names an existing file, the last ``:``); ``~`` is expanded and relative paths are taken from the
-working directory. NAME can then be used in ``DATASETS.TRAIN`` and ``DATASETS.TEST``.
-
-Checked when the flag is read, before any model is built (:func:`inspect_coco_file`), each failure
-one error that names the file, the image or annotation id and the fix: the JSON exists and is valid
-JSON (the line and column of its first error), holds ``images``, ``annotations`` and ``categories``
-in COCO's form, with unique ids (image ids not a mix of integers and strings) and unique category
-names, its annotations use its categories, have ``iscrowd`` 0 or 1, an ``area`` >= 0 (COCO
-evaluation reads it) and boxes and masks that can be trained on (not every box below a pixel: boxes
-normalized to 0..1), and IMAGE_ROOT is a folder holding every image, each of the size the JSON
-states, decodable, not larger than PIL opens and of a mode detectron2 reads faithfully
-(:mod:`gwdet.data.coco_checks`). Images that detectron2 turns by their EXIF orientation in a way the
-stated size cannot confirm are named in a warning. A NAME that is taken (detectron2's builtin
-datasets such as ``coco_2017_train``, gwdet's ``shapes_*``) is refused.
-
-Checked against the config (:func:`check_config_against_datasets`): the model's number of classes
-(``MODEL.ROI_HEADS.NUM_CLASSES``, or ``MODEL.RETINANET.NUM_CLASSES`` for RetinaNet) equals the
-number of categories; every dataset the config trains and tests on has the same categories (ids
-and names); every test dataset has annotations to evaluate against; with ``MODEL.MASK_ON`` every
-training and test annotation has a mask, and RLE masks come with ``INPUT.MASK_FORMAT bitmask``
-(detectron2 turns polygons into either format, RLE only into bitmasks).
-
-Other processes (the norm study's cells, SLURM jobs, ``tools/deploy/export_model.py``) get the
-registrations from the environment variable ``GWDET_REGISTER_COCO``, a JSON list of
-``"NAME=JSON:IMAGE_ROOT"`` strings: :func:`gwdet.data.prepare_datasets` registers those the config
-names (:func:`environment_datasets`, :func:`export_to_environment`).
+``--register-coco NAME=JSON:IMAGE_ROOT`` (repeatable) registers the COCO instances file JSON, whose
+``file_name`` entries are relative to the folder IMAGE_ROOT, as dataset NAME with detectron2's
+``register_coco_instances`` (how the paths are split: :meth:`CocoDataset.parse`). The files are
+checked when the flag is read (:func:`inspect_coco_file`), the config against them before training
+(:func:`check_config_against_datasets`); each failure is a :class:`DatasetError` that names the file
+and the fix. Other processes get the registrations from ``$GWDET_REGISTER_COCO``, a JSON list of
+``"NAME=JSON:IMAGE_ROOT"`` strings that :func:`gwdet.data.prepare_datasets` registers
+(:func:`environment_datasets`, :func:`export_to_environment`).
 """
 from __future__ import annotations
 
@@ -301,15 +278,10 @@ def _warn_of_rotations(dataset: CocoDataset, rotations: dict[str, int]) -> None:
 def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
     """Read and check ``dataset``'s JSON and image folder; what the config checks need of them.
 
-    :class:`DatasetError` naming the file and the fix: the JSON is missing, unreadable, not valid
-    JSON, not a COCO object with ``images``, ``annotations`` and ``categories`` lists (entries with
-    the keys detectron2 reads, category, image and annotation ids unique, image ids not a mix of
-    integers and strings, category names unique, annotations of known categories with ``iscrowd`` 0
-    or 1 and an ``area`` >= 0, boxes and masks that can be trained on, not every box below a pixel);
-    the image folder is missing or does not hold the first image; an image file is missing, cut short
-    or damaged, larger than PIL opens, of a mode detectron2 does not convert faithfully (16-bit PNGs)
-    or of another size than stated (:mod:`gwdet.data.coco_checks`). Images turned by an EXIF
-    orientation that their size cannot confirm are named in a warning.
+    :class:`DatasetError` naming the file and the fix when the JSON is not a COCO instances file that
+    detectron2 can train and COCO evaluation can score on, or when an image is missing, unreadable or
+    not as the JSON states (:mod:`gwdet.data.coco_checks`). Images turned by an EXIF orientation that
+    their size cannot confirm are named in a warning.
     """
     where, path = f"dataset {dataset.name!r}:", dataset.json_file
     coco = _read_json(dataset)
@@ -726,13 +698,9 @@ def _check_resizable(cfg: CfgNode, dataset: CocoDataset) -> None:
 
 def check_config_against_datasets(cfg: CfgNode) -> None:
     """:class:`DatasetError` unless the config fits the ``--register-coco`` datasets it trains or
-    tests on: they and the config's other datasets (where their classes are known) have the same
-    categories, the model has as many classes as they have categories, every test dataset has
-    annotations to evaluate against, and with ``MODEL.MASK_ON`` every training annotation has a mask
-    in a format ``INPUT.MASK_FORMAT`` reads and every test annotation a mask. Without such a
-    dataset, the model's number of classes is checked against every dataset whose classes are known
-    before loading (gwdet's shapes, detectron2's builtin datasets; for R-CNN, Panoptic FPN and
-    RetinaNet models)."""
+    tests on: same categories across its datasets, as many classes as categories, annotations (and,
+    with ``MODEL.MASK_ON``, masks) to train and evaluate on. Without such a dataset, only the number
+    of classes is checked, against every dataset whose classes are known before loading."""
     names = list(dict.fromkeys([*cfg.DATASETS.TRAIN, *cfg.DATASETS.TEST]))
     ours = [dataset for dataset in map(registered_coco_dataset, names) if dataset is not None]
     if not ours:

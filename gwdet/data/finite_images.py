@@ -1,14 +1,10 @@
 """Refusing a training image whose pixels are not all finite, before the model sees it.
 
-An ``inf`` or NaN pixel makes the first loss non-finite, and detectron2's trainer then stops with
-``FloatingPointError: Loss became infinite or NaN``, which reads like a diverging training. The
-image is broken, not the training: :class:`FiniteImageBatches` wraps a train loader (gwdet's
-:class:`~gwdet.engine.trainer.Trainer` wraps whatever its ``build_train_loader`` returns, so custom
-mappers are covered too) and raises :class:`NonFiniteImageError` naming the image.
-
-detectron2's own ``DatasetMapper`` reads images as 8-bit integers (a float TIFF's ``inf`` becomes
-255 there), so the check costs nothing for them: only floating-point images, which a custom mapper
-can produce (e.g. from ``.npy`` files), are scanned.
+An ``inf`` or NaN pixel makes the first loss non-finite, which detectron2 reports like a diverging
+training. :class:`FiniteImageBatches` wraps a train loader (gwdet's
+:class:`~gwdet.engine.trainer.Trainer` wraps whatever its ``build_train_loader`` returns) and raises
+:class:`NonFiniteImageError` naming the image. Only floating-point images (a custom mapper's) are
+scanned: detectron2's ``DatasetMapper`` reads 8-bit integers.
 """
 from __future__ import annotations
 

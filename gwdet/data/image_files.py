@@ -1,28 +1,14 @@
 """Image files checked as detectron2 will read them, cheaply enough to check every image of a dataset.
 
 detectron2's ``read_image`` opens a file with PIL, turns it by its EXIF orientation and converts it
-to 8-bit RGB (``INPUT.FORMAT`` BGR or RGB); its ``DatasetMapper`` then requires the size the
-dataset states. Three ways a file passes registration and goes wrong later:
-
-* a mode PIL's conversion to 8 bits does not scale: 16-bit grayscale PNGs (PIL mode ``I;16``),
-  32-bit integer (``I``) and float (``F``) images are clipped at 255, so they read as white images,
-  without a word (:data:`READABLE_MODES` are the modes whose conversion keeps the picture);
-* a size that differs from the one the JSON states (after the EXIF rotation): detectron2 stops
-  with ``SizeMismatchError`` when it meets the image, in the middle of training or evaluation;
-* a file cut short (an interrupted copy) or damaged: it fails when it is decoded, at the same late moment.
-
-An image larger than PIL opens (``PIL.Image.MAX_IMAGE_PIXELS``: PIL refuses over twice that as a
-possible decompression bomb, and warns above it) is named with its size and the limit, not left to
-PIL's traceback. An EXIF orientation that the stated size cannot confirm (a square image turned, a
-flipped or upside-down one) is recorded for a warning (``rotations`` of :func:`image_file_problem`): detectron2
-turns the image, so its annotations must be in the turned frame.
-
-:func:`image_file_problem` checks one file at the cost of reading its header and its end: PIL's
-header gives the mode, size and orientation; a JPEG must end with its end-of-image marker and a PNG
-is verified chunk by chunk against the CRC each chunk carries (no decompression); a file of another
-format, or a JPEG with other bytes at its end, is decoded in full. A JPEG damaged in its middle
-decodes to a wrong picture without an error, in detectron2 as here: no check short of a recorded
-checksum notices that.
+to 8-bit RGB; its ``DatasetMapper`` then requires the size the dataset states. :func:`image_file_problem`
+finds, before training, the files that would go wrong there: a mode whose conversion to 8 bits
+clips the picture (16-bit PNGs; :data:`READABLE_MODES` are those that keep it), a size other than
+stated (``SizeMismatchError`` mid-run), a file cut short or damaged, an image larger than PIL
+opens (``PIL.Image.MAX_IMAGE_PIXELS``). It reads a file's header and end (a PNG's chunk CRCs, a
+JPEG's end-of-image marker) and decodes other files in full; a JPEG damaged in its middle decodes
+without an error and is not found. EXIF orientations the stated size cannot confirm are recorded
+for a warning (its ``rotations``).
 """
 from __future__ import annotations
 

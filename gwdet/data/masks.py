@@ -2,17 +2,11 @@
 
 A COCO ``segmentation`` is a list of polygons (each ``[x1, y1, x2, y2, ...]`` in pixels) or a
 run-length encoding (RLE: ``{"size": [height, width], "counts": ...}``, the counts a list of
-integers or COCO's compressed string). What detectron2 does with bad ones, without a word: polygons
-of fewer than 3 points or an odd number of values are dropped (the instance then trains without
-them, or without a mask); coordinates that are not numbers, and RLE that does not fit its image,
-fail much later in the data loader or in pycocotools (whose decoder writes past its buffer when the
-counts add up to more than height x width); a mask far from its box trains the mask head on
-pixels outside the box it is cropped to.
-
-:func:`segmentation_problem` names what is wrong with one annotation's mask, reading RLE counts
-without decoding the mask (the compressed string with :func:`compressed_counts`) and asking
-pycocotools for the bounding box only once the counts are known to fit the image, so a dataset of
-thousands of masks is checked in a fraction of the time decoding them would take.
+integers or COCO's compressed string). detectron2 silently drops polygons of fewer than 3 points
+or an odd number of values, fails late on coordinates that are not numbers and on RLE that does
+not fit its image (pycocotools' decoder writes past its buffer), and trains the mask head on a mask
+far from its box. :func:`segmentation_problem` names what is wrong with one annotation's mask,
+reading RLE counts without decoding the mask (:func:`compressed_counts`).
 """
 from __future__ import annotations
 

@@ -1,25 +1,15 @@
 """A training data loader that continues the sample order where an interrupted run stopped.
 
-detectron2's ``TrainingSampler`` yields an endless, seeded stream of indices; on ``--resume`` it
-starts that stream from the beginning again, and without an explicit seed it draws one from numpy's
-global generator, so a loader built at another moment shuffles differently. Here the sampler is
-seeded with ``cfg.SEED`` (when it is >= 0) and, once a resume knows its start iteration,
-:func:`skip_trained_samples` makes the stream skip the samples the earlier iterations consumed, so
-a resumed run sees the batches an uninterrupted run would (exactly so when aspect-ratio grouping
-cannot reorder them, e.g. for images of equal shape). Other samplers (``DATALOADER.SAMPLER_TRAIN``)
-are skipped ahead the same way but keep their own seeding. With ``cfg.SEED`` >= 0 the loader also
-gets its own seeded generator, so that starting to iterate it leaves torch's global generator
-(restored from the checkpoint) untouched.
-
-detectron2 takes that generator's seed as ``build_detection_train_loader(seed=)`` since 2024
-(after its last release, v0.6). On a detectron2 without the argument (v0.6) the loader is built
-without it and the seeded generator is then given to the ``torch.utils.data.DataLoader`` inside
-what detectron2 returned, which is what ``seed=`` does: the DataLoader reads ``generator`` only when
-iteration starts, to draw its workers' base seed.
-
-Before the loader is built, the training records' boxes are checked
-(:func:`gwdet.data.boxes.check_dataset_boxes`): a degenerate box stops the run with the image named,
-however the dataset was registered.
+detectron2's ``TrainingSampler`` restarts its stream of indices on ``--resume``, seeded from numpy's
+global generator unless given a seed. Here the sampler is seeded with ``cfg.SEED`` (when >= 0) and
+:func:`skip_trained_samples` skips the samples the earlier iterations consumed, so a resumed run sees
+the batches an uninterrupted run would (exactly so when aspect-ratio grouping cannot reorder them).
+Other samplers (``DATALOADER.SAMPLER_TRAIN``) are skipped ahead the same way but keep their own
+seeding. With ``cfg.SEED`` >= 0 the loader also gets its own seeded generator, leaving torch's
+global one (restored from the checkpoint) untouched; on a detectron2 whose
+``build_detection_train_loader`` takes no ``seed=`` it is set on the inner ``DataLoader``.
+The training records' boxes are checked before the loader is built
+(:func:`gwdet.data.boxes.check_dataset_boxes`).
 """
 from __future__ import annotations
 

@@ -1,17 +1,10 @@
 """Deploying and analysing models with gwdet's layers by detectron2's and PyTorch's own tools.
 
-* :mod:`gwdet.export.deploy`: TorchScript (``torch.jit.trace`` through detectron2's
-  ``TracingAdapter``) and ONNX export, checked against the eager model, each file with its
-  SHA-256 beside it; :func:`load_export` loads an export once it matches;
-* :mod:`gwdet.export.flops`: fvcore / detectron2 flop counting with gwdet's cost formulas
-  (:mod:`gwdet.layers.cost`), on traces in which :mod:`gwdet.export.counting_ops` has recorded
-  each gwdet layer as one named op (:func:`trace_named_ops`, which swaps the layers for counting
-  wrappers while it lasts);
+* :mod:`gwdet.export.deploy`: TorchScript and ONNX export, each file with its SHA-256 beside it;
+* :mod:`gwdet.export.flops` and :mod:`gwdet.export.counting_ops`: flop counting with gwdet's cost
+  formulas (:mod:`gwdet.layers.cost`);
 * :mod:`gwdet.export.export_model` and :mod:`gwdet.export.analyze_model`: the command-line tools
   ``tools/deploy/export_model.py`` and ``tools/analyze_model.py``.
-
-How each PyTorch tool sees gwdet's layers (custom ops or reference formulas):
-:mod:`gwdet.layers.tracing`; the counting ops are this package's, not the layers'.
 """
 from gwdet.errors import GwdetImportError
 

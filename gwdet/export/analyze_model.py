@@ -4,21 +4,11 @@
     python tools/analyze_model.py --config-file configs/mask_rcnn_gw.yaml --tasks flop parameter \\
         --input-size 800 1216 MODEL.DEVICE cpu
 
-``--tasks flop`` prints fvcore's per-module table (``--max-depth``), the flops per operator and,
-as a markdown table, the share of gwdet's layers in each component of an R-CNN (ResNet, FPN, RPN,
-box head, mask head). Inputs are the first ``-n`` images of ``DATASETS.TEST[0]``, or with
-``--input-size H W`` one random image of that size (no dataset needed). Head flops depend on the
-number of proposals and detections, so a randomly initialized model (no ``MODEL.WEIGHTS``) counts
-the work of ``POST_NMS_TOPK_TEST`` proposals and of its detections.
-
-A LazyConfig (``.py``) works the same way, with ``key=value`` overrides: its model with
-``train.init_checkpoint`` on ``train.device``, and the first ``-n`` batches of ``dataloader.test``::
-
-    python tools/analyze_model.py --config-file configs/LazyConfig/mask_rcnn_R_50_FPN_gw_shapes.py -n 2
-
-gwdet's layers are counted completely there too (:class:`gwdet.export.FlopCountAnalysis`), which
-detectron2's own ``tools/analyze_model.py`` does not do: it counts GW's matrix products only in part
-and reports the rest of its operations as unsupported.
+``--tasks flop`` prints fvcore's per-module table (``--max-depth``), the flops per operator and the
+share of gwdet's layers in each component of an R-CNN (a markdown table). Inputs are the first
+``-n`` images of ``DATASETS.TEST[0]``, or with ``--input-size H W`` one random image of that size.
+Head flops depend on the number of proposals and detections. A LazyConfig (``.py``, ``key=value``
+overrides) gives its model with ``train.init_checkpoint`` and the first ``-n`` batches of ``dataloader.test``.
 """
 from __future__ import annotations
 

@@ -1,37 +1,15 @@
 """gwdet's layers as one named op each in a ``torch.jit`` trace, for flop counting.
 
-fvcore counts a traced graph operator by operator. Traced as they are, gwdet's layers record their
-reference formulas (plain ATen operators, :mod:`gwdet.layers.tracing`): fvcore counts those it has
-handles for by its own rules (ItN as its ``3T`` matrix products, not the paper's ``T g^3``) and
-reports the others as unsupported. Inside
-:func:`trace_named_ops`, the gwdet layers of a model are replaced, in place, by counting wrappers
-whose forward, while ``torch.jit.trace`` records, calls one named custom op with the layer's
-parameters, buffers and hyper-parameters; :mod:`gwdet.export.flops` counts each such node with
-:mod:`gwdet.layers.cost`. On leaving the block every layer is back in its place.
+Traced as they are, gwdet's layers record their reference formulas in plain ATen operators
+(:mod:`gwdet.layers.tracing`), which fvcore counts by its own rules or not at all. Inside
+:func:`trace_named_ops` each gwdet layer of a model is replaced, in place, by a
+:class:`CountingWrapper` that records one named custom op (its type's :class:`CountingOp` in
+:data:`COUNTING_OPS`: ``gwdet::group_whitening``, ``gwdet::batch_whitening``,
+``gwdet::batch_group_norm``), which :mod:`gwdet.export.flops` counts with :mod:`gwdet.layers.cost`.
+A subclass of a gwdet layer is recorded as the layer it derives from.
 
-* ``GroupWhitening`` (ItN and ZCA): ``gwdet::group_whitening``, GW's own fused op
-  (:mod:`gwdet.layers.group_whitening_function`), which the layer's eager forward runs too;
-* ``BatchWhitening``: ``gwdet::batch_whitening``, :func:`gwdet.layers.batch_whitening` registered
-  here as an op, run under ``torch.no_grad()``;
-* ``BatchGroupNorm``: ``gwdet::batch_group_norm``, :func:`gwdet.layers.batch_group_norm`
-  registered here as an op, run under ``torch.no_grad()``.
-
-One wrapper class stands for every layer type: what differs per type (the op, the buffers and
-settings it is called with) is the type's :class:`CountingOp` in :data:`COUNTING_OPS`. A subclass
-of a gwdet layer (the layer type of a registered norm name, say) is recorded as the layer it
-derives from.
-
-The two ops of this module are registered when it is imported (``import gwdet.export`` does). A
-trace holding them is for counting only: running it needs gwdet loaded.
-
-Wrappers replace the layers where their parents hold them as submodules (attributes,
-``Sequential``, ``ModuleList`` and ``ModuleDict`` entries), so a container of layers keeps working
-unchanged: the :class:`gwdet.modeling.PerLevelNorm` of a RetinaNet head (one norm per FPN level)
-calls the wrappers in its list. A layer held only in a plain Python list or dict is not replaced.
-A wrapper holds the layer's parameters and buffers (the same tensors, under the same names, so the
-model's ``state_dict`` keys do not change) and its training flag; a layer held under several names
-gets one wrapper, placed under each of them. Outside ``torch.jit.trace``, and under
-``torch.onnx.export``, a wrapper runs the layer it stands for.
+The ops are registered when this module is imported (``import gwdet.export`` does); a trace holding
+them is for counting only, and running it needs gwdet loaded.
 """
 from __future__ import annotations
 
@@ -158,10 +136,10 @@ class CountedLayer(Protocol):
 class CountingWrapper(nn.Module):
     """Stands for a gwdet layer in its model while the model is traced for counting.
 
-    It registers the layer's parameters and buffers (the same tensors, the same names) and copies
-    its training flag; the layer itself is kept as the attribute :attr:`wrapped`, not as a
-    submodule, so the wrapper's module names are the layer's. While ``torch.jit.trace`` records,
-    it calls the op of the layer's :class:`CountingOp` (:attr:`counting`).
+    It registers the layer's parameters and buffers (the same tensors and names, so ``state_dict``
+    keys do not change) and copies its training flag; the layer is kept as :attr:`wrapped`, not as
+    a submodule. While ``torch.jit.trace`` records (not under ``torch.onnx.export``), it calls the
+    op of :attr:`counting`; otherwise it runs the layer.
     """
 
     # Set in __init__, outside nn.Module's registration (``wrapped``) or through it (the affine);
@@ -222,9 +200,10 @@ def trace_named_ops(model: nn.Module) -> Iterator[Dict[nn.Module, nn.Module]]:
     custom op (for flop counting, see :mod:`gwdet.export.flops`); on leaving it, even by an
     exception, the layers are back in their places and ``model`` is as it was.
 
-    The gwdet layers of ``model`` are replaced by counting wrappers (module docstring); the block
-    gets ``{wrapper: layer}``. ``model`` itself must not be a gwdet layer (trace a container
-    holding it, e.g. ``nn.Sequential(layer)``).
+    Layers are replaced where their parents hold them as submodules (attributes, ``Sequential``,
+    ``ModuleList``, ``ModuleDict``), not in plain lists or dicts; a layer held under several names
+    gets one wrapper. The block gets ``{wrapper: layer}``. ``model`` itself must not be a gwdet
+    layer (trace a container holding it, e.g. ``nn.Sequential(layer)``).
     """
     if counting_op_of(model) is not None:
         raise GwdetValueError(

@@ -2,31 +2,16 @@
 ``tools/deploy/export_model.py`` does it (``--export-method tracing``).
 
 The model is wrapped in detectron2's :class:`~detectron2.export.TracingAdapter` (a
-``GeneralizedRCNN`` runs ``inference(..., do_postprocess=False)``: boxes, scores, classes and the
-28x28 mask probabilities of each detection, in the input image's coordinates) and recorded with
-``torch.jit.trace`` or the TorchScript-based ``torch.onnx.export``. While they record, gwdet's
-layers run their reference formulas (:mod:`gwdet.layers.tracing`), so the files hold only ATen
-(and torchvision) operators:
+``GeneralizedRCNN`` returns boxes, scores, classes and 28x28 mask probabilities per detection) and
+recorded with ``torch.jit.trace`` or the TorchScript-based ``torch.onnx.export``. While they record,
+gwdet's layers run their reference formulas (:mod:`gwdet.layers.tracing`), so a TorchScript file
+loads with ``import torch, torchvision`` alone and an ONNX file runs in onnxruntime. ZCA whitening
+(``GW_ZCA``, and ``BW`` in training mode) has no ONNX form: exporting it is an error naming the ItN
+alternatives.
 
-* a TorchScript file loads with ``import torch, torchvision`` alone (torchvision registers
-  ``nms`` and ``roi_align``, as for any detectron2 model), no gwdet or detectron2;
-* an ONNX file runs in onnxruntime. ZCA whitening (``GW_ZCA``, and ``BW`` in training mode)
-  needs an eigendecomposition ONNX does not have: exporting it stops with an error naming the
-  ItN alternatives (``GW``, ``BW_ItN``).
-
-An exported R-CNN runs every image, an image without detections included: the norm layers of its
-mask head then see 0 ROIs, which the layers' recorded formulas keep valid in TorchScript and ONNX
-(:func:`gwdet.layers.common.reshape_with_samples`), and :func:`export_onnx` removes the subgraph
-shapes on which onnxruntime stopped (:func:`drop_subgraph_shapes`).
-
-:func:`max_abs_difference` compares what the exported file computes with the eager model.
-
-Every export is written under a temporary name and renamed into place when complete, and its
-SHA-256 is recorded beside it in ``<file>.sha256`` (``model.ts.sha256``, in ``sha256sum``'s
-format: ``sha256sum -c model.ts.sha256`` checks it too; :mod:`gwdet.utils.atomic`).
-:func:`load_export` loads an export after checking it against that record, and refuses a file
-that differs (:class:`DamagedExportError`, naming the file and the fix: export again);
-:func:`run_onnx` checks the same way.
+Every export is written atomically with its SHA-256 beside it in ``<file>.sha256`` (``sha256sum``'s
+format; :mod:`gwdet.utils.atomic`); :func:`load_export` and :func:`run_onnx` refuse a file that
+differs from that record (:class:`DamagedExportError`).
 """
 from __future__ import annotations
 
@@ -115,16 +100,11 @@ def export_onnx(
 ) -> None:
     """``torch.onnx.export`` of ``module(*args)`` into ``path``.
 
-    By default the TorchScript-based exporter at :data:`ONNX_OPSET` (detectron2's choice:
-    ``torch.export`` cannot capture a detectron2 R-CNN, with gwdet's layers or without); with
-    ``dynamo=True`` the ``torch.export``-based one, at its own default opset unless ``opset`` is
-    given (asked for 17, it converts its opset-18 graph down and, for ``ReduceMean``, fails and
-    keeps 18). ``input_names`` and ``dynamic_axes`` are ``torch.onnx.export``'s (sizes of the
-    inputs left free, e.g. ``{"x": {0: "batch"}}``; by default every input size is the example's).
-
-    The TorchScript-based exporter's file is then rewritten without the shapes it guessed for the
-    outputs of subgraphs (the branches of ``If``), see :func:`drop_subgraph_shapes`. The file is
-    written atomically, with its SHA-256 in ``path.sha256``.
+    By default the TorchScript-based exporter at :data:`ONNX_OPSET` (``torch.export`` cannot capture
+    a detectron2 R-CNN), its file then rewritten by :func:`drop_subgraph_shapes`; with ``dynamo=True``
+    the ``torch.export``-based one, at its own default opset unless ``opset`` is given.
+    ``input_names`` and ``dynamic_axes`` are ``torch.onnx.export``'s (by default every input size is
+    the example's). The file is written atomically, with its SHA-256 in ``path.sha256``.
     """
     folder = os.path.dirname(path)
     if folder:
@@ -145,16 +125,11 @@ def drop_subgraph_shapes(path: str) -> int:
     """Remove the shapes that the TorchScript-based exporter wrote for the outputs (and value
     infos) of subgraphs in the ONNX file at ``path``; returns how many it removed.
 
-    The exporter names the unknown sizes it meets (a count of ROIs, of detections) and gives
-    sizes that differ at run time one name: in a GW Mask R-CNN the ``If`` of ``torch.diagonal``
-    (in the ItN trace of every GW layer) declared its output, one value per ROI, to be as long as
-    a size of the mask output. onnxruntime plans its buffers by those names, so the file stopped
-    with "Shape mismatch attempting to re-use buffer" in the box head's GW, or ran only as long as
-    its graph optimizations happened to rewrite the graph around it. Without the declared shapes
-    onnxruntime infers them from the branches themselves. The element types stay, and so do the
-    shapes of the graph's own inputs and outputs. Without the ``onnx`` package (the ``deploy``
-    extra) the file stays as written, with a warning. The file is rewritten atomically; a file with
-    a checksum record is checked against it first and recorded anew.
+    The exporter may give sizes that differ at run time (counts of ROIs, of detections) one name,
+    and onnxruntime plans its buffers by those names; without them it infers the shapes from the
+    branches. Element types, and the shapes of the graph's own inputs and outputs, stay. Without the
+    ``onnx`` package (the ``deploy`` extra) the file stays as written, with a warning. The file is
+    rewritten atomically; one with a checksum record is checked against it first and recorded anew.
     """
     try:
         import onnx
@@ -205,8 +180,8 @@ REEXPORT = ("Export the model again (tools/deploy/export_model.py with --overwri
 
 def verify_export(path: str) -> bool:
     """Check the export at ``path`` against the SHA-256 recorded in ``path.sha256`` when it was
-    written: :class:`DamagedExportError` when they differ; whether there was a record (a file
-    exported by an older gwdet, or saved by other means, has none and is not checked)."""
+    written: :class:`DamagedExportError` when they differ. Returns whether there was a record (a
+    file without one is not checked)."""
     if not os.path.isfile(path):
         raise GwdetFileNotFoundError(f"{path}: no such export (a file written by tools/deploy/export_model.py, "
                                      "gwdet.export.export_torchscript or export_model_onnx).")

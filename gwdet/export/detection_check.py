@@ -1,22 +1,14 @@
 """Whether an exported detector finds what the eager model finds: detections matched, then compared.
 
-An exported file and the eager model round differently (gwdet's layers run their reference
-formulas in the export, the fused op in eager mode; docs/deploy.md measures 1e-7 to 1e-4), so two
-detections of nearly equal scores can come out in the other order. Comparing the outputs position by
-position then reports the distance between two different objects (boxes tens of pixels apart) for an
-export that is right. :func:`compare_detections` matches each eager detection to the exported one of
-the same class whose box is closest, and compares the matched pairs' boxes, scores and masks against
-a stated tolerance ``tolerance`` (``tools/deploy/export_model.py --tolerance``, default
-:data:`TOLERANCE`):
-
-* boxes within ``tolerance`` x the longer side of the input image (0.064 px on a 64 x 64 image,
-  1.3 px at 1333), scores and mask probabilities within ``tolerance``;
-* a detection found by one side only is allowed where rounding decides whether it is kept: its score
-  within ``tolerance`` of the model's score threshold, or, when a side holds the most detections the
-  model keeps per image, within ``tolerance`` of the lowest score kept. Any other is a difference.
-
-The result, :class:`DetectionComparison`, lists the differences that exceed the tolerance (the export
-tool then refuses the file) and the largest differences of the matched pairs.
+An exported file and the eager model round differently (reference formulas against the fused op),
+so detections of nearly equal scores can swap places and a position-by-position comparison would
+compare different objects. :func:`compare_detections` matches each eager detection to the exported
+one of the same class whose box is closest, and compares the pairs within ``tolerance``
+(``--tolerance``, default :data:`TOLERANCE`): boxes within ``tolerance`` x the image's longer side,
+scores and mask probabilities within ``tolerance``. A detection only one side finds is allowed where
+rounding decides whether it is kept (its score within ``tolerance`` of the score threshold, or of
+the lowest score kept when a side holds the most detections per image). The result,
+:class:`DetectionComparison`, lists the differences beyond the tolerance and the largest ones within.
 """
 from __future__ import annotations
 

@@ -6,23 +6,16 @@ TorchScript or ONNX, with detectron2's flags (``tools/deploy/export_model.py`` o
         MODEL.WEIGHTS output/demo/model_final.pth
 
 ``--format torchscript`` writes ``model.ts`` (``--export-method tracing`` or ``scripting``),
-``--format onnx`` writes ``model.onnx`` (tracing, opset ``--opset``). The sample input is
-``--sample-image`` resized as detectron2's ``DefaultPredictor`` does, or else the first image of
-``DATASETS.TEST[0]`` on which the model detects something (of the first ``SAMPLE_SEARCH_LIMIT``).
-After exporting, the tool runs the file (TorchScript in this process, ONNX in onnxruntime) on the
-sample input and compares its detections with the eager model's, matched by class and box, within
-``--tolerance`` (:mod:`gwdet.export.detection_check`; outputs that are not detections in order,
-within the tolerance of their largest magnitude): without a detection to compare, or beyond the
-tolerance, it stops and writes nothing; else it prints the largest differences. The file is
-written under a temporary name and takes its name only once checked, and its SHA-256 is recorded
-beside it (``model.ts.sha256``; :func:`gwdet.export.load_export` checks it); an existing export is
-replaced only with ``--overwrite``. One export at a time writes into an ``--output`` folder
-(:class:`ExportFolderLock`, which also removes partial files of exports killed there).
-``--run-eval`` (TorchScript, tracing) evaluates the exported model on ``DATASETS.TEST[0]`` with the
-config's evaluator, as detectron2's tool does.
-A LazyConfig (``.py``, ``key=value`` overrides; :func:`gwdet.engine.run.load_run_config`) gives its model
-``train.init_checkpoint`` and its test images from ``dataloader.test`` (``--sample-image`` read in
-the test mapper's format, through its augmentations), and ``--run-eval`` uses ``dataloader.evaluator``.
+``--format onnx`` writes ``model.onnx``. The tool runs the written file on a sample input
+(``--sample-image``, or the first image of ``DATASETS.TEST[0]`` with a detection) and compares its
+detections with the eager model's within ``--tolerance`` (:mod:`gwdet.export.detection_check`):
+without a detection to compare, or beyond the tolerance, it stops and writes nothing. An export
+takes its name only once checked, with its SHA-256 beside it (``model.ts.sha256``); an existing one
+is replaced only with ``--overwrite``, and one export at a time writes into an ``--output`` folder
+(:class:`ExportFolderLock`). ``--run-eval`` (TorchScript, tracing) evaluates the exported model on
+``DATASETS.TEST[0]``. A LazyConfig (``.py``; :func:`gwdet.engine.run.load_run_config`) gives the
+weights in ``train.init_checkpoint``, the test images in ``dataloader.test`` and the evaluator in
+``dataloader.evaluator``.
 """
 from __future__ import annotations
 
@@ -333,8 +326,8 @@ MIN_ONNX_OPSET = 11
 
 def check_export_flags(args: argparse.Namespace) -> None:
     """Refuse, before the model is built, flags the export cannot use: an ``--output`` that is a
-    file or cannot be written (its nearest existing folder not writable), a ``--sample-image`` that is missing or not an image detectron2 reads as it is
-    (:func:`gwdet.data.image_files.image_file_problem`), an ``--opset`` the exporter cannot write."""
+    file or cannot be written, a ``--sample-image`` that is missing or not an image detectron2 reads
+    as it is (:func:`gwdet.data.image_files.image_file_problem`), an ``--opset`` the exporter cannot write."""
     from torch.onnx import _constants
 
     from gwdet.data.image_files import image_file_problem
@@ -401,11 +394,7 @@ def _export(argv: Sequence[str]) -> int:
     logger.info("The sample image gives %d detections to compare the export on.", found)
     created_output = not os.path.isdir(args.output)
     os.makedirs(args.output, exist_ok=True)
-    # The export is written under a temporary name and checked there; only a complete, checked file
-    # takes the name, so a failed or interrupted export leaves an earlier one as it was; its SHA-256
-    # is then recorded in model.ts.sha256 / model.onnx.sha256 (gwdet.export.load_export checks it).
-    # One export at a time writes into a folder (ExportFolderLock), which also removes the partial
-    # files of exports killed there.
+    # Only a complete, checked export takes the name (and its SHA-256 record): a failed one leaves an earlier one.
     try:
         with ExportFolderLock(args.output), torch.no_grad():
             if os.path.exists(path) and not args.overwrite:  # another export finished meanwhile

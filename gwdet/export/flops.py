@@ -1,12 +1,9 @@
 """Flop counting of models with gwdet's layers by fvcore / detectron2, with gwdet's cost formulas.
 
-fvcore counts a ``torch.jit`` trace operator by operator and reports operators it has no handle
-for as unsupported. Inside :func:`gwdet.export.counting_ops.trace_named_ops` the gwdet layers of
-a model are swapped for counting wrappers, so that a trace records each as one named op
-(``gwdet::group_whitening``, ``gwdet::batch_whitening``, ``gwdet::batch_group_norm``);
-:func:`flop_handles` counts each with :mod:`gwdet.layers.cost`, from the shapes and constants
-recorded in the trace. :class:`FlopCountAnalysis` is detectron2's analysis (model inputs in
-detectron2's format) with both in place, the model restored after its trace::
+A trace made inside :func:`gwdet.export.counting_ops.trace_named_ops` records each gwdet layer as
+one named op, which :func:`flop_handles` counts with :mod:`gwdet.layers.cost` from the shapes and
+constants in the trace. :class:`FlopCountAnalysis` is detectron2's analysis (inputs in
+detectron2's format) with both in place::
 
     from gwdet.export import FlopCountAnalysis
     from fvcore.nn import flop_count_table

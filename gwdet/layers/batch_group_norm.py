@@ -1,50 +1,28 @@
 """Batch group normalization (Summers & Dinneen, "Four Things Everyone Should Know to Improve
 Batch Normalization", ICLR 2020, Secs. 3.1, 3.2 and 3.4).
 
-Training (Sec. 3.4): the batch is cut into groups of ``examples_per_group`` consecutive examples
-and the channels into ``G`` contiguous groups; every value is standardized (Eq. 1) with the mean
-and biased variance of its (example group x channel group) block. ``examples_per_group = 1`` is
-group normalization; one channel per group is ghost batch normalization (Sec. 3.2, Eq. 4) and,
-with ``examples_per_group >= N``, batch normalization.
-
-Running statistics: per channel, ``running_mean`` and ``running_var`` follow the momentum update
-of batch norm, ``running <- (1 - momentum) running + momentum batch``, where ``batch`` averages,
-over the examples, the block statistics each example was normalized with (the variance with
-Bessel's correction for the block size, as batch norm does). The running second moment of
-Eq. 3 is ``m_{x^2} = running_var + running_mean^2``.
+Training (Sec. 3.4): every value is standardized (Eq. 1) with the mean and biased variance of its
+block of ``examples_per_group`` consecutive examples x one of ``G`` contiguous channel groups.
+``examples_per_group = 1`` is group normalization; one channel per group is ghost batch
+normalization (Sec. 3.2, Eq. 4) and, with ``examples_per_group >= N``, batch normalization.
+``running_mean`` and ``running_var`` follow batch norm's ``running <- (1 - momentum) running +
+momentum batch``, ``batch`` averaging over the examples the block statistics each was normalized
+with (the variance with Bessel's correction for the block size).
 
 Evaluation, inference example weighing (Sec. 3.1, Eq. 3) with ``alpha = eval_example_weight``:
-the example's own moments over its channel group (``E[x]``, ``E[x^2]``) are blended with the
-running ones, ``mu = alpha E[x] + (1 - alpha) m_x`` and
-``sigma^2 = alpha E[x^2] + (1 - alpha) m_{x^2} - mu^2``, computed in the equivalent form
-``alpha var_own + (1 - alpha) running_var + alpha (1 - alpha) (E[x] - running_mean)^2``, which
-avoids cancellation. ``alpha = 0`` is batch-norm inference, ``alpha = 1`` group norm.
+``mu = alpha E[x] + (1 - alpha) m_x``, ``sigma^2 = alpha E[x^2] + (1 - alpha) m_{x^2} - mu^2`` over
+the example's channel group, ``m_{x^2} = running_var + running_mean^2``, computed without
+cancellation as ``alpha var_own + (1 - alpha) running_var + alpha (1 - alpha) (E[x] - running_mean)^2``.
+``alpha = 0`` is batch-norm inference, ``alpha = 1`` group norm.
 
-Rules: the channel-group count used is the largest divisor of ``C`` that is ``<= num_groups``.
-When ``N`` is not a multiple of ``examples_per_group``, the last ``N mod examples_per_group``
-examples form one smaller example group normalized over its own examples (and a batch smaller
-than ``examples_per_group`` is a single group); gwdet's config check refuses such batches where
-the layers see the images (``MODEL.BGN.EXAMPLES_PER_GROUP``), the ROI heads' varying batches of
-boxes keep this rule. In training the module refuses a block of a single value, which would
-normalize to 0 whatever it holds (:meth:`BatchGroupNorm.validate_input`); the functional form
-gives it no Bessel correction. An input with no elements (``N = 0``, or a zero spatial size) returns an empty output
-and leaves the running statistics untouched, as torch's batch norm does. Statistics are computed in float32 (float64 for float64 input) and the
-output is returned in the input dtype.
-
-Huge inputs: a block (in evaluation, an example's channel group) whose largest magnitude exceeds
-``2**32`` (``2**256`` in float64) is standardized as ``(x/s - mu') / sqrt(var' + eps/s^2)`` with
-the moments of ``x / s``, ``s`` a power of two (:func:`~.common.magnitude_scales`), which is the
-same function; in evaluation the running moments are scaled along (``running_mean / s``,
-``running_var / s^2``).
-Ordinary inputs are computed exactly as without scaling. ``running_var`` holds the variance in
-the buffer's dtype: training on float32 inputs of magnitude around ``1e19`` and beyond (float32's
-square root is ``1.8e19``) makes it ``inf``, as in ``torch.nn.BatchNorm2d``, and evaluation with
-``eval_example_weight < 1`` then returns NaN (not the bias).
-
-:func:`batch_group_norm` is the functional form (the module passes its buffers and parameters).
-Flop counting (:mod:`gwdet.export.counting_ops`) registers it as the custom op
-``gwdet::batch_group_norm`` and, while it traces a model, puts a wrapper that calls that op in the
-module's place; the module itself has no counting path.
+``G`` is the largest divisor of ``C`` that is ``<= num_groups``; the last ``N mod examples_per_group``
+examples form one smaller example group. An empty input returns an empty output and leaves the
+running statistics untouched. Statistics run in float32 (float64 for float64 input); the output has
+the input dtype. A block whose largest magnitude exceeds ``2**32`` (``2**256`` in float64) is
+standardized as ``x / s`` with the ridge ``eps / s^2`` (:func:`~.common.magnitude_scales`), the
+running moments scaled along in evaluation; a ``running_var`` that overflowed to ``inf`` makes
+evaluation with ``alpha < 1`` return NaN. :mod:`gwdet.export.counting_ops` registers
+:func:`batch_group_norm` as the custom op ``gwdet::batch_group_norm`` for flop counting.
 """
 from typing import Optional, Tuple
 
@@ -91,10 +69,8 @@ def batch_group_norm(
         channels = values.shape[1]
         if training:
             mean, var, corrected_var, scales = _example_group_moments(values, groups, examples_per_group)
-            # running <- (1 - momentum) running + momentum batch, "batch" being the average over
-            # the examples of the (N, G) block statistics they were normalized with, in the units
-            # of x (detached values rather than no_grad, which torch.export records as a region
-            # it cannot save)
+            # the block statistics averaged over the examples, in the units of x (detached: torch.export
+            # cannot save a no_grad region)
             batch_mean = _to_channels((mean / scales).detach(), channels).mean(dim=0)
             batch_var = _to_channels((corrected_var / scales / scales).detach(), channels).mean(dim=0)
             running_mean.lerp_(batch_mean.to(running_mean.dtype), momentum)
@@ -258,13 +234,9 @@ class BatchGroupNorm(SettingsInState):
         )
 
     def validate_input(self, x: Tensor) -> None:
-        """Raise ``ValueError`` for an input :meth:`forward` refuses: a wrong shape or dtype; in
-        training, a batch in which an (example group x channel group) block holds a single value,
-        which normalizes to 0 whatever it is, so the layer would return its bias for any input
-        (torch's batch norm refuses it: "Expected more than 1 value per channel when training").
-        That happens with one channel per group (GhostBN, ``num_groups`` = C) on inputs of one
-        position, where an example group, or the smaller last one (module docstring), has one
-        example."""
+        """Raise ``ValueError`` for a wrong shape or dtype or, in training, an (example group x
+        channel group) block of a single value, which normalizes to 0 whatever it holds (as torch's
+        batch norm does): one channel per group, one position and an example group of one example."""
         check_input("BatchGroupNorm", x, self.num_channels)
         if self.training and x.numel() > 0:
             examples = x.shape[0]

@@ -6,31 +6,17 @@ observation (Sec. 3.3): for a group ``X in R^{k x m}`` with ``m = N * H * W``,
 ``X_hat = Sigma^{-1/2} (X - mu 1^T)`` with ``Sigma = (1/m) X_C X_C^T + eps I`` (Eq. 3). Training
 uses the batch statistics and updates the running mean and running whitening matrix
 (Algorithm 1 lines 10-11); evaluation uses the running ones. With ``k = 1`` this is batch norm.
+``k`` is the largest divisor of ``C`` that is ``<= group_size`` (``group_size >= C`` whitens all
+channels together).
 
-Channel-group rule: the group size used is ``largest_divisor_at_most(C, group_size)``, the
-largest size ``<= group_size`` that divides ``C`` (``group_size >= C`` whitens all channels
-together; e.g. ``C = 24, group_size = 16`` gives 2 groups of 12 channels).
-
-An input with no elements (``N = 0``, or a zero spatial size) returns an empty output and leaves
-the running statistics untouched, as torch's batch norm does. Precision as in :mod:`gwdet.layers.group_whitening`: float32 (float64 for float64
-input) outside autocast, output in the input dtype. In training, a channel group whose largest
-magnitude in the batch exceeds ``2**32`` (``2**256`` in float64) is whitened as ``X / s`` with the
-ridge ``eps / s^2`` (``s`` a power of two, :func:`~.common.magnitude_scales`; the same function),
-and the running statistics get ``s mu'`` and ``W' / s``, the mean and whitening matrix of ``X``
-itself; ordinary inputs are computed exactly as without scaling. Evaluation applies the running
-statistics, ``W (x - mu)``, with no squares to overflow.
-
-:func:`batch_whitening` is the functional form (the module passes its buffers and parameters).
-Flop counting (:mod:`gwdet.export.counting_ops`) registers it as the custom op
-``gwdet::batch_whitening`` and, while it traces a model, puts a wrapper that calls that op in the
-module's place; the module itself has no counting path.
-
-Execution plans (:mod:`gwdet.layers.plans`): the whole batch is one pass on every plan, with no
-host synchronisation (ZCA's ``torch.linalg.eigh`` excepted: PyTorch checks its result on the
-host). Outside the ``cpu`` plan the ItN whitening matrix is the closed-form op
-:func:`~.itn_whitening_op.itn_whitening_op` (Triton kernels under ``triton``) instead of autograd
-through the iteration: the same function, different rounding, far fewer operations. Under
-``torch.compile`` that choice is made when the graph is compiled.
+An empty input returns an empty output and leaves the running statistics untouched. Precision as in
+:mod:`gwdet.layers.group_whitening`. In training, a channel group whose largest magnitude exceeds
+``2**32`` (``2**256`` in float64) is whitened as ``X / s`` with the ridge ``eps / s^2``
+(:func:`~.common.magnitude_scales`), and the running statistics get ``s mu'`` and ``W' / s``, the
+mean and whitening matrix of ``X`` itself. Outside the ``cpu`` plan (:mod:`gwdet.layers.plans`) the
+ItN whitening matrix is the closed-form op :func:`~.itn_whitening_op.itn_whitening_op`.
+:mod:`gwdet.export.counting_ops` registers :func:`batch_whitening` as the custom op
+``gwdet::batch_whitening`` for flop counting.
 """
 from typing import Optional
 
@@ -103,9 +89,8 @@ def _whiten(
             whitening = whitening_matrix(cov, method, T, ridge)
         else:
             whitening = _planned_whitening_matrix(cov, method, T, ridge)
-        # DBN Algorithm 1 lines 10-11 with the mean s mu' and whitening matrix W' / s of X, on
-        # detached values (rather than under no_grad, which torch.export would record as a region
-        # it cannot serialize)
+        # DBN Algorithm 1 lines 10-11 with the mean s mu' and whitening matrix W' / s of X (detached:
+        # torch.export cannot serialize a no_grad region)
         batch_mean = mean.detach() / scales
         running_mean.lerp_(batch_mean.reshape(running_mean.shape).to(running_mean.dtype), momentum)
         running_whitening.lerp_((whitening.detach() * scales).to(running_whitening.dtype), momentum)
@@ -118,11 +103,9 @@ def _whiten(
 
 @torch.jit.unused
 def _planned_whitening_matrix(cov: Tensor, method: str, T: int, ridge: Tensor) -> Tensor:
-    """The whitening matrix by the execution plan of ``cov``'s device (:mod:`gwdet.layers.plans`):
-    outside the ``cpu`` plan, ItN is the closed-form op ``gwdet::itn_whitening`` (two kernel
-    launches under ``triton``, against about 100 operations through autograd); the ``cpu`` plan,
-    ZCA and graphs being recorded (``torch.jit.trace``, ONNX) take the paper's iteration,
-    differentiated by autograd."""
+    """The whitening matrix by the execution plan of ``cov``'s device: outside the ``cpu`` plan, ItN
+    is the closed-form op ``gwdet::itn_whitening``; the ``cpu`` plan, ZCA and graphs being recorded
+    take :func:`~.whitening_matrix.whitening_matrix`, differentiated by autograd."""
     if method == "itn" and not recording_reference_graph() and plan_name(cov.device) != "cpu":
         refuse_differentiating_transforms("BatchWhitening (ItN)", CPU_PLAN_ADVICE, cov)
         return itn_whitening_op(cov, T)
@@ -153,9 +136,8 @@ class BatchWhitening(SettingsInState):
     Buffers: ``running_mean`` ``[C]`` (starts at 0) and ``running_whitening``
     ``[C / k, k, k]`` (starts at the identity).
 
-    Arguments are checked as :class:`~.group_whitening.GroupWhitening`'s (``momentum`` in
-    [0, 1]), and the state dict records the settings (:mod:`~.settings_state`): a state of
-    another group size is refused naming ``group_size``, not by torch's size mismatch.
+    Arguments are checked as :class:`~.group_whitening.GroupWhitening`'s, and the state dict records
+    the settings (:mod:`~.settings_state`).
     """
 
     HYPER_PARAMETERS = ("group_size", "T", "eps", "momentum", "method")

@@ -1,13 +1,7 @@
-"""Pieces shared by the three normalization layers of :mod:`gwdet.layers`.
-
-* argument validation that raises ``ValueError`` naming the argument, its value (``repr``, and
-  the type where the type is wrong) and its allowed range: the one home of these checks, which
-  the config keys (:mod:`gwdet.config`) and :func:`gwdet.norm` use too;
-* the rule that turns a requested channel-group size or count into one that divides the channels;
-* the dtype in which statistics are computed, and leaving an autocast region for that computation;
-* the power-of-two scaling that keeps the statistics of huge inputs finite (:func:`magnitude_scales`);
-* the per-channel affine transform ``y * weight + bias``;
-* reshapes of a batch whose sample count may be 0 in a recorded graph (:func:`reshape_with_samples`).
+"""Pieces shared by the three normalization layers of :mod:`gwdet.layers`: argument validation (the
+one home of these checks, which :mod:`gwdet.config` and :func:`gwdet.norm` use too), the channel-group
+rule, the statistics dtype, the power-of-two scaling of huge inputs (:func:`magnitude_scales`), the
+per-channel affine and reshapes of a batch that may be empty (:func:`reshape_with_samples`).
 
 What the layers' forward passes call is TorchScript-compatible, so that the layers can be scripted.
 """
@@ -221,9 +215,8 @@ def safe_exponent(dtype: torch.dtype) -> int:
 
 
 def largest_magnitude(x: Tensor, dims: List[int]) -> Tensor:
-    """``max |x|`` over ``dims`` (kept as size-1 dimensions), detached from autograd. (Two
-    reductions without a temporary: on CPU ``linalg.vector_norm(ord=inf)`` takes about 15 times
-    as long as ``amax``.)"""
+    """``max |x|`` over ``dims`` (kept as size-1 dimensions), detached from autograd, by two
+    reductions without a temporary."""
     x = x.detach()
     return torch.maximum(x.amax(dim=dims, keepdim=True), x.amin(dim=dims, keepdim=True).neg())
 
@@ -231,18 +224,14 @@ def largest_magnitude(x: Tensor, dims: List[int]) -> Tensor:
 def magnitude_scales(largest: Tensor) -> Tensor:
     """Factors ``1/s`` that bring values of largest magnitude ``largest`` into range for their
     statistics: ``s`` is the power of two with ``largest / s`` in ``(2**(E-1), 2**E]``
-    (``E = safe_exponent``) where ``largest > 2**E``, and ``s = 1`` elsewhere, so ordinary inputs
-    are computed exactly as without scaling.
+    (``E = safe_exponent``) where ``largest > 2**E``, and ``s = 1`` (exactly unscaled) elsewhere.
 
-    Normalization is invariant to scaling its centred input except through ``eps``: for ``s > 0``,
-    ``(s^2 C + eps I)^{-1/2} s X_C = (C + (eps/s^2) I)^{-1/2} X_C``, and likewise
-    ``(s x - s mu) / sqrt(s^2 var + eps) = (x - mu) / sqrt(var + eps/s^2)``. A layer computes the
-    statistics of ``x / s`` with the ridge :func:`scaled_ridge` and gets the same function, while
-    the squares of values near ``1e20`` would overflow float32 (``1e40 > 3.4e38``). Multiplying by
-    a power of two is exact, so nothing is rounded by the scaling itself. An infinite ``largest``
-    (an input holding inf) gets the factor 0 and a NaN one the factor NaN: either way the output
-    of a non-finite input stays non-finite. (Five elementwise operations on the small tensor
-    ``largest``: ``2**min(E - ceil(log2 largest), 0)``; each is a kernel launch on a GPU.)
+    Normalization depends on the scale of its centred input only through ``eps``:
+    ``(s^2 C + eps I)^{-1/2} s X_C = (C + (eps/s^2) I)^{-1/2} X_C`` and ``(s x - s mu) / sqrt(s^2 var
+    + eps) = (x - mu) / sqrt(var + eps/s^2)``, so a layer computes the statistics of ``x / s`` with
+    :func:`scaled_ridge` and gets the same function without overflowing squares; a power of two
+    scales exactly. An infinite ``largest`` gets the factor 0, a NaN one NaN: non-finite inputs stay
+    non-finite.
     """
     exponent = safe_exponent(largest.dtype)
     return torch.pow(2.0, (exponent - torch.ceil(torch.log2(largest))).clamp_max(0.0))
@@ -301,13 +290,9 @@ def reshape_with_samples(t: Tensor, sizes: List[int], sample_dim: int = 0) -> Te
     """``t.reshape(sizes)`` where ``sizes[sample_dim]`` is a sample count that may be 0 when a
     recorded graph runs (no ROI in a head); every other size must be nonzero.
 
-    PyTorch (eager, scripted, traced) reshapes to the explicit sizes, which hold for a count of 0.
     While ``torch.onnx.export`` records, the sample count is written as ``-1`` and the other sizes
-    as given: in ONNX a size of 0 means "copy the input's size at that index" (``allowzero=0``),
-    and onnxruntime's graph optimizer rewrites a shape computed from traced sizes into copies and
-    a ``-1`` (``{0, 16, -1}`` for ``(N, 16, m)``), which cannot be resolved once another size is
-    0. With ``-1`` exactly at the sample count and nothing else to infer, every reading of the
-    shape gives the same result, ``0`` samples included.
+    as given: in ONNX a size of 0 means "copy the input's size" (``allowzero=0``), and onnxruntime
+    may rewrite traced sizes into such copies and a ``-1``, which cannot be resolved for 0 samples.
     """
     if not torch.jit.is_scripting():
         if onnx_exporting():

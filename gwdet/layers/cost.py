@@ -12,8 +12,7 @@ GW costs ``N (2 S d g + T g^3)`` and, relative to the 3x3 convolution, ``2g / (9
 floating-point operations (Golub & Van Loan, *Matrix Computations*, Sec. 8.3, symmetric QR
 algorithm), i.e. ``4.5 g^3`` multiply-adds, plus ``g^3`` for ``D Lambda^{-1/2} D^T``. The
 per-channel affine is not counted (the paper's formula leaves it out). These are the paper's
-formulas, not a count of what :mod:`gwdet.layers.group_whitening_function` executes (it runs
-``3T - 3`` ``g x g`` products for ItN and switches to ``m x m`` matrices when ``m < g``).
+formulas, not a count of what :mod:`gwdet.layers.group_whitening_function` executes.
 
 Batch whitening (DBN, groups of ``k`` channels over the ``M = N S`` values of the batch): in
 training, covariance and whitening product take ``M C k`` each, plus the whitening matrix of each

@@ -1,42 +1,21 @@
 """Group whitening (GW; Huang et al., "Group Whitening", CVPR 2021, Sec. 3 and Algorithm 1).
 
-For every sample independently, the ``C * H * W`` values are split into ``g`` contiguous channel
-groups, ``X_G in R^{g x c}`` with ``c = C/g * H * W`` (Eq. 8); each group is centred and the groups
-are whitened against each other, ``X_hat_G = Sigma^{-1/2} (X_G - mu 1^T)`` with the ``g x g``
-covariance ``Sigma = (1/c) X_C X_C^T + eps I`` (Eq. 9, Algorithm 1 lines 5-9); the division is
-then undone (Eq. 10) and a per-channel affine applied. There are no running statistics, so
-training and evaluation compute the same function. With ``g = 1`` GW is a layer norm over
-``(C, H, W)``.
+For every sample, the ``C * H * W`` values are split into ``g`` contiguous channel groups,
+``X_G in R^{g x c}`` with ``c = C/g * H * W`` (Eq. 8); each group is centred and the groups are
+whitened against each other, ``X_hat_G = Sigma^{-1/2} (X_G - mu 1^T)`` with the ``g x g`` covariance
+``Sigma = (1/c) X_C X_C^T + eps I`` (Eq. 9, Algorithm 1 lines 5-9); the split is undone (Eq. 10) and
+a per-channel affine applied. Training and evaluation compute the same function (no running
+statistics); with ``g = 1`` GW is a layer norm over ``(C, H, W)``. ``g`` is the largest divisor of
+``C`` that is ``<= num_groups`` (``C < num_groups`` gives one channel per group, paper Sec. 5.1.1).
 
-Channel-group rule: GW uses ``largest_divisor_at_most(C, num_groups)`` groups, i.e. the largest
-count ``<= num_groups`` that divides ``C``: ``C < num_groups`` gives one channel per group (paper
-Sec. 5.1.1), and e.g. ``C = 24, num_groups = 16`` gives 12 groups of 2 channels.
-
-Precision: statistics, whitening matrix and the whitened values are computed in float32 (float64
-for float64 input) outside any autocast region, and the result is cast back to the input dtype.
-A sample whose largest magnitude exceeds ``2**32`` (``2**256`` in float64) is whitened as
-``x / s`` with the ridge ``eps / s^2``, ``s`` a power of two, which is the same function
-(:func:`~.common.magnitude_scales`): inputs near ``1e20``, whose squares overflow float32, give
-the finite, correct output, and every other input is computed exactly as without scaling.
-A graph recorded by ``torch.jit.script`` or ``torch.jit.trace`` cannot leave an autocast region
-entered by its caller; its products keep float32 there all the same
-(:func:`~.precision.float32_matmul`).
-
-Implementations (which one runs is decided per call, see :mod:`gwdet.layers.tracing`):
-
-* :func:`group_whitening_reference`: the formulas as plain tensor operations differentiated by
-  autograd. TorchScript scripting, ``torch.jit.trace`` and ``torch.onnx.export`` record it (a
-  graph of ATen operators only), and it is the baseline the fused op is tested and timed against.
-* the custom op ``gwdet::group_whitening``
-  (:func:`~.group_whitening_function.fused_group_whitening`): the same function with a
-  closed-form backward that keeps only the input, the group means and small ``g x g`` matrices;
-  eager mode, ``torch.compile`` and ``torch.export`` run it, by the execution plan of the input's
-  device (:mod:`gwdet.layers.plans`: cache-sized chunks on CPU, the whole batch in few operations
-  on a GPU, the Newton iterations as Triton kernels where Triton is available). Flop counting
-  (:mod:`gwdet.export.counting_ops`) has the module's wrapper call it while it traces, so that
-  the trace holds one node per layer.
-
-Both compute the same function up to float rounding.
+Statistics run in float32 (float64 for float64 input) outside autocast (inside a recorded graph,
+which cannot leave its caller's autocast region, by :func:`~.precision.float32_matmul`); the result
+has the input dtype. A sample whose largest magnitude exceeds ``2**32`` (``2**256`` in float64) is
+whitened as ``x / s`` with the ridge ``eps / s^2`` (:func:`~.common.magnitude_scales`). Two
+implementations of the same function, chosen per call by :mod:`gwdet.layers.tracing`:
+:func:`group_whitening_reference` (tensor operations that autograd differentiates; what TorchScript,
+``torch.jit.trace`` and ``torch.onnx.export`` record) and the custom op ``gwdet::group_whitening``
+(:func:`~.group_whitening_function.fused_group_whitening`, closed-form backward).
 """
 from typing import Optional
 
@@ -92,10 +71,8 @@ def _check_arguments(owner: str, x: Tensor, num_groups: int, T: int, eps: float,
 
 
 def check_spatial_size(owner: str, x: Tensor) -> None:
-    """Raise ``ValueError`` naming the shape for an input with a zero spatial size (``(2, 16, 0, 5)``):
-    a sample then has no values to take statistics over, which torch's ``GroupNorm`` refuses too.
-    A zero sample count (``N = 0``) with positions is fine: the output is empty. Not checked while
-    ``torch.jit.trace`` records (the recorded graph could not refuse anything)."""
+    """Raise ``ValueError`` for an input with a zero spatial size (a sample has no values), as torch's
+    ``GroupNorm`` does; ``N = 0`` is fine. Not checked while ``torch.jit.trace`` records."""
     if not torch.jit.is_tracing() and 0 in x.shape[2:]:
         raise GwdetValueError(
             f"{owner}: input of shape {list(x.shape)} has a zero spatial size, so a sample has no values to "
@@ -116,19 +93,9 @@ def group_whitening_reference(
     """The reference implementation of GW: Algorithm 1 (Eqs. 8-10) plus the per-channel affine,
     as plain tensor operations that autograd differentiates.
 
-    Arguments as for :func:`group_whitening` (``num_groups`` goes through the same divisor rule),
-    with ``weight`` and ``bias`` of shape ``[C]`` (or ``None``). All samples are whitened at once
-    with batched ``(N, g, g)`` matrix products: the covariance by
-    :func:`~.whitening_matrix.ridge_covariance`, its inverse square root by
-    :func:`~.whitening_matrix.whitening_matrix` (the paper's iteration, ``3T`` products, or
-    ``eigh`` for ZCA), each sample scaled by :func:`~.common.magnitude_scales` (1 for ordinary
-    inputs). Statistics are computed in float32 (float64 for float64 input) with
-    autocast switched off (outside TorchScript), the affine in that precision, and the result is
-    returned in ``x``'s dtype.
-
-    This is what TorchScript scripting, ``torch.jit.trace`` and ``torch.onnx.export`` record; it
-    keeps every intermediate for the backward pass, so for training use :class:`GroupWhitening`
-    or :func:`group_whitening`, which run the fused op.
+    Arguments as for :func:`group_whitening`, with ``weight`` and ``bias`` ``[C]`` (or ``None``). This
+    is what TorchScript, ``torch.jit.trace`` and ``torch.onnx.export`` record; it keeps every
+    intermediate for the backward pass, so train with :class:`GroupWhitening` or :func:`group_whitening`.
     """
     _check_arguments("group_whitening_reference", x, num_groups, T, eps, method)
     groups = largest_divisor_at_most(x.shape[1], num_groups)
@@ -191,10 +158,8 @@ class GroupWhitening(SettingsInState):
     Per sample the output has zero group means and ``(1/c) X_hat_G X_hat_G^T = I - eps Sigma^{-1}``
     for ZCA; ItN approaches this as ``T`` grows (see :func:`inverse_sqrt_itn`).
 
-    Every argument is checked where it enters (``ValueError`` naming it, its value and its range:
-    counts are integers, ``eps`` finite and > 0 in float32, ``affine`` a bool), and the state
-    dict records the settings, so that a state of other settings is refused on loading
-    (:mod:`~.settings_state`).
+    Arguments are checked on construction (``ValueError``); the state dict records the settings, so a
+    state of other settings is refused on loading (:mod:`~.settings_state`).
     """
 
     HYPER_PARAMETERS = ("num_groups", "T", "eps", "method")

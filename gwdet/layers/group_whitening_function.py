@@ -1,34 +1,16 @@
 """Group whitening with a fused per-channel affine as ``torch.library`` custom ops with a
 closed-form backward: ``gwdet::group_whitening`` and ``gwdet::group_whitening_backward``.
 
-What the ops compute is exactly :func:`gwdet.layers.group_whitening_reference` with the affine,
-``y * weight + bias`` (GW Algorithm 1, Eqs. 8-10). Being custom ops with registered fake (shape)
-kernels and an autograd formula that calls the backward op, they stay single opaque nodes under
-``torch.compile`` (``fullgraph=True``), ``torch.export`` (training graphs included) and
-``torch.jit.trace`` (see :mod:`gwdet.layers.tracing` for when the layers use them). What the ops
-avoid, compared with differentiating the reference formulas by autograd:
-
-* autograd keeps the centred copy of the input, the whitened output before the affine and the
-  3T intermediate ``g x g`` products of ItN; here only the input, the group means, the samples'
-  scaling factors and (when it is small) the ``g x g`` covariance are saved, and the whitening
-  matrix is recomputed in the
-  backward pass together with its gradient (:func:`~.whitening_matrix.itn_whitening_vjp`);
-* the work over the activation is the minimum of ``g x g`` by ``g x m`` products per sample
-  (``m = C/g HW``): forward covariance and ``W X_C`` (2), backward ``dY X^T``, ``W^T dY`` and
-  ``S X`` (3, plus 1 to recompute ``W X_C`` for the affine weight's gradient when a group has
-  more than one channel), with the centring of the backward folded into them as rank-one
-  corrections;
-* with one channel per group (``C == g``) the affine folds into the ``g x g`` matrices: forward
-  ``Z = (diag(weight) W) X_C + bias``, backward ``(W^T diag(weight)) dZ``, and the weight's
-  gradient comes from ``dZ X_C^T`` without a pass over the activation;
-* with fewer columns than groups (``m < g``, e.g. ``(N, C)`` input with ``C < g^2``) the
-  ``g x g`` covariance has rank at most ``m``, and the whole whitening runs on the ``m x m``
-  Gram matrix instead (see "Few columns" below);
-* how the samples are cut into passes, whether the scaling of huge inputs may be skipped, whether
-  the ``g x g`` products over the columns of few samples are split (:func:`_cross_products`) and
-  what computes the ItN whitening matrix is the execution plan's choice (:mod:`gwdet.layers.plans`:
-  cache-sized chunks on CPU, the whole batch on a GPU, Triton kernels for the ``g x g`` Newton
-  iterations); the formulas here are the same for every plan.
+The ops compute :func:`gwdet.layers.group_whitening_reference` followed by ``y * weight + bias``
+(GW Algorithm 1, Eqs. 8-10). With fake kernels and an autograd formula registered, they stay single
+opaque nodes under ``torch.compile`` (``fullgraph=True``), ``torch.export`` and ``torch.jit.trace``
+(:mod:`gwdet.layers.tracing`). The forward saves the input, the group means, the scaling factors and
+(when small) the ``g x g`` covariances; the backward recomputes the whitening matrix with its gradient
+(:func:`~.whitening_matrix.itn_whitening_vjp`). Per sample (``m = C/g HW``) the activation is read by
+two ``g x g`` by ``g x m`` products forward and three backward (four for an affine on groups of several
+channels); with one channel per group (``C == g``) the affine folds into the ``g x g`` matrices. How
+samples are cut into passes and what computes the ItN matrix is the plan's choice
+(:mod:`gwdet.layers.plans`); the formulas are the same for every plan.
 
 Backward (Algorithm 2, one sample, ``X`` is ``g x m``, ``mu`` the row means,
 ``X_C = X - mu 1^T``, ``Y = W X_C``, ``Z = gamma o Y + beta``)::
@@ -39,32 +21,23 @@ Backward (Algorithm 2, one sample, ``X`` is ``g x m``, ``mu`` the row means,
     dX    = W^T dY + (2/m) dS X_C - (1/m) W^T dY 1 1^T
           = W^T dY + B X - (W^T f + B mu) 1^T,  B = 2 dS / m,  f = dY 1 / m
 
-(the mean of ``(2/m) dS X_C`` over a row is zero, so subtracting the row mean of
-``dL/dX_C`` (Algorithm 2, line 7) only touches the ``W^T dY`` term).
+(the row means of ``(2/m) dS X_C`` are zero, so centring ``dL/dX_C`` (Algorithm 2, line 7) only
+touches the ``W^T dY`` term).
 
-Few columns (``m < g``). With ``U = X_C / sqrt(m)``, ``Sigma = U U^T + eps I_g``; for every
-polynomial ``p``, ``p(U U^T + eps I) U = U p(U^T U + eps I)``, and the same holds for
-``x^{-1/2}`` through the SVD of ``U``. So ``W X_C = X_C W'`` with ``S = X_C^T X_C / m + eps I_m``
-and ``W' = P_T(S / tau) / sqrt(tau)`` (ItN, ``tau = tr(Sigma) = tr(S) + (g - m) eps``, the trace
-the ``g x g`` iteration normalizes by) or ``W' = S^{-1/2}`` (ZCA): exactly the same function,
-with ``m x m`` instead of ``g x g`` matrices. Backward: ``dW' = X_C^T dY``,
-``dS = psi_b(dW')``, ``dX_C = dY W'^T + (2/m) X_C dS`` and ``dX = dX_C`` minus its row means.
+Few columns (``m < g``): with ``U = X_C / sqrt(m)``, ``p(U U^T + eps I) U = U p(U^T U + eps I)`` for
+every polynomial ``p`` and for ``x^{-1/2}`` (SVD of ``U``), so ``W X_C = X_C W'`` with
+``S = X_C^T X_C / m + eps I_m`` and ``W' = P_T(S / tau) / sqrt(tau)`` (ItN, ``tau = tr(Sigma) =
+tr(S) + (g - m) eps``) or ``W' = S^{-1/2}`` (ZCA). Backward: ``dW' = X_C^T dY``, ``dS = psi_b(dW')``,
+``dX_C = dY W'^T + (2/m) X_C dS`` and ``dX = dX_C`` minus its row means.
 
-Precision: the statistics, whitening matrix and products run in float32 (float64 for float64
-input) with autocast switched off and float32 products in IEEE precision whatever the process's
-TF32 setting (:func:`~.precision.ieee_float32_products`); the affine is applied in that precision
-before the result is rounded to the input dtype.
+Precision: statistics, whitening matrix, products and affine run in float32 (float64 for float64
+input), autocast off, float32 products in IEEE precision (:func:`~.precision.ieee_float32_products`);
+the result is rounded to the input dtype.
 
-Huge inputs: a sample whose largest magnitude exceeds ``2**32`` (``2**256`` in float64) is
-processed as ``X' = X / s`` with the ridge ``eps / s^2``, ``s`` the power of two of
-:func:`~.common.magnitude_scales`. That is the same function: ``W X_C = W' X'_C`` for the
-whitening matrix ``W'`` of the scaled covariance, so the forward pass needs no rescaling; the
-saved means and covariances are those of ``X'``, and the factors ``1/s`` are saved too. The
-backward pass runs the formulas above on ``X'`` (the affine's gradients are unchanged, ``Y``
-being the same) and divides the input gradient by ``s``. Other samples are computed with
-``s = 1``, i.e. exactly as without scaling; the ``cpu`` plan skips the scaling steps altogether
-in a call in which no sample needs them (which it finds out on the host, from the input, in
-either pass).
+Huge inputs: a sample whose largest magnitude exceeds ``2**32`` (``2**256`` in float64) is processed
+as ``X' = X / s`` with the ridge ``eps / s^2`` (``s`` from :func:`~.common.magnitude_scales`); then
+``W X_C = W' X'_C``, so the output needs no rescaling. The saved means and covariances are those of
+``X'``, with the factors ``1/s``; the backward runs on ``X'`` and divides the input gradient by ``s``.
 """
 import math
 from typing import Iterator, NamedTuple, Optional, Sequence, Tuple, Union
@@ -82,12 +55,10 @@ from gwdet.errors import GwdetValueError
 
 # Memory model of the formulas below, for the plans' chunk sizes. A pass over samples holds
 # activation-sized temporaries (see _chunk_steps) and about GG_BUFFERS g x g matrices per sample
-# (ItN backward). The layer's target keeps the peak near GroupNorm's (output + input gradient,
-# about 2.05 activations): temporaries within FORWARD_FRACTION of the activation while the forward
-# pass holds only the output, BACKWARD_FRACTION (less any saved covariances) while the backward
-# pass also holds the input gradient, i.e. at most 2.6 activations, within the 1.3x of GroupNorm
-# that docs/benchmarks.md targets. The ``cpu`` plan keeps to that budget; the ``accelerator`` plan
-# to an absolute one (gwdet.layers.plans.accelerator).
+# (ItN backward). The ``cpu`` plan keeps temporaries within FORWARD_FRACTION of the activation in
+# the forward pass (which holds the output) and BACKWARD_FRACTION, less any saved covariances, in
+# the backward pass (which also holds the input gradient): the peak memory target of
+# docs/benchmarks.md. The ``accelerator`` plan keeps to an absolute budget (plans.accelerator).
 FORWARD_FRACTION = 1.1
 BACKWARD_FRACTION = 0.6
 GG_BUFFERS = 16

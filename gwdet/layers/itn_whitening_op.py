@@ -1,16 +1,14 @@
 """The ItN whitening matrix of a batch of covariances as one custom op with a closed-form backward:
 ``gwdet::itn_whitening`` and ``gwdet::itn_whitening_backward``.
 
-For layers whose other steps autograd differentiates (batch whitening): autograd through the
-paper's iteration (GW Eqs. 6-7, :func:`~.whitening_matrix.inverse_sqrt_itn`) dispatches ``3T``
-products and their glue forward and twice that backward, one kernel launch each on a GPU. The op
+For layers whose other steps autograd differentiates (batch whitening), in place of autograd
+through the paper's iteration (GW Eqs. 6-7, :func:`~.whitening_matrix.inverse_sqrt_itn`): the op
 computes the same function with :func:`~.whitening_matrix.itn_whitening` and its gradient with
 :func:`~.whitening_matrix.itn_whitening_vjp` (GW Eqs. 18-19), run by the execution plan of the
-tensors' device (:mod:`gwdet.layers.plans`: one Triton kernel per direction under ``triton``). The
-gradient is that of the symmetric part of ``dL/dW``, which is all a covariance ``X X^T / m + eps
-I`` passes on. As a custom op with fake and autograd kernels it stays one node under
-``torch.compile`` and ``torch.export``. Its products run in IEEE float32 whatever the process's TF32
-setting (:func:`~.precision.ieee_float32_products`).
+tensors' device (:mod:`gwdet.layers.plans`). The gradient is that of the symmetric part of
+``dL/dW``, which is all a covariance ``X X^T / m + eps I`` passes on. It stays one node under
+``torch.compile`` and ``torch.export``; its products run in IEEE float32
+(:func:`~.precision.ieee_float32_products`).
 """
 import torch
 from torch import Tensor

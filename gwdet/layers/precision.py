@@ -3,25 +3,16 @@
 gwdet's layers compute their statistics and whitening in float32 (float64 for float64 input). Two
 process-wide settings would silently lower that:
 
-* TensorFloat-32: ``torch.set_float32_matmul_precision("high")``,
-  ``torch.backends.cuda.matmul.allow_tf32 = True`` or ``fp32_precision = "tf32"`` (common in
-  detection training) turn every float32 ``bmm``/``matmul`` on CUDA into TF32 products with a
-  10-bit mantissa, and ``torch.backends.mkldnn.matmul.fp32_precision`` may do the same for oneDNN
-  on a CPU. Inside gwdet's custom ops (:mod:`~.group_whitening_function`,
-  :mod:`~.itn_whitening_op`) :func:`ieee_float32_products` sets the backend of the tensors'
-  device to IEEE float32 and restores the user's value afterwards, exactly (also after an error).
-  It uses the per-backend ``fp32_precision`` setting, which reads and writes without the errors
-  PyTorch raises when the older and newer TF32 interfaces are mixed.
-* Autocast: an eager caller switches it off around the formulas
-  (:func:`~.common.autocast_disabled`), but a graph recorded by ``torch.jit.trace`` or compiled
-  by ``torch.jit.script`` runs its ``matmul`` through autocast when it is called inside an
-  autocast region, and that region cannot be left from inside the graph. :func:`float32_matmul`
-  is the product such graphs record: PyTorch's autocast never touches a product written into an
-  ``out=`` tensor nor one in float64 (AMP documentation, "Autocasting": ops with ``out=`` and
-  float64 ops are not eligible). A scripted graph writes the product into an ``out=`` tensor, or,
-  where it needs the product's gradient (autograd cannot differentiate an ``out=`` product) and
-  autocast is on, computes it in float64; a traced graph, which cannot decide when it runs,
-  computes it in float64.
+* TensorFloat-32 (``torch.set_float32_matmul_precision("high")``, ``allow_tf32`` or
+  ``fp32_precision = "tf32"`` on CUDA, ``torch.backends.mkldnn.matmul.fp32_precision`` on a CPU):
+  inside gwdet's custom ops :func:`ieee_float32_products` sets the device's backend to IEEE float32
+  and restores the user's value afterwards, also after an error.
+* Autocast: eager code switches it off (:func:`~.common.autocast_disabled`), but a graph recorded
+  by ``torch.jit.trace`` or ``torch.jit.script`` cannot leave its caller's autocast region.
+  :func:`float32_matmul` is the product such graphs record: autocast leaves alone products written
+  into an ``out=`` tensor and float64 products (AMP documentation, "Autocasting"), so a scripted
+  graph writes into ``out=`` or, where it needs the gradient under autocast, computes in float64; a
+  traced graph computes in float64.
 """
 import contextlib
 from typing import Any, Iterator, List
@@ -97,12 +88,8 @@ def _autocast_proof_matmul(a: Tensor, b: Tensor) -> Tensor:
 @torch.jit.unused
 def _traced_matmul(a: Tensor, b: Tensor) -> Tensor:
     """``a @ b`` as ``torch.jit.trace`` records it: in float64, rounded back to the operands'
-    dtype (module docstring). A trace fixes its operations when it records (and checks itself
-    again without gradients), so it cannot choose at run time as a scripted graph does; of the
-    products autocast leaves alone, an ``out=`` product cannot be differentiated (and is not
-    what flop counters of traced graphs, fvcore's, accept as ``aten::matmul``), so a traced
-    graph pays float64 products, about twice float32's time on a CPU or a data-centre GPU (far
-    more on GPUs with few float64 units: script the model there)."""
+    dtype (module docstring). A trace cannot choose at run time as a scripted graph does, and an
+    ``out=`` product can be neither differentiated nor counted by fvcore as ``aten::matmul``."""
     if a.dtype == torch.float64:
         return torch.matmul(a, b)
     return torch.matmul(a.double(), b.double()).to(a.dtype)

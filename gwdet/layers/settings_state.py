@@ -1,25 +1,19 @@
 """Norm layers that carry their settings in their state dict, and refuse a state of other settings.
 
-A GW layer trained with 4 groups and one built with 8 have parameters of the same shapes, so a
-state dict would load from one into the other and the model would compute another function
-without a word. Every gwdet norm layer (a :class:`SettingsInState`) therefore writes its settings
-into its state dict, under torch's extra-state key ``<prefix>_extra_state``
-(``nn.Module.get_extra_state``), and compares them when a state is loaded into it. Whatever loads
-the state (``model.load_state_dict``, strict or not, detectron2's ``DetectionCheckpointer``,
-``torch.hub``) gets an error naming the layer (its name in the model), each differing setting and
-both values, and the layer keeps its own values. The settings recorded are ``num_channels``, the
-layer's :attr:`~SettingsInState.HYPER_PARAMETERS` and ``affine``.
+Layers of other settings (a GW layer of 4 groups and one of 8) can have parameters of the same
+shapes, so a state would load into the wrong function without a word. Every gwdet norm layer (a
+:class:`SettingsInState`) writes ``num_channels``, its :attr:`~SettingsInState.HYPER_PARAMETERS`
+and ``affine`` under torch's extra-state key ``<prefix>_extra_state`` and compares them on loading:
+whatever loads the state (``load_state_dict``, strict or not, detectron2's checkpointer,
+``torch.hub``) gets an error naming the layer, each differing setting and both values.
 
 Format: a ``uint8`` tensor of :data:`SETTINGS_BYTES` bytes holding the UTF-8 JSON object
-``{"layer": class name, setting: value, ...}``, padded with zero bytes. A tensor, because fvcore's
-checkpointer (detectron2's) accepts only tensors and arrays in a model's state; of one shape for
-every layer and setting, because fvcore drops, with a warning only, every value whose shape differs
-from the model's before it loads the rest, and the comparison would never run.
+``{"layer": class name, setting: value, ...}``, padded with zero bytes: fvcore's checkpointer
+accepts only tensors and arrays, and drops values whose shape differs from the model's.
 
-A state without the key (saved before the layers recorded their settings, or by a scripted or
-traced copy, whose state dicts hold no extra state) loads as before: there is nothing to compare,
-and strict loading does not report the key missing. gwdet's checkpointer compares such a state
-with the settings its checkpoints record beside the weights (:mod:`gwdet.checkpoint.compatibility`).
+A state without the key (e.g. a scripted or traced copy's) loads without a comparison, and strict
+loading does not report the key missing; gwdet's checkpointer compares such a state with the
+settings its checkpoints record beside the weights (:mod:`gwdet.checkpoint.compatibility`).
 """
 import json
 from typing import Any, Dict, List, Optional, Tuple
@@ -34,7 +28,7 @@ from .common import largest_divisor_at_most
 
 # torch's suffix for a module's extra state in a state dict (torch.nn.modules.module)
 EXTRA_STATE_KEY = "_extra_state"
-# the length of the recorded settings; their JSON takes about 200 bytes
+# the length of the recorded settings (the same for every layer, see the module docstring)
 SETTINGS_BYTES = 512
 # where a user changes the settings of gwdet's layers, named in the refusal
 _WHERE_SET = ("in a yacs config MODEL.GW.*, MODEL.BW.*, MODEL.BGN.*; in Python the arguments of "
@@ -144,7 +138,7 @@ class SettingsInState(nn.Module):
                               error_msgs: List[str]) -> None:
         """torch's loading, after the recorded settings are compared with the layer's: differing
         ones add the refusal to ``error_msgs`` (``load_state_dict`` raises them all, as it does
-        size mismatches) and load nothing into the layer; a state without the key loads as before."""
+        size mismatches) and load nothing into the layer; a state without the key loads unchecked."""
         key = prefix + EXTRA_STATE_KEY
         if key in state_dict:
             problem = self.settings_mismatch(state_dict[key], prefix[:-1])

@@ -76,28 +76,16 @@ def inverse_sqrt_itn(cov: Tensor, T: int) -> Tensor:
 def inverse_sqrt_zca(cov: Tensor, min_eigenvalue: Tensor) -> Tensor:
     """``cov^{-1/2} = D Lambda^{-1/2} D^T`` by eigendecomposition (ZCA; GW Eq. 5, DBN Eq. 4).
 
-    Eigenvalues are floored at ``min_eigenvalue`` ``(..., 1, 1)`` (pass the ridge ``eps``: it is
-    their exact lower bound, the floor only absorbs rounding error of the eigensolver).
+    Eigenvalues are floored at ``min_eigenvalue`` ``(..., 1, 1)`` (pass the ridge ``eps``, their
+    exact lower bound). The eigendecomposition is not differentiated: its backward (DBN Eq. 5, GW
+    Eqs. 14-16) divides by eigenvalue gaps. Eqs. 14-16 combined give ``dL/dSigma = D (K o (D^T G D))
+    D^T`` for ``G = dL/dW`` (``o``: elementwise), ``K`` the divided differences of ``lambda^{-1/2}``:
+    ``K_ij = -1 / (s_i s_j (s_i + s_j))`` with ``s = sqrt(lambda)``, finite for repeated eigenvalues.
 
-    Gradient: the eigendecomposition itself is not differentiated, because its backward
-    (DBN Eq. 5, GW Eqs. 14-16) divides by eigenvalue gaps ``1 / (lambda_i - lambda_j)`` and
-    returns inf/NaN as soon as two eigenvalues coincide, e.g. for two constant groups.
-    Combining Eqs. 14-16 gives ``dL/dSigma = D (K o (D^T G D)) D^T`` for the gradient ``G``
-    w.r.t. ``Sigma^{-1/2}`` (``o``: elementwise product), where ``K`` holds the divided
-    differences of ``f(lambda) = lambda^{-1/2}``; with ``s = sqrt(lambda)``,
-    ``K_ij = (f(lambda_i) - f(lambda_j)) / (lambda_i - lambda_j) = -1 / (s_i s_j (s_i + s_j))``,
-    which also equals ``f'(lambda_i)`` when ``i = j`` and stays finite for repeated
-    eigenvalues. First derivatives are exact.
-
-    Second derivatives. Eager code, ``torch.compile`` and ``torch.export`` run the custom op
-    ``gwdet::zca_whitening`` (:func:`zca_whitening_op`), whose backward op computes the gradient
-    above and refuses to be differentiated again: a backward pass through a gradient computed with
-    ``create_graph=True`` raises :class:`~gwdet.errors.GwdetRuntimeError`
-    (:data:`ZCA_SECOND_DERIVATIVES`), rather than returning numbers that are not the second
-    derivative. Graphs recorded by TorchScript (``torch.jit.script``, ``torch.jit.trace``) must
-    hold ATen operators only (:mod:`.tracing`); they record :func:`_zca_recorded`, whose first
-    derivatives are the same and whose second derivatives are not those of ``cov^{-1/2}``
-    (``D`` and ``K`` enter them as constants).
+    Eager code, ``torch.compile`` and ``torch.export`` run the custom op :func:`zca_whitening_op`,
+    which refuses second derivatives (:data:`ZCA_SECOND_DERIVATIVES`); TorchScript graphs record
+    :func:`_zca_recorded`, with the same first derivatives but second derivatives that are not those
+    of ``cov^{-1/2}``.
     """
     if not torch.jit.is_scripting():
         if not recording_reference_graph():
@@ -157,14 +145,9 @@ ZCA_SECOND_DERIVATIVES = (
 @torch.library.custom_op("gwdet::zca_whitening", mutates_args=())
 def zca_whitening_op(cov: Tensor, min_eigenvalue: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
     """``(cov^{-1/2}, D, s)`` for symmetric covariances ``cov`` ``(..., g, g)``: the ZCA whitening
-    matrix ``D diag(1/s) D^T`` (GW Eq. 5) with the eigenvectors ``D`` and the square roots ``s`` of
-    the eigenvalues floored at ``min_eigenvalue`` ``(..., 1, 1)``. ``D`` and ``s`` are what the
-    backward op needs; they are not differentiable.
-
-    Autograd: the gradient w.r.t. ``cov`` is :func:`zca_whitening_backward`'s (GW Eqs. 14-16
-    combined, see :func:`inverse_sqrt_zca`); the gradient of that is refused
-    (:data:`ZCA_SECOND_DERIVATIVES`). ``min_eigenvalue`` gets no gradient.
-    """
+    matrix ``D diag(1/s) D^T`` (GW Eq. 5), the eigenvectors ``D`` and the square roots ``s`` of the
+    eigenvalues floored at ``min_eigenvalue`` ``(..., 1, 1)`` (not differentiable). The gradient
+    w.r.t. ``cov`` is :func:`zca_whitening_backward`'s; its gradient is refused."""
     eigenvalues, eigenvectors = finite_eigh(cov)
     roots = eigenvalues.clamp_min(min_eigenvalue.squeeze(-1)).sqrt()
     whitening = torch.matmul(eigenvectors / roots.unsqueeze(-2), eigenvectors.transpose(-1, -2))
@@ -268,11 +251,6 @@ def _refuse_onnx_export() -> None:
 # well, so a caller only keeps ``cov`` (or what it is made from). The ridge-dependent arguments
 # (``trace_offset``, ``min_eigenvalue``) are a number or one value per matrix, ``(n, 1, 1)``.
 # Not TorchScript-able.
-#
-# Cost notes (ItN): every product is a separate ``bmm`` into a fresh buffer, or an in-place
-# ``baddbmm_`` accumulating into one; stacking operands with ``cat`` to share a right factor
-# costs about as much as the product it saves at g = 64, and ``baddbmm`` with an input first
-# copies that input.
 
 
 def _sym(matrix: Tensor) -> Tensor:

@@ -10,18 +10,12 @@
 gwdet publishes no trained weights of its configs, so ``get_config(name, trained=True)`` (detectron2's
 argument) is refused with what to do instead (:func:`get_config`).
 
-Names are paths relative to the repository's ``configs/`` folder. A wheel carries that folder as
-``gwdet/model_zoo/configs`` (setup.py copies it at build time); a source checkout or an editable
-install (``pip install -e .``) reads the checkout's ``configs/`` itself, so an edit there is seen
-at once. :func:`resolve_config_argument` is how the train and export tools (``gwdet-train --config-file
-mask_rcnn_gw.yaml``) fall back on a packaged config when no such file exists locally.
-
-:func:`detectron2_lazy_config` loads detectron2's own packaged LazyConfigs (``common/...``), which
-gwdet's LazyConfigs build on, without detectron2's ``model_zoo`` (it needs ``pkg_resources``, gone
-from setuptools >= 81); :mod:`gwdet.model_zoo.detectron2_configs`.
-
-:func:`build_config` reads a yacs config file by its path, as every gwdet tool reads it
-(:mod:`gwdet.model_zoo.loading`: ``_BASE_`` chains, ``KEY VALUE`` overrides, yacs' errors explained).
+Names are paths relative to the repository's ``configs/`` folder: a wheel carries it as
+``gwdet/model_zoo/configs``, a source checkout or editable install reads the checkout's own.
+:func:`resolve_config_argument` lets the tools fall back on a packaged config when no such file
+exists locally; :func:`detectron2_lazy_config` loads detectron2's packaged LazyConfigs without
+detectron2's ``model_zoo`` (:mod:`gwdet.model_zoo.detectron2_configs`); :func:`build_config` reads
+a yacs config file as every gwdet tool does (:mod:`gwdet.model_zoo.loading`).
 """
 from gwdet.errors import GwdetAttributeError
 from gwdet.model_zoo.detectron2_configs import (

@@ -1,12 +1,10 @@
 """detectron2's own packaged LazyConfigs (``common/models/mask_rcnn_fpn.py``, ``common/optim.py``, ...),
 which gwdet's LazyConfigs build on, found and loaded without :mod:`detectron2.model_zoo`.
 
-detectron2's ``model_zoo`` finds its configs through ``pkg_resources``, which setuptools 81 and later
-no longer ship; gwdet's LazyConfigs therefore locate the files themselves: a pip-installed detectron2
-(a wheel, ``pip install <source>``, or ``pip install -e <checkout>``, which links the checkout's
-``configs/``) carries them in ``detectron2/model_zoo/configs``. The folder is found with
-:func:`importlib.util.find_spec`, which imports neither detectron2 nor its ``model_zoo``, and a file
-is loaded with ``detectron2.config.LazyConfig.load``, as detectron2's ``model_zoo.get_config`` does.
+detectron2's ``model_zoo`` needs ``pkg_resources``, which setuptools >= 81 does not ship. A
+pip-installed detectron2 carries its configs in ``detectron2/model_zoo/configs``: the folder is
+found with :func:`importlib.util.find_spec` (importing neither detectron2 nor its ``model_zoo``) and
+a file loaded with ``detectron2.config.LazyConfig.load``, as ``model_zoo.get_config`` does.
 """
 from __future__ import annotations
 

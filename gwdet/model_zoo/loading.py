@@ -264,9 +264,8 @@ def get_config(config_path: str, trained: bool = False, *, opts: Sequence[str] |
     (:func:`gwdet.model_zoo.lazy_loading.load_lazy_config`) with ``opts`` as ``key=value``
     overrides, each key checked.
 
-    ``trained`` is detectron2's ``model_zoo.get_config`` argument, which points the config's weights
-    at the model zoo's trained model. gwdet publishes no trained models of its configs, so
-    ``trained=True`` is refused (``ValueError``) saying how to get weights instead.
+    ``trained=True`` (detectron2's argument) is refused with a ``ValueError`` saying how to get
+    weights instead: gwdet publishes no trained models of its configs.
     """
     check_flag("gwdet.model_zoo.get_config", "trained", trained)
     if opts is not None and (isinstance(opts, (str, bytes)) or not isinstance(opts, Sequence)

@@ -1,26 +1,17 @@
 """Inference example weighing applied to a trained batch-norm model, without retraining.
 
 Summers & Dinneen ("Four Things Everyone Should Know to Improve Batch Normalization", ICLR 2020,
-Sec. 3.1, Eq. 3): at inference a batch-norm layer normalizes with its running averages only, so
-an example never contributes to its own statistics, unlike in training. Example weighing blends
-the example's own per-channel moments into the running ones with weight ``alpha``:
-``mu = alpha E[x] + (1 - alpha) m_x`` and ``sigma^2 = alpha E[x^2] + (1 - alpha) m_{x^2} - mu^2``.
-``alpha = 0`` is ordinary batch-norm inference, ``alpha = 1`` normalizes every example with its
-own statistics (instance normalization); the best ``alpha`` is chosen on a validation set.
+Sec. 3.1, Eq. 3): example weighing blends the example's own per-channel moments into the running
+ones with weight ``alpha``: ``mu = alpha E[x] + (1 - alpha) m_x`` and
+``sigma^2 = alpha E[x^2] + (1 - alpha) m_{x^2} - mu^2``. ``alpha = 0`` is ordinary batch-norm
+inference, ``alpha = 1`` instance normalization.
 
-:func:`apply_example_weighing` swaps every layer of the classes detectron2's batch-norm names
-build (:func:`weighable_types`: ``torch.nn.BatchNorm2d`` for "BN", and subclasses such as its
-``NaiveSyncBatchNorm``; ``torch.nn.SyncBatchNorm`` for "SyncBN") of a model for a
-:class:`gwdet.layers.BatchGroupNorm` with one channel per group carrying the same affine
-parameters, running statistics and ``eps``. Left alone: detectron2's ``FrozenBatchNorm2d`` (its
-statistics are frozen constants, usually from another dataset, and it is not a batch norm at
-training time) and batch norms that keep no running statistics (they use batch statistics at
-inference anyway).
-
-The replacement also keeps the training-mode function: its example groups are larger than any
-batch, so in ``train()`` mode it normalizes over the whole batch per channel, as batch norm does,
-with the exponential running-average update (a ``momentum=None`` cumulative average is replaced
-by ``momentum=0.1``).
+:func:`apply_example_weighing` swaps every layer of :func:`weighable_types` (the classes of
+detectron2's "BN" and "SyncBN", subclasses included) that keeps running statistics for a
+:class:`gwdet.layers.BatchGroupNorm` with one channel per group and the same affine parameters,
+running statistics and ``eps``; ``FrozenBatchNorm2d`` is left alone. In ``train()`` mode the
+replacement normalizes over the whole batch per channel, as batch norm does (a ``momentum=None``
+cumulative average becomes ``momentum=0.1``).
 """
 from __future__ import annotations
 
@@ -74,10 +65,8 @@ def example_weighted_norm(bn: nn.modules.batchnorm._BatchNorm, weight: float) ->
 
 
 def weighable_types() -> tuple[type[nn.modules.batchnorm._BatchNorm], ...]:
-    """The classes example weighing applies to: the layer types of the norm catalogue's names that
-    detectron2's ``get_norm`` builds and that normalize with batch statistics (``BatchNorm2d`` and
-    ``SyncBatchNorm``; detectron2's ``NaiveSyncBatchNorm`` is a ``BatchNorm2d``), as far as they are
-    torch's batch norms, whose running statistics :func:`example_weighted_norm` reads."""
+    """The classes example weighing applies to: the torch batch norms among the layer types of the
+    catalogue's names that detectron2 builds and that normalize with batch statistics."""
     return tuple(kind for kind in layer_types(batch_statistics=True, detectron2=True)
                  if issubclass(kind, nn.modules.batchnorm._BatchNorm))
 

@@ -1,22 +1,15 @@
 """Writing a file so that its final name never holds a partial file, with the real error on failure.
 
-Every file gwdet writes that a user keeps (checkpoints, converted weights, result tables) goes
-through :func:`write_atomically`. A local path is written under a unique temporary name in the
-same folder (two processes never share one) and renamed into place when complete; a failure
-removes the temporary file and raises ``OSError`` naming the path and the operating system's own
-reason (for example ``[Errno 28] No space left on device``), even when the writer was a library
-such as ``torch.save`` that reports write failures in words of its own. A non-local path
-(``scheme://...``) goes through detectron2's ``PathManager``, which cannot rename: it is written
-in place.
+:func:`write_atomically` writes a local path under a unique temporary name in the same folder and
+renames it into place when complete; a failure removes the temporary file and raises ``OSError``
+naming the path and the operating system's reason (e.g. ``[Errno 28] No space left on device``),
+whatever the writer reported. A non-local path (``scheme://...``) goes through detectron2's
+``PathManager``, which cannot rename: it is written in place.
 
-A file gwdet trusts when it reads it again (a run's ``config.yaml`` and ``results.json``, exports,
-the study's records) also carries its SHA-256 in a file beside it, ``<file>.sha256``, in the format
-of ``sha256sum`` (``<64 hex digits>  <name>``, so ``sha256sum -c model.ts.sha256`` checks it by
-hand): :func:`write_text_with_checksum`, :func:`path_written_with_checksum`, :func:`record_checksum`
-write it, :func:`checksum_problem` checks a file against it (its callers refuse a mismatch with a
-:class:`DamagedFileError` naming the file and the fix). A file without a record (written by an
-older gwdet or by other means) is not checked. Checkpoints and converted weights carry their
-checksums inside (:mod:`gwdet.checkpoint.integrity`, whose error is a :class:`DamagedFileError` too).
+A file gwdet trusts when it reads it again also carries its SHA-256 beside it, in ``<file>.sha256``
+in ``sha256sum``'s format (:func:`write_text_with_checksum`, :func:`path_written_with_checksum`,
+:func:`record_checksum`); :func:`checksum_problem` checks a file against it, and callers refuse a
+mismatch with a :class:`DamagedFileError`. A file without a record is not checked.
 """
 from __future__ import annotations
 

@@ -1,27 +1,12 @@
 """Short errors for gwdet's command-line tools: ``<tool>: error: <message>``, without a traceback.
 
-Every entry point (``gwdet-train`` / ``tools/train_net.py``, ``gwdet-convert``, ``gwdet-export``,
-``tools/analyze_model.py`` and the lab's ``compare_norms.py``, ``analyze.py``, ``benchmark.py``)
-runs its work through :func:`run_tool`. A :class:`gwdet.errors.GwdetError` (an error that gwdet
-raises on purpose to tell the user what is wrong: a config key, a file, a flag, and the fix) is
-printed as one ``<tool>: error: <message>`` paragraph on stderr, followed by one line saying that
-``--verbose`` shows the traceback, and the tool exits with status 2 (as argparse does for a bad
-flag). ``--verbose`` anywhere on the command line prints the full traceback instead.
-
-Every other exception keeps Python's traceback, because the traceback is then where the
-information is: a bug in gwdet (``AttributeError``, ``TypeError``, a plain ``ValueError`` of a
-check that should not fail, ...), or an error raised by detectron2, torch, fvcore, yacs or Python
-itself. ``SystemExit`` (argparse's usage errors, the tools' ``raise SystemExit("...")`` messages)
-and ``KeyboardInterrupt`` pass through as before.
-
-A training process started by ``--num-gpus N`` on CPUs reports its error to the first process as
-:class:`gwdet.engine.launch.WorkerFailed`, a :class:`~gwdet.errors.GwdetError`: its message (which
-quotes the failed process's own traceback) is printed the same way, without the first process's
-traceback on top.
-
-:func:`output_path_problem` is the check of an output flag (``--out``) that tools run before any
-work: a path that is a file where a folder is needed, or the other way round, or below a file;
-:func:`at_least` is the argparse type of a count flag.
+Every entry point runs its work through :func:`run_tool`. A :class:`gwdet.errors.GwdetError` (an
+error gwdet raises on purpose to tell the user what is wrong and the fix) is printed as one
+``<tool>: error: <message>`` paragraph on stderr plus a line pointing at ``--verbose``, and the tool
+exits with status 2, as argparse does for a bad flag; ``--verbose`` anywhere on the command line
+prints the traceback instead. Every other exception keeps Python's traceback (a bug, or an error
+of detectron2, torch or Python itself, is best read there); ``SystemExit`` and
+``KeyboardInterrupt`` pass through.
 """
 from __future__ import annotations
 

@@ -2,15 +2,13 @@
 
 * ``cpu`` (:mod:`.cpu`): samples in cache-sized chunks, host-side shortcuts; the default for CPU
   tensors.
-* ``accelerator`` (:mod:`.accelerator`): plain PyTorch operations over the whole batch, chunked
-  only beyond an absolute memory budget; no host synchronisation, so few kernel launches and
-  capturable by CUDA graphs. The default on a GPU without Triton or TF32 and on other devices.
-* ``triton`` (:mod:`.triton_plan`): ``accelerator`` with the ``g x g`` Newton iterations of ItN
-  fused into one Triton kernel per direction; the default for CUDA tensors when Triton imports and
-  the GPU has TF32 tensor cores (:func:`default_gpu_plan`).
+* ``accelerator`` (:mod:`.accelerator`): plain PyTorch operations over the whole batch, no host
+  synchronisation (capturable by CUDA graphs); the default on other devices and GPUs without
+  Triton or TF32.
+* ``triton`` (:mod:`.triton_plan`): ``accelerator`` with the ``g x g`` Newton iterations of ItN as
+  one Triton kernel per direction; the default for CUDA tensors by :func:`default_gpu_plan`.
 
-The environment variable ``GWDET_GW_PLAN=cpu|accelerator|triton`` forces a plan on every device
-(so each plan can be tested and counted on a CPU); it is read at every call, not at import.
+``GWDET_GW_PLAN=cpu|accelerator|triton`` forces a plan on every device; it is read at every call.
 Plans differ in speed and in float rounding, never in what they compute. This module is the one
 place that chooses.
 """
@@ -45,10 +43,7 @@ def triton_version() -> str:
 def default_gpu_plan(capability: Tuple[int, int], triton_imports: bool) -> str:
     """The plan for CUDA tensors on a GPU of ``capability``: ``triton`` where Triton imports and
     the GPU has TF32 tensor cores (8.0 and later), for its kernels' ``tf32x3`` products; else
-    ``accelerator``. That is the plan the cost model (gwdet_lab/benchmark/gpu_cost.py) predicts
-    faster at the benchmark shapes until a GPU measures it: on an H100 ``triton`` at all of them,
-    on a V100 (float32 FMA products in the kernels) ``accelerator`` at all but the few-columns
-    shape ``(1024, 1024)`` (docs/benchmarks.md)."""
+    ``accelerator`` (docs/benchmarks.md)."""
     return "triton" if triton_imports and capability >= (8, 0) else "accelerator"
 
 

@@ -1,22 +1,15 @@
 """The ``accelerator`` plan: plain PyTorch operations over the whole batch at once.
 
-On a GPU every operation is a kernel launch of several microseconds, so the formulas run on all
-samples in one pass, whatever the batch size: one GW forward + backward dispatches the same few
-operations at 512 samples as at 2048 (docs/benchmarks.md, "Dispatched operations"). Samples are
-split into chunks only when the temporaries of one pass would exceed :data:`TEMPORARY_BYTES`, an
-absolute budget: about 1/16 of a 16 GB V100 and 1/80 of an 80 GB H100, above the 0.63 GB
-(forward) and 0.73 GB (backward) that GW (g = 64) needs at the box head with 2048 proposals,
-(2048, 256, 7, 7) in float32. Nothing reads tensor data on the host.
+The formulas run on all samples in one pass, so the operations dispatched do not grow with the
+batch; samples are split into chunks only when the temporaries of one pass would exceed
+:data:`TEMPORARY_BYTES`, an absolute budget. Nothing reads tensor data on the host.
 
-Products over few samples (:meth:`AcceleratorPlan.product_chunks`). The covariance ``X_C X_C^T``
-and the gradient ``dY X^T`` of every sample are ``g x g`` outputs with an inner dimension of
-``m = C/g HW`` columns: 24k to 243k at the backbone and FPN shapes of a detector with 2 images
-per GPU. A batched GEMM launches about one output tile per multiprocessor-sized piece of work,
-so 2 samples of 64 x 64 keep 2 of an H100's 132 multiprocessors busy, for milliseconds. Below
-:data:`SPLIT_ROWS` stacked rows the plan cuts the columns into ``S`` slices and multiplies the
-stacked samples ``(n g) x m`` by themselves slice by slice, in one batched product of ``S``
-``(n g) x (n g)`` outputs, then adds the slices and keeps the ``n`` diagonal blocks: ``n`` times
-the multiply-adds (at most ``SPLIT_ROWS / g``), about two waves of tiles on the whole GPU.
+Products over few samples (:meth:`AcceleratorPlan.product_chunks`): the ``g x g`` products
+``X_C X_C^T`` and ``dY X^T`` of a few samples, with ``m = C/g HW`` inner columns, have too few output
+tiles to fill the GPU. Below :data:`SPLIT_ROWS` stacked rows the plan cuts the columns into ``S``
+slices, multiplies the stacked samples ``(n g) x m`` by themselves in one batched product of ``S``
+``(n g) x (n g)`` outputs, adds the slices and keeps the ``n`` diagonal blocks (``n`` times the
+multiply-adds, about :data:`WAVES` waves of tiles).
 """
 import functools
 import math

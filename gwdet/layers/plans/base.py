@@ -1,20 +1,12 @@
 """What an execution plan decides, and the choices every plan but ``cpu`` shares.
 
 A plan never changes the mathematics (:mod:`gwdet.layers.group_whitening_function`,
-:mod:`gwdet.layers.whitening_matrix`), only how it is run:
-
-* how many samples one pass of the group-whitening formulas takes (:meth:`chunk_size`);
-* whether the per-sample scaling of huge inputs (:func:`~gwdet.layers.common.magnitude_scales`)
-  may be skipped after looking at the data on the host (:meth:`forward_scales`,
-  :meth:`backward_scales`);
-* how a per-channel affine parameter is laid out for broadcasting (:meth:`spread`);
-* whether the ``g x g`` products over the columns are split into slices (:meth:`product_chunks`);
-* what computes the ItN whitening matrix and its gradient (:meth:`itn_whitening`,
-  :meth:`itn_whitening_vjp`: :mod:`gwdet.layers.whitening_matrix` here, Triton kernels in
-  :mod:`.triton_plan`).
-
-The defaults here never synchronise with the device and never branch in Python on tensor values,
-so that a CUDA graph can capture them (``torch.compile(mode="reduce-overhead")``).
+:mod:`gwdet.layers.whitening_matrix`), only how it is run: samples per pass, whether the scaling of
+huge inputs may be skipped after a look at the data on the host, the layout of the affine
+parameters, the split of the ``g x g`` products, and what computes the ItN whitening matrix
+(:class:`ExecutionPlan`'s methods). The defaults here never synchronise with the device and never
+branch in Python on tensor values, so that a CUDA graph can capture them
+(``torch.compile(mode="reduce-overhead")``).
 """
 from typing import Optional, Tuple, Union
 

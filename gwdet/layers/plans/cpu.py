@@ -3,14 +3,11 @@ on the host (free on a CPU, a device synchronisation elsewhere).
 
 * Chunks: a chunk's temporaries stay within the layer's memory budget (a fraction of the
   activation, :mod:`gwdet.layers.group_whitening_function`), and its ``g x g`` work within
-  :data:`CACHE_BYTES` per thread, so that the batched products run in cache (the chunk sizes
-  measured: docs/benchmarks.md).
-* Scaling: when no sample exceeds the safe magnitude (one look at the input's extremes, on the
-  host), the samples are processed unscaled, and the backward pass finds that out again the same
-  way, so that ordinary inputs skip the scaling steps altogether.
-* Affine: below :data:`SHORT_SPATIAL` positions per channel, a per-channel parameter is spread
-  over the positions before broadcasting (at most ``C x SHORT_SPATIAL`` values), since a broadcast
-  over a short innermost dimension is slower than one over the samples (docs/benchmarks.md).
+  :data:`CACHE_BYTES` per thread.
+* Scaling: when no sample exceeds the safe magnitude (the input's extremes, read on the host), both
+  passes skip the scaling steps.
+* Affine: below :data:`SHORT_SPATIAL` positions per channel, a per-channel parameter is spread over
+  the positions before broadcasting (docs/benchmarks.md).
 """
 from typing import Optional
 

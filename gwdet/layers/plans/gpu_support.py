@@ -3,9 +3,8 @@
 A PyTorch wheel carries GPU code for a list of architectures (``torch.cuda.get_arch_list()``):
 machine code (``sm_XY``) runs on GPUs of the same major generation and at least that minor
 version, PTX (``compute_XY``) is compiled by the driver for any GPU of at least that capability
-(NVIDIA, CUDA C++ Programming Guide, "Binary Compatibility" and "PTX Compatibility"). The pinned
-CUDA 13 wheels (``torch 2.14.1+cu130``) list ``sm_75`` to ``sm_120``: a V100 (7.0) or older has no
-code there, and every operation on it fails inside a kernel with "no kernel image is available".
+(NVIDIA, CUDA C++ Programming Guide, "Binary Compatibility" and "PTX Compatibility"). On a GPU the
+wheel has no code for, every operation fails with "no kernel image is available":
 :func:`unsupported_gpu_message` names that case, and :func:`check_cuda_device` raises it before a
 layer's first operation on such a device (docs/install.md, "GPU generations and PyTorch builds").
 """

@@ -1,7 +1,5 @@
-"""Triton kernels for the ``g x g`` Newton iterations of ItN whitening and their backward.
-
-All the matrices of a call take one launch per direction instead of ``3T - 3`` (forward) or
-``9T - 9`` (backward) batched products and their elementwise glue.
+"""Triton kernels for the ``g x g`` Newton iterations of ItN whitening and their backward, one launch
+per direction for all the matrices of a call.
 
 * :func:`itn_whitening_kernel`: ``W = P_T / sqrt(tau)`` (GW Eqs. 6-7 with ``tau = tr(Sigma)``),
   in the ``Q_k = P_k^2 Sigma_N`` form of :func:`gwdet.layers.whitening_matrix.itn_whitening`;
@@ -9,49 +7,25 @@ All the matrices of a call take one launch per direction instead of ``3T - 3`` (
   forward-mode form of :func:`gwdet.layers.whitening_matrix.itn_whitening_vjp`, which derives it).
 
 Matrices are ``(n, size, size)`` float32, contiguous; a program works on ``BLOCK x BLOCK`` tiles
-(``BLOCK`` a power of two from 16, ``tl.dot``'s smallest size, to 64), padded with zeros: the
-identity is restricted to the ``size`` real rows, so every iterate stays zero outside them and the
-real block is exactly the iteration on ``size x size`` matrices. The trace the iteration
-normalizes by is ``tr(Sigma) + offset``, ``offset = offset_coefficient * offsets[i *
-offset_stride] + offset_value`` (a caller iterating on an ``m x m`` Gram matrix passes the trace of
-the ``g x g`` covariance, see :mod:`gwdet.layers.group_whitening_function`, "Few columns").
+(``BLOCK`` a power of two from 16 to 64) padded with zeros, the identity restricted to the ``size``
+real rows, so the real block is exactly the iteration on ``size x size`` matrices. The trace the
+iteration normalizes by is ``tr(Sigma) + offset``, ``offset = offset_coefficient * offsets[i *
+offset_stride] + offset_value`` (the few-columns case of :mod:`gwdet.layers.group_whitening_function`).
 
-Layout, so that no thread needs local memory. A product of two ``64 x 64`` tiles held in
-registers makes every thread hold whole rows and columns of its operands (``tl.dot``'s operand
-layouts span the full inner dimension): with the six to eight tiles the backward iteration keeps,
-ptxas spilled 5.6-12.6 KB per thread to local memory, a 2.7 KB stack that the driver reserves for
-every resident thread of the GPU. Here the iterates live in a per-program scratch area in global
-memory (:data:`SLOTS` tiles per program, a few MB for a whole GPU, resident in L2), and every
-product streams its operands from there in ``CHUNK``-wide slices of the inner dimension
-(:func:`_product`), so a thread holds at most two accumulator tiles and one slice of each operand.
-The programs are persistent: ``programs`` of them (a few per multiprocessor) loop over the
-matrices, so the scratch area does not grow with the batch. ``tl.debug_barrier()``
-(``__syncthreads``, which also makes a program's global stores visible to all its threads)
-separates writing a tile from reading it and reading it from overwriting it.
+The iterates live in a per-program scratch area in global memory (:data:`SLOTS` tiles per program)
+and every product streams its operands from there in ``PANEL``-wide slices of the inner dimension
+(:func:`_multiply`), so no thread needs local memory. The ``programs`` programs are persistent (they
+loop over the matrices); ``tl.debug_barrier()`` separates writing a scratch tile from reading it and
+reading it from overwriting it. ``PRECISION`` is ``"tf32x3"`` (``a_hi b_hi + a_hi b_lo + a_lo b_hi``
+on TF32 tensor cores) from compute capability 8.0, ``"ieee"`` (float32 FMA) before; plain TF32 is
+never used. No argument is specialised (``do_not_specialize``): one compiled variant per (``BLOCK``,
+``PRECISION``), :data:`LAUNCH_CONFIGURATIONS`, which ``tests/test_triton_compile.py`` compiles ahead
+of time.
 
-Precision. ``PRECISION`` is ``"tf32x3"`` on GPUs with TF32 tensor cores (compute capability 8.0
-and later): each product is ``a_hi b_hi + a_hi b_lo + a_lo b_hi`` with ``a = a_hi + a_lo`` split
-into TF32 numbers, on tensor cores, which loses about two bits against a float32 FMA product
-(measured against float64 by tests/triton_interpreter_worker.py, which emulates that rounding in
-Triton's interpreter); ``"ieee"`` (float32 FMA) elsewhere. Plain TF32 (a 10-bit mantissa) would
-cost the iteration three decimal digits and is never used.
-
-No argument is specialised on its value or alignment (``do_not_specialize``), so the kernels a
-layer launches are exactly one compiled variant per (``BLOCK``, ``PRECISION``):
-:data:`LAUNCH_CONFIGURATIONS`, which ``tests/test_triton_compile.py`` compiles ahead of time for
-sm_70 (``ieee``), sm_80 and sm_90 (``tf32x3``) and holds to no spills and no stack.
-
-Launches. Each kernel is launched by a ``torch.library.triton_op``, ``gwdet::triton_itn_whitening``
-(:func:`triton_itn_whitening`) and ``gwdet::triton_itn_whitening_vjp``
-(:func:`triton_itn_whitening_vjp`), whose bodies allocate the outputs and the scratch area and call
-the kernel through ``torch.library.wrap_triton``. Called on real tensors the op launches the kernel
-directly (PyTorch switches ``wrap_triton``'s capture off there); traced by ``torch.compile``
-(AOTAutograd's functionalization) it decomposes into its allocations and a
-``triton_kernel_wrapper_functional`` node that names the kernel, which Inductor compiles with the
-rest of the graph; under a fake-tensor mode the same body gives the outputs' shapes and dtypes
-without launching anything. The execution plan (:mod:`.triton_plan`) chooses the launch
-configuration (programs, panel rows, tile, precision) and passes it in; this module imports Triton,
-so gwdet imports it only when a kernel is about to run.
+The ops ``gwdet::triton_itn_whitening`` and ``gwdet::triton_itn_whitening_vjp`` (``torch.library.triton_op``)
+launch the kernels through ``wrap_triton`` (Inductor compiles them with the graph; fake tensors give
+shapes without a launch) with the configuration :mod:`.triton_plan` chooses. This module imports
+Triton, so gwdet imports it only when a kernel is about to run.
 """
 from typing import Dict, Tuple
 
@@ -66,9 +40,8 @@ WARPS = 4  # per program, at every tile size: a 16 x 64 panel is 8 values per th
 BLOCKS = (16, 32, 64)
 SLOTS = {"itn_whitening_kernel": 4, "itn_whitening_vjp_kernel": 7}
 PRECISIONS = ("ieee", "tf32x3")
-# ptxas, left to itself, aimed at more resident programs than the registers allow and spilled a
-# few long-lived values to local memory even below 100 registers; the explicit ceiling (the most
-# a thread may have) stops that.
+# Register ceiling per thread (the most a thread may have), so that ptxas does not trade registers
+# for resident programs by spilling to local memory (docs/benchmarks.md).
 MAX_REGISTERS = 255
 
 

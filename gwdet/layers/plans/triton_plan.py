@@ -2,33 +2,17 @@
 and backward, fused into one Triton kernel launch each for all the matrices of a call
 (:mod:`.triton_kernels`); the products over the activation stay batched matrix products.
 
-The kernels take float32 matrices of up to :data:`MAX_BLOCK` rows (any size up
-to that, padded). Other matrices (float64 statistics, larger groups) and ZCA run the
-``accelerator`` plan's PyTorch operations. A launch runs :func:`programs` persistent programs with
-their scratch tiles, ``"tf32x3"`` or ``"ieee"`` products (:func:`input_precision`) and panels of
-:func:`panel_rows` rows (:mod:`.triton_kernels` explains all three).
+The kernels take float32 matrices of up to :data:`MAX_BLOCK` rows (padded); other matrices
+(float64 statistics, larger groups) and ZCA run the ``accelerator`` plan's PyTorch operations. This
+plan chooses the launch configuration (:func:`programs`, :func:`input_precision`, :func:`panel_rows`)
+and launches under ``torch.cuda.device`` of the tensors, recorded as ``triton::<kernel name>``
+(``torch.profiler.record_function``).
 
-Failures. Only a kernel that cannot be built or loaded for a device falls back to the
-``accelerator`` formulas (:func:`falls_back` decides, from the exception): Triton missing or
-broken, a compile error, too few resources on the GPU, no kernel image or PTX the driver
-accepts, no C compiler for Triton's launcher, or kernels asked to run on tensors of a device
-Triton cannot launch on (a CPU tensor without ``TRITON_INTERPRET=1``). Such a failure is
-remembered per (kernel, tile, device), warned about once, and the call that failed is computed
-again by the ``accelerator`` formulas, so results never change, only speed; other kernels, tiles
-and devices keep running Triton. Every other error propagates: out of memory
-(``torch.OutOfMemoryError``), an illegal memory access (which leaves the CUDA context unusable,
-so nothing could be computed again), a wrong argument.
-
-Devices: Triton launches on the current CUDA device, so every launch runs under
-``torch.cuda.device`` of its tensors (a layer on ``cuda:1`` while ``cuda:0`` is current).
-
-Launches go through the ``torch.library`` Triton ops of :mod:`.triton_kernels`
-(``gwdet::triton_itn_whitening`` and ``gwdet::triton_itn_whitening_vjp``), which call the kernels
-through ``torch.library.wrap_triton``: the same launch as a direct one on real tensors, and a node
-that ``torch.compile`` can trace into where it traces the op. This plan passes them the launch
-configuration. Each launch is recorded as ``triton::<kernel name>``
-(``torch.profiler.record_function``), which names it in a profile and lets
-:mod:`gwdet_lab.benchmark.op_counts` count it as one launch.
+Failures: a kernel that cannot be built, loaded or launched on a device (:func:`falls_back` decides
+from the exception) is remembered per (kernel, tile, device), warned about once, and its calls there
+are computed by the ``accelerator`` formulas, so results never change, only speed. Every other error
+propagates: out of memory, an illegal memory access (the CUDA context is then unusable), a wrong
+argument.
 """
 import contextlib
 import os
@@ -43,9 +27,8 @@ from torch.profiler import record_function
 from .accelerator import AcceleratorPlan, multiprocessors
 
 MAX_BLOCK = 64  # the largest matrices the kernels take
-# persistent programs of a launch (triton_kernels: they loop over the matrices, each with its own
-# scratch tiles): two per multiprocessor, so that one computes while the other waits at a barrier
-# (at up to 253 registers x 128 threads, two fit a multiprocessor's 64K registers)
+# persistent programs per multiprocessor: one computes while the other waits at a barrier (two
+# programs of 128 threads fit a multiprocessor's 64K registers)
 PROGRAMS_PER_MULTIPROCESSOR = 2
 INTERPRETED_PROGRAMS = 2
 # (kernel name, tile, device) -> the error that made the plan stop launching that kernel there
@@ -79,10 +62,9 @@ def fallback_reason() -> Optional[str]:
 
 def falls_back(error: BaseException) -> bool:
     """Whether ``error``, raised while compiling, loading or launching a Triton kernel, means that
-    kernel cannot run on this device (module docstring): True for Triton's compile, resource and
-    ``ptxas`` errors, an import error, a failed or missing C compiler, the CUDA driver refusing the
-    kernel image, and :class:`KernelUnavailable`; False for everything else, out of memory
-    included."""
+    kernel cannot run on this device: Triton's compile, resource and ``ptxas`` errors, an import
+    error, a failed or missing C compiler, the CUDA driver refusing the kernel image, and
+    :class:`KernelUnavailable`; not out of memory or anything else."""
     if isinstance(error, torch.OutOfMemoryError):
         return False
     if isinstance(error, (KernelUnavailable, ImportError, subprocess.CalledProcessError)):
