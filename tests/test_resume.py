@@ -91,6 +91,28 @@ def test_truncated_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):
     assert any("Cannot read checkpoint" in r.message and "model_final.pth" in r.message for r in caplog.records)
 
 
+def test_a_run_killed_before_it_named_its_checkpoint_resumes_at_that_checkpoints_iteration(tmp_path):
+    """A kill between saving a checkpoint and writing ``last_checkpoint``: the resume loads that
+    checkpoint (its optimizer and scheduler states too) and must continue at its iteration + 1, not
+    at 0, where the scheduler ran past the schedule's end (fvcore: "where ... must be in [0, 1]")."""
+    opts = TINY_OPTS + ["SOLVER.MAX_ITER", "4", "SOLVER.CHECKPOINT_PERIOD", "2", "DATASETS.TEST", "()",
+                        "OUTPUT_DIR", str(tmp_path)]
+    cfg = build_config(str(DEMO_CONFIG), opts)
+    prepare_datasets(cfg)
+    trainer = Trainer(cfg)
+    trainer.resume_or_load(resume=False)
+    trainer.train()
+    for name in ("model_final.pth", "model_final.pth.sha256", "model_0000003.pth", "model_0000003.pth.sha256",
+                 "last_checkpoint"):
+        (tmp_path / name).unlink(missing_ok=True)
+
+    resumed = Trainer(cfg)
+    resumed.resume_or_load(resume=True)
+    assert resumed.start_iter == 2, "model_0000001.pth (iteration 1) is the checkpoint left"
+    resumed.train()
+    assert torch.load(tmp_path / "model_final.pth", map_location="cpu", weights_only=True)["iteration"] == 3
+
+
 def test_starting_the_train_loader_leaves_torch_global_generator_alone():
     """A resumed run starts iterating its loader after the random states were restored; a draw from
     torch's global generator there would shift every later RPN/ROI sampling decision."""

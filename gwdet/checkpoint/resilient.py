@@ -166,6 +166,13 @@ class ResilientCheckpointer(DetectionCheckpointer):
         self.weights_setting = weights_setting
         self.classes = list(classes) if classes else None
         self._loading_initial_weights = False  # set by load_weights: training state removed from the file is no loss
+        self._resumed = False  # set when resume_or_load has loaded a checkpoint of save_dir
+
+    def has_checkpoint(self) -> bool:
+        """Whether ``last_checkpoint`` names a checkpoint, or :meth:`resume_or_load` has resumed one
+        (a run killed after saving its first checkpoint but before naming it): detectron2's trainers
+        then continue at the checkpoint's iteration + 1, as its optimizer and scheduler states do."""
+        return self._resumed or super().has_checkpoint()
 
     def save(self, name: str, **extra: Any) -> None:
         if not self.save_dir or not self.save_to_disk:
@@ -258,7 +265,9 @@ class ResilientCheckpointer(DetectionCheckpointer):
         candidates = self.resume_candidates()
         for candidate in candidates:
             try:
-                return self.load(candidate)
+                loaded = self.load(candidate)
+                self._resumed = True
+                return loaded
             except (OSError, EOFError, RuntimeError, pickle.UnpicklingError, DamagedFileError) as err:
                 if isinstance(err, UnsafeCheckpointError):
                     raise

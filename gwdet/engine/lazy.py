@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-import weakref
 from collections import OrderedDict
 from typing import Any, Mapping, Sequence
 
@@ -30,14 +29,13 @@ from omegaconf import DictConfig, OmegaConf
 from detectron2.config import LazyConfig, instantiate
 from detectron2.data import build_detection_train_loader
 from detectron2.data.samplers import TrainingSampler
-from detectron2.engine import AMPTrainer, SimpleTrainer, TrainerBase, hooks
+from detectron2.engine import TrainerBase, hooks
 from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.solver import LRMultiplier
 from detectron2.utils import comm
 from detectron2.utils.logger import setup_logger
 
 from gwdet.errors import GwdetValueError
-from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer
 from gwdet.data.boxes import check_dataset_boxes
 from gwdet.data.coco_registration import (
     CocoDataset,
@@ -83,7 +81,8 @@ from gwdet.engine.training import (
     InnerTrainerState,
     continue_after_resume,
     run_writers,
-    training_ddp_model,
+    training_checkpointer,
+    training_loop,
     with_signal_checkpoints,
 )
 
@@ -193,17 +192,12 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
         optimizer = build_optimizer(cfg, model)
         loader = build_train_loader(cfg)
         self._images_per_rank = int(cfg.dataloader.train.get("total_batch_size", 0)) // comm.get_world_size()
-        model = training_ddp_model(model, **cfg.train.ddp)
-        self._trainer = (AMPTrainer if cfg.train.amp.enabled else SimpleTrainer)(model, FiniteImageBatches(loader),
-                                                                                 optimizer)
+        self._trainer = training_loop(model, FiniteImageBatches(loader), optimizer, cfg.train.amp.enabled, **cfg.train.ddp)
         self.scheduler = LRMultiplier(optimizer, multiplier=instantiate(cfg.lr_multiplier), max_iter=cfg.train.max_iter)
-        self.checkpointer = ResilientCheckpointer(
-            model, cfg.train.output_dir, random_state=RandomState(), trainer=weakref.proxy(self),
-            weights_setting=WEIGHTS_SETTING, classes=dataset_classes(names_at(cfg, "dataloader.train.dataset.names")),
-        )
-        self.start_iter = 0
-        self.max_iter = cfg.train.max_iter
-        self.cfg = cfg
+        self.checkpointer = training_checkpointer(self, cfg.train.output_dir,
+                                                  dataset_classes(names_at(cfg, "dataloader.train.dataset.names")),
+                                                  WEIGHTS_SETTING)
+        self.start_iter, self.max_iter, self.cfg = 0, cfg.train.max_iter, cfg
         self.register_hooks(self.build_hooks())
 
     @property

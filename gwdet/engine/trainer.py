@@ -13,20 +13,19 @@ from __future__ import annotations
 
 import logging
 import os
-import weakref
 from typing import Any, Mapping, Sequence
 
 import torch
 
 from detectron2.config import CfgNode
-from detectron2.engine import AMPTrainer, DefaultTrainer, SimpleTrainer, TrainerBase
+from detectron2.engine import DefaultTrainer, TrainerBase
 from detectron2.evaluation import COCOEvaluator
 from detectron2.utils import comm
 from detectron2.utils.logger import setup_logger
 from fvcore.nn.precise_bn import BN_MODULE_TYPES
 
 from gwdet.errors import GwdetValueError
-from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer
+from gwdet.checkpoint.resilient import ResilientCheckpointer
 from gwdet.config import config_value
 from gwdet.config_checks import BOX_HEAD, MASK_HEAD, builds_part, check_batch_split, ensure_checked
 from gwdet.data import prepare_datasets, register_datasets
@@ -46,7 +45,8 @@ from gwdet.engine.training import (
     InnerTrainerState,
     continue_after_resume,
     run_writers,
-    training_ddp_model,
+    training_checkpointer,
+    training_loop,
     with_signal_checkpoints,
 )
 
@@ -83,11 +83,9 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
         model = self.build_model(cfg)
         optimizer = self.build_optimizer(cfg, model)
         data_loader = self.build_train_loader(cfg)
-        model = training_ddp_model(model, broadcast_buffers=False)
-        self._trainer = (AMPTrainer if cfg.SOLVER.AMP.ENABLED else SimpleTrainer)(model, data_loader, optimizer)
+        self._trainer = training_loop(model, data_loader, optimizer, cfg.SOLVER.AMP.ENABLED, broadcast_buffers=False)
         self.scheduler = self.build_lr_scheduler(cfg, optimizer)
-        self.checkpointer = ResilientCheckpointer(model, cfg.OUTPUT_DIR, random_state=RandomState(),
-                                                  trainer=weakref.proxy(self), classes=dataset_classes(cfg.DATASETS.TRAIN))
+        self.checkpointer = training_checkpointer(self, cfg.OUTPUT_DIR, dataset_classes(cfg.DATASETS.TRAIN))
         self.start_iter, self.max_iter, self.cfg = 0, cfg.SOLVER.MAX_ITER, cfg
         self.register_hooks(self.build_hooks())
 
@@ -123,9 +121,7 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
         (SIGTERM, SIGINT, SIGHUP and SIGUSR2 save a checkpoint of the current iteration before training
         stops) after the LR scheduler and the periodic checkpointer, before evaluation and the writers."""
         if not isinstance(self.checkpointer, ResilientCheckpointer):
-            self.checkpointer = ResilientCheckpointer(
-                self._trainer.model, self.cfg.OUTPUT_DIR, random_state=RandomState(), trainer=weakref.proxy(self),
-                classes=dataset_classes(self.cfg.DATASETS.TRAIN))
+            self.checkpointer = training_checkpointer(self, self.cfg.OUTPUT_DIR, dataset_classes(self.cfg.DATASETS.TRAIN))
         return with_signal_checkpoints(super().build_hooks())
 
     def build_writers(self) -> list:

@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from typing import Any, Iterable
 
 import torch
 
-from detectron2.engine import create_ddp_model
+from detectron2.engine import AMPTrainer, SimpleTrainer, TrainerBase, create_ddp_model
 from detectron2.engine.hooks import EvalHook
 from detectron2.utils import comm
 from detectron2.utils.events import CommonMetricPrinter, EventWriter, JSONWriter, TensorboardXWriter
 
+from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer
 from gwdet.checkpoint.signal_hook import CheckpointOnSignal
 from gwdet.data.resumable import skip_trained_samples
 from gwdet.engine.output_dir import trim_metrics
@@ -67,6 +69,21 @@ def training_ddp_model(model: torch.nn.Module, **options) -> torch.nn.Module:
     ``device_ids`` (detectron2 pins a GPU index, which PyTorch rejects for a CPU model)."""
     on_cpu = next(model.parameters()).device.type == "cpu"
     return create_ddp_model(model, **options, **({"device_ids": None} if on_cpu else {}))
+
+
+def training_loop(model: torch.nn.Module, loader: Iterable, optimizer: torch.optim.Optimizer, amp: bool,
+                  **ddp_options: Any) -> SimpleTrainer:
+    """detectron2's training loop (``AMPTrainer`` with ``amp``, else ``SimpleTrainer``) of ``model``
+    as :func:`training_ddp_model` wraps it."""
+    return (AMPTrainer if amp else SimpleTrainer)(training_ddp_model(model, **ddp_options), loader, optimizer)
+
+
+def training_checkpointer(trainer: TrainerBase, output_dir: str, classes: list[str] | None,
+                          weights_setting: str = "MODEL.WEIGHTS") -> ResilientCheckpointer:
+    """The checkpointer of ``trainer``'s model (built, its loop in ``trainer._trainer``): it saves the
+    random streams and the trainer's state too, and records the training ``classes``."""
+    return ResilientCheckpointer(trainer._trainer.model, output_dir, random_state=RandomState(),
+                                 trainer=weakref.proxy(trainer), weights_setting=weights_setting, classes=classes)
 
 
 def with_signal_checkpoints(hooks: list) -> list:
