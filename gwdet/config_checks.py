@@ -569,6 +569,27 @@ def _config_version(cfg: CfgNode, version: Any) -> str | None:
             "written with it could not be read back.")
 
 
+def _box_weights(cfg: CfgNode, weights: Any) -> str | None:
+    if isinstance(weights, (list, tuple)) and len(weights) == 4 and all(is_finite_number(w) and w > 0 for w in weights):
+        return None
+    return ("is no set of box regression weights: detectron2's Box2BoxTransform takes four numbers > 0 (x, y, width, "
+            "height), e.g. (10.0, 10.0, 5.0, 5.0); other lengths fail at the first iteration.")
+
+
+def _anchor_offset(cfg: CfgNode, offset: Any) -> str | None:
+    if is_finite_number(offset) and 0 <= offset < 1:
+        return None
+    return "is no anchor offset: detectron2's anchor generator takes a number from 0 up to (not including) 1, e.g. 0.0."
+
+
+def _nesterov(cfg: CfgNode, nesterov: Any) -> str | None:
+    momentum = _value(cfg, "SOLVER.MOMENTUM")
+    if nesterov is not True or not is_finite_number(momentum) or momentum > 0:
+        return None
+    return (f"needs momentum, but SOLVER.MOMENTUM is {momentum!r}: torch's SGD refuses Nesterov momentum without it "
+            "once the model is built. Set SOLVER.MOMENTUM above 0 (e.g. 0.9) or SOLVER.NESTEROV False.")
+
+
 @dataclass(frozen=True)
 class ValueRule:
     """A key of detectron2's config and its rule: ``problem(cfg, value)`` is None for a value
@@ -636,6 +657,27 @@ DETECTRON2_VALUE_RULES = (
     ValueRule("MODEL.ROI_HEADS.NMS_THRESH_TEST", _number(0, 1, means="NMS IoU threshold (IoUs are in [0, 1])")),
     ValueRule("MODEL.RPN.NMS_THRESH", _number(0, 1, means="NMS IoU threshold (IoUs are in [0, 1])")),
     ValueRule("TEST.DETECTIONS_PER_IMAGE", _whole(1, means="number of detections kept per image")),
+    ValueRule("MODEL.RPN.PRE_NMS_TOPK_TRAIN", _whole(1, means="number of proposals kept before NMS")),
+    ValueRule("MODEL.RPN.PRE_NMS_TOPK_TEST", _whole(1, means="number of proposals kept before NMS")),
+    ValueRule("MODEL.RPN.POST_NMS_TOPK_TRAIN", _whole(1, means="number of proposals kept after NMS")),
+    ValueRule("MODEL.RPN.POST_NMS_TOPK_TEST", _whole(1, means="number of proposals kept after NMS")),
+    ValueRule("MODEL.ROI_HEADS.NUM_CLASSES", _whole(1, means="number of classes")),
+    ValueRule("MODEL.RESNETS.NUM_GROUPS", _whole(1, means="number of ResNeXt groups (1: ResNet)")),
+    *(ValueRule(key, _whole(1, means="number of channels")) for key in (
+        "MODEL.RESNETS.STEM_OUT_CHANNELS", "MODEL.RESNETS.RES2_OUT_CHANNELS", "MODEL.RESNETS.WIDTH_PER_GROUP",
+        "MODEL.FPN.OUT_CHANNELS", "MODEL.ROI_BOX_HEAD.CONV_DIM", "MODEL.ROI_BOX_HEAD.FC_DIM",
+        "MODEL.ROI_MASK_HEAD.CONV_DIM")),
+    *(ValueRule(f"MODEL.{head}.POOLER_RESOLUTION", _whole(1, means="pooled region size"))
+      for head in ("ROI_BOX_HEAD", "ROI_MASK_HEAD")),
+    *(ValueRule(f"MODEL.{head}.POOLER_TYPE", _one_of("ROIAlign", "ROIAlignV2", "ROIPool", "ROIAlignRotated",
+                                                     reads="detectron2's ROIPooler"))
+      for head in ("ROI_BOX_HEAD", "ROI_MASK_HEAD")),
+    *(ValueRule(f"MODEL.{head}.BBOX_REG_LOSS_TYPE", _one_of("smooth_l1", "giou", "diou", "ciou",
+                                                            reads="detectron2's box regression loss"))
+      for head in ("ROI_BOX_HEAD", "RPN")),
+    *(ValueRule(f"MODEL.{head}.BBOX_REG_WEIGHTS", _box_weights) for head in ("ROI_BOX_HEAD", "RPN")),
+    ValueRule("MODEL.ANCHOR_GENERATOR.OFFSET", _anchor_offset),
+    ValueRule("SOLVER.NESTEROV", _nesterov),
     ValueRule("VERSION", _config_version),
 )
 

@@ -14,9 +14,12 @@ from gwdet.config import add_gwdet_config
 from gwdet.config_checks import (DETECTRON2_MASK_FORMATS, DETECTRON2_RESNET_DEPTHS, check_detectron2_values,
                                  check_gwdet_config)
 from gwdet.errors import GwdetValueError
+from gwdet.modeling.build import check_device
 from gwdet.model_zoo.loading import build_config
 
-from conftest import DEMO_CONFIG, REPO
+from gwdet.engine.trainer import check_training_values
+
+from conftest import DEMO_CONFIG, REPO, logged_warnings
 
 YACS_CONFIGS = sorted(path for path in (REPO / "configs").rglob("*.yaml") if "LazyConfig" not in path.parts)
 
@@ -366,3 +369,48 @@ def test_detectrons_zoo_functions_and_odd_arguments_are_named():
         with pytest.raises(TypeError, match="opts must be a list of strings"):
             gwdet.model_zoo.get_config("Demo/mask_rcnn_R_50_FPN_gw_shapes.yaml", opts=opts)
 
+
+
+@pytest.mark.parametrize("opts, message", [
+    # each passed the checks, then stopped in detectron2 or torch (building the model, the optimizer or
+    # at the first iteration) or, for the proposal counts, gave no detection without a word
+    (["MODEL.RESNETS.STEM_OUT_CHANNELS", "0"], "config: MODEL.RESNETS.STEM_OUT_CHANNELS=0 is no number of channels: "
+                                               "give an integer of at least 1."),
+    (["MODEL.ROI_BOX_HEAD.FC_DIM", "0"], "config: MODEL.ROI_BOX_HEAD.FC_DIM=0 is no number of channels"),
+    (["MODEL.RESNETS.NUM_GROUPS", "0"], "config: MODEL.RESNETS.NUM_GROUPS=0 is no number of ResNeXt groups"),
+    (["MODEL.ROI_HEADS.NUM_CLASSES", "-1"], "config: MODEL.ROI_HEADS.NUM_CLASSES=-1 is no number of classes"),
+    (["MODEL.RPN.PRE_NMS_TOPK_TEST", "0"], "config: MODEL.RPN.PRE_NMS_TOPK_TEST=0 is no number of proposals kept "
+                                           "before NMS"),
+    (["MODEL.RPN.POST_NMS_TOPK_TEST", "0"], "config: MODEL.RPN.POST_NMS_TOPK_TEST=0 is no number of proposals kept "
+                                            "after NMS"),
+    (["MODEL.ROI_BOX_HEAD.POOLER_RESOLUTION", "0"], "config: MODEL.ROI_BOX_HEAD.POOLER_RESOLUTION=0 is no pooled "
+                                                    "region size"),
+    (["MODEL.ROI_MASK_HEAD.POOLER_TYPE", "ROIAlignV3"], "config: MODEL.ROI_MASK_HEAD.POOLER_TYPE='ROIAlignV3' is not "
+                                                        "one of the values detectron2's ROIPooler knows"),
+    (["MODEL.RPN.BBOX_REG_LOSS_TYPE", "foo"], "config: MODEL.RPN.BBOX_REG_LOSS_TYPE='foo' is not one of the values "
+                                              "detectron2's box regression loss knows"),
+    (["MODEL.ROI_BOX_HEAD.BBOX_REG_WEIGHTS", "(10.0, 10.0)"], "config: MODEL.ROI_BOX_HEAD.BBOX_REG_WEIGHTS=(10.0, 10.0) "
+                                                              "is no set of box regression weights"),
+    (["MODEL.ANCHOR_GENERATOR.OFFSET", "1.5"], "config: MODEL.ANCHOR_GENERATOR.OFFSET=1.5 is no anchor offset"),
+    (["SOLVER.NESTEROV", "True", "SOLVER.MOMENTUM", "0.0"], "config: SOLVER.NESTEROV=True needs momentum, but "
+                                                            "SOLVER.MOMENTUM is 0.0"),
+])
+def test_model_sizes_and_detectron2_choices_are_refused_when_read(opts, message):
+    assert message in refusal(*opts)
+
+
+def test_a_device_this_pytorch_cannot_use_is_refused_with_the_fix():
+    with pytest.raises(GwdetValueError, match=r"MODEL.DEVICE is 'mps', which this PyTorch cannot use \(.*\): add "
+                                              r"MODEL.DEVICE cpu to the command line"):
+        check_device("mps")
+
+
+def test_a_warm_up_longer_than_the_run_is_said():
+    """detectron2 stretches such a warm-up over the whole run: the rate never reaches SOLVER.BASE_LR."""
+    with logged_warnings("gwdet.engine.trainer") as logged:
+        check_training_values(build_config(str(DEMO_CONFIG), ["SOLVER.MAX_ITER", "50"]), 1)
+        check_training_values(build_config(str(DEMO_CONFIG), ["SOLVER.MAX_ITER", "100"]), 1)
+    assert [m for m in logged if "WARMUP_ITERS" in m] == [
+        "SOLVER.WARMUP_ITERS 100 is longer than SOLVER.MAX_ITER 50: detectron2 stretches the warm-up over the whole "
+        "run, whose learning rate then never reaches SOLVER.BASE_LR. Shorten the warm-up (e.g. SOLVER.WARMUP_ITERS 5) "
+        "to train at the base rate."]

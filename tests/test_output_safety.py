@@ -226,6 +226,14 @@ def test_a_config_left_by_a_run_that_failed_before_training_claims_nothing(tmp_p
     (tmp_path / "config.yaml.sha256").write_text("its checksum record")
     check_fresh_start(str(tmp_path), overwrite=False)  # the corrected command may start here
     check_resume_config(build_config(str(DEMO_CONFIG), TINY_OPTS), str(tmp_path))  # nothing to resume
+    # a run that stopped at its first step (a config value detectron2 fails on) leaves an empty
+    # metrics.json and an empty inference/ folder too: still no claim
+    (tmp_path / "metrics.json").write_text("")
+    (tmp_path / "inference" / "shapes_val").mkdir(parents=True)
+    check_fresh_start(str(tmp_path), overwrite=False)
+    (tmp_path / "metrics.json").write_text('{"iteration": 0, "total_loss": 2.3}\n')
+    with pytest.raises(FileExistsError, match="already holds the results of an evaluation"):
+        check_fresh_start(str(tmp_path), overwrite=False)
 
 
 def test_resume_with_overwrite_is_refused():

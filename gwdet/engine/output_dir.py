@@ -118,8 +118,17 @@ def _is_run_folder(output_dir: str, name: str) -> bool:
 
 
 def holds_run(output_dir: str) -> bool:
-    """Whether a run trained or was evaluated in ``output_dir`` (more than a ``config.yaml``)."""
-    return any(name not in (CONFIG_NAME, CONFIG_NAME + CHECKSUM_SUFFIX) for name in run_files(output_dir))
+    """Whether a run trained or was evaluated in ``output_dir``: more than a ``config.yaml``, an empty
+    ``metrics.json`` and empty run folders, which a run that stopped before its first step leaves."""
+    return any(name not in (CONFIG_NAME, CONFIG_NAME + CHECKSUM_SUFFIX) and not _empty(os.path.join(output_dir, name))
+               for name in run_files(output_dir))
+
+
+def _empty(path: str) -> bool:
+    """Whether ``path`` is an empty ``metrics.json`` or a folder without files (in any subfolder)."""
+    if os.path.isdir(path):
+        return not any(files for _, _, files in os.walk(path))
+    return os.path.basename(path) == "metrics.json" and os.path.getsize(path) == 0
 
 
 def checkpoints_in(output_dir: str) -> list[str]:

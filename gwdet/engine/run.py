@@ -46,6 +46,7 @@ from detectron2.utils.logger import setup_logger
 from gwdet.checkpoint.resilient import CLASSES_KEY, ResilientCheckpointer, local_weights_path
 from gwdet.data.coco_registration import CocoDataset, DatasetError
 from gwdet.data.datasets import check_evaluated_classes
+from gwdet.detectron2_failures import named_config_failures
 from gwdet.errors import GwdetError, GwdetValueError
 from gwdet.layers.plans import describe_plans
 from gwdet.model_zoo.lazy_loading import is_lazy_config
@@ -201,7 +202,8 @@ class RunConfig(ABC):
     def build_trained_model(self) -> torch.nn.Module:
         """The model with the initial weights loaded as ``--eval-only`` loads them, in evaluation
         mode (the export and analyze tools); a warning when there are none."""
-        model = self.build_model()
+        with named_config_failures(self.cfg, "build the model"):
+            model = self.build_model()
         if self.weights:
             self.load_weights(model)
         else:
@@ -341,12 +343,16 @@ def main(args: argparse.Namespace):
     with lock if comm.is_main_process() else contextlib.nullcontext():
         setup(args, run)
         if args.eval_only:
-            model = run.load_weights(run.build_model())
+            with named_config_failures(run.cfg, "build the model", args.opts):
+                model = run.load_weights(run.build_model())
             results = run.evaluate(model)
         else:
-            trainer = run.build_trainer()
-            trainer.resume_or_load(resume=args.resume)
-            results = trainer.train()
+            with named_config_failures(run.cfg, "build the model and its training", args.opts):
+                trainer = run.build_trainer()
+                trainer.resume_or_load(resume=args.resume)
+            with named_config_failures(run.cfg, "train the first iteration", args.opts,
+                                       applies=lambda: trainer.iter == trainer.start_iter):
+                results = trainer.train()
             model = trainer.model
         test_datasets = run.test_datasets()
         write_results_to(run.output_dir, results or {}, test_datasets, run.run_datasets())

@@ -50,6 +50,7 @@ from gwdet.engine.training import (
     with_signal_checkpoints,
 )
 
+logger = logging.getLogger(__name__)
 _OPTIMIZER_STATE: tuple[type, ...] = () if "state_dict" in DefaultTrainer.__dict__ else (InnerTrainerState,)
 
 
@@ -206,6 +207,11 @@ def check_training_values(cfg: CfgNode, world_size: int) -> None:
                               "\"('shapes_train',)\" (or evaluate weights with --eval-only).")
     if cfg.SOLVER.MAX_ITER < 1:
         raise GwdetValueError(f"SOLVER.MAX_ITER is {cfg.SOLVER.MAX_ITER}: a run trains for at least 1 iteration.")
+    if cfg.SOLVER.WARMUP_ITERS > cfg.SOLVER.MAX_ITER:
+        logger.warning(f"SOLVER.WARMUP_ITERS {cfg.SOLVER.WARMUP_ITERS} is longer than SOLVER.MAX_ITER "
+                       f"{cfg.SOLVER.MAX_ITER}: detectron2 stretches the warm-up over the whole run, whose learning rate "
+                       "then never reaches SOLVER.BASE_LR. Shorten the warm-up (e.g. SOLVER.WARMUP_ITERS "
+                       f"{cfg.SOLVER.MAX_ITER // 10}) to train at the base rate.")
     norms = norm_settings(cfg)
     frozen = [key for key, name in norms.items() if name == "FrozenBN"]
     if frozen and not cfg.MODEL.WEIGHTS:

@@ -16,6 +16,7 @@ from torch import nn
 
 from gwdet.errors import GwdetValueError
 from gwdet.config_checks import ensure_checked
+from gwdet.detectron2_failures import named_config_failures
 from gwdet.modeling.model_checks import check_model
 
 
@@ -36,6 +37,12 @@ def check_device(device: str, setting: str = "MODEL.DEVICE",
         raise GwdetValueError(
             f"{setting} is {device!r}, but this machine has no CUDA GPU that PyTorch can use: {fix} to build and "
             "run the model on the CPU.")
+    if torch.device(device).type not in ("cpu", "cuda", "meta"):  # mps, xpu, ...: ask PyTorch whether it has one
+        try:
+            torch.empty(0, device=device)
+        except RuntimeError as error:
+            raise GwdetValueError(f"{setting} is {device!r}, which this PyTorch cannot use "
+                                  f"({str(error).splitlines()[0]}): {fix}.") from None
 
 
 def check_run_device(device: object, setting: str = "MODEL.DEVICE") -> None:
@@ -81,4 +88,6 @@ def build_model(cfg: CfgNode) -> nn.Module:
     :func:`gwdet.check_model` (with ``MODEL.STRICT_NORM_GROUPS``)."""
     ensure_checked(cfg)
     check_device(cfg.MODEL.DEVICE)
-    return check_model(detectron2_build_model(cfg), strict_groups=cfg.MODEL.STRICT_NORM_GROUPS)
+    with named_config_failures(cfg, "build the model"):
+        model = detectron2_build_model(cfg)
+    return check_model(model, strict_groups=cfg.MODEL.STRICT_NORM_GROUPS)

@@ -1,0 +1,121 @@
+"""A failure inside detectron2's code while it builds or first runs a model from a config, named
+with the config values that are likely its cause.
+
+gwdet checks the values it knows (:mod:`gwdet.config_checks`); detectron2 has many more, and a
+value it cannot use stops it with a bare ``AssertionError``, ``KeyError`` or ``IndexError`` from
+deep inside a component. :func:`detectron2_config_failure` turns such an error into one message:
+what failed, where in detectron2, the values given on the command line, and the values of the
+config sections the failing detectron2 module reads that differ from detectron2's defaults.
+Errors raised in gwdet's own code or outside detectron2 are left as they are (they are bugs or
+faults, not config values).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import traceback
+from typing import Any, Callable, Iterator, Sequence
+
+import detectron2
+from detectron2.config import CfgNode, get_cfg
+
+from gwdet.config import add_gwdet_config, flatten_config
+from gwdet.errors import GwdetError, GwdetValueError
+
+# detectron2's modules (paths below the detectron2 package; the first match wins) and the config
+# sections the components they hold are built from.
+MODULE_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("modeling/backbone/fpn.py", ("MODEL.FPN", "MODEL.RESNETS")),
+    ("modeling/backbone/", ("MODEL.RESNETS", "MODEL.BACKBONE")),
+    ("modeling/anchor_generator.py", ("MODEL.ANCHOR_GENERATOR", "MODEL.RPN")),
+    ("modeling/proposal_generator/", ("MODEL.RPN", "MODEL.PROPOSAL_GENERATOR", "MODEL.ANCHOR_GENERATOR")),
+    ("modeling/roi_heads/box_head.py", ("MODEL.ROI_BOX_HEAD",)),
+    ("modeling/roi_heads/mask_head.py", ("MODEL.ROI_MASK_HEAD",)),
+    ("modeling/roi_heads/", ("MODEL.ROI_HEADS", "MODEL.ROI_BOX_HEAD", "MODEL.ROI_MASK_HEAD")),
+    ("modeling/poolers.py", ("MODEL.ROI_HEADS", "MODEL.ROI_BOX_HEAD", "MODEL.ROI_MASK_HEAD")),
+    ("modeling/box_regression.py", ("MODEL.ROI_BOX_HEAD", "MODEL.RPN")),
+    ("modeling/", ("MODEL",)),
+    ("layers/", ("MODEL",)),
+    ("solver/", ("SOLVER",)),
+    ("data/", ("INPUT", "DATALOADER", "DATASETS", "MODEL")),
+    ("engine/", ("SOLVER",)),
+)  # other modules (checkpoint/, export/, ...): their errors are not a config value's
+SHOWN = 8  # values listed per kind
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')  # a frame in a traceback's text (a loader worker's)
+
+
+def failure_site(error: BaseException) -> tuple[str, int] | None:
+    """``(path below detectron2/, line)`` of the innermost frame of ``error`` in detectron2's code,
+    frames of a loader worker's traceback (in the message) included; ``None`` when the error was
+    raised in gwdet's code below that frame, or detectron2 is nowhere in it."""
+    frames = [(frame.filename, frame.lineno or 0) for frame in traceback.extract_tb(error.__traceback__)]
+    frames += [(path, int(line)) for path, line in _FRAME.findall(str(error))]
+    detectron2_root = os.path.dirname(os.path.abspath(detectron2.__file__)) + os.sep
+    gwdet_root = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    for path, line in reversed(frames):
+        path = os.path.abspath(path)
+        if path.startswith(gwdet_root):
+            return None
+        if path.startswith(detectron2_root):
+            return path[len(detectron2_root):], line
+    return None
+
+
+def detectron2_config_failure(error: BaseException, cfg: CfgNode, doing: str,
+                              overrides: Sequence[str] = ()) -> GwdetValueError | None:
+    """The refusal for ``error``, raised while detectron2 was ``doing`` (e.g. "build the model")
+    with ``cfg`` (``overrides``: the command line's ``KEY VALUE`` pairs); ``None`` for an error that
+    is not detectron2 failing on a config value (:func:`failure_site`)."""
+    site = failure_site(error)
+    if isinstance(error, (GwdetError, OSError)) or site is None:
+        return None
+    module, line = site
+    sections = next((found for prefix, found in MODULE_SECTIONS if module.startswith(prefix)), None)
+    if sections is None:
+        return None
+    prefixes = tuple(f"{section}." for section in sections)
+    given = {key: value for key, value in zip(overrides[::2], overrides[1::2], strict=False)}
+    given_there = [f"{key}={value}" for key, value in given.items() if key.startswith(prefixes)]
+    changed = [change for change in _changed_values(cfg, prefixes) if change.split("=", 1)[0] not in given]
+    text = str(error).strip().splitlines()
+    problem = f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+    parts = [f"detectron2 could not {doing} with this config: {problem} (detectron2/{module}:{line}); gwdet does "
+             "not check that value itself."]
+    if given_there:
+        parts.append(f"Given on the command line: {_shown(given_there)}.")
+    if changed:
+        others = "Other values" if given_there else "Values"
+        parts.append(f"{others} of {', '.join(sections)} that differ from detectron2's defaults: {_shown(changed)}.")
+    parts.append("Change the value detectron2 cannot use (--verbose shows the traceback).")
+    return GwdetValueError(" ".join(parts))
+
+
+@contextlib.contextmanager
+def named_config_failures(cfg: Any, doing: str, overrides: Sequence[str] = (),
+                          applies: Callable[[], bool] = lambda: True) -> Iterator[None]:
+    """Re-raise a failure of detectron2 inside the block as :func:`detectron2_config_failure`'s
+    refusal (the original error chained to it) when ``applies()`` (e.g. training has not finished a
+    step yet); any other error as it is. ``cfg`` that is no yacs config (a LazyConfig) passes errors
+    on as they are."""
+    try:
+        yield
+    except Exception as error:
+        refusal = (detectron2_config_failure(error, cfg, doing, overrides)
+                   if isinstance(cfg, CfgNode) and applies() else None)
+        if refusal is None:
+            raise
+        raise refusal from error
+
+
+def _changed_values(cfg: CfgNode, prefixes: tuple[str, ...]) -> list[str]:
+    """``KEY=VALUE`` for the values of keys starting with ``prefixes`` that differ from detectron2's
+    defaults (with gwdet's keys)."""
+    defaults = flatten_config(add_gwdet_config(get_cfg()))
+    return [f"{key}={value!r}" for key, value in flatten_config(cfg).items()
+            if key.startswith(prefixes) and defaults.get(key) != value]
+
+
+def _shown(values: Sequence[str]) -> str:
+    more = len(values) - SHOWN
+    return ", ".join(values[:SHOWN]) + (f" and {more} more" if more > 0 else "")

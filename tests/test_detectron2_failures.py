@@ -1,0 +1,64 @@
+"""A config value gwdet does not check and detectron2 cannot use is named, not left as detectron2's
+bare error: the failure's place in detectron2, the values given on the command line and the values
+of the config sections that place reads (gwdet.detectron2_failures); errors that are not
+detectron2 failing on a config value keep their own type and traceback."""
+import os
+
+import detectron2
+import pytest
+
+import gwdet
+from gwdet.detectron2_failures import failure_site, named_config_failures
+from gwdet.engine.output_dir import check_fresh_start
+from gwdet.engine.run import main
+from gwdet.errors import GwdetValueError
+from gwdet.model_zoo import build_config
+
+from conftest import DEMO_CONFIG, TINY_OPTS, tiny_run_args
+
+
+def test_a_value_detectron2_fails_on_while_building_is_named_by_gwdet_build_model():
+    cfg = build_config(str(DEMO_CONFIG), [*TINY_OPTS, "MODEL.DEVICE", "cpu", "MODEL.RESNETS.RES5_DILATION", "2"])
+    with pytest.raises(GwdetValueError) as refused:
+        gwdet.build_model(cfg)
+    message = str(refused.value)
+    assert message.startswith("detectron2 could not build the model with this config: AssertionError: Strides 16 16 "
+                              "are not log2 contiguous (detectron2/modeling/backbone/fpn.py:")
+    assert "Values of MODEL.FPN, MODEL.RESNETS that differ from detectron2's defaults: " in message
+    assert "MODEL.RESNETS.RES5_DILATION=2" in message
+    assert isinstance(refused.value.__cause__, AssertionError), "detectron2's error stays chained (--verbose)"
+
+
+def test_the_train_tool_names_the_command_lines_values_first_and_the_folder_stays_usable(tmp_path):
+    args = tiny_run_args(tmp_path, "MODEL.ROI_BOX_HEAD.NUM_CONV", "0", "MODEL.ROI_BOX_HEAD.NUM_FC", "0")
+    with pytest.raises(GwdetValueError) as refused:
+        main(args)
+    message = str(refused.value)
+    assert message.startswith("detectron2 could not build the model and its training with this config: "
+                              "AssertionError (detectron2/modeling/roi_heads/box_head.py:")
+    assert ("Given on the command line: MODEL.ROI_BOX_HEAD.NUM_CONV=0, MODEL.ROI_BOX_HEAD.NUM_FC=0. Other values of "
+            "MODEL.ROI_BOX_HEAD that differ from detectron2's defaults: ") in message
+    assert "OUTPUT_DIR" not in message, "only the values of the sections the failing module reads"
+    check_fresh_start(str(tmp_path), overwrite=False)  # the corrected command may start in the same folder
+
+
+def test_a_loader_workers_traceback_in_the_message_is_read_for_detectron2s_frame():
+    path = os.path.join(os.path.dirname(detectron2.__file__), "data", "transforms", "augmentation_impl.py")
+    worker = RuntimeError(f'Caught AssertionError in DataLoader worker process 0.\nOriginal Traceback (most recent '
+                          f'call last):\n  File "{path}", line 12, in get_transform\n    assert x\nAssertionError\n')
+    assert failure_site(worker) == ("data/transforms/augmentation_impl.py", 12)
+
+
+def test_errors_outside_detectron2_and_after_the_first_step_keep_their_type():
+    cfg = build_config(str(DEMO_CONFIG), TINY_OPTS)
+    with pytest.raises(ZeroDivisionError):  # raised here, not in detectron2: a bug, not a config value
+        with named_config_failures(cfg, "build the model"):
+            raise ZeroDivisionError("a bug")
+    from detectron2.modeling.backbone.fpn import _assert_strides_are_log2_contiguous
+
+    with pytest.raises(AssertionError):  # in detectron2, but not while the condition holds
+        with named_config_failures(cfg, "train the first iteration", applies=lambda: False):
+            _assert_strides_are_log2_contiguous([4, 4])
+    with pytest.raises(GwdetValueError, match=r"detectron2/modeling/backbone/fpn.py:\d+"):
+        with named_config_failures(cfg, "train the first iteration"):
+            _assert_strides_are_log2_contiguous([4, 4])
