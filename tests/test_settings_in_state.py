@@ -117,3 +117,21 @@ def test_settings_that_make_the_same_function_load_and_others_are_named():
         BatchWhitening(16, group_size=4, method="itn", T=3).load_state_dict(zca)
     with pytest.raises(RuntimeError, match="saved with num_groups=4, but this layer has num_groups=8"):
         GroupWhitening(16, num_groups=8).load_state_dict(GroupWhitening(16, num_groups=4).state_dict())
+
+
+def test_momentum_and_the_example_weight_leave_the_trained_function_and_load():
+    """How fast training updated the running statistics, and how evaluation mixes them with the
+    batch's (chosen after training), are recorded but not compared: by the layers, and by gwdet's
+    checkpoint record."""
+    from gwdet.checkpoint.compatibility import check_norm_settings, norm_settings
+    from gwdet.layers import BatchGroupNorm, BatchWhitening
+
+    trained = BatchGroupNorm(16, num_groups=4)
+    weighed = BatchGroupNorm(16, num_groups=4, eval_example_weight=0.5, momentum=0.01)
+    weighed.load_state_dict(trained.state_dict())
+    assert torch.equal(weighed.running_mean, trained.running_mean) and weighed.eval_example_weight == 0.5
+    BatchWhitening(16, group_size=4, momentum=0.3).load_state_dict(BatchWhitening(16, group_size=4).state_dict())
+    check_norm_settings(norm_settings(torch.nn.Sequential(trained)), torch.nn.Sequential(weighed), "opt in")
+    with pytest.raises(ValueError, match=r"0 num_groups 4 -> 8"):
+        check_norm_settings(norm_settings(torch.nn.Sequential(trained)),
+                            torch.nn.Sequential(BatchGroupNorm(16, num_groups=8)), "opt in")

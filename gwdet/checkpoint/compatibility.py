@@ -19,7 +19,7 @@ from detectron2.modeling.backbone import ResNet
 from gwdet.errors import GwdetValueError
 from gwdet.checkpoint.converted_weights import ARCH_FIELD, ARCHITECTURES, GW_POSITIONS_FIELD, INPUT_FIELD
 from gwdet.layers import GroupWhitening
-from gwdet.layers.settings_state import EXTRA_STATE_KEY, SettingsInState, decode_settings
+from gwdet.layers.settings_state import EXTRA_STATE_KEY, UNCOMPARED_SETTINGS, SettingsInState, decode_settings
 from gwdet.modeling.model_checks import PER_LEVEL_CONTAINERS
 from gwdet.norms import TORCH_NORM_SETTINGS, layer_types
 from gwdet.positions import format_gw_positions, parse_gw_positions, positions_with_norm
@@ -167,10 +167,13 @@ def check_norm_settings(saved: Mapping[str, Mapping[str, Any]], model: torch.nn.
 def _refuse_other_settings(saved: Mapping[str, Mapping[str, Any]], present: Mapping[str, Mapping[str, Any]],
                            how_to_opt_in: str) -> None:
     """Raise ``ValueError`` naming up to three values that differ between ``saved`` and ``present``
-    (``{layer: {setting: value}}``); layers and values that ``saved`` lacks are not compared."""
+    (``{layer: {setting: value}}``); layers and values that ``saved`` lacks, and the settings that
+    leave the trained function as it is (:data:`~gwdet.layers.settings_state.UNCOMPARED_SETTINGS`),
+    are not compared."""
     differing = [f"{name} {key} {saved[name][key]!r} -> {value!r}"
                  for name, values in present.items() if isinstance(saved.get(name), Mapping)
-                 for key, value in values.items() if key in saved[name] and saved[name][key] != value]
+                 for key, value in values.items()
+                 if key in saved[name] and saved[name][key] != value and key not in UNCOMPARED_SETTINGS]
     if differing:
         raise GwdetValueError(
             f"The checkpoint was trained with other norm hyper-parameters than this config gives its layers "

@@ -63,13 +63,18 @@ def decode_settings(state: Any) -> Optional[Dict[str, Any]]:
 
 # Per layer, the setting the layer rounds to a divisor of its channels (the largest at most the request).
 _DIVIDED_SETTING = {"GroupWhitening": "num_groups", "BatchGroupNorm": "num_groups", "BatchWhitening": "group_size"}
+# Settings recorded but not compared: they leave the trained function as it is. ``momentum`` is how
+# fast training updates the running statistics (which the state holds); ``eval_example_weight`` is
+# how evaluation mixes batch and running statistics (Four Things Sec. 3.4), chosen after training.
+UNCOMPARED_SETTINGS = ("momentum", "eval_example_weight")
 
 
 def function_settings(layer: str, settings: Dict[str, Any]) -> Dict[str, Any]:
     """The values of ``settings`` (of a ``layer`` class) that make the layer's function: a requested
-    group count (or size) as the layer uses it, and no ``T`` for ZCA, which does not iterate; two
-    states whose function settings agree were trained as the same function."""
-    function = dict(settings)
+    group count (or size) as the layer uses it, no ``T`` for ZCA, which does not iterate, and none of
+    :data:`UNCOMPARED_SETTINGS`; two states whose function settings agree were trained as the same
+    function."""
+    function = {setting: value for setting, value in settings.items() if setting not in UNCOMPARED_SETTINGS}
     key, channels = _DIVIDED_SETTING.get(layer), function.get("num_channels")
     requested = function.get(key) if key is not None else None
     if (key is not None and isinstance(channels, int) and isinstance(requested, int)
