@@ -6,6 +6,7 @@ must fail is asserted to fail before anything of that run changed.
 import os
 import hashlib
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -14,7 +15,7 @@ import pytest
 import torch
 import torchvision
 
-from gwdet.checkpoint.resilient import CLASSES_KEY, ResilientCheckpointer
+from gwdet.checkpoint.resilient import CLASSES_KEY, INPUT_KEY, ResilientCheckpointer
 from gwdet.engine.arguments import parse_args
 from gwdet.engine.run import check_output_request, main
 from gwdet.engine.trainer import Trainer, YacsRun
@@ -623,3 +624,22 @@ def test_weights_evaluated_with_other_model_values_than_their_run_are_warned_of(
                       "model other values: MODEL.PIXEL_MEAN: [127.5, 127.5, 127.5] -> [0.0, 0.0, 0.0]. The weights are "
                       "evaluated with this config's values."]
 
+
+
+def test_weights_evaluated_on_images_given_otherwise_are_said_even_away_from_their_run(finished_run, tmp_path):
+    """A checkpoint records the input format and pixel normalization its model was trained with
+    (the model's state dict does not hold them); weights evaluated with other values are named."""
+    copied = tmp_path / "model_final.pth"  # no config.yaml beside it: only the checkpoint's own record
+    shutil.copy(finished_run / "model_final.pth", copied)
+    shutil.copy(finished_run / "model_final.pth.sha256", tmp_path / "model_final.pth.sha256")
+    recorded = torch.load(copied, map_location="cpu", weights_only=False)[INPUT_KEY]
+    assert recorded["input_format"] == "RGB" and len(recorded["pixel_mean"]) == 3
+    run = YacsRun(build_config(str(DEMO_CONFIG), TINY_OPTS + ["MODEL.WEIGHTS", str(copied), "OUTPUT_DIR", str(tmp_path),
+                                                              "MODEL.PIXEL_MEAN", "[0.0, 0.0, 0.0]"]))
+    with logged_warnings("gwdet.engine.run") as logged:
+        run.load_weights(run.build_model())
+    assert any(f"MODEL.WEIGHTS {copied} was trained on images given otherwise: pixel_mean "
+               f"{recorded['pixel_mean']!r} -> [0.0, 0.0, 0.0]." in message for message in logged), logged
+    # beside their run's config.yaml: INPUT.FORMAT is the model's input, as MODEL.* is
+    with pytest.raises(ValueError, match=r"trained with another model .*INPUT.FORMAT: 'RGB' -> 'BGR'"):
+        check_resume_config(build_config(str(DEMO_CONFIG), TINY_OPTS + ["INPUT.FORMAT", "BGR"]), str(finished_run))

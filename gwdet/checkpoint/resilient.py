@@ -146,6 +146,29 @@ def lost_checkpoint_error(save_dir: str, weights_setting: str = "MODEL.WEIGHTS")
 
 # The class names a checkpoint's model was trained on, in the order of its outputs.
 CLASSES_KEY = "gwdet_classes"
+# The input a model was trained on: GeneralizedRCNN's input_format, pixel_mean and pixel_std, which
+# its state dict does not hold (its pixel buffers are not saved).
+INPUT_KEY = "gwdet_input"
+INPUT_ATTRIBUTES = ("input_format", "pixel_mean", "pixel_std")
+
+
+def input_record(model: torch.nn.Module) -> dict[str, Any]:
+    """``model``'s (DDP's ``module``'s) input format and pixel normalization, as lists of numbers;
+    empty for a model without them."""
+    model = getattr(model, "module", model)
+    values = {name: getattr(model, name) for name in INPUT_ATTRIBUTES if hasattr(model, name)}
+    return {name: value.flatten().tolist() if isinstance(value, torch.Tensor) else value
+            for name, value in values.items()}
+
+
+def input_differences(saved: Any, model: torch.nn.Module) -> list[str]:
+    """``"NAME saved -> present"`` for each input value :func:`input_record` recorded for weights
+    (``saved``; nothing without a record) that ``model`` has otherwise."""
+    if not isinstance(saved, dict):
+        return []
+    present = input_record(model)
+    return [f"{name} {saved[name]!r} -> {present[name]!r}" for name in present
+            if name in saved and saved[name] != present[name]]
 
 
 class ResilientCheckpointer(DetectionCheckpointer):
@@ -181,6 +204,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 NORM_SETTINGS_KEY: norm_settings(self.model)}
         if self.classes:
             data[CLASSES_KEY] = self.classes
+        if input_record(self.model):
+            data[INPUT_KEY] = input_record(self.model)
         data.update({key: obj.state_dict() for key, obj in self.checkpointables.items()})
         data.update(extra)
         data = with_checksums(data)

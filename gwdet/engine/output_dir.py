@@ -473,8 +473,9 @@ def saved_run_config(cfg: CfgNode, output_dir: str, path: str) -> CfgNode:
 
 def _of_the_model(differences: Sequence[str]) -> list[str]:
     """The lines of ``differences`` (:func:`config_differences`) of ``MODEL.*`` keys, but
-    :data:`RESUMABLE_DIFFERENCES`."""
-    return [d for d in differences if d.startswith("MODEL.") and not d.startswith(RESUMABLE_DIFFERENCES)]
+    :data:`RESUMABLE_DIFFERENCES`, and of ``INPUT.FORMAT`` (the model's input channels)."""
+    return [d for d in differences
+            if d.startswith(("MODEL.", "INPUT.FORMAT:")) and not d.startswith(RESUMABLE_DIFFERENCES)]
 
 
 def model_differences(saved: CfgNode, cfg: CfgNode) -> list[str]:

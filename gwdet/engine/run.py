@@ -43,7 +43,8 @@ from detectron2.engine import default_setup
 from detectron2.utils import comm
 from detectron2.utils.logger import setup_logger
 
-from gwdet.checkpoint.resilient import CLASSES_KEY, ResilientCheckpointer, local_weights_path
+from gwdet.checkpoint.resilient import (CLASSES_KEY, INPUT_KEY, ResilientCheckpointer, input_differences,
+                                        local_weights_path)
 from gwdet.data.coco_registration import CocoDataset, DatasetError
 from gwdet.data.datasets import check_evaluated_classes
 from gwdet.detectron2_failures import named_config_failures
@@ -137,6 +138,11 @@ class RunConfig(ABC):
                                              weights_setting=self.weights_setting)
         loaded = checkpointer.load_weights(self.weights)
         check_evaluated_classes(loaded.get(CLASSES_KEY), self.test_datasets(), self.weights)
+        differences = input_differences(loaded.get(INPUT_KEY), model)
+        if differences:
+            logger.warning(f"{self.weights_setting} {self.weights} was trained on images given otherwise: "
+                           f"{'; '.join(differences)}. The model reads this config's images with its values, which "
+                           "changes its results; use the values the weights were trained with.")
         self._warn_of_another_model(local_weights_path(self.weights, self.weights_setting))
         return model
 
