@@ -16,7 +16,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TextIO
 
 Rows = dict[str, str]
 ENVIRONMENT_VARIABLES = ("GWDET_CACHE", "DETECTRON2_DATASETS")
@@ -195,10 +195,50 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     table, rows = detectron2_table(), gwdet_rows()
     if args.json:
-        print(json.dumps({"detectron2": table_rows(table) or {"error": table}, "gwdet": rows}, indent=2))
-    else:
-        print(f"{table}\n{format_rows(rows)}")
+        return write_report(json.dumps({"detectron2": table_rows(table) or {"error": table}, "gwdet": rows}, indent=2))
+    return write_report(f"{table}\n{format_rows(rows)}")
+
+
+PROG = "python -m gwdet.collect_env"
+
+
+def write_report(text: str, stream: TextIO | None = None) -> int:
+    """Print ``text`` to ``stream`` (default: stdout) and flush it; the exit status. A reader that
+    stopped reading (``| head -1``) ends the report quietly with status 1, as Python's note on SIGPIPE
+    advises; another write error (``> /dev/full``) is one line on stderr and status 2. Either way the
+    stream's file descriptor then points at ``os.devnull``, so Python's flush at exit does not fail again."""
+    stream = sys.stdout if stream is None else stream
+    if stream is None:  # started with its standard output closed (>&-)
+        return _cannot_write("standard output is closed")
+    try:
+        print(text, file=stream)
+        stream.flush()
+    except OSError as error:  # BrokenPipeError included
+        _discard_output(stream)
+        if isinstance(error, BrokenPipeError):
+            return 1
+        return _cannot_write(error.strerror or str(error))
     return 0
+
+
+def _cannot_write(reason: str) -> int:
+    """Say on stderr that the report could not be written, and why; the exit status, 2."""
+    print(f"{PROG}: error: cannot write the report: {reason}. Redirect it to a file that can be written "
+          "(e.g. > /tmp/gwdet_env.txt).", file=sys.stderr)
+    return 2
+
+
+def _discard_output(stream: TextIO) -> None:
+    """Point ``stream``'s file descriptor at ``os.devnull`` (nothing for a stream without one)."""
+    try:
+        descriptor = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, descriptor)
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":

@@ -489,7 +489,7 @@ def test_export_tool_scripts_the_model_and_checks_it(tmp_path, capsys):
     assert difference <= TOLERANCE
 
 
-def test_export_tool_keeps_an_earlier_export_and_leaves_nothing_when_it_cannot_check(tmp_path):
+def test_export_tool_keeps_an_earlier_export_and_leaves_nothing_when_it_cannot_check(tmp_path, capsys):
     """No detection on the sample image: nothing to compare, so nothing is written; an earlier
     export stays as it was unless --overwrite."""
     from gwdet.export.export_model import main
@@ -498,16 +498,21 @@ def test_export_tool_keeps_an_earlier_export_and_leaves_nothing_when_it_cannot_c
     out = tmp_path / "out"
     argv = ["--config-file", str(DEMO_CONFIG), "--sample-image", str(tmp_path / "blank.png"), "--output", str(out)]
     no_detection = ["MODEL.ROI_HEADS.SCORE_THRESH_TEST", "1.0"]
-    with pytest.raises(SystemExit, match="gave no detection.*nothing was written"):
+    with pytest.raises(SystemExit) as refused:
         main(argv + list(TINY_OPTS) + no_detection)
+    assert refused.value.code == 2 and re.search(": error: The sample image gave no detection.*nothing was written",
+                                                 capsys.readouterr().err)
     assert not out.exists(), "refused before anything was written"
 
     out.mkdir()
     (out / "model.ts").write_bytes(b"an earlier export")
-    with pytest.raises(SystemExit, match="model.ts already exists; it is left as it is.*--overwrite"):
+    with pytest.raises(SystemExit) as refused:
         main(argv + list(TINY_OPTS))
-    with pytest.raises(SystemExit, match="gave no detection"):
+    assert refused.value.code == 2 and re.search("model.ts already exists; it is left as it is.*--overwrite",
+                                                 capsys.readouterr().err)
+    with pytest.raises(SystemExit) as refused:
         main(argv + ["--overwrite"] + list(TINY_OPTS) + no_detection)
+    assert refused.value.code == 2 and "gave no detection" in capsys.readouterr().err
     assert [p.name for p in out.iterdir()] == ["model.ts"] and (out / "model.ts").read_bytes() == b"an earlier export"
 
 
@@ -517,10 +522,10 @@ def test_export_tool_compares_on_the_first_sample_with_detections_or_says_there_
     model, with_detections, without = detector_with_and_without_detections("demo")
     image, found = export_model.pick_sample(model, iter([without, with_detections]), "shapes_val (DATASETS.TEST[0])")
     assert image is with_detections and found > 0
-    with pytest.raises(SystemExit, match=r"None of the first 2 images of shapes_val \(DATASETS.TEST\[0\]\) gave a "
+    with pytest.raises(export_model.ExportCheckError, match=r"None of the first 2 images of shapes_val \(DATASETS.TEST\[0\]\) gave a "
                                          r"detection, so the export could not be compared.*nothing was written"):
         export_model.pick_sample(model, iter([without, without]), "shapes_val (DATASETS.TEST[0])")
-    with pytest.raises(SystemExit, match="The sample image gave no detection.*nothing was written"):
+    with pytest.raises(export_model.ExportCheckError, match="The sample image gave no detection.*nothing was written"):
         export_model.pick_sample(model, iter([without]))
 
     # without --sample-image the test set's images are tried in order, at most SAMPLE_SEARCH_LIMIT
@@ -536,21 +541,21 @@ def test_export_tool_compares_on_the_first_sample_with_detections_or_says_there_
             return "shapes_val (DATASETS.TEST[0])"
 
     images, source = export_model.sample_candidates(EndlessTestSet(), None)
-    with pytest.raises(SystemExit, match=f"None of the first {export_model.SAMPLE_SEARCH_LIMIT} images of "
+    with pytest.raises(export_model.ExportCheckError, match=f"None of the first {export_model.SAMPLE_SEARCH_LIMIT} images of "
                                          r"shapes_val \(DATASETS.TEST\[0\]\) gave a detection"):
         export_model.pick_sample(model, images, source)
     assert len(read) == export_model.SAMPLE_SEARCH_LIMIT
 
 
 def test_export_check_compares_only_outputs_that_hold_values():
-    from gwdet.export.export_model import compared_difference
+    from gwdet.export.export_model import ExportCheckError, compared_difference
 
     boxes, size = torch.rand(3, 4), torch.tensor([64, 64])
     assert compared_difference([boxes, size], [boxes + 1e-3, size]) == pytest.approx(1e-3, rel=1e-3)
     # no detection: boxes, scores, classes and masks are empty, and only the image size would be compared
-    with pytest.raises(SystemExit, match=r"outputs \[0\] are empty.*nothing was written"):
+    with pytest.raises(ExportCheckError, match=r"outputs \[0\] are empty.*nothing was written"):
         compared_difference([torch.zeros(0, 4), size], [torch.zeros(0, 4), size])
-    with pytest.raises(SystemExit, match=r"differ from the eager model's \(output 0: shape \(2, 4\), expected \(3, 4\)\)"):
+    with pytest.raises(ExportCheckError, match=r"differ from the eager model's \(output 0: shape \(2, 4\), expected \(3, 4\)\)"):
         compared_difference([boxes, size], [boxes[:2], size])
 
 
@@ -654,18 +659,21 @@ def _sample_image(folder):
 
 
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
-def test_export_tool_refuses_an_export_beyond_its_tolerance_and_one_into_a_folder_another_export_holds(tmp_path):
+def test_export_tool_refuses_an_export_beyond_its_tolerance_and_one_into_a_folder_another_export_holds(tmp_path,
+                                                                                                         capsys):
     from gwdet.export.export_model import ExportFolderLock, main
 
     out = tmp_path / "out"
     argv = ["--config-file", str(DEMO_CONFIG), "--sample-image", str(_sample_image(tmp_path)), "--output", str(out)]
     with pytest.raises(SystemExit) as refused:
         main(argv + ["--tolerance", "1e-12"] + list(TINY_OPTS))  # float rounding alone exceeds it
-    assert "beyond the tolerance" in str(refused.value) and "nothing was written" in str(refused.value)
+    printed = capsys.readouterr().err
+    assert refused.value.code == 2 and "beyond the tolerance" in printed and "nothing was written" in printed
     assert not out.exists()
     out.mkdir()
-    with ExportFolderLock(str(out)), pytest.raises(SystemExit, match=f"--output {out} is in use by another export"):
+    with ExportFolderLock(str(out)), pytest.raises(SystemExit) as refused:
         main(argv + list(TINY_OPTS))
+    assert refused.value.code == 2 and f"--output {out} is in use by another export" in capsys.readouterr().err
     assert os.listdir(out) == []
 
 

@@ -19,6 +19,8 @@ from gwdet.engine.run_log import HeldRecords
 from gwdet.engine.run import log_outputs, results_record, write_results_to
 from gwdet.engine.visualize import TRUTH_CAPTION, captioned, predictions_caption, side_by_side
 
+from conftest import logged_warnings
+
 VERSION_KEYS = {"python", "gwdet", "torch", "torchvision", "detectron2", "numpy", "Pillow", "pycocotools"}
 PER_TASK = {"bbox": {"AP": 12.5, "AP50": 30.0}}
 
@@ -168,3 +170,14 @@ def test_each_half_of_a_drawing_has_its_caption_above_it():
     other = side_by_side(truth, predicted, 0.75)
     assert not np.array_equal(other[:band, 384:], drawing[:band, 384:]), "the threshold is in the caption"
     assert np.array_equal(other[:band, :384], drawing[:band, :384])
+
+
+def test_results_of_a_model_that_detected_nothing_are_said_to_be_nan(tmp_path):
+    nothing = {"shapes_val": {"bbox": {"AP": float("nan"), "AP50": float("nan")}}}
+    with logged_warnings("gwdet.engine.run") as logged:
+        write_results_to(str(tmp_path), nothing, ["shapes_val"])
+        write_results_to(str(tmp_path), {"shapes_val": {"bbox": {"AP": 1.5, "AP50": float("nan")}}}, ["shapes_val"])
+    assert logged == [
+        "The model detected nothing on shapes_val: detectron2 reports its AP as NaN (written so in results.md and "
+        "results.json), and scores no masks without detections. A model early in its training, or a score threshold "
+        "(MODEL.ROI_HEADS.SCORE_THRESH_TEST) above every score, gives none."]

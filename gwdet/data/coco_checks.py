@@ -36,6 +36,36 @@ def image_entry_problems(images: Iterable[Mapping[str, Any]]) -> list[str]:
     return problems
 
 
+def non_integer_ids(entries: Iterable[Mapping[str, Any]], describe) -> list[str]:
+    """``"<id> of <entry> (#<index>), a <type>"`` for each of ``entries`` whose id is neither an
+    integer nor a string (``describe(entry)`` names an entry): COCO's ids are integers (a file of
+    string ids, which detectron2 reads too, is let through), and ``1.0`` or ``true`` is neither."""
+    problems = []
+    for index, entry in enumerate(entries):
+        key = entry["id"]
+        if type(key) not in (int, str):
+            kind = "null" if key is None else f"a {type(key).__name__}"
+            problems.append(f"{key!r} of {describe(entry)} (#{index}), {kind}")
+    return problems
+
+
+def shared_file_names(images: Iterable[Mapping[str, Any]]) -> list[str]:
+    """``"'a.png' of images 1 and 2"`` for each file that more than one image entry names (the
+    paths compared as ``os.path.normpath`` gives them: ``./a.png`` is ``a.png``)."""
+    ids: dict[str, list[Any]] = {}
+    names: dict[str, str] = {}
+    for image in images:
+        key = os.path.normpath(image["file_name"])
+        ids.setdefault(key, []).append(image["id"])
+        names.setdefault(key, image["file_name"])
+    problems = []
+    for key, shared in ids.items():
+        if len(shared) > 1:
+            listed = [repr(image_id) for image_id in shared]
+            problems.append(f"{names[key]!r} of images {', '.join(listed[:-1])} and {listed[-1]}")
+    return problems
+
+
 def duplicate_ids(entries: Iterable[Mapping[str, Any]], describe) -> list[str]:
     """``"<id>: <first> and <second>"`` for each id that two ``entries`` share (``describe(entry)``
     names an entry); an id that is not a number or string is a problem of its own."""

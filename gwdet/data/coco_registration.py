@@ -38,6 +38,8 @@ from gwdet.data.coco_checks import (
     image_entry_problems,
     image_file_problems,
     mask_problems,
+    non_integer_ids,
+    shared_file_names,
     shown_problems,
 )
 
@@ -328,6 +330,12 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
     if problems:
         raise DatasetError(f"{where} image entries of {path} cannot be read ({len(problems)} problem(s)): {shown_problems(problems)}. "
                            "Correct them (file_name: the image's path under IMAGE_ROOT; width, height: its size in pixels).")
+    problems = non_integer_ids(coco["images"], lambda image: repr(image["file_name"]))
+    if problems:
+        raise DatasetError(
+            f"{where} the image ids of {path} must be integers (COCO's format), and {len(problems)} are not: "
+            f"{shown_problems(problems)}. Give each image an integer id, unique in the file (e.g. 1 for 1.0), and "
+            "its annotations that image_id.")
     problems = duplicate_ids(coco["images"], lambda image: repr(image["file_name"]))
     if problems:
         raise DatasetError(
@@ -341,6 +349,13 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
             f"{_listing(strings)}, the others integers. COCO's image ids are integers, and detectron2 sorts them "
             "when it loads the file, which fails on a mix (TypeError: '<' not supported between 'str' and 'int'). "
             "Give those images integer ids, unique in the file, and their annotations those image_ids.")
+    problems = shared_file_names(coco["images"])
+    if problems:
+        raise DatasetError(
+            f"{where} {len(problems)} file name(s) of {path} are given to more than one image: "
+            f"{shown_problems(problems)}. detectron2 would read the same pixels for each of those images, so the "
+            "boxes and masks of all but one would be trained (and evaluated) on another image. Give each image "
+            "entry its own file_name, or merge the entries into one image (one id) with all their annotations.")
     sizes = {image["id"]: image for image in coco["images"]}
     tally = _AnnotationTally(sizes)
     for index, annotation in enumerate(coco["annotations"]):
@@ -366,6 +381,11 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
             "COCO evaluation reads every annotation's area, a number >= 0 in pixels: without it, or with a string, "
             "it stops after training; with a negative one it ignores the object, so missing it costs no AP. Set "
             "area to the object's mask area (or box area) in pixels.")
+    problems = non_integer_ids(coco["annotations"], lambda annotation: f"an annotation of image {annotation['image_id']}")
+    if problems:
+        raise DatasetError(
+            f"{where} the annotation ids of {path} must be integers (COCO's format), and {len(problems)} are not: "
+            f"{shown_problems(problems)}. Give each annotation an integer id, unique in the file (e.g. 1 for 1.0).")
     problems = duplicate_ids(coco["annotations"], lambda annotation: f"an annotation of image {annotation['image_id']}")
     if problems:
         raise DatasetError(
@@ -530,8 +550,9 @@ def add_register_coco_argument(parser) -> None:
     parser.add_argument(
         FLAG, dest="register_coco", action=RegisterCocoAction,
         help="register your own COCO-format data as dataset NAME, to use in DATASETS.TRAIN/TEST "
-             f"(repeatable; e.g. {EXAMPLE}). The last ':' separates the annotation JSON from the folder its "
-             "file_name entries are relative to. The number of classes (MODEL.ROI_HEADS.NUM_CLASSES) must "
+             f"(repeatable; e.g. {EXAMPLE}). JSON is the annotation file, IMAGE_ROOT the folder its file_name "
+             "entries are relative to; they are split at the ':' after which JSON names an existing file, so "
+             "either path may hold ':' (a value that reads two ways is refused). The number of classes (MODEL.ROI_HEADS.NUM_CLASSES) must "
              "equal the JSON's number of categories, and train and test datasets must have the same categories.")
 
 

@@ -59,15 +59,50 @@ def parse_args(argv: Sequence[str] | None = None, parser: argparse.ArgumentParse
     ``KEY VALUE`` overrides (``... SOLVER.MAX_ITER 10 --resume``)."""
     parser = parser or argument_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    config_file = parser._option_string_actions["--config-file"]
-    given = [token for token in argv if token.startswith("--") and _action_of(parser, token.split("=", 1)[0]) is config_file]
-    if len(given) > 1:
-        parser.error("--config-file is given more than once; a second one would replace the first. Give one "
-                     "config file, and put what the other changes in it (_BASE_) or as KEY VALUE overrides.")
+    refuse_repeated_flags(parser, argv)
     args = parse_with_trailing_flags(parser, argv)
     check_process_counts(parser, args)
     resolve_config_argument(parser, args)
     return args
+
+
+def _list_values(action: argparse.Action, words: Sequence[str]) -> list[str]:
+    """The values a list flag (``nargs`` ``+`` or ``*``) takes from ``words``, those after it: up to
+    the next flag, or the first word outside its choices (an override's KEY)."""
+    return list(itertools.takewhile(
+        lambda word: not word.startswith("-") and (action.choices is None or word in action.choices), words))
+
+
+def refuse_repeated_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """A usage error (``parser.error``) for a flag of ``parser`` that keeps one value (``--config-file``,
+    ``--tasks``, ``--output``, ...) given more than once in ``argv``, where argparse would keep the
+    last one without a word. Repeatable flags (``--register-coco``) and switches are not counted."""
+    given: dict[argparse.Action, list[list[str]]] = {}  # the values of each time a flag is given
+    tokens = list(argv)
+    for index, token in enumerate(tokens):
+        name, equals, value = token.partition("=")
+        action = _action_of(parser, name) if token.startswith("-") and not _is_number(token) else None
+        if action is None or type(action) is not argparse._StoreAction:
+            continue
+        if equals:
+            values = [value]
+        elif action.nargs in ("+", "*"):
+            values = _list_values(action, tokens[index + 1:])
+        else:
+            values = [" ".join(tokens[index + 1:index + 1 + (1 if action.nargs is None else int(action.nargs))])]
+        given.setdefault(action, []).append(values)
+    for action, occurrences in given.items():
+        if len(occurrences) < 2:
+            continue
+        flag = action.option_strings[0]
+        if flag == "--config-file":
+            fix = "Give one config file, and put what the other changes in it (_BASE_) or as KEY VALUE overrides."
+        elif action.nargs in ("+", "*"):
+            merged = dict.fromkeys(value for values in occurrences for value in values)
+            fix = f"Give it once, with all the values: {flag} {' '.join(merged)}."
+        else:
+            fix = f"Give it once, with the value you mean (given: {', '.join(' '.join(v) for v in occurrences)})."
+        parser.error(f"{flag} is given more than once; a second one would replace the first. {fix}")
 
 
 def parse_with_trailing_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:

@@ -31,6 +31,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import sys
 from abc import ABC, abstractmethod
@@ -138,12 +139,13 @@ class RunConfig(ABC):
                                              weights_setting=self.weights_setting)
         loaded = checkpointer.load_weights(self.weights)
         check_evaluated_classes(loaded.get(CLASSES_KEY), self.test_datasets(), self.weights)
+        if self._warn_of_another_model(local_weights_path(self.weights, self.weights_setting)):
+            return model  # the run's config.yaml, which holds the input values too, was compared
         differences = input_differences(loaded.get(INPUT_KEY), model)
         if differences:
             logger.warning(f"{self.weights_setting} {self.weights} was trained on images given otherwise: "
                            f"{'; '.join(differences)}. The model reads this config's images with its values, which "
                            "changes its results; use the values the weights were trained with.")
-        self._warn_of_another_model(local_weights_path(self.weights, self.weights_setting))
         return model
 
     @abstractmethod
@@ -151,23 +153,25 @@ class RunConfig(ABC):
         """``"KEY: saved -> current"`` for each value of the model that differs between the run
         config at ``path`` (a run's ``config.yaml``) and this config."""
 
-    def _warn_of_another_model(self, weights: str) -> None:
+    def _warn_of_another_model(self, weights: str) -> bool:
         """A warning when the weights sit in a run folder whose ``config.yaml`` gives the model other
         values than this config (a pixel mean: the weights evaluated in a model they were not trained
-        in; a test threshold); nothing when there is no such record or it cannot be compared."""
+        in; a test threshold); nothing when there is no such record or it cannot be compared. Whether
+        the record was compared."""
         if not weights or "://" in weights:
-            return
+            return False
         record = os.path.join(os.path.dirname(os.path.abspath(weights)), CONFIG_NAME)
         if not os.path.isfile(record):
-            return
+            return False
         try:
             differences = self.model_differences_from(record)
         except (GwdetError, OSError):  # a damaged record, or one of the other kind of config
-            return
+            return False
         if differences:
             logger.warning(f"{self.weights_setting} {weights} was trained in a run whose {record} gives the model other "
                            f"values: {'; '.join(differences[:5])}{'; ...' if len(differences) > 5 else ''}. The weights "
                            "are evaluated with this config's values.")
+        return True
 
     @abstractmethod
     def build_trainer(self) -> Any:
@@ -417,6 +421,13 @@ def write_results_to(output_dir: str, results: Mapping, datasets: Sequence[str] 
         return
     os.makedirs(output_dir, exist_ok=True)
     datasets = tuple(datasets)
+    for dataset, tasks in flatten_results(results, datasets).items():
+        values = [value for metrics in tasks.values() for value in metrics.values()]
+        if values and all(isinstance(value, float) and math.isnan(value) for value in values):
+            logger.warning(f"The model detected nothing on {dataset or 'the test set'}: detectron2 reports its AP as "
+                           "NaN (written so in results.md and results.json), and scores no masks without detections. "
+                           "A model early in its training, or a score threshold (MODEL.ROI_HEADS.SCORE_THRESH_TEST) "
+                           "above every score, gives none.")
     write_text_atomically(os.path.join(output_dir, RESULTS_MARKDOWN), results_markdown(results, datasets))
     # results.json is what gwdet reads again (the study counts a cell done by it): its SHA-256 is recorded beside it
     write_text_with_checksum(os.path.join(output_dir, RESULTS_JSON),

@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from gwdet.errors import GwdetValueError
-from gwdet.engine.arguments import parse_with_trailing_flags
+from gwdet.engine.arguments import parse_with_trailing_flags, refuse_repeated_flags
 from gwdet.engine.run import RunConfig, load_run_config
 from gwdet.utils.cli_errors import at_least, run_tool
 
@@ -149,7 +149,9 @@ def _analyze(argv: Sequence[str]) -> int:
     from detectron2.utils.analysis import parameter_count_table
     from detectron2.utils.logger import setup_logger
 
-    args = parse_with_trailing_flags(argument_parser(), argv)
+    parser = argument_parser()
+    refuse_repeated_flags(parser, argv)
+    args = parse_with_trailing_flags(parser, argv)
     setup_logger(name="fvcore")
     setup_logger(name="detectron2")
     run = load_run_config(args.config_file, args.opts, tool=True)

@@ -24,7 +24,7 @@ import torch
 from detectron2.export import TracingAdapter
 from detectron2.modeling import GeneralizedRCNN
 
-from gwdet.errors import GwdetFileNotFoundError, GwdetOSError, GwdetValueError
+from gwdet.errors import GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetOSError, GwdetValueError
 from gwdet.utils.atomic import (
     DamagedFileError,
     checksum_path,
@@ -178,10 +178,32 @@ REEXPORT = ("Export the model again (tools/deploy/export_model.py with --overwri
             "gwdet.export.export_torchscript / export_model_onnx); nothing was loaded from it.")
 
 
+EXPORT_SUFFIXES = (".ts", ".onnx")  # model.ts, model.onnx: what tools/deploy/export_model.py writes
+
+
+def _exports_in(folder: str) -> str:
+    """What to pass instead of ``folder``: the export files in it (names ending in
+    :data:`EXPORT_SUFFIXES`), or how to make one when there is none."""
+    try:
+        names = sorted(name for name in os.listdir(folder)
+                       if name.endswith(EXPORT_SUFFIXES) and os.path.isfile(os.path.join(folder, name)))
+    except OSError as error:
+        names, reason = [], f" (it cannot be listed: {error.strerror or error})"
+    else:
+        reason = ""
+    if names:
+        return f"pass the export file in it, {' or '.join(os.path.join(folder, name) for name in names)}."
+    return (f"it holds no export (no .ts or .onnx file){reason}. Pass the path of an export file, written by "
+            "tools/deploy/export_model.py (model.ts / model.onnx in its --output folder), "
+            "gwdet.export.export_torchscript or export_model_onnx.")
+
+
 def verify_export(path: str) -> bool:
     """Check the export at ``path`` against the SHA-256 recorded in ``path.sha256`` when it was
     written: :class:`DamagedExportError` when they differ. Returns whether there was a record (a
-    file without one is not checked)."""
+    file without one is not checked). A folder is refused naming the exports in it."""
+    if os.path.isdir(path):
+        raise GwdetIsADirectoryError(f"{path} is a folder, not an export: {_exports_in(path)}")
     if not os.path.isfile(path):
         raise GwdetFileNotFoundError(f"{path}: no such export (a file written by tools/deploy/export_model.py, "
                                      "gwdet.export.export_torchscript or export_model_onnx).")

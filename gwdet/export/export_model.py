@@ -28,12 +28,12 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tupl
 import torch
 from torch import Tensor
 
-from gwdet.errors import GwdetValueError
+from gwdet.errors import GwdetError, GwdetFileExistsError, GwdetRuntimeError, GwdetValueError
 from gwdet.data import add_register_coco_argument
 from gwdet.data.test_images import read_test_image
 from gwdet.utils.cli_errors import add_verbose_argument, run_tool
 from gwdet.export.detection_check import TOLERANCE
-from gwdet.engine.arguments import parse_with_trailing_flags
+from gwdet.engine.arguments import parse_with_trailing_flags, refuse_repeated_flags
 from gwdet.engine.run import RunConfig, load_run_config
 
 logger = logging.getLogger("gwdet.export")
@@ -122,7 +122,7 @@ def sample_candidates(run: RunConfig, sample_image: Optional[str]) -> Tuple[Iter
 class ExportFolderLock:
     """One export at a time into a folder (``with ExportFolderLock(folder):``): an exclusive
     ``flock`` on the folder itself, so nothing is written into it and the lock goes with the process
-    however it ends. A second export into the folder meanwhile stops at once (``SystemExit``); on
+    however it ends. A second export into the folder meanwhile stops at once (:class:`~gwdet.errors.GwdetRuntimeError`); on
     entry the partial files of exports killed there (those of processes that no longer run) are
     removed, with a warning."""
 
@@ -140,8 +140,8 @@ class ExportFolderLock:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(descriptor)
-            raise SystemExit(f"--output {self.folder} is in use by another export (a process holds its lock); nothing "
-                             "was written. Wait for it to finish, or choose another --output.") from None
+            raise GwdetRuntimeError(f"--output {self.folder} is in use by another export (a process holds its lock); "
+                                    "nothing was written. Wait for it to finish, or choose another --output.") from None
         self._descriptor = descriptor
         removed = remove_stale_partials(self.folder)
         if removed:
@@ -234,6 +234,11 @@ def evaluate_traced(run: RunConfig, traced, adapter) -> Dict:
     return results
 
 
+class ExportCheckError(GwdetError, RuntimeError):
+    """The export could not be compared with the eager model (no detection, empty outputs), or its
+    outputs differ beyond the tolerance; nothing was written. The message names why and the fix."""
+
+
 def count_detections(model: Any, image: Tensor) -> int:  # a detectron2 meta-architecture (inference())
     """The number of detections ``model`` (in evaluation mode) makes on ``image``."""
     with torch.no_grad():
@@ -242,8 +247,8 @@ def count_detections(model: Any, image: Tensor) -> int:  # a detectron2 meta-arc
 
 def pick_sample(model: torch.nn.Module, images: Iterable[Tensor], source: Optional[str] = None) -> Tuple[Tensor, int]:
     """The first of ``images`` on which ``model`` detects something, and its detection count;
-    ``SystemExit`` when there is none (``source`` names where the images came from, ``None`` for
-    ``--sample-image``). An export is compared with the eager model on the outputs of this image,
+    :class:`ExportCheckError` when there is none (``source`` names where the images came from, ``None``
+    for ``--sample-image``). An export is compared with the eager model on the outputs of this image,
     and empty outputs would agree whatever the exported file computes."""
     tried = 0
     for image in images:
@@ -255,7 +260,7 @@ def pick_sample(model: torch.nn.Module, images: Iterable[Tensor], source: Option
         nothing = "The sample image gave no detection"
     else:
         nothing = f"None of the first {tried} images of {source} gave a detection"
-    raise SystemExit(
+    raise ExportCheckError(
         f"{nothing}, so the export could not be compared with the model (empty outputs always agree); "
         "nothing was written. Give --sample-image an image with objects the model detects (or weights "
         "trained further)."
@@ -264,7 +269,7 @@ def pick_sample(model: torch.nn.Module, images: Iterable[Tensor], source: Option
 
 def check_export(model: torch.nn.Module, image: Tensor, expected: Any, actual: Any, tolerance: float) -> str:
     """Compare the export's outputs ``actual`` with the eager model's ``expected`` on ``image`` and
-    say how they agree; ``SystemExit`` (nothing is written) beyond ``tolerance``. Detections (instance
+    say how they agree; :class:`ExportCheckError` (nothing is written) beyond ``tolerance``. Detections (instance
     fields, dicts) are matched by class and box first (:func:`~gwdet.export.detection_check.compare_detections`);
     other outputs (sequences of tensors) are compared in order (:func:`compared_difference`), within
     ``tolerance`` of their largest magnitude (at least 1)."""
@@ -277,17 +282,17 @@ def check_export(model: torch.nn.Module, image: Tensor, expected: Any, actual: A
         size = (int(image.shape[-2]), int(image.shape[-1]))
         comparison = compare_detections(eager, exported, size, tolerance, threshold, most)
         if comparison.problems:
-            raise SystemExit(comparison.refusal())
+            raise ExportCheckError(comparison.refusal())
         return (f"{comparison.summary()}; largest absolute difference from the eager model on the sample input: "
                 f"{comparison.largest:.3g}")
     difference = compared_difference(expected, actual)
     scale = max([1.0] + [float(torch.as_tensor(output).double().abs().max()) for output in expected
                          if torch.as_tensor(output).numel()])
     if difference > tolerance * scale:
-        raise SystemExit(f"The exported model's outputs differ from the eager model's by {difference:.3g}, beyond the "
-                         f"tolerance {tolerance:g} of their largest magnitude {scale:.3g}; nothing was written. Check "
-                         "the config and weights it was built from; a larger --tolerance accepts larger rounding "
-                         "differences.")
+        raise ExportCheckError(f"The exported model's outputs differ from the eager model's by {difference:.3g}, "
+                               f"beyond the tolerance {tolerance:g} of their largest magnitude {scale:.3g}; nothing was "
+                               "written. Check the config and weights it was built from; a larger --tolerance accepts "
+                               "larger rounding differences.")
     return f"largest absolute difference from the eager model on the sample input: {difference:.3g}"
 
 
@@ -303,20 +308,21 @@ def _check_adapter_outputs(model, image: Tensor, adapter, exported: Sequence[Any
 
 def compared_difference(expected: Sequence[Tensor], actual: Sequence) -> float:
     """:func:`~gwdet.export.deploy.max_abs_difference` of the exported file's outputs from the
-    eager model's, on outputs that hold values only: ``SystemExit`` (nothing is written) when an
+    eager model's, on outputs that hold values only: :class:`ExportCheckError` (nothing is written) when an
     eager output is empty (an agreement on it would say nothing) or when the shapes differ."""
     from gwdet.export.deploy import max_abs_difference
 
     empty = [index for index, output in enumerate(expected) if torch.as_tensor(output).numel() == 0]
     if empty:
-        raise SystemExit(
+        raise ExportCheckError(
             f"The eager model's outputs {empty} are empty on the sample image, so the export could not be "
             "compared there; nothing was written."
         )
     try:
         return max_abs_difference(expected, actual)
     except ValueError as error:
-        raise SystemExit(f"The exported model's outputs differ from the eager model's ({error}); nothing was written.") from error
+        raise ExportCheckError(f"The exported model's outputs differ from the eager model's ({error}); nothing was "
+                               "written.") from error
 
 
 # The ONNX opsets the export accepts: from detectron2's STABLE_ONNX_OPSET_VERSION to the newest
@@ -374,19 +380,22 @@ def _export(argv: Sequence[str]) -> int:
     from gwdet.export.deploy import ONNX_OPSET, export_model_onnx, export_torchscript, run_onnx
 
     parser = argument_parser()
+    refuse_repeated_flags(parser, argv)
     args = parse_with_trailing_flags(parser, argv)
     resolve_config_argument(parser, args)
     setup_logger(name="gwdet")
     setup_logger(name="detectron2")
     if args.format == "onnx" and args.export_method != "tracing":
-        raise SystemExit("--format onnx needs --export-method tracing")
+        raise GwdetValueError("--format onnx needs --export-method tracing (the default): leave --export-method "
+                              "scripting out, or export to TorchScript.")
     if args.run_eval and (args.format != "torchscript" or args.export_method != "tracing"):
-        raise SystemExit("--run-eval evaluates a traced TorchScript model: use --format torchscript --export-method tracing")
+        raise GwdetValueError("--run-eval evaluates a traced TorchScript model: use --format torchscript "
+                              "--export-method tracing")
     check_export_flags(args)
     path = os.path.join(args.output, "model.onnx" if args.format == "onnx" else "model.ts")
     if os.path.exists(path) and not args.overwrite:
-        raise SystemExit(f"{path} already exists; it is left as it is. Pass --overwrite to replace it, or "
-                         "choose another --output.")
+        raise GwdetFileExistsError(f"{path} already exists; it is left as it is. Pass --overwrite to replace it, or "
+                                   "choose another --output.")
     run = load_run_config(args.config_file, args.opts, tool=True)
     run.register_datasets(args.register_coco)
     model = run.build_trained_model()
@@ -398,8 +407,8 @@ def _export(argv: Sequence[str]) -> int:
     try:
         with ExportFolderLock(args.output), torch.no_grad():
             if os.path.exists(path) and not args.overwrite:  # another export finished meanwhile
-                raise SystemExit(f"{path} was written by another export while this one ran; it is left as it is. Pass "
-                                 "--overwrite to replace it, or choose another --output.")
+                raise GwdetFileExistsError(f"{path} was written by another export while this one ran; it is left as "
+                                           "it is. Pass --overwrite to replace it, or choose another --output.")
             with path_written_with_checksum(path) as written:
                 if args.format == "torchscript" and args.export_method == "scripting":
                     scripted = export_scripting(model, written)

@@ -58,7 +58,7 @@ from gwdet_lab.benchmark.layer_level import layer_tables, run_layers
 from gwdet_lab.benchmark.measure import CLOCKS
 from gwdet_lab.benchmark.model_level import DEFAULT_MODEL_OPTS, MODELS, model_tables, run_models
 from gwdet_lab.benchmark.op_level import op_count_tables, run_op_counts
-from gwdet_lab.benchmark.report import load_average, report, report_header, write_section
+from gwdet_lab.benchmark.report import load_average, report, report_header, section_problem, write_section
 
 # The smallest --image-size: the models (R-50-FPN) pad an image to a multiple of 32, their coarsest
 # feature stride, so a smaller one is a 32 x 32 step, not one of the size the report states.
@@ -157,6 +157,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         parser.error(problem)
     if args.section is None:
         args.section = DEFAULT_SECTION
+    problem = section_problem(args.section)
+    if problem:
+        parser.error(f"--section {args.section!r} {problem}.")
     if args.repeats is None:
         args.repeats = 1 if args.quick else 5
     if args.warmup is None:

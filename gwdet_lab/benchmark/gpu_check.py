@@ -251,7 +251,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         skipped.append("the training steps")
     date = datetime.date.today().isoformat()
     body = render(date, environment(device), tests, layers, predicted, model, steps, triton_kernels_loaded(), skipped)
+    print(body)  # first: a section that cannot be written into --out (a full disk) is not lost
     write_section(args.out, body, section_name(date, torch.cuda.get_device_name(device)))
-    print(body)
     print(f"gpu-check: {time.monotonic() - started:.0f} s; section written to {args.out}", file=sys.stderr)
     return 0
