@@ -414,3 +414,25 @@ def test_a_warm_up_longer_than_the_run_is_said():
         "SOLVER.WARMUP_ITERS 100 is longer than SOLVER.MAX_ITER 50: detectron2 stretches the warm-up over the whole "
         "run, whose learning rate then never reaches SOLVER.BASE_LR. Shorten the warm-up (e.g. SOLVER.WARMUP_ITERS 5) "
         "to train at the base rate."]
+
+
+@pytest.mark.parametrize("opts, message", [
+    # was blamed on MODEL.ANCHOR_GENERATOR.SIZES ("one list per level the proposal generator reads (1 here)")
+    (["MODEL.RPN.IN_FEATURES", "['p9']"], "config: MODEL.RPN.IN_FEATURES=['p9'] names features the backbone does not "
+                                          "output (p2, p3, p4, p5, p6 for MODEL.BACKBONE.NAME="),
+    # detectron2's KeyError: 'p7' when the ROI heads were built
+    (["MODEL.ROI_HEADS.IN_FEATURES", "['p7']"], "config: MODEL.ROI_HEADS.IN_FEATURES=['p7'] names features the "
+                                                "backbone does not output"),
+    # detectron2's registry KeyError when the RPN was built
+    (["MODEL.RPN.HEAD_NAME", "FooHead"], "config: MODEL.RPN.HEAD_NAME='FooHead' "),
+])
+def test_features_the_backbone_does_not_output_are_named_at_the_key_that_reads_them(opts, message):
+    assert message in refusal(*opts)
+
+
+def test_feature_keys_of_parts_a_model_does_not_build_are_not_read():
+    cfg = add_gwdet_config(get_cfg())
+    cfg.MODEL.META_ARCHITECTURE, cfg.MODEL.BACKBONE.NAME = "RetinaNet", "build_retinanet_resnet_fpn_backbone"
+    cfg.MODEL.RESNETS.OUT_FEATURES = cfg.MODEL.FPN.IN_FEATURES = ["res3", "res4", "res5"]
+    cfg.MODEL.RETINANET.IN_FEATURES = ["p3", "p4", "p5", "p6", "p7"]
+    check_detectron2_values(cfg)  # the RPN's and ROI heads' ['res4'] defaults: no part of a RetinaNet
