@@ -5,5 +5,5 @@ this package. Here live the tools that study the plugin's layers:
 
 * :mod:`gwdet_lab.study`: the from-scratch small-batch norm study behind ``tools/compare_norms.py``;
 * :mod:`gwdet_lab.benchmark`: speed and memory of the layers and models behind ``tools/benchmark.py``;
-* :mod:`gwdet_lab.reporting`: duration formatting shared by lab reports (tables: :mod:`gwdet.engine.tables`).
+* :mod:`gwdet_lab.reporting`: duration formatting shared by lab reports (tables: :mod:`gwdet_lab.tables`).
 """

@@ -1,6 +1,6 @@
 """Duration formatting for the lab's reports and progress lines.
 
-Tables are written with the plugin's :mod:`gwdet.engine.tables` (one table writer for ``results.md`` and
+Tables are written with the plugin's :mod:`gwdet_lab.tables` (one table writer for ``results.md`` and
 every lab report); a duration is a lab concern (study wall times, ETAs), so it lives here.
 """
 from __future__ import annotations

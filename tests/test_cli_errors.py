@@ -107,7 +107,7 @@ INTERNAL_GUARDS = {
     ("gwdet/data/finite_images.py", "__getattr__", "AttributeError"),
     ("gwdet/model_zoo/__init__.py", "__getattr__", "AttributeError"),  # the module attribute protocol
     ("gwdet/engine/lazy.py", "saved_tree", "TypeError"),
-    ("gwdet/engine/tables.py", "add", "KeyError"),
+    ("gwdet_lab/tables.py", "add", "KeyError"),
     ("gwdet/engine/threads.py", "choose_threads", "ValueError"),
     ("gwdet/layers/cost.py", "whitening_matrix_macs", "ValueError"),
     ("gwdet/layers/cost.py", "_samples_channels_positions", "ValueError"),

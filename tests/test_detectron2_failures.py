@@ -1,6 +1,6 @@
 """A config value gwdet does not check and detectron2 cannot use is named, not left as detectron2's
 bare error: the failure's place in detectron2, the values given on the command line and the values
-of the config sections that place reads (gwdet.detectron2_failures); errors that are not
+of the config sections that place reads (gwdet.modeling.detectron2_failures); errors that are not
 detectron2 failing on a config value keep their own type and traceback."""
 import os
 
@@ -8,7 +8,7 @@ import detectron2
 import pytest
 
 import gwdet
-from gwdet.detectron2_failures import failure_site, named_config_failures
+from gwdet.modeling.detectron2_failures import failure_site, named_config_failures
 from gwdet.engine.output_dir import check_fresh_start
 from gwdet.engine.run import main
 from gwdet.errors import GwdetValueError

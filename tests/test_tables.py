@@ -1,10 +1,10 @@
-"""gwdet.engine.tables: one table definition gives markdown and CSV, for results.md and every lab report."""
+"""gwdet_lab.tables: one table definition gives markdown and CSV, for results.md and every lab report."""
 import csv
 import math
 
 import pytest
 
-from gwdet.engine.tables import Column, Table, format_value
+from gwdet_lab.tables import Column, Table, format_value
 from gwdet_lab.reporting import format_duration
 
 

@@ -13,8 +13,7 @@
 * :mod:`gwdet.engine.run_environment`: the package versions and dataset annotation files (with
   their SHA-256) that ``results.json`` and the study's records name;
 * :mod:`gwdet.engine.run_log`: the checks' messages held until the run's ``log.txt`` exists;
-* :mod:`gwdet.engine.tables`, :mod:`gwdet.engine.visualize`: results as markdown/CSV tables and
-  prediction drawings.
+* :mod:`gwdet.engine.visualize`: prediction drawings.
 
 Writing files atomically and the tools' one-line errors are :mod:`gwdet.utils`; reading a yacs
 config file is :mod:`gwdet.model_zoo.loading`. Nothing is imported here, so that a module of this

@@ -48,7 +48,7 @@ from gwdet.checkpoint.resilient import (CLASSES_KEY, INPUT_KEY, ResilientCheckpo
                                         local_weights_path)
 from gwdet.data.coco_registration import CocoDataset, DatasetError
 from gwdet.data.datasets import check_evaluated_classes
-from gwdet.detectron2_failures import named_config_failures
+from gwdet.modeling.detectron2_failures import named_config_failures
 from gwdet.errors import GwdetError, GwdetValueError
 from gwdet.layers.plans import describe_plans
 from gwdet.model_zoo.lazy_loading import is_lazy_config
@@ -71,7 +71,6 @@ from gwdet.engine.output_dir import (
 )
 from gwdet.engine.run_environment import ENVIRONMENT_KEY, run_environment
 from gwdet.engine.run_log import HeldRecords
-from gwdet.engine.tables import Column, Table
 from gwdet.engine.visualize import save_prediction_pngs
 
 logger = logging.getLogger(__name__)
@@ -394,8 +393,9 @@ def results_markdown(results: Mapping, datasets: Sequence[str] = ()) -> str:
         for task, metrics in tasks.items():
             names = [name for name in metrics if "-" not in name]  # AP, AP50, ... not per-class
             title = f"{dataset} {task}".strip()
-            table = Table([Column(name, fmt="{:.2f}") for name in names], [{name: metrics[name] for name in names}])
-            lines += [f"### {title}", "", table.markdown(), ""]
+            values = ["nan" if math.isnan(metrics[name]) else f"{metrics[name]:.2f}" for name in names]
+            lines += [f"### {title}", "", *(f"| {' | '.join(cells)} |" for cells in (names, ["---"] * len(names), values)),
+                      ""]
     return "\n".join(lines)
 
 

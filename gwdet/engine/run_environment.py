@@ -2,7 +2,7 @@
 files of the datasets it trained and evaluated on with their SHA-256.
 
 :func:`run_environment` is the one record of it: gwdet's ``results.json`` (under the key
-``"environment"``, :func:`gwdet.engine.trainer.write_results_to`, yacs and LazyConfig runs) and
+``"environment"``, :func:`gwdet.engine.run.write_results_to`, yacs and LazyConfig runs) and
 the study's ``study_cell.json`` hold it. Two runs whose records agree ran the same library versions
 on the same annotations; the shapes dataset's images are pinned by its own digest test
 (tests/test_shapes_digest.py).

@@ -247,13 +247,12 @@ def check_training_values(cfg: CfgNode, world_size: int) -> None:
 
 class YacsRun(RunConfig):
     """A yacs config (:func:`gwdet.model_zoo.build_config`) in the run of :mod:`gwdet.engine.run`,
-    trained by :attr:`trainer_class`."""
+    trained by :class:`Trainer`."""
 
     output_setting = "OUTPUT_DIR"
     weights_setting = "MODEL.WEIGHTS"
     weights_example = "MODEL.WEIGHTS path/to/model_final.pth"
     vis_setting = "TEST.VIS_IMAGES"
-    trainer_class: type[Trainer] = Trainer
     cfg: CfgNode
 
     @classmethod
@@ -296,16 +295,16 @@ class YacsRun(RunConfig):
         prepare_datasets(self.cfg)
 
     def build_model(self) -> torch.nn.Module:
-        return self.trainer_class.build_model(self.cfg)
+        return Trainer.build_model(self.cfg)
 
     def model_differences_from(self, path: str) -> list[str]:
         return model_differences(saved_run_config(self.cfg, os.path.dirname(path), path), self.cfg)
 
     def build_trainer(self) -> Trainer:
-        return self.trainer_class(self.cfg)
+        return Trainer(self.cfg)
 
     def evaluate(self, model: torch.nn.Module) -> Mapping:
-        return self.trainer_class.test(self.cfg, model)
+        return Trainer.test(self.cfg, model)
 
     def test_datasets(self) -> list[str]:
         return list(self.cfg.DATASETS.TEST)
@@ -318,7 +317,7 @@ class YacsRun(RunConfig):
 
     def test_loader(self) -> Any:
         self.prepare_datasets()
-        return self.trainer_class.build_test_loader(self.cfg, self.cfg.DATASETS.TEST[0])
+        return Trainer.build_test_loader(self.cfg, self.cfg.DATASETS.TEST[0])
 
     def evaluator(self) -> Any:
-        return self.trainer_class.build_evaluator(self.cfg, self.cfg.DATASETS.TEST[0])
+        return Trainer.build_evaluator(self.cfg, self.cfg.DATASETS.TEST[0])

@@ -32,9 +32,6 @@ Handle = Callable[[List[Any], List[Any]], int]
 # detectron2's FlopCountAnalysis counts a TracingAdapter whose attribute "model" is the model.
 ADAPTER_PREFIX = "model"
 
-# Module types counted by the handles below, and the op each is recorded as.
-GWDET_LAYER_OPS = LAYER_OPS
-
 
 def _constant(value: Any) -> Any:
     return value.toIValue()
@@ -121,7 +118,7 @@ def gwdet_layer_names(model: torch.nn.Module) -> Dict[str, str]:
     return {
         name: op
         for name, module in model.named_modules()
-        for layer_type, op in GWDET_LAYER_OPS.items()
+        for layer_type, op in LAYER_OPS.items()
         if type(module) is layer_type
     }
 

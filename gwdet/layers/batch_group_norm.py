@@ -262,12 +262,3 @@ class BatchGroupNorm(SettingsInState):
                     "per channel when training). Use an examples_per_group of at least 2 that divides the batch "
                     "size (MODEL.BGN.EXAMPLES_PER_GROUP), or fewer channel groups (MODEL.BGN.NUM_GROUPS; GhostBN "
                     "has one channel per group)")
-
-    def extra_repr(self) -> str:
-        return (
-            f"{self.num_channels}, num_groups={self.num_groups}, "
-            f"effective_num_groups={self.effective_num_groups}, "
-            f"examples_per_group={self.examples_per_group}, eps={self.eps}, "
-            f"momentum={self.momentum}, eval_example_weight={self.eval_example_weight}, "
-            f"affine={self.affine}"
-        )

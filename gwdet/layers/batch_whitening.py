@@ -201,10 +201,3 @@ class BatchWhitening(SettingsInState):
         check_input("BatchWhitening", x, self.num_channels)
         if self.training:
             check_values_per_group("BatchWhitening", x.numel() // self.num_channels, "channel of the batch")
-
-    def extra_repr(self) -> str:
-        return (
-            f"{self.num_channels}, group_size={self.group_size}, "
-            f"effective_group_size={self.effective_group_size}, T={self.T}, eps={self.eps}, "
-            f"momentum={self.momentum}, method={self.method!r}, affine={self.affine}"
-        )

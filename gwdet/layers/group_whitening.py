@@ -211,10 +211,3 @@ class GroupWhitening(SettingsInState):
             positions *= size
         values = self.num_channels // self.effective_num_groups * positions
         check_values_per_group("GroupWhitening", values, "group of a sample")
-
-    def extra_repr(self) -> str:
-        return (
-            f"{self.num_channels}, num_groups={self.num_groups}, "
-            f"effective_num_groups={self.effective_num_groups}, T={self.T}, eps={self.eps}, "
-            f"method={self.method!r}, affine={self.affine}"
-        )

@@ -101,6 +101,16 @@ class SettingsInState(nn.Module):
         names = ("num_channels",) + tuple(self.HYPER_PARAMETERS) + ("affine",)
         return {name: getattr(self, name) for name in names}
 
+    def extra_repr(self) -> str:
+        """The channels, each setting (a divided one followed by the value the layer uses:
+        ``effective_num_groups``, ``effective_group_size``), then ``affine``."""
+        parts = [str(self.num_channels)]
+        for name in self.HYPER_PARAMETERS:
+            parts.append(f"{name}={getattr(self, name)!r}")
+            if hasattr(self, f"effective_{name}"):
+                parts.append(f"effective_{name}={getattr(self, f'effective_{name}')!r}")
+        return ", ".join([*parts, f"affine={self.affine!r}"])
+
     def get_extra_state(self) -> Tensor:
         return encode_settings(type(self).__name__, self.settings())
 

@@ -16,7 +16,7 @@ from torch import nn
 
 from gwdet.errors import GwdetValueError
 from gwdet.config_checks import ensure_checked
-from gwdet.detectron2_failures import named_config_failures
+from gwdet.modeling.detectron2_failures import named_config_failures
 from gwdet.modeling.model_checks import check_model
 
 

@@ -5,7 +5,7 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-from gwdet.engine.tables import Column, Table
+from gwdet_lab.tables import Column, Table
 
 TABLE_FILE = "table.md"
 # The first line of every table.md this tool writes: a folder whose table.md lacks it is not replaced.
@@ -27,7 +27,7 @@ def format_number(value: float | int | str, digits: int = 4) -> str:
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[float | int | str]]) -> str:
     """A GitHub-flavoured markdown table (without a trailing newline) of positional rows, numbers
-    shown by :func:`format_number`: :class:`gwdet.engine.tables.Table` with one column per header."""
+    shown by :func:`format_number`: :class:`gwdet_lab.tables.Table` with one column per header."""
     columns = [Column(str(index), header, format_number) for index, header in enumerate(headers)]
     return Table(columns, [{str(index): value for index, value in enumerate(row)} for row in rows]).markdown()
 

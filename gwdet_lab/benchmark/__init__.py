@@ -14,5 +14,5 @@ One module per job:
 * :mod:`~gwdet_lab.benchmark.report`: the report's header and its section of a markdown file;
 * :mod:`~gwdet_lab.benchmark.cli`: the command line.
 
-Every table is a :class:`gwdet.engine.tables.Table`.
+Every table is a :class:`gwdet_lab.tables.Table`.
 """

@@ -186,7 +186,7 @@ def render(date: str, environment_lines: Sequence[str], tests: str, layers: Dict
            predicted: Dict[Tuple[Shape, str], float], model: Optional[str], steps: Dict[str, float],
            kernels: Sequence[Dict[str, object]], skipped: Sequence[str]) -> str:
     """The section's markdown (pure: every value is passed in)."""
-    from gwdet.engine.tables import Column, Table
+    from gwdet_lab.tables import Column, Table
 
     lines = [f"### GPU check ({date})", "", "Command: `make gpu-check` (tools/gpu_check.py)", "",
              *environment_lines, f"- tests/test_cuda.py: {tests}", ""]

@@ -59,7 +59,7 @@ import torch
 from gwdet.layers import largest_divisor_at_most
 from gwdet.layers.group_shapes import keeps_covariance
 from gwdet.layers.plans.accelerator import split_columns
-from gwdet.engine.tables import Column, Table
+from gwdet_lab.tables import Column, Table
 from gwdet_lab.benchmark.cases import CONV, GN, GW_GROUPS, GW_T, format_shape
 from gwdet_lab.benchmark.op_counts import OperationCount
 

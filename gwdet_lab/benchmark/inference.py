@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable, List, Tuple
 import torch
 from torch import nn
 
-from gwdet.engine.tables import Column, Table
+from gwdet_lab.tables import Column, Table
 from gwdet_lab.benchmark.cases import GW_GROUPS, GW_T, format_shape, group_whitening
 from gwdet_lab.benchmark.layer_level import layer_shapes
 from gwdet_lab.benchmark.measure import call_times, median_ratio, timed_rounds, training_call

@@ -14,7 +14,7 @@ from typing import List
 
 import torch
 
-from gwdet.engine.tables import Column, Table
+from gwdet_lab.tables import Column, Table
 from gwdet_lab.benchmark.cases import (
     CONV,
     GN,

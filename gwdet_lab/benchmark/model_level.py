@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
 import torch
 from torch import nn
 
-from gwdet.engine.tables import Column, Table
+from gwdet_lab.tables import Column, Table
 from gwdet_lab.benchmark.cases import verdict
 from gwdet_lab.benchmark.measure import median_time, peak_memory
 from gwdet_lab.benchmark.progress import Progress

@@ -21,7 +21,7 @@ from torch import nn
 import gwdet
 from gwdet.layers.plans import PLAN_VARIABLE
 from gwdet.layers.plans.triton_plan import fallback_reason
-from gwdet.engine.tables import Column, Table
+from gwdet_lab.tables import Column, Table
 from gwdet_lab.benchmark.cases import (
     CONV, GN, GW_ITN, AutogradGroupWhitening, format_shape, input_view, layer_factories,
 )

@@ -35,7 +35,7 @@ from matplotlib.figure import Figure
 from gwdet.errors import GwdetValueError
 from gwdet.checkpoint.resilient import ResilientCheckpointer
 from gwdet.data import prepare_datasets
-from gwdet.engine.tables import Column, Table
+from gwdet_lab.tables import Column, Table
 from gwdet.engine.trainer import Trainer
 from gwdet_lab.study.evaluation import evaluate, has_batch_norm, selection_dataset, use_batch_statistics
 from gwdet_lab.study.record import PlannedCell

@@ -2,7 +2,7 @@
 
 Every AP is box AP on the report split (the config's last test dataset: shapes_test); the
 selection split (shapes_val) only chooses the example weight. Tables, built with
-:class:`gwdet.engine.tables.Table`:
+:class:`gwdet_lab.tables.Table`:
 
 * per configuration and batch size: mean and sample standard deviation over seeds, each seed's AP;
 * paired differences (same seeds) for each of the six orderings the paper's numbers imply: t interval,
@@ -25,7 +25,7 @@ from typing import Callable, Iterable, Sequence
 
 from matplotlib.figure import Figure
 
-from gwdet.engine.tables import Column, Table
+from gwdet_lab.tables import Column, Table
 from gwdet_lab.reporting import format_duration
 from gwdet_lab.study.cells import COMPARISONS, GROUP_LABELS, PAPER_AP, PAPER_GROUPS, PAPER_ORDERINGS
 from gwdet_lab.study.image_bootstrap import RESAMPLES

@@ -39,7 +39,6 @@ ROWS = 16  # rows of a panel on a GPU, and inner indices per tl.dot (its smalles
 WARPS = 4  # per program, at every tile size: a 16 x 64 panel is 8 values per thread
 BLOCKS = (16, 32, 64)
 SLOTS = {"itn_whitening_kernel": 4, "itn_whitening_vjp_kernel": 7}
-PRECISIONS = ("ieee", "tf32x3")
 # Register ceiling per thread (the most a thread may have), so that ptxas does not trade registers
 # for resident programs by spilling to local memory (docs/benchmarks.md).
 MAX_REGISTERS = 255

@@ -52,7 +52,7 @@ def failure_site(error: BaseException) -> tuple[str, int] | None:
     frames = [(frame.filename, frame.lineno or 0) for frame in traceback.extract_tb(error.__traceback__)]
     frames += [(path, int(line)) for path, line in _FRAME.findall(str(error))]
     detectron2_root = os.path.dirname(os.path.abspath(detectron2.__file__)) + os.sep
-    gwdet_root = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    gwdet_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
     for path, line in reversed(frames):
         path = os.path.abspath(path)
         if path.startswith(gwdet_root):

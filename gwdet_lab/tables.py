@@ -1,11 +1,10 @@
-"""Tables as markdown and CSV from one definition: the one table writer of gwdet and its lab.
+"""Tables as markdown and CSV from one definition: the one table writer of the lab.
 
 A :class:`Table` is a list of :class:`Column` s and rows given as mappings from column key to value.
 :meth:`Table.markdown` formats each value with its column's format (``None`` shows as an en dash,
 NaN as ``nan``); :meth:`Table.write_csv` writes the unformatted values (``None`` as an empty cell),
-so the CSV keeps full precision and the markdown stays readable. :func:`gwdet.engine.run.write_results_to`
-writes ``results.md`` with it; the lab (norm study, analyses, benchmark) writes every report table
-with it.
+so the CSV keeps full precision and the markdown stays readable. The lab (norm study, analyses,
+benchmark) writes every report table with it.
 """
 from __future__ import annotations
 
