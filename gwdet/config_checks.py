@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import numbers
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -30,6 +28,7 @@ from detectron2.config import CfgNode, get_cfg
 from detectron2.utils import comm
 
 from gwdet.errors import GwdetError, GwdetValueError
+from gwdet.layers.common import is_finite_number, is_whole_number
 from gwdet.config import (add_gwdet_config, check_config_values, config_value, flatten_config,
                           require_gwdet_config)
 from gwdet.norms import (DETECTRON2_GN_GROUPS, UnknownNormError, detectron2_builds_as_configured,
@@ -323,16 +322,6 @@ DETECTRON2_MASK_FORMATS = ("polygon", "bitmask")
 # PIL's modes); a format missing here is not compared with the pixel mean and std
 FORMAT_CHANNELS: Mapping[str, int] = {"BGR": 3, "RGB": 3, "YUV-BT.601": 3, "YCbCr": 3, "HSV": 3, "LAB": 3,
                                       "L": 1, "RGBA": 4, "CMYK": 4}
-
-
-def is_whole_number(value: Any) -> bool:
-    """Whether ``value`` is an integer (a bool is not)."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def is_finite_number(value: Any) -> bool:
-    """Whether ``value`` is a finite real number (a bool is not)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _checkpoint_period(cfg: CfgNode, period: Any) -> str | None:

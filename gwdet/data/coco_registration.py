@@ -33,6 +33,7 @@ from detectron2.data.transforms import ResizeShortestEdge
 
 from gwdet.errors import GwdetError
 from gwdet.data.boxes import box_problem
+from gwdet.data.masks import short_repr
 from gwdet.data.coco_checks import (
     duplicate_ids,
     image_entry_problems,
@@ -56,6 +57,11 @@ ANNOTATION_KEYS = ("id", "image_id", "category_id", "bbox")
 SHOWN = 6  # categories or differences listed in one message
 
 logger = logging.getLogger(__name__)
+
+
+def _shown(value: Any) -> str:
+    """A value of a json as a message quotes it (:func:`~gwdet.data.masks.short_repr`, 120 characters)."""
+    return short_repr(value, 120)
 
 
 class DatasetError(GwdetError, ValueError):
@@ -142,11 +148,6 @@ def _split_paths(paths: str, text: str) -> tuple[str, str, str]:
     return (json_file, ":", root) if splits else ("", "", paths)
 
 
-def _short(value, limit: int = 120) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
 def _listing(items: Sequence[str], shown: int = SHOWN) -> str:
     more = f", ... ({len(items) - shown} more)" if len(items) > shown else ""
     return ", ".join(items[:shown]) + more
@@ -197,7 +198,7 @@ def _iscrowd_problem(annotation: dict) -> str:
     value = annotation.get("iscrowd", 0)
     if type(value) in (int, bool) and value in (0, 1):
         return ""
-    return f"iscrowd {_short(value)} ({type(value).__name__})"
+    return f"iscrowd {_shown(value)} ({type(value).__name__})"
 
 
 def _area_problem(annotation: dict) -> str:
@@ -206,7 +207,7 @@ def _area_problem(annotation: dict) -> str:
         return "has no 'area'"
     area = annotation["area"]
     if type(area) not in (int, float):
-        return f"area {_short(area)} is a {type(area).__name__}, not a number"
+        return f"area {_shown(area)} is a {type(area).__name__}, not a number"
     if not math.isfinite(area):
         return f"area {area} is not finite"
     return f"area {area} is negative" if area < 0 else ""
@@ -256,7 +257,7 @@ class _AnnotationTally:
         if problem:
             self.degenerate.append(f"{self.named(annotation)}: {problem}")
         elif _below_a_pixel(annotation["bbox"]):
-            self.below_a_pixel.append(f"{self.named(annotation)}: bbox {_short(annotation['bbox'])}")
+            self.below_a_pixel.append(f"{self.named(annotation)}: bbox {_shown(annotation['bbox'])}")
         self.instances += 1
         self.rle_masks += isinstance(mask, dict)
         self.without_mask += not mask
@@ -308,7 +309,7 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
     for index, category in enumerate(coco["categories"]):
         if not (isinstance(category, dict) and isinstance(category.get("id"), int)
                 and isinstance(category.get("name"), str)):
-            raise DatasetError(f"{where} category #{index} of {path} is {_short(category)}: each category needs "
+            raise DatasetError(f"{where} category #{index} of {path} is {_shown(category)}: each category needs "
                                "an integer 'id' and a string 'name'.")
         if category["id"] in names:
             raise DatasetError(f"{where} category id {category['id']} appears twice in {path} "
@@ -325,7 +326,7 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
         absent = [key for key in IMAGE_KEYS if not isinstance(image, dict) or key not in image]
         if absent:
             raise DatasetError(f"{where} image #{index} of {path} has no {', '.join(map(repr, absent))} "
-                               f"({_short(image)}): detectron2 reads {', '.join(map(repr, IMAGE_KEYS))} of every image.")
+                               f"({_shown(image)}): detectron2 reads {', '.join(map(repr, IMAGE_KEYS))} of every image.")
     problems = image_entry_problems(coco["images"])
     if problems:
         raise DatasetError(f"{where} image entries of {path} cannot be read ({len(problems)} problem(s)): {shown_problems(problems)}. "
@@ -362,7 +363,7 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
         absent = [key for key in ANNOTATION_KEYS if not isinstance(annotation, dict) or key not in annotation]
         if absent:
             raise DatasetError(f"{where} annotation #{index} of {path} has no {', '.join(map(repr, absent))} "
-                               f"({_short(annotation)}): every annotation needs {', '.join(map(repr, ANNOTATION_KEYS))}.")
+                               f"({_shown(annotation)}): every annotation needs {', '.join(map(repr, ANNOTATION_KEYS))}.")
         if annotation["category_id"] not in names:
             raise DatasetError(
                 f"{where} annotation id {annotation['id']} of {path} has category_id {annotation['category_id']!r}, "
@@ -499,7 +500,7 @@ def environment_datasets() -> list[CocoDataset]:
         specs = None
     if not isinstance(specs, list) or not all(isinstance(spec, str) for spec in specs):
         raise DatasetError(f"{ENVIRONMENT_VARIABLE} must be a JSON list of \"{FORMAT}\" strings, e.g. "
-                           f"'[\"{EXAMPLE}\"]'; it is {_short(text)}.")
+                           f"'[\"{EXAMPLE}\"]'; it is {_shown(text)}.")
     datasets = []
     for spec in specs:
         try:

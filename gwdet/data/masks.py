@@ -10,22 +10,17 @@ reading RLE counts without decoding the mask (:func:`compressed_counts`).
 """
 from __future__ import annotations
 
-import math
-import numbers
 from typing import Any, Sequence
 
 import numpy as np
+
+from gwdet.layers.common import is_finite_number
 
 # A mask is "far outside" its box when less than this share of the mask's bounding box lies in the
 # box grown by BOX_MARGIN of its width and height (at least MIN_MARGIN pixels) on each side.
 INSIDE_SHARE = 0.5
 BOX_MARGIN = 0.1
 MIN_MARGIN = 2.0
-
-
-def _is_number(value: Any) -> bool:
-    return (type(value) in (int, float) or (isinstance(value, numbers.Real) and not isinstance(value, bool))) \
-        and math.isfinite(value)
 
 
 def compressed_counts(text: str) -> np.ndarray | None:
@@ -93,8 +88,8 @@ def _polygons_problem(polygons: list) -> tuple[str, list[np.ndarray]]:
     """``(problem, polygons as (n, 2) arrays)`` of a polygon segmentation."""
     arrays = []
     for index, polygon in enumerate(polygons):
-        if not isinstance(polygon, list) or not all(_is_number(v) for v in polygon):
-            return f"has polygon #{index} that is not a list of finite numbers ({_short(polygon)})", []
+        if not isinstance(polygon, list) or not all(is_finite_number(v) for v in polygon):
+            return f"has polygon #{index} that is not a list of finite numbers ({short_repr(polygon)})", []
         if len(polygon) % 2 or len(polygon) < 6:
             return (f"has polygon #{index} of {len(polygon)} values: a polygon is [x1, y1, x2, y2, ...] with at least "
                     "3 points (detectron2 drops it without a word)"), []
@@ -102,7 +97,8 @@ def _polygons_problem(polygons: list) -> tuple[str, list[np.ndarray]]:
     return "", arrays
 
 
-def _short(value: Any, limit: int = 60) -> str:
+def short_repr(value: Any, limit: int = 60) -> str:
+    """``repr(value)``, cut after ``limit`` characters (then ending in ``...``)."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
 

@@ -26,12 +26,19 @@ FLOAT32_SMALLEST = 2.0 ** -149
 FLOAT32_LARGEST = torch.finfo(torch.float32).max
 
 
-def _is_integer(value: Any) -> bool:
+def is_whole_number(value: Any) -> bool:
+    """Whether ``value`` is an integer (a bool is not)."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _is_real(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+def is_real_number(value: Any) -> bool:
+    """Whether ``value`` is a real number (a bool is not)."""
+    return type(value) in (int, float) or (isinstance(value, numbers.Real) and not isinstance(value, bool))
+
+
+def is_finite_number(value: Any) -> bool:
+    """Whether ``value`` is a finite real number (a bool is not)."""
+    return is_real_number(value) and math.isfinite(value)
 
 
 def _shown(value: Any, of_right_type: bool) -> str:
@@ -43,18 +50,18 @@ def _shown(value: Any, of_right_type: bool) -> str:
 def check_int_at_least(owner: str, name: str, value: Any, minimum: int) -> None:
     """Raise ``ValueError`` unless ``value`` is an integer ``>= minimum``: an ``int`` or another
     integral type (numpy's), never a bool or a string."""
-    if not _is_integer(value) or value < minimum:
+    if not is_whole_number(value) or value < minimum:
         raise GwdetValueError(
-            f"{owner}: {name} must be an integer >= {minimum}, got {_shown(value, _is_integer(value))}")
+            f"{owner}: {name} must be an integer >= {minimum}, got {_shown(value, is_whole_number(value))}")
 
 
 def check_positive(owner: str, name: str, value: Any) -> None:
     """Raise ``ValueError`` unless ``value`` is a real number (not a bool) ``> 0`` that stays finite
     and nonzero in float32, the precision the norm layers compute their statistics in (float64
     only for float64 inputs): ``1e300`` is ``inf`` there, ``1e-50`` is 0."""
-    if not _is_real(value) or not value > 0.0 or math.isinf(value):
+    if not is_real_number(value) or not value > 0.0 or math.isinf(value):
         raise GwdetValueError(
-            f"{owner}: {name} must be a finite number > 0, got {_shown(value, _is_real(value))}")
+            f"{owner}: {name} must be a finite number > 0, got {_shown(value, is_real_number(value))}")
     rounded = _as_float32(float(value))
     if math.isinf(rounded) or rounded == 0.0:
         raise GwdetValueError(
@@ -74,9 +81,9 @@ def _as_float32(value: float) -> float:
 
 def check_unit_interval(owner: str, name: str, value: Any) -> None:
     """Raise ``ValueError`` unless ``value`` is a real number (not a bool) in ``[0, 1]``."""
-    if not _is_real(value) or not 0.0 <= value <= 1.0:
+    if not is_real_number(value) or not 0.0 <= value <= 1.0:
         raise GwdetValueError(
-            f"{owner}: {name} must be a number in [0, 1], got {_shown(value, _is_real(value))}")
+            f"{owner}: {name} must be a number in [0, 1], got {_shown(value, is_real_number(value))}")
 
 
 def check_flag(owner: str, name: str, value: Any) -> None:
