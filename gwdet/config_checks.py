@@ -536,37 +536,6 @@ def _fpn_inputs(cfg: CfgNode, names: Any) -> str | None:
             f"MODEL.BACKBONE.NAME={backbone!r} reads: give a subset of MODEL.RESNETS.OUT_FEATURES.")
 
 
-def _backbone_outputs(cfg: CfgNode) -> list[str] | None:
-    """The feature names detectron2's (and gwdet's) ResNet backbones output for ``cfg``: the FPN's
-    ``p<N>`` of its inputs ``res<N>`` and its top levels (p6; p6, p7 for RetinaNet's), or the
-    ResNet's ``MODEL.RESNETS.OUT_FEATURES``; ``None`` for another backbone."""
-    backbone = str(_value(cfg, "MODEL.BACKBONE.NAME"))
-    if "resnet" not in backbone:
-        return None
-    if "fpn" not in backbone:
-        outputs = _value(cfg, "MODEL.RESNETS.OUT_FEATURES")
-        return list(outputs) if isinstance(outputs, (list, tuple)) else None
-    inputs = _value(cfg, "MODEL.FPN.IN_FEATURES")
-    if not isinstance(inputs, (list, tuple)) or not all(isinstance(name, str) and name[3:].isdigit() for name in inputs):
-        return None
-    levels = [int(name[3:]) for name in inputs]
-    top = [max(levels) + 1, max(levels) + 2] if "retinanet" in backbone else [max(levels) + 1]
-    return [f"p{level}" for level in levels + top]
-
-
-def _read_features(reader: str, builds: Callable[[CfgNode], bool]) -> Callable[[CfgNode, Any], str | None]:
-    """A rule for the feature names ``reader`` (the key's component, in the model when ``builds``)
-    reads from the backbone."""
-    def problem(cfg: CfgNode, names: Any) -> str | None:
-        outputs = _backbone_outputs(cfg)
-        if (outputs is None or not builds(cfg)
-                or (isinstance(names, (list, tuple)) and names and all(name in outputs for name in names))):
-            return None
-        return (f"names features the backbone does not output ({', '.join(outputs)} for "
-                f"MODEL.BACKBONE.NAME={_value(cfg, 'MODEL.BACKBONE.NAME')!r}), which {reader} reads: give some of them.")
-    return problem
-
-
 def _anchor_lists(cfg: CfgNode, lists: Any) -> str | None:
     reader = "RETINANET" if "RetinaNet" in str(_value(cfg, "MODEL.META_ARCHITECTURE")) else "RPN"
     levels = _value(cfg, f"MODEL.{reader}.IN_FEATURES")
@@ -576,8 +545,9 @@ def _anchor_lists(cfg: CfgNode, lists: Any) -> str | None:
                     for item in lists)):
         return None
     return (f"is no list of anchor settings per feature level: give one non-empty list of positive numbers per "
-            f"level the proposal generator reads ({count} here), or one list for all of them, e.g. [[32], [64], "
-            "[128], [256], [512]] for SIZES and [[0.5, 1.0, 2.0]] for ASPECT_RATIOS.")
+            f"level the proposal generator reads ({count} here: MODEL.{reader}.IN_FEATURES={levels!r}; if that is "
+            "what is wrong, fix it instead), or one list for all of them, e.g. [[32], [64], [128], [256], [512]] "
+            "for SIZES and [[0.5, 1.0, 2.0]] for ASPECT_RATIOS.")
 
 
 def _config_version(cfg: CfgNode, version: Any) -> str | None:
@@ -666,11 +636,6 @@ DETECTRON2_VALUE_RULES = (
     ValueRule("MODEL.RESNETS.OUT_FEATURES", _feature_names),
     ValueRule("MODEL.FPN.IN_FEATURES", _fpn_inputs),
     ValueRule("MODEL.FPN.FUSE_TYPE", _one_of("sum", "avg", reads="detectron2's FPN")),
-    ValueRule("MODEL.RPN.IN_FEATURES", _read_features("the RPN", lambda cfg: (
-        cfg.MODEL.PROPOSAL_GENERATOR.NAME == "RPN"
-        and cfg.MODEL.META_ARCHITECTURE in ("GeneralizedRCNN", "ProposalNetwork", "PanopticFPN")))),
-    ValueRule("MODEL.ROI_HEADS.IN_FEATURES", _read_features("the ROI heads", lambda cfg: (
-        cfg.MODEL.META_ARCHITECTURE in ("GeneralizedRCNN", "PanopticFPN")))),
     ValueRule("MODEL.ANCHOR_GENERATOR.SIZES", _anchor_lists),
     ValueRule("MODEL.ANCHOR_GENERATOR.ASPECT_RATIOS", _anchor_lists),
     ValueRule("MODEL.ROI_HEADS.IOU_THRESHOLDS", _thresholds("MODEL.ROI_HEADS")),

@@ -59,7 +59,8 @@ def parse_args(argv: Sequence[str] | None = None, parser: argparse.ArgumentParse
     ``KEY VALUE`` overrides (``... SOLVER.MAX_ITER 10 --resume``)."""
     parser = parser or argument_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    refuse_repeated_flags(parser, argv)
+    # the cluster launcher appends the flags of each job (--launcher local, the machine, --resume) to the command line
+    refuse_repeated_flags(parser, argv, only=("--config-file",))
     args = parse_with_trailing_flags(parser, argv)
     check_process_counts(parser, args)
     resolve_config_argument(parser, args)
@@ -73,16 +74,17 @@ def _list_values(action: argparse.Action, words: Sequence[str]) -> list[str]:
         lambda word: not word.startswith("-") and (action.choices is None or word in action.choices), words))
 
 
-def refuse_repeated_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+def refuse_repeated_flags(parser: argparse.ArgumentParser, argv: Sequence[str], only: Sequence[str] = ()) -> None:
     """A usage error (``parser.error``) for a flag of ``parser`` that keeps one value (``--config-file``,
     ``--tasks``, ``--output``, ...) given more than once in ``argv``, where argparse would keep the
-    last one without a word. Repeatable flags (``--register-coco``) and switches are not counted."""
+    last one without a word; with ``only``, for those flags alone. Repeatable flags
+    (``--register-coco``) and switches are not counted."""
     given: dict[argparse.Action, list[list[str]]] = {}  # the values of each time a flag is given
     tokens = list(argv)
     for index, token in enumerate(tokens):
         name, equals, value = token.partition("=")
         action = _action_of(parser, name) if token.startswith("-") and not _is_number(token) else None
-        if action is None or type(action) is not argparse._StoreAction:
+        if action is None or type(action) is not argparse._StoreAction or (only and action.option_strings[0] not in only):
             continue
         if equals:
             values = [value]
