@@ -340,6 +340,12 @@ def _base_lr(cfg: CfgNode, lr: Any) -> str | None:
             "positive rate, e.g. 0.02 for a batch of 16 images (detectron2's; scale it with SOLVER.IMS_PER_BATCH).")
 
 
+# A learning rate of 0 is detectron2's to take (evaluation reads it too), but a training run with it
+# leaves the weights as they are: said when training starts.
+ZERO_RATE = ("{setting}: training with a learning rate of 0 leaves the weights as they are through the whole run "
+             "(the optimizer's steps change nothing); give the rate you mean, e.g. 0.02 for a batch of 16 images.")
+
+
 SEED_LIMIT = 2 ** 32  # numpy's seeds are below it (detectron2 seeds numpy, torch and random with it)
 
 

@@ -17,10 +17,12 @@ from gwdet.errors import GwdetValueError
 from gwdet.modeling.build import check_device
 from gwdet.model_zoo.loading import build_config
 
+from gwdet.engine.lazy import LazyRun
 from gwdet.engine.trainer import check_training_values
 
 from conftest import DEMO_CONFIG, REPO, logged_warnings
 
+LAZY_CONFIG = REPO / "configs" / "LazyConfig" / "mask_rcnn_R_50_FPN_gw_shapes.py"
 YACS_CONFIGS = sorted(path for path in (REPO / "configs").rglob("*.yaml") if "LazyConfig" not in path.parts)
 
 
@@ -404,6 +406,16 @@ def test_a_device_this_pytorch_cannot_use_is_refused_with_the_fix():
     with pytest.raises(GwdetValueError, match=r"MODEL.DEVICE is 'mps', which this PyTorch cannot use \(.*\): add "
                                               r"MODEL.DEVICE cpu to the command line"):
         check_device("mps")
+
+
+def test_a_learning_rate_of_0_is_said_when_training_starts():
+    with logged_warnings("gwdet.engine.trainer") as logged:
+        check_training_values(build_config(str(DEMO_CONFIG), ["SOLVER.BASE_LR", "0.0"]), 1)
+    assert ("SOLVER.BASE_LR 0.0: training with a learning rate of 0 leaves the weights as they are through the whole "
+            "run") in logged[0]
+    with logged_warnings("gwdet.engine.lazy_checks") as logged:
+        LazyRun.load(str(LAZY_CONFIG), ["optimizer.lr=0"]).check_request(eval_only=False, world_size=1)
+    assert logged[0].startswith("optimizer.lr=0: training with a learning rate of 0 leaves the weights as they are")
 
 
 def test_a_warm_up_longer_than_the_run_is_said():

@@ -62,3 +62,17 @@ def test_errors_outside_detectron2_and_after_the_first_step_keep_their_type():
     with pytest.raises(GwdetValueError, match=r"detectron2/modeling/backbone/fpn.py:\d+"):
         with named_config_failures(cfg, "train the first iteration"):
             _assert_strides_are_log2_contiguous([4, 4])
+
+
+def test_a_lazy_configs_failure_names_its_overrides_of_the_failing_part(tmp_path):
+    from gwdet.engine.arguments import parse_args
+
+    lazy = DEMO_CONFIG.parents[1] / "LazyConfig" / "mask_rcnn_R_50_FPN_gw_shapes.py"
+    args = parse_args(["--config-file", str(lazy), f"train.output_dir={tmp_path}", "train.max_iter=2",
+                       "model.backbone.bottom_up.resnet.stages.0.num_blocks=0"])
+    with pytest.raises(GwdetValueError) as refused:
+        main(args)
+    assert str(refused.value).startswith(
+        "detectron2 could not build the model and its training with this config: AssertionError: 0 "
+        "(detectron2/modeling/backbone/resnet.py:")
+    assert "Given on the command line: model.backbone.bottom_up.resnet.stages.0.num_blocks=0. Change" in str(refused.value)

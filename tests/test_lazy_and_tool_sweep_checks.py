@@ -59,6 +59,11 @@ def refusal(overrides, eval_only=False) -> str:
                                                             "no score threshold (scores are in [0, 1])"),
     ("model.proposal_generator.nms_thresh=2", "model.proposal_generator.nms_thresh=2 is no NMS IoU threshold"),
     ("model.roi_heads.box_predictor.test_topk_per_image=0", "is no number of detections kept per image"),
+    # no proposal, so no detection and a NaN AP
+    ("model.proposal_generator.pre_nms_topk=[0,0]", "model.proposal_generator.pre_nms_topk.0=0 is no number of "
+                                                    "proposals kept before NMS"),
+    ("model.proposal_generator.post_nms_topk=[200,0]", "model.proposal_generator.post_nms_topk.1=0 is no number of "
+                                                       "proposals kept after NMS"),
     # PIL's "height and width must be > 0" at the first test image
     ("dataloader.test.mapper.augmentations.0.max_size=-1", "dataloader.test.mapper.augmentations.0.max_size=-1 is "
                                                            "no longest image side: give an integer of at least 1"),

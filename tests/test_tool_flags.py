@@ -114,7 +114,9 @@ LAZY_CONFIG = DEMO_CONFIG.parents[1] / "LazyConfig" / "mask_rcnn_R_50_FPN_gw_sha
     ("train.checkpointer.period=0", 1, "train.checkpointer.period=0: give a whole number"),
     ("train.eval_period=-1", 1, "train.eval_period=-1: give a whole number of iterations of at least 0"),
     ("dataloader.train.total_batch_size=3", 2, "total_batch_size=3, which 2 process(es)"),
-    ("optimizer.lr=-1", 1, "optimizer.lr=-1: give a number finite and at least 0, e.g. optimizer.lr=0.02"),
+    ("optimizer.lr=-1", 1, "optimizer.lr=-1 is no learning rate: it must be a finite number >= 0"),
+    ("lr_multiplier.scheduler.values=[1.0,0.0,0.0]", 1, "lr_multiplier.scheduler.values=[1.0, 0.0, 0.0]: each value "
+                                                        "multiplies the learning rate from its milestone on"),
     ("optimizer.momentum=1.5", 1, "optimizer.momentum=1.5: give a number from 0 to below 1"),
 ])
 def test_lazy_training_values_are_refused_before_anything_is_built(override, world_size, message):

@@ -8,6 +8,7 @@ twin's check (:func:`check_twin`). Also the dataset names a LazyConfig trains an
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Iterator, Sequence, cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -19,6 +20,7 @@ from gwdet.config import CONFIG_KEYS
 from gwdet.config_checks import (
     DETECTRON2_VALUE_RULES,
     SEED_LIMIT,
+    ZERO_RATE,
     check_batch_split,
     check_pixel_normalization,
     is_finite_number,
@@ -31,6 +33,8 @@ from gwdet.model_zoo.lazy_loading import ABSENT, callable_of, select
 from gwdet.norms import UnknownNormError, known_norm_names, norm, norm_records
 from gwdet.modeling.build import check_mixed_precision, check_run_device
 from gwdet.utils.cli_errors import output_path_problem
+
+logger = logging.getLogger(__name__)
 
 # Settings that take the values of a yacs key gwdet checks (gwdet.config.CONFIG_KEYS,
 # gwdet.config_checks.DETECTRON2_VALUE_RULES), as (setting, yacs key): those every run reads, and
@@ -100,7 +104,11 @@ def check_training_values(cfg: DictConfig, world_size: int) -> None:
         setting = select(cfg, key)
         if setting is ABSENT or isinstance(setting, DictConfig):
             continue
-        if not (is_finite_number(setting) and setting >= 0 and (below is None or setting < below)):
+        if key == "optimizer.lr":  # SOLVER.BASE_LR's rule, and its warning for 0
+            check_twin(key, setting, "SOLVER.BASE_LR")
+            if setting == 0:
+                logger.warning(ZERO_RATE.format(setting=f"{key}={setting!r}"))
+        elif not (is_finite_number(setting) and setting >= 0 and (below is None or setting < below)):
             bound = f"from 0 to below {below:g}" if below is not None else "finite and at least 0"
             raise GwdetValueError(f"{key}={setting!r}: give a number {bound}, e.g. {key}={example:g} (torch's optimizer "
                                   "would refuse it, or train with it, once the model is built).")
@@ -151,6 +159,12 @@ def _check_lr_schedule(cfg: DictConfig) -> None:
     node = select(cfg, "lr_multiplier")
     if not isinstance(node, DictConfig):
         return
+    values = select(cfg, "lr_multiplier.scheduler.values")
+    if isinstance(values, ListConfig) and not all(is_finite_number(value) and value > 0 for value in values):
+        raise GwdetValueError(
+            f"lr_multiplier.scheduler.values={list(values)!r}: each value multiplies the learning rate from its "
+            "milestone on, so each must be a finite number > 0 (0 stops training there, as SOLVER.GAMMA 0 would), "
+            "e.g. lr_multiplier.scheduler.values=[1.0,0.1,0.01].")
     try:
         instantiate(node)
     except Exception as error:  # fvcore's ValueErrors, an unknown argument's TypeError
@@ -323,6 +337,12 @@ def check_run_values(cfg: DictConfig) -> None:
         raise GwdetValueError("train.init_checkpoint=None: give '' to start from detectron2's initialization, or the "
                               "path of weights (e.g. train.init_checkpoint=output/demo/model_final.pth).")
     check_twins(cfg, RUN_TWINS)
+    for key, twin in (("model.proposal_generator.pre_nms_topk", "MODEL.RPN.PRE_NMS_TOPK_TEST"),
+                      ("model.proposal_generator.post_nms_topk", "MODEL.RPN.POST_NMS_TOPK_TEST")):
+        counts = select(cfg, key)  # (training, test)
+        if isinstance(counts, ListConfig):
+            for index, count in enumerate(counts):
+                check_twin(f"{key}.{index}", count, twin)
     check_run_device(select(cfg, "train.device"), "train.device")
     check_shapes_specs(cfg)
     check_resize_nodes(cfg, "dataloader.test")

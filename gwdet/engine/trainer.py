@@ -27,7 +27,7 @@ from fvcore.nn.precise_bn import BN_MODULE_TYPES
 from gwdet.errors import GwdetValueError
 from gwdet.checkpoint.resilient import ResilientCheckpointer
 from gwdet.config import config_value
-from gwdet.config_checks import BOX_HEAD, MASK_HEAD, builds_part, check_batch_split, ensure_checked
+from gwdet.config_checks import BOX_HEAD, MASK_HEAD, ZERO_RATE, builds_part, check_batch_split, ensure_checked
 from gwdet.data import prepare_datasets, register_datasets
 from gwdet.data.coco_registration import CocoDataset
 from gwdet.data.datasets import config_dataset_names, dataset_classes, named_empty_training_set
@@ -207,6 +207,8 @@ def check_training_values(cfg: CfgNode, world_size: int) -> None:
                               "\"('shapes_train',)\" (or evaluate weights with --eval-only).")
     if cfg.SOLVER.MAX_ITER < 1:
         raise GwdetValueError(f"SOLVER.MAX_ITER is {cfg.SOLVER.MAX_ITER}: a run trains for at least 1 iteration.")
+    if cfg.SOLVER.BASE_LR == 0:
+        logger.warning(ZERO_RATE.format(setting="SOLVER.BASE_LR 0.0"))
     if cfg.SOLVER.WARMUP_ITERS > cfg.SOLVER.MAX_ITER:
         logger.warning(f"SOLVER.WARMUP_ITERS {cfg.SOLVER.WARMUP_ITERS} is longer than SOLVER.MAX_ITER "
                        f"{cfg.SOLVER.MAX_ITER}: detectron2 stretches the warm-up over the whole run, whose learning rate "

@@ -41,6 +41,9 @@ MODULE_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("data/", ("INPUT", "DATALOADER", "DATASETS", "MODEL")),
     ("engine/", ("SOLVER",)),
 )  # other modules (checkpoint/, export/, ...): their errors are not a config value's
+# The LazyConfig nodes that hold a yacs section's values
+LAZY_NODES = {"MODEL": ("model.",), "SOLVER": ("optimizer.", "lr_multiplier.", "train."),
+              "INPUT": ("dataloader.",), "DATALOADER": ("dataloader.",), "DATASETS": ("dataloader.",)}
 SHOWN = 8  # values listed per kind
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')  # a frame in a traceback's text (a loader worker's)
 
@@ -62,11 +65,12 @@ def failure_site(error: BaseException) -> tuple[str, int] | None:
     return None
 
 
-def detectron2_config_failure(error: BaseException, cfg: CfgNode, doing: str,
+def detectron2_config_failure(error: BaseException, cfg: Any, doing: str,
                               overrides: Sequence[str] = ()) -> GwdetValueError | None:
     """The refusal for ``error``, raised while detectron2 was ``doing`` (e.g. "build the model")
-    with ``cfg`` (``overrides``: the command line's ``KEY VALUE`` pairs); ``None`` for an error that
-    is not detectron2 failing on a config value (:func:`failure_site`)."""
+    with ``cfg`` (``overrides``: the command line's ``KEY VALUE`` pairs of a yacs config, or a
+    LazyConfig's ``key=value`` ones); ``None`` for an error that is not detectron2 failing on a
+    config value (:func:`failure_site`). A LazyConfig's values are named by its overrides only."""
     site = failure_site(error)
     if isinstance(error, (GwdetError, OSError)) or site is None:
         return None
@@ -74,10 +78,15 @@ def detectron2_config_failure(error: BaseException, cfg: CfgNode, doing: str,
     sections = next((found for prefix, found in MODULE_SECTIONS if module.startswith(prefix)), None)
     if sections is None:
         return None
-    prefixes = tuple(f"{section}." for section in sections)
-    given = {key: value for key, value in zip(overrides[::2], overrides[1::2], strict=False)}
-    given_there = [f"{key}={value}" for key, value in given.items() if key.startswith(prefixes)]
-    changed = [change for change in _changed_values(cfg, prefixes) if change.split("=", 1)[0] not in given]
+    if isinstance(cfg, CfgNode):
+        prefixes = tuple(f"{section}." for section in sections)
+        given = {key: value for key, value in zip(overrides[::2], overrides[1::2], strict=False)}
+        given_there = [f"{key}={value}" for key, value in given.items() if key.startswith(prefixes)]
+        changed = [change for change in _changed_values(cfg, prefixes) if change.split("=", 1)[0] not in given]
+    else:  # a LazyConfig: its overrides of the nodes of those sections, else all of them
+        nodes = tuple(node for section in sections for node in LAZY_NODES[section.split(".")[0]])
+        lazy_given = [override for override in overrides if "=" in override]
+        given_there, changed = [override for override in lazy_given if override.startswith(nodes)] or lazy_given, []
     text = str(error).strip().splitlines()
     problem = f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
     parts = [f"detectron2 could not {doing} with this config: {problem} (detectron2/{module}:{line}); gwdet does "
@@ -96,13 +105,11 @@ def named_config_failures(cfg: Any, doing: str, overrides: Sequence[str] = (),
                           applies: Callable[[], bool] = lambda: True) -> Iterator[None]:
     """Re-raise a failure of detectron2 inside the block as :func:`detectron2_config_failure`'s
     refusal (the original error chained to it) when ``applies()`` (e.g. training has not finished a
-    step yet); any other error as it is. ``cfg`` that is no yacs config (a LazyConfig) passes errors
-    on as they are."""
+    step yet); any other error as it is."""
     try:
         yield
     except Exception as error:
-        refusal = (detectron2_config_failure(error, cfg, doing, overrides)
-                   if isinstance(cfg, CfgNode) and applies() else None)
+        refusal = detectron2_config_failure(error, cfg, doing, overrides) if applies() else None
         if refusal is None:
             raise
         raise refusal from error
