@@ -283,6 +283,9 @@ def test_the_smallest_image_size_is_where_the_largest_shape_covers_the_visible_a
 @pytest.mark.parametrize("flags, message", [
     (["--study", "paper", "--seeds", "0", "0", "1"], "--seeds gives 0 more than once"),
     (["--study", "batch-sweep", "--batch-sizes", "2", "2"], "--batch-sizes gives 2 more than once"),
+    # the weights were ignored without a word
+    (["--study", "paper", "--seeds", "0", "--example-weights", "0.5", "--no-example-weighing"],
+     "--example-weights chooses among weights that --no-example-weighing skips: give one of them."),
 ])
 def test_a_repeated_seed_or_batch_size_is_named(capsys, tmp_path, flags, message):
     from gwdet_lab.study import cli

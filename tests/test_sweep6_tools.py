@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from gwdet.collect_env import write_report
@@ -221,3 +222,17 @@ def test_collect_env_piped_into_a_reader_that_stops_prints_no_traceback():
                                env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert completed.returncode == 1
     assert "Traceback" not in completed.stderr and "Exception ignored" not in completed.stderr, completed.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="names a device this machine lacks")
+def test_load_export_onto_a_missing_gpu_names_the_device_not_a_damaged_file(tmp_path):
+    from gwdet.errors import GwdetValueError
+    from gwdet.export import load_export
+
+    path = tmp_path / "model.ts"
+    torch.jit.save(torch.jit.script(torch.nn.ReLU()), str(path))
+    with pytest.raises(GwdetValueError, match=r"^map_location is 'cuda', but this machine has no CUDA GPU .* load it "
+                                              r"with map_location='cpu'"):
+        with pytest.warns(UserWarning, match="no checksum record"):
+            load_export(str(path), map_location="cuda")
+    assert isinstance(load_export(str(path), map_location=torch.device("cpu")), torch.jit.ScriptModule)

@@ -24,6 +24,7 @@ import torch
 from detectron2.export import TracingAdapter
 from detectron2.modeling import GeneralizedRCNN
 
+from gwdet.modeling.build import check_device
 from gwdet.errors import GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetOSError, GwdetValueError
 from gwdet.utils.atomic import (
     DamagedFileError,
@@ -227,6 +228,8 @@ def load_export(path: str, map_location: Any = None, providers: Optional[Sequenc
                       "it is loaded unchecked; gwdet's exports record one when they are written.", stacklevel=2)
     if path.endswith(".onnx"):
         return _onnx_session(path, providers)
+    if isinstance(map_location, (str, torch.device)):  # a device this machine lacks is no damaged file
+        check_device(str(map_location), "map_location", "load it with map_location='cpu'")
     try:
         return torch.jit.load(path, map_location=map_location)
     except RuntimeError as error:  # not a TorchScript archive (cut short, other bytes)

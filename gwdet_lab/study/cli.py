@@ -121,9 +121,9 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--on-mismatch", choices=ON_MISMATCH, default="refuse",
                         help="when a cell's config differs from the one its folder recorded: stop before "
                              "training (refuse, default) or train into a new folder <cell>.2, ...")
-    parser.add_argument("--example-weights", nargs="+", type=float, default=list(PAPER_WEIGHTS), metavar="W",
+    parser.add_argument("--example-weights", nargs="+", type=float, default=None, metavar="W",
                         help="inference example weights in [0, 1] swept on val for batch-norm models "
-                             "(default: %(default)s)")
+                             f"(default: {list(PAPER_WEIGHTS)})")
     parser.add_argument("--no-example-weighing", action="store_true", help="skip example weighing")
     parser.add_argument("--list", action="store_true", help="list the cells, their state and commands; train nothing")
     parser.add_argument("--report-only", action="store_true", help="write the report of the finished cells; train nothing")
@@ -207,7 +207,9 @@ def _run_study(argv: list[str], repo_root: Path) -> int:
     args = parser.parse_args(argv)
     if len(args.opts) % 2:
         parser.error(f"--opts takes KEY VALUE pairs, got {args.opts}")
-    if not all(0.0 <= w <= 1.0 for w in args.example_weights):
+    if args.no_example_weighing and args.example_weights is not None:
+        parser.error("--example-weights chooses among weights that --no-example-weighing skips: give one of them.")
+    if not all(0.0 <= w <= 1.0 for w in chosen_weights(args)):
         parser.error(f"--example-weights must lie in [0, 1], got {args.example_weights}")
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
@@ -222,7 +224,7 @@ def _run_study(argv: list[str], repo_root: Path) -> int:
     problem = output_path_problem("--out", args.out, folder=True)
     if problem:
         parser.error(problem)
-    weights = [] if args.no_example_weighing else args.example_weights
+    weights = chosen_weights(args)
     out_dir = Path(args.out).resolve()
     if args.records:
         return report_from_records(args, Path(args.records), weights, out_dir)
@@ -294,11 +296,19 @@ def run_on_cluster(args: argparse.Namespace, argv: Sequence[str], options: Launc
     return 1 if failed else 0
 
 
+def chosen_weights(args: argparse.Namespace) -> list[float]:
+    """The example weights the study sweeps: none with ``--no-example-weighing``, else
+    ``--example-weights`` (default: the paper's)."""
+    if args.no_example_weighing:
+        return []
+    return list(PAPER_WEIGHTS) if args.example_weights is None else args.example_weights
+
+
 def report_if_complete(argv: Sequence[str], repo_root: Path) -> list[Path] | None:
     """Write the report of the study ``argv`` describes if every one of its cells is done (what a
     cell's job does when it ends: the last one to end writes it); the files written, else ``None``."""
     args = argument_parser().parse_args(list(argv))
-    weights = [] if args.no_example_weighing else args.example_weights
+    weights = chosen_weights(args)
     out_dir = Path(args.out).resolve()
     export_to_environment(args.register_coco)
     planned = plan(build_cells(args, repo_root), out_dir / RUNS_FOLDER, args.opts, args.on_mismatch, record=False)
