@@ -73,14 +73,19 @@ def test_sigkilled_run_resumes_to_the_same_weights(killed_and_uninterrupted):
         assert torch.equal(resumed["model"][name], tensor), name
 
 
-def test_truncated_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):
-    opts = TINY_OPTS + ["SOLVER.MAX_ITER", "4", "SOLVER.CHECKPOINT_PERIOD", "2", "DATASETS.TEST", "()",
-                        "OUTPUT_DIR", str(tmp_path)]
-    cfg = build_config(str(DEMO_CONFIG), opts)
+def trained_four_iterations(output_dir):
+    """The config of a finished 4-iteration run in ``output_dir`` with checkpoints at iterations 1 and 3."""
+    cfg = build_config(str(DEMO_CONFIG), TINY_OPTS + ["SOLVER.MAX_ITER", "4", "SOLVER.CHECKPOINT_PERIOD", "2",
+                                                      "DATASETS.TEST", "()", "OUTPUT_DIR", str(output_dir)])
     prepare_datasets(cfg)
     trainer = Trainer(cfg)
     trainer.resume_or_load(resume=False)
     trainer.train()
+    return cfg
+
+
+def test_truncated_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):
+    cfg = trained_four_iterations(tmp_path)
     newest = tmp_path / "model_final.pth"
     assert (tmp_path / "last_checkpoint").read_text().strip() == newest.name
     newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # a kill during saving
@@ -95,13 +100,7 @@ def test_a_run_killed_before_it_named_its_checkpoint_resumes_at_that_checkpoints
     """A kill between saving a checkpoint and writing ``last_checkpoint``: the resume loads that
     checkpoint (its optimizer and scheduler states too) and must continue at its iteration + 1, not
     at 0, where the scheduler ran past the schedule's end (fvcore: "where ... must be in [0, 1]")."""
-    opts = TINY_OPTS + ["SOLVER.MAX_ITER", "4", "SOLVER.CHECKPOINT_PERIOD", "2", "DATASETS.TEST", "()",
-                        "OUTPUT_DIR", str(tmp_path)]
-    cfg = build_config(str(DEMO_CONFIG), opts)
-    prepare_datasets(cfg)
-    trainer = Trainer(cfg)
-    trainer.resume_or_load(resume=False)
-    trainer.train()
+    cfg = trained_four_iterations(tmp_path)
     for name in ("model_final.pth", "model_final.pth.sha256", "model_0000003.pth", "model_0000003.pth.sha256",
                  "last_checkpoint"):
         (tmp_path / name).unlink(missing_ok=True)
