@@ -1,7 +1,8 @@
-"""The bad inputs of sweep 6 that reached the tools: a benchmark report cut short on a full disk, a
+"""Bad inputs of the tools and of registered data: a benchmark report cut short on a full disk, a
 section name that breaks its marker, a repeated list flag, COCO image entries that share a file or
 have float ids, a folder given as an export, the --register-coco help, the export tool's refusal of
-a sample image without detections, and collect_env's report into a closed pipe or a full disk.
+a sample image without detections, collect_env's report into a closed pipe or a full disk, and an
+export loaded onto a device the machine lacks.
 Each is refused (or handled) with a message naming the file, flag or id and the fix."""
 from __future__ import annotations
 
