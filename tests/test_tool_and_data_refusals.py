@@ -237,3 +237,12 @@ def test_load_export_onto_a_missing_gpu_names_the_device_not_a_damaged_file(tmp_
         with pytest.warns(UserWarning, match="no checksum record"):
             load_export(str(path), map_location="cuda")
     assert isinstance(load_export(str(path), map_location=torch.device("cpu")), torch.jit.ScriptModule)
+
+
+def test_load_export_takes_a_pathlib_path(tmp_path):
+    from gwdet.export import load_export
+
+    path = tmp_path / "model.ts"
+    torch.jit.save(torch.jit.script(torch.nn.ReLU()), str(path))
+    with pytest.warns(UserWarning, match="no checksum record"):
+        assert isinstance(load_export(path), torch.jit.ScriptModule)

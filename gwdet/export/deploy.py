@@ -214,7 +214,7 @@ def verify_export(path: str) -> bool:
     return os.path.isfile(checksum_path(path))
 
 
-def load_export(path: str, map_location: Any = None, providers: Optional[Sequence[str]] = None) -> Any:
+def load_export(path: str | os.PathLike, map_location: Any = None, providers: Optional[Sequence[str]] = None) -> Any:
     """An export, loaded once it matches the SHA-256 recorded beside it (:func:`verify_export`): a
     TorchScript file (``model.ts``) as ``torch.jit.load(path, map_location)`` gives it, an ONNX file
     (``.onnx``) as an onnxruntime ``InferenceSession`` (``providers``, by default the CPU).
@@ -223,6 +223,7 @@ def load_export(path: str, map_location: Any = None, providers: Optional[Sequenc
     record that cannot be read as TorchScript or ONNX; a file without a record loads with a warning.
     TorchScript exports need ``import torchvision`` (its ``nms`` and ``roi_align``) before they run.
     """
+    path = os.fspath(path)  # a str or a pathlib.Path
     if not verify_export(path):
         warnings.warn(f"{path} has no checksum record ({os.path.basename(checksum_path(path))} beside it), so "
                       "it is loaded unchecked; gwdet's exports record one when they are written.", stacklevel=2)
