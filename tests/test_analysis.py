@@ -156,6 +156,16 @@ def test_a_figure_whose_grouped_curves_are_all_infinite_is_still_written(tmp_pat
     assert (tmp_path / "conditioning" / "kappa_90.png").stat().st_size > 0
 
 
+@pytest.mark.parametrize("percents", ["100", "0", "x"])
+def test_percents_outside_the_spectrum_are_named_by_the_flag(tmp_path, capsys, percents):
+    # --percents 100 stopped in condition_number with "p must be in (0, 1], got 100.0"
+    with pytest.raises(SystemExit) as refused:
+        main(["conditioning", "--out", str(tmp_path), "--percents", percents])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and "argument --percents: give fractions in (0, 1] of the eigenvalues kept" in err
+    assert not (tmp_path / "conditioning").exists()
+
+
 def test_a_table_the_tool_did_not_write_is_never_replaced(tmp_path, capsys):
     # an earlier table.md of the user's in <out>/conditioning was replaced without a word
     args = ["--dim", "8", "--samples", "16", "--groups", "1,2", "--depths", "1", "--activations", "linear",

@@ -40,6 +40,18 @@ def float_list(text: str) -> list[float]:
     return [float(item) for item in text.split(",") if item]
 
 
+def fractions(text: str) -> list[float]:
+    """The argparse type of ``--percents``: comma-separated fractions of the spectrum in (0, 1]."""
+    try:
+        values = float_list(text)
+    except ValueError:
+        values = []
+    if not values or not all(0 < value <= 1 for value in values):
+        raise argparse.ArgumentTypeError(f"give fractions in (0, 1] of the eigenvalues kept, e.g. 0.9,0.8 (90% and "
+                                         f"80%), got {text!r}")
+    return values
+
+
 def str_list(text: str) -> list[str]:
     return [item for item in text.split(",") if item]
 
@@ -68,7 +80,8 @@ def argument_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--groups", type=counts_at_least(1, "group number"), default=[1, 2, 4, 8, 16],
                    help="group numbers of GN/GW")
-    p.add_argument("--percents", type=float_list, default=[0.9, 0.8], help="p of kappa_p")
+    p.add_argument("--percents", type=fractions, default=[0.9, 0.8],
+                   help="p of kappa_p: fractions in (0, 1] of the eigenvalues kept, e.g. 0.9,0.8")
     p.add_argument("--seeds", type=at_least(1, "the seed count"), default=3, help="simulations averaged")
     p.add_argument("--T", type=at_least(1, "T"), default=5, help="Newton iterations of GW (ItN)")
 
