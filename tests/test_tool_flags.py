@@ -66,6 +66,10 @@ def test_flags_after_the_overrides_are_flags():
     (["--max-depth", "-1"], "argument --max-depth: the table depth must be >= 1, got -1"),
     (["--input-size", "0", "64"], "argument --input-size: an image side must be >= 1, got 0"),
     (["-n", "two"], "argument -n/--num-inputs: 'two' is not an integer"),
+    # one side given: the override after it was read as the width ("'DATASETS...' is not an integer")
+    (["--input-size", "64", "DATASETS.SHAPES.NUM_TRAIN", "8"], "argument --input-size: takes two integers, the height "
+     "and the width (e.g. --input-size 800 1216), got 'DATASETS.SHAPES.NUM_TRAIN' (a config override: give the width "
+     "before it)"),
 ])
 def test_analyze_refuses_counts_below_one(capsys, flag, message):
     with pytest.raises(SystemExit) as exit_info:

@@ -60,6 +60,10 @@ MAX_INPUT_SIDE = 8192
 
 def input_side(text: str) -> int:
     """A side of ``--input-size``: an integer from 1 to :data:`MAX_INPUT_SIDE`."""
+    if not text.strip().lstrip("+-").isdigit():
+        raise argparse.ArgumentTypeError(
+            f"takes two integers, the height and the width (e.g. --input-size 800 1216), got {text!r}"
+            + (" (a config override: give the width before it)" if "." in text else ""))
     value = at_least(1, "an image side")(text)
     if value > MAX_INPUT_SIDE:
         raise argparse.ArgumentTypeError(
