@@ -467,6 +467,22 @@ def test_an_onnx_export_records_its_sha256_and_run_onnx_refuses_a_damaged_one(tm
             load()
 
 
+def test_run_onnx_names_an_input_of_another_dtype_or_size_and_takes_numpy_arrays(tmp_path):
+    pytest.importorskip("onnxruntime")
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), GroupWhitening(8, num_groups=2)).eval()
+    x = torch.randn(2, 3, 16, 16)
+    path = tmp_path / "layer.onnx"
+    export_onnx(module, (x,), str(path))
+    with torch.no_grad():
+        expected = module(x)
+    assert max_abs_difference([expected], run_onnx(str(path), [x.numpy()])) <= TOLERANCE  # numpy: as a tensor
+    for other in (x.double(), torch.randn(2, 3, 24, 16)):  # onnxruntime: "Unexpected input data type" / "Got: 24"
+        with pytest.raises(ValueError, match=r"input 0 \('.*'\) of .*layer.onnx takes tensor\(float\) of shape .*, got "
+                                             r"tensor\((double|float)\) of shape \[.*\]: the export is fixed to the dtype and "
+                                             r"size of the sample image it was traced with"):
+            run_onnx(str(path), [other])
+
+
 # ---- tools/deploy/export_model.py --------------------------------------------------------------
 
 

@@ -254,15 +254,30 @@ def _onnx_session(path: str, providers: Optional[Sequence[str]] = None) -> Any:
                                  f"{REEXPORT}", path) from None
 
 
-def run_onnx(path: str, inputs: Sequence[torch.Tensor]) -> List[Any]:
+# numpy's dtype names -> ONNX's (onnxruntime's input types read "tensor(<name>)")
+ONNX_TYPE_NAMES = {"float32": "float", "float64": "double", "float16": "float16"}
+
+
+def run_onnx(path: str, inputs: Sequence[Any]) -> List[Any]:
     """Outputs (numpy arrays) of the ONNX file at ``path`` in onnxruntime on the CPU; a file that
     differs from its recorded SHA-256 is refused (:func:`verify_export`)."""
     verify_export(path)
     session = _onnx_session(path)
-    names = [entry.name for entry in session.get_inputs()]
+    feeds = {}
     # the exporter drops inputs the graph does not use; keep the order of the rest (so fewer names
     # than inputs is expected: zip stops at the names)
-    feeds = {name: tensor.detach().cpu().numpy() for name, tensor in zip(names, inputs, strict=False)}
+    for index, (entry, given) in enumerate(zip(session.get_inputs(), inputs, strict=False)):
+        array = torch.as_tensor(given).detach().cpu().numpy()  # a tensor or a numpy array
+        dtype = f"tensor({ONNX_TYPE_NAMES.get(array.dtype.name, array.dtype.name)})"
+        fixed = [size if isinstance(size, int) else None for size in entry.shape]
+        if dtype != entry.type or len(fixed) != array.ndim or any(
+                size is not None and size != actual for size, actual in zip(fixed, array.shape, strict=True)):
+            raise GwdetValueError(
+                f"input {index} ({entry.name!r}) of {path} takes {entry.type} of shape {list(entry.shape)}, got "
+                f"{dtype} of shape {list(array.shape)}: the export is fixed to the dtype and size of the sample image "
+                "it was traced with. Give an image of that dtype and size (the test loader's resize, as the export "
+                "tool's sample), or export again with --sample-image of the size you need.")
+        feeds[entry.name] = array
     return session.run(None, feeds)
 
 
