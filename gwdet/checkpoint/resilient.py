@@ -204,8 +204,9 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 NORM_SETTINGS_KEY: norm_settings(self.model)}
         if self.classes:
             data[CLASSES_KEY] = self.classes
-        if input_record(self.model):
-            data[INPUT_KEY] = input_record(self.model)
+        record = input_record(self.model)
+        if record:
+            data[INPUT_KEY] = record
         data.update({key: obj.state_dict() for key, obj in self.checkpointables.items()})
         data.update(extra)
         data = with_checksums(data)

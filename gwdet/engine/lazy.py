@@ -61,8 +61,8 @@ from gwdet.engine.output_dir import (
     SavedRun,
     check_config_checksum,
     check_resumed_run,
+    config_differences,
     damaged_config,
-    differing_values,
 )
 from gwdet.engine.lazy_checks import (
     check_datasets,
@@ -298,7 +298,7 @@ def saved_tree(cfg: DictConfig) -> dict:
 def model_differences(saved: Mapping, current: Mapping) -> list[str]:
     """``"model.KEY: saved -> current"`` for each value under ``model`` that differs between two
     trees of :func:`read_saved_config`."""
-    return [f"model.{key}: {old!r} -> {new!r}" for key, old, new in differing_values(saved["model"], current["model"])]
+    return config_differences({"model": saved["model"]}, {"model": current["model"]})
 
 
 def compare_with_run(cfg: DictConfig, output_dir: str, path: str) -> SavedRun:
@@ -316,11 +316,10 @@ def compare_with_run(cfg: DictConfig, output_dir: str, path: str) -> SavedRun:
             "this config cannot continue it. Resume it with the config it was trained with, or train into "
             "another train.output_dir.")
     current = saved_tree(cfg)
-    batches = tuple(OmegaConf.select(OmegaConf.create(tree), BATCH_SETTING) for tree in (saved, current))
-    others = differing_values({key: value for key, value in saved.items() if key != "model"},
-                              {key: value for key, value in current.items() if key != "model"})
-    return SavedRun((batches[0], batches[1]), model_differences(saved, current),
-                    [f"{key}: {old!r} -> {new!r}" for key, old, new in others])
+    saved_batch, current_batch = (OmegaConf.select(OmegaConf.create(tree), BATCH_SETTING) for tree in (saved, current))
+    others = config_differences({key: value for key, value in saved.items() if key != "model"},
+                                {key: value for key, value in current.items() if key != "model"})
+    return SavedRun((saved_batch, current_batch), model_differences(saved, current), others)
 
 
 def check_resume_config(cfg: DictConfig, output_dir: str) -> None:

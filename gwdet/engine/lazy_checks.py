@@ -209,8 +209,9 @@ def nodes_calling(node: DictConfig | ListConfig, target: Any, path: str = "") ->
 def lazy_calls(node: DictConfig | ListConfig, path: str = "") -> Iterator[tuple[str, DictConfig, Any]]:
     """Every ``L(...)`` node in ``node`` with its dotted key (below ``path``) and the callable it
     calls, each found where it is defined: references to a node are not followed."""
-    if isinstance(node, DictConfig) and callable_of(node) is not None:
-        yield path, node, callable_of(node)
+    called = callable_of(node)  # None for a list, or a node that calls nothing
+    if isinstance(node, DictConfig) and called is not None:
+        yield path, node, called
     keys: list[Any] = [str(key) for key in node.keys()] if isinstance(node, DictConfig) else list(range(len(node)))
     for key in keys:
         if OmegaConf.is_interpolation(node, key) or OmegaConf.is_missing(node, key):

@@ -192,7 +192,7 @@ def differing_values(old: Mapping, new: Mapping) -> list[tuple[str, Any, Any]]:
             if old.get(key, ABSENT) != new.get(key, ABSENT)]
 
 
-def config_differences(saved: CfgNode, current: CfgNode) -> list[str]:
+def config_differences(saved: Mapping, current: Mapping) -> list[str]:
     """``"KEY: saved -> current"`` for every value that differs (keys of either config)."""
     return [f"{key}: {old!r} -> {new!r}" for key, old, new in differing_values(saved, current)]
 
