@@ -447,14 +447,20 @@ def test_a_torchscript_export_records_its_sha256_and_a_damaged_one_is_refused(tm
 
 
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::DeprecationWarning")
-def test_an_onnx_export_records_its_sha256_and_run_onnx_refuses_a_damaged_one(tmp_path):
+def exported_gw_layer(folder):
+    """A conv and a GW layer, its input and its ONNX export ``folder/layer.onnx``."""
     pytest.importorskip("onnxruntime")
-    from gwdet.export import DamagedExportError, load_export
-
     module = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), GroupWhitening(8, num_groups=2)).eval()
     x = torch.randn(2, 3, 16, 16)
-    path = tmp_path / "layer.onnx"
+    path = folder / "layer.onnx"
     export_onnx(module, (x,), str(path))
+    return module, x, path
+
+
+def test_an_onnx_export_records_its_sha256_and_run_onnx_refuses_a_damaged_one(tmp_path):
+    from gwdet.export import DamagedExportError, load_export
+
+    module, x, path = exported_gw_layer(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["layer.onnx", "layer.onnx.sha256"]
     with torch.no_grad():
         expected = module(x)
@@ -468,11 +474,7 @@ def test_an_onnx_export_records_its_sha256_and_run_onnx_refuses_a_damaged_one(tm
 
 
 def test_run_onnx_names_an_input_of_another_dtype_or_size_and_takes_numpy_arrays(tmp_path):
-    pytest.importorskip("onnxruntime")
-    module = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), GroupWhitening(8, num_groups=2)).eval()
-    x = torch.randn(2, 3, 16, 16)
-    path = tmp_path / "layer.onnx"
-    export_onnx(module, (x,), str(path))
+    module, x, path = exported_gw_layer(tmp_path)
     with torch.no_grad():
         expected = module(x)
     assert max_abs_difference([expected], run_onnx(str(path), [x.numpy()])) <= TOLERANCE  # numpy: as a tensor
