@@ -106,6 +106,16 @@ def config_value(cfg: CN, name: str) -> Any:
     return node
 
 
+class _Absent:
+    """The value of a key that a config lacks (no config value can equal it)."""
+
+    def __repr__(self) -> str:
+        return "<absent>"
+
+
+ABSENT = _Absent()
+
+
 def flatten_config(tree: Mapping, prefix: str = "") -> dict[str, Any]:
     """``{"A": {"B": 1}}`` -> ``{"A.B": 1}`` for a CfgNode or the dict a config's YAML dump loads
     to; sequences become lists, as a YAML round trip gives them back."""

@@ -12,9 +12,13 @@ their own kind (:class:`gwdet.config_checks.NormConfigError`, :class:`gwdet.data
 :class:`gwdet.convert.ConversionError`, ...) derive from :class:`GwdetError` directly; the classes
 below are for refusals that need nothing beyond their message.
 
+A refusal that names many things names a few of them with :func:`listed`.
+
 This module imports nothing of gwdet, so every part of the package can raise these.
 """
 from __future__ import annotations
+
+from typing import Iterable
 
 
 class GwdetError(Exception):
@@ -57,6 +61,10 @@ class GwdetIsADirectoryError(GwdetError, IsADirectoryError):
     """A folder was given where a file is needed."""
 
 
+class GwdetOSError(GwdetError, OSError):
+    """A file could not be written (a full disk, a read-only folder), named with the fix."""
+
+
 __all__ = [
     "GwdetError",
     "GwdetFileExistsError",
@@ -64,11 +72,18 @@ __all__ = [
     "GwdetImportError",
     "GwdetIsADirectoryError",
     "GwdetKeyError",
+    "GwdetOSError",
     "GwdetRuntimeError",
     "GwdetTypeError",
     "GwdetValueError",
+    "listed",
 ]
 
 
-class GwdetOSError(GwdetError, OSError):
-    """A file could not be written (a full disk, a read-only folder), named with the fix."""
+def listed(items: Iterable[str], most: int, separator: str = ", ") -> str:
+    """At most ``most`` of ``items`` joined by ``separator``, then how many more there are:
+    ``"a, b, ... (3 more)"``. How every message of gwdet names a list that may be long."""
+    names = list(items)
+    shown = separator.join(names[:most])
+    rest = len(names) - most
+    return f"{shown}{separator}... ({rest} more)" if rest > 0 else shown

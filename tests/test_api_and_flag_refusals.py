@@ -100,6 +100,26 @@ def test_a_second_config_file_is_refused_whatever_prefix_names_it(flags, capsys)
     assert "--config-file is given more than once" in capsys.readouterr().err
 
 
+def test_the_train_tool_refuses_any_repeated_flag_that_keeps_one_value(capsys):
+    from gwdet.cluster.training import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--config-file", "a.yaml", "--num-gpus", "1", "SOLVER.MAX_ITER", "5", "--num-gpus", "2"])
+    assert ("--num-gpus is given more than once; a second one would replace the first. Give it once, with the value "
+            "you mean (given: 1, 2).") in capsys.readouterr().err
+
+
+def test_a_cluster_job_replaces_the_flags_it_sets_on_the_users_command_line():
+    from gwdet.cluster.training import argument_parser
+    from gwdet.engine.arguments import replace_flags
+
+    argv = ["--config-file", "a.yaml", "--launcher=slurm", "--nodes", "2", "--num-machines", "3", "--launch", "slurm",
+            "--resume", "SOLVER.MAX_ITER", "10", "--machine-rank", "1", "--num-gpus", "2"]
+    job = ["--launcher", "local", "--num-machines", "2", "--machine-rank", "0", "--dist-url", "auto", "--resume"]
+    assert replace_flags(argument_parser(), argv, job) == [
+        "--config-file", "a.yaml", "--nodes", "2", "SOLVER.MAX_ITER", "10", "--num-gpus", "2", *job]
+
+
 @pytest.mark.parametrize("value", ["-5", "nan", "0", "inf", "1e300"])
 def test_a_rendezvous_timeout_that_cannot_be_waited_is_refused(value, capsys):
     # before: "Nothing answers ... after 0 s" at once, or raw ValueError / OverflowError

@@ -19,8 +19,8 @@ from detectron2.config import get_cfg
 from gwdet.checkpoint.integrity import DamagedTensorsError, verify_checksums, with_checksums
 from gwdet.checkpoint.safe_load import UnsafeCheckpointError, _globals_refused, load_torch_file
 from gwdet.utils.atomic import DamagedFileError, process_is_gone
+from gwdet.config import ABSENT
 from gwdet.engine.output_dir import (
-    ABSENT,
     CONFIG_NAME,
     LOCK_NAME,
     OutputDirLock,
@@ -87,13 +87,13 @@ SEVEN = ("events.out.tfevents.1700000000.host", "inference/", "last_checkpoint",
          "model_0000009.pth", "model_final.pth", "vis/")
 
 
-def test_a_fresh_start_over_a_run_is_refused_naming_six_of_its_files_then_dots(tmp_path):
+def test_a_fresh_start_over_a_run_is_refused_naming_six_of_its_files_then_how_many_more(tmp_path):
     make(tmp_path, *SEVEN, *USER_FILES)
     with pytest.raises(FileExistsError) as refused:
         check_fresh_start(str(tmp_path), overwrite=False)
     assert str(refused.value) == (
         f"OUTPUT_DIR {str(tmp_path)!r} already holds a run (events.out.tfevents.1700000000.host, inference, "
-        "last_checkpoint, metrics.json, model_0000009.pth, model_final.pth, ...); nothing was changed. Continue it "
+        "last_checkpoint, metrics.json, model_0000009.pth, model_final.pth, ... (1 more)); nothing was changed. Continue it "
         "with --resume, write to another OUTPUT_DIR, or pass --overwrite to delete that run and start again.")
     assert len(os.listdir(tmp_path)) == len(SEVEN) + len(USER_FILES)
 
@@ -191,7 +191,7 @@ def test_resume_of_another_model_names_five_differences_then_how_many_more(tmp_p
         check_resume_config(another_model(6), folder)
     assert str(refused.value) == (
         f"--resume: the run in {folder!r} was trained with another model (config.yaml there): {FIRST_FIVE_DIFFERENCES}; "
-        "and 1 more. Resume with the same config and overrides, or train the new model into another OUTPUT_DIR.")
+        "... (1 more). Resume with the same config and overrides, or train the new model into another OUTPUT_DIR.")
 
 
 def test_resume_of_another_model_in_five_keys_names_them_all(tmp_path):
@@ -355,7 +355,7 @@ def test_resume_trims_damaged_lines_and_repeated_records_and_says_which(tmp_path
 
 
 @pytest.mark.parametrize("damaged, shown", [(10, "1, 2, 3, 4, 5, 6, 7, 8, 9, 10"),
-                                            (11, "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, ...")])
+                                            (11, "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, ... (1 more)")])
 def test_resume_names_the_first_ten_damaged_lines(tmp_path, caplog, damaged, shown):
     write_lines(tmp_path / "metrics.json", [b"{"] * damaged + [b'{"iteration": 0}'])
     with caplog.at_level(logging.WARNING, logger=LOGGER):
@@ -452,13 +452,13 @@ def damaged_weights(count):
     return data, names[:count]
 
 
-def test_damaged_tensors_are_named_four_then_dots_and_kept_on_the_error(tmp_path):
+def test_damaged_tensors_are_named_four_then_how_many_more_and_kept_on_the_error(tmp_path):
     data, names = damaged_weights(5)
     with pytest.raises(DamagedTensorsError) as refused:
         verify_checksums("run/model_final.pth", data)
     assert str(refused.value) == (
         "run/model_final.pth is damaged: 5 tensor(s) differ from what was written (layer0.weight, layer1.weight, "
-        "layer2.weight, layer3.weight, ...); nothing was loaded from it. Restore the file from a copy or write it "
+        "layer2.weight, layer3.weight, ... (1 more)); nothing was loaded from it. Restore the file from a copy or write it "
         "again (train, or convert the weights again); with --resume, the previous checkpoint in the folder is used "
         "instead. If the file was changed on purpose (its training state removed to publish the weights, the weights "
         "converted to another dtype), the checksums gwdet recorded in it no longer apply: save it without them (its "

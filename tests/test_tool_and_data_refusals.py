@@ -128,7 +128,7 @@ def test_float_image_ids_are_refused_as_not_integers(tmp_path):
     message = refusal(tmp_path, float_ids)
     assert message == (
         f"dataset 'm': the image ids of {tmp_path / 'train.json'} must be integers (COCO's format), and 4 are not: "
-        "1.0 of '000.png' (#0), a float; 2.0 of '001.png' (#1), a float; 3.0 of '002.png' (#2), a float; .... "
+        "1.0 of '000.png' (#0), a float; 2.0 of '001.png' (#1), a float; 3.0 of '002.png' (#2), a float; ... (1 more). "
         "Give each image an integer id, unique in the file (e.g. 1 for 1.0), and its annotations that image_id.")
     assert "not unique" not in message
     message = refusal(tmp_path / "ann", lambda coco, root: coco["annotations"][1].update(id=2.5))

@@ -10,14 +10,14 @@ file can be accepted where only the weights are loaded. Files without checksums 
 """
 from __future__ import annotations
 
-import hashlib
 import zlib
 import os
-from typing import IO, Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
 
+from gwdet.errors import listed
 from gwdet.utils.atomic import DamagedFileError
 
 CHECKSUMS_KEY = "gwdet_checksums"
@@ -38,15 +38,14 @@ class DamagedTensorsError(DamagedFileError):
         state = state or []
         parts = []
         if damaged:
-            shown = ", ".join(damaged[:SHOWN]) + (", ..." if len(damaged) > SHOWN else "")
+            shown = listed(damaged, SHOWN)
             converted = {str(dtype).replace("torch.", "") for dtype in dtypes}
             if len(converted) == 1 and converted != {"float32"}:
                 shown += f"; every one of them is {converted.pop()} now"
             parts.append(f"{len(damaged)} tensor(s) differ from what was written ({shown})")
         if state:
-            shown = ", ".join(state[:SHOWN]) + (", ..." if len(state) > SHOWN else "")
             parts.append(f"{len(state)} value(s) of its training state or metadata differ from what was written "
-                         f"or are gone ({shown})")
+                         f"or are gone ({listed(state, SHOWN)})")
         super().__init__(
             f"{path} is damaged: {'; '.join(parts)}; nothing was loaded from it. Restore the file from a copy or "
             "write it again (train, or convert the weights again); with --resume, the previous checkpoint in the "
@@ -199,20 +198,3 @@ def verify_checksums(path: str, data: Mapping, weights_key: str = "model",
         dtypes = [str(getattr(weights[name], "dtype", "")) for name in damaged]
         raise DamagedTensorsError(path, damaged, changed, dtypes)
     return removed
-
-
-class HashingWriter:
-    """A binary file whose written bytes also go into ``digest`` (a ``hashlib`` object), for a
-    writer such as ``torch.save`` that writes a file from start to end: the SHA-256 of what was
-    written, without reading the file again."""
-
-    def __init__(self, file: IO[bytes], digest: Any | None = None) -> None:
-        self._file = file
-        self.digest = digest if digest is not None else hashlib.sha256()
-
-    def write(self, data: Any) -> int:
-        self.digest.update(data)
-        return self._file.write(data)
-
-    def flush(self) -> None:
-        self._file.flush()

@@ -12,12 +12,11 @@ other norm layers are refused before any weight is copied (:mod:`gwdet.checkpoin
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import pickle
 import random
 import re
-from typing import IO, Any, Sequence, cast
+from typing import Any, Sequence
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
@@ -26,7 +25,7 @@ import torch
 from detectron2.checkpoint import DetectionCheckpointer
 
 from gwdet.utils.cli_errors import as_override
-from gwdet.utils.atomic import checksum_path, checksum_problem, record_checksum, remove_checksum, write_atomically
+from gwdet.utils.atomic import checksum_path, checksum_problem, write_with_checksum
 from gwdet.checkpoint.compatibility import (
     NORM_SETTINGS_KEY,
     NORM_TYPES_KEY,
@@ -42,13 +41,12 @@ from gwdet.checkpoint.integrity import (
     CHECKSUMS_KEY,
     STATE_CHECKSUMS_KEY,
     DamagedFileError,
-    HashingWriter,
     verify_checksums,
     with_checksums,
 )
 from gwdet.checkpoint.converted_weights import read_conversion_metadata
 from gwdet.checkpoint.safe_load import UnsafeCheckpointError, load_pickle_file, load_torch_file
-from gwdet.errors import GwdetError, GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetRuntimeError, GwdetValueError
+from gwdet.errors import GwdetError, GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetRuntimeError, GwdetValueError, listed
 
 # The checkpoints a run writes: detectron2's PeriodicCheckpointer names them model_{iteration:07d}
 # and model_final, gwdet's signal checkpoints (gwdet.checkpoint.signal_hook) likewise.
@@ -105,6 +103,13 @@ class WeightsDownloadError(GwdetError, OSError):
 
 LAST_CHECKPOINT = "last_checkpoint"  # detectron2's Checkpointer names the latest checkpoint in it
 FILE_URL = "file://"
+
+
+def tagged_name(save_dir: str) -> str:
+    """The file name ``save_dir/last_checkpoint`` holds, stripped (not checked); ``OSError`` when it
+    cannot be read, ``UnicodeDecodeError`` when it is not text."""
+    with open(os.path.join(save_dir, LAST_CHECKPOINT), "rb") as f:
+        return f.read(4096).decode("utf-8").strip()
 
 
 def local_weights_path(path: str, setting: str = "MODEL.WEIGHTS") -> str:
@@ -213,17 +218,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
         basename = f"{name}.pth"
         path = os.path.join(self.save_dir, basename)
         self.logger.info(f"Saving checkpoint to {path}")
-        # The file's SHA-256 is taken from the bytes as they are written and recorded beside it once it
-        # has its name; an earlier record of that name goes first, so a kill in between leaves a file
-        # without a record (read unchecked but for the checksums inside), never a wrong record.
-        digest = hashlib.sha256()
-        local = "://" not in path
-        if local:
-            remove_checksum(path)
-        write_atomically(path, lambda file: torch.save(data, cast(IO[bytes], HashingWriter(file, digest))),
-                         self.path_manager)
-        if local:
-            record_checksum(path, digest.hexdigest())
+        # a kill while saving leaves no record or a right one (read unchecked but for the checksums inside)
+        write_with_checksum(path, lambda file: torch.save(data, file), self.path_manager)
         self.tag_last_checkpoint(basename)
 
     def resume_candidates(self) -> list[str]:
@@ -354,7 +350,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
                          for key, ck, mk in incompatible.incorrect_shapes]
             raise GwdetValueError(
                 f"The checkpoint does not hold every weight of the model ({len(problems)} problems: "
-                f"{'; '.join(problems[:4])}{'; ...' if len(problems) > 4 else ''}); evaluating it would "
+                f"{listed(problems, 4, '; ')}); evaluating it would "
                 "report a partly random model. Check that MODEL.WEIGHTS was trained with this config."
             )
         super()._log_incompatible_keys(incompatible)

@@ -68,7 +68,7 @@ class TrainingJob(RequeueableJob):
         print(f"[gwdet] {placement.describe()}: "
               + ("continuing from the newest checkpoint (--resume)" if resumes else "starting"), flush=True)
         os.chdir(self.cwd)
-        args = parse_args([*self.argv, *flags])
+        args = parse_args(arguments.replace_flags(argument_parser(), self.argv, flags))
         train_here(args)
         output_dir = checked_run(args)[0]
         results = Path(output_dir, RESULTS_JSON)

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 import torch
 
-from gwdet.errors import GwdetError
+from gwdet.errors import GwdetError, listed
 from gwdet.checkpoint.safe_load import (UnsafeCheckpointError, is_torchscript_archive, load_torch_file,
                                         starts_like_torch_save_output)
 
@@ -170,6 +170,4 @@ def _strip_data_parallel_prefix(
 
 def preview_names(names: list[str], limit: int = 8) -> str:
     """``['a', 'b', ... (3 more)]``: at most ``limit`` names, then a count of the rest."""
-    shown = ", ".join(repr(name) for name in names[:limit])
-    rest = len(names) - limit
-    return f"[{shown}{f', ... ({rest} more)' if rest > 0 else ''}]"
+    return f"[{listed(map(repr, names), limit)}]"

@@ -14,6 +14,8 @@ from typing import Any, Iterable, Mapping
 
 from detectron2.structures import BoxMode
 
+from gwdet.errors import listed
+
 SHOWN = 3  # problems quoted in one message
 
 
@@ -92,6 +94,6 @@ def check_dataset_boxes(records: Iterable[Mapping], where: str) -> None:
     if problems:
         raise DatasetError(
             f"{where}: {len(problems)} box(es) cannot be trained on (detectron2 would drop them or learn nothing "
-            f"from them, without a word): {'; '.join(problems[:SHOWN])}{'; ...' if len(problems) > SHOWN else ''}. "
+            f"from them, without a word): {listed(problems, SHOWN, '; ')}. "
             "Correct or remove those annotations in the dataset (a COCO bbox is [x, y, width, height] in pixels, "
             "inside the image), or filter them out in the function that registers it.")

@@ -10,15 +10,16 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable, Mapping, Sequence
 
+from gwdet.errors import listed
 from gwdet.data.image_files import image_file_problem
 from gwdet.data.masks import segmentation_problem
 
 SHOWN = 3  # problems quoted in one message
 
 
-def shown_problems(problems: Sequence[str]) -> str:
-    """The first :data:`SHOWN` problems, joined, with "..." when there are more."""
-    return "; ".join(problems[:SHOWN]) + ("; ..." if len(problems) > SHOWN else "")
+def listed_problems(problems: Sequence[str]) -> str:
+    """The first :data:`SHOWN` problems joined by ``"; "``, then how many more there are."""
+    return listed(problems, SHOWN, "; ")
 
 
 def image_entry_problems(images: Iterable[Mapping[str, Any]]) -> list[str]:

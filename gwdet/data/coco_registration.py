@@ -31,17 +31,17 @@ from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data.datasets import register_coco_instances
 from detectron2.data.transforms import ResizeShortestEdge
 
-from gwdet.errors import GwdetError
+from gwdet.errors import GwdetError, listed
 from gwdet.data.boxes import box_problem
 from gwdet.data.masks import short_repr
 from gwdet.data.coco_checks import (
     duplicate_ids,
     image_entry_problems,
     image_file_problems,
+    listed_problems,
     mask_problems,
     non_integer_ids,
     shared_file_names,
-    shown_problems,
 )
 
 FLAG = "--register-coco"
@@ -146,11 +146,6 @@ def _split_paths(paths: str, text: str) -> tuple[str, str, str]:
                                "rename the file or folder whose name holds ':' (or link it under a name without one).")
     json_file, root = files[0] if files else (splits[-1] if splits else ("", ""))
     return (json_file, ":", root) if splits else ("", "", paths)
-
-
-def _listing(items: Sequence[str], shown: int = SHOWN) -> str:
-    more = f", ... ({len(items) - shown} more)" if len(items) > shown else ""
-    return ", ".join(items[:shown]) + more
 
 
 def _read_json(dataset: CocoDataset):
@@ -272,7 +267,7 @@ def _warn_of_rotations(dataset: CocoDataset, rotations: dict[str, int]) -> None:
              for path, orientation in rotations.items()]
     logger.warning(
         f"dataset {dataset.name!r}: {len(shown)} image(s) of {dataset.json_file} have an EXIF orientation other than 1 "
-        f"that their size does not reveal: {_listing(shown, 3)}. detectron2 turns (or flips) each image by its EXIF "
+        f"that their size does not reveal: {listed(shown, 3)}. detectron2 turns (or flips) each image by its EXIF "
         "orientation when it reads it, so their boxes and masks must be in the turned frame, as an image viewer "
         "shows the image, not in the stored pixels. If your annotation tool ignored the orientation, remove it "
         "from the files (or turn the annotations).")
@@ -318,7 +313,7 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
     shared = _shared_category_names(names)
     if shared:
         raise DatasetError(
-            f"{where} {len(shared)} category name(s) of {path} are given to more than one category: {_listing(shared)}. "
+            f"{where} {len(shared)} category name(s) of {path} are given to more than one category: {listed(shared, SHOWN)}. "
             "detectron2 names the classes by these names (its thing_classes) and the per-class AP of the results by "
             "them, so those categories would be reported as one, the others' AP lost. Give each category its own "
             "name (or merge them into one category, their annotations with its id).")
@@ -329,32 +324,32 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
                                f"({_shown(image)}): detectron2 reads {', '.join(map(repr, IMAGE_KEYS))} of every image.")
     problems = image_entry_problems(coco["images"])
     if problems:
-        raise DatasetError(f"{where} image entries of {path} cannot be read ({len(problems)} problem(s)): {shown_problems(problems)}. "
+        raise DatasetError(f"{where} image entries of {path} cannot be read ({len(problems)} problem(s)): {listed_problems(problems)}. "
                            "Correct them (file_name: the image's path under IMAGE_ROOT; width, height: its size in pixels).")
     problems = non_integer_ids(coco["images"], lambda image: repr(image["file_name"]))
     if problems:
         raise DatasetError(
             f"{where} the image ids of {path} must be integers (COCO's format), and {len(problems)} are not: "
-            f"{shown_problems(problems)}. Give each image an integer id, unique in the file (e.g. 1 for 1.0), and "
+            f"{listed_problems(problems)}. Give each image an integer id, unique in the file (e.g. 1 for 1.0), and "
             "its annotations that image_id.")
     problems = duplicate_ids(coco["images"], lambda image: repr(image["file_name"]))
     if problems:
         raise DatasetError(
-            f"{where} {len(problems)} image id(s) of {path} are not unique: {shown_problems(problems)}. detectron2 would "
+            f"{where} {len(problems)} image id(s) of {path} are not unique: {listed_problems(problems)}. detectron2 would "
             "attach the annotations of both images to one of the files. Give each image its own id, and its "
             "annotations that image_id.")
     strings = _string_ids_among_integers(coco["images"])
     if strings:
         raise DatasetError(
             f"{where} the image ids of {path} mix integers and strings: {len(strings)} image(s) have a string id, "
-            f"{_listing(strings)}, the others integers. COCO's image ids are integers, and detectron2 sorts them "
+            f"{listed(strings, SHOWN)}, the others integers. COCO's image ids are integers, and detectron2 sorts them "
             "when it loads the file, which fails on a mix (TypeError: '<' not supported between 'str' and 'int'). "
             "Give those images integer ids, unique in the file, and their annotations those image_ids.")
     problems = shared_file_names(coco["images"])
     if problems:
         raise DatasetError(
             f"{where} {len(problems)} file name(s) of {path} are given to more than one image: "
-            f"{shown_problems(problems)}. detectron2 would read the same pixels for each of those images, so the "
+            f"{listed_problems(problems)}. detectron2 would read the same pixels for each of those images, so the "
             "boxes and masks of all but one would be trained (and evaluated) on another image. Give each image "
             "entry its own file_name, or merge the entries into one image (one id) with all their annotations.")
     sizes = {image["id"]: image for image in coco["images"]}
@@ -367,18 +362,18 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
         if annotation["category_id"] not in names:
             raise DatasetError(
                 f"{where} annotation id {annotation['id']} of {path} has category_id {annotation['category_id']!r}, "
-                f"which is not among its categories (ids {_listing([str(i) for i in sorted(names)])}): add the "
+                f"which is not among its categories (ids {listed([str(i) for i in sorted(names)], SHOWN)}): add the "
                 "category to 'categories' or correct the annotation.")
         tally.add(annotation)
     if tally.crowd_values:
         raise DatasetError(
             f"{where} {len(tally.crowd_values)} annotation(s) of {path} have an 'iscrowd' that is neither 0 nor 1: "
-            f"{shown_problems(tally.crowd_values)}. detectron2 trains only on annotations whose iscrowd equals 0 (a "
+            f"{listed_problems(tally.crowd_values)}. detectron2 trains only on annotations whose iscrowd equals 0 (a "
             "string \"0\" counts as a crowd region, not trained on) and COCO evaluation reads int(iscrowd) (null "
             "stops it after training). Set iscrowd to the number 0 for an object, 1 for a crowd region.")
     if tally.areas:
         raise DatasetError(
-            f"{where} {len(tally.areas)} annotation(s) of {path} have no usable 'area': {shown_problems(tally.areas)}. "
+            f"{where} {len(tally.areas)} annotation(s) of {path} have no usable 'area': {listed_problems(tally.areas)}. "
             "COCO evaluation reads every annotation's area, a number >= 0 in pixels: without it, or with a string, "
             "it stops after training; with a negative one it ignores the object, so missing it costs no AP. Set "
             "area to the object's mask area (or box area) in pixels.")
@@ -386,29 +381,29 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
     if problems:
         raise DatasetError(
             f"{where} the annotation ids of {path} must be integers (COCO's format), and {len(problems)} are not: "
-            f"{shown_problems(problems)}. Give each annotation an integer id, unique in the file (e.g. 1 for 1.0).")
+            f"{listed_problems(problems)}. Give each annotation an integer id, unique in the file (e.g. 1 for 1.0).")
     problems = duplicate_ids(coco["annotations"], lambda annotation: f"an annotation of image {annotation['image_id']}")
     if problems:
         raise DatasetError(
-            f"{where} {len(problems)} annotation id(s) of {path} are not unique: {shown_problems(problems)}. detectron2 "
+            f"{where} {len(problems)} annotation id(s) of {path} are not unique: {listed_problems(problems)}. detectron2 "
             "refuses such a file with a bare assertion and COCO evaluation mixes the annotations up. Give each "
             "annotation its own id.")
     degenerate = tally.degenerate
     if degenerate:
         raise DatasetError(
             f"{where} {len(degenerate)} box(es) of {path} cannot be trained on (detectron2 would drop them or learn "
-            f"nothing from them, without a word): {'; '.join(degenerate[:3])}{'; ...' if len(degenerate) > 3 else ''}. "
+            f"nothing from them, without a word): {listed(degenerate, 3, '; ')}. "
             "Correct or remove those annotations (bbox is [x, y, width, height] in pixels, inside the image).")
     if tally.instances and len(tally.below_a_pixel) == tally.instances:
         raise DatasetError(
             f"{where} every box of {path} is smaller than one pixel in both sides ({tally.instances} boxes, e.g. "
-            f"{shown_problems(tally.below_a_pixel)}): the boxes (and masks) look normalized to 0..1, but COCO's are in "
+            f"{listed_problems(tally.below_a_pixel)}): the boxes (and masks) look normalized to 0..1, but COCO's are in "
             "pixels of the image, and detectron2 would learn nothing from them (loss_box_reg 0). Multiply x and width "
             "by the image's width, y and height by its height (the polygons' x and y the same way).")
     problems = mask_problems(coco["annotations"], sizes)
     if problems:
         raise DatasetError(
-            f"{where} {len(problems)} mask(s) of {path} cannot be used: {shown_problems(problems)}. Correct or remove "
+            f"{where} {len(problems)} mask(s) of {path} cannot be used: {listed_problems(problems)}. Correct or remove "
             "those masks (polygons: [[x1, y1, x2, y2, x3, y3, ...]] in pixels; RLE: {\"size\": [height, width], "
             "\"counts\": ...} as pycocotools.mask.encode writes it), or the 'segmentation' key to train boxes only.")
     root = dataset.image_root
@@ -427,7 +422,7 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
     if problems:
         raise DatasetError(
             f"{where} {len(problems)} of the {len(coco['images'])} images of {path} cannot be read as it states (under "
-            f"{root}): {shown_problems(problems)}. Fix or replace those files, or remove them and their annotations "
+            f"{root}): {listed_problems(problems)}. Fix or replace those files, or remove them and their annotations "
             "from the JSON.")
     _warn_of_rotations(dataset, rotations)
     elongated = max(coco["images"], key=lambda image: max(image["width"], image["height"])
@@ -585,7 +580,7 @@ def _difference(first: Sequence, second: Sequence, first_name: str, second_name:
     first_set, second_set = set(first), set(second)
     only_first = [show(item) for item in first if item not in second_set]
     only_second = [show(item) for item in second if item not in first_set]
-    parts = [f"only {name} has {_listing(items)}"
+    parts = [f"only {name} has {listed(items, SHOWN)}"
              for name, items in ((first_name, only_first), (second_name, only_second)) if items]
     return "; ".join(parts) or "the same categories in another order"
 
@@ -642,7 +637,7 @@ def _check_num_classes(cfg: CfgNode, name: str, classes: Sequence[str], source: 
     if value != count:
         raise DatasetError(
             f"MODEL.{key}.NUM_CLASSES is {value}, but {_dataset_role(cfg, name)} {name!r}{f' ({source})' if source else ''} "
-            f"has {count} categories ({_listing(list(classes))}): with fewer classes a category would train as "
+            f"has {count} categories ({listed(classes, SHOWN)}): with fewer classes a category would train as "
             f"background, with more the evaluation fails. Add MODEL.{key}.NUM_CLASSES {count} to the command line (or "
             "set it in the config).")
 

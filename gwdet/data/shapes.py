@@ -37,7 +37,7 @@ from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data.datasets import register_coco_instances
 from PIL import Image, ImageDraw
 
-from gwdet.errors import GwdetError, GwdetTypeError, GwdetValueError
+from gwdet.errors import GwdetError, GwdetTypeError, GwdetValueError, listed
 from gwdet.utils.atomic import file_sha256, process_is_gone
 
 CLASSES = ("circle", "square", "triangle", "star")
@@ -335,9 +335,8 @@ def _is_complete(folder: Path, spec: ShapesSpec) -> bool:
         return True
     damaged = damaged_files(folder)
     if damaged:
-        shown = ", ".join(damaged[:5]) + (f" and {len(damaged) - 5} more" if len(damaged) > 5 else "")
         logger.warning("The shapes dataset in %s is damaged (%s do not match the checksums recorded when it "
-                       "was generated): generating it again.", folder, shown)
+                       "was generated): generating it again.", folder, listed(damaged, 5))
         return False
     return True
 

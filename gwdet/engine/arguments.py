@@ -59,12 +59,33 @@ def parse_args(argv: Sequence[str] | None = None, parser: argparse.ArgumentParse
     ``KEY VALUE`` overrides (``... SOLVER.MAX_ITER 10 --resume``)."""
     parser = parser or argument_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    # the cluster launcher appends the flags of each job (--launcher local, the machine, --resume) to the command line
-    refuse_repeated_flags(parser, argv, only=("--config-file",))
+    refuse_repeated_flags(parser, argv)
     args = parse_with_trailing_flags(parser, argv)
     check_process_counts(parser, args)
     resolve_config_argument(parser, args)
     return args
+
+
+def replace_flags(parser: argparse.ArgumentParser, argv: Sequence[str], flags: Sequence[str]) -> list[str]:
+    """``argv`` without the flags that ``flags`` gives (``["--launcher", "local", "--resume"]``),
+    wherever and however often they stand there, values included, and with ``flags`` appended: the
+    command line of a job that sets some flags itself (:class:`gwdet.cluster.training.TrainingJob`)."""
+    replaced = {_action_of(parser, word) for word in flags if word.startswith("-") and not _is_number(word)}
+    kept: list[str] = []
+    index = 0
+    while index < len(argv):
+        name, equals, _ = argv[index].partition("=")
+        action = _action_of(parser, name) if name.startswith("-") and not _is_number(name) else None
+        if action is None or action not in replaced:
+            kept.append(argv[index])
+            index += 1
+        elif equals or action.nargs == 0:
+            index += 1
+        elif action.nargs in ("+", "*"):
+            index += 1 + len(_list_values(action, argv[index + 1:]))
+        else:
+            index += 2 if action.nargs is None else 1 + int(action.nargs)
+    return kept + list(flags)
 
 
 def _list_values(action: argparse.Action, words: Sequence[str]) -> list[str]:
@@ -74,17 +95,16 @@ def _list_values(action: argparse.Action, words: Sequence[str]) -> list[str]:
         lambda word: not word.startswith("-") and (action.choices is None or word in action.choices), words))
 
 
-def refuse_repeated_flags(parser: argparse.ArgumentParser, argv: Sequence[str], only: Sequence[str] = ()) -> None:
+def refuse_repeated_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
     """A usage error (``parser.error``) for a flag of ``parser`` that keeps one value (``--config-file``,
     ``--tasks``, ``--output``, ...) given more than once in ``argv``, where argparse would keep the
-    last one without a word; with ``only``, for those flags alone. Repeatable flags
-    (``--register-coco``) and switches are not counted."""
+    last one without a word. Repeatable flags (``--register-coco``) and switches are not counted."""
     given: dict[argparse.Action, list[list[str]]] = {}  # the values of each time a flag is given
     tokens = list(argv)
     for index, token in enumerate(tokens):
         name, equals, value = token.partition("=")
         action = _action_of(parser, name) if token.startswith("-") and not _is_number(token) else None
-        if action is None or type(action) is not argparse._StoreAction or (only and action.option_strings[0] not in only):
+        if action is None or type(action) is not argparse._StoreAction:
             continue
         if equals:
             values = [value]

@@ -38,9 +38,16 @@ from gwdet.errors import (
     GwdetOSError,
     GwdetRuntimeError,
     GwdetValueError,
+    listed,
 )
-from gwdet.checkpoint.resilient import CHECKPOINT_NAME, LAST_CHECKPOINT, local_weights_path, lost_checkpoint_error
-from gwdet.config import flatten_config
+from gwdet.checkpoint.resilient import (
+    CHECKPOINT_NAME,
+    LAST_CHECKPOINT,
+    local_weights_path,
+    lost_checkpoint_error,
+    tagged_name,
+)
+from gwdet.config import ABSENT, flatten_config
 from gwdet.model_zoo.loading import load_config_yaml
 from gwdet.utils.atomic import (
     CHECKSUM_SUFFIX,
@@ -76,11 +83,10 @@ RESUMABLE_DIFFERENCES = ("MODEL.DEVICE", "MODEL.WEIGHTS")
 logger = logging.getLogger(__name__)
 
 
-def _tagged_name(output_dir: str) -> str | None:
+def _tagged_checkpoint_name(output_dir: str) -> str | None:
     """The file name ``output_dir/last_checkpoint`` holds, when it names a ``.pth`` file of the folder."""
     try:
-        with open(os.path.join(output_dir, LAST_CHECKPOINT), "rb") as f:
-            name = f.read(4096).decode("utf-8").strip()
+        name = tagged_name(output_dir)
     except (OSError, UnicodeDecodeError):
         return None
     if not name.endswith(".pth") or os.sep in name or not os.path.isfile(os.path.join(output_dir, name)):
@@ -100,7 +106,7 @@ def run_files(output_dir: str) -> list[str]:
     and TensorBoard's event files. Nothing else is a run's."""
     if not os.path.isdir(output_dir):
         return []
-    tagged = _tagged_name(output_dir)
+    tagged = _tagged_checkpoint_name(output_dir)
     names = []
     for name in os.listdir(output_dir):
         checkpoint = name[:-len(CHECKSUM_SUFFIX)] if name.endswith(CHECKSUM_SUFFIX) else name
@@ -133,7 +139,7 @@ def _empty(path: str) -> bool:
 
 def checkpoints_in(output_dir: str) -> list[str]:
     """The checkpoints a run wrote in ``output_dir`` (:func:`is_checkpoint_name`; names, sorted)."""
-    tagged = _tagged_name(output_dir) if os.path.isdir(output_dir) else None
+    tagged = _tagged_checkpoint_name(output_dir) if os.path.isdir(output_dir) else None
     return [name for name in run_files(output_dir) if is_checkpoint_name(name, tagged)]
 
 
@@ -147,7 +153,7 @@ def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_D
         return
     existing = run_files(output_dir)
     if not overwrite:
-        shown = ", ".join(existing[:6]) + (", ..." if len(existing) > 6 else "")
+        shown = listed(existing, 6)
         if not checkpoints_in(output_dir):  # an evaluation's results: --resume would start afresh over them
             raise GwdetFileExistsError(
                 f"{setting} {output_dir!r} already holds the results of an evaluation ({shown}), no checkpoint to "
@@ -169,19 +175,8 @@ def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_D
         path = os.path.join(output_dir, name)
         shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
     kept = sorted(set(os.listdir(output_dir)) - {LOCK_NAME})
-    shown = ", ".join(kept[:10]) + (f", ... ({len(kept) - 10} more)" if len(kept) > 10 else "")
     logger.warning(f"--overwrite: deleted the earlier run in {output_dir}: {', '.join(existing)}"
-                   + (f"; kept what no run of gwdet wrote there: {shown}" if kept else ""))
-
-
-class _Absent:
-    """Stands for a key that one of two compared configs lacks (no config value can equal it)."""
-
-    def __repr__(self) -> str:
-        return "<absent>"
-
-
-ABSENT = _Absent()
+                   + (f"; kept what no run of gwdet wrote there: {listed(kept, 10)}" if kept else ""))
 
 
 def differing_values(old: Mapping, new: Mapping) -> list[tuple[str, Any, Any]]:
@@ -343,7 +338,7 @@ def resumed_iteration(output_dir: str) -> tuple[str, int] | None:
     one; no iteration recorded): the resume itself then decides."""
     from gwdet.checkpoint.safe_load import load_torch_file
 
-    name = _tagged_name(output_dir) if os.path.isdir(output_dir) else None
+    name = _tagged_checkpoint_name(output_dir) if os.path.isdir(output_dir) else None
     if name is None:
         return None
     path = os.path.join(output_dir, name)
@@ -401,7 +396,7 @@ def check_resumed_run(output_dir: str, compare: Callable[[str], SavedRun], max_i
     if saved.model:
         raise GwdetValueError(
             f"--resume: the run in {output_dir!r} was trained with another model ({CONFIG_NAME} there): "
-            f"{listed(saved.model, 5)}. Resume with the same config and overrides, or train the new model into "
+            f"{listed(saved.model, 5, '; ')}. Resume with the same config and overrides, or train the new model into "
             f"another {output_setting}.")
     if saved.others:
         logger.warning(f"--resume with config values that differ from {path}: {'; '.join(saved.others)}")
@@ -420,12 +415,6 @@ def check_resume_config(cfg: CfgNode, output_dir: str) -> None:
 
     check_resumed_run(output_dir, compare, cfg.SOLVER.MAX_ITER, output_setting="OUTPUT_DIR",
                       batch_setting="SOLVER.IMS_PER_BATCH", max_iter_setting="SOLVER.MAX_ITER")
-
-
-def listed(items: Sequence[str], most: int) -> str:
-    """The first ``most`` of ``items`` joined by ``"; "``, and how many more there are."""
-    more = len(items) - most
-    return "; ".join(items[:most]) + (f"; and {more} more" if more > 0 else "")
 
 
 def check_config_present(path: str, output_dir: str, output_setting: str = "OUTPUT_DIR") -> None:
@@ -508,8 +497,7 @@ def tagged_checkpoint(output_dir: str) -> str:
                                      "path/to/model_final.pth.")
     choose = f"Name the weights to evaluate, e.g. MODEL.WEIGHTS {os.path.join(output_dir, available[-1])}"
     try:
-        with open(tag, "rb") as f:
-            name = f.read().decode("utf-8").strip()
+        name = tagged_name(output_dir)
     except FileNotFoundError:
         raise GwdetFileNotFoundError(f"--eval-only --resume: OUTPUT_DIR {output_dir!r} has no last_checkpoint "
                                      f"file, so which checkpoint is the run's is unknown. {choose}.") from None
@@ -568,8 +556,8 @@ def trim_metrics(output_dir: str, start_iter: int) -> None:
         kept.append(line.decode("utf-8"))
     if broken or repeated:
         write_text_atomically(path, "".join(f"{line}\n" for line in kept))
-        shown = ", ".join(map(str, broken[:10])) + (", ..." if len(broken) > 10 else "")
-        logger.warning(f"{path}: removed {len(broken)} damaged line(s){f' (line {shown})' if broken else ''} and "
+        numbers = listed(map(str, broken), 10)
+        logger.warning(f"{path}: removed {len(broken)} damaged line(s){f' (line {numbers})' if broken else ''} and "
                        f"{repeated} record(s) of iterations from {start_iter} on, which this resumed run writes again.")
 
 

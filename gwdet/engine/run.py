@@ -49,7 +49,7 @@ from gwdet.checkpoint.resilient import (CLASSES_KEY, INPUT_KEY, ResilientCheckpo
 from gwdet.data.coco_registration import CocoDataset, DatasetError
 from gwdet.data.datasets import check_evaluated_classes
 from gwdet.modeling.detectron2_failures import named_config_failures
-from gwdet.errors import GwdetError, GwdetValueError
+from gwdet.errors import GwdetError, GwdetValueError, listed
 from gwdet.layers.plans import describe_plans
 from gwdet.model_zoo.lazy_loading import is_lazy_config
 from gwdet.utils.atomic import write_text_atomically, write_text_with_checksum
@@ -168,7 +168,7 @@ class RunConfig(ABC):
             return False
         if differences:
             logger.warning(f"{self.weights_setting} {weights} was trained in a run whose {record} gives the model other "
-                           f"values: {'; '.join(differences[:5])}{'; ...' if len(differences) > 5 else ''}. The weights "
+                           f"values: {listed(differences, 5, '; ')}. The weights "
                            "are evaluated with this config's values.")
         return True
 

@@ -18,6 +18,8 @@ from typing import Any, Mapping, Optional
 import torch
 from torch import Tensor
 
+from gwdet.errors import listed
+
 TOLERANCE = 1e-3
 SHOWN = 3  # differences quoted in one message
 
@@ -76,7 +78,7 @@ class DetectionComparison:
                 f"{self.box_tolerance:.3g} px, scores and mask probabilities {self.tolerance:g})")
 
     def refusal(self) -> str:
-        shown = "; ".join(self.problems[:SHOWN]) + ("; ..." if len(self.problems) > SHOWN else "")
+        shown = listed(self.problems, SHOWN, "; ")
         return (f"The exported model's detections differ from the eager model's on the sample image beyond the "
                 f"tolerance ({len(self.problems)} difference(s): {shown}); nothing was written. {self.summary()}. An "
                 "export that computes another function than the model is wrong: check the config and weights it was "

@@ -21,11 +21,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from detectron2.config import LazyConfig
 from detectron2.utils.registry import locate
 
+from gwdet.config import ABSENT
 from gwdet.errors import GwdetFileNotFoundError, GwdetValueError
 
 LAZY_SUFFIX = ".py"
 OUTPUT_SETTING = "train.output_dir"
-ABSENT = object()  # what select() returns for a key the config does not have
 
 
 def is_lazy_config(config_file: str | os.PathLike | None) -> bool:

@@ -21,7 +21,7 @@ import detectron2
 from detectron2.config import CfgNode, get_cfg
 
 from gwdet.config import add_gwdet_config, flatten_config
-from gwdet.errors import GwdetError, GwdetValueError
+from gwdet.errors import GwdetError, GwdetValueError, listed
 
 # detectron2's modules (paths below the detectron2 package; the first match wins) and the config
 # sections the components they hold are built from.
@@ -92,10 +92,10 @@ def detectron2_config_failure(error: BaseException, cfg: Any, doing: str,
     parts = [f"detectron2 could not {doing} with this config: {problem} (detectron2/{module}:{line}); gwdet does "
              "not check that value itself."]
     if given_there:
-        parts.append(f"Given on the command line: {_shown(given_there)}.")
+        parts.append(f"Given on the command line: {listed(given_there, SHOWN)}.")
     if changed:
         others = "Other values" if given_there else "Values"
-        parts.append(f"{others} of {', '.join(sections)} that differ from detectron2's defaults: {_shown(changed)}.")
+        parts.append(f"{others} of {', '.join(sections)} that differ from detectron2's defaults: {listed(changed, SHOWN)}.")
     parts.append("Change the value detectron2 cannot use (--verbose shows the traceback).")
     return GwdetValueError(" ".join(parts))
 
@@ -122,7 +122,3 @@ def _changed_values(cfg: CfgNode, prefixes: tuple[str, ...]) -> list[str]:
     return [f"{key}={value!r}" for key, value in flatten_config(cfg).items()
             if key.startswith(prefixes) and defaults.get(key) != value]
 
-
-def _shown(values: Sequence[str]) -> str:
-    more = len(values) - SHOWN
-    return ", ".join(values[:SHOWN]) + (f" and {more} more" if more > 0 else "")

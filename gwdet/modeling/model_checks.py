@@ -10,7 +10,7 @@ from detectron2.modeling.meta_arch.retinanet import RetinaNetHead
 import torch
 from torch import nn
 
-from gwdet.errors import GwdetTypeError, GwdetValueError
+from gwdet.errors import GwdetTypeError, GwdetValueError, listed
 from gwdet.modeling.heads import PerLevelNorm
 from gwdet.norms import DETECTRON2_PER_LEVEL_NORMS, TORCH_BATCH_NORMS, group_adjustment, layer_types
 from gwdet.solver import misdecayed_norm_layers
@@ -64,7 +64,7 @@ def check_norm_weight_decay(model: nn.Module, optimizer: torch.optim.Optimizer, 
         logging.getLogger(__name__).warning(
             f"{len(layers)} norm layer(s) are decayed otherwise than the norm weight decay "
             f"{weight_decay_norm:g} (SOLVER.WEIGHT_DECAY_NORM / weight_decay_norm): "
-            f"{', '.join(layers[:5])}{', ...' if len(layers) > 5 else ''}. detectron2's optimizer builders "
+            f"{listed(layers, 5)}. detectron2's optimizer builders "
             "know only torch's norm classes: build the optimizer with gwdet.build_optimizer(cfg, model), or "
             "in a LazyConfig set optimizer.params._target_ = gwdet.get_default_optimizer_params.")
     return layers
@@ -103,7 +103,7 @@ def check_model(model: nn.Module, strict_groups: bool = False, optimizer: torch.
             if shared:
                 raise GwdetValueError(
                     f"{name} ({type(module).__name__}) runs on every FPN level, but its norm layers "
-                    f"{', '.join(shared[:3])}{', ...' if len(shared) > 3 else ''} keep batch statistics "
+                    f"{listed(shared, 3)} keep batch statistics "
                     "shared by all levels, which mixes the levels' statistics. Use "
                     "gwdet.modeling.GWRetinaNetHead (MODEL.META_ARCHITECTURE 'GWRetinaNet'), which "
                     "keeps one norm per level, or a per-sample norm (GW, GN)."

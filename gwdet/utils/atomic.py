@@ -7,7 +7,7 @@ whatever the writer reported. A non-local path (``scheme://...``) goes through d
 ``PathManager``, which cannot rename: it is written in place.
 
 A file gwdet trusts when it reads it again also carries its SHA-256 beside it, in ``<file>.sha256``
-in ``sha256sum``'s format (:func:`write_text_with_checksum`, :func:`path_written_with_checksum`,
+in ``sha256sum``'s format (:func:`write_with_checksum`, :func:`path_written_with_checksum`,
 :func:`record_checksum`); :func:`checksum_problem` checks a file against it, and callers refuse a
 mismatch with a :class:`DamagedFileError`. A file without a record is not checked.
 """
@@ -27,13 +27,17 @@ from gwdet.errors import GwdetError
 
 
 class _RecordingFile:
-    """A writable binary file that remembers the first ``OSError`` its writes raised."""
+    """A writable binary file that remembers the first ``OSError`` its writes raised, and passes
+    what is written to ``digest`` (a ``hashlib`` object) when there is one."""
 
-    def __init__(self, file: IO[bytes]) -> None:
+    def __init__(self, file: IO[bytes], digest: Any = None) -> None:
         self._file = file
+        self._digest = digest
         self.error: OSError | None = None
 
     def write(self, data: Any) -> int:
+        if self._digest is not None:
+            self._digest.update(data)
         try:
             return self._file.write(data)
         except OSError as error:
@@ -137,11 +141,12 @@ def _finish(temporary: str, path: str, exclusive: bool) -> None:
 
 
 def write_atomically(path: str, write: Callable[[IO[bytes]], object], path_manager=PathManager,
-                     exclusive: bool = False) -> None:
+                     exclusive: bool = False, digest: Any = None) -> None:
     """Call ``write(file)`` on a binary file that becomes ``path`` only once ``write`` returned
     (what it returns, such as the count ``file.write`` gives, is ignored). With ``exclusive``, a
     ``path`` that exists by then is kept and :class:`OutputExistsError` raised instead (two
-    processes writing one new file: exactly one succeeds; local paths only)."""
+    processes writing one new file: exactly one succeeds; local paths only). A ``digest``
+    (``hashlib`` object) of a local path receives the bytes as they are written."""
     path = os.fspath(path)
     if "://" in path:
         with path_manager.open(path, "wb") as file:
@@ -150,7 +155,7 @@ def write_atomically(path: str, write: Callable[[IO[bytes]], object], path_manag
     temporary = _temporary_name(path)
     try:
         with open(temporary, "xb") as raw:
-            recording = _RecordingFile(raw)
+            recording = _RecordingFile(raw, digest)
             try:
                 write(cast(IO[bytes], recording))  # a file to ``write``: it passes on what it does not wrap
                 recording.flush()
@@ -240,22 +245,30 @@ def checksum_problem(path: str) -> str | None:
     return None
 
 
-def write_text_with_checksum(path: str, text: str) -> None:
-    """:func:`write_text_atomically`, then ``path.sha256`` recorded. An earlier record is removed
-    first: whichever moment a kill comes, the file is the old or the new one, complete, and its
-    record is absent (the file is then read unchecked) or right."""
-    data = text.encode("utf-8")
+def write_with_checksum(path: str, write: Callable[[IO[bytes]], object], path_manager=PathManager) -> None:
+    """:func:`write_atomically`, then ``path.sha256`` recorded from the bytes as they were written
+    (a non-local path gets no record). An earlier record is removed first: whichever moment a kill
+    comes, the file is the old or the new one, complete, and its record is absent (the file is then
+    read unchecked) or right."""
     path = os.fspath(path)
-    if "://" not in path:
-        remove_checksum(path)
-    write_atomically(path, lambda file: file.write(data))
-    record_checksum(path, hashlib.sha256(data).hexdigest())
+    if "://" in path:
+        write_atomically(path, write, path_manager)
+        return
+    remove_checksum(path)
+    digest = hashlib.sha256()
+    write_atomically(path, write, digest=digest)
+    record_checksum(path, digest.hexdigest())
+
+
+def write_text_with_checksum(path: str, text: str) -> None:
+    """:func:`write_with_checksum` for UTF-8 text."""
+    write_with_checksum(path, lambda file: file.write(text.encode("utf-8")))
 
 
 @contextlib.contextmanager
 def path_written_with_checksum(path: str) -> Iterator[str]:
     """:func:`path_written_atomically`, then ``path.sha256`` recorded once the file has its name
-    (an earlier record is removed before the rename, as in :func:`write_text_with_checksum`). A
+    (an earlier record is removed before the rename, as in :func:`write_with_checksum`). A
     record that a writer inside made for the temporary name goes with the temporary file."""
     with path_written_atomically(path) as temporary:
         try:

@@ -40,7 +40,8 @@ from gwdet.data.coco_registration import environment_datasets
 from gwdet.data.datasets import config_dataset_names
 from gwdet.engine.run_environment import cached_sha256, run_environment
 from gwdet.model_zoo import build_config
-from gwdet.engine.output_dir import ABSENT, differing_values
+from gwdet.config import ABSENT
+from gwdet.engine.output_dir import differing_values
 from gwdet_lab.study.cells import Cell
 from gwdet_lab.study.run_folder import RECORD_JSON, RunFolder
 

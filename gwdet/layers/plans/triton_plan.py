@@ -18,7 +18,7 @@ import contextlib
 import os
 import subprocess
 import warnings
-from typing import ContextManager, Dict, Optional, Tuple, Union
+from typing import Callable, ContextManager, Dict, Optional, Tuple, TypeVar, Union
 
 import torch
 from torch import Tensor
@@ -132,28 +132,32 @@ class TritonPlan(AcceleratorPlan):
     name = "triton"
 
     def itn_whitening(self, cov: Tensor, T: int, trace_offset: Union[float, Tensor]) -> Tensor:
-        key = _kernel_key("itn_whitening_kernel", cov)
-        if key is not None and key not in _failures:
-            try:
-                return _launch_whitening(cov, T, trace_offset)
-            except Exception as error:
-                if not falls_back(error):
-                    raise
-                _remember(key, error)
-        return super().itn_whitening(cov, T, trace_offset)
+        return _with_fallback("itn_whitening_kernel", cov, lambda: _launch_whitening(cov, T, trace_offset),
+                              lambda: AcceleratorPlan.itn_whitening(self, cov, T, trace_offset))
 
     def itn_whitening_vjp(
         self, cov: Tensor, grad: Tensor, T: int, trace_offset: Union[float, Tensor]
     ) -> Tuple[Tensor, Tensor]:
-        key = _kernel_key("itn_whitening_vjp_kernel", cov)
-        if key is not None and key not in _failures:
-            try:
-                return _launch_whitening_vjp(cov, grad, T, trace_offset)
-            except Exception as error:
-                if not falls_back(error):
-                    raise
-                _remember(key, error)
-        return super().itn_whitening_vjp(cov, grad, T, trace_offset)
+        return _with_fallback("itn_whitening_vjp_kernel", cov, lambda: _launch_whitening_vjp(cov, grad, T, trace_offset),
+                              lambda: AcceleratorPlan.itn_whitening_vjp(self, cov, grad, T, trace_offset))
+
+
+Result = TypeVar("Result")
+
+
+def _with_fallback(kernel: str, cov: Tensor, launch: Callable[[], Result], fallback: Callable[[], Result]) -> Result:
+    """``launch()`` for the matrices ``cov`` unless their (kernel, tile, device) has failed before
+    or the kernels do not take them, else ``fallback()``; a failure that :func:`falls_back` is
+    remembered and warned about, then computed by ``fallback``, any other error propagates."""
+    key = _kernel_key(kernel, cov)
+    if key is not None and key not in _failures:
+        try:
+            return launch()
+        except Exception as error:
+            if not falls_back(error):
+                raise
+            _remember(key, error)
+    return fallback()
 
 
 def block_size(size: int) -> int:
@@ -203,11 +207,8 @@ def _launch_whitening(cov: Tensor, T: int, trace_offset: Union[float, Tensor]) -
     from . import triton_kernels
 
     cov = cov.contiguous()
-    offsets, stride, coefficient, value = _offset_arguments(cov, trace_offset)
-    launched, panel, block, precision = _configuration(cov)
     with record_function("triton::itn_whitening_kernel"), on_device(cov):
-        return triton_kernels.triton_itn_whitening(
-            cov, offsets, T, stride, coefficient, value, launched, panel, block, precision)
+        return triton_kernels.triton_itn_whitening(cov, *_launch_arguments(cov, T, trace_offset))
 
 
 def _launch_whitening_vjp(
@@ -219,14 +220,17 @@ def _launch_whitening_vjp(
     from . import triton_kernels
 
     cov, grad = cov.contiguous(), grad.to(cov.dtype).contiguous()
-    offsets, stride, coefficient, value = _offset_arguments(cov, trace_offset)
-    launched, panel, block, precision = _configuration(cov)
     with record_function("triton::itn_whitening_vjp_kernel"), on_device(cov):
-        return triton_kernels.triton_itn_whitening_vjp(
-            cov, grad, offsets, T, stride, coefficient, value, launched, panel, block, precision)
+        return triton_kernels.triton_itn_whitening_vjp(cov, grad, *_launch_arguments(cov, T, trace_offset))
 
 
-def _configuration(cov: Tensor) -> Tuple[int, int, int, str]:
-    """``(programs, panel rows, tile, precision)`` of a launch for the matrices ``cov``."""
+def _launch_arguments(
+    cov: Tensor, T: int, trace_offset: Union[float, Tensor]
+) -> Tuple[Tensor, int, int, float, float, int, int, int, str]:
+    """The kernels' arguments after the matrices, for the contiguous matrices ``cov``: the trace
+    offsets (:func:`_offset_arguments`), ``T``, and the launch configuration (programs, panel rows,
+    tile, precision)."""
+    offsets, stride, coefficient, value = _offset_arguments(cov, trace_offset)
     block = block_size(cov.shape[-1])
-    return programs(cov.device, cov.shape[0]), panel_rows(cov.device, block), block, input_precision(cov.device)
+    return (offsets, T, stride, coefficient, value, programs(cov.device, cov.shape[0]),
+            panel_rows(cov.device, block), block, input_precision(cov.device))
