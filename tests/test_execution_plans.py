@@ -6,7 +6,8 @@ float32 to 1e-4 of the largest value), that it dispatches at most :data:`LAUNCH_
 per forward + backward at every shape of the benchmark, as many at 512 as at 2048 samples, with
 no host synchronisation (the proxy for kernel launches and CUDA-graph capture on a GPU), half
 precision inputs included; which products of few samples it splits over the columns, and that the
-split computes the same; which errors make the ``triton`` plan fall back (once per kernel, tile and
+split computes the same; which passes over the activation a forward and a backward make (the
+scaling of huge inputs folded into the centring and the small matrices); which errors make the ``triton`` plan fall back (once per kernel, tile and
 device) and which propagate; which GPUs the installed PyTorch runs on and which plan a GPU gets by
 default; the warning for ZCA above 32 groups on CUDA. The Triton kernels themselves:
 test_triton_kernels.py (interpreter) and test_triton_compile.py (ahead of time).
@@ -20,6 +21,7 @@ import warnings
 
 import pytest
 import torch
+from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import gwdet.layers.plans.accelerator as accelerator
@@ -221,6 +223,52 @@ def test_split_products_compute_what_the_cpu_plan_computes(shape, groups, chunks
         got = under_plan(monkeypatch, "accelerator", layer, x, grad)
     assert chunks in mode.batches  # the covariance and dW X^T products ran as one product of the slices
     assert_agree(got, expected, dtype)
+
+
+class RecordActivationPasses(TorchDispatchMode):
+    """The operations that read or write a tensor of at least ``size`` values (not views, not
+    allocations), also inside gwdet's custom ops: the passes over the activation."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+        self.passes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "gwdet":
+            with self:
+                return func.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), *args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        tensors = [leaf for leaf in pytree.tree_leaves((args, kwargs, out)) if isinstance(leaf, torch.Tensor)]
+        if not func.is_view and not func.__name__.startswith("empty") and any(t.numel() >= self.size for t in tensors):
+            self.passes.append(func.__name__.split(".")[0])
+        return out
+
+
+def test_the_scaling_of_huge_inputs_adds_no_pass_over_the_activation(monkeypatch):
+    """Under ``accelerator`` every sample is scaled by its ``1/s`` (no look on the host), yet the
+    passes are those of unscaled whitening plus one reduction for ``max |x|``: the centring reads
+    the input once (means from float64 sums), the backward's factors go into the g x g matrices.
+    The values stay those of the ``cpu`` plan, which scales only a batch with a huge sample."""
+    shape = (8, 64, 14, 14)
+    torch.manual_seed(0)
+    layer = GroupWhitening(64, 16, eps=1e-3)
+    x, grad = random_case(shape, torch.float32)
+    x[1] *= 1e20
+    expected = under_plan(monkeypatch, "cpu", layer, x, grad)
+    monkeypatch.setenv(PLAN_VARIABLE, "accelerator")
+    x = x.clone().requires_grad_()
+    layer.zero_grad()
+    with RecordActivationPasses(2 * x[0].numel()) as forward:
+        out = layer(x)
+    with RecordActivationPasses(2 * x[0].numel()) as backward:
+        out.backward(grad)
+    # max |x|, means, centring, covariance (split: products, sum), whitening, affine
+    assert forward.passes == ["linalg_vector_norm", "mean", "addcmul", "bmm", "sum", "bmm", "addcmul"]
+    # scaled input, bias and weight sums, dY = gamma dZ, dY X^T (split), input gradient (two
+    # products), the affine's weight gradient (W X, times dZ, summed)
+    assert backward.passes == ["mul", "sum", "mul", "bmm", "sum", "baddbmm", "baddbmm_", "bmm", "mul_", "sum"]
+    assert_agree([out.detach(), x.grad, layer.weight.grad, layer.bias.grad], expected, torch.float32)
 
 
 # ---- launches and host synchronisations ---------------------------------------------------------

@@ -152,6 +152,27 @@ def test_constant_input_with_the_papers_64_groups_in_float32_is_finite():
     assert torch.isfinite(x.grad).all()
 
 
+@pytest.mark.parametrize("scale", [1.0, 1e2, 1e4])
+@pytest.mark.parametrize("shape,groups", [((16, 1024), 64), ((16, 24), 8)], ids=["fc 1024 / 64", "fc 24 / 8"])
+def test_zca_with_fewer_values_than_groups_keeps_float32_accuracy(shape, groups, scale):
+    """Fewer values per group than groups (an fc layer's features): the rounding of the centred
+    values is not multiplied by eps^{-1/2} (it was 2% of the output at values near 100 and the
+    whole output near 1e4); output and input gradient in float32 match float64 to 1e-5."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=generator, dtype=torch.float64) * scale + 3 * scale
+    grad = torch.randn(shape, generator=generator, dtype=torch.float64)
+    results = []
+    for dtype in (torch.float32, torch.float64):
+        layer = GroupWhitening(shape[1], num_groups=groups, method="zca").to(dtype)
+        inputs = x.to(dtype).requires_grad_(True)
+        out = layer(inputs)
+        out.backward(grad.to(dtype))
+        results.append((out.detach().double(), inputs.grad.double()))
+    (out_32, grad_32), (out_64, grad_64) = results
+    assert (out_32 - out_64).abs().max() <= 1e-5 * out_64.abs().max()
+    assert (grad_32 - grad_64).abs().max() <= 1e-5 * grad_64.abs().max()
+
+
 def test_invalid_functional_arguments():
     with pytest.raises(ValueError, match="group_whitening: num_groups must be an integer >= 1"):
         group_whitening(torch.randn(2, 8), 0)

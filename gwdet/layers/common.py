@@ -222,10 +222,9 @@ def safe_exponent(dtype: torch.dtype) -> int:
 
 
 def largest_magnitude(x: Tensor, dims: List[int]) -> Tensor:
-    """``max |x|`` over ``dims`` (kept as size-1 dimensions), detached from autograd, by two
-    reductions without a temporary."""
-    x = x.detach()
-    return torch.maximum(x.amax(dim=dims, keepdim=True), x.amin(dim=dims, keepdim=True).neg())
+    """``max |x|`` over ``dims`` (kept as size-1 dimensions), detached from autograd: one reduction
+    without a temporary (NaN where a NaN is among the values)."""
+    return torch.linalg.vector_norm(x.detach(), ord=float("inf"), dim=dims, keepdim=True)
 
 
 def magnitude_scales(largest: Tensor) -> Tensor:

@@ -37,7 +37,9 @@ the result is rounded to the input dtype.
 Huge inputs: a sample whose largest magnitude exceeds ``2**32`` (``2**256`` in float64) is processed
 as ``X' = X / s`` with the ridge ``eps / s^2`` (``s`` from :func:`~.common.magnitude_scales`); then
 ``W X_C = W' X'_C``, so the output needs no rescaling. The saved means and covariances are those of
-``X'``, with the factors ``1/s``; the backward runs on ``X'`` and divides the input gradient by ``s``.
+``X'``, with the factors ``1/s``; the backward runs on ``X'`` and divides the input gradient by ``s``
+(folded into the ``g x g`` matrices of ``dX``). A plan that scales every sample (no look on the
+host) centres ``X'`` from ``X`` in one pass, its means from float64 sums (:func:`_scaled_centring`).
 """
 import math
 from typing import Iterator, NamedTuple, Optional, Sequence, Tuple, Union
@@ -351,10 +353,21 @@ def _gradient_cross_products(grad_y: Tensor, x: Tensor, row_sums: Tensor, mean: 
     return torch.addcmul(_cross_products(grad_y, x, chunks), row_sums, mean.transpose(1, 2), value=-1.0)
 
 
-def _gram(centred: Tensor, ridge: Union[float, Tensor]) -> Tensor:
-    """``S = (1/m) X_C^T X_C + eps I_m`` (few columns)."""
+def _gram(centred: Tensor, ridge: Union[float, Tensor], method: str) -> Tensor:
+    """``S = (1/m) X_C^T X_C + eps I_m`` (few columns); for ZCA ``S + (tr(S)/m) 1 1^T / m``.
+
+    The rows of ``X_C`` sum to zero, so ``1`` is an eigenvector of ``S`` with eigenvalue ``eps``,
+    and ``X_C f(S)`` does not depend on ``f`` there. In floating point the rows sum to rounding
+    errors, which ZCA's ``S^{-1/2}`` multiplies by ``eps^{-1/2}`` (about 2% of the output for
+    float32 values near 100); raising that eigenvalue to the mean eigenvalue leaves the exact
+    result and its gradient unchanged (the row means of ``dX`` are removed) and drops the error to
+    rounding. ItN's polynomial stays bounded there and normalizes by the trace, so it keeps ``S``."""
     gram = torch.bmm(centred.transpose(1, 2), centred).mul_(1.0 / centred.shape[2])
-    return _add_ridge(gram, ridge)
+    gram = _add_ridge(gram, ridge)
+    if method == "zca":
+        m = gram.shape[-1]
+        gram.add_(gram.diagonal(dim1=1, dim2=2).sum(dim=1).view(-1, 1, 1) / (m * m))
+    return gram
 
 
 def _apply_affine(y: Tensor, gamma: Optional[Tensor], beta: Optional[Tensor], call: _Call) -> None:
@@ -393,6 +406,22 @@ def _forward(
     return result, mean, cov, scales
 
 
+def _scaled_centring(x: Tensor, scales: Tensor, mean_out: Tensor, one_pass: bool) -> Tuple[Tensor, Tensor]:
+    """``(X' - mu' 1^T, mu')`` for ``X' = X / s`` (``scales`` ``1/s``, powers of two, so ``X / s`` is
+    exact), the row means ``mu'`` written into ``mean_out``.
+
+    With ``one_pass``, where float64 sums exist (CPU and CUDA) and the input is narrower,
+    ``mu' = mean(X) / s`` from a float64 sum, which cannot overflow, and the centred values come from
+    ``X`` in one pass: no scaled copy of the input is made. Otherwise ``X'`` is formed first and
+    centred in place."""
+    if one_pass and x.dtype != torch.float64 and x.device.type in ("cpu", "cuda"):
+        mean = mean_out.copy_(torch.mean(x, dim=2, keepdim=True, dtype=torch.float64).mul_(scales))
+        return torch.addcmul(mean.neg(), x, scales), mean
+    scaled = x * scales
+    mean = torch.mean(scaled, dim=2, keepdim=True, out=mean_out)
+    return scaled.sub_(mean), mean
+
+
 def _forward_chunk(
     x: Tensor,
     out: Tensor,
@@ -412,13 +441,11 @@ def _forward_chunk(
         mean = torch.mean(x, dim=2, keepdim=True, out=mean_out)
         centred = x - mean
     else:
-        centred = x * scales
-        mean = torch.mean(centred, dim=2, keepdim=True, out=mean_out)
-        centred.sub_(mean)
+        centred, mean = _scaled_centring(x, scales, mean_out, call.plan.centres_scaled_input_in_one_pass)
     ridge = call.ridge(scales)
     target = out if out.dtype == shapes.dtype else torch.empty_like(centred)
     if shapes.few_columns:
-        torch.bmm(centred, whitening.value(_gram(centred, ridge), ridge), out=target)
+        torch.bmm(centred, whitening.value(_gram(centred, ridge, whitening.method), ridge), out=target)
         _apply_affine(target, gamma, beta, call)
     elif shapes.one_channel_per_group:
         # rows are channels: Z = (diag(gamma) W) X_C + beta 1^T in one product
@@ -605,17 +632,16 @@ def _input_gradient(
 ) -> None:
     """``target = left dY + B X - (left f + B mu) 1^T`` with ``B = 2 dS / m`` (module docstring;
     ``left`` is ``W^T``, times ``diag(gamma)`` when the affine is folded in), times ``scales``
-    (``1 / s``: ``X`` is the scaled input) unless that is ``None``."""
+    (``1 / s``: ``X`` is the scaled input) unless that is ``None``, folded into the ``g x g``
+    matrices ``left`` and ``B`` rather than applied to the result."""
     scaled = grad_cov * (2.0 / m)
+    if scales is not None:
+        left, scaled = left * scales, scaled * scales
     offset = -(torch.bmm(left, grad_means) + torch.bmm(scaled, mean))
     if target.dtype == x.dtype:
-        torch.baddbmm(offset, left, grad_y, out=target)
-        target.baddbmm_(scaled, x)
-        if scales is not None:
-            target.mul_(scales)
+        torch.baddbmm(offset, left, grad_y, out=target).baddbmm_(scaled, x)
     else:
-        result = torch.baddbmm(offset, left, grad_y).baddbmm_(scaled, x)
-        target.copy_(result if scales is None else result.mul_(scales))
+        target.copy_(torch.baddbmm(offset, left, grad_y).baddbmm_(scaled, x))
 
 
 def _backward_few_columns(chunk: _BackwardChunk, call: _Call) -> None:
@@ -630,15 +656,15 @@ def _backward_few_columns(chunk: _BackwardChunk, call: _Call) -> None:
     grad_y = grad_z
     if gamma is not None:
         grad_y = shapes.per_channel(grad_z).mul(call.spread(gamma)).view(grad_z.shape)
-    gram = _gram(centred, ridge)
+    gram = _gram(centred, ridge, call.whitening.method)
     whitening, grad_gram = call.whitening.vjp(gram, torch.bmm(centred.transpose(1, 2), grad_y), ridge)
     if grad_x is not None:
+        # the factors 1/s of the scaled input go into the m x m matrices, not the result
+        right, grad_right = (whitening, grad_gram) if scales is None else (whitening * scales, grad_gram * scales)
         target = grad_x if grad_x.dtype == shapes.dtype else torch.empty_like(centred)
-        torch.bmm(grad_y, whitening.transpose(1, 2), out=target)
-        target.baddbmm_(centred, grad_gram, alpha=2.0 / shapes.m)
+        torch.bmm(grad_y, right.transpose(1, 2), out=target)
+        target.baddbmm_(centred, grad_right, alpha=2.0 / shapes.m)
         target.sub_(target.mean(dim=2, keepdim=True))
-        if scales is not None:
-            target.mul_(scales)
         if target is not grad_x:
             grad_x.copy_(target)
         del target

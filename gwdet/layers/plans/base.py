@@ -24,6 +24,10 @@ class ExecutionPlan:
     # True when :meth:`forward_scales` may return None (samples processed unscaled): the memory
     # model then leaves the scaled copy of the input out of the backward pass's temporaries.
     skips_unneeded_scaling = False
+    # True when scaled samples are centred from the input in one pass, their means from float64
+    # sums where the device has them (no scaled copy; the means round otherwise than the unscaled
+    # path's float32 means): see group_whitening_function._scaled_centring.
+    centres_scaled_input_in_one_pass = True
 
     def chunk_size(
         self, samples: int, values_per_sample: int, matrix_values: int, itemsize: int, relative_budget: float

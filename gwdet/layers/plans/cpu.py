@@ -26,6 +26,8 @@ class CpuPlan(ExecutionPlan):
 
     name = "cpu"
     skips_unneeded_scaling = True
+    # a batch with a huge sample is centred as its samples would be alone: bit for bit where s = 1
+    centres_scaled_input_in_one_pass = False
 
     def chunk_size(
         self, samples: int, values_per_sample: int, matrix_values: int, itemsize: int, relative_budget: float
