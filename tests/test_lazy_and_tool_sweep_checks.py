@@ -118,6 +118,13 @@ def test_training_values_detectron2_asserts_on_are_refused_first(override, messa
     LazyRun.load(str(LAZY_CONFIG), [override]).check_request(eval_only=True, world_size=1)  # evaluation reads none
 
 
+def test_a_schedule_of_another_kind_that_cannot_be_built_gets_no_multi_step_advice():
+    message = refusal(["lr_multiplier.scheduler._target_=fvcore.common.param_scheduler.CosineParamScheduler"])
+    assert message.startswith("lr_multiplier cannot be built: TypeError: ")
+    assert message.endswith("(lr_multiplier.scheduler takes the arguments of CosineParamScheduler, and no others).")
+    assert "milestones=[800,950]" not in message
+
+
 @pytest.mark.parametrize("overrides, error, message", [
     # found only when the model was built, after default_setup had written config.yaml and log.txt
     (["model.backbone.norm.name=GWW"], UnknownNormError, "model.backbone.norm: Unknown norm name 'GWW'. Known names: "),

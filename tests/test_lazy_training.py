@@ -123,6 +123,23 @@ def test_a_lazy_run_folder_follows_the_yacs_rules(tmp_path):
     assert iteration_of(final) == 1 and not (tmp_path / "eval").exists()
 
 
+def test_a_lazy_runs_saved_config_yaml_evaluates_its_weights_as_the_py_config_does(tmp_path):
+    """The run's config.yaml (written by LazyConfig.save, as detectron2's default_setup does) is a
+    config file of its own, read without yaml.unsafe_load; a tag that would build another object
+    is refused by name."""
+    trained = run(tmp_path / "run")
+    saved = tmp_path / "run" / "config.yaml"
+    weights = f"train.init_checkpoint={tmp_path / 'run' / 'model_final.pth'}"
+    again = main(parse_args(["--config-file", str(saved), "--eval-only", weights, f"train.output_dir={tmp_path / 'eval'}"]))
+    assert json.dumps(again, sort_keys=True) == json.dumps(trained, sort_keys=True)  # NaN where no objects
+    tampered = tmp_path / "tampered.yaml"
+    tampered.write_text(saved.read_text().replace("_target_: detectron2.modeling.StandardROIHeads",
+                                                  "_target_: !!python/object/apply:os.getcwd []", 1))
+    with pytest.raises(ValueError, match=r"is a LazyConfig saved as YAML, but the tag !!python/object/apply:os.getcwd "
+                                         r"would build a Python object that a saved LazyConfig does not hold"):
+        main(parse_args(["--config-file", str(tampered), "--eval-only", weights]))
+
+
 def test_a_lazy_run_stopped_by_a_signal_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path, monkeypatch):
     uninterrupted, stopped = tmp_path / "uninterrupted", tmp_path / "stopped"
     run(uninterrupted, "train.max_iter=4")

@@ -23,7 +23,6 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
-import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from detectron2.config import LazyConfig, instantiate
@@ -45,12 +44,13 @@ from gwdet.data.coco_registration import (
 )
 from gwdet.data.datasets import dataset_classes, named_empty_training_set
 from gwdet.data.resumable import resumable_train_loader
+from gwdet.config import ABSENT
 from gwdet.model_zoo.lazy_loading import (
-    ABSENT,
     OUTPUT_SETTING,
     callable_of,
     check_keys,
     load_lazy_config,
+    read_saved_config,
     select,
 )
 from gwdet.modeling import check_model
@@ -251,36 +251,6 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
 
 
 # ---- the run -------------------------------------------------------------------------------------
-
-
-class _TagsAsDataLoader(yaml.SafeLoader):
-    """PyYAML's ``SafeLoader`` that reads a ``!!python/...`` tag as data instead of refusing it:
-    ``{"python_tag": "object:detectron2.layers.shape_spec.ShapeSpec", "value": {...}}``. Nothing
-    is imported or called, and two saved configs still compare equal exactly when their tags and
-    values are equal."""
-
-
-def _tag_as_data(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> dict:
-    if isinstance(node, yaml.MappingNode):
-        value: Any = loader.construct_mapping(node, deep=True)
-    elif isinstance(node, yaml.SequenceNode):
-        value = loader.construct_sequence(node, deep=True)
-    else:
-        value = loader.construct_scalar(node)
-    return {"python_tag": suffix, "value": value}
-
-
-_TagsAsDataLoader.add_multi_constructor("tag:yaml.org,2002:python/", _tag_as_data)
-
-
-def read_saved_config(path: str) -> Any:
-    """The ``config.yaml`` at ``path`` (``LazyConfig.save``'s YAML, whose ``ShapeSpec`` and block
-    classes carry ``!!python/...`` tags), interpolations resolved, each tag read as data
-    (:class:`_TagsAsDataLoader`): ``LazyConfig.load`` reads YAML with ``yaml.unsafe_load``, which
-    would run what a tag names."""
-    with open(path, encoding="utf-8") as f:
-        content = yaml.load(f, Loader=_TagsAsDataLoader)  # noqa: S506 (a safe loader)
-    return OmegaConf.to_container(OmegaConf.create(content), resolve=True) if isinstance(content, dict) else content
 
 
 def saved_tree(cfg: DictConfig) -> dict:

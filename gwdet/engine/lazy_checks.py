@@ -29,7 +29,8 @@ from gwdet.config_checks import (
 from gwdet.data.coco_registration import known_class_names
 from gwdet.data.shapes import SPEC_CONFIG_KEYS, ShapesSpec, check_image_size
 from gwdet.errors import GwdetTypeError, GwdetValueError
-from gwdet.model_zoo.lazy_loading import ABSENT, callable_of, select
+from gwdet.config import ABSENT
+from gwdet.model_zoo.lazy_loading import callable_of, select
 from gwdet.norms import UnknownNormError, known_norm_names, norm, norm_records
 from gwdet.modeling.build import check_mixed_precision, check_run_device
 from gwdet.utils.cli_errors import output_path_problem
@@ -168,10 +169,16 @@ def _check_lr_schedule(cfg: DictConfig) -> None:
     try:
         instantiate(node)
     except Exception as error:  # fvcore's ValueErrors, an unknown argument's TypeError
+        scheduler = callable_of(select(cfg, "lr_multiplier.scheduler"))
+        if getattr(scheduler, "__name__", "") == "MultiStepParamScheduler":
+            example = ("a multi-step schedule takes increasing milestones below its num_updates and one value more "
+                       "than milestones, e.g. lr_multiplier.scheduler.milestones=[800,950] with values=[1,0.1,0.01]")
+        else:
+            name = getattr(scheduler, "__qualname__", "its _target_")
+            example = f"lr_multiplier.scheduler takes the arguments of {name}, and no others"
         raise GwdetValueError(
             f"lr_multiplier cannot be built: {type(error).__name__}: {error}. Fix the lr_multiplier values the message "
-            "names (a multi-step schedule takes increasing milestones below its num_updates and one value more than "
-            "milestones, e.g. lr_multiplier.scheduler.milestones=[800,950] with values=[1,0.1,0.01]).") from None
+            f"names ({example}).") from None
 
 
 def check_twin(key: str, value: Any, twin: str) -> None:

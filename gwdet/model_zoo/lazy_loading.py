@@ -1,6 +1,11 @@
 """Reading a LazyConfig (``.py``) the way gwdet's tools read it: detectron2's ``LazyConfig.load``,
 then the command line's ``key=value`` overrides, each key checked.
 
+A run's ``config.yaml`` that ``LazyConfig.save`` wrote is a LazyConfig too (:func:`is_lazy_config`):
+it is read without ``yaml.unsafe_load``, building only the objects such a file holds (``ShapeSpec``,
+and the classes or functions named by ``!!python/name`` tags, imported as a ``_target_`` is); any
+other tag that would build a Python object is refused.
+
 An override's key must exist in the config, or name an argument of the callable of the ``L(...)``
 node it is set on; ``+key=value`` adds a key on purpose. A misspelt key is an error naming the close
 ones, never a new key; a key below a reference to a shared node (``"${..stem.norm}"``) is refused,
@@ -16,21 +21,106 @@ import inspect
 import os
 from typing import Any, Iterable, Sequence
 
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from detectron2.config import LazyConfig
+from detectron2.layers import ShapeSpec
 from detectron2.utils.registry import locate
 
 from gwdet.config import ABSENT
 from gwdet.errors import GwdetFileNotFoundError, GwdetValueError
 
 LAZY_SUFFIX = ".py"
+SAVED_SUFFIXES = (".yaml", ".yml")
 OUTPUT_SETTING = "train.output_dir"
+PYTHON_TAG = "tag:yaml.org,2002:python/"
 
 
 def is_lazy_config(config_file: str | os.PathLike | None) -> bool:
-    """Whether ``config_file`` names a LazyConfig (a ``.py`` file) rather than a yacs config."""
-    return bool(config_file) and str(config_file).endswith(LAZY_SUFFIX)
+    """Whether ``config_file`` names a LazyConfig rather than a yacs config: a ``.py`` file, or a
+    YAML file that ``LazyConfig.save`` wrote (a mapping whose ``model`` has a ``_target_``)."""
+    path = str(config_file or "")
+    if path.endswith(LAZY_SUFFIX):
+        return True
+    if not path.endswith(SAVED_SUFFIXES) or not os.path.isfile(path):
+        return False
+    try:
+        tree = _yaml_as_data(path)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):  # the yacs loader names what is wrong
+        return False
+    return isinstance(tree, dict) and isinstance(tree.get("model"), dict) and "_target_" in tree["model"]
+
+
+class _TagsAsDataLoader(yaml.SafeLoader):
+    """PyYAML's ``SafeLoader`` that reads a ``!!python/...`` tag as data instead of refusing it:
+    ``{"python_tag": "object:detectron2.layers.shape_spec.ShapeSpec", "value": {...}}``. Nothing
+    is imported or called, and two saved configs still compare equal exactly when their tags and
+    values are equal."""
+
+
+def _tag_as_data(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> dict:
+    if isinstance(node, yaml.MappingNode):
+        value: Any = loader.construct_mapping(node, deep=True)
+    elif isinstance(node, yaml.SequenceNode):
+        value = loader.construct_sequence(node, deep=True)
+    else:
+        value = loader.construct_scalar(node)
+    return {"python_tag": suffix, "value": value}
+
+
+_TagsAsDataLoader.add_multi_constructor("tag:yaml.org,2002:python/", _tag_as_data)
+
+
+def read_saved_config(path: str) -> Any:
+    """The ``config.yaml`` at ``path`` (``LazyConfig.save``'s YAML, whose ``ShapeSpec`` and block
+    classes carry ``!!python/...`` tags) as plain data, interpolations resolved, each tag read as
+    data (:class:`_TagsAsDataLoader`), for comparing saved configs."""
+    content = _yaml_as_data(path)
+    return OmegaConf.to_container(OmegaConf.create(content), resolve=True) if isinstance(content, dict) else content
+
+
+def _yaml_as_data(path: str) -> Any:
+    """The YAML file at ``path`` read by :class:`_TagsAsDataLoader`."""
+    with open(path, encoding="utf-8") as f:
+        return yaml.load(f, Loader=_TagsAsDataLoader)  # noqa: S506 (a safe loader)
+
+
+class _SavedLazyConfigLoader(yaml.SafeLoader):
+    """PyYAML's ``SafeLoader`` that also builds what ``LazyConfig.save`` writes with tags: a
+    ``ShapeSpec``, and a class or function named by ``!!python/name:module.name``."""
+
+
+def _shape_spec(loader: yaml.SafeLoader, node: yaml.Node) -> ShapeSpec:
+    return ShapeSpec(**loader.construct_mapping(node, deep=True))
+
+
+def _named(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> Any:
+    return locate(suffix)
+
+
+def _other_object(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> Any:
+    raise yaml.constructor.ConstructorError(
+        None, None, f"the tag !!python/{suffix} would build a Python object that a saved LazyConfig does not hold",
+        node.start_mark)
+
+
+_SavedLazyConfigLoader.add_constructor(PYTHON_TAG + "object:detectron2.layers.shape_spec.ShapeSpec", _shape_spec)
+_SavedLazyConfigLoader.add_multi_constructor(PYTHON_TAG + "name:", _named)
+_SavedLazyConfigLoader.add_multi_constructor(PYTHON_TAG, _other_object)
+
+
+def _load_saved_lazy_config(path: str) -> DictConfig:
+    """The LazyConfig that ``LazyConfig.save`` wrote to ``path`` (module docstring)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            content = yaml.load(f, Loader=_SavedLazyConfigLoader)  # noqa: S506 (a safe loader)
+    except yaml.constructor.ConstructorError as error:
+        raise GwdetValueError(
+            f"Config file {path!r} is a LazyConfig saved as YAML, but {error.problem} ({error.problem_mark}); "
+            "gwdet builds only the ShapeSpecs and named classes that LazyConfig.save writes. Use the .py "
+            "LazyConfig the run was made from (with the same overrides).") from None
+    return OmegaConf.create(content, flags={"allow_objects": True})
 
 
 def callable_of(node: Any) -> Any:
@@ -177,7 +267,8 @@ def load_lazy_config(config_file: str, overrides: Sequence[str] = ()) -> DictCon
         raise GwdetValueError("No config given: pass --config-file configs/<file>.py (see configs/LazyConfig/).")
     if not os.path.isfile(config_file):
         raise GwdetFileNotFoundError(f"Config file {config_file!r} does not exist (run from the repository root?).")
-    cfg = apply_overrides(LazyConfig.load(config_file), overrides or ())
+    loaded = LazyConfig.load(config_file) if config_file.endswith(LAZY_SUFFIX) else _load_saved_lazy_config(config_file)
+    cfg = apply_overrides(loaded, overrides or ())
     output_dir = select(cfg, OUTPUT_SETTING)
     if isinstance(output_dir, str) and output_dir.startswith("~"):
         cfg.train.output_dir = os.path.expanduser(output_dir)
