@@ -65,6 +65,7 @@ from gwdet.engine.output_dir import (
     damaged_config,
 )
 from gwdet.engine.lazy_checks import (
+    check_call_arguments,
     check_datasets,
     check_norm_nodes,
     check_loader_values,
@@ -314,6 +315,7 @@ class LazyRun(RunConfig):
         process (``num_workers=0``), as the export and analyze tools read a few images only."""
         cfg = load_lazy_config(config_file, list(opts))
         check_norm_nodes(cfg)
+        check_call_arguments(cfg)
         if tool and isinstance(select(cfg, "dataloader.test"), DictConfig) and "num_workers" in cfg.dataloader.test:
             cfg.dataloader.test.num_workers = 0
         return cls(cfg)

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from detectron2.config import CfgNode, instantiate
 from detectron2.data.transforms import ResizeShortestEdge
 
-from gwdet.config import CONFIG_KEYS
+from gwdet.config import ABSENT, CONFIG_KEYS
 from gwdet.config_checks import (
     DETECTRON2_VALUE_RULES,
     SEED_LIMIT,
@@ -28,9 +28,8 @@ from gwdet.config_checks import (
 )
 from gwdet.data.coco_registration import known_class_names
 from gwdet.data.shapes import SPEC_CONFIG_KEYS, ShapesSpec, check_image_size
-from gwdet.errors import GwdetTypeError, GwdetValueError
-from gwdet.config import ABSENT
-from gwdet.model_zoo.lazy_loading import callable_of, select
+from gwdet.errors import GwdetTypeError, GwdetValueError, listed
+from gwdet.model_zoo.lazy_loading import argument_names, callable_of, select
 from gwdet.norms import UnknownNormError, known_norm_names, norm, norm_records
 from gwdet.modeling.build import check_mixed_precision, check_run_device
 from gwdet.utils.cli_errors import output_path_problem
@@ -175,7 +174,7 @@ def _check_lr_schedule(cfg: DictConfig) -> None:
                        "than milestones, e.g. lr_multiplier.scheduler.milestones=[800,950] with values=[1,0.1,0.01]")
         else:
             name = getattr(scheduler, "__qualname__", "its _target_")
-            example = f"lr_multiplier.scheduler takes the arguments of {name}, and no others"
+            example = f"lr_multiplier.scheduler builds {name}: give it values that class accepts"
         raise GwdetValueError(
             f"lr_multiplier cannot be built: {type(error).__name__}: {error}. Fix the lr_multiplier values the message "
             f"names ({example}).") from None
@@ -226,6 +225,24 @@ def lazy_calls(node: DictConfig | ListConfig, path: str = "") -> Iterator[tuple[
         child = node[key]
         if isinstance(child, (DictConfig, ListConfig)):
             yield from lazy_calls(child, f"{path}.{key}" if path else str(key))
+
+
+def check_call_arguments(cfg: DictConfig) -> None:
+    """Every ``L(...)`` node of ``cfg`` gives only arguments its callable takes (unless it takes
+    ``**kwargs``), refused naming the node, the key and what the callable takes, before anything is
+    written or built: ``instantiate`` would stop with ``TypeError: ... unexpected keyword argument``
+    once the model is built (e.g. an optimizer whose ``_target_`` became ``torch.optim.Adam`` keeps
+    SGD's ``momentum``)."""
+    for path, node, called in lazy_calls(cfg):
+        names, takes_any = argument_names(called)
+        given = [str(key) for key in node.keys() if key != "_target_"]
+        unknown = [key for key in given if key not in names]
+        if unknown and not takes_any and names:
+            what = getattr(called, "__qualname__", repr(called))
+            raise GwdetValueError(
+                f"{path}: {what} takes no argument {listed(map(repr, unknown), 5)}; it takes "
+                f"{', '.join(sorted(names))}. Remove {' and '.join(f'{path}.{key}' for key in unknown[:2])} from the "
+                f"config, or set {path}._target_ to a callable that takes {'them' if len(unknown) > 1 else 'it'}.")
 
 
 def check_norm_nodes(cfg: DictConfig) -> None:

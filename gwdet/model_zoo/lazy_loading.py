@@ -136,7 +136,7 @@ def callable_of(node: Any) -> Any:
     return target if callable(target) else None
 
 
-def _argument_names(target: Any) -> tuple[set[str], bool]:
+def argument_names(target: Any) -> tuple[set[str], bool]:
     """The keyword arguments ``target`` takes, and whether it takes any (``**kwargs``)."""
     try:
         parameters = inspect.signature(target).parameters.values()
@@ -192,7 +192,7 @@ def check_override_key(cfg: DictConfig, key: str) -> None:
     parent_key, name = ".".join(parts[:depth]), parts[depth]
     parent = select(cfg, parent_key) if parent_key else cfg
     target = callable_of(parent)
-    arguments, any_keyword = _argument_names(target) if target is not None else (set(), False)
+    arguments, any_keyword = argument_names(target) if target is not None else (set(), False)
     if depth == len(parts) - 1 and (name in arguments or any_keyword):
         return  # an argument the node's callable takes, left at its default by the config
     present = {str(k) for k in parent.keys()} if isinstance(parent, DictConfig) else set()
