@@ -514,7 +514,7 @@ def test_partial_files_of_a_killed_conversion_into_the_output_are_removed(r50_fi
     running = tmp_path / f".out.pkl.{alive}.ba9876543210.partial"
     for path in (stale, other_output, running):
         path.write_bytes(b"half a conversion")
-    with caplog.at_level("WARNING", logger="gwdet.convert.converter"):
+    with caplog.at_level("WARNING", logger="gwdet.utils.atomic"):
         convert_checkpoint(r50_files["bn"], tmp_path / "out.pkl")
     assert not stale.exists() and other_output.exists() and running.exists()
     assert f"Removed 1 partial file(s) an interrupted conversion left in {tmp_path}: {stale.name}" in caplog.text

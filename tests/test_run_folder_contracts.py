@@ -433,10 +433,10 @@ def test_taking_the_lock_removes_partial_files_of_dead_processes_and_names_them(
     stale = sorted([f".model_0000009.pth.{dead}.0123456789ab.partial", f".model_final.pth.{dead}.ba9876543210.partial"])
     live = f".model_final.pth.{os.getpid()}.aaaaaaaaaaaa.partial"  # this process may still finish it
     make(tmp_path, *stale, live)
-    with caplog.at_level(logging.WARNING, logger=LOGGER), OutputDirLock(str(tmp_path)):
+    with caplog.at_level(logging.WARNING, logger="gwdet.utils.atomic"), OutputDirLock(str(tmp_path)):
         pass
     assert sorted(os.listdir(tmp_path)) == sorted([LOCK_NAME, live])
-    [message] = warnings_of(caplog)
+    [message] = [r.getMessage() for r in caplog.records if r.name == "gwdet.utils.atomic"]
     head, names = message.split(": ")
     assert head == f"Removed 2 partial file(s) an interrupted save left in {tmp_path}"
     assert sorted(names.split(", ")) == stale

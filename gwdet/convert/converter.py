@@ -290,10 +290,7 @@ def _remove_leftovers(output_path: str) -> None:
     """Remove the temporary files of ``output_path`` that conversions killed while writing it left
     behind (those of processes that no longer run), and say so."""
     folder, name = os.path.split(os.path.abspath(output_path))
-    removed = remove_stale_partials(folder, of=name)
-    if removed:
-        logger.warning("Removed %d partial file(s) an interrupted conversion left in %s: %s", len(removed), folder,
-                       ", ".join(removed))
+    remove_stale_partials(folder, "conversion", of=name)
 
 
 def _check_output_path(input_path: str, output_path: str, overwrite: bool) -> None:

@@ -651,10 +651,7 @@ class OutputDirLock:
         if restore_config(os.path.dirname(self.path)):
             logger.warning(f"{os.path.dirname(self.path)}: put {CONFIG_NAME} and {CONFIG_NAME}{CHECKSUM_SUFFIX} back "
                            "as they were before a run that stopped while writing them.")
-        removed = remove_stale_partials(os.path.dirname(self.path))
-        if removed:
-            logger.warning("Removed %d partial file(s) an interrupted save left in %s: %s", len(removed),
-                           os.path.dirname(self.path), ", ".join(removed))
+        remove_stale_partials(os.path.dirname(self.path), "save")
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -143,10 +143,7 @@ class ExportFolderLock:
             raise GwdetRuntimeError(f"--output {self.folder} is in use by another export (a process holds its lock); "
                                     "nothing was written. Wait for it to finish, or choose another --output.") from None
         self._descriptor = descriptor
-        removed = remove_stale_partials(self.folder)
-        if removed:
-            logger.warning("Removed %d partial file(s) an interrupted export left in %s: %s", len(removed), self.folder,
-                           ", ".join(removed))
+        remove_stale_partials(self.folder, "export")
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import logging
 import os
 import re
 import uuid
@@ -24,6 +25,8 @@ from typing import IO, Any, Callable, Iterator, cast
 from detectron2.utils.file_io import PathManager
 
 from gwdet.errors import GwdetError
+
+logger = logging.getLogger(__name__)
 
 
 class _RecordingFile:
@@ -78,10 +81,11 @@ def process_is_gone(pid: int) -> bool:
     return False
 
 
-def remove_stale_partials(folder: str, of: str | None = None) -> list[str]:
+def remove_stale_partials(folder: str, interrupted: str, of: str | None = None) -> list[str]:
     """Remove the temporary files of :func:`write_atomically` in ``folder`` that a process which no
     longer runs left behind (killed during a save); only those of the file named ``of`` when it is
-    given; return their names. Files of running processes are kept: they may still become a checkpoint."""
+    given; warn naming them and what was ``interrupted`` (``"save"``, ``"export"``, ...), and return
+    their names. Files of running processes are kept: they may still become a checkpoint."""
     removed: list[str] = []
     try:
         names = os.listdir(folder)
@@ -95,7 +99,11 @@ def remove_stale_partials(folder: str, of: str | None = None) -> list[str]:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(folder, name))
                 removed.append(name)
-    return sorted(removed)
+    removed.sort()
+    if removed:
+        logger.warning("Removed %d partial file(s) an interrupted %s left in %s: %s", len(removed), interrupted, folder,
+                       ", ".join(removed))
+    return removed
 
 
 @contextlib.contextmanager
