@@ -7,9 +7,10 @@ per forward + backward at every shape of the benchmark, as many at 512 as at 204
 no host synchronisation (the proxy for kernel launches and CUDA-graph capture on a GPU), half
 precision inputs included; which products of few samples it splits over the columns, and that the
 split computes the same; which passes over the activation a forward and a backward make (the
-scaling of huge inputs folded into the centring and the small matrices); which errors make the ``triton`` plan fall back (once per kernel, tile and
-device) and which propagate; which GPUs the installed PyTorch runs on and which plan a GPU gets by
-default; the warning for ZCA above 32 groups on CUDA. The Triton kernels themselves:
+scaling of huge inputs folded into the centring and the small matrices); which errors make the
+``triton`` plan fall back (once per kernel, tile and device) and which propagate; which GPUs the
+installed PyTorch runs on and which plan a GPU gets by default; the warning for ZCA above 32
+groups on CUDA. The Triton kernels themselves:
 test_triton_kernels.py (interpreter) and test_triton_compile.py (ahead of time).
 """
 import contextlib
