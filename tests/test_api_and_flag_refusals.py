@@ -109,6 +109,20 @@ def test_the_train_tool_refuses_any_repeated_flag_that_keeps_one_value(capsys):
             "you mean (given: 1, 2).") in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("overrides, key, values, used", [
+    (["SOLVER.BASE_LR", "0.5", "SOLVER.MAX_ITER", "5", "SOLVER.BASE_LR", "0.001"], "SOLVER.BASE_LR", "0.5, 0.001", "0.001"),
+    (["train.max_iter=5", "optimizer.lr=0.5", "+train.max_iter=7"], "train.max_iter", "5, 7", "7"),
+])
+def test_an_override_given_twice_is_named_with_the_value_used(overrides, key, values, used, caplog):
+    from gwdet.engine.arguments import parse_args
+
+    with caplog.at_level("WARNING", logger="gwdet.engine.arguments"):
+        args = parse_args(["--config-file", str(DEMO_CONFIG), *overrides])
+    assert args.opts == overrides  # merged as detectron2 merges them: the last one counts
+    assert [r.getMessage() for r in caplog.records] == [
+        f"The overrides set {key} more than once ({values}): the last, {used}, is used."]
+
+
 def test_a_cluster_job_replaces_the_flags_it_sets_on_the_users_command_line():
     from gwdet.cluster.training import argument_parser
     from gwdet.engine.arguments import replace_flags

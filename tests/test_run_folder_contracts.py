@@ -126,6 +126,28 @@ def test_overwrite_deletes_the_runs_files_and_folders_keeps_the_users_and_says_w
     assert deleted[:3] == [CONFIG_NAME, CONFIG_NAME + ".sha256", "eval"]
 
 
+RUNS_OUTPUTS = ("inference/shapes_val/coco_instances_results.json", "inference/shapes_val/instances_predictions.pth",
+                "vis/000.png", "eval/model_final/results.json", "eval/model_final/log.txt", "eval/model_final/.gwdet.lock",
+                "eval/model_final-2/inference/shapes_val/coco_instances_results.json", "eval/model_final-2/vis/1.png")
+
+
+def test_overwrite_deletes_only_what_runs_write_inside_their_folders_or_refuses_naming_the_rest(tmp_path):
+    mine = ("inference/mine/keep.txt", "eval/important.txt", "eval/model_final/notes.md", "vis/sketch.svg")
+    make(tmp_path, *SEVEN, *RUNS_OUTPUTS, *mine)
+    before = sorted(str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*"))
+    with pytest.raises(FileExistsError) as refused:
+        check_fresh_start(str(tmp_path), overwrite=True)
+    assert str(refused.value) == (
+        f"--overwrite would delete eval/important.txt, eval/model_final/notes.md, inference/mine/keep.txt, "
+        f"vis/sketch.svg in the earlier run's folders of OUTPUT_DIR {str(tmp_path)!r}, which no run of gwdet wrote; "
+        "nothing was changed. Move them out of OUTPUT_DIR, or train into another OUTPUT_DIR.")
+    assert sorted(str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*")) == before
+    for name in mine:
+        os.unlink(tmp_path / name)
+    check_fresh_start(str(tmp_path), overwrite=True)
+    assert os.listdir(tmp_path) == []
+
+
 def test_overwrite_deletes_checkpoints_by_the_checkpointers_names_with_their_records_and_the_tagged_one(tmp_path, caplog):
     make(tmp_path, "model_0000009.pth", "model_0000009.pth.sha256", "model_12345678.pth", "model_final.pth.sha256",
          "model_best.pth", "model_best_by_me.pth", LOCK_NAME, *[f"mine_{i:02d}.txt" for i in range(11)])

@@ -107,6 +107,11 @@ def test_weights_that_are_a_folder_or_a_numpy_archive_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"train.init_checkpoint file '.*missing.pth' does not exist.*"
                                                 r"set train.init_checkpoint=\"\" to train from scratch"):
         lazy.load_weights(str(tmp_path / "missing.pth"))
+    evaluating = ResilientCheckpointer(torch.nn.Linear(2, 2), save_dir=str(tmp_path), require_every_weight=True)
+    with pytest.raises(FileNotFoundError) as refused:  # trained weights: no advice to train from scratch
+        evaluating.load_weights(str(tmp_path / "missing.pth"))
+    assert str(refused.value) == (f"MODEL.WEIGHTS file {str(tmp_path / 'missing.pth')!r} does not exist. Name the "
+                                  "trained weights, e.g. MODEL.WEIGHTS output/run/model_final.pth.")
 
 
 LAZY_CONFIG = DEMO_CONFIG.parents[1] / "LazyConfig" / "mask_rcnn_R_50_FPN_gw_shapes.py"

@@ -252,11 +252,13 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 f"{os.path.join(path, 'model_final.pth')}).")
         if path and "://" not in path and not os.path.isfile(path):
             setting = self.weights_setting
-            empty = as_override(setting, '""')
-            raise GwdetFileNotFoundError(
-                f"{setting} file {path!r} does not exist. Convert ImageNet weights with "
-                f"tools/convert_pretrained.py IN OUT (see docs/weights.md), or set {empty} to train from scratch."
-            )
+            if self.require_every_weight:  # trained weights to evaluate or export
+                fix = f"Name the trained weights, e.g. {as_override(setting, 'output/run/model_final.pth')}"
+            else:
+                empty = as_override(setting, '""')
+                fix = (f"Convert ImageNet weights with tools/convert_pretrained.py IN OUT (see docs/weights.md), or "
+                       f"set {empty} to train from scratch")
+            raise GwdetFileNotFoundError(f"{setting} file {path!r} does not exist. {fix}.")
         if "://" in path:
             self.download(path)
         self._loading_initial_weights = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import logging
 import sys
 from typing import Sequence
 
@@ -14,6 +15,8 @@ from gwdet.data import add_register_coco_argument
 from gwdet.model_zoo import resolve_config_argument
 from gwdet.utils.cli_errors import add_verbose_argument
 from gwdet.engine.threads import thread_request
+
+logger = logging.getLogger(__name__)
 
 
 def argument_parser() -> argparse.ArgumentParser:
@@ -166,7 +169,26 @@ def parse_with_trailing_flags(parser: argparse.ArgumentParser, argv: Sequence[st
     # "--" before the overrides: argparse then takes no override as a value of a list flag before it
     args = parser.parse_args(leading + flags + (["--"] if opts else []) + opts)
     args.opts = opts
+    _warn_of_repeated_overrides(opts)
     return args
+
+
+def _warn_of_repeated_overrides(opts: Sequence[str]) -> None:
+    """A warning for each config key that the overrides ``opts`` set more than once (``KEY VALUE``
+    pairs of a yacs config, ``key=value`` of a LazyConfig), naming the values and the one used (the
+    last, as detectron2 merges them): a command line built by appending overrides is common, a key
+    typed twice by mistake is not, and neither goes without a word."""
+    if any("=" in word for word in opts):
+        pairs = [(word.partition("=")[0].lstrip("+"), word.partition("=")[2]) for word in opts]
+    else:
+        pairs = list(zip(opts[::2], opts[1::2], strict=False))  # an odd count: yacs names it
+    values: dict[str, list[str]] = {}
+    for key, value in pairs:
+        values.setdefault(key, []).append(value)
+    for key, given in values.items():
+        if len(given) > 1:
+            logger.warning("The overrides set %s more than once (%s): the last, %s, is used.", key, ", ".join(given),
+                           given[-1])
 
 
 def _start_of_overrides(parser: argparse.ArgumentParser, argv: Sequence[str]) -> int:

@@ -137,6 +137,32 @@ def _empty(path: str) -> bool:
     return os.path.basename(path) == "metrics.json" and os.path.getsize(path) == 0
 
 
+def _written_by_a_run(parts: Sequence[str]) -> bool:
+    """Whether the file at the relative path ``parts`` below a run's folder is one a run writes:
+    below ``inference/`` what detectron2's evaluators write (``.json`` and ``.pth`` files), below
+    ``vis/`` the drawings (``.png``), and below ``eval/<evaluation>/`` the files of a run
+    (:data:`RUN_FILES`, ``log.txt``, its lock) and its ``inference/`` and ``vis/``."""
+    if parts[0] == EVAL_FOLDER:
+        if len(parts) == 3:
+            return parts[2] in (*RUN_FILES, "log.txt", LOCK_NAME)
+        return len(parts) > 3 and _written_by_a_run(parts[2:])
+    if parts[0] == INFERENCE_FOLDER:
+        return parts[-1].endswith((".json", ".pth"))
+    return parts[0] == VIS_FOLDER and parts[-1].endswith(".png")
+
+
+def foreign_files(output_dir: str, folders: Sequence[str]) -> list[str]:
+    """The files below the run folders ``folders`` of ``output_dir`` (:data:`RUN_FOLDERS`) that no
+    run wrote (:func:`_written_by_a_run`), as paths relative to ``output_dir``."""
+    found = []
+    for folder in folders:
+        for root, _, files in os.walk(os.path.join(output_dir, folder)):
+            relative = os.path.relpath(root, output_dir)
+            found += [os.path.join(relative, name) for name in files
+                      if not _written_by_a_run([*relative.split(os.sep), name])]
+    return sorted(found)
+
+
 def checkpoints_in(output_dir: str) -> list[str]:
     """The checkpoints a run wrote in ``output_dir`` (:func:`is_checkpoint_name`; names, sorted)."""
     tagged = _tagged_checkpoint_name(output_dir) if os.path.isdir(output_dir) else None
@@ -164,6 +190,12 @@ def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_D
             f"it with --resume, write to another {setting}, or pass --overwrite to delete that run "
             "and start again."
         )
+    foreign = foreign_files(output_dir, [name for name in existing if name in RUN_FOLDERS])
+    if foreign:
+        raise GwdetFileExistsError(
+            f"--overwrite would delete {listed(foreign, 5)} in the earlier run's folders of {setting} "
+            f"{output_dir!r}, which no run of gwdet wrote; nothing was changed. Move them out of {setting}, or "
+            f"train into another {setting}.")
     deleted = [os.path.realpath(os.path.join(output_dir, name)) for name in existing]
     source = os.path.realpath(os.path.expanduser(weights)) if weights and "://" not in weights else None
     if source is not None and any(source == path or source.startswith(path + os.sep) for path in deleted):
