@@ -27,6 +27,7 @@ from detectron2.solver.build import get_default_optimizer_params as detectron2_o
 from detectron2.solver.build import maybe_add_gradient_clipping, reduce_param_groups
 from torch import nn
 
+from gwdet.config_checks import ensure_checked
 from gwdet.errors import GwdetTypeError
 from gwdet.norms import DETECTRON2_OPTIMIZER_NORMS, NORM_LAYER_MARK, layer_types
 
@@ -99,12 +100,15 @@ def get_default_optimizer_params(
 
 def build_optimizer(cfg: CfgNode, model: nn.Module) -> torch.optim.Optimizer:
     """detectron2's ``build_optimizer`` for a yacs config (SGD with ``SOLVER.*``, gradient clipping
-    when ``SOLVER.CLIP_GRADIENTS`` is on) over :func:`get_default_optimizer_params`' groups."""
+    when ``SOLVER.CLIP_GRADIENTS`` is on) over :func:`get_default_optimizer_params`' groups, after
+    the config gate (:func:`gwdet.config_checks.ensure_checked`: ``SOLVER`` values such as a
+    negative weight decay are refused, naming the key)."""
     if not isinstance(cfg, CfgNode) or not isinstance(model, nn.Module):
         raise GwdetTypeError(
             f"build_optimizer(cfg, model) takes a yacs CfgNode and a torch.nn.Module, got {type(cfg).__name__} and "
             f"{type(model).__name__}; for a LazyConfig, build the optimizer with "
             "gwdet.get_default_optimizer_params(model, ...) in its optimizer node")
+    ensure_checked(cfg)
     params = get_default_optimizer_params(
         model,
         base_lr=cfg.SOLVER.BASE_LR,

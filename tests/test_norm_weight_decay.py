@@ -177,3 +177,16 @@ def test_check_model_names_the_norm_layers_detectron2s_optimizer_decays(caplog):
     assert not caplog.records
     with pytest.raises(TypeError, match="weight_decay_norm"):
         check_model(model, optimizer=Trainer.build_optimizer(cfg, model))
+
+
+@pytest.mark.parametrize("key, value, problem", [
+    ("WEIGHT_DECAY_NORM", -1.0, "is no weight decay of the norm layers: give a finite number at least 0"),
+    ("MOMENTUM", 5.0, "SOLVER.MOMENTUM=5.0"),
+])
+def test_build_optimizer_passes_the_config_gate_before_building(key, value, problem):
+    # the train tool refused these; gwdet.build_optimizer built SGD groups with them without a word
+    cfg = build_config(str(REPO / "configs" / "Demo" / "mask_rcnn_R_50_FPN_gw_shapes.yaml"))
+    cfg.defrost()
+    cfg.SOLVER[key] = value
+    with pytest.raises(ValueError, match=problem):
+        gwdet.build_optimizer(cfg, nn.Linear(2, 2))

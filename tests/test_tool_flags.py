@@ -285,3 +285,32 @@ def test_analyze_refuses_flops_without_test_images_or_an_input_size(capsys):
     assert exit_info.value.code == 2
     assert "--tasks flop counts on images of the config's first test dataset, and the config has none: give " \
            "--input-size H W" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content, message", [
+    ("cut", r"cannot be read: it is damaged or cut short \((RuntimeError|EOFError|UnpicklingError): .*\); nothing "
+            r"was loaded from it\. Restore the file from a copy or write it again"),
+    ("tensor", r"holds a Tensor, not a checkpoint: a dict of weights .* Save the model's state_dict\(\) instead\."),
+    ("pickle", r"holds no weights: its weights hold values that are neither tensors nor arrays, 'foo' \(int\)\. "
+               r"Check the path"),
+])
+def test_weights_that_are_cut_short_or_hold_no_weights_are_named(content, message, tmp_path):
+    import pickle
+
+    import torch
+
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    if content == "cut":
+        path = tmp_path / "model_final.pth"
+        torch.save({"model": {"weight": torch.zeros(4, 4)}}, path)
+        path.write_bytes(path.read_bytes()[:300])
+    elif content == "tensor":
+        path = tmp_path / "tensor.pth"
+        torch.save(torch.zeros(3), path)
+    else:
+        path = tmp_path / "weights.pkl"
+        path.write_bytes(pickle.dumps({"foo": 1}))
+    checkpointer = ResilientCheckpointer(torch.nn.Linear(4, 4), save_dir=str(tmp_path / "run"))
+    with pytest.raises(ValueError, match=message):
+        checkpointer.load_weights(str(path))

@@ -70,6 +70,24 @@ def load_pickle_weights(path: str) -> Any:
     return load_pickle_file(path, unsafe_pickle_allowed(), _OPT_IN)
 
 
+def _check_holds_weights(path: str, data: Any) -> None:
+    """Refuse a file whose contents are no checkpoint: not a dict, or whose weights (its ``model``,
+    as detectron2's checkpointer reads it) hold a value that is neither a tensor nor an array."""
+    if not isinstance(data, dict):
+        raise GwdetValueError(
+            f"{path} holds a {type(data).__name__}, not a checkpoint: a dict of weights (a state dict, or "
+            "{'model': state_dict, ...} as detectron2 and gwdet save). Save the model's state_dict() instead.")
+    weights = data.get("model", data)
+    if isinstance(weights, dict):
+        odd = [f"{key!r} ({type(value).__name__})" for key, value in weights.items()
+               if not isinstance(value, (torch.Tensor, np.ndarray))]
+        if odd:
+            raise GwdetValueError(
+                f"{path} holds no weights: its weights hold values that are neither tensors nor arrays, "
+                f"{listed(odd, 3)}. Check the path; a weight file maps parameter names to tensors (or numpy arrays "
+                "in a .pkl).")
+
+
 def load_torch_checkpoint(path: str) -> Any:
     """``torch.load(path, weights_only=True)`` (opt-in to more: ``GWDET_ALLOW_UNSAFE_PICKLE=1``)."""
     return load_torch_file(path, unsafe_pickle_allowed(), _OPT_IN)
@@ -369,10 +387,11 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 "With --resume, the previous checkpoint in the folder is used instead.", filename)
         if filename.endswith(".pkl"):
             data = load_pickle_weights(filename)
+            _check_holds_weights(filename, data)
             if not ("model" in data and "__author__" in data):
-                return {"model": data, "__author__": "unknown", "matching_heuristics": True}
+                data = {"model": data, "__author__": "unknown", "matching_heuristics": True}
         else:
-            data = super()._load_file(filename)
+            data = super()._load_file(filename)  # calls _torch_load
         removed = verify_checksums(filename, data, accept_removed_state=self._loading_initial_weights)
         if removed:
             were = "was" if len(removed) == 1 else "were"
@@ -386,4 +405,15 @@ class ResilientCheckpointer(DetectionCheckpointer):
         return data
 
     def _torch_load(self, f: str) -> Any:
-        return load_torch_checkpoint(f)
+        try:
+            data = load_torch_checkpoint(f)
+            _check_holds_weights(f, data)
+            return data
+        except (RuntimeError, EOFError, pickle.UnpicklingError) as error:
+            if isinstance(error, GwdetError):  # not a checkpoint, or one that needs unsafe loading: named already
+                raise
+            reason = str(error).split(". ")[0].splitlines()[0] if str(error).strip() else "no details"
+            raise DamagedFileError(
+                f"{f} cannot be read: it is damaged or cut short ({type(error).__name__}: {reason}); nothing was "
+                "loaded from it. Restore the file from a copy or write it again (train, or convert the weights "
+                "again); with --resume, the previous checkpoint in the folder is used instead.", f) from error

@@ -190,12 +190,6 @@ def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_D
             f"it with --resume, write to another {setting}, or pass --overwrite to delete that run "
             "and start again."
         )
-    foreign = foreign_files(output_dir, [name for name in existing if name in RUN_FOLDERS])
-    if foreign:
-        raise GwdetFileExistsError(
-            f"--overwrite would delete {listed(foreign, 5)} in the earlier run's folders of {setting} "
-            f"{output_dir!r}, which no run of gwdet wrote; nothing was changed. Move them out of {setting}, or "
-            f"train into another {setting}.")
     deleted = [os.path.realpath(os.path.join(output_dir, name)) for name in existing]
     source = os.path.realpath(os.path.expanduser(weights)) if weights and "://" not in weights else None
     if source is not None and any(source == path or source.startswith(path + os.sep) for path in deleted):
@@ -203,6 +197,12 @@ def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_D
             f"--overwrite would delete {weights_setting} {weights}, a file of the earlier run in {setting} "
             f"{output_dir!r}, before training starts from it; nothing was changed. Copy the weights out of that "
             f"folder and set {weights_setting} to the copy, or train into another {setting}.")
+    foreign = foreign_files(output_dir, [name for name in existing if name in RUN_FOLDERS])
+    if foreign:
+        raise GwdetFileExistsError(
+            f"--overwrite would delete {listed(foreign, 5)} in the earlier run's folders of {setting} "
+            f"{output_dir!r}, which no run of gwdet wrote; nothing was changed. Move them out of {setting}, or "
+            f"train into another {setting}.")
     for name in existing:
         path = os.path.join(output_dir, name)
         shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
