@@ -25,7 +25,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("gwdet.layers",)),  # pure PyTorch
     ("core", ("gwdet.config", "gwdet.positions")),
     ("core", ("gwdet.norms",)),
-    ("core", ("gwdet.config_checks", "gwdet.solver")),
+    ("core", ("gwdet.config_checks",)),
+    ("core", ("gwdet.solver",)),  # builds an optimizer after the config gate
     ("core", ("gwdet.modeling",)),
     ("core", ("gwdet",)),  # the package's __init__: the plugin's public names
     ("infrastructure", ("gwdet.data", "gwdet.checkpoint", "gwdet.model_zoo")),
