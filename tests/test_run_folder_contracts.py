@@ -623,11 +623,33 @@ def test_a_tagged_checkpoint_that_differs_from_its_sha256_record_tells_no_iterat
     assert resumed_iteration(str(tmp_path)) is None, "the resume takes an older checkpoint: its iteration is unknown"
 
 
+def test_a_resume_of_a_finished_run_is_refused_and_one_stopped_before_its_results_is_not(tmp_path):
+    from gwdet.engine.output_dir import check_resume_trains
+    from gwdet.utils.atomic import write_text_with_checksum
+
+    checkpoint = checkpoint_file(tmp_path, "model_final.pth", {"model": {}, "iteration": 99})
+    results = tmp_path / "results.json"
+    write_text_with_checksum(str(results), '{"shapes_val": {"bbox": {"AP": 50.0}}}')
+    os.utime(checkpoint, (1, 1))  # the results came after the last checkpoint
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(ValueError) as refused:
+        check_resume_trains(str(tmp_path), 100)
+    assert str(refused.value) == (
+        f"--resume: the run in {str(tmp_path)!r} is finished: it trained its 100 iterations (model_final.pth) and its "
+        "results are in results.json; resuming would train nothing and write its config.yaml, metrics and results "
+        "again; nothing was changed. To evaluate it again, use --eval-only --resume; to train it further, resume "
+        "with SOLVER.MAX_ITER above 100.")
+    assert sorted(os.listdir(tmp_path)) == before
+    check_resume_trains(str(tmp_path), 150)  # a longer schedule trains on
+    results.write_text("{")  # cut short (its record no longer matches): the evaluation is done again
+    check_resume_trains(str(tmp_path), 100)
+
+
 def test_a_resume_is_refused_only_when_the_checkpoint_is_past_the_schedule(tmp_path):
     from gwdet.engine.output_dir import check_resume_trains
 
     checkpoint_file(tmp_path, "model_final.pth", {"model": {}, "iteration": 99})
-    check_resume_trains(str(tmp_path), 100)  # a finished run, the same schedule: evaluated again
+    check_resume_trains(str(tmp_path), 100)  # stopped before its results (preempted while evaluating): evaluated
     check_resume_trains(str(tmp_path), 150)
     with pytest.raises(ValueError) as refused:
         check_resume_trains(str(tmp_path), 99, "train.max_iter")

@@ -314,3 +314,31 @@ def test_weights_that_are_cut_short_or_hold_no_weights_are_named(content, messag
     checkpointer = ResilientCheckpointer(torch.nn.Linear(4, 4), save_dir=str(tmp_path / "run"))
     with pytest.raises(ValueError, match=message):
         checkpointer.load_weights(str(path))
+
+
+@pytest.mark.parametrize("variable", ["GWDET_ALLOW_NORM_MISMATCH", "GWDET_ALLOW_UNSAFE_PICKLE"])
+def test_an_opt_in_variable_other_than_1_or_0_is_named_not_read_as_no(variable, monkeypatch):
+    from gwdet.checkpoint import resilient
+
+    allowed = {"GWDET_ALLOW_NORM_MISMATCH": resilient.mismatch_allowed,
+               "GWDET_ALLOW_UNSAFE_PICKLE": resilient.unsafe_pickle_allowed}[variable]
+    for value, expected in (("1", True), ("0", False), ("", False)):
+        monkeypatch.setenv(variable, value)
+        assert allowed() is expected
+    monkeypatch.setenv(variable, "true")
+    with pytest.raises(ValueError, match=rf"{variable}='true' is neither 1 nor 0: set {variable}=1 to .*, or unset it"):
+        allowed()
+
+
+def test_initial_or_evaluated_weights_holding_nan_are_refused_naming_the_tensors(tmp_path):
+    import torch
+
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    weights = {"weight": torch.ones(4, 4), "bias": torch.zeros(4)}
+    weights["weight"][1, 2] = float("nan")
+    torch.save({"model": weights}, tmp_path / "diverged.pth")
+    checkpointer = ResilientCheckpointer(torch.nn.Linear(4, 4), save_dir=str(tmp_path / "run"))
+    with pytest.raises(ValueError, match=r"MODEL.WEIGHTS .*diverged.pth holds NaN or infinite values in 1 tensor\(s\) "
+                                         r"\(weight\): a model built from them computes NaN"):
+        checkpointer.load_weights(str(tmp_path / "diverged.pth"))

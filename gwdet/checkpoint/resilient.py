@@ -57,12 +57,21 @@ _OPT_IN = f"set the environment variable {UNSAFE_PICKLE_ENV}=1"
 _MISMATCH_OPT_IN = f"set the environment variable {MISMATCH_ENV}=1"
 
 
+def _opted_in(variable: str, allows: str) -> bool:
+    """Whether the environment variable ``variable`` is ``1``; unset, empty or ``0`` is no; any other
+    value (``true``, ``yes``) is refused, naming it, rather than read as no."""
+    value = os.environ.get(variable, "")
+    if value.strip() not in ("", "0", "1"):
+        raise GwdetValueError(f"{variable}={value!r} is neither 1 nor 0: set {variable}=1 to {allows}, or unset it.")
+    return value.strip() == "1"
+
+
 def unsafe_pickle_allowed() -> bool:
-    return os.environ.get(UNSAFE_PICKLE_ENV, "") == "1"
+    return _opted_in(UNSAFE_PICKLE_ENV, "load files that need more than weights-only unpickling")
 
 
 def mismatch_allowed() -> bool:
-    return os.environ.get(MISMATCH_ENV, "") == "1"
+    return _opted_in(MISMATCH_ENV, "load weights trained with other norm layers or settings")
 
 
 def load_pickle_weights(path: str) -> Any:
@@ -86,6 +95,28 @@ def _check_holds_weights(path: str, data: Any) -> None:
                 f"{path} holds no weights: its weights hold values that are neither tensors nor arrays, "
                 f"{listed(odd, 3)}. Check the path; a weight file maps parameter names to tensors (or numpy arrays "
                 "in a .pkl).")
+
+
+def _check_finite_weights(path: str, data: dict, setting: str) -> None:
+    """Refuse initial or evaluated weights holding NaN or infinite values (a model built from them
+    computes NaN), naming the tensors; a resumed checkpoint is left to the trainer, which stops on a
+    non-finite loss."""
+    weights = data.get("model", data)
+    broken = [str(name) for name, value in weights.items() if not _all_finite(value)]
+    if broken:
+        raise GwdetValueError(
+            f"{setting} {path} holds NaN or infinite values in {len(broken)} tensor(s) ({listed(broken, 3)}): a model "
+            "built from them computes NaN, so its results would mean nothing. The run that wrote them diverged: use "
+            "an earlier checkpoint of it, or other weights.")
+
+
+def _all_finite(value: Any) -> bool:
+    """Whether a tensor or array holds no NaN or infinite value (True for other values and integers)."""
+    if isinstance(value, torch.Tensor):
+        return not value.is_floating_point() or bool(torch.isfinite(value).all())
+    if isinstance(value, np.ndarray):
+        return value.dtype.kind != "f" or bool(np.isfinite(value).all())
+    return True
 
 
 def load_torch_checkpoint(path: str) -> Any:
@@ -402,6 +433,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 "with --resume.")
         data.pop(CHECKSUMS_KEY, None)
         data.pop(STATE_CHECKSUMS_KEY, None)
+        if self._loading_initial_weights:
+            _check_finite_weights(filename, data, self.weights_setting)
         return data
 
     def _torch_load(self, f: str) -> Any:

@@ -390,19 +390,34 @@ def resumed_iteration(output_dir: str) -> tuple[str, int] | None:
 def check_resume_trains(output_dir: str, max_iter: int, setting: str = "SOLVER.MAX_ITER") -> None:
     """Raise ``ValueError`` when ``--resume`` of the run in ``output_dir`` would train nothing because
     its checkpoint is past ``max_iter`` (the config's ``setting``): the run would only be evaluated
-    again, and its ``config.yaml`` and results rewritten with a schedule its weights never had. A
-    run resumed at exactly ``max_iter`` (a finished run, the same schedule) is evaluated again, as
-    before."""
+    again, and its ``config.yaml`` and results rewritten with a schedule its weights never had; or
+    because the run is finished (resumed at exactly ``max_iter`` with its results written after its
+    last checkpoint). A run stopped after its last checkpoint but before its results (a job
+    preempted during the final evaluation) is evaluated, as a resume at ``max_iter`` does."""
     found = resumed_iteration(output_dir)
     if found is None:
         return
     path, start = found
+    if max_iter == start and _results_written_after(output_dir, path):
+        raise GwdetValueError(
+            f"--resume: the run in {output_dir!r} is finished: it trained its {start} iterations "
+            f"({os.path.basename(path)}) and its results are in {RESULTS_JSON}; resuming would train nothing and write "
+            f"its {CONFIG_NAME}, metrics and results again; nothing was changed. To evaluate it again, use --eval-only "
+            f"--resume; to train it further, resume with {setting} above {start}.")
     if max_iter < start:
         raise GwdetValueError(
             f"--resume: the run in {output_dir!r} has trained {start} iterations ({os.path.basename(path)}), more "
             f"than {setting} {max_iter}: resuming would train nothing and write the run's {CONFIG_NAME} and results "
             f"again with a schedule its weights did not have; nothing was changed. To train it further, resume with "
             f"{setting} above {start}; to evaluate it, use --eval-only --resume.")
+
+
+def _results_written_after(output_dir: str, checkpoint: str) -> bool:
+    """Whether ``output_dir`` holds a ``results.json`` (whole, by its SHA-256 record where there is
+    one) written after ``checkpoint``."""
+    results = os.path.join(output_dir, RESULTS_JSON)
+    return (os.path.isfile(results) and checksum_problem(results) is None
+            and os.path.getmtime(results) >= os.path.getmtime(checkpoint))
 
 
 class SavedRun(NamedTuple):
