@@ -260,3 +260,20 @@ def test_a_run_on_the_meta_device_is_refused_for_yacs_and_lazy_configs():
             with pytest.raises(GwdetValueError, match=rf"{setting} is 'meta', which holds tensor shapes only: a run "
                                                       "cannot train or evaluate there"):
                 run.check_request(eval_only=eval_only, world_size=1)
+
+
+@pytest.mark.parametrize("opts, setting", [
+    (["DATASETS.TEST", "()"], "DATASETS.TEST"),
+])
+def test_eval_only_without_a_test_set_is_refused_before_anything_is_written(opts, setting, tmp_path):
+    # it evaluated nothing and exited 0, saying so in one log line
+    from gwdet.engine.arguments import parse_args
+    from gwdet.engine.run import check_output_request, load_run_config
+
+    args = parse_args(["--config-file", str(DEMO_CONFIG), "--eval-only", "MODEL.WEIGHTS", "model_final.pth", *opts,
+                       "OUTPUT_DIR", str(tmp_path / "out")])
+    with pytest.raises(ValueError) as refused:
+        check_output_request(args, load_run_config(args.config_file, args.opts))
+    assert str(refused.value) == (f"--eval-only evaluates on the config's test set, and {setting} names none; nothing "
+                                  f"was evaluated or written. Name the dataset to evaluate on in {setting}.")
+    assert not (tmp_path / "out").exists()

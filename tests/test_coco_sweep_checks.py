@@ -321,3 +321,9 @@ def test_an_image_the_test_resize_leaves_without_a_pixel_side_is_refused_before_
                                            r"one side would keep no pixel.*Raise INPUT.MAX_SIZE_TEST"):
         check_config_against_datasets(config("plain_r", "wide_r"))
     check_config_against_datasets(config("plain_r", "wide_r", "INPUT.MAX_SIZE_TEST", "4000"))
+
+
+def test_a_category_id_of_true_is_no_category_one(tmp_path):
+    # True == 1 to Python: the annotation was trained as category 1 without a word
+    message = refusal(tmp_path, lambda coco, root: coco["annotations"][2].update(category_id=True))
+    assert "annotation id 3 of " in message and "has category_id True, which is not among its categories (ids 1, 2)" in message

@@ -345,6 +345,23 @@ def test_benchmark_flags_the_run_would_not_use_or_cannot_measure_are_refused(cap
     assert stop.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_benchmark_out_must_be_a_markdown_text_file_before_the_benchmark_runs(tmp_path, capsys):
+    # a script given as --out got a markdown section appended (and no longer ran); a binary file
+    # ended in UnicodeDecodeError once the whole benchmark had run
+    from gwdet_lab.benchmark.cli import parse_args
+
+    script = tmp_path / "tool.py"
+    script.write_text("print('mine')\n")
+    binary = tmp_path / "notes.md"
+    binary.write_bytes(b"\xff\xfe\x00binary")
+    for out, message in ((script, f"--out {script}: the tables go into a markdown file (.md)"),
+                         (binary, f"--out {binary} is not UTF-8 text: give a markdown file")):
+        with pytest.raises(SystemExit) as stop:
+            parse_args(["--layers", "--quick", "--out", str(out)])
+        assert stop.value.code == 2 and message in capsys.readouterr().err
+    assert script.read_text() == "print('mine')\n"
+
+
 def test_benchmark_section_defaults_to_main_with_out(tmp_path):
     from gwdet_lab.benchmark.cli import parse_args
 

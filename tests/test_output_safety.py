@@ -233,7 +233,9 @@ def test_a_config_left_by_a_run_that_failed_before_training_claims_nothing(tmp_p
     (tmp_path / "inference" / "shapes_val").mkdir(parents=True)
     check_fresh_start(str(tmp_path), overwrite=False)
     (tmp_path / "metrics.json").write_text('{"iteration": 0, "total_loss": 2.3}\n')
-    with pytest.raises(FileExistsError, match="already holds the results of an evaluation"):
+    with pytest.raises(FileExistsError, match=r"already holds a run that stopped before its first checkpoint "
+                                              r"\(config.yaml, config.yaml.sha256, inference, metrics.json\), nothing "
+                                              r"to continue; nothing was changed.*pass --overwrite to delete its files"):
         check_fresh_start(str(tmp_path), overwrite=False)
 
 

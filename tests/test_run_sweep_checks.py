@@ -315,3 +315,18 @@ def test_eval_only_resume_with_weights_named_on_the_command_line_is_refused(fini
     with pytest.raises(ValueError, match=r"--eval-only --resume evaluates the checkpoint that .*last_checkpoint names "
                                          r".*not MODEL.WEIGHTS .*other.pth given on the command line: leave out"):
         evaluation_request(load_run_config(args.config_file, args.opts), args)
+
+
+def test_a_training_that_diverges_after_its_first_iteration_is_named_with_its_checkpoints_kept(tmp_path):
+    # detectron2's FloatingPointError reached the user as a traceback (the first iteration's was named already)
+    args = tiny_run_args(tmp_path, "SOLVER.MAX_ITER", "30", "SOLVER.WARMUP_ITERS", "0", "SOLVER.BASE_LR", "50.0",
+                         "DATASETS.TEST", "()")
+    with pytest.raises(GwdetError) as refused:
+        main(args)
+    message = str(refused.value)
+    assert message.startswith("Training diverged: ") and "Training has diverged." in message
+    assert message.endswith(f"The checkpoints written before it are kept in {tmp_path}. Lower the learning rate or "
+                            "lengthen the warm-up and train again; --resume would continue from the last checkpoint, "
+                            "which may diverge the same way.")
+    assert isinstance(refused.value.__cause__, FloatingPointError)
+    assert list(tmp_path.glob("model_00*.pth")), "the checkpoints of the iterations before it"

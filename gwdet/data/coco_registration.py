@@ -359,7 +359,8 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
         if absent:
             raise DatasetError(f"{where} annotation #{index} of {path} has no {', '.join(map(repr, absent))} "
                                f"({_shown(annotation)}): every annotation needs {', '.join(map(repr, ANNOTATION_KEYS))}.")
-        if annotation["category_id"] not in names:
+        # a bool is an int to Python (True == 1), not to COCO
+        if isinstance(annotation["category_id"], bool) or annotation["category_id"] not in names:
             raise DatasetError(
                 f"{where} annotation id {annotation['id']} of {path} has category_id {annotation['category_id']!r}, "
                 f"which is not among its categories (ids {listed([str(i) for i in sorted(names)], SHOWN)}): add the "

@@ -307,6 +307,7 @@ class LazyRun(RunConfig):
     weights_setting = WEIGHTS_SETTING
     weights_example = f"{WEIGHTS_SETTING}=path/to/model_final.pth"
     vis_setting = "train.vis_images"
+    test_setting = "dataloader.test.dataset.names"
     cfg: DictConfig
 
     @classmethod

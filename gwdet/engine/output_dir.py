@@ -180,7 +180,12 @@ def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_D
     existing = run_files(output_dir)
     if not overwrite:
         shown = listed(existing, 6)
-        if not checkpoints_in(output_dir):  # an evaluation's results: --resume would start afresh over them
+        if not checkpoints_in(output_dir):  # nothing to continue: --resume would start afresh over them
+            if RESULTS_JSON not in existing:
+                raise GwdetFileExistsError(
+                    f"{setting} {output_dir!r} already holds a run that stopped before its first checkpoint ({shown}), "
+                    f"nothing to continue; nothing was changed. Write to another {setting}, or pass --overwrite to "
+                    "delete its files and train here.")
             raise GwdetFileExistsError(
                 f"{setting} {output_dir!r} already holds the results of an evaluation ({shown}), no checkpoint to "
                 f"continue; nothing was changed. Write to another {setting}, or pass --overwrite to delete those "

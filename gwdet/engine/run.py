@@ -49,7 +49,7 @@ from gwdet.checkpoint.resilient import (CLASSES_KEY, INPUT_KEY, ResilientCheckpo
 from gwdet.data.coco_registration import CocoDataset, DatasetError
 from gwdet.data.datasets import check_evaluated_classes
 from gwdet.modeling.detectron2_failures import named_config_failures
-from gwdet.errors import GwdetError, GwdetValueError, listed
+from gwdet.errors import GwdetError, GwdetRuntimeError, GwdetValueError, listed
 from gwdet.layers.plans import describe_plans
 from gwdet.model_zoo.lazy_loading import is_lazy_config
 from gwdet.utils.atomic import write_text_atomically, write_text_with_checksum
@@ -85,6 +85,7 @@ class RunConfig(ABC):
     weights_setting: ClassVar[str]  # the setting of the initial weights
     weights_example: ClassVar[str]  # that setting given a value, as a message suggests it
     vis_setting: ClassVar[str]  # the setting of the number of prediction drawings
+    test_setting: ClassVar[str]  # the setting that names the test set(s)
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
@@ -244,6 +245,10 @@ def check_output_request(args: argparse.Namespace, run: RunConfig) -> None:
         raise GwdetValueError(
             f"--resume continues the run in {output_setting} and --overwrite deletes it: give one of them.")
     if args.eval_only:
+        if not run.test_datasets():
+            raise GwdetValueError(
+                f"--eval-only evaluates on the config's test set, and {run.test_setting} names none; nothing was "
+                f"evaluated or written. Name the dataset to evaluate on in {run.test_setting}.")
         if args.resume:
             tagged_checkpoint(run.output_dir)
         elif not run.weights:
@@ -361,7 +366,15 @@ def main(args: argparse.Namespace):
                 trainer.resume_or_load(resume=args.resume)
             with named_config_failures(run.cfg, "train the first iteration", args.opts,
                                        applies=lambda: trainer.iter == trainer.start_iter):
-                results = trainer.train()
+                try:
+                    results = trainer.train()
+                except FloatingPointError as error:  # detectron2's trainer: a non-finite loss
+                    if trainer.iter == trainer.start_iter:
+                        raise
+                    raise GwdetRuntimeError(
+                        f"Training diverged: {error} The checkpoints written before it are kept in "
+                        f"{run.output_dir}. Lower the learning rate or lengthen the warm-up and train again; --resume "
+                        "would continue from the last checkpoint, which may diverge the same way.") from error
             model = trainer.model
         test_datasets = run.test_datasets()
         write_results_to(run.output_dir, results or {}, test_datasets, run.run_datasets())

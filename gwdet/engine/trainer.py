@@ -255,6 +255,7 @@ class YacsRun(RunConfig):
     weights_setting = "MODEL.WEIGHTS"
     weights_example = "MODEL.WEIGHTS path/to/model_final.pth"
     vis_setting = "TEST.VIS_IMAGES"
+    test_setting = "DATASETS.TEST"
     cfg: CfgNode
 
     @classmethod

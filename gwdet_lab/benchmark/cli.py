@@ -58,7 +58,8 @@ from gwdet_lab.benchmark.layer_level import layer_tables, run_layers
 from gwdet_lab.benchmark.measure import CLOCKS
 from gwdet_lab.benchmark.model_level import DEFAULT_MODEL_OPTS, MODELS, model_tables, run_models
 from gwdet_lab.benchmark.op_level import op_count_tables, run_op_counts
-from gwdet_lab.benchmark.report import load_average, report, report_header, section_problem, write_section
+from gwdet_lab.benchmark.report import (load_average, markdown_problem, report, report_header, section_problem,
+                                         write_section)
 
 # The smallest --image-size: the models (R-50-FPN) pad an image to a multiple of 32, their coarsest
 # feature stride, so a smaller one is a 32 x 32 step, not one of the size the report states.
@@ -141,7 +142,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         unknown = sorted(set(asked or ()) - set(known))
         if unknown:
             parser.error(f"{flag}: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
-    problem = output_path_problem("--out", args.out, folder=False) if args.out else None
+    problem = (output_path_problem("--out", args.out, folder=False) or markdown_problem(args.out)) if args.out else None
     if problem:
         parser.error(problem)
     if args.busy < 0:

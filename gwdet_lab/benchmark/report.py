@@ -101,6 +101,19 @@ def report(header: str, tables: Sequence[str]) -> str:
     return header + "".join("\n" + text for text in tables)
 
 
+def markdown_problem(path: str | Path) -> str | None:
+    """Why ``--out`` ``path`` cannot take a section (:func:`write_section`), checked before the
+    benchmark runs: not a ``.md`` file, or one that is not UTF-8 text; None when it can."""
+    if Path(path).suffix.lower() != ".md":
+        return (f"--out {path}: the tables go into a markdown file (.md), e.g. docs/benchmarks.md, which keeps "
+                "everything outside its section; give a .md path")
+    try:
+        Path(path).read_text(encoding="utf-8") if Path(path).is_file() else ""
+    except UnicodeDecodeError:
+        return f"--out {path} is not UTF-8 text: give a markdown file (a new path creates one)"
+    return None
+
+
 def write_section(path: str | Path, body: str, section: str = "main") -> None:
     """Write ``body`` between the markers of ``section`` in ``path``, keeping the rest of the file;
     a file without them gets the section appended (a missing file is created). Everything outside
