@@ -131,6 +131,14 @@ def test_an_argument_the_nodes_callable_does_not_take_is_refused_when_the_config
                             "takes it.")
 
 
+def test_a_mapping_override_is_checked_key_by_key():
+    # train={max_itr:3} added the misspelt key without a word, where train.max_itr=3 was refused
+    with pytest.raises(GwdetValueError, match=r"LazyConfig override 'train.max_itr': the config has no 'max_itr' under "
+                                              r"'train'. Did you mean 'train.max_iter'\?"):
+        load_lazy_config(str(LAZY_CONFIG), ["train={max_itr:3}"])
+    assert load_lazy_config(str(LAZY_CONFIG), ["train={max_iter:3}"]).train.max_iter == 3
+
+
 def test_detectron2s_own_lazy_configs_pass_the_argument_check():
     # found without importing detectron2.model_zoo, which imports pkg_resources
     folder = Path(importlib.util.find_spec("detectron2").submodule_search_locations[0]) / "model_zoo" / "configs"

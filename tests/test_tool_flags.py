@@ -342,3 +342,24 @@ def test_initial_or_evaluated_weights_holding_nan_are_refused_naming_the_tensors
     with pytest.raises(ValueError, match=r"MODEL.WEIGHTS .*diverged.pth holds NaN or infinite values in 1 tensor\(s\) "
                                          r"\(weight\): a model built from them computes NaN"):
         checkpointer.load_weights(str(tmp_path / "diverged.pth"))
+
+
+def test_a_damaged_sha256_record_beside_an_intact_checkpoint_is_named_and_the_checkpoint_loaded(tmp_path, caplog):
+    # it was called a damaged checkpoint, and a resume skipped it for an older one
+    import torch
+
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    model = torch.nn.Linear(4, 4)
+    ResilientCheckpointer(model, save_dir=str(tmp_path)).save("model_final")
+    record = tmp_path / "model_final.pth.sha256"
+    record.write_text("not a record\n")
+    loader = ResilientCheckpointer(torch.nn.Linear(4, 4), save_dir=str(tmp_path / "other"))
+    with caplog.at_level("WARNING"):
+        loader.load_weights(str(tmp_path / "model_final.pth"))
+    assert torch.equal(loader.model.weight, model.weight)
+    assert (f"{tmp_path / 'model_final.pth'}: its checksum record model_final.pth.sha256 is damaged, so the file is "
+            "checked by the checksums recorded inside it only. Delete model_final.pth.sha256") in caplog.text
+    record.write_text("0" * 64 + "  model_final.pth\n")  # a record that does not match: the file is refused
+    with pytest.raises(ValueError, match=r"model_final.pth is damaged \(its SHA-256 differs from the one recorded"):
+        loader.load_weights(str(tmp_path / "model_final.pth"))

@@ -216,6 +216,27 @@ def _check_key_parts(override: str, key: str, value: str) -> None:
         f"an end): write one dot between the names of a dotted key, e.g. {plus}{meant}={value}")
 
 
+def _override_value(override: str) -> Any:
+    """The value of ``override`` as hydra's grammar reads it (what detectron2 applies); None where
+    hydra is not installed."""
+    try:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+    except ImportError:
+        return None
+    return OverridesParser.create().parse_overrides([override])[0].value()
+
+
+def _mapping_keys(value: Any, prefix: str) -> list[str]:
+    """The dotted keys below ``prefix`` that a mapping ``value`` sets (``{a: 1, b: {c: 2}}``: ``a``,
+    ``b.c``)."""
+    if not isinstance(value, dict):
+        return []
+    keys = []
+    for name, inner in value.items():
+        keys += _mapping_keys(inner, f"{prefix}.{name}") if isinstance(inner, dict) and inner else [f"{prefix}.{name}"]
+    return keys
+
+
 def _check_override_syntax(override: str, key: str, value: str) -> None:
     """Raise ``ValueError`` naming ``override`` when hydra's override grammar, which detectron2's
     ``LazyConfig.apply_overrides`` reads the overrides with, cannot read it (``train.max_iter==3``,
@@ -257,6 +278,9 @@ def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
         if not key.startswith("+"):
             check_override_key(cfg, key.strip())
         _check_override_syntax(override, key.strip(), value)
+        if not key.startswith("+"):  # a mapping is merged into the node: its keys are keys of the node
+            for nested in _mapping_keys(_override_value(override), key.strip()):
+                check_override_key(cfg, nested)
     return LazyConfig.apply_overrides(cfg, [o[1:] if o.startswith("+") else o for o in overrides])
 
 

@@ -233,24 +233,38 @@ def remove_checksum(path: str) -> None:
         os.unlink(checksum_path(path))
 
 
-def checksum_problem(path: str) -> str | None:
-    """Why the file at ``path`` does not hold what was written, by the SHA-256 recorded beside it
-    (words to put in a message); ``None`` when it matches, and when nothing is recorded."""
-    path = os.fspath(path)
+def _recorded_sha256(path: str) -> tuple[str | None, str | None]:
+    """``(SHA-256, None)`` as recorded beside ``path``, ``(None, None)`` when nothing is recorded (or
+    ``path`` is not local), ``(None, why)`` when the record cannot be read or is damaged."""
     record = checksum_path(path)
     if "://" in path or not os.path.isfile(record):
-        return None
+        return None, None
     name = os.path.basename(record)
     try:
         with open(record, "rb") as file:
             match = _CHECKSUM_RECORD.match(file.read(256))
     except OSError as error:
-        return f"its checksum record {name} cannot be read: {error.strerror or error}"
+        return None, f"its checksum record {name} cannot be read: {error.strerror or error}"
     if match is None:
-        return f"its checksum record {name} is damaged"
-    if file_sha256(path) != match.group(1).decode("ascii"):
-        return f"its SHA-256 differs from the one recorded in {name} when it was written"
-    return None
+        return None, f"its checksum record {name} is damaged"
+    return match.group(1).decode("ascii"), None
+
+
+def record_problem(path: str) -> str | None:
+    """Why the SHA-256 record beside ``path`` cannot be used (unreadable, damaged), as words to put
+    in a message; ``None`` when it can, and when there is none."""
+    return _recorded_sha256(os.fspath(path))[1]
+
+
+def checksum_problem(path: str) -> str | None:
+    """Why the file at ``path`` does not hold what was written, by the SHA-256 recorded beside it
+    (words to put in a message), or why that record cannot be used (:func:`record_problem`);
+    ``None`` when it matches, and when nothing is recorded."""
+    path = os.fspath(path)
+    recorded, problem = _recorded_sha256(path)
+    if recorded is not None and file_sha256(path) != recorded:
+        return f"its SHA-256 differs from the one recorded in {os.path.basename(checksum_path(path))} when it was written"
+    return problem
 
 
 def write_with_checksum(path: str, write: Callable[[IO[bytes]], object], path_manager=PathManager) -> None:
