@@ -131,6 +131,16 @@ def test_an_argument_the_nodes_callable_does_not_take_is_refused_when_the_config
                             "takes it.")
 
 
+@pytest.mark.parametrize("key", ["dataloader.test.dataset.names", "dataloader.train.dataset.names"])
+def test_a_lazy_config_naming_an_unregistered_dataset_is_refused_before_training(key):
+    # the test set failed with a raw KeyError after the whole training; the training set's failure blamed the model
+    evaluated = ["dataloader.evaluator.dataset_name=mine_unregistered"] if key.startswith("dataloader.test") else []
+    run = LazyRun.load(str(LAZY_CONFIG), [f"{key}=mine_unregistered", *evaluated])
+    with pytest.raises(KeyError, match=r"Dataset 'mine_unregistered' is not registered. Register your own COCO-format "
+                                       r"data with --register-coco mine_unregistered="):
+        run.prepare_datasets()
+
+
 def test_a_mapping_override_is_checked_key_by_key():
     # train={max_itr:3} added the misspelt key without a word, where train.max_itr=3 was refused
     with pytest.raises(GwdetValueError, match=r"LazyConfig override 'train.max_itr': the config has no 'max_itr' under "

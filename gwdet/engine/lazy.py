@@ -42,7 +42,7 @@ from gwdet.data.coco_registration import (
     register_coco_datasets,
     registered_coco_dataset,
 )
-from gwdet.data.datasets import dataset_classes, named_empty_training_set
+from gwdet.data.datasets import check_dataset_files, dataset_classes, named_empty_training_set
 from gwdet.data.resumable import resumable_train_loader
 from gwdet.config import ABSENT
 from gwdet.model_zoo.lazy_loading import (
@@ -359,9 +359,11 @@ class LazyRun(RunConfig):
         return saved_tree(self.cfg)
 
     def prepare_datasets(self) -> None:
-        """:func:`check_datasets` (the LazyConfig's dataset nodes, ``gwdet.data.shapes_dataset``, ...,
-        register their datasets when built)."""
+        """:func:`check_datasets`, then every dataset the LazyConfig names is registered and its files
+        are there (:func:`gwdet.data.datasets.check_dataset_files`; its dataset nodes,
+        ``gwdet.data.shapes_dataset``, ..., register their datasets when built), as for a yacs config."""
         check_datasets(self.cfg)
+        check_dataset_files(dataset_names(self.cfg))
 
     def build_model(self) -> torch.nn.Module:
         return build_model(self.cfg)

@@ -226,6 +226,15 @@ def _override_value(override: str) -> Any:
     return OverridesParser.create().parse_overrides([override])[0].value()
 
 
+def _is_own_node(cfg: DictConfig, key: str) -> bool:
+    """Whether ``key`` holds a node of its own (not a reference to another, not a value)."""
+    parent_key, _, name = key.rpartition(".")
+    parent = select(cfg, parent_key) if parent_key else cfg
+    if not isinstance(parent, DictConfig) or name not in parent or OmegaConf.is_interpolation(parent, name):
+        return False
+    return isinstance(parent[name], DictConfig)
+
+
 def _mapping_keys(value: Any, prefix: str) -> list[str]:
     """The dotted keys below ``prefix`` that a mapping ``value`` sets (``{a: 1, b: {c: 2}}``: ``a``,
     ``b.c``)."""
@@ -278,7 +287,7 @@ def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
         if not key.startswith("+"):
             check_override_key(cfg, key.strip())
         _check_override_syntax(override, key.strip(), value)
-        if not key.startswith("+"):  # a mapping is merged into the node: its keys are keys of the node
+        if not key.startswith("+") and _is_own_node(cfg, key.strip()):  # a mapping merges into such a node
             for nested in _mapping_keys(_override_value(override), key.strip()):
                 check_override_key(cfg, nested)
     return LazyConfig.apply_overrides(cfg, [o[1:] if o.startswith("+") else o for o in overrides])
