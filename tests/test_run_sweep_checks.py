@@ -328,5 +328,6 @@ def test_a_training_that_diverges_after_its_first_iteration_is_named_with_its_ch
     assert message.endswith(f"The checkpoints written before it are kept in {tmp_path}. Lower the learning rate or "
                             "lengthen the warm-up and train again; --resume would continue from the last checkpoint, "
                             "which may diverge the same way.")
+    assert isinstance(refused.value, FloatingPointError), "still what detectron2's trainer raises, for callers catching it"
     assert isinstance(refused.value.__cause__, FloatingPointError)
     assert list(tmp_path.glob("model_00*.pth")), "the checkpoints of the iterations before it"

@@ -49,7 +49,7 @@ from gwdet.checkpoint.resilient import (CLASSES_KEY, INPUT_KEY, ResilientCheckpo
 from gwdet.data.coco_registration import CocoDataset, DatasetError
 from gwdet.data.datasets import check_evaluated_classes
 from gwdet.modeling.detectron2_failures import named_config_failures
-from gwdet.errors import GwdetError, GwdetRuntimeError, GwdetValueError, listed
+from gwdet.errors import GwdetError, GwdetValueError, listed
 from gwdet.layers.plans import describe_plans
 from gwdet.model_zoo.lazy_loading import is_lazy_config
 from gwdet.utils.atomic import write_text_atomically, write_text_with_checksum
@@ -74,6 +74,11 @@ from gwdet.engine.run_log import HeldRecords
 from gwdet.engine.visualize import save_prediction_pngs
 
 logger = logging.getLogger(__name__)
+
+
+class TrainingDiverged(GwdetError, FloatingPointError):
+    """A training whose loss or predictions became non-finite after its first iteration, named with
+    the fix; a ``FloatingPointError`` as detectron2's trainer raises it."""
 
 
 class RunConfig(ABC):
@@ -371,7 +376,7 @@ def main(args: argparse.Namespace):
                 except FloatingPointError as error:  # detectron2's trainer: a non-finite loss
                     if trainer.iter == trainer.start_iter:
                         raise
-                    raise GwdetRuntimeError(
+                    raise TrainingDiverged(
                         f"Training diverged: {error} The checkpoints written before it are kept in "
                         f"{run.output_dir}. Lower the learning rate or lengthen the warm-up and train again; --resume "
                         "would continue from the last checkpoint, which may diverge the same way.") from error
