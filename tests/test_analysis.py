@@ -137,6 +137,8 @@ def test_subcommand_writes_its_files(tmp_path, command, capsys):
     (["--dim", "0"], "argument --dim: the feature count must be >= 1, got 0"),
     (["--samples", "1"], "argument --samples: the sample count (a covariance needs two samples) must be >= 2, got 1"),
     (["--groups", ","], "argument --groups: give at least one group number"),
+    # "make_norm: num_groups=32 must divide num_features=16", an internal function, after the set-up
+    (["--groups", "32", "--dim", "16"], "--groups 32: each group number must divide --dim 16"),
 ])
 def test_conditioning_refuses_counts_it_cannot_use_before_any_work(tmp_path, capsys, flag, message):
     with pytest.raises(SystemExit) as refused:  # before: raw errors after the simulations had run

@@ -141,6 +141,20 @@ def test_a_lazy_config_naming_an_unregistered_dataset_is_refused_before_training
         run.prepare_datasets()
 
 
+@pytest.mark.parametrize("override, message", [
+    ("dataloader.train.dataset.names=[a,b]", "The LazyConfig overrides cannot set dataloader.train.dataset.names: "
+     "Cannot merge DictConfig with ListConfig. dataloader.train.dataset.names holds a node (an L(...) call or a "
+     "mapping): set its keys (dataloader.train.dataset.names.KEY=VALUE), or give it a node of its own"),
+    ("train.seed=${nope.x}", "LazyConfig override 'train.seed=${nope.x}' cannot be resolved: Interpolation key "
+     "'nope.x' not found. An interpolation ${...} must name a key of the config."),
+])
+def test_an_override_omegaconf_cannot_apply_or_resolve_is_named(override, message):
+    # omegaconf's traceback (a list for a node), or an error only when the run read the value
+    with pytest.raises(GwdetValueError) as refused:
+        load_lazy_config(str(LAZY_CONFIG), [override])
+    assert str(refused.value).startswith(message)
+
+
 def test_a_mapping_override_is_checked_key_by_key():
     # train={max_itr:3} added the misspelt key without a word, where train.max_itr=3 was refused
     with pytest.raises(GwdetValueError, match=r"LazyConfig override 'train.max_itr': the config has no 'max_itr' under "

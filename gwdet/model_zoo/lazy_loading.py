@@ -23,6 +23,7 @@ from typing import Any, Iterable, Sequence
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from detectron2.config import LazyConfig
 from detectron2.layers import ShapeSpec
@@ -290,7 +291,22 @@ def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
         if not key.startswith("+") and _is_own_node(cfg, key.strip()):  # a mapping merges into such a node
             for nested in _mapping_keys(_override_value(override), key.strip()):
                 check_override_key(cfg, nested)
-    return LazyConfig.apply_overrides(cfg, [o[1:] if o.startswith("+") else o for o in overrides])
+    try:
+        applied = LazyConfig.apply_overrides(cfg, [o[1:] if o.startswith("+") else o for o in overrides])
+    except OmegaConfBaseException as error:  # e.g. a list given for a node
+        key = getattr(error, "full_key", None) or "a key"
+        advice = (f" {key} holds a node (an L(...) call or a mapping): set its keys ({key}.KEY=VALUE), or give it a "
+                  f"node of its own ({key}={{_target_: ..., ...}}).") if isinstance(select(cfg, key), DictConfig) else ""
+        raise GwdetValueError(
+            f"The LazyConfig overrides cannot set {key}: {str(error).splitlines()[0]}.{advice}") from None
+    for override in overrides:
+        key = override.partition("=")[0].strip().lstrip("+")
+        try:
+            OmegaConf.select(applied, key, throw_on_resolution_failure=True)
+        except OmegaConfBaseException as error:  # an interpolation that names no key
+            raise GwdetValueError(f"LazyConfig override {override!r} cannot be resolved: {str(error).splitlines()[0]}. "
+                                  "An interpolation ${...} must name a key of the config.") from None
+    return applied
 
 
 def load_lazy_config(config_file: str, overrides: Sequence[str] = ()) -> DictConfig:

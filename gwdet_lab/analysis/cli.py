@@ -178,6 +178,11 @@ def _analyze(argv: Sequence[str]) -> int:
     problem = output_path_problem("--out", args.out, folder=True) or foreign_table_problem(args.out, args.command)
     if problem:
         parser.error(problem)
+    if args.command == "conditioning":
+        apart = [groups for groups in args.groups if args.dim % groups]
+        if apart:
+            parser.error(f"--groups {', '.join(map(str, apart))}: each group number must divide --dim {args.dim} (the "
+                         "features are split into equal groups); give divisors of --dim, or another --dim")
     written = run(args)
     print(f"{args.command}: wrote")
     for path in written:
