@@ -1,6 +1,6 @@
 """``make gpu-check`` (tools/gpu_check.py, gwdet_lab.benchmark.gpu_check) on a machine without CUDA:
-it refuses and writes nothing; and the parts that need no GPU: the section it writes, the GPU it
-compares with the cost model."""
+it refuses and writes nothing, and refuses first an ``--out`` that cannot take the section; and the
+parts that need no GPU: the section it writes, the GPU it compares with the cost model."""
 import hashlib
 import subprocess
 import sys
@@ -61,3 +61,13 @@ def test_the_section_holds_the_measurements_beside_the_model_and_names_what_was_
     write_section(out, body.replace("0.912", "0.905"), name)
     text = out.read_text()
     assert text.count(markers(name)[0]) == 1 and "0.905" in text and "0.912" not in text and "kept text" in text
+
+
+def test_an_out_that_cannot_take_the_section_is_refused_before_anything_is_measured(tmp_path, capsys):
+    script = tmp_path / "tool.py"
+    script.write_text("print('mine')\n")
+    with pytest.raises(SystemExit) as stop:
+        gpu_check.main(["--out", str(script)])
+    assert stop.value.code == 2
+    assert f"--out {script}: the tables go into a markdown file (.md)" in capsys.readouterr().err
+    assert script.read_text() == "print('mine')\n"

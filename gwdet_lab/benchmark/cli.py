@@ -49,7 +49,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
-from gwdet.utils.cli_errors import add_verbose_argument, output_path_problem, run_tool
+from gwdet.utils.cli_errors import add_verbose_argument, run_tool
 from gwdet.engine.threads import configure_threads, thread_request
 from gwdet_lab.benchmark.busy import competing_load
 from gwdet_lab.benchmark.cases import COMPILED_CASES, layer_factories
@@ -58,7 +58,7 @@ from gwdet_lab.benchmark.layer_level import layer_tables, run_layers
 from gwdet_lab.benchmark.measure import CLOCKS
 from gwdet_lab.benchmark.model_level import DEFAULT_MODEL_OPTS, MODELS, model_tables, run_models
 from gwdet_lab.benchmark.op_level import op_count_tables, run_op_counts
-from gwdet_lab.benchmark.report import (load_average, markdown_problem, report, report_header, section_problem,
+from gwdet_lab.benchmark.report import (load_average, report, report_header, section_file_problem, section_problem,
                                          write_section)
 
 # The smallest --image-size: the models (R-50-FPN) pad an image to a multiple of 32, their coarsest
@@ -142,7 +142,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         unknown = sorted(set(asked or ()) - set(known))
         if unknown:
             parser.error(f"{flag}: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
-    problem = (output_path_problem("--out", args.out, folder=False) or markdown_problem(args.out)) if args.out else None
+    problem = section_file_problem(args.out) if args.out else None
     if problem:
         parser.error(problem)
     if args.busy < 0:

@@ -33,7 +33,7 @@ import torch
 
 from gwdet_lab.benchmark.cases import CONV, GN, LAYER_SHAPES, format_shape, input_view
 from gwdet_lab.benchmark.model_level import REPO
-from gwdet_lab.benchmark.report import write_section
+from gwdet_lab.benchmark.report import section_file_problem, write_section
 
 Shape = Tuple[int, ...]
 REPO_TEST = "tests/test_cuda.py"
@@ -234,6 +234,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--out", default="docs/benchmarks.md", help="the markdown file the section goes into")
     parser.add_argument("--skip-tests", action="store_true", help="do not run tests/test_cuda.py first")
     args = parser.parse_args(argv)
+    problem = section_file_problem(args.out)  # before minutes of measuring, not after
+    if problem:
+        parser.error(problem)
     refusal = no_cuda_message()
     if refusal is not None:
         print(refusal, file=sys.stderr)

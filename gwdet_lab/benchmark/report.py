@@ -13,6 +13,7 @@ import torch
 
 from gwdet.errors import GwdetOSError, GwdetValueError
 from gwdet.utils.atomic import WriteError, write_text_atomically
+from gwdet.utils.cli_errors import output_path_problem
 from gwdet_lab.benchmark.busy import describe_load
 from gwdet_lab.reporting import format_duration
 
@@ -101,16 +102,21 @@ def report(header: str, tables: Sequence[str]) -> str:
     return header + "".join("\n" + text for text in tables)
 
 
-def markdown_problem(path: str | Path) -> str | None:
-    """Why ``--out`` ``path`` cannot take a section (:func:`write_section`), checked before the
-    benchmark runs: not a ``.md`` file, or one that is not UTF-8 text; None when it can."""
+def section_file_problem(path: str | Path) -> str | None:
+    """Why ``--out`` ``path`` cannot take a section (:func:`write_section`), checked before anything
+    is measured: a path that cannot be written (:func:`~gwdet.utils.cli_errors.output_path_problem`),
+    not a ``.md`` file, or one that is not UTF-8 text; None when it can."""
+    problem = output_path_problem("--out", path, folder=False)
+    if problem:
+        return problem
     if Path(path).suffix.lower() != ".md":
         return (f"--out {path}: the tables go into a markdown file (.md), e.g. docs/benchmarks.md, which keeps "
                 "everything outside its section; give a .md path")
-    try:
-        Path(path).read_text(encoding="utf-8") if Path(path).is_file() else ""
-    except UnicodeDecodeError:
-        return f"--out {path} is not UTF-8 text: give a markdown file (a new path creates one)"
+    if Path(path).is_file():
+        try:
+            Path(path).read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            return f"--out {path} is not UTF-8 text: give a markdown file (a new path creates one)"
     return None
 
 
