@@ -70,7 +70,7 @@ def _tag_as_data(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> dict:
     return {"python_tag": suffix, "value": value}
 
 
-_TagsAsDataLoader.add_multi_constructor("tag:yaml.org,2002:python/", _tag_as_data)
+_TagsAsDataLoader.add_multi_constructor(PYTHON_TAG, _tag_as_data)
 
 
 def read_saved_config(path: str) -> Any:
@@ -217,16 +217,6 @@ def _check_key_parts(override: str, key: str, value: str) -> None:
         f"an end): write one dot between the names of a dotted key, e.g. {plus}{meant}={value}")
 
 
-def _override_value(override: str) -> Any:
-    """The value of ``override`` as hydra's grammar reads it (what detectron2 applies); None where
-    hydra is not installed."""
-    try:
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-    except ImportError:
-        return None
-    return OverridesParser.create().parse_overrides([override])[0].value()
-
-
 def _is_own_node(cfg: DictConfig, key: str) -> bool:
     """Whether ``key`` holds a node of its own (not a reference to another, not a value)."""
     parent_key, _, name = key.rpartition(".")
@@ -247,18 +237,18 @@ def _mapping_keys(value: Any, prefix: str) -> list[str]:
     return keys
 
 
-def _check_override_syntax(override: str, key: str, value: str) -> None:
-    """Raise ``ValueError`` naming ``override`` when hydra's override grammar, which detectron2's
-    ``LazyConfig.apply_overrides`` reads the overrides with, cannot read it (``train.max_iter==3``,
-    an unclosed bracket or quote); nothing to check where hydra is not installed (detectron2 then
-    splits at the '=')."""
+def _parsed_value(override: str, key: str, value: str) -> Any:
+    """The value of ``override`` as hydra's override grammar reads it, which detectron2's
+    ``LazyConfig.apply_overrides`` reads the overrides with; ``ValueError`` naming ``override``
+    when the grammar cannot read it (``train.max_iter==3``, an unclosed bracket or quote). None
+    where hydra is not installed (detectron2 then splits at the '=')."""
     try:
         from hydra.core.override_parser.overrides_parser import OverridesParser
         from hydra.errors import OverrideParseException
     except ImportError:
-        return
+        return None
     try:
-        OverridesParser.create().parse_overrides([override])
+        return OverridesParser.create().parse_overrides([override])[0].value()
     except OverrideParseException as error:
         details = [line for line in str(error).splitlines()
                    if line.strip() and not line.startswith(("Error parsing override", "See https://"))]
@@ -274,8 +264,11 @@ def _check_override_syntax(override: str, key: str, value: str) -> None:
 def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
     """detectron2's ``LazyConfig.apply_overrides`` after every override is checked: its key has no
     empty part and is in the config (:func:`check_override_key`; ``+key=value`` adds a key without
-    that check), and hydra's grammar reads it (:func:`_check_override_syntax`)."""
+    that check), and hydra's grammar reads it (:func:`_parsed_value`); a mapping's keys are checked
+    as their dotted overrides are where it merges into a node. After they are applied, each key's
+    value resolves."""
     overrides = list(overrides)
+    keys = []
     for override in overrides:
         key, equals, value = override.partition("=")
         if not equals or not key.strip():
@@ -287,10 +280,11 @@ def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
         _check_key_parts(override, key.strip(), value)
         if not key.startswith("+"):
             check_override_key(cfg, key.strip())
-        _check_override_syntax(override, key.strip(), value)
+        parsed = _parsed_value(override, key.strip(), value)
         if not key.startswith("+") and _is_own_node(cfg, key.strip()):  # a mapping merges into such a node
-            for nested in _mapping_keys(_override_value(override), key.strip()):
+            for nested in _mapping_keys(parsed, key.strip()):
                 check_override_key(cfg, nested)
+        keys.append(key.strip().lstrip("+"))
     try:
         applied = LazyConfig.apply_overrides(cfg, [o[1:] if o.startswith("+") else o for o in overrides])
     except OmegaConfBaseException as error:  # e.g. a list given for a node
@@ -299,8 +293,7 @@ def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
                   f"node of its own ({key}={{_target_: ..., ...}}).") if isinstance(select(cfg, key), DictConfig) else ""
         raise GwdetValueError(
             f"The LazyConfig overrides cannot set {key}: {str(error).splitlines()[0]}.{advice}") from None
-    for override in overrides:
-        key = override.partition("=")[0].strip().lstrip("+")
+    for override, key in zip(overrides, keys, strict=True):
         try:
             OmegaConf.select(applied, key, throw_on_resolution_failure=True)
         except OmegaConfBaseException as error:  # an interpolation that names no key
