@@ -496,7 +496,7 @@ def test_export_tool_scripts_the_model_and_checks_it(tmp_path, capsys):
     generator = np.random.default_rng(3)
     Image.fromarray(generator.integers(0, 255, (80, 96, 3), dtype=np.uint8)).save(tmp_path / "sample.png")
     argv = [
-        "--config-file", str(DEMO_CONFIG), "--format", "torchscript", "--export-method", "scripting",
+        "--config-file", str(DEMO_CONFIG), "--untrained", "--format", "torchscript", "--export-method", "scripting",
         "--sample-image", str(tmp_path / "sample.png"), "--output", str(tmp_path / "out"),
     ]
     assert main(argv + list(TINY_OPTS)) == 0
@@ -514,7 +514,8 @@ def test_export_tool_keeps_an_earlier_export_and_leaves_nothing_when_it_cannot_c
 
     Image.fromarray(np.zeros((64, 64, 3), dtype=np.uint8)).save(tmp_path / "blank.png")
     out = tmp_path / "out"
-    argv = ["--config-file", str(DEMO_CONFIG), "--sample-image", str(tmp_path / "blank.png"), "--output", str(out)]
+    argv = ["--config-file", str(DEMO_CONFIG), "--untrained", "--sample-image", str(tmp_path / "blank.png"), "--output",
+            str(out)]
     no_detection = ["MODEL.ROI_HEADS.SCORE_THRESH_TEST", "1.0"]
     with pytest.raises(SystemExit) as refused:
         main(argv + list(TINY_OPTS) + no_detection)
@@ -585,7 +586,8 @@ def test_export_tool_replaces_an_export_only_with_overwrite_and_a_checked_file(t
     generator = np.random.default_rng(3)
     Image.fromarray(generator.integers(0, 255, (80, 96, 3), dtype=np.uint8)).save(tmp_path / "sample.png")
     out = tmp_path / "out"
-    argv = ["--config-file", str(DEMO_CONFIG), "--sample-image", str(tmp_path / "sample.png"), "--output", str(out)]
+    argv = ["--config-file", str(DEMO_CONFIG), "--untrained", "--sample-image", str(tmp_path / "sample.png"), "--output",
+            str(out)]
 
     def interrupted(model, image, path):
         with open(path, "wb") as file:
@@ -682,7 +684,8 @@ def test_export_tool_refuses_an_export_beyond_its_tolerance_and_one_into_a_folde
     from gwdet.export.export_model import ExportFolderLock, main
 
     out = tmp_path / "out"
-    argv = ["--config-file", str(DEMO_CONFIG), "--sample-image", str(_sample_image(tmp_path)), "--output", str(out)]
+    argv = ["--config-file", str(DEMO_CONFIG), "--untrained", "--sample-image", str(_sample_image(tmp_path)),
+            "--output", str(out)]
     with pytest.raises(SystemExit) as refused:
         main(argv + ["--tolerance", "1e-12"] + list(TINY_OPTS))  # float rounding alone exceeds it
     printed = capsys.readouterr().err

@@ -218,14 +218,14 @@ def test_export_and_analyze_tools_take_a_lazy_config(tmp_path, capsys):
     # A model of seeded random weights: with barely trained weights, detections of equal scores can
     # come out in another order from the traced model, as with a yacs config.
     torch.manual_seed(0)
-    assert export([*config, "--format", "torchscript", "--output", str(tmp_path / "ts"), "--run-eval", *tiny]) == 0
+    assert export([*config, "--untrained", "--format", "torchscript", "--output", str(tmp_path / "ts"), "--run-eval", *tiny]) == 0
     printed = capsys.readouterr().out
     assert float(printed.split("on the sample input: ")[1].split()[0]) <= 1e-3
     assert (tmp_path / "ts" / "model.ts").is_file()
     # a sample image, read as dataloader.test reads its images (format, resize)
     sample = DatasetCatalog.get("shapes_val")[0]["file_name"]
     torch.manual_seed(0)
-    assert export([*config, "--sample-image", sample, "--output", str(tmp_path / "sample"), *tiny]) == 0
+    assert export([*config, "--untrained", "--sample-image", sample, "--output", str(tmp_path / "sample"), *tiny]) == 0
     assert float(capsys.readouterr().out.split("on the sample input: ")[1].split()[0]) <= 1e-3
 
     # flops of trained weights on the first two test images, every GW layer counted

@@ -182,7 +182,7 @@ def test_a_sample_image_without_detections_is_the_export_tool_s_error_with_statu
     Image.fromarray(np.zeros((1, 1, 3), dtype=np.uint8)).save(tmp_path / "one.png")
     monkeypatch.setattr(sys, "argv", ["tools/deploy/export_model.py"])
     with pytest.raises(SystemExit) as stopped:
-        main(["--config-file", str(DEMO_CONFIG), "--sample-image", str(tmp_path / "one.png"), "--output",
+        main(["--config-file", str(DEMO_CONFIG), "--untrained", "--sample-image", str(tmp_path / "one.png"), "--output",
               str(tmp_path / "out"), *TINY_OPTS, "MODEL.ROI_HEADS.SCORE_THRESH_TEST", "1.0"])
     lines = capsys.readouterr().err.splitlines()
     assert stopped.value.code == 2

@@ -363,3 +363,14 @@ def test_a_damaged_sha256_record_beside_an_intact_checkpoint_is_named_and_the_ch
     record.write_text("0" * 64 + "  model_final.pth\n")  # a record that does not match: the file is refused
     with pytest.raises(ValueError, match=r"model_final.pth is damaged \(its SHA-256 differs from the one recorded"):
         loader.load_weights(str(tmp_path / "model_final.pth"))
+
+
+def test_export_refuses_random_weights_unless_asked_and_untrained_beside_weights(capsys, tmp_path):
+    assert export(capsys, tmp_path).split(": error: ")[1] == (
+        "MODEL.WEIGHTS is empty: the export would hold a model of random weights, not a "
+        "trained one; nothing was written. Give the trained weights (MODEL.WEIGHTS output/demo/model_final.pth), "
+        "or pass --untrained to export random weights on purpose.")
+    weights = tmp_path / "model_final.pth"
+    assert export(capsys, tmp_path, "--untrained", "MODEL.WEIGHTS", str(weights)).split(": error: ")[1] == (
+        f"--untrained exports random weights, but the config gives MODEL.WEIGHTS {weights}; "
+        "nothing was written. Leave --untrained out to export those weights.")

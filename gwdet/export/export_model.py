@@ -5,7 +5,8 @@ TorchScript or ONNX, with detectron2's flags (``tools/deploy/export_model.py`` o
         --format torchscript --export-method tracing --output output/deploy \\
         MODEL.WEIGHTS output/demo/model_final.pth
 
-``--format torchscript`` writes ``model.ts`` (``--export-method tracing`` or ``scripting``),
+Without weights in the config the tool refuses, unless ``--untrained`` asks for a model of random
+weights. ``--format torchscript`` writes ``model.ts`` (``--export-method tracing`` or ``scripting``),
 ``--format onnx`` writes ``model.onnx``. The tool runs the written file on a sample input
 (``--sample-image``, or the first image of ``DATASETS.TEST[0]`` with a detection) and compares its
 detections with the eager model's within ``--tolerance`` (:mod:`gwdet.export.detection_check`):
@@ -31,7 +32,7 @@ from torch import Tensor
 from gwdet.errors import GwdetError, GwdetFileExistsError, GwdetRuntimeError, GwdetValueError
 from gwdet.data import add_register_coco_argument
 from gwdet.data.test_images import read_test_image
-from gwdet.utils.cli_errors import add_verbose_argument, run_tool
+from gwdet.utils.cli_errors import add_verbose_argument, as_override, run_tool
 from gwdet.export.detection_check import TOLERANCE
 from gwdet.engine.arguments import parse_with_trailing_flags, refuse_repeated_flags
 from gwdet.engine.run import RunConfig, load_run_config
@@ -76,6 +77,9 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run-eval", action="store_true", help="evaluate the exported TorchScript model")
     parser.add_argument("--output", required=True, help="output folder")
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier export in --output")
+    parser.add_argument("--untrained", action="store_true",
+                        help="export the model with random weights when the config gives none (MODEL.WEIGHTS or "
+                             "train.init_checkpoint empty): to try the export itself")
     parser.add_argument("--opset", type=int, default=None, help="ONNX opset (default: gwdet.export.ONNX_OPSET)")
     parser.add_argument("--tolerance", type=_positive_number, default=TOLERANCE, metavar="T",
                         help="largest difference the check of the exported file accepts on the sample image: scores "
@@ -362,6 +366,18 @@ def check_export_flags(args: argparse.Namespace) -> None:
                                   "the default is gwdet.export.ONNX_OPSET.")
 
 
+def check_weights_given(run: RunConfig, untrained: bool) -> None:
+    """Refuse to export a model of random weights unless asked (``--untrained``), and ``--untrained``
+    beside weights the config gives."""
+    if not run.weights and not untrained:
+        raise GwdetValueError(f"{run.weights_setting} is empty: the export would hold a model of random weights, "
+                              f"not a trained one; nothing was written. Give the trained weights "
+                              f"({as_override(run.weights_setting, 'output/demo/model_final.pth')}), or pass --untrained to export random weights on purpose.")
+    if run.weights and untrained:
+        raise GwdetValueError(f"--untrained exports random weights, but the config gives {run.weights_setting} "
+                              f"{run.weights}; nothing was written. Leave --untrained out to export those weights.")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``gwdet-export`` / ``tools/deploy/export_model.py``: the exit status. An error gwdet raises on
     purpose ends it with ``<tool>: error: <message>`` and status 2; ``--verbose`` shows tracebacks
@@ -394,6 +410,7 @@ def _export(argv: Sequence[str]) -> int:
         raise GwdetFileExistsError(f"{path} already exists; it is left as it is. Pass --overwrite to replace it, or "
                                    "choose another --output.")
     run = load_run_config(args.config_file, args.opts, tool=True)
+    check_weights_given(run, args.untrained)
     run.register_datasets(args.register_coco)
     model = run.build_trained_model()
     image, found = pick_sample(model, *sample_candidates(run, args.sample_image))
