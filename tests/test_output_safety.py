@@ -501,6 +501,27 @@ def test_an_output_dir_name_this_python_cannot_pass_on_is_refused_before_anythin
     check_output_dir_name("/runs/run a", encoding="ascii")
 
 
+def test_an_output_dir_holding_an_unexpanded_environment_variable_is_refused_naming_the_expanded_path(
+        tmp_path, monkeypatch):
+    from gwdet.engine.output_dir import OutputDirNameError, check_output_dir_name
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MYSCRATCH", "/scratch/me")
+    monkeypatch.delenv("NOT_SET_HERE", raising=False)
+    with pytest.raises(OutputDirNameError) as refused:
+        OutputDirLock("$MYSCRATCH/run").__enter__()
+    assert str(refused.value) == (
+        "OUTPUT_DIR '$MYSCRATCH/run' holds '$MYSCRATCH', an environment variable that nothing expanded (a quoted "
+        "command-line value and a config file keep it as it is): the run would write into a folder named "
+        "'$MYSCRATCH'. Let the shell expand it (double quotes), or give the path itself (OUTPUT_DIR "
+        "/scratch/me/run); nothing was written.")
+    with pytest.raises(OutputDirNameError, match=r"^train.output_dir 'out/\$\{NOT_SET_HERE\}' holds '\$\{NOT_SET_HERE\}'.*"
+                                                 r"or set the variable, or give the path itself; nothing was written.$"):
+        OutputDirLock("out/${NOT_SET_HERE}", setting="train.output_dir").__enter__()
+    assert list(tmp_path.iterdir()) == []
+    check_output_dir_name("runs/price$ 5", encoding="utf-8")  # a lone '$' names no variable
+
+
 # ---- the whole checkpoint under checksums, and resumes that would train nothing ----------------------
 
 def _optimizer_state(data: dict) -> dict:

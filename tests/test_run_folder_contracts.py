@@ -163,6 +163,25 @@ def test_overwrite_deletes_checkpoints_by_the_checkpointers_names_with_their_rec
         "mine_05.txt, mine_06.txt, mine_07.txt, mine_08.txt, mine_09.txt, ... (2 more)")
 
 
+@pytest.mark.parametrize("proof", [None, CONFIG_NAME, "model_0000009.pth", "results.json.sha256"])
+def test_overwrite_deletes_results_and_metrics_only_beside_what_only_a_run_writes(tmp_path, proof):
+    mine = ("metrics.json", "results.json", "results.md")  # a user's own files of those names
+    for name in mine:
+        (tmp_path / name).write_text("mine")
+    if proof is None:
+        with pytest.raises(FileExistsError) as refused:
+            check_fresh_start(str(tmp_path), overwrite=True)
+        assert str(refused.value) == (
+            f"--overwrite would delete metrics.json, results.json, results.md in OUTPUT_DIR {str(tmp_path)!r}, but "
+            "nothing there shows that a run of gwdet wrote them (no config.yaml, checkpoint or recorded results.json); "
+            "nothing was changed. Move them out of OUTPUT_DIR, or train into another OUTPUT_DIR.")
+        assert sorted(os.listdir(tmp_path)) == list(mine)
+        return
+    make(tmp_path, proof)
+    check_fresh_start(str(tmp_path), overwrite=True)
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_users_own_checkpoint_alone_is_no_run_and_nothing_to_resume_or_evaluate(tmp_path):
     make(tmp_path, "model_best_by_me.pth", CONFIG_NAME)
     assert not holds_run(str(tmp_path)) and checkpoints_in(str(tmp_path)) == []

@@ -25,6 +25,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 from typing import IO, Any, Callable, Iterator, Mapping, NamedTuple, Sequence
@@ -163,6 +164,14 @@ def foreign_files(output_dir: str, folders: Sequence[str]) -> list[str]:
     return sorted(found)
 
 
+def _shows_a_run(output_dir: str, existing: Sequence[str]) -> bool:
+    """Whether the run files ``existing`` of ``output_dir`` include what only a run writes: the
+    config it saves first (:data:`CONFIG_NAME`), a checkpoint, or ``results.json`` with its record.
+    Without one of them a ``metrics.json`` or ``results.md`` there may be the user's own."""
+    return (CONFIG_NAME in existing or RESULTS_JSON + CHECKSUM_SUFFIX in existing
+            or bool(checkpoints_in(output_dir)))
+
+
 def checkpoints_in(output_dir: str) -> list[str]:
     """The checkpoints a run wrote in ``output_dir`` (:func:`is_checkpoint_name`; names, sorted)."""
     tagged = _tagged_checkpoint_name(output_dir) if os.path.isdir(output_dir) else None
@@ -174,7 +183,8 @@ def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_D
     """Raise ``FileExistsError`` when ``output_dir`` (the config's ``setting``) holds another run;
     with ``overwrite``, delete that run's files (:func:`run_files`) instead, keep every other file,
     and say which were deleted and which kept. The initial ``weights`` (``weights_setting``) are
-    never among them: an overwrite that would delete them is refused before anything is deleted."""
+    never among them, nor files that nothing shows a run wrote (:func:`_shows_a_run`): an overwrite
+    that would delete them is refused before anything is deleted."""
     if not holds_run(output_dir):
         return
     existing = run_files(output_dir)
@@ -202,6 +212,12 @@ def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_D
             f"--overwrite would delete {weights_setting} {weights}, a file of the earlier run in {setting} "
             f"{output_dir!r}, before training starts from it; nothing was changed. Copy the weights out of that "
             f"folder and set {weights_setting} to the copy, or train into another {setting}.")
+    unproven = [] if _shows_a_run(output_dir, existing) else [name for name in existing if name not in RUN_FOLDERS]
+    if unproven:
+        raise GwdetFileExistsError(
+            f"--overwrite would delete {listed(unproven, 5)} in {setting} {output_dir!r}, but nothing there shows that "
+            f"a run of gwdet wrote them (no {CONFIG_NAME}, checkpoint or recorded {RESULTS_JSON}); nothing was "
+            f"changed. Move them out of {setting}, or train into another {setting}.")
     foreign = foreign_files(output_dir, [name for name in existing if name in RUN_FOLDERS])
     if foreign:
         raise GwdetFileExistsError(
@@ -633,8 +649,12 @@ class OutputDirNameError(GwdetError, ValueError):
     """OUTPUT_DIR's name cannot reach every writer of a run unchanged under this locale."""
 
 
+_UNEXPANDED_VARIABLE = re.compile(r"\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")  # $NAME, ${NAME}
+
+
 def check_output_dir_name(output_dir: str, encoding: str | None = None, setting: str = "OUTPUT_DIR") -> None:
-    """Refuse an empty OUTPUT_DIR, and one whose name the writers of a run would not all find: TensorBoard's event
+    """Refuse an empty OUTPUT_DIR, one holding an environment variable nobody expanded
+    (``'$SCRATCH/run'``), and one whose name the writers of a run would not all find: TensorBoard's event
     writer encodes folder names as UTF-8 itself, so a name with characters beyond ASCII must be
     UTF-8 in Python's file system encoding (``encoding``, by default ``sys.getfilesystemencoding()``).
     That holds in Python's UTF-8 mode, which Python 3.7+ turns on in the C and POSIX locales
@@ -645,6 +665,15 @@ def check_output_dir_name(output_dir: str, encoding: str | None = None, setting:
         raise OutputDirNameError(
             f"{setting} is empty ({output_dir!r}): give the folder the run writes into, e.g. "
             f"{as_override(setting, 'output/run')} (it is created if it does not exist); nothing was written.")
+    variable = _UNEXPANDED_VARIABLE.search(output_dir)
+    if variable is not None:
+        expanded = os.path.expandvars(output_dir)
+        fix = (f"give the path itself ({as_override(setting, expanded)})" if expanded != output_dir else
+               f"set the variable, or give the path itself")
+        raise OutputDirNameError(
+            f"{setting} {output_dir!r} holds {variable.group(0)!r}, an environment variable that nothing expanded (a "
+            "quoted command-line value and a config file keep it as it is): the run would write into a folder named "
+            f"{variable.group(0)!r}. Let the shell expand it (double quotes), or {fix}; nothing was written.")
     encoding = codecs.lookup(encoding or sys.getfilesystemencoding()).name
     try:
         output_dir.encode("utf-8")
