@@ -669,7 +669,7 @@ def check_output_dir_name(output_dir: str, encoding: str | None = None, setting:
     if variable is not None:
         expanded = os.path.expandvars(output_dir)
         fix = (f"give the path itself ({as_override(setting, expanded)})" if expanded != output_dir else
-               f"set the variable, or give the path itself")
+               "set the variable, or give the path itself")
         raise OutputDirNameError(
             f"{setting} {output_dir!r} holds {variable.group(0)!r}, an environment variable that nothing expanded (a "
             "quoted command-line value and a config file keep it as it is): the run would write into a folder named "
