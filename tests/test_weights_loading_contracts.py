@@ -44,11 +44,11 @@ TORCHVISION_INPUT = {"format": "RGB", "pixel_mean": [123.675, 116.28, 103.53],
 OPT_IN = "set the environment variable GWDET_ALLOW_NORM_MISMATCH=1"
 
 
-def gw_resnet(positions: str, out_features: list, stride_in_1x1: bool) -> ResNet:
+def gw_resnet(positions: str, out_features: list, stride_in_1x1: bool, norm: str = "FrozenBN") -> ResNet:
     cfg = add_gwdet_config(get_cfg())
     cfg.MODEL.BACKBONE.NAME = "build_gw_resnet_backbone"
     cfg.MODEL.BACKBONE.FREEZE_AT = 0
-    cfg.MODEL.RESNETS.NORM = "FrozenBN"
+    cfg.MODEL.RESNETS.NORM = norm
     cfg.MODEL.RESNETS.OUT_FEATURES = out_features
     cfg.MODEL.RESNETS.GW_POSITIONS = positions
     cfg.MODEL.RESNETS.STRIDE_IN_1X1 = stride_in_1x1
@@ -138,6 +138,24 @@ def test_a_resnet_cut_after_res3_is_compared_on_the_stages_it_has(r50_to_res3):
 @pytest.mark.parametrize("arch", [None, "R-152"], ids=["unrecorded", "unknown"])
 def test_weights_without_a_known_architecture_are_not_checked_for_one(r50, arch):
     check_weights_fit_model({"arch": arch}, r50)
+
+
+# ---- converted weights: the norms outside GW -------------------------------------------------
+
+def test_converted_norms_load_only_into_norms_of_their_kind(r50, r50_to_res3):
+    check_weights_fit_model({"norm": "BN", "gw_positions": "S1-B2"}, r50)  # FrozenBN beside GW: statistics fit
+    wrapped = Detector(r50)
+    assert refusal({"norm": "GN"}, wrapped) == (
+        "The weights were converted from a GN-style model (its norms outside GW have no running statistics), but "
+        "the model's ResNet has FrozenBatchNorm2d there (backbone.res2.0.shortcut.norm, backbone.res2.0.conv1.norm, "
+        "... (34 more)). Set MODEL.RESNETS.NORM GN, or load weights converted from a model with the ResNet's norms.")
+    gn = gw_resnet("", ["res2", "res3"], stride_in_1x1=True, norm="GN")
+    check_weights_fit_model({"norm": "GN"}, gn)
+    assert refusal({"norm": "BN"}, gn).startswith(
+        "The weights were converted from a BN model (its norms outside GW have running statistics), but the model's "
+        "ResNet has GroupNorm there (stem.conv1.norm, res2.0.shortcut.norm, ... (")
+    assert "Set MODEL.RESNETS.NORM FrozenBN, BN or SyncBN, or load" in refusal({"norm": "BN"}, gn)
+    check_weights_fit_model({"norm": "unrecorded kind"}, gn)
 
 
 # ---- converted weights: input format ---------------------------------------------------------

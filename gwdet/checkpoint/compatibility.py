@@ -16,8 +16,8 @@ from typing import Any, Mapping
 import torch
 from detectron2.modeling.backbone import ResNet
 
-from gwdet.errors import GwdetValueError
-from gwdet.checkpoint.converted_weights import ARCH_FIELD, ARCHITECTURES, GW_POSITIONS_FIELD, INPUT_FIELD
+from gwdet.errors import GwdetValueError, listed
+from gwdet.checkpoint.converted_weights import ARCH_FIELD, ARCHITECTURES, GW_POSITIONS_FIELD, INPUT_FIELD, NORM_FIELD
 from gwdet.layers import GroupWhitening
 from gwdet.layers.settings_state import EXTRA_STATE_KEY, UNCOMPARED_SETTINGS, SettingsInState, decode_settings
 from gwdet.modeling.model_checks import PER_LEVEL_CONTAINERS
@@ -63,6 +63,38 @@ def _check_input_format(expected: Mapping, model: torch.nn.Module, resnet: ResNe
             + " (configs/Base-RCNN-FPN.yaml sets all of them), or load weights converted for this input.")
 
 
+# What the norms outside GW of a converted file are ("norm" of its record), and what that needs of
+# the model's ResNet norms there: running statistics to load (BN), or none (GN).
+_NORM_KINDS = {
+    "BN": ("a BN model (its norms outside GW have running statistics)", "MODEL.RESNETS.NORM FrozenBN, BN or SyncBN"),
+    "GN": ("a GN-style model (its norms outside GW have no running statistics)", "MODEL.RESNETS.NORM GN"),
+}
+
+
+def _fits_norm_kind(kind: str, norm: Any) -> bool:
+    if kind == "GN":
+        return isinstance(norm, torch.nn.GroupNorm)
+    return all(isinstance(getattr(norm, name, None), torch.Tensor) for name in ("running_mean", "running_var"))
+
+
+def _check_norm_kind(kind: str, resnet: ResNet, model: torch.nn.Module) -> None:
+    """Refuse a ResNet whose norms outside GW cannot take the converted norms of ``kind``: BN
+    statistics into GN layers (dropped, the GN layers given BN's scale and shift), or GN parameters
+    into layers with running statistics (which then normalize with 0 and 1)."""
+    names = {module: name for name, module in model.named_modules()}
+    convs = [resnet.stem.conv1] + [conv for stage in resnet.stages for block in stage for conv in block.children()
+                                   if hasattr(conv, "norm")]
+    misfits = [conv.norm for conv in convs
+               if not isinstance(conv.norm, GroupWhitening) and not _fits_norm_kind(kind, conv.norm)]
+    if misfits:
+        found = sorted({type(norm).__name__ if norm is not None else "no norm" for norm in misfits})
+        where = listed([names.get(norm, "?") for norm in misfits if norm is not None] or ["every conv"], 2)
+        source, setting = _NORM_KINDS[kind]
+        raise GwdetValueError(
+            f"The weights were converted from {source}, but the model's ResNet has {' and '.join(found)} there "
+            f"({where}). Set {setting}, or load weights converted from a model with the ResNet's norms.")
+
+
 def check_weights_fit_model(metadata: Mapping, model: torch.nn.Module) -> None:
     """Raise ``ValueError`` when converted weights (their ``"gwdet"`` metadata) misfit ``model``."""
     resnet = _resnet_of(model)
@@ -84,6 +116,8 @@ def check_weights_fit_model(metadata: Mapping, model: torch.nn.Module) -> None:
             )
     if isinstance(metadata.get(INPUT_FIELD), Mapping):
         _check_input_format(metadata[INPUT_FIELD], model, resnet)
+    if metadata.get(NORM_FIELD) in _NORM_KINDS:
+        _check_norm_kind(metadata[NORM_FIELD], resnet, model)
     if GW_POSITIONS_FIELD in metadata:
         expected_positions = parse_gw_positions(metadata[GW_POSITIONS_FIELD])
         present = positions_with_norm(resnet, (GroupWhitening,))

@@ -13,7 +13,7 @@ A converted file is detectron2's weights format plus gwdet's record of what the 
                          "pixel_mean": [...], "pixel_std": [...], "stride_in_1x1": False}}}
 
 The converter (:mod:`gwdet.convert`) writes it; gwdet's checkpointer reads the ``"gwdet"`` entry
-back (:func:`read_conversion_metadata`) and refuses weights whose architecture, GW positions or
+back (:func:`read_conversion_metadata`) and refuses weights whose architecture, GW positions, norms or
 input format misfit the model (:mod:`gwdet.checkpoint.compatibility`); a file without ``"input"``
 is checked for the rest.
 """
