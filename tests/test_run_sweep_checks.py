@@ -317,6 +317,27 @@ def test_eval_only_resume_with_weights_named_on_the_command_line_is_refused(fini
         evaluation_request(load_run_config(args.config_file, args.opts), args)
 
 
+def test_a_training_resume_with_other_weights_named_on_the_command_line_is_refused(finished_run, tmp_path, caplog):
+    # the resume continues from the run's checkpoint: weights named beside --resume were not loaded, without a word
+    from gwdet.engine.run import check_output_request, load_run_config
+
+    other = tmp_path / "other.pth"
+    other.write_bytes((finished_run / "model_final.pth").read_bytes())
+    longer = ["SOLVER.MAX_ITER", "4"]
+    args = tiny_run_args(finished_run, "--resume", *longer, "MODEL.WEIGHTS", str(other))
+    with pytest.raises(ValueError) as refused:
+        check_output_request(args, load_run_config(args.config_file, args.opts))
+    assert str(refused.value) == (
+        f"--resume continues the run in {str(finished_run)!r} from its last checkpoint, so MODEL.WEIGHTS given on the "
+        f"command line would not be loaded (MODEL.WEIGHTS: '' -> {str(other)!r}, against "
+        f"{finished_run / 'config.yaml'}). Leave out --resume to train from those weights into another OUTPUT_DIR, or "
+        "leave out MODEL.WEIGHTS to continue the run.")
+    same = tiny_run_args(finished_run, "--resume", *longer, "MODEL.WEIGHTS", "")  # as the run's config.yaml has it
+    with caplog.at_level(logging.WARNING):
+        check_output_request(same, load_run_config(same.config_file, same.opts))
+    assert "SOLVER.MAX_ITER: 2 -> 4" in caplog.text
+
+
 def test_a_training_that_diverges_after_its_first_iteration_is_named_with_its_checkpoints_kept(tmp_path):
     # detectron2's FloatingPointError reached the user as a traceback (the first iteration's was named already)
     args = tiny_run_args(tmp_path, "SOLVER.MAX_ITER", "30", "SOLVER.WARMUP_ITERS", "0", "SOLVER.BASE_LR", "50.0",

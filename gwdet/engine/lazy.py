@@ -293,10 +293,11 @@ def compare_with_run(cfg: DictConfig, output_dir: str, path: str) -> SavedRun:
     return SavedRun((saved_batch, current_batch), model_differences(saved, current), others)
 
 
-def check_resume_config(cfg: DictConfig, output_dir: str) -> None:
+def check_resume_config(cfg: DictConfig, output_dir: str, weights_named: bool = False) -> None:
     """:func:`~gwdet.engine.output_dir.check_resumed_run` of a LazyConfig (:func:`compare_with_run`)."""
     check_resumed_run(output_dir, lambda path: compare_with_run(cfg, output_dir, path), cfg.train.max_iter,
-                      output_setting=OUTPUT_SETTING, batch_setting=BATCH_SETTING, max_iter_setting="train.max_iter")
+                      output_setting=OUTPUT_SETTING, batch_setting=BATCH_SETTING, max_iter_setting="train.max_iter",
+                      weights_setting=WEIGHTS_SETTING, weights_named=weights_named)
 
 
 class LazyRun(RunConfig):
@@ -348,8 +349,8 @@ class LazyRun(RunConfig):
         if not eval_only:  # after the shapes dataset's checks: its image size may be the resize's
             check_resize_nodes(self.cfg, "dataloader.train")
 
-    def check_resume(self) -> None:
-        check_resume_config(self.cfg, self.output_dir)
+    def check_resume(self, weights_named: bool) -> None:
+        check_resume_config(self.cfg, self.output_dir, weights_named)
 
     def register_datasets(self, coco: Sequence[CocoDataset]) -> None:
         register_coco_datasets(coco)

@@ -450,11 +450,14 @@ class SavedRun(NamedTuple):
 
 
 def check_resumed_run(output_dir: str, compare: Callable[[str], SavedRun], max_iter: int, *,
-                      output_setting: str, batch_setting: str, max_iter_setting: str) -> None:
+                      output_setting: str, batch_setting: str, max_iter_setting: str, weights_setting: str,
+                      weights_named: bool) -> None:
     """Refuse ``--resume`` of the run in ``output_dir`` (its checkpoints there) whose ``config.yaml``
     is missing, or that ``compare`` (reading it: its checksum, its kind) finds trained with another
-    batch size or model, or that would train nothing (:func:`check_resume_trains`); other
-    differences (a longer schedule, say) are logged. No checkpoint: a fresh start, nothing to check."""
+    batch size or model, or that would train nothing (:func:`check_resume_trains`), or that names
+    other initial weights on the command line (``weights_named``), which a resume does not load;
+    other differences (a longer schedule, say) are logged. No checkpoint: a fresh start, nothing to
+    check."""
     if not checkpoints_in(output_dir):
         return
     path = os.path.join(output_dir, CONFIG_NAME)
@@ -466,12 +469,18 @@ def check_resumed_run(output_dir: str, compare: Callable[[str], SavedRun], max_i
             f"--resume: the run in {output_dir!r} was trained with another model ({CONFIG_NAME} there): "
             f"{listed(saved.model, 5, '; ')}. Resume with the same config and overrides, or train the new model into "
             f"another {output_setting}.")
+    weights = [line for line in saved.others if line.startswith(weights_setting + ":")]
+    if weights_named and weights:
+        raise GwdetValueError(
+            f"--resume continues the run in {output_dir!r} from its last checkpoint, so {weights_setting} given on the "
+            f"command line would not be loaded ({weights[0]}, against {path}). Leave out --resume to train from those "
+            f"weights into another {output_setting}, or leave out {weights_setting} to continue the run.")
     if saved.others:
         logger.warning(f"--resume with config values that differ from {path}: {'; '.join(saved.others)}")
     check_resume_trains(output_dir, max_iter, max_iter_setting)
 
 
-def check_resume_config(cfg: CfgNode, output_dir: str) -> None:
+def check_resume_config(cfg: CfgNode, output_dir: str, weights_named: bool = False) -> None:
     """:func:`check_resumed_run` of a yacs config: every difference under ``MODEL`` (but
     :data:`RESUMABLE_DIFFERENCES`) is another model."""
     def compare(path: str) -> SavedRun:
@@ -482,7 +491,8 @@ def check_resume_config(cfg: CfgNode, output_dir: str) -> None:
                         [d for d in differences if d not in model])
 
     check_resumed_run(output_dir, compare, cfg.SOLVER.MAX_ITER, output_setting="OUTPUT_DIR",
-                      batch_setting="SOLVER.IMS_PER_BATCH", max_iter_setting="SOLVER.MAX_ITER")
+                      batch_setting="SOLVER.IMS_PER_BATCH", max_iter_setting="SOLVER.MAX_ITER",
+                      weights_setting="MODEL.WEIGHTS", weights_named=weights_named)
 
 
 def check_config_present(path: str, output_dir: str, output_setting: str = "OUTPUT_DIR") -> None:

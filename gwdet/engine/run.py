@@ -120,8 +120,9 @@ class RunConfig(ABC):
         ``eval_only`` evaluation) by ``world_size`` processes needs."""
 
     @abstractmethod
-    def check_resume(self) -> None:
-        """Refuse a ``--resume`` of a run of another model, or one that would train nothing."""
+    def check_resume(self, weights_named: bool) -> None:
+        """Refuse a ``--resume`` of a run of another model, one that would train nothing, or one whose
+        command line names other initial weights (``weights_named``), which it would not load."""
 
     @abstractmethod
     def register_datasets(self, coco: Sequence[CocoDataset]) -> None:
@@ -264,10 +265,16 @@ def check_output_request(args: argparse.Namespace, run: RunConfig) -> None:
         return
     if args.resume:
         check_resume_source(run.output_dir, run.weights_setting)
-        run.check_resume()
+        run.check_resume(names_weights(run, args))
     else:
         check_fresh_start(run.output_dir, getattr(args, "overwrite", False), output_setting, run.weights,
                           run.weights_setting)
+
+
+def names_weights(run: RunConfig, args: argparse.Namespace) -> bool:
+    """Whether the command line's overrides set the initial weights (``MODEL.WEIGHTS`` or
+    ``train.init_checkpoint``)."""
+    return any(token.split("=", 1)[0] == run.weights_setting for token in args.opts)
 
 
 def evaluation_request(run: RunConfig, args: argparse.Namespace) -> tuple[RunConfig, argparse.Namespace]:
@@ -277,8 +284,7 @@ def evaluation_request(run: RunConfig, args: argparse.Namespace) -> tuple[RunCon
     logged when that is not the output folder)."""
     check_output_request(args, run)
     weights = tagged_checkpoint(run.output_dir) if args.resume else run.weights
-    named = [token for token in args.opts if token.split("=", 1)[0] == run.weights_setting]
-    if args.resume and named and os.path.abspath(run.weights) != os.path.abspath(weights):
+    if args.resume and names_weights(run, args) and os.path.abspath(run.weights) != os.path.abspath(weights):
         raise GwdetValueError(
             f"--eval-only --resume evaluates the checkpoint that {run.output_dir}/last_checkpoint names ({weights}), "
             f"not {run.weights_setting} {run.weights} given on the command line: leave out --resume to evaluate "

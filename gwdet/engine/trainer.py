@@ -288,8 +288,8 @@ class YacsRun(RunConfig):
         if not eval_only:
             check_training_values(self.cfg, world_size)
 
-    def check_resume(self) -> None:
-        check_resume_config(self.cfg, self.cfg.OUTPUT_DIR)
+    def check_resume(self, weights_named: bool) -> None:
+        check_resume_config(self.cfg, self.cfg.OUTPUT_DIR, weights_named)
 
     def register_datasets(self, coco: Sequence[CocoDataset]) -> None:
         register_datasets(self.cfg, coco)
