@@ -127,6 +127,14 @@ LAZY_CONFIG = DEMO_CONFIG.parents[1] / "LazyConfig" / "mask_rcnn_R_50_FPN_gw_sha
     ("lr_multiplier.scheduler.values=[1.0,0.0,0.0]", 1, "lr_multiplier.scheduler.values=[1.0, 0.0, 0.0]: each value "
                                                         "multiplies the learning rate from its milestone on"),
     ("optimizer.momentum=1.5", 1, "optimizer.momentum=1.5: give a number from 0 to below 1"),
+    # from scratch (train.init_checkpoint empty), as the yacs keys are refused: random stages, identity norms
+    ("model.backbone.bottom_up.freeze_at=2", 1, "model.backbone.bottom_up.freeze_at is 2, which keeps the first 2 "
+                                                "stage(s) of the backbone (the stem first) at their initial weights, "
+                                                "and train.init_checkpoint is empty"),
+    ("model.backbone.bottom_up.resnet.stem.norm=FrozenBN", 1,
+     "model.backbone.bottom_up.resnet.stem.norm, model.backbone.bottom_up.resnet.stages.0.norm, "
+     "model.backbone.bottom_up.resnet.stages.1.norm, ... (2 more) is FrozenBN, which normalizes with the fixed "
+     "statistics and affine values of pretrained weights, and train.init_checkpoint is empty"),
 ])
 def test_lazy_training_values_are_refused_before_anything_is_built(override, world_size, message):
     from gwdet.engine.lazy import LazyRun

@@ -12,6 +12,7 @@ import logging
 from typing import Any, Iterator, Sequence, cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from detectron2.config import CfgNode, instantiate
 from detectron2.data.transforms import ResizeShortestEdge
@@ -31,11 +32,12 @@ from gwdet.data.shapes import SPEC_CONFIG_KEYS, ShapesSpec, check_image_size
 from gwdet.errors import GwdetTypeError, GwdetValueError, listed
 from gwdet.model_zoo.lazy_loading import argument_names, callable_of, select
 from gwdet.norms import UnknownNormError, known_norm_names, norm, norm_records
-from gwdet.modeling.build import check_mixed_precision, check_run_device
+from gwdet.modeling.build import check_mixed_precision, check_run_device, check_scratch_training
 from gwdet.utils.cli_errors import output_path_problem
 
 logger = logging.getLogger(__name__)
 
+FREEZE_SETTING = "model.backbone.bottom_up.freeze_at"  # MODEL.BACKBONE.FREEZE_AT's twin
 # Settings that take the values of a yacs key gwdet checks (gwdet.config.CONFIG_KEYS,
 # gwdet.config_checks.DETECTRON2_VALUE_RULES), as (setting, yacs key): those every run reads, and
 # those only training reads. The arguments of each L(ShapesSpec) node are checked the same way
@@ -49,7 +51,7 @@ RUN_TWINS = (
 )
 TRAINING_TWINS = (
     ("dataloader.train.num_workers", "DATALOADER.NUM_WORKERS"),
-    ("model.backbone.bottom_up.freeze_at", "MODEL.BACKBONE.FREEZE_AT"),
+    (FREEZE_SETTING, "MODEL.BACKBONE.FREEZE_AT"),
     ("model.roi_heads.batch_size_per_image", "MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE"),
     ("model.roi_heads.positive_fraction", "MODEL.ROI_HEADS.POSITIVE_FRACTION"),
     ("model.proposal_generator.batch_size_per_image", "MODEL.RPN.BATCH_SIZE_PER_IMAGE"),
@@ -122,7 +124,27 @@ def check_training_values(cfg: DictConfig, world_size: int) -> None:
                           "train.device", "train.amp.enabled=False", "train.device=cuda")
     check_twins(cfg, TRAINING_TWINS)
     check_twins(cfg, OPTIONAL_TRAINING_TWINS, none_allowed=True)
+    if not select(cfg, "train.init_checkpoint"):  # from scratch (ABSENT is falsy too)
+        frozen = frozen_norm_nodes(cfg)
+        freeze_at = select(cfg, FREEZE_SETTING)
+        check_scratch_training([listed(frozen, 3)] if frozen else [], freeze_at if is_whole_number(freeze_at) else 0,
+                               "train.init_checkpoint", FREEZE_SETTING)
     _check_lr_schedule(cfg)  # after its values' own checks, which name the value
+
+
+def frozen_norm_nodes(cfg: DictConfig) -> list[str]:
+    """The model's norms that are FrozenBN: ``norm`` / ``conv_norm`` arguments of that name, and
+    ``L(gwdet.norm)`` nodes of it, as dotted keys (a value shared by interpolation counted where used)."""
+    found = []
+    for path, node, called in lazy_calls(select(cfg, "model"), "model"):
+        for argument in ("name",) if called is norm else NORM_ARGUMENTS:
+            try:
+                value = node.get(argument)
+            except OmegaConfBaseException:  # an interpolation that does not resolve: named by other checks
+                continue
+            if value == "FrozenBN":
+                found.append(path if called is norm else f"{path}.{argument}")
+    return found
 
 
 def _check_checkpoints_kept(cfg: DictConfig) -> None:

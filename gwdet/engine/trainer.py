@@ -34,7 +34,7 @@ from gwdet.data.datasets import config_dataset_names, dataset_classes, named_emp
 from gwdet.data.resumable import build_resumable_train_loader
 from gwdet.model_zoo.loading import build_config
 from gwdet.modeling import check_model
-from gwdet.modeling.build import check_device, check_mixed_precision, check_run_device
+from gwdet.modeling.build import check_device, check_mixed_precision, check_run_device, check_scratch_training
 from gwdet.modeling.model_checks import check_norm_weight_decay
 from gwdet.norms import norm_record
 from gwdet.solver import build_optimizer
@@ -215,20 +215,9 @@ def check_training_values(cfg: CfgNode, world_size: int) -> None:
                        "then never reaches SOLVER.BASE_LR. Shorten the warm-up (e.g. SOLVER.WARMUP_ITERS "
                        f"{cfg.SOLVER.MAX_ITER // 10}) to train at the base rate.")
     norms = norm_settings(cfg)
-    frozen = [key for key, name in norms.items() if name == "FrozenBN"]
-    if frozen and not cfg.MODEL.WEIGHTS:
-        raise GwdetValueError(
-            f"{', '.join(frozen)} is FrozenBN, which normalizes with the fixed statistics and affine values of "
-            "pretrained weights, and MODEL.WEIGHTS is empty: trained from scratch, those layers would stay "
-            "identities. Use a norm that learns (BN, GN, GW, ...: configs/Study/ trains from scratch), or set "
-            "MODEL.WEIGHTS to pretrained weights (docs/weights.md).")
-    freeze_at = cfg.MODEL.BACKBONE.FREEZE_AT
-    if freeze_at > 0 and not cfg.MODEL.WEIGHTS:
-        raise GwdetValueError(
-            f"MODEL.BACKBONE.FREEZE_AT is {freeze_at}, which keeps the first {freeze_at} stage(s) of the backbone (the "
-            "stem first) at their initial weights, and MODEL.WEIGHTS is empty: trained from scratch, they would stay "
-            "random. Use MODEL.BACKBONE.FREEZE_AT 0 (configs/Study/ trains from scratch), or set MODEL.WEIGHTS to "
-            "pretrained weights (docs/weights.md).")
+    if not cfg.MODEL.WEIGHTS:
+        check_scratch_training([key for key, name in norms.items() if name == "FrozenBN"], cfg.MODEL.BACKBONE.FREEZE_AT,
+                               "MODEL.WEIGHTS", "MODEL.BACKBONE.FREEZE_AT")
     check_mixed_precision(cfg.SOLVER.AMP.ENABLED, cfg.MODEL.DEVICE, "SOLVER.AMP.ENABLED", "MODEL.DEVICE",
                           "SOLVER.AMP.ENABLED False", "MODEL.DEVICE cuda")
     if cfg.TEST.PRECISE_BN.ENABLED:

@@ -9,6 +9,8 @@ stops with one message naming every key to change and gwdet's component for each
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 from detectron2.config import CfgNode
 from detectron2.modeling import build_model as detectron2_build_model
 import torch
@@ -18,6 +20,7 @@ from gwdet.errors import GwdetValueError
 from gwdet.config_checks import ensure_checked
 from gwdet.modeling.detectron2_failures import named_config_failures
 from gwdet.modeling.model_checks import check_model
+from gwdet.utils.cli_errors import as_override
 
 
 def check_device(device: str, setting: str = "MODEL.DEVICE",
@@ -80,6 +83,25 @@ def check_mixed_precision(enabled: object, device: object, amp_setting: str, dev
         "precision with CUDA's autocast only (it stops with '[AMPTrainer] CUDA is required for AMP training!' "
         f"without CUDA, and would leave a model on the CPU in float32). Set {float32_fix} to train in float32 "
         f"here, or {cuda_fix} on a machine with a GPU.")
+
+
+def check_scratch_training(frozen_norms: Sequence[str], freeze_at: int, weights_setting: str,
+                           freeze_setting: str) -> None:
+    """``ValueError`` for a training from scratch (its initial weights ``weights_setting`` empty)
+    with FrozenBN layers (at the settings ``frozen_norms``), which would stay identities, or with
+    ``freeze_at`` frozen backbone stages (``freeze_setting``), which would stay random."""
+    if frozen_norms:
+        raise GwdetValueError(
+            f"{', '.join(frozen_norms)} is FrozenBN, which normalizes with the fixed statistics and affine values of "
+            f"pretrained weights, and {weights_setting} is empty: trained from scratch, those layers would stay "
+            "identities. Use a norm that learns (BN, GN, GW, ...: configs/Study/ trains from scratch), or set "
+            f"{weights_setting} to pretrained weights (docs/weights.md).")
+    if freeze_at > 0:
+        raise GwdetValueError(
+            f"{freeze_setting} is {freeze_at}, which keeps the first {freeze_at} stage(s) of the backbone (the stem "
+            f"first) at their initial weights, and {weights_setting} is empty: trained from scratch, they would stay "
+            f"random. Use {as_override(freeze_setting, '0')} (configs/Study/ trains from scratch), or set "
+            f"{weights_setting} to pretrained weights (docs/weights.md).")
 
 
 def build_model(cfg: CfgNode) -> nn.Module:
