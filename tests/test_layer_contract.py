@@ -333,6 +333,9 @@ def test_a_record_that_is_not_settings_or_of_another_layer_is_refused(name):
     state = layer.state_dict()
     with pytest.raises(RuntimeError, match=r"the state's '_extra_state' is not the settings a gwdet norm layer records"):
         build_named(name).load_state_dict({**state, "_extra_state": torch.zeros(3)})
+    with pytest.raises(RuntimeError, match=r"bytes of JSON\) \(it was cast to torch.float16, as a cast of every tensor "
+                                           r"of the weights does: cast the floating-point tensors only\), so the state"):
+        build_named(name).load_state_dict({key: value.half() for key, value in state.items()})
     other_kind = build_named("BGN").state_dict()["_extra_state"]
     with pytest.raises(RuntimeError, match=rf"{type(layer).__name__}: the state is of a BatchGroupNorm layer, not of a "
                                            rf"{type(layer).__name__}"):

@@ -114,3 +114,26 @@ def test_python2_pickle_weights_needing_code_load_as_text_when_opted_in(tmp_path
     with pytest.raises(UnsafeCheckpointError, match="contains __builtin__.set"):
         load_pickle_file(str(py2), allow_unsafe=False, how_to_opt_in="")
     assert load_pickle_file(str(py2), allow_unsafe=True, how_to_opt_in="") == {"été"}
+
+
+def test_a_torchscript_model_or_weights_wrapped_in_another_key_are_named_as_such(tmp_path):
+    # before: "damaged or cut short" for an export, "neither tensors nor arrays" for a wrapped state dict
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from gwdet.errors import GwdetError
+
+    model = torch.nn.Linear(2, 2)
+    torch.jit.save(torch.jit.trace(model, torch.zeros(1, 2)), str(tmp_path / "model.ts"))
+    with pytest.raises(GwdetError) as refused:
+        ResilientCheckpointer(model, save_dir=str(tmp_path)).load_weights(str(tmp_path / "model.ts"))
+    assert str(refused.value) == (
+        f"{tmp_path / 'model.ts'} is a TorchScript model (written by torch.jit.save, e.g. an exported model.ts), not a "
+        "checkpoint: its weights are compiled into the model; nothing was loaded from it. Give the torch.save "
+        "checkpoint the model was exported from (e.g. output/run/model_final.pth); gwdet.export.load_export runs the "
+        "export.")
+    torch.save({"state_dict": model.state_dict(), "epoch": 3}, tmp_path / "wrapped.pth")
+    with pytest.raises(ValueError) as refused:
+        ResilientCheckpointer(model, save_dir=str(tmp_path)).load_weights(str(tmp_path / "wrapped.pth"))
+    assert str(refused.value) == (
+        f"{tmp_path / 'wrapped.pth'} holds its weights under 'state_dict' (as some training frameworks save them), "
+        "where detectron2's checkpointer reads the file itself or its 'model'. Save that entry on its own, e.g. "
+        "torch.save(torch.load(path)['state_dict'], 'weights.pth'), and give that file.")

@@ -19,7 +19,8 @@ from detectron2.modeling.backbone import ResNet
 from gwdet.errors import GwdetValueError, listed
 from gwdet.checkpoint.converted_weights import ARCH_FIELD, ARCHITECTURES, GW_POSITIONS_FIELD, INPUT_FIELD, NORM_FIELD
 from gwdet.layers import GroupWhitening
-from gwdet.layers.settings_state import EXTRA_STATE_KEY, UNCOMPARED_SETTINGS, SettingsInState, decode_settings
+from gwdet.layers.settings_state import (EXTRA_STATE_KEY, UNCOMPARED_SETTINGS, SettingsInState, cast_record,
+                                         decode_settings)
 from gwdet.modeling.model_checks import PER_LEVEL_CONTAINERS
 from gwdet.norms import TORCH_NORM_SETTINGS, layer_types
 from gwdet.positions import format_gw_positions, parse_gw_positions, positions_with_norm
@@ -248,7 +249,8 @@ def check_layer_settings(weights: Mapping[str, Any], model: torch.nn.Module, how
         saved = decode_settings(weights[found])
         name = key[: -len(EXTRA_STATE_KEY)].rstrip(".")
         if saved is None:
-            raise GwdetValueError(f"The checkpoint's {found} is not the settings a gwdet norm layer records, so "
+            raise GwdetValueError(f"The checkpoint's {found} is not the settings a gwdet norm layer records"
+                                  f"{cast_record(weights[found])}, so "
                                   f"the weights of {name or 'the model'} cannot be checked against the layer; "
                                   "load an unchanged checkpoint of this model.")
         saved_types[name] = saved.pop("layer")

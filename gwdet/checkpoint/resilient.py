@@ -90,6 +90,13 @@ def _check_holds_weights(path: str, data: Any) -> None:
     if isinstance(weights, dict):
         odd = [f"{key!r} ({type(value).__name__})" for key, value in weights.items()
                if not isinstance(value, (torch.Tensor, np.ndarray))]
+        wrapped = [key for key, value in weights.items() if isinstance(value, dict) and value
+                   and all(isinstance(leaf, (torch.Tensor, np.ndarray)) for leaf in value.values())]
+        if wrapped and len(odd) == len(weights):  # no tensor at the top, a mapping of them below
+            raise GwdetValueError(
+                f"{path} holds its weights under {wrapped[0]!r} (as some training frameworks save them), where "
+                f"detectron2's checkpointer reads the file itself or its 'model'. Save that entry on its own, e.g. "
+                f"torch.save(torch.load(path)[{wrapped[0]!r}], 'weights.pth'), and give that file.")
         if odd:
             raise GwdetValueError(
                 f"{path} holds no weights: its weights hold values that are neither tensors nor arrays, "

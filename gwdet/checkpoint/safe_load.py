@@ -121,6 +121,11 @@ def load_torch_file(path: str, allow_unsafe: bool, how_to_opt_in: str, mmap: boo
             "torch.save (a zip archive or a pickle). Check the path (MODEL.WEIGHTS, OUTPUT_DIR), or "
             "convert ImageNet weights with tools/convert_pretrained.py."
         )
+    if is_torchscript_archive(path):
+        raise NotACheckpointError(
+            f"{path} is a TorchScript model (written by torch.jit.save, e.g. an exported model.ts), not a checkpoint: "
+            "its weights are compiled into the model; nothing was loaded from it. Give the torch.save checkpoint the "
+            "model was exported from (e.g. output/run/model_final.pth); gwdet.export.load_export runs the export.")
     if zipfile.is_zipfile(path) and not _holds_a_pickle(path):
         raise NotACheckpointError(
             f"{path} is not a PyTorch checkpoint: it is a zip archive, but not one torch.save writes (no "

@@ -61,6 +61,17 @@ def decode_settings(state: Any) -> Optional[Dict[str, Any]]:
     return settings
 
 
+def cast_record(state: Any) -> str:
+    """For a record that is no longer uint8 (every tensor of a state cast, e.g. ``{k: v.half()}``),
+    words that say so and how to cast instead; ``""`` otherwise."""
+    if isinstance(state, np.ndarray):
+        state = torch.from_numpy(state)
+    if not isinstance(state, Tensor) or state.dtype == torch.uint8 or state.dim() != 1:
+        return ""
+    return (f" (it was cast to {state.dtype}, as a cast of every tensor of the weights does: cast the floating-point "
+            "tensors only)")
+
+
 # Per layer, the setting the layer rounds to a divisor of its channels (the largest at most the request).
 _DIVIDED_SETTING = {"GroupWhitening": "num_groups", "BatchGroupNorm": "num_groups", "BatchWhitening": "group_size"}
 # Settings recorded but not compared: they leave the trained function as it is. ``momentum`` is how
@@ -131,8 +142,8 @@ class SettingsInState(nn.Module):
         saved = decode_settings(state)
         if saved is None:
             return (f"{layer}: the state's {key} is not the settings a gwdet norm layer records (a uint8 "
-                    f"tensor of {SETTINGS_BYTES} bytes of JSON), so the state cannot be checked against the "
-                    "layer; load an unchanged state dict of this model")
+                    f"tensor of {SETTINGS_BYTES} bytes of JSON){cast_record(state)}, so the state cannot be checked "
+                    "against the layer; load an unchanged state dict of this model")
         if saved["layer"] != kind:
             return (f"{layer}: the state is of a {saved['layer']} layer, not of a {kind}; load weights trained "
                     "with the norm this model has at that place")
