@@ -413,3 +413,42 @@ def test_a_lazy_configs_class_count_and_evaluated_dataset_must_fit_its_datasets(
     with pytest.raises(GwdetValueError, match=message.replace("(", r"\(")):
         run.prepare_datasets()
     LazyRun.load(str(LAZY_CONFIG)).prepare_datasets()
+
+
+# ---- config files that cannot be read as configs: named before anything else ----------------
+
+def test_a_lazy_config_without_a_model_a_syntax_error_or_a_missing_relative_import_is_named(tmp_path):
+    # before: gwdet's own check stopped with a TypeError; detectron2's SyntaxError / ImportError as tracebacks
+    (tmp_path / "nomodel.py").write_text("x = 1\n")
+    with pytest.raises(GwdetValueError, match=r"^Config file '.*nomodel.py' defines no model: a LazyConfig names the "
+                                              r"model to build in model = L\(...\)\(...\), beside train"):
+        load_lazy_config(str(tmp_path / "nomodel.py"), ["train.output_dir=out"])
+    (tmp_path / "syntax.py").write_text("model = dict(\n\ndef f(:\n")
+    with pytest.raises(GwdetValueError, match=r"^Config file '.*syntax.py' is not valid Python: .* \(line \d+\)\. "
+                                              r"Correct that line.$"):
+        load_lazy_config(str(tmp_path / "syntax.py"))
+    copy = tmp_path / "copy.py"
+    copy.write_text((REPO / "configs" / "LazyConfig" / "mask_rcnn_R_50_FPN_gw_shapes.py").read_text())
+    with pytest.raises(GwdetValueError) as refused:
+        load_lazy_config(str(copy))
+    assert str(refused.value).endswith(
+        f"common/shapes.py does not exist. A LazyConfig's relative imports (from .common... import ...) read files "
+        f"beside it: copy the folders it imports along with it (for gwdet's: cp -r configs/LazyConfig/common {tmp_path}/).")
+
+
+def test_a_yacs_base_that_is_a_lazy_config_or_not_yaml_is_named(tmp_path):
+    from gwdet.model_zoo.loading import build_config
+
+    for base, message in ((REPO / "configs" / "LazyConfig" / "mask_rcnn_R_50_FPN_gw_shapes.py", "a LazyConfig (.py): "
+                           "a yacs config's _BASE_ is another yacs .yaml config."),
+                          (tmp_path / "model_final.pth", "is not text (a checkpoint?): a _BASE_ names another yacs "
+                           ".yaml config. Correct that line."),
+                          (tmp_path / "broken.yaml", "is not valid YAML (")):
+        (tmp_path / "model_final.pth").write_bytes(bytes(range(128, 256)))
+        (tmp_path / "broken.yaml").write_text("MODEL: [\n")
+        config = tmp_path / "config.yaml"
+        config.write_text(f'_BASE_: "{base}"\n')
+        with pytest.raises(GwdetValueError) as refused:
+            build_config(str(config))
+        assert str(refused.value).startswith(f"Config file {str(config)!r} names _BASE_: {str(base)!r}")
+        assert message in str(refused.value)

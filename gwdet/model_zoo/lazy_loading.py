@@ -302,6 +302,24 @@ def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
     return applied
 
 
+def _load_python_config(config_file: str) -> DictConfig:
+    """detectron2's ``LazyConfig.load`` of a ``.py`` config, its syntax errors and missing relative
+    imports named with the line or file and the fix."""
+    try:
+        return LazyConfig.load(config_file)
+    except SyntaxError as error:
+        cause = error.__cause__ if isinstance(error.__cause__, SyntaxError) else error
+        raise GwdetValueError(f"Config file {config_file!r} is not valid Python: {cause.msg} (line {cause.lineno}). "
+                              "Correct that line.") from None
+    except ImportError as error:
+        if "does not exist" not in str(error):  # detectron2's message for a relative import not beside the file
+            raise
+        raise GwdetValueError(
+            f"Config file {config_file!r}: {error} A LazyConfig's relative imports (from .common... import ...) read "
+            "files beside it: copy the folders it imports along with it (for gwdet's: cp -r configs/LazyConfig/common "
+            f"{os.path.dirname(config_file) or '.'}/).") from None
+
+
 def load_lazy_config(config_file: str, overrides: Sequence[str] = ()) -> DictConfig:
     """The LazyConfig ``config_file`` with the ``key=value`` ``overrides`` applied (checked by
     :func:`apply_overrides`); a ``~`` in ``train.output_dir`` is expanded."""
@@ -309,7 +327,12 @@ def load_lazy_config(config_file: str, overrides: Sequence[str] = ()) -> DictCon
         raise GwdetValueError("No config given: pass --config-file configs/<file>.py (see configs/LazyConfig/).")
     if not os.path.isfile(config_file):
         raise GwdetFileNotFoundError(f"Config file {config_file!r} does not exist (run from the repository root?).")
-    loaded = LazyConfig.load(config_file) if config_file.endswith(LAZY_SUFFIX) else _load_saved_lazy_config(config_file)
+    loaded = _load_python_config(config_file) if config_file.endswith(LAZY_SUFFIX) else _load_saved_lazy_config(config_file)
+    if not isinstance(loaded.get("model"), DictConfig):
+        raise GwdetValueError(
+            f"Config file {config_file!r} defines no model: a LazyConfig names the model to build in "
+            "model = L(...)(...), beside train, dataloader, optimizer and lr_multiplier (e.g. "
+            "configs/LazyConfig/mask_rcnn_R_50_FPN_gw_shapes.py).")
     cfg = apply_overrides(loaded, overrides or ())
     output_dir = select(cfg, OUTPUT_SETTING)
     if isinstance(output_dir, str) and output_dir.startswith("~"):

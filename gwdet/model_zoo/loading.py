@@ -245,11 +245,21 @@ def check_base_files(config_file: str, content: Mapping, named_from: Sequence[st
                 f"Config file {config_file!r}{via} names {BASE_KEY}: {written!r}, but there is no file {path} "
                 f"(a relative {BASE_KEY} is read from the folder of the config that names it). Correct the "
                 f"{BASE_KEY} line of {config_file} to the base config's path, or put the base config at {path}.{hint}")
+        if path.endswith(".py"):
+            raise GwdetValueError(
+                f"Config file {config_file!r} names {BASE_KEY}: {written!r}, a LazyConfig (.py): a yacs config's "
+                f"{BASE_KEY} is another yacs .yaml config. Name one of those, or use the LazyConfig itself "
+                "(--config-file with key=value overrides).")
         try:
             with open(path, encoding="utf-8") as f:
                 base_text = f.read()
             base_content = load_config_yaml(path, base_text, named_from=chain)
-        except (OSError, UnicodeDecodeError, yaml.YAMLError, PythonTagError):
+        except (UnicodeDecodeError, yaml.YAMLError) as error:
+            what = "not text (a checkpoint?)" if isinstance(error, UnicodeDecodeError) else f"not valid YAML ({error})"
+            raise GwdetValueError(
+                f"Config file {config_file!r} names {BASE_KEY}: {written!r}, but {path} is {what}: a {BASE_KEY} "
+                "names another yacs .yaml config. Correct that line.") from None
+        except (OSError, PythonTagError):
             continue  # left to detectron2 (its Base-RetinaNet.yaml computes its anchor sizes with a python tag)
         if isinstance(base_content, dict):
             check_base_files(path, base_content, chain)
