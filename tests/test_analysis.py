@@ -180,6 +180,14 @@ def test_a_table_the_tool_did_not_write_is_never_replaced(tmp_path, capsys):
         main(["conditioning", "--out", str(tmp_path), *args])
     assert refused.value.code == 2 and f"{notes} was not written by tools/analyze.py" in capsys.readouterr().err
     assert notes.read_text() == "# my notes\n"
+    notes.unlink()  # the user's figure beside no table of the tool's: replaced without a word before
+    (tmp_path / "conditioning" / "kappa_90.png").write_bytes(b"my figure")
+    with pytest.raises(SystemExit) as refused:
+        main(["conditioning", "--out", str(tmp_path), *args])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and f"{tmp_path / 'conditioning'} holds " in err and "kappa_90.png" in err
+    assert "but no table.md of tools/analyze.py, so none of it was written by the tool" in err
+    assert (tmp_path / "conditioning" / "kappa_90.png").read_bytes() == b"my figure"
 
 
 def test_tool_is_the_cli_entry_point(capsys):

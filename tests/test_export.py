@@ -483,6 +483,14 @@ def test_run_onnx_names_an_input_of_another_dtype_or_size_and_takes_numpy_arrays
                                              r"tensor\((double|float)\) of shape \[.*\]: the export is fixed to the dtype and "
                                              r"size of the sample image it was traced with"):
             run_onnx(str(path), [other])
+    # before: a bare tensor was read as a list of its first dimension, and a second input left out without a word
+    with pytest.raises(ValueError, match=r"^run_onnx takes a list of the export's inputs, e.g. \[image\], not one Tensor "
+                                         r"of shape \[2, 3, 16, 16\]: put the image in a list.$"):
+        run_onnx(str(path), x)
+    with pytest.raises(ValueError, match=r"^run_onnx got 2 inputs, but .*layer.onnx takes 1 \('.*'\): an export of one "
+                                         r"image per call runs once per image, run_onnx\(path, \[image\]\)\. Extra "
+                                         r"inputs would be left out.$"):
+        run_onnx(str(path), [x, x])
 
 
 # ---- tools/deploy/export_model.py --------------------------------------------------------------

@@ -520,6 +520,13 @@ def test_an_output_dir_holding_an_unexpanded_environment_variable_is_refused_nam
         OutputDirLock("out/${NOT_SET_HERE}", setting="train.output_dir").__enter__()
     assert list(tmp_path.iterdir()) == []
     check_output_dir_name("runs/price$ 5", encoding="utf-8")  # a lone '$' names no variable
+    from gwdet.utils.cli_errors import output_path_problem  # every tool's --out (compare_norms, analyze, benchmark)
+
+    assert output_path_problem("--out", "$MYSCRATCH/study", folder=True) == (
+        "--out '$MYSCRATCH/study' holds '$MYSCRATCH', an environment variable that nothing expanded (a quoted "
+        "command-line value and a config file keep it as it is): the run would write into a folder named '$MYSCRATCH'. "
+        "Let the shell expand it (double quotes), or give the path itself (--out=/scratch/me/study); nothing was "
+        "written.")
 
 
 # ---- the whole checkpoint under checksums, and resumes that would train nothing ----------------------

@@ -99,10 +99,11 @@ def test_a_fresh_start_over_a_run_is_refused_naming_six_of_its_files_then_how_ma
 
 
 def test_a_fresh_start_over_an_evaluations_results_does_not_advise_resume(tmp_path):
-    make(tmp_path, "results.json", "results.md", "inference/")  # --eval-only into a folder without a run
+    make(tmp_path, "results.json", "results.json.sha256", "results.md", "inference/")  # --eval-only, no run there
     with pytest.raises(FileExistsError) as refused:
         check_fresh_start(str(tmp_path), overwrite=False)
-    assert "holds the results of an evaluation (inference, results.json, results.md), no checkpoint to continue" \
+    assert "holds the results of an evaluation (inference, results.json, results.json.sha256, results.md), no " \
+           "checkpoint to continue" \
         in str(refused.value) and "--resume" not in str(refused.value)
 
 
@@ -163,19 +164,21 @@ def test_overwrite_deletes_checkpoints_by_the_checkpointers_names_with_their_rec
         "mine_05.txt, mine_06.txt, mine_07.txt, mine_08.txt, mine_09.txt, ... (2 more)")
 
 
-@pytest.mark.parametrize("proof", [None, CONFIG_NAME, "model_0000009.pth", "results.json.sha256"])
+@pytest.mark.parametrize("proof", [None, CONFIG_NAME + ".sha256", "model_0000009.pth", "results.json.sha256"])
 def test_overwrite_deletes_results_and_metrics_only_beside_what_only_a_run_writes(tmp_path, proof):
     mine = ("metrics.json", "results.json", "results.md")  # a user's own files of those names
     for name in mine:
         (tmp_path / name).write_text("mine")
     if proof is None:
-        with pytest.raises(FileExistsError) as refused:
-            check_fresh_start(str(tmp_path), overwrite=True)
-        assert str(refused.value) == (
-            f"--overwrite would delete metrics.json, results.json, results.md in OUTPUT_DIR {str(tmp_path)!r}, but "
-            "nothing there shows that a run of gwdet wrote them (no config.yaml, checkpoint or recorded results.json); "
-            "nothing was changed. Move them out of OUTPUT_DIR, or train into another OUTPUT_DIR.")
-        assert sorted(os.listdir(tmp_path)) == list(mine)
+        for overwrite in (False, True):  # the refusal without --overwrite does not advise it
+            with pytest.raises(FileExistsError) as refused:
+                check_fresh_start(str(tmp_path), overwrite=overwrite)
+            assert str(refused.value) == (
+                f"OUTPUT_DIR {str(tmp_path)!r} holds metrics.json, results.json, results.md, named as a run's files, but "
+                "nothing there shows that a run of gwdet wrote them (no recorded config.yaml or results.json, no "
+                "checkpoint), so --overwrite would not delete them either; nothing was changed. Move them out of "
+                "OUTPUT_DIR, or train into another OUTPUT_DIR.")
+            assert sorted(os.listdir(tmp_path)) == list(mine)
         return
     make(tmp_path, proof)
     check_fresh_start(str(tmp_path), overwrite=True)

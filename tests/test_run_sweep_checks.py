@@ -133,11 +133,13 @@ def test_a_config_yaml_on_a_full_disk_is_one_error_naming_output_dir_and_leaves_
     run = tmp_path / "run"
     run.mkdir()
     os.symlink("/dev/full", run / CONFIG_NAME)  # detectron2's write of config.yaml meets a full disk
+    (run / RECORD).write_text("the record of a run's config\n")  # a run's, so the run may write there
     with pytest.raises(GwdetOSError, match=rf"^OUTPUT_DIR {str(run)!r}: writing the run's config.yaml and log "
                                                   r"there failed \(\[Errno 28\] No space left on device\); .*nothing "
                                                   r"was trained\. Free space there"):
         main(tiny_run_args(run))
-    assert os.readlink(run / CONFIG_NAME) == "/dev/full" and not (run / RECORD).exists()
+    assert os.readlink(run / CONFIG_NAME) == "/dev/full"
+    assert (run / RECORD).read_text() == "the record of a run's config\n"
     assert not (run / CONFIG_KEPT).exists()
 
 
@@ -352,3 +354,17 @@ def test_a_training_that_diverges_after_its_first_iteration_is_named_with_its_ch
     assert isinstance(refused.value, FloatingPointError), "still what detectron2's trainer raises, for callers catching it"
     assert isinstance(refused.value.__cause__, FloatingPointError)
     assert list(tmp_path.glob("model_00*.pth")), "the checkpoints of the iterations before it"
+
+
+def test_a_users_own_config_yaml_in_the_output_folder_is_not_replaced(tmp_path):
+    # before: detectron2's default_setup wrote the run's config over it, with exit 0
+    (tmp_path / "config.yaml").write_text("experiment: mine\n")
+    for extra in ((), ("--eval-only", "MODEL.WEIGHTS", str(tmp_path / "weights.pth"))):
+        with pytest.raises(FileExistsError) as refused:
+            main(tiny_run_args(tmp_path, *extra))
+        assert str(refused.value) == (
+            f"OUTPUT_DIR {str(tmp_path)!r} holds a config.yaml that no run of gwdet wrote (no config.yaml.sha256 record "
+            "beside it), where the run writes its full config: the file would be replaced; nothing was changed. Move it "
+            f"(e.g. mv {tmp_path / 'config.yaml'} {tmp_path / 'my_config.yaml'}), or give the run another OUTPUT_DIR.")
+        assert sorted(os.listdir(tmp_path)) == [".gwdet.lock", "config.yaml"]
+        assert (tmp_path / "config.yaml").read_text() == "experiment: mine\n"

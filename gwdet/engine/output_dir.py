@@ -25,7 +25,6 @@ import fcntl
 import json
 import logging
 import os
-import re
 import shutil
 import sys
 from typing import IO, Any, Callable, Iterator, Mapping, NamedTuple, Sequence
@@ -59,7 +58,7 @@ from gwdet.utils.atomic import (
     remove_stale_partials,
     write_text_atomically,
 )
-from gwdet.utils.cli_errors import as_override, output_path_problem
+from gwdet.utils.cli_errors import as_override, output_path_problem, unexpanded_variable_problem
 
 LOCK_NAME = ".gwdet.lock"
 CONFIG_NAME = "config.yaml"  # detectron2's default_setup writes the run's config here
@@ -166,9 +165,9 @@ def foreign_files(output_dir: str, folders: Sequence[str]) -> list[str]:
 
 def _shows_a_run(output_dir: str, existing: Sequence[str]) -> bool:
     """Whether the run files ``existing`` of ``output_dir`` include what only a run writes: the
-    config it saves first (:data:`CONFIG_NAME`), a checkpoint, or ``results.json`` with its record.
+    record of the config it saves first (:data:`CONFIG_NAME`), a checkpoint, or ``results.json``'s record.
     Without one of them a ``metrics.json`` or ``results.md`` there may be the user's own."""
-    return (CONFIG_NAME in existing or RESULTS_JSON + CHECKSUM_SUFFIX in existing
+    return (CONFIG_NAME + CHECKSUM_SUFFIX in existing or RESULTS_JSON + CHECKSUM_SUFFIX in existing
             or bool(checkpoints_in(output_dir)))
 
 
@@ -188,6 +187,13 @@ def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_D
     if not holds_run(output_dir):
         return
     existing = run_files(output_dir)
+    unproven = [] if _shows_a_run(output_dir, existing) else [name for name in existing if name not in RUN_FOLDERS]
+    if unproven:
+        raise GwdetFileExistsError(
+            f"{setting} {output_dir!r} holds {listed(unproven, 5)}, named as a run's files, but nothing there shows that "
+            f"a run of gwdet wrote them (no recorded {CONFIG_NAME} or {RESULTS_JSON}, no checkpoint), so --overwrite "
+            f"would not delete them either; nothing was changed. Move them out of {setting}, or train into another "
+            f"{setting}.")
     if not overwrite:
         shown = listed(existing, 6)
         if not checkpoints_in(output_dir):  # nothing to continue: --resume would start afresh over them
@@ -212,12 +218,6 @@ def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_D
             f"--overwrite would delete {weights_setting} {weights}, a file of the earlier run in {setting} "
             f"{output_dir!r}, before training starts from it; nothing was changed. Copy the weights out of that "
             f"folder and set {weights_setting} to the copy, or train into another {setting}.")
-    unproven = [] if _shows_a_run(output_dir, existing) else [name for name in existing if name not in RUN_FOLDERS]
-    if unproven:
-        raise GwdetFileExistsError(
-            f"--overwrite would delete {listed(unproven, 5)} in {setting} {output_dir!r}, but nothing there shows that "
-            f"a run of gwdet wrote them (no {CONFIG_NAME}, checkpoint or recorded {RESULTS_JSON}); nothing was "
-            f"changed. Move them out of {setting}, or train into another {setting}.")
     foreign = foreign_files(output_dir, [name for name in existing if name in RUN_FOLDERS])
     if foreign:
         raise GwdetFileExistsError(
@@ -278,6 +278,19 @@ def check_config_file_kept(config_file: str, output_dir: str, setting: str = "OU
             f"beside it matches it), would be replaced; nothing was changed. Give the run another {setting}, or keep "
             f"the config file elsewhere (e.g. mv {path} {os.path.join(output_dir, 'my_config.yaml')} and pass that "
             "as --config-file).")
+
+
+def check_config_not_users(output_dir: str, setting: str = "OUTPUT_DIR") -> None:
+    """Refuse a run that starts in ``output_dir`` (fresh, or an evaluation) where a ``config.yaml``
+    without its run's record is: the user's file, which detectron2's ``default_setup`` would replace
+    with the run's config."""
+    path = os.path.join(output_dir, CONFIG_NAME)
+    if os.path.lexists(path) and not os.path.lexists(checksum_path(path)):
+        raise GwdetFileExistsError(
+            f"{setting} {output_dir!r} holds a {CONFIG_NAME} that no run of gwdet wrote (no {CONFIG_NAME}{CHECKSUM_SUFFIX} "
+            f"record beside it), where the run writes its full config: the file would be replaced; nothing was "
+            f"changed. Move it (e.g. mv {path} {os.path.join(output_dir, 'my_config.yaml')}), or give the run another "
+            f"{setting}.")
 
 
 def _cannot_write(output_dir: str, error: OSError, setting: str) -> GwdetOSError:
@@ -659,9 +672,6 @@ class OutputDirNameError(GwdetError, ValueError):
     """OUTPUT_DIR's name cannot reach every writer of a run unchanged under this locale."""
 
 
-_UNEXPANDED_VARIABLE = re.compile(r"\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")  # $NAME, ${NAME}
-
-
 def check_output_dir_name(output_dir: str, encoding: str | None = None, setting: str = "OUTPUT_DIR") -> None:
     """Refuse an empty OUTPUT_DIR, one holding an environment variable nobody expanded
     (``'$SCRATCH/run'``), and one whose name the writers of a run would not all find: TensorBoard's event
@@ -675,15 +685,9 @@ def check_output_dir_name(output_dir: str, encoding: str | None = None, setting:
         raise OutputDirNameError(
             f"{setting} is empty ({output_dir!r}): give the folder the run writes into, e.g. "
             f"{as_override(setting, 'output/run')} (it is created if it does not exist); nothing was written.")
-    variable = _UNEXPANDED_VARIABLE.search(output_dir)
-    if variable is not None:
-        expanded = os.path.expandvars(output_dir)
-        fix = (f"give the path itself ({as_override(setting, expanded)})" if expanded != output_dir else
-               "set the variable, or give the path itself")
-        raise OutputDirNameError(
-            f"{setting} {output_dir!r} holds {variable.group(0)!r}, an environment variable that nothing expanded (a "
-            "quoted command-line value and a config file keep it as it is): the run would write into a folder named "
-            f"{variable.group(0)!r}. Let the shell expand it (double quotes), or {fix}; nothing was written.")
+    unexpanded = unexpanded_variable_problem(setting, output_dir)
+    if unexpanded is not None:
+        raise OutputDirNameError(unexpanded)
     encoding = codecs.lookup(encoding or sys.getfilesystemencoding()).name
     try:
         output_dir.encode("utf-8")

@@ -62,6 +62,7 @@ from gwdet.engine.output_dir import (
     VIS_FOLDER,
     OutputDirLock,
     check_config_file_kept,
+    check_config_not_users,
     check_fresh_start,
     check_resume_source,
     check_run_folders,
@@ -340,6 +341,8 @@ def setup(args: argparse.Namespace, run: RunConfig) -> None:
         if main_process:
             check_output_request(args, run)
             check_run_folders(run.output_dir, written_folders(run), run.output_setting)
+            if not args.resume:
+                check_config_not_users(run.output_dir, run.output_setting)
         # config.yaml with the checksum --resume checks it against; on failure both as they were
         with config_rewrite(run.output_dir, run.output_setting) if main_process else contextlib.nullcontext():
             default_setup(run.cfg, args)

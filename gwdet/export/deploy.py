@@ -261,12 +261,19 @@ ONNX_TYPE_NAMES = {"float32": "float", "float64": "double", "float16": "float16"
 def run_onnx(path: str, inputs: Sequence[Any]) -> List[Any]:
     """Outputs (numpy arrays) of the ONNX file at ``path`` in onnxruntime on the CPU; a file that
     differs from its recorded SHA-256 is refused (:func:`verify_export`)."""
+    if isinstance(inputs, torch.Tensor) or hasattr(inputs, "__array_interface__"):  # a tensor, a numpy array
+        raise GwdetValueError(f"run_onnx takes a list of the export's inputs, e.g. [image], not one {type(inputs).__name__} "
+                              f"of shape {list(torch.as_tensor(inputs).shape)}: put the image in a list.")
     verify_export(path)
     session = _onnx_session(path)
+    entries = session.get_inputs()
+    if len(inputs) > len(entries):  # e.g. several images for an export of one image per call
+        raise GwdetValueError(
+            f"run_onnx got {len(inputs)} inputs, but {path} takes {len(entries)} "
+            f"({', '.join(repr(entry.name) for entry in entries)}): an export of one image per call runs once per "
+            "image, run_onnx(path, [image]). Extra inputs would be left out.")
     feeds = {}
-    # the exporter drops inputs the graph does not use; keep the order of the rest (so fewer names
-    # than inputs is expected: zip stops at the names)
-    for index, (entry, given) in enumerate(zip(session.get_inputs(), inputs, strict=False)):
+    for index, (entry, given) in enumerate(zip(entries, inputs, strict=False)):
         array = torch.as_tensor(given).detach().cpu().numpy()  # a tensor or a numpy array
         dtype = f"tensor({ONNX_TYPE_NAMES.get(array.dtype.name, array.dtype.name)})"
         fixed = [size if isinstance(size, int) else None for size in entry.shape]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -94,10 +95,32 @@ def run_tool(work: Callable[[list[str]], int], argv: Sequence[str] | None = None
         return work(kept)
 
 
+_UNEXPANDED_VARIABLE = re.compile(r"\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")  # $NAME, ${NAME}
+
+
+def unexpanded_variable_problem(flag: str, path: str | os.PathLike) -> str | None:
+    """Why ``path``, given as ``flag``, holds an environment variable nobody expanded (a quoted
+    ``'$SCRATCH/run'``, or one written in a config file), which would name a folder ``$SCRATCH``;
+    ``None`` when it holds none."""
+    variable = _UNEXPANDED_VARIABLE.search(os.fspath(path))
+    if variable is None:
+        return None
+    expanded = os.path.expandvars(os.fspath(path))
+    fix = (f"give the path itself ({as_override(flag, expanded)})" if expanded != os.fspath(path) else
+           "set the variable, or give the path itself")
+    return (f"{flag} {os.fspath(path)!r} holds {variable.group(0)!r}, an environment variable that nothing expanded "
+            "(a quoted command-line value and a config file keep it as it is): the run would write into a folder "
+            f"named {variable.group(0)!r}. Let the shell expand it (double quotes), or {fix}; nothing was written.")
+
+
 def output_path_problem(flag: str, path: str | os.PathLike, folder: bool) -> str | None:
     """Why ``path``, given as ``flag``, cannot be written as a ``folder`` (else as a file); ``None``
     when it can be created or is already of the right kind. Checked before a tool does any work:
-    a file where a folder is needed, a folder where a file is needed, a path below a file."""
+    an environment variable nobody expanded (:func:`unexpanded_variable_problem`), a file where a
+    folder is needed, a folder where a file is needed, a path below a file."""
+    unexpanded = unexpanded_variable_problem(flag, path)
+    if unexpanded is not None:
+        return unexpanded
     target = Path(path).expanduser()
     kind = "folder" if folder else "file"
     if target.exists():

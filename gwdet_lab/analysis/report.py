@@ -50,10 +50,16 @@ def output_folder(out: str | Path, subcommand: str) -> Path:
 
 def foreign_table_problem(out: str | Path, subcommand: str) -> str | None:
     """Why the subcommand must not write into ``<out>/<subcommand>``: a ``table.md`` there that
-    this tool did not write (its first line is not :data:`TABLE_MARK`); ``None`` otherwise."""
+    this tool did not write (its first line is not :data:`TABLE_MARK`), or files without the tool's
+    ``table.md``; ``None`` otherwise."""
     table = Path(out) / subcommand / TABLE_FILE
     if not table.is_file():
-        return None
+        files = sorted(path.name for path in table.parent.iterdir()) if table.parent.is_dir() else []
+        if not files:
+            return None
+        return (f"--out {out}: {table.parent} holds {', '.join(files[:5])}{' ...' if len(files) > 5 else ''} but no "
+                f"{TABLE_FILE} of tools/analyze.py, so none of it was written by the tool, and {subcommand} would replace "
+                "files of the same names there. Give another --out, or move those files away.")
     with open(table, encoding="utf-8", errors="replace") as f:
         if f.readline().rstrip("\n") == TABLE_MARK:
             return None
