@@ -9,6 +9,7 @@ import json
 import os
 import re
 import subprocess
+import shutil
 import sys
 
 import numpy as np
@@ -491,6 +492,28 @@ def test_run_onnx_names_an_input_of_another_dtype_or_size_and_takes_numpy_arrays
                                          r"image per call runs once per image, run_onnx\(path, \[image\]\)\. Extra "
                                          r"inputs would be left out.$"):
         run_onnx(str(path), [x, x])
+
+
+def test_an_export_under_the_other_formats_name_a_meta_device_and_no_path_are_named(tmp_path):
+    # before: each was called damaged, with the advice to export again; None ended in a TypeError
+    from gwdet.export import load_export
+
+    _, x, path = exported_gw_layer(tmp_path)
+    shutil.copyfile(path, tmp_path / "layer.ts")
+    with pytest.raises(ValueError, match=r"layer.ts holds an ONNX model, which its name does not say: rename it to end "
+                                         r"in .onnx \(gwdet reads the format from the name\); nothing was loaded.$"):
+        load_export(str(tmp_path / "layer.ts"))
+    traced = tmp_path / "traced.onnx"
+    torch.jit.save(torch.jit.trace(torch.nn.Linear(2, 2), torch.zeros(1, 2)), str(traced))
+    for load in (lambda: load_export(str(traced)), lambda: run_onnx(str(traced), [x])):
+        with pytest.raises(ValueError, match=r"traced.onnx (holds a TorchScript archive, which its name does not say: "
+                                             r"rename it to end in .ts|is a TorchScript export, not ONNX)"):
+            load()
+    shutil.move(traced, tmp_path / "traced.ts")
+    with pytest.raises(ValueError, match=r"^map_location='meta' gives tensors without values"):
+        load_export(str(tmp_path / "traced.ts"), map_location="meta")
+    with pytest.raises(TypeError, match=r"^load_export takes the path of an export \(a str or pathlib.Path\), not None"):
+        load_export(None)
 
 
 # ---- tools/deploy/export_model.py --------------------------------------------------------------

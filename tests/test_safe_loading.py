@@ -137,3 +137,23 @@ def test_a_torchscript_model_or_weights_wrapped_in_another_key_are_named_as_such
         f"{tmp_path / 'wrapped.pth'} holds its weights under 'state_dict' (as some training frameworks save them), "
         "where detectron2's checkpointer reads the file itself or its 'model'. Save that entry on its own, e.g. "
         "torch.save(torch.load(path)['state_dict'], 'weights.pth'), and give that file.")
+
+
+def test_a_pickle_of_weights_named_pth_is_told_to_take_the_pkl_suffix(tmp_path):
+    # before: "does not start like a file written by torch.save (a zip archive or a pickle)", though it is a pickle
+    import pickle
+
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from gwdet.errors import GwdetError
+
+    model = torch.nn.Linear(2, 2)
+    with open(tmp_path / "converted.pth", "wb") as f:
+        pickle.dump({key: value.numpy() for key, value in model.state_dict().items()}, f, protocol=4)
+    with pytest.raises(GwdetError) as refused:
+        ResilientCheckpointer(model, save_dir=str(tmp_path)).load_weights(str(tmp_path / "converted.pth"))
+    assert str(refused.value) == (
+        f"{tmp_path / 'converted.pth'} is a pickle, as detectron2's .pkl weights are (gwdet's converter writes those), "
+        "not a file torch.save writes: name it with the .pkl suffix, which detectron2's checkpointer reads as pickled "
+        "weights.")
+    (tmp_path / "converted.pth").rename(tmp_path / "converted.pkl")
+    ResilientCheckpointer(model, save_dir=str(tmp_path)).load_weights(str(tmp_path / "converted.pkl"))

@@ -116,6 +116,13 @@ def load_torch_file(path: str, allow_unsafe: bool, how_to_opt_in: str, mmap: boo
     failure (truncated, corrupted) propagates as torch raised it.
     """
     if not starts_like_torch_save_output(path):
+        with open(path, "rb") as f:
+            pickled = f.read(1) == b"\x80"  # a pickle's PROTO opcode, another protocol than torch.save's 2
+        if pickled:
+            raise NotACheckpointError(
+                f"{path} is a pickle, as detectron2's .pkl weights are (gwdet's converter writes those), not a file "
+                "torch.save writes: name it with the .pkl suffix, which detectron2's checkpointer reads as pickled "
+                "weights.")
         raise NotACheckpointError(
             f"{path} is not a PyTorch checkpoint: it does not start like a file written by "
             "torch.save (a zip archive or a pickle). Check the path (MODEL.WEIGHTS, OUTPUT_DIR), or "

@@ -25,7 +25,8 @@ from detectron2.export import TracingAdapter
 from detectron2.modeling import GeneralizedRCNN
 
 from gwdet.modeling.build import check_device
-from gwdet.errors import GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetOSError, GwdetValueError
+from gwdet.errors import (GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetOSError, GwdetTypeError,
+                          GwdetValueError)
 from gwdet.utils.atomic import (
     DamagedFileError,
     checksum_path,
@@ -214,6 +215,21 @@ def verify_export(path: str) -> bool:
     return os.path.isfile(checksum_path(path))
 
 
+def _named_format(path: str) -> str:
+    """``"onnx"`` or ``"torchscript"``, as the file's name says (``.onnx``: ONNX); a file whose first
+    bytes say the other format is refused (one cut short or of other bytes is left to the reader)."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    named = "onnx" if path.endswith(".onnx") else "torchscript"
+    # TorchScript is a zip archive; ONNX a protobuf message, which starts with its ir_version field
+    found = "torchscript" if head.startswith(b"PK") else "onnx" if head.startswith(b"\x08") else named
+    if found != named:
+        what, suffix = ("an ONNX model", ".onnx") if found == "onnx" else ("a TorchScript archive", ".ts")
+        raise GwdetValueError(f"{path} holds {what}, which its name does not say: rename it to end in {suffix} "
+                              "(gwdet reads the format from the name); nothing was loaded.")
+    return named
+
+
 def load_export(path: str | os.PathLike, map_location: Any = None, providers: Optional[Sequence[str]] = None) -> Any:
     """An export, loaded once it matches the SHA-256 recorded beside it (:func:`verify_export`): a
     TorchScript file (``model.ts``) as ``torch.jit.load(path, map_location)`` gives it, an ONNX file
@@ -223,13 +239,18 @@ def load_export(path: str | os.PathLike, map_location: Any = None, providers: Op
     record that cannot be read as TorchScript or ONNX; a file without a record loads with a warning.
     TorchScript exports need ``import torchvision`` (its ``nms`` and ``roi_align``) before they run.
     """
-    path = os.fspath(path)  # a str or a pathlib.Path
+    if not isinstance(path, (str, os.PathLike)):
+        raise GwdetTypeError(f"load_export takes the path of an export (a str or pathlib.Path), not {path!r}.")
+    path = os.fspath(path)
     if not verify_export(path):
         warnings.warn(f"{path} has no checksum record ({os.path.basename(checksum_path(path))} beside it), so "
                       "it is loaded unchecked; gwdet's exports record one when they are written.", stacklevel=2)
-    if path.endswith(".onnx"):
+    if _named_format(path) == "onnx":
         return _onnx_session(path, providers)
     if isinstance(map_location, (str, torch.device)):  # a device this machine lacks is no damaged file
+        if torch.device(map_location).type == "meta":
+            raise GwdetValueError("map_location='meta' gives tensors without values, which a TorchScript model "
+                                  "cannot be loaded into: load it with map_location='cpu' (or a GPU).")
         check_device(str(map_location), "map_location", "load it with map_location='cpu'")
     try:
         return torch.jit.load(path, map_location=map_location)
@@ -265,6 +286,9 @@ def run_onnx(path: str, inputs: Sequence[Any]) -> List[Any]:
         raise GwdetValueError(f"run_onnx takes a list of the export's inputs, e.g. [image], not one {type(inputs).__name__} "
                               f"of shape {list(torch.as_tensor(inputs).shape)}: put the image in a list.")
     verify_export(path)
+    if _named_format(path) != "onnx":
+        raise GwdetValueError(f"{path} is a TorchScript export, not ONNX: run it with gwdet.export.load_export(path), "
+                              "or give run_onnx the model.onnx of an ONNX export.")
     session = _onnx_session(path)
     entries = session.get_inputs()
     if len(inputs) > len(entries):  # e.g. several images for an export of one image per call
