@@ -87,8 +87,8 @@ def test_the_analytic_ratio_is_gwdet_layers_cost_and_the_papers_formula(_, shape
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--norms", "GW (itn)", "FOO"], "--norms: unknown FOO; choose from conv 3x3, BN, GN(32)"),
-    (["--model-names", "FOO"], "--model-names: unknown FOO; choose from FrozenBN, FrozenBN + GW at S1-B2"),
+    (["--norms", "GW (itn)", "FOO"], "--norms: unknown 'FOO'; choose from 'conv 3x3', 'BN', 'GN(32)'"),
+    (["--model-names", "FOO"], "--model-names: unknown 'FOO'; choose from 'FrozenBN', 'FrozenBN + GW at S1-B2'"),
     (["--busy", "-1"], "--busy: -1 is negative"),
     (["--model-repeats", "0"], "--model-repeats: 0 is less than 1"),
 ])

@@ -368,6 +368,14 @@ def test_a_repeated_seed_or_batch_size_is_named(capsys, tmp_path, flags, message
     (["--layers", "--quick", "--amp", "fp16"], "--amp fp16 applies to the model level (--models) only"),
     (["--layers", "--quick", "--section", "mine"], "--section mine: it names the section of --out"),
     (["--models", "--image-size", "0"], "argument --image-size: give an integer of at least 32, got '0'"),
+    # before: run, with the report's Command line showing flags that never applied
+    (["--layers", "--quick", "--model-opts", "SOLVER.MAX_ITER", "3", "--image-size", "64"],
+     "--model-opts and --image-size apply to the model level (--models) only, which this run does not measure "
+     "(--layers). Add that level, or leave --model-opts and --image-size out."),
+    (["--op-counts", "--model-repeats", "2"], "--model-repeats applies to the model and inference levels (--models, "
+                                              "--inference) only"),
+    # before: the choices joined by ", " while one of them holds ", "
+    (["--norms", "GW"], "--norms: unknown 'GW'; choose from 'conv 3x3', "),
 ])
 def test_benchmark_flags_the_run_would_not_use_or_cannot_measure_are_refused(capsys, flags, message):
     from gwdet_lab.benchmark.cli import parse_args
@@ -452,3 +460,25 @@ def test_a_yacs_base_that_is_a_lazy_config_or_not_yaml_is_named(tmp_path):
             build_config(str(config))
         assert str(refused.value).startswith(f"Config file {str(config)!r} names _BASE_: {str(base)!r}")
         assert message in str(refused.value)
+
+
+def test_a_relative_shapes_root_is_registered_and_recorded_as_an_absolute_path(tmp_path, monkeypatch):
+    # before: results.json recorded a json_file relative to wherever the run had started
+    from detectron2.config import get_cfg
+    from detectron2.data import DatasetCatalog, MetadataCatalog
+
+    from gwdet import add_gwdet_config
+
+    monkeypatch.chdir(tmp_path)
+    cfg = add_gwdet_config(get_cfg())
+    cfg.DATASETS.SHAPES.IMAGE_SIZE, cfg.DATASETS.SHAPES.NUM_TRAIN, cfg.DATASETS.SHAPES.NUM_VAL = 32, 2, 2
+    cfg.DATASETS.SHAPES.ROOT = "shapes"
+    try:
+        folder = shapes.register_shapes(cfg)
+        assert folder.is_absolute() and folder.parent == tmp_path / "shapes"
+        assert MetadataCatalog.get("shapes_train").json_file == str(folder / "train.json")
+    finally:
+        for split in shapes.SPLITS:  # leave the catalog to the tests' own shapes datasets
+            if f"shapes_{split}" in DatasetCatalog.list():
+                DatasetCatalog.remove(f"shapes_{split}")
+                MetadataCatalog.remove(f"shapes_{split}")

@@ -129,8 +129,8 @@ ROOT_KEY = "DATASETS.SHAPES.ROOT"
 
 def default_cache_root() -> Path:
     """``$GWDET_CACHE`` if set and not empty (shells often export an empty variable, which would
-    otherwise be the current folder), else ``~/.cache/gwdet``."""
-    return Path(os.environ.get(CACHE_VARIABLE) or Path.home() / ".cache" / "gwdet")
+    otherwise be the current folder), else ``~/.cache/gwdet``; as an absolute path."""
+    return Path(os.environ.get(CACHE_VARIABLE) or Path.home() / ".cache" / "gwdet").expanduser().absolute()
 
 
 class CacheNotWritableError(GwdetError, OSError):
@@ -447,12 +447,13 @@ def register_shapes_spec(spec: ShapesSpec, root: Path | str | None = None, setti
     ``setting`` names where ``root`` came from, ``size_setting`` where its image size did) and
     register its splits as ``shapes_<split>``, replacing a registration of other files; return its
     folder."""
+    root = Path(root).expanduser().absolute() if root else None  # registered and recorded as absolute paths
     registered = {split: MetadataCatalog.get(f"shapes_{split}").get("json_file")
                   for split in SPLITS if f"shapes_{split}" in DatasetCatalog.list()}
-    folder = Path(root) / spec.folder_name() if root else default_cache_root() / spec.folder_name()
+    folder = root / spec.folder_name() if root else default_cache_root() / spec.folder_name()
     if registered == {split: str(folder / f"{split}.json") for split in SPLITS}:
         return folder  # checked (or generated) and registered by this process already: not hashed again
-    folder = ensure_generated(spec, Path(root) if root else None, setting, size_setting)
+    folder = ensure_generated(spec, root, setting, size_setting)
     for split in SPLITS:
         name = f"shapes_{split}"
         json_file = str(folder / f"{split}.json")

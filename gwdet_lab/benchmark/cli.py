@@ -89,9 +89,10 @@ def argument_parser() -> argparse.ArgumentParser:
                         help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per layer (default 5, quick 1)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed calls first (default 1, quick 0)")
-    parser.add_argument("--model-repeats", type=int, default=3,
-                        help="timed training steps per model, and timed passes over the demo images")
-    parser.add_argument("--model-warmup", type=int, default=1, help="untimed training steps (demo passes) first")
+    parser.add_argument("--model-repeats", type=int, default=None,
+                        help="timed training steps per model, and timed passes over the demo images (default 3)")
+    parser.add_argument("--model-warmup", type=int, default=None,
+                        help="untimed training steps (demo passes) first (default 1)")
     parser.add_argument(
         "--image-size", type=image_size_argument, default=None,
         help=f"square image side for the model level, at least {MIN_MODEL_IMAGE_SIZE} (default: 320 on CPU, 800 on CUDA)"
@@ -141,7 +142,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                                ("--model-names", args.model_names, [name for name, _ in MODELS])):
         unknown = sorted(set(asked or ()) - set(known))
         if unknown:
-            parser.error(f"{flag}: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+            parser.error(f"{flag}: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(map(repr, known))}")
     problem = section_file_problem(args.out) if args.out else None
     if problem:
         parser.error(problem)
@@ -161,6 +162,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     problem = section_problem(args.section)
     if problem:
         parser.error(f"--section {args.section!r} {problem}.")
+    if args.model_repeats is None:
+        args.model_repeats = 3
+    if args.model_warmup is None:
+        args.model_warmup = 1
     if args.repeats is None:
         args.repeats = 1 if args.quick else 5
     if args.warmup is None:
@@ -171,13 +176,26 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 def unused_flag_problem(args: argparse.Namespace) -> Optional[str]:
-    """What is wrong with a flag the run would not use (``--amp`` without the model level,
-    ``--section`` without ``--out``), else None: the report's command line would show it, as if
-    it had applied."""
+    """What is wrong with a flag the run would not use (``--amp``, ``--model-opts``, ``--model-names``
+    or ``--image-size`` without the model level, ``--model-repeats`` or ``--model-warmup`` without
+    the model or inference level, ``--section`` without ``--out``), else None: the report's command
+    line would show it, as if it had applied."""
     if args.amp != "none" and not args.models:
         levels = ", ".join(f"--{flag.replace('_', '-')}" for flag, _, _ in LEVELS if getattr(args, flag))
         return (f"--amp {args.amp} applies to the model level (--models) only, which this run does not measure "
                 f"({levels}: in float32). Add --models, or leave --amp out.")
+    for used_by, level_flags in ((args.models, (("--model-opts", args.model_opts != DEFAULT_MODEL_OPTS),
+                                                 ("--model-names", args.model_names is not None),
+                                                 ("--image-size", args.image_size is not None))),
+                                 (args.models or args.inference, (("--model-repeats", args.model_repeats is not None),
+                                                                  ("--model-warmup", args.model_warmup is not None)))):
+        given = [flag for flag, is_given in level_flags if is_given]
+        if given and not used_by:
+            levels = ", ".join(f"--{flag.replace('_', '-')}" for flag, _, _ in LEVELS if getattr(args, flag))
+            where = "the model level (--models)" if given[0] in ("--model-opts", "--model-names", "--image-size") else \
+                "the model and inference levels (--models, --inference)"
+            return (f"{' and '.join(given)} {'applies' if len(given) == 1 else 'apply'} to {where} only, which this run does not measure ({levels}). Add "
+                    f"that level, or leave {' and '.join(given)} out.")
     if args.section is not None and not args.out:
         return (f"--section {args.section}: it names the section of --out the tables are written into, and there "
                 "is no --out (the tables are printed only). Add --out FILE, or leave --section out.")
