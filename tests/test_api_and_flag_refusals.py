@@ -62,6 +62,20 @@ def test_an_unknown_flag_is_named_not_taken_as_the_start_of_the_overrides(capsys
     assert args.config_file == "c.yaml" and args.output == "o" and args.overwrite
 
 
+def test_a_short_flag_after_the_overrides_is_read_as_a_flag(capsys):
+    # before: "-h" or "-v" there ended in "the overrides have a key without its value"
+    analyze = analyze_model.argument_parser()
+    args = parse_with_trailing_flags(analyze, ["--config-file", "c.yaml", "MODEL.DEVICE", "cpu", "-n", "2",
+                                               "SOLVER.BASE_LR", "-inf"])
+    assert args.num_inputs == 2 and args.opts == ["MODEL.DEVICE", "cpu", "SOLVER.BASE_LR", "-inf"]
+    with pytest.raises(SystemExit):
+        parse_with_trailing_flags(analyze, ["--config-file", "c.yaml", "MODEL.DEVICE", "cpu", "-v"])
+    assert "unknown flag '-v'; see --help for the flags of this tool" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as shown:
+        parse_with_trailing_flags(analyze, ["--config-file", "c.yaml", "MODEL.DEVICE", "cpu", "-h"])
+    assert shown.value.code == 0 and "usage:" in capsys.readouterr().out
+
+
 def test_the_advice_for_a_list_flag_among_the_overrides_can_be_followed(capsys):
     analyze = analyze_model.argument_parser()
     with pytest.raises(SystemExit):

@@ -138,7 +138,7 @@ def parse_with_trailing_flags(parser: argparse.ArgumentParser, argv: Sequence[st
     argv = list(argv)
     for token in argv:  # before argparse, whose overrides would take an unknown flag and every flag after it
         name = token.split("=", 1)[0]
-        if name.startswith("--") and name != "--" and _action_of(parser, name) is None:
+        if _is_flag(name) and _action_of(parser, name) is None:
             parser.error(f"unknown flag {name!r}; see --help for the flags of this tool")
     start = _start_of_overrides(parser, argv)
     flags, opts = [], []
@@ -146,7 +146,7 @@ def parse_with_trailing_flags(parser: argparse.ArgumentParser, argv: Sequence[st
     for token in tokens:
         if token == "--":
             continue
-        if not token.startswith("--"):
+        if not _is_flag(token.split("=", 1)[0]):
             opts.append(token)
             continue
         flag = token.split("=", 1)[0]
@@ -218,6 +218,13 @@ def _start_of_overrides(parser: argparse.ArgumentParser, argv: Sequence[str]) ->
             if position == first and action.nargs == "+" and position < len(argv) and not argv[position].startswith("-"):
                 position += 1  # not one value: argparse names the word as an invalid choice (`--tasks speed`)
     return len(argv)
+
+
+def _is_flag(name: str) -> bool:
+    """Whether the word ``name`` is a flag: ``--name``, or ``-x`` (a dash and letters, not a number
+    such as ``-inf``)."""
+    return (name.startswith("--") and name != "--") or (
+        len(name) > 1 and name[0] == "-" and name[1].isalpha() and name[1:].isalnum() and not _is_number(name))
 
 
 def _is_number(token: str) -> bool:
