@@ -433,3 +433,24 @@ def test_the_number_of_classes_is_checked_against_datasets_not_registered_here(n
     cfg = build_config(str(DEMO_CONFIG), tiny("DATASETS.TRAIN", f"('{names[0]}',)", "DATASETS.TEST", f"('{names[1]}',)",
                                               "MODEL.META_ARCHITECTURE", "ProposalNetwork", *overrides))
     register_datasets(cfg)  # class-agnostic proposals: no number of classes to check
+
+
+def test_a_resume_on_another_annotation_file_under_the_same_name_is_refused(data, tmp_path):
+    # before: it continued on the new file without a word, results.json naming only that one
+    from gwdet.engine.run import main
+
+    first = ["--config", str(DEMO_CONFIG), "--register-coco", spec("resumed_train", data["train"]),
+             *tiny("DATASETS.TRAIN", "('resumed_train',)", "DATASETS.TEST", "()", "MODEL.ROI_HEADS.NUM_CLASSES", "2",
+                   "INPUT.MASK_FORMAT", "polygon", "SOLVER.CHECKPOINT_PERIOD", "1", "OUTPUT_DIR", str(tmp_path))]
+    main(parse_args(first))
+    other = [word if word != spec("resumed_train", data["train"]) else spec("resumed_train", data["rle"])
+             for word in first]
+    with pytest.raises(ValueError) as refused:
+        main(parse_args([*other, "--resume", "SOLVER.MAX_ITER", "4", "INPUT.MASK_FORMAT", "bitmask"]))
+    assert str(refused.value).startswith(
+        f"--resume: the run in {tmp_path} trained on 'resumed_train' from {data['train'][0]} (SHA-256 ")
+    assert (f"but 'resumed_train' is now {data['rle'][0]} with other contents (SHA-256 " in str(refused.value)
+            and str(refused.value).endswith("nothing was trained. Register 'resumed_train' from the same annotation "
+                                            "file as before, or train on the new data into another output folder."))
+    main(parse_args([*first, "--resume", "SOLVER.MAX_ITER", "3"]))  # the same file: resumed
+    assert json.loads((tmp_path / "metrics.json").read_text().splitlines()[-1])["iteration"] == 2

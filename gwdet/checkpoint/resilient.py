@@ -16,7 +16,7 @@ import os
 import pickle
 import random
 import re
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
@@ -211,6 +211,9 @@ CLASSES_KEY = "gwdet_classes"
 # its state dict does not hold (its pixel buffers are not saved).
 INPUT_KEY = "gwdet_input"
 INPUT_ATTRIBUTES = ("input_format", "pixel_mean", "pixel_std")
+# The training datasets' annotation files, {name: {"json_file": path, "json_sha256": digest}}: what a
+# resume checks that it continues on.
+DATA_KEY = "gwdet_training_data"
 
 
 def input_record(model: torch.nn.Module) -> dict[str, Any]:
@@ -240,15 +243,18 @@ class ResilientCheckpointer(DetectionCheckpointer):
     missing or of another shape an error instead of a logged warning. ``weights_setting`` is how
     messages name the setting the initial weights come from (``train.init_checkpoint`` for a LazyConfig).
     ``classes``: the class names of the training data, in the order of the model's outputs, saved
-    under :data:`CLASSES_KEY` (what an evaluation checks its test data against).
+    under :data:`CLASSES_KEY` (what an evaluation checks its test data against). ``training_data``:
+    the training datasets' annotation files, saved under :data:`DATA_KEY` and checked on resume.
     """
 
     def __init__(self, *args: Any, require_every_weight: bool = False, weights_setting: str = "MODEL.WEIGHTS",
-                 classes: Sequence[str] | None = None, **kwargs: Any) -> None:
+                 classes: Sequence[str] | None = None, training_data: Mapping[str, Mapping[str, Any]] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.require_every_weight = require_every_weight
         self.weights_setting = weights_setting
         self.classes = list(classes) if classes else None
+        self.training_data = dict(training_data) if training_data else None
         self._loading_initial_weights = False  # set by load_weights: training state removed from the file is no loss
         self._resumed = False  # set when resume_or_load has loaded a checkpoint of save_dir
 
@@ -265,6 +271,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 NORM_SETTINGS_KEY: norm_settings(self.model)}
         if self.classes:
             data[CLASSES_KEY] = self.classes
+        if self.training_data:
+            data[DATA_KEY] = self.training_data
         record = input_record(self.model)
         if record:
             data[INPUT_KEY] = record
@@ -295,6 +303,24 @@ class ResilientCheckpointer(DetectionCheckpointer):
             tagged = None
         ordered = ([tagged] if tagged else []) + [n for n in others if n != tagged]
         return [os.path.join(self.save_dir, n) for n in ordered]
+
+    def _check_same_training_data(self, saved: Any, checkpoint: str) -> None:
+        """Refuse to resume the checkpoint ``checkpoint``, whose run trained on the annotation files
+        ``saved`` (:data:`DATA_KEY`; nothing is checked without a record), on a dataset of the same
+        name whose annotation file now holds other contents (another ``--register-coco`` file)."""
+        if not isinstance(saved, dict) or not self.training_data:
+            return
+        for name, now in self.training_data.items():
+            before = saved.get(name)
+            if not isinstance(before, dict) or None in (before.get("json_sha256"), now.get("json_sha256")):
+                continue
+            if before["json_sha256"] != now["json_sha256"]:
+                raise GwdetValueError(
+                    f"--resume: the run in {self.save_dir} trained on {name!r} from {before.get('json_file')} (SHA-256 "
+                    f"{before['json_sha256'][:12]}...), but {name!r} is now {now.get('json_file')} with other contents "
+                    f"(SHA-256 {now['json_sha256'][:12]}...): it would continue on other data than it started with "
+                    f"({os.path.basename(checkpoint)}); nothing was trained. Register {name!r} from the same annotation "
+                    "file as before, or train on the new data into another output folder.")
 
     def load_weights(self, path: str) -> dict:
         """Initial weights (``MODEL.WEIGHTS``, or the setting ``weights_setting`` names), ``~`` and
@@ -346,6 +372,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
         for candidate in candidates:
             try:
                 loaded = self.load(candidate)
+                self._check_same_training_data(loaded.get(DATA_KEY), candidate)
                 self._resumed = True
                 return loaded
             except (OSError, EOFError, RuntimeError, pickle.UnpicklingError, DamagedFileError) as err:

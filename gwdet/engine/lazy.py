@@ -42,7 +42,7 @@ from gwdet.data.coco_registration import (
     register_coco_datasets,
     registered_coco_dataset,
 )
-from gwdet.data.datasets import check_dataset_files, dataset_classes, named_empty_training_set
+from gwdet.data.datasets import check_dataset_files, named_empty_training_set
 from gwdet.data.resumable import resumable_train_loader
 from gwdet.config import ABSENT
 from gwdet.model_zoo.lazy_loading import (
@@ -196,8 +196,7 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
         self._trainer = training_loop(model, FiniteImageBatches(loader), optimizer, cfg.train.amp.enabled, **cfg.train.ddp)
         self.scheduler = LRMultiplier(optimizer, multiplier=instantiate(cfg.lr_multiplier), max_iter=cfg.train.max_iter)
         self.checkpointer = training_checkpointer(self, cfg.train.output_dir,
-                                                  dataset_classes(names_at(cfg, "dataloader.train.dataset.names")),
-                                                  WEIGHTS_SETTING)
+                                                  names_at(cfg, "dataloader.train.dataset.names"), WEIGHTS_SETTING)
         self.start_iter, self.max_iter, self.cfg = 0, cfg.train.max_iter, cfg
         self.register_hooks(self.build_hooks())
 

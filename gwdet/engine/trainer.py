@@ -30,7 +30,7 @@ from gwdet.config import config_value
 from gwdet.config_checks import BOX_HEAD, MASK_HEAD, ZERO_RATE, builds_part, check_batch_split, ensure_checked
 from gwdet.data import prepare_datasets, register_datasets
 from gwdet.data.coco_registration import CocoDataset
-from gwdet.data.datasets import config_dataset_names, dataset_classes, named_empty_training_set
+from gwdet.data.datasets import config_dataset_names, named_empty_training_set
 from gwdet.data.resumable import build_resumable_train_loader
 from gwdet.model_zoo.loading import build_config
 from gwdet.modeling import check_model
@@ -86,7 +86,7 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
         data_loader = self.build_train_loader(cfg)
         self._trainer = training_loop(model, data_loader, optimizer, cfg.SOLVER.AMP.ENABLED, broadcast_buffers=False)
         self.scheduler = self.build_lr_scheduler(cfg, optimizer)
-        self.checkpointer = training_checkpointer(self, cfg.OUTPUT_DIR, dataset_classes(cfg.DATASETS.TRAIN))
+        self.checkpointer = training_checkpointer(self, cfg.OUTPUT_DIR, cfg.DATASETS.TRAIN)
         self.start_iter, self.max_iter, self.cfg = 0, cfg.SOLVER.MAX_ITER, cfg
         self.register_hooks(self.build_hooks())
 
@@ -122,7 +122,7 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
         (SIGTERM, SIGINT, SIGHUP and SIGUSR2 save a checkpoint of the current iteration before training
         stops) after the LR scheduler and the periodic checkpointer, before evaluation and the writers."""
         if not isinstance(self.checkpointer, ResilientCheckpointer):
-            self.checkpointer = training_checkpointer(self, self.cfg.OUTPUT_DIR, dataset_classes(self.cfg.DATASETS.TRAIN))
+            self.checkpointer = training_checkpointer(self, self.cfg.OUTPUT_DIR, self.cfg.DATASETS.TRAIN)
         return with_signal_checkpoints(super().build_hooks())
 
     def build_writers(self) -> list:

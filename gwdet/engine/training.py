@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import torch
 
@@ -28,8 +28,10 @@ from detectron2.utils.events import CommonMetricPrinter, EventWriter, JSONWriter
 
 from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer
 from gwdet.checkpoint.signal_hook import CheckpointOnSignal
+from gwdet.data.datasets import dataset_classes
 from gwdet.data.resumable import skip_trained_samples
 from gwdet.engine.output_dir import trim_metrics
+from gwdet.engine.run_environment import annotation_files
 
 logger = logging.getLogger(__name__)
 
@@ -78,12 +80,16 @@ def training_loop(model: torch.nn.Module, loader: Iterable, optimizer: torch.opt
     return (AMPTrainer if amp else SimpleTrainer)(training_ddp_model(model, **ddp_options), loader, optimizer)
 
 
-def training_checkpointer(trainer: TrainerBase, output_dir: str, classes: list[str] | None,
+def training_checkpointer(trainer: TrainerBase, output_dir: str, datasets: Sequence[str],
                           weights_setting: str = "MODEL.WEIGHTS") -> ResilientCheckpointer:
     """The checkpointer of ``trainer``'s model (built, its loop in ``trainer._trainer``): it saves the
-    random streams and the trainer's state too, and records the training ``classes``."""
+    random streams and the trainer's state too, and records the class names and the annotation files
+    of the training ``datasets`` (checked when the run resumes)."""
+    files = {name: {key: record[key] for key in ("json_file", "json_sha256")}
+             for name, record in annotation_files(datasets).items()}
     return ResilientCheckpointer(trainer._trainer.model, output_dir, random_state=RandomState(),
-                                 trainer=weakref.proxy(trainer), weights_setting=weights_setting, classes=classes)
+                                 trainer=weakref.proxy(trainer), weights_setting=weights_setting,
+                                 classes=dataset_classes(datasets), training_data=files)
 
 
 def with_signal_checkpoints(hooks: list) -> list:
