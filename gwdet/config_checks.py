@@ -68,6 +68,8 @@ META_ARCH_PARTS: Mapping[str, frozenset] = {
     "SemanticSegmentor": frozenset({SEM_SEG_HEAD}),
 }
 RES5_ROI_HEADS = ("Res5ROIHeads", "GWRes5ROIHeads")  # these build no box head: res5 is their head
+# Backbones (detectron2's and gwdet's) that build no FPN, so MODEL.FPN.NORM is read by nothing
+BACKBONES_WITHOUT_FPN = ("build_resnet_backbone", "build_gw_resnet_backbone", "build_resnet_deeplab_backbone")
 
 
 @dataclass(frozen=True)
@@ -797,7 +799,8 @@ def check_gwdet_config(cfg: CfgNode) -> None:
 
 def warn_unbuilt_norms(cfg: CfgNode) -> None:
     """A warning for each NORM key given a norm that only parts the model does not build would read
-    (a mask head without ``MODEL.MASK_ON``, a box head in a C4 model): the setting has no effect."""
+    (a mask head without ``MODEL.MASK_ON``, a box head in a C4 model, an FPN in a backbone without
+    one): the setting has no effect."""
     why_not_built = {MASK_HEAD: "MODEL.MASK_ON is False",
                      BOX_HEAD: f"MODEL.ROI_HEADS.NAME is {cfg.MODEL.ROI_HEADS.NAME!r}, whose res5 stage is the box head"}
     for site in NORM_SITES:
@@ -806,6 +809,11 @@ def warn_unbuilt_norms(cfg: CfgNode) -> None:
             logging.getLogger(__name__).warning(
                 f"{site.norm_key} is {name!r}, but the model has no {site.part.replace('_', ' ')} "
                 f"({why_not_built[site.part]}): no {name} is built there. Set {site.norm_key} \"\" or build that part.")
+    fpn_norm, backbone = _value(cfg, "MODEL.FPN.NORM"), cfg.MODEL.BACKBONE.NAME
+    if fpn_norm and backbone in BACKBONES_WITHOUT_FPN:
+        logging.getLogger(__name__).warning(
+            f"MODEL.FPN.NORM is {fpn_norm!r}, but the model has no FPN (MODEL.BACKBONE.NAME is {backbone!r}): no "
+            f"{fpn_norm} is built there. Set MODEL.FPN.NORM \"\" or build an FPN backbone.")
 
 
 # The attribute of a CfgNode holding the content check_gwdet_config accepted (copied by clone()).

@@ -206,6 +206,11 @@ def test_a_norm_for_a_part_the_model_does_not_build_is_warned_about():
         assert messages == []
         build_config(str(DEMO_CONFIG), ["MODEL.MASK_ON", "False", "MODEL.ROI_MASK_HEAD.NORM", "BW"])
         build_config(str(DEMO_CONFIG), ["MODEL.ROI_HEADS.NAME", "Res5ROIHeads", "MODEL.ROI_BOX_HEAD.NORM", "GN"])
+        build_config(str(DEMO_CONFIG), ["MODEL.BACKBONE.NAME", "build_gw_resnet_backbone", "MODEL.FPN.NORM", "BW",
+                                        "MODEL.ROI_HEADS.NAME", "GWRes5ROIHeads", "MODEL.ROI_BOX_HEAD.NORM", ""])
+    assert messages[-1] == ("MODEL.FPN.NORM is 'BW', but the model has no FPN (MODEL.BACKBONE.NAME is "
+                            "'build_gw_resnet_backbone'): no BW is built there. Set MODEL.FPN.NORM \"\" or build an "
+                            "FPN backbone.")
     assert messages[0] == ("MODEL.ROI_MASK_HEAD.NORM is 'BW', but the model has no mask head (MODEL.MASK_ON is "
                            "False): no BW is built there. Set MODEL.ROI_MASK_HEAD.NORM \"\" or build that part.")
     assert messages[1].startswith("MODEL.ROI_BOX_HEAD.NORM is 'GN', but the model has no box head (MODEL.ROI_HEADS."
