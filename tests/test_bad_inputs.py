@@ -484,3 +484,45 @@ def test_group_whitening_parameters_on_another_device_than_the_input_are_named()
         layer = GroupWhitening(8, num_groups=4)
     with pytest.raises(ValueError, match=r"GroupWhitening: the input is on cpu, the weight on meta; move the layer"):
         layer(torch.randn(2, 8, 3, 3))
+
+
+def test_the_functional_forms_check_their_arguments_as_the_layers_do():
+    # before: integer inputs came back rounded to integers, momentum 5 or eps -1 ran (NaN), a group count
+    # that does not divide the channels or a weight of the wrong size ended in torch's shape errors
+    from gwdet.layers import batch_group_norm, batch_whitening, group_whitening, group_whitening_reference
+    from gwdet.layers import largest_divisor_at_most
+
+    x = torch.randn(4, 16, 5, 5)
+    whole = torch.randint(-5, 6, (4, 16, 5, 5))
+    stats = (torch.zeros(16), torch.ones(16))
+    for call in (lambda: group_whitening(whole, 4), lambda: group_whitening_reference(whole, 4),
+                 lambda: batch_whitening(whole, torch.zeros(16), torch.eye(4).repeat(4, 1, 1), None, None, True, 0.1,
+                                         5, 1e-5, "itn"),
+                 lambda: batch_group_norm(whole, *stats, None, None, True, 4, 2, 1e-5, 0.1, 0.0)):
+        with pytest.raises(ValueError, match=r"expected a floating-point input, got torch.int64; convert it with "
+                                             r"\.float\(\)"):
+            call()
+    with pytest.raises(ValueError, match=r"^batch_whitening: momentum must be"):
+        batch_whitening(x, torch.zeros(16), torch.eye(16)[None], None, None, True, 5.0, 5, 1e-5, "zca")
+    with pytest.raises(ValueError, match=r"^batch_whitening: eps must be"):
+        batch_whitening(x, torch.zeros(16), torch.eye(16)[None], None, None, True, 0.1, 5, -1.0, "zca")
+    with pytest.raises(ValueError, match=r"^batch_whitening: running_whitening must hold one k x k matrix per group "
+                                         r"of k channels, shape \[16 / k, k, k\], got \[1, 8, 8\]"):
+        batch_whitening(x, torch.zeros(16), torch.eye(8)[None], None, None, True, 0.1, 5, 1e-5, "zca")
+    with pytest.raises(ValueError, match=r"^batch_group_norm: eval_example_weight must be"):
+        batch_group_norm(x, *stats, None, None, False, 4, 2, 1e-5, 0.1, 3.0)
+    with pytest.raises(ValueError, match=r"^batch_group_norm: groups=5 must divide the 16 channels of the input \(the "
+                                         r"layer uses largest_divisor_at_most\(16, num_groups\) = 4\)"):
+        batch_group_norm(x, *stats, None, None, True, 5, 2, 1e-5, 0.1, 0.0)
+    with pytest.raises(ValueError, match=r"^batch_group_norm: examples_per_group must be"):
+        batch_group_norm(x, *stats, None, None, True, 4, 0, 1e-5, 0.1, 0.0)
+    with pytest.raises(ValueError, match=r"^batch_group_norm: running_var must hold one value per channel, shape "
+                                         r"\[16\], got \[8\]"):
+        batch_group_norm(x, torch.zeros(16), torch.ones(8), None, None, True, 4, 2, 1e-5, 0.1, 0.0)
+    with pytest.raises(ValueError, match=r"^group_whitening_reference: weight must hold one value per channel, shape "
+                                         r"\[16\], got \[8\]"):
+        group_whitening_reference(x, 4, 5, 1e-5, "itn", torch.ones(8), torch.zeros(16))
+    for total, limit in ((-16, 4), (16, 0)):
+        with pytest.raises(ValueError, match=r"^largest_divisor_at_most: total and limit must be integers >= 1"):
+            largest_divisor_at_most(total, limit)
+    assert batch_group_norm(x, *stats, None, None, True, 4, 2, 1e-5, 0.1, 0.0).shape == x.shape

@@ -174,10 +174,15 @@ def test_a_block_of_a_single_value_is_refused_in_training_as_batch_norm_refuses_
     assert torch.isfinite(BatchGroupNorm(4, num_groups=4, examples_per_group=1)(torch.randn(3, 4, 2))).all()
 
 
-def test_the_functional_form_gives_a_block_of_a_single_value_no_bessel_correction():
-    # batch_group_norm itself checks nothing (the module does): its running variance stays finite
+def test_the_functional_form_refuses_a_block_of_a_single_value_its_computation_has_no_bessel_correction():
+    # batch_group_norm checks as the module does; the computation behind both keeps its running variance finite
+    from gwdet.layers.batch_group_norm import _batch_group_norm
+
     running_mean, running_var = torch.zeros(4), torch.ones(4)
-    batch_group_norm(torch.randn(3, 4), running_mean, running_var, None, None, True, 4, 1, 1e-5, 0.1, 0.0)
+    with pytest.raises(ValueError, match=r"^batch_group_norm: in training, an input of shape \[3, 4\] leaves an "
+                                         r"\(example group x channel group\) block of a single value"):
+        batch_group_norm(torch.randn(3, 4), running_mean, running_var, None, None, True, 4, 1, 1e-5, 0.1, 0.0)
+    _batch_group_norm(torch.randn(3, 4), running_mean, running_var, None, None, True, 4, 1, 1e-5, 0.1, 0.0)
     assert torch.isfinite(running_var).all() and torch.equal(running_var, torch.full((4,), 0.9))
 
 

@@ -133,6 +133,24 @@ def test_launcher_flags_that_do_not_fit_are_refused_with_the_fix():
     assert launcher_options(parse("--launcher", "submitit-local", "--timeout-min", "5"), 1).timeout_min == 5
     with pytest.raises(ValueError, match="KEY=VALUE"):
         parse_slurm_extra(["=high"])
+
+
+@pytest.mark.parametrize("launcher", ["slurm", "submitit-local"])
+def test_machine_flags_a_launcher_would_replace_are_refused(launcher):
+    # before: the job ran with num_machines=1, machine_rank=0 and its own rendezvous, without a word
+    from gwdet.cluster.training import parse_args
+
+    given = parse_args(["--config", str(DEMO_CONFIG), "--launcher", launcher, "--num-machines", "2",
+                        "--dist-url", "tcp://127.0.0.1:29517"])
+    with pytest.raises(ValueError) as refused:
+        launcher_options(given, 1)
+    assert str(refused.value) == (
+        f"--num-machines, --dist-url: --launcher {launcher} places the processes itself (the machines --nodes asks for, "
+        "their ranks and rendezvous from the job's allocation), so they would be replaced; nothing was submitted. "
+        "Leave them out, and give the number of machines as --nodes.")
+    launcher_options(parse_args(["--config", str(DEMO_CONFIG), "--launcher", launcher]), 1)  # the defaults: none given
+    local = parse_args(["--config", str(DEMO_CONFIG), "--num-machines", "2", "--machine-rank", "1"])
+    assert launcher_options(local, 1).launcher == "local"  # a run here takes them, as detectron2 does
     # an sbatch option the launcher sets: given again it replaced the launcher's without a word
     with pytest.raises(ValueError, match=r"^--slurm-extra 'signal=USR1@60': the launcher sets sbatch's --signal "
                                          r"itself \(the launcher asks for SIGUSR2 before the time limit"):

@@ -6,6 +6,7 @@ whose key has an empty part; ``--threads`` above the usable CPUs, a ``--dist-url
 meet at, an empty ``GWDET_CACHE``, a shapes image size too small to hold a shape, repeated
 ``compare_norms.py --seeds`` / ``--batch-sizes``, and benchmark flags the run would not use."""
 import importlib.util
+import os
 import math
 from pathlib import Path
 
@@ -482,3 +483,24 @@ def test_a_relative_shapes_root_is_registered_and_recorded_as_an_absolute_path(t
             if f"shapes_{split}" in DatasetCatalog.list():
                 DatasetCatalog.remove(f"shapes_{split}")
                 MetadataCatalog.remove(f"shapes_{split}")
+
+
+def test_an_unexpanded_variable_in_the_shapes_root_or_cache_is_refused(tmp_path, monkeypatch):
+    # before: a folder literally named $NOPE was made in the current folder
+    from detectron2.config import get_cfg
+
+    from gwdet import add_gwdet_config
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("NOPE", raising=False)
+    monkeypatch.setenv("GWDET_CACHE", "$NOPE/cache")
+    cfg = add_gwdet_config(get_cfg())
+    with pytest.raises(GwdetValueError, match=r"^GWDET_CACHE '\$NOPE/cache' holds '\$NOPE', an environment variable "
+                                              r"that nothing expanded"):
+        shapes.register_shapes(cfg)
+    monkeypatch.setenv("SCRATCH_HERE", str(tmp_path / "scratch"))
+    cfg.DATASETS.SHAPES.ROOT = "${SCRATCH_HERE}/shapes"
+    with pytest.raises(GwdetValueError, match=r"give the path itself \(DATASETS.SHAPES.ROOT .*/scratch/shapes\); "
+                                              r"nothing was written.$"):
+        shapes.register_shapes(cfg)
+    assert os.listdir(tmp_path) == []

@@ -13,6 +13,8 @@ import argparse
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from detectron2.engine import default_argument_parser
+
 from gwdet.errors import GwdetValueError
 
 LAUNCHERS = ("local", "submitit-local", "slurm")
@@ -128,6 +130,15 @@ def unused_launcher_flags(args: argparse.Namespace) -> list[str]:
     return [flag for flag, is_given in given.items() if is_given] if args.launcher != "slurm" else []
 
 
+def placement_flags_given(args: argparse.Namespace) -> list[str]:
+    """detectron2's flags that place the processes of a run on machines (``--num-machines``,
+    ``--machine-rank``, ``--dist-url``) which ``args`` gives other values than their defaults."""
+    defaults = default_argument_parser()
+    return [flag for flag, name in (("--num-machines", "num_machines"), ("--machine-rank", "machine_rank"),
+                                    ("--dist-url", "dist_url"))
+            if hasattr(args, name) and getattr(args, name) != defaults.get_default(name)]
+
+
 def launcher_options(args: argparse.Namespace, processes_per_node: int) -> LauncherOptions:
     """Check the launcher flags of ``args`` (``processes_per_node``: the processes each node starts,
     ``--num-gpus``); ``ValueError`` naming the flag and the fix."""
@@ -149,6 +160,14 @@ def launcher_options(args: argparse.Namespace, processes_per_node: int) -> Launc
     if args.launcher == "local" and (args.nodes != 1 or args.wait):
         raise GwdetValueError("--nodes and --wait belong to --launcher slurm or submitit-local; for several "
                               "machines without SLURM, start each with --num-machines, --machine-rank and --dist-url")
+    placed = placement_flags_given(args)
+    if placed and args.launcher != "local":
+        one = len(placed) == 1
+        raise GwdetValueError(
+            f"{', '.join(placed)}: --launcher {args.launcher} places the processes itself (the machines --nodes asks "
+            f"for, their ranks and rendezvous from the job's allocation), so {'it' if one else 'they'} would be "
+            f"replaced; nothing was submitted. Leave {'it' if one else 'them'} out, and give the number of machines "
+            "as --nodes.")
     unused = unused_launcher_flags(args)
     if unused:
         raise GwdetValueError(

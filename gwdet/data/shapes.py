@@ -39,6 +39,7 @@ from PIL import Image, ImageDraw
 
 from gwdet.errors import GwdetError, GwdetTypeError, GwdetValueError, listed
 from gwdet.utils.atomic import file_sha256, process_is_gone
+from gwdet.utils.cli_errors import unexpanded_variable_problem
 
 CLASSES = ("circle", "square", "triangle", "star")
 # Order matters: a split's index here seeds its random stream (train 0, val 1, test 2).
@@ -447,6 +448,10 @@ def register_shapes_spec(spec: ShapesSpec, root: Path | str | None = None, setti
     ``setting`` names where ``root`` came from, ``size_setting`` where its image size did) and
     register its splits as ``shapes_<split>``, replacing a registration of other files; return its
     folder."""
+    given = os.fspath(root) if root else os.environ.get(CACHE_VARIABLE, "")
+    unexpanded = unexpanded_variable_problem(setting or CACHE_VARIABLE, given, environment=not root)
+    if unexpanded is not None:
+        raise GwdetValueError(unexpanded)
     root = Path(root).expanduser().absolute() if root else None  # registered and recorded as absolute paths
     registered = {split: MetadataCatalog.get(f"shapes_{split}").get("json_file")
                   for split in SPLITS if f"shapes_{split}" in DatasetCatalog.list()}

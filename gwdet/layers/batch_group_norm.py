@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from .common import (
-    check_hyper_parameters, check_input, largest_divisor_at_most, largest_magnitude,
+    check_hyper_parameters, check_input, check_per_channel, largest_divisor_at_most, largest_magnitude,
     magnitude_scales, per_channel_affine, product, register_affine, reset_affine, reshape_with_samples, scaled_ridge,
     statistics_dtype,
 )
@@ -57,8 +57,73 @@ def batch_group_norm(
     ``groups`` channel groups (it must divide ``C``); in training, blocks of
     ``examples_per_group`` consecutive examples, and ``running_mean``/``running_var`` ``[C]``
     are updated in place; in evaluation, inference example weighing with
-    ``alpha = eval_example_weight`` (module docstring).
+    ``alpha = eval_example_weight`` (module docstring). Every argument is checked as the layer checks
+    it (``ValueError``).
     """
+    if not torch.jit.is_scripting():
+        _check_arguments(x, running_mean, running_var, weight, bias, training, groups, examples_per_group, eps,
+                         momentum, eval_example_weight)
+    return _batch_group_norm(x, running_mean, running_var, weight, bias, training, groups, examples_per_group, eps,
+                             momentum, eval_example_weight)
+
+
+@torch.jit.unused
+def _check_arguments(x: Tensor, running_mean: Tensor, running_var: Tensor, weight: Optional[Tensor],
+                     bias: Optional[Tensor], training: bool, groups: int, examples_per_group: int, eps: float,
+                     momentum: float, eval_example_weight: float) -> None:
+    """:func:`batch_group_norm`'s arguments checked as :class:`BatchGroupNorm` checks its own."""
+    owner = "batch_group_norm"
+    check_hyper_parameters(owner, {"groups": groups, "examples_per_group": examples_per_group}, positive={"eps": eps},
+                           unit_interval={"momentum": momentum, "eval_example_weight": eval_example_weight},
+                           flags={"training": training})
+    check_input(owner, x, 0)
+    channels = x.shape[1]
+    if channels % groups:
+        raise GwdetValueError(f"{owner}: groups={groups} must divide the {channels} channels of the input (the layer "
+                              f"uses largest_divisor_at_most({channels}, num_groups) = "
+                              f"{largest_divisor_at_most(channels, groups)})")
+    check_per_channel(owner, {"running_mean": running_mean, "running_var": running_var, "weight": weight, "bias": bias},
+                      channels)
+    if training:
+        check_single_values(owner, x, groups, groups, examples_per_group)
+
+
+def check_single_values(owner: str, x: Tensor, num_groups: int, groups: int, examples_per_group: int) -> None:
+    """Raise ``ValueError`` when a training input ``x`` leaves an (example group x channel group)
+    block of a single value, which normalizes to 0 whatever it holds (as torch's batch norm refuses):
+    one channel per group (``groups`` of the channels, asked as ``num_groups``), one position and an
+    example group of one example."""
+    if x.numel() == 0:
+        return
+    examples, num_channels = x.shape[0], x.shape[1]
+    # the smallest example group: the whole batch, the remainder at its end, or a full one
+    smallest = examples if examples < examples_per_group else examples % examples_per_group
+    if smallest == 0:
+        smallest = examples_per_group
+    channels = num_channels // groups
+    positions = x.numel() // (examples * num_channels)
+    if smallest * channels * positions == 1:
+        if examples_per_group == 1:
+            why = "examples_per_group=1 puts each example in a group of its own"
+        elif examples < examples_per_group:
+            why = f"the batch of 1 example is smaller than examples_per_group={examples_per_group}"
+        else:
+            why = (f"examples_per_group={examples_per_group} does not divide the batch of {examples} "
+                   "examples, whose last example group has 1 example")
+        raise GwdetValueError(
+            f"{owner}: in training, an input of shape {list(x.shape)} leaves an (example group x "
+            f"channel group) block of a single value: {why}, with one channel per group "
+            f"(num_groups={num_groups} for {num_channels} channels) and one position. A single "
+            "value normalizes to 0 for any input (batch norm refuses it too: expected more than 1 value "
+            "per channel when training). Use an examples_per_group of at least 2 that divides the batch "
+            "size (MODEL.BGN.EXAMPLES_PER_GROUP), or fewer channel groups (MODEL.BGN.NUM_GROUPS; GhostBN "
+            "has one channel per group)")
+
+
+def _batch_group_norm(x: Tensor, running_mean: Tensor, running_var: Tensor, weight: Optional[Tensor],
+                      bias: Optional[Tensor], training: bool, groups: int, examples_per_group: int, eps: float,
+                      momentum: float, eval_example_weight: float) -> Tensor:
+    """:func:`batch_group_norm` of checked arguments (what :class:`BatchGroupNorm` runs)."""
     if x.numel() == 0:
         normalized = x
     else:
@@ -227,7 +292,7 @@ class BatchGroupNorm(SettingsInState):
 
     def forward(self, x: Tensor) -> Tensor:
         self.validate_input(x)
-        return batch_group_norm(
+        return _batch_group_norm(
             x, self.running_mean, self.running_var, self.weight, self.bias, self.training,
             self.effective_num_groups, self.examples_per_group, self.eps, self.momentum,
             self.eval_example_weight,
@@ -238,27 +303,6 @@ class BatchGroupNorm(SettingsInState):
         channel group) block of a single value, which normalizes to 0 whatever it holds (as torch's
         batch norm does): one channel per group, one position and an example group of one example."""
         check_input("BatchGroupNorm", x, self.num_channels)
-        if self.training and x.numel() > 0:
-            examples = x.shape[0]
-            # the smallest example group: the whole batch, the remainder at its end, or a full one
-            smallest = examples if examples < self.examples_per_group else examples % self.examples_per_group
-            if smallest == 0:
-                smallest = self.examples_per_group
-            channels = self.num_channels // self.effective_num_groups
-            positions = x.numel() // (examples * self.num_channels)
-            if smallest * channels * positions == 1:
-                if self.examples_per_group == 1:
-                    why = "examples_per_group=1 puts each example in a group of its own"
-                elif examples < self.examples_per_group:
-                    why = f"the batch of 1 example is smaller than examples_per_group={self.examples_per_group}"
-                else:
-                    why = (f"examples_per_group={self.examples_per_group} does not divide the batch of {examples} "
-                           "examples, whose last example group has 1 example")
-                raise GwdetValueError(
-                    f"BatchGroupNorm: in training, an input of shape {list(x.shape)} leaves an (example group x "
-                    f"channel group) block of a single value: {why}, with one channel per group "
-                    f"(num_groups={self.num_groups} for {self.num_channels} channels) and one position. A single "
-                    "value normalizes to 0 for any input (batch norm refuses it too: expected more than 1 value "
-                    "per channel when training). Use an examples_per_group of at least 2 that divides the batch "
-                    "size (MODEL.BGN.EXAMPLES_PER_GROUP), or fewer channel groups (MODEL.BGN.NUM_GROUPS; GhostBN "
-                    "has one channel per group)")
+        if self.training:
+            check_single_values("BatchGroupNorm", x, self.num_groups, self.effective_num_groups,
+                                self.examples_per_group)

@@ -23,8 +23,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from gwdet.errors import GwdetValueError
+
 from .common import (
-    autocast_disabled, check_hyper_parameters, check_input, check_values_per_group,
+    autocast_disabled, check_hyper_parameters, check_input, check_per_channel, check_values_per_group,
     largest_divisor_at_most, largest_magnitude, magnitude_scales, per_channel_affine,
     refuse_differentiating_transforms, register_affine, reset_affine, reshape_with_samples, scaled_ridge, statistics_dtype,
 )
@@ -53,8 +55,38 @@ def batch_whitening(
     The channel groups are those of ``running_whitening`` (``[C / k, k, k]``). In training the
     batch statistics whiten ``x`` and ``running_mean`` ``[C]`` and ``running_whitening`` are
     updated in place (``running <- (1 - momentum) running + momentum batch``); in evaluation the
-    running ones whiten ``x``. ``T``, ``eps`` and ``method`` as for :class:`BatchWhitening`.
+    running ones whiten ``x``. ``T``, ``eps`` and ``method`` as for :class:`BatchWhitening`; every
+    argument is checked as the layer checks it (``ValueError``).
     """
+    if not torch.jit.is_scripting():
+        _check_arguments(x, running_mean, running_whitening, weight, bias, training, momentum, T, eps, method)
+    return _batch_whitening(x, running_mean, running_whitening, weight, bias, training, momentum, T, eps, method)
+
+
+@torch.jit.unused
+def _check_arguments(x: Tensor, running_mean: Tensor, running_whitening: Tensor, weight: Optional[Tensor],
+                     bias: Optional[Tensor], training: bool, momentum: float, T: int, eps: float, method: str) -> None:
+    """:func:`batch_whitening`'s arguments checked as :class:`BatchWhitening` checks its own."""
+    owner = "batch_whitening"
+    check_hyper_parameters(owner, {"T": T}, positive={"eps": eps}, unit_interval={"momentum": momentum},
+                           flags={"training": training})
+    check_whitening_method(owner, method)
+    check_input(owner, x, 0)
+    channels = x.shape[1]
+    check_per_channel(owner, {"running_mean": running_mean, "weight": weight, "bias": bias}, channels)
+    if (not isinstance(running_whitening, Tensor) or running_whitening.dim() != 3
+            or running_whitening.shape[1] != running_whitening.shape[2]
+            or running_whitening.shape[0] * running_whitening.shape[1] != channels):
+        shape = list(running_whitening.shape) if isinstance(running_whitening, Tensor) else running_whitening
+        raise GwdetValueError(f"{owner}: running_whitening must hold one k x k matrix per group of k channels, "
+                              f"shape [{channels} / k, k, k], got {shape}")
+    if training:
+        check_values_per_group(owner, x.numel() // channels, "channel of the batch")
+
+
+def _batch_whitening(x: Tensor, running_mean: Tensor, running_whitening: Tensor, weight: Optional[Tensor],
+                     bias: Optional[Tensor], training: bool, momentum: float, T: int, eps: float, method: str) -> Tensor:
+    """:func:`batch_whitening` of checked arguments (what :class:`BatchWhitening` runs)."""
     if x.numel() == 0:
         whitened = x
     elif torch.jit.is_scripting():
@@ -190,7 +222,7 @@ class BatchWhitening(SettingsInState):
 
     def forward(self, x: Tensor) -> Tensor:
         self.validate_input(x)
-        return batch_whitening(
+        return _batch_whitening(
             x, self.running_mean, self.running_whitening, self.weight, self.bias,
             self.training, self.momentum, self.T, self.eps, self.method,
         )

@@ -167,14 +167,26 @@ def refuse_differentiating_transforms(op: str, alternative: str, *tensors: Optio
 
 def check_input(owner: str, x: Tensor, num_channels: int) -> None:
     """Raise ``ValueError`` unless ``x`` is floating point with shape ``(N, num_channels, *spatial)``
-    (an integer input would be whitened and returned rounded to integers)."""
-    if x.dim() < 2 or x.shape[1] != num_channels:
+    (``num_channels`` < 1: any channel count; an integer input would be whitened and returned
+    rounded to integers)."""
+    if x.dim() < 2 or (num_channels >= 1 and x.shape[1] != num_channels):
+        channels = str(num_channels) if num_channels >= 1 else "C"
         raise GwdetValueError(
-            f"{owner}: expected input of shape (N, {num_channels}) or "
-            f"(N, {num_channels}, *spatial), got {list(x.shape)}"
+            f"{owner}: expected input of shape (N, {channels}) or "
+            f"(N, {channels}, *spatial), got {list(x.shape)}"
         )
     if not x.is_floating_point():
         raise GwdetValueError(f"{owner}: expected a floating-point input, got {x.dtype}; convert it with .float()")
+
+
+@torch.jit.unused
+def check_per_channel(owner: str, tensors: Mapping[str, Optional[Tensor]], channels: int) -> None:
+    """Raise ``ValueError`` for a tensor of ``tensors`` (None: absent, allowed) that is not one value
+    per channel, shape ``[channels]`` (a functional form's affine and running statistics)."""
+    for name, tensor in tensors.items():
+        if tensor is not None and (not isinstance(tensor, Tensor) or list(tensor.shape) != [channels]):
+            shape = list(tensor.shape) if isinstance(tensor, Tensor) else type(tensor).__name__
+            raise GwdetValueError(f"{owner}: {name} must hold one value per channel, shape [{channels}], got {shape}")
 
 
 def check_values_per_group(owner: str, values: int, what: str) -> None:
@@ -194,6 +206,8 @@ def largest_divisor_at_most(total: int, limit: int) -> int:
     requested group count (or group size) ``limit`` does not divide them; a ``limit`` above
     ``total`` gives ``total`` (for group counts: one channel per group, GW paper Sec. 5.1.1).
     """
+    if total < 1 or limit < 1:
+        raise GwdetValueError(f"largest_divisor_at_most: total and limit must be integers >= 1, got {total} and {limit}")
     candidate = min(total, limit)
     while total % candidate != 0:
         candidate -= 1

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from .common import (
-    autocast_disabled, check_hyper_parameters, check_input, check_values_per_group,
+    autocast_disabled, check_hyper_parameters, check_input, check_per_channel, check_values_per_group,
     largest_divisor_at_most, largest_magnitude, magnitude_scales, per_channel_affine, product,
     register_affine, reset_affine, reshape_with_samples, scaled_ridge, statistics_dtype,
 )
@@ -60,14 +60,13 @@ def group_whitening(
     return _run(x, None, None, groups, T, eps, method)
 
 
-def _check_arguments(owner: str, x: Tensor, num_groups: int, T: int, eps: float, method: str) -> None:
+def _check_arguments(owner: str, x: Tensor, num_groups: int, T: int, eps: float, method: str,
+                     weight: Optional[Tensor] = None, bias: Optional[Tensor] = None) -> None:
     check_hyper_parameters(owner, {"num_groups": num_groups, "T": T}, positive={"eps": eps})
     check_whitening_method(owner, method)
-    if x.dim() < 2:
-        raise GwdetValueError(
-            f"{owner}: expected input of shape (N, C) or (N, C, *spatial), got {list(x.shape)}"
-        )
+    check_input(owner, x, 0)
     check_spatial_size(owner, x)
+    check_per_channel(owner, {"weight": weight, "bias": bias}, x.shape[1])
 
 
 def check_spatial_size(owner: str, x: Tensor) -> None:
@@ -97,7 +96,7 @@ def group_whitening_reference(
     is what TorchScript, ``torch.jit.trace`` and ``torch.onnx.export`` record; it keeps every
     intermediate for the backward pass, so train with :class:`GroupWhitening` or :func:`group_whitening`.
     """
-    _check_arguments("group_whitening_reference", x, num_groups, T, eps, method)
+    _check_arguments("group_whitening_reference", x, num_groups, T, eps, method, weight, bias)
     groups = largest_divisor_at_most(x.shape[1], num_groups)
     if torch.jit.is_scripting():
         return _reference(x, groups, T, eps, method, weight, bias)

@@ -98,16 +98,16 @@ def run_tool(work: Callable[[list[str]], int], argv: Sequence[str] | None = None
 _UNEXPANDED_VARIABLE = re.compile(r"\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")  # $NAME, ${NAME}
 
 
-def unexpanded_variable_problem(flag: str, path: str | os.PathLike) -> str | None:
-    """Why ``path``, given as ``flag``, holds an environment variable nobody expanded (a quoted
-    ``'$SCRATCH/run'``, or one written in a config file), which would name a folder ``$SCRATCH``;
-    ``None`` when it holds none."""
+def unexpanded_variable_problem(flag: str, path: str | os.PathLike, environment: bool = False) -> str | None:
+    """Why ``path``, given as ``flag`` (an ``environment`` variable's name, or a setting), holds an
+    environment variable nobody expanded (a quoted ``'$SCRATCH/run'``, or one written in a config
+    file), which would name a folder ``$SCRATCH``; ``None`` when it holds none."""
     variable = _UNEXPANDED_VARIABLE.search(os.fspath(path))
     if variable is None:
         return None
     expanded = os.path.expandvars(os.fspath(path))
-    fix = (f"give the path itself ({as_override(flag, expanded)})" if expanded != os.fspath(path) else
-           "set the variable, or give the path itself")
+    given = f"{flag}={expanded}" if environment else as_override(flag, expanded)
+    fix = f"give the path itself ({given})" if expanded != os.fspath(path) else "set the variable, or give the path itself"
     return (f"{flag} {os.fspath(path)!r} holds {variable.group(0)!r}, an environment variable that nothing expanded "
             "(a quoted command-line value and a config file keep it as it is): the run would write into a folder "
             f"named {variable.group(0)!r}. Let the shell expand it (double quotes), or {fix}; nothing was written.")
