@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 Rows = dict[str, str]
-ENVIRONMENT_VARIABLES = ("GWDET_CACHE", "DETECTRON2_DATASETS")
+# Every environment variable gwdet reads (each changes what is built, loaded or registered), and detectron2's datasets
+ENVIRONMENT_VARIABLES = ("GWDET_CACHE", "GWDET_GW_PLAN", "GWDET_ALLOW_NORM_MISMATCH", "GWDET_ALLOW_UNSAFE_PICKLE",
+                         "GWDET_REGISTER_COCO", "DETECTRON2_DATASETS")
 
 
 def _error_text(err: BaseException) -> str:

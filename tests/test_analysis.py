@@ -158,6 +158,16 @@ def test_a_figure_whose_grouped_curves_are_all_infinite_is_still_written(tmp_pat
     assert (tmp_path / "conditioning" / "kappa_90.png").stat().st_size > 0
 
 
+@pytest.mark.parametrize("size", ["0x0", "-8x8", "ax2"])
+def test_an_input_size_without_positive_sides_is_named_by_the_flag(tmp_path, capsys, size):
+    # before: torch's RuntimeError tracebacks from the model run on an empty image
+    with pytest.raises(SystemExit) as refused:
+        main(["constraints", "--out", str(tmp_path), "--config", str(DEMO_CONFIG), f"--input-size={size}"])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and f"argument --input-size: give HxW with positive whole sides, e.g. 800x1333; got " \
+        f"{size!r}" in err
+
+
 @pytest.mark.parametrize("percents", ["100", "0", "x"])
 def test_percents_outside_the_spectrum_are_named_by_the_flag(tmp_path, capsys, percents):
     # --percents 100 stopped in condition_number with "p must be in (0, 1], got 100.0"

@@ -21,7 +21,9 @@ from conftest import REPO
 @pytest.fixture(scope="module")
 def cli_report():
     """The JSON report of a fresh interpreter with known settings."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GWDET_CACHE": "/nonexistent/gwdet-cache"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GWDET_CACHE": "/nonexistent/gwdet-cache",
+           "GWDET_ALLOW_NORM_MISMATCH": "1"}
+    env.pop("GWDET_ALLOW_UNSAFE_PICKLE", None)
     completed = subprocess.run([sys.executable, "-m", "gwdet.collect_env", "--json"], cwd=REPO, env=env,
                                capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr[-3000:]
@@ -42,6 +44,9 @@ def test_gwdet_s_rows_are_the_running_gwdet(cli_report):
     assert rows["execution plan"].startswith("GW/BW execution plan: ")
     assert rows["threads"].startswith("torch uses 1 (inter-op ") and f"({os.cpu_count()} on the machine)" in rows["threads"]
     assert rows["OMP_NUM_THREADS"] == "1" and rows["GWDET_CACHE"] == "/nonexistent/gwdet-cache"
+    # every variable that changes what gwdet loads, builds or registers, set or not
+    assert rows["GWDET_ALLOW_NORM_MISMATCH"] == "1" and rows["GWDET_ALLOW_UNSAFE_PICKLE"] == "<not set>"
+    assert {"GWDET_GW_PLAN", "GWDET_REGISTER_COCO"} <= set(rows)
     assert rows["detectron2 origin"] == detectron2_origin(Path(detectron2.__file__).resolve().parent)
 
 

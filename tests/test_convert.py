@@ -419,6 +419,15 @@ def test_bad_paths_are_refused(r50_files, tmp_path):
         convert_checkpoint(r50_files["bn"], tmp_path / "out.pth")
     with pytest.raises(ConversionError, match="does not exist"):
         convert_checkpoint(r50_files["bn"], tmp_path / "no" / "out.pkl")
+    # before: a folder named .pkl was advised --overwrite, then "Is a directory"; a dangling link was converted,
+    # then "written by another conversion while this one ran"
+    (tmp_path / "dir.pkl").mkdir()
+    with pytest.raises(ConversionError, match=r"dir.pkl is a folder: give the path of the .pkl file to write"):
+        convert_checkpoint(r50_files["bn"], tmp_path / "dir.pkl", overwrite=True)
+    (tmp_path / "dangling.pkl").symlink_to(tmp_path / "nowhere" / "x.pkl")
+    with pytest.raises(ConversionError, match=r"dangling.pkl is a link to .*nowhere/x.pkl, which does not exist; "
+                                              r"nothing was converted"):
+        convert_checkpoint(r50_files["bn"], tmp_path / "dangling.pkl")
 
 
 def test_flags_that_are_not_bools_and_odd_paths_are_refused_before_anything_is_replaced(r50_files, tmp_path):

@@ -5,6 +5,7 @@ an image without detections), and tools/deploy/export_model.py (its sample, its 
 Every check compares numbers with the eager model (which runs gwdet's fused custom op), on the tiny
 randomly initialized Mask R-CNNs of tests/tiny_models.py.
 """
+import hashlib
 import json
 import os
 import re
@@ -514,6 +515,32 @@ def test_an_export_under_the_other_formats_name_a_meta_device_and_no_path_are_na
         load_export(str(tmp_path / "traced.ts"), map_location="meta")
     with pytest.raises(TypeError, match=r"^load_export takes the path of an export \(a str or pathlib.Path\), not None"):
         load_export(None)
+
+
+def test_an_export_record_in_upper_case_or_damaged_a_record_or_a_checkpoint_given_are_named(tmp_path):
+    # before: each was called a damaged export, with the advice to export again
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from gwdet.export import load_export
+
+    path = tmp_path / "model.ts"
+    torch.jit.save(torch.jit.trace(torch.nn.Linear(2, 2), torch.zeros(1, 2)), str(path))
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    (tmp_path / "model.ts.sha256").write_text(f"{digest.upper()}  model.ts\n")  # as PowerShell writes it
+    load_export(str(path))
+    (tmp_path / "model.ts.sha256").write_text("")
+    with pytest.warns(UserWarning, match=r"model.ts: its checksum record model.ts.sha256 is damaged, so the export "
+                                         r"is loaded unchecked. Delete model.ts.sha256 \(or export again\)"):
+        load_export(str(path))
+    with pytest.raises(ValueError, match=r"model.ts.sha256 is the checksum record of an export, not the export: "
+                                         r"pass .*model.ts.$"):
+        load_export(str(tmp_path / "model.ts.sha256"))
+    ResilientCheckpointer(torch.nn.Linear(2, 2), save_dir=str(tmp_path)).save("model_final")
+    with pytest.raises(ValueError, match=r"model_final.pth is a checkpoint \(a torch.save "
+                                                                    r"archive\), not a TorchScript export: export the "
+                                                                    r"model with tools/deploy/export_model.py"):
+        load_export(str(tmp_path / "model_final.pth"))
+    with pytest.raises(ValueError, match=r"^map_location is 'gpu', which is not a PyTorch device: use 'cpu', 'cuda'"):
+        load_export(str(path), map_location="gpu")
 
 
 # ---- tools/deploy/export_model.py --------------------------------------------------------------

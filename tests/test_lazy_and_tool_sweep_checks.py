@@ -431,7 +431,8 @@ def test_a_lazy_config_without_a_model_a_syntax_error_or_a_missing_relative_impo
     (tmp_path / "nomodel.py").write_text("x = 1\n")
     with pytest.raises(GwdetValueError, match=r"^Config file '.*nomodel.py' defines no model: a LazyConfig names the "
                                               r"model to build in model = L\(...\)\(...\), beside train"):
-        load_lazy_config(str(tmp_path / "nomodel.py"), ["train.output_dir=out"])
+        LazyRun.load(str(tmp_path / "nomodel.py"), ["train.output_dir=out"])
+    load_lazy_config(str(tmp_path / "nomodel.py"))  # in Python, any LazyConfig file (a config's parts too)
     (tmp_path / "syntax.py").write_text("model = dict(\n\ndef f(:\n")
     with pytest.raises(GwdetValueError, match=r"^Config file '.*syntax.py' is not valid Python: .* \(line \d+\)\. "
                                               r"Correct that line.$"):
@@ -504,3 +505,53 @@ def test_an_unexpanded_variable_in_the_shapes_root_or_cache_is_refused(tmp_path,
                                               r"nothing was written.$"):
         shapes.register_shapes(cfg)
     assert os.listdir(tmp_path) == []
+
+
+def test_a_binary_config_an_unwritable_out_and_a_users_own_file_for_the_model_zoo_are_named(tmp_path):
+    # before: a UnicodeDecodeError traceback, an OSError traceback after the work, and a list of gwdet's names
+    import gwdet.model_zoo
+    from gwdet.model_zoo.loading import build_config
+    from gwdet.utils.cli_errors import output_path_problem
+
+    (tmp_path / "model.ts").write_bytes(bytes(range(128, 256)))
+    with pytest.raises(GwdetValueError, match=r"model.ts' is not text \(a checkpoint or an export\?\): give a yacs "
+                                              r"\.yaml config \(see configs/\) or a LazyConfig \.py\.$"):
+        build_config(str(tmp_path / "model.ts"))
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)  # root may still write there; the kernel's /proc/sys it may not
+    try:
+        unwritable = next((folder for folder in (locked, Path("/proc/sys"))
+                           if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK)), None)
+        if unwritable is None:
+            pytest.skip("no folder this process may not write into")
+        assert output_path_problem("--out", unwritable, folder=True) == (
+            f"--out {unwritable} cannot be written: this process may not write into it (a read-only disk, or another "
+            "owner's folder). Give a folder this process may write.")
+        assert output_path_problem("--out", unwritable / "new", folder=True).startswith(
+            f"--out {unwritable / 'new'} cannot be written: {unwritable} is a folder this process may not write into")
+    finally:
+        locked.chmod(0o700)
+    own = tmp_path / "my.yaml"
+    own.write_text("MODEL: {}\n")
+    with pytest.raises(FileNotFoundError, match=r"For a config file of your own, use "
+                                                r"gwdet.model_zoo.build_config\(path\) \(a yacs .yaml\)"):
+        gwdet.model_zoo.get_config(str(own))
+
+
+@pytest.mark.parametrize("kind", ["pipe", "loop", "dangling"])
+def test_a_config_path_that_is_no_regular_file_is_named_as_such(tmp_path, kind):
+    # before: "does not exist" (or a list of gwdet's configs), though the path is there
+    from gwdet.model_zoo import resolve_config_file
+    from gwdet.model_zoo.loading import build_config
+
+    path = tmp_path / ("config.py" if kind == "dangling" else "config.yaml")
+    if kind == "pipe":
+        os.mkfifo(path)
+    else:
+        path.symlink_to(path if kind == "loop" else tmp_path / "gone.py")
+    assert resolve_config_file(str(path)) == str(path)
+    load = load_lazy_config if kind == "dangling" else build_config
+    with pytest.raises(GwdetValueError, match=r"is not a regular file \(a named pipe, a device, or a link that leads "
+                                              r"nowhere or in a loop\): give the config file itself.$"):
+        load(str(path))

@@ -305,6 +305,12 @@ def _check_output_path(input_path: str, output_path: str, overwrite: bool) -> No
     both_exist = os.path.isfile(input_path) and os.path.isfile(output_path)
     if both_exist and os.path.samefile(input_path, output_path):
         raise ConversionError(f"{output_path}: this is the input file; choose another output.")
+    if os.path.isdir(output_path):
+        raise ConversionError(f"{output_path} is a folder: give the path of the .pkl file to write (e.g. "
+                              f"{os.path.join(output_path, 'R-50-GW.pkl')}).")
+    if os.path.islink(output_path) and not os.path.exists(output_path):
+        raise ConversionError(f"{output_path} is a link to {os.readlink(output_path)}, which does not exist; nothing "
+                              "was converted. Remove the link, or give another output file.")
     if os.path.exists(output_path) and not overwrite:
         raise ConversionError(
             f"{output_path} already exists; it is left as it is. Pass --overwrite to replace it, "

@@ -314,7 +314,7 @@ class LazyRun(RunConfig):
     def load(cls, config_file: str, opts: Sequence[str] = (), *, tool: bool = False) -> "LazyRun":
         """The LazyConfig with its ``key=value`` overrides; ``tool``: its test loader reading in this
         process (``num_workers=0``), as the export and analyze tools read a few images only."""
-        cfg = load_lazy_config(config_file, list(opts))
+        cfg = load_lazy_config(config_file, list(opts), model=True)
         check_norm_nodes(cfg)
         check_call_arguments(cfg)
         if tool and isinstance(select(cfg, "dataloader.test"), DictConfig) and "num_workers" in cfg.dataloader.test:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import os
 import warnings
+import zipfile
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -27,12 +28,15 @@ from detectron2.modeling import GeneralizedRCNN
 from gwdet.modeling.build import check_device
 from gwdet.errors import (GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetOSError, GwdetTypeError,
                           GwdetValueError)
+from gwdet.checkpoint.safe_load import is_torchscript_archive
 from gwdet.utils.atomic import (
+    CHECKSUM_SUFFIX,
     DamagedFileError,
     checksum_path,
     checksum_problem,
     path_written_atomically,
     path_written_with_checksum,
+    record_problem,
 )
 
 # ONNX opset of gwdet's exports (detectron2's STABLE_ONNX_OPSET_VERSION is 11).
@@ -202,13 +206,20 @@ def _exports_in(folder: str) -> str:
 
 def verify_export(path: str) -> bool:
     """Check the export at ``path`` against the SHA-256 recorded in ``path.sha256`` when it was
-    written: :class:`DamagedExportError` when they differ. Returns whether there was a record (a
-    file without one is not checked). A folder is refused naming the exports in it."""
+    written: :class:`DamagedExportError` when they differ. Returns whether there is a record (a file
+    without one is not checked; one whose record is unreadable or damaged is not either, with a
+    warning, as checkpoints are). A folder is refused naming the exports in it."""
     if os.path.isdir(path):
         raise GwdetIsADirectoryError(f"{path} is a folder, not an export: {_exports_in(path)}")
     if not os.path.isfile(path):
         raise GwdetFileNotFoundError(f"{path}: no such export (a file written by tools/deploy/export_model.py, "
                                      "gwdet.export.export_torchscript or export_model_onnx).")
+    unusable = record_problem(path)
+    if unusable is not None:
+        warnings.warn(f"{path}: {unusable}, so the export is loaded unchecked. Delete "
+                      f"{os.path.basename(checksum_path(path))} (or export again) to load it without this warning.",
+                      stacklevel=3)
+        return True
     problem = checksum_problem(path)
     if problem is not None:
         raise DamagedExportError(f"{path} is damaged ({problem}). {REEXPORT}", path)
@@ -242,16 +253,22 @@ def load_export(path: str | os.PathLike, map_location: Any = None, providers: Op
     if not isinstance(path, (str, os.PathLike)):
         raise GwdetTypeError(f"load_export takes the path of an export (a str or pathlib.Path), not {path!r}.")
     path = os.fspath(path)
+    if path.endswith(CHECKSUM_SUFFIX):
+        raise GwdetValueError(f"{path} is the checksum record of an export, not the export: pass "
+                              f"{path[:-len(CHECKSUM_SUFFIX)]}.")
     if not verify_export(path):
         warnings.warn(f"{path} has no checksum record ({os.path.basename(checksum_path(path))} beside it), so "
                       "it is loaded unchecked; gwdet's exports record one when they are written.", stacklevel=2)
     if _named_format(path) == "onnx":
         return _onnx_session(path, providers)
     if isinstance(map_location, (str, torch.device)):  # a device this machine lacks is no damaged file
-        if torch.device(map_location).type == "meta":
+        if str(map_location).split(":")[0] == "meta":
             raise GwdetValueError("map_location='meta' gives tensors without values, which a TorchScript model "
                                   "cannot be loaded into: load it with map_location='cpu' (or a GPU).")
         check_device(str(map_location), "map_location", "load it with map_location='cpu'")
+    if zipfile.is_zipfile(path) and not is_torchscript_archive(path):
+        raise GwdetValueError(f"{path} is a checkpoint (a torch.save archive), not a TorchScript export: export the "
+                              "model with tools/deploy/export_model.py (MODEL.WEIGHTS this file), then load model.ts.")
     try:
         return torch.jit.load(path, map_location=map_location)
     except RuntimeError as error:  # not a TorchScript archive (cut short, other bytes)

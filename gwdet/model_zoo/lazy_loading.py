@@ -320,15 +320,26 @@ def _load_python_config(config_file: str) -> DictConfig:
             f"{os.path.dirname(config_file) or '.'}/).") from None
 
 
-def load_lazy_config(config_file: str, overrides: Sequence[str] = ()) -> DictConfig:
+def check_config_file_exists(config_file: str) -> None:
+    """Refuse a ``config_file`` that is not a regular file: missing, or a named pipe, a device or a
+    link that leads nowhere or in a loop (``FileNotFoundError`` / ``ValueError``, both gwdet's)."""
+    if os.path.isfile(config_file):
+        return
+    if os.path.lexists(config_file):
+        raise GwdetValueError(f"Config file {config_file!r} is not a regular file (a named pipe, a device, or a link "
+                              "that leads nowhere or in a loop): give the config file itself.")
+    raise GwdetFileNotFoundError(f"Config file {config_file!r} does not exist (run from the repository root?).")
+
+
+def load_lazy_config(config_file: str, overrides: Sequence[str] = (), *, model: bool = False) -> DictConfig:
     """The LazyConfig ``config_file`` with the ``key=value`` ``overrides`` applied (checked by
-    :func:`apply_overrides`); a ``~`` in ``train.output_dir`` is expanded."""
+    :func:`apply_overrides`); a ``~`` in ``train.output_dir`` is expanded. ``model``: the file must
+    define a ``model`` (what a run builds; the parts the configs import define none), checked first."""
     if not config_file:
         raise GwdetValueError("No config given: pass --config-file configs/<file>.py (see configs/LazyConfig/).")
-    if not os.path.isfile(config_file):
-        raise GwdetFileNotFoundError(f"Config file {config_file!r} does not exist (run from the repository root?).")
+    check_config_file_exists(config_file)
     loaded = _load_python_config(config_file) if config_file.endswith(LAZY_SUFFIX) else _load_saved_lazy_config(config_file)
-    if not isinstance(loaded.get("model"), DictConfig):
+    if model and not isinstance(loaded.get("model"), DictConfig):
         raise GwdetValueError(
             f"Config file {config_file!r} defines no model: a LazyConfig names the model to build in "
             "model = L(...)(...), beside train, dataloader, optimizer and lr_multiplier (e.g. "

@@ -25,7 +25,7 @@ from gwdet.config import add_gwdet_config, flatten_config
 from gwdet.config_checks import check_gwdet_config
 from gwdet.errors import GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetTypeError, GwdetValueError
 from gwdet.layers.common import check_flag
-from gwdet.model_zoo.lazy_loading import load_lazy_config
+from gwdet.model_zoo.lazy_loading import check_config_file_exists, load_lazy_config
 from gwdet.model_zoo.model_zoo import configs_dir, get_config_file
 
 
@@ -36,16 +36,19 @@ def build_config(config_file: str, opts: list[str] | None = None) -> CfgNode:
     if os.path.isdir(config_file):
         raise GwdetIsADirectoryError(f"Config file {config_file!r} is a folder: give a config file in it "
                                      "(configs/ holds gwdet's).")
-    if not os.path.isfile(config_file):
-        raise GwdetFileNotFoundError(f"Config file {config_file!r} does not exist (run from the repository root?).")
+    check_config_file_exists(config_file)
     if config_file.endswith(".py"):
         raise GwdetValueError(
             f"Config file {config_file!r} is a LazyConfig (.py), not a yacs config, which is what this step "
             "reads. tools/train_net.py (here or through --launcher slurm), tools/analyze_model.py and "
             "tools/deploy/export_model.py take LazyConfigs, with key=value overrides; in Python, load one with "
             "gwdet.model_zoo.lazy_loading.load_lazy_config.")
-    with open(config_file, encoding="utf-8") as f:
-        text = f.read()
+    try:
+        with open(config_file, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError:
+        raise GwdetValueError(f"Config file {config_file!r} is not text (a checkpoint or an export?): give a yacs .yaml "
+                              "config (see configs/) or a LazyConfig .py.") from None
     try:
         content = load_config_yaml(config_file, text) if text.strip() else None
     except yaml.YAMLError as error:

@@ -86,8 +86,10 @@ def get_config_file(config_path: str) -> str:
         return path
     names = list_configs()
     where = "is outside gwdet's configs folder" if not inside else "is not among gwdet's configs"
-    raise GwdetFileNotFoundError(f"{config_path!r} {where} ({root}).{_suggestion(config_path, names)} "
-                            f"Available configs (gwdet.model_zoo.list_configs()):{_available(names)}")
+    own = (" For a config file of your own, use gwdet.model_zoo.build_config(path) (a yacs .yaml) or "
+           "gwdet.model_zoo.lazy_loading.load_lazy_config(path) (a .py)." if os.path.isfile(config_path) else "")
+    raise GwdetFileNotFoundError(f"{config_path!r} {where} ({root}).{own}{_suggestion(config_path, names)} "
+                                 f"Available configs (gwdet.model_zoo.list_configs()):{_available(names)}")
 
 
 def resolve_config_file(config_file: str, announce: Callable[[str], None] | None = None) -> str:
@@ -96,7 +98,7 @@ def resolve_config_file(config_file: str, announce: Callable[[str], None] | None
     ``configs/`` is dropped, so the repository's commands work from any folder), reported through
     ``announce`` (default: this module's logger). Neither: FileNotFoundError naming both places and
     the packaged configs. An empty name is returned as it is (the tools report a missing config)."""
-    if not config_file or os.path.exists(config_file):
+    if not config_file or os.path.lexists(config_file):  # a link that leads nowhere is the loader's to name
         return config_file
     local = os.path.abspath(config_file)
     names: list[str] = []

@@ -191,7 +191,7 @@ def write_text_atomically(path: str, text: str, path_manager=PathManager) -> Non
 # ---- checksums recorded beside a file --------------------------------------------------------------
 
 CHECKSUM_SUFFIX = ".sha256"
-_CHECKSUM_RECORD = re.compile(rb"([0-9a-f]{64}) [ *]")
+_CHECKSUM_RECORD = re.compile(rb"([0-9a-fA-F]{64}) [ *]")  # sha256sum -c takes upper-case hex too
 
 
 class DamagedFileError(GwdetError, ValueError):
@@ -247,7 +247,7 @@ def _recorded_sha256(path: str) -> tuple[str | None, str | None]:
         return None, f"its checksum record {name} cannot be read: {error.strerror or error}"
     if match is None:
         return None, f"its checksum record {name} is damaged"
-    return match.group(1).decode("ascii"), None
+    return match.group(1).decode("ascii").lower(), None
 
 
 def record_problem(path: str) -> str | None:

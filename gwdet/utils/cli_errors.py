@@ -117,7 +117,8 @@ def output_path_problem(flag: str, path: str | os.PathLike, folder: bool) -> str
     """Why ``path``, given as ``flag``, cannot be written as a ``folder`` (else as a file); ``None``
     when it can be created or is already of the right kind. Checked before a tool does any work:
     an environment variable nobody expanded (:func:`unexpanded_variable_problem`), a file where a
-    folder is needed, a folder where a file is needed, a path below a file."""
+    folder is needed, a folder where a file is needed, a path below a file, a place this process
+    may not write."""
     unexpanded = unexpanded_variable_problem(flag, path)
     if unexpanded is not None:
         return unexpanded
@@ -129,12 +130,18 @@ def output_path_problem(flag: str, path: str | os.PathLike, folder: bool) -> str
                     "if it does not exist), or move the file away.")
         if not folder and target.is_dir():
             return f"{flag} {path} is a folder: give the path of a file to write, e.g. {Path(path) / 'report.md'}."
+        if not os.access(target, os.W_OK | (os.X_OK if folder else 0)):
+            return (f"{flag} {path} cannot be written: this process may not write into it (a read-only disk, or "
+                    f"another owner's {kind}). Give a {kind} this process may write.")
         return None
     for above in target.absolute().parents:
         if above.exists():
             if not above.is_dir():
                 return (f"{flag} {path}: {above} is a file, so no {kind} can be created below it. Give a "
                         f"{kind} path whose parent folders are folders (or do not exist yet).")
+            if not os.access(above, os.W_OK | os.X_OK):
+                return (f"{flag} {path} cannot be written: {above} is a folder this process may not write into (a "
+                        f"read-only disk, or another owner's folder). Give a {kind} path in a writable folder.")
             return None
     return None
 

@@ -57,8 +57,15 @@ def str_list(text: str) -> list[str]:
 
 
 def image_size(text: str) -> tuple[int, int]:
+    """``--input-size``: ``HxW`` (or ``S`` for a square) of positive whole numbers."""
     height, _, width = text.lower().partition("x")
-    return int(height), int(width or height)
+    try:
+        size = int(height), int(width or height)
+    except ValueError:
+        size = (0, 0)
+    if min(size) < 1:
+        raise argparse.ArgumentTypeError(f"give HxW with positive whole sides, e.g. 800x1333; got {text!r}")
+    return size
 
 
 def argument_parser() -> argparse.ArgumentParser:
