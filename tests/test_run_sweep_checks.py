@@ -260,6 +260,11 @@ def test_a_users_file_named_like_a_run_folder_is_no_run_and_is_kept(tmp_path, na
     assert f"Move or rename {tmp_path / name} (no run wrote it: --overwrite keeps it)" in str(refused.value)
     assert (tmp_path / name).read_text() == "my notes" and not (tmp_path / CONFIG_NAME).exists()
     check_run_folders(str(tmp_path), ["vis" if name == "inference" else "inference"])  # another name: no matter
+    (tmp_path / name).unlink()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / name).symlink_to(tmp_path / "elsewhere")  # a link to a folder is no folder of a run either
+    with pytest.raises(FileExistsError, match=rf"holds a link {name} \(to .*elsewhere\), but the run writes "):
+        check_run_folders(str(tmp_path), [name])
 
 
 # ---- MISLEADING 7, RAW 11: MODEL.WEIGHTS with ~ or as a file:// URL ---------------------------------------

@@ -300,6 +300,17 @@ def test_analyze_refuses_flops_without_test_images_or_an_input_size(capsys):
            "--input-size H W" in capsys.readouterr().err
 
 
+def test_analyze_refuses_flops_of_a_model_on_the_meta_device(capsys):
+    # before: a TypeError traceback from inside the model once the counting ran
+    with pytest.raises(SystemExit) as exit_info:
+        analyze_model.main(["--config-file", str(DEMO_CONFIG), "--tasks", "flop", "--input-size", "64", "64",
+                            "MODEL.DEVICE", "meta"])
+    assert exit_info.value.code == 2
+    assert ("--tasks flop runs the model on images, and the config puts it on the meta device, whose tensors hold no "
+            "values: set the device to cpu") in capsys.readouterr().err
+    assert analyze_model.main(["--config-file", str(DEMO_CONFIG), "--tasks", "parameter", "MODEL.DEVICE", "meta"]) == 0
+
+
 @pytest.mark.parametrize("content, message", [
     ("cut", r"cannot be read: it is damaged or cut short \((RuntimeError|EOFError|UnpicklingError): .*\); nothing "
             r"was loaded from it\. Restore the file from a copy or write it again"),

@@ -372,8 +372,9 @@ def check_run_folders(output_dir: str, names: Sequence[str], setting: str = "OUT
         path = os.path.join(output_dir, name)
         if os.path.lexists(path) and not _is_run_folder(output_dir, name):
             purpose = RUN_FOLDER_PURPOSES.get(name, "its files")
+            what = f"a link {name} (to {os.readlink(path)})" if os.path.islink(path) else f"a file {name}"
             raise GwdetFileExistsError(
-                f"{setting} {output_dir!r} holds a file {name}, but the run writes {purpose} into a folder of that "
+                f"{setting} {output_dir!r} holds {what}, but the run writes {purpose} into a folder of that "
                 f"name, which it could not create after training; nothing was changed. Move or rename {path} (no run "
                 f"wrote it: --overwrite keeps it), or give the run another {setting}.")
 

@@ -164,6 +164,10 @@ def _analyze(argv: Sequence[str]) -> int:
         raise GwdetValueError("--tasks flop counts on images of the config's first test dataset, and the config has "
                               "none: give --input-size H W (random pixels of that size), or a test dataset.")
     model = run.build_trained_model()
+    if "flop" in args.tasks and any(parameter.is_meta for parameter in model.parameters()):
+        raise GwdetValueError("--tasks flop runs the model on images, and the config puts it on the meta device, whose "
+                              "tensors hold no values: set the device to cpu (MODEL.DEVICE cpu, or train.device=cpu); "
+                              "--tasks parameter and structure work on meta.")
     if "flop" in args.tasks:
         with torch.no_grad():
             do_flop(model, model_inputs(run, args.num_inputs, args.input_size), args.max_depth)
