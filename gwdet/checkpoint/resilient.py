@@ -25,7 +25,7 @@ import torch
 from detectron2.checkpoint import DetectionCheckpointer
 
 from gwdet.utils.cli_errors import as_override
-from gwdet.utils.atomic import checksum_path, checksum_problem, record_problem, write_with_checksum
+from gwdet.utils.atomic import checksum_findings, checksum_path, write_with_checksum
 from gwdet.checkpoint.compatibility import (
     NORM_SETTINGS_KEY,
     NORM_TYPES_KEY,
@@ -444,13 +444,13 @@ class ResilientCheckpointer(DetectionCheckpointer):
         """The file's contents, checked against the SHA-256 recorded beside it (``<file>.sha256``,
         where there is one) and the checksums recorded inside it (:mod:`gwdet.checkpoint.integrity`)."""
         record = os.path.basename(checksum_path(filename))
-        unusable = record_problem(filename)
+        unusable, differs = checksum_findings(filename)
         if unusable is not None:  # the checksums inside the file still check it
             self.logger.warning(f"{filename}: {unusable}, so the file is checked by the checksums recorded inside it "
                                 f"only. Delete {record} to load it without this warning.")
-        elif (problem := checksum_problem(filename)) is not None:
+        elif differs is not None:
             raise DamagedFileError(
-                f"{filename} is damaged ({problem}); nothing was loaded from it. Restore the file from a copy or write "
+                f"{filename} is damaged ({differs}); nothing was loaded from it. Restore the file from a copy or write "
                 f"it again (train, or convert the weights again); if you replaced it on purpose, delete {record}. "
                 "With --resume, the previous checkpoint in the folder is used instead.", filename)
         if filename.endswith(".pkl"):

@@ -32,11 +32,10 @@ from gwdet.checkpoint.safe_load import is_torchscript_archive
 from gwdet.utils.atomic import (
     CHECKSUM_SUFFIX,
     DamagedFileError,
+    checksum_findings,
     checksum_path,
-    checksum_problem,
     path_written_atomically,
     path_written_with_checksum,
-    record_problem,
 )
 
 # ONNX opset of gwdet's exports (detectron2's STABLE_ONNX_OPSET_VERSION is 11).
@@ -214,15 +213,14 @@ def verify_export(path: str) -> bool:
     if not os.path.isfile(path):
         raise GwdetFileNotFoundError(f"{path}: no such export (a file written by tools/deploy/export_model.py, "
                                      "gwdet.export.export_torchscript or export_model_onnx).")
-    unusable = record_problem(path)
+    unusable, differs = checksum_findings(path)
     if unusable is not None:
         warnings.warn(f"{path}: {unusable}, so the export is loaded unchecked. Delete "
                       f"{os.path.basename(checksum_path(path))} (or export again) to load it without this warning.",
                       stacklevel=3)
         return True
-    problem = checksum_problem(path)
-    if problem is not None:
-        raise DamagedExportError(f"{path} is damaged ({problem}). {REEXPORT}", path)
+    if differs is not None:
+        raise DamagedExportError(f"{path} is damaged ({differs}). {REEXPORT}", path)
     return os.path.isfile(checksum_path(path))
 
 
@@ -300,8 +298,9 @@ def run_onnx(path: str, inputs: Sequence[Any]) -> List[Any]:
     """Outputs (numpy arrays) of the ONNX file at ``path`` in onnxruntime on the CPU; a file that
     differs from its recorded SHA-256 is refused (:func:`verify_export`)."""
     if isinstance(inputs, torch.Tensor) or hasattr(inputs, "__array_interface__"):  # a tensor, a numpy array
-        raise GwdetValueError(f"run_onnx takes a list of the export's inputs, e.g. [image], not one {type(inputs).__name__} "
-                              f"of shape {list(torch.as_tensor(inputs).shape)}: put the image in a list.")
+        raise GwdetValueError(f"run_onnx takes a list of the export's inputs, e.g. [image], not one "
+                              f"{type(inputs).__name__} of shape {list(torch.as_tensor(inputs).shape)}: put the image "
+                              "in a list.")
     verify_export(path)
     if _named_format(path) != "onnx":
         raise GwdetValueError(f"{path} is a TorchScript export, not ONNX: run it with gwdet.export.load_export(path), "

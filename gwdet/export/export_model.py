@@ -370,9 +370,10 @@ def check_weights_given(run: RunConfig, untrained: bool) -> None:
     """Refuse to export a model of random weights unless asked (``--untrained``), and ``--untrained``
     beside weights the config gives."""
     if not run.weights and not untrained:
+        example = as_override(run.weights_setting, "output/demo/model_final.pth")
         raise GwdetValueError(f"{run.weights_setting} is empty: the export would hold a model of random weights, "
-                              f"not a trained one; nothing was written. Give the trained weights "
-                              f"({as_override(run.weights_setting, 'output/demo/model_final.pth')}), or pass --untrained to export random weights on purpose.")
+                              f"not a trained one; nothing was written. Give the trained weights ({example}), or pass "
+                              "--untrained to export random weights on purpose.")
     if run.weights and untrained:
         raise GwdetValueError(f"--untrained exports random weights, but the config gives {run.weights_setting} "
                               f"{run.weights}; nothing was written. Leave --untrained out to export those weights.")

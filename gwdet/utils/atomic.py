@@ -250,21 +250,25 @@ def _recorded_sha256(path: str) -> tuple[str | None, str | None]:
     return match.group(1).decode("ascii").lower(), None
 
 
-def record_problem(path: str) -> str | None:
-    """Why the SHA-256 record beside ``path`` cannot be used (unreadable, damaged), as words to put
-    in a message; ``None`` when it can, and when there is none."""
-    return _recorded_sha256(os.fspath(path))[1]
+def checksum_findings(path: str) -> tuple[str | None, str | None]:
+    """``(why the SHA-256 record beside path cannot be used, why the file differs from it)``, each as
+    words to put in a message or ``None``: a record that is unreadable or damaged, or a file whose
+    SHA-256 is not the recorded one (both ``None`` when it matches, and when nothing is recorded).
+    For readers that load a file unchecked, with a warning, when only its record is unusable."""
+    path = os.fspath(path)
+    recorded, unusable = _recorded_sha256(path)
+    if recorded is not None and file_sha256(path) != recorded:
+        record = os.path.basename(checksum_path(path))
+        return None, f"its SHA-256 differs from the one recorded in {record} when it was written"
+    return unusable, None
 
 
 def checksum_problem(path: str) -> str | None:
-    """Why the file at ``path`` does not hold what was written, by the SHA-256 recorded beside it
-    (words to put in a message), or why that record cannot be used (:func:`record_problem`);
-    ``None`` when it matches, and when nothing is recorded."""
-    path = os.fspath(path)
-    recorded, problem = _recorded_sha256(path)
-    if recorded is not None and file_sha256(path) != recorded:
-        return f"its SHA-256 differs from the one recorded in {os.path.basename(checksum_path(path))} when it was written"
-    return problem
+    """Why the file at ``path`` does not hold what was written, by the SHA-256 recorded beside it,
+    or why that record cannot be used (:func:`checksum_findings`, either); ``None`` when it matches,
+    and when nothing is recorded."""
+    unusable, differs = checksum_findings(path)
+    return differs or unusable
 
 
 def write_with_checksum(path: str, write: Callable[[IO[bytes]], object], path_manager=PathManager) -> None:

@@ -5,6 +5,7 @@ import math
 from pathlib import Path
 from typing import Sequence
 
+from gwdet.errors import listed
 from gwdet_lab.tables import Column, Table
 
 TABLE_FILE = "table.md"
@@ -57,7 +58,7 @@ def foreign_table_problem(out: str | Path, subcommand: str) -> str | None:
         files = sorted(path.name for path in table.parent.iterdir()) if table.parent.is_dir() else []
         if not files:
             return None
-        return (f"--out {out}: {table.parent} holds {', '.join(files[:5])}{' ...' if len(files) > 5 else ''} but no "
+        return (f"--out {out}: {table.parent} holds {listed(files, 5)} but no "
                 f"{TABLE_FILE} of tools/analyze.py, so none of it was written by the tool, and {subcommand} would replace "
                 "files of the same names there. Give another --out, or move those files away.")
     with open(table, encoding="utf-8", errors="replace") as f:

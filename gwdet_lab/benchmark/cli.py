@@ -184,18 +184,20 @@ def unused_flag_problem(args: argparse.Namespace) -> Optional[str]:
         levels = ", ".join(f"--{flag.replace('_', '-')}" for flag, _, _ in LEVELS if getattr(args, flag))
         return (f"--amp {args.amp} applies to the model level (--models) only, which this run does not measure "
                 f"({levels}: in float32). Add --models, or leave --amp out.")
-    for used_by, level_flags in ((args.models, (("--model-opts", args.model_opts != DEFAULT_MODEL_OPTS),
-                                                 ("--model-names", args.model_names is not None),
-                                                 ("--image-size", args.image_size is not None))),
-                                 (args.models or args.inference, (("--model-repeats", args.model_repeats is not None),
-                                                                  ("--model-warmup", args.model_warmup is not None)))):
-        given = [flag for flag, is_given in level_flags if is_given]
-        if given and not used_by:
+    level_flags = (
+        (args.models, "the model level (--models)",
+         {"--model-opts": args.model_opts != DEFAULT_MODEL_OPTS, "--model-names": args.model_names is not None,
+          "--image-size": args.image_size is not None}),
+        (args.models or args.inference, "the model and inference levels (--models, --inference)",
+         {"--model-repeats": args.model_repeats is not None, "--model-warmup": args.model_warmup is not None}),
+    )
+    for used, where, flags in level_flags:
+        given = " and ".join(flag for flag, is_given in flags.items() if is_given)
+        if given and not used:
             levels = ", ".join(f"--{flag.replace('_', '-')}" for flag, _, _ in LEVELS if getattr(args, flag))
-            where = "the model level (--models)" if given[0] in ("--model-opts", "--model-names", "--image-size") else \
-                "the model and inference levels (--models, --inference)"
-            return (f"{' and '.join(given)} {'applies' if len(given) == 1 else 'apply'} to {where} only, which this run does not measure ({levels}). Add "
-                    f"that level, or leave {' and '.join(given)} out.")
+            verb = "apply" if " and " in given else "applies"
+            return (f"{given} {verb} to {where} only, which this run does not measure ({levels}). Add that level, or "
+                    f"leave {given} out.")
     if args.section is not None and not args.out:
         return (f"--section {args.section}: it names the section of --out the tables are written into, and there "
                 "is no --out (the tables are printed only). Add --out FILE, or leave --section out.")
