@@ -139,6 +139,9 @@ def test_subcommand_writes_its_files(tmp_path, command, capsys):
     (["--groups", ","], "argument --groups: give at least one group number"),
     # "make_norm: num_groups=32 must divide num_features=16", an internal function, after the set-up
     (["--groups", "32", "--dim", "16"], "--groups 32: each group number must divide --dim 16"),
+    # a repeated value computed and wrote its results twice
+    (["--groups", "1,4,1"], "argument --groups: '1,4,1' names 1 more than once: give each once"),
+    (["--activations", "relu,relu"], "argument --activations: 'relu,relu' names relu more than once: give each once"),
 ])
 def test_conditioning_refuses_counts_it_cannot_use_before_any_work(tmp_path, capsys, flag, message):
     with pytest.raises(SystemExit) as refused:  # before: raw errors after the simulations had run

@@ -1,5 +1,7 @@
 """The export and analyze tools refuse flags they cannot use before building anything, and read
 their flags wherever they stand on the command line (after the config overrides too)."""
+import os
+
 import pytest
 
 from gwdet.engine.arguments import parse_with_trailing_flags
@@ -112,6 +114,21 @@ def test_weights_that_are_a_folder_or_a_numpy_archive_are_named(tmp_path):
         evaluating.load_weights(str(tmp_path / "missing.pth"))
     assert str(refused.value) == (f"MODEL.WEIGHTS file {str(tmp_path / 'missing.pth')!r} does not exist. Name the "
                                   "trained weights, e.g. MODEL.WEIGHTS output/run/model_final.pth.")
+
+
+def test_weights_that_are_a_pipe_or_a_link_loop_are_named_as_such(tmp_path):
+    import torch
+
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    os.mkfifo(tmp_path / "weights.pth")
+    os.symlink(tmp_path / "loop_b.pth", tmp_path / "loop_a.pth")
+    os.symlink(tmp_path / "loop_a.pth", tmp_path / "loop_b.pth")
+    checkpointer = ResilientCheckpointer(torch.nn.Linear(2, 2), save_dir=str(tmp_path))
+    for name in ("weights.pth", "loop_a.pth"):
+        with pytest.raises(ValueError, match=r"MODEL.WEIGHTS '.*' is not a regular file \(a named pipe, a device, "
+                                             r"or a link that leads nowhere or in a loop\): give the checkpoint file"):
+            checkpointer.load_weights(str(tmp_path / name))
 
 
 LAZY_CONFIG = DEMO_CONFIG.parents[1] / "LazyConfig" / "mask_rcnn_R_50_FPN_gw_shapes.py"

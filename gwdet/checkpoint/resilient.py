@@ -334,6 +334,9 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 f"{os.path.join(path, 'model_final.pth')}).")
         if path and "://" not in path and not os.path.isfile(path):
             setting = self.weights_setting
+            if os.path.lexists(path):
+                raise GwdetValueError(f"{setting} {path!r} is not a regular file (a named pipe, a device, or a link "
+                                      "that leads nowhere or in a loop): give the checkpoint file itself.")
             if self.require_every_weight:  # trained weights to evaluate or export
                 fix = f"Name the trained weights, e.g. {as_override(setting, 'output/run/model_final.pth')}"
             else:

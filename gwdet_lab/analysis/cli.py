@@ -24,15 +24,24 @@ REPO = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = REPO / "configs" / "Demo" / "mask_rcnn_R_50_FPN_gw_shapes.yaml"
 
 
+def each_once(values: list, text: str) -> list:
+    """``values`` of the list ``text``, refused when one repeats (its results would be computed and
+    written twice)."""
+    repeated = sorted({str(value) for value in values if values.count(value) > 1})
+    if repeated:
+        raise argparse.ArgumentTypeError(f"{text!r} names {', '.join(repeated)} more than once: give each once")
+    return values
+
+
 def counts_at_least(minimum: int, what: str):
-    """The argparse type of a comma-separated list of integers >= ``minimum`` each."""
+    """The argparse type of a comma-separated list of distinct integers >= ``minimum`` each."""
     count = at_least(minimum, what)
 
     def counts(text: str) -> list[int]:
         values = [count(item.strip()) for item in text.split(",") if item.strip()]
         if not values:
             raise argparse.ArgumentTypeError(f"give at least one {what}, got {text!r}")
-        return values
+        return each_once(values, text)
     return counts
 
 
@@ -53,7 +62,8 @@ def fractions(text: str) -> list[float]:
 
 
 def str_list(text: str) -> list[str]:
-    return [item for item in text.split(",") if item]
+    """The argparse type of a comma-separated list of distinct names."""
+    return each_once([item for item in text.split(",") if item], text)
 
 
 def image_size(text: str) -> tuple[int, int]:
