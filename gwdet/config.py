@@ -8,6 +8,7 @@ surfaces cannot disagree.
 """
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -186,8 +187,26 @@ def require_gwdet_config(cfg: CN, who: str) -> None:
         )
 
 
+# Sections only gwdet's table fills (detectron2 has none of them), and the prefix of gwdet's keys in
+# detectron2's MODEL.RESNETS: a key there that the table lacks is read by nothing.
+GWDET_SECTIONS = ("MODEL.GW", "MODEL.GN", "MODEL.BW", "MODEL.BGN", "DATASETS.SHAPES")
+GWDET_RESNETS_PREFIX = "MODEL.RESNETS.GW"
+
+
 def check_config_values(cfg: CN) -> None:
-    """Raise ``ValueError`` naming the key for any value in ``cfg`` that fails its check."""
+    """Raise ``KeyError`` for a key of gwdet's sections that its table lacks (a misspelt key set from
+    Python, ``cfg.MODEL.GW.NUM_GROUP = 8``: a config file's or override's is refused when merged),
+    naming the close keys; then ``ValueError`` naming the key for any value that fails its check."""
+    given = [f"{section}.{key}" for section in GWDET_SECTIONS for key in config_value(cfg, section)]
+    given += [f"MODEL.RESNETS.{key}" for key in cfg.MODEL.RESNETS
+              if f"MODEL.RESNETS.{key}".upper().startswith(GWDET_RESNETS_PREFIX)]
+    for name in given:
+        if name not in _BY_NAME:
+            close = ([name.upper()] if name.upper() in _BY_NAME
+                     else difflib.get_close_matches(name.upper(), list(_BY_NAME), n=2, cutoff=0.8))
+            hint = f" Did you mean {' or '.join(close)}?" if close else ""
+            raise GwdetKeyError(f"{name} is not a key of gwdet's config (set in Python after the config was read?), "
+                                f"so nothing reads it.{hint} gwdet's keys are listed in docs/usage.md.")
     for key in CONFIG_KEYS:
         key.check(key.name, config_value(cfg, key.name))
 

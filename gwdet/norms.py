@@ -27,6 +27,7 @@ from __future__ import annotations
 import inspect
 import logging
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 import torch
@@ -82,6 +83,13 @@ class NormRecord:
     detectron2_per_level: bool = False
     example_groups: bool = False
     builtin: bool = False
+
+    def __post_init__(self) -> None:
+        """The mappings read-only, as the record's fields are: the catalogue hands out the record
+        itself, and a change through one caller would change every later build."""
+        object.__setattr__(self, "config_keys", MappingProxyType(dict(self.config_keys)))
+        if self.detectron2_values is not None:
+            object.__setattr__(self, "detectron2_values", MappingProxyType(dict(self.detectron2_values)))
 
     def default(self, param: str) -> Any:
         key = self.config_keys.get(param)
@@ -162,6 +170,12 @@ def _check_build(owner: str, build: Any) -> None:
         raise GwdetTypeError(f"{owner}: build must take the channel count as its first argument "
                              f"(def build(channels, ...)), but {getattr(build, '__qualname__', build)!r} takes "
                              f"{[p.name for p in parameters]}")
+    collecting = [p for p in parameters[1:] if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    if collecting:
+        shown = "*" * (1 + (collecting[0].kind == inspect.Parameter.VAR_KEYWORD)) + collecting[0].name
+        raise GwdetTypeError(f"{owner}: build takes {shown}, but gwdet.norm(name, **params) checks each parameter "
+                             "by name against build's signature and records it: name each keyword "
+                             "(def build(channels, num_groups=32, eps=1e-5)) instead of collecting them")
 
 
 def _refuse_taken(name: str) -> None:
@@ -210,6 +224,14 @@ def norm_record(name: str) -> NormRecord:
         f"Unknown norm name {name!r}. Known names: {', '.join(known_norm_names())}. Fix the "
         "NORM value, or register the name with gwdet.register_norm(name, build)."
     )
+
+
+def check_detectron2_buildable(argument: str, norm: Any) -> None:
+    """Refuse a name only gwdet builds given as ``argument`` (e.g. ``"place_norm: norm"``) to a
+    component that passes it to detectron2's ``get_norm``, which would raise a bare ``KeyError``."""
+    if isinstance(norm, str) and norm and norm_record(norm).detectron2_values is None:
+        raise GwdetValueError(f"{argument}={norm!r} is built by gwdet, not by detectron2's get_norm: give "
+                              f"gwdet.norm({norm!r}, ...) with the hyper-parameters you want.")
 
 
 def layer_types(*, batch_statistics: bool | None = None, detectron2: bool | None = None) -> tuple[type, ...]:

@@ -28,7 +28,8 @@ from detectron2.solver.build import maybe_add_gradient_clipping, reduce_param_gr
 from torch import nn
 
 from gwdet.config_checks import ensure_checked
-from gwdet.errors import GwdetTypeError
+from gwdet.errors import GwdetTypeError, GwdetValueError
+from gwdet.layers.common import is_finite_number
 from gwdet.norms import DETECTRON2_OPTIMIZER_NORMS, NORM_LAYER_MARK, layer_types
 
 
@@ -72,8 +73,17 @@ def get_default_optimizer_params(
     parameters of every norm layer (:func:`is_norm_layer`) get ``weight_decay_norm``.
 
     As in detectron2, an override by parameter name (``overrides``, or ``weight_decay_bias`` for
-    biases) that sets a weight decay takes precedence over ``weight_decay_norm``.
+    biases) that sets a weight decay takes precedence over ``weight_decay_norm``. A ``model`` that is
+    no torch module, or a rate or decay that is not a finite number >= 0, is refused (SGD does not
+    check a group's values).
     """
+    if not isinstance(model, nn.Module):
+        raise GwdetTypeError(f"get_default_optimizer_params: model must be a torch module, got {type(model).__name__}")
+    for name, value in (("base_lr", base_lr), ("weight_decay", weight_decay), ("weight_decay_norm", weight_decay_norm),
+                        ("bias_lr_factor", bias_lr_factor), ("weight_decay_bias", weight_decay_bias)):
+        if value is not None and (not is_finite_number(value) or value < 0):
+            raise GwdetValueError(f"get_default_optimizer_params: {name} must be a finite number >= 0 or None, got "
+                                  f"{value!r}")
     groups = detectron2_optimizer_params(
         model, base_lr=base_lr, weight_decay=weight_decay, weight_decay_norm=weight_decay_norm,
         bias_lr_factor=bias_lr_factor, weight_decay_bias=weight_decay_bias, lr_factor_func=lr_factor_func,

@@ -6,6 +6,8 @@ ItN accuracy is checked exactly rather than with a loose tolerance: the ItN-whit
 has eigenvalues ``y_T(x_i)`` (``x_i``: eigenvalues of ``Sigma / tr(Sigma)``), see
 tests/spectral_whitening.py.
 """
+import warnings
+
 import pytest
 import torch
 
@@ -143,3 +145,18 @@ def test_second_derivatives_through_bws_itn_op_are_refused_by_name():
     (grad,) = torch.autograd.grad(itn_whitening_op(cov, 5).square().sum(), cov, create_graph=True)
     with pytest.raises(RuntimeError, match=r"BatchWhitening \(ItN\): second derivatives .* set GWDET_GW_PLAN=cpu"):
         grad.sum().backward()
+
+
+def test_training_on_fewer_samples_than_a_groups_channels_is_warned_of():
+    """m <= k: the covariance is singular and ZCA's running whitening matrix keeps eps^-1/2 along
+    the missing directions, so evaluation on other inputs amplifies them (std in the hundreds)."""
+    torch.manual_seed(0)
+    layer = BatchWhitening(16, group_size=16).train()
+    with pytest.warns(RuntimeWarning, match=r"2 samples \(N x H x W\) per group of 16 channels in training: the group "
+                                            r"covariance has rank at most 1, .* Train with more than 16 samples"):
+        for _ in range(50):
+            layer(torch.randn(2, 16))
+    assert layer.eval()(torch.randn(64, 16)).std() > 50  # what the warning is about
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        BatchWhitening(16, group_size=16).train()(torch.randn(17, 16))  # m > k: full rank, no warning

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from detectron2.config import get_cfg
 
+import gwdet
 import gwdet.model_zoo
 from gwdet.config import add_gwdet_config
 from gwdet.config_checks import (DETECTRON2_MASK_FORMATS, DETECTRON2_RESNET_DEPTHS, check_detectron2_values,
@@ -438,3 +439,30 @@ def test_a_warm_up_longer_than_the_run_is_said():
 ])
 def test_the_rpns_features_and_head_are_named(opts, message):
     assert message in refusal(*opts)
+
+
+# ---- keys set from Python that nothing reads -----------------------------------------------------
+
+@pytest.mark.parametrize("section, key, close", [
+    ("GW", "NUM_GROUP", "MODEL.GW.NUM_GROUPS or MODEL.GN.NUM_GROUPS"),
+    ("GW", "num_groups", "MODEL.GW.NUM_GROUPS"),
+    ("RESNETS", "GW_POSITION", "MODEL.RESNETS.GW_POSITIONS"),
+])
+def test_a_misspelt_key_set_in_python_is_refused_with_the_close_keys(section, key, close):
+    """yacs lets an unfrozen config take any new key: the model was built with the defaults of the
+    keys the user meant (a config file's or override's misspelling is refused when merged)."""
+    cfg = build_config(str(DEMO_CONFIG))
+    cfg.defrost()
+    setattr(cfg.MODEL[section], key, 8)
+    with pytest.raises(KeyError) as refused:
+        gwdet.build_model(cfg)
+    assert refused.value.args[0] == (f"MODEL.{section}.{key} is not a key of gwdet's config (set in Python after the "
+                                     f"config was read?), so nothing reads it. Did you mean {close}? gwdet's keys are "
+                                     "listed in docs/usage.md.")
+
+
+def test_a_users_own_key_in_detectron2s_sections_is_left_to_its_reader():
+    cfg = build_config(str(DEMO_CONFIG))
+    cfg.defrost()
+    cfg.MODEL.RESNETS.MY_PROJECT_WIDTH = 8  # a project's add_*_config key, not gwdet's
+    check_gwdet_config(cfg)

@@ -730,6 +730,28 @@ def test_detections_beyond_the_tolerance_or_found_by_one_side_only_are_differenc
     assert len(compare_detections(eager, first_two, (64, 64)).problems) == 1
 
 
+def test_values_that_are_not_finite_are_differences_not_equalities():
+    """NaN compares as no difference in max() and in a tolerance test: an export of NaN scores and
+    masks passed its check."""
+    from gwdet.export.detection_check import compare_detections
+
+    masks = torch.rand(1, 1, 4, 4, dtype=torch.float64)
+    eager = _detections([(1, 0.9, 10, 10, 30, 30)], masks)
+    broken = _detections([(1, float("nan"), 10, 10, 30, 30)], masks * float("nan"))
+    assert compare_detections(eager, broken, (64, 64)).problems == [
+        "the export's scores hold values that are not finite (NaN or inf)",
+        "the export's masks hold values that are not finite (NaN or inf)"]
+    assert max_abs_difference([torch.ones(3)], [torch.tensor([float("nan"), 1.0, 5.0])]) == float("inf")
+    assert max_abs_difference([torch.tensor([float("inf"), 1.0])], [torch.tensor([float("inf"), 1.5])]) == 0.5
+
+
+def test_an_export_into_a_folder_is_refused_before_tracing(tmp_path):
+    with pytest.raises(IsADirectoryError, match=r"is a folder: give the path of the file to write, e.g. .*model.ts"):
+        export_torchscript(None, torch.zeros(3, 8, 8), str(tmp_path))  # no model needed: nothing is traced
+    with pytest.raises(IsADirectoryError, match=r"is a folder: give the path of the file to write, e.g. .*model.onnx"):
+        export_onnx(torch.nn.Identity(), (torch.zeros(1),), str(tmp_path))
+
+
 def _sample_image(folder):
     generator = np.random.default_rng(3)
     Image.fromarray(generator.integers(0, 255, (80, 96, 3), dtype=np.uint8)).save(folder / "sample.png")

@@ -85,3 +85,23 @@ def test_group_numbers_that_do_not_divide_are_reported_once_per_component(caplog
         Trainer.build_model(strict)  # refused by the first layer that is built
     fine = build_config(str(DEMO_CONFIG), TINY_OPTS + ["MODEL.STRICT_NORM_GROUPS", "True"])
     Trainer.build_model(fine)  # g=16 divides every channel count of the demo
+
+
+def test_gwdets_heads_built_by_hand_name_a_norm_only_gwdet_builds():
+    """Built from arguments, the heads pass their norm to detectron2's get_norm, which raised a bare
+    KeyError: 'GW'; a gwdet.norm callable builds them."""
+    from gwdet.modeling.heads import GWFastRCNNConvFCHead
+
+    shape = ShapeSpec(channels=16, height=7, width=7)
+    with pytest.raises(ValueError, match=r"GWFastRCNNConvFCHead: conv_norm='GW' is built by gwdet, not by detectron2's "
+                                         r"get_norm: give gwdet.norm\('GW', \.\.\.\)"):
+        GWFastRCNNConvFCHead(shape, conv_dims=[16], fc_dims=[32], conv_norm="GW")
+    head = GWFastRCNNConvFCHead(shape, conv_dims=[16], fc_dims=[32], conv_norm=gwdet.norm("GW", num_groups=4))
+    assert isinstance(head.conv1.norm, GroupWhitening)
+    with pytest.raises(ValueError, match=r"GWRetinaNetHead: norm='GW' is built by gwdet"):
+        GWRetinaNetHead(input_shape=[shape], num_classes=2, num_anchors=1, conv_dims=[16], norm="GW")
+
+
+def test_check_model_refuses_a_strict_groups_that_is_not_a_bool():
+    with pytest.raises(ValueError, match=r"check_model: strict_groups must be True or False, got 'no'"):
+        check_model(torch.nn.Sequential(GroupWhitening(16, num_groups=5)), strict_groups="no")

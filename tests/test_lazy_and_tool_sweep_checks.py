@@ -555,3 +555,18 @@ def test_a_config_path_that_is_no_regular_file_is_named_as_such(tmp_path, kind):
     with pytest.raises(GwdetValueError, match=r"is not a regular file \(a named pipe, a device, or a link that leads "
                                               r"nowhere or in a loop\): give the config file itself.$"):
         load(str(path))
+
+
+def test_the_config_loaders_take_paths_and_refuse_overrides_as_one_string_and_the_other_kind():
+    from gwdet.model_zoo import build_config
+
+    assert build_config(DEMO_CONFIG).MODEL.GW.NUM_GROUPS == 16  # a pathlib.Path, as get_config takes
+    assert load_lazy_config(LAZY_CONFIG, ["train.max_iter=3"]).train.max_iter == 3
+    for load, overrides in ((build_config, "MODEL.GW.T 3"), (load_lazy_config, "train.max_iter=3")):
+        config = DEMO_CONFIG if load is build_config else LAZY_CONFIG
+        with pytest.raises(GwdetTypeError, match=f"{load.__name__}: opts must be a list of strings, .* got "
+                                                 f"'{overrides}'"):  # before: read letter by letter
+            load(str(config), overrides)
+    with pytest.raises(GwdetValueError, match=r"is a yacs config \(upper-case sections such as MODEL, or _BASE_\), not "
+                                              r"a LazyConfig: read it with gwdet.model_zoo.build_config\("):
+        load_lazy_config(str(DEMO_CONFIG))  # before: the raw YAML, its _BASE_ unresolved, as a LazyConfig

@@ -1,6 +1,7 @@
 """LazyConfig: gwdet.norm in L(...) nodes, GW positions via place_norm, save/load round trips."""
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 from detectron2.config import LazyCall as L
@@ -88,6 +89,22 @@ def test_place_norm_refuses_what_would_remove_norms_or_leave_them_trainable_in_f
     with pytest.raises(ValueError, match=message):
         place_norm(resnet, positions="S1-B2", norm=norm, freeze_at=freeze_at)
     assert resnet.stem.conv1.norm is before
+
+
+def test_place_norm_refuses_a_norm_callable_that_gives_no_layer_and_a_resnet_not_detectron2s():
+    resnet = ResNet(BasicStem(3, 64, norm="BN"), ResNet.make_default_stages(18, norm="BN"), out_features=["res5"])
+    before = resnet.stem.conv1.norm
+    with pytest.raises(TypeError, match=r"place_norm: norm=<function .*> gave None \(a NoneType\), not a norm layer; "
+                                        "nothing was replaced"):
+        place_norm(resnet, positions="S1-B2", norm=lambda channels: None)
+    assert resnet.stem.conv1.norm is before
+    torchvision = pytest.importorskip("torchvision")
+    with pytest.raises(TypeError, match=r"place_norm takes detectron2's ResNet .*, got torchvision.models.resnet.ResNet. "
+                                        r"A torchvision ResNet takes its norm when built"):
+        place_norm(torchvision.models.resnet18(), positions="S1", norm=gwdet.norm("GW", num_groups=4))
+    # a numpy integer is an integer: 2 frozen stages
+    resnet = place_norm(resnet, positions="S1", norm=gwdet.norm("GW", num_groups=4), freeze_at=np.int64(2))
+    assert not any(p.requires_grad for p in resnet.stages[0].parameters())
 
 
 def test_a_norm_name_detectron2_does_not_know_fails_loudly_in_a_lazy_config():

@@ -190,3 +190,15 @@ def test_build_optimizer_passes_the_config_gate_before_building(key, value, prob
     cfg.SOLVER[key] = value
     with pytest.raises(ValueError, match=problem):
         gwdet.build_optimizer(cfg, nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ({"weight_decay_norm": -1.0}, "weight_decay_norm must be a finite number >= 0 or None, got -1.0"),
+    ({"weight_decay_norm": "0"}, "weight_decay_norm must be a finite number >= 0 or None, got '0'"),
+    ({"base_lr": float("nan")}, "base_lr must be a finite number >= 0 or None, got nan"),
+])
+def test_optimizer_params_refuse_a_rate_or_decay_sgd_would_take_unchecked(arguments, message):
+    with pytest.raises(ValueError, match=f"get_default_optimizer_params: {message}"):
+        gwdet.get_default_optimizer_params(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)), **arguments)
+    with pytest.raises(TypeError, match="model must be a torch module, got NoneType"):
+        gwdet.get_default_optimizer_params(None)

@@ -434,3 +434,25 @@ def test_odd_names_a_section_as_a_config_key_and_zero_channels_are_named(registe
         norm_from_config("TestSection", add_gwdet_config(get_cfg()))
     with pytest.raises(ValueError, match="The norm 'GN': channels must be an integer >= 1, got 0"):
         norm("GN")(0)
+
+
+def test_a_records_mappings_cannot_be_changed_through_the_record_the_catalogue_hands_out():
+    """A change through norm_record("GW").config_keys made every later build read another key."""
+    record = norm_record("GW")
+    with pytest.raises(TypeError):
+        record.config_keys["num_groups"] = "MODEL.GN.NUM_GROUPS"
+    with pytest.raises(TypeError):
+        norm_record("GN").detectron2_values["num_groups"] = 8
+    cfg = add_gwdet_config(get_cfg())
+    cfg.MODEL.GW.NUM_GROUPS, cfg.MODEL.GN.NUM_GROUPS = 8, 32
+    assert norm_from_config("GW", cfg)(16).num_groups == 8
+
+
+def test_a_build_that_collects_its_keywords_is_refused_at_registration():
+    """gwdet.norm('MyVar', k=4) then answered "takes ['kw'], not ['k']"."""
+    def build(channels, **kw):
+        return torch.nn.GroupNorm(1, channels)
+
+    with pytest.raises(TypeError, match=r"register_norm\('CollectingNorm'\): build takes \*\*kw, but gwdet.norm"):
+        register_norm("CollectingNorm", build)
+    assert "CollectingNorm" not in known_norm_names()

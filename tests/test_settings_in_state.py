@@ -135,3 +135,35 @@ def test_momentum_and_the_example_weight_leave_the_trained_function_and_load():
     with pytest.raises(ValueError, match=r"0 num_groups 4 -> 8"):
         check_norm_settings(norm_settings(torch.nn.Sequential(trained)),
                             torch.nn.Sequential(BatchGroupNorm(16, num_groups=8)), "opt in")
+
+
+@pytest.mark.parametrize("kind, settings, name, value", [
+    ("GroupWhitening", {"num_groups": 4}, "num_groups", 8),
+    ("GroupWhitening", {"num_groups": 4}, "eps", -1.0),
+    ("GroupWhitening", {"num_groups": 4}, "method", "svd"),
+    ("BatchWhitening", {"group_size": 4}, "group_size", 8),
+    ("BatchGroupNorm", {"num_groups": 4}, "affine", False),
+])
+def test_a_setting_the_layer_was_built_with_cannot_be_changed_on_it(kind, settings, name, value):
+    """The layer derives its groups and buffers from its settings when built: a changed value was
+    recorded in its state and shown in its repr while it computed with the old one."""
+    import gwdet.layers
+
+    layer = getattr(gwdet.layers, kind)(16, **settings)
+    x = torch.randn(4, 16, 3, 3)
+    before, state = layer(x), layer.state_dict()
+    with pytest.raises(AttributeError, match=rf"{name} is set when the layer is built and cannot be changed "
+                                             rf"afterwards .* build a new layer: {type(layer).__name__}\(num_channels=16"):
+        setattr(layer, name, value)
+    assert torch.equal(layer(x), before) and torch.equal(layer.get_extra_state(), state["_extra_state"])
+
+
+def test_momentum_and_the_example_weight_may_change_on_a_built_layer_within_their_range():
+    from gwdet.layers import BatchGroupNorm
+
+    layer = BatchGroupNorm(16, num_groups=4)
+    layer.eval_example_weight, layer.momentum = 1, 0.5
+    assert (layer.eval_example_weight, layer.momentum) == (1.0, 0.5)
+    with pytest.raises(ValueError, match=r"BatchGroupNorm: momentum must be a number in \[0, 1\], got 5"):
+        layer.momentum = 5
+    assert layer.momentum == 0.5

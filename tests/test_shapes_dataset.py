@@ -227,3 +227,14 @@ def test_a_cache_without_checksums_is_recorded_in_place_unless_a_file_does_not_d
     image.write_bytes(intact[:100])  # an old-format cache with a truncated image is generated again
     ensure_generated(spec, tmp_path)
     assert image.read_bytes() == intact and damaged_files(folder) == []
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"num_train": 2.5}, r"ShapesSpec: num_train must be an integer >= 1, got 2.5 \(float\)"),
+    ({"seed": -1}, "ShapesSpec: seed must be an integer >= 0, got -1"),
+    ({"num_test": 0}, "ShapesSpec: num_test must be an integer >= 1, got 0"),
+])
+def test_a_shapes_spec_made_in_python_checks_its_values_as_the_config_keys_do(values, message):
+    """Before: numpy's and Python's raw errors while generating (or a seed numpy refused)."""
+    with pytest.raises(ValueError, match=message):
+        ShapesSpec(image_size=32, **values)

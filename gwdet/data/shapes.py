@@ -38,6 +38,7 @@ from detectron2.data.datasets import register_coco_instances
 from PIL import Image, ImageDraw
 
 from gwdet.errors import GwdetError, GwdetTypeError, GwdetValueError, listed
+from gwdet.layers.common import check_int_at_least
 from gwdet.utils.atomic import file_sha256, process_is_gone
 from gwdet.utils.cli_errors import unexpanded_variable_problem
 
@@ -71,6 +72,14 @@ class ShapesSpec:
     num_val: int = 50
     seed: int = 0
     num_test: int = 50
+
+    def __post_init__(self) -> None:
+        """Each value checked as its config key (``DATASETS.SHAPES.*``) is: image counts >= 1, a
+        seed >= 0 (each a whole number), an image side that holds a shape (:func:`check_image_size`)."""
+        for field in ("num_train", "num_val", "num_test"):
+            check_int_at_least("ShapesSpec", field, getattr(self, field), 1)
+        check_int_at_least("ShapesSpec", "seed", self.seed, 0)
+        check_image_size(self.image_size)
 
     def num_images(self, split: str) -> int:
         return {"train": self.num_train, "val": self.num_val, "test": self.num_test}[split]

@@ -16,6 +16,7 @@ differs from that record (:class:`DamagedExportError`).
 from __future__ import annotations
 
 import io
+import math
 import os
 import warnings
 import zipfile
@@ -61,8 +62,10 @@ def export_torchscript(model: torch.nn.Module, image: torch.Tensor, path: str) -
     """Trace ``model`` on ``image`` and save it to ``path`` (``torch.jit.save``).
 
     Returns the traced module and the adapter (``adapter.outputs_schema(traced(image))`` rebuilds
-    detectron2's outputs). The file is written atomically, with its SHA-256 in ``path.sha256``.
+    detectron2's outputs; ``adapter(image)`` runs the eager model, which stays in evaluation mode
+    for it). The file is written atomically, with its SHA-256 in ``path.sha256``.
     """
+    _check_output_file(path, "model.ts")
     adapter = tracing_adapter(model, image)
     with torch.no_grad():
         # check_trace would run the model twice more to compare; callers compare with
@@ -74,6 +77,13 @@ def export_torchscript(model: torch.nn.Module, image: torch.Tensor, path: str) -
     with path_written_with_checksum(path) as temporary:
         save_script_module(traced, temporary)
     return traced, adapter
+
+
+def _check_output_file(path: str, example: str) -> None:
+    """Refuse, before any work, an output ``path`` that is a folder (``example``: a file name in it)."""
+    if os.path.isdir(path):
+        raise GwdetIsADirectoryError(f"{path} is a folder: give the path of the file to write, e.g. "
+                                     f"{os.path.join(path, example)}; nothing was written.")
 
 
 def save_script_module(module: torch.jit.ScriptModule, path: str) -> None:
@@ -111,6 +121,7 @@ def export_onnx(
     ``input_names`` and ``dynamic_axes`` are ``torch.onnx.export``'s (by default every input size is
     the example's). The file is written atomically, with its SHA-256 in ``path.sha256``.
     """
+    _check_output_file(path, "model.onnx")
     folder = os.path.dirname(path)
     if folder:
         os.makedirs(folder, exist_ok=True)
@@ -330,7 +341,8 @@ def run_onnx(path: str, inputs: Sequence[Any]) -> List[Any]:
 
 def max_abs_difference(expected: Sequence[Any], actual: Sequence[Any]) -> float:
     """Largest absolute difference between two equally long sequences of tensors/arrays of equal
-    shapes (a shape mismatch raises ``ValueError``)."""
+    shapes (a shape mismatch raises ``ValueError``); a NaN on either side, or infinities that
+    differ, count as an infinite difference."""
     if len(expected) != len(actual):
         raise GwdetValueError(f"{len(expected)} outputs expected, got {len(actual)}")
     largest = 0.0
@@ -340,5 +352,7 @@ def max_abs_difference(expected: Sequence[Any], actual: Sequence[Any]) -> float:
         if want.shape != got.shape:
             raise GwdetValueError(f"output {index}: shape {tuple(got.shape)}, expected {tuple(want.shape)}")
         if want.numel():
-            largest = max(largest, (want.double() - got.double()).abs().max().item())
+            want, got = want.double(), got.double()
+            difference = torch.where(want == got, 0.0, (want - got).abs())  # equal infinities: no difference
+            largest = max(largest, torch.nan_to_num(difference, nan=math.inf).max().item())
     return largest

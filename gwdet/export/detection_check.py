@@ -110,6 +110,11 @@ def compare_detections(expected: Detections, actual: Detections, image_size: tup
     ``image_size`` (height, width) and compare them (see the module's description)."""
     box_tolerance = tolerance * max(image_size)
     result = DetectionComparison(tolerance, box_tolerance)
+    for side, detections in (("eager model", expected), ("export", actual)):
+        for name in ("boxes", "scores", "masks"):
+            values = getattr(detections, name)
+            if values is not None and not bool(torch.isfinite(values).all()):  # NaN compares as no difference
+                result.problems.append(f"the {side}'s {name} hold values that are not finite (NaN or inf)")
     free = [True] * len(actual)
     unmatched_expected = []
     for index in sorted(range(len(expected)), key=lambda i: -float(expected.scores[i])):

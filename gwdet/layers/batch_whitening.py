@@ -18,6 +18,7 @@ ItN whitening matrix is the closed-form op :func:`~.itn_whitening_op.itn_whiteni
 :mod:`gwdet.export.counting_ops` registers :func:`batch_whitening` as the custom op
 ``gwdet::batch_whitening`` for flop counting.
 """
+import warnings
 from typing import Optional
 
 import torch
@@ -232,4 +233,23 @@ class BatchWhitening(SettingsInState):
         training, a single value per channel)."""
         check_input("BatchWhitening", x, self.num_channels)
         if self.training:
-            check_values_per_group("BatchWhitening", x.numel() // self.num_channels, "channel of the batch")
+            samples = x.numel() // self.num_channels
+            check_values_per_group("BatchWhitening", samples, "channel of the batch")
+            if samples <= self.effective_group_size and not torch.jit.is_scripting():
+                _warn_singular_covariance(samples, self.effective_group_size, self.eps)
+
+
+@torch.jit.unused
+def _warn_singular_covariance(samples: int, group_size: int, eps: float) -> None:
+    """Warn (once per message, Python's default) of a training batch of ``samples`` observations
+    (``m = N * H * W``) per group of ``group_size`` channels, ``m <= k``: the centred covariance
+    (Eq. 3) has rank at most ``m - 1 < k``, so the whitening matrix takes ``eps^{-1/2}`` (ZCA) along
+    the missing directions, the running whitening matrix averages it in, and evaluation amplifies
+    whatever lies there (DBN Sec. 3.4 asks for ``m > k``)."""
+    warnings.warn(
+        f"BatchWhitening: {samples} samples (N x H x W) per group of {group_size} channels in training: the group "
+        f"covariance has rank at most {samples - 1}, so the running whitening matrix keeps up to eps^-1/2 = "
+        f"{eps ** -0.5:.3g} along the {group_size - samples + 1} missing directions, and evaluation amplifies them. "
+        f"Train with more than {group_size} samples per batch, or a group_size below {samples}.",
+        RuntimeWarning, stacklevel=3)
+

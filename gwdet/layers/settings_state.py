@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from gwdet.errors import GwdetValueError
+from gwdet.errors import GwdetAttributeError, GwdetValueError
 
-from .common import largest_divisor_at_most
+from .common import check_unit_interval, largest_divisor_at_most
 
 # torch's suffix for a module's extra state in a state dict (torch.nn.modules.module)
 EXTRA_STATE_KEY = "_extra_state"
@@ -106,11 +106,32 @@ class SettingsInState(nn.Module):
 
     HYPER_PARAMETERS = ()  # type: Tuple[str, ...]
 
+    def setting_names(self) -> Tuple[str, ...]:
+        """The attributes the layer records in its state: ``num_channels``, its hyper-parameters
+        and ``affine`` (the arguments of its constructor)."""
+        return ("num_channels",) + tuple(self.HYPER_PARAMETERS) + ("affine",)
+
     def settings(self) -> Dict[str, Any]:
-        """The values the layer records in its state: ``num_channels``, its hyper-parameters and
-        ``affine``."""
-        names = ("num_channels",) + tuple(self.HYPER_PARAMETERS) + ("affine",)
-        return {name: getattr(self, name) for name in names}
+        """The values the layer records in its state (:meth:`setting_names`)."""
+        return {name: getattr(self, name) for name in self.setting_names()}
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """A recorded setting is assigned once, by the constructor that checks it. Afterwards
+        :data:`UNCOMPARED_SETTINGS` (how training updates running statistics, how evaluation mixes
+        them) may change, checked in [0, 1] as on construction; any other setting is refused: the
+        layer derived its group layout and buffers from it, and would record the new value while
+        computing with the old one."""
+        if name in self.__dict__ and name in self.setting_names():
+            owner = type(self).__name__
+            if name not in UNCOMPARED_SETTINGS:
+                arguments = ", ".join(f"{setting}={(value if setting == name else current)!r}"
+                                      for setting, current in self.settings().items())
+                raise GwdetAttributeError(
+                    f"{owner}: {name} is set when the layer is built and cannot be changed afterwards (the layer "
+                    f"computes with {getattr(self, name)!r}); build a new layer: {owner}({arguments})")
+            check_unit_interval(owner, name, value)
+            value = float(value)
+        super().__setattr__(name, value)
 
     def extra_repr(self) -> str:
         """The channels, each setting (a divided one followed by the value the layer uses:
@@ -146,7 +167,8 @@ class SettingsInState(nn.Module):
                     "against the layer; load an unchanged state dict of this model")
         if saved["layer"] != kind:
             return (f"{layer}: the state is of a {saved['layer']} layer, not of a {kind}; load weights trained "
-                    "with the norm this model has at that place")
+                    f"with the norm this model has at that place, or, where the two compute the same function (a "
+                    f"subclass that changes no computation), delete {key} from the state dict")
         own = self.settings()
         saved_function, own_function = function_settings(kind, saved), function_settings(kind, own)
         differing = [(setting, saved[setting], value) for setting, value in own.items()

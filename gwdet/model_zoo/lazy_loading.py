@@ -30,7 +30,7 @@ from detectron2.layers import ShapeSpec
 from detectron2.utils.registry import locate
 
 from gwdet.config import ABSENT
-from gwdet.errors import GwdetFileNotFoundError, GwdetValueError
+from gwdet.errors import GwdetFileNotFoundError, GwdetTypeError, GwdetValueError
 
 LAZY_SUFFIX = ".py"
 SAVED_SUFFIXES = (".yaml", ".yml")
@@ -320,6 +320,25 @@ def _load_python_config(config_file: str) -> DictConfig:
             f"{os.path.dirname(config_file) or '.'}/).") from None
 
 
+def check_override_list(who: str, opts: Any) -> None:
+    """Refuse overrides that are not a list of strings (``TypeError`` naming ``who``): one string
+    would be read letter by letter."""
+    if opts is not None and (isinstance(opts, (str, bytes)) or not isinstance(opts, Sequence)
+                             or not all(isinstance(item, str) for item in opts)):
+        raise GwdetTypeError(f"{who}: opts must be a list of strings, KEY VALUE pairs for a yacs config "
+                             f"(['MODEL.GW.NUM_GROUPS', '4']) or key=value for a LazyConfig, got {opts!r}")
+
+
+def _looks_like_yacs(config_file: str) -> bool:
+    """Whether the YAML file ``config_file`` is a yacs config: a mapping with an upper-case key
+    (``MODEL``, ``_BASE_``), which no LazyConfig has."""
+    try:
+        tree = _yaml_as_data(config_file)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):  # the loader names what is wrong
+        return False
+    return isinstance(tree, dict) and any(str(key).isupper() for key in tree)
+
+
 def check_config_file_exists(config_file: str) -> None:
     """Refuse a ``config_file`` that is not a regular file: missing, or a named pipe, a device or a
     link that leads nowhere or in a loop (``FileNotFoundError`` / ``ValueError``, both gwdet's)."""
@@ -337,7 +356,14 @@ def load_lazy_config(config_file: str, overrides: Sequence[str] = (), *, model: 
     define a ``model`` (what a run builds; the parts the configs import define none), checked first."""
     if not config_file:
         raise GwdetValueError("No config given: pass --config-file configs/<file>.py (see configs/LazyConfig/).")
+    config_file = os.fspath(config_file)
+    check_override_list("load_lazy_config", overrides)
     check_config_file_exists(config_file)
+    if not config_file.endswith(LAZY_SUFFIX) and _looks_like_yacs(config_file):
+        raise GwdetValueError(
+            f"Config file {config_file!r} is a yacs config (upper-case sections such as MODEL, or _BASE_), not a "
+            f"LazyConfig: read it with gwdet.model_zoo.build_config({config_file!r}), or give a LazyConfig (.py, "
+            "or the YAML LazyConfig.save writes).")
     loaded = _load_python_config(config_file) if config_file.endswith(LAZY_SUFFIX) else _load_saved_lazy_config(config_file)
     if model and not isinstance(loaded.get("model"), DictConfig):
         raise GwdetValueError(

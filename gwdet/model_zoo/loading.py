@@ -23,16 +23,18 @@ from detectron2.config import CfgNode, get_cfg
 
 from gwdet.config import add_gwdet_config, flatten_config
 from gwdet.config_checks import check_gwdet_config
-from gwdet.errors import GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetTypeError, GwdetValueError
+from gwdet.errors import GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetValueError
 from gwdet.layers.common import check_flag
-from gwdet.model_zoo.lazy_loading import check_config_file_exists, load_lazy_config
+from gwdet.model_zoo.lazy_loading import check_config_file_exists, check_override_list, load_lazy_config
 from gwdet.model_zoo.model_zoo import configs_dir, get_config_file
 
 
-def build_config(config_file: str, opts: list[str] | None = None) -> CfgNode:
+def build_config(config_file: str | os.PathLike, opts: list[str] | None = None) -> CfgNode:
     """detectron2's defaults + gwdet's keys + ``config_file`` + ``KEY VALUE`` overrides, checked, frozen."""
     if not config_file:
         raise GwdetValueError("No config given: pass --config configs/<file>.yaml (see configs/).")
+    config_file = os.fspath(config_file)
+    check_override_list("build_config", opts)
     if os.path.isdir(config_file):
         raise GwdetIsADirectoryError(f"Config file {config_file!r} is a folder: give a config file in it "
                                      "(configs/ holds gwdet's).")
@@ -281,10 +283,7 @@ def get_config(config_path: str, trained: bool = False, *, opts: Sequence[str] |
     weights instead: gwdet publishes no trained models of its configs.
     """
     check_flag("gwdet.model_zoo.get_config", "trained", trained)
-    if opts is not None and (isinstance(opts, (str, bytes)) or not isinstance(opts, Sequence)
-                             or not all(isinstance(item, str) for item in opts)):
-        raise GwdetTypeError(f"gwdet.model_zoo.get_config: opts must be a list of strings, KEY VALUE pairs for a "
-                             f"yacs config (['MODEL.GW.NUM_GROUPS', '4']) or key=value for a LazyConfig, got {opts!r}")
+    check_override_list("gwdet.model_zoo.get_config", opts)
     path = get_config_file(config_path)
     if trained:
         weights_key = "train.init_checkpoint" if Path(path).suffix == ".py" else "MODEL.WEIGHTS"

@@ -14,6 +14,7 @@ For LazyConfig, :func:`place_norm` does the same to a ResNet built by ``L(ResNet
 """
 from __future__ import annotations
 
+import numbers
 from typing import Any, Iterator
 
 from detectron2.config import CfgNode
@@ -26,8 +27,8 @@ from torch import nn
 
 from gwdet.config_checks import ensure_checked
 from gwdet.positions import convs_at_positions, parse_gw_positions
-from gwdet.errors import GwdetValueError
-from gwdet.norms import norm_from_config, norm_record
+from gwdet.errors import GwdetTypeError, GwdetValueError
+from gwdet.norms import check_detectron2_buildable, norm_from_config
 
 # Built in place of a norm detectron2 cannot make by name; every such module is replaced.
 PLACEHOLDER_NORM = "BN"
@@ -54,9 +55,16 @@ def place_norm(resnet: ResNet, positions: str, norm: Any, freeze_at: int = 0) ->
             positions="S1-B2", norm=L(gwdet.norm)(name="GW", num_groups=64), freeze_at=2)
     """
     _check_placement(resnet, norm, freeze_at)
-    for conv in convs_at_positions(resnet, parse_gw_positions(positions, "positions of gwdet.modeling.place_norm")):
-        conv.norm = get_norm(norm, conv.out_channels)
-    return resnet.freeze(freeze_at)
+    convs = list(convs_at_positions(resnet, parse_gw_positions(positions, "positions of gwdet.modeling.place_norm")))
+    layers = [get_norm(norm, conv.out_channels) for conv in convs]
+    for layer in layers:
+        if not isinstance(layer, nn.Module):  # None would remove the norm, anything else fail in forward
+            raise GwdetTypeError(f"place_norm: norm={norm!r} gave {layer!r} (a {type(layer).__name__}), not a norm "
+                                 "layer; nothing was replaced. Give a callable that returns a torch module for a "
+                                 "channel count, e.g. gwdet.norm('GW', num_groups=64).")
+    for conv, layer in zip(convs, layers, strict=True):
+        conv.norm = layer
+    return resnet.freeze(int(freeze_at))
 
 
 def _check_placement(resnet: ResNet, norm: Any, freeze_at: Any) -> None:
@@ -64,14 +72,17 @@ def _check_placement(resnet: ResNet, norm: Any, freeze_at: Any) -> None:
     remove the norms at the positions), a name only gwdet builds (``get_norm`` cannot), a
     ``freeze_at`` outside 0 .. stages + 1, and a ResNet with frozen parameters already (the norms
     placed in its frozen stages would stay trainable)."""
+    if not isinstance(resnet, ResNet):
+        raise GwdetTypeError(
+            f"place_norm takes detectron2's ResNet (detectron2.modeling.backbone.ResNet), got {type(resnet).__module__}."
+            f"{type(resnet).__name__}. A torchvision ResNet takes its norm when built: "
+            "torchvision.models.resnet50(norm_layer=gwdet.norm('GW', num_groups=64)).")
     if norm is None or norm == "":
         raise GwdetValueError(f"place_norm: norm={norm!r} would remove the norms at the positions; give a norm, "
                               "e.g. gwdet.norm('GW', num_groups=64), or leave the positions out.")
-    if isinstance(norm, str) and norm_record(norm).detectron2_values is None:
-        raise GwdetValueError(f"place_norm: norm={norm!r} is built by gwdet, not by detectron2's get_norm: give "
-                              f"gwdet.norm({norm!r}, ...) with the hyper-parameters you want.")
+    check_detectron2_buildable("place_norm: norm", norm)
     stages = len(resnet.stages)
-    if isinstance(freeze_at, bool) or not isinstance(freeze_at, int) or not 0 <= freeze_at <= stages + 1:
+    if isinstance(freeze_at, bool) or not isinstance(freeze_at, numbers.Integral) or not 0 <= int(freeze_at) <= stages + 1:
         raise GwdetValueError(f"place_norm: freeze_at={freeze_at!r}: give 0 (nothing frozen) to {stages + 1} (the "
                               f"stem and all {stages} stages of this ResNet).")
     if any(not parameter.requires_grad for parameter in resnet.parameters()):

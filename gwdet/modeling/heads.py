@@ -40,7 +40,7 @@ from gwdet.errors import GwdetValueError
 from gwdet.config import config_value
 from gwdet.config_checks import ensure_checked
 from gwdet.modeling.backbone import PLACEHOLDER_NORM, convs_with_norm
-from gwdet.norms import Norm, norm_from_config, norm_record
+from gwdet.norms import Norm, check_detectron2_buildable, norm_from_config, norm_record
 from gwdet.positions import BLOCK_CONV_OF_POSITION, parse_gw_positions
 
 
@@ -50,6 +50,12 @@ class _NormFromConfig:
 
     norm_argument = "conv_norm"
     section = ""  # the head's config section, where a NORM may have no convolution to go to
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """The head built from its arguments (or, through detectron2's ``configurable``, from a
+        config); a norm name only gwdet builds, passed by hand, is refused by name."""
+        check_detectron2_buildable(f"{type(self).__name__}: {self.norm_argument}", kwargs.get(self.norm_argument))
+        super().__init__(*args, **kwargs)
 
     @classmethod
     def from_config(cls, cfg: CfgNode, input_shape: Any) -> dict:
@@ -158,6 +164,7 @@ class GWRetinaNetHead(RetinaNetHead):
 
     @configurable
     def __init__(self, *, input_shape: List[ShapeSpec], norm: Any = "", **kwargs: Any) -> None:
+        check_detectron2_buildable("GWRetinaNetHead: norm", norm)
         detectron2_per_level = isinstance(norm, str) and bool(norm) and norm_record(norm).detectron2_per_level
         if has_batch_statistics(norm) and not detectron2_per_level:  # detectron2's head handles those
             shared, levels = norm, len(input_shape)

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from gwdet.errors import GwdetTypeError, GwdetValueError, listed
+from gwdet.layers.common import check_flag
 from gwdet.modeling.heads import PerLevelNorm
 from gwdet.norms import DETECTRON2_PER_LEVEL_NORMS, TORCH_BATCH_NORMS, group_adjustment, layer_types
 from gwdet.solver import misdecayed_norm_layers
@@ -85,6 +86,7 @@ def check_model(model: nn.Module, strict_groups: bool = False, optimizer: torch.
     """
     if not isinstance(model, nn.Module):
         raise GwdetTypeError(f"check_model: give the built model (a torch.nn.Module), got {type(model).__name__}")
+    check_flag("check_model", "strict_groups", strict_groups)
     if optimizer is not None:
         if weight_decay_norm is None:
             raise GwdetTypeError("check_model: with an optimizer, give weight_decay_norm (SOLVER.WEIGHT_DECAY_NORM) "

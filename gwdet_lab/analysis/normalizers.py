@@ -21,6 +21,7 @@ from torch import nn
 import gwdet
 
 from gwdet.errors import GwdetValueError
+from gwdet.layers.settings_state import SettingsInState
 
 NORM_KINDS = ("none", "BN", "BW", "GN", "GW", "GW_ZCA")
 GROUPED_KINDS = ("GN", "GW", "GW_ZCA")
@@ -64,7 +65,10 @@ def make_norm(
 def _without_affine(layer: nn.Module) -> nn.Module:
     """``layer`` as gwdet's layers are with ``affine=False``: ``weight`` and ``bias`` registered as
     ``None``. :func:`gwdet.norm` has no such switch (a norm in a detector always learns its affine),
-    so the analyses, which look at the bare normalization, take it off here."""
+    so the analyses, which look at the bare normalization, take it off here: a gwdet layer is built
+    again with its settings and ``affine=False``."""
+    if isinstance(layer, SettingsInState):
+        return type(layer)(**{**layer.settings(), "affine": False})
     layer.register_parameter("weight", None)
     layer.register_parameter("bias", None)
     layer.affine = False
