@@ -100,9 +100,15 @@ def config_default(name: str) -> Any:
 
 
 def config_value(cfg: CN, name: str) -> Any:
-    """``cfg``'s value at the dotted key ``name``."""
+    """``cfg``'s value at the dotted key ``name``; ``TypeError`` when a section on the way was
+    replaced by a value (``cfg.MODEL.GW = None``)."""
     node = cfg
-    for part in name.split("."):
+    parts = name.split(".")
+    for depth, part in enumerate(parts):
+        if depth and not isinstance(node, Mapping):
+            section = ".".join(parts[:depth])
+            raise GwdetTypeError(f"config: {section} is {node!r}, not a section of keys (it holds {name}): set its "
+                                 f"keys instead of replacing it, e.g. cfg.{name} = ...")
         node = node[part]
     return node
 

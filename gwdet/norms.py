@@ -375,8 +375,8 @@ class Norm:
             return NotImplemented
         return (self.name, self.params, self.strict) == (other.name, other.params, other.strict)
 
-    def __hash__(self) -> int:
-        return hash((self.name, tuple(self.params.items()), self.strict))
+    def __hash__(self) -> int:  # by repr: a registered norm's values may be lists, which do not hash
+        return hash((self.name, repr(sorted(self.params.items())), self.strict))
 
     def __repr__(self) -> str:
         args = "".join(f", {key}={value!r}" for key, value in self.params.items())

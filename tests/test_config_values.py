@@ -466,3 +466,12 @@ def test_a_users_own_key_in_detectron2s_sections_is_left_to_its_reader():
     cfg.defrost()
     cfg.MODEL.RESNETS.MY_PROJECT_WIDTH = 8  # a project's add_*_config key, not gwdet's
     check_gwdet_config(cfg)
+
+
+def test_a_section_replaced_by_a_value_in_python_is_named():
+    cfg = build_config(str(DEMO_CONFIG))
+    cfg.defrost()
+    cfg.MODEL.GW = None  # before: TypeError: 'NoneType' object is not subscriptable
+    with pytest.raises(TypeError, match=r"config: MODEL.GW is None, not a section of keys \(it holds "
+                                        r"MODEL.GW.NUM_GROUPS\): set its keys instead of replacing it"):
+        gwdet.build_model(cfg)

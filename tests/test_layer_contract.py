@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from detectron2.layers import get_norm
 
 from gwdet import known_norm_names, norm
-from gwdet.layers.settings_state import UNCOMPARED_SETTINGS, decode_settings
+from gwdet.layers.settings_state import UNCOMPARED_SETTINGS, SettingsInState, decode_settings
 from gwdet.norms import norm_record
 from layer_cases import CATALOGUE_CHANNELS, CATALOGUE_PARAMS
 
@@ -418,6 +418,10 @@ def test_input_of_another_layout_or_dtype_is_refused(name):
     with pytest.raises(ValueError, match=re.escape(
             f"{owner}: expected a floating-point input, got torch.int64; convert it with .float()")):
         layer(torch.ones(2, CHANNELS, 3, 3, dtype=torch.int64))
+    if isinstance(layer, SettingsInState):  # torch's own layers answer for themselves
+        with pytest.raises(ValueError, match=re.escape(
+                f"{owner}: expected a dense input, got a sparse tensor; convert it with .to_dense()")):
+            layer(torch.randn(2, CHANNELS, 3, 3).to_sparse())
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -456,3 +456,15 @@ def test_a_build_that_collects_its_keywords_is_refused_at_registration():
     with pytest.raises(TypeError, match=r"register_norm\('CollectingNorm'\): build takes \*\*kw, but gwdet.norm"):
         register_norm("CollectingNorm", build)
     assert "CollectingNorm" not in known_norm_names()
+
+
+def test_a_norm_holding_a_list_value_hashes_as_it_compares():
+    def build(channels, sizes=(1,)):
+        return torch.nn.GroupNorm(1, channels)
+
+    register_norm("ListValued", build)
+    try:
+        assert hash(norm("ListValued", sizes=[1, 2])) == hash(norm("ListValued", sizes=[1, 2]))
+        assert len({norm("ListValued", sizes=[1, 2]), norm("ListValued", sizes=[1, 2])}) == 1
+    finally:
+        unregister_norm("ListValued")

@@ -177,6 +177,8 @@ def check_input(owner: str, x: Tensor, num_channels: int) -> None:
         )
     if not x.is_floating_point():
         raise GwdetValueError(f"{owner}: expected a floating-point input, got {x.dtype}; convert it with .float()")
+    if x.is_sparse:
+        raise GwdetValueError(f"{owner}: expected a dense input, got a sparse tensor; convert it with .to_dense()")
 
 
 @torch.jit.unused
