@@ -116,6 +116,22 @@ def test_weights_that_are_a_folder_or_a_numpy_archive_are_named(tmp_path):
                                   "trained weights, e.g. MODEL.WEIGHTS output/run/model_final.pth.")
 
 
+def test_the_python_checkpointer_loads_a_path_object_and_names_a_folder(tmp_path):
+    import pathlib
+
+    import torch
+
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    model = torch.nn.Linear(2, 2)
+    ResilientCheckpointer(model, save_dir=str(tmp_path)).save("model_final")
+    loaded = torch.nn.Linear(2, 2)
+    ResilientCheckpointer(loaded, save_dir=str(tmp_path)).load(pathlib.Path(tmp_path) / "model_final.pth")
+    assert torch.equal(loaded.weight, model.weight)
+    with pytest.raises(IsADirectoryError, match=r"is a folder: give the checkpoint file in it \(e.g. .*model_final.pth"):
+        ResilientCheckpointer(loaded, save_dir=str(tmp_path)).load(str(tmp_path))  # before: "not found!"
+
+
 def test_weights_that_are_a_pipe_or_a_link_loop_are_named_as_such(tmp_path):
     import torch
 

@@ -394,6 +394,15 @@ class ResilientCheckpointer(DetectionCheckpointer):
                             f"from {self.weights_setting} ({path or 'none: random initialization'}).")
         return self.load_weights(path)
 
+    def load(self, path: str | os.PathLike, checkpointables: list[str] | None = None) -> dict:
+        """detectron2's ``load`` of the file ``path`` (a ``pathlib.Path`` too); a folder is refused by
+        name (detectron2 says the checkpoint is not found)."""
+        path = os.fspath(path)
+        if path and os.path.isdir(path):
+            raise GwdetIsADirectoryError(f"{path!r} is a folder: give the checkpoint file in it (e.g. "
+                                         f"{os.path.join(path, 'model_final.pth')}).")
+        return super().load(path, checkpointables)
+
     def _load_model(self, checkpoint: dict):
         metadata = read_conversion_metadata(checkpoint)
         if metadata is not None:
