@@ -778,6 +778,21 @@ def test_export_tool_refuses_an_export_beyond_its_tolerance_and_one_into_a_folde
     assert os.listdir(out) == []
 
 
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_the_export_tool_writes_and_checks_an_onnx_export(tmp_path, capsys):
+    """The tool checks its file under a temporary name before it takes model.onnx: run_onnx reads the
+    format from the content there (it refused the file as misnamed, so no ONNX export was written)."""
+    pytest.importorskip("onnxruntime")
+    from gwdet.export.export_model import main
+
+    out = tmp_path / "out"
+    argv = ["--config-file", str(DEMO_CONFIG), "--untrained", "--sample-image", str(_sample_image(tmp_path)),
+            "--format", "onnx", "--output", str(out), *TINY_OPTS]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert sorted(os.listdir(out)) == ["model.onnx", "model.onnx.sha256"]
+    assert len(run_onnx(str(out / "model.onnx"), [torch.zeros(3, 53, 64)])) >= 3  # the sample after the resize
+
+
 def _dead_pid() -> int:
     return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                               text=True).stdout)

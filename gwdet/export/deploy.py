@@ -235,14 +235,19 @@ def verify_export(path: str) -> bool:
     return os.path.isfile(checksum_path(path))
 
 
+def _content_format(path: str) -> Optional[str]:
+    """``"torchscript"`` or ``"onnx"`` as the file's first bytes say, ``None`` when they say neither:
+    TorchScript is a zip archive; ONNX a protobuf message, which starts with its ir_version field."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    return "torchscript" if head.startswith(b"PK") else "onnx" if head.startswith(b"\x08") else None
+
+
 def _named_format(path: str) -> str:
     """``"onnx"`` or ``"torchscript"``, as the file's name says (``.onnx``: ONNX); a file whose first
     bytes say the other format is refused (one cut short or of other bytes is left to the reader)."""
-    with open(path, "rb") as f:
-        head = f.read(4)
     named = "onnx" if path.endswith(".onnx") else "torchscript"
-    # TorchScript is a zip archive; ONNX a protobuf message, which starts with its ir_version field
-    found = "torchscript" if head.startswith(b"PK") else "onnx" if head.startswith(b"\x08") else named
+    found = _content_format(path) or named
     if found != named:
         what, suffix = ("an ONNX model", ".onnx") if found == "onnx" else ("a TorchScript archive", ".ts")
         raise GwdetValueError(f"{path} holds {what}, which its name does not say: rename it to end in {suffix} "
@@ -313,7 +318,7 @@ def run_onnx(path: str, inputs: Sequence[Any]) -> List[Any]:
                               f"{type(inputs).__name__} of shape {list(torch.as_tensor(inputs).shape)}: put the image "
                               "in a list.")
     verify_export(path)
-    if _named_format(path) != "onnx":
+    if _content_format(path) == "torchscript":  # by content: the export tool checks its file under a temporary name
         raise GwdetValueError(f"{path} is a TorchScript export, not ONNX: run it with gwdet.export.load_export(path), "
                               "or give run_onnx the model.onnx of an ONNX export.")
     session = _onnx_session(path)
