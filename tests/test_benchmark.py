@@ -55,6 +55,26 @@ def test_a_section_replaces_only_its_own_markers(tmp_path):
     assert fresh.read_text().startswith("# gwdet benchmarks\n\n" + markers("main")[0])
 
 
+@pytest.mark.parametrize("layout", ["begin only", "begin twice", "end before begin"])
+def test_markers_that_do_not_delimit_one_section_are_refused_before_measuring(tmp_path, capsys, layout):
+    """A begin line without its end: the second run replaced everything from it to its own new end
+    line, the user's text after it included."""
+    begin, end = markers("mine")
+    lines = {"begin only": [begin, "old table"], "begin twice": [begin, "old", end, begin, "old"],
+             "end before begin": [end, "old", begin]}[layout]
+    path = tmp_path / "notes.md"
+    text = "# Notes\n\n" + "\n".join(lines) + "\n\n## My own section\nimportant text\n"
+    path.write_text(text)
+    with pytest.raises(SystemExit) as refused:
+        main(["--layers", "--quick", "--norms", "BN", "--out", str(path), "--section", "mine"])
+    assert refused.value.code == 2 and "of its markers, so the text between them is not one section" in \
+        capsys.readouterr().err
+    assert path.read_text() == text
+    with pytest.raises(ValueError, match="nothing was measured or changed"):
+        write_section(path, "new", "mine")
+    assert path.read_text() == text
+
+
 def test_layer_ratios_are_per_round_ratios_to_the_conv_of_the_same_results():
     args = parse_args(["--layers", "--quick", "--repeats", "3", "--no-autograd-gw", "--norms", GW_ITN, "GN(32)"])
     results = run_layers(args, CPU)
@@ -145,6 +165,8 @@ def test_the_report_states_the_competing_load():
         header = report_header(args, ["--busy", str(busy)], CPU, "1.00", "2.00", 1.0, True)
         assert ("with 2 competing CPU-bound processes" in header) is stated
         assert header.startswith(f"Command: `python tools/benchmark.py --busy {busy}`")
+    header = report_header(parse_args(["--layers"]), ["--norms", "GW (itn)", "BN"], CPU, "1.00", "1.00", 1.0, True)
+    assert header.startswith("Command: `python tools/benchmark.py --norms 'GW (itn)' BN`")  # runs again as shown
 
 
 def test_inference_level_end_to_end_into_a_section(tmp_path, capsys):

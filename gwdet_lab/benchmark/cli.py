@@ -143,9 +143,6 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         unknown = sorted(set(asked or ()) - set(known))
         if unknown:
             parser.error(f"{flag}: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(map(repr, known))}")
-    problem = section_file_problem(args.out) if args.out else None
-    if problem:
-        parser.error(problem)
     if args.busy < 0:
         parser.error(f"--busy: {args.busy} is negative; give the number of competing processes (0 for none)")
     for flag, value, least in (("--repeats", args.repeats, 1), ("--model-repeats", args.model_repeats, 1),
@@ -162,6 +159,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     problem = section_problem(args.section)
     if problem:
         parser.error(f"--section {args.section!r} {problem}.")
+    problem = section_file_problem(args.out, args.section) if args.out else None
+    if problem:
+        parser.error(problem)
     if args.model_repeats is None:
         args.model_repeats = 3
     if args.model_warmup is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shlex
 from pathlib import Path
 from typing import List, Sequence, Tuple
 
@@ -84,7 +85,7 @@ def report_header(
     """The lines above the tables: the command, the machine and the settings of the run."""
     clock = "wall time" if args.clock == "wall" or device.type == "cuda" else "process CPU time"
     lines = [
-        f"Command: `{' '.join(['python tools/benchmark.py', *command])}`",
+        f"Command: `python tools/benchmark.py{' ' if command else ''}{shlex.join(command)}`",  # quoted to run again
         "",
         *machine_description(device),
         f"- load average (1, 5, 15 min) before: {load_before}; after: {load_after}",
@@ -102,10 +103,27 @@ def report(header: str, tables: Sequence[str]) -> str:
     return header + "".join("\n" + text for text in tables)
 
 
-def section_file_problem(path: str | Path) -> str | None:
+def marker_problem(text: str, section: str, path: str | Path) -> str | None:
+    """Why the markers of ``section`` in ``text`` (the file at ``path``) do not delimit one section:
+    a begin or an end line without the other, either one twice, the end before the begin. Writing
+    between them would replace text of the user's; None when they do."""
+    begin, end = markers(section)
+    begins, ends = text.count(begin), text.count(end)
+    if (begins, ends) in ((0, 0), (1, 1)) and (not begins or text.index(begin) < text.index(end)):
+        return None
+    found = f"{begins} begin and {ends} end line(s)"
+    if (begins, ends) == (1, 1):
+        found = "its end line before its begin line"
+    return (f"--out {path}: the section {section!r} has {found} of its markers, so the text between them is not "
+            f"one section of the benchmark's: make it one begin line, the tables, one end line (or remove its "
+            f"marker lines), or give another --section; nothing was measured or changed")
+
+
+def section_file_problem(path: str | Path, section: str | None = None) -> str | None:
     """Why ``--out`` ``path`` cannot take a section (:func:`write_section`), checked before anything
     is measured: a path that cannot be written (:func:`~gwdet.utils.cli_errors.output_path_problem`),
-    not a ``.md`` file, or one that is not UTF-8 text; None when it can."""
+    not a ``.md`` file, one that is not UTF-8 text, or (given ``section``) one whose markers of it do
+    not delimit one section (:func:`marker_problem`); None when it can."""
     problem = output_path_problem("--out", path, folder=False)
     if problem:
         return problem
@@ -114,9 +132,11 @@ def section_file_problem(path: str | Path) -> str | None:
                 "everything outside its section; give a .md path")
     if Path(path).is_file():
         try:
-            Path(path).read_text(encoding="utf-8")
+            text = Path(path).read_text(encoding="utf-8")
         except UnicodeDecodeError:
             return f"--out {path} is not UTF-8 text: give a markdown file (a new path creates one)"
+        if section is not None:
+            return marker_problem(text, section, path)
     return None
 
 
@@ -130,7 +150,10 @@ def write_section(path: str | Path, body: str, section: str = "main") -> None:
     begin, end = markers(section)
     block = f"{begin}\n{body}\n{end}"
     existing = path.read_text(encoding="utf-8") if path.exists() else ""
-    if begin in existing and end in existing.split(begin, 1)[1]:
+    problem = marker_problem(existing, section, path)
+    if problem:
+        raise GwdetValueError(problem)
+    if begin in existing:
         head, rest = existing.split(begin, 1)
         _, tail = rest.split(end, 1)
         text = head + block + tail
