@@ -94,7 +94,9 @@ def test_iscrowd_true_and_false_are_read_as_1_and_0(tmp_path):
     (lambda annotation: annotation.update(area="480"), "area '480' is a str, not a number"),
     (lambda annotation: annotation.update(area=-5), "area -5 is negative"),
     (lambda annotation: annotation.update(area=float("nan")), "area nan is not finite"),
-], ids=["missing", "string", "negative", "nan"])
+    # COCO evaluation files such an object under another size range (above 1e10: under none)
+    (lambda annotation: annotation.update(area=1e11), "area 100000000000.0 is larger than its image (64 x 64 = 4096 pixels)"),
+], ids=["missing", "string", "negative", "nan", "larger than the image"])
 def test_an_area_coco_evaluation_cannot_use_is_refused_naming_the_annotation(tmp_path, change, shown):
     message = refusal(tmp_path, lambda coco, root: change(coco["annotations"][0]))
     assert "1 annotation(s) of " in message and "have no usable 'area'" in message and shown in message, message

@@ -134,8 +134,17 @@ def test_float_image_ids_are_refused_as_not_integers(tmp_path):
     message = refusal(tmp_path / "ann", lambda coco, root: coco["annotations"][1].update(id=2.5))
     assert message == (
         f"dataset 'm': the annotation ids of {tmp_path / 'ann' / 'train.json'} must be integers (COCO's format), and "
-        "1 are not: 2.5 of an annotation of image 2 (#1), a float. Give each annotation an integer id, unique in "
-        "the file (e.g. 1 for 1.0).")
+        "1 are not: 2.5 of an annotation of image 2 (#1), a float. COCO evaluation keeps the id of the annotation a "
+        "detection matches as a number (a string stops it after training). Give each annotation an integer id, "
+        "unique in the file (e.g. 1 for 1.0).")
+    # a string stopped COCO evaluation after training; id 0 counted the detection of that object as a false positive
+    message = refusal(tmp_path / "str", lambda coco, root: coco["annotations"][1].update(id="a2"))
+    assert "'a2' of an annotation of image 2 (#1), a str" in message, message
+    message = refusal(tmp_path / "zero", lambda coco, root: coco["annotations"][1].update(id=0))
+    assert message == (
+        f"dataset 'm': {tmp_path / 'zero' / 'train.json'} has an annotation id 0 of image 2 (001.png): COCO evaluation "
+        "takes the annotation id 0 for \"no match\", so a detection of that object counts as a false positive and the "
+        "AP is lower than the model's. Number the annotations from 1.")
 
 
 # ---- M7: load_export of a folder -------------------------------------------------------------------

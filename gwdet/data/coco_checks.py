@@ -37,14 +37,15 @@ def image_entry_problems(images: Iterable[Mapping[str, Any]]) -> list[str]:
     return problems
 
 
-def non_integer_ids(entries: Iterable[Mapping[str, Any]], describe) -> list[str]:
+def non_integer_ids(entries: Iterable[Mapping[str, Any]], describe, strings: bool = True) -> list[str]:
     """``"<id> of <entry> (#<index>), a <type>"`` for each of ``entries`` whose id is neither an
-    integer nor a string (``describe(entry)`` names an entry): COCO's ids are integers (a file of
-    string ids, which detectron2 reads too, is let through), and ``1.0`` or ``true`` is neither."""
+    integer nor (with ``strings``) a string (``describe(entry)`` names an entry): COCO's ids are
+    integers (a file of string image ids, which detectron2 and COCO evaluation read too, is let
+    through), and ``1.0`` or ``true`` is neither."""
     problems = []
     for index, entry in enumerate(entries):
         key = entry["id"]
-        if type(key) not in (int, str):
+        if type(key) not in ((int, str) if strings else (int,)):
             kind = "null" if key is None else f"a {type(key).__name__}"
             problems.append(f"{key!r} of {describe(entry)} (#{index}), {kind}")
     return problems

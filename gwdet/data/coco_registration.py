@@ -196,8 +196,9 @@ def _iscrowd_problem(annotation: dict) -> str:
     return f"iscrowd {_shown(value)} ({type(value).__name__})"
 
 
-def _area_problem(annotation: dict) -> str:
-    """Why an annotation's ``area`` is not a finite number >= 0 ("" when it is)."""
+def _area_problem(annotation: dict, image: dict | None) -> str:
+    """Why an annotation's ``area`` is not a finite number from 0 to its ``image``'s width x height
+    ("" when it is; an image of unusable size is another check's)."""
     if "area" not in annotation:
         return "has no 'area'"
     area = annotation["area"]
@@ -205,7 +206,12 @@ def _area_problem(annotation: dict) -> str:
         return f"area {_shown(area)} is a {type(area).__name__}, not a number"
     if not math.isfinite(area):
         return f"area {area} is not finite"
-    return f"area {area} is negative" if area < 0 else ""
+    if area < 0:
+        return f"area {area} is negative"
+    width, height = (image or {}).get("width"), (image or {}).get("height")
+    if type(width) is int and type(height) is int and area > width * height:
+        return f"area {area} is larger than its image ({width} x {height} = {width * height} pixels)"
+    return ""
 
 
 def _below_a_pixel(bbox: Sequence[float]) -> bool:
@@ -239,7 +245,7 @@ class _AnnotationTally:
     def add(self, annotation: dict) -> None:
         """Count ``annotation`` (an entry with :data:`ANNOTATION_KEYS`) and note its problems."""
         for problems, problem in ((self.crowd_values, _iscrowd_problem(annotation)),
-                                  (self.areas, _area_problem(annotation))):
+                                  (self.areas, _area_problem(annotation, self.images.get(annotation["image_id"])))):
             if problem:
                 problems.append(f"{self.named(annotation)}: {problem}")
         mask = annotation.get("segmentation")
@@ -376,13 +382,23 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
         raise DatasetError(
             f"{where} {len(tally.areas)} annotation(s) of {path} have no usable 'area': {listed_problems(tally.areas)}. "
             "COCO evaluation reads every annotation's area, a number >= 0 in pixels: without it, or with a string, "
-            "it stops after training; with a negative one it ignores the object, so missing it costs no AP. Set "
-            "area to the object's mask area (or box area) in pixels.")
-    problems = non_integer_ids(coco["annotations"], lambda annotation: f"an annotation of image {annotation['image_id']}")
+            "it stops after training; with a negative one, or one above its largest area range (1e10), it ignores "
+            "the object, so missing it costs no AP, and an area larger than the image puts the object in another "
+            "size range. Set area to the object's mask area (or box area) in pixels.")
+    problems = non_integer_ids(coco["annotations"], lambda annotation: f"an annotation of image {annotation['image_id']}",
+                               strings=False)
     if problems:
         raise DatasetError(
             f"{where} the annotation ids of {path} must be integers (COCO's format), and {len(problems)} are not: "
-            f"{listed_problems(problems)}. Give each annotation an integer id, unique in the file (e.g. 1 for 1.0).")
+            f"{listed_problems(problems)}. COCO evaluation keeps the id of the annotation a detection matches as a "
+            "number (a string stops it after training). Give each annotation an integer id, unique in the file (e.g. "
+            "1 for 1.0).")
+    zero = [tally.named(annotation) for annotation in coco["annotations"] if annotation["id"] == 0]
+    if zero:
+        raise DatasetError(
+            f"{where} {path} has an {zero[0]}: COCO evaluation takes the annotation id 0 for \"no match\", so a "
+            "detection of that object counts as a false positive and the AP is lower than the model's. Number the "
+            "annotations from 1.")
     problems = duplicate_ids(coco["annotations"], lambda annotation: f"an annotation of image {annotation['image_id']}")
     if problems:
         raise DatasetError(
