@@ -2,6 +2,8 @@
 (gwdet.data.image_files, gwdet.data.masks), on files written here and masks pycocotools encodes."""
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pycocotools.mask as mask_util
 import pytest
@@ -92,3 +94,42 @@ def test_image_files_of_other_formats_are_decoded_in_full(tmp_path):
     floats = tmp_path / "floats.tif"
     Image.fromarray(np.zeros((8, 8), dtype=np.float32)).save(floats)
     assert image_file_problem(str(floats)).startswith("is a 32-bit floating-point image (PIL mode 'F')")
+
+
+def _png_chunks(path) -> list[tuple[bytes, bytes]]:
+    """The (type, data) chunks of a PNG file."""
+    raw, chunks, at = path.read_bytes(), [], 8
+    while at < len(raw):
+        length = int.from_bytes(raw[at:at + 4], "big")
+        chunks.append((raw[at + 4:at + 8], raw[at + 8:at + 8 + length]))
+        at += 12 + length
+    return chunks
+
+
+def _write_png_chunks(path, chunks) -> None:
+    """A PNG of ``chunks``, each with its CRC computed anew (so only the content can be wrong)."""
+    body = b"".join(len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
+                    for kind, data in chunks)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + body)
+
+
+def test_a_png_is_checked_to_its_end_its_image_data_and_an_exif_chunk_after_it(tmp_path):
+    """detectron2 reads the whole PNG: an EXIF orientation after the image data turns the image (PIL's
+    header read misses it), and image data damaged under valid CRCs reads as a black image."""
+    path = tmp_path / "wide.png"
+    Image.fromarray(np.zeros((48, 64, 3), dtype=np.uint8)).save(path)  # 64 wide, 48 high
+    exif = Image.Exif()
+    exif[0x0112] = 6  # a quarter turn: detectron2 reads it 48 wide, 64 high
+    chunks = _png_chunks(path)
+    _write_png_chunks(path, chunks[:-1] + [(b"eXIf", exif.tobytes()), chunks[-1]])
+    rotations: dict = {}
+    assert image_file_problem(str(path), 48, 64, rotations) == ""
+    assert image_file_problem(str(path), 64, 48).startswith(
+        "is 48x64 pixels (width x height after the rotation its EXIF orientation asks for), but the JSON states 64x48")
+    exif[0x0112] = 3  # a half turn, which the size does not show
+    _write_png_chunks(path, chunks[:-1] + [(b"eXIf", exif.tobytes()), chunks[-1]])
+    assert image_file_problem(str(path), 64, 48, rotations) == "" and rotations == {str(path): 3}
+    damaged = [(kind, data[:4] + b"\xff" * 8 + data[12:]) if kind == b"IDAT" else (kind, data) for kind, data in chunks]
+    _write_png_chunks(path, damaged)
+    assert image_file_problem(str(path), 64, 48).startswith(
+        "cannot be decoded (its image data cannot be inflated: Error -3 while decompressing data")

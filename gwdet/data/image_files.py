@@ -5,15 +5,16 @@ to 8-bit RGB; its ``DatasetMapper`` then requires the size the dataset states. :
 finds, before training, the files that would go wrong there: a mode whose conversion to 8 bits
 clips the picture (16-bit PNGs; :data:`READABLE_MODES` are those that keep it), a size other than
 stated (``SizeMismatchError`` mid-run), a file cut short or damaged, an image larger than PIL
-opens (``PIL.Image.MAX_IMAGE_PIXELS``). It reads a file's header and end (a PNG's chunk CRCs, a
-JPEG's end-of-image marker) and decodes other files in full; a JPEG damaged in its middle decodes
-without an error and is not found. EXIF orientations the stated size cannot confirm are recorded
-for a warning (its ``rotations``).
+opens (``PIL.Image.MAX_IMAGE_PIXELS``). It reads a PNG's every chunk (CRCs, the image data
+inflated, an EXIF chunk after the data), a JPEG's header and end-of-image marker, and decodes other
+files in full; a JPEG damaged in its middle decodes without an error and is not found. EXIF
+orientations the stated size cannot confirm are recorded for a warning (its ``rotations``).
 """
 from __future__ import annotations
 
 import os
 import re
+import zlib
 
 from PIL import Image, UnidentifiedImageError
 
@@ -27,6 +28,8 @@ _TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
 _TURNED = (2, 3, 4, *_TRANSPOSED)  # EXIF orientations that detectron2's read_image applies (1: as stored)
 _BOMB_PIXELS = re.compile(r"\((\d+) pixels\)")  # the pixel count in PIL's decompression bomb message
 _JPEG_END = b"\xff\xd9"
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_INFLATE_STEP = 1 << 20  # bytes of a PNG's image data inflated at a time while checking it
 CONVERT_HINT = ("convert it to 8-bit RGB or grayscale (e.g. 16-bit values scaled to 0-255: "
                 "Image.fromarray((np.asarray(im) >> 8).astype(np.uint8)))")
 
@@ -49,6 +52,44 @@ def _ends_completely(path: str, image_format: str | None) -> bool:
     with open(path, "rb") as file:
         file.seek(max(0, os.path.getsize(path) - len(_JPEG_END)))
         return file.read() == _JPEG_END
+
+
+def _scan_png(path: str) -> tuple[bytes | None, str]:
+    """One pass over the chunks of the PNG at ``path``: each checked against its CRC and the image
+    data inflated (a stream damaged under valid CRCs, which detectron2 reads as a black image). Returns
+    the EXIF chunk when it comes after the image data (PIL's header read stops before it, while
+    detectron2's read of the whole image finds it), and why the file is damaged ("" when it is not)."""
+    exif, inflater, seen_data = None, zlib.decompressobj(), False
+    with open(path, "rb") as file:
+        file.seek(len(_PNG_SIGNATURE))
+        while True:
+            header = file.read(8)
+            length, kind = int.from_bytes(header[:4], "big"), header[4:]
+            data, crc = file.read(length), file.read(4)
+            if len(header) < 8 or len(data) < length or len(crc) < 4:
+                return exif, "it ends before its last chunk"
+            if zlib.crc32(kind + data) != int.from_bytes(crc, "big"):
+                return exif, f"its {kind.decode('latin-1')!r} chunk fails its CRC"
+            if kind == b"IEND":
+                break
+            if kind == b"IDAT":
+                seen_data = True
+                try:
+                    while data:  # inflated a megabyte at a time, and dropped
+                        inflater.decompress(data, _INFLATE_STEP)
+                        data = inflater.unconsumed_tail
+                except zlib.error as error:
+                    return exif, f"its image data cannot be inflated: {error}"
+            elif kind == b"eXIf" and seen_data:
+                exif = data
+    return exif, "" if inflater.eof else "its image data ends early"
+
+
+def _orientation(exif: bytes) -> int:
+    """The EXIF orientation held in a PNG's ``eXIf`` chunk (1 when it holds none)."""
+    record = Image.Exif()
+    record.load(exif)
+    return int(record.get(_EXIF_ORIENTATION, 1))
 
 
 def _record_rotation(rotations: dict[str, int], path: str, orientation: int, size: tuple[int, int]) -> None:
@@ -90,9 +131,16 @@ def image_file_problem(path: str, width: int | None = None, height: int | None =
     try:
         with Image.open(path) as image:
             mode, size, image_format = image.mode, image.size, image.format
-            # a PNG's EXIF comes with its header or, rarely, after the image data, which only decoding reaches
-            has_exif = image_format != "PNG" or "exif" in image.info
-            orientation = image.getexif().get(_EXIF_ORIENTATION, 1) if has_exif else 1
+            late_exif, damage = _scan_png(path) if image_format == "PNG" else (None, "")
+            if damage:
+                return f"cannot be decoded ({damage}): it is cut short or damaged; copy it again"
+            # a PNG's EXIF comes with its header or after the image data, which only the scan reaches
+            if late_exif is not None and "exif" not in image.info:
+                orientation = _orientation(late_exif)
+            elif image_format != "PNG" or "exif" in image.info:
+                orientation = image.getexif().get(_EXIF_ORIENTATION, 1)
+            else:
+                orientation = 1
             problem = mode_problem(mode)
             if problem:
                 return problem
@@ -104,9 +152,7 @@ def image_file_problem(path: str, width: int | None = None, height: int | None =
                 turned = " after the rotation its EXIF orientation asks for" if orientation in _TRANSPOSED else ""
                 return (f"is {size[0]}x{size[1]} pixels (width x height{turned}), but the JSON states {width}x{height}: "
                         "correct the image's width and height in the JSON (or the file)")
-            if image_format == "PNG":
-                image.verify()  # every chunk against its CRC, up to the end chunk
-            elif not _ends_completely(path, image_format):
+            if image_format != "PNG" and not _ends_completely(path, image_format):
                 image.load()
     except FileNotFoundError:
         return "does not exist"
