@@ -400,13 +400,26 @@ def _steps(cfg: CfgNode, steps: Any) -> str | None:
             "SOLVER.GAMMA as positive integers in increasing order, e.g. (60000, 80000), or () for none.")
 
 
-def _distinct_datasets(cfg: CfgNode, names: Any) -> str | None:
+def _repeated(names: Any) -> list[str]:
     counts = Counter(map(str, names)) if isinstance(names, (list, tuple)) else Counter()
-    twice = sorted(name for name, count in counts.items() if count > 1)
+    return sorted(name for name, count in counts.items() if count > 1)
+
+
+def _distinct_datasets(cfg: CfgNode, names: Any) -> str | None:
+    twice = _repeated(names)
     if not twice:
         return None
     return (f"names {', '.join(map(repr, twice))} more than once: give each test dataset once (evaluated twice, "
             "detectron2 files its results under no name).")
+
+
+def _distinct_training_datasets(cfg: CfgNode, names: Any) -> str | None:
+    twice = _repeated(names)
+    if not twice:
+        return None
+    return (f"names {', '.join(map(repr, twice))} more than once: give each training dataset once (detectron2 "
+            "would join the copies and draw their images twice as often as the others'; to weigh images, set "
+            "DATALOADER.SAMPLER_TRAIN RepeatFactorTrainingSampler).")
 
 
 def _gamma(cfg: CfgNode, gamma: Any) -> str | None:
@@ -603,6 +616,7 @@ DETECTRON2_VALUE_RULES = (
     ValueRule("SOLVER.WARMUP_ITERS", _warmup_iters),
     ValueRule("SOLVER.STEPS", _steps),
     ValueRule("DATASETS.TEST", _distinct_datasets),
+    ValueRule("DATASETS.TRAIN", _distinct_training_datasets),
     ValueRule("SOLVER.GAMMA", _gamma),
     ValueRule("SOLVER.MOMENTUM", _momentum),
     ValueRule("DATALOADER.NUM_WORKERS", _num_workers),

@@ -5,6 +5,7 @@ overwrote each other or stopped a run after training."""
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from pathlib import Path
 from typing import Callable
@@ -329,3 +330,65 @@ def test_a_category_id_of_true_is_no_category_one(tmp_path):
     # True == 1 to Python: the annotation was trained as category 1 without a word
     message = refusal(tmp_path, lambda coco, root: coco["annotations"][2].update(category_id=True))
     assert "annotation id 3 of " in message and "has category_id True, which is not among its categories (ids 1, 2)" in message
+
+
+# ---- the LazyConfig path: the same dataset checks as a yacs config's ------------------------------
+
+SHAPES_CATEGORIES = [{"id": index + 1, "name": name} for index, name in enumerate(("circle", "square", "triangle",
+                                                                                   "star"))]
+
+
+def _lazy_refusal(*overrides: str, edit: Callable = lambda cfg: None) -> str:
+    from gwdet.engine.lazy_checks import check_datasets
+    from gwdet.model_zoo.lazy_loading import load_lazy_config
+
+    lazy = Path(__file__).resolve().parents[1] / "configs" / "LazyConfig" / "mask_rcnn_R_50_FPN_gw_shapes.py"
+    cfg = load_lazy_config(str(lazy), ["dataloader.shapes.image_size=64", *overrides])
+    edit(cfg)
+    with pytest.raises((DatasetError, GwdetValueError)) as refused:
+        check_datasets(cfg)
+    return str(refused.value)
+
+
+def _as_shapes(change: Callable[[dict, Path], None]) -> Callable[[dict, Path], None]:
+    """``change`` of a dataset that has the shapes dataset's categories (trained on with them)."""
+    def changed(coco: dict, root: Path) -> None:
+        coco["categories"] = SHAPES_CATEGORIES
+        change(coco, root)
+    return changed
+
+
+@pytest.mark.parametrize("change, message", [
+    # before: every AP nan, and a warning that the model detected nothing
+    (lambda coco, root: coco["annotations"].clear(),
+     "dataloader.evaluator.dataset_name 'lazy_m' (.*) has no annotations to evaluate against"),
+    # before: KeyError: 'iscrowd' after inference
+    (lambda coco, root: [annotation.pop("iscrowd") for annotation in coco["annotations"]],
+     "4 of the 4 annotations of dataloader.evaluator.dataset_name 'lazy_m' .* have no 'iscrowd'"),
+    # before: KeyError: 'segmentation' after inference
+    (lambda coco, root: coco["annotations"][0].pop("segmentation"),
+     r"the model has a mask head \(model.roi_heads.mask_head\), but 1 of the 4 annotations of "
+     "dataloader.evaluator.dataset_name 'lazy_m'"),
+])
+def test_a_lazyconfig_test_set_of_your_own_is_checked_as_a_yacs_one(tmp_path, change, message):
+    registered("lazy_m", tmp_path, _as_shapes(change))
+    found = _lazy_refusal("dataloader.test.dataset.names=lazy_m", "dataloader.evaluator.dataset_name=lazy_m")
+    assert re.search(message, found), found
+
+
+def test_a_lazyconfig_trained_and_tested_on_datasets_of_other_categories_is_refused(tmp_path):
+    """Before: the results named the model's star class after the test set's pentagon."""
+    registered("lazy_renamed", tmp_path, _as_shapes(lambda coco, root: coco["categories"][3].update(name="pentagon")))
+    message = _lazy_refusal("dataloader.test.dataset.names=lazy_renamed",
+                            "dataloader.evaluator.dataset_name=lazy_renamed")
+    assert message.startswith("dataloader.evaluator.dataset_name 'lazy_renamed' ("), message
+    assert ("and dataloader.train.dataset.names 'shapes_train' have different categories (only 'lazy_renamed' has "
+            "'pentagon'; only 'shapes_train' has 'star')") in message, message
+
+
+def test_a_lazyconfig_training_set_named_twice_is_refused():
+    def twice(cfg):
+        cfg.dataloader.train.dataset.names = ["shapes_train", "shapes_train"]
+
+    assert _lazy_refusal(edit=twice).startswith(
+        "dataloader.train.dataset.names=['shapes_train', 'shapes_train'] names 'shapes_train' more than once")

@@ -345,6 +345,10 @@ def test_schedule_values_detectron2_uses_pass():
     (["SOLVER.MAX_ITER", "800"], "SOLVER.STEPS=(800, 950) holds SOLVER.MAX_ITER=800 itself"),
     (["DATASETS.TEST", "('shapes_val', 'shapes_val')"], "DATASETS.TEST=('shapes_val', 'shapes_val') names "
                                                         "'shapes_val' more than once: give each test dataset once"),
+    # the copies were joined: their images drawn twice as often
+    (["DATASETS.TRAIN", "('shapes_train', 'shapes_train')"], "DATASETS.TRAIN=('shapes_train', 'shapes_train') names "
+                                                             "'shapes_train' more than once: give each training "
+                                                             "dataset once"),
 ])
 def test_detectron2_values_it_would_refuse_late_or_train_wrong_with_are_refused(opts, start):
     message = refusal(*opts)

@@ -572,8 +572,28 @@ def add_register_coco_argument(parser) -> None:
 # ---- the config ------------------------------------------------------------------------------
 
 
-def _dataset_role(cfg: CfgNode, name: str) -> str:
-    return "DATASETS.TRAIN" if name in cfg.DATASETS.TRAIN else "DATASETS.TEST"
+@dataclass(frozen=True)
+class DatasetUse:
+    """The datasets a run trains and tests on and whether its model predicts masks, with the words
+    the refusals use for them: a yacs config's keys (:meth:`of_config`) or a LazyConfig's settings."""
+
+    train: tuple[str, ...]
+    test: tuple[str, ...]
+    mask_on: bool
+    train_setting: str = "DATASETS.TRAIN"
+    test_setting: str = "DATASETS.TEST"
+    masks_asked: str = "MODEL.MASK_ON is True"  # why masks are needed
+    without_masks: str = "with MODEL.MASK_ON False"  # how to do without them
+
+    @classmethod
+    def of_config(cls, cfg: CfgNode) -> "DatasetUse":
+        return cls(tuple(cfg.DATASETS.TRAIN), tuple(cfg.DATASETS.TEST), bool(cfg.MODEL.MASK_ON))
+
+    def role(self, name: str) -> str:
+        return self.train_setting if name in self.train else self.test_setting
+
+    def names(self) -> list[str]:
+        return list(dict.fromkeys([*self.train, *self.test]))
 
 
 def known_class_names(name: str) -> list[str] | None:
@@ -606,7 +626,7 @@ def _show_category(category: tuple[int, str]) -> str:
     return f"{category[0]} {category[1]!r}"
 
 
-def _check_same_categories(cfg: CfgNode, reference: CocoDataset, name: str) -> None:
+def _check_same_categories(use: DatasetUse, reference: CocoDataset, name: str) -> None:
     """:class:`DatasetError` unless dataset ``name`` has ``reference``'s categories: the same ids
     and names for another ``--register-coco`` dataset, the same class names in the same order for
     any other dataset whose classes are known before loading (shapes, detectron2's builtin COCO)."""
@@ -616,19 +636,19 @@ def _check_same_categories(cfg: CfgNode, reference: CocoDataset, name: str) -> N
     if dataset is not None:  # both JSON files: ids and names
         first, second = reference.read.categories, dataset.read.categories
         show: Callable[[Any], str] = _show_category
-        described = f"{_dataset_role(cfg, name)} {name!r} ({dataset.json_file})"
+        described = f"{use.role(name)} {name!r} ({dataset.json_file})"
     else:
         second = known_class_names(name)
         if second is None:
             return
         first = reference.read.class_names
         show = repr
-        described = f"{_dataset_role(cfg, name)} {name!r}"
+        described = f"{use.role(name)} {name!r}"
     if list(first) == list(second):
         return
     detail = _difference(first, second, repr(reference.name), repr(name), show)
     raise DatasetError(
-        f"{_dataset_role(cfg, reference.name)} {reference.name!r} ({reference.json_file}) and {described} have "
+        f"{use.role(reference.name)} {reference.name!r} ({reference.json_file}) and {described} have "
         f"different categories ({detail}): train and test on datasets with the same categories, the same ids and "
         "names.")
 
@@ -653,28 +673,29 @@ def _check_num_classes(cfg: CfgNode, name: str, classes: Sequence[str], source: 
     value, count = cfg.MODEL[key].NUM_CLASSES, len(classes)
     if value != count:
         raise DatasetError(
-            f"MODEL.{key}.NUM_CLASSES is {value}, but {_dataset_role(cfg, name)} {name!r}{f' ({source})' if source else ''} "
+            f"MODEL.{key}.NUM_CLASSES is {value}, but {DatasetUse.of_config(cfg).role(name)} {name!r}"
+            f"{f' ({source})' if source else ''} "
             f"has {count} categories ({listed(classes, SHOWN)}): with fewer classes a category would train as "
             f"background, with more the evaluation fails. Add MODEL.{key}.NUM_CLASSES {count} to the command line (or "
             "set it in the config).")
 
 
-def _check_masks_present(role: str, dataset: CocoDataset, without_mask: int, annotations: int, why: str,
+def _check_masks_present(use: DatasetUse, dataset: CocoDataset, without_mask: int, annotations: int, why: str,
                          boxes_only: str) -> None:
-    """:class:`DatasetError` when ``without_mask`` of the ``annotations`` of ``dataset`` (in ``role``,
-    DATASETS.TRAIN or DATASETS.TEST) have no mask: ``why`` that matters (or ""), ``boxes_only``:
-    what to do without masks."""
+    """:class:`DatasetError` when ``without_mask`` of the ``annotations`` of ``dataset`` (a training
+    or test set of ``use``) have no mask: ``why`` that matters (or ""), ``boxes_only``: what to do
+    without masks."""
     if without_mask:
         raise DatasetError(
-            f"MODEL.MASK_ON is True, but {without_mask} of the {annotations} annotations of {role} {dataset.name!r} "
-            f"({dataset.json_file}) have no 'segmentation' mask{why}: add their masks (polygons or RLE), or "
-            f"{boxes_only} with MODEL.MASK_ON False.")
+            f"{use.masks_asked}, but {without_mask} of the {annotations} annotations of {use.role(dataset.name)} "
+            f"{dataset.name!r} ({dataset.json_file}) have no 'segmentation' mask{why}: add their masks (polygons or "
+            f"RLE), or {boxes_only} {use.without_masks}.")
 
 
-def _check_test_annotations(cfg: CfgNode, dataset: CocoDataset) -> None:
-    """:class:`DatasetError` unless test ``dataset`` has objects to evaluate against and, with
-    ``MODEL.MASK_ON``, a mask for every annotation (COCO's mask evaluation reads each one's)."""
-    contents, described = dataset.read, f"DATASETS.TEST {dataset.name!r} ({dataset.json_file})"
+def _check_test_annotations(use: DatasetUse, dataset: CocoDataset) -> None:
+    """:class:`DatasetError` unless test ``dataset`` has objects to evaluate against and, when the
+    model predicts masks, a mask for every annotation (COCO's mask evaluation reads each one's)."""
+    contents, described = dataset.read, f"{use.test_setting} {dataset.name!r} ({dataset.json_file})"
     if not contents.instances:
         crowd = (f" (its {contents.crowd} annotation(s) are all crowd regions, iscrowd 1, which COCO evaluation "
                  "ignores)" if contents.crowd else "")
@@ -688,18 +709,22 @@ def _check_test_annotations(cfg: CfgNode, dataset: CocoDataset) -> None:
             "no 'iscrowd': detectron2 trains on them as iscrowd 0, but COCO evaluation reads every test annotation's "
             "and would stop with KeyError: 'iscrowd' after training. Add \"iscrowd\": 0 to them (1 for crowd "
             "regions).")
-    if cfg.MODEL.MASK_ON:
-        _check_masks_present("DATASETS.TEST", dataset, contents.without_mask + contents.crowd_without_mask,
+    if use.mask_on:
+        _check_masks_present(use, dataset, contents.without_mask + contents.crowd_without_mask,
                              contents.instances + contents.crowd,
                              " (COCO's mask evaluation reads every annotation's mask: it would stop with KeyError: "
                              "'segmentation' after training)", "evaluate boxes only")
 
 
-def _check_masks(cfg: CfgNode, dataset: CocoDataset) -> None:
-    """:class:`DatasetError` unless every annotation of training ``dataset`` has a mask, in a
-    format ``INPUT.MASK_FORMAT`` reads."""
+def _check_training_masks(use: DatasetUse, dataset: CocoDataset) -> None:
+    """:class:`DatasetError` unless every annotation of training ``dataset`` has a mask."""
+    _check_masks_present(use, dataset, dataset.read.without_mask, dataset.read.instances, "", "train boxes only")
+
+
+def _check_mask_format(cfg: CfgNode, dataset: CocoDataset) -> None:
+    """:class:`DatasetError` unless the masks of training ``dataset`` are in a format
+    ``INPUT.MASK_FORMAT`` reads."""
     contents, described = dataset.read, f"DATASETS.TRAIN {dataset.name!r} ({dataset.json_file})"
-    _check_masks_present("DATASETS.TRAIN", dataset, contents.without_mask, contents.instances, "", "train boxes only")
     if contents.rle_masks and cfg.INPUT.MASK_FORMAT != "bitmask":
         raise DatasetError(
             f"{contents.rle_masks} annotations of {described} have RLE masks, which detectron2 reads only as "
@@ -735,22 +760,34 @@ def check_config_against_datasets(cfg: CfgNode) -> None:
     tests on: same categories across its datasets, as many classes as categories, annotations (and,
     with ``MODEL.MASK_ON``, masks) to train and evaluate on. Without such a dataset, only the number
     of classes is checked, against every dataset whose classes are known before loading."""
-    names = list(dict.fromkeys([*cfg.DATASETS.TRAIN, *cfg.DATASETS.TEST]))
-    ours = [dataset for dataset in map(registered_coco_dataset, names) if dataset is not None]
+    use = DatasetUse.of_config(cfg)
+    ours = [dataset for dataset in map(registered_coco_dataset, use.names()) if dataset is not None]
     if not ours:
-        for name in names:  # the datasets whose classes are known before loading: shapes, detectron2's builtin ones
+        for name in use.names():  # the datasets whose classes are known before loading: shapes, detectron2's builtin ones
             classes = known_class_names(name)
             if classes is not None:
                 _check_num_classes(cfg, name, classes)
         return
+    check_datasets_fit(use)
     reference = ours[0]
-    for name in names:
-        if name != reference.name:
-            _check_same_categories(cfg, reference, name)
     _check_num_classes(cfg, reference.name, reference.read.class_names, reference.json_file, any_architecture=True)
     for dataset in ours:
         _check_resizable(cfg, dataset)
-        if cfg.MODEL.MASK_ON and dataset.name in cfg.DATASETS.TRAIN:
-            _check_masks(cfg, dataset)
-        if dataset.name in cfg.DATASETS.TEST:  # evaluated against the JSON itself
-            _check_test_annotations(cfg, dataset)
+        if use.mask_on and dataset.name in use.train:
+            _check_mask_format(cfg, dataset)
+
+
+def check_datasets_fit(use: DatasetUse) -> None:
+    """:class:`DatasetError` unless the ``--register-coco`` datasets of ``use`` fit the run as
+    :func:`check_config_against_datasets` checks what a yacs config alone does not say (for a
+    LazyConfig, whose class count its own checks read): the same categories across its
+    datasets, masks to train on, annotations (and masks) to evaluate against."""
+    ours = [dataset for dataset in map(registered_coco_dataset, use.names()) if dataset is not None]
+    for name in use.names() if ours else ():
+        if name != ours[0].name:
+            _check_same_categories(use, ours[0], name)
+    for dataset in ours:
+        if use.mask_on and dataset.name in use.train:
+            _check_training_masks(use, dataset)
+        if dataset.name in use.test:  # evaluated against the JSON itself
+            _check_test_annotations(use, dataset)

@@ -107,7 +107,9 @@ class ShapesSpec:
 
     @classmethod
     def from_config(cls, cfg: CfgNode) -> "ShapesSpec":
-        """The spec a yacs config's ``DATASETS.SHAPES`` keys give (:data:`SPEC_CONFIG_KEYS`)."""
+        """The spec a yacs config's ``DATASETS.SHAPES`` keys give (:data:`SPEC_CONFIG_KEYS`); an image
+        size too small is refused naming its key."""
+        check_image_size(cfg.DATASETS.SHAPES.IMAGE_SIZE, SPEC_CONFIG_KEYS["image_size"])
         return cls(**{field: cfg.DATASETS.SHAPES[key.rsplit(".", 1)[1]] for field, key in SPEC_CONFIG_KEYS.items()})
 
 
@@ -370,16 +372,13 @@ def _umask() -> int:
     return mask
 
 
-def ensure_generated(spec: ShapesSpec, root: Path | None = None, setting: str | None = None,
-                     size_setting: str = SPEC_SIZE_SETTING) -> Path:
+def ensure_generated(spec: ShapesSpec, root: Path | None = None, setting: str | None = None) -> Path:
     """Generate the dataset once (atomically: a temp folder renamed into place); return its folder.
 
-    ``root``: the folder to generate into (default :func:`default_cache_root`); ``setting`` and
-    ``size_setting`` name where ``root`` and the image size came from, for
-    :class:`CacheNotWritableError` and :func:`check_image_size`. A folder of the same name that is
+    ``root``: the folder to generate into (default :func:`default_cache_root`); ``setting`` names
+    where ``root`` came from, for :class:`CacheNotWritableError`. A folder of the same name that is
     incomplete, damaged or records other parameters is replaced.
     """
-    check_image_size(spec.image_size, size_setting)
     if root:
         root, setting = Path(root), setting or "root"
     else:
@@ -423,8 +422,7 @@ def register_shapes(cfg: CfgNode) -> Path:
     Re-registering with a different size or seed replaces the earlier registration.
     """
     root = cfg.DATASETS.SHAPES.ROOT or None
-    return register_shapes_spec(ShapesSpec.from_config(cfg), root, ROOT_KEY if root else None,
-                                size_setting=SPEC_CONFIG_KEYS["image_size"])
+    return register_shapes_spec(ShapesSpec.from_config(cfg), root, ROOT_KEY if root else None)
 
 
 def shapes_dataset(split: str, spec: ShapesSpec, root: str | None = None) -> str:
@@ -451,10 +449,9 @@ def shapes_dataset(split: str, spec: ShapesSpec, root: str | None = None) -> str
     return f"shapes_{split}"
 
 
-def register_shapes_spec(spec: ShapesSpec, root: Path | str | None = None, setting: str | None = None,
-                         size_setting: str = SPEC_SIZE_SETTING) -> Path:
+def register_shapes_spec(spec: ShapesSpec, root: Path | str | None = None, setting: str | None = None) -> Path:
     """Generate (if needed) the dataset ``spec`` describes into ``root`` (:func:`ensure_generated`;
-    ``setting`` names where ``root`` came from, ``size_setting`` where its image size did) and
+    ``setting`` names where ``root`` came from) and
     register its splits as ``shapes_<split>``, replacing a registration of other files; return its
     folder."""
     given = os.fspath(root) if root else os.environ.get(CACHE_VARIABLE, "")
@@ -467,7 +464,7 @@ def register_shapes_spec(spec: ShapesSpec, root: Path | str | None = None, setti
     folder = root / spec.folder_name() if root else default_cache_root() / spec.folder_name()
     if registered == {split: str(folder / f"{split}.json") for split in SPLITS}:
         return folder  # checked (or generated) and registered by this process already: not hashed again
-    folder = ensure_generated(spec, root, setting, size_setting)
+    folder = ensure_generated(spec, root, setting)
     for split in SPLITS:
         name = f"shapes_{split}"
         json_file = str(folder / f"{split}.json")

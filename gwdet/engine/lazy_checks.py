@@ -27,7 +27,7 @@ from gwdet.config_checks import (
     is_finite_number,
     is_whole_number,
 )
-from gwdet.data.coco_registration import known_class_names
+from gwdet.data.coco_registration import DatasetUse, check_datasets_fit, known_class_names
 from gwdet.data.shapes import SPEC_CONFIG_KEYS, ShapesSpec, check_image_size
 from gwdet.errors import GwdetTypeError, GwdetValueError, listed
 from gwdet.model_zoo.lazy_loading import argument_names, callable_of, select
@@ -427,15 +427,25 @@ def names_at(cfg: DictConfig, key: str) -> list[str]:
 def check_datasets(cfg: DictConfig) -> None:
     """Refuse, before training or evaluating, an evaluator of another dataset than the test loader
     reads (it would score the predictions on those images against the other dataset's annotations),
-    and a ``model.roi_heads.num_classes`` other than the categories of a dataset whose classes are
-    known (:func:`gwdet.data.coco_registration.known_class_names`), as a yacs config's
+    a dataset named twice in a loader (as ``DATASETS.TRAIN`` / ``DATASETS.TEST``), ``--register-coco``
+    datasets that do not fit the run (:func:`gwdet.data.coco_registration.check_datasets_fit`), and a
+    ``model.roi_heads.num_classes`` other than the categories of a dataset whose classes are known
+    (:func:`gwdet.data.coco_registration.known_class_names`), as a yacs config's
     ``MODEL.ROI_HEADS.NUM_CLASSES`` is refused."""
+    trained = names_at(cfg, "dataloader.train.dataset.names")
     tested, evaluated = names_at(cfg, "dataloader.test.dataset.names"), evaluated_dataset(cfg)
     if evaluated and tested and evaluated not in tested:
         raise GwdetValueError(
             f"dataloader.evaluator.dataset_name={evaluated!r}, but dataloader.test.dataset.names is "
             f"{', '.join(map(repr, tested))}: the evaluator would score the predictions on those images against "
             f"{evaluated!r}'s annotations. Give both the same dataset.")
+    check_twin("dataloader.train.dataset.names", trained, "DATASETS.TRAIN")
+    check_twin("dataloader.test.dataset.names", tested, "DATASETS.TEST")
+    mask_on = isinstance(select(cfg, "model.roi_heads.mask_head"), DictConfig)
+    check_datasets_fit(DatasetUse(
+        tuple(trained), tuple(name for name in [evaluated] if name), mask_on, "dataloader.train.dataset.names",
+        "dataloader.evaluator.dataset_name", "the model has a mask head (model.roi_heads.mask_head)",
+        "with a model without one (model.roi_heads.mask_in_features=None, as detectron2's Faster R-CNN LazyConfigs)"))
     count = select(cfg, "model.roi_heads.num_classes")
     if not is_whole_number(count):
         return
