@@ -48,6 +48,36 @@ def test_overwrite_deletes_the_earlier_run_first(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"], "only the run's own files go"
 
 
+@pytest.mark.parametrize("refused", [("MODEL.WEIGHTS", "missing.pth"), ("MODEL.DEVICE", "cuda:7")])
+def test_an_overwrite_whose_new_run_is_refused_before_training_keeps_the_earlier_run(finished_run, tmp_path, refused):
+    """--overwrite deleted the earlier run, then refused the new one (weights not there, a device
+    this machine lacks, a model detectron2 cannot build): neither run was left."""
+    earlier = tmp_path / "run"
+    shutil.copytree(finished_run, earlier, ignore=shutil.ignore_patterns(".gwdet.lock"))
+    kept = lambda: {name: digest for name, digest in _digest(earlier).items() if name not in ("log.txt", ".gwdet.lock")}
+    before = kept()
+    with pytest.raises(Exception):
+        main(tiny_run_args(earlier, "--overwrite", *refused))
+    assert kept() == before  # config.yaml and its record too: --resume can continue it (log.txt: appended to)
+    assert sorted(set(os.listdir(earlier)) - {".gwdet.lock"}) == sorted(set(os.listdir(finished_run)) - {".gwdet.lock"})
+
+
+def test_a_resume_with_no_checkpoint_to_continue_gets_a_fresh_starts_checks(finished_run, tmp_path):
+    """It starts afresh, so it wrote over a user's config.yaml and an evaluation's results."""
+    evaluation = tmp_path / "evaluation"
+    evaluation.mkdir()
+    for name in ("results.json", "results.json.sha256", "results.md"):
+        shutil.copy(finished_run / name, evaluation / name)
+    with pytest.raises(FileExistsError, match="already holds the results of an evaluation"):
+        main(tiny_run_args(evaluation, "--resume"))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.yaml").write_text("my: notes\n")
+    with pytest.raises(FileExistsError, match="holds a config.yaml that no run of gwdet wrote"):
+        main(tiny_run_args(mine, "--resume"))
+    assert (mine / "config.yaml").read_text() == "my: notes\n"
+
+
 @pytest.mark.parametrize("weights", ["model_final.pth", "eval/model_final/model_final.pth", "link.pth"])
 def test_overwrite_never_deletes_the_weights_the_new_run_starts_from(tmp_path, weights):
     (tmp_path / "model_final.pth").write_bytes(b"trained")

@@ -127,6 +127,29 @@ def test_overwrite_deletes_the_runs_files_and_folders_keeps_the_users_and_says_w
     assert deleted[:3] == [CONFIG_NAME, CONFIG_NAME + ".sha256", "eval"]
 
 
+def test_an_overwrite_sets_the_earlier_run_aside_until_the_new_one_starts_or_puts_it_back(tmp_path, caplog):
+    """Deleted once the new run has started; put back when it stops before (an error in the block,
+    or a kill, which the next run that takes the folder's lock undoes)."""
+    from gwdet.engine.output_dir import SET_ASIDE, earlier_run_until_started
+
+    make(tmp_path, *SEVEN, CONFIG_NAME, CONFIG_NAME + ".sha256", "notes.txt")
+    (tmp_path / CONFIG_NAME).write_text("the earlier run's")
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(RuntimeError), earlier_run_until_started(str(tmp_path)):
+        check_fresh_start(str(tmp_path), overwrite=True, aside=True)
+        assert sorted(os.listdir(tmp_path)) == [SET_ASIDE, "notes.txt"]
+        (tmp_path / CONFIG_NAME).write_text("the new run's")  # replaced by the earlier run's when it stops
+        raise RuntimeError("the new run's weights are missing")
+    assert sorted(os.listdir(tmp_path)) == before and (tmp_path / CONFIG_NAME).read_text() == "the earlier run's"
+    check_fresh_start(str(tmp_path), overwrite=True, aside=True)  # then killed: the next run puts it back
+    with caplog.at_level(logging.WARNING, logger=LOGGER), OutputDirLock(str(tmp_path)):
+        assert sorted(os.listdir(tmp_path)) == sorted([*before, LOCK_NAME])
+    assert "put back the earlier run's files, which a run with --overwrite had set aside" in warnings_of(caplog)[-1]
+    with earlier_run_until_started(str(tmp_path)):
+        check_fresh_start(str(tmp_path), overwrite=True, aside=True)
+    assert sorted(os.listdir(tmp_path)) == sorted([LOCK_NAME, "notes.txt"])
+
+
 RUNS_OUTPUTS = ("inference/shapes_val/coco_instances_results.json", "inference/shapes_val/instances_predictions.pth",
                 "vis/000.png", "eval/model_final/results.json", "eval/model_final/log.txt", "eval/model_final/.gwdet.lock",
                 "eval/model_final-2/inference/shapes_val/coco_instances_results.json", "eval/model_final-2/vis/1.png")

@@ -76,6 +76,8 @@ RUN_FOLDERS = (INFERENCE_FOLDER, VIS_FOLDER, EVAL_FOLDER)
 # (complete once renamed from CONFIG_KEEPING): config_rewrite, restore_config.
 CONFIG_KEPT = ".gwdet-config-before"
 CONFIG_KEEPING = CONFIG_KEPT + ".new"
+# --overwrite: the earlier run's files until the new run has started (put back if it stops before)
+SET_ASIDE = ".gwdet-overwritten"
 CONFIG_PAIR = (CONFIG_NAME + CHECKSUM_SUFFIX, CONFIG_NAME)  # put back in this order: the record first
 # Keys that may differ when a run is resumed: where it runs and where its first weights came from.
 RESUMABLE_DIFFERENCES = ("MODEL.DEVICE", "MODEL.WEIGHTS")
@@ -178,12 +180,13 @@ def checkpoints_in(output_dir: str) -> list[str]:
 
 
 def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_DIR", weights: str = "",
-                      weights_setting: str = "MODEL.WEIGHTS") -> None:
+                      weights_setting: str = "MODEL.WEIGHTS", aside: bool = False) -> None:
     """Raise ``FileExistsError`` when ``output_dir`` (the config's ``setting``) holds another run;
     with ``overwrite``, delete that run's files (:func:`run_files`) instead, keep every other file,
-    and say which were deleted and which kept. The initial ``weights`` (``weights_setting``) are
-    never among them, nor files that nothing shows a run wrote (:func:`_shows_a_run`): an overwrite
-    that would delete them is refused before anything is deleted."""
+    and say which were deleted and which kept; with ``aside``, move them into :data:`SET_ASIDE`
+    instead (:func:`earlier_run_until_started` deletes or puts them back). The initial ``weights``
+    (``weights_setting``) are never among them, nor files that nothing shows a run wrote
+    (:func:`_shows_a_run`): an overwrite that would delete them is refused before anything is deleted."""
     if not holds_run(output_dir):
         return
     existing = run_files(output_dir)
@@ -224,12 +227,58 @@ def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_D
             f"--overwrite would delete {listed(foreign, 5)} in the earlier run's folders of {setting} "
             f"{output_dir!r}, which no run of gwdet wrote; nothing was changed. Move them out of {setting}, or "
             f"train into another {setting}.")
+    if aside:
+        os.makedirs(os.path.join(output_dir, SET_ASIDE), exist_ok=True)
     for name in existing:
         path = os.path.join(output_dir, name)
-        shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
-    kept = sorted(set(os.listdir(output_dir)) - {LOCK_NAME})
-    logger.warning(f"--overwrite: deleted the earlier run in {output_dir}: {', '.join(existing)}"
+        if aside:
+            os.rename(path, os.path.join(output_dir, SET_ASIDE, name))
+        else:
+            _remove(path)
+    kept = sorted(set(os.listdir(output_dir)) - {LOCK_NAME, SET_ASIDE})
+    done = ("set aside the earlier run (deleted once the new run has started, put back if it stops before)" if aside
+            else "deleted the earlier run")
+    logger.warning(f"--overwrite: {done} in {output_dir}: {', '.join(existing)}"
                    + (f"; kept what no run of gwdet wrote there: {listed(kept, 10)}" if kept else ""))
+
+
+def _remove(path: str) -> None:
+    shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
+
+
+def put_back_set_aside(output_dir: str) -> list[str]:
+    """Move the earlier run's files that ``--overwrite`` set aside (:data:`SET_ASIDE`) back into
+    ``output_dir``, over what the new run wrote under their names; the names put back."""
+    aside = os.path.join(output_dir, SET_ASIDE)
+    if not os.path.isdir(aside):
+        return []
+    names = sorted(os.listdir(aside))
+    for name in names:
+        if os.path.lexists(os.path.join(output_dir, name)):
+            _remove(os.path.join(output_dir, name))
+        os.rename(os.path.join(aside, name), os.path.join(output_dir, name))
+    os.rmdir(aside)
+    return names
+
+
+@contextlib.contextmanager
+def earlier_run_until_started(output_dir: str) -> Iterator[None]:
+    """Around a run's start (set-up, model, weights): the earlier run that ``--overwrite`` set aside
+    is deleted when the block ends, and put back when it raises (a weights file, a device or a model
+    refused), so a run that never started loses nothing."""
+    try:
+        yield
+    except BaseException:
+        names = put_back_set_aside(output_dir)
+        if names:
+            logger.warning(f"--overwrite: the new run stopped before training, so the earlier run's files are back in "
+                           f"{output_dir}: {', '.join(names)}")
+        raise
+    aside = os.path.join(output_dir, SET_ASIDE)
+    if os.path.isdir(aside):
+        names = sorted(os.listdir(aside))
+        shutil.rmtree(aside)
+        logger.warning(f"--overwrite: deleted the earlier run in {output_dir}: {', '.join(names)}")
 
 
 def differing_values(old: Mapping, new: Mapping) -> list[tuple[str, Any, Any]]:
@@ -747,6 +796,10 @@ class OutputDirLock:
         if restore_config(os.path.dirname(self.path)):
             logger.warning(f"{os.path.dirname(self.path)}: put {CONFIG_NAME} and {CONFIG_NAME}{CHECKSUM_SUFFIX} back "
                            "as they were before a run that stopped while writing them.")
+        put_back = put_back_set_aside(os.path.dirname(self.path))
+        if put_back:
+            logger.warning(f"{os.path.dirname(self.path)}: put back the earlier run's files, which a run with "
+                           f"--overwrite had set aside when it was stopped before training: {', '.join(put_back)}")
         remove_stale_partials(os.path.dirname(self.path), "save")
         return self
 

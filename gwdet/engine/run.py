@@ -66,7 +66,9 @@ from gwdet.engine.output_dir import (
     check_fresh_start,
     check_resume_source,
     check_run_folders,
+    checkpoints_in,
     config_rewrite,
+    earlier_run_until_started,
     evaluation_folder,
     tagged_checkpoint,
 )
@@ -266,10 +268,12 @@ def check_output_request(args: argparse.Namespace, run: RunConfig) -> None:
         return
     if args.resume:
         check_resume_source(run.output_dir, run.weights_setting)
+        if not checkpoints_in(run.output_dir):  # nothing to continue: it starts afresh, so a fresh start's checks
+            check_fresh_start(run.output_dir, False, output_setting, run.weights, run.weights_setting)
         run.check_resume(names_weights(run, args))
     else:
         check_fresh_start(run.output_dir, getattr(args, "overwrite", False), output_setting, run.weights,
-                          run.weights_setting)
+                          run.weights_setting, aside=True)
 
 
 def names_weights(run: RunConfig, args: argparse.Namespace) -> bool:
@@ -339,9 +343,9 @@ def setup(args: argparse.Namespace, run: RunConfig) -> None:
         check_same_config(run)
         main_process = comm.is_main_process()
         if main_process:
-            check_output_request(args, run)
             check_run_folders(run.output_dir, written_folders(run), run.output_setting)
-            if not args.resume:
+            check_output_request(args, run)
+            if not args.resume or not checkpoints_in(run.output_dir):
                 check_config_not_users(run.output_dir, run.output_setting)
         # config.yaml with the checksum --resume checks it against; on failure both as they were
         with config_rewrite(run.output_dir, run.output_setting) if main_process else contextlib.nullcontext():
@@ -369,15 +373,19 @@ def main(args: argparse.Namespace):
     check_config_file_kept(args.config_file, run.output_dir, run.output_setting)
     lock = OutputDirLock(run.output_dir, run.output_setting, run.weights_setting)
     with lock if comm.is_main_process() else contextlib.nullcontext():
-        setup(args, run)
+        # --overwrite: the earlier run is deleted once the model is built and its weights loaded
+        with earlier_run_until_started(run.output_dir) if comm.is_main_process() else contextlib.nullcontext():
+            setup(args, run)
+            if args.eval_only:
+                with named_config_failures(run.cfg, "build the model", args.opts):
+                    model = run.load_weights(run.build_model())
+            else:
+                with named_config_failures(run.cfg, "build the model and its training", args.opts):
+                    trainer = run.build_trainer()
+                    trainer.resume_or_load(resume=args.resume)
         if args.eval_only:
-            with named_config_failures(run.cfg, "build the model", args.opts):
-                model = run.load_weights(run.build_model())
             results = run.evaluate(model)
         else:
-            with named_config_failures(run.cfg, "build the model and its training", args.opts):
-                trainer = run.build_trainer()
-                trainer.resume_or_load(resume=args.resume)
             with named_config_failures(run.cfg, "train the first iteration", args.opts,
                                        applies=lambda: trainer.iter == trainer.start_iter):
                 try:
