@@ -16,6 +16,7 @@ import torch
 import torchvision
 
 from gwdet.checkpoint.resilient import CLASSES_KEY, INPUT_KEY, ResilientCheckpointer
+from gwdet.errors import GwdetError
 from gwdet.engine.arguments import parse_args
 from gwdet.engine.run import check_output_request, main
 from gwdet.engine.trainer import Trainer, YacsRun
@@ -56,7 +57,7 @@ def test_an_overwrite_whose_new_run_is_refused_before_training_keeps_the_earlier
     shutil.copytree(finished_run, earlier, ignore=shutil.ignore_patterns(".gwdet.lock"))
     kept = lambda: {name: digest for name, digest in _digest(earlier).items() if name not in ("log.txt", ".gwdet.lock")}
     before = kept()
-    with pytest.raises(Exception):
+    with pytest.raises(GwdetError):  # the refusals of the missing file and of the device
         main(tiny_run_args(earlier, "--overwrite", *refused))
     assert kept() == before  # config.yaml and its record too: --resume can continue it (log.txt: appended to)
     assert sorted(set(os.listdir(earlier)) - {".gwdet.lock"}) == sorted(set(os.listdir(finished_run)) - {".gwdet.lock"})
