@@ -479,3 +479,15 @@ def test_a_section_replaced_by_a_value_in_python_is_named():
     with pytest.raises(TypeError, match=r"config: MODEL.GW is None, not a section of keys \(it holds "
                                         r"MODEL.GW.NUM_GROUPS\): set its keys instead of replacing it"):
         gwdet.build_model(cfg)
+
+
+@pytest.mark.parametrize("written, reads", [("010", 8), ("016", 14)])
+def test_an_integer_with_a_leading_zero_in_a_config_file_is_refused(tmp_path, written, reads):
+    """YAML 1.1 reads it as octal: MAX_ITER 010 trained 8 iterations without a word."""
+    path = tmp_path / "leading_zero.yaml"
+    path.write_text(f"_BASE_: {DEMO_CONFIG}\nSOLVER:\n  STEPS: []\nMODEL:\n  GW:\n    NUM_GROUPS: {written}\n")
+    with pytest.raises(GwdetValueError) as refused:
+        build_config(str(path))
+    assert str(refused.value) == (
+        f"Config file {str(path)!r} gives {written} at line 6, which YAML reads as the octal number {reads} (a leading "
+        f"zero): write {written.lstrip('0')} without the leading zero (or {reads} if the octal value is meant).")

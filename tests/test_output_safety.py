@@ -558,6 +558,12 @@ def test_an_output_dir_holding_an_unexpanded_environment_variable_is_refused_nam
         "command-line value and a config file keep it as it is): the run would write into a folder named '$MYSCRATCH'. "
         "Let the shell expand it (double quotes), or give the path itself (--out=/scratch/me/study); nothing was "
         "written.")
+    # a command substitution nobody ran made a folder named '$(date +%F)'
+    for command in ("$(date +%F)", "`date +%F`"):
+        with pytest.raises(OutputDirNameError, match=re.escape(f"OUTPUT_DIR 'runs/{command}' holds '{command}', a shell "
+                                                               "command that nothing ran")):
+            OutputDirLock(f"runs/{command}").__enter__()
+    assert list(tmp_path.iterdir()) == []
 
 
 # ---- the whole checkpoint under checksums, and resumes that would train nothing ----------------------

@@ -150,6 +150,21 @@ def test_an_overwrite_sets_the_earlier_run_aside_until_the_new_one_starts_or_put
     assert sorted(os.listdir(tmp_path)) == sorted([LOCK_NAME, "notes.txt"])
 
 
+def test_a_log_is_the_runs_beside_a_run_and_the_users_alone(tmp_path):
+    """A user's log.txt got the run's log appended; an overwritten run's log.txt was kept as if no run
+    had written it."""
+    from gwdet.engine.output_dir import check_config_not_users
+
+    (tmp_path / "log.txt").write_text("my notes\n")
+    with pytest.raises(FileExistsError, match=r"holds a log.txt that no run of gwdet wrote \(no recorded config.yaml, "
+                                              r"checkpoint or results.json beside it\), to which the run would append"):
+        check_config_not_users(str(tmp_path))
+    make(tmp_path, CONFIG_NAME, CONFIG_NAME + ".sha256", "model_final.pth")
+    check_config_not_users(str(tmp_path))  # the log of the run there
+    check_fresh_start(str(tmp_path), overwrite=True)
+    assert os.listdir(tmp_path) == []
+
+
 RUNS_OUTPUTS = ("inference/shapes_val/coco_instances_results.json", "inference/shapes_val/instances_predictions.pth",
                 "vis/000.png", "eval/model_final/results.json", "eval/model_final/log.txt", "eval/model_final/.gwdet.lock",
                 "eval/model_final-2/inference/shapes_val/coco_instances_results.json", "eval/model_final-2/vis/1.png")

@@ -78,6 +78,7 @@ CONFIG_KEPT = ".gwdet-config-before"
 CONFIG_KEEPING = CONFIG_KEPT + ".new"
 # --overwrite: the earlier run's files until the new run has started (put back if it stops before)
 SET_ASIDE = ".gwdet-overwritten"
+LOG_NAME = "log.txt"  # detectron2's log of a run, appended to by every run in the folder
 CONFIG_PAIR = (CONFIG_NAME + CHECKSUM_SUFFIX, CONFIG_NAME)  # put back in this order: the record first
 # Keys that may differ when a run is resumed: where it runs and where its first weights came from.
 RESUMABLE_DIFFERENCES = ("MODEL.DEVICE", "MODEL.WEIGHTS")
@@ -146,7 +147,7 @@ def _written_by_a_run(parts: Sequence[str]) -> bool:
     (:data:`RUN_FILES`, ``log.txt``, its lock) and its ``inference/`` and ``vis/``."""
     if parts[0] == EVAL_FOLDER:
         if len(parts) == 3:
-            return parts[2] in (*RUN_FILES, "log.txt", LOCK_NAME)
+            return parts[2] in (*RUN_FILES, LOG_NAME, LOCK_NAME)
         return len(parts) > 3 and _written_by_a_run(parts[2:])
     if parts[0] == INFERENCE_FOLDER:
         return parts[-1].endswith((".json", ".pth"))
@@ -197,6 +198,8 @@ def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_D
             f"a run of gwdet wrote them (no recorded {CONFIG_NAME} or {RESULTS_JSON}, no checkpoint), so --overwrite "
             f"would not delete them either; nothing was changed. Move them out of {setting}, or train into another "
             f"{setting}.")
+    if os.path.isfile(os.path.join(output_dir, LOG_NAME)) and not unproven:  # the log of the run shown there
+        existing = sorted([*existing, LOG_NAME])
     if not overwrite:
         shown = listed(existing, 6)
         if not checkpoints_in(output_dir):  # nothing to continue: --resume would start afresh over them
@@ -332,7 +335,8 @@ def check_config_file_kept(config_file: str, output_dir: str, setting: str = "OU
 def check_config_not_users(output_dir: str, setting: str = "OUTPUT_DIR") -> None:
     """Refuse a run that starts in ``output_dir`` (fresh, or an evaluation) where a ``config.yaml``
     without its run's record is: the user's file, which detectron2's ``default_setup`` would replace
-    with the run's config."""
+    with the run's config; or a ``log.txt`` beside nothing that shows a run (:func:`_shows_a_run`):
+    the user's file, to which detectron2's logger would append the run's log."""
     path = os.path.join(output_dir, CONFIG_NAME)
     if os.path.lexists(path) and not os.path.lexists(checksum_path(path)):
         raise GwdetFileExistsError(
@@ -340,6 +344,12 @@ def check_config_not_users(output_dir: str, setting: str = "OUTPUT_DIR") -> None
             f"record beside it), where the run writes its full config: the file would be replaced; nothing was "
             f"changed. Move it (e.g. mv {path} {os.path.join(output_dir, 'my_config.yaml')}), or give the run another "
             f"{setting}.")
+    log = os.path.join(output_dir, LOG_NAME)
+    if os.path.lexists(log) and not _shows_a_run(output_dir, run_files(output_dir)):
+        raise GwdetFileExistsError(
+            f"{setting} {output_dir!r} holds a {LOG_NAME} that no run of gwdet wrote (no recorded {CONFIG_NAME}, "
+            f"checkpoint or {RESULTS_JSON} beside it), to which the run would append its log; nothing was changed. "
+            f"Move it (e.g. mv {log} {os.path.join(output_dir, 'my_log.txt')}), or give the run another {setting}.")
 
 
 def _cannot_write(output_dir: str, error: OSError, setting: str) -> GwdetOSError:

@@ -179,6 +179,22 @@ class DuplicateKeyCheckingLoader(yaml.SafeLoader):
             f"only the last, so what line {first} sets would be silently dropped. Give {key} once in {path}: {fix}.")
 
 
+def _construct_int(loader: DuplicateKeyCheckingLoader, node: yaml.ScalarNode) -> int:
+    """PyYAML's integer, except one written with a leading zero, which YAML 1.1 reads as octal
+    (``MAX_ITER: 010`` trains 8 iterations): refused naming the line, the value and what it reads as."""
+    value = loader.construct_yaml_int(node)
+    if re.fullmatch(r"[-+]?0[0-7_]+", str(node.value)):
+        path = loader.path or str(loader.name)
+        raise GwdetValueError(
+            f"Config file {path!r} gives {node.value} at line {node.start_mark.line + 1}, which YAML reads as the octal "
+            f"number {value} (a leading zero): write {str(node.value).lstrip('+-0_') or '0'} without the leading zero "
+            f"(or {value} if the octal value is meant).")
+    return value
+
+
+DuplicateKeyCheckingLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+
+
 class PythonTagError(GwdetValueError):
     """A config's YAML holds a tag that builds a Python object (:func:`load_config_yaml`)."""
 

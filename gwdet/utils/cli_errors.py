@@ -96,12 +96,20 @@ def run_tool(work: Callable[[list[str]], int], argv: Sequence[str] | None = None
 
 
 _UNEXPANDED_VARIABLE = re.compile(r"\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")  # $NAME, ${NAME}
+_UNRUN_COMMAND = re.compile(r"\$\([^)]*\)?|`[^`]*`")  # $(date +%F), `date`: a command substitution
 
 
 def unexpanded_variable_problem(flag: str, path: str | os.PathLike, environment: bool = False) -> str | None:
     """Why ``path``, given as ``flag`` (an ``environment`` variable's name, or a setting), holds an
     environment variable nobody expanded (a quoted ``'$SCRATCH/run'``, or one written in a config
-    file), which would name a folder ``$SCRATCH``; ``None`` when it holds none."""
+    file), which would name a folder ``$SCRATCH``, or a command substitution nobody ran
+    (``$(date +%F)``, a backquoted command); ``None`` when it holds neither."""
+    command = _UNRUN_COMMAND.search(os.fspath(path))
+    if command is not None:
+        return (f"{flag} {os.fspath(path)!r} holds {command.group(0)!r}, a shell command that nothing ran (a quoted "
+                "command-line value and a config file keep it as it is): the run would write into a folder named "
+                f"{command.group(0)!r}. Let the shell run it (double quotes), or give the path itself; nothing was "
+                "written.")
     variable = _UNEXPANDED_VARIABLE.search(os.fspath(path))
     if variable is None:
         return None
