@@ -1,6 +1,7 @@
 """Run by tests/test_distributed.py through gwdet's ``launch`` (CPU processes, gloo, on every
 supported detectron2): train, then save this rank's parameters and its local rank so the test can
-compare ranks. (Not a test module: spawned processes import it.)"""
+compare ranks, and what resuming the run logs. (Not a test module: spawned processes import it.)"""
+import logging
 import sys
 
 import torch
@@ -23,6 +24,14 @@ def train_and_save_parameters(config_file: str, opts: list, out_dir: str) -> Non
     record = {"world_size": comm.get_world_size(), "local_rank": comm.get_local_rank(),
               "local_size": comm.get_local_size(), "parameters": parameters}
     torch.save(record, f"{out_dir}/rank{comm.get_rank()}.pth")
+    # what --resume of this run says: every process continues with process 0's random generators
+    said = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("gwdet.checkpoint.resilient").addHandler(handler)
+    Trainer(cfg).resume_or_load(resume=True)
+    with open(f"{out_dir}/resume{comm.get_rank()}.txt", "w", encoding="utf-8") as f:
+        f.write("\n".join(said))
 
 
 def check_rank_configs(config_file: str, out_dir: str) -> None:

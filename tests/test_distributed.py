@@ -27,6 +27,9 @@ def test_two_process_training_keeps_ranks_identical(tmp_path):
     assert (tmp_path / "model_final.pth").exists(), "rank 0 saved the final checkpoint"
     for name, value in rank0["parameters"].items():
         assert torch.equal(value, rank1["parameters"][name]), name
+    # the checkpoint holds process 0's random generators, which every process resumes with: said, not silent
+    assert "--resume of a run of 2 processes: the checkpoint holds the random generators of process 0" in \
+        (tmp_path / "resume0.txt").read_text()
 
 
 def test_processes_started_with_different_configs_are_refused_in_every_process(tmp_path):

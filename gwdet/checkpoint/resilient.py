@@ -12,6 +12,7 @@ other norm layers are refused before any weight is copied (:mod:`gwdet.checkpoin
 """
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import random
@@ -23,6 +24,7 @@ from urllib.request import url2pathname
 import numpy as np
 import torch
 from detectron2.checkpoint import DetectionCheckpointer
+from detectron2.utils import comm
 
 from gwdet.utils.cli_errors import as_override
 from gwdet.utils.atomic import checksum_findings, checksum_path, write_with_checksum
@@ -132,7 +134,9 @@ def load_torch_checkpoint(path: str) -> Any:
 
 
 class RandomState:
-    """A checkpointable holding the torch, numpy and python random generators' states."""
+    """A checkpointable holding the torch, numpy and python random generators' states: those of the
+    process that saves (rank 0). A run of several processes resumes each with them, which a warning
+    says: the resumed run is then not the uninterrupted one bit for bit (docs/reliability.md)."""
 
     def state_dict(self) -> dict:
         numpy_state = np.random.get_state()  # legacy=True: the global MT19937 generator's tuple
@@ -146,6 +150,12 @@ class RandomState:
         }
 
     def load_state_dict(self, state: dict) -> None:
+        if comm.get_world_size() > 1 and comm.is_main_process():
+            logging.getLogger(__name__).warning(
+                f"--resume of a run of {comm.get_world_size()} processes: the checkpoint holds the random generators "
+                "of process 0, and every process continues with them, so the resumed run's random draws (flips, "
+                "box and mask sampling) differ from an uninterrupted run's: it is not that run bit for bit (one "
+                "process resumes bit for bit).")
         torch.set_rng_state(state["torch"])
         name, keys, position, has_gauss, cached_gaussian = state["numpy"]
         np.random.set_state((name, np.asarray(keys, dtype=np.uint32), position, has_gauss, cached_gaussian))
