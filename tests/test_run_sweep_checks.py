@@ -373,3 +373,19 @@ def test_a_users_own_config_yaml_in_the_output_folder_is_not_replaced(tmp_path):
             f"(e.g. mv {tmp_path / 'config.yaml'} {tmp_path / 'my_config.yaml'}), or give the run another OUTPUT_DIR.")
         assert sorted(os.listdir(tmp_path)) == [".gwdet.lock", "config.yaml"]
         assert (tmp_path / "config.yaml").read_text() == "experiment: mine\n"
+
+
+def test_a_config_rescaled_to_the_processes_is_checked_and_recorded_as_it_trains(tmp_path):
+    """SOLVER.REFERENCE_WORLD_SIZE 2 on one process trains batch 1 for twice the iterations: config.yaml
+    recorded batch 2, so --resume without the reference size continued at batch 2 with only a log line,
+    and the same command was refused as having trained more iterations than SOLVER.MAX_ITER."""
+    run = load_run_config(str(DEMO_CONFIG), [*TINY_OPTS, "SOLVER.REFERENCE_WORLD_SIZE", "2"]).for_processes(1)
+    assert (run.cfg.SOLVER.IMS_PER_BATCH, run.cfg.SOLVER.MAX_ITER, run.cfg.SOLVER.REFERENCE_WORLD_SIZE) == (1, 4, 1)
+    unscaled = load_run_config(str(DEMO_CONFIG), list(TINY_OPTS))
+    assert unscaled.for_processes(1) is unscaled  # nothing to rescale
+    main(tiny_run_args(tmp_path, "SOLVER.REFERENCE_WORLD_SIZE", "2"))
+    assert "IMS_PER_BATCH: 1\n" in (tmp_path / "config.yaml").read_text()
+    main(tiny_run_args(tmp_path, "SOLVER.REFERENCE_WORLD_SIZE", "2", "SOLVER.MAX_ITER", "3", "--resume"))  # 6 here
+    with pytest.raises(GwdetError, match=r"--resume: the run in .* trained with SOLVER.IMS_PER_BATCH 1, this config "
+                                         r"gives 2"):
+        main(tiny_run_args(tmp_path, "SOLVER.MAX_ITER", "10", "--resume"))

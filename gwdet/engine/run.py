@@ -117,6 +117,11 @@ class RunConfig(ABC):
     def with_target(self, weights: str, output_dir: str) -> "RunConfig":
         """This config with initial weights ``weights`` and output folder ``output_dir``."""
 
+    def for_processes(self, world_size: int) -> "RunConfig":
+        """The config as a run of ``world_size`` processes trains with it (yacs:
+        :meth:`gwdet.engine.trainer.YacsRun.for_processes`); this one where nothing is rescaled."""
+        return self
+
     @abstractmethod
     def check_request(self, eval_only: bool, world_size: int) -> None:
         """Refuse, before anything is built, a config that lacks what training (or with
@@ -366,7 +371,7 @@ def written_folders(run: RunConfig) -> list[str]:
 def main(args: argparse.Namespace):
     """Train (or evaluate with ``--eval-only``) the model ``args`` describe; return the results
     (module docstring: the steps)."""
-    run = load_run_config(args.config_file, args.opts)
+    run = load_run_config(args.config_file, args.opts).for_processes(comm.get_world_size())
     run.check_request(args.eval_only, comm.get_world_size())
     if args.eval_only:
         run, args = evaluation_request(run, args)

@@ -271,6 +271,15 @@ class YacsRun(RunConfig):
         cfg.freeze()
         return type(self)(cfg)
 
+    def for_processes(self, world_size: int) -> "YacsRun":
+        """The config as detectron2's trainer rescales it to ``world_size`` processes when
+        ``SOLVER.REFERENCE_WORLD_SIZE`` names another number (batch, learning rate, schedule:
+        ``DefaultTrainer.auto_scale_workers``, which logs the new values), so that the checks, the
+        run's ``config.yaml`` and ``--resume`` see the values the run trains with."""
+        if self.cfg.SOLVER.REFERENCE_WORLD_SIZE in (0, world_size):
+            return self
+        return YacsRun(DefaultTrainer.auto_scale_workers(self.cfg, world_size))
+
     def check_request(self, eval_only: bool, world_size: int) -> None:
         check_run_device(self.cfg.MODEL.DEVICE)
         check_evaluation_values(self.cfg)
