@@ -183,6 +183,9 @@ def test_every_tool_lists_verbose_in_its_help():
     (["--num-machines", "0"], "--num-machines 0: give the number of machines of the run, at least 1"),
     (["--num-machines", "2", "--machine-rank", "2"], "--machine-rank 2: give this machine's index, from 0 to"),
     (["--threads", "0"], "--threads 0: give the CPU threads of each process, at least 1"),
+    # before: waited at 127.0.0.1 for machines that could not reach it, silent for the rendezvous timeout
+    (["--num-machines", "2", "--machine-rank", "0"], "--num-machines 2 without --dist-url: the default, "
+                                                     "tcp://127.0.0.1:"),
 ])
 def test_process_counts_below_one_are_usage_errors(capsys, flags, fragment):
     with pytest.raises(SystemExit) as stop:

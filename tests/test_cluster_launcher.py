@@ -149,7 +149,8 @@ def test_machine_flags_a_launcher_would_replace_are_refused(launcher):
         "their ranks and rendezvous from the job's allocation), so they would be replaced; nothing was submitted. "
         "Leave them out, and give the number of machines as --nodes.")
     launcher_options(parse_args(["--config", str(DEMO_CONFIG), "--launcher", launcher]), 1)  # the defaults: none given
-    local = parse_args(["--config", str(DEMO_CONFIG), "--num-machines", "2", "--machine-rank", "1"])
+    local = parse_args(["--config", str(DEMO_CONFIG), "--num-machines", "2", "--machine-rank", "1", "--dist-url",
+                        "tcp://127.0.0.1:29517"])
     assert launcher_options(local, 1).launcher == "local"  # a run here takes them, as detectron2 does
     # an sbatch option the launcher sets: given again it replaced the launcher's without a word
     with pytest.raises(ValueError, match=r"^--slurm-extra 'signal=USR1@60': the launcher sets sbatch's --signal "
