@@ -16,7 +16,8 @@ import torch.distributed as dist
 from conftest import DEMO_CONFIG, REPO, TINY_OPTS
 from gwdet.data import prepare_datasets
 from gwdet.model_zoo import build_config
-from gwdet.engine.launch import WorkerFailed, launch
+from gwdet.engine.launch import WorkerFailed, WorkerRefused, launch
+from gwdet.errors import GwdetValueError
 
 TRAIN_NET = [sys.executable, str(REPO / "tools" / "train_net.py"), "--config", str(DEMO_CONFIG), "--threads", "1"]
 OPTS = TINY_OPTS + ["SOLVER.MAX_ITER", "4", "DATASETS.TEST", "()"]
@@ -97,3 +98,18 @@ def test_a_rank_that_dies_stops_the_others_with_its_error():
     with pytest.raises(WorkerFailed, match=r"process 1 of this machine failed(.|\n)*rank 1 failed on purpose"):
         launch(fail_on_rank_one, 2, dist_url="auto")
     assert time.monotonic() - started < 60
+
+
+def refuse_on_rank_one() -> None:
+    """Rank 1 refuses the run as gwdet does (module level: spawned processes import it)."""
+    if dist.get_rank() == 1:
+        raise GwdetValueError("MODEL.WEIGHTS file 'nope.pth' does not exist.")
+    dist.barrier()
+
+
+def test_a_rank_that_refuses_the_run_reports_the_refusal_alone():
+    """The tools print a refusal as one line: a worker's came with its whole traceback."""
+    with pytest.raises(WorkerRefused) as refused:
+        launch(refuse_on_rank_one, 2, dist_url="auto")
+    assert str(refused.value) == "MODEL.WEIGHTS file 'nope.pth' does not exist."
+    assert "Training process 1 of this machine failed" in str(refused.value.__cause__)  # --verbose shows it

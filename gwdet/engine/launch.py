@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import pickle
 import socket
+import tempfile
 import time
 from datetime import timedelta
 from typing import Callable, Sequence
@@ -34,6 +35,11 @@ class RendezvousError(GwdetError, ConnectionError):
 
 class WorkerFailed(GwdetError, RuntimeError):
     """A training process of this machine failed; the others were stopped."""
+
+
+class WorkerRefused(GwdetError, RuntimeError):
+    """A training process of this machine refused the run (a :class:`~gwdet.errors.GwdetError` in it,
+    whose message this is); the others were stopped."""
 
 
 def _free_local_port() -> int:
@@ -71,20 +77,26 @@ def launch(
         return
     if dist_url is None or dist_url == "auto":
         dist_url = f"tcp://127.0.0.1:{_free_local_port()}"
-    context = mp.start_processes(
-        _cpu_worker,
-        nprocs=num_processes_per_machine,
-        args=(main_func, world_size, num_processes_per_machine, machine_rank, dist_url, tuple(args), timeout,
-              rendezvous_timeout),
-        daemon=False,
-        start_method="spawn",
-        join=False,
-    )
-    try:
-        while not context.join():
-            pass
-    except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
-        raise WorkerFailed(_failure_report(context, error)) from None
+    with tempfile.TemporaryDirectory(prefix="gwdet-refusals-") as refusals:
+        context = mp.start_processes(
+            _cpu_worker,
+            nprocs=num_processes_per_machine,
+            args=(main_func, world_size, num_processes_per_machine, machine_rank, dist_url, tuple(args), timeout,
+                  rendezvous_timeout, refusals),
+            daemon=False,
+            start_method="spawn",
+            join=False,
+        )
+        try:
+            while not context.join():
+                pass
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
+            first, report = _failure_report(context, error)
+            refusal = os.path.join(refusals, str(first))
+            if os.path.isfile(refusal):  # the first failure was a refusal of gwdet's: its message, as one process's
+                with open(refusal, encoding="utf-8") as file:
+                    raise WorkerRefused(file.read()) from WorkerFailed(report)  # --verbose: its traceback
+            raise WorkerFailed(report) from None
 
 
 # --dist-url: where the processes of a run meet (torch's rendezvous handlers, and detectron2's 'auto')
@@ -115,22 +127,23 @@ def check_dist_url(dist_url: str | None, num_machines: int = 1) -> None:
                           + ", ".join(DIST_URL_FORMS[:-1]) + f" or {DIST_URL_FORMS[-1]}.")
 
 
-def _failure_report(context: mp.ProcessContext, error: Exception) -> str:
-    """The traceback of the process that failed first (the oldest error file), then one line for each
-    process that failed after it (usually because a peer disappeared from a collective operation).
-    torch reports whichever failure it noticed first, which is often such a consequence."""
+def _failure_report(context: mp.ProcessContext, error: Exception) -> tuple[int, str]:
+    """The local index of the process that failed first (the oldest error file; -1 when none was
+    written) and the report: its traceback, then one line for each process that failed after it
+    (usually because a peer disappeared from a collective operation). torch reports whichever
+    failure it noticed first, which is often such a consequence."""
     failures = []
     for index, path in enumerate(context.error_files):
         if path and os.path.isfile(path) and os.path.getsize(path):
             with open(path, "rb") as file:
                 failures.append((os.path.getmtime(path), index, str(pickle.load(file))))
     if not failures:
-        return str(error).strip()
+        return -1, str(error).strip()
     failures.sort()
     _, first, trace = failures[0]
     lines = [f"Training process {first} of this machine failed; the others were stopped:", trace.rstrip()]
     lines += [f"(process {index} failed after it: {text.strip().splitlines()[-1]})" for _, index, text in failures[1:]]
-    return "\n".join(lines)
+    return first, "\n".join(lines)
 
 
 def _tcp_address(dist_url: str | None) -> tuple[str, int]:
@@ -182,12 +195,19 @@ def _init_gloo(rank: int, world_size: int, dist_url: str, timeout: timedelta, re
 
 def _cpu_worker(local_rank: int, main_func: Callable, world_size: int, num_processes_per_machine: int,
                 machine_rank: int, dist_url: str, args: tuple, timeout: timedelta,
-                rendezvous_timeout: timedelta) -> None:
+                rendezvous_timeout: timedelta, refusals: str) -> None:
+    """One CPU process of the run: ``main_func(*args)`` in the gloo group. A refusal of gwdet's is
+    written to ``refusals/<local rank>`` before it propagates, for :func:`launch` to report as it is."""
     rank = machine_rank * num_processes_per_machine + local_rank
     _init_gloo(rank, world_size, dist_url, timeout, rendezvous_timeout)
     _create_local_process_group(num_processes_per_machine)
     comm.synchronize()
-    main_func(*args)
+    try:
+        main_func(*args)
+    except GwdetError as error:
+        with open(os.path.join(refusals, str(local_rank)), "w", encoding="utf-8") as file:
+            file.write(str(error.args[0]) if error.args else str(error))
+        raise
     # Not on an exception: torch records this process's error first, and only when the process
     # exits do its peers see the connections close, so the first error recorded is the cause.
     dist.destroy_process_group()
