@@ -4,6 +4,7 @@ message before anything is submitted or written."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import multiprocessing
@@ -44,6 +45,36 @@ def test_submitit_local_runs_the_training_job_and_waits_for_its_results(tmp_path
     assert (out / "model_final.pth").is_file()
     log = (out / "submitit" / job_id / f"{job_id}_0_log.out").read_text()
     assert f"[gwdet] job {job_id}, node 0 of 1: starting" in log
+
+
+def test_ctrl_c_while_waiting_stops_the_waiting_and_says_how_to_stop_the_job(tmp_path):
+    """Before: a raw KeyboardInterrupt traceback, and nothing said of the job that kept training."""
+    pytest.importorskip("submitit")
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    errors = tmp_path / "stderr.txt"  # a file: the job, which keeps running, holds the tool's pipes open
+    with open(errors, "w") as stderr:
+        waiting = subprocess.Popen([*TRAIN_NET, "--launcher", "submitit-local", "--wait", *TINY_OPTS, "SOLVER.MAX_ITER",
+                                    "100000", "OUTPUT_DIR", str(tmp_path / "long")], cwd=REPO, env=environment,
+                                   stdout=subprocess.PIPE, stderr=stderr, text=True)
+    job_id = None
+    try:
+        for line in waiting.stdout:  # the job's id, once submitted
+            found = re.search(r"submitted job (\d+) \(submitit-local\)", line)
+            if found:
+                job_id = int(found.group(1))
+                break
+        time.sleep(1)  # into the waiting
+        waiting.send_signal(signal.SIGINT)
+        waiting.wait(timeout=60)
+        err = errors.read_text()
+        assert waiting.returncode == 130, err[-3000:]
+        assert f"stopped waiting; job {job_id} still runs. To stop it too: stop:   kill -INT {job_id}" in err
+        assert "Traceback" not in err
+    finally:
+        waiting.kill()
+        if job_id is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(job_id, signal.SIGKILL)
 
 
 def test_submitit_local_runs_a_lazy_config_and_refuses_its_occupied_folder(tmp_path):

@@ -112,6 +112,10 @@ def submit_training(args: argparse.Namespace, argv: Sequence[str]) -> int:
     except RuntimeError as error:
         print(f"{tool_name()}: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C stops the waiting, not the job
+        stop = describe(job, options.launcher)[-1].strip()
+        print(f"{tool_name()}: stopped waiting; job {job.job_id} still runs. To stop it too: {stop}", file=sys.stderr)
+        return 130
     print(f"job {job.job_id} finished; results in {result['output_dir']}")
     table = Path(result["output_dir"], RESULTS_MARKDOWN)
     if table.is_file():
