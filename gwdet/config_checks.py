@@ -446,8 +446,11 @@ def _one_of(*choices: str, reads: str) -> Callable[[CfgNode, Any], str | None]:
     return problem
 
 
+# "pragma: no mutate": the rule factories below run once, while this module is imported (to build
+# DETECTRON2_VALUE_RULES), before mutmut's workers choose a mutant: a mutant of them never takes effect
+# (docs/reliability.md, "Mutation testing"); tests/test_config_values.py checks the rules they build.
 def _number(low: float, high: float | None = None, *, low_open: bool = False,
-            means: str) -> Callable[[CfgNode, Any], str | None]:
+            means: str) -> Callable[[CfgNode, Any], str | None]:  # pragma: no mutate block
     """A rule for a finite number from ``low`` (excluded with ``low_open``) to ``high`` (``None``:
     no bound); ``means`` says what the key is."""
     def problem(cfg: CfgNode, value: Any) -> str | None:
@@ -458,7 +461,7 @@ def _number(low: float, high: float | None = None, *, low_open: bool = False,
     return problem
 
 
-def _whole(least: int, most: int | None = None, *, means: str) -> Callable[[CfgNode, Any], str | None]:
+def _whole(least: int, most: int | None = None, *, means: str) -> Callable[[CfgNode, Any], str | None]:  # pragma: no mutate block
     """A rule for an integer from ``least`` to ``most`` (``None``: no bound); ``means`` says what
     the key counts."""
     def problem(cfg: CfgNode, value: Any) -> str | None:
@@ -468,7 +471,7 @@ def _whole(least: int, most: int | None = None, *, means: str) -> Callable[[CfgN
     return problem
 
 
-def _registered(registry_name: str, *also: str, part: str | None = None) -> Callable[[CfgNode, Any], str | None]:
+def _registered(registry_name: str, *also: str, part: str | None = None) -> Callable[[CfgNode, Any], str | None]:  # pragma: no mutate block
     """A rule for a component name that detectron2 looks up in its registry ``registry_name``
     (detectron2.modeling), where gwdet's components and those a project registered before the
     build are too; ``also``: names detectron2 takes without the registry; ``part``: the model part
@@ -524,7 +527,7 @@ def _reference_world_size(cfg: CfgNode, size: Any) -> str | None:
             "divisor of SOLVER.IMS_PER_BATCH. Use 0 (no rescaling) or such a divisor.")
 
 
-def _thresholds(prefix: str) -> Callable[[CfgNode, Any], str | None]:
+def _thresholds(prefix: str) -> Callable[[CfgNode, Any], str | None]:  # pragma: no mutate block
     """A rule for ``{prefix}.IOU_THRESHOLDS`` with ``{prefix}.IOU_LABELS`` (detectron2's Matcher)."""
     def problem(cfg: CfgNode, thresholds: Any) -> str | None:
         labels = _value(cfg, f"{prefix}.IOU_LABELS")

@@ -84,7 +84,7 @@ class NormRecord:
     example_groups: bool = False
     builtin: bool = False
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # pragma: no mutate block (the built-in records are made on import)
         """The mappings read-only, as the record's fields are: the catalogue hands out the record
         itself, and a change through one caller would change every later build."""
         object.__setattr__(self, "config_keys", MappingProxyType(dict(self.config_keys)))
