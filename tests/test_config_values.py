@@ -491,3 +491,22 @@ def test_an_integer_with_a_leading_zero_in_a_config_file_is_refused(tmp_path, wr
     assert str(refused.value) == (
         f"Config file {str(path)!r} gives {written} at line 6, which YAML reads as the octal number {reads} (a leading "
         f"zero): write {written.lstrip('0')} without the leading zero (or {reads} if the octal value is meant).")
+
+
+@pytest.mark.parametrize("opts, message", [
+    # yacs paired the words differently: "has a key without its value" and the whole list
+    (["SOLVER.MAX_ITER 3"], "The KEY VALUE overrides: 'SOLVER.MAX_ITER 3' is one argument holding a key and its "
+                            "value: give them as two, SOLVER.MAX_ITER 3 (without quotes around both)."),
+    # before: "is not a key ... Did you mean SOLVER.MAX_ITER?" for a name that looked the same
+    (["SOLVER.MAX_ITER ", "3"], "The KEY VALUE overrides: the key 'SOLVER.MAX_ITER ' has spaces at an end, which no "
+                                "config key has: write SOLVER.MAX_ITER."),
+])
+def test_an_override_key_holding_spaces_is_named_with_the_fix(opts, message):
+    assert refusal(*opts) == message
+    assert build_config(str(DEMO_CONFIG), ["OUTPUT_DIR", "my runs"]).OUTPUT_DIR == "my runs"  # a value may hold them
+
+
+def test_digits_given_for_a_text_key_are_named_with_the_quoting_that_gives_them_as_text():
+    assert refusal("OUTPUT_DIR", "123").endswith(
+        "got 123 (a int). To give 123 as text, quote it for YAML as well as for the shell: OUTPUT_DIR \"'123'\".")
+    assert build_config(str(DEMO_CONFIG), ["OUTPUT_DIR", "'123'"]).OUTPUT_DIR == "123"

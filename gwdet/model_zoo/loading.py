@@ -65,6 +65,15 @@ def build_config(config_file: str | os.PathLike, opts: list[str] | None = None) 
     except (KeyError, AssertionError, ValueError) as error:  # yacs: unknown key, wrong type
         raise GwdetValueError(
             f"Config file {config_file!r} (or a _BASE_ it names): {merge_problem(cfg, error)}") from None
+    padded = next((key for key in list(opts or [])[::2] if isinstance(key, str) and key != key.strip()), None)
+    if padded is not None:
+        raise GwdetValueError(f"The KEY VALUE overrides: the key {padded!r} has spaces at an end, which no config key "
+                              f"has: write {padded.strip()}.")
+    joined = next((key for key in list(opts or [])[::2] if isinstance(key, str) and " " in key.strip()), None)
+    if joined is not None:  # yacs would pair it with the next word as its value
+        raise GwdetValueError(
+            f"The KEY VALUE overrides: {joined!r} is one argument holding a key and its value: give them as two, "
+            f"{joined.strip().split()[0]} {' '.join(joined.strip().split()[1:])} (without quotes around both).")
     lazy_style = next((key for key in list(opts or [])[::2] if isinstance(key, str) and "=" in key), None)
     if lazy_style is not None:  # yacs would take it for a key, or pair it with the next word
         raise GwdetValueError(
@@ -110,8 +119,10 @@ def merge_problem(cfg: CfgNode, error: BaseException) -> str:
         expected, given, default, value, key = wrong.groups()
         if expected.endswith("CfgNode"):
             return f"{key} is a section of keys, not a value: set one of its keys (e.g. {key}.<KEY> VALUE)."
+        quoted = (f" To give {value} as text, quote it for YAML as well as for the shell: {key} \"'{value}'\"."
+                  if expected.endswith("str") and given.rsplit(".", 1)[-1] in ("int", "float") else "")
         return (f"{key} takes a value of type {expected.rsplit('.', 1)[-1]} (it is {default} before this "
-                f"value); got {value} (a {given.rsplit('.', 1)[-1]}).")
+                f"value); got {value} (a {given.rsplit('.', 1)[-1]}).{quoted}")
     if "odd length" in text:
         return f"overrides come in KEY VALUE pairs; {text.split(': ', 1)[-1].split(';')[0]} has a key without its value."
     return text
