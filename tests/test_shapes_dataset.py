@@ -238,3 +238,13 @@ def test_a_shapes_spec_made_in_python_checks_its_values_as_the_config_keys_do(va
     """Before: numpy's and Python's raw errors while generating (or a seed numpy refused)."""
     with pytest.raises(ValueError, match=message):
         ShapesSpec(image_size=32, **values)
+
+
+def test_an_image_side_too_large_to_draw_in_memory_is_refused_naming_the_key(tmp_path):
+    """Before: numpy's raw _ArrayMemoryError for 53.6 GiB (DATASETS.SHAPES.IMAGE_SIZE 60000)."""
+    cfg = add_gwdet_config(get_cfg())
+    cfg.DATASETS.SHAPES.IMAGE_SIZE, cfg.DATASETS.SHAPES.ROOT = 60000, str(tmp_path / "shapes")
+    with pytest.raises(ValueError, match=r"^DATASETS.SHAPES.IMAGE_SIZE=60000: the shapes dataset draws each image and "
+                                         r"its masks in memory \(10.1 GiB for one image of that side\)"):
+        register_shapes(cfg)
+    assert not (tmp_path / "shapes").exists()

@@ -23,7 +23,8 @@ from gwdet_lab.benchmark import cli as benchmark_cli
 from gwdet_lab.benchmark.report import markers, write_section
 
 from conftest import DEMO_CONFIG, REPO, TINY_OPTS
-from test_coco_sweep_checks import refusal
+from gwdet.data import CocoDataset, DatasetError
+from test_coco_sweep_checks import refusal, write_dataset
 
 pytest.importorskip("detectron2.export", reason="gwdet.export needs detectron2 >= 0.7")
 
@@ -255,3 +256,30 @@ def test_load_export_takes_a_pathlib_path(tmp_path):
     torch.jit.save(torch.jit.script(torch.nn.ReLU()), str(path))
     with pytest.warns(UserWarning, match="no checksum record"):
         assert isinstance(load_export(path), torch.jit.ScriptModule)
+
+
+def test_a_json_key_given_twice_an_ignore_flag_and_a_named_pipe_are_refused_at_registration(tmp_path):
+    """A second "annotations" list replaced the first (box AP 64.4 became 21.0); "ignore": 1 stopped
+    detectron2 with a bare assertion that blamed the config; a named pipe hung registration."""
+    def twice(coco, root):
+        coco["annotations_again"] = coco["annotations"][:1]
+
+    spec = write_dataset(tmp_path / "twice", twice)
+    json_file = spec.split(":")[0]
+    with open(json_file) as f:
+        text = f.read().replace('"annotations_again"', '"annotations"')
+    with open(json_file, "w") as f:
+        f.write(text)
+    with pytest.raises(DatasetError, match=r"gives the key 'annotations' twice in one object: JSON readers keep only "
+                                           r"the last"):
+        CocoDataset.parse(f"m={spec}").inspected()
+    message = refusal(tmp_path / "ignore", lambda coco, root: coco["annotations"][1].update(ignore=1))
+    assert "annotation id 2 of " in message and "has \"ignore\": 1, which detectron2 does not read" in message
+    pipe = tmp_path / "pipe.json"
+    os.mkfifo(pipe)
+    with pytest.raises(DatasetError, match=r"pipe.json is not a regular file \(a named pipe or a device\)"):
+        CocoDataset.parse(f"m={pipe}:{tmp_path}").inspected()
+    from gwdet.data.image_files import image_file_problem
+
+    os.mkfifo(tmp_path / "image.png")
+    assert image_file_problem(str(tmp_path / "image.png")).startswith("is not a regular file (a named pipe")

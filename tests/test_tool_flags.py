@@ -37,6 +37,13 @@ def test_export_refuses_a_sample_image_that_is_missing_or_not_an_image(capsys, t
     assert "--sample-image" in err and "notes.png" in err
 
 
+def test_export_without_a_test_set_or_a_sample_image_is_refused_before_building(capsys, tmp_path):
+    # before: a raw IndexError where the sample was looked for
+    err = export(capsys, tmp_path, "--untrained", "DATASETS.TEST", "()")
+    assert ("The export is compared with the eager model on a test image, and DATASETS.TEST names no test set to "
+            "take one from; nothing was written. Give --sample-image IMAGE") in err, err
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--format", "onnx", "--opset", "5"], "--opset 5: give an ONNX opset from 11"),
     (["--format", "onnx", "--opset", "999"], "--opset 999: give an ONNX opset from 11"),

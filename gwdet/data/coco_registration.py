@@ -156,9 +156,16 @@ def _read_json(dataset: CocoDataset):
                            f"instances JSON ({FORMAT}).")
     if os.path.isdir(path):
         raise DatasetError(f"{where} {path} is a folder. Give the COCO instances JSON file ({FORMAT}).")
+    if not os.path.isfile(path):  # reading a named pipe would wait for a writer
+        raise DatasetError(f"{where} {path} is not a regular file (a named pipe or a device). Give the COCO instances "
+                           f"JSON file ({FORMAT}).")
     try:
         with open(path, encoding="utf-8") as file:
-            return json.load(file)
+            return json.load(file, object_pairs_hook=_refusing_repeated_keys)
+    except _RepeatedKey as repeated:
+        raise DatasetError(f"{where} {path} gives the key {repeated.args[0]!r} twice in one object: JSON readers keep "
+                           "only the last (pycocotools and detectron2 too), so what the first holds would be dropped "
+                           "without a word. Give each key once (merge the two lists).") from None
     except json.JSONDecodeError as error:
         raise DatasetError(f"{where} {path} is not valid JSON: {error.msg} at line {error.lineno}, column "
                            f"{error.colno}. Fix the file there (python -m json.tool {path} points at the same "
@@ -168,6 +175,20 @@ def _read_json(dataset: CocoDataset):
                            "COCO instances JSON file.") from None
     except OSError as error:
         raise DatasetError(f"{where} {path} cannot be read ({error.strerror or error}).") from None
+
+
+class _RepeatedKey(Exception):
+    """A key that one JSON object gives twice (its name the argument); turned into a DatasetError."""
+
+
+def _refusing_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.load``'s object hook: the object as a dict, unless a key is given twice."""
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise _RepeatedKey(key)
+        found[key] = value
+    return found
 
 
 def _shared_category_names(names: dict[int, str]) -> list[str]:
@@ -365,6 +386,11 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
         if absent:
             raise DatasetError(f"{where} annotation #{index} of {path} has no {', '.join(map(repr, absent))} "
                                f"({_shown(annotation)}): every annotation needs {', '.join(map(repr, ANNOTATION_KEYS))}.")
+        if annotation.get("ignore", 0) != 0:  # detectron2's loader stops on it with a bare assertion
+            raise DatasetError(
+                f"{where} annotation id {annotation['id']} of {path} has \"ignore\": {_shown(annotation['ignore'])}, "
+                "which detectron2 does not read (it stops with an assertion): mark a region to ignore as a crowd "
+                "region, \"iscrowd\": 1 (COCO evaluation ignores detections matched to it), and remove \"ignore\".")
         # a bool is an int to Python (True == 1), not to COCO
         if isinstance(annotation["category_id"], bool) or annotation["category_id"] not in names:
             raise DatasetError(

@@ -128,6 +128,8 @@ def image_file_problem(path: str, width: int | None = None, height: int | None =
     short or damaged. An EXIF orientation the size cannot confirm is added to ``rotations`` (path:
     orientation) when given, read where the size check opens the file anyway.
     The words follow the file's name in a message ("... 003.png is ...")."""
+    if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
+        return "is not a regular file (a named pipe or a device), which PIL would wait on: give the image file"
     try:
         with Image.open(path) as image:
             mode, size, image_format = image.mode, image.size, image.format

@@ -53,6 +53,7 @@ MAX_RADIUS_FRACTION = 0.25
 # The smallest image side a shape can keep MIN_VISIBLE_AREA pixels in: the largest shape drawn is a
 # circle of radius MAX_RADIUS_FRACTION x side (area pi r^2; the other classes cover less at the
 # same radius), so below sqrt(MIN_VISIBLE_AREA / pi) / MAX_RADIUS_FRACTION pixels none reaches it.
+MAX_IMAGE_SIZE = 4096  # pixels a side: an image of 48 MiB drawn in memory
 MIN_IMAGE_SIZE = math.ceil(math.sqrt(MIN_VISIBLE_AREA / math.pi) / MAX_RADIUS_FRACTION)
 # Bump when a change of the drawing code changes the images or annotations it produces: the
 # version is part of the cache key, so caches drawn by older code are not reused.
@@ -122,9 +123,17 @@ SPEC_SIZE_SETTING = "the ShapesSpec's image_size"  # what an image size given to
 
 def check_image_size(image_size: Any, setting: str = SPEC_SIZE_SETTING) -> None:
     """Raise ``ValueError`` naming ``setting`` unless ``image_size`` is an integer of at least
-    :data:`MIN_IMAGE_SIZE`: in a smaller image no shape covers :data:`MIN_VISIBLE_AREA` pixels, so
-    the dataset would hold (almost) no annotation to train or evaluate on."""
-    if isinstance(image_size, numbers.Integral) and not isinstance(image_size, bool) and int(image_size) >= MIN_IMAGE_SIZE:
+    :data:`MIN_IMAGE_SIZE` (in a smaller image no shape covers :data:`MIN_VISIBLE_AREA` pixels, so
+    the dataset would hold (almost) no annotation to train or evaluate on) and at most
+    :data:`MAX_IMAGE_SIZE` (each image and mask is drawn in memory)."""
+    whole = isinstance(image_size, numbers.Integral) and not isinstance(image_size, bool)
+    if whole and int(image_size) > MAX_IMAGE_SIZE:
+        raise GwdetValueError(
+            f"{setting}={image_size!r}: the shapes dataset draws each image and its masks in memory "
+            f"({int(image_size) ** 2 * 3 / 2**30:.1f} GiB for one image of that side), and is meant for small images: "
+            f"use at most {MAX_IMAGE_SIZE} (the demo's images are 128 pixels a side), or train on your own data "
+            "(--register-coco).")
+    if whole and int(image_size) >= MIN_IMAGE_SIZE:
         return
     raise GwdetValueError(
         f"{setting}={image_size!r}: the shapes dataset needs images of at least {MIN_IMAGE_SIZE} pixels a side (an "

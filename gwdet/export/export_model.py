@@ -412,6 +412,10 @@ def _export(argv: Sequence[str]) -> int:
                                    "choose another --output.")
     run = load_run_config(args.config_file, args.opts, tool=True)
     check_weights_given(run, args.untrained)
+    if args.sample_image is None and not run.test_datasets():
+        raise GwdetValueError(f"The export is compared with the eager model on a test image, and {run.test_setting} "
+                              "names no test set to take one from; nothing was written. Give --sample-image IMAGE, "
+                              f"or name a test set in {run.test_setting}.")
     run.register_datasets(args.register_coco)
     model = run.build_trained_model()
     image, found = pick_sample(model, *sample_candidates(run, args.sample_image))
