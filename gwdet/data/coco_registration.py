@@ -177,7 +177,7 @@ def _read_json(dataset: CocoDataset):
         raise DatasetError(f"{where} {path} cannot be read ({error.strerror or error}).") from None
 
 
-class _RepeatedKey(Exception):
+class _RepeatedKey(GwdetError):
     """A key that one JSON object gives twice (its name the argument); turned into a DatasetError."""
 
 

@@ -35,8 +35,9 @@ def argument_parser() -> argparse.ArgumentParser:
                              "cgroup CPU quota, SLURM_CPUS_PER_TASK, shared by the --num-gpus processes; "
                              "auto-load: the CPUs other processes leave free at start; see gwdet.engine.threads)")
     parser.add_argument("--overwrite", action="store_true",
-                        help="train from iteration 0 into an OUTPUT_DIR that holds an earlier run, "
-                             "deleting that run's checkpoints, metrics and results first")
+                        help="train from iteration 0 into an OUTPUT_DIR that holds an earlier run, deleting that "
+                             "run's checkpoints, metrics, results and log once the new model is built and its "
+                             "weights loaded (put back if the new run stops before)")
     add_verbose_argument(parser)
     return parser
 
