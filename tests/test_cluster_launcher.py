@@ -72,9 +72,11 @@ def test_ctrl_c_while_waiting_stops_the_waiting_and_says_how_to_stop_the_job(tmp
         assert "Traceback" not in err
     finally:
         waiting.kill()
-        if job_id is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(job_id, signal.SIGKILL)
+        if job_id is not None:  # the job's controller and the training process it started
+            tasks = subprocess.run(["pgrep", "-P", str(job_id)], capture_output=True, text=True).stdout.split()
+            for pid in [job_id, *map(int, tasks)]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 def test_submitit_local_runs_a_lazy_config_and_refuses_its_occupied_folder(tmp_path):

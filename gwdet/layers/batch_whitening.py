@@ -235,7 +235,7 @@ class BatchWhitening(SettingsInState):
         if self.training:
             samples = x.numel() // self.num_channels
             check_values_per_group("BatchWhitening", samples, "channel of the batch")
-            if samples <= self.effective_group_size and not torch.jit.is_scripting():
+            if 0 < samples <= self.effective_group_size and not torch.jit.is_scripting():  # an empty batch: nothing
                 _warn_singular_covariance(samples, self.effective_group_size, self.eps)
 
 
