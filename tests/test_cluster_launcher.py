@@ -55,7 +55,9 @@ def test_ctrl_c_while_waiting_stops_the_waiting_and_says_how_to_stop_the_job(tmp
     with open(errors, "w") as stderr:
         waiting = subprocess.Popen([*TRAIN_NET, "--launcher", "submitit-local", "--wait", *TINY_OPTS, "SOLVER.MAX_ITER",
                                     "100000", "OUTPUT_DIR", str(tmp_path / "long")], cwd=REPO, env=environment,
-                                   stdout=subprocess.PIPE, stderr=stderr, text=True)
+                                   stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                   # pytest-xdist's workers ignore SIGINT, which a child would inherit
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     job_id = None
     try:
         for line in waiting.stdout:  # the job's id, once submitted
