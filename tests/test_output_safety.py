@@ -93,6 +93,15 @@ def test_overwrite_never_deletes_the_weights_the_new_run_starts_from(tmp_path, w
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 
+def test_overwrite_starts_from_the_users_own_weights_kept_beside_the_run(tmp_path):
+    """Weights of the user's in OUTPUT_DIR are no file of the earlier run: kept, and not refused."""
+    (tmp_path / "model_final.pth").write_bytes(b"trained")
+    (tmp_path / "config.yaml.sha256").write_text("record")
+    (tmp_path / "imagenet.pth").write_bytes(b"mine")
+    check_fresh_start(str(tmp_path), True, weights=str(tmp_path / "imagenet.pth"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["imagenet.pth"]
+
+
 def test_eval_only_without_weights_is_an_error():
     with pytest.raises(ValueError, match="--eval-only needs trained weights.*MODEL.WEIGHTS"):
         check_output_request(tiny_run_args("unused", "--eval-only"), YacsRun(build_config(str(DEMO_CONFIG), TINY_OPTS)))
