@@ -145,9 +145,15 @@ def test_an_overwrite_sets_the_earlier_run_aside_until_the_new_one_starts_or_put
     with caplog.at_level(logging.WARNING, logger=LOGGER), OutputDirLock(str(tmp_path)):
         assert sorted(os.listdir(tmp_path)) == sorted([*before, LOCK_NAME])
     assert "put back the earlier run's files, which a run with --overwrite had set aside" in warnings_of(caplog)[-1]
-    with earlier_run_until_started(str(tmp_path)):
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=LOGGER), earlier_run_until_started(str(tmp_path)):
         check_fresh_start(str(tmp_path), overwrite=True, aside=True)
     assert sorted(os.listdir(tmp_path)) == sorted([LOCK_NAME, "notes.txt"])
+    earlier = ", ".join(sorted(set(before) - {"notes.txt"}))
+    assert warnings_of(caplog) == [
+        f"--overwrite: set aside the earlier run (deleted once the new run has started, put back if it stops before) "
+        f"in {tmp_path}: {earlier}; kept what no run of gwdet wrote there: notes.txt",
+        f"--overwrite: deleted the earlier run in {tmp_path}: {earlier}"]
 
 
 def test_a_log_is_the_runs_beside_a_run_and_the_users_alone(tmp_path):
