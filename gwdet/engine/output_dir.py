@@ -191,14 +191,15 @@ def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_D
     if not holds_run(output_dir):
         return
     existing = run_files(output_dir)
-    unproven = [] if _shows_a_run(output_dir, existing) else [name for name in existing if name not in RUN_FOLDERS]
+    shows_run = _shows_a_run(output_dir, existing)
+    unproven = [] if shows_run else [name for name in existing if name not in RUN_FOLDERS]
     if unproven:
         raise GwdetFileExistsError(
             f"{setting} {output_dir!r} holds {listed(unproven, 5)}, named as a run's files, but nothing there shows that "
             f"a run of gwdet wrote them (no recorded {CONFIG_NAME} or {RESULTS_JSON}, no checkpoint), so --overwrite "
             f"would not delete them either; nothing was changed. Move them out of {setting}, or train into another "
             f"{setting}.")
-    if os.path.isfile(os.path.join(output_dir, LOG_NAME)) and not unproven:  # the log of the run shown there
+    if shows_run and os.path.isfile(os.path.join(output_dir, LOG_NAME)):  # the log of the run shown there
         existing = sorted([*existing, LOG_NAME])
     if not overwrite:
         shown = listed(existing, 6)
