@@ -84,6 +84,9 @@ def test_a_lazy_run_folder_follows_the_yacs_rules(tmp_path):
         run(tmp_path)
     with pytest.raises(ValueError, match=r"another model .*model.backbone.norm.num_groups: 16 -> 8"):
         run(tmp_path, "--resume", "model.backbone.norm.num_groups=8")
+    with pytest.raises(ValueError, match=r"trained with train.seed 0, this config gives 5: the data stream continues "
+                                         r"the run's order of images .*Resume with train.seed=0, or start a new run"):
+        run(tmp_path, "--resume", "train.max_iter=3", "train.seed=5")
     with pytest.raises(ValueError, match="--resume continues the run in train.output_dir and --overwrite deletes it"):
         run(tmp_path, "--resume", "--overwrite")
     with pytest.raises(ValueError, match=r"--eval-only needs trained weights: add train.init_checkpoint=path/to"):

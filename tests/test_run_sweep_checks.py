@@ -267,6 +267,56 @@ def test_a_users_file_named_like_a_run_folder_is_no_run_and_is_kept(tmp_path, na
         check_run_folders(str(tmp_path), [name])
 
 
+@pytest.mark.parametrize("name", ["last_checkpoint", "metrics.json", "results.md"])
+def test_a_users_folder_named_like_a_run_file_is_kept_and_refused_before_anything_is_written(tmp_path, name):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "notes.txt").write_text("mine")
+    assert run_files(str(tmp_path)) == []  # so --overwrite neither sets it aside nor deletes it
+    check_fresh_start(str(tmp_path), overwrite=True)
+    with pytest.raises(IsADirectoryError) as refused:
+        main(tiny_run_args(tmp_path, "--overwrite"))
+    assert str(refused.value).startswith(f"OUTPUT_DIR {str(tmp_path)!r} holds a folder {name}, but the run writes ")
+    assert f"Move or rename {tmp_path / name} (no run wrote it: --overwrite keeps it)" in str(refused.value)
+    assert isinstance(refused.value, GwdetError) and not (tmp_path / CONFIG_NAME).exists()
+    assert (tmp_path / name / "notes.txt").read_text() == "mine"
+
+
+def test_a_run_whose_last_checkpoint_is_a_folder_is_refused_before_resuming_or_evaluating(finished_run, tmp_path):
+    run = _copy_run(finished_run, tmp_path / "run", "model_final.pth", "model_final.pth.sha256", "metrics.json",
+                    CONFIG_NAME, RECORD)
+    (run / "last_checkpoint").mkdir()
+    before = _digest(run)
+    with pytest.raises(IsADirectoryError, match=r"holds a folder last_checkpoint, but the run writes the name of its "
+                                                r"latest checkpoint into a file of that name"):
+        main(tiny_run_args(run, "--resume", "SOLVER.MAX_ITER", "3"))
+    assert {name: digest for name, digest in _digest(run).items() if name != ".gwdet.lock"} == before
+    args = parse_args(["--config-file", str(DEMO_CONFIG), "--eval-only", "--resume", *TINY_OPTS, "OUTPUT_DIR", str(run)])
+    with pytest.raises(GwdetOSError, match=rf"^--eval-only --resume: {run}/last_checkpoint cannot be read \(Is a "
+                                           rf"directory\)\. Name the weights to evaluate, e.g. MODEL.WEIGHTS "
+                                           rf"{run}/model_final.pth\.$"):
+        evaluation_request(load_run_config(args.config_file, args.opts), args)
+
+
+def test_a_resume_with_another_seed_is_refused_unless_the_run_drew_a_random_one(finished_run, tmp_path):
+    from gwdet.engine.output_dir import check_resumed_seed
+
+    run = _copy_run(finished_run, tmp_path / "run", "model_final.pth", "model_final.pth.sha256", "last_checkpoint",
+                    "metrics.json", CONFIG_NAME, RECORD)
+    before = _digest(run)
+    with pytest.raises(ValueError) as refused:
+        main(tiny_run_args(run, "--resume", "SOLVER.MAX_ITER", "3", "SEED", "5"))
+    assert str(refused.value) == (
+        f"--resume: the run in {str(run)!r} trained with SEED 0, this config gives 5: the data stream continues the "
+        "run's order of images after those it read, and another seed orders them otherwise, so it would skip or repeat "
+        "images. Resume with SEED 0, or start a new run in another folder from the run's last checkpoint as its "
+        "initial weights.")
+    assert {name: digest for name, digest in _digest(run).items() if name != ".gwdet.lock"} == before
+    check_resumed_seed(-1, 5, str(run), "SEED")  # a random order is continued by any
+    check_resumed_seed(3, 3, str(run), "SEED")
+    with pytest.raises(ValueError, match="trained with SEED 3, this config gives -1"):
+        check_resumed_seed(3, -1, str(run), "SEED")
+
+
 # ---- MISLEADING 7, RAW 11: MODEL.WEIGHTS with ~ or as a file:// URL ---------------------------------------
 
 def test_model_weights_with_a_tilde_are_found_in_the_home_folder(finished_run, tmp_path, monkeypatch, model):

@@ -89,6 +89,7 @@ from gwdet.engine.training import (
 
 WEIGHTS_SETTING = "train.init_checkpoint"
 BATCH_SETTING = "dataloader.train.total_batch_size"
+SEED_SETTING = "train.seed"
 # What training needs besides dataloader.test / dataloader.evaluator (without them: no evaluation),
 # as detectron2's common/train.py and tools/lazyconfig_train_net.py lay it out.
 TRAINING_KEYS = (
@@ -287,16 +288,17 @@ def compare_with_run(cfg: DictConfig, output_dir: str, path: str) -> SavedRun:
             "another train.output_dir.")
     current = saved_tree(cfg)
     saved_batch, current_batch = (OmegaConf.select(OmegaConf.create(tree), BATCH_SETTING) for tree in (saved, current))
+    saved_seed, current_seed = (OmegaConf.select(OmegaConf.create(tree), SEED_SETTING) for tree in (saved, current))
     others = config_differences({key: value for key, value in saved.items() if key != "model"},
                                 {key: value for key, value in current.items() if key != "model"})
-    return SavedRun((saved_batch, current_batch), model_differences(saved, current), others)
+    return SavedRun((saved_batch, current_batch), (saved_seed, current_seed), model_differences(saved, current), others)
 
 
 def check_resume_config(cfg: DictConfig, output_dir: str, weights_named: bool = False) -> None:
     """:func:`~gwdet.engine.output_dir.check_resumed_run` of a LazyConfig (:func:`compare_with_run`)."""
     check_resumed_run(output_dir, lambda path: compare_with_run(cfg, output_dir, path), cfg.train.max_iter,
-                      output_setting=OUTPUT_SETTING, batch_setting=BATCH_SETTING, max_iter_setting="train.max_iter",
-                      weights_setting=WEIGHTS_SETTING, weights_named=weights_named)
+                      output_setting=OUTPUT_SETTING, batch_setting=BATCH_SETTING, seed_setting=SEED_SETTING,
+                      max_iter_setting="train.max_iter", weights_setting=WEIGHTS_SETTING, weights_named=weights_named)
 
 
 class LazyRun(RunConfig):

@@ -34,6 +34,7 @@ from detectron2.config import CfgNode
 from gwdet.errors import (
     GwdetError,
     GwdetFileExistsError,
+    GwdetIsADirectoryError,
     GwdetFileNotFoundError,
     GwdetOSError,
     GwdetRuntimeError,
@@ -105,15 +106,16 @@ def is_checkpoint_name(name: str, tagged: str | None = None) -> bool:
 
 def run_files(output_dir: str) -> list[str]:
     """The files and folders of an earlier run in ``output_dir`` (names, sorted): its checkpoints
-    (:func:`is_checkpoint_name`) and their ``.sha256`` records, :data:`RUN_FILES`, :data:`RUN_FOLDERS`
-    and TensorBoard's event files. Nothing else is a run's."""
+    (:func:`is_checkpoint_name`) and their ``.sha256`` records, :data:`RUN_FILES` (files, not folders, of
+    those names), :data:`RUN_FOLDERS` and TensorBoard's event files. Nothing else is a run's."""
     if not os.path.isdir(output_dir):
         return []
     tagged = _tagged_checkpoint_name(output_dir)
     names = []
     for name in os.listdir(output_dir):
         checkpoint = name[:-len(CHECKSUM_SUFFIX)] if name.endswith(CHECKSUM_SUFFIX) else name
-        if (is_checkpoint_name(checkpoint, tagged) or name in RUN_FILES or _is_run_folder(output_dir, name)
+        run_file = name in RUN_FILES and not os.path.isdir(os.path.join(output_dir, name))
+        if (is_checkpoint_name(checkpoint, tagged) or run_file or _is_run_folder(output_dir, name)
                 or name.startswith("events.out.tfevents")):
             names.append(name)
     return sorted(names)
@@ -439,6 +441,23 @@ def check_run_folders(output_dir: str, names: Sequence[str], setting: str = "OUT
                 f"wrote it: --overwrite keeps it), or give the run another {setting}.")
 
 
+# The files a run writes in its output folder, and what each holds (named in refusals)
+RUN_FILE_PURPOSES = {"last_checkpoint": "the name of its latest checkpoint", "metrics.json": "its training metrics",
+                     LOG_NAME: "its log", RESULTS_MARKDOWN: "its results", RESULTS_JSON: "its results"}
+
+
+def check_run_file_names(output_dir: str, setting: str = "OUTPUT_DIR") -> None:
+    """Refuse, before training, a run in ``output_dir`` where a folder has the name of a file the run
+    writes (:data:`RUN_FILE_PURPOSES`): writing that file would fail later, some after training."""
+    for name, purpose in RUN_FILE_PURPOSES.items():
+        path = os.path.join(output_dir, name)
+        if os.path.isdir(path):
+            raise GwdetIsADirectoryError(
+                f"{setting} {output_dir!r} holds a folder {name}, but the run writes {purpose} into a file of that "
+                f"name, which would fail once it is written; nothing was changed. Move or rename {path} (no run wrote "
+                f"it: --overwrite keeps it), or give the run another {setting}.")
+
+
 def damaged_config(path: str, output_dir: str, reason: Exception | str, output_setting: str = "OUTPUT_DIR") -> DamagedFileError:
     """The refusal of ``--resume`` over a run whose ``config.yaml`` at ``path`` is damaged (``reason``:
     the checksum's words, or the error reading it gave)."""
@@ -519,16 +538,17 @@ class SavedRun(NamedTuple):
     """A run's ``config.yaml`` compared with the config that resumes it (:func:`check_resumed_run`)."""
 
     batches: tuple[Any, Any]  # the batch size of the run and of the config
+    seeds: tuple[Any, Any]  # the seed of the run and of the config
     model: list[str]  # "KEY: saved -> current" for each value that builds another model
     others: list[str]  # the same for the other values that differ
 
 
 def check_resumed_run(output_dir: str, compare: Callable[[str], SavedRun], max_iter: int, *,
-                      output_setting: str, batch_setting: str, max_iter_setting: str, weights_setting: str,
-                      weights_named: bool) -> None:
+                      output_setting: str, batch_setting: str, seed_setting: str, max_iter_setting: str,
+                      weights_setting: str, weights_named: bool) -> None:
     """Refuse ``--resume`` of the run in ``output_dir`` (its checkpoints there) whose ``config.yaml``
     is missing, or that ``compare`` (reading it: its checksum, its kind) finds trained with another
-    batch size or model, or that would train nothing (:func:`check_resume_trains`), or that names
+    batch size, seed or model, or that would train nothing (:func:`check_resume_trains`), or that names
     other initial weights on the command line (``weights_named``), which a resume does not load;
     other differences (a longer schedule, say) are logged. No checkpoint: a fresh start, nothing to
     check."""
@@ -538,6 +558,7 @@ def check_resumed_run(output_dir: str, compare: Callable[[str], SavedRun], max_i
     check_config_present(path, output_dir, output_setting)
     saved = compare(path)
     check_resumed_batch(*saved.batches, output_dir, batch_setting)
+    check_resumed_seed(*saved.seeds, output_dir, seed_setting)
     if saved.model:
         raise GwdetValueError(
             f"--resume: the run in {output_dir!r} was trained with another model ({CONFIG_NAME} there): "
@@ -561,11 +582,11 @@ def check_resume_config(cfg: CfgNode, output_dir: str, weights_named: bool = Fal
         saved = saved_run_config(cfg, output_dir, path)
         differences = config_differences(saved, cfg)
         model = _of_the_model(differences)
-        return SavedRun((saved.SOLVER.IMS_PER_BATCH, cfg.SOLVER.IMS_PER_BATCH), model,
+        return SavedRun((saved.SOLVER.IMS_PER_BATCH, cfg.SOLVER.IMS_PER_BATCH), (saved.SEED, cfg.SEED), model,
                         [d for d in differences if d not in model])
 
     check_resumed_run(output_dir, compare, cfg.SOLVER.MAX_ITER, output_setting="OUTPUT_DIR",
-                      batch_setting="SOLVER.IMS_PER_BATCH", max_iter_setting="SOLVER.MAX_ITER",
+                      batch_setting="SOLVER.IMS_PER_BATCH", seed_setting="SEED", max_iter_setting="SOLVER.MAX_ITER",
                       weights_setting="MODEL.WEIGHTS", weights_named=weights_named)
 
 
@@ -637,6 +658,19 @@ def check_resumed_batch(saved: Any, current: Any, output_dir: str, setting: str)
             "from the run's last checkpoint as its initial weights.")
 
 
+def check_resumed_seed(saved: Any, current: Any, output_dir: str, setting: str) -> None:
+    """Refuse ``--resume`` with another seed ``current`` than the run's ``saved`` one (its ``setting``)
+    where the run's seed was fixed (>= 0): the resumed data stream is the run's order of images with
+    the images it read skipped, so another seed's order would skip or repeat images. A run with a
+    random seed (negative) had no order to continue: any seed resumes it."""
+    if isinstance(saved, int) and saved >= 0 and current != saved:
+        raise GwdetValueError(
+            f"--resume: the run in {output_dir!r} trained with {setting} {saved!r}, this config gives {current!r}: the "
+            "data stream continues the run's order of images after those it read, and another seed orders them "
+            f"otherwise, so it would skip or repeat images. Resume with {as_override(setting, repr(saved))}, or start a "
+            "new run in another folder from the run's last checkpoint as its initial weights.")
+
+
 def tagged_checkpoint(output_dir: str) -> str:
     """The checkpoint ``output_dir/last_checkpoint`` names (a path); an error naming the fix when
     there is none or it is gone: ``--eval-only --resume`` evaluates exactly that file, never an
@@ -655,6 +689,8 @@ def tagged_checkpoint(output_dir: str) -> str:
                                      f"file, so which checkpoint is the run's is unknown. {choose}.") from None
     except UnicodeDecodeError:
         raise GwdetValueError(f"--eval-only --resume: {tag} is damaged (not text). {choose}.") from None
+    except OSError as error:  # e.g. a folder of that name
+        raise GwdetOSError(f"--eval-only --resume: {tag} cannot be read ({error.strerror}). {choose}.") from None
     path = os.path.join(output_dir, name)
     if not name or os.sep in name or not os.path.isfile(path):
         raise GwdetFileNotFoundError(f"--eval-only --resume: {tag} names {name!r}, which is not a file in "

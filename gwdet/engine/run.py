@@ -65,6 +65,7 @@ from gwdet.engine.output_dir import (
     check_config_not_users,
     check_fresh_start,
     check_resume_source,
+    check_run_file_names,
     check_run_folders,
     checkpoints_in,
     config_rewrite,
@@ -349,6 +350,7 @@ def setup(args: argparse.Namespace, run: RunConfig) -> None:
         main_process = comm.is_main_process()
         if main_process:
             check_run_folders(run.output_dir, written_folders(run), run.output_setting)
+            check_run_file_names(run.output_dir, run.output_setting)
             check_output_request(args, run)
             if not args.resume or not checkpoints_in(run.output_dir):
                 check_config_not_users(run.output_dir, run.output_setting)
