@@ -226,6 +226,27 @@ def test_a_test_set_without_annotations_is_refused_before_training(tmp_path):
     check_config_against_datasets(config("sweep_train", "sweep_train"))
 
 
+def test_only_the_datasets_a_request_reads_are_checked(tmp_path, capsys):
+    """--eval-only reads no training set, the export (without --run-eval) and analyze tools evaluate
+    nothing: the checks of what they do not read do not apply (before: --eval-only of a COCO config
+    needed coco_2017_train on disk; the tools refused unlabelled test images for want of annotations)."""
+    from gwdet.export.analyze_model import main as analyze
+
+    registered("sweep_unlabelled", tmp_path / "unlabelled", lambda coco, root: coco.update(annotations=[]))
+    registered("sweep_no_masks", tmp_path / "no_masks",
+               lambda coco, root: [annotation.pop("segmentation") for annotation in coco["annotations"]])
+    unlabelled = config("sweep_no_masks", "sweep_unlabelled")
+    check_config_against_datasets(unlabelled, trains=False, evaluates=False)
+    with pytest.raises(DatasetError, match="'sweep_no_masks' .* have no 'segmentation' mask"):
+        check_config_against_datasets(unlabelled, trains=True, evaluates=False)
+    with pytest.raises(DatasetError, match="'sweep_unlabelled' .* has no annotations to evaluate against"):
+        check_config_against_datasets(unlabelled, trains=False, evaluates=True)
+    assert analyze(["--config-file", str(DEMO_CONFIG), "--tasks", "parameter", "--register-coco",
+                    f"tool_unlabelled={write_dataset(tmp_path / 'tool', lambda coco, root: coco.update(annotations=[]))}",
+                    *TINY_OPTS, "DATASETS.TEST", "('tool_unlabelled',)"]) == 0
+    assert "Parameters:" in capsys.readouterr().out
+
+
 def test_a_test_set_without_masks_is_refused_before_training_when_masks_are_evaluated(tmp_path):
     registered("sweep_masks", tmp_path / "train")
     registered("sweep_no_masks", tmp_path / "boxes",
@@ -374,6 +395,19 @@ def test_a_lazyconfig_test_set_of_your_own_is_checked_as_a_yacs_one(tmp_path, ch
     registered("lazy_m", tmp_path, _as_shapes(change))
     found = _lazy_refusal("dataloader.test.dataset.names=lazy_m", "dataloader.evaluator.dataset_name=lazy_m")
     assert re.search(message, found), found
+
+
+def test_a_lazyconfig_request_that_does_not_evaluate_needs_no_annotations(tmp_path):
+    from gwdet.engine.lazy_checks import check_datasets
+    from gwdet.model_zoo.lazy_loading import load_lazy_config
+
+    registered("lazy_unlabelled", tmp_path, _as_shapes(lambda coco, root: coco["annotations"].clear()))
+    lazy = Path(__file__).resolve().parents[1] / "configs" / "LazyConfig" / "mask_rcnn_R_50_FPN_gw_shapes.py"
+    cfg = load_lazy_config(str(lazy), ["dataloader.shapes.image_size=64", "dataloader.test.dataset.names=lazy_unlabelled",
+                                       "dataloader.evaluator.dataset_name=lazy_unlabelled"])
+    check_datasets(cfg, trains=True, evaluates=False)
+    with pytest.raises(DatasetError, match="has no annotations to evaluate against"):
+        check_datasets(cfg, trains=False, evaluates=True)
 
 
 def test_a_lazyconfig_trained_and_tested_on_datasets_of_other_categories_is_refused(tmp_path):

@@ -139,7 +139,7 @@ def test_a_lazy_config_naming_an_unregistered_dataset_is_refused_before_training
     run = LazyRun.load(str(LAZY_CONFIG), [f"{key}=mine_unregistered", *evaluated])
     with pytest.raises(KeyError, match=r"Dataset 'mine_unregistered' is not registered. Register your own COCO-format "
                                        r"data with --register-coco mine_unregistered="):
-        run.prepare_datasets()
+        run.prepare_datasets(trains=True, evaluates=True)
 
 
 @pytest.mark.parametrize("override, message", [
@@ -420,8 +420,8 @@ def test_benchmark_section_defaults_to_main_with_out(tmp_path):
 def test_a_lazy_configs_class_count_and_evaluated_dataset_must_fit_its_datasets(override, message):
     run = LazyRun.load(str(LAZY_CONFIG), [override])
     with pytest.raises(GwdetValueError, match=message.replace("(", r"\(")):
-        run.prepare_datasets()
-    LazyRun.load(str(LAZY_CONFIG)).prepare_datasets()
+        run.prepare_datasets(trains=True, evaluates=True)
+    LazyRun.load(str(LAZY_CONFIG)).prepare_datasets(trains=True, evaluates=True)
 
 
 # ---- config files that cannot be read as configs: named before anything else ----------------

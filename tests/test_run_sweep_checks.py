@@ -7,6 +7,7 @@ what it changes.
 """
 import errno
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -315,6 +316,18 @@ def test_a_resume_with_another_seed_is_refused_unless_the_run_drew_a_random_one(
     check_resumed_seed(3, 3, str(run), "SEED")
     with pytest.raises(ValueError, match="trained with SEED 3, this config gives -1"):
         check_resumed_seed(3, -1, str(run), "SEED")
+
+
+def test_eval_only_neither_reads_nor_checks_the_training_sets(finished_run, tmp_path):
+    # detectron2 registers COCO whether or not its files are there; evaluating a COCO model needs val only
+    results = main(tiny_run_args(tmp_path / "eval", "--eval-only", "MODEL.WEIGHTS", str(finished_run / "model_final.pth"),
+                                 "DATASETS.TRAIN", "('coco_2017_train',)"))
+    assert set(results) == {"bbox", "segm"}
+    recorded = json.loads((tmp_path / "eval" / "results.json").read_text())["environment"]["datasets"]
+    assert set(recorded) == {"shapes_val"}  # the datasets the evaluation read
+    with pytest.raises(FileNotFoundError, match="Dataset 'coco_2017_train': its json_file"):
+        main(tiny_run_args(tmp_path / "train", "DATASETS.TRAIN", "('coco_2017_train',)", "DATASETS.TEST", "()",
+                           "MODEL.ROI_HEADS.NUM_CLASSES", "80"))
 
 
 # ---- MISLEADING 7, RAW 11: MODEL.WEIGHTS with ~ or as a file:// URL ---------------------------------------

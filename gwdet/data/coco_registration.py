@@ -612,8 +612,11 @@ class DatasetUse:
     without_masks: str = "with MODEL.MASK_ON False"  # how to do without them
 
     @classmethod
-    def of_config(cls, cfg: CfgNode) -> "DatasetUse":
-        return cls(tuple(cfg.DATASETS.TRAIN), tuple(cfg.DATASETS.TEST), bool(cfg.MODEL.MASK_ON))
+    def of_config(cls, cfg: CfgNode, *, trains: bool = True, evaluates: bool = True) -> "DatasetUse":
+        """The datasets of ``cfg`` a request reads: its training sets where it ``trains``, its test
+        sets where it ``evaluates`` (a tool that reads test images only needs no annotations)."""
+        return cls(tuple(cfg.DATASETS.TRAIN) if trains else (), tuple(cfg.DATASETS.TEST) if evaluates else (),
+                   bool(cfg.MODEL.MASK_ON))
 
     def role(self, name: str) -> str:
         return self.train_setting if name in self.train else self.test_setting
@@ -781,12 +784,13 @@ def _check_resizable(cfg: CfgNode, dataset: CocoDataset) -> None:
                 f"would keep no pixel, and PIL would stop there. Raise {long_key}, or crop or remove that image.")
 
 
-def check_config_against_datasets(cfg: CfgNode) -> None:
-    """:class:`DatasetError` unless the config fits the ``--register-coco`` datasets it trains or
-    tests on: same categories across its datasets, as many classes as categories, annotations (and,
-    with ``MODEL.MASK_ON``, masks) to train and evaluate on. Without such a dataset, only the number
-    of classes is checked, against every dataset whose classes are known before loading."""
-    use = DatasetUse.of_config(cfg)
+def check_config_against_datasets(cfg: CfgNode, *, trains: bool = True, evaluates: bool = True) -> None:
+    """:class:`DatasetError` unless the config fits the ``--register-coco`` datasets it trains on
+    (where it ``trains``) or evaluates on (where it ``evaluates``): same categories across them, as
+    many classes as categories, annotations (and, with ``MODEL.MASK_ON``, masks) to train and
+    evaluate on. Without such a dataset, only the number of classes is checked, against every one of
+    them whose classes are known before loading."""
+    use = DatasetUse.of_config(cfg, trains=trains, evaluates=evaluates)
     ours = [dataset for dataset in map(registered_coco_dataset, use.names()) if dataset is not None]
     if not ours:
         for name in use.names():  # the datasets whose classes are known before loading: shapes, detectron2's builtin ones

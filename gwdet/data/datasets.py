@@ -37,9 +37,10 @@ COCO_LAYOUT_HINT = (
 logger = logging.getLogger(__name__)
 
 
-def config_dataset_names(cfg: CfgNode) -> list[str]:
-    """Every dataset name the config trains or tests on, in order, without repeats."""
-    return list(dict.fromkeys([*cfg.DATASETS.TRAIN, *cfg.DATASETS.TEST]))
+def config_dataset_names(cfg: CfgNode, trains: bool = True) -> list[str]:
+    """Every dataset name the config trains (where a request ``trains``) or tests on, in order,
+    without repeats."""
+    return list(dict.fromkeys([*(cfg.DATASETS.TRAIN if trains else ()), *cfg.DATASETS.TEST]))
 
 
 def unregistered_message(name: str) -> str:
@@ -67,13 +68,15 @@ def check_dataset_files(names: Iterable[str]) -> None:
                 )
 
 
-def register_datasets(cfg: CfgNode, coco: Sequence[CocoDataset] = ()) -> None:
+def register_datasets(cfg: CfgNode, coco: Sequence[CocoDataset] = (), *, trains: bool = True,
+                      evaluates: bool = True) -> None:
     """Register the ``--register-coco`` datasets ``coco``, and those of ``$GWDET_REGISTER_COCO``
     that the config names and that are not registered here yet; then check the config against them
-    (:func:`gwdet.data.coco_registration.check_config_against_datasets`) and that every dataset it
-    names, other than the shapes splits (generated later), is registered. :class:`DatasetError`
-    names the file or key and the fix."""
-    names = config_dataset_names(cfg)
+    (:func:`gwdet.data.coco_registration.check_config_against_datasets`: the training sets where the
+    request ``trains``, the test sets where it ``evaluates``) and that every dataset it reads, other
+    than the shapes splits (generated later), is registered. :class:`DatasetError` names the file
+    or key and the fix."""
+    names = config_dataset_names(cfg, trains)
     register_coco_datasets(coco)
     try:
         register_coco_datasets([dataset for dataset in environment_datasets()
@@ -86,14 +89,16 @@ def register_datasets(cfg: CfgNode, coco: Sequence[CocoDataset] = ()) -> None:
     for name in names:
         if name not in registered and not name.startswith("shapes_"):
             raise DatasetError(unregistered_message(name))
-    check_config_against_datasets(cfg)
+    check_config_against_datasets(cfg, trains=trains, evaluates=evaluates)
 
 
-def prepare_datasets(cfg: CfgNode, coco: Sequence[CocoDataset] = ()) -> None:
+def prepare_datasets(cfg: CfgNode, coco: Sequence[CocoDataset] = (), *, trains: bool = True,
+                     evaluates: bool = True) -> None:
     """Register the datasets given on the command line (:func:`register_datasets`), generate and
-    register the shapes dataset if the config uses it, then check every file."""
-    register_datasets(cfg, coco)
-    names = config_dataset_names(cfg)
+    register the shapes dataset if the request reads it, then check the files of every dataset it
+    reads: the training sets where it ``trains``, the test sets always."""
+    register_datasets(cfg, coco, trains=trains, evaluates=evaluates)
+    names = config_dataset_names(cfg, trains)
     if any(name.startswith("shapes_") for name in names):
         register_shapes(cfg)
     check_dataset_files(names)

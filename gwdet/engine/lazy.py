@@ -353,19 +353,19 @@ class LazyRun(RunConfig):
     def check_resume(self, weights_named: bool) -> None:
         check_resume_config(self.cfg, self.output_dir, weights_named)
 
-    def register_datasets(self, coco: Sequence[CocoDataset]) -> None:
-        register_coco_datasets(coco)
+    def register_datasets(self, coco: Sequence[CocoDataset], *, trains: bool, evaluates: bool) -> None:
+        register_coco_datasets(coco)  # checked against the config by prepare_datasets
         register_coco_datasets([d for d in environment_datasets() if registered_coco_dataset(d.name) is None])
 
     def config_record(self) -> Mapping:
         return saved_tree(self.cfg)
 
-    def prepare_datasets(self) -> None:
-        """:func:`check_datasets`, then every dataset the LazyConfig names is registered and its files
+    def prepare_datasets(self, *, trains: bool, evaluates: bool) -> None:
+        """:func:`check_datasets`, then every dataset the request reads is registered and its files
         are there (:func:`gwdet.data.datasets.check_dataset_files`; its dataset nodes,
         ``gwdet.data.shapes_dataset``, ..., register their datasets when built), as for a yacs config."""
-        check_datasets(self.cfg)
-        check_dataset_files(dataset_names(self.cfg))
+        check_datasets(self.cfg, trains=trains, evaluates=evaluates)
+        check_dataset_files(dataset_names(self.cfg, trains))
 
     def build_model(self) -> torch.nn.Module:
         return build_model(self.cfg)
@@ -385,8 +385,8 @@ class LazyRun(RunConfig):
     def test_datasets(self) -> list[str]:
         return [name for name in [evaluated_dataset(self.cfg)] if name]
 
-    def run_datasets(self) -> list[str]:
-        return dataset_names(self.cfg)
+    def run_datasets(self, trains: bool = True) -> list[str]:
+        return dataset_names(self.cfg, trains)
 
     def describe_test_set(self) -> str:
         name = evaluated_dataset(self.cfg)

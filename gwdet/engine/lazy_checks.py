@@ -399,11 +399,12 @@ def check_run_values(cfg: DictConfig) -> None:
         check_pixel_normalization(mean, std, None if image_format is ABSENT else image_format, LAZY_PIXEL_KEYS)
 
 
-def dataset_names(cfg: DictConfig) -> list[str]:
-    """The datasets the LazyConfig trains and evaluates on: the ``names`` of ``dataloader.train.dataset``
-    and ``dataloader.test.dataset`` (``L(...)`` nodes such as ``gwdet.data.shapes_dataset``
-    instantiated) and the evaluator's dataset; a loader built otherwise names none."""
-    return _distinct_names(names_at(cfg, "dataloader.train.dataset.names"),
+def dataset_names(cfg: DictConfig, trains: bool = True) -> list[str]:
+    """The datasets the LazyConfig trains (where a request ``trains``) and evaluates on: the ``names``
+    of ``dataloader.train.dataset`` and ``dataloader.test.dataset`` (``L(...)`` nodes such as
+    ``gwdet.data.shapes_dataset`` instantiated) and the evaluator's dataset; a loader built otherwise
+    names none."""
+    return _distinct_names(names_at(cfg, "dataloader.train.dataset.names") if trains else [],
                            names_at(cfg, "dataloader.test.dataset.names"), evaluated_dataset(cfg))
 
 
@@ -424,16 +425,18 @@ def names_at(cfg: DictConfig, key: str) -> list[str]:
     return []
 
 
-def check_datasets(cfg: DictConfig) -> None:
+def check_datasets(cfg: DictConfig, *, trains: bool = True, evaluates: bool = True) -> None:
     """Refuse, before training or evaluating, an evaluator of another dataset than the test loader
     reads (it would score the predictions on those images against the other dataset's annotations),
     a dataset named twice in a loader (as ``DATASETS.TRAIN`` / ``DATASETS.TEST``), ``--register-coco``
     datasets that do not fit the run (:func:`gwdet.data.coco_registration.check_datasets_fit`), and a
     ``model.roi_heads.num_classes`` other than the categories of a dataset whose classes are known
     (:func:`gwdet.data.coco_registration.known_class_names`), as a yacs config's
-    ``MODEL.ROI_HEADS.NUM_CLASSES`` is refused."""
-    trained = names_at(cfg, "dataloader.train.dataset.names")
-    tested, evaluated = names_at(cfg, "dataloader.test.dataset.names"), evaluated_dataset(cfg)
+    ``MODEL.ROI_HEADS.NUM_CLASSES`` is refused. The training sets are checked where the request
+    ``trains``, the test sets where it ``evaluates``."""
+    trained = names_at(cfg, "dataloader.train.dataset.names") if trains else []
+    tested = names_at(cfg, "dataloader.test.dataset.names") if evaluates else []
+    evaluated = evaluated_dataset(cfg) if evaluates else None
     if evaluated and tested and evaluated not in tested:
         raise GwdetValueError(
             f"dataloader.evaluator.dataset_name={evaluated!r}, but dataloader.test.dataset.names is "
@@ -449,7 +452,7 @@ def check_datasets(cfg: DictConfig) -> None:
     count = select(cfg, "model.roi_heads.num_classes")
     if not is_whole_number(count):
         return
-    for name in _distinct_names(names_at(cfg, "dataloader.train.dataset.names"), tested, evaluated):
+    for name in _distinct_names(trained, tested, evaluated):
         classes = known_class_names(name)
         if classes is not None and len(classes) != count:
             raise GwdetValueError(

@@ -134,13 +134,17 @@ class RunConfig(ABC):
         command line names other initial weights (``weights_named``), which it would not load."""
 
     @abstractmethod
-    def register_datasets(self, coco: Sequence[CocoDataset]) -> None:
+    def register_datasets(self, coco: Sequence[CocoDataset], *, trains: bool, evaluates: bool) -> None:
         """Register the ``--register-coco`` datasets ``coco`` and those of ``$GWDET_REGISTER_COCO``
-        the config may name; :class:`~gwdet.data.coco_registration.DatasetError` for one it cannot use."""
+        the config may name; :class:`~gwdet.data.coco_registration.DatasetError` for one the request
+        cannot use: a training set where it ``trains``, a test set where it ``evaluates`` (a tool
+        that reads test images only needs no annotations)."""
 
     @abstractmethod
-    def prepare_datasets(self) -> None:
-        """Make the datasets the config names ready to read (the shapes dataset generated, files checked)."""
+    def prepare_datasets(self, *, trains: bool, evaluates: bool) -> None:
+        """Make the datasets the request reads ready (the shapes dataset generated, files checked):
+        the training sets where it ``trains``, the test sets always; the test sets' annotations are
+        checked where it ``evaluates``."""
 
     @abstractmethod
     def build_model(self) -> torch.nn.Module:
@@ -201,8 +205,8 @@ class RunConfig(ABC):
         """The datasets the run evaluates on."""
 
     @abstractmethod
-    def run_datasets(self) -> list[str]:
-        """Every dataset the run trains or evaluates on."""
+    def run_datasets(self, trains: bool = True) -> list[str]:
+        """Every dataset the run trains (where it ``trains``) or evaluates on."""
 
     def test_batches(self) -> Iterator[list]:
         """The batches of the first test set, in the model's input format (:meth:`test_loader`)."""
@@ -336,7 +340,7 @@ def setup(args: argparse.Namespace, run: RunConfig) -> None:
     with HeldRecords():
         given = getattr(args, "register_coco", None) or ()
         try:
-            run.register_datasets(given)
+            run.register_datasets(given, trains=not args.eval_only, evaluates=True)
         except DatasetError as error:
             print(f"{tool_name()}: error: {error}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
@@ -359,7 +363,7 @@ def setup(args: argparse.Namespace, run: RunConfig) -> None:
             default_setup(run.cfg, args)
         setup_logger(run.output_dir, distributed_rank=comm.get_rank(), name="gwdet")  # gwdet's messages in log.txt too
     logger.info(describe_plans())
-    run.prepare_datasets()
+    run.prepare_datasets(trains=not args.eval_only, evaluates=True)
 
 
 def written_folders(run: RunConfig) -> list[str]:
@@ -406,7 +410,7 @@ def main(args: argparse.Namespace):
                         "would continue from the last checkpoint, which may diverge the same way.") from error
             model = trainer.model
         test_datasets = run.test_datasets()
-        write_results_to(run.output_dir, results or {}, test_datasets, run.run_datasets())
+        write_results_to(run.output_dir, results or {}, test_datasets, run.run_datasets(not args.eval_only))
         drawings: list[str] = []
         if comm.is_main_process() and run.vis_images > 0 and test_datasets:  # no test set: nothing to draw
             drawings = save_prediction_pngs(run.cfg, model, test_datasets[0], run.vis_images,

@@ -289,11 +289,11 @@ class YacsRun(RunConfig):
     def check_resume(self, weights_named: bool) -> None:
         check_resume_config(self.cfg, self.cfg.OUTPUT_DIR, weights_named)
 
-    def register_datasets(self, coco: Sequence[CocoDataset]) -> None:
-        register_datasets(self.cfg, coco)
+    def register_datasets(self, coco: Sequence[CocoDataset], *, trains: bool, evaluates: bool) -> None:
+        register_datasets(self.cfg, coco, trains=trains, evaluates=evaluates)
 
-    def prepare_datasets(self) -> None:
-        prepare_datasets(self.cfg)
+    def prepare_datasets(self, *, trains: bool, evaluates: bool) -> None:
+        prepare_datasets(self.cfg, trains=trains, evaluates=evaluates)
 
     def build_model(self) -> torch.nn.Module:
         return Trainer.build_model(self.cfg)
@@ -310,14 +310,14 @@ class YacsRun(RunConfig):
     def test_datasets(self) -> list[str]:
         return list(self.cfg.DATASETS.TEST)
 
-    def run_datasets(self) -> list[str]:
-        return config_dataset_names(self.cfg)
+    def run_datasets(self, trains: bool = True) -> list[str]:
+        return config_dataset_names(self.cfg, trains)
 
     def describe_test_set(self) -> str:
         return f"{self.cfg.DATASETS.TEST[0]} (DATASETS.TEST[0])"
 
     def test_loader(self) -> Any:
-        self.prepare_datasets()
+        self.prepare_datasets(trains=False, evaluates=False)  # a tool's: the evaluation's checks came before
         return Trainer.build_test_loader(self.cfg, self.cfg.DATASETS.TEST[0])
 
     def evaluator(self) -> Any:

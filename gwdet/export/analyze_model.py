@@ -159,7 +159,7 @@ def _analyze(argv: Sequence[str]) -> int:
     setup_logger(name="fvcore")
     setup_logger(name="detectron2")
     run = load_run_config(args.config_file, args.opts, tool=True)
-    run.register_datasets(args.register_coco)
+    run.register_datasets(args.register_coco, trains=False, evaluates=False)
     if "flop" in args.tasks and args.input_size is None and not run.test_datasets():
         raise GwdetValueError("--tasks flop counts on images of the config's first test dataset, and the config has "
                               "none: give --input-size H W (random pixels of that size), or a test dataset.")
