@@ -47,6 +47,8 @@ _REQUIRED = inspect.Parameter.empty
 # treats it as a norm (gwdet.solver.is_norm_layer) whether or not the name gave its layer_types;
 # every other norm layer is recognised by its class.
 NORM_LAYER_MARK = "_gwdet_norm_layer"
+# Classes that hold modules of any kind: never a norm's layer type (register_norm)
+_GENERIC_MODULES = (torch.nn.Module, torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
 
 
 class UnknownNormError(GwdetError, KeyError):
@@ -124,6 +126,14 @@ def register_norm(name: str, build: Callable[..., torch.nn.Module] | None = None
     keys = _checked_config_keys(owner, config_keys)
     if not isinstance(layer_types, (tuple, list)) or not all(isinstance(kind, type) for kind in layer_types):
         raise GwdetTypeError(f"{owner}: layer_types must be a tuple of classes, got {layer_types!r}")
+    generic = [kind.__name__ for kind in layer_types if kind in _GENERIC_MODULES]
+    if generic:
+        raise GwdetValueError(
+            f"{owner}: layer_types names {', '.join(generic)}, a class of modules of every kind (detectron2's "
+            "ResNet stages and heads too): each would count as a norm layer, its convs' weights taking "
+            "SOLVER.WEIGHT_DECAY_NORM. Name the normalizing class inside what the build returns (e.g. "
+            "torch.nn.GroupNorm), or leave layer_types out: the modules the build returns are marked as norms "
+            "in any case.")
 
     def _register(fn: Callable[..., torch.nn.Module]) -> Callable[..., torch.nn.Module]:
         _refuse_taken(name)

@@ -105,3 +105,29 @@ def test_gwdets_heads_built_by_hand_name_a_norm_only_gwdet_builds():
 def test_check_model_refuses_a_strict_groups_that_is_not_a_bool():
     with pytest.raises(ValueError, match=r"check_model: strict_groups must be True or False, got 'no'"):
         check_model(torch.nn.Sequential(GroupWhitening(16, num_groups=5)), strict_groups="no")
+
+
+def test_per_level_norms_count_from_the_first_level_in_every_forward():
+    # a forward stopped part-way (an exception, Ctrl-C) put every later level on another level's module
+    head = GWRetinaNetHead(input_shape=LEVELS, num_classes=2, num_anchors=1, conv_dims=[16],
+                           norm=gwdet.norm("BGN", num_groups=4)).train()
+    features = [torch.randn(2, 16, s, s) * (1 + i) for i, s in enumerate((8, 4, 2))][:len(LEVELS)]
+    head(features)
+    expected = [tensor.detach() for tensor in head.eval()(features)[0]]
+    broken = [*features[:1], torch.randn(2, 8, 4, 4), *features[2:]]
+    with pytest.raises(RuntimeError):
+        head(broken)
+    for got, want in zip(head(features)[0], expected, strict=True):
+        assert torch.equal(got, want)
+
+
+def test_activation_checkpointing_of_per_level_norms_is_refused():
+    from torch.utils.checkpoint import checkpoint
+
+    head = GWRetinaNetHead(input_shape=LEVELS, num_classes=2, num_anchors=1, conv_dims=[16],
+                           norm=gwdet.norm("BGN", num_groups=4)).train()
+    features = [torch.randn(2, 16, s, s, requires_grad=True) for s in (8, 4, 2)][:len(LEVELS)]
+    outputs = [checkpoint(head.cls_subnet, feature, use_reentrant=False) for feature in features]
+    with pytest.raises(RuntimeError, match="PerLevelNorm .* is run again during the backward pass, as activation "
+                                           "checkpointing recomputes a forward"):
+        sum(output.sum() for output in outputs).backward()

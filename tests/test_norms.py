@@ -386,6 +386,12 @@ def test_register_norm_checks_what_it_is_given_naming_the_norm(registered):
         register_norm("TestChecked", lambda channels: torch.nn.Identity(), batch_statistics="no")
     with pytest.raises(TypeError, match="layer_types must be a tuple of classes"):
         register_norm("TestChecked", lambda channels: torch.nn.Identity(), layer_types=(torch.nn.Identity(),))
+    for generic in (torch.nn.Sequential, torch.nn.Module, torch.nn.ModuleList):
+        # every ResNet stage is a Sequential: its convs would have taken the norms' weight decay
+        with pytest.raises(ValueError, match=rf"layer_types names {generic.__name__}, a class of modules of every kind "
+                                             r".*Name the normalizing class inside what the build returns"):
+            register_norm("TestChecked", lambda channels: torch.nn.Sequential(torch.nn.GroupNorm(2, channels)),
+                          layer_types=(torch.nn.GroupNorm, generic))
     assert "TestChecked" not in known_norm_names(), "nothing was registered"
 
 

@@ -158,6 +158,29 @@ def test_a_setting_the_layer_was_built_with_cannot_be_changed_on_it(kind, settin
     assert torch.equal(layer(x), before) and torch.equal(layer.get_extra_state(), state["_extra_state"])
 
 
+@pytest.mark.parametrize("kind, settings, name, value", [
+    ("GroupWhitening", {"num_groups": 4}, "effective_num_groups", 8),
+    ("BatchWhitening", {"group_size": 16}, "effective_group_size", 4),
+    ("BatchWhitening", {"group_size": 16}, "num_groups", 4),
+    ("BatchGroupNorm", {"num_groups": 4}, "effective_num_groups", 2),
+])
+def test_the_group_layout_derived_from_the_settings_cannot_be_changed_or_deleted(kind, settings, name, value):
+    # GW computed with an assigned effective_num_groups while its state recorded num_groups 4
+    import gwdet.layers
+
+    layer = getattr(gwdet.layers, kind)(16, **settings)
+    x = torch.randn(4, 16, 3, 3)
+    before = layer(x)
+    with pytest.raises(AttributeError, match=rf"^{kind}: {name} is derived from the settings when the layer is built "
+                                             rf"\(it is \d+\) and cannot be changed"):
+        setattr(layer, name, value)
+    for deleted in (name, next(iter(settings))):  # deleted, a setting could be assigned again unchecked
+        with pytest.raises(AttributeError, match=rf"^{kind}: {deleted} is set when the layer is built and cannot be "
+                                                 "deleted"):
+            delattr(layer, deleted)
+    assert torch.equal(layer(x), before)
+
+
 def test_momentum_and_the_example_weight_may_change_on_a_built_layer_within_their_range():
     from gwdet.layers import BatchGroupNorm
 

@@ -244,6 +244,7 @@ class BatchGroupNorm(SettingsInState):
     """
 
     HYPER_PARAMETERS = ("num_groups", "examples_per_group", "eps", "momentum", "eval_example_weight")
+    DERIVED = ("effective_num_groups",)
     weight: Optional[Tensor]
     bias: Optional[Tensor]
     running_mean: Tensor

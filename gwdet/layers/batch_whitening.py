@@ -174,6 +174,7 @@ class BatchWhitening(SettingsInState):
     """
 
     HYPER_PARAMETERS = ("group_size", "T", "eps", "momentum", "method")
+    DERIVED = ("effective_group_size", "num_groups")
     weight: Optional[Tensor]
     bias: Optional[Tensor]
     running_mean: Tensor

@@ -162,6 +162,7 @@ class GroupWhitening(SettingsInState):
     """
 
     HYPER_PARAMETERS = ("num_groups", "T", "eps", "method")
+    DERIVED = ("effective_num_groups",)
     weight: Optional[Tensor]
     bias: Optional[Tensor]
 

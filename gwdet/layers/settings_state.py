@@ -105,6 +105,7 @@ class SettingsInState(nn.Module):
     """
 
     HYPER_PARAMETERS = ()  # type: Tuple[str, ...]
+    DERIVED = ()  # type: Tuple[str, ...]  # attributes the constructor derives from the settings (group layout)
 
     def setting_names(self) -> Tuple[str, ...]:
         """The attributes the layer records in its state: ``num_channels``, its hyper-parameters
@@ -121,6 +122,10 @@ class SettingsInState(nn.Module):
         them) may change, checked in [0, 1] as on construction; any other setting is refused: the
         layer derived its group layout and buffers from it, and would record the new value while
         computing with the old one."""
+        if name in self.__dict__ and name in self.DERIVED:
+            raise GwdetAttributeError(
+                f"{type(self).__name__}: {name} is derived from the settings when the layer is built (it is "
+                f"{getattr(self, name)!r}) and cannot be changed; build a new layer with the settings you want.")
         if name in self.__dict__ and name in self.setting_names():
             owner = type(self).__name__
             if name not in UNCOMPARED_SETTINGS:
@@ -132,6 +137,14 @@ class SettingsInState(nn.Module):
             check_unit_interval(owner, name, value)
             value = float(value)
         super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        """A recorded setting or an attribute derived from them is never deleted: assigned again,
+        it would get past the check of :meth:`__setattr__`."""
+        if name in self.setting_names() or name in self.DERIVED:
+            raise GwdetAttributeError(f"{type(self).__name__}: {name} is set when the layer is built and cannot be "
+                                      "deleted; build a new layer with the settings you want.")
+        super().__delattr__(name)
 
     def extra_repr(self) -> str:
         """The channels, each setting (a divided one followed by the value the layer uses:

@@ -36,7 +36,7 @@ from detectron2.modeling.roi_heads.mask_head import ROI_MASK_HEAD_REGISTRY, Mask
 from detectron2.modeling.roi_heads.roi_heads import Res5ROIHeads
 from torch import nn
 
-from gwdet.errors import GwdetValueError
+from gwdet.errors import GwdetRuntimeError, GwdetValueError
 from gwdet.config import config_value
 from gwdet.config_checks import ensure_checked
 from gwdet.modeling.backbone import PLACEHOLDER_NORM, convs_with_norm
@@ -141,10 +141,12 @@ def has_batch_statistics(norm: Any) -> bool:
 
 
 class PerLevelNorm(nn.Module):
-    """One norm module per FPN level, used in turn: call ``i`` goes to module ``i % levels``.
+    """One norm module per FPN level, used in turn: call ``i`` goes to module ``i % levels``, counted
+    from the start of the head's forward (:meth:`GWRetinaNetHead.forward`).
 
     A RetinaNet head runs each of its convs once per level, level by level, so each module sees
-    one level only and keeps that level's running statistics.
+    one level only and keeps that level's running statistics. A recomputation during the backward
+    pass (activation checkpointing) would take the modules in another order, and is refused.
     """
 
     def __init__(self, norm: Any, channels: int, levels: int) -> None:
@@ -152,10 +154,28 @@ class PerLevelNorm(nn.Module):
         self.levels = nn.ModuleList(get_norm(norm, channels) for _ in range(levels))
         self._next = 0
 
+    def restart(self) -> None:
+        """The next call is the first level's."""
+        self._next = 0
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and _in_backward_pass():
+            raise GwdetRuntimeError(
+                "PerLevelNorm (a GWRetinaNetHead's norm with batch statistics, one module per FPN level) is run again "
+                "during the backward pass, as activation checkpointing recomputes a forward: it takes its levels' "
+                "modules in call order, which a recomputation does not keep, so each level would be normalized by "
+                "another's. Leave the head's subnets out of activation checkpointing, or use a norm without batch "
+                "statistics there (GW, GN).")
         out = self.levels[self._next](x)
         self._next = (self._next + 1) % len(self.levels)
         return out
+
+
+def _in_backward_pass() -> bool:
+    """Whether autograd is running a backward pass in this thread (where activation checkpointing
+    recomputes forwards)."""
+    current_task = getattr(torch._C, "_current_graph_task_id", None)
+    return current_task is not None and current_task() != -1
 
 
 class GWRetinaNetHead(RetinaNetHead):
@@ -177,6 +197,14 @@ class GWRetinaNetHead(RetinaNetHead):
         args = super().from_config(cfg, input_shape)
         args["norm"] = norm_from_config(args["norm"], cfg)
         return args
+
+    def forward(self, features: List[torch.Tensor]) -> Any:
+        """detectron2's forward, each :class:`PerLevelNorm` counting from the first level: a forward
+        that stopped part-way (an exception) leaves no later one on other levels' modules."""
+        for module in self.modules():
+            if isinstance(module, PerLevelNorm):
+                module.restart()
+        return super().forward(features)
 
 
 def head_feature_shapes(cfg: CfgNode, backbone: Backbone) -> List[ShapeSpec]:
