@@ -320,6 +320,18 @@ def group_adjustment(layer: torch.nn.Module) -> tuple[str, int, int] | None:
     return None
 
 
+def _hashable(value: Any) -> Any:
+    """``value`` as a hashable that equal values share: a list as a tuple, numbers as they are (an
+    ``np.int64(8)`` hashes as ``8``), anything else unhashable by its repr."""
+    if isinstance(value, (list, tuple)):
+        return tuple(map(_hashable, value))
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
+
+
 class Norm:
     """A norm name with every hyper-parameter fixed: call it with a channel count for a layer.
 
@@ -385,8 +397,9 @@ class Norm:
             return NotImplemented
         return (self.name, self.params, self.strict) == (other.name, other.params, other.strict)
 
-    def __hash__(self) -> int:  # by repr: a registered norm's values may be lists, which do not hash
-        return hash((self.name, repr(sorted(self.params.items())), self.strict))
+    def __hash__(self) -> int:
+        return hash((self.name, tuple((key, _hashable(value)) for key, value in sorted(self.params.items())),
+                     self.strict))
 
     def __repr__(self) -> str:
         args = "".join(f", {key}={value!r}" for key, value in self.params.items())

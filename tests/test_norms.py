@@ -474,3 +474,10 @@ def test_a_norm_holding_a_list_value_hashes_as_it_compares():
         assert len({norm("ListValued", sizes=[1, 2]), norm("ListValued", sizes=[1, 2])}) == 1
     finally:
         unregister_norm("ListValued")
+
+
+def test_equal_norms_hash_equal_whatever_the_number_type():
+    import numpy as np
+
+    a, b = gwdet.norm("GW", num_groups=8), gwdet.norm("GW", num_groups=np.int64(8))
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1

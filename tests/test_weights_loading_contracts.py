@@ -246,12 +246,6 @@ class Norms(nn.Module):
         self.relu = nn.ReLU()
 
 
-class DistributedDataParallelLike(nn.Module):
-    def __init__(self, module):
-        super().__init__()
-        self.module = module
-
-
 NORM_TYPES = {
     "bn": "BatchNorm2d", "gn": "GroupNorm", "gw": "GroupWhitening", "bw": "BatchWhitening",
     "bgn": "BatchGroupNorm", "frozen": "FrozenBatchNorm2d", "instance": "InstanceNorm2d", "ln": "LayerNorm",
@@ -262,7 +256,7 @@ NORM_TYPES = {
 
 def test_norm_types_records_every_norm_layer_by_name():
     assert norm_types(Norms()) == NORM_TYPES
-    assert norm_types(DistributedDataParallelLike(Norms())) == NORM_TYPES, "DDP's module. dropped"
+    assert norm_types(nn.DataParallel(Norms())) == NORM_TYPES, "a parallel wrapper's module. dropped"
     assert norm_types(nn.BatchNorm2d(4)) == {}, "the model itself is no named layer"
     assert {nn.LayerNorm, PerLevelNorm, GroupWhitening, FrozenBatchNorm2d} <= set(norm_layer_types())
 
@@ -275,7 +269,7 @@ def test_norm_types_records_detectron2s_per_level_batch_norms():
 
 
 def test_norm_settings_records_the_values_that_make_each_layer_its_function():
-    assert norm_settings(DistributedDataParallelLike(Norms())) == {
+    assert norm_settings(nn.DataParallel(Norms())) == {
         "bn": {"eps": 1e-5, "momentum": 0.1},
         "gn": {"num_groups": 2, "eps": 1e-5},
         "gw": {"num_groups": 2, "T": 5, "eps": 1e-5, "method": "itn"},
@@ -519,3 +513,44 @@ def test_preview_names_shows_eight_names_then_a_count():
     assert preview_names(names[:9]) == "['n0', 'n1', 'n2', 'n3', 'n4', 'n5', 'n6', 'n7', ... (1 more)]"
     assert preview_names(names, 3) == "['n0', 'n1', 'n2', ... (7 more)]"
     assert preview_names([]) == "[]"
+
+
+# ---- sweep 12: numpy numbers in a checkpoint, a child named "module", a checkpointer without a folder ----
+
+def test_a_checkpoint_holding_numpy_numbers_resumes_without_unsafe_unpickling(tmp_path):
+    # an np.logspace learning rate was refused as "needs unsafe unpickling", advice that dropped the optimizer
+    import numpy as np
+
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    model = nn.Sequential(nn.Conv2d(3, 16, 3), GroupWhitening(16, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=np.logspace(-3, -1, 3)[1], momentum=0.9)
+    ResilientCheckpointer(model, save_dir=str(tmp_path), optimizer=optimizer).save("model_0000009",
+                                                                                   iteration=np.int64(9))
+    fresh = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    loaded = ResilientCheckpointer(model, save_dir=str(tmp_path), optimizer=fresh).resume_or_load("", resume=True)
+    assert loaded["iteration"] == 9 and fresh.param_groups[0]["lr"] == pytest.approx(0.01)
+
+
+def test_only_a_parallel_wrapper_is_unwrapped_not_a_child_named_module():
+    class Holder(nn.Module):  # EMA and wrapper code name a child "module"
+        def __init__(self):
+            super().__init__()
+            self.module = nn.Sequential(nn.Conv2d(3, 16, 1), GroupWhitening(16, 4))
+            self.head = GroupWhitening(16, 2)
+
+    holder = Holder()
+    assert norm_types(holder) == {"module.1": "GroupWhitening", "head": "GroupWhitening"}
+    assert norm_types(nn.DataParallel(holder)) == norm_types(holder)
+
+
+def test_a_checkpointer_without_a_folder_says_it_saved_nothing(caplog):
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    with caplog.at_level("WARNING"):
+        ResilientCheckpointer(nn.Sequential(GroupWhitening(16, 4))).save("model_final")
+    assert "Checkpoint 'model_final' was not saved: the checkpointer has no save_dir" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):  # another process of a run: its main process saves
+        ResilientCheckpointer(nn.Sequential(GroupWhitening(16, 4)), save_to_disk=False).save("model_final")
+    assert "not saved" not in caplog.text

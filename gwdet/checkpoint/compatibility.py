@@ -26,6 +26,14 @@ from gwdet.norms import TORCH_NORM_SETTINGS, layer_types
 from gwdet.positions import format_gw_positions, parse_gw_positions, positions_with_norm
 
 
+def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The model a ``DistributedDataParallel`` or ``DataParallel`` wrapper holds (its ``module``), as
+    detectron2's checkpointer unwraps it; any other model as it is (a child named ``module`` is
+    one of its modules, not a wrapped model)."""
+    wrapped = isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel))
+    return model.module if wrapped else model
+
+
 def _resnet_of(model: torch.nn.Module) -> ResNet | None:
     return next((m for m in model.modules() if isinstance(m, ResNet)), None)
 
@@ -146,7 +154,7 @@ def norm_layer_types() -> tuple[type, ...]:
 
 def norm_types(model: torch.nn.Module) -> dict[str, str]:
     """``{module name: class name}`` of every norm layer of ``model`` (DDP's ``module.`` dropped)."""
-    model = getattr(model, "module", model)
+    model = unwrapped(model)
     kinds = norm_layer_types()
     return {name: type(module).__name__ for name, module in model.named_modules() if name and isinstance(module, kinds)}
 
@@ -183,7 +191,7 @@ def norm_setting_names() -> tuple[tuple[type, tuple[str, ...]], ...]:
 
 def norm_settings(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
     """``{module name: {hyper-parameter: value}}`` of every norm layer of ``model`` that has any."""
-    model = getattr(model, "module", model)
+    model = unwrapped(model)
     settings = norm_setting_names()
     found = {}
     for name, module in model.named_modules():
@@ -223,7 +231,7 @@ def _refuse_other_settings(saved: Mapping[str, Mapping[str, Any]], present: Mapp
 def _recording_layers(model: torch.nn.Module) -> dict[str, SettingsInState]:
     """``{state dict key of its settings: layer}`` for every gwdet layer of ``model`` (DDP's
     ``module.`` dropped) that records its settings in its state."""
-    model = getattr(model, "module", model)
+    model = unwrapped(model)
     return {f"{name}.{EXTRA_STATE_KEY}" if name else EXTRA_STATE_KEY: module
             for name, module in model.named_modules() if isinstance(module, SettingsInState)}
 

@@ -38,6 +38,7 @@ from gwdet.checkpoint.compatibility import (
     drop_layer_settings,
     norm_settings,
     norm_types,
+    unwrapped,
 )
 from gwdet.checkpoint.integrity import (
     CHECKSUMS_KEY,
@@ -229,7 +230,7 @@ DATA_KEY = "gwdet_training_data"
 def input_record(model: torch.nn.Module) -> dict[str, Any]:
     """``model``'s (DDP's ``module``'s) input format and pixel normalization, as lists of numbers;
     empty for a model without them."""
-    model = getattr(model, "module", model)
+    model = unwrapped(model)
     values = {name: getattr(model, name) for name in INPUT_ATTRIBUTES if hasattr(model, name)}
     return {name: value.flatten().tolist() if isinstance(value, torch.Tensor) else value
             for name, value in values.items()}
@@ -275,7 +276,11 @@ class ResilientCheckpointer(DetectionCheckpointer):
         return self._resumed or super().has_checkpoint()
 
     def save(self, name: str, **extra: Any) -> None:
-        if not self.save_dir or not self.save_to_disk:
+        if not self.save_to_disk:  # another process of the run saves
+            return
+        if not self.save_dir:
+            self.logger.warning(f"Checkpoint {name!r} was not saved: the checkpointer has no save_dir (the folder to "
+                                "save into). Give one: ResilientCheckpointer(model, save_dir=...).")
             return
         data = {"model": self.model.state_dict(), NORM_TYPES_KEY: norm_types(self.model),
                 NORM_SETTINGS_KEY: norm_settings(self.model)}

@@ -34,6 +34,22 @@ _NUMPY_PICKLE_GLOBALS = {
 }
 
 
+def numpy_number_globals() -> list[Any]:
+    """What ``torch.load(weights_only=True)`` must be allowed to build numpy numbers (an ``np.float64``
+    learning rate in an optimizer's state, an ``np.int64`` iteration): numpy's scalar constructor,
+    ``np.dtype`` and the dtype classes of booleans, integers, floats and complex numbers; they hold
+    numbers, never code."""
+    import numpy
+
+    try:
+        from numpy._core.multiarray import scalar  # numpy >= 2
+    except ImportError:
+        from numpy.core.multiarray import scalar  # type: ignore[no-redef]
+    kinds = (numpy.bool_, numpy.int8, numpy.int16, numpy.int32, numpy.int64, numpy.uint8, numpy.uint16, numpy.uint32,
+             numpy.uint64, numpy.float16, numpy.float32, numpy.float64, numpy.complex64, numpy.complex128)
+    return [scalar, numpy.dtype, *(type(numpy.dtype(kind)) for kind in kinds)]
+
+
 class UnsafeCheckpointError(GwdetError, RuntimeError):
     """A file that can only be read by unpickling arbitrary objects (which can run code)."""
 
@@ -76,6 +92,8 @@ def _globals_refused(path: str, error: Exception) -> list[str]:
             names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
         except Exception:  # a damaged archive: fall back to the error message
             names = []
+        allowed = {f"{kind.__module__}.{kind.__qualname__}" for kind in numpy_number_globals()}
+        names = [name for name in names if name not in allowed]
         if names:
             return sorted(names)
     messages = f"{error} {error.__context__ or ''}"
@@ -140,7 +158,8 @@ def load_torch_file(path: str, allow_unsafe: bool, how_to_opt_in: str, mmap: boo
             "weights to a state dict saved with torch.save (ImageNet weights: tools/convert_pretrained.py)."
         )
     try:
-        return torch.load(path, map_location="cpu", weights_only=not allow_unsafe, mmap=mmap)
+        with torch.serialization.safe_globals(numpy_number_globals()):
+            return torch.load(path, map_location="cpu", weights_only=not allow_unsafe, mmap=mmap)
     except Exception as error:  # torch.load reports bad files with many exception types
         needed = [] if allow_unsafe else _globals_refused(path, error)
         if needed:
