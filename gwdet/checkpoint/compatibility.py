@@ -30,8 +30,9 @@ def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
     """The model a ``DistributedDataParallel`` or ``DataParallel`` wrapper holds (its ``module``), as
     detectron2's checkpointer unwraps it; any other model as it is (a child named ``module`` is
     one of its modules, not a wrapped model)."""
-    wrapped = isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel))
-    return model.module if wrapped else model
+    if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
+        return model.module
+    return model
 
 
 def _resnet_of(model: torch.nn.Module) -> ResNet | None:
