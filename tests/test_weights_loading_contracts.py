@@ -554,3 +554,20 @@ def test_a_checkpointer_without_a_folder_says_it_saved_nothing(caplog):
     with caplog.at_level("WARNING"):  # another process of a run: its main process saves
         ResilientCheckpointer(nn.Sequential(GroupWhitening(16, 4)), save_to_disk=False).save("model_final")
     assert "not saved" not in caplog.text
+
+
+@pytest.mark.parametrize("saved, loading", [
+    ({"num_groups": 64}, {"num_groups": 16}),  # both 16 groups of one channel
+    ({"num_groups": 4, "method": "zca", "T": 3}, {"num_groups": 4, "method": "zca", "T": 7}),  # ZCA does not iterate
+])
+def test_the_checkpointer_loads_what_the_layer_itself_takes_as_the_same_function(tmp_path, saved, loading):
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    source = nn.Sequential(nn.Conv2d(3, 16, 1), GroupWhitening(16, **saved))
+    ResilientCheckpointer(source, save_dir=str(tmp_path)).save("model_final")
+    target = nn.Sequential(nn.Conv2d(3, 16, 1), GroupWhitening(16, **loading))
+    ResilientCheckpointer(target).load(str(tmp_path / "model_final.pth"))
+    assert torch.equal(target[0].weight, source[0].weight)
+    other = nn.Sequential(nn.Conv2d(3, 16, 1), GroupWhitening(16, num_groups=2))
+    with pytest.raises(ValueError, match=r"other norm hyper-parameters .*1 num_groups"):
+        ResilientCheckpointer(other).load(str(tmp_path / "model_final.pth"))

@@ -19,7 +19,7 @@ from detectron2.modeling.backbone import ResNet
 from gwdet.errors import GwdetValueError, listed
 from gwdet.checkpoint.converted_weights import ARCH_FIELD, ARCHITECTURES, GW_POSITIONS_FIELD, INPUT_FIELD, NORM_FIELD
 from gwdet.layers import GroupWhitening
-from gwdet.layers.settings_state import (EXTRA_STATE_KEY, UNCOMPARED_SETTINGS, SettingsInState, cast_record,
+from gwdet.layers.settings_state import (EXTRA_STATE_KEY, SettingsInState, cast_record, function_settings,
                                          decode_settings)
 from gwdet.modeling.model_checks import PER_LEVEL_CONTAINERS
 from gwdet.norms import TORCH_NORM_SETTINGS, layer_types
@@ -205,19 +205,29 @@ def norm_settings(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
 def check_norm_settings(saved: Mapping[str, Mapping[str, Any]], model: torch.nn.Module, how_to_opt_in: str) -> None:
     """Raise ``ValueError`` naming the layers and values when a norm layer of ``model`` has other
     hyper-parameters than the saved model had (the weights load, but into another function)."""
-    _refuse_other_settings(saved, norm_settings(model), how_to_opt_in)
+    _refuse_other_settings(saved, norm_settings(model), how_to_opt_in, model)
+
+
+def _function_of(layer: torch.nn.Module | None, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings ``values`` of ``layer`` as the function they make it
+    (:func:`~gwdet.layers.settings_state.function_settings`: a group count as the layer's channels
+    round it, no ``T`` for ZCA, none of :data:`~gwdet.layers.settings_state.UNCOMPARED_SETTINGS`)."""
+    channels = getattr(layer, "num_channels", None)
+    return function_settings(type(layer).__name__, {**values, **({"num_channels": channels} if channels else {})})
 
 
 def _refuse_other_settings(saved: Mapping[str, Mapping[str, Any]], present: Mapping[str, Mapping[str, Any]],
-                           how_to_opt_in: str) -> None:
+                           how_to_opt_in: str, model: torch.nn.Module) -> None:
     """Raise ``ValueError`` naming up to three values that differ between ``saved`` and ``present``
-    (``{layer: {setting: value}}``); layers and values that ``saved`` lacks, and the settings that
-    leave the trained function as it is (:data:`~gwdet.layers.settings_state.UNCOMPARED_SETTINGS`),
-    are not compared."""
+    (``{layer: {setting: value}}`` of ``model``'s layers) and make another function of the layer
+    (:func:`_function_of`: 64 groups requested of 16 channels are the 16 groups of a request of
+    16); layers and values that ``saved`` lacks are not compared."""
+    layers = dict(unwrapped(model).named_modules())
     differing = [f"{name} {key} {saved[name][key]!r} -> {value!r}"
                  for name, values in present.items() if isinstance(saved.get(name), Mapping)
                  for key, value in values.items()
-                 if key in saved[name] and saved[name][key] != value and key not in UNCOMPARED_SETTINGS]
+                 if key in saved[name] and saved[name][key] != value
+                 and _function_of(layers.get(name), saved[name]).get(key) != _function_of(layers.get(name), values).get(key)]
     if differing:
         raise GwdetValueError(
             f"The checkpoint was trained with other norm hyper-parameters than this config gives its layers "
@@ -266,7 +276,7 @@ def check_layer_settings(weights: Mapping[str, Any], model: torch.nn.Module, how
         saved_settings[name] = saved
         present[name] = layer.settings()
     check_norm_types(saved_types, model, how_to_opt_in)
-    _refuse_other_settings(saved_settings, present, how_to_opt_in)
+    _refuse_other_settings(saved_settings, present, how_to_opt_in, model)
 
 
 def drop_layer_settings(weights: dict[str, Any], model: torch.nn.Module) -> None:
