@@ -359,7 +359,8 @@ class Norm:
             key = kind.config_keys.get(param)
             check = _CHECKS.get(key) if key is not None else None
             if check is not None:
-                check(f"{param} of norm {name!r}", value)
+                shown = f"{param} of norm {name!r}" if kind.builtin else f"{param} of norm {name!r} (read from {key})"
+                check(shown, value)
             values[param] = value
         self.name = name
         self.params = values

@@ -522,6 +522,10 @@ def test_the_functional_forms_check_their_arguments_as_the_layers_do():
     with pytest.raises(ValueError, match=r"^group_whitening_reference: weight must hold one value per channel, shape "
                                          r"\[16\], got \[8\]"):
         group_whitening_reference(x, 4, 5, 1e-5, "itn", torch.ones(8), torch.zeros(16))
+    for training in (True, False):  # a raw AttributeError ('NoneType' object has no attribute 'lerp_')
+        with pytest.raises(ValueError, match=r"^batch_group_norm: running_mean and running_var must be tensors of one "
+                                             r"value per channel, shape \[16\] .*got None"):
+            batch_group_norm(x, None, None, None, None, training, 4, 2, 1e-5, 0.1, 0.0)
     for total, limit in ((-16, 4), (16, 0), (16, 4.5), (16.0, 4), (16, True)):  # 4.5 gave 0.5 groups
         with pytest.raises(ValueError, match=r"^largest_divisor_at_most: total and limit must be integers >= 1"):
             largest_divisor_at_most(total, limit)

@@ -110,3 +110,13 @@ def test_detectron2_bn_model_at_weight_zero_keeps_its_predictions():
     assert not any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
     for name in expected:
         torch.testing.assert_close(features[name], expected[name], rtol=1e-4, atol=1e-5)
+
+
+def test_a_lazy_batch_norm_not_yet_run_is_named_as_such():
+    # it said "BatchGroupNorm: num_channels must be an integer >= 1, got 0"
+    with pytest.raises(ValueError, match=r"LazyBatchNorm2d is a lazy module whose channels are not known yet: run the "
+                                         r"model once"):
+        example_weighted_norm(nn.LazyBatchNorm2d(), 0.5)
+    lazy = nn.LazyBatchNorm2d()
+    lazy(torch.randn(2, 4, 3, 3))
+    assert example_weighted_norm(lazy, 0.5).num_channels == 4

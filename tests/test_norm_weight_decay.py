@@ -177,6 +177,9 @@ def test_check_model_names_the_norm_layers_detectron2s_optimizer_decays(caplog):
     assert not caplog.records
     with pytest.raises(TypeError, match="weight_decay_norm"):
         check_model(model, optimizer=Trainer.build_optimizer(cfg, model))
+    for value in ("0", float("nan")):  # "0": a raw ValueError of a format code
+        with pytest.raises(TypeError, match=r"check_model: weight_decay_norm must be a number .*, got"):
+            check_model(model, optimizer=Trainer.build_optimizer(cfg, model), weight_decay_norm=value)
 
 
 @pytest.mark.parametrize("key, value, problem", [

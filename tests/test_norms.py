@@ -481,3 +481,12 @@ def test_equal_norms_hash_equal_whatever_the_number_type():
 
     a, b = gwdet.norm("GW", num_groups=8), gwdet.norm("GW", num_groups=np.int64(8))
     assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+
+
+def test_a_registered_names_value_refused_by_its_config_key_names_the_key(registered):
+    registered.append("TestEpsOfGroups")
+    register_norm("TestEpsOfGroups", lambda channels, eps=1e-5: torch.nn.Identity(),
+                  config_keys={"eps": "MODEL.GW.NUM_GROUPS"})
+    with pytest.raises(ValueError, match=r"eps of norm 'TestEpsOfGroups' \(read from MODEL.GW.NUM_GROUPS\) must be an "
+                                         r"integer >= 1, got 1e-05"):
+        norm("TestEpsOfGroups", eps=1e-5)

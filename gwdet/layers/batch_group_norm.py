@@ -82,6 +82,10 @@ def _check_arguments(x: Tensor, running_mean: Tensor, running_var: Tensor, weigh
         raise GwdetValueError(f"{owner}: groups={groups} must divide the {channels} channels of the input (the layer "
                               f"uses largest_divisor_at_most({channels}, num_groups) = "
                               f"{largest_divisor_at_most(channels, groups)})")
+    missing = [name for name, tensor in (("running_mean", running_mean), ("running_var", running_var)) if tensor is None]
+    if missing:
+        raise GwdetValueError(f"{owner}: {' and '.join(missing)} must be tensors of one value per channel, shape "
+                              f"[{channels}] (training updates them, evaluation normalizes with them), got None")
     check_per_channel(owner, {"running_mean": running_mean, "running_var": running_var, "weight": weight, "bias": bias},
                       channels)
     if training:

@@ -39,6 +39,9 @@ def example_weighted_norm(bn: nn.modules.batchnorm._BatchNorm, weight: float) ->
     float rounding). The result is on ``bn``'s device and in ``bn``'s training mode.
     """
     check_unit_interval("example_weighted_norm", "weight", weight)
+    if isinstance(bn, nn.modules.lazy.LazyModuleMixin) and bn.has_uninitialized_params():
+        raise GwdetValueError(f"example_weighted_norm: {type(bn).__name__} is a lazy module whose channels are not "
+                              "known yet: run the model once on an input (or call its initialize_parameters) first")
     running_mean, running_var = bn.running_mean, bn.running_var
     if running_mean is None or running_var is None:
         raise GwdetValueError(f"example_weighted_norm: {type(bn).__name__} keeps no running statistics "

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from gwdet.errors import GwdetTypeError, GwdetValueError, listed
-from gwdet.layers.common import check_flag
+from gwdet.layers.common import check_flag, is_finite_number
 from gwdet.modeling.heads import PerLevelNorm
 from gwdet.norms import DETECTRON2_PER_LEVEL_NORMS, TORCH_BATCH_NORMS, group_adjustment, layer_types
 from gwdet.solver import misdecayed_norm_layers
@@ -91,6 +91,10 @@ def check_model(model: nn.Module, strict_groups: bool = False, optimizer: torch.
         if weight_decay_norm is None:
             raise GwdetTypeError("check_model: with an optimizer, give weight_decay_norm (SOLVER.WEIGHT_DECAY_NORM) "
                                  "to check the norm layers' weight decay against")
+        for name, value in (("weight_decay_norm", weight_decay_norm), ("weight_decay_bias", weight_decay_bias)):
+            if value is not None and not is_finite_number(value):
+                raise GwdetTypeError(f"check_model: {name} must be a number (the weight decay the optimizer should "
+                                     f"give), got {value!r} ({type(value).__name__})")
         check_norm_weight_decay(model, optimizer, weight_decay_norm, weight_decay_bias)
     adjusted = adjusted_groups(model)
     if adjusted and strict_groups:
