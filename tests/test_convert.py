@@ -95,8 +95,8 @@ class DetectorStub(nn.Module):
         self.backbone = backbone
 
 
-def gwdet_detector(arch: str, gw_positions: str) -> DetectorStub:
-    """gwdet's ResNet+FPN backbone configured for converted torchvision weights."""
+def gwdet_detector(arch: str, gw_positions: str, gw_groups: int = 64) -> DetectorStub:
+    """gwdet's ResNet+FPN backbone configured for converted torchvision weights (``gw_groups``: MODEL.GW.NUM_GROUPS)."""
     _, depth, num_groups, width_per_group = ARCHS[arch]
     cfg = add_gwdet_config(get_cfg())
     cfg.MODEL.BACKBONE.NAME = "build_gw_resnet_fpn_backbone"
@@ -107,6 +107,7 @@ def gwdet_detector(arch: str, gw_positions: str) -> DetectorStub:
     cfg.MODEL.RESNETS.STRIDE_IN_1X1 = False
     cfg.MODEL.RESNETS.NORM = "FrozenBN"
     cfg.MODEL.RESNETS.GW_POSITIONS = gw_positions
+    cfg.MODEL.GW.NUM_GROUPS = gw_groups
     cfg.MODEL.RESNETS.OUT_FEATURES = list(STAGES)
     cfg.MODEL.FPN.IN_FEATURES = list(STAGES)
     return DetectorStub(build_backbone(cfg, ShapeSpec(channels=3))).eval()
@@ -553,3 +554,26 @@ def test_of_two_conversions_into_one_new_output_exactly_one_succeeds(r50_files, 
     positions = read_conversion_metadata(load_pickle_file(str(out), False, ""))["gw_positions"]
     assert positions == ("S1-B2" if succeeded == ["gw"] else ""), "the file is the successful conversion's"
     assert sorted(os.listdir(tmp_path)) == ["out.pkl"], "the refused conversion leaves no partial file"
+
+
+def test_a_gwdet_layers_recorded_settings_travel_into_the_converted_weights(tmp_path):
+    # they were called keys outside torchvision's layout; dropped (--allow-unexpected), the weights of a 16-group
+    # GW loaded into the config's 64 groups without a word
+    import gwdet
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    model = torchvision_model("R-50", with_gw=False)
+    model.bn1 = gwdet.norm("GW", num_groups=16)(model.bn1.num_features)
+    for layer in (model.layer1, model.layer2, model.layer3, model.layer4):
+        for block in layer:
+            block.bn2 = gwdet.norm("GW", num_groups=16)(block.bn2.num_features)
+    weights, report = convert_state_dict(in_memory(model.state_dict()))
+    assert report.gw_positions == "S1-B2" and report.settings_records == 17 and not report.unexpected
+    assert {report.config()[key] for key in ("MODEL.GW.NUM_GROUPS", "MODEL.GW.T")} == {16, 5}
+    assert "17 gwdet norm layers' recorded settings carried" in report.format()
+    path = tmp_path / "gw16.pkl"
+    path.write_bytes(pickle.dumps({"model": weights, "__author__": "test", "matching_heuristics": True}))
+    ResilientCheckpointer(gwdet_detector("R-50", "S1-B2", gw_groups=16)).load(str(path))
+    with pytest.raises(RuntimeError, match=r"stem.conv1.norm \(GroupWhitening\) was saved with num_groups=16, but this "
+                                           r"layer has num_groups=64"):
+        ResilientCheckpointer(gwdet_detector("R-50", "S1-B2", gw_groups=64)).load(str(path))

@@ -216,7 +216,7 @@ def test_export_and_analyze_tools_take_a_lazy_config(tmp_path, capsys):
     from gwdet.export.export_model import main as export
 
     config = ["--config-file", str(LAZY_DEMO)]
-    tiny = [*LAZY_TINY[:3], f"train.output_dir={tmp_path / 'out'}"]  # --run-eval writes the COCO results there
+    tiny = [*LAZY_TINY[:3], f"train.output_dir={tmp_path / 'out'}"]
     # TorchScript by tracing, compared on the first test image with detections, then evaluated.
     # A model of seeded random weights: with barely trained weights, detections of equal scores can
     # come out in another order from the traced model, as with a yacs config.
@@ -225,6 +225,9 @@ def test_export_and_analyze_tools_take_a_lazy_config(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert float(printed.split("on the sample input: ")[1].split()[0]) <= 1e-3
     assert (tmp_path / "ts" / "model.ts").is_file()
+    # the evaluation's files beside the export: a training run's inference/ in train.output_dir was replaced
+    assert (tmp_path / "ts" / "inference" / "instances_predictions.pth").is_file()
+    assert not (tmp_path / "out").exists()
     # a sample image, read as dataloader.test reads its images (format, resize)
     sample = DatasetCatalog.get("shapes_val")[0]["file_name"]
     torch.manual_seed(0)

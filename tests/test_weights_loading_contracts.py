@@ -571,3 +571,26 @@ def test_the_checkpointer_loads_what_the_layer_itself_takes_as_the_same_function
     other = nn.Sequential(nn.Conv2d(3, 16, 1), GroupWhitening(16, num_groups=2))
     with pytest.raises(ValueError, match=r"other norm hyper-parameters .*1 num_groups"):
         ResilientCheckpointer(other).load(str(tmp_path / "model_final.pth"))
+
+
+def test_batch_norm_statistics_for_a_layer_without_any_are_refused(tmp_path, monkeypatch):
+    # detectron2's convert-torchvision-to-d2.py output (no gwdet record) loaded BN's scale and shift as GW's affine
+    from gwdet.checkpoint.resilient import MISMATCH_ENV, ResilientCheckpointer
+
+    source = nn.Sequential(nn.Conv2d(3, 16, 1), nn.BatchNorm2d(16))
+    weights = {name.replace("1.", "norm.", 1): tensor.numpy() for name, tensor in source.state_dict().items()
+               if "num_batches" not in name}
+    path = tmp_path / "bn.pkl"
+    path.write_bytes(pickle.dumps({"model": weights, "__author__": "torchvision", "matching_heuristics": True}))
+
+    class Model(nn.Module):
+        def __init__(self, norm):
+            super().__init__()
+            self.conv, self.norm = nn.Conv2d(3, 16, 1), norm
+
+    with pytest.raises(ValueError, match=r"hold batch norm statistics \(running_mean, running_var\) for 1 layer\(s\) "
+                                         r"that keep none in this model \(norm\)"):
+        ResilientCheckpointer(Model(GroupWhitening(16, 4))).load(str(path))
+    ResilientCheckpointer(Model(nn.BatchNorm2d(16))).load(str(path))  # BN where the weights have it
+    monkeypatch.setenv(MISMATCH_ENV, "1")
+    ResilientCheckpointer(Model(GroupWhitening(16, 4))).load(str(path))

@@ -140,6 +140,28 @@ def check_weights_fit_model(metadata: Mapping, model: torch.nn.Module) -> None:
             )
 
 
+def check_statistics_have_a_layer(weights: Mapping[str, Any], model: torch.nn.Module, how_to_opt_in: str) -> None:
+    """Raise ``ValueError`` when ``weights`` (a state dict, detectron2's key names or a shorter
+    suffix of them, as its checkpointer matches ``.pkl`` files) hold batch norm's running
+    statistics for a layer of ``model`` that keeps none (GW, GN): BN's scale and shift would load as
+    that layer's affine and its statistics be dropped, another function without a word."""
+    prefixes = {key.rsplit(".", 1)[0] for key in weights if key.endswith((".running_mean", ".running_var"))}
+    if not prefixes:
+        return
+    without_statistics = (GroupWhitening, torch.nn.GroupNorm)
+    layers = [name for name, module in unwrapped(model).named_modules()
+              if isinstance(module, without_statistics) and name
+              and any(name == prefix or name.endswith("." + prefix) for prefix in prefixes)]
+    if layers:
+        raise GwdetValueError(
+            f"The weights hold batch norm statistics (running_mean, running_var) for {len(layers)} layer(s) that keep "
+            f"none in this model ({listed(layers, 3)}): BN's scale and shift would load as their affine and the "
+            "statistics be dropped, another function; nothing was loaded. Build the model with BN where the weights "
+            "have it (MODEL.RESNETS.GW_POSITIONS to where they have GW, \"\" for none; MODEL.RESNETS.NORM), or load "
+            f"weights trained or converted for this model (tools/convert_pretrained.py), or {how_to_opt_in} to load "
+            "them anyway.")
+
+
 # ---- norm layer types recorded in gwdet's checkpoints ------------------------------------------
 
 NORM_TYPES_KEY = "gwdet_norm_types"

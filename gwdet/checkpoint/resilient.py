@@ -34,6 +34,7 @@ from gwdet.checkpoint.compatibility import (
     check_layer_settings,
     check_norm_settings,
     check_norm_types,
+    check_statistics_have_a_layer,
     check_weights_fit_model,
     drop_layer_settings,
     norm_settings,
@@ -431,6 +432,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 drop_layer_settings(checkpoint["model"], self.model)
             else:
                 check_layer_settings(checkpoint["model"], self.model, _MISMATCH_OPT_IN)
+                check_statistics_have_a_layer(checkpoint["model"], self.model, _MISMATCH_OPT_IN)
         checkpoint.pop(NORM_TYPES_KEY, None)
         checkpoint.pop(NORM_SETTINGS_KEY, None)
         return super()._load_model(checkpoint)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 import numpy as np
@@ -47,8 +47,11 @@ from gwdet.checkpoint.converted_weights import (
     conversion_metadata,
 )
 from gwdet.convert.target_backbone import check_fits_architecture, expected_shapes, loading_config
-from gwdet.convert.torchvision_keys import SourceLayout, parse_torchvision_layout
+from gwdet.convert.torchvision_keys import RECORD_LEAF, SourceLayout, parse_torchvision_layout
+from gwdet.layers import GroupWhitening
 from gwdet.layers.common import check_flag
+from gwdet.layers.settings_state import decode_settings
+from gwdet.norms import norm_record
 from gwdet.positions import format_gw_positions
 
 OUTPUT_SUFFIX = ".pkl"
@@ -76,6 +79,8 @@ class ConversionReport:
     dropped_classifier: list[str]
     dropped_num_batches_tracked: int
     unexpected: list[str]  # dropped because allow_unexpected was set
+    settings_records: int = 0  # gwdet norm layers' recorded settings, carried for the loading layers to check
+    recorded_config: dict[str, object] = field(default_factory=dict)  # what those settings give (MODEL.GW.*)
     output: str | None = None
 
     def format(self) -> str:
@@ -104,6 +109,8 @@ class ConversionReport:
             f"{preview_names(self.dropped_classifier, 4)}, "
             f"{self.dropped_num_batches_tracked} num_batches_tracked",
             f"  unexpected    : {unexpected}",
+            *([f"  settings      : {self.settings_records} gwdet norm layers' recorded settings carried (the layers "
+               "that load them refuse other settings)"] if self.settings_records else []),
             "Config for these weights:",
         ]
         lines += [f"  {key}: {_yaml_value(value)}" for key, value in self.config().items()]
@@ -118,7 +125,7 @@ class ConversionReport:
 
     def config(self) -> dict[str, object]:
         """The config keys (detectron2's and gwdet's) of a model loading these weights."""
-        return loading_config(ARCHITECTURES[self.arch], self.gw_positions, self.gn_style)
+        return {**loading_config(ARCHITECTURES[self.arch], self.gw_positions, self.gn_style), **self.recorded_config}
 
     def author(self) -> str:
         """The output's ``__author__``; detectron2 logs it when loading the weights."""
@@ -179,6 +186,9 @@ def convert_state_dict(
     weights, reshaped = detectron2_weights(layout)
     expected = expected_shapes(inferred_arch, format_gw_positions(positions), gn_style)
     check_fits_architecture(weights, expected, inferred_arch)
+    records = {f"{norm.target}.{RECORD_LEAF}": norm.record.numpy() for norm in layout.norms.values()
+               if norm.record is not None}  # checked by the layers that load them: their settings
+    weights.update(records)
     affine_norms = sum(norm.affine_only for norm in layout.norms.values())
     return weights, ConversionReport(
         source=source_name,
@@ -197,7 +207,24 @@ def convert_state_dict(
         dropped_classifier=sorted(layout.dropped_classifier),
         dropped_num_batches_tracked=len(layout.dropped_num_batches_tracked),
         unexpected=sorted(layout.unexpected),
+        settings_records=len(records),
+        recorded_config=recorded_config([norm.record for norm in layout.norms.values() if norm.record is not None]),
     )
+
+
+def recorded_config(records: list[torch.Tensor]) -> dict[str, object]:
+    """The config values that gwdet GW layers' recorded settings ``records`` give (``MODEL.GW.*``, from
+    the norm catalogue's keys), each where every record that has it agrees."""
+    values: dict[str, set] = {}
+    for record in records:
+        settings = decode_settings(record)
+        if settings is None or settings.get("layer") != GroupWhitening.__name__:
+            continue
+        name = "GW_ZCA" if settings.get("method") == "zca" else "GW"
+        for param, key in norm_record(name).config_keys.items():
+            if param in settings:
+                values.setdefault(key, set()).add(settings[param])
+    return {key: next(iter(found)) for key, found in sorted(values.items()) if len(found) == 1}
 
 
 def detectron2_weights(layout: SourceLayout) -> tuple[dict[str, np.ndarray], int]:

@@ -28,6 +28,7 @@ from gwdet.positions import POSITIONS
 BN_LEAVES = frozenset({"weight", "bias", "running_mean", "running_var"})
 AFFINE_LEAVES = frozenset({"weight", "bias"})
 DROPPED_NORM_LEAF = "num_batches_tracked"
+RECORD_LEAF = "_extra_state"  # the settings a gwdet norm layer records in its state (gwdet.layers.settings_state)
 CLASSIFIER_MODULE = "fc"
 SHORTCUT = "shortcut"
 NORM_POSITIONS = (*POSITIONS, SHORTCUT)
@@ -44,6 +45,7 @@ class SourceNorm:
     target: str  # detectron2 module, e.g. "res2.0.conv2.norm"
     position: str  # one of NORM_POSITIONS
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    record: torch.Tensor | None = None  # a gwdet layer's recorded settings, carried into the converted weights
 
     @property
     def affine_only(self) -> bool:
@@ -81,6 +83,8 @@ def parse_torchvision_layout(tensors: dict[str, torch.Tensor]) -> SourceLayout:
             layout.convs[f"{target[0]}.weight"] = value
         elif target[1] != CONV and leaf == DROPPED_NORM_LEAF:
             layout.dropped_num_batches_tracked.append(key)
+        elif target[1] != CONV and leaf == RECORD_LEAF:
+            layout.norms.setdefault(module, SourceNorm(module, *target)).record = value
         elif target[1] != CONV and leaf in BN_LEAVES:
             norm = layout.norms.setdefault(module, SourceNorm(module, *target))
             norm.tensors[leaf] = value

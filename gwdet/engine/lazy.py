@@ -15,6 +15,7 @@ overrides is :mod:`gwdet.model_zoo.lazy_loading`.
 """
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import tempfile
@@ -47,6 +48,7 @@ from gwdet.data.resumable import resumable_train_loader
 from gwdet.config import ABSENT
 from gwdet.model_zoo.lazy_loading import (
     OUTPUT_SETTING,
+    argument_names,
     callable_of,
     check_keys,
     load_lazy_config,
@@ -396,6 +398,9 @@ class LazyRun(RunConfig):
         check_keys(self.cfg, ("dataloader.test",), "reading test images")
         return FiniteImageBatches(instantiate(self.cfg.dataloader.test))
 
-    def evaluator(self) -> Any:
+    def evaluator(self, output_folder: str) -> Any:
         check_keys(self.cfg, ("dataloader.evaluator",), "evaluation")
-        return instantiate(self.cfg.dataloader.evaluator)
+        node = copy.deepcopy(self.cfg.dataloader.evaluator)
+        if "output_dir" in argument_names(callable_of(node))[0]:  # detectron2's COCOEvaluator writes its files there
+            node.output_dir = output_folder
+        return instantiate(node)

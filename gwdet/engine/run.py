@@ -225,8 +225,9 @@ class RunConfig(ABC):
         """The loader of the first test set."""
 
     @abstractmethod
-    def evaluator(self) -> Any:
-        """The evaluator of the first test set."""
+    def evaluator(self, output_folder: str) -> Any:
+        """The evaluator of the first test set, writing its files (predictions, results) into
+        ``output_folder``: a tool's own folder, never a run's ``inference/``."""
 
     def build_trained_model(self) -> torch.nn.Module:
         """The model with the initial weights loaded as ``--eval-only`` loads them, in evaluation

@@ -320,5 +320,5 @@ class YacsRun(RunConfig):
         self.prepare_datasets(trains=False, evaluates=False)  # a tool's: the evaluation's checks came before
         return Trainer.build_test_loader(self.cfg, self.cfg.DATASETS.TEST[0])
 
-    def evaluator(self) -> Any:
-        return Trainer.build_evaluator(self.cfg, self.cfg.DATASETS.TEST[0])
+    def evaluator(self, output_folder: str) -> Any:
+        return Trainer.build_evaluator(self.cfg, self.cfg.DATASETS.TEST[0], output_folder)

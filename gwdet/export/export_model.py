@@ -216,13 +216,13 @@ def _adapter_fields(adapter, flat_outputs: Sequence[Any]) -> Optional[Dict[str, 
     return _instance_fields(adapter.outputs_schema([torch.as_tensor(output) for output in flat_outputs]))
 
 
-def evaluate_traced(run: RunConfig, traced, adapter) -> Dict:
+def evaluate_traced(run: RunConfig, traced, adapter, output_folder: str) -> Dict:
     """COCO evaluation of the traced model on the first test set with the config's evaluator
-    (postprocessed like eager)."""
+    (postprocessed like eager), its files written into ``output_folder``."""
     from detectron2.evaluation import inference_on_dataset, print_csv_format
     from detectron2.modeling.postprocessing import detector_postprocess
 
-    loader, evaluator = run.test_loader(), run.evaluator()
+    loader, evaluator = run.test_loader(), run.evaluator(output_folder)
 
     def run_traced(inputs):
         # the traced model stops before the resize to the original image size
@@ -453,6 +453,7 @@ def _export(argv: Sequence[str]) -> int:
     logger.info("Exported %s", path)
     if agreement is not None:
         print(f"Exported {path}; {agreement}")
-    if args.run_eval:
-        evaluate_traced(run, traced, adapter)
+    if args.run_eval:  # its files beside the export, not in the training run's inference/
+        with ExportFolderLock(args.output):
+            evaluate_traced(run, traced, adapter, os.path.join(args.output, "inference"))
     return 0
