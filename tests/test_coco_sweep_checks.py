@@ -210,6 +210,37 @@ def test_only_orientations_the_stated_size_cannot_confirm_are_warned_of(tmp_path
 
 # ---- test sets: no annotations, no masks (SILENT 5; RAW 5) -----------------------------------------
 
+def test_an_object_annotated_twice_is_refused_naming_both_ids(tmp_path):
+    # a merge of two annotation files: box AP 56.7 became 43.4 without a word
+    def repeat_two(coco, root):
+        coco["annotations"] += [dict(annotation, id=100 + annotation["id"]) for annotation in coco["annotations"][:2]]
+    message = refusal(tmp_path, repeat_two)
+    assert "2 annotation(s) of " in message and "annotation id 101 of image 1 (000.png) repeats annotation id 1" in message
+    assert "Remove the copies" in message
+    # the same box of another category, or a crowd region over an object, is no copy
+    CocoDataset.parse(f"m={write_dataset(tmp_path / 'other', lambda coco, root: coco['annotations'].append(dict(coco['annotations'][0], id=50, category_id=2)))}").inspected()
+
+
+def test_a_test_set_that_is_a_training_sets_file_is_warned_of(tmp_path):
+    from gwdet.data.coco_registration import DatasetUse, check_datasets_fit
+
+    spec = write_dataset(tmp_path)
+    register_coco_datasets([CocoDataset.parse(f"leak_train={spec}"), CocoDataset.parse(f"leak_test={spec}")])
+    with logged_warnings("gwdet.data.coco_registration") as warned:
+        check_datasets_fit(DatasetUse(("leak_train",), ("leak_test",), False))
+    assert any("DATASETS.TEST 'leak_test' reads the annotation file of DATASETS.TRAIN 'leak_train'" in message
+               for message in warned), warned
+
+
+def test_the_environment_variable_naming_a_dataset_twice_is_refused(tmp_path, monkeypatch):
+    from gwdet.data.coco_registration import ENVIRONMENT_VARIABLE, environment_datasets
+
+    spec = write_dataset(tmp_path)
+    monkeypatch.setenv(ENVIRONMENT_VARIABLE, json.dumps([f"m={spec}", f"m={spec}"]))
+    with pytest.raises(DatasetError, match=rf"^{ENVIRONMENT_VARIABLE}: dataset 'm' is given twice: give each NAME once"):
+        environment_datasets()
+
+
 def test_a_test_set_without_annotations_is_refused_before_training(tmp_path):
     registered("sweep_train", tmp_path / "train")
     registered("sweep_empty", tmp_path / "empty", lambda coco, root: coco.update(annotations=[]))

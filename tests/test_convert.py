@@ -577,3 +577,12 @@ def test_a_gwdet_layers_recorded_settings_travel_into_the_converted_weights(tmp_
     with pytest.raises(RuntimeError, match=r"stem.conv1.norm \(GroupWhitening\) was saved with num_groups=16, but this "
                                            r"layer has num_groups=64"):
         ResilientCheckpointer(gwdet_detector("R-50", "S1-B2", gw_groups=64)).load(str(path))
+
+
+def test_the_command_lines_paths_expand_a_tilde_the_shell_left(monkeypatch, tmp_path):
+    # OUT=~/x.pkl from a script: the advice was to create a folder named ~
+    from gwdet.convert.cli import argument_parser
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    args = argument_parser().parse_args(["~/r50.pth", "~/r50.pkl"])
+    assert (args.input, args.output) == (str(tmp_path / "r50.pth"), str(tmp_path / "r50.pkl"))

@@ -29,6 +29,27 @@ def test_export_refuses_an_output_that_is_a_file(capsys, tmp_path):
     assert (tmp_path / "file").read_text() == "mine"
 
 
+@pytest.mark.parametrize("folder", ["model.ts", "model.ts.sha256"])
+def test_export_refuses_a_folder_where_it_writes_a_file_before_building(capsys, tmp_path, folder):
+    # after building and tracing: a raw IsADirectoryError (--overwrite, the advice given, did not help)
+    (tmp_path / "out" / folder).mkdir(parents=True)
+    with pytest.raises(SystemExit):
+        export_model.main(["--config-file", str(DEMO_CONFIG), "--output", str(tmp_path / "out"), "--overwrite"])
+    assert (f"--output {tmp_path / 'out'} holds a folder {folder}, where the export writes a file of that name"
+            in capsys.readouterr().err)
+
+
+def test_export_refuses_an_output_that_is_a_link_to_nowhere_and_expands_a_tilde(capsys, tmp_path, monkeypatch):
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(SystemExit):
+        export_model.main(["--config-file", str(DEMO_CONFIG), "--output", str(tmp_path / "link")])
+    assert f"is a link to {tmp_path / 'nowhere'}, which does not exist" in capsys.readouterr().err
+    monkeypatch.setenv("HOME", str(tmp_path))  # --output=~/x: the shell leaves the ~ after '='
+    args = parse_with_trailing_flags(export_model.argument_parser(),
+                                     ["--config-file", "c.yaml", "--output=~/deploy", "--sample-image=~/x.png"])
+    assert (args.output, args.sample_image) == (str(tmp_path / "deploy"), str(tmp_path / "x.png"))
+
+
 def test_export_refuses_a_sample_image_that_is_missing_or_not_an_image(capsys, tmp_path):
     err = export(capsys, tmp_path, "--sample-image", str(tmp_path / "missing.png"))
     assert "--sample-image" in err and "missing.png" in err

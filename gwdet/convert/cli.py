@@ -4,6 +4,7 @@ torchvision-layout ImageNet checkpoint into detectron2 weights and print the rep
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
@@ -19,8 +20,9 @@ def argument_parser() -> argparse.ArgumentParser:
         description="Convert a torchvision-layout ImageNet ResNet/ResNeXt checkpoint (BN, or GW "
         "at some positions) into a detectron2 .pkl for gwdet's backbones."
     )
-    parser.add_argument("input", metavar="IN", help="checkpoint written by torch.save (.pth/.pt)")
-    parser.add_argument("output", metavar="OUT", help="detectron2 weights to write (.pkl)")
+    parser.add_argument("input", metavar="IN", type=os.path.expanduser,
+                        help="checkpoint written by torch.save (.pth/.pt)")
+    parser.add_argument("output", metavar="OUT", type=os.path.expanduser, help="detectron2 weights to write (.pkl)")
     parser.add_argument(
         "--arch",
         choices=list(ARCHITECTURES),

@@ -17,6 +17,7 @@ and the fix. Other processes get the registrations from ``$GWDET_REGISTER_COCO``
 from __future__ import annotations
 
 import argparse
+import filecmp
 import functools
 import json
 import logging
@@ -256,6 +257,8 @@ class _AnnotationTally:
     areas: list[str] = field(default_factory=list)  # area missing, not a number, not finite, negative
     degenerate: list[str] = field(default_factory=list)  # boxes that cannot be trained on
     below_a_pixel: list[str] = field(default_factory=list)  # valid boxes under a pixel in both sides
+    first_of: dict[tuple, Any] = field(default_factory=dict)  # (image, category, box): the first annotation's id
+    repeated: list[str] = field(default_factory=list)  # objects annotated again (same image, category and box)
 
     def named(self, annotation: dict) -> str:
         """``annotation id 7 of image 3 (003.png)``: how messages name an annotation."""
@@ -283,6 +286,12 @@ class _AnnotationTally:
         self.instances += 1
         self.rle_masks += isinstance(mask, dict)
         self.without_mask += not mask
+        if not problem:
+            key = (annotation["image_id"], annotation["category_id"], tuple(annotation["bbox"]))
+            if key in self.first_of:
+                self.repeated.append(f"{self.named(annotation)} repeats annotation id {self.first_of[key]}")
+            else:
+                self.first_of[key] = annotation["id"]
 
 
 def _warn_of_rotations(dataset: CocoDataset, rotations: dict[str, int]) -> None:
@@ -431,6 +440,12 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
             f"{where} {len(problems)} annotation id(s) of {path} are not unique: {listed_problems(problems)}. detectron2 "
             "refuses such a file with a bare assertion and COCO evaluation mixes the annotations up. Give each "
             "annotation its own id.")
+    if tally.repeated:
+        raise DatasetError(
+            f"{where} {len(tally.repeated)} annotation(s) of {path} repeat another of the same image, with the same "
+            f"category and bbox: {listed_problems(tally.repeated)}. Each copy counts as one more object: COCO "
+            "evaluation scores it as one no detection can match (a lower AP), and training weighs the object twice. "
+            "Remove the copies (a merge of two annotation files leaves such twins).")
     degenerate = tally.degenerate
     if degenerate:
         raise DatasetError(
@@ -539,12 +554,15 @@ def environment_datasets() -> list[CocoDataset]:
     if not isinstance(specs, list) or not all(isinstance(spec, str) for spec in specs):
         raise DatasetError(f"{ENVIRONMENT_VARIABLE} must be a JSON list of \"{FORMAT}\" strings, e.g. "
                            f"'[\"{EXAMPLE}\"]'; it is {_shown(text)}.")
-    datasets = []
+    datasets: list[CocoDataset] = []
     for spec in specs:
         try:
-            datasets.append(CocoDataset.parse(spec))
+            dataset = CocoDataset.parse(spec)
         except DatasetError as error:
             raise DatasetError(f"{ENVIRONMENT_VARIABLE}: {error}") from None
+        if any(earlier.name == dataset.name for earlier in datasets):
+            raise DatasetError(f"{ENVIRONMENT_VARIABLE}: dataset {dataset.name!r} is given twice: give each NAME once.")
+        datasets.append(dataset)
     return datasets
 
 
@@ -821,3 +839,25 @@ def check_datasets_fit(use: DatasetUse) -> None:
             _check_training_masks(use, dataset)
         if dataset.name in use.test:  # evaluated against the JSON itself
             _check_test_annotations(use, dataset)
+    _warn_of_test_sets_trained_on(use, ours)
+
+
+def _warn_of_test_sets_trained_on(use: DatasetUse, ours: Sequence[CocoDataset]) -> None:
+    """Warn of each test set of ``use`` whose annotation file is (by path or by contents) that of a
+    training set: its results measure the training data."""
+    training = [dataset for dataset in ours if dataset.name in use.train]
+    for test in (dataset for dataset in ours if dataset.name in use.test and dataset.name not in use.train):
+        for train in training:
+            if _same_file(test.json_file, train.json_file):
+                logger.warning(
+                    f"{use.test_setting} {test.name!r} reads the annotation file of {use.train_setting} {train.name!r} "
+                    f"({test.json_file}): its results measure the data the model trains on, not how it does on "
+                    "unseen images. Evaluate on a held-out annotation file.")
+
+
+def _same_file(first: str, second: str) -> bool:
+    """Whether the files ``first`` and ``second`` are one file or hold the same bytes."""
+    try:
+        return os.path.samefile(first, second) or filecmp.cmp(first, second, shallow=False)
+    except OSError:
+        return False

@@ -32,6 +32,7 @@ from torch import Tensor
 from gwdet.errors import GwdetError, GwdetFileExistsError, GwdetRuntimeError, GwdetValueError
 from gwdet.data import add_register_coco_argument
 from gwdet.data.test_images import read_test_image
+from gwdet.utils.atomic import checksum_path
 from gwdet.utils.cli_errors import add_verbose_argument, as_override, run_tool
 from gwdet.export.detection_check import TOLERANCE
 from gwdet.engine.arguments import parse_with_trailing_flags, refuse_repeated_flags
@@ -73,9 +74,10 @@ def argument_parser() -> argparse.ArgumentParser:
     parser = config_parser("Export a gwdet (detectron2) model to TorchScript or ONNX.")
     parser.add_argument("--format", choices=["torchscript", "onnx"], default="torchscript")
     parser.add_argument("--export-method", choices=["tracing", "scripting"], default="tracing")
-    parser.add_argument("--sample-image", default=None, help="image to trace with (default: first test image)")
+    parser.add_argument("--sample-image", default=None, type=os.path.expanduser,
+                        help="image to trace with (default: first test image)")
     parser.add_argument("--run-eval", action="store_true", help="evaluate the exported TorchScript model")
-    parser.add_argument("--output", required=True, help="output folder")
+    parser.add_argument("--output", required=True, type=os.path.expanduser, help="output folder")
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier export in --output")
     parser.add_argument("--untrained", action="store_true",
                         help="export the model with random weights when the config gives none (MODEL.WEIGHTS or "
@@ -331,6 +333,11 @@ def compared_difference(expected: Sequence[Tensor], actual: Sequence) -> float:
 MIN_ONNX_OPSET = 11
 
 
+def export_path(args: argparse.Namespace) -> str:
+    """The file the export writes: ``model.onnx`` or ``model.ts`` in ``--output``."""
+    return os.path.join(args.output, "model.onnx" if args.format == "onnx" else "model.ts")
+
+
 def check_export_flags(args: argparse.Namespace) -> None:
     """Refuse, before the model is built, flags the export cannot use: an ``--output`` that is a
     file or cannot be written, a ``--sample-image`` that is missing or not an image detectron2 reads
@@ -345,6 +352,13 @@ def check_export_flags(args: argparse.Namespace) -> None:
     if os.path.exists(args.output) and not os.path.isdir(args.output):
         raise GwdetValueError(f"--output {args.output} is a file, not a folder: give the folder to write "
                               "model.ts / model.onnx into (it is created when missing).")
+    if os.path.islink(args.output) and not os.path.exists(args.output):
+        raise GwdetValueError(f"--output {args.output} is a link to {os.readlink(args.output)}, which does not exist: "
+                              "create that folder, or give another --output.")
+    for written in (export_path(args), checksum_path(export_path(args))):
+        if os.path.isdir(written):
+            raise GwdetValueError(f"--output {args.output} holds a folder {os.path.basename(written)}, where the export "
+                                  "writes a file of that name: move the folder away, or choose another --output.")
     existing = os.path.abspath(args.output)
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
@@ -406,7 +420,7 @@ def _export(argv: Sequence[str]) -> int:
         raise GwdetValueError("--run-eval evaluates a traced TorchScript model: use --format torchscript "
                               "--export-method tracing")
     check_export_flags(args)
-    path = os.path.join(args.output, "model.onnx" if args.format == "onnx" else "model.ts")
+    path = export_path(args)
     if os.path.exists(path) and not args.overwrite:
         raise GwdetFileExistsError(f"{path} already exists; it is left as it is. Pass --overwrite to replace it, or "
                                    "choose another --output.")
