@@ -55,6 +55,17 @@ def test_a_section_replaces_only_its_own_markers(tmp_path):
     assert fresh.read_text().startswith("# gwdet benchmarks\n\n" + markers("main")[0])
 
 
+def test_a_file_with_windows_line_endings_keeps_them(tmp_path):
+    # Path.read_text turned every CRLF of the user's text into LF ("byte for byte" outside the section)
+    path = tmp_path / "notes.md"
+    path.write_bytes(b"# My notes\r\n\r\nSome text\r\n")
+    write_section(path, "table\nrow", "mine")
+    begin, end = markers("mine")
+    assert path.read_bytes() == f"# My notes\r\n\r\nSome text\r\n\r\n{begin}\r\ntable\r\nrow\r\n{end}\r\n".encode()
+    write_section(path, "new", "mine")
+    assert path.read_bytes() == f"# My notes\r\n\r\nSome text\r\n\r\n{begin}\r\nnew\r\n{end}\r\n".encode()
+
+
 @pytest.mark.parametrize("layout", ["begin only", "begin twice", "end before begin"])
 def test_markers_that_do_not_delimit_one_section_are_refused_before_measuring(tmp_path, capsys, layout):
     """A begin line without its end: the second run replaced everything from it to its own new end

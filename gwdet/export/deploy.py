@@ -231,7 +231,9 @@ def verify_export(path: str) -> bool:
                       stacklevel=3)
         return True
     if differs is not None:
-        raise DamagedExportError(f"{path} is damaged ({differs}). {REEXPORT}", path)
+        raise DamagedExportError(
+            f"{path} is damaged ({differs}). {REEXPORT} If you replaced it on purpose (a newer export copied over it), "
+            f"copy its {os.path.basename(checksum_path(path))} with it, or delete the old one.", path)
     return os.path.isfile(checksum_path(path))
 
 

@@ -3,7 +3,8 @@
 An exported file and the eager model round differently (reference formulas against the fused op),
 so detections of nearly equal scores can swap places and a position-by-position comparison would
 compare different objects. :func:`compare_detections` matches each eager detection to the exported
-one of the same class whose box is closest, and compares the pairs within ``tolerance``
+one of the same class whose box is closest (within :data:`MATCH_FRACTION` of the image's longer
+side, or the box tolerance where that is larger), and compares the pairs within ``tolerance``
 (``--tolerance``, default :data:`TOLERANCE`): boxes within ``tolerance`` x the image's longer side,
 scores and mask probabilities within ``tolerance``. A detection only one side finds is allowed where
 rounding decides whether it is kept (its score within ``tolerance`` of the score threshold, or of
@@ -85,6 +86,12 @@ class DetectionComparison:
                 "built from; a larger --tolerance accepts larger rounding differences.")
 
 
+# Detections of one class whose boxes are this close (x the image's longer side) are paired, whatever
+# the tolerance; a pair's differences are then compared with the tolerance, so that a tolerance below
+# the rounding does not turn every pair into two unmatched detections.
+MATCH_FRACTION = 0.02
+
+
 def _closest(expected: Detections, index: int, actual: Detections, free: list[bool]) -> tuple[int, float]:
     """The unmatched detection of ``actual`` of ``expected``'s class ``index`` with the closest box,
     and that box's largest coordinate difference (``-1, inf`` when there is none)."""
@@ -109,6 +116,7 @@ def compare_detections(expected: Detections, actual: Detections, image_size: tup
     """Match ``actual`` (the export's) to ``expected`` (the eager model's) detections on one image of
     ``image_size`` (height, width) and compare them (see the module's description)."""
     box_tolerance = tolerance * max(image_size)
+    match_radius = max(box_tolerance, MATCH_FRACTION * max(image_size))  # pairs first, then their differences
     result = DetectionComparison(tolerance, box_tolerance)
     for side, detections in (("eager model", expected), ("export", actual)):
         for name in ("boxes", "scores", "masks"):
@@ -119,7 +127,7 @@ def compare_detections(expected: Detections, actual: Detections, image_size: tup
     unmatched_expected = []
     for index in sorted(range(len(expected)), key=lambda i: -float(expected.scores[i])):
         other, distance = _closest(expected, index, actual, free)
-        if other < 0 or distance > box_tolerance:
+        if other < 0 or distance > match_radius:
             unmatched_expected.append(index)
             continue
         free[other] = False
@@ -139,6 +147,8 @@ def compare_detections(expected: Detections, actual: Detections, image_size: tup
         for index in indices:
             if not _may_be_missing(float(detections.scores[index]), tolerance, score_threshold, lowest):
                 result.problems.append(f"only the {side} finds {detections.describe(index)}")
+    if result.box > box_tolerance:
+        result.problems.append(f"a matched detection's box differs by {result.box:.3g} px")
     if result.score > tolerance:
         result.problems.append(f"a matched detection's score differs by {result.score:.3g}")
     if result.mask > tolerance:

@@ -148,8 +148,9 @@ def write_section(path: str | Path, body: str, section: str = "main") -> None:
     :class:`~gwdet.errors.GwdetOSError` naming it and the fix."""
     path = Path(os.path.realpath(path))
     begin, end = markers(section)
-    block = f"{begin}\n{body}\n{end}"
-    existing = path.read_text(encoding="utf-8") if path.exists() else ""
+    existing = path.read_bytes().decode("utf-8") if path.exists() else ""  # its line endings as they are
+    newline = "\r\n" if "\r\n" in existing else "\n"  # the section written with the file's
+    block = newline.join([begin, *body.split("\n"), end])
     problem = marker_problem(existing, section, path)
     if problem:
         raise GwdetValueError(problem)
@@ -158,7 +159,7 @@ def write_section(path: str | Path, body: str, section: str = "main") -> None:
         _, tail = rest.split(end, 1)
         text = head + block + tail
     elif existing:
-        text = existing.rstrip("\n") + "\n\n" + block + "\n"
+        text = existing.rstrip("\r\n") + newline * 2 + block + newline
     else:
         text = f"{NEW_FILE_TITLE}\n\n{block}\n"
     path.parent.mkdir(parents=True, exist_ok=True)
