@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import warnings
 from pathlib import Path
 from typing import Callable
@@ -219,6 +220,59 @@ def test_an_object_annotated_twice_is_refused_naming_both_ids(tmp_path):
     assert "Remove the copies" in message
     # the same box of another category, or a crowd region over an object, is no copy
     CocoDataset.parse(f"m={write_dataset(tmp_path / 'other', lambda coco, root: coco['annotations'].append(dict(coco['annotations'][0], id=50, category_id=2)))}").inspected()
+
+
+def test_an_evaluation_on_fewer_categories_than_the_model_says_where_the_count_comes_from(tmp_path):
+    # --eval-only advised NUM_CLASSES 3, which then failed as weights missing from the checkpoint
+    def without_b(coco, root):
+        coco["categories"].pop()
+        coco["annotations"] = [annotation for annotation in coco["annotations"] if annotation["category_id"] == 1]
+    registered("sub_of_four", tmp_path, without_b)
+    cfg = config("sub_of_four", "sub_of_four", "MODEL.ROI_HEADS.NUM_CLASSES", "4")
+    with pytest.raises(DatasetError, match=r"An evaluation takes its class count from the weights .*give the dataset "
+                                           r"all of them, with the ids and names they were trained on"):
+        check_config_against_datasets(cfg, trains=False)
+    with pytest.raises(DatasetError, match=r"with fewer classes a category would train as background"):
+        check_config_against_datasets(cfg)
+
+
+def test_a_turned_image_stated_at_its_stored_size_names_both_causes(tmp_path):
+    # the advice to correct width and height led to boxes placed in the wrong frame
+    def stored_size(coco, root):
+        _turned_jpeg(6, SIZE, SIZE // 2)(coco, root)
+        coco["images"][0].update(width=SIZE, height=SIZE // 2)  # the stored size, as a tool ignoring EXIF writes
+    message = refusal(tmp_path, stored_size)
+    assert f"is stored {SIZE}x{SIZE // 2} pixels, as the JSON states, with an EXIF orientation (6) that turns it to " \
+           f"{SIZE // 2}x{SIZE}" in message and "remove it from the file" in message
+
+
+@pytest.mark.parametrize("case", ["absolute", "windows", "dangling link"])
+def test_image_names_no_image_root_can_fix_are_named_for_what_they_are(tmp_path, case):
+    def change(coco, root):
+        if case == "absolute":  # Label Studio's names
+            coco["images"][0]["file_name"] = "/data/upload/1/000.png"
+        elif case == "windows":
+            (root / "sub").mkdir()
+            (root / "000.png").rename(root / "sub" / "000.png")
+            coco["images"][0]["file_name"] = "sub\\000.png"
+        else:
+            (root / "001.png").unlink()
+            (root / "001.png").symlink_to(root / "gone.png")
+    message = refusal(tmp_path, change)
+    expected = {"absolute": "'/data/upload/1/000.png' is an absolute path, which detectron2 reads as it is, whatever "
+                            "IMAGE_ROOT",
+                "windows": "its name separates folders with '\\' (Windows)",
+                "dangling link": "001.png) is a link to "}[case]
+    assert expected in message, message
+
+
+@pytest.mark.skipif(shutil.which("gs") is not None, reason="Ghostscript is here: PIL reads EPS")
+def test_an_eps_image_without_ghostscript_is_not_called_damaged(tmp_path):
+    def eps(coco, root):
+        Image.open(root / "000.png").convert("RGB").save(root / "000.eps")
+        coco["images"][0]["file_name"] = "000.eps"
+    message = refusal(tmp_path, eps)
+    assert "PIL reads this format with Ghostscript, which this machine lacks" in message and "damaged" not in message
 
 
 def test_a_test_set_that_is_a_training_sets_file_is_warned_of(tmp_path):
@@ -457,3 +511,18 @@ def test_a_lazyconfig_training_set_named_twice_is_refused():
 
     assert _lazy_refusal(edit=twice).startswith(
         "dataloader.train.dataset.names=['shapes_train', 'shapes_train'] names 'shapes_train' more than once")
+
+
+def test_the_studys_rerun_commands_register_the_datasets_they_read(tmp_path, capsys, monkeypatch):
+    # printed without --register-coco, each was refused as printed: "Dataset 't' is not registered"
+    from gwdet.data.coco_registration import ENVIRONMENT_VARIABLE
+    from gwdet_lab.study import cli
+
+    monkeypatch.delenv(ENVIRONMENT_VARIABLE, raising=False)  # the study exports its datasets there
+    spec = write_dataset(tmp_path)
+    assert cli.main(["--study", "paper", "--seeds", "0", "--list", "--out", str(tmp_path / "study"),
+                     "--register-coco", f"study_t={spec}", "--opts", "DATASETS.TRAIN", "('study_t',)",
+                     "DATASETS.TEST", "('study_t',)", "MODEL.ROI_HEADS.NUM_CLASSES", "2"]) == 0
+    commands = [line for line in capsys.readouterr().out.splitlines() if "tools/train_net.py" in line]
+    assert commands and all(f"--register-coco 'study_t={spec}'" in line or f"--register-coco study_t={spec}" in line
+                            for line in commands), commands

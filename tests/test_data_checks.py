@@ -5,6 +5,7 @@ from __future__ import annotations
 import zlib
 
 import numpy as np
+import torch
 import pycocotools.mask as mask_util
 import pytest
 from PIL import Image
@@ -82,6 +83,7 @@ def test_a_sixteen_bit_or_broken_sample_image_is_refused_before_it_reaches_the_m
     Image.fromarray(np.full((64, 48, 3), 7, dtype=np.uint8)).save(plain)
     read = read_test_image(cfg, str(plain))
     assert (read["height"], read["width"]) == (64, 48) and read["image"].max() == 7
+    assert read["image"].dtype == torch.uint8, "the test loader's dtype: an ONNX export traced on it takes uint8"
 
 
 def test_image_files_of_other_formats_are_decoded_in_full(tmp_path):

@@ -784,7 +784,7 @@ def test_the_export_tool_writes_and_checks_an_onnx_export(tmp_path, capsys):
             "--format", "onnx", "--output", str(out), *TINY_OPTS]
     assert main(argv) == 0, capsys.readouterr().err
     assert sorted(os.listdir(out)) == ["model.onnx", "model.onnx.sha256"]
-    assert len(run_onnx(str(out / "model.onnx"), [torch.zeros(3, 53, 64)])) >= 3  # the sample after the resize
+    assert len(run_onnx(str(out / "model.onnx"), [torch.zeros(3, 53, 64, dtype=torch.uint8)])) >= 3  # the sample after the resize
 
 
 def _dead_pid() -> int:

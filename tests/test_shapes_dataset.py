@@ -62,6 +62,18 @@ def test_generation_is_deterministic(tmp_path):
     assert (other_seed / "train.json").read_text() != (first / "train.json").read_text()
 
 
+def test_generation_says_what_it_generates_and_a_cached_dataset_says_nothing(tmp_path, caplog):
+    # 20,000 images took 49 s without a line of the log
+    with caplog.at_level("INFO", logger="gwdet.data.shapes"):
+        folder = ensure_generated(SPEC, tmp_path)
+    images = SPEC.num_train + SPEC.num_val + SPEC.num_test
+    assert f"Generating the shapes dataset ({images} images of {SPEC.image_size} pixels a side) into {folder}" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="gwdet.data.shapes"):
+        ensure_generated(SPEC, tmp_path)
+    assert "Generating" not in caplog.text
+
+
 def test_registration_through_detectron2(tmp_path):
     cfg = add_gwdet_config(get_cfg())
     cfg.DATASETS.SHAPES.ROOT = str(tmp_path)

@@ -294,6 +294,20 @@ class _AnnotationTally:
                 self.first_of[key] = annotation["id"]
 
 
+def _file_name_advice(file_name: str, root: str) -> str:
+    """The fix for an image ``file_name`` of a JSON that is not found under the image folder ``root``:
+    an absolute name (detectron2 reads it as it is, whatever IMAGE_ROOT) made relative, Windows
+    separators written as '/', else IMAGE_ROOT."""
+    if os.path.isabs(file_name):
+        return (f"{file_name!r} is an absolute path, which detectron2 reads as it is, whatever IMAGE_ROOT, and no "
+                "such file exists. Write the file names relative to one image folder (e.g. strip their common "
+                "leading folders) and give that folder as IMAGE_ROOT.")
+    if "\\" in file_name and os.path.isfile(os.path.join(root, file_name.replace("\\", "/"))):
+        return ("its name separates folders with '\\' (Windows), which this system reads as part of the name: write "
+                "the file names with '/'.")
+    return "IMAGE_ROOT must be the folder that the JSON's file_name entries are relative to."
+
+
 def _warn_of_rotations(dataset: CocoDataset, rotations: dict[str, int]) -> None:
     """Log which images of ``dataset`` detectron2 turns by their EXIF orientation (path: orientation)
     in a way their stated size cannot confirm, and what that means for their annotations."""
@@ -474,7 +488,7 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
     first = coco["images"][0]["file_name"]
     if not os.path.isfile(os.path.join(root, first)):
         raise DatasetError(f"{where} the first image of {path}, {first!r}, is not in the image folder {root}: "
-                           "IMAGE_ROOT must be the folder that the JSON's file_name entries are relative to.")
+                           f"{_file_name_advice(first, root)}")
     rotations: dict[str, int] = {}
     problems = image_file_problems(coco["images"], root, rotations)
     if problems:
@@ -707,10 +721,12 @@ _WITHOUT_CLASSES = ("ProposalNetwork", "SemanticSegmentor")  # class-agnostic pr
 
 
 def _check_num_classes(cfg: CfgNode, name: str, classes: Sequence[str], source: str = "",
-                       any_architecture: bool = False) -> None:
+                       any_architecture: bool = False, trains: bool = True) -> None:
     """:class:`DatasetError` unless the model's number of classes is the number of ``classes`` of
     dataset ``name`` (``source``: its JSON, in the message). Checked for the architectures of
-    :data:`_CLASS_COUNT_KEYS`, or with ``any_architecture`` for all but :data:`_WITHOUT_CLASSES`."""
+    :data:`_CLASS_COUNT_KEYS`, or with ``any_architecture`` for all but :data:`_WITHOUT_CLASSES`.
+    A request that does not train (an evaluation) has its class count from the weights: the fix
+    is then the dataset's."""
     architecture = cfg.MODEL.META_ARCHITECTURE
     key = _CLASS_COUNT_KEYS.get(architecture)
     if key is None:
@@ -718,6 +734,13 @@ def _check_num_classes(cfg: CfgNode, name: str, classes: Sequence[str], source: 
             return
         key = "ROI_HEADS"
     value, count = cfg.MODEL[key].NUM_CLASSES, len(classes)
+    if value != count and not trains:
+        raise DatasetError(
+            f"MODEL.{key}.NUM_CLASSES is {value}, but {DatasetUse.of_config(cfg).role(name)} {name!r}"
+            f"{f' ({source})' if source else ''} has {count} categories ({listed(classes, SHOWN)}). An evaluation "
+            "takes its class count from the weights (their outputs): if they were trained on more categories, give "
+            "the dataset all of them, with the ids and names they were trained on (a category without annotations is "
+            f"fine); if they were trained on these {count}, add MODEL.{key}.NUM_CLASSES {count} to the command line.")
     if value != count:
         raise DatasetError(
             f"MODEL.{key}.NUM_CLASSES is {value}, but {DatasetUse.of_config(cfg).role(name)} {name!r}"
@@ -814,11 +837,12 @@ def check_config_against_datasets(cfg: CfgNode, *, trains: bool = True, evaluate
         for name in use.names():  # the datasets whose classes are known before loading: shapes, detectron2's builtin ones
             classes = known_class_names(name)
             if classes is not None:
-                _check_num_classes(cfg, name, classes)
+                _check_num_classes(cfg, name, classes, trains=trains)
         return
     check_datasets_fit(use)
     reference = ours[0]
-    _check_num_classes(cfg, reference.name, reference.read.class_names, reference.json_file, any_architecture=True)
+    _check_num_classes(cfg, reference.name, reference.read.class_names, reference.json_file, any_architecture=True,
+                       trains=trains)
     for dataset in ours:
         _check_resizable(cfg, dataset)
         if use.mask_on and dataset.name in use.train:

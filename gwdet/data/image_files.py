@@ -151,12 +151,20 @@ def image_file_problem(path: str, width: int | None = None, height: int | None =
             if orientation in _TRANSPOSED:
                 size = (size[1], size[0])
             if width is not None and height is not None and size != (width, height):
+                if orientation in _TRANSPOSED and (size[1], size[0]) == (width, height):
+                    return (f"is stored {width}x{height} pixels, as the JSON states, with an EXIF orientation "
+                            f"({orientation}) that turns it to {size[0]}x{size[1]}, as detectron2 reads it: if your "
+                            "annotation tool ignored the orientation (the boxes fit the stored image), remove it from "
+                            "the file (e.g. PIL: save the image without its exif); if the boxes fit the turned image, "
+                            f"state width {size[0]} and height {size[1]} in the JSON")
                 turned = " after the rotation its EXIF orientation asks for" if orientation in _TRANSPOSED else ""
                 return (f"is {size[0]}x{size[1]} pixels (width x height{turned}), but the JSON states {width}x{height}: "
                         "correct the image's width and height in the JSON (or the file)")
             if image_format != "PNG" and not _ends_completely(path, image_format):
                 image.load()
     except FileNotFoundError:
+        if os.path.islink(path):
+            return f"is a link to {os.readlink(path)}, which does not exist: restore that file, or link to the image"
         return "does not exist"
     except IsADirectoryError:
         return "is a folder, not an image file"
@@ -166,5 +174,8 @@ def image_file_problem(path: str, width: int | None = None, height: int | None =
         return _too_many_pixels(error, width, height)
     except (OSError, SyntaxError, ValueError, EOFError) as error:  # PIL's words for cut or damaged data
         reason = str(error).strip() or type(error).__name__
+        if "Ghostscript" in reason:  # EPS: PIL needs a program this machine lacks, the file is not at fault
+            return (f"cannot be decoded here ({reason}): PIL reads this format with Ghostscript, which this machine "
+                    "lacks (detectron2 could not read it either); convert the image to PNG or JPEG")
         return f"cannot be decoded ({reason}): it is cut short or damaged; copy it again"
     return ""

@@ -399,6 +399,8 @@ def ensure_generated(spec: ShapesSpec, root: Path | None = None, setting: str | 
         root.mkdir(parents=True, exist_ok=True)
         _remove_stale_staging(root)
         staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=root))
+        images = spec.num_train + spec.num_val + spec.num_test
+        logger.info(f"Generating the shapes dataset ({images} images of {spec.image_size} pixels a side) into {target}")
         aside: Path | None = None
         try:
             os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes it 0700: unusable when the cache is shared

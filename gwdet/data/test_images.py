@@ -30,8 +30,9 @@ def _format_and_augmentations(cfg: Any) -> tuple[str, list]:
 
 def read_test_image(cfg: Any, path: str) -> dict:
     """``{"image", "height", "width"}`` of the image file ``path`` as the test loader of ``cfg`` (a
-    yacs ``CfgNode`` or a LazyConfig) gives it to the model: float32 CHW in the model's input
-    format, resized; height and width of the file. ``ValueError`` naming the file and the fix for a
+    yacs ``CfgNode`` or a LazyConfig) gives it to the model: CHW in the model's input format,
+    resized, of the dtype the loader gives (uint8, as detectron2's ``DatasetMapper``; a model traced
+    on it takes that dtype); height and width of the file. ``ValueError`` naming the file and the fix for a
     file that is missing, not an image, cut short, or of a mode detectron2 would not read as it is
     (a 16-bit PNG would reach the model as a white image; :mod:`gwdet.data.image_files`), or so
     elongated that the resize leaves a side without a pixel."""
@@ -51,4 +52,4 @@ def read_test_image(cfg: Any, path: str) -> dict:
             f"{path} ({width}x{height} pixels) cannot be resized as the test loader resizes images ({error}): this "
             "elongated, one side would keep no pixel. Give a less elongated image.") from None
     image = np.ascontiguousarray(inputs.image.transpose(2, 0, 1))
-    return {"image": torch.as_tensor(image.astype("float32")), "height": height, "width": width}
+    return {"image": torch.as_tensor(image), "height": height, "width": width}

@@ -10,6 +10,7 @@ from detectron2.data import MetadataCatalog
 
 from gwdet.errors import GwdetValueError
 from gwdet.data import prepare_datasets
+from gwdet.data.coco_registration import environment_datasets
 from gwdet.engine.run import RESULTS_JSON
 from gwdet_lab.study.cells import Cell
 from gwdet_lab.study.evaluation import report_dataset, selection_dataset, weight_key
@@ -135,11 +136,16 @@ def resampled_test_ap(planned: PlannedCell, report: str) -> list[float]:
 
 def train_command(planned: PlannedCell) -> str:
     """The ``tools/train_net.py`` line that trains and evaluates this cell by itself (without the
-    study's extra evaluations) into a fresh folder ``output/rerun/<cell>``."""
+    study's extra evaluations) into a fresh folder ``output/rerun/<cell>``, with the ``--register-coco``
+    datasets of the study (``$GWDET_REGISTER_COCO``, as its cells get them) that the cell reads."""
     opts = list(planned.opts)
     if opts[-2:-1] == ["OUTPUT_DIR"]:
         opts[-1] = f"output/rerun/{planned.cell.name}"
-    return shlex.join(["python", "tools/train_net.py", "--config", display_path(planned.cell.config_file), *opts])
+    read = {*planned.cfg.DATASETS.TRAIN, *planned.cfg.DATASETS.TEST}
+    datasets = [item for dataset in environment_datasets() if dataset.name in read
+                for item in ("--register-coco", dataset.spec)]
+    return shlex.join(["python", "tools/train_net.py", "--config", display_path(planned.cell.config_file), *datasets,
+                       *opts])
 
 
 def display_path(path: str) -> str:
