@@ -411,8 +411,8 @@ def test_an_exif_rotated_image_is_checked_at_the_size_detectron2_reads_it(data, 
     CocoDataset.parse(f"turned={json_file}:{root}").inspected()  # as detectron2 reads it: no error
     coco["images"][1].update(width=SIZE // 2, height=SIZE)  # the stored size, which detectron2 does not read
     json_file.write_text(json.dumps(coco))
-    with pytest.raises(DatasetError, match=r"rotated.jpg\) is 64x32 pixels \(width x height after the rotation its "
-                                           r"EXIF orientation asks for\), but the JSON states 32x64"):
+    with pytest.raises(DatasetError, match=r"rotated.jpg\) is stored 32x64 pixels, as the JSON states, with an EXIF "
+                                           r"orientation \(6\) that turns it to 64x32, as detectron2 reads it"):
         CocoDataset.parse(f"turned={json_file}:{root}").inspected()
 
 

@@ -330,6 +330,51 @@ def test_eval_only_neither_reads_nor_checks_the_training_sets(finished_run, tmp_
                            "MODEL.ROI_HEADS.NUM_CLASSES", "80"))
 
 
+@pytest.mark.parametrize("link", ["hard", "symbolic"])
+def test_a_copy_of_a_run_made_of_links_is_refused_before_it_changes_the_original(finished_run, tmp_path, link):
+    # cp -al / cp -rs: the resume rewrote the original's config.yaml in place, which then failed its own record
+    original = _copy_run(finished_run, tmp_path / "original", "model_final.pth", "model_final.pth.sha256",
+                         "last_checkpoint", "metrics.json", CONFIG_NAME, RECORD)
+    before = _digest(original)
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for path in original.iterdir():
+        (os.link if link == "hard" else lambda source, target: os.symlink(source, target))(path, copy / path.name)
+    with pytest.raises(FileExistsError) as refused:
+        main(tiny_run_args(copy, "--resume", "SOLVER.MAX_ITER", "3"))
+    assert "the run writes into these files in place, so it would change the files they share their data with" \
+        in str(refused.value) and "config.yaml (a" in str(refused.value)
+    assert _digest(original) == before
+
+
+def test_a_lock_file_that_is_a_link_or_a_folder_is_refused_and_its_target_kept(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my important notes")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".gwdet.lock").symlink_to(notes)
+    with pytest.raises(OutputDirNotWritableError, match=r"holds a link \.gwdet\.lock \(to .*notes.txt\), where a run "
+                                                        r"keeps its lock file"):
+        main(tiny_run_args(run))
+    assert notes.read_text() == "my important notes"
+    (run / ".gwdet.lock").unlink()
+    (run / ".gwdet.lock").mkdir()
+    with pytest.raises(OutputDirNotWritableError, match=r"holds a folder \.gwdet\.lock"):
+        main(tiny_run_args(run))
+
+
+def test_resuming_by_a_copied_runs_config_yaml_is_refused_where_it_names_the_original(finished_run, tmp_path):
+    # the copy's config.yaml names the original folder: its model_final.pth and results were replaced
+    branch = _copy_run(finished_run, tmp_path / "branch", "model_final.pth", "model_final.pth.sha256",
+                       "last_checkpoint", "metrics.json", CONFIG_NAME, RECORD)
+    before = _digest(finished_run)
+    args = parse_args(["--config-file", str(branch / CONFIG_NAME), "--resume", "SOLVER.MAX_ITER", "3"])
+    with pytest.raises(ValueError, match=rf"the record of the run in {branch}, whose OUTPUT_DIR is another folder, "
+                                         rf"'{finished_run}'.*Add OUTPUT_DIR {branch} to continue the run beside"):
+        main(args)
+    assert _digest(finished_run) == before
+
+
 # ---- MISLEADING 7, RAW 11: MODEL.WEIGHTS with ~ or as a file:// URL ---------------------------------------
 
 def test_model_weights_with_a_tilde_are_found_in_the_home_folder(finished_run, tmp_path, monkeypatch, model):

@@ -35,6 +35,27 @@ def test_a_committed_report_regenerates_byte_for_byte_from_its_records(tmp_path)
         assert (tmp_path / name / file).read_text() == (REPO / "docs" / "study" / name / file).read_text(), file
 
 
+def test_a_report_folder_of_the_users_own_files_is_refused_and_an_earlier_report_replaced(tmp_path, capsys):
+    # --report-to replaced a user's table.md and figures without a word
+    name = "paper-seeds-3-4"
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "table.md").write_text("my own notes")
+    (mine / "ap_bars.png").write_text("x")
+    with pytest.raises(SystemExit):
+        main(["--study", "paper", "--records", str(RECORDS / name), "--report-to", str(mine)])
+    assert "--report-to " + str(mine) + " holds table.md, ap_bars.png, which the report would replace" in \
+        capsys.readouterr().err
+    assert (mine / "table.md").read_text() == "my own notes"
+    report = tmp_path / "report"
+    for _ in range(2):  # a report of the tool is replaced
+        assert main(["--study", "paper", "--records", str(RECORDS / name), "--report-to", str(report)]) == 0
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit):
+        main(["--study", "paper", "--records", str(RECORDS / name), "--report-to", str(tmp_path / "file")])
+    assert "is a file, not a folder" in capsys.readouterr().err
+
+
 def test_records_export_and_read_back_to_the_same_report(tmp_path):
     source = recorded_cells(RECORDS / "paper-seeds-3-4", ["gw-b2-s3", "gn-b2-s3"])
     assert [p.cell.name for p in source] == ["gn-b2-s3", "gw-b2-s3"]  # paper order within a seed

@@ -335,6 +335,24 @@ def check_config_file_kept(config_file: str, output_dir: str, setting: str = "OU
             "as --config-file).")
 
 
+def check_resumed_folder_is_the_records(config_file: str, output_dir: str, setting: str = "OUTPUT_DIR") -> None:
+    """Refuse ``--resume`` whose ``--config-file`` is the recorded ``config.yaml`` of the run in
+    another folder than ``output_dir`` (the ``setting`` the file gives, not overridden): a copy of a
+    run keeps the output folder of the run it was copied from, so resuming the copy by its config
+    would continue, and replace the files of, the original."""
+    folder = os.path.dirname(os.path.abspath(config_file))
+    if os.path.basename(config_file) != CONFIG_NAME or not written_by_a_run(config_file) or not checkpoints_in(folder):
+        return
+    if os.path.realpath(folder) == os.path.realpath(output_dir):
+        return
+    raise GwdetValueError(
+        f"--resume with --config-file {config_file}, the record of the run in {folder}, whose {setting} is another "
+        f"folder, {output_dir!r}: that would continue the run there, not the one beside the config file (a copy of a "
+        f"run keeps the {setting} of the run it was copied from); nothing was changed. Add "
+        f"{as_override(setting, folder)} to continue the run beside the config file, or give {setting} on the "
+        "command line to resume the other folder.")
+
+
 def check_config_not_users(output_dir: str, setting: str = "OUTPUT_DIR") -> None:
     """Refuse a run that starts in ``output_dir`` (fresh, or an evaluation) where a ``config.yaml``
     without its run's record is: the user's file, which detectron2's ``default_setup`` would replace
@@ -456,6 +474,31 @@ def check_run_file_names(output_dir: str, setting: str = "OUTPUT_DIR") -> None:
                 f"{setting} {output_dir!r} holds a folder {name}, but the run writes {purpose} into a file of that "
                 f"name, which would fail once it is written; nothing was changed. Move or rename {path} (no run wrote "
                 f"it: --overwrite keeps it), or give the run another {setting}.")
+
+
+# The files of a run written in place (opened for writing or appending, not replaced): detectron2's
+# config dump, log, metrics and last_checkpoint.
+IN_PLACE_FILES = (CONFIG_NAME, LOG_NAME, "metrics.json", LAST_CHECKPOINT)
+
+
+def check_run_files_not_shared(output_dir: str, setting: str = "OUTPUT_DIR") -> None:
+    """Refuse a run in ``output_dir`` whose files written in place (:data:`IN_PLACE_FILES`) are
+    symbolic links or share their data with another name (hard links): writing them would change
+    the other files too, another run's records where the folder is a copy made with ``cp -s`` or
+    ``cp -l``."""
+    shared = []
+    for name in IN_PLACE_FILES:
+        path = os.path.join(output_dir, name)
+        if os.path.islink(path):
+            shared.append(f"{name} (a link to {os.readlink(path)})")
+        elif os.path.isfile(path) and os.stat(path).st_nlink > 1:
+            shared.append(f"{name} (a hard link: its data has {os.stat(path).st_nlink - 1} other name(s))")
+    if shared:
+        raise GwdetFileExistsError(
+            f"{setting} {output_dir!r} holds {', '.join(shared)}: the run writes into these files in place, so it "
+            "would change the files they share their data with (another run's records, where this folder is a copy "
+            "made with cp -s or cp -l); nothing was changed. Give the folder its own copies (cp -a of the run, or "
+            f"cp --remove-destination of those files), or give the run another {setting}.")
 
 
 def damaged_config(path: str, output_dir: str, reason: Exception | str, output_setting: str = "OUTPUT_DIR") -> DamagedFileError:
@@ -817,6 +860,13 @@ class OutputDirLock:
         if os.path.exists(output_dir) and not os.path.isdir(output_dir):
             raise OutputDirNotWritableError(f"{output_path_problem(self.setting, output_dir, folder=True)} Nothing "
                                             "was changed.")
+        if os.path.islink(self.path) or os.path.isdir(self.path):
+            what = f"a link {LOCK_NAME} (to {os.readlink(self.path)})" if os.path.islink(self.path) else \
+                f"a folder {LOCK_NAME}"
+            raise OutputDirNotWritableError(
+                f"{self.setting} {output_dir!r} holds {what}, where a run keeps its lock file, which it writes: "
+                "nothing was changed. Remove it (a copy of a run made with cp -s links every file: copy it with "
+                f"cp -a), or give the run another {self.setting}.")
         try:
             os.makedirs(output_dir, exist_ok=True)
             self._file = open(self.path, "a+")

@@ -63,9 +63,11 @@ from gwdet.engine.output_dir import (
     OutputDirLock,
     check_config_file_kept,
     check_config_not_users,
+    check_resumed_folder_is_the_records,
     check_fresh_start,
     check_resume_source,
     check_run_file_names,
+    check_run_files_not_shared,
     check_run_folders,
     checkpoints_in,
     config_rewrite,
@@ -287,10 +289,15 @@ def check_output_request(args: argparse.Namespace, run: RunConfig) -> None:
                           run.weights_setting, aside=True)
 
 
+def gives_setting(opts: Sequence[str], setting: str) -> bool:
+    """Whether the overrides ``opts`` (``KEY VALUE`` pairs or ``key=value`` items) set ``setting``."""
+    return any(token.split("=", 1)[0] == setting for token in opts)
+
+
 def names_weights(run: RunConfig, args: argparse.Namespace) -> bool:
     """Whether the command line's overrides set the initial weights (``MODEL.WEIGHTS`` or
     ``train.init_checkpoint``)."""
-    return any(token.split("=", 1)[0] == run.weights_setting for token in args.opts)
+    return gives_setting(args.opts, run.weights_setting)
 
 
 def evaluation_request(run: RunConfig, args: argparse.Namespace) -> tuple[RunConfig, argparse.Namespace]:
@@ -356,6 +363,7 @@ def setup(args: argparse.Namespace, run: RunConfig) -> None:
         if main_process:
             check_run_folders(run.output_dir, written_folders(run), run.output_setting)
             check_run_file_names(run.output_dir, run.output_setting)
+            check_run_files_not_shared(run.output_dir, run.output_setting)
             check_output_request(args, run)
             if not args.resume or not checkpoints_in(run.output_dir):
                 check_config_not_users(run.output_dir, run.output_setting)
@@ -383,6 +391,8 @@ def main(args: argparse.Namespace):
     if args.eval_only:
         run, args = evaluation_request(run, args)
     check_config_file_kept(args.config_file, run.output_dir, run.output_setting)
+    if args.resume and not gives_setting(args.opts, run.output_setting):
+        check_resumed_folder_is_the_records(args.config_file, run.output_dir, run.output_setting)
     lock = OutputDirLock(run.output_dir, run.output_setting, run.weights_setting)
     with lock if comm.is_main_process() else contextlib.nullcontext():
         # --overwrite: the earlier run is deleted once the model is built and its weights loaded

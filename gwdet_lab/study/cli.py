@@ -51,7 +51,7 @@ from gwdet_lab.study.cluster import REPORT_LOCK, folder_lock, list_jobs, submit_
 from gwdet_lab.study.evaluation import PAPER_WEIGHTS
 from gwdet_lab.study.record import ON_MISMATCH, ConfigMismatch, PlannedCell, plan
 from gwdet_lab.study.records import RecordsIncomplete, export_records, recorded_cells
-from gwdet_lab.study.report import write_report
+from gwdet_lab.study.report import foreign_report_problem, write_report
 from gwdet_lab.study.scheduler import Scheduler, is_done
 from gwdet_lab.study.summary import display_path, summarize, train_command
 
@@ -224,6 +224,10 @@ def _run_study(argv: list[str], repo_root: Path) -> int:
     problem = output_path_problem("--out", args.out, folder=True)
     if problem:
         parser.error(problem)
+    if args.report_to:
+        problem = foreign_report_problem("--report-to", Path(args.report_to), list(TITLES.values()))
+        if problem:
+            parser.error(problem)
     weights = chosen_weights(args)
     out_dir = Path(args.out).resolve()
     if args.records:
