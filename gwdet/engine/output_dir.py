@@ -483,13 +483,13 @@ IN_PLACE_FILES = (CONFIG_NAME, LOG_NAME, "metrics.json", LAST_CHECKPOINT)
 
 def check_run_files_not_shared(output_dir: str, setting: str = "OUTPUT_DIR") -> None:
     """Refuse a run in ``output_dir`` whose files written in place (:data:`IN_PLACE_FILES`) are
-    symbolic links or share their data with another name (hard links): writing them would change
-    the other files too, another run's records where the folder is a copy made with ``cp -s`` or
-    ``cp -l``."""
+    symbolic links to files (or to nothing) or share their data with another name (hard links):
+    writing them would change the other files too, another run's records where the folder is a
+    copy made with ``cp -s`` or ``cp -l``."""
     shared = []
     for name in IN_PLACE_FILES:
         path = os.path.join(output_dir, name)
-        if os.path.islink(path):
+        if os.path.islink(path) and (os.path.isfile(path) or not os.path.exists(path)):  # a device is no run's file
             shared.append(f"{name} (a link to {os.readlink(path)})")
         elif os.path.isfile(path) and os.stat(path).st_nlink > 1:
             shared.append(f"{name} (a hard link: its data has {os.stat(path).st_nlink - 1} other name(s))")
