@@ -37,7 +37,7 @@ from gwdet.errors import GwdetError, GwdetOSError
 from gwdet.model_zoo import build_config
 from gwdet.utils.atomic import WriteError
 
-from conftest import DEMO_CONFIG, TINY_OPTS, tiny_run_args
+from conftest import DEMO_CONFIG, TINY_OPTS, logged_warnings, tiny_run_args
 
 RECORD = CONFIG_NAME + ".sha256"
 
@@ -312,7 +312,10 @@ def test_a_resume_with_another_seed_is_refused_unless_the_run_drew_a_random_one(
         "images. Resume with SEED 0, or start a new run in another folder from the run's last checkpoint as its "
         "initial weights.")
     assert {name: digest for name, digest in _digest(run).items() if name != ".gwdet.lock"} == before
-    check_resumed_seed(-1, 5, str(run), "SEED")  # a random order is continued by any
+    with logged_warnings("gwdet.engine.output_dir") as warned:
+        check_resumed_seed(-1, 5, str(run), "SEED")  # a random order is continued by any, as another order
+    assert any("a seed drawn at random, so the resumed data stream is another order of images" in line
+               for line in warned), warned
     check_resumed_seed(3, 3, str(run), "SEED")
     with pytest.raises(ValueError, match="trained with SEED 3, this config gives -1"):
         check_resumed_seed(3, -1, str(run), "SEED")
@@ -323,8 +326,12 @@ def test_eval_only_neither_reads_nor_checks_the_training_sets(finished_run, tmp_
     results = main(tiny_run_args(tmp_path / "eval", "--eval-only", "MODEL.WEIGHTS", str(finished_run / "model_final.pth"),
                                  "DATASETS.TRAIN", "('coco_2017_train',)"))
     assert set(results) == {"bbox", "segm"}
-    recorded = json.loads((tmp_path / "eval" / "results.json").read_text())["environment"]["datasets"]
-    assert set(recorded) == {"shapes_val"}  # the datasets the evaluation read
+    environment = json.loads((tmp_path / "eval" / "results.json").read_text())["environment"]
+    assert set(environment["datasets"]) == {"shapes_val"}  # the datasets the evaluation read
+    # which weights were scored, whatever later replaces a file of that name (a resumed run's model_final.pth)
+    digest = hashlib.sha256((finished_run / "model_final.pth").read_bytes()).hexdigest()
+    assert environment["weights"] == {"path": str(finished_run / "model_final.pth"), "sha256": digest}
+    assert f"(SHA-256 {digest})" in (tmp_path / "eval" / "results.md").read_text()
     with pytest.raises(FileNotFoundError, match="Dataset 'coco_2017_train': its json_file"):
         main(tiny_run_args(tmp_path / "train", "DATASETS.TRAIN", "('coco_2017_train',)", "DATASETS.TEST", "()",
                            "MODEL.ROI_HEADS.NUM_CLASSES", "80"))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import os
 import tempfile
 from collections import OrderedDict
@@ -63,6 +64,7 @@ from gwdet.engine.output_dir import (
     SavedRun,
     check_config_checksum,
     check_resumed_run,
+    resumed_iteration,
     config_differences,
     damaged_config,
 )
@@ -303,6 +305,33 @@ def check_resume_config(cfg: DictConfig, output_dir: str, weights_named: bool = 
                       max_iter_setting="train.max_iter", weights_setting=WEIGHTS_SETTING, weights_named=weights_named)
 
 
+def warn_of_a_moved_schedule(cfg: DictConfig, output_dir: str) -> None:
+    """Warn when ``--resume`` with another ``train.max_iter`` changes the learning rate at the
+    resumed iteration: a LazyConfig's ``lr_multiplier`` is called with the fraction of
+    ``train.max_iter`` done (detectron2's ``LRMultiplier``), so its warm-up and steps move with it,
+    and a decayed rate can rise again."""
+    resumed = resumed_iteration(output_dir)
+    path = os.path.join(output_dir, CONFIG_NAME)
+    if resumed is None or not os.path.isfile(path):
+        return
+    try:
+        saved = read_saved_config(path)
+        saved_max_iter = int(saved["train"]["max_iter"])
+        if saved_max_iter == cfg.train.max_iter:
+            return
+        before = instantiate(OmegaConf.create(saved["lr_multiplier"]))(min(resumed[1] / saved_max_iter, 1.0))
+        after = instantiate(cfg.lr_multiplier)(min(resumed[1] / cfg.train.max_iter, 1.0))
+    except Exception:  # a schedule that cannot be built or called this way: nothing to compare
+        return
+    if not math.isclose(before, after, rel_tol=1e-6):
+        logger.warning(
+            f"--resume with train.max_iter {saved_max_iter} -> {cfg.train.max_iter}: the lr_multiplier schedule is "
+            f"in fractions of train.max_iter, so at the resumed iteration {resumed[1]} the learning rate becomes "
+            f"{after:g} x optimizer.lr, where the run had {before:g} x (its warm-up and steps move with train.max_iter). "
+            f"Resume with train.max_iter={saved_max_iter} to keep the schedule, or give lr_multiplier steps in "
+            "absolute iterations of the new length.")
+
+
 class LazyRun(RunConfig):
     """A LazyConfig (:func:`gwdet.model_zoo.lazy_loading.load_lazy_config`) in the run of
     :mod:`gwdet.engine.run`, trained by :class:`LazyTrainer`."""
@@ -354,6 +383,7 @@ class LazyRun(RunConfig):
 
     def check_resume(self, weights_named: bool) -> None:
         check_resume_config(self.cfg, self.output_dir, weights_named)
+        warn_of_a_moved_schedule(self.cfg, self.output_dir)
 
     def register_datasets(self, coco: Sequence[CocoDataset], *, trains: bool, evaluates: bool) -> None:
         register_coco_datasets(coco)  # checked against the config by prepare_datasets

@@ -705,7 +705,14 @@ def check_resumed_seed(saved: Any, current: Any, output_dir: str, setting: str) 
     """Refuse ``--resume`` with another seed ``current`` than the run's ``saved`` one (its ``setting``)
     where the run's seed was fixed (>= 0): the resumed data stream is the run's order of images with
     the images it read skipped, so another seed's order would skip or repeat images. A run with a
-    random seed (negative) had no order to continue: any seed resumes it."""
+    random seed (negative) had no order to continue: any seed resumes it, with a warning that the
+    resumed stream is another order."""
+    if isinstance(saved, int) and saved < 0:
+        logger.warning(
+            f"--resume: the run in {output_dir!r} trained with {setting} {saved!r}, a seed drawn at random, so the "
+            "resumed data stream is another order of images with as many skipped as the run read: in the epoch it "
+            f"stopped in, some images are seen twice and others not at all. Train with a fixed {setting} (>= 0) for "
+            "resumes that continue the same stream.")
     if isinstance(saved, int) and saved >= 0 and current != saved:
         raise GwdetValueError(
             f"--resume: the run in {output_dir!r} trained with {setting} {saved!r}, this config gives {current!r}: the "

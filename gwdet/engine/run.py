@@ -75,7 +75,7 @@ from gwdet.engine.output_dir import (
     evaluation_folder,
     tagged_checkpoint,
 )
-from gwdet.engine.run_environment import ENVIRONMENT_KEY, run_environment
+from gwdet.engine.run_environment import ENVIRONMENT_KEY, cached_sha256, run_environment
 from gwdet.engine.run_log import HeldRecords
 from gwdet.engine.visualize import save_prediction_pngs
 
@@ -421,7 +421,8 @@ def main(args: argparse.Namespace):
                         "would continue from the last checkpoint, which may diverge the same way.") from error
             model = trainer.model
         test_datasets = run.test_datasets()
-        write_results_to(run.output_dir, results or {}, test_datasets, run.run_datasets(not args.eval_only))
+        evaluated = local_weights_path(run.weights, run.weights_setting) if args.eval_only else None
+        write_results_to(run.output_dir, results or {}, test_datasets, run.run_datasets(not args.eval_only), evaluated)
         drawings: list[str] = []
         if comm.is_main_process() and run.vis_images > 0 and test_datasets:  # no test set: nothing to draw
             drawings = save_prediction_pngs(run.cfg, model, test_datasets[0], run.vis_images,
@@ -456,24 +457,36 @@ def results_markdown(results: Mapping, datasets: Sequence[str] = ()) -> str:
     return "\n".join(lines)
 
 
-def results_record(results: Mapping, datasets: Sequence[str] = (), run_datasets: Sequence[str] = ()) -> dict:
+def results_record(results: Mapping, datasets: Sequence[str] = (), run_datasets: Sequence[str] = (),
+                   evaluated: str | None = None) -> dict:
     """What ``results.json`` holds: ``{dataset: {task: {metric: value}}}`` of ``results`` for the
     test sets ``datasets`` (:func:`flatten_results`), and under ``"environment"`` the package
     versions and the annotation files of ``run_datasets`` (every dataset the run trained or
-    evaluated on) with their SHA-256 (:func:`gwdet.engine.run_environment.run_environment`)."""
+    evaluated on) with their SHA-256 (:func:`gwdet.engine.run_environment.run_environment`); for an
+    evaluation, the weights file ``evaluated`` and its SHA-256 (:func:`weights_record`)."""
     record = dict(flatten_results(results, datasets))
     if ENVIRONMENT_KEY in record:
         raise GwdetValueError(f"A test dataset is named {ENVIRONMENT_KEY!r}, the key under which results.json records "
                               f"the run's environment: register the dataset under another name. (results.md holds "
                               f"its results.)")
-    record[ENVIRONMENT_KEY] = run_environment([*run_datasets, *datasets])
+    environment = run_environment([*run_datasets, *datasets])
+    if evaluated:
+        environment["weights"] = weights_record(evaluated)
+    record[ENVIRONMENT_KEY] = environment
     return record
 
 
+def weights_record(path: str) -> dict[str, str]:
+    """``{"path", "sha256"}`` of the weights file an evaluation scored: which weights its results
+    describe, whatever later replaces a file of that name (a resumed run's ``model_final.pth``)."""
+    return {"path": os.path.abspath(path), "sha256": cached_sha256(path) if os.path.isfile(path) else "not a local file"}
+
+
 def write_results_to(output_dir: str, results: Mapping, datasets: Sequence[str] = (),
-                     run_datasets: Sequence[str] = ()) -> None:
+                     run_datasets: Sequence[str] = (), evaluated: str | None = None) -> None:
     """``output_dir/results.md`` and ``results.json`` (:func:`results_record`) of ``results`` for the
-    test sets ``datasets`` of a run on ``run_datasets`` (main process only; nothing without results)."""
+    test sets ``datasets`` of a run on ``run_datasets`` (main process only; nothing without results);
+    an evaluation's name the weights file ``evaluated`` and its SHA-256."""
     if not comm.is_main_process() or not results:
         return
     os.makedirs(output_dir, exist_ok=True)
@@ -485,10 +498,14 @@ def write_results_to(output_dir: str, results: Mapping, datasets: Sequence[str] 
                            "NaN (written so in results.md and results.json), and scores no masks without detections. "
                            "A model early in its training, or a score threshold (MODEL.ROI_HEADS.SCORE_THRESH_TEST) "
                            "above every score, gives none.")
-    write_text_atomically(os.path.join(output_dir, RESULTS_MARKDOWN), results_markdown(results, datasets))
+    markdown = results_markdown(results, datasets)
+    if evaluated:
+        scored = weights_record(evaluated)
+        markdown += f"\nWeights evaluated: `{scored['path']}` (SHA-256 {scored['sha256']})\n"
+    write_text_atomically(os.path.join(output_dir, RESULTS_MARKDOWN), markdown)
     # results.json is what gwdet reads again (the study counts a cell done by it): its SHA-256 is recorded beside it
     write_text_with_checksum(os.path.join(output_dir, RESULTS_JSON),
-                             json.dumps(results_record(results, datasets, run_datasets), indent=2))
+                             json.dumps(results_record(results, datasets, run_datasets, evaluated), indent=2))
 
 
 def log_outputs(output_dir: str, wrote_results: bool, drawings: Sequence[str], drawings_setting: str) -> None:
