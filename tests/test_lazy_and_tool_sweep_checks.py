@@ -7,6 +7,7 @@ meet at, an empty ``GWDET_CACHE``, a shapes image size too small to hold a shape
 ``compare_norms.py --seeds`` / ``--batch-sizes``, and benchmark flags the run would not use."""
 import importlib.util
 import os
+import shutil
 import math
 from pathlib import Path
 
@@ -51,6 +52,9 @@ def refusal(overrides, eval_only=False) -> str:
     # l_imgsz: numpy's "negative dimensions are not allowed"
     ("dataloader.shapes.image_size=-1", "config: dataloader.shapes.image_size must be an integer >= 1, got -1"),
     ("train.init_checkpoint=null", "train.init_checkpoint=None: give '' to start from detectron2's initialization"),
+    # a raw TypeError from the run folder's checks (expected str ... not int)
+    ("train.output_dir=123", "train.output_dir=123: give the run's folder as a path, e.g. train.output_dir=output/run1"),
+    ("train.output_dir=null", "train.output_dir=None: give the run's folder as a path"),
     ("dataloader.shapes.image_size=4", "dataloader.shapes.image_size=4: the shapes dataset needs images of at "
                                        f"least {shapes.MIN_IMAGE_SIZE} pixels a side"),
     # model.pixel_std with a 0 ended in "Training has diverged", a pixel_mean of 2 values in torch's
@@ -570,3 +574,25 @@ def test_the_config_loaders_take_paths_and_refuse_overrides_as_one_string_and_th
     with pytest.raises(GwdetValueError, match=r"is a yacs config \(upper-case sections such as MODEL, or _BASE_\), not "
                                               r"a LazyConfig: read it with gwdet.model_zoo.build_config\("):
         load_lazy_config(str(DEMO_CONFIG))  # before: the raw YAML, its _BASE_ unresolved, as a LazyConfig
+
+
+def test_config_files_misread_by_their_name_encoding_or_imports_are_named(tmp_path):
+    # .PY was read as YAML ("expected '<document start>'"); UTF-16 was "not text (a checkpoint?)"; a star import
+    # was detectron2's KeyError: '*'
+    from gwdet.model_zoo import build_config
+    from gwdet.model_zoo.lazy_loading import load_lazy_config
+
+    upper = tmp_path / "mine.PY"
+    upper.write_text((LAZY_CONFIG).read_text())
+    with pytest.raises(ValueError, match=r"ends in '\.PY': a LazyConfig is told by its suffix '\.py', in lower case"):
+        load_lazy_config(str(upper))
+    wide = tmp_path / "mine.yaml"
+    wide.write_text("SEED: 1\n", encoding="utf-16")
+    with pytest.raises(ValueError, match="is UTF-16 text .*save it as UTF-8"):
+        build_config(str(wide))
+    shutil.copytree(LAZY_CONFIG.parent / "common", tmp_path / "common")
+    shutil.copy(LAZY_CONFIG, tmp_path / LAZY_CONFIG.name)
+    star = tmp_path / "star.py"
+    star.write_text(f"from .{LAZY_CONFIG.stem} import *\n")
+    with pytest.raises(ValueError, match=r"imports with '\*', which detectron2's LazyConfig loader cannot"):
+        load_lazy_config(str(star))

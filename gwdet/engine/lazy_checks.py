@@ -372,7 +372,8 @@ def check_shapes_specs(cfg: DictConfig) -> None:
 def check_run_values(cfg: DictConfig) -> None:
     """Refuse, before anything is built, values that training and evaluation both read and
     detectron2 or gwdet would fail on later, or take without a word: a ``train.seed`` that is not a
-    whole number (detectron2's ``default_setup`` compares it with 0), :data:`RUN_TWINS`
+    whole number (detectron2's ``default_setup`` compares it with 0), a ``train.output_dir`` that is not
+    a path, :data:`RUN_TWINS`
     (``train.vis_images`` below 0, a test score or NMS threshold outside [0, 1], ..., as their yacs keys), a ``train.init_checkpoint`` of ``None``,
     the shapes dataset's settings (:func:`check_shapes_specs`), ``model.pixel_mean`` and
     ``model.pixel_std`` (:func:`gwdet.config_checks.check_pixel_normalization`)."""
@@ -380,6 +381,10 @@ def check_run_values(cfg: DictConfig) -> None:
     if seed is not ABSENT and not (is_whole_number(seed) and seed < SEED_LIMIT):
         raise GwdetValueError(f"train.seed={seed!r}: give a whole number below 2**32 (numpy's limit), e.g. train.seed=0 "
                               "(a negative seed draws a random one, as SEED -1 does in a yacs config).")
+    output_dir = select(cfg, "train.output_dir")
+    if output_dir is not ABSENT and not (isinstance(output_dir, str) and output_dir.strip()):
+        raise GwdetValueError(f"train.output_dir={output_dir!r}: give the run's folder as a path, e.g. "
+                              "train.output_dir=output/run1 (a name of digits quoted: train.output_dir=\"'123'\").")
     if select(cfg, "train.init_checkpoint") is None:
         raise GwdetValueError("train.init_checkpoint=None: give '' to start from detectron2's initialization, or the "
                               "path of weights (e.g. train.init_checkpoint=output/demo/model_final.pth).")

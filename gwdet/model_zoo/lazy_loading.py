@@ -311,6 +311,12 @@ def _load_python_config(config_file: str) -> DictConfig:
         cause = error.__cause__ if isinstance(error.__cause__, SyntaxError) else error
         raise GwdetValueError(f"Config file {config_file!r} is not valid Python: {cause.msg} (line {cause.lineno}). "
                               "Correct that line.") from None
+    except KeyError as error:
+        if error.args != ("*",):  # detectron2's import hook looks the names up one by one
+            raise
+        raise GwdetValueError(
+            f"Config file {config_file!r} imports with '*', which detectron2's LazyConfig loader cannot: import the "
+            "names it uses (from .x import model, dataloader, optimizer, lr_multiplier, train).") from None
     except ImportError as error:
         if "does not exist" not in str(error):  # detectron2's message for a relative import not beside the file
             raise
@@ -342,6 +348,10 @@ def _looks_like_yacs(config_file: str) -> bool:
 def check_config_file_exists(config_file: str) -> None:
     """Refuse a ``config_file`` that is not a regular file: missing, or a named pipe, a device or a
     link that leads nowhere or in a loop (``FileNotFoundError`` / ``ValueError``, both gwdet's)."""
+    suffix = os.path.splitext(config_file)[1]
+    if suffix.lower() == LAZY_SUFFIX and suffix != LAZY_SUFFIX:
+        raise GwdetValueError(f"Config file {config_file!r} ends in {suffix!r}: a LazyConfig is told by its suffix "
+                              f"{LAZY_SUFFIX!r}, in lower case (this one would be read as YAML); rename it.")
     if os.path.isfile(config_file):
         return
     if os.path.lexists(config_file):

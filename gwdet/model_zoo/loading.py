@@ -11,6 +11,7 @@ the study all call it.
 """
 from __future__ import annotations
 
+import codecs
 import difflib
 import os
 import re
@@ -49,6 +50,11 @@ def build_config(config_file: str | os.PathLike, opts: list[str] | None = None) 
         with open(config_file, encoding="utf-8") as f:
             text = f.read()
     except UnicodeDecodeError:
+        with open(config_file, "rb") as f:
+            utf16 = f.read(2) in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
+        if utf16:
+            raise GwdetValueError(f"Config file {config_file!r} is UTF-16 text (as PowerShell's > writes it), which "
+                                  "YAML readers take as UTF-8 only: save it as UTF-8.") from None
         raise GwdetValueError(f"Config file {config_file!r} is not text (a checkpoint or an export?): give a yacs .yaml "
                               "config (see configs/) or a LazyConfig .py.") from None
     try:
