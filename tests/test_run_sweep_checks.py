@@ -474,6 +474,13 @@ def test_a_training_that_diverges_after_its_first_iteration_is_named_with_its_ch
     assert isinstance(refused.value, FloatingPointError), "still what detectron2's trainer raises, for callers catching it"
     assert isinstance(refused.value.__cause__, FloatingPointError)
     assert list(tmp_path.glob("model_00*.pth")), "the checkpoints of the iterations before it"
+    # no checkpoint before the divergence (an --overwrite run deleted the earlier one's): none is promised
+    args = tiny_run_args(tmp_path / "none", "SOLVER.MAX_ITER", "30", "SOLVER.WARMUP_ITERS", "0", "SOLVER.BASE_LR",
+                         "50.0", "DATASETS.TEST", "()", "SOLVER.CHECKPOINT_PERIOD", "1000")
+    with pytest.raises(GwdetError) as refused:
+        main(args)
+    assert str(refused.value).endswith(f"No checkpoint was written before it: {tmp_path / 'none'} holds none to "
+                                       "continue from. Lower the learning rate or lengthen the warm-up and train again.")
 
 
 def test_a_users_own_config_yaml_in_the_output_folder_is_not_replaced(tmp_path):

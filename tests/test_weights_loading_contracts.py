@@ -594,3 +594,36 @@ def test_batch_norm_statistics_for_a_layer_without_any_are_refused(tmp_path, mon
     ResilientCheckpointer(Model(nn.BatchNorm2d(16))).load(str(path))  # BN where the weights have it
     monkeypatch.setenv(MISMATCH_ENV, "1")
     ResilientCheckpointer(Model(GroupWhitening(16, 4))).load(str(path))
+
+
+def test_weights_this_user_may_not_read_are_named_not_a_raw_permission_error(tmp_path):
+    # a shared lab folder: a raw PermissionError traceback from the checksum code
+    import shutil
+    import tempfile
+
+    from gwdet.utils.atomic import checksum_findings
+
+    folder = tempfile.mkdtemp(prefix="gwdet-unreadable-")  # pytest's folders are closed to other users
+    os.chmod(folder, 0o755)
+    weights = os.path.join(folder, "model_final.pth")
+    torch.save({"model": {}}, weights)
+    os.chmod(weights, 0o000)
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # root reads any file: the check runs as nobody, in a child that already imported gwdet
+        try:
+            if os.geteuid() == 0:
+                os.setuid(65534)
+            try:
+                checksum_findings(weights)
+                os.write(writer, b"read")
+            except OSError as error:
+                os.write(writer, str(error).encode())
+        finally:
+            os._exit(0)
+    os.close(writer)
+    os.waitpid(child, 0)
+    with os.fdopen(reader, "rb") as answer:
+        said = answer.read().decode()
+    shutil.rmtree(folder)
+    assert said.startswith(f"{weights} cannot be read by this user (permission denied): ask its owner"), said

@@ -415,10 +415,7 @@ def main(args: argparse.Namespace):
                 except FloatingPointError as error:  # detectron2's trainer: a non-finite loss
                     if trainer.iter == trainer.start_iter:
                         raise
-                    raise TrainingDiverged(
-                        f"Training diverged: {error} The checkpoints written before it are kept in "
-                        f"{run.output_dir}. Lower the learning rate or lengthen the warm-up and train again; --resume "
-                        "would continue from the last checkpoint, which may diverge the same way.") from error
+                    raise TrainingDiverged(f"Training diverged: {error} {diverged_advice(run.output_dir)}") from error
             model = trainer.model
         test_datasets = run.test_datasets()
         evaluated = local_weights_path(run.weights, run.weights_setting) if args.eval_only else None
@@ -429,6 +426,16 @@ def main(args: argparse.Namespace):
                                             os.path.join(run.output_dir, VIS_FOLDER))
     log_outputs(run.output_dir, bool(results), drawings, run.vis_setting)
     return results
+
+
+def diverged_advice(output_dir: str) -> str:
+    """What a run that diverged after its first iteration leaves in ``output_dir`` and what to do."""
+    if checkpoints_in(output_dir):
+        return (f"The checkpoints written before it are kept in {output_dir}. Lower the learning rate or lengthen the "
+                "warm-up and train again; --resume would continue from the last checkpoint, which may diverge the "
+                "same way.")
+    return (f"No checkpoint was written before it: {output_dir} holds none to continue from. Lower the learning rate "
+            "or lengthen the warm-up and train again.")
 
 
 # ---- results -----------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from typing import IO, Any, Callable, Iterator, cast
 
 from detectron2.utils.file_io import PathManager
 
-from gwdet.errors import GwdetError
+from gwdet.errors import GwdetError, GwdetOSError
 
 logger = logging.getLogger(__name__)
 
@@ -257,6 +257,9 @@ def checksum_findings(path: str) -> tuple[str | None, str | None]:
     For readers that load a file unchecked, with a warning, when only its record is unusable."""
     path = os.fspath(path)
     recorded, unusable = _recorded_sha256(path)
+    if os.path.isfile(path) and not os.access(path, os.R_OK):
+        raise GwdetOSError(f"{path} cannot be read by this user (permission denied): ask its owner to make it readable "
+                           "(chmod a+r), or copy the file to where you may read it; nothing was loaded from it.")
     if recorded is not None and file_sha256(path) != recorded:
         record = os.path.basename(checksum_path(path))
         return None, f"its SHA-256 differs from the one recorded in {record} when it was written"
