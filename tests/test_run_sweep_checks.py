@@ -268,7 +268,7 @@ def test_a_users_file_named_like_a_run_folder_is_no_run_and_is_kept(tmp_path, na
         check_run_folders(str(tmp_path), [name])
 
 
-@pytest.mark.parametrize("name", ["last_checkpoint", "metrics.json", "results.md"])
+@pytest.mark.parametrize("name", ["last_checkpoint", "metrics.json", "results.md", "model_final.pth"])
 def test_a_users_folder_named_like_a_run_file_is_kept_and_refused_before_anything_is_written(tmp_path, name):
     (tmp_path / name).mkdir()
     (tmp_path / name / "notes.txt").write_text("mine")
@@ -380,6 +380,32 @@ def test_resuming_by_a_copied_runs_config_yaml_is_refused_where_it_names_the_ori
                                          rf"'{finished_run}'.*Add OUTPUT_DIR {branch} to continue the run beside"):
         main(args)
     assert _digest(finished_run) == before
+
+
+def test_a_resume_with_another_test_time_setting_is_no_other_model(finished_run, caplog):
+    # MODEL.ROI_HEADS.SCORE_THRESH_TEST 0.3 was refused as "trained with another model"
+    from gwdet.engine.output_dir import is_test_setting
+    from gwdet.engine.run import check_output_request
+
+    args = tiny_run_args(finished_run, "--resume", "SOLVER.MAX_ITER", "4", "MODEL.ROI_HEADS.SCORE_THRESH_TEST", "0.3")
+    with caplog.at_level(logging.WARNING):
+        check_output_request(args, load_run_config(args.config_file, args.opts))
+    assert "MODEL.ROI_HEADS.SCORE_THRESH_TEST: 0.05 -> 0.3" in caplog.text
+    assert is_test_setting("model.roi_heads.box_predictor.test_score_thresh: 0.05 -> 0.3")
+    assert not is_test_setting("MODEL.GW.NUM_GROUPS: 16 -> 8")
+
+
+def test_a_last_checkpoint_naming_its_file_by_absolute_path_is_evaluated_as_it_is_resumed(finished_run, tmp_path):
+    # a training --resume followed it; --eval-only --resume refused it as "not a file in" its own folder
+    from gwdet.engine.output_dir import tagged_checkpoint
+
+    run = _copy_run(finished_run, tmp_path / "run", "model_final.pth", "model_final.pth.sha256", "metrics.json",
+                    CONFIG_NAME, RECORD)
+    (run / "last_checkpoint").write_text(str(run / "model_final.pth"))
+    assert tagged_checkpoint(str(run)) == str(run / "model_final.pth")
+    (run / "last_checkpoint").write_text(str(finished_run / "model_final.pth"))  # another folder's: still refused
+    with pytest.raises(FileNotFoundError, match="which is not a file in"):
+        tagged_checkpoint(str(run))
 
 
 # ---- MISLEADING 7, RAW 11: MODEL.WEIGHTS with ~ or as a file:// URL ---------------------------------------

@@ -174,10 +174,14 @@ FILE_URL = "file://"
 
 
 def tagged_name(save_dir: str) -> str:
-    """The file name ``save_dir/last_checkpoint`` holds, stripped (not checked); ``OSError`` when it
-    cannot be read, ``UnicodeDecodeError`` when it is not text."""
+    """The file name ``save_dir/last_checkpoint`` holds, stripped (not checked; an absolute path of a
+    file in ``save_dir`` as its name there); ``OSError`` when it cannot be read, ``UnicodeDecodeError``
+    when it is not text."""
     with open(os.path.join(save_dir, LAST_CHECKPOINT), "rb") as f:
-        return f.read(4096).decode("utf-8").strip()
+        name = f.read(4096).decode("utf-8").strip()
+    if os.path.isabs(name) and os.path.realpath(os.path.dirname(name)) == os.path.realpath(save_dir):
+        return os.path.basename(name)
+    return name
 
 
 def local_weights_path(path: str, setting: str = "MODEL.WEIGHTS") -> str:

@@ -67,6 +67,7 @@ from gwdet.engine.output_dir import (
     resumed_iteration,
     config_differences,
     damaged_config,
+    is_test_setting,
 )
 from gwdet.engine.lazy_checks import (
     check_call_arguments,
@@ -295,7 +296,10 @@ def compare_with_run(cfg: DictConfig, output_dir: str, path: str) -> SavedRun:
     saved_seed, current_seed = (OmegaConf.select(OmegaConf.create(tree), SEED_SETTING) for tree in (saved, current))
     others = config_differences({key: value for key, value in saved.items() if key != "model"},
                                 {key: value for key, value in current.items() if key != "model"})
-    return SavedRun((saved_batch, current_batch), (saved_seed, current_seed), model_differences(saved, current), others)
+    model = model_differences(saved, current)
+    test_time = [line for line in model if is_test_setting(line)]  # they leave the trained model as it is
+    return SavedRun((saved_batch, current_batch), (saved_seed, current_seed),
+                    [line for line in model if line not in test_time], [*test_time, *others])
 
 
 def check_resume_config(cfg: DictConfig, output_dir: str, weights_named: bool = False) -> None:

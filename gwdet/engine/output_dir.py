@@ -106,17 +106,17 @@ def is_checkpoint_name(name: str, tagged: str | None = None) -> bool:
 
 def run_files(output_dir: str) -> list[str]:
     """The files and folders of an earlier run in ``output_dir`` (names, sorted): its checkpoints
-    (:func:`is_checkpoint_name`) and their ``.sha256`` records, :data:`RUN_FILES` (files, not folders, of
-    those names), :data:`RUN_FOLDERS` and TensorBoard's event files. Nothing else is a run's."""
+    (:func:`is_checkpoint_name`) and their ``.sha256`` records and :data:`RUN_FILES` (files, not folders,
+    of those names), :data:`RUN_FOLDERS` and TensorBoard's event files. Nothing else is a run's."""
     if not os.path.isdir(output_dir):
         return []
     tagged = _tagged_checkpoint_name(output_dir)
     names = []
     for name in os.listdir(output_dir):
         checkpoint = name[:-len(CHECKSUM_SUFFIX)] if name.endswith(CHECKSUM_SUFFIX) else name
-        run_file = name in RUN_FILES and not os.path.isdir(os.path.join(output_dir, name))
-        if (is_checkpoint_name(checkpoint, tagged) or run_file or _is_run_folder(output_dir, name)
-                or name.startswith("events.out.tfevents")):
+        folder = os.path.isdir(os.path.join(output_dir, name))  # a folder named like a run's file is the user's
+        run_file = not folder and (is_checkpoint_name(checkpoint, tagged) or name in RUN_FILES)
+        if run_file or _is_run_folder(output_dir, name) or name.startswith("events.out.tfevents"):
             names.append(name)
     return sorted(names)
 
@@ -466,8 +466,11 @@ RUN_FILE_PURPOSES = {"last_checkpoint": "the name of its latest checkpoint", "me
 
 def check_run_file_names(output_dir: str, setting: str = "OUTPUT_DIR") -> None:
     """Refuse, before training, a run in ``output_dir`` where a folder has the name of a file the run
-    writes (:data:`RUN_FILE_PURPOSES`): writing that file would fail later, some after training."""
-    for name, purpose in RUN_FILE_PURPOSES.items():
+    writes (:data:`RUN_FILE_PURPOSES`, a checkpoint's): writing that file would fail later, some after
+    training."""
+    checkpoints = [name for name in (os.listdir(output_dir) if os.path.isdir(output_dir) else [])
+                   if CHECKPOINT_NAME.match(name)]
+    for name, purpose in [*RUN_FILE_PURPOSES.items(), *((name, "a checkpoint") for name in checkpoints)]:
         path = os.path.join(output_dir, name)
         if os.path.isdir(path):
             raise GwdetIsADirectoryError(
@@ -676,11 +679,20 @@ def saved_run_config(cfg: CfgNode, output_dir: str, path: str) -> CfgNode:
     return saved
 
 
+def is_test_setting(difference: str) -> bool:
+    """Whether the line ``difference`` (``"KEY: saved -> current"``) is of a setting the model reads at
+    test time only (``MODEL.ROI_HEADS.SCORE_THRESH_TEST``; a LazyConfig's ``...test_score_thresh``),
+    which leaves the trained model as it is."""
+    name = difference.split(":", 1)[0].rsplit(".", 1)[-1]
+    return name.endswith("_TEST") or name.startswith("test_")
+
+
 def _of_the_model(differences: Sequence[str]) -> list[str]:
     """The lines of ``differences`` (:func:`config_differences`) of ``MODEL.*`` keys, but
-    :data:`RESUMABLE_DIFFERENCES`, and of ``INPUT.FORMAT`` (the model's input channels)."""
-    return [d for d in differences
-            if d.startswith(("MODEL.", "INPUT.FORMAT:")) and not d.startswith(RESUMABLE_DIFFERENCES)]
+    :data:`RESUMABLE_DIFFERENCES` and test-time settings (:func:`is_test_setting`), and of
+    ``INPUT.FORMAT`` (the model's input channels)."""
+    return [d for d in differences if d.startswith(("MODEL.", "INPUT.FORMAT:"))
+            and not d.startswith(RESUMABLE_DIFFERENCES) and not is_test_setting(d)]
 
 
 def model_differences(saved: CfgNode, cfg: CfgNode) -> list[str]:
