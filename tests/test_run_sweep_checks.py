@@ -408,6 +408,46 @@ def test_a_last_checkpoint_naming_its_file_by_absolute_path_is_evaluated_as_it_i
         tagged_checkpoint(str(run))
 
 
+def test_path_problems_of_the_output_folder_are_named_not_called_a_read_only_disk(finished_run, tmp_path):
+    # a link to nowhere and a user's file named eval were both "cannot be written ... read-only disk"
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(OutputDirNotWritableError, match=rf"OUTPUT_DIR '{tmp_path / 'link'}' is a link to "
+                                                        rf"{tmp_path / 'nowhere'}, which does not exist: create"):
+        main(tiny_run_args(tmp_path / "link"))
+    run = _copy_run(finished_run, tmp_path / "run", "model_final.pth", "model_final.pth.sha256", "last_checkpoint",
+                    "metrics.json", CONFIG_NAME, RECORD)
+    (run / "eval").write_text("my notes")
+    with pytest.raises(FileExistsError, match=r"holds a run and a file eval, where --eval-only writes its evaluations"):
+        main(tiny_run_args(run, "--eval-only", "--resume"))
+    assert (run / "eval").read_text() == "my notes"
+
+
+def test_a_lock_file_that_cannot_be_written_is_one_error_naming_the_folder(tmp_path):
+    # a full disk at the start: a raw OSError from the lock's write (here: a file size limit of 0 bytes)
+    import resource
+    import signal
+
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of a signal
+            resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+            try:
+                with OutputDirLock(str(tmp_path)):
+                    os.write(writer, b"locked")
+            except OSError as error:
+                os.write(writer, str(error).encode())
+        finally:
+            os._exit(0)
+    os.close(writer)
+    os.waitpid(child, 0)
+    with os.fdopen(reader, "rb") as answer:
+        said = answer.read().decode()
+    assert said.startswith(f"OUTPUT_DIR {str(tmp_path)!r}: writing the run's lock file .gwdet.lock failed (File too "
+                           "large); nothing was changed. Free space there"), said
+
+
 # ---- MISLEADING 7, RAW 11: MODEL.WEIGHTS with ~ or as a file:// URL ---------------------------------------
 
 def test_model_weights_with_a_tilde_are_found_in_the_home_folder(finished_run, tmp_path, monkeypatch, model):

@@ -760,7 +760,7 @@ def tagged_checkpoint(output_dir: str) -> str:
     return path
 
 
-def evaluation_folder(output_dir: str, weights: str) -> str:
+def evaluation_folder(output_dir: str, weights: str, setting: str = "OUTPUT_DIR") -> str:
     """Where ``--eval-only`` of ``weights`` writes: ``output_dir`` itself when it holds neither a
     run nor an earlier evaluation, else ``output_dir/eval/<checkpoint>`` (``<folder>-<checkpoint>``
     for weights from elsewhere), so that the run's own files stay as its training left them; where
@@ -768,6 +768,13 @@ def evaluation_folder(output_dir: str, weights: str) -> str:
     replaces another."""
     if not holds_run(output_dir) and not os.path.exists(os.path.join(output_dir, RESULTS_JSON)):
         return output_dir
+    evaluations = os.path.join(output_dir, EVAL_FOLDER)
+    if os.path.lexists(evaluations) and not _is_run_folder(output_dir, EVAL_FOLDER):
+        raise GwdetFileExistsError(
+            f"{setting} {output_dir!r} holds a run and a {'link' if os.path.islink(evaluations) else 'file'} "
+            f"{EVAL_FOLDER}, where --eval-only writes its evaluations of the run's weights (in {EVAL_FOLDER}/<checkpoint>/, "
+            f"beside the run's own files); nothing was changed. Move or rename {evaluations}, or give the evaluation "
+            f"another {setting}.")
     weights = os.path.abspath(local_weights_path(weights))
     stem = os.path.splitext(os.path.basename(weights))[0]
     if os.path.dirname(weights) != os.path.abspath(output_dir):
@@ -879,6 +886,10 @@ class OutputDirLock:
         if os.path.exists(output_dir) and not os.path.isdir(output_dir):
             raise OutputDirNotWritableError(f"{output_path_problem(self.setting, output_dir, folder=True)} Nothing "
                                             "was changed.")
+        if os.path.islink(output_dir) and not os.path.exists(output_dir):
+            raise OutputDirNotWritableError(
+                f"{self.setting} {output_dir!r} is a link to {os.readlink(output_dir)}, which does not exist: create "
+                f"that folder (or fix the link), or give the run another {self.setting}; nothing was changed.")
         if os.path.islink(self.path) or os.path.isdir(self.path):
             what = f"a link {LOCK_NAME} (to {os.readlink(self.path)})" if os.path.islink(self.path) else \
                 f"a folder {LOCK_NAME}"
@@ -905,10 +916,18 @@ class OutputDirLock:
                 f"{self.setting} {os.path.dirname(self.path)!r} is in use by another run ({holder}). "
                 f"Wait for it to finish, or give this run another {self.setting}."
             ) from None
-        self._file.seek(0)
-        self._file.truncate()
-        self._file.write(f"pid {os.getpid()}\n")
-        self._file.flush()
+        try:
+            self._file.seek(0)
+            self._file.truncate()
+            self._file.write(f"pid {os.getpid()}\n")
+            self._file.flush()
+        except OSError as error:  # a full disk
+            with contextlib.suppress(OSError):  # closing flushes the unwritten line again
+                self._file.close()
+            raise OutputDirNotWritableError(
+                f"{self.setting} {output_dir!r}: writing the run's lock file {LOCK_NAME} failed "
+                f"({error.strerror or error}); nothing was changed. Free space there (or fix what the error names) "
+                f"and run again, or give the run another {self.setting}.") from None
         if restore_config(os.path.dirname(self.path)):
             logger.warning(f"{os.path.dirname(self.path)}: put {CONFIG_NAME} and {CONFIG_NAME}{CHECKSUM_SUFFIX} back "
                            "as they were before a run that stopped while writing them.")

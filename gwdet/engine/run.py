@@ -312,7 +312,7 @@ def evaluation_request(run: RunConfig, args: argparse.Namespace) -> tuple[RunCon
             f"--eval-only --resume evaluates the checkpoint that {run.output_dir}/last_checkpoint names ({weights}), "
             f"not {run.weights_setting} {run.weights} given on the command line: leave out --resume to evaluate "
             f"{run.weights}, or leave out {run.weights_setting} to evaluate the run's checkpoint.")
-    folder = evaluation_folder(run.output_dir, weights)
+    folder = evaluation_folder(run.output_dir, weights, run.output_setting)
     if folder != run.output_dir:
         logger.info(f"{run.output_setting} {run.output_dir} holds a run or an evaluation: the evaluation of {weights} "
                     f"is written to {folder}, and the files already there stay as they are.")
