@@ -448,6 +448,20 @@ def test_a_lock_file_that_cannot_be_written_is_one_error_naming_the_folder(tmp_p
                            "large); nothing was changed. Free space there"), said
 
 
+def test_an_evaluation_of_a_run_set_aside_by_a_stopped_overwrite_says_where_it_is(finished_run, tmp_path):
+    # after a kill during --overwrite's set-aside: "does not exist" / "holds no checkpoint", so the user might delete it
+    from gwdet.engine.output_dir import SET_ASIDE
+
+    run = tmp_path / "run"
+    run.mkdir()
+    _copy_run(finished_run, run / SET_ASIDE, "model_final.pth", "last_checkpoint", CONFIG_NAME, RECORD)
+    for extra in (["--resume"], ["MODEL.WEIGHTS", str(run / "model_final.pth"), "OUTPUT_DIR", str(tmp_path / "e")]):
+        args = parse_args(["--config-file", str(DEMO_CONFIG), "--eval-only", *TINY_OPTS, "OUTPUT_DIR", str(run), *extra])
+        with pytest.raises(FileNotFoundError, match=rf"an --overwrite run in {run} was stopped before training and left "
+                                                    rf"the earlier run's files set aside in {run / SET_ASIDE}/"):
+            evaluation_request(load_run_config(args.config_file, args.opts), args)
+
+
 # ---- MISLEADING 7, RAW 11: MODEL.WEIGHTS with ~ or as a file:// URL ---------------------------------------
 
 def test_model_weights_with_a_tilde_are_found_in_the_home_folder(finished_run, tmp_path, monkeypatch, model):

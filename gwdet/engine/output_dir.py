@@ -267,6 +267,27 @@ def put_back_set_aside(output_dir: str) -> list[str]:
     return names
 
 
+def set_aside_problem(output_dir: str) -> str | None:
+    """Words for a refusal that finds no checkpoint in ``output_dir`` where ``--overwrite`` set an
+    earlier run aside (:data:`SET_ASIDE`) and was stopped before training: where the files are and
+    what puts them back; ``None`` where nothing is set aside."""
+    aside = os.path.join(output_dir, SET_ASIDE)
+    if not os.path.isdir(aside):
+        return None
+    return (f"an --overwrite run in {output_dir} was stopped before training and left the earlier run's files set "
+            f"aside in {aside}/ ({', '.join(sorted(os.listdir(aside))[:4])}...): the next run that takes the folder "
+            f"(e.g. tools/train_net.py with its config and --resume) puts them back, or name the file there.")
+
+
+def check_not_set_aside(path: str, setting: str) -> None:
+    """Refuse weights ``path`` (the value of ``setting``) that are missing because ``--overwrite``
+    set them aside (:func:`set_aside_problem`), naming where they are."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.exists(path) or not os.path.exists(os.path.join(folder, SET_ASIDE, os.path.basename(path))):
+        return
+    raise GwdetFileNotFoundError(f"{setting} {path} is not there: {set_aside_problem(folder)}")
+
+
 @contextlib.contextmanager
 def earlier_run_until_started(output_dir: str) -> Iterator[None]:
     """Around a run's start (set-up, model, weights): the earlier run that ``--overwrite`` set aside
@@ -739,6 +760,9 @@ def tagged_checkpoint(output_dir: str) -> str:
     older one in its place."""
     tag = os.path.join(output_dir, LAST_CHECKPOINT)
     available = checkpoints_in(output_dir)
+    if not available and set_aside_problem(output_dir):
+        raise GwdetFileNotFoundError(f"--eval-only --resume: OUTPUT_DIR {output_dir!r} holds no checkpoint to "
+                                     f"evaluate: {set_aside_problem(output_dir)}")
     if not available:
         raise GwdetFileNotFoundError(f"--eval-only --resume: OUTPUT_DIR {output_dir!r} holds no checkpoint to "
                                      "evaluate. Check OUTPUT_DIR, or name the weights with MODEL.WEIGHTS "

@@ -63,6 +63,7 @@ from gwdet.engine.output_dir import (
     OutputDirLock,
     check_config_file_kept,
     check_config_not_users,
+    check_not_set_aside,
     check_resumed_folder_is_the_records,
     check_fresh_start,
     check_resume_source,
@@ -306,6 +307,8 @@ def evaluation_request(run: RunConfig, args: argparse.Namespace) -> tuple[RunCon
     their own when the output folder holds a run (:func:`gwdet.engine.output_dir.evaluation_folder`;
     logged when that is not the output folder)."""
     check_output_request(args, run)
+    if not args.resume and run.weights:
+        check_not_set_aside(local_weights_path(run.weights, run.weights_setting), run.weights_setting)
     weights = tagged_checkpoint(run.output_dir) if args.resume else run.weights
     if args.resume and names_weights(run, args) and os.path.abspath(run.weights) != os.path.abspath(weights):
         raise GwdetValueError(
