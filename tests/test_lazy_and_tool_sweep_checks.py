@@ -356,6 +356,8 @@ def test_the_smallest_image_size_is_where_the_largest_shape_covers_the_visible_a
     (["--study", "paper", "--seeds", "0", "0", "1"], "--seeds gives 0 more than once"),
     (["--study", "batch-sweep", "--batch-sizes", "2", "2"], "--batch-sizes gives 2 more than once"),
     # the weights were ignored without a word
+    # train_net's words followed: "or a negative one", which the study refuses
+    (["--study", "paper", "--seeds", "4294967296"], "--seeds 4294967296: give seeds from 0 to 2**32 - 1 = 4294967295"),
     (["--study", "paper", "--seeds", "0", "--example-weights", "0.5", "--no-example-weighing"],
      "--example-weights chooses among weights that --no-example-weighing skips: give one of them."),
 ])

@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from gwdet.config_checks import SEED_LIMIT
 from gwdet.errors import GwdetValueError
 from gwdet.cluster.executor import SubmissionRefused, check_launcher
 from gwdet.cluster.options import LauncherOptions, add_launcher_arguments, launcher_options
@@ -162,6 +163,10 @@ def build_cells(args: argparse.Namespace, repo_root: Path) -> list[Cell]:
     """The cells the arguments ask for; repeated ``--seeds`` or ``--batch-sizes`` are refused
     before any config is built."""
     check_no_repeats("--seeds", args.seeds)
+    too_large = [seed for seed in args.seeds or () if seed >= SEED_LIMIT]
+    if too_large:
+        raise GwdetValueError(f"--seeds {too_large[0]}: give seeds from 0 to 2**32 - 1 = {SEED_LIMIT - 1} (numpy's "
+                              "limit); each cell trains with SEED set to its seed.")
     check_no_repeats("--batch-sizes", args.batch_sizes)
     specs = resolve_specs(args, repo_root)
     base_configs = []
