@@ -36,3 +36,29 @@ def test_one_process_runs_in_this_process(tmp_path):
     seen = []
     launch(lambda: seen.append(comm.get_world_size()), 1)
     assert seen == [1]
+
+
+def kill_rank_one() -> None:
+    """Rank 1 is killed from outside (as the out-of-memory killer would); rank 0 goes on working."""
+    import os
+    import signal
+    import time
+
+    from detectron2.utils import comm
+
+    if comm.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)
+
+
+def test_a_process_killed_from_outside_is_named_with_the_way_on():
+    # it read "Training process 0 of this machine failed" with process 0's gloo traceback, and no next step
+    import pytest
+
+    from gwdet.engine.launch import WorkerFailed
+
+    with pytest.raises(WorkerFailed) as failed:
+        launch(kill_rank_one, 2, dist_url="auto")
+    assert str(failed.value).startswith("Training process 1 of this machine was killed by SIGKILL (from outside the "
+                                        "run: the out-of-memory killer, a scheduler, kill); the others were stopped. "
+                                        "The checkpoints written before it are kept: continue with --resume.")

@@ -6,6 +6,7 @@ whose key has an empty part; ``--threads`` above the usable CPUs, a ``--dist-url
 meet at, an empty ``GWDET_CACHE``, a shapes image size too small to hold a shape, repeated
 ``compare_norms.py --seeds`` / ``--batch-sizes``, and benchmark flags the run would not use."""
 import importlib.util
+from datetime import timedelta
 import os
 import shutil
 import math
@@ -21,7 +22,7 @@ from gwdet.engine.lazy import LazyRun
 from gwdet.engine.lazy_checks import check_call_arguments
 from gwdet.engine import threads
 from gwdet.engine.threads import CpuLimits, choose_threads
-from gwdet.errors import GwdetTypeError, GwdetValueError
+from gwdet.errors import GwdetError, GwdetTypeError, GwdetValueError
 from gwdet.model_zoo.lazy_loading import load_lazy_config
 from gwdet.norms import UnknownNormError
 
@@ -306,7 +307,7 @@ def never_called() -> None:
     raise AssertionError("no process should start")
 
 
-def test_a_dist_url_no_process_can_meet_at_is_refused_before_any_starts():
+def test_a_dist_url_no_process_can_meet_at_is_refused_before_any_starts(monkeypatch, tmp_path):
     # distbad: torch's "No rendezvous handler for foo://" from every started process
     with pytest.raises(GwdetValueError, match=r"--dist-url 'foo://bar' is not an address the processes can meet "
                                               r"at: give tcp://HOST:PORT .*file:///PATH.*env://.* or auto"):
@@ -314,8 +315,33 @@ def test_a_dist_url_no_process_can_meet_at_is_refused_before_any_starts():
     for url in ("tcp://host", "tcp://127.0.0.1:port", "file://", "127.0.0.1:29500"):
         with pytest.raises(GwdetValueError, match="--dist-url"):
             check_dist_url(url)
-    for url in ("tcp://127.0.0.1:29500", "file:///tmp/rendezvous", "env://", "auto", None):
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    for url in ("tcp://127.0.0.1:29500", f"file://{tmp_path}/rendezvous", "env://", "auto", None):
         check_dist_url(url)
+    # env:// without its variables, a file rendezvous left by an earlier run (it hung for minutes): named first
+    monkeypatch.delenv("MASTER_PORT")
+    with pytest.raises(GwdetValueError, match=r"--dist-url env:// reads the address from MASTER_ADDR and MASTER_PORT, "
+                                              r"and MASTER_PORT is not set: export them"):
+        check_dist_url("env://")
+    (tmp_path / "rendezvous").write_text("left by an earlier run")
+    with pytest.raises(GwdetValueError, match=r"the file exists, left by an earlier run, and torch's file rendezvous "
+                                              r"needs a new one"):
+        check_dist_url(f"file://{tmp_path}/rendezvous")
+    check_dist_url(f"file://{tmp_path}/rendezvous", num_machines=2)  # the other machines' processes made it
+
+
+def test_a_port_another_program_listens_on_is_named(capsys):
+    # "could not meet the others ... start every machine with the same --dist-url": the fix is another port
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(GwdetError, match=rf"another program already listens on port {port} of 127.0.0.1, so the "
+                                             r"processes cannot meet there\. Give another port"):
+            launch(never_called, 2, dist_url=f"tcp://127.0.0.1:{port}", rendezvous_timeout=timedelta(seconds=10))
 
 
 # ---- the shapes dataset ----------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import socket
 import tempfile
 import time
@@ -92,6 +93,9 @@ def launch(
                 pass
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
             first, report = _failure_report(context, error)
+            killed = _killed_process(context, error)
+            if killed is not None:
+                raise WorkerFailed(f"{killed}\n{report}") from None
             refusal = os.path.join(refusals, str(first))
             if os.path.isfile(refusal):  # the first failure was a refusal of gwdet's: its message, as one process's
                 with open(refusal, encoding="utf-8") as file:
@@ -120,8 +124,19 @@ def check_dist_url(dist_url: str | None, num_machines: int = 1) -> None:
         port = parsed.port
     except ValueError:  # a port that is no number, or out of range
         port = None
-    if ((parsed.scheme == "tcp" and parsed.hostname and port) or (parsed.scheme == "file" and parsed.path)
-            or (parsed.scheme == "env" and not parsed.netloc.strip("/") and not parsed.path.strip("/"))):
+    if parsed.scheme == "env" and not parsed.netloc.strip("/") and not parsed.path.strip("/"):
+        unset = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name)]
+        if unset:
+            raise GwdetValueError(f"--dist-url env:// reads the address from MASTER_ADDR and MASTER_PORT, and "
+                                  f"{' and '.join(unset)} {'is' if len(unset) == 1 else 'are'} not set: export them "
+                                  "(the first machine's address and a free port), or give tcp://HOST:PORT.")
+        return
+    if parsed.scheme == "file" and parsed.path and num_machines == 1 and os.path.isfile(parsed.path) \
+            and os.path.getsize(parsed.path):
+        raise GwdetValueError(f"--dist-url {dist_url}: the file exists, left by an earlier run, and torch's file "
+                              "rendezvous needs a new one (the processes would wait on the old run's, or fail): delete "
+                              "it, or give a new path.")
+    if (parsed.scheme == "tcp" and parsed.hostname and port) or (parsed.scheme == "file" and parsed.path):
         return
     raise GwdetValueError(f"--dist-url {dist_url!r} is not an address the processes can meet at: give "
                           + ", ".join(DIST_URL_FORMS[:-1]) + f" or {DIST_URL_FORMS[-1]}.")
@@ -144,6 +159,25 @@ def _failure_report(context: mp.ProcessContext, error: Exception) -> tuple[int, 
     lines = [f"Training process {first} of this machine failed; the others were stopped:", trace.rstrip()]
     lines += [f"(process {index} failed after it: {text.strip().splitlines()[-1]})" for _, index, text in failures[1:]]
     return first, "\n".join(lines)
+
+
+def _killed_process(context: mp.ProcessContext, error: Exception) -> str | None:
+    """The first line of the report where a process of this machine was killed from outside (the
+    out-of-memory killer, a scheduler, ``kill -9``): which one, by what signal, and that ``--resume``
+    continues from the last checkpoint; ``None`` where none was (a process raised an error)."""
+    index, signal_name = None, None
+    if isinstance(error, mp.ProcessExitedException) and error.signal_name:
+        index, signal_name = error.error_index, error.signal_name
+    else:  # another process noticed its peer gone first; SIGKILL is never torch's first way to stop one
+        for position, process in enumerate(context.processes):
+            if process.exitcode == -signal.SIGKILL:
+                index, signal_name = position, "SIGKILL"
+                break
+    if index is None:
+        return None
+    return (f"Training process {index} of this machine was killed by {signal_name} (from outside the run: the "
+            "out-of-memory killer, a scheduler, kill); the others were stopped. The checkpoints written before it "
+            "are kept: continue with --resume. What the other processes reported:")
 
 
 def _tcp_address(dist_url: str | None) -> tuple[str, int]:
@@ -185,6 +219,10 @@ def _init_gloo(rank: int, world_size: int, dist_url: str, timeout: timedelta, re
                               wait_for_workers=True)
     except RuntimeError as error:  # torch's DistStoreError / DistNetworkError
         waited = rendezvous_timeout.total_seconds()
+        if rank == 0 and ("EADDRINUSE" in str(error) or "address already in use" in str(error).lower()):
+            raise RendezvousError(
+                f"--dist-url {dist_url}: another program already listens on port {port} of {host}, so the processes "
+                "cannot meet there. Give another port (or --dist-url auto on one machine).") from None
         raise RendezvousError(
             f"Process {rank} of {world_size} could not meet the others at {dist_url} within {waited:.0f} s: {error}. "
             "Start every machine with the same --dist-url and --num-machines and --machine-rank 0 to "
