@@ -260,3 +260,28 @@ def test_checkpoint_resubmits_the_job_resumed_after_its_training_processes_end(m
         loader_worker.kill()
     assert resubmitted.function == TrainingJob(("--config", "c.yaml"), "/somewhere", requeued=True)
     assert (resubmitted.args, resubmitted.kwargs) == ((), {})
+
+
+def test_a_submitit_local_job_into_a_folder_in_use_is_refused_before_it_is_submitted(tmp_path, capsys):
+    # it said "submitted job N" and exited 0, while the job failed at once in its error log
+    pytest.importorskip("submitit")
+    from gwdet.engine.output_dir import OutputDirLock
+
+    with OutputDirLock(str(tmp_path)):
+        status = train_net(["--config", str(DEMO_CONFIG), "--launcher", "submitit-local", *TINY_OPTS,
+                            "OUTPUT_DIR", str(tmp_path)])
+    assert status == 2
+    err = capsys.readouterr().err
+    assert f"OUTPUT_DIR {str(tmp_path)!r} is in use by another run (pid {os.getpid()})" in err, err
+    assert not (tmp_path / "submitit").exists()
+
+
+def test_a_jobs_gwdet_refusal_is_one_line_as_here():
+    # --wait printed submitit's "failed during processing with trace" and the whole traceback, exit 1
+    from gwdet.cluster.executor import _gwdet_refusal
+
+    trace = ("submitit.core.utils.FailedJobError: Job (task=0) failed during processing with trace:\n"
+             "----------------------\nTraceback (most recent call last):\n  File \"x.py\", line 1, in f\n"
+             "gwdet.errors.GwdetRuntimeError: OUTPUT_DIR 'r' is in use by another run (pid 7). Wait for it to finish.\n")
+    assert _gwdet_refusal(trace) == "OUTPUT_DIR 'r' is in use by another run (pid 7). Wait for it to finish."
+    assert _gwdet_refusal("Traceback ...\nRuntimeError: CUDA out of memory\n") is None

@@ -7,6 +7,7 @@ runs (:mod:`gwdet.cluster.jobs`). A job's files (submitit's pickles, ``<job id>_
 """
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from pathlib import Path
@@ -159,5 +160,23 @@ def wait(job: "submitit.Job", launcher: str, poll_seconds: float = POLL_SECONDS)
             time.sleep(poll_seconds)
     error = job.exception()
     if error is not None:
+        refusal = _gwdet_refusal(str(error))
+        if refusal is not None:
+            raise JobRefused(refusal)
         raise GwdetRuntimeError(f"job {job.job_id} failed: {error}")
     return job.result()
+
+
+class JobRefused(GwdetError, RuntimeError):
+    """The job's training refused its request (a :class:`~gwdet.errors.GwdetError`, whose message this
+    is), as it would have here."""
+
+
+_GWDET_ERROR_LINE = re.compile(r"^gwdet\.[\w.]+: ", re.MULTILINE)
+
+
+def _gwdet_refusal(trace: str) -> str | None:
+    """The message of the gwdet error a job's traceback ``trace`` ends with (submitit reports a job's
+    exception as its traceback text), or ``None`` for another error."""
+    found = list(_GWDET_ERROR_LINE.finditer(trace))
+    return trace[found[-1].end():].strip() if found else None

@@ -19,13 +19,16 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Callable, Sequence
 
-from gwdet.cluster.executor import SubmissionRefused, check_launcher, describe, make_executor, submit, wait
+from gwdet.cluster.executor import (JobRefused, SubmissionRefused, check_launcher, describe, make_executor, submit,
+                                    wait)
 from gwdet.cluster.jobs import NodePlacement, RequeueableJob
 from gwdet.cluster.options import add_launcher_arguments, launcher_options
 from gwdet.cluster.slurm import ClusterUnavailable
+from gwdet.errors import GwdetError
 from gwdet.utils.cli_errors import run_tool, tool_name
 from gwdet.engine import arguments
 from gwdet.engine.launch import launch
+from gwdet.engine.output_dir import check_not_in_use
 from gwdet.engine.run import RESULTS_JSON, RESULTS_MARKDOWN, check_output_request, load_run_config, main
 from gwdet.engine.threads import configure_threads
 
@@ -98,10 +101,13 @@ def submit_training(args: argparse.Namespace, argv: Sequence[str]) -> int:
         options = launcher_options(args, args.num_gpus)
         check_launcher(options)
         output_dir = Path(check_before_submitting(args)).resolve()
+        if options.launcher == "submitit-local":  # the job starts at once: it would find the folder in use
+            check_not_in_use(str(output_dir))
         folder = output_dir / JOBS_FOLDER
         executor = make_executor(options, folder, job_name=f"gwdet-{Path(args.config_file).stem}")
         job = submit(executor, TrainingJob(tuple(argv), os.getcwd()), folder)
-    except (ClusterUnavailable, SubmissionRefused, ValueError, KeyError, FileNotFoundError, FileExistsError) as error:
+    except (ClusterUnavailable, SubmissionRefused, ValueError, KeyError, FileNotFoundError, FileExistsError,
+            GwdetError) as error:
         print(f"{tool_name()}: error: {error}", file=sys.stderr)
         return 2
     print("\n".join([*describe(job, options.launcher), f"  output: {output_dir}"]), flush=True)
@@ -109,6 +115,9 @@ def submit_training(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return 0
     try:
         result = wait(job.task(0), options.launcher)
+    except JobRefused as error:  # as the same request here would end
+        print(f"{tool_name()}: error: {error}", file=sys.stderr)
+        return 2
     except RuntimeError as error:
         print(f"{tool_name()}: {error}", file=sys.stderr)
         return 1

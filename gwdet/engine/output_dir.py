@@ -892,6 +892,26 @@ def check_output_dir_name(output_dir: str, encoding: str | None = None, setting:
             f"or choose an {setting} of ASCII characters; nothing was written.")
 
 
+def _in_use(output_dir: str, holder: str, setting: str) -> GwdetRuntimeError:
+    """The refusal of a run in ``output_dir`` while ``holder`` (``"pid N"``) holds its lock."""
+    return GwdetRuntimeError(f"{setting} {output_dir!r} is in use by another run ({holder}). Wait for it to finish, or "
+                             f"give this run another {setting}.")
+
+
+def check_not_in_use(output_dir: str, setting: str = "OUTPUT_DIR") -> None:
+    """Refuse, before a job that starts at once is submitted, a run in ``output_dir`` while another
+    run holds its lock (:class:`OutputDirLock`), as the job would be at its start."""
+    path = os.path.join(output_dir, LOCK_NAME)
+    if not os.path.isfile(path) or os.path.islink(path):
+        return
+    with open(path, encoding="utf-8", errors="replace") as file:
+        try:
+            fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _in_use(output_dir, file.read().strip() or "another process", setting) from None
+        fcntl.flock(file, fcntl.LOCK_UN)
+
+
 class OutputDirLock:
     """An exclusive lock on ``OUTPUT_DIR`` for the duration of a run (``with OutputDirLock(dir):``).
 
@@ -936,10 +956,7 @@ class OutputDirLock:
             self._file.seek(0)
             holder = self._file.read().strip() or "another process"
             self._file.close()
-            raise GwdetRuntimeError(
-                f"{self.setting} {os.path.dirname(self.path)!r} is in use by another run ({holder}). "
-                f"Wait for it to finish, or give this run another {self.setting}."
-            ) from None
+            raise _in_use(output_dir, holder, self.setting) from None
         try:
             self._file.seek(0)
             self._file.truncate()
