@@ -462,6 +462,20 @@ def test_an_evaluation_of_a_run_set_aside_by_a_stopped_overwrite_says_where_it_i
             evaluation_request(load_run_config(args.config_file, args.opts), args)
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux), a device that is always full")
+def test_a_full_disk_while_evaluating_is_one_error_with_the_way_on(finished_run, tmp_path):
+    # several raw OSError tracebacks from detectron2's COCOEvaluator, nothing about what to do
+    # a folder holding only an inference/ counts as an earlier evaluation: this one goes to eval/<weights>/
+    evaluation = tmp_path / "eval" / f"{finished_run.name}-model_final"
+    predictions = evaluation / "inference" / "shapes_val" / "instances_predictions.pth"
+    predictions.parent.mkdir(parents=True)
+    os.symlink("/dev/full", predictions)  # the evaluator's first file meets a full disk
+    with pytest.raises(GwdetOSError, match=rf"^The disk of {evaluation} is full \(No space left on device: .*\); files "
+                                           r"written at that moment may be cut short\. Free space there\. Evaluate "
+                                           r"again once there is space\."):
+        main(tiny_run_args(tmp_path, "--eval-only", "MODEL.WEIGHTS", str(finished_run / "model_final.pth")))
+
+
 # ---- MISLEADING 7, RAW 11: MODEL.WEIGHTS with ~ or as a file:// URL ---------------------------------------
 
 def test_model_weights_with_a_tilde_are_found_in_the_home_folder(finished_run, tmp_path, monkeypatch, model):

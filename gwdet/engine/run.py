@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -49,7 +50,7 @@ from gwdet.checkpoint.resilient import (CLASSES_KEY, INPUT_KEY, ResilientCheckpo
 from gwdet.data.coco_registration import CocoDataset, DatasetError
 from gwdet.data.datasets import check_evaluated_classes
 from gwdet.modeling.detectron2_failures import named_config_failures
-from gwdet.errors import GwdetError, GwdetValueError, listed
+from gwdet.errors import GwdetError, GwdetOSError, GwdetValueError, listed
 from gwdet.layers.plans import describe_plans
 from gwdet.model_zoo.lazy_loading import is_lazy_config
 from gwdet.utils.atomic import write_text_atomically, write_text_with_checksum
@@ -409,10 +410,13 @@ def main(args: argparse.Namespace):
                     trainer = run.build_trainer()
                     trainer.resume_or_load(resume=args.resume)
         if args.eval_only:
-            results = run.evaluate(model)
+            with named_full_disk(run.output_dir, "Evaluate again once there is space."):
+                results = run.evaluate(model)
         else:
             with named_config_failures(run.cfg, "train the first iteration", args.opts,
-                                       applies=lambda: trainer.iter == trainer.start_iter):
+                                       applies=lambda: trainer.iter == trainer.start_iter), \
+                    named_full_disk(run.output_dir, "Its checkpoints are kept: free space and continue with --resume "
+                                    "(a finished training is evaluated again)."):
                 try:
                     results = trainer.train()
                 except FloatingPointError as error:  # detectron2's trainer: a non-finite loss
@@ -429,6 +433,20 @@ def main(args: argparse.Namespace):
                                             os.path.join(run.output_dir, VIS_FOLDER))
     log_outputs(run.output_dir, bool(results), drawings, run.vis_setting)
     return results
+
+
+@contextlib.contextmanager
+def named_full_disk(output_dir: str, way_on: str) -> Iterator[None]:
+    """A full disk while training or evaluating into ``output_dir`` (detectron2's writers, its
+    evaluators' files) as one error naming the folder and ``way_on``, instead of the writer's
+    traceback."""
+    try:
+        yield
+    except OSError as error:
+        if isinstance(error, GwdetError) or error.errno not in (errno.ENOSPC, errno.EDQUOT):  # gwdet's say it already
+            raise
+        raise GwdetOSError(f"The disk of {output_dir} is full ({error.strerror}: {error.filename or 'a file there'}); "
+                           f"files written at that moment may be cut short. Free space there. {way_on}") from error
 
 
 def diverged_advice(output_dir: str) -> str:
