@@ -229,6 +229,21 @@ def test_frozen_norms_trained_from_scratch_are_refused(opts):
         check_training_values(build_config(str(DEMO_CONFIG), [*opts, "MODEL.RESNETS.GW_POSITIONS", ""]), 1)
 
 
+@pytest.mark.parametrize("norm", ["BGN", "BW"])
+def test_frozen_stages_whose_norms_detectron2_cannot_freeze_are_refused(norm):
+    # their running statistics went on changing in train() while the stages were "frozen"
+    from gwdet.engine.trainer import check_training_values
+    from gwdet.model_zoo import build_config
+
+    opts = ["MODEL.RESNETS.NORM", norm, "MODEL.BW.GROUP_SIZE", "8", "MODEL.WEIGHTS", "weights.pkl"]
+    with pytest.raises(ValueError, match=rf"MODEL.BACKBONE.FREEZE_AT is 2, but the frozen stages' norms of "
+                                         rf"MODEL.RESNETS.NORM \({norm}\) keep running statistics"):
+        check_training_values(build_config(str(DEMO_CONFIG), [*opts, "MODEL.BACKBONE.FREEZE_AT", "2"]), 1)
+    check_training_values(build_config(str(DEMO_CONFIG), [*opts, "MODEL.BACKBONE.FREEZE_AT", "0"]), 1)
+    check_training_values(build_config(str(DEMO_CONFIG), ["MODEL.RESNETS.NORM", "BN", "MODEL.WEIGHTS", "w.pkl",
+                                                          "MODEL.BACKBONE.FREEZE_AT", "2"]), 1)  # BN becomes FrozenBN
+
+
 @pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full (Linux), a device that is always full")
 def test_an_export_into_a_full_disk_is_a_one_line_error():
     import torch

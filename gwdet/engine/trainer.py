@@ -200,7 +200,8 @@ def check_training_values(cfg: CfgNode, world_size: int) -> None:
     or with frozen backbone stages (``MODEL.BACKBONE.FREEZE_AT``), which would stay random; mixed
     precision (``SOLVER.AMP.ENABLED``) on a device that is no CUDA GPU; and detectron2's PreciseBN
     (``TEST.PRECISE_BN.ENABLED``) with norms of batch statistics whose running statistics it does
-    not recompute (it takes torch's batch norms only: BW and BGN would keep their running averages); and
+    not recompute (it takes torch's batch norms only: BW and BGN would keep their running averages);
+    frozen backbone stages whose norms of batch statistics detectron2 does not freeze (BW, BGN); and
     torch's SyncBatchNorm in several processes off CUDA."""
     if not cfg.DATASETS.TRAIN:
         raise GwdetValueError("DATASETS.TRAIN is empty: name the dataset(s) to train on, e.g. DATASETS.TRAIN "
@@ -218,6 +219,16 @@ def check_training_values(cfg: CfgNode, world_size: int) -> None:
     if not cfg.MODEL.WEIGHTS:
         check_scratch_training([key for key, name in norms.items() if name == "FrozenBN"], cfg.MODEL.BACKBONE.FREEZE_AT,
                                "MODEL.WEIGHTS", "MODEL.BACKBONE.FREEZE_AT")
+    if cfg.MODEL.BACKBONE.FREEZE_AT >= 1:
+        drifting = [f"{key} ({norms[key]})" for key in ("MODEL.RESNETS.NORM", "MODEL.RESNETS.GW_NORM")
+                    if norms.get(key) and precise_bn_skips(norms[key])]
+        if drifting:
+            raise GwdetValueError(
+                f"MODEL.BACKBONE.FREEZE_AT is {cfg.MODEL.BACKBONE.FREEZE_AT}, but the frozen stages' norms of "
+                f"{', '.join(drifting)} keep running statistics that training would go on updating: detectron2 freezes "
+                "a stage by turning its batch norms into FrozenBN, which it does for torch's batch norms only, so the "
+                "frozen stages would compute another function after every batch. Train those stages too "
+                "(MODEL.BACKBONE.FREEZE_AT 0), or use FrozenBN / BN there.")
     check_mixed_precision(cfg.SOLVER.AMP.ENABLED, cfg.MODEL.DEVICE, "SOLVER.AMP.ENABLED", "MODEL.DEVICE",
                           "SOLVER.AMP.ENABLED False", "MODEL.DEVICE cuda")
     if cfg.TEST.PRECISE_BN.ENABLED:
