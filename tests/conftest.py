@@ -6,7 +6,7 @@ import contextlib
 import logging
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
@@ -137,3 +137,24 @@ def registered():
     for name in names:
         if name in known_norm_names():
             unregister_norm(name)
+
+
+def error_in_child(limit: Callable[[], None], act: Callable[[], None]) -> str:
+    """The message of the ``OSError`` that ``act`` raises in a forked child of this process after
+    ``limit`` (a file size limit, another user), which this process keeps clear of; ``""`` when
+    ``act`` raises none. The child has gwdet imported already."""
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            limit()
+            try:
+                act()
+            except OSError as error:
+                os.write(writer, str(error).encode())
+        finally:
+            os._exit(0)
+    os.close(writer)
+    os.waitpid(child, 0)
+    with os.fdopen(reader, "rb") as answer:
+        return answer.read().decode()

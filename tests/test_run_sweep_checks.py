@@ -37,7 +37,7 @@ from gwdet.errors import GwdetError, GwdetOSError
 from gwdet.model_zoo import build_config
 from gwdet.utils.atomic import WriteError
 
-from conftest import DEMO_CONFIG, TINY_OPTS, logged_warnings, tiny_run_args
+from conftest import DEMO_CONFIG, TINY_OPTS, error_in_child, logged_warnings, tiny_run_args
 
 RECORD = CONFIG_NAME + ".sha256"
 
@@ -427,23 +427,15 @@ def test_a_lock_file_that_cannot_be_written_is_one_error_naming_the_folder(tmp_p
     import resource
     import signal
 
-    reader, writer = os.pipe()
-    child = os.fork()
-    if child == 0:
-        try:
-            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of a signal
-            resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
-            try:
-                with OutputDirLock(str(tmp_path)):
-                    os.write(writer, b"locked")
-            except OSError as error:
-                os.write(writer, str(error).encode())
-        finally:
-            os._exit(0)
-    os.close(writer)
-    os.waitpid(child, 0)
-    with os.fdopen(reader, "rb") as answer:
-        said = answer.read().decode()
+    def file_size_limit_zero() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of a signal
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+
+    def lock() -> None:
+        with OutputDirLock(str(tmp_path)):
+            pass
+
+    said = error_in_child(file_size_limit_zero, lock)
     assert said.startswith(f"OUTPUT_DIR {str(tmp_path)!r}: writing the run's lock file .gwdet.lock failed (File too "
                            "large); nothing was changed. Free space there"), said
 

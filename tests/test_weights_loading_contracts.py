@@ -603,27 +603,17 @@ def test_weights_this_user_may_not_read_are_named_not_a_raw_permission_error(tmp
 
     from gwdet.utils.atomic import checksum_findings
 
+    from conftest import error_in_child
+
     folder = tempfile.mkdtemp(prefix="gwdet-unreadable-")  # pytest's folders are closed to other users
     os.chmod(folder, 0o755)
     weights = os.path.join(folder, "model_final.pth")
     torch.save({"model": {}}, weights)
     os.chmod(weights, 0o000)
-    reader, writer = os.pipe()
-    child = os.fork()
-    if child == 0:  # root reads any file: the check runs as nobody, in a child that already imported gwdet
-        try:
-            if os.geteuid() == 0:
-                os.setuid(65534)
-            try:
-                checksum_findings(weights)
-                os.write(writer, b"read")
-            except OSError as error:
-                os.write(writer, str(error).encode())
-        finally:
-            os._exit(0)
-    os.close(writer)
-    os.waitpid(child, 0)
-    with os.fdopen(reader, "rb") as answer:
-        said = answer.read().decode()
+    def as_nobody() -> None:  # root reads any file: the check runs as another user
+        if os.geteuid() == 0:
+            os.setuid(65534)
+
+    said = error_in_child(as_nobody, lambda: checksum_findings(weights))
     shutil.rmtree(folder)
     assert said.startswith(f"{weights} cannot be read by this user (permission denied): ask its owner"), said
