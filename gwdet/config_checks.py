@@ -141,6 +141,37 @@ def _value(cfg: CfgNode, key: str) -> Any:
         return None
 
 
+def _registry(component_key: str) -> Any:
+    """detectron2's registry of the components ``component_key`` names (None: functions, or none)."""
+    from detectron2.modeling import META_ARCH_REGISTRY, ROI_HEADS_REGISTRY, SEM_SEG_HEADS_REGISTRY
+    from detectron2.modeling.roi_heads import ROI_BOX_HEAD_REGISTRY, ROI_MASK_HEAD_REGISTRY
+
+    return {"MODEL.META_ARCHITECTURE": META_ARCH_REGISTRY, "MODEL.ROI_HEADS.NAME": ROI_HEADS_REGISTRY,
+            "MODEL.ROI_BOX_HEAD.NAME": ROI_BOX_HEAD_REGISTRY, "MODEL.ROI_MASK_HEAD.NAME": ROI_MASK_HEAD_REGISTRY,
+            "MODEL.SEM_SEG_HEAD.NAME": SEM_SEG_HEADS_REGISTRY}.get(component_key)
+
+
+def is_one_of(component_key: str, component: str, names: Sequence[str]) -> bool:
+    """Whether ``component`` (the value of ``component_key``) is one of the registered classes
+    ``names`` or a subclass of one (a project's own head deriving from detectron2's builds as it does)."""
+    if component in names:
+        return True
+    registry = _registry(component_key)
+    if registry is None or component not in registry:
+        return False
+    kind = registry.get(component)
+    bases = [registry.get(name) for name in names if name in registry]
+    return isinstance(kind, type) and any(isinstance(base, type) and issubclass(kind, base) for base in bases)
+
+
+def _reads_as_detectron2(site: NormSite, component: str) -> bool:
+    """Whether ``component`` builds ``site``'s norm as detectron2's readers do (without the config's
+    values): one of them, or a subclass of one that is no subclass of gwdet's replacement."""
+    gwdet_components = [GWDET_COMPONENTS[name] for name in site.detectron2_readers if name in GWDET_COMPONENTS]
+    return (is_one_of(site.component_key, component, site.detectron2_readers)
+            and not is_one_of(site.component_key, component, gwdet_components))
+
+
 def builds_part(cfg: CfgNode, part: str | None) -> bool:
     """Whether the model of ``cfg`` has ``part`` (None: the backbone, always built)."""
     if part is None:
@@ -151,11 +182,12 @@ def builds_part(cfg: CfgNode, part: str | None) -> bool:
     if parts is not None and ROI_HEADS not in parts:
         return False  # the box and mask heads are parts of the ROI heads
     if part == BOX_HEAD:
-        return cfg.MODEL.ROI_HEADS.NAME not in RES5_ROI_HEADS
+        return not is_one_of("MODEL.ROI_HEADS.NAME", cfg.MODEL.ROI_HEADS.NAME, RES5_ROI_HEADS)
     if part == MASK_HEAD:
         return bool(cfg.MODEL.MASK_ON)
     if part == RES5_HEAD:  # a backbone that makes res5 itself is no C4 backbone (e.g. built alone)
-        return cfg.MODEL.ROI_HEADS.NAME in RES5_ROI_HEADS and "res5" not in cfg.MODEL.RESNETS.OUT_FEATURES
+        return (is_one_of("MODEL.ROI_HEADS.NAME", cfg.MODEL.ROI_HEADS.NAME, RES5_ROI_HEADS)
+                and "res5" not in cfg.MODEL.RESNETS.OUT_FEATURES)
     return True
 
 
@@ -189,20 +221,22 @@ def _norm_reader_problems(cfg: CfgNode, skip: set[str]) -> list[_Problem]:
     for site in NORM_SITES:
         name = _value(cfg, site.norm_key)
         component = _value(cfg, site.component_key)
-        if site.norm_key in skip or component not in site.detectron2_readers or not builds_part(cfg, site.part):
+        if site.norm_key in skip or not _reads_as_detectron2(site, component) or not builds_part(cfg, site.part):
             continue
         if detectron2_builds_as_configured(name, cfg):
             continue
         record = norm_record(name)
+        reader = (f"detectron2's {component}" if component in site.detectron2_readers
+                  else f"{component}, a subclass of detectron2's {' / '.join(site.detectron2_readers)},")
         if record.detectron2_values:  # detectron2 builds the name, with other values than the config's
             configured = ", ".join(f"{record.config_keys[param]}={_value(cfg, record.config_keys[param])}"
                                    for param in record.detectron2_values)
             # the one value detectron2 fixes is a group number (GN's 32)
             fixed = ", ".join(f"{value} groups" for value in record.detectron2_values.values())
-            why = (f"{site.norm_key}={name!r} with {configured}, and detectron2's {component} "
+            why = (f"{site.norm_key}={name!r} with {configured}, and {reader} "
                    f"({site.component_key}) always builds {name} with {fixed}")
         else:
-            why = (f"{site.norm_key}={name!r}, but detectron2's {component} ({site.component_key}) cannot "
+            why = (f"{site.norm_key}={name!r}, but {reader} ({site.component_key}) cannot "
                    f"build {name!r} with the config's values (detectron2's get_norm would raise KeyError)")
         fix, change = _replacement(site.component_key, component, "with the config's values",
                                    f"set {site.norm_key} to one of detectron2's names (BN, SyncBN, FrozenBN; GN "
@@ -227,7 +261,8 @@ def _gw_position_problems(cfg: CfgNode) -> list[_Problem]:
                                    "MODEL.RESNETS.GW_POSITIONS to ''")
         problems.append(_Problem(f"{why}; {fix}", change))
     roi_heads = cfg.MODEL.ROI_HEADS.NAME
-    if positions & set(BLOCK_CONV_OF_POSITION) and roi_heads not in GW_ROI_HEADS and builds_part(cfg, RES5_HEAD):
+    if (positions & set(BLOCK_CONV_OF_POSITION) and not is_one_of("MODEL.ROI_HEADS.NAME", roi_heads, GW_ROI_HEADS)
+            and builds_part(cfg, RES5_HEAD)):
         why = (f"MODEL.RESNETS.GW_POSITIONS={spec!r} puts GW in every bottleneck block, but detectron2's "
                f"{roi_heads} (MODEL.ROI_HEADS.NAME) would build the res5 blocks without it")
         fix, change = _replacement("MODEL.ROI_HEADS.NAME", roi_heads, "with GW there in res5",

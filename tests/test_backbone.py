@@ -2,7 +2,7 @@
 import pytest
 import torch
 from detectron2.config import get_cfg
-from detectron2.layers import FrozenBatchNorm2d, ShapeSpec
+from detectron2.layers import Conv2d, FrozenBatchNorm2d, ShapeSpec
 from detectron2.modeling import build_backbone
 from detectron2.modeling.backbone.resnet import build_resnet_backbone
 
@@ -139,3 +139,20 @@ def test_positions_have_one_canonical_spelling(positions, spelled):
 
     assert format_gw_positions(positions) == spelled
     assert parse_gw_positions(spelled) == positions
+
+
+def test_every_conv_with_a_norm_gets_the_configured_norm_deformable_ones_too():
+    # detectron2's DeformConv / ModulatedDeformConv are no Conv2d: MODEL.RESNETS.DEFORM_ON_PER_STAGE kept the
+    # placeholder BatchNorm2d there. (Their class needs detectron2's compiled ops; this one has their shape.)
+    from torch import nn
+
+    from gwdet.modeling.backbone import convs_with_norm
+
+    class DeformLike(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.zeros(8, 8, 3, 3))
+            self.norm = nn.BatchNorm2d(8)
+
+    block = nn.Sequential(Conv2d(8, 8, 1, norm=nn.BatchNorm2d(8)), DeformLike(), Conv2d(8, 8, 1), nn.BatchNorm2d(8))
+    assert [type(conv).__name__ for conv in convs_with_norm(block)] == ["Conv2d", "DeformLike"]

@@ -131,3 +131,36 @@ def test_activation_checkpointing_of_per_level_norms_is_refused():
     with pytest.raises(RuntimeError, match="PerLevelNorm .* is run again during the backward pass, as activation "
                                            "checkpointing recomputes a forward"):
         sum(output.sum() for output in outputs).backward()
+
+
+def _registered_once(registry, name: str, base: type) -> str:
+    """A project's subclass of ``base`` registered as ``name`` (once per process)."""
+    if name not in registry:
+        registry.register(type(name, (base,), {}))
+    return name
+
+
+def test_a_projects_subclass_of_detectron2s_head_is_checked_as_detectron2s_head():
+    # it built GN with 32 groups (not MODEL.GN.NUM_GROUPS 8), and a C4 res5 without the GW_POSITIONS asked for
+    from detectron2.modeling import ROI_HEADS_REGISTRY
+    from detectron2.modeling.roi_heads import ROI_BOX_HEAD_REGISTRY, FastRCNNConvFCHead, Res5ROIHeads
+
+    from gwdet.modeling import GWFastRCNNConvFCHead
+    from gwdet.model_zoo import build_config
+
+    from conftest import DEMO_CONFIG
+
+    box_head = _registered_once(ROI_BOX_HEAD_REGISTRY, "TestProjectBoxHead", FastRCNNConvFCHead)
+    with pytest.raises(ValueError, match=r"TestProjectBoxHead, a subclass of detectron2's FastRCNNConvFCHead, "
+                                         r"\(MODEL.ROI_BOX_HEAD.NAME\) always builds GN with 32 groups"):
+        build_config(str(DEMO_CONFIG), ["MODEL.ROI_BOX_HEAD.NAME", box_head, "MODEL.ROI_BOX_HEAD.NORM", "GN",
+                                        "MODEL.GN.NUM_GROUPS", "8"])
+    gwdet_based = _registered_once(ROI_BOX_HEAD_REGISTRY, "TestProjectGWBoxHead", GWFastRCNNConvFCHead)
+    build_config(str(DEMO_CONFIG), ["MODEL.ROI_BOX_HEAD.NAME", gwdet_based, "MODEL.ROI_BOX_HEAD.NORM", "GN",
+                                    "MODEL.GN.NUM_GROUPS", "8"])  # gwdet's head, extended: the config's values
+    res5 = _registered_once(ROI_HEADS_REGISTRY, "TestProjectRes5ROIHeads", Res5ROIHeads)
+    with pytest.raises(ValueError, match=r"TestProjectRes5ROIHeads \(MODEL.ROI_HEADS.NAME\) would build the res5 "
+                                         r"blocks without it"):
+        build_config(str(DEMO_CONFIG), ["MODEL.BACKBONE.NAME", "build_gw_resnet_backbone", "MODEL.ROI_HEADS.NAME", res5,
+                                        "MODEL.ROI_HEADS.IN_FEATURES", "['res4']", "MODEL.RESNETS.OUT_FEATURES",
+                                        "['res4']", "MODEL.RESNETS.GW_POSITIONS", "S1-B2", "MODEL.MASK_ON", "False"])

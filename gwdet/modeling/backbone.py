@@ -18,7 +18,7 @@ import numbers
 from typing import Any, Iterator
 
 from detectron2.config import CfgNode
-from detectron2.layers import Conv2d, ShapeSpec, get_norm
+from detectron2.layers import ShapeSpec, get_norm
 from detectron2.modeling import BACKBONE_REGISTRY
 from detectron2.modeling.backbone import FPN, ResNet
 from detectron2.modeling.backbone.fpn import LastLevelMaxPool, LastLevelP6P7
@@ -34,11 +34,12 @@ from gwdet.norms import check_detectron2_buildable, norm_from_config
 PLACEHOLDER_NORM = "BN"
 
 
-def convs_with_norm(resnet: nn.Module) -> Iterator[Conv2d]:
+def convs_with_norm(resnet: nn.Module) -> Iterator[nn.Module]:
     """Every conv of ``resnet`` (or of any part of one) that carries a norm (stem, block convs,
-    shortcuts)."""
+    shortcuts): detectron2's ``Conv2d`` and its deformable convs (``DeformConv``,
+    ``ModulatedDeformConv``, of ``MODEL.RESNETS.DEFORM_ON_PER_STAGE``), each with a ``norm`` module."""
     for module in resnet.modules():
-        if isinstance(module, Conv2d) and module.norm is not None:
+        if isinstance(getattr(module, "norm", None), nn.Module) and hasattr(module, "weight"):
             yield module
 
 
