@@ -714,8 +714,15 @@ def test_weights_evaluated_on_images_given_otherwise_are_said_even_away_from_the
                                                               "MODEL.PIXEL_MEAN", "[0.0, 0.0, 0.0]"]))
     with logged_warnings("gwdet.engine.run") as logged:
         run.load_weights(run.build_model())
-    assert any(f"MODEL.WEIGHTS {copied} was trained on images given otherwise: pixel_mean "
+    assert any(f"MODEL.WEIGHTS {copied} was trained with values this model has otherwise: pixel_mean "
                f"{recorded['pixel_mean']!r} -> [0.0, 0.0, 0.0]." in message for message in logged), logged
+    # the stride's place changes the function with the same weight shapes (it was not recorded)
+    assert recorded["stride_in_1x1"] is False
+    run = YacsRun(build_config(str(DEMO_CONFIG), TINY_OPTS + ["MODEL.WEIGHTS", str(copied), "OUTPUT_DIR", str(tmp_path),
+                                                              "MODEL.RESNETS.STRIDE_IN_1X1", "True"]))
+    with logged_warnings("gwdet.engine.run") as logged:
+        run.load_weights(run.build_model())
+    assert any("stride_in_1x1 False -> True" in message for message in logged), logged
     # beside their run's config.yaml: INPUT.FORMAT is the model's input, as MODEL.* is
     with pytest.raises(ValueError, match=r"trained with another model .*INPUT.FORMAT: 'RGB' -> 'BGR'"):
         check_resume_config(build_config(str(DEMO_CONFIG), TINY_OPTS + ["INPUT.FORMAT", "BGR"]), str(finished_run))

@@ -24,6 +24,7 @@ from urllib.request import url2pathname
 import numpy as np
 import torch
 from detectron2.checkpoint import DetectionCheckpointer
+from detectron2.modeling.backbone.resnet import BottleneckBlock
 from detectron2.utils import comm
 
 from gwdet.utils.cli_errors import as_override
@@ -233,12 +234,19 @@ DATA_KEY = "gwdet_training_data"
 
 
 def input_record(model: torch.nn.Module) -> dict[str, Any]:
-    """``model``'s (DDP's ``module``'s) input format and pixel normalization, as lists of numbers;
-    empty for a model without them."""
+    """``model``'s (DDP's ``module``'s) input format and pixel normalization, as lists of numbers,
+    and, for a ResNet of bottleneck blocks, whether its downsampling blocks stride in the 1x1 conv
+    (``stride_in_1x1``, ``MODEL.RESNETS.STRIDE_IN_1X1``: another function with the same weight
+    shapes); empty for a model without them."""
     model = unwrapped(model)
     values = {name: getattr(model, name) for name in INPUT_ATTRIBUTES if hasattr(model, name)}
-    return {name: value.flatten().tolist() if isinstance(value, torch.Tensor) else value
-            for name, value in values.items()}
+    record = {name: value.flatten().tolist() if isinstance(value, torch.Tensor) else value
+              for name, value in values.items()}
+    downsampling = next((module for module in model.modules() if isinstance(module, BottleneckBlock)
+                         and module.conv1.stride != module.conv2.stride), None)
+    if downsampling is not None:
+        record["stride_in_1x1"] = downsampling.conv1.stride != (1, 1)
+    return record
 
 
 def input_differences(saved: Any, model: torch.nn.Module) -> list[str]:

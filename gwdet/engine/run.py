@@ -166,9 +166,10 @@ class RunConfig(ABC):
             return model  # the run's config.yaml, which holds the input values too, was compared
         differences = input_differences(loaded.get(INPUT_KEY), model)
         if differences:
-            logger.warning(f"{self.weights_setting} {self.weights} was trained on images given otherwise: "
-                           f"{'; '.join(differences)}. The model reads this config's images with its values, which "
-                           "changes its results; use the values the weights were trained with.")
+            logger.warning(f"{self.weights_setting} {self.weights} was trained with values this model has otherwise: "
+                           f"{'; '.join(differences)}. The model computes with this config's values, which changes its "
+                           "results; use the values the weights were trained with (INPUT.FORMAT, MODEL.PIXEL_MEAN, "
+                           "MODEL.PIXEL_STD, MODEL.RESNETS.STRIDE_IN_1X1).")
         return model
 
     @abstractmethod
