@@ -345,3 +345,17 @@ def test_gwdets_flop_count_of_a_lazy_config_gw_model_is_complete_where_detectron
     assert "aten::eye" in theirs.unsupported_ops("model.backbone.fpn_lateral2.norm")
     assert set(ours.unsupported_ops()) < set(theirs.unsupported_ops())
     assert set(ours.unsupported_ops()) <= {"prim::CallFunction", "aten::pad", "aten::topk", "torchvision::roi_align"}
+
+
+@pytest.mark.parametrize("lazy, yacs", [("scratch_faster_rcnn_R_50_FPN_gw.py", "configs/Scratch/faster_rcnn_R_50_FPN_gw.yaml"),
+                                        ("mask_rcnn_R_50_FPN_gw.py", "configs/mask_rcnn_gw.yaml")])
+def test_a_lazy_config_reads_images_as_its_yacs_twin(lazy, yacs):
+    # the scratch LazyConfig read BGR images with pixel std 1, where its yacs twin reads RGB with std ~58
+    from gwdet.model_zoo import build_config
+
+    from conftest import REPO
+
+    cfg, twin = LazyConfig.load(str(LAZY / lazy)), build_config(str(REPO / yacs))
+    assert cfg.model.input_format == cfg.dataloader.train.mapper.image_format == twin.INPUT.FORMAT
+    assert list(cfg.model.pixel_mean) == list(twin.MODEL.PIXEL_MEAN)
+    assert list(cfg.model.pixel_std) == list(twin.MODEL.PIXEL_STD)

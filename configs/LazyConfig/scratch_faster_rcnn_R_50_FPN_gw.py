@@ -18,8 +18,13 @@ model.backbone.bottom_up.stages.stride_in_1x1 = False
 model.backbone.bottom_up.freeze_at = 0
 model.backbone.norm = GW
 model.roi_heads.box_head = box_head_4conv1fc(GW)
+# As the yacs config (configs/Base-RCNN-FPN.yaml): RGB input with torchvision's mean/std in 0-255 units.
+model.input_format = "RGB"
+model.pixel_mean = [123.675, 116.280, 103.530]
+model.pixel_std = [58.395, 57.120, 57.375]
 
 dataloader = detectron2_lazy_config("common/data/coco.py").dataloader
+dataloader.train.mapper.image_format = "RGB"
 dataloader.train.mapper.use_instance_mask = False
 dataloader.train.total_batch_size = 16
 optimizer = detectron2_lazy_config("common/optim.py").SGD
@@ -28,3 +33,4 @@ lr_multiplier = detectron2_lazy_config("common/coco_schedule.py").lr_multiplier_
 train = detectron2_lazy_config("common/train.py").train
 train.init_checkpoint = ""
 train.max_iter = 90000
+train.eval_period = 0  # as the yacs config (TEST.EVAL_PERIOD 0): evaluated once, at the end
