@@ -624,3 +624,16 @@ def test_config_files_misread_by_their_name_encoding_or_imports_are_named(tmp_pa
     star.write_text(f"from .{LAZY_CONFIG.stem} import *\n")
     with pytest.raises(ValueError, match=r"imports with '\*', which detectron2's LazyConfig loader cannot"):
         load_lazy_config(str(star))
+
+
+def test_a_lazy_head_norm_without_convolutions_is_warned_about_as_a_yacs_one():
+    # conv_dims=[] dropped the box head's GW without a word (NUM_CONV 0 with a NORM is warned of)
+    from conftest import logged_warnings
+
+    with logged_warnings("gwdet.engine.lazy_checks") as warned:
+        LazyRun.load(str(LAZY_CONFIG), ["model.roi_heads.box_head.conv_dims=[]"])
+    assert any("model.roi_heads.box_head.conv_norm is given, but model.roi_heads.box_head.conv_dims=[] gives the head "
+               "no convolution to normalize" in line for line in warned), warned
+    with logged_warnings("gwdet.engine.lazy_checks") as warned:
+        LazyRun.load(str(LAZY_CONFIG))
+    assert not warned

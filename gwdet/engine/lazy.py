@@ -80,6 +80,7 @@ from gwdet.engine.lazy_checks import (
     dataset_names,
     evaluated_dataset,
     names_at,
+    warn_unused_head_norms,
 )
 from gwdet.engine.run import RunConfig
 from gwdet.data.finite_images import FiniteImageBatches
@@ -353,6 +354,7 @@ class LazyRun(RunConfig):
         process (``num_workers=0``), as the export and analyze tools read a few images only."""
         cfg = load_lazy_config(config_file, list(opts), model=True)
         check_norm_nodes(cfg)
+        warn_unused_head_norms(cfg)
         check_call_arguments(cfg)
         if tool and isinstance(select(cfg, "dataloader.test"), DictConfig) and "num_workers" in cfg.dataloader.test:
             cfg.dataloader.test.num_workers = 0

@@ -267,6 +267,26 @@ def check_call_arguments(cfg: DictConfig) -> None:
                 f"config, or set {path}._target_ to a callable that takes {'them' if len(unknown) > 1 else 'it'}.")
 
 
+def warn_unused_head_norms(cfg: DictConfig) -> None:
+    """A warning for each ROI head node of the model with a ``conv_norm`` but no convolution to put
+    it after (``conv_dims=[]``; a mask head's last dim is its deconvolution), as a yacs config's
+    NORM on a head of ``NUM_CONV 0`` is warned of: detectron2's heads normalize their convolutions only."""
+    from detectron2.modeling.roi_heads import FastRCNNConvFCHead, MaskRCNNConvUpsampleHead
+
+    for path, node, called in lazy_calls(select(cfg, "model"), "model"):
+        if not isinstance(called, type) or not issubclass(called, (FastRCNNConvFCHead, MaskRCNNConvUpsampleHead)):
+            continue
+        norm_given = node.get("conv_norm") if not OmegaConf.is_interpolation(node, "conv_norm") else True
+        dims = node.get("conv_dims")
+        if not norm_given or not isinstance(dims, ListConfig):
+            continue
+        convs = len(dims) - (1 if issubclass(called, MaskRCNNConvUpsampleHead) else 0)
+        if convs <= 0:
+            logger.warning(f"{path}.conv_norm is given, but {path}.conv_dims={list(dims)} gives the head no convolution "
+                           "to normalize, so the model has no norm there. Give the head convolutions (e.g. "
+                           f"{path}.conv_dims=[256,256,256,256]) or leave out {path}.conv_norm.")
+
+
 def check_norm_nodes(cfg: DictConfig) -> None:
     """The model's norms checked before anything is written or built, as a yacs config's NORM
     values are: every ``L(gwdet.norm)(...)`` node is made (:class:`gwdet.norms.Norm` checks its
