@@ -211,3 +211,18 @@ def test_the_reference_named_for_second_derivatives_has_them():
     (reference,) = torch.autograd.grad(group_whitening_reference(x, 2, weight=weight).pow(3).sum(), x)
     assert torch.allclose(fused, reference, atol=1e-10), "the same first derivative"
 
+
+
+@pytest.mark.parametrize("T", [9, 12])
+def test_itn_of_an_ill_conditioned_covariance_stays_at_rounding_level_for_many_iterations(T):
+    # Eq. 17 as written (P^3 Sigma_N) multiplied rounding at every iteration: BW_ItN on the CPU and GW's
+    # scripted, traced and exported formulas were off by 12 at T=9 where the whitened values are ~4
+    from gwdet.layers.whitening_matrix import inverse_sqrt_itn, itn_whitening
+
+    torch.manual_seed(0)
+    basis, _ = torch.linalg.qr(torch.randn(16, 16, dtype=torch.float64))
+    cov = (basis * torch.logspace(0, -6, 16, dtype=torch.float64)) @ basis.T  # condition 1e6
+    exact = inverse_sqrt_itn(cov, T)
+    got = inverse_sqrt_itn(cov.float(), T).double()
+    assert float((got - exact).abs().max() / exact.abs().max()) < 1e-3
+    assert torch.allclose(itn_whitening(cov[None], T)[0], exact, rtol=1e-9, atol=1e-9), "the plans' form, the same value"
