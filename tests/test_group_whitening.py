@@ -226,3 +226,16 @@ def test_itn_of_an_ill_conditioned_covariance_stays_at_rounding_level_for_many_i
     got = inverse_sqrt_itn(cov.float(), T).double()
     assert float((got - exact).abs().max() / exact.abs().max()) < 1e-3
     assert torch.allclose(itn_whitening(cov[None], T)[0], exact, rtol=1e-9, atol=1e-9), "the plans' form, the same value"
+
+
+def test_zca_with_as_many_values_per_group_as_groups_is_computed_through_the_gram_matrix():
+    # m == g: the g x g covariance has rank g - 1, and ZCA's eps^-1/2 amplified rounding there (off by 0.086
+    # on outputs ~4); only m < g took the m x m form, which raises that one direction
+    from gwdet.layers.group_shapes import few_columns
+
+    assert few_columns(64 * 64, 64) and few_columns(60 * 64, 64) and not few_columns(72 * 64, 64)  # m = values / g
+    torch.manual_seed(0)
+    x = torch.randn(2, 256, 4, 4, dtype=torch.float64) * 100 + 300  # m = 256 / 64 * 16 = 64 = g
+    layer = GroupWhitening(256, 64, method="zca")
+    exact = layer.double()(x)
+    assert float((layer.float()(x.float()).double() - exact).abs().max()) < 5e-3

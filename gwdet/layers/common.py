@@ -208,7 +208,9 @@ def largest_divisor_at_most(total: int, limit: int) -> int:
     requested group count (or group size) ``limit`` does not divide them; a ``limit`` above
     ``total`` gives ``total`` (for group counts: one channel per group, GW paper Sec. 5.1.1).
     """
-    whole = all(is_whole_number(value) or isinstance(value, torch.SymInt) for value in (total, limit))
+    whole = all(is_whole_number(value) or isinstance(value, torch.SymInt)  # a size while torch.export traces
+                or (isinstance(value, Tensor) and value.dim() == 0 and not value.is_floating_point())  # jit.trace's
+                for value in (total, limit))
     if not whole or total < 1 or limit < 1:
         raise GwdetValueError(f"largest_divisor_at_most: total and limit must be integers >= 1, got {total!r} "
                               f"({type(total).__name__}) and {limit!r} ({type(limit).__name__})")

@@ -12,6 +12,15 @@ from torch import Tensor
 from .common import statistics_dtype
 
 
+def few_columns(values_per_sample: int, groups: int) -> bool:
+    """Whether the call whitens through the ``m x m`` Gram matrix instead of the ``g x g``
+    covariance: ``m <= g``, where the covariance has rank ``m - 1 < g`` (its centred rows sum to
+    zero), so ZCA's ``eps^{-1/2}`` would amplify rounding along the missing directions; the Gram form
+    raises the one such eigenvalue it has (:func:`~.group_whitening_function._gram`). At ``m < g`` it
+    is also the smaller matrix."""
+    return values_per_sample // groups <= groups
+
+
 def keeps_covariance(values_per_sample: int, groups: int) -> bool:
     """Save the ``g x g`` covariance for the backward pass when it is at most a third of the
     sample's size; otherwise recompute it from the saved input."""
@@ -31,7 +40,7 @@ class GroupShapes:
         self.groups = groups
         self.m = self.values // groups  # columns of X_G
         self.one_channel_per_group = self.channels == groups
-        self.few_columns = self.m < groups
+        self.few_columns = few_columns(self.values, groups)
         self.keeps_covariance = not self.few_columns and keeps_covariance(self.values, groups)
 
     @property

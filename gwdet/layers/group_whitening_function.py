@@ -24,7 +24,7 @@ Backward (Algorithm 2, one sample, ``X`` is ``g x m``, ``mu`` the row means,
 (the row means of ``(2/m) dS X_C`` are zero, so centring ``dL/dX_C`` (Algorithm 2, line 7) only
 touches the ``W^T dY`` term).
 
-Few columns (``m < g``): with ``U = X_C / sqrt(m)``, ``p(U U^T + eps I) U = U p(U^T U + eps I)`` for
+Few columns (``m <= g``, :func:`~.group_shapes.few_columns`): with ``U = X_C / sqrt(m)``, ``p(U U^T + eps I) U = U p(U^T U + eps I)`` for
 every polynomial ``p`` and for ``x^{-1/2}`` (SVD of ``U``), so ``W X_C = X_C W'`` with
 ``S = X_C^T X_C / m + eps I_m`` and ``W' = P_T(S / tau) / sqrt(tau)`` (ItN, ``tau = tr(Sigma) =
 tr(S) + (g - m) eps``) or ``W' = S^{-1/2}`` (ZCA). Backward: ``dW' = X_C^T dY``, ``dS = psi_b(dW')``,
@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 
 from .common import refuse_differentiating_transforms, refuse_second_derivative, scaled_ridge, statistics_dtype
-from .group_shapes import GroupShapes, keeps_covariance
+from .group_shapes import GroupShapes, few_columns, keeps_covariance
 from .plans import ExecutionPlan, plan_for
 from .precision import ieee_float32_products
 from .whitening_matrix import zca_whitening, zca_whitening_vjp
@@ -71,8 +71,7 @@ def saved_covariance_shape(shape: Sequence[int], groups: int) -> Tuple[int, ...]
     they are kept (see :func:`~.group_shapes.keeps_covariance`), else ``(0,)`` (recomputed in the
     backward)."""
     samples, values = shape[0], math.prod(shape[1:])
-    few_columns = values // groups < groups
-    if not few_columns and keeps_covariance(values, groups):
+    if not few_columns(values, groups) and keeps_covariance(values, groups):
         return (samples, groups, groups)
     return (0,)
 
