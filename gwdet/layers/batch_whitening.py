@@ -18,6 +18,7 @@ ItN whitening matrix is the closed-form op :func:`~.itn_whitening_op.itn_whiteni
 :mod:`gwdet.export.counting_ops` registers :func:`batch_whitening` as the custom op
 ``gwdet::batch_whitening`` for flop counting.
 """
+import contextlib
 import warnings
 from typing import Optional
 
@@ -33,7 +34,7 @@ from .common import (
 )
 from .itn_whitening_op import CPU_PLAN_ADVICE, itn_whitening_op
 from .plans import plan_name
-from .precision import float32_matmul
+from .precision import float32_matmul, ieee_float32_products
 from .settings_state import SettingsInState
 from .tracing import recording_reference_graph
 from .whitening_matrix import check_whitening_method, ridge_covariance, whitening_matrix
@@ -149,7 +150,9 @@ def _planned_whitening_matrix(cov: Tensor, method: str, T: int, ridge: Tensor) -
 def _whiten_outside_autocast(
     x: Tensor, running_mean: Tensor, running_whitening: Tensor, training: bool, momentum: float, T: int, eps: float, method: str
 ) -> Tensor:
-    with autocast_disabled(x):
+    # torch.compile cannot trace the backend settings: a compiled graph keeps the user's
+    products = contextlib.nullcontext() if torch.compiler.is_compiling() else ieee_float32_products(x.device)
+    with autocast_disabled(x), products:
         return _whiten(x, running_mean, running_whitening, training, momentum, T, eps, method)
 
 

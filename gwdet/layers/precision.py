@@ -5,8 +5,10 @@ process-wide settings would silently lower that:
 
 * TensorFloat-32 (``torch.set_float32_matmul_precision("high")``, ``allow_tf32`` or
   ``fp32_precision = "tf32"`` on CUDA, ``torch.backends.mkldnn.matmul.fp32_precision`` on a CPU):
-  inside gwdet's custom ops :func:`ieee_float32_products` sets the device's backend to IEEE float32
-  and restores the user's value afterwards, also after an error.
+  inside gwdet's custom ops and batch whitening's forward pass :func:`ieee_float32_products` sets
+  the device's backend to IEEE float32 and restores the user's value afterwards, also after an
+  error. Batch whitening's backward pass is autograd's, after the forward has returned, and a graph
+  of ``torch.compile`` cannot read the setting: their products follow the user's.
 * Autocast: eager code switches it off (:func:`~.common.autocast_disabled`), but a graph recorded
   by ``torch.jit.trace`` or ``torch.jit.script`` cannot leave its caller's autocast region.
   :func:`float32_matmul` is the product such graphs record: autocast leaves alone products written
