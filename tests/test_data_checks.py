@@ -127,7 +127,8 @@ def test_a_png_is_checked_to_its_end_its_image_data_and_an_exif_chunk_after_it(t
     rotations: dict = {}
     assert image_file_problem(str(path), 48, 64, rotations) == ""
     assert image_file_problem(str(path), 64, 48).startswith(
-        "is 48x64 pixels (width x height after the rotation its EXIF orientation asks for), but the JSON states 64x48")
+        "is stored 64x48 pixels, as the JSON states, with an EXIF orientation (6) that turns it to 48x64, as "
+        "detectron2 reads it")
     exif[0x0112] = 3  # a half turn, which the size does not show
     _write_png_chunks(path, chunks[:-1] + [(b"eXIf", exif.tobytes()), chunks[-1]])
     assert image_file_problem(str(path), 64, 48, rotations) == "" and rotations == {str(path): 3}
