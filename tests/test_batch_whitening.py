@@ -160,3 +160,30 @@ def test_training_on_fewer_samples_than_a_groups_channels_is_warned_of():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         BatchWhitening(16, group_size=16).train()(torch.randn(17, 16))  # m > k: full rank, no warning
+
+
+def test_batch_whitening_computes_its_products_in_ieee_float32_whatever_the_users_setting():
+    # with TF32 on (a GPU) or bf16 products (oneDNN), BW was 50-70x less accurate without a word (an H200:
+    # docs/reliability.md, section GPU); here the setting each product of the forward pass runs under is read
+    from torch.overrides import TorchFunctionMode
+
+    from gwdet.layers import BatchWhitening
+
+    backend = torch.backends.mkldnn.matmul
+    seen = []
+
+    class Products(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func in (torch.matmul, torch.bmm, torch.Tensor.matmul, torch.Tensor.__matmul__):
+                seen.append(backend.fp32_precision)
+            return func(*args, **(kwargs or {}))
+
+    users = backend.fp32_precision
+    backend.fp32_precision = "bf16"
+    try:
+        with Products():
+            BatchWhitening(16, 8)(torch.randn(4, 16, 3, 3))
+        assert seen and set(seen) == {"ieee"}, seen
+        assert backend.fp32_precision == "bf16", "the user's setting is restored"
+    finally:
+        backend.fp32_precision = users
