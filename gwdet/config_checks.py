@@ -316,6 +316,21 @@ def _check_gw_norm(cfg: CfgNode) -> None:
             "or GW_POSITIONS to '' to keep MODEL.RESNETS.NORM everywhere.")
 
 
+def builds_norm(cfg: CfgNode, key: str) -> bool:
+    """Whether the model of ``cfg`` builds layers of the NORM key ``key``: ``MODEL.RESNETS.GW_NORM``
+    at ``GW_POSITIONS`` only, an FPN's in an FPN backbone, RetinaNet's in a RetinaNet, the heads' in
+    the parts the model has (:func:`builds_part`)."""
+    if key == "MODEL.RESNETS.GW_NORM":
+        return bool(cfg.MODEL.RESNETS.GW_POSITIONS)
+    if key == "MODEL.FPN.NORM":
+        return cfg.MODEL.BACKBONE.NAME not in BACKBONES_WITHOUT_FPN
+    if key == "MODEL.RETINANET.NORM":
+        return cfg.MODEL.META_ARCHITECTURE in ("RetinaNet", "GWRetinaNet")
+    parts = {"MODEL.ROI_BOX_HEAD.NORM": BOX_HEAD, "MODEL.ROI_MASK_HEAD.NORM": MASK_HEAD,
+             "MODEL.SEM_SEG_HEAD.NORM": SEM_SEG_HEAD}
+    return key not in parts or builds_part(cfg, parts[key])
+
+
 def _check_example_groups(cfg: CfgNode) -> None:
     """An example group larger than the whole batch never fills: BGN would silently become GN. Where
     the layers see the images (backbone, FPN, the heads run on whole feature maps), the groups must
@@ -323,7 +338,8 @@ def _check_example_groups(cfg: CfgNode) -> None:
     batch as a smaller group of their own (the rule of :class:`~gwdet.layers.BatchGroupNorm`, which
     the ROI heads, whose batches are the varying boxes of the images, keep)."""
     example_group_norms = {record.name for record in norm_records() if record.example_groups}
-    if not {_value(cfg, key) for key in NORM_KEYS} & example_group_norms:
+    on_images = [key for key in IMAGE_BATCH_NORM_KEYS if _value(cfg, key) in example_group_norms and builds_norm(cfg, key)]
+    if not on_images:  # the ROI heads' batches are their boxes, many per image
         return
     examples, batch = cfg.MODEL.BGN.EXAMPLES_PER_GROUP, cfg.SOLVER.IMS_PER_BATCH
     if examples > batch:
@@ -332,8 +348,6 @@ def _check_example_groups(cfg: CfgNode) -> None:
             "so no example group can be filled. Use at most the images per GPU "
             "(SOLVER.IMS_PER_BATCH / number of GPUs)."
         )
-    on_images = [key for key in IMAGE_BATCH_NORM_KEYS if _value(cfg, key) in example_group_norms
-                 and (key != "MODEL.RESNETS.GW_NORM" or cfg.MODEL.RESNETS.GW_POSITIONS)]
     processes = comm.get_world_size()
     images = batch // processes
     if on_images and images % examples:
@@ -853,14 +867,18 @@ def warn_unbuilt_norms(cfg: CfgNode) -> None:
     """A warning for each NORM key given a norm that only parts the model does not build would read
     (a mask head without ``MODEL.MASK_ON``, a box head in a C4 model, an FPN in a backbone without
     one): the setting has no effect."""
+    meta = cfg.MODEL.META_ARCHITECTURE
+    parts = META_ARCH_PARTS.get(meta)
     why_not_built = {MASK_HEAD: "MODEL.MASK_ON is False",
                      BOX_HEAD: f"MODEL.ROI_HEADS.NAME is {cfg.MODEL.ROI_HEADS.NAME!r}, whose res5 stage is the box head"}
     for site in NORM_SITES:
         name = _value(cfg, site.norm_key)
         if name and site.part in why_not_built and not builds_part(cfg, site.part):
+            why = (f"MODEL.META_ARCHITECTURE is {meta!r}, which builds no ROI heads"
+                   if parts is not None and ROI_HEADS not in parts else why_not_built[site.part])
             logging.getLogger(__name__).warning(
                 f"{site.norm_key} is {name!r}, but the model has no {site.part.replace('_', ' ')} "
-                f"({why_not_built[site.part]}): no {name} is built there. Set {site.norm_key} \"\" or build that part.")
+                f"({why}): no {name} is built there. Set {site.norm_key} \"\" or build that part.")
     fpn_norm, backbone = _value(cfg, "MODEL.FPN.NORM"), cfg.MODEL.BACKBONE.NAME
     if fpn_norm and backbone in BACKBONES_WITHOUT_FPN:
         logging.getLogger(__name__).warning(

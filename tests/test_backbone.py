@@ -156,3 +156,16 @@ def test_every_conv_with_a_norm_gets_the_configured_norm_deformable_ones_too():
 
     block = nn.Sequential(Conv2d(8, 8, 1, norm=nn.BatchNorm2d(8)), DeformLike(), Conv2d(8, 8, 1), nn.BatchNorm2d(8))
     assert [type(conv).__name__ for conv in convs_with_norm(block)] == ["Conv2d", "DeformLike"]
+
+
+def test_freeze_at_5_on_a_c4_backbone_freezes_every_stage_as_detectron2_does():
+    # it was refused as "place_norm: freeze_at=5", a key the user never set
+    from gwdet.model_zoo import build_config
+    from gwdet.modeling.backbone import build_gw_resnet_backbone
+
+    from conftest import DEMO_CONFIG
+
+    cfg = build_config(str(DEMO_CONFIG), ["MODEL.BACKBONE.NAME", "build_gw_resnet_backbone", "MODEL.RESNETS.OUT_FEATURES",
+                                          "['res4']", "MODEL.BACKBONE.FREEZE_AT", "5", "MODEL.WEIGHTS", "w.pkl"])
+    backbone = build_gw_resnet_backbone(cfg, ShapeSpec(channels=3))
+    assert len(backbone.stages) == 3 and not any(p.requires_grad for p in backbone.parameters())

@@ -215,3 +215,18 @@ def test_example_groups_that_do_not_divide_the_images_per_process_are_refused_wh
     cfg.MODEL.FPN.NORM, cfg.MODEL.BGN.EXAMPLES_PER_GROUP = "GN", 3
     cfg.MODEL.ROI_BOX_HEAD.NAME, cfg.MODEL.ROI_BOX_HEAD.NORM = "GWFastRCNNConvFCHead", "BGN"
     check_gwdet_config(cfg)
+
+
+def test_the_example_group_rules_read_only_the_norms_the_model_builds():
+    # refused "no example group can be filled" for BGN in parts never built (GW_NORM at no position, a mask
+    # head without MASK_ON) and in the box head, whose batch is its boxes
+    from gwdet.model_zoo import build_config
+
+    from conftest import DEMO_CONFIG
+
+    one_image = ["SOLVER.IMS_PER_BATCH", "1", "MODEL.BGN.EXAMPLES_PER_GROUP", "2"]
+    build_config(str(DEMO_CONFIG), [*one_image, "MODEL.RESNETS.GW_NORM", "BGN", "MODEL.RESNETS.GW_POSITIONS", ""])
+    build_config(str(DEMO_CONFIG), [*one_image, "MODEL.MASK_ON", "False", "MODEL.ROI_MASK_HEAD.NORM", "BGN"])
+    build_config(str(DEMO_CONFIG), [*one_image, "MODEL.ROI_BOX_HEAD.NORM", "BGN"])
+    with pytest.raises(ValueError, match=r"EXAMPLES_PER_GROUP=2 is larger than SOLVER.IMS_PER_BATCH=1"):
+        build_config(str(DEMO_CONFIG), [*one_image, "MODEL.FPN.NORM", "BGN"])

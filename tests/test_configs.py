@@ -238,3 +238,14 @@ def test_each_study_family_has_the_papers_four_from_scratch_rows(family):
     rows = {tuple(sorted(norms)): norms for norms in family_norms}
     assert sorted(rows) == [("BatchNorm2d",), ("BatchNorm2d", "GroupWhitening"), ("GroupNorm",), ("GroupWhitening",)]
     assert rows[("BatchNorm2d", "GroupWhitening")]["GroupWhitening"] == 17
+
+
+@pytest.mark.parametrize("base", ["null", "[1]", '""', "[]"])
+def test_a_base_that_is_no_path_is_named(tmp_path, base):
+    # fvcore's raw AttributeError ('NoneType' object has no attribute 'startswith'); "" got a nonsense hint
+    from gwdet.model_zoo import build_config
+
+    config = tmp_path / "mine.yaml"
+    config.write_text(f"_BASE_: {base}\nSEED: 1\n")
+    with pytest.raises(ValueError, match=r"gives _BASE_: .*: give the path of a base config"):
+        build_config(str(config))

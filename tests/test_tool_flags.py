@@ -291,6 +291,11 @@ def test_a_norm_for_a_part_the_model_does_not_build_is_warned_about():
                            "False): no BW is built there. Set MODEL.ROI_MASK_HEAD.NORM \"\" or build that part.")
     assert messages[1].startswith("MODEL.ROI_BOX_HEAD.NORM is 'GN', but the model has no box head (MODEL.ROI_HEADS."
                                   "NAME is 'Res5ROIHeads', whose res5 stage is the box head)")
+    # a meta-architecture without ROI heads: that is the reason (before: "MODEL.MASK_ON is False" with it True)
+    with logged_warnings("gwdet.config_checks") as messages:
+        build_config(str(DEMO_CONFIG), ["MODEL.META_ARCHITECTURE", "ProposalNetwork", "MODEL.ROI_BOX_HEAD.NORM", "GN"])
+    assert any(line.startswith("MODEL.ROI_BOX_HEAD.NORM is 'GN', but the model has no box head (MODEL.META_ARCHITECTURE "
+                               "is 'ProposalNetwork', which builds no ROI heads)") for line in messages), messages
 
 
 def test_test_loaders_check_their_images_as_train_loaders_do():

@@ -269,6 +269,14 @@ def check_base_files(config_file: str, content: Mapping, named_from: Sequence[st
     missing base, the config that names it (and the chain from the config given) and the fix, or a
     ``ValueError`` for a cycle (both :class:`gwdet.errors.GwdetError`). A base that is not plain YAML is left to detectron2 to read."""
     chain = [*named_from, config_file]
+    if BASE_KEY in content:  # fvcore reads a path, or a list of paths
+        bases = content[BASE_KEY]
+        paths = bases if isinstance(bases, list) and bases else [bases]
+        if not all(isinstance(path, str) and path.strip() for path in paths):
+            raise GwdetValueError(
+                f"Config file {config_file!r} gives {BASE_KEY}: {bases!r}: give the path of a base config (e.g. "
+                f"{BASE_KEY}: \"../Base-RCNN-FPN.yaml\", relative to the config's folder) or a list of such paths, "
+                f"or remove the {BASE_KEY} line.")
     for written, path in _base_paths(config_file, content):
         path = os.path.normpath(path)
         if os.path.abspath(path) in {os.path.abspath(named) for named in chain}:

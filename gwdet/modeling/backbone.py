@@ -107,7 +107,9 @@ def build_gw_resnet(cfg: CfgNode, input_shape: ShapeSpec) -> ResNet:
         for conv in convs_with_norm(resnet):
             conv.norm = get_norm(base_norm, conv.out_channels)
     gw_norm = norm_from_config(cfg.MODEL.RESNETS.GW_NORM, cfg)
-    return place_norm(resnet, cfg.MODEL.RESNETS.GW_POSITIONS, gw_norm, cfg.MODEL.BACKBONE.FREEZE_AT)
+    # detectron2 takes FREEZE_AT above the stages built (a C4 backbone has no res5) as all of them frozen
+    freeze_at = min(cfg.MODEL.BACKBONE.FREEZE_AT, len(resnet.stages) + 1)
+    return place_norm(resnet, cfg.MODEL.RESNETS.GW_POSITIONS, gw_norm, freeze_at)
 
 
 @BACKBONE_REGISTRY.register()
