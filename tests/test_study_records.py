@@ -159,3 +159,22 @@ def test_over_training_report_from_records(tmp_path):
     assert "| gn-b2-s3 | 10.00 | 55.70 |" in table and "| gw-b2-s3 | 8.00 | 56.10 |" in table
     assert "| gw-b2-s3 | GW | 56.10 | 71.00 | – | – |" in table and "shapes_train_first200" in table
     assert (tmp_path / "report" / "ap_over_training.png").stat().st_size > 1000
+
+
+def test_exporting_records_keeps_the_users_files_and_never_exports_a_folder_onto_itself(tmp_path):
+    # --export-records into the folder the records are read from emptied every cell record (85 MB of runs
+    # too, given <out>/runs); into a records folder it deleted the user's NOTES.md beside a record
+    from gwdet.errors import GwdetValueError
+
+    source = recorded_cells(RECORDS / "paper-seeds-3-4", ["gw-b2-s3"])
+    copy = tmp_path / "copy"
+    export_records(source, copy)
+    (copy / "gw-b2-s3" / "NOTES.md").write_text("mine")
+    again = recorded_cells(copy, ["gw-b2-s3"])
+    before = {p.name: p.read_bytes() for p in (copy / "gw-b2-s3").iterdir() if p.is_file()}
+    with pytest.raises(GwdetValueError, match=r"the records of gw-b2-s3 are read from there .* nothing was copied"):
+        export_records(again, copy)
+    assert {p.name: p.read_bytes() for p in (copy / "gw-b2-s3").iterdir() if p.is_file()} == before
+    export_records(source, copy)  # an update of the record: the user's file stays
+    assert (copy / "gw-b2-s3" / "NOTES.md").read_text() == "mine"
+    assert (copy / "gw-b2-s3" / "study_cell.json").is_file()

@@ -53,13 +53,23 @@ class RecordsIncomplete(GwdetError, ValueError):
 def export_records(planned: Sequence[PlannedCell], destination: Path) -> list[Path]:
     """Copy the records of the finished cells ``planned`` into ``destination/<cell>/`` (each file
     with its ``.sha256`` where the run folder has one; the report split's detections as
-    ``.json.gz``); returns the cell folders written. A cell folder already there is replaced."""
+    ``.json.gz``); returns the cell folders written. In a cell folder already there, the record
+    files are replaced and anything else is kept; a destination that is where the records are read
+    from is refused before anything is written."""
+    for item in planned:
+        if (destination / item.cell.name).resolve() == item.folder.path.resolve():
+            raise GwdetValueError(
+                f"--export-records {destination}: the records of {item.cell.name} are read from there "
+                f"({item.folder.path}), so exporting would replace them with themselves; nothing was copied. Give "
+                "another folder (e.g. docs/study/records/<study>).")
     written = []
     for item in planned:
         source, target = item.folder.path, destination / item.cell.name
-        if target.exists():
-            shutil.rmtree(target)
-        target.mkdir(parents=True)
+        target.mkdir(parents=True, exist_ok=True)
+        for name in RECORD_FILES:
+            for stale in (target / name, Path(checksum_path(str(target / name)))):
+                stale.unlink(missing_ok=True)  # a record this cell no longer has does not stay beside the new ones
+        shutil.rmtree(target / INFERENCE_DIR, ignore_errors=True)
         for name in RECORD_FILES:
             for path in (source / name, Path(checksum_path(str(source / name)))):
                 if path.is_file():
@@ -67,11 +77,11 @@ def export_records(planned: Sequence[PlannedCell], destination: Path) -> list[Pa
         detections = source / INFERENCE_DIR / report_dataset(item.cfg) / DETECTIONS_JSON
         packed = target / INFERENCE_DIR / report_dataset(item.cfg) / (DETECTIONS_JSON + ".gz")
         if detections.is_file():
-            packed.parent.mkdir(parents=True)
+            packed.parent.mkdir(parents=True, exist_ok=True)
             # mtime 0: the same detections give the same bytes, so re-exporting changes nothing in git
             packed.write_bytes(gzip.compress(detections.read_bytes(), mtime=0))
         elif detections.with_name(packed.name).is_file():  # records exported before
-            packed.parent.mkdir(parents=True)
+            packed.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(detections.with_name(packed.name), packed)
         written.append(target)
     return written
