@@ -380,6 +380,10 @@ def test_resuming_by_a_copied_runs_config_yaml_is_refused_where_it_names_the_ori
                                          rf"'{finished_run}'.*Add OUTPUT_DIR {branch} to continue the run beside"):
         main(args)
     assert _digest(finished_run) == before
+    # --eval-only --resume evaluated the original's newer weights the same way
+    args = parse_args(["--config-file", str(branch / CONFIG_NAME), "--eval-only", "--resume"])
+    with pytest.raises(ValueError, match=rf"the record of the run in {branch}, whose OUTPUT_DIR is another folder"):
+        main(args)
 
 
 def test_a_resume_with_another_test_time_setting_is_no_other_model(finished_run, caplog):
