@@ -55,15 +55,16 @@ def test_paper_relative_cost_of_gw_against_fvcores_convolution_count():
 @pytest.mark.parametrize(
     "layer,shape,matrix_products",
     [
-        # (layer, input shape, g x g (k x k) products per whitening matrix in the reference formulas)
-        (GroupWhitening(24, 8, T=5), (3, 24, 5, 4), 3 * 5),  # paper's ItN: 3 products per iteration
-        (GroupWhitening(24, 8, T=3), (6, 24), 3 * 3),
-        (BatchWhitening(24, 8, T=4, method="itn"), (3, 24, 5, 4), 3 * 4),
+        # (layer, input shape, g x g (k x k) products per whitening matrix in the reference formulas):
+        # ItN's coupled form, P R and Q R R per iteration and no Q after the last, 3 T - 2
+        (GroupWhitening(24, 8, T=5), (3, 24, 5, 4), 3 * 5 - 2),
+        (GroupWhitening(24, 8, T=3), (6, 24), 3 * 3 - 2),
+        (BatchWhitening(24, 8, T=4, method="itn"), (3, 24, 5, 4), 3 * 4 - 2),
     ],
 )
 def test_named_op_counts_differ_from_fvcores_matmul_count_only_by_the_newton_products(layer, shape, matrix_products):
     # Counting the reference formulas, fvcore's matmul handle sees the 2 S d g (2 M C k) products
-    # over the activation and 3T products per Newton iteration; the paper's formula has T g^3.
+    # over the activation and 3T - 2 products of the Newton iterations; the paper's formula has T g^3.
     x = torch.randn(shape)
     layer.train()
     named = layer_counts(layer, x, named_ops=True)

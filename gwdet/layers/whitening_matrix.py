@@ -75,10 +75,11 @@ def inverse_sqrt_itn(cov: Tensor, T: int) -> Tensor:
     eye = torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device)
     p = eye.expand_as(cov)
     q = normalised
-    for _ in range(T):
+    for k in range(T):
         r = 1.5 * eye - 0.5 * q
         p = float32_matmul(p, r)
-        q = float32_matmul(float32_matmul(q, r), r)
+        if k < T - 1:  # the last iteration's Q is not read
+            q = float32_matmul(float32_matmul(q, r), r)
     return p / trace.sqrt()
 
 
