@@ -472,6 +472,24 @@ def test_a_full_disk_while_evaluating_is_one_error_with_the_way_on(finished_run,
         main(tiny_run_args(tmp_path, "--eval-only", "MODEL.WEIGHTS", str(finished_run / "model_final.pth")))
 
 
+def test_a_resume_refused_once_its_config_was_written_leaves_the_runs_config_yaml_as_it_was(finished_run, tmp_path):
+    # a resume refused for its damaged checkpoint rewrote config.yaml (MAX_ITER, OUTPUT_DIR) and its record
+    from gwdet.engine.output_dir import CONFIG_KEPT
+
+    run = _copy_run(finished_run, tmp_path / "run", "model_final.pth", "model_final.pth.sha256", "last_checkpoint",
+                    "metrics.json", CONFIG_NAME, RECORD)
+    damaged = bytearray((run / "model_final.pth").read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF
+    (run / "model_final.pth").write_bytes(bytes(damaged))
+    config, record = (run / CONFIG_NAME).read_bytes(), (run / RECORD).read_bytes()
+    with pytest.raises(GwdetError):
+        main(tiny_run_args(run, "--resume", "SOLVER.MAX_ITER", "3"))
+    assert (run / CONFIG_NAME).read_bytes() == config and (run / RECORD).read_bytes() == record
+    assert not (run / CONFIG_KEPT).exists()
+    main(tiny_run_args(tmp_path / "fresh"))  # a run that starts keeps no copy behind
+    assert not (tmp_path / "fresh" / CONFIG_KEPT).exists() and (tmp_path / "fresh" / CONFIG_NAME).is_file()
+
+
 # ---- MISLEADING 7, RAW 11: MODEL.WEIGHTS with ~ or as a file:// URL ---------------------------------------
 
 def test_model_weights_with_a_tilde_are_found_in_the_home_folder(finished_run, tmp_path, monkeypatch, model):

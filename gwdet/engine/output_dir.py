@@ -442,8 +442,9 @@ def restore_config(output_dir: str) -> bool:
 def config_rewrite(output_dir: str, setting: str = "OUTPUT_DIR") -> Iterator[None]:
     """Around detectron2's ``default_setup``, which writes the run's ``config.yaml`` in place: the
     ``config.yaml`` and ``config.yaml.sha256`` there are kept aside first (:func:`_keep_config`); when
-    the block ends, the new file's SHA-256 is recorded (:func:`record_config_checksum`) and the copy
-    removed. An error in the block or in recording puts both files back as they were
+    the block ends, the new file's SHA-256 is recorded (:func:`record_config_checksum`); the copy is
+    removed once the run has started (:func:`config_until_started`). An error in the block or in
+    recording puts both files back as they were
     (:func:`restore_config`; an ``OSError``, such as a full disk, becomes a
     :class:`~gwdet.errors.GwdetOSError` naming the folder and the fix); a kill is undone by the next run that
     takes the folder's lock (:class:`OutputDirLock`). So ``--resume`` always finds the config and
@@ -460,7 +461,20 @@ def config_rewrite(output_dir: str, setting: str = "OUTPUT_DIR") -> Iterator[Non
         if isinstance(error, OSError):
             raise _cannot_write(output_dir, error, setting) from error
         raise
-    shutil.rmtree(os.path.join(output_dir, CONFIG_KEPT))
+
+
+@contextlib.contextmanager
+def config_until_started(output_dir: str) -> Iterator[None]:
+    """Around a run's start (its checks, detectron2's set-up, the model built and its weights or
+    checkpoint loaded): a run refused or stopped there puts back the ``config.yaml`` and record that
+    :func:`config_rewrite` kept (a refused ``--resume`` left the run's config.yaml describing another
+    request); once started, the kept copy is removed."""
+    try:
+        yield
+    except BaseException:
+        restore_config(output_dir)
+        raise
+    shutil.rmtree(os.path.join(output_dir, CONFIG_KEPT), ignore_errors=True)
 
 
 RUN_FOLDER_PURPOSES = {INFERENCE_FOLDER: "the evaluation's files", VIS_FOLDER: "the prediction drawings"}

@@ -73,6 +73,7 @@ from gwdet.engine.output_dir import (
     check_run_folders,
     checkpoints_in,
     config_rewrite,
+    config_until_started,
     earlier_run_until_started,
     evaluation_folder,
     tagged_checkpoint,
@@ -400,8 +401,11 @@ def main(args: argparse.Namespace):
     check_config_file_kept(args.config_file, run.output_dir, run.output_setting)
     lock = OutputDirLock(run.output_dir, run.output_setting, run.weights_setting)
     with lock if comm.is_main_process() else contextlib.nullcontext():
-        # --overwrite: the earlier run is deleted once the model is built and its weights loaded
-        with earlier_run_until_started(run.output_dir) if comm.is_main_process() else contextlib.nullcontext():
+        # --overwrite: the earlier run is deleted once the model is built and its weights loaded; a run
+        # refused before then leaves config.yaml as it was
+        main_process = comm.is_main_process()
+        with earlier_run_until_started(run.output_dir) if main_process else contextlib.nullcontext(), \
+                config_until_started(run.output_dir) if main_process else contextlib.nullcontext():
             setup(args, run)
             if args.eval_only:
                 with named_config_failures(run.cfg, "build the model", args.opts):
