@@ -178,3 +178,13 @@ def test_exporting_records_keeps_the_users_files_and_never_exports_a_folder_onto
     export_records(source, copy)  # an update of the record: the user's file stays
     assert (copy / "gw-b2-s3" / "NOTES.md").read_text() == "mine"
     assert (copy / "gw-b2-s3" / "study_cell.json").is_file()
+
+
+def test_a_cell_that_detected_nothing_is_left_out_of_the_means_not_a_crash():
+    # statistics.stdev of a NaN AP stopped the report with a raw AttributeError, after every cell had trained
+    import statistics
+
+    from gwdet_lab.study.stats import mean, std
+
+    assert std([1.0, math.nan, 3.0]) == statistics.stdev([1.0, 3.0]) and mean([1.0, math.nan, 3.0]) == 2.0
+    assert math.isnan(mean([math.nan])) and std([math.nan, 2.0]) is None and mean([]) is None

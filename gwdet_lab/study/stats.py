@@ -41,13 +41,24 @@ CONFIDENCE = 0.95
 EQUIVALENCE_MARGIN = 1.0
 
 
+def _numbers(values: Sequence[float]) -> list[float]:
+    """``values`` without NaN (the AP of a cell that detected nothing, as COCOEvaluator reports it)."""
+    return [value for value in values if not math.isnan(value)]
+
+
 def mean(values: Sequence[float]) -> float | None:
-    return statistics.fmean(values) if values else None
+    """The mean of the values that are numbers (NaN left out; NaN when none is); ``None`` for none."""
+    if not values:
+        return None
+    numbers = _numbers(values)
+    return statistics.fmean(numbers) if numbers else math.nan
 
 
 def std(values: Sequence[float]) -> float | None:
-    """Sample standard deviation (``n - 1``); ``None`` for fewer than two values."""
-    return statistics.stdev(values) if len(values) >= 2 else None
+    """Sample standard deviation (``n - 1``) of the values that are numbers; ``None`` for fewer
+    than two."""
+    numbers = _numbers(values)
+    return statistics.stdev(numbers) if len(numbers) >= 2 else None
 
 
 def t_quantile(confidence: float, degrees_of_freedom: int) -> float:
