@@ -245,11 +245,13 @@ def _refuse_other_settings(saved: Mapping[str, Mapping[str, Any]], present: Mapp
     (:func:`_function_of`: 64 groups requested of 16 channels are the 16 groups of a request of
     16); layers and values that ``saved`` lacks are not compared."""
     layers = dict(unwrapped(model).named_modules())
-    differing = [f"{name} {key} {saved[name][key]!r} -> {value!r}"
-                 for name, values in present.items() if isinstance(saved.get(name), Mapping)
-                 for key, value in values.items()
-                 if key in saved[name] and saved[name][key] != value
-                 and _function_of(layers.get(name), saved[name]).get(key) != _function_of(layers.get(name), values).get(key)]
+    differing = []
+    for name, values in present.items():
+        if not isinstance(saved.get(name), Mapping):
+            continue
+        was, now = _function_of(layers.get(name), saved[name]), _function_of(layers.get(name), values)
+        differing += [f"{name} {key} {saved[name][key]!r} -> {value!r}" for key, value in values.items()
+                      if key in saved[name] and saved[name][key] != value and was.get(key) != now.get(key)]
     if differing:
         raise GwdetValueError(
             f"The checkpoint was trained with other norm hyper-parameters than this config gives its layers "

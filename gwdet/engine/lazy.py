@@ -274,7 +274,12 @@ def saved_tree(cfg: DictConfig) -> dict:
 
 def model_differences(saved: Mapping, current: Mapping) -> list[str]:
     """``"model.KEY: saved -> current"`` for each value under ``model`` that differs between two
-    trees of :func:`read_saved_config`."""
+    trees of :func:`read_saved_config` and builds another model: all but test-time settings
+    (:func:`~gwdet.engine.output_dir.is_test_setting`), as a yacs config's model differences."""
+    return [line for line in _model_lines(saved, current) if not is_test_setting(line)]
+
+
+def _model_lines(saved: Mapping, current: Mapping) -> list[str]:
     return config_differences({"model": saved["model"]}, {"model": current["model"]})
 
 
@@ -297,10 +302,9 @@ def compare_with_run(cfg: DictConfig, output_dir: str, path: str) -> SavedRun:
     saved_seed, current_seed = (OmegaConf.select(OmegaConf.create(tree), SEED_SETTING) for tree in (saved, current))
     others = config_differences({key: value for key, value in saved.items() if key != "model"},
                                 {key: value for key, value in current.items() if key != "model"})
-    model = model_differences(saved, current)
-    test_time = [line for line in model if is_test_setting(line)]  # they leave the trained model as it is
-    return SavedRun((saved_batch, current_batch), (saved_seed, current_seed),
-                    [line for line in model if line not in test_time], [*test_time, *others])
+    test_time = [line for line in _model_lines(saved, current) if is_test_setting(line)]  # the trained model as it is
+    return SavedRun((saved_batch, current_batch), (saved_seed, current_seed), model_differences(saved, current),
+                    [*test_time, *others])
 
 
 def check_resume_config(cfg: DictConfig, output_dir: str, weights_named: bool = False) -> None:

@@ -529,8 +529,8 @@ def check_run_files_not_shared(output_dir: str, setting: str = "OUTPUT_DIR") -> 
         path = os.path.join(output_dir, name)
         if os.path.islink(path) and (os.path.isfile(path) or not os.path.exists(path)):  # a device is no run's file
             shared.append(f"{name} (a link to {os.readlink(path)})")
-        elif os.path.isfile(path) and os.stat(path).st_nlink > 1:
-            shared.append(f"{name} (a hard link: its data has {os.stat(path).st_nlink - 1} other name(s))")
+        elif os.path.isfile(path) and (links := os.stat(path).st_nlink) > 1:
+            shared.append(f"{name} (a hard link: its data has {links - 1} other name(s))")
     if shared:
         raise GwdetFileExistsError(
             f"{setting} {output_dir!r} holds {', '.join(shared)}: the run writes into these files in place, so it "
@@ -774,9 +774,10 @@ def tagged_checkpoint(output_dir: str) -> str:
     older one in its place."""
     tag = os.path.join(output_dir, LAST_CHECKPOINT)
     available = checkpoints_in(output_dir)
-    if not available and set_aside_problem(output_dir):
+    set_aside = None if available else set_aside_problem(output_dir)
+    if set_aside:
         raise GwdetFileNotFoundError(f"--eval-only --resume: OUTPUT_DIR {output_dir!r} holds no checkpoint to "
-                                     f"evaluate: {set_aside_problem(output_dir)}")
+                                     f"evaluate: {set_aside}")
     if not available:
         raise GwdetFileNotFoundError(f"--eval-only --resume: OUTPUT_DIR {output_dir!r} holds no checkpoint to "
                                      "evaluate. Check OUTPUT_DIR, or name the weights with MODEL.WEIGHTS "
