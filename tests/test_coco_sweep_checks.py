@@ -5,6 +5,7 @@ overwrote each other or stopped a run after training."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import warnings
@@ -518,11 +519,12 @@ def test_the_studys_rerun_commands_register_the_datasets_they_read(tmp_path, cap
     from gwdet.data.coco_registration import ENVIRONMENT_VARIABLE
     from gwdet_lab.study import cli
 
-    monkeypatch.delenv(ENVIRONMENT_VARIABLE, raising=False)  # the study exports its datasets there
+    monkeypatch.delenv(ENVIRONMENT_VARIABLE, raising=False)
     spec = write_dataset(tmp_path)
     assert cli.main(["--study", "paper", "--seeds", "0", "--list", "--out", str(tmp_path / "study"),
                      "--register-coco", f"study_t={spec}", "--opts", "DATASETS.TRAIN", "('study_t',)",
                      "DATASETS.TEST", "('study_t',)", "MODEL.ROI_HEADS.NUM_CLASSES", "2"]) == 0
+    assert ENVIRONMENT_VARIABLE not in os.environ  # set for the study's processes only, not left to its caller
     commands = [line for line in capsys.readouterr().out.splitlines() if "tools/train_net.py" in line]
     assert commands and all(f"--register-coco 'study_t={spec}'" in line or f"--register-coco study_t={spec}" in line
                             for line in commands), commands

@@ -145,6 +145,12 @@ def test_a_lazy_runs_saved_config_yaml_evaluates_its_weights_as_the_py_config_do
     with pytest.raises(ValueError, match=r"is a LazyConfig saved as YAML, but the tag !!python/object/apply:os.getcwd "
                                          r"would build a Python object that a saved LazyConfig does not hold"):
         main(parse_args(["--config-file", str(tampered), "--eval-only", weights]))
+    # the yacs loader (build_config, tools/analyze.py) called it a YAML tag to remove
+    from gwdet.model_zoo import build_config
+
+    with pytest.raises(ValueError, match=r"is a LazyConfig \(a LazyConfig run's saved config: model, train, "
+                                         r"dataloader\), not a yacs config"):
+        build_config(str(saved))
 
 
 def test_a_lazy_run_stopped_by_a_signal_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ must fail is asserted to fail before anything of that run changed.
 """
 import os
 import hashlib
+import json
 import re
 import shutil
 import subprocess
@@ -134,8 +135,9 @@ def test_eval_only_refuses_a_checkpoint_that_leaves_weights_missing(finished_run
     partial = tmp_path / "partial.pth"
     torch.save(state, partial)
     model = Trainer.build_model(build_config(str(DEMO_CONFIG), TINY_OPTS))
-    with pytest.raises(ValueError, match="does not hold every weight.*missing: roi_heads.mask_head"):
+    with pytest.raises(ValueError, match="does not hold every weight.*missing: roi_heads.mask_head") as refused:
         ResilientCheckpointer(model, require_every_weight=True).load(str(partial))
+    assert str(refused.value).startswith(f"The checkpoint {partial} (MODEL.WEIGHTS) does not hold")  # named the file
 
 
 def test_resume_when_the_named_checkpoint_is_gone_uses_the_previous_one(finished_run, tmp_path, caplog):
@@ -172,6 +174,39 @@ def test_an_empty_config_file_names_the_file(tmp_path):
     empty.write_text("\n")
     with pytest.raises(ValueError, match=r"empty.yaml.*holds no KEY: VALUE mapping"):
         build_config(str(empty))
+
+
+def test_a_finished_run_trained_further_sets_its_earlier_results_aside(finished_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run, ignore=shutil.ignore_patterns(".gwdet.lock"))
+    earlier = (run / "results.json").read_text()
+    main(tiny_run_args(run, "--resume", "SOLVER.MAX_ITER", "3"))
+    assert (run / "results_before_resuming_at_2.json").read_text() == earlier
+    assert json.loads((run / "results.json").read_text()) != json.loads(earlier)  # the 3-iteration model's
+
+
+def test_a_run_records_the_initial_weights_it_started_from(finished_run, tmp_path, monkeypatch):
+    # config.yaml kept MODEL.WEIGHTS relative (read against another folder, another file loaded), and
+    # nothing recorded which bytes a fine-tuning started from: a replaced file went unnoticed
+    from gwdet.checkpoint.resilient import INITIAL_WEIGHTS_KEY
+
+    shutil.copy(finished_run / "model_final.pth", tmp_path / "start.pth")
+    monkeypatch.chdir(tmp_path)
+    main(tiny_run_args("first", "MODEL.WEIGHTS", "start.pth"))
+    weights = str(tmp_path / "start.pth")
+    assert build_config(str(tmp_path / "first" / "config.yaml")).MODEL.WEIGHTS == weights
+    recorded = {"path": weights, "sha256": hashlib.sha256((tmp_path / "start.pth").read_bytes()).hexdigest()}
+    results = json.loads((tmp_path / "first" / "results.json").read_text())
+    assert results["environment"]["initial_weights"] == recorded
+    assert torch.load(tmp_path / "first" / "model_final.pth", weights_only=False)[INITIAL_WEIGHTS_KEY] == recorded
+    shutil.copy(finished_run / "model_0000000.pth", tmp_path / "start.pth")  # the file replaced
+    with logged_warnings("gwdet.engine.run") as warnings:
+        main(tiny_run_args("second", config_file=tmp_path / "first" / "config.yaml"))
+    assert [w for w in warnings if "holds other weights" in w] == [
+        f"MODEL.WEIGHTS {weights} holds other weights than the run of {tmp_path / 'first' / 'config.yaml'} started "
+        f"from (SHA-256 {hashlib.sha256((tmp_path / 'start.pth').read_bytes()).hexdigest()[:12]}... now, "
+        f"{recorded['sha256'][:12]}... in its results.json): the file was replaced since, and this run starts from "
+        "it as it is now."]
 
 
 def test_resume_config_differences_outside_the_model_are_allowed(finished_run):
@@ -723,6 +758,14 @@ def test_weights_evaluated_on_images_given_otherwise_are_said_even_away_from_the
     with logged_warnings("gwdet.engine.run") as logged:
         run.load_weights(run.build_model())
     assert any("stride_in_1x1 False -> True" in message for message in logged), logged
+    # nor were the anchors (box AP 0.91 instead of 3.00, no word)
+    assert recorded["anchor_sizes"] == [[8.0], [16.0], [32.0], [64.0], [128.0]]
+    run = YacsRun(build_config(str(DEMO_CONFIG), TINY_OPTS + ["MODEL.WEIGHTS", str(copied), "OUTPUT_DIR", str(tmp_path),
+                                                              "MODEL.ANCHOR_GENERATOR.SIZES", "[[16],[32],[64],[128],[256]]"]))
+    with logged_warnings("gwdet.engine.run") as logged:
+        run.load_weights(run.build_model())
+    assert any("anchor_sizes [[8.0], [16.0], [32.0], [64.0], [128.0]] -> [[16.0], [32.0], [64.0], [128.0], [256.0]]"
+               in message for message in logged), logged
     # beside their run's config.yaml: INPUT.FORMAT is the model's input, as MODEL.* is
     with pytest.raises(ValueError, match=r"trained with another model .*INPUT.FORMAT: 'RGB' -> 'BGR'"):
         check_resume_config(build_config(str(DEMO_CONFIG), TINY_OPTS + ["INPUT.FORMAT", "BGR"]), str(finished_run))

@@ -11,6 +11,8 @@ import logging
 import os
 import pickle
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -323,6 +325,22 @@ def test_resume_over_a_config_yaml_that_cannot_be_read_names_the_file_the_error_
         "into another one.")
 
 
+def test_a_whole_config_yaml_with_a_key_this_version_lacks_is_named_as_another_versions(tmp_path):
+    # called damaged ("Restore that file") although it matched its record: a newer gwdet wrote it
+    folder = run_folder(tmp_path, get_cfg())
+    path = os.path.join(folder, CONFIG_NAME)
+    with open(path, "a") as f:
+        f.write("NEW_SECTION:\n  NEW_KEY: 1\n")
+    record_config_checksum(folder)
+    with pytest.raises(ValueError) as refused:
+        check_resume_config(get_cfg(), folder)
+    assert str(refused.value) == (
+        f"--resume: {path} is whole (it matches its recorded SHA-256) but holds a key this gwdet and detectron2 do "
+        f"not have (Non-existent config key: NEW_SECTION): another version of them trained the run in {folder!r}, "
+        "so which model it trained cannot be checked; nothing was changed. Resume it with the version that trained "
+        "it, or train afresh into another OUTPUT_DIR.")
+
+
 def test_a_damaged_config_error_without_words_still_names_its_type_and_the_setting():
     refused = damaged_config("run/config.yaml", "run", ValueError(), "train.output_dir")
     assert str(refused) == (
@@ -501,6 +519,25 @@ def test_a_holder_that_wrote_no_pid_is_called_another_process(tmp_path):
             with OutputDirLock(str(tmp_path)):
                 pass
     assert str(refused.value) == in_use(str(tmp_path), "another process")
+
+
+def test_a_lock_held_after_its_run_ended_names_the_processes_it_started(tmp_path):
+    # a killed run's data loader workers held the lock for seconds; the refusal named the dead pid
+    # as the run that was using the folder
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # a pid no process has now
+    with open(tmp_path / LOCK_NAME, "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write(f"pid {child.pid}\n")
+        held.flush()
+        with pytest.raises(RuntimeError) as refused:
+            with OutputDirLock(str(tmp_path)):
+                pass
+    assert str(refused.value) == (
+        f"OUTPUT_DIR {str(tmp_path)!r} is in use by another run (pid {child.pid}, which no longer runs on this "
+        "machine: processes it started, such as the data loader workers of a run that was killed, hold the lock "
+        "until they end, within seconds; or it runs on another machine that shares this folder). Run the command "
+        "again in a moment, or give this run another OUTPUT_DIR.")
 
 
 def test_an_output_dir_that_cannot_be_created_is_refused_with_the_os_reason_and_the_fix(tmp_path):
@@ -710,6 +747,29 @@ def test_a_resume_of_a_finished_run_is_refused_and_one_stopped_before_its_result
     check_resume_trains(str(tmp_path), 150)  # a longer schedule trains on
     results.write_text("{")  # cut short (its record no longer matches): the evaluation is done again
     check_resume_trains(str(tmp_path), 100)
+
+
+def test_results_of_the_model_before_a_resume_are_kept_under_names_that_say_so(tmp_path, caplog):
+    # a kill during a resumed run's final evaluation left the earlier model's results.json (whole,
+    # by its record) beside the new model_final.pth, as its results
+    from gwdet.engine.output_dir import set_aside_results
+    from gwdet.utils.atomic import checksum_problem, write_text_with_checksum
+
+    write_text_with_checksum(str(tmp_path / "results.json"), '{"shapes_val": {"bbox": {"AP": 50.0}}}')
+    (tmp_path / "results.md").write_text("AP 50")
+    (tmp_path / "results_before_resuming_at_250.md").write_text("an earlier extension's")
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        set_aside_results(str(tmp_path), 250)
+    assert sorted(os.listdir(tmp_path)) == [
+        "results_before_resuming_at_250.json", "results_before_resuming_at_250.json.sha256",
+        "results_before_resuming_at_250.md", "results_before_resuming_at_250_2.md"]
+    assert (tmp_path / "results_before_resuming_at_250.md").read_text() == "an earlier extension's"
+    assert (tmp_path / "results_before_resuming_at_250_2.md").read_text() == "AP 50"
+    assert checksum_problem(str(tmp_path / "results_before_resuming_at_250.json")) is None
+    assert warnings_of(caplog) == [f"{tmp_path}: the results written before this resume at iteration 250 (of the model the run "
+                        "had then) are kept as results_before_resuming_at_250_2.md and "
+                        "results_before_resuming_at_250.json; the run writes its results.md and results.json anew "
+                        "when it ends."]
 
 
 def test_a_resume_is_refused_only_when_the_checkpoint_is_past_the_schedule(tmp_path):

@@ -181,3 +181,37 @@ def test_results_of_a_model_that_detected_nothing_are_said_to_be_nan(tmp_path):
         "The model detected nothing on shapes_val: detectron2 reports its AP as NaN (written so in results.md and "
         "results.json), and scores no masks without detections. A model early in its training, or a score threshold "
         "(MODEL.ROI_HEADS.SCORE_THRESH_TEST) above every score, gives none."]
+
+
+class _ReadsAGoneFile:
+    def __init__(self, path):
+        self.path = path
+
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, index):
+        with open(self.path) as file:
+            return file.read()
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_file_gone_while_the_run_reads_is_named_with_the_way_on(tmp_path, workers):
+    # GWDET_CACHE moved during a training: the data loader's raw FileNotFoundError traceback, twice
+    import torch.utils.data
+
+    from gwdet.engine.run import named_lost_file
+
+    gone = tmp_path / "cache" / "shapes" / "0001.png"
+    loader = torch.utils.data.DataLoader(_ReadsAGoneFile(str(gone)), num_workers=workers, batch_size=None)
+    with pytest.raises(FileNotFoundError) as refused:
+        with named_lost_file("The run's checkpoints are kept: continue it with --resume."):
+            next(iter(loader))
+    assert str(refused.value) == (
+        f"A file the run reads is gone ([Errno 2] No such file or directory: '{gone}'): moved or deleted while the "
+        "run was working (a dataset's images, its annotation file, $GWDET_CACHE)? Put it back (or register the "
+        "dataset where it is now). The run's checkpoints are kept: continue it with --resume."
+        if workers else
+        f"A file the run reads is gone (No such file or directory: {gone}): moved or deleted while the run was "
+        "working (a dataset's images, its annotation file, $GWDET_CACHE)? Put it back (or register the dataset "
+        "where it is now). The run's checkpoints are kept: continue it with --resume.")

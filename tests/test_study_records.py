@@ -11,7 +11,10 @@ import pytest
 
 from gwdet_lab.study.cells import PAPER_AP, PAPER_ORDERINGS
 from gwdet_lab.study.cli import main, report_from_records
+from gwdet.utils.atomic import write_text_with_checksum
+from gwdet_lab.study.record import code_label, code_note, read_record, running_code_label, write_usage
 from gwdet_lab.study.records import export_records, recorded_cells
+from gwdet_lab.study.run_folder import RunFolder
 from gwdet_lab.study.stats import holm_adjusted, paired_difference, t_quantile, with_holm
 
 from conftest import REPO
@@ -83,6 +86,114 @@ def test_records_of_an_unfinished_cell_or_a_missing_folder_are_refused(tmp_path,
         assert exit_.value.code == 2 and message in capsys.readouterr().err
     with pytest.raises(ValueError, match="no record of gn-b2-s9"):
         recorded_cells(tmp_path / "records", ["gn-b2-s9"])
+
+
+def _record_copy(tmp_path, cells=("gw-b2-s3",)):
+    for cell in cells:
+        shutil.copytree(RECORDS / "paper-seeds-3-4" / cell, tmp_path / "records" / cell)
+    return tmp_path / "records"
+
+
+def test_records_with_flags_of_a_training_or_another_studys_title_are_refused(tmp_path, capsys):
+    # --opts, --configs and --study batch-sweep were taken with records they did not describe:
+    # "Common overrides of every cell: ..." and a custom study titled as the batch sweep
+    records = _record_copy(tmp_path, ("gw-b2-s3", "gn-b2-s3"))
+    for flags, message in ((["--opts", "SOLVER.MAX_ITER", "999"], "--opts: --records reports the cells as their "
+                                                                  "records hold them"),
+                           (["--configs", "gw=configs/Study/gw.yaml", "--seeds", "0"], "--configs, --seeds: "),
+                           (["--study", "heads"], "--study heads --records " + str(records) + ": gw-b2-s3 are not "
+                                                  "cells of that study")):
+        with pytest.raises(SystemExit) as exit_:
+            main([*flags, "--records", str(records), "--report-to", str(tmp_path / "report")])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
+        assert not (tmp_path / "report").exists()
+    # a custom study's cell (no -b<images> in its name) is no cell of the paper's study
+    record = RunFolder(records / "gw-b2-s3").read_json("study_cell.json")
+    record["cell"]["name"] = "gw-s3"
+    RunFolder(records / "gw-b2-s3").write_json("study_cell.json", record)
+    with pytest.raises(SystemExit):
+        main(["--study", "paper", "--records", str(records), "--report-to", str(tmp_path / "report")])
+    assert "gw-s3 are not cells of that study" in capsys.readouterr().err
+    assert main(["--records", str(records), "--report-to", str(tmp_path / "report")]) == 0  # a custom report
+
+
+def test_two_records_of_one_cell_are_refused(tmp_path):
+    # the later folder in sort order won: a backup copy's edited results were reported
+    records = _record_copy(tmp_path)
+    shutil.copytree(records / "gw-b2-s3", records / "gw-b2-s3-backup")
+    with pytest.raises(ValueError, match="two records of the cell gw-b2-s3, gw-b2-s3/ and gw-b2-s3-backup/"):
+        recorded_cells(records)
+
+
+@pytest.mark.parametrize("change, problem", [
+    (lambda r: r["cell"].update(schedule_scale=2), "cell with 'schedule_scale', which this version does not know"),
+    (lambda r: r["cell"].pop("group"), "cell without 'group'"),
+    (lambda r: r.pop("config"), "no 'config'"),
+])
+def test_a_record_of_another_gwdet_version_is_refused_by_name(tmp_path, change, problem):
+    # raw TypeError / KeyError tracebacks
+    records = _record_copy(tmp_path)
+    folder = RunFolder(records / "gw-b2-s3")
+    record = folder.read_json("study_cell.json")
+    change(record)
+    folder.write_json("study_cell.json", record)
+    with pytest.raises(ValueError, match="study_cell.json is not a cell record of this version of gwdet") as error:
+        recorded_cells(records)
+    assert problem in str(error.value)
+
+
+def test_a_cell_trained_further_outside_the_study_is_not_reported(tmp_path, capsys):
+    # a finished cell continued by hand (--resume SOLVER.MAX_ITER 40) was reported as the cell
+    records = _record_copy(tmp_path)
+    config = records / "gw-b2-s3" / "config.yaml"
+    text = config.read_text()
+    assert "  MAX_ITER: 4000\n" in text
+    write_text_with_checksum(str(config), text.replace("  MAX_ITER: 4000\n", "  MAX_ITER: 5000\n"))
+    with pytest.raises(SystemExit) as exit_:
+        main(["--records", str(records), "--report-to", str(tmp_path / "report")])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "config.yaml) is not the cell's recorded config" in err
+    assert "SOLVER.MAX_ITER: recorded 4000, config.yaml 5000" in err
+    assert not (tmp_path / "report").exists()
+
+
+def test_the_report_names_cells_run_by_other_code_than_planned(tmp_path):
+    # a cell resumed with newer code kept claiming the commit it was planned with
+    records = _record_copy(tmp_path, ("gw-b2-s3", "gn-b2-s3"))
+    planned = recorded_cells(records)
+    assert code_note(planned) is None  # the committed records: no code recorded per run
+    planned_with = code_label(read_record(planned[1].folder)["code"])
+    usage = planned[1].folder.read_json("study_run.json")
+    write_usage(planned[1].folder, dict(usage, code=[planned_with]), 1.0, 1.0)
+    assert code_note(planned) == (f"Cells run by another version of the code than planned, or by several: gw-b2-s3 "
+                                  f"(planned with {planned_with}; run with {planned_with}, {running_code_label()}).")
+    after = planned[1].folder.read_json("study_run.json")
+    assert after["wall_seconds"] == usage["wall_seconds"] + 1.0 and after["sessions"] == usage["sessions"] + 1
+
+
+def test_the_over_training_tool_and_export_name_their_flags_in_one_line(tmp_path, capsys):
+    # raw tracebacks; a missing --runs folder named as --records; --export-records onto a file
+    # failed after the report was written
+    from gwdet_lab.study.over_training import main as over_training
+
+    records = _record_copy(tmp_path)
+    for argv, message in (
+            (["--runs", str(tmp_path / "none")], f"--runs {tmp_path / 'none'}: no such folder (a study's run folders "),
+            (["--records", str(records)], f"--records {records}: no over_training.json for gw-b2-s3: those cells were "
+                                          "not measured; measure them from their run folders with --runs"),
+            (["--records", str(records), "--cells", "gw-b2-s9"], "--cells: no record of gw-b2-s9")):
+        cells = [] if "--cells" in argv else ["--cells", "gw-b2-s3"]
+        with pytest.raises(SystemExit) as exit_:
+            over_training([*argv, *cells, "--out", str(tmp_path / "out")])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
+    (tmp_path / "afile.txt").write_text("mine")
+    with pytest.raises(SystemExit):
+        main(["--records", str(records), "--report-to", str(tmp_path / "report"), "--export-records",
+              str(tmp_path / "afile.txt")])
+    assert "--export-records" in capsys.readouterr().err and not (tmp_path / "report").exists()
 
 
 def test_holm_adjustment_by_hand():

@@ -24,11 +24,12 @@ from urllib.request import url2pathname
 import numpy as np
 import torch
 from detectron2.checkpoint import DetectionCheckpointer
+from detectron2.modeling.anchor_generator import DefaultAnchorGenerator
 from detectron2.modeling.backbone.resnet import BottleneckBlock
 from detectron2.utils import comm
 
 from gwdet.utils.cli_errors import as_override
-from gwdet.utils.atomic import checksum_findings, checksum_path, write_with_checksum
+from gwdet.utils.atomic import checksum_findings, checksum_path, file_sha256, write_with_checksum
 from gwdet.checkpoint.compatibility import (
     NORM_SETTINGS_KEY,
     NORM_TYPES_KEY,
@@ -202,6 +203,20 @@ def local_weights_path(path: str, setting: str = "MODEL.WEIGHTS") -> str:
     return url2pathname(address.path)
 
 
+def absolute_weights_path(path: str, setting: str = "MODEL.WEIGHTS") -> str:
+    """Initial weights ``path`` as :func:`local_weights_path` reads it, a relative path made absolute:
+    what a run's ``config.yaml`` records, so that the config read from another folder names the same
+    file. URLs and ``""`` (no weights) are returned as they are."""
+    local = local_weights_path(path, setting)
+    return os.path.abspath(local) if local and "://" not in local else local
+
+
+def weights_record(path: str) -> dict[str, str]:
+    """``{"path", "sha256"}`` of the local weights file ``path`` (absolute): which weights a run
+    started from or an evaluation scored, whatever later replaces a file of that name."""
+    return {"path": os.path.abspath(path), "sha256": file_sha256(path) if os.path.isfile(path) else "not a local file"}
+
+
 def lost_checkpoint_error(save_dir: str, weights_setting: str = "MODEL.WEIGHTS") -> GwdetFileNotFoundError:
     """The refusal of ``--resume`` in ``save_dir`` where ``last_checkpoint`` is left but the checkpoint
     it names is not there, nor any other: detectron2 counts a folder with ``last_checkpoint`` as one
@@ -231,13 +246,17 @@ INPUT_ATTRIBUTES = ("input_format", "pixel_mean", "pixel_std")
 # The training datasets' annotation files, {name: {"json_file": path, "json_sha256": digest}}: what a
 # resume checks that it continues on.
 DATA_KEY = "gwdet_training_data"
+# The initial weights a training started from, {"path": absolute path or URL, "sha256": digest}
+# (weights_record): carried from checkpoint to checkpoint, so that a resumed run still names them.
+INITIAL_WEIGHTS_KEY = "gwdet_initial_weights"
 
 
 def input_record(model: torch.nn.Module) -> dict[str, Any]:
     """``model``'s (DDP's ``module``'s) input format and pixel normalization, as lists of numbers,
     and, for a ResNet of bottleneck blocks, whether its downsampling blocks stride in the 1x1 conv
     (``stride_in_1x1``, ``MODEL.RESNETS.STRIDE_IN_1X1``: another function with the same weight
-    shapes); empty for a model without them."""
+    shapes), and the anchors of its anchor generator (:func:`anchor_record`); empty for a model
+    without them."""
     model = unwrapped(model)
     values = {name: getattr(model, name) for name in INPUT_ATTRIBUTES if hasattr(model, name)}
     record = {name: value.flatten().tolist() if isinstance(value, torch.Tensor) else value
@@ -246,7 +265,23 @@ def input_record(model: torch.nn.Module) -> dict[str, Any]:
                          and module.conv1.stride != module.conv2.stride), None)
     if downsampling is not None:
         record["stride_in_1x1"] = downsampling.conv1.stride != (1, 1)
+    generator = next((module for module in model.modules() if isinstance(module, DefaultAnchorGenerator)), None)
+    if generator is not None:
+        record.update(anchor_record(generator))
     return record
+
+
+def anchor_record(generator: DefaultAnchorGenerator) -> dict[str, Any]:
+    """The anchors of ``generator`` (buffers its state dict does not hold), per feature level:
+    ``anchor_sizes`` (the square roots of their areas) and ``anchor_aspect_ratios`` (height / width),
+    each sorted and rounded as ``MODEL.ANCHOR_GENERATOR.SIZES`` / ``ASPECT_RATIOS`` give them, and
+    ``anchor_offset``: what the box regression of the weights was trained against."""
+    sizes, ratios = [], []
+    for anchors in generator.cell_anchors:
+        widths, heights = anchors[:, 2] - anchors[:, 0], anchors[:, 3] - anchors[:, 1]
+        sizes.append(sorted({round(float(v), 2) for v in torch.sqrt(widths * heights)}))
+        ratios.append(sorted({round(float(v), 3) for v in heights / widths}))
+    return {"anchor_sizes": sizes, "anchor_aspect_ratios": ratios, "anchor_offset": float(generator.offset)}
 
 
 def input_differences(saved: Any, model: torch.nn.Module) -> list[str]:
@@ -280,6 +315,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
         self.classes = list(classes) if classes else None
         self.training_data = dict(training_data) if training_data else None
         self._loading_initial_weights = False  # set by load_weights: training state removed from the file is no loss
+        self.initial_weights: dict[str, str] | None = None  # what training started from (INITIAL_WEIGHTS_KEY)
+        self._loading: str | None = None  # the file load() reads, for its messages
         self._resumed = False  # set when resume_or_load has loaded a checkpoint of save_dir
 
     def has_checkpoint(self) -> bool:
@@ -301,6 +338,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
             data[CLASSES_KEY] = self.classes
         if self.training_data:
             data[DATA_KEY] = self.training_data
+        if self.initial_weights:
+            data[INITIAL_WEIGHTS_KEY] = self.initial_weights
         record = input_record(self.model)
         if record:
             data[INPUT_KEY] = record
@@ -372,8 +411,9 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 fix = (f"Convert ImageNet weights with tools/convert_pretrained.py IN OUT (see docs/weights.md), or "
                        f"set {empty} to train from scratch")
             raise GwdetFileNotFoundError(f"{setting} file {path!r} does not exist. {fix}.")
-        if "://" in path:
-            self.download(path)
+        if path:
+            local = self.download(path) if "://" in path else path
+            self.initial_weights = dict(weights_record(local), path=path if "://" in path else os.path.abspath(path))
         self._loading_initial_weights = True
         try:
             return self.load(path, checkpointables=[]) if path else {}
@@ -404,6 +444,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
             try:
                 loaded = self.load(candidate)
                 self._check_same_training_data(loaded.get(DATA_KEY), candidate)
+                recorded = loaded.get(INITIAL_WEIGHTS_KEY)
+                self.initial_weights = recorded if isinstance(recorded, dict) else None
                 self._resumed = True
                 return loaded
             except (OSError, EOFError, RuntimeError, pickle.UnpicklingError, DamagedFileError) as err:
@@ -429,7 +471,11 @@ class ResilientCheckpointer(DetectionCheckpointer):
         if path and os.path.isdir(path):
             raise GwdetIsADirectoryError(f"{path!r} is a folder: give the checkpoint file in it (e.g. "
                                          f"{os.path.join(path, 'model_final.pth')}).")
-        return super().load(path, checkpointables)
+        self._loading = path
+        try:
+            return super().load(path, checkpointables)
+        finally:
+            self._loading = None
 
     def _load_model(self, checkpoint: dict):
         metadata = read_conversion_metadata(checkpoint)
@@ -475,9 +521,10 @@ class ResilientCheckpointer(DetectionCheckpointer):
             problems += [f"{key}: shape {tuple(ck)} in the checkpoint, {tuple(mk)} in the model"
                          for key, ck, mk in incompatible.incorrect_shapes]
             raise GwdetValueError(
-                f"The checkpoint does not hold every weight of the model ({len(problems)} problems: "
-                f"{listed(problems, 4, '; ')}); evaluating it would "
-                "report a partly random model. Check that MODEL.WEIGHTS was trained with this config."
+                f"The checkpoint {self._loading or ''} ({self.weights_setting}) does not hold every weight of the "
+                f"model ({len(problems)} problems: {listed(problems, 4, '; ')}); evaluating it would report a partly "
+                "random model. Give weights trained with this config: a training run's model_final.pth (converted "
+                "ImageNet weights hold the backbone only)."
             )
         super()._log_incompatible_keys(incompatible)
 

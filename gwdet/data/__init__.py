@@ -6,7 +6,7 @@ from gwdet.data.coco_registration import (
     DatasetError,
     add_register_coco_argument,
     check_config_against_datasets,
-    export_to_environment,
+    datasets_in_environment,
     register_coco_datasets,
 )
 from gwdet.data.datasets import check_dataset_files, prepare_datasets, register_datasets
@@ -24,6 +24,6 @@ from gwdet.data.shapes import (
 __all__ = [
     "CLASSES", "CacheNotWritableError", "CocoDataset", "DatasetError", "NonFiniteImageError", "ShapesSpec",
     "add_register_coco_argument", "check_config_against_datasets", "check_dataset_files", "check_finite_images",
-    "ensure_generated", "export_to_environment", "prepare_datasets", "register_coco_datasets", "register_datasets",
+    "datasets_in_environment", "ensure_generated", "prepare_datasets", "register_coco_datasets", "register_datasets",
     "register_shapes", "register_shapes_spec", "shapes_dataset",
 ]

@@ -12,11 +12,12 @@ checked when the flag is read (:func:`inspect_coco_file`), the config against th
 (:func:`check_config_against_datasets`); each failure is a :class:`DatasetError` that names the file
 and the fix. Other processes get the registrations from ``$GWDET_REGISTER_COCO``, a JSON list of
 ``"NAME=JSON:IMAGE_ROOT"`` strings that :func:`gwdet.data.prepare_datasets` registers
-(:func:`environment_datasets`, :func:`export_to_environment`).
+(:func:`environment_datasets`, :func:`datasets_in_environment`).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import filecmp
 import functools
 import json
@@ -25,7 +26,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from detectron2.config import CfgNode
 from detectron2.data import DatasetCatalog, MetadataCatalog
@@ -580,14 +581,22 @@ def environment_datasets() -> list[CocoDataset]:
     return datasets
 
 
-def export_to_environment(datasets: Sequence[CocoDataset]) -> None:
-    """Add ``datasets`` to ``$GWDET_REGISTER_COCO`` (replacing entries of the same names), so that
-    the processes this one starts register them too."""
-    if not datasets:
-        return
-    given = {dataset.name for dataset in datasets}
-    kept = [dataset.spec for dataset in environment_datasets() if dataset.name not in given]
-    os.environ[ENVIRONMENT_VARIABLE] = json.dumps(kept + [dataset.spec for dataset in datasets])
+@contextlib.contextmanager
+def datasets_in_environment(datasets: Sequence[CocoDataset]) -> Iterator[None]:
+    """Inside the block, ``$GWDET_REGISTER_COCO`` holds ``datasets`` too (replacing entries of the
+    same names), so that the processes started there register them; afterwards it is as it was."""
+    before = os.environ.get(ENVIRONMENT_VARIABLE)
+    if datasets:
+        given = {dataset.name for dataset in datasets}
+        kept = [dataset.spec for dataset in environment_datasets() if dataset.name not in given]
+        os.environ[ENVIRONMENT_VARIABLE] = json.dumps(kept + [dataset.spec for dataset in datasets])
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ENVIRONMENT_VARIABLE, None)
+        else:
+            os.environ[ENVIRONMENT_VARIABLE] = before
 
 
 # ---- the command line ------------------------------------------------------------------------

@@ -55,7 +55,9 @@ from gwdet.utils.atomic import (
     DamagedFileError,
     checksum_path,
     checksum_problem,
+    process_is_gone,
     record_checksum,
+    remove_checksum,
     remove_stale_partials,
     write_text_atomically,
 )
@@ -709,7 +711,15 @@ def saved_run_config(cfg: CfgNode, output_dir: str, path: str) -> CfgNode:
         saved.merge_from_other_cfg(type(saved)(content))  # a run's config.yaml: no _BASE_, this detectron2's VERSION
     except GwdetError:  # a python tag, a key given twice, no MODEL section
         raise
-    except Exception as error:  # yaml's errors, a key cfg does not have, bytes that are not text
+    except KeyError as error:  # a key cfg does not have
+        if os.path.isfile(checksum_path(path)):  # whole by its record: another version of the code wrote it
+            raise GwdetValueError(
+                f"--resume: {path} is whole (it matches its recorded SHA-256) but holds a key this gwdet and "
+                f"detectron2 do not have ({str(error).strip(chr(39))}): another version of them trained the run in "
+                f"{output_dir!r}, so which model it trained cannot be checked; nothing was changed. Resume it with the "
+                f"version that trained it, or train afresh into another OUTPUT_DIR.") from None
+        raise damaged_config(path, output_dir, error) from None
+    except Exception as error:  # yaml's errors, bytes that are not text
         raise damaged_config(path, output_dir, error) from None
     return saved
 
@@ -826,6 +836,34 @@ def evaluation_folder(output_dir: str, weights: str, setting: str = "OUTPUT_DIR"
     return candidate
 
 
+def set_aside_results(output_dir: str, start_iter: int) -> None:
+    """Rename the ``results.md`` and ``results.json`` (with its SHA-256 record) of a run resumed at
+    iteration ``start_iter`` to ``results_before_resuming_at_<start_iter>.*``: they score the model
+    the run had before, and a stop before the resumed run writes its own (a kill during its final
+    evaluation) would otherwise leave them beside the new ``model_final.pth`` as its results. They
+    are kept, under names that say so; a free name gets ``_2``, ``_3``, ... ."""
+    moved = []
+    for name in (RESULTS_MARKDOWN, RESULTS_JSON):
+        path = os.path.join(output_dir, name)
+        if not os.path.isfile(path) or os.path.islink(path):
+            continue
+        stem, extension = os.path.splitext(name)
+        target, number = os.path.join(output_dir, f"{stem}_before_resuming_at_{start_iter}{extension}"), 1
+        while os.path.lexists(target):
+            number += 1
+            target = os.path.join(output_dir, f"{stem}_before_resuming_at_{start_iter}_{number}{extension}")
+        recorded = os.path.isfile(checksum_path(path)) and checksum_problem(path) is None
+        os.replace(path, target)
+        remove_checksum(path)
+        if recorded:
+            record_checksum(target)
+        moved.append(os.path.basename(target))
+    if moved:
+        logger.warning(f"{output_dir}: the results written before this resume at iteration {start_iter} (of the "
+                       f"model the run had then) are kept as {' and '.join(moved)}; the run writes its "
+                       f"{RESULTS_MARKDOWN} and {RESULTS_JSON} anew when it ends.")
+
+
 def trim_metrics(output_dir: str, start_iter: int) -> None:
     """Make ``output_dir/metrics.json`` (detectron2's JSON lines, appended to on resume) hold what an
     uninterrupted run would have at ``start_iter``: damaged lines (a line a kill cut short, which
@@ -908,7 +946,16 @@ def check_output_dir_name(output_dir: str, encoding: str | None = None, setting:
 
 
 def _in_use(output_dir: str, holder: str, setting: str) -> GwdetRuntimeError:
-    """The refusal of a run in ``output_dir`` while ``holder`` (``"pid N"``) holds its lock."""
+    """The refusal of a run in ``output_dir`` while ``holder`` (``"pid N"``) holds its lock; when no
+    process N runs here, the processes it started (data loader workers of a killed run, which hold
+    the lock until they end) are named as the likely holders."""
+    pid = holder[4:] if holder.startswith("pid ") else ""
+    if pid.isdigit() and process_is_gone(int(pid)):
+        return GwdetRuntimeError(
+            f"{setting} {output_dir!r} is in use by another run ({holder}, which no longer runs on this machine: "
+            "processes it started, such as the data loader workers of a run that was killed, hold the lock until "
+            "they end, within seconds; or it runs on another machine that shares this folder). Run the command "
+            f"again in a moment, or give this run another {setting}.")
     return GwdetRuntimeError(f"{setting} {output_dir!r} is in use by another run ({holder}). Wait for it to finish, or "
                              f"give this run another {setting}.")
 

@@ -45,12 +45,12 @@ from detectron2.engine import default_setup
 from detectron2.utils import comm
 from detectron2.utils.logger import setup_logger
 
-from gwdet.checkpoint.resilient import (CLASSES_KEY, INPUT_KEY, ResilientCheckpointer, input_differences,
-                                        local_weights_path)
+from gwdet.checkpoint.resilient import (CLASSES_KEY, INPUT_KEY, ResilientCheckpointer, absolute_weights_path,
+                                        input_differences, local_weights_path, weights_record)
 from gwdet.data.coco_registration import CocoDataset, DatasetError
 from gwdet.data.datasets import check_evaluated_classes
 from gwdet.modeling.detectron2_failures import named_config_failures
-from gwdet.errors import GwdetError, GwdetOSError, GwdetValueError, listed
+from gwdet.errors import GwdetError, GwdetFileNotFoundError, GwdetOSError, GwdetValueError, listed
 from gwdet.layers.plans import describe_plans
 from gwdet.model_zoo.lazy_loading import is_lazy_config
 from gwdet.utils.atomic import write_text_atomically, write_text_with_checksum
@@ -78,7 +78,7 @@ from gwdet.engine.output_dir import (
     evaluation_folder,
     tagged_checkpoint,
 )
-from gwdet.engine.run_environment import ENVIRONMENT_KEY, cached_sha256, run_environment
+from gwdet.engine.run_environment import ENVIRONMENT_KEY, run_environment
 from gwdet.engine.run_log import HeldRecords
 from gwdet.engine.visualize import save_prediction_pngs
 
@@ -170,7 +170,8 @@ class RunConfig(ABC):
             logger.warning(f"{self.weights_setting} {self.weights} was trained with values this model has otherwise: "
                            f"{'; '.join(differences)}. The model computes with this config's values, which changes its "
                            "results; use the values the weights were trained with (INPUT.FORMAT, MODEL.PIXEL_MEAN, "
-                           "MODEL.PIXEL_STD, MODEL.RESNETS.STRIDE_IN_1X1).")
+                           "MODEL.PIXEL_STD, MODEL.RESNETS.STRIDE_IN_1X1, MODEL.ANCHOR_GENERATOR.SIZES, "
+                           "ASPECT_RATIOS and OFFSET).")
         return model
 
     @abstractmethod
@@ -381,6 +382,29 @@ def setup(args: argparse.Namespace, run: RunConfig) -> None:
     run.prepare_datasets(trains=not args.eval_only, evaluates=True)
 
 
+def warn_of_replaced_weights(config_file: str, run: RunConfig) -> None:
+    """Warn when a training from a run's ``config.yaml`` starts from initial weights whose file now
+    holds other bytes than that run started from (the ``initial_weights`` its ``results.json``
+    records): the same config, another starting point."""
+    results = os.path.join(os.path.dirname(os.path.abspath(config_file)), RESULTS_JSON)
+    if os.path.basename(config_file) != CONFIG_NAME or not os.path.isfile(results) or not run.weights:
+        return
+    try:
+        with open(results, "rb") as file:
+            recorded = json.load(file)[ENVIRONMENT_KEY]["initial_weights"]
+        then = recorded["path"], recorded["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):  # no record (an older run, an evaluation), or unreadable
+        return
+    path = run.weights
+    if then[0] != path or not os.path.isfile(path):
+        return
+    now = weights_record(path)["sha256"]
+    if now != then[1]:
+        logger.warning(f"{run.weights_setting} {path} holds other weights than the run of {config_file} started from "
+                       f"(SHA-256 {now[:12]}... now, {then[1][:12]}... in its {RESULTS_JSON}): the file was replaced "
+                       "since, and this run starts from it as it is now.")
+
+
 def written_folders(run: RunConfig) -> list[str]:
     """The folders the run writes in its output folder: ``inference/`` (the evaluation's files) and,
     when it draws predictions, ``vis/``; none without a test set."""
@@ -398,6 +422,8 @@ def main(args: argparse.Namespace):
         check_resumed_folder_is_the_records(args.config_file, run.output_dir, run.output_setting)
     if args.eval_only:
         run, args = evaluation_request(run, args)
+    else:  # config.yaml names the file itself, wherever the config is read from again
+        run = run.with_target(absolute_weights_path(run.weights, run.weights_setting), run.output_dir)
     check_config_file_kept(args.config_file, run.output_dir, run.output_setting)
     lock = OutputDirLock(run.output_dir, run.output_setting, run.weights_setting)
     with lock if comm.is_main_process() else contextlib.nullcontext():
@@ -411,17 +437,21 @@ def main(args: argparse.Namespace):
                 with named_config_failures(run.cfg, "build the model", args.opts):
                     model = run.load_weights(run.build_model())
             else:
+                if not (args.resume and checkpoints_in(run.output_dir)):
+                    warn_of_replaced_weights(args.config_file, run)
                 with named_config_failures(run.cfg, "build the model and its training", args.opts):
                     trainer = run.build_trainer()
                     trainer.resume_or_load(resume=args.resume)
         if args.eval_only:
-            with named_full_disk(run.output_dir, "Evaluate again once there is space."):
+            with named_full_disk(run.output_dir, "Evaluate again once there is space."), \
+                    named_lost_file("Then evaluate again."):
                 results = run.evaluate(model)
         else:
             with named_config_failures(run.cfg, "train the first iteration", args.opts,
                                        applies=lambda: trainer.iter == trainer.start_iter), \
                     named_full_disk(run.output_dir, "Its checkpoints are kept: free space and continue with --resume "
-                                    "(a finished training is evaluated again)."):
+                                    "(a finished training is evaluated again)."), \
+                    named_lost_file("The run's checkpoints are kept: continue it with --resume."):
                 try:
                     results = trainer.train()
                 except FloatingPointError as error:  # detectron2's trainer: a non-finite loss
@@ -431,7 +461,9 @@ def main(args: argparse.Namespace):
             model = trainer.model
         test_datasets = run.test_datasets()
         evaluated = local_weights_path(run.weights, run.weights_setting) if args.eval_only else None
-        write_results_to(run.output_dir, results or {}, test_datasets, run.run_datasets(not args.eval_only), evaluated)
+        initial = None if args.eval_only else getattr(trainer.checkpointer, "initial_weights", None)
+        write_results_to(run.output_dir, results or {}, test_datasets, run.run_datasets(not args.eval_only), evaluated,
+                         initial)
         drawings: list[str] = []
         if comm.is_main_process() and run.vis_images > 0 and test_datasets:  # no test set: nothing to draw
             drawings = save_prediction_pngs(run.cfg, model, test_datasets[0], run.vis_images,
@@ -452,6 +484,24 @@ def named_full_disk(output_dir: str, way_on: str) -> Iterator[None]:
             raise
         raise GwdetOSError(f"The disk of {output_dir} is full ({error.strerror}: {error.filename or 'a file there'}); "
                            f"files written at that moment may be cut short. Free space there. {way_on}") from error
+
+
+@contextlib.contextmanager
+def named_lost_file(way_on: str) -> Iterator[None]:
+    """A file gone while training or evaluating (a dataset's images or the shapes cache moved or
+    deleted during the run; a data loader worker's error carries it as text) as one error naming
+    the file and ``way_on``, instead of the loader's traceback."""
+    try:
+        yield
+    except FileNotFoundError as error:
+        if isinstance(error, GwdetError):
+            raise
+        lines = [line for line in str(error).splitlines() if line.strip()]
+        what = (f"{error.strerror}: {error.filename}" if error.filename
+                else lines[-1].removeprefix("FileNotFoundError: ") if lines else "no such file")
+        raise GwdetFileNotFoundError(f"A file the run reads is gone ({what}): moved or deleted while the run was "
+                                     f"working (a dataset's images, its annotation file, $GWDET_CACHE)? Put it back "
+                                     f"(or register the dataset where it is now). {way_on}") from error
 
 
 def diverged_advice(output_dir: str) -> str:
@@ -491,12 +541,13 @@ def results_markdown(results: Mapping, datasets: Sequence[str] = ()) -> str:
 
 
 def results_record(results: Mapping, datasets: Sequence[str] = (), run_datasets: Sequence[str] = (),
-                   evaluated: str | None = None) -> dict:
+                   evaluated: Mapping[str, str] | None = None, initial: Mapping[str, str] | None = None) -> dict:
     """What ``results.json`` holds: ``{dataset: {task: {metric: value}}}`` of ``results`` for the
     test sets ``datasets`` (:func:`flatten_results`), and under ``"environment"`` the package
     versions and the annotation files of ``run_datasets`` (every dataset the run trained or
     evaluated on) with their SHA-256 (:func:`gwdet.engine.run_environment.run_environment`); for an
-    evaluation, the weights file ``evaluated`` and its SHA-256 (:func:`weights_record`)."""
+    evaluation, the weights file it scored (``evaluated``), for a training the weights it started
+    from (``initial``), each as :func:`~gwdet.checkpoint.resilient.weights_record` gives it."""
     record = dict(flatten_results(results, datasets))
     if ENVIRONMENT_KEY in record:
         raise GwdetValueError(f"A test dataset is named {ENVIRONMENT_KEY!r}, the key under which results.json records "
@@ -504,22 +555,20 @@ def results_record(results: Mapping, datasets: Sequence[str] = (), run_datasets:
                               f"its results.)")
     environment = run_environment([*run_datasets, *datasets])
     if evaluated:
-        environment["weights"] = weights_record(evaluated)
+        environment["weights"] = dict(evaluated)
+    if initial:
+        environment["initial_weights"] = dict(initial)
     record[ENVIRONMENT_KEY] = environment
     return record
 
 
-def weights_record(path: str) -> dict[str, str]:
-    """``{"path", "sha256"}`` of the weights file an evaluation scored: which weights its results
-    describe, whatever later replaces a file of that name (a resumed run's ``model_final.pth``)."""
-    return {"path": os.path.abspath(path), "sha256": cached_sha256(path) if os.path.isfile(path) else "not a local file"}
-
-
 def write_results_to(output_dir: str, results: Mapping, datasets: Sequence[str] = (),
-                     run_datasets: Sequence[str] = (), evaluated: str | None = None) -> None:
+                     run_datasets: Sequence[str] = (), evaluated: str | None = None,
+                     initial: Mapping[str, str] | None = None) -> None:
     """``output_dir/results.md`` and ``results.json`` (:func:`results_record`) of ``results`` for the
     test sets ``datasets`` of a run on ``run_datasets`` (main process only; nothing without results);
-    an evaluation's name the weights file ``evaluated`` and its SHA-256."""
+    an evaluation's name the weights file ``evaluated`` and its SHA-256, a training's the weights
+    it started from (``initial``, as its checkpoints carry them)."""
     if not comm.is_main_process() or not results:
         return
     os.makedirs(output_dir, exist_ok=True)
@@ -532,13 +581,13 @@ def write_results_to(output_dir: str, results: Mapping, datasets: Sequence[str] 
                            "A model early in its training, or a score threshold (MODEL.ROI_HEADS.SCORE_THRESH_TEST) "
                            "above every score, gives none.")
     markdown = results_markdown(results, datasets)
-    if evaluated:
-        scored = weights_record(evaluated)
+    scored = weights_record(evaluated) if evaluated else None
+    if scored:
         markdown += f"\nWeights evaluated: `{scored['path']}` (SHA-256 {scored['sha256']})\n"
     write_text_atomically(os.path.join(output_dir, RESULTS_MARKDOWN), markdown)
     # results.json is what gwdet reads again (the study counts a cell done by it): its SHA-256 is recorded beside it
     write_text_with_checksum(os.path.join(output_dir, RESULTS_JSON),
-                             json.dumps(results_record(results, datasets, run_datasets, evaluated), indent=2))
+                             json.dumps(results_record(results, datasets, run_datasets, scored, initial), indent=2))
 
 
 def log_outputs(output_dir: str, wrote_results: bool, drawings: Sequence[str], drawings_setting: str) -> None:

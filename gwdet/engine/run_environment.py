@@ -65,7 +65,9 @@ def cached_sha256(path: str) -> str:
 def annotation_files(names: Iterable[str]) -> dict[str, dict[str, Any]]:
     """For each registered dataset of ``names``: ``json_file`` (its metadata's annotation file, as
     detectron2's ``register_coco_instances`` records it; ``None`` for a dataset registered without
-    one), ``json_sha256`` and ``image_root``. A name that is not registered is left out."""
+    one), ``json_sha256`` (``None`` without a file, or when it is gone: the results of a run whose
+    annotation file was moved after it was read are still written) and ``image_root``. A name that
+    is not registered is left out."""
     registered = set(MetadataCatalog.list())
     files: dict[str, dict[str, Any]] = {}
     for name in dict.fromkeys(names):
@@ -74,7 +76,7 @@ def annotation_files(names: Iterable[str]) -> dict[str, dict[str, Any]]:
         metadata = MetadataCatalog.get(name)
         json_file = metadata.get("json_file")
         files[name] = {"json_file": json_file,
-                       "json_sha256": cached_sha256(json_file) if json_file else None,
+                       "json_sha256": cached_sha256(json_file) if json_file and os.path.isfile(json_file) else None,
                        "image_root": metadata.get("image_root")}
     return files
 

@@ -30,7 +30,7 @@ from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer
 from gwdet.checkpoint.signal_hook import CheckpointOnSignal
 from gwdet.data.datasets import dataset_classes
 from gwdet.data.resumable import skip_trained_samples
-from gwdet.engine.output_dir import trim_metrics
+from gwdet.engine.output_dir import set_aside_results, trim_metrics
 from gwdet.engine.run_environment import annotation_files
 
 logger = logging.getLogger(__name__)
@@ -104,13 +104,15 @@ def with_signal_checkpoints(hooks: list) -> list:
 def continue_after_resume(output_dir: str, start_iter: int, loader: Iterable, images_per_process: int,
                           loader_origin: str) -> None:
     """After a resume at iteration ``start_iter`` (nothing at 0): ``metrics.json`` keeps the records
-    of the iterations the checkpoint holds, and ``loader`` skips the samples those iterations
+    of the iterations the checkpoint holds, earlier results are renamed (:func:`set_aside_results`),
+    and ``loader`` skips the samples those iterations
     consumed (``images_per_process`` each), or a warning says it restarts its stream
     (``loader_origin`` names what built it, e.g. "dataloader.train is not built by ...")."""
     if start_iter == 0:
         return
     if comm.is_main_process():
         trim_metrics(output_dir, start_iter)
+        set_aside_results(output_dir, start_iter)
     if not skip_trained_samples(loader, start_iter * images_per_process):
         logger.warning(f"{loader_origin}: it restarts its sample stream on resume instead of continuing where "
                        "the interrupted run stopped.")

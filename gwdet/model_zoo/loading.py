@@ -26,7 +26,7 @@ from gwdet.config import add_gwdet_config, flatten_config
 from gwdet.config_checks import check_gwdet_config
 from gwdet.errors import GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetValueError
 from gwdet.layers.common import check_flag
-from gwdet.model_zoo.lazy_loading import check_config_file_exists, check_override_list, load_lazy_config
+from gwdet.model_zoo.lazy_loading import check_config_file_exists, check_override_list, is_lazy_config, load_lazy_config
 from gwdet.model_zoo.model_zoo import configs_dir, get_config_file
 
 
@@ -40,9 +40,10 @@ def build_config(config_file: str | os.PathLike, opts: list[str] | None = None) 
         raise GwdetIsADirectoryError(f"Config file {config_file!r} is a folder: give a config file in it "
                                      "(configs/ holds gwdet's).")
     check_config_file_exists(config_file)
-    if config_file.endswith(".py"):
+    if is_lazy_config(config_file):
+        kind = "(.py)" if config_file.endswith(".py") else "(a LazyConfig run's saved config: model, train, dataloader)"
         raise GwdetValueError(
-            f"Config file {config_file!r} is a LazyConfig (.py), not a yacs config, which is what this step "
+            f"Config file {config_file!r} is a LazyConfig {kind}, not a yacs config, which is what this step "
             "reads. tools/train_net.py (here or through --launcher slurm), tools/analyze_model.py and "
             "tools/deploy/export_model.py take LazyConfigs, with key=value overrides; in Python, load one with "
             "gwdet.model_zoo.lazy_loading.load_lazy_config.")

@@ -184,6 +184,22 @@ def study_cells(
     return cells
 
 
+def belongs_to_study(cell: Cell, study: str) -> bool:
+    """Whether ``cell`` is one the named ``study`` makes (:func:`study_cells`): one of the study's
+    groups, named ``<group>-b<images>-s<seed>``, from the study's config file of that group (of any
+    dataset), and for ``paper`` and ``heads`` at that config's own batch size (its only override
+    the seed)."""
+    if cell.group not in STUDY_GROUPS[study] or cell.name != cell_name(cell.group, cell.batch_size, cell.seed):
+        return False
+    config = Path(cell.config_file).as_posix()
+    files = [pattern.format(group=cell.group) for pattern in CONFIG_PATTERNS.values()]
+    if not any(config == file or config.endswith("/" + file) for file in files):
+        return False
+    if study == "batch-sweep":
+        return tuple(cell.opts[-2:]) == seed_opts(cell.seed)
+    return tuple(cell.opts) == seed_opts(cell.seed)
+
+
 def parse_config_item(item: str) -> RunSpec:
     """``"NAME=path.yaml"``, or ``"path.yaml"`` named after the file (without ``.yaml``)."""
     name, sep, path = item.partition("=")

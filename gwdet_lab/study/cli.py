@@ -31,7 +31,7 @@ from gwdet.errors import GwdetValueError
 from gwdet.cluster.executor import SubmissionRefused, check_launcher
 from gwdet.cluster.options import LauncherOptions, add_launcher_arguments, launcher_options
 from gwdet.cluster.slurm import ClusterUnavailable
-from gwdet.data import add_register_coco_argument, export_to_environment, prepare_datasets
+from gwdet.data import add_register_coco_argument, datasets_in_environment, prepare_datasets
 from gwdet.utils.cli_errors import add_verbose_argument, at_least, output_path_problem, run_tool
 from gwdet.model_zoo import build_config
 from gwdet.engine.threads import AUTO_LOAD, choose_threads, thread_request
@@ -39,8 +39,10 @@ from gwdet_lab.study.cells import (
     CONFIG_PATTERNS,
     DEFAULT_BATCH_SIZES,
     STUDIES,
+    STUDY_GROUPS,
     Cell,
     RunSpec,
+    belongs_to_study,
     check_no_repeats,
     check_unique_names,
     paper_specs,
@@ -50,7 +52,7 @@ from gwdet_lab.study.cells import (
 )
 from gwdet_lab.study.cluster import REPORT_LOCK, folder_lock, list_jobs, submit_cells, wait_for_cells
 from gwdet_lab.study.evaluation import PAPER_WEIGHTS
-from gwdet_lab.study.record import ON_MISMATCH, ConfigMismatch, PlannedCell, plan
+from gwdet_lab.study.record import ON_MISMATCH, ConfigMismatch, PlannedCell, check_trained_as_recorded, code_note, plan
 from gwdet_lab.study.records import RecordsIncomplete, export_records, recorded_cells
 from gwdet_lab.study.report import foreign_report_problem, write_report
 from gwdet_lab.study.scheduler import Scheduler, is_done
@@ -229,6 +231,10 @@ def _run_study(argv: list[str], repo_root: Path) -> int:
     problem = output_path_problem("--out", args.out, folder=True)
     if problem:
         parser.error(problem)
+    if args.export_records:
+        problem = output_path_problem("--export-records", args.export_records, folder=True)
+        if problem:
+            parser.error(problem)
     if args.report_to:
         problem = foreign_report_problem("--report-to", Path(args.report_to), list(TITLES.values()))
         if problem:
@@ -236,51 +242,58 @@ def _run_study(argv: list[str], repo_root: Path) -> int:
     weights = chosen_weights(args)
     out_dir = Path(args.out).resolve()
     if args.records:
+        given = [flag for flag, value in (("--configs", args.configs), ("--extra", args.extra), ("--opts", args.opts),
+                                          ("--seeds", args.seeds), ("--batch-sizes", args.batch_sizes)) if value]
+        if given:
+            parser.error(f"{', '.join(given)}: --records reports the cells as their records hold them (configs, "
+                         "overrides, seeds, batch sizes) and trains nothing, so these would not apply; drop them "
+                         "(--only picks recorded cells).")
         return report_from_records(args, Path(args.records), weights, out_dir)
-    try:
-        export_to_environment(args.register_coco)  # for prepare_datasets here and in every cell's process
-        options = cluster_options(args)
-    except (ValueError, ClusterUnavailable) as error:
-        print(f"compare_norms.py: error: {error}", file=sys.stderr)
-        return 2
-    try:
-        cells = build_cells(args, repo_root)
-        planned = plan(cells, out_dir / RUNS_FOLDER, args.opts, args.on_mismatch, record=not args.list)
-        for item in planned:
-            prepare_datasets(item.cfg)
-    except ConfigMismatch as error:
-        print(f"compare_norms.py: error: {error}", file=sys.stderr)
-        return 2
-    except (ValueError, FileNotFoundError, KeyError) as error:
-        parser.error(str(error))
-    if args.list:
-        list_cells(planned, weights)
-        return 0
-    if options is not None:
-        return run_on_cluster(args, argv, options, planned, weights, out_dir, repo_root)
-    threads = choose_threads(args.threads or None, processes=args.jobs)
-    echo(f"study {study_name(args)}: {len(planned)} cells into {out_dir / RUNS_FOLDER}, {args.jobs} at a time; "
-         + threads.describe())
-    outcome = None
-    if not args.report_only:
-        # `kill PID` stops the study as Ctrl-C does; its workers stop too, their checkpoints stay.
-        previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-        scheduler = Scheduler(planned, args.jobs, threads.threads, weights, args.num_gpus, echo)
+    # the --register-coco datasets for prepare_datasets here and in every cell's process
+    with datasets_in_environment(args.register_coco):
         try:
-            outcome = scheduler.run()
-        except KeyboardInterrupt:
-            echo("interrupted; run the same command again to resume")
-            return 130
-        finally:
-            signal.signal(signal.SIGTERM, previous)  # main() may run inside another program (a test)
-    try:
-        report(args, planned, weights, out_dir)
-    except ValueError as error:  # a damaged record of a cell (DamagedFile) or results without the report split
-        print(f"compare_norms.py: error: no report written: {error}", file=sys.stderr)
-        return 2
-    if outcome is None:
-        return 0
-    return 1 if outcome.failed or outcome.busy else 0
+            options = cluster_options(args)
+        except (ValueError, ClusterUnavailable) as error:
+            print(f"compare_norms.py: error: {error}", file=sys.stderr)
+            return 2
+        try:
+            cells = build_cells(args, repo_root)
+            planned = plan(cells, out_dir / RUNS_FOLDER, args.opts, args.on_mismatch, record=not args.list)
+            for item in planned:
+                prepare_datasets(item.cfg)
+        except ConfigMismatch as error:
+            print(f"compare_norms.py: error: {error}", file=sys.stderr)
+            return 2
+        except (ValueError, FileNotFoundError, KeyError) as error:
+            parser.error(str(error))
+        if args.list:
+            list_cells(planned, weights)
+            return 0
+        if options is not None:
+            return run_on_cluster(args, argv, options, planned, weights, out_dir, repo_root)
+        threads = choose_threads(args.threads or None, processes=args.jobs)
+        echo(f"study {study_name(args)}: {len(planned)} cells into {out_dir / RUNS_FOLDER}, {args.jobs} at a time; "
+             + threads.describe())
+        outcome = None
+        if not args.report_only:
+            # `kill PID` stops the study as Ctrl-C does; its workers stop too, their checkpoints stay.
+            previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+            scheduler = Scheduler(planned, args.jobs, threads.threads, weights, args.num_gpus, echo)
+            try:
+                outcome = scheduler.run()
+            except KeyboardInterrupt:
+                echo("interrupted; run the same command again to resume")
+                return 130
+            finally:
+                signal.signal(signal.SIGTERM, previous)  # main() may run inside another program (a test)
+        try:
+            report(args, planned, weights, out_dir)
+        except ValueError as error:  # a damaged record of a cell (DamagedFile) or results without the report split
+            print(f"compare_norms.py: error: no report written: {error}", file=sys.stderr)
+            return 2
+        if outcome is None:
+            return 0
+        return 1 if outcome.failed or outcome.busy else 0
 
 
 def run_on_cluster(args: argparse.Namespace, argv: Sequence[str], options: LauncherOptions,
@@ -319,12 +332,12 @@ def report_if_complete(argv: Sequence[str], repo_root: Path) -> list[Path] | Non
     args = argument_parser().parse_args(list(argv))
     weights = chosen_weights(args)
     out_dir = Path(args.out).resolve()
-    export_to_environment(args.register_coco)
-    planned = plan(build_cells(args, repo_root), out_dir / RUNS_FOLDER, args.opts, args.on_mismatch, record=False)
-    with folder_lock(out_dir / REPORT_LOCK):
-        if not all(is_done(p, weights) for p in planned):
-            return None
-        return report(args, planned, weights, out_dir)
+    with datasets_in_environment(args.register_coco):
+        planned = plan(build_cells(args, repo_root), out_dir / RUNS_FOLDER, args.opts, args.on_mismatch, record=False)
+        with folder_lock(out_dir / REPORT_LOCK):
+            if not all(is_done(p, weights) for p in planned):
+                return None
+            return report(args, planned, weights, out_dir)
 
 
 def report(args: argparse.Namespace, planned: Sequence[PlannedCell], weights: Sequence[float],
@@ -335,12 +348,16 @@ def report(args: argparse.Namespace, planned: Sequence[PlannedCell], weights: Se
     if not done:
         echo("no finished cell yet: no report")
         return None
+    check_trained_as_recorded(done)
     name = study_name(args)
     notes = []
     if args.only:
         notes.append(f"Only the cells {', '.join(args.only)} were requested.")
     if args.opts:
         notes.append(f"Common overrides of every cell: {' '.join(args.opts)}.")
+    code = code_note(done)
+    if code:
+        notes.append(code)
     paths = write_report(TITLES[name], [summarize(p) for p in done], pending, report_folder(args, out_dir), notes)
     echo("wrote " + ", ".join(display_path(str(p)) for p in paths))
     if args.export_records:
@@ -357,6 +374,15 @@ def report_from_records(args: argparse.Namespace, records_dir: Path, weights: Se
     """``--records``: the report of the cells recorded in ``records_dir`` (every one, or ``--only``),
     with the configs their records hold; the cells must be finished."""
     planned = recorded_cells(records_dir, args.only)
+    if args.study:
+        foreign = [p.cell.name for p in planned if not belongs_to_study(p.cell, args.study)]
+        if foreign:
+            raise GwdetValueError(
+                f"--study {args.study} --records {records_dir}: {', '.join(foreign)} are not cells of that study "
+                f"(its cells are {'/'.join(STUDY_GROUPS[args.study])}-b<images>-s<seed> from the study's config files"
+                + (" at their own batch size" if args.study != "batch-sweep" else "")
+                + "), so the report's title would misname them; nothing was written. Give the --study they were "
+                "trained as, or no --study (a custom study's report).")
     unfinished = [p.cell.name for p in planned if not is_done(p, weights)]
     if unfinished:
         raise RecordsIncomplete(f"--records {records_dir}: {', '.join(unfinished)} not finished in the records "

@@ -34,7 +34,7 @@ from gwdet.cluster.executor import describe, make_executor, submit
 from gwdet.cluster.jobs import NodePlacement, RequeueableJob
 from gwdet.cluster.options import LauncherOptions
 from gwdet.cluster.slurm import JobState, job_states
-from gwdet_lab.study.record import PlannedCell
+from gwdet_lab.study.record import PlannedCell, write_usage
 from gwdet_lab.study.run_folder import STUDY_RUN_JSON, RunFolder
 from gwdet_lab.study.scheduler import is_done
 from gwdet_lab.study.worker import EXIT_BUSY, EXIT_MISMATCH, PARENT_ENV
@@ -98,12 +98,7 @@ def record_usage(folder: RunFolder, seconds: float) -> None:
     started, ``ru_maxrss`` in KiB) to the cell's ``study_run.json``, as the local scheduler does."""
     peak_kib = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                    resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-    earlier = folder.read_json(STUDY_RUN_JSON)
-    folder.write_json(STUDY_RUN_JSON, {
-        "peak_rss_mb": max(peak_kib / 1024.0, earlier.get("peak_rss_mb", 0.0)),
-        "wall_seconds": seconds + earlier.get("wall_seconds", 0.0),
-        "sessions": 1 + earlier.get("sessions", 0),
-    })
+    write_usage(folder, folder.read_json(STUDY_RUN_JSON), seconds, peak_kib / 1024.0)
 
 
 @contextmanager

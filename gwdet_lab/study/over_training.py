@@ -33,6 +33,7 @@ from detectron2.data import DatasetCatalog, MetadataCatalog
 from matplotlib.figure import Figure
 
 from gwdet.errors import GwdetValueError
+from gwdet.utils.cli_errors import add_verbose_argument, run_tool
 from gwdet.checkpoint.resilient import ResilientCheckpointer
 from gwdet.data import prepare_datasets
 from gwdet_lab.tables import Column, Table
@@ -45,6 +46,7 @@ from gwdet_lab.study.run_folder import FINAL_WEIGHTS, RunFolder
 
 TABLE_MD, CURVE_PNG = "table.md", "ap_over_training.png"
 DEFAULT_SUBSET = 200
+PROG = "python -m gwdet_lab.study.over_training"
 _PERIODIC = re.compile(r"^model_(\d{7})\.pth$")
 
 
@@ -90,6 +92,8 @@ def measure(planned: PlannedCell, subset: int, echo=print) -> dict:
     if done.get("key") != key:
         done = {"key": key}
     prepare_datasets(cfg)
+    train_subset = training_subset(cfg.DATASETS.TRAIN[0], subset)
+    DatasetCatalog.get(train_subset)  # too few training images: refused before any checkpoint is evaluated
     model = Trainer.build_model(cfg)
     val = selection_dataset(cfg)
     curve = done.setdefault("val_box_ap", {})
@@ -99,7 +103,6 @@ def measure(planned: PlannedCell, subset: int, echo=print) -> dict:
             curve[str(iteration)] = box_ap(evaluate(cfg, model, val, str(folder.file(f"over_training/{iteration}"))))
             echo(f"{planned.cell.name}: {val} box AP after {iteration} iterations: {curve[str(iteration)]:.2f}")
             folder.write_json(OVER_TRAINING_JSON, done)
-    train_subset = training_subset(cfg.DATASETS.TRAIN[0], subset)
     subset_aps = done.setdefault("train_subset_box_ap", {})
     modes = ["running", "batch"] if has_batch_norm(model) else ["running"]
     for mode in (m for m in modes if m not in subset_aps):
@@ -171,25 +174,34 @@ def write_report(cells: Sequence[tuple[PlannedCell, dict]], out_dir: Path) -> li
 
 
 def argument_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m gwdet_lab.study.over_training", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--runs", help="a study's run folder (<out>/runs): evaluate the cells' kept checkpoints")
     source.add_argument("--records", help="a records folder: write the report from its over_training.json files")
     parser.add_argument("--cells", nargs="+", required=True, help="the cells, e.g. bn-b2-s0 gn-b2-s0")
     parser.add_argument("--subset", type=int, default=DEFAULT_SUBSET, help=f"training images (default {DEFAULT_SUBSET})")
     parser.add_argument("--out", required=True, help="the report's folder")
+    add_verbose_argument(parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The tool's command line; an error gwdet raises on purpose ends it with one line naming the
+    problem and status 2 (``--verbose`` shows the traceback: :mod:`gwdet.utils.cli_errors`)."""
+    return run_tool(_over_training, argv, PROG)
+
+
+def _over_training(argv: list[str]) -> int:
     args = argument_parser().parse_args(argv)
     if args.records:
-        cells = [(p, p.folder.read_json(OVER_TRAINING_JSON)) for p in recorded_cells(Path(args.records), args.cells)]
+        recorded = recorded_cells(Path(args.records), args.cells, only_flag="--cells")
+        cells = [(p, p.folder.read_json(OVER_TRAINING_JSON)) for p in recorded]
         missing = [p.cell.name for p, done in cells if "val_box_ap" not in done]
         if missing:
-            raise GwdetValueError(f"--records {args.records}: no {OVER_TRAINING_JSON} for {', '.join(missing)}")
+            raise GwdetValueError(f"--records {args.records}: no {OVER_TRAINING_JSON} for {', '.join(missing)}: those "
+                                  "cells were not measured; measure them from their run folders with --runs")
     else:
-        planned = recorded_cells(Path(args.runs), args.cells)
+        planned = recorded_cells(Path(args.runs), args.cells, flag="--runs", only_flag="--cells")
         cells = [(p, measure(p, args.subset)) for p in planned]
     for path in write_report(cells, Path(args.out)):
         print(f"wrote {path}")

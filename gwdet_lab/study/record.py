@@ -26,8 +26,9 @@ by every generator parameter, see :mod:`gwdet.data.shapes`).
 from __future__ import annotations
 
 import datetime
+import functools
 import subprocess
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Sequence
 
@@ -41,9 +42,9 @@ from gwdet.data.datasets import config_dataset_names
 from gwdet.engine.run_environment import cached_sha256, run_environment
 from gwdet.model_zoo import build_config
 from gwdet.config import ABSENT
-from gwdet.engine.output_dir import differing_values
+from gwdet.engine.output_dir import CONFIG_NAME, differing_values
 from gwdet_lab.study.cells import Cell
-from gwdet_lab.study.run_folder import RECORD_JSON, RunFolder
+from gwdet_lab.study.run_folder import RECORD_JSON, STUDY_RUN_JSON, RunFolder
 
 IGNORED_KEYS = ("OUTPUT_DIR", "DATASETS.SHAPES.ROOT")
 ON_MISMATCH = ("refuse", "new-folder")
@@ -113,8 +114,26 @@ def resolve(cell: Cell, folder: RunFolder, common_opts: Sequence[str] = ()) -> t
 
 
 def read_record(folder: RunFolder) -> dict | None:
+    """The folder's ``study_cell.json`` (``None`` when there is none); a record without the fields
+    this version reads and writes (``cell`` with :class:`Cell`'s fields, ``opts``, ``config``) is
+    refused as one written by another version of gwdet."""
     record = folder.read_json(RECORD_JSON)
-    return record or None
+    if not record:
+        return None
+    cell = record.get("cell")
+    expected = {field.name for field in fields(Cell)}
+    problems = [f"no {key!r}" for key in ("cell", "opts", "config") if key not in record]
+    if isinstance(cell, dict):
+        problems += [f"cell without {key!r}" for key in sorted(expected - set(cell))]
+        problems += [f"cell with {key!r}, which this version does not know" for key in sorted(set(cell) - expected)]
+    elif "cell" in record:
+        problems.append("'cell' is not a mapping")
+    if problems:
+        raise GwdetValueError(
+            f"{folder.file(RECORD_JSON)} is not a cell record of this version of gwdet ({'; '.join(problems)}): "
+            "another version wrote it. Report it with the gwdet that trained the cell (the record's 'code' names "
+            "it), or move the folder aside to train the cell again.")
+    return record
 
 
 def dataset_files(cfg: CfgNode) -> dict[str, dict[str, str]]:
@@ -160,6 +179,28 @@ def mismatch(folder: RunFolder, cfg: CfgNode) -> list[str]:
             + dataset_differences(record.get("datasets", {}), dataset_files(cfg)))
 
 
+def check_trained_as_recorded(planned: Sequence[PlannedCell]) -> None:
+    """Refuse cells whose folder's ``config.yaml`` (the config the run trained with, written by
+    ``train_net``) is not the config their record holds: a run continued or trained again by hand
+    in the cell's folder (``--resume SOLVER.MAX_ITER ...``) whose results are not the cell's."""
+    problems = []
+    for item in planned:
+        path = item.folder.file(CONFIG_NAME)
+        if not path.is_file():
+            continue
+        differences = config_differences(comparable_dump(item.cfg), comparable_dump(build_config(str(path))))
+        if differences:
+            problems.append(f"  {item.cell.name} ({path}): " + "; ".join(
+                line.replace("requested", "config.yaml").replace("the record has no such key", "not in the record")
+                for line in differences[:6]) + (" ..." if len(differences) > 6 else ""))
+    if problems:
+        raise GwdetValueError(
+            "The config the run trained with (its config.yaml) is not the cell's recorded config; its results are "
+            "not the cell's, and nothing was written:\n" + "\n".join(problems) + "\nThe run was trained further "
+            "or again outside the study. Move its folder aside (the study trains the cell again), or report it as "
+            "a configuration of its own (--configs NAME=<its config.yaml>).")
+
+
 def write_record(planned: PlannedCell, common_opts: Sequence[str]) -> None:
     """``study_cell.json``: the cell, where its config came from, the full resolved config, and
     the code and environment it was planned with (package versions, the annotation files of its
@@ -203,6 +244,47 @@ def code_version() -> dict:
     if snapshot.is_file():
         version["snapshot"] = snapshot.read_text().strip()
     return version
+
+
+def code_label(version: dict) -> str:
+    """A short name of the code :func:`code_version` describes: its commit (and whether files
+    differed from it), else the snapshot it was copied from, else its folder."""
+    commit = version.get("git_commit")
+    if commit:
+        return commit[:12] + (" with uncommitted changes" if version.get("uncommitted_changes") else "")
+    return str(version.get("snapshot") or version.get("gwdet", "unknown"))
+
+
+@functools.cache
+def running_code_label() -> str:
+    """:func:`code_label` of the code this process runs."""
+    return code_label(code_version())
+
+
+def write_usage(folder: RunFolder, earlier: dict, seconds: float, peak_mb: float) -> None:
+    """The cell's ``study_run.json``: ``earlier`` (what the file held when this invocation started)
+    plus this invocation's wall ``seconds``, the larger peak memory, and the code that ran it
+    (``code``: each version once, in order, so that a cell resumed after the code changed says so)."""
+    folder.write_json(STUDY_RUN_JSON, {
+        "peak_rss_mb": max(peak_mb, earlier.get("peak_rss_mb", 0.0)),
+        "wall_seconds": seconds + earlier.get("wall_seconds", 0.0),
+        "sessions": 1 + earlier.get("sessions", 0),
+        "code": list(dict.fromkeys([*earlier.get("code", []), running_code_label()])),
+    })
+
+
+def code_note(planned: Sequence[PlannedCell]) -> str | None:
+    """A report note naming the cells run by more than one version of the code, or by another
+    version than the one their record was planned with (``None`` when there is none)."""
+    lines = []
+    for item in planned:
+        record, ran = read_record(item.folder) or {}, item.folder.read_json(STUDY_RUN_JSON).get("code", [])
+        planned_with = code_label(record.get("code", {}))
+        if len(ran) > 1 or (ran and ran[0] != planned_with):
+            lines.append(f"{item.cell.name} (planned with {planned_with}; run with {', '.join(ran)})")
+    if not lines:
+        return None
+    return "Cells run by another version of the code than planned, or by several: " + "; ".join(lines) + "."
 
 
 def plan(cells: Sequence[Cell], runs_dir: Path, common_opts: Sequence[str] = (),

@@ -20,7 +20,7 @@ from detectron2.config import CfgNode
 
 from gwdet.errors import GwdetError, GwdetFileNotFoundError, GwdetValueError
 from gwdet.utils.atomic import checksum_path
-from gwdet.engine.run import RESULTS_JSON
+from gwdet.engine.output_dir import CONFIG_NAME, RESULTS_JSON, RESULTS_MARKDOWN
 from gwdet_lab.study.cells import PAPER_GROUPS, Cell
 from gwdet_lab.study.evaluation import report_dataset
 from gwdet_lab.study.image_bootstrap import DETECTIONS_JSON
@@ -39,9 +39,8 @@ from gwdet_lab.study.run_folder import (
     RunFolder,
 )
 
-CONFIG_YAML, RESULTS_MD = "config.yaml", "results.md"
 OVER_TRAINING_JSON = "over_training.json"  # gwdet_lab.study.over_training
-RECORD_FILES = (RECORD_JSON, CONFIG_YAML, RESULTS_JSON, RESULTS_MD, METRICS_JSON, EXAMPLE_WEIGHING_JSON,
+RECORD_FILES = (RECORD_JSON, CONFIG_NAME, RESULTS_JSON, RESULTS_MARKDOWN, METRICS_JSON, EXAMPLE_WEIGHING_JSON,
                 BATCH_STATISTICS_JSON, TIMING_JSON, STUDY_RUN_JSON, COMPLETE_JSON, IMAGE_BOOTSTRAP_JSON,
                 DIVERGED_JSON, OVER_TRAINING_JSON)
 
@@ -87,12 +86,15 @@ def export_records(planned: Sequence[PlannedCell], destination: Path) -> list[Pa
     return written
 
 
-def recorded_cells(records_dir: Path, only: Sequence[str] | None = None) -> list[PlannedCell]:
-    """The cells recorded in ``records_dir`` (sub-folders holding ``study_cell.json``), optionally
-    only those named in ``only``, as finished cells with the config of their record."""
+def recorded_cells(records_dir: Path, only: Sequence[str] | None = None, flag: str = "--records",
+                   only_flag: str = "--only") -> list[PlannedCell]:
+    """The cells recorded in ``records_dir`` (sub-folders holding ``study_cell.json``: a records
+    folder, or a study's run folder ``<out>/runs``; ``flag`` names it in messages), optionally only
+    those named in ``only`` (the flag ``only_flag``), as finished cells with the config of their record."""
     if not records_dir.is_dir():
-        raise GwdetFileNotFoundError(f"--records {records_dir}: no such folder (a study's records are kept in "
-                                     "docs/study/records/<study>/)")
+        kept = ("a study's records are kept in docs/study/records/<study>/" if flag == "--records"
+                else "a study's run folders are in <its --out>/runs/")
+        raise GwdetFileNotFoundError(f"{flag} {records_dir}: no such folder ({kept})")
     found = {}
     for folder in sorted(p for p in records_dir.iterdir() if (p / RECORD_JSON).is_file()):
         record = read_record(RunFolder(folder))
@@ -100,14 +102,19 @@ def recorded_cells(records_dir: Path, only: Sequence[str] | None = None) -> list
         details = dict(record["cell"], opts=tuple(record["cell"]["opts"]),
                        config_file=_relative_to_checkout(record["cell"]["config_file"], record.get("code", {})))
         cell = Cell(**details)
+        if cell.name in found:
+            raise GwdetValueError(
+                f"{flag} {records_dir}: two records of the cell {cell.name}, {found[cell.name].folder.path.name}/ "
+                f"and {folder.name}/ (a copy kept beside the record?); the report would show one of them. Move the "
+                "copy out of the records folder; nothing was written.")
         cfg = CfgNode(yaml.safe_load(record["config"]) or {})
         found[cell.name] = PlannedCell(cell, tuple(record["opts"]), cfg, RunFolder(folder))
     if not found:
-        raise GwdetFileNotFoundError(f"--records {records_dir}: no cell records in it (folders with {RECORD_JSON})")
+        raise GwdetFileNotFoundError(f"{flag} {records_dir}: no cell records in it (folders with {RECORD_JSON})")
     if only:
         unknown = sorted(set(only) - set(found))
         if unknown:
-            raise GwdetValueError(f"--only: no record of {', '.join(unknown)} in {records_dir}; recorded: "
+            raise GwdetValueError(f"{only_flag}: no record of {', '.join(unknown)} in {records_dir}; recorded: "
                                   + ", ".join(found))
         found = {name: found[name] for name in only}
     groups = list(dict.fromkeys([*PAPER_GROUPS, *(p.cell.group for p in found.values())]))

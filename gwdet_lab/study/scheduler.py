@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO, Callable, Sequence
 
 from gwdet_lab.reporting import format_duration
-from gwdet_lab.study.record import PlannedCell
+from gwdet_lab.study.record import PlannedCell, write_usage
 from gwdet_lab.study.run_folder import COMPLETE_JSON, STDOUT_TXT, STUDY_RUN_JSON, RunFolder, seconds_per_iteration
 from gwdet_lab.study.worker import EXIT_BUSY, EXIT_MISMATCH, PARENT_ENV
 
@@ -99,16 +99,11 @@ def peak_rss_mb(pid: int) -> float:
 
 
 def record_usage(active: Active, peak_mb: float) -> None:
-    """Write the cell's ``study_run.json``: wall time over every invocation (this one up to now)
-    and the largest peak memory. Written while the worker runs too, so that a study killed with
-    its workers loses at most one progress interval of a cell's wall time."""
-    earlier = active.earlier
+    """Write the cell's ``study_run.json`` (:func:`gwdet_lab.study.record.write_usage`) with the wall
+    time of this invocation up to now. Written while the worker runs too, so that a study killed
+    with its workers loses at most one progress interval of a cell's wall time."""
     active.peak_mb = max(active.peak_mb, peak_mb)
-    active.planned.folder.write_json(STUDY_RUN_JSON, {
-        "peak_rss_mb": max(active.peak_mb, earlier.get("peak_rss_mb", 0.0)),
-        "wall_seconds": time.monotonic() - active.started + earlier.get("wall_seconds", 0.0),
-        "sessions": 1 + earlier.get("sessions", 0),
-    })
+    write_usage(active.planned.folder, active.earlier, time.monotonic() - active.started, active.peak_mb)
 
 
 @dataclass
