@@ -347,6 +347,9 @@ class Norm:
         kind = norm_record(name)
         check_flag(f"gwdet.norm({name!r})", "strict", strict)
         accepted = kind.params()
+        # None for a value the norm does not take leaves it out: a LazyConfig node switched to another
+        # norm by an override keeps the earlier norm's values, which an override cannot delete
+        params = {key: value for key, value in params.items() if key in accepted or value is not None}
         unknown = sorted(set(params) - set(accepted))
         if unknown:
             raise GwdetTypeError(f"gwdet.norm({name!r}) takes {accepted or 'no hyper-parameters'}, "
@@ -413,7 +416,9 @@ def norm(name: str, *positional: Any, strict: bool = False, **params: Any) -> No
     is given by keyword: ``gwdet.norm("GW", 8)`` is refused (8 groups? 8 channels?).
 
     The documented entry point for Python and LazyConfig users (``L(gwdet.norm)(name="GW",
-    num_groups=16)``); see :class:`Norm`.
+    num_groups=16)``); see :class:`Norm`. ``None`` for a setting the norm does not take leaves it
+    out (an override ``...norm.T=null`` after ``...norm.name=GW_ZCA``); any other value it does
+    not take is refused.
     """
     if positional:
         raise GwdetTypeError(

@@ -308,3 +308,17 @@ def test_recorded_models_keep_float32_statistics_under_bfloat16_autocast(recordi
     out.square().sum().backward()
     assert (out.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
     assert inputs.grad.dtype == torch.float32 and torch.isfinite(inputs.grad).all()
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
+def test_the_scripted_products_shape_is_the_broadcast_one():
+    # torch.broadcast_shapes is no TorchScript builtin in torch 2.11: scripting GW failed there
+    from gwdet.layers.precision import _product_shape
+
+    scripted = torch.jit.script(_product_shape)
+    assert "broadcast_shapes" not in scripted.code
+    for left, right in (((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((3, 4), (7, 4, 5)), ((1, 3, 4), (6, 4, 2)),
+                        ((6, 1, 3, 4), (5, 4, 2)), ((2, 3, 4), (2, 4, 1))):
+        a, b = torch.empty(left), torch.empty(right)
+        expected = list(torch.matmul(a, b).shape)
+        assert _product_shape(a, b) == expected and scripted(a, b) == expected

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 
 import pytest
-from detectron2.config import LazyCall, LazyConfig
+from detectron2.config import LazyCall, LazyConfig, instantiate
 
 from gwdet.cluster import training
 from gwdet.data import shapes
@@ -210,6 +210,24 @@ def test_a_lazy_configs_norms_are_checked_when_it_is_loaded(overrides, error, me
     with pytest.raises(error) as refused:
         LazyRun.load(str(LAZY_CONFIG), overrides)
     assert str(refused.value).startswith(message)
+
+
+def test_a_lazy_norm_node_switched_to_a_norm_without_its_values_names_the_way_out():
+    # "gwdet.norm('GW_ZCA') takes ['num_groups', 'eps'], not ['T']" with no way out: an override
+    # cannot delete GW's T; set to null it is left out
+    with pytest.raises(GwdetTypeError) as refused:
+        LazyRun.load(str(LAZY_CONFIG), ["model.backbone.bottom_up.norm.name=GW_ZCA"])
+    assert str(refused.value) == (
+        "model.backbone.bottom_up.norm: gwdet.norm('GW_ZCA') takes ['num_groups', 'eps'], not ['T']. An override "
+        "keeps the node's other values; set those the norm does not take to null to leave them out: "
+        "model.backbone.bottom_up.norm.T=null")
+    run = LazyRun.load(str(LAZY_CONFIG), ["model.backbone.bottom_up.norm.name=GW_ZCA",
+                                          "model.backbone.bottom_up.norm.T=null"])  # the advice works as given
+    model = instantiate(run.cfg.model)
+    assert {m.method for n, m in model.named_modules() if type(m).__name__ == "GroupWhitening"
+            and n.startswith("backbone.bottom_up.")} == {"zca"}
+    with pytest.raises((GwdetTypeError, GwdetValueError)):  # null for a value the norm takes is refused
+        LazyRun.load(str(LAZY_CONFIG), ["model.backbone.bottom_up.norm.num_groups=null"])
 
 
 def test_norm_names_detectron2_builds_pass_the_load_check():

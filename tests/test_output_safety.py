@@ -70,7 +70,7 @@ def test_a_resume_with_no_checkpoint_to_continue_gets_a_fresh_starts_checks(fini
     evaluation.mkdir()
     for name in ("results.json", "results.json.sha256", "results.md"):
         shutil.copy(finished_run / name, evaluation / name)
-    with pytest.raises(FileExistsError, match="already holds the results of an evaluation"):
+    with pytest.raises(FileExistsError, match=r"already holds results \(.*\) but no checkpoint to continue \(an evaluation's, or a training's"):
         main(tiny_run_args(evaluation, "--resume"))
     mine = tmp_path / "mine"
     mine.mkdir()

@@ -104,8 +104,8 @@ def test_a_fresh_start_over_an_evaluations_results_does_not_advise_resume(tmp_pa
     make(tmp_path, "results.json", "results.json.sha256", "results.md", "inference/")  # --eval-only, no run there
     with pytest.raises(FileExistsError) as refused:
         check_fresh_start(str(tmp_path), overwrite=False)
-    assert "holds the results of an evaluation (inference, results.json, results.json.sha256, results.md), no " \
-           "checkpoint to continue" \
+    assert "holds results (inference, results.json, results.json.sha256, results.md) but no checkpoint to " \
+           "continue (an evaluation's, or a training's whose checkpoints were removed)" \
         in str(refused.value) and "--resume" not in str(refused.value)
 
 

@@ -170,8 +170,8 @@ def test_resume_with_last_checkpoint_but_no_checkpoint_is_refused_before_trainin
     message = (f"--resume: {tag} names 'model_final.pth', which is not a checkpoint file in {str(run)!r}, and no other "
                "checkpoint is there, so there is nothing to resume: detectron2 would still count the run as resumed "
                f"and start training at iteration 1, from MODEL.WEIGHTS; nothing was changed. Restore model_final.pth "
-               f"into {run} (from a copy) to continue the run; or delete {tag} to train afresh from iteration 0 with "
-               "--resume; or train afresh with --overwrite instead of --resume (which deletes the earlier run's files).")
+               f"into {run} (from a copy) to continue the run, or train afresh with --overwrite instead of --resume "
+               "(which deletes the earlier run's files).")
     with pytest.raises(FileNotFoundError) as refused:
         main(tiny_run_args(run, "--resume", "SOLVER.MAX_ITER", "3"))
     assert str(refused.value) == message and isinstance(refused.value, GwdetError)

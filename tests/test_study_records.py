@@ -196,6 +196,17 @@ def test_the_over_training_tool_and_export_name_their_flags_in_one_line(tmp_path
     assert "--export-records" in capsys.readouterr().err and not (tmp_path / "report").exists()
 
 
+def test_records_without_their_detections_name_the_way_on(tmp_path, capsys):
+    # "no detections to resample; evaluate the cell on shapes_test first": records are never evaluated
+    records = _record_copy(tmp_path)
+    shutil.rmtree(records / "gw-b2-s3" / "inference")
+    (records / "gw-b2-s3" / "image_bootstrap.json").unlink()
+    with pytest.raises(SystemExit):
+        main(["--records", str(records), "--report-to", str(tmp_path / "report")])
+    assert ("no detections to resample, which the resampled APs are checked against. Restore the file (a cell's "
+            "exported records keep it as coco_instances_results.json.gz)") in capsys.readouterr().err
+
+
 def test_holm_adjustment_by_hand():
     # sorted: 0.01 (x4 = 0.04), 0.02 (x3 = 0.06), 0.03 (x2 = 0.06, kept monotone), 0.5 (x1)
     adjusted = holm_adjusted([0.03, 0.5, 0.01, None, 0.02])

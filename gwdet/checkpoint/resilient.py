@@ -232,9 +232,8 @@ def lost_checkpoint_error(save_dir: str, weights_setting: str = "MODEL.WEIGHTS")
     return GwdetFileNotFoundError(
         f"--resume: {tag} {named} and no other checkpoint is there, so there is nothing to resume: detectron2 "
         f"would still count the run as resumed and start training at iteration 1, from {weights_setting}; nothing "
-        f"was changed. {restore} (from a copy) to continue the run; or delete {tag} to train afresh from "
-        "iteration 0 with --resume; or train afresh with --overwrite instead of --resume (which deletes the earlier "
-        "run's files).")
+        f"was changed. {restore} (from a copy) to continue the run, or train afresh with --overwrite instead of "
+        "--resume (which deletes the earlier run's files).")
 
 
 # The class names a checkpoint's model was trained on, in the order of its outputs.

@@ -31,7 +31,7 @@ from gwdet.data.coco_registration import DatasetUse, check_datasets_fit, known_c
 from gwdet.data.shapes import SPEC_CONFIG_KEYS, ShapesSpec, check_image_size
 from gwdet.errors import GwdetTypeError, GwdetValueError, listed
 from gwdet.model_zoo.lazy_loading import argument_names, callable_of, select
-from gwdet.norms import UnknownNormError, known_norm_names, norm, norm_records
+from gwdet.norms import UnknownNormError, known_norm_names, norm, norm_record, norm_records
 from gwdet.modeling.build import check_mixed_precision, check_run_device, check_scratch_training
 from gwdet.utils.cli_errors import output_path_problem
 
@@ -300,7 +300,13 @@ def check_norm_nodes(cfg: DictConfig) -> None:
             arguments = {str(key): value for key, value in values.items() if key != "_target_"}
             try:
                 norm(**arguments)
-            except (UnknownNormError, GwdetValueError, GwdetTypeError) as error:
+            except GwdetTypeError as error:  # values of the norm the node named before (name=GW_ZCA over GW's T)
+                taken = set(norm_record(str(arguments.get("name"))).params()) if "name" in arguments else set()
+                left = [key for key in arguments if key != "name" and key not in taken]
+                hint = (". An override keeps the node's other values; set those the norm does not take to null to "
+                        f"leave them out: {' '.join(f'{path}.{key}=null' for key in left)}") if left and taken else ""
+                raise GwdetTypeError(f"{path}: {error.args[0]}{hint}") from None
+            except (UnknownNormError, GwdetValueError) as error:
                 raise type(error)(f"{path}: {error.args[0]}") from None
             continue
         if not getattr(called, "__module__", "").startswith(("detectron2.", "gwdet.")):

@@ -214,9 +214,9 @@ def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_D
                     f"nothing to continue; nothing was changed. Write to another {setting}, or pass --overwrite to "
                     "delete its files and train here.")
             raise GwdetFileExistsError(
-                f"{setting} {output_dir!r} already holds the results of an evaluation ({shown}), no checkpoint to "
-                f"continue; nothing was changed. Write to another {setting}, or pass --overwrite to delete those "
-                "results and train here.")
+                f"{setting} {output_dir!r} already holds results ({shown}) but no checkpoint to continue (an "
+                f"evaluation's, or a training's whose checkpoints were removed); nothing was changed. Write to another "
+                f"{setting}, or pass --overwrite to delete those results and train here.")
         raise GwdetFileExistsError(
             f"{setting} {output_dir!r} already holds a run ({shown}); nothing was changed. Continue "
             f"it with --resume, write to another {setting}, or pass --overwrite to delete that run "

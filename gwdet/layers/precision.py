@@ -67,7 +67,17 @@ def ieee_float32_products(device: torch.device) -> Iterator[None]:
 
 
 def _product_shape(a: Tensor, b: Tensor) -> List[int]:
-    return list(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])) + [a.shape[-2], b.shape[-1]]
+    """The shape of ``a @ b``: the batch dimensions broadcast, then ``a``'s rows and ``b``'s columns.
+    Written out: ``torch.broadcast_shapes`` is no TorchScript builtin in every torch release (2.11:
+    ``Unknown builtin op: aten::broadcast_shapes``)."""
+    left, right = a.shape[:-2], b.shape[:-2]
+    size = max(len(left), len(right))
+    batch: List[int] = []
+    for i in range(size):
+        x = left[i + len(left) - size] if i + len(left) >= size else 1
+        y = right[i + len(right) - size] if i + len(right) >= size else 1
+        batch.append(y if x == 1 else x)
+    return batch + [a.shape[-2], b.shape[-1]]
 
 
 def _autocast_proof_matmul(a: Tensor, b: Tensor) -> Tensor:

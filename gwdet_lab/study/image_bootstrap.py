@@ -30,6 +30,7 @@ import numpy as np
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
+from gwdet.engine.output_dir import RESULTS_JSON
 from gwdet.errors import GwdetFileNotFoundError
 from gwdet.utils.atomic import write_text_atomically
 
@@ -94,7 +95,11 @@ def resampled_box_ap(inference_dir: Path, dataset: str, annotation_file: str | C
     elif packed.is_file():
         raw = gzip.decompress(packed.read_bytes())
     else:
-        raise GwdetFileNotFoundError(f"{detections}: no detections to resample; evaluate the cell on {dataset} first")
+        raise GwdetFileNotFoundError(
+            f"{detections} (or {packed.name}): no detections to resample, which the resampled APs are checked "
+            f"against. Restore the file (a cell's exported records keep it as {packed.name}); or, in a study's run "
+            f"folder that holds the cell's checkpoints, remove its {RESULTS_JSON} and run the study's command again: "
+            f"the cell is evaluated on {dataset} again.")
     digest = hashlib.sha256(raw).hexdigest()
     key = {"dataset": dataset, "resamples": resamples, "seed": seed, "detections_sha256": digest}
     if cache.is_file():
