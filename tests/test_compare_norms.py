@@ -179,6 +179,25 @@ def test_refused_plan_writes_nothing(tmp_path):
     assert not (tmp_path / "gn-b2-s0").exists()
 
 
+def test_cells_recorded_before_a_key_was_added_are_pointed_to_their_records(tmp_path):
+    # advised to restore the config, use --on-mismatch new-folder (retraining everything) or another
+    # --out, none of which fits a key the code added; --records <out>/runs reports them as recorded
+    (gn,) = cells({"gn-b2-s0"})
+    (planned,) = plan([gn], tmp_path, TINY)
+    record = planned.folder.read_json(RECORD_JSON)
+    dump = yaml.safe_load(record["config"])
+    del dump["MODEL"]["STRICT_NORM_GROUPS"]  # as an earlier gwdet recorded it
+    record["config"] = yaml.safe_dump(dump)
+    planned.folder.write_json(RECORD_JSON, record)
+    with pytest.raises(ConfigMismatch) as refused:
+        plan([gn], tmp_path, TINY)
+    assert str(refused.value).endswith(
+        "MODEL.STRICT_NORM_GROUPS: requested False, the record has no such key\nEvery difference is a key this "
+        "version of gwdet has and the records do not: the cells were recorded by an earlier version. Report the "
+        f"finished cells as recorded with --records {tmp_path} (nothing is trained), or train them again into "
+        "another --out.")
+
+
 def test_folder_with_training_output_but_no_record_is_refused(tmp_path):
     (bn,) = cells({"bn-b2-s0"})
     legacy = tmp_path / "bn-b2-s0"

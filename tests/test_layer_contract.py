@@ -436,3 +436,21 @@ def test_the_output_can_be_modified_in_place(name):
     (expected_grad,) = torch.autograd.grad(expected, input_, grad)
     assert torch.allclose(in_place, expected, rtol=0, atol=1e-12)
     assert torch.allclose(in_place_input.grad, expected_grad, rtol=0, atol=1e-12)
+
+
+def test_an_eps_flushed_to_zero_names_the_flush_mode_and_the_smallest_value_left():
+    # "use a value within float32's range (1.4e-45 to ...)" although 1.4e-45 itself was refused:
+    # with subnormals flushed to zero the range starts at the smallest normal number
+    from gwdet.layers import GroupWhitening
+
+    if not torch.set_flush_denormal(True):  # True where the CPU supports the mode
+        pytest.skip("this CPU cannot flush subnormal numbers to zero")
+    try:
+        with pytest.raises(ValueError) as refused:
+            GroupWhitening(16, 4, eps=1.4e-45)
+        GroupWhitening(16, 4, eps=1.2e-38)  # the smallest value the message names is accepted
+    finally:
+        torch.set_flush_denormal(False)
+    assert str(refused.value).endswith(
+        "got 1.4e-45, which float32 rounds to 0.0 with subnormal numbers flushed to zero "
+        "(torch.set_flush_denormal(True)); use a value within float32's range (1.2e-38 to 3.4e+38)")

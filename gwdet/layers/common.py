@@ -23,6 +23,7 @@ from gwdet.errors import GwdetRuntimeError, GwdetValueError
 
 # float32's smallest positive (subnormal) and largest finite value: the range of eps
 FLOAT32_SMALLEST = 2.0 ** -149
+FLOAT32_SMALLEST_NORMAL = 2.0 ** -126
 FLOAT32_LARGEST = torch.finfo(torch.float32).max
 
 
@@ -64,10 +65,13 @@ def check_positive(owner: str, name: str, value: Any) -> None:
             f"{owner}: {name} must be a finite number > 0, got {_shown(value, is_real_number(value))}")
     rounded = _as_float32(float(value))
     if math.isinf(rounded) or rounded == 0.0:
+        flushed = _as_float32(FLOAT32_SMALLEST) == 0.0  # torch.set_flush_denormal(True): subnormals are 0
+        smallest = FLOAT32_SMALLEST_NORMAL if flushed else FLOAT32_SMALLEST
+        mode = " with subnormal numbers flushed to zero (torch.set_flush_denormal(True))" if flushed else ""
         raise GwdetValueError(
             f"{owner}: {name} must be a finite number > 0 in float32, the precision the norm layers compute "
-            f"in, got {value!r}, which float32 rounds to {rounded}; use a value within float32's range "
-            f"({FLOAT32_SMALLEST:.2g} to {FLOAT32_LARGEST:.3g})")
+            f"in, got {value!r}, which float32 rounds to {rounded}{mode}; use a value within float32's range "
+            f"({smallest:.2g} to {FLOAT32_LARGEST:.3g})")
 
 
 def _as_float32(value: float) -> float:

@@ -328,7 +328,14 @@ def mismatch_message(problems: Sequence[tuple[Cell, RunFolder, list[str]]], show
         lines += [f"    {line}" for line in differences[:shown]]
         if len(differences) > shown:
             lines.append(f"    ... and {len(differences) - shown} more")
-    lines.append("Restore the recorded config (config files, --opts), use another --out, or pass "
-                 "--on-mismatch new-folder to train the requested config into new folders "
-                 "(<name>.2, ...) beside the recorded ones.")
+    added = all(line.endswith("the record has no such key") for _, _, differences in problems for line in differences)
+    if added:
+        runs = problems[0][1].path.parent
+        lines.append("Every difference is a key this version of gwdet has and the records do not: the cells were "
+                     f"recorded by an earlier version. Report the finished cells as recorded with --records {runs} "
+                     "(nothing is trained), or train them again into another --out.")
+    else:
+        lines.append("Restore the recorded config (config files, --opts), use another --out, or pass "
+                     "--on-mismatch new-folder to train the requested config into new folders "
+                     "(<name>.2, ...) beside the recorded ones.")
     return "\n".join(lines)
