@@ -9,6 +9,7 @@ import builtins
 import importlib
 import inspect
 import pkgutil
+import signal
 import subprocess
 import sys
 
@@ -51,6 +52,21 @@ def test_verbose_keeps_a_gwdet_error_and_system_exit_passes_through():
     with pytest.raises(SystemExit, match="a message of the tool's own"):
         with reported_errors("tool"):
             raise SystemExit("a message of the tool's own")
+
+
+def test_ctrl_c_ends_a_tool_with_one_line_and_status_130(capsys):
+    # a raw KeyboardInterrupt traceback after Ctrl-C in --eval-only, export, --report-only
+    def interrupted(argv):
+        signal.raise_signal(signal.SIGINT)  # Python's handler raises KeyboardInterrupt
+        return 0
+
+    with pytest.raises(SystemExit) as stop:
+        run_tool(interrupted, [], "export_model.py")
+    assert stop.value.code == 130
+    assert capsys.readouterr().err == ("export_model.py: interrupted (Ctrl-C); run the same command again to finish "
+                                       "what it had not finished (--verbose shows where it stopped).\n")
+    with pytest.raises(KeyboardInterrupt):
+        run_tool(interrupted, ["--verbose"], "export_model.py")
 
 
 def test_run_tool_hands_the_work_the_command_line_without_verbose(capsys):

@@ -5,8 +5,9 @@ error gwdet raises on purpose to tell the user what is wrong and the fix) is pri
 ``<tool>: error: <message>`` paragraph on stderr plus a line pointing at ``--verbose``, and the tool
 exits with status 2, as argparse does for a bad flag; ``--verbose`` anywhere on the command line
 prints the traceback instead. Every other exception keeps Python's traceback (a bug, or an error
-of detectron2, torch or Python itself, is best read there); ``SystemExit`` and
-``KeyboardInterrupt`` pass through.
+of detectron2, torch or Python itself, is best read there); ``SystemExit`` passes through. Ctrl-C
+(``KeyboardInterrupt``) ends the tool with one line saying so and status 130, as a shell reports
+it (a training saves a checkpoint first: :mod:`gwdet.checkpoint.signal_hook`).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from gwdet.errors import GwdetError
 
 VERBOSE_FLAG = "--verbose"
 EXIT_STATUS = 2  # argparse's status for a usage error; the tools already return 2 for their refusals
+INTERRUPTED_STATUS = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
 VERBOSE_HINT = f"{VERBOSE_FLAG} shows the Python traceback of this error"
 VERBOSE_HELP = ("print the Python traceback of an error; without it an error that gwdet reports on purpose "
                 "prints only its message (and the fix)")
@@ -73,8 +75,9 @@ def tool_name(prog: str | None = None) -> str:
 @contextlib.contextmanager
 def reported_errors(prog: str | None = None, verbose: bool = False) -> Iterator[None]:
     """Run the block; a :class:`~gwdet.errors.GwdetError` becomes ``<prog>: error: <message>`` and
-    a line on ``--verbose`` on stderr, then ``SystemExit(2)``. Any other exception, and every
-    exception when ``verbose``, propagates unchanged."""
+    a line on ``--verbose`` on stderr, then ``SystemExit(2)``; ``KeyboardInterrupt`` one line and
+    ``SystemExit(130)``. Any other exception, and every exception when ``verbose``, propagates
+    unchanged."""
     try:
         yield
     except GwdetError as error:
@@ -84,6 +87,13 @@ def reported_errors(prog: str | None = None, verbose: bool = False) -> Iterator[
         sys.stdout.flush()
         print(f"{name}: error: {message_of(error)}\n{name}: {VERBOSE_HINT}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_STATUS) from None
+    except KeyboardInterrupt:
+        if verbose:
+            raise
+        sys.stdout.flush()
+        print(f"{tool_name(prog)}: interrupted (Ctrl-C); run the same command again to finish what it had not "
+              f"finished ({VERBOSE_FLAG} shows where it stopped).", file=sys.stderr, flush=True)
+        raise SystemExit(INTERRUPTED_STATUS) from None
 
 
 def run_tool(work: Callable[[list[str]], int], argv: Sequence[str] | None = None, prog: str | None = None) -> int:
