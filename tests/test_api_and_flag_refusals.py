@@ -90,7 +90,7 @@ def test_export_refuses_an_output_below_a_file_before_building(capsys, tmp_path)
     with pytest.raises(SystemExit) as exit_info:
         export_model.main(["--config-file", str(DEMO_CONFIG), "--output", str(tmp_path / "file" / "sub")])
     err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and "cannot be written" in err and str(tmp_path / "file") in err, err
+    assert exit_info.value.code == 2 and f"{tmp_path / 'file'} is a file, so no folder can be created below it" in err
     assert (tmp_path / "file").read_text() == "mine"
 
 

@@ -33,7 +33,7 @@ from gwdet.errors import GwdetError, GwdetFileExistsError, GwdetRuntimeError, Gw
 from gwdet.data import add_register_coco_argument
 from gwdet.data.test_images import read_test_image
 from gwdet.utils.atomic import checksum_path
-from gwdet.utils.cli_errors import add_verbose_argument, as_override, run_tool
+from gwdet.utils.cli_errors import add_verbose_argument, as_override, output_path_problem, run_tool
 from gwdet.export.detection_check import TOLERANCE
 from gwdet.engine.arguments import parse_with_trailing_flags, refuse_repeated_flags
 from gwdet.engine.run import RunConfig, load_run_config
@@ -349,23 +349,13 @@ def check_export_flags(args: argparse.Namespace) -> None:
     if not args.output.strip():
         raise GwdetValueError("--output is empty: give the folder to write model.ts / model.onnx into (it is "
                               "created when missing), e.g. --output output/deploy.")
-    if os.path.exists(args.output) and not os.path.isdir(args.output):
-        raise GwdetValueError(f"--output {args.output} is a file, not a folder: give the folder to write "
-                              "model.ts / model.onnx into (it is created when missing).")
-    if os.path.islink(args.output) and not os.path.exists(args.output):
-        raise GwdetValueError(f"--output {args.output} is a link to {os.readlink(args.output)}, which does not exist: "
-                              "create that folder, or give another --output.")
+    problem = output_path_problem("--output", args.output, folder=True)
+    if problem:
+        raise GwdetValueError(problem)
     for written in (export_path(args), checksum_path(export_path(args))):
         if os.path.isdir(written):
             raise GwdetValueError(f"--output {args.output} holds a folder {os.path.basename(written)}, where the export "
                                   "writes a file of that name: move the folder away, or choose another --output.")
-    existing = os.path.abspath(args.output)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
-        raise GwdetValueError(f"--output {args.output} cannot be written: {existing} is not a folder this process may "
-                              "write into (a read-only disk, another owner, or a file on the way); choose another "
-                              "--output.")
     if args.sample_image is not None:
         problem = image_file_problem(args.sample_image)
         if problem:

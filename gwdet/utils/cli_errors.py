@@ -135,13 +135,16 @@ def output_path_problem(flag: str, path: str | os.PathLike, folder: bool) -> str
     """Why ``path``, given as ``flag``, cannot be written as a ``folder`` (else as a file); ``None``
     when it can be created or is already of the right kind. Checked before a tool does any work:
     an environment variable nobody expanded (:func:`unexpanded_variable_problem`), a file where a
-    folder is needed, a folder where a file is needed, a path below a file, a place this process
-    may not write."""
+    folder is needed, a folder where a file is needed, a link that leads nowhere, a path below a
+    file, a place this process may not write."""
     unexpanded = unexpanded_variable_problem(flag, path)
     if unexpanded is not None:
         return unexpanded
     target = Path(path).expanduser()
     kind = "folder" if folder else "file"
+    if target.is_symlink() and not target.exists():
+        return (f"{flag} {path} is a link to {os.readlink(target)}, which does not exist: create what it points to "
+                f"(or fix the link), or give another {flag}.")
     if target.exists():
         if folder and not target.is_dir():
             return (f"{flag} {path} is a file, not a folder: give a folder to write into (it is created "
