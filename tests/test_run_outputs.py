@@ -208,10 +208,11 @@ def test_a_file_gone_while_the_run_reads_is_named_with_the_way_on(tmp_path, work
         with named_lost_file("The run's checkpoints are kept: continue it with --resume."):
             next(iter(loader))
     assert str(refused.value) == (
-        f"A file the run reads is gone ([Errno 2] No such file or directory: '{gone}'): moved or deleted while the "
-        "run was working (a dataset's images, its annotation file, $GWDET_CACHE)? Put it back (or register the "
-        "dataset where it is now). The run's checkpoints are kept: continue it with --resume."
+        f"A file the run reads or writes is gone ([Errno 2] No such file or directory: '{gone}'): moved or deleted "
+        "while the run was working (a dataset's images, its annotation file, $GWDET_CACHE, its output folder)? Put "
+        "it back (or register the dataset where it is now). The run's checkpoints are kept: continue it with "
+        "--resume."
         if workers else
-        f"A file the run reads is gone (No such file or directory: {gone}): moved or deleted while the run was "
-        "working (a dataset's images, its annotation file, $GWDET_CACHE)? Put it back (or register the dataset "
-        "where it is now). The run's checkpoints are kept: continue it with --resume.")
+        f"A file the run reads or writes is gone (No such file or directory: {gone}): moved or deleted while the run "
+        "was working (a dataset's images, its annotation file, $GWDET_CACHE, its output folder)? Put it back (or "
+        "register the dataset where it is now). The run's checkpoints are kept: continue it with --resume.")

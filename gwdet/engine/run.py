@@ -499,9 +499,10 @@ def named_lost_file(way_on: str) -> Iterator[None]:
         lines = [line for line in str(error).splitlines() if line.strip()]
         what = (f"{error.strerror}: {error.filename}" if error.filename
                 else lines[-1].removeprefix("FileNotFoundError: ") if lines else "no such file")
-        raise GwdetFileNotFoundError(f"A file the run reads is gone ({what}): moved or deleted while the run was "
-                                     f"working (a dataset's images, its annotation file, $GWDET_CACHE)? Put it back "
-                                     f"(or register the dataset where it is now). {way_on}") from error
+        raise GwdetFileNotFoundError(f"A file the run reads or writes is gone ({what}): moved or deleted while the run "
+                                     "was working (a dataset's images, its annotation file, $GWDET_CACHE, its output "
+                                     f"folder)? Put it back (or register the dataset where it is now). {way_on}"
+                                     ) from error
 
 
 def diverged_advice(output_dir: str) -> str:

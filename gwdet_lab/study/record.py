@@ -35,6 +35,7 @@ from typing import Sequence
 import yaml
 from detectron2.config import CfgNode
 
+from gwdet.checkpoint.resilient import absolute_weights_path
 from gwdet.errors import GwdetError, GwdetValueError
 from gwdet.data import prepare_datasets
 from gwdet.data.coco_registration import environment_datasets
@@ -188,7 +189,10 @@ def check_trained_as_recorded(planned: Sequence[PlannedCell]) -> None:
         path = item.folder.file(CONFIG_NAME)
         if not path.is_file():
             continue
-        differences = config_differences(comparable_dump(item.cfg), comparable_dump(build_config(str(path))))
+        recorded = item.cfg.clone()
+        recorded.defrost()  # train_net writes the initial weights' path absolute
+        recorded.MODEL.WEIGHTS = absolute_weights_path(recorded.MODEL.WEIGHTS)
+        differences = config_differences(comparable_dump(recorded), comparable_dump(build_config(str(path))))
         if differences:
             problems.append(f"  {item.cell.name} ({path}): " + "; ".join(
                 line.replace("requested", "config.yaml").replace("the record has no such key", "not in the record")
