@@ -152,8 +152,9 @@ def write_section(path: str | Path, body: str, section: str = "main") -> None:
     newline = "\r\n" if "\r\n" in existing else "\n"  # the section written with the file's
     block = newline.join([begin, *body.split("\n"), end])
     problem = marker_problem(existing, section, path)
-    if problem:
-        raise GwdetValueError(problem)
+    if problem:  # checked before measuring too (section_file_problem): the file changed since
+        raise GwdetValueError(problem.replace("nothing was measured or changed", f"{path} was left as it is (it "
+                                              "changed while the benchmark measured; the tables are printed above)"))
     if begin in existing:
         head, rest = existing.split(begin, 1)
         _, tail = rest.split(end, 1)
