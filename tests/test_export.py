@@ -507,7 +507,7 @@ def test_an_export_under_the_other_formats_name_a_meta_device_and_no_path_are_na
 def test_an_export_record_in_upper_case_or_damaged_a_record_or_a_checkpoint_given_are_named(tmp_path):
     # before: each was called a damaged export, with the advice to export again
     from gwdet.checkpoint.resilient import ResilientCheckpointer
-    from gwdet.export import load_export
+    from gwdet.export import load_export, verify_export
 
     path = tmp_path / "model.ts"
     torch.jit.save(torch.jit.trace(torch.nn.Linear(2, 2), torch.zeros(1, 2)), str(path))
@@ -516,8 +516,11 @@ def test_an_export_record_in_upper_case_or_damaged_a_record_or_a_checkpoint_give
     load_export(str(path))
     (tmp_path / "model.ts.sha256").write_text("")
     with pytest.warns(UserWarning, match=r"model.ts: its checksum record model.ts.sha256 is damaged, so the export "
-                                         r"is loaded unchecked. Delete model.ts.sha256 \(or export again\)"):
+                                         r"is loaded unchecked. Delete model.ts.sha256 \(or export again\)") as warned:
         load_export(str(path))
+    assert not [w for w in warned if "has no checksum record" in str(w.message)]  # it has one, unusable
+    with pytest.warns(UserWarning, match="loaded unchecked"):
+        assert verify_export(str(path)) is False  # was True: as if it had been checked
     with pytest.raises(ValueError, match=r"model.ts.sha256 is the checksum record of an export, not the export: "
                                          r"pass .*model.ts.$"):
         load_export(str(tmp_path / "model.ts.sha256"))

@@ -234,6 +234,7 @@ def test_export_and_analyze_tools_take_a_lazy_config(tmp_path, capsys):
     assert export([*config, "--untrained", "--format", "torchscript", "--output", str(tmp_path / "ts"), "--run-eval", *tiny]) == 0
     printed = capsys.readouterr().out
     assert float(printed.split("on the sample input: ")[1].split()[0]) <= 1e-3
+    assert "COCO evaluation of the export on shapes_val (dataloader.test):" in printed  # the AP names its dataset
     assert (tmp_path / "ts" / "model.ts").is_file()
     # the evaluation's files beside the export: a training run's inference/ in train.output_dir was replaced
     assert (tmp_path / "ts" / "inference" / "instances_predictions.pth").is_file()

@@ -766,6 +766,57 @@ def test_weights_evaluated_on_images_given_otherwise_are_said_even_away_from_the
         run.load_weights(run.build_model())
     assert any("anchor_sizes [[8.0], [16.0], [32.0], [64.0], [128.0]] -> [[16.0], [32.0], [64.0], [128.0], [256.0]]"
                in message for message in logged), logged
+    # nor the FPN's fuse type and the box regressions' weights (AP 5.43 and 4.59 instead of 5.58)
+    run = YacsRun(build_config(str(DEMO_CONFIG), TINY_OPTS + ["MODEL.WEIGHTS", str(copied), "OUTPUT_DIR", str(tmp_path),
+                                                              "MODEL.FPN.FUSE_TYPE", "avg",
+                                                              "MODEL.ROI_BOX_HEAD.BBOX_REG_WEIGHTS", "(1, 1, 1, 1)"]))
+    with logged_warnings("gwdet.engine.run") as logged:
+        run.load_weights(run.build_model())
+    assert any("fpn_fuse_type 'sum' -> 'avg'; box_regression_weights {'proposal_generator': [1.0, 1.0, 1.0, 1.0], "
+               "'roi_heads.box_predictor': [10.0, 10.0, 5.0, 5.0]} -> {'proposal_generator': [1.0, 1.0, 1.0, 1.0], "
+               "'roi_heads.box_predictor': [1.0, 1.0, 1.0, 1.0]}" in message for message in logged), logged
     # beside their run's config.yaml: INPUT.FORMAT is the model's input, as MODEL.* is
     with pytest.raises(ValueError, match=r"trained with another model .*INPUT.FORMAT: 'RGB' -> 'BGR'"):
         check_resume_config(build_config(str(DEMO_CONFIG), TINY_OPTS + ["INPUT.FORMAT", "BGR"]), str(finished_run))
+
+
+def test_a_gn_models_weights_saved_by_detectron2s_checkpointer_are_refused_by_a_gw_model(tmp_path, monkeypatch):
+    # every GW layer took the GN layer's affine without a word: detectron2's checkpointer records no
+    # norm types, and torch's GroupNorm saves no settings
+    from detectron2.checkpoint import DetectionCheckpointer
+
+    gn_norms = ["MODEL.RESNETS.NORM", "GN", "MODEL.RESNETS.GW_POSITIONS", "", "MODEL.FPN.NORM", "GN",
+                "MODEL.ROI_BOX_HEAD.NORM", "GN", "MODEL.ROI_MASK_HEAD.NORM", "GN"]
+    DetectionCheckpointer(Trainer.build_model(build_config(str(DEMO_CONFIG), TINY_OPTS + gn_norms)),
+                          save_dir=str(tmp_path)).save("gn")
+    gw = Trainer.build_model(build_config(str(DEMO_CONFIG), TINY_OPTS))
+    before = {key: value.clone() for key, value in gw.state_dict().items() if isinstance(value, torch.Tensor)}
+    with pytest.raises(ValueError) as refused:
+        ResilientCheckpointer(gw).load(str(tmp_path / "gn.pth"))
+    assert str(refused.value).startswith("The checkpoint holds weights for 33 gwdet norm layer(s) of this model "
+                                         "(backbone.fpn_lateral2.norm (GroupWhitening), ")
+    assert all(torch.equal(before[key], value) for key, value in gw.state_dict().items() if key in before)
+    # a GW model's weights saved by detectron2's checkpointer carry the layers' settings: accepted
+    DetectionCheckpointer(gw, save_dir=str(tmp_path)).save("gw")
+    ResilientCheckpointer(Trainer.build_model(build_config(str(DEMO_CONFIG), TINY_OPTS))).load(str(tmp_path / "gw.pth"))
+    monkeypatch.setenv("GWDET_ALLOW_NORM_MISMATCH", "1")  # the opt-in the message names
+    ResilientCheckpointer(gw).load(str(tmp_path / "gn.pth"))
+
+
+def test_weights_saved_from_a_compiled_module_load_by_their_names_and_keep_their_checks(tmp_path):
+    # keys with torch.compile's _orig_mod. were called "a torchvision-layout ImageNet checkpoint"
+    compiled = Trainer.build_model(build_config(str(DEMO_CONFIG), TINY_OPTS))
+    compiled.backbone = torch.compile(compiled.backbone, backend="eager")
+    ResilientCheckpointer(compiled, save_dir=str(tmp_path)).save("compiled")
+    assert any(key.startswith("backbone._orig_mod.") for key in torch.load(tmp_path / "compiled.pth",
+                                                                           weights_only=False)["model"])
+    fresh = Trainer.build_model(build_config(str(DEMO_CONFIG), TINY_OPTS))
+    ResilientCheckpointer(fresh, require_every_weight=True).load(str(tmp_path / "compiled.pth"))
+    saved = compiled.backbone._orig_mod.state_dict()
+    assert all(torch.equal(value, saved[key]) for key, value in fresh.backbone.state_dict().items()
+               if isinstance(value, torch.Tensor))
+    other = Trainer.build_model(build_config(str(DEMO_CONFIG), TINY_OPTS + ["MODEL.FPN.NORM", "GN"]))
+    other.backbone = torch.compile(other.backbone, backend="eager")
+    ResilientCheckpointer(other, save_dir=str(tmp_path)).save("compiled_gn")
+    with pytest.raises(ValueError, match=r"other norm layers .* backbone.fpn_lateral2.norm: GroupNorm -> GroupWhitening"):
+        ResilientCheckpointer(fresh).load(str(tmp_path / "compiled_gn.pth"))  # the records renamed too

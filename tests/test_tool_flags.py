@@ -66,8 +66,10 @@ def test_export_without_a_test_set_or_a_sample_image_is_refused_before_building(
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--format", "onnx", "--opset", "5"], "--opset 5: give an ONNX opset from 11"),
-    (["--format", "onnx", "--opset", "999"], "--opset 999: give an ONNX opset from 11"),
+    (["--format", "onnx", "--opset", "5"], "--opset 5: give an ONNX opset from 13"),
+    (["--format", "onnx", "--opset", "12"], "--opset 12: give an ONNX opset from 13 (the first in which torch exports "
+                                            "GW's aten::diagonal)"),
+    (["--format", "onnx", "--opset", "999"], "--opset 999: give an ONNX opset from 13"),
     (["--opset", "17"], "--opset 17 is an ONNX setting: add --format onnx"),
 ])
 def test_export_refuses_an_opset_it_cannot_write(capsys, tmp_path, flags, message):
@@ -118,6 +120,15 @@ def test_analyze_refuses_an_input_size_that_cannot_fit_before_building(capsys):
     args = analyze_model.argument_parser().parse_args(["--config-file", str(DEMO_CONFIG), "--input-size", "64",
                                                        str(analyze_model.MAX_INPUT_SIDE)])
     assert args.input_size == [64, analyze_model.MAX_INPUT_SIDE]
+
+
+def test_analyze_refuses_a_count_of_test_images_beside_a_random_input_size(capsys):
+    # -n 3 was ignored: "Total GFlops: 3.252 (over 1 input(s))"
+    with pytest.raises(SystemExit) as exit_info:
+        analyze_model.main(["--config-file", str(DEMO_CONFIG), "-n", "3", "--input-size", "64", "64"])
+    assert exit_info.value.code == 2
+    assert ("-n 3 averages over test images, and --input-size counts on one random image of that size (the count "
+            "does not depend on its pixels): give one of them.") in capsys.readouterr().err
 
 
 def test_weights_that_are_a_folder_or_a_numpy_archive_are_named(tmp_path):
@@ -479,3 +490,19 @@ def test_export_refuses_random_weights_unless_asked_and_untrained_beside_weights
     assert export(capsys, tmp_path, "--untrained", "MODEL.WEIGHTS", str(weights)).split(": error: ")[1] == (
         f"--untrained exports random weights, but the config gives MODEL.WEIGHTS {weights}; "
         "nothing was written. Leave --untrained out to export those weights.")
+
+
+@pytest.mark.parametrize("architecture", [
+    ["MODEL.META_ARCHITECTURE", "GWRetinaNet", "MODEL.BACKBONE.NAME", "build_gw_retinanet_resnet_fpn_backbone",
+     "MODEL.RETINANET.NORM", "BGN", "MODEL.RETINANET.NUM_CLASSES", "4", "MODEL.RETINANET.SCORE_THRESH_TEST", "0.0"],
+    ["MODEL.META_ARCHITECTURE", "ProposalNetwork"],
+], ids=["GWRetinaNet", "ProposalNetwork"])
+def test_the_export_tool_exports_the_detectors_without_an_rcnn_inference(capsys, tmp_path, architecture):
+    # a raw AttributeError: 'GWRetinaNet' object has no attribute 'inference' where the sample's
+    # detections were counted
+    from conftest import TINY_OPTS
+
+    out = tmp_path / "out"
+    export_model.main(["--config-file", str(DEMO_CONFIG), "--untrained", "--output", str(out), *TINY_OPTS,
+                       "MODEL.MASK_ON", "False", *architecture])
+    assert (out / "model.ts").is_file() and f"Exported {out / 'model.ts'}" in capsys.readouterr().out

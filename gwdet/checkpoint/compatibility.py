@@ -303,6 +303,27 @@ def check_layer_settings(weights: Mapping[str, Any], model: torch.nn.Module, how
     _refuse_other_settings(saved_settings, present, how_to_opt_in, model)
 
 
+def check_unrecorded_weights(weights: Mapping[str, Any], model: torch.nn.Module, how_to_opt_in: str) -> None:
+    """Raise ``ValueError`` before anything is loaded when ``weights`` (a state dict from a file that
+    records no norm types: not written by gwdet's checkpointer or converter) hold the affine weights
+    of gwdet layers of ``model`` without the settings those layers save in their state: weights of
+    other layers with the same shapes (a GN or LN model's, saved by detectron2's own checkpointer)
+    that would load without a word."""
+    layers = []
+    for key, layer in _recording_layers(model).items():
+        name = key[: -len(EXTRA_STATE_KEY)].rstrip(".")
+        if _saved_key(weights, f"{name}.weight" if name else "weight") and _saved_key(weights, key) is None:
+            layers.append(f"{name or 'the model'} ({type(layer).__name__})")
+    if layers:
+        raise GwdetValueError(
+            f"The checkpoint holds weights for {len(layers)} gwdet norm layer(s) of this model ({listed(layers, 3)}) "
+            f"but not the settings these layers save with their weights ({EXTRA_STATE_KEY}), nor gwdet's record of "
+            "the norm types: they come from other layers with the same shapes (a GN model's, saved by detectron2's "
+            "own checkpointer) or from a file gwdet did not write, so whether they were trained as these layers "
+            f"cannot be checked; nothing was loaded. Load weights trained with this config (gwdet's checkpoints "
+            f"record their norms), or {how_to_opt_in} to load them anyway.")
+
+
 def drop_layer_settings(weights: dict[str, Any], model: torch.nn.Module) -> None:
     """Remove from ``weights`` the settings that ``model``'s gwdet layers recorded: the layers then
     load the weights whatever settings they were saved with (the opt-in to load other norm values)."""

@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from detectron2.checkpoint import DetectionCheckpointer
 from detectron2.modeling.anchor_generator import DefaultAnchorGenerator
+from detectron2.modeling.backbone.fpn import FPN
+from detectron2.modeling.box_regression import Box2BoxTransform
 from detectron2.modeling.backbone.resnet import BottleneckBlock
 from detectron2.utils import comm
 
@@ -37,6 +39,7 @@ from gwdet.checkpoint.compatibility import (
     check_norm_settings,
     check_norm_types,
     check_statistics_have_a_layer,
+    check_unrecorded_weights,
     check_weights_fit_model,
     drop_layer_settings,
     norm_settings,
@@ -248,13 +251,18 @@ DATA_KEY = "gwdet_training_data"
 # The initial weights a training started from, {"path": absolute path or URL, "sha256": digest}
 # (weights_record): carried from checkpoint to checkpoint, so that a resumed run still names them.
 INITIAL_WEIGHTS_KEY = "gwdet_initial_weights"
+# What torch.compile puts in the names of a compiled module's weights (its OptimizedModule wraps the
+# original module as _orig_mod).
+COMPILED = "_orig_mod."
 
 
 def input_record(model: torch.nn.Module) -> dict[str, Any]:
     """``model``'s (DDP's ``module``'s) input format and pixel normalization, as lists of numbers,
     and, for a ResNet of bottleneck blocks, whether its downsampling blocks stride in the 1x1 conv
     (``stride_in_1x1``, ``MODEL.RESNETS.STRIDE_IN_1X1``: another function with the same weight
-    shapes), and the anchors of its anchor generator (:func:`anchor_record`); empty for a model
+    shapes), the anchors of its anchor generator (:func:`anchor_record`), its FPN's fuse type and the
+    weights its box regressions decode with (RPN's and the box heads' ``BBOX_REG_WEIGHTS``, by module
+    name): values its state dict does not hold and the weights were trained with; empty for a model
     without them."""
     model = unwrapped(model)
     values = {name: getattr(model, name) for name in INPUT_ATTRIBUTES if hasattr(model, name)}
@@ -267,6 +275,13 @@ def input_record(model: torch.nn.Module) -> dict[str, Any]:
     generator = next((module for module in model.modules() if isinstance(module, DefaultAnchorGenerator)), None)
     if generator is not None:
         record.update(anchor_record(generator))
+    fpn = next((module for module in model.modules() if isinstance(module, FPN)), None)
+    if fpn is not None:
+        record["fpn_fuse_type"] = fpn._fuse_type
+    weights = {name: [float(w) for w in module.box2box_transform.weights] for name, module in model.named_modules()
+               if isinstance(getattr(module, "box2box_transform", None), Box2BoxTransform)}
+    if weights:
+        record["box_regression_weights"] = weights
     return record
 
 
@@ -477,6 +492,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
             self._loading = None
 
     def _load_model(self, checkpoint: dict):
+        self._read_compiled_names(checkpoint)
         metadata = read_conversion_metadata(checkpoint)
         if metadata is not None:
             check_weights_fit_model(metadata, self.model)
@@ -490,9 +506,31 @@ class ResilientCheckpointer(DetectionCheckpointer):
             else:
                 check_layer_settings(checkpoint["model"], self.model, _MISMATCH_OPT_IN)
                 check_statistics_have_a_layer(checkpoint["model"], self.model, _MISMATCH_OPT_IN)
+                if metadata is None and not isinstance(checkpoint.get(NORM_TYPES_KEY), dict):
+                    check_unrecorded_weights(checkpoint["model"], self.model, _MISMATCH_OPT_IN)
         checkpoint.pop(NORM_TYPES_KEY, None)
         checkpoint.pop(NORM_SETTINGS_KEY, None)
         return super()._load_model(checkpoint)
+
+    def _read_compiled_names(self, checkpoint: dict) -> None:
+        """Weights saved from a ``torch.compile``d module (or submodule) carry ``_orig_mod.`` in
+        their names; loaded into a model that is not compiled there, they are read without it (the
+        same weights, as detectron2 reads DDP's ``module.``), and the log says so."""
+        weights = checkpoint.get("model")
+        if not isinstance(weights, dict) or any(COMPILED in key for key in self.model.state_dict()):
+            return
+        found = False
+        for record in ("model", NORM_TYPES_KEY, NORM_SETTINGS_KEY):  # the weights and gwdet's records of their layers
+            names = checkpoint.get(record)
+            if not isinstance(names, dict):
+                continue
+            renamed = {(key + ".").replace("." + COMPILED, ".").removeprefix(COMPILED)[:-1]: value
+                       for key, value in names.items()}
+            if renamed.keys() != names.keys() and len(renamed) == len(names):
+                checkpoint[record], found = renamed, True
+        if found:
+            self.logger.info(f"The weights were saved from a torch.compile'd module: their names are read without "
+                             f"{COMPILED!r}.")
 
     def _backbone_parameters(self) -> list[str]:
         """Names of the parameters of the model's bottom-up network (the ResNet of an FPN backbone,

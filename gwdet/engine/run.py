@@ -171,7 +171,8 @@ class RunConfig(ABC):
                            f"{'; '.join(differences)}. The model computes with this config's values, which changes its "
                            "results; use the values the weights were trained with (INPUT.FORMAT, MODEL.PIXEL_MEAN, "
                            "MODEL.PIXEL_STD, MODEL.RESNETS.STRIDE_IN_1X1, MODEL.ANCHOR_GENERATOR.SIZES, "
-                           "ASPECT_RATIOS and OFFSET).")
+                           "ASPECT_RATIOS and OFFSET, MODEL.FPN.FUSE_TYPE, the BBOX_REG_WEIGHTS of MODEL.RPN and "
+                           "MODEL.ROI_BOX_HEAD).")
         return model
 
     @abstractmethod

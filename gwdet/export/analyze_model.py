@@ -156,6 +156,9 @@ def _analyze(argv: Sequence[str]) -> int:
     parser = argument_parser()
     refuse_repeated_flags(parser, argv)
     args = parse_with_trailing_flags(parser, argv)
+    if args.input_size is not None and args.num_inputs != 1:
+        raise GwdetValueError(f"-n {args.num_inputs} averages over test images, and --input-size counts on one random "
+                              "image of that size (the count does not depend on its pixels): give one of them.")
     setup_logger(name="fvcore")
     setup_logger(name="detectron2")
     run = load_run_config(args.config_file, args.opts, tool=True)

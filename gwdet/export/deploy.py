@@ -153,7 +153,8 @@ def drop_subgraph_shapes(path: str) -> int:
         warnings.warn(f"onnx is not installed: {path} keeps the shapes the exporter guessed for its subgraphs, "
                       "which onnxruntime may stop on (install gwdet's deploy extra)", stacklevel=2)
         return 0
-    recorded = verify_export(path)
+    verify_export(path)
+    recorded = os.path.isfile(checksum_path(path))  # a record (even an unusable one) is written anew with the file
     model = onnx.load(path, load_external_data=False)
     removed = _drop_shapes_in_subgraphs(model.graph)
     if removed:
@@ -216,9 +217,9 @@ def _exports_in(folder: str) -> str:
 
 def verify_export(path: str) -> bool:
     """Check the export at ``path`` against the SHA-256 recorded in ``path.sha256`` when it was
-    written: :class:`DamagedExportError` when they differ. Returns whether there is a record (a file
-    without one is not checked; one whose record is unreadable or damaged is not either, with a
-    warning, as checkpoints are). A folder is refused naming the exports in it."""
+    written: :class:`DamagedExportError` when they differ. Returns whether it was checked: not
+    without a record, nor when the record is unreadable or damaged (with a warning, as
+    checkpoints are). A folder is refused naming the exports in it."""
     if os.path.isdir(path):
         raise GwdetIsADirectoryError(f"{path} is a folder, not an export: {_exports_in(path)}")
     if not os.path.isfile(path):
@@ -229,7 +230,7 @@ def verify_export(path: str) -> bool:
         warnings.warn(f"{path}: {unusable}, so the export is loaded unchecked. Delete "
                       f"{os.path.basename(checksum_path(path))} (or export again) to load it without this warning.",
                       stacklevel=3)
-        return True
+        return False
     if differs is not None:
         raise DamagedExportError(
             f"{path} is damaged ({differs}). {REEXPORT} If you replaced it on purpose (a newer export copied over it), "
@@ -272,7 +273,7 @@ def load_export(path: str | os.PathLike, map_location: Any = None, providers: Op
     if path.endswith(CHECKSUM_SUFFIX):
         raise GwdetValueError(f"{path} is the checksum record of an export, not the export: pass "
                               f"{path[:-len(CHECKSUM_SUFFIX)]}.")
-    if not verify_export(path):
+    if not verify_export(path) and not os.path.lexists(checksum_path(path)):
         warnings.warn(f"{path} has no checksum record ({os.path.basename(checksum_path(path))} beside it), so "
                       "it is loaded unchecked; gwdet's exports record one when they are written.", stacklevel=2)
     if _named_format(path) == "onnx":

@@ -28,6 +28,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tupl
 
 import torch
 from torch import Tensor
+from detectron2.structures import Instances
 
 from gwdet.errors import GwdetError, GwdetFileExistsError, GwdetRuntimeError, GwdetValueError
 from gwdet.data import add_register_coco_argument
@@ -232,6 +233,9 @@ def evaluate_traced(run: RunConfig, traced, adapter, output_folder: str) -> Dict
         instances = adapter.outputs_schema(traced(sample["image"]))[0]["instances"]
         return [{"instances": detector_postprocess(instances, sample["height"], sample["width"])}]
 
+    others = run.test_datasets()[1:]
+    print(f"COCO evaluation of the export on {run.describe_test_set()}"
+          + (f"; the other test sets ({', '.join(others)}) are not evaluated" if others else "") + ":")
     results = inference_on_dataset(run_traced, loader, evaluator)
     print_csv_format(results)
     return results
@@ -242,10 +246,16 @@ class ExportCheckError(GwdetError, RuntimeError):
     outputs differ beyond the tolerance; nothing was written. The message names why and the fix."""
 
 
-def count_detections(model: Any, image: Tensor) -> int:  # a detectron2 meta-architecture (inference())
-    """The number of detections ``model`` (in evaluation mode) makes on ``image``."""
+def count_detections(model: Any, image: Tensor) -> int:
+    """The number of detections ``model`` (a detectron2 meta-architecture in evaluation mode) makes
+    on ``image``: its ``inference`` (R-CNN), or the first ``Instances`` of its output (RetinaNet:
+    ``instances``; a ``ProposalNetwork``: ``proposals``)."""
     with torch.no_grad():
-        return len(model.inference([{"image": image}], do_postprocess=False)[0])
+        if hasattr(model, "inference"):
+            return len(model.inference([{"image": image}], do_postprocess=False)[0])
+        output = model([{"image": image}])[0]
+    found = [value for value in output.values() if isinstance(value, Instances)]
+    return len(found[0]) if found else 0
 
 
 def pick_sample(model: torch.nn.Module, images: Iterable[Tensor], source: Optional[str] = None) -> Tuple[Tensor, int]:
@@ -328,9 +338,9 @@ def compared_difference(expected: Sequence[Tensor], actual: Sequence) -> float:
                                "written.") from error
 
 
-# The ONNX opsets the export accepts: from detectron2's STABLE_ONNX_OPSET_VERSION to the newest
-# that torch's TorchScript-based exporter writes.
-MIN_ONNX_OPSET = 11
+# The ONNX opsets the export accepts: from the first in which torch's exporter writes GW's
+# aten::diagonal (13; detectron2's STABLE_ONNX_OPSET_VERSION is 11) to the newest it writes.
+MIN_ONNX_OPSET = 13
 
 
 def export_path(args: argparse.Namespace) -> str:
@@ -365,8 +375,8 @@ def check_export_flags(args: argparse.Namespace) -> None:
             raise GwdetValueError(f"--opset {args.opset} is an ONNX setting: add --format onnx, or leave --opset out.")
         newest = getattr(_constants, "ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET", _constants.ONNX_MAX_OPSET)
         if not MIN_ONNX_OPSET <= args.opset <= newest:
-            raise GwdetValueError(f"--opset {args.opset}: give an ONNX opset from {MIN_ONNX_OPSET} (detectron2's "
-                                  f"R-CNN export needs it) to {newest} (the newest torch's exporter writes); "
+            raise GwdetValueError(f"--opset {args.opset}: give an ONNX opset from {MIN_ONNX_OPSET} (the first in "
+                                  f"which torch exports GW's aten::diagonal) to {newest} (the newest torch's exporter writes); "
                                   "the default is gwdet.export.ONNX_OPSET.")
 
 
