@@ -454,3 +454,20 @@ def test_an_eps_flushed_to_zero_names_the_flush_mode_and_the_smallest_value_left
     assert str(refused.value).endswith(
         "got 1.4e-45, which float32 rounds to 0.0 with subnormal numbers flushed to zero "
         "(torch.set_flush_denormal(True)); use a value within float32's range (1.2e-38 to 3.4e+38)")
+
+
+def test_torch_fx_traces_a_model_with_gwdet_norms_as_leaves_as_deploy_md_says():
+    # docs/deploy.md, Limits: torch's bare TraceError, and the leaf_modules that work
+    import torchvision
+    from torchvision.models.feature_extraction import create_feature_extractor
+
+    import gwdet
+
+    model = torchvision.models.resnet18(norm_layer=gwdet.norm("GW", num_groups=16)).eval()
+    with pytest.raises(torch.fx.proxy.TraceError, match="control flow"):
+        create_feature_extractor(model, {"layer2": "c3"})
+    extractor = create_feature_extractor(model, {"layer2": "c3"},
+                                         tracer_kwargs={"leaf_modules": list(gwdet.norms.layer_types())})
+    x = torch.randn(2, 3, 64, 64)
+    expected = model.layer2(model.layer1(model.maxpool(model.relu(model.bn1(model.conv1(x))))))
+    assert torch.allclose(extractor(x)["c3"], expected)
