@@ -230,3 +230,20 @@ def test_the_example_group_rules_read_only_the_norms_the_model_builds():
     build_config(str(DEMO_CONFIG), [*one_image, "MODEL.ROI_BOX_HEAD.NORM", "BGN"])
     with pytest.raises(ValueError, match=r"EXAMPLES_PER_GROUP=2 is larger than SOLVER.IMS_PER_BATCH=1"):
         build_config(str(DEMO_CONFIG), [*one_image, "MODEL.FPN.NORM", "BGN"])
+
+
+def test_evaluation_on_the_examples_own_single_values_is_refused_as_training_is():
+    # eval_example_weight=1 on one value per channel group returned the bias for any input
+    import gwdet
+
+    for layer in (BatchGroupNorm(16, num_groups=16, eval_example_weight=1.0),
+                  gwdet.norm("GhostBN", eval_example_weight=1.0)(16)):
+        layer.eval()
+        for shape in ((3, 16), (2, 16, 1, 1)):
+            with pytest.raises(ValueError, match=r"in evaluation with eval_example_weight=1 each example is "
+                                                 r"normalized by its own statistics.*normalizes to 0 for any input"):
+                layer(torch.randn(shape))
+        assert layer(torch.randn(2, 16, 2, 2)).shape == (2, 16, 2, 2)  # four values per group: normalized
+    blended = BatchGroupNorm(16, num_groups=16, eval_example_weight=0.5).eval()
+    x = torch.randn(3, 16)
+    assert not torch.equal(blended(x), blended(x * 10))  # the running statistics give the value its place

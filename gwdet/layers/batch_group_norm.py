@@ -306,8 +306,17 @@ class BatchGroupNorm(SettingsInState):
     def validate_input(self, x: Tensor) -> None:
         """Raise ``ValueError`` for a wrong shape or dtype or, in training, an (example group x
         channel group) block of a single value, which normalizes to 0 whatever it holds (as torch's
-        batch norm does): one channel per group, one position and an example group of one example."""
+        batch norm does): one channel per group, one position and an example group of one example;
+        so too in evaluation with ``eval_example_weight=1``, where each example's own statistics are
+        all there is (Eq. 3 with alpha = 1)."""
         check_input("BatchGroupNorm", x, self.num_channels)
         if self.training:
             check_single_values("BatchGroupNorm", x, self.num_groups, self.effective_num_groups,
                                 self.examples_per_group)
+        elif self.eval_example_weight == 1.0 and x.numel() and x.numel() // x.shape[0] == self.effective_num_groups:
+            raise GwdetValueError(
+                f"BatchGroupNorm: in evaluation with eval_example_weight=1 each example is normalized by its own "
+                f"statistics, and an input of shape {list(x.shape)} gives each of its channel groups a single value "
+                f"(num_groups={self.num_groups} for {self.num_channels} channels, one position), which normalizes "
+                "to 0 for any input. Use an eval_example_weight below 1 (MODEL.BGN.EVAL_EXAMPLE_WEIGHT), which "
+                "blends in the running statistics, or fewer channel groups (MODEL.BGN.NUM_GROUPS)")
