@@ -446,10 +446,15 @@ def saved(tmp_path, content, name="in.pth"):
 def test_two_different_networks_under_state_dict_and_model_are_refused_and_two_copies_of_one_are_read(tmp_path):
     # before: the 'state_dict' entry was converted and the other network passed over without a word
     path = saved(tmp_path, {"model": {"fc.weight": torch.ones(1)}, "state_dict": {"conv1.weight": torch.ones(1)}})
-    with pytest.raises(ConversionError, match=r"two different networks, under 'state_dict' and 'model'.*Save the one"):
+    with pytest.raises(ConversionError, match=r"different networks, under 'state_dict' and 'model'.*Save the one"):
         read_source_state_dict(path)
     path = saved(tmp_path, {"state_dict": {"conv1.weight": torch.ones(2)}, "model": {"conv1.weight": torch.ones(2)}})
     assert read_source_state_dict(path).wrapping == "'state_dict' entry"
+    # an EMA copy beside the model ('model_ema', timm's 'state_dict_ema') was passed over without a word
+    path = saved(tmp_path, {"model": {"conv1.weight": torch.ones(2)}, "model_ema": {"conv1.weight": torch.zeros(2)}})
+    with pytest.raises(ConversionError, match=r"different networks, under 'model' and 'model_ema'; .*"
+                                              r"torch.load\(.*\)\['model'\], 'weights.pth'\)"):
+        read_source_state_dict(path)
 
 
 def test_an_entry_that_is_not_a_dict_of_tensors_is_passed_over(tmp_path):

@@ -130,11 +130,16 @@ def _unwrap_state_dict(path: str, loaded: Any) -> tuple[dict[str, torch.Tensor],
             found[entry] = dict(inner.state_dict()), f"pickled nn.Module in '{entry}'"
         elif isinstance(inner, Mapping) and _is_tensor_mapping(inner):
             found[entry] = dict(inner), f"'{entry}' entry"
-    if len(found) > 1 and not _same_tensors(*(tensors for tensors, _ in found.values())):
+    if found:  # another network beside it (an EMA copy under 'model_ema', 'state_dict_ema') is one too
+        found.update({entry: (dict(inner), f"'{entry}' entry") for entry, inner in loaded.items()
+                      if entry not in found and isinstance(inner, Mapping) and _is_tensor_mapping(inner)})
+    networks = [tensors for tensors, _ in found.values()]
+    if not all(_same_tensors(networks[0], other) for other in networks[1:]):
+        first = next(iter(found))
         raise ConversionError(
-            f"{path}: holds two different networks, under {' and '.join(repr(entry) for entry in found)}; "
+            f"{path}: holds different networks, under {' and '.join(repr(entry) for entry in found)}; "
             "which one to convert cannot be told. Save the one you mean alone, e.g. "
-            f"torch.save(torch.load({path!r})['state_dict'], 'weights.pth'), and convert that file.")
+            f"torch.save(torch.load({path!r})[{first!r}], 'weights.pth'), and convert that file.")
     if found:
         return next(iter(found.values()))
     raise ConversionError(
