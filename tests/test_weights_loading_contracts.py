@@ -312,8 +312,9 @@ def test_other_norm_hyper_parameters_are_refused_naming_up_to_three_values():
         "The checkpoint was trained with other norm hyper-parameters than this config gives its layers "
         "(4 values, e.g. gw num_groups 4 -> 2; gw T 3 -> 5; bw method 'itn' -> 'zca'); nothing was loaded. "
         "Use the values the weights were trained with (the run's config.yaml: MODEL.GW.*, MODEL.BW.*, "
-        "MODEL.BGN.*, MODEL.GN.NUM_GROUPS), or set the environment variable GWDET_ALLOW_NORM_MISMATCH=1 "
-        "to load them anyway.")
+        "MODEL.BGN.*, MODEL.GN.NUM_GROUPS; a LazyConfig's: the norm nodes' values, e.g. "
+        "model.backbone.norm.num_groups), or set the environment variable GWDET_ALLOW_NORM_MISMATCH=1 to load them "
+        "anyway.")
 
 
 def test_the_same_norm_hyper_parameters_and_unrecorded_ones_pass():

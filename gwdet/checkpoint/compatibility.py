@@ -257,7 +257,8 @@ def _refuse_other_settings(saved: Mapping[str, Mapping[str, Any]], present: Mapp
             f"The checkpoint was trained with other norm hyper-parameters than this config gives its layers "
             f"({len(differing)} values, e.g. {'; '.join(differing[:3])}); nothing was loaded. Use the values "
             "the weights were trained with (the run's config.yaml: MODEL.GW.*, MODEL.BW.*, MODEL.BGN.*, "
-            f"MODEL.GN.NUM_GROUPS), or {how_to_opt_in} to load them anyway."
+            "MODEL.GN.NUM_GROUPS; a LazyConfig's: the norm nodes' values, e.g. model.backbone.norm.num_groups), "
+            f"or {how_to_opt_in} to load them anyway."
         )
 
 

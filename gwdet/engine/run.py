@@ -98,6 +98,7 @@ class RunConfig(ABC):
     output_setting: ClassVar[str]  # the setting of the output folder, as messages name it
     weights_setting: ClassVar[str]  # the setting of the initial weights
     weights_example: ClassVar[str]  # that setting given a value, as a message suggests it
+    input_settings: ClassVar[str]  # the settings of the values a checkpoint records beside its weights
     vis_setting: ClassVar[str]  # the setting of the number of prediction drawings
     test_setting: ClassVar[str]  # the setting that names the test set(s)
 
@@ -169,10 +170,7 @@ class RunConfig(ABC):
         if differences:
             logger.warning(f"{self.weights_setting} {self.weights} was trained with values this model has otherwise: "
                            f"{'; '.join(differences)}. The model computes with this config's values, which changes its "
-                           "results; use the values the weights were trained with (INPUT.FORMAT, MODEL.PIXEL_MEAN, "
-                           "MODEL.PIXEL_STD, MODEL.RESNETS.STRIDE_IN_1X1, MODEL.ANCHOR_GENERATOR.SIZES, "
-                           "ASPECT_RATIOS and OFFSET, MODEL.FPN.FUSE_TYPE, the BBOX_REG_WEIGHTS of MODEL.RPN and "
-                           "MODEL.ROI_BOX_HEAD).")
+                           f"results; use the values the weights were trained with ({self.input_settings}).")
         return model
 
     @abstractmethod
