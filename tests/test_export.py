@@ -793,3 +793,18 @@ def test_the_export_tool_writes_and_checks_an_onnx_export(tmp_path, capsys):
 def _dead_pid() -> int:
     return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                               text=True).stdout)
+
+
+@pytest.mark.parametrize("record", ["SHA256 (model.ts) = {}\n", "SHA2-256(model.ts)= {}\n", "SHA256(model.ts)= {}\n"],
+                         ids=["shasum --tag", "openssl 3", "openssl 1.1"])
+def test_a_bsd_format_checksum_record_checks_the_export(tmp_path, record):
+    # the record `shasum --tag` / `openssl dgst -sha256` writes was called damaged, the export loaded unchecked
+    from gwdet.export import DamagedExportError, verify_export
+
+    path = tmp_path / "model.ts"
+    torch.jit.save(torch.jit.trace(torch.nn.Linear(2, 2), torch.zeros(1, 2)), str(path))
+    (tmp_path / "model.ts.sha256").write_text(record.format(hashlib.sha256(path.read_bytes()).hexdigest()))
+    assert verify_export(str(path)) is True
+    path.write_bytes(path.read_bytes() + b"x")
+    with pytest.raises(DamagedExportError):
+        verify_export(str(path))

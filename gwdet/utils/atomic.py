@@ -191,7 +191,9 @@ def write_text_atomically(path: str, text: str, path_manager=PathManager) -> Non
 # ---- checksums recorded beside a file --------------------------------------------------------------
 
 CHECKSUM_SUFFIX = ".sha256"
-_CHECKSUM_RECORD = re.compile(rb"([0-9a-fA-F]{64}) [ *]")  # sha256sum -c takes upper-case hex too
+# sha256sum's line (upper-case hex too, as sha256sum -c takes it), or the BSD form that
+# `shasum --tag` and `openssl dgst -sha256` write: "SHA256 (name) = hex"
+_CHECKSUM_RECORD = re.compile(rb"([0-9a-fA-F]{64}) [ *]|SHA2?-?256 ?\([^\n]*\) ?= ?([0-9a-fA-F]{64})\s*$")
 
 
 class DamagedFileError(GwdetError, ValueError):
@@ -247,7 +249,7 @@ def _recorded_sha256(path: str) -> tuple[str | None, str | None]:
         return None, f"its checksum record {name} cannot be read: {error.strerror or error}"
     if match is None:
         return None, f"its checksum record {name} is damaged"
-    return match.group(1).decode("ascii").lower(), None
+    return (match.group(1) or match.group(2)).decode("ascii").lower(), None
 
 
 def checksum_findings(path: str) -> tuple[str | None, str | None]:
