@@ -397,8 +397,12 @@ def test_truncated_file_is_refused(tmp_path, legacy_format):
         (b"", "the file is empty"),
         ({"epoch": 90, "arch": "resnet50"}, r"no state dict found.*'epoch', 'arch'"),
         ({"weight": torch.zeros(3)}, "not a torchvision-layout ResNet"),
+        # no hint: a detectron2 model's weights need no conversion; a compiled model's carry _orig_mod.
+        ({"backbone.bottom_up.stem.conv1.weight": torch.zeros(3)},
+         r"detectron2 model's weights, which need no conversion: give the file as MODEL.WEIGHTS"),
+        ({"_orig_mod.conv1.weight": torch.zeros(3)}, r"torch.compile'd model's weights: save the uncompiled module's"),
     ],
-    ids=["text", "empty", "dict-without-tensors", "other-network"],
+    ids=["text", "empty", "dict-without-tensors", "other-network", "detectron2-weights", "compiled"],
 )
 def test_non_checkpoint_files_are_refused(tmp_path, content, expected):
     src = tmp_path / "input.pth"

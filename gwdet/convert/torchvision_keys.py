@@ -117,10 +117,19 @@ def _detectron2_module(module: str) -> tuple[str, str] | None:
 
 def _check_resnet_keys(layout: SourceLayout, tensors: dict[str, torch.Tensor]) -> None:
     if "stem.conv1.weight" not in layout.convs or "res2.0.conv1.weight" not in layout.convs:
+        names = list(tensors)
+        if any(name.startswith(("backbone.bottom_up.", "backbone.res", "backbone.stem.")) for name in names):
+            hint = (" Those are a detectron2 model's weights, which need no conversion: give the file as MODEL.WEIGHTS "
+                    "(train.init_checkpoint) directly.")
+        elif any(name.startswith("_orig_mod.") or "._orig_mod." in name for name in names):
+            hint = (" Those are the names of a torch.compile'd model's weights: save the uncompiled module's "
+                    "(model._orig_mod.state_dict()) and convert that file.")
+        else:
+            hint = ""
         raise ConversionError(
             "not a torchvision-layout ResNet/ResNeXt: expected keys like 'conv1.weight', "
             "'bn1.running_mean', 'layer1.0.conv2.weight', 'layer1.0.downsample.0.weight' "
-            f"(after removing 'module.' prefixes), found {preview_names(list(tensors))}."
+            f"(after removing 'module.' prefixes), found {preview_names(names)}.{hint}"
         )
 
 
