@@ -205,8 +205,13 @@ def test_a_run_records_the_initial_weights_it_started_from(finished_run, tmp_pat
     assert [w for w in warnings if "holds other weights" in w] == [
         f"MODEL.WEIGHTS {weights} holds other weights than the run of {tmp_path / 'first' / 'config.yaml'} started "
         f"from (SHA-256 {hashlib.sha256((tmp_path / 'start.pth').read_bytes()).hexdigest()[:12]}... now, "
-        f"{recorded['sha256'][:12]}... in its results.json): the file was replaced since, and this run starts from "
-        "it as it is now."]
+        f"{recorded['sha256'][:12]}... in that run's records): the file was replaced since, and this run starts "
+        "from it as it is now."]
+    # a run stopped before its results: its checkpoint's record is read
+    (tmp_path / "first" / "results.json").unlink()
+    with logged_warnings("gwdet.engine.run") as warnings:
+        main(tiny_run_args("third", config_file=tmp_path / "first" / "config.yaml"))
+    assert len([w for w in warnings if "holds other weights" in w]) == 1
 
 
 def test_resume_config_differences_outside_the_model_are_allowed(finished_run):

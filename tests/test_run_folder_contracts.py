@@ -766,6 +766,8 @@ def test_results_of_the_model_before_a_resume_are_kept_under_names_that_say_so(t
     assert (tmp_path / "results_before_resuming_at_250.md").read_text() == "an earlier extension's"
     assert (tmp_path / "results_before_resuming_at_250_2.md").read_text() == "AP 50"
     assert checksum_problem(str(tmp_path / "results_before_resuming_at_250.json")) is None
+    # they are the run's files: --overwrite deletes them with the run (it kept them as the user's)
+    assert run_files(str(tmp_path)) == sorted(os.listdir(tmp_path))
     assert warnings_of(caplog) == [f"{tmp_path}: the results written before this resume at iteration 250 (of the model the run "
                         "had then) are kept as results_before_resuming_at_250_2.md and "
                         "results_before_resuming_at_250.json; the run writes its results.md and results.json anew "

@@ -12,7 +12,8 @@ import pytest
 from gwdet_lab.study.cells import PAPER_AP, PAPER_ORDERINGS
 from gwdet_lab.study.cli import main, report_from_records
 from gwdet.utils.atomic import write_text_with_checksum
-from gwdet_lab.study.record import code_label, code_note, read_record, running_code_label, write_usage
+from gwdet_lab.study.record import (code_label, code_note, confounded_note, read_record, running_code_label,
+                                    write_usage)
 from gwdet_lab.study.records import export_records, recorded_cells
 from gwdet_lab.study.run_folder import RunFolder
 from gwdet_lab.study.stats import holm_adjusted, paired_difference, t_quantile, with_holm
@@ -205,6 +206,39 @@ def test_records_without_their_detections_name_the_way_on(tmp_path, capsys):
         main(["--records", str(records), "--report-to", str(tmp_path / "report")])
     assert ("no detections to resample, which the resampled APs are checked against. Restore the file (a cell's "
             "exported records keep it as coco_instances_results.json.gz)") in capsys.readouterr().err
+
+
+def test_the_report_names_values_other_than_the_norms_in_which_compared_cells_differ():
+    # GW cells of 2 iterations were compared with GN cells of 3 as if they differed in their norms only
+    import dataclasses
+
+    gn, gw = recorded_cells(RECORDS / "paper-seeds-3-4", ["gw-b2-s3", "gn-b2-s3"])
+    assert confounded_note([gn, gw]) is None  # the study's configs differ in norm keys only
+    longer = gn.cfg.clone()
+    longer.SOLVER.MAX_ITER = gn.cfg.SOLVER.MAX_ITER + 1000
+    note = confounded_note([dataclasses.replace(gn, cfg=longer), gw])
+    assert note == (f"Cells compared at the same batch size and seed differ in more than their norms: SOLVER.MAX_ITER "
+                    f"(gn-b2-s3 {longer.SOLVER.MAX_ITER}, gw-b2-s3 {gw.cfg.SOLVER.MAX_ITER}). Their differences mix "
+                    "those values with the norms'.")
+    other_seed = dataclasses.replace(gn, cell=dataclasses.replace(gn.cell, seed=4), cfg=longer)
+    assert confounded_note([other_seed, gw]) is None  # not compared with each other
+
+
+def test_an_export_over_records_of_the_cell_with_another_config_is_refused(tmp_path):
+    # the records of another study's cells of the same names (another schedule) were replaced without a word
+    destination = _record_copy(tmp_path)
+    folder = RunFolder(destination / "gw-b2-s3")
+    record = folder.read_json("study_cell.json")
+    record["config"] = record["config"].replace("  MAX_ITER: 4000\n", "  MAX_ITER: 2\n")
+    folder.write_json("study_cell.json", record)
+    before = {path.name: path.read_bytes() for path in folder.path.iterdir() if path.is_file()}
+    with pytest.raises(ValueError) as refused:
+        export_records(recorded_cells(RECORDS / "paper-seeds-3-4", ["gw-b2-s3"]), destination)
+    assert str(refused.value) == (
+        f"--export-records {destination} holds records of gw-b2-s3 (SOLVER.MAX_ITER: recorded 2, exported 4000) "
+        "trained with another config than the exported cells; exporting would replace them; nothing was copied. "
+        "Export into another folder, or move those records away first.")
+    assert {path.name: path.read_bytes() for path in folder.path.iterdir() if path.is_file()} == before
 
 
 def test_holm_adjustment_by_hand():

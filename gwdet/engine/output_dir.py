@@ -25,6 +25,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 from typing import IO, Any, Callable, Iterator, Mapping, NamedTuple, Sequence
@@ -43,12 +44,14 @@ from gwdet.errors import (
 )
 from gwdet.checkpoint.resilient import (
     CHECKPOINT_NAME,
+    INITIAL_WEIGHTS_KEY,
     LAST_CHECKPOINT,
     local_weights_path,
     lost_checkpoint_error,
     tagged_name,
 )
 from gwdet.config import ABSENT, flatten_config
+from gwdet.engine.run_environment import ENVIRONMENT_KEY
 from gwdet.model_zoo.loading import load_config_yaml
 from gwdet.utils.atomic import (
     CHECKSUM_SUFFIX,
@@ -71,6 +74,8 @@ RESULTS_MARKDOWN = "results.md"  # the run's results, written by gwdet.engine.ru
 RESULTS_JSON = "results.json"
 RUN_FILES = ("last_checkpoint", "metrics.json", RESULTS_MARKDOWN, RESULTS_JSON, CONFIG_NAME,
              CONFIG_NAME + CHECKSUM_SUFFIX, RESULTS_JSON + CHECKSUM_SUFFIX)
+# A run resumed past its results keeps them under these names (set_aside_results), with its files.
+EARLIER_RESULTS = re.compile(r"^results_before_resuming_at_\d+(_\d+)?\.(md|json)(\.sha256)?$")
 EVAL_FOLDER = "eval"  # --eval-only of a folder that holds a run writes to eval/<checkpoint>/
 INFERENCE_FOLDER = "inference"  # detectron2's evaluators write their files in inference/<dataset>/
 VIS_FOLDER = "vis"  # the prediction drawings
@@ -108,8 +113,9 @@ def is_checkpoint_name(name: str, tagged: str | None = None) -> bool:
 
 def run_files(output_dir: str) -> list[str]:
     """The files and folders of an earlier run in ``output_dir`` (names, sorted): its checkpoints
-    (:func:`is_checkpoint_name`) and their ``.sha256`` records and :data:`RUN_FILES` (files, not folders,
-    of those names), :data:`RUN_FOLDERS` and TensorBoard's event files. Nothing else is a run's."""
+    (:func:`is_checkpoint_name`) and their ``.sha256`` records, :data:`RUN_FILES` and the results a
+    resume kept (:data:`EARLIER_RESULTS`) (files, not folders, of those names), :data:`RUN_FOLDERS` and
+    TensorBoard's event files. Nothing else is a run's."""
     if not os.path.isdir(output_dir):
         return []
     tagged = _tagged_checkpoint_name(output_dir)
@@ -117,7 +123,8 @@ def run_files(output_dir: str) -> list[str]:
     for name in os.listdir(output_dir):
         checkpoint = name[:-len(CHECKSUM_SUFFIX)] if name.endswith(CHECKSUM_SUFFIX) else name
         folder = os.path.isdir(os.path.join(output_dir, name))  # a folder named like a run's file is the user's
-        run_file = not folder and (is_checkpoint_name(checkpoint, tagged) or name in RUN_FILES)
+        run_file = not folder and (is_checkpoint_name(checkpoint, tagged) or name in RUN_FILES
+                                   or bool(EARLIER_RESULTS.match(name)))
         if run_file or _is_run_folder(output_dir, name) or name.startswith("events.out.tfevents"):
             names.append(name)
     return sorted(names)
@@ -582,6 +589,30 @@ def resumed_iteration(output_dir: str) -> tuple[str, int] | None:
     trainer = data.get("trainer")  # the trainer's state holds the iteration too
     iteration = data.get("iteration", trainer.get("iteration") if isinstance(trainer, dict) else None)
     return (path, iteration + 1) if type(iteration) is int else None
+
+
+def recorded_initial_weights(output_dir: str) -> Mapping[str, Any] | None:
+    """The initial weights (``{"path", "sha256"}``) the run in ``output_dir`` started from: as its
+    ``results.json`` records them, or before its results as the checkpoint ``last_checkpoint`` names
+    carries them (:data:`~gwdet.checkpoint.resilient.INITIAL_WEIGHTS_KEY`); ``None`` without a record."""
+    from gwdet.checkpoint.safe_load import load_torch_file
+
+    try:
+        with open(os.path.join(output_dir, RESULTS_JSON), "rb") as file:
+            recorded = json.load(file)[ENVIRONMENT_KEY]["initial_weights"]
+        if isinstance(recorded, dict):
+            return recorded
+    except (OSError, ValueError, KeyError, TypeError):  # no results yet, an evaluation's, an older run's
+        pass
+    name = _tagged_checkpoint_name(output_dir) if os.path.isdir(output_dir) else None
+    if name is None:
+        return None
+    try:
+        data = load_torch_file(os.path.join(output_dir, name), allow_unsafe=False, how_to_opt_in="", mmap=True)
+    except Exception:  # torch.load reports bad files with many exception types; nothing is recorded then
+        return None
+    recorded = data.get(INITIAL_WEIGHTS_KEY) if isinstance(data, dict) else None
+    return recorded if isinstance(recorded, dict) else None
 
 
 def check_resume_trains(output_dir: str, max_iter: int, setting: str = "SOLVER.MAX_ITER") -> None:

@@ -76,6 +76,7 @@ from gwdet.engine.output_dir import (
     config_until_started,
     earlier_run_until_started,
     evaluation_folder,
+    recorded_initial_weights,
     tagged_checkpoint,
 )
 from gwdet.engine.run_environment import ENVIRONMENT_KEY, run_environment
@@ -383,25 +384,19 @@ def setup(args: argparse.Namespace, run: RunConfig) -> None:
 
 def warn_of_replaced_weights(config_file: str, run: RunConfig) -> None:
     """Warn when a training from a run's ``config.yaml`` starts from initial weights whose file now
-    holds other bytes than that run started from (the ``initial_weights`` its ``results.json``
-    records): the same config, another starting point."""
-    results = os.path.join(os.path.dirname(os.path.abspath(config_file)), RESULTS_JSON)
-    if os.path.basename(config_file) != CONFIG_NAME or not os.path.isfile(results) or not run.weights:
+    holds other bytes than that run started from (:func:`~gwdet.engine.output_dir.recorded_initial_weights`:
+    its ``results.json``, or its checkpoint): the same config, another starting point."""
+    folder = os.path.dirname(os.path.abspath(config_file))
+    if os.path.basename(config_file) != CONFIG_NAME or not run.weights or not os.path.isfile(run.weights):
         return
-    try:
-        with open(results, "rb") as file:
-            recorded = json.load(file)[ENVIRONMENT_KEY]["initial_weights"]
-        then = recorded["path"], recorded["sha256"]
-    except (OSError, ValueError, KeyError, TypeError):  # no record (an older run, an evaluation), or unreadable
+    recorded = recorded_initial_weights(folder)
+    if not recorded or recorded.get("path") != run.weights:
         return
-    path = run.weights
-    if then[0] != path or not os.path.isfile(path):
-        return
-    now = weights_record(path)["sha256"]
-    if now != then[1]:
-        logger.warning(f"{run.weights_setting} {path} holds other weights than the run of {config_file} started from "
-                       f"(SHA-256 {now[:12]}... now, {then[1][:12]}... in its {RESULTS_JSON}): the file was replaced "
-                       "since, and this run starts from it as it is now.")
+    now = weights_record(run.weights)["sha256"]
+    if now != recorded.get("sha256"):
+        logger.warning(f"{run.weights_setting} {run.weights} holds other weights than the run of {config_file} started "
+                       f"from (SHA-256 {now[:12]}... now, {str(recorded.get('sha256'))[:12]}... in that run's "
+                       "records): the file was replaced since, and this run starts from it as it is now.")
 
 
 def written_folders(run: RunConfig) -> list[str]:

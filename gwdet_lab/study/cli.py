@@ -52,7 +52,7 @@ from gwdet_lab.study.cells import (
 )
 from gwdet_lab.study.cluster import REPORT_LOCK, folder_lock, list_jobs, submit_cells, wait_for_cells
 from gwdet_lab.study.evaluation import PAPER_WEIGHTS
-from gwdet_lab.study.record import ON_MISMATCH, ConfigMismatch, PlannedCell, check_trained_as_recorded, code_note, plan
+from gwdet_lab.study.record import ON_MISMATCH, ConfigMismatch, PlannedCell, check_trained_as_recorded, code_note, confounded_note, plan
 from gwdet_lab.study.records import RecordsIncomplete, export_records, recorded_cells
 from gwdet_lab.study.report import foreign_report_problem, write_report
 from gwdet_lab.study.scheduler import Scheduler, is_done
@@ -355,9 +355,7 @@ def report(args: argparse.Namespace, planned: Sequence[PlannedCell], weights: Se
         notes.append(f"Only the cells {', '.join(args.only)} were requested.")
     if args.opts:
         notes.append(f"Common overrides of every cell: {' '.join(args.opts)}.")
-    code = code_note(done)
-    if code:
-        notes.append(code)
+    notes += [note for note in (code_note(done), confounded_note(done)) if note]
     paths = write_report(TITLES[name], [summarize(p) for p in done], pending, report_folder(args, out_dir), notes)
     echo("wrote " + ", ".join(display_path(str(p)) for p in paths))
     if args.export_records:

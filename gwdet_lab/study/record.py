@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import itertools
 import subprocess
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -289,6 +290,34 @@ def code_note(planned: Sequence[PlannedCell]) -> str | None:
     if not lines:
         return None
     return "Cells run by another version of the code than planned, or by several: " + "; ".join(lines) + "."
+
+
+def is_norm_key(key: str) -> bool:
+    """Whether the config key ``key`` chooses or sets the norm layers (what a study's configurations
+    are meant to differ in)."""
+    return (key.endswith(".NORM") or key in ("MODEL.RESNETS.GW_POSITIONS", "MODEL.STRICT_NORM_GROUPS")
+            or key.startswith(("MODEL.GW.", "MODEL.BW.", "MODEL.BGN.", "MODEL.GN.")))
+
+
+def confounded_note(planned: Sequence[PlannedCell], shown: int = 4) -> str | None:
+    """A report note naming the values other than the norms (:func:`is_norm_key`) in which cells
+    that the report compares (other configurations at the same batch size and seed) differ: their
+    differences are not the norms' alone (``None`` when there is none)."""
+    trees = {item.cell.name: yaml.safe_load(comparable_dump(item.cfg)) or {} for item in planned}
+    lines: dict[str, str] = {}
+    for first, second in itertools.combinations(planned, 2):
+        a, b = first.cell, second.cell
+        if (a.batch_size, a.seed) != (b.batch_size, b.seed) or a.group == b.group:
+            continue
+        for key, one, other in differing_values(trees[a.name], trees[b.name]):
+            if not is_norm_key(key) and key not in lines:
+                lines[key] = f"{key} ({a.name} {one!r}, {b.name} {other!r})"
+    if not lines:
+        return None
+    listed_lines = list(lines.values())
+    more = f" and {len(listed_lines) - shown} more" if len(listed_lines) > shown else ""
+    return ("Cells compared at the same batch size and seed differ in more than their norms: "
+            + "; ".join(listed_lines[:shown]) + more + ". Their differences mix those values with the norms'.")
 
 
 def plan(cells: Sequence[Cell], runs_dir: Path, common_opts: Sequence[str] = (),

@@ -18,13 +18,13 @@ from typing import Sequence
 import yaml
 from detectron2.config import CfgNode
 
-from gwdet.errors import GwdetError, GwdetFileNotFoundError, GwdetValueError
+from gwdet.errors import GwdetError, GwdetFileNotFoundError, GwdetValueError, listed
 from gwdet.utils.atomic import checksum_path
 from gwdet.engine.output_dir import CONFIG_NAME, RESULTS_JSON, RESULTS_MARKDOWN
 from gwdet_lab.study.cells import PAPER_GROUPS, Cell
 from gwdet_lab.study.evaluation import report_dataset
 from gwdet_lab.study.image_bootstrap import DETECTIONS_JSON
-from gwdet_lab.study.record import PlannedCell, read_record
+from gwdet_lab.study.record import PlannedCell, config_differences, read_record
 from gwdet_lab.study.run_folder import (
     BATCH_STATISTICS_JSON,
     COMPLETE_JSON,
@@ -54,13 +54,28 @@ def export_records(planned: Sequence[PlannedCell], destination: Path) -> list[Pa
     with its ``.sha256`` where the run folder has one; the report split's detections as
     ``.json.gz``); returns the cell folders written. In a cell folder already there, the record
     files are replaced and anything else is kept; a destination that is where the records are read
-    from is refused before anything is written."""
+    from, or that holds a record of the cell with another config, is refused before anything is
+    written."""
     for item in planned:
         if (destination / item.cell.name).resolve() == item.folder.path.resolve():
             raise GwdetValueError(
                 f"--export-records {destination}: the records of {item.cell.name} are read from there "
                 f"({item.folder.path}), so exporting would replace them with themselves; nothing was copied. Give "
                 "another folder (e.g. docs/study/records/<study>).")
+    other = []
+    for item in planned:
+        kept = read_record(RunFolder(destination / item.cell.name)) if (destination / item.cell.name).is_dir() else None
+        exported = read_record(item.folder)
+        if kept is not None and exported is not None:
+            differences = config_differences(kept["config"], exported["config"])
+            if differences:
+                first = differences[0].replace("requested", "exported")
+                other.append(f"{item.cell.name} ({first}{' ...' if len(differences) > 1 else ''})")
+    if other:
+        raise GwdetValueError(
+            f"--export-records {destination} holds records of {listed(other, 4, '; ')} trained with another config "
+            "than the exported cells; exporting would replace them; nothing was copied. Export into another folder, "
+            "or move those records away first.")
     written = []
     for item in planned:
         source, target = item.folder.path, destination / item.cell.name
