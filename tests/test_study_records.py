@@ -190,6 +190,15 @@ def test_the_over_training_tool_and_export_name_their_flags_in_one_line(tmp_path
         assert exit_.value.code == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "table.md").write_text("my own notes")  # was replaced by the report without a word
+    recorded = json.loads((RECORDS / "paper" / "gw-b2-s0" / "over_training.json").read_text())
+    (records / "gw-b2-s3" / "over_training.json").write_text(json.dumps(recorded))
+    with pytest.raises(SystemExit):
+        over_training(["--records", str(records), "--cells", "gw-b2-s3", "--out", str(notes)])
+    assert f"--out {notes} holds table.md, which the report would replace" in capsys.readouterr().err
+    assert (notes / "table.md").read_text() == "my own notes"
     (tmp_path / "afile.txt").write_text("mine")
     with pytest.raises(SystemExit):
         main(["--records", str(records), "--report-to", str(tmp_path / "report"), "--export-records",
@@ -300,7 +309,7 @@ def test_kept_checkpoints_in_training_order_with_the_final_weights_last(tmp_path
         (500, "model_0000499.pth"), (1000, "model_0000999.pth"), (1500, "model_final.pth")]
 
 
-def test_over_training_report_from_records(tmp_path):
+def test_over_training_report_from_records(tmp_path, capsys):
     from gwdet_lab.study.over_training import main as over_training
 
     for cell, curve, subset in (("gn-b2-s3", {"500": 10.0, "4000": 55.7}, {"running": 70.0}),
@@ -315,6 +324,19 @@ def test_over_training_report_from_records(tmp_path):
     assert "| gn-b2-s3 | 10.00 | 55.70 |" in table and "| gw-b2-s3 | 8.00 | 56.10 |" in table
     assert "| gw-b2-s3 | GW | 56.10 | 71.00 | – | – |" in table and "shapes_train_first200" in table
     assert (tmp_path / "report" / "ap_over_training.png").stat().st_size > 1000
+    # measured while the cell trained (its last checkpoint then 3500): reported as its final weights before
+    partial = tmp_path / "records" / "gw-b2-s3" / "over_training.json"
+    partial.write_text(json.dumps({"key": {"checkpoints": [500, 3500], "subset": 200, "batch_size": 2},
+                                   "val_box_ap": {"500": 8.0, "3500": 50.0}, "train_subset_box_ap": {}}))
+    with pytest.raises(SystemExit):
+        over_training(["--records", str(tmp_path / "records"), "--cells", "gw-b2-s3", "--out", str(tmp_path / "o2")])
+    assert "gw-b2-s3 (to iteration 3500 of 4000) was measured before the cell's training ended" in \
+        capsys.readouterr().err
+    # and --runs refuses cells that have not finished training (no model_final.pth in a records folder)
+    with pytest.raises(SystemExit):
+        over_training(["--runs", str(tmp_path / "records"), "--cells", "gw-b2-s3", "--out", str(tmp_path / "o3")])
+    assert "gw-b2-s3 have not finished training (no model_final.pth" in capsys.readouterr().err
+    assert not (tmp_path / "o2").exists() and not (tmp_path / "o3").exists()
 
 
 def test_exporting_records_keeps_the_users_files_and_never_exports_a_folder_onto_itself(tmp_path):

@@ -41,12 +41,14 @@ from gwdet.engine.trainer import Trainer
 from gwdet_lab.study.evaluation import evaluate, has_batch_norm, selection_dataset, use_batch_statistics
 from gwdet_lab.study.record import PlannedCell
 from gwdet_lab.study.records import OVER_TRAINING_JSON, recorded_cells
-from gwdet_lab.study.report import label
+from gwdet_lab.study.report import foreign_report_problem, label
 from gwdet_lab.study.run_folder import FINAL_WEIGHTS, RunFolder
 
 TABLE_MD, CURVE_PNG = "table.md", "ap_over_training.png"
 DEFAULT_SUBSET = 200
 PROG = "python -m gwdet_lab.study.over_training"
+TITLE = "Box AP over training, and batch norm's statistics on training images"
+REPORT_NAMES = (TABLE_MD, CURVE_PNG)  # what write_report writes
 _PERIODIC = re.compile(r"^model_(\d{7})\.pth$")
 
 
@@ -150,7 +152,7 @@ def write_report(cells: Sequence[tuple[PlannedCell, dict]], out_dir: Path) -> li
     val = selection_dataset(cells[0][0].cfg)
     train = f"{cells[0][0].cfg.DATASETS.TRAIN[0]}_first{subset}"
     text = [
-        "# Box AP over training, and batch norm's statistics on training images", "",
+        f"# {TITLE}", "",
         f"Box AP (%) on `{val}` at every kept checkpoint (running statistics, one image at a time), "
         "columns: iterations trained.", "", curve_table(cells).markdown(), "",
         f"With the final weights on `{train}` (the first {subset} training images, seen in training): "
@@ -193,6 +195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _over_training(argv: list[str]) -> int:
     args = argument_parser().parse_args(argv)
+    problem = foreign_report_problem("--out", Path(args.out), [TITLE], REPORT_NAMES, PROG)
+    if problem:
+        raise GwdetValueError(problem)
     if args.records:
         recorded = recorded_cells(Path(args.records), args.cells, only_flag="--cells")
         cells = [(p, p.folder.read_json(OVER_TRAINING_JSON)) for p in recorded]
@@ -200,8 +205,19 @@ def _over_training(argv: list[str]) -> int:
         if missing:
             raise GwdetValueError(f"--records {args.records}: no {OVER_TRAINING_JSON} for {', '.join(missing)}: those "
                                   "cells were not measured; measure them from their run folders with --runs")
+        partial = [f"{p.cell.name} (to iteration {max(map(int, done['val_box_ap']))} of {p.max_iter})"
+                   for p, done in cells if max(map(int, done["val_box_ap"])) != p.max_iter]
+        if partial:
+            raise GwdetValueError(f"--records {args.records}: the {OVER_TRAINING_JSON} of {', '.join(partial)} was "
+                                  "measured before the cell's training ended, so its last point is not the final "
+                                  "weights; measure the finished cells again from their run folders with --runs")
     else:
         planned = recorded_cells(Path(args.runs), args.cells, flag="--runs", only_flag="--cells")
+        training = [p.cell.name for p in planned if p.folder.is_busy() or not p.folder.file(FINAL_WEIGHTS).is_file()]
+        if training:
+            raise GwdetValueError(f"--runs {args.runs}: {', '.join(training)} have not finished training (no "
+                                  f"{FINAL_WEIGHTS}, or a process works in the folder): measure them once the study "
+                                  "has trained them; nothing was measured")
         cells = [(p, measure(p, args.subset)) for p in planned]
     for path in write_report(cells, Path(args.out)):
         print(f"wrote {path}")

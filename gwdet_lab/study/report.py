@@ -404,14 +404,15 @@ def plot_ap_vs_batch(results: Sequence[CellResult], path: Path) -> None:
 REPORT_FILES = (TABLE_MD, TABLE_CSV, DIFFERENCES_CSV, CELLS_CSV, AP_BARS_PNG, LOSS_PNG, AP_BATCH_PNG)
 
 
-def foreign_report_problem(flag: str, folder: Path, titles: Sequence[str]) -> str | None:
-    """Why the report must not be written into ``folder`` (given as ``flag``): a file there, not a
-    folder; or files of the report's names (:data:`REPORT_FILES`) beside no ``table.md`` of a study
-    report (its first line is ``# `` and one of ``titles``), which the report would replace: the
-    user's own. ``None`` otherwise."""
+def foreign_report_problem(flag: str, folder: Path, titles: Sequence[str], names: Sequence[str] = REPORT_FILES,
+                           tool: str = "compare_norms.py") -> str | None:
+    """Why a report of ``tool`` must not be written into ``folder`` (given as ``flag``): a file
+    there, not a folder; or files of the report's ``names`` beside no ``table.md`` of such a report
+    (its first line is ``# `` and one of ``titles``), which the report would replace: the user's
+    own. ``None`` otherwise."""
     if folder.exists() and not folder.is_dir():
         return f"{flag} {folder} is a file, not a folder: give the folder to write the report into (created when missing)."
-    existing = [name for name in REPORT_FILES if (folder / name).exists()]
+    existing = [name for name in names if (folder / name).exists()]
     if not existing:
         return None
     table = folder / TABLE_MD
@@ -420,7 +421,7 @@ def foreign_report_problem(flag: str, folder: Path, titles: Sequence[str]) -> st
             if f.readline().rstrip("\n") in {f"# {title}" for title in titles}:
                 return None  # an earlier report of this tool
     return (f"{flag} {folder} holds {', '.join(existing)}, which the report would replace, and no {TABLE_MD} there is "
-            "one of compare_norms.py's reports: they are not the tool's. Give another folder, or move those files "
+            f"one of {tool}'s reports: they are not the tool's. Give another folder, or move those files "
             "away; nothing was written.")
 
 
