@@ -418,8 +418,9 @@ class LazyRun(RunConfig):
 
     def model_differences_from(self, path: str) -> list[str]:
         saved = read_saved_config(path)
-        if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
-            return []
+        if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):  # a yacs run's: not comparable
+            raise GwdetValueError(f"{path} is not a LazyConfig run's config.yaml, so its model cannot be compared "
+                                  "with this LazyConfig's")
         return model_differences(saved, saved_tree(self.cfg))
 
     def build_trainer(self) -> LazyTrainer:
