@@ -129,6 +129,21 @@ def test_overwrite_deletes_the_runs_files_and_folders_keeps_the_users_and_says_w
     assert deleted[:3] == [CONFIG_NAME, CONFIG_NAME + ".sha256", "eval"]
 
 
+def test_an_overwrite_while_an_evaluation_runs_in_the_folder_is_refused(tmp_path):
+    # it deleted eval/ under the running evaluation, which then wrote the deleted run's results there
+    make(tmp_path, *SEVEN, "results.json", "results.json.sha256", CONFIG_NAME, CONFIG_NAME + ".sha256")
+    evaluation = tmp_path / "eval" / "model_final"
+    with OutputDirLock(str(evaluation)):
+        before = sorted(os.listdir(tmp_path))
+        with pytest.raises(RuntimeError) as refused:
+            check_fresh_start(str(tmp_path), overwrite=True)
+        assert str(refused.value).startswith(f"OUTPUT_DIR {str(evaluation)!r} is in use by another run (pid "
+                                             f"{os.getpid()})")
+        assert sorted(os.listdir(tmp_path)) == before
+    check_fresh_start(str(tmp_path), overwrite=True)  # once it has ended
+    assert not (tmp_path / "eval").exists()
+
+
 def test_an_overwrite_sets_the_earlier_run_aside_until_the_new_one_starts_or_puts_it_back(tmp_path, caplog):
     """Deleted once the new run has started; put back when it stops before (an error in the block,
     or a kill, which the next run that takes the folder's lock undoes)."""

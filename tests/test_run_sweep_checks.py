@@ -337,6 +337,26 @@ def test_eval_only_neither_reads_nor_checks_the_training_sets(finished_run, tmp_
                            "MODEL.ROI_HEADS.NUM_CLASSES", "80"))
 
 
+def test_an_evaluation_records_the_weights_it_loaded_when_the_file_is_replaced_while_it_runs(finished_run, tmp_path,
+                                                                                           monkeypatch):
+    # a --resume replacing model_final.pth during an --eval-only: the results named the new file's SHA-256
+    from gwdet.engine.trainer import YacsRun
+
+    weights = tmp_path / "model_final.pth"
+    shutil.copy(finished_run / "model_final.pth", weights)
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+    evaluate = YacsRun.evaluate
+
+    def replaced_while_evaluating(self, model):
+        shutil.copy(finished_run / "model_0000000.pth", weights)
+        return evaluate(self, model)
+
+    monkeypatch.setattr(YacsRun, "evaluate", replaced_while_evaluating)
+    main(tiny_run_args(tmp_path / "eval", "--eval-only", "MODEL.WEIGHTS", str(weights)))
+    environment = json.loads((tmp_path / "eval" / "results.json").read_text())["environment"]
+    assert environment["weights"]["sha256"] == digest != hashlib.sha256(weights.read_bytes()).hexdigest()
+
+
 @pytest.mark.parametrize("link", ["hard", "symbolic"])
 def test_a_copy_of_a_run_made_of_links_is_refused_before_it_changes_the_original(finished_run, tmp_path, link):
     # cp -al / cp -rs: the resume rewrote the original's config.yaml in place, which then failed its own record

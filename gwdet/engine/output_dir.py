@@ -229,6 +229,10 @@ def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_D
             f"it with --resume, write to another {setting}, or pass --overwrite to delete that run "
             "and start again."
         )
+    evaluations = os.path.join(output_dir, EVAL_FOLDER)
+    if EVAL_FOLDER in existing:  # an evaluation running there (its own lock) would write into deleted folders
+        for name in sorted(os.listdir(evaluations)):
+            check_not_in_use(os.path.join(evaluations, name), setting)
     deleted = [os.path.realpath(os.path.join(output_dir, name)) for name in existing]
     source = os.path.realpath(os.path.expanduser(weights)) if weights and "://" not in weights else None
     if source is not None and any(source == path or source.startswith(path + os.sep) for path in deleted):

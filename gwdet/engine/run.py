@@ -430,6 +430,8 @@ def main(args: argparse.Namespace):
             if args.eval_only:
                 with named_config_failures(run.cfg, "build the model", args.opts):
                     model = run.load_weights(run.build_model())
+                # what was loaded, whatever replaces the file while the evaluation runs (a --resume's model_final)
+                scored = weights_record(local_weights_path(run.weights, run.weights_setting))
             else:
                 if not (args.resume and checkpoints_in(run.output_dir)):
                     warn_of_replaced_weights(args.config_file, run)
@@ -454,10 +456,9 @@ def main(args: argparse.Namespace):
                     raise TrainingDiverged(f"Training diverged: {error} {diverged_advice(run.output_dir)}") from error
             model = trainer.model
         test_datasets = run.test_datasets()
-        evaluated = local_weights_path(run.weights, run.weights_setting) if args.eval_only else None
         initial = None if args.eval_only else getattr(trainer.checkpointer, "initial_weights", None)
-        write_results_to(run.output_dir, results or {}, test_datasets, run.run_datasets(not args.eval_only), evaluated,
-                         initial)
+        write_results_to(run.output_dir, results or {}, test_datasets, run.run_datasets(not args.eval_only),
+                         scored if args.eval_only else None, initial)
         drawings: list[str] = []
         if comm.is_main_process() and run.vis_images > 0 and test_datasets:  # no test set: nothing to draw
             drawings = save_prediction_pngs(run.cfg, model, test_datasets[0], run.vis_images,
@@ -558,12 +559,13 @@ def results_record(results: Mapping, datasets: Sequence[str] = (), run_datasets:
 
 
 def write_results_to(output_dir: str, results: Mapping, datasets: Sequence[str] = (),
-                     run_datasets: Sequence[str] = (), evaluated: str | None = None,
+                     run_datasets: Sequence[str] = (), evaluated: Mapping[str, str] | None = None,
                      initial: Mapping[str, str] | None = None) -> None:
     """``output_dir/results.md`` and ``results.json`` (:func:`results_record`) of ``results`` for the
     test sets ``datasets`` of a run on ``run_datasets`` (main process only; nothing without results);
-    an evaluation's name the weights file ``evaluated`` and its SHA-256, a training's the weights
-    it started from (``initial``, as its checkpoints carry them)."""
+    an evaluation's name the weights file it scored and its SHA-256 (``evaluated``, taken when they
+    were loaded), a training's the weights it started from (``initial``, as its checkpoints carry
+    them); both as :func:`~gwdet.checkpoint.resilient.weights_record` gives them."""
     if not comm.is_main_process() or not results:
         return
     os.makedirs(output_dir, exist_ok=True)
@@ -576,13 +578,12 @@ def write_results_to(output_dir: str, results: Mapping, datasets: Sequence[str] 
                            "A model early in its training, or a score threshold (MODEL.ROI_HEADS.SCORE_THRESH_TEST) "
                            "above every score, gives none.")
     markdown = results_markdown(results, datasets)
-    scored = weights_record(evaluated) if evaluated else None
-    if scored:
-        markdown += f"\nWeights evaluated: `{scored['path']}` (SHA-256 {scored['sha256']})\n"
+    if evaluated:
+        markdown += f"\nWeights evaluated: `{evaluated['path']}` (SHA-256 {evaluated['sha256']})\n"
     write_text_atomically(os.path.join(output_dir, RESULTS_MARKDOWN), markdown)
     # results.json is what gwdet reads again (the study counts a cell done by it): its SHA-256 is recorded beside it
     write_text_with_checksum(os.path.join(output_dir, RESULTS_JSON),
-                             json.dumps(results_record(results, datasets, run_datasets, scored, initial), indent=2))
+                             json.dumps(results_record(results, datasets, run_datasets, evaluated, initial), indent=2))
 
 
 def log_outputs(output_dir: str, wrote_results: bool, drawings: Sequence[str], drawings_setting: str) -> None:
