@@ -369,10 +369,11 @@ RESNET_BACKBONES = ("build_resnet_backbone", "build_resnet_fpn_backbone", "build
                     "build_resnet_deeplab_backbone") + GW_BACKBONES
 # the values of INPUT.MASK_FORMAT detectron2's data loading reads (detectron2.data.detection_utils)
 DETECTRON2_MASK_FORMATS = ("polygon", "bitmask")
-# INPUT.FORMAT -> the channels of an image detectron2 reads in it (its own BGR and YUV-BT.601, and
-# PIL's modes); a format missing here is not compared with the pixel mean and std
-FORMAT_CHANNELS: Mapping[str, int] = {"BGR": 3, "RGB": 3, "YUV-BT.601": 3, "YCbCr": 3, "HSV": 3, "LAB": 3,
-                                      "L": 1, "RGBA": 4, "CMYK": 4}
+# INPUT.FORMAT -> the channels of an image detectron2 reads in it and trains on (its own BGR, and
+# PIL's modes of 8-bit channels); detectron2's YUV-BT.601 gives float64 images the model cannot take,
+# and PIL's other modes (1, F, I, P, ...) lack the channel axis its mapper needs
+FORMAT_CHANNELS: Mapping[str, int] = {"BGR": 3, "RGB": 3, "YCbCr": 3, "HSV": 3, "LAB": 3, "L": 1, "RGBA": 4,
+                                      "CMYK": 4}
 
 
 def _checkpoint_period(cfg: CfgNode, period: Any) -> str | None:
@@ -541,10 +542,20 @@ def _registered(registry_name: str, *also: str, part: str | None = None) -> Call
 
 
 def _image_format(cfg: CfgNode, image_format: Any) -> str | None:
-    from PIL import Image
+    if image_format in FORMAT_CHANNELS:
+        return None
+    return (f"is not a format detectron2 reads images in and trains on: use one of {', '.join(FORMAT_CHANNELS)} "
+            "(detectron2's YUV-BT.601 gives float64 images the model cannot take; PIL's modes other than these lack "
+            "the channel axis detectron2's mapper needs).")
 
-    known = ("BGR", "YUV-BT.601", *Image.MODES)  # detectron2's read_image: its own two and PIL's modes
-    return _one_of(*known, reads="detectron2's read_image")(cfg, image_format)
+
+def _training_sampler(cfg: CfgNode, sampler: Any) -> str | None:
+    problem = _one_of("TrainingSampler", "RepeatFactorTrainingSampler", "RandomSubsetTrainingSampler",
+                      reads="detectron2's train loader")(cfg, sampler)
+    if problem is None and sampler == "RandomSubsetTrainingSampler" and "RANDOM_SUBSET_RATIO" not in cfg.DATALOADER:
+        return ("reads DATALOADER.RANDOM_SUBSET_RATIO, which this detectron2's config does not have (its loader would "
+                "stop on it): use TrainingSampler or RepeatFactorTrainingSampler.")
+    return problem
 
 
 def _min_sizes(cfg: CfgNode, sizes: Any) -> str | None:
@@ -695,8 +706,7 @@ DETECTRON2_VALUE_RULES = (
     ValueRule("INPUT.RANDOM_FLIP", _one_of("none", "horizontal", "vertical", reads="detectron2's augmentations")),
     ValueRule("INPUT.CROP.TYPE", _one_of("relative_range", "relative", "absolute", "absolute_range",
                                          reads="detectron2's RandomCrop")),
-    ValueRule("DATALOADER.SAMPLER_TRAIN", _one_of("TrainingSampler", "RepeatFactorTrainingSampler",
-                                                  "RandomSubsetTrainingSampler", reads="detectron2's train loader")),
+    ValueRule("DATALOADER.SAMPLER_TRAIN", _training_sampler),
     ValueRule("DATALOADER.REPEAT_THRESHOLD", _number(0, means="repeat-factor threshold")),
     ValueRule("MODEL.META_ARCHITECTURE", _registered("META_ARCH_REGISTRY")),
     # DeepLab's backbone is registered when its detectron2 project is imported (gwdet names it)

@@ -60,8 +60,24 @@ def test_a_grey_image_format_with_one_mean_and_std_passes():
     build_config(str(DEMO_CONFIG), ["INPUT.FORMAT", "L", "MODEL.PIXEL_MEAN", "[127.5]", "MODEL.PIXEL_STD", "[64.0]"])
 
 
-def test_a_format_of_unknown_channels_is_only_held_to_equal_lengths():
-    build_config(str(DEMO_CONFIG), ["INPUT.FORMAT", "P", "MODEL.PIXEL_MEAN", "[1.0]", "MODEL.PIXEL_STD", "[2.0]"])
+@pytest.mark.parametrize("image_format", ["YUV-BT.601", "P", "F", "I"])
+def test_formats_detectron2_reads_but_cannot_train_on_are_refused(image_format):
+    # accepted, then a generic failure at the first iteration: YUV-BT.601 gives float64 images, and
+    # PIL's 1-channel modes but L lack the channel axis detectron2's mapper adds
+    with pytest.raises(ValueError, match=f"INPUT.FORMAT='{image_format}' is not a format detectron2 reads images in and "
+                                         "trains on: use one of BGR, RGB, YCbCr, HSV, LAB, L, RGBA, CMYK"):
+        build_config(str(DEMO_CONFIG), ["INPUT.FORMAT", image_format, "MODEL.PIXEL_MEAN", "[1.0]",
+                                        "MODEL.PIXEL_STD", "[2.0]"])
+
+
+def test_random_subset_sampling_without_its_ratio_key_is_refused():
+    # listed as valid, then detectron2's AttributeError: RANDOM_SUBSET_RATIO, a key this config cannot take
+    cfg = build_config(str(DEMO_CONFIG))
+    if "RANDOM_SUBSET_RATIO" in cfg.DATALOADER:
+        pytest.skip("this detectron2's config has DATALOADER.RANDOM_SUBSET_RATIO")
+    with pytest.raises(ValueError, match="reads DATALOADER.RANDOM_SUBSET_RATIO, which this detectron2's config does "
+                                         "not have"):
+        build_config(str(DEMO_CONFIG), ["DATALOADER.SAMPLER_TRAIN", "RandomSubsetTrainingSampler"])
 
 
 def test_the_depth_of_a_backbone_that_is_no_resnet_is_not_checked():
@@ -152,11 +168,15 @@ def test_three_channel_pixel_values_for_grey_images_are_refused():
     assert message.startswith("config: MODEL.PIXEL_MEAN=[127.5, 127.5, 127.5] and MODEL.PIXEL_STD=[64.0, 64.0, "
                               "64.0] have 3 values, but images of INPUT.FORMAT='L' have 1 channel")
     assert message.endswith("Give MODEL.PIXEL_MEAN and MODEL.PIXEL_STD 1 value each, one per channel, or set "
-                            "INPUT.FORMAT to a format of 3 channels (BGR, RGB, YUV-BT.601, YCbCr, HSV, LAB).")
+                            "INPUT.FORMAT to a format of 3 channels (BGR, RGB, YCbCr, HSV, LAB).")
 
 
 def test_a_pixel_mean_and_std_of_different_lengths_are_refused():
-    message = refusal("INPUT.FORMAT", "P", "MODEL.PIXEL_MEAN", "[1.0, 2.0]")
+    from gwdet.config_checks import check_pixel_normalization
+
+    with pytest.raises(ValueError) as refused:  # a format of unknown channels (a LazyConfig's input_format)
+        check_pixel_normalization([1.0, 2.0], [64.0, 64.0, 64.0], "P")
+    message = str(refused.value)
     assert message == ("config: MODEL.PIXEL_MEAN=[1.0, 2.0] has 2 values and MODEL.PIXEL_STD=[64.0, 64.0, 64.0] "
                        "has 3: the model normalizes each image channel with one value of each. Give both one value "
                        "per channel of the images (INPUT.FORMAT='P').")
@@ -297,7 +317,7 @@ def test_schedule_values_detectron2_uses_pass():
     (["SOLVER.LR_SCHEDULER_NAME", "WarmupFoo"], "SOLVER.LR_SCHEDULER_NAME='WarmupFoo' is not one of the values"),
     (["SOLVER.WARMUP_METHOD", "cosine"], "SOLVER.WARMUP_METHOD='cosine' is not one of the values"),
     (["SOLVER.CLIP_GRADIENTS.CLIP_TYPE", "foo"], "SOLVER.CLIP_GRADIENTS.CLIP_TYPE='foo' is not one of the values"),
-    (["INPUT.FORMAT", "XYZ"], "INPUT.FORMAT='XYZ' is not one of the values detectron2's read_image knows"),
+    (["INPUT.FORMAT", "XYZ"], "INPUT.FORMAT='XYZ' is not a format detectron2 reads images in and trains on"),
     (["INPUT.RANDOM_FLIP", "diagonal"], "INPUT.RANDOM_FLIP='diagonal' is not one of the values"),
     (["INPUT.CROP.TYPE", "foo"], "INPUT.CROP.TYPE='foo' is not one of the values"),
     (["DATALOADER.SAMPLER_TRAIN", "FooSampler"], "DATALOADER.SAMPLER_TRAIN='FooSampler' is not one of the values"),

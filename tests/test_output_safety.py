@@ -138,6 +138,14 @@ def test_eval_only_refuses_a_checkpoint_that_leaves_weights_missing(finished_run
     with pytest.raises(ValueError, match="does not hold every weight.*missing: roi_heads.mask_head") as refused:
         ResilientCheckpointer(model, require_every_weight=True).load(str(partial))
     assert str(refused.value).startswith(f"The checkpoint {partial} (MODEL.WEIGHTS) does not hold")  # named the file
+    # weights of another class count: their shapes named, not "missing" (detectron2 lists both)
+    three = tmp_path / "three.pth"
+    ResilientCheckpointer(Trainer.build_model(build_config(str(DEMO_CONFIG), TINY_OPTS + [
+        "MODEL.ROI_HEADS.NUM_CLASSES", "3"])), save_dir=str(tmp_path)).save("three")
+    with pytest.raises(ValueError) as refused:
+        ResilientCheckpointer(model, require_every_weight=True).load(str(three))
+    assert "roi_heads.box_predictor.cls_score.weight: shape (4, 256) in the checkpoint, (5, 256) in the model" in \
+        str(refused.value) and "missing: roi_heads.box_predictor" not in str(refused.value)
 
 
 def test_resume_when_the_named_checkpoint_is_gone_uses_the_previous_one(finished_run, tmp_path, caplog):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from PIL import Image
 
@@ -212,11 +213,27 @@ def test_retinanet_and_box_only_models_are_checked_by_their_own_keys(data):
     check_config_against_datasets(cfg)
     cfg = cfg.clone()
     cfg.defrost()
-    cfg.MODEL.META_ARCHITECTURE = "RetinaNet"
-    with pytest.raises(DatasetError, match="MODEL.RETINANET.NUM_CLASSES is 80.*MODEL.RETINANET.NUM_CLASSES 2"):
+    for architecture in ("RetinaNet", "GWRetinaNet"):  # gwdet's own RetinaNet was not checked at all
+        cfg.MODEL.META_ARCHITECTURE = architecture
+        cfg.MODEL.RETINANET.NUM_CLASSES = 80
+        with pytest.raises(DatasetError, match="MODEL.RETINANET.NUM_CLASSES is 80.*MODEL.RETINANET.NUM_CLASSES 2"):
+            check_config_against_datasets(cfg)
+        cfg.MODEL.RETINANET.NUM_CLASSES = 2
         check_config_against_datasets(cfg)
-    cfg.MODEL.RETINANET.NUM_CLASSES = 2
-    check_config_against_datasets(cfg)
+
+
+def test_one_annotation_file_under_two_training_names_is_refused(data):
+    # each image was trained twice as often, without a word (a name given twice is refused)
+    from gwdet.data import prepare_datasets
+
+    register_coco_datasets([CocoDataset.parse(spec("twice_a", data["train"])),
+                            CocoDataset.parse(spec("twice_b", data["train"]))])
+    cfg = build_config(str(DEMO_CONFIG), tiny("DATASETS.TRAIN", "('twice_a', 'twice_b')", "DATASETS.TEST", "()",
+                                              "MODEL.ROI_HEADS.NUM_CLASSES", "2", "INPUT.MASK_FORMAT", "polygon"))
+    with pytest.raises(ValueError, match=r"DATASETS.TRAIN names 'twice_a' and 'twice_b', registered from one annotation "
+                                         r"file .*twice as often"):
+        prepare_datasets(cfg)
+    prepare_datasets(cfg, trains=False)  # an evaluation reads no training set
 
 
 def test_the_environment_variable_registers_what_the_config_names(data, tmp_path, monkeypatch):
@@ -453,3 +470,18 @@ def test_a_resume_on_another_annotation_file_under_the_same_name_is_refused(data
                                             "file as before, or train on the new data into another output folder."))
     main(parse_args([*first, "--resume", "SOLVER.MAX_ITER", "3"]))  # the same file: resumed
     assert json.loads((tmp_path / "metrics.json").read_text().splitlines()[-1])["iteration"] == 2
+
+
+def test_a_resume_on_other_shapes_data_names_the_settings_that_generate_it(tmp_path):
+    # "Register 'shapes_train' from the same annotation file as before": a name gwdet refuses to register
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    checkpointer = ResilientCheckpointer(torch.nn.Linear(1, 1), str(tmp_path), training_data={
+        "shapes_train": {"json_file": "/cache/shapes_seed1/train.json", "json_sha256": "b" * 64}})
+    saved = {"shapes_train": {"json_file": "/cache/shapes_seed0/train.json", "json_sha256": "a" * 64}}
+    with pytest.raises(ValueError) as refused:
+        checkpointer._check_same_training_data(saved, str(tmp_path / "model_final.pth"))
+    assert str(refused.value).endswith(
+        "nothing was trained. Give the shapes settings the run trained with (DATASETS.SHAPES.*, a LazyConfig's "
+        "dataloader.shapes.*: its config.yaml), which generate 'shapes_train', or train on the new data into another "
+        "output folder.")

@@ -260,3 +260,18 @@ def test_an_image_side_too_large_to_draw_in_memory_is_refused_naming_the_key(tmp
                                          r"its masks in memory \(10.1 GiB for one image of that side\)"):
         register_shapes(cfg)
     assert not (tmp_path / "shapes").exists()
+
+
+def test_a_cache_without_its_checksum_record_that_cannot_take_one_is_read_as_it_is(tmp_path, caplog):
+    # a shared read-only cache made by an older gwdet: a raw OSError where the record was written
+    import shutil
+
+    generated = ensure_generated(SPEC, tmp_path)
+    before = {path.name: path.stat().st_mtime_ns for path in generated.rglob("*.png")}
+    (generated / CHECKSUMS_JSON).unlink()
+    (generated / CHECKSUMS_JSON).mkdir()  # the record cannot be written (as on a read-only disk, which root writes)
+    with caplog.at_level(logging.WARNING, logger="gwdet.data.shapes"):
+        assert ensure_generated(SPEC, tmp_path) == generated
+    assert "has no checksum record, and none can be written there" in caplog.text
+    assert {path.name: path.stat().st_mtime_ns for path in generated.rglob("*.png")} == before  # not generated again
+    shutil.rmtree(generated / CHECKSUMS_JSON)

@@ -254,6 +254,7 @@ INITIAL_WEIGHTS_KEY = "gwdet_initial_weights"
 # What torch.compile puts in the names of a compiled module's weights (its OptimizedModule wraps the
 # original module as _orig_mod).
 COMPILED = "_orig_mod."
+SHAPES_PREFIX = "shapes_"  # the generated shapes splits' names (gwdet.data.coco_registration.RESERVED_PREFIX)
 
 
 def input_record(model: torch.nn.Module) -> dict[str, Any]:
@@ -396,12 +397,15 @@ class ResilientCheckpointer(DetectionCheckpointer):
             if not isinstance(before, dict) or None in (before.get("json_sha256"), now.get("json_sha256")):
                 continue
             if before["json_sha256"] != now["json_sha256"]:
+                fix = (f"Give the shapes settings the run trained with (DATASETS.SHAPES.*, a LazyConfig's "
+                       f"dataloader.shapes.*: its config.yaml), which generate {name!r}"
+                       if name.startswith(SHAPES_PREFIX) else f"Register {name!r} from the same annotation file as before")
                 raise GwdetValueError(
                     f"--resume: the run in {self.save_dir} trained on {name!r} from {before.get('json_file')} (SHA-256 "
                     f"{before['json_sha256'][:12]}...), but {name!r} is now {now.get('json_file')} with other contents "
                     f"(SHA-256 {now['json_sha256'][:12]}...): it would continue on other data than it started with "
-                    f"({os.path.basename(checkpoint)}); nothing was trained. Register {name!r} from the same annotation "
-                    "file as before, or train on the new data into another output folder.")
+                    f"({os.path.basename(checkpoint)}); nothing was trained. {fix}, or train on the new data into "
+                    "another output folder.")
 
     def load_weights(self, path: str) -> dict:
         """Initial weights (``MODEL.WEIGHTS``, or the setting ``weights_setting`` names), ``~`` and
@@ -554,7 +558,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 "weights with tools/convert_pretrained.py IN OUT and give OUT as MODEL.WEIGHTS (docs/weights.md), "
                 "or set MODEL.WEIGHTS \"\" to train from scratch.")
         if self.require_every_weight and (incompatible.missing_keys or incompatible.incorrect_shapes):
-            problems = [f"missing: {key}" for key in incompatible.missing_keys]
+            other_shapes = {key for key, _, _ in incompatible.incorrect_shapes}  # detectron2 lists them missing too
+            problems = [f"missing: {key}" for key in incompatible.missing_keys if key not in other_shapes]
             problems += [f"{key}: shape {tuple(ck)} in the checkpoint, {tuple(mk)} in the model"
                          for key, ck, mk in incompatible.incorrect_shapes]
             raise GwdetValueError(

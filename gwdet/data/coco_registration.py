@@ -725,7 +725,8 @@ def _check_same_categories(use: DatasetUse, reference: CocoDataset, name: str) -
 
 # What MODEL.*.NUM_CLASSES means for the meta-architectures whose class count gwdet checks against any
 # dataset's categories (a --register-coco dataset's for every architecture but these without classes).
-_CLASS_COUNT_KEYS = {"GeneralizedRCNN": "ROI_HEADS", "PanopticFPN": "ROI_HEADS", "RetinaNet": "RETINANET"}
+_CLASS_COUNT_KEYS = {"GeneralizedRCNN": "ROI_HEADS", "PanopticFPN": "ROI_HEADS", "RetinaNet": "RETINANET",
+                     "GWRetinaNet": "RETINANET"}
 _WITHOUT_CLASSES = ("ProposalNetwork", "SemanticSegmentor")  # class-agnostic proposals; no ROI heads
 
 

@@ -102,6 +102,26 @@ def prepare_datasets(cfg: CfgNode, coco: Sequence[CocoDataset] = (), *, trains: 
     if any(name.startswith("shapes_") for name in names):
         register_shapes(cfg)
     check_dataset_files(names)
+    if trains:
+        check_distinct_training_files(cfg.DATASETS.TRAIN)
+
+
+def check_distinct_training_files(names: Sequence[str]) -> None:
+    """Refuse training datasets registered from one annotation file under two names: detectron2
+    would join them and draw their images twice as often as the others' (as it would a name given
+    twice, which the config check refuses)."""
+    seen: dict[str, str] = {}
+    for name in names:
+        json_file = MetadataCatalog.get(name).get("json_file") if name in MetadataCatalog.list() else None
+        if not json_file:
+            continue
+        path = os.path.realpath(json_file)
+        if path in seen:
+            raise GwdetValueError(
+                f"DATASETS.TRAIN names {seen[path]!r} and {name!r}, registered from one annotation file ({json_file}): "
+                "detectron2 would join them and draw their images twice as often as the others'. Give it once (to "
+                "weigh images, set DATALOADER.SAMPLER_TRAIN RepeatFactorTrainingSampler).")
+        seen[path] = name
 
 
 def _crowd_regions_only(datasets: str) -> int:

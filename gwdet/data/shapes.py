@@ -351,8 +351,13 @@ def _is_complete(folder: Path, spec: ShapesSpec) -> bool:
         return False
     if not (folder / CHECKSUMS_JSON).is_file() and _files_read(folder):
         # no checksum record, but every file decodes: record them as they are rather than generate
-        # the dataset again under runs that may read it
-        _record_checksums(folder)
+        # the dataset again under runs that may read it (a cache this process may not write is
+        # read unrecorded)
+        try:
+            _record_checksums(folder)
+        except OSError as error:
+            logger.warning("The shapes dataset in %s has no checksum record, and none can be written there (%s): "
+                           "it is read as it is (every file decodes).", folder, error.strerror or error)
         return True
     damaged = damaged_files(folder)
     if damaged:
