@@ -183,6 +183,20 @@ def test_results_of_a_model_that_detected_nothing_are_said_to_be_nan(tmp_path):
         "(MODEL.ROI_HEADS.SCORE_THRESH_TEST) above every score, gives none."]
 
 
+def test_the_score_threshold_named_is_the_runs_own():
+    # a LazyConfig or RetinaNet run was told of MODEL.ROI_HEADS.SCORE_THRESH_TEST
+    from gwdet.engine.run import load_run_config
+
+    from conftest import DEMO_CONFIG, REPO
+
+    assert load_run_config(str(DEMO_CONFIG)).score_threshold_setting == "MODEL.ROI_HEADS.SCORE_THRESH_TEST"
+    retina = load_run_config(str(DEMO_CONFIG), ["MODEL.META_ARCHITECTURE", "GWRetinaNet"])
+    assert retina.score_threshold_setting == "MODEL.RETINANET.SCORE_THRESH_TEST"
+    lazy = load_run_config(str(REPO / "configs" / "LazyConfig" / "mask_rcnn_R_50_FPN_gw_shapes.py"))
+    assert lazy.score_threshold_setting == "model.roi_heads.box_predictor.test_score_thresh"
+    assert lazy.cfg.model.roi_heads.box_predictor.test_score_thresh is not None  # the setting exists
+
+
 class _ReadsAGoneFile:
     def __init__(self, path):
         self.path = path

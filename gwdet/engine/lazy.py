@@ -380,6 +380,13 @@ class LazyRun(RunConfig):
     def vis_images(self) -> int:
         return int(self.cfg.train.get("vis_images", 0))
 
+    @property
+    def score_threshold_setting(self) -> str:
+        model = self.cfg.model
+        if "test_score_thresh" in model:  # detectron2's RetinaNet node
+            return "model.test_score_thresh"
+        return "model.roi_heads.box_predictor.test_score_thresh"
+
     def with_target(self, weights: str, output_dir: str) -> "LazyRun":
         self.cfg.train.init_checkpoint, self.cfg.train.output_dir = weights, output_dir
         return self

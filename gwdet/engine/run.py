@@ -100,6 +100,11 @@ class RunConfig(ABC):
     weights_setting: ClassVar[str]  # the setting of the initial weights
     weights_example: ClassVar[str]  # that setting given a value, as a message suggests it
     input_settings: ClassVar[str]  # the settings of the values a checkpoint records beside its weights
+
+    @property
+    @abstractmethod
+    def score_threshold_setting(self) -> str:
+        """The setting of the score below which the model's detections are dropped at test time."""
     vis_setting: ClassVar[str]  # the setting of the number of prediction drawings
     test_setting: ClassVar[str]  # the setting that names the test set(s)
 
@@ -458,7 +463,7 @@ def main(args: argparse.Namespace):
         test_datasets = run.test_datasets()
         initial = None if args.eval_only else getattr(trainer.checkpointer, "initial_weights", None)
         write_results_to(run.output_dir, results or {}, test_datasets, run.run_datasets(not args.eval_only),
-                         scored if args.eval_only else None, initial)
+                         scored if args.eval_only else None, initial, run.score_threshold_setting)
         drawings: list[str] = []
         if comm.is_main_process() and run.vis_images > 0 and test_datasets:  # no test set: nothing to draw
             drawings = save_prediction_pngs(run.cfg, model, test_datasets[0], run.vis_images,
@@ -560,12 +565,14 @@ def results_record(results: Mapping, datasets: Sequence[str] = (), run_datasets:
 
 def write_results_to(output_dir: str, results: Mapping, datasets: Sequence[str] = (),
                      run_datasets: Sequence[str] = (), evaluated: Mapping[str, str] | None = None,
-                     initial: Mapping[str, str] | None = None) -> None:
+                     initial: Mapping[str, str] | None = None,
+                     threshold_setting: str = "MODEL.ROI_HEADS.SCORE_THRESH_TEST") -> None:
     """``output_dir/results.md`` and ``results.json`` (:func:`results_record`) of ``results`` for the
     test sets ``datasets`` of a run on ``run_datasets`` (main process only; nothing without results);
     an evaluation's name the weights file it scored and its SHA-256 (``evaluated``, taken when they
     were loaded), a training's the weights it started from (``initial``, as its checkpoints carry
-    them); both as :func:`~gwdet.checkpoint.resilient.weights_record` gives them."""
+    them); both as :func:`~gwdet.checkpoint.resilient.weights_record` gives them. A test set on which
+    the model detected nothing is warned of, naming the ``threshold_setting`` of its scores."""
     if not comm.is_main_process() or not results:
         return
     os.makedirs(output_dir, exist_ok=True)
@@ -575,8 +582,8 @@ def write_results_to(output_dir: str, results: Mapping, datasets: Sequence[str] 
         if values and all(isinstance(value, float) and math.isnan(value) for value in values):
             logger.warning(f"The model detected nothing on {dataset or 'the test set'}: detectron2 reports its AP as "
                            "NaN (written so in results.md and results.json), and scores no masks without detections. "
-                           "A model early in its training, or a score threshold (MODEL.ROI_HEADS.SCORE_THRESH_TEST) "
-                           "above every score, gives none.")
+                           f"A model early in its training, or a score threshold ({threshold_setting}) above every "
+                           "score, gives none.")
     markdown = results_markdown(results, datasets)
     if evaluated:
         markdown += f"\nWeights evaluated: `{evaluated['path']}` (SHA-256 {evaluated['sha256']})\n"

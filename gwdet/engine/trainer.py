@@ -278,6 +278,11 @@ class YacsRun(RunConfig):
     def vis_images(self) -> int:
         return self.cfg.TEST.VIS_IMAGES
 
+    @property
+    def score_threshold_setting(self) -> str:
+        head = "RETINANET" if "RetinaNet" in self.cfg.MODEL.META_ARCHITECTURE else "ROI_HEADS"
+        return f"MODEL.{head}.SCORE_THRESH_TEST"
+
     def with_target(self, weights: str, output_dir: str) -> "YacsRun":
         cfg = self.cfg.clone()
         cfg.defrost()
