@@ -63,8 +63,9 @@ def test_ctrl_c_ends_a_tool_with_one_line_and_status_130(capsys):
     with pytest.raises(SystemExit) as stop:
         run_tool(interrupted, [], "export_model.py")
     assert stop.value.code == 130
-    assert capsys.readouterr().err == ("export_model.py: interrupted (Ctrl-C); run the same command again to finish "
-                                       "what it had not finished (--verbose shows where it stopped).\n")
+    assert capsys.readouterr().err == ("export_model.py: interrupted (Ctrl-C); run the command again to finish what "
+                                       "it had not finished (a training: with --resume; --verbose shows where it "
+                                       "stopped).\n")
     with pytest.raises(KeyboardInterrupt):
         run_tool(interrupted, ["--verbose"], "export_model.py")
 

@@ -550,6 +550,11 @@ def test_resume_of_a_run_without_its_config_yaml_or_of_a_lazyconfig_run_by_a_yac
     (run / "config.yaml").write_text("model:\n  _target_: x\ntrain:\n  max_iter: 2\ndataloader: {}\n")
     with pytest.raises(ValueError, match="was trained from a LazyConfig .*Resume it with the LazyConfig"):
         check_resume_config(cfg, str(run))  # was: "damaged ... --overwrite", which deletes the run
+    # a LazyConfig dump holding a python tag (as LazyConfig.save writes a ShapeSpec): was "Remove the tag"
+    (run / "config.yaml").write_text("model:\n  _target_: x\n  shape: !!python/object:detectron2.layers.ShapeSpec "
+                                     "{channels: 3}\ntrain:\n  max_iter: 2\n")
+    with pytest.raises(ValueError, match="was trained from a LazyConfig .*Resume it with the LazyConfig"):
+        check_resume_config(cfg, str(run))
 
 
 def test_eval_only_resume_with_weights_named_on_the_command_line_is_refused(finished_run, tmp_path):

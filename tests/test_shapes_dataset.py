@@ -275,3 +275,18 @@ def test_a_cache_without_its_checksum_record_that_cannot_take_one_is_read_as_it_
     assert "has no checksum record, and none can be written there" in caplog.text
     assert {path.name: path.stat().st_mtime_ns for path in generated.rglob("*.png")} == before  # not generated again
     shutil.rmtree(generated / CHECKSUMS_JSON)
+
+
+def test_an_unregistered_name_gets_the_closest_registered_one_and_shapes_names_their_splits():
+    # "shapes_vall" was advised to be registered with --register-coco, which refuses shapes_ names
+    from gwdet.data.datasets import unregistered_message
+
+    message = unregistered_message("shapes_vall")
+    assert ("Names starting with 'shapes_' are gwdet's shapes dataset's: its splits are shapes_train, shapes_val, "
+            "shapes_test; give your own data another name") in message and "--register-coco shapes_vall" not in message
+    DatasetCatalog.register("sweep_unregistered_probe", list)
+    try:
+        assert "is not registered. Did you mean 'sweep_unregistered_probe'?" in unregistered_message(
+            "sweep_unregisterd_probe")
+    finally:
+        DatasetCatalog.remove("sweep_unregistered_probe")

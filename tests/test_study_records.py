@@ -366,3 +366,19 @@ def test_a_cell_that_detected_nothing_is_left_out_of_the_means_not_a_crash():
 
     assert std([1.0, math.nan, 3.0]) == statistics.stdev([1.0, 3.0]) and mean([1.0, math.nan, 3.0]) == 2.0
     assert math.isnan(mean([math.nan])) and std([math.nan, 2.0]) is None and mean([]) is None
+
+
+def test_files_where_the_study_and_the_export_make_folders_are_named(tmp_path, capsys):
+    # raw NotADirectoryError (--out holding a file 'runs') and FileExistsError (a file named like a cell)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "runs").write_text("mine")
+    with pytest.raises(SystemExit):
+        main(["--study", "paper", "--list", "--out", str(tmp_path / "out")])
+    assert f"--out {tmp_path / 'out'} holds a file named runs, where the study keeps its cells' run folders" in \
+        capsys.readouterr().err
+    (tmp_path / "dest").mkdir()
+    (tmp_path / "dest" / "gw-b2-s3").write_text("mine")
+    with pytest.raises(ValueError, match=r"holds a file named like the cell gw-b2-s3, where its records go into a "
+                                         r"folder of that name; nothing was copied"):
+        export_records(recorded_cells(RECORDS / "paper-seeds-3-4", ["gw-b2-s3"]), tmp_path / "dest")
+    assert (tmp_path / "dest" / "gw-b2-s3").read_text() == "mine"

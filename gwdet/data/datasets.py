@@ -9,6 +9,7 @@ Your own COCO-format datasets come from ``--register-coco NAME=JSON:IMAGE_ROOT``
 from __future__ import annotations
 
 import contextlib
+import difflib
 import logging
 import os
 from typing import Any, Iterable, Iterator, Sequence
@@ -22,11 +23,14 @@ from gwdet.data.coco_registration import (
     CocoDataset,
     DatasetError,
     check_config_against_datasets,
+    RESERVED_PREFIX,
     environment_datasets,
     register_coco_datasets,
     registered_coco_dataset,
 )
-from gwdet.data.shapes import register_shapes
+from gwdet.data.shapes import SPLITS, register_shapes
+
+SHAPES_SPLITS = tuple(RESERVED_PREFIX + split for split in SPLITS)  # the shapes dataset's registered names
 
 COCO_LAYOUT_HINT = (
     "For COCO, set DETECTRON2_DATASETS to the folder that holds coco/, laid out as "
@@ -44,9 +48,16 @@ def config_dataset_names(cfg: CfgNode, trains: bool = True) -> list[str]:
 
 
 def unregistered_message(name: str) -> str:
-    """Why dataset ``name`` cannot be used: it is not registered; how to register it."""
+    """Why dataset ``name`` cannot be used: it is not registered; the registered name it is closest
+    to, and how to register one (a name of gwdet's shapes dataset cannot be: its splits are named)."""
+    close = difflib.get_close_matches(name, DatasetCatalog.list(), n=1)
+    meant = f" Did you mean {close[0]!r}?" if close else ""
+    if name.startswith(RESERVED_PREFIX):
+        return (f"Dataset {name!r} is not registered.{meant} Names starting with {RESERVED_PREFIX!r} are gwdet's shapes "
+                f"dataset's: its splits are {', '.join(SHAPES_SPLITS)}; give your own data another name "
+                "(--register-coco NAME=path/to/instances.json:path/to/images).")
     return (
-        f"Dataset {name!r} is not registered. Register your own COCO-format data with --register-coco "
+        f"Dataset {name!r} is not registered.{meant} Register your own COCO-format data with --register-coco "
         f"{name}=path/to/instances.json:path/to/images (tools/train_net.py, tools/compare_norms.py; "
         "detectron2.data.datasets.register_coco_instances in code), or pick a registered one. "
         f"{COCO_LAYOUT_HINT}"

@@ -52,6 +52,7 @@ from gwdet.checkpoint.resilient import (
 )
 from gwdet.config import ABSENT, flatten_config
 from gwdet.engine.run_environment import ENVIRONMENT_KEY
+from gwdet.model_zoo.lazy_loading import is_lazy_config
 from gwdet.model_zoo.loading import load_config_yaml
 from gwdet.utils.atomic import (
     CHECKSUM_SUFFIX,
@@ -731,16 +732,16 @@ def saved_run_config(cfg: CfgNode, output_dir: str, path: str) -> CfgNode:
     its recorded checksum, read as plain YAML), as ``cfg``'s keys hold it; the ``--resume``
     refusal of a damaged file or of a LazyConfig's run."""
     check_config_checksum(path, output_dir)
+    if is_lazy_config(path):  # a python tag of its own would otherwise be named first
+        raise GwdetValueError(
+            f"--resume: the run in {output_dir!r} was trained from a LazyConfig ({path} holds its model, train "
+            "and dataloader), so this yacs config cannot continue it. Resume it with the LazyConfig it was "
+            "trained with, or train into another OUTPUT_DIR.")
     saved = cfg.clone()
     saved.defrost()
     try:
         with open(path, encoding="utf-8") as f:
             content = load_config_yaml(path, f.read())  # plain YAML only: detectron2 would unpickle a python tag
-        if isinstance(content, dict) and isinstance(content.get("model"), dict) and "MODEL" not in content:
-            raise GwdetValueError(
-                f"--resume: the run in {output_dir!r} was trained from a LazyConfig ({path} holds its model, train "
-                "and dataloader), so this yacs config cannot continue it. Resume it with the LazyConfig it was "
-                "trained with, or train into another OUTPUT_DIR.")
         if not isinstance(content, dict) or not isinstance(content.get("MODEL"), dict):
             raise damaged_config(path, output_dir, "it holds no MODEL section")
         saved.merge_from_other_cfg(type(saved)(content))  # a run's config.yaml: no _BASE_, this detectron2's VERSION

@@ -91,8 +91,8 @@ def reported_errors(prog: str | None = None, verbose: bool = False) -> Iterator[
         if verbose:
             raise
         sys.stdout.flush()
-        print(f"{tool_name(prog)}: interrupted (Ctrl-C); run the same command again to finish what it had not "
-              f"finished ({VERBOSE_FLAG} shows where it stopped).", file=sys.stderr, flush=True)
+        print(f"{tool_name(prog)}: interrupted (Ctrl-C); run the command again to finish what it had not finished "
+              f"(a training: with --resume; {VERBOSE_FLAG} shows where it stopped).", file=sys.stderr, flush=True)
         raise SystemExit(INTERRUPTED_STATUS) from None
 
 

@@ -231,6 +231,10 @@ def _run_study(argv: list[str], repo_root: Path) -> int:
     problem = output_path_problem("--out", args.out, folder=True)
     if problem:
         parser.error(problem)
+    runs = Path(args.out) / RUNS_FOLDER
+    if runs.exists() and not runs.is_dir():
+        parser.error(f"--out {args.out} holds a file named {RUNS_FOLDER}, where the study keeps its cells' run "
+                     "folders: move the file away, or give another --out; nothing was written.")
     if args.export_records:
         problem = output_path_problem("--export-records", args.export_records, folder=True)
         if problem:
@@ -384,8 +388,9 @@ def report_from_records(args: argparse.Namespace, records_dir: Path, weights: Se
     unfinished = [p.cell.name for p in planned if not is_done(p, weights)]
     if unfinished:
         raise RecordsIncomplete(f"--records {records_dir}: {', '.join(unfinished)} not finished in the records "
-                                "(no study_complete.json, or example weighing without the requested "
-                                "--example-weights); export records of finished cells only")
+                                "(no study_complete.json, a results.json that fails its SHA-256 record, or example "
+                                "weighing without the requested --example-weights); export records of finished "
+                                "cells only, unchanged")
     report(args, planned, weights, out_dir)
     return 0
 

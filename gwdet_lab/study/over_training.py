@@ -217,7 +217,8 @@ def _over_training(argv: list[str]) -> int:
         if training:
             raise GwdetValueError(f"--runs {args.runs}: {', '.join(training)} have not finished training (no "
                                   f"{FINAL_WEIGHTS}, or a process works in the folder): measure them once the study "
-                                  "has trained them; nothing was measured")
+                                  "has trained them (a records folder, which keeps no checkpoints, is read with "
+                                  "--records); nothing was measured")
         cells = [(p, measure(p, args.subset)) for p in planned]
     for path in write_report(cells, Path(args.out)):
         print(f"wrote {path}")

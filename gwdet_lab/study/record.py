@@ -202,8 +202,8 @@ def check_trained_as_recorded(planned: Sequence[PlannedCell]) -> None:
         raise GwdetValueError(
             "The config the run trained with (its config.yaml) is not the cell's recorded config; its results are "
             "not the cell's, and nothing was written:\n" + "\n".join(problems) + "\nThe run was trained further "
-            "or again outside the study. Move its folder aside (the study trains the cell again), or report it as "
-            "a configuration of its own (--configs NAME=<its config.yaml>).")
+            "or again outside the study. Move its folder aside (the study trains the cell again); its own results "
+            "stay in its results.md.")
 
 
 def write_record(planned: PlannedCell, common_opts: Sequence[str]) -> None:

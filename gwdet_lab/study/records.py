@@ -62,6 +62,12 @@ def export_records(planned: Sequence[PlannedCell], destination: Path) -> list[Pa
                 f"--export-records {destination}: the records of {item.cell.name} are read from there "
                 f"({item.folder.path}), so exporting would replace them with themselves; nothing was copied. Give "
                 "another folder (e.g. docs/study/records/<study>).")
+    files = [item.cell.name for item in planned
+             if (destination / item.cell.name).exists() and not (destination / item.cell.name).is_dir()]
+    if files:
+        raise GwdetValueError(f"--export-records {destination} holds a file named like the cell {files[0]}, where its "
+                              "records go into a folder of that name; nothing was copied. Move the file away, or "
+                              "export into another folder.")
     other = []
     for item in planned:
         kept = read_record(RunFolder(destination / item.cell.name)) if (destination / item.cell.name).is_dir() else None
