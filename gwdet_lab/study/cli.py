@@ -52,7 +52,8 @@ from gwdet_lab.study.cells import (
 )
 from gwdet_lab.study.cluster import REPORT_LOCK, folder_lock, list_jobs, submit_cells, wait_for_cells
 from gwdet_lab.study.evaluation import PAPER_WEIGHTS
-from gwdet_lab.study.record import ON_MISMATCH, ConfigMismatch, PlannedCell, check_trained_as_recorded, code_note, confounded_note, plan
+from gwdet_lab.study.record import (ON_MISMATCH, ConfigMismatch, PlannedCell, check_trained_as_recorded, code_note,
+                                    confounded_note, plan)
 from gwdet_lab.study.records import RecordsIncomplete, export_records, recorded_cells
 from gwdet_lab.study.report import foreign_report_problem, write_report
 from gwdet_lab.study.scheduler import Scheduler, is_done
@@ -253,51 +254,57 @@ def _run_study(argv: list[str], repo_root: Path) -> int:
                          "overrides, seeds, batch sizes) and trains nothing, so these would not apply; drop them "
                          "(--only picks recorded cells).")
         return report_from_records(args, Path(args.records), weights, out_dir)
-    # the --register-coco datasets for prepare_datasets here and in every cell's process
-    with datasets_in_environment(args.register_coco):
+    with datasets_in_environment(args.register_coco):  # for prepare_datasets here and in every cell's process
+        return _plan_and_run(args, argv, parser, weights, out_dir, repo_root)
+
+
+def _plan_and_run(args: argparse.Namespace, argv: Sequence[str], parser: argparse.ArgumentParser,
+                  weights: Sequence[float], out_dir: Path, repo_root: Path) -> int:
+    """Plan the cells, then list them, submit them as jobs, or run them here, and write the report;
+    the exit status."""
+    try:
+        options = cluster_options(args)
+    except (ValueError, ClusterUnavailable) as error:
+        print(f"compare_norms.py: error: {error}", file=sys.stderr)
+        return 2
+    try:
+        cells = build_cells(args, repo_root)
+        planned = plan(cells, out_dir / RUNS_FOLDER, args.opts, args.on_mismatch, record=not args.list)
+        for item in planned:
+            prepare_datasets(item.cfg)
+    except ConfigMismatch as error:
+        print(f"compare_norms.py: error: {error}", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError, KeyError) as error:
+        parser.error(str(error))
+    if args.list:
+        list_cells(planned, weights)
+        return 0
+    if options is not None:
+        return run_on_cluster(args, argv, options, planned, weights, out_dir, repo_root)
+    threads = choose_threads(args.threads or None, processes=args.jobs)
+    echo(f"study {study_name(args)}: {len(planned)} cells into {out_dir / RUNS_FOLDER}, {args.jobs} at a time; "
+         + threads.describe())
+    outcome = None
+    if not args.report_only:
+        # `kill PID` stops the study as Ctrl-C does; its workers stop too, their checkpoints stay.
+        previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+        scheduler = Scheduler(planned, args.jobs, threads.threads, weights, args.num_gpus, echo)
         try:
-            options = cluster_options(args)
-        except (ValueError, ClusterUnavailable) as error:
-            print(f"compare_norms.py: error: {error}", file=sys.stderr)
-            return 2
-        try:
-            cells = build_cells(args, repo_root)
-            planned = plan(cells, out_dir / RUNS_FOLDER, args.opts, args.on_mismatch, record=not args.list)
-            for item in planned:
-                prepare_datasets(item.cfg)
-        except ConfigMismatch as error:
-            print(f"compare_norms.py: error: {error}", file=sys.stderr)
-            return 2
-        except (ValueError, FileNotFoundError, KeyError) as error:
-            parser.error(str(error))
-        if args.list:
-            list_cells(planned, weights)
-            return 0
-        if options is not None:
-            return run_on_cluster(args, argv, options, planned, weights, out_dir, repo_root)
-        threads = choose_threads(args.threads or None, processes=args.jobs)
-        echo(f"study {study_name(args)}: {len(planned)} cells into {out_dir / RUNS_FOLDER}, {args.jobs} at a time; "
-             + threads.describe())
-        outcome = None
-        if not args.report_only:
-            # `kill PID` stops the study as Ctrl-C does; its workers stop too, their checkpoints stay.
-            previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-            scheduler = Scheduler(planned, args.jobs, threads.threads, weights, args.num_gpus, echo)
-            try:
-                outcome = scheduler.run()
-            except KeyboardInterrupt:
-                echo("interrupted; run the same command again to resume")
-                return 130
-            finally:
-                signal.signal(signal.SIGTERM, previous)  # main() may run inside another program (a test)
-        try:
-            report(args, planned, weights, out_dir)
-        except ValueError as error:  # a damaged record of a cell (DamagedFile) or results without the report split
-            print(f"compare_norms.py: error: no report written: {error}", file=sys.stderr)
-            return 2
-        if outcome is None:
-            return 0
-        return 1 if outcome.failed or outcome.busy else 0
+            outcome = scheduler.run()
+        except KeyboardInterrupt:
+            echo("interrupted; run the same command again to resume")
+            return 130
+        finally:
+            signal.signal(signal.SIGTERM, previous)  # main() may run inside another program (a test)
+    try:
+        report(args, planned, weights, out_dir)
+    except ValueError as error:  # a damaged record of a cell (DamagedFile) or results without the report split
+        print(f"compare_norms.py: error: no report written: {error}", file=sys.stderr)
+        return 2
+    if outcome is None:
+        return 0
+    return 1 if outcome.failed or outcome.busy else 0
 
 
 def run_on_cluster(args: argparse.Namespace, argv: Sequence[str], options: LauncherOptions,
