@@ -5,6 +5,7 @@ must fail is asserted to fail before anything of that run changed.
 """
 import os
 import hashlib
+import logging
 import json
 import re
 import shutil
@@ -833,3 +834,14 @@ def test_weights_saved_from_a_compiled_module_load_by_their_names_and_keep_their
     ResilientCheckpointer(other, save_dir=str(tmp_path)).save("compiled_gn")
     with pytest.raises(ValueError, match=r"other norm layers .* backbone.fpn_lateral2.norm: GroupNorm -> GroupWhitening"):
         ResilientCheckpointer(fresh).load(str(tmp_path / "compiled_gn.pth"))  # the records renamed too
+
+
+def test_python_loading_compares_the_checkpoints_input_record(finished_run, caplog):
+    # ResilientCheckpointer.load wrote the record but never read it: other anchors, no word
+    model = Trainer.build_model(build_config(str(DEMO_CONFIG), TINY_OPTS + [
+        "MODEL.ANCHOR_GENERATOR.OFFSET", "0.5", "INPUT.FORMAT", "BGR"]))
+    with caplog.at_level(logging.WARNING):
+        ResilientCheckpointer(model).load(str(finished_run / "model_final.pth"))
+    warned = [r.getMessage() for r in caplog.records if "was trained with values this model has otherwise" in
+              r.getMessage()]
+    assert len(warned) == 1 and "input_format 'RGB' -> 'BGR'" in warned[0] and "anchor_offset 0.0 -> 0.5" in warned[0]

@@ -319,13 +319,16 @@ class ResilientCheckpointer(DetectionCheckpointer):
     ``classes``: the class names of the training data, in the order of the model's outputs, saved
     under :data:`CLASSES_KEY` (what an evaluation checks its test data against). ``training_data``:
     the training datasets' annotation files, saved under :data:`DATA_KEY` and checked on resume.
+    ``compare_input``: warn when the loaded checkpoint's record of the model's input values
+    (:func:`input_record`) differs from the model's (off where the caller compares them itself).
     """
 
     def __init__(self, *args: Any, require_every_weight: bool = False, weights_setting: str = "MODEL.WEIGHTS",
                  classes: Sequence[str] | None = None, training_data: Mapping[str, Mapping[str, Any]] | None = None,
-                 **kwargs: Any) -> None:
+                 compare_input: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.require_every_weight = require_every_weight
+        self.compare_input = compare_input
         self.weights_setting = weights_setting
         self.classes = list(classes) if classes else None
         self.training_data = dict(training_data) if training_data else None
@@ -514,6 +517,13 @@ class ResilientCheckpointer(DetectionCheckpointer):
                     check_unrecorded_weights(checkpoint["model"], self.model, _MISMATCH_OPT_IN)
         checkpoint.pop(NORM_TYPES_KEY, None)
         checkpoint.pop(NORM_SETTINGS_KEY, None)
+        differences = input_differences(checkpoint.get(INPUT_KEY), self.model) if self.compare_input else []
+        if differences:
+            self.logger.warning(
+                f"{self._loading} was trained with values this model has otherwise: {'; '.join(differences)}. The model "
+                "computes with its own values, which changes its results; build it with those the weights were "
+                "trained with (its input format, pixel mean and std, the ResNet's stride_in_1x1, the anchors, the FPN's "
+                "fuse type, the box regressions' weights).")
         return super()._load_model(checkpoint)
 
     def _read_compiled_names(self, checkpoint: dict) -> None:

@@ -167,7 +167,7 @@ class RunConfig(ABC):
         whose checkpoint records the class names they were trained on are refused for test data
         with those names in another order (:func:`gwdet.data.datasets.check_evaluated_classes`)."""
         checkpointer = ResilientCheckpointer(model, save_dir=self.output_dir, require_every_weight=True,
-                                             weights_setting=self.weights_setting)
+                                             weights_setting=self.weights_setting, compare_input=False)
         loaded = checkpointer.load_weights(self.weights)
         check_evaluated_classes(loaded.get(CLASSES_KEY), self.test_datasets(), self.weights)
         if self._warn_of_another_model(local_weights_path(self.weights, self.weights_setting)):
