@@ -421,3 +421,14 @@ def test_metrics_readers_skip_damaged_lines(tmp_path):
     (tmp_path / "metrics.json").write_bytes(b'{"iteration": 19, "total_loss": 2.0}\n[1, 2]\n7\n\xff\xfe\n'
                                             b'{"total_loss": 9.0}\n{"iteration": 39, "total_loss": 1.5}\n{"iter')
     assert loss_curve(RunFolder(tmp_path).metrics()) == [(19, 2.0), (39, 1.5)]
+
+
+def test_a_cell_stopped_from_outside_is_said_to_resume():
+    # "FAILED (exit status -9)" and unrelated log lines: nothing said the checkpoints were kept
+    from gwdet_lab.study.scheduler import failure_reason
+
+    assert failure_reason(-9) == ("killed by SIGKILL; its checkpoints are kept, and running the study's command again "
+                                  "resumes it")
+    assert failure_reason(143).startswith("stopped by SIGTERM after saving a checkpoint; its checkpoints are kept")
+    assert failure_reason(1) == "exit status 1"
+    assert failure_reason(worker.EXIT_MISMATCH) == "its config differs from the recorded one"

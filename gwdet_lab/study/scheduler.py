@@ -106,6 +106,19 @@ def record_usage(active: Active, peak_mb: float) -> None:
     write_usage(active.planned.folder, active.earlier, time.monotonic() - active.started, active.peak_mb)
 
 
+def failure_reason(code: int) -> str:
+    """Why a cell's worker ended with exit ``code`` (negative: killed by that signal), and, where it
+    was stopped from outside, that the study resumes it."""
+    if code == EXIT_MISMATCH:
+        return "its config differs from the recorded one"
+    resumes = "its checkpoints are kept, and running the study's command again resumes it"
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}; {resumes}"
+    if code - 128 in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
+        return f"stopped by {signal.Signals(code - 128).name} after saving a checkpoint; {resumes}"
+    return f"exit status {code}"
+
+
 @dataclass
 class Outcome:
     done: list[str] = field(default_factory=list)
@@ -192,7 +205,7 @@ class Scheduler:
             self.echo(f"{active.label} busy: another process took {folder.path} first")
             outcome.busy.append(name)
             return
-        reason = "its config differs from the recorded one" if code == EXIT_MISMATCH else f"exit status {code}"
+        reason = failure_reason(code)
         tail = folder.file(STDOUT_TXT).read_text(errors="replace").splitlines()[-FAILURE_TAIL_LINES:]
         self.echo(f"{active.label} FAILED ({reason}); last lines of {folder.file(STDOUT_TXT)}:\n" + "\n".join(tail))
         outcome.failed.append(name)
