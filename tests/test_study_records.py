@@ -382,3 +382,14 @@ def test_files_where_the_study_and_the_export_make_folders_are_named(tmp_path, c
                                          r"folder of that name; nothing was copied"):
         export_records(recorded_cells(RECORDS / "paper-seeds-3-4", ["gw-b2-s3"]), tmp_path / "dest")
     assert (tmp_path / "dest" / "gw-b2-s3").read_text() == "mine"
+
+
+def test_an_export_that_cannot_write_names_the_cell_and_the_file(tmp_path):
+    # a full disk gave a raw OSError traceback and left a 0-byte record
+    destination = tmp_path / "dest"
+    (destination / "gw-b2-s3" / "results.json").mkdir(parents=True)  # a write that fails, as on a full disk
+    with pytest.raises(OSError) as refused:
+        export_records(recorded_cells(RECORDS / "paper-seeds-3-4", ["gw-b2-s3"]), destination)
+    assert str(refused.value).startswith(f"--export-records {destination}: copying the records of gw-b2-s3 failed (")
+    assert str(refused.value).endswith("0 cell(s) were copied before it. Free space (or fix what the error names) "
+                                       "and export again.")

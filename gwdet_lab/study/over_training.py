@@ -178,7 +178,9 @@ def write_report(cells: Sequence[tuple[PlannedCell, dict]], out_dir: Path) -> li
 def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--runs", help="a study's run folder (<out>/runs): evaluate the cells' kept checkpoints")
+    source.add_argument("--runs", help="a study's run folder (<out>/runs): evaluate the cells' kept checkpoints (the "
+                                       "measurements are kept in each cell's folder, over_training.json, and its "
+                                       "over_training/ evaluations)")
     source.add_argument("--records", help="a records folder: write the report from its over_training.json files")
     parser.add_argument("--cells", nargs="+", required=True, help="the cells, e.g. bn-b2-s0 gn-b2-s0")
     parser.add_argument("--subset", type=int, default=DEFAULT_SUBSET, help=f"training images (default {DEFAULT_SUBSET})")

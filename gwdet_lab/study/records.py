@@ -18,7 +18,7 @@ from typing import Sequence
 import yaml
 from detectron2.config import CfgNode
 
-from gwdet.errors import GwdetError, GwdetFileNotFoundError, GwdetValueError, listed
+from gwdet.errors import GwdetError, GwdetFileNotFoundError, GwdetOSError, GwdetValueError, listed
 from gwdet.utils.atomic import checksum_path
 from gwdet.engine.output_dir import CONFIG_NAME, RESULTS_JSON, RESULTS_MARKDOWN
 from gwdet_lab.study.cells import PAPER_GROUPS, Cell
@@ -84,27 +84,39 @@ def export_records(planned: Sequence[PlannedCell], destination: Path) -> list[Pa
             "or move those records away first.")
     written = []
     for item in planned:
-        source, target = item.folder.path, destination / item.cell.name
-        target.mkdir(parents=True, exist_ok=True)
-        for name in RECORD_FILES:
-            for stale in (target / name, Path(checksum_path(str(target / name)))):
-                stale.unlink(missing_ok=True)  # a record this cell no longer has does not stay beside the new ones
-        shutil.rmtree(target / INFERENCE_DIR, ignore_errors=True)
-        for name in RECORD_FILES:
-            for path in (source / name, Path(checksum_path(str(source / name)))):
-                if path.is_file():
-                    shutil.copy2(path, target / path.name)
-        detections = source / INFERENCE_DIR / report_dataset(item.cfg) / DETECTIONS_JSON
-        packed = target / INFERENCE_DIR / report_dataset(item.cfg) / (DETECTIONS_JSON + ".gz")
-        if detections.is_file():
-            packed.parent.mkdir(parents=True, exist_ok=True)
-            # mtime 0: the same detections give the same bytes, so re-exporting changes nothing in git
-            packed.write_bytes(gzip.compress(detections.read_bytes(), mtime=0))
-        elif detections.with_name(packed.name).is_file():  # records exported before
-            packed.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(detections.with_name(packed.name), packed)
-        written.append(target)
+        try:
+            written.append(_export_cell(item, destination / item.cell.name))
+        except OSError as error:  # a full disk: the cell's records there are cut short
+            raise GwdetOSError(
+                f"--export-records {destination}: copying the records of {item.cell.name} failed "
+                f"({error.strerror or error}: {error.filename or 'a file'}); those there may be incomplete, and "
+                f"{len(written)} cell(s) were copied before it. Free space (or fix what the error names) and export "
+                "again.") from error
     return written
+
+
+def _export_cell(item: PlannedCell, target: Path) -> Path:
+    """Copy the records of the finished cell ``item`` into ``target`` (:func:`export_records`)."""
+    source = item.folder.path
+    target.mkdir(parents=True, exist_ok=True)
+    for name in RECORD_FILES:
+        for stale in (target / name, Path(checksum_path(str(target / name)))):
+            stale.unlink(missing_ok=True)  # a record this cell no longer has does not stay beside the new ones
+    shutil.rmtree(target / INFERENCE_DIR, ignore_errors=True)
+    for name in RECORD_FILES:
+        for path in (source / name, Path(checksum_path(str(source / name)))):
+            if path.is_file():
+                shutil.copy2(path, target / path.name)
+    detections = source / INFERENCE_DIR / report_dataset(item.cfg) / DETECTIONS_JSON
+    packed = target / INFERENCE_DIR / report_dataset(item.cfg) / (DETECTIONS_JSON + ".gz")
+    if detections.is_file():
+        packed.parent.mkdir(parents=True, exist_ok=True)
+        # mtime 0: the same detections give the same bytes, so re-exporting changes nothing in git
+        packed.write_bytes(gzip.compress(detections.read_bytes(), mtime=0))
+    elif detections.with_name(packed.name).is_file():  # records exported before
+        packed.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(detections.with_name(packed.name), packed)
+    return target
 
 
 def recorded_cells(records_dir: Path, only: Sequence[str] | None = None, flag: str = "--records",
