@@ -144,7 +144,7 @@ def check_requested_gw_positions(inferred: frozenset[str], requested: str | None
     raise ConversionError(
         f"the checkpoint does not fit --gw-positions {requested!r}: it has GW (norms without "
         f"running statistics) at {_quoted(inferred)}, so {' and '.join(consequences)}. "
-        f"Pass --gw-positions '{format_gw_positions(inferred)}' and set "
+        f"Pass --gw-positions '{format_gw_positions(inferred)}' (in Python: gw_positions=...) and set "
         "MODEL.RESNETS.GW_POSITIONS to the same, or convert the checkpoint you meant."
     )
 

@@ -340,8 +340,8 @@ def _check_output_path(input_path: str, output_path: str, overwrite: bool) -> No
                               "was converted. Remove the link, or give another output file.")
     if os.path.exists(output_path) and not overwrite:
         raise ConversionError(
-            f"{output_path} already exists; it is left as it is. Pass --overwrite to replace it, "
-            "or choose another output file."
+            f"{output_path} already exists; it is left as it is. Pass --overwrite (in Python: overwrite=True) to "
+            "replace it, or choose another output file."
         )
 
 
