@@ -458,6 +458,14 @@ def test_two_different_networks_under_state_dict_and_model_are_refused_and_two_c
         read_source_state_dict(path)
 
 
+def test_a_state_dict_of_meta_tensors_is_named(tmp_path):
+    # a raw TypeError: can't convert meta device type tensor to numpy
+    path = saved(tmp_path, {"conv1.weight": torch.empty(2, 3, device="meta")})
+    with pytest.raises(ConversionError, match=r"its tensors hold no values \(1 on the meta device, e.g. "
+                                              r"'conv1.weight'\)"):
+        read_source_state_dict(path)
+
+
 def test_an_entry_that_is_not_a_dict_of_tensors_is_passed_over(tmp_path):
     path = saved(tmp_path, {"state_dict": {"conv1.weight": torch.ones(1), "epoch": 3},
                             "model": {"conv1.weight": torch.ones(1)}, "epoch": 3})
