@@ -808,3 +808,22 @@ def test_a_bsd_format_checksum_record_checks_the_export(tmp_path, record):
     path.write_bytes(path.read_bytes() + b"x")
     with pytest.raises(DamagedExportError):
         verify_export(str(path))
+
+
+def test_a_sample_image_of_another_layout_or_a_model_on_meta_is_refused_by_name(tmp_path):
+    # detectron2's raw "The size of tensor a (64) must match ..." and torch's "cond must be a bool"
+    from gwdet.engine.trainer import Trainer
+    from gwdet.export import export_torchscript
+    from gwdet.model_zoo import build_config
+
+    from conftest import DEMO_CONFIG, TINY_OPTS
+
+    model = Trainer.build_model(build_config(str(DEMO_CONFIG), TINY_OPTS))
+    for image in (torch.zeros(64, 64, 3), torch.zeros(4, 64, 64), torch.zeros(1, 3, 64, 64)):
+        with pytest.raises(ValueError, match=rf"The sample image has shape {list(image.shape)}".replace("[", r"\[")
+                           + r"; the model takes one image as a \(C, H, W\) tensor of 3 channels"):
+            export_torchscript(model, image, str(tmp_path / "model.ts"))
+    meta = Trainer.build_model(build_config(str(DEMO_CONFIG), TINY_OPTS + ["MODEL.DEVICE", "meta"]))
+    with pytest.raises(ValueError, match="The model is on the meta device"):
+        export_torchscript(meta, torch.zeros(3, 64, 64), str(tmp_path / "model.ts"))
+    assert not (tmp_path / "model.ts").exists()

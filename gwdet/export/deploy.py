@@ -51,7 +51,18 @@ def _rcnn_inference(model: GeneralizedRCNN, inputs: List[dict]) -> List[dict]:
 
 def tracing_adapter(model: torch.nn.Module, image: torch.Tensor) -> TracingAdapter:
     """``model`` (in evaluation mode) behind detectron2's ``TracingAdapter`` for one ``(3, H, W)``
-    image: it takes the image tensor and returns a tuple of tensors."""
+    image: it takes the image tensor and returns a tuple of tensors. An image of another layout
+    (H, W, C), channel count or a model on the meta device is refused by name."""
+    channels = len(getattr(model, "pixel_mean", ()))
+    if not isinstance(image, torch.Tensor) or image.dim() != 3 or (channels and image.shape[0] != channels):
+        shape = list(image.shape) if isinstance(image, torch.Tensor) else type(image).__name__
+        raise GwdetValueError(
+            f"The sample image has shape {shape}; the model takes one image as a (C, H, W) tensor of "
+            f"{channels or 'its'} channels (as detectron2's test loader gives it: image.permute(2, 0, 1) turns an "
+            "(H, W, C) array into one, in the model's INPUT.FORMAT).")
+    if any(parameter.is_meta for parameter in model.parameters()):
+        raise GwdetValueError("The model is on the meta device, whose tensors hold no values: build it on the CPU "
+                              "(or a GPU) and load its weights before exporting it.")
     model.eval()
     inference = _rcnn_inference if isinstance(model, GeneralizedRCNN) else None
     adapter = TracingAdapter(model, [{"image": image}], inference)
