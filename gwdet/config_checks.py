@@ -549,6 +549,21 @@ def _image_format(cfg: CfgNode, image_format: Any) -> str | None:
             "the channel axis detectron2's mapper needs).")
 
 
+def _load_proposals(cfg: CfgNode, load: Any) -> str | None:
+    if not load:
+        return None
+    files = {key: _value(cfg, f"DATASETS.{key}") or () for key in ("PROPOSAL_FILES_TRAIN", "PROPOSAL_FILES_TEST")}
+    names = {"PROPOSAL_FILES_TRAIN": _value(cfg, "DATASETS.TRAIN") or (),
+             "PROPOSAL_FILES_TEST": _value(cfg, "DATASETS.TEST") or ()}
+    wrong = [key for key in files if len(files[key]) != len(names[key])]
+    if not wrong:
+        return None
+    return (f"reads precomputed proposals, one file per dataset, and DATASETS.{wrong[0]} gives "
+            f"{len(files[wrong[0]])} for {len(names[wrong[0]])} dataset(s) (detectron2 would stop on a bare "
+            f"AssertionError): give one proposal file per dataset of DATASETS.{wrong[0].split('_')[-1]}, or set "
+            "MODEL.LOAD_PROPOSALS False to compute proposals (an RPN).")
+
+
 def _training_sampler(cfg: CfgNode, sampler: Any) -> str | None:
     problem = _one_of("TrainingSampler", "RepeatFactorTrainingSampler", "RandomSubsetTrainingSampler",
                       reads="detectron2's train loader")(cfg, sampler)
@@ -707,6 +722,7 @@ DETECTRON2_VALUE_RULES = (
     ValueRule("INPUT.CROP.TYPE", _one_of("relative_range", "relative", "absolute", "absolute_range",
                                          reads="detectron2's RandomCrop")),
     ValueRule("DATALOADER.SAMPLER_TRAIN", _training_sampler),
+    ValueRule("MODEL.LOAD_PROPOSALS", _load_proposals),
     ValueRule("DATALOADER.REPEAT_THRESHOLD", _number(0, means="repeat-factor threshold")),
     ValueRule("MODEL.META_ARCHITECTURE", _registered("META_ARCH_REGISTRY")),
     # DeepLab's backbone is registered when its detectron2 project is imported (gwdet names it)

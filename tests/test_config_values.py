@@ -530,3 +530,12 @@ def test_digits_given_for_a_text_key_are_named_with_the_quoting_that_gives_them_
     assert refusal("OUTPUT_DIR", "123").endswith(
         "got 123 (a int). To give 123 as text, quote it for YAML as well as for the shell: OUTPUT_DIR \"'123'\".")
     assert build_config(str(DEMO_CONFIG), ["OUTPUT_DIR", "'123'"]).OUTPUT_DIR == "123"
+
+
+def test_precomputed_proposals_without_a_file_per_dataset_are_refused():
+    # a bare AssertionError (detectron2/data/build.py) with neither key named
+    with pytest.raises(ValueError, match=r"MODEL.LOAD_PROPOSALS=True reads precomputed proposals, one file per "
+                                         r"dataset, and DATASETS.PROPOSAL_FILES_TRAIN gives 0 for 1 dataset"):
+        build_config(str(DEMO_CONFIG), ["MODEL.LOAD_PROPOSALS", "True"])
+    build_config(str(DEMO_CONFIG), ["MODEL.LOAD_PROPOSALS", "True", "DATASETS.PROPOSAL_FILES_TRAIN", "('t.pkl',)",
+                                    "DATASETS.PROPOSAL_FILES_TEST", "('v.pkl',)"])
