@@ -528,3 +528,18 @@ def test_the_studys_rerun_commands_register_the_datasets_they_read(tmp_path, cap
     commands = [line for line in capsys.readouterr().out.splitlines() if "tools/train_net.py" in line]
     assert commands and all(f"--register-coco 'study_t={spec}'" in line or f"--register-coco study_t={spec}" in line
                             for line in commands), commands
+
+
+def test_a_keypoint_head_on_data_without_keypoints_is_named_as_such():
+    # blamed on the json's annotations list, with advice (FILTER_EMPTY_ANNOTATIONS False) that changed nothing
+    from gwdet.data import prepare_datasets
+    from gwdet.engine.trainer import Trainer
+    from gwdet.model_zoo import build_config
+
+    from conftest import DEMO_CONFIG, TINY_OPTS
+
+    cfg = build_config(str(DEMO_CONFIG), TINY_OPTS + ["MODEL.KEYPOINT_ON", "True"])
+    prepare_datasets(cfg)
+    with pytest.raises(GwdetValueError, match=r"None of the images of shapes_train has the keypoints MODEL.KEYPOINT_ON "
+                                              r"True trains on .*MIN_KEYPOINTS_PER_IMAGE"):
+        Trainer.build_train_loader(cfg)

@@ -146,17 +146,24 @@ def _crowd_regions_only(datasets: str) -> int:
 
 
 @contextlib.contextmanager
-def named_empty_training_set(datasets: str, keep_empty: str) -> Iterator[None]:
+def named_empty_training_set(datasets: str, keep_empty: str, keypoints: str | None = None) -> Iterator[None]:
     """detectron2's bare ``AssertionError: No valid data found`` (every training image filtered out
     for want of annotations) raised as an error naming the training ``datasets`` (names joined by
     ", ", or the setting that names them), the cause where it is known (annotations that are all
-    crowd regions, which detectron2 does not train on) and the setting ``keep_empty`` that trains on
+    crowd regions, which detectron2 does not train on; with ``keypoints``, the setting that trains
+    a keypoint head, images without enough keypoints) and the setting ``keep_empty`` that trains on
     images without annotations."""
     try:
         yield
     except AssertionError as err:
         if "No valid data" not in str(err):
             raise
+        if keypoints:  # detectron2 drops every image with fewer keypoints than the head needs, whatever keep_empty
+            raise GwdetValueError(
+                f"None of the images of {datasets} has the keypoints {keypoints} trains on (detectron2 drops the "
+                "images with fewer than MODEL.ROI_KEYPOINT_HEAD.MIN_KEYPOINTS_PER_IMAGE visible keypoints): give "
+                "annotations with 'keypoints' (and the dataset's keypoint names), or train without a keypoint head."
+            ) from err
         crowd = _crowd_regions_only(datasets)
         cause = (f"all {crowd} of the annotations are crowd regions (iscrowd 1), which detectron2 does not train on. "
                  "Set iscrowd 0 on the annotations of single objects" if crowd else

@@ -112,7 +112,8 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
     def build_train_loader(cls, cfg: CfgNode):
         """detectron2's train loader, seeded with ``SEED`` and positioned on ``--resume``
         (:func:`gwdet.data.resumable.build_resumable_train_loader`)."""
-        with named_empty_training_set(", ".join(cfg.DATASETS.TRAIN), "DATALOADER.FILTER_EMPTY_ANNOTATIONS False"):
+        with named_empty_training_set(", ".join(cfg.DATASETS.TRAIN), "DATALOADER.FILTER_EMPTY_ANNOTATIONS False",
+                                      "MODEL.KEYPOINT_ON True" if cfg.MODEL.KEYPOINT_ON else None):
             return build_resumable_train_loader(cfg)
 
     def build_hooks(self) -> list:
