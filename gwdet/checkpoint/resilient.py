@@ -31,7 +31,7 @@ from detectron2.modeling.backbone.resnet import BottleneckBlock
 from detectron2.utils import comm
 
 from gwdet.utils.cli_errors import as_override
-from gwdet.utils.atomic import checksum_findings, checksum_path, file_sha256, write_with_checksum
+from gwdet.utils.atomic import cached_sha256, checksum_findings, checksum_path, write_with_checksum
 from gwdet.checkpoint.compatibility import (
     NORM_SETTINGS_KEY,
     NORM_TYPES_KEY,
@@ -217,7 +217,7 @@ def absolute_weights_path(path: str, setting: str = "MODEL.WEIGHTS") -> str:
 def weights_record(path: str) -> dict[str, str]:
     """``{"path", "sha256"}`` of the local weights file ``path`` (absolute): which weights a run
     started from or an evaluation scored, whatever later replaces a file of that name."""
-    return {"path": os.path.abspath(path), "sha256": file_sha256(path) if os.path.isfile(path) else "not a local file"}
+    return {"path": os.path.abspath(path), "sha256": cached_sha256(path) if os.path.isfile(path) else "not a local file"}
 
 
 def lost_checkpoint_error(save_dir: str, weights_setting: str = "MODEL.WEIGHTS") -> GwdetFileNotFoundError:

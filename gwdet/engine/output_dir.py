@@ -230,8 +230,8 @@ def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_D
             f"it with --resume, write to another {setting}, or pass --overwrite to delete that run "
             "and start again."
         )
-    evaluations = os.path.join(output_dir, EVAL_FOLDER)
     if EVAL_FOLDER in existing:  # an evaluation running there (its own lock) would write into deleted folders
+        evaluations = os.path.join(output_dir, EVAL_FOLDER)
         for name in sorted(os.listdir(evaluations)):
             check_not_in_use(os.path.join(evaluations, name), setting)
     deleted = [os.path.realpath(os.path.join(output_dir, name)) for name in existing]
@@ -571,12 +571,9 @@ def check_config_checksum(path: str, output_dir: str, output_setting: str = "OUT
         raise damaged_config(path, output_dir, problem, output_setting)
 
 
-def resumed_iteration(output_dir: str) -> tuple[str, int] | None:
-    """``(checkpoint, iteration)``: the checkpoint ``output_dir/last_checkpoint`` names and the
-    iteration a ``--resume`` starts from (the one recorded in it, + 1, as detectron2's
-    ``DefaultTrainer.resume_or_load`` counts), read without loading its tensors. ``None`` when that
-    cannot be told (no such checkpoint; unreadable or damaged, so that the resume takes an older
-    one; no iteration recorded): the resume itself then decides."""
+def _tagged_checkpoint_contents(output_dir: str) -> tuple[str, dict] | None:
+    """``(path, contents)`` of the checkpoint ``output_dir/last_checkpoint`` names, read without
+    loading its tensors; ``None`` when there is no such checkpoint, or it is unreadable or damaged."""
     from gwdet.checkpoint.safe_load import load_torch_file
 
     name = _tagged_checkpoint_name(output_dir) if os.path.isdir(output_dir) else None
@@ -589,8 +586,19 @@ def resumed_iteration(output_dir: str) -> tuple[str, int] | None:
         data = load_torch_file(path, allow_unsafe=False, how_to_opt_in="", mmap=True)
     except Exception:  # torch.load reports bad files with many exception types; the resume names them
         return None
-    if not isinstance(data, dict):
+    return (path, data) if isinstance(data, dict) else None
+
+
+def resumed_iteration(output_dir: str) -> tuple[str, int] | None:
+    """``(checkpoint, iteration)``: the checkpoint ``output_dir/last_checkpoint`` names and the
+    iteration a ``--resume`` starts from (the one recorded in it, + 1, as detectron2's
+    ``DefaultTrainer.resume_or_load`` counts), read without loading its tensors. ``None`` when that
+    cannot be told (no such checkpoint; unreadable or damaged, so that the resume takes an older
+    one; no iteration recorded): the resume itself then decides."""
+    found = _tagged_checkpoint_contents(output_dir)
+    if found is None:
         return None
+    path, data = found
     trainer = data.get("trainer")  # the trainer's state holds the iteration too
     iteration = data.get("iteration", trainer.get("iteration") if isinstance(trainer, dict) else None)
     return (path, iteration + 1) if type(iteration) is int else None
@@ -600,8 +608,6 @@ def recorded_initial_weights(output_dir: str) -> Mapping[str, Any] | None:
     """The initial weights (``{"path", "sha256"}``) the run in ``output_dir`` started from: as its
     ``results.json`` records them, or before its results as the checkpoint ``last_checkpoint`` names
     carries them (:data:`~gwdet.checkpoint.resilient.INITIAL_WEIGHTS_KEY`); ``None`` without a record."""
-    from gwdet.checkpoint.safe_load import load_torch_file
-
     try:
         with open(os.path.join(output_dir, RESULTS_JSON), "rb") as file:
             recorded = json.load(file)[ENVIRONMENT_KEY]["initial_weights"]
@@ -609,14 +615,8 @@ def recorded_initial_weights(output_dir: str) -> Mapping[str, Any] | None:
             return recorded
     except (OSError, ValueError, KeyError, TypeError):  # no results yet, an evaluation's, an older run's
         pass
-    name = _tagged_checkpoint_name(output_dir) if os.path.isdir(output_dir) else None
-    if name is None:
-        return None
-    try:
-        data = load_torch_file(os.path.join(output_dir, name), allow_unsafe=False, how_to_opt_in="", mmap=True)
-    except Exception:  # torch.load reports bad files with many exception types; nothing is recorded then
-        return None
-    recorded = data.get(INITIAL_WEIGHTS_KEY) if isinstance(data, dict) else None
+    found = _tagged_checkpoint_contents(output_dir)
+    recorded = found[1].get(INITIAL_WEIGHTS_KEY) if found is not None else None
     return recorded if isinstance(recorded, dict) else None
 
 

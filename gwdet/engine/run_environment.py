@@ -9,7 +9,6 @@ on the same annotations; the shapes dataset's images are pinned by its own diges
 """
 from __future__ import annotations
 
-import functools
 import importlib
 import importlib.metadata
 import os
@@ -18,7 +17,7 @@ from typing import Any, Iterable
 
 from detectron2.data import MetadataCatalog
 
-from gwdet.utils.atomic import file_sha256
+from gwdet.utils.atomic import cached_sha256
 
 ENVIRONMENT_KEY = "environment"
 # (distribution name, module): the packages whose versions a run records, besides python and gwdet
@@ -49,17 +48,6 @@ def package_versions() -> dict[str, str]:
     versions = {"python": platform.python_version(), "gwdet": str(getattr(gwdet, "__version__", "?"))}
     versions.update((name, package_version(name, module)) for name, module in PACKAGES)
     return versions
-
-
-@functools.lru_cache(maxsize=None)
-def _sha256_of_version(path: str, size: int, modified_ns: int) -> str:
-    return file_sha256(path)
-
-
-def cached_sha256(path: str) -> str:
-    """The SHA-256 of the file ``path``, hashed once per process for each size and modification time."""
-    status = os.stat(path)
-    return _sha256_of_version(path, status.st_size, status.st_mtime_ns)
 
 
 def annotation_files(names: Iterable[str]) -> dict[str, dict[str, Any]]:

@@ -14,6 +14,7 @@ mismatch with a :class:`DamagedFileError`. A file without a record is not checke
 from __future__ import annotations
 
 import contextlib
+import functools
 import errno
 import hashlib
 import logging
@@ -217,6 +218,17 @@ def file_sha256(path: str) -> str:
         for block in iter(lambda: file.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def _sha256_of_version(path: str, size: int, modified_ns: int) -> str:
+    return file_sha256(path)
+
+
+def cached_sha256(path: str) -> str:
+    """The SHA-256 of the file ``path``, hashed once per process for each size and modification time."""
+    status = os.stat(path)
+    return _sha256_of_version(path, status.st_size, status.st_mtime_ns)
 
 
 def record_checksum(path: str, digest: str | None = None) -> None:

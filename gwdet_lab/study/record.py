@@ -41,7 +41,8 @@ from gwdet.errors import GwdetError, GwdetValueError
 from gwdet.data import prepare_datasets
 from gwdet.data.coco_registration import environment_datasets
 from gwdet.data.datasets import config_dataset_names
-from gwdet.engine.run_environment import cached_sha256, run_environment
+from gwdet.engine.run_environment import run_environment
+from gwdet.utils.atomic import cached_sha256
 from gwdet.model_zoo import build_config
 from gwdet.config import ABSENT
 from gwdet.engine.output_dir import CONFIG_NAME, differing_values
