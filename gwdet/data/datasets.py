@@ -98,7 +98,7 @@ def register_datasets(cfg: CfgNode, coco: Sequence[CocoDataset] = (), *, trains:
         raise DatasetError(message if message.startswith(prefix) else prefix + message) from None
     registered = set(DatasetCatalog.list())
     for name in names:
-        if name not in registered and not name.startswith("shapes_"):
+        if name not in registered and not name.startswith(RESERVED_PREFIX):
             raise DatasetError(unregistered_message(name))
     check_config_against_datasets(cfg, trains=trains, evaluates=evaluates)
 
@@ -110,7 +110,7 @@ def prepare_datasets(cfg: CfgNode, coco: Sequence[CocoDataset] = (), *, trains: 
     reads: the training sets where it ``trains``, the test sets always."""
     register_datasets(cfg, coco, trains=trains, evaluates=evaluates)
     names = config_dataset_names(cfg, trains)
-    if any(name.startswith("shapes_") for name in names):
+    if any(name.startswith(RESERVED_PREFIX) for name in names):
         register_shapes(cfg)
     check_dataset_files(names)
     if trains:
