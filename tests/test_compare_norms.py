@@ -168,6 +168,13 @@ def test_plan_records_every_cell_first_and_refuses_a_changed_config(tmp_path):
     assert [p.folder.path.name for p in moved] == ["bn-b2-s0.2", "gn-b2-s0.2"]
     assert plan([bn], tmp_path, changed, on_mismatch="new-folder")[0].folder.path.name == "bn-b2-s0.2"
     assert plan([bn], tmp_path, TINY, on_mismatch="new-folder")[0].folder.path.name == "bn-b2-s0"
+    # the changed config again without the flag: the advice was to "train the requested config into new
+    # folders", as if nothing held it yet
+    with pytest.raises(ConfigMismatch) as refused:
+        plan([bn], tmp_path, changed)
+    assert str(refused.value).endswith(
+        "The requested config is already in bn-b2-s0.2 (for bn-b2-s0), which --on-mismatch new-folder made: pass "
+        "--on-mismatch new-folder again to use those folders (what they hold is not trained again).")
 
 
 def test_refused_plan_writes_nothing(tmp_path):
@@ -423,7 +430,7 @@ def test_metrics_readers_skip_damaged_lines(tmp_path):
     assert loss_curve(RunFolder(tmp_path).metrics()) == [(19, 2.0), (39, 1.5)]
 
 
-def test_a_cell_stopped_from_outside_is_said_to_resume():
+def test_a_cell_stopped_from_outside_or_by_a_full_disk_is_said_to_resume():
     # "FAILED (exit status -9)" and unrelated log lines: nothing said the checkpoints were kept
     from gwdet_lab.study.scheduler import failure_reason
 
@@ -431,4 +438,10 @@ def test_a_cell_stopped_from_outside_is_said_to_resume():
                                   "resumes it")
     assert failure_reason(143).startswith("stopped by SIGTERM after saving a checkpoint; its checkpoints are kept")
     assert failure_reason(1) == "exit status 1"
+    # a full disk: the worker's raw WriteError, and no word that the same command resumes the cell
+    full = ["gwdet.utils.atomic.WriteError: [Errno 28] cannot write runs/gw-s0/model_0000024.pth: No space left on "
+            "device"]
+    assert failure_reason(1, full) == ("exit status 1: its disk is full (No space left on device); its checkpoints "
+                                       "are kept, and running the study's command again resumes it once there is "
+                                       "space again")
     assert failure_reason(worker.EXIT_MISMATCH) == "its config differs from the recorded one"

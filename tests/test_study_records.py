@@ -95,6 +95,19 @@ def _record_copy(tmp_path, cells=("gw-b2-s3",)):
     return tmp_path / "records"
 
 
+def test_a_damaged_record_is_to_be_copied_again_not_trained_anew(tmp_path, capsys):
+    # an export cut short by a full disk left a 0-byte study_cell.json; the advice was to run the same
+    # command again so that "the cell resumes from its last checkpoint", which a records folder has not
+    records = _record_copy(tmp_path)
+    (records / "gw-b2-s3" / "study_cell.json").write_bytes(b"")
+    with pytest.raises(SystemExit):
+        main(["--study", "paper", "--records", str(records), "--report-to", str(tmp_path / "report")])
+    err = capsys.readouterr().err
+    assert f"{records / 'gw-b2-s3' / 'study_cell.json'} is damaged" in err
+    assert "Records are only read, never trained into: copy the cell's records again" in err
+    assert "resumes from its last checkpoint" not in err
+
+
 def test_records_with_flags_of_a_training_or_another_studys_title_are_refused(tmp_path, capsys):
     # --opts, --configs and --study batch-sweep were taken with records they did not describe:
     # "Common overrides of every cell: ..." and a custom study titled as the batch sweep
@@ -393,3 +406,59 @@ def test_an_export_that_cannot_write_names_the_cell_and_the_file(tmp_path):
     assert str(refused.value).startswith(f"--export-records {destination}: copying the records of gw-b2-s3 failed (")
     assert str(refused.value).endswith("0 cell(s) were copied before it. Free space (or fix what the error names) "
                                        "and export again.")
+
+
+def test_a_study_on_a_read_only_disk_is_reported_through_its_records_and_its_curves_refused(tmp_path, capsys):
+    # before: "--out ... cannot be written ... Give a folder this process may write", while another
+    # --out holds none of the cells; the way that reads them (--records <out>/runs) was not named
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("a read-only bind mount needs root (chmod does not stop root)")
+    name = "paper-seeds-3-4"
+    archived = tmp_path / "archived"
+    shutil.copytree(RECORDS / name, archived / "runs")
+    (archived / "runs" / "gw-b2-s3" / "model_final.pth").write_bytes(b"")  # a trained cell, for over_training
+    study = tmp_path / "study"
+    study.mkdir()
+    subprocess.run(["mount", "--bind", str(archived), str(study)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(study)], check=True)
+        for flag in ("--report-only", "--list"):
+            with pytest.raises(SystemExit):
+                main(["--study", "paper", "--out", str(study), flag])
+            assert (f"--out {study} cannot be written: this process may not write into it (a read-only disk, or "
+                    f"another owner's folder). Give a folder this process may write. To report the cells this study "
+                    f"holds without writing into --out, read them as records: --records {study / 'runs'} "
+                    "--report-to DIR") in capsys.readouterr().err
+        report = tmp_path / "report"
+        assert main(["--study", "paper", "--records", str(study / "runs"), "--report-to", str(report)]) == 0
+        assert (report / "table.md").read_text() == (REPO / "docs" / "study" / name / "table.md").read_text()
+        # over_training keeps its measurements in the cells' folders: a raw OSError (Errno 30) before
+        from gwdet_lab.study.over_training import main as over_training
+        with pytest.raises(SystemExit):
+            over_training(["--runs", str(study / "runs"), "--cells", "gw-b2-s3", "--out", str(tmp_path / "curves")])
+        assert (f"--runs {study / 'runs'}: the run folders of gw-b2-s3 cannot be written (a read-only disk, or "
+                "another owner's folders)") in capsys.readouterr().err
+    finally:
+        subprocess.run(["umount", str(study)], check=True)
+
+
+def test_a_report_that_fills_the_disk_leaves_no_half_report(tmp_path, capsys, monkeypatch):
+    # before: a raw traceback from PIL, and table.md and the CSVs of the new report beside no figures
+    import errno
+    import os
+
+    from gwdet_lab.study import report as study_report
+
+    def full_disk(results, path):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(study_report, "plot_loss_curves", full_disk)
+    folder = tmp_path / "report"
+    with pytest.raises(SystemExit):
+        main(["--study", "paper", "--records", str(RECORDS / "paper-seeds-3-4"), "--report-to", str(folder)])
+    assert (f"cannot write the report into {folder}: No space left on device; its files there are removed, so that "
+            "no report mixes old and new files.") in capsys.readouterr().err
+    assert list(folder.iterdir()) == []

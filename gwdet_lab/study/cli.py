@@ -231,7 +231,7 @@ def _run_study(argv: list[str], repo_root: Path) -> int:
         parser.error(f"--num-gpus {args.num_gpus}: give the processes (GPUs) of each cell, at least 1")
     problem = output_path_problem("--out", args.out, folder=True)
     if problem:
-        parser.error(problem)
+        parser.error(problem + read_only_study_hint(args))
     runs = Path(args.out) / RUNS_FOLDER
     if runs.exists() and not runs.is_dir():
         parser.error(f"--out {args.out} holds a file named {RUNS_FOLDER}, where the study keeps its cells' run "
@@ -256,6 +256,17 @@ def _run_study(argv: list[str], repo_root: Path) -> int:
         return report_from_records(args, Path(args.records), weights, out_dir)
     with datasets_in_environment(args.register_coco):  # for prepare_datasets here and in every cell's process
         return _plan_and_run(args, argv, parser, weights, out_dir, repo_root)
+
+
+def read_only_study_hint(args: argparse.Namespace) -> str:
+    """For a report or list of a study whose --out may not be written: the way that reads its cells
+    without writing there (``--records <out>/runs``), when that folder holds them; else nothing."""
+    runs = Path(args.out) / RUNS_FOLDER
+    if not (args.report_only or args.list) or args.records or not runs.is_dir():
+        return ""
+    return (f" To report the cells this study holds without writing into --out, read them as records: --records "
+            f"{runs} --report-to DIR (a DIR this process may write), without --configs, --seeds and the other "
+            "training flags.")
 
 
 def _plan_and_run(args: argparse.Namespace, argv: Sequence[str], parser: argparse.ArgumentParser,

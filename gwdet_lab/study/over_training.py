@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import re
 from pathlib import Path
 from typing import Sequence
@@ -221,6 +222,13 @@ def _over_training(argv: list[str]) -> int:
                                   f"{FINAL_WEIGHTS}, or a process works in the folder): measure them once the study "
                                   "has trained them (a records folder, which keeps no checkpoints, is read with "
                                   "--records); nothing was measured")
+        locked = [p.cell.name for p in planned if not os.access(p.folder.path, os.W_OK | os.X_OK)]
+        if locked:
+            raise GwdetValueError(f"--runs {args.runs}: the run folders of {', '.join(locked)} cannot be written (a "
+                                  "read-only disk, or another owner's folders), and the measurements are kept in "
+                                  f"each cell's folder ({OVER_TRAINING_JSON}, over_training/): copy the study's "
+                                  "runs folder to a disk this process may write (cp -a) and give that as --runs; "
+                                  "nothing was measured")
         cells = [(p, measure(p, args.subset)) for p in planned]
     for path in write_report(cells, Path(args.out)):
         print(f"wrote {path}")

@@ -31,7 +31,7 @@ import itertools
 import subprocess
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import yaml
 from detectron2.config import CfgNode
@@ -346,7 +346,9 @@ def plan(cells: Sequence[Cell], runs_dir: Path, common_opts: Sequence[str] = (),
             problems.append((cell, folder, differences))
         planned.append(PlannedCell(cell, opts, cfg, folder))
     if problems:
-        raise ConfigMismatch(mismatch_message(problems))
+        holders = {cell.name: holder for cell, _, _ in problems
+                   if (holder := folder_of_requested_config(cell, runs_dir, common_opts)) is not None}
+        raise ConfigMismatch(mismatch_message(problems, holders))
     unrecorded = [item for item in planned if record and read_record(item.folder) is None]
     for item in unrecorded:  # the datasets every record names, generated and registered before any is written
         prepare_datasets(item.cfg)
@@ -355,7 +357,22 @@ def plan(cells: Sequence[Cell], runs_dir: Path, common_opts: Sequence[str] = (),
     return planned
 
 
-def mismatch_message(problems: Sequence[tuple[Cell, RunFolder, list[str]]], shown: int = 12) -> str:
+def folder_of_requested_config(cell: Cell, runs_dir: Path, common_opts: Sequence[str]) -> RunFolder | None:
+    """The folder ``<name>.<version>`` (version 2 on) whose record holds ``cell``'s requested config
+    (one an earlier ``--on-mismatch new-folder`` made), else ``None``."""
+    for version in range(2, MAX_FOLDER_VERSIONS + 1):
+        folder = RunFolder(runs_dir / f"{cell.name}.{version}")
+        if read_record(folder) is None:
+            return None
+        if not mismatch(folder, resolve(cell, folder, common_opts)[1]):
+            return folder
+    return None
+
+
+def mismatch_message(problems: Sequence[tuple[Cell, RunFolder, list[str]]], holders: Mapping[str, RunFolder],
+                     shown: int = 12) -> str:
+    """The refusal of cells whose folders recorded other configs; ``holders``: the folders that
+    already hold a cell's requested config (by the cell's name)."""
     lines = [f"{len(problems)} run(s) differ from the config their folder recorded; nothing was trained:"]
     for cell, folder, differences in problems:
         lines.append(f"  {cell.name} ({folder.path}):")
@@ -372,4 +389,9 @@ def mismatch_message(problems: Sequence[tuple[Cell, RunFolder, list[str]]], show
         lines.append("Restore the recorded config (config files, --opts), use another --out, or pass "
                      "--on-mismatch new-folder to train the requested config into new folders "
                      "(<name>.2, ...) beside the recorded ones.")
+    if holders:
+        lines.append("The requested config is already in " + ", ".join(
+            f"{holder.path.name} (for {name})" for name, holder in holders.items()) + ", which --on-mismatch "
+            "new-folder made: pass --on-mismatch new-folder again to use those folders (what they hold is not "
+            "trained again).")
     return "\n".join(lines)

@@ -18,6 +18,7 @@ seen) and, with several batch sizes, ``ap_vs_batch.png``.
 """
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Callable, Iterable, Sequence
 
 from matplotlib.figure import Figure
 
+from gwdet.utils.atomic import WriteError
 from gwdet_lab.tables import Column, Table
 from gwdet_lab.reporting import format_duration
 from gwdet_lab.study.cells import COMPARISONS, GROUP_LABELS, PAPER_AP, PAPER_GROUPS, PAPER_ORDERINGS
@@ -427,8 +429,24 @@ def foreign_report_problem(flag: str, folder: Path, titles: Sequence[str], names
 
 def write_report(title: str, results: Sequence[CellResult], pending: Sequence[str], out_dir: Path,
                  notes: Sequence[str] = ()) -> list[Path]:
-    """Every file of the report into ``out_dir``; returns their paths."""
+    """Every file of the report into ``out_dir``; returns their paths. When one cannot be written (a
+    full disk), the report's files there are removed, so that no report mixes old and new files, and
+    :class:`~gwdet.utils.atomic.WriteError` names the folder and the fix."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return _write_report_files(title, results, pending, out_dir, notes)
+    except OSError as error:
+        for name in REPORT_FILES:
+            with contextlib.suppress(OSError):
+                (out_dir / name).unlink(missing_ok=True)
+        raise WriteError(error.errno, f"cannot write the report into {out_dir}: {error.strerror or error}; its "
+                         "files there are removed, so that no report mixes old and new files. Make space (or give "
+                         "another --report-to) and run the same command again: the cells' results are kept and "
+                         "nothing trains again.") from None
+
+
+def _write_report_files(title: str, results: Sequence[CellResult], pending: Sequence[str], out_dir: Path,
+                        notes: Sequence[str]) -> list[Path]:
     paths = [out_dir / TABLE_MD]
     paths[0].write_text(markdown(title, results, pending, notes))
     groups = grouped(results)

@@ -70,9 +70,11 @@ class DamagedFile(GwdetError, ValueError):
 
 @dataclass(frozen=True)
 class RunFolder:
-    """The folder a cell trains into (its ``OUTPUT_DIR``)."""
+    """The folder a cell trains into (its ``OUTPUT_DIR``); ``records``: read as a cell's records
+    (``--records``), where nothing trains, so that a damaged file is to be restored, not re-trained."""
 
     path: Path
+    records: bool = False
 
     def file(self, name: str) -> Path:
         return self.path / name
@@ -128,17 +130,23 @@ class RunFolder:
             return {}
         problem = checksum_problem(str(path))  # results.json and the study's records carry their SHA-256
         if problem is not None:
-            raise DamagedFile(f"{path} is damaged ({problem}). Remove it and run the same command again: the cell "
-                              "resumes from its last checkpoint and writes it anew.")
+            raise DamagedFile(f"{path} is damaged ({problem}). {self._restore_advice()}")
         try:
             data = json.loads(path.read_bytes())
         except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
-            raise DamagedFile(f"{path} is damaged ({error}). Remove it and run the same command again: the cell "
-                              "resumes from its last checkpoint and writes it anew.") from None
+            raise DamagedFile(f"{path} is damaged ({error}). {self._restore_advice()}") from None
         if not isinstance(data, dict):
-            raise DamagedFile(f"{path} is damaged (a json {type(data).__name__}, not an object). Remove it and "
-                              "run the same command again: the cell resumes from its last checkpoint and writes it anew.")
+            raise DamagedFile(f"{path} is damaged (a json {type(data).__name__}, not an object). "
+                              f"{self._restore_advice()}")
         return data
+
+    def _restore_advice(self) -> str:
+        """What to do about a damaged file of this folder."""
+        if self.records:
+            return ("Records are only read, never trained into: copy the cell's records again from where they came "
+                    "from (a study's runs folder, exported with compare_norms.py --records <out>/runs "
+                    "--export-records DIR), then run the same command again.")
+        return "Remove it and run the same command again: the cell resumes from its last checkpoint and writes it anew."
 
     def write_json(self, name: str, data: Mapping) -> None:
         """Write through a temporary file renamed into place, so a kill leaves the old or the new file,

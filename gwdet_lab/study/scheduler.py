@@ -18,6 +18,7 @@ peak resident set size. A cell trained over several invocations reports its larg
 """
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import statistics
@@ -106,9 +107,9 @@ def record_usage(active: Active, peak_mb: float) -> None:
     write_usage(active.planned.folder, active.earlier, time.monotonic() - active.started, active.peak_mb)
 
 
-def failure_reason(code: int) -> str:
-    """Why a cell's worker ended with exit ``code`` (negative: killed by that signal), and, where it
-    was stopped from outside, that the study resumes it."""
+def failure_reason(code: int, last_lines: Sequence[str] = ()) -> str:
+    """Why a cell's worker ended with exit ``code`` (negative: killed by that signal) and its output's
+    ``last_lines``, and, where it was stopped from outside or by a full disk, that the study resumes it."""
     if code == EXIT_MISMATCH:
         return "its config differs from the recorded one"
     resumes = "its checkpoints are kept, and running the study's command again resumes it"
@@ -116,6 +117,9 @@ def failure_reason(code: int) -> str:
         return f"killed by {signal.Signals(-code).name}; {resumes}"
     if code - 128 in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
         return f"stopped by {signal.Signals(code - 128).name} after saving a checkpoint; {resumes}"
+    if any(os.strerror(errno.ENOSPC) in line for line in last_lines):
+        return (f"exit status {code}: its disk is full ({os.strerror(errno.ENOSPC)}); {resumes} once there is "
+                "space again")
     return f"exit status {code}"
 
 
@@ -205,8 +209,8 @@ class Scheduler:
             self.echo(f"{active.label} busy: another process took {folder.path} first")
             outcome.busy.append(name)
             return
-        reason = failure_reason(code)
         tail = folder.file(STDOUT_TXT).read_text(errors="replace").splitlines()[-FAILURE_TAIL_LINES:]
+        reason = failure_reason(code, tail)
         self.echo(f"{active.label} FAILED ({reason}); last lines of {folder.file(STDOUT_TXT)}:\n" + "\n".join(tail))
         outcome.failed.append(name)
 
