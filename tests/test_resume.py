@@ -206,6 +206,30 @@ def test_a_stop_in_the_last_iteration_stops_without_evaluating_and_resume_evalua
     assert set(results) == {"bbox", "segm"} and (tmp_path / "results.json").is_file()
 
 
+def test_a_stop_signal_in_the_evaluation_after_training_says_so_and_resume_evaluates(tmp_path, monkeypatch, caplog):
+    # before: the handler was given back before the evaluation, so SIGTERM there ended the process
+    # with status 143 and not one line
+    test = Trainer.test.__func__
+
+    def stopped_test(cls, *args, **kwargs):
+        signal.raise_signal(signal.SIGTERM)
+        return test(cls, *args, **kwargs)
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(Trainer, "test", classmethod(stopped_test))
+    with pytest.raises(TrainingInterrupted) as stop:
+        main(tiny_run_args(tmp_path))
+    assert stop.value.code == 128 + signal.SIGTERM and signal.getsignal(signal.SIGTERM) == before
+    assert "Stopped by SIGTERM in the evaluation after training: the trained weights are saved, not evaluated. " \
+           "Evaluate them with the same command and --resume." in caplog.text
+    assert (tmp_path / "model_final.pth").is_file() and not (tmp_path / "results.json").exists()
+    monkeypatch.setattr(Trainer, "test", classmethod(test))
+
+    results = main(tiny_run_args(tmp_path, "--resume"))
+    assert set(results) == {"bbox", "segm"} and (tmp_path / "results.json").is_file()
+    assert signal.getsignal(signal.SIGTERM) == before  # given back after a training that evaluated too
+
+
 def test_a_checkpoint_that_cannot_be_saved_in_the_last_iteration_ends_the_run_without_evaluating(tmp_path, monkeypatch):
     # a full disk at model_final.pth: before, detectron2's evaluation after training ran on and
     # failed with its own traceback (or hid the error), after the save had failed

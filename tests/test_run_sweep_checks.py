@@ -404,11 +404,20 @@ def test_resuming_by_a_copied_runs_config_yaml_is_refused_where_it_names_the_ori
     args = parse_args(["--config-file", str(branch / CONFIG_NAME), "--eval-only", "--resume"])
     with pytest.raises(ValueError, match=rf"the record of the run in {branch}, whose OUTPUT_DIR is another folder"):
         main(args)
+    # --eval-only of the copy's weights wrote its results into the original's folder (re-created it when moved)
+    args = parse_args(["--config-file", str(branch / CONFIG_NAME), "--eval-only", "MODEL.WEIGHTS",
+                       str(branch / "model_final.pth")])
+    with pytest.raises(ValueError, match=rf"--eval-only with --config-file {branch / CONFIG_NAME}, the record of the "
+                                         rf"run in {branch}, whose OUTPUT_DIR is another folder, '{finished_run}': "
+                                         rf"that would write the evaluation there.*Add OUTPUT_DIR {branch} to write "
+                                         "it beside the config file"):
+        main(args)
+    assert _digest(finished_run) == before
 
 
-def test_a_resume_with_another_test_time_setting_is_no_other_model(finished_run, caplog):
+def test_a_resume_with_another_test_time_or_sampling_setting_is_no_other_model(finished_run, caplog):
     # MODEL.ROI_HEADS.SCORE_THRESH_TEST 0.3 was refused as "trained with another model"
-    from gwdet.engine.output_dir import is_test_setting
+    from gwdet.engine.output_dir import is_test_setting, leaves_the_model
     from gwdet.engine.run import check_output_request
 
     args = tiny_run_args(finished_run, "--resume", "SOLVER.MAX_ITER", "4", "MODEL.ROI_HEADS.SCORE_THRESH_TEST", "0.3")
@@ -417,6 +426,16 @@ def test_a_resume_with_another_test_time_setting_is_no_other_model(finished_run,
     assert "MODEL.ROI_HEADS.SCORE_THRESH_TEST: 0.05 -> 0.3" in caplog.text
     assert is_test_setting("model.roi_heads.box_predictor.test_score_thresh: 0.05 -> 0.3")
     assert not is_test_setting("MODEL.GW.NUM_GROUPS: 16 -> 8")
+    # the ROIs sampled per image in training were refused as "trained with another model"
+    caplog.clear()
+    args = tiny_run_args(finished_run, "--resume", "SOLVER.MAX_ITER", "4", "MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE", "32",
+                         "MODEL.RPN.POST_NMS_TOPK_TRAIN", "500")
+    with caplog.at_level(logging.WARNING):
+        check_output_request(args, load_run_config(args.config_file, args.opts))
+    assert "MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE: 64 -> 32" in caplog.text
+    assert "MODEL.RPN.POST_NMS_TOPK_TRAIN: " in caplog.text
+    assert leaves_the_model("model.roi_heads.positive_fraction: 0.25 -> 0.5")
+    assert not leaves_the_model("MODEL.ROI_HEADS.NUM_CLASSES: 4 -> 5")
 
 
 def test_a_last_checkpoint_naming_its_file_by_absolute_path_is_evaluated_as_it_is_resumed(finished_run, tmp_path):

@@ -3,7 +3,10 @@
 :class:`CheckpointOnSignal`, a detectron2 hook, turns SIGTERM, SIGINT, SIGHUP (unless ignored, as
 under ``nohup``) and SIGUSR2 into a request: the iteration in progress finishes, a checkpoint of it
 is saved as a periodic one would be (``model_<iteration>.pth``), and the process stops with
-:class:`TrainingInterrupted`; ``--resume`` then continues at the next iteration. A handler installed
+:class:`TrainingInterrupted`; ``--resume`` then continues at the next iteration. In the evaluation
+after training the same signals stop at once, saying that the trained weights are saved and not yet
+evaluated (``--resume`` evaluates them); :func:`release_stop_signals` then gives the handlers back
+when training has returned. A handler installed
 before training (submitit's, which requeues a SLURM job) is called after the checkpoint is written;
 a second signal of the same kind runs it at once. With several processes every rank stops after the
 same iteration.
@@ -95,9 +98,29 @@ class CheckpointOnSignal(HookBase):
     def after_train(self) -> None:
         if self._in_step:  # an error ended the step (or a hook's after_step before this one)
             self._skip_evaluations()
+        if not self._previous:
+            return
+        if any(evaluation._eval_after_train for evaluation in self.evaluations):
+            for signum in self._previous:  # until release(): the evaluation hooks run after this one
+                signal.signal(signum, self._stop_evaluation)
+        else:
+            self.release()
+
+    def release(self) -> None:
+        """Give the stop signals back to the handlers they had before training (nothing when done)."""
         if self._previous:
             self._restore()
             self._previous = {}
+
+    def _stop_evaluation(self, signum: int, frame: FrameType | None) -> None:
+        """A stop signal in the evaluation after training: stop at once, saying what is left to do."""
+        previous = _chained_handler(self._previous.get(signum))
+        self.release()
+        logger.warning(f"Stopped by {signal.Signals(signum).name} in the evaluation after training: the trained "
+                       "weights are saved, not evaluated. Evaluate them with the same command and --resume.")
+        if previous is not None:
+            previous(signum, frame)
+        raise TrainingInterrupted(signum, None)
 
     def _requested(self) -> int | None:
         """The signal number any rank received (every rank gets the same answer)."""
@@ -123,7 +146,16 @@ class CheckpointOnSignal(HookBase):
                        "Continue with the same command and --resume.")
         self._skip_evaluations()
         previous = _chained_handler(self._previous.get(signum))
-        self.after_train()
+        self.release()
         if previous is not None:
             previous(signum, None)
         raise TrainingInterrupted(signum, f"{name}.pth")
+
+
+def release_stop_signals(hooks: Sequence[HookBase]) -> None:
+    """After a trainer's ``train()`` with ``hooks`` has returned or raised: every
+    :class:`CheckpointOnSignal` among them gives the stop signals back (it keeps them through the
+    evaluation after training, which runs in later hooks)."""
+    for hook in hooks:
+        if isinstance(hook, CheckpointOnSignal):
+            hook.release()

@@ -37,6 +37,7 @@ from detectron2.utils import comm
 from detectron2.utils.logger import setup_logger
 
 from gwdet.errors import GwdetValueError
+from gwdet.checkpoint.signal_hook import release_stop_signals
 from gwdet.data.boxes import check_dataset_boxes
 from gwdet.data.coco_registration import (
     CocoDataset,
@@ -67,7 +68,7 @@ from gwdet.engine.output_dir import (
     resumed_iteration,
     config_differences,
     damaged_config,
-    is_test_setting,
+    leaves_the_model,
 )
 from gwdet.engine.lazy_checks import (
     check_call_arguments,
@@ -253,7 +254,10 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
 
     def train(self):
         """Train from :attr:`start_iter` to ``train.max_iter``; return the last evaluation's results."""
-        super().train(self.start_iter, self.max_iter)
+        try:
+            super().train(self.start_iter, self.max_iter)
+        finally:
+            release_stop_signals(self._hooks)
         return getattr(self, "_last_eval_results", None)
 
 
@@ -274,9 +278,10 @@ def saved_tree(cfg: DictConfig) -> dict:
 
 def model_differences(saved: Mapping, current: Mapping) -> list[str]:
     """``"model.KEY: saved -> current"`` for each value under ``model`` that differs between two
-    trees of :func:`read_saved_config` and builds another model: all but test-time settings
-    (:func:`~gwdet.engine.output_dir.is_test_setting`), as a yacs config's model differences."""
-    return [line for line in _model_lines(saved, current) if not is_test_setting(line)]
+    trees of :func:`read_saved_config` and builds another model: all but the settings that leave the
+    model as it is (:func:`~gwdet.engine.output_dir.leaves_the_model`), as a yacs config's model
+    differences."""
+    return [line for line in _model_lines(saved, current) if not leaves_the_model(line)]
 
 
 def _model_lines(saved: Mapping, current: Mapping) -> list[str]:
@@ -302,9 +307,9 @@ def compare_with_run(cfg: DictConfig, output_dir: str, path: str) -> SavedRun:
     saved_seed, current_seed = (OmegaConf.select(OmegaConf.create(tree), SEED_SETTING) for tree in (saved, current))
     others = config_differences({key: value for key, value in saved.items() if key != "model"},
                                 {key: value for key, value in current.items() if key != "model"})
-    test_time = [line for line in _model_lines(saved, current) if is_test_setting(line)]  # the trained model as it is
+    unchanged_model = [line for line in _model_lines(saved, current) if leaves_the_model(line)]
     return SavedRun((saved_batch, current_batch), (saved_seed, current_seed), model_differences(saved, current),
-                    [*test_time, *others])
+                    [*unchanged_model, *others])
 
 
 def check_resume_config(cfg: DictConfig, output_dir: str, weights_named: bool = False) -> None:

@@ -370,22 +370,27 @@ def check_config_file_kept(config_file: str, output_dir: str, setting: str = "OU
             "as --config-file).")
 
 
-def check_resumed_folder_is_the_records(config_file: str, output_dir: str, setting: str = "OUTPUT_DIR") -> None:
-    """Refuse ``--resume`` whose ``--config-file`` is the recorded ``config.yaml`` of the run in
-    another folder than ``output_dir`` (the ``setting`` the file gives, not overridden): a copy of a
-    run keeps the output folder of the run it was copied from, so resuming the copy by its config
-    would continue, and replace the files of, the original."""
+def check_resumed_folder_is_the_records(config_file: str, output_dir: str, setting: str = "OUTPUT_DIR",
+                                        resume: bool = True) -> None:
+    """Refuse ``--resume`` (``resume``; else ``--eval-only``) whose ``--config-file`` is the recorded
+    ``config.yaml`` of the run in another folder than ``output_dir`` (the ``setting`` the file gives,
+    not overridden): a copy of a run keeps the output folder of the run it was copied from, so
+    resuming the copy by its config would continue, and replace the files of, the original, and an
+    evaluation would write its results there (re-creating a moved run's folder)."""
     folder = os.path.dirname(os.path.abspath(config_file))
     if os.path.basename(config_file) != CONFIG_NAME or not written_by_a_run(config_file) or not checkpoints_in(folder):
         return
     if os.path.realpath(folder) == os.path.realpath(output_dir):
         return
+    flag, outcome, beside, other = (
+        ("--resume", "continue the run there", "continue the run beside the config file", "resume the other folder")
+        if resume else
+        ("--eval-only", "write the evaluation there", "write it beside the config file", "write it elsewhere"))
     raise GwdetValueError(
-        f"--resume with --config-file {config_file}, the record of the run in {folder}, whose {setting} is another "
-        f"folder, {output_dir!r}: that would continue the run there, not the one beside the config file (a copy of a "
-        f"run keeps the {setting} of the run it was copied from); nothing was changed. Add "
-        f"{as_override(setting, folder)} to continue the run beside the config file, or give {setting} on the "
-        "command line to resume the other folder.")
+        f"{flag} with --config-file {config_file}, the record of the run in {folder}, whose {setting} is another "
+        f"folder, {output_dir!r}: that would {outcome}, not beside the config file (a copy of a run keeps the "
+        f"{setting} of the run it was copied from); nothing was changed. Add {as_override(setting, folder)} to "
+        f"{beside}, or give {setting} on the command line to {other}.")
 
 
 def check_config_not_users(output_dir: str, setting: str = "OUTPUT_DIR") -> None:
@@ -760,6 +765,11 @@ def saved_run_config(cfg: CfgNode, output_dir: str, path: str) -> CfgNode:
     return saved
 
 
+# The settings of the model's sampling of proposals and ROIs in training (yacs, LazyConfig): how the
+# model is trained, not which layers and weights it has.
+TRAINING_SAMPLING_SETTINGS = ("BATCH_SIZE_PER_IMAGE", "POSITIVE_FRACTION", "batch_size_per_image", "positive_fraction")
+
+
 def is_test_setting(difference: str) -> bool:
     """Whether the line ``difference`` (``"KEY: saved -> current"``) is of a setting the model reads at
     test time only (``MODEL.ROI_HEADS.SCORE_THRESH_TEST``; a LazyConfig's ``...test_score_thresh``),
@@ -768,12 +778,20 @@ def is_test_setting(difference: str) -> bool:
     return name.endswith("_TEST") or name.startswith("test_")
 
 
+def leaves_the_model(difference: str) -> bool:
+    """Whether the line ``difference`` is of a setting that leaves the model's layers and weights as
+    they are: read at test time only (:func:`is_test_setting`), or only in training, by the sampling
+    of proposals and ROIs (:data:`TRAINING_SAMPLING_SETTINGS`, ``MODEL.RPN.POST_NMS_TOPK_TRAIN``)."""
+    name = difference.split(":", 1)[0].rsplit(".", 1)[-1]
+    return is_test_setting(difference) or name.endswith("_TRAIN") or name in TRAINING_SAMPLING_SETTINGS
+
+
 def _of_the_model(differences: Sequence[str]) -> list[str]:
     """The lines of ``differences`` (:func:`config_differences`) of ``MODEL.*`` keys, but
-    :data:`RESUMABLE_DIFFERENCES` and test-time settings (:func:`is_test_setting`), and of
-    ``INPUT.FORMAT`` (the model's input channels)."""
+    :data:`RESUMABLE_DIFFERENCES` and settings that leave the model as it is
+    (:func:`leaves_the_model`), and of ``INPUT.FORMAT`` (the model's input channels)."""
     return [d for d in differences if d.startswith(("MODEL.", "INPUT.FORMAT:"))
-            and not d.startswith(RESUMABLE_DIFFERENCES) and not is_test_setting(d)]
+            and not d.startswith(RESUMABLE_DIFFERENCES) and not leaves_the_model(d)]
 
 
 def model_differences(saved: CfgNode, cfg: CfgNode) -> list[str]:

@@ -417,8 +417,8 @@ def main(args: argparse.Namespace):
     (module docstring: the steps)."""
     run = load_run_config(args.config_file, args.opts).for_processes(comm.get_world_size())
     run.check_request(args.eval_only, comm.get_world_size())
-    if args.resume and not gives_setting(args.opts, run.output_setting):  # training or --eval-only's checkpoint
-        check_resumed_folder_is_the_records(args.config_file, run.output_dir, run.output_setting)
+    if (args.resume or args.eval_only) and not gives_setting(args.opts, run.output_setting):
+        check_resumed_folder_is_the_records(args.config_file, run.output_dir, run.output_setting, args.resume)
     if args.eval_only:
         run, args = evaluation_request(run, args)
     else:  # config.yaml names the file itself, wherever the config is read from again

@@ -26,6 +26,7 @@ from fvcore.nn.precise_bn import BN_MODULE_TYPES
 
 from gwdet.errors import GwdetValueError
 from gwdet.checkpoint.resilient import ResilientCheckpointer
+from gwdet.checkpoint.signal_hook import release_stop_signals
 from gwdet.config import config_value
 from gwdet.config_checks import BOX_HEAD, MASK_HEAD, ZERO_RATE, builds_part, check_batch_split, ensure_checked
 from gwdet.data import prepare_datasets, register_datasets
@@ -133,7 +134,10 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
 
     def train(self):
         """Train; return the final COCO results (detectron2's EvalHook stores them on the trainer)."""
-        super().train()
+        try:
+            super().train()
+        finally:
+            release_stop_signals(self._hooks)
         return getattr(self, "_last_eval_results", None)
 
     def resume_or_load(self, resume: bool = True) -> None:
