@@ -41,6 +41,11 @@ def _string(key: str, value: Any) -> None:
         raise GwdetValueError(f"{OWNER}: {key} must be a string, got {value!r}")
 
 
+# The names of the embedded shapes dataset's splits start with it (shapes_train, shapes_val,
+# shapes_test): gwdet generates the dataset for any such name, and no other dataset may take one.
+SHAPES_PREFIX = "shapes_"
+
+
 @dataclass(frozen=True)
 class ConfigKey:
     """A key gwdet adds: its dotted name, default and the check its value must pass."""

@@ -235,6 +235,31 @@ def test_an_evaluation_on_fewer_categories_than_the_model_says_where_the_count_c
         check_config_against_datasets(cfg, trains=False)
     with pytest.raises(DatasetError, match=r"with fewer classes a category would train as background"):
         check_config_against_datasets(cfg)
+    # weights of fewer classes than the test set's: neither branch of the advice fitted them
+    registered("four_of_two", tmp_path / "two")
+    cfg = config("four_of_two", "four_of_two", "MODEL.ROI_HEADS.NUM_CLASSES", "1")
+    with pytest.raises(DatasetError, match=r"if they were trained on 1 categories, evaluate them on a dataset of those 1 "
+                                           r"\(a copy of the annotation file that keeps only them"):
+        check_config_against_datasets(cfg, trains=False)
+
+
+def test_datasets_whose_categories_differ_in_their_ids_only_train_and_test_together(tmp_path):
+    # refused as "different categories", while detectron2 numbers each dataset's classes by its ids in order
+    def renumbered(coco, root):
+        for category in coco["categories"]:
+            category["id"] *= 10
+        for annotation in coco["annotations"]:
+            annotation["category_id"] *= 10
+    registered("ids_1_2", tmp_path / "plain")
+    registered("ids_10_20", tmp_path / "renumbered", renumbered)
+    check_config_against_datasets(config("ids_10_20", "ids_1_2"))
+
+    def swapped(coco, root):
+        coco["categories"] = [{"id": 1, "name": "b"}, {"id": 2, "name": "a"}]
+    registered("ids_swapped", tmp_path / "swapped", swapped)
+    with pytest.raises(DatasetError, match=r"different categories \(the same names in another order of their ids: "
+                                           r"1 'a', 2 'b' against 1 'b', 2 'a'\)"):
+        check_config_against_datasets(config("ids_1_2", "ids_swapped"))
 
 
 def test_a_turned_image_stated_at_its_stored_size_names_both_causes(tmp_path):
@@ -481,6 +506,30 @@ def test_a_lazyconfig_test_set_of_your_own_is_checked_as_a_yacs_one(tmp_path, ch
     registered("lazy_m", tmp_path, _as_shapes(change))
     found = _lazy_refusal("dataloader.test.dataset.names=lazy_m", "dataloader.evaluator.dataset_name=lazy_m")
     assert re.search(message, found), found
+
+
+def test_a_lazyconfig_trained_on_rle_masks_read_as_polygons_is_refused_before_the_run(tmp_path):
+    # before: a run folder, the model built, then "detectron2 could not train the first iteration
+    # with this config: ValueError: Failed to use mask_format=='polygon'" with no setting named
+    from pycocotools import mask as mask_util
+
+    def rle(coco, root):
+        for annotation in coco["annotations"]:
+            x, y, w, h = annotation["bbox"]
+            pixels = np.zeros((SIZE, SIZE), np.uint8, order="F")
+            pixels[y:y + h, x:x + w] = 1
+            annotation["segmentation"] = {"size": [SIZE, SIZE],
+                                          "counts": mask_util.encode(pixels)["counts"].decode("ascii")}
+
+    registered("lazy_rle", tmp_path, _as_shapes(rle))
+    found = _lazy_refusal("dataloader.train.dataset.names=lazy_rle", "dataloader.train.mapper.instance_mask_format=polygon")
+    assert ("4 annotations of dataloader.train.dataset.names 'lazy_rle' (" in found
+            and "have RLE masks, which detectron2 reads only as bitmasks, and dataloader.train.mapper.instance_mask_format "
+                "is 'polygon': add dataloader.train.mapper.instance_mask_format=bitmask to the command line" in found), found
+    # detectron2's COCO LazyConfigs leave the setting out: DatasetMapper's default, polygon
+    found = _lazy_refusal("dataloader.train.dataset.names=lazy_rle",
+                          edit=lambda cfg: cfg.dataloader.train.mapper.pop("instance_mask_format"))
+    assert "dataloader.train.mapper.instance_mask_format is 'polygon'" in found, found
 
 
 def test_a_lazyconfig_request_that_does_not_evaluate_needs_no_annotations(tmp_path):

@@ -30,6 +30,7 @@ from detectron2.modeling.box_regression import Box2BoxTransform
 from detectron2.modeling.backbone.resnet import BottleneckBlock
 from detectron2.utils import comm
 
+from gwdet.config import SHAPES_PREFIX
 from gwdet.utils.cli_errors import as_override
 from gwdet.utils.atomic import cached_sha256, checksum_findings, checksum_path, write_with_checksum
 from gwdet.checkpoint.compatibility import (
@@ -254,7 +255,6 @@ INITIAL_WEIGHTS_KEY = "gwdet_initial_weights"
 # What torch.compile puts in the names of a compiled module's weights (its OptimizedModule wraps the
 # original module as _orig_mod).
 COMPILED = "_orig_mod."
-SHAPES_PREFIX = "shapes_"  # the generated shapes splits' names (gwdet.data.coco_registration.RESERVED_PREFIX)
 
 
 def input_record(model: torch.nn.Module) -> dict[str, Any]:

@@ -33,7 +33,9 @@ from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data.datasets import register_coco_instances
 from detectron2.data.transforms import ResizeShortestEdge
 
+from gwdet.config import SHAPES_PREFIX
 from gwdet.errors import GwdetError, listed
+from gwdet.utils.cli_errors import as_override
 from gwdet.data.boxes import box_problem
 from gwdet.data.masks import short_repr
 from gwdet.data.coco_checks import (
@@ -50,8 +52,6 @@ FLAG = "--register-coco"
 FORMAT = "NAME=JSON:IMAGE_ROOT"
 EXAMPLE = "mine_train=~/data/train.json:~/data/train_images"
 ENVIRONMENT_VARIABLE = "GWDET_REGISTER_COCO"
-# gwdet's embedded dataset: prepare_datasets generates the shapes dataset for any name with it.
-RESERVED_PREFIX = "shapes_"
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 COCO_LISTS = ("images", "annotations", "categories")
 IMAGE_KEYS = ("id", "file_name", "height", "width")  # what detectron2's load_coco_json reads
@@ -527,8 +527,8 @@ def registered_coco_dataset(name: str) -> CocoDataset | None:
 def check_name_available(name: str) -> None:
     """:class:`DatasetError` unless ``name`` is free for a ``--register-coco`` dataset (a name this
     module registered before may be registered again)."""
-    if name.startswith(RESERVED_PREFIX):
-        raise DatasetError(f"dataset name {name!r} is taken: names starting with {RESERVED_PREFIX!r} are gwdet's "
+    if name.startswith(SHAPES_PREFIX):
+        raise DatasetError(f"dataset name {name!r} is taken: names starting with {SHAPES_PREFIX!r} are gwdet's "
                            "embedded shapes dataset. Pick another NAME.")
     if name in DatasetCatalog.list() and name not in _REGISTERED:
         raise DatasetError(f"dataset name {name!r} is taken: it is already registered (detectron2 registers its "
@@ -651,13 +651,15 @@ class DatasetUse:
     test_setting: str = "DATASETS.TEST"
     masks_asked: str = "MODEL.MASK_ON is True"  # why masks are needed
     without_masks: str = "with MODEL.MASK_ON False"  # how to do without them
+    mask_format: str | None = None  # how the training loader reads masks (None: not known)
+    mask_format_setting: str = "INPUT.MASK_FORMAT"
 
     @classmethod
     def of_config(cls, cfg: CfgNode, *, trains: bool = True, evaluates: bool = True) -> "DatasetUse":
         """The datasets of ``cfg`` a request reads: its training sets where it ``trains``, its test
         sets where it ``evaluates`` (a tool that reads test images only needs no annotations)."""
         return cls(tuple(cfg.DATASETS.TRAIN) if trains else (), tuple(cfg.DATASETS.TEST) if evaluates else (),
-                   bool(cfg.MODEL.MASK_ON))
+                   bool(cfg.MODEL.MASK_ON), mask_format=cfg.INPUT.MASK_FORMAT)
 
     def role(self, name: str) -> str:
         return self.train_setting if name in self.train else self.test_setting
@@ -672,7 +674,7 @@ def known_class_names(name: str) -> list[str] | None:
     ours = registered_coco_dataset(name)
     if ours is not None:
         return list(ours.read.class_names)
-    if name.startswith(RESERVED_PREFIX):
+    if name.startswith(SHAPES_PREFIX):
         from gwdet.data.shapes import CLASSES
 
         return list(CLASSES)
@@ -692,14 +694,21 @@ def _difference(first: Sequence, second: Sequence, first_name: str, second_name:
     return "; ".join(parts) or "the same categories in another order"
 
 
+def class_name(category: tuple[int, str] | str) -> str:
+    """The class name of a category: ``(id, name)`` of a COCO file, or a name."""
+    return category if isinstance(category, str) else category[1]
+
+
 def _show_category(category: tuple[int, str]) -> str:
     return f"{category[0]} {category[1]!r}"
 
 
 def _check_same_categories(use: DatasetUse, reference: CocoDataset, name: str) -> None:
-    """:class:`DatasetError` unless dataset ``name`` has ``reference``'s categories: the same ids
-    and names for another ``--register-coco`` dataset, the same class names in the same order for
-    any other dataset whose classes are known before loading (shapes, detectron2's builtin COCO)."""
+    """:class:`DatasetError` unless dataset ``name`` has ``reference``'s categories: the same class
+    names in the same order (detectron2 numbers each dataset's classes by its category ids, in
+    order, so the ids themselves may differ) for any dataset whose classes are known before loading
+    (another ``--register-coco`` dataset, whose ids the message shows; shapes, detectron2's builtin
+    COCO)."""
     dataset = registered_coco_dataset(name)
     first: Sequence[Any]
     second: Sequence[Any] | None
@@ -714,13 +723,16 @@ def _check_same_categories(use: DatasetUse, reference: CocoDataset, name: str) -
         first = reference.read.class_names
         show = repr
         described = f"{use.role(name)} {name!r}"
-    if list(first) == list(second):
+    first_names, second_names = [class_name(item) for item in first], [class_name(item) for item in second]
+    if first_names == second_names:
         return
-    detail = _difference(first, second, repr(reference.name), repr(name), show)
+    detail = ("the same names in another order of their ids: " + ", ".join(map(show, first)) + " against "
+              + ", ".join(map(show, second)) if sorted(first_names) == sorted(second_names)
+              else _difference(first, second, repr(reference.name), repr(name), show))
     raise DatasetError(
         f"{use.role(reference.name)} {reference.name!r} ({reference.json_file}) and {described} have "
-        f"different categories ({detail}): train and test on datasets with the same categories, the same ids and "
-        "names.")
+        f"different categories ({detail}): train and test on datasets with the same categories, the same names in "
+        "the same order of their ids (the ids themselves may differ).")
 
 
 # What MODEL.*.NUM_CLASSES means for the meta-architectures whose class count gwdet checks against any
@@ -748,9 +760,13 @@ def _check_num_classes(cfg: CfgNode, name: str, classes: Sequence[str], source: 
         raise DatasetError(
             f"MODEL.{key}.NUM_CLASSES is {value}, but {DatasetUse.of_config(cfg).role(name)} {name!r}"
             f"{f' ({source})' if source else ''} has {count} categories ({listed(classes, SHOWN)}). An evaluation "
-            "takes its class count from the weights (their outputs): if they were trained on more categories, give "
-            "the dataset all of them, with the ids and names they were trained on (a category without annotations is "
-            f"fine); if they were trained on these {count}, add MODEL.{key}.NUM_CLASSES {count} to the command line.")
+            "takes its class count from the weights (their outputs): "
+            + ("if they were trained on more categories, give the dataset all of them, with the ids and names they "
+               "were trained on (a category without annotations is fine)" if value > count else
+               f"if they were trained on {value} categories, evaluate them on a dataset of those {value} (a copy of the "
+               "annotation file that keeps only them and their annotations, with the ids and names they were trained "
+               "on)")
+            + f"; if they were trained on these {count}, add MODEL.{key}.NUM_CLASSES {count} to the command line.")
     if value != count:
         raise DatasetError(
             f"MODEL.{key}.NUM_CLASSES is {value}, but {DatasetUse.of_config(cfg).role(name)} {name!r}"
@@ -801,15 +817,15 @@ def _check_training_masks(use: DatasetUse, dataset: CocoDataset) -> None:
     _check_masks_present(use, dataset, dataset.read.without_mask, dataset.read.instances, "", "train boxes only")
 
 
-def _check_mask_format(cfg: CfgNode, dataset: CocoDataset) -> None:
-    """:class:`DatasetError` unless the masks of training ``dataset`` are in a format
-    ``INPUT.MASK_FORMAT`` reads."""
-    contents, described = dataset.read, f"DATASETS.TRAIN {dataset.name!r} ({dataset.json_file})"
-    if contents.rle_masks and cfg.INPUT.MASK_FORMAT != "bitmask":
+def _check_mask_format(use: DatasetUse, dataset: CocoDataset) -> None:
+    """:class:`DatasetError` unless the masks of training ``dataset`` are in a format the training
+    loader reads (``INPUT.MASK_FORMAT``; a LazyConfig's mapper setting)."""
+    contents, described = dataset.read, f"{use.train_setting} {dataset.name!r} ({dataset.json_file})"
+    if contents.rle_masks and use.mask_format is not None and use.mask_format != "bitmask":
         raise DatasetError(
             f"{contents.rle_masks} annotations of {described} have RLE masks, which detectron2 reads only as "
-            f"bitmasks, and INPUT.MASK_FORMAT is {cfg.INPUT.MASK_FORMAT!r}: add INPUT.MASK_FORMAT bitmask to the "
-            "command line (or set it in the config).")
+            f"bitmasks, and {use.mask_format_setting} is {use.mask_format!r}: add "
+            f"{as_override(use.mask_format_setting, 'bitmask')} to the command line (or set it in the config).")
 
 
 def _check_resizable(cfg: CfgNode, dataset: CocoDataset) -> None:
@@ -855,8 +871,6 @@ def check_config_against_datasets(cfg: CfgNode, *, trains: bool = True, evaluate
                        trains=trains)
     for dataset in ours:
         _check_resizable(cfg, dataset)
-        if use.mask_on and dataset.name in use.train:
-            _check_mask_format(cfg, dataset)
 
 
 def check_datasets_fit(use: DatasetUse) -> None:
@@ -871,6 +885,7 @@ def check_datasets_fit(use: DatasetUse) -> None:
     for dataset in ours:
         if use.mask_on and dataset.name in use.train:
             _check_training_masks(use, dataset)
+            _check_mask_format(use, dataset)
         if dataset.name in use.test:  # evaluated against the JSON itself
             _check_test_annotations(use, dataset)
     _warn_of_test_sets_trained_on(use, ours)

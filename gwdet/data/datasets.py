@@ -17,20 +17,20 @@ from typing import Any, Iterable, Iterator, Sequence
 from detectron2.config import CfgNode
 from detectron2.data import DatasetCatalog, MetadataCatalog
 
+from gwdet.config import SHAPES_PREFIX
 from gwdet.errors import GwdetFileNotFoundError, GwdetKeyError, GwdetValueError
 from gwdet.data.coco_registration import (
     ENVIRONMENT_VARIABLE,
     CocoDataset,
     DatasetError,
     check_config_against_datasets,
-    RESERVED_PREFIX,
     environment_datasets,
     register_coco_datasets,
     registered_coco_dataset,
 )
 from gwdet.data.shapes import SPLITS, register_shapes
 
-SHAPES_SPLITS = tuple(RESERVED_PREFIX + split for split in SPLITS)  # the shapes dataset's registered names
+SHAPES_SPLITS = tuple(SHAPES_PREFIX + split for split in SPLITS)  # the shapes dataset's registered names
 
 COCO_LAYOUT_HINT = (
     "For COCO, set DETECTRON2_DATASETS to the folder that holds coco/, laid out as "
@@ -52,8 +52,8 @@ def unregistered_message(name: str) -> str:
     to, and how to register one (a name of gwdet's shapes dataset cannot be: its splits are named)."""
     close = difflib.get_close_matches(name, DatasetCatalog.list(), n=1)
     meant = f" Did you mean {close[0]!r}?" if close else ""
-    if name.startswith(RESERVED_PREFIX):
-        return (f"Dataset {name!r} is not registered.{meant} Names starting with {RESERVED_PREFIX!r} are gwdet's shapes "
+    if name.startswith(SHAPES_PREFIX):
+        return (f"Dataset {name!r} is not registered.{meant} Names starting with {SHAPES_PREFIX!r} are gwdet's shapes "
                 f"dataset's: its splits are {', '.join(SHAPES_SPLITS)}; give your own data another name "
                 "(--register-coco NAME=path/to/instances.json:path/to/images).")
     return (
@@ -98,7 +98,7 @@ def register_datasets(cfg: CfgNode, coco: Sequence[CocoDataset] = (), *, trains:
         raise DatasetError(message if message.startswith(prefix) else prefix + message) from None
     registered = set(DatasetCatalog.list())
     for name in names:
-        if name not in registered and not name.startswith(RESERVED_PREFIX):
+        if name not in registered and not name.startswith(SHAPES_PREFIX):
             raise DatasetError(unregistered_message(name))
     check_config_against_datasets(cfg, trains=trains, evaluates=evaluates)
 
@@ -110,7 +110,7 @@ def prepare_datasets(cfg: CfgNode, coco: Sequence[CocoDataset] = (), *, trains: 
     reads: the training sets where it ``trains``, the test sets always."""
     register_datasets(cfg, coco, trains=trains, evaluates=evaluates)
     names = config_dataset_names(cfg, trains)
-    if any(name.startswith(RESERVED_PREFIX) for name in names):
+    if any(name.startswith(SHAPES_PREFIX) for name in names):
         register_shapes(cfg)
     check_dataset_files(names)
     if trains:

@@ -8,6 +8,7 @@ twin's check (:func:`check_twin`). Also the dataset names a LazyConfig trains an
 """
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any, Iterator, Sequence, cast
 
@@ -38,6 +39,7 @@ from gwdet.utils.cli_errors import output_path_problem
 logger = logging.getLogger(__name__)
 
 FREEZE_SETTING = "model.backbone.bottom_up.freeze_at"  # MODEL.BACKBONE.FREEZE_AT's twin
+MASK_FORMAT_SETTING = "dataloader.train.mapper.instance_mask_format"  # INPUT.MASK_FORMAT's twin
 # Settings that take the values of a yacs key gwdet checks (gwdet.config.CONFIG_KEYS,
 # gwdet.config_checks.DETECTRON2_VALUE_RULES), as (setting, yacs key): those every run reads, and
 # those only training reads. The arguments of each L(ShapesSpec) node are checked the same way
@@ -456,6 +458,22 @@ def names_at(cfg: DictConfig, key: str) -> list[str]:
     return []
 
 
+def training_mask_format(cfg: DictConfig) -> str | None:
+    """How the training loader's mapper reads masks: its ``instance_mask_format``, else the default
+    of the callable it calls (detectron2's ``DatasetMapper``: ``"polygon"``); ``None`` where neither
+    is known."""
+    value = select(cfg, MASK_FORMAT_SETTING)
+    if isinstance(value, str):
+        return value
+    target = callable_of(select(cfg, "dataloader.train.mapper"))
+    try:
+        parameter = inspect.signature(target).parameters.get("instance_mask_format") if target else None
+    except (TypeError, ValueError):  # no signature to read
+        return None
+    default = parameter.default if parameter is not None else None
+    return default if isinstance(default, str) else None
+
+
 def check_datasets(cfg: DictConfig, *, trains: bool = True, evaluates: bool = True) -> None:
     """Refuse, before training or evaluating, an evaluator of another dataset than the test loader
     reads (it would score the predictions on those images against the other dataset's annotations),
@@ -479,7 +497,8 @@ def check_datasets(cfg: DictConfig, *, trains: bool = True, evaluates: bool = Tr
     check_datasets_fit(DatasetUse(
         tuple(trained), tuple(name for name in [evaluated] if name), mask_on, "dataloader.train.dataset.names",
         "dataloader.evaluator.dataset_name", "the model has a mask head (model.roi_heads.mask_head)",
-        "with a model without one (model.roi_heads.mask_in_features=None, as detectron2's Faster R-CNN LazyConfigs)"))
+        "with a model without one (model.roi_heads.mask_in_features=None, as detectron2's Faster R-CNN LazyConfigs)",
+        mask_format=training_mask_format(cfg), mask_format_setting=MASK_FORMAT_SETTING))
     count = select(cfg, "model.roi_heads.num_classes")
     if not is_whole_number(count):
         return
