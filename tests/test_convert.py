@@ -263,6 +263,16 @@ def test_every_wrapping_is_unwrapped(tmp_path, wrapping, prefixed, legacy_format
     assert source.wrapping == ("bare state_dict" if wrapping == "bare" else f"'{wrapping}' entry")
 
 
+def test_a_data_parallel_prefix_on_some_names_only_is_named(tmp_path):
+    # before: "norm bn1 has ['bias', 'running_var']: neither a BatchNorm ... nor a GW layer"
+    state_dict = {"module.conv1.weight": torch.ones(2), "bn1.bias": torch.zeros(2), "bn1.running_var": torch.ones(2)}
+    torch.save(state_dict, tmp_path / "mixed.pth")
+    with pytest.raises(ConversionError, match=r"1 of the 3 tensors' names start with 'module.' \(the prefix "
+                                              r"\(Distributed\)DataParallel adds\), the others do not: "
+                                              r"\['module.conv1.weight'\] beside \['bn1.bias', 'bn1.running_var'\]"):
+        read_source_state_dict(tmp_path / "mixed.pth")
+
+
 def test_report_counts_what_was_converted_and_dropped(r50_files):
     weights, report = convert_state_dict(in_memory(torch.load(r50_files["gw"], weights_only=True)))
     assert (report.arch, report.gw_positions, report.gn_style) == ("R-50", "S1-B2", False)

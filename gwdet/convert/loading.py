@@ -171,11 +171,20 @@ def _is_tensor_mapping(mapping: Mapping) -> bool:
 def _strip_data_parallel_prefix(
     tensors: dict[str, torch.Tensor]
 ) -> tuple[dict[str, torch.Tensor], str]:
-    """Remove ``module.`` (as often as every key has it) left by (Distributed)DataParallel."""
+    """Remove ``module.`` (as often as every key has it) left by (Distributed)DataParallel;
+    :class:`ConversionError` when only some keys have it (names of two models mixed)."""
     stripped = ""
     while tensors and all(key.startswith(DATA_PARALLEL_PREFIX) for key in tensors):
         tensors = {key[len(DATA_PARALLEL_PREFIX):]: value for key, value in tensors.items()}
         stripped += DATA_PARALLEL_PREFIX
+    prefixed = [key for key in tensors if key.startswith(DATA_PARALLEL_PREFIX)]
+    if prefixed:
+        bare = [key for key in tensors if not key.startswith(DATA_PARALLEL_PREFIX)]
+        raise ConversionError(
+            f"{len(prefixed)} of the {len(tensors)} tensors' names start with {DATA_PARALLEL_PREFIX!r} (the prefix "
+            f"(Distributed)DataParallel adds), the others do not: {preview_names(prefixed, 3)} beside "
+            f"{preview_names(bare, 3)}. The file mixes the names of a wrapped and an unwrapped model; save the "
+            "state dict of one model (model.module.state_dict() of a wrapped one) and convert that.")
     return tensors, stripped
 
 
