@@ -6,7 +6,9 @@
 * :class:`BatchWhitening` / :func:`batch_whitening`: decorrelated batch normalization (Huang et
   al., CVPR 2018);
 * :class:`BatchGroupNorm` / :func:`batch_group_norm`: batch group normalization with ghost
-  batches and inference example weighing (Summers & Dinneen, ICLR 2020).
+  batches and inference example weighing (Summers & Dinneen, ICLR 2020);
+* :func:`update_running_statistics`: the running statistics of those and of torch's batch norms
+  recomputed from data (``torch.optim.swa_utils.update_bn`` for gwdet's layers too).
 
 Each records its settings in its state dict and refuses a state of other settings
 (:mod:`gwdet.layers.settings_state`).
@@ -22,6 +24,7 @@ from .batch_group_norm import BatchGroupNorm, batch_group_norm
 from .batch_whitening import BatchWhitening, batch_whitening
 from .common import largest_divisor_at_most
 from .group_whitening import GroupWhitening, group_whitening, group_whitening_reference
+from .running_statistics import update_running_statistics
 
 __all__ = [
     "BatchGroupNorm",
@@ -32,4 +35,5 @@ __all__ = [
     "group_whitening",
     "group_whitening_reference",
     "largest_divisor_at_most",
+    "update_running_statistics",
 ]

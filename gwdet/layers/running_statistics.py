@@ -1,0 +1,67 @@
+"""Running statistics recomputed from data, for every layer of a model that keeps them.
+
+:func:`update_running_statistics` is what ``torch.optim.swa_utils.update_bn`` does for torch's batch
+norms (after weight averaging, or to replace the running averages of a training by those of the final
+weights), for gwdet's :class:`~gwdet.layers.BatchWhitening` and :class:`~gwdet.layers.BatchGroupNorm`
+too: each layer's running averages are reset and become the plain mean of the statistics of the
+given batches (the running update ``running <- (1 - m) running + m batch`` with ``m = 1/k`` at the
+k-th batch; DBN Algorithm 1 lines 10-11, and batch norm's, which BGN follows).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+
+from gwdet.errors import GwdetValueError
+
+from .batch_group_norm import BatchGroupNorm
+from .batch_whitening import BatchWhitening
+
+RUNNING_STATISTICS_LAYERS = (nn.modules.batchnorm._BatchNorm, BatchWhitening, BatchGroupNorm)
+
+
+def _run_model(model: nn.Module, batch: Any) -> Any:
+    return model(batch)
+
+
+def update_running_statistics(loader: Iterable[Any], model: nn.Module,
+                              forward: Callable[[nn.Module, Any], Any] = _run_model) -> int:
+    """Recompute the running statistics of every torch batch norm, BW and BGN/GhostBN layer of
+    ``model`` as the mean of their batch statistics over the batches of ``loader``, each given to
+    ``forward(model, batch)`` (default ``model(batch)``; a detectron2 model takes a loader's list of
+    dicts as it is) in training mode without gradients. The model's mode and the layers' momenta are
+    restored; when ``forward`` or the loader fails, the running statistics are put back as they were.
+    Returns the number of batches."""
+    layers = [module for module in model.modules() if isinstance(module, RUNNING_STATISTICS_LAYERS)
+              and module.running_mean is not None]
+    if not layers:
+        raise GwdetValueError(f"update_running_statistics: {type(model).__name__} has no layer with running statistics "
+                              "(torch's batch norms, BW, BGN, GhostBN), so there is nothing to recompute.")
+    saved = [{name: buffer.clone() for name, buffer in layer.named_buffers(recurse=False)} for layer in layers]
+    momenta = [layer.momentum for layer in layers]
+    was_training = model.training
+    batches = 0
+    try:
+        for layer in layers:
+            layer.reset_running_stats()
+        model.train()
+        with torch.no_grad():
+            for batches, batch in enumerate(loader, start=1):
+                for layer in layers:
+                    layer.momentum = 1.0 / batches
+                forward(model, batch)
+        if batches == 0:
+            raise GwdetValueError("update_running_statistics: the loader gave no batch; give it the training "
+                                  "batches to average the statistics over.")
+    except BaseException:
+        for layer, buffers in zip(layers, saved, strict=True):
+            for name, value in buffers.items():
+                getattr(layer, name).copy_(value)
+        raise
+    finally:
+        for layer, momentum in zip(layers, momenta, strict=True):
+            layer.momentum = momentum
+        model.train(was_training)
+    return batches

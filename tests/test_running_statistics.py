@@ -1,0 +1,60 @@
+"""update_running_statistics: the running statistics of torch's batch norms and of BW and BGN
+become the mean of their batch statistics over a loader (what torch's update_bn gives batch norms)."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.optim.swa_utils import update_bn
+
+from gwdet.errors import GwdetValueError
+from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening, update_running_statistics
+
+
+def batches(count: int = 3) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return [2.0 + torch.randn(4, 8, 5, 5, generator=generator, dtype=torch.float64) * (1 + k) for k in range(count)]
+
+
+def test_batch_norms_get_what_torchs_update_bn_gives_them():
+    model = nn.Sequential(nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8), nn.ReLU(), nn.BatchNorm2d(8, momentum=None)).double()
+    expected = copy.deepcopy(model)
+    update_bn(batches(), expected)
+    model.eval()
+    assert update_running_statistics(batches(), model) == 3
+    for name, buffer in expected.state_dict().items():
+        assert torch.allclose(model.state_dict()[name].double(), buffer.double()), name
+    assert not model.training and model[1].momentum == 0.1 and model[3].momentum is None
+
+
+@pytest.mark.parametrize("layer", [BatchWhitening(8, group_size=4, momentum=0.3),
+                                   BatchGroupNorm(8, num_groups=8, examples_per_group=2, momentum=0.3)],
+                         ids=["BW", "GhostBN"])
+def test_bw_and_bgn_running_means_are_the_mean_of_their_batch_means(layer):
+    # torch's update_bn resets torch's batch norms only: these layers kept a first model's statistics
+    model = nn.Sequential(layer.double())
+    data = batches()
+    update_running_statistics(data, model)
+    batch_means = torch.stack([x.mean(dim=(0, 2, 3)) for x in data])
+    assert torch.allclose(layer.running_mean, batch_means.mean(0))
+    assert layer.momentum == 0.3
+    if isinstance(layer, BatchGroupNorm):  # unbiased variances of each batch's ghost batches of 2 examples, averaged
+        variances = torch.stack([torch.stack([x[i:i + 2].var(dim=(0, 2, 3)) for i in (0, 2)]).mean(0) for x in data])
+        assert torch.allclose(layer.running_var, variances.mean(0))
+
+
+def test_a_failing_forward_puts_the_statistics_back_and_a_model_without_any_is_refused():
+    layer = BatchWhitening(8, group_size=4).double()
+    model = nn.Sequential(layer)
+    model(batches(1)[0])
+    before = {name: value.clone() for name, value in layer.state_dict().items()}
+    with pytest.raises(GwdetValueError, match="expected input of shape"):
+        update_running_statistics([batches(1)[0], torch.zeros(2, 3, 5, 5, dtype=torch.float64)], model)
+    after = layer.state_dict()
+    assert all(torch.equal(after[name], value) for name, value in before.items())
+    with pytest.raises(GwdetValueError, match="the loader gave no batch"):
+        update_running_statistics([], model)
+    with pytest.raises(GwdetValueError, match="has no layer with running statistics"):
+        update_running_statistics(batches(), nn.Sequential(GroupWhitening(8, num_groups=2)))
