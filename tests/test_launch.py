@@ -62,3 +62,56 @@ def test_a_process_killed_from_outside_is_named_with_the_way_on():
     assert str(failed.value).startswith("Training process 1 of this machine was killed by SIGKILL (from outside the "
                                         "run: the out-of-memory killer, a scheduler, kill); the others were stopped. "
                                         "The checkpoints written before it are kept: continue with --resume.")
+
+
+def abort_rank_one() -> None:
+    """Rank 1 aborts (as C++'s std::terminate does); rank 0 goes on working."""
+    import os
+    import time
+
+    from detectron2.utils import comm
+
+    if comm.get_rank() == 1:
+        os.abort()
+    time.sleep(60)
+
+
+def test_a_process_that_crashed_is_not_said_to_be_killed_from_outside():
+    # SIGABRT read "killed by SIGABRT (from outside the run: the out-of-memory killer, ...)"
+    import pytest
+
+    from gwdet.engine.launch import WorkerFailed
+
+    with pytest.raises(WorkerFailed) as failed:
+        launch(abort_rank_one, 2, dist_url="auto")
+    assert str(failed.value).startswith("Training process 1 of this machine was killed by SIGABRT (a crash inside it: "
+                                        "a library that aborted, a memory fault); the others were stopped.")
+
+
+def refuse_while_another_aborts() -> None:
+    """Rank 1 refuses (as processes given different configs do) and is slow to exit; rank 0 then
+    aborts (as gloo's teardown did now and then: "terminate called without an active exception"),
+    so that torch notices rank 0's SIGABRT first."""
+    import atexit
+    import os
+    import time
+
+    from detectron2.utils import comm
+
+    from gwdet.errors import GwdetValueError
+
+    if comm.get_rank() == 0:
+        time.sleep(3)
+        os.abort()
+    atexit.register(time.sleep, 10)
+    raise GwdetValueError("the processes of this run hold different configs")
+
+
+def test_a_refusal_is_reported_as_such_when_another_process_aborts():
+    # the refusal was reported as "killed by SIGABRT (from outside the run ...)" with the traceback
+    import pytest
+
+    from gwdet.engine.launch import WorkerRefused
+
+    with pytest.raises(WorkerRefused, match="^the processes of this run hold different configs$"):
+        launch(refuse_while_another_aborts, 2, dist_url="auto")

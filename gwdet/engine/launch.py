@@ -93,13 +93,14 @@ def launch(
                 pass
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
             first, report = _failure_report(context, error)
+            refusal = os.path.join(refusals, str(first))
+            if os.path.isfile(refusal):  # the first failure was a refusal of gwdet's: its message, as one process's
+                # (checked first: a process that refused may still end by SIGABRT, in gloo's teardown at its exit)
+                with open(refusal, encoding="utf-8") as file:
+                    raise WorkerRefused(file.read()) from WorkerFailed(report)  # --verbose: its traceback
             killed = _killed_process(context, error)
             if killed is not None:
                 raise WorkerFailed(f"{killed}\n{report}") from None
-            refusal = os.path.join(refusals, str(first))
-            if os.path.isfile(refusal):  # the first failure was a refusal of gwdet's: its message, as one process's
-                with open(refusal, encoding="utf-8") as file:
-                    raise WorkerRefused(file.read()) from WorkerFailed(report)  # --verbose: its traceback
             raise WorkerFailed(report) from None
 
 
@@ -161,10 +162,15 @@ def _failure_report(context: mp.ProcessContext, error: Exception) -> tuple[int, 
     return first, "\n".join(lines)
 
 
+# Signals a process sends itself when it crashes (C++'s std::terminate aborts; a memory fault).
+CRASH_SIGNALS = ("SIGABRT", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL")
+
+
 def _killed_process(context: mp.ProcessContext, error: Exception) -> str | None:
-    """The first line of the report where a process of this machine was killed from outside (the
-    out-of-memory killer, a scheduler, ``kill -9``): which one, by what signal, and that ``--resume``
-    continues from the last checkpoint; ``None`` where none was (a process raised an error)."""
+    """The first line of the report where a process of this machine was killed by a signal, from
+    outside (the out-of-memory killer, a scheduler, ``kill -9``) or by a crash inside it
+    (:data:`CRASH_SIGNALS`): which one, by what signal, and that ``--resume`` continues from the last
+    checkpoint; ``None`` where none was (a process raised an error)."""
     index, signal_name = None, None
     if isinstance(error, mp.ProcessExitedException) and error.signal_name:
         index, signal_name = error.error_index, error.signal_name
@@ -175,9 +181,11 @@ def _killed_process(context: mp.ProcessContext, error: Exception) -> str | None:
                 break
     if index is None:
         return None
-    return (f"Training process {index} of this machine was killed by {signal_name} (from outside the run: the "
-            "out-of-memory killer, a scheduler, kill); the others were stopped. The checkpoints written before it "
-            "are kept: continue with --resume. What the other processes reported:")
+    cause = ("a crash inside it: a library that aborted, a memory fault" if signal_name in CRASH_SIGNALS
+             else "from outside the run: the out-of-memory killer, a scheduler, kill")
+    return (f"Training process {index} of this machine was killed by {signal_name} ({cause}); the others were "
+            "stopped. The checkpoints written before it are kept: continue with --resume. What the other processes "
+            "reported:")
 
 
 def _tcp_address(dist_url: str | None) -> tuple[str, int]:
