@@ -75,8 +75,10 @@ RESULTS_MARKDOWN = "results.md"  # the run's results, written by gwdet.engine.ru
 RESULTS_JSON = "results.json"
 RUN_FILES = ("last_checkpoint", "metrics.json", RESULTS_MARKDOWN, RESULTS_JSON, CONFIG_NAME,
              CONFIG_NAME + CHECKSUM_SUFFIX, RESULTS_JSON + CHECKSUM_SUFFIX)
-# A run resumed past its results keeps them under these names (set_aside_results), with its files.
-EARLIER_RESULTS = re.compile(r"^results_before_resuming_at_\d+(_\d+)?\.(md|json)(\.sha256)?$")
+# A run resumed past its results keeps them as results<SET_ASIDE_INFIX><iteration>[_<n>].md / .json
+# (set_aside_results), with its files; EARLIER_RESULTS matches those names (and their SHA-256 records).
+SET_ASIDE_INFIX = "_before_resuming_at_"
+EARLIER_RESULTS = re.compile(rf"^results{SET_ASIDE_INFIX}\d+(_\d+)?\.(md|json)(\.sha256)?$")
 EVAL_FOLDER = "eval"  # --eval-only of a folder that holds a run writes to eval/<checkpoint>/
 INFERENCE_FOLDER = "inference"  # detectron2's evaluators write their files in inference/<dataset>/
 VIS_FOLDER = "vis"  # the prediction drawings
@@ -902,10 +904,10 @@ def set_aside_results(output_dir: str, start_iter: int) -> None:
         if not os.path.isfile(path) or os.path.islink(path):
             continue
         stem, extension = os.path.splitext(name)
-        target, number = os.path.join(output_dir, f"{stem}_before_resuming_at_{start_iter}{extension}"), 1
+        target, number = os.path.join(output_dir, f"{stem}{SET_ASIDE_INFIX}{start_iter}{extension}"), 1
         while os.path.lexists(target):
             number += 1
-            target = os.path.join(output_dir, f"{stem}_before_resuming_at_{start_iter}_{number}{extension}")
+            target = os.path.join(output_dir, f"{stem}{SET_ASIDE_INFIX}{start_iter}_{number}{extension}")
         recorded = os.path.isfile(checksum_path(path)) and checksum_problem(path) is None
         os.replace(path, target)
         remove_checksum(path)
