@@ -334,30 +334,34 @@ def builds_norm(cfg: CfgNode, key: str) -> bool:
 def _check_example_groups(cfg: CfgNode) -> None:
     """An example group larger than the whole batch never fills: BGN would silently become GN. Where
     the layers see the images (backbone, FPN, the heads run on whole feature maps), the groups must
-    divide the images each process trains on: BGN would otherwise normalize the last images of every
-    batch as a smaller group of their own (the rule of :class:`~gwdet.layers.BatchGroupNorm`, which
-    the ROI heads, whose batches are the varying boxes of the images, keep)."""
+    divide the images each process trains on (:func:`check_example_groups`); the ROI heads, whose
+    batches are the varying boxes of the images, keep the layer's rule."""
     example_group_norms = {record.name for record in norm_records() if record.example_groups}
     on_images = [key for key in IMAGE_BATCH_NORM_KEYS if _value(cfg, key) in example_group_norms and builds_norm(cfg, key)]
-    if not on_images:  # the ROI heads' batches are their boxes, many per image
-        return
-    examples, batch = cfg.MODEL.BGN.EXAMPLES_PER_GROUP, cfg.SOLVER.IMS_PER_BATCH
+    if on_images:  # the ROI heads' batches are their boxes, many per image
+        check_example_groups(cfg.MODEL.BGN.EXAMPLES_PER_GROUP, cfg.SOLVER.IMS_PER_BATCH, comm.get_world_size(),
+                             on_images, "MODEL.BGN.EXAMPLES_PER_GROUP", "SOLVER.IMS_PER_BATCH")
+
+
+def check_example_groups(examples: int, batch: int, processes: int, layers: Sequence[str], examples_setting: str,
+                         batch_setting: str) -> None:
+    """Refuse example groups of ``examples`` images (``examples_setting``) for ``layers`` that see the
+    images of a batch of ``batch`` (``batch_setting``) over ``processes``: a group larger than the
+    batch never fills (BGN would silently become GN), and one that does not divide the images each
+    process trains on would normalize the last images of every batch as a smaller group of their own
+    (the rule of :class:`~gwdet.layers.BatchGroupNorm`)."""
     if examples > batch:
         raise GwdetValueError(
-            f"config: MODEL.BGN.EXAMPLES_PER_GROUP={examples} is larger than SOLVER.IMS_PER_BATCH={batch}, "
-            "so no example group can be filled. Use at most the images per GPU "
-            "(SOLVER.IMS_PER_BATCH / number of GPUs)."
-        )
-    processes = comm.get_world_size()
+            f"config: {examples_setting}={examples} is larger than {batch_setting}={batch}, so no example group can "
+            f"be filled. Use at most the images per GPU ({batch_setting} / number of GPUs).")
     images = batch // processes
-    if on_images and images % examples:
+    if images % examples:
         raise GwdetValueError(
-            f"config: MODEL.BGN.EXAMPLES_PER_GROUP={examples} does not divide the {images} images each process "
-            f"trains on (SOLVER.IMS_PER_BATCH={batch} over {processes} process(es)), so the layers of "
-            f"{', '.join(on_images)} would normalize the last {images % examples} image(s) of every batch as an "
-            f"example group of their own. Use an EXAMPLES_PER_GROUP that divides {images}, or an IMS_PER_BATCH "
-            f"that is a multiple of {examples * processes}."
-        )
+            f"config: {examples_setting}={examples} does not divide the {images} images each process trains on "
+            f"({batch_setting}={batch} over {processes} process(es)), so the layers of {', '.join(layers)} would "
+            f"normalize the last {images % examples} image(s) of every batch as an example group of their own. Use "
+            f"a {examples_setting} that divides {images}, or a {batch_setting} that is a multiple of "
+            f"{examples * processes}.")
 
 
 # ---- detectron2's own keys, whose bad values detectron2 refuses late or never ------------------

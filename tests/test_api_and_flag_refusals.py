@@ -182,6 +182,10 @@ def test_a_training_that_would_keep_random_stages_or_needs_a_gpu_is_refused(opts
                                "keep their running averages"),
     (["MODEL.RESNETS.GW_NORM", "BGN", "MODEL.ROI_BOX_HEAD.NORM", "GhostBN"],
      "the layers of MODEL.ROI_BOX_HEAD.NORM (GhostBN), MODEL.RESNETS.GW_NORM (BGN) would keep"),
+    # RetinaNet's head norm was not among the keys checked
+    (["MODEL.META_ARCHITECTURE", "GWRetinaNet", "MODEL.BACKBONE.NAME", "build_gw_retinanet_resnet_fpn_backbone",
+      "MODEL.RETINANET.NUM_CLASSES", "4", "MODEL.MASK_ON", "False", "MODEL.RETINANET.NORM", "BGN"],
+     "the layers of MODEL.RETINANET.NORM (BGN) would keep"),
 ])
 def test_precise_bn_with_norms_it_does_not_recompute_is_refused(opts, message):
     from gwdet.engine.trainer import check_training_values

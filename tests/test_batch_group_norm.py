@@ -207,8 +207,8 @@ def test_example_groups_that_do_not_divide_the_images_per_process_are_refused_wh
     assert str(refused.value) == (
         "config: MODEL.BGN.EXAMPLES_PER_GROUP=3 does not divide the 4 images each process trains on "
         "(SOLVER.IMS_PER_BATCH=4 over 1 process(es)), so the layers of MODEL.FPN.NORM would normalize the last 1 "
-        "image(s) of every batch as an example group of their own. Use an EXAMPLES_PER_GROUP that divides 4, or an "
-        "IMS_PER_BATCH that is a multiple of 3.")
+        "image(s) of every batch as an example group of their own. Use a MODEL.BGN.EXAMPLES_PER_GROUP that divides 4, "
+        "or a SOLVER.IMS_PER_BATCH that is a multiple of 3.")
     cfg.MODEL.BGN.EXAMPLES_PER_GROUP = 2
     check_gwdet_config(cfg)
     # in the ROI heads the batch is the boxes sampled from the images: the layer's rule (a smaller last group)

@@ -10,6 +10,7 @@ from detectron2.modeling.backbone import BasicStem, ResNet
 from omegaconf import OmegaConf
 
 import gwdet
+from gwdet.errors import GwdetValueError
 from gwdet.layers import GroupWhitening
 from gwdet.modeling import place_norm
 
@@ -105,6 +106,22 @@ def test_place_norm_refuses_a_norm_callable_that_gives_no_layer_and_a_resnet_not
     # a numpy integer is an integer: 2 frozen stages
     resnet = place_norm(resnet, positions="S1", norm=gwdet.norm("GW", num_groups=4), freeze_at=np.int64(2))
     assert not any(p.requires_grad for p in resnet.stages[0].parameters())
+
+
+@pytest.mark.parametrize("name", ["BW", "BGN"])
+def test_place_norm_refuses_norms_with_running_statistics_in_the_stages_it_freezes(name):
+    # the frozen stages' running statistics went on changing in training (the yacs path refused it)
+    norm = gwdet.norm(name, group_size=16) if name == "BW" else gwdet.norm(name, num_groups=8)
+    resnet = ResNet(BasicStem(3, 64, norm="BN"), ResNet.make_default_stages(18, norm="BN"), out_features=["res5"])
+    before = resnet.stem.conv1.norm
+    with pytest.raises(GwdetValueError, match=rf"place_norm: freeze_at=2 freezes stem, res2, whose norms "
+                                              rf"stem.conv1.norm \({type(norm(64)).__name__}\), res2.0.conv2.norm .* keep "
+                                              "running statistics that training would go on updating"):
+        place_norm(resnet, positions="S1-B2", norm=norm, freeze_at=2)
+    assert resnet.stem.conv1.norm is before and all(p.requires_grad for p in resnet.parameters())
+    with pytest.raises(GwdetValueError, match=r"freeze_at=1 freezes stem, whose norms stem.conv1.norm"):
+        place_norm(resnet, positions="S1-B2", norm=norm, freeze_at=1)
+    place_norm(resnet, positions="B2", norm=norm, freeze_at=1)  # the stem keeps its BN, which becomes FrozenBN
 
 
 def test_a_norm_name_detectron2_does_not_know_fails_loudly_in_a_lazy_config():

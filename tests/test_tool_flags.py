@@ -207,11 +207,20 @@ LAZY_CONFIG = DEMO_CONFIG.parents[1] / "LazyConfig" / "mask_rcnn_R_50_FPN_gw_sha
      "model.backbone.bottom_up.resnet.stem.norm, model.backbone.bottom_up.resnet.stages.0.norm, "
      "model.backbone.bottom_up.resnet.stages.1.norm, ... (2 more) is FrozenBN, which normalizes with the fixed "
      "statistics and affine values of pretrained weights, and train.init_checkpoint is empty"),
+    # BGN's example groups, as the yacs MODEL.BGN.EXAMPLES_PER_GROUP (LazyConfig runs trained without a word)
+    ("model.backbone.norm.name=BGN model.backbone.norm.T=null model.backbone.norm.examples_per_group=3 "
+     "dataloader.train.total_batch_size=2", 1,
+     "config: model.backbone.norm.examples_per_group=3 is larger than dataloader.train.total_batch_size=2, so no "
+     "example group can be filled"),
+    ("model.backbone.norm.name=GhostBN model.backbone.norm.T=null model.backbone.norm.num_groups=null "
+     "model.backbone.norm.examples_per_group=2 dataloader.train.total_batch_size=2", 2,
+     "config: model.backbone.norm.examples_per_group=2 does not divide the 1 images each process trains on "
+     "(dataloader.train.total_batch_size=2 over 2 process(es))"),
 ])
 def test_lazy_training_values_are_refused_before_anything_is_built(override, world_size, message):
     from gwdet.engine.lazy import LazyRun
 
-    run = LazyRun.load(str(LAZY_CONFIG), [override])
+    run = LazyRun.load(str(LAZY_CONFIG), override.split(" "))
     run.check_request(eval_only=True, world_size=world_size)  # evaluation needs none of them
     with pytest.raises(ValueError) as refused:
         run.check_request(eval_only=False, world_size=world_size)
@@ -228,7 +237,13 @@ def test_benchmark_refuses_a_device_it_cannot_measure(capsys, device):
     assert exit_info.value.code == 2 and f"argument --device: {device!r}" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("opts", [["MODEL.RESNETS.NORM", "FrozenBN"], ["MODEL.RESNETS.GW_NORM", "FrozenBN"]])
+RETINANET = ["MODEL.META_ARCHITECTURE", "GWRetinaNet", "MODEL.BACKBONE.NAME", "build_gw_retinanet_resnet_fpn_backbone",
+             "MODEL.RETINANET.NUM_CLASSES", "4", "MODEL.MASK_ON", "False"]
+
+
+# RetinaNet's head norm was not among the keys checked (its FrozenBN layers stayed identities)
+@pytest.mark.parametrize("opts", [["MODEL.RESNETS.NORM", "FrozenBN"], ["MODEL.RESNETS.GW_NORM", "FrozenBN"],
+                                  ["MODEL.RETINANET.NORM", "FrozenBN", *RETINANET]])
 def test_frozen_norms_trained_from_scratch_are_refused(opts):
     from gwdet.engine.trainer import check_training_values
     from gwdet.model_zoo import build_config
@@ -253,6 +268,14 @@ def test_frozen_stages_whose_norms_detectron2_cannot_freeze_are_refused(norm):
     check_training_values(build_config(str(DEMO_CONFIG), [*opts, "MODEL.BACKBONE.FREEZE_AT", "0"]), 1)
     check_training_values(build_config(str(DEMO_CONFIG), ["MODEL.RESNETS.NORM", "BN", "MODEL.WEIGHTS", "w.pkl",
                                                           "MODEL.BACKBONE.FREEZE_AT", "2"]), 1)  # BN becomes FrozenBN
+    # FREEZE_AT 1 freezes the stem only, whose norm is GW_NORM with GW at S1 (the demo's S1-B2), else
+    # RESNETS.NORM: refused before whatever norm the stem held
+    check_training_values(build_config(str(DEMO_CONFIG), [*opts, "MODEL.BACKBONE.FREEZE_AT", "1"]), 1)
+    stem_only = ["MODEL.RESNETS.GW_NORM", norm, "MODEL.RESNETS.GW_POSITIONS", "B2", "MODEL.BW.GROUP_SIZE", "8",
+                 "MODEL.WEIGHTS", "weights.pkl", "MODEL.BACKBONE.FREEZE_AT"]
+    check_training_values(build_config(str(DEMO_CONFIG), [*stem_only, "1"]), 1)
+    with pytest.raises(ValueError, match=rf"norms of MODEL.RESNETS.GW_NORM \({norm}\) keep running statistics"):
+        check_training_values(build_config(str(DEMO_CONFIG), [*stem_only, "2"]), 1)
 
 
 @pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full (Linux), a device that is always full")

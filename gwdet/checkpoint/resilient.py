@@ -164,6 +164,11 @@ class RandomState:
                 "of process 0, and every process continues with them, so the resumed run's random draws (flips, "
                 "box and mask sampling) differ from an uninterrupted run's: it is not that run bit for bit (one "
                 "process resumes bit for bit).")
+        self.restore(state)
+
+    @staticmethod
+    def restore(state: dict) -> None:
+        """Set this process's generators to ``state`` (what :meth:`state_dict` gave)."""
         torch.set_rng_state(state["torch"])
         name, keys, position, has_gauss, cached_gaussian = state["numpy"]
         np.random.set_state((name, np.asarray(keys, dtype=np.uint32), position, has_gauss, cached_gaussian))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import logging
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -28,8 +29,10 @@ from torch.utils.data import DataLoader, Sampler
 
 from gwdet.errors import GwdetRuntimeError
 from gwdet.data.boxes import check_dataset_boxes
+from gwdet.utils.cli_errors import as_override
 
 _SAMPLER_ATTRIBUTE = "gwdet_skipping_sampler"
+logger = logging.getLogger(__name__)
 
 
 class SkippingSampler(Sampler):
@@ -98,14 +101,21 @@ def build_resumable_train_loader(cfg: CfgNode) -> Iterable:
         check_dataset_boxes(loader_args["dataset"], f"DATASETS.TRAIN {tuple(cfg.DATASETS.TRAIN)}")
     if isinstance(loader_args["sampler"], TrainingSampler) and cfg.SEED >= 0:
         loader_args["sampler"] = TrainingSampler(len(loader_args["dataset"]), seed=cfg.SEED)
-    return resumable_train_loader(loader_args, cfg.SEED)
+    return resumable_train_loader(loader_args, cfg.SEED, "SEED")
 
 
-def resumable_train_loader(arguments: dict, seed: int) -> Iterable:
+def resumable_train_loader(arguments: dict, seed: int, seed_setting: str = "SEED") -> Iterable:
     """``build_detection_train_loader(**arguments)`` (detectron2's keyword arguments, ``sampler``
     among them) with the sampler wrapped in a :class:`SkippingSampler` that
     :func:`skip_trained_samples` positions; with ``seed`` >= 0 the loader also gets its own
-    generator, seeded with ``seed`` + the process's rank."""
+    generator, seeded with ``seed`` + the process's rank. A negative ``seed`` (``seed_setting``) is
+    warned of: the seed detectron2 then draws and logs does not repeat the run."""
+    if seed < 0:
+        logger.warning(
+            f"{as_override(seed_setting, str(seed))}: detectron2 draws a seed and logs it ('Using a generated random seed ...'), but "
+            f"giving that seed as {seed_setting} does not repeat this run: with a negative {seed_setting} the data "
+            "order comes from the generators that seed set, with a given one from the seed itself. Give "
+            f"{seed_setting} a number >= 0 for a run that can be repeated and resumed exactly.")
     sampler = arguments["sampler"] = SkippingSampler(arguments["sampler"])
     if seed >= 0:
         # Without its own generator, starting to iterate the loader draws the workers' base seed

@@ -88,6 +88,7 @@ from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.engine.training import (
     InnerTrainerState,
     continue_after_resume,
+    random_streams_kept,
     run_writers,
     training_checkpointer,
     training_loop,
@@ -170,7 +171,7 @@ def build_train_loader(cfg: DictConfig) -> Any:
         numpy_state = np.random.get_state()  # an unseeded TrainingSampler draws its seed from numpy
         arguments["sampler"] = TrainingSampler(len(dataset), seed=seed if seed >= 0 else None)
         np.random.set_state(numpy_state)
-    return resumable_train_loader(arguments, seed)
+    return resumable_train_loader(arguments, seed, "train.seed")
 
 
 def evaluate(cfg: DictConfig, model: torch.nn.Module) -> "OrderedDict[str, Any]":
@@ -224,7 +225,8 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
         cfg = self.cfg
 
         def test_and_save_results():
-            self._last_eval_results = evaluate(cfg, self.model)
+            with random_streams_kept():  # training draws on as if no evaluation had run
+                self._last_eval_results = evaluate(cfg, self.model)
             return self._last_eval_results
 
         main = comm.is_main_process()

@@ -24,13 +24,14 @@ from gwdet.config_checks import (
     SEED_LIMIT,
     ZERO_RATE,
     check_batch_split,
+    check_example_groups,
     check_pixel_normalization,
     is_finite_number,
     is_whole_number,
 )
 from gwdet.data.coco_registration import DatasetUse, check_datasets_fit, known_class_names
 from gwdet.data.shapes import SPEC_CONFIG_KEYS, ShapesSpec, check_image_size
-from gwdet.errors import GwdetTypeError, GwdetValueError, listed
+from gwdet.errors import GwdetError, GwdetTypeError, GwdetValueError, listed
 from gwdet.model_zoo.lazy_loading import argument_names, callable_of, select
 from gwdet.norms import UnknownNormError, known_norm_names, norm, norm_record, norm_records
 from gwdet.modeling.build import check_mixed_precision, check_run_device, check_scratch_training
@@ -119,6 +120,7 @@ def check_training_values(cfg: DictConfig, world_size: int) -> None:
     batch = select(cfg, "dataloader.train.total_batch_size")
     if batch is not ABSENT:
         check_batch_split(f"dataloader.train.total_batch_size={batch!r}", batch, world_size)
+        _check_example_group_nodes(cfg, batch, world_size)
     _check_checkpoints_kept(cfg)
     _check_warmup_length(cfg)
     enabled = select(cfg, "train.amp.enabled")
@@ -132,6 +134,23 @@ def check_training_values(cfg: DictConfig, world_size: int) -> None:
         check_scratch_training([listed(frozen, 3)] if frozen else [], freeze_at if is_whole_number(freeze_at) else 0,
                                "train.init_checkpoint", FREEZE_SETTING)
     _check_lr_schedule(cfg)  # after its values' own checks, which name the value
+
+
+def _check_example_group_nodes(cfg: DictConfig, batch: int, world_size: int) -> None:
+    """The example groups of each ``L(gwdet.norm)`` node of BGN or GhostBN outside the ROI heads
+    (whose batches are their boxes) checked against the batch, as a yacs config's
+    ``MODEL.BGN.EXAMPLES_PER_GROUP`` is (:func:`gwdet.config_checks.check_example_groups`)."""
+    for path, node, called in lazy_calls(select(cfg, "model"), "model"):
+        if called is not norm or path.startswith("model.roi_heads"):
+            continue
+        arguments = cast(dict, OmegaConf.to_container(node, resolve=True))
+        try:
+            made = norm(**{str(key): value for key, value in arguments.items() if key != "_target_"})
+        except GwdetError:  # a node check_norm_nodes refuses, naming it
+            continue
+        if norm_record(made.name).example_groups:
+            check_example_groups(made.params["examples_per_group"], batch, world_size, [path],
+                                 f"{path}.examples_per_group", "dataloader.train.total_batch_size")
 
 
 def frozen_norm_nodes(cfg: DictConfig) -> list[str]:

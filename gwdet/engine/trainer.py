@@ -28,7 +28,8 @@ from gwdet.errors import GwdetValueError
 from gwdet.checkpoint.resilient import ResilientCheckpointer
 from gwdet.checkpoint.signal_hook import release_stop_signals
 from gwdet.config import config_value
-from gwdet.config_checks import BOX_HEAD, MASK_HEAD, ZERO_RATE, builds_part, check_batch_split, ensure_checked
+from gwdet.config_checks import NORM_KEYS, ZERO_RATE, builds_norm, check_batch_split, ensure_checked
+from gwdet.positions import parse_gw_positions
 from gwdet.data import prepare_datasets, register_datasets
 from gwdet.data.coco_registration import CocoDataset
 from gwdet.data.datasets import config_dataset_names, named_empty_training_set
@@ -45,6 +46,7 @@ from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.engine.training import (
     InnerTrainerState,
     continue_after_resume,
+    random_streams_kept,
     run_writers,
     training_checkpointer,
     training_loop,
@@ -147,6 +149,14 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
                               "The train loader was not built by gwdet's build_train_loader")
 
     @classmethod
+    def test(cls, cfg: CfgNode, model: torch.nn.Module, evaluators=None):
+        """detectron2's evaluation, after which the random generators are as they were before it
+        (:func:`~gwdet.engine.training.random_streams_kept`): periodic evaluations
+        (``TEST.EVAL_PERIOD``) leave the training's random draws as they would be without them."""
+        with random_streams_kept():
+            return super().test(cfg, model, evaluators)
+
+    @classmethod
     def build_test_loader(cls, cfg: CfgNode, dataset_name: str):
         """detectron2's test loader, its batches checked for non-finite pixels as training's are
         (:class:`~gwdet.data.finite_images.FiniteImageBatches`): such an image would give no
@@ -159,10 +169,6 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
         return COCOEvaluator(dataset_name, output_dir=output_folder)
 
 
-# The norm settings of detectron2's R-CNN components, with the part of the model each one is in
-# (None: the backbone).
-RCNN_NORM_PARTS = {"MODEL.RESNETS.NORM": None, "MODEL.FPN.NORM": None, "MODEL.ROI_BOX_HEAD.NORM": BOX_HEAD,
-                   "MODEL.ROI_MASK_HEAD.NORM": MASK_HEAD}
 
 
 # detectron2's names of torch's SyncBatchNorm, which DDP accepts for CUDA modules only
@@ -170,13 +176,24 @@ CUDA_SYNC_NORMS = ("SyncBN", "nnSyncBN")
 
 
 def norm_settings(cfg: CfgNode) -> dict[str, str]:
-    """The norm names of the config's R-CNN by key, for the parts its model has
-    (:data:`RCNN_NORM_PARTS`; no mask head without ``MODEL.MASK_ON``), and ``MODEL.RESNETS.GW_NORM``
-    where ``MODEL.RESNETS.GW_POSITIONS`` places it."""
-    settings = {key: config_value(cfg, key) for key, part in RCNN_NORM_PARTS.items() if builds_part(cfg, part)}
-    if cfg.MODEL.RESNETS.GW_POSITIONS:
-        settings["MODEL.RESNETS.GW_NORM"] = cfg.MODEL.RESNETS.GW_NORM
-    return settings
+    """The norm names by key of every NORM key whose layers the config's model builds
+    (:func:`gwdet.config_checks.builds_norm`: no mask head without ``MODEL.MASK_ON``, RetinaNet's head
+    in a RetinaNet, ``MODEL.RESNETS.GW_NORM`` where ``MODEL.RESNETS.GW_POSITIONS`` places it)."""
+    return {key: config_value(cfg, key) for key in NORM_KEYS if builds_norm(cfg, key)}
+
+
+def frozen_stage_norms(cfg: CfgNode) -> dict[str, str]:
+    """The norm names by key of the layers in the backbone stages ``MODEL.BACKBONE.FREEZE_AT``
+    freezes: the stem's (``MODEL.RESNETS.GW_NORM`` with GW at S1, else ``MODEL.RESNETS.NORM``) from
+    1, res2's on (``MODEL.RESNETS.NORM``, and ``GW_NORM`` at a bottleneck position) from 2."""
+    freeze_at = cfg.MODEL.BACKBONE.FREEZE_AT
+    positions = parse_gw_positions(cfg.MODEL.RESNETS.GW_POSITIONS)
+    keys = []
+    if freeze_at >= 1:
+        keys.append("MODEL.RESNETS.GW_NORM" if "S1" in positions else "MODEL.RESNETS.NORM")
+    if freeze_at >= 2:
+        keys += ["MODEL.RESNETS.NORM"] + (["MODEL.RESNETS.GW_NORM"] if positions - {"S1"} else [])
+    return {key: config_value(cfg, key) for key in dict.fromkeys(keys)}
 
 
 def check_evaluation_values(cfg: CfgNode) -> None:
@@ -225,8 +242,7 @@ def check_training_values(cfg: CfgNode, world_size: int) -> None:
         check_scratch_training([key for key, name in norms.items() if name == "FrozenBN"], cfg.MODEL.BACKBONE.FREEZE_AT,
                                "MODEL.WEIGHTS", "MODEL.BACKBONE.FREEZE_AT")
     if cfg.MODEL.BACKBONE.FREEZE_AT >= 1:
-        drifting = [f"{key} ({norms[key]})" for key in ("MODEL.RESNETS.NORM", "MODEL.RESNETS.GW_NORM")
-                    if norms.get(key) and precise_bn_skips(norms[key])]
+        drifting = [f"{key} ({name})" for key, name in frozen_stage_norms(cfg).items() if name and precise_bn_skips(name)]
         if drifting:
             raise GwdetValueError(
                 f"MODEL.BACKBONE.FREEZE_AT is {cfg.MODEL.BACKBONE.FREEZE_AT}, but the frozen stages' norms of "

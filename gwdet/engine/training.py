@@ -14,10 +14,11 @@
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import weakref
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
@@ -90,6 +91,22 @@ def training_checkpointer(trainer: TrainerBase, output_dir: str, datasets: Seque
     return ResilientCheckpointer(trainer._trainer.model, output_dir, random_state=RandomState(),
                                  trainer=weakref.proxy(trainer), weights_setting=weights_setting,
                                  classes=dataset_classes(datasets), training_data=files)
+
+
+@contextlib.contextmanager
+def random_streams_kept() -> Iterator[None]:
+    """Run the block (an evaluation during training) and then put torch's (CPU and CUDA), numpy's and
+    Python's random generators back as they were: an evaluation draws from them (each test loader's
+    iterator draws its seed from torch's), and would otherwise change every later sampling decision
+    of the training, so that a run with periodic evaluations trained other weights than one without."""
+    saved = RandomState().state_dict()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        RandomState.restore(saved)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
 
 
 def with_signal_checkpoints(hooks: list) -> list:

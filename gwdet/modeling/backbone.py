@@ -27,7 +27,8 @@ from torch import nn
 
 from gwdet.config_checks import ensure_checked
 from gwdet.positions import convs_at_positions, parse_gw_positions
-from gwdet.errors import GwdetTypeError, GwdetValueError
+from gwdet.errors import GwdetTypeError, GwdetValueError, listed
+from gwdet.layers import BatchGroupNorm, BatchWhitening
 from gwdet.norms import check_detectron2_buildable, norm_from_config
 
 # Built in place of a norm detectron2 cannot make by name; every such module is replaced.
@@ -55,6 +56,13 @@ def place_norm(resnet: ResNet, positions: str, norm: Any, freeze_at: int = 0) ->
             resnet=L(ResNet)(stem=..., stages=..., out_features=[...], freeze_at=0),
             positions="S1-B2", norm=L(gwdet.norm)(name="GW", num_groups=64), freeze_at=2)
     """
+    return _place_norm(resnet, positions, norm, freeze_at, refuse_frozen_statistics=True)
+
+
+def _place_norm(resnet: ResNet, positions: str, norm: Any, freeze_at: int, refuse_frozen_statistics: bool) -> ResNet:
+    """:func:`place_norm`; ``refuse_frozen_statistics``: refuse norms with running statistics in the
+    frozen stages (:func:`_check_frozen_statistics`; a yacs config is checked by its keys before
+    training instead, which leaves an evaluation, where freezing changes nothing, alone)."""
     _check_placement(resnet, norm, freeze_at)
     convs = list(convs_at_positions(resnet, parse_gw_positions(positions, "positions of gwdet.modeling.place_norm")))
     layers = [get_norm(norm, conv.out_channels) for conv in convs]
@@ -63,9 +71,40 @@ def place_norm(resnet: ResNet, positions: str, norm: Any, freeze_at: int = 0) ->
             raise GwdetTypeError(f"place_norm: norm={norm!r} gave {layer!r} (a {type(layer).__name__}), not a norm "
                                  "layer; nothing was replaced. Give a callable that returns a torch module for a "
                                  "channel count, e.g. gwdet.norm('GW', num_groups=64).")
+    replaced = [(conv, conv.norm) for conv in convs]
     for conv, layer in zip(convs, layers, strict=True):
         conv.norm = layer
+    if refuse_frozen_statistics:
+        try:
+            _check_frozen_statistics(resnet, int(freeze_at))
+        except GwdetValueError:
+            for conv, previous in replaced:
+                conv.norm = previous
+            raise
     return resnet.freeze(int(freeze_at))
+
+
+# gwdet's norms with running statistics, which detectron2's freezing leaves as they are (it turns
+# torch's batch norms into FrozenBN only)
+UNFROZEN_STATISTICS_LAYERS = (BatchWhitening, BatchGroupNorm)
+
+
+def _check_frozen_statistics(resnet: ResNet, freeze_at: int) -> None:
+    """Refuse norms of :data:`UNFROZEN_STATISTICS_LAYERS` in the parts ``freeze_at`` freezes (the
+    stem from 1, then one stage more for each): training would go on updating their running
+    statistics, so the frozen stages would compute another function after every batch."""
+    frozen = [("stem", resnet.stem)] if freeze_at >= 1 else []
+    frozen += [(name, stage) for name, stage in zip(resnet.stage_names, resnet.stages, strict=True)][:max(freeze_at - 1, 0)]
+    found = [f"{part}.{name} ({type(module).__name__})" for part, block in frozen
+             for name, module in block.named_modules() if isinstance(module, UNFROZEN_STATISTICS_LAYERS)]
+    if found:
+        parts = ", ".join(part for part, _ in frozen)
+        raise GwdetValueError(
+            f"place_norm: freeze_at={freeze_at} freezes {parts}, whose norms {listed(found, 3)} keep running "
+            "statistics that training would go on updating (detectron2 freezes torch's batch norms only, as "
+            "FrozenBN), so the frozen stages would compute another function after every batch; nothing was "
+            "replaced. Train those stages too (a smaller freeze_at; at evaluation freezing changes nothing, so "
+            "freeze_at=0 there), or put FrozenBN / BN in them.")
 
 
 def _check_placement(resnet: ResNet, norm: Any, freeze_at: Any) -> None:
@@ -109,7 +148,7 @@ def build_gw_resnet(cfg: CfgNode, input_shape: ShapeSpec) -> ResNet:
     gw_norm = norm_from_config(cfg.MODEL.RESNETS.GW_NORM, cfg)
     # detectron2 takes FREEZE_AT above the stages built (a C4 backbone has no res5) as all of them frozen
     freeze_at = min(cfg.MODEL.BACKBONE.FREEZE_AT, len(resnet.stages) + 1)
-    return place_norm(resnet, cfg.MODEL.RESNETS.GW_POSITIONS, gw_norm, freeze_at)
+    return _place_norm(resnet, cfg.MODEL.RESNETS.GW_POSITIONS, gw_norm, freeze_at, refuse_frozen_statistics=False)
 
 
 @BACKBONE_REGISTRY.register()
