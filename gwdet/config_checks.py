@@ -606,6 +606,44 @@ def _reference_world_size(cfg: CfgNode, size: Any) -> str | None:
             "divisor of SOLVER.IMS_PER_BATCH. Use 0 (no rescaling) or such a divisor.")
 
 
+def _res5_dilation(cfg: CfgNode, dilation: Any) -> str | None:
+    if dilation not in (1, 2) or isinstance(dilation, bool):
+        return "is no res5 dilation: detectron2's ResNet takes 1 (stride 32) or 2 (stride 16, the DC5 models)."
+    if dilation == 1:
+        return None
+    backbone = _value(cfg, "MODEL.BACKBONE.NAME")
+    if backbone not in BACKBONES_WITHOUT_FPN:
+        return (f"keeps res5 at stride 16, as res4 is, which the FPN of MODEL.BACKBONE.NAME={backbone!r} cannot take "
+                "(its inputs must halve in size level by level): use 1 with an FPN, or a backbone without one "
+                "(build_gw_resnet_backbone with res5 in MODEL.RESNETS.OUT_FEATURES: detectron2's DC5 models).")
+    if builds_part(cfg, RES5_HEAD):
+        return (f"is read by the backbone's res5 only, and MODEL.ROI_HEADS.NAME={_value(cfg, 'MODEL.ROI_HEADS.NAME')!r} "
+                "builds res5 in its ROI heads, without dilation (a C4 model): the value would be ignored. Use 1, or "
+                "the DC5 layout (res5 in MODEL.RESNETS.OUT_FEATURES and StandardROIHeads).")
+    return None
+
+
+# INPUT.CROP.TYPE -> what detectron2's RandomCrop reads in INPUT.CROP.SIZE
+CROP_SIZES = {"relative": "two fractions of the image's height and width in (0, 1], e.g. [0.9, 0.9]",
+              "relative_range": "two fractions in (0, 1], the smallest crop's height and width, e.g. [0.9, 0.9]",
+              "absolute": "two sizes in pixels >= 1, the crop's height and width, e.g. [640, 640]",
+              "absolute_range": "two sizes in pixels >= 1, the smallest and the largest side, smallest first, "
+                                "e.g. [384, 600]"}
+
+
+def _crop_size(cfg: CfgNode, size: Any) -> str | None:
+    crop_type = _value(cfg, "INPUT.CROP.TYPE")
+    if not _value(cfg, "INPUT.CROP.ENABLED") or crop_type not in CROP_SIZES:
+        return None  # no crop, or a type INPUT.CROP.TYPE's own rule refuses
+    pair = isinstance(size, (list, tuple)) and len(size) == 2
+    if pair and crop_type.startswith("relative") and all(is_finite_number(v) and 0 < v <= 1 for v in size):
+        return None
+    if pair and crop_type.startswith("absolute") and all(is_whole_number(v) and v >= 1 for v in size) and (
+            crop_type == "absolute" or size[0] <= size[1]):
+        return None
+    return f"is no crop size for INPUT.CROP.TYPE {crop_type!r}: detectron2's RandomCrop reads {CROP_SIZES[crop_type]}."
+
+
 def _thresholds(prefix: str) -> Callable[[CfgNode, Any], str | None]:  # pragma: no mutate block
     """A rule for ``{prefix}.IOU_THRESHOLDS`` with ``{prefix}.IOU_LABELS`` (detectron2's Matcher)."""
     def problem(cfg: CfgNode, thresholds: Any) -> str | None:
@@ -723,8 +761,9 @@ DETECTRON2_VALUE_RULES = (
     ValueRule("INPUT.MIN_SIZE_TEST", _whole(0, means="test image size (0: no resizing)")),
     ValueRule("INPUT.MAX_SIZE_TEST", _whole(1, means="longest image side")),
     ValueRule("INPUT.RANDOM_FLIP", _one_of("none", "horizontal", "vertical", reads="detectron2's augmentations")),
-    ValueRule("INPUT.CROP.TYPE", _one_of("relative_range", "relative", "absolute", "absolute_range",
-                                         reads="detectron2's RandomCrop")),
+    ValueRule("INPUT.CROP.TYPE", _one_of(*CROP_SIZES, reads="detectron2's RandomCrop")),
+    ValueRule("INPUT.CROP.SIZE", _crop_size),
+    ValueRule("MODEL.RESNETS.RES5_DILATION", _res5_dilation),
     ValueRule("DATALOADER.SAMPLER_TRAIN", _training_sampler),
     ValueRule("MODEL.LOAD_PROPOSALS", _load_proposals),
     ValueRule("DATALOADER.REPEAT_THRESHOLD", _number(0, means="repeat-factor threshold")),

@@ -320,6 +320,20 @@ def test_schedule_values_detectron2_uses_pass():
     (["INPUT.FORMAT", "XYZ"], "INPUT.FORMAT='XYZ' is not a format detectron2 reads images in and trains on"),
     (["INPUT.RANDOM_FLIP", "diagonal"], "INPUT.RANDOM_FLIP='diagonal' is not one of the values"),
     (["INPUT.CROP.TYPE", "foo"], "INPUT.CROP.TYPE='foo' is not one of the values"),
+    # detectron2's bare assertion at the first iteration, the key not named
+    (["INPUT.CROP.ENABLED", "True", "INPUT.CROP.TYPE", "absolute_range", "INPUT.CROP.SIZE", "[80, 40]"],
+     "INPUT.CROP.SIZE=[80, 40] is no crop size for INPUT.CROP.TYPE 'absolute_range': detectron2's RandomCrop reads "
+     "two sizes in pixels >= 1, the smallest and the largest side, smallest first"),
+    (["INPUT.CROP.ENABLED", "True", "INPUT.CROP.TYPE", "relative", "INPUT.CROP.SIZE", "[1.5, 1.5]"],
+     "INPUT.CROP.SIZE=[1.5, 1.5] is no crop size for INPUT.CROP.TYPE 'relative'"),
+    # detectron2's "Strides 16 16 are not log2 contiguous"; in a C4 model the value was ignored
+    (["MODEL.RESNETS.RES5_DILATION", "2"], "MODEL.RESNETS.RES5_DILATION=2 keeps res5 at stride 16, as res4 is, which "
+                                           "the FPN of MODEL.BACKBONE.NAME='build_gw_resnet_fpn_backbone' cannot take"),
+    (["MODEL.RESNETS.RES5_DILATION", "2", "MODEL.BACKBONE.NAME", "build_gw_resnet_backbone", "MODEL.RESNETS.OUT_FEATURES",
+      "['res4']", "MODEL.ROI_HEADS.NAME", "GWRes5ROIHeads", "MODEL.RPN.IN_FEATURES", "['res4']",
+      "MODEL.ROI_HEADS.IN_FEATURES", "['res4']"],
+     "MODEL.RESNETS.RES5_DILATION=2 is read by the backbone's res5 only, and MODEL.ROI_HEADS.NAME='GWRes5ROIHeads' "
+     "builds res5 in its ROI heads, without dilation"),
     (["DATALOADER.SAMPLER_TRAIN", "FooSampler"], "DATALOADER.SAMPLER_TRAIN='FooSampler' is not one of the values"),
     (["MODEL.FPN.FUSE_TYPE", "max"], "MODEL.FPN.FUSE_TYPE='max' is not one of the values"),
     (["MODEL.META_ARCHITECTURE", "Foo"], "MODEL.META_ARCHITECTURE='Foo' is not registered in detectron2's "

@@ -285,6 +285,11 @@ def test_report_counts_what_was_converted_and_dropped(r50_files):
     assert "res3.0.conv2.norm.running_mean" not in weights
     text = report.format()
     assert "GW positions  : S1-B2" in text and 'MODEL.RESNETS.GW_POSITIONS: "S1-B2"' in text
+    # the GW authors' layers keep no record of their settings: nothing said so, and other counts loaded silently
+    assert text.endswith("Not in the weights, so not checked when they load: their GW layers' group count, iterations "
+                         "and eps (MODEL.GW.NUM_GROUPS, T, EPS). Set them to the source model's (torchvision's and "
+                         "detectron2's GN ResNets use 32 groups): other values load without a word into layers that "
+                         "compute another function than the source's.")
 
 
 def test_wrong_depth_is_refused(r50_files, tmp_path):
@@ -585,6 +590,7 @@ def test_a_gwdet_layers_recorded_settings_travel_into_the_converted_weights(tmp_
     assert report.gw_positions == "S1-B2" and report.settings_records == 17 and not report.unexpected
     assert {report.config()[key] for key in ("MODEL.GW.NUM_GROUPS", "MODEL.GW.T")} == {16, 5}
     assert "17 gwdet norm layers' recorded settings carried" in report.format()
+    assert "Not in the weights" not in report.format()  # recorded, and checked as they load
     path = tmp_path / "gw16.pkl"
     path.write_bytes(pickle.dumps({"model": weights, "__author__": "test", "matching_heuristics": True}))
     ResilientCheckpointer(gwdet_detector("R-50", "S1-B2", gw_groups=16)).load(str(path))

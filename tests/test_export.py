@@ -427,6 +427,13 @@ def test_a_torchscript_export_records_its_sha256_and_a_damaged_one_is_refused(tm
                                                  r"in model.ts.sha256 when it was written\). Export the model again"
                                                  r".* If you replaced it on purpose .*copy its model.ts.sha256 with it"):
         load_export(str(path))
+    # through a link (current.ts -> releases/v3/model.ts): loaded with "no checksum record" before
+    link = tmp_path / "link" / "current.ts"
+    link.parent.mkdir()
+    link.symlink_to(path)
+    with pytest.raises(DamagedExportError, match=rf"current.ts is damaged \(its SHA-256 differs from the one recorded in "
+                                                 rf"{tmp_path / 'model.ts.sha256'} when it was written\)"):
+        load_export(str(link))
     # without a record: loaded unchecked with a warning; a file that is no TorchScript is still named
     (tmp_path / "model.ts.sha256").unlink()
     path.write_bytes(path.read_bytes()[:1000])

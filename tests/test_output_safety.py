@@ -524,6 +524,18 @@ def test_partial_files_of_a_killed_save_are_removed_when_the_next_run_takes_the_
     assert f"Removed 1 partial file(s) an interrupted save left in {tmp_path}" in caplog.text
 
 
+def test_weights_of_another_resnet_size_are_named_as_such_not_sent_to_the_converter(tmp_path):
+    # "a torchvision-layout ImageNet checkpoint needs converting first", for weights with the model's own keys
+    base = TINY_OPTS + ["MODEL.RESNETS.GW_POSITIONS", "", "MODEL.RESNETS.NORM", "FrozenBN", "MODEL.FPN.NORM", ""]
+    source = Trainer.build_model(build_config(str(DEMO_CONFIG), base))
+    torch.save({"model": source.state_dict()}, tmp_path / "narrow.pth")
+    wider = Trainer.build_model(build_config(str(DEMO_CONFIG), base + ["MODEL.RESNETS.STEM_OUT_CHANNELS", "32"]))
+    with pytest.raises(ValueError, match=r"^3 of the backbone's 53 weights have another shape in the weights than in "
+                                         r"the model \(e.g. backbone.bottom_up.stem.conv1.weight: \(16, 3, 7, 7\) in the "
+                                         r"weights, \(32, 3, 7, 7\) in the model\).*STEM_OUT_CHANNELS"):
+        ResilientCheckpointer(wider, str(tmp_path)).load_weights(str(tmp_path / "narrow.pth"))
+
+
 def test_a_torchvision_checkpoint_as_model_weights_is_refused_with_the_converter(tmp_path):
     cfg = build_config(str(DEMO_CONFIG), TINY_OPTS)
     model = Trainer.build_model(cfg)
@@ -748,6 +760,34 @@ def test_weights_evaluated_with_other_model_values_than_their_run_are_warned_of(
     assert logged == [f"MODEL.WEIGHTS {weights} was trained in a run whose {finished_run / 'config.yaml'} gives the "
                       "model other values: MODEL.PIXEL_MEAN: [127.5, 127.5, 127.5] -> [0.0, 0.0, 0.0]. The weights are "
                       "evaluated with this config's values."]
+
+
+def test_weights_given_through_a_link_are_checked_by_the_run_and_the_record_they_lead_to(finished_run, tmp_path):
+    # best.pth -> run/model_final.pth skipped the run's config.yaml and the .sha256 beside the target
+    import os
+
+    link = tmp_path / "best.pth"
+    link.symlink_to(finished_run / "model_final.pth")
+    with logged_warnings("gwdet.engine.run") as logged:
+        run = YacsRun(build_config(str(DEMO_CONFIG), TINY_OPTS + ["MODEL.WEIGHTS", str(link), "MODEL.PIXEL_MEAN",
+                                                                  "[0.0, 0.0, 0.0]"]))
+        run.load_weights(run.build_model())
+    assert any(f"MODEL.WEIGHTS {link} was trained in a run whose {finished_run / 'config.yaml'} gives the model other "
+               "values: MODEL.PIXEL_MEAN" in message for message in logged), logged
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    for name in ("model_final.pth", "model_final.pth.sha256"):
+        (damaged / name).write_bytes((finished_run / name).read_bytes())
+    with open(damaged / "model_final.pth", "r+b") as file:  # a byte of the zip's directory, past the tensors
+        file.seek(os.path.getsize(damaged / "model_final.pth") - 30)
+        byte = file.read(1)
+        file.seek(-1, os.SEEK_CUR)
+        file.write(bytes([byte[0] ^ 0xFF]))
+    (tmp_path / "chosen.pth").symlink_to(damaged / "model_final.pth")
+    run = YacsRun(build_config(str(DEMO_CONFIG), TINY_OPTS + ["MODEL.WEIGHTS", str(tmp_path / "chosen.pth")]))
+    with pytest.raises(ValueError, match=rf"chosen.pth is damaged \(its SHA-256 differs from the one recorded in "
+                                         rf"{damaged / 'model_final.pth.sha256'} when it was written\)"):
+        run.load_weights(run.build_model())
 
 
 

@@ -127,7 +127,9 @@ def test_momentum_and_the_example_weight_leave_the_trained_function_and_load():
     from gwdet.layers import BatchGroupNorm, BatchWhitening
 
     trained = BatchGroupNorm(16, num_groups=4)
-    weighed = BatchGroupNorm(16, num_groups=4, eval_example_weight=0.5, momentum=0.01)
+    # examples_per_group: how training groups its batch, which evaluation never reads (an evaluation of
+    # BGN weights with another MODEL.BGN.EXAMPLES_PER_GROUP was refused as "trained as another function")
+    weighed = BatchGroupNorm(16, num_groups=4, eval_example_weight=0.5, momentum=0.01, examples_per_group=1)
     weighed.load_state_dict(trained.state_dict())
     assert torch.equal(weighed.running_mean, trained.running_mean) and weighed.eval_example_weight == 0.5
     BatchWhitening(16, group_size=4, momentum=0.3).load_state_dict(BatchWhitening(16, group_size=4).state_dict())

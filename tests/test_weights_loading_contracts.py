@@ -44,11 +44,14 @@ TORCHVISION_INPUT = {"format": "RGB", "pixel_mean": [123.675, 116.28, 103.53],
 OPT_IN = "set the environment variable GWDET_ALLOW_NORM_MISMATCH=1"
 
 
-def gw_resnet(positions: str, out_features: list, stride_in_1x1: bool, norm: str = "FrozenBN") -> ResNet:
+def gw_resnet(positions: str, out_features: list, stride_in_1x1: bool, norm: str = "FrozenBN",
+              gw_norm: str = "GW") -> ResNet:
     cfg = add_gwdet_config(get_cfg())
     cfg.MODEL.BACKBONE.NAME = "build_gw_resnet_backbone"
     cfg.MODEL.BACKBONE.FREEZE_AT = 0
     cfg.MODEL.RESNETS.NORM = norm
+    cfg.MODEL.RESNETS.GW_NORM = gw_norm
+    cfg.MODEL.ROI_HEADS.NAME = "StandardROIHeads"  # no C4 head, whose res5 the config check would send GW_NORM to
     cfg.MODEL.RESNETS.OUT_FEATURES = out_features
     cfg.MODEL.RESNETS.GW_POSITIONS = positions
     cfg.MODEL.RESNETS.STRIDE_IN_1X1 = stride_in_1x1
@@ -225,6 +228,21 @@ def test_other_gw_positions_are_refused_naming_the_setting(r50, r50_to_res3):
         "The weights have GW at 'S1-B12' (norms without running statistics), but the model has GW at ''. "
         "Set MODEL.RESNETS.GW_POSITIONS 'S1-B12', so that BN statistics and GW parameters each load into "
         "their own kind of layer.")
+    with pytest.raises(ValueError, match=r"Set model.backbone.bottom_up.positions='S1-B12'"):  # a LazyConfig's
+        check_weights_fit_model({"gw_positions": "B12-S1"}, r50_to_res3, lazy=True)
+
+
+def test_another_norm_at_the_weights_gw_positions_is_named_by_its_setting():
+    # GW_NORM GN / BW_ItN / BGN at S1-B2 was told to "Set MODEL.RESNETS.NORM FrozenBN" (it was) or to
+    # "Set MODEL.RESNETS.GW_POSITIONS 'S1-B2'" (it was)
+    ghost = gw_resnet("S1-B2", ["res2", "res3"], stride_in_1x1=True, gw_norm="GN")
+    message = refusal({"norm": "BN", "gw_positions": "S1-B2"}, ghost)
+    assert message.startswith("The weights have GW at 'S1-B2', but the model has GroupNorm at those positions "
+                              "(stem.conv1.norm, res2.0.conv2.norm, ... (")
+    assert message.endswith("so GW's parameters would load into other layers. Place GW there: MODEL.RESNETS.GW_NORM GW "
+                            "(or GW_ZCA), or load weights converted from a model with that norm.")
+    with pytest.raises(ValueError, match=r"Place GW there: model.backbone.bottom_up.norm.name=GW"):
+        check_weights_fit_model({"gw_positions": "S1-B2"}, ghost, lazy=True)
 
 
 # ---- gwdet checkpoints: norm layer types and hyper-parameters --------------------------------
@@ -516,9 +534,9 @@ def test_data_parallel_prefixes_are_removed_as_often_as_every_key_has_them(tmp_p
     nested = {"module.module.conv1.weight": torch.ones(1), "module.module.fc.bias": torch.ones(1)}
     source = read_source_state_dict(saved(tmp_path, {"model": nested}))
     assert (sorted(source.tensors), source.stripped_prefix) == (["conv1.weight", "fc.bias"], "module.module.")
-    partly = {"module.conv1.weight": torch.ones(1), "fc.bias": torch.ones(1)}
-    source = read_source_state_dict(saved(tmp_path, partly))
-    assert (sorted(source.tensors), source.stripped_prefix) == (["fc.bias", "module.conv1.weight"], "")
+    partly = {"module.conv1.weight": torch.ones(1), "fc.bias": torch.ones(1)}  # two models' names mixed
+    with pytest.raises(ConversionError, match=r"1 of the 2 tensors' names start with 'module.'"):
+        read_source_state_dict(saved(tmp_path, partly))
 
 
 def test_preview_names_shows_eight_names_then_a_count():

@@ -21,9 +21,11 @@ from gwdet.checkpoint.converted_weights import ARCH_FIELD, ARCHITECTURES, GW_POS
 from gwdet.layers import GroupWhitening
 from gwdet.layers.settings_state import (EXTRA_STATE_KEY, SettingsInState, cast_record, function_settings,
                                          decode_settings)
+from gwdet.modeling.backbone import convs_with_norm
 from gwdet.modeling.model_checks import PER_LEVEL_CONTAINERS
 from gwdet.norms import TORCH_NORM_SETTINGS, layer_types
-from gwdet.positions import format_gw_positions, parse_gw_positions, positions_with_norm
+from gwdet.positions import convs_at_positions, format_gw_positions, parse_gw_positions, positions_with_norm
+from gwdet.utils.cli_errors import as_override
 
 
 def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
@@ -105,8 +107,15 @@ def _check_norm_kind(kind: str, resnet: ResNet, model: torch.nn.Module) -> None:
             f"({where}). Set {setting}, or load weights converted from a model with the ResNet's norms.")
 
 
-def check_weights_fit_model(metadata: Mapping, model: torch.nn.Module) -> None:
-    """Raise ``ValueError`` when converted weights (their ``"gwdet"`` metadata) misfit ``model``."""
+# The settings that place GW in a ResNet, as a message names them: a yacs config's keys, and those of
+# gwdet's LazyConfigs (their place_norm node at model.backbone.bottom_up)
+YACS_PLACEMENT = {"positions": "MODEL.RESNETS.GW_POSITIONS", "norm": "MODEL.RESNETS.GW_NORM"}
+LAZY_PLACEMENT = {"positions": "model.backbone.bottom_up.positions", "norm": "model.backbone.bottom_up.norm.name"}
+
+
+def check_weights_fit_model(metadata: Mapping, model: torch.nn.Module, lazy: bool = False) -> None:
+    """Raise ``ValueError`` when converted weights (their ``"gwdet"`` metadata) misfit ``model``;
+    ``lazy``: name the settings of gwdet's LazyConfigs in the fix (:data:`LAZY_PLACEMENT`)."""
     resnet = _resnet_of(model)
     if resnet is None:
         return
@@ -126,18 +135,35 @@ def check_weights_fit_model(metadata: Mapping, model: torch.nn.Module) -> None:
             )
     if isinstance(metadata.get(INPUT_FIELD), Mapping):
         _check_input_format(metadata[INPUT_FIELD], model, resnet)
+    if GW_POSITIONS_FIELD in metadata:
+        _check_gw_positions(parse_gw_positions(metadata[GW_POSITIONS_FIELD]), resnet, model,
+                            LAZY_PLACEMENT if lazy else YACS_PLACEMENT)
     if metadata.get(NORM_FIELD) in _NORM_KINDS:
         _check_norm_kind(metadata[NORM_FIELD], resnet, model)
-    if GW_POSITIONS_FIELD in metadata:
-        expected_positions = parse_gw_positions(metadata[GW_POSITIONS_FIELD])
-        present = positions_with_norm(resnet, (GroupWhitening,))
-        if expected_positions != present:
-            raise GwdetValueError(
-                f"The weights have GW at {format_gw_positions(expected_positions)!r} (norms without running "
-                f"statistics), but the model has GW at {format_gw_positions(present)!r}. Set "
-                f"MODEL.RESNETS.GW_POSITIONS {format_gw_positions(expected_positions)!r}, so that BN statistics "
-                "and GW parameters each load into their own kind of layer."
-            )
+
+
+def _check_gw_positions(expected: frozenset, resnet: ResNet, model: torch.nn.Module, settings: Mapping[str, str]) -> None:
+    """Refuse a ResNet without GW exactly at the weights' GW positions ``expected``: the positions
+    placed elsewhere (the fix: ``settings["positions"]``), or another norm placed at them (the
+    fix: ``settings["norm"]``), told apart by whether the norms there differ from the rest."""
+    present = positions_with_norm(resnet, (GroupWhitening,))
+    if expected == present:
+        return
+    shown = format_gw_positions(expected)
+    at_positions = [conv.norm for conv in convs_at_positions(resnet, expected)]  # stem first, block by block
+    placed = {type(norm) for norm in at_positions if not isinstance(norm, GroupWhitening)}
+    elsewhere = {type(conv.norm) for conv in convs_with_norm(resnet) if all(conv.norm is not norm for norm in at_positions)}
+    if placed and not placed <= elsewhere:  # a norm of its own at the positions: another GW_NORM
+        names = {module: name for name, module in model.named_modules()}
+        where = listed([names.get(norm, "?") for norm in at_positions if not isinstance(norm, GroupWhitening)], 2)
+        raise GwdetValueError(
+            f"The weights have GW at {shown!r}, but the model has {' and '.join(sorted(t.__name__ for t in placed))} "
+            f"at those positions ({where}), so GW's parameters would load into other layers. Place GW there: "
+            f"{as_override(settings['norm'], 'GW')} (or GW_ZCA), or load weights converted from a model with that norm.")
+    raise GwdetValueError(
+        f"The weights have GW at {shown!r} (norms without running statistics), but the model has GW at "
+        f"{format_gw_positions(present)!r}. Set {as_override(settings['positions'], repr(shown))}, so that BN "
+        "statistics and GW parameters each load into their own kind of layer.")
 
 
 def check_statistics_have_a_layer(weights: Mapping[str, Any], model: torch.nn.Module, how_to_opt_in: str) -> None:

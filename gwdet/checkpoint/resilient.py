@@ -32,7 +32,7 @@ from detectron2.utils import comm
 
 from gwdet.config import SHAPES_PREFIX
 from gwdet.utils.cli_errors import as_override
-from gwdet.utils.atomic import cached_sha256, checksum_findings, checksum_path, write_with_checksum
+from gwdet.utils.atomic import cached_sha256, checksum_findings, shown_record, write_with_checksum
 from gwdet.checkpoint.compatibility import (
     NORM_SETTINGS_KEY,
     NORM_TYPES_KEY,
@@ -507,7 +507,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
         self._read_compiled_names(checkpoint)
         metadata = read_conversion_metadata(checkpoint)
         if metadata is not None:
-            check_weights_fit_model(metadata, self.model)
+            check_weights_fit_model(metadata, self.model, lazy=self.weights_setting.islower())
         if isinstance(checkpoint.get(NORM_TYPES_KEY), dict) and not mismatch_allowed():
             check_norm_types(checkpoint[NORM_TYPES_KEY], self.model, _MISMATCH_OPT_IN)
         if isinstance(checkpoint.get(NORM_SETTINGS_KEY), dict) and not mismatch_allowed():
@@ -563,6 +563,17 @@ class ResilientCheckpointer(DetectionCheckpointer):
     def _log_incompatible_keys(self, incompatible) -> None:
         backbone = self._backbone_parameters()
         missing = [key for key in incompatible.missing_keys if key in set(backbone)]
+        other_shapes = [(key, tuple(saved), tuple(present)) for key, saved, present in incompatible.incorrect_shapes
+                        if key in set(backbone)]
+        if missing and other_shapes:  # detectron2 lists a weight of another shape as missing too
+            key, saved, present = other_shapes[0]
+            raise GwdetValueError(
+                f"{len(other_shapes)} of the backbone's {len(backbone)} weights have another shape in the weights than "
+                f"in the model (e.g. {key}: {saved} in the weights, {present} in the model), so the model would run "
+                "with a partly random backbone. The model's ResNet is built with other sizes than "
+                "the weights': give the depth, groups and widths they were trained or converted with "
+                "(MODEL.RESNETS.DEPTH, NUM_GROUPS, WIDTH_PER_GROUP, STEM_OUT_CHANNELS, RES2_OUT_CHANNELS; a "
+                "LazyConfig's ResNet arguments).")
         if missing:
             unexpected = list(incompatible.unexpected_keys)
             hint = (f" The file holds keys like {', '.join(map(repr, unexpected[:3]))}, not the model's: a torchvision-"
@@ -588,7 +599,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
     def _load_file(self, filename: str) -> dict:
         """The file's contents, checked against the SHA-256 recorded beside it (``<file>.sha256``,
         where there is one) and the checksums recorded inside it (:mod:`gwdet.checkpoint.integrity`)."""
-        record = os.path.basename(checksum_path(filename))
+        record = shown_record(filename)
         unusable, differs = checksum_findings(filename)
         if unusable is not None:  # the checksums inside the file still check it
             self.logger.warning(f"{filename}: {unusable}, so the file is checked by the checksums recorded inside it "

@@ -114,6 +114,13 @@ class ConversionReport:
             "Config for these weights:",
         ]
         lines += [f"  {key}: {_yaml_value(value)}" for key, value in self.config().items()]
+        unrecorded = [*(["their GN layers' group count (MODEL.GN.NUM_GROUPS)"] if self.gn_style else []),
+                      *(["their GW layers' group count, iterations and eps (MODEL.GW.NUM_GROUPS, T, EPS)"]
+                        if self.gw_positions else [])]
+        if unrecorded and not self.settings_records:
+            lines.append(f"Not in the weights, so not checked when they load: {' and '.join(unrecorded)}. Set them to "
+                         "the source model's (torchvision's and detectron2's GN ResNets use 32 groups): other values "
+                         "load without a word into layers that compute another function than the source's.")
         return "\n".join(lines)
 
     def _positions_text(self) -> str:

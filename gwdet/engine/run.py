@@ -192,6 +192,8 @@ class RunConfig(ABC):
         if not weights or "://" in weights:
             return False
         record = os.path.join(os.path.dirname(os.path.abspath(weights)), CONFIG_NAME)
+        if not os.path.isfile(record) and os.path.islink(weights):  # a link to a run's checkpoint: that run's record
+            record = os.path.join(os.path.dirname(os.path.realpath(weights)), CONFIG_NAME)
         if not os.path.isfile(record):
             return False
         try:

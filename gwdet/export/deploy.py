@@ -37,6 +37,8 @@ from gwdet.utils.atomic import (
     checksum_path,
     path_written_atomically,
     path_written_with_checksum,
+    reading_record,
+    shown_record,
 )
 
 # ONNX opset of gwdet's exports (detectron2's STABLE_ONNX_OPSET_VERSION is 11).
@@ -239,14 +241,14 @@ def verify_export(path: str) -> bool:
     unusable, differs = checksum_findings(path)
     if unusable is not None:
         warnings.warn(f"{path}: {unusable}, so the export is loaded unchecked. Delete "
-                      f"{os.path.basename(checksum_path(path))} (or export again) to load it without this warning.",
+                      f"{shown_record(path)} (or export again) to load it without this warning.",
                       stacklevel=3)
         return False
     if differs is not None:
         raise DamagedExportError(
             f"{path} is damaged ({differs}). {REEXPORT} If you replaced it on purpose (a newer export copied over it), "
-            f"copy its {os.path.basename(checksum_path(path))} with it, or delete the old one.", path)
-    return os.path.isfile(checksum_path(path))
+            f"copy its {shown_record(path)} with it, or delete the old one.", path)
+    return os.path.isfile(reading_record(path))
 
 
 def _content_format(path: str) -> Optional[str]:
@@ -284,7 +286,7 @@ def load_export(path: str | os.PathLike, map_location: Any = None, providers: Op
     if path.endswith(CHECKSUM_SUFFIX):
         raise GwdetValueError(f"{path} is the checksum record of an export, not the export: pass "
                               f"{path[:-len(CHECKSUM_SUFFIX)]}.")
-    if not verify_export(path) and not os.path.lexists(checksum_path(path)):
+    if not verify_export(path) and not os.path.lexists(reading_record(path)):
         warnings.warn(f"{path} has no checksum record ({os.path.basename(checksum_path(path))} beside it), so "
                       "it is loaded unchecked; gwdet's exports record one when they are written.", stacklevel=2)
     if _named_format(path) == "onnx":

@@ -76,8 +76,10 @@ def cast_record(state: Any) -> str:
 _DIVIDED_SETTING = {"GroupWhitening": "num_groups", "BatchGroupNorm": "num_groups", "BatchWhitening": "group_size"}
 # Settings recorded but not compared: they leave the trained function as it is. ``momentum`` is how
 # fast training updates the running statistics (which the state holds); ``eval_example_weight`` is
-# how evaluation mixes batch and running statistics (Four Things Sec. 3.4), chosen after training.
-UNCOMPARED_SETTINGS = ("momentum", "eval_example_weight")
+# how evaluation mixes batch and running statistics (Four Things Sec. 3.4), chosen after training;
+# ``examples_per_group`` is how training groups the images of its batch (Sec. 3.4), which evaluation
+# never reads, and which a fine-tuning at another batch size may change.
+UNCOMPARED_SETTINGS = ("momentum", "eval_example_weight", "examples_per_group")
 
 
 def function_settings(layer: str, settings: Dict[str, Any]) -> Dict[str, Any]:

@@ -211,6 +211,25 @@ def checksum_path(path: str) -> str:
     return os.fspath(path) + CHECKSUM_SUFFIX
 
 
+def reading_record(path: str) -> str:
+    """The SHA-256 record that checks ``path`` when it is read: ``path.sha256``; for a link without
+    one beside it, the record beside the file the link leads to (``best.pth -> run/model_final.pth``
+    is checked by the run's record)."""
+    record = checksum_path(path)
+    if "://" not in os.fspath(path) and not os.path.lexists(record) and os.path.islink(path):
+        target = checksum_path(os.path.realpath(path))
+        if os.path.isfile(target):
+            return target
+    return record
+
+
+def shown_record(path: str) -> str:
+    """:func:`reading_record` of ``path`` as a message names it: its file name beside ``path``, its
+    whole path beside a link's target."""
+    record = reading_record(path)
+    return os.path.basename(record) if record == checksum_path(path) else record
+
+
 def file_sha256(path: str) -> str:
     """The SHA-256 of the file at ``path`` (hex digits)."""
     digest = hashlib.sha256()
@@ -250,10 +269,10 @@ def remove_checksum(path: str) -> None:
 def _recorded_sha256(path: str) -> tuple[str | None, str | None]:
     """``(SHA-256, None)`` as recorded beside ``path``, ``(None, None)`` when nothing is recorded (or
     ``path`` is not local), ``(None, why)`` when the record cannot be read or is damaged."""
-    record = checksum_path(path)
+    record = reading_record(path)
     if "://" in path or not os.path.isfile(record):
         return None, None
-    name = os.path.basename(record)
+    name = shown_record(path)
     try:
         with open(record, "rb") as file:
             match = _CHECKSUM_RECORD.match(file.read(256))
@@ -275,8 +294,7 @@ def checksum_findings(path: str) -> tuple[str | None, str | None]:
         raise GwdetOSError(f"{path} cannot be read by this user (permission denied): ask its owner to make it readable "
                            "(chmod a+r), or copy the file to where you may read it; nothing was loaded from it.")
     if recorded is not None and file_sha256(path) != recorded:
-        record = os.path.basename(checksum_path(path))
-        return None, f"its SHA-256 differs from the one recorded in {record} when it was written"
+        return None, f"its SHA-256 differs from the one recorded in {shown_record(path)} when it was written"
     return unusable, None
 
 
