@@ -31,7 +31,7 @@ from gwdet.errors import GwdetError, GwdetValueError
 from gwdet.layers.common import is_finite_number, is_whole_number
 from gwdet.config import (add_gwdet_config, check_config_values, config_value, flatten_config,
                           require_gwdet_config)
-from gwdet.norms import (DETECTRON2_GN_GROUPS, UnknownNormError, detectron2_builds_as_configured,
+from gwdet.norms import (DETECTRON2_GN_GROUPS, OWN_NAMES_NOTE, UnknownNormError, detectron2_builds_as_configured,
                          known_norm_names, norm_records, norm_record)
 from gwdet.positions import BLOCK_CONV_OF_POSITION, parse_gw_positions
 
@@ -166,10 +166,25 @@ def is_one_of(component_key: str, component: str, names: Sequence[str]) -> bool:
 
 def _reads_as_detectron2(site: NormSite, component: str) -> bool:
     """Whether ``component`` builds ``site``'s norm as detectron2's readers do (without the config's
-    values): one of them, or a subclass of one that is no subclass of gwdet's replacement."""
+    values): one of them, or a subclass of one that is no subclass of gwdet's replacement and keeps
+    the reader's ``from_config`` (a subclass with one of its own builds its arguments itself, as
+    docs/usage.md shows with ``gwdet.norm_from_config``)."""
     gwdet_components = [GWDET_COMPONENTS[name] for name in site.detectron2_readers if name in GWDET_COMPONENTS]
-    return (is_one_of(site.component_key, component, site.detectron2_readers)
-            and not is_one_of(site.component_key, component, gwdet_components))
+    if (not is_one_of(site.component_key, component, site.detectron2_readers)
+            or is_one_of(site.component_key, component, gwdet_components)):
+        return False
+    return component in site.detectron2_readers or not _has_own_from_config(site, component)
+
+
+def _has_own_from_config(site: NormSite, component: str) -> bool:
+    """Whether the registered class ``component`` defines a ``from_config`` other than that of the
+    detectron2 reader of ``site`` it derives from."""
+    registry = _registry(site.component_key)
+    kind = registry.get(component) if registry is not None and component in registry else None
+    readers = [registry.get(name) for name in site.detectron2_readers if registry is not None and name in registry]
+    own = getattr(getattr(kind, "from_config", None), "__func__", None)
+    return own is not None and all(own is not getattr(getattr(reader, "from_config", None), "__func__", None)
+                                   for reader in readers)
 
 
 def builds_part(cfg: CfgNode, part: str | None) -> bool:
@@ -198,7 +213,7 @@ def _unknown_names(cfg: CfgNode) -> tuple[list[_Problem], set[str]]:
         if name and name not in known_norm_names():
             unknown.add(key)
             problems.append(_Problem(f"{key}={name!r} is not a known norm name: fix the name, or register it "
-                                     "with gwdet.register_norm", None))
+                                     f"with gwdet.register_norm ({OWN_NAMES_NOTE})", None))
     return problems, unknown
 
 

@@ -216,6 +216,12 @@ def unregister_norm(name: str) -> None:
     del _RECORDS[name]
 
 
+# Where a registered name is known: said with every refusal of an unknown name
+OWN_NAMES_NOTE = ("a name registered in your own code is known only to the process that ran it: gwdet's tools "
+                  "cannot run it, nor can a run's saved config.yaml; train and evaluate with a script of your own "
+                  "that registers it first, or with the LazyConfig .py that registers it, docs/usage.md")
+
+
 def known_norm_names() -> list[str]:
     """Every name :func:`norm` accepts, sorted (detectron2's, gwdet's and registered ones)."""
     return sorted(_RECORDS)
@@ -232,7 +238,7 @@ def norm_record(name: str) -> NormRecord:
         return _RECORDS[name]
     raise UnknownNormError(
         f"Unknown norm name {name!r}. Known names: {', '.join(known_norm_names())}. Fix the "
-        "NORM value, or register the name with gwdet.register_norm(name, build)."
+        f"NORM value, or register the name with gwdet.register_norm(name, build) ({OWN_NAMES_NOTE})."
     )
 
 

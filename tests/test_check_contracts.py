@@ -6,6 +6,8 @@ import os
 import pickle
 
 import pytest
+
+from gwdet.norms import OWN_NAMES_NOTE
 import torch
 from detectron2.config import get_cfg
 
@@ -100,7 +102,7 @@ def test_the_combined_norm_error_lists_changes_then_every_finding_and_marks_the_
         "  (command-line overrides: MODEL.BACKBONE.NAME build_gw_resnet_fpn_backbone)",
         "Findings:",
         "  - by hand: MODEL.ROI_BOX_HEAD.NORM='GWW' is not a known norm name: fix the name, or register it with "
-        "gwdet.register_norm",
+        f"gwdet.register_norm ({OWN_NAMES_NOTE})",
         "  - MODEL.FPN.NORM='GN' with MODEL.GN.NUM_GROUPS=16, and detectron2's build_resnet_fpn_backbone "
         "(MODEL.BACKBONE.NAME) always builds GN with 32 groups; gwdet's build_gw_resnet_fpn_backbone builds the "
         "same network with the config's values (MODEL.BACKBONE.NAME build_gw_resnet_fpn_backbone)",
@@ -157,8 +159,10 @@ def test_an_unknown_name_at_a_key_detectron2_reads_is_one_finding_not_two():
     cfg.MODEL.FPN.NORM = "GWW"
     with pytest.raises(UnknownNormConfigError) as err:
         check_gwdet_config(cfg)
+    # a name registered in one's own code was not said to be unknown to gwdet's tools
     assert err.value.problems == ["MODEL.FPN.NORM='GWW' is not a known norm name: fix the name, or register it with "
-                                  "gwdet.register_norm"]
+                                  f"gwdet.register_norm ({OWN_NAMES_NOTE})"]
+    assert "gwdet's tools cannot run it, nor can a run's saved config.yaml" in OWN_NAMES_NOTE
 
 
 def test_hyper_parameters_a_name_does_not_take_or_lacks_are_named(registered):
@@ -181,7 +185,7 @@ def test_an_unknown_norm_name_is_named_with_every_known_one():
     with pytest.raises(UnknownNormError) as err:
         norm_record("GWW")
     assert str(err.value) == (f"Unknown norm name 'GWW'. Known names: {', '.join(known_norm_names())}. Fix the NORM "
-                              "value, or register the name with gwdet.register_norm(name, build).")
+                              f"value, or register the name with gwdet.register_norm(name, build) ({OWN_NAMES_NOTE}).")
 
 
 

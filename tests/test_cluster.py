@@ -198,3 +198,21 @@ def test_an_option_slurm_rejects_is_shown_and_nothing_is_left(slurm, tmp_path, c
     assert status == 2
     assert "SLURM refused the job" in stderr and "invalid partition specified: no_such_partition" in stderr
     assert not out.exists(), sorted(out.rglob("*"))
+
+
+def test_a_job_that_can_never_start_and_a_second_job_into_a_busy_folder_are_named(slurm, tmp_path, capsys):
+    # more CPUs per task than any node has: "submitted job N", exit 0, and a job pending forever
+    out = tmp_path / "stuck"
+    flags = [flag if flag != "1" else "64" for flag in JOB_FLAGS]  # --cpus-per-task 64
+    status, stdout, stderr = train_net(capsys, *flags, *TINY_OPTS, "OUTPUT_DIR", str(out))
+    (job_id,) = job_ids(stdout)
+    try:
+        assert status == 1, stdout + stderr
+        assert f"job {job_id} is pending for the reason PartitionConfig: it asks for more than the partition's nodes " \
+               "have" in stderr and f"Cancel it (scancel {job_id})" in stderr
+        # a second job into the folder of a queued one failed later, in its own log only
+        status, _, stderr = train_net(capsys, *JOB_FLAGS, *TINY_OPTS, "OUTPUT_DIR", str(out))
+        assert status == 2 and f"OUTPUT_DIR {out} is the folder of job {job_id}, still queued or running" in stderr
+        assert job_ids(stderr) == [] and sorted(p.name for p in (out / "submitit").iterdir()) == [job_id]
+    finally:
+        run(["scancel", job_id], check=False)

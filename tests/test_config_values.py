@@ -251,6 +251,16 @@ def test_a_key_given_twice_in_a_base_is_refused_naming_the_base_and_the_config(t
         "at line 5: YAML keeps only the last")
 
 
+def test_a_tuple_split_by_a_one_line_mapping_is_named_as_such(tmp_path):
+    # "gives the key DATASETS.) twice, at line 2 and at line 2 ... delete the line you do not mean"
+    config = tmp_path / "flow.yaml"
+    config.write_text(f'_BASE_: "{DEMO_CONFIG}"\nDATASETS: {{TRAIN: ("shapes_train",), TEST: ("shapes_val",)}}\n',
+                      encoding="utf-8")
+    assert _refused_file(config).endswith(
+        "a value holding a comma inside a {...} mapping on one line is split there into keys of its own (a tuple such "
+        'as ("a", "b") or ("a",)): quote the value, or write the mapping as a block, one key per line.')
+
+
 def test_a_dotted_key_inside_a_block_is_refused_with_the_nesting_to_write(tmp_path):
     # was "MODEL.GW.T is not a key of detectron2's or gwdet's config. Did you mean MODEL.GW.T?"
     config = tmp_path / "dotted.yaml"

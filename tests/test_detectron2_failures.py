@@ -18,15 +18,31 @@ from conftest import DEMO_CONFIG, TINY_OPTS, tiny_run_args
 
 
 def test_a_value_detectron2_fails_on_while_building_is_named_by_gwdet_build_model():
-    cfg = build_config(str(DEMO_CONFIG), [*TINY_OPTS, "MODEL.DEVICE", "cpu", "MODEL.RESNETS.RES5_DILATION", "2"])
+    cfg = build_config(str(DEMO_CONFIG), [*TINY_OPTS, "MODEL.DEVICE", "cpu", "MODEL.ROI_BOX_HEAD.NUM_CONV", "0",
+                                          "MODEL.ROI_BOX_HEAD.NUM_FC", "0"])
     with pytest.raises(GwdetValueError) as refused:
         gwdet.build_model(cfg)
     message = str(refused.value)
-    assert message.startswith("detectron2 could not build the model with this config: AssertionError: Strides 16 16 "
-                              "are not log2 contiguous (detectron2/modeling/backbone/fpn.py:")
-    assert "Values of MODEL.FPN, MODEL.RESNETS that differ from detectron2's defaults: " in message
-    assert "MODEL.RESNETS.RES5_DILATION=2" in message
+    assert message.startswith("detectron2 could not build the model with this config: AssertionError "
+                              "(detectron2/modeling/roi_heads/box_head.py:")
+    assert "Values of MODEL.ROI_BOX_HEAD that differ from detectron2's defaults: " in message
     assert isinstance(refused.value.__cause__, AssertionError), "detectron2's error stays chained (--verbose)"
+
+
+def test_a_component_giving_get_norm_a_gwdet_name_is_told_to_use_norm_from_config():
+    # a project's own head passing NORM "GW" to get_norm: "KeyError: 'GW'" among 32 listed values
+    from detectron2.layers import get_norm
+
+    from gwdet.modeling.detectron2_failures import detectron2_config_failure
+
+    cfg = build_config(str(DEMO_CONFIG), TINY_OPTS)
+    with pytest.raises(KeyError) as raised:
+        get_norm("GW", 16)
+    refusal = detectron2_config_failure(raised.value, cfg, "build the model")
+    assert refusal is not None and str(refusal).startswith(
+        "detectron2 could not build the model with this config: a component gave detectron2's get_norm the norm name "
+        "'GW' (detectron2/layers/batch_norm.py:")
+    assert "Give that component gwdet.norm_from_config('GW', cfg) instead of the name" in str(refusal)
 
 
 def test_the_train_tool_names_the_command_lines_values_first_and_the_folder_stays_usable(tmp_path):

@@ -38,6 +38,8 @@ def test_processes_started_with_different_configs_are_refused_in_every_process(t
     completed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr[-3000:]
     for rank in (0, 1):
+        # the values that differ were not named (an OUTPUT_DIR of each machine's own disk, say)
         assert (tmp_path / f"rank{rank}.txt").read_text() == (
-            "The processes of this run hold different configs (rank 1 against rank 0): start every machine with the "
-            "same config file and the same overrides.")
+            "The processes of this run hold different configs (rank 1 against rank 0; rank 1's values, rank 0's first: "
+            "MODEL.GW.NUM_GROUPS: 16 -> 8): start every machine with the same config file and the same overrides "
+            "(OUTPUT_DIR too: on disks of each machine's own, give the same path on each).")

@@ -126,6 +126,8 @@ def test_zca_reference_refuses_second_derivatives_by_name():
     assert str(refused.value) == ZCA_SECOND_DERIVATIVES
     assert isinstance(refused.value, GwdetError) and isinstance(refused.value, RuntimeError)
     assert "group_whitening_reference(x, num_groups, T, eps, 'itn', weight, bias)" in ZCA_SECOND_DERIVATIVES
+    # the advice for BW led, in training, to torch's refusal of the running statistics' in-place update
+    assert "BW under torch.func in evaluation mode only" in ZCA_SECOND_DERIVATIVES
 
 
 @pytest.mark.parametrize("plan", ["cpu", "accelerator"])

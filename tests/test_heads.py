@@ -164,3 +164,29 @@ def test_a_projects_subclass_of_detectron2s_head_is_checked_as_detectron2s_head(
         build_config(str(DEMO_CONFIG), ["MODEL.BACKBONE.NAME", "build_gw_resnet_backbone", "MODEL.ROI_HEADS.NAME", res5,
                                         "MODEL.ROI_HEADS.IN_FEATURES", "['res4']", "MODEL.RESNETS.OUT_FEATURES",
                                         "['res4']", "MODEL.RESNETS.GW_POSITIONS", "S1-B2", "MODEL.MASK_ON", "False"])
+
+
+def test_a_projects_head_that_builds_its_norm_with_norm_from_config_is_built():
+    # docs/usage.md's recipe (a subclass's from_config giving gwdet.norm_from_config) was refused as
+    # "a subclass of detectron2's FastRCNNConvFCHead ... cannot build 'GW'"
+    from detectron2.modeling.roi_heads import ROI_BOX_HEAD_REGISTRY, FastRCNNConvFCHead
+
+    import gwdet
+    from gwdet.layers import GroupWhitening
+    from gwdet.model_zoo import build_config
+
+    from conftest import DEMO_CONFIG, TINY_OPTS
+
+    class TestProjectNormFromConfigHead(FastRCNNConvFCHead):
+        @classmethod
+        def from_config(cls, cfg, input_shape):
+            arguments = super().from_config(cfg, input_shape)
+            arguments["conv_norm"] = gwdet.norm_from_config(cfg.MODEL.ROI_BOX_HEAD.NORM, cfg)
+            return arguments
+
+    if "TestProjectNormFromConfigHead" not in ROI_BOX_HEAD_REGISTRY:
+        ROI_BOX_HEAD_REGISTRY.register(TestProjectNormFromConfigHead)
+    cfg = build_config(str(DEMO_CONFIG), [*TINY_OPTS, "MODEL.ROI_BOX_HEAD.NAME", "TestProjectNormFromConfigHead",
+                                          "MODEL.ROI_BOX_HEAD.NORM", "GW", "MODEL.ROI_BOX_HEAD.NUM_CONV", "2"])
+    head = gwdet.build_model(cfg).roi_heads.box_head
+    assert [type(conv.norm) for conv in head.conv_norm_relus] == [GroupWhitening, GroupWhitening]

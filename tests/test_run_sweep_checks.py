@@ -653,8 +653,12 @@ def test_a_config_rescaled_to_the_processes_is_checked_and_recorded_as_it_trains
     """SOLVER.REFERENCE_WORLD_SIZE 2 on one process trains batch 1 for twice the iterations: config.yaml
     recorded batch 2, so --resume without the reference size continued at batch 2 with only a log line,
     and the same command was refused as having trained more iterations than SOLVER.MAX_ITER."""
-    run = load_run_config(str(DEMO_CONFIG), [*TINY_OPTS, "SOLVER.REFERENCE_WORLD_SIZE", "2"]).for_processes(1)
+    with logged_warnings("gwdet.engine.trainer") as logged:  # no line said the batch was halved
+        run = load_run_config(str(DEMO_CONFIG), [*TINY_OPTS, "SOLVER.REFERENCE_WORLD_SIZE", "2"]).for_processes(1)
     assert (run.cfg.SOLVER.IMS_PER_BATCH, run.cfg.SOLVER.MAX_ITER, run.cfg.SOLVER.REFERENCE_WORLD_SIZE) == (1, 4, 1)
+    assert logged and logged[0].startswith(
+        "SOLVER.REFERENCE_WORLD_SIZE is 2, and the run has 1 process(es): detectron2 rescales the config to them "
+        "(SOLVER.IMS_PER_BATCH 2 -> 1; SOLVER.BASE_LR ")
     unscaled = load_run_config(str(DEMO_CONFIG), list(TINY_OPTS))
     assert unscaled.for_processes(1) is unscaled  # nothing to rescale
     main(tiny_run_args(tmp_path, "SOLVER.REFERENCE_WORLD_SIZE", "2"))

@@ -584,8 +584,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 "weights with tools/convert_pretrained.py IN OUT and give OUT as MODEL.WEIGHTS (docs/weights.md), "
                 "or set MODEL.WEIGHTS \"\" to train from scratch.")
         if self.require_every_weight and (incompatible.missing_keys or incompatible.incorrect_shapes):
-            other_shapes = {key for key, _, _ in incompatible.incorrect_shapes}  # detectron2 lists them missing too
-            problems = [f"missing: {key}" for key in incompatible.missing_keys if key not in other_shapes]
+            reshaped = {key for key, _, _ in incompatible.incorrect_shapes}  # detectron2 lists them missing too
+            problems = [f"missing: {key}" for key in incompatible.missing_keys if key not in reshaped]
             problems += [f"{key}: shape {tuple(ck)} in the checkpoint, {tuple(mk)} in the model"
                          for key, ck, mk in incompatible.incorrect_shapes]
             raise GwdetValueError(

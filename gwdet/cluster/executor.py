@@ -139,6 +139,27 @@ def describe(job: "submitit.Job", launcher: str) -> list[str]:
     return lines
 
 
+def unstartable(job_id: str, checks: int = 3, poll_seconds: float = 1.0) -> str | None:
+    """Why the SLURM job ``job_id``, just submitted, can never start as asked
+    (:meth:`~gwdet.cluster.slurm.JobState.never_starts`), from its state in the first seconds (the
+    controller gives the reason when it first schedules); ``None`` when it may run."""
+    for check in range(checks):
+        state = job_states([job_id]).get(job_id)
+        if state is None or state.state != "PENDING":
+            return None
+        if state.reason:
+            return state.never_starts()
+        if check + 1 < checks:
+            time.sleep(poll_seconds)
+    return None
+
+
+def active_jobs_in(folder: Path) -> list[str]:
+    """The SLURM jobs of ``folder`` (submitit's ``<job id>/`` folders) that are still queued or running."""
+    ids = [entry.name for entry in folder.iterdir() if entry.is_dir() and entry.name.isdigit()] if folder.is_dir() else []
+    return sorted(job_id for job_id, state in job_states(ids).items() if state.active)
+
+
 def wait(job: "submitit.Job", launcher: str, poll_seconds: float = POLL_SECONDS) -> Any:
     """Wait for the job to end (requeues included) and return its result; ``RuntimeError`` with the
     job's error, or with its last state and log path when it ended without a result."""
@@ -146,6 +167,9 @@ def wait(job: "submitit.Job", launcher: str, poll_seconds: float = POLL_SECONDS)
         ended_since = None
         while not job.paths.result_pickle.exists():
             state = job_states([job.job_id]).get(job.job_id)
+            stuck = state.never_starts() if state is not None else None
+            if stuck is not None:
+                raise GwdetRuntimeError(f"stopped waiting: {stuck}")
             if state is not None and state.active:
                 ended_since = None
             elif ended_since is None:

@@ -42,6 +42,27 @@ class JobState:
         """Queued, running or about to run again (a requeued job counts)."""
         return self.state in ACTIVE_STATES
 
+    def never_starts(self) -> str | None:
+        """Why the job, pending, cannot start as it was asked for (:data:`UNSTARTABLE_REASONS`; it
+        would wait until an administrator changes the partition), else ``None``."""
+        if self.state != "PENDING" or self.reason not in UNSTARTABLE_REASONS:
+            return None
+        return (f"job {self.job_id} is pending for the reason {self.reason}: {UNSTARTABLE_REASONS[self.reason]}, so "
+                f"it will wait as long as the partition stays as it is. Cancel it (scancel {self.job_id}) and submit "
+                "it again within the partition's limits (sinfo -o '%P %c %G %l %D' shows CPUs, GPUs, time limit and "
+                "nodes), or to another --partition.")
+
+
+# squeue's reasons of a pending job that asked for more than its partition offers (man squeue, JOB
+# REASON CODES), and what each says
+UNSTARTABLE_REASONS = {
+    "PartitionConfig": "it asks for more than the partition's nodes have (CPUs per task, GPUs, memory) or its "
+                       "account may not use the partition",
+    "PartitionNodeLimit": "it asks for more nodes than the partition allows",
+    "PartitionTimeLimit": "its time limit is above the partition's",
+    "BadConstraints": "no node of the partition meets its constraints",
+}
+
 
 def _config_hint() -> str:
     conf = os.environ.get("SLURM_CONF")

@@ -19,8 +19,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Callable, Sequence
 
-from gwdet.cluster.executor import (JobRefused, SubmissionRefused, check_launcher, describe, make_executor, submit,
-                                    wait)
+from gwdet.cluster.executor import (JobRefused, SubmissionRefused, active_jobs_in, check_launcher, describe,
+                                    make_executor, submit, unstartable, wait)
 from gwdet.cluster.jobs import NodePlacement, RequeueableJob
 from gwdet.cluster.options import add_launcher_arguments, launcher_options
 from gwdet.cluster.slurm import ClusterUnavailable
@@ -104,6 +104,13 @@ def submit_training(args: argparse.Namespace, argv: Sequence[str]) -> int:
         if options.launcher == "submitit-local":  # the job starts at once: it would find the folder in use
             check_not_in_use(str(output_dir))
         folder = output_dir / JOBS_FOLDER
+        queued = active_jobs_in(folder) if options.launcher == "slurm" else []
+        if queued:  # it would find the folder in use when it starts, and fail in its own log only
+            raise SubmissionRefused(
+                f"OUTPUT_DIR {output_dir} is the folder of job {', '.join(queued)}, still queued or running "
+                f"(squeue -j {','.join(queued)}): a second job would find it in use when it starts. Wait for that job "
+                f"to end (then submit with --resume to continue it), cancel it (scancel {' '.join(queued)}), or give "
+                "another OUTPUT_DIR; nothing was submitted.")
         executor = make_executor(options, folder, job_name=f"gwdet-{Path(args.config_file).stem}")
         job = submit(executor, TrainingJob(tuple(argv), os.getcwd()), folder)
     except (ClusterUnavailable, SubmissionRefused, ValueError, KeyError, FileNotFoundError, FileExistsError,
@@ -111,6 +118,10 @@ def submit_training(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print(f"{tool_name()}: error: {error}", file=sys.stderr)
         return 2
     print("\n".join([*describe(job, options.launcher), f"  output: {output_dir}"]), flush=True)
+    stuck = unstartable(job.job_id) if options.launcher == "slurm" else None
+    if stuck is not None:
+        print(f"{tool_name()}: error: {stuck}", file=sys.stderr)
+        return 1
     if not options.wait:
         return 0
     try:

@@ -72,6 +72,7 @@ from gwdet.engine.output_dir import (
     check_run_files_not_shared,
     check_run_folders,
     checkpoints_in,
+    config_differences,
     config_rewrite,
     config_until_started,
     earlier_run_until_started,
@@ -339,13 +340,18 @@ def check_same_config(run: RunConfig) -> None:
     with different models or schedules."""
     if comm.get_world_size() == 1:
         return
-    digest = hashlib.sha256(json.dumps(run.config_record(), sort_keys=True, default=repr).encode("utf-8")).hexdigest()
+    record = run.config_record()
+    digest = hashlib.sha256(json.dumps(record, sort_keys=True, default=repr).encode("utf-8")).hexdigest()
     digests = comm.all_gather(digest)
     differing = [rank for rank, other in enumerate(digests) if other != digests[0]]
     if differing:
+        records = comm.all_gather(record)  # every process, as every one found the difference
+        lines = config_differences(records[0], records[differing[0]])
         raise GwdetValueError(
             f"The processes of this run hold different configs (rank {', '.join(map(str, differing))} against rank "
-            "0): start every machine with the same config file and the same overrides.")
+            f"0; rank {differing[0]}'s values, rank 0's first: {listed(lines, 4, '; ')}): start every machine with the "
+            f"same config file and the same overrides ({run.output_setting} too: on disks of each machine's own, give "
+            "the same path on each).")
 
 
 def setup(args: argparse.Namespace, run: RunConfig) -> None:

@@ -268,6 +268,11 @@ def check_training_values(cfg: CfgNode, world_size: int) -> None:
     check_batch_split(f"SOLVER.IMS_PER_BATCH is {cfg.SOLVER.IMS_PER_BATCH}", cfg.SOLVER.IMS_PER_BATCH, world_size)
 
 
+# The values detectron2's DefaultTrainer.auto_scale_workers rescales to the number of processes
+SCALED_KEYS = ("SOLVER.IMS_PER_BATCH", "SOLVER.BASE_LR", "SOLVER.MAX_ITER", "SOLVER.WARMUP_ITERS", "SOLVER.STEPS",
+               "TEST.EVAL_PERIOD", "SOLVER.CHECKPOINT_PERIOD")
+
+
 class YacsRun(RunConfig):
     """A yacs config (:func:`gwdet.model_zoo.build_config`) in the run of :mod:`gwdet.engine.run`,
     trained by :class:`Trainer`."""
@@ -318,7 +323,14 @@ class YacsRun(RunConfig):
         run's ``config.yaml`` and ``--resume`` see the values the run trains with."""
         if self.cfg.SOLVER.REFERENCE_WORLD_SIZE in (0, world_size):
             return self
-        return YacsRun(DefaultTrainer.auto_scale_workers(self.cfg, world_size))
+        scaled = DefaultTrainer.auto_scale_workers(self.cfg, world_size)
+        changes = [f"{key} {config_value(self.cfg, key)} -> {config_value(scaled, key)}" for key in SCALED_KEYS
+                   if config_value(self.cfg, key) != config_value(scaled, key)]
+        logger.warning(f"SOLVER.REFERENCE_WORLD_SIZE is {self.cfg.SOLVER.REFERENCE_WORLD_SIZE}, and the run has "
+                       f"{world_size} process(es): detectron2 rescales the config to them ({'; '.join(changes)}), and "
+                       "the run trains with those values. Set SOLVER.REFERENCE_WORLD_SIZE 0 (or "
+                       f"{world_size}) to train with the values as given.")
+        return YacsRun(scaled)
 
     def check_request(self, eval_only: bool, world_size: int) -> None:
         check_run_device(self.cfg.MODEL.DEVICE)

@@ -143,7 +143,8 @@ def _zca_recorded(cov: Tensor, min_eigenvalue: Tensor) -> Tensor:
 # what to use where ZCA's closed-form gradient has no formula (second derivatives, torch.func's transforms)
 ITN_ADVICE = ("for them, use ItN whitening (method='itn'): gwdet.layers.group_whitening_reference(x, num_groups, T, "
               "eps, 'itn', weight, bias) for GW, BatchWhitening(method='itn') with GWDET_GW_PLAN=cpu for BW, which "
-              "autograd differentiates to any order")
+              "autograd differentiates to any order (BW under torch.func in evaluation mode only: in training it "
+              "updates its running statistics in place, which torch.func's transforms refuse)")
 ZCA_SECOND_DERIVATIVES = (
     "ZCA whitening (group_whitening_reference and BatchWhitening with method='zca'): second derivatives "
     "(a backward pass through gradients computed with create_graph=True) are not supported: its gradient is "

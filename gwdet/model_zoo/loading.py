@@ -192,6 +192,10 @@ class DuplicateKeyCheckingLoader(yaml.SafeLoader):
         via = f" (a base of {' -> '.join(repr(named) for named in self.named_from)})" if self.named_from else ""
         fix = (f"put the keys of both blocks under a single {key.rsplit('.', 1)[-1]}: block" if sections else
                "delete the line you do not mean")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key.rsplit(".", 1)[-1]):  # no key anyone writes: a split value
+            fix = ("a value holding a comma inside a {...} mapping on one line is split there into keys of its "
+                   "own (a tuple such as (\"a\", \"b\") or (\"a\",)): quote the value, or write the mapping as a "
+                   "block, one key per line")
         raise GwdetValueError(
             f"Config file {path!r}{via} gives the key {key} twice, at line {first} and at line {second}: YAML keeps "
             f"only the last, so what line {first} sets would be silently dropped. Give {key} once in {path}: {fix}.")

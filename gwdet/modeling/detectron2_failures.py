@@ -22,6 +22,7 @@ from detectron2.config import CfgNode, get_cfg
 
 from gwdet.config import add_gwdet_config, flatten_config
 from gwdet.errors import GwdetError, GwdetValueError, listed
+from gwdet.norms import known_norm_names
 
 # detectron2's modules (paths below the detectron2 package; the first match wins) and the config
 # sections the components they hold are built from.
@@ -45,6 +46,7 @@ MODULE_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
 LAZY_NODES = {"MODEL": ("model.",), "SOLVER": ("optimizer.", "lr_multiplier.", "train."),
               "INPUT": ("dataloader.",), "DATALOADER": ("dataloader.",), "DATASETS": ("dataloader.",)}
 SHOWN = 8  # values listed per kind
+GET_NORM_MODULE = "layers/batch_norm.py"  # detectron2's get_norm, which builds norms from its own names
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')  # a frame in a traceback's text (a loader worker's)
 
 
@@ -75,6 +77,14 @@ def detectron2_config_failure(error: BaseException, cfg: Any, doing: str,
     if isinstance(error, (GwdetError, OSError)) or site is None:
         return None
     module, line = site
+    if isinstance(error, KeyError) and module == GET_NORM_MODULE and error.args and error.args[0] in known_norm_names():
+        name = error.args[0]
+        return GwdetValueError(
+            f"detectron2 could not {doing} with this config: a component gave detectron2's get_norm the norm name "
+            f"{name!r} (detectron2/{module}:{line}), which only gwdet builds, with the config's values: get_norm knows "
+            f"detectron2's own names only. Give that component gwdet.norm_from_config({name!r}, cfg) instead of the "
+            "name, e.g. in its from_config (docs/usage.md), or set its NORM to one of detectron2's names (BN, SyncBN, "
+            "FrozenBN, GN).")
     sections = next((found for prefix, found in MODULE_SECTIONS if module.startswith(prefix)), None)
     if sections is None:
         return None
