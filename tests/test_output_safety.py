@@ -368,8 +368,13 @@ def test_weights_trained_with_other_norm_values_are_refused_naming_them(finished
         ResilientCheckpointer(model).load(str(finished_run / "model_final.pth"))
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     monkeypatch.setenv("GWDET_ALLOW_NORM_MISMATCH", "1")  # the documented opt-in
-    ResilientCheckpointer(model).load(str(finished_run / "model_final.pth"))
+    checkpointer = ResilientCheckpointer(model)
+    with logged_warnings(checkpointer.logger.name) as logged:  # it loaded them without a word in the log
+        checkpointer.load(str(finished_run / "model_final.pth"))
     assert not all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert any(message.startswith(f"GWDET_ALLOW_NORM_MISMATCH=1: {finished_run / 'model_final.pth'} is loaded "
+                                  "although: The checkpoint was trained with other norm hyper-parameters")
+               for message in logged), logged
 
 
 def _zero_bytes_inside_the_largest_tensor(path, count=65536):

@@ -667,3 +667,59 @@ def test_a_config_rescaled_to_the_processes_is_checked_and_recorded_as_it_trains
     with pytest.raises(GwdetError, match=r"--resume: the run in .* trained with SOLVER.IMS_PER_BATCH 1, this config "
                                          r"gives 2"):
         main(tiny_run_args(tmp_path, "SOLVER.MAX_ITER", "10", "--resume"))
+
+
+def test_the_log_of_a_run_refused_as_its_weights_loaded_does_not_block_the_next_run(tmp_path):
+    # a run refused while its weights loaded left log.txt only, and the corrected command was refused as
+    # "holds a log.txt that no run of gwdet wrote", with --overwrite too
+    from gwdet.engine.output_dir import check_config_not_users, is_a_runs_log
+
+    with pytest.raises(GwdetError):
+        main(tiny_run_args(tmp_path, "MODEL.WEIGHTS", str(tmp_path.parent / "no_such_weights.pth")))
+    assert (tmp_path / "log.txt").is_file() and is_a_runs_log(str(tmp_path / "log.txt"))
+    check_config_not_users(str(tmp_path))
+    (tmp_path / "log.txt").write_text("[11/30 00:15:00] detectron2 INFO: my own notes\n")
+    assert not is_a_runs_log(str(tmp_path / "log.txt"))  # the format, but not a run's first line
+
+
+def test_a_path_with_dotdot_after_a_link_is_refused_where_it_names_two_places(tmp_path, monkeypatch):
+    # MODEL.WEIGHTS lnk/../R.pkl loaded ./R.pkl while the system (ls, the converter) reads dq/R.pkl;
+    # OUTPUT_DIR lnk/../rr trained into two folders; --register-coco registered another file
+    from gwdet.checkpoint.resilient import absolute_weights_path
+    from gwdet.data.coco_registration import CocoDataset, DatasetError
+    from gwdet.engine.output_dir import OutputDirNameError, check_output_dir_name
+    from gwdet.utils.cli_errors import link_dotdot_problem
+
+    (tmp_path / "dq" / "sub").mkdir(parents=True)
+    (tmp_path / "lnk").symlink_to(tmp_path / "dq" / "sub")
+    for folder in (tmp_path, tmp_path / "dq"):
+        (folder / "R.pkl").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    assert link_dotdot_problem("MODEL.WEIGHTS", "lnk/../R.pkl") == (
+        f"MODEL.WEIGHTS 'lnk/../R.pkl' has '..' after a link, so it names two places: the system reads it as "
+        f"{tmp_path / 'dq' / 'R.pkl'}, and {tmp_path / 'R.pkl'} once the '..' is taken off the text, as gwdet (and "
+        f"most tools) make paths absolute. Give the path without '..' (e.g. {tmp_path / 'dq' / 'R.pkl'}); nothing was "
+        "read or written.")
+    with pytest.raises(ValueError, match="has '..' after a link"):
+        absolute_weights_path("lnk/../R.pkl")
+    with pytest.raises(OutputDirNameError, match="OUTPUT_DIR 'lnk/../rr' has '..' after a link"):
+        check_output_dir_name("lnk/../rr")
+    with pytest.raises(DatasetError, match="has '..' after a link"):
+        CocoDataset.parse("x_val=lnk/../v.json:dq")
+    assert link_dotdot_problem("OUTPUT_DIR", "dq/sub/../R.pkl") is None  # '..' after a folder: one place
+    assert absolute_weights_path("dq/../R.pkl") == str(tmp_path / "R.pkl")
+
+
+def test_a_config_file_edited_between_a_jobs_submission_and_its_start_is_refused(tmp_path):
+    # a SLURM job read the config file again when it started: T 5 -> 2 trained without a word
+    from gwdet.engine.run import check_config_unchanged, config_text
+
+    config = tmp_path / "mine.yaml"
+    config.write_text(f'_BASE_: "{DEMO_CONFIG}"\nMODEL:\n  GW:\n    T: 5\n', encoding="utf-8")
+    submitted = config_text(load_run_config(str(config), list(TINY_OPTS)))
+    check_config_unchanged(load_run_config(str(config), list(TINY_OPTS)), submitted, "when the job was submitted")
+    config.write_text(f'_BASE_: "{DEMO_CONFIG}"\nMODEL:\n  GW:\n    T: 2\n', encoding="utf-8")
+    with pytest.raises(GwdetError, match=r"^The config changed since it was checked when the job was submitted \(its "
+                                         r"file or a _BASE_ of it was edited in between\): MODEL.GW.T: 5 -> 2 \(the "
+                                         r"checked value first\)\. Nothing was trained"):
+        check_config_unchanged(load_run_config(str(config), list(TINY_OPTS)), submitted, "when the job was submitted")

@@ -283,7 +283,8 @@ def _refuse_other_settings(saved: Mapping[str, Mapping[str, Any]], present: Mapp
             f"The checkpoint was trained with other norm hyper-parameters than this config gives its layers "
             f"({len(differing)} values, e.g. {'; '.join(differing[:3])}); nothing was loaded. Use the values "
             "the weights were trained with (the run's config.yaml: MODEL.GW.*, MODEL.BW.*, MODEL.BGN.*, "
-            "MODEL.GN.NUM_GROUPS; a LazyConfig's: the norm nodes' values, e.g. model.backbone.norm.num_groups), "
+            "MODEL.GN.NUM_GROUPS, and for a method the norm's name, GW or GW_ZCA, in MODEL.RESNETS.GW_NORM and the "
+            "NORM keys; a LazyConfig's: the norm nodes' values, e.g. model.backbone.norm.num_groups), "
             f"or {how_to_opt_in} to load them anyway."
         )
 
@@ -298,9 +299,16 @@ def _recording_layers(model: torch.nn.Module) -> dict[str, SettingsInState]:
             for name, module in model.named_modules() if isinstance(module, SettingsInState)}
 
 
-def _saved_key(weights: Mapping[str, Any], key: str) -> str | None:
-    """The key of ``weights`` that holds ``key``'s value: itself, or with DDP's ``module.``."""
-    return next((found for found in (key, "module." + key) if found in weights), None)
+def _saved_key(weights: Mapping[str, Any], key: str, suffix: bool = False) -> str | None:
+    """The key of ``weights`` that holds ``key``'s value: itself, or with DDP's ``module.``; with
+    ``suffix``, else the one key of ``weights`` that ``key`` ends with after a dot (a converted
+    backbone's ``stem.conv1.norm._extra_state`` for ``backbone.bottom_up.stem.conv1.norm._extra_state``,
+    as detectron2's checkpointer matches such files)."""
+    exact = next((found for found in (key, "module." + key) if found in weights), None)
+    if exact is not None or not suffix:
+        return exact
+    tails = [found for found in weights if key.endswith("." + found)]
+    return tails[0] if len(tails) == 1 else None
 
 
 def check_layer_settings(weights: Mapping[str, Any], model: torch.nn.Module, how_to_opt_in: str) -> None:
@@ -313,7 +321,7 @@ def check_layer_settings(weights: Mapping[str, Any], model: torch.nn.Module, how
     saved_settings: dict[str, dict[str, Any]] = {}
     present: dict[str, dict[str, Any]] = {}
     for key, layer in _recording_layers(model).items():
-        found = _saved_key(weights, key)
+        found = _saved_key(weights, key, suffix=True)
         if found is None:
             continue
         saved = decode_settings(weights[found])

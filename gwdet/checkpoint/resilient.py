@@ -17,7 +17,7 @@ import os
 import pickle
 import random
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
@@ -31,7 +31,7 @@ from detectron2.modeling.backbone.resnet import BottleneckBlock
 from detectron2.utils import comm
 
 from gwdet.config import SHAPES_PREFIX
-from gwdet.utils.cli_errors import as_override
+from gwdet.utils.cli_errors import as_override, link_dotdot_problem
 from gwdet.utils.atomic import cached_sha256, checksum_findings, shown_record, write_with_checksum
 from gwdet.checkpoint.compatibility import (
     NORM_SETTINGS_KEY,
@@ -217,6 +217,9 @@ def absolute_weights_path(path: str, setting: str = "MODEL.WEIGHTS") -> str:
     what a run's ``config.yaml`` records, so that the config read from another folder names the same
     file. URLs and ``""`` (no weights) are returned as they are."""
     local = local_weights_path(path, setting)
+    problem = link_dotdot_problem(setting, local) if local else None
+    if problem is not None:
+        raise GwdetValueError(problem)
     return os.path.abspath(local) if local and "://" not in local else local
 
 
@@ -508,18 +511,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
         metadata = read_conversion_metadata(checkpoint)
         if metadata is not None:
             check_weights_fit_model(metadata, self.model, lazy=self.weights_setting.islower())
-        if isinstance(checkpoint.get(NORM_TYPES_KEY), dict) and not mismatch_allowed():
-            check_norm_types(checkpoint[NORM_TYPES_KEY], self.model, _MISMATCH_OPT_IN)
-        if isinstance(checkpoint.get(NORM_SETTINGS_KEY), dict) and not mismatch_allowed():
-            check_norm_settings(checkpoint[NORM_SETTINGS_KEY], self.model, _MISMATCH_OPT_IN)
-        if isinstance(checkpoint.get("model"), dict):  # the settings gwdet's layers record in the weights
-            if mismatch_allowed():
-                drop_layer_settings(checkpoint["model"], self.model)
-            else:
-                check_layer_settings(checkpoint["model"], self.model, _MISMATCH_OPT_IN)
-                check_statistics_have_a_layer(checkpoint["model"], self.model, _MISMATCH_OPT_IN)
-                if metadata is None and not isinstance(checkpoint.get(NORM_TYPES_KEY), dict):
-                    check_unrecorded_weights(checkpoint["model"], self.model, _MISMATCH_OPT_IN)
+        self._check_norms(checkpoint, metadata is None)
         checkpoint.pop(NORM_TYPES_KEY, None)
         checkpoint.pop(NORM_SETTINGS_KEY, None)
         differences = input_differences(checkpoint.get(INPUT_KEY), self.model) if self.compare_input else []
@@ -530,6 +522,34 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 "trained with (its input format, pixel mean and std, the ResNet's stride_in_1x1, the anchors, the FPN's "
                 "fuse type, the box regressions' weights).")
         return super()._load_model(checkpoint)
+
+    def _check_norms(self, checkpoint: dict, unconverted: bool) -> None:
+        """The checkpoint's norm layers against the model's: their types and settings as gwdet's
+        checkpointer records them, the settings gwdet's layers record in the weights, batch norm
+        statistics for layers without any, and (``unconverted`` files without gwdet's records) gwdet
+        layers' weights without settings. A finding is refused; with ``GWDET_ALLOW_NORM_MISMATCH=1``
+        it is logged as a warning (the weights then load, the layers' records dropped)."""
+        checks: list[Callable[[], None]] = []
+        if isinstance(checkpoint.get(NORM_TYPES_KEY), dict):
+            checks.append(lambda: check_norm_types(checkpoint[NORM_TYPES_KEY], self.model, _MISMATCH_OPT_IN))
+        if isinstance(checkpoint.get(NORM_SETTINGS_KEY), dict):
+            checks.append(lambda: check_norm_settings(checkpoint[NORM_SETTINGS_KEY], self.model, _MISMATCH_OPT_IN))
+        weights = checkpoint.get("model")
+        if isinstance(weights, dict):  # the settings gwdet's layers record in the weights
+            checks.append(lambda: check_layer_settings(weights, self.model, _MISMATCH_OPT_IN))
+            checks.append(lambda: check_statistics_have_a_layer(weights, self.model, _MISMATCH_OPT_IN))
+            if unconverted and not isinstance(checkpoint.get(NORM_TYPES_KEY), dict):
+                checks.append(lambda: check_unrecorded_weights(weights, self.model, _MISMATCH_OPT_IN))
+        allowed = mismatch_allowed()
+        for check in checks:
+            try:
+                check()
+            except GwdetValueError as error:
+                if not allowed:
+                    raise
+                self.logger.warning(f"{MISMATCH_ENV}=1: {self._loading or 'the checkpoint'} is loaded although: {error}")
+        if allowed and isinstance(weights, dict):
+            drop_layer_settings(weights, self.model)
 
     def _read_compiled_names(self, checkpoint: dict) -> None:
         """Weights saved from a ``torch.compile``d module (or submodule) carry ``_orig_mod.`` in

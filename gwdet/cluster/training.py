@@ -29,7 +29,8 @@ from gwdet.utils.cli_errors import run_tool, tool_name
 from gwdet.engine import arguments
 from gwdet.engine.launch import launch
 from gwdet.engine.output_dir import check_not_in_use
-from gwdet.engine.run import RESULTS_JSON, RESULTS_MARKDOWN, check_output_request, load_run_config, main
+from gwdet.engine.run import (RESULTS_JSON, RESULTS_MARKDOWN, RunConfig, check_config_unchanged, check_output_request,
+                              config_text, load_run_config, main)
 from gwdet.engine.threads import configure_threads
 
 JOBS_FOLDER = "submitit"  # inside OUTPUT_DIR: <job id>/ with submitit's pickles and logs
@@ -63,6 +64,7 @@ class TrainingJob(RequeueableJob):
 
     argv: tuple[str, ...]
     cwd: str
+    config: str = ""  # the config as checked when the job was submitted (gwdet.engine.run.config_text)
 
     def __call__(self) -> dict:
         placement = NodePlacement.from_environment()
@@ -72,27 +74,30 @@ class TrainingJob(RequeueableJob):
               + ("continuing from the newest checkpoint (--resume)" if resumes else "starting"), flush=True)
         os.chdir(self.cwd)
         args = parse_args(arguments.replace_flags(argument_parser(), self.argv, flags))
+        if self.config:  # the files are read again here, perhaps long after the submission
+            check_config_unchanged(load_run_config(args.config_file, args.opts), self.config,
+                                   "when the job was submitted")
         train_here(args)
-        output_dir = checked_run(args)[0]
+        output_dir = checked_run(args)[0].output_dir
         results = Path(output_dir, RESULTS_JSON)
         return {"output_dir": os.path.abspath(output_dir),
                 "results": json.loads(results.read_text()) if results.is_file() else None}
 
 
-def checked_run(args: argparse.Namespace) -> tuple[str, Callable[[], None]]:
-    """The output folder of the run ``args`` describe (``OUTPUT_DIR`` of a yacs config,
+def checked_run(args: argparse.Namespace) -> tuple[RunConfig, Callable[[], None]]:
+    """The run ``args`` describe (its output folder: ``OUTPUT_DIR`` of a yacs config,
     ``train.output_dir`` of a LazyConfig), and the check of the request against that folder."""
     run = load_run_config(args.config_file, args.opts)
-    return run.output_dir, lambda: check_output_request(args, run)
+    return run, lambda: check_output_request(args, run)
 
 
-def check_before_submitting(args: argparse.Namespace) -> str:
+def check_before_submitting(args: argparse.Namespace) -> RunConfig:
     """The config builds and the output folder fits the request (as the job will check it); returns
-    the output folder. ``--overwrite`` is left to the job (it deletes the earlier run when it starts)."""
-    output_dir, check_request = checked_run(args)
+    the run. ``--overwrite`` is left to the job (it deletes the earlier run when it starts)."""
+    run, check_request = checked_run(args)
     if args.eval_only or args.resume or not args.overwrite:
         check_request()
-    return output_dir
+    return run
 
 
 def submit_training(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -100,7 +105,8 @@ def submit_training(args: argparse.Namespace, argv: Sequence[str]) -> int:
     try:
         options = launcher_options(args, args.num_gpus)
         check_launcher(options)
-        output_dir = Path(check_before_submitting(args)).resolve()
+        run = check_before_submitting(args)
+        output_dir = Path(run.output_dir).resolve()
         if options.launcher == "submitit-local":  # the job starts at once: it would find the folder in use
             check_not_in_use(str(output_dir))
         folder = output_dir / JOBS_FOLDER
@@ -112,7 +118,7 @@ def submit_training(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 f"to end (then submit with --resume to continue it), cancel it (scancel {' '.join(queued)}), or give "
                 "another OUTPUT_DIR; nothing was submitted.")
         executor = make_executor(options, folder, job_name=f"gwdet-{Path(args.config_file).stem}")
-        job = submit(executor, TrainingJob(tuple(argv), os.getcwd()), folder)
+        job = submit(executor, TrainingJob(tuple(argv), os.getcwd(), config_text(run)), folder)
     except (ClusterUnavailable, SubmissionRefused, ValueError, KeyError, FileNotFoundError, FileExistsError,
             GwdetError) as error:
         print(f"{tool_name()}: error: {error}", file=sys.stderr)

@@ -35,7 +35,7 @@ from detectron2.data.transforms import ResizeShortestEdge
 
 from gwdet.config import SHAPES_PREFIX
 from gwdet.errors import GwdetError, listed
-from gwdet.utils.cli_errors import as_override
+from gwdet.utils.cli_errors import as_override, link_dotdot_problem
 from gwdet.data.boxes import box_problem
 from gwdet.data.masks import short_repr
 from gwdet.data.coco_checks import (
@@ -114,6 +114,10 @@ class CocoDataset:
         if not NAME_PATTERN.fullmatch(name):
             raise DatasetError(f"dataset name {name!r} (in {text!r}): use letters, digits, '_', '.' and '-', "
                                f"starting with a letter or digit, e.g. {EXAMPLE}")
+        for path in (json_file, image_root):
+            problem = link_dotdot_problem(f"{FLAG} {name}=...", os.path.expanduser(path.strip()))
+            if problem is not None:
+                raise DatasetError(problem)
         return cls(name, _absolute(json_file), _absolute(image_root))
 
     @property

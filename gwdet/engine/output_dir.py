@@ -65,7 +65,7 @@ from gwdet.utils.atomic import (
     remove_stale_partials,
     write_text_atomically,
 )
-from gwdet.utils.cli_errors import as_override, output_path_problem, unexpanded_variable_problem
+from gwdet.utils.cli_errors import as_override, link_dotdot_problem, output_path_problem, unexpanded_variable_problem
 
 LOCK_NAME = ".gwdet.lock"
 CONFIG_NAME = "config.yaml"  # detectron2's default_setup writes the run's config here
@@ -395,6 +395,21 @@ def check_resumed_folder_is_the_records(config_file: str, output_dir: str, setti
         f"{beside}, or give {setting} on the command line to {other}.")
 
 
+# The first line detectron2's default_setup writes into a run's log.txt (its file format, then the rank)
+_RUN_LOG_START = re.compile(rb"^\[\d\d/\d\d \d\d:\d\d:\d\d\] detectron2 INFO: Rank of current process: \d+\. ")
+
+
+def is_a_runs_log(path: str) -> bool:
+    """Whether the file at ``path`` starts as the log.txt of a run (its first line, as detectron2's
+    ``default_setup`` writes it): a run that stopped before it wrote anything else left it, and the
+    next run may add to it."""
+    try:
+        with open(path, "rb") as file:
+            return bool(_RUN_LOG_START.match(file.read(200)))
+    except OSError:
+        return False
+
+
 def check_config_not_users(output_dir: str, setting: str = "OUTPUT_DIR") -> None:
     """Refuse a run that starts in ``output_dir`` (fresh, or an evaluation) where a ``config.yaml``
     without its run's record is: the user's file, which detectron2's ``default_setup`` would replace
@@ -408,7 +423,7 @@ def check_config_not_users(output_dir: str, setting: str = "OUTPUT_DIR") -> None
             f"changed. Move it (e.g. mv {path} {os.path.join(output_dir, 'my_config.yaml')}), or give the run another "
             f"{setting}.")
     log = os.path.join(output_dir, LOG_NAME)
-    if os.path.lexists(log) and not _shows_a_run(output_dir, run_files(output_dir)):
+    if os.path.lexists(log) and not _shows_a_run(output_dir, run_files(output_dir)) and not is_a_runs_log(log):
         raise GwdetFileExistsError(
             f"{setting} {output_dir!r} holds a {LOG_NAME} that no run of gwdet wrote (no recorded {CONFIG_NAME}, "
             f"checkpoint or {RESULTS_JSON} beside it), to which the run would append its log; nothing was changed. "
@@ -984,7 +999,7 @@ def check_output_dir_name(output_dir: str, encoding: str | None = None, setting:
         raise OutputDirNameError(
             f"{setting} is empty ({output_dir!r}): give the folder the run writes into, e.g. "
             f"{as_override(setting, 'output/run')} (it is created if it does not exist); nothing was written.")
-    unexpanded = unexpanded_variable_problem(setting, output_dir)
+    unexpanded = unexpanded_variable_problem(setting, output_dir) or link_dotdot_problem(setting, output_dir)
     if unexpanded is not None:
         raise OutputDirNameError(unexpanded)
     encoding = codecs.lookup(encoding or sys.getfilesystemencoding()).name

@@ -334,6 +334,26 @@ def evaluation_request(run: RunConfig, args: argparse.Namespace) -> tuple[RunCon
     return run.with_target(weights, folder), argparse.Namespace(**{**vars(args), "resume": False})
 
 
+def config_text(run: RunConfig) -> str:
+    """The run's config (:meth:`RunConfig.config_record`) as one JSON text, keys sorted: what two
+    readings of a config are compared by."""
+    return json.dumps(run.config_record(), sort_keys=True, default=repr)
+
+
+def check_config_unchanged(run: RunConfig, checked: str, when: str) -> None:
+    """Refuse ``run`` when its config differs from ``checked`` (:func:`config_text` of the config
+    as it was checked ``when``, e.g. "when the job was submitted"), naming the values that changed:
+    a config file (or a base of it) edited in between would otherwise run unchecked."""
+    now = config_text(run)
+    if now == checked:
+        return
+    lines = config_differences(json.loads(checked), json.loads(now))
+    raise GwdetValueError(
+        f"The config changed since it was checked {when} (its file or a _BASE_ of it was edited in between): "
+        f"{listed(lines, 5, '; ')} (the checked value first). Nothing was trained: run the command again, so that "
+        "the config as it is now is checked, or put the file back as it was.")
+
+
 def check_same_config(run: RunConfig) -> None:
     """Refuse, in every process alike, a run whose processes hold different configs: the machines
     of a multi-machine run each read their own command line, and would otherwise train together
@@ -341,7 +361,7 @@ def check_same_config(run: RunConfig) -> None:
     if comm.get_world_size() == 1:
         return
     record = run.config_record()
-    digest = hashlib.sha256(json.dumps(record, sort_keys=True, default=repr).encode("utf-8")).hexdigest()
+    digest = hashlib.sha256(config_text(run).encode("utf-8")).hexdigest()
     digests = comm.all_gather(digest)
     differing = [rank for rank, other in enumerate(digests) if other != digests[0]]
     if differing:

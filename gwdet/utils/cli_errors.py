@@ -167,6 +167,21 @@ def output_path_problem(flag: str, path: str | os.PathLike, folder: bool) -> str
     return None
 
 
+def link_dotdot_problem(flag: str, path: str | os.PathLike) -> str | None:
+    """Why ``path`` (given as ``flag``) is read two ways: a ``..`` after a link (``lnk/../x``) leads
+    the system to the link's target's parent, while dropping ``lnk/..`` from the text, as absolute
+    paths are made, names another file; ``None`` when both readings are the same."""
+    text = os.fspath(path)
+    if "://" in text or ".." not in Path(text).parts:
+        return None
+    system, textual = os.path.realpath(text), os.path.realpath(os.path.abspath(text))
+    if system == textual:
+        return None
+    return (f"{flag} {text!r} has '..' after a link, so it names two places: the system reads it as {system}, and "
+            f"{textual} once the '..' is taken off the text, as gwdet (and most tools) make paths absolute. Give the "
+            f"path without '..' (e.g. {system}); nothing was read or written.")
+
+
 def as_override(setting: str, value: str) -> str:
     """``setting`` given ``value`` as the command line writes it: ``key=value`` for a LazyConfig's
     settings (lower-case keys), ``KEY VALUE`` for a yacs config's."""
@@ -174,6 +189,7 @@ def as_override(setting: str, value: str) -> str:
 
 
 __all__ = [
-    "EXIT_STATUS", "VERBOSE_FLAG", "add_verbose_argument", "as_override", "message_of", "output_path_problem",
+    "EXIT_STATUS", "VERBOSE_FLAG", "add_verbose_argument", "as_override", "link_dotdot_problem", "message_of",
+    "output_path_problem",
     "reported_errors", "run_tool", "split_verbose", "tool_name",
 ]

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from gwdet.errors import GwdetRuntimeError
-from gwdet.cluster.executor import describe, make_executor, submit
+from gwdet.cluster.executor import describe, make_executor, submit, unstartable
 from gwdet.cluster.jobs import NodePlacement, RequeueableJob
 from gwdet.cluster.options import LauncherOptions
 from gwdet.cluster.slurm import JobState, job_states
@@ -185,6 +185,9 @@ def submit_cell(item: PlannedCell, options: LauncherOptions, weights: Sequence[f
     })
     lines = describe(job, options.launcher)
     echo(f"{item.cell.name}: {lines[0]}\n" + "\n".join(lines[1:]))
+    stuck = unstartable(str(job.job_id)) if options.launcher == "slurm" else None
+    if stuck is not None:
+        echo(f"{item.cell.name}: {stuck}")
     return str(job.job_id)
 
 
@@ -202,8 +205,9 @@ def wait_for_cells(planned: Sequence[PlannedCell], weights: Sequence[float], ech
             if is_done(item, weights):
                 text = "done"
             elif record and states.get(str(record["job_id"])) is not None and states[str(record["job_id"])].active:
-                text = job_state_text(record, states)
-                waiting.append(name)
+                stuck = states[str(record["job_id"])].never_starts()
+                text = stuck or job_state_text(record, states)
+                (failed if stuck else waiting).append(name)
             else:
                 text = "ended without finishing" + (f": see {record['log']}" if record else "")
                 failed.append(name)
