@@ -213,6 +213,11 @@ def test_a_job_that_can_never_start_and_a_second_job_into_a_busy_folder_are_name
         # a second job into the folder of a queued one failed later, in its own log only
         status, _, stderr = train_net(capsys, *JOB_FLAGS, *TINY_OPTS, "OUTPUT_DIR", str(out))
         assert status == 2 and f"OUTPUT_DIR {out} is the folder of job {job_id}, still queued or running" in stderr
-        assert job_ids(stderr) == [] and sorted(p.name for p in (out / "submitit").iterdir()) == [job_id]
+        assert job_ids(stderr) == [] and [p.name for p in (out / "submitit").iterdir() if p.is_dir()] == [job_id]
     finally:
         run(["scancel", job_id], check=False)
+    # a request a run refuses before it writes anything was submitted, and failed in the job's own log
+    classes = tmp_path / "classes"
+    status, stdout, stderr = train_net(capsys, *JOB_FLAGS, *TINY_OPTS, "MODEL.ROI_HEADS.NUM_CLASSES", "5",
+                                       "OUTPUT_DIR", str(classes))
+    assert status == 2 and "MODEL.ROI_HEADS.NUM_CLASSES is 5" in stderr and not job_ids(stdout)

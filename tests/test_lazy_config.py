@@ -376,3 +376,24 @@ def test_a_lazy_config_reads_images_as_its_yacs_twin(lazy, yacs):
     assert cfg.model.input_format == cfg.dataloader.train.mapper.image_format == twin.INPUT.FORMAT
     assert list(cfg.model.pixel_mean) == list(twin.MODEL.PIXEL_MEAN)
     assert list(cfg.model.pixel_std) == list(twin.MODEL.PIXEL_STD)
+
+
+def test_a_norm_object_in_a_lazyconfig_is_read_as_its_node_so_a_saved_config_reads_back(tmp_path):
+    # the README's `conv_norm = gwdet.norm("GW", ...)` was saved as a Python tag in config.yaml, which
+    # gwdet's own --eval-only from that config.yaml then refused
+    import shutil
+
+    from gwdet.model_zoo.lazy_loading import load_lazy_config
+
+    folder = tmp_path / "LazyConfig"
+    shutil.copytree(REPO / "configs" / "LazyConfig", folder)
+    mine = folder / "mask_rcnn_R_50_FPN_gw_shapes.py"
+    mine.write_text(mine.read_text() + "\nimport gwdet as _gwdet\n"
+                    "model.roi_heads.box_head.conv_norm = _gwdet.norm('GW', num_groups=8)\n")
+    cfg = load_lazy_config(str(mine))
+    node = cfg.model.roi_heads.box_head.conv_norm
+    assert node._target_ is gwdet.norm and (node.name, node.num_groups) == ("GW", 8)
+    LazyConfig.save(cfg, str(tmp_path / "config.yaml"))
+    assert "gwdet.norms.Norm" not in (tmp_path / "config.yaml").read_text()
+    saved = load_lazy_config(str(tmp_path / "config.yaml")).model.roi_heads.box_head.conv_norm
+    assert (saved._target_, saved.name, saved.num_groups) == ("gwdet.norm", "GW", 8)

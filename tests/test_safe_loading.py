@@ -158,3 +158,17 @@ def test_a_pickle_of_weights_named_pth_is_told_to_take_the_pkl_suffix(tmp_path):
         "weights.")
     (tmp_path / "converted.pth").rename(tmp_path / "converted.pkl")
     ResilientCheckpointer(model, save_dir=str(tmp_path)).load_weights(str(tmp_path / "converted.pkl"))
+
+
+def test_a_torch_checkpoint_named_pkl_is_told_to_take_the_pth_suffix(tmp_path):
+    # before: a raw _pickle.UnpicklingError ("A load persistent id instruction was encountered ...")
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    model = torch.nn.Linear(2, 2)
+    torch.save({"model": model.state_dict()}, tmp_path / "best.pkl")
+    assert _loading_refusal(model, tmp_path / "best.pkl") == (
+        f"{tmp_path / 'best.pkl'} is a file torch.save writes (a zip archive: a checkpoint of a training, gwdet's "
+        "model_*.pth), not a pickle as detectron2's .pkl weights are: name it (or the link to it) with the .pth suffix, "
+        "which detectron2's checkpointer reads with torch.load.")
+    (tmp_path / "best.pkl").rename(tmp_path / "best.pth")
+    ResilientCheckpointer(model, save_dir=str(tmp_path)).load_weights(str(tmp_path / "best.pth"))

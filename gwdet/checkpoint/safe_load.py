@@ -179,9 +179,15 @@ class UnsafeGlobal(pickle.UnpicklingError):
 
 
 def load_pickle_file(path: str, allow_unsafe: bool, how_to_opt_in: str) -> Any:
-    """Unpickle a ``.pkl`` weight file, building only numpy arrays and plain containers."""
+    """Unpickle a ``.pkl`` weight file, building only numpy arrays and plain containers; a file that
+    ``torch.save`` wrote under that name is refused naming the suffix to give it."""
     with open(path, "rb") as f:
         raw = f.read()
+    if raw.startswith(ZIP_MAGIC):
+        raise NotACheckpointError(
+            f"{path} is a file torch.save writes (a zip archive: a checkpoint of a training, gwdet's model_*.pth), "
+            "not a pickle as detectron2's .pkl weights are: name it (or the link to it) with the .pth suffix, which "
+            "detectron2's checkpointer reads with torch.load.")
     try:
         return _NumpyOnlyUnpickler(io.BytesIO(raw), encoding="latin1").load()
     except UnsafeGlobal as refused:

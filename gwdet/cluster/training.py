@@ -92,9 +92,12 @@ def checked_run(args: argparse.Namespace) -> tuple[RunConfig, Callable[[], None]
 
 
 def check_before_submitting(args: argparse.Namespace) -> RunConfig:
-    """The config builds and the output folder fits the request (as the job will check it); returns
-    the run. ``--overwrite`` is left to the job (it deletes the earlier run when it starts)."""
+    """The config builds, its datasets fit it (classes, categories, names registered: what a run
+    checks before it writes anything; the device is the job's nodes', not checked here) and the
+    output folder fits the request, as the job will check them; returns the run. ``--overwrite`` is
+    left to the job (it deletes the earlier run when it starts)."""
     run, check_request = checked_run(args)
+    run.register_datasets(getattr(args, "register_coco", None) or (), trains=not args.eval_only, evaluates=True)
     if args.eval_only or args.resume or not args.overwrite:
         check_request()
     return run

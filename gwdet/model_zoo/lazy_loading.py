@@ -25,7 +25,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from detectron2.config import LazyConfig
+from detectron2.config import LazyCall, LazyConfig
 from detectron2.layers import ShapeSpec
 from detectron2.utils.registry import locate
 
@@ -360,6 +360,22 @@ def check_config_file_exists(config_file: str) -> None:
     raise GwdetFileNotFoundError(f"Config file {config_file!r} does not exist (run from the repository root?).")
 
 
+def norms_as_nodes(node: Any) -> None:
+    """Replace, in place, every ``gwdet.norm(...)`` object of the config (the README's
+    ``conv_norm = gwdet.norm("GW", ...)``) by the node ``L(gwdet.norm)(...)`` of the same name and
+    values: it builds the same layers, and a run's saved config.yaml then holds plain values that
+    can be read again (the object would be saved as a Python tag, which no config may hold)."""
+    from gwdet.norms import Norm, norm
+
+    items = node.items_ex(resolve=False) if isinstance(node, DictConfig) else enumerate(node) \
+        if isinstance(node, ListConfig) else ()
+    for key, value in list(items):
+        if isinstance(value, Norm):
+            node[key] = LazyCall(norm)(name=value.name, **value.params, **({"strict": True} if value.strict else {}))
+        elif isinstance(value, (DictConfig, ListConfig)):
+            norms_as_nodes(value)
+
+
 def load_lazy_config(config_file: str, overrides: Sequence[str] = (), *, model: bool = False) -> DictConfig:
     """The LazyConfig ``config_file`` with the ``key=value`` ``overrides`` applied (checked by
     :func:`apply_overrides`); a ``~`` in ``train.output_dir`` is expanded. ``model``: the file must
@@ -375,6 +391,7 @@ def load_lazy_config(config_file: str, overrides: Sequence[str] = (), *, model: 
             f"LazyConfig: read it with gwdet.model_zoo.build_config({config_file!r}), or give a LazyConfig (.py, "
             "or the YAML LazyConfig.save writes).")
     loaded = _load_python_config(config_file) if config_file.endswith(LAZY_SUFFIX) else _load_saved_lazy_config(config_file)
+    norms_as_nodes(loaded)
     if model and not isinstance(loaded.get("model"), DictConfig):
         raise GwdetValueError(
             f"Config file {config_file!r} defines no model: a LazyConfig names the model to build in "
