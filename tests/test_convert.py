@@ -340,7 +340,9 @@ def test_checkpoint_without_any_statistics_is_gn_style():
     weights, report = convert_state_dict(in_memory(state_dict), gw_positions="")
     assert report.gn_style and report.gw_positions == "" and report.converted_affine_norms == 53
     assert report.config()["MODEL.RESNETS.NORM"] == "GN"
-    with pytest.raises(ConversionError, match=r"statistics\) at no position"):
+    # the reason named BN statistics, which a GN-style file has none of
+    with pytest.raises(ConversionError, match=r"statistics\) at no position, so GN parameters would go into GW "
+                                              r"layers at 'S1-B2'"):
         convert_state_dict(in_memory(state_dict), gw_positions="S1-B2")
 
 

@@ -115,3 +115,16 @@ def test_a_refusal_is_reported_as_such_when_another_process_aborts():
 
     with pytest.raises(WorkerRefused, match="^the processes of this run hold different configs$"):
         launch(refuse_while_another_aborts, 2, dist_url="auto")
+
+
+def test_a_machine_rank_outside_the_machines_is_refused_before_anything_starts():
+    # it waited for the first machine, then said "Nothing answers at --dist-url"
+    import pytest
+
+    from gwdet.errors import GwdetValueError
+
+    with pytest.raises(GwdetValueError, match=r"^launch: machine_rank=3 names no machine of num_machines=2: give "
+                                              r"each machine its rank, 0 to 1"):
+        launch(print, 1, num_machines=2, machine_rank=3, dist_url="tcp://127.0.0.1:1")
+    with pytest.raises(GwdetValueError, match=r"^launch: num_processes_per_machine=0: give a whole number of at least 1"):
+        launch(print, 0)

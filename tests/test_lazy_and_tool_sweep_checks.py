@@ -666,3 +666,17 @@ def test_a_lazy_evaluation_in_a_yacs_runs_folder_falls_back_on_the_checkpoints_r
     path.write_text(build_config(str(DEMO_CONFIG)).dump())
     with pytest.raises(GwdetValueError, match="is not a LazyConfig run's config.yaml"):
         LazyRun.load(str(LAZY_CONFIG), []).model_differences_from(str(path))
+
+
+def test_the_advice_for_a_missing_coco_names_a_lazyconfigs_settings_too():
+    # a LazyConfig user was told DATASETS.TRAIN ('shapes_train',) only
+    from detectron2.data import MetadataCatalog
+
+    from gwdet.data.datasets import check_dataset_files
+
+    if os.path.isfile(MetadataCatalog.get("coco_2017_val").json_file):
+        pytest.skip("this machine has COCO")
+    with pytest.raises(FileNotFoundError) as refused:
+        check_dataset_files(["coco_2017_val"])
+    assert ("dataloader.train.dataset.names=shapes_train dataloader.test.dataset.names=shapes_val in a LazyConfig"
+            in str(refused.value))

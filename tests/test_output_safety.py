@@ -890,3 +890,12 @@ def test_python_loading_compares_the_checkpoints_input_record(finished_run, capl
     warned = [r.getMessage() for r in caplog.records if "was trained with values this model has otherwise" in
               r.getMessage()]
     assert len(warned) == 1 and "input_format 'RGB' -> 'BGR'" in warned[0] and "anchor_offset 0.0 -> 0.5" in warned[0]
+
+
+def test_a_long_legal_output_name_is_written(tmp_path):
+    # a 254-byte name failed with "File name too long": its temporary file's name was longer still
+    from gwdet.utils.atomic import write_atomically
+
+    path = tmp_path / ("b" * 250 + ".pkl")
+    write_atomically(str(path), lambda file: file.write(b"weights"))
+    assert path.read_bytes() == b"weights" and os.listdir(tmp_path) == [path.name]

@@ -834,3 +834,16 @@ def test_every_value_of_a_checkpoint_is_checked_by_its_place_whatever_its_contai
     assert str(refused.value).startswith(
         "run.pth is damaged: 3 value(s) of its training state or metadata differ from what was written or are gone "
         "(note, trainer/optimizer/param_groups, trainer/hooks/a/b/x); nothing was loaded from it.")
+
+
+def test_folders_named_like_a_runs_holding_the_users_files_are_not_called_a_run(tmp_path):
+    # "already holds a run that stopped before its first checkpoint (eval, vis) ... pass --overwrite",
+    # which was then refused
+    make(tmp_path, "vis/mine.txt", "eval/notes.txt", "README.md")
+    with pytest.raises(FileExistsError, match=r"holds eval, vis, named as a run's folders, with files no run of gwdet "
+                                              r"writes \(eval/notes.txt, vis/mine.txt\), and nothing there shows a run"):
+        check_fresh_start(str(tmp_path), overwrite=False)
+    make(tmp_path, "vis/000.png")  # a run's visualizations beside them change nothing
+    with pytest.raises(FileExistsError, match=r"with files no run of gwdet writes \(eval/notes.txt, vis/mine.txt\)"):
+        check_fresh_start(str(tmp_path), overwrite=True)
+    assert sorted(os.listdir(tmp_path / "vis")) == ["000.png", "mine.txt"]

@@ -125,8 +125,9 @@ def infer_gw_positions(layout: SourceLayout) -> frozenset[str]:
     return frozenset(positions)
 
 
-def check_requested_gw_positions(inferred: frozenset[str], requested: str | None) -> None:
-    """Raise unless ``requested`` (a GW_POSITIONS string, or None for any) names ``inferred``."""
+def check_requested_gw_positions(inferred: frozenset[str], requested: str | None, gn_style: bool = False) -> None:
+    """Raise unless ``requested`` (a GW_POSITIONS string, or None for any) names ``inferred``; a
+    ``gn_style`` checkpoint's norms have no running statistics anywhere (GN's)."""
     if requested is None:
         return
     wanted = _parse_requested_gw_positions(requested)
@@ -135,7 +136,8 @@ def check_requested_gw_positions(inferred: frozenset[str], requested: str | None
     consequences = []
     if wanted - inferred:
         consequences.append(
-            f"BN statistics would go into GW layers at {_quoted(wanted - inferred)}"
+            f"{'GN parameters' if gn_style else 'BN statistics'} would go into GW layers at "
+            f"{_quoted(wanted - inferred)}"
         )
     if inferred - wanted:
         consequences.append(

@@ -35,8 +35,10 @@ SHAPES_SPLITS = tuple(SHAPES_PREFIX + split for split in SPLITS)  # the shapes d
 COCO_LAYOUT_HINT = (
     "For COCO, set DETECTRON2_DATASETS to the folder that holds coco/, laid out as "
     "coco/annotations/instances_{train,val}2017.json and coco/{train,val}2017/*.jpg. "
-    "To run without COCO, use the embedded dataset: DATASETS.TRAIN ('shapes_train',) "
-    "DATASETS.TEST ('shapes_val',) (or 'shapes_test', its held-out split)."
+    "To run without COCO, use the embedded dataset: shapes_train to train on, shapes_val (or shapes_test, its "
+    "held-out split) to test on, as DATASETS.TRAIN ('shapes_train',) DATASETS.TEST ('shapes_val',) in a yacs "
+    "config, dataloader.train.dataset.names=shapes_train dataloader.test.dataset.names=shapes_val in a LazyConfig "
+    "(with its dataloader.evaluator.dataset_name)."
 )
 logger = logging.getLogger(__name__)
 

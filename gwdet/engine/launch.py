@@ -67,6 +67,14 @@ def launch(
     machine are stopped and :class:`WorkerFailed` is raised with the error of the process that failed
     first.
     """
+    for name, value, least in (("num_processes_per_machine", num_processes_per_machine, 1),
+                               ("num_machines", num_machines, 1), ("machine_rank", machine_rank, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise GwdetValueError(f"launch: {name}={value!r}: give a whole number of at least {least}.")
+    if machine_rank >= num_machines:
+        raise GwdetValueError(f"launch: machine_rank={machine_rank} names no machine of num_machines={num_machines}: "
+                              f"give each machine its rank, 0 to {num_machines - 1} (0: the first machine, whose "
+                              "address dist_url gives).")
     world_size = num_machines * num_processes_per_machine
     if world_size > 1:
         check_dist_url(dist_url, num_machines)

@@ -213,6 +213,13 @@ def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_D
             f"a run of gwdet wrote them (no recorded {CONFIG_NAME} or {RESULTS_JSON}, no checkpoint), so --overwrite "
             f"would not delete them either; nothing was changed. Move them out of {setting}, or train into another "
             f"{setting}.")
+    foreign = [] if shows_run else foreign_files(output_dir, [name for name in existing if name in RUN_FOLDERS])
+    if foreign:  # folders named like a run's that hold the user's own files: no run that stopped
+        raise GwdetFileExistsError(
+            f"{setting} {output_dir!r} holds {listed([name for name in existing if name in RUN_FOLDERS], 5)}, named as "
+            f"a run's folders, with files no run of gwdet writes ({listed(foreign, 5)}), and nothing there shows a run "
+            f"(no recorded {CONFIG_NAME} or {RESULTS_JSON}, no checkpoint); --overwrite would not delete them either, "
+            f"and nothing was changed. Move them out of {setting}, or train into another {setting}.")
     if shows_run and os.path.isfile(os.path.join(output_dir, LOG_NAME)):  # the log of the run shown there
         existing = sorted([*existing, LOG_NAME])
     if not overwrite:

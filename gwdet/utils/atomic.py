@@ -63,9 +63,20 @@ def _cannot_write(path: str, cause: OSError) -> WriteError:
     return WriteError(cause.errno, f"cannot write {path}: {cause.strerror or cause}")
 
 
+NAME_MAX = 255  # the longest file name Linux's file systems (and macOS's) take, in bytes
+
+
 def _temporary_name(path: str) -> str:
+    """A name in ``path``'s folder for the file being written: ``.<name>.<pid>.<random>.partial``,
+    ``<name>`` shortened where the whole would be longer than a file name may be (a legal long
+    output name gave "File name too long" for its temporary file)."""
     folder, name = os.path.split(os.path.abspath(path))
-    return os.path.join(folder, f".{name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.partial")
+    tail = f".{os.getpid()}.{uuid.uuid4().hex[:12]}.partial"
+    room = NAME_MAX - len(tail.encode()) - 1
+    encoded = os.fsencode(name)
+    if len(encoded) > room:
+        name = os.fsdecode(encoded[:room].decode("utf-8", "ignore").encode())
+    return os.path.join(folder, f".{name}{tail}")
 
 
 _PARTIAL = re.compile(r"^\..+\.(\d+)\.[0-9a-f]{12}\.partial$")
