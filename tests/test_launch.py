@@ -128,3 +128,24 @@ def test_a_machine_rank_outside_the_machines_is_refused_before_anything_starts()
         launch(print, 1, num_machines=2, machine_rank=3, dist_url="tcp://127.0.0.1:1")
     with pytest.raises(GwdetValueError, match=r"^launch: num_processes_per_machine=0: give a whole number of at least 1"):
         launch(print, 0)
+
+
+def test_machines_started_with_other_process_counts_stop_saying_so():
+    # machine 0 with one process, machine 1 with two: both waited without end in gloo's joining
+    from datetime import timedelta
+
+    import pytest
+    import torch.distributed as dist
+
+    from gwdet.engine.launch import RendezvousError, _check_same_layout
+
+    store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5))
+    url = f"tcp://127.0.0.1:{store.port}"
+    with pytest.raises(RendezvousError, match=r"^Process 0 \(2 processes, 1 per machine\) waited 1 s at tcp://.* for "
+                                              r"processes that did not come"):
+        _check_same_layout(store, 0, 2, 1, url, timedelta(seconds=1))  # rank 1 of that count never writes
+    with pytest.raises(RendezvousError, match=r"^Process 2 was started for 4 processes, 2 per machine, the first "
+                                              r"machine's processes for 2 processes, 1 per machine. Start every machine "
+                                              r"with the same --num-gpus"):
+        _check_same_layout(store, 2, 4, 2, url, timedelta(seconds=1))
+    _check_same_layout(store, 1, 2, 1, url, timedelta(seconds=1))  # the same counts: joins

@@ -223,8 +223,10 @@ def wait_for_first_machine(dist_url: str | None, timeout: timedelta = DEFAULT_RE
         time.sleep(0.5)
 
 
-def _init_gloo(rank: int, world_size: int, dist_url: str, timeout: timedelta, rendezvous_timeout: timedelta) -> None:
-    """Join the gloo process group; at a tcp:// address the joining is bounded by ``rendezvous_timeout``."""
+def _init_gloo(rank: int, world_size: int, processes_per_machine: int, dist_url: str, timeout: timedelta,
+               rendezvous_timeout: timedelta) -> None:
+    """Join the gloo process group; at a tcp:// address the joining is bounded by ``rendezvous_timeout``,
+    and every process checks it was started for the same process counts (:func:`_check_same_layout`)."""
     if not dist_url.startswith("tcp://"):
         dist.init_process_group(backend="gloo", init_method=dist_url, world_size=world_size, rank=rank,
                                 timeout=timeout)
@@ -243,8 +245,33 @@ def _init_gloo(rank: int, world_size: int, dist_url: str, timeout: timedelta, re
             f"Process {rank} of {world_size} could not meet the others at {dist_url} within {waited:.0f} s: {error}. "
             "Start every machine with the same --dist-url and --num-machines and --machine-rank 0 to "
             "N-1; --rendezvous-timeout sets how long to wait.") from None
+    _check_same_layout(store, rank, world_size, processes_per_machine, dist_url, rendezvous_timeout)
     store.set_timeout(timeout)
     dist.init_process_group(backend="gloo", store=store, world_size=world_size, rank=rank, timeout=timeout)
+
+
+def _check_same_layout(store: dist.TCPStore, rank: int, world_size: int, processes_per_machine: int, dist_url: str,
+                       rendezvous_timeout: timedelta) -> None:
+    """Refuse, in every process, machines started with other process counts (``--num-gpus``,
+    ``--num-machines``) than the first machine: each process records its count and compares it with
+    process 0's, which waits for every rank of its own count (gloo's joining would otherwise wait
+    without end for ranks that never come)."""
+    layout = f"{world_size} processes, {processes_per_machine} per machine"
+    store.set(f"gwdet/layout/{rank}", layout)
+    fix = ("Start every machine with the same --num-gpus (processes per machine) and --num-machines; "
+           "--rendezvous-timeout sets how long to wait.")
+    try:
+        if rank == 0:
+            store.wait([f"gwdet/layout/{other}" for other in range(world_size)], rendezvous_timeout)
+        first = store.get("gwdet/layout/0").decode()
+    except RuntimeError:  # torch's DistStoreError: a rank of this count did not come
+        raise RendezvousError(
+            f"Process {rank} ({layout}) waited {rendezvous_timeout.total_seconds():.0f} s at {dist_url} for processes "
+            f"that did not come: the other machines were started with other process counts, or not at all. "
+            f"{fix}") from None
+    if first != layout:
+        raise RendezvousError(f"Process {rank} was started for {layout}, the first machine's processes for {first}. "
+                              f"{fix}")
 
 
 def _cpu_worker(local_rank: int, main_func: Callable, world_size: int, num_processes_per_machine: int,
@@ -253,10 +280,10 @@ def _cpu_worker(local_rank: int, main_func: Callable, world_size: int, num_proce
     """One CPU process of the run: ``main_func(*args)`` in the gloo group. A refusal of gwdet's is
     written to ``refusals/<local rank>`` before it propagates, for :func:`launch` to report as it is."""
     rank = machine_rank * num_processes_per_machine + local_rank
-    _init_gloo(rank, world_size, dist_url, timeout, rendezvous_timeout)
-    _create_local_process_group(num_processes_per_machine)
-    comm.synchronize()
     try:
+        _init_gloo(rank, world_size, num_processes_per_machine, dist_url, timeout, rendezvous_timeout)
+        _create_local_process_group(num_processes_per_machine)
+        comm.synchronize()
         main_func(*args)
     except GwdetError as error:
         with open(os.path.join(refusals, str(local_rank)), "w", encoding="utf-8") as file:
