@@ -149,3 +149,22 @@ def test_machines_started_with_other_process_counts_stop_saying_so():
                                               r"with the same --num-gpus"):
         _check_same_layout(store, 2, 4, 2, url, timedelta(seconds=1))
     _check_same_layout(store, 1, 2, 1, url, timedelta(seconds=1))  # the same counts: joins
+
+
+def cpu_ddp_with_device_ids() -> None:
+    """What detectron2's DefaultTrainer does: DDP with the local rank as device_ids, here a CPU model."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    DistributedDataParallel(torch.nn.Linear(2, 2), device_ids=[0])
+
+
+def test_a_trainer_that_wraps_a_cpu_model_with_device_ids_is_pointed_to_gwdets():
+    # a DefaultTrainer of one's own on CPU processes ended in torch's raw DDP ValueError
+    import pytest
+
+    from gwdet.engine.launch import CPU_DDP_HINT, WorkerFailed
+
+    with pytest.raises(WorkerFailed) as failed:
+        launch(cpu_ddp_with_device_ids, 2, dist_url="auto")
+    assert str(failed.value).startswith(CPU_DDP_HINT) and "gwdet.engine.trainer.Trainer" in CPU_DDP_HINT

@@ -109,6 +109,8 @@ def launch(
             killed = _killed_process(context, error)
             if killed is not None:
                 raise WorkerFailed(f"{killed}\n{report}") from None
+            if CPU_DDP_REFUSAL in report:  # a trainer of the user's own, as detectron2's DefaultTrainer builds DDP
+                raise WorkerFailed(f"{CPU_DDP_HINT}\n{report}") from None
             raise WorkerFailed(report) from None
 
 
@@ -168,6 +170,14 @@ def _failure_report(context: mp.ProcessContext, error: Exception) -> tuple[int, 
     lines = [f"Training process {first} of this machine failed; the others were stopped:", trace.rstrip()]
     lines += [f"(process {index} failed after it: {text.strip().splitlines()[-1]})" for _, index, text in failures[1:]]
     return first, "\n".join(lines)
+
+
+# torch's refusal of DistributedDataParallel(device_ids=[...]) for a model on the CPU, and what to do
+CPU_DDP_REFUSAL = "DistributedDataParallel device_ids and output_device arguments only work with"
+CPU_DDP_HINT = ("The training processes run on the CPU, and a trainer wrapped the model in DistributedDataParallel with "
+                "device_ids (as detectron2's DefaultTrainer does), which torch refuses for a CPU model. Base a trainer "
+                "of your own on gwdet.engine.trainer.Trainer, which wraps it without device_ids on the CPU, or run it "
+                "with one process (--num-gpus 1). What the processes reported:")
 
 
 # Signals a process sends itself when it crashes (C++'s std::terminate aborts; a memory fault).
