@@ -752,6 +752,20 @@ def test_an_export_into_a_folder_is_refused_before_tracing(tmp_path):
         export_torchscript(None, torch.zeros(3, 8, 8), str(tmp_path))  # no model needed: nothing is traced
     with pytest.raises(IsADirectoryError, match=r"is a folder: give the path of the file to write, e.g. .*model.onnx"):
         export_onnx(torch.nn.Identity(), (torch.zeros(1),), str(tmp_path))
+    # a user's file or a checkpoint at the path was replaced without a word
+    (tmp_path / "model_final.pth").write_bytes(b"my checkpoint")
+    for export in (lambda path: export_torchscript(None, torch.zeros(3, 8, 8), path),
+                   lambda path: export_onnx(torch.nn.Identity(), (torch.zeros(1),), path),
+                   lambda path: export_model_onnx(None, torch.zeros(3, 8, 8), path)):
+        with pytest.raises(FileExistsError, match=r"model_final.pth exists: an export replaces it only with "
+                                                  r"overwrite=True"):
+            export(str(tmp_path / "model_final.pth"))
+    assert (tmp_path / "model_final.pth").read_bytes() == b"my checkpoint"
+    with pytest.raises(ValueError, match=r"The export's path is empty"):
+        export_torchscript(None, torch.zeros(3, 8, 8), "")
+    # opsets 13 to 15 exported detectron2's aligned ROIAlign as another function, accepted by every check
+    with pytest.raises(ValueError, match=r"^opset 14: a detector's ROIAlign .* from opset 16 on"):
+        export_model_onnx(None, torch.zeros(3, 8, 8), str(tmp_path / "model.onnx"), opset=14)
 
 
 def _sample_image(folder):

@@ -27,8 +27,8 @@ from detectron2.export import TracingAdapter
 from detectron2.modeling import GeneralizedRCNN
 
 from gwdet.modeling.build import check_device
-from gwdet.errors import (GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetOSError, GwdetTypeError,
-                          GwdetValueError)
+from gwdet.errors import (GwdetFileExistsError, GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetOSError,
+                          GwdetTypeError, GwdetValueError)
 from gwdet.checkpoint.safe_load import is_torchscript_archive
 from gwdet.utils.atomic import (
     CHECKSUM_SUFFIX,
@@ -43,6 +43,9 @@ from gwdet.utils.atomic import (
 
 # ONNX opset of gwdet's exports (detectron2's STABLE_ONNX_OPSET_VERSION is 11).
 ONNX_OPSET = 17
+# The first opset with RoiAlign's coordinate_transformation_mode, which detectron2's aligned ROIAlign
+# needs: an R-CNN exported at an older one computes other detections.
+MIN_DETECTOR_OPSET = 16
 
 
 def _rcnn_inference(model: GeneralizedRCNN, inputs: List[dict]) -> List[dict]:
@@ -71,14 +74,16 @@ def tracing_adapter(model: torch.nn.Module, image: torch.Tensor) -> TracingAdapt
     return adapter.eval()
 
 
-def export_torchscript(model: torch.nn.Module, image: torch.Tensor, path: str) -> Tuple[torch.jit.ScriptModule, TracingAdapter]:
+def export_torchscript(model: torch.nn.Module, image: torch.Tensor, path: str, *,
+                       overwrite: bool = False) -> Tuple[torch.jit.ScriptModule, TracingAdapter]:
     """Trace ``model`` on ``image`` and save it to ``path`` (``torch.jit.save``).
 
     Returns the traced module and the adapter (``adapter.outputs_schema(traced(image))`` rebuilds
     detectron2's outputs; ``adapter(image)`` runs the eager model, which stays in evaluation mode
-    for it). The file is written atomically, with its SHA-256 in ``path.sha256``.
+    for it). The file is written atomically, with its SHA-256 in ``path.sha256``; a file already at
+    ``path`` is replaced only with ``overwrite`` (:func:`_check_output_file`).
     """
-    _check_output_file(path, "model.ts")
+    _check_output_file(path, "model.ts", overwrite)
     adapter = tracing_adapter(model, image)
     with torch.no_grad():
         # check_trace would run the model twice more to compare; callers compare with
@@ -92,11 +97,19 @@ def export_torchscript(model: torch.nn.Module, image: torch.Tensor, path: str) -
     return traced, adapter
 
 
-def _check_output_file(path: str, example: str) -> None:
-    """Refuse, before any work, an output ``path`` that is a folder (``example``: a file name in it)."""
+def _check_output_file(path: str, example: str, overwrite: bool) -> None:
+    """Refuse, before any work, an output ``path`` that is a folder (``example``: a file name in it),
+    that is empty, or that names a file already there unless ``overwrite`` (a user's notes, a
+    checkpoint: replaced without a word before)."""
+    if not os.fspath(path):
+        raise GwdetValueError(f"The export's path is empty: give the file to write, e.g. {example}; nothing was written.")
     if os.path.isdir(path):
         raise GwdetIsADirectoryError(f"{path} is a folder: give the path of the file to write, e.g. "
                                      f"{os.path.join(path, example)}; nothing was written.")
+    if os.path.lexists(path) and not overwrite:
+        raise GwdetFileExistsError(f"{path} exists: an export replaces it only with overwrite=True (the file is then "
+                                   f"replaced, and {os.path.basename(path)}{CHECKSUM_SUFFIX} with it); give another "
+                                   "path to keep it. Nothing was written.")
 
 
 def save_script_module(module: torch.jit.ScriptModule, path: str) -> None:
@@ -125,6 +138,7 @@ def export_onnx(
     dynamo: bool = False,
     input_names: Optional[Sequence[str]] = None,
     dynamic_axes: Optional[Dict[str, Dict[int, str]]] = None,
+    overwrite: bool = False,
 ) -> None:
     """``torch.onnx.export`` of ``module(*args)`` into ``path``.
 
@@ -132,9 +146,10 @@ def export_onnx(
     a detectron2 R-CNN), its file then rewritten by :func:`drop_subgraph_shapes`; with ``dynamo=True``
     the ``torch.export``-based one, at its own default opset unless ``opset`` is given.
     ``input_names`` and ``dynamic_axes`` are ``torch.onnx.export``'s (by default every input size is
-    the example's). The file is written atomically, with its SHA-256 in ``path.sha256``.
+    the example's). The file is written atomically, with its SHA-256 in ``path.sha256``; a file
+    already at ``path`` is replaced only with ``overwrite``. ``module`` is left in evaluation mode.
     """
-    _check_output_file(path, "model.onnx")
+    _check_output_file(path, "model.onnx", overwrite)
     folder = os.path.dirname(path)
     if folder:
         os.makedirs(folder, exist_ok=True)
@@ -192,10 +207,19 @@ def _drop_shapes_in_subgraphs(graph) -> int:
     return removed
 
 
-def export_model_onnx(model: torch.nn.Module, image: torch.Tensor, path: str, opset: int = ONNX_OPSET) -> TracingAdapter:
-    """Export the whole ``model`` (detectron2's tracing adapter on ``image``) to ONNX."""
+def export_model_onnx(model: torch.nn.Module, image: torch.Tensor, path: str, opset: int = ONNX_OPSET, *,
+                      overwrite: bool = False) -> TracingAdapter:
+    """Export the whole ``model`` (detectron2's tracing adapter on ``image``) to ONNX, at ``opset``
+    :data:`MIN_DETECTOR_OPSET` or newer (detectron2's aligned ROIAlign is exported as another
+    function below it); a file already at ``path`` is replaced only with ``overwrite``."""
+    if opset < MIN_DETECTOR_OPSET:
+        raise GwdetValueError(
+            f"opset {opset}: a detector's ROIAlign (aligned, as detectron2 pools regions) is exported as ONNX "
+            f"RoiAlign from opset {MIN_DETECTOR_OPSET} on; below it the file computes other detections. Give opset "
+            f"{MIN_DETECTOR_OPSET} or newer (the default is {ONNX_OPSET}); nothing was written.")
+    _check_output_file(path, "model.onnx", overwrite)  # before the model is traced
     adapter = tracing_adapter(model, image)
-    export_onnx(adapter, (image,), path, opset)
+    export_onnx(adapter, (image,), path, opset, overwrite=overwrite)
     return adapter
 
 

@@ -35,6 +35,7 @@ from gwdet.data import add_register_coco_argument
 from gwdet.data.test_images import read_test_image
 from gwdet.utils.atomic import checksum_path
 from gwdet.utils.cli_errors import add_verbose_argument, as_override, output_path_problem, run_tool
+from gwdet.export.deploy import MIN_DETECTOR_OPSET
 from gwdet.export.detection_check import TOLERANCE
 from gwdet.engine.arguments import parse_with_trailing_flags, refuse_repeated_flags
 from gwdet.engine.run import RunConfig, load_run_config
@@ -338,9 +339,10 @@ def compared_difference(expected: Sequence[Tensor], actual: Sequence) -> float:
                                "written.") from error
 
 
-# The ONNX opsets the export accepts: from the first in which torch's exporter writes GW's
-# aten::diagonal (13; detectron2's STABLE_ONNX_OPSET_VERSION is 11) to the newest it writes.
-MIN_ONNX_OPSET = 13
+# The ONNX opsets the export accepts: from the first whose RoiAlign computes detectron2's aligned
+# ROIAlign (16; GW's aten::diagonal needs 13, detectron2's STABLE_ONNX_OPSET_VERSION is 11) to the
+# newest torch's exporter writes.
+MIN_ONNX_OPSET = MIN_DETECTOR_OPSET
 
 
 def export_path(args: argparse.Namespace) -> str:
@@ -375,9 +377,10 @@ def check_export_flags(args: argparse.Namespace) -> None:
             raise GwdetValueError(f"--opset {args.opset} is an ONNX setting: add --format onnx, or leave --opset out.")
         newest = getattr(_constants, "ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET", _constants.ONNX_MAX_OPSET)
         if not MIN_ONNX_OPSET <= args.opset <= newest:
-            raise GwdetValueError(f"--opset {args.opset}: give an ONNX opset from {MIN_ONNX_OPSET} (the first in "
-                                  f"which torch exports GW's aten::diagonal) to {newest} (the newest torch's exporter writes); "
-                                  "the default is gwdet.export.ONNX_OPSET.")
+            raise GwdetValueError(f"--opset {args.opset}: give an ONNX opset from {MIN_ONNX_OPSET} (the first whose "
+                                  "RoiAlign computes detectron2's aligned ROIAlign: an older one exports other "
+                                  f"detections) to {newest} (the newest torch's exporter writes); the default is "
+                                  "gwdet.export.ONNX_OPSET.")
 
 
 def check_weights_given(run: RunConfig, untrained: bool) -> None:
