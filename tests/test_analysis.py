@@ -211,3 +211,16 @@ def test_tool_is_the_cli_entry_point(capsys):
     with pytest.raises(SystemExit) as refused:  # the same main, in this process
         main(["nonsense"])
     assert refused.value.code == 2 and "invalid choice: 'nonsense'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command, flag, message", [
+    # raw numpy / sklearn / torch tracebacks, or a constant table from --lr nan
+    ("propagation", ["--seed", "-1"], "argument --seed: --seed must be >= 0, got -1"),
+    ("capacity", ["--lr", "nan"], "argument --lr: --lr must be a finite number > 0, got nan"),
+    ("capacity", ["--lr", "-0.1"], "argument --lr: --lr must be a finite number > 0, got -0.1"),
+    ("capacity", ["--threads", "-1"], "argument --threads: --threads must be >= 1, got -1"),
+])
+def test_analysis_flags_out_of_range_are_refused_before_any_work(tmp_path, capsys, command, flag, message):
+    with pytest.raises(SystemExit) as refused:
+        main([command, "--out", str(tmp_path), *flag])
+    assert refused.value.code == 2 and message in capsys.readouterr().err

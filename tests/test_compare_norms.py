@@ -445,3 +445,17 @@ def test_a_cell_stopped_from_outside_or_by_a_full_disk_is_said_to_resume():
                                        "are kept, and running the study's command again resumes it once there is "
                                        "space again")
     assert failure_reason(worker.EXIT_MISMATCH) == "its config differs from the recorded one"
+
+
+@pytest.mark.parametrize("argv, merged", [
+    (["--configs", "gw=a.yaml", "--configs", "gn=b.yaml"], "--configs gw=a.yaml gn=b.yaml"),
+    (["--seeds", "0", "--seeds", "1"], "--seeds 0 1"),
+    (["--opts", "SOLVER.MAX_ITER", "2", "--opts", "SEED", "3"], "--opts SOLVER.MAX_ITER 2 SEED 3"),
+])
+def test_a_list_flag_given_twice_is_refused_with_the_merged_list(capsys, argv, merged):
+    # argparse kept the last --configs / --seeds / --opts / --only without a word (a tiny --opts dropped:
+    # the cell would have trained at full size)
+    with pytest.raises(SystemExit):
+        study_main(argv)
+    assert f"is given more than once; a second one would replace the first. Give it once, with all the values: " \
+           f"{merged}." in capsys.readouterr().err

@@ -680,3 +680,27 @@ def test_the_advice_for_a_missing_coco_names_a_lazyconfigs_settings_too():
         check_dataset_files(["coco_2017_val"])
     assert ("dataloader.train.dataset.names=shapes_train dataloader.test.dataset.names=shapes_val in a LazyConfig"
             in str(refused.value))
+
+
+def test_an_evaluator_folder_of_ones_own_that_holds_detections_is_not_written_over(tmp_path):
+    # dataloader.evaluator.output_dir=<run>/inference replaced the run's detections (and an earlier
+    # evaluation's), while results.md kept the run's numbers
+    import argparse
+
+    from gwdet.engine.lazy import LazyRun
+    from gwdet.engine.run import evaluation_request
+
+    lazy = Path(__file__).resolve().parents[1] / "configs" / "LazyConfig" / "mask_rcnn_R_50_FPN_gw_shapes.py"
+    (tmp_path / "run" / "inference").mkdir(parents=True)
+    (tmp_path / "run" / "inference" / "coco_instances_results.json").write_text("[]")
+    weights = tmp_path / "weights.pth"
+    weights.write_bytes(b"")
+    opts = [f"train.output_dir={tmp_path / 'new'}", f"train.init_checkpoint={weights}",
+            f"dataloader.evaluator.output_dir={tmp_path / 'run' / 'inference'}"]
+    args = argparse.Namespace(config_file=str(lazy), opts=opts, eval_only=True, resume=False, overwrite=False)
+    with pytest.raises(FileExistsError, match=r"The evaluator writes into .*run/inference, which holds an earlier "
+                                              r"evaluation's coco_instances_results.json .*: this evaluation would "
+                                              r"replace them; nothing was evaluated"):
+        evaluation_request(LazyRun.load(str(lazy), opts), args)
+    opts[-1] = f"dataloader.evaluator.output_dir={tmp_path / 'mine'}"  # a folder of its own: evaluated
+    evaluation_request(LazyRun.load(str(lazy), opts), args)

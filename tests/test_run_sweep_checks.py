@@ -723,3 +723,13 @@ def test_a_config_file_edited_between_a_jobs_submission_and_its_start_is_refused
                                          r"file or a _BASE_ of it was edited in between\): MODEL.GW.T: 5 -> 2 \(the "
                                          r"checked value first\)\. Nothing was trained"):
         check_config_unchanged(load_run_config(str(config), list(TINY_OPTS)), submitted, "when the job was submitted")
+
+
+def test_an_evaluation_with_overwrite_is_refused_as_a_flag_it_does_not_read(tmp_path):
+    # --eval-only --overwrite wrote a new eval/model_final-3 and ignored --overwrite without a word
+    from gwdet.engine.run import check_output_request
+
+    args = tiny_run_args(tmp_path, "--eval-only", "--overwrite", "MODEL.WEIGHTS", str(tmp_path / "w.pth"))
+    with pytest.raises(GwdetError, match=r"^--overwrite deletes a run's files before a training starts, and "
+                                         r"--eval-only deletes nothing"):
+        check_output_request(args, load_run_config(args.config_file, args.opts))

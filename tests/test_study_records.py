@@ -196,7 +196,10 @@ def test_the_over_training_tool_and_export_name_their_flags_in_one_line(tmp_path
             (["--runs", str(tmp_path / "none")], f"--runs {tmp_path / 'none'}: no such folder (a study's run folders "),
             (["--records", str(records)], f"--records {records}: no over_training.json for gw-b2-s3: those cells were "
                                           "not measured; measure them from their run folders with --runs"),
-            (["--records", str(records), "--cells", "gw-b2-s9"], "--cells: no record of gw-b2-s9")):
+            (["--records", str(records), "--cells", "gw-b2-s9"], "--cells: no record of gw-b2-s9"),
+            # --subset -3 measured all but 3 images, labelled "the first -3"; 0 ended in a raw ValueError
+            (["--runs", str(records), "--subset", "-3"], "--subset (training images) must be >= 1, got -3"),
+            (["--runs", str(records), "--cells", "gw-b2-s3", "--cells", "gn-b2-s3"], "--cells is given more than once")):
         cells = [] if "--cells" in argv else ["--cells", "gw-b2-s3"]
         with pytest.raises(SystemExit) as exit_:
             over_training([*argv, *cells, "--out", str(tmp_path / "out")])
@@ -462,3 +465,12 @@ def test_a_report_that_fills_the_disk_leaves_no_half_report(tmp_path, capsys, mo
     assert (f"cannot write the report into {folder}: No space left on device; its files there are removed, so that "
             "no report mixes old and new files.") in capsys.readouterr().err
     assert list(folder.iterdir()) == []
+
+
+def test_records_listed_are_listed_not_reported(tmp_path, capsys, monkeypatch):
+    # --records R --list wrote a report into ./output/study/custom/ and listed nothing
+    monkeypatch.chdir(tmp_path)
+    records = _record_copy(tmp_path, ("gw-b2-s3", "gn-b2-s3"))
+    assert main(["--records", str(records), "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "gw-b2-s3" in out and "gn-b2-s3" in out and not (tmp_path / "output").exists()

@@ -457,6 +457,10 @@ class LazyRun(RunConfig):
         check_keys(self.cfg, ("dataloader.test",), "reading test images")
         return FiniteImageBatches(instantiate(self.cfg.dataloader.test))
 
+    def evaluator_folders(self) -> list[str]:
+        folder = select(self.cfg, "dataloader.evaluator.output_dir")
+        return [folder] if isinstance(folder, str) and folder else []
+
     def evaluator(self, output_folder: str) -> Any:
         check_keys(self.cfg, ("dataloader.evaluator",), "evaluation")
         node = copy.deepcopy(self.cfg.dataloader.evaluator)

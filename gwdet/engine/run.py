@@ -50,7 +50,7 @@ from gwdet.checkpoint.resilient import (CLASSES_KEY, INPUT_KEY, ResilientCheckpo
 from gwdet.data.coco_registration import CocoDataset, DatasetError
 from gwdet.data.datasets import check_evaluated_classes
 from gwdet.modeling.detectron2_failures import named_config_failures
-from gwdet.errors import GwdetError, GwdetFileNotFoundError, GwdetOSError, GwdetValueError, listed
+from gwdet.errors import GwdetError, GwdetFileExistsError, GwdetFileNotFoundError, GwdetOSError, GwdetValueError, listed
 from gwdet.layers.plans import describe_plans
 from gwdet.model_zoo.lazy_loading import is_lazy_config
 from gwdet.utils.atomic import write_text_atomically, write_text_with_checksum
@@ -231,6 +231,12 @@ class RunConfig(ABC):
         """The config as the run's ``config.yaml`` records it (what :func:`check_same_config` compares)."""
         return self.cfg
 
+    def evaluator_folders(self) -> list[str]:
+        """The folders the config's evaluators write their files into where the config names them
+        itself (a LazyConfig's ``dataloader.evaluator.output_dir``); a yacs config's evaluators write
+        below its ``OUTPUT_DIR`` only."""
+        return []
+
     @abstractmethod
     def describe_test_set(self) -> str:
         """How the tools name the first test set, e.g. ``"shapes_val (DATASETS.TEST[0])"``."""
@@ -280,6 +286,11 @@ def check_output_request(args: argparse.Namespace, run: RunConfig) -> None:
         raise GwdetValueError(
             f"--resume continues the run in {output_setting} and --overwrite deletes it: give one of them.")
     if args.eval_only:
+        if getattr(args, "overwrite", False):
+            raise GwdetValueError(
+                f"--overwrite deletes a run's files before a training starts, and --eval-only deletes nothing: an "
+                f"evaluation writes into a folder of its own (in {output_setting}, or eval/<weights>/ beside a run "
+                "there). Leave --overwrite out; nothing was evaluated.")
         if not run.test_datasets():
             raise GwdetValueError(
                 f"--eval-only evaluates on the config's test set, and {run.test_setting} names none; nothing was "
@@ -331,7 +342,17 @@ def evaluation_request(run: RunConfig, args: argparse.Namespace) -> tuple[RunCon
     if folder != run.output_dir:
         logger.info(f"{run.output_setting} {run.output_dir} holds a run or an evaluation: the evaluation of {weights} "
                     f"is written to {folder}, and the files already there stay as they are.")
-    return run.with_target(weights, folder), argparse.Namespace(**{**vars(args), "resume": False})
+    targeted = run.with_target(weights, folder)
+    for written in targeted.evaluator_folders():
+        held = [name for name in EVALUATOR_FILES if os.path.isfile(os.path.join(written, name))]
+        if held and os.path.realpath(written) != os.path.realpath(folder) and \
+                not os.path.realpath(written).startswith(os.path.realpath(folder) + os.sep):
+            raise GwdetFileExistsError(
+                f"The evaluator writes into {written}, which holds an earlier evaluation's {', '.join(held)} (a run's "
+                f"or an evaluation's detections): this evaluation would replace them; nothing was evaluated. Leave "
+                f"the evaluator's output_dir out (the evaluation then writes into {folder}), or give it a folder of its "
+                "own.")
+    return targeted, argparse.Namespace(**{**vars(args), "resume": False})
 
 
 def config_text(run: RunConfig) -> str:
@@ -352,6 +373,10 @@ def check_config_unchanged(run: RunConfig, checked: str, when: str) -> None:
         f"The config changed since it was checked {when} (its file or a _BASE_ of it was edited in between): "
         f"{listed(lines, 5, '; ')} (the checked value first). Nothing was trained: run the command again, so that "
         "the config as it is now is checked, or put the file back as it was.")
+
+
+# What detectron2's COCOEvaluator writes into its output folder
+EVALUATOR_FILES = ("coco_instances_results.json", "instances_predictions.pth")
 
 
 def check_same_config(run: RunConfig) -> None:

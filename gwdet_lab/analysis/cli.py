@@ -13,6 +13,7 @@ override the config (constraints, propagation). The work is done in :mod:`gwdet_
 from __future__ import annotations
 
 import argparse
+import math
 import dataclasses
 from pathlib import Path
 from typing import Sequence
@@ -78,10 +79,25 @@ def image_size(text: str) -> tuple[int, int]:
     return size
 
 
+def positive_number(what: str):
+    """An argparse type: a finite number > 0; ``what`` names the value in the refusal."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value) or value <= 0:
+            raise argparse.ArgumentTypeError(f"{what} must be a finite number > 0, got {text}")
+        return value
+
+    return parse
+
+
 def argument_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--out", default="output/analysis", help="output root; files go to OUT/<subcommand>/")
-    common.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    common.add_argument("--threads", type=at_least(1, "--threads"), default=None,
+                        help="torch CPU threads (default: torch's choice)")
     add_verbose_argument(common)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -117,23 +133,25 @@ def argument_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--norms", type=str_list, default=["GN", "GW", "BN"], help="norm names to compare ('config': as configured)"
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=at_least(0, "--seed"), default=0)
     p.add_argument("opts", nargs=argparse.REMAINDER, help="KEY VALUE config overrides, applied to every norm")
 
     p = commands.add_parser("capacity", parents=[common], help="GW paper Figs. 1 and 5 on scikit-learn's digits")
     p.add_argument("--quick", action="store_true", help="tiny MLP and sweeps (seconds; for tests)")
-    p.add_argument("--width", type=int, default=None, help="hidden units (default 256)")
-    p.add_argument("--depth", type=int, default=None, help="hidden layers (default 3)")
-    p.add_argument("--epochs", type=int, default=None, help="epochs of Figs. 1a/1b (default 4)")
-    p.add_argument("--lr", type=float, default=None, help="SGD learning rate (default 0.1)")
+    p.add_argument("--width", type=at_least(1, "--width"), default=None, help="hidden units (default 256)")
+    p.add_argument("--depth", type=at_least(1, "--depth"), default=None, help="hidden layers (default 3)")
+    p.add_argument("--epochs", type=at_least(1, "--epochs"), default=None, help="epochs of Figs. 1a/1b (default 4)")
+    p.add_argument("--lr", type=positive_number("--lr"), default=None, help="SGD learning rate (default 0.1)")
     p.add_argument("--batch-sizes", type=counts_at_least(2, "batch size"), default=None,
                    help="Fig. 1a sweep (default 2,8,32,128)")
     p.add_argument("--batch-norms", type=str_list, default=None, help="Fig. 1a norms (default BN,BW,GN,GW)")
     p.add_argument("--groups", type=counts_at_least(1, "group number"), default=None,
                    help="Figs. 1b and 5 sweep (default 1,4,16,64,128)")
-    p.add_argument("--random-samples", type=int, default=None, help="images with random labels (default 256)")
-    p.add_argument("--random-epochs", type=int, default=None, help="epochs on random labels (default 20)")
-    p.add_argument("--seed", type=int, default=None, help="(default 0)")
+    p.add_argument("--random-samples", type=at_least(1, "--random-samples"), default=None,
+                   help="images with random labels (default 256)")
+    p.add_argument("--random-epochs", type=at_least(1, "--random-epochs"), default=None,
+                   help="epochs on random labels (default 20)")
+    p.add_argument("--seed", type=at_least(0, "--seed"), default=None, help="(default 0)")
     return parser
 
 

@@ -34,6 +34,7 @@ from gwdet.cluster.slurm import ClusterUnavailable
 from gwdet.data import add_register_coco_argument, datasets_in_environment, prepare_datasets
 from gwdet.utils.cli_errors import add_verbose_argument, at_least, output_path_problem, run_tool
 from gwdet.model_zoo import build_config
+from gwdet.engine.arguments import refuse_repeated_flags
 from gwdet.engine.threads import AUTO_LOAD, choose_threads, thread_request
 from gwdet_lab.study.cells import (
     CONFIG_PATTERNS,
@@ -212,6 +213,7 @@ def main(argv: Sequence[str] | None = None, repo_root: Path | None = None) -> in
 
 def _run_study(argv: list[str], repo_root: Path) -> int:
     parser = argument_parser()
+    refuse_repeated_flags(parser, argv)  # argparse keeps the last --configs, --seeds, --opts, ... without a word
     args = parser.parse_args(argv)
     if len(args.opts) % 2:
         parser.error(f"--opts takes KEY VALUE pairs, got {args.opts}")
@@ -253,6 +255,9 @@ def _run_study(argv: list[str], repo_root: Path) -> int:
             parser.error(f"{', '.join(given)}: --records reports the cells as their records hold them (configs, "
                          "overrides, seeds, batch sizes) and trains nothing, so these would not apply; drop them "
                          "(--only picks recorded cells).")
+        if args.list:  # what the records hold; no report (it wrote one into --out's default)
+            list_cells(recorded_cells(Path(args.records), args.only), weights)
+            return 0
         return report_from_records(args, Path(args.records), weights, out_dir)
     with datasets_in_environment(args.register_coco):  # for prepare_datasets here and in every cell's process
         return _plan_and_run(args, argv, parser, weights, out_dir, repo_root)

@@ -34,10 +34,11 @@ from detectron2.data import DatasetCatalog, MetadataCatalog
 from matplotlib.figure import Figure
 
 from gwdet.errors import GwdetValueError
-from gwdet.utils.cli_errors import add_verbose_argument, run_tool
+from gwdet.utils.cli_errors import add_verbose_argument, at_least, run_tool
 from gwdet.checkpoint.resilient import ResilientCheckpointer
 from gwdet.data import prepare_datasets
 from gwdet_lab.tables import Column, Table
+from gwdet.engine.arguments import refuse_repeated_flags
 from gwdet.engine.trainer import Trainer
 from gwdet_lab.study.evaluation import evaluate, has_batch_norm, selection_dataset, use_batch_statistics
 from gwdet_lab.study.record import PlannedCell
@@ -184,7 +185,8 @@ def argument_parser() -> argparse.ArgumentParser:
                                        "over_training/ evaluations)")
     source.add_argument("--records", help="a records folder: write the report from its over_training.json files")
     parser.add_argument("--cells", nargs="+", required=True, help="the cells, e.g. bn-b2-s0 gn-b2-s0")
-    parser.add_argument("--subset", type=int, default=DEFAULT_SUBSET, help=f"training images (default {DEFAULT_SUBSET})")
+    parser.add_argument("--subset", type=at_least(1, "--subset (training images)"), default=DEFAULT_SUBSET,
+                        help=f"training images (default {DEFAULT_SUBSET})")
     parser.add_argument("--out", required=True, help="the report's folder")
     add_verbose_argument(parser)
     return parser
@@ -197,7 +199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _over_training(argv: list[str]) -> int:
-    args = argument_parser().parse_args(argv)
+    parser = argument_parser()
+    refuse_repeated_flags(parser, argv)
+    args = parser.parse_args(argv)
     problem = foreign_report_problem("--out", Path(args.out), [TITLE], REPORT_NAMES, PROG)
     if problem:
         raise GwdetValueError(problem)
