@@ -459,3 +459,16 @@ def test_a_list_flag_given_twice_is_refused_with_the_merged_list(capsys, argv, m
         study_main(argv)
     assert f"is given more than once; a second one would replace the first. Give it once, with all the values: " \
            f"{merged}." in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, key, flag", [
+    (["--opts", "SEED", "5"], "SEED", "--opts"),
+    (["--opts", "OUTPUT_DIR", "odx"], "OUTPUT_DIR", "--opts"),
+    (["--extra", "gws=configs/Study/gw.yaml", "SEED", "7"], "SEED", "--extra"),
+    (["--batch-sizes", "2", "4", "--opts", "SOLVER.IMS_PER_BATCH", "8"], "SOLVER.IMS_PER_BATCH", "--opts"),
+])
+def test_an_override_the_study_sets_itself_is_refused(capsys, argv, key, flag):
+    # the study's own value won without a word, while the report's notes listed the override
+    with pytest.raises(SystemExit):
+        study_main(["--configs", "gw=configs/Study/gw.yaml", *argv])
+    assert f"{flag} gives {key}, which the study sets in every cell itself" in capsys.readouterr().err

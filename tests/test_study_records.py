@@ -474,3 +474,19 @@ def test_records_listed_are_listed_not_reported(tmp_path, capsys, monkeypatch):
     assert main(["--records", str(records), "--list"]) == 0
     out = capsys.readouterr().out
     assert "gw-b2-s3" in out and "gn-b2-s3" in out and not (tmp_path / "output").exists()
+
+
+def test_a_refused_export_after_a_written_report_says_the_report_is_written(tmp_path, capsys):
+    # "error: no report written: ..." while the report was there
+    destination = _record_copy(tmp_path / "other")
+    folder = RunFolder(destination / "gw-b2-s3")
+    record = folder.read_json("study_cell.json")
+    record["config"] = record["config"].replace("  MAX_ITER: 4000\n", "  MAX_ITER: 2\n")
+    folder.write_json("study_cell.json", record)
+    report = tmp_path / "report"
+    with pytest.raises(SystemExit):
+        main(["--study", "paper", "--records", str(RECORDS / "paper-seeds-3-4"), "--report-to", str(report),
+              "--export-records", str(destination)])
+    err = capsys.readouterr().err
+    assert "the records were not exported: --export-records" in err and "no report written" not in err
+    assert (report / "table.md").is_file()

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Sequence
 
 from gwdet.config_checks import SEED_LIMIT
-from gwdet.errors import GwdetValueError
+from gwdet.errors import GwdetError, GwdetValueError
 from gwdet.cluster.executor import SubmissionRefused, check_launcher
 from gwdet.cluster.options import LauncherOptions, add_launcher_arguments, launcher_options
 from gwdet.cluster.slurm import ClusterUnavailable
@@ -217,6 +217,9 @@ def _run_study(argv: list[str], repo_root: Path) -> int:
     args = parser.parse_args(argv)
     if len(args.opts) % 2:
         parser.error(f"--opts takes KEY VALUE pairs, got {args.opts}")
+    problem = set_by_the_study(args)
+    if problem:
+        parser.error(problem)
     if args.no_example_weighing and args.example_weights is not None:
         parser.error("--example-weights chooses among weights that --no-example-weighing skips: give one of them.")
     if not all(0.0 <= w <= 1.0 for w in chosen_weights(args)):
@@ -261,6 +264,22 @@ def _run_study(argv: list[str], repo_root: Path) -> int:
         return report_from_records(args, Path(args.records), weights, out_dir)
     with datasets_in_environment(args.register_coco):  # for prepare_datasets here and in every cell's process
         return _plan_and_run(args, argv, parser, weights, out_dir, repo_root)
+
+
+def set_by_the_study(args: argparse.Namespace) -> str | None:
+    """Why an override of ``--opts`` or ``--extra`` would be ignored: a key the study sets in every
+    cell itself (the seed, the output folder; with ``--batch-sizes`` the batch and its learning rate),
+    which the cell's own value replaces; ``None`` when there is none."""
+    owners = {"SEED": "--seeds", "OUTPUT_DIR": "--out: each cell trains in <out>/runs/<cell>"}
+    if args.batch_sizes:
+        owners.update({"SOLVER.IMS_PER_BATCH": "--batch-sizes", "SOLVER.BASE_LR": "--batch-sizes, scaled with the batch"})
+    given = [("--opts", key) for key in args.opts[::2]]
+    given += [("--extra", key) for tokens in args.extra for key in tokens[1::2]]
+    for flag, key in given:
+        if key in owners:
+            return (f"{flag} gives {key}, which the study sets in every cell itself ({owners[key]}), so the value "
+                    f"would be ignored while the report lists it; leave {key} out of {flag}.")
+    return None
 
 
 def read_only_study_hint(args: argparse.Namespace) -> str:
@@ -386,9 +405,17 @@ def report(args: argparse.Namespace, planned: Sequence[PlannedCell], weights: Se
     paths = write_report(TITLES[name], [summarize(p) for p in done], pending, report_folder(args, out_dir), notes)
     echo("wrote " + ", ".join(display_path(str(p)) for p in paths))
     if args.export_records:
-        exported = export_records(done, Path(args.export_records))
+        try:
+            exported = export_records(done, Path(args.export_records))
+        except ValueError as error:  # the report stands: say so, not "no report written"
+            raise RecordsNotExported(f"the report is written ({display_path(str(paths[0].parent))}), the records were "
+                                     f"not exported: {error}") from None
         echo(f"records of {len(exported)} cell(s) copied into {display_path(args.export_records)}")
     return list(paths)
+
+
+class RecordsNotExported(GwdetError, RuntimeError):
+    """The report was written, the ``--export-records`` copy refused (the message says both)."""
 
 
 def report_folder(args: argparse.Namespace, out_dir: Path) -> Path:
