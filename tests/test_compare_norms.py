@@ -472,3 +472,11 @@ def test_an_override_the_study_sets_itself_is_refused(capsys, argv, key, flag):
     with pytest.raises(SystemExit):
         study_main(["--configs", "gw=configs/Study/gw.yaml", *argv])
     assert f"{flag} gives {key}, which the study sets in every cell itself" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("item", ["gw=", "=configs/Study/gw.yaml"])
+def test_a_config_item_without_a_name_or_a_file_is_refused_naming_it(capsys, item):
+    # "gw=" answered "Config file '<the current folder>' is a folder"
+    with pytest.raises(SystemExit):
+        study_main(["--configs", item])
+    assert f"{item!r}: give NAME=CONFIG, a name and a config file" in capsys.readouterr().err

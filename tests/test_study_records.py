@@ -135,7 +135,13 @@ def test_two_records_of_one_cell_are_refused(tmp_path):
     # the later folder in sort order won: a backup copy's edited results were reported
     records = _record_copy(tmp_path)
     shutil.copytree(records / "gw-b2-s3", records / "gw-b2-s3-backup")
-    with pytest.raises(ValueError, match="two records of the cell gw-b2-s3, gw-b2-s3/ and gw-b2-s3-backup/"):
+    with pytest.raises(ValueError, match=r"two records of the cell gw-b2-s3, gw-b2-s3/ and gw-b2-s3-backup/ \(a copy "
+                                         r"kept beside the record\?\)"):
+        recorded_cells(records)
+    # a version --on-mismatch new-folder made was called "a copy kept beside the record?"
+    shutil.move(str(records / "gw-b2-s3-backup"), str(records / "gw-b2-s3.2"))
+    with pytest.raises(ValueError, match=r"\(gw-b2-s3.2 holds the cell trained with another config, as --on-mismatch "
+                                         r"new-folder names it\)"):
         recorded_cells(records)
 
 

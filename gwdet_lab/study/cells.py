@@ -205,6 +205,9 @@ def parse_config_item(item: str) -> RunSpec:
     name, sep, path = item.partition("=")
     if not sep:
         name, path = Path(item).stem, item
+    if not name.strip() or not path.strip():
+        raise GwdetValueError(f"{item!r}: give NAME=CONFIG, a name and a config file, e.g. "
+                              "gw=configs/Study/gw.yaml (or the config file alone, named after it).")
     return RunSpec(name, path)
 
 

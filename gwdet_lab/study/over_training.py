@@ -178,7 +178,7 @@ def write_report(cells: Sequence[tuple[PlannedCell, dict]], out_dir: Path) -> li
 
 
 def argument_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=" ".join(__doc__.split("\n\n")[0].split()))
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--runs", help="a study's run folder (<out>/runs): evaluate the cells' kept checkpoints (the "
                                        "measurements are kept in each cell's folder, over_training.json, and its "

@@ -11,6 +11,7 @@ its record instead of resolving it again, so that a report regenerates from the 
 from __future__ import annotations
 
 import gzip
+import re
 import shutil
 from pathlib import Path
 from typing import Sequence
@@ -136,10 +137,14 @@ def recorded_cells(records_dir: Path, only: Sequence[str] | None = None, flag: s
                        config_file=_relative_to_checkout(record["cell"]["config_file"], record.get("code", {})))
         cell = Cell(**details)
         if cell.name in found:
+            versions = [name for name in (found[cell.name].folder.path.name, folder.name)
+                        if re.fullmatch(rf"{re.escape(cell.name)}\.\d+", name)]
+            why = (f"{', '.join(versions)} holds the cell trained with another config, as --on-mismatch new-folder "
+                   "names it" if versions else "a copy kept beside the record?")
             raise GwdetValueError(
                 f"{flag} {records_dir}: two records of the cell {cell.name}, {found[cell.name].folder.path.name}/ "
-                f"and {folder.name}/ (a copy kept beside the record?); the report would show one of them. Move the "
-                "copy out of the records folder; nothing was written.")
+                f"and {folder.name}/ ({why}); the report would show one of them. Move the one you do not mean out of "
+                "the folder (or export the records of the one you mean: --export-records); nothing was written.")
         cfg = CfgNode(yaml.safe_load(record["config"]) or {})
         found[cell.name] = PlannedCell(cell, tuple(record["opts"]), cfg, RunFolder(folder, records=flag == "--records"))
     if not found:
