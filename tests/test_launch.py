@@ -101,9 +101,9 @@ def refuse_while_another_aborts() -> None:
     from gwdet.errors import GwdetValueError
 
     if comm.get_rank() == 0:
-        time.sleep(3)
+        time.sleep(1)
         os.abort()
-    atexit.register(time.sleep, 10)
+    atexit.register(time.sleep, 4)
     raise GwdetValueError("the processes of this run hold different configs")
 
 
