@@ -496,3 +496,17 @@ def test_a_refused_export_after_a_written_report_says_the_report_is_written(tmp_
     err = capsys.readouterr().err
     assert "the records were not exported: --export-records" in err and "no report written" not in err
     assert (report / "table.md").is_file()
+
+
+def test_a_report_over_another_studys_report_is_refused(tmp_path, capsys):
+    # two custom studies in one --out both wrote <out>/custom: the second replaced the first's report
+    first, second = _record_copy(tmp_path / "a", ("gw-b2-s3",)), _record_copy(tmp_path / "b", ("gn-b2-s3",))
+    report = tmp_path / "report"
+    assert main(["--records", str(first), "--report-to", str(report)]) == 0
+    before = (report / "table.md").read_text()
+    with pytest.raises(SystemExit):
+        main(["--records", str(second), "--report-to", str(report)])
+    assert f"{report} holds the report of other cells (gw-b2-s3): another study's in the same place" in \
+        capsys.readouterr().err
+    assert (report / "table.md").read_text() == before
+    assert main(["--records", str(first), "--report-to", str(report)]) == 0  # the same study's report: replaced

@@ -56,7 +56,7 @@ from gwdet_lab.study.evaluation import PAPER_WEIGHTS
 from gwdet_lab.study.record import (ON_MISMATCH, ConfigMismatch, PlannedCell, check_trained_as_recorded, code_note,
                                     confounded_note, plan)
 from gwdet_lab.study.records import RecordsIncomplete, export_records, recorded_cells
-from gwdet_lab.study.report import foreign_report_problem, write_report
+from gwdet_lab.study.report import foreign_report_problem, reported_cells, write_report
 from gwdet_lab.study.scheduler import Scheduler, is_done
 from gwdet_lab.study.summary import display_path, summarize, train_command
 
@@ -402,7 +402,14 @@ def report(args: argparse.Namespace, planned: Sequence[PlannedCell], weights: Se
     if args.opts:
         notes.append(f"Common overrides of every cell: {' '.join(args.opts)}.")
     notes += [note for note in (code_note(done), confounded_note(done)) if note]
-    paths = write_report(TITLES[name], [summarize(p) for p in done], pending, report_folder(args, out_dir), notes)
+    folder = report_folder(args, out_dir)
+    others = reported_cells(folder) - {p.cell.name for p in planned}
+    if others:  # two studies sharing one --out report into the same folder
+        raise GwdetValueError(
+            f"{folder} holds the report of other cells ({', '.join(sorted(others)[:4])}"
+            f"{', ...' if len(others) > 4 else ''}): another study's in the same place, which this study's report would "
+            "replace. Give this study a folder of its own (--report-to DIR, or another --out); nothing was written.")
+    paths = write_report(TITLES[name], [summarize(p) for p in done], pending, folder, notes)
     echo("wrote " + ", ".join(display_path(str(p)) for p in paths))
     if args.export_records:
         try:

@@ -19,6 +19,7 @@ seen) and, with several batch sizes, ``ap_vs_batch.png``.
 from __future__ import annotations
 
 import contextlib
+import csv
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -425,6 +426,15 @@ def foreign_report_problem(flag: str, folder: Path, titles: Sequence[str], names
     return (f"{flag} {folder} holds {', '.join(existing)}, which the report would replace, and no {TABLE_MD} there is "
             f"one of {tool}'s reports: they are not the tool's. Give another folder, or move those files "
             "away; nothing was written.")
+
+
+def reported_cells(folder: Path) -> set[str]:
+    """The cells of the report in ``folder`` (its ``cells.csv``; none without one)."""
+    path = folder / CELLS_CSV
+    if not path.is_file():
+        return set()
+    with open(path, newline="", encoding="utf-8", errors="replace") as file:
+        return {row["cell"] for row in csv.DictReader(file) if row.get("cell")}
 
 
 def write_report(title: str, results: Sequence[CellResult], pending: Sequence[str], out_dir: Path,
