@@ -152,7 +152,8 @@ def _check_gw_positions(expected: frozenset, resnet: ResNet, model: torch.nn.Mod
     shown = format_gw_positions(expected)
     at_positions = [conv.norm for conv in convs_at_positions(resnet, expected)]  # stem first, block by block
     placed = {type(norm) for norm in at_positions if not isinstance(norm, GroupWhitening)}
-    elsewhere = {type(conv.norm) for conv in convs_with_norm(resnet) if all(conv.norm is not norm for norm in at_positions)}
+    at_position_ids = {id(norm) for norm in at_positions}
+    elsewhere = {type(conv.norm) for conv in convs_with_norm(resnet) if id(conv.norm) not in at_position_ids}
     if placed and not placed <= elsewhere:  # a norm of its own at the positions: another GW_NORM
         names = {module: name for name, module in model.named_modules()}
         where = listed([names.get(norm, "?") for norm in at_positions if not isinstance(norm, GroupWhitening)], 2)

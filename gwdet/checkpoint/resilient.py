@@ -582,9 +582,10 @@ class ResilientCheckpointer(DetectionCheckpointer):
 
     def _log_incompatible_keys(self, incompatible) -> None:
         backbone = self._backbone_parameters()
-        missing = [key for key in incompatible.missing_keys if key in set(backbone)]
+        in_backbone = set(backbone)
+        missing = [key for key in incompatible.missing_keys if key in in_backbone]
         other_shapes = [(key, tuple(saved), tuple(present)) for key, saved, present in incompatible.incorrect_shapes
-                        if key in set(backbone)]
+                        if key in in_backbone]
         if missing and other_shapes:  # detectron2 lists a weight of another shape as missing too
             key, saved, present = other_shapes[0]
             raise GwdetValueError(

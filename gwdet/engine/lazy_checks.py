@@ -143,9 +143,8 @@ def _check_example_group_nodes(cfg: DictConfig, batch: int, world_size: int) -> 
     for path, node, called in lazy_calls(select(cfg, "model"), "model"):
         if called is not norm or path.startswith("model.roi_heads"):
             continue
-        arguments = cast(dict, OmegaConf.to_container(node, resolve=True))
         try:
-            made = norm(**{str(key): value for key, value in arguments.items() if key != "_target_"})
+            made = norm(**_call_arguments(node))
         except GwdetError:  # a node check_norm_nodes refuses, naming it
             continue
         if norm_record(made.name).example_groups:
@@ -308,6 +307,12 @@ def warn_unused_head_norms(cfg: DictConfig) -> None:
                            f"{path}.conv_dims=[256,256,256,256]) or leave out {path}.conv_norm.")
 
 
+def _call_arguments(node: DictConfig) -> dict[str, Any]:
+    """The keyword arguments an ``L(...)`` node passes to its callable, interpolations resolved."""
+    values = cast(dict, OmegaConf.to_container(node, resolve=True))  # a DictConfig's container
+    return {str(key): value for key, value in values.items() if key != "_target_"}
+
+
 def check_norm_nodes(cfg: DictConfig) -> None:
     """The model's norms checked before anything is written or built, as a yacs config's NORM
     values are: every ``L(gwdet.norm)(...)`` node is made (:class:`gwdet.norms.Norm` checks its
@@ -317,8 +322,7 @@ def check_norm_nodes(cfg: DictConfig) -> None:
     detectron2_names = ["", *(record.name for record in norm_records() if record.detectron2_values is not None)]
     for path, node, called in lazy_calls(select(cfg, "model"), "model"):
         if called is norm:
-            values = cast(dict, OmegaConf.to_container(node, resolve=True))  # a DictConfig's container
-            arguments = {str(key): value for key, value in values.items() if key != "_target_"}
+            arguments = _call_arguments(node)
             try:
                 norm(**arguments)
             except GwdetTypeError as error:  # values of the norm the node named before (name=GW_ZCA over GW's T)

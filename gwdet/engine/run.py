@@ -345,8 +345,8 @@ def evaluation_request(run: RunConfig, args: argparse.Namespace) -> tuple[RunCon
     targeted = run.with_target(weights, folder)
     for written in targeted.evaluator_folders():
         held = [name for name in EVALUATOR_FILES if os.path.isfile(os.path.join(written, name))]
-        if held and os.path.realpath(written) != os.path.realpath(folder) and \
-                not os.path.realpath(written).startswith(os.path.realpath(folder) + os.sep):
+        inside = os.path.commonpath([os.path.realpath(written), os.path.realpath(folder)]) == os.path.realpath(folder)
+        if held and not inside:
             raise GwdetFileExistsError(
                 f"The evaluator writes into {written}, which holds an earlier evaluation's {', '.join(held)} (a run's "
                 f"or an evaluation's detections): this evaluation would replace them; nothing was evaluated. Leave "
@@ -355,10 +355,10 @@ def evaluation_request(run: RunConfig, args: argparse.Namespace) -> tuple[RunCon
     return targeted, argparse.Namespace(**{**vars(args), "resume": False})
 
 
-def config_text(run: RunConfig) -> str:
-    """The run's config (:meth:`RunConfig.config_record`) as one JSON text, keys sorted: what two
-    readings of a config are compared by."""
-    return json.dumps(run.config_record(), sort_keys=True, default=repr)
+def config_text(run: RunConfig, record: Mapping | None = None) -> str:
+    """The run's config (:meth:`RunConfig.config_record`, or ``record`` when the caller has read it)
+    as one JSON text, keys sorted: what two readings of a config are compared by."""
+    return json.dumps(run.config_record() if record is None else record, sort_keys=True, default=repr)
 
 
 def check_config_unchanged(run: RunConfig, checked: str, when: str) -> None:
@@ -386,7 +386,7 @@ def check_same_config(run: RunConfig) -> None:
     if comm.get_world_size() == 1:
         return
     record = run.config_record()
-    digest = hashlib.sha256(config_text(run).encode("utf-8")).hexdigest()
+    digest = hashlib.sha256(config_text(run, record).encode("utf-8")).hexdigest()
     digests = comm.all_gather(digest)
     differing = [rank for rank, other in enumerate(digests) if other != digests[0]]
     if differing:

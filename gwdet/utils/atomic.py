@@ -75,7 +75,7 @@ def _temporary_name(path: str) -> str:
     room = NAME_MAX - len(tail.encode()) - 1
     encoded = os.fsencode(name)
     if len(encoded) > room:
-        name = os.fsdecode(encoded[:room].decode("utf-8", "ignore").encode())
+        name = encoded[:room].decode("utf-8", "ignore")  # a character cut in two is dropped
     return os.path.join(folder, f".{name}{tail}")
 
 

@@ -131,7 +131,8 @@ def recorded_cells(records_dir: Path, only: Sequence[str] | None = None, flag: s
         raise GwdetFileNotFoundError(f"{flag} {records_dir}: no such folder ({kept})")
     found = {}
     for folder in sorted(p for p in records_dir.iterdir() if (p / RECORD_JSON).is_file()):
-        record = read_record(RunFolder(folder, records=flag == "--records"))
+        cell_folder = RunFolder(folder, records=flag == "--records")
+        record = read_record(cell_folder)
         assert record is not None  # the file exists; a damaged one raises DamagedFile
         details = dict(record["cell"], opts=tuple(record["cell"]["opts"]),
                        config_file=_relative_to_checkout(record["cell"]["config_file"], record.get("code", {})))
@@ -146,7 +147,7 @@ def recorded_cells(records_dir: Path, only: Sequence[str] | None = None, flag: s
                 f"and {folder.name}/ ({why}); the report would show one of them. Move the one you do not mean out of "
                 "the folder (or export the records of the one you mean: --export-records); nothing was written.")
         cfg = CfgNode(yaml.safe_load(record["config"]) or {})
-        found[cell.name] = PlannedCell(cell, tuple(record["opts"]), cfg, RunFolder(folder, records=flag == "--records"))
+        found[cell.name] = PlannedCell(cell, tuple(record["opts"]), cfg, cell_folder)
     if not found:
         raise GwdetFileNotFoundError(f"{flag} {records_dir}: no cell records in it (folders with {RECORD_JSON})")
     if only:
