@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from detectron2.config import CfgNode, get_cfg
-from detectron2.utils import comm
 
 from gwdet.errors import GwdetError, GwdetValueError
 from gwdet.layers.common import is_finite_number, is_whole_number
@@ -346,16 +345,17 @@ def builds_norm(cfg: CfgNode, key: str) -> bool:
     return key not in parts or builds_part(cfg, parts[key])
 
 
-def _check_example_groups(cfg: CfgNode) -> None:
-    """An example group larger than the whole batch never fills: BGN would silently become GN. Where
-    the layers see the images (backbone, FPN, the heads run on whole feature maps), the groups must
-    divide the images each process trains on (:func:`check_example_groups`); the ROI heads, whose
-    batches are the varying boxes of the images, keep the layer's rule."""
+def check_training_example_groups(cfg: CfgNode, processes: int) -> None:
+    """The example groups of a training by ``processes`` processes: an example group larger than the
+    whole batch never fills (BGN would silently become GN). Where the layers see the images
+    (backbone, FPN, the heads run on whole feature maps), the groups must divide the images each
+    process trains on (:func:`check_example_groups`); the ROI heads, whose batches are the varying
+    boxes of the images, keep the layer's rule. An evaluation reads no training batch."""
     example_group_norms = {record.name for record in norm_records() if record.example_groups}
     on_images = [key for key in IMAGE_BATCH_NORM_KEYS if _value(cfg, key) in example_group_norms and builds_norm(cfg, key)]
     if on_images:  # the ROI heads' batches are their boxes, many per image
-        check_example_groups(cfg.MODEL.BGN.EXAMPLES_PER_GROUP, cfg.SOLVER.IMS_PER_BATCH, comm.get_world_size(),
-                             on_images, "MODEL.BGN.EXAMPLES_PER_GROUP", "SOLVER.IMS_PER_BATCH")
+        check_example_groups(cfg.MODEL.BGN.EXAMPLES_PER_GROUP, cfg.SOLVER.IMS_PER_BATCH, processes, on_images,
+                             "MODEL.BGN.EXAMPLES_PER_GROUP", "SOLVER.IMS_PER_BATCH")
 
 
 def check_example_groups(examples: int, batch: int, processes: int, layers: Sequence[str], examples_setting: str,
@@ -939,7 +939,6 @@ def check_gwdet_config(cfg: CfgNode) -> None:
     check_config_values(cfg)
     check_detectron2_values(cfg)
     _check_gw_norm(cfg)
-    _check_example_groups(cfg)
     error = norm_config_problems(cfg)
     if error is not None:
         raise error

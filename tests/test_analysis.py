@@ -142,12 +142,34 @@ def test_subcommand_writes_its_files(tmp_path, command, capsys):
     # a repeated value computed and wrote its results twice
     (["--groups", "1,4,1"], "argument --groups: '1,4,1' names 1 more than once: give each once"),
     (["--activations", "relu,relu"], "argument --activations: 'relu,relu' names relu more than once: give each once"),
+    # every condition number inf (a singular covariance) without a word about the cause
+    (["--dim", "32", "--samples", "32"], "--samples 32 is not more than --dim 32: the covariance of m samples has "
+                                         "rank m - 1 at most"),
 ])
 def test_conditioning_refuses_counts_it_cannot_use_before_any_work(tmp_path, capsys, flag, message):
     with pytest.raises(SystemExit) as refused:  # before: raw errors after the simulations had run
         main(["conditioning", "--out", str(tmp_path), *flag])
     assert refused.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "conditioning").exists()
+
+
+@pytest.mark.parametrize("flags, message", [
+    # a table of zeta(phi; D) = N/m = 0.5 batches without a word
+    (["constraints", "--m", "100", "--N", "50", "--config", ""], "--m 100 is larger than --N 50"),
+    # the size of a cost table that --config '' does not make, ignored
+    (["constraints", "--config", "", "--input-size", "64x64"], "--input-size sets the image of --config's GW cost"),
+    # "make_norm: num_groups=3 must divide num_features=32": an internal function's words
+    (["capacity", "--quick", "--groups", "3"], "--groups 3: each group number must divide the width of 32 hidden "
+                                               "units"),
+    (["capacity", "--width", "24"], "--groups 16, 64, 128: each group number must divide --width 24"),
+    (["capacity", "--quick", "--width", "6", "--groups", "1,2"], "--width 6: the batch-size sweep's GN and GW use 4 "
+                                                                   "groups"),
+])
+def test_constraints_and_capacity_refuse_flags_they_cannot_use_before_any_work(tmp_path, capsys, flags, message):
+    with pytest.raises(SystemExit) as refused:
+        main([*flags, "--out", str(tmp_path)])
+    assert refused.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / flags[0]).exists()
 
 
 def test_a_figure_whose_grouped_curves_are_all_infinite_is_still_written(tmp_path, capsys):

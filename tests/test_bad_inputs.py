@@ -56,10 +56,6 @@ CONFIG_CASES = {
     "GW eps <= 0": (["MODEL.GW.EPS", "0.0"], ["MODEL.GW.EPS", "> 0"]),
     "BW momentum outside [0, 1]": (["MODEL.BW.MOMENTUM", "1.5"], ["MODEL.BW.MOMENTUM", "[0, 1]"]),
     "example weight outside [0, 1]": (["MODEL.BGN.EVAL_EXAMPLE_WEIGHT", "-0.5"], ["MODEL.BGN.EVAL_EXAMPLE_WEIGHT"]),
-    "example groups larger than the batch": (  # of images: the ROI heads' batches are their many boxes
-        ["MODEL.FPN.NORM", "BGN", "MODEL.BGN.EXAMPLES_PER_GROUP", "8"],
-        ["MODEL.BGN.EXAMPLES_PER_GROUP=8", "SOLVER.IMS_PER_BATCH=4", "images per GPU"],
-    ),
 }
 
 
@@ -81,7 +77,8 @@ LAYER_CASES = {
     "GW integer input": (lambda: GroupWhitening(16)(torch.ones(2, 16, 4, 4, dtype=torch.int64)),
                          ["floating-point input", "torch.int64", ".float()"]),
     "GW one value per group": (lambda: GroupWhitening(16, num_groups=16)(torch.randn(2, 16)),
-                               ["single value", "normalizes to 0", "fewer groups"]),
+                               ["single value", "normalizes to 0", "fewer groups (num_groups: MODEL.GW.NUM_GROUPS",
+                                "MODEL.ROI_MASK_HEAD.POOLER_RESOLUTION"]),
     "BW one value per channel in training": (lambda: BatchWhitening(16).train()(torch.randn(1, 16, 1, 1)),
                                              ["each channel of the batch holds a single value"]),
 }

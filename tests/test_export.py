@@ -292,6 +292,17 @@ def test_the_empty_batch_test_covers_every_gwdet_layer():
 
 
 # (torch warns that the variance of BGN's empty blocks has no degree of freedom: there is none to compute)
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::DeprecationWarning")
+def test_torch_jit_traces_own_check_passes_for_zca_whitening():
+    # "Graphs differed across invocations": the check traces again under no_grad, where the ZCA
+    # graph left out its (zero-valued) first-order term
+    module = trained_conv_and_norm("GW_ZCA")
+    example = torch.randn(2, 3, 5, 5, generator=torch.Generator().manual_seed(4))
+    traced = torch.jit.trace(module, (example,))  # check_trace on, parameters requiring grad
+    with torch.no_grad():
+        assert (traced(example) - module(example)).abs().max().item() <= 1e-5
+
+
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::DeprecationWarning",
                             r"ignore:var_mean\(\). degrees of freedom:UserWarning")
 @pytest.mark.parametrize("name", sorted(EMPTY_BATCH_LAYERS))

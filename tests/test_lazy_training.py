@@ -60,6 +60,9 @@ def test_train_net_trains_and_evaluates_a_lazy_config(tmp_path):
     assert "save a checkpoint of the current iteration before training stops" in log  # CheckpointOnSignal
     markdown = (tmp_path / "results.md").read_text()
     assert "### shapes_val bbox" in markdown and "### shapes_val segm" in markdown
+    # the settings the evaluation read, which a later evaluation of the weights may give otherwise
+    assert "`model.roi_heads.box_predictor.test_score_thresh 0.05`" in markdown
+    assert "`dataloader.test.mapper.augmentations [{'_target_': 'detectron2.data.transforms.ResizeShortestEdge'" in markdown
     assert len(list((tmp_path / "vis").glob("*.png"))) == 2  # train.vis_images drawings of shapes_val
     results = json.loads((tmp_path / "results.json").read_text())
     assert set(results) == {"shapes_val", "environment"} and set(results["shapes_val"]) == {"bbox", "segm"}

@@ -444,6 +444,10 @@ def test_no_evaluation_replaces_an_earlier_one(tmp_path):
     run = str(tmp_path / "run")
     make(run, "model_final.pth", "eval/model_final/results.json", "eval/model_final-2/results.json")
     assert evaluation_folder(run, os.path.join(run, "model_final.pth")) == os.path.join(run, "eval", "model_final-3")
+    # an evaluation still running there (no results.json yet): the next one, not a refusal naming OUTPUT_DIR
+    with OutputDirLock(os.path.join(run, "eval", "model_final-3")):
+        assert evaluation_folder(run, os.path.join(run, "model_final.pth")) == os.path.join(run, "eval", "model_final-4")
+    assert evaluation_folder(run, os.path.join(run, "model_final.pth")) == os.path.join(run, "eval", "model_final-3")
 
 
 # ---- metrics.json on --resume -----------------------------------------------------------------------

@@ -3,6 +3,7 @@ annotation files and their SHA-256), the checks' messages held until log.txt exi
 line naming where results and drawings are, and the captions of the prediction drawings."""
 import hashlib
 import json
+import math
 import os
 import logging
 import uuid
@@ -178,9 +179,15 @@ def test_results_of_a_model_that_detected_nothing_are_said_to_be_nan(tmp_path):
         write_results_to(str(tmp_path), nothing, ["shapes_val"])
         write_results_to(str(tmp_path), {"shapes_val": {"bbox": {"AP": 1.5, "AP50": float("nan")}}}, ["shapes_val"])
     assert logged == [
-        "The model detected nothing on shapes_val: detectron2 reports its AP as NaN (written so in results.md and "
-        "results.json), and scores no masks without detections. A model early in its training, or a score threshold "
-        "(MODEL.ROI_HEADS.SCORE_THRESH_TEST) above every score, gives none."]
+        "The model detected nothing on shapes_val: detectron2 reports its AP as NaN (written nan in results.md, null "
+        "in results.json), and scores no masks without detections. A model early in its training, or a score "
+        "threshold (MODEL.ROI_HEADS.SCORE_THRESH_TEST) above every score, gives none."]
+    # strict JSON (JavaScript's JSON.parse, jq) has no NaN: null, which the study reads back as NaN
+    text = (tmp_path / "results.json").read_text()
+    assert "NaN" not in text and json.loads(text)["shapes_val"]["bbox"] == {"AP": 1.5, "AP50": None}
+    from gwdet_lab.study.run_folder import RunFolder
+
+    assert math.isnan(RunFolder(tmp_path).results()["shapes_val"]["bbox"]["AP50"])
 
 
 def test_the_score_threshold_named_is_the_runs_own():

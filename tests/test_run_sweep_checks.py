@@ -324,14 +324,17 @@ def test_a_resume_with_another_seed_is_refused_unless_the_run_drew_a_random_one(
 def test_eval_only_neither_reads_nor_checks_the_training_sets(finished_run, tmp_path):
     # detectron2 registers COCO whether or not its files are there; evaluating a COCO model needs val only
     results = main(tiny_run_args(tmp_path / "eval", "--eval-only", "MODEL.WEIGHTS", str(finished_run / "model_final.pth"),
-                                 "DATASETS.TRAIN", "('coco_2017_train',)"))
+                                 "DATASETS.TRAIN", "('coco_2017_train',)", "MODEL.ROI_HEADS.SCORE_THRESH_TEST", "0.01"))
     assert set(results) == {"bbox", "segm"}
     environment = json.loads((tmp_path / "eval" / "results.json").read_text())["environment"]
     assert set(environment["datasets"]) == {"shapes_val"}  # the datasets the evaluation read
     # which weights were scored, whatever later replaces a file of that name (a resumed run's model_final.pth)
     digest = hashlib.sha256((finished_run / "model_final.pth").read_bytes()).hexdigest()
     assert environment["weights"] == {"path": str(finished_run / "model_final.pth"), "sha256": digest}
-    assert f"(SHA-256 {digest})" in (tmp_path / "eval" / "results.md").read_text()
+    markdown = (tmp_path / "eval" / "results.md").read_text()
+    assert f"(SHA-256 {digest})" in markdown
+    # the test settings the results were evaluated with (the run's config.yaml has 0.05)
+    assert "`MODEL.ROI_HEADS.SCORE_THRESH_TEST 0.01`" in markdown and "`INPUT.MIN_SIZE_TEST " in markdown
     with pytest.raises(FileNotFoundError, match="Dataset 'coco_2017_train': its json_file"):
         main(tiny_run_args(tmp_path / "train", "DATASETS.TRAIN", "('coco_2017_train',)", "DATASETS.TEST", "()",
                            "MODEL.ROI_HEADS.NUM_CLASSES", "80"))

@@ -39,6 +39,30 @@ def test_a_committed_report_regenerates_byte_for_byte_from_its_records(tmp_path)
         assert (tmp_path / name / file).read_text() == (REPO / "docs" / "study" / name / file).read_text(), file
 
 
+def test_example_weights_other_than_the_records_swept_are_refused(tmp_path, capsys):
+    # the report showed the records' choice among 0, 0.1, 0.25, 0.5, 1: --example-weights 0.5 was ignored
+    only = ["--only", "bn-b2-s0", "gw-b2-s0"]
+    with pytest.raises(SystemExit):
+        main(["--study", "paper", "--records", str(RECORDS / "paper"), *only, "--example-weights", "0.5",
+              "--report-to", str(tmp_path / "half")])
+    assert ("--example-weights 0.5: the records chose their example weight on val among other weights (bn-b2-s0 (0, "
+            "0.1, 0.25, 0.5, 1)), and the report shows that choice") in capsys.readouterr().err
+    assert not (tmp_path / "half").exists()
+    assert main(["--study", "paper", "--records", str(RECORDS / "paper"), *only, "--example-weights", "1",
+                 "0.5", "0.25", "0.1", "0", "--report-to", str(tmp_path / "same")]) == 0  # the records' own sweep
+
+
+def test_a_trained_cell_whose_example_weighing_is_pending_is_listed_as_such(capsys):
+    # --list called it "interrupted", although it had trained and been evaluated
+    from gwdet_lab.study.cli import list_cells
+
+    planned = recorded_cells(RECORDS / "paper", ["bn-b2-s0"])
+    list_cells(planned, [0.3])
+    assert capsys.readouterr().out.split()[:2] == ["bn-b2-s0", "to"]
+    list_cells(planned, [0.5])
+    assert capsys.readouterr().out.split()[:2] == ["bn-b2-s0", "done"]
+
+
 def test_a_report_folder_of_the_users_own_files_is_refused_and_an_earlier_report_replaced(tmp_path, capsys):
     # --report-to replaced a user's table.md and figures without a word
     name = "paper-seeds-3-4"
@@ -71,7 +95,7 @@ def test_records_export_and_read_back_to_the_same_report(tmp_path):
         original = RECORDS / "paper-seeds-3-4" / cell.name
         assert json.loads((cell / "results.json").read_text()) == json.loads((original / "results.json").read_text())
     args = argparse.Namespace(study="paper", only=None, opts=[], report_to=str(tmp_path / "report"),
-                              export_records=None)
+                              export_records=None, example_weights=None)
     assert report_from_records(args, tmp_path / "copy", [], tmp_path) == 0
     table = (tmp_path / "report" / "table.md").read_text()
     assert "| GW > GN | 2 | +0.60 | 1 | +0.36 |" in table  # one paired seed: no interval, no verdict

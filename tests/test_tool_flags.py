@@ -131,6 +131,14 @@ def test_analyze_refuses_a_count_of_test_images_beside_a_random_input_size(capsy
     assert exit_info.value.code == 2
     assert ("-n 3 averages over test images, and --input-size counts on one random image of that size (the count "
             "does not depend on its pixels): give one of them.") in capsys.readouterr().err
+    # both were ignored without a word by the tasks that run the model on no image
+    for flags in (["--input-size", "64", "64"], ["-n", "3"]):
+        with pytest.raises(SystemExit) as exit_info:
+            analyze_model.main(["--config-file", str(DEMO_CONFIG), "--tasks", "parameter", "structure", *flags])
+        assert exit_info.value.code == 2
+        flag = " ".join(flags[:2]) if flags[0] == "-n" else flags[0]
+        assert (f"{flag} choose(s) the images --tasks flop counts on, and --tasks parameter structure runs the model on "
+                f"no image: add flop to --tasks, or leave {flags[0]} out.") in capsys.readouterr().err
 
 
 def test_weights_that_are_a_folder_or_a_numpy_archive_are_named(tmp_path):

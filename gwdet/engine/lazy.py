@@ -47,7 +47,7 @@ from gwdet.data.coco_registration import (
 )
 from gwdet.data.datasets import check_dataset_files, named_empty_training_set
 from gwdet.data.resumable import resumable_train_loader
-from gwdet.config import ABSENT
+from gwdet.config import ABSENT, flatten_config
 from gwdet.model_zoo.lazy_loading import (
     OUTPUT_SETTING,
     argument_names,
@@ -98,6 +98,8 @@ from gwdet.engine.training import (
 WEIGHTS_SETTING = "train.init_checkpoint"
 BATCH_SETTING = "dataloader.train.total_batch_size"
 SEED_SETTING = "train.seed"
+# the test images' resizing, which an evaluation reads and training does not
+TEST_AUGMENTATIONS = "dataloader.test.mapper.augmentations"
 # What training needs besides dataloader.test / dataloader.evaluator (without them: no evaluation),
 # as detectron2's common/train.py and tools/lazyconfig_train_net.py lay it out.
 TRAINING_KEYS = (
@@ -393,6 +395,13 @@ class LazyRun(RunConfig):
         if "test_score_thresh" in model:  # detectron2's RetinaNet node
             return "model.test_score_thresh"
         return "model.roi_heads.box_predictor.test_score_thresh"
+
+    @property
+    def test_settings(self) -> dict[str, Any]:
+        flat = flatten_config(saved_tree(self.cfg))
+        return {key: value for key, value in flat.items()
+                if key == TEST_AUGMENTATIONS or key.startswith("model.")
+                and (key.rsplit(".", 1)[-1].startswith("test_") or key.endswith("_nms_topk"))}
 
     def with_target(self, weights: str, output_dir: str) -> "LazyRun":
         self.cfg.train.init_checkpoint, self.cfg.train.output_dir = weights, output_dir

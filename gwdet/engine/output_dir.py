@@ -891,8 +891,8 @@ def evaluation_folder(output_dir: str, weights: str, setting: str = "OUTPUT_DIR"
     """Where ``--eval-only`` of ``weights`` writes: ``output_dir`` itself when it holds neither a
     run nor an earlier evaluation, else ``output_dir/eval/<checkpoint>`` (``<folder>-<checkpoint>``
     for weights from elsewhere), so that the run's own files stay as its training left them; where
-    that folder holds an evaluation already, ``<checkpoint>-2``, ``-3``, ...: no evaluation
-    replaces another."""
+    that folder holds an evaluation already, or one still running (its lock held), ``<checkpoint>-2``,
+    ``-3``, ...: no evaluation replaces another or waits for it."""
     if not holds_run(output_dir) and not os.path.exists(os.path.join(output_dir, RESULTS_JSON)):
         return output_dir
     evaluations = os.path.join(output_dir, EVAL_FOLDER)
@@ -908,7 +908,7 @@ def evaluation_folder(output_dir: str, weights: str, setting: str = "OUTPUT_DIR"
         stem = f"{os.path.basename(os.path.dirname(weights))}-{stem}"
     folder = candidate = os.path.join(output_dir, EVAL_FOLDER, stem)
     number = 1
-    while os.path.exists(os.path.join(candidate, RESULTS_JSON)):
+    while os.path.exists(os.path.join(candidate, RESULTS_JSON)) or lock_holder(candidate) is not None:
         number += 1
         candidate = f"{folder}-{number}"
     return candidate
@@ -1038,18 +1038,27 @@ def _in_use(output_dir: str, holder: str, setting: str) -> GwdetRuntimeError:
                              f"give this run another {setting}.")
 
 
-def check_not_in_use(output_dir: str, setting: str = "OUTPUT_DIR") -> None:
-    """Refuse, before a job that starts at once is submitted, a run in ``output_dir`` while another
-    run holds its lock (:class:`OutputDirLock`), as the job would be at its start."""
+def lock_holder(output_dir: str) -> str | None:
+    """The process holding the lock of ``output_dir`` (:class:`OutputDirLock`; ``"pid N"``, or
+    ``"another process"``), or None when no run holds it."""
     path = os.path.join(output_dir, LOCK_NAME)
     if not os.path.isfile(path) or os.path.islink(path):
-        return
+        return None
     with open(path, encoding="utf-8", errors="replace") as file:
         try:
             fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise _in_use(output_dir, file.read().strip() or "another process", setting) from None
+            return file.read().strip() or "another process"
         fcntl.flock(file, fcntl.LOCK_UN)
+    return None
+
+
+def check_not_in_use(output_dir: str, setting: str = "OUTPUT_DIR") -> None:
+    """Refuse, before a job that starts at once is submitted, a run in ``output_dir`` while another
+    run holds its lock (:class:`OutputDirLock`), as the job would be at its start."""
+    holder = lock_holder(output_dir)
+    if holder is not None:
+        raise _in_use(output_dir, holder, setting)
 
 
 class OutputDirLock:

@@ -106,6 +106,12 @@ class RunConfig(ABC):
     @abstractmethod
     def score_threshold_setting(self) -> str:
         """The setting of the score below which the model's detections are dropped at test time."""
+
+    @property
+    @abstractmethod
+    def test_settings(self) -> dict[str, Any]:
+        """The settings an evaluation reads and training does not (the test images' size, the
+        detections' thresholds and numbers), by key, as results.md lists them."""
     vis_setting: ClassVar[str]  # the setting of the number of prediction drawings
     test_setting: ClassVar[str]  # the setting that names the test set(s)
 
@@ -516,7 +522,7 @@ def main(args: argparse.Namespace):
         test_datasets = run.test_datasets()
         initial = None if args.eval_only else getattr(trainer.checkpointer, "initial_weights", None)
         write_results_to(run.output_dir, results or {}, test_datasets, run.run_datasets(not args.eval_only),
-                         scored if args.eval_only else None, initial, run.score_threshold_setting)
+                         scored if args.eval_only else None, initial, run.score_threshold_setting, run.test_settings)
         drawings: list[str] = []
         if comm.is_main_process() and run.vis_images > 0 and test_datasets:  # no test set: nothing to draw
             drawings = save_prediction_pngs(run.cfg, model, test_datasets[0], run.vis_images,
@@ -597,12 +603,15 @@ def results_markdown(results: Mapping, datasets: Sequence[str] = ()) -> str:
 def results_record(results: Mapping, datasets: Sequence[str] = (), run_datasets: Sequence[str] = (),
                    evaluated: Mapping[str, str] | None = None, initial: Mapping[str, str] | None = None) -> dict:
     """What ``results.json`` holds: ``{dataset: {task: {metric: value}}}`` of ``results`` for the
-    test sets ``datasets`` (:func:`flatten_results`), and under ``"environment"`` the package
+    test sets ``datasets`` (:func:`flatten_results`; an AP detectron2 reports as NaN is ``None``,
+    JSON's ``null``, as strict JSON has no NaN), and under ``"environment"`` the package
     versions and the annotation files of ``run_datasets`` (every dataset the run trained or
     evaluated on) with their SHA-256 (:func:`gwdet.engine.run_environment.run_environment`); for an
     evaluation, the weights file it scored (``evaluated``), for a training the weights it started
     from (``initial``), each as :func:`~gwdet.checkpoint.resilient.weights_record` gives it."""
-    record = dict(flatten_results(results, datasets))
+    record: dict = {dataset: {task: {name: None if isinstance(value, float) and math.isnan(value) else value
+                                     for name, value in metrics.items()} for task, metrics in tasks.items()}
+                    for dataset, tasks in flatten_results(results, datasets).items()}
     if ENVIRONMENT_KEY in record:
         raise GwdetValueError(f"A test dataset is named {ENVIRONMENT_KEY!r}, the key under which results.json records "
                               f"the run's environment: register the dataset under another name. (results.md holds "
@@ -619,13 +628,15 @@ def results_record(results: Mapping, datasets: Sequence[str] = (), run_datasets:
 def write_results_to(output_dir: str, results: Mapping, datasets: Sequence[str] = (),
                      run_datasets: Sequence[str] = (), evaluated: Mapping[str, str] | None = None,
                      initial: Mapping[str, str] | None = None,
-                     threshold_setting: str = "MODEL.ROI_HEADS.SCORE_THRESH_TEST") -> None:
+                     threshold_setting: str = "MODEL.ROI_HEADS.SCORE_THRESH_TEST",
+                     test_settings: Mapping[str, Any] | None = None) -> None:
     """``output_dir/results.md`` and ``results.json`` (:func:`results_record`) of ``results`` for the
     test sets ``datasets`` of a run on ``run_datasets`` (main process only; nothing without results);
     an evaluation's name the weights file it scored and its SHA-256 (``evaluated``, taken when they
     were loaded), a training's the weights it started from (``initial``, as its checkpoints carry
     them); both as :func:`~gwdet.checkpoint.resilient.weights_record` gives them. A test set on which
-    the model detected nothing is warned of, naming the ``threshold_setting`` of its scores."""
+    the model detected nothing is warned of, naming the ``threshold_setting`` of its scores.
+    results.md lists the ``test_settings`` the results were evaluated with."""
     if not comm.is_main_process() or not results:
         return
     os.makedirs(output_dir, exist_ok=True)
@@ -634,10 +645,12 @@ def write_results_to(output_dir: str, results: Mapping, datasets: Sequence[str] 
         values = [value for metrics in tasks.values() for value in metrics.values()]
         if values and all(isinstance(value, float) and math.isnan(value) for value in values):
             logger.warning(f"The model detected nothing on {dataset or 'the test set'}: detectron2 reports its AP as "
-                           "NaN (written so in results.md and results.json), and scores no masks without detections. "
+                           "NaN (written nan in results.md, null in results.json), and scores no masks without detections. "
                            f"A model early in its training, or a score threshold ({threshold_setting}) above every "
                            "score, gives none.")
     markdown = results_markdown(results, datasets)
+    if test_settings:
+        markdown += "\nTest settings: " + ", ".join(f"`{key} {value!r}`" for key, value in test_settings.items()) + "\n"
     if evaluated:
         markdown += f"\nWeights evaluated: `{evaluated['path']}` (SHA-256 {evaluated['sha256']})\n"
     write_text_atomically(os.path.join(output_dir, RESULTS_MARKDOWN), markdown)

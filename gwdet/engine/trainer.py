@@ -28,7 +28,8 @@ from gwdet.errors import GwdetValueError
 from gwdet.checkpoint.resilient import ResilientCheckpointer
 from gwdet.checkpoint.signal_hook import release_stop_signals
 from gwdet.config import config_value
-from gwdet.config_checks import NORM_KEYS, ZERO_RATE, builds_norm, check_batch_split, ensure_checked
+from gwdet.config_checks import (NORM_KEYS, ZERO_RATE, builds_norm, check_batch_split, check_training_example_groups,
+                                  ensure_checked)
 from gwdet.positions import parse_gw_positions
 from gwdet.data import prepare_datasets, register_datasets
 from gwdet.data.coco_registration import CocoDataset
@@ -114,7 +115,9 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
     @classmethod
     def build_train_loader(cls, cfg: CfgNode):
         """detectron2's train loader, seeded with ``SEED`` and positioned on ``--resume``
-        (:func:`gwdet.data.resumable.build_resumable_train_loader`)."""
+        (:func:`gwdet.data.resumable.build_resumable_train_loader`), for example groups that fill
+        the images each process trains on (:func:`gwdet.config_checks.check_training_example_groups`)."""
+        check_training_example_groups(cfg, comm.get_world_size())
         with named_empty_training_set(", ".join(cfg.DATASETS.TRAIN), "DATALOADER.FILTER_EMPTY_ANNOTATIONS False",
                                       "MODEL.KEYPOINT_ON True" if cfg.MODEL.KEYPOINT_ON else None):
             return build_resumable_train_loader(cfg)
@@ -308,6 +311,17 @@ class YacsRun(RunConfig):
     def score_threshold_setting(self) -> str:
         head = "RETINANET" if "RetinaNet" in self.cfg.MODEL.META_ARCHITECTURE else "ROI_HEADS"
         return f"MODEL.{head}.SCORE_THRESH_TEST"
+
+    @property
+    def test_settings(self) -> dict[str, Any]:
+        cfg = self.cfg
+        if "RetinaNet" in cfg.MODEL.META_ARCHITECTURE:
+            heads = [f"MODEL.RETINANET.{key}" for key in ("SCORE_THRESH_TEST", "NMS_THRESH_TEST", "TOPK_CANDIDATES_TEST")]
+        else:
+            heads = [*(f"MODEL.RPN.{key}" for key in ("PRE_NMS_TOPK_TEST", "POST_NMS_TOPK_TEST")),
+                     *(f"MODEL.ROI_HEADS.{key}" for key in ("SCORE_THRESH_TEST", "NMS_THRESH_TEST"))]
+        keys = ["INPUT.MIN_SIZE_TEST", "INPUT.MAX_SIZE_TEST", *heads, "TEST.DETECTIONS_PER_IMAGE"]
+        return {key: config_value(cfg, key) for key in keys}
 
     def with_target(self, weights: str, output_dir: str) -> "YacsRun":
         cfg = self.cfg.clone()

@@ -159,6 +159,12 @@ def _analyze(argv: Sequence[str]) -> int:
     if args.input_size is not None and args.num_inputs != 1:
         raise GwdetValueError(f"-n {args.num_inputs} averages over test images, and --input-size counts on one random "
                               "image of that size (the count does not depend on its pixels): give one of them.")
+    unread = [flag for flag, given in (("--input-size", args.input_size is not None),
+                                       (f"-n {args.num_inputs}", args.num_inputs != 1)) if given]
+    if unread and "flop" not in args.tasks:
+        raise GwdetValueError(f"{' and '.join(unread)} choose(s) the images --tasks flop counts on, and --tasks "
+                              f"{' '.join(args.tasks)} runs the model on no image: add flop to --tasks, or leave "
+                              f"{' and '.join(flag.split()[0] for flag in unread)} out.")
     setup_logger(name="fvcore")
     setup_logger(name="detectron2")
     run = load_run_config(args.config_file, args.opts, tool=True)

@@ -195,14 +195,14 @@ def check_per_channel(owner: str, tensors: Mapping[str, Optional[Tensor]], chann
             raise GwdetValueError(f"{owner}: {name} must hold one value per channel, shape [{channels}], got {shape}")
 
 
-def check_values_per_group(owner: str, values: int, what: str) -> None:
+def check_values_per_group(owner: str, values: int, what: str,
+                           fix: str = "fewer groups, a larger input or (for batch statistics) more than one example"
+                           ) -> None:
     """Raise ``ValueError`` when each normalized group holds one value: normalizing it gives 0 for
-    any input, so the layer would output its bias whatever it is given (batch norm refuses too)."""
+    any input, so the layer would output its bias whatever it is given (batch norm refuses too);
+    the message ends with ``fix``."""
     if values == 1:
-        raise GwdetValueError(
-            f"{owner}: each {what} holds a single value, which normalizes to 0 for any input; use "
-            "fewer groups, a larger input or (for batch statistics) more than one example"
-        )
+        raise GwdetValueError(f"{owner}: each {what} holds a single value, which normalizes to 0 for any input; use {fix}")
 
 
 def largest_divisor_at_most(total: int, limit: int) -> int:

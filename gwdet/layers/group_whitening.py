@@ -210,4 +210,7 @@ class GroupWhitening(SettingsInState):
         for size in x.shape[2:]:
             positions *= size
         values = self.num_channels // self.effective_num_groups * positions
-        check_values_per_group("GroupWhitening", values, "group of a sample")
+        check_values_per_group(
+            "GroupWhitening", values, "group of a sample",
+            "fewer groups (num_groups: MODEL.GW.NUM_GROUPS in a config) or a larger input (an ROI head's input is "
+            "its POOLER_RESOLUTION square: e.g. MODEL.ROI_MASK_HEAD.POOLER_RESOLUTION)")

@@ -119,13 +119,15 @@ def _zca_recorded(cov: Tensor, min_eigenvalue: Tensor) -> Tensor:
     The value is ``D Lambda^{-1/2} D^T`` of the detached ``cov``; the first-order term is added as
     ``D (K o (D^T (Sigma - Sigma.detach()) D)) D^T``, whose value is exactly zero and whose gradient
     is the ``dL/dSigma`` of :func:`inverse_sqrt_zca`. Its second derivatives are not those of
-    ``cov^{-1/2}``: ``D`` and ``K`` are constants here.
+    ``cov^{-1/2}``: ``D`` and ``K`` are constants here. A ``torch.jit.trace`` records the term
+    whether or not ``cov`` requires grad, so that the graph does not depend on it (trace's own
+    check runs the module again, where the parameters' grad may differ).
     """
     eigenvalues, eigenvectors = finite_eigh(cov.detach())
     roots = eigenvalues.clamp_min(min_eigenvalue.squeeze(-1)).sqrt()
     eigenvectors_t = eigenvectors.transpose(-1, -2)
     whitening = float32_matmul(eigenvectors / roots.unsqueeze(-2), eigenvectors_t)
-    if not cov.requires_grad:
+    if not cov.requires_grad and not torch.jit.is_tracing():  # a trace records one graph, with or without grad
         return whitening
     roots_i = roots.unsqueeze(-1)
     roots_j = roots.unsqueeze(-2)

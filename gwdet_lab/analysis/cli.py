@@ -16,10 +16,13 @@ import argparse
 import math
 import dataclasses
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from gwdet.utils.cli_errors import add_verbose_argument, at_least, output_path_problem, run_tool
 from gwdet_lab.analysis.report import foreign_table_problem
+
+if TYPE_CHECKING:
+    from gwdet_lab.analysis.capacity import CapacitySetting
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = REPO / "configs" / "Demo" / "mask_rcnn_R_50_FPN_gw_shapes.yaml"
@@ -125,7 +128,8 @@ def argument_parser() -> argparse.ArgumentParser:
     p.add_argument("--N", type=at_least(1, "N"), default=60000, help="training set size N")
     p.add_argument("--k", type=int, default=None, help="BW group size (default: d, plain BW)")
     p.add_argument("--config", default=str(DEMO_CONFIG), help="detectron2 config for the GW cost table; '' skips it")
-    p.add_argument("--input-size", type=image_size, default=(800, 1333), help="HxW of the dummy image")
+    p.add_argument("--input-size", type=image_size, default=None,
+                   help="HxW of the dummy image of --config's cost table (default 800x1333)")
     p.add_argument("opts", nargs=argparse.REMAINDER, help="KEY VALUE config overrides")
 
     p = commands.add_parser("propagation", parents=[common], help="Lubana et al.: variance, cosine, gradients at init")
@@ -176,12 +180,19 @@ def run(args: argparse.Namespace) -> list[Path]:
 
         cfg = build_config(args.config, [*args.opts, "MODEL.DEVICE", "cpu"]) if args.config else None
         setting = ConstraintSetting(args.d, args.m, args.g, args.N, args.k)
-        return run_constraints(args.out, setting, cfg, args.config, args.input_size)
+        return run_constraints(args.out, setting, cfg, args.config, args.input_size or (800, 1333))
     if args.command == "propagation":
         from gwdet_lab.analysis.propagation import run_propagation
 
         return run_propagation(args.out, args.config, args.norms, args.opts, args.seed)
-    from gwdet_lab.analysis.capacity import QUICK_CAPACITY, CapacitySetting, run_capacity
+    from gwdet_lab.analysis.capacity import run_capacity
+
+    return run_capacity(args.out, capacity_setting(args))
+
+
+def capacity_setting(args: argparse.Namespace) -> CapacitySetting:
+    """The capacity sweeps of ``args``: ``--quick``'s or the default ones, with the flags given."""
+    from gwdet_lab.analysis.capacity import QUICK_CAPACITY, CapacitySetting
 
     overrides = {
         "width": args.width,
@@ -196,8 +207,38 @@ def run(args: argparse.Namespace) -> list[Path]:
         "seed": args.seed,
     }
     base = QUICK_CAPACITY if args.quick else CapacitySetting()
-    setting = dataclasses.replace(base, **{name: value for name, value in overrides.items() if value is not None})
-    return run_capacity(args.out, setting)
+    return dataclasses.replace(base, **{name: value for name, value in overrides.items() if value is not None})
+
+
+def setting_problem(args: argparse.Namespace) -> str | None:
+    """What in a subcommand's flags cannot give its tables, naming the flags and the fix, or None."""
+    if args.command == "conditioning":
+        apart = [groups for groups in args.groups if args.dim % groups]
+        if apart:
+            return (f"--groups {', '.join(map(str, apart))}: each group number must divide --dim {args.dim} (the "
+                    "features are split into equal groups); give divisors of --dim, or another --dim")
+        if args.samples <= args.dim:
+            return (f"--samples {args.samples} is not more than --dim {args.dim}: the covariance of m samples has rank "
+                    "m - 1 at most, so with m <= d it is singular and every condition number is inf; give --samples "
+                    f"above --dim (e.g. --samples {4 * args.dim})")
+    if args.command == "constraints":
+        if args.m > args.N:
+            return (f"--m {args.m} is larger than --N {args.N}: a batch holds at most the whole training set; give "
+                    f"--m of at most --N")
+        if args.input_size is not None and not args.config:
+            return ("--input-size sets the image of --config's GW cost table, and --config '' skips that table: "
+                    "give a config, or leave --input-size out")
+    if args.command == "capacity":
+        setting = capacity_setting(args)
+        width = f"--width {setting.width}" if args.width else f"the width of {setting.width} hidden units"
+        apart = [groups for groups in setting.groups if setting.width % groups]
+        if apart:
+            return (f"--groups {', '.join(map(str, apart))}: each group number must divide {width} (GN and GW split the "
+                    "units into equal groups); give divisors of the width, or another --width")
+        if setting.width % setting.batch_sweep_groups and {"GN", "GW"} & set(setting.batch_sweep_norms):
+            return (f"{width}: the batch-size sweep's GN and GW use {setting.batch_sweep_groups} groups, which must "
+                    f"divide it; give a --width that is a multiple of {setting.batch_sweep_groups}")
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -211,13 +252,9 @@ def _analyze(argv: Sequence[str]) -> int:
     parser = argument_parser()
     args = parser.parse_args(argv)
     problem = output_path_problem("--out", args.out, folder=True) or foreign_table_problem(args.out, args.command)
+    problem = problem or setting_problem(args)
     if problem:
         parser.error(problem)
-    if args.command == "conditioning":
-        apart = [groups for groups in args.groups if args.dim % groups]
-        if apart:
-            parser.error(f"--groups {', '.join(map(str, apart))}: each group number must divide --dim {args.dim} (the "
-                         "features are split into equal groups); give divisors of --dim, or another --dim")
     written = run(args)
     print(f"{args.command}: wrote")
     for path in written:

@@ -57,6 +57,7 @@ from gwdet_lab.study.record import (ON_MISMATCH, ConfigMismatch, PlannedCell, ch
                                     confounded_note, plan)
 from gwdet_lab.study.records import RecordsIncomplete, export_records, recorded_cells
 from gwdet_lab.study.report import foreign_report_problem, reported_cells, write_report
+from gwdet_lab.study.run_folder import COMPLETE_JSON
 from gwdet_lab.study.scheduler import Scheduler, is_done
 from gwdet_lab.study.summary import display_path, summarize, train_command
 
@@ -448,17 +449,30 @@ def report_from_records(args: argparse.Namespace, records_dir: Path, weights: Se
                                 "(no study_complete.json, a results.json that fails its SHA-256 record, or example "
                                 "weighing without the requested --example-weights); export records of finished "
                                 "cells only, unchanged")
+    if args.example_weights is not None:  # the records chose among the weights they swept, which the report shows
+        markers = {p.cell.name: p.folder.read_json(COMPLETE_JSON) for p in planned}
+        other = [f"{name} ({', '.join(f'{w:g}' for w in marker.get('example_weights', []))})"
+                 for name, marker in markers.items() if "example_weighing" in marker.get("evaluations", [])
+                 and set(marker.get("example_weights", [])) != set(weights)]
+        if other:
+            raise GwdetValueError(
+                f"--example-weights {' '.join(f'{w:g}' for w in weights)}: the records chose their example weight on "
+                f"val among other weights ({'; '.join(other[:3])}{'; ...' if len(other) > 3 else ''}), and the report "
+                "shows that choice; records hold no results for another sweep. Leave --example-weights out, or "
+                "run the cells again with these weights; nothing was written.")
     report(args, planned, weights, out_dir)
     return 0
 
 
 def list_cells(planned: Sequence[PlannedCell], weights: Sequence[float]) -> None:
-    """Each cell's state, folder, cluster job (id and state from SLURM) and its train_net command."""
+    """Each cell's state (done, busy, to weigh: trained and evaluated, its example weighing over
+    ``weights`` pending; interrupted, not started), folder, cluster job (id and state from SLURM)
+    and its train_net command."""
     jobs = list_jobs(planned)
     for item in planned:
         folder = item.folder
         state = ("done" if is_done(item, weights) else "busy" if folder.is_busy()
-                 else "interrupted" if folder.has_checkpoint() else "not started")
+                 else "to weigh" if folder.is_complete() else "interrupted" if folder.has_checkpoint() else "not started")
         print(f"{item.cell.name:<22} {state:<12} {display_path(str(folder.path))}")
         if item.cell.name in jobs:
             print(f"    {jobs[item.cell.name]}")

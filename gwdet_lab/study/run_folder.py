@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Mapping
+from typing import IO, Any, Mapping
 
 from gwdet.errors import GwdetError
 from gwdet.utils.atomic import checksum_problem, write_text_with_checksum
@@ -66,6 +67,13 @@ class FolderBusy(GwdetError, RuntimeError):
 
 class DamagedFile(GwdetError, ValueError):
     """A record of the folder that cannot be read (the message names it and the fix)."""
+
+
+def _nan_for_null(tree: Any) -> Any:
+    """``tree`` (a dataset's ``{task: {metric: value}}``) with NaN for each ``None`` value."""
+    if isinstance(tree, dict):
+        return {key: _nan_for_null(value) for key, value in tree.items()}
+    return math.nan if tree is None else tree
 
 
 @dataclass(frozen=True)
@@ -118,9 +126,10 @@ class RunFolder:
         return [record for record in records if record is not None]
 
     def results(self) -> dict[str, dict[str, dict[str, float]]]:
-        """``{dataset: {task: {metric: value}}}`` from ``results.json`` (COCO AP in %), without the
-        run's ``environment`` record."""
-        return {name: value for name, value in self.read_json(RESULTS_JSON).items() if name != ENVIRONMENT_KEY}
+        """``{dataset: {task: {metric: value}}}`` from ``results.json`` (COCO AP in %; NaN where the
+        file has ``null``, or ``NaN`` as earlier runs wrote it), without the run's ``environment`` record."""
+        return {name: _nan_for_null(tasks) for name, tasks in self.read_json(RESULTS_JSON).items()
+                if name != ENVIRONMENT_KEY}
 
     def read_json(self, name: str) -> dict:
         """A json object file of the folder, ``{}`` when it is not there; :class:`DamagedFile` when
