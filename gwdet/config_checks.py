@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from detectron2.config import CfgNode, get_cfg
+from detectron2.utils import comm
 
 from gwdet.errors import GwdetError, GwdetValueError
 from gwdet.layers.common import is_finite_number, is_whole_number
@@ -345,17 +346,16 @@ def builds_norm(cfg: CfgNode, key: str) -> bool:
     return key not in parts or builds_part(cfg, parts[key])
 
 
-def check_training_example_groups(cfg: CfgNode, processes: int) -> None:
-    """The example groups of a training by ``processes`` processes: an example group larger than the
-    whole batch never fills (BGN would silently become GN). Where the layers see the images
-    (backbone, FPN, the heads run on whole feature maps), the groups must divide the images each
-    process trains on (:func:`check_example_groups`); the ROI heads, whose batches are the varying
-    boxes of the images, keep the layer's rule. An evaluation reads no training batch."""
+def _check_example_groups(cfg: CfgNode) -> None:
+    """An example group larger than the whole batch never fills: BGN would silently become GN. Where
+    the layers see the images (backbone, FPN, the heads run on whole feature maps), the groups must
+    divide the images each process trains on (:func:`check_example_groups`); the ROI heads, whose
+    batches are the varying boxes of the images, keep the layer's rule."""
     example_group_norms = {record.name for record in norm_records() if record.example_groups}
     on_images = [key for key in IMAGE_BATCH_NORM_KEYS if _value(cfg, key) in example_group_norms and builds_norm(cfg, key)]
     if on_images:  # the ROI heads' batches are their boxes, many per image
-        check_example_groups(cfg.MODEL.BGN.EXAMPLES_PER_GROUP, cfg.SOLVER.IMS_PER_BATCH, processes, on_images,
-                             "MODEL.BGN.EXAMPLES_PER_GROUP", "SOLVER.IMS_PER_BATCH")
+        check_example_groups(cfg.MODEL.BGN.EXAMPLES_PER_GROUP, cfg.SOLVER.IMS_PER_BATCH, comm.get_world_size(),
+                             on_images, "MODEL.BGN.EXAMPLES_PER_GROUP", "SOLVER.IMS_PER_BATCH")
 
 
 def check_example_groups(examples: int, batch: int, processes: int, layers: Sequence[str], examples_setting: str,
@@ -368,7 +368,8 @@ def check_example_groups(examples: int, batch: int, processes: int, layers: Sequ
     if examples > batch:
         raise GwdetValueError(
             f"config: {examples_setting}={examples} is larger than {batch_setting}={batch}, so no example group can "
-            f"be filled. Use at most the images per GPU ({batch_setting} / number of GPUs).")
+            f"be filled. Use at most the images per GPU ({batch_setting} / number of GPUs); to evaluate weights (a "
+            f"model of the config, which may be trained again), give the {batch_setting} they were trained with.")
     images = batch // processes
     if images % examples:
         raise GwdetValueError(
@@ -939,6 +940,7 @@ def check_gwdet_config(cfg: CfgNode) -> None:
     check_config_values(cfg)
     check_detectron2_values(cfg)
     _check_gw_norm(cfg)
+    _check_example_groups(cfg)
     error = norm_config_problems(cfg)
     if error is not None:
         raise error

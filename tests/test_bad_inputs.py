@@ -56,6 +56,10 @@ CONFIG_CASES = {
     "GW eps <= 0": (["MODEL.GW.EPS", "0.0"], ["MODEL.GW.EPS", "> 0"]),
     "BW momentum outside [0, 1]": (["MODEL.BW.MOMENTUM", "1.5"], ["MODEL.BW.MOMENTUM", "[0, 1]"]),
     "example weight outside [0, 1]": (["MODEL.BGN.EVAL_EXAMPLE_WEIGHT", "-0.5"], ["MODEL.BGN.EVAL_EXAMPLE_WEIGHT"]),
+    "example groups larger than the batch": (  # of images: the ROI heads' batches are their many boxes
+        ["MODEL.FPN.NORM", "BGN", "MODEL.BGN.EXAMPLES_PER_GROUP", "8"],
+        ["MODEL.BGN.EXAMPLES_PER_GROUP=8", "SOLVER.IMS_PER_BATCH=4", "images per GPU"],
+    ),
 }
 
 

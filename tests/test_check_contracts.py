@@ -12,7 +12,7 @@ import torch
 from detectron2.config import get_cfg
 
 from gwdet import add_gwdet_config, check_gwdet_config, known_norm_names, norm
-from gwdet.config_checks import NormConfigError, UnknownNormConfigError, check_training_example_groups
+from gwdet.config_checks import NormConfigError, UnknownNormConfigError
 from gwdet.config import config_default
 from gwdet.engine.output_dir import CONFIG_NAME, check_resume_config
 from gwdet.layers import GroupWhitening
@@ -239,16 +239,16 @@ def test_gw_positions_without_a_gw_norm_and_example_groups_larger_than_the_batch
     cfg = gw_backbone_config()
     cfg.MODEL.FPN.NORM, cfg.SOLVER.IMS_PER_BATCH = "BGN", 2
     cfg.MODEL.BGN.EXAMPLES_PER_GROUP = 2
-    check_training_example_groups(cfg, 1)  # one example group of the whole batch: fine
+    check_gwdet_config(cfg)  # one example group of the whole batch: fine
     cfg.MODEL.BGN.EXAMPLES_PER_GROUP = 3
-    check_gwdet_config(cfg)  # a model to evaluate reads no training batch
     with pytest.raises(ValueError) as err:
-        check_training_example_groups(cfg, 1)
+        check_gwdet_config(cfg)
     assert str(err.value) == (
         "config: MODEL.BGN.EXAMPLES_PER_GROUP=3 is larger than SOLVER.IMS_PER_BATCH=2, so no example group can be "
-        "filled. Use at most the images per GPU (SOLVER.IMS_PER_BATCH / number of GPUs).")
+        "filled. Use at most the images per GPU (SOLVER.IMS_PER_BATCH / number of GPUs); to evaluate weights (a model "
+        "of the config, which may be trained again), give the SOLVER.IMS_PER_BATCH they were trained with.")
     cfg.MODEL.FPN.NORM = "GN"  # no norm with example groups: the value is not read
-    check_training_example_groups(cfg, 1)
+    check_gwdet_config(cfg)
 
 
 def test_a_config_without_gwdets_keys_and_bad_position_specs_are_refused_in_full():

@@ -28,8 +28,7 @@ from gwdet.errors import GwdetValueError
 from gwdet.checkpoint.resilient import ResilientCheckpointer
 from gwdet.checkpoint.signal_hook import release_stop_signals
 from gwdet.config import config_value
-from gwdet.config_checks import (NORM_KEYS, ZERO_RATE, builds_norm, check_batch_split, check_training_example_groups,
-                                  ensure_checked)
+from gwdet.config_checks import NORM_KEYS, ZERO_RATE, builds_norm, check_batch_split, ensure_checked
 from gwdet.positions import parse_gw_positions
 from gwdet.data import prepare_datasets, register_datasets
 from gwdet.data.coco_registration import CocoDataset
@@ -115,9 +114,7 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
     @classmethod
     def build_train_loader(cls, cfg: CfgNode):
         """detectron2's train loader, seeded with ``SEED`` and positioned on ``--resume``
-        (:func:`gwdet.data.resumable.build_resumable_train_loader`), for example groups that fill
-        the images each process trains on (:func:`gwdet.config_checks.check_training_example_groups`)."""
-        check_training_example_groups(cfg, comm.get_world_size())
+        (:func:`gwdet.data.resumable.build_resumable_train_loader`)."""
         with named_empty_training_set(", ".join(cfg.DATASETS.TRAIN), "DATALOADER.FILTER_EMPTY_ANNOTATIONS False",
                                       "MODEL.KEYPOINT_ON True" if cfg.MODEL.KEYPOINT_ON else None):
             return build_resumable_train_loader(cfg)
