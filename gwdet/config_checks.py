@@ -602,6 +602,42 @@ def _min_sizes(cfg: CfgNode, sizes: Any) -> str | None:
             "e.g. (640, 672, 704) (with INPUT.MIN_SIZE_TRAIN_SAMPLING 'range': exactly two, the range's ends).")
 
 
+def _scheduler_name(cfg: CfgNode, name: Any) -> str | None:
+    known = _one_of("WarmupMultiStepLR", "WarmupCosineLR", "WarmupStepWithFixedGammaLR",
+                    reads="detectron2's build_lr_scheduler")(cfg, name)
+    if known is not None or name != "WarmupStepWithFixedGammaLR":
+        return known
+    decays, max_iter = _value(cfg, "SOLVER.NUM_DECAYS"), _value(cfg, "SOLVER.MAX_ITER")
+    steps = ", ".join(str(max_iter * k // (decays + 1)) for k in range(1, decays + 1)) + ("," if decays == 1 else "") \
+        if is_whole_number(decays) and is_whole_number(max_iter) and decays >= 1 else "..."
+    return ("stops the training after its last iteration: detectron2's LR hook steps the scheduler once more, at the "
+            "end of the schedule, where fvcore's StepWithFixedGammaParamScheduler has no value (IndexError), so no "
+            "model_final.pth and no results are written. The same schedule: SOLVER.LR_SCHEDULER_NAME "
+            f"WarmupMultiStepLR with SOLVER.STEPS \"({steps})\" and the same SOLVER.GAMMA.")
+
+
+def _cosine_end(cfg: CfgNode, end: Any) -> str | None:
+    if _value(cfg, "SOLVER.LR_SCHEDULER_NAME") != "WarmupCosineLR":
+        return None
+    base = _value(cfg, "SOLVER.BASE_LR")
+    if is_finite_number(base) and base == 0:
+        return ("with SOLVER.BASE_LR 0: detectron2's WarmupCosineLR divides SOLVER.BASE_LR_END by SOLVER.BASE_LR; give "
+                "a rate above 0 (a rate of 0 trains nothing), or SOLVER.LR_SCHEDULER_NAME WarmupMultiStepLR.")
+    if is_finite_number(end) and is_finite_number(base) and 0 <= end <= base:
+        return None
+    return (f"is no final learning rate of WarmupCosineLR: it must be a number from 0 to SOLVER.BASE_LR ({base!r}), the "
+            "rate the cosine ends at (detectron2 stops with a bare AssertionError of their ratio), e.g. 0.0.")
+
+
+def _clip_norm_type(cfg: CfgNode, norm_type: Any) -> str | None:
+    if (not _value(cfg, "SOLVER.CLIP_GRADIENTS.ENABLED") or _value(cfg, "SOLVER.CLIP_GRADIENTS.CLIP_TYPE") != "norm"
+            or isinstance(norm_type, (int, float)) and not isinstance(norm_type, bool) and norm_type > 0):
+        return None
+    return ("is no p of a p-norm: with SOLVER.CLIP_GRADIENTS.CLIP_TYPE 'norm' it must be a number > 0 (torch computes "
+            "a 0- or negative norm of the gradients, which clips them to nothing useful), e.g. 2.0; the largest "
+            "absolute value is p = inf, which yacs reads from 1e999.")
+
+
 def _clip_value(cfg: CfgNode, value: Any) -> str | None:
     if not _value(cfg, "SOLVER.CLIP_GRADIENTS.ENABLED") or (is_finite_number(value) and value > 0):
         return None
@@ -759,8 +795,9 @@ DETECTRON2_VALUE_RULES = (
     ValueRule("SEED", _seed),
     ValueRule("MODEL.RESNETS.DEPTH", _resnet_depth),
     ValueRule("INPUT.MASK_FORMAT", _mask_format),
-    ValueRule("SOLVER.LR_SCHEDULER_NAME", _one_of("WarmupMultiStepLR", "WarmupCosineLR", "WarmupStepWithFixedGammaLR",
-                                                  reads="detectron2's build_lr_scheduler")),
+    ValueRule("SOLVER.LR_SCHEDULER_NAME", _scheduler_name),
+    ValueRule("SOLVER.BASE_LR_END", _cosine_end),
+    ValueRule("SOLVER.CLIP_GRADIENTS.NORM_TYPE", _clip_norm_type),
     ValueRule("SOLVER.WARMUP_METHOD", _one_of("linear", "constant", reads="detectron2's warm-up")),
     ValueRule("SOLVER.WARMUP_FACTOR", _number(0, 1, means="warm-up factor (the rate starts at BASE_LR times it)")),
     ValueRule("SOLVER.WEIGHT_DECAY", _number(0, means="weight decay")),

@@ -227,6 +227,30 @@ def known_norm_names() -> list[str]:
     return sorted(_RECORDS)
 
 
+def add_registered_config_keys(cfg: Any) -> Any:
+    """Add to the yacs config ``cfg`` each config key of a registered name (``register_norm``'s
+    ``config_keys``) that it lacks, with the default its build function gives that argument, so that
+    a config file can set it (``MODEL.MY_GN.NUM_GROUPS: 8``) as it sets gwdet's own; an argument
+    without a default adds no key (the build then asks for it). Returns ``cfg``."""
+    from detectron2.config import CfgNode
+
+    for record in norm_records():
+        parameters = inspect.signature(record.build).parameters
+        for param, key in record.config_keys.items():
+            default = parameters[param].default if param in parameters else inspect.Parameter.empty
+            if default is inspect.Parameter.empty:
+                continue
+            *sections, leaf = key.split(".")
+            node = cfg
+            for section in sections:
+                if not isinstance(node, CfgNode):
+                    break
+                node = node.setdefault(section, CfgNode())
+            if isinstance(node, CfgNode) and leaf not in node:
+                node[leaf] = default
+    return cfg
+
+
 def norm_records() -> list[NormRecord]:
     """Every record of the catalogue, sorted by name."""
     return [_RECORDS[name] for name in known_norm_names()]

@@ -186,6 +186,9 @@ def test_a_training_that_would_keep_random_stages_or_needs_a_gpu_is_refused(opts
     (["MODEL.META_ARCHITECTURE", "GWRetinaNet", "MODEL.BACKBONE.NAME", "build_gw_retinanet_resnet_fpn_backbone",
       "MODEL.RETINANET.NUM_CLASSES", "4", "MODEL.MASK_ON", "False", "MODEL.RETINANET.NORM", "BGN"],
      "the layers of MODEL.RETINANET.NORM (BGN) would keep"),
+    # 0 set every BN layer's running mean and variance to 0; -1 stopped with islice's error after the training
+    (["MODEL.FPN.NORM", "BN", "TEST.PRECISE_BN.NUM_ITER", "0"], "TEST.PRECISE_BN.NUM_ITER is 0: PreciseBN averages "),
+    (["TEST.PRECISE_BN.NUM_ITER", "-1"], "TEST.PRECISE_BN.NUM_ITER is -1: PreciseBN averages the batch statistics"),
 ])
 def test_precise_bn_with_norms_it_does_not_recompute_is_refused(opts, message):
     from gwdet.engine.trainer import check_training_values

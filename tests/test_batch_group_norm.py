@@ -247,3 +247,20 @@ def test_evaluation_on_the_examples_own_single_values_is_refused_as_training_is(
     blended = BatchGroupNorm(16, num_groups=16, eval_example_weight=0.5).eval()
     x = torch.randn(3, 16)
     assert not torch.equal(blended(x), blended(x * 10))  # the running statistics give the value its place
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e14, 1e17, 1e30])
+def test_evaluation_on_running_statistics_alone_is_batch_norms_for_any_input_magnitude(scale):
+    # eval_example_weight=0 (the default): 0.89 x batch norm's output at 1e15, 0 at 1e30 (the ridge floor of the
+    # scaled values outweighed the scaled running variance)
+    layer = BatchGroupNorm(16, num_groups=16, eval_example_weight=0.0)
+    generator = torch.Generator().manual_seed(5)
+    for _ in range(3):
+        layer(torch.randn(4, 16, 3, 3, generator=generator) * 3 + 1)
+    layer.eval()
+    bn = torch.nn.BatchNorm2d(16).eval()
+    bn.running_mean.copy_(layer.running_mean)
+    bn.running_var.copy_(layer.running_var)
+    x = torch.randn(2, 16, 3, 3, generator=generator) * scale
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), bn(x), rtol=1e-5, atol=1e-5)

@@ -112,6 +112,39 @@ def test_a_learning_rate_that_is_not_finite_is_refused():
         check_gwdet_config(cfg)
 
 
+def test_schedule_and_clipping_values_detectron2_fails_on_late_are_refused():
+    # an IndexError after the last iteration (no model_final.pth), "AssertionError: -0.5", a ZeroDivisionError, a
+    # 0-norm clipping accepted
+    assert refusal("SOLVER.LR_SCHEDULER_NAME", "WarmupStepWithFixedGammaLR", "SOLVER.MAX_ITER", "400").endswith(
+        "where fvcore's StepWithFixedGammaParamScheduler has no value (IndexError), so no model_final.pth and no "
+        "results are written. The same schedule: SOLVER.LR_SCHEDULER_NAME WarmupMultiStepLR with SOLVER.STEPS "
+        "\"(100, 200, 300)\" and the same SOLVER.GAMMA.")
+    cosine = ["SOLVER.LR_SCHEDULER_NAME", "WarmupCosineLR"]
+    for end in ("-0.5", "0.5"):
+        assert refusal(*cosine, "SOLVER.BASE_LR_END", end).startswith(
+            f"config: SOLVER.BASE_LR_END={end} is no final learning rate of WarmupCosineLR: it must be a number from 0 "
+            "to SOLVER.BASE_LR (0.02)")
+    assert "WarmupCosineLR divides SOLVER.BASE_LR_END by SOLVER.BASE_LR" in refusal(*cosine, "SOLVER.BASE_LR", "0.0")
+    build_config(str(DEMO_CONFIG), ["SOLVER.BASE_LR_END", "-0.5"])  # not read by the multi-step schedule
+    clipping = ["SOLVER.CLIP_GRADIENTS.ENABLED", "True", "SOLVER.CLIP_GRADIENTS.CLIP_TYPE", "norm"]
+    for norm_type in ("0.0", "-1.0"):
+        assert refusal(*clipping, "SOLVER.CLIP_GRADIENTS.NORM_TYPE", norm_type).startswith(
+            f"config: SOLVER.CLIP_GRADIENTS.NORM_TYPE={norm_type} is no p of a p-norm")
+    build_config(str(DEMO_CONFIG), [*clipping, "SOLVER.CLIP_GRADIENTS.NORM_TYPE", "1e999"])  # the largest value
+
+
+def test_schedule_values_a_training_would_not_read_or_few_would_mean_are_warned_of():
+    with logged_warnings("gwdet.engine.trainer") as logged:
+        check_training_values(build_config(str(DEMO_CONFIG), ["SOLVER.LR_SCHEDULER_NAME", "WarmupCosineLR",
+                                                              "SOLVER.STEPS", "(10,)", "SOLVER.BIAS_LR_FACTOR", "0.0"]), 1)
+        check_training_values(build_config(str(DEMO_CONFIG), ["SOLVER.BASE_LR_END", "0.001", "SOLVER.STEPS", "(10,)",
+                                                              "SOLVER.GAMMA", "10.0"]), 1)
+    assert [line.split(":")[0] for line in logged] == [
+        "SOLVER.BIAS_LR_FACTOR 0.0", "SOLVER.STEPS (10,) is not read by SOLVER.LR_SCHEDULER_NAME WarmupCosineLR, whose "
+        "rate falls from SOLVER.BASE_LR to SOLVER.BASE_LR_END along a cosine", "SOLVER.GAMMA 10.0 is above 1",
+        "SOLVER.BASE_LR_END 0.001 is read by WarmupCosineLR only, not by SOLVER.LR_SCHEDULER_NAME WarmupMultiStepLR"]
+
+
 @pytest.mark.parametrize("seed", ["4294967296", "10000000000000"])
 def test_a_seed_beyond_numpys_is_refused(seed):
     # numpy's "Seed must be between 0 and 2**32 - 1" traceback when the run seeded its generators

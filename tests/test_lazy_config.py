@@ -124,6 +124,26 @@ def test_place_norm_refuses_norms_with_running_statistics_in_the_stages_it_freez
     place_norm(resnet, positions="B2", norm=norm, freeze_at=1)  # the stem keeps its BN, which becomes FrozenBN
 
 
+def test_place_norm_refuses_a_registered_norm_with_running_statistics_in_the_stages_it_freezes(registered):
+    # a registered name with batch_statistics=True kept updating its running statistics in frozen stages
+    from gwdet.norms import register_norm
+
+    class RunningStatistics(torch.nn.Module):
+        def __init__(self, channels):
+            super().__init__()
+            self.register_buffer("running_mean", torch.zeros(channels))
+
+        def forward(self, x):
+            return x - self.running_mean.view(1, -1, 1, 1)
+
+    register_norm("RunStat", RunningStatistics, batch_statistics=True, layer_types=(RunningStatistics,))
+    registered.append("RunStat")
+    resnet = ResNet(BasicStem(3, 64, norm="BN"), ResNet.make_default_stages(18, norm="BN"), out_features=["res5"])
+    with pytest.raises(GwdetValueError, match=r"freeze_at=1 freezes stem, whose norms stem.conv1.norm "
+                                              r"\(RunningStatistics\) keep running statistics"):
+        place_norm(resnet, positions="S1", norm=gwdet.norm("RunStat"), freeze_at=1)
+
+
 def test_a_norm_name_detectron2_does_not_know_fails_loudly_in_a_lazy_config():
     node = L(BasicStem)(in_channels=3, out_channels=16, norm="GW")
     with pytest.raises(KeyError):

@@ -103,6 +103,25 @@ def test_users_register_their_own_name_with_config_keys(registered):
     assert "TestBad" not in known_norm_names()
 
 
+def test_a_registered_names_own_config_key_can_be_set_in_a_config_file(registered, tmp_path):
+    # docs/usage.md's recipe: MODEL.MY_GN.NUM_GROUPS was refused as "not a key of detectron2's or gwdet's config"
+    from gwdet.model_zoo import build_config
+
+    from conftest import DEMO_CONFIG
+
+    registered.append("TestMyGN")
+
+    @register_norm("TestMyGN", config_keys={"num_groups": "MODEL.TEST_MY_GN.NUM_GROUPS"})
+    def _test_my_gn(channels, num_groups=16):
+        return torch.nn.GroupNorm(num_groups, channels)
+
+    config = tmp_path / "mine.yaml"
+    config.write_text(f'_BASE_: "{DEMO_CONFIG}"\nMODEL:\n  FPN:\n    NORM: "TestMyGN"\n  TEST_MY_GN:\n    NUM_GROUPS: 4\n')
+    cfg = build_config(str(config))
+    assert cfg.MODEL.TEST_MY_GN.NUM_GROUPS == 4 and norm_from_config("TestMyGN", cfg)(8).num_groups == 4
+    assert build_config(str(DEMO_CONFIG)).MODEL.TEST_MY_GN.NUM_GROUPS == 16  # the build function's default
+
+
 def test_a_name_is_registered_once(registered):
     registered.append("TestOnce")
     register_norm("TestOnce", lambda channels: torch.nn.GroupNorm(1, channels))

@@ -87,6 +87,7 @@ from gwdet.engine.run import RunConfig
 from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.engine.training import (
     InnerTrainerState,
+    configured_optimizer_values,
     continue_after_resume,
     random_streams_kept,
     run_writers,
@@ -98,6 +99,8 @@ from gwdet.engine.training import (
 WEIGHTS_SETTING = "train.init_checkpoint"
 BATCH_SETTING = "dataloader.train.total_batch_size"
 SEED_SETTING = "train.seed"
+# the settings by which the optimizer groups the parameters, which a resume cannot change
+OPTIMIZER_GROUPING = "optimizer.params' weight decays, bias_lr_factor and overrides"
 # the test images' resizing, which an evaluation reads and training does not
 TEST_AUGMENTATIONS = "dataloader.test.mapper.augmentations"
 # What training needs besides dataloader.test / dataloader.evaluator (without them: no evaluation),
@@ -246,7 +249,8 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
         """``--resume``: continue from the newest readable checkpoint of ``train.output_dir`` (its
         iteration, optimizer, scheduler, random and data states); else load
         ``train.init_checkpoint`` and start at iteration 0."""
-        self.checkpointer.resume_or_load(self.cfg.train.init_checkpoint, resume=resume)
+        with configured_optimizer_values(self.optimizer, self.scheduler, OPTIMIZER_GROUPING, WEIGHTS_SETTING):
+            self.checkpointer.resume_or_load(self.cfg.train.init_checkpoint, resume=resume)
         if resume and self.checkpointer.has_checkpoint():
             self.start_iter = self.iter + 1
         continue_after_resume(self.cfg.train.output_dir, self.start_iter, self.data_loader, self._images_per_rank,

@@ -28,6 +28,7 @@ from gwdet.errors import GwdetValueError
 from gwdet.checkpoint.resilient import ResilientCheckpointer
 from gwdet.checkpoint.signal_hook import release_stop_signals
 from gwdet.config import config_value
+from gwdet.layers.common import is_whole_number
 from gwdet.config_checks import NORM_KEYS, ZERO_RATE, builds_norm, check_batch_split, ensure_checked
 from gwdet.positions import parse_gw_positions
 from gwdet.data import prepare_datasets, register_datasets
@@ -45,6 +46,7 @@ from gwdet.engine.run import RunConfig
 from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.engine.training import (
     InnerTrainerState,
+    configured_optimizer_values,
     continue_after_resume,
     random_streams_kept,
     run_writers,
@@ -54,6 +56,8 @@ from gwdet.engine.training import (
 )
 
 logger = logging.getLogger(__name__)
+# the settings by which detectron2's optimizer groups the parameters, which a resume cannot change
+OPTIMIZER_GROUPING = "SOLVER.WEIGHT_DECAY, WEIGHT_DECAY_NORM, WEIGHT_DECAY_BIAS and BIAS_LR_FACTOR"
 _OPTIMIZER_STATE: tuple[type, ...] = () if "state_dict" in DefaultTrainer.__dict__ else (InnerTrainerState,)
 
 
@@ -143,7 +147,8 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
         return getattr(self, "_last_eval_results", None)
 
     def resume_or_load(self, resume: bool = True) -> None:
-        super().resume_or_load(resume=resume)
+        with configured_optimizer_values(self.optimizer, self.scheduler, OPTIMIZER_GROUPING, "MODEL.WEIGHTS"):
+            super().resume_or_load(resume=resume)
         continue_after_resume(self.cfg.OUTPUT_DIR, self.start_iter, self._trainer.data_loader,
                               self.cfg.SOLVER.IMS_PER_BATCH // comm.get_world_size(),
                               "The train loader was not built by gwdet's build_train_loader")
@@ -214,6 +219,28 @@ def precise_bn_skips(name: str) -> bool:
     return record.batch_statistics and not all(issubclass(t, BN_MODULE_TYPES) for t in record.layer_types)
 
 
+def _warn_of_unread_schedule_values(cfg: CfgNode) -> None:
+    """Warnings for solver values that leave part of the training as it would be without them, or
+    that few would mean: biases that do not train (``SOLVER.BIAS_LR_FACTOR 0``), a rate that rises
+    at each step (``SOLVER.GAMMA`` above 1), and the schedule keys the chosen scheduler does not read
+    (``SOLVER.STEPS`` and ``GAMMA`` under ``WarmupCosineLR``, ``BASE_LR_END`` under the others)."""
+    solver = cfg.SOLVER
+    if solver.BIAS_LR_FACTOR == 0 and solver.BASE_LR != 0:
+        logger.warning("SOLVER.BIAS_LR_FACTOR 0.0: every bias trains with a learning rate of 0 and keeps its initial "
+                       "value through the whole run; give 1.0 (detectron2's default) to train them.")
+    cosine = solver.LR_SCHEDULER_NAME == "WarmupCosineLR"
+    if solver.GAMMA > 1 and not cosine and (solver.STEPS or solver.LR_SCHEDULER_NAME == "WarmupStepWithFixedGammaLR"):
+        logger.warning(f"SOLVER.GAMMA {solver.GAMMA} is above 1: each step of the schedule multiplies the learning rate "
+                       "by it, so the rate rises; give a factor below 1 (e.g. 0.1) to lower it.")
+    if cosine and solver.STEPS:
+        logger.warning(f"SOLVER.STEPS {tuple(solver.STEPS)} is not read by SOLVER.LR_SCHEDULER_NAME WarmupCosineLR, whose "
+                       "rate falls from SOLVER.BASE_LR to SOLVER.BASE_LR_END along a cosine: set SOLVER.STEPS \"()\", or "
+                       "use WarmupMultiStepLR for steps.")
+    if not cosine and solver.BASE_LR_END != 0:
+        logger.warning(f"SOLVER.BASE_LR_END {solver.BASE_LR_END} is read by WarmupCosineLR only, not by "
+                       f"SOLVER.LR_SCHEDULER_NAME {solver.LR_SCHEDULER_NAME}: the rate ends where its steps leave it.")
+
+
 def check_training_values(cfg: CfgNode, world_size: int) -> None:
     """Refuse, before anything is built, solver and dataset values a training run cannot start
     with (detectron2 would stop later with a bare assertion): no training dataset, no iteration,
@@ -237,6 +264,7 @@ def check_training_values(cfg: CfgNode, world_size: int) -> None:
                        f"{cfg.SOLVER.MAX_ITER}: detectron2 stretches the warm-up over the whole run, whose learning rate "
                        "then never reaches SOLVER.BASE_LR. Shorten the warm-up (e.g. SOLVER.WARMUP_ITERS "
                        f"{cfg.SOLVER.MAX_ITER // 10}) to train at the base rate.")
+    _warn_of_unread_schedule_values(cfg)
     norms = norm_settings(cfg)
     if not cfg.MODEL.WEIGHTS:
         check_scratch_training([key for key, name in norms.items() if name == "FrozenBN"], cfg.MODEL.BACKBONE.FREEZE_AT,
@@ -259,6 +287,12 @@ def check_training_values(cfg: CfgNode, world_size: int) -> None:
                 f"TEST.PRECISE_BN.ENABLED is True, but detectron2's PreciseBN recomputes the running statistics of "
                 f"torch's batch norms only, and the layers of {', '.join(missed)} would keep their running averages. Set "
                 "TEST.PRECISE_BN.ENABLED False, or use BN / SyncBN there.")
+        iterations = cfg.TEST.PRECISE_BN.NUM_ITER
+        if not is_whole_number(iterations) or iterations < 1:
+            raise GwdetValueError(
+                f"TEST.PRECISE_BN.NUM_ITER is {iterations!r}: PreciseBN averages the batch statistics of that many "
+                "batches (0 would set every BN layer's running mean and variance to 0, a negative count stops after "
+                "the training); give at least 1, e.g. TEST.PRECISE_BN.NUM_ITER 200, or TEST.PRECISE_BN.ENABLED False.")
     synchronized = [key for key, name in norms.items() if name in CUDA_SYNC_NORMS]
     if synchronized and world_size > 1 and not str(cfg.MODEL.DEVICE).startswith("cuda"):
         raise GwdetValueError(

@@ -9,7 +9,8 @@
 * save a checkpoint of the current iteration on SIGTERM, SIGINT, SIGHUP and SIGUSR2 (:func:`with_signal_checkpoints`);
 * write ``metrics.json`` with a writer that opens it only after a resume trimmed it (:func:`run_writers`);
 * continue a resumed run where it stopped: its metrics trimmed to the iterations kept, its train
-  loader positioned after the samples already trained (:func:`continue_after_resume`);
+  loader positioned after the samples already trained (:func:`continue_after_resume`), its
+  optimizer with the config's values (:func:`configured_optimizer_values`);
 * checkpoint the inner ``SimpleTrainer``'s optimizer state where detectron2 does not (:class:`InnerTrainerState`).
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 
 from detectron2.engine import AMPTrainer, SimpleTrainer, TrainerBase, create_ddp_model
 from detectron2.engine.hooks import EvalHook
+from detectron2.solver import LRMultiplier
 from detectron2.utils import comm
 from detectron2.utils.events import CommonMetricPrinter, EventWriter, JSONWriter, TensorboardXWriter
 
@@ -31,6 +33,7 @@ from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer
 from gwdet.checkpoint.signal_hook import CheckpointOnSignal
 from gwdet.data.datasets import dataset_classes
 from gwdet.data.resumable import skip_trained_samples
+from gwdet.errors import GwdetValueError
 from gwdet.engine.output_dir import set_aside_results, trim_metrics
 from gwdet.engine.run_environment import annotation_files
 
@@ -116,6 +119,39 @@ def with_signal_checkpoints(hooks: list) -> list:
     evaluation = next(i for i, hook in enumerate(hooks) if isinstance(hook, EvalHook))
     stop = CheckpointOnSignal(evaluations=[hook for hook in hooks if isinstance(hook, EvalHook)])
     return hooks[:evaluation] + [stop] + hooks[evaluation:]
+
+
+# torch's refusals of an optimizer state whose parameter groups another config built
+OTHER_GROUPS = ("loaded state dict has a different number of parameter groups",
+                "loaded state dict contains a parameter group that doesn't match the size")
+
+
+@contextlib.contextmanager
+def configured_optimizer_values(optimizer: torch.optim.Optimizer, scheduler: Any, grouping_settings: str,
+                                weights_setting: str) -> Iterator[None]:
+    """Around a resume: the optimizer's values as the config gives them (each group's learning
+    rate, weight decay, momentum, ...), which loading the checkpoint's optimizer and scheduler
+    states would otherwise replace by the run's, are set again after it. A group's learning rate
+    becomes the config's base rate times the multiplier at the resumed iteration (detectron2's
+    ``LRMultiplier``: ``base_lrs`` set to the config's). A config that groups the parameters otherwise
+    (``grouping_settings``) cannot resume the run's optimizer: refused, naming them."""
+    configured = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
+    try:
+        yield
+    except ValueError as error:
+        if not any(refusal in str(error) for refusal in OTHER_GROUPS):
+            raise
+        raise GwdetValueError(
+            f"--resume: the run's optimizer state groups the parameters otherwise than this config's optimizer "
+            f"(torch: {error}); {grouping_settings} split the parameters into groups, and a resume cannot regroup the "
+            f"optimizer's state. Resume with the run's values, or start a new run from its last checkpoint "
+            f"({weights_setting} <run>/model_XXXXXXX.pth).") from None
+    for group, values in zip(optimizer.param_groups, configured, strict=True):
+        group.update({key: value for key, value in values.items() if key != "lr"})
+    if isinstance(scheduler, LRMultiplier):
+        scheduler.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
+        for group, rate in zip(optimizer.param_groups, scheduler.get_lr(), strict=True):
+            group["lr"] = rate
 
 
 def continue_after_resume(output_dir: str, start_iter: int, loader: Iterable, images_per_process: int,

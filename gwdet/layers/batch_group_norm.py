@@ -185,6 +185,13 @@ def _inference_statistics(
     for the example scaled by ``1/s`` (the running moments scaled along); returns the mean, the
     variance and the factors ``1/s``, each ``(n, C)``."""
     channels = values.shape[1]
+    if alpha == 0.0:  # batch norm's inference: the running moments alone, in the units of x (no scaling,
+        # whose ridge floor would outweigh a running variance scaled down for a huge input)
+        shape = [values.shape[0], channels]
+        running_var = running_var.to(values.dtype)
+        running_var = torch.where(torch.isinf(running_var), torch.full_like(running_var, float("nan")), running_var)
+        return (running_mean.to(values.dtype).expand(shape), running_var.expand(shape),
+                torch.ones(shape, dtype=values.dtype, device=values.device))
     own_mean, own_var, _, scales = _block_moments(values, 1, groups)
     own_mean = _to_channels(own_mean, channels)
     own_var = _to_channels(own_var, channels)

@@ -28,6 +28,7 @@ from gwdet.errors import GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetVa
 from gwdet.layers.common import check_flag
 from gwdet.model_zoo.lazy_loading import check_config_file_exists, check_override_list, is_lazy_config, load_lazy_config
 from gwdet.model_zoo.model_zoo import configs_dir, get_config_file
+from gwdet.norms import add_registered_config_keys
 
 
 def build_config(config_file: str | os.PathLike, opts: list[str] | None = None) -> CfgNode:
@@ -66,7 +67,7 @@ def build_config(config_file: str | os.PathLike, opts: list[str] | None = None) 
         raise GwdetValueError(f"Config file {config_file!r} holds no KEY: VALUE mapping (is it empty?). "
                               "Start from one of the files under configs/.")
     check_base_files(config_file, content)
-    cfg = add_gwdet_config(get_cfg())
+    cfg = add_registered_config_keys(add_gwdet_config(get_cfg()))
     try:
         cfg.merge_from_file(config_file)
     except (KeyError, AssertionError, ValueError) as error:  # yacs: unknown key, wrong type

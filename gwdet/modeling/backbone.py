@@ -28,8 +28,7 @@ from torch import nn
 from gwdet.config_checks import ensure_checked
 from gwdet.positions import convs_at_positions, parse_gw_positions
 from gwdet.errors import GwdetTypeError, GwdetValueError, listed
-from gwdet.layers import BatchGroupNorm, BatchWhitening
-from gwdet.norms import check_detectron2_buildable, norm_from_config
+from gwdet.norms import check_detectron2_buildable, layer_types, norm_from_config
 
 # Built in place of a norm detectron2 cannot make by name; every such module is replaced.
 PLACEHOLDER_NORM = "BN"
@@ -84,19 +83,23 @@ def _place_norm(resnet: ResNet, positions: str, norm: Any, freeze_at: int, refus
     return resnet.freeze(int(freeze_at))
 
 
-# gwdet's norms with running statistics, which detectron2's freezing leaves as they are (it turns
-# torch's batch norms into FrozenBN only)
-UNFROZEN_STATISTICS_LAYERS = (BatchWhitening, BatchGroupNorm)
+def unfrozen_statistics_layers() -> tuple[type, ...]:
+    """The layer classes of the catalogue's norms with batch statistics (BW, BGN, a registered name
+    with ``batch_statistics=True``) that detectron2's freezing leaves as they are: it turns torch's
+    batch norms into FrozenBN only."""
+    return tuple(kind for kind in layer_types(batch_statistics=True)
+                 if not issubclass(kind, (nn.BatchNorm2d, nn.SyncBatchNorm)))
 
 
 def _check_frozen_statistics(resnet: ResNet, freeze_at: int) -> None:
-    """Refuse norms of :data:`UNFROZEN_STATISTICS_LAYERS` in the parts ``freeze_at`` freezes (the
+    """Refuse norms of :func:`unfrozen_statistics_layers` in the parts ``freeze_at`` freezes (the
     stem from 1, then one stage more for each): training would go on updating their running
     statistics, so the frozen stages would compute another function after every batch."""
+    unfrozen = unfrozen_statistics_layers()
     frozen = [("stem", resnet.stem)] if freeze_at >= 1 else []
     frozen += [(name, stage) for name, stage in zip(resnet.stage_names, resnet.stages, strict=True)][:max(freeze_at - 1, 0)]
     found = [f"{part}.{name} ({type(module).__name__})" for part, block in frozen
-             for name, module in block.named_modules() if isinstance(module, UNFROZEN_STATISTICS_LAYERS)]
+             for name, module in block.named_modules() if isinstance(module, unfrozen)]
     if found:
         parts = ", ".join(part for part, _ in frozen)
         raise GwdetValueError(

@@ -1,0 +1,53 @@
+"""A resume trains with the optimizer values the config gives (gwdet.engine.training.configured_optimizer_values),
+not the ones the checkpoint's optimizer and scheduler states carry."""
+import pytest
+import torch
+from detectron2.solver import LRMultiplier, WarmupParamScheduler
+from fvcore.common.param_scheduler import MultiStepParamScheduler
+
+from gwdet.engine.training import configured_optimizer_values
+from gwdet.errors import GwdetError
+
+
+def optimizer_and_scheduler(model, lr, weight_decay, momentum, groups=1):
+    params = list(model.parameters())
+    split = [params] if groups == 1 else [params[:1], params[1:]]
+    optimizer = torch.optim.SGD([{"params": p} for p in split], lr=lr, weight_decay=weight_decay, momentum=momentum)
+    multiplier = WarmupParamScheduler(MultiStepParamScheduler([1.0, 0.1], milestones=[6], num_updates=10), 0.5, 0.2)
+    return optimizer, LRMultiplier(optimizer, multiplier, max_iter=10)
+
+
+def trained_states(model):
+    optimizer, scheduler = optimizer_and_scheduler(model, 0.02, 1e-4, 0.9)
+    for _ in range(7):  # past the warm-up and the step at 6
+        model(torch.randn(4, 3)).sum().backward()
+        optimizer.step()
+        scheduler.step()
+    return optimizer.state_dict(), scheduler.state_dict()
+
+
+def test_a_resume_trains_with_the_configs_rate_weight_decay_and_momentum():
+    # a changed SOLVER.BASE_LR, WEIGHT_DECAY, MOMENTUM was listed as a difference and trained with the run's values
+    model = torch.nn.Linear(3, 2)
+    optimizer_state, scheduler_state = trained_states(model)
+    optimizer, scheduler = optimizer_and_scheduler(model, 0.01, 0.5, 0.0)
+    with configured_optimizer_values(optimizer, scheduler, "the grouping settings", "MODEL.WEIGHTS"):
+        optimizer.load_state_dict(optimizer_state)
+        scheduler.load_state_dict(scheduler_state)
+    assert scheduler.last_epoch == 7 and optimizer.state  # the run's iteration and momentum buffers
+    [group] = optimizer.param_groups
+    assert (group["weight_decay"], group["momentum"], group["initial_lr"]) == (0.5, 0.0, 0.01)
+    assert group["lr"] == pytest.approx(0.01 * 0.1)  # the config's rate at the resumed iteration, after the step
+    scheduler.step()
+    assert group["lr"] == pytest.approx(0.01 * 0.1)
+
+
+def test_a_resume_cannot_regroup_the_optimizer_state():
+    model = torch.nn.Linear(3, 2)
+    optimizer_state, _ = trained_states(model)
+    optimizer, scheduler = optimizer_and_scheduler(model, 0.02, 1e-4, 0.9, groups=2)
+    with pytest.raises(GwdetError, match=r"--resume: the run's optimizer state groups the parameters otherwise than "
+                                         r"this config's optimizer \(torch: .*\); SOLVER.BIAS_LR_FACTOR split the "
+                                         r"parameters into groups, and a resume cannot regroup"):
+        with configured_optimizer_values(optimizer, scheduler, "SOLVER.BIAS_LR_FACTOR", "MODEL.WEIGHTS"):
+            optimizer.load_state_dict(optimizer_state)
