@@ -33,7 +33,7 @@ from gwdet.config import (add_gwdet_config, check_config_values, config_value, f
                           require_gwdet_config)
 from gwdet.norms import (DETECTRON2_GN_GROUPS, OWN_NAMES_NOTE, UnknownNormError, detectron2_builds_as_configured,
                          known_norm_names, norm_records, norm_record)
-from gwdet.positions import BLOCK_CONV_OF_POSITION, parse_gw_positions
+from gwdet.positions import BLOCK_CONV_OF_POSITION, backbone_reads_gw_positions, parse_gw_positions
 
 # Where a message sends the reader: the section explaining how NORM strings become layers.
 DOC_FILE = "docs/usage.md"
@@ -268,9 +268,10 @@ def _gw_position_problems(cfg: CfgNode) -> list[_Problem]:
         return []
     problems = []
     backbone = cfg.MODEL.BACKBONE.NAME
-    if backbone not in GW_BACKBONES:
-        why = (f"MODEL.RESNETS.GW_POSITIONS={spec!r} is read by gwdet's backbones only, but "
-               f"MODEL.BACKBONE.NAME={backbone!r} would build a model without GW there")
+    if not backbone_reads_gw_positions(backbone, GW_BACKBONES):
+        why = (f"MODEL.RESNETS.GW_POSITIONS={spec!r} is read by gwdet's backbones only (and by builders of your own "
+               f"marked with gwdet.modeling.reads_gw_positions), but MODEL.BACKBONE.NAME={backbone!r} is none of "
+               "them: it would build a model without GW there")
         fix, change = _replacement("MODEL.BACKBONE.NAME", backbone, "with GW there",
                                    f"set MODEL.BACKBONE.NAME to one of {', '.join(GW_BACKBONES)}, or "
                                    "MODEL.RESNETS.GW_POSITIONS to ''")

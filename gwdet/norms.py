@@ -407,7 +407,18 @@ class Norm:
     def __call__(self, channels: int) -> torch.nn.Module:
         check_int_at_least(f"The norm {self.name!r}", "channels", channels, 1)
         record = norm_record(self.name)
-        layer = record.build(channels, **self.params)
+        try:
+            layer = record.build(channels, **self.params)
+        except (TypeError, ValueError) as error:
+            if record.builtin or isinstance(error, GwdetError):
+                raise
+            values = ", ".join(f"{key}={value!r}" for key, value in self.params.items()) or "no values"
+            keys = ", ".join(f"{key} from {config_key}" for key, config_key in record.config_keys.items())
+            raise GwdetValueError(
+                f"The norm {self.name!r} (a registered name) could not build a layer of {channels} channels with "
+                f"{values}{f' ({keys} in a yacs config)' if keys else ''}: its build function "
+                f"{getattr(record.build, '__qualname__', record.build)} raised {type(error).__name__}: {error}. "
+                "Give values it can build with (--verbose shows where it failed).") from error
         if not isinstance(layer, torch.nn.Module):
             raise GwdetTypeError(
                 f"The norm {self.name!r}: its build function "

@@ -7,9 +7,10 @@ backbones, the config checks and the checkpoint converter all use this module.
 """
 from __future__ import annotations
 
-from typing import FrozenSet, Iterable, Iterator
+from typing import Callable, FrozenSet, Iterable, Iterator, TypeVar
 
 from detectron2.layers import Conv2d
+from detectron2.modeling import BACKBONE_REGISTRY
 from detectron2.modeling.backbone import ResNet
 
 from gwdet.errors import GwdetValueError
@@ -81,3 +82,24 @@ def positions_with_norm(resnet: ResNet, norm_types: tuple) -> FrozenSet[str]:
                           for b in blocks):
             positions.add(position)
     return frozenset(positions)
+
+
+# the attribute by which a backbone builder says that it reads MODEL.RESNETS.GW_POSITIONS
+_READS_POSITIONS = "gwdet_reads_gw_positions"
+Builder = TypeVar("Builder", bound=Callable)
+
+
+def reads_gw_positions(builder: Builder) -> Builder:
+    """Mark a backbone builder of your own (``@BACKBONE_REGISTRY.register()``) as one that places
+    GW at ``MODEL.RESNETS.GW_POSITIONS``, e.g. by calling one of gwdet's builders: the config check
+    then accepts the positions with it as ``MODEL.BACKBONE.NAME``. Returns ``builder``."""
+    setattr(builder, _READS_POSITIONS, True)
+    return builder
+
+
+def backbone_reads_gw_positions(name: str, gw_backbones: Iterable[str]) -> bool:
+    """Whether the backbone ``name`` (``MODEL.BACKBONE.NAME``) places GW at the positions: one of
+    ``gw_backbones`` (gwdet's), or a registered builder marked with :func:`reads_gw_positions`."""
+    if name in gw_backbones:
+        return True
+    return name in BACKBONE_REGISTRY and getattr(BACKBONE_REGISTRY.get(name), _READS_POSITIONS, False)

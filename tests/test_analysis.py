@@ -156,6 +156,11 @@ def test_conditioning_refuses_counts_it_cannot_use_before_any_work(tmp_path, cap
 @pytest.mark.parametrize("flags, message", [
     # a table of zeta(phi; D) = N/m = 0.5 batches without a word
     (["constraints", "--m", "100", "--N", "50", "--config", ""], "--m 100 is larger than --N 50"),
+    # "k=7 and the group number g=2 must divide d=7": a value of the tool's own sweep; after the figure was written
+    (["constraints", "--g", "300", "--config", ""], "--g 300: the group number g of GN/GW and the group size k of BW "
+                                                    "split the d features into equal groups, so each must divide --d 256"),
+    (["constraints", "--k", "7", "--config", ""], "--k 7: the group number g"),
+    (["constraints", "--k", "0", "--config", ""], "argument --k: k must be >= 1, got 0"),
     # the size of a cost table that --config '' does not make, ignored
     (["constraints", "--config", "", "--input-size", "64x64"], "--input-size sets the image of --config's GW cost"),
     # "make_norm: num_groups=3 must divide num_features=32": an internal function's words

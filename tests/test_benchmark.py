@@ -180,6 +180,8 @@ def test_the_report_states_the_competing_load():
         assert header.startswith(f"Command: `python tools/benchmark.py --busy {busy}`")
     header = report_header(parse_args(["--layers"]), ["--norms", "GW (itn)", "BN"], CPU, "1.00", "1.00", 1.0, True)
     assert header.startswith("Command: `python tools/benchmark.py --norms 'GW (itn)' BN`")  # runs again as shown
+    # the plan that computed GW and BW (a forced one was not named: its times read as the cpu plan's)
+    assert "\n- GW/BW execution plan: cpu for CPU tensors" in header
 
 
 def test_inference_level_end_to_end_into_a_section(tmp_path, capsys):

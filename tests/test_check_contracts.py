@@ -198,8 +198,9 @@ def test_gw_positions_in_a_c4_model_of_detectron2s_components_name_both_replacem
     assert err.value.changes == {"MODEL.BACKBONE.NAME": "build_gw_resnet_backbone",
                                  "MODEL.ROI_HEADS.NAME": "GWRes5ROIHeads"}
     assert err.value.problems == [
-        "MODEL.RESNETS.GW_POSITIONS='S1-B2' is read by gwdet's backbones only, but MODEL.BACKBONE.NAME="
-        "'build_resnet_backbone' would build a model without GW there; gwdet's build_gw_resnet_backbone builds the "
+        "MODEL.RESNETS.GW_POSITIONS='S1-B2' is read by gwdet's backbones only (and by builders of your own marked "
+        "with gwdet.modeling.reads_gw_positions), but MODEL.BACKBONE.NAME='build_resnet_backbone' is none of them: it "
+        "would build a model without GW there; gwdet's build_gw_resnet_backbone builds the "
         "same network with GW there (MODEL.BACKBONE.NAME build_gw_resnet_backbone)",
         "MODEL.RESNETS.GW_POSITIONS='S1-B2' puts GW in every bottleneck block, but detectron2's Res5ROIHeads "
         "(MODEL.ROI_HEADS.NAME) would build the res5 blocks without it; gwdet's GWRes5ROIHeads builds the same "
@@ -220,11 +221,33 @@ def test_gw_positions_with_a_backbone_gwdet_has_no_replacement_for_say_what_to_d
         check_gwdet_config(cfg)
     assert err.value.changes == {}
     assert err.value.problems == [
-        "MODEL.RESNETS.GW_POSITIONS='S1' is read by gwdet's backbones only, but MODEL.BACKBONE.NAME="
-        "'build_resnet_deeplab_backbone' would build a model without GW there; gwdet has no replacement for "
+        "MODEL.RESNETS.GW_POSITIONS='S1' is read by gwdet's backbones only (and by builders of your own marked with "
+        "gwdet.modeling.reads_gw_positions), but MODEL.BACKBONE.NAME='build_resnet_deeplab_backbone' is none of them: "
+        "it would build a model without GW there; gwdet has no replacement for "
         "build_resnet_deeplab_backbone: set MODEL.BACKBONE.NAME to one of build_gw_resnet_backbone, "
         "build_gw_resnet_fpn_backbone, build_gw_retinanet_resnet_fpn_backbone, or MODEL.RESNETS.GW_POSITIONS to '', "
         "or build that part with gwdet.norm_from_config(name, cfg) in a subclass's from_config"]
+
+
+def test_a_backbone_of_your_own_marked_as_reading_the_gw_positions_is_accepted():
+    # a builder around gwdet's was refused as one that "would build a model without GW there", with no way through
+    from detectron2.modeling import BACKBONE_REGISTRY
+
+    from gwdet.modeling import build_gw_resnet_fpn_backbone, reads_gw_positions
+
+    def test_own_gw_backbone(cfg, input_shape):
+        return build_gw_resnet_fpn_backbone(cfg, input_shape)
+
+    cfg = gw_backbone_config()
+    cfg.MODEL.BACKBONE.NAME = "test_own_gw_backbone"
+    BACKBONE_REGISTRY.register(test_own_gw_backbone)
+    try:
+        with pytest.raises(NormConfigError, match="'test_own_gw_backbone' is none of them"):
+            check_gwdet_config(cfg)
+        reads_gw_positions(test_own_gw_backbone)
+        check_gwdet_config(cfg)
+    finally:
+        BACKBONE_REGISTRY._obj_map.pop("test_own_gw_backbone")
 
 
 def test_gw_positions_without_a_gw_norm_and_example_groups_larger_than_the_batch_are_refused_in_full():

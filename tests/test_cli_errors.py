@@ -326,6 +326,10 @@ def test_lab_tools_refuse_an_out_below_or_at_a_file(tmp_path, capsys, tool):
     (["NO_SUCH.KEY", "1"], "The KEY VALUE overrides: NO_SUCH.KEY is not a key of detectron2's or gwdet's config. (A "),
     (["SOLVER.BASE_LR", "0,02"], "The KEY VALUE overrides: SOLVER.BASE_LR takes a value of type float (it is 0.02 "
                                  "before this value); got 0,02 (a str)."),
+    # an empty default printed as nothing: "(it is  before this value)"
+    (["MODEL.RESNETS.GW_POSITIONS", "", "MODEL.RESNETS.GW_POSITIONS", "['S1']"],
+     "The KEY VALUE overrides: MODEL.RESNETS.GW_POSITIONS takes a value of type str (it is '' before this value); got "
+     "['S1'] (a list)."),
     (["MODEL.RESNETS", "1"], "The KEY VALUE overrides: MODEL.RESNETS is a section of keys, not a value: set one of "
                              "its keys (e.g. MODEL.RESNETS.<KEY> VALUE)."),
     (["SOLVER.MAX_ITER"], "The KEY VALUE overrides: overrides come in KEY VALUE pairs; ['SOLVER.MAX_ITER'] has a key "

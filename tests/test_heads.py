@@ -63,6 +63,19 @@ def test_a_shared_batch_statistics_norm_in_detectron2s_head_is_refused():
     check_model(torch.nn.ModuleList([fine, per_level]))
 
 
+def test_a_registered_batch_norm_without_batch_statistics_in_gwdets_head_names_the_flag(registered):
+    # "Use gwdet.modeling.GWRetinaNetHead": the head that refused it
+    from gwdet.norms import register_norm
+
+    register_norm("TestPlainBN", torch.nn.BatchNorm2d)
+    registered.append("TestPlainBN")
+    head = GWRetinaNetHead(input_shape=LEVELS, num_classes=2, num_anchors=1, conv_dims=[16],
+                           norm=gwdet.norm("TestPlainBN"))
+    with pytest.raises(ValueError, match=r"their name was registered without batch_statistics=True. Register it with "
+                                         r"gwdet.register_norm\(..., batch_statistics=True"):
+        check_model(torch.nn.Sequential(head))
+
+
 def test_gwdet_norm_in_detectron2s_retinanet_is_a_config_error():
     with pytest.raises(ValueError, match="MODEL.RETINANET.NORM='BW'.*GWRetinaNet"):
         check_gwdet_config(_retinanet_cfg("BW", meta="RetinaNet"))

@@ -427,6 +427,16 @@ def test_a_repeated_seed_or_batch_size_is_named(capsys, tmp_path, flags, message
                                               "--inference) only"),
     # before: the choices joined by ", " while one of them holds ", "
     (["--norms", "GW"], "--norms: unknown 'GW'; choose from 'conv 3x3', "),
+    # layer-level flags in a run without the layer level, shown in the report's Command line as if applied
+    (["--models", "--quick", "--compile"], "--compile applies to the layer level (--layers) only"),
+    (["--inference", "--quick", "--norms", "BN"], "--norms applies to the layer level (--layers) only"),
+    (["--op-counts", "--repeats", "2"], "--repeats applies to the layer and inference levels (--layers, --inference) "
+                                        "only"),
+    # the one layer asked for dropped without a word; a compiled case called unknown
+    (["--layers", "--quick", "--norms", "GW (itn), autograd", "--no-autograd-gw"],
+     "--norms asks for 'GW (itn), autograd', which --no-autograd-gw leaves out: give one of them."),
+    (["--layers", "--quick", "--norms", "GW (itn), compiled"],
+     "--norms: 'GW (itn), compiled' time(s) torch.compile of a layer, which only --compile adds"),
 ])
 def test_benchmark_flags_the_run_would_not_use_or_cannot_measure_are_refused(capsys, flags, message):
     from gwdet_lab.benchmark.cli import parse_args

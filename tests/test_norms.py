@@ -122,6 +122,20 @@ def test_a_registered_names_own_config_key_can_be_set_in_a_config_file(registere
     assert build_config(str(DEMO_CONFIG)).MODEL.TEST_MY_GN.NUM_GROUPS == 16  # the build function's default
 
 
+def test_an_error_of_a_registered_build_function_names_the_norm_and_its_values(registered):
+    # torch's bare "num_channels (64) must be divisible by num_groups (5)", naming neither the norm nor the key
+    registered.append("TestGroups")
+    register_norm("TestGroups", lambda channels, num_groups=16: torch.nn.GroupNorm(num_groups, channels),
+                  config_keys={"num_groups": "MODEL.GN.NUM_GROUPS"})
+    with pytest.raises(ValueError) as refused:
+        norm("TestGroups", num_groups=5)(64)
+    assert str(refused.value).startswith(
+        "The norm 'TestGroups' (a registered name) could not build a layer of 64 channels with num_groups=5 "
+        "(num_groups from MODEL.GN.NUM_GROUPS in a yacs config): its build function ")
+    assert "<lambda> raised ValueError: num_channels (64) must be divisible by num_groups (5)." in str(refused.value)
+    assert isinstance(refused.value.__cause__, ValueError)
+
+
 def test_a_name_is_registered_once(registered):
     registered.append("TestOnce")
     register_norm("TestOnce", lambda channels: torch.nn.GroupNorm(1, channels))

@@ -51,3 +51,27 @@ def test_a_resume_cannot_regroup_the_optimizer_state():
                                          r"parameters into groups, and a resume cannot regroup"):
         with configured_optimizer_values(optimizer, scheduler, "SOLVER.BIAS_LR_FACTOR", "MODEL.WEIGHTS"):
             optimizer.load_state_dict(optimizer_state)
+
+
+def test_a_resume_that_moves_a_cosine_schedule_is_warned_of(tmp_path):
+    # the LazyConfig twin warned; a yacs WarmupCosineLR run resumed at its end with a larger SOLVER.MAX_ITER
+    # jumped from the end rate back to half the base rate without a word
+    from gwdet.engine.output_dir import record_config_checksum
+    from gwdet.engine.trainer import warn_of_a_moved_schedule
+    from gwdet.model_zoo import build_config
+
+    from conftest import DEMO_CONFIG, logged_warnings
+
+    opts = ["SOLVER.LR_SCHEDULER_NAME", "WarmupCosineLR", "SOLVER.WARMUP_ITERS", "1", "SOLVER.STEPS", "()"]
+    run = build_config(str(DEMO_CONFIG), [*opts, "SOLVER.MAX_ITER", "4"])
+    (tmp_path / "config.yaml").write_text(run.dump())
+    record_config_checksum(str(tmp_path))
+    torch.save({"model": {}, "iteration": 3}, tmp_path / "model_0000003.pth")
+    (tmp_path / "last_checkpoint").write_text("model_0000003.pth")
+    with logged_warnings("gwdet.engine.trainer") as logged:
+        warn_of_a_moved_schedule(build_config(str(DEMO_CONFIG), [*opts, "SOLVER.MAX_ITER", "4"]), str(tmp_path))
+        warn_of_a_moved_schedule(build_config(str(DEMO_CONFIG), [*opts, "SOLVER.MAX_ITER", "8"]), str(tmp_path))
+    assert logged == [
+        "--resume with SOLVER.MAX_ITER 4 -> 8: WarmupCosineLR is in fractions of SOLVER.MAX_ITER, so at the resumed "
+        "iteration 4 the learning rate becomes 0.5 x SOLVER.BASE_LR, where the run had 0 x. Resume with SOLVER.MAX_ITER "
+        "4 to keep the schedule, or use WarmupMultiStepLR, whose SOLVER.STEPS are iterations."]

@@ -10,6 +10,7 @@ import uuid
 
 import numpy as np
 import pytest
+import torch
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data.datasets import register_coco_instances
 from detectron2.utils.logger import setup_logger
@@ -83,6 +84,15 @@ def test_results_json_holds_the_results_and_the_environment(tmp_path, monkeypatc
     assert cpu["cores"] == os.cpu_count() and cpu["model"] and cpu["torch_capability"] in (
         "NO AVX", "DEFAULT", "AVX2", "AVX512", "ZVECTOR", "VSX", "SVE256")
     assert cpu["kernel_limits"]["MKL_CBWR"] == "AVX2" and cpu["kernel_limits"]["ONEDNN_MAX_CPU_ISA"] is None
+    # the plan that computed GW and BW (a forced one trains other weights): it was in log.txt only
+    monkeypatch.delenv("GWDET_GW_PLAN", raising=False)
+    from gwdet.layers.plans import plan_name
+
+    assert written["environment"]["execution_plans"] == {"cpu": "cpu", "cuda": plan_name(torch.device("cuda")),
+                                                         "forced": None}
+    monkeypatch.setenv("GWDET_GW_PLAN", "accelerator")
+    assert run_environment([])["execution_plans"] == {"cpu": "accelerator", "cuda": "accelerator",
+                                                       "forced": "accelerator"}
     checksum = (tmp_path / "results.json.sha256").read_text().split()[0]
     assert checksum == hashlib.sha256((tmp_path / "results.json").read_bytes()).hexdigest()
 

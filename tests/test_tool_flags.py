@@ -209,6 +209,9 @@ LAZY_CONFIG = DEMO_CONFIG.parents[1] / "LazyConfig" / "mask_rcnn_R_50_FPN_gw_sha
     ("lr_multiplier.scheduler.values=[1.0,0.0,0.0]", 1, "lr_multiplier.scheduler.values=[1.0, 0.0, 0.0]: each value "
                                                         "multiplies the learning rate from its milestone on"),
     ("optimizer.momentum=1.5", 1, "optimizer.momentum=1.5: give a number from 0 to below 1"),
+    # torch's raw "Nesterov momentum requires a momentum and zero dampening" (the yacs twin refused it)
+    ("optimizer.nesterov=True optimizer.momentum=0.0", 1, "optimizer.nesterov=True needs momentum, but "
+                                                          "optimizer.momentum is 0.0"),
     # from scratch (train.init_checkpoint empty), as the yacs keys are refused: random stages, identity norms
     ("model.backbone.bottom_up.freeze_at=2", 1, "model.backbone.bottom_up.freeze_at is 2, which keeps the first 2 "
                                                 "stage(s) of the backbone (the stem first) at their initial weights, "

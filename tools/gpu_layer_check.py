@@ -45,7 +45,15 @@ def outputs(name: str, x: torch.Tensor, device: str, dtype: torch.dtype) -> List
     return results
 
 
-def main() -> None:
+def main() -> int:
+    if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
+        print(__doc__)
+        return 0
+    if not torch.cuda.is_available():
+        print("gpu_layer_check.py: error: it compares gwdet's layers on a CUDA device with CPU float64, and "
+              "torch.cuda.is_available() is False here: run it on a machine with an NVIDIA GPU "
+              "(docs/reliability.md, section GPU).", file=sys.stderr)
+        return 2
     print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name(0), flush=True)
     torch.manual_seed(0)
     x = correlated_input()
@@ -70,7 +78,8 @@ def main() -> None:
     zca = largest_difference(GroupWhitening(256, 64, method="zca").to(DEVICE)(square.float().to(DEVICE)),
                              GroupWhitening(256, 64, method="zca").double()(square))
     print(f"GW_ZCA with m == g: {zca}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

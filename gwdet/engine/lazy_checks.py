@@ -117,6 +117,11 @@ def check_training_values(cfg: DictConfig, world_size: int) -> None:
             bound = f"from 0 to below {below:g}" if below is not None else "finite and at least 0"
             raise GwdetValueError(f"{key}={setting!r}: give a number {bound}, e.g. {key}={example:g} (torch's optimizer "
                                   "would refuse it, or train with it, once the model is built).")
+    nesterov, momentum = select(cfg, "optimizer.nesterov"), select(cfg, "optimizer.momentum")
+    if nesterov is True and is_finite_number(momentum) and momentum <= 0:
+        raise GwdetValueError(f"optimizer.nesterov=True needs momentum, but optimizer.momentum is {momentum!r}: torch's "
+                              "SGD refuses Nesterov momentum without it once the model is built. Set "
+                              "optimizer.momentum above 0 (e.g. 0.9) or optimizer.nesterov=False.")
     batch = select(cfg, "dataloader.train.total_batch_size")
     if batch is not ABSENT:
         check_batch_split(f"dataloader.train.total_batch_size={batch!r}", batch, world_size)

@@ -15,8 +15,10 @@ import os
 import platform
 from typing import Any, Iterable
 
+import torch
 from detectron2.data import MetadataCatalog
 
+from gwdet.layers.plans import PLAN_VARIABLE, plan_name
 from gwdet.utils.atomic import cached_sha256
 
 ENVIRONMENT_KEY = "environment"
@@ -92,7 +94,16 @@ def processor() -> dict[str, Any]:
             "cores": os.cpu_count()}
 
 
+def execution_plans() -> dict[str, Any]:
+    """The GW/BW execution plan for CPU and CUDA tensors (:func:`gwdet.layers.plans.plan_name`), and
+    the value of ``GWDET_GW_PLAN`` that forced them (``None``: chosen by device)."""
+    return {"cpu": plan_name(torch.device("cpu")), "cuda": plan_name(torch.device("cuda")),
+            "forced": os.environ.get(PLAN_VARIABLE) or None}
+
+
 def run_environment(dataset_names: Iterable[str]) -> dict[str, Any]:
-    """``{"versions": package_versions(), "cpu": processor(), "datasets": annotation_files(dataset_names)}``:
-    what a run on the datasets ``dataset_names`` (train and test) ran with."""
-    return {"versions": package_versions(), "cpu": processor(), "datasets": annotation_files(dataset_names)}
+    """``{"versions": package_versions(), "cpu": processor(), "execution_plans": execution_plans(),
+    "datasets": annotation_files(dataset_names)}``: what a run on the datasets ``dataset_names``
+    (train and test) ran with."""
+    return {"versions": package_versions(), "cpu": processor(), "execution_plans": execution_plans(),
+            "datasets": annotation_files(dataset_names)}

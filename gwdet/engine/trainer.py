@@ -12,6 +12,7 @@ and whose ``--resume`` continues the data and random streams where they stopped.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from typing import Any, Mapping, Sequence
 
@@ -20,6 +21,7 @@ import torch
 from detectron2.config import CfgNode
 from detectron2.engine import DefaultTrainer, TrainerBase
 from detectron2.evaluation import COCOEvaluator
+from detectron2.solver import build_lr_scheduler
 from detectron2.utils import comm
 from detectron2.utils.logger import setup_logger
 from fvcore.nn.precise_bn import BN_MODULE_TYPES
@@ -41,7 +43,8 @@ from gwdet.modeling.build import check_device, check_mixed_precision, check_run_
 from gwdet.modeling.model_checks import check_norm_weight_decay
 from gwdet.norms import norm_record
 from gwdet.solver import build_optimizer
-from gwdet.engine.output_dir import check_resume_config, model_differences, saved_run_config
+from gwdet.engine.output_dir import (CONFIG_NAME, check_resume_config, model_differences, resumed_iteration,
+                                     saved_run_config)
 from gwdet.engine.run import RunConfig
 from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.engine.training import (
@@ -241,6 +244,36 @@ def _warn_of_unread_schedule_values(cfg: CfgNode) -> None:
                        f"SOLVER.LR_SCHEDULER_NAME {solver.LR_SCHEDULER_NAME}: the rate ends where its steps leave it.")
 
 
+def _rate_factor(cfg: CfgNode, iteration: int) -> float:
+    """The factor of ``SOLVER.BASE_LR`` detectron2's scheduler of ``cfg`` gives at ``iteration``."""
+    scheduler = build_lr_scheduler(cfg, torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0))
+    return scheduler._multiplier(min(iteration / cfg.SOLVER.MAX_ITER, 1.0))
+
+
+def warn_of_a_moved_schedule(cfg: CfgNode, output_dir: str) -> None:
+    """Warn when ``--resume`` with another ``SOLVER.MAX_ITER`` changes the learning rate at the
+    resumed iteration: detectron2's cosine schedule (and the fixed-gamma steps) are fractions of
+    ``SOLVER.MAX_ITER``, so a decayed rate can rise again (multi-step ``STEPS`` stay where they are)."""
+    resumed = resumed_iteration(output_dir)
+    path = os.path.join(output_dir, CONFIG_NAME)
+    if resumed is None or not os.path.isfile(path):
+        return
+    try:
+        saved = saved_run_config(cfg, output_dir, path)
+        if saved.SOLVER.MAX_ITER == cfg.SOLVER.MAX_ITER:
+            return
+        before, after = _rate_factor(saved, resumed[1]), _rate_factor(cfg, resumed[1])
+    except Exception:  # a schedule that cannot be built this way: the resume's own checks name it
+        return
+    if not math.isclose(before, after, rel_tol=1e-6):
+        logger.warning(
+            f"--resume with SOLVER.MAX_ITER {saved.SOLVER.MAX_ITER} -> {cfg.SOLVER.MAX_ITER}: "
+            f"{cfg.SOLVER.LR_SCHEDULER_NAME} is in fractions of SOLVER.MAX_ITER, so at the resumed iteration "
+            f"{resumed[1]} the learning rate becomes {after:g} x SOLVER.BASE_LR, where the run had {before:g} x. Resume "
+            f"with SOLVER.MAX_ITER {saved.SOLVER.MAX_ITER} to keep the schedule, or use WarmupMultiStepLR, whose "
+            "SOLVER.STEPS are iterations.")
+
+
 def check_training_values(cfg: CfgNode, world_size: int) -> None:
     """Refuse, before anything is built, solver and dataset values a training run cannot start
     with (detectron2 would stop later with a bare assertion): no training dataset, no iteration,
@@ -385,6 +418,7 @@ class YacsRun(RunConfig):
 
     def check_resume(self, weights_named: bool) -> None:
         check_resume_config(self.cfg, self.cfg.OUTPUT_DIR, weights_named)
+        warn_of_a_moved_schedule(self.cfg, self.cfg.OUTPUT_DIR)
 
     def register_datasets(self, coco: Sequence[CocoDataset], *, trains: bool, evaluates: bool) -> None:
         register_datasets(self.cfg, coco, trains=trains, evaluates=evaluates)

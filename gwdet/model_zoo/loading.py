@@ -129,7 +129,7 @@ def merge_problem(cfg: CfgNode, error: BaseException) -> str:
             return f"{key} is a section of keys, not a value: set one of its keys (e.g. {key}.<KEY> VALUE)."
         quoted = (f" To give {value} as text, quote it for YAML as well as for the shell: {key} \"'{value}'\"."
                   if expected.endswith("str") and given.rsplit(".", 1)[-1] in ("int", "float") else "")
-        return (f"{key} takes a value of type {expected.rsplit('.', 1)[-1]} (it is {default} before this "
+        return (f"{key} takes a value of type {expected.rsplit('.', 1)[-1]} (it is {default or repr('')} before this "
                 f"value); got {value} (a {given.rsplit('.', 1)[-1]}).{quoted}")
     if "odd length" in text:
         return f"overrides come in KEY VALUE pairs; {text.split(': ', 1)[-1].split(';')[0]} has a key without its value."

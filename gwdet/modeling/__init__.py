@@ -18,7 +18,7 @@ from gwdet.modeling.heads import (
 )
 from gwdet.modeling.model_checks import check_model
 from gwdet.modeling.build import build_model
-from gwdet.positions import format_gw_positions, parse_gw_positions
+from gwdet.positions import format_gw_positions, parse_gw_positions, reads_gw_positions
 
 __all__ = [
     "GWFastRCNNConvFCHead",
@@ -38,5 +38,6 @@ __all__ = [
     "format_gw_positions",
     "parse_gw_positions",
     "place_norm",
+    "reads_gw_positions",
     "weighable_norms",
 ]

@@ -12,7 +12,7 @@ from torch import nn
 
 from gwdet.errors import GwdetTypeError, GwdetValueError, listed
 from gwdet.layers.common import check_flag, is_finite_number
-from gwdet.modeling.heads import PerLevelNorm
+from gwdet.modeling.heads import GWRetinaNetHead, PerLevelNorm
 from gwdet.norms import DETECTRON2_PER_LEVEL_NORMS, TORCH_BATCH_NORMS, group_adjustment, layer_types
 from gwdet.solver import misdecayed_norm_layers
 
@@ -106,6 +106,13 @@ def check_model(model: nn.Module, strict_groups: bool = False, optimizer: torch.
     for name, module in model.named_modules():
         if isinstance(module, RetinaNetHead):
             shared = shared_batch_statistics(module)
+            if shared and isinstance(module, GWRetinaNetHead):  # a registered norm it cannot tell has batch statistics
+                raise GwdetValueError(
+                    f"{name} ({type(module).__name__}) runs on every FPN level and keeps one norm per level for the "
+                    f"names registered with batch statistics, but its norm layers {listed(shared, 3)} keep batch "
+                    "statistics shared by all levels: their name was registered without batch_statistics=True. "
+                    "Register it with gwdet.register_norm(..., batch_statistics=True, layer_types=(...)), or use a "
+                    "per-sample norm (GW, GN).")
             if shared:
                 raise GwdetValueError(
                     f"{name} ({type(module).__name__}) runs on every FPN level, but its norm layers "

@@ -126,7 +126,7 @@ def argument_parser() -> argparse.ArgumentParser:
     p.add_argument("--m", type=at_least(1, "m"), default=64, help="batch size m")
     p.add_argument("--g", type=at_least(1, "g"), default=16, help="group number g of GN/GW")
     p.add_argument("--N", type=at_least(1, "N"), default=60000, help="training set size N")
-    p.add_argument("--k", type=int, default=None, help="BW group size (default: d, plain BW)")
+    p.add_argument("--k", type=at_least(1, "k"), default=None, help="BW group size (default: d, plain BW)")
     p.add_argument("--config", default=str(DEMO_CONFIG), help="detectron2 config for the GW cost table; '' skips it")
     p.add_argument("--input-size", type=image_size, default=None,
                    help="HxW of the dummy image of --config's cost table (default 800x1333)")
@@ -222,6 +222,11 @@ def setting_problem(args: argparse.Namespace) -> str | None:
                     "m - 1 at most, so with m <= d it is singular and every condition number is inf; give --samples "
                     f"above --dim (e.g. --samples {4 * args.dim})")
     if args.command == "constraints":
+        apart = [f"--{flag} {value}" for flag, value in (("g", args.g), ("k", args.k)) if value and args.d % value]
+        if apart:
+            return (f"{' and '.join(apart)}: the group number g of GN/GW and the group size k of BW split the d "
+                    f"features into equal groups, so each must divide --d {args.d}; give divisors of --d, or another "
+                    "--d")
         if args.m > args.N:
             return (f"--m {args.m} is larger than --N {args.N}: a batch holds at most the whole training set; give "
                     f"--m of at most --N")

@@ -108,7 +108,7 @@ def density_figure(folder: Path, s: ConstraintSetting) -> Path:
     """``zeta(phi; D) / (N d)``, the constrained fraction of the data set's values, against the
     batch size (BN, BW, BW-C16) and the group number (GN, GW); 1 is Eq. 12's limit."""
     batch_sizes = [2**i for i in range(1, 11)]
-    groups = [2**i for i in range(0, 9) if 2**i <= s.d // 2]
+    groups = [2**i for i in range(0, 9) if 2**i <= max(s.d // 2, 1) and s.d % 2**i == 0]
     per_value = s.N * s.d
 
     def density(method: str, m: int, g: int = 1, k: int | None = None) -> float:

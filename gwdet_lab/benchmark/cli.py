@@ -138,6 +138,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argument_parser()
     args = parser.parse_args(argv)
     known_norms = list(layer_factories(include_autograd=True, include_compiled=args.compile))
+    compiled = sorted(set(args.norms or ()) - set(known_norms) & set(layer_factories(True, include_compiled=True)))
+    if compiled:
+        parser.error(f"--norms: {', '.join(map(repr, compiled))} time(s) torch.compile of a layer, which only --compile "
+                     "adds: add --compile, or leave them out.")
+    skipped = sorted(set(args.norms or ()) - set(layer_factories(include_autograd=False, include_compiled=True)))
+    if args.no_autograd_gw and skipped and not set(skipped) - set(known_norms):
+        parser.error(f"--norms asks for {', '.join(map(repr, skipped))}, which --no-autograd-gw leaves out: give one "
+                     "of them.")
     for flag, asked, known in (("--norms", args.norms, known_norms),
                                ("--model-names", args.model_names, [name for name, _ in MODELS])):
         unknown = sorted(set(asked or ()) - set(known))
@@ -178,8 +186,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def unused_flag_problem(args: argparse.Namespace) -> Optional[str]:
     """What is wrong with a flag the run would not use (``--amp``, ``--model-opts``, ``--model-names``
     or ``--image-size`` without the model level, ``--model-repeats`` or ``--model-warmup`` without
-    the model or inference level, ``--section`` without ``--out``), else None: the report's command
-    line would show it, as if it had applied."""
+    the model or inference level, ``--norms``, ``--compile`` or ``--no-autograd-gw`` without the
+    layer level, ``--repeats`` or ``--warmup`` without the layer or inference level, ``--section``
+    without ``--out``), else None: the report's command line would show it, as if it had applied."""
     if args.amp != "none" and not args.models:
         levels = ", ".join(f"--{flag.replace('_', '-')}" for flag, _, _ in LEVELS if getattr(args, flag))
         return (f"--amp {args.amp} applies to the model level (--models) only, which this run does not measure "
@@ -190,6 +199,10 @@ def unused_flag_problem(args: argparse.Namespace) -> Optional[str]:
           "--image-size": args.image_size is not None}),
         (args.models or args.inference, "the model and inference levels (--models, --inference)",
          {"--model-repeats": args.model_repeats is not None, "--model-warmup": args.model_warmup is not None}),
+        (args.layers, "the layer level (--layers)",
+         {"--norms": args.norms is not None, "--compile": args.compile, "--no-autograd-gw": args.no_autograd_gw}),
+        (args.layers or args.inference, "the layer and inference levels (--layers, --inference)",
+         {"--repeats": args.repeats is not None, "--warmup": args.warmup is not None}),
     )
     for used, where, flags in level_flags:
         given = " and ".join(flag for flag, is_given in flags.items() if is_given)

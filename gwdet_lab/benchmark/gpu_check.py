@@ -46,13 +46,14 @@ TEST_TIMEOUT_SECONDS = 150
 BUDGET_SECONDS = 280
 STEP_IMAGE_SIZE = 128
 NO_CUDA = ("gpu-check needs a CUDA GPU and torch.cuda.is_available() is False here: nothing was measured and "
-           "docs/benchmarks.md is unchanged. Run it where `python -c \"import torch; print(torch.cuda.is_available())\"` "
+           "{out} is unchanged. Run it where `python -c \"import torch; print(torch.cuda.is_available())\"` "
            "prints True.")
 
 
-def no_cuda_message() -> Optional[str]:
-    """:data:`NO_CUDA` when PyTorch sees no CUDA GPU, else None."""
-    return None if torch.cuda.is_available() else NO_CUDA
+def no_cuda_message(out: str) -> Optional[str]:
+    """:data:`NO_CUDA` (for the file ``out`` the section would go into) when PyTorch sees no CUDA GPU,
+    else None."""
+    return None if torch.cuda.is_available() else NO_CUDA.format(out=out)
 
 
 def event_times(fn: Callable[[], None], warmup: int = WARMUP, repeats: int = REPEATS) -> List[float]:
@@ -237,7 +238,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     problem = section_file_problem(args.out)  # before minutes of measuring, not after
     if problem:
         parser.error(problem)
-    refusal = no_cuda_message()
+    refusal = no_cuda_message(args.out)
     if refusal is not None:
         print(refusal, file=sys.stderr)
         return 2

@@ -13,6 +13,7 @@ from typing import List, Sequence, Tuple
 import torch
 
 from gwdet.errors import GwdetOSError, GwdetValueError
+from gwdet.layers.plans import describe_plans
 from gwdet.utils.atomic import WriteError, write_text_atomically
 from gwdet.utils.cli_errors import output_path_problem
 from gwdet_lab.benchmark.busy import describe_load
@@ -91,6 +92,7 @@ def report_header(
         f"- load average (1, 5, 15 min) before: {load_before}; after: {load_after}",
         *([f"- measured {describe_load(args.busy)}"] if args.busy else []),
         f"- denormals flushed to zero: {'yes' if flushed else 'no'}",
+        f"- {describe_plans()}",
         f"- clock: {clock}; repeats: {args.repeats} (layers, after {args.warmup} warm-up), "
         f"{args.model_repeats} (models, after {args.model_warmup} warm-up); wall time {format_duration(wall)}",
         "",
