@@ -203,3 +203,24 @@ def test_a_projects_head_that_builds_its_norm_with_norm_from_config_is_built():
                                           "MODEL.ROI_BOX_HEAD.NORM", "GW", "MODEL.ROI_BOX_HEAD.NUM_CONV", "2"])
     head = gwdet.build_model(cfg).roi_heads.box_head
     assert [type(conv.norm) for conv in head.conv_norm_relus] == [GroupWhitening, GroupWhitening]
+
+
+def test_group_norms_that_did_not_read_the_configs_group_number_are_named():
+    # an own head building detectron2's get_norm("GN", C) got 32 groups where MODEL.GN.NUM_GROUPS was 8, without a word
+    from detectron2.layers import get_norm
+
+    from gwdet.model_zoo import build_config
+    from gwdet.modeling.build import check_built_model
+
+    from conftest import DEMO_CONFIG, logged_warnings
+
+    cfg = build_config(str(DEMO_CONFIG))
+    assert cfg.MODEL.GN.NUM_GROUPS == 8
+    model = torch.nn.Sequential(torch.nn.Sequential(get_norm("GN", 64)), gwdet.norm_from_config("GN", cfg)(64))
+    with logged_warnings("gwdet.modeling.build") as logged:
+        check_built_model(model, cfg)
+        gwdet.build_model(build_config(str(DEMO_CONFIG), ["MODEL.DEVICE", "cpu"]))  # gwdet's components read it
+    assert logged == ["1 GroupNorm layer(s) (0.0) have 32 groups, detectron2's get_norm's own number, where "
+                      "MODEL.GN.NUM_GROUPS is 8: a component built them with detectron2's get_norm, which does not read "
+                      "the key. Build them with gwdet.norm_from_config(name, cfg) (docs/usage.md), or set "
+                      "MODEL.GN.NUM_GROUPS 32."]

@@ -75,3 +75,26 @@ def test_a_resume_that_moves_a_cosine_schedule_is_warned_of(tmp_path):
         "--resume with SOLVER.MAX_ITER 4 -> 8: WarmupCosineLR is in fractions of SOLVER.MAX_ITER, so at the resumed "
         "iteration 4 the learning rate becomes 0.5 x SOLVER.BASE_LR, where the run had 0 x. Resume with SOLVER.MAX_ITER "
         "4 to keep the schedule, or use WarmupMultiStepLR, whose SOLVER.STEPS are iterations."]
+
+
+def test_precise_bn_passes_leave_the_training_random_streams_as_they_were():
+    # PreciseBN at TEST.EVAL_PERIOD changed the trained weights (0.118): its batches drew from the training's streams
+    from detectron2.engine.hooks import PreciseBN
+
+    from gwdet.engine.training import precise_bn_streams_kept
+
+    def batches():
+        while True:
+            yield torch.randn(4, 3, 2, 2)  # as a loader's sampling draws
+
+    model = torch.nn.Sequential(torch.nn.BatchNorm2d(3)).train()
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    for kept in (False, True):
+        hook = PreciseBN(1, model, batches(), 2)
+        if kept:
+            [hook] = precise_bn_streams_kept([hook])
+        model[0].reset_running_stats()
+        torch.manual_seed(0)
+        hook.update_stats()
+        assert torch.equal(torch.rand(3), expected) is kept and model[0].running_mean.abs().sum() > 0

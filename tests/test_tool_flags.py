@@ -241,6 +241,20 @@ def test_lazy_training_values_are_refused_before_anything_is_built(override, wor
     LazyRun.load(str(LAZY_CONFIG)).check_request(eval_only=False, world_size=1)  # the shipped values pass
 
 
+def test_lazy_milestones_in_other_units_than_iterations_are_warned_of():
+    # milestones=[5] with train.max_iter=10 stepped at iteration 1: they count in units of num_updates (1000)
+    from gwdet.engine.lazy import LazyRun
+
+    with logged_warnings("gwdet.engine.lazy_checks") as logged:
+        LazyRun.load(str(LAZY_CONFIG), ["train.max_iter=10", "lr_multiplier.scheduler.milestones=[5]",
+                                        "lr_multiplier.scheduler.values=[1.0,0.1]"]).check_request(False, 1)
+        LazyRun.load(str(LAZY_CONFIG)).check_request(False, 1)  # num_updates is train.max_iter: no word
+    assert logged == [
+        "lr_multiplier.scheduler.num_updates=1000 is not train.max_iter=10: detectron2's LRMultiplier gives the "
+        "scheduler the fraction of train.max_iter done, so its milestones [5] (in units of num_updates) fall at "
+        "iterations 0.05. Give num_updates=${train.max_iter} (or 10) for milestones in iterations."]
+
+
 @pytest.mark.parametrize("device", ["xyz", "mps"])
 def test_benchmark_refuses_a_device_it_cannot_measure(capsys, device):
     from gwdet_lab.benchmark.cli import parse_args

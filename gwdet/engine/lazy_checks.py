@@ -225,6 +225,16 @@ def _check_lr_schedule(cfg: DictConfig) -> None:
         raise GwdetValueError(
             f"lr_multiplier cannot be built: {type(error).__name__}: {error}. Fix the lr_multiplier values the message "
             f"names ({example}).") from None
+    updates, milestones = select(cfg, "lr_multiplier.scheduler.num_updates"), select(cfg, "lr_multiplier.scheduler.milestones")
+    max_iter = select(cfg, "train.max_iter")
+    if (is_whole_number(updates) and is_whole_number(max_iter) and updates != max_iter
+            and isinstance(milestones, ListConfig) and milestones):
+        at = ", ".join(f"{milestone * max_iter / updates:g}" for milestone in milestones)
+        logger.warning(
+            f"lr_multiplier.scheduler.num_updates={updates} is not train.max_iter={max_iter}: detectron2's LRMultiplier "
+            f"gives the scheduler the fraction of train.max_iter done, so its milestones {list(milestones)} (in units of "
+            f"num_updates) fall at iterations {at}. Give num_updates=${{train.max_iter}} (or {max_iter}) for milestones "
+            "in iterations.")
 
 
 def check_twin(key: str, value: Any, twin: str) -> None:

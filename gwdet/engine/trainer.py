@@ -38,8 +38,8 @@ from gwdet.data.coco_registration import CocoDataset
 from gwdet.data.datasets import config_dataset_names, named_empty_training_set
 from gwdet.data.resumable import build_resumable_train_loader
 from gwdet.model_zoo.loading import build_config
-from gwdet.modeling import check_model
-from gwdet.modeling.build import check_device, check_mixed_precision, check_run_device, check_scratch_training
+from gwdet.modeling.build import (check_built_model, check_device, check_mixed_precision, check_run_device,
+                                  check_scratch_training)
 from gwdet.modeling.model_checks import check_norm_weight_decay
 from gwdet.norms import norm_record
 from gwdet.solver import build_optimizer
@@ -50,6 +50,7 @@ from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.engine.training import (
     InnerTrainerState,
     configured_optimizer_values,
+    precise_bn_streams_kept,
     continue_after_resume,
     random_streams_kept,
     run_writers,
@@ -104,11 +105,11 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
     def build_model(cls, cfg: CfgNode) -> torch.nn.Module:
         """detectron2's ``build_model`` after :func:`gwdet.check_gwdet_config` (unless it accepted
         this config already: :func:`gwdet.config_checks.ensure_checked`), then
-        :func:`gwdet.check_model` (norms with batch statistics shared across FPN levels, group
-        numbers the layers could not use)."""
+        :func:`gwdet.modeling.build.check_built_model` (norms with batch statistics shared across FPN
+        levels, group numbers the layers could not use or did not read)."""
         ensure_checked(cfg)
         check_device(cfg.MODEL.DEVICE)
-        return check_model(super().build_model(cfg), strict_groups=cfg.MODEL.STRICT_NORM_GROUPS)
+        return check_built_model(super().build_model(cfg), cfg)
 
     @classmethod
     def build_optimizer(cls, cfg: CfgNode, model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -131,10 +132,12 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
         :class:`ResilientCheckpointer` (which takes the place of the ``DetectionCheckpointer``
         detectron2 built just before), plus :class:`~gwdet.checkpoint.signal_hook.CheckpointOnSignal`
         (SIGTERM, SIGINT, SIGHUP and SIGUSR2 save a checkpoint of the current iteration before training
-        stops) after the LR scheduler and the periodic checkpointer, before evaluation and the writers."""
+        stops) after the LR scheduler and the periodic checkpointer, before evaluation and the writers.
+        detectron2's PreciseBN passes (``TEST.PRECISE_BN``) run with the random generators kept, as the
+        evaluations do (:func:`~gwdet.engine.training.random_streams_kept`)."""
         if not isinstance(self.checkpointer, ResilientCheckpointer):
             self.checkpointer = training_checkpointer(self, self.cfg.OUTPUT_DIR, self.cfg.DATASETS.TRAIN)
-        return with_signal_checkpoints(super().build_hooks())
+        return with_signal_checkpoints(precise_bn_streams_kept(super().build_hooks()))
 
     def build_writers(self) -> list:
         """detectron2's writers, ``metrics.json`` opened once a resume has trimmed it

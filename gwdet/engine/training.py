@@ -24,7 +24,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 
 from detectron2.engine import AMPTrainer, SimpleTrainer, TrainerBase, create_ddp_model
-from detectron2.engine.hooks import EvalHook
+from detectron2.engine.hooks import EvalHook, PreciseBN
 from detectron2.solver import LRMultiplier
 from detectron2.utils import comm
 from detectron2.utils.events import CommonMetricPrinter, EventWriter, JSONWriter, TensorboardXWriter
@@ -110,6 +110,16 @@ def random_streams_kept() -> Iterator[None]:
         RandomState.restore(saved)
         if cuda is not None:
             torch.cuda.set_rng_state_all(cuda)
+
+
+def precise_bn_streams_kept(hooks: list) -> list:
+    """``hooks`` with each of detectron2's ``PreciseBN`` hooks running its passes with the random
+    generators kept (:func:`random_streams_kept`), as the evaluations do: its batches would otherwise
+    draw from the training's streams, and a run with PreciseBN would train other weights."""
+    for hook in hooks:
+        if isinstance(hook, PreciseBN):
+            hook.update_stats = random_streams_kept()(hook.update_stats)
+    return hooks
 
 
 def with_signal_checkpoints(hooks: list) -> list:

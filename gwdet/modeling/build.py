@@ -9,6 +9,8 @@ stops with one message naming every key to change and gwdet's component for each
 """
 from __future__ import annotations
 
+import logging
+
 from typing import Sequence
 
 from detectron2.config import CfgNode
@@ -16,10 +18,11 @@ from detectron2.modeling import build_model as detectron2_build_model
 import torch
 from torch import nn
 
-from gwdet.errors import GwdetValueError
+from gwdet.errors import GwdetValueError, listed
 from gwdet.config_checks import ensure_checked
 from gwdet.modeling.detectron2_failures import named_config_failures
 from gwdet.modeling.model_checks import check_model
+from gwdet.norms import DETECTRON2_GN_GROUPS
 from gwdet.utils.cli_errors import as_override
 
 
@@ -112,4 +115,22 @@ def build_model(cfg: CfgNode) -> nn.Module:
     check_device(cfg.MODEL.DEVICE)
     with named_config_failures(cfg, "build the model"):
         model = detectron2_build_model(cfg)
+    return check_built_model(model, cfg)
+
+
+def check_built_model(model: nn.Module, cfg: CfgNode) -> nn.Module:
+    """:func:`gwdet.check_model` with ``MODEL.STRICT_NORM_GROUPS``, and a warning naming the
+    ``GroupNorm`` layers of detectron2's own 32 groups where ``MODEL.GN.NUM_GROUPS`` gives another
+    number: a component of your own built them with detectron2's ``get_norm``, which does not read
+    the key (gwdet's components and ``gwdet.norm_from_config`` do). Returns ``model``."""
+    configured = cfg.MODEL.GN.NUM_GROUPS
+    if configured != DETECTRON2_GN_GROUPS:
+        unread = [name for name, module in model.named_modules()
+                  if type(module) is nn.GroupNorm and module.num_groups == DETECTRON2_GN_GROUPS]
+        if unread:
+            logging.getLogger(__name__).warning(
+                f"{len(unread)} GroupNorm layer(s) ({listed(unread, 3)}) have {DETECTRON2_GN_GROUPS} groups, detectron2's "
+                f"get_norm's own number, where MODEL.GN.NUM_GROUPS is {configured}: a component built them with "
+                "detectron2's get_norm, which does not read the key. Build them with gwdet.norm_from_config(name, cfg) "
+                "(docs/usage.md), or set MODEL.GN.NUM_GROUPS 32.")
     return check_model(model, strict_groups=cfg.MODEL.STRICT_NORM_GROUPS)
