@@ -541,6 +541,18 @@ def test_weights_of_another_resnet_size_are_named_as_such_not_sent_to_the_conver
         ResilientCheckpointer(wider, str(tmp_path)).load_weights(str(tmp_path / "narrow.pth"))
 
 
+def test_weights_of_a_shallower_resnet_are_named_as_such(tmp_path):
+    # "so training would start ... Convert ImageNet weights", for a run's checkpoint into a deeper model's evaluation
+    base = TINY_OPTS + ["MODEL.RESNETS.GW_POSITIONS", "", "MODEL.RESNETS.NORM", "FrozenBN", "MODEL.FPN.NORM", ""]
+    source = Trainer.build_model(build_config(str(DEMO_CONFIG), base))
+    torch.save({"model": source.state_dict()}, tmp_path / "r50.pth")
+    deeper = Trainer.build_model(build_config(str(DEMO_CONFIG), base + ["MODEL.RESNETS.DEPTH", "101"]))
+    with pytest.raises(ValueError, match=r"so the model would run with a partly random backbone: they hold 6 blocks of "
+                                         r"res4, the model has 23. The model's ResNet is deeper than the one they were "
+                                         r"trained with: give its depth \(MODEL.RESNETS.DEPTH"):
+        ResilientCheckpointer(deeper, str(tmp_path), require_every_weight=True).load_weights(str(tmp_path / "r50.pth"))
+
+
 def test_a_torchvision_checkpoint_as_model_weights_is_refused_with_the_converter(tmp_path):
     cfg = build_config(str(DEMO_CONFIG), TINY_OPTS)
     model = Trainer.build_model(cfg)

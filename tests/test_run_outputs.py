@@ -247,3 +247,20 @@ def test_a_file_gone_while_the_run_reads_is_named_with_the_way_on(tmp_path, work
         f"A file the run reads or writes is gone (No such file or directory: {gone}): moved or deleted while the run "
         "was working (a dataset's images, its annotation file, $GWDET_CACHE, its output folder)? Put it back (or "
         "register the dataset where it is now). The run's checkpoints are kept: continue it with --resume.")
+
+
+def test_a_long_config_difference_is_shortened_in_the_another_model_warning(tmp_path):
+    # a LazyConfig run's list of ResNet stages made a 3 KB warning before the one real change
+    from gwdet.engine.run import SHOWN_LENGTH, load_run_config
+
+    from conftest import DEMO_CONFIG
+
+    run = load_run_config(str(DEMO_CONFIG))
+    (tmp_path / "config.yaml").write_text("MODEL: {}\n")
+    long_line = "model.backbone.bottom_up.resnet.stages: " + "[{...}] " * 400 + "-> [...]"
+    run.model_differences_from = lambda path: [long_line, "model.backbone.norm.num_groups: 8 -> 4"]
+    with logged_warnings("gwdet.engine.run") as logged:
+        assert run._warn_of_another_model(str(tmp_path / "model_final.pth"))
+    [warning] = logged
+    assert f"{long_line[:SHOWN_LENGTH]} ...; model.backbone.norm.num_groups: 8 -> 4." in warning
+    assert len(warning) < 2 * SHOWN_LENGTH + 300

@@ -317,6 +317,36 @@ def input_differences(saved: Any, model: torch.nn.Module) -> list[str]:
             if name in saved and saved[name] != present[name]]
 
 
+def _deeper_stage(backbone: Sequence[str], missing: Sequence[str]) -> tuple[str, int, int] | None:
+    """``(stage, blocks held, blocks built)`` of the first ResNet stage (``res4`` of
+    ``backbone.bottom_up.res4.6.conv1.weight``) whose first blocks the weights hold and whose last
+    ones they lack, the mark of weights of a shallower ResNet; None when the missing weights are
+    not whole blocks at the end of a stage."""
+    def block(name: str) -> tuple[str, int] | None:
+        parts = name.split(".")
+        for index, part in enumerate(parts[:-1]):
+            if part.startswith("res") and part[3:].isdigit() and parts[index + 1].isdigit():
+                return ".".join(parts[:index + 1]), int(parts[index + 1])
+        return None
+
+    built: dict[str, set[int]] = {}
+    for name in backbone:
+        found = block(name)
+        if found is not None:
+            built.setdefault(found[0], set()).add(found[1])
+    lacking: dict[str, set[int]] = {}
+    for name in missing:
+        found = block(name)
+        if found is None:
+            return None
+        lacking.setdefault(found[0], set()).add(found[1])
+    for stage, blocks in lacking.items():
+        held = built[stage] - blocks
+        if held and max(held) < min(blocks):
+            return stage.rsplit(".", 1)[-1], len(held), len(built[stage])
+    return None
+
+
 class ResilientCheckpointer(DetectionCheckpointer):
     """``DetectionCheckpointer`` with atomic saves, fallback on unreadable files, safe loading,
     and a refusal to load weights trained with other norm layers.
@@ -596,12 +626,21 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 "(MODEL.RESNETS.DEPTH, NUM_GROUPS, WIDTH_PER_GROUP, STEM_OUT_CHANNELS, RES2_OUT_CHANNELS; a "
                 "LazyConfig's ResNet arguments).")
         if missing:
+            outcome = ("the model would run with" if self.require_every_weight else "training would start from")
+            deeper = _deeper_stage(backbone, missing)
+            if deeper is not None:
+                stage, held, built = deeper
+                raise GwdetValueError(
+                    f"The weights leave {len(missing)} of the backbone's {len(backbone)} weights unloaded (e.g. "
+                    f"{missing[0]}), so {outcome} a partly random backbone: they hold {held} blocks of {stage}, the "
+                    f"model has {built}. The model's ResNet is deeper than the one they were trained with: give its "
+                    "depth (MODEL.RESNETS.DEPTH; a LazyConfig's ResNet depth).")
             unexpected = list(incompatible.unexpected_keys)
             hint = (f" The file holds keys like {', '.join(map(repr, unexpected[:3]))}, not the model's: a torchvision-"
                     "layout ImageNet checkpoint needs converting first." if unexpected else "")
             raise GwdetValueError(
                 f"The weights leave {len(missing)} of the backbone's {len(backbone)} weights unloaded (e.g. "
-                f"{missing[0]}), so training would start from a partly random backbone.{hint} Convert ImageNet "
+                f"{missing[0]}), so {outcome} a partly random backbone.{hint} Convert ImageNet "
                 "weights with tools/convert_pretrained.py IN OUT and give OUT as MODEL.WEIGHTS (docs/weights.md), "
                 "or set MODEL.WEIGHTS \"\" to train from scratch.")
         if self.require_every_weight and (incompatible.missing_keys or incompatible.incorrect_shapes):

@@ -92,6 +92,10 @@ class TrainingDiverged(GwdetError, FloatingPointError):
     the fix; a ``FloatingPointError`` as detectron2's trainer raises it."""
 
 
+# the characters of one config difference a warning shows (a LazyConfig's list of ResNet stages is kilobytes)
+SHOWN_LENGTH = 300
+
+
 class RunConfig(ABC):
     """A config as a run and gwdet's tools use it: where the run writes, which weights it starts
     from, how its model, trainer, test images and evaluation are built. ``cfg`` is the config itself
@@ -208,8 +212,9 @@ class RunConfig(ABC):
         except (GwdetError, OSError):  # a damaged record, or one of the other kind of config
             return False
         if differences:
+            shown = [line if len(line) <= SHOWN_LENGTH else f"{line[:SHOWN_LENGTH]} ..." for line in differences]
             logger.warning(f"{self.weights_setting} {weights} was trained in a run whose {record} gives the model other "
-                           f"values: {listed(differences, 5, '; ')}. The weights "
+                           f"values: {listed(shown, 5, '; ')}. The weights "
                            "are evaluated with this config's values.")
         return True
 
