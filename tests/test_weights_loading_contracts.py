@@ -313,6 +313,18 @@ def test_other_norm_types_are_refused_naming_up_to_three_layers():
         "variable GWDET_ALLOW_NORM_MISMATCH=1 to load them anyway.")
 
 
+def test_a_recorded_norms_place_holding_a_layer_of_no_known_norm_is_refused():
+    # a registered name rebound to another class (without layer_types) between training and evaluation
+    class OwnLayerNorm(nn.Module):
+        def forward(self, x):
+            return x
+
+    model = Norms()
+    model.gn = OwnLayerNorm()
+    with pytest.raises(ValueError, match=r"\(1 layers, e.g. gn: GroupNorm -> OwnLayerNorm\)"):
+        check_norm_types(NORM_TYPES, model, OPT_IN)
+
+
 def test_the_same_norm_types_and_layers_unknown_to_the_checkpoint_pass():
     check_norm_types(NORM_TYPES, Norms(), OPT_IN)
     check_norm_types({"bn": "BatchNorm2d", "elsewhere.gn": "GroupNorm"}, Norms(), OPT_IN)

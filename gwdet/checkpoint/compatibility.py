@@ -210,9 +210,11 @@ def norm_types(model: torch.nn.Module) -> dict[str, str]:
 
 
 def check_norm_types(saved: Mapping[str, str], model: torch.nn.Module, how_to_opt_in: str) -> None:
-    """Raise ``ValueError`` when a norm layer of ``model`` had another type in the saved model:
-    its weights (a GN's affine into a GW, say) would load without a word, into the wrong layer."""
-    present = norm_types(model)
+    """Raise ``ValueError`` when a norm layer of ``model``, or the layer at a recorded norm's place,
+    had another type in the saved model: its weights (a GN's affine into a GW, say) would load
+    without a word, into the wrong layer."""
+    modules = dict(unwrapped(model).named_modules())  # a recorded norm's place may hold a layer of no known norm now
+    present = {name: type(modules[name]).__name__ for name in saved if name in modules} | norm_types(model)
     differing = [f"{name}: {saved[name]} -> {kind}" for name, kind in present.items()
                  if name in saved and saved[name] != kind]
     if differing:
