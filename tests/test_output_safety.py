@@ -529,28 +529,24 @@ def test_partial_files_of_a_killed_save_are_removed_when_the_next_run_takes_the_
     assert f"Removed 1 partial file(s) an interrupted save left in {tmp_path}" in caplog.text
 
 
-def test_weights_of_another_resnet_size_are_named_as_such_not_sent_to_the_converter(tmp_path):
+@pytest.mark.parametrize("other, message", [
     # "a torchvision-layout ImageNet checkpoint needs converting first", for weights with the model's own keys
-    base = TINY_OPTS + ["MODEL.RESNETS.GW_POSITIONS", "", "MODEL.RESNETS.NORM", "FrozenBN", "MODEL.FPN.NORM", ""]
-    source = Trainer.build_model(build_config(str(DEMO_CONFIG), base))
-    torch.save({"model": source.state_dict()}, tmp_path / "narrow.pth")
-    wider = Trainer.build_model(build_config(str(DEMO_CONFIG), base + ["MODEL.RESNETS.STEM_OUT_CHANNELS", "32"]))
-    with pytest.raises(ValueError, match=r"^3 of the backbone's 53 weights have another shape in the weights than in "
-                                         r"the model \(e.g. backbone.bottom_up.stem.conv1.weight: \(16, 3, 7, 7\) in the "
-                                         r"weights, \(32, 3, 7, 7\) in the model\).*STEM_OUT_CHANNELS"):
-        ResilientCheckpointer(wider, str(tmp_path)).load_weights(str(tmp_path / "narrow.pth"))
-
-
-def test_weights_of_a_shallower_resnet_are_named_as_such(tmp_path):
+    (["MODEL.RESNETS.STEM_OUT_CHANNELS", "32"],
+     r"^3 of the backbone's 53 weights have another shape in the weights than in the model \(e.g. "
+     r"backbone.bottom_up.stem.conv1.weight: \(16, 3, 7, 7\) in the weights, \(32, 3, 7, 7\) in the "
+     r"model\).*STEM_OUT_CHANNELS"),
     # "so training would start ... Convert ImageNet weights", for a run's checkpoint into a deeper model's evaluation
+    (["MODEL.RESNETS.DEPTH", "101"],
+     r"so the model would run with a partly random backbone: they hold 6 blocks of res4, the model has 23. The "
+     r"model's ResNet is deeper than the one they were trained with: give its depth \(MODEL.RESNETS.DEPTH"),
+])
+def test_weights_of_another_resnet_size_are_named_as_such_not_sent_to_the_converter(tmp_path, other, message):
     base = TINY_OPTS + ["MODEL.RESNETS.GW_POSITIONS", "", "MODEL.RESNETS.NORM", "FrozenBN", "MODEL.FPN.NORM", ""]
     source = Trainer.build_model(build_config(str(DEMO_CONFIG), base))
-    torch.save({"model": source.state_dict()}, tmp_path / "r50.pth")
-    deeper = Trainer.build_model(build_config(str(DEMO_CONFIG), base + ["MODEL.RESNETS.DEPTH", "101"]))
-    with pytest.raises(ValueError, match=r"so the model would run with a partly random backbone: they hold 6 blocks of "
-                                         r"res4, the model has 23. The model's ResNet is deeper than the one they were "
-                                         r"trained with: give its depth \(MODEL.RESNETS.DEPTH"):
-        ResilientCheckpointer(deeper, str(tmp_path), require_every_weight=True).load_weights(str(tmp_path / "r50.pth"))
+    torch.save({"model": source.state_dict()}, tmp_path / "source.pth")
+    model = Trainer.build_model(build_config(str(DEMO_CONFIG), base + other))
+    with pytest.raises(ValueError, match=message):
+        ResilientCheckpointer(model, str(tmp_path), require_every_weight=True).load_weights(str(tmp_path / "source.pth"))
 
 
 def test_a_torchvision_checkpoint_as_model_weights_is_refused_with_the_converter(tmp_path):

@@ -68,7 +68,7 @@ def test_a_resume_that_moves_a_cosine_schedule_is_warned_of(tmp_path):
     record_config_checksum(str(tmp_path))
     torch.save({"model": {}, "iteration": 3}, tmp_path / "model_0000003.pth")
     (tmp_path / "last_checkpoint").write_text("model_0000003.pth")
-    with logged_warnings("gwdet.engine.trainer") as logged:
+    with logged_warnings("gwdet.engine.output_dir") as logged:
         warn_of_a_moved_schedule(build_config(str(DEMO_CONFIG), [*opts, "SOLVER.MAX_ITER", "4"]), str(tmp_path))
         warn_of_a_moved_schedule(build_config(str(DEMO_CONFIG), [*opts, "SOLVER.MAX_ITER", "8"]), str(tmp_path))
     assert logged == [

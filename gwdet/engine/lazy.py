@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 import os
 import tempfile
 from collections import OrderedDict
@@ -63,13 +62,14 @@ from gwdet.modeling.model_checks import check_norm_weight_decay
 from gwdet.engine.output_dir import (
     CONFIG_NAME,
     SavedRun,
+    ScheduleAt,
     check_config_checksum,
     check_resumed_run,
-    resumed_iteration,
     config_differences,
     damaged_config,
     leaves_the_model,
 )
+from gwdet.engine.output_dir import warn_of_a_moved_schedule as moved_schedule_warning
 from gwdet.engine.lazy_checks import (
     check_call_arguments,
     check_datasets,
@@ -328,30 +328,21 @@ def check_resume_config(cfg: DictConfig, output_dir: str, weights_named: bool = 
 
 
 def warn_of_a_moved_schedule(cfg: DictConfig, output_dir: str) -> None:
-    """Warn when ``--resume`` with another ``train.max_iter`` changes the learning rate at the
-    resumed iteration: a LazyConfig's ``lr_multiplier`` is called with the fraction of
-    ``train.max_iter`` done (detectron2's ``LRMultiplier``), so its warm-up and steps move with it,
-    and a decayed rate can rise again."""
-    resumed = resumed_iteration(output_dir)
-    path = os.path.join(output_dir, CONFIG_NAME)
-    if resumed is None or not os.path.isfile(path):
-        return
-    try:
+    """:func:`gwdet.engine.output_dir.warn_of_a_moved_schedule` of a LazyConfig: its
+    ``lr_multiplier`` is called with the fraction of ``train.max_iter`` done, so its warm-up and
+    steps move with it."""
+    def factors(path: str, iteration: int) -> ScheduleAt | None:
         saved = read_saved_config(path)
         saved_max_iter = int(saved["train"]["max_iter"])
         if saved_max_iter == cfg.train.max_iter:
-            return
-        before = instantiate(OmegaConf.create(saved["lr_multiplier"]))(min(resumed[1] / saved_max_iter, 1.0))
-        after = instantiate(cfg.lr_multiplier)(min(resumed[1] / cfg.train.max_iter, 1.0))
-    except Exception:  # a schedule that cannot be built or called this way: nothing to compare
-        return
-    if not math.isclose(before, after, rel_tol=1e-6):
-        logger.warning(
-            f"--resume with train.max_iter {saved_max_iter} -> {cfg.train.max_iter}: the lr_multiplier schedule is "
-            f"in fractions of train.max_iter, so at the resumed iteration {resumed[1]} the learning rate becomes "
-            f"{after:g} x optimizer.lr, where the run had {before:g} x (its warm-up and steps move with train.max_iter). "
-            f"Resume with train.max_iter={saved_max_iter} to keep the schedule, or give lr_multiplier steps in "
-            "absolute iterations of the new length.")
+            return None
+        return ScheduleAt(saved_max_iter, cfg.train.max_iter,
+                          instantiate(OmegaConf.create(saved["lr_multiplier"]))(min(iteration / saved_max_iter, 1.0)),
+                          instantiate(cfg.lr_multiplier)(min(iteration / cfg.train.max_iter, 1.0)))
+
+    moved_schedule_warning(output_dir, factors, max_iter_setting="train.max_iter", schedule="the lr_multiplier schedule",
+                           rate_setting="optimizer.lr", keep="train.max_iter={}",
+                           alternative="give lr_multiplier steps in absolute iterations of the new length")
 
 
 class LazyRun(RunConfig):

@@ -24,6 +24,7 @@ import contextlib
 import fcntl
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -689,6 +690,41 @@ class SavedRun(NamedTuple):
     seeds: tuple[Any, Any]  # the seed of the run and of the config
     model: list[str]  # "KEY: saved -> current" for each value that builds another model
     others: list[str]  # the same for the other values that differ
+
+
+class ScheduleAt(NamedTuple):
+    """The learning-rate factor at a resumed iteration under the run's schedule and this config's."""
+
+    saved_max_iter: int
+    max_iter: int
+    before: float
+    after: float
+
+
+def warn_of_a_moved_schedule(output_dir: str, factors: Callable[[str, int], ScheduleAt | None], *,
+                             max_iter_setting: str, schedule: str, rate_setting: str, keep: str,
+                             alternative: str) -> None:
+    """Warn when ``--resume`` with another number of iterations (``max_iter_setting``) changes the
+    learning rate at the resumed iteration: detectron2's ``LRMultiplier`` calls the ``schedule`` with
+    the fraction of the iterations done, so what is a fraction of them (a cosine, a warm-up, a
+    LazyConfig's milestones) moves, and a decayed rate can rise again. ``factors(config.yaml, iteration)``
+    gives the factors under both (``None``: they are the same length); a schedule that cannot be
+    built that way is left to the resume's own checks. ``keep`` is the override that keeps the
+    schedule, with ``{}`` for the run's number of iterations."""
+    resumed = resumed_iteration(output_dir)
+    path = os.path.join(output_dir, CONFIG_NAME)
+    if resumed is None or not os.path.isfile(path):
+        return
+    try:
+        found = factors(path, resumed[1])
+    except Exception:  # a schedule that cannot be built or called this way: nothing to compare
+        return
+    if found is not None and not math.isclose(found.before, found.after, rel_tol=1e-6):
+        logger.warning(
+            f"--resume with {max_iter_setting} {found.saved_max_iter} -> {found.max_iter}: {schedule} is in fractions of "
+            f"{max_iter_setting}, so at the resumed iteration {resumed[1]} the learning rate becomes {found.after:g} x "
+            f"{rate_setting}, where the run had {found.before:g} x. Resume with {keep.format(found.saved_max_iter)} to keep "
+            f"the schedule, or {alternative}.")
 
 
 def check_resumed_run(output_dir: str, compare: Callable[[str], SavedRun], max_iter: int, *,

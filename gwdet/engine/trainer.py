@@ -12,7 +12,6 @@ and whose ``--resume`` continues the data and random streams where they stopped.
 from __future__ import annotations
 
 import logging
-import math
 import os
 from typing import Any, Mapping, Sequence
 
@@ -43,8 +42,8 @@ from gwdet.modeling.build import (check_built_model, check_device, check_mixed_p
 from gwdet.modeling.model_checks import check_norm_weight_decay
 from gwdet.norms import norm_record
 from gwdet.solver import build_optimizer
-from gwdet.engine.output_dir import (CONFIG_NAME, check_resume_config, model_differences, resumed_iteration,
-                                     saved_run_config)
+from gwdet.engine.output_dir import ScheduleAt, check_resume_config, model_differences, saved_run_config
+from gwdet.engine.output_dir import warn_of_a_moved_schedule as moved_schedule_warning
 from gwdet.engine.run import RunConfig
 from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.engine.training import (
@@ -254,27 +253,19 @@ def _rate_factor(cfg: CfgNode, iteration: int) -> float:
 
 
 def warn_of_a_moved_schedule(cfg: CfgNode, output_dir: str) -> None:
-    """Warn when ``--resume`` with another ``SOLVER.MAX_ITER`` changes the learning rate at the
-    resumed iteration: detectron2's cosine schedule (and the fixed-gamma steps) are fractions of
-    ``SOLVER.MAX_ITER``, so a decayed rate can rise again (multi-step ``STEPS`` stay where they are)."""
-    resumed = resumed_iteration(output_dir)
-    path = os.path.join(output_dir, CONFIG_NAME)
-    if resumed is None or not os.path.isfile(path):
-        return
-    try:
+    """:func:`gwdet.engine.output_dir.warn_of_a_moved_schedule` of a yacs config: detectron2's cosine
+    schedule (and the fixed-gamma steps) are fractions of ``SOLVER.MAX_ITER``; multi-step
+    ``STEPS`` stay where they are."""
+    def factors(path: str, iteration: int) -> ScheduleAt | None:
         saved = saved_run_config(cfg, output_dir, path)
         if saved.SOLVER.MAX_ITER == cfg.SOLVER.MAX_ITER:
-            return
-        before, after = _rate_factor(saved, resumed[1]), _rate_factor(cfg, resumed[1])
-    except Exception:  # a schedule that cannot be built this way: the resume's own checks name it
-        return
-    if not math.isclose(before, after, rel_tol=1e-6):
-        logger.warning(
-            f"--resume with SOLVER.MAX_ITER {saved.SOLVER.MAX_ITER} -> {cfg.SOLVER.MAX_ITER}: "
-            f"{cfg.SOLVER.LR_SCHEDULER_NAME} is in fractions of SOLVER.MAX_ITER, so at the resumed iteration "
-            f"{resumed[1]} the learning rate becomes {after:g} x SOLVER.BASE_LR, where the run had {before:g} x. Resume "
-            f"with SOLVER.MAX_ITER {saved.SOLVER.MAX_ITER} to keep the schedule, or use WarmupMultiStepLR, whose "
-            "SOLVER.STEPS are iterations.")
+            return None
+        return ScheduleAt(saved.SOLVER.MAX_ITER, cfg.SOLVER.MAX_ITER, _rate_factor(saved, iteration),
+                          _rate_factor(cfg, iteration))
+
+    moved_schedule_warning(output_dir, factors, max_iter_setting="SOLVER.MAX_ITER",
+                           schedule=cfg.SOLVER.LR_SCHEDULER_NAME, rate_setting="SOLVER.BASE_LR",
+                           keep="SOLVER.MAX_ITER {}", alternative="use WarmupMultiStepLR, whose SOLVER.STEPS are iterations")
 
 
 def check_training_values(cfg: CfgNode, world_size: int) -> None:
