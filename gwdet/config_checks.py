@@ -438,10 +438,12 @@ def _num_workers(cfg: CfgNode, workers: Any) -> str | None:
 
 def _resnet_depth(cfg: CfgNode, depth: Any) -> str | None:
     backbone = _value(cfg, "MODEL.BACKBONE.NAME")
-    if backbone not in RESNET_BACKBONES or (is_whole_number(depth) and depth in DETECTRON2_RESNET_DEPTHS):
+    if backbone not in RESNET_BACKBONES:
         return None
-    return (f"is not a depth of detectron2's ResNets, which MODEL.BACKBONE.NAME={backbone!r} builds (it would stop "
-            f"with a bare KeyError). Use one of {', '.join(map(str, DETECTRON2_RESNET_DEPTHS))}, e.g. 50.")
+    if not (is_whole_number(depth) and depth in DETECTRON2_RESNET_DEPTHS):
+        return (f"is not a depth of detectron2's ResNets, which MODEL.BACKBONE.NAME={backbone!r} builds (it would stop "
+                f"with a bare KeyError). Use one of {', '.join(map(str, DETECTRON2_RESNET_DEPTHS))}, e.g. 50.")
+    return None
 
 
 def _mask_format(cfg: CfgNode, mask_format: Any) -> str | None:
@@ -983,7 +985,20 @@ def check_gwdet_config(cfg: CfgNode) -> None:
     if error is not None:
         raise error
     warn_unbuilt_norms(cfg)
+    warn_of_basic_block_resnext_values(cfg)
     object.__setattr__(cfg, _CHECKED_CONTENT, _content(cfg))  # beside yacs' own flags, not a config key
+
+
+def warn_of_basic_block_resnext_values(cfg: CfgNode) -> None:
+    """A warning when a ResNet of basic blocks (``MODEL.RESNETS.DEPTH`` 18 or 34) is given ResNeXt
+    values (``NUM_GROUPS`` other than 1): detectron2 builds basic blocks without groups, so the
+    model is a plain ResNet of that depth."""
+    depth, groups = cfg.MODEL.RESNETS.DEPTH, cfg.MODEL.RESNETS.NUM_GROUPS
+    if cfg.MODEL.BACKBONE.NAME in RESNET_BACKBONES and depth in (18, 34) and groups != 1:
+        logging.getLogger(__name__).warning(
+            f"MODEL.RESNETS.NUM_GROUPS is {groups}, but MODEL.RESNETS.DEPTH {depth} builds basic blocks, which "
+            "detectron2 builds without groups (nor WIDTH_PER_GROUP): the model is a plain ResNet-"
+            f"{depth}. Use a depth of 50 or more for a ResNeXt, or MODEL.RESNETS.NUM_GROUPS 1.")
 
 
 def warn_unbuilt_norms(cfg: CfgNode) -> None:

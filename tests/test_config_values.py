@@ -133,6 +133,17 @@ def test_schedule_and_clipping_values_detectron2_fails_on_late_are_refused():
     build_config(str(DEMO_CONFIG), [*clipping, "SOLVER.CLIP_GRADIENTS.NORM_TYPE", "1e999"])  # the largest value
 
 
+def test_resnext_groups_of_a_basic_block_resnet_are_warned_of():
+    # DEPTH 34 with NUM_GROUPS 4 built a plain ResNet-34 without a word
+    basic = ["MODEL.RESNETS.DEPTH", "34", "MODEL.RESNETS.RES2_OUT_CHANNELS", "64", "MODEL.RESNETS.GW_POSITIONS", "S1"]
+    with logged_warnings("gwdet.config_checks") as logged:
+        build_config(str(DEMO_CONFIG), [*basic, "MODEL.RESNETS.NUM_GROUPS", "4"])
+        build_config(str(DEMO_CONFIG), basic)
+    assert logged == ["MODEL.RESNETS.NUM_GROUPS is 4, but MODEL.RESNETS.DEPTH 34 builds basic blocks, which detectron2 "
+                      "builds without groups (nor WIDTH_PER_GROUP): the model is a plain ResNet-34. Use a depth of 50 or "
+                      "more for a ResNeXt, or MODEL.RESNETS.NUM_GROUPS 1."]
+
+
 def test_schedule_values_a_training_would_not_read_or_few_would_mean_are_warned_of():
     with logged_warnings("gwdet.engine.trainer") as logged:
         check_training_values(build_config(str(DEMO_CONFIG), ["SOLVER.LR_SCHEDULER_NAME", "WarmupCosineLR",
