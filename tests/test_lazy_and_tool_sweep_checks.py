@@ -133,8 +133,14 @@ def test_an_argument_the_nodes_callable_does_not_take_is_refused_when_the_config
         LazyRun.load(str(LAZY_CONFIG), ["optimizer._target_=torch.optim.Adam"])
     message = str(refused.value)
     assert message.startswith("optimizer: Adam takes no argument 'momentum'; it takes amsgrad, betas, ")
-    assert message.endswith("Remove optimizer.momentum from the config, or set optimizer._target_ to a callable that "
-                            "takes it.")
+    assert message.endswith("Remove optimizer.momentum from the config (in a .py config of your own, e.g. del "
+                            "cfg.optimizer.momentum; a key=value override cannot remove a key), or set optimizer._target_ "
+                            "to a callable that takes it.")
+    # every argument named (the advice left out num_updates)
+    with pytest.raises(GwdetValueError) as refused:
+        LazyRun.load(str(LAZY_CONFIG), ["lr_multiplier.scheduler._target_=fvcore.common.param_scheduler.CosineParamScheduler"])
+    assert ("Remove lr_multiplier.scheduler.values, lr_multiplier.scheduler.milestones, "
+            "lr_multiplier.scheduler.num_updates from the config") in str(refused.value)
 
 
 @pytest.mark.parametrize("key", ["dataloader.test.dataset.names", "dataloader.train.dataset.names"])

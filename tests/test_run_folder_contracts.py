@@ -787,10 +787,10 @@ def test_results_of_the_model_before_a_resume_are_kept_under_names_that_say_so(t
     assert checksum_problem(str(tmp_path / "results_before_resuming_at_250.json")) is None
     # they are the run's files: --overwrite deletes them with the run (it kept them as the user's)
     assert run_files(str(tmp_path)) == sorted(os.listdir(tmp_path))
-    assert warnings_of(caplog) == [f"{tmp_path}: the results written before this resume at iteration 250 (of the model the run "
-                        "had then) are kept as results_before_resuming_at_250_2.md and "
-                        "results_before_resuming_at_250.json; the run writes its results.md and results.json anew "
-                        "when it ends."]
+    assert warnings_of(caplog) == [f"{tmp_path}: the results the run wrote before this resume at iteration 250 (of the "
+                                   "model it had when it wrote them, which may be past that iteration) are kept as "
+                                   "results_before_resuming_at_250_2.md and results_before_resuming_at_250.json; the run "
+                                   "writes its results.md and results.json anew when it ends."]
 
 
 def test_a_resume_is_refused_only_when_the_checkpoint_is_past_the_schedule(tmp_path):

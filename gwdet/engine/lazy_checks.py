@@ -298,8 +298,9 @@ def check_call_arguments(cfg: DictConfig) -> None:
             what = getattr(called, "__qualname__", repr(called))
             raise GwdetValueError(
                 f"{path}: {what} takes no argument {listed(map(repr, unknown), 5)}; it takes "
-                f"{', '.join(sorted(names))}. Remove {' and '.join(f'{path}.{key}' for key in unknown[:2])} from the "
-                f"config, or set {path}._target_ to a callable that takes {'them' if len(unknown) > 1 else 'it'}.")
+                f"{', '.join(sorted(names))}. Remove {', '.join(f'{path}.{key}' for key in unknown)} from the config "
+                "(in a .py config of your own, e.g. del cfg." + f"{path}.{unknown[0]}; a key=value override cannot "
+                f"remove a key), or set {path}._target_ to a callable that takes {'them' if len(unknown) > 1 else 'it'}.")
 
 
 def warn_unused_head_norms(cfg: DictConfig) -> None:

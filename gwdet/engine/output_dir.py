@@ -973,9 +973,9 @@ def set_aside_results(output_dir: str, start_iter: int) -> None:
             record_checksum(target)
         moved.append(os.path.basename(target))
     if moved:
-        logger.warning(f"{output_dir}: the results written before this resume at iteration {start_iter} (of the "
-                       f"model the run had then) are kept as {' and '.join(moved)}; the run writes its "
-                       f"{RESULTS_MARKDOWN} and {RESULTS_JSON} anew when it ends.")
+        logger.warning(f"{output_dir}: the results the run wrote before this resume at iteration {start_iter} (of "
+                       f"the model it had when it wrote them, which may be past that iteration) are kept as "
+                       f"{' and '.join(moved)}; the run writes its {RESULTS_MARKDOWN} and {RESULTS_JSON} anew when it ends.")
 
 
 def trim_metrics(output_dir: str, start_iter: int) -> None:
