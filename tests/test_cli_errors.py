@@ -326,6 +326,10 @@ def test_lab_tools_refuse_an_out_below_or_at_a_file(tmp_path, capsys, tool):
     (["NO_SUCH.KEY", "1"], "The KEY VALUE overrides: NO_SUCH.KEY is not a key of detectron2's or gwdet's config. (A "),
     (["SOLVER.BASE_LR", "0,02"], "The KEY VALUE overrides: SOLVER.BASE_LR takes a value of type float (it is 0.02 "
                                  "before this value); got 0,02 (a str)."),
+    # the p = inf of gradient clipping's max norm, which yacs cannot read as a float
+    (["SOLVER.CLIP_GRADIENTS.NORM_TYPE", "inf"], "The KEY VALUE overrides: SOLVER.CLIP_GRADIENTS.NORM_TYPE takes a value of "
+     "type float (it is 2.0 before this value); got inf (a str). yacs reads no inf; a number too large for a float is "
+     "one: SOLVER.CLIP_GRADIENTS.NORM_TYPE 1e999."),
     # an empty default printed as nothing: "(it is  before this value)"
     (["MODEL.RESNETS.GW_POSITIONS", "", "MODEL.RESNETS.GW_POSITIONS", "['S1']"],
      "The KEY VALUE overrides: MODEL.RESNETS.GW_POSITIONS takes a value of type str (it is '' before this value); got "
