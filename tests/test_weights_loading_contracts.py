@@ -662,3 +662,21 @@ def test_weights_this_user_may_not_read_are_named_not_a_raw_permission_error(tmp
     said = error_in_child(as_nobody, lambda: checksum_findings(weights))
     shutil.rmtree(folder)
     assert said.startswith(f"{weights} cannot be read by this user (permission denied): ask its owner"), said
+
+
+def test_group_norm_weights_without_gwdets_records_are_said_to_be_unchecked(tmp_path, caplog):
+    # weights of detectron2's own training (GN with 8 groups) evaluated with 4 groups without a word
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    trained = nn.Sequential(nn.Conv2d(3, 8, 1), nn.GroupNorm(8, 8))
+    torch.save({"model": trained.state_dict()}, tmp_path / "plain.pth")
+    other = nn.Sequential(nn.Conv2d(3, 8, 1), nn.GroupNorm(4, 8))
+    with caplog.at_level("WARNING"):
+        ResilientCheckpointer(other, str(tmp_path)).load_weights(str(tmp_path / "plain.pth"))
+    assert "holds the weights of 1 GroupNorm layer(s) (1 (4 groups)) without gwdet's record of their group numbers" \
+        in caplog.text
+    caplog.clear()
+    ResilientCheckpointer(trained, str(tmp_path)).save("recorded")  # gwdet's checkpoints record them: checked
+    with caplog.at_level("WARNING"):
+        ResilientCheckpointer(trained, str(tmp_path)).load_weights(str(tmp_path / "recorded.pth"))
+    assert "GroupNorm layer(s)" not in caplog.text

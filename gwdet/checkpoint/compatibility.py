@@ -362,6 +362,14 @@ def check_unrecorded_weights(weights: Mapping[str, Any], model: torch.nn.Module,
             f"record their norms), or {how_to_opt_in} to load them anyway.")
 
 
+def unrecorded_group_norms(weights: Mapping[str, Any], model: torch.nn.Module) -> list[str]:
+    """The ``GroupNorm`` layers of ``model`` (``"name (N groups)"``) whose affine weights ``weights``
+    hold (a state dict from a file without gwdet's records of norm settings): torch's GroupNorm
+    saves no group number, so nothing can tell whether they were trained with the model's."""
+    return [f"{name} ({module.num_groups} groups)" for name, module in unwrapped(model).named_modules()
+            if type(module) is torch.nn.GroupNorm and module.affine and _saved_key(weights, f"{name}.weight")]
+
+
 def drop_layer_settings(weights: dict[str, Any], model: torch.nn.Module) -> None:
     """Remove from ``weights`` the settings that ``model``'s gwdet layers recorded: the layers then
     load the weights whatever settings they were saved with (the opt-in to load other norm values)."""

@@ -45,6 +45,7 @@ from gwdet.checkpoint.compatibility import (
     drop_layer_settings,
     norm_settings,
     norm_types,
+    unrecorded_group_norms,
     unwrapped,
 )
 from gwdet.checkpoint.integrity import (
@@ -570,6 +571,14 @@ class ResilientCheckpointer(DetectionCheckpointer):
             checks.append(lambda: check_statistics_have_a_layer(weights, self.model, _MISMATCH_OPT_IN))
             if unconverted and not isinstance(checkpoint.get(NORM_TYPES_KEY), dict):
                 checks.append(lambda: check_unrecorded_weights(weights, self.model, _MISMATCH_OPT_IN))
+        if isinstance(weights, dict) and not isinstance(checkpoint.get(NORM_SETTINGS_KEY), dict):
+            unchecked = unrecorded_group_norms(weights, self.model)
+            if unchecked:
+                self.logger.warning(
+                    f"{self._loading or 'The checkpoint'} holds the weights of {len(unchecked)} GroupNorm layer(s) "
+                    f"({listed(unchecked, 3)}) without gwdet's record of their group numbers (a file gwdet's "
+                    "checkpointer did not write, e.g. detectron2's): they load unchecked into this config's groups. "
+                    "Give the group number they were trained with (MODEL.GN.NUM_GROUPS; a LazyConfig's num_groups).")
         allowed = mismatch_allowed()
         for check in checks:
             try:
