@@ -32,6 +32,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 import detectron2.layers.batch_norm as detectron2_batch_norm
+from detectron2.config import CfgNode
 from detectron2.layers import get_norm as detectron2_get_norm
 from detectron2.utils.logger import log_first_n
 
@@ -227,13 +228,11 @@ def known_norm_names() -> list[str]:
     return sorted(_RECORDS)
 
 
-def add_registered_config_keys(cfg: Any) -> Any:
+def add_registered_config_keys(cfg: CfgNode) -> CfgNode:
     """Add to the yacs config ``cfg`` each config key of a registered name (``register_norm``'s
     ``config_keys``) that it lacks, with the default its build function gives that argument, so that
     a config file can set it (``MODEL.MY_GN.NUM_GROUPS: 8``) as it sets gwdet's own; an argument
     without a default adds no key (the build then asks for it). Returns ``cfg``."""
-    from detectron2.config import CfgNode
-
     for record in norm_records():
         parameters = inspect.signature(record.build).parameters
         for param, key in record.config_keys.items():
