@@ -611,12 +611,17 @@ def _scheduler_name(cfg: CfgNode, name: Any) -> str | None:
     if known is not None or name != "WarmupStepWithFixedGammaLR":
         return known
     decays, max_iter = _value(cfg, "SOLVER.NUM_DECAYS"), _value(cfg, "SOLVER.MAX_ITER")
-    steps = ", ".join(str(max_iter * k // (decays + 1)) for k in range(1, decays + 1)) + ("," if decays == 1 else "") \
-        if is_whole_number(decays) and is_whole_number(max_iter) and decays >= 1 else "..."
+    # its value changes where the fraction done reaches k / (decays + 1): at the first iteration at or after it
+    steps = [-(-max_iter * k // (decays + 1)) for k in range(1, decays + 1)] \
+        if is_whole_number(decays) and is_whole_number(max_iter) and decays >= 1 else []
+    same = ("The same schedule: SOLVER.LR_SCHEDULER_NAME WarmupMultiStepLR with SOLVER.STEPS "
+            f"\"({', '.join(map(str, steps))}{',' if len(steps) == 1 else ''})\" and the same SOLVER.GAMMA."
+            if steps and steps[0] >= 1 and steps == sorted(set(steps)) and steps[-1] < max_iter else
+            f"Use SOLVER.LR_SCHEDULER_NAME WarmupMultiStepLR with SOLVER.STEPS of your own (its {decays} equal steps do "
+            f"not fit a run of {max_iter} iterations).")
     return ("stops the training after its last iteration: detectron2's LR hook steps the scheduler once more, at the "
             "end of the schedule, where fvcore's StepWithFixedGammaParamScheduler has no value (IndexError), so no "
-            "model_final.pth and no results are written. The same schedule: SOLVER.LR_SCHEDULER_NAME "
-            f"WarmupMultiStepLR with SOLVER.STEPS \"({steps})\" and the same SOLVER.GAMMA.")
+            f"model_final.pth and no results are written. {same}")
 
 
 def _cosine_end(cfg: CfgNode, end: Any) -> str | None:

@@ -32,12 +32,12 @@ from typing import Any, Callable, Mapping
 
 import torch
 import detectron2.layers.batch_norm as detectron2_batch_norm
-from detectron2.config import CfgNode
+from detectron2.config import CfgNode, get_cfg
 from detectron2.layers import get_norm as detectron2_get_norm
 from detectron2.utils.logger import log_first_n
 
 from gwdet.errors import GwdetError, GwdetKeyError, GwdetTypeError, GwdetValueError
-from gwdet.config import CONFIG_KEYS, config_default, config_value, require_gwdet_config
+from gwdet.config import CONFIG_KEYS, config_default, config_value, flatten_config, require_gwdet_config
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening, largest_divisor_at_most
 from gwdet.layers.common import check_flag, check_int_at_least
 
@@ -144,10 +144,37 @@ def register_norm(name: str, build: Callable[..., torch.nn.Module] | None = None
         if unknown:
             raise GwdetValueError(f"register_norm({name!r}): config_keys name {sorted(unknown)}, which "
                                   f"{fn.__name__} does not take (it takes {record.params()})")
+        _refuse_other_defaults(record)
         _RECORDS[name] = record
         return fn
 
     return _register if build is None else _register(build)
+
+
+def _config_key_defaults(record: NormRecord) -> dict[str, Any]:
+    """``{config key: the default its build function gives the argument read from it}`` of the
+    record's config keys whose argument has a default."""
+    parameters = inspect.signature(record.build).parameters
+    return {key: parameters[param].default for param, key in record.config_keys.items()
+            if param in parameters and parameters[param].default is not inspect.Parameter.empty}
+
+
+def _refuse_other_defaults(record: NormRecord) -> None:
+    """Refuse a config key of ``record`` that neither detectron2 nor gwdet has and that another
+    registered name reads with another default: :func:`add_registered_config_keys` adds it with
+    one default, and the other name would be built with it without a word."""
+    existing = flatten_config(get_cfg()).keys() | {key.name for key in CONFIG_KEYS}
+    for key, default in _config_key_defaults(record).items():
+        if key in existing:
+            continue
+        for other in norm_records():
+            theirs = _config_key_defaults(other).get(key, default)
+            if theirs != default:
+                raise GwdetValueError(
+                    f"register_norm({record.name!r}): the config key {key} is read by {other.name!r} too, with the "
+                    f"default {theirs!r}, and {record.name!r} gives it {default!r}: a config without the key would build "
+                    f"one of them with the other's default. Give both the same default, or {record.name!r} a key of its "
+                    "own.")
 
 
 def _checked_config_keys(owner: str, config_keys: Any) -> dict[str, str]:
@@ -232,21 +259,18 @@ def add_registered_config_keys(cfg: CfgNode) -> CfgNode:
     """Add to the yacs config ``cfg`` each config key of a registered name (``register_norm``'s
     ``config_keys``) that it lacks, with the default its build function gives that argument, so that
     a config file can set it (``MODEL.MY_GN.NUM_GROUPS: 8``) as it sets gwdet's own; an argument
-    without a default adds no key (the build then asks for it). Returns ``cfg``."""
-    for record in norm_records():
-        parameters = inspect.signature(record.build).parameters
-        for param, key in record.config_keys.items():
-            default = parameters[param].default if param in parameters else inspect.Parameter.empty
-            if default is inspect.Parameter.empty:
-                continue
-            *sections, leaf = key.split(".")
-            node = cfg
-            for section in sections:
-                if not isinstance(node, CfgNode):
-                    break
-                node = node.setdefault(section, CfgNode())
-            if isinstance(node, CfgNode) and leaf not in node:
-                node[leaf] = default
+    without a default adds no key (the build then asks for it). Names that share a key give it one
+    default (:func:`register_norm` refuses another). Returns ``cfg``."""
+    defaults = {key: default for record in norm_records() for key, default in _config_key_defaults(record).items()}
+    for key, default in defaults.items():
+        *sections, leaf = key.split(".")
+        node = cfg
+        for section in sections:
+            if not isinstance(node, CfgNode):
+                break
+            node = node.setdefault(section, CfgNode())
+        if isinstance(node, CfgNode) and leaf not in node:
+            node[leaf] = default
     return cfg
 
 

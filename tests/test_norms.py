@@ -120,6 +120,12 @@ def test_a_registered_names_own_config_key_can_be_set_in_a_config_file(registere
     cfg = build_config(str(config))
     assert cfg.MODEL.TEST_MY_GN.NUM_GROUPS == 4 and norm_from_config("TestMyGN", cfg)(8).num_groups == 4
     assert build_config(str(DEMO_CONFIG)).MODEL.TEST_MY_GN.NUM_GROUPS == 16  # the build function's default
+    # a second name reading the key with another default would build with the first one's (4 instead of its 8)
+    with pytest.raises(ValueError, match=r"register_norm\('TestMyGN8'\): the config key MODEL.TEST_MY_GN.NUM_GROUPS "
+                                         r"is read by 'TestMyGN' too, with the default 16, and 'TestMyGN8' gives it 8"):
+        register_norm("TestMyGN8", lambda channels, num_groups=8: torch.nn.GroupNorm(num_groups, channels),
+                      config_keys={"num_groups": "MODEL.TEST_MY_GN.NUM_GROUPS"})
+    assert "TestMyGN8" not in known_norm_names()
 
 
 def test_an_error_of_a_registered_build_function_names_the_norm_and_its_values(registered):

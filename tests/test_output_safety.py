@@ -907,3 +907,41 @@ def test_a_long_legal_output_name_is_written(tmp_path):
     path = tmp_path / ("b" * 250 + ".pkl")
     write_atomically(str(path), lambda file: file.write(b"weights"))
     assert path.read_bytes() == b"weights" and os.listdir(tmp_path) == [path.name]
+
+
+def test_a_failed_write_keeps_the_earlier_files_checksum_record(tmp_path):
+    # a save that failed (a size limit, a full disk) left the older checkpoint but deleted its record: read unchecked
+    from gwdet.utils.atomic import checksum_problem, write_with_checksum
+
+    path = tmp_path / "model_0000002.pth"
+    write_with_checksum(str(path), lambda file: file.write(b"the earlier checkpoint"))
+
+    def failing(file):
+        file.write(b"half of a new one")
+        raise OSError(27, "File too large")
+
+    with pytest.raises(OSError, match="File too large"):
+        write_with_checksum(str(path), failing)
+    assert path.read_bytes() == b"the earlier checkpoint"
+    assert (tmp_path / "model_0000002.pth.sha256").is_file() and checksum_problem(str(path)) is None
+
+
+def test_last_checkpoint_that_is_a_link_is_replaced_not_written_through(tmp_path):
+    # ResilientCheckpointer.save wrote the checkpoint's name into the user's file the link led to
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "last_checkpoint").symlink_to(notes)
+    ResilientCheckpointer(torch.nn.Linear(2, 2), str(run)).save("model_final")
+    assert notes.read_text() == "my notes"
+    assert not (run / "last_checkpoint").is_symlink() and (run / "last_checkpoint").read_text() == "model_final.pth"
+
+
+def test_a_refused_load_leaves_the_checkpointer_ready_for_the_next(tmp_path):
+    # every later load of the same ResilientCheckpointer failed with a bare AssertionError
+    checkpointer = ResilientCheckpointer(torch.nn.Linear(2, 2), str(tmp_path))
+    checkpointer.save("good")
+    with pytest.raises(AssertionError, match="not found"):
+        checkpointer.load(str(tmp_path / "missing.pth"))
+    assert "model" not in checkpointer.load(str(tmp_path / "good.pth"))  # the model's weights went into the model

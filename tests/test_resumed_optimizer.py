@@ -71,10 +71,16 @@ def test_a_resume_that_moves_a_cosine_schedule_is_warned_of(tmp_path):
     with logged_warnings("gwdet.engine.output_dir") as logged:
         warn_of_a_moved_schedule(build_config(str(DEMO_CONFIG), [*opts, "SOLVER.MAX_ITER", "4"]), str(tmp_path))
         warn_of_a_moved_schedule(build_config(str(DEMO_CONFIG), [*opts, "SOLVER.MAX_ITER", "8"]), str(tmp_path))
+        torch.save({"model": {}, "iteration": 1}, tmp_path / "model_0000001.pth")  # resumed within the schedule
+        (tmp_path / "last_checkpoint").write_text("model_0000001.pth")
+        warn_of_a_moved_schedule(build_config(str(DEMO_CONFIG), [*opts, "SOLVER.MAX_ITER", "8"]), str(tmp_path))
     assert logged == [
         "--resume with SOLVER.MAX_ITER 4 -> 8: WarmupCosineLR is in fractions of SOLVER.MAX_ITER, so at the resumed "
-        "iteration 4 the learning rate becomes 0.5 x SOLVER.BASE_LR, where the run had 0 x. Resume with SOLVER.MAX_ITER "
-        "4 to keep the schedule, or use WarmupMultiStepLR, whose SOLVER.STEPS are iterations."]
+        "iteration 4 the learning rate becomes 0.5 x SOLVER.BASE_LR, where the run had 0 x. The run had finished its "
+        "schedule; to go on from where it ended, use WarmupMultiStepLR, whose SOLVER.STEPS are iterations.",
+        "--resume with SOLVER.MAX_ITER 4 -> 8: WarmupCosineLR is in fractions of SOLVER.MAX_ITER, so at the resumed "
+        "iteration 2 the learning rate becomes 0.853553 x SOLVER.BASE_LR, where the run had 0.5 x. Resume with "
+        "SOLVER.MAX_ITER 4 to keep the schedule, or use WarmupMultiStepLR, whose SOLVER.STEPS are iterations."]
 
 
 def test_precise_bn_passes_leave_the_training_random_streams_as_they_were():
@@ -98,3 +104,15 @@ def test_precise_bn_passes_leave_the_training_random_streams_as_they_were():
         torch.manual_seed(0)
         hook.update_stats()
         assert torch.equal(torch.rand(3), expected) is kept and model[0].running_mean.abs().sum() > 0
+
+
+def test_a_resume_cannot_change_the_optimizer():
+    # SGD's state loaded into AdamW: "KeyError: 'step'" at the first step, named as a config value detectron2 cannot use
+    model = torch.nn.Linear(3, 2)
+    optimizer_state, _ = trained_states(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    with pytest.raises(GwdetError, match=r"--resume: the run's optimizer state is another optimizer's than this "
+                                         r"config's AdamW \(it has no 'step'\), and a resume cannot change the "
+                                         r"optimizer"):
+        with configured_optimizer_values(optimizer, None, "the grouping settings", "train.init_checkpoint"):
+            optimizer.load_state_dict(optimizer_state)

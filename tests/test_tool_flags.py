@@ -1,6 +1,7 @@
 """The export and analyze tools refuse flags they cannot use before building anything, and read
 their flags wherever they stand on the command line (after the config overrides too)."""
 import os
+import re
 
 import pytest
 
@@ -253,6 +254,37 @@ def test_lazy_milestones_in_other_units_than_iterations_are_warned_of():
         "lr_multiplier.scheduler.num_updates=1000 is not train.max_iter=10: detectron2's LRMultiplier gives the "
         "scheduler the fraction of train.max_iter done, so its milestones [5] (in units of num_updates) fall at "
         "iterations 0.05. Give num_updates=${train.max_iter} (or 10) for milestones in iterations."]
+
+
+@pytest.mark.parametrize("scheduler, problem", [
+    # a raw IndexError after the last iteration (the yacs twin was refused)
+    ("StepWithFixedGammaParamScheduler(base_value=1.0, num_decays=2, gamma=0.1, num_updates=1000)",
+     "lr_multiplier.scheduler is fvcore's StepWithFixedGammaParamScheduler, which stops the training after its last "
+     "iteration"),
+    # trained with a negative learning rate without a word (the yacs twin, SOLVER.BASE_LR_END, was refused)
+    ("CosineParamScheduler(start_value=1.0, end_value=-0.5)", "lr_multiplier.scheduler gives the factors [1.0, -0.5] of "
+                                                             "optimizer.lr, and a negative factor turns the learning rate "
+                                                             "negative"),
+    ("CosineParamScheduler(start_value=1.0, end_value=2.0)", None),  # a warning: the rate rises
+])
+def test_lazy_schedules_that_fail_or_turn_the_rate_negative_are_refused(tmp_path, scheduler, problem):
+    from gwdet.engine.lazy import LazyRun
+
+    config = tmp_path / "schedule.py"
+    config.write_text(f"from detectron2.config import LazyConfig, LazyCall as L\n"
+                      f"from fvcore.common.param_scheduler import {scheduler.split('(')[0]}\n"
+                      f"_base = LazyConfig.load({str(LAZY_CONFIG)!r})\n"
+                      "globals().update(_base)\n"
+                      f"lr_multiplier.scheduler = L({scheduler.split('(')[0]})({scheduler.split('(', 1)[1]}\n")
+    run = LazyRun.load(str(config))
+    if problem is None:
+        with logged_warnings("gwdet.engine.lazy_checks") as logged:
+            run.check_request(False, 1)
+        assert logged == ["lr_multiplier.scheduler's factors of optimizer.lr rise ([1.0, 2.0]): the learning rate grows "
+                          "during the run; give falling factors (e.g. [1.0, 0.1, 0.01]) to lower it."]
+        return
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        run.check_request(False, 1)
 
 
 @pytest.mark.parametrize("device", ["xyz", "mps"])

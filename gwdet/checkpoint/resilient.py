@@ -32,7 +32,7 @@ from detectron2.utils import comm
 
 from gwdet.config import SHAPES_PREFIX
 from gwdet.utils.cli_errors import as_override, link_dotdot_problem
-from gwdet.utils.atomic import cached_sha256, checksum_findings, shown_record, write_with_checksum
+from gwdet.utils.atomic import cached_sha256, checksum_findings, shown_record, write_atomically, write_with_checksum
 from gwdet.checkpoint.compatibility import (
     NORM_SETTINGS_KEY,
     NORM_TYPES_KEY,
@@ -410,6 +410,15 @@ class ResilientCheckpointer(DetectionCheckpointer):
         write_with_checksum(path, lambda file: torch.save(data, file), self.path_manager)
         self.tag_last_checkpoint(basename)
 
+    def tag_last_checkpoint(self, last_filename_basename: str) -> None:
+        """fvcore's ``last_checkpoint``, written atomically: a kill leaves the old or the new name,
+        and a link in its place is replaced, not written through (the file it leads to is kept)."""
+        path = os.path.join(self.save_dir, LAST_CHECKPOINT)
+        if "://" in path:
+            super().tag_last_checkpoint(last_filename_basename)
+            return
+        write_atomically(path, lambda file: file.write(last_filename_basename.encode("utf-8")))
+
     def resume_candidates(self) -> list[str]:
         """The checkpoint ``last_checkpoint`` names (when it is a file of the folder), then the other
         ``model_*.pth`` newest first."""
@@ -511,7 +520,6 @@ class ResilientCheckpointer(DetectionCheckpointer):
             except (OSError, EOFError, RuntimeError, pickle.UnpicklingError, DamagedFileError) as err:
                 if isinstance(err, UnsafeCheckpointError):
                     raise
-                self._parsed_url_during_load = None  # detectron2's load leaves it set when it raises
                 self.logger.warning(f"Cannot read checkpoint {candidate} ({err}); trying the previous one.")
         if candidates:
             raise GwdetRuntimeError(
@@ -526,7 +534,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
 
     def load(self, path: str | os.PathLike, checkpointables: list[str] | None = None) -> dict:
         """detectron2's ``load`` of the file ``path`` (a ``pathlib.Path`` too); a folder is refused by
-        name (detectron2 says the checkpoint is not found)."""
+        name (detectron2 says the checkpoint is not found). A load that raises leaves the
+        checkpointer as it was, ready for the next one."""
         path = os.fspath(path)
         if path and os.path.isdir(path):
             raise GwdetIsADirectoryError(f"{path!r} is a folder: give the checkpoint file in it (e.g. "
@@ -536,6 +545,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
             return super().load(path, checkpointables)
         finally:
             self._loading = None
+            self._parsed_url_during_load = None  # detectron2's load leaves it set when it raises: every later load failed
 
     def _load_model(self, checkpoint: dict):
         self._read_compiled_names(checkpoint)

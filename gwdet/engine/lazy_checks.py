@@ -202,7 +202,9 @@ def _check_warmup_length(cfg: DictConfig) -> None:
 
 def _check_lr_schedule(cfg: DictConfig) -> None:
     """``lr_multiplier`` builds (it holds values only: fvcore's schedulers check their milestones,
-    values and length when constructed, which detectron2 does after building the model)."""
+    values and length when constructed, which detectron2 does after building the model); no
+    fixed-gamma steps (they fail after the last iteration), no negative factors of the rate, a
+    warning for rising ones and for milestones before the first iteration."""
     node = select(cfg, "lr_multiplier")
     if not isinstance(node, DictConfig):
         return
@@ -225,16 +227,43 @@ def _check_lr_schedule(cfg: DictConfig) -> None:
         raise GwdetValueError(
             f"lr_multiplier cannot be built: {type(error).__name__}: {error}. Fix the lr_multiplier values the message "
             f"names ({example}).") from None
+    scheduler = getattr(callable_of(select(cfg, "lr_multiplier.scheduler")), "__name__", "")
+    if scheduler == "StepWithFixedGammaParamScheduler":
+        raise GwdetValueError(
+            "lr_multiplier.scheduler is fvcore's StepWithFixedGammaParamScheduler, which stops the training after its "
+            "last iteration: detectron2's LR hook steps the scheduler once more, at the end of the schedule, where it "
+            "has no value (IndexError), so no model_final.pth and no results are written. Use a "
+            "MultiStepParamScheduler with the same values (detectron2's common/optim.py and coco_schedule.py show one).")
+    values = [select(cfg, f"lr_multiplier.scheduler.{key}") for key in ("start_value", "end_value")] \
+        if scheduler == "CosineParamScheduler" else list(values) if isinstance(values, ListConfig) else []
+    if any(is_finite_number(value) and value < 0 for value in values):
+        raise GwdetValueError(
+            f"lr_multiplier.scheduler gives the factors {values} of optimizer.lr, and a negative factor turns the "
+            "learning rate negative (the loss would climb): give factors of at least 0, e.g. "
+            "lr_multiplier.scheduler.end_value=0.0.")
+    if all(is_finite_number(value) for value in values) and any(b > a for a, b in zip(values, values[1:], strict=False)):
+        logger.warning(f"lr_multiplier.scheduler's factors of optimizer.lr rise ({values}): the learning rate grows "
+                       "during the run; give falling factors (e.g. [1.0, 0.1, 0.01]) to lower it.")
+    _warn_of_early_milestones(cfg)
+
+
+def _warn_of_early_milestones(cfg: DictConfig) -> None:
+    """A warning when a milestone of ``lr_multiplier.scheduler`` (in units of its ``num_updates``)
+    falls before the first iteration of ``train.max_iter``: detectron2's ``LRMultiplier`` gives the
+    scheduler the fraction of ``train.max_iter`` done, so milestones meant as iterations of a
+    longer ``num_updates`` all act at once (a shorter run of a shipped config keeps its steps'
+    proportions, as intended)."""
     updates, milestones = select(cfg, "lr_multiplier.scheduler.num_updates"), select(cfg, "lr_multiplier.scheduler.milestones")
     max_iter = select(cfg, "train.max_iter")
-    if (is_whole_number(updates) and is_whole_number(max_iter) and updates != max_iter
-            and isinstance(milestones, ListConfig) and milestones):
-        at = ", ".join(f"{milestone * max_iter / updates:g}" for milestone in milestones)
+    if not (is_whole_number(updates) and is_whole_number(max_iter) and isinstance(milestones, ListConfig)):
+        return
+    at = [milestone * max_iter / updates for milestone in milestones if is_finite_number(milestone)]
+    if any(iteration < 1 for iteration in at):
         logger.warning(
             f"lr_multiplier.scheduler.num_updates={updates} is not train.max_iter={max_iter}: detectron2's LRMultiplier "
             f"gives the scheduler the fraction of train.max_iter done, so its milestones {list(milestones)} (in units of "
-            f"num_updates) fall at iterations {at}. Give num_updates=${{train.max_iter}} (or {max_iter}) for milestones "
-            "in iterations.")
+            f"num_updates) fall at iterations {', '.join(f'{iteration:g}' for iteration in at)}. Give "
+            f"num_updates=${{train.max_iter}} (or {max_iter}) for milestones in iterations.")
 
 
 def check_twin(key: str, value: Any, twin: str) -> None:

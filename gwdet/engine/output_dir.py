@@ -723,8 +723,10 @@ def warn_of_a_moved_schedule(output_dir: str, factors: Callable[[str, int], Sche
         logger.warning(
             f"--resume with {max_iter_setting} {found.saved_max_iter} -> {found.max_iter}: {schedule} is in fractions of "
             f"{max_iter_setting}, so at the resumed iteration {resumed[1]} the learning rate becomes {found.after:g} x "
-            f"{rate_setting}, where the run had {found.before:g} x. Resume with {keep.format(found.saved_max_iter)} to keep "
-            f"the schedule, or {alternative}.")
+            f"{rate_setting}, where the run had {found.before:g} x. "
+            + (f"Resume with {keep.format(found.saved_max_iter)} to keep the schedule, or {alternative}."
+               if resumed[1] < found.saved_max_iter else
+               f"The run had finished its schedule; to go on from where it ended, {alternative}."))
 
 
 def check_resumed_run(output_dir: str, compare: Callable[[str], SavedRun], max_iter: int, *,

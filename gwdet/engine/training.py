@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import traceback
 import weakref
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -144,10 +145,15 @@ def configured_optimizer_values(optimizer: torch.optim.Optimizer, scheduler: Any
     states would otherwise replace by the run's, are set again after it. A group's learning rate
     becomes the config's base rate times the multiplier at the resumed iteration (detectron2's
     ``LRMultiplier``: ``base_lrs`` set to the config's). A config that groups the parameters otherwise
-    (``grouping_settings``) cannot resume the run's optimizer: refused, naming them."""
+    (``grouping_settings``), or another optimizer, cannot resume the run's optimizer: refused, naming them."""
     configured = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
     try:
         yield
+    except KeyError as error:  # torch's optimizer reading another optimizer's state (SGD's into Adam: no 'step')
+        if not any(os.sep + os.path.join("torch", "optim") in frame.filename
+                   for frame in traceback.extract_tb(error.__traceback__)):
+            raise
+        raise another_optimizer(optimizer, repr(error.args[0]) if error.args else "its values", weights_setting) from None
     except ValueError as error:
         if not any(refusal in str(error) for refusal in OTHER_GROUPS):
             raise
@@ -156,12 +162,24 @@ def configured_optimizer_values(optimizer: torch.optim.Optimizer, scheduler: Any
             f"(torch: {error}); {grouping_settings} split the parameters into groups, and a resume cannot regroup the "
             f"optimizer's state. Resume with the run's values, or start a new run from its last checkpoint "
             f"({weights_setting} <run>/model_XXXXXXX.pth).") from None
+    lacking = sorted(set(configured[0]) - set(optimizer.param_groups[0]) - {"initial_lr"}) if configured else []
+    if lacking:  # torch loaded another optimizer's groups: its first step would fail
+        raise another_optimizer(optimizer, ", ".join(lacking), weights_setting)
     for group, values in zip(optimizer.param_groups, configured, strict=True):
         group.update({key: value for key, value in values.items() if key != "lr"})
     if isinstance(scheduler, LRMultiplier):
         scheduler.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
         for group, rate in zip(optimizer.param_groups, scheduler.get_lr(), strict=True):
             group["lr"] = rate
+
+
+def another_optimizer(optimizer: torch.optim.Optimizer, lacking: str, weights_setting: str) -> GwdetValueError:
+    """The refusal of a resume whose checkpoint holds another optimizer's state than ``optimizer``'s
+    (it has no ``lacking``)."""
+    return GwdetValueError(
+        f"--resume: the run's optimizer state is another optimizer's than this config's {type(optimizer).__name__} "
+        f"(it has no {lacking}), and a resume cannot change the optimizer. Resume with the run's optimizer, or start a "
+        f"new run from its last checkpoint ({weights_setting} <run>/model_XXXXXXX.pth).")
 
 
 def continue_after_resume(output_dir: str, start_iter: int, loader: Iterable, images_per_process: int,

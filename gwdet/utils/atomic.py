@@ -326,9 +326,16 @@ def write_with_checksum(path: str, write: Callable[[IO[bytes]], object], path_ma
     if "://" in path:
         write_atomically(path, write, path_manager)
         return
+    earlier, _ = _recorded_sha256(path)
     remove_checksum(path)
     digest = hashlib.sha256()
-    write_atomically(path, write, digest=digest)
+    try:
+        write_atomically(path, write, digest=digest)
+    except BaseException:
+        # a write that failed (a full disk, a size limit) left the earlier file: its record goes back
+        if earlier is not None and os.path.isfile(path) and file_sha256(path) == earlier:
+            record_checksum(path, earlier)
+        raise
     record_checksum(path, digest.hexdigest())
 
 
