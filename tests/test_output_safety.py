@@ -452,6 +452,22 @@ def test_random_bytes_in_last_checkpoint_fall_back_to_the_newest_checkpoint(fini
     assert "last_checkpoint in" in caplog.text and "cannot be read" in caplog.text
 
 
+def test_without_last_checkpoint_the_newest_written_checkpoint_comes_first(tmp_path, caplog):
+    # a finished run (model_final of iteration 3) resumed to train further wrote model_0000004.pth; without
+    # last_checkpoint the older model_final was resumed, and iteration 4 trained and saved over the newer file
+    for name, written in (("model_final.pth", 1_000_000), ("model_0000004.pth", 2_000_000),
+                          ("model_0000002.pth", 500_000)):
+        (tmp_path / name).write_bytes(b"x")
+        os.utime(tmp_path / name, (written, written))
+    checkpointer = ResilientCheckpointer(torch.nn.Linear(2, 2), save_dir=str(tmp_path))
+    order = ["model_0000004.pth", "model_final.pth", "model_0000002.pth"]
+    assert [p.rsplit("/", 1)[1] for p in checkpointer.resume_candidates()] == order
+    # last_checkpoint naming another folder's model_final.pth: not this folder's file of the same name
+    (tmp_path / "last_checkpoint").write_text("/elsewhere/run/model_final.pth")
+    assert [p.rsplit("/", 1)[1] for p in checkpointer.resume_candidates()] == order
+    assert "last_checkpoint names /elsewhere/run/model_final.pth, which is not in" in caplog.text
+
+
 def test_a_second_config_file_is_refused_instead_of_replacing_the_first():
     with pytest.raises(SystemExit):
         parse_args(["--config-file", str(DEMO_CONFIG), "--config", str(DEMO_CONFIG)])
@@ -945,3 +961,15 @@ def test_a_refused_load_leaves_the_checkpointer_ready_for_the_next(tmp_path):
     with pytest.raises(AssertionError, match="not found"):
         checkpointer.load(str(tmp_path / "missing.pth"))
     assert "model" not in checkpointer.load(str(tmp_path / "good.pth"))  # the model's weights went into the model
+
+
+def test_fine_tuning_on_the_same_class_names_in_another_order_is_refused(tmp_path):
+    # the box and mask predictors started on the wrong classes without a word
+    model = torch.nn.Linear(2, 2)
+    ResilientCheckpointer(model, str(tmp_path), classes=["circle", "square"]).save("trained")
+    with pytest.raises(ValueError, match=r"was trained on the classes \['circle', 'square'\] \(the order of its "
+                                         r"outputs\), but the training data has them in the order \['square', 'circle'\]"):
+        ResilientCheckpointer(model, str(tmp_path / "ft"), classes=["square", "circle"]).load_weights(
+            str(tmp_path / "trained.pth"))
+    # other names: another dataset, whose predictors are fine-tuned as detectron2 does
+    ResilientCheckpointer(model, str(tmp_path / "ft"), classes=["cat", "dog"]).load_weights(str(tmp_path / "trained.pth"))

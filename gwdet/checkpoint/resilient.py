@@ -421,16 +421,23 @@ class ResilientCheckpointer(DetectionCheckpointer):
 
     def resume_candidates(self) -> list[str]:
         """The checkpoint ``last_checkpoint`` names (when it is a file of the folder), then the other
-        ``model_*.pth`` newest first."""
+        ``model_*.pth`` newest first (by the time they were written: a finished run resumed to train
+        further writes numbered checkpoints after its ``model_final.pth``)."""
         others = [n for n in os.listdir(self.save_dir) if CHECKPOINT_NAME.match(n)] if os.path.isdir(self.save_dir) else []
-        others.sort(key=lambda n: (n != "model_final.pth", -int(n[6:-4]) if n[6:-4].isdigit() else 0))
+        def written(name: str) -> int:
+            try:
+                return os.stat(os.path.join(self.save_dir, name)).st_mtime_ns
+            except OSError:  # a link that leads nowhere: tried last
+                return 0
+
+        others.sort(key=lambda n: (-written(n), n != "model_final.pth", -int(n[6:-4]) if n[6:-4].isdigit() else 0))
         try:
-            tagged = os.path.basename(self.get_checkpoint_file()) if self.has_checkpoint() else None
+            tagged = tagged_name(self.save_dir) if self.has_checkpoint() else None
         except (UnicodeDecodeError, OSError) as error:
             self.logger.warning(f"last_checkpoint in {self.save_dir} cannot be read ({error}); trying the "
                                 "checkpoints there newest first.")
             tagged = None
-        if tagged and not os.path.isfile(os.path.join(self.save_dir, tagged)):
+        if tagged and (os.sep in tagged or not os.path.isfile(os.path.join(self.save_dir, tagged))):
             self.logger.warning(f"last_checkpoint names {tagged}, which is not in {self.save_dir}; "
                                 "trying the other checkpoints there.")
             tagged = None
@@ -485,9 +492,18 @@ class ResilientCheckpointer(DetectionCheckpointer):
             self.initial_weights = dict(weights_record(local), path=path if "://" in path else os.path.abspath(path))
         self._loading_initial_weights = True
         try:
-            return self.load(path, checkpointables=[]) if path else {}
+            loaded = self.load(path, checkpointables=[]) if path else {}
         finally:
             self._loading_initial_weights = False
+        trained = loaded.get(CLASSES_KEY)
+        if (self.classes and isinstance(trained, list) and trained != self.classes
+                and sorted(map(str, trained)) == sorted(self.classes)):
+            raise GwdetValueError(
+                f"{self.weights_setting} {path} was trained on the classes {trained} (the order of its outputs), but "
+                f"the training data has them in the order {self.classes} (by category id): the box and mask "
+                "predictors would start on the wrong classes. Give the training json the category ids of the one the "
+                "weights were trained on (the same id for each name).")
+        return loaded
 
     def download(self, url: str) -> str:
         """The local copy of the weights at ``url`` (downloaded once into iopath's cache, where
