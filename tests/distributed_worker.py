@@ -1,6 +1,7 @@
 """Run by tests/test_distributed.py through gwdet's ``launch`` (CPU processes, gloo, on every
 supported detectron2): train, then save this rank's parameters and its local rank so the test can
 compare ranks, and what resuming the run logs. (Not a test module: spawned processes import it.)"""
+import argparse
 import logging
 import sys
 
@@ -39,13 +40,16 @@ def check_rank_configs(config_file: str, out_dir: str) -> None:
     from gwdet.engine.run import check_same_config, load_run_config
 
     opts = ["MODEL.GW.NUM_GROUPS", "8"] if comm.get_rank() == 1 else []
-    try:
-        check_same_config(load_run_config(config_file, opts))
-        said = "accepted"
-    except ValueError as error:
-        said = str(error)
+    said = []
+    # another config on rank 1; then the same config, but --resume on rank 1 only (the processes hung)
+    for run, resume in ((load_run_config(config_file, opts), False), (load_run_config(config_file), comm.get_rank() == 1)):
+        try:
+            check_same_config(run, argparse.Namespace(resume=resume, eval_only=False))
+            said.append("accepted")
+        except ValueError as error:
+            said.append(str(error))
     with open(f"{out_dir}/rank{comm.get_rank()}.txt", "w", encoding="utf-8") as f:
-        f.write(said)
+        f.write("\n".join(said))
 
 
 if __name__ == "__main__":

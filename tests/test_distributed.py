@@ -39,7 +39,9 @@ def test_processes_started_with_different_configs_are_refused_in_every_process(t
     assert completed.returncode == 0, completed.stderr[-3000:]
     for rank in (0, 1):
         # the values that differ were not named (an OUTPUT_DIR of each machine's own disk, say)
-        assert (tmp_path / f"rank{rank}.txt").read_text() == (
+        assert (tmp_path / f"rank{rank}.txt").read_text().splitlines() == [
             "The processes of this run hold different configs (rank 1 against rank 0; rank 1's values, rank 0's first: "
             "MODEL.GW.NUM_GROUPS: 16 -> 8): start every machine with the same config file and the same overrides "
-            "(OUTPUT_DIR too: on disks of each machine's own, give the same path on each).")
+            "(OUTPUT_DIR too: on disks of each machine's own, give the same path on each).",
+            "The processes of this run were started with different requests (rank 0: none; rank 1: --resume): start "
+            "every machine with the same flags (--resume, --eval-only) as well as the same config."]

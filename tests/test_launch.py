@@ -168,3 +168,19 @@ def test_a_trainer_that_wraps_a_cpu_model_with_device_ids_is_pointed_to_gwdets()
     with pytest.raises(WorkerFailed) as failed:
         launch(cpu_ddp_with_device_ids, 2, dist_url="auto")
     assert str(failed.value).startswith(CPU_DDP_HINT) and "gwdet.engine.trainer.Trainer" in CPU_DDP_HINT
+
+
+def test_a_process_stopped_by_a_signal_sent_to_it_alone_is_named_with_the_way_on():
+    # "error: process 1 terminated with exit code 143": torch's words for a process that saved and stopped on SIGTERM
+    import torch.multiprocessing as mp
+
+    from gwdet.engine.launch import _stopped_process
+
+    stopped = mp.ProcessExitedException("process 1 terminated with exit code 143", error_index=1, error_pid=4321,
+                                        exit_code=143)
+    assert _stopped_process(stopped).startswith(
+        "Training process 1 of this machine was stopped by SIGTERM (sent to it alone); the others were stopped. A "
+        "checkpoint of its iteration was saved before it stopped when it was training: continue with --resume.")
+    failed = mp.ProcessExitedException("process 1 terminated with exit code 1", error_index=1, error_pid=4321,
+                                       exit_code=1)
+    assert _stopped_process(failed) is None

@@ -182,14 +182,16 @@ def test_a_log_is_the_runs_beside_a_run_and_the_users_alone(tmp_path):
     with pytest.raises(FileExistsError, match=r"holds a log.txt that no run of gwdet wrote \(no recorded config.yaml, "
                                               r"checkpoint or results.json beside it\), to which the run would append"):
         check_config_not_users(str(tmp_path))
-    make(tmp_path, CONFIG_NAME, CONFIG_NAME + ".sha256", "model_final.pth")
-    check_config_not_users(str(tmp_path))  # the log of the run there
+    make(tmp_path, CONFIG_NAME, CONFIG_NAME + ".sha256", "model_final.pth", "log.txt.rank1")
+    check_config_not_users(str(tmp_path))  # the log of the run there (its second process's too)
     check_fresh_start(str(tmp_path), overwrite=True)
     assert os.listdir(tmp_path) == []
 
 
+# (an evaluation of two processes writes eval/<checkpoint>/log.txt.rank1, refused as the user's before)
 RUNS_OUTPUTS = ("inference/shapes_val/coco_instances_results.json", "inference/shapes_val/instances_predictions.pth",
                 "vis/000.png", "eval/model_final/results.json", "eval/model_final/log.txt", "eval/model_final/.gwdet.lock",
+                "eval/model_final/log.txt.rank1",
                 "eval/model_final-2/inference/shapes_val/coco_instances_results.json", "eval/model_final-2/vis/1.png")
 
 

@@ -84,7 +84,8 @@ def test_results_json_holds_the_results_and_the_environment(tmp_path, monkeypatc
     assert cpu["cores"] == os.cpu_count() and cpu["model"] and cpu["torch_capability"] in (
         "NO AVX", "DEFAULT", "AVX2", "AVX512", "ZVECTOR", "VSX", "SVE256")
     assert cpu["kernel_limits"]["MKL_CBWR"] == "AVX2" and cpu["kernel_limits"]["ONEDNN_MAX_CPU_ISA"] is None
-    # the plan that computed GW and BW (a forced one trains other weights): it was in log.txt only
+    # the processes and threads, and the plan that computed GW and BW: each changes the weights' last bits
+    assert (written["environment"]["processes"], written["environment"]["threads"]) == (1, torch.get_num_threads())
     monkeypatch.delenv("GWDET_GW_PLAN", raising=False)
     from gwdet.layers.plans import plan_name
 

@@ -680,3 +680,24 @@ def test_group_norm_weights_without_gwdets_records_are_said_to_be_unchecked(tmp_
     with caplog.at_level("WARNING"):
         ResilientCheckpointer(trained, str(tmp_path)).load_weights(str(tmp_path / "recorded.pth"))
     assert "GroupNorm layer(s)" not in caplog.text
+
+
+def test_a_pkl_of_detectron2s_layout_without_its_author_loads(tmp_path):
+    # {"model": arrays} without "__author__" was wrapped once more: "Unsupported type found in checkpoint! model: dict"
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    model = nn.Sequential(nn.Linear(2, 2))
+    weights = {key: value.numpy() + 1 for key, value in model.state_dict().items()}
+    with open(tmp_path / "weights.pkl", "wb") as file:
+        pickle.dump({"model": weights}, file)
+    ResilientCheckpointer(model, str(tmp_path)).load_weights(str(tmp_path / "weights.pkl"))
+    assert torch.equal(model[0].weight.detach(), torch.from_numpy(weights["0.weight"]))
+
+
+def test_weights_at_a_scheme_no_handler_reads_are_named(tmp_path):
+    # s3:// (no iopath handler): "AssertionError: Checkpoint s3://bucket/model_final.pth not found!"
+    from gwdet.checkpoint.resilient import ResilientCheckpointer, WeightsDownloadError
+
+    with pytest.raises(WeightsDownloadError, match=r"MODEL.WEIGHTS s3://bucket/model_final.pth cannot be downloaded: "
+                                                   r"s3:// is not a scheme detectron2's PathManager reads here"):
+        ResilientCheckpointer(nn.Linear(2, 2), str(tmp_path)).load_weights("s3://bucket/model_final.pth")

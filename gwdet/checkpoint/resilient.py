@@ -511,7 +511,11 @@ class ResilientCheckpointer(DetectionCheckpointer):
         reason and the fix when it cannot be downloaded."""
         address = urlsplit(url)._replace(query="").geturl()  # detectron2 strips its ?matching_heuristics=
         try:
-            return self.path_manager.get_local_path(address)
+            local = self.path_manager.get_local_path(address)
+            if not os.path.isfile(local):  # a scheme no handler reads: iopath takes it for a local path
+                raise OSError(f"{urlsplit(address).scheme}:// is not a scheme detectron2's PathManager reads here (it "
+                              "reads http://, https://, detectron2://, catalog:// and file://)")
+            return local
         except OSError as error:  # urllib's URLError/HTTPError, socket errors, timeouts
             reason = getattr(error, "reason", None) or error
             name = os.path.basename(urlsplit(address).path) or "weights.pkl"
@@ -707,7 +711,9 @@ class ResilientCheckpointer(DetectionCheckpointer):
         if filename.endswith(".pkl"):
             data = load_pickle_weights(filename)
             _check_holds_weights(filename, data)
-            if not ("model" in data and "__author__" in data):
+            if "model" in data and isinstance(data["model"], dict) and "__author__" not in data:
+                data = {**data, "__author__": "unknown"}  # detectron2's layout ({"model": arrays}) without its author
+            elif not ("model" in data and "__author__" in data):
                 data = {"model": data, "__author__": "unknown", "matching_heuristics": True}
         else:
             data = super()._load_file(filename)  # calls _torch_load

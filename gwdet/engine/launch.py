@@ -106,7 +106,7 @@ def launch(
                 # (checked first: a process that refused may still end by SIGABRT, in gloo's teardown at its exit)
                 with open(refusal, encoding="utf-8") as file:
                     raise WorkerRefused(file.read()) from WorkerFailed(report)  # --verbose: its traceback
-            killed = _killed_process(context, error)
+            killed = _killed_process(context, error) or _stopped_process(error)
             if killed is not None:
                 raise WorkerFailed(f"{killed}\n{report}") from None
             if CPU_DDP_REFUSAL in report:  # a trainer of the user's own, as detectron2's DefaultTrainer builds DDP
@@ -204,6 +204,22 @@ def _killed_process(context: mp.ProcessContext, error: Exception) -> str | None:
     return (f"Training process {index} of this machine was killed by {signal_name} ({cause}); the others were "
             "stopped. The checkpoints written before it are kept: continue with --resume. What the other processes "
             "reported:")
+
+
+# the exit statuses of a training process that a stop signal ended after it saved a checkpoint of its
+# iteration (gwdet.checkpoint.signal_hook exits with 128 + the signal's number, as a shell reports it)
+STOP_EXITS = {128 + int(stop): stop.name for stop in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)}
+
+
+def _stopped_process(error: Exception) -> str | None:
+    """The first line of the report where a process of this machine ended on a stop signal sent
+    to it alone (a scheduler's, ``kill -TERM <pid>``): it saved a checkpoint of its iteration first;
+    ``None`` otherwise."""
+    if not isinstance(error, mp.ProcessExitedException) or error.exit_code not in STOP_EXITS:
+        return None
+    return (f"Training process {error.error_index} of this machine was stopped by {STOP_EXITS[error.exit_code]} "
+            "(sent to it alone); the others were stopped. A checkpoint of its iteration was saved before it stopped "
+            "when it was training: continue with --resume. What torch reported:")
 
 
 def _tcp_address(dist_url: str | None) -> tuple[str, int]:

@@ -91,6 +91,7 @@ CONFIG_KEEPING = CONFIG_KEPT + ".new"
 # --overwrite: the earlier run's files until the new run has started (put back if it stops before)
 SET_ASIDE = ".gwdet-overwritten"
 LOG_NAME = "log.txt"  # detectron2's log of a run, appended to by every run in the folder
+RANK_LOG = re.compile(r"^log\.txt\.rank\d+$")  # the logs of a run's other processes (detectron2's setup_logger)
 CONFIG_PAIR = (CONFIG_NAME + CHECKSUM_SUFFIX, CONFIG_NAME)  # put back in this order: the record first
 # Keys that may differ when a run is resumed: where it runs and where its first weights came from.
 RESUMABLE_DIFFERENCES = ("MODEL.DEVICE", "MODEL.WEIGHTS")
@@ -159,10 +160,11 @@ def _written_by_a_run(parts: Sequence[str]) -> bool:
     """Whether the file at the relative path ``parts`` below a run's folder is one a run writes:
     below ``inference/`` what detectron2's evaluators write (``.json`` and ``.pth`` files), below
     ``vis/`` the drawings (``.png``), and below ``eval/<evaluation>/`` the files of a run
-    (:data:`RUN_FILES`, ``log.txt``, its lock) and its ``inference/`` and ``vis/``."""
+    (:data:`RUN_FILES`, ``log.txt`` and its other processes' ``log.txt.rank<N>``, its lock) and its
+    ``inference/`` and ``vis/``."""
     if parts[0] == EVAL_FOLDER:
         if len(parts) == 3:
-            return parts[2] in (*RUN_FILES, LOG_NAME, LOCK_NAME)
+            return parts[2] in (*RUN_FILES, LOG_NAME, LOCK_NAME) or bool(RANK_LOG.match(parts[2]))
         return len(parts) > 3 and _written_by_a_run(parts[2:])
     if parts[0] == INFERENCE_FOLDER:
         return parts[-1].endswith((".json", ".pth"))
@@ -221,8 +223,10 @@ def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_D
             f"a run's folders, with files no run of gwdet writes ({listed(foreign, 5)}), and nothing there shows a run "
             f"(no recorded {CONFIG_NAME} or {RESULTS_JSON}, no checkpoint); --overwrite would not delete them either, "
             f"and nothing was changed. Move them out of {setting}, or train into another {setting}.")
-    if shows_run and os.path.isfile(os.path.join(output_dir, LOG_NAME)):  # the log of the run shown there
-        existing = sorted([*existing, LOG_NAME])
+    if shows_run:  # the logs of the run shown there (its other processes' too)
+        logs = [name for name in os.listdir(output_dir) if (name == LOG_NAME or RANK_LOG.match(name))
+                and os.path.isfile(os.path.join(output_dir, name))]
+        existing = sorted([*existing, *logs])
     if not overwrite:
         shown = listed(existing, 6)
         if not checkpoints_in(output_dir):  # nothing to continue: --resume would start afresh over them

@@ -390,12 +390,21 @@ def check_config_unchanged(run: RunConfig, checked: str, when: str) -> None:
 EVALUATOR_FILES = ("coco_instances_results.json", "instances_predictions.pth")
 
 
-def check_same_config(run: RunConfig) -> None:
-    """Refuse, in every process alike, a run whose processes hold different configs: the machines
-    of a multi-machine run each read their own command line, and would otherwise train together
-    with different models or schedules."""
+def check_same_config(run: RunConfig, args: argparse.Namespace) -> None:
+    """Refuse, in every process alike, a run whose processes hold different configs or requests
+    (``--resume``, ``--eval-only``): the machines of a multi-machine run each read their own command
+    line, and would otherwise train together with different models or schedules, or from different
+    iterations (waiting on each other without end)."""
     if comm.get_world_size() == 1:
         return
+    flags = [flag for flag, given in (("--resume", args.resume), ("--eval-only", args.eval_only)) if given]
+    requests = comm.all_gather(flags)
+    other = next((rank for rank, request in enumerate(requests) if request != requests[0]), None)
+    if other is not None:
+        raise GwdetValueError(
+            f"The processes of this run were started with different requests (rank 0: {' '.join(requests[0]) or 'none'}; "
+            f"rank {other}: {' '.join(requests[other]) or 'none'}): start every machine with the same flags "
+            "(--resume, --eval-only) as well as the same config.")
     record = run.config_record()
     digest = hashlib.sha256(config_text(run, record).encode("utf-8")).hexdigest()
     digests = comm.all_gather(digest)
@@ -434,7 +443,7 @@ def setup(args: argparse.Namespace, run: RunConfig) -> None:
             logger.warning(f"--register-coco registered {', '.join(map(repr, unused))}, but the run neither trains nor "
                            f"evaluates on {'it' if len(unused) == 1 else 'them'}: name it in the config's datasets "
                            "(DATASETS.TRAIN / DATASETS.TEST, or the LazyConfig's dataloader) to use it.")
-        check_same_config(run)
+        check_same_config(run, args)
         main_process = comm.is_main_process()
         if main_process:
             check_run_folders(run.output_dir, written_folders(run), run.output_setting)

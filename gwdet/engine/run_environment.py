@@ -17,6 +17,7 @@ from typing import Any, Iterable
 
 import torch
 from detectron2.data import MetadataCatalog
+from detectron2.utils import comm
 
 from gwdet.layers.plans import PLAN_VARIABLE, plan_name
 from gwdet.utils.atomic import cached_sha256
@@ -103,7 +104,9 @@ def execution_plans() -> dict[str, Any]:
 
 def run_environment(dataset_names: Iterable[str]) -> dict[str, Any]:
     """``{"versions": package_versions(), "cpu": processor(), "execution_plans": execution_plans(),
-    "datasets": annotation_files(dataset_names)}``: what a run on the datasets ``dataset_names``
-    (train and test) ran with."""
+    "processes": ..., "threads": ..., "datasets": annotation_files(dataset_names)}``: what a run on
+    the datasets ``dataset_names`` (train and test) ran with; the number of processes of the run and
+    of torch's threads in each change the sums' order, so the weights' last bits."""
     return {"versions": package_versions(), "cpu": processor(), "execution_plans": execution_plans(),
+            "processes": comm.get_world_size(), "threads": torch.get_num_threads(),
             "datasets": annotation_files(dataset_names)}
