@@ -250,6 +250,33 @@ def test_a_backbone_of_your_own_marked_as_reading_the_gw_positions_is_accepted()
         BACKBONE_REGISTRY._obj_map.pop("test_own_gw_backbone")
 
 
+def test_a_marked_backbone_of_your_own_that_places_no_gw_is_refused_after_the_build():
+    # a builder marked as reading GW_POSITIONS that built detectron2's backbone: a model without GW, no word
+    from detectron2.modeling import BACKBONE_REGISTRY
+    from detectron2.modeling.backbone.fpn import build_resnet_fpn_backbone
+
+    import gwdet
+    from gwdet.model_zoo import build_config
+    from gwdet.modeling import reads_gw_positions
+
+    from conftest import DEMO_CONFIG
+
+    @reads_gw_positions
+    def test_marked_plain_backbone(cfg, input_shape):
+        return build_resnet_fpn_backbone(cfg, input_shape)
+
+    BACKBONE_REGISTRY.register(test_marked_plain_backbone)
+    try:
+        cfg = build_config(str(DEMO_CONFIG), ["MODEL.BACKBONE.NAME", "test_marked_plain_backbone", "MODEL.DEVICE", "cpu",
+                                              "MODEL.RESNETS.NORM", "BN", "MODEL.FPN.NORM", ""])
+        with pytest.raises(ValueError, match=r"MODEL.BACKBONE.NAME 'test_marked_plain_backbone' is marked as reading "
+                                             r"MODEL.RESNETS.GW_POSITIONS \('S1-B2'; gwdet.modeling.reads_gw_positions\), "
+                                             r"but the backbone it built holds no GW layer"):
+            gwdet.build_model(cfg)
+    finally:
+        BACKBONE_REGISTRY._obj_map.pop("test_marked_plain_backbone")
+
+
 def test_gw_positions_without_a_gw_norm_and_example_groups_larger_than_the_batch_are_refused_in_full():
     cfg = gw_backbone_config()
     cfg.MODEL.RESNETS.GW_NORM = ""

@@ -973,3 +973,29 @@ def test_fine_tuning_on_the_same_class_names_in_another_order_is_refused(tmp_pat
             str(tmp_path / "trained.pth"))
     # other names: another dataset, whose predictors are fine-tuned as detectron2 does
     ResilientCheckpointer(model, str(tmp_path / "ft"), classes=["cat", "dog"]).load_weights(str(tmp_path / "trained.pth"))
+
+
+def test_load_reads_a_home_path_and_takes_no_path_as_none(tmp_path, monkeypatch):
+    # load("~/x.pth") gave a bare AssertionError (MODEL.WEIGHTS expands ~); load(None) a TypeError (detectron2: {})
+    monkeypatch.setenv("HOME", str(tmp_path))
+    checkpointer = ResilientCheckpointer(torch.nn.Linear(2, 2), str(tmp_path))
+    checkpointer.save("mine")
+    assert "model" not in checkpointer.load("~/mine.pth")
+    assert checkpointer.load(None) == {} and checkpointer.load("") == {}
+
+
+def test_box_only_weights_in_a_mask_model_name_mask_on(tmp_path):
+    # 16 missing mask-head weights listed, and MODEL.MASK_ON False never named
+    class Detector(torch.nn.Module):
+        def __init__(self, masks):
+            super().__init__()
+            self.roi_heads = torch.nn.Module()
+            self.roi_heads.box_head = torch.nn.Linear(2, 2)
+            if masks:
+                self.roi_heads.mask_head = torch.nn.Linear(2, 2)
+
+    ResilientCheckpointer(Detector(masks=False), str(tmp_path)).save("boxes")
+    with pytest.raises(ValueError, match=r"The weights have no mask head: they were trained without masks "
+                                         r"\(MODEL.MASK_ON False; "):
+        ResilientCheckpointer(Detector(masks=True), str(tmp_path), require_every_weight=True).load_weights(
+            str(tmp_path / "boxes.pth"))

@@ -553,10 +553,10 @@ class ResilientCheckpointer(DetectionCheckpointer):
         return self.load_weights(path)
 
     def load(self, path: str | os.PathLike, checkpointables: list[str] | None = None) -> dict:
-        """detectron2's ``load`` of the file ``path`` (a ``pathlib.Path`` too); a folder is refused by
-        name (detectron2 says the checkpoint is not found). A load that raises leaves the
-        checkpointer as it was, ready for the next one."""
-        path = os.fspath(path)
+        """detectron2's ``load`` of the file ``path`` (a ``pathlib.Path`` too, ``~`` expanded; ``None``
+        or ``""``: nothing); a folder is refused by name (detectron2 says the checkpoint is not found).
+        A load that raises leaves the checkpointer as it was, ready for the next one."""
+        path = os.path.expanduser(os.fspath(path)) if path else ""  # detectron2's load takes no path as none
         if path and os.path.isdir(path):
             raise GwdetIsADirectoryError(f"{path!r} is a folder: give the checkpoint file in it (e.g. "
                                          f"{os.path.join(path, 'model_final.pth')}).")
@@ -687,11 +687,15 @@ class ResilientCheckpointer(DetectionCheckpointer):
             problems = [f"missing: {key}" for key in incompatible.missing_keys if key not in reshaped]
             problems += [f"{key}: shape {tuple(ck)} in the checkpoint, {tuple(mk)} in the model"
                          for key, ck, mk in incompatible.incorrect_shapes]
+            masks = incompatible.missing_keys and all(key.startswith("roi_heads.mask_head.")
+                                                      for key in incompatible.missing_keys)
+            hint = (" The weights have no mask head: they were trained without masks (MODEL.MASK_ON False; a "
+                    "LazyConfig's model without roi_heads.mask_head): evaluate them so." if masks else "")
             raise GwdetValueError(
                 f"The checkpoint {self._loading or ''} ({self.weights_setting}) does not hold every weight of the "
                 f"model ({len(problems)} problems: {listed(problems, 4, '; ')}); evaluating it would report a partly "
-                "random model. Give weights trained with this config: a training run's model_final.pth (converted "
-                "ImageNet weights hold the backbone only)."
+                f"random model.{hint} Give weights trained with this config: a training run's model_final.pth "
+                "(converted ImageNet weights hold the backbone only)."
             )
         super()._log_incompatible_keys(incompatible)
 
