@@ -512,18 +512,22 @@ class ResilientCheckpointer(DetectionCheckpointer):
         address = urlsplit(url)._replace(query="").geturl()  # detectron2 strips its ?matching_heuristics=
         try:
             local = self.path_manager.get_local_path(address)
-            if not os.path.isfile(local):  # a scheme no handler reads: iopath takes it for a local path
-                raise OSError(f"{urlsplit(address).scheme}:// is not a scheme detectron2's PathManager reads here (it "
-                              "reads http://, https://, detectron2://, catalog:// and file://)")
-            return local
         except OSError as error:  # urllib's URLError/HTTPError, socket errors, timeouts
-            reason = getattr(error, "reason", None) or error
-            name = os.path.basename(urlsplit(address).path) or "weights.pkl"
-            raise WeightsDownloadError(
-                f"{self.weights_setting} {url} cannot be downloaded: {reason}. Without access to it from this "
-                "machine (no internet, a firewall, or a wrong address), download the file on a machine that "
-                f"has internet access, copy it here (e.g. to weights/{name}) and set {self.weights_setting} to "
-                "that local file.") from None
+            raise self._not_downloaded(url, address, getattr(error, "reason", None) or error) from None
+        if not os.path.isfile(local):  # a scheme no handler reads: iopath takes it for a local path
+            raise self._not_downloaded(url, address, f"{urlsplit(address).scheme}:// is not a scheme detectron2's "
+                                       "PathManager reads here (it reads http://, https://, detectron2://, catalog:// "
+                                       "and file://)")
+        return local
+
+    def _not_downloaded(self, url: str, address: str, reason: Any) -> WeightsDownloadError:
+        """The refusal of weights at ``url`` that cannot be downloaded, for ``reason``."""
+        name = os.path.basename(urlsplit(address).path) or "weights.pkl"
+        return WeightsDownloadError(
+            f"{self.weights_setting} {url} cannot be downloaded: {reason}. Without access to it from this "
+            "machine (no internet, a firewall, or a wrong address), download the file on a machine that "
+            f"has internet access, copy it here (e.g. to weights/{name}) and set {self.weights_setting} to "
+            "that local file.")
 
     def resume_or_load(self, path: str, *, resume: bool = True) -> dict:
         if not resume:
