@@ -999,3 +999,16 @@ def test_box_only_weights_in_a_mask_model_name_mask_on(tmp_path):
                                          r"\(MODEL.MASK_ON False; "):
         ResilientCheckpointer(Detector(masks=True), str(tmp_path), require_every_weight=True).load_weights(
             str(tmp_path / "boxes.pth"))
+
+
+def test_records_of_deleted_checkpoints_go_and_a_string_of_classes_is_refused(tmp_path):
+    # detectron2's max_to_keep deleted model_0000001.pth and left its .sha256; classes="ab" recorded ["a", "b"]
+    checkpointer = ResilientCheckpointer(torch.nn.Linear(2, 2), str(tmp_path))
+    checkpointer.save("model_0000001")
+    (tmp_path / "model_0000001.pth").unlink()
+    (tmp_path / "notes.sha256").write_text("mine")
+    checkpointer.save("model_0000002")
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "last_checkpoint", "model_0000002.pth", "model_0000002.pth.sha256", "notes.sha256"]
+    with pytest.raises(TypeError, match=r"classes must be a list of class names .*, got 'circle,square'"):
+        ResilientCheckpointer(torch.nn.Linear(2, 2), str(tmp_path), classes="circle,square")

@@ -32,7 +32,8 @@ from detectron2.utils import comm
 
 from gwdet.config import SHAPES_PREFIX
 from gwdet.utils.cli_errors import as_override, link_dotdot_problem
-from gwdet.utils.atomic import cached_sha256, checksum_findings, shown_record, write_atomically, write_with_checksum
+from gwdet.utils.atomic import (CHECKSUM_SUFFIX, cached_sha256, checksum_findings, shown_record, write_atomically,
+                                write_with_checksum)
 from gwdet.checkpoint.compatibility import (
     NORM_SETTINGS_KEY,
     NORM_TYPES_KEY,
@@ -57,7 +58,8 @@ from gwdet.checkpoint.integrity import (
 )
 from gwdet.checkpoint.converted_weights import read_conversion_metadata
 from gwdet.checkpoint.safe_load import UnsafeCheckpointError, load_pickle_file, load_torch_file
-from gwdet.errors import GwdetError, GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetRuntimeError, GwdetValueError, listed
+from gwdet.errors import (GwdetError, GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetRuntimeError, GwdetTypeError,
+                          GwdetValueError, listed)
 
 # The checkpoints a run writes: detectron2's PeriodicCheckpointer names them model_{iteration:07d}
 # and model_final, gwdet's signal checkpoints (gwdet.checkpoint.signal_hook) likewise.
@@ -369,6 +371,9 @@ class ResilientCheckpointer(DetectionCheckpointer):
         self.require_every_weight = require_every_weight
         self.compare_input = compare_input
         self.weights_setting = weights_setting
+        if classes is not None and (isinstance(classes, str) or not all(isinstance(name, str) for name in classes)):
+            raise GwdetTypeError(f"ResilientCheckpointer: classes must be a list of class names (the model's outputs "
+                                 f"in order), got {classes!r}")
         self.classes = list(classes) if classes else None
         self.training_data = dict(training_data) if training_data else None
         self._loading_initial_weights = False  # set by load_weights: training state removed from the file is no loss
@@ -409,6 +414,18 @@ class ResilientCheckpointer(DetectionCheckpointer):
         # a kill while saving leaves no record or a right one (read unchecked but for the checksums inside)
         write_with_checksum(path, lambda file: torch.save(data, file), self.path_manager)
         self.tag_last_checkpoint(basename)
+        self._remove_orphan_records()
+
+    def _remove_orphan_records(self) -> None:
+        """Remove the ``.sha256`` records of checkpoints that are gone (detectron2's periodic
+        checkpointer deletes the checkpoints beyond its ``max_to_keep``, not the records beside them)."""
+        if "://" in self.save_dir or not os.path.isdir(self.save_dir):
+            return
+        for name in os.listdir(self.save_dir):
+            checkpoint = name[:-len(CHECKSUM_SUFFIX)]
+            if name.endswith(CHECKSUM_SUFFIX) and CHECKPOINT_NAME.match(checkpoint) \
+                    and not os.path.lexists(os.path.join(self.save_dir, checkpoint)):
+                os.unlink(os.path.join(self.save_dir, name))
 
     def tag_last_checkpoint(self, last_filename_basename: str) -> None:
         """fvcore's ``last_checkpoint``, written atomically: a kill leaves the old or the new name,
