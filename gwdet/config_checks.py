@@ -639,7 +639,7 @@ def _cosine_end(cfg: CfgNode, end: Any) -> str | None:
 
 def _clip_norm_type(cfg: CfgNode, norm_type: Any) -> str | None:
     if (not _value(cfg, "SOLVER.CLIP_GRADIENTS.ENABLED") or _value(cfg, "SOLVER.CLIP_GRADIENTS.CLIP_TYPE") != "norm"
-            or isinstance(norm_type, (int, float)) and not isinstance(norm_type, bool) and norm_type > 0):
+            or (isinstance(norm_type, (int, float)) and not isinstance(norm_type, bool) and norm_type > 0)):
         return None
     return ("is no p of a p-norm: with SOLVER.CLIP_GRADIENTS.CLIP_TYPE 'norm' it must be a number > 0 (torch computes "
             "a 0- or negative norm of the gradients, which clips them to nothing useful), e.g. 2.0; the largest "

@@ -398,16 +398,15 @@ def check_same_config(run: RunConfig, args: argparse.Namespace) -> None:
     if comm.get_world_size() == 1:
         return
     flags = [flag for flag, given in (("--resume", args.resume), ("--eval-only", args.eval_only)) if given]
-    requests = comm.all_gather(flags)
+    record = run.config_record()
+    digest = hashlib.sha256(config_text(run, record).encode("utf-8")).hexdigest()
+    requests, digests = zip(*comm.all_gather((flags, digest)), strict=True)
     other = next((rank for rank, request in enumerate(requests) if request != requests[0]), None)
     if other is not None:
         raise GwdetValueError(
             f"The processes of this run were started with different requests (rank 0: {' '.join(requests[0]) or 'none'}; "
             f"rank {other}: {' '.join(requests[other]) or 'none'}): start every machine with the same flags "
             "(--resume, --eval-only) as well as the same config.")
-    record = run.config_record()
-    digest = hashlib.sha256(config_text(run, record).encode("utf-8")).hexdigest()
-    digests = comm.all_gather(digest)
     differing = [rank for rank, other in enumerate(digests) if other != digests[0]]
     if differing:
         records = comm.all_gather(record)  # every process, as every one found the difference

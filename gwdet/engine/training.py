@@ -153,7 +153,7 @@ def configured_optimizer_values(optimizer: torch.optim.Optimizer, scheduler: Any
         if not any(os.sep + os.path.join("torch", "optim") in frame.filename
                    for frame in traceback.extract_tb(error.__traceback__)):
             raise
-        raise another_optimizer(optimizer, repr(error.args[0]) if error.args else "its values", weights_setting) from None
+        raise _another_optimizer(optimizer, repr(error.args[0]) if error.args else "its values", weights_setting) from None
     except ValueError as error:
         if not any(refusal in str(error) for refusal in OTHER_GROUPS):
             raise
@@ -164,7 +164,7 @@ def configured_optimizer_values(optimizer: torch.optim.Optimizer, scheduler: Any
             f"({weights_setting} <run>/model_XXXXXXX.pth).") from None
     lacking = sorted(set(configured[0]) - set(optimizer.param_groups[0]) - {"initial_lr"}) if configured else []
     if lacking:  # torch loaded another optimizer's groups: its first step would fail
-        raise another_optimizer(optimizer, ", ".join(lacking), weights_setting)
+        raise _another_optimizer(optimizer, ", ".join(lacking), weights_setting)
     for group, values in zip(optimizer.param_groups, configured, strict=True):
         group.update({key: value for key, value in values.items() if key != "lr"})
     if isinstance(scheduler, LRMultiplier):
@@ -173,7 +173,7 @@ def configured_optimizer_values(optimizer: torch.optim.Optimizer, scheduler: Any
             group["lr"] = rate
 
 
-def another_optimizer(optimizer: torch.optim.Optimizer, lacking: str, weights_setting: str) -> GwdetValueError:
+def _another_optimizer(optimizer: torch.optim.Optimizer, lacking: str, weights_setting: str) -> GwdetValueError:
     """The refusal of a resume whose checkpoint holds another optimizer's state than ``optimizer``'s
     (it has no ``lacking``)."""
     return GwdetValueError(

@@ -22,7 +22,7 @@ from gwdet.errors import GwdetValueError, listed
 from gwdet.config_checks import GW_BACKBONES, ensure_checked
 from gwdet.modeling.detectron2_failures import named_config_failures
 from gwdet.modeling.model_checks import check_model
-from gwdet.norms import DETECTRON2_GN_GROUPS, known_norm_names, norm_record
+from gwdet.norms import DETECTRON2_GN_GROUPS, norm_record
 from gwdet.utils.cli_errors import as_override
 
 
@@ -121,14 +121,14 @@ def build_model(cfg: CfgNode) -> nn.Module:
 def check_built_model(model: nn.Module, cfg: CfgNode) -> nn.Module:
     """:func:`gwdet.check_model` with ``MODEL.STRICT_NORM_GROUPS``; a refusal of a backbone of your
     own marked as reading ``MODEL.RESNETS.GW_POSITIONS`` that built no layer of ``GW_NORM``; a
-    warning naming the ``GroupNorm`` layers of detectron2's own 32 groups where ``MODEL.GN.NUM_GROUPS`` gives another
-    number: a component of your own built them with detectron2's ``get_norm``, which does not read
-    the key (gwdet's components and ``gwdet.norm_from_config`` do). Returns ``model``."""
-    backbone, gw_norm = cfg.MODEL.BACKBONE.NAME, cfg.MODEL.RESNETS.GW_NORM
-    placed = norm_record(gw_norm).layer_types if gw_norm in known_norm_names() else ()
-    built = getattr(model, "backbone", None)
-    if cfg.MODEL.RESNETS.GW_POSITIONS and backbone not in GW_BACKBONES and placed and isinstance(built, nn.Module) \
-            and not any(isinstance(module, placed) for module in built.modules()):
+    warning naming the ``GroupNorm`` layers of detectron2's own 32 groups where
+    ``MODEL.GN.NUM_GROUPS`` gives another number: a component of your own built them with
+    detectron2's ``get_norm``, which does not read the key (gwdet's components and
+    ``gwdet.norm_from_config`` do). Returns ``model``."""
+    backbone, gw_norm, built = cfg.MODEL.BACKBONE.NAME, cfg.MODEL.RESNETS.GW_NORM, getattr(model, "backbone", None)
+    # the config gate has refused positions without a known GW_NORM
+    if cfg.MODEL.RESNETS.GW_POSITIONS and backbone not in GW_BACKBONES and isinstance(built, nn.Module) \
+            and not any(isinstance(module, norm_record(gw_norm).layer_types) for module in built.modules()):
         raise GwdetValueError(
             f"MODEL.BACKBONE.NAME {backbone!r} is marked as reading MODEL.RESNETS.GW_POSITIONS "
             f"({cfg.MODEL.RESNETS.GW_POSITIONS!r}; gwdet.modeling.reads_gw_positions), but the backbone it built holds "

@@ -326,7 +326,7 @@ def write_with_checksum(path: str, write: Callable[[IO[bytes]], object], path_ma
     if "://" in path:
         write_atomically(path, write, path_manager)
         return
-    earlier, _ = _recorded_sha256(path)
+    earlier = _recorded_sha256(path)[0] if os.path.isfile(checksum_path(path)) else None  # the record beside it
     remove_checksum(path)
     digest = hashlib.sha256()
     try:

@@ -138,14 +138,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argument_parser()
     args = parser.parse_args(argv)
     known_norms = list(layer_factories(include_autograd=True, include_compiled=args.compile))
-    compiled = sorted(set(args.norms or ()) - set(known_norms) & set(layer_factories(True, include_compiled=True)))
+    asked = set(args.norms or ())
+    compiled = sorted((asked - set(known_norms)) & set(layer_factories(True, include_compiled=True)))
     if compiled:
         parser.error(f"--norms: {', '.join(map(repr, compiled))} time(s) torch.compile of a layer, which only --compile "
                      "adds: add --compile, or leave them out.")
-    skipped = sorted(set(args.norms or ()) - set(layer_factories(include_autograd=False, include_compiled=True)))
-    if args.no_autograd_gw and skipped and not set(skipped) - set(known_norms):
-        parser.error(f"--norms asks for {', '.join(map(repr, skipped))}, which --no-autograd-gw leaves out: give one "
-                     "of them.")
+    autograd = asked & (set(layer_factories(include_autograd=True)) - set(layer_factories(include_autograd=False)))
+    if args.no_autograd_gw and autograd and asked <= set(known_norms):
+        parser.error(f"--norms asks for {', '.join(map(repr, sorted(autograd)))}, which --no-autograd-gw leaves out: "
+                     "give one of them.")
     for flag, asked, known in (("--norms", args.norms, known_norms),
                                ("--model-names", args.model_names, [name for name, _ in MODELS])):
         unknown = sorted(set(asked or ()) - set(known))
