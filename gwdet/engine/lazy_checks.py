@@ -255,8 +255,7 @@ def _warn_of_early_milestones(cfg: DictConfig) -> None:
     proportions, as intended)."""
     updates, milestones = select(cfg, "lr_multiplier.scheduler.num_updates"), select(cfg, "lr_multiplier.scheduler.milestones")
     max_iter = select(cfg, "train.max_iter")
-    if not (is_whole_number(updates) and is_whole_number(max_iter) and updates != max_iter
-            and isinstance(milestones, ListConfig)):
+    if not (is_whole_number(updates) and is_whole_number(max_iter) and isinstance(milestones, ListConfig)):
         return
     at = [milestone * max_iter / updates for milestone in milestones if is_finite_number(milestone)]
     if any(iteration < 1 for iteration in at):
