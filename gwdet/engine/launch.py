@@ -8,6 +8,7 @@ itself and joins them in a gloo process group, with the per-machine process grou
 """
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import signal
@@ -100,6 +101,13 @@ def launch(
             while not context.join():
                 pass
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
+            finished = [os.path.isfile(os.path.join(refusals, f"{index}{FINISHED}"))
+                        for index in range(num_processes_per_machine)]
+            if all(finished) and isinstance(error, mp.ProcessExitedException):
+                # every process returned from its work: a crash in gloo's teardown at exit loses nothing
+                logging.getLogger(__name__).warning(f"The processes finished their work; one then ended by {error} "
+                                                    "while the process group was taken down.")
+                return
             first, report = _failure_report(context, error)
             refusal = os.path.join(refusals, str(first))
             if os.path.isfile(refusal):  # the first failure was a refusal of gwdet's: its message, as one process's
@@ -300,6 +308,10 @@ def _check_same_layout(store: dist.TCPStore, rank: int, world_size: int, process
                               f"{fix}")
 
 
+# the mark a CPU process leaves beside the refusals once its work has returned
+FINISHED = ".finished"
+
+
 def _cpu_worker(local_rank: int, main_func: Callable, world_size: int, num_processes_per_machine: int,
                 machine_rank: int, dist_url: str, args: tuple, timeout: timedelta,
                 rendezvous_timeout: timedelta, refusals: str) -> None:
@@ -315,6 +327,7 @@ def _cpu_worker(local_rank: int, main_func: Callable, world_size: int, num_proce
         with open(os.path.join(refusals, str(local_rank)), "w", encoding="utf-8") as file:
             file.write(str(error.args[0]) if error.args else str(error))
         raise
+    open(os.path.join(refusals, f"{local_rank}{FINISHED}"), "w").close()  # for launch: the work is done
     # Not on an exception: torch records this process's error first, and only when the process
     # exits do its peers see the connections close, so the first error recorded is the cause.
     dist.destroy_process_group()
