@@ -95,7 +95,7 @@ def test_study_killed_then_resumed_keeps_finished_cells_and_refuses_changed_conf
     table = (report / "table.md").read_text()
     assert "| BN | 2 | 1 |" in table and "| GN | 2 | 1 |" in table and "## Pending" not in table
     assert "| GN > BN | 2 | +3.09 |" in table and "fewer than 2 paired seeds" in table  # one seed: no interval
-    weighing = json.loads(bn.file("example_weighing.json").read_text())
+    weighing = bn.read_json("example_weighing.json", null_is_nan=True)  # strict JSON: an AP of NaN is null
     assert set(weighing["shapes_val"]) == {"0", "1"} and weighing["chosen"] in (0.0, 1.0)
     as_text = lambda results: json.dumps(results, sort_keys=True)  # noqa: E731  (NaN equal to NaN)
     assert as_text(weighing["shapes_val"]["0"]) == as_text(bn.results()["shapes_val"])

@@ -104,6 +104,10 @@ def test_resamples_are_cached_per_detections_and_the_same_for_every_cell(tmp_pat
     # no detections at all: NaN, as COCOEvaluator reports
     write(inference / "test" / "coco_instances_results.json", [])
     assert all(math.isnan(v) for v in resampled_box_ap(inference, "test", gt_file, cache, resamples=5))
+    # ... written as strict JSON (null, which every JSON reader takes) and read back as NaN
+    strict = json.loads(cache.read_text(), parse_constant=lambda name: pytest.fail(f"{name} in {cache}"))
+    assert strict["box_ap"] == [None] * 5
+    assert all(math.isnan(v) for v in resampled_box_ap(inference, "test", gt_file, cache, resamples=5))
     # a dataset the cell was never evaluated on: an error naming the file and the fix
     with pytest.raises(FileNotFoundError, match=r"val/coco_instances_results.json \(or coco_instances_results.json.gz\): no detections to resample.*the cell is evaluated on val again"):
         resampled_box_ap(inference, "val", gt_file, tmp_path / "other.json")

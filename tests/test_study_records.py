@@ -414,6 +414,18 @@ def test_a_cell_that_detected_nothing_is_left_out_of_the_means_not_a_crash():
     assert math.isnan(mean([math.nan])) and std([math.nan, 2.0]) is None and mean([]) is None
 
 
+def test_a_record_of_an_ap_that_is_nan_is_strict_json_and_read_back_as_nan(tmp_path):
+    # a weight whose model detects nothing has AP NaN: the study's records wrote it as bare NaN, which
+    # strict JSON readers (JavaScript, jq) refuse
+    folder = RunFolder(tmp_path / "cell")
+    folder.write_json("example_weighing.json", {"val": {"0.5": {"bbox": {"AP": math.nan}}}, "chosen": 0.5})
+    text = (tmp_path / "cell" / "example_weighing.json").read_text()
+    strict = json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} written in {text}"))
+    assert strict["val"]["0.5"]["bbox"]["AP"] is None
+    assert math.isnan(folder.read_json("example_weighing.json", null_is_nan=True)["val"]["0.5"]["bbox"]["AP"])
+    assert folder.read_json("example_weighing.json")["chosen"] == 0.5
+
+
 def test_files_where_the_study_and_the_export_make_folders_are_named(tmp_path, capsys):
     # raw NotADirectoryError (--out holding a file 'runs') and FileExistsError (a file named like a cell)
     (tmp_path / "out").mkdir()

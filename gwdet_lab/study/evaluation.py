@@ -121,7 +121,7 @@ def example_weighing(cfg: CfgNode, model: nn.Module, folder: RunFolder, weights:
     "chosen": weight}``. ``model`` is the trained model (left unchanged).
     """
     own = folder.results()
-    done = folder.read_json(EXAMPLE_WEIGHING_JSON)
+    done = folder.read_json(EXAMPLE_WEIGHING_JSON, null_is_nan=True)
     select, report = selection_dataset(cfg), report_dataset(cfg)
 
     def results_for(dataset: str, weight: float) -> dict:
@@ -151,7 +151,7 @@ def example_weighing(cfg: CfgNode, model: nn.Module, folder: RunFolder, weights:
 def batch_statistics(cfg: CfgNode, model: nn.Module, folder: RunFolder, echo: Printer = print) -> dict:
     """The report split evaluated with batch statistics at the training batch size (cached)."""
     batch_size = int(cfg.SOLVER.IMS_PER_BATCH)
-    done = folder.read_json(BATCH_STATISTICS_JSON)
+    done = folder.read_json(BATCH_STATISTICS_JSON, null_is_nan=True)
     dataset = report_dataset(cfg)
     if dataset not in done or done.get("batch_size") != batch_size:
         model = copy.deepcopy(model)

@@ -33,6 +33,7 @@ from pycocotools.cocoeval import COCOeval
 from gwdet.engine.output_dir import RESULTS_JSON
 from gwdet.errors import GwdetFileNotFoundError
 from gwdet.utils.atomic import write_text_atomically
+from gwdet_lab.study.run_folder import nan_for_null, null_for_nan
 
 RESAMPLES = 1000
 BOOTSTRAP_SEED = 0
@@ -105,7 +106,7 @@ def resampled_box_ap(inference_dir: Path, dataset: str, annotation_file: str | C
     if cache.is_file():
         stored = json.loads(cache.read_text())
         if stored.get("key") == key:
-            return stored["box_ap"]
+            return nan_for_null(stored["box_ap"])
     if callable(annotation_file):
         annotation_file = annotation_file()
     records = json.loads(raw)
@@ -114,7 +115,7 @@ def resampled_box_ap(inference_dir: Path, dataset: str, annotation_file: str | C
     else:
         evaluation = ImageLevelEvaluation(quiet_coco(annotation_file), records)
         aps = [evaluation.box_ap(p) for p in resampled_positions(evaluation.images, resamples, seed)]
-    write_text_atomically(str(cache), json.dumps({"key": key, "box_ap": aps}))
+    write_text_atomically(str(cache), json.dumps({"key": key, "box_ap": null_for_nan(aps)}, allow_nan=False))
     return aps
 
 

@@ -92,7 +92,7 @@ def measure(planned: PlannedCell, subset: int, echo=print) -> dict:
     checkpoints = kept_checkpoints(folder, planned.max_iter)
     batch_size = int(cfg.SOLVER.IMS_PER_BATCH)
     key = {"checkpoints": [it for it, _ in checkpoints], "subset": subset, "batch_size": batch_size}
-    done = folder.read_json(OVER_TRAINING_JSON)
+    done = folder.read_json(OVER_TRAINING_JSON, null_is_nan=True)
     if done.get("key") != key:
         done = {"key": key}
     prepare_datasets(cfg)
@@ -207,7 +207,7 @@ def _over_training(argv: list[str]) -> int:
         raise GwdetValueError(problem)
     if args.records:
         recorded = recorded_cells(Path(args.records), args.cells, only_flag="--cells")
-        cells = [(p, p.folder.read_json(OVER_TRAINING_JSON)) for p in recorded]
+        cells = [(p, p.folder.read_json(OVER_TRAINING_JSON, null_is_nan=True)) for p in recorded]
         missing = [p.cell.name for p, done in cells if "val_box_ap" not in done]
         if missing:
             raise GwdetValueError(f"--records {args.records}: no {OVER_TRAINING_JSON} for {', '.join(missing)}: those "

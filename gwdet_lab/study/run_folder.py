@@ -69,11 +69,24 @@ class DamagedFile(GwdetError, ValueError):
     """A record of the folder that cannot be read (the message names it and the fix)."""
 
 
-def _nan_for_null(tree: Any) -> Any:
-    """``tree`` (a dataset's ``{task: {metric: value}}``) with NaN for each ``None`` value."""
+def nan_for_null(tree: Any) -> Any:
+    """``tree`` (nested dicts and lists of numbers, as the study's AP records hold them) with NaN
+    for each ``None``: the inverse of :func:`null_for_nan`."""
     if isinstance(tree, dict):
-        return {key: _nan_for_null(value) for key, value in tree.items()}
+        return {key: nan_for_null(value) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [nan_for_null(value) for value in tree]
     return math.nan if tree is None else tree
+
+
+def null_for_nan(tree: Any) -> Any:
+    """``tree`` with ``None`` (JSON's ``null``) for each NaN float, so that it is written as strict
+    JSON (which has no NaN; an AP is NaN where a model detects nothing)."""
+    if isinstance(tree, Mapping):
+        return {key: null_for_nan(value) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [null_for_nan(value) for value in tree]
+    return None if isinstance(tree, float) and math.isnan(tree) else tree
 
 
 @dataclass(frozen=True)
@@ -128,12 +141,13 @@ class RunFolder:
     def results(self) -> dict[str, dict[str, dict[str, float]]]:
         """``{dataset: {task: {metric: value}}}`` from ``results.json`` (COCO AP in %; NaN where the
         file has ``null``, or ``NaN`` as earlier runs wrote it), without the run's ``environment`` record."""
-        return {name: _nan_for_null(tasks) for name, tasks in self.read_json(RESULTS_JSON).items()
+        return {name: nan_for_null(tasks) for name, tasks in self.read_json(RESULTS_JSON).items()
                 if name != ENVIRONMENT_KEY}
 
-    def read_json(self, name: str) -> dict:
+    def read_json(self, name: str, null_is_nan: bool = False) -> dict:
         """A json object file of the folder, ``{}`` when it is not there; :class:`DamagedFile` when
-        it is not a json object (cut short by a full disk or a kill, overwritten)."""
+        it is not a json object (cut short by a full disk or a kill, overwritten). With
+        ``null_is_nan`` (the records of APs), each ``null`` is read as NaN (:func:`nan_for_null`)."""
         path = self.file(name)
         if not path.is_file():
             return {}
@@ -147,7 +161,7 @@ class RunFolder:
         if not isinstance(data, dict):
             raise DamagedFile(f"{path} is damaged (a json {type(data).__name__}, not an object). "
                               f"{self._restore_advice()}")
-        return data
+        return nan_for_null(data) if null_is_nan else data
 
     def _restore_advice(self) -> str:
         """What to do about a damaged file of this folder."""
@@ -158,10 +172,12 @@ class RunFolder:
         return "Remove it and run the same command again: the cell resumes from its last checkpoint and writes it anew."
 
     def write_json(self, name: str, data: Mapping) -> None:
-        """Write through a temporary file renamed into place, so a kill leaves the old or the new file,
-        and record its SHA-256 beside it (``<name>.sha256``), which :meth:`read_json` checks."""
+        """Write ``data`` as strict JSON (NaN as ``null``: :func:`null_for_nan`) through a temporary
+        file renamed into place, so a kill leaves the old or the new file, and record its SHA-256
+        beside it (``<name>.sha256``), which :meth:`read_json` checks."""
         self.path.mkdir(parents=True, exist_ok=True)
-        write_text_with_checksum(str(self.file(name)), json.dumps(data, indent=2, sort_keys=True) + "\n")
+        text = json.dumps(null_for_nan(data), indent=2, sort_keys=True, allow_nan=False)
+        write_text_with_checksum(str(self.file(name)), text + "\n")
 
     def peak_gpu_memory_mb(self) -> float | None:
         """Largest ``max_mem`` detectron2 logged (GPU runs only), else ``None``."""

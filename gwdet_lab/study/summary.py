@@ -88,8 +88,8 @@ def summarize(planned: PlannedCell) -> CellResult:
             "and run the same command again: the cell resumes from its last checkpoint and is evaluated again."
         )
     records = folder.metrics()
-    weighing = folder.read_json(EXAMPLE_WEIGHING_JSON)
-    statistics = folder.read_json(BATCH_STATISTICS_JSON)
+    weighing = folder.read_json(EXAMPLE_WEIGHING_JSON, null_is_nan=True)
+    statistics = folder.read_json(BATCH_STATISTICS_JSON, null_is_nan=True)
     chosen = weighing.get("chosen")
     run = folder.read_json(STUDY_RUN_JSON)
     if folder.diverged():
