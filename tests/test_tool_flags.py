@@ -250,10 +250,17 @@ def test_lazy_milestones_in_other_units_than_iterations_are_warned_of():
         LazyRun.load(str(LAZY_CONFIG), ["train.max_iter=10", "lr_multiplier.scheduler.milestones=[5]",
                                         "lr_multiplier.scheduler.values=[1.0,0.1]"]).check_request(False, 1)
         LazyRun.load(str(LAZY_CONFIG)).check_request(False, 1)  # num_updates is train.max_iter: no word
+        # a milestone below 1 in iterations: the first value is never used (the words do not blame num_updates)
+        LazyRun.load(str(LAZY_CONFIG), ["train.max_iter=10", "lr_multiplier.scheduler.num_updates=10",
+                                        "lr_multiplier.scheduler.milestones=[0.5,5]",
+                                        "lr_multiplier.scheduler.values=[1.0,0.1,0.01]"]).check_request(False, 1)
     assert logged == [
         "lr_multiplier.scheduler.num_updates=1000 is not train.max_iter=10: detectron2's LRMultiplier gives the "
         "scheduler the fraction of train.max_iter done, so its milestones [5] (in units of num_updates) fall at "
-        "iterations 0.05. Give num_updates=${train.max_iter} (or 10) for milestones in iterations."]
+        "iterations 0.05. Give num_updates=${train.max_iter} (or 10) for milestones in iterations.",
+        "lr_multiplier.scheduler.milestones [0.5, 5] hold a milestone before the first iteration: the scheduler's step "
+        "there acts from the start of training, so its first value is never used. Remove that milestone, or give the "
+        "milestones as iterations from 1 to train.max_iter=10."]
 
 
 @pytest.mark.parametrize("scheduler, problem", [

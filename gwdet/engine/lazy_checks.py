@@ -258,7 +258,12 @@ def _warn_of_early_milestones(cfg: DictConfig) -> None:
     if not (is_whole_number(updates) and is_whole_number(max_iter) and isinstance(milestones, ListConfig)):
         return
     at = [milestone * max_iter / updates for milestone in milestones if is_finite_number(milestone)]
-    if any(iteration < 1 for iteration in at):
+    if any(iteration < 1 for iteration in at) and updates == max_iter:
+        logger.warning(
+            f"lr_multiplier.scheduler.milestones {list(milestones)} hold a milestone before the first iteration: the "
+            f"scheduler's step there acts from the start of training, so its first value is never used. Remove that "
+            f"milestone, or give the milestones as iterations from 1 to train.max_iter={max_iter}.")
+    elif any(iteration < 1 for iteration in at):
         logger.warning(
             f"lr_multiplier.scheduler.num_updates={updates} is not train.max_iter={max_iter}: detectron2's LRMultiplier "
             f"gives the scheduler the fraction of train.max_iter done, so its milestones {list(milestones)} (in units of "
