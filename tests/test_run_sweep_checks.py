@@ -360,6 +360,21 @@ def test_an_evaluation_records_the_weights_it_loaded_when_the_file_is_replaced_w
     assert environment["weights"]["sha256"] == digest != hashlib.sha256(weights.read_bytes()).hexdigest()
 
 
+def test_an_evaluation_of_weights_at_a_url_records_the_url_and_its_local_copys_checksum(finished_run, tmp_path,
+                                                                                      monkeypatch):
+    # detectron2:// weights: the record was the URL joined to the working folder ("<cwd>/detectron2:/x.pth"), with
+    # "not a local file" for a SHA-256, although iopath's local copy was read (a training recorded it right)
+    cached = tmp_path / "iopath" / "detectron2" / "gwdet-test" / "model_final.pth"
+    cached.parent.mkdir(parents=True)
+    shutil.copy(finished_run / "model_final.pth", cached)
+    monkeypatch.setenv("FVCORE_CACHE", str(tmp_path / "iopath"))  # iopath's cache: nothing is downloaded
+    url = "detectron2://gwdet-test/model_final.pth"
+    main(tiny_run_args(tmp_path / "eval", "--eval-only", "MODEL.WEIGHTS", url))
+    environment = json.loads((tmp_path / "eval" / "results.json").read_text())["environment"]
+    assert environment["weights"] == {"path": url, "sha256": hashlib.sha256(cached.read_bytes()).hexdigest()}
+    assert f"Weights evaluated: `{url}`" in (tmp_path / "eval" / "results.md").read_text()
+
+
 @pytest.mark.parametrize("link", ["hard", "symbolic"])
 def test_a_copy_of_a_run_made_of_links_is_refused_before_it_changes_the_original(finished_run, tmp_path, link):
     # cp -al / cp -rs: the resume rewrote the original's config.yaml in place, which then failed its own record

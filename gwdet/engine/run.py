@@ -173,22 +173,26 @@ class RunConfig(ABC):
     def build_model(self) -> torch.nn.Module:
         """The config's model, checked (:func:`gwdet.check_model`), on the config's device."""
 
-    def load_weights(self, model: torch.nn.Module) -> torch.nn.Module:
-        """``model`` with the initial weights loaded, every weight of the model required; weights
+    def load_weights(self, model: torch.nn.Module) -> dict[str, str] | None:
+        """Load the initial weights into ``model``, every weight of the model required; weights
         whose checkpoint records the class names they were trained on are refused for test data
-        with those names in another order (:func:`gwdet.data.datasets.check_evaluated_classes`)."""
+        with those names in another order (:func:`gwdet.data.datasets.check_evaluated_classes`).
+        Returns the record of the weights loaded (:func:`~gwdet.checkpoint.resilient.weights_record`:
+        a URL with the SHA-256 of its local copy; None without weights), whatever later replaces a file
+        of that name."""
         checkpointer = ResilientCheckpointer(model, save_dir=self.output_dir, require_every_weight=True,
                                              weights_setting=self.weights_setting, compare_input=False)
         loaded = checkpointer.load_weights(self.weights)
         check_evaluated_classes(loaded.get(CLASSES_KEY), self.test_datasets(), self.weights)
-        if self._warn_of_another_model(local_weights_path(self.weights, self.weights_setting)):
-            return model  # the run's config.yaml, which holds the input values too, was compared
-        differences = input_differences(loaded.get(INPUT_KEY), model)
-        if differences:
-            logger.warning(f"{self.weights_setting} {self.weights} was trained with values this model has otherwise: "
-                           f"{'; '.join(differences)}. The model computes with this config's values, which changes its "
-                           f"results; use the values the weights were trained with ({self.input_settings}).")
-        return model
+        # the run's config.yaml, which holds the input values too, is compared where there is one
+        if not self._warn_of_another_model(local_weights_path(self.weights, self.weights_setting)):
+            differences = input_differences(loaded.get(INPUT_KEY), model)
+            if differences:
+                logger.warning(f"{self.weights_setting} {self.weights} was trained with values this model has "
+                               f"otherwise: {'; '.join(differences)}. The model computes with this config's values, "
+                               f"which changes its results; use the values the weights were trained with "
+                               f"({self.input_settings}).")
+        return checkpointer.initial_weights
 
     @abstractmethod
     def model_differences_from(self, path: str) -> list[str]:
@@ -506,9 +510,9 @@ def main(args: argparse.Namespace):
             setup(args, run)
             if args.eval_only:
                 with named_config_failures(run.cfg, "build the model", args.opts):
-                    model = run.load_weights(run.build_model())
-                # what was loaded, whatever replaces the file while the evaluation runs (a --resume's model_final)
-                scored = weights_record(local_weights_path(run.weights, run.weights_setting))
+                    model = run.build_model()
+                    # what was loaded, whatever replaces the file while the evaluation runs (a --resume's model_final)
+                    scored = run.load_weights(model)
             else:
                 if not (args.resume and checkpoints_in(run.output_dir)):
                     warn_of_replaced_weights(args.config_file, run)
