@@ -701,3 +701,32 @@ def test_weights_at_a_scheme_no_handler_reads_are_named(tmp_path):
     with pytest.raises(WeightsDownloadError, match=r"MODEL.WEIGHTS s3://bucket/model_final.pth cannot be downloaded: "
                                                    r"s3:// is not a scheme detectron2's PathManager reads here"):
         ResilientCheckpointer(nn.Linear(2, 2), str(tmp_path)).load_weights("s3://bucket/model_final.pth")
+
+
+def test_detectron2s_matching_heuristics_query_is_honoured_for_local_files(tmp_path):
+    # "f.pkl?matching_heuristics=True" was refused as a missing file; in Python the .pkl was read without the
+    # heuristics it asks for ("The weights leave 159 of the backbone's 159 weights unloaded")
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    model = nn.Module()
+    model.backbone = nn.Module()
+    model.backbone.bottom_up = gw_resnet("S1-B2", ["res2"], False)
+    model.eval()
+    saved = {key.removeprefix("backbone.bottom_up."): value + 1 if torch.is_tensor(value) and value.is_floating_point()
+             else value for key, value in model.state_dict().items()}
+    pkl, pth = tmp_path / "stripped.pkl", tmp_path / "stripped.pth"
+    with open(pkl, "wb") as file:
+        pickle.dump({"model": {key: value.numpy() if torch.is_tensor(value) else value for key, value in saved.items()},
+                     "__author__": "me"}, file)
+    torch.save({"model": saved}, pth)
+    with pytest.raises(ValueError, match="The weights leave .* of the backbone's .* weights unloaded"):
+        ResilientCheckpointer(model, str(tmp_path)).load_weights(str(pkl))
+    for path in (pkl, pth):
+        checkpointer = ResilientCheckpointer(model, str(tmp_path))
+        checkpointer.load_weights(f"{path}?matching_heuristics=True")
+        assert torch.equal(model.backbone.bottom_up.stem.conv1.weight, saved["stem.conv1.weight"])
+        assert checkpointer.initial_weights["path"] == f"{path}?matching_heuristics=True"
+        assert len(checkpointer.initial_weights["sha256"]) == 64  # the file's, read without its query
+    with pytest.raises(ValueError, match=r"the query \['strict'\] of .*stripped.pkl\?strict=1 is not one detectron2's "
+                                         r"checkpointer reads \(it reads \?matching_heuristics=True only\): remove it"):
+        ResilientCheckpointer(model, str(tmp_path)).load_weights(f"{pkl}?strict=1")

@@ -18,7 +18,7 @@ import pickle
 import random
 import re
 from typing import Any, Callable, Mapping, Sequence
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 from urllib.request import url2pathname
 
 import numpy as np
@@ -488,13 +488,14 @@ class ResilientCheckpointer(DetectionCheckpointer):
         naming the fix. Only the weights are loaded, so a file whose training state was removed is
         accepted with a warning (:meth:`_load_file`)."""
         path = local_weights_path(path, self.weights_setting)
-        if path and os.path.isdir(path):
+        file = urlsplit(path)._replace(query="").geturl() if "?" in path else path  # detectron2 reads the query
+        if path and os.path.isdir(file):
             raise GwdetIsADirectoryError(
                 f"{self.weights_setting} {path!r} is a folder: give the checkpoint file in it (e.g. "
                 f"{os.path.join(path, 'model_final.pth')}).")
-        if path and "://" not in path and not os.path.isfile(path):
+        if path and "://" not in path and not os.path.isfile(file):
             setting = self.weights_setting
-            if os.path.lexists(path):
+            if os.path.lexists(file):
                 raise GwdetValueError(f"{setting} {path!r} is not a regular file (a named pipe, a device, or a link "
                                       "that leads nowhere or in a loop): give the checkpoint file itself.")
             if self.require_every_weight:  # trained weights to evaluate or export
@@ -505,7 +506,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
                        f"set {empty} to train from scratch")
             raise GwdetFileNotFoundError(f"{setting} file {path!r} does not exist. {fix}.")
         if path:
-            local = self.download(path) if "://" in path else path
+            local = self.download(path) if "://" in path else file
             self.initial_weights = dict(weights_record(local), path=path if "://" in path else os.path.abspath(path))
         self._loading_initial_weights = True
         try:
@@ -740,6 +741,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 data = {**data, "__author__": "unknown"}  # detectron2's layout ({"model": arrays}) without its author
             elif not ("model" in data and "__author__" in data):
                 data = {"model": data, "__author__": "unknown", "matching_heuristics": True}
+            if self._heuristics_asked(filename):
+                data = {**data, "matching_heuristics": True}
         else:
             data = super()._load_file(filename)  # calls _torch_load
         removed = verify_checksums(filename, data, accept_removed_state=self._loading_initial_weights)
@@ -755,6 +758,19 @@ class ResilientCheckpointer(DetectionCheckpointer):
         if self._loading_initial_weights:
             _check_finite_weights(filename, data, self.weights_setting)
         return data
+
+    def _heuristics_asked(self, filename: str) -> bool:
+        """Whether the path being loaded asks for detectron2's name-matching heuristics
+        (``?matching_heuristics=True``, which detectron2's own reading honours for ``.pth`` files
+        only); another query is refused, as detectron2 refuses it."""
+        address = self._parsed_url_during_load
+        queries = parse_qs(address.query) if address is not None else {}
+        asked = queries.pop("matching_heuristics", ["False"]) == ["True"]
+        if queries:
+            raise GwdetValueError(
+                f"{filename}: the query {sorted(queries)} of {address.geturl() if address else filename} is not one "
+                "detectron2's checkpointer reads (it reads ?matching_heuristics=True only): remove it.")
+        return asked
 
     def _torch_load(self, f: str) -> Any:
         try:
