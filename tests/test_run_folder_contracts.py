@@ -640,7 +640,7 @@ def test_a_checkpoint_needing_unsafe_globals_is_refused_naming_every_one_of_them
     with pytest.raises(UnsafeCheckpointError) as refused:
         load_torch_file(path, allow_unsafe=False, how_to_opt_in="set GWDET_ALLOW_UNSAFE_PICKLE=1")
     assert str(refused.value) == (
-        f"{path}: refusing to load this file. It needs unsafe unpickling: besides tensors and arrays it contains "
+        f"{path}: refusing to load this file. It needs unsafe unpickling: besides tensors it contains "
         "argparse.Namespace, datetime.date, and unpickling that can execute arbitrary code. If you trust where the "
         "file comes from, set GWDET_ALLOW_UNSAFE_PICKLE=1; otherwise re-save only the state dict "
         "(torch.save(model.state_dict(), path)) where the file is trusted.")

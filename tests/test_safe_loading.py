@@ -172,3 +172,21 @@ def test_a_torch_checkpoint_named_pkl_is_told_to_take_the_pth_suffix(tmp_path):
         "which detectron2's checkpointer reads with torch.load.")
     (tmp_path / "best.pkl").rename(tmp_path / "best.pth")
     ResilientCheckpointer(model, save_dir=str(tmp_path)).load_weights(str(tmp_path / "best.pth"))
+
+
+def test_tensors_in_a_pkl_and_arrays_in_a_pth_are_refused_naming_which_file_holds_which(tmp_path):
+    # the refusal said "besides tensors and arrays it contains torch._utils._rebuild_tensor_v2": a contradiction
+    from gwdet.checkpoint.safe_load import load_pickle_file
+
+    tensors = tmp_path / "tensors.pkl"
+    tensors.write_bytes(pickle.dumps({"model": {"w": torch.ones(2)}}))
+    with pytest.raises(UnsafeCheckpointError, match=r"besides numpy arrays it contains torch\._utils\.\w+ \(torch tensors "
+                                                    r"in a \.pkl weight file, which holds numpy arrays: save tensors "
+                                                    r"with torch\.save in a \.pth file\)"):
+        load_pickle_file(str(tensors), allow_unsafe=False, how_to_opt_in="")
+    arrays = tmp_path / "arrays.pth"
+    torch.save({"model": {"w": np.ones(2)}}, arrays)
+    with pytest.raises(UnsafeCheckpointError, match=r"besides tensors it contains numpy\..*\(numpy arrays in a \.pth "
+                                                    r"file, which holds tensors: save them as tensors, or numpy arrays "
+                                                    r"pickled in a \.pkl file\)"):
+        load_torch_file(str(arrays), allow_unsafe=False, how_to_opt_in="")

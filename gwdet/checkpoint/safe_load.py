@@ -53,10 +53,17 @@ def numpy_number_globals() -> list[Any]:
 class UnsafeCheckpointError(GwdetError, RuntimeError):
     """A file that can only be read by unpickling arbitrary objects (which can run code)."""
 
-    def __init__(self, path: str, needed: list[str], how_to_opt_in: str):
+    def __init__(self, path: str, needed: list[str], how_to_opt_in: str, pickle_of_arrays: bool = False):
+        """``pickle_of_arrays``: a ``.pkl`` weight file (read as numpy arrays), not a ``torch.save``
+        file (read as tensors); each holds the other's arrays only through unsafe unpickling."""
+        held, other = (("numpy arrays", "torch tensors") if pickle_of_arrays else ("tensors", "numpy arrays"))
+        swapped = any(name.startswith("torch." if pickle_of_arrays else "numpy.") for name in needed)
+        suffix = (f" ({other} in a .pkl weight file, which holds numpy arrays: save tensors with torch.save in a .pth "
+                  f"file)" if pickle_of_arrays else f" ({other} in a .pth file, which holds tensors: save them as "
+                  f"tensors, or numpy arrays pickled in a .pkl file)") if swapped else ""
         super().__init__(
-            f"{path}: refusing to load this file. It needs unsafe unpickling: besides tensors and "
-            f"arrays it contains {', '.join(needed)}, and unpickling that can execute arbitrary code. "
+            f"{path}: refusing to load this file. It needs unsafe unpickling: besides {held} it contains "
+            f"{', '.join(needed)}{suffix}, and unpickling that can execute arbitrary code. "
             f"If you trust where the file comes from, {how_to_opt_in}; otherwise re-save only the "
             "state dict (torch.save(model.state_dict(), path)) where the file is trusted."
         )
@@ -192,5 +199,5 @@ def load_pickle_file(path: str, allow_unsafe: bool, how_to_opt_in: str) -> Any:
         return _NumpyOnlyUnpickler(io.BytesIO(raw), encoding="latin1").load()
     except UnsafeGlobal as refused:
         if not allow_unsafe:
-            raise UnsafeCheckpointError(path, [str(refused)], how_to_opt_in) from None
+            raise UnsafeCheckpointError(path, [str(refused)], how_to_opt_in, pickle_of_arrays=True) from None
         return pickle.loads(raw, encoding="latin1")
