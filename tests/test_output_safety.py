@@ -718,8 +718,8 @@ def test_four_bytes_changed_near_the_end_of_a_checkpoint_are_refused_naming_the_
     assert str(refused.value) == (
         f"{damaged} is damaged (its SHA-256 differs from the one recorded in model_final.pth.sha256 when it was "
         "written); nothing was loaded from it. Restore the file from a copy or write it again (train, or convert the "
-        "weights again); if you replaced it on purpose, delete model_final.pth.sha256. With --resume, the previous "
-        "checkpoint in the folder is used instead.")
+        "weights again); if you replaced it on purpose, delete model_final.pth.sha256. A training's --resume uses the "
+        "previous checkpoint in the folder instead.")
 
 
 def test_a_resume_that_would_train_nothing_is_refused_before_the_runs_records_change(finished_run):

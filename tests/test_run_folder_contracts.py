@@ -606,7 +606,7 @@ def test_damaged_tensors_are_named_four_then_how_many_more_and_kept_on_the_error
     assert str(refused.value) == (
         "run/model_final.pth is damaged: 5 tensor(s) differ from what was written (layer0.weight, layer1.weight, "
         "layer2.weight, layer3.weight, ... (1 more)); nothing was loaded from it. Restore the file from a copy or write it "
-        "again (train, or convert the weights again); with --resume, the previous checkpoint in the folder is used "
+        "again (train, or convert the weights again); a training's --resume uses the previous checkpoint in the folder "
         "instead. If the file was changed on purpose (its training state removed to publish the weights, the weights "
         "converted to another dtype), the checksums gwdet recorded in it no longer apply: save it without them (its "
         "keys gwdet_checksums and gwdet_state_checksums), e.g. import torch; d = torch.load(\"run/model_final.pth\", "

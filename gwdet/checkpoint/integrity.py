@@ -48,8 +48,8 @@ class DamagedTensorsError(DamagedFileError):
                          f"or are gone ({listed(state, SHOWN)})")
         super().__init__(
             f"{path} is damaged: {'; '.join(parts)}; nothing was loaded from it. Restore the file from a copy or "
-            "write it again (train, or convert the weights again); with --resume, the previous checkpoint in the "
-            "folder is used instead. If the file was changed on purpose (its training state removed to publish the "
+            "write it again (train, or convert the weights again); a training's --resume uses the previous checkpoint "
+            "in the folder instead. If the file was changed on purpose (its training state removed to publish the "
             "weights, the weights converted to another dtype), the checksums gwdet recorded in it no longer apply: "
             f"save it without them (its keys {CHECKSUMS_KEY} and {STATE_CHECKSUMS_KEY}), e.g. "
             f"{without_checksums_recipe(path)}", path)

@@ -733,7 +733,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
             raise DamagedFileError(
                 f"{filename} is damaged ({differs}); nothing was loaded from it. Restore the file from a copy or write "
                 f"it again (train, or convert the weights again); if you replaced it on purpose, delete {record}. "
-                "With --resume, the previous checkpoint in the folder is used instead.", filename)
+                "A training's --resume uses the previous checkpoint in the folder instead.", filename)
         if filename.endswith(".pkl"):
             data = load_pickle_weights(filename)
             _check_holds_weights(filename, data)
@@ -784,4 +784,4 @@ class ResilientCheckpointer(DetectionCheckpointer):
             raise DamagedFileError(
                 f"{f} cannot be read: it is damaged or cut short ({type(error).__name__}: {reason}); nothing was "
                 "loaded from it. Restore the file from a copy or write it again (train, or convert the weights "
-                "again); with --resume, the previous checkpoint in the folder is used instead.", f) from error
+                "again); a training's --resume uses the previous checkpoint in the folder instead.", f) from error
