@@ -253,6 +253,18 @@ def test_a_failed_save_names_the_os_error_and_keeps_the_old_file(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["model_final.pth"], "no partial file left"
 
 
+def test_a_save_into_a_folder_that_is_a_file_names_the_checkpoint(tmp_path):
+    # the error was a raw NotADirectoryError naming the record (pyfile/m.pth.sha256), not the checkpoint
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from gwdet.utils.atomic import WriteError
+
+    not_a_folder = tmp_path / "pyfile"
+    not_a_folder.write_text("the user's file")
+    with pytest.raises(WriteError, match=f"^\\[Errno 20\\] cannot write {not_a_folder}/m.pth: Not a directory$"):
+        ResilientCheckpointer(torch.nn.Linear(2, 2), save_dir=str(not_a_folder)).save("m")
+    assert not_a_folder.read_text() == "the user's file"
+
+
 def test_the_converter_refuses_an_existing_output_unless_told(tmp_path, capsys):
     # the tool's main in this process (tests/test_convert.py runs the command line itself)
     from gwdet.convert.cli import main as convert

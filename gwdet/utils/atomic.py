@@ -327,7 +327,10 @@ def write_with_checksum(path: str, write: Callable[[IO[bytes]], object], path_ma
         write_atomically(path, write, path_manager)
         return
     earlier = _recorded_sha256(path)[0] if os.path.isfile(checksum_path(path)) else None  # the record beside it
-    remove_checksum(path)
+    try:
+        remove_checksum(path)
+    except OSError as error:  # a read-only folder, a file where the folder should be: the file is what failed
+        raise _cannot_write(path, error) from None
     digest = hashlib.sha256()
     try:
         write_atomically(path, write, digest=digest)
