@@ -1013,6 +1013,26 @@ def test_box_only_weights_in_a_mask_model_name_mask_on(tmp_path):
             str(tmp_path / "boxes.pth"))
 
 
+def test_max_to_keep_counts_the_checkpoints_of_the_run_before_a_resume(tmp_path):
+    # a LazyConfig's train.checkpointer.max_to_keep=2 kept 2 per process: a resumed run left 4 periodic checkpoints
+    from detectron2.engine import TrainerBase
+
+    from gwdet.engine.lazy import RunPeriodicCheckpointer
+
+    class Resumed(TrainerBase):
+        def run_step(self):
+            pass
+
+    checkpointer = ResilientCheckpointer(torch.nn.Linear(2, 2), str(tmp_path))
+    for iteration in (3, 4):  # the periodic checkpoints the first process kept, then a kill
+        checkpointer.save(f"model_{iteration:07d}")
+    trainer = Resumed()
+    trainer.register_hooks([RunPeriodicCheckpointer(checkpointer, period=1, max_to_keep=2)])
+    trainer.train(5, 8)
+    assert sorted(path.name for path in tmp_path.glob("model_*.pth")) == [
+        "model_0000006.pth", "model_0000007.pth", "model_final.pth"]
+
+
 def test_records_of_deleted_checkpoints_go_and_a_string_of_classes_is_refused(tmp_path):
     # detectron2's max_to_keep deleted model_0000001.pth and left its .sha256; classes="ab" recorded ["a", "b"]
     checkpointer = ResilientCheckpointer(torch.nn.Linear(2, 2), str(tmp_path))

@@ -64,6 +64,7 @@ from gwdet.engine.output_dir import (
     SavedRun,
     ScheduleAt,
     check_config_checksum,
+    checkpoints_in,
     check_resumed_run,
     config_differences,
     damaged_config,
@@ -193,6 +194,22 @@ def evaluate(cfg: DictConfig, model: torch.nn.Module) -> "OrderedDict[str, Any]"
     return OrderedDict([(name, results)]) if name and results else OrderedDict(results or {})
 
 
+class RunPeriodicCheckpointer(hooks.PeriodicCheckpointer):
+    """detectron2's periodic checkpoints, whose ``max_to_keep`` counts the run's checkpoints, not
+    only this process's: a resumed run counts the numbered checkpoints it wrote before the resumed
+    iteration first (oldest first), so at most ``max_to_keep`` are kept across resumes."""
+
+    def before_train(self) -> None:
+        super().before_train()
+        if self.max_to_keep is None:
+            return
+        save_dir = self.checkpointer.save_dir
+        earlier = [(int(name[len("model_"):-len(".pth")]), name) for name in checkpoints_in(save_dir)
+                   if name[len("model_"):-len(".pth")].isdigit()]
+        self.recent_checkpoints = [os.path.join(save_dir, name) for iteration, name in sorted(earlier)
+                                   if iteration < self.trainer.iter]
+
+
 class LazyTrainer(InnerTrainerState, TrainerBase):
     """gwdet's :class:`~gwdet.engine.trainer.Trainer` for a LazyConfig: detectron2's trainer loop and
     hooks as ``tools/lazyconfig_train_net.py`` sets them up (timer, LR scheduler, periodic
@@ -238,7 +255,7 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
         hook_list = [
             hooks.IterationTimer(),
             hooks.LRScheduler(),
-            hooks.PeriodicCheckpointer(self.checkpointer, **cfg.train.checkpointer) if main else None,
+            RunPeriodicCheckpointer(self.checkpointer, **cfg.train.checkpointer) if main else None,
             hooks.EvalHook(cfg.train.eval_period, test_and_save_results),
             hooks.PeriodicWriter(run_writers(cfg.train.output_dir, self.max_iter), period=cfg.train.log_period)
             if main else None,
