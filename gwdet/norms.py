@@ -160,10 +160,20 @@ def _config_key_defaults(record: NormRecord) -> dict[str, Any]:
 
 
 def _refuse_other_defaults(record: NormRecord) -> None:
-    """Refuse a config key of ``record`` that neither detectron2 nor gwdet has and that another
-    registered name reads with another default: :func:`add_registered_config_keys` adds it with
-    one default, and the other name would be built with it without a word."""
+    """Refuse a config key of ``record`` below a value or naming a section of detectron2's or
+    gwdet's config, and one that neither has and that another registered name reads with another
+    default: :func:`add_registered_config_keys` adds it with one default, and the other name would
+    be built with it without a word."""
     existing = flatten_config(get_cfg()).keys() | {key.name for key in CONFIG_KEYS}
+    sections = {key.rsplit(".", depth)[0] for key in existing for depth in range(1, key.count(".") + 1)}
+    for param, key in record.config_keys.items():
+        above = next((key[:end] for end in range(len(key)) if key[end] == "." and key[:end] in existing), None)
+        if above is not None or key in sections:
+            what = (f"lies below {above}, which detectron2's or gwdet's config holds as a value, not as a section"
+                    if above else "is a section of detectron2's or gwdet's config (it holds keys, not one value)")
+            raise GwdetValueError(
+                f"register_norm({record.name!r}): the config key {key} (for {param}) {what}: give {param} a key of "
+                f"its own, e.g. MODEL.{record.name.upper()}.{param.upper()}.")
     for key, default in _config_key_defaults(record).items():
         if key in existing:
             continue
@@ -396,7 +406,9 @@ class Norm:
     ``strict=True`` (``MODEL.STRICT_NORM_GROUPS``) refused: a group count never changes silently.
     """
 
-    def __init__(self, name: str, strict: bool = False, **params: Any) -> None:
+    def __init__(self, name: str, strict: bool = False, *, read_from_config: bool = False, **params: Any) -> None:
+        """``read_from_config``: the values were read from a yacs config (:func:`norm_from_config`),
+        which errors then name the keys of; else they were given in Python (or a LazyConfig)."""
         kind = norm_record(name)
         check_flag(f"gwdet.norm({name!r})", "strict", strict)
         accepted = kind.params()
@@ -415,12 +427,14 @@ class Norm:
             key = kind.config_keys.get(param)
             check = _CHECKS.get(key) if key is not None else None
             if check is not None:
-                shown = f"{param} of norm {name!r}" if kind.builtin else f"{param} of norm {name!r} (read from {key})"
-                check(shown, value)
+                source = "" if kind.builtin else f" (read from {key})" if read_from_config else \
+                    f" (given to gwdet.norm, checked as its config key {key})"
+                check(f"{param} of norm {name!r}{source}", value)
             values[param] = value
         self.name = name
         self.params = values
         self.strict = strict
+        self.read_from_config = read_from_config
 
     @property
     def batch_statistics(self) -> bool:
@@ -437,9 +451,11 @@ class Norm:
                 raise
             values = ", ".join(f"{key}={value!r}" for key, value in self.params.items()) or "no values"
             keys = ", ".join(f"{key} from {config_key}" for key, config_key in record.config_keys.items())
+            source = (" (the values of gwdet.norm)" if not self.read_from_config else
+                      f" ({keys} in a yacs config)" if keys else "")
             raise GwdetValueError(
                 f"The norm {self.name!r} (a registered name) could not build a layer of {channels} channels with "
-                f"{values}{f' ({keys} in a yacs config)' if keys else ''}: its build function "
+                f"{values}{source}: its build function "
                 f"{getattr(record.build, '__qualname__', record.build)} raised {type(error).__name__}: {error}. "
                 "Give values it can build with (--verbose shows where it failed).") from error
         if not isinstance(layer, torch.nn.Module):
@@ -509,7 +525,7 @@ def norm_from_config(name: Any, cfg) -> Any:
     if not record.config_keys and detectron2_builds_as_configured(name, cfg):
         return name
     values = _config_values(record, cfg)
-    return Norm(name, bool(config_value(cfg, "MODEL.STRICT_NORM_GROUPS")), **values)
+    return Norm(name, bool(config_value(cfg, "MODEL.STRICT_NORM_GROUPS")), read_from_config=True, **values)
 
 
 # ---- the built-in names ------------------------------------------------------------------------

@@ -128,6 +128,18 @@ def test_a_registered_names_own_config_key_can_be_set_in_a_config_file(registere
     assert "TestMyGN8" not in known_norm_names()
 
 
+def test_a_registered_config_key_below_a_value_or_naming_a_section_is_refused_at_registration(registered):
+    # MODEL.GN.NUM_GROUPS.X was blamed on the user's config at build time ("is 8, not a section of keys ... set its
+    # keys instead of replacing it"), though the registration mapped the keyword below a value
+    with pytest.raises(ValueError, match=r"^register_norm\('TestBelow'\): the config key MODEL.GN.NUM_GROUPS.X \(for g\) "
+                                         r"lies below MODEL.GN.NUM_GROUPS, which detectron2's or gwdet's config holds "
+                                         r"as a value, not as a section: give g a key of its own, e.g. "
+                                         r"MODEL.TESTBELOW.G\.$"):
+        register_norm("TestBelow", lambda channels, g=1: torch.nn.GroupNorm(g, channels),
+                      config_keys={"g": "MODEL.GN.NUM_GROUPS.X"})
+    assert "TestBelow" not in known_norm_names()
+
+
 def test_an_error_of_a_registered_build_function_names_the_norm_and_its_values(registered):
     # torch's bare "num_channels (64) must be divisible by num_groups (5)", naming neither the norm nor the key
     registered.append("TestGroups")
@@ -137,9 +149,13 @@ def test_an_error_of_a_registered_build_function_names_the_norm_and_its_values(r
         norm("TestGroups", num_groups=5)(64)
     assert str(refused.value).startswith(
         "The norm 'TestGroups' (a registered name) could not build a layer of 64 channels with num_groups=5 "
-        "(num_groups from MODEL.GN.NUM_GROUPS in a yacs config): its build function ")
+        "(the values of gwdet.norm): its build function ")
     assert "<lambda> raised ValueError: num_channels (64) must be divisible by num_groups (5)." in str(refused.value)
     assert isinstance(refused.value.__cause__, ValueError)
+    cfg = add_gwdet_config(get_cfg())
+    cfg.MODEL.GN.NUM_GROUPS = 5  # read from a yacs config: its key is named
+    with pytest.raises(ValueError, match=r"with num_groups=5 \(num_groups from MODEL.GN.NUM_GROUPS in a yacs config\)"):
+        norm_from_config("TestGroups", cfg)(64)
 
 
 def test_a_name_is_registered_once(registered):
@@ -473,10 +489,17 @@ def test_odd_names_a_section_as_a_config_key_and_zero_channels_are_named(registe
     with pytest.raises(ValueError, match="'TESTFOO1' differs from the registered norm name 'TestFoo1' only in case"):
         register_norm("TESTFOO1", lambda channels: torch.nn.GroupNorm(1, channels))
     registered.append("TestSection")
+    with pytest.raises(ValueError, match=r"the config key MODEL.GW \(for num_groups\) is a section of detectron2's or "
+                                         r"gwdet's config"):  # at registration, no longer when a config is read
+        register_norm("TestSection", lambda channels, num_groups=2: torch.nn.GroupNorm(num_groups, channels),
+                      config_keys={"num_groups": "MODEL.GW"})
     register_norm("TestSection", lambda channels, num_groups=2: torch.nn.GroupNorm(num_groups, channels),
-                  config_keys={"num_groups": "MODEL.GW"})
-    with pytest.raises(ValueError, match=r"from the config key MODEL.GW .*which is a section of the config \(EPS, "):
-        norm_from_config("TestSection", add_gwdet_config(get_cfg()))
+                  config_keys={"num_groups": "MODEL.TEST_SECTION"})
+    cfg = add_gwdet_config(get_cfg())
+    cfg.MODEL.TEST_SECTION = type(cfg)({"EPS": 1.0})  # a config of one's own makes the key a section
+    with pytest.raises(ValueError, match=r"from the config key MODEL.TEST_SECTION .*which is a section of the config "
+                                         r"\(EPS\), not a value"):
+        norm_from_config("TestSection", cfg)
     with pytest.raises(ValueError, match="The norm 'GN': channels must be an integer >= 1, got 0"):
         norm("GN")(0)
 
@@ -526,6 +549,11 @@ def test_a_registered_names_value_refused_by_its_config_key_names_the_key(regist
     registered.append("TestEpsOfGroups")
     register_norm("TestEpsOfGroups", lambda channels, eps=1e-5: torch.nn.Identity(),
                   config_keys={"eps": "MODEL.GW.NUM_GROUPS"})
-    with pytest.raises(ValueError, match=r"eps of norm 'TestEpsOfGroups' \(read from MODEL.GW.NUM_GROUPS\) must be an "
-                                         r"integer >= 1, got 1e-05"):
+    with pytest.raises(ValueError, match=r"eps of norm 'TestEpsOfGroups' \(given to gwdet.norm, checked as its config "
+                                         r"key MODEL.GW.NUM_GROUPS\) must be an integer >= 1, got 1e-05"):
         norm("TestEpsOfGroups", eps=1e-5)
+    cfg = add_gwdet_config(get_cfg())
+    cfg.MODEL.GW.NUM_GROUPS = 0  # read from the config: the key named as the source
+    with pytest.raises(ValueError, match=r"eps of norm 'TestEpsOfGroups' \(read from MODEL.GW.NUM_GROUPS\) must be an "
+                                         r"integer >= 1, got 0"):
+        norm_from_config("TestEpsOfGroups", cfg)
