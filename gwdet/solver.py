@@ -74,8 +74,9 @@ def get_default_optimizer_params(
 
     As in detectron2, an override by parameter name (``overrides``, or ``weight_decay_bias`` for
     biases) that sets a weight decay takes precedence over ``weight_decay_norm``. A ``model`` that is
-    no torch module, or a rate or decay that is not a finite number >= 0, is refused (SGD does not
-    check a group's values).
+    no torch module, a rate or decay that is not a finite number >= 0 (SGD does not check a group's
+    values), or a ``bias_lr_factor`` other than 1 or an ``lr_factor_func`` without the ``base_lr``
+    they multiply is refused.
     """
     if not isinstance(model, nn.Module):
         raise GwdetTypeError(f"get_default_optimizer_params: model must be a torch module, got {type(model).__name__}")
@@ -84,6 +85,12 @@ def get_default_optimizer_params(
         if value is not None and (not is_finite_number(value) or value < 0):
             raise GwdetValueError(f"get_default_optimizer_params: {name} must be a finite number >= 0 or None, got "
                                   f"{value!r}")
+    asks_rate = (f"bias_lr_factor={bias_lr_factor!r}" if bias_lr_factor is not None and bias_lr_factor != 1.0 else
+                 "lr_factor_func" if lr_factor_func is not None else None)
+    if asks_rate is not None and base_lr is None:  # detectron2: a bare "bias_lr_factor requires base_lr"
+        raise GwdetValueError(f"get_default_optimizer_params: {asks_rate} multiplies base_lr, which is not given: give "
+                              "the optimizer's rate as base_lr too (in a LazyConfig: "
+                              "optimizer.params.base_lr=${optimizer.lr}).")
     groups = detectron2_optimizer_params(
         model, base_lr=base_lr, weight_decay=weight_decay, weight_decay_norm=weight_decay_norm,
         bias_lr_factor=bias_lr_factor, weight_decay_bias=weight_decay_bias, lr_factor_func=lr_factor_func,

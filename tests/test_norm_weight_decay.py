@@ -205,3 +205,13 @@ def test_optimizer_params_refuse_a_rate_or_decay_sgd_would_take_unchecked(argume
         gwdet.get_default_optimizer_params(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)), **arguments)
     with pytest.raises(TypeError, match="model must be a torch module, got NoneType"):
         gwdet.get_default_optimizer_params(None)
+
+
+@pytest.mark.parametrize("asked", [dict(bias_lr_factor=0.0), dict(lr_factor_func=lambda name: 1.0)])
+def test_a_rate_factor_without_the_rate_it_multiplies_names_the_fix(asked):
+    # a LazyConfig's optimizer.params.bias_lr_factor=0.0: detectron2's bare "bias_lr_factor requires base_lr", under
+    # gwdet's "Change the value detectron2 cannot use" (the value was fine)
+    with pytest.raises(ValueError, match=r"multiplies base_lr, which is not given: give the optimizer's rate as base_lr "
+                                         r"too \(in a LazyConfig: optimizer.params.base_lr=\$\{optimizer.lr\}\)"):
+        get_default_optimizer_params(nn.Linear(2, 2), **asked)
+    assert len(get_default_optimizer_params(nn.Linear(2, 2), base_lr=0.1, **asked)) >= 1

@@ -49,6 +49,7 @@ from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.engine.training import (
     InnerTrainerState,
     configured_optimizer_values,
+    continue_precise_bn,
     precise_bn_streams_kept,
     continue_after_resume,
     random_streams_kept,
@@ -133,7 +134,8 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
         (SIGTERM, SIGINT, SIGHUP and SIGUSR2 save a checkpoint of the current iteration before training
         stops) after the LR scheduler and the periodic checkpointer, before evaluation and the writers.
         detectron2's PreciseBN passes (``TEST.PRECISE_BN``) run with the random generators kept, as the
-        evaluations do (:func:`~gwdet.engine.training.random_streams_kept`)."""
+        evaluations do (:func:`~gwdet.engine.training.random_streams_kept`), and after a resume draw
+        the batches an uninterrupted run's would (:func:`~gwdet.engine.training.continue_precise_bn`)."""
         if not isinstance(self.checkpointer, ResilientCheckpointer):
             self.checkpointer = training_checkpointer(self, self.cfg.OUTPUT_DIR, self.cfg.DATASETS.TRAIN)
         return with_signal_checkpoints(precise_bn_streams_kept(super().build_hooks()))
@@ -154,9 +156,10 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
     def resume_or_load(self, resume: bool = True) -> None:
         with configured_optimizer_values(self.optimizer, self.scheduler, OPTIMIZER_GROUPING, "MODEL.WEIGHTS"):
             super().resume_or_load(resume=resume)
-        continue_after_resume(self.cfg.OUTPUT_DIR, self.start_iter, self._trainer.data_loader,
-                              self.cfg.SOLVER.IMS_PER_BATCH // comm.get_world_size(),
+        images_per_process = self.cfg.SOLVER.IMS_PER_BATCH // comm.get_world_size()
+        continue_after_resume(self.cfg.OUTPUT_DIR, self.start_iter, self._trainer.data_loader, images_per_process,
                               "The train loader was not built by gwdet's build_train_loader")
+        continue_precise_bn(self._hooks, self.start_iter, images_per_process)
 
     @classmethod
     def test(cls, cfg: CfgNode, model: torch.nn.Module, evaluators=None):

@@ -123,6 +123,17 @@ def precise_bn_streams_kept(hooks: list) -> list:
     return hooks
 
 
+def continue_precise_bn(hooks: list, start_iter: int, images_per_process: int) -> None:
+    """After a resume at iteration ``start_iter``, position the loader of each of detectron2's
+    ``PreciseBN`` hooks after the batches its earlier passes drew (``start_iter // period`` passes
+    of ``NUM_ITER`` batches of ``images_per_process`` images): its passes draw from one stream over
+    the run, which a resumed process would otherwise restart, averaging other batches than an
+    uninterrupted run's. Nothing for a loader :func:`skip_trained_samples` cannot position."""
+    for hook in hooks:
+        if isinstance(hook, PreciseBN) and not hook._disabled and hook._period > 0 and hook._data_iter is None:
+            skip_trained_samples(hook._data_loader, start_iter // hook._period * hook._num_iter * images_per_process)
+
+
 def with_signal_checkpoints(hooks: list) -> list:
     """``hooks`` with :class:`CheckpointOnSignal` placed before the (first) ``EvalHook``: after the
     LR scheduler and the periodic checkpointer, before evaluation and the writers; a stop also
