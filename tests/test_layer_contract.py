@@ -407,6 +407,22 @@ def test_a_bad_constructor_argument_is_named(layer_class, argument, value, messa
         layer_class(**arguments)
 
 
+@pytest.mark.parametrize("name", ["GW_ZCA", "BW"])
+def test_zca_whitening_refuses_an_eps_whose_gradient_float32_cannot_hold(name):
+    # eps=1e-30 on a group of rank below its size: output and weight gradient finite, the input gradient inf
+    from gwdet.layers import BatchWhitening, GroupWhitening
+    from gwdet.layers.whitening_matrix import ZCA_SMALLEST_EPS
+
+    layer_class, groups = (GroupWhitening, {"num_groups": 1}) if name == "GW_ZCA" else (BatchWhitening, {"group_size": 16})
+    with pytest.raises(ValueError, match=r"eps=1e-30 is too small for ZCA whitening: .* reaches 1/\(2 eps\^\(3/2\)\) = "
+                                         r"5e\+44, .* Give eps >= 1e-20, or method 'itn'"):
+        layer_class(16, eps=1e-30, method="zca", **groups)
+    layer_class(16, eps=1e-30, method="itn", **groups)  # ItN's gradients stay finite
+    x = torch.randn(2, 16, 1, 3, requires_grad=True)  # 6 values for a group of 16 channels, or 3 per sample
+    layer_class(16, eps=ZCA_SMALLEST_EPS, method="zca", **groups)(x).square().sum().backward()
+    assert torch.isfinite(x.grad).all()
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_input_of_another_layout_or_dtype_is_refused(name):
     layer = build(name, torch.float32)

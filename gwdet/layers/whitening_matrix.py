@@ -20,7 +20,7 @@ from .common import check_choice, refuse_differentiating_transforms
 from .precision import float32_matmul
 from .tracing import onnx_exporting, recording_reference_graph
 
-from gwdet.errors import GwdetRuntimeError
+from gwdet.errors import GwdetRuntimeError, GwdetValueError
 
 ZCA_NOT_IN_ONNX = (
     "ZCA whitening cannot be exported to ONNX: it needs an eigendecomposition "
@@ -32,9 +32,24 @@ ZCA_NOT_IN_ONNX = (
 )
 
 
-def check_whitening_method(owner: str, method: str) -> None:
-    """Raise ``ValueError`` unless ``method`` is ``"itn"`` or ``"zca"``."""
+# The smallest eps ZCA whitening takes: its backward's divided differences reach
+# ``1 / (2 eps^{3/2})`` on a group of rank below its size (``1e-30``: 5e44, beyond float32's 3.4e38,
+# so the input gradient is inf); at 1e-20 they stay below 5e29, leaving the gradient's own magnitude
+# and the products with the eigenvectors 8 orders of magnitude of float32's range.
+ZCA_SMALLEST_EPS = 1e-20
+
+
+def check_whitening_method(owner: str, method: str, eps: Optional[float] = None) -> None:
+    """Raise ``ValueError`` unless ``method`` is ``"itn"`` or ``"zca"``, and for ``"zca"`` with an
+    ``eps`` below :data:`ZCA_SMALLEST_EPS` (ItN's gradients stay finite there)."""
     check_choice(owner, "method", method, ["itn", "zca"])
+    if method == "zca" and eps is not None and eps < ZCA_SMALLEST_EPS:
+        raise GwdetValueError(
+            f"{owner}: eps={eps!r} is too small for ZCA whitening: on a group whose covariance has rank below its size "
+            f"(fewer values than channels), the gradient through its eigendecomposition reaches 1/(2 eps^(3/2)) = "
+            f"{0.5 * eps ** -1.5:.2g}, too near or beyond float32's largest value (3.4e38), so the input gradient can "
+            f"become inf. Give eps >= "
+            f"{ZCA_SMALLEST_EPS:g}, or method 'itn'.")
 
 
 def ridge_covariance(centred: Tensor, ridge: Tensor) -> Tensor:
