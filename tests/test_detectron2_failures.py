@@ -45,6 +45,27 @@ def test_a_component_giving_get_norm_a_gwdet_name_is_told_to_use_norm_from_confi
     assert "Give that component gwdet.norm_from_config('GW', cfg) instead of the name" in str(refusal)
 
 
+def test_a_component_building_detectron2s_32_group_gn_against_the_configs_groups_is_named():
+    # an own backbone wrapping detectron2's builder with RESNETS.NORM GN and MODEL.GN.NUM_GROUPS 8: torch's
+    # "num_channels (16) must be divisible by num_groups (32)" and 39 values of MODEL, not that the component
+    # ignores MODEL.GN.NUM_GROUPS
+    from detectron2.layers import get_norm
+
+    from gwdet.modeling.detectron2_failures import detectron2_config_failure
+
+    cfg = build_config(str(DEMO_CONFIG), [*TINY_OPTS, "MODEL.GN.NUM_GROUPS", "8"])
+    with pytest.raises(ValueError) as raised:
+        get_norm("GN", 16)
+    assert str(detectron2_config_failure(raised.value, cfg, "build the model")) == (
+        "detectron2 could not build the model with this config: a component built GroupNorm with detectron2's "
+        f"get_norm('GN', channels) (detectron2/layers/batch_norm.py:{failure_site(raised.value)[1]}), which takes 32 "
+        "groups whatever MODEL.GN.NUM_GROUPS (8) says, and num_channels (16) must be divisible by num_groups (32). "
+        "Give that component gwdet.norm_from_config('GN', cfg) instead of the name, e.g. in its from_config "
+        "(docs/usage.md), so that it builds the config's groups.")
+    cfg = build_config(str(DEMO_CONFIG), [*TINY_OPTS, "MODEL.GN.NUM_GROUPS", "32"])  # detectron2's words on the value
+    assert "gwdet does not check that value itself" in str(detectron2_config_failure(raised.value, cfg, "build the model"))
+
+
 def test_the_train_tool_names_the_command_lines_values_first_and_the_folder_stays_usable(tmp_path):
     args = tiny_run_args(tmp_path, "MODEL.ROI_BOX_HEAD.NUM_CONV", "0", "MODEL.ROI_BOX_HEAD.NUM_FC", "0")
     with pytest.raises(GwdetValueError) as refused:

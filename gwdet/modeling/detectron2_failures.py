@@ -85,6 +85,14 @@ def detectron2_config_failure(error: BaseException, cfg: Any, doing: str,
             f"detectron2's own names only. Give that component gwdet.norm_from_config({name!r}, cfg) instead of the "
             "name, e.g. in its from_config (docs/usage.md), or set its NORM to one of detectron2's names (BN, SyncBN, "
             "FrozenBN, GN).")
+    groups = select_groups(cfg)
+    if (isinstance(error, ValueError) and module == GET_NORM_MODULE and "by num_groups (32)" in str(error)
+            and groups not in (None, 32)):
+        return GwdetValueError(
+            f"detectron2 could not {doing} with this config: a component built GroupNorm with detectron2's "
+            f"get_norm('GN', channels) (detectron2/{module}:{line}), which takes 32 groups whatever MODEL.GN.NUM_GROUPS "
+            f"({groups}) says, and {str(error).strip()}. Give that component gwdet.norm_from_config('GN', cfg) instead "
+            "of the name, e.g. in its from_config (docs/usage.md), so that it builds the config's groups.")
     sections = next((found for prefix, found in MODULE_SECTIONS if module.startswith(prefix)), None)
     if sections is None:
         return None
@@ -108,6 +116,11 @@ def detectron2_config_failure(error: BaseException, cfg: Any, doing: str,
         parts.append(f"{others} of {', '.join(sections)} that differ from detectron2's defaults: {listed(changed, SHOWN)}.")
     parts.append("Change the value detectron2 cannot use (--verbose shows the traceback).")
     return GwdetValueError(" ".join(parts))
+
+
+def select_groups(cfg: Any) -> Any:
+    """``MODEL.GN.NUM_GROUPS`` of a yacs config, ``None`` for a LazyConfig (its norms carry their own)."""
+    return cfg.MODEL.GN.get("NUM_GROUPS") if isinstance(cfg, CfgNode) and "GN" in cfg.get("MODEL", {}) else None
 
 
 @contextlib.contextmanager
