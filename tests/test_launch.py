@@ -184,3 +184,27 @@ def test_a_process_stopped_by_a_signal_sent_to_it_alone_is_named_with_the_way_on
     failed = mp.ProcessExitedException("process 1 terminated with exit code 1", error_index=1, error_pid=4321,
                                        exit_code=1)
     assert _stopped_process(failed) is None
+
+
+def abort_at_exit_on_rank_zero(out_dir: str) -> None:
+    """Every process finishes its work; rank 0 then aborts while its interpreter exits (as gloo's teardown
+    did: "terminate called without an active exception")."""
+    import atexit
+    import os
+
+    from detectron2.utils import comm
+
+    if comm.get_rank() == 0:
+        atexit.register(os.abort)
+    open(os.path.join(out_dir, f"done{comm.get_rank()}"), "w").close()
+
+
+def test_a_crash_at_exit_after_every_process_finished_its_work_is_a_warning_not_a_failure(tmp_path, caplog):
+    # the run was reported as a crash (WorkerFailed) although both processes had returned from their work
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="gwdet.engine.launch"):
+        launch(abort_at_exit_on_rank_zero, 2, dist_url="auto", args=(str(tmp_path),))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["done0", "done1"]
+    assert any("The processes finished their work; one then ended by" in record.getMessage() and "SIGABRT" in
+               record.getMessage() for record in caplog.records), caplog.text
