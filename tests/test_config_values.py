@@ -407,12 +407,27 @@ def test_schedule_values_detectron2_uses_pass():
                                         "integer of at least 0 and at most 5."),
     (["MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE", "0"], "MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE=0 is no number of regions"),
     (["MODEL.ROI_HEADS.POSITIVE_FRACTION", "2.0"], "MODEL.ROI_HEADS.POSITIVE_FRACTION=2.0 is no fraction"),
+    # trained with loss_box_reg and loss_mask 0 throughout: detectron2 samples int(1 x 0.25) = 0 foreground regions
+    (["MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE", "1"], "MODEL.ROI_HEADS.POSITIVE_FRACTION=0.25 with "
+                                                    "MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE=1 samples int(1 x 0.25) = 0 "
+                                                    "foreground regions per image (detectron2 rounds the count down), "
+                                                    "so the box regression and mask losses stay 0 for the whole "
+                                                    "training: give a MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE of at least "
+                                                    "4, or a larger MODEL.ROI_HEADS.POSITIVE_FRACTION."),
+    (["MODEL.RPN.POSITIVE_FRACTION", "0.0"], "MODEL.RPN.POSITIVE_FRACTION=0.0 with MODEL.RPN.BATCH_SIZE_PER_IMAGE=128 "
+                                             "samples int(128 x 0) = 0 foreground anchors per image (detectron2 rounds "
+                                             "the count down), so the RPN's box regression loss stays 0 for the whole "
+                                             "training: give a larger MODEL.RPN.POSITIVE_FRACTION."),
     (["MODEL.ROI_HEADS.SCORE_THRESH_TEST", "1.5"], "MODEL.ROI_HEADS.SCORE_THRESH_TEST=1.5 is no score threshold"),
     (["MODEL.ROI_HEADS.NMS_THRESH_TEST", "2.0"], "MODEL.ROI_HEADS.NMS_THRESH_TEST=2.0 is no NMS IoU threshold"),
     (["TEST.DETECTIONS_PER_IMAGE", "0"], "TEST.DETECTIONS_PER_IMAGE=0 is no number of detections kept per image"),
     (["INPUT.MIN_SIZE_TRAIN", "(-128,)"], "INPUT.MIN_SIZE_TRAIN=(-128,) is no list of training image sizes"),
     (["INPUT.MIN_SIZE_TRAIN_SAMPLING", "range", "INPUT.MIN_SIZE_TRAIN", "(96, 112, 128)"],
      "INPUT.MIN_SIZE_TRAIN=(96, 112, 128) is no list of training image sizes"),
+    # numpy's bare "low >= high" at the first iteration
+    (["INPUT.MIN_SIZE_TRAIN_SAMPLING", "range", "INPUT.MIN_SIZE_TRAIN", "(96, 48)"],
+     "INPUT.MIN_SIZE_TRAIN=(96, 48) is a range from its larger end: with INPUT.MIN_SIZE_TRAIN_SAMPLING 'range' give "
+     "the ends from low to high, (48, 96)."),
     (["INPUT.MIN_SIZE_TEST", "-5"], "INPUT.MIN_SIZE_TEST=-5 is no test image size"),
     (["INPUT.MAX_SIZE_TRAIN", "0"], "INPUT.MAX_SIZE_TRAIN=0 is no longest image side"),
     (["MODEL.RESNETS.OUT_FEATURES", "['res9']"], "MODEL.RESNETS.OUT_FEATURES=['res9'] names no ResNet outputs"),

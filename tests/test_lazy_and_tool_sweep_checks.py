@@ -106,6 +106,14 @@ def test_values_every_run_reads_are_refused_for_training_and_evaluation(override
     ("model.backbone.bottom_up.freeze_at=7", "model.backbone.bottom_up.freeze_at=7 is no number of frozen backbone "
                                              "stages: give an integer of at least 0 and at most 5"),
     ("model.roi_heads.positive_fraction=1.5", "is no fraction of foreground regions"),
+    # trained with loss_box_reg and loss_mask 0 throughout: detectron2 samples int(1 x 0.25) = 0 foreground regions
+    ("model.roi_heads.batch_size_per_image=1", "model.roi_heads.positive_fraction=0.25 with "
+                                               "model.roi_heads.batch_size_per_image=1 samples int(1 x 0.25) = 0 "
+                                               "foreground regions per image"),
+    ("model.proposal_generator.batch_size_per_image=1", "so the RPN's box regression loss stays 0 for the whole "
+                                                        "training: give a model.proposal_generator.batch_size_per_image "
+                                                        "of at least 2, or a larger "
+                                                        "model.proposal_generator.positive_fraction."),
     ("lr_multiplier.warmup_method=cosine", "lr_multiplier.warmup_method='cosine' is not one of the values "
                                            "detectron2's warm-up knows"),
     ("dataloader.train.mapper.augmentations.0.max_size=0", "augmentations.0.max_size=0 is no longest image side"),
@@ -252,6 +260,10 @@ def test_a_training_resize_range_takes_its_two_ends():
         [f"{resize}.short_edge_length=[64,80,96]", f"{resize}.sample_style=range"])  # detectron2's bare assertion
     LazyRun.load(str(LAZY_CONFIG), [f"{resize}.short_edge_length=[64,96]", f"{resize}.sample_style=range"]
                  ).check_request(eval_only=False, world_size=1)
+    # from high to low: numpy's bare "low >= high" at the first iteration
+    assert f"{resize}.short_edge_length=[96, 64] is a range from its larger end: with sample_style='range' give the " \
+           "ends from low to high, [64, 96]." in refusal([f"{resize}.short_edge_length=[96,64]",
+                                                        f"{resize}.sample_style=range"])
 
 
 def test_the_warm_up_refusal_converts_iterations_into_the_fraction():

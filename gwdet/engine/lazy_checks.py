@@ -28,6 +28,7 @@ from gwdet.config_checks import (
     check_pixel_normalization,
     is_finite_number,
     is_whole_number,
+    no_positive_samples,
 )
 from gwdet.data.coco_registration import DatasetUse, check_datasets_fit, known_class_names
 from gwdet.data.shapes import SPEC_CONFIG_KEYS, ShapesSpec, check_image_size
@@ -139,6 +140,13 @@ def check_training_values(cfg: DictConfig, world_size: int) -> None:
         check_scratch_training([listed(frozen, 3)] if frozen else [], freeze_at if is_whole_number(freeze_at) else 0,
                                "train.init_checkpoint", FREEZE_SETTING)
     _check_lr_schedule(cfg)  # after its values' own checks, which name the value
+    for node, samples, losses in (("model.roi_heads", "regions", "the box regression and mask losses stay"),
+                                  ("model.proposal_generator", "anchors", "the RPN's box regression loss stays")):
+        batch, fraction = select(cfg, f"{node}.batch_size_per_image"), select(cfg, f"{node}.positive_fraction")
+        problem = no_positive_samples(batch, fraction, f"{node}.batch_size_per_image", f"{node}.positive_fraction",
+                                      samples, losses)
+        if problem is not None:
+            raise GwdetValueError(f"{node}.positive_fraction={fraction!r} {problem}")
 
 
 def _check_example_group_nodes(cfg: DictConfig, batch: int, world_size: int) -> None:
@@ -451,6 +459,9 @@ def check_resize_nodes(cfg: DictConfig, loader: str) -> None:
                 f"{path}.short_edge_length={sizes!r}: give the shorter image side as a whole number >= 0 (0: no "
                 "resizing), or a list of them to choose from, e.g. [640, 672, 704] with sample_style='choice' "
                 "(sample_style='range', ResizeShortestEdge's default, takes exactly two: the range's ends).")
+        if ranged and sizes is not None and len(listed) == 2 and listed[0] > listed[1]:  # numpy: "low >= high"
+            raise GwdetValueError(f"{path}.short_edge_length={sizes!r} is a range from its larger end: with "
+                                  f"sample_style='range' give the ends from low to high, [{listed[1]}, {listed[0]}].")
         if "max_size" in resize:
             check_twin(f"{path}.max_size", resize.max_size, "INPUT.MAX_SIZE_TRAIN")
 
