@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any, Iterator, Sequence, cast
+from typing import Any, Callable, Iterator, Sequence, cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -211,69 +211,105 @@ def _check_warmup_length(cfg: DictConfig) -> None:
 def _check_lr_schedule(cfg: DictConfig) -> None:
     """``lr_multiplier`` builds (it holds values only: fvcore's schedulers check their milestones,
     values and length when constructed, which detectron2 does after building the model); no
-    fixed-gamma steps (they fail after the last iteration), no negative factors of the rate, a
-    warning for rising ones and for milestones before the first iteration."""
+    fixed-gamma steps (they fail after the last iteration); and, evaluated where detectron2's
+    ``LRMultiplier`` evaluates it (each iteration's fraction of ``train.max_iter``, 1.0 after the
+    last), it gives a factor everywhere and no negative one; a warning for factors that rise after
+    the warm-up and for milestones before the first iteration. The schedule is
+    ``lr_multiplier.scheduler`` under a warm-up, or ``lr_multiplier`` itself."""
     node = select(cfg, "lr_multiplier")
     if not isinstance(node, DictConfig):
         return
-    values = select(cfg, "lr_multiplier.scheduler.values")
+    path = "lr_multiplier.scheduler" if isinstance(select(cfg, "lr_multiplier.scheduler"), DictConfig) else "lr_multiplier"
+    values = select(cfg, f"{path}.values")
     if isinstance(values, ListConfig) and not all(is_finite_number(value) and value > 0 for value in values):
         raise GwdetValueError(
-            f"lr_multiplier.scheduler.values={list(values)!r}: each value multiplies the learning rate from its "
+            f"{path}.values={list(values)!r}: each value multiplies the learning rate from its "
             "milestone on, so each must be a finite number > 0 (0 stops training there, as SOLVER.GAMMA 0 would), "
-            "e.g. lr_multiplier.scheduler.values=[1.0,0.1,0.01].")
+            f"e.g. {path}.values=[1.0,0.1,0.01].")
     try:
-        instantiate(node)
+        multiplier = instantiate(node)
     except Exception as error:  # fvcore's ValueErrors, an unknown argument's TypeError
-        scheduler = callable_of(select(cfg, "lr_multiplier.scheduler"))
+        scheduler = callable_of(select(cfg, path))
         if getattr(scheduler, "__name__", "") == "MultiStepParamScheduler":
             example = ("a multi-step schedule takes increasing milestones below its num_updates and one value more "
-                       "than milestones, e.g. lr_multiplier.scheduler.milestones=[800,950] with values=[1,0.1,0.01]")
+                       f"than milestones, e.g. {path}.milestones=[800,950] with values=[1,0.1,0.01]")
         else:
             name = getattr(scheduler, "__qualname__", "its _target_")
-            example = f"lr_multiplier.scheduler builds {name}: give it values that class accepts"
+            example = f"{path} builds {name}: give it values that class accepts"
         raise GwdetValueError(
             f"lr_multiplier cannot be built: {type(error).__name__}: {error}. Fix the lr_multiplier values the message "
             f"names ({example}).") from None
-    scheduler = getattr(callable_of(select(cfg, "lr_multiplier.scheduler")), "__name__", "")
-    if scheduler == "StepWithFixedGammaParamScheduler":
+    if getattr(callable_of(select(cfg, path)), "__name__", "") == "StepWithFixedGammaParamScheduler":
         raise GwdetValueError(
-            "lr_multiplier.scheduler is fvcore's StepWithFixedGammaParamScheduler, which stops the training after its "
+            f"{path} is fvcore's StepWithFixedGammaParamScheduler, which stops the training after its "
             "last iteration: detectron2's LR hook steps the scheduler once more, at the end of the schedule, where it "
             "has no value (IndexError), so no model_final.pth and no results are written. Use a "
             "MultiStepParamScheduler with the same values (detectron2's common/optim.py and coco_schedule.py show one).")
-    values = [select(cfg, f"lr_multiplier.scheduler.{key}") for key in ("start_value", "end_value")] \
-        if scheduler == "CosineParamScheduler" else list(values) if isinstance(values, ListConfig) else []
-    if any(is_finite_number(value) and value < 0 for value in values):
-        raise GwdetValueError(
-            f"lr_multiplier.scheduler gives the factors {values} of optimizer.lr, and a negative factor turns the "
-            "learning rate negative (the loss would climb): give factors of at least 0, e.g. "
-            "lr_multiplier.scheduler.end_value=0.0.")
-    if all(is_finite_number(value) for value in values) and any(b > a for a, b in zip(values, values[1:], strict=False)):
-        logger.warning(f"lr_multiplier.scheduler's factors of optimizer.lr rise ({values}): the learning rate grows "
-                       "during the run; give falling factors (e.g. [1.0, 0.1, 0.01]) to lower it.")
-    _warn_of_early_milestones(cfg)
+    max_iter = select(cfg, "train.max_iter")
+    if callable(multiplier) and is_whole_number(max_iter) and max_iter >= 1:
+        warmup = select(cfg, "lr_multiplier.warmup_length") if path != "lr_multiplier" else 0
+        _check_factors(multiplier, max_iter, path, warmup if is_finite_number(warmup) else 0)
+    _warn_of_early_milestones(cfg, path)
 
 
-def _warn_of_early_milestones(cfg: DictConfig) -> None:
-    """A warning when a milestone of ``lr_multiplier.scheduler`` (in units of its ``num_updates``)
+# the most points of the schedule evaluated (each iteration's, up to this many iterations)
+_SCHEDULE_POINTS = 100_000
+
+
+def _check_factors(multiplier: Callable[[float], Any], max_iter: int, path: str, warmup: float) -> None:
+    """The factors ``multiplier`` gives at each iteration ``i`` of ``max_iter`` (at ``i / max_iter``,
+    as detectron2's ``LRMultiplier`` asks, 1.0 after the last iteration): refused where it fails or
+    is negative; a warning where it rises after the ``warmup`` fraction."""
+    step = max(1, max_iter // _SCHEDULE_POINTS)
+    iterations = [*range(0, max_iter, step), max_iter]
+    factors = []
+    for iteration in iterations:
+        try:
+            factor = float(multiplier(iteration / max_iter))
+        except Exception as error:  # fvcore's RuntimeError at where 1.0, an IndexError past the last value
+            when = "after the last iteration" if iteration == max_iter else f"at iteration {iteration}"
+            raise GwdetValueError(
+                f"lr_multiplier fails {when} of train.max_iter={max_iter} ({type(error).__name__}: {error}): "
+                "detectron2's LR hook evaluates it at each iteration's fraction of the run, up to 1.0 after the last, "
+                "so the training would stop there without model_final.pth or results. Give a schedule defined on the "
+                "whole run, e.g. fvcore's MultiStepParamScheduler, or CosineParamScheduler(start_value=1.0, "
+                "end_value=1.0) for a constant rate.") from None
+        if not factor >= 0:
+            raise GwdetValueError(
+                f"{path} gives the factor {factor:g} of optimizer.lr at iteration {iteration} of train.max_iter="
+                f"{max_iter}, and a negative factor turns the learning rate negative (the loss would climb): give "
+                "factors of at least 0 over the whole run.")
+        factors.append(factor)
+    after = [(iteration, factor) for iteration, factor in zip(iterations, factors, strict=True)
+             if iteration >= warmup * max_iter]
+    start = next((index for index, (a, b) in enumerate(zip(after, after[1:], strict=False))
+                  if b[1] > a[1] * (1 + 1e-9) + 1e-12), None)
+    if start is not None:
+        (low_at, low), (high_at, high) = after[start], max(after[start:], key=lambda point: point[1])
+        logger.warning(f"{path}'s factors of optimizer.lr rise (from {low:g} at iteration {low_at} to {high:g} at "
+                       f"iteration {high_at}): the learning rate grows during the run; give falling factors (e.g. "
+                       "[1.0, 0.1, 0.01]) to lower it.")
+
+
+def _warn_of_early_milestones(cfg: DictConfig, path: str = "lr_multiplier.scheduler") -> None:
+    """A warning when a milestone of the schedule at ``path`` (in units of its ``num_updates``)
     falls before the first iteration of ``train.max_iter``: detectron2's ``LRMultiplier`` gives the
     scheduler the fraction of ``train.max_iter`` done, so milestones meant as iterations of a
     longer ``num_updates`` all act at once (a shorter run of a shipped config keeps its steps'
     proportions, as intended)."""
-    updates, milestones = select(cfg, "lr_multiplier.scheduler.num_updates"), select(cfg, "lr_multiplier.scheduler.milestones")
+    updates, milestones = select(cfg, f"{path}.num_updates"), select(cfg, f"{path}.milestones")
     max_iter = select(cfg, "train.max_iter")
     if not (is_whole_number(updates) and is_whole_number(max_iter) and isinstance(milestones, ListConfig)):
         return
     at = [milestone * max_iter / updates for milestone in milestones if is_finite_number(milestone)]
     if any(iteration < 1 for iteration in at) and updates == max_iter:
         logger.warning(
-            f"lr_multiplier.scheduler.milestones {list(milestones)} hold a milestone before the first iteration: the "
+            f"{path}.milestones {list(milestones)} hold a milestone before the first iteration: the "
             f"scheduler's step there acts from the start of training, so its first value is never used. Remove that "
             f"milestone, or give the milestones as iterations from 1 to train.max_iter={max_iter}.")
     elif any(iteration < 1 for iteration in at):
         logger.warning(
-            f"lr_multiplier.scheduler.num_updates={updates} is not train.max_iter={max_iter}: detectron2's LRMultiplier "
+            f"{path}.num_updates={updates} is not train.max_iter={max_iter}: detectron2's LRMultiplier "
             f"gives the scheduler the fraction of train.max_iter done, so its milestones {list(milestones)} (in units of "
             f"num_updates) fall at iterations {', '.join(f'{iteration:g}' for iteration in at)}. Give "
             f"num_updates=${{train.max_iter}} (or {max_iter}) for milestones in iterations.")
