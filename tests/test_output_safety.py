@@ -464,13 +464,14 @@ def test_random_bytes_in_last_checkpoint_fall_back_to_the_newest_checkpoint(fini
     assert "last_checkpoint in" in caplog.text and "cannot be read" in caplog.text
 
 
-def test_without_last_checkpoint_the_newest_written_checkpoint_comes_first(tmp_path, caplog):
+def test_without_last_checkpoint_the_checkpoint_of_the_latest_iteration_comes_first(tmp_path, caplog):
     # a finished run (model_final of iteration 3) resumed to train further wrote model_0000004.pth; without
-    # last_checkpoint the older model_final was resumed, and iteration 4 trained and saved over the newer file
-    for name, written in (("model_final.pth", 1_000_000), ("model_0000004.pth", 2_000_000),
-                          ("model_0000002.pth", 500_000)):
+    # last_checkpoint the older model_final was resumed, and iteration 4 trained and saved over the newer file.
+    # A checkpoint copied back from a backup (written last) was resumed before the run's later ones.
+    torch.save({"model": {}, "iteration": 3}, tmp_path / "model_final.pth")
+    for name in ("model_0000004.pth", "model_0000002.pth"):
         (tmp_path / name).write_bytes(b"x")
-        os.utime(tmp_path / name, (written, written))
+    os.utime(tmp_path / "model_0000004.pth", (1_000, 1_000))  # older than the others, and the latest iteration
     checkpointer = ResilientCheckpointer(torch.nn.Linear(2, 2), save_dir=str(tmp_path))
     order = ["model_0000004.pth", "model_final.pth", "model_0000002.pth"]
     assert [p.rsplit("/", 1)[1] for p in checkpointer.resume_candidates()] == order

@@ -438,16 +438,22 @@ class ResilientCheckpointer(DetectionCheckpointer):
 
     def resume_candidates(self) -> list[str]:
         """The checkpoint ``last_checkpoint`` names (when it is a file of the folder), then the other
-        ``model_*.pth`` newest first (by the time they were written: a finished run resumed to train
-        further writes numbered checkpoints after its ``model_final.pth``)."""
+        ``model_*.pth`` latest iteration first: a numbered one's from its name, ``model_final.pth``'s
+        as recorded inside it (a finished run resumed to train further writes numbered checkpoints
+        after it; a checkpoint copied back from a backup is as old as its iteration, whenever it was
+        written). One whose iteration cannot be read is tried last."""
         others = [n for n in os.listdir(self.save_dir) if CHECKPOINT_NAME.match(n)] if os.path.isdir(self.save_dir) else []
-        def written(name: str) -> int:
-            try:
-                return os.stat(os.path.join(self.save_dir, name)).st_mtime_ns
-            except OSError:  # a link that leads nowhere: tried last
-                return 0
 
-        others.sort(key=lambda n: (-written(n), n != "model_final.pth", -int(n[6:-4]) if n[6:-4].isdigit() else 0))
+        def iteration(name: str) -> int:
+            if name[6:-4].isdigit():
+                return int(name[6:-4])
+            try:  # mapped, not read: only the pickled values are loaded
+                recorded = load_torch_file(os.path.join(self.save_dir, name), False, _OPT_IN, mmap=True).get("iteration")
+            except Exception:  # damaged or cut short: its load says so, when it is tried
+                return -1
+            return recorded if isinstance(recorded, int) else -1
+
+        others.sort(key=lambda n: (-iteration(n), n != "model_final.pth"))
         try:
             tagged = tagged_name(self.save_dir) if self.has_checkpoint() else None
         except (UnicodeDecodeError, OSError) as error:
