@@ -285,3 +285,28 @@ def test_a_jobs_gwdet_refusal_is_one_line_as_here():
              "gwdet.errors.GwdetRuntimeError: OUTPUT_DIR 'r' is in use by another run (pid 7). Wait for it to finish.\n")
     assert _gwdet_refusal(trace) == "OUTPUT_DIR 'r' is in use by another run (pid 7). Wait for it to finish."
     assert _gwdet_refusal("Traceback ...\nRuntimeError: CUDA out of memory\n") is None
+
+
+def test_a_run_leaves_the_calling_process_as_it_found_it(tmp_path, monkeypatch):
+    # a second run() in one process appended its log to the first run's log.txt (its console lines twice), and
+    # trained with the threads the first run's --threads left in OMP_NUM_THREADS
+    import logging
+
+    import torch
+    from detectron2.utils.logger import setup_logger
+
+    from gwdet.cluster.training import process_left_as_found
+    from gwdet.engine.threads import configure_threads
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    threads, handlers = torch.get_num_threads(), list(logging.getLogger("gwdet").handlers)
+    for run in ("first", "second"):
+        with process_left_as_found():
+            configure_threads(2, log=lambda line: None)
+            setup_logger(str(tmp_path / run), name="gwdet")
+            logging.getLogger("gwdet").info(f"the {run} run")
+        assert (os.environ["OMP_NUM_THREADS"], os.environ.get("MKL_NUM_THREADS")) == ("1", None)
+        assert torch.get_num_threads() == threads and logging.getLogger("gwdet").handlers == handlers
+    assert "the second run" not in (tmp_path / "first" / "log.txt").read_text()
+    assert "the second run" in (tmp_path / "second" / "log.txt").read_text()

@@ -11,13 +11,18 @@ nodes and the first node's address (:class:`gwdet.cluster.jobs.NodePlacement`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
+
+import torch
+from detectron2.utils.logger import setup_logger
 
 from gwdet.cluster.executor import (JobRefused, SubmissionRefused, active_jobs_in, check_launcher, describe,
                                     make_executor, submit, unstartable, wait)
@@ -31,7 +36,7 @@ from gwdet.engine.launch import launch
 from gwdet.engine.output_dir import check_not_in_use
 from gwdet.engine.run import (RESULTS_JSON, RESULTS_MARKDOWN, RunConfig, check_config_unchanged, check_output_request,
                               config_text, load_run_config, main)
-from gwdet.engine.threads import configure_threads
+from gwdet.engine.threads import THREADS_VARIABLE, configure_threads
 
 JOBS_FOLDER = "submitit"  # inside OUTPUT_DIR: <job id>/ with submitit's pickles and logs
 
@@ -50,12 +55,44 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return arguments.parse_args(argv, argument_parser())
 
 
+# The loggers detectron2's setup_logger gives handlers during a run (detectron2's, fvcore's, gwdet's).
+RUN_LOGGERS = ("detectron2", "fvcore", "gwdet")
+
+
+@contextlib.contextmanager
+def process_left_as_found() -> Iterator[None]:
+    """What a run changes in the process that calls it, put back when it returns (a second run from
+    one's own code or a notebook then starts as in a fresh process): the thread settings (torch's
+    count, ``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS``) and the log handlers detectron2's
+    ``setup_logger`` adds (each run's log.txt holds that run only, its console lines printed once)."""
+    variables = {name: os.environ.get(name) for name in (THREADS_VARIABLE, "MKL_NUM_THREADS")}
+    threads = torch.get_num_threads()
+    handlers = {name: list(logging.getLogger(name).handlers) for name in RUN_LOGGERS}
+    try:
+        yield
+    finally:
+        for name, value in variables.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        torch.set_num_threads(threads)
+        for name, kept in handlers.items():
+            logger = logging.getLogger(name)
+            for handler in [handler for handler in logger.handlers if handler not in kept]:
+                logger.removeHandler(handler)
+                handler.close()
+        setup_logger.cache_clear()  # it returns a logger without handlers once set up: set up again next time
+
+
 def train_here(args: argparse.Namespace) -> None:
-    """Train (or evaluate) with ``args`` on this machine: ``--num-gpus`` processes."""
+    """Train (or evaluate) with ``args`` on this machine: ``--num-gpus`` processes; the calling
+    process is left as it was found (:func:`process_left_as_found`)."""
     print("Command Line Args:", args, flush=True)
-    configure_threads(args.threads, processes=args.num_gpus)
-    launch(main, args.num_gpus, num_machines=args.num_machines, machine_rank=args.machine_rank,
-           dist_url=args.dist_url, args=(args,), rendezvous_timeout=timedelta(seconds=args.rendezvous_timeout))
+    with process_left_as_found():
+        configure_threads(args.threads, processes=args.num_gpus)
+        launch(main, args.num_gpus, num_machines=args.num_machines, machine_rank=args.machine_rank,
+               dist_url=args.dist_url, args=(args,), rendezvous_timeout=timedelta(seconds=args.rendezvous_timeout))
 
 
 @dataclass(frozen=True)
