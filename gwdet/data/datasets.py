@@ -112,11 +112,18 @@ def prepare_datasets(cfg: CfgNode, coco: Sequence[CocoDataset] = (), *, trains: 
     reads: the training sets where it ``trains``, the test sets always."""
     register_datasets(cfg, coco, trains=trains, evaluates=evaluates)
     names = config_dataset_names(cfg, trains)
-    if any(name.startswith(SHAPES_PREFIX) for name in names):
-        register_shapes(cfg)
+    register_configured_shapes(cfg, names)
     check_dataset_files(names)
     if trains:
         check_distinct_training_files(cfg.DATASETS.TRAIN)
+
+
+def register_configured_shapes(cfg: CfgNode, names: Sequence[str]) -> None:
+    """Register the shapes dataset ``cfg.DATASETS.SHAPES`` describes where ``names`` read it: the
+    names are registered once per process, so a config of another shapes spec registered since
+    (another model prepared in the same process) would otherwise be read in its place."""
+    if any(name.startswith(SHAPES_PREFIX) for name in names):
+        register_shapes(cfg)
 
 
 def check_distinct_training_files(names: Sequence[str]) -> None:

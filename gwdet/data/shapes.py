@@ -478,16 +478,38 @@ def register_shapes_spec(spec: ShapesSpec, root: Path | str | None = None, setti
     registered = {split: MetadataCatalog.get(f"shapes_{split}").get("json_file")
                   for split in SPLITS if f"shapes_{split}" in DatasetCatalog.list()}
     folder = root / spec.folder_name() if root else default_cache_root() / spec.folder_name()
-    if registered == {split: str(folder / f"{split}.json") for split in SPLITS}:
-        return folder  # checked (or generated) and registered by this process already: not hashed again
+    if (registered == {split: str(folder / f"{split}.json") for split in SPLITS}
+            and MetadataCatalog.get(f"shapes_{SPLITS[0]}").get(_FINGERPRINT) == _fingerprint(folder)):
+        return folder  # checked (or generated) and registered by this process, unchanged since: not hashed again
     folder = ensure_generated(spec, root, setting)
+    fingerprint = _fingerprint(folder)
     for split in SPLITS:
         name = f"shapes_{split}"
         json_file = str(folder / f"{split}.json")
         if name in DatasetCatalog.list():
-            if MetadataCatalog.get(name).get("json_file") == json_file:
-                continue
             DatasetCatalog.remove(name)
             MetadataCatalog.remove(name)
-        register_coco_instances(name, {"thing_classes": list(CLASSES)}, json_file, str(folder / split))
+        # the category ids' map given now, as load_coco_json sets it when the dicts are first loaded: an
+        # evaluator made before then would score the contiguous ids as category ids
+        metadata = {"thing_classes": list(CLASSES), _FINGERPRINT: fingerprint,
+                    "thing_dataset_id_to_contiguous_id": {index + 1: index for index in range(len(CLASSES))}}
+        register_coco_instances(name, metadata, json_file, str(folder / split))
     return folder
+
+
+# The metadata key of a registered shapes split holding :func:`_fingerprint` of its folder when checked.
+_FINGERPRINT = "gwdet_files_checked"
+
+
+def _fingerprint(folder: Path) -> str:
+    """The SHA-256 of each file name of ``folder`` with its size and modification time: a change
+    since a registration (a damaged or replaced image) makes the next one check the checksums again."""
+    files = []
+    for path, _, names in os.walk(folder):
+        for name in names:
+            try:
+                stat = os.stat(os.path.join(path, name))
+            except OSError:
+                continue
+            files.append((os.path.join(path, name), stat.st_size, stat.st_mtime_ns))
+    return hashlib.sha256(repr(sorted(files)).encode()).hexdigest()

@@ -34,7 +34,7 @@ from gwdet.config_checks import NORM_KEYS, ZERO_RATE, builds_norm, check_batch_s
 from gwdet.positions import parse_gw_positions
 from gwdet.data import prepare_datasets, register_datasets
 from gwdet.data.coco_registration import CocoDataset
-from gwdet.data.datasets import config_dataset_names, named_empty_training_set
+from gwdet.data.datasets import config_dataset_names, named_empty_training_set, register_configured_shapes
 from gwdet.data.resumable import build_resumable_train_loader
 from gwdet.model_zoo.loading import build_config
 from gwdet.modeling.build import (check_built_model, check_device, check_mixed_precision, check_run_device,
@@ -123,6 +123,7 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
     def build_train_loader(cls, cfg: CfgNode):
         """detectron2's train loader, seeded with ``SEED`` and positioned on ``--resume``
         (:func:`gwdet.data.resumable.build_resumable_train_loader`)."""
+        register_configured_shapes(cfg, cfg.DATASETS.TRAIN)
         with named_empty_training_set(", ".join(cfg.DATASETS.TRAIN), "DATALOADER.FILTER_EMPTY_ANNOTATIONS False",
                                       "MODEL.KEYPOINT_ON True" if cfg.MODEL.KEYPOINT_ON else None):
             return build_resumable_train_loader(cfg)
@@ -165,7 +166,9 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
     def test(cls, cfg: CfgNode, model: torch.nn.Module, evaluators=None):
         """detectron2's evaluation, after which the random generators are as they were before it
         (:func:`~gwdet.engine.training.random_streams_kept`): periodic evaluations
-        (``TEST.EVAL_PERIOD``) leave the training's random draws as they would be without them."""
+        (``TEST.EVAL_PERIOD``) leave the training's random draws as they would be without them. The
+        shapes dataset is the one ``cfg`` describes (:func:`~gwdet.data.datasets.register_configured_shapes`)."""
+        register_configured_shapes(cfg, cfg.DATASETS.TEST)
         with random_streams_kept():
             return super().test(cfg, model, evaluators)
 
