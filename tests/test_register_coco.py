@@ -244,6 +244,10 @@ def test_the_environment_variable_registers_what_the_config_names(data, tmp_path
                                               "MODEL.ROI_HEADS.NUM_CLASSES", "2", "INPUT.MASK_FORMAT", "polygon"))
     register_datasets(cfg)
     assert registered_coco_dataset("env_train") is not None and registered_coco_dataset("env_unused") is None
+    # the variable changed in the same process (a notebook): its current files, not the ones registered first
+    monkeypatch.setenv(ENVIRONMENT_VARIABLE, json.dumps([spec("env_train", data["val"])]))
+    register_datasets(cfg)
+    assert MetadataCatalog.get("env_train").json_file == str(data["val"][0])
     monkeypatch.setenv(ENVIRONMENT_VARIABLE, "env_train=a.json:images")
     with pytest.raises(DatasetError, match="GWDET_REGISTER_COCO must be a JSON list"):
         register_datasets(cfg)

@@ -84,7 +84,8 @@ def check_dataset_files(names: Iterable[str]) -> None:
 def register_datasets(cfg: CfgNode, coco: Sequence[CocoDataset] = (), *, trains: bool = True,
                       evaluates: bool = True) -> None:
     """Register the ``--register-coco`` datasets ``coco``, and those of ``$GWDET_REGISTER_COCO``
-    that the config names and that are not registered here yet; then check the config against them
+    that the config names and ``coco`` does not (onto the files the variable names now, replacing
+    an earlier registration of this process onto others); then check the config against them
     (:func:`gwdet.data.coco_registration.check_config_against_datasets`: the training sets where the
     request ``trains``, the test sets where it ``evaluates``) and that every dataset it reads, other
     than the shapes splits (generated later), is registered. :class:`DatasetError` names the file
@@ -92,8 +93,9 @@ def register_datasets(cfg: CfgNode, coco: Sequence[CocoDataset] = (), *, trains:
     names = config_dataset_names(cfg, trains)
     register_coco_datasets(coco)
     try:
+        given = {dataset.name for dataset in coco}
         register_coco_datasets([dataset for dataset in environment_datasets()
-                                if dataset.name in names and registered_coco_dataset(dataset.name) is None])
+                                if dataset.name in names and dataset.name not in given])
     except DatasetError as error:
         message = str(error)
         prefix = f"{ENVIRONMENT_VARIABLE}: "
