@@ -578,6 +578,18 @@ def test_weights_of_another_resnet_size_are_named_as_such_not_sent_to_the_conver
         ResilientCheckpointer(model, str(tmp_path), require_every_weight=True).load_weights(str(tmp_path / "source.pth"))
 
 
+def test_gw_weights_of_a_deeper_resnet_in_a_shallower_one_are_named_by_their_shapes(tmp_path):
+    # R-50 weights evaluated with MODEL.RESNETS.DEPTH 34: torch's raw "Error(s) in loading state_dict" listing the GW
+    # layers' recorded channels, with advice to change MODEL.GW.*; DEPTH was never named
+    source = Trainer.build_model(build_config(str(DEMO_CONFIG), TINY_OPTS))
+    torch.save({"model": source.state_dict()}, tmp_path / "source.pth")
+    model = Trainer.build_model(build_config(str(DEMO_CONFIG), TINY_OPTS + ["MODEL.RESNETS.DEPTH", "34",
+                                                                          "MODEL.RESNETS.RES2_OUT_CHANNELS", "64"]))
+    with pytest.raises(ValueError, match=r"weights have another shape in the weights than in the model \(e.g. "
+                                         r"backbone.bottom_up.res2.0.conv1.weight: .*MODEL.RESNETS.DEPTH"):
+        ResilientCheckpointer(model, str(tmp_path), require_every_weight=True).load_weights(str(tmp_path / "source.pth"))
+
+
 def test_a_torchvision_checkpoint_as_model_weights_is_refused_with_the_converter(tmp_path):
     cfg = build_config(str(DEMO_CONFIG), TINY_OPTS)
     model = Trainer.build_model(cfg)

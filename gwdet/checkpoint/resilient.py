@@ -232,6 +232,19 @@ def weights_record(path: str) -> dict[str, str]:
     return {"path": os.path.abspath(path), "sha256": cached_sha256(path) if os.path.isfile(path) else "not a local file"}
 
 
+def _other_backbone_shapes(other_shapes: Sequence[tuple[str, tuple, tuple]], backbone: int) -> GwdetValueError:
+    """The refusal of weights whose backbone weights ``other_shapes`` (name, shape in the weights,
+    in the model) of the ``backbone`` weights of the model have other shapes."""
+    key, saved, present = other_shapes[0]
+    return GwdetValueError(
+        f"{len(other_shapes)} of the backbone's {backbone} weights have another shape in the weights than "
+        f"in the model (e.g. {key}: {saved} in the weights, {present} in the model), so the model would run "
+        "with a partly random backbone. The model's ResNet is built with other sizes than "
+        "the weights': give the depth, groups and widths they were trained or converted with "
+        "(MODEL.RESNETS.DEPTH, NUM_GROUPS, WIDTH_PER_GROUP, STEM_OUT_CHANNELS, RES2_OUT_CHANNELS; a "
+        "LazyConfig's ResNet arguments).")
+
+
 def lost_checkpoint_error(save_dir: str, weights_setting: str = "MODEL.WEIGHTS") -> GwdetFileNotFoundError:
     """The refusal of ``--resume`` in ``save_dir`` where ``last_checkpoint`` is left but the checkpoint
     it names is not there, nor any other: detectron2 counts a folder with ``last_checkpoint`` as one
@@ -600,6 +613,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
         metadata = read_conversion_metadata(checkpoint)
         if metadata is not None:
             check_weights_fit_model(metadata, self.model, lazy=self.weights_setting.islower())
+        self._check_backbone_shapes(checkpoint)
         self._check_norms(checkpoint, metadata is None)
         checkpoint.pop(NORM_TYPES_KEY, None)
         checkpoint.pop(NORM_SETTINGS_KEY, None)
@@ -611,6 +625,19 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 "trained with (its input format, pixel mean and std, the ResNet's stride_in_1x1, the anchors, the FPN's "
                 "fuse type, the box regressions' weights).")
         return super()._load_model(checkpoint)
+
+    def _check_backbone_shapes(self, checkpoint: dict) -> None:
+        """Refuse weights whose backbone weights of the model's names have other shapes (a ResNet of
+        another depth or width), before the norm layers' recorded settings (which then differ too)
+        are compared while loading; names matched by detectron2's heuristics are compared after."""
+        weights = checkpoint.get("model")
+        if not isinstance(weights, dict) or checkpoint.get("matching_heuristics"):
+            return
+        backbone, state = self._backbone_parameters(), self.model.state_dict()
+        other_shapes = [(key, tuple(weights[key].shape), tuple(state[key].shape)) for key in backbone
+                        if hasattr(weights.get(key), "shape") and tuple(weights[key].shape) != tuple(state[key].shape)]
+        if other_shapes:
+            raise _other_backbone_shapes(other_shapes, len(backbone))
 
     def _check_norms(self, checkpoint: dict, unconverted: bool) -> None:
         """The checkpoint's norm layers against the model's: their types and settings as gwdet's
@@ -684,14 +711,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
         other_shapes = [(key, tuple(saved), tuple(present)) for key, saved, present in incompatible.incorrect_shapes
                         if key in in_backbone]
         if missing and other_shapes:  # detectron2 lists a weight of another shape as missing too
-            key, saved, present = other_shapes[0]
-            raise GwdetValueError(
-                f"{len(other_shapes)} of the backbone's {len(backbone)} weights have another shape in the weights than "
-                f"in the model (e.g. {key}: {saved} in the weights, {present} in the model), so the model would run "
-                "with a partly random backbone. The model's ResNet is built with other sizes than "
-                "the weights': give the depth, groups and widths they were trained or converted with "
-                "(MODEL.RESNETS.DEPTH, NUM_GROUPS, WIDTH_PER_GROUP, STEM_OUT_CHANNELS, RES2_OUT_CHANNELS; a "
-                "LazyConfig's ResNet arguments).")
+            raise _other_backbone_shapes(other_shapes, len(backbone))
         if missing:
             outcome = ("the model would run with" if self.require_every_weight else "training would start from")
             deeper = _deeper_stage(backbone, missing)
