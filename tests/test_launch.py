@@ -184,6 +184,37 @@ def test_a_process_stopped_by_a_signal_sent_to_it_alone_is_named_with_the_way_on
     failed = mp.ProcessExitedException("process 1 terminated with exit code 1", error_index=1, error_pid=4321,
                                        exit_code=1)
     assert _stopped_process(failed) is None
+    # an --eval-only: "continue with --resume" (nothing of it is kept, the same command runs it again)
+    assert _stopped_process(stopped, evaluation=True).startswith(
+        "Evaluation process 1 of this machine was stopped by SIGTERM (sent to it alone); the others were stopped. An "
+        "evaluation keeps nothing of a stopped run: run the same --eval-only command again.")
+
+
+def terminate_rank_one() -> None:
+    """Rank 1 ends by SIGTERM without a handler (an evaluation's process, sent a scheduler's signal)."""
+    import os
+    import signal
+    import time
+
+    from detectron2.utils import comm
+
+    if comm.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(60)
+
+
+def test_an_evaluation_process_ended_by_a_signal_is_not_told_to_resume_nor_blamed_on_the_oom_killer():
+    # "Training process 1 ... killed by SIGTERM (from outside the run: the out-of-memory killer, a scheduler, kill)
+    # ... continue with --resume", for an --eval-only (the out-of-memory killer sends SIGKILL only)
+    import pytest
+
+    from gwdet.engine.launch import WorkerFailed
+
+    with pytest.raises(WorkerFailed) as failed:
+        launch(terminate_rank_one, 2, dist_url="auto", evaluation=True)
+    assert str(failed.value).startswith(
+        "Evaluation process 1 of this machine was killed by SIGTERM (from outside the run: a scheduler, kill); the "
+        "others were stopped. An evaluation keeps nothing of a stopped run: run the same --eval-only command again.")
 
 
 def abort_at_exit_on_rank_zero(out_dir: str) -> None:

@@ -92,7 +92,8 @@ def train_here(args: argparse.Namespace) -> None:
     with process_left_as_found():
         configure_threads(args.threads, processes=args.num_gpus)
         launch(main, args.num_gpus, num_machines=args.num_machines, machine_rank=args.machine_rank,
-               dist_url=args.dist_url, args=(args,), rendezvous_timeout=timedelta(seconds=args.rendezvous_timeout))
+               dist_url=args.dist_url, args=(args,), rendezvous_timeout=timedelta(seconds=args.rendezvous_timeout),
+               evaluation=args.eval_only)
 
 
 @dataclass(frozen=True)

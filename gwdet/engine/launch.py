@@ -59,6 +59,7 @@ def launch(
     args: Sequence = (),
     timeout: timedelta = DEFAULT_TIMEOUT,
     rendezvous_timeout: timedelta = DEFAULT_RENDEZVOUS_TIMEOUT,
+    evaluation: bool = False,
 ) -> None:
     """Run ``main_func(*args)`` in ``num_machines * num_processes_per_machine`` processes.
 
@@ -66,7 +67,7 @@ def launch(
     need a ``tcp://HOST:PORT`` every machine can reach. A ``dist_url`` the processes cannot meet at
     is refused before any starts (:func:`check_dist_url`). When a CPU process fails, the others of this
     machine are stopped and :class:`WorkerFailed` is raised with the error of the process that failed
-    first.
+    first, its way on said for a training (``--resume``) or, with ``evaluation``, an evaluation.
     """
     for name, value, least in (("num_processes_per_machine", num_processes_per_machine, 1),
                                ("num_machines", num_machines, 1), ("machine_rank", machine_rank, 0)):
@@ -108,13 +109,13 @@ def launch(
                 logging.getLogger(__name__).warning(f"The processes finished their work; one then ended by {error} "
                                                     "while the process group was taken down.")
                 return
-            first, report = _failure_report(context, error)
+            first, report = _failure_report(context, error, evaluation)
             refusal = os.path.join(refusals, str(first))
             if os.path.isfile(refusal):  # the first failure was a refusal of gwdet's: its message, as one process's
                 # (checked first: a process that refused may still end by SIGABRT, in gloo's teardown at its exit)
                 with open(refusal, encoding="utf-8") as file:
                     raise WorkerRefused(file.read()) from WorkerFailed(report)  # --verbose: its traceback
-            killed = _killed_process(context, error) or _stopped_process(error)
+            killed = _killed_process(context, error, evaluation) or _stopped_process(error, evaluation)
             if killed is not None:
                 raise WorkerFailed(f"{killed}\n{report}") from None
             if CPU_DDP_REFUSAL in report:  # a trainer of the user's own, as detectron2's DefaultTrainer builds DDP
@@ -161,7 +162,7 @@ def check_dist_url(dist_url: str | None, num_machines: int = 1) -> None:
                           + ", ".join(DIST_URL_FORMS[:-1]) + f" or {DIST_URL_FORMS[-1]}.")
 
 
-def _failure_report(context: mp.ProcessContext, error: Exception) -> tuple[int, str]:
+def _failure_report(context: mp.ProcessContext, error: Exception, evaluation: bool = False) -> tuple[int, str]:
     """The local index of the process that failed first (the oldest error file; -1 when none was
     written) and the report: its traceback, then one line for each process that failed after it
     (usually because a peer disappeared from a collective operation). torch reports whichever
@@ -175,7 +176,7 @@ def _failure_report(context: mp.ProcessContext, error: Exception) -> tuple[int, 
         return -1, str(error).strip()
     failures.sort()
     _, first, trace = failures[0]
-    lines = [f"Training process {first} of this machine failed; the others were stopped:", trace.rstrip()]
+    lines = [f"{_work(evaluation)} process {first} of this machine failed; the others were stopped:", trace.rstrip()]
     lines += [f"(process {index} failed after it: {text.strip().splitlines()[-1]})" for _, index, text in failures[1:]]
     return first, "\n".join(lines)
 
@@ -192,7 +193,17 @@ CPU_DDP_HINT = ("The training processes run on the CPU, and a trainer wrapped th
 CRASH_SIGNALS = ("SIGABRT", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL")
 
 
-def _killed_process(context: mp.ProcessContext, error: Exception) -> str | None:
+def _work(evaluation: bool) -> str:
+    """What the processes do, as the failure reports name it."""
+    return "Evaluation" if evaluation else "Training"
+
+
+# What to do after a process was killed or stopped: a training continues, an evaluation runs again.
+_RESUME = "The checkpoints written before it are kept: continue with --resume."
+_EVALUATE_AGAIN = "An evaluation keeps nothing of a stopped run: run the same --eval-only command again."
+
+
+def _killed_process(context: mp.ProcessContext, error: Exception, evaluation: bool = False) -> str | None:
     """The first line of the report where a process of this machine was killed by a signal, from
     outside (the out-of-memory killer, a scheduler, ``kill -9``) or by a crash inside it
     (:data:`CRASH_SIGNALS`): which one, by what signal, and that ``--resume`` continues from the last
@@ -208,10 +219,10 @@ def _killed_process(context: mp.ProcessContext, error: Exception) -> str | None:
     if index is None:
         return None
     cause = ("a crash inside it: a library that aborted, a memory fault" if signal_name in CRASH_SIGNALS
-             else "from outside the run: the out-of-memory killer, a scheduler, kill")
-    return (f"Training process {index} of this machine was killed by {signal_name} ({cause}); the others were "
-            "stopped. The checkpoints written before it are kept: continue with --resume. What the other processes "
-            "reported:")
+             else "from outside the run: the out-of-memory killer, a scheduler, kill" if signal_name == "SIGKILL"
+             else "from outside the run: a scheduler, kill")
+    return (f"{_work(evaluation)} process {index} of this machine was killed by {signal_name} ({cause}); the others "
+            f"were stopped. {_EVALUATE_AGAIN if evaluation else _RESUME} What the other processes reported:")
 
 
 # the exit statuses of a training process that a stop signal ended after it saved a checkpoint of its
@@ -219,12 +230,15 @@ def _killed_process(context: mp.ProcessContext, error: Exception) -> str | None:
 STOP_EXITS = {128 + int(stop): stop.name for stop in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)}
 
 
-def _stopped_process(error: Exception) -> str | None:
+def _stopped_process(error: Exception, evaluation: bool = False) -> str | None:
     """The first line of the report where a process of this machine ended on a stop signal sent
     to it alone (a scheduler's, ``kill -TERM <pid>``): it saved a checkpoint of its iteration first;
     ``None`` otherwise."""
     if not isinstance(error, mp.ProcessExitedException) or error.exit_code not in STOP_EXITS:
         return None
+    if evaluation:
+        return (f"Evaluation process {error.error_index} of this machine was stopped by {STOP_EXITS[error.exit_code]} "
+                f"(sent to it alone); the others were stopped. {_EVALUATE_AGAIN} What torch reported:")
     return (f"Training process {error.error_index} of this machine was stopped by {STOP_EXITS[error.exit_code]} "
             "(sent to it alone); the others were stopped. A checkpoint of its iteration was saved before it stopped "
             "when it was training: continue with --resume. What torch reported:")
