@@ -53,6 +53,28 @@ def test_a_resume_cannot_regroup_the_optimizer_state():
             optimizer.load_state_dict(optimizer_state)
 
 
+def test_a_resume_that_restarts_the_warm_up_names_it(tmp_path):
+    # SOLVER.WARMUP_ITERS 1 -> 10 with SOLVER.MAX_ITER 2 -> 3 under WarmupMultiStepLR: the warning blamed MAX_ITER and
+    # advised WarmupMultiStepLR, the scheduler in use; a warm-up change alone was not warned of
+    from gwdet.engine.output_dir import record_config_checksum
+    from gwdet.engine.trainer import warn_of_a_moved_schedule
+    from gwdet.model_zoo import build_config
+
+    from conftest import DEMO_CONFIG, logged_warnings
+
+    opts = ["SOLVER.STEPS", "()", "SOLVER.MAX_ITER", "4"]
+    (tmp_path / "config.yaml").write_text(build_config(str(DEMO_CONFIG), [*opts, "SOLVER.WARMUP_ITERS", "1"]).dump())
+    record_config_checksum(str(tmp_path))
+    torch.save({"model": {}, "iteration": 1}, tmp_path / "model_0000001.pth")
+    (tmp_path / "last_checkpoint").write_text("model_0000001.pth")
+    with logged_warnings("gwdet.engine.output_dir") as logged:
+        warn_of_a_moved_schedule(build_config(str(DEMO_CONFIG), [*opts, "SOLVER.WARMUP_ITERS", "10"]), str(tmp_path))
+        warn_of_a_moved_schedule(build_config(str(DEMO_CONFIG), [*opts, "SOLVER.WARMUP_ITERS", "1"]), str(tmp_path))
+    assert len(logged) == 1 and logged[0].startswith("--resume with SOLVER.WARMUP_ITERS 1 -> 10: at the resumed iteration "
+                                                     "2 the learning rate becomes ")
+    assert logged[0].endswith("Resume with the run's SOLVER.WARMUP_ITERS (its config.yaml) to keep its schedule.")
+
+
 def test_a_resume_that_moves_a_cosine_schedule_is_warned_of(tmp_path):
     # the LazyConfig twin warned; a yacs WarmupCosineLR run resumed at its end with a larger SOLVER.MAX_ITER
     # jumped from the end rate back to half the base rate without a word

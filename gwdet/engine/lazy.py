@@ -351,11 +351,14 @@ def warn_of_a_moved_schedule(cfg: DictConfig, output_dir: str) -> None:
     def factors(path: str, iteration: int) -> ScheduleAt | None:
         saved = read_saved_config(path)
         saved_max_iter = int(saved["train"]["max_iter"])
-        if saved_max_iter == cfg.train.max_iter:
+        changes = ((f"train.max_iter {saved_max_iter} -> {cfg.train.max_iter}",) if saved_max_iter != cfg.train.max_iter
+                   else ()) + (("lr_multiplier (another schedule)",) if saved_tree(cfg)["lr_multiplier"] !=
+                               saved["lr_multiplier"] else ())
+        if not changes:
             return None
         return ScheduleAt(saved_max_iter, cfg.train.max_iter,
                           instantiate(OmegaConf.create(saved["lr_multiplier"]))(min(iteration / saved_max_iter, 1.0)),
-                          instantiate(cfg.lr_multiplier)(min(iteration / cfg.train.max_iter, 1.0)))
+                          instantiate(cfg.lr_multiplier)(min(iteration / cfg.train.max_iter, 1.0)), changes)
 
     moved_schedule_warning(output_dir, factors, max_iter_setting="train.max_iter", schedule="the lr_multiplier schedule",
                            rate_setting="optimizer.lr", keep="train.max_iter={}",

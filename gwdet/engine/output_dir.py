@@ -697,24 +697,28 @@ class SavedRun(NamedTuple):
 
 
 class ScheduleAt(NamedTuple):
-    """The learning-rate factor at a resumed iteration under the run's schedule and this config's."""
+    """The learning-rate factor at a resumed iteration under the run's schedule and this config's,
+    and the schedule values that differ (``"KEY saved -> now"``; the number of iterations first)."""
 
     saved_max_iter: int
     max_iter: int
     before: float
     after: float
+    changes: tuple[str, ...] = ()
 
 
 def warn_of_a_moved_schedule(output_dir: str, factors: Callable[[str, int], ScheduleAt | None], *,
                              max_iter_setting: str, schedule: str, rate_setting: str, keep: str,
-                             alternative: str) -> None:
-    """Warn when ``--resume`` with another number of iterations (``max_iter_setting``) changes the
-    learning rate at the resumed iteration: detectron2's ``LRMultiplier`` calls the ``schedule`` with
-    the fraction of the iterations done, so what is a fraction of them (a cosine, a warm-up, a
-    LazyConfig's milestones) moves, and a decayed rate can rise again. ``factors(config.yaml, iteration)``
-    gives the factors under both (``None``: they are the same length); a schedule that cannot be
-    built that way is left to the resume's own checks. ``keep`` is the override that keeps the
-    schedule, with ``{}`` for the run's number of iterations."""
+                             alternative: str | None) -> None:
+    """Warn when ``--resume`` with other schedule values (another number of iterations,
+    ``max_iter_setting``, or another warm-up, steps, ...) changes the learning rate at the resumed
+    iteration: detectron2's ``LRMultiplier`` calls the ``schedule`` with the fraction of the
+    iterations done, so what is a fraction of them (a cosine, a warm-up, a LazyConfig's milestones)
+    moves, and a decayed rate can rise again. ``factors(config.yaml, iteration)`` gives the factors
+    under both and the values that differ (``None``: none does); a schedule that cannot be built
+    that way is left to the resume's own checks. ``keep`` is the override that keeps the schedule's
+    length, with ``{}`` for the run's number of iterations; ``alternative`` a schedule whose steps do
+    not move (``None`` where the config has one already)."""
     resumed = resumed_iteration(output_dir)
     path = os.path.join(output_dir, CONFIG_NAME)
     if resumed is None or not os.path.isfile(path):
@@ -723,14 +727,23 @@ def warn_of_a_moved_schedule(output_dir: str, factors: Callable[[str, int], Sche
         found = factors(path, resumed[1])
     except Exception:  # a schedule that cannot be built or called this way: nothing to compare
         return
-    if found is not None and not math.isclose(found.before, found.after, rel_tol=1e-6):
-        logger.warning(
-            f"--resume with {max_iter_setting} {found.saved_max_iter} -> {found.max_iter}: {schedule} is in fractions of "
-            f"{max_iter_setting}, so at the resumed iteration {resumed[1]} the learning rate becomes {found.after:g} x "
-            f"{rate_setting}, where the run had {found.before:g} x. "
-            + (f"Resume with {keep.format(found.saved_max_iter)} to keep the schedule, or {alternative}."
-               if resumed[1] < found.saved_max_iter else
-               f"The run had finished its schedule; to go on from where it ended, {alternative}."))
+    if found is None or math.isclose(found.before, found.after, rel_tol=1e-6):
+        return
+    longer = found.saved_max_iter != found.max_iter
+    changes = found.changes or (f"{max_iter_setting} {found.saved_max_iter} -> {found.max_iter}",)
+    only_length = longer and len(changes) == 1
+    cause = (f"{schedule} is in fractions of {max_iter_setting}, so " if only_length else "")
+    if not only_length:  # the length may be meant to change (to train further), the other values not
+        others = [change.split(" ")[0] for change in changes if not change.startswith(max_iter_setting + " ")]
+        advice = f"Resume with the run's {', '.join(others)} (its {CONFIG_NAME}) to keep its schedule."
+    elif resumed[1] >= found.saved_max_iter:
+        advice = (f"The run had finished its schedule; to go on from where it ended, {alternative}." if alternative else
+                  "The run had finished its schedule.")
+    else:
+        advice = f"Resume with {keep.format(found.saved_max_iter)} to keep the schedule" + (
+            f", or {alternative}." if alternative else ".")
+    logger.warning(f"--resume with {', '.join(changes)}: {cause}at the resumed iteration {resumed[1]} the learning rate "
+                   f"becomes {found.after:g} x {rate_setting}, where the run had {found.before:g} x. {advice}")
 
 
 def check_resumed_run(output_dir: str, compare: Callable[[str], SavedRun], max_iter: int, *,

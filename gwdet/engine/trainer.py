@@ -28,7 +28,7 @@ from fvcore.nn.precise_bn import BN_MODULE_TYPES
 from gwdet.errors import GwdetValueError
 from gwdet.checkpoint.resilient import ResilientCheckpointer
 from gwdet.checkpoint.signal_hook import release_stop_signals
-from gwdet.config import config_value
+from gwdet.config import config_value, flatten_config
 from gwdet.layers.common import is_whole_number
 from gwdet.config_checks import NORM_KEYS, ZERO_RATE, builds_norm, check_batch_split, ensure_checked
 from gwdet.positions import parse_gw_positions
@@ -258,20 +258,31 @@ def _rate_factor(cfg: CfgNode, iteration: int) -> float:
     return scheduler._multiplier(min(iteration / cfg.SOLVER.MAX_ITER, 1.0))
 
 
+# The values of detectron2's learning-rate schedule (SOLVER.BASE_LR aside: a resume trains with the config's).
+SCHEDULE_KEYS = ("SOLVER.MAX_ITER", "SOLVER.LR_SCHEDULER_NAME", "SOLVER.STEPS", "SOLVER.GAMMA", "SOLVER.WARMUP_ITERS",
+                 "SOLVER.WARMUP_FACTOR", "SOLVER.WARMUP_METHOD", "SOLVER.BASE_LR_END", "SOLVER.NUM_DECAYS",
+                 "SOLVER.RESCALE_INTERVAL")
+
+
 def warn_of_a_moved_schedule(cfg: CfgNode, output_dir: str) -> None:
     """:func:`gwdet.engine.output_dir.warn_of_a_moved_schedule` of a yacs config: detectron2's cosine
-    schedule (and the fixed-gamma steps) are fractions of ``SOLVER.MAX_ITER``; multi-step
-    ``STEPS`` stay where they are."""
+    schedule, the warm-up (and the fixed-gamma steps) are fractions of ``SOLVER.MAX_ITER``; multi-step
+    ``STEPS`` stay where they are. Every value of :data:`SCHEDULE_KEYS` that differs is named."""
     def factors(path: str, iteration: int) -> ScheduleAt | None:
         saved = saved_run_config(cfg, output_dir, path)
-        if saved.SOLVER.MAX_ITER == cfg.SOLVER.MAX_ITER:
+        values, now = flatten_config(saved), flatten_config(cfg)
+        changes = tuple(f"{key} {values[key]} -> {now[key]}" for key in SCHEDULE_KEYS
+                        if key in values and key in now and values[key] != now[key])
+        if not changes:
             return None
         return ScheduleAt(saved.SOLVER.MAX_ITER, cfg.SOLVER.MAX_ITER, _rate_factor(saved, iteration),
-                          _rate_factor(cfg, iteration))
+                          _rate_factor(cfg, iteration), changes)
 
+    steps = cfg.SOLVER.LR_SCHEDULER_NAME == "WarmupMultiStepLR"
     moved_schedule_warning(output_dir, factors, max_iter_setting="SOLVER.MAX_ITER",
                            schedule=cfg.SOLVER.LR_SCHEDULER_NAME, rate_setting="SOLVER.BASE_LR",
-                           keep="SOLVER.MAX_ITER {}", alternative="use WarmupMultiStepLR, whose SOLVER.STEPS are iterations")
+                           keep="SOLVER.MAX_ITER {}",
+                           alternative=None if steps else "use WarmupMultiStepLR, whose SOLVER.STEPS are iterations")
 
 
 def check_training_values(cfg: CfgNode, world_size: int) -> None:
