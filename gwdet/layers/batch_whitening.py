@@ -37,7 +37,7 @@ from .plans import plan_name
 from .precision import float32_matmul, ieee_float32_products
 from .settings_state import SettingsInState
 from .tracing import recording_reference_graph
-from .whitening_matrix import check_whitening_method, ridge_covariance, whitening_matrix
+from .whitening_matrix import check_whitening_method, check_zca_eps, ridge_covariance, whitening_matrix
 
 
 def batch_whitening(
@@ -72,7 +72,8 @@ def _check_arguments(x: Tensor, running_mean: Tensor, running_whitening: Tensor,
     owner = "batch_whitening"
     check_hyper_parameters(owner, {"T": T}, positive={"eps": eps}, unit_interval={"momentum": momentum},
                            flags={"training": training})
-    check_whitening_method(owner, method, eps)
+    check_whitening_method(owner, method)
+    check_zca_eps(owner, method, eps)
     check_input(owner, x, 0)
     channels = x.shape[1]
     check_per_channel(owner, {"running_mean": running_mean, "weight": weight, "bias": bias}, channels)
@@ -198,7 +199,8 @@ class BatchWhitening(SettingsInState):
         check_hyper_parameters(owner, {"num_channels": num_channels, "group_size": group_size, "T": T},
                                positive={"eps": eps}, unit_interval={"momentum": momentum},
                                flags={"affine": affine})
-        check_whitening_method(owner, method, eps)
+        check_whitening_method(owner, method)
+        check_zca_eps(owner, method, eps)
         self.num_channels = int(num_channels)
         self.group_size = int(group_size)
         self.effective_group_size = largest_divisor_at_most(self.num_channels, self.group_size)

@@ -31,7 +31,7 @@ from .group_whitening_function import fused_group_whitening
 from .precision import float32_matmul
 from .settings_state import SettingsInState
 from .tracing import recording_reference_graph
-from .whitening_matrix import check_whitening_method, ridge_covariance, whitening_matrix
+from .whitening_matrix import check_whitening_method, check_zca_eps, ridge_covariance, whitening_matrix
 
 from gwdet.errors import GwdetValueError
 
@@ -63,7 +63,8 @@ def group_whitening(
 def _check_arguments(owner: str, x: Tensor, num_groups: int, T: int, eps: float, method: str,
                      weight: Optional[Tensor] = None, bias: Optional[Tensor] = None) -> None:
     check_hyper_parameters(owner, {"num_groups": num_groups, "T": T}, positive={"eps": eps})
-    check_whitening_method(owner, method, eps)
+    check_whitening_method(owner, method)
+    check_zca_eps(owner, method, eps)
     check_input(owner, x, 0)
     check_spatial_size(owner, x)
     check_per_channel(owner, {"weight": weight, "bias": bias}, x.shape[1])
@@ -179,7 +180,8 @@ class GroupWhitening(SettingsInState):
         owner = type(self).__name__
         check_hyper_parameters(owner, {"num_channels": num_channels, "num_groups": num_groups, "T": T},
                                positive={"eps": eps}, flags={"affine": affine})
-        check_whitening_method(owner, method, eps)
+        check_whitening_method(owner, method)
+        check_zca_eps(owner, method, eps)
         self.num_channels = int(num_channels)
         self.num_groups = int(num_groups)
         self.effective_num_groups = largest_divisor_at_most(self.num_channels, self.num_groups)

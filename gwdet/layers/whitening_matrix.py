@@ -39,11 +39,15 @@ ZCA_NOT_IN_ONNX = (
 ZCA_SMALLEST_EPS = 1e-20
 
 
-def check_whitening_method(owner: str, method: str, eps: Optional[float] = None) -> None:
-    """Raise ``ValueError`` unless ``method`` is ``"itn"`` or ``"zca"``, and for ``"zca"`` with an
-    ``eps`` below :data:`ZCA_SMALLEST_EPS` (ItN's gradients stay finite there)."""
+def check_whitening_method(owner: str, method: str) -> None:
+    """Raise ``ValueError`` unless ``method`` is ``"itn"`` or ``"zca"``."""
     check_choice(owner, "method", method, ["itn", "zca"])
-    if method == "zca" and eps is not None and eps < ZCA_SMALLEST_EPS:
+
+
+def check_zca_eps(owner: str, method: str, eps: float) -> None:
+    """Raise ``ValueError`` for ``"zca"`` with an ``eps`` below :data:`ZCA_SMALLEST_EPS` (ItN's
+    gradients stay finite there). Not compiled: the layers check it when built, not in forward."""
+    if method == "zca" and eps < ZCA_SMALLEST_EPS:
         raise GwdetValueError(
             f"{owner}: eps={eps!r} is too small for ZCA whitening: on a group whose covariance has rank below its size "
             f"(fewer values than channels), the gradient through its eigendecomposition reaches 1/(2 eps^(3/2)) = "
