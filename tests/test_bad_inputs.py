@@ -83,6 +83,12 @@ LAYER_CASES = {
     "GW one value per group": (lambda: GroupWhitening(16, num_groups=16)(torch.randn(2, 16)),
                                ["single value", "normalizes to 0", "fewer groups (num_groups: MODEL.GW.NUM_GROUPS",
                                 "MODEL.ROI_MASK_HEAD.POOLER_RESOLUTION"]),
+    # a GW FPN on a small image (its stride-32 level 1 x 1): the advice named only an ROI head's POOLER_RESOLUTION
+    "GW one value per group of a 1 x 1 feature map": (
+        lambda: GroupWhitening(64, num_groups=64)(torch.randn(1, 64, 1, 1)),
+        ["1 channel per group here) or a larger input (this one has 1 position per channel): a backbone or FPN level "
+         "of stride s has one position per s pixels of the padded image, so larger images (INPUT.MIN_SIZE_TRAIN / "
+         "MIN_SIZE_TEST)"]),
     "BW one value per channel in training": (lambda: BatchWhitening(16).train()(torch.randn(1, 16, 1, 1)),
                                              ["each channel of the batch holds a single value"]),
 }

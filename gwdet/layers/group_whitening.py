@@ -211,8 +211,10 @@ class GroupWhitening(SettingsInState):
         positions = 1
         for size in x.shape[2:]:
             positions *= size
-        values = self.num_channels // self.effective_num_groups * positions
+        per_group = self.num_channels // self.effective_num_groups
         check_values_per_group(
-            "GroupWhitening", values, "group of a sample",
-            "fewer groups (num_groups: MODEL.GW.NUM_GROUPS in a config) or a larger input (an ROI head's input is "
-            "its POOLER_RESOLUTION square: e.g. MODEL.ROI_MASK_HEAD.POOLER_RESOLUTION)")
+            "GroupWhitening", per_group * positions, "group of a sample",
+            f"fewer groups (num_groups: MODEL.GW.NUM_GROUPS in a config; {per_group} channel per group here) or a "
+            f"larger input (this one has {positions} position per channel): a backbone or FPN level of stride s has "
+            "one position per s pixels of the padded image, so larger images (INPUT.MIN_SIZE_TRAIN / MIN_SIZE_TEST); "
+            "an ROI head's input is its POOLER_RESOLUTION square (e.g. MODEL.ROI_MASK_HEAD.POOLER_RESOLUTION)")
