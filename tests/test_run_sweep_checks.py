@@ -751,3 +751,22 @@ def test_an_evaluation_with_overwrite_is_refused_as_a_flag_it_does_not_read(tmp_
     with pytest.raises(GwdetError, match=r"^--overwrite deletes a run's files before a training starts, and "
                                          r"--eval-only deletes nothing"):
         check_output_request(args, load_run_config(args.config_file, args.opts))
+
+
+def test_a_run_in_a_process_left_with_float64_or_without_gradients_names_the_process_state():
+    # the run failed at the first iteration with nms' "dets should have the same type as scores" (float64) or "element
+    # 0 of tensors does not require grad" (no gradients), blamed on the config's values
+    from gwdet.engine.run import check_torch_state
+
+    try:
+        torch.set_default_dtype(torch.float64)
+        with pytest.raises(ValueError, match=r"^torch's default dtype is torch.float64 in this process .* Call "
+                                             r"torch.set_default_dtype\(torch.float32\) before the run.$"):
+            check_torch_state(training=False)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    with torch.no_grad():
+        with pytest.raises(ValueError, match=r"^Gradients are switched off in this process"):
+            check_torch_state(training=True)
+        check_torch_state(training=False)  # an evaluation needs none
+    check_torch_state(training=True)

@@ -488,11 +488,28 @@ def written_folders(run: RunConfig) -> list[str]:
     return [INFERENCE_FOLDER, *([VIS_FOLDER] if run.vis_images > 0 else [])]
 
 
+def check_torch_state(training: bool) -> None:
+    """Refuse a run in a process whose torch state a run cannot use, as one's own code or a notebook
+    may leave it: another default dtype than float32 (detectron2's layers and torchvision's
+    operators mix it with the images' float32), or gradients switched off for a training."""
+    if torch.get_default_dtype() != torch.float32:
+        raise GwdetValueError(
+            f"torch's default dtype is {torch.get_default_dtype()} in this process (torch.set_default_dtype was called "
+            "before the run): detectron2 would build the model in it and fail on the images' float32. Call "
+            "torch.set_default_dtype(torch.float32) before the run.")
+    if training and not torch.is_grad_enabled():
+        raise GwdetValueError(
+            "Gradients are switched off in this process (torch.set_grad_enabled(False), or a torch.no_grad() block "
+            "around the run), so the training could not compute any: call torch.set_grad_enabled(True) before the "
+            "run, or run it outside the block.")
+
+
 def main(args: argparse.Namespace):
     """Train (or evaluate with ``--eval-only``) the model ``args`` describe; return the results
     (module docstring: the steps)."""
     run = load_run_config(args.config_file, args.opts).for_processes(comm.get_world_size())
     run.check_request(args.eval_only, comm.get_world_size())
+    check_torch_state(training=not args.eval_only)
     if (args.resume or args.eval_only) and not gives_setting(args.opts, run.output_setting):
         check_resumed_folder_is_the_records(args.config_file, run.output_dir, run.output_setting, args.resume)
     if args.eval_only:
