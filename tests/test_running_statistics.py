@@ -58,3 +58,26 @@ def test_a_failing_forward_puts_the_statistics_back_and_a_model_without_any_is_r
         update_running_statistics([], model)
     with pytest.raises(GwdetValueError, match="has no layer with running statistics"):
         update_running_statistics(batches(), nn.Sequential(GroupWhitening(8, num_groups=2)))
+
+
+def test_a_model_that_needs_detectron2s_event_storage_is_told_to_open_one():
+    # usage.md's recipe with a detectron2 model in training mode: detectron2's bare AssertionError
+    from detectron2.utils.events import EventStorage, get_event_storage
+
+    class Recording(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.BatchNorm2d(3)
+
+        def forward(self, batch):
+            get_event_storage()  # as detectron2's RPN and ROI heads record their sampling in training mode
+            return self.norm(batch)
+
+    model = Recording()
+    before = model.norm.running_mean.clone()
+    with pytest.raises(RuntimeError, match=r"none is open: call it inside `with detectron2.utils.events.EventStorage"
+                                           r"\(\):`. The running statistics are as they were."):
+        update_running_statistics([torch.randn(2, 3, 4, 4)], model)
+    assert torch.equal(model.norm.running_mean, before)
+    with EventStorage():
+        assert update_running_statistics([torch.randn(2, 3, 4, 4)], model) == 1

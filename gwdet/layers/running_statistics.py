@@ -14,12 +14,14 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from gwdet.errors import GwdetValueError
+from gwdet.errors import GwdetRuntimeError, GwdetValueError
 
 from .batch_group_norm import BatchGroupNorm
 from .batch_whitening import BatchWhitening
 
 RUNNING_STATISTICS_LAYERS = (nn.modules.batchnorm._BatchNorm, BatchWhitening, BatchGroupNorm)
+# detectron2's words when a model in training mode finds no event storage open (get_event_storage)
+_EVENT_STORAGE = "has to be called inside a 'with EventStorage(...)' context"
 
 
 def _run_model(model: nn.Module, batch: Any) -> Any:
@@ -55,10 +57,15 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
         if batches == 0:
             raise GwdetValueError("update_running_statistics: the loader gave no batch; give it the training "
                                   "batches to average the statistics over.")
-    except BaseException:
+    except BaseException as error:
         for layer, buffers in zip(layers, saved, strict=True):
             for name, value in buffers.items():
                 getattr(layer, name).copy_(value)
+        if isinstance(error, AssertionError) and _EVENT_STORAGE in str(error):
+            raise GwdetRuntimeError(
+                "update_running_statistics: the model records its training statistics in detectron2's event storage "
+                "(a detectron2 model in training mode does), and none is open: call it inside "
+                "`with detectron2.utils.events.EventStorage():`. The running statistics are as they were.") from error
         raise
     finally:
         for layer, momentum in zip(layers, momenta, strict=True):
