@@ -121,7 +121,7 @@ def register_norm(name: str, build: Callable[..., torch.nn.Module] | None = None
     """
     if not isinstance(name, str) or not name:
         raise GwdetValueError(f"register_norm: name must be a non-empty string, got {name!r}")
-    _refuse_taken(name)
+    _refuse_taken(name, again=None)
     owner = f"register_norm({name!r})"
     check_flag(owner, "batch_statistics", batch_statistics)
     keys = _checked_config_keys(owner, config_keys)
@@ -137,9 +137,9 @@ def register_norm(name: str, build: Callable[..., torch.nn.Module] | None = None
             "in any case.")
 
     def _register(fn: Callable[..., torch.nn.Module]) -> Callable[..., torch.nn.Module]:
-        _refuse_taken(name)
         _check_build(owner, fn)
         record = NormRecord(name, fn, keys, batch_statistics, tuple(layer_types))
+        _refuse_taken(name, again=record)
         unknown = set(record.config_keys) - set(record.params())
         if unknown:
             raise GwdetValueError(f"register_norm({name!r}): config_keys name {sorted(unknown)}, which "
@@ -226,7 +226,26 @@ def _check_build(owner: str, build: Any) -> None:
                              "(def build(channels, num_groups=32, eps=1e-5)) instead of collecting them")
 
 
-def _refuse_taken(name: str) -> None:
+def _same_registration(record: NormRecord, other: NormRecord) -> bool:
+    """Whether ``other`` registers what ``record`` does: the same settings and a build function of
+    the same name and code (a LazyConfig file that registers its norm, read again: its functions
+    are new objects of the same code)."""
+    a, b = record.build, other.build
+    code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
+    same_build = a is b or (
+        code_a is not None and code_b is not None and getattr(a, "__qualname__", None) == getattr(b, "__qualname__", None)
+        and (code_a.co_code, code_a.co_consts, code_a.co_names) == (code_b.co_code, code_b.co_consts, code_b.co_names)
+        and getattr(a, "__defaults__", None) == getattr(b, "__defaults__", None)
+        and getattr(a, "__kwdefaults__", None) == getattr(b, "__kwdefaults__", None))
+    return same_build and (dict(record.config_keys), record.batch_statistics, record.layer_types) == (
+        dict(other.config_keys), other.batch_statistics, other.layer_types)
+
+
+def _refuse_taken(name: str, again: NormRecord | None) -> None:
+    """Refuse a name that cannot be registered: odd characters, a case-insensitive twin, a
+    built-in name, or, once the registration ``again`` is known (a decorator's function comes
+    later), a registered one, unless ``again`` registers the same (:func:`_same_registration`: the
+    new function then takes its place)."""
     if name != name.strip() or not name.isprintable() or not name.isascii():
         raise GwdetValueError(f"register_norm: name {name!r} has spaces at an end, unprintable or non-ASCII "
                               "characters, which a config cannot be told apart by; use letters, digits and '_'")
@@ -239,7 +258,7 @@ def _refuse_taken(name: str) -> None:
     record = _RECORDS.get(name)
     if record is not None and record.builtin:
         raise GwdetValueError(f"register_norm: {name!r} is a built-in norm name; choose another name")
-    if record is not None:
+    if record is not None and again is not None and not _same_registration(record, again):
         raise GwdetValueError(f"register_norm: {name!r} is already registered (by {record.build.__module__}."
                               f"{getattr(record.build, '__qualname__', record.build)}); choose another name, or "
                               f"call gwdet.norms.unregister_norm({name!r}) first")

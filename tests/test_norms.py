@@ -318,7 +318,7 @@ def test_a_taken_name_names_who_registered_it(registered):
 
     register_norm("TestTaken", build_taken)
     with pytest.raises(ValueError) as err:
-        register_norm("TestTaken", build_taken)
+        register_norm("TestTaken", lambda channels: torch.nn.LayerNorm(channels))
     assert str(err.value) == (
         f"register_norm: 'TestTaken' is already registered (by {__name__}."
         "test_a_taken_name_names_who_registered_it.<locals>.build_taken); choose another name, or call "
@@ -329,7 +329,7 @@ def test_the_decorator_refuses_a_taken_name_when_made_and_when_applied(registere
     registered.append("TestDecorated")
     register_norm("TestDecorated", lambda channels: torch.nn.GroupNorm(1, channels))
     with pytest.raises(ValueError, match="'TestDecorated' is already registered"):
-        register_norm("TestDecorated")  # refused before any function is given
+        register_norm("TestDecorated")(lambda channels: torch.nn.LayerNorm(channels))  # refused once applied
     registered.append("TestLate")
     decorate = register_norm("TestLate")  # free when the decorator is made ...
     register_norm("TestLate", lambda channels: torch.nn.GroupNorm(1, channels))  # ... taken before it is applied
@@ -359,8 +359,24 @@ def test_a_taken_name_whose_builder_has_no_qualname_is_named_by_its_repr(registe
     build = functools.partial(torch.nn.GroupNorm, 1)
     register_norm("TestPartial", build)
     with pytest.raises(ValueError) as err:
-        register_norm("TestPartial", build)
+        register_norm("TestPartial", functools.partial(torch.nn.GroupNorm, 2))
     assert f"(by functools.{build!r}); choose another name" in str(err.value)
+
+
+def test_the_same_registration_again_is_taken_as_it_is(registered, tmp_path):
+    # docs/usage.md's LazyConfig that registers its norm could be read once per process: "already registered"
+    from gwdet.model_zoo.lazy_loading import load_lazy_config
+
+    registered.append("TestFromFile")
+    config = tmp_path / "own_norm.py"
+    config.write_text("import torch\nimport gwdet\n\n\n@gwdet.register_norm('TestFromFile', config_keys={})\n"
+                      "def own_norm(channels, num_groups=4):\n    return torch.nn.GroupNorm(num_groups, channels)\n\n\n"
+                      "model = dict(norm=gwdet.norm('TestFromFile', num_groups=2))\n")
+    for _ in range(2):
+        load_lazy_config(str(config))
+    assert norm("TestFromFile", num_groups=2)(8).num_groups == 2
+    with pytest.raises(ValueError, match="'TestFromFile' is already registered"):  # other code: another registration
+        register_norm("TestFromFile", lambda channels, num_groups=4: torch.nn.GroupNorm(num_groups, channels))
 
 
 def test_gn_with_a_group_count_the_channels_cannot_use_follows_gws_rule_logged_or_refused(caplog):
