@@ -310,3 +310,18 @@ def test_a_run_leaves_the_calling_process_as_it_found_it(tmp_path, monkeypatch):
         assert torch.get_num_threads() == threads and logging.getLogger("gwdet").handlers == handlers
     assert "the second run" not in (tmp_path / "first" / "log.txt").read_text()
     assert "the second run" in (tmp_path / "second" / "log.txt").read_text()
+
+
+def test_run_without_flags_in_a_jupyter_kernel_says_to_give_them_as_a_list(monkeypatch, capsys):
+    # "ipykernel_launcher.py: error: unknown flag '-f'": the kernel's own command line, read as the tool's flags
+    import pytest
+
+    from gwdet.cluster.training import run
+
+    monkeypatch.setattr(sys, "argv", ["/env/lib/ipykernel_launcher.py", "-f", "/run/kernel-1a2b.json"])
+    with pytest.raises(SystemExit) as exited:
+        run()
+    assert exited.value.code == 2
+    assert ("error: no flags given, and this process's command line is a Jupyter kernel's (/env/lib/"
+            "ipykernel_launcher.py -f ...), not the tool's: give the tool's flags as a list, e.g. run(['--config-file'"
+            in capsys.readouterr().err)

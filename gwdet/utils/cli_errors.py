@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from gwdet.errors import GwdetError
+from gwdet.errors import GwdetError, GwdetValueError
 
 VERBOSE_FLAG = "--verbose"
 EXIT_STATUS = 2  # argparse's status for a usage error; the tools already return 2 for their refusals
@@ -99,10 +99,22 @@ def reported_errors(prog: str | None = None, verbose: bool = False) -> Iterator[
 def run_tool(work: Callable[[list[str]], int], argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """A tool's command line: ``work`` called with ``argv`` (default: ``sys.argv[1:]``) less its
     ``--verbose`` tokens, inside :func:`reported_errors` (``prog``: the tool's name in the errors,
-    default the name it was started as); returns what ``work`` returns, the exit status."""
+    default the name it was started as); returns what ``work`` returns, the exit status. Called
+    without ``argv`` in a Jupyter kernel (whose own command line ``sys.argv`` holds), it is refused
+    naming ``argv``."""
+    if argv is None and os.path.basename(sys.argv[0]) in _KERNEL_LAUNCHERS:
+        with reported_errors(prog, False):
+            raise GwdetValueError(
+                f"no flags given, and this process's command line is a Jupyter kernel's ({' '.join(sys.argv[:2])} ...), "
+                "not the tool's: give the tool's flags as a list, e.g. run(['--config-file', 'configs/mask_rcnn_gw.yaml', "
+                "'OUTPUT_DIR', 'output/run']).")
     kept, verbose = split_verbose(sys.argv[1:] if argv is None else argv)
     with reported_errors(prog, verbose):
         return work(kept)
+
+
+# The programs that start a Jupyter (IPython) kernel: their sys.argv is the kernel's, not a tool's.
+_KERNEL_LAUNCHERS = ("ipykernel_launcher.py",)
 
 
 _UNEXPANDED_VARIABLE = re.compile(r"\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")  # $NAME, ${NAME}
