@@ -1007,6 +1007,13 @@ def test_load_reads_a_home_path_and_takes_no_path_as_none(tmp_path, monkeypatch)
     checkpointer.save("mine")
     assert "model" not in checkpointer.load("~/mine.pth")
     assert checkpointer.load(None) == {} and checkpointer.load("") == {}
+    # a blank path loaded nothing without a word; a bytes path was torch's raw TypeError
+    with pytest.raises(ValueError, match=r"the path '  ' is blank: give the checkpoint's path"):
+        checkpointer.load("  ")
+    with pytest.raises(TypeError, match=r"give the checkpoint's path as a str or pathlib.Path, not bytes"):
+        checkpointer.load(str(tmp_path / "mine.pth").encode())
+    # classes given as a generator: the type check consumed it and no class record was kept
+    assert ResilientCheckpointer(torch.nn.Linear(2, 2), classes=(name for name in ["a", "b"])).classes == ["a", "b"]
 
 
 def test_box_only_weights_in_a_mask_model_name_mask_on(tmp_path):

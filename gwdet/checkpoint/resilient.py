@@ -384,10 +384,11 @@ class ResilientCheckpointer(DetectionCheckpointer):
         self.require_every_weight = require_every_weight
         self.compare_input = compare_input
         self.weights_setting = weights_setting
-        if classes is not None and (isinstance(classes, str) or not all(isinstance(name, str) for name in classes)):
+        names = list(classes) if classes is not None and not isinstance(classes, str) else classes  # read once
+        if names is not None and (isinstance(names, str) or not all(isinstance(name, str) for name in names)):
             raise GwdetTypeError(f"ResilientCheckpointer: classes must be a list of class names (the model's outputs "
                                  f"in order), got {classes!r}")
-        self.classes = list(classes) if classes else None
+        self.classes = names or None
         self.training_data = dict(training_data) if training_data else None
         self._loading_initial_weights = False  # set by load_weights: training state removed from the file is no loss
         self.initial_weights: dict[str, str] | None = None  # what training started from (INITIAL_WEIGHTS_KEY)
@@ -597,7 +598,13 @@ class ResilientCheckpointer(DetectionCheckpointer):
         """detectron2's ``load`` of the file ``path`` (a ``pathlib.Path`` too, ``~`` expanded; ``None``
         or ``""``: nothing); a folder is refused by name (detectron2 says the checkpoint is not found).
         A load that raises leaves the checkpointer as it was, ready for the next one."""
+        if path is not None and not isinstance(path, (str, os.PathLike)):
+            raise GwdetTypeError(f"ResilientCheckpointer.load: give the checkpoint's path as a str or pathlib.Path, "
+                                 f"not {type(path).__name__} {path!r}.")
         path = os.path.expanduser(os.fspath(path)) if path else ""  # detectron2's load takes no path as none
+        if path and not path.strip():
+            raise GwdetValueError(f"ResilientCheckpointer.load: the path {path!r} is blank: give the checkpoint's "
+                                  "path, or \"\" (or None) to load nothing.")
         if path and os.path.isdir(path):
             raise GwdetIsADirectoryError(f"{path!r} is a folder: give the checkpoint file in it (e.g. "
                                          f"{os.path.join(path, 'model_final.pth')}).")
