@@ -13,7 +13,7 @@ from detectron2.layers import Conv2d
 from detectron2.modeling import BACKBONE_REGISTRY
 from detectron2.modeling.backbone import ResNet
 
-from gwdet.errors import GwdetValueError
+from gwdet.errors import GwdetTypeError, GwdetValueError
 
 POSITION_TOKENS = {"S1": ("S1",), "B1": ("B1",), "B2": ("B2",), "B3": ("B3",), "B12": ("B1", "B2")}
 POSITIONS = ("S1", "B1", "B2", "B3")
@@ -93,6 +93,9 @@ def reads_gw_positions(builder: Builder) -> Builder:
     """Mark a backbone builder of your own (``@BACKBONE_REGISTRY.register()``) as one that places
     GW at ``MODEL.RESNETS.GW_POSITIONS``, e.g. by calling one of gwdet's builders: the config check
     then accepts the positions with it as ``MODEL.BACKBONE.NAME``. Returns ``builder``."""
+    if not callable(builder):
+        raise GwdetTypeError(f"reads_gw_positions marks a backbone builder function (@reads_gw_positions above its "
+                             f"def), not {type(builder).__name__} {builder!r}.")
     setattr(builder, _READS_POSITIONS, True)
     return builder
 

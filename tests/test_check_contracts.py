@@ -248,6 +248,8 @@ def test_a_backbone_of_your_own_marked_as_reading_the_gw_positions_is_accepted()
         check_gwdet_config(cfg)
     finally:
         BACKBONE_REGISTRY._obj_map.pop("test_own_gw_backbone")
+    with pytest.raises(TypeError, match=r"reads_gw_positions marks a backbone builder function .*, not int 5"):
+        reads_gw_positions(5)  # a raw AttributeError
 
 
 def test_a_marked_backbone_of_your_own_that_places_no_gw_is_refused_after_the_build():
