@@ -174,17 +174,42 @@ def _refuse_other_defaults(record: NormRecord) -> None:
             raise GwdetValueError(
                 f"register_norm({record.name!r}): the config key {key} (for {param}) {what}: give {param} a key of "
                 f"its own, e.g. MODEL.{record.name.upper()}.{param.upper()}.")
-    for key, default in _config_key_defaults(record).items():
-        if key in existing:
-            continue
+    values = {**flatten_config(get_cfg()), **{config_key.name: config_key.default for config_key in CONFIG_KEYS}}
+    defaults = _config_key_defaults(record)
+    for key, default in defaults.items():
+        if key in existing and default is not None and values[key] is not None and _kind(default) != _kind(values[key]):
+            raise GwdetValueError(
+                f"register_norm({record.name!r}): the config key {key} holds {_kind(values[key])} values (its default "
+                f"is {values[key]!r}), and {record.name!r} reads its default {default!r} ({_kind(default)}) from it: "
+                f"give it a key of {_kind(default)} values, or of its own, e.g. MODEL.{record.name.upper()}."
+                f"{key.rsplit('.', 1)[-1]}.")
+    for key in set(record.config_keys.values()) - existing:
+        default = defaults.get(key, _NO_DEFAULT)
         for other in norm_records():
-            theirs = _config_key_defaults(other).get(key, default)
-            if theirs != default:
+            if other.name == record.name or key not in other.config_keys.values():
+                continue
+            theirs = _config_key_defaults(other).get(key, _NO_DEFAULT)
+            if theirs is not default and theirs != default:
+                ours, shown = (f"the default {value!r}" if value is not _NO_DEFAULT else "no default"
+                               for value in (default, theirs))
                 raise GwdetValueError(
-                    f"register_norm({record.name!r}): the config key {key} is read by {other.name!r} too, with the "
-                    f"default {theirs!r}, and {record.name!r} gives it {default!r}: a config without the key would build "
+                    f"register_norm({record.name!r}): the config key {key} is read by {other.name!r} too, with "
+                    f"{shown}, and {record.name!r} gives it {ours}: a config without the key would build "
                     f"one of them with the other's default. Give both the same default, or {record.name!r} a key of its "
                     "own.")
+
+
+# The default of a build's argument that has none (set apart from a default of None).
+_NO_DEFAULT = object()
+
+
+def _kind(value: Any) -> str:
+    """What a config value is, as yacs tells types apart: a bool, a number, a string, a list, ..."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    return "list" if isinstance(value, (list, tuple)) else "string" if isinstance(value, str) else type(value).__name__
 
 
 def _checked_config_keys(owner: str, config_keys: Any) -> dict[str, str]:

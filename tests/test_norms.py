@@ -122,7 +122,7 @@ def test_a_registered_names_own_config_key_can_be_set_in_a_config_file(registere
     assert build_config(str(DEMO_CONFIG)).MODEL.TEST_MY_GN.NUM_GROUPS == 16  # the build function's default
     # a second name reading the key with another default would build with the first one's (4 instead of its 8)
     with pytest.raises(ValueError, match=r"register_norm\('TestMyGN8'\): the config key MODEL.TEST_MY_GN.NUM_GROUPS "
-                                         r"is read by 'TestMyGN' too, with the default 16, and 'TestMyGN8' gives it 8"):
+                                         r"is read by 'TestMyGN' too, with the default 16, and 'TestMyGN8' gives it the default 8"):
         register_norm("TestMyGN8", lambda channels, num_groups=8: torch.nn.GroupNorm(num_groups, channels),
                       config_keys={"num_groups": "MODEL.TEST_MY_GN.NUM_GROUPS"})
     assert "TestMyGN8" not in known_norm_names()
@@ -138,6 +138,24 @@ def test_a_registered_config_key_below_a_value_or_naming_a_section_is_refused_at
         register_norm("TestBelow", lambda channels, g=1: torch.nn.GroupNorm(g, channels),
                       config_keys={"g": "MODEL.GN.NUM_GROUPS.X"})
     assert "TestBelow" not in known_norm_names()
+
+
+def test_a_registered_key_shared_with_a_name_without_its_default_or_of_another_type_is_refused(registered):
+    # a name without a default built with another name's 16 for the same key; num_groups read from MODEL.MASK_ON
+    # built GroupNorm(True, 64), one group from a bool
+    registered.append("TestKeyed16")
+    register_norm("TestKeyed16", lambda channels, num_groups=16: torch.nn.GroupNorm(num_groups, channels),
+                  config_keys={"num_groups": "MODEL.TEST_KEYED.G"})
+    with pytest.raises(ValueError, match=r"is read by 'TestKeyed16' too, with the default 16, and 'TestKeyedNone' "
+                                         r"gives it no default"):
+        register_norm("TestKeyedNone", lambda channels, num_groups: torch.nn.GroupNorm(num_groups, channels),
+                      config_keys={"num_groups": "MODEL.TEST_KEYED.G"})
+    with pytest.raises(ValueError, match=r"^register_norm\('TestFromBool'\): the config key MODEL.MASK_ON holds bool "
+                                         r"values \(its default is False\), and 'TestFromBool' reads its default 8 "
+                                         r"\(number\) from it"):
+        register_norm("TestFromBool", lambda channels, num_groups=8: torch.nn.GroupNorm(num_groups, channels),
+                      config_keys={"num_groups": "MODEL.MASK_ON"})
+    assert "TestKeyedNone" not in known_norm_names() and "TestFromBool" not in known_norm_names()
 
 
 def test_an_error_of_a_registered_build_function_names_the_norm_and_its_values(registered):
