@@ -1054,13 +1054,25 @@ def test_max_to_keep_counts_the_checkpoints_of_the_run_before_a_resume(tmp_path)
 
 
 def test_records_of_deleted_checkpoints_go_and_a_string_of_classes_is_refused(tmp_path):
-    # detectron2's max_to_keep deleted model_0000001.pth and left its .sha256; classes="ab" recorded ["a", "b"]
+    # detectron2's max_to_keep deleted model_0000001.pth and left its .sha256; classes="ab" recorded ["a", "b"]. A
+    # checkpoint the user moved aside lost its record at the next save (it then loaded unchecked when put back).
+    from detectron2.engine import TrainerBase
+
+    from gwdet.engine.lazy import RunPeriodicCheckpointer
+
+    class Trains(TrainerBase):
+        def run_step(self):
+            pass
+
     checkpointer = ResilientCheckpointer(torch.nn.Linear(2, 2), str(tmp_path))
-    checkpointer.save("model_0000001")
-    (tmp_path / "model_0000001.pth").unlink()
+    checkpointer.save("model_0000009")
+    (tmp_path / "model_0000009.pth").rename(tmp_path / "aside.pth")  # the user's move
     (tmp_path / "notes.sha256").write_text("mine")
-    checkpointer.save("model_0000002")
+    trainer = Trains()
+    trainer.register_hooks([RunPeriodicCheckpointer(checkpointer, period=1, max_to_keep=1)])
+    trainer.train(0, 2)
     assert sorted(path.name for path in tmp_path.iterdir()) == [
-        "last_checkpoint", "model_0000002.pth", "model_0000002.pth.sha256", "notes.sha256"]
+        "aside.pth", "last_checkpoint", "model_0000001.pth", "model_0000001.pth.sha256", "model_0000009.pth.sha256",
+        "model_final.pth", "model_final.pth.sha256", "notes.sha256"]
     with pytest.raises(TypeError, match=r"classes must be a list of class names .*, got 'circle,square'"):
         ResilientCheckpointer(torch.nn.Linear(2, 2), str(tmp_path), classes="circle,square")

@@ -32,7 +32,7 @@ from detectron2.utils import comm
 
 from gwdet.config import SHAPES_PREFIX
 from gwdet.utils.cli_errors import as_override, link_dotdot_problem
-from gwdet.utils.atomic import (CHECKSUM_SUFFIX, cached_sha256, checksum_findings, shown_record, write_atomically,
+from gwdet.utils.atomic import (cached_sha256, checksum_findings, shown_record, write_atomically,
                                 write_with_checksum)
 from gwdet.checkpoint.compatibility import (
     NORM_SETTINGS_KEY,
@@ -428,18 +428,6 @@ class ResilientCheckpointer(DetectionCheckpointer):
         # a kill while saving leaves no record or a right one (read unchecked but for the checksums inside)
         write_with_checksum(path, lambda file: torch.save(data, file), self.path_manager)
         self.tag_last_checkpoint(basename)
-        self._remove_orphan_records()
-
-    def _remove_orphan_records(self) -> None:
-        """Remove the ``.sha256`` records of checkpoints that are gone (detectron2's periodic
-        checkpointer deletes the checkpoints beyond its ``max_to_keep``, not the records beside them)."""
-        if "://" in self.save_dir or not os.path.isdir(self.save_dir):
-            return
-        for name in os.listdir(self.save_dir):
-            checkpoint = name[:-len(CHECKSUM_SUFFIX)]
-            if name.endswith(CHECKSUM_SUFFIX) and CHECKPOINT_NAME.match(checkpoint) \
-                    and not os.path.lexists(os.path.join(self.save_dir, checkpoint)):
-                os.unlink(os.path.join(self.save_dir, name))
 
     def tag_last_checkpoint(self, last_filename_basename: str) -> None:
         """fvcore's ``last_checkpoint``, written atomically: a kill leaves the old or the new name,

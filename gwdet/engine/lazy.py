@@ -36,6 +36,7 @@ from detectron2.utils import comm
 from detectron2.utils.logger import setup_logger
 
 from gwdet.errors import GwdetValueError
+from gwdet.utils.atomic import remove_checksum
 from gwdet.checkpoint.signal_hook import release_stop_signals
 from gwdet.data.boxes import check_dataset_boxes
 from gwdet.data.coco_registration import (
@@ -197,7 +198,15 @@ def evaluate(cfg: DictConfig, model: torch.nn.Module) -> "OrderedDict[str, Any]"
 class RunPeriodicCheckpointer(hooks.PeriodicCheckpointer):
     """detectron2's periodic checkpoints, whose ``max_to_keep`` counts the run's checkpoints, not
     only this process's: a resumed run counts the numbered checkpoints it wrote before the resumed
-    iteration first (oldest first), so at most ``max_to_keep`` are kept across resumes."""
+    iteration first (oldest first), so at most ``max_to_keep`` are kept across resumes. The SHA-256
+    record beside a checkpoint it deletes goes with it."""
+
+    def step(self, iteration: int, **kwargs: Any) -> None:
+        kept = list(self.recent_checkpoints)
+        super().step(iteration, **kwargs)
+        for path in set(kept) - set(self.recent_checkpoints):
+            if not os.path.lexists(path):
+                remove_checksum(path)
 
     def before_train(self) -> None:
         super().before_train()
