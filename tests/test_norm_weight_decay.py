@@ -180,6 +180,11 @@ def test_check_model_names_the_norm_layers_detectron2s_optimizer_decays(caplog):
     for value in ("0", float("nan")):  # "0": a raw ValueError of a format code
         with pytest.raises(TypeError, match=r"check_model: weight_decay_norm must be a number .*, got"):
             check_model(model, optimizer=Trainer.build_optimizer(cfg, model), weight_decay_norm=value)
+    # an optimizer built for another model (a notebook's model rebuilt, the old optimizer kept): nothing would train
+    other = Trainer.build_optimizer(cfg, Trainer.build_model(cfg))
+    with pytest.raises(ValueError, match=r"check_model: the optimizer does not hold \d+ trainable parameter\(s\) of the "
+                                         r"model .*so they would not train"):
+        check_model(model, optimizer=other, weight_decay_norm=0.0)
 
 
 @pytest.mark.parametrize("key, value, problem", [

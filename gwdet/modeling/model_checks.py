@@ -81,8 +81,9 @@ def check_model(model: nn.Module, strict_groups: bool = False, optimizer: torch.
       its names "BN" and "SyncBN" only.
     * Log, once, every component whose norm layers could not use the requested group number
       (:func:`adjusted_groups`); with ``strict_groups`` (``MODEL.STRICT_NORM_GROUPS``) raise instead.
-    * With an ``optimizer`` (and the config's ``weight_decay_norm``, ``weight_decay_bias``), warn
-      about norm layers it decays otherwise (:func:`check_norm_weight_decay`).
+    * With an ``optimizer`` (and the config's ``weight_decay_norm``, ``weight_decay_bias``), raise
+      when it does not hold every trainable parameter of ``model``, and warn about norm layers it
+      decays otherwise (:func:`check_norm_weight_decay`).
     """
     if not isinstance(model, nn.Module):
         raise GwdetTypeError(f"check_model: give the built model (a torch.nn.Module), got {type(model).__name__}")
@@ -95,6 +96,14 @@ def check_model(model: nn.Module, strict_groups: bool = False, optimizer: torch.
             if value is not None and not is_finite_number(value):
                 raise GwdetTypeError(f"check_model: {name} must be a number (the weight decay the optimizer should "
                                      f"give), got {value!r} ({type(value).__name__})")
+        held = {id(parameter) for group in optimizer.param_groups for parameter in group["params"]}
+        untrained = [name for name, parameter in model.named_parameters() if parameter.requires_grad
+                     and id(parameter) not in held]
+        if untrained:
+            raise GwdetValueError(
+                f"check_model: the optimizer does not hold {len(untrained)} trainable parameter(s) of the model (e.g. "
+                f"{listed(untrained, 3)}), so they would not train: was it built for another model (one built before "
+                "this one)? Build the optimizer from this model (gwdet.build_optimizer(cfg, model)).")
         check_norm_weight_decay(model, optimizer, weight_decay_norm, weight_decay_bias)
     adjusted = adjusted_groups(model)
     if adjusted and strict_groups:
