@@ -243,6 +243,8 @@ def test_tool_is_the_cli_entry_point(capsys):
 @pytest.mark.parametrize("command, flag, message", [
     # raw numpy / sklearn / torch tracebacks, or a constant table from --lr nan
     ("propagation", ["--seed", "-1"], "argument --seed: --seed must be >= 0, got -1"),
+    # seven findings about config NORM keys the user never set, --norms never named
+    ("propagation", ["--norms", "GW,XX"], "--norms GW,XX: 'XX' is no norm name; give names of "),
     ("capacity", ["--lr", "nan"], "argument --lr: --lr must be a finite number > 0, got nan"),
     ("capacity", ["--lr", "-0.1"], "argument --lr: --lr must be a finite number > 0, got -0.1"),
     ("capacity", ["--threads", "-1"], "argument --threads: --threads must be >= 1, got -1"),

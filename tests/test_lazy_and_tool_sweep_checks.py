@@ -164,7 +164,9 @@ def test_a_lazy_config_naming_an_unregistered_dataset_is_refused_before_training
 @pytest.mark.parametrize("override, message", [
     ("dataloader.train.dataset.names=[a,b]", "The LazyConfig overrides cannot set dataloader.train.dataset.names: "
      "Cannot merge DictConfig with ListConfig. dataloader.train.dataset.names holds a node (an L(...) call or a "
-     "mapping): set its keys (dataloader.train.dataset.names.KEY=VALUE), or give it a node of its own"),
+     "mapping), which a list cannot replace: set its keys (dataloader.train.dataset.names.KEY=VALUE), give it a node "
+     "of its own (dataloader.train.dataset.names={_target_: ..., ...}), or a single value "
+     "(dataloader.train.dataset.names=VALUE; a dataset's names take one name so)."),
     ("train.seed=${nope.x}", "LazyConfig override 'train.seed=${nope.x}' cannot be resolved: Interpolation key "
      "'nope.x' not found. An interpolation ${...} must name a key of the config."),
 ])

@@ -289,8 +289,9 @@ def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
         applied = LazyConfig.apply_overrides(cfg, [o[1:] if o.startswith("+") else o for o in overrides])
     except OmegaConfBaseException as error:  # e.g. a list given for a node
         key = getattr(error, "full_key", None) or "a key"
-        advice = (f" {key} holds a node (an L(...) call or a mapping): set its keys ({key}.KEY=VALUE), or give it a "
-                  f"node of its own ({key}={{_target_: ..., ...}}).") if isinstance(select(cfg, key), DictConfig) else ""
+        advice = (f" {key} holds a node (an L(...) call or a mapping), which a list cannot replace: set its keys "
+                  f"({key}.KEY=VALUE), give it a node of its own ({key}={{_target_: ..., ...}}), or a single value "
+                  f"({key}=VALUE; a dataset's names take one name so).") if isinstance(select(cfg, key), DictConfig) else ""
         raise GwdetValueError(
             f"The LazyConfig overrides cannot set {key}: {str(error).splitlines()[0]}.{advice}") from None
     for override, key in zip(overrides, keys, strict=True):

@@ -182,8 +182,14 @@ def run(args: argparse.Namespace) -> list[Path]:
         setting = ConstraintSetting(args.d, args.m, args.g, args.N, args.k)
         return run_constraints(args.out, setting, cfg, args.config, args.input_size or (800, 1333))
     if args.command == "propagation":
+        from gwdet.errors import GwdetValueError
+        from gwdet.norms import known_norm_names
         from gwdet_lab.analysis.propagation import run_propagation
 
+        unknown = [name for name in args.norms if name != "config" and name not in known_norm_names()]
+        if unknown:
+            raise GwdetValueError(f"--norms {','.join(args.norms)}: {', '.join(map(repr, unknown))} is no norm name; "
+                                  f"give names of {', '.join(known_norm_names())}, or 'config' (the config's norms).")
         return run_propagation(args.out, args.config, args.norms, args.opts, args.seed)
     from gwdet_lab.analysis.capacity import run_capacity
 
