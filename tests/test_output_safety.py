@@ -1053,6 +1053,18 @@ def test_max_to_keep_counts_the_checkpoints_of_the_run_before_a_resume(tmp_path)
         "model_0000006.pth", "model_0000007.pth", "model_final.pth"]
 
 
+def test_a_new_training_into_a_folder_of_another_runs_checkpoints_is_refused(tmp_path):
+    # gwdet's Trainer (Python) trained twice into one OUTPUT_DIR: the second replaced model_final.pth and metrics of
+    # the first without a word (the tools refuse it; detectron2's DefaultTrainer does the same)
+    checkpointer = ResilientCheckpointer(torch.nn.Linear(2, 2), str(tmp_path))
+    assert checkpointer.resume_or_load("", resume=False) == {}  # an empty folder: a new run
+    checkpointer.save("model_final")
+    with pytest.raises(FileExistsError, match=r"holds the checkpoints of another run \(model_final.pth\), which a new "
+                                              r"training there would replace: continue that run \(resume=True"):
+        checkpointer.resume_or_load("", resume=False)
+    checkpointer.resume_or_load("", resume=True)  # continuing it is fine
+
+
 def test_records_of_deleted_checkpoints_go_and_a_string_of_classes_is_refused(tmp_path):
     # detectron2's max_to_keep deleted model_0000001.pth and left its .sha256; classes="ab" recorded ["a", "b"]. A
     # checkpoint the user moved aside lost its record at the next save (it then loaded unchecked when put back).

@@ -58,7 +58,7 @@ from gwdet.checkpoint.integrity import (
 )
 from gwdet.checkpoint.converted_weights import read_conversion_metadata
 from gwdet.checkpoint.safe_load import UnsafeCheckpointError, load_pickle_file, load_torch_file
-from gwdet.errors import (GwdetError, GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetRuntimeError, GwdetTypeError,
+from gwdet.errors import (GwdetError, GwdetFileExistsError, GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetRuntimeError, GwdetTypeError,
                           GwdetValueError, listed)
 
 # The checkpoints a run writes: detectron2's PeriodicCheckpointer names them model_{iteration:07d}
@@ -556,7 +556,17 @@ class ResilientCheckpointer(DetectionCheckpointer):
             "that local file.")
 
     def resume_or_load(self, path: str, *, resume: bool = True) -> dict:
+        """``resume``: the newest readable checkpoint of ``save_dir`` (:meth:`resume_candidates`),
+        else the initial weights ``path``; without ``resume``, the initial weights, refused where
+        ``save_dir`` holds another run's checkpoints, which the new training would replace."""
         if not resume:
+            earlier = sorted(name for name in os.listdir(self.save_dir) if CHECKPOINT_NAME.match(name)) \
+                if self.save_dir and "://" not in self.save_dir and os.path.isdir(self.save_dir) else []
+            if earlier:
+                raise GwdetFileExistsError(
+                    f"{self.save_dir} holds the checkpoints of another run ({listed(earlier, 3)}), which a new training "
+                    "there would replace: continue that run (resume=True; the tools' --resume), train into another "
+                    "output folder, or remove them (the tools' --overwrite).")
             return self.load_weights(path)
         candidates = self.resume_candidates()
         for candidate in candidates:
