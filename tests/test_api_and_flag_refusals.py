@@ -201,6 +201,20 @@ def test_precise_bn_with_norms_it_does_not_recompute_is_refused(opts, message):
         check_training_values(build_config(str(DEMO_CONFIG), ["TEST.PRECISE_BN.ENABLED", "True", *fine]), world_size=1)
 
 
+def test_precise_bn_asked_of_an_evaluation_is_warned_of():
+    # --eval-only TEST.PRECISE_BN.ENABLED True evaluated the running statistics as they were, without a word
+    from gwdet.engine.trainer import YacsRun
+    from gwdet.model_zoo import build_config
+
+    from conftest import logged_warnings
+
+    with logged_warnings("gwdet.engine.trainer") as logged:
+        YacsRun(build_config(str(DEMO_CONFIG), ["TEST.PRECISE_BN.ENABLED", "True"])).check_request(True, 1)
+    assert [line[:90] for line in logged] == [
+        "TEST.PRECISE_BN.ENABLED is True, but detectron2's PreciseBN runs during training only: --eval-only evaluates "
+        "the weights' running statistics as they are."[:90]]
+
+
 def test_test_time_augmentation_is_refused_for_training_and_evaluation():
     # gwdet's runs evaluate the plain model: TEST.AUG.ENABLED was ignored without a word
     from gwdet.engine.trainer import YacsRun

@@ -426,6 +426,10 @@ class YacsRun(RunConfig):
         check_evaluation_values(self.cfg)
         if not eval_only:
             check_training_values(self.cfg, world_size)
+        elif self.cfg.TEST.PRECISE_BN.ENABLED:
+            logger.warning("TEST.PRECISE_BN.ENABLED is True, but detectron2's PreciseBN runs during training only: "
+                           "--eval-only evaluates the weights' running statistics as they are. Recompute them first "
+                           "with gwdet.layers.update_running_statistics (docs/usage.md), or set it False.")
 
     def check_resume(self, weights_named: bool) -> None:
         check_resume_config(self.cfg, self.cfg.OUTPUT_DIR, weights_named)
