@@ -756,7 +756,7 @@ def test_an_evaluation_with_overwrite_is_refused_as_a_flag_it_does_not_read(tmp_
 def test_a_run_in_a_process_left_with_float64_or_without_gradients_names_the_process_state():
     # the run failed at the first iteration with nms' "dets should have the same type as scores" (float64) or "element
     # 0 of tensors does not require grad" (no gradients), blamed on the config's values
-    from gwdet.engine.run import check_torch_state
+    from gwdet.engine.training import check_torch_state
 
     try:
         torch.set_default_dtype(torch.float64)

@@ -89,6 +89,7 @@ from gwdet.engine.run import RunConfig
 from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.engine.training import (
     InnerTrainerState,
+    check_torch_state,
     configured_optimizer_values,
     continue_after_resume,
     random_streams_kept,
@@ -226,6 +227,7 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
     (:mod:`gwdet.engine.training`) and the final results returned by :meth:`train`."""
 
     def __init__(self, cfg: DictConfig) -> None:
+        check_torch_state(training=True)  # float64 or no gradients left by one's own code: refused by name
         super().__init__()
         if not logging.getLogger("detectron2").isEnabledFor(logging.INFO):
             setup_logger()

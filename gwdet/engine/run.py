@@ -82,6 +82,7 @@ from gwdet.engine.output_dir import (
 )
 from gwdet.engine.run_environment import ENVIRONMENT_KEY, run_environment
 from gwdet.engine.run_log import HeldRecords
+from gwdet.engine.training import check_torch_state
 from gwdet.engine.visualize import save_prediction_pngs
 
 logger = logging.getLogger(__name__)
@@ -486,22 +487,6 @@ def written_folders(run: RunConfig) -> list[str]:
     if not run.test_datasets():
         return []
     return [INFERENCE_FOLDER, *([VIS_FOLDER] if run.vis_images > 0 else [])]
-
-
-def check_torch_state(training: bool) -> None:
-    """Refuse a run in a process whose torch state a run cannot use, as one's own code or a notebook
-    may leave it: another default dtype than float32 (detectron2's layers and torchvision's
-    operators mix it with the images' float32), or gradients switched off for a training."""
-    if torch.get_default_dtype() != torch.float32:
-        raise GwdetValueError(
-            f"torch's default dtype is {torch.get_default_dtype()} in this process (torch.set_default_dtype was called "
-            "before the run): detectron2 would build the model in it and fail on the images' float32. Call "
-            "torch.set_default_dtype(torch.float32) before the run.")
-    if training and not torch.is_grad_enabled():
-        raise GwdetValueError(
-            "Gradients are switched off in this process (torch.set_grad_enabled(False), or a torch.no_grad() block "
-            "around the run), so the training could not compute any: call torch.set_grad_enabled(True) before the "
-            "run, or run it outside the block.")
 
 
 def main(args: argparse.Namespace):

@@ -48,6 +48,7 @@ from gwdet.engine.run import RunConfig
 from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.engine.training import (
     InnerTrainerState,
+    check_torch_state,
     configured_optimizer_values,
     continue_precise_bn,
     precise_bn_streams_kept,
@@ -71,6 +72,7 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
     where they stopped (see :mod:`gwdet.checkpoint.resilient`, :mod:`gwdet.data.resumable`)."""
 
     def __init__(self, cfg: CfgNode) -> None:
+        check_torch_state(training=True)  # float64 or no gradients left by one's own code: refused by name
         # Whatever build_train_loader (a subclass's too) returns reaches detectron2's SimpleTrainer
         # with its batches checked (gwdet.data.finite_images): during the construction the
         # instance's build_train_loader wraps the class's.

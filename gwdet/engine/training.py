@@ -113,6 +113,22 @@ def random_streams_kept() -> Iterator[None]:
             torch.cuda.set_rng_state_all(cuda)
 
 
+def check_torch_state(training: bool) -> None:
+    """Refuse a run in a process whose torch state a run cannot use, as one's own code or a notebook
+    may leave it: another default dtype than float32 (detectron2's layers and torchvision's
+    operators mix it with the images' float32), or gradients switched off for a training."""
+    if torch.get_default_dtype() != torch.float32:
+        raise GwdetValueError(
+            f"torch's default dtype is {torch.get_default_dtype()} in this process (torch.set_default_dtype was called "
+            "before the run): detectron2 would build the model in it and fail on the images' float32. Call "
+            "torch.set_default_dtype(torch.float32) before the run.")
+    if training and not torch.is_grad_enabled():
+        raise GwdetValueError(
+            "Gradients are switched off in this process (torch.set_grad_enabled(False), or a torch.no_grad() block "
+            "around the run), so the training could not compute any: call torch.set_grad_enabled(True) before the "
+            "run, or run it outside the block.")
+
+
 def precise_bn_streams_kept(hooks: list) -> list:
     """``hooks`` with each of detectron2's ``PreciseBN`` hooks running its passes with the random
     generators kept (:func:`random_streams_kept`), as the evaluations do: its batches would otherwise
