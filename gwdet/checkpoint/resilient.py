@@ -795,7 +795,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
         (``?matching_heuristics=True``, which detectron2's own reading honours for ``.pth`` files
         only); another query is refused, as detectron2 refuses it."""
         address = self._parsed_url_during_load
-        queries = parse_qs(address.query) if address is not None else {}
+        queries: dict[str, list[str]] = parse_qs(address.query) if address is not None else {}
         asked = queries.pop("matching_heuristics", ["False"]) == ["True"]
         if queries:
             raise GwdetValueError(
