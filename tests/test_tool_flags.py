@@ -263,19 +263,31 @@ def test_lazy_milestones_in_other_units_than_iterations_are_warned_of():
         "milestones as iterations from 1 to train.max_iter=10."]
 
 
-@pytest.mark.parametrize("scheduler, problem", [
+@pytest.mark.parametrize("node, scheduler, problem", [
     # a raw IndexError after the last iteration (the yacs twin was refused)
-    ("StepWithFixedGammaParamScheduler(base_value=1.0, num_decays=2, gamma=0.1, num_updates=1000)",
-     "lr_multiplier.scheduler is fvcore's StepWithFixedGammaParamScheduler, which stops the training after its last "
-     "iteration"),
+    ("lr_multiplier.scheduler", "StepWithFixedGammaParamScheduler(base_value=1.0, num_decays=2, gamma=0.1, "
+     "num_updates=1000)", "lr_multiplier.scheduler is fvcore's StepWithFixedGammaParamScheduler, which stops the "
+     "training after its last iteration"),
     # trained with a negative learning rate without a word (the yacs twin, SOLVER.BASE_LR_END, was refused)
-    ("CosineParamScheduler(start_value=1.0, end_value=-0.5)", "lr_multiplier.scheduler gives the factor -0.00183529 of "
-                                                             "optimizer.lr at iteration 609 of train.max_iter=1000, and a "
-                                                             "negative factor turns the learning rate "
-                                                             "negative"),
-    ("CosineParamScheduler(start_value=1.0, end_value=2.0)", None),  # a warning: the rate rises
+    ("lr_multiplier.scheduler", "CosineParamScheduler(start_value=1.0, end_value=-0.5)",
+     "lr_multiplier.scheduler gives the factor -0.00183529 of optimizer.lr at iteration 609 of train.max_iter=1000, "
+     "and a negative factor turns the learning rate negative"),
+    ("lr_multiplier.scheduler", "CosineParamScheduler(start_value=1.0, end_value=2.0)",  # a warning: the rate rises
+     None),
+    # set as lr_multiplier itself, the checks read lr_multiplier.scheduler only: these trained with a negative or
+    # rising rate, or failed at the end
+    ("lr_multiplier", "LinearParamScheduler(start_value=1.0, end_value=-1.0)",
+     "lr_multiplier gives the factor -0.002 of optimizer.lr at iteration 501 of train.max_iter=1000"),
+    # a constant rate: trained every iteration, then fvcore's raw RuntimeError, no model_final.pth
+    ("lr_multiplier", "ConstantParamScheduler(value=1.0)", "lr_multiplier fails after the last iteration of "
+     "train.max_iter=1000 (RuntimeError: where in ParamScheduler must be in [0, 1]: got 1.0)"),
+    ("lr_multiplier", "StepWithFixedGammaParamScheduler(base_value=1.0, num_decays=2, gamma=0.1, num_updates=1000)",
+     "lr_multiplier is fvcore's StepWithFixedGammaParamScheduler"),
+    ("lr_multiplier", "MultiStepParamScheduler(values=[1.0, 0.0], milestones=[500], num_updates=1000)",
+     "lr_multiplier.values=[1.0, 0.0]: each value multiplies the learning rate"),
+    ("lr_multiplier", "ExponentialParamScheduler(start_value=1.0, decay=50)", None),  # a warning: the rate rises
 ])
-def test_lazy_schedules_that_fail_or_turn_the_rate_negative_are_refused(tmp_path, scheduler, problem):
+def test_lazy_schedules_that_fail_or_turn_the_rate_negative_are_refused(tmp_path, node, scheduler, problem):
     from gwdet.engine.lazy import LazyRun
 
     config = tmp_path / "schedule.py"
@@ -283,48 +295,15 @@ def test_lazy_schedules_that_fail_or_turn_the_rate_negative_are_refused(tmp_path
                       f"from fvcore.common.param_scheduler import {scheduler.split('(')[0]}\n"
                       f"_base = LazyConfig.load({str(LAZY_CONFIG)!r})\n"
                       "globals().update(_base)\n"
-                      f"lr_multiplier.scheduler = L({scheduler.split('(')[0]})({scheduler.split('(', 1)[1]}\n")
+                      f"{node} = L({scheduler.split('(')[0]})({scheduler.split('(', 1)[1]}\n")
     run = LazyRun.load(str(config))
     if problem is None:
         with logged_warnings("gwdet.engine.lazy_checks") as logged:
             run.check_request(False, 1)
-        assert logged == ["lr_multiplier.scheduler's factors of optimizer.lr rise (from 1.02447 at iteration 100 to 2 at "
-                          "iteration 1000): the learning rate grows during the run; give falling factors (e.g. [1.0, "
-                          "0.1, 0.01]) to lower it."]
-        return
-    with pytest.raises(ValueError, match=re.escape(problem)):
-        run.check_request(False, 1)
-
-
-@pytest.mark.parametrize("multiplier, problem", [
-    # trained with a negative rate in the second half
-    ("LinearParamScheduler(start_value=1.0, end_value=-1.0)", "lr_multiplier gives the factor -0.002 of optimizer.lr at "
-                                                              "iteration 501 of train.max_iter=1000"),
-    # a constant rate: trained every iteration, then fvcore's raw RuntimeError, no model_final.pth
-    ("ConstantParamScheduler(value=1.0)", "lr_multiplier fails after the last iteration of train.max_iter=1000 "
-                                          "(RuntimeError: where in ParamScheduler must be in [0, 1]: got 1.0)"),
-    ("StepWithFixedGammaParamScheduler(base_value=1.0, num_decays=2, gamma=0.1, num_updates=1000)",
-     "lr_multiplier is fvcore's StepWithFixedGammaParamScheduler"),
-    ("MultiStepParamScheduler(values=[1.0, 0.0], milestones=[500], num_updates=1000)",
-     "lr_multiplier.values=[1.0, 0.0]: each value multiplies the learning rate"),
-    ("ExponentialParamScheduler(start_value=1.0, decay=50)", None),  # a warning: the rate rises
-])
-def test_a_schedule_set_as_the_lr_multiplier_itself_is_checked_as_one_under_a_warm_up(tmp_path, multiplier, problem):
-    # the checks read lr_multiplier.scheduler only: these trained with a negative or rising rate, or failed at the end
-    from gwdet.engine.lazy import LazyRun
-
-    config = tmp_path / "schedule.py"
-    config.write_text(f"from detectron2.config import LazyConfig, LazyCall as L\n"
-                      f"from fvcore.common.param_scheduler import {multiplier.split('(')[0]}\n"
-                      f"_base = LazyConfig.load({str(LAZY_CONFIG)!r})\n"
-                      "globals().update(_base)\n"
-                      f"lr_multiplier = L({multiplier.split('(')[0]})({multiplier.split('(', 1)[1]}\n")
-    run = LazyRun.load(str(config))
-    if problem is None:
-        with logged_warnings("gwdet.engine.lazy_checks") as logged:
-            run.check_request(False, 1)
-        assert [line[:80] for line in logged] == ["lr_multiplier's factors of optimizer.lr rise (from 1 at iteration 0 "
-                                                  "to 50 at iteration 1000)"[:80]]
+        rise = ("from 1.02447 at iteration 100 to 2 at iteration 1000" if node == "lr_multiplier.scheduler" else
+                "from 1 at iteration 0 to 50 at iteration 1000")
+        assert logged == [f"{node}'s factors of optimizer.lr rise ({rise}): the learning rate grows during the run; give "
+                          "falling factors (e.g. [1.0, 0.1, 0.01]) to lower it."]
         return
     with pytest.raises(ValueError, match=re.escape(problem)):
         run.check_request(False, 1)
