@@ -64,6 +64,17 @@ class SignalAfter(HookBase):
             os.kill(os.getpid(), self.signum)
 
 
+def run_folder_with_a_link(tmp_path, name: str, text: str) -> tuple:
+    """A user's file ``notes.txt`` holding ``text`` and a run folder ``run`` whose file ``name`` is a
+    link to it: what a run must not write through. Returns ``(notes, run)``."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text(text)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / name).symlink_to(notes)
+    return notes, run
+
+
 @contextlib.contextmanager
 def logged_warnings(name: str) -> Iterator[list[str]]:
     """The messages of the warnings (and worse) that logger ``name`` logs inside the block, caught

@@ -25,7 +25,7 @@ from gwdet.engine.trainer import Trainer, YacsRun
 from gwdet.model_zoo import build_config
 from gwdet.engine.output_dir import OutputDirLock, check_fresh_start, check_resume_config
 
-from conftest import DEMO_CONFIG, REPO, TINY_OPTS, logged_warnings, tiny_run_args
+from conftest import DEMO_CONFIG, REPO, TINY_OPTS, logged_warnings, run_folder_with_a_link, tiny_run_args
 
 
 def _digest(folder) -> dict:
@@ -969,11 +969,7 @@ def test_a_failed_write_keeps_the_earlier_files_checksum_record(tmp_path):
 
 def test_last_checkpoint_that_is_a_link_is_replaced_not_written_through(tmp_path):
     # ResilientCheckpointer.save wrote the checkpoint's name into the user's file the link led to
-    notes = tmp_path / "notes.txt"
-    notes.write_text("my notes")
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "last_checkpoint").symlink_to(notes)
+    notes, run = run_folder_with_a_link(tmp_path, "last_checkpoint", "my notes")
     ResilientCheckpointer(torch.nn.Linear(2, 2), str(run)).save("model_final")
     assert notes.read_text() == "my notes"
     assert not (run / "last_checkpoint").is_symlink() and (run / "last_checkpoint").read_text() == "model_final.pth"

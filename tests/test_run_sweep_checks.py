@@ -37,7 +37,7 @@ from gwdet.errors import GwdetError, GwdetOSError
 from gwdet.model_zoo import build_config
 from gwdet.utils.atomic import WriteError
 
-from conftest import DEMO_CONFIG, TINY_OPTS, error_in_child, logged_warnings, tiny_run_args
+from conftest import DEMO_CONFIG, TINY_OPTS, error_in_child, logged_warnings, run_folder_with_a_link, tiny_run_args
 
 RECORD = CONFIG_NAME + ".sha256"
 
@@ -393,11 +393,7 @@ def test_a_copy_of_a_run_made_of_links_is_refused_before_it_changes_the_original
 
 
 def test_a_lock_file_that_is_a_link_or_a_folder_is_refused_and_its_target_kept(tmp_path):
-    notes = tmp_path / "notes.txt"
-    notes.write_text("my important notes")
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / ".gwdet.lock").symlink_to(notes)
+    notes, run = run_folder_with_a_link(tmp_path, ".gwdet.lock", "my important notes")
     with pytest.raises(OutputDirNotWritableError, match=r"holds a link \.gwdet\.lock \(to .*notes.txt\), where a run "
                                                         r"keeps its lock file"):
         main(tiny_run_args(run))
