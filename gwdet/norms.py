@@ -176,13 +176,14 @@ def _refuse_other_defaults(record: NormRecord) -> None:
                 f"its own, e.g. MODEL.{record.name.upper()}.{param.upper()}.")
     values = {**flatten_config(get_cfg()), **{config_key.name: config_key.default for config_key in CONFIG_KEYS}}
     defaults = _config_key_defaults(record)
-    for key, default in defaults.items():
+    for param, key in record.config_keys.items():
+        default = defaults.get(key)
         if key in existing and default is not None and values[key] is not None and _kind(default) != _kind(values[key]):
             raise GwdetValueError(
                 f"register_norm({record.name!r}): the config key {key} holds {_kind(values[key])} values (its default "
-                f"is {values[key]!r}), and {record.name!r} reads its default {default!r} ({_kind(default)}) from it: "
-                f"give it a key of {_kind(default)} values, or of its own, e.g. MODEL.{record.name.upper()}."
-                f"{key.rsplit('.', 1)[-1]}.")
+                f"is {values[key]!r}), and {record.name!r} reads its {param} (default {default!r}, {_kind(default)}) "
+                f"from it: give {param} a key of {_kind(default)} values, or of its own, e.g. "
+                f"MODEL.{record.name.upper()}.{param.upper()}.")
     for key in set(record.config_keys.values()) - existing:
         default = defaults.get(key, _NO_DEFAULT)
         for other in norm_records():
@@ -204,11 +205,14 @@ _NO_DEFAULT = object()
 
 
 def _kind(value: Any) -> str:
-    """What a config value is, as yacs tells types apart: a bool, a number, a string, a list, ..."""
+    """What a config value is, as yacs tells types apart (an override of an integer key with a
+    float is refused): a bool, an integer, a float, a string, a list, ..."""
     if isinstance(value, bool):
         return "bool"
-    if isinstance(value, (int, float)):
-        return "number"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "float"
     return "list" if isinstance(value, (list, tuple)) else "string" if isinstance(value, str) else type(value).__name__
 
 
@@ -261,9 +265,21 @@ def _same_registration(record: NormRecord, other: NormRecord) -> bool:
         code_a is not None and code_b is not None and getattr(a, "__qualname__", None) == getattr(b, "__qualname__", None)
         and (code_a.co_code, code_a.co_consts, code_a.co_names) == (code_b.co_code, code_b.co_consts, code_b.co_names)
         and getattr(a, "__defaults__", None) == getattr(b, "__defaults__", None)
-        and getattr(a, "__kwdefaults__", None) == getattr(b, "__kwdefaults__", None))
+        and getattr(a, "__kwdefaults__", None) == getattr(b, "__kwdefaults__", None)
+        and _read_globals(a) == _read_globals(b))
     return same_build and (dict(record.config_keys), record.batch_statistics, record.layer_types) == (
         dict(other.config_keys), other.batch_statistics, other.layer_types)
+
+
+def _read_globals(function: Callable) -> dict[str, Any]:
+    """The module-level names ``function``'s code reads, each as a value to compare: data as it is
+    (a constant ``G = 4``), a function, class or module by its qualified name (a file read again
+    defines them anew)."""
+    names = getattr(getattr(function, "__code__", None), "co_names", ())
+    scope = getattr(function, "__globals__", {})
+    return {name: getattr(scope[name], "__qualname__", getattr(scope[name], "__name__", None))
+            if callable(scope[name]) or inspect.ismodule(scope[name]) else repr(scope[name])
+            for name in names if name in scope}
 
 
 def _refuse_taken(name: str, again: NormRecord | None) -> None:

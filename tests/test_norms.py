@@ -151,10 +151,14 @@ def test_a_registered_key_shared_with_a_name_without_its_default_or_of_another_t
         register_norm("TestKeyedNone", lambda channels, num_groups: torch.nn.GroupNorm(num_groups, channels),
                       config_keys={"num_groups": "MODEL.TEST_KEYED.G"})
     with pytest.raises(ValueError, match=r"^register_norm\('TestFromBool'\): the config key MODEL.MASK_ON holds bool "
-                                         r"values \(its default is False\), and 'TestFromBool' reads its default 8 "
-                                         r"\(number\) from it"):
+                                         r"values \(its default is False\), and 'TestFromBool' reads its num_groups "
+                                         r"\(default 8, integer\) from it: give num_groups a key of integer values"):
         register_norm("TestFromBool", lambda channels, num_groups=8: torch.nn.GroupNorm(num_groups, channels),
                       config_keys={"num_groups": "MODEL.MASK_ON"})
+    with pytest.raises(ValueError, match=r"MODEL.GN.NUM_GROUPS holds integer values .* reads its eps \(default 1e-05, "
+                                         r"float\)"):  # it built GroupNorm(4, 64, eps=32)
+        register_norm("TestFromBool", lambda channels, eps=1e-5: torch.nn.GroupNorm(4, channels, eps=eps),
+                      config_keys={"eps": "MODEL.GN.NUM_GROUPS"})
     assert "TestKeyedNone" not in known_norm_names() and "TestFromBool" not in known_norm_names()
 
 
@@ -581,13 +585,13 @@ def test_equal_norms_hash_equal_whatever_the_number_type():
 
 def test_a_registered_names_value_refused_by_its_config_key_names_the_key(registered):
     registered.append("TestEpsOfGroups")
-    register_norm("TestEpsOfGroups", lambda channels, eps=1e-5: torch.nn.Identity(),
-                  config_keys={"eps": "MODEL.GW.NUM_GROUPS"})
-    with pytest.raises(ValueError, match=r"eps of norm 'TestEpsOfGroups' \(given to gwdet.norm, checked as its config "
-                                         r"key MODEL.GW.NUM_GROUPS\) must be an integer >= 1, got 1e-05"):
-        norm("TestEpsOfGroups", eps=1e-5)
+    register_norm("TestEpsOfGroups", lambda channels, groups=1: torch.nn.Identity(),
+                  config_keys={"groups": "MODEL.GW.NUM_GROUPS"})
+    with pytest.raises(ValueError, match=r"groups of norm 'TestEpsOfGroups' \(given to gwdet.norm, checked as its "
+                                         r"config key MODEL.GW.NUM_GROUPS\) must be an integer >= 1, got 1e-05"):
+        norm("TestEpsOfGroups", groups=1e-5)
     cfg = add_gwdet_config(get_cfg())
     cfg.MODEL.GW.NUM_GROUPS = 0  # read from the config: the key named as the source
-    with pytest.raises(ValueError, match=r"eps of norm 'TestEpsOfGroups' \(read from MODEL.GW.NUM_GROUPS\) must be an "
-                                         r"integer >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"groups of norm 'TestEpsOfGroups' \(read from MODEL.GW.NUM_GROUPS\) must be "
+                                         r"an integer >= 1, got 0"):
         norm_from_config("TestEpsOfGroups", cfg)
