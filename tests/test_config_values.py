@@ -295,6 +295,28 @@ def test_a_key_given_twice_in_a_base_is_refused_naming_the_base_and_the_config(t
         "at line 5: YAML keeps only the last")
 
 
+def test_a_base_list_whose_later_base_puts_its_chains_value_back_is_warned_of(tmp_path):
+    # _BASE_: [a.yaml, b.yaml], both on the demo: b's chain put the demo's GW group number back over a's 8
+    from gwdet.model_zoo import build_config
+
+    from conftest import logged_warnings
+
+    (tmp_path / "a.yaml").write_text(f'_BASE_: "{DEMO_CONFIG}"\nMODEL:\n  GW:\n    NUM_GROUPS: 8\n', encoding="utf-8")
+    (tmp_path / "b.yaml").write_text(f'_BASE_: "{DEMO_CONFIG}"\nSOLVER:\n  MAX_ITER: 7\n', encoding="utf-8")
+    config = tmp_path / "both.yaml"
+    config.write_text('_BASE_: ["a.yaml", "b.yaml"]\n', encoding="utf-8")
+    with logged_warnings("gwdet.model_zoo.loading") as logged:
+        cfg = build_config(str(config))
+    assert cfg.MODEL.GW.NUM_GROUPS != 8 and cfg.SOLVER.MAX_ITER == 7  # fvcore's merge, as it is
+    assert len(logged) == 1 and logged[0].startswith(
+        f"Config file {str(config)!r}: its _BASE_ 'b.yaml' gives MODEL.GW.NUM_GROUPS the values of its own base chain "
+        f"(MODEL.GW.NUM_GROUPS: {cfg.MODEL.GW.NUM_GROUPS}) over those 'a.yaml' sets (MODEL.GW.NUM_GROUPS: 8)")
+    config.write_text('_BASE_: ["a.yaml", "b.yaml"]\nMODEL:\n  GW:\n    NUM_GROUPS: 8\n', encoding="utf-8")
+    with logged_warnings("gwdet.model_zoo.loading") as logged:  # the config itself says which: no word
+        assert build_config(str(config)).MODEL.GW.NUM_GROUPS == 8
+    assert logged == []
+
+
 def test_a_tuple_split_by_a_one_line_mapping_is_named_as_such(tmp_path):
     # "gives the key DATASETS.) twice, at line 2 and at line 2 ... delete the line you do not mean"
     config = tmp_path / "flow.yaml"

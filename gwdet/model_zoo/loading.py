@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import codecs
 import difflib
+import logging
 import os
 import re
 from pathlib import Path
@@ -24,11 +25,13 @@ from detectron2.config import CfgNode, get_cfg
 
 from gwdet.config import add_gwdet_config, flatten_config
 from gwdet.config_checks import check_gwdet_config
-from gwdet.errors import GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetValueError
+from gwdet.errors import GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetValueError, listed
 from gwdet.layers.common import check_flag
 from gwdet.model_zoo.lazy_loading import check_config_file_exists, check_override_list, is_lazy_config, load_lazy_config
 from gwdet.model_zoo.model_zoo import configs_dir, get_config_file
 from gwdet.norms import add_registered_config_keys
+
+logger = logging.getLogger(__name__)
 
 
 def build_config(config_file: str | os.PathLike, opts: list[str] | None = None) -> CfgNode:
@@ -67,6 +70,7 @@ def build_config(config_file: str | os.PathLike, opts: list[str] | None = None) 
         raise GwdetValueError(f"Config file {config_file!r} holds no KEY: VALUE mapping (is it empty?). "
                               "Start from one of the files under configs/.")
     check_base_files(config_file, content)
+    warn_of_bases_overridden_by_their_own_bases(config_file, content)
     cfg = add_registered_config_keys(add_gwdet_config(get_cfg()))
     try:
         cfg.merge_from_file(config_file)
@@ -317,6 +321,39 @@ def check_base_files(config_file: str, content: Mapping, named_from: Sequence[st
             continue  # left to detectron2 (its Base-RetinaNet.yaml computes its anchor sizes with a python tag)
         if isinstance(base_content, dict):
             check_base_files(path, base_content, chain)
+
+
+def warn_of_bases_overridden_by_their_own_bases(config_file: str, content: Mapping) -> None:
+    """A warning for a ``_BASE_`` list whose later base, through a base of its own (one the bases
+    share, say), gives a key another value than an earlier base sets: fvcore merges each base with
+    its whole chain in order, so the earlier base's value is dropped (``[a.yaml, b.yaml]``, both on
+    the demo: b's chain puts the demo's group number back over a's). Keys the config itself sets,
+    and values a later base sets in its own file, are what the user wrote last: no warning."""
+    bases = _base_paths(config_file, content)
+    if len(bases) < 2:
+        return
+    own = set(flatten_config({key: value for key, value in content.items() if key != BASE_KEY}))
+    chains, files = [], []
+    for _, path in bases:
+        try:
+            chains.append(flatten_config(CfgNode.load_yaml_with_base(path, allow_unsafe=False)))
+            with open(path, encoding="utf-8") as f:
+                written = load_config_yaml(path, f.read())
+        except Exception:  # a base read only with python tags, or damaged: left to the merge's own errors
+            return
+        files.append(set(flatten_config({key: value for key, value in (written or {}).items() if key != BASE_KEY})))
+    for later in range(1, len(bases)):
+        for earlier in range(later):
+            dropped = sorted(key for key, value in chains[earlier].items()
+                             if key in files[earlier] and key not in own and key not in files[later]
+                             and key in chains[later] and chains[later][key] != value)
+            if dropped:
+                key = dropped[0]
+                logger.warning(
+                    f"Config file {config_file!r}: its {BASE_KEY} {bases[later][0]!r} gives {listed(dropped, 3)} the "
+                    f"values of its own base chain ({key}: {chains[later][key]!r}) over those {bases[earlier][0]!r} "
+                    f"sets ({key}: {chains[earlier][key]!r}), as fvcore merges each base with its chain in order. Set "
+                    "them in the config itself to keep them.")
 
 
 def get_config(config_path: str, trained: bool = False, *, opts: Sequence[str] | None = None):
