@@ -30,7 +30,7 @@ from detectron2.utils import comm
 
 from gwdet.errors import GwdetError, GwdetValueError
 from gwdet.layers.common import is_finite_number, is_whole_number
-from gwdet.config import (add_gwdet_config, check_config_values, config_value, flatten_config,
+from gwdet.config import (add_gwdet_config, check_config_values, config_default, config_value, flatten_config,
                           require_gwdet_config)
 from gwdet.norms import (DETECTRON2_GN_GROUPS, OWN_NAMES_NOTE, UnknownNormError, detectron2_builds_as_configured,
                          known_norm_names, norm_records, norm_record)
@@ -1043,7 +1043,8 @@ def warn_of_basic_block_resnext_values(cfg: CfgNode) -> None:
 def warn_unbuilt_norms(cfg: CfgNode) -> None:
     """A warning for each NORM key given a norm that only parts the model does not build would read
     (a mask head without ``MODEL.MASK_ON``, a box head in a C4 model, an FPN in a backbone without
-    one): the setting has no effect."""
+    one, a RetinaNet head in another meta-architecture, ``MODEL.RESNETS.GW_NORM`` other than its
+    default without ``GW_POSITIONS``): the setting has no effect."""
     meta = cfg.MODEL.META_ARCHITECTURE
     parts = META_ARCH_PARTS.get(meta)
     why_not_built = {MASK_HEAD: "MODEL.MASK_ON is False",
@@ -1056,6 +1057,18 @@ def warn_unbuilt_norms(cfg: CfgNode) -> None:
             logging.getLogger(__name__).warning(
                 f"{site.norm_key} is {name!r}, but the model has no {site.part.replace('_', ' ')} "
                 f"({why}): no {name} is built there. Set {site.norm_key} \"\" or build that part.")
+    retinanet_norm = _value(cfg, "MODEL.RETINANET.NORM")
+    if retinanet_norm and not builds_norm(cfg, "MODEL.RETINANET.NORM"):
+        logging.getLogger(__name__).warning(
+            f"MODEL.RETINANET.NORM is {retinanet_norm!r}, but the model has no RetinaNet head "
+            f"(MODEL.META_ARCHITECTURE is {meta!r}): no {retinanet_norm} is built there. Set MODEL.RETINANET.NORM \"\" "
+            "or build a RetinaNet.")
+    gw_norm = _value(cfg, "MODEL.RESNETS.GW_NORM")
+    if gw_norm != config_default("MODEL.RESNETS.GW_NORM") and not builds_norm(cfg, "MODEL.RESNETS.GW_NORM"):
+        logging.getLogger(__name__).warning(
+            f"MODEL.RESNETS.GW_NORM is {gw_norm!r}, but MODEL.RESNETS.GW_POSITIONS is empty: GW_NORM is built at those "
+            f"positions only, so no {gw_norm} is built; the backbone's norms are MODEL.RESNETS.NORM "
+            f"({cfg.MODEL.RESNETS.NORM!r}). Give GW_POSITIONS (e.g. 'S1-B2'), or set the name as MODEL.RESNETS.NORM.")
     fpn_norm, backbone = _value(cfg, "MODEL.FPN.NORM"), cfg.MODEL.BACKBONE.NAME
     if fpn_norm and backbone in BACKBONES_WITHOUT_FPN:
         logging.getLogger(__name__).warning(

@@ -411,6 +411,13 @@ def test_a_norm_for_a_part_the_model_does_not_build_is_warned_about():
         build_config(str(DEMO_CONFIG), ["MODEL.META_ARCHITECTURE", "ProposalNetwork", "MODEL.ROI_BOX_HEAD.NORM", "GN"])
     assert any(line.startswith("MODEL.ROI_BOX_HEAD.NORM is 'GN', but the model has no box head (MODEL.META_ARCHITECTURE "
                                "is 'ProposalNetwork', which builds no ROI heads)") for line in messages), messages
+    # RetinaNet's NORM in an R-CNN, GW_NORM without GW_POSITIONS: ignored without a word
+    with logged_warnings("gwdet.config_checks") as messages:
+        build_config(str(DEMO_CONFIG), ["MODEL.RETINANET.NORM", "GW"])
+        build_config(str(DEMO_CONFIG), ["MODEL.RESNETS.GW_POSITIONS", "", "MODEL.RESNETS.GW_NORM", "GW_ZCA"])
+    assert [line.split(":")[0] for line in messages] == [
+        "MODEL.RETINANET.NORM is 'GW', but the model has no RetinaNet head (MODEL.META_ARCHITECTURE is "
+        "'GeneralizedRCNN')", "MODEL.RESNETS.GW_NORM is 'GW_ZCA', but MODEL.RESNETS.GW_POSITIONS is empty"]
 
 
 def test_test_loaders_check_their_images_as_train_loaders_do():
