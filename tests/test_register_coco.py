@@ -248,6 +248,10 @@ def test_the_environment_variable_registers_what_the_config_names(data, tmp_path
     monkeypatch.setenv(ENVIRONMENT_VARIABLE, json.dumps([spec("env_train", data["val"])]))
     register_datasets(cfg)
     assert MetadataCatalog.get("env_train").json_file == str(data["val"][0])
+    # the run's own --register-coco of the name comes first, also when the datasets are registered again later
+    register_datasets(cfg, [CocoDataset.parse(spec("env_train", data["train"]))])
+    register_datasets(cfg)
+    assert MetadataCatalog.get("env_train").json_file == str(data["train"][0])
     monkeypatch.setenv(ENVIRONMENT_VARIABLE, "env_train=a.json:images")
     with pytest.raises(DatasetError, match="GWDET_REGISTER_COCO must be a JSON list"):
         register_datasets(cfg)

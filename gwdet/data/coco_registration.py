@@ -512,6 +512,7 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
 # ---- the catalog -----------------------------------------------------------------------------
 
 _REGISTERED: dict[str, CocoDataset] = {}  # what this process registered, with its contents
+_FROM_COMMAND_LINE: set[str] = set()  # of those, the names a --register-coco of this process gave
 
 
 def _box_problem(bbox: Any, image: dict | None) -> str:
@@ -528,6 +529,12 @@ def registered_coco_dataset(name: str) -> CocoDataset | None:
     return dataset if dataset is not None and name in DatasetCatalog.list() else None
 
 
+def given_on_the_command_line(name: str) -> bool:
+    """Whether ``name`` was registered by a ``--register-coco`` of this process (which
+    ``$GWDET_REGISTER_COCO`` does not replace)."""
+    return name in _FROM_COMMAND_LINE and registered_coco_dataset(name) is not None
+
+
 def check_name_available(name: str) -> None:
     """:class:`DatasetError` unless ``name`` is free for a ``--register-coco`` dataset (a name this
     module registered before may be registered again)."""
@@ -539,12 +546,17 @@ def check_name_available(name: str) -> None:
                            "builtin datasets, such as coco_2017_train, under DETECTRON2_DATASETS). Pick another NAME.")
 
 
-def register_coco_datasets(datasets: Iterable[CocoDataset]) -> None:
+def register_coco_datasets(datasets: Iterable[CocoDataset], command_line: bool = False) -> None:
     """Register each dataset (checked as :func:`inspect_coco_file` does, unless it was) with
-    detectron2's ``register_coco_instances`` and its categories as ``thing_classes``. A dataset
+    detectron2's ``register_coco_instances`` and its categories as ``thing_classes``; with
+    ``command_line``, as given by ``--register-coco`` (:func:`given_on_the_command_line`). A dataset
     already registered here with the same files is left as it is; :class:`DatasetError` for a name
     that is taken (:func:`check_name_available`) or files that fail the checks."""
     for dataset in datasets:
+        if command_line:
+            _FROM_COMMAND_LINE.add(dataset.name)
+        else:
+            _FROM_COMMAND_LINE.discard(dataset.name)
         if registered_coco_dataset(dataset.name) == dataset:
             continue
         check_name_available(dataset.name)

@@ -25,6 +25,7 @@ from gwdet.data.coco_registration import (
     DatasetError,
     check_config_against_datasets,
     environment_datasets,
+    given_on_the_command_line,
     register_coco_datasets,
     registered_coco_dataset,
 )
@@ -91,11 +92,10 @@ def register_datasets(cfg: CfgNode, coco: Sequence[CocoDataset] = (), *, trains:
     than the shapes splits (generated later), is registered. :class:`DatasetError` names the file
     or key and the fix."""
     names = config_dataset_names(cfg, trains)
-    register_coco_datasets(coco)
+    register_coco_datasets(coco, command_line=True)
     try:
-        given = {dataset.name for dataset in coco}
         register_coco_datasets([dataset for dataset in environment_datasets()
-                                if dataset.name in names and dataset.name not in given])
+                                if dataset.name in names and not given_on_the_command_line(dataset.name)])
     except DatasetError as error:
         message = str(error)
         prefix = f"{ENVIRONMENT_VARIABLE}: "
