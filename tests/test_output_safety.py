@@ -1056,9 +1056,23 @@ def test_a_new_training_into_a_folder_of_another_runs_checkpoints_is_refused(tmp
     assert checkpointer.resume_or_load("", resume=False) == {}  # an empty folder: a new run
     checkpointer.save("model_final")
     with pytest.raises(FileExistsError, match=r"holds the checkpoints of another run \(model_final.pth\), which a new "
-                                              r"training there would replace: continue that run \(resume=True"):
+                                              r"training there would replace: continue that run \(resume_or_load\(resume=True\)"):
         checkpointer.resume_or_load("", resume=False)
     checkpointer.resume_or_load("", resume=True)  # continuing it is fine
+
+
+def test_gwdets_trainer_from_python_neither_trains_over_a_finished_run_nor_sets_its_results_aside(finished_run, tmp_path):
+    # Trainer(cfg).train() without resume_or_load replaced a finished run's model_final.pth; resume_or_load(resume=True)
+    # of it trained nothing and set its results.json aside (the tool refuses both)
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    final = (run / "model_final.pth").read_bytes()
+    cfg = build_config(str(run / "config.yaml"), ["OUTPUT_DIR", str(run)])
+    with pytest.raises(ValueError, match=r"--resume: the run in .* is finished: it trained its \d+ iterations"):
+        Trainer(cfg).resume_or_load(resume=True)
+    with pytest.raises(FileExistsError, match=r"holds the checkpoints of another run"):
+        Trainer(cfg).train()
+    assert (run / "model_final.pth").read_bytes() == final and (run / "results.json").is_file()
 
 
 def test_records_of_deleted_checkpoints_go_and_a_string_of_classes_is_refused(tmp_path):

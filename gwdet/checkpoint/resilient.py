@@ -394,6 +394,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
         self.initial_weights: dict[str, str] | None = None  # what training started from (INITIAL_WEIGHTS_KEY)
         self._loading: str | None = None  # the file load() reads, for its messages
         self._resumed = False  # set when resume_or_load has loaded a checkpoint of save_dir
+        self.started = False  # set by resume_or_load: a trainer that trains without it starts a new run
 
     def has_checkpoint(self) -> bool:
         """Whether ``last_checkpoint`` names a checkpoint, or :meth:`resume_or_load` has resumed one
@@ -555,18 +556,25 @@ class ResilientCheckpointer(DetectionCheckpointer):
             f"has internet access, copy it here (e.g. to weights/{name}) and set {self.weights_setting} to "
             "that local file.")
 
+    def check_no_earlier_run(self) -> None:
+        """Refuse a new training into ``save_dir`` where it holds another run's checkpoints, which
+        the training would replace (the tools refuse it before; a trainer of one's own code meets
+        it here)."""
+        earlier = sorted(name for name in os.listdir(self.save_dir) if CHECKPOINT_NAME.match(name)) \
+            if self.save_dir and "://" not in self.save_dir and os.path.isdir(self.save_dir) else []
+        if earlier:
+            raise GwdetFileExistsError(
+                f"{self.save_dir} holds the checkpoints of another run ({listed(earlier, 3)}), which a new training "
+                "there would replace: continue that run (resume_or_load(resume=True); the tools' --resume), train "
+                "into another output folder, or remove them (the tools' --overwrite).")
+
     def resume_or_load(self, path: str, *, resume: bool = True) -> dict:
         """``resume``: the newest readable checkpoint of ``save_dir`` (:meth:`resume_candidates`),
         else the initial weights ``path``; without ``resume``, the initial weights, refused where
         ``save_dir`` holds another run's checkpoints, which the new training would replace."""
+        self.started = True
         if not resume:
-            earlier = sorted(name for name in os.listdir(self.save_dir) if CHECKPOINT_NAME.match(name)) \
-                if self.save_dir and "://" not in self.save_dir and os.path.isdir(self.save_dir) else []
-            if earlier:
-                raise GwdetFileExistsError(
-                    f"{self.save_dir} holds the checkpoints of another run ({listed(earlier, 3)}), which a new training "
-                    "there would replace: continue that run (resume=True; the tools' --resume), train into another "
-                    "output folder, or remove them (the tools' --overwrite).")
+            self.check_no_earlier_run()
             return self.load_weights(path)
         candidates = self.resume_candidates()
         for candidate in candidates:

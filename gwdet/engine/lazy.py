@@ -66,6 +66,7 @@ from gwdet.engine.output_dir import (
     ScheduleAt,
     check_config_checksum,
     checkpoints_in,
+    check_resume_trains,
     check_resumed_run,
     config_differences,
     damaged_config,
@@ -89,6 +90,7 @@ from gwdet.engine.run import RunConfig
 from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.engine.training import (
     InnerTrainerState,
+    check_not_over_another_run,
     check_torch_state,
     configured_optimizer_values,
     continue_after_resume,
@@ -277,6 +279,8 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
         """``--resume``: continue from the newest readable checkpoint of ``train.output_dir`` (its
         iteration, optimizer, scheduler, random and data states); else load
         ``train.init_checkpoint`` and start at iteration 0."""
+        if resume:  # a finished run would train nothing, and its results be set aside
+            check_resume_trains(self.cfg.train.output_dir, self.max_iter, "train.max_iter")
         with configured_optimizer_values(self.optimizer, self.scheduler, OPTIMIZER_GROUPING, WEIGHTS_SETTING):
             self.checkpointer.resume_or_load(self.cfg.train.init_checkpoint, resume=resume)
         if resume and self.checkpointer.has_checkpoint():
@@ -290,6 +294,7 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
 
     def train(self):
         """Train from :attr:`start_iter` to ``train.max_iter``; return the last evaluation's results."""
+        check_not_over_another_run(self)
         try:
             super().train(self.start_iter, self.max_iter)
         finally:

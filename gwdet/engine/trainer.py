@@ -42,12 +42,14 @@ from gwdet.modeling.build import (check_built_model, check_device, check_mixed_p
 from gwdet.modeling.model_checks import check_norm_weight_decay
 from gwdet.norms import norm_record
 from gwdet.solver import build_optimizer
-from gwdet.engine.output_dir import ScheduleAt, check_resume_config, model_differences, saved_run_config
+from gwdet.engine.output_dir import (ScheduleAt, check_resume_config, check_resume_trains, model_differences,
+                                     saved_run_config)
 from gwdet.engine.output_dir import warn_of_a_moved_schedule as moved_schedule_warning
 from gwdet.engine.run import RunConfig
 from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.engine.training import (
     InnerTrainerState,
+    check_not_over_another_run,
     check_torch_state,
     configured_optimizer_values,
     continue_precise_bn,
@@ -150,6 +152,7 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
 
     def train(self):
         """Train; return the final COCO results (detectron2's EvalHook stores them on the trainer)."""
+        check_not_over_another_run(self)
         try:
             super().train()
         finally:
@@ -157,6 +160,8 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
         return getattr(self, "_last_eval_results", None)
 
     def resume_or_load(self, resume: bool = True) -> None:
+        if resume:  # a finished run would train nothing, and its results be set aside
+            check_resume_trains(self.cfg.OUTPUT_DIR, self.max_iter, "SOLVER.MAX_ITER")
         with configured_optimizer_values(self.optimizer, self.scheduler, OPTIMIZER_GROUPING, "MODEL.WEIGHTS"):
             super().resume_or_load(resume=resume)
         images_per_process = self.cfg.SOLVER.IMS_PER_BATCH // comm.get_world_size()

@@ -129,6 +129,14 @@ def check_torch_state(training: bool) -> None:
             "run, or run it outside the block.")
 
 
+def check_not_over_another_run(trainer: Any) -> None:
+    """Before a trainer of gwdet's trains without ``resume_or_load`` (which checks it): refused where
+    its output folder holds another run's checkpoints, which the training would replace."""
+    checkpointer = getattr(trainer, "checkpointer", None)
+    if isinstance(checkpointer, ResilientCheckpointer) and not checkpointer.started:
+        checkpointer.check_no_earlier_run()
+
+
 def precise_bn_streams_kept(hooks: list) -> list:
     """``hooks`` with each of detectron2's ``PreciseBN`` hooks running its passes with the random
     generators kept (:func:`random_streams_kept`), as the evaluations do: its batches would otherwise
