@@ -859,3 +859,20 @@ def test_a_sample_image_of_another_layout_or_a_model_on_meta_is_refused_by_name(
     with pytest.raises(ValueError, match="The model is on the meta device"):
         export_torchscript(meta, torch.zeros(3, 64, 64), str(tmp_path / "model.ts"))
     assert not (tmp_path / "model.ts").exists()
+
+
+def test_run_eval_into_a_finished_runs_folder_is_refused_before_the_export(tmp_path, capsys):
+    # --run-eval --output <a LazyConfig run>: the run's inference/coco_instances_results.json replaced by the export's
+    from gwdet.export.export_model import main
+
+    run = tmp_path / "run"
+    (run / "inference").mkdir(parents=True)
+    (run / "inference" / "coco_instances_results.json").write_text("[]")
+    (run / "results.json").write_text("{}")
+    argv = ["--config-file", str(DEMO_CONFIG), "--untrained", "--run-eval", "--output", str(run), *TINY_OPTS]
+    with pytest.raises(SystemExit) as refused:
+        main(argv)
+    printed = capsys.readouterr().err
+    assert refused.value.code == 2 and (f"which holds the detections of the finished run in {run} "
+                                        "(coco_instances_results.json, which its results.json describes)") in printed
+    assert f"--output {run / 'deploy'}" in printed and sorted(os.listdir(run)) == ["inference", "results.json"]

@@ -1075,6 +1075,21 @@ def test_gwdets_trainer_from_python_neither_trains_over_a_finished_run_nor_sets_
     assert (run / "model_final.pth").read_bytes() == final and (run / "results.json").is_file()
 
 
+def test_an_evaluation_from_python_keeps_a_finished_runs_detections(finished_run, tmp_path):
+    # Trainer.test(cfg, model) with a run's config replaced the run's inference/<dataset>/ detections, which its
+    # results.json describes, with another model's (gwdet.engine.lazy.evaluate likewise)
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    detections = run / "inference" / "shapes_val" / "coco_instances_results.json"
+    before = detections.read_bytes()
+    cfg = build_config(str(run / "config.yaml"), ["OUTPUT_DIR", str(run)])
+    with pytest.raises(FileExistsError, match=r"which holds the detections of the finished run in .*: this evaluation "
+                                              r"would replace them; nothing was evaluated. Give the evaluation a folder "
+                                              r"of its own \(Trainer.test\(cfg, model, evaluators="):
+        Trainer.test(cfg, Trainer.build_model(cfg))
+    assert detections.read_bytes() == before
+
+
 def test_records_of_deleted_checkpoints_go_and_a_string_of_classes_is_refused(tmp_path):
     # detectron2's max_to_keep deleted model_0000001.pth and left its .sha256; classes="ab" recorded ["a", "b"]. A
     # checkpoint the user moved aside lost its record at the next save (it then loaded unchecked when put back).

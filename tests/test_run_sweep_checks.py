@@ -766,3 +766,14 @@ def test_a_run_in_a_process_left_with_float64_or_without_gradients_names_the_pro
             check_torch_state(training=True)
         check_torch_state(training=False)  # an evaluation needs none
     check_torch_state(training=True)
+
+
+def test_an_evaluations_config_names_the_weights_file_itself(finished_run, tmp_path, monkeypatch):
+    # an evaluation's config.yaml kept MODEL.WEIGHTS relative, as typed: read again from another folder, it evaluated
+    # whatever file sat at that path there (a training's config.yaml records the file itself)
+    from gwdet.model_zoo import build_config
+
+    shutil.copy(finished_run / "model_final.pth", tmp_path / "w.pth")
+    monkeypatch.chdir(tmp_path)
+    main(tiny_run_args("eval", "--eval-only", "MODEL.WEIGHTS", "w.pth"))
+    assert build_config(str(tmp_path / "eval" / "config.yaml")).MODEL.WEIGHTS == str(tmp_path / "w.pth")

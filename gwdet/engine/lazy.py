@@ -68,6 +68,7 @@ from gwdet.engine.output_dir import (
     checkpoints_in,
     check_resume_trains,
     check_resumed_run,
+    check_run_detections_kept,
     config_differences,
     damaged_config,
     leaves_the_model,
@@ -190,6 +191,11 @@ def evaluate(cfg: DictConfig, model: torch.nn.Module) -> "OrderedDict[str, Any]"
     if select(cfg, "dataloader.test") is ABSENT or select(cfg, "dataloader.evaluator") is ABSENT:
         logger.info("The config has no dataloader.test / dataloader.evaluator: nothing is evaluated.")
         return OrderedDict()
+    written, output_dir = select(cfg, "dataloader.evaluator.output_dir"), select(cfg, "train.output_dir")
+    if isinstance(written, str) and isinstance(output_dir, str):
+        check_run_detections_kept(written, output_dir, "Give the evaluator a folder of its own "
+                                  "(dataloader.evaluator.output_dir), or evaluate with tools/train_net.py --eval-only, "
+                                  "which writes eval/<checkpoint>/.")
     loader = FiniteImageBatches(instantiate(cfg.dataloader.test))  # batches checked as in training
     results = inference_on_dataset(model, loader, instantiate(cfg.dataloader.evaluator))
     if comm.is_main_process() and results:

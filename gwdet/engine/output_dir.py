@@ -74,6 +74,8 @@ CONFIG_NAME = "config.yaml"  # detectron2's default_setup writes the run's confi
 # results.json with the SHA-256 recorded beside them, gwdet.utils.atomic).
 RESULTS_MARKDOWN = "results.md"  # the run's results, written by gwdet.engine.run
 RESULTS_JSON = "results.json"
+# What detectron2's COCOEvaluator writes into its output folder
+EVALUATOR_FILES = ("coco_instances_results.json", "instances_predictions.pth")
 RUN_FILES = ("last_checkpoint", "metrics.json", RESULTS_MARKDOWN, RESULTS_JSON, CONFIG_NAME,
              CONFIG_NAME + CHECKSUM_SUFFIX, RESULTS_JSON + CHECKSUM_SUFFIX)
 # A run resumed past its results keeps them as results<SET_ASIDE_INFIX><iteration>[_<n>].md / .json
@@ -1188,3 +1190,17 @@ class OutputDirLock:
             fcntl.flock(self._file, fcntl.LOCK_UN)
             self._file.close()
             self._file = None
+
+
+def check_run_detections_kept(folder: str, output_dir: str, fix: str) -> None:
+    """Refuse an evaluation from one's own code (``Trainer.test``, ``gwdet.engine.lazy.evaluate``)
+    that would write its detections into ``folder`` where they are the finished run's in
+    ``output_dir`` (its ``results.json`` describes them); ``fix`` says where to write instead. A
+    training's own evaluations write before the run's results exist, and the tools evaluate into
+    folders of their own."""
+    held = [name for name in EVALUATOR_FILES if os.path.isfile(os.path.join(folder, name))]
+    if held and os.path.isfile(os.path.join(output_dir, RESULTS_JSON)):
+        raise GwdetFileExistsError(
+            f"The evaluation writes into {folder}, which holds the detections of the finished run in {output_dir} "
+            f"({', '.join(held)}, which its {RESULTS_JSON} describes): this evaluation would replace them; nothing was "
+            f"evaluated. {fix}")

@@ -57,6 +57,7 @@ from gwdet.utils.atomic import write_text_atomically, write_text_with_checksum
 from gwdet.utils.cli_errors import tool_name
 from gwdet.engine.output_dir import (
     CONFIG_NAME,
+    EVALUATOR_FILES,
     INFERENCE_FOLDER,
     RESULTS_JSON,
     RESULTS_MARKDOWN,
@@ -358,7 +359,7 @@ def evaluation_request(run: RunConfig, args: argparse.Namespace) -> tuple[RunCon
     if folder != run.output_dir:
         logger.info(f"{run.output_setting} {run.output_dir} holds a run or an evaluation: the evaluation of {weights} "
                     f"is written to {folder}, and the files already there stay as they are.")
-    targeted = run.with_target(weights, folder)
+    targeted = run.with_target(absolute_weights_path(weights, run.weights_setting), folder)  # config.yaml: the file itself
     for written in targeted.evaluator_folders():
         held = [name for name in EVALUATOR_FILES if os.path.isfile(os.path.join(written, name))]
         inside = os.path.commonpath([os.path.realpath(written), os.path.realpath(folder)]) == os.path.realpath(folder)
@@ -389,10 +390,6 @@ def check_config_unchanged(run: RunConfig, checked: str, when: str) -> None:
         f"The config changed since it was checked {when} (its file or a _BASE_ of it was edited in between): "
         f"{listed(lines, 5, '; ')} (the checked value first). Nothing was trained: run the command again, so that "
         "the config as it is now is checked, or put the file back as it was.")
-
-
-# What detectron2's COCOEvaluator writes into its output folder
-EVALUATOR_FILES = ("coco_instances_results.json", "instances_predictions.pth")
 
 
 def check_same_config(run: RunConfig, args: argparse.Namespace) -> None:

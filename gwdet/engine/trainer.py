@@ -42,8 +42,8 @@ from gwdet.modeling.build import (check_built_model, check_device, check_mixed_p
 from gwdet.modeling.model_checks import check_norm_weight_decay
 from gwdet.norms import norm_record
 from gwdet.solver import build_optimizer
-from gwdet.engine.output_dir import (ScheduleAt, check_resume_config, check_resume_trains, model_differences,
-                                     saved_run_config)
+from gwdet.engine.output_dir import (ScheduleAt, check_resume_config, check_resume_trains, check_run_detections_kept,
+                                     model_differences, saved_run_config)
 from gwdet.engine.output_dir import warn_of_a_moved_schedule as moved_schedule_warning
 from gwdet.engine.run import RunConfig
 from gwdet.data.finite_images import FiniteImageBatches
@@ -188,7 +188,13 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
 
     @classmethod
     def build_evaluator(cls, cfg: CfgNode, dataset_name: str, output_folder: str | None = None):
+        """detectron2's ``COCOEvaluator``, writing into ``OUTPUT_DIR/inference/<dataset>`` (or
+        ``output_folder``), refused where that holds a finished run's detections
+        (:func:`~gwdet.engine.output_dir.check_run_detections_kept`)."""
         output_folder = output_folder or os.path.join(cfg.OUTPUT_DIR, "inference", dataset_name)
+        check_run_detections_kept(output_folder, cfg.OUTPUT_DIR, "Give the evaluation a folder of its own "
+                                  "(Trainer.test(cfg, model, evaluators=[COCOEvaluator(name, output_dir=...)])), or "
+                                  "evaluate with tools/train_net.py --eval-only, which writes eval/<checkpoint>/.")
         return COCOEvaluator(dataset_name, output_dir=output_folder)
 
 

@@ -38,6 +38,7 @@ from gwdet.utils.cli_errors import add_verbose_argument, as_override, output_pat
 from gwdet.export.deploy import MIN_DETECTOR_OPSET
 from gwdet.export.detection_check import TOLERANCE
 from gwdet.engine.arguments import parse_with_trailing_flags, refuse_repeated_flags
+from gwdet.engine.output_dir import check_run_detections_kept
 from gwdet.engine.run import RunConfig, load_run_config
 
 logger = logging.getLogger("gwdet.export")
@@ -372,6 +373,10 @@ def check_export_flags(args: argparse.Namespace) -> None:
         problem = image_file_problem(args.sample_image)
         if problem:
             raise GwdetValueError(f"--sample-image {args.sample_image} {problem}.")
+    if args.run_eval:  # a LazyConfig run keeps its detections directly in <run>/inference, where --run-eval writes
+        check_run_detections_kept(os.path.join(args.output, "inference"), args.output,
+                                  "Give --output a folder of its own for the export and its evaluation, e.g. "
+                                  f"--output {os.path.join(args.output, 'deploy')}.")
     if args.opset is not None:
         if args.format != "onnx":
             raise GwdetValueError(f"--opset {args.opset} is an ONNX setting: add --format onnx, or leave --opset out.")
