@@ -25,6 +25,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CONFIG = REPO / "configs" / "Demo" / "mask_rcnn_R_50_FPN_gw_shapes.yaml"
+LAZY_CONFIG = REPO / "configs" / "LazyConfig" / "mask_rcnn_R_50_FPN_gw_shapes.py"
 
 # The demo model at test size: 64x64 images, a handful of them, a couple of iterations.
 TINY_OPTS = [

@@ -21,9 +21,8 @@ from gwdet.model_zoo.loading import build_config
 from gwdet.engine.lazy import LazyRun
 from gwdet.engine.trainer import check_training_values
 
-from conftest import DEMO_CONFIG, REPO, logged_warnings
+from conftest import DEMO_CONFIG, LAZY_CONFIG, REPO, logged_warnings
 
-LAZY_CONFIG = REPO / "configs" / "LazyConfig" / "mask_rcnn_R_50_FPN_gw_shapes.py"
 YACS_CONFIGS = sorted(path for path in (REPO / "configs").rglob("*.yaml") if "LazyConfig" not in path.parts)
 
 

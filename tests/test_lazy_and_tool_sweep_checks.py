@@ -26,9 +26,8 @@ from gwdet.errors import GwdetError, GwdetTypeError, GwdetValueError
 from gwdet.model_zoo.lazy_loading import load_lazy_config
 from gwdet.norms import UnknownNormError
 
-from conftest import DEMO_CONFIG, REPO
+from conftest import DEMO_CONFIG, LAZY_CONFIG, REPO
 
-LAZY_CONFIG = REPO / "configs" / "LazyConfig" / "mask_rcnn_R_50_FPN_gw_shapes.py"
 
 
 def refusal(overrides, eval_only=False) -> str:

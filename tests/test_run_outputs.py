@@ -21,7 +21,7 @@ from gwdet.engine.run_log import HeldRecords
 from gwdet.engine.run import log_outputs, results_record, write_results_to
 from gwdet.engine.visualize import TRUTH_CAPTION, captioned, predictions_caption, side_by_side
 
-from conftest import logged_warnings
+from conftest import DEMO_CONFIG, LAZY_CONFIG, logged_warnings
 
 VERSION_KEYS = {"python", "gwdet", "torch", "torchvision", "detectron2", "numpy", "Pillow", "pycocotools"}
 PER_TASK = {"bbox": {"AP": 12.5, "AP50": 30.0}}
@@ -182,6 +182,18 @@ def test_each_half_of_a_drawing_has_its_caption_above_it():
     other = side_by_side(truth, predicted, 0.75)
     assert not np.array_equal(other[:band, 384:], drawing[:band, 384:]), "the threshold is in the caption"
     assert np.array_equal(other[:band, :384], drawing[:band, :384])
+
+
+def test_the_drawings_show_and_say_the_models_own_score_threshold_above_theirs():
+    # with SCORE_THRESH_TEST 0.9 (a LazyConfig's test_score_thresh 0.9) the caption still said "score >= 0.5"
+    from gwdet.engine.lazy import LazyRun
+    from gwdet.engine.run import drawn_score
+    from gwdet.engine.trainer import YacsRun
+    from gwdet.model_zoo import build_config
+
+    assert drawn_score(YacsRun(build_config(str(DEMO_CONFIG), ["MODEL.ROI_HEADS.SCORE_THRESH_TEST", "0.9"]))) == 0.9
+    assert drawn_score(YacsRun(build_config(str(DEMO_CONFIG), ["MODEL.ROI_HEADS.SCORE_THRESH_TEST", "0.05"]))) == 0.5
+    assert drawn_score(LazyRun.load(str(LAZY_CONFIG), ["model.roi_heads.box_predictor.test_score_thresh=0.9"])) == 0.9
 
 
 def test_results_of_a_model_that_detected_nothing_are_said_to_be_nan(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 from gwdet.engine.arguments import parse_with_trailing_flags
 from gwdet.export import analyze_model, export_model
 
-from conftest import DEMO_CONFIG, logged_warnings
+from conftest import DEMO_CONFIG, LAZY_CONFIG, logged_warnings
 
 
 def export(capsys, tmp_path, *flags: str) -> str:
@@ -197,7 +197,6 @@ def test_weights_that_are_a_pipe_or_a_link_loop_are_named_as_such(tmp_path):
             checkpointer.load_weights(str(tmp_path / name))
 
 
-LAZY_CONFIG = DEMO_CONFIG.parents[1] / "LazyConfig" / "mask_rcnn_R_50_FPN_gw_shapes.py"
 
 
 @pytest.mark.parametrize("override, world_size, message", [

@@ -51,6 +51,7 @@ from gwdet.data.coco_registration import CocoDataset, DatasetError
 from gwdet.data.datasets import check_evaluated_classes
 from gwdet.modeling.detectron2_failures import named_config_failures
 from gwdet.errors import GwdetError, GwdetFileExistsError, GwdetFileNotFoundError, GwdetOSError, GwdetValueError, listed
+from gwdet.layers.common import is_finite_number
 from gwdet.layers.plans import describe_plans
 from gwdet.model_zoo.lazy_loading import is_lazy_config
 from gwdet.utils.atomic import write_text_atomically, write_text_with_checksum
@@ -84,7 +85,7 @@ from gwdet.engine.output_dir import (
 from gwdet.engine.run_environment import ENVIRONMENT_KEY, run_environment
 from gwdet.engine.run_log import HeldRecords
 from gwdet.engine.training import check_torch_state
-from gwdet.engine.visualize import save_prediction_pngs
+from gwdet.engine.visualize import DRAWN_SCORE, save_prediction_pngs
 
 logger = logging.getLogger(__name__)
 
@@ -542,9 +543,16 @@ def main(args: argparse.Namespace):
         drawings: list[str] = []
         if comm.is_main_process() and run.vis_images > 0 and test_datasets:  # no test set: nothing to draw
             drawings = save_prediction_pngs(run.cfg, model, test_datasets[0], run.vis_images,
-                                            os.path.join(run.output_dir, VIS_FOLDER))
+                                            os.path.join(run.output_dir, VIS_FOLDER), drawn_score(run))
     log_outputs(run.output_dir, bool(results), drawings, run.vis_setting)
     return results
+
+
+def drawn_score(run: RunConfig) -> float:
+    """The score from which the prediction drawings show detections, as their caption says: 0.5,
+    or the model's test score threshold where it is higher (no detection below it is kept)."""
+    threshold = run.test_settings.get(run.score_threshold_setting)
+    return max(DRAWN_SCORE, threshold) if is_finite_number(threshold) else DRAWN_SCORE
 
 
 @contextlib.contextmanager

@@ -90,10 +90,14 @@ def drawing_names(file_names: Sequence[str]) -> list[str]:
     return names
 
 
+# The score from which predictions are drawn (a model's test threshold above it takes its place).
+DRAWN_SCORE = 0.5
+
+
 @torch.no_grad()
 def save_prediction_pngs(
     cfg: Any, model: torch.nn.Module, dataset_name: str, num_images: int, out_dir: str,
-    score_threshold: float = 0.5,
+    score_threshold: float = DRAWN_SCORE,
 ) -> list[str]:
     """Draw ground truth (left) and predictions scoring at least ``score_threshold`` (right), each
     under its caption (:func:`side_by_side`), for the first ``num_images`` images of
