@@ -1090,6 +1090,17 @@ def test_an_evaluation_from_python_keeps_a_finished_runs_detections(finished_run
     assert detections.read_bytes() == before
 
 
+def test_a_resume_from_a_checkpoint_slimmed_to_its_weights_is_refused(tmp_path):
+    # model_final.pth saved as {"model": ...} to save space: --resume started again at iteration 1 with a fresh
+    # momentum and schedule, without a word
+    model = torch.nn.Linear(2, 2)
+    torch.save({"model": model.state_dict()}, tmp_path / "model_final.pth")
+    with pytest.raises(ValueError, match=r"--resume: .*model_final.pth holds weights only \(no iteration, optimizer or "
+                                         r"scheduler state: a checkpoint slimmed to its model\), so the run cannot "
+                                         r"continue from it"):
+        ResilientCheckpointer(model, str(tmp_path)).resume_or_load("", resume=True)
+
+
 def test_records_of_deleted_checkpoints_go_and_a_string_of_classes_is_refused(tmp_path):
     # detectron2's max_to_keep deleted model_0000001.pth and left its .sha256; classes="ab" recorded ["a", "b"]. A
     # checkpoint the user moved aside lost its record at the next save (it then loaded unchecked when put back).

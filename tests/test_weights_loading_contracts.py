@@ -727,6 +727,11 @@ def test_detectron2s_matching_heuristics_query_is_honoured_for_local_files(tmp_p
         assert torch.equal(model.backbone.bottom_up.stem.conv1.weight, saved["stem.conv1.weight"])
         assert checkpointer.initial_weights["path"] == f"{path}?matching_heuristics=True"
         assert len(checkpointer.initial_weights["sha256"]) == 64  # the file's, read without its query
-    with pytest.raises(ValueError, match=r"the query \['strict'\] of .*stripped.pkl\?strict=1 is not one detectron2's "
-                                         r"checkpointer reads \(it reads \?matching_heuristics=True only\): remove it"):
-        ResilientCheckpointer(model, str(tmp_path)).load_weights(f"{pkl}?strict=1")
+    for path in (pkl, pth):  # a .pth's other query: detectron2's bare "Unsupported query remaining"
+        with pytest.raises(ValueError, match=r"the query \['strict'\] of .*stripped.p\w+\?strict=1 is not one "
+                                             r"detectron2's checkpointer reads \(it reads \?matching_heuristics=True "
+                                             r"only, spelled so\): remove it"):
+            ResilientCheckpointer(model, str(tmp_path)).load_weights(f"{path}?strict=1")
+        # "true": detectron2 reads it as no heuristics, which the record would have claimed
+        with pytest.raises(ValueError, match=r"the query \['matching_heuristics=true'\]"):
+            ResilientCheckpointer(model, str(tmp_path)).load_weights(f"{path}?matching_heuristics=true")

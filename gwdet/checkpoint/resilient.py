@@ -580,6 +580,12 @@ class ResilientCheckpointer(DetectionCheckpointer):
         for candidate in candidates:
             try:
                 loaded = self.load(candidate)
+                if "iteration" not in loaded:  # a checkpoint slimmed to its weights: the schedule would restart
+                    raise GwdetValueError(
+                        f"--resume: {candidate} holds weights only (no iteration, optimizer or scheduler state: a "
+                        f"checkpoint slimmed to its model), so the run cannot continue from it; its schedule and "
+                        f"momentum would start again. Start a new run from it ({self.weights_setting} {candidate}) into "
+                        "another output folder, or restore the checkpoint as the run wrote it.")
                 self._check_same_training_data(loaded.get(DATA_KEY), candidate)
                 recorded = loaded.get(INITIAL_WEIGHTS_KEY)
                 self.initial_weights = recorded if isinstance(recorded, dict) else None
@@ -783,6 +789,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
             if self._heuristics_asked(filename):
                 data = {**data, "matching_heuristics": True}
         else:
+            self._heuristics_asked(filename)  # another query: named here (detectron2: a bare ValueError)
             data = super()._load_file(filename)  # calls _torch_load
         removed = verify_checksums(filename, data, accept_removed_state=self._loading_initial_weights)
         if removed:
@@ -804,12 +811,13 @@ class ResilientCheckpointer(DetectionCheckpointer):
         only); another query is refused, as detectron2 refuses it."""
         address = self._parsed_url_during_load
         queries: dict[str, list[str]] = parse_qs(address.query) if address is not None else {}
-        asked = queries.pop("matching_heuristics", ["False"]) == ["True"]
-        if queries:
+        value = queries.pop("matching_heuristics", ["False"])
+        if queries or value not in (["True"], ["False"]):  # detectron2 takes "True" only, and "true" as no
+            asked = sorted(queries) or [f"matching_heuristics={value[-1]}"]
             raise GwdetValueError(
-                f"{filename}: the query {sorted(queries)} of {address.geturl() if address else filename} is not one "
-                "detectron2's checkpointer reads (it reads ?matching_heuristics=True only): remove it.")
-        return asked
+                f"{filename}: the query {asked} of {address.geturl() if address else filename} is not one "
+                "detectron2's checkpointer reads (it reads ?matching_heuristics=True only, spelled so): remove it.")
+        return value == ["True"]
 
     def _torch_load(self, f: str) -> Any:
         try:
