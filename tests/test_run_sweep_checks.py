@@ -761,6 +761,12 @@ def test_a_run_in_a_process_left_with_float64_or_without_gradients_names_the_pro
             check_torch_state(training=False)
     finally:
         torch.set_default_dtype(torch.float32)
+    try:
+        torch.set_default_device("meta")
+        with pytest.raises(ValueError, match=r"^torch's default device is meta in this process"):
+            check_torch_state(training=False)
+    finally:
+        torch.set_default_device(None)
     with torch.no_grad():
         with pytest.raises(ValueError, match=r"^Gradients are switched off in this process"):
             check_torch_state(training=True)

@@ -116,12 +116,18 @@ def random_streams_kept() -> Iterator[None]:
 def check_torch_state(training: bool) -> None:
     """Refuse a run in a process whose torch state a run cannot use, as one's own code or a notebook
     may leave it: another default dtype than float32 (detectron2's layers and torchvision's
-    operators mix it with the images' float32), or gradients switched off for a training."""
+    operators mix it with the images' float32), the meta device as the default one, or gradients
+    switched off for a training."""
     if torch.get_default_dtype() != torch.float32:
         raise GwdetValueError(
             f"torch's default dtype is {torch.get_default_dtype()} in this process (torch.set_default_dtype was called "
             "before the run): detectron2 would build the model in it and fail on the images' float32. Call "
             "torch.set_default_dtype(torch.float32) before the run.")
+    if torch.get_default_device().type == "meta":
+        raise GwdetValueError(
+            "torch's default device is meta in this process (torch.set_default_device('meta') was called before the "
+            "run): detectron2 would build the model there, as tensors without values. Call "
+            "torch.set_default_device(None) (or 'cpu') before the run.")
     if training and not torch.is_grad_enabled():
         raise GwdetValueError(
             "Gradients are switched off in this process (torch.set_grad_enabled(False), or a torch.no_grad() block "
