@@ -474,6 +474,28 @@ def _steps(cfg: CfgNode, steps: Any) -> str | None:
             "SOLVER.GAMMA as positive integers in increasing order, e.g. (60000, 80000), or () for none.")
 
 
+# (section, what it samples, the losses left at 0 without foreground samples) of detectron2's samplers
+SAMPLERS = (("ROI_HEADS", "regions", "the box regression and mask losses stay"),
+            ("RPN", "anchors", "the RPN's box regression loss stays"))
+
+
+def check_training_sampling(cfg: CfgNode) -> None:
+    """Refuse, for a training, sampling values that train something else than asked: a size range
+    of ``INPUT.MIN_SIZE_TRAIN`` from its larger end (numpy's bare "low >= high" at the first image),
+    and a region or anchor sampling without foreground samples (:func:`no_positive_samples`)."""
+    sizes, sampling = cfg.INPUT.MIN_SIZE_TRAIN, cfg.INPUT.MIN_SIZE_TRAIN_SAMPLING
+    if sampling == "range" and len(sizes) == 2 and sizes[0] > sizes[1]:
+        raise GwdetValueError(f"config: INPUT.MIN_SIZE_TRAIN={sizes!r} is a range from its larger end: with "
+                              f"INPUT.MIN_SIZE_TRAIN_SAMPLING 'range' give the ends from low to high, ({sizes[1]}, "
+                              f"{sizes[0]}).")
+    for section, samples, losses in SAMPLERS:
+        fraction_key = f"MODEL.{section}.POSITIVE_FRACTION"
+        problem = no_positive_samples(_value(cfg, f"MODEL.{section}.BATCH_SIZE_PER_IMAGE"), _value(cfg, fraction_key),
+                                      f"MODEL.{section}.BATCH_SIZE_PER_IMAGE", fraction_key, samples, losses)
+        if problem is not None:
+            raise GwdetValueError(f"config: {fraction_key}={_value(cfg, fraction_key)!r} {problem}")
+
+
 def no_positive_samples(batch: Any, fraction: Any, batch_setting: str, fraction_setting: str, samples: str,
                         losses: str) -> str | None:
     """The problem of sampling ``batch`` (``batch_setting``) ``samples`` per image with a
@@ -487,18 +509,6 @@ def no_positive_samples(batch: Any, fraction: Any, batch_setting: str, fraction_
     return (f"with {batch_setting}={batch!r} samples int({batch} x {fraction:g}) = 0 foreground {samples} per image "
             f"(detectron2 rounds the count down), so {losses} 0 for the whole training: give {least}a larger "
             f"{fraction_setting}.")
-
-
-def _positive_fraction(section: str, samples: str, losses: str, means: str) -> Callable[[CfgNode, Any], str | None]:  # pragma: no mutate block
-    """The rule of ``MODEL.<section>.POSITIVE_FRACTION``: a number in [0, 1] (``means`` says what it
-    is) of which the section's ``BATCH_SIZE_PER_IMAGE`` samples at least one (:func:`no_positive_samples`)."""
-    in_range = _number(0, 1, means=means)
-
-    def problem(cfg: CfgNode, value: Any) -> str | None:
-        batch_key = f"MODEL.{section}.BATCH_SIZE_PER_IMAGE"
-        return in_range(cfg, value) or no_positive_samples(_value(cfg, batch_key), value, batch_key,
-                                                           f"MODEL.{section}.POSITIVE_FRACTION", samples, losses)
-    return problem
 
 
 def _repeated(names: Any) -> list[str]:
@@ -628,9 +638,6 @@ def _min_sizes(cfg: CfgNode, sizes: Any) -> str | None:
     sampling = _value(cfg, "INPUT.MIN_SIZE_TRAIN_SAMPLING")
     if (isinstance(sizes, (list, tuple)) and sizes and all(is_whole_number(size) and size >= 1 for size in sizes)
             and (sampling != "range" or len(sizes) == 2)):
-        if sampling == "range" and sizes[0] > sizes[1]:  # numpy's bare "low >= high" at the first image
-            return (f"is a range from its larger end: with INPUT.MIN_SIZE_TRAIN_SAMPLING 'range' give the ends from "
-                    f"low to high, ({sizes[1]}, {sizes[0]}).")
         return None
     return ("is no list of training image sizes: give the shorter image sides to choose from as integers >= 1, "
             "e.g. (640, 672, 704) (with INPUT.MIN_SIZE_TRAIN_SAMPLING 'range': exactly two, the range's ends).")
@@ -877,11 +884,8 @@ DETECTRON2_VALUE_RULES = (
     ValueRule("MODEL.RPN.IOU_THRESHOLDS", _thresholds("MODEL.RPN")),
     ValueRule("MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE", _whole(1, means="number of regions sampled per image")),
     ValueRule("MODEL.RPN.BATCH_SIZE_PER_IMAGE", _whole(1, means="number of anchors sampled per image")),
-    ValueRule("MODEL.ROI_HEADS.POSITIVE_FRACTION", _positive_fraction(
-        "ROI_HEADS", "regions", "the box regression and mask losses stay", means="fraction of foreground regions")),
-    ValueRule("MODEL.RPN.POSITIVE_FRACTION", _positive_fraction(
-        "RPN", "anchors", "the RPN's box regression loss stays",
-        means="fraction of foreground anchors")),
+    ValueRule("MODEL.ROI_HEADS.POSITIVE_FRACTION", _number(0, 1, means="fraction of foreground regions")),
+    ValueRule("MODEL.RPN.POSITIVE_FRACTION", _number(0, 1, means="fraction of foreground anchors")),
     ValueRule("MODEL.ROI_HEADS.SCORE_THRESH_TEST", _number(0, 1, means="score threshold (scores are in [0, 1])")),
     ValueRule("MODEL.ROI_HEADS.NMS_THRESH_TEST", _number(0, 1, means="NMS IoU threshold (IoUs are in [0, 1])")),
     ValueRule("MODEL.RPN.NMS_THRESH", _number(0, 1, means="NMS IoU threshold (IoUs are in [0, 1])")),

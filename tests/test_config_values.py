@@ -294,6 +294,36 @@ def test_a_key_given_twice_in_a_base_is_refused_naming_the_base_and_the_config(t
         "at line 5: YAML keeps only the last")
 
 
+@pytest.mark.parametrize("opts, message", [
+    # trained with loss_box_reg and loss_mask 0 throughout: detectron2 samples int(1 x 0.25) = 0 foreground regions
+    (["MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE", "1"], "config: MODEL.ROI_HEADS.POSITIVE_FRACTION=0.25 with "
+                                                    "MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE=1 samples int(1 x 0.25) = 0 "
+                                                    "foreground regions per image (detectron2 rounds the count down), "
+                                                    "so the box regression and mask losses stay 0 for the whole "
+                                                    "training: give a MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE of at least "
+                                                    "4, or a larger MODEL.ROI_HEADS.POSITIVE_FRACTION."),
+    (["MODEL.RPN.POSITIVE_FRACTION", "0.0"], "config: MODEL.RPN.POSITIVE_FRACTION=0.0 with "
+                                             "MODEL.RPN.BATCH_SIZE_PER_IMAGE=128 samples int(128 x 0) = 0 foreground "
+                                             "anchors per image (detectron2 rounds the count down), so the RPN's box "
+                                             "regression loss stays 0 for the whole training: give a larger "
+                                             "MODEL.RPN.POSITIVE_FRACTION."),
+    # numpy's bare "low >= high" at the first iteration
+    (["INPUT.MIN_SIZE_TRAIN_SAMPLING", "range", "INPUT.MIN_SIZE_TRAIN", "(96, 48)"],
+     "config: INPUT.MIN_SIZE_TRAIN=(96, 48) is a range from its larger end: with INPUT.MIN_SIZE_TRAIN_SAMPLING 'range' "
+     "give the ends from low to high, (48, 96)."),
+])
+def test_training_values_that_train_otherwise_than_asked_are_refused_for_a_training_only(opts, message):
+    # an evaluation reads none of them: refusing it was a refusal of a config it can use
+    from gwdet.engine.trainer import YacsRun
+    from gwdet.model_zoo import build_config
+
+    run = YacsRun(build_config(str(DEMO_CONFIG), opts))
+    run.check_request(eval_only=True, world_size=1)
+    with pytest.raises(GwdetValueError) as refused:
+        run.check_request(eval_only=False, world_size=1)
+    assert str(refused.value) == message
+
+
 def test_a_base_list_whose_later_base_puts_its_chains_value_back_is_warned_of(tmp_path):
     # _BASE_: [a.yaml, b.yaml], both on the demo: b's chain put the demo's GW group number back over a's 8
     from gwdet.model_zoo import build_config
@@ -428,27 +458,12 @@ def test_schedule_values_detectron2_uses_pass():
                                         "integer of at least 0 and at most 5."),
     (["MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE", "0"], "MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE=0 is no number of regions"),
     (["MODEL.ROI_HEADS.POSITIVE_FRACTION", "2.0"], "MODEL.ROI_HEADS.POSITIVE_FRACTION=2.0 is no fraction"),
-    # trained with loss_box_reg and loss_mask 0 throughout: detectron2 samples int(1 x 0.25) = 0 foreground regions
-    (["MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE", "1"], "MODEL.ROI_HEADS.POSITIVE_FRACTION=0.25 with "
-                                                    "MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE=1 samples int(1 x 0.25) = 0 "
-                                                    "foreground regions per image (detectron2 rounds the count down), "
-                                                    "so the box regression and mask losses stay 0 for the whole "
-                                                    "training: give a MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE of at least "
-                                                    "4, or a larger MODEL.ROI_HEADS.POSITIVE_FRACTION."),
-    (["MODEL.RPN.POSITIVE_FRACTION", "0.0"], "MODEL.RPN.POSITIVE_FRACTION=0.0 with MODEL.RPN.BATCH_SIZE_PER_IMAGE=128 "
-                                             "samples int(128 x 0) = 0 foreground anchors per image (detectron2 rounds "
-                                             "the count down), so the RPN's box regression loss stays 0 for the whole "
-                                             "training: give a larger MODEL.RPN.POSITIVE_FRACTION."),
     (["MODEL.ROI_HEADS.SCORE_THRESH_TEST", "1.5"], "MODEL.ROI_HEADS.SCORE_THRESH_TEST=1.5 is no score threshold"),
     (["MODEL.ROI_HEADS.NMS_THRESH_TEST", "2.0"], "MODEL.ROI_HEADS.NMS_THRESH_TEST=2.0 is no NMS IoU threshold"),
     (["TEST.DETECTIONS_PER_IMAGE", "0"], "TEST.DETECTIONS_PER_IMAGE=0 is no number of detections kept per image"),
     (["INPUT.MIN_SIZE_TRAIN", "(-128,)"], "INPUT.MIN_SIZE_TRAIN=(-128,) is no list of training image sizes"),
     (["INPUT.MIN_SIZE_TRAIN_SAMPLING", "range", "INPUT.MIN_SIZE_TRAIN", "(96, 112, 128)"],
      "INPUT.MIN_SIZE_TRAIN=(96, 112, 128) is no list of training image sizes"),
-    # numpy's bare "low >= high" at the first iteration
-    (["INPUT.MIN_SIZE_TRAIN_SAMPLING", "range", "INPUT.MIN_SIZE_TRAIN", "(96, 48)"],
-     "INPUT.MIN_SIZE_TRAIN=(96, 48) is a range from its larger end: with INPUT.MIN_SIZE_TRAIN_SAMPLING 'range' give "
-     "the ends from low to high, (48, 96)."),
     (["INPUT.MIN_SIZE_TEST", "-5"], "INPUT.MIN_SIZE_TEST=-5 is no test image size"),
     (["INPUT.MAX_SIZE_TRAIN", "0"], "INPUT.MAX_SIZE_TRAIN=0 is no longest image side"),
     (["MODEL.RESNETS.OUT_FEATURES", "['res9']"], "MODEL.RESNETS.OUT_FEATURES=['res9'] names no ResNet outputs"),

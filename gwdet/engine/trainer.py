@@ -30,7 +30,8 @@ from gwdet.checkpoint.resilient import ResilientCheckpointer
 from gwdet.checkpoint.signal_hook import release_stop_signals
 from gwdet.config import config_value, flatten_config
 from gwdet.layers.common import is_whole_number
-from gwdet.config_checks import NORM_KEYS, ZERO_RATE, builds_norm, check_batch_split, ensure_checked
+from gwdet.config_checks import (NORM_KEYS, ZERO_RATE, builds_norm, check_batch_split, check_training_sampling,
+                                 ensure_checked)
 from gwdet.positions import parse_gw_positions
 from gwdet.data import prepare_datasets, register_datasets
 from gwdet.data.coco_registration import CocoDataset
@@ -321,6 +322,7 @@ def check_training_values(cfg: CfgNode, world_size: int) -> None:
                        f"{cfg.SOLVER.MAX_ITER}: detectron2 stretches the warm-up over the whole run, whose learning rate "
                        "then never reaches SOLVER.BASE_LR. Shorten the warm-up (e.g. SOLVER.WARMUP_ITERS "
                        f"{cfg.SOLVER.MAX_ITER // 10}) to train at the base rate.")
+    check_training_sampling(cfg)
     _warn_of_unread_schedule_values(cfg)
     norms = norm_settings(cfg)
     if not cfg.MODEL.WEIGHTS:
