@@ -70,9 +70,15 @@ def test_a_resume_that_restarts_the_warm_up_names_it(tmp_path):
     with logged_warnings("gwdet.engine.output_dir") as logged:
         warn_of_a_moved_schedule(build_config(str(DEMO_CONFIG), [*opts, "SOLVER.WARMUP_ITERS", "10"]), str(tmp_path))
         warn_of_a_moved_schedule(build_config(str(DEMO_CONFIG), [*opts, "SOLVER.WARMUP_ITERS", "1"]), str(tmp_path))
-    assert len(logged) == 1 and logged[0].startswith("--resume with SOLVER.WARMUP_ITERS 1 -> 10: at the resumed iteration "
+        # another length too: the advice keeps both (the run's warm-up alone still moved the rate)
+        warn_of_a_moved_schedule(build_config(str(DEMO_CONFIG), [*opts, "SOLVER.WARMUP_ITERS", "10",
+                                                                 "SOLVER.MAX_ITER", "8"]), str(tmp_path))
+    assert len(logged) == 2 and logged[0].startswith("--resume with SOLVER.WARMUP_ITERS 1 -> 10: at the resumed iteration "
                                                      "2 the learning rate becomes ")
     assert logged[0].endswith("Resume with the run's SOLVER.WARMUP_ITERS (its config.yaml) to keep its schedule.")
+    assert logged[1].startswith("--resume with SOLVER.MAX_ITER 4 -> 8, SOLVER.WARMUP_ITERS 1 -> 10: ")
+    assert logged[1].endswith("Resume with SOLVER.MAX_ITER 4 and the run's SOLVER.WARMUP_ITERS (its config.yaml) to keep "
+                              "its schedule.")
 
 
 def test_a_resume_that_moves_a_cosine_schedule_is_warned_of(tmp_path):

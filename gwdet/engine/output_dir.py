@@ -735,9 +735,16 @@ def warn_of_a_moved_schedule(output_dir: str, factors: Callable[[str, int], Sche
     changes = found.changes or (f"{max_iter_setting} {found.saved_max_iter} -> {found.max_iter}",)
     only_length = longer and len(changes) == 1
     cause = (f"{schedule} is in fractions of {max_iter_setting}, so " if only_length else "")
-    if not only_length:  # the length may be meant to change (to train further), the other values not
-        others = [change.split(" ")[0] for change in changes if not change.startswith(max_iter_setting + " ")]
+    others = [change.split(" ")[0] for change in changes if not change.startswith(max_iter_setting + " ")]
+    if not longer:
         advice = f"Resume with the run's {', '.join(others)} (its {CONFIG_NAME}) to keep its schedule."
+    elif others and resumed[1] < found.saved_max_iter:
+        advice = (f"Resume with {keep.format(found.saved_max_iter)} and the run's {', '.join(others)} (its "
+                  f"{CONFIG_NAME}) to keep its schedule.")
+    elif others:  # a finished run trained further: its length moves the rate too
+        advice = (f"The run had finished its schedule; the run's {', '.join(others)} (its {CONFIG_NAME}) keep those "
+                  f"values, and the new {max_iter_setting} still moves what is in fractions of it"
+                  + (f": to go on from where it ended, {alternative}." if alternative else "."))
     elif resumed[1] >= found.saved_max_iter:
         advice = (f"The run had finished its schedule; to go on from where it ended, {alternative}." if alternative else
                   "The run had finished its schedule.")
