@@ -300,7 +300,8 @@ def _refuse_taken(name: str, again: NormRecord | None) -> None:
     if record is not None and record.builtin:
         raise GwdetValueError(f"register_norm: {name!r} is a built-in norm name; choose another name")
     if record is not None and again is not None and not _same_registration(record, again):
-        raise GwdetValueError(f"register_norm: {name!r} is already registered (by {record.build.__module__}."
+        owner = record.build.__module__ or getattr(getattr(record.build, "__code__", None), "co_filename", None)
+        raise GwdetValueError(f"register_norm: {name!r} is already registered (by {owner}."
                               f"{getattr(record.build, '__qualname__', record.build)}); choose another name, or "
                               f"call gwdet.norms.unregister_norm({name!r}) first")
 

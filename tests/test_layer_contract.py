@@ -415,7 +415,7 @@ def test_zca_whitening_refuses_an_eps_whose_gradient_float32_cannot_hold(name):
 
     layer_class, groups = (GroupWhitening, {"num_groups": 1}) if name == "GW_ZCA" else (BatchWhitening, {"group_size": 16})
     with pytest.raises(ValueError, match=r"eps=1e-30 is too small for ZCA whitening: .* reaches 1/\(2 eps\^\(3/2\)\) = "
-                                         r"5e\+44, .* Give eps >= 1e-20, or method 'itn'"):
+                                         r"5e\+44, .* Give eps >= 1e-20 \(MODEL.GW.EPS, MODEL.BW.EPS in a config\), or method 'itn'"):
         layer_class(16, eps=1e-30, method="zca", **groups)
     layer_class(16, eps=1e-30, method="itn", **groups)  # ItN's gradients stay finite
     x = torch.randn(2, 16, 1, 3, requires_grad=True)  # 6 values for a group of 16 channels, or 3 per sample

@@ -273,6 +273,8 @@ def test_lazy_milestones_in_other_units_than_iterations_are_warned_of():
      "and a negative factor turns the learning rate negative"),
     ("lr_multiplier.scheduler", "CosineParamScheduler(start_value=1.0, end_value=2.0)",  # a warning: the rate rises
      None),
+    ("lr_multiplier.scheduler", "CosineParamScheduler(start_value=float('nan'), end_value=0.0)",  # not "negative"
+     "and a factor that is no number makes the learning rate none: give factors of at least 0"),
     # set as lr_multiplier itself, the checks read lr_multiplier.scheduler only: these trained with a negative or
     # rising rate, or failed at the end
     ("lr_multiplier", "LinearParamScheduler(start_value=1.0, end_value=-1.0)",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 from typing import Any, Callable, Iterator, Sequence, cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -275,10 +276,11 @@ def _check_factors(multiplier: Callable[[float], Any], max_iter: int, path: str,
                 "whole run, e.g. fvcore's MultiStepParamScheduler, or CosineParamScheduler(start_value=1.0, "
                 "end_value=1.0) for a constant rate.") from None
         if not factor >= 0:
+            why = ("a factor that is no number makes the learning rate none" if math.isnan(factor) else
+                   "a negative factor turns the learning rate negative (the loss would climb)")
             raise GwdetValueError(
                 f"{path} gives the factor {factor:g} of optimizer.lr at iteration {iteration} of train.max_iter="
-                f"{max_iter}, and a negative factor turns the learning rate negative (the loss would climb): give "
-                "factors of at least 0 over the whole run.")
+                f"{max_iter}, and {why}: give factors of at least 0 over the whole run.")
         factors.append(factor)
     after = [(iteration, factor) for iteration, factor in zip(iterations, factors, strict=True)
              if iteration >= warmup * max_iter]

@@ -52,8 +52,8 @@ def check_zca_eps(owner: str, method: str, eps: float) -> None:
             f"{owner}: eps={eps!r} is too small for ZCA whitening: on a group whose covariance has rank below its size "
             f"(fewer values than channels), the gradient through its eigendecomposition reaches 1/(2 eps^(3/2)) = "
             f"{0.5 * eps ** -1.5:.2g}, too near or beyond float32's largest value (3.4e38), so the input gradient can "
-            f"become inf. Give eps >= "
-            f"{ZCA_SMALLEST_EPS:g}, or method 'itn'.")
+            f"become inf. Give eps >= {ZCA_SMALLEST_EPS:g} (MODEL.GW.EPS, MODEL.BW.EPS in a config), or method 'itn' "
+            "(the norm names GW, BW_ItN).")
 
 
 def ridge_covariance(centred: Tensor, ridge: Tensor) -> Tensor:
