@@ -176,6 +176,25 @@ def test_an_override_omegaconf_cannot_apply_or_resolve_is_named(override, messag
     assert str(refused.value).startswith(message)
 
 
+def test_an_override_below_a_norm_given_by_its_name_says_to_give_a_node(tmp_path):
+    # conv_norm='GN' then conv_norm.num_groups=8: detectron2's raw KeyError ("... is not a config, but has type str");
+    # the "+key" advice for a string norm of the file led to the same
+    from gwdet.model_zoo.lazy_loading import load_lazy_config
+
+    norm = "model.backbone.bottom_up.resnet.stem.norm"
+    with pytest.raises(ValueError, match=rf"^LazyConfig override '{norm}.num_groups': '{norm}' holds the value 'GN', not "
+                                         rf"a node of keys, so nothing can be set under it: give {norm} a node of its "
+                                         rf"own that holds the value, e.g. {norm}=\{{_target_: gwdet.norm, name: GN, "
+                                         r"num_groups: ...\}, or set"):
+        load_lazy_config(str(LAZY_CONFIG), [f"{norm}=GN", f"{norm}.num_groups=8"])
+    config = tmp_path / "named.py"
+    config.write_text(f"from detectron2.config import LazyConfig\n_base = LazyConfig.load({str(LAZY_CONFIG)!r})\n"
+                      f"globals().update(_base)\n{norm} = 'GN'\n")
+    for key in (f"{norm}.num_groups", f"+{norm}.num_groups"):
+        with pytest.raises(ValueError, match=rf"'{norm}' holds the value 'GN', not a node of keys"):
+            load_lazy_config(str(config), [f"{key}=8"])
+
+
 def test_a_mapping_override_is_checked_key_by_key():
     # train={max_itr:3} added the misspelt key without a word, where train.max_itr=3 was refused
     with pytest.raises(GwdetValueError, match=r"LazyConfig override 'train.max_itr': the config has no 'max_itr' under "

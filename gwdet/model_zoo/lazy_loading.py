@@ -19,6 +19,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import os
+import re
 from typing import Any, Iterable, Sequence
 
 import yaml
@@ -178,6 +179,7 @@ def check_override_key(cfg: DictConfig, key: str) -> None:
     callable of the ``L(...)`` node it would be set on, and is not below a reference to a shared
     node (which the override would replace); the message names the close keys or the fix."""
     parts = key.split(".")
+    _refuse_a_value_above(cfg, key)
     reference = _reference_above(cfg, parts)
     if reference is not None:
         level, target = reference
@@ -203,6 +205,30 @@ def check_override_key(cfg: DictConfig, key: str) -> None:
     takes = f" ({getattr(target, '__qualname__', target)} takes {', '.join(sorted(arguments))})" if arguments else ""
     raise GwdetValueError(f"LazyConfig override {key!r}: the config has no {name!r} {where}{takes}.{hint} "
                           f"Write +{key}=... to add a new key on purpose.")
+
+
+def _refuse_a_value_above(cfg: DictConfig, key: str) -> None:
+    """Raise ``ValueError`` when a level above the dotted ``key`` (``+`` stripped) holds a value,
+    not a node (a norm given by its name, ``norm="GN"``): nothing can be set under it (omegaconf
+    stops with a bare ``KeyError``), and the node that would take the key is named."""
+    parts = key.lstrip("+").split(".")
+    for depth in range(1, len(parts)):
+        level = ".".join(parts[:depth])
+        held = select(cfg, level)
+        if held is ABSENT:
+            return
+        if not isinstance(held, (DictConfig, ListConfig)):
+            raise _value_above_error(key, level, held)
+
+
+def _value_above_error(key: str, level: str, held: Any) -> GwdetValueError:
+    """The refusal of an override ``key`` below ``level``, which holds the value ``held``."""
+    below = key.lstrip("+")[len(level) + 1:].split(".")[0]
+    example = (f"{level}={{_target_: gwdet.norm, name: {held}, {below}: ...}}" if isinstance(held, str)
+               else f"{level}={{_target_: ..., {below}: ...}}")
+    return GwdetValueError(
+        f"LazyConfig override {key!r}: {level!r} holds the value {held!r}, not a node of keys, so nothing can be set "
+        f"under it: give {level} a node of its own that holds the value, e.g. {example}, or set {level} itself.")
 
 
 def _check_key_parts(override: str, key: str, value: str) -> None:
@@ -280,6 +306,8 @@ def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
         _check_key_parts(override, key.strip(), value)
         if not key.startswith("+"):
             check_override_key(cfg, key.strip())
+        else:
+            _refuse_a_value_above(cfg, key.strip())
         parsed = _parsed_value(override, key.strip(), value)
         if not key.startswith("+") and _is_own_node(cfg, key.strip()):  # a mapping merges into such a node
             for nested in _mapping_keys(parsed, key.strip()):
@@ -287,6 +315,14 @@ def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
         keys.append(key.strip().lstrip("+"))
     try:
         applied = LazyConfig.apply_overrides(cfg, [o[1:] if o.startswith("+") else o for o in overrides])
+    except KeyError as error:  # detectron2's safe_update: a key below a value an earlier override set
+        below = re.match(r"Trying to update key (\S+), but (\S+) is not a config", str(error.args[0]) if error.args else "")
+        if below is None:
+            raise
+        key, level = below.group(1), below.group(2)
+        held = next((override.split("=", 1)[1] for override in overrides
+                     if override.split("=", 1)[0].strip().lstrip("+") == level), select(cfg, level))
+        raise _value_above_error(key, level, held) from None
     except OmegaConfBaseException as error:  # e.g. a list given for a node
         key = getattr(error, "full_key", None) or "a key"
         advice = (f" {key} holds a node (an L(...) call or a mapping), which a list cannot replace: set its keys "
