@@ -324,6 +324,19 @@ def test_training_values_that_train_otherwise_than_asked_are_refused_for_a_train
     assert str(refused.value) == message
 
 
+def test_a_file_of_an_older_version_on_a_current_base_is_told_about_its_version(tmp_path):
+    # "MODEL.ANCHOR_GENERATOR.SIZES is not a key ... Did you mean MODEL.ANCHOR_GENERATOR.SIZES?"
+    config = tmp_path / "v1.yaml"
+    config.write_text(f'_BASE_: "{DEMO_CONFIG}"\nVERSION: 1\n', encoding="utf-8")
+    assert "is a key of detectron2's current config format, but a file says an older VERSION" in _refused_file(config)
+    # a section at another level: MODEL.GW not suggested for GW: at the top, or under RESNETS:
+    config.write_text(f'_BASE_: "{DEMO_CONFIG}"\nGW:\n  NUM_GROUPS: 8\n', encoding="utf-8")
+    assert "GW is not a key of detectron2's or gwdet's config. Did you mean MODEL.GW?" in _refused_file(config)
+    config.write_text(f'_BASE_: "{DEMO_CONFIG}"\nMODEL:\n  RESNETS:\n    GW:\n      NUM_GROUPS: 8\n', encoding="utf-8")
+    assert "MODEL.RESNETS.GW is not a key of detectron2's or gwdet's config. Did you mean MODEL.GW or" in \
+        _refused_file(config)
+
+
 def test_a_base_list_whose_later_base_puts_its_chains_value_back_is_warned_of(tmp_path):
     # _BASE_: [a.yaml, b.yaml], both on the demo: b's chain put the demo's GW group number back over a's 8
     from gwdet.model_zoo import build_config

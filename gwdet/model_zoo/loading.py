@@ -123,6 +123,15 @@ def merge_problem(cfg: CfgNode, error: BaseException) -> str:
                 return (f"{key} is not a key of detectron2's or gwdet's config, whose keys are upper-case: did you "
                         f"mean {' or '.join(close)}?")
         close = difflib.get_close_matches(key, list(flatten_config(cfg)), n=3, cutoff=0.8)
+        if key in close:  # detectron2 renamed it while upgrading a file of an older VERSION
+            return (f"{key} is a key of detectron2's current config format, but a file says an older VERSION, so "
+                    "detectron2 renamed its keys while upgrading it and this one no longer fits: give the file (and its "
+                    "_BASE_) the VERSION of the format they are written in (VERSION: 2 for detectron2's current "
+                    "configs), or remove its VERSION line.")
+        last = key.split(".")[-1]  # a section at another level (GW: at the top, or under RESNETS:)
+        sections = {name.rsplit(".", depth)[0] for name in flatten_config(cfg) for depth in range(1, name.count(".") + 1)}
+        placed = sorted(section for section in sections if section.endswith("." + last) and section != key)
+        close = [*placed[:2], *(name for name in close if name not in placed)][:3]
         hint = f" Did you mean {' or '.join(close)}?" if close else ""
         return (f"{key} is not a key of detectron2's or gwdet's config.{hint} (A project's own keys are added "
                 "by its add_*_config function before the config is read.)")
