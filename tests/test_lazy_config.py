@@ -417,3 +417,21 @@ def test_a_norm_object_in_a_lazyconfig_is_read_as_its_node_so_a_saved_config_rea
     assert "gwdet.norms.Norm" not in (tmp_path / "config.yaml").read_text()
     saved = load_lazy_config(str(tmp_path / "config.yaml")).model.roi_heads.box_head.conv_norm
     assert (saved._target_, saved.name, saved.num_groups) == ("gwdet.norm", "GW", 8)
+
+
+def test_an_interpolation_a_wrapped_node_no_longer_resolves_is_named_when_the_config_is_loaded(tmp_path):
+    # detectron2's mask_rcnn_fpn with its bottom_up wrapped in place_norm: omegaconf's raw "Interpolation key
+    # 'bottom_up.out_features' not found" traceback from deep inside the run
+    from gwdet.model_zoo.lazy_loading import load_lazy_config
+
+    config = tmp_path / "wrapped.py"
+    config.write_text("from detectron2.config import LazyCall as L\nfrom detectron2.model_zoo import get_config\n"
+                      "import gwdet\nfrom gwdet.modeling import place_norm\n\n"
+                      "model = get_config('common/models/mask_rcnn_fpn.py').model\n"
+                      "model.backbone.bottom_up = L(place_norm)(resnet=model.backbone.bottom_up, positions='S1-B2', "
+                      "norm=L(gwdet.norm)(name='GW'))\n")
+    with pytest.raises(ValueError, match=r"model.backbone.in_features cannot be resolved: Interpolation key "
+                                         r"'bottom_up.out_features' not found. .* give the value itself, e.g. "
+                                         r"model.backbone.in_features=\[...\]"):
+        load_lazy_config(str(config))
+    load_lazy_config(str(config), ["model.backbone.in_features=[res2,res3,res4,res5]"])

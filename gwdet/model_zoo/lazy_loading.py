@@ -435,6 +435,15 @@ def load_lazy_config(config_file: str, overrides: Sequence[str] = (), *, model: 
             "model = L(...)(...), beside train, dataloader, optimizer and lr_multiplier (e.g. "
             "configs/LazyConfig/mask_rcnn_R_50_FPN_gw_shapes.py).")
     cfg = apply_overrides(loaded, overrides or ())
+    try:
+        OmegaConf.to_container(cfg, resolve=True)  # every ${...} of the file names a key (checked once, here)
+    except OmegaConfBaseException as error:
+        key = getattr(error, "full_key", None) or "a value"
+        raise GwdetValueError(
+            f"Config file {config_file!r}: {key} cannot be resolved: {str(error).splitlines()[0]}. An interpolation "
+            "${...} must name a key of the config (a node replaced by another callable, e.g. a bottom_up wrapped in "
+            "gwdet.modeling.place_norm, may lack the key it named): give the value itself, e.g. "
+            f"{key}=[...].") from None
     output_dir = select(cfg, OUTPUT_SETTING)
     if isinstance(output_dir, str) and output_dir.startswith("~"):
         cfg.train.output_dir = os.path.expanduser(output_dir)
