@@ -774,6 +774,10 @@ def test_an_export_into_a_folder_is_refused_before_tracing(tmp_path):
     assert (tmp_path / "model_final.pth").read_bytes() == b"my checkpoint"
     with pytest.raises(ValueError, match=r"The export's path is empty"):
         export_torchscript(None, torch.zeros(3, 8, 8), "")
+    # inside torch.autocast: the file was written and failed when run normally (torchvision's nms dtypes)
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(ValueError, match=r"The export runs inside "
+                                                                                       r"torch.autocast \(cpu\)"):
+        export_torchscript(None, torch.zeros(3, 8, 8), str(tmp_path / "model.ts"))
     # opsets 13 to 15 exported detectron2's aligned ROIAlign as another function, accepted by every check
     with pytest.raises(ValueError, match=r"^opset 14: a detector's ROIAlign .* from opset 16 on"):
         export_model_onnx(None, torch.zeros(3, 8, 8), str(tmp_path / "model.onnx"), opset=14)

@@ -100,12 +100,17 @@ def export_torchscript(model: torch.nn.Module, image: torch.Tensor, path: str, *
 def _check_output_file(path: str, example: str, overwrite: bool) -> None:
     """Refuse, before any work, an output ``path`` that is a folder (``example``: a file name in it),
     that is empty, or that names a file already there unless ``overwrite`` (a user's notes, a
-    checkpoint: replaced without a word before)."""
+    checkpoint: replaced without a word before); and an export inside ``torch.autocast``."""
     if not os.fspath(path):
         raise GwdetValueError(f"The export's path is empty: give the file to write, e.g. {example}; nothing was written.")
     if os.path.isdir(path):
         raise GwdetIsADirectoryError(f"{path} is a folder: give the path of the file to write, e.g. "
                                      f"{os.path.join(path, example)}; nothing was written.")
+    autocast = [device for device in ("cpu", "cuda") if torch.is_autocast_enabled(device)]
+    if autocast:  # the traced graph would keep the autocast dtypes and fail when run without it
+        raise GwdetValueError(f"The export runs inside torch.autocast ({', '.join(autocast)}): the exported model "
+                              "would record its mixed dtypes and fail when run normally. Export outside the autocast "
+                              "block; nothing was written.")
     if os.path.lexists(path) and not overwrite:
         raise GwdetFileExistsError(f"{path} exists: an export replaces it only with overwrite=True (the file is then "
                                    f"replaced, and {os.path.basename(path)}{CHECKSUM_SUFFIX} with it); give another "
