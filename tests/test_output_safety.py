@@ -1054,7 +1054,7 @@ def test_a_new_training_into_a_folder_of_another_runs_checkpoints_is_refused(tmp
     # the first without a word (the tools refuse it; detectron2's DefaultTrainer does the same)
     checkpointer = ResilientCheckpointer(torch.nn.Linear(2, 2), str(tmp_path))
     assert checkpointer.resume_or_load("", resume=False) == {}  # an empty folder: a new run
-    checkpointer.save("model_final")
+    checkpointer.save("model_final", iteration=0)
     with pytest.raises(FileExistsError, match=r"holds the checkpoints of another run \(model_final.pth\), which a new "
                                               r"training there would replace: continue that run \(resume_or_load\(resume=True\)"):
         checkpointer.resume_or_load("", resume=False)

@@ -1202,9 +1202,13 @@ class OutputDirLock:
 def check_run_detections_kept(folder: str, output_dir: str, fix: str) -> None:
     """Refuse an evaluation from one's own code (``Trainer.test``, ``gwdet.engine.lazy.evaluate``)
     that would write its detections into ``folder`` where they are the finished run's in
-    ``output_dir`` (its ``results.json`` describes them); ``fix`` says where to write instead. A
+    ``output_dir`` (its ``inference/``, which its ``results.json`` describes); ``fix`` says where to
+    write instead. A
     training's own evaluations write before the run's results exist, and the tools evaluate into
     folders of their own."""
+    inference = os.path.realpath(os.path.join(output_dir, INFERENCE_FOLDER))
+    if os.path.commonpath([os.path.realpath(folder), inference]) != inference:
+        return  # a folder of the evaluation's own (a study's batch_statistics/, a tool's eval/): not the run's
     held = [name for name in EVALUATOR_FILES if os.path.isfile(os.path.join(folder, name))]
     if held and os.path.isfile(os.path.join(output_dir, RESULTS_JSON)):
         raise GwdetFileExistsError(
