@@ -551,7 +551,7 @@ def main(args: argparse.Namespace):
 def drawn_score(run: RunConfig) -> float:
     """The score from which the prediction drawings show detections, as their caption says: 0.5,
     or the model's test score threshold where it is higher (no detection below it is kept)."""
-    threshold = run.test_settings.get(run.score_threshold_setting)
+    threshold: Any = run.test_settings.get(run.score_threshold_setting)
     return max(DRAWN_SCORE, float(threshold)) if is_finite_number(threshold) else DRAWN_SCORE
 
 
