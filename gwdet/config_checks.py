@@ -488,7 +488,14 @@ def check_training_sampling(cfg: CfgNode) -> None:
         raise GwdetValueError(f"config: INPUT.MIN_SIZE_TRAIN={sizes!r} is a range from its larger end: with "
                               f"INPUT.MIN_SIZE_TRAIN_SAMPLING 'range' give the ends from low to high, ({sizes[1]}, "
                               f"{sizes[0]}).")
+    meta = cfg.MODEL.META_ARCHITECTURE
+    parts = META_ARCH_PARTS.get(meta)
+    samples_regions = parts is None or ROI_HEADS in parts
+    samples_anchors = cfg.MODEL.PROPOSAL_GENERATOR.NAME == "RPN" and meta not in ("RetinaNet", "GWRetinaNet",
+                                                                                  "SemanticSegmentor")
     for section, samples, losses in SAMPLERS:
+        if not (samples_regions if section == "ROI_HEADS" else samples_anchors):
+            continue  # a model without that sampler (a RetinaNet, a proposal network) reads none of its values
         fraction_key = f"MODEL.{section}.POSITIVE_FRACTION"
         problem = no_positive_samples(_value(cfg, f"MODEL.{section}.BATCH_SIZE_PER_IMAGE"), _value(cfg, fraction_key),
                                       f"MODEL.{section}.BATCH_SIZE_PER_IMAGE", fraction_key, samples, losses)

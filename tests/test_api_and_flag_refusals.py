@@ -209,7 +209,9 @@ def test_precise_bn_asked_of_an_evaluation_is_warned_of():
     from conftest import logged_warnings
 
     with logged_warnings("gwdet.engine.trainer") as logged:
-        YacsRun(build_config(str(DEMO_CONFIG), ["TEST.PRECISE_BN.ENABLED", "True"])).check_request(True, 1)
+        YacsRun(build_config(str(DEMO_CONFIG), ["TEST.PRECISE_BN.ENABLED", "True"])).check_request(True, 1)  # no BN
+        YacsRun(build_config(str(DEMO_CONFIG), ["TEST.PRECISE_BN.ENABLED", "True", "MODEL.FPN.NORM", "BN"])
+                ).check_request(True, 1)
     assert [line[:90] for line in logged] == [
         "TEST.PRECISE_BN.ENABLED is True, but detectron2's PreciseBN runs during training only: --eval-only evaluates "
         "the weights' running statistics as they are."[:90]]

@@ -322,6 +322,9 @@ def test_training_values_that_train_otherwise_than_asked_are_refused_for_a_train
     with pytest.raises(GwdetValueError) as refused:
         run.check_request(eval_only=False, world_size=1)
     assert str(refused.value) == message
+    if "ROI_HEADS" in opts[0]:  # a proposal network samples no regions: nothing to refuse
+        YacsRun(build_config(str(DEMO_CONFIG), [*opts, "MODEL.META_ARCHITECTURE", "ProposalNetwork",
+                                                "MODEL.MASK_ON", "False"])).check_request(eval_only=False, world_size=1)
 
 
 def test_a_file_of_an_older_version_on_a_current_base_is_told_about_its_version(tmp_path):

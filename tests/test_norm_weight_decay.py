@@ -185,6 +185,8 @@ def test_check_model_names_the_norm_layers_detectron2s_optimizer_decays(caplog):
     with pytest.raises(ValueError, match=r"check_model: the optimizer does not hold \d+ trainable parameter\(s\) of the "
                                          r"model .*so they would not train"):
         check_model(model, optimizer=other, weight_decay_norm=0.0)
+    with pytest.raises(TypeError, match=r"check_model: optimizer must be the torch optimizer .*, got LRMultiplier"):
+        check_model(model, optimizer=Trainer.build_lr_scheduler(cfg, other), weight_decay_norm=0.0)
 
 
 @pytest.mark.parametrize("key, value, problem", [

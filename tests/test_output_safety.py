@@ -1095,10 +1095,14 @@ def test_a_resume_from_a_checkpoint_slimmed_to_its_weights_is_refused(tmp_path):
     # momentum and schedule, without a word
     model = torch.nn.Linear(2, 2)
     torch.save({"model": model.state_dict()}, tmp_path / "model_final.pth")
-    with pytest.raises(ValueError, match=r"--resume: .*model_final.pth holds weights only \(no iteration, optimizer or "
-                                         r"scheduler state: a checkpoint slimmed to its model\), so the run cannot "
-                                         r"continue from it"):
+    with pytest.raises(ValueError, match=r"--resume: .*model_final.pth holds no iteration state \(a checkpoint slimmed "
+                                         r"to its weights\), so the run cannot continue from it"):
         ResilientCheckpointer(model, str(tmp_path)).resume_or_load("", resume=True)
+    # with its iteration but without the optimizer's state: resumed with a fresh momentum and schedule
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    torch.save({"model": model.state_dict(), "iteration": 4}, tmp_path / "model_final.pth")
+    with pytest.raises(ValueError, match=r"holds no optimizer state \(a checkpoint slimmed to its weights\)"):
+        ResilientCheckpointer(model, str(tmp_path), optimizer=optimizer).resume_or_load("", resume=True)
 
 
 def test_records_of_deleted_checkpoints_go_and_a_string_of_classes_is_refused(tmp_path):

@@ -771,6 +771,9 @@ def test_a_run_in_a_process_left_with_float64_or_without_gradients_names_the_pro
         with pytest.raises(ValueError, match=r"^Gradients are switched off in this process"):
             check_torch_state(training=True)
         check_torch_state(training=False)  # an evaluation needs none
+    with torch.inference_mode(), torch.set_grad_enabled(True):  # gradients "on", but no tensor records them
+        with pytest.raises(ValueError, match=r"^The run is inside torch.inference_mode\(\) in this process"):
+            check_torch_state(training=True)
     check_torch_state(training=True)
 
 

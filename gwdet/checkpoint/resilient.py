@@ -395,6 +395,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
         self._loading: str | None = None  # the file load() reads, for its messages
         self._resumed = False  # set when resume_or_load has loaded a checkpoint of save_dir
         self.started = False  # set by resume_or_load: a trainer that trains without it starts a new run
+        self._file_keys: set = set()  # the keys of the file _load_file read last
 
     def has_checkpoint(self) -> bool:
         """Whether ``last_checkpoint`` names a checkpoint, or :meth:`resume_or_load` has resumed one
@@ -580,12 +581,13 @@ class ResilientCheckpointer(DetectionCheckpointer):
         for candidate in candidates:
             try:
                 loaded = self.load(candidate)
-                if "iteration" not in loaded:  # a checkpoint slimmed to its weights: the schedule would restart
+                lacking = [key for key in ("iteration", *self.checkpointables) if key not in self._file_keys]
+                if lacking:  # a checkpoint slimmed to its weights: the schedule would restart
                     raise GwdetValueError(
-                        f"--resume: {candidate} holds weights only (no iteration, optimizer or scheduler state: a "
-                        f"checkpoint slimmed to its model), so the run cannot continue from it; its schedule and "
-                        f"momentum would start again. Start a new run from it ({self.weights_setting} {candidate}) into "
-                        "another output folder, or restore the checkpoint as the run wrote it.")
+                        f"--resume: {candidate} holds no {', '.join(lacking)} state (a checkpoint slimmed to its "
+                        f"weights), so the run cannot continue from it: its iteration, schedule and momentum would "
+                        f"start again. Start a new run from it ({self.weights_setting} {candidate}) into another output "
+                        "folder, or restore the checkpoint as the run wrote it.")
                 self._check_same_training_data(loaded.get(DATA_KEY), candidate)
                 recorded = loaded.get(INITIAL_WEIGHTS_KEY)
                 self.initial_weights = recorded if isinstance(recorded, dict) else None
@@ -801,6 +803,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 "with --resume.")
         data.pop(CHECKSUMS_KEY, None)
         data.pop(STATE_CHECKSUMS_KEY, None)
+        self._file_keys = set(data)  # what the file holds, before load() takes the checkpointables out
         if self._loading_initial_weights:
             _check_finite_weights(filename, data, self.weights_setting)
         return data

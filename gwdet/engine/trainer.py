@@ -201,6 +201,9 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
 
 
 
+# detectron2's names of torch's batch norms, whose running statistics detectron2's PreciseBN recomputes
+TORCH_BATCH_NORMS = ("BN", "SyncBN", "nnSyncBN", "naiveSyncBN", "naiveSyncBN_N")
+
 # detectron2's names of torch's SyncBatchNorm, which DDP accepts for CUDA modules only
 CUDA_SYNC_NORMS = ("SyncBN", "nnSyncBN")
 
@@ -441,7 +444,8 @@ class YacsRun(RunConfig):
         check_evaluation_values(self.cfg)
         if not eval_only:
             check_training_values(self.cfg, world_size)
-        elif self.cfg.TEST.PRECISE_BN.ENABLED:
+        elif self.cfg.TEST.PRECISE_BN.ENABLED and any(name in TORCH_BATCH_NORMS
+                                                      for name in norm_settings(self.cfg).values()):
             logger.warning("TEST.PRECISE_BN.ENABLED is True, but detectron2's PreciseBN runs during training only: "
                            "--eval-only evaluates the weights' running statistics as they are. Recompute them first "
                            "with gwdet.layers.update_running_statistics (docs/usage.md), or set it False.")

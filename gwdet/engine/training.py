@@ -117,7 +117,7 @@ def check_torch_state(training: bool) -> None:
     """Refuse a run in a process whose torch state a run cannot use, as one's own code or a notebook
     may leave it: another default dtype than float32 (detectron2's layers and torchvision's
     operators mix it with the images' float32), the meta device as the default one, or gradients
-    switched off for a training."""
+    switched off (``inference_mode`` too) for a training."""
     if torch.get_default_dtype() != torch.float32:
         raise GwdetValueError(
             f"torch's default dtype is {torch.get_default_dtype()} in this process (torch.set_default_dtype was called "
@@ -128,6 +128,11 @@ def check_torch_state(training: bool) -> None:
             "torch's default device is meta in this process (torch.set_default_device('meta') was called before the "
             "run): detectron2 would build the model there, as tensors without values. Call "
             "torch.set_default_device(None) (or 'cpu') before the run.")
+    if training and torch.is_inference_mode_enabled():
+        raise GwdetValueError(
+            "The run is inside torch.inference_mode() in this process, where no tensor records gradients (even with "
+            "torch.set_grad_enabled(True)), so the training could not compute any: run it outside the "
+            "inference_mode block.")
     if training and not torch.is_grad_enabled():
         raise GwdetValueError(
             "Gradients are switched off in this process (torch.set_grad_enabled(False), or a torch.no_grad() block "

@@ -96,6 +96,9 @@ def check_model(model: nn.Module, strict_groups: bool = False, optimizer: torch.
             if value is not None and not is_finite_number(value):
                 raise GwdetTypeError(f"check_model: {name} must be a number (the weight decay the optimizer should "
                                      f"give), got {value!r} ({type(value).__name__})")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise GwdetTypeError(f"check_model: optimizer must be the torch optimizer that trains the model, got "
+                                 f"{type(optimizer).__name__} (a learning-rate scheduler? give its .optimizer)")
         held = {id(parameter) for group in optimizer.param_groups for parameter in group["params"]}
         untrained = [name for name, parameter in model.named_parameters() if parameter.requires_grad
                      and id(parameter) not in held]
