@@ -193,6 +193,10 @@ def test_an_override_below_a_norm_given_by_its_name_says_to_give_a_node(tmp_path
     for key in (f"{norm}.num_groups", f"+{norm}.num_groups"):
         with pytest.raises(ValueError, match=rf"'{norm}' holds the value 'GN', not a node of keys"):
             load_lazy_config(str(config), [f"{key}=8"])
+    # a number set on the command line before: its value, and no norm node to suggest
+    with pytest.raises(ValueError, match=r"'train.max_iter' holds the value 2, not a node of keys, so nothing can be set "
+                                         r"under it: set train.max_iter itself.$"):
+        load_lazy_config(str(LAZY_CONFIG), ["train.max_iter=2", "train.max_iter.foo=1"])
 
 
 def test_a_mapping_override_is_checked_key_by_key():

@@ -20,7 +20,7 @@ import difflib
 import inspect
 import os
 import re
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -174,12 +174,12 @@ def _reference_above(cfg: DictConfig, parts: Sequence[str]) -> tuple[str, str] |
     return None
 
 
-def check_override_key(cfg: DictConfig, key: str) -> None:
+def check_override_key(cfg: DictConfig, key: str, given: Mapping[str, Any] | None = None) -> None:
     """Raise ``ValueError`` unless ``key`` (dotted) is in ``cfg`` or names an argument of the
     callable of the ``L(...)`` node it would be set on, and is not below a reference to a shared
     node (which the override would replace); the message names the close keys or the fix."""
     parts = key.split(".")
-    _refuse_a_value_above(cfg, key)
+    _refuse_a_value_above(cfg, key, given)
     reference = _reference_above(cfg, parts)
     if reference is not None:
         level, target = reference
@@ -207,7 +207,7 @@ def check_override_key(cfg: DictConfig, key: str) -> None:
                           f"Write +{key}=... to add a new key on purpose.")
 
 
-def _refuse_a_value_above(cfg: DictConfig, key: str) -> None:
+def _refuse_a_value_above(cfg: DictConfig, key: str, given: Mapping[str, Any] | None = None) -> None:
     """Raise ``ValueError`` when a level above the dotted ``key`` (``+`` stripped) holds a value,
     not a node (a norm given by its name, ``norm="GN"``): nothing can be set under it (omegaconf
     stops with a bare ``KeyError``), and the node that would take the key is named."""
@@ -217,18 +217,18 @@ def _refuse_a_value_above(cfg: DictConfig, key: str) -> None:
         held = select(cfg, level)
         if held is ABSENT:
             return
-        if not isinstance(held, (DictConfig, ListConfig)):
-            raise _value_above_error(key, level, held)
+        if not isinstance(held, (DictConfig, ListConfig)):  # as the command line sets it, where it does
+            raise _value_above_error(key, level, (given or {}).get(level, held))
 
 
 def _value_above_error(key: str, level: str, held: Any) -> GwdetValueError:
     """The refusal of an override ``key`` below ``level``, which holds the value ``held``."""
     below = key.lstrip("+")[len(level) + 1:].split(".")[0]
-    example = (f"{level}={{_target_: gwdet.norm, name: {held}, {below}: ...}}" if isinstance(held, str)
-               else f"{level}={{_target_: ..., {below}: ...}}")
+    fix = (f"give {level} a node of its own that holds the value, e.g. {level}={{_target_: gwdet.norm, name: "
+           f"{held}, {below}: ...}}, or set {level} itself" if isinstance(held, str) else f"set {level} itself")
     return GwdetValueError(
         f"LazyConfig override {key!r}: {level!r} holds the value {held!r}, not a node of keys, so nothing can be set "
-        f"under it: give {level} a node of its own that holds the value, e.g. {example}, or set {level} itself.")
+        f"under it: {fix}.")
 
 
 def _check_key_parts(override: str, key: str, value: str) -> None:
@@ -304,10 +304,13 @@ def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
         if key.startswith("~"):
             raise GwdetValueError(f"LazyConfig override {override!r}: deleting a key is not supported.")
         _check_key_parts(override, key.strip(), value)
+        given = {done.partition("=")[0].strip().lstrip("+"): _parsed_value(done, done.partition("=")[0].strip(),
+                                                                           done.partition("=")[2])
+                 for done in overrides[:overrides.index(override)] if "=" in done}
         if not key.startswith("+"):
-            check_override_key(cfg, key.strip())
+            check_override_key(cfg, key.strip(), given)
         else:
-            _refuse_a_value_above(cfg, key.strip())
+            _refuse_a_value_above(cfg, key.strip(), given)
         parsed = _parsed_value(override, key.strip(), value)
         if not key.startswith("+") and _is_own_node(cfg, key.strip()):  # a mapping merges into such a node
             for nested in _mapping_keys(parsed, key.strip()):
