@@ -94,9 +94,13 @@ def test_resamples_are_cached_per_detections_and_the_same_for_every_cell(tmp_pat
     evaluation = ImageLevelEvaluation(quiet_coco(gt_file), detections)
     assert aps[7] == evaluation.box_ap(resampled_positions(8, 50)[7])
     # read back, not recomputed: the cache holds what was computed
+    from gwdet.utils.atomic import write_text_with_checksum
+
     stored = json.loads(cache.read_text())
     stored["box_ap"][0] = -1.0
-    cache.write_text(json.dumps(stored))
+    cache.write_text(json.dumps(stored))  # edited beside its SHA-256 record: computed again, not read
+    assert resampled_box_ap(inference, "test", gt_file, cache, resamples=50)[0] == aps[0]
+    write_text_with_checksum(str(cache), json.dumps(stored))
     assert resampled_box_ap(inference, "test", gt_file, cache, resamples=50)[0] == -1.0
     # other detections: recomputed
     write(inference / "test" / "coco_instances_results.json", detections[1:])

@@ -32,7 +32,7 @@ from pycocotools.cocoeval import COCOeval
 
 from gwdet.engine.output_dir import RESULTS_JSON
 from gwdet.errors import GwdetFileNotFoundError
-from gwdet.utils.atomic import write_text_atomically
+from gwdet.utils.atomic import checksum_problem, write_text_with_checksum
 from gwdet_lab.study.run_folder import nan_for_null, null_for_nan
 
 RESAMPLES = 1000
@@ -103,7 +103,7 @@ def resampled_box_ap(inference_dir: Path, dataset: str, annotation_file: str | C
             f"the cell is evaluated on {dataset} again.")
     digest = hashlib.sha256(raw).hexdigest()
     key = {"dataset": dataset, "resamples": resamples, "seed": seed, "detections_sha256": digest}
-    if cache.is_file():
+    if cache.is_file() and checksum_problem(str(cache)) is None:  # an edited cache is computed again
         stored = json.loads(cache.read_text())
         if stored.get("key") == key:
             return nan_for_null(stored["box_ap"])
@@ -115,7 +115,7 @@ def resampled_box_ap(inference_dir: Path, dataset: str, annotation_file: str | C
     else:
         evaluation = ImageLevelEvaluation(quiet_coco(annotation_file), records)
         aps = [evaluation.box_ap(p) for p in resampled_positions(evaluation.images, resamples, seed)]
-    write_text_atomically(str(cache), json.dumps({"key": key, "box_ap": null_for_nan(aps)}, allow_nan=False))
+    write_text_with_checksum(str(cache), json.dumps({"key": key, "box_ap": null_for_nan(aps)}, allow_nan=False))
     return aps
 
 
