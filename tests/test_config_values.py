@@ -338,6 +338,10 @@ def test_a_file_of_an_older_version_on_a_current_base_is_told_about_its_version(
     config.write_text(f'_BASE_: "{DEMO_CONFIG}"\nMODEL:\n  RESNETS:\n    GW:\n      NUM_GROUPS: 8\n', encoding="utf-8")
     assert "MODEL.RESNETS.GW is not a key of detectron2's or gwdet's config. Did you mean MODEL.GW or" in \
         _refused_file(config)
+    config.write_text(f'_BASE_: "{DEMO_CONFIG}"\nWEIGHTS: ""\n', encoding="utf-8")  # a key at another level
+    assert "WEIGHTS is not a key of detectron2's or gwdet's config. Did you mean MODEL.WEIGHTS?" in _refused_file(config)
+    config.write_text(f'_BASE_: "{DEMO_CONFIG}"\nMODEL:\n  SOLVER:\n    MAX_ITER: 3\n', encoding="utf-8")
+    assert "MODEL.SOLVER is not a key of detectron2's or gwdet's config. Did you mean SOLVER" in _refused_file(config)
 
 
 def test_a_base_list_whose_later_base_puts_its_chains_value_back_is_warned_of(tmp_path):

@@ -128,9 +128,10 @@ def merge_problem(cfg: CfgNode, error: BaseException) -> str:
                     "detectron2 renamed its keys while upgrading it and this one no longer fits: give the file (and its "
                     "_BASE_) the VERSION of the format they are written in (VERSION: 2 for detectron2's current "
                     "configs), or remove its VERSION line.")
-        last = key.split(".")[-1]  # a section at another level (GW: at the top, or under RESNETS:)
-        sections = {name.rsplit(".", depth)[0] for name in flatten_config(cfg) for depth in range(1, name.count(".") + 1)}
-        placed = sorted(section for section in sections if section.endswith("." + last) and section != key)
+        last = key.split(".")[-1]  # a key or section at another level (GW: at the top, SOLVER: under MODEL:)
+        names = set(flatten_config(cfg))
+        names |= {name.rsplit(".", depth)[0] for name in names for depth in range(1, name.count(".") + 1)}
+        placed = sorted(name for name in names if (name == last or name.endswith("." + last)) and name != key)
         close = [*placed[:2], *(name for name in close if name not in placed)][:3]
         hint = f" Did you mean {' or '.join(close)}?" if close else ""
         return (f"{key} is not a key of detectron2's or gwdet's config.{hint} (A project's own keys are added "
