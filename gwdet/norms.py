@@ -164,7 +164,8 @@ def _refuse_other_defaults(record: NormRecord) -> None:
     gwdet's config, and one that neither has and that another registered name reads with another
     default: :func:`add_registered_config_keys` adds it with one default, and the other name would
     be built with it without a word."""
-    existing = flatten_config(get_cfg()).keys() | {key.name for key in CONFIG_KEYS}
+    values = {**flatten_config(get_cfg()), **{config_key.name: config_key.default for config_key in CONFIG_KEYS}}
+    existing = set(values)
     sections = {key.rsplit(".", depth)[0] for key in existing for depth in range(1, key.count(".") + 1)}
     for param, key in record.config_keys.items():
         above = next((key[:end] for end in range(len(key)) if key[end] == "." and key[:end] in existing), None)
@@ -174,7 +175,6 @@ def _refuse_other_defaults(record: NormRecord) -> None:
             raise GwdetValueError(
                 f"register_norm({record.name!r}): the config key {key} (for {param}) {what}: give {param} a key of "
                 f"its own, e.g. MODEL.{record.name.upper()}.{param.upper()}.")
-    values = {**flatten_config(get_cfg()), **{config_key.name: config_key.default for config_key in CONFIG_KEYS}}
     defaults = _config_key_defaults(record)
     for param, key in record.config_keys.items():
         default = defaults.get(key)

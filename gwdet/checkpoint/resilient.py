@@ -64,6 +64,21 @@ from gwdet.errors import (GwdetError, GwdetFileExistsError, GwdetFileNotFoundErr
 # The checkpoints a run writes: detectron2's PeriodicCheckpointer names them model_{iteration:07d}
 # and model_final, gwdet's signal checkpoints (gwdet.checkpoint.signal_hook) likewise.
 CHECKPOINT_NAME = re.compile(r"^model_(\d{7,}|final)\.pth$")
+
+
+def checkpoint_names(folder: str) -> list[str]:
+    """The names of the checkpoints in ``folder`` (:data:`CHECKPOINT_NAME`), sorted; none for a
+    folder that is not there (or not local)."""
+    if "://" in folder or not os.path.isdir(folder):
+        return []
+    return sorted(name for name in os.listdir(folder) if CHECKPOINT_NAME.match(name))
+
+
+def numbered_iteration(name: str) -> int | None:
+    """The iteration a numbered checkpoint's name gives (``model_0000004.pth``: 4); ``None`` for
+    ``model_final.pth`` and any other name."""
+    match = CHECKPOINT_NAME.match(name)
+    return int(match.group(1)) if match and match.group(1).isdigit() else None
 UNSAFE_PICKLE_ENV = "GWDET_ALLOW_UNSAFE_PICKLE"
 MISMATCH_ENV = "GWDET_ALLOW_NORM_MISMATCH"
 _OPT_IN = f"set the environment variable {UNSAFE_PICKLE_ENV}=1"
@@ -446,11 +461,12 @@ class ResilientCheckpointer(DetectionCheckpointer):
         as recorded inside it (a finished run resumed to train further writes numbered checkpoints
         after it; a checkpoint copied back from a backup is as old as its iteration, whenever it was
         written). One whose iteration cannot be read is tried last."""
-        others = [n for n in os.listdir(self.save_dir) if CHECKPOINT_NAME.match(n)] if os.path.isdir(self.save_dir) else []
+        others = checkpoint_names(self.save_dir)
 
         def iteration(name: str) -> int:
-            if name[6:-4].isdigit():
-                return int(name[6:-4])
+            numbered = numbered_iteration(name)
+            if numbered is not None:
+                return numbered
             try:  # mapped, not read: only the pickled values are loaded
                 recorded = load_torch_file(os.path.join(self.save_dir, name), False, _OPT_IN, mmap=True).get("iteration")
             except Exception:  # damaged or cut short: its load says so, when it is tried
@@ -561,8 +577,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
         """Refuse a new training into ``save_dir`` where it holds another run's checkpoints, which
         the training would replace (the tools refuse it before; a trainer of one's own code meets
         it here)."""
-        earlier = sorted(name for name in os.listdir(self.save_dir) if CHECKPOINT_NAME.match(name)) \
-            if self.save_dir and "://" not in self.save_dir and os.path.isdir(self.save_dir) else []
+        earlier = checkpoint_names(self.save_dir) if self.save_dir else []
         if earlier:
             raise GwdetFileExistsError(
                 f"{self.save_dir} holds the checkpoints of another run ({listed(earlier, 3)}), which a new training "
@@ -781,6 +796,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 f"{filename} is damaged ({differs}); nothing was loaded from it. Restore the file from a copy or write "
                 f"it again (train, or convert the weights again); if you replaced it on purpose, delete {record}. "
                 "A training's --resume uses the previous checkpoint in the folder instead.", filename)
+        heuristics = self._heuristics_asked(filename)  # another query: named here (detectron2: a bare ValueError)
         if filename.endswith(".pkl"):
             data = load_pickle_weights(filename)
             _check_holds_weights(filename, data)
@@ -788,10 +804,9 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 data = {**data, "__author__": "unknown"}  # detectron2's layout ({"model": arrays}) without its author
             elif not ("model" in data and "__author__" in data):
                 data = {"model": data, "__author__": "unknown", "matching_heuristics": True}
-            if self._heuristics_asked(filename):
+            if heuristics:  # detectron2's own reading honours the query for .pth files only
                 data = {**data, "matching_heuristics": True}
         else:
-            self._heuristics_asked(filename)  # another query: named here (detectron2: a bare ValueError)
             data = super()._load_file(filename)  # calls _torch_load
         removed = verify_checksums(filename, data, accept_removed_state=self._loading_initial_weights)
         if removed:

@@ -37,6 +37,7 @@ from detectron2.utils.logger import setup_logger
 
 from gwdet.errors import GwdetValueError
 from gwdet.utils.atomic import remove_checksum
+from gwdet.checkpoint.resilient import numbered_iteration
 from gwdet.checkpoint.signal_hook import release_stop_signals
 from gwdet.data.boxes import check_dataset_boxes
 from gwdet.data.coco_registration import (
@@ -222,9 +223,9 @@ class RunPeriodicCheckpointer(hooks.PeriodicCheckpointer):
         if self.max_to_keep is None:
             return
         save_dir = self.checkpointer.save_dir
-        earlier = [(int(name[len("model_"):-len(".pth")]), name) for name in checkpoints_in(save_dir)
-                   if name[len("model_"):-len(".pth")].isdigit()]
-        self.recent_checkpoints = [os.path.join(save_dir, name) for iteration, name in sorted(earlier)
+        earlier = sorted((iteration, name) for name in checkpoints_in(save_dir)
+                         if (iteration := numbered_iteration(name)) is not None)
+        self.recent_checkpoints = [os.path.join(save_dir, name) for iteration, name in earlier
                                    if iteration < self.trainer.iter]
 
 

@@ -22,6 +22,7 @@ from detectron2.data.transforms import ResizeShortestEdge
 from gwdet.config import ABSENT, CONFIG_KEYS
 from gwdet.config_checks import (
     DETECTRON2_VALUE_RULES,
+    SAMPLERS,
     SEED_LIMIT,
     ZERO_RATE,
     check_batch_split,
@@ -141,8 +142,9 @@ def check_training_values(cfg: DictConfig, world_size: int) -> None:
         check_scratch_training([listed(frozen, 3)] if frozen else [], freeze_at if is_whole_number(freeze_at) else 0,
                                "train.init_checkpoint", FREEZE_SETTING)
     _check_lr_schedule(cfg)  # after its values' own checks, which name the value
-    for node, samples, losses in (("model.roi_heads", "regions", "the box regression and mask losses stay"),
-                                  ("model.proposal_generator", "anchors", "the RPN's box regression loss stays")):
+    nodes = {"ROI_HEADS": "model.roi_heads", "RPN": "model.proposal_generator"}  # the yacs sections' twins
+    for section, samples, losses in SAMPLERS:
+        node = nodes[section]
         batch, fraction = select(cfg, f"{node}.batch_size_per_image"), select(cfg, f"{node}.positive_fraction")
         problem = no_positive_samples(batch, fraction, f"{node}.batch_size_per_image", f"{node}.positive_fraction",
                                       samples, losses)

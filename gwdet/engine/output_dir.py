@@ -47,6 +47,7 @@ from gwdet.checkpoint.resilient import (
     CHECKPOINT_NAME,
     INITIAL_WEIGHTS_KEY,
     LAST_CHECKPOINT,
+    checkpoint_names,
     local_weights_path,
     lost_checkpoint_error,
     tagged_name,
@@ -553,8 +554,7 @@ def check_run_file_names(output_dir: str, setting: str = "OUTPUT_DIR") -> None:
     """Refuse, before training, a run in ``output_dir`` where a folder has the name of a file the run
     writes (:data:`RUN_FILE_PURPOSES`, a checkpoint's): writing that file would fail later, some after
     training."""
-    checkpoints = [name for name in (os.listdir(output_dir) if os.path.isdir(output_dir) else [])
-                   if CHECKPOINT_NAME.match(name)]
+    checkpoints = checkpoint_names(output_dir)
     for name, purpose in [*RUN_FILE_PURPOSES.items(), *((name, "a checkpoint") for name in checkpoints)]:
         path = os.path.join(output_dir, name)
         if os.path.isdir(path):
@@ -1203,9 +1203,8 @@ def check_run_detections_kept(folder: str, output_dir: str, fix: str) -> None:
     """Refuse an evaluation from one's own code (``Trainer.test``, ``gwdet.engine.lazy.evaluate``)
     that would write its detections into ``folder`` where they are the finished run's in
     ``output_dir`` (its ``inference/``, which its ``results.json`` describes); ``fix`` says where to
-    write instead. A
-    training's own evaluations write before the run's results exist, and the tools evaluate into
-    folders of their own."""
+    write instead. A training's own evaluations write before the run's results exist, and the tools
+    evaluate into folders of their own."""
     inference = os.path.realpath(os.path.join(output_dir, INFERENCE_FOLDER))
     if os.path.commonpath([os.path.realpath(folder), inference]) != inference:
         return  # a folder of the evaluation's own (a study's batch_statistics/, a tool's eval/): not the run's

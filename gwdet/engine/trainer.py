@@ -201,9 +201,6 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
 
 
 
-# detectron2's names of torch's batch norms, whose running statistics detectron2's PreciseBN recomputes
-TORCH_BATCH_NORMS = ("BN", "SyncBN", "nnSyncBN", "naiveSyncBN", "naiveSyncBN_N")
-
 # detectron2's names of torch's SyncBatchNorm, which DDP accepts for CUDA modules only
 CUDA_SYNC_NORMS = ("SyncBN", "nnSyncBN")
 
@@ -239,12 +236,24 @@ def check_evaluation_values(cfg: CfgNode) -> None:
             "or evaluate with detectron2.modeling.GeneralizedRCNNWithTTA in a script of your own.")
 
 
+def _torch_batch_norm_layers(name: str) -> bool:
+    """Whether every layer class of norm ``name`` is one of torch's batch norms (fvcore's
+    ``BN_MODULE_TYPES``), whose running statistics detectron2's PreciseBN hook recomputes."""
+    return all(issubclass(t, BN_MODULE_TYPES) for t in norm_record(name).layer_types)
+
+
 def precise_bn_skips(name: str) -> bool:
     """Whether the layers of norm ``name`` keep running statistics that detectron2's PreciseBN hook
-    leaves as they are: it recomputes those of torch's batch-norm classes only (fvcore's
-    ``BN_MODULE_TYPES``; BW and BGN are none of them)."""
+    leaves as they are: it recomputes those of torch's batch-norm classes only (BW and BGN are none
+    of them)."""
+    return norm_record(name).batch_statistics and not _torch_batch_norm_layers(name)
+
+
+def precise_bn_recomputes(name: str) -> bool:
+    """Whether detectron2's PreciseBN hook recomputes the running statistics of norm ``name``'s
+    layers (BN, SyncBN and detectron2's naive SyncBN)."""
     record = norm_record(name)
-    return record.batch_statistics and not all(issubclass(t, BN_MODULE_TYPES) for t in record.layer_types)
+    return record.batch_statistics and bool(record.layer_types) and _torch_batch_norm_layers(name)
 
 
 def _warn_of_unread_schedule_values(cfg: CfgNode) -> None:
@@ -444,7 +453,7 @@ class YacsRun(RunConfig):
         check_evaluation_values(self.cfg)
         if not eval_only:
             check_training_values(self.cfg, world_size)
-        elif self.cfg.TEST.PRECISE_BN.ENABLED and any(name in TORCH_BATCH_NORMS
+        elif self.cfg.TEST.PRECISE_BN.ENABLED and any(name and precise_bn_recomputes(name)
                                                       for name in norm_settings(self.cfg).values()):
             logger.warning("TEST.PRECISE_BN.ENABLED is True, but detectron2's PreciseBN runs during training only: "
                            "--eval-only evaluates the weights' running statistics as they are. Recompute them first "

@@ -295,6 +295,7 @@ def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
     value resolves."""
     overrides = list(overrides)
     keys = []
+    given: dict[str, Any] = {}  # the values the overrides before the current one set, by key
     for override in overrides:
         key, equals, value = override.partition("=")
         if not equals or not key.strip():
@@ -304,9 +305,6 @@ def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
         if key.startswith("~"):
             raise GwdetValueError(f"LazyConfig override {override!r}: deleting a key is not supported.")
         _check_key_parts(override, key.strip(), value)
-        given = {done.partition("=")[0].strip().lstrip("+"): _parsed_value(done, done.partition("=")[0].strip(),
-                                                                           done.partition("=")[2])
-                 for done in overrides[:overrides.index(override)] if "=" in done}
         if not key.startswith("+"):
             check_override_key(cfg, key.strip(), given)
         else:
@@ -316,6 +314,7 @@ def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
             for nested in _mapping_keys(parsed, key.strip()):
                 check_override_key(cfg, nested)
         keys.append(key.strip().lstrip("+"))
+        given[keys[-1]] = parsed
     try:
         applied = LazyConfig.apply_overrides(cfg, [o[1:] if o.startswith("+") else o for o in overrides])
     except KeyError as error:  # detectron2's safe_update: a key below a value an earlier override set
@@ -323,9 +322,7 @@ def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
         if below is None:
             raise
         key, level = below.group(1), below.group(2)
-        held = next((override.split("=", 1)[1] for override in overrides
-                     if override.split("=", 1)[0].strip().lstrip("+") == level), select(cfg, level))
-        raise _value_above_error(key, level, held) from None
+        raise _value_above_error(key, level, given.get(level, select(cfg, level))) from None
     except OmegaConfBaseException as error:  # e.g. a list given for a node
         key = getattr(error, "full_key", None) or "a key"
         advice = (f" {key} holds a node (an L(...) call or a mapping), which a list cannot replace: set its keys "
