@@ -263,7 +263,7 @@ def _same_registration(record: NormRecord, other: NormRecord) -> bool:
     code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
     same_build = a is b or (
         code_a is not None and code_b is not None and getattr(a, "__qualname__", None) == getattr(b, "__qualname__", None)
-        and (code_a.co_code, code_a.co_consts, code_a.co_names) == (code_b.co_code, code_b.co_consts, code_b.co_names)
+        and _code(a) == _code(b)
         and getattr(a, "__defaults__", None) == getattr(b, "__defaults__", None)
         and getattr(a, "__kwdefaults__", None) == getattr(b, "__kwdefaults__", None)
         and _read_globals(a) == _read_globals(b))
@@ -273,13 +273,28 @@ def _same_registration(record: NormRecord, other: NormRecord) -> bool:
 
 def _read_globals(function: Callable) -> dict[str, Any]:
     """The module-level names ``function``'s code reads, each as a value to compare: data as it is
-    (a constant ``G = 4``), a function, class or module by its qualified name (a file read again
-    defines them anew)."""
+    (a constant ``G = 4``), a function by its name and code, a class by its name and its methods'
+    code, a module by its name (a file read again defines them anew, of the same code)."""
     names = getattr(getattr(function, "__code__", None), "co_names", ())
     scope = getattr(function, "__globals__", {})
-    return {name: getattr(scope[name], "__qualname__", getattr(scope[name], "__name__", None))
-            if callable(scope[name]) or inspect.ismodule(scope[name]) else repr(scope[name])
-            for name in names if name in scope}
+    return {name: _comparable(scope[name]) for name in names if name in scope}
+
+
+def _comparable(value: Any) -> Any:
+    """``value`` as :func:`_read_globals` compares it."""
+    if inspect.ismodule(value):
+        return value.__name__
+    if inspect.isclass(value):
+        return value.__qualname__, {key: _code(member) for key, member in vars(value).items() if inspect.isfunction(member)}
+    if callable(value):
+        return getattr(value, "__qualname__", repr(value)), _code(value)
+    return repr(value)
+
+
+def _code(function: Callable) -> Any:
+    """What a function computes, as far as its code object tells: its bytes, constants and names."""
+    code = getattr(function, "__code__", None)
+    return (code.co_code, code.co_consts, code.co_names) if code is not None else repr(function)
 
 
 def _refuse_taken(name: str, again: NormRecord | None) -> None:

@@ -399,6 +399,17 @@ def test_the_same_registration_again_is_taken_as_it_is(registered, tmp_path):
     assert norm("TestFromFile", num_groups=2)(8).num_groups == 2
     with pytest.raises(ValueError, match="'TestFromFile' is already registered"):  # other code: another registration
         register_norm("TestFromFile", lambda channels, num_groups=4: torch.nn.GroupNorm(num_groups, channels))
+    # a file whose layer class of the same name computes otherwise: another registration, not the same one
+    registered.append("TestOwnClass")
+    layer = ("import torch\nimport gwdet\n\n\nclass Own(torch.nn.GroupNorm):\n    def forward(self, x):\n"
+             "        return super().forward(x) * {}\n\n\n@gwdet.register_norm('TestOwnClass')\n"
+             "def own(channels):\n    return Own(1, channels)\n")
+    for scale, name in ((1, "first.py"), (1, "again.py")):
+        (tmp_path / name).write_text(layer.format(scale))
+        load_lazy_config(str(tmp_path / name))  # the same class and build: taken
+    (tmp_path / "other.py").write_text(layer.format(2))
+    with pytest.raises(ValueError, match="'TestOwnClass' is already registered"):
+        load_lazy_config(str(tmp_path / "other.py"))
 
 
 def test_gn_with_a_group_count_the_channels_cannot_use_follows_gws_rule_logged_or_refused(caplog):
