@@ -3,6 +3,7 @@ evaluation: the identity resample is the evaluation, and a resample that draws i
 evaluation of a dataset holding those images twice."""
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -87,34 +88,52 @@ def test_resamples_are_cached_per_detections_and_the_same_for_every_cell(tmp_pat
     gt_file = write(tmp_path / "gt.json", gt)
     inference = tmp_path / "inference"
     (inference / "test").mkdir(parents=True)
-    write(inference / "test" / "coco_instances_results.json", detections)
+    detections_file = write(inference / "test" / "coco_instances_results.json", detections)
+    recorded = full_box_ap(gt_file, detections_file)  # what the cell's results.json holds
     cache = tmp_path / "image_bootstrap.json"
-    aps = resampled_box_ap(inference, "test", gt_file, cache, resamples=50)
+    aps = resampled_box_ap(inference, "test", gt_file, cache, recorded, resamples=50)
     assert len(aps) == 50 and np.std(aps) > 0
     evaluation = ImageLevelEvaluation(quiet_coco(gt_file), detections)
     assert aps[7] == evaluation.box_ap(resampled_positions(8, 50)[7])
     # read back, not recomputed: the cache holds what was computed
-    from gwdet.utils.atomic import write_text_with_checksum
+    from gwdet.utils.atomic import checksum_path, write_text_with_checksum
 
     stored = json.loads(cache.read_text())
+    assert stored["box_ap_all_images"] == pytest.approx(recorded, abs=1e-9)
     stored["box_ap"][0] = -1.0
     cache.write_text(json.dumps(stored))  # edited beside its SHA-256 record: computed again, not read
-    assert resampled_box_ap(inference, "test", gt_file, cache, resamples=50)[0] == aps[0]
+    assert resampled_box_ap(inference, "test", gt_file, cache, recorded, resamples=50)[0] == aps[0]
     write_text_with_checksum(str(cache), json.dumps(stored))
-    assert resampled_box_ap(inference, "test", gt_file, cache, resamples=50)[0] == -1.0
-    # other detections: recomputed
-    write(inference / "test" / "coco_instances_results.json", detections[1:])
-    assert resampled_box_ap(inference, "test", gt_file, cache, resamples=50)[0] != -1.0
+    assert resampled_box_ap(inference, "test", gt_file, cache, recorded, resamples=50)[0] == -1.0
+    # without its SHA-256 record (an edited cache whose record was deleted): computed again
+    Path(checksum_path(str(cache))).unlink()
+    assert resampled_box_ap(inference, "test", gt_file, cache, recorded, resamples=50)[0] == aps[0]
+    write_text_with_checksum(str(cache), json.dumps(stored))
+    # the cache of a cell with another AP (another cell's cache beside its own detections): not read
+    stored["box_ap_all_images"] = recorded + 1
+    write_text_with_checksum(str(cache), json.dumps(stored))
+    assert resampled_box_ap(inference, "test", gt_file, cache, recorded, resamples=50)[0] == aps[0]
+    # other detections: recomputed, and refused where the cell's results.json records another AP
+    detections_file = write(inference / "test" / "coco_instances_results.json", detections[1:])
+    other = full_box_ap(gt_file, detections_file)
+    assert resampled_box_ap(inference, "test", gt_file, cache, other, resamples=50)[0] != aps[0]
+    before = cache.read_bytes()
+    with pytest.raises(ValueError, match=(
+            rf"coco_instances_results.json gives a box AP of {other:.4f} on test's images, but the cell's results.json "
+            rf"records {recorded:.4f}: these are not the detections its results were computed from .*nothing was "
+            r"written. Put the cell's own detections back")):
+        resampled_box_ap(inference, "test", gt_file, cache, recorded, resamples=50)
+    assert cache.read_bytes() == before
     # no detections at all: NaN, as COCOEvaluator reports
     write(inference / "test" / "coco_instances_results.json", [])
-    assert all(math.isnan(v) for v in resampled_box_ap(inference, "test", gt_file, cache, resamples=5))
+    assert all(math.isnan(v) for v in resampled_box_ap(inference, "test", gt_file, cache, math.nan, resamples=5))
     # ... written as strict JSON (null, which every JSON reader takes) and read back as NaN
     strict = json.loads(cache.read_text(), parse_constant=lambda name: pytest.fail(f"{name} in {cache}"))
-    assert strict["box_ap"] == [None] * 5
-    assert all(math.isnan(v) for v in resampled_box_ap(inference, "test", gt_file, cache, resamples=5))
+    assert strict["box_ap"] == [None] * 5 and strict["box_ap_all_images"] is None
+    assert all(math.isnan(v) for v in resampled_box_ap(inference, "test", gt_file, cache, math.nan, resamples=5))
     # a dataset the cell was never evaluated on: an error naming the file and the fix
     with pytest.raises(FileNotFoundError, match=r"val/coco_instances_results.json \(or coco_instances_results.json.gz\): no detections to resample.*the cell is evaluated on val again"):
-        resampled_box_ap(inference, "val", gt_file, tmp_path / "other.json")
+        resampled_box_ap(inference, "val", gt_file, tmp_path / "other.json", recorded)
     assert not (tmp_path / "other.json").exists()
 
 

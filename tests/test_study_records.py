@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -252,6 +253,29 @@ def test_the_over_training_tool_and_export_name_their_flags_in_one_line(tmp_path
     assert "--export-records" in capsys.readouterr().err and not (tmp_path / "report").exists()
 
 
+def test_records_without_their_checksums_or_with_another_cells_detections_are_refused(tmp_path, capsys):
+    # a results.json whose .sha256 was deleted was read unchecked; detections copied over from
+    # another cell were resampled as this cell's (its bootstrap cache recomputed from them)
+    records = _record_copy(tmp_path, cells=("gw-b2-s3", "gn-b2-s3"))
+    edited = records / "gw-b2-s3" / "results.json"
+    edited.write_text(edited.read_text().replace('"AP": ', '"AP": 1', 1))
+    (records / "gw-b2-s3" / "results.json.sha256").unlink()
+    with pytest.raises(SystemExit):
+        main(["--records", str(records), "--report-to", str(tmp_path / "report")])
+    assert (f"{edited} is damaged (its SHA-256 record results.json.sha256, which exported records keep beside it, "
+            "is missing). Records are only read") in capsys.readouterr().err
+    shutil.rmtree(records / "gw-b2-s3")
+    records = _record_copy(tmp_path)
+    detections = Path("inference", "shapes_test", "coco_instances_results.json.gz")
+    shutil.copy(RECORDS / "paper-seeds-3-4" / "gn-b2-s3" / detections, records / "gw-b2-s3" / detections)
+    with pytest.raises(SystemExit):
+        main(["--records", str(records), "--report-to", str(tmp_path / "report")])
+    assert ("coco_instances_results.json.gz gives a box AP of 55.7183 on shapes_test's images, but the cell's "
+            "results.json records 56.0826: these are not the detections its results were computed from") \
+        in capsys.readouterr().err
+    assert not (tmp_path / "report").exists()
+
+
 def test_records_without_their_detections_name_the_way_on(tmp_path, capsys):
     # "no detections to resample; evaluate the cell on shapes_test first": records are never evaluated
     records = _record_copy(tmp_path)
@@ -356,14 +380,15 @@ def test_kept_checkpoints_in_training_order_with_the_final_weights_last(tmp_path
 
 
 def test_over_training_report_from_records(tmp_path, capsys):
+    from gwdet.utils.atomic import write_text_with_checksum
     from gwdet_lab.study.over_training import main as over_training
 
     for cell, curve, subset in (("gn-b2-s3", {"500": 10.0, "4000": 55.7}, {"running": 70.0}),
                                 ("gw-b2-s3", {"500": 8.0, "4000": 56.1}, {"running": 71.0})):
         shutil.copytree(RECORDS / "paper-seeds-3-4" / cell, tmp_path / "records" / cell)
-        (tmp_path / "records" / cell / "over_training.json").write_text(json.dumps(
+        write_text_with_checksum(str(tmp_path / "records" / cell / "over_training.json"), json.dumps(
             {"key": {"checkpoints": [500, 4000], "subset": 200, "batch_size": 2},
-             "val_box_ap": curve, "train_subset_box_ap": subset}))
+             "val_box_ap": curve, "train_subset_box_ap": subset}))  # as exported records keep it: with its SHA-256
     assert over_training(["--records", str(tmp_path / "records"), "--cells", "gw-b2-s3", "gn-b2-s3",
                           "--out", str(tmp_path / "report")]) == 0
     table = (tmp_path / "report" / "table.md").read_text()
@@ -372,8 +397,9 @@ def test_over_training_report_from_records(tmp_path, capsys):
     assert (tmp_path / "report" / "ap_over_training.png").stat().st_size > 1000
     # measured while the cell trained (its last checkpoint then 3500): reported as its final weights before
     partial = tmp_path / "records" / "gw-b2-s3" / "over_training.json"
-    partial.write_text(json.dumps({"key": {"checkpoints": [500, 3500], "subset": 200, "batch_size": 2},
-                                   "val_box_ap": {"500": 8.0, "3500": 50.0}, "train_subset_box_ap": {}}))
+    write_text_with_checksum(str(partial), json.dumps({"key": {"checkpoints": [500, 3500], "subset": 200, "batch_size": 2},
+                                                      "val_box_ap": {"500": 8.0, "3500": 50.0},
+                                                      "train_subset_box_ap": {}}))
     with pytest.raises(SystemExit):
         over_training(["--records", str(tmp_path / "records"), "--cells", "gw-b2-s3", "--out", str(tmp_path / "o2")])
     assert "gw-b2-s3 (to iteration 3500 of 4000) was measured before the cell's training ended" in \

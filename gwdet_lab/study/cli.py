@@ -446,9 +446,8 @@ def report_from_records(args: argparse.Namespace, records_dir: Path, weights: Se
     unfinished = [p.cell.name for p in planned if not is_done(p, weights)]
     if unfinished:
         raise RecordsIncomplete(f"--records {records_dir}: {', '.join(unfinished)} not finished in the records "
-                                "(no study_complete.json, a results.json that fails its SHA-256 record, or example "
-                                "weighing without the requested --example-weights); export records of finished "
-                                "cells only, unchanged")
+                                "(no study_complete.json, or example weighing without the requested "
+                                "--example-weights); export records of finished cells only, unchanged")
     if args.example_weights is not None:  # the records chose among the weights they swept, which the report shows
         markers = {p.cell.name: p.folder.read_json(COMPLETE_JSON) for p in planned}
         other = [f"{name} ({', '.join(f'{w:g}' for w in marker.get('example_weights', []))})"

@@ -31,13 +31,14 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
 from gwdet.engine.output_dir import RESULTS_JSON
-from gwdet.errors import GwdetFileNotFoundError
-from gwdet.utils.atomic import checksum_problem, write_text_with_checksum
+from gwdet.errors import GwdetFileNotFoundError, GwdetValueError
+from gwdet.utils.atomic import checksum_path, checksum_problem, write_text_with_checksum
 from gwdet_lab.study.run_folder import nan_for_null, null_for_nan
 
 RESAMPLES = 1000
 BOOTSTRAP_SEED = 0
 DETECTIONS_JSON = "coco_instances_results.json"
+ALL_IMAGES_KEY = "box_ap_all_images"  # the cache's AP on every image once, which results.json records too
 
 
 def resampled_positions(images: int, resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED) -> np.ndarray:
@@ -83,12 +84,15 @@ class ImageLevelEvaluation:
 
 
 def resampled_box_ap(inference_dir: Path, dataset: str, annotation_file: str | Callable[[], str], cache: Path,
-                     resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED) -> list[float]:
+                     recorded_ap: float, resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED) -> list[float]:
     """Box AP of each resample of ``dataset``'s images for the detections that detectron2's
     COCOEvaluator wrote to ``inference_dir/<dataset>/`` (or their gzip copy, ``.json.gz``, as the
     study's committed records keep them); read from ``cache`` when it holds them for the same
     detections and resampling, else computed and written there. ``annotation_file`` may be a
-    function returning the path, called only when the APs are computed."""
+    function returning the path, called only when the APs are computed. ``recorded_ap``: the cell's
+    box AP on ``dataset`` in its results.json, which the detections must give on all images (else
+    they are another cell's: :class:`GwdetValueError`); the cache keeps it to be read back only
+    beside that AP."""
     detections = inference_dir / dataset / DETECTIONS_JSON
     packed = detections.with_name(DETECTIONS_JSON + ".gz")
     if detections.is_file():
@@ -103,20 +107,38 @@ def resampled_box_ap(inference_dir: Path, dataset: str, annotation_file: str | C
             f"the cell is evaluated on {dataset} again.")
     digest = hashlib.sha256(raw).hexdigest()
     key = {"dataset": dataset, "resamples": resamples, "seed": seed, "detections_sha256": digest}
-    if cache.is_file() and checksum_problem(str(cache)) is None:  # an edited cache is computed again
+    # an edited cache, or one without its SHA-256 record, is computed again
+    if cache.is_file() and Path(checksum_path(str(cache))).is_file() and checksum_problem(str(cache)) is None:
         stored = json.loads(cache.read_text())
-        if stored.get("key") == key:
+        if stored.get("key") == key and _same_ap(nan_for_null(stored.get(ALL_IMAGES_KEY)), recorded_ap):
             return nan_for_null(stored["box_ap"])
     if callable(annotation_file):
         annotation_file = annotation_file()
     records = json.loads(raw)
     if not records:
-        aps = [math.nan] * resamples  # no detections: COCOEvaluator reports NaN, and so does every resample
+        all_images, aps = math.nan, [math.nan] * resamples  # no detections: COCOEvaluator reports NaN, as every resample
     else:
         evaluation = ImageLevelEvaluation(quiet_coco(annotation_file), records)
+        all_images = evaluation.box_ap(range(evaluation.images))
         aps = [evaluation.box_ap(p) for p in resampled_positions(evaluation.images, resamples, seed)]
-    write_text_with_checksum(str(cache), json.dumps({"key": key, "box_ap": null_for_nan(aps)}, allow_nan=False))
+    if not _same_ap(all_images, recorded_ap):
+        shown = detections if detections.is_file() else packed
+        raise GwdetValueError(
+            f"{shown} gives a box AP of {all_images:.4f} on {dataset}'s images, but the cell's {RESULTS_JSON} records "
+            f"{recorded_ap:.4f}: these are not the detections its results were computed from (another cell's, or "
+            f"another evaluation's), so resampling them would misreport the cell; nothing was written. Put the cell's "
+            f"own detections back (copy its records again, exported with their {packed.name}); or, in a study's run "
+            f"folder that holds the cell's checkpoints, remove its {RESULTS_JSON} and run the study's command again.")
+    stored = {"key": key, ALL_IMAGES_KEY: null_for_nan(all_images), "box_ap": null_for_nan(aps)}
+    write_text_with_checksum(str(cache), json.dumps(stored, allow_nan=False))
     return aps
+
+
+def _same_ap(found: float | None, recorded: float) -> bool:
+    """Whether a box AP computed from detections is the one recorded (both NaN: no detections)."""
+    if found is None:
+        return False
+    return (math.isnan(found) and math.isnan(recorded)) or abs(found - recorded) <= 1e-6
 
 
 def mean_differences(better: Mapping[int, Sequence[float]], worse: Mapping[int, Sequence[float]],

@@ -20,7 +20,7 @@ import yaml
 from detectron2.config import CfgNode
 
 from gwdet.errors import GwdetError, GwdetFileNotFoundError, GwdetOSError, GwdetValueError, listed
-from gwdet.utils.atomic import checksum_path
+from gwdet.utils.atomic import checksum_path, record_checksum
 from gwdet.engine.output_dir import CONFIG_NAME, RESULTS_JSON, RESULTS_MARKDOWN
 from gwdet_lab.study.cells import PAPER_GROUPS, Cell
 from gwdet_lab.study.evaluation import report_dataset
@@ -52,7 +52,7 @@ class RecordsIncomplete(GwdetError, ValueError):
 
 def export_records(planned: Sequence[PlannedCell], destination: Path) -> list[Path]:
     """Copy the records of the finished cells ``planned`` into ``destination/<cell>/`` (each file
-    with its ``.sha256`` where the run folder has one; the report split's detections as
+    with its ``.sha256``, recorded for a json record whose run folder lacks it; the report split's detections as
     ``.json.gz``); returns the cell folders written. In a cell folder already there, the record
     files are replaced and anything else is kept; a destination that is where the records are read
     from, or that holds a record of the cell with another config, is refused before anything is
@@ -108,6 +108,9 @@ def _export_cell(item: PlannedCell, target: Path) -> Path:
         for path in (source / name, Path(checksum_path(str(source / name)))):
             if path.is_file():
                 shutil.copy2(path, target / path.name)
+        if name.endswith(".json") and name != METRICS_JSON and (target / name).is_file() \
+                and not Path(checksum_path(str(target / name))).is_file():
+            record_checksum(str(target / name))  # read unchecked in the run folder (a kill before its record), checked here
     detections = source / INFERENCE_DIR / report_dataset(item.cfg) / DETECTIONS_JSON
     packed = target / INFERENCE_DIR / report_dataset(item.cfg) / (DETECTIONS_JSON + ".gz")
     if detections.is_file():

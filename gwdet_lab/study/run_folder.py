@@ -21,7 +21,8 @@ files under ``environment``). The study adds:
 
 ``config.yaml``, ``results.json`` and every json record above have their SHA-256 recorded beside
 them (``<name>.sha256``, :mod:`gwdet.utils.atomic`): a record that no longer matches is damaged
-(:class:`DamagedFile`), and damaged ``results.json`` does not count as trained. ``metrics.json``
+(:class:`DamagedFile`), and damaged ``results.json`` does not count as trained. In a records
+folder (``--records``), a json record without its ``.sha256`` is damaged too. ``metrics.json``
 is appended to line by line and has no checksum; its damaged lines are skipped.
 """
 from __future__ import annotations
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import IO, Any, Mapping
 
 from gwdet.errors import GwdetError
-from gwdet.utils.atomic import checksum_problem, write_text_with_checksum
+from gwdet.utils.atomic import CHECKSUM_SUFFIX, checksum_path, checksum_problem, write_text_with_checksum
 from gwdet.engine.output_dir import metrics_record
 from gwdet.engine.run_environment import ENVIRONMENT_KEY
 from gwdet.engine.run import RESULTS_JSON
@@ -105,11 +106,13 @@ class RunFolder:
 
     def is_trained(self) -> bool:
         """Trained and evaluated: ``results.json`` is written last by :func:`gwdet.engine.run.main`. A
-        damaged one (not a json object) does not count: the cell resumes from its last checkpoint
-        and is evaluated again."""
+        damaged one does not count in a run folder: the cell resumes from its last checkpoint and is
+        evaluated again; in a records folder it is :class:`DamagedFile`, to be copied again."""
         try:
             return bool(self.read_json(RESULTS_JSON))
         except DamagedFile:
+            if self.records:
+                raise
             return False
 
     def is_complete(self) -> bool:
@@ -152,6 +155,9 @@ class RunFolder:
         if not path.is_file():
             return {}
         problem = checksum_problem(str(path))  # results.json and the study's records carry their SHA-256
+        if problem is None and self.records and not Path(checksum_path(str(path))).is_file():
+            # a run folder's record may lack it (a kill between the write and its record); exported ones never do
+            problem = f"its SHA-256 record {path.name}{CHECKSUM_SUFFIX}, which exported records keep beside it, is missing"
         if problem is not None:
             raise DamagedFile(f"{path} is damaged ({problem}). {self._restore_advice()}")
         try:

@@ -116,13 +116,14 @@ def summarize(planned: PlannedCell) -> CellResult:
                           if chosen is not None else None),
         batch_statistics_ap=statistics.get(report, {}).get("bbox", {}).get("AP"),
         diverged=folder.diverged(),
-        test_ap_resampled=[] if folder.diverged() else resampled_test_ap(planned, report),
+        test_ap_resampled=[] if folder.diverged() else resampled_test_ap(planned, report, results[report]["bbox"]["AP"]),
     )
 
 
-def resampled_test_ap(planned: PlannedCell, report: str) -> list[float]:
+def resampled_test_ap(planned: PlannedCell, report: str, recorded_ap: float) -> list[float]:
     """The cell's box AP on each bootstrap resample of ``report``'s images (cached in its folder;
-    the dataset is prepared only when the cache does not hold them)."""
+    the dataset is prepared only when the cache does not hold them); ``recorded_ap``: its box AP
+    there in results.json."""
     def annotation_file() -> str:
         prepare_datasets(planned.cfg)  # registers the shapes splits, so that their annotation file is known
         found = MetadataCatalog.get(report).get("json_file")
@@ -131,7 +132,8 @@ def resampled_test_ap(planned: PlannedCell, report: str) -> list[float]:
         return found
 
     folder = planned.folder
-    return resampled_box_ap(folder.file(INFERENCE_DIR), report, annotation_file, folder.file(IMAGE_BOOTSTRAP_JSON))
+    return resampled_box_ap(folder.file(INFERENCE_DIR), report, annotation_file, folder.file(IMAGE_BOOTSTRAP_JSON),
+                            recorded_ap)
 
 
 def train_command(planned: PlannedCell) -> str:
