@@ -548,6 +548,31 @@ def test_a_lazy_config_without_a_model_a_syntax_error_or_a_missing_relative_impo
         f"beside it: copy the folders it imports along with it (for gwdet's: cp -r configs/LazyConfig/common {tmp_path}/).")
 
 
+def test_a_run_value_set_to_an_object_that_detectron2s_loader_drops_is_named(tmp_path):
+    # before: "it has no lr_multiplier" for a file that sets one (detectron2's LazyConfig.load keeps
+    # dicts, lists and LazyCall nodes only, and drops an object built in the file)
+    base = REPO / "configs" / "LazyConfig" / "mask_rcnn_R_50_FPN_gw_shapes.py"
+    header = ("from fvcore.common.param_scheduler import CosineParamScheduler\nfrom detectron2.config import LazyConfig\n"
+              f"_base = LazyConfig.load({str(base)!r})\n"
+              "model, dataloader, optimizer, train = _base.model, _base.dataloader, _base.optimizer, _base.train\n")
+    for line, example in (("lr_multiplier = CosineParamScheduler(start_value=1.0, end_value=0.0)\n",
+                           "lr_multiplier = L(CosineParamScheduler)(start_value=1.0, end_value=0.0) (from "
+                           "detectron2.config import LazyCall as L)."),
+                          ("lr_multiplier: object = CosineParamScheduler(1.0, 0.0)\n",
+                           "lr_multiplier = L(CosineParamScheduler)(...), each argument given by name")):
+        (tmp_path / "objects.py").write_text(header + line)
+        with pytest.raises(GwdetValueError) as refused:
+            LazyRun.load(str(tmp_path / "objects.py"), ["train.output_dir=out"])
+        assert str(refused.value).startswith(
+            f"Config file {str(tmp_path / 'objects.py')!r} (line 5) sets lr_multiplier = CosineParamScheduler(")
+        assert "an object that detectron2's LazyConfig.load leaves out (it keeps dicts, lists and L(...)(...) nodes " \
+               "only), so the config would have no lr_multiplier. Write it as a node to be built: " + example \
+            in str(refused.value)
+    (tmp_path / "objects.py").write_text(header + "from detectron2.config import LazyCall as L\n"
+                                         "lr_multiplier = L(CosineParamScheduler)(start_value=1.0, end_value=0.0)\n")
+    assert LazyRun.load(str(tmp_path / "objects.py"), ["train.output_dir=out"]).cfg.lr_multiplier.end_value == 0.0
+
+
 def test_a_yacs_base_that_is_a_lazy_config_or_not_yaml_is_named(tmp_path):
     from gwdet.model_zoo.loading import build_config
 

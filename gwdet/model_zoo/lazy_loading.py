@@ -16,6 +16,7 @@ export and analyze tools (:mod:`gwdet.model_zoo.loading` is the yacs one).
 """
 from __future__ import annotations
 
+import ast
 import difflib
 import inspect
 import os
@@ -343,7 +344,7 @@ def _load_python_config(config_file: str) -> DictConfig:
     """detectron2's ``LazyConfig.load`` of a ``.py`` config, its syntax errors and missing relative
     imports named with the line or file and the fix."""
     try:
-        return LazyConfig.load(config_file)
+        loaded = LazyConfig.load(config_file)
     except SyntaxError as error:
         cause = error.__cause__ if isinstance(error.__cause__, SyntaxError) else error
         raise GwdetValueError(f"Config file {config_file!r} is not valid Python: {cause.msg} (line {cause.lineno}). "
@@ -361,6 +362,37 @@ def _load_python_config(config_file: str) -> DictConfig:
             f"Config file {config_file!r}: {error} A LazyConfig's relative imports (from .common... import ...) read "
             "files beside it: copy the folders it imports along with it (for gwdet's: cp -r configs/LazyConfig/common "
             f"{os.path.dirname(config_file) or '.'}/).") from None
+    _check_nothing_left_out(config_file, loaded)
+    return loaded
+
+
+# the top-level values gwdet's tools and detectron2's lazyconfig_train_net.py read
+RUN_VALUES = ("model", "dataloader", "optimizer", "lr_multiplier", "train")
+
+
+def _check_nothing_left_out(config_file: str, loaded: DictConfig) -> None:
+    """Refuse a run value (:data:`RUN_VALUES`) that the file assigns at its top level but that
+    ``LazyConfig.load`` left out: it keeps dicts, lists and ``L(...)(...)`` nodes only, so an object
+    built in the file (``lr_multiplier = CosineParamScheduler(1, 0)``) is dropped without a word."""
+    with open(config_file, encoding="utf-8") as file:
+        tree = ast.parse(file.read(), config_file)
+    for statement in tree.body:
+        targets = statement.targets if isinstance(statement, ast.Assign) else \
+            [statement.target] if isinstance(statement, ast.AnnAssign) and statement.value is not None else []
+        for target in targets:
+            if isinstance(target, ast.Name) and target.id in RUN_VALUES and target.id not in loaded:
+                value = statement.value
+                example = f"{target.id} = L(...)(...)"
+                if isinstance(value, ast.Call) and not value.args:
+                    example = f"{target.id} = L({ast.unparse(value.func)})({', '.join(map(ast.unparse, value.keywords))})"
+                elif isinstance(value, ast.Call):  # LazyCall takes its arguments by name only
+                    example = f"{target.id} = L({ast.unparse(value.func)})(...), each argument given by name"
+                raise GwdetValueError(
+                    f"Config file {config_file!r} (line {statement.lineno}) sets {target.id} = {ast.unparse(value)}, an "
+                    "object that "
+                    "detectron2's LazyConfig.load leaves out (it keeps dicts, lists and L(...)(...) nodes only), so the "
+                    f"config would have no {target.id}. Write it as a node to be built: {example} (from "
+                    "detectron2.config import LazyCall as L).")
 
 
 def check_override_list(who: str, opts: Any) -> None:
