@@ -383,6 +383,17 @@ def check_detectron2_buildable(argument: str, norm: Any) -> None:
                               f"gwdet.norm({norm!r}, ...) with the hyper-parameters you want.")
 
 
+def layer_channels(layer: torch.nn.Module) -> int | None:
+    """The channel count a norm layer was built for, where it says: ``num_features`` (torch's batch
+    and instance norms, detectron2's FrozenBatchNorm2d, gwdet's layers) or ``num_channels`` (GroupNorm);
+    ``None`` for a layer with neither (a weight's length need not be the channels')."""
+    for attribute in ("num_features", "num_channels"):
+        value = getattr(layer, attribute, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
 def layer_types(*, batch_statistics: bool | None = None, detectron2: bool | None = None) -> tuple[type, ...]:
     """The layer classes the catalogue's names build, each once. With ``batch_statistics`` given,
     those of the names that do (True) or do not (False) normalize over several examples; with
@@ -540,6 +551,12 @@ class Norm:
                 f"{getattr(record.build, '__qualname__', record.build)} returned {layer!r} "
                 f"({type(layer).__name__}) for {channels} channels, not a torch.nn.Module; make it return the layer")
         if not record.builtin:
+            built_for = layer_channels(layer)
+            if built_for is not None and built_for != channels:
+                raise GwdetValueError(
+                    f"The norm {self.name!r}: its build function {getattr(record.build, '__qualname__', record.build)} "
+                    f"returned a {type(layer).__name__} of {built_for} channels where {channels} were asked (its first "
+                    "input would fail in torch): build the layer for the channel count the function is given.")
             setattr(layer, NORM_LAYER_MARK, True)
         adjusted = group_adjustment(layer)
         if adjusted is not None:

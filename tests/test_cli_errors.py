@@ -8,6 +8,7 @@ import ast
 import builtins
 import importlib
 import inspect
+import os
 import pkgutil
 import subprocess
 import sys
@@ -66,6 +67,25 @@ def test_ctrl_c_ends_a_tool_with_one_line_and_status_130(capsys):
                                        "stopped).\n")
     with pytest.raises(KeyboardInterrupt):
         run_tool(interrupted, ["--verbose"], "export_model.py")
+
+
+@pytest.mark.parametrize("lines, status, message", [
+    (20000, 141, "tool: stopped: the program reading its output closed it (e.g. | head) while the tool was still "
+                 "printing, so whatever the tool had left to do after that line was not done."),
+    (2, 0, ""),  # printed into Python's buffer, which finds no reader only at the end: the work is done
+])
+def test_output_cut_short_by_its_reader_is_one_line_not_a_traceback(lines, status, message):
+    # before: a BrokenPipeError traceback and status 1 from `tools/convert_pretrained.py ... | head -4`
+    script = ("import sys, time\nfrom gwdet.utils.cli_errors import run_tool\n"
+              f"def work(argv):\n    time.sleep(0.5)\n    for i in range({lines}): print('line', i)\n    return 0\n"
+              "sys.exit(run_tool(work, [], 'tool'))\n")
+    buffered = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}  # a pipe's default
+    tool = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=buffered)
+    tool.stdout.close()  # the reader is gone before the tool prints (as head after its lines)
+    err = tool.stderr.read().decode()
+    assert tool.wait(timeout=60) == status
+    assert "Traceback" not in err and "BrokenPipeError" not in err and message in err
 
 
 def test_run_tool_hands_the_work_the_command_line_without_verbose(capsys):

@@ -514,6 +514,37 @@ def test_a_build_function_that_returns_no_module_is_named(registered):
         "(NoneType) for 8 channels, not a torch.nn.Module; make it return the layer")
 
 
+def test_a_build_function_that_ignores_the_channel_count_or_returns_one_layer_twice_is_named(registered):
+    # before: torch's "Expected weight to be a vector of size equal to the number of channels" at the
+    # first input, naming neither the norm nor the layer; and a cached layer shared by every FPN
+    # level's convs (their weights tied) without a word
+    from gwdet import build_model, check_model
+    from gwdet.model_zoo import build_config
+
+    registered.extend(["TestFixed", "TestCached"])
+    register_norm("TestFixed", lambda channels: torch.nn.GroupNorm(4, 64))
+    with pytest.raises(ValueError) as err:
+        norm("TestFixed")(16)
+    assert str(err.value).startswith("The norm 'TestFixed': its build function ") and str(err.value).endswith(
+        " returned a GroupNorm of 64 channels where 16 were asked (its first input would fail in torch): build the "
+        "layer for the channel count the function is given.")
+    assert norm("TestFixed")(64).num_channels == 64
+    cache = {}
+    register_norm("TestCached", lambda channels: cache.setdefault(channels, torch.nn.GroupNorm(4, channels)))
+    cfg = build_config("configs/Demo/mask_rcnn_R_50_FPN_gw_shapes.yaml",
+                       ["MODEL.FPN.NORM", "TestCached", "MODEL.DEVICE", "cpu"])
+    with pytest.raises(ValueError, match=r"^check_model: one norm layer object \(GroupNorm\) sits at 8 places, "
+                                         r"backbone.fpn_lateral2.norm, backbone.fpn_output2.norm, .*so their weights "
+                                         r"and statistics are one: a norm's build function returned a layer it had "
+                                         r"built before \(a cache\?\). Make it build a new layer for each call.$"):
+        build_model(cfg)
+    shared = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 1), torch.nn.BatchNorm2d(8))
+    check_model(torch.nn.Sequential(shared, shared))  # a block reused whole: its norm is shared along with its conv
+    with pytest.raises(ValueError, match=r"\(BatchNorm2d\) sits at 2 places, 0.1, 1.1, so"):
+        check_model(torch.nn.Sequential(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 1), shared[1]),
+                                        torch.nn.Sequential(torch.nn.Conv2d(8, 8, 1), shared[1])))
+
+
 def test_a_config_key_of_a_registered_norm_that_the_config_lacks_is_named(registered):
     from detectron2.config import CfgNode
 

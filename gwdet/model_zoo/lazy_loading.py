@@ -377,11 +377,14 @@ def _check_nothing_left_out(config_file: str, loaded: DictConfig) -> None:
     with open(config_file, encoding="utf-8") as file:
         tree = ast.parse(file.read(), config_file)
     for statement in tree.body:
-        targets = statement.targets if isinstance(statement, ast.Assign) else \
-            [statement.target] if isinstance(statement, ast.AnnAssign) and statement.value is not None else []
+        if isinstance(statement, ast.Assign):
+            targets, value = statement.targets, statement.value
+        elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
+            targets, value = [statement.target], statement.value
+        else:
+            continue
         for target in targets:
             if isinstance(target, ast.Name) and target.id in RUN_VALUES and target.id not in loaded:
-                value = statement.value
                 example = f"{target.id} = L(...)(...)"
                 if isinstance(value, ast.Call) and not value.args:
                     example = f"{target.id} = L({ast.unparse(value.func)})({', '.join(map(ast.unparse, value.keywords))})"

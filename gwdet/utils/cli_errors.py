@@ -7,7 +7,9 @@ exits with status 2, as argparse does for a bad flag; ``--verbose`` anywhere on 
 prints the traceback instead. Every other exception keeps Python's traceback (a bug, or an error
 of detectron2, torch or Python itself, is best read there); ``SystemExit`` passes through. Ctrl-C
 (``KeyboardInterrupt``) ends the tool with one line saying so and status 130, as a shell reports
-it (a training saves a checkpoint first: :mod:`gwdet.checkpoint.signal_hook`).
+it (a training saves a checkpoint first: :mod:`gwdet.checkpoint.signal_hook`). Output cut short by
+its reader (``| head``) ends the tool with one line saying so and status 141 (128 + SIGPIPE), or,
+when only the last buffered lines found no reader, with the tool's own status.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from gwdet.errors import GwdetError, GwdetValueError
 VERBOSE_FLAG = "--verbose"
 EXIT_STATUS = 2  # argparse's status for a usage error; the tools already return 2 for their refusals
 INTERRUPTED_STATUS = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
+BROKEN_PIPE_STATUS = 141  # 128 + SIGPIPE, as a shell reports a command whose output's reader went away
 VERBOSE_HINT = f"{VERBOSE_FLAG} shows the Python traceback of this error"
 VERBOSE_HELP = ("print the Python traceback of an error; without it an error that gwdet reports on purpose "
                 "prints only its message (and the fix)")
@@ -87,6 +90,14 @@ def reported_errors(prog: str | None = None, verbose: bool = False) -> Iterator[
         sys.stdout.flush()
         print(f"{name}: error: {message_of(error)}\n{name}: {VERBOSE_HINT}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_STATUS) from None
+    except BrokenPipeError:
+        if verbose:
+            raise
+        _stdout_to_devnull()
+        print(f"{tool_name(prog)}: stopped: the program reading its output closed it (e.g. | head) while the tool was "
+              "still printing, so whatever the tool had left to do after that line was not done. Run it again with "
+              "its output in a file (> out.txt), then read that.", file=sys.stderr, flush=True)
+        raise SystemExit(BROKEN_PIPE_STATUS) from None
     except KeyboardInterrupt:
         if verbose:
             raise
@@ -110,7 +121,19 @@ def run_tool(work: Callable[[list[str]], int], argv: Sequence[str] | None = None
                 "'OUTPUT_DIR', 'output/run']).")
     kept, verbose = split_verbose(sys.argv[1:] if argv is None else argv)
     with reported_errors(prog, verbose):
-        return work(kept)
+        status = work(kept)
+    try:
+        sys.stdout.flush()  # what is still buffered, here rather than at exit (where Python reports a closed pipe)
+    except BrokenPipeError:  # the work is done; only the end of its output found no reader (| head)
+        _stdout_to_devnull()
+    return status
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at /dev/null: its reader is gone, and Python's flush at exit would fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 # The programs that start a Jupyter (IPython) kernel: their sys.argv is the kernel's, not a tool's.
