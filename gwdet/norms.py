@@ -383,6 +383,12 @@ def check_detectron2_buildable(argument: str, norm: Any) -> None:
                               f"gwdet.norm({norm!r}, ...) with the hyper-parameters you want.")
 
 
+def norm_classes() -> tuple[type, ...]:
+    """Every norm layer class: the catalogue's (:func:`layer_types`), then torch's and detectron2's
+    (:data:`TORCH_NORM_SETTINGS`)."""
+    return layer_types() + tuple(kind for kind, _ in TORCH_NORM_SETTINGS)
+
+
 def layer_channels(layer: torch.nn.Module) -> int | None:
     """The channel count a norm layer was built for, where it says: ``num_features`` (torch's batch
     and instance norms, detectron2's FrozenBatchNorm2d, gwdet's layers) or ``num_channels`` (GroupNorm);

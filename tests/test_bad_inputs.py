@@ -223,6 +223,34 @@ def test_missing_weights_file_says_how_to_get_one(tmp_path):
     assert "R-50-GW.pkl" in str(err.value) and "convert_pretrained.py" in str(err.value)
 
 
+def test_a_resume_with_another_process_count_is_refused_where_batch_statistics_would_change(tmp_path, caplog):
+    # before: a run of 2 processes resumed by 1 without a word (BN over 2 images per process instead
+    # of 1), and its results.json then recorded "processes": 1
+    from gwdet.layers import GroupWhitening
+
+    for norm, refused in ((torch.nn.BatchNorm2d(4), True), (GroupWhitening(4, num_groups=2), False)):
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), norm)
+        folder = tmp_path / type(norm).__name__
+        folder.mkdir()
+        ResilientCheckpointer(model, str(folder)).save("model_0000009", iteration=9, gwdet_processes=2)
+        resumed = ResilientCheckpointer(model, str(folder))
+        if refused:
+            with pytest.raises(ValueError, match=(
+                    r"^--resume: the run in .*BatchNorm2d trained with 2 process\(es\) \(model_0000009.pth\), but "
+                    r"this resume has 1: each process would train on another share of SOLVER.IMS_PER_BATCH, so the norm "
+                    r"layers with batch statistics \(1\) would normalize over other batches than the run's, .*Resume "
+                    r"with 2 process\(es\) \(--num-gpus x --num-machines\), or start a new run from its weights")):
+                resumed.resume_or_load("", resume=True)
+        else:
+            with caplog.at_level("WARNING"):
+                assert resumed.resume_or_load("", resume=True)["iteration"] == 9
+            assert "--resume with 1 process(es) of a run trained with 2 (model_0000009.pth): its norm layers " \
+                   "normalize each image on its own" in caplog.text
+    (tmp_path / "one").mkdir()
+    ResilientCheckpointer(model, str(tmp_path / "one")).save("model_0000009", iteration=9)  # recorded: 1, as now
+    assert ResilientCheckpointer(model, str(tmp_path / "one")).resume_or_load("", resume=True)["gwdet_processes"] == 1
+
+
 @pytest.mark.parametrize("method", ["itn", "zca"])
 def test_non_finite_input_stays_in_its_own_sample(method):
     """Documented behaviour: GW normalises each sample alone, so a NaN/Inf poisons that sample's

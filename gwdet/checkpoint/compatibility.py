@@ -23,7 +23,7 @@ from gwdet.layers.settings_state import (EXTRA_STATE_KEY, SettingsInState, cast_
                                          decode_settings)
 from gwdet.modeling.backbone import convs_with_norm
 from gwdet.modeling.model_checks import PER_LEVEL_CONTAINERS
-from gwdet.norms import TORCH_NORM_SETTINGS, layer_types
+from gwdet.norms import TORCH_NORM_SETTINGS, layer_types, norm_classes
 from gwdet.positions import convs_at_positions, format_gw_positions, parse_gw_positions, positions_with_norm
 from gwdet.utils.cli_errors import as_override
 
@@ -199,7 +199,7 @@ def norm_layer_types() -> tuple[type, ...]:
     catalogue's names (:func:`gwdet.norms.layer_types`), torch's and detectron2's norm classes
     however built (by LazyConfigs, say; :data:`gwdet.norms.TORCH_NORM_SETTINGS`), and the
     containers that keep one norm per FPN level."""
-    return layer_types() + tuple(kind for kind, _ in TORCH_NORM_SETTINGS) + PER_LEVEL_CONTAINERS
+    return norm_classes() + PER_LEVEL_CONTAINERS
 
 
 def norm_types(model: torch.nn.Module) -> dict[str, str]:

@@ -28,6 +28,7 @@ from detectron2.modeling.anchor_generator import DefaultAnchorGenerator
 from detectron2.modeling.backbone.fpn import FPN
 from detectron2.modeling.box_regression import Box2BoxTransform
 from detectron2.modeling.backbone.resnet import BottleneckBlock
+from detectron2.layers import NaiveSyncBatchNorm
 from detectron2.utils import comm
 
 from gwdet.config import SHAPES_PREFIX
@@ -57,6 +58,7 @@ from gwdet.checkpoint.integrity import (
     with_checksums,
 )
 from gwdet.checkpoint.converted_weights import read_conversion_metadata
+from gwdet.norms import TORCH_BATCH_NORMS, layer_types
 from gwdet.checkpoint.safe_load import UnsafeCheckpointError, load_pickle_file, load_torch_file
 from gwdet.errors import (GwdetError, GwdetFileExistsError, GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetRuntimeError, GwdetTypeError,
                           GwdetValueError, listed)
@@ -288,6 +290,11 @@ INPUT_ATTRIBUTES = ("input_format", "pixel_mean", "pixel_std")
 # The training datasets' annotation files, {name: {"json_file": path, "json_sha256": digest}}: what a
 # resume checks that it continues on.
 DATA_KEY = "gwdet_training_data"
+# The number of processes that trained the checkpoint (each on its share of the batch): what a resume
+# checks it continues with.
+PROCESSES_KEY = "gwdet_processes"
+# Norm layers whose batch statistics span every process's images (not only a process's own share).
+_SYNCED_NORMS = (torch.nn.SyncBatchNorm, NaiveSyncBatchNorm)
 # The initial weights a training started from, {"path": absolute path or URL, "sha256": digest}
 # (weights_record): carried from checkpoint to checkpoint, so that a resumed run still names them.
 INITIAL_WEIGHTS_KEY = "gwdet_initial_weights"
@@ -431,6 +438,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
             data[CLASSES_KEY] = self.classes
         if self.training_data:
             data[DATA_KEY] = self.training_data
+        data[PROCESSES_KEY] = comm.get_world_size()
         if self.initial_weights:
             data[INITIAL_WEIGHTS_KEY] = self.initial_weights
         record = input_record(self.model)
@@ -507,6 +515,30 @@ class ResilientCheckpointer(DetectionCheckpointer):
                     f"(SHA-256 {now['json_sha256'][:12]}...): it would continue on other data than it started with "
                     f"({os.path.basename(checkpoint)}); nothing was trained. {fix}, or train on the new data into "
                     "another output folder.")
+
+    def _check_same_processes(self, saved: Any, checkpoint: str) -> None:
+        """Refuse to resume the checkpoint ``checkpoint``, trained by ``saved`` processes
+        (:data:`PROCESSES_KEY`; nothing is checked without a record), with another number of
+        processes where the model has norm layers with batch statistics over a process's own images
+        (BN, BW, BGN, GhostBN; not synchronized batch norms): each would normalize over another
+        share of the batch. Otherwise (per-image norms) the change is logged."""
+        now = comm.get_world_size()
+        if not isinstance(saved, int) or isinstance(saved, bool) or saved == now:
+            return
+        per_process = layer_types(batch_statistics=True) + TORCH_BATCH_NORMS
+        layers = [name for name, module in self.model.named_modules()
+                  if isinstance(module, per_process) and not isinstance(module, _SYNCED_NORMS)]
+        if layers:
+            raise GwdetValueError(
+                f"--resume: the run in {self.save_dir} trained with {saved} process(es) ({os.path.basename(checkpoint)}), "
+                f"but this resume has {now}: each process would train on another share of SOLVER.IMS_PER_BATCH, so the "
+                f"norm layers with batch statistics ({listed(layers, 3)}) would normalize over other batches than the "
+                f"run's, and its records would describe neither; nothing was trained. Resume with {saved} process(es) "
+                f"(--num-gpus x --num-machines), or start a new run from its weights ({self.weights_setting} "
+                f"{checkpoint}) into another output folder.")
+        self.logger.warning(
+            f"--resume with {now} process(es) of a run trained with {saved} ({os.path.basename(checkpoint)}): its norm "
+            "layers normalize each image on its own, so the model trains on as before, with other random draws.")
 
     def load_weights(self, path: str) -> dict:
         """Initial weights (``MODEL.WEIGHTS``, or the setting ``weights_setting`` names), ``~`` and
@@ -604,6 +636,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
                         f"start again. Start a new run from it ({self.weights_setting} {candidate}) into another output "
                         "folder, or restore the checkpoint as the run wrote it.")
                 self._check_same_training_data(loaded.get(DATA_KEY), candidate)
+                self._check_same_processes(loaded.get(PROCESSES_KEY), candidate)
                 recorded = loaded.get(INITIAL_WEIGHTS_KEY)
                 self.initial_weights = recorded if isinstance(recorded, dict) else None
                 self._resumed = True

@@ -17,9 +17,9 @@ from gwdet.norms import (
     DETECTRON2_PER_LEVEL_NORMS,
     NORM_LAYER_MARK,
     TORCH_BATCH_NORMS,
-    TORCH_NORM_SETTINGS,
     group_adjustment,
     layer_types,
+    norm_classes,
 )
 from gwdet.solver import misdecayed_norm_layers
 
@@ -43,11 +43,11 @@ def shared_norm_layers(model: nn.Module) -> list[list[str]]:
     names per such layer): a norm's build function that returned one cached layer for several
     calls ties their parameters and statistics together. A block reused whole (one parent holding
     the layer) is not counted: its norm is shared along with the rest of it."""
-    norm_classes = layer_types() + tuple(cls for cls, _ in TORCH_NORM_SETTINGS)
+    norms = norm_classes()
     parents: dict[int, dict[int, str]] = defaultdict(dict)
     for parent_name, parent in model.named_modules():
         for name, child in parent.named_children():
-            if isinstance(child, norm_classes) or getattr(child, NORM_LAYER_MARK, False):
+            if isinstance(child, norms) or getattr(child, NORM_LAYER_MARK, False):
                 parents[id(child)].setdefault(id(parent), f"{parent_name}.{name}" if parent_name else name)
     return [list(places.values()) for places in parents.values() if len(places) > 1]
 
