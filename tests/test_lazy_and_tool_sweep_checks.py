@@ -375,6 +375,10 @@ def test_a_dist_url_no_process_can_meet_at_is_refused_before_any_starts(monkeypa
     for url in ("tcp://host", "tcp://127.0.0.1:port", "file://", "127.0.0.1:29500"):
         with pytest.raises(GwdetValueError, match="--dist-url"):
             check_dist_url(url)
+    for port in ("99999", "0"):  # the generic refusal named a form the address had
+        with pytest.raises(GwdetValueError, match=rf"^--dist-url 'tcp://127.0.0.1:{port}': port {port} is outside "
+                                                  r"the ports there are \(1 to 65535\): give a free port in that range"):
+            check_dist_url(f"tcp://127.0.0.1:{port}")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "29500")
     for url in ("tcp://127.0.0.1:29500", f"file://{tmp_path}/rendezvous", "env://", "auto", None):

@@ -378,6 +378,25 @@ def test_resume_refuses_a_config_yaml_changed_since_its_checksum_was_recorded(tm
     assert refused.value.path == os.path.join(folder, CONFIG_NAME)
 
 
+def test_resume_over_a_damaged_checksum_record_of_config_yaml_names_the_record(tmp_path):
+    # the intact config.yaml was called damaged, with advice to delete the run
+    folder = run_folder(tmp_path, get_cfg())
+    record_config_checksum(folder)
+    path = os.path.join(folder, CONFIG_NAME)
+    with open(path + ".sha256", "w") as f:
+        f.write("not a digest\n")
+    with pytest.raises(DamagedFileError) as refused:
+        check_resume_config(get_cfg(), folder)
+    assert refused.value.path == path + ".sha256"
+    assert str(refused.value) == (
+        f"--resume: {path} cannot be checked against what the run in {folder!r} wrote: its checksum record "
+        f"config.yaml.sha256 is damaged; nothing was trained. If {path} is the run's config, delete {path}.sha256 and "
+        "resume again (config.yaml is then read unchecked); otherwise restore both files, or train into another "
+        "output folder.")
+    os.remove(path + ".sha256")
+    check_resume_config(get_cfg(), folder)  # as the message says
+
+
 # ---- --eval-only --resume: the checkpoint last_checkpoint names ------------------------------------
 
 def test_eval_only_resume_of_a_folder_without_checkpoints_names_the_fix(tmp_path):

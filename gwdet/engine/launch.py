@@ -140,9 +140,13 @@ def check_dist_url(dist_url: str | None, num_machines: int = 1) -> None:
                 "dist_url 'auto' picks a port on this machine: give tcp://HOST:PORT for several machines")
         return
     parsed = urlparse(dist_url)
+    given = parsed.netloc.rpartition(":")[2]
+    if parsed.scheme == "tcp" and given.isdigit() and not 1 <= int(given) <= 65535:
+        raise GwdetValueError(f"--dist-url {dist_url!r}: port {given} is outside the ports there are (1 to 65535): "
+                              "give a free port in that range, e.g. tcp://127.0.0.1:29500.")
     try:
         port = parsed.port
-    except ValueError:  # a port that is no number, or out of range
+    except ValueError:  # a port that is no number
         port = None
     if parsed.scheme == "env" and not parsed.netloc.strip("/") and not parsed.path.strip("/"):
         unset = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name)]

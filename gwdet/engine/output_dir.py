@@ -59,6 +59,7 @@ from gwdet.model_zoo.loading import load_config_yaml
 from gwdet.utils.atomic import (
     CHECKSUM_SUFFIX,
     DamagedFileError,
+    checksum_findings,
     checksum_path,
     checksum_problem,
     process_is_gone,
@@ -601,10 +602,17 @@ def damaged_config(path: str, output_dir: str, reason: Exception | str, output_s
 
 
 def check_config_checksum(path: str, output_dir: str, output_setting: str = "OUTPUT_DIR") -> None:
-    """Refuse (:func:`damaged_config`) a run's ``config.yaml`` that differs from its recorded SHA-256."""
-    problem = checksum_problem(path)
-    if problem is not None:
-        raise damaged_config(path, output_dir, problem, output_setting)
+    """Refuse (:func:`damaged_config`) a run's ``config.yaml`` that differs from its recorded SHA-256,
+    and one whose record is unusable (damaged, unreadable), naming the record, not the file."""
+    unusable, differs = checksum_findings(path)
+    if differs is not None:
+        raise damaged_config(path, output_dir, differs, output_setting)
+    if unusable is not None:
+        record = checksum_path(path)
+        raise DamagedFileError(
+            f"--resume: {path} cannot be checked against what the run in {output_dir!r} wrote: {unusable}; nothing "
+            f"was trained. If {path} is the run's config, delete {record} and resume again ({CONFIG_NAME} is then read "
+            "unchecked); otherwise restore both files, or train into another output folder.", record)
 
 
 def _tagged_checkpoint_contents(output_dir: str) -> tuple[str, dict] | None:
