@@ -99,12 +99,49 @@ def test_iscrowd_true_and_false_are_read_as_1_and_0(tmp_path):
     (lambda annotation: annotation.update(area=float("nan")), "area nan is not finite"),
     # COCO evaluation files such an object under another size range (above 1e10: under none)
     (lambda annotation: annotation.update(area=1e11), "area 100000000000.0 is larger than its image (64 x 64 = 4096 pixels)"),
-], ids=["missing", "string", "negative", "nan", "larger than the image"])
+    # a converter's placeholder: every object counted as small (APs of 2000-pixel objects)
+    (lambda annotation: annotation.update(area=0), "area 0 for a bbox of 24 x 20 pixels (a placeholder?)"),
+], ids=["missing", "string", "negative", "nan", "larger than the image", "zero"])
 def test_an_area_coco_evaluation_cannot_use_is_refused_naming_the_annotation(tmp_path, change, shown):
     message = refusal(tmp_path, lambda coco, root: change(coco["annotations"][0]))
     assert "1 annotation(s) of " in message and "have no usable 'area'" in message and shown in message, message
     assert "COCO evaluation reads every annotation's area" in message, message
     assert "area to the object's mask area (or box area)" in message, message
+
+
+def test_boxes_written_as_corners_are_refused_and_boxes_of_objects_at_the_origin_are_not(tmp_path):
+    # [x1, y1, x2, y2] in COCO's [x, y, width, height]: every mask inside its (too large) box, trained and
+    # evaluated without a word
+    def corners(coco, root):
+        for annotation in coco["annotations"]:
+            x, y, w, h = annotation["bbox"]
+            annotation["bbox"] = [x, y, x + w, y + h]
+
+    message = refusal(tmp_path / "corners", corners)
+    assert "the bboxes of 4 of the 4 annotation(s) with a mask in " in message, message
+    assert ("read as [x1, y1, x2, y2], the corners of their masks, but COCO's bbox is [x, y, width, height]: "
+            "annotation id 1 of image 1 (000.png): bbox [8, 10, 32, 30], its mask's bounding box [8.0, 10.0, 24.0, "
+            "20.0]") in message, message
+    assert message.endswith("Write each bbox as [x1, y1, x2 - x1, y2 - y1]."), message
+
+    def at_the_origin(coco, root):  # corners and sizes are the same numbers: nothing to tell apart
+        for annotation in coco["annotations"]:
+            annotation["bbox"][:2] = [0, 0]
+            annotation["segmentation"] = [[0, 0, 24, 0, 24, 20, 0, 20]]
+
+    CocoDataset.parse(f"m={write_dataset(tmp_path / 'origin', at_the_origin)}").inspected()
+
+
+def test_an_annotation_of_an_image_id_no_image_has_is_named_with_its_type(tmp_path):
+    # a string "1" beside integer image ids was called a box problem of "image 1 (not in images)"
+    message = refusal(tmp_path / "string", lambda coco, root: coco["annotations"][0].update(image_id="1"))
+    assert message.endswith(
+        "1 annotation(s) of " + str(tmp_path / "string" / "train.json") + " name an image_id that no image of the file "
+        "has: annotation id 1: image_id '1' (a str). The images' ids are ints (e.g. 1): each annotation's image_id "
+        "must be the id of its image, of the same type (the number 1, not the string \"1\"); detectron2 would leave "
+        "such annotations out without a word."), message
+    message = refusal(tmp_path / "absent", lambda coco, root: coco["annotations"][2].update(image_id=99))
+    assert "annotation id 3: image_id 99 (an int)" in message, message
 
 
 def test_a_crowd_region_needs_an_area_too(tmp_path):

@@ -12,7 +12,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from gwdet.errors import listed
 from gwdet.data.image_files import image_file_problem
-from gwdet.data.masks import segmentation_problem
+from gwdet.data.masks import ends_as_corners, mask_box, segmentation_problem
 
 SHOWN = 3  # problems quoted in one message
 
@@ -100,6 +100,26 @@ def mask_problems(annotations: Iterable[Mapping[str, Any]], images: Mapping[Any,
             problems.append(f"annotation id {annotation['id']} of image {annotation['image_id']} "
                             f"({image['file_name']}): its mask {problem}")
     return problems
+
+
+def corner_boxes(annotations: Iterable[Mapping[str, Any]], images: Mapping[Any, Mapping[str, Any]]) -> tuple[list[str], int]:
+    """``(annotations whose bbox reads as [x1, y1, x2, y2] of its mask, annotations with a mask and a
+    box)`` (:func:`gwdet.data.masks.ends_as_corners`): a file whose boxes were written as corners
+    (COCO's are ``[x, y, width, height]``) keeps every mask inside its box, so the mask check passes."""
+    found, masked = [], 0
+    for annotation in annotations:
+        segmentation = annotation.get("segmentation")
+        image = images.get(annotation["image_id"])
+        if not segmentation or image is None or annotation.get("iscrowd", 0):
+            continue
+        problem, box = mask_box(segmentation, image["width"], image["height"])
+        if problem:
+            continue
+        masked += 1
+        if ends_as_corners(box, annotation["bbox"]):
+            found.append(f"annotation id {annotation['id']} of image {annotation['image_id']} ({image['file_name']}): "
+                         f"bbox {list(annotation['bbox'])}, its mask's bounding box {[round(v, 1) for v in box]}")
+    return found, masked
 
 
 def image_file_problems(images: Sequence[Mapping[str, Any]], root: str,

@@ -38,7 +38,9 @@ from gwdet.errors import GwdetError, listed
 from gwdet.utils.cli_errors import as_override, link_dotdot_problem
 from gwdet.data.boxes import box_problem
 from gwdet.data.masks import short_repr
+from gwdet.layers.common import is_finite_number
 from gwdet.data.coco_checks import (
+    corner_boxes,
     duplicate_ids,
     image_entry_problems,
     image_file_problems,
@@ -235,6 +237,10 @@ def _area_problem(annotation: dict, image: dict | None) -> str:
         return f"area {area} is not finite"
     if area < 0:
         return f"area {area} is negative"
+    bbox = annotation.get("bbox")
+    if area == 0 and isinstance(bbox, (list, tuple)) and len(bbox) == 4 and all(is_finite_number(v) for v in bbox) \
+            and bbox[2] * bbox[3] >= 1:
+        return f"area 0 for a bbox of {bbox[2]:g} x {bbox[3]:g} pixels (a placeholder?)"
     width, height = (image or {}).get("width"), (image or {}).get("height")
     if type(width) is int and type(height) is int and area > width * height:
         return f"area {area} is larger than its image ({width} x {height} = {width * height} pixels)"
@@ -283,7 +289,7 @@ class _AnnotationTally:
             self.crowd += 1
             self.crowd_without_mask += not mask
             return
-        problem = _box_problem(annotation["bbox"], self.images.get(annotation["image_id"]))
+        problem = _box_problem(annotation["bbox"], self.images[annotation["image_id"]])
         if problem:
             self.degenerate.append(f"{self.named(annotation)}: {problem}")
         elif _below_a_pixel(annotation["bbox"]):
@@ -409,6 +415,7 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
             "entry its own file_name, or merge the entries into one image (one id) with all their annotations.")
     sizes = {image["id"]: image for image in coco["images"]}
     tally = _AnnotationTally(sizes)
+    orphans = []
     for index, annotation in enumerate(coco["annotations"]):
         absent = [key for key in ANNOTATION_KEYS if not isinstance(annotation, dict) or key not in annotation]
         if absent:
@@ -425,7 +432,20 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
                 f"{where} annotation id {annotation['id']} of {path} has category_id {annotation['category_id']!r}, "
                 f"which is not among its categories (ids {listed([str(i) for i in sorted(names)], SHOWN)}): add the "
                 "category to 'categories' or correct the annotation.")
-        tally.add(annotation)
+        if annotation["image_id"] in sizes:
+            tally.add(annotation)
+        else:
+            kind = type(annotation["image_id"]).__name__
+            orphans.append(f"annotation id {annotation['id']}: image_id {_shown(annotation['image_id'])} ("
+                           + ("null" if annotation["image_id"] is None else f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}")
+                           + ")")
+    if orphans:
+        example = next(iter(sizes), None)
+        raise DatasetError(
+            f"{where} {len(orphans)} annotation(s) of {path} name an image_id that no image of the file has: "
+            f"{listed_problems(orphans)}. The images' ids are {type(example).__name__}s (e.g. {example!r}): each "
+            "annotation's image_id must be the id of its image, of the same type (the number 1, not the string "
+            "\"1\"); detectron2 would leave such annotations out without a word.")
     if tally.crowd_values:
         raise DatasetError(
             f"{where} {len(tally.crowd_values)} annotation(s) of {path} have an 'iscrowd' that is neither 0 nor 1: "
@@ -437,8 +457,8 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
             f"{where} {len(tally.areas)} annotation(s) of {path} have no usable 'area': {listed_problems(tally.areas)}. "
             "COCO evaluation reads every annotation's area, a number >= 0 in pixels: without it, or with a string, "
             "it stops after training; with a negative one, or one above its largest area range (1e10), it ignores "
-            "the object, so missing it costs no AP, and an area larger than the image puts the object in another "
-            "size range. Set area to the object's mask area (or box area) in pixels.")
+            "the object, so missing it costs no AP, and an area of 0 for an object of some size (or one larger than the "
+            "image) puts the object in another size range (APs, APm, APl). Set area to the object's mask area (or box area) in pixels.")
     problems = non_integer_ids(coco["annotations"], lambda annotation: f"an annotation of image {annotation['image_id']}",
                                strings=False)
     if problems:
@@ -483,6 +503,13 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
             f"{where} {len(problems)} mask(s) of {path} cannot be used: {listed_problems(problems)}. Correct or remove "
             "those masks (polygons: [[x1, y1, x2, y2, x3, y3, ...]] in pixels; RLE: {\"size\": [height, width], "
             "\"counts\": ...} as pycocotools.mask.encode writes it), or the 'segmentation' key to train boxes only.")
+    corners, masked = corner_boxes(coco["annotations"], sizes)
+    if corners and 2 * len(corners) >= masked:
+        raise DatasetError(
+            f"{where} the bboxes of {len(corners)} of the {masked} annotation(s) with a mask in {path} read as "
+            f"[x1, y1, x2, y2], the corners of their masks, but COCO's bbox is [x, y, width, height]: "
+            f"{listed_problems(corners)}. detectron2 would train and evaluate boxes that reach beyond their objects by "
+            "x and y, without a word. Write each bbox as [x1, y1, x2 - x1, y2 - y1].")
     root = dataset.image_root
     if not os.path.exists(root):
         raise DatasetError(f"{where} the image folder {root} does not exist. Give the folder that the JSON's "
@@ -515,11 +542,9 @@ _REGISTERED: dict[str, CocoDataset] = {}  # what this process registered, with i
 _FROM_COMMAND_LINE: set[str] = set()  # of those, the names a --register-coco of this process gave
 
 
-def _box_problem(bbox: Any, image: dict | None) -> str:
+def _box_problem(bbox: Any, image: dict) -> str:
     """What is wrong with a COCO ``bbox`` ``[x, y, width, height]`` of ``image`` ("" when nothing):
-    :func:`gwdet.data.boxes.box_problem`, or an ``image_id`` that is not among the images."""
-    if image is None:
-        return box_problem(bbox) or "its image_id is not among the images"
+    :func:`gwdet.data.boxes.box_problem`."""
     return box_problem(bbox, image["width"], image["height"])
 
 

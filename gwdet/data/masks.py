@@ -122,6 +122,31 @@ def _inside_share(mask_box: Sequence[float], box: Sequence[float]) -> float:
     return share
 
 
+def mask_box(segmentation: Any, width: int, height: int) -> tuple[str, list[float]]:
+    """``(problem, bounding box)`` of the COCO ``segmentation`` of an annotation of a ``width`` x
+    ``height`` image: the problem as in :func:`segmentation_problem` ("" when none), else the mask's
+    bounding box ``[x, y, width, height]`` (``[]`` with a problem)."""
+    if isinstance(segmentation, dict):
+        problem, rle = _rle_problem(segmentation, width, height)
+        if problem:
+            return problem, []
+        import pycocotools.mask as mask_util
+
+        if float(mask_util.area(rle)) == 0:
+            return "is RLE of no pixel (an empty mask)", []
+        return "", [float(v) for v in mask_util.toBbox(rle)]
+    if isinstance(segmentation, list):
+        problem, polygons = _polygons_problem(segmentation)
+        if problem:
+            return problem, []
+        if all(_polygon_area(points) == 0 for points in polygons):
+            return "has polygons of no area (all points on one line)", []
+        points = np.concatenate(polygons)
+        low, high = points.min(axis=0), points.max(axis=0)
+        return "", [float(low[0]), float(low[1]), float(high[0] - low[0]), float(high[1] - low[1])]
+    return f"is a {type(segmentation).__name__}, not a list of polygons or an RLE dict", []
+
+
 def segmentation_problem(segmentation: Any, width: int, height: int, bbox: Sequence[float] | None = None) -> str:
     """What is wrong with the COCO ``segmentation`` of an annotation of a ``width`` x ``height``
     image ("" when nothing, and for no mask at all): polygons that are not lists of finite numbers
@@ -131,28 +156,23 @@ def segmentation_problem(segmentation: Any, width: int, height: int, bbox: Seque
     The words follow "its mask" in a message."""
     if not segmentation:
         return ""
-    if isinstance(segmentation, dict):
-        problem, rle = _rle_problem(segmentation, width, height)
-        if problem:
-            return problem
-        import pycocotools.mask as mask_util
-
-        if float(mask_util.area(rle)) == 0:
-            return "is RLE of no pixel (an empty mask)"
-        mask_box = [float(v) for v in mask_util.toBbox(rle)]
-    elif isinstance(segmentation, list):
-        problem, polygons = _polygons_problem(segmentation)
-        if problem:
-            return problem
-        if all(_polygon_area(points) == 0 for points in polygons):
-            return "has polygons of no area (all points on one line)"
-        points = np.concatenate(polygons)
-        low, high = points.min(axis=0), points.max(axis=0)
-        mask_box = [float(low[0]), float(low[1]), float(high[0] - low[0]), float(high[1] - low[1])]
-    else:
-        return f"is a {type(segmentation).__name__}, not a list of polygons or an RLE dict"
-    if bbox is not None and _inside_share(mask_box, bbox) < INSIDE_SHARE:
-        shown = [round(v, 1) for v in mask_box]
+    problem, box = mask_box(segmentation, width, height)
+    if problem:
+        return problem
+    if bbox is not None and _inside_share(box, bbox) < INSIDE_SHARE:
+        shown = [round(v, 1) for v in box]
         return (f"lies outside its bbox {list(bbox)}: the mask's bounding box is {shown} (x, y, width, height); "
                 "the box and the mask must describe the same object")
     return ""
+
+
+def ends_as_corners(box: Sequence[float], bbox: Sequence[float]) -> bool:
+    """Whether the annotation's ``bbox`` reads as ``[x1, y1, x2, y2]`` of the mask's bounding box
+    ``box`` (``[x, y, width, height]``) and not as COCO's ``[x, y, width, height]``: it starts where
+    the mask starts, its third and fourth values are where the mask ends, within the mask-box
+    margin, and they are not its width and height."""
+    x, y, width, height = box
+    margin_x, margin_y = max(MIN_MARGIN, BOX_MARGIN * width), max(MIN_MARGIN, BOX_MARGIN * height)
+    corners = (abs(bbox[0] - x) <= margin_x and abs(bbox[1] - y) <= margin_y
+               and abs(bbox[2] - (x + width)) <= margin_x and abs(bbox[3] - (y + height)) <= margin_y)
+    return corners and (abs(bbox[2] - width) > margin_x or abs(bbox[3] - height) > margin_y)
