@@ -184,6 +184,9 @@ def test_machine_flags_a_launcher_would_replace_are_refused(launcher):
         "their ranks and rendezvous from the job's allocation), so they would be replaced; nothing was submitted. "
         "Leave them out, and give the number of machines as --nodes.")
     launcher_options(parse_args(["--config", str(DEMO_CONFIG), "--launcher", launcher]), 1)  # the defaults: none given
+    # without --dist-url: the same refusal (it advised adding --dist-url, which is then refused as above)
+    with pytest.raises(ValueError, match=r"^--num-machines: --launcher .* places the processes itself"):
+        launcher_options(parse_args(["--config", str(DEMO_CONFIG), "--launcher", launcher, "--num-machines", "2"]), 1)
     local = parse_args(["--config", str(DEMO_CONFIG), "--num-machines", "2", "--machine-rank", "1", "--dist-url",
                         "tcp://127.0.0.1:29517"])
     assert launcher_options(local, 1).launcher == "local"  # a run here takes them, as detectron2 does

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -148,3 +150,28 @@ def test_reliability_counts_match_its_tables():
     expected = (f"bad input, {len(bad)} cases: {len(bad) - handled} clear\nerrors, {handled} handled; faults, "
                 f"{len(faults)} cases: {recovered} recovered, {len(faults) - recovered} clear errors.")
     assert " ".join(expected.split()) in " ".join(text.split("\n\n")[1].split())
+
+
+def test_pages_that_call_a_subpackage_import_it():
+    # docs/deploy.md named gwdet.export.load_export(path) without `import gwdet.export`, which a plain
+    # `import gwdet` does not do (AttributeError); likewise the README's gwdet.data (rows 402, 550)
+    script = "import sys, gwdet; print(' '.join(sorted(m for m in sys.modules if m.count('.') == 1 and m.startswith('gwdet.'))))"
+    imported = set(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                                  cwd=REPO).stdout.split())
+    subpackages = {path.stem if path.suffix == ".py" else path.name for path in (REPO / "gwdet").iterdir()
+                   if (path.suffix == ".py" and path.stem != "__init__") or (path / "__init__.py").is_file()}
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    missing = []
+    for page in pages:
+        if page.name == "reliability.md":  # quotes what users typed, imports or not
+            continue
+        text = page.read_text()
+        for sub in sorted(subpackages - {name.split(".")[1] for name in imported}):
+            call = re.search(rf"\bgwdet\.{sub}\.\w+\(", text)
+            if call is None:
+                continue
+            paragraph_end = text.find("\n\n", call.start())
+            told = text[:len(text) if paragraph_end < 0 else paragraph_end]  # before the call, or beside it
+            if not re.search(rf"(import gwdet\.{sub}\b|from gwdet\.{sub}(\.\w+)* import)", told):
+                missing.append(f"{page.name}: gwdet.{sub}")
+    assert not missing, f"pages that call gwdet.<subpackage>.f(...) without saying to import it: {missing}"

@@ -137,6 +137,27 @@ def test_resamples_are_cached_per_detections_and_the_same_for_every_cell(tmp_pat
     assert not (tmp_path / "other.json").exists()
 
 
+def test_damaged_detections_are_named_not_a_raw_traceback(tmp_path):
+    # a records folder's coco_instances_results.json.gz cut short: gzip's EOFError traceback, no file named
+    import gzip
+
+    gt, detections = synthetic_dataset()
+    gt_file = write(tmp_path / "gt.json", gt)
+    folder = tmp_path / "inference" / "test"
+    folder.mkdir(parents=True)
+    packed = gzip.compress(json.dumps(detections).encode())
+    (folder / "coco_instances_results.json.gz").write_bytes(packed[: len(packed) // 2])
+    with pytest.raises(ValueError, match=r"coco_instances_results.json.gz is damaged \(EOFError: .*\): the cell's "
+                                         r"detections cannot be read, .*Copy the cell's records again"):
+        resampled_box_ap(tmp_path / "inference", "test", gt_file, tmp_path / "cache.json", 0.0, resamples=5)
+    (folder / "coco_instances_results.json.gz").unlink()
+    (folder / "coco_instances_results.json").write_text(json.dumps(detections)[:-40])
+    with pytest.raises(ValueError, match=r"coco_instances_results.json is damaged \(not the JSON list of detections "
+                                         r"COCOEvaluator writes: "):
+        resampled_box_ap(tmp_path / "inference", "test", gt_file, tmp_path / "cache.json", 0.0, resamples=5)
+    assert not (tmp_path / "cache.json").exists()
+
+
 def test_image_interval_pairs_resamples_and_averages_seeds():
     base = np.linspace(40, 60, 1000)
     # A is B + 2 on every resample of seed 0 and B + 4 on seed 1: the mean difference is 3 exactly,

@@ -872,3 +872,25 @@ def test_folders_named_like_a_runs_holding_the_users_files_are_not_called_a_run(
     with pytest.raises(FileExistsError, match=r"with files no run of gwdet writes \(eval/notes.txt, vis/mine.txt\)"):
         check_fresh_start(str(tmp_path), overwrite=True)
     assert sorted(os.listdir(tmp_path / "vis")) == ["000.png", "mine.txt"]
+
+
+def test_a_resumed_training_records_what_each_stretch_of_its_iterations_ran_with(tmp_path):
+    # results.json's environment showed only the last stretch's values (an accelerator plan for a run
+    # whose first iterations used the cpu plan, 1 process for a run of 2)
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from gwdet.engine.run import results_record
+
+    model = torch.nn.Linear(2, 2)
+    first = {"execution_plans": {"cpu": "cpu"}, "threads": 2, "processes": 1}
+    ResilientCheckpointer(model, str(tmp_path), segment=first).save("model_0000003", iteration=3)
+    resumed = ResilientCheckpointer(model, str(tmp_path), segment={**first, "execution_plans": {"cpu": "accelerator"}})
+    resumed.resume_or_load("", resume=True)
+    resumed.save("model_0000005", iteration=5)
+    expected = [{"from_iteration": 0, **first}, {"from_iteration": 4, **first, "execution_plans": {"cpu": "accelerator"}}]
+    assert resumed.run_segments() == expected
+    again = ResilientCheckpointer(model, str(tmp_path), segment=first)
+    again.resume_or_load("", resume=True)
+    assert again.run_segments() == [*expected, {"from_iteration": 6, **first}]
+    record = results_record({}, segments=resumed.run_segments())["environment"]
+    assert record["segments"] == expected and record["threads"] == torch.get_num_threads()  # the last stretch's
+    assert "segments" not in results_record({}, segments=expected[:1])["environment"]  # not resumed: one stretch

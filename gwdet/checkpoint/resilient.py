@@ -295,6 +295,9 @@ DATA_KEY = "gwdet_training_data"
 PROCESSES_KEY = "gwdet_processes"
 # Norm layers whose batch statistics span every process's images (not only a process's own share).
 _SYNCED_NORMS = (torch.nn.SyncBatchNorm, NaiveSyncBatchNorm)
+# What each stretch of a resumed training ran with, [{"from_iteration": i, ...the values the trainer gave
+# as its segment}], the last the stretch that saved the checkpoint: carried from checkpoint to checkpoint.
+RUN_SEGMENTS_KEY = "gwdet_run_segments"
 # The initial weights a training started from, {"path": absolute path or URL, "sha256": digest}
 # (weights_record): carried from checkpoint to checkpoint, so that a resumed run still names them.
 INITIAL_WEIGHTS_KEY = "gwdet_initial_weights"
@@ -397,11 +400,13 @@ class ResilientCheckpointer(DetectionCheckpointer):
     the training datasets' annotation files, saved under :data:`DATA_KEY` and checked on resume.
     ``compare_input``: warn when the loaded checkpoint's record of the model's input values
     (:func:`input_record`) differs from the model's (off where the caller compares them itself).
+    ``segment``: what this process trains with (versions, threads, ...), saved with the earlier
+    stretches of a resumed run under :data:`RUN_SEGMENTS_KEY` (:meth:`run_segments`).
     """
 
     def __init__(self, *args: Any, require_every_weight: bool = False, weights_setting: str = "MODEL.WEIGHTS",
                  classes: Sequence[str] | None = None, training_data: Mapping[str, Mapping[str, Any]] | None = None,
-                 compare_input: bool = True, **kwargs: Any) -> None:
+                 compare_input: bool = True, segment: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.require_every_weight = require_every_weight
         self.compare_input = compare_input
@@ -412,6 +417,9 @@ class ResilientCheckpointer(DetectionCheckpointer):
                                  f"in order), got {classes!r}")
         self.classes = names or None
         self.training_data = dict(training_data) if training_data else None
+        self.segment = dict(segment) if segment else None
+        self._earlier_segments: list[dict] = []  # of the checkpoint resumed from
+        self._segment_start = 0  # the first iteration this process trains
         self._loading_initial_weights = False  # set by load_weights: training state removed from the file is no loss
         self.initial_weights: dict[str, str] | None = None  # what training started from (INITIAL_WEIGHTS_KEY)
         self._loading: str | None = None  # the file load() reads, for its messages
@@ -441,6 +449,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
         data[PROCESSES_KEY] = comm.get_world_size()
         if self.initial_weights:
             data[INITIAL_WEIGHTS_KEY] = self.initial_weights
+        if self.segment:
+            data[RUN_SEGMENTS_KEY] = self.run_segments()
         record = input_record(self.model)
         if record:
             data[INPUT_KEY] = record
@@ -453,6 +463,13 @@ class ResilientCheckpointer(DetectionCheckpointer):
         # a kill while saving leaves no record or a right one (read unchecked but for the checksums inside)
         write_with_checksum(path, lambda file: torch.save(data, file), self.path_manager)
         self.tag_last_checkpoint(basename)
+
+    def run_segments(self) -> list[dict]:
+        """What each stretch of the run trained with: the resumed checkpoint's record (none for a
+        checkpoint saved without it), then this process's ``segment``, each with the first iteration
+        it trained (``from_iteration``)."""
+        current = [{"from_iteration": self._segment_start, **self.segment}] if self.segment else []
+        return [*self._earlier_segments, *current]
 
     def tag_last_checkpoint(self, last_filename_basename: str) -> None:
         """fvcore's ``last_checkpoint``, written atomically: a kill leaves the old or the new name,
@@ -639,6 +656,9 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 self._check_same_processes(loaded.get(PROCESSES_KEY), candidate)
                 recorded = loaded.get(INITIAL_WEIGHTS_KEY)
                 self.initial_weights = recorded if isinstance(recorded, dict) else None
+                segments = loaded.get(RUN_SEGMENTS_KEY)
+                self._earlier_segments = [dict(item) for item in segments] if isinstance(segments, list) else []
+                self._segment_start = int(loaded["iteration"]) + 1
                 self._resumed = True
                 return loaded
             except (OSError, EOFError, RuntimeError, pickle.UnpicklingError, DamagedFileError) as err:

@@ -45,7 +45,8 @@ def argument_parser() -> argparse.ArgumentParser:
 def check_process_counts(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """A usage error (``parser.error``) for a process or thread count no run can have: ``--num-gpus``,
     ``--num-machines`` or ``--threads`` below 1, a ``--machine-rank`` outside 0 .. --num-machines - 1,
-    several machines meeting at the default ``--dist-url`` (this machine's loopback address)."""
+    several machines meeting at the default ``--dist-url`` (this machine's loopback address) where
+    the processes are started here (``--launcher local``, or a parser without launchers)."""
     if args.num_gpus < 1:
         parser.error(f"--num-gpus {args.num_gpus}: give the number of processes to start on this machine, at "
                      "least 1 (one per GPU; on a machine without a GPU, that many CPU processes).")
@@ -54,7 +55,9 @@ def check_process_counts(parser: argparse.ArgumentParser, args: argparse.Namespa
     if not 0 <= args.machine_rank < args.num_machines:
         parser.error(f"--machine-rank {args.machine_rank}: give this machine's index, from 0 to "
                      f"--num-machines - 1 = {args.num_machines - 1}.")
-    if args.num_machines > 1 and args.dist_url == parser.get_default("dist_url"):  # waited there for the others
+    # (a launcher other than local places the processes itself, and refuses --num-machines as such)
+    if args.num_machines > 1 and args.dist_url == parser.get_default("dist_url") \
+            and getattr(args, "launcher", "local") == "local":  # waited there for the others
         parser.error(f"--num-machines {args.num_machines} without --dist-url: the default, {args.dist_url}, reaches "
                      "this machine only. Give every machine the same --dist-url tcp://<machine 0's address>:PORT "
                      "(tcp://127.0.0.1:PORT for machines on this host).")

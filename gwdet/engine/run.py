@@ -538,8 +538,11 @@ def main(args: argparse.Namespace):
             model = trainer.model
         test_datasets = run.test_datasets()
         initial = None if args.eval_only else getattr(trainer.checkpointer, "initial_weights", None)
+        segments = [] if args.eval_only or not hasattr(trainer.checkpointer, "run_segments") else \
+            trainer.checkpointer.run_segments()
         write_results_to(run.output_dir, results or {}, test_datasets, run.run_datasets(not args.eval_only),
-                         scored if args.eval_only else None, initial, run.score_threshold_setting, run.test_settings)
+                         scored if args.eval_only else None, initial, run.score_threshold_setting, run.test_settings,
+                         segments)
         drawings: list[str] = []
         if comm.is_main_process() and run.vis_images > 0 and test_datasets:  # no test set: nothing to draw
             drawings = save_prediction_pngs(run.cfg, model, test_datasets[0], run.vis_images,
@@ -625,14 +628,18 @@ def results_markdown(results: Mapping, datasets: Sequence[str] = ()) -> str:
 
 
 def results_record(results: Mapping, datasets: Sequence[str] = (), run_datasets: Sequence[str] = (),
-                   evaluated: Mapping[str, str] | None = None, initial: Mapping[str, str] | None = None) -> dict:
+                   evaluated: Mapping[str, str] | None = None, initial: Mapping[str, str] | None = None,
+                   segments: Sequence[Mapping[str, Any]] = ()) -> dict:
     """What ``results.json`` holds: ``{dataset: {task: {metric: value}}}`` of ``results`` for the
     test sets ``datasets`` (:func:`flatten_results`; an AP detectron2 reports as NaN is ``None``,
     JSON's ``null``, as strict JSON has no NaN), and under ``"environment"`` the package
     versions and the annotation files of ``run_datasets`` (every dataset the run trained or
     evaluated on) with their SHA-256 (:func:`gwdet.engine.run_environment.run_environment`); for an
     evaluation, the weights file it scored (``evaluated``), for a training the weights it started
-    from (``initial``), each as :func:`~gwdet.checkpoint.resilient.weights_record` gives it."""
+    from (``initial``), each as :func:`~gwdet.checkpoint.resilient.weights_record` gives it; for a
+    resumed training, what each stretch of its iterations ran with (``segments``, from its
+    checkpoints: :meth:`~gwdet.checkpoint.resilient.ResilientCheckpointer.run_segments`), the values
+    beside them being the last stretch's."""
     record: dict = {dataset: {task: {name: None if isinstance(value, float) and math.isnan(value) else value
                                      for name, value in metrics.items()} for task, metrics in tasks.items()}
                     for dataset, tasks in flatten_results(results, datasets).items()}
@@ -645,6 +652,8 @@ def results_record(results: Mapping, datasets: Sequence[str] = (), run_datasets:
         environment["weights"] = dict(evaluated)
     if initial:
         environment["initial_weights"] = dict(initial)
+    if len(segments) > 1:
+        environment["segments"] = [dict(segment) for segment in segments]
     record[ENVIRONMENT_KEY] = environment
     return record
 
@@ -653,7 +662,7 @@ def write_results_to(output_dir: str, results: Mapping, datasets: Sequence[str] 
                      run_datasets: Sequence[str] = (), evaluated: Mapping[str, str] | None = None,
                      initial: Mapping[str, str] | None = None,
                      threshold_setting: str = "MODEL.ROI_HEADS.SCORE_THRESH_TEST",
-                     test_settings: Mapping[str, Any] | None = None) -> None:
+                     test_settings: Mapping[str, Any] | None = None, segments: Sequence[Mapping[str, Any]] = ()) -> None:
     """``output_dir/results.md`` and ``results.json`` (:func:`results_record`) of ``results`` for the
     test sets ``datasets`` of a run on ``run_datasets`` (main process only; nothing without results);
     an evaluation's name the weights file it scored and its SHA-256 (``evaluated``, taken when they
@@ -680,7 +689,7 @@ def write_results_to(output_dir: str, results: Mapping, datasets: Sequence[str] 
     write_text_atomically(os.path.join(output_dir, RESULTS_MARKDOWN), markdown)
     # results.json is what gwdet reads again (the study counts a cell done by it): its SHA-256 is recorded beside it
     write_text_with_checksum(os.path.join(output_dir, RESULTS_JSON),
-                             json.dumps(results_record(results, datasets, run_datasets, evaluated, initial), indent=2))
+                             json.dumps(results_record(results, datasets, run_datasets, evaluated, initial, segments), indent=2))
 
 
 def log_outputs(output_dir: str, wrote_results: bool, drawings: Sequence[str], drawings_setting: str) -> None:

@@ -102,11 +102,16 @@ def execution_plans() -> dict[str, Any]:
             "forced": os.environ.get(PLAN_VARIABLE) or None}
 
 
-def run_environment(dataset_names: Iterable[str]) -> dict[str, Any]:
+def run_segment() -> dict[str, Any]:
     """``{"versions": package_versions(), "cpu": processor(), "execution_plans": execution_plans(),
-    "processes": ..., "threads": ..., "datasets": annotation_files(dataset_names)}``: what a run on
-    the datasets ``dataset_names`` (train and test) ran with; the number of processes of the run and
-    of torch's threads in each change the sums' order, so the weights' last bits."""
+    "processes": ..., "threads": ...}``: what this process computes with; the number of processes of
+    the run and of torch's threads in each change the sums' order, so the weights' last bits. A
+    resumed training's checkpoints keep one per stretch of iterations."""
     return {"versions": package_versions(), "cpu": processor(), "execution_plans": execution_plans(),
-            "processes": comm.get_world_size(), "threads": torch.get_num_threads(),
-            "datasets": annotation_files(dataset_names)}
+            "processes": comm.get_world_size(), "threads": torch.get_num_threads()}
+
+
+def run_environment(dataset_names: Iterable[str]) -> dict[str, Any]:
+    """:func:`run_segment` and ``"datasets": annotation_files(dataset_names)``: what a run on the
+    datasets ``dataset_names`` (train and test) ran with."""
+    return {**run_segment(), "datasets": annotation_files(dataset_names)}

@@ -36,7 +36,7 @@ from gwdet.data.datasets import dataset_classes
 from gwdet.data.resumable import skip_trained_samples
 from gwdet.errors import GwdetValueError
 from gwdet.engine.output_dir import set_aside_results, trim_metrics
-from gwdet.engine.run_environment import annotation_files
+from gwdet.engine.run_environment import annotation_files, run_segment
 
 logger = logging.getLogger(__name__)
 
@@ -89,12 +89,13 @@ def training_checkpointer(trainer: TrainerBase, output_dir: str, datasets: Seque
                           weights_setting: str = "MODEL.WEIGHTS") -> ResilientCheckpointer:
     """The checkpointer of ``trainer``'s model (built, its loop in ``trainer._trainer``): it saves the
     random streams and the trainer's state too, and records the class names and the annotation files
-    of the training ``datasets`` (checked when the run resumes)."""
+    of the training ``datasets`` (checked when the run resumes) and what each stretch of a resumed
+    run trained with (:func:`~gwdet.engine.run_environment.run_segment`)."""
     files = {name: {key: record[key] for key in ("json_file", "json_sha256")}
              for name, record in annotation_files(datasets).items()}
     return ResilientCheckpointer(trainer._trainer.model, output_dir, random_state=RandomState(),
                                  trainer=weakref.proxy(trainer), weights_setting=weights_setting,
-                                 classes=dataset_classes(datasets), training_data=files)
+                                 classes=dataset_classes(datasets), training_data=files, segment=run_segment())
 
 
 @contextlib.contextmanager

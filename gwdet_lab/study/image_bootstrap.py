@@ -23,6 +23,7 @@ import hashlib
 import io
 import json
 import math
+import zlib
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -98,7 +99,13 @@ def resampled_box_ap(inference_dir: Path, dataset: str, annotation_file: str | C
     if detections.is_file():
         raw = detections.read_bytes()
     elif packed.is_file():
-        raw = gzip.decompress(packed.read_bytes())
+        try:
+            raw = gzip.decompress(packed.read_bytes())
+        except (EOFError, OSError, zlib.error) as error:  # cut short, or not gzip at all
+            raise GwdetValueError(
+                f"{packed} is damaged ({type(error).__name__}: {error}): the cell's detections cannot be read, so its "
+                "APs cannot be resampled; nothing was written. Copy the cell's records again (exported with their "
+                f"{packed.name}), then run the same command again.") from None
     else:
         raise GwdetFileNotFoundError(
             f"{detections} (or {packed.name}): no detections to resample, which the resampled APs are checked "
@@ -114,7 +121,14 @@ def resampled_box_ap(inference_dir: Path, dataset: str, annotation_file: str | C
             return nan_for_null(stored["box_ap"])
     if callable(annotation_file):
         annotation_file = annotation_file()
-    records = json.loads(raw)
+    try:
+        records = json.loads(raw)
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError: cut short or overwritten
+        shown = detections if detections.is_file() else packed
+        raise GwdetValueError(
+            f"{shown} is damaged (not the JSON list of detections COCOEvaluator writes: {error}); nothing was written. "
+            f"Copy the cell's records again (exported with their {packed.name}), or, in a study's run folder that "
+            f"holds the cell's checkpoints, remove its {RESULTS_JSON} and run the study's command again.") from None
     if not records:
         all_images, aps = math.nan, [math.nan] * resamples  # no detections: COCOEvaluator reports NaN, as every resample
     else:
