@@ -61,8 +61,8 @@ def unregistered_message(name: str) -> str:
                 "(--register-coco NAME=path/to/instances.json:path/to/images).")
     return (
         f"Dataset {name!r} is not registered.{meant} Register your own COCO-format data with --register-coco "
-        f"{name}=path/to/instances.json:path/to/images (tools/train_net.py, tools/compare_norms.py; "
-        "detectron2.data.datasets.register_coco_instances in code), or pick a registered one. "
+        f"{name}=path/to/instances.json:path/to/images (tools/train_net.py, tools/deploy/export_model.py, "
+        "tools/compare_norms.py; detectron2.data.datasets.register_coco_instances in code), or pick a registered one. "
         f"{COCO_LAYOUT_HINT}"
     )
 
