@@ -25,7 +25,7 @@ from gwdet.engine.trainer import Trainer, YacsRun
 from gwdet.model_zoo import build_config
 from gwdet.engine.output_dir import OutputDirLock, check_fresh_start, check_resume_config
 
-from conftest import DEMO_CONFIG, REPO, TINY_OPTS, logged_warnings, run_folder_with_a_link, tiny_run_args
+from conftest import DEMO_CONFIG, LAZY_CONFIG, REPO, TINY_OPTS, logged_warnings, run_folder_with_a_link, tiny_run_args
 
 
 def _digest(folder) -> dict:
@@ -1073,6 +1073,40 @@ def test_gwdets_trainer_from_python_neither_trains_over_a_finished_run_nor_sets_
     with pytest.raises(FileExistsError, match=r"holds the checkpoints of another run"):
         Trainer(cfg).train()
     assert (run / "model_final.pth").read_bytes() == final and (run / "results.json").is_file()
+
+
+def test_gwdets_trainers_from_python_check_the_request_as_the_tools_do(finished_run, tmp_path, caplog):
+    # Trainer(cfg) from one's own code trained with what the tool refuses (no foreground region sampled:
+    # loss_box_reg 0 throughout; MAX_ITER 0: fvcore's bare ValueError) and resumed a run with another
+    # seed, batch or warm-up without a word
+    from gwdet.engine.lazy import LazyTrainer
+    from gwdet.model_zoo.lazy_loading import load_lazy_config
+
+    cfg = build_config(str(DEMO_CONFIG), TINY_OPTS + ["OUTPUT_DIR", str(tmp_path / "new")])
+    for key, value, message in (("MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE", 1, "samples int(1 x 0.25) = 0 foreground"),
+                                ("SOLVER.MAX_ITER", 0, "SOLVER.MAX_ITER is 0: a run trains for at least 1 iteration")):
+        changed = cfg.clone()
+        changed.merge_from_list([key, value])
+        with pytest.raises(ValueError, match=re.escape(message)):
+            Trainer(changed)
+    lazy = load_lazy_config(str(LAZY_CONFIG), ["model.roi_heads.batch_size_per_image=1",
+                                               f"train.output_dir={tmp_path / 'lazy'}"])
+    with pytest.raises(ValueError, match=r"batch_size_per_image"):
+        LazyTrainer(lazy)
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    saved = build_config(str(run / "config.yaml"), ["OUTPUT_DIR", str(run)])
+    longer = ["SOLVER.MAX_ITER", str(saved.SOLVER.MAX_ITER + 2)]
+    reseeded = build_config(str(run / "config.yaml"), ["OUTPUT_DIR", str(run), "SEED", str(saved.SEED + 5), *longer])
+    with pytest.raises(ValueError, match=rf"--resume: the run in .* trained with SEED {saved.SEED}, this config gives "
+                                         rf"{saved.SEED + 5}"):
+        Trainer(reseeded).resume_or_load(resume=True)
+    (run / "config.yaml").unlink()  # a run trained from one's own code, without detectron2's default_setup
+    (run / "config.yaml.sha256").unlink(missing_ok=True)
+    with caplog.at_level("WARNING"):
+        Trainer(reseeded).resume_or_load(resume=True)
+    assert "without checking that its checkpoints were trained with this config (model, batch, seed): config.yaml" \
+        in caplog.text
 
 
 def test_an_evaluation_from_python_keeps_a_finished_runs_detections(finished_run, tmp_path):

@@ -16,6 +16,7 @@ overrides is :mod:`gwdet.model_zoo.lazy_loading`.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
 import tempfile
@@ -37,7 +38,7 @@ from detectron2.utils.logger import setup_logger
 
 from gwdet.errors import GwdetValueError
 from gwdet.utils.atomic import remove_checksum
-from gwdet.checkpoint.resilient import numbered_iteration
+from gwdet.checkpoint.resilient import absolute_weights_path, numbered_iteration
 from gwdet.checkpoint.signal_hook import release_stop_signals
 from gwdet.data.boxes import check_dataset_boxes
 from gwdet.data.coco_registration import (
@@ -237,6 +238,7 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
 
     def __init__(self, cfg: DictConfig) -> None:
         check_torch_state(training=True)  # float64 or no gradients left by one's own code: refused by name
+        LazyRun(cfg).check_training_request(comm.get_world_size())  # done already where the tools built it
         super().__init__()
         if not logging.getLogger("detectron2").isEnabledFor(logging.INFO):
             setup_logger()
@@ -286,7 +288,8 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
         """``--resume``: continue from the newest readable checkpoint of ``train.output_dir`` (its
         iteration, optimizer, scheduler, random and data states); else load
         ``train.init_checkpoint`` and start at iteration 0."""
-        if resume:  # a finished run would train nothing, and its results be set aside
+        if resume:  # another model, batch or seed; a finished run would train nothing, its results set aside
+            LazyRun(self.cfg).check_trainer_resume()
             check_resume_trains(self.cfg.train.output_dir, self.max_iter, "train.max_iter")
         with configured_optimizer_values(self.optimizer, self.scheduler, OPTIMIZER_GROUPING, WEIGHTS_SETTING):
             self.checkpointer.resume_or_load(self.cfg.train.init_checkpoint, resume=resume)
@@ -459,6 +462,14 @@ class LazyRun(RunConfig):
     def check_resume(self, weights_named: bool) -> None:
         check_resume_config(self.cfg, self.output_dir, weights_named)
         warn_of_a_moved_schedule(self.cfg, self.output_dir)
+
+    def request_content(self) -> str:
+        tree = OmegaConf.to_container(self.cfg)
+        assert isinstance(tree, dict)
+        if isinstance(tree.get("train"), dict) and isinstance(tree["train"].get("init_checkpoint"), str):
+            tree["train"]["init_checkpoint"] = absolute_weights_path(tree["train"]["init_checkpoint"],
+                                                                     self.weights_setting)
+        return json.dumps(tree, sort_keys=True, default=repr)
 
     def register_datasets(self, coco: Sequence[CocoDataset], *, trains: bool, evaluates: bool) -> None:
         register_coco_datasets(coco)  # checked against the config by prepare_datasets

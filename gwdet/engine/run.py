@@ -37,7 +37,7 @@ import os
 import sys
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from typing import Any, ClassVar, Iterator, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 import torch
 
@@ -99,6 +99,11 @@ class TrainingDiverged(GwdetError, FloatingPointError):
 SHOWN_LENGTH = 300
 
 
+# The attribute of a run's config holding the requests its checks accepted, {request: content}
+# (RunConfig.checked_once): beside the config's keys, copied with it by clone().
+_ACCEPTED_REQUESTS = "_gwdet_accepted_requests"
+
+
 class RunConfig(ABC):
     """A config as a run and gwdet's tools use it: where the run writes, which weights it starts
     from, how its model, trainer, test images and evaluation are built. ``cfg`` is the config itself
@@ -158,6 +163,42 @@ class RunConfig(ABC):
     def check_resume(self, weights_named: bool) -> None:
         """Refuse a ``--resume`` of a run of another model, one that would train nothing, or one whose
         command line names other initial weights (``weights_named``), which it would not load."""
+
+    @abstractmethod
+    def request_content(self) -> str:
+        """Every value of the config, as one string, the initial weights as an absolute path (which
+        the tools make them once the request is checked: :meth:`with_target`)."""
+
+    def checked_once(self, request: str, check: Callable[[], None]) -> None:
+        """``check()``, the checks of ``request``, unless this config passed them with its present
+        content (:meth:`request_content`): the tools check a request before they build anything, and
+        the trainer they build finds it done; a trainer built from one's own code checks it then."""
+        accepted = getattr(self.cfg, _ACCEPTED_REQUESTS, {})
+        content = self.request_content()
+        if accepted.get(request) == content:
+            return
+        check()
+        object.__setattr__(self.cfg, _ACCEPTED_REQUESTS, {**accepted, request: content})  # not a config key
+
+    def check_training_request(self, world_size: int) -> None:
+        """:meth:`check_request` of a training by ``world_size`` processes, once per content."""
+        self.checked_once(f"training by {world_size} process(es)", lambda: self.check_request(False, world_size))
+
+    def check_resume_request(self, weights_named: bool = False) -> None:
+        """:meth:`check_resume`, once per content."""
+        self.checked_once(f"resume (weights named: {weights_named})", lambda: self.check_resume(weights_named))
+
+    def check_trainer_resume(self) -> None:
+        """:meth:`check_resume_request` of a trainer's ``resume_or_load(resume=True)``; where the
+        checkpoints have no ``config.yaml`` beside them (a run trained from one's own code without
+        detectron2's ``default_setup``, which writes it), a warning that nothing could be compared."""
+        if checkpoints_in(self.output_dir) and not os.path.isfile(os.path.join(self.output_dir, CONFIG_NAME)):
+            logger.warning(
+                f"Resuming the run in {self.output_dir} without checking that its checkpoints were trained with this "
+                f"config (model, batch, seed): {CONFIG_NAME}, the run's record of its config, is not there. "
+                "detectron2's default_setup(cfg, args) and gwdet's tools write it when a run starts.")
+            return
+        self.check_resume_request()
 
     @abstractmethod
     def register_datasets(self, coco: Sequence[CocoDataset], *, trains: bool, evaluates: bool) -> None:
@@ -325,7 +366,7 @@ def check_output_request(args: argparse.Namespace, run: RunConfig) -> None:
         check_resume_source(run.output_dir, run.weights_setting)
         if not checkpoints_in(run.output_dir):  # nothing to continue: it starts afresh, so a fresh start's checks
             check_fresh_start(run.output_dir, False, output_setting, run.weights, run.weights_setting)
-        run.check_resume(names_weights(run, args))
+        run.check_resume_request(names_weights(run, args))
     else:
         check_fresh_start(run.output_dir, getattr(args, "overwrite", False), output_setting, run.weights,
                           run.weights_setting, aside=True)
@@ -491,7 +532,10 @@ def main(args: argparse.Namespace):
     """Train (or evaluate with ``--eval-only``) the model ``args`` describe; return the results
     (module docstring: the steps)."""
     run = load_run_config(args.config_file, args.opts).for_processes(comm.get_world_size())
-    run.check_request(args.eval_only, comm.get_world_size())
+    if args.eval_only:
+        run.check_request(True, comm.get_world_size())
+    else:
+        run.check_training_request(comm.get_world_size())
     check_torch_state(training=not args.eval_only)
     if (args.resume or args.eval_only) and not gives_setting(args.opts, run.output_setting):
         check_resumed_folder_is_the_records(args.config_file, run.output_dir, run.output_setting, args.resume)

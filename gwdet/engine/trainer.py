@@ -11,6 +11,7 @@ and whose ``--resume`` continues the data and random streams where they stopped.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import Any, Mapping, Sequence
@@ -26,7 +27,7 @@ from detectron2.utils.logger import setup_logger
 from fvcore.nn.precise_bn import BN_MODULE_TYPES
 
 from gwdet.errors import GwdetValueError
-from gwdet.checkpoint.resilient import ResilientCheckpointer
+from gwdet.checkpoint.resilient import ResilientCheckpointer, absolute_weights_path
 from gwdet.checkpoint.signal_hook import release_stop_signals
 from gwdet.config import config_value, flatten_config
 from gwdet.layers.common import is_whole_number
@@ -76,6 +77,7 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
 
     def __init__(self, cfg: CfgNode) -> None:
         check_torch_state(training=True)  # float64 or no gradients left by one's own code: refused by name
+        YacsRun(cfg).check_training_request(comm.get_world_size())  # done already where the tools built it
         # Whatever build_train_loader (a subclass's too) returns reaches detectron2's SimpleTrainer
         # with its batches checked (gwdet.data.finite_images): during the construction the
         # instance's build_train_loader wraps the class's.
@@ -161,7 +163,8 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
         return getattr(self, "_last_eval_results", None)
 
     def resume_or_load(self, resume: bool = True) -> None:
-        if resume:  # a finished run would train nothing, and its results be set aside
+        if resume:  # another model, batch or seed; a finished run would train nothing, its results set aside
+            YacsRun(self.cfg).check_trainer_resume()
             check_resume_trains(self.cfg.OUTPUT_DIR, self.max_iter, "SOLVER.MAX_ITER")
         with configured_optimizer_values(self.optimizer, self.scheduler, OPTIMIZER_GROUPING, "MODEL.WEIGHTS"):
             super().resume_or_load(resume=resume)
@@ -462,6 +465,12 @@ class YacsRun(RunConfig):
     def check_resume(self, weights_named: bool) -> None:
         check_resume_config(self.cfg, self.cfg.OUTPUT_DIR, weights_named)
         warn_of_a_moved_schedule(self.cfg, self.cfg.OUTPUT_DIR)
+
+    def request_content(self) -> str:
+        cfg = self.cfg.clone()
+        cfg.defrost()
+        cfg.MODEL.WEIGHTS = absolute_weights_path(cfg.MODEL.WEIGHTS, self.weights_setting)
+        return json.dumps(cfg, sort_keys=True, default=repr)
 
     def register_datasets(self, coco: Sequence[CocoDataset], *, trains: bool, evaluates: bool) -> None:
         register_datasets(self.cfg, coco, trains=trains, evaluates=evaluates)
