@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections import defaultdict
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
@@ -36,7 +37,7 @@ from detectron2.config import CfgNode, get_cfg
 from detectron2.layers import get_norm as detectron2_get_norm
 from detectron2.utils.logger import log_first_n
 
-from gwdet.errors import GwdetError, GwdetKeyError, GwdetTypeError, GwdetValueError
+from gwdet.errors import GwdetError, GwdetKeyError, GwdetTypeError, GwdetValueError, listed
 from gwdet.config import CONFIG_KEYS, config_default, config_value, flatten_config, require_gwdet_config
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening, largest_divisor_at_most
 from gwdet.layers.common import check_flag, check_int_at_least
@@ -387,6 +388,33 @@ def norm_classes() -> tuple[type, ...]:
     """Every norm layer class: the catalogue's (:func:`layer_types`), then torch's and detectron2's
     (:data:`TORCH_NORM_SETTINGS`)."""
     return layer_types() + tuple(kind for kind, _ in TORCH_NORM_SETTINGS)
+
+
+def shared_norm_layers(model: torch.nn.Module) -> list[list[str]]:
+    """The places of each norm layer object held by more than one module of ``model`` (one list of
+    names per such layer): a norm's build function that returned one cached layer for several
+    calls ties their parameters and statistics together. A block reused whole (one parent holding
+    the layer) is not counted: its norm is shared along with the rest of it."""
+    norms = norm_classes()
+    parents: dict[int, dict[int, str]] = defaultdict(dict)
+    for parent_name, parent in model.named_modules():
+        for name, child in parent.named_children():
+            if isinstance(child, norms) or getattr(child, NORM_LAYER_MARK, False):
+                parents[id(child)].setdefault(id(parent), f"{parent_name}.{name}" if parent_name else name)
+    return [list(places.values()) for places in parents.values() if len(places) > 1]
+
+
+def check_untied_norms(model: torch.nn.Module) -> None:
+    """Refuse a model with a norm layer object at several places (:func:`shared_norm_layers`)."""
+    tied = shared_norm_layers(model)
+    if tied:
+        first = tied[0]
+        raise GwdetValueError(
+            f"One norm layer object ({type(model.get_submodule(first[0])).__name__}) sits at {len(first)} places, "
+            f"{listed(first, 3)}, so their weights and statistics are one"
+            + (f" ({len(tied) - 1} more such layer(s))" if len(tied) > 1 else "")
+            + ": a norm's build function returned a layer it had built before (a cache?). Make it build a new layer "
+            "for each call.")
 
 
 def layer_channels(layer: torch.nn.Module) -> int | None:

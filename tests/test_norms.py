@@ -533,11 +533,15 @@ def test_a_build_function_that_ignores_the_channel_count_or_returns_one_layer_tw
     register_norm("TestCached", lambda channels: cache.setdefault(channels, torch.nn.GroupNorm(4, channels)))
     cfg = build_config("configs/Demo/mask_rcnn_R_50_FPN_gw_shapes.yaml",
                        ["MODEL.FPN.NORM", "TestCached", "MODEL.DEVICE", "cpu"])
-    with pytest.raises(ValueError, match=r"^check_model: one norm layer object \(GroupNorm\) sits at 8 places, "
-                                         r"backbone.fpn_lateral2.norm, backbone.fpn_output2.norm, .*so their weights "
+    with pytest.raises(ValueError, match=r"^One norm layer object \(GroupNorm\) sits at 8 places, "
+                                         r"fpn_lateral2.norm, fpn_output2.norm, .*so their weights "
                                          r"and statistics are one: a norm's build function returned a layer it had "
                                          r"built before \(a cache\?\). Make it build a new layer for each call.$"):
         build_model(cfg)
+    from detectron2.modeling import build_model as detectron2s_build_model
+
+    with pytest.raises(ValueError, match=r"^One norm layer object \(GroupNorm\) sits at 8 places"):
+        detectron2s_build_model(cfg)  # gwdet's backbone builders check what they build
     shared = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 1), torch.nn.BatchNorm2d(8))
     check_model(torch.nn.Sequential(shared, shared))  # a block reused whole: its norm is shared along with its conv
     with pytest.raises(ValueError, match=r"\(BatchNorm2d\) sits at 2 places, 0.1, 1.1, so"):

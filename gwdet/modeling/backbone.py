@@ -28,7 +28,7 @@ from torch import nn
 from gwdet.config_checks import ensure_checked
 from gwdet.positions import convs_at_positions, parse_gw_positions
 from gwdet.errors import GwdetTypeError, GwdetValueError, listed
-from gwdet.norms import check_detectron2_buildable, layer_types, norm_from_config
+from gwdet.norms import check_detectron2_buildable, check_untied_norms, layer_types, norm_from_config
 
 # Built in place of a norm detectron2 cannot make by name; every such module is replaced.
 PLACEHOLDER_NORM = "BN"
@@ -151,7 +151,9 @@ def build_gw_resnet(cfg: CfgNode, input_shape: ShapeSpec) -> ResNet:
     gw_norm = norm_from_config(cfg.MODEL.RESNETS.GW_NORM, cfg)
     # detectron2 takes FREEZE_AT above the stages built (a C4 backbone has no res5) as all of them frozen
     freeze_at = min(cfg.MODEL.BACKBONE.FREEZE_AT, len(resnet.stages) + 1)
-    return _place_norm(resnet, cfg.MODEL.RESNETS.GW_POSITIONS, gw_norm, freeze_at, refuse_frozen_statistics=False)
+    placed = _place_norm(resnet, cfg.MODEL.RESNETS.GW_POSITIONS, gw_norm, freeze_at, refuse_frozen_statistics=False)
+    check_untied_norms(placed)  # here too for detectron2's own build_model, which runs no check_model
+    return placed
 
 
 @BACKBONE_REGISTRY.register()
@@ -162,7 +164,7 @@ def build_gw_resnet_backbone(cfg: CfgNode, input_shape: ShapeSpec) -> ResNet:
 
 def build_gw_fpn(cfg: CfgNode, bottom_up: ResNet, top_block: Any) -> FPN:
     """detectron2's FPN on ``bottom_up`` with ``MODEL.FPN.*``, its norm carrying the config's values."""
-    return FPN(
+    fpn = FPN(
         bottom_up=bottom_up,
         in_features=cfg.MODEL.FPN.IN_FEATURES,
         out_channels=cfg.MODEL.FPN.OUT_CHANNELS,
@@ -170,6 +172,8 @@ def build_gw_fpn(cfg: CfgNode, bottom_up: ResNet, top_block: Any) -> FPN:
         top_block=top_block,
         fuse_type=cfg.MODEL.FPN.FUSE_TYPE,
     )
+    check_untied_norms(fpn)  # here too for detectron2's own build_model, which runs no check_model
+    return fpn
 
 
 @BACKBONE_REGISTRY.register()

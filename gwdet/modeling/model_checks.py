@@ -15,11 +15,10 @@ from gwdet.layers.common import check_flag, is_finite_number
 from gwdet.modeling.heads import GWRetinaNetHead, PerLevelNorm
 from gwdet.norms import (
     DETECTRON2_PER_LEVEL_NORMS,
-    NORM_LAYER_MARK,
     TORCH_BATCH_NORMS,
+    check_untied_norms,
     group_adjustment,
     layer_types,
-    norm_classes,
 )
 from gwdet.solver import misdecayed_norm_layers
 
@@ -36,20 +35,6 @@ def shared_batch_statistics(head: nn.Module) -> list[str]:
                  for sub in container.modules()}
     return [name for name, module in head.named_modules()
             if isinstance(module, batch_statistics) and id(module) not in per_level]
-
-
-def shared_norm_layers(model: nn.Module) -> list[list[str]]:
-    """The places of each norm layer object held by more than one module of ``model`` (one list of
-    names per such layer): a norm's build function that returned one cached layer for several
-    calls ties their parameters and statistics together. A block reused whole (one parent holding
-    the layer) is not counted: its norm is shared along with the rest of it."""
-    norms = norm_classes()
-    parents: dict[int, dict[int, str]] = defaultdict(dict)
-    for parent_name, parent in model.named_modules():
-        for name, child in parent.named_children():
-            if isinstance(child, norms) or getattr(child, NORM_LAYER_MARK, False):
-                parents[id(child)].setdefault(id(parent), f"{parent_name}.{name}" if parent_name else name)
-    return [list(places.values()) for places in parents.values() if len(places) > 1]
 
 
 def _component(name: str) -> str:
@@ -101,7 +86,7 @@ def check_model(model: nn.Module, strict_groups: bool = False, optimizer: torch.
       ``GWRetinaNetHead`` keeps such norms per level; detectron2's ``RetinaNetHead`` does so for
       its names "BN" and "SyncBN" only.
     * Raise ``ValueError`` when one norm layer object sits at several places of the model
-      (:func:`shared_norm_layers`).
+      (:func:`check_untied_norms`; gwdet's backbone builders check theirs too).
     * Log, once, every component whose norm layers could not use the requested group number
       (:func:`adjusted_groups`); with ``strict_groups`` (``MODEL.STRICT_NORM_GROUPS``) raise instead.
     * With an ``optimizer`` (and the config's ``weight_decay_norm``, ``weight_decay_bias``), raise
@@ -131,15 +116,7 @@ def check_model(model: nn.Module, strict_groups: bool = False, optimizer: torch.
                 f"{listed(untrained, 3)}), so they would not train: was it built for another model (one built before "
                 "this one)? Build the optimizer from this model (gwdet.build_optimizer(cfg, model)).")
         check_norm_weight_decay(model, optimizer, weight_decay_norm, weight_decay_bias)
-    tied = shared_norm_layers(model)
-    if tied:
-        first = tied[0]
-        raise GwdetValueError(
-            f"check_model: one norm layer object ({type(model.get_submodule(first[0])).__name__}) sits at "
-            f"{len(first)} places, {listed(first, 3)}, so their weights and statistics are one"
-            + (f" ({len(tied) - 1} more such layer(s))" if len(tied) > 1 else "")
-            + ": a norm's build function returned a layer it had built before (a cache?). Make it build a new layer "
-            "for each call.")
+    check_untied_norms(model)
     adjusted = adjusted_groups(model)
     if adjusted and strict_groups:
         raise GwdetValueError("Norm layers cannot use the requested group number (MODEL.STRICT_NORM_GROUPS "
