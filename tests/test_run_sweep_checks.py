@@ -759,6 +759,13 @@ def test_a_run_in_a_process_left_with_float64_or_without_gradients_names_the_pro
         with pytest.raises(ValueError, match=r"^torch's default dtype is torch.float64 in this process .* Call "
                                              r"torch.set_default_dtype\(torch.float32\) before the run.$"):
             check_torch_state(training=False)
+        # gwdet.build_model from one's own code too (it built a float64 model that failed in torchvision's nms)
+        from gwdet import build_model
+        from gwdet.model_zoo import build_config
+
+        with pytest.raises(ValueError, match=r"^torch's default dtype is torch.float64 in this process .* Call "
+                                             r"torch.set_default_dtype\(torch.float32\) before the build.$"):
+            build_model(build_config(str(DEMO_CONFIG), ["MODEL.DEVICE", "cpu"]))
     finally:
         torch.set_default_dtype(torch.float32)
     try:

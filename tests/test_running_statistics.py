@@ -81,3 +81,25 @@ def test_a_model_that_needs_detectron2s_event_storage_is_told_to_open_one():
     assert torch.equal(model.norm.running_mean, before)
     with EventStorage():
         assert update_running_statistics([torch.randn(2, 3, 4, 4)], model) == 1
+
+
+def test_one_batch_given_instead_of_batches_is_named():
+    # next(iter(loader)), a list of dataset dicts, was taken as batches: detectron2's "string indices must be
+    # integers" from inside the model
+    class ListModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.BatchNorm1d(2)
+
+        def forward(self, batch):
+            return self.norm(torch.stack([record["x"] for record in batch]))
+
+    model = ListModel()
+    before = model.norm.running_mean.clone()
+    batch = [{"x": torch.randn(2)} for _ in range(4)]
+    with pytest.raises(TypeError, match=r"^update_running_statistics: the loader gave a dict \(one image's record, "
+                                        r"as iterating over a single batch gives\), not a batch: .*\[batch\] for one "
+                                        r"batch\). The running statistics are as they were.$"):
+        update_running_statistics(batch, model)
+    assert torch.equal(model.norm.running_mean, before)
+    assert update_running_statistics([batch], model) == 1

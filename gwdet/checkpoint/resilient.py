@@ -436,10 +436,10 @@ class ResilientCheckpointer(DetectionCheckpointer):
     def save(self, name: str, **extra: Any) -> None:
         if not self.save_to_disk:  # another process of the run saves
             return
-        if not self.save_dir:
-            self.logger.warning(f"Checkpoint {name!r} was not saved: the checkpointer has no save_dir (the folder to "
-                                "save into). Give one: ResilientCheckpointer(model, save_dir=...).")
-            return
+        if not self.save_dir:  # refused, not logged: fvcore's logger may have no handler outside a run
+            raise GwdetValueError(f"Checkpoint {name!r} cannot be saved: the checkpointer has no save_dir (the folder "
+                                  "to save into); nothing was written. Give one: ResilientCheckpointer(model, "
+                                  "save_dir=...).")
         data = {"model": self.model.state_dict(), NORM_TYPES_KEY: norm_types(self.model),
                 NORM_SETTINGS_KEY: norm_settings(self.model)}
         if self.classes:

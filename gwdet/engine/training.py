@@ -37,6 +37,7 @@ from gwdet.data.resumable import skip_trained_samples
 from gwdet.errors import GwdetValueError
 from gwdet.engine.output_dir import set_aside_results, trim_metrics
 from gwdet.engine.run_environment import annotation_files, run_segment
+from gwdet.modeling.build import check_build_state
 
 logger = logging.getLogger(__name__)
 
@@ -116,19 +117,10 @@ def random_streams_kept() -> Iterator[None]:
 
 def check_torch_state(training: bool) -> None:
     """Refuse a run in a process whose torch state a run cannot use, as one's own code or a notebook
-    may leave it: another default dtype than float32 (detectron2's layers and torchvision's
-    operators mix it with the images' float32), the meta device as the default one, or gradients
-    switched off (``inference_mode`` too) for a training."""
-    if torch.get_default_dtype() != torch.float32:
-        raise GwdetValueError(
-            f"torch's default dtype is {torch.get_default_dtype()} in this process (torch.set_default_dtype was called "
-            "before the run): detectron2 would build the model in it and fail on the images' float32. Call "
-            "torch.set_default_dtype(torch.float32) before the run.")
-    if torch.get_default_device().type == "meta":
-        raise GwdetValueError(
-            "torch's default device is meta in this process (torch.set_default_device('meta') was called before the "
-            "run): detectron2 would build the model there, as tensors without values. Call "
-            "torch.set_default_device(None) (or 'cpu') before the run.")
+    may leave it: another default dtype than float32 or the meta device as the default one
+    (:func:`~gwdet.modeling.build.check_build_state`), or gradients switched off (``inference_mode``
+    too) for a training."""
+    check_build_state("the run")
     if training and torch.is_inference_mode_enabled():
         raise GwdetValueError(
             "The run is inside torch.inference_mode() in this process, where no tensor records gradients (even with "

@@ -9,12 +9,12 @@ k-th batch; DBN Algorithm 1 lines 10-11, and batch norm's, which BGN follows).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from torch import nn
 
-from gwdet.errors import GwdetRuntimeError, GwdetValueError
+from gwdet.errors import GwdetRuntimeError, GwdetTypeError, GwdetValueError
 
 from .batch_group_norm import BatchGroupNorm
 from .batch_whitening import BatchWhitening
@@ -51,6 +51,12 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
         model.train()
         with torch.no_grad():
             for batches, batch in enumerate(loader, start=1):
+                if forward is _run_model and isinstance(batch, Mapping):  # a detectron2 model takes a list of them
+                    raise GwdetTypeError(
+                        "update_running_statistics: the loader gave a dict (one image's record, as iterating over a "
+                        "single batch gives), not a batch: give an iterable of batches, each a list of such dicts (a "
+                        "detectron2 loader, itertools.islice of one, or [batch] for one batch). The running statistics "
+                        "are as they were.")
                 for layer in layers:
                     layer.momentum = 1.0 / batches
                 forward(model, batch)

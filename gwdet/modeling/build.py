@@ -107,11 +107,29 @@ def check_scratch_training(frozen_norms: Sequence[str], freeze_at: int, weights_
             f"{weights_setting} to pretrained weights (docs/weights.md).")
 
 
+def check_build_state(when: str) -> None:
+    """Refuse to build a model (``when``: "the run", "the build") in a process whose torch state one's
+    own code or a notebook left unusable for it: another default dtype than float32 (detectron2's
+    layers and torchvision's operators mix it with the images' float32), or the meta device as the
+    default one."""
+    if torch.get_default_dtype() != torch.float32:
+        raise GwdetValueError(
+            f"torch's default dtype is {torch.get_default_dtype()} in this process (torch.set_default_dtype was called "
+            f"before {when}): detectron2 would build the model in it and fail on the images' float32. Call "
+            f"torch.set_default_dtype(torch.float32) before {when}.")
+    if torch.get_default_device().type == "meta":
+        raise GwdetValueError(
+            f"torch's default device is meta in this process (torch.set_default_device('meta') was called before "
+            f"{when}): detectron2 would build the model there, as tensors without values. Call "
+            f"torch.set_default_device(None) (or 'cpu') before {when}.")
+
+
 def build_model(cfg: CfgNode) -> nn.Module:
     """:func:`gwdet.check_gwdet_config` (unless it accepted this config already:
-    :func:`gwdet.config_checks.ensure_checked`), :func:`check_device`, detectron2's ``build_model``, then
-    :func:`gwdet.check_model` (with ``MODEL.STRICT_NORM_GROUPS``)."""
+    :func:`gwdet.config_checks.ensure_checked`), :func:`check_build_state`, :func:`check_device`,
+    detectron2's ``build_model``, then :func:`gwdet.check_model` (with ``MODEL.STRICT_NORM_GROUPS``)."""
     ensure_checked(cfg)
+    check_build_state("the build")
     check_device(cfg.MODEL.DEVICE)
     with named_config_failures(cfg, "build the model"):
         model = detectron2_build_model(cfg)
