@@ -359,7 +359,13 @@ def test_a_base_list_whose_later_base_puts_its_chains_value_back_is_warned_of(tm
     assert cfg.MODEL.GW.NUM_GROUPS != 8 and cfg.SOLVER.MAX_ITER == 7  # fvcore's merge, as it is
     assert len(logged) == 1 and logged[0].startswith(
         f"Config file {str(config)!r}: its _BASE_ 'b.yaml' gives MODEL.GW.NUM_GROUPS the values of its own base chain "
-        f"(MODEL.GW.NUM_GROUPS: {cfg.MODEL.GW.NUM_GROUPS}) over those 'a.yaml' sets (MODEL.GW.NUM_GROUPS: 8)")
+        f"(MODEL.GW.NUM_GROUPS: {cfg.MODEL.GW.NUM_GROUPS}) over those 'a.yaml' gives (MODEL.GW.NUM_GROUPS: 8)")
+    # the earlier base's value from a base of its own: dropped the same way, and warned of (it was not)
+    (tmp_path / "a2.yaml").write_text('_BASE_: "a.yaml"\nTEST:\n  EVAL_PERIOD: 0\n', encoding="utf-8")
+    config.write_text('_BASE_: ["a2.yaml", "b.yaml"]\n', encoding="utf-8")
+    with logged_warnings("gwdet.model_zoo.loading") as logged:
+        build_config(str(config))
+    assert len(logged) == 1 and "over those 'a2.yaml' gives (MODEL.GW.NUM_GROUPS: 8)" in logged[0]
     config.write_text('_BASE_: ["a.yaml", "b.yaml"]\nMODEL:\n  GW:\n    NUM_GROUPS: 8\n', encoding="utf-8")
     with logged_warnings("gwdet.model_zoo.loading") as logged:  # the config itself says which: no word
         assert build_config(str(config)).MODEL.GW.NUM_GROUPS == 8
@@ -650,6 +656,27 @@ def test_an_integer_with_a_leading_zero_in_a_config_file_is_refused(tmp_path, wr
     assert str(refused.value) == (
         f"Config file {str(path)!r} gives {written} at line 6, which YAML reads as the octal number {reads} (a leading "
         f"zero): write {written.lstrip('0')} without the leading zero (or {reads} if the octal value is meant).")
+
+
+def test_a_norm_value_given_per_part_names_the_norms_own_key():
+    # "Did you mean MODEL.BGN.NUM_GROUPS or MODEL.GN.NUM_GROUPS?" for an FPN whose NORM is GW
+    assert refusal("MODEL.FPN.NUM_GROUPS", "8") == (
+        "The KEY VALUE overrides: MODEL.FPN.NUM_GROUPS is not a key of detectron2's or gwdet's config: a norm's values "
+        "are set per norm, not per part. MODEL.FPN.NORM is 'GW', whose num_groups is MODEL.GW.NUM_GROUPS, read by "
+        "every GW layer of the model. For another value at this part only, build the model from a LazyConfig with "
+        "L(gwdet.norm)(name='GW', num_groups=...) there (docs/usage.md).")
+
+
+@pytest.mark.parametrize("written, reads", [("1:2", "62"), ("1:0.5", "60.5")])
+def test_a_number_with_colons_in_a_config_file_is_refused(tmp_path, written, reads):
+    """YAML 1.1 reads it in base 60: ASPECT_RATIOS [[1:2, 1:1, 2:1]] built anchors of ratios 62, 61 and 121."""
+    path = tmp_path / "base60.yaml"
+    path.write_text(f"_BASE_: {DEMO_CONFIG}\nMODEL:\n  ANCHOR_GENERATOR:\n    ASPECT_RATIOS: [[{written}, 1.0]]\n")
+    with pytest.raises(GwdetValueError) as refused:
+        build_config(str(path))
+    assert str(refused.value) == (
+        f"Config file {str(path)!r} gives {written} at line 4, which YAML reads as the base-60 number {reads} (1:30 is "
+        "90, as minutes and seconds): quote it if it is text, or write the number (a ratio such as 1:2 as 0.5).")
 
 
 @pytest.mark.parametrize("opts, message", [

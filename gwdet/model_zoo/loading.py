@@ -29,7 +29,7 @@ from gwdet.errors import GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetVa
 from gwdet.layers.common import check_flag
 from gwdet.model_zoo.lazy_loading import check_config_file_exists, check_override_list, is_lazy_config, load_lazy_config
 from gwdet.model_zoo.model_zoo import configs_dir, get_config_file
-from gwdet.norms import add_registered_config_keys
+from gwdet.norms import add_registered_config_keys, known_norm_names, norm_record
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +128,9 @@ def merge_problem(cfg: CfgNode, error: BaseException) -> str:
                     "detectron2 renamed its keys while upgrading it and this one no longer fits: give the file (and its "
                     "_BASE_) the VERSION of the format they are written in (VERSION: 2 for detectron2's current "
                     "configs), or remove its VERSION line.")
+        per_norm = _norm_value_of_a_part(cfg, key)
+        if per_norm:
+            return per_norm
         last = key.split(".")[-1]  # a key or section at another level (GW: at the top, SOLVER: under MODEL:)
         names = set(flatten_config(cfg))
         names |= {name.rsplit(".", depth)[0] for name in names for depth in range(1, name.count(".") + 1)}
@@ -150,6 +153,25 @@ def merge_problem(cfg: CfgNode, error: BaseException) -> str:
     if "odd length" in text:
         return f"overrides come in KEY VALUE pairs; {text.split(': ', 1)[-1].split(';')[0]} has a key without its value."
     return text
+
+
+def _norm_value_of_a_part(cfg: CfgNode, key: str) -> str:
+    """The words for ``key`` that sets a norm's value beside a part's NORM (``MODEL.FPN.NUM_GROUPS``
+    where ``MODEL.FPN.NORM`` is ``GW``): the norm's own key, which every layer of that norm reads
+    ("" when ``key`` is no such key)."""
+    section, _, leaf = key.rpartition(".")
+    name = flatten_config(cfg).get(f"{section}.NORM")
+    if not isinstance(name, str) or name not in known_norm_names():
+        return ""
+    keys = {param: config_key for param, config_key in norm_record(name).config_keys.items()
+            if config_key.rsplit(".", 1)[-1] == leaf}
+    if not keys:
+        return ""
+    param, own = next(iter(keys.items()))
+    return (f"{key} is not a key of detectron2's or gwdet's config: a norm's values are set per norm, not per part. "
+            f"{section}.NORM is {name!r}, whose {param} is {own}, read by every {name} layer of the model. For "
+            f"another value at this part only, build the model from a LazyConfig with "
+            f"L(gwdet.norm)(name={name!r}, {param}=...) there (docs/usage.md).")
 
 
 def _config_names(cfg: CfgNode) -> set[str]:
@@ -220,7 +242,8 @@ class DuplicateKeyCheckingLoader(yaml.SafeLoader):
 
 def _construct_int(loader: DuplicateKeyCheckingLoader, node: yaml.ScalarNode) -> int:
     """PyYAML's integer, except one written with a leading zero, which YAML 1.1 reads as octal
-    (``MAX_ITER: 010`` trains 8 iterations): refused naming the line, the value and what it reads as."""
+    (``MAX_ITER: 010`` trains 8 iterations), or with colons, which it reads in base 60
+    (``ASPECT_RATIOS: [[1:2]]`` is 62): refused naming the line, the value and what it reads as."""
     value = loader.construct_yaml_int(node)
     if re.fullmatch(r"[-+]?0[0-7_]+", str(node.value)):
         path = loader.path or str(loader.name)
@@ -228,10 +251,30 @@ def _construct_int(loader: DuplicateKeyCheckingLoader, node: yaml.ScalarNode) ->
             f"Config file {path!r} gives {node.value} at line {node.start_mark.line + 1}, which YAML reads as the octal "
             f"number {value} (a leading zero): write {str(node.value).lstrip('+-0_') or '0'} without the leading zero "
             f"(or {value} if the octal value is meant).")
+    _refuse_base_60(loader, node, value)
     return value
 
 
+def _construct_float(loader: DuplicateKeyCheckingLoader, node: yaml.ScalarNode) -> float:
+    """PyYAML's float, except one written with colons, which YAML 1.1 reads in base 60 (``1:0.5``
+    is 60.5): refused as :func:`_construct_int` refuses such an integer."""
+    value = loader.construct_yaml_float(node)
+    _refuse_base_60(loader, node, value)
+    return value
+
+
+def _refuse_base_60(loader: DuplicateKeyCheckingLoader, node: yaml.ScalarNode, value: float) -> None:
+    """Refuse a number written with colons (YAML 1.1's base 60: ``1:30`` is 90), naming its line."""
+    if ":" in str(node.value):
+        path = loader.path or str(loader.name)
+        raise GwdetValueError(
+            f"Config file {path!r} gives {node.value} at line {node.start_mark.line + 1}, which YAML reads as the "
+            f"base-60 number {value:g} (1:30 is 90, as minutes and seconds): quote it if it is text, or write the number "
+            f"(a ratio such as 1:2 as 0.5).")
+
+
 DuplicateKeyCheckingLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+DuplicateKeyCheckingLoader.add_constructor("tag:yaml.org,2002:float", _construct_float)
 
 
 class PythonTagError(GwdetValueError):
@@ -337,8 +380,9 @@ def warn_of_bases_overridden_by_their_own_bases(config_file: str, content: Mappi
     """A warning for a ``_BASE_`` list whose later base, through a base of its own (one the bases
     share, say), gives a key another value than an earlier base sets: fvcore merges each base with
     its whole chain in order, so the earlier base's value is dropped (``[a.yaml, b.yaml]``, both on
-    the demo: b's chain puts the demo's group number back over a's). Keys the config itself sets,
-    and values a later base sets in its own file, are what the user wrote last: no warning."""
+    the demo: b's chain puts the demo's group number back over a's, which a may set itself or
+    through a base of its own). Keys the config itself sets, and values a later base sets in its own
+    file, are what the user wrote last: no warning."""
     bases = _base_paths(config_file, content)
     if len(bases) < 2:
         return
@@ -355,14 +399,14 @@ def warn_of_bases_overridden_by_their_own_bases(config_file: str, content: Mappi
     for later in range(1, len(bases)):
         for earlier in range(later):
             dropped = sorted(key for key, value in chains[earlier].items()
-                             if key in files[earlier] and key not in own and key not in files[later]
+                             if key not in own and key not in files[later]
                              and key in chains[later] and chains[later][key] != value)
             if dropped:
                 key = dropped[0]
                 logger.warning(
                     f"Config file {config_file!r}: its {BASE_KEY} {bases[later][0]!r} gives {listed(dropped, 3)} the "
                     f"values of its own base chain ({key}: {chains[later][key]!r}) over those {bases[earlier][0]!r} "
-                    f"sets ({key}: {chains[earlier][key]!r}), as fvcore merges each base with its chain in order. Set "
+                    f"gives ({key}: {chains[earlier][key]!r}), as fvcore merges each base with its chain in order. Set "
                     "them in the config itself to keep them.")
 
 
