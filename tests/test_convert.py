@@ -355,7 +355,8 @@ def test_incomplete_checkpoint_is_refused():
 
 def test_basic_block_resnet_is_refused():
     state_dict = torchvision.models.resnet18(weights=None).state_dict()
-    with pytest.raises(ConversionError, match="basic-block ResNet"):
+    with pytest.raises(ConversionError, match=r"basic-block ResNet .*converts the bottleneck architectures of the papers. "
+                                              r"models only .*gwdet builds ResNet-18/34 backbones, with GW at S1, B1"):
         convert_state_dict(in_memory(state_dict))
 
 

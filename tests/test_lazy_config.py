@@ -99,6 +99,11 @@ def test_place_norm_refuses_a_norm_callable_that_gives_no_layer_and_a_resnet_not
                                         "nothing was replaced"):
         place_norm(resnet, positions="S1-B2", norm=lambda channels: None)
     assert resnet.stem.conv1.norm is before
+    # a layer given where its builder belongs: torch's "'int' object has no attribute 'dim'" from its forward
+    with pytest.raises(TypeError, match=r"^place_norm: norm=BatchNorm2d\(64, .*\) is a layer, not what builds one for "
+                                        r"each position; nothing was replaced. .*or the class BatchNorm2d itself.$"):
+        place_norm(resnet, positions="S1-B2", norm=torch.nn.BatchNorm2d(64))
+    assert resnet.stem.conv1.norm is before
     torchvision = pytest.importorskip("torchvision")
     with pytest.raises(TypeError, match=r"place_norm takes detectron2's ResNet .*, got torchvision.models.resnet.ResNet. "
                                         r"A torchvision ResNet takes its norm when built"):

@@ -1122,6 +1122,13 @@ def test_an_evaluation_from_python_keeps_a_finished_runs_detections(finished_run
                                               r"of its own \(Trainer.test\(cfg, model, evaluators="):
         Trainer.test(cfg, Trainer.build_model(cfg))
     assert detections.read_bytes() == before
+    # a run trained from one's own code writes no results.json: its detections, as new as its model_final.pth, too
+    (run / "results.json").unlink()
+    with pytest.raises(FileExistsError, match=r"holds the detections of the finished run in .* \(coco_instances_"
+                                              r"results.json.*its evaluation of model_final.pth\): this evaluation would "
+                                              r"replace them"):
+        Trainer.test(cfg, Trainer.build_model(cfg))
+    assert detections.read_bytes() == before
 
 
 def test_a_resume_from_a_checkpoint_slimmed_to_its_weights_is_refused(tmp_path):

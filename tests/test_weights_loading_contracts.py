@@ -176,6 +176,17 @@ def test_every_input_difference_is_named_with_the_settings_to_set(r50_to_res3):
         "(configs/Base-RCNN-FPN.yaml sets all of them), or load weights converted for this input.")
 
 
+def test_a_lazyconfig_runs_input_differences_are_named_by_its_keys(r50_to_res3):
+    # a LazyConfig run was told to set MODEL.PIXEL_MEAN / MODEL.PIXEL_STD, yacs keys it has not
+    model = Detector(r50_to_res3, "BGR", [103.53, 116.28, 123.675], [1.0, 1.0, 1.0])
+    with pytest.raises(ValueError) as refused:
+        check_weights_fit_model({"input": TORCHVISION_INPUT}, model, lazy=True)
+    assert str(refused.value).endswith(
+        "Set model.input_format='RGB' model.pixel_mean=[123.675, 116.28, 103.53] "
+        "model.pixel_std=[58.395, 57.12, 57.375] the ResNet's stages.stride_in_1x1=False "
+        "(configs/LazyConfig/mask_rcnn_R_50_FPN_gw.py sets all of them), or load weights converted for this input.")
+
+
 def test_the_model_pixel_values_are_shown_to_three_decimals(r50):
     model = Detector(r50, "RGB", [127.12345, 116.28, 103.53], TORCHVISION_INPUT["pixel_std"])
     assert "MODEL.PIXEL_MEAN is [127.123, 116.28, 103.53], the weights expect [123.675, 116.28, 103.53]. " \

@@ -41,10 +41,18 @@ def _resnet_of(model: torch.nn.Module) -> ResNet | None:
     return next((m for m in model.modules() if isinstance(m, ResNet)), None)
 
 
-def _check_input_format(expected: Mapping, model: torch.nn.Module, resnet: ResNet) -> None:
+# The input settings of the converted weights' check as a LazyConfig names them (gwdet's and
+# detectron2's: model.*; the ResNet's stages where gwdet's LazyConfigs build them)
+LAZY_INPUT_SETTINGS = {"INPUT.FORMAT": "model.input_format", "MODEL.PIXEL_MEAN": "model.pixel_mean",
+                       "MODEL.PIXEL_STD": "model.pixel_std",
+                       "MODEL.RESNETS.STRIDE_IN_1X1": "the ResNet's stages.stride_in_1x1"}
+
+
+def _check_input_format(expected: Mapping, model: torch.nn.Module, resnet: ResNet, lazy: bool) -> None:
     """``ValueError`` naming the keys to set when ``model`` feeds its ResNet images otherwise than
     the converted weights expect (colour order, pixel mean and std, stride in the 1x1 or 3x3 conv):
-    such weights would load and train, on inputs they were never trained on."""
+    such weights would load and train, on inputs they were never trained on. ``lazy``: named as a
+    LazyConfig's values (:data:`LAZY_INPUT_SETTINGS`)."""
     found: dict[str, Any] = {}
     if hasattr(model, "input_format"):
         found["INPUT.FORMAT"] = model.input_format
@@ -68,11 +76,16 @@ def _check_input_format(expected: Mapping, model: torch.nn.Module, resnet: ResNe
         if not same:
             differing.append((key, found[key], value))
     if differing:
+        if lazy:
+            differing = [(LAZY_INPUT_SETTINGS[key], now, want) for key, now, want in differing]
+        where = ("configs/LazyConfig/mask_rcnn_R_50_FPN_gw.py sets all of them" if lazy else
+                 "configs/Base-RCNN-FPN.yaml sets all of them")
         raise GwdetValueError(
             "The weights were converted for images fed as torchvision feeds them, but the model differs: "
             + "; ".join(f"{key} is {now!r}, the weights expect {want!r}" for key, now, want in differing)
-            + ". Set " + " ".join(f"{key} {want!r}" for key, _, want in differing)
-            + " (configs/Base-RCNN-FPN.yaml sets all of them), or load weights converted for this input.")
+            + ". Set " + (" ".join(f"{key}={want!r}" for key, _, want in differing) if lazy else
+                          " ".join(f"{key} {want!r}" for key, _, want in differing))
+            + f" ({where}), or load weights converted for this input.")
 
 
 # What the norms outside GW of a converted file are ("norm" of its record), and what that needs of
@@ -134,7 +147,7 @@ def check_weights_fit_model(metadata: Mapping, model: torch.nn.Module, lazy: boo
                 f"{arch.width_per_group}, or load the weights converted for this architecture."
             )
     if isinstance(metadata.get(INPUT_FIELD), Mapping):
-        _check_input_format(metadata[INPUT_FIELD], model, resnet)
+        _check_input_format(metadata[INPUT_FIELD], model, resnet, lazy)
     if GW_POSITIONS_FIELD in metadata:
         _check_gw_positions(parse_gw_positions(metadata[GW_POSITIONS_FIELD]), resnet, model,
                             LAZY_PLACEMENT if lazy else YACS_PLACEMENT)

@@ -25,9 +25,11 @@ def check_bottleneck_blocks(layout: SourceLayout) -> None:
     """Raise for a basic-block ResNet (ResNet-18/34), which no supported architecture is."""
     if "res2.0.conv3.weight" not in layout.convs:
         raise ConversionError(
-            "this is a basic-block ResNet (ResNet-18/34: no layer1.0.conv3). gwdet's GW "
-            "positions and the supported architectures need bottleneck blocks: use a "
-            f"checkpoint of {', '.join(ARCHITECTURES)}."
+            "this is a basic-block ResNet (ResNet-18/34: no layer1.0.conv3), and the converter converts the "
+            f"bottleneck architectures of the papers' models only ({', '.join(ARCHITECTURES)}): use a checkpoint of "
+            "one of them. (gwdet builds ResNet-18/34 backbones, with GW at S1, B1, B2 and B12, but converts no "
+            "weights for them: train them from scratch, or convert a BN ResNet-18/34 with detectron2's "
+            "tools/convert-torchvision-to-d2.py for a model without GW.)"
         )
 
 

@@ -71,6 +71,7 @@ from gwdet.utils.atomic import (
 from gwdet.utils.cli_errors import as_override, link_dotdot_problem, output_path_problem, unexpanded_variable_problem
 
 LOCK_NAME = ".gwdet.lock"
+FINAL_WEIGHTS = "model_final.pth"  # what detectron2's periodic checkpointer saves at the end
 CONFIG_NAME = "config.yaml"  # detectron2's default_setup writes the run's config here
 # Files and folders of a run that a new run would replace or append to (config.yaml and
 # results.json with the SHA-256 recorded beside them, gwdet.utils.atomic).
@@ -1212,13 +1213,19 @@ def check_run_detections_kept(folder: str, output_dir: str, fix: str) -> None:
     that would write its detections into ``folder`` where they are the finished run's in
     ``output_dir`` (its ``inference/``, which its ``results.json`` describes); ``fix`` says where to
     write instead. A training's own evaluations write before the run's results exist, and the tools
-    evaluate into folders of their own."""
+    evaluate into folders of their own. A run without ``results.json`` (trained from one's own code)
+    is finished where its detections are as new as its ``model_final.pth`` (its final evaluation)."""
     inference = os.path.realpath(os.path.join(output_dir, INFERENCE_FOLDER))
     if os.path.commonpath([os.path.realpath(folder), inference]) != inference:
         return  # a folder of the evaluation's own (a study's batch_statistics/, a tool's eval/): not the run's
     held = [name for name in EVALUATOR_FILES if os.path.isfile(os.path.join(folder, name))]
-    if held and os.path.isfile(os.path.join(output_dir, RESULTS_JSON)):
+    final = os.path.join(output_dir, FINAL_WEIGHTS)
+    # a run trained from one's own code writes no results.json: its final evaluation comes after model_final.pth
+    finals = os.path.isfile(final) and any(os.path.getmtime(os.path.join(folder, name)) >= os.path.getmtime(final)
+                                           for name in held)
+    if held and (os.path.isfile(os.path.join(output_dir, RESULTS_JSON)) or finals):
+        described = f"which its {RESULTS_JSON} describes" if not finals else f"its evaluation of {FINAL_WEIGHTS}"
         raise GwdetFileExistsError(
             f"The evaluation writes into {folder}, which holds the detections of the finished run in {output_dir} "
-            f"({', '.join(held)}, which its {RESULTS_JSON} describes): this evaluation would replace them; nothing was "
+            f"({', '.join(held)}, {described}): this evaluation would replace them; nothing was "
             f"evaluated. {fix}")

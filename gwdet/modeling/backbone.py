@@ -62,6 +62,10 @@ def _place_norm(resnet: ResNet, positions: str, norm: Any, freeze_at: int, refus
     """:func:`place_norm`; ``refuse_frozen_statistics``: refuse norms with running statistics in the
     frozen stages (:func:`_check_frozen_statistics`; a yacs config is checked by its keys before
     training instead, which leaves an evaluation, where freezing changes nothing, alone)."""
+    if isinstance(norm, nn.Module):  # callable, but its forward takes a tensor, not a channel count
+        raise GwdetTypeError(f"place_norm: norm={norm!r} is a layer, not what builds one for each position; nothing "
+                             "was replaced. Give a name or a callable that returns a new layer for a channel count: "
+                             f"gwdet.norm('GW', num_groups=64), or the class {type(norm).__name__} itself.")
     _check_placement(resnet, norm, freeze_at)
     convs = list(convs_at_positions(resnet, parse_gw_positions(positions, "positions of gwdet.modeling.place_norm")))
     layers = [get_norm(norm, conv.out_channels) for conv in convs]

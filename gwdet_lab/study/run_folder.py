@@ -38,13 +38,12 @@ from typing import IO, Any, Mapping
 
 from gwdet.errors import GwdetError
 from gwdet.utils.atomic import CHECKSUM_SUFFIX, checksum_path, checksum_problem, write_text_with_checksum
-from gwdet.engine.output_dir import metrics_record
+from gwdet.engine.output_dir import FINAL_WEIGHTS, metrics_record
 from gwdet.engine.run_environment import ENVIRONMENT_KEY
 from gwdet.engine.run import RESULTS_JSON
 
 METRICS_JSON = "metrics.json"
 LAST_CHECKPOINT = "last_checkpoint"
-FINAL_WEIGHTS = "model_final.pth"
 DETECTRON2_LOG = "log.txt"
 RECORD_JSON = "study_cell.json"
 EXAMPLE_WEIGHING_JSON = "example_weighing.json"
