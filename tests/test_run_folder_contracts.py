@@ -874,6 +874,20 @@ def test_folders_named_like_a_runs_holding_the_users_files_are_not_called_a_run(
     assert sorted(os.listdir(tmp_path / "vis")) == ["000.png", "mine.txt"]
 
 
+def test_a_folder_of_drawings_named_as_a_runs_but_no_run_is_kept(tmp_path):
+    # vis/000000.png of the user's own, nothing else: "a run that stopped before its first checkpoint ... pass
+    # --overwrite", which deleted it
+    make(tmp_path, "vis/000000.png")
+    for overwrite in (False, True):
+        with pytest.raises(FileExistsError, match=r"holds vis, named as a run's folders, with files named as a run "
+                                                  r"writes them \(vis/000000.png\), but nothing there shows that a run "
+                                                  r"of gwdet wrote them .*--overwrite would not delete them either"):
+            check_fresh_start(str(tmp_path), overwrite=overwrite)
+    assert os.listdir(tmp_path / "vis") == ["000000.png"]
+    (tmp_path / "vis" / "000000.png").unlink()
+    check_fresh_start(str(tmp_path), overwrite=True)  # an empty folder: nothing of anyone's to keep
+
+
 def test_a_resumed_training_records_what_each_stretch_of_its_iterations_ran_with(tmp_path):
     # results.json's environment showed only the last stretch's values (an accelerator plan for a run
     # whose first iterations used the cpu plan, 1 process for a run of 2)

@@ -335,6 +335,7 @@ def test_eval_only_neither_reads_nor_checks_the_training_sets(finished_run, tmp_
     assert f"(SHA-256 {digest})" in markdown
     # the test settings the results were evaluated with (the run's config.yaml has 0.05)
     assert "`MODEL.ROI_HEADS.SCORE_THRESH_TEST 0.01`" in markdown and "`INPUT.MIN_SIZE_TEST " in markdown
+    assert "`MODEL.RPN.NMS_THRESH 0.7`" in markdown  # the proposals' NMS, which changed the AP unnamed
     with pytest.raises(FileNotFoundError, match="Dataset 'coco_2017_train': its json_file"):
         main(tiny_run_args(tmp_path / "train", "DATASETS.TRAIN", "('coco_2017_train',)", "DATASETS.TEST", "()",
                            "MODEL.ROI_HEADS.NUM_CLASSES", "80"))

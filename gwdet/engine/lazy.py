@@ -442,7 +442,8 @@ class LazyRun(RunConfig):
         flat = flatten_config(saved_tree(self.cfg))
         return {key: value for key, value in flat.items()
                 if key == TEST_AUGMENTATIONS or key.startswith("model.")
-                and (key.rsplit(".", 1)[-1].startswith("test_") or key.endswith("_nms_topk"))}
+                and (key.rsplit(".", 1)[-1].startswith("test_") or key.endswith("_nms_topk")
+                     or key == "model.proposal_generator.nms_thresh")}
 
     def with_target(self, weights: str, output_dir: str) -> "LazyRun":
         self.cfg.train.init_checkpoint, self.cfg.train.output_dir = weights, output_dir

@@ -228,6 +228,16 @@ def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_D
             f"a run's folders, with files no run of gwdet writes ({listed(foreign, 5)}), and nothing there shows a run "
             f"(no recorded {CONFIG_NAME} or {RESULTS_JSON}, no checkpoint); --overwrite would not delete them either, "
             f"and nothing was changed. Move them out of {setting}, or train into another {setting}.")
+    folders = [name for name in existing if name in RUN_FOLDERS]
+    alike = [] if shows_run else [os.path.relpath(os.path.join(root, name), output_dir) for folder in folders
+                                  for root, _, files in os.walk(os.path.join(output_dir, folder)) for name in files]
+    if alike:  # a run records its config before it writes anything there: these may be the user's own
+        raise GwdetFileExistsError(
+            f"{setting} {output_dir!r} holds {listed(folders, 5)}, named as a run's folders, with files named as a run "
+            f"writes them ({listed(sorted(alike), 5)}), but nothing there shows that a run of gwdet wrote them (no "
+            f"recorded {CONFIG_NAME} or {RESULTS_JSON}, no checkpoint: a run records its config first); --overwrite "
+            f"would not delete them either, and nothing was changed. Move them out of {setting}, or train into another "
+            f"{setting}.")
     if shows_run:  # the logs of the run shown there (its other processes' too)
         logs = [name for name in os.listdir(output_dir) if (name == LOG_NAME or RANK_LOG.match(name))
                 and os.path.isfile(os.path.join(output_dir, name))]

@@ -122,8 +122,8 @@ class RunConfig(ABC):
     @property
     @abstractmethod
     def test_settings(self) -> dict[str, Any]:
-        """The settings an evaluation reads and training does not (the test images' size, the
-        detections' thresholds and numbers), by key, as results.md lists them."""
+        """The settings that change an evaluation of given weights (the test images' size, the
+        detections' thresholds and numbers, the proposals' NMS), by key, as results.md lists them."""
     vis_setting: ClassVar[str]  # the setting of the number of prediction drawings
     test_setting: ClassVar[str]  # the setting that names the test set(s)
 

@@ -423,7 +423,7 @@ class YacsRun(RunConfig):
         if "RetinaNet" in cfg.MODEL.META_ARCHITECTURE:
             heads = [f"MODEL.RETINANET.{key}" for key in ("SCORE_THRESH_TEST", "NMS_THRESH_TEST", "TOPK_CANDIDATES_TEST")]
         else:
-            heads = [*(f"MODEL.RPN.{key}" for key in ("PRE_NMS_TOPK_TEST", "POST_NMS_TOPK_TEST")),
+            heads = [*(f"MODEL.RPN.{key}" for key in ("PRE_NMS_TOPK_TEST", "POST_NMS_TOPK_TEST", "NMS_THRESH")),
                      *(f"MODEL.ROI_HEADS.{key}" for key in ("SCORE_THRESH_TEST", "NMS_THRESH_TEST"))]
         keys = ["INPUT.MIN_SIZE_TEST", "INPUT.MAX_SIZE_TEST", *heads, "TEST.DETECTIONS_PER_IMAGE"]
         return {key: config_value(cfg, key) for key in keys}
