@@ -140,6 +140,9 @@ def test_records_with_flags_of_a_training_or_another_studys_title_are_refused(tm
     for flags, message in ((["--opts", "SOLVER.MAX_ITER", "999"], "--opts: --records reports the cells as their "
                                                                   "records hold them"),
                            (["--configs", "gw=configs/Study/gw.yaml", "--seeds", "0"], "--configs, --seeds: "),
+                           # accepted, and the report byte for byte the default one
+                           (["--no-example-weighing", "--dataset", "coco"], "--dataset, --no-example-weighing: "
+                                                                            "--records reports the cells as"),
                            (["--study", "heads"], "--study heads --records " + str(records) + ": gw-b2-s3 are not "
                                                   "cells of that study")):
         with pytest.raises(SystemExit) as exit_:
@@ -395,6 +398,11 @@ def test_over_training_report_from_records(tmp_path, capsys):
     assert "| gn-b2-s3 | 10.00 | 55.70 |" in table and "| gw-b2-s3 | 8.00 | 56.10 |" in table
     assert "| gw-b2-s3 | GW | 56.10 | 71.00 | – | – |" in table and "shapes_train_first200" in table
     assert (tmp_path / "report" / "ap_over_training.png").stat().st_size > 1000
+    # --subset with --records: the records' 200-image subset reported without a word
+    with pytest.raises(SystemExit):
+        over_training(["--records", str(tmp_path / "records"), "--cells", "gw-b2-s3", "--subset", "50",
+                       "--out", str(tmp_path / "o1")])
+    assert "--subset 50: --records reports what the records hold" in capsys.readouterr().err
     # measured while the cell trained (its last checkpoint then 3500): reported as its final weights before
     partial = tmp_path / "records" / "gw-b2-s3" / "over_training.json"
     write_text_with_checksum(str(partial), json.dumps({"key": {"checkpoints": [500, 3500], "subset": 200, "batch_size": 2},
@@ -408,7 +416,7 @@ def test_over_training_report_from_records(tmp_path, capsys):
     with pytest.raises(SystemExit):
         over_training(["--runs", str(tmp_path / "records"), "--cells", "gw-b2-s3", "--out", str(tmp_path / "o3")])
     assert "gw-b2-s3 have not finished training (no model_final.pth" in capsys.readouterr().err
-    assert not (tmp_path / "o2").exists() and not (tmp_path / "o3").exists()
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists() and not (tmp_path / "o3").exists()
 
 
 def test_exporting_records_keeps_the_users_files_and_never_exports_a_folder_onto_itself(tmp_path):

@@ -254,11 +254,13 @@ def _run_study(argv: list[str], repo_root: Path) -> int:
     out_dir = Path(args.out).resolve()
     if args.records:
         given = [flag for flag, value in (("--configs", args.configs), ("--extra", args.extra), ("--opts", args.opts),
-                                          ("--seeds", args.seeds), ("--batch-sizes", args.batch_sizes)) if value]
+                                          ("--seeds", args.seeds), ("--batch-sizes", args.batch_sizes),
+                                          ("--dataset", args.dataset != parser.get_default("dataset")),
+                                          ("--no-example-weighing", args.no_example_weighing)) if value]
         if given:
             parser.error(f"{', '.join(given)}: --records reports the cells as their records hold them (configs, "
-                         "overrides, seeds, batch sizes) and trains nothing, so these would not apply; drop them "
-                         "(--only picks recorded cells).")
+                         "overrides, seeds, batch sizes, datasets, the evaluations they ran) and trains nothing, so "
+                         "these would not apply; drop them (--only picks recorded cells).")
         if args.list:  # what the records hold; no report (it wrote one into --out's default)
             list_cells(recorded_cells(Path(args.records), args.only), weights)
             return 0

@@ -206,6 +206,10 @@ def _over_training(argv: list[str]) -> int:
     if problem:
         raise GwdetValueError(problem)
     if args.records:
+        if args.subset != parser.get_default("subset"):  # the records' subset is the one they were measured on
+            raise GwdetValueError(f"--subset {args.subset}: --records reports what the records hold, measured on the "
+                                  "subset they were measured on, so it would not apply; drop it (it is read with "
+                                  "--runs, which evaluates the checkpoints again).")
         recorded = recorded_cells(Path(args.records), args.cells, only_flag="--cells")
         cells = [(p, p.folder.read_json(OVER_TRAINING_JSON, null_is_nan=True)) for p in recorded]
         missing = [p.cell.name for p, done in cells if "val_box_ap" not in done]
