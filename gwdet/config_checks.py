@@ -32,7 +32,7 @@ from gwdet.errors import GwdetError, GwdetValueError
 from gwdet.layers.common import is_finite_number, is_whole_number
 from gwdet.config import (add_gwdet_config, check_config_values, config_default, config_value, flatten_config,
                           require_gwdet_config)
-from gwdet.norms import (DETECTRON2_GN_GROUPS, OWN_NAMES_NOTE, UnknownNormError, detectron2_builds_as_configured,
+from gwdet.norms import (DETECTRON2_GN_GROUPS, OWN_NAMES_NOTE, UnknownNormError, spawned_process_note, detectron2_builds_as_configured,
                          known_norm_names, norm_records, norm_record)
 from gwdet.positions import BLOCK_CONV_OF_POSITION, backbone_reads_gw_positions, parse_gw_positions
 
@@ -213,8 +213,10 @@ def _unknown_names(cfg: CfgNode) -> tuple[list[_Problem], set[str]]:
         name = _value(cfg, key)
         if name and name not in known_norm_names():
             unknown.add(key)
+            note = spawned_process_note()
             problems.append(_Problem(f"{key}={name!r} is not a known norm name: fix the name, or register it "
-                                     f"with gwdet.register_norm ({OWN_NAMES_NOTE})", None))
+                                     f"with gwdet.register_norm ({OWN_NAMES_NOTE})" + (f".{note}" if note else ""),
+                                     None))
     return problems, unknown
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import multiprocessing
 from collections import defaultdict
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -337,6 +338,17 @@ OWN_NAMES_NOTE = ("a name registered in your own code is known only to the proce
                   "that registers it first, or with the LazyConfig .py that registers it, docs/usage.md")
 
 
+def spawned_process_note() -> str:
+    """In a process the launcher started (``--num-gpus``, ``--num-machines``: Python's
+    multiprocessing spawn), why a name or key registered in one's own script may be missing there;
+    "" in any other process."""
+    if multiprocessing.parent_process() is None:
+        return ""
+    return (" This process was started by the launcher (--num-gpus, --num-machines): it imports your script anew "
+            "without running its `if __name__ == \"__main__\":` block, so a gwdet.register_norm call inside that "
+            "block does not reach it: register the name at the script's top level.")
+
+
 def known_norm_names() -> list[str]:
     """Every name :func:`norm` accepts, sorted (detectron2's, gwdet's and registered ones)."""
     return sorted(_RECORDS)
@@ -373,6 +385,7 @@ def norm_record(name: str) -> NormRecord:
     raise UnknownNormError(
         f"Unknown norm name {name!r}. Known names: {', '.join(known_norm_names())}. Fix the "
         f"NORM value, or register the name with gwdet.register_norm(name, build) ({OWN_NAMES_NOTE})."
+        + spawned_process_note()
     )
 
 

@@ -641,3 +641,23 @@ def test_a_registered_names_value_refused_by_its_config_key_names_the_key(regist
     with pytest.raises(ValueError, match=r"groups of norm 'TestEpsOfGroups' \(read from MODEL.GW.NUM_GROUPS\) must be "
                                          r"an integer >= 1, got 0"):
         norm_from_config("TestEpsOfGroups", cfg)
+
+
+def test_a_name_unknown_in_a_process_the_launcher_started_names_the_main_block(monkeypatch):
+    # a registration under `if __name__ == "__main__":` does not run in --num-gpus' processes, which were told
+    # to "register it with a script of your own", as they had
+    import multiprocessing
+
+    from gwdet.model_zoo import build_config
+
+    with pytest.raises(ValueError) as refused:
+        build_config("configs/Demo/mask_rcnn_R_50_FPN_gw_shapes.yaml", ["MODEL.RESNETS.NORM", "MyNeverRegistered"])
+    assert "This process was started by the launcher" not in str(refused.value)
+    monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())  # as in a spawned process
+    with pytest.raises(ValueError) as refused:
+        build_config("configs/Demo/mask_rcnn_R_50_FPN_gw_shapes.yaml", ["MODEL.RESNETS.NORM", "MyNeverRegistered"])
+    assert ("docs/usage.md). This process was started by the launcher (--num-gpus, --num-machines): it imports your "
+            "script anew without running its `if __name__ == \"__main__\":` block, so a gwdet.register_norm call inside "
+            "that block does not reach it: register the name at the script's top level.") in str(refused.value)
+    with pytest.raises(UnknownNormError, match="register the name at the script's top level"):
+        norm("MyNeverRegistered")

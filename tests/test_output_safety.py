@@ -1101,6 +1101,10 @@ def test_gwdets_trainers_from_python_check_the_request_as_the_tools_do(finished_
     with pytest.raises(ValueError, match=rf"--resume: the run in .* trained with SEED {saved.SEED}, this config gives "
                                          rf"{saved.SEED + 5}"):
         Trainer(reseeded).resume_or_load(resume=True)
+    trainer = Trainer(cfg)  # a second train() of a trainer that finished: detectron2's "'EvalHook' object has no
+    trainer.iter = trainer.max_iter  # attribute '_func'" (its hooks let go of what they ran)
+    with pytest.raises(ValueError, match=r"^This trainer has trained its \d+ iterations already \(train\(\) returned\)"):
+        trainer.train()
     (run / "config.yaml").unlink()  # a run trained from one's own code, without detectron2's default_setup
     (run / "config.yaml.sha256").unlink(missing_ok=True)
     with caplog.at_level("WARNING"):

@@ -134,8 +134,15 @@ def check_torch_state(training: bool) -> None:
 
 
 def check_not_over_another_run(trainer: Any) -> None:
-    """Before a trainer of gwdet's trains without ``resume_or_load`` (which checks it): refused where
-    its output folder holds another run's checkpoints, which the training would replace."""
+    """Before a trainer of gwdet's trains: refused where it has trained its iterations already (a
+    second ``train()``, which detectron2's hooks cannot run again), and, without ``resume_or_load``
+    (which checks it), where its output folder holds another run's checkpoints, which the training
+    would replace."""
+    if trainer.iter >= trainer.max_iter > 0:
+        raise GwdetValueError(
+            f"This trainer has trained its {trainer.max_iter} iterations already (train() returned); its hooks "
+            "cannot run again. To train further, build a new trainer with more iterations and call "
+            "resume_or_load(resume=True) before train().")
     checkpointer = getattr(trainer, "checkpointer", None)
     if isinstance(checkpointer, ResilientCheckpointer) and not checkpointer.started:
         checkpointer.check_no_earlier_run()

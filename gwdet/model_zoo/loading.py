@@ -29,7 +29,7 @@ from gwdet.errors import GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetVa
 from gwdet.layers.common import check_flag
 from gwdet.model_zoo.lazy_loading import check_config_file_exists, check_override_list, is_lazy_config, load_lazy_config
 from gwdet.model_zoo.model_zoo import configs_dir, get_config_file
-from gwdet.norms import add_registered_config_keys, known_norm_names, norm_record
+from gwdet.norms import add_registered_config_keys, known_norm_names, norm_record, spawned_process_note
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def merge_problem(cfg: CfgNode, error: BaseException) -> str:
         close = [*placed[:2], *(name for name in close if name not in placed)][:3]
         hint = f" Did you mean {' or '.join(close)}?" if close else ""
         return (f"{key} is not a key of detectron2's or gwdet's config.{hint} (A project's own keys are added "
-                "by its add_*_config function before the config is read.)")
+                "by its add_*_config function before the config is read.)" + spawned_process_note())
     wrong = _WRONG_TYPE.search(text)
     if wrong:
         expected, given, default, value, key = wrong.groups()
