@@ -169,6 +169,10 @@ def test_conditioning_refuses_counts_it_cannot_use_before_any_work(tmp_path, cap
     (["capacity", "--width", "24"], "--groups 16, 64, 128: each group number must divide --width 24"),
     (["capacity", "--quick", "--width", "6", "--groups", "1,2"], "--width 6: the batch-size sweep's GN and GW use 4 "
                                                                    "groups"),
+    # no batch drawn (chance accuracy reported as trained at batch 5000); a table titled with 5000 images of 128
+    (["capacity", "--quick", "--batch-sizes", "5000"], "--batch-sizes 5000: the sweeps train on 128 digits images"),
+    (["capacity", "--quick", "--random-samples", "5000"], "--random-samples 5000: the sweeps train on 128 digits "
+                                                          "images (--quick), so a batch or sample of more than 128"),
 ])
 def test_constraints_and_capacity_refuse_flags_they_cannot_use_before_any_work(tmp_path, capsys, flags, message):
     with pytest.raises(SystemExit) as refused:
@@ -206,6 +210,21 @@ def test_percents_outside_the_spectrum_are_named_by_the_flag(tmp_path, capsys, p
     err = capsys.readouterr().err
     assert refused.value.code == 2 and "argument --percents: give fractions in (0, 1] of the eigenvalues kept" in err
     assert not (tmp_path / "conditioning").exists()
+
+
+def test_percents_of_one_label_are_refused_and_a_rerun_removes_the_earlier_figures(tmp_path, capsys):
+    # 0.9,0.905: two columns labelled kappa_90%, one kappa_90.png over the other; a rerun with other
+    # --percents left the earlier kappa_80.png beside the new table
+    with pytest.raises(SystemExit) as refused:
+        main(["conditioning", "--out", str(tmp_path), "--percents", "0.9,0.905"])
+    assert refused.value.code == 2 and "'0.9,0.905' names 90%, 90%: the tables and figures name each fraction in " \
+        "whole percent" in capsys.readouterr().err
+    args = ["--dim", "8", "--samples", "16", "--groups", "1,2", "--depths", "1", "--activations", "linear",
+            "--seeds", "1"]
+    assert main(["conditioning", "--out", str(tmp_path), *args, "--percents", "0.9,0.8"]) == 0
+    assert main(["conditioning", "--out", str(tmp_path), *args, "--percents", "0.7"]) == 0
+    assert sorted(path.name for path in (tmp_path / "conditioning").glob("*.png")) == ["kappa_70.png"]
+    assert "removed the earlier run's figures kappa_80.png, kappa_90.png" in capsys.readouterr().out
 
 
 def test_a_table_the_tool_did_not_write_is_never_replaced(tmp_path, capsys):

@@ -227,8 +227,16 @@ def run_capacity(out: str | Path, setting: CapacitySetting) -> list[Path]:
     """Run the three sweeps; write ``<out>/capacity/{batch_size,group_number,random_labels}.png``
     and ``table.md``."""
     s = setting
+    data = load_digits_split(s.seed, s.train_samples)
+    images = len(data.x_train)
+    too_large = [f"{flag} {value}" for flag, value in (("--batch-sizes", max(s.batch_sizes)),
+                                                       ("--random-samples", s.random_label_samples)) if value > images]
+    if too_large:  # no batch would be drawn (chance accuracy reported as trained), or fewer images than titled
+        raise GwdetValueError(f"{' and '.join(too_large)}: the sweeps train on {images} digits images "
+                              f"({'--quick' if s.train_samples else 'the training split'}), so a batch or sample of "
+                              f"more than {images} cannot be drawn; give at most {images}.")
     folder = output_folder(out, "capacity")
-    runs = Experiments(load_digits_split(s.seed, s.train_samples), s)
+    runs = Experiments(data, s)
     by_batch, by_groups, random = batch_size_sweep(runs), group_number_sweep(runs), random_label_sweep(runs)
     base = runs.on_random_labels("none", 1)[0]
 

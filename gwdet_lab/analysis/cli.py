@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from gwdet.utils.cli_errors import add_verbose_argument, at_least, output_path_problem, run_tool
-from gwdet_lab.analysis.report import foreign_table_problem
+from gwdet_lab.analysis.report import foreign_table_problem, percent_label
 
 if TYPE_CHECKING:
     from gwdet_lab.analysis.capacity import CapacitySetting
@@ -62,6 +62,10 @@ def fractions(text: str) -> list[float]:
     if not values or not all(0 < value <= 1 for value in values):
         raise argparse.ArgumentTypeError(f"give fractions in (0, 1] of the eigenvalues kept, e.g. 0.9,0.8 (90% and "
                                          f"80%), got {text!r}")
+    labels = [percent_label(value) for value in values]
+    if len(set(labels)) < len(labels):  # one column name and one figure file for two values
+        raise argparse.ArgumentTypeError(f"{text!r} names {', '.join(labels)}: the tables and figures name each "
+                                         "fraction in whole percent, so give fractions at least 0.01 apart, each once")
     return values
 
 
@@ -270,4 +274,12 @@ def _analyze(argv: Sequence[str]) -> int:
     print(f"{args.command}: wrote")
     for path in written:
         print(f"  {path}")
+    # the folder is the tool's (foreign_table_problem): figures of an earlier run that this one did not
+    # draw (other --percents, say) would sit beside a table that no longer describes them
+    kept = {Path(path).resolve() for path in written}
+    stale = sorted(path for path in (Path(args.out) / args.command).glob("*.png") if path.resolve() not in kept)
+    for path in stale:
+        path.unlink()
+    if stale:
+        print(f"{args.command}: removed the earlier run's figures {', '.join(path.name for path in stale)}")
     return 0

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from gwdet_lab.analysis.normalizers import GROUPED_KINDS, make_norm
 from gwdet_lab.analysis.plotting import Curve, Panel, save_figure
-from gwdet_lab.analysis.report import markdown_table, output_folder, write_markdown
+from gwdet_lab.analysis.report import markdown_table, output_folder, percent_label, write_markdown
 
 from gwdet.errors import GwdetValueError
 
@@ -114,10 +114,6 @@ def measure(setting: ConditioningSetting) -> Kappas:
     return sums
 
 
-def _percent(p: float) -> str:
-    return f"{round(100 * p)}%"
-
-
 def _figure(folder: Path, setting: ConditioningSetting, kappas: Kappas, p: float) -> Path:
     groups = list(setting.groups)
     panels = []
@@ -132,7 +128,7 @@ def _figure(folder: Path, setting: ConditioningSetting, kappas: Kappas, p: float
                 Panel(
                     title=f"{depth}-layer MLP ({activation})",
                     xlabel="group number g",
-                    ylabel=f"kappa_{_percent(p)}",
+                    ylabel=f"kappa_{percent_label(p)}",
                     curves=curves,
                     hlines=hlines,
                     logx=True,
@@ -140,9 +136,9 @@ def _figure(folder: Path, setting: ConditioningSetting, kappas: Kappas, p: float
                     xticks=groups,
                 )
             )
-    name = f"kappa_{round(100 * p)}.png"
+    name = f"kappa_{percent_label(p).rstrip('%')}.png"
     title = (
-        f"kappa_{_percent(p)} of the covariance of the normalized output "
+        f"kappa_{percent_label(p)} of the covariance of the normalized output "
         f"(d={setting.num_features}, m={setting.num_samples}, mean of {setting.seeds} seeds)"
     )
     return save_figure(folder / name, panels, title, columns=len(setting.depths))
@@ -153,11 +149,11 @@ def _tables(setting: ConditioningSetting, kappas: Kappas) -> list[tuple[str, str
     for activation in setting.activations:
         for depth in setting.depths:
             columns = [(p, kind) for p in setting.percents for kind in GROUPED_KINDS]
-            headers = ["g"] + [f"{TABLE_LABELS[kind]} kappa_{_percent(p)}" for p, kind in columns]
+            headers = ["g"] + [f"{TABLE_LABELS[kind]} kappa_{percent_label(p)}" for p, kind in columns]
             rows = [[g] + [kappas[(activation, depth, kind, g)][p] for p, kind in columns] for g in setting.groups]
             references = "; ".join(
                 f"{REFERENCE_LABELS[kind]}: " + ", ".join(
-                    f"kappa_{_percent(p)} = {kappas[(activation, depth, kind, 0)][p]:.4g}" for p in setting.percents
+                    f"kappa_{percent_label(p)} = {kappas[(activation, depth, kind, 0)][p]:.4g}" for p in setting.percents
                 )
                 for kind in REFERENCE_KINDS
             )

@@ -13,6 +13,11 @@ TABLE_FILE = "table.md"
 TABLE_MARK = "<!-- written by tools/analyze.py: running the subcommand again replaces this table and its figures -->"
 
 
+def percent_label(fraction: float) -> str:
+    """How a fraction of the spectrum is named in tables and file names: ``0.9`` as ``90%``."""
+    return f"{round(100 * fraction)}%"
+
+
 def format_number(value: float | int | str, digits: int = 4) -> str:
     """Integers as they are, floats with ``digits`` significant digits, inf/nan spelled out."""
     if isinstance(value, str):
