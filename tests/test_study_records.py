@@ -269,6 +269,13 @@ def test_records_without_their_checksums_or_with_another_cells_detections_are_re
             "is missing). Records are only read") in capsys.readouterr().err
     shutil.rmtree(records / "gw-b2-s3")
     records = _record_copy(tmp_path)
+    metrics = records / "gw-b2-s3" / "metrics.json"  # cut in half: a wrong final loss and a half curve, reported
+    whole = metrics.read_bytes()
+    metrics.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(SystemExit):
+        main(["--records", str(records), "--report-to", str(tmp_path / "report")])
+    assert f"{metrics} is damaged (its SHA-256 differs from the one recorded" in capsys.readouterr().err
+    metrics.write_bytes(whole)
     detections = Path("inference", "shapes_test", "coco_instances_results.json.gz")
     shutil.copy(RECORDS / "paper-seeds-3-4" / "gn-b2-s3" / detections, records / "gw-b2-s3" / detections)
     with pytest.raises(SystemExit):

@@ -108,9 +108,9 @@ def _export_cell(item: PlannedCell, target: Path) -> Path:
         for path in (source / name, Path(checksum_path(str(source / name)))):
             if path.is_file():
                 shutil.copy2(path, target / path.name)
-        if name.endswith(".json") and name != METRICS_JSON and (target / name).is_file() \
-                and not Path(checksum_path(str(target / name))).is_file():
-            record_checksum(str(target / name))  # read unchecked in the run folder (a kill before its record), checked here
+        if name.endswith(".json") and (target / name).is_file() and not Path(checksum_path(str(target / name))).is_file():
+            # read unchecked in the run folder (metrics.json is appended to; a kill before a record), checked here
+            record_checksum(str(target / name))
     detections = source / INFERENCE_DIR / report_dataset(item.cfg) / DETECTIONS_JSON
     packed = target / INFERENCE_DIR / report_dataset(item.cfg) / (DETECTIONS_JSON + ".gz")
     if detections.is_file():

@@ -23,7 +23,8 @@ files under ``environment``). The study adds:
 them (``<name>.sha256``, :mod:`gwdet.utils.atomic`): a record that no longer matches is damaged
 (:class:`DamagedFile`), and damaged ``results.json`` does not count as trained. In a records
 folder (``--records``), a json record without its ``.sha256`` is damaged too. ``metrics.json``
-is appended to line by line and has no checksum; its damaged lines are skipped.
+is appended to line by line and has no checksum in a run folder, where its damaged lines are
+skipped; an export records its SHA-256, which a records folder checks as the others'.
 """
 from __future__ import annotations
 
@@ -133,10 +134,13 @@ class RunFolder:
         """Every record of ``metrics.json`` (empty before the first write); a damaged line (cut off
         by an interruption, or the line training is writing now; not UTF-8; not a record with an
         ``iteration``: :func:`gwdet.engine.output_dir.metrics_record`) is skipped. ``--resume``
-        removes such lines from the file, naming them in a warning."""
+        removes such lines from the file, naming them in a warning. In a records folder the file is
+        whole, checked by the SHA-256 its export recorded (:class:`DamagedFile` otherwise)."""
         path = self.file(METRICS_JSON)
         if not path.is_file():
             return []
+        if self.records:
+            self._check_recorded(path)
         records = (metrics_record(line) for line in path.read_bytes().split(b"\n"))
         return [record for record in records if record is not None]
 
@@ -153,12 +157,7 @@ class RunFolder:
         path = self.file(name)
         if not path.is_file():
             return {}
-        problem = checksum_problem(str(path))  # results.json and the study's records carry their SHA-256
-        if problem is None and self.records and not Path(checksum_path(str(path))).is_file():
-            # a run folder's record may lack it (a kill between the write and its record); exported ones never do
-            problem = f"its SHA-256 record {path.name}{CHECKSUM_SUFFIX}, which exported records keep beside it, is missing"
-        if problem is not None:
-            raise DamagedFile(f"{path} is damaged ({problem}). {self._restore_advice()}")
+        self._check_recorded(path)
         try:
             data = json.loads(path.read_bytes())
         except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
@@ -167,6 +166,16 @@ class RunFolder:
             raise DamagedFile(f"{path} is damaged (a json {type(data).__name__}, not an object). "
                               f"{self._restore_advice()}")
         return nan_for_null(data) if null_is_nan else data
+
+    def _check_recorded(self, path: Path) -> None:
+        """:class:`DamagedFile` for a file of the folder that differs from the SHA-256 recorded beside
+        it, or, in a records folder, has none (a run folder's may lack it: a kill between the write
+        and its record; exported ones never do)."""
+        problem = checksum_problem(str(path))  # results.json and the study's records carry their SHA-256
+        if problem is None and self.records and not Path(checksum_path(str(path))).is_file():
+            problem = f"its SHA-256 record {path.name}{CHECKSUM_SUFFIX}, which exported records keep beside it, is missing"
+        if problem is not None:
+            raise DamagedFile(f"{path} is damaged ({problem}). {self._restore_advice()}")
 
     def _restore_advice(self) -> str:
         """What to do about a damaged file of this folder."""
