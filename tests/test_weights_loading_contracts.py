@@ -256,6 +256,16 @@ def test_another_norm_at_the_weights_gw_positions_is_named_by_its_setting():
         check_weights_fit_model({"gw_positions": "S1-B2"}, ghost, lazy=True)
 
 
+def test_gw_weights_into_a_resnet_of_gw_everywhere_name_the_resnets_norm():
+    # "Set MODEL.RESNETS.GW_POSITIONS 'S1-B2'", the value it had: the ResNet's other norms were GW too
+    everywhere = gw_resnet("S1-B2", ["res2", "res3"], stride_in_1x1=True, norm="GW")
+    assert refusal({"norm": "BN", "gw_positions": "S1-B2"}, everywhere) == (
+        "The weights have GW at 'S1-B2' (norms without running statistics) and other norms everywhere else, but "
+        "every norm of the model's ResNet is GW, so those norms' values would load into GW layers. Set "
+        "MODEL.RESNETS.NORM FrozenBN (or the norm the converter reported for the weights' other norms), keeping GW "
+        "at 'S1-B2'.")
+
+
 # ---- gwdet checkpoints: norm layer types and hyper-parameters --------------------------------
 
 class Norms(nn.Module):

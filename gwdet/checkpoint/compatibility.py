@@ -122,8 +122,10 @@ def _check_norm_kind(kind: str, resnet: ResNet, model: torch.nn.Module) -> None:
 
 # The settings that place GW in a ResNet, as a message names them: a yacs config's keys, and those of
 # gwdet's LazyConfigs (their place_norm node at model.backbone.bottom_up)
-YACS_PLACEMENT = {"positions": "MODEL.RESNETS.GW_POSITIONS", "norm": "MODEL.RESNETS.GW_NORM"}
-LAZY_PLACEMENT = {"positions": "model.backbone.bottom_up.positions", "norm": "model.backbone.bottom_up.norm.name"}
+YACS_PLACEMENT = {"positions": "MODEL.RESNETS.GW_POSITIONS", "norm": "MODEL.RESNETS.GW_NORM",
+                  "base": "MODEL.RESNETS.NORM FrozenBN"}
+LAZY_PLACEMENT = {"positions": "model.backbone.bottom_up.positions", "norm": "model.backbone.bottom_up.norm.name",
+                  "base": "norm='FrozenBN' in the ResNet's stem and stages (model.backbone.bottom_up.resnet)"}
 
 
 def check_weights_fit_model(metadata: Mapping, model: torch.nn.Module, lazy: bool = False) -> None:
@@ -174,6 +176,12 @@ def _check_gw_positions(expected: frozenset, resnet: ResNet, model: torch.nn.Mod
             f"The weights have GW at {shown!r}, but the model has {' and '.join(sorted(t.__name__ for t in placed))} "
             f"at those positions ({where}), so GW's parameters would load into other layers. Place GW there: "
             f"{as_override(settings['norm'], 'GW')} (or GW_ZCA), or load weights converted from a model with that norm.")
+    if present > expected and all(isinstance(conv.norm, GroupWhitening) for conv in convs_with_norm(resnet)):
+        raise GwdetValueError(  # GW_POSITIONS may be right already: the ResNet's other norms are GW too
+            f"The weights have GW at {shown!r} (norms without running statistics) and other norms everywhere else, "
+            "but every norm of the model's ResNet is GW, so those norms' values would load into GW layers. Set "
+            f"{settings['base']} (or the norm the converter reported for the weights' other norms), keeping GW at "
+            f"{shown!r}.")
     raise GwdetValueError(
         f"The weights have GW at {shown!r} (norms without running statistics), but the model has GW at "
         f"{format_gw_positions(present)!r}. Set {as_override(settings['positions'], repr(shown))}, so that BN "
