@@ -272,3 +272,20 @@ def test_analysis_flags_out_of_range_are_refused_before_any_work(tmp_path, capsy
     with pytest.raises(SystemExit) as refused:
         main([command, "--out", str(tmp_path), *flag])
     assert refused.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_figure_that_does_not_fit_on_the_disk_is_one_error_and_no_cut_file(tmp_path):
+    # a full disk stopped the tool with PIL's traceback and left a cut-short PNG beside the table
+    import resource
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (6000, 6000))  # the table fits, a figure does not
+
+    args = ["--dim", "8", "--samples", "16", "--groups", "1,2", "--depths", "1", "--activations", "linear",
+            "--seeds", "1", "--percents", "0.9"]
+    done = subprocess.run([sys.executable, "tools/analyze.py", "conditioning", "--out", str(tmp_path), *args],
+                          capture_output=True, text=True, preexec_fn=small_files, cwd=REPO)
+    assert done.returncode == 2, done.stderr
+    assert f"cannot write {tmp_path / 'conditioning' / 'kappa_90.png'}: File too large" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not list((tmp_path / "conditioning").glob("*.png")) and not list((tmp_path / "conditioning").glob(".*"))

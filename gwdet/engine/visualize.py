@@ -6,6 +6,7 @@ folder the drawn images share (``a/x.jpg`` -> ``a__x.png``), so images of the sa
 folders get drawings of their own."""
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import Any, Sequence
@@ -17,6 +18,7 @@ from detectron2.data import detection_utils
 from PIL import Image, ImageDraw, ImageFont
 
 from gwdet.data.test_images import read_test_image
+from gwdet.utils.atomic import write_atomically
 
 MIN_DRAWN_SIDE = 384
 CAPTION_PADDING = 6
@@ -123,7 +125,8 @@ def save_prediction_pngs(
             truth = Visualizer(rgb, metadata, scale=scale).draw_dataset_dict(record).get_image()
             predicted = Visualizer(rgb, metadata, scale=scale).draw_instance_predictions(instances).get_image()
             path = os.path.join(out_dir, name)
-            Image.fromarray(side_by_side(truth, predicted, score_threshold)).save(path)
+            drawing = Image.fromarray(side_by_side(truth, predicted, score_threshold))
+            write_atomically(path, functools.partial(drawing.save, format="PNG"))  # a full disk: one error
             paths.append(path)
     finally:
         model.train(was_training)

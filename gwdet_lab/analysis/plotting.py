@@ -14,6 +14,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from gwdet.utils.atomic import write_atomically  # noqa: E402
+
 
 @dataclass
 class Curve:
@@ -56,7 +58,7 @@ def save_figure(path: Path, panels: Sequence[Panel], title: str = "", columns: i
         figure.suptitle(title)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
+    write_atomically(str(path), lambda file: figure.savefig(file, format="png", dpi=110))  # a full disk: one error
     plt.close(figure)
     return path
 

@@ -34,6 +34,7 @@ from detectron2.data import DatasetCatalog, MetadataCatalog
 from matplotlib.figure import Figure
 
 from gwdet.errors import GwdetValueError
+from gwdet.utils.atomic import write_atomically
 from gwdet.utils.cli_errors import add_verbose_argument, at_least, run_tool
 from gwdet.checkpoint.resilient import ResilientCheckpointer
 from gwdet.data import prepare_datasets
@@ -173,7 +174,7 @@ def write_report(cells: Sequence[tuple[PlannedCell, dict]], out_dir: Path) -> li
     axis.set_ylabel(f"box AP (%) on {val}")
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
-    figure.savefig(paths[1], dpi=120)
+    write_atomically(str(paths[1]), lambda file: figure.savefig(file, format="png", dpi=120))
     return paths
 
 

@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Sequence
 
 from matplotlib.figure import Figure
 
-from gwdet.utils.atomic import WriteError
+from gwdet.utils.atomic import WriteError, write_atomically
 from gwdet_lab.tables import Column, Table
 from gwdet_lab.reporting import format_duration
 from gwdet_lab.study.cells import COMPARISONS, GROUP_LABELS, PAPER_AP, PAPER_GROUPS, PAPER_ORDERINGS
@@ -343,7 +343,7 @@ def plot_ap_bars(results: Sequence[CellResult], path: Path) -> None:
     axis.set_title("Box AP, mean over seeds; error bars: sample std; dots: seeds\n"
                    "(+EW: inference example weighing, w chosen on the selection split)", fontsize=9)
     axis.grid(axis="y", alpha=0.3)
-    figure.savefig(path, dpi=120)
+    write_atomically(str(path), lambda file: figure.savefig(file, format="png", dpi=120))
 
 
 def plot_loss_curves(results: Sequence[CellResult], path: Path) -> None:
@@ -371,7 +371,7 @@ def plot_loss_curves(results: Sequence[CellResult], path: Path) -> None:
     axis.set_title("Training loss (one line per seed)")
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
-    figure.savefig(path, dpi=120)
+    write_atomically(str(path), lambda file: figure.savefig(file, format="png", dpi=120))
 
 
 def plot_ap_vs_batch(results: Sequence[CellResult], path: Path) -> None:
@@ -401,7 +401,7 @@ def plot_ap_vs_batch(results: Sequence[CellResult], path: Path) -> None:
     axis.set_ylabel(f"box AP (%) on {results[0].report_dataset}")
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
-    figure.savefig(path, dpi=120)
+    write_atomically(str(path), lambda file: figure.savefig(file, format="png", dpi=120))
 
 
 REPORT_FILES = (TABLE_MD, TABLE_CSV, DIFFERENCES_CSV, CELLS_CSV, AP_BARS_PNG, LOSS_PNG, AP_BATCH_PNG)
