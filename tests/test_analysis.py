@@ -130,6 +130,8 @@ def test_subcommand_writes_its_files(tmp_path, command, capsys):
         assert (folder / name).stat().st_size > 0, name
     mark, title = (folder / "table.md").read_text().split("\n", 1)
     assert mark == TABLE_MARK and title.startswith("# ") and "| --- |" in title
+    if command == "propagation":  # what produced the numbers: the overrides and the seed (they were not named)
+        assert "with `DATASETS.SHAPES.IMAGE_SIZE 64" in title and "MODEL.GW.NUM_GROUPS 4`, seed 0, one batch" in title
 
 
 @pytest.mark.parametrize("flag, message", [

@@ -180,14 +180,16 @@ def _figures(folder: Path, results: Sequence[PropagationStats]) -> list[Path]:
     ]
 
 
-def _sections(results: Sequence[PropagationStats], config: str, batch_size: int) -> list[tuple[str, str]]:
+def _sections(results: Sequence[PropagationStats], config: str, batch_size: int, opts: Sequence[str],
+              seed: int) -> list[tuple[str, str]]:
     names = list(results[0].blocks)
     headers = ["block"] + [f"{r.norm} {q}" for q in ("var", "cos", "grad") for r in results]
     keys = ("variance", "cosine", "gradient")
     rows = [[n] + [r.blocks.get(n, {}).get(key, math.nan) for key in keys for r in results] for n in names]
     losses = ", ".join(f"{r.norm}: {r.loss:.4g}" for r in results)
+    overrides = f" with `{' '.join(opts)}`" if opts else ""
     note = (
-        f"Config `{display_path(config)}`, one batch of {batch_size} training images; "
+        f"Config `{display_path(config)}`{overrides}, seed {seed}, one batch of {batch_size} training images; "
         f"training loss at initialization: {losses}."
     )
     blocks = markdown_table(headers, rows) + "\n\n" + note
@@ -213,5 +215,5 @@ def run_propagation(
     results = [measure_propagation(cfg, batch, norm, seed) for cfg, norm in zip(cfgs, norms, strict=True)]
     written = _figures(folder, results)
     title = "Signal propagation at initialization (beyond_batchnorm_lubana2021 Secs. 3-5)"
-    written.append(write_markdown(folder, title, _sections(results, config, len(batch))))
+    written.append(write_markdown(folder, title, _sections(results, config, len(batch), opts, seed)))
     return written
