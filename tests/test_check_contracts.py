@@ -212,6 +212,25 @@ def test_gw_positions_in_a_c4_model_of_detectron2s_components_name_both_replacem
     assert err.value.changes == {"MODEL.BACKBONE.NAME": "build_gw_resnet_backbone"}
 
 
+def test_a_built_c4_model_whose_res5_lacks_the_backbones_gw_positions_is_refused():
+    # a LazyConfig of detectron2's mask_rcnn_c4.py with place_norm on the backbone: res5 (in the ROI heads)
+    # kept BN at B2 without a word
+    from gwdet import build_model, check_model
+    from gwdet.model_zoo import build_config
+
+    cfg = build_config("configs/Demo/mask_rcnn_R_50_FPN_gw_shapes.yaml", [
+        "MODEL.DEVICE", "cpu", "MODEL.BACKBONE.NAME", "build_gw_resnet_backbone", "MODEL.RESNETS.OUT_FEATURES",
+        "['res4']", "MODEL.ROI_HEADS.NAME", "GWRes5ROIHeads", "MODEL.ROI_HEADS.IN_FEATURES", "['res4']",
+        "MODEL.RPN.IN_FEATURES", "['res4']", "MODEL.ANCHOR_GENERATOR.SIZES", "[[32, 64]]", "MODEL.MASK_ON", "False",
+        "MODEL.RESNETS.GW_POSITIONS", "S1-B2"])
+    model = build_model(cfg)  # gwdet's GWRes5ROIHeads places GW in res5 too: accepted
+    for block in model.roi_heads.res5:
+        block.conv2.norm = torch.nn.BatchNorm2d(block.conv2.out_channels)
+    with pytest.raises(ValueError, match=r"^The backbone's ResNet has GW at B2 of its blocks, but roi_heads.res5, the "
+                                         r"C4 head's stage 5, has not at B2: .*MODEL.ROI_HEADS.NAME GWRes5ROIHeads"):
+        check_model(model)
+
+
 def test_gw_positions_with_a_backbone_gwdet_has_no_replacement_for_say_what_to_do_by_hand():
     cfg = get_cfg()
     add_gwdet_config(cfg)

@@ -6,11 +6,14 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 
+from detectron2.modeling.backbone import ResNet
 from detectron2.modeling.meta_arch.retinanet import RetinaNetHead
+from detectron2.modeling.roi_heads.roi_heads import Res5ROIHeads
 import torch
 from torch import nn
 
 from gwdet.errors import GwdetTypeError, GwdetValueError, listed
+from gwdet.layers import GroupWhitening
 from gwdet.layers.common import check_flag, is_finite_number
 from gwdet.modeling.heads import GWRetinaNetHead, PerLevelNorm
 from gwdet.norms import (
@@ -20,6 +23,7 @@ from gwdet.norms import (
     group_adjustment,
     layer_types,
 )
+from gwdet.positions import BLOCK_CONV_OF_POSITION, positions_with_norm
 from gwdet.solver import misdecayed_norm_layers
 
 # The containers that keep one norm per FPN level: gwdet's and detectron2's.
@@ -35,6 +39,31 @@ def shared_batch_statistics(head: nn.Module) -> list[str]:
                  for sub in container.modules()}
     return [name for name, module in head.named_modules()
             if isinstance(module, batch_statistics) and id(module) not in per_level]
+
+
+def check_res5_positions(model: nn.Module) -> None:
+    """Refuse a C4 model (a ``Res5ROIHeads``) whose backbone ResNet has GW at block positions (B1,
+    B2, B3) that the head's res5 stage lacks: a model built otherwise than asked (a LazyConfig's
+    ``place_norm`` reaches the backbone's stages only; gwdet's ``GWRes5ROIHeads`` places them in
+    res5 from the yacs keys)."""
+    resnet = next((module for module in model.modules() if isinstance(module, ResNet)), None)
+    if resnet is None:
+        return
+    placed = sorted(positions_with_norm(resnet, (GroupWhitening,)) & set(BLOCK_CONV_OF_POSITION))
+    for name, head in model.named_modules():
+        if not placed or not isinstance(head, Res5ROIHeads):
+            continue
+        blocks = list(head.res5)
+        missing = [position for position in placed if not all(
+            isinstance(getattr(getattr(block, BLOCK_CONV_OF_POSITION[position], None), "norm", None), GroupWhitening)
+            for block in blocks)]
+        if missing:
+            raise GwdetValueError(
+                f"The backbone's ResNet has GW at {', '.join(placed)} of its blocks, but {name}.res5, the C4 head's "
+                f"stage 5, has not at {', '.join(missing)}: its blocks would normalize otherwise than the backbone's. "
+                "Place the norm there too: with a yacs config, MODEL.ROI_HEADS.NAME GWRes5ROIHeads (it reads "
+                "MODEL.RESNETS.GW_POSITIONS and GW_NORM); in a LazyConfig, give the res5 stage's blocks the same norm "
+                "(ResNet.make_stage(..., norm=...) puts it at all their norms), or an FPN model.")
 
 
 def _component(name: str) -> str:
@@ -117,6 +146,7 @@ def check_model(model: nn.Module, strict_groups: bool = False, optimizer: torch.
                 "this one)? Build the optimizer from this model (gwdet.build_optimizer(cfg, model)).")
         check_norm_weight_decay(model, optimizer, weight_decay_norm, weight_decay_bias)
     check_untied_norms(model)
+    check_res5_positions(model)
     adjusted = adjusted_groups(model)
     if adjusted and strict_groups:
         raise GwdetValueError("Norm layers cannot use the requested group number (MODEL.STRICT_NORM_GROUPS "
