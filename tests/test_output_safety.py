@@ -1101,6 +1101,12 @@ def test_gwdets_trainers_from_python_check_the_request_as_the_tools_do(finished_
     with pytest.raises(ValueError, match=rf"--resume: the run in .* trained with SEED {saved.SEED}, this config gives "
                                          rf"{saved.SEED + 5}"):
         Trainer(reseeded).resume_or_load(resume=True)
+    weighted = cfg.clone()  # initial weights named, train() without resume_or_load: trained from random weights
+    weighted.defrost()
+    weighted.merge_from_list(["MODEL.WEIGHTS", str(run / "model_final.pth"), "OUTPUT_DIR", str(tmp_path / "w")])
+    with pytest.raises(ValueError, match=r"^MODEL.WEIGHTS names initial weights \(.*\), which only resume_or_load "
+                                         r"loads: without it the model would train from its random initialization"):
+        Trainer(weighted).train()
     trainer = Trainer(cfg)  # a second train() of a trainer that finished: detectron2's "'EvalHook' object has no
     trainer.iter = trainer.max_iter  # attribute '_func'" (its hooks let go of what they ran)
     with pytest.raises(ValueError, match=r"^This trainer has trained its \d+ iterations already \(train\(\) returned\)"):

@@ -775,6 +775,15 @@ def test_a_run_in_a_process_left_with_float64_or_without_gradients_names_the_pro
             check_torch_state(training=False)
     finally:
         torch.set_default_device(None)
+    if not torch.cuda.is_available():  # a device this machine lacks: torch's "Found no NVIDIA driver" from the check
+        try:
+            torch.set_default_device("cuda")
+            with pytest.raises(ValueError, match=r"^torch's default device cannot be used in this process \(.*\): "
+                                                 r"torch.set_default_device was called with a device this machine "
+                                                 r"lacks before the run"):
+                check_torch_state(training=False)
+        finally:
+            torch.set_default_device(None)
     with torch.no_grad():
         with pytest.raises(ValueError, match=r"^Gradients are switched off in this process"):
             check_torch_state(training=True)

@@ -304,7 +304,7 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
 
     def train(self):
         """Train from :attr:`start_iter` to ``train.max_iter``; return the last evaluation's results."""
-        check_not_over_another_run(self)
+        check_not_over_another_run(self, self.cfg.train.init_checkpoint)
         try:
             super().train(self.start_iter, self.max_iter)
         finally:

@@ -155,7 +155,7 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
 
     def train(self):
         """Train; return the final COCO results (detectron2's EvalHook stores them on the trainer)."""
-        check_not_over_another_run(self)
+        check_not_over_another_run(self, self.cfg.MODEL.WEIGHTS)
         try:
             super().train()
         finally:

@@ -133,11 +133,12 @@ def check_torch_state(training: bool) -> None:
             "run, or run it outside the block.")
 
 
-def check_not_over_another_run(trainer: Any) -> None:
+def check_not_over_another_run(trainer: Any, weights: str) -> None:
     """Before a trainer of gwdet's trains: refused where it has trained its iterations already (a
     second ``train()``, which detectron2's hooks cannot run again), and, without ``resume_or_load``
     (which checks it), where its output folder holds another run's checkpoints, which the training
-    would replace."""
+    would replace, or where the config names initial ``weights``, which only ``resume_or_load``
+    loads."""
     if trainer.iter >= trainer.max_iter > 0:
         raise GwdetValueError(
             f"This trainer has trained its {trainer.max_iter} iterations already (train() returned); its hooks "
@@ -146,6 +147,12 @@ def check_not_over_another_run(trainer: Any) -> None:
     checkpointer = getattr(trainer, "checkpointer", None)
     if isinstance(checkpointer, ResilientCheckpointer) and not checkpointer.started:
         checkpointer.check_no_earlier_run()
+        if weights:
+            raise GwdetValueError(
+                f"{checkpointer.weights_setting} names initial weights ({weights}), which only resume_or_load loads: "
+                "without it the model would train from its random initialization. Call "
+                "trainer.resume_or_load(resume=False) before train() (resume=True to continue the run in the output "
+                f"folder), or set {checkpointer.weights_setting} to '' to train from scratch.")
 
 
 def precise_bn_streams_kept(hooks: list) -> list:

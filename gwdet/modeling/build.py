@@ -117,7 +117,14 @@ def check_build_state(when: str) -> None:
             f"torch's default dtype is {torch.get_default_dtype()} in this process (torch.set_default_dtype was called "
             f"before {when}): detectron2 would build the model in it and fail on the images' float32. Call "
             f"torch.set_default_dtype(torch.float32) before {when}.")
-    if torch.get_default_device().type == "meta":
+    try:
+        device = torch.get_default_device()
+    except RuntimeError as error:  # set to a device this machine lacks: torch fails making a tensor there
+        raise GwdetValueError(
+            f"torch's default device cannot be used in this process ({str(error).splitlines()[0]}): "
+            f"torch.set_default_device was called with a device this machine lacks before {when}. Call "
+            f"torch.set_default_device(None) (or 'cpu') before {when}.") from None
+    if device.type == "meta":
         raise GwdetValueError(
             f"torch's default device is meta in this process (torch.set_default_device('meta') was called before "
             f"{when}): detectron2 would build the model there, as tensors without values. Call "
