@@ -129,12 +129,9 @@ def resampled_box_ap(inference_dir: Path, dataset: str, annotation_file: str | C
             f"{shown} is damaged (not the JSON list of detections COCOEvaluator writes: {error}); nothing was written. "
             f"Copy the cell's records again (exported with their {packed.name}), or, in a study's run folder that "
             f"holds the cell's checkpoints, remove its {RESULTS_JSON} and run the study's command again.") from None
-    if not records:
-        all_images, aps = math.nan, [math.nan] * resamples  # no detections: COCOEvaluator reports NaN, as every resample
-    else:
-        evaluation = ImageLevelEvaluation(quiet_coco(annotation_file), records)
-        all_images = evaluation.box_ap(range(evaluation.images))
-        aps = [evaluation.box_ap(p) for p in resampled_positions(evaluation.images, resamples, seed)]
+    evaluation = ImageLevelEvaluation(quiet_coco(annotation_file), records) if records else None
+    # no detections: COCOEvaluator reports NaN, and so does every resample
+    all_images = evaluation.box_ap(range(evaluation.images)) if evaluation else math.nan
     if not _same_ap(all_images, recorded_ap):
         shown = detections if detections.is_file() else packed
         raise GwdetValueError(
@@ -143,6 +140,8 @@ def resampled_box_ap(inference_dir: Path, dataset: str, annotation_file: str | C
             f"another evaluation's), so resampling them would misreport the cell; nothing was written. Put the cell's "
             f"own detections back (copy its records again, exported with their {packed.name}); or, in a study's run "
             f"folder that holds the cell's checkpoints, remove its {RESULTS_JSON} and run the study's command again.")
+    aps = ([evaluation.box_ap(p) for p in resampled_positions(evaluation.images, resamples, seed)] if evaluation
+           else [math.nan] * resamples)
     stored = {"key": key, ALL_IMAGES_KEY: null_for_nan(all_images), "box_ap": null_for_nan(aps)}
     write_text_with_checksum(str(cache), json.dumps(stored, allow_nan=False))
     return aps
