@@ -418,6 +418,15 @@ def test_trained_false_loads_the_config_as_before():
     assert cfg.MODEL.WEIGHTS == build_config(str(DEMO_CONFIG)).MODEL.WEIGHTS
 
 
+def test_one_of_detectron2s_configs_asked_of_gwdets_model_zoo_names_the_function_that_loads_it():
+    # detectron2's pattern get_config("common/models/mask_rcnn_fpn.py"): "not among gwdet's configs", then a list
+    with pytest.raises(FileNotFoundError) as refused:
+        gwdet.model_zoo.get_config("common/models/mask_rcnn_fpn.py")
+    assert "It is one of detectron2's packaged configs: load it with gwdet.model_zoo.detectron2_lazy_config(" \
+        "'common/models/mask_rcnn_fpn.py'), as detectron2's model_zoo.get_config would." in str(refused.value)
+    assert gwdet.model_zoo.detectron2_lazy_config("common/models/mask_rcnn_fpn.py").model is not None
+
+
 def test_trained_must_be_a_bool():
     with pytest.raises(GwdetValueError, match=r"^gwdet.model_zoo.get_config: trained must be True or False, "
                                               r"got 'yes' \(str\)$"):

@@ -11,6 +11,7 @@ from pathlib import Path, PurePath, PurePosixPath
 from typing import Callable, Sequence
 
 from gwdet.errors import GwdetFileNotFoundError, GwdetTypeError
+from gwdet.model_zoo.detectron2_configs import detectron2_configs_dir
 
 _HERE = Path(__file__).resolve().parent
 PACKAGED_CONFIGS = _HERE / "configs"  # a wheel's copy of configs/ (setup.py puts it there)
@@ -88,8 +89,20 @@ def get_config_file(config_path: str) -> str:
     where = "is outside gwdet's configs folder" if not inside else "is not among gwdet's configs"
     own = (" For a config file of your own, use gwdet.model_zoo.build_config(path) (a yacs .yaml) or "
            "gwdet.model_zoo.lazy_loading.load_lazy_config(path) (a .py)." if os.path.isfile(config_path) else "")
+    if not own and _is_detectron2_config(config_path):
+        own = (f" It is one of detectron2's packaged configs: load it with "
+               f"gwdet.model_zoo.detectron2_lazy_config({config_path!r}), as detectron2's model_zoo.get_config would.")
     raise GwdetFileNotFoundError(f"{config_path!r} {where} ({root}).{own}{_suggestion(config_path, names)} "
                                  f"Available configs (gwdet.model_zoo.list_configs()):{_available(names)}")
+
+
+def _is_detectron2_config(config_path: str) -> bool:
+    """Whether ``config_path`` names a config of the detectron2 that ``import detectron2`` loads."""
+    try:
+        root = detectron2_configs_dir()
+    except (ModuleNotFoundError, FileNotFoundError):
+        return False
+    return (root / config_path).is_file()
 
 
 def resolve_config_file(config_file: str, announce: Callable[[str], None] | None = None) -> str:
