@@ -112,6 +112,11 @@ def test_records_of_an_unfinished_cell_or_a_missing_folder_are_refused(tmp_path,
         assert exit_.value.code == 2 and message in capsys.readouterr().err
     with pytest.raises(ValueError, match="no record of gn-b2-s9"):
         recorded_cells(tmp_path / "records", ["gn-b2-s9"])
+    # one cell's own folder given as the records: "no cell records in it (folders with study_cell.json)", though it holds one
+    with pytest.raises(FileNotFoundError, match=r"no cell records in it \(folders with study_cell.json\): it is the "
+                                                r"record of one cell itself; give the folder that holds it, --records "
+                                                r".*records --only gw-b2-s3$"):
+        recorded_cells(tmp_path / "records" / "gw-b2-s3")
 
 
 def _record_copy(tmp_path, cells=("gw-b2-s3",)):

@@ -152,7 +152,9 @@ def recorded_cells(records_dir: Path, only: Sequence[str] | None = None, flag: s
         cfg = CfgNode(yaml.safe_load(record["config"]) or {})
         found[cell.name] = PlannedCell(cell, tuple(record["opts"]), cfg, cell_folder)
     if not found:
-        raise GwdetFileNotFoundError(f"{flag} {records_dir}: no cell records in it (folders with {RECORD_JSON})")
+        one = (f": it is the record of one cell itself; give the folder that holds it, {flag} {records_dir.parent} "
+               f"{only_flag} {records_dir.name}" if (records_dir / RECORD_JSON).is_file() else "")
+        raise GwdetFileNotFoundError(f"{flag} {records_dir}: no cell records in it (folders with {RECORD_JSON}){one}")
     if only:
         unknown = sorted(set(only) - set(found))
         if unknown:
