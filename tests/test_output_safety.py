@@ -1061,6 +1061,23 @@ def test_a_new_training_into_a_folder_of_another_runs_checkpoints_is_refused(tmp
     checkpointer.resume_or_load("", resume=True)  # continuing it is fine
 
 
+def test_a_training_is_refused_where_another_run_wrote_checkpoints_since_its_resume_or_load(tmp_path):
+    # two trainers built into one OUTPUT_DIR in a notebook, both resume_or_load(False) before either trained: the
+    # second train() replaced the first's finished model_final.pth and detections without a word
+    first = ResilientCheckpointer(torch.nn.Linear(2, 2), str(tmp_path))
+    second = ResilientCheckpointer(torch.nn.Linear(2, 2), str(tmp_path))
+    first.resume_or_load("", resume=False)
+    second.resume_or_load("", resume=False)
+    second.save("model_final", iteration=0)
+    second.check_folder_unchanged()  # its own checkpoint
+    with pytest.raises(FileExistsError, match=r"holds checkpoints written since this trainer's resume_or_load "
+                                              r"\(model_final.pth\): another run trained there in between"):
+        first.check_folder_unchanged()
+    first.resume_or_load("", resume=True)  # noted again: continuing from them is fine
+    first.check_folder_unchanged()
+    ResilientCheckpointer(torch.nn.Linear(2, 2), str(tmp_path)).check_folder_unchanged()  # never started: nothing
+
+
 def test_gwdets_trainer_from_python_neither_trains_over_a_finished_run_nor_sets_its_results_aside(finished_run, tmp_path):
     # Trainer(cfg).train() without resume_or_load replaced a finished run's model_final.pth; resume_or_load(resume=True)
     # of it trained nothing and set its results.json aside (the tool refuses both)

@@ -22,7 +22,7 @@ from gwdet.engine.run import main
 from gwdet.engine.trainer import Trainer
 from gwdet.model_zoo import build_config
 
-from conftest import DEMO_CONFIG, REPO, TINY_OPTS, SignalAfter, tiny_run_args
+from conftest import DEMO_CONFIG, REPO, TINY_OPTS, SignalAfter, logged_warnings, tiny_run_args
 
 # 8 iterations, a checkpoint every 2 (model_0000001.pth, model_0000003.pth, ...), no evaluation.
 RESUME_OPTS = TINY_OPTS + ["SOLVER.MAX_ITER", "8", "SOLVER.CHECKPOINT_PERIOD", "2", "DATASETS.TEST", "()"]
@@ -221,7 +221,7 @@ def test_a_stop_in_the_last_iteration_stops_without_evaluating_and_resume_evalua
     assert set(results) == {"bbox", "segm"} and (tmp_path / "results.json").is_file()
 
 
-def test_a_stop_signal_in_the_evaluation_after_training_says_so_and_resume_evaluates(tmp_path, monkeypatch, caplog):
+def test_a_stop_signal_in_the_evaluation_after_training_says_so_and_resume_evaluates(tmp_path, monkeypatch):
     # before: the handler was given back before the evaluation, so SIGTERM there ended the process
     # with status 143 and not one line
     test = Trainer.test.__func__
@@ -232,11 +232,11 @@ def test_a_stop_signal_in_the_evaluation_after_training_says_so_and_resume_evalu
 
     before = signal.getsignal(signal.SIGTERM)
     monkeypatch.setattr(Trainer, "test", classmethod(stopped_test))
-    with pytest.raises(TrainingInterrupted) as stop:
+    with pytest.raises(TrainingInterrupted) as stop, logged_warnings("gwdet") as warned:
         main(tiny_run_args(tmp_path))
     assert stop.value.code == 128 + signal.SIGTERM and signal.getsignal(signal.SIGTERM) == before
     assert "Stopped by SIGTERM in the evaluation after training: the trained weights are saved, not evaluated. " \
-           "Evaluate them with the same command and --resume." in caplog.text
+           "Evaluate them with the same command and --resume." in warned
     assert (tmp_path / "model_final.pth").is_file() and not (tmp_path / "results.json").exists()
     monkeypatch.setattr(Trainer, "test", classmethod(test))
 

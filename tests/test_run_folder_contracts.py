@@ -552,6 +552,31 @@ def test_a_held_output_dir_is_refused_naming_the_holder_and_released_at_the_end(
     OutputDirLock(folder).__exit__(None, None, None)  # never taken: nothing to do
 
 
+def test_a_trainer_from_python_takes_the_lock_unless_its_process_holds_it(tmp_path):
+    # gwdet's Trainer from one's own code ignored the lock of a tool's run training in the same folder: both
+    # trained into it, metrics.json interleaved, one's model_final.pth replaced by the other's
+    from gwdet.engine.training import training_lock
+
+    folder = str(tmp_path)
+    with open(tmp_path / LOCK_NAME, "a+") as held:  # another run's: it holds the file through another descriptor
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write("pid 1\n")
+        held.flush()
+        with pytest.raises(RuntimeError) as refused:
+            with training_lock(folder, "OUTPUT_DIR", "MODEL.WEIGHTS"):
+                pass
+        assert str(refused.value) == in_use(folder, "pid 1")
+    with OutputDirLock(folder):  # the tool's own run holds it: its trainer trains under it
+        with training_lock(folder, "OUTPUT_DIR", "MODEL.WEIGHTS"):
+            assert (tmp_path / LOCK_NAME).read_text() == f"pid {os.getpid()}\n"
+    with training_lock(folder, "train.output_dir", "train.init_checkpoint"):  # nobody holds it: taken, then released
+        with pytest.raises(RuntimeError, match=r"^train.output_dir .* is in use by another run"):
+            with OutputDirLock(folder, "train.output_dir"):
+                pass
+    with OutputDirLock(folder):
+        pass
+
+
 def test_a_holder_that_wrote_no_pid_is_called_another_process(tmp_path):
     with open(tmp_path / LOCK_NAME, "a+") as held:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)

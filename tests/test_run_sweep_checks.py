@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 
 import pytest
@@ -403,6 +404,32 @@ def test_a_lock_file_that_is_a_link_or_a_folder_is_refused_and_its_target_kept(t
     (run / ".gwdet.lock").mkdir()
     with pytest.raises(OutputDirNotWritableError, match=r"holds a folder \.gwdet\.lock"):
         main(tiny_run_args(run))
+
+
+def test_a_runs_config_yaml_without_weights_given_does_not_stand_for_its_trained_weights(finished_run, tmp_path,
+                                                                                     capsys):
+    # --eval-only and the export of a fine-tuned run by its config.yaml alone took the weights the run started from
+    # (its MODEL.WEIGHTS), not its model_final.pth beside the file, without a word
+    from gwdet.export.export_model import main as export_main
+    from gwdet.utils.atomic import write_text_with_checksum
+
+    tuned = _copy_run(finished_run, tmp_path / "tuned", "model_final.pth", "model_final.pth.sha256", "last_checkpoint")
+    started = str(finished_run / "model_final.pth")
+    text = (finished_run / CONFIG_NAME).read_text().replace(f"OUTPUT_DIR: {finished_run}", f"OUTPUT_DIR: {tuned}")
+    write_text_with_checksum(str(tuned / CONFIG_NAME), re.sub(r"(?m)^  WEIGHTS: .*$", f"  WEIGHTS: {started}", text))
+    assert load_run_config(str(tuned / CONFIG_NAME)).weights == started
+    refusal = (rf"^--config-file {tuned / CONFIG_NAME} is the record of the run in {tuned}, whose MODEL.WEIGHTS "
+               rf"\({started}\) names the weights that run started from, not the ones it trained; nothing was "
+               rf"{{}}. Give MODEL.WEIGHTS {tuned / 'model_final.pth'} for the trained model, or give MODEL.WEIGHTS "
+               "on the command line to use the weights it started from.$")
+    with pytest.raises(ValueError, match=refusal.format("evaluated")):
+        main(parse_args(["--config-file", str(tuned / CONFIG_NAME), "--eval-only"]))
+    with pytest.raises(SystemExit, match="2"):
+        export_main(["--config-file", str(tuned / CONFIG_NAME), "--output", str(tmp_path / "export")])
+    assert refusal.format("written")[1:-1].replace("\\", "") in capsys.readouterr().err.replace("\n", " ")
+    assert not (tmp_path / "export").exists()
+    args = parse_args(["--config-file", str(tuned / CONFIG_NAME), "--eval-only", "MODEL.WEIGHTS", started])
+    assert evaluation_request(load_run_config(args.config_file, args.opts), args)[0].weights == started  # asked for
 
 
 def test_resuming_by_a_copied_runs_config_yaml_is_refused_where_it_names_the_original(finished_run, tmp_path):

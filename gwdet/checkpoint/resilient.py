@@ -12,6 +12,7 @@ other norm layers are refused before any weight is copied (:mod:`gwdet.checkpoin
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -74,6 +75,17 @@ def checkpoint_names(folder: str) -> list[str]:
     if "://" in folder or not os.path.isdir(folder):
         return []
     return sorted(name for name in os.listdir(folder) if CHECKPOINT_NAME.match(name))
+
+
+def checkpoint_files(folder: str) -> dict[str, tuple[int, int]]:
+    """The checkpoints in ``folder`` (:func:`checkpoint_names`), each with its size and modification
+    time in nanoseconds: what changes when a checkpoint is written again."""
+    files = {}
+    for name in checkpoint_names(folder):
+        with contextlib.suppress(OSError):  # removed since listed
+            info = os.stat(os.path.join(folder, name))
+            files[name] = (info.st_size, info.st_mtime_ns)
+    return files
 
 
 def numbered_iteration(name: str) -> int | None:
@@ -425,6 +437,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
         self._loading: str | None = None  # the file load() reads, for its messages
         self._resumed = False  # set when resume_or_load has loaded a checkpoint of save_dir
         self.started = False  # set by resume_or_load: a trainer that trains without it starts a new run
+        self._folder_seen: dict[str, tuple[int, int]] | None = None  # save_dir's checkpoints after resume_or_load
         self._file_keys: set = set()  # the keys of the file _load_file read last
 
     def has_checkpoint(self) -> bool:
@@ -463,6 +476,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
         # a kill while saving leaves no record or a right one (read unchecked but for the checksums inside)
         write_with_checksum(path, lambda file: torch.save(data, file), self.path_manager)
         self.tag_last_checkpoint(basename)
+        if self._folder_seen is not None:
+            self._folder_seen = checkpoint_files(self.save_dir or "")
 
     def run_segments(self) -> list[dict]:
         """What each stretch of the run trained with: the resumed checkpoint's record (none for a
@@ -633,11 +648,32 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 "there would replace: continue that run (resume_or_load(resume=True); the tools' --resume), train "
                 "into another output folder, or remove them (the tools' --overwrite).")
 
+    def check_folder_unchanged(self) -> None:
+        """Refuse a training where checkpoints appeared or changed in ``save_dir`` since
+        :meth:`resume_or_load` (another trainer trained there in between, as two trainers built one
+        after the other in a notebook can): the training would replace them."""
+        if self._folder_seen is None or not self.save_to_disk:
+            return
+        now = checkpoint_files(self.save_dir or "")
+        changed = [name for name in sorted(now) if self._folder_seen.get(name) != now[name]]
+        if changed:
+            raise GwdetFileExistsError(
+                f"{self.save_dir} holds checkpoints written since this trainer's resume_or_load ({listed(changed, 3)}): "
+                "another run trained there in between, and this training would replace its files. Build the trainer "
+                "again and call resume_or_load(resume=True) to continue from them, or train into another output "
+                "folder.")
+
     def resume_or_load(self, path: str, *, resume: bool = True) -> dict:
         """``resume``: the newest readable checkpoint of ``save_dir`` (:meth:`resume_candidates`),
         else the initial weights ``path``; without ``resume``, the initial weights, refused where
-        ``save_dir`` holds another run's checkpoints, which the new training would replace."""
+        ``save_dir`` holds another run's checkpoints, which the new training would replace. The
+        folder's checkpoints are noted for :meth:`check_folder_unchanged`."""
         self.started = True
+        loaded = self._resume_or_load(path, resume)
+        self._folder_seen = checkpoint_files(self.save_dir or "")
+        return loaded
+
+    def _resume_or_load(self, path: str, resume: bool) -> dict:
         if not resume:
             self.check_no_earlier_run()
             return self.load_weights(path)

@@ -100,6 +100,7 @@ from gwdet.engine.training import (
     random_streams_kept,
     run_writers,
     training_checkpointer,
+    training_lock,
     training_loop,
     with_signal_checkpoints,
 )
@@ -287,28 +288,32 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
     def resume_or_load(self, resume: bool = True) -> None:
         """``--resume``: continue from the newest readable checkpoint of ``train.output_dir`` (its
         iteration, optimizer, scheduler, random and data states); else load
-        ``train.init_checkpoint`` and start at iteration 0."""
-        if resume:  # another model, batch or seed; a finished run would train nothing, its results set aside
-            LazyRun(self.cfg).check_trainer_resume()
-            check_resume_trains(self.cfg.train.output_dir, self.max_iter, "train.max_iter")
-        with configured_optimizer_values(self.optimizer, self.scheduler, OPTIMIZER_GROUPING, WEIGHTS_SETTING):
-            self.checkpointer.resume_or_load(self.cfg.train.init_checkpoint, resume=resume)
-        if resume and self.checkpointer.has_checkpoint():
-            self.start_iter = self.iter + 1
-        continue_after_resume(self.cfg.train.output_dir, self.start_iter, self.data_loader, self._images_per_rank,
-                              "dataloader.train is not built by detectron2's build_detection_train_loader")
+        ``train.init_checkpoint`` and start at iteration 0; the output folder's lock held meanwhile
+        (:func:`~gwdet.engine.training.training_lock`)."""
+        with training_lock(self.cfg.train.output_dir, "train.output_dir", WEIGHTS_SETTING):
+            if resume:  # another model, batch or seed; a finished run would train nothing, its results set aside
+                LazyRun(self.cfg).check_trainer_resume()
+                check_resume_trains(self.cfg.train.output_dir, self.max_iter, "train.max_iter")
+            with configured_optimizer_values(self.optimizer, self.scheduler, OPTIMIZER_GROUPING, WEIGHTS_SETTING):
+                self.checkpointer.resume_or_load(self.cfg.train.init_checkpoint, resume=resume)
+            if resume and self.checkpointer.has_checkpoint():
+                self.start_iter = self.iter + 1
+            continue_after_resume(self.cfg.train.output_dir, self.start_iter, self.data_loader, self._images_per_rank,
+                                  "dataloader.train is not built by detectron2's build_detection_train_loader")
 
     def run_step(self) -> None:
         self._trainer.iter = self.iter
         self._trainer.run_step()
 
     def train(self):
-        """Train from :attr:`start_iter` to ``train.max_iter``; return the last evaluation's results."""
-        check_not_over_another_run(self, self.cfg.train.init_checkpoint)
-        try:
-            super().train(self.start_iter, self.max_iter)
-        finally:
-            release_stop_signals(self._hooks)
+        """Train from :attr:`start_iter` to ``train.max_iter``, holding the output folder's lock
+        (:func:`~gwdet.engine.training.training_lock`); return the last evaluation's results."""
+        with training_lock(self.cfg.train.output_dir, "train.output_dir", WEIGHTS_SETTING):
+            check_not_over_another_run(self, self.cfg.train.init_checkpoint)
+            try:
+                super().train(self.start_iter, self.max_iter)
+            finally:
+                release_stop_signals(self._hooks)
         return getattr(self, "_last_eval_results", None)
 
 

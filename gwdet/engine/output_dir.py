@@ -422,6 +422,26 @@ def check_resumed_folder_is_the_records(config_file: str, output_dir: str, setti
         f"{beside}, or give {setting} on the command line to {other}.")
 
 
+def check_weights_are_the_runs(config_file: str, weights: str, weights_setting: str, nothing_done: str) -> None:
+    """Refuse an evaluation or export of the weights that ``--config-file``, a run's recorded
+    ``config.yaml``, names in ``weights_setting`` (not given on the command line) where they are not
+    a checkpoint of that run: they are the weights the run started from, while the folder beside the
+    file holds what it trained (``nothing_done``: what the refusal says of the request)."""
+    folder = os.path.dirname(os.path.abspath(config_file))
+    if (os.path.basename(config_file) != CONFIG_NAME or not weights or not written_by_a_run(config_file)
+            or not checkpoints_in(folder)):
+        return
+    if "://" not in weights and os.path.realpath(os.path.dirname(os.path.abspath(weights))) == os.path.realpath(folder):
+        return
+    trained = os.path.join(folder, FINAL_WEIGHTS if os.path.isfile(os.path.join(folder, FINAL_WEIGHTS))
+                           else checkpoints_in(folder)[-1])
+    raise GwdetValueError(
+        f"--config-file {config_file} is the record of the run in {folder}, whose {weights_setting} ({weights}) names "
+        f"the weights that run started from, not the ones it trained; {nothing_done}. Give "
+        f"{as_override(weights_setting, trained)} for the trained model, or give {weights_setting} on the command line "
+        "to use the weights it started from.")
+
+
 # The first line detectron2's default_setup writes into a run's log.txt (its file format, then the rank)
 _RUN_LOG_START = re.compile(rb"^\[\d\d/\d\d \d\d:\d\d:\d\d\] detectron2 INFO: Rank of current process: \d+\. ")
 

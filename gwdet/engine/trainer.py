@@ -60,6 +60,7 @@ from gwdet.engine.training import (
     random_streams_kept,
     run_writers,
     training_checkpointer,
+    training_lock,
     training_loop,
     with_signal_checkpoints,
 )
@@ -154,24 +155,28 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
         return run_writers(self.cfg.OUTPUT_DIR, self.max_iter)
 
     def train(self):
-        """Train; return the final COCO results (detectron2's EvalHook stores them on the trainer)."""
-        check_not_over_another_run(self, self.cfg.MODEL.WEIGHTS)
-        try:
-            super().train()
-        finally:
-            release_stop_signals(self._hooks)
+        """Train, holding the output folder's lock (:func:`~gwdet.engine.training.training_lock`);
+        return the final COCO results (detectron2's EvalHook stores them on the trainer)."""
+        with training_lock(self.cfg.OUTPUT_DIR, "OUTPUT_DIR", "MODEL.WEIGHTS"):
+            check_not_over_another_run(self, self.cfg.MODEL.WEIGHTS)
+            try:
+                super().train()
+            finally:
+                release_stop_signals(self._hooks)
         return getattr(self, "_last_eval_results", None)
 
     def resume_or_load(self, resume: bool = True) -> None:
-        if resume:  # another model, batch or seed; a finished run would train nothing, its results set aside
-            YacsRun(self.cfg).check_trainer_resume()
-            check_resume_trains(self.cfg.OUTPUT_DIR, self.max_iter, "SOLVER.MAX_ITER")
-        with configured_optimizer_values(self.optimizer, self.scheduler, OPTIMIZER_GROUPING, "MODEL.WEIGHTS"):
-            super().resume_or_load(resume=resume)
-        images_per_process = self.cfg.SOLVER.IMS_PER_BATCH // comm.get_world_size()
-        continue_after_resume(self.cfg.OUTPUT_DIR, self.start_iter, self._trainer.data_loader, images_per_process,
-                              "The train loader was not built by gwdet's build_train_loader")
-        continue_precise_bn(self._hooks, self.start_iter, images_per_process)
+        """detectron2's, the output folder's lock held meanwhile (:func:`~gwdet.engine.training.training_lock`)."""
+        with training_lock(self.cfg.OUTPUT_DIR, "OUTPUT_DIR", "MODEL.WEIGHTS"):
+            if resume:  # another model, batch or seed; a finished run would train nothing, its results set aside
+                YacsRun(self.cfg).check_trainer_resume()
+                check_resume_trains(self.cfg.OUTPUT_DIR, self.max_iter, "SOLVER.MAX_ITER")
+            with configured_optimizer_values(self.optimizer, self.scheduler, OPTIMIZER_GROUPING, "MODEL.WEIGHTS"):
+                super().resume_or_load(resume=resume)
+            images_per_process = self.cfg.SOLVER.IMS_PER_BATCH // comm.get_world_size()
+            continue_after_resume(self.cfg.OUTPUT_DIR, self.start_iter, self._trainer.data_loader, images_per_process,
+                                  "The train loader was not built by gwdet's build_train_loader")
+            continue_precise_bn(self._hooks, self.start_iter, images_per_process)
 
     @classmethod
     def test(cls, cfg: CfgNode, model: torch.nn.Module, evaluators=None):

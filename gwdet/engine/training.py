@@ -35,7 +35,7 @@ from gwdet.checkpoint.signal_hook import CheckpointOnSignal
 from gwdet.data.datasets import dataset_classes
 from gwdet.data.resumable import skip_trained_samples
 from gwdet.errors import GwdetValueError
-from gwdet.engine.output_dir import set_aside_results, trim_metrics
+from gwdet.engine.output_dir import OutputDirLock, lock_holder, set_aside_results, trim_metrics
 from gwdet.engine.run_environment import annotation_files, run_segment
 from gwdet.modeling.build import check_build_state
 
@@ -133,12 +133,22 @@ def check_torch_state(training: bool) -> None:
             "run, or run it outside the block.")
 
 
+def training_lock(output_dir: str, output_setting: str, weights_setting: str) -> contextlib.AbstractContextManager:
+    """The output folder's lock (:class:`~gwdet.engine.output_dir.OutputDirLock`) for a trainer's
+    ``train()``: taken by the main process unless it holds it already (the tools hold it for the
+    whole run), so that a training from one's own code and a tool's run never write one folder at
+    once."""
+    if not comm.is_main_process() or lock_holder(output_dir) == f"pid {os.getpid()}":
+        return contextlib.nullcontext()
+    return OutputDirLock(output_dir, output_setting, weights_setting)
+
+
 def check_not_over_another_run(trainer: Any, weights: str) -> None:
     """Before a trainer of gwdet's trains: refused where it has trained its iterations already (a
     second ``train()``, which detectron2's hooks cannot run again), and, without ``resume_or_load``
     (which checks it), where its output folder holds another run's checkpoints, which the training
     would replace, or where the config names initial ``weights``, which only ``resume_or_load``
-    loads."""
+    loads; with it, where checkpoints were written in the folder since (another trainer's)."""
     if trainer.iter >= trainer.max_iter > 0:
         raise GwdetValueError(
             f"This trainer has trained its {trainer.max_iter} iterations already (train() returned); its hooks "
@@ -153,6 +163,8 @@ def check_not_over_another_run(trainer: Any, weights: str) -> None:
                 "without it the model would train from its random initialization. Call "
                 "trainer.resume_or_load(resume=False) before train() (resume=True to continue the run in the output "
                 f"folder), or set {checkpointer.weights_setting} to '' to train from scratch.")
+    if isinstance(checkpointer, ResilientCheckpointer):
+        checkpointer.check_folder_unchanged()
 
 
 def precise_bn_streams_kept(hooks: list) -> list:

@@ -38,8 +38,8 @@ from gwdet.utils.cli_errors import add_verbose_argument, as_override, output_pat
 from gwdet.export.deploy import MIN_DETECTOR_OPSET
 from gwdet.export.detection_check import TOLERANCE
 from gwdet.engine.arguments import parse_with_trailing_flags, refuse_repeated_flags
-from gwdet.engine.output_dir import check_run_detections_kept
-from gwdet.engine.run import RunConfig, load_run_config
+from gwdet.engine.output_dir import check_run_detections_kept, check_weights_are_the_runs
+from gwdet.engine.run import RunConfig, gives_setting, load_run_config
 
 logger = logging.getLogger("gwdet.export")
 
@@ -434,6 +434,8 @@ def _export(argv: Sequence[str]) -> int:
                                    "choose another --output.")
     run = load_run_config(args.config_file, args.opts, tool=True)
     check_weights_given(run, args.untrained)
+    if not gives_setting(args.opts, run.weights_setting):
+        check_weights_are_the_runs(args.config_file, run.weights, run.weights_setting, "nothing was written")
     if args.sample_image is None and not run.test_datasets():
         raise GwdetValueError(f"The export is compared with the eager model on a test image, and {run.test_setting} "
                               "names no test set to take one from; nothing was written. Give --sample-image IMAGE, "
