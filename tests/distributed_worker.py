@@ -1,6 +1,7 @@
 """Run by tests/test_distributed.py through gwdet's ``launch`` (CPU processes, gloo, on every
 supported detectron2): train, then save this rank's parameters and its local rank so the test can
-compare ranks, and what resuming the run logs. (Not a test module: spawned processes import it.)"""
+compare ranks, and what resuming the run logs; or check what the ranks agree on (configs, the
+folder of an evaluation). (Not a test module: spawned processes import it.)"""
 import argparse
 import logging
 import sys
@@ -52,9 +53,26 @@ def check_rank_configs(config_file: str, out_dir: str) -> None:
         f.write("\n".join(said))
 
 
+def choose_evaluation_folders(run_folder: str, out_dir: str) -> None:
+    """--eval-only of a run's weights in its folder, where rank 1 finds the evaluation folder rank 0
+    chose taken (by rank 0's lock, as when it looks later): each rank writes the folder it was given."""
+    from gwdet.engine import output_dir, run as run_module
+    from gwdet.engine.arguments import parse_args
+
+    if comm.get_rank() == 1:
+        chosen = output_dir.evaluation_folder
+        run_module.evaluation_folder = lambda *args: chosen(*args) + "-2"  # type: ignore[attr-defined]
+    args = parse_args(["--config-file", f"{run_folder}/config.yaml", "--eval-only", "--resume"])
+    run = run_module.load_run_config(args.config_file, args.opts)
+    with open(f"{out_dir}/rank{comm.get_rank()}.txt", "w", encoding="utf-8") as f:
+        f.write(run_module.evaluation_request(run, args)[0].output_dir)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "--check-rank-configs":
         launch(check_rank_configs, 2, dist_url="auto", args=tuple(sys.argv[2:4]))
+    elif sys.argv[1] == "--evaluation-folders":
+        launch(choose_evaluation_folders, 2, dist_url="auto", args=tuple(sys.argv[2:4]))
     else:
         config_file, out_dir, *opts = sys.argv[1:]
         launch(train_and_save_parameters, 2, dist_url="auto", args=(config_file, opts, out_dir))

@@ -45,3 +45,14 @@ def test_processes_started_with_different_configs_are_refused_in_every_process(t
             "(OUTPUT_DIR too: on disks of each machine's own, give the same path on each).",
             "The processes of this run were started with different requests (rank 0: none; rank 1: --resume): start "
             "every machine with the same flags (--resume, --eval-only) as well as the same config."]
+
+
+def test_the_processes_of_an_evaluation_beside_a_run_write_into_one_folder(finished_run, tmp_path):
+    # --num-gpus 2 --eval-only beside a run: each process chose its own eval/ folder (the second found the first's
+    # taken), and the run was refused as one of processes holding different configs
+    command = [sys.executable, str(REPO / "tests" / "distributed_worker.py"), "--evaluation-folders",
+               str(finished_run), str(tmp_path)]
+    completed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert (tmp_path / "rank0.txt").read_text() == (tmp_path / "rank1.txt").read_text() == \
+        str(finished_run / "eval" / "model_final")

@@ -519,6 +519,11 @@ def test_benchmark_section_defaults_to_main_with_out(tmp_path):
 @pytest.mark.parametrize("override, message", [
     # lo_ncls: trained and evaluated a 3-class model on the 4 shapes categories without a word
     ("model.roi_heads.num_classes=3", "model.roi_heads.num_classes=3, but dataset 'shapes_train' has 4 categories"),
+    # nc_c: a box predictor of 5 classes for the 4 shapes trained, then the evaluation died with an IndexError
+    ("model.roi_heads.box_predictor.num_classes=5", "model.roi_heads.box_predictor.num_classes=5, but "
+                                                    "model.roi_heads.num_classes=4: the heads would predict other"),
+    ("model.roi_heads.mask_head.num_classes=3", "model.roi_heads.mask_head.num_classes=3, but "
+                                                "model.roi_heads.num_classes=4"),
     # lo_evalname: scored the predictions on shapes_val's images against shapes_test's annotations
     ("dataloader.evaluator.dataset_name=shapes_test", "dataloader.evaluator.dataset_name='shapes_test', but "
                                                       "dataloader.test.dataset.names is 'shapes_val'"),

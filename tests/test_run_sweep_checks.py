@@ -432,6 +432,27 @@ def test_a_runs_config_yaml_without_weights_given_does_not_stand_for_its_trained
     assert evaluation_request(load_run_config(args.config_file, args.opts), args)[0].weights == started  # asked for
 
 
+def test_a_run_whose_triton_kernels_could_not_run_says_so_in_its_log_and_records(tmp_path, monkeypatch):
+    # GWDET_GW_PLAN=triton on a machine without a GPU: log.txt and results.json said triton while every call was
+    # computed by the accelerator plan's operations (a RuntimeWarning on stderr only said so)
+    from gwdet.checkpoint.resilient import RUN_SEGMENTS_KEY
+    from gwdet.layers.plans import triton_plan
+
+    monkeypatch.setattr(triton_plan, "_failures", {})
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("GWDET_GW_PLAN", "triton")
+    with pytest.warns(RuntimeWarning, match="cannot run on cpu"):
+        main(tiny_run_args(tmp_path))
+    plans = json.loads((tmp_path / "results.json").read_text())["environment"]["execution_plans"]
+    assert plans["forced"] == "triton"
+    assert re.match(r"itn_whitening_kernel \(tile \d+\) on cpu: KernelUnavailable: Triton kernels run on CUDA",
+                    plans["fallbacks"])
+    segments = torch.load(tmp_path / "model_final.pth", weights_only=False)[RUN_SEGMENTS_KEY]
+    assert segments[-1]["execution_plans"] == plans
+    assert f"Triton kernels that cannot run, computed by 'accelerator' instead: {plans['fallbacks']}" in \
+        (tmp_path / "log.txt").read_text()
+
+
 def test_resuming_by_a_copied_runs_config_yaml_is_refused_where_it_names_the_original(finished_run, tmp_path):
     # the copy's config.yaml names the original folder: its model_final.pth and results were replaced
     branch = _copy_run(finished_run, tmp_path / "branch", "model_final.pth", "model_final.pth.sha256",

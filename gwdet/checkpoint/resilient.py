@@ -412,13 +412,15 @@ class ResilientCheckpointer(DetectionCheckpointer):
     the training datasets' annotation files, saved under :data:`DATA_KEY` and checked on resume.
     ``compare_input``: warn when the loaded checkpoint's record of the model's input values
     (:func:`input_record`) differs from the model's (off where the caller compares them itself).
-    ``segment``: what this process trains with (versions, threads, ...), saved with the earlier
-    stretches of a resumed run under :data:`RUN_SEGMENTS_KEY` (:meth:`run_segments`).
+    ``segment``: what this process trains with (versions, threads, ...; or a function giving it
+    when a checkpoint is saved), saved with the earlier stretches of a resumed run under
+    :data:`RUN_SEGMENTS_KEY` (:meth:`run_segments`).
     """
 
     def __init__(self, *args: Any, require_every_weight: bool = False, weights_setting: str = "MODEL.WEIGHTS",
                  classes: Sequence[str] | None = None, training_data: Mapping[str, Mapping[str, Any]] | None = None,
-                 compare_input: bool = True, segment: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+                 compare_input: bool = True,
+                 segment: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.require_every_weight = require_every_weight
         self.compare_input = compare_input
@@ -429,7 +431,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
                                  f"in order), got {classes!r}")
         self.classes = names or None
         self.training_data = dict(training_data) if training_data else None
-        self.segment = dict(segment) if segment else None
+        self.segment = segment if callable(segment) else dict(segment) if segment else None
         self._earlier_segments: list[dict] = []  # of the checkpoint resumed from
         self._segment_start = 0  # the first iteration this process trains
         self._loading_initial_weights = False  # set by load_weights: training state removed from the file is no loss
@@ -483,7 +485,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
         """What each stretch of the run trained with: the resumed checkpoint's record (none for a
         checkpoint saved without it), then this process's ``segment``, each with the first iteration
         it trained (``from_iteration``)."""
-        current = [{"from_iteration": self._segment_start, **self.segment}] if self.segment else []
+        segment = self.segment() if callable(self.segment) else self.segment
+        current = [{"from_iteration": self._segment_start, **segment}] if segment else []
         return [*self._earlier_segments, *current]
 
     def tag_last_checkpoint(self, last_filename_basename: str) -> None:

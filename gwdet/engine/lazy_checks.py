@@ -598,6 +598,10 @@ def training_mask_format(cfg: DictConfig) -> str | None:
     return default if isinstance(default, str) else None
 
 
+# The heads' own class counts, which follow model.roi_heads.num_classes in detectron2's configs
+CLASS_COUNT_KEYS = ("model.roi_heads.box_predictor.num_classes", "model.roi_heads.mask_head.num_classes")
+
+
 def check_datasets(cfg: DictConfig, *, trains: bool = True, evaluates: bool = True) -> None:
     """Refuse, before training or evaluating, an evaluator of another dataset than the test loader
     reads (it would score the predictions on those images against the other dataset's annotations),
@@ -605,7 +609,8 @@ def check_datasets(cfg: DictConfig, *, trains: bool = True, evaluates: bool = Tr
     datasets that do not fit the run (:func:`gwdet.data.coco_registration.check_datasets_fit`), and a
     ``model.roi_heads.num_classes`` other than the categories of a dataset whose classes are known
     (:func:`gwdet.data.coco_registration.known_class_names`), as a yacs config's
-    ``MODEL.ROI_HEADS.NUM_CLASSES`` is refused. The training sets are checked where the request
+    ``MODEL.ROI_HEADS.NUM_CLASSES`` is refused, or a head's own count (:data:`CLASS_COUNT_KEYS`)
+    other than ``model.roi_heads.num_classes``. The training sets are checked where the request
     ``trains``, the test sets where it ``evaluates``."""
     trained = names_at(cfg, "dataloader.train.dataset.names") if trains else []
     tested = names_at(cfg, "dataloader.test.dataset.names") if evaluates else []
@@ -626,6 +631,14 @@ def check_datasets(cfg: DictConfig, *, trains: bool = True, evaluates: bool = Tr
     count = select(cfg, "model.roi_heads.num_classes")
     if not is_whole_number(count):
         return
+    for key in CLASS_COUNT_KEYS:
+        value = select(cfg, key)
+        if is_whole_number(value) and value != count:
+            raise GwdetValueError(
+                f"{key}={value}, but model.roi_heads.num_classes={count}: the heads would predict other classes than "
+                "the model's (a class trained as background, or an evaluation that fails). Leave it to follow "
+                f"model.roi_heads.num_classes, as detectron2's configs do ({key}='${{..num_classes}}'), or give both "
+                "the same value.")
     for name in _distinct_names(trained, tested, evaluated):
         classes = known_class_names(name)
         if classes is not None and len(classes) != count:

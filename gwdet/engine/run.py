@@ -52,7 +52,7 @@ from gwdet.data.datasets import check_evaluated_classes
 from gwdet.modeling.detectron2_failures import named_config_failures
 from gwdet.errors import GwdetError, GwdetFileExistsError, GwdetFileNotFoundError, GwdetOSError, GwdetValueError, listed
 from gwdet.layers.common import is_finite_number
-from gwdet.layers.plans import describe_plans
+from gwdet.layers.plans import describe_plans, fallback_reason
 from gwdet.model_zoo.lazy_loading import is_lazy_config
 from gwdet.utils.atomic import write_text_atomically, write_text_with_checksum
 from gwdet.utils.cli_errors import tool_name
@@ -387,8 +387,8 @@ def names_weights(run: RunConfig, args: argparse.Namespace) -> bool:
 def evaluation_request(run: RunConfig, args: argparse.Namespace) -> tuple[RunConfig, argparse.Namespace]:
     """``--eval-only``: the config and arguments that evaluate exactly the chosen weights (the
     initial weights, or with ``--resume`` the checkpoint ``last_checkpoint`` names) into a folder of
-    their own when the output folder holds a run (:func:`gwdet.engine.output_dir.evaluation_folder`;
-    logged when that is not the output folder). A run's recorded config.yaml does not stand for its
+    their own when the output folder holds a run (:func:`gwdet.engine.output_dir.evaluation_folder`,
+    the main process's choice for all; logged when that is not the output folder). A run's recorded config.yaml does not stand for its
     trained weights (:func:`gwdet.engine.output_dir.check_weights_are_the_runs`)."""
     check_output_request(args, run)
     if not args.resume and not names_weights(run, args):
@@ -402,6 +402,8 @@ def evaluation_request(run: RunConfig, args: argparse.Namespace) -> tuple[RunCon
             f"not {run.weights_setting} {run.weights} given on the command line: leave out --resume to evaluate "
             f"{run.weights}, or leave out {run.weights_setting} to evaluate the run's checkpoint.")
     folder = evaluation_folder(run.output_dir, weights, run.output_setting)
+    if comm.get_world_size() > 1:  # chosen once: a process that looked after the first took the folder would pick the next
+        folder = comm.all_gather(folder)[0]
     if folder != run.output_dir:
         logger.info(f"{run.output_setting} {run.output_dir} holds a run or an evaluation: the evaluation of {weights} "
                     f"is written to {folder}, and the files already there stay as they are.")
@@ -741,11 +743,14 @@ def write_results_to(output_dir: str, results: Mapping, datasets: Sequence[str] 
 
 
 def log_outputs(output_dir: str, wrote_results: bool, drawings: Sequence[str], drawings_setting: str) -> None:
-    """The run's last log line (main process): where ``results.md`` / ``results.json`` are (when
+    """The run's last log lines (main process): the Triton kernels that could not run and were
+    computed by the ``accelerator`` plan instead, if any; where ``results.md`` / ``results.json`` are (when
     ``wrote_results``) and the prediction drawings ``drawings``, or why there are none
     (``drawings_setting``: the setting that asks for them, e.g. ``TEST.VIS_IMAGES``)."""
     if not comm.is_main_process():
         return
+    if fallback_reason():  # said at the first call, on stderr only; log.txt holds it from here
+        logger.warning(describe_plans())
     if wrote_results:
         where = (f"Results: {os.path.join(output_dir, RESULTS_MARKDOWN)} and {RESULTS_JSON} (with the package "
                  "versions and dataset checksums)")

@@ -19,7 +19,7 @@ import torch
 from detectron2.data import MetadataCatalog
 from detectron2.utils import comm
 
-from gwdet.layers.plans import PLAN_VARIABLE, plan_name
+from gwdet.layers.plans import PLAN_VARIABLE, fallback_reason, plan_name
 from gwdet.utils.atomic import cached_sha256
 
 ENVIRONMENT_KEY = "environment"
@@ -96,10 +96,14 @@ def processor() -> dict[str, Any]:
 
 
 def execution_plans() -> dict[str, Any]:
-    """The GW/BW execution plan for CPU and CUDA tensors (:func:`gwdet.layers.plans.plan_name`), and
-    the value of ``GWDET_GW_PLAN`` that forced them (``None``: chosen by device)."""
-    return {"cpu": plan_name(torch.device("cpu")), "cuda": plan_name(torch.device("cuda")),
-            "forced": os.environ.get(PLAN_VARIABLE) or None}
+    """The GW/BW execution plan for CPU and CUDA tensors (:func:`gwdet.layers.plans.plan_name`), the
+    value of ``GWDET_GW_PLAN`` that forced them (``None``: chosen by device), and, once a Triton
+    kernel could not run in this process, ``"fallbacks"``: which, where and why (their calls were
+    computed by the ``accelerator`` plan's operations: :func:`gwdet.layers.plans.fallback_reason`)."""
+    plans = {"cpu": plan_name(torch.device("cpu")), "cuda": plan_name(torch.device("cuda")),
+             "forced": os.environ.get(PLAN_VARIABLE) or None}
+    fallbacks = fallback_reason()
+    return {**plans, "fallbacks": fallbacks} if fallbacks else plans
 
 
 def run_segment() -> dict[str, Any]:

@@ -91,12 +91,13 @@ def training_checkpointer(trainer: TrainerBase, output_dir: str, datasets: Seque
     """The checkpointer of ``trainer``'s model (built, its loop in ``trainer._trainer``): it saves the
     random streams and the trainer's state too, and records the class names and the annotation files
     of the training ``datasets`` (checked when the run resumes) and what each stretch of a resumed
-    run trained with (:func:`~gwdet.engine.run_environment.run_segment`)."""
+    run trained with (:func:`~gwdet.engine.run_environment.run_segment` when it saves: Triton kernels
+    that could not run by then are named)."""
     files = {name: {key: record[key] for key in ("json_file", "json_sha256")}
              for name, record in annotation_files(datasets).items()}
     return ResilientCheckpointer(trainer._trainer.model, output_dir, random_state=RandomState(),
                                  trainer=weakref.proxy(trainer), weights_setting=weights_setting,
-                                 classes=dataset_classes(datasets), training_data=files, segment=run_segment())
+                                 classes=dataset_classes(datasets), training_data=files, segment=run_segment)
 
 
 @contextlib.contextmanager

@@ -94,6 +94,6 @@ def describe_plans() -> str:
 
 
 __all__ = [
-    "PLANS", "PLAN_VARIABLE", "ExecutionPlan", "default_gpu_plan", "describe_plans", "plan_for", "plan_name",
-    "triton_version",
+    "PLANS", "PLAN_VARIABLE", "ExecutionPlan", "default_gpu_plan", "describe_plans", "fallback_reason", "plan_for",
+    "plan_name", "triton_version",
 ]
