@@ -226,13 +226,15 @@ def test_missing_weights_file_says_how_to_get_one(tmp_path):
 def test_a_resume_with_another_process_count_is_refused_where_batch_statistics_would_change(tmp_path, caplog):
     # before: a run of 2 processes resumed by 1 without a word (BN over 2 images per process instead
     # of 1), and its results.json then recorded "processes": 1
+    from gwdet.checkpoint.resilient import RUN_SEGMENTS_KEY
+    from gwdet.engine.run_environment import run_segment
     from gwdet.layers import GroupWhitening
 
     for norm, refused in ((torch.nn.BatchNorm2d(4), True), (GroupWhitening(4, num_groups=2), False)):
         model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), norm)
         folder = tmp_path / type(norm).__name__
         folder.mkdir()
-        ResilientCheckpointer(model, str(folder)).save("model_0000009", iteration=9, gwdet_processes=2)
+        ResilientCheckpointer(model, str(folder), segment={"processes": 2}).save("model_0000009", iteration=9)
         resumed = ResilientCheckpointer(model, str(folder))
         if refused:
             with pytest.raises(ValueError, match=(
@@ -246,9 +248,10 @@ def test_a_resume_with_another_process_count_is_refused_where_batch_statistics_w
                 assert resumed.resume_or_load("", resume=True)["iteration"] == 9
             assert "--resume with 1 process(es) of a run trained with 2 (model_0000009.pth): its norm layers " \
                    "normalize each image on its own" in caplog.text
-    (tmp_path / "one").mkdir()
-    ResilientCheckpointer(model, str(tmp_path / "one")).save("model_0000009", iteration=9)  # recorded: 1, as now
-    assert ResilientCheckpointer(model, str(tmp_path / "one")).resume_or_load("", resume=True)["gwdet_processes"] == 1
+    (tmp_path / "one").mkdir()  # a trainer's checkpointer records the processes of the run (1, as now)
+    ResilientCheckpointer(model, str(tmp_path / "one"), segment=run_segment).save("model_0000009", iteration=9)
+    resumed = ResilientCheckpointer(model, str(tmp_path / "one")).resume_or_load("", resume=True)
+    assert resumed[RUN_SEGMENTS_KEY][-1]["processes"] == 1
 
 
 @pytest.mark.parametrize("method", ["itn", "zca"])

@@ -349,6 +349,76 @@ def test_a_test_set_that_is_a_training_sets_file_is_warned_of(tmp_path):
                for message in warned), warned
 
 
+def _second_file_of_the_same_images(tmp_path: Path, name: str, keep: slice = slice(None)) -> str:
+    """Another annotation file, ``name``, of the images of ``tmp_path``'s dataset (those of
+    ``keep``), the first image without its object."""
+    coco = json.loads((tmp_path / "train.json").read_text())
+    coco["images"] = coco["images"][keep]
+    kept = {image["id"] for image in coco["images"]}
+    coco["annotations"] = [annotation for annotation in coco["annotations"] if annotation["image_id"] in kept][1:]
+    (tmp_path / name).write_text(json.dumps(coco))
+    return f"{tmp_path / name}:{tmp_path / 'img'}"
+
+
+def test_two_training_files_of_the_same_images_are_refused_and_a_test_set_of_training_images_warned_of(tmp_path):
+    # two annotation passes of the same 8 images trained together without a word (an object the second pass lacked
+    # trained as background); a test file of 12 of the 60 training images scored as held-out data
+    from gwdet.data.coco_registration import DatasetUse, check_datasets_fit
+
+    spec = write_dataset(tmp_path)
+    second = _second_file_of_the_same_images(tmp_path, "second.json")
+    register_coco_datasets([CocoDataset.parse(f"pass_one={spec}"), CocoDataset.parse(f"pass_two={second}")])
+    with pytest.raises(DatasetError, match=r"^DATASETS.TRAIN 'pass_one' and 'pass_two' list the same 4 image file\(s\) "
+                                           r"\(.*/img/000.png, .*/img/001.png, ... \(2 more\)\) with the annotations of "
+                                           r"two files .* Merge the two files' annotations into one entry per image"):
+        check_datasets_fit(DatasetUse(("pass_one", "pass_two"), (), False))
+    part = _second_file_of_the_same_images(tmp_path, "part.json", slice(0, 2))
+    register_coco_datasets([CocoDataset.parse(f"part_test={part}")])
+    with logged_warnings("gwdet.data.coco_registration") as warned:
+        check_datasets_fit(DatasetUse(("pass_one",), ("part_test",), False))
+    assert [message.split(" (")[0] for message in warned] == [
+        "2 of the 2 images of DATASETS.TEST 'part_test' are images of DATASETS.TRAIN 'pass_one'"], warned
+
+
+def test_an_evaluation_of_weights_on_their_own_training_data_is_warned_of(tmp_path):
+    # --eval-only on the very annotation file the weights trained on (their checkpoint records it), or on a file
+    # of their training images, gave no word
+    from gwdet.engine.run import warn_of_training_data_evaluated
+    from gwdet.engine.run_environment import annotation_files
+
+    spec = write_dataset(tmp_path)
+    part = _second_file_of_the_same_images(tmp_path, "part.json", slice(0, 2))
+    register_coco_datasets([CocoDataset.parse(f"trained={spec}"), CocoDataset.parse(f"evaluated={spec}"),
+                            CocoDataset.parse(f"evaluated_part={part}")])
+    record = {"trained": annotation_files(["trained"])["trained"]}  # as a checkpoint holds it
+    with logged_warnings("gwdet.engine.run") as warned:
+        warn_of_training_data_evaluated(record, ["evaluated", "evaluated_part"], "w.pth")
+        # the record of a checkpoint that names no image folder: the file's contents are compared only
+        warn_of_training_data_evaluated({"trained": {**record["trained"], "image_root": None}}, ["evaluated_part"],
+                                        "w.pth")
+    assert [message.split(" (")[0] for message in warned] == [
+        "The test set 'evaluated'", "2 of the 2 images of the test set 'evaluated_part' are images w.pth was trained on"]
+
+
+def test_an_annotation_file_replaced_after_registration_is_not_read_unchecked(tmp_path):
+    # a test json replaced while the run trained (a converter run again, annotation ids from 0) was read unchecked
+    # by the evaluation after training: box AP 13.97 for 15.56, and results.json recorded the new file
+    from detectron2.data import DatasetCatalog
+
+    spec = write_dataset(tmp_path)
+    register_coco_datasets([CocoDataset.parse(f"swapped={spec}")])
+    assert len(DatasetCatalog.get("swapped")) == 4
+    coco = json.loads((tmp_path / "train.json").read_text())
+    for annotation in coco["annotations"]:
+        annotation["id"] -= 1
+    (tmp_path / "train.json").write_text(json.dumps(coco))
+    with pytest.raises(DatasetError, match=rf"^dataset 'swapped': {tmp_path / 'train.json'} changed since it was checked "
+                                           r"when the dataset was registered \(at the start of the run\)"):
+        DatasetCatalog.get("swapped")
+    with pytest.raises(DatasetError, match=r"has an annotation .* id 0"):  # registered again: checked again
+        register_coco_datasets([CocoDataset.parse(f"swapped={spec}")])
+
+
 def test_the_environment_variable_naming_a_dataset_twice_is_refused(tmp_path, monkeypatch):
     from gwdet.data.coco_registration import ENVIRONMENT_VARIABLE, environment_datasets
 

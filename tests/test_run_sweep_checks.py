@@ -851,3 +851,24 @@ def test_an_evaluations_config_names_the_weights_file_itself(finished_run, tmp_p
     monkeypatch.chdir(tmp_path)
     main(tiny_run_args("eval", "--eval-only", "MODEL.WEIGHTS", "w.pth"))
     assert build_config(str(tmp_path / "eval" / "config.yaml")).MODEL.WEIGHTS == str(tmp_path / "w.pth")
+
+
+def test_a_resume_checked_with_its_weights_named_is_not_checked_again_without(finished_run):
+    # the tool's --resume naming MODEL.WEIGHTS was checked again by the trainer it built (a weaker check), and the
+    # moved-schedule warning could print twice
+    from gwdet.engine.trainer import YacsRun
+
+    checked = []
+
+    class Counted(YacsRun):
+        def check_resume(self, weights_named: bool) -> None:
+            checked.append(weights_named)
+
+    cfg = build_config(str(finished_run / CONFIG_NAME), ["OUTPUT_DIR", str(finished_run)])
+    for weights_named in (True, False, True):
+        Counted(cfg).check_resume_request(weights_named)
+    assert checked == [True]
+    weaker_first = build_config(str(finished_run / CONFIG_NAME), ["OUTPUT_DIR", str(finished_run)])
+    for weights_named in (False, True):
+        Counted(weaker_first).check_resume_request(weights_named)
+    assert checked == [True, False, True]  # a pass of the weaker check does not count for the stricter

@@ -299,12 +299,9 @@ CLASSES_KEY = "gwdet_classes"
 # its state dict does not hold (its pixel buffers are not saved).
 INPUT_KEY = "gwdet_input"
 INPUT_ATTRIBUTES = ("input_format", "pixel_mean", "pixel_std")
-# The training datasets' annotation files, {name: {"json_file": path, "json_sha256": digest}}: what a
-# resume checks that it continues on.
+# The training datasets' annotation files, {name: {"json_file": path, "json_sha256": digest, "image_root":
+# folder}}: what a resume checks that it continues on, and an evaluation that it is not evaluated on.
 DATA_KEY = "gwdet_training_data"
-# The number of processes that trained the checkpoint (each on its share of the batch): what a resume
-# checks it continues with.
-PROCESSES_KEY = "gwdet_processes"
 # Norm layers whose batch statistics span every process's images (not only a process's own share).
 _SYNCED_NORMS = (torch.nn.SyncBatchNorm, NaiveSyncBatchNorm)
 # What each stretch of a resumed training ran with, [{"from_iteration": i, ...the values the trainer gave
@@ -461,7 +458,6 @@ class ResilientCheckpointer(DetectionCheckpointer):
             data[CLASSES_KEY] = self.classes
         if self.training_data:
             data[DATA_KEY] = self.training_data
-        data[PROCESSES_KEY] = comm.get_world_size()
         if self.initial_weights:
             data[INITIAL_WEIGHTS_KEY] = self.initial_weights
         if self.segment:
@@ -552,8 +548,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
                     "another output folder.")
 
     def _check_same_processes(self, saved: Any, checkpoint: str) -> None:
-        """Refuse to resume the checkpoint ``checkpoint``, trained by ``saved`` processes
-        (:data:`PROCESSES_KEY`; nothing is checked without a record), with another number of
+        """Refuse to resume the checkpoint ``checkpoint``, trained by ``saved`` processes (its last
+        run segment's, :data:`RUN_SEGMENTS_KEY`; nothing is checked without a record), with another number of
         processes where the model has norm layers with batch statistics over a process's own images
         (BN, BW, BGN, GhostBN; not synchronized batch norms): each would normalize over another
         share of the batch. Otherwise (per-image norms) the change is logged."""
@@ -692,11 +688,12 @@ class ResilientCheckpointer(DetectionCheckpointer):
                         f"start again. Start a new run from it ({self.weights_setting} {candidate}) into another output "
                         "folder, or restore the checkpoint as the run wrote it.")
                 self._check_same_training_data(loaded.get(DATA_KEY), candidate)
-                self._check_same_processes(loaded.get(PROCESSES_KEY), candidate)
                 recorded = loaded.get(INITIAL_WEIGHTS_KEY)
                 self.initial_weights = recorded if isinstance(recorded, dict) else None
                 segments = loaded.get(RUN_SEGMENTS_KEY)
                 self._earlier_segments = [dict(item) for item in segments] if isinstance(segments, list) else []
+                self._check_same_processes(self._earlier_segments[-1].get("processes") if self._earlier_segments
+                                           else None, candidate)
                 self._segment_start = int(loaded["iteration"]) + 1
                 self._resumed = True
                 return loaded

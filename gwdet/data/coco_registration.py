@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import filecmp
 import functools
+import hashlib
 import json
 import logging
 import math
@@ -35,6 +36,7 @@ from detectron2.data.transforms import ResizeShortestEdge
 
 from gwdet.config import SHAPES_PREFIX
 from gwdet.errors import GwdetError, listed
+from gwdet.utils.atomic import cached_sha256
 from gwdet.utils.cli_errors import as_override, link_dotdot_problem
 from gwdet.data.boxes import box_problem
 from gwdet.data.masks import short_repr
@@ -86,6 +88,8 @@ class CocoContents:
     crowd_without_mask: int = 0  # ... without a mask (COCO's mask evaluation reads every annotation's mask)
     without_iscrowd: int = 0  # annotations without an 'iscrowd' (detectron2 reads 0; COCO evaluation needs it)
     most_elongated: tuple[str, int, int] | None = None  # (file_name, width, height) of the largest side ratio
+    image_files: frozenset[str] = frozenset()  # the images' files, real paths
+    json_sha256: str = ""  # of the file as it was read and checked
 
     @property
     def class_names(self) -> list[str]:
@@ -156,7 +160,9 @@ def _split_paths(paths: str, text: str) -> tuple[str, str, str]:
     return (json_file, ":", root) if splits else ("", "", paths)
 
 
-def _read_json(dataset: CocoDataset):
+def _read_json(dataset: CocoDataset) -> tuple[Any, str]:
+    """What ``dataset``'s JSON file holds, and the SHA-256 of the bytes read; :class:`DatasetError`
+    naming the problem when it cannot be read as JSON."""
     where = f"dataset {dataset.name!r}:"
     path = dataset.json_file
     if not os.path.exists(path):
@@ -168,8 +174,10 @@ def _read_json(dataset: CocoDataset):
         raise DatasetError(f"{where} {path} is not a regular file (a named pipe or a device). Give the COCO instances "
                            f"JSON file ({FORMAT}).")
     try:
-        with open(path, encoding="utf-8") as file:
-            return json.load(file, object_pairs_hook=_refusing_repeated_keys)
+        with open(path, "rb") as file:
+            data = file.read()
+        return json.loads(data.decode("utf-8"), object_pairs_hook=_refusing_repeated_keys), \
+            hashlib.sha256(data).hexdigest()
     except _RepeatedKey as repeated:
         raise DatasetError(f"{where} {path} gives the key {repeated.args[0]!r} twice in one object: JSON readers keep "
                            "only the last (pycocotools and detectron2 too), so what the first holds would be dropped "
@@ -343,7 +351,7 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
     their size cannot confirm are named in a warning.
     """
     where, path = f"dataset {dataset.name!r}:", dataset.json_file
-    coco = _read_json(dataset)
+    coco, digest = _read_json(dataset)
     if not isinstance(coco, dict):
         raise DatasetError(f"{where} {path} holds a JSON {type(coco).__name__}, not a COCO object with "
                            "'images', 'annotations' and 'categories' lists.")
@@ -533,7 +541,9 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
                     / max(min(image["width"], image["height"]), 1))
     return CocoContents(tuple(sorted(names.items())), len(coco["images"]), tally.instances, tally.rle_masks,
                         tally.without_mask, tally.crowd, tally.crowd_without_mask, tally.without_iscrowd,
-                        (str(elongated["file_name"]), int(elongated["width"]), int(elongated["height"])))
+                        (str(elongated["file_name"]), int(elongated["width"]), int(elongated["height"])),
+                        frozenset(os.path.realpath(os.path.join(root, image["file_name"])) for image in coco["images"]),
+                        digest)
 
 
 # ---- the catalog -----------------------------------------------------------------------------
@@ -582,16 +592,56 @@ def register_coco_datasets(datasets: Iterable[CocoDataset], command_line: bool =
             _FROM_COMMAND_LINE.add(dataset.name)
         else:
             _FROM_COMMAND_LINE.discard(dataset.name)
-        if registered_coco_dataset(dataset.name) == dataset:
+        registered = registered_coco_dataset(dataset.name)
+        if registered == dataset and registered is not None and _json_unchanged(registered):
             continue
         check_name_available(dataset.name)
         dataset = dataset.inspected()
-        if dataset.name in DatasetCatalog.list():  # registered here before, onto other files
+        if dataset.name in DatasetCatalog.list():  # registered here before, onto other files or an older JSON
             DatasetCatalog.remove(dataset.name)
             MetadataCatalog.remove(dataset.name)
         register_coco_instances(dataset.name, {"thing_classes": dataset.read.class_names},
                                 dataset.json_file, dataset.image_root)
+        load = DatasetCatalog[dataset.name]
+        DatasetCatalog.remove(dataset.name)
+        DatasetCatalog.register(dataset.name, functools.partial(_load_unchanged, dataset, load))
         _REGISTERED[dataset.name] = dataset
+
+
+def recorded_images(record: Any) -> frozenset[str]:
+    """The image files (real paths) of the annotation file that a checkpoint's record of a training
+    set names (``json_file``, ``json_sha256``, ``image_root``), while that file holds what it held;
+    none otherwise (no such record, a file gone or changed, or not a COCO file)."""
+    if not isinstance(record, dict):
+        return frozenset()
+    path, root, digest = record.get("json_file"), record.get("image_root"), record.get("json_sha256")
+    if not (isinstance(path, str) and isinstance(root, str) and digest and os.path.isfile(path)) \
+            or cached_sha256(path) != digest:
+        return frozenset()
+    try:
+        with open(path, "rb") as file:
+            images = json.load(file)["images"]
+        return frozenset(os.path.realpath(os.path.join(root, image["file_name"])) for image in images)
+    except (OSError, ValueError, KeyError, TypeError):
+        return frozenset()
+
+
+def _json_unchanged(dataset: CocoDataset) -> bool:
+    """Whether ``dataset``'s JSON file holds what it held when it was checked."""
+    return os.path.isfile(dataset.json_file) and cached_sha256(dataset.json_file) == dataset.read.json_sha256
+
+
+def _load_unchanged(dataset: CocoDataset, load: Callable[[], list[dict]]) -> list[dict]:
+    """detectron2's ``load`` of ``dataset``'s records, refused (:class:`DatasetError`) where its JSON
+    file changed since it was checked at registration (replaced while a run trained): the run
+    would train or be evaluated on annotations nothing checked."""
+    if not _json_unchanged(dataset):
+        raise DatasetError(
+            f"dataset {dataset.name!r}: {dataset.json_file} changed since it was checked when the dataset was "
+            "registered (at the start of the run): it would be read unchecked, for annotations other than the run "
+            "started with. Put the file back as it was, or register it again (run the command again) so that it is "
+            "checked; a training's checkpoints are kept (evaluate them with --eval-only).")
+    return load()
 
 
 # ---- other processes -------------------------------------------------------------------------
@@ -929,12 +979,30 @@ def check_datasets_fit(use: DatasetUse) -> None:
             _check_mask_format(use, dataset)
         if dataset.name in use.test:  # evaluated against the JSON itself
             _check_test_annotations(use, dataset)
+    _check_no_shared_training_images(use, ours)
     _warn_of_test_sets_trained_on(use, ours)
+
+
+def _check_no_shared_training_images(use: DatasetUse, ours: Sequence[CocoDataset]) -> None:
+    """Refuse two training sets of ``use`` (two annotation files) that list the same image files:
+    each image would be trained once per file, with that file's annotations, so an object one file
+    lacks trains as background."""
+    training = [dataset for dataset in ours if dataset.name in use.train]
+    for index, first in enumerate(training):
+        for second in training[index + 1:]:
+            shared = first.read.image_files & second.read.image_files
+            if shared and not _same_file(first.json_file, second.json_file):  # one file under two names: refused by its own rule
+                raise DatasetError(
+                    f"{use.train_setting} {first.name!r} and {second.name!r} list the same {len(shared)} image "
+                    f"file(s) ({listed(sorted(shared), 2)}) with the annotations of two files ({first.json_file}, "
+                    f"{second.json_file}): each such image would be trained twice, once with each file's objects, "
+                    "and an object one file lacks would train as background. Merge the two files' annotations into "
+                    "one entry per image, or train on one of them.")
 
 
 def _warn_of_test_sets_trained_on(use: DatasetUse, ours: Sequence[CocoDataset]) -> None:
     """Warn of each test set of ``use`` whose annotation file is (by path or by contents) that of a
-    training set: its results measure the training data."""
+    training set, or whose images are training images: its results measure the training data."""
     training = [dataset for dataset in ours if dataset.name in use.train]
     for test in (dataset for dataset in ours if dataset.name in use.test and dataset.name not in use.train):
         for train in training:
@@ -943,6 +1011,13 @@ def _warn_of_test_sets_trained_on(use: DatasetUse, ours: Sequence[CocoDataset]) 
                     f"{use.test_setting} {test.name!r} reads the annotation file of {use.train_setting} {train.name!r} "
                     f"({test.json_file}): its results measure the data the model trains on, not how it does on "
                     "unseen images. Evaluate on a held-out annotation file.")
+                continue
+            shared = test.read.image_files & train.read.image_files
+            if shared:
+                logger.warning(
+                    f"{len(shared)} of the {test.read.images} images of {use.test_setting} {test.name!r} are images of "
+                    f"{use.train_setting} {train.name!r} ({listed(sorted(shared), 2)}): its results measure, in part, "
+                    "the data the model trains on, not how it does on unseen images. Evaluate on held-out images.")
 
 
 def _same_file(first: str, second: str) -> bool:

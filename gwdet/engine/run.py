@@ -45,9 +45,9 @@ from detectron2.engine import default_setup
 from detectron2.utils import comm
 from detectron2.utils.logger import setup_logger
 
-from gwdet.checkpoint.resilient import (CLASSES_KEY, INPUT_KEY, ResilientCheckpointer, absolute_weights_path,
+from gwdet.checkpoint.resilient import (CLASSES_KEY, DATA_KEY, INPUT_KEY, ResilientCheckpointer, absolute_weights_path,
                                         input_differences, local_weights_path, weights_record)
-from gwdet.data.coco_registration import CocoDataset, DatasetError
+from gwdet.data.coco_registration import CocoDataset, DatasetError, recorded_images, registered_coco_dataset
 from gwdet.data.datasets import check_evaluated_classes
 from gwdet.modeling.detectron2_failures import named_config_failures
 from gwdet.errors import GwdetError, GwdetFileExistsError, GwdetFileNotFoundError, GwdetOSError, GwdetValueError, listed
@@ -83,7 +83,7 @@ from gwdet.engine.output_dir import (
     recorded_initial_weights,
     tagged_checkpoint,
 )
-from gwdet.engine.run_environment import ENVIRONMENT_KEY, run_environment
+from gwdet.engine.run_environment import ENVIRONMENT_KEY, annotation_files, run_environment
 from gwdet.engine.run_log import HeldRecords
 from gwdet.engine.training import check_torch_state
 from gwdet.engine.visualize import DRAWN_SCORE, save_prediction_pngs
@@ -170,13 +170,14 @@ class RunConfig(ABC):
         """Every value of the config, as one string, the initial weights as an absolute path (which
         the tools make them once the request is checked: :meth:`with_target`)."""
 
-    def checked_once(self, request: str, check: Callable[[], None]) -> None:
-        """``check()``, the checks of ``request``, unless this config passed them with its present
-        content (:meth:`request_content`): the tools check a request before they build anything, and
-        the trainer they build finds it done; a trainer built from one's own code checks it then."""
+    def checked_once(self, request: str, check: Callable[[], None], stricter: Sequence[str] = ()) -> None:
+        """``check()``, the checks of ``request``, unless this config passed them, or those of a
+        ``stricter`` request, with its present content (:meth:`request_content`): the tools check a
+        request before they build anything, and the trainer they build finds it done; a trainer built
+        from one's own code checks it then."""
         accepted = getattr(self.cfg, _ACCEPTED_REQUESTS, {})
         content = self.request_content()
-        if accepted.get(request) == content:
+        if any(accepted.get(name) == content for name in (request, *stricter)):
             return
         check()
         object.__setattr__(self.cfg, _ACCEPTED_REQUESTS, {**accepted, request: content})  # not a config key
@@ -186,8 +187,10 @@ class RunConfig(ABC):
         self.checked_once(f"training by {world_size} process(es)", lambda: self.check_request(False, world_size))
 
     def check_resume_request(self, weights_named: bool = False) -> None:
-        """:meth:`check_resume`, once per content."""
-        self.checked_once(f"resume (weights named: {weights_named})", lambda: self.check_resume(weights_named))
+        """:meth:`check_resume`, once per content; a pass with ``weights_named`` (which checks the
+        weights too) counts for the check without."""
+        self.checked_once(f"resume (weights named: {weights_named})", lambda: self.check_resume(weights_named),
+                          stricter=() if weights_named else ["resume (weights named: True)"])
 
     def check_trainer_resume(self) -> None:
         """:meth:`check_resume_request` of a trainer's ``resume_or_load(resume=True)``; where the
@@ -221,7 +224,8 @@ class RunConfig(ABC):
     def load_weights(self, model: torch.nn.Module) -> dict[str, str] | None:
         """Load the initial weights into ``model``, every weight of the model required; weights
         whose checkpoint records the class names they were trained on are refused for test data
-        with those names in another order (:func:`gwdet.data.datasets.check_evaluated_classes`).
+        with those names in another order (:func:`gwdet.data.datasets.check_evaluated_classes`), and
+        a test set that is their training data is warned of (:func:`warn_of_training_data_evaluated`).
         Returns the record of the weights loaded (:func:`~gwdet.checkpoint.resilient.weights_record`:
         a URL with the SHA-256 of its local copy; None without weights), whatever later replaces a file
         of that name."""
@@ -229,6 +233,7 @@ class RunConfig(ABC):
                                              weights_setting=self.weights_setting, compare_input=False)
         loaded = checkpointer.load_weights(self.weights)
         check_evaluated_classes(loaded.get(CLASSES_KEY), self.test_datasets(), self.weights)
+        warn_of_training_data_evaluated(loaded.get(DATA_KEY), self.test_datasets(), self.weights)
         # the run's config.yaml, which holds the input values too, is compared where there is one
         if not self._warn_of_another_model(local_weights_path(self.weights, self.weights_setting)):
             differences = input_differences(loaded.get(INPUT_KEY), model)
@@ -371,6 +376,33 @@ def check_output_request(args: argparse.Namespace, run: RunConfig) -> None:
     else:
         check_fresh_start(run.output_dir, getattr(args, "overwrite", False), output_setting, run.weights,
                           run.weights_setting, aside=True)
+
+
+def warn_of_training_data_evaluated(trained_on: Any, test_datasets: Sequence[str], weights: str) -> None:
+    """Warn of each of ``test_datasets`` whose annotation file holds what a file the ``weights`` were
+    trained on held (their checkpoint's record ``trained_on``,
+    :data:`~gwdet.checkpoint.resilient.DATA_KEY`; the same SHA-256), or whose images (of a
+    ``--register-coco`` set) that file lists: its results measure the training data."""
+    if not isinstance(trained_on, Mapping):
+        return
+    records = [(name, record) for name, record in trained_on.items() if isinstance(record, Mapping)]
+    for name, test in annotation_files(test_datasets).items():
+        registered = registered_coco_dataset(name)
+        for trained, record in records:
+            if test["json_sha256"] and record.get("json_sha256") == test["json_sha256"]:
+                logger.warning(
+                    f"The test set {name!r} ({test['json_file']}) holds the annotations {weights} was trained on (its "
+                    f"training set {trained!r}, the same file contents): its results measure the data the model "
+                    "trained on, not how it does on unseen images. Evaluate on a held-out annotation file.")
+                break
+            shared = registered.read.image_files & recorded_images(dict(record)) if registered else frozenset()
+            if registered and shared:
+                logger.warning(
+                    f"{len(shared)} of the {registered.read.images} images of the test set {name!r} are images "
+                    f"{weights} was trained on (its training set {trained!r}: {listed(sorted(shared), 2)}): its "
+                    "results measure, in part, the data the model trained on, not how it does on unseen images. "
+                    "Evaluate on held-out images.")
+                break
 
 
 def gives_setting(opts: Sequence[str], setting: str) -> bool:

@@ -93,7 +93,7 @@ def training_checkpointer(trainer: TrainerBase, output_dir: str, datasets: Seque
     of the training ``datasets`` (checked when the run resumes) and what each stretch of a resumed
     run trained with (:func:`~gwdet.engine.run_environment.run_segment` when it saves: Triton kernels
     that could not run by then are named)."""
-    files = {name: {key: record[key] for key in ("json_file", "json_sha256")}
+    files = {name: {key: record[key] for key in ("json_file", "json_sha256", "image_root")}
              for name, record in annotation_files(datasets).items()}
     return ResilientCheckpointer(trainer._trainer.model, output_dir, random_state=RandomState(),
                                  trainer=weakref.proxy(trainer), weights_setting=weights_setting,
