@@ -50,6 +50,9 @@ _REQUIRED = inspect.Parameter.empty
 # treats it as a norm (gwdet.solver.is_norm_layer) whether or not the name gave its layer_types;
 # every other norm layer is recognised by its class.
 NORM_LAYER_MARK = "_gwdet_norm_layer"
+# Set beside it: the values the registered name built the module with ({setting: value}), which gwdet's
+# checkpoints record for a layer of a class whose settings they do not know (gwdet.checkpoint.compatibility)
+NORM_SETTINGS_MARK = "_gwdet_norm_settings"
 # Classes that hold modules of any kind: never a norm's layer type (register_norm)
 _GENERIC_MODULES = (torch.nn.Module, torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
 
@@ -605,6 +608,7 @@ class Norm:
                     f"returned a {type(layer).__name__} of {built_for} channels where {channels} were asked (its first "
                     "input would fail in torch): build the layer for the channel count the function is given.")
             setattr(layer, NORM_LAYER_MARK, True)
+            setattr(layer, NORM_SETTINGS_MARK, dict(self.params))
         adjusted = group_adjustment(layer)
         if adjusted is not None:
             what, requested, used = adjusted

@@ -255,6 +255,20 @@ def test_a_lower_case_section_in_a_file_is_named_with_its_upper_case_spelling(tm
                                   "detectron2's or gwdet's config, whose keys are upper-case: did you mean MODEL.GW?")
 
 
+@pytest.mark.parametrize("section, line, key, part", [
+    ("GW", '"NUM_GROUPS ": 8', "MODEL.GW.NUM_GROUPS ", "NUM_GROUPS "),
+    ('"FPN "', "NORM: GW", "MODEL.FPN ", "FPN ")])
+def test_a_quoted_key_with_spaces_at_its_end_is_named_with_them(tmp_path, section, line, key, part):
+    # blamed on a VERSION upgrade (the key without its space is one), or called "MODEL.FPN is not a key"
+    config = tmp_path / "spaced.yaml"
+    config.write_text(f'_BASE_: "{DEMO_CONFIG}"\nMODEL:\n  {section}:\n    {line}\n', encoding="utf-8")
+    with pytest.raises(GwdetValueError) as refused:
+        build_config(str(config))
+    assert str(refused.value) == (f"Config file {str(config)!r} (or a _BASE_ it names): {key!r} is not a key of "
+                                  f"detectron2's or gwdet's config: its part {part!r} has spaces at an end, which no "
+                                  f"key has. Write it as {part.strip()!r}.")
+
+
 # ---- a key given twice in a YAML file ------------------------------------------------------------
 
 def _refused_file(path: Path) -> str:

@@ -734,12 +734,14 @@ def test_a_lazy_head_norm_without_convolutions_is_warned_about_as_a_yacs_one():
     # conv_dims=[] dropped the box head's GW without a word (NUM_CONV 0 with a NORM is warned of)
     from conftest import logged_warnings
 
-    with logged_warnings("gwdet.engine.lazy_checks") as warned:
-        LazyRun.load(str(LAZY_CONFIG), ["model.roi_heads.box_head.conv_dims=[]"])
+    from gwdet.engine.lazy import build_model
+
+    with logged_warnings("gwdet.engine.lazy_checks") as warned:  # when the model is built: in the run's log.txt
+        build_model(LazyRun.load(str(LAZY_CONFIG), ["model.roi_heads.box_head.conv_dims=[]"]).cfg)
     assert any("model.roi_heads.box_head.conv_norm is given, but model.roi_heads.box_head.conv_dims=[] gives the head "
                "no convolution to normalize" in line for line in warned), warned
     with logged_warnings("gwdet.engine.lazy_checks") as warned:
-        LazyRun.load(str(LAZY_CONFIG))
+        build_model(LazyRun.load(str(LAZY_CONFIG)).cfg)
     assert not warned
 
 

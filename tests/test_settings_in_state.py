@@ -117,6 +117,10 @@ def test_settings_that_make_the_same_function_load_and_others_are_named():
         BatchWhitening(16, group_size=4, method="itn", T=3).load_state_dict(zca)
     with pytest.raises(RuntimeError, match="saved with num_groups=4, but this layer has num_groups=8"):
         GroupWhitening(16, num_groups=8).load_state_dict(GroupWhitening(16, num_groups=4).state_dict())
+    # an eps that went through a tensor is the float32 number the layer computes with (it was refused)
+    GroupWhitening(16, eps=float(torch.tensor(1e-5))).load_state_dict(GroupWhitening(16, eps=1e-5).state_dict())
+    with pytest.raises(RuntimeError, match=r"saved with eps=1e-05, but this layer has eps=2e-05"):
+        GroupWhitening(16, eps=2e-5).load_state_dict(GroupWhitening(16, eps=1e-5).state_dict())
 
 
 def test_momentum_and_the_example_weight_leave_the_trained_function_and_load():

@@ -23,9 +23,18 @@ from gwdet.layers.settings_state import (EXTRA_STATE_KEY, SettingsInState, cast_
                                          decode_settings)
 from gwdet.modeling.backbone import convs_with_norm
 from gwdet.modeling.model_checks import PER_LEVEL_CONTAINERS
-from gwdet.norms import TORCH_NORM_SETTINGS, layer_types, norm_classes
+from gwdet.norms import NORM_SETTINGS_MARK, TORCH_NORM_SETTINGS, layer_types, norm_classes
 from gwdet.positions import convs_at_positions, format_gw_positions, parse_gw_positions, positions_with_norm
 from gwdet.utils.cli_errors import as_override
+
+
+class NormMismatchError(GwdetValueError):
+    """A checkpoint whose norm layers are not the model's: ``finding`` says which; the message adds
+    that nothing was loaded, and the fix."""
+
+    def __init__(self, finding: str, fix: str) -> None:
+        super().__init__(f"{finding}; nothing was loaded. {fix}")
+        self.finding = finding
 
 
 def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
@@ -201,10 +210,10 @@ def check_statistics_have_a_layer(weights: Mapping[str, Any], model: torch.nn.Mo
               if isinstance(module, without_statistics) and name
               and any(name == prefix or name.endswith("." + prefix) for prefix in prefixes)]
     if layers:
-        raise GwdetValueError(
+        raise NormMismatchError(
             f"The weights hold batch norm statistics (running_mean, running_var) for {len(layers)} layer(s) that keep "
             f"none in this model ({listed(layers, 3)}): BN's scale and shift would load as their affine and the "
-            "statistics be dropped, another function; nothing was loaded. Build the model with BN where the weights "
+            "statistics be dropped, another function", "Build the model with BN where the weights "
             "have it (MODEL.RESNETS.GW_POSITIONS to where they have GW, \"\" for none; MODEL.RESNETS.NORM), or load "
             f"weights trained or converted for this model (tools/convert_pretrained.py), or {how_to_opt_in} to load "
             "them anyway.")
@@ -239,9 +248,9 @@ def check_norm_types(saved: Mapping[str, str], model: torch.nn.Module, how_to_op
     differing = [f"{name}: {saved[name]} -> {kind}" for name, kind in present.items()
                  if name in saved and saved[name] != kind]
     if differing:
-        raise GwdetValueError(
+        raise NormMismatchError(
             f"The checkpoint was trained with other norm layers than this config builds "
-            f"({len(differing)} layers, e.g. {'; '.join(differing[:3])}); nothing was loaded. Load "
+            f"({len(differing)} layers, e.g. {'; '.join(differing[:3])})", "Load "
             f"weights trained with this config's NORM values, or {how_to_opt_in} to load them anyway."
         )
 
@@ -263,21 +272,33 @@ def norm_setting_names() -> tuple[tuple[type, tuple[str, ...]], ...]:
 
 
 def norm_settings(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
-    """``{module name: {hyper-parameter: value}}`` of every norm layer of ``model`` that has any."""
+    """``{module name: {hyper-parameter: value}}`` of every norm layer of ``model`` that has any: the
+    attributes :func:`norm_setting_names` names, or for a layer of another class that a registered
+    norm name built, the values it was built with (:data:`gwdet.norms.NORM_SETTINGS_MARK`)."""
     model = unwrapped(model)
     settings = norm_setting_names()
     found = {}
     for name, module in model.named_modules():
         names = next((attributes for kind, attributes in settings if isinstance(module, kind)), ())
+        built_with = getattr(module, NORM_SETTINGS_MARK, None)
         if name and names:
             found[name] = {attribute: getattr(module, attribute) for attribute in names}
+        elif name and isinstance(built_with, dict) and built_with:
+            found[name] = dict(built_with)
     return found
 
 
-def check_norm_settings(saved: Mapping[str, Mapping[str, Any]], model: torch.nn.Module, how_to_opt_in: str) -> None:
+def check_norm_settings(saved: Mapping[str, Mapping[str, Any]], model: torch.nn.Module, how_to_opt_in: str,
+                        saved_types: Mapping[str, str] | None = None) -> None:
     """Raise ``ValueError`` naming the layers and values when a norm layer of ``model`` has other
-    hyper-parameters than the saved model had (the weights load, but into another function)."""
-    _refuse_other_settings(saved, norm_settings(model), how_to_opt_in, model)
+    hyper-parameters than the saved model had (the weights load, but into another function); a
+    layer of another class than ``saved_types`` records (:func:`check_norm_types` names it) is
+    not compared."""
+    present = norm_settings(model)
+    if saved_types:
+        kinds = norm_types(model)
+        present = {name: values for name, values in present.items() if saved_types.get(name, kinds[name]) == kinds[name]}
+    _refuse_other_settings(saved, present, how_to_opt_in, model)
 
 
 def _function_of(layer: torch.nn.Module | None, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -303,9 +324,9 @@ def _refuse_other_settings(saved: Mapping[str, Mapping[str, Any]], present: Mapp
         differing += [f"{name} {key} {saved[name][key]!r} -> {value!r}" for key, value in values.items()
                       if key in saved[name] and saved[name][key] != value and was.get(key) != now.get(key)]
     if differing:
-        raise GwdetValueError(
+        raise NormMismatchError(
             f"The checkpoint was trained with other norm hyper-parameters than this config gives its layers "
-            f"({len(differing)} values, e.g. {'; '.join(differing[:3])}); nothing was loaded. Use the values "
+            f"({len(differing)} values, e.g. {'; '.join(differing[:3])})", "Use the values "
             "the weights were trained with (the run's config.yaml: MODEL.GW.*, MODEL.BW.*, MODEL.BGN.*, "
             "MODEL.GN.NUM_GROUPS, and for a method the norm's name, GW or GW_ZCA, in MODEL.RESNETS.GW_NORM and the "
             "NORM keys; a LazyConfig's: the norm nodes' values, e.g. model.backbone.norm.num_groups), "
@@ -338,7 +359,8 @@ def _saved_key(weights: Mapping[str, Any], key: str, suffix: bool = False) -> st
 def check_layer_settings(weights: Mapping[str, Any], model: torch.nn.Module, how_to_opt_in: str) -> None:
     """Raise ``ValueError`` before anything is loaded when a gwdet layer of ``model`` recorded
     other settings in ``weights`` (a state dict) than it has: another layer class (as
-    :func:`check_norm_types`) or other values (as :func:`check_norm_settings`: its hyper-parameters,
+    :func:`check_norm_types`; also where a gwdet layer's record meets a layer of another kind, a
+    GroupNorm say) or other values (as :func:`check_norm_settings`: its hyper-parameters,
     and its channel count and ``affine``). A record that is not gwdet's settings is refused naming its key. Layers without a
     record (states saved before the layers recorded settings) are not compared."""
     saved_types: dict[str, str] = {}
@@ -358,6 +380,11 @@ def check_layer_settings(weights: Mapping[str, Any], model: torch.nn.Module, how
         saved_types[name] = saved.pop("layer")
         saved_settings[name] = saved
         present[name] = layer.settings()
+    for found, value in weights.items():  # gwdet layers' records where the model has a layer of another kind
+        name = found[: -len(EXTRA_STATE_KEY)].rstrip(".").removeprefix("module.")
+        saved = decode_settings(value) if found.endswith(EXTRA_STATE_KEY) and name not in saved_types else None
+        if saved is not None:
+            saved_types[name] = saved["layer"]
     check_norm_types(saved_types, model, how_to_opt_in)
     _refuse_other_settings(saved_settings, present, how_to_opt_in, model)
 
@@ -374,12 +401,12 @@ def check_unrecorded_weights(weights: Mapping[str, Any], model: torch.nn.Module,
         if _saved_key(weights, f"{name}.weight" if name else "weight") and _saved_key(weights, key) is None:
             layers.append(f"{name or 'the model'} ({type(layer).__name__})")
     if layers:
-        raise GwdetValueError(
+        raise NormMismatchError(
             f"The checkpoint holds weights for {len(layers)} gwdet norm layer(s) of this model ({listed(layers, 3)}) "
             f"but not the settings these layers save with their weights ({EXTRA_STATE_KEY}), nor gwdet's record of "
             "the norm types: they come from other layers with the same shapes (a GN model's, saved by detectron2's "
             "own checkpointer) or from a file gwdet did not write, so whether they were trained as these layers "
-            f"cannot be checked; nothing was loaded. Load weights trained with this config (gwdet's checkpoints "
+            f"cannot be checked", "Load weights trained with this config (gwdet's checkpoints "
             f"record their norms), or {how_to_opt_in} to load them anyway.")
 
 

@@ -39,6 +39,7 @@ from gwdet.utils.atomic import (cached_sha256, checksum_findings, shown_record, 
 from gwdet.checkpoint.compatibility import (
     NORM_SETTINGS_KEY,
     NORM_TYPES_KEY,
+    NormMismatchError,
     check_layer_settings,
     check_norm_settings,
     check_norm_types,
@@ -774,7 +775,9 @@ class ResilientCheckpointer(DetectionCheckpointer):
         if isinstance(checkpoint.get(NORM_TYPES_KEY), dict):
             checks.append(lambda: check_norm_types(checkpoint[NORM_TYPES_KEY], self.model, _MISMATCH_OPT_IN))
         if isinstance(checkpoint.get(NORM_SETTINGS_KEY), dict):
-            checks.append(lambda: check_norm_settings(checkpoint[NORM_SETTINGS_KEY], self.model, _MISMATCH_OPT_IN))
+            types = checkpoint.get(NORM_TYPES_KEY)
+            checks.append(lambda: check_norm_settings(checkpoint[NORM_SETTINGS_KEY], self.model, _MISMATCH_OPT_IN,
+                                                      types if isinstance(types, dict) else None))
         weights = checkpoint.get("model")
         if isinstance(weights, dict):  # the settings gwdet's layers record in the weights
             checks.append(lambda: check_layer_settings(weights, self.model, _MISMATCH_OPT_IN))
@@ -796,7 +799,9 @@ class ResilientCheckpointer(DetectionCheckpointer):
             except GwdetValueError as error:
                 if not allowed:
                     raise
-                self.logger.warning(f"{MISMATCH_ENV}=1: {self._loading or 'the checkpoint'} is loaded although: {error}")
+                finding = error.finding if isinstance(error, NormMismatchError) else str(error)
+                self.logger.warning(f"{MISMATCH_ENV}=1: {self._loading or 'the checkpoint'} is loaded as asked, though "
+                                    f"its norm layers differ from the model's: {finding}.")
         if allowed and isinstance(weights, dict):
             drop_layer_settings(weights, self.model)
 

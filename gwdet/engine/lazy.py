@@ -129,8 +129,11 @@ logger = logging.getLogger(__name__)
 
 
 def build_model(cfg: DictConfig) -> torch.nn.Module:
-    """``instantiate(cfg.model)``, checked by :func:`gwdet.check_model`, on ``train.device``."""
+    """``instantiate(cfg.model)``, checked by :func:`gwdet.check_model`, on ``train.device``; a
+    head's norm that the model cannot have is warned of (:func:`warn_unused_head_norms`), in the
+    run's log as a yacs config's is."""
     check_device(cfg.train.device, "train.device", "run with train.device=cpu")
+    warn_unused_head_norms(cfg)
     model = check_model(instantiate(cfg.model))
     logging.getLogger("detectron2").info(f"Model:\n{model}")
     return model.to(cfg.train.device)
@@ -417,7 +420,6 @@ class LazyRun(RunConfig):
         process (``num_workers=0``), as the export and analyze tools read a few images only."""
         cfg = load_lazy_config(config_file, list(opts), model=True)
         check_norm_nodes(cfg)
-        warn_unused_head_norms(cfg)
         check_call_arguments(cfg)
         if tool and isinstance(select(cfg, "dataloader.test"), DictConfig) and "num_workers" in cfg.dataloader.test:
             cfg.dataloader.test.num_workers = 0

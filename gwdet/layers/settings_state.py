@@ -85,9 +85,11 @@ UNCOMPARED_SETTINGS = ("momentum", "eval_example_weight", "examples_per_group")
 def function_settings(layer: str, settings: Dict[str, Any]) -> Dict[str, Any]:
     """The values of ``settings`` (of a ``layer`` class) that make the layer's function: a requested
     group count (or size) as the layer uses it, no ``T`` for ZCA, which does not iterate, and none of
-    :data:`UNCOMPARED_SETTINGS`; two states whose function settings agree were trained as the same
-    function."""
-    function = {setting: value for setting, value in settings.items() if setting not in UNCOMPARED_SETTINGS}
+    :data:`UNCOMPARED_SETTINGS`, and a float as the float32 number it is; two states whose function
+    settings agree were trained as the same function."""
+    # a float as the float32 number the layers compute with (an eps that went through a tensor is the same eps)
+    function = {setting: float(np.float32(value)) if isinstance(value, float) else value
+                for setting, value in settings.items() if setting not in UNCOMPARED_SETTINGS}
     key, channels = _DIVIDED_SETTING.get(layer), function.get("num_channels")
     requested = function.get(key) if key is not None else None
     if (key is not None and isinstance(channels, int) and isinstance(requested, int)

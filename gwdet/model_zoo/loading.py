@@ -102,7 +102,7 @@ def build_config(config_file: str | os.PathLike, opts: list[str] | None = None) 
     return cfg
 
 
-_UNKNOWN_KEY = re.compile(r"Non-existent (?:config )?key: (\S+)")
+_UNKNOWN_KEY = re.compile(r"Non-existent (?:config )?key: (.+)")
 _WRONG_TYPE = re.compile(r"Type mismatch \(<class '([\w.]+)'> vs\. <class '([\w.]+)'>\) with values "
                          r"\((.*) vs\. (.*)\) for config key: (\S+)$", re.DOTALL)
 
@@ -115,6 +115,10 @@ def merge_problem(cfg: CfgNode, error: BaseException) -> str:
     unknown = _UNKNOWN_KEY.search(text)
     if unknown:
         key = unknown.group(1)
+        spaced = next((part for part in key.split(".") if part != part.strip()), None)
+        if spaced is not None:  # a quoted key in a file ("NUM_GROUPS ": 8), which yacs reads as it is
+            return (f"{key!r} is not a key of detectron2's or gwdet's config: its part {spaced!r} has spaces at an "
+                    f"end, which no key has. Write it as {spaced.strip()!r}.")
         if key != key.upper():  # a key spelled in lower case (``model.gw.num_groups``)
             names = _config_names(cfg)
             close = [key.upper()] if key.upper() in names else difflib.get_close_matches(
