@@ -880,3 +880,18 @@ def test_run_eval_into_a_finished_runs_folder_is_refused_before_the_export(tmp_p
     assert refused.value.code == 2 and (f"which holds the detections of the finished run in {run} "
                                         "(coco_instances_results.json, which its results.json describes)") in printed
     assert f"--output {run / 'deploy'}" in printed and sorted(os.listdir(run)) == ["inference", "results.json"]
+
+
+def test_run_eval_into_a_folder_of_an_earlier_evaluation_is_refused_without_overwrite(tmp_path, capsys):
+    # the export moved away, an earlier --run-eval's detections left in inference/: replaced without a word
+    from gwdet.export.export_model import main
+
+    (tmp_path / "inference").mkdir()
+    (tmp_path / "inference" / "instances_predictions.pth").write_bytes(b"earlier")
+    argv = ["--config-file", str(DEMO_CONFIG), "--untrained", "--run-eval", "--output", str(tmp_path), *TINY_OPTS]
+    with pytest.raises(SystemExit) as refused:
+        main(argv)
+    assert refused.value.code == 2 and (
+        f"--output {tmp_path} holds an earlier evaluation's detections (instances_predictions.pth in inference/), which "
+        "--run-eval would replace; nothing was written. Pass --overwrite to replace them") in capsys.readouterr().err
+    assert (tmp_path / "inference" / "instances_predictions.pth").read_bytes() == b"earlier"

@@ -564,6 +564,50 @@ def registered_coco_dataset(name: str) -> CocoDataset | None:
     return dataset if dataset is not None and name in DatasetCatalog.list() else None
 
 
+_OWN_CODE_DATASETS: dict[tuple[str, str, str], CocoDataset] = {}  # (name, json, image root): read and checked
+
+
+def coco_dataset(name: str) -> CocoDataset | None:
+    """The COCO instances dataset registered as ``name``, read and checked: a ``--register-coco``
+    one (:func:`registered_coco_dataset`), or one that one's own code registered with detectron2's
+    ``register_coco_instances`` (its metadata names ``json_file`` and ``image_root``), checked as
+    ``--register-coco``'s are (:func:`inspect_coco_file`; again when the file changes). detectron2's
+    builtin datasets (COCO, LVIS) and gwdet's generated shapes are not read here."""
+    ours = registered_coco_dataset(name)
+    if (ours is not None or name.startswith(SHAPES_PREFIX) or name not in DatasetCatalog.list()
+            or name in _builtin_names()):
+        return ours
+    metadata = MetadataCatalog.get(name)
+    json_file, image_root = metadata.get("json_file", None), metadata.get("image_root", None)
+    if not (isinstance(json_file, str) and isinstance(image_root, str) and json_file.endswith(".json")):
+        return None
+    key = (name, os.path.abspath(json_file), os.path.abspath(image_root))
+    known = _OWN_CODE_DATASETS.get(key)
+    if known is None or not _json_unchanged(known):
+        known = _OWN_CODE_DATASETS[key] = CocoDataset(*key).inspected()
+    return known
+
+
+@functools.cache
+def _builtin_names() -> frozenset[str]:
+    """The names of detectron2's builtin datasets (``detectron2.data.datasets.builtin``'s splits)."""
+    from detectron2.data.datasets import builtin
+
+    names: set[str] = set()
+
+    def collect(splits: dict) -> None:
+        for key, value in splits.items():
+            if isinstance(value, dict):
+                collect(value)
+            else:
+                names.add(key)
+
+    for attribute, value in vars(builtin).items():
+        if attribute.startswith("_PREDEFINED_SPLITS") and isinstance(value, dict):
+            collect(value)
+    return frozenset(names)
+
+
 def given_on_the_command_line(name: str) -> bool:
     """Whether ``name`` was registered by a ``--register-coco`` of this process (which
     ``$GWDET_REGISTER_COCO`` does not replace)."""
@@ -762,7 +806,7 @@ class DatasetUse:
 def known_class_names(name: str) -> list[str] | None:
     """The class names of a dataset, where known before it is loaded: a ``--register-coco``
     dataset's categories, gwdet's shapes, a registered dataset whose metadata names them."""
-    ours = registered_coco_dataset(name)
+    ours = coco_dataset(name)
     if ours is not None:
         return list(ours.read.class_names)
     if name.startswith(SHAPES_PREFIX):
@@ -800,7 +844,7 @@ def _check_same_categories(use: DatasetUse, reference: CocoDataset, name: str) -
     order, so the ids themselves may differ) for any dataset whose classes are known before loading
     (another ``--register-coco`` dataset, whose ids the message shows; shapes, detectron2's builtin
     COCO)."""
-    dataset = registered_coco_dataset(name)
+    dataset = coco_dataset(name)
     first: Sequence[Any]
     second: Sequence[Any] | None
     if dataset is not None:  # both JSON files: ids and names
@@ -949,7 +993,7 @@ def check_config_against_datasets(cfg: CfgNode, *, trains: bool = True, evaluate
     evaluate on. Without such a dataset, only the number of classes is checked, against every one of
     them whose classes are known before loading."""
     use = DatasetUse.of_config(cfg, trains=trains, evaluates=evaluates)
-    ours = [dataset for dataset in map(registered_coco_dataset, use.names()) if dataset is not None]
+    ours = [dataset for dataset in map(coco_dataset, use.names()) if dataset is not None]
     if not ours:
         for name in use.names():  # the datasets whose classes are known before loading: shapes, detectron2's builtin ones
             classes = known_class_names(name)
@@ -969,7 +1013,7 @@ def check_datasets_fit(use: DatasetUse) -> None:
     :func:`check_config_against_datasets` checks what a yacs config alone does not say (for a
     LazyConfig, whose class count its own checks read): the same categories across its
     datasets, masks to train on, annotations (and masks) to evaluate against."""
-    ours = [dataset for dataset in map(registered_coco_dataset, use.names()) if dataset is not None]
+    ours = [dataset for dataset in map(coco_dataset, use.names()) if dataset is not None]
     for name in use.names() if ours else ():
         if name != ours[0].name:
             _check_same_categories(use, ours[0], name)

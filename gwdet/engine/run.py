@@ -47,7 +47,7 @@ from detectron2.utils.logger import setup_logger
 
 from gwdet.checkpoint.resilient import (CLASSES_KEY, DATA_KEY, INPUT_KEY, ResilientCheckpointer, absolute_weights_path,
                                         input_differences, local_weights_path, weights_record)
-from gwdet.data.coco_registration import CocoDataset, DatasetError, recorded_images, registered_coco_dataset
+from gwdet.data.coco_registration import CocoDataset, DatasetError, coco_dataset, recorded_images
 from gwdet.data.datasets import check_evaluated_classes
 from gwdet.modeling.detectron2_failures import named_config_failures
 from gwdet.errors import GwdetError, GwdetFileExistsError, GwdetFileNotFoundError, GwdetOSError, GwdetValueError, listed
@@ -387,7 +387,7 @@ def warn_of_training_data_evaluated(trained_on: Any, test_datasets: Sequence[str
         return
     records = [(name, record) for name, record in trained_on.items() if isinstance(record, Mapping)]
     for name, test in annotation_files(test_datasets).items():
-        registered = registered_coco_dataset(name)
+        registered = coco_dataset(name)
         for trained, record in records:
             if test["json_sha256"] and record.get("json_sha256") == test["json_sha256"]:
                 logger.warning(

@@ -38,7 +38,7 @@ from gwdet.utils.cli_errors import add_verbose_argument, as_override, output_pat
 from gwdet.export.deploy import MIN_DETECTOR_OPSET
 from gwdet.export.detection_check import TOLERANCE
 from gwdet.engine.arguments import parse_with_trailing_flags, refuse_repeated_flags
-from gwdet.engine.output_dir import check_run_detections_kept, check_weights_are_the_runs
+from gwdet.engine.output_dir import EVALUATOR_FILES, check_run_detections_kept, check_weights_are_the_runs
 from gwdet.engine.run import RunConfig, gives_setting, load_run_config
 
 logger = logging.getLogger("gwdet.export")
@@ -374,9 +374,16 @@ def check_export_flags(args: argparse.Namespace) -> None:
         if problem:
             raise GwdetValueError(f"--sample-image {args.sample_image} {problem}.")
     if args.run_eval:  # a LazyConfig run keeps its detections directly in <run>/inference, where --run-eval writes
-        check_run_detections_kept(os.path.join(args.output, "inference"), args.output,
+        evaluation = os.path.join(args.output, "inference")
+        check_run_detections_kept(evaluation, args.output,
                                   "Give --output a folder of its own for the export and its evaluation, e.g. "
                                   f"--output {os.path.join(args.output, 'deploy')}.")
+        held = [name for name in EVALUATOR_FILES if os.path.isfile(os.path.join(evaluation, name))]
+        if held and not args.overwrite:
+            raise GwdetFileExistsError(
+                f"--output {args.output} holds an earlier evaluation's detections ({', '.join(held)} in inference/), "
+                "which --run-eval would replace; nothing was written. Pass --overwrite to replace them, or choose "
+                "another --output.")
     if args.opset is not None:
         if args.format != "onnx":
             raise GwdetValueError(f"--opset {args.opset} is an ONNX setting: add --format onnx, or leave --opset out.")
