@@ -426,6 +426,32 @@ def test_a_dataset_registered_by_detectron2s_register_coco_instances_is_checked_
         MetadataCatalog.remove("own_corners")
 
 
+def test_an_evaluation_from_python_checks_the_models_classes_and_the_class_count(tmp_path):
+    # Trainer.test(cfg, model) from Python scored a 3-class model on the 4 shapes categories, and a model on a test
+    # json whose category ids swap two of its classes, without a word (the train tool refuses both)
+    from gwdet.checkpoint.resilient import CLASSES_ATTRIBUTE, ResilientCheckpointer
+    from gwdet.engine.trainer import Trainer
+
+    registered("classes_ab", tmp_path)
+    cfg = config("shapes_train", "classes_ab")
+    model = Trainer.build_model(cfg)
+    ResilientCheckpointer(model, str(tmp_path), classes=["b", "a"]).save("trained")
+    loaded = Trainer.build_model(cfg)
+    ResilientCheckpointer(loaded).load(str(tmp_path / "trained.pth"))
+    assert getattr(loaded, CLASSES_ATTRIBUTE) == ["b", "a"]  # recorded on the model it loaded into
+    with pytest.raises(GwdetValueError, match=r"^The model was trained on the classes \['b', 'a'\] \(the order of its "
+                                              r"outputs\), but dataset 'classes_ab' has them in the order \['a', 'b'\]"):
+        Trainer.test(cfg, loaded)
+    other = cfg.clone()
+    other.defrost()
+    other.MODEL.ROI_HEADS.NUM_CLASSES = 3
+    with pytest.raises(DatasetError, match=r"^MODEL.ROI_HEADS.NUM_CLASSES is 3, but DATASETS.TEST 'classes_ab'"):
+        Trainer.test(other, loaded)
+    torch.save({"model": loaded.state_dict()}, tmp_path / "plain.pth")  # no record: the attribute goes
+    ResilientCheckpointer(loaded).load(str(tmp_path / "plain.pth"))
+    assert not hasattr(loaded, CLASSES_ATTRIBUTE)
+
+
 def test_an_annotation_file_replaced_after_registration_is_not_read_unchecked(tmp_path):
     # a test json replaced while the run trained (a converter run again, annotation ids from 0) was read unchecked
     # by the evaluation after training: box AP 13.97 for 15.56, and results.json recorded the new file

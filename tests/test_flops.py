@@ -175,6 +175,21 @@ def test_counting_leaves_the_model_exactly_as_it_was():
         model([{"image": image}])  # the layers run again in the model
 
 
+def test_a_detector_in_training_mode_or_given_a_bare_tensor_is_refused_naming_the_fix():
+    # gwdet.build_model's model is in training mode: detectron2's "RPN requires gt_instances in training!";
+    # a bare image tensor: an IndexError from inside the model
+    model = build_tiny_model("all_norms")
+    image = torch.rand(3, 64, 64) * 255
+    with pytest.raises(ValueError, match=r"^FlopCountAnalysis counts the inference of a GeneralizedRCNN, and the model "
+                                         r"is in training mode .*: call model.eval\(\) first.$"):
+        FlopCountAnalysis(model.train(), [{"image": image}])
+    with pytest.raises(TypeError, match=r"give the inputs as the model takes them, a list of dicts with an 'image' "
+                                        r"tensor of shape \(C, H, W\), e.g. \[\{'image': image\}\]; got a Tensor of "
+                                        r"shape \(3, 64, 64\).$"):
+        FlopCountAnalysis(model.eval(), image)
+    FlopCountAnalysis(model, ([{"image": image}],))  # the list as the one argument of a tuple: detectron2's form too
+
+
 def test_inside_trace_named_ops_wrappers_take_the_layers_places_until_an_error_leaves_it():
     model = build_tiny_model("itn_bw_bgn", training=True)
     before = model_state(model)

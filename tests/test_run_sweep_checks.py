@@ -872,3 +872,22 @@ def test_a_resume_checked_with_its_weights_named_is_not_checked_again_without(fi
     for weights_named in (False, True):
         Counted(weaker_first).check_resume_request(weights_named)
     assert checked == [True, False, True]  # a pass of the weaker check does not count for the stricter
+
+
+def test_more_detections_per_image_than_coco_ap_counts_are_said(tmp_path):
+    # TEST.DETECTIONS_PER_IMAGE 300: the same AP as with 100 (COCO's maxDets), while results.md said 300
+    from omegaconf import OmegaConf
+
+    from gwdet.engine.run import warn_of_uncounted_detections
+
+    from gwdet.data import prepare_datasets
+
+    cfg = build_config(str(DEMO_CONFIG), [*TINY_OPTS, "TEST.DETECTIONS_PER_IMAGE", "300", "OUTPUT_DIR", str(tmp_path)])
+    prepare_datasets(cfg, trains=False)
+    with logged_warnings("gwdet.engine.run") as warned:
+        Trainer.build_evaluator(cfg, "shapes_val")
+        warn_of_uncounted_detections(300, "test_topk_per_image", OmegaConf.create([1, 10, 300]))  # counted: no word
+        warn_of_uncounted_detections(100, "TEST.DETECTIONS_PER_IMAGE")
+    assert warned == ["TEST.DETECTIONS_PER_IMAGE is 300, but COCO's AP counts the 100 highest-scoring detections of each "
+                      "image (maxDets 100, as detectron2's COCOEvaluator computes it): the results are those of the best "
+                      "100, while the detections file holds up to 300."]

@@ -239,6 +239,12 @@ def test_other_gw_positions_are_refused_naming_the_setting(r50, r50_to_res3):
         "The weights have GW at 'S1-B12' (norms without running statistics), but the model has GW at ''. "
         "Set MODEL.RESNETS.GW_POSITIONS 'S1-B12', so that BN statistics and GW parameters each load into "
         "their own kind of layer.")
+    # GN-style weights (no GW) into a GW model of FrozenBN elsewhere: the first fix named led to a second refusal
+    assert refusal({"gw_positions": "", "norm": "GN"}, r50) == (
+        "The weights have GW at '' (norms without running statistics), but the model has GW at 'S1-B2'. "
+        "Set MODEL.RESNETS.GW_POSITIONS '' and MODEL.RESNETS.NORM GN, as the weights were converted from a GN-style "
+        "model (its norms outside GW have no running statistics), so that GN and GW parameters each load into their "
+        "own kind of layer.")
     with pytest.raises(ValueError, match=r"Set model.backbone.bottom_up.positions='S1-B12'"):  # a LazyConfig's
         check_weights_fit_model({"gw_positions": "B12-S1"}, r50_to_res3, lazy=True)
 

@@ -161,15 +161,18 @@ def check_weights_fit_model(metadata: Mapping, model: torch.nn.Module, lazy: boo
         _check_input_format(metadata[INPUT_FIELD], model, resnet, lazy)
     if GW_POSITIONS_FIELD in metadata:
         _check_gw_positions(parse_gw_positions(metadata[GW_POSITIONS_FIELD]), resnet, model,
-                            LAZY_PLACEMENT if lazy else YACS_PLACEMENT)
+                            LAZY_PLACEMENT if lazy else YACS_PLACEMENT, metadata.get(NORM_FIELD))
     if metadata.get(NORM_FIELD) in _NORM_KINDS:
         _check_norm_kind(metadata[NORM_FIELD], resnet, model)
 
 
-def _check_gw_positions(expected: frozenset, resnet: ResNet, model: torch.nn.Module, settings: Mapping[str, str]) -> None:
+def _check_gw_positions(expected: frozenset, resnet: ResNet, model: torch.nn.Module, settings: Mapping[str, str],
+                        kind: Any = None) -> None:
     """Refuse a ResNet without GW exactly at the weights' GW positions ``expected``: the positions
-    placed elsewhere (the fix: ``settings["positions"]``), or another norm placed at them (the
-    fix: ``settings["norm"]``), told apart by whether the norms there differ from the rest."""
+    placed elsewhere (the fix: ``settings["positions"]``, with the norm the weights' other norms
+    need where the ResNet's do not fit their ``kind``: :func:`_check_norm_kind`), or another norm
+    placed at them (the fix: ``settings["norm"]``), told apart by whether the norms there differ from
+    the rest."""
     present = positions_with_norm(resnet, (GroupWhitening,))
     if expected == present:
         return
@@ -191,10 +194,14 @@ def _check_gw_positions(expected: frozenset, resnet: ResNet, model: torch.nn.Mod
             "but every norm of the model's ResNet is GW, so those norms' values would load into GW layers. Set "
             f"{settings['base']} (or the norm the converter reported for the weights' other norms), keeping GW at "
             f"{shown!r}.")
+    misfit = kind in _NORM_KINDS and any(not isinstance(conv.norm, GroupWhitening) and not _fits_norm_kind(kind, conv.norm)
+                                         for conv in convs_with_norm(resnet))
+    also = f" and {_NORM_KINDS[kind][1]}, as the weights were converted from {_NORM_KINDS[kind][0]}" if misfit else ""
+    kept = "GN" if kind == "GN" else "BN statistics"
     raise GwdetValueError(
         f"The weights have GW at {shown!r} (norms without running statistics), but the model has GW at "
-        f"{format_gw_positions(present)!r}. Set {as_override(settings['positions'], repr(shown))}, so that BN "
-        "statistics and GW parameters each load into their own kind of layer.")
+        f"{format_gw_positions(present)!r}. Set {as_override(settings['positions'], repr(shown))}{also}, so that {kept} "
+        "and GW parameters each load into their own kind of layer.")
 
 
 def check_statistics_have_a_layer(weights: Mapping[str, Any], model: torch.nn.Module, how_to_opt_in: str) -> None:

@@ -296,6 +296,10 @@ def lost_checkpoint_error(save_dir: str, weights_setting: str = "MODEL.WEIGHTS")
 
 # The class names a checkpoint's model was trained on, in the order of its outputs.
 CLASSES_KEY = "gwdet_classes"
+# The same list set on the model (its attribute of this name) by gwdet's checkpointer when it loads a
+# checkpoint that records it, or is built for a training that knows it: what an evaluation of the model
+# from Python checks its test data against (gwdet.data.datasets.check_evaluated_classes).
+CLASSES_ATTRIBUTE = "gwdet_classes"
 # The input a model was trained on: GeneralizedRCNN's input_format, pixel_mean and pixel_std, which
 # its state dict does not hold (its pixel buffers are not saved).
 INPUT_KEY = "gwdet_input"
@@ -428,6 +432,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
             raise GwdetTypeError(f"ResilientCheckpointer: classes must be a list of class names (the model's outputs "
                                  f"in order), got {classes!r}")
         self.classes = names or None
+        if self.classes and isinstance(self.model, torch.nn.Module):
+            setattr(unwrapped(self.model), CLASSES_ATTRIBUTE, list(self.classes))
         self.training_data = dict(training_data) if training_data else None
         self.segment = segment if callable(segment) else dict(segment) if segment else None
         self._earlier_segments: list[dict] = []  # of the checkpoint resumed from
@@ -750,7 +756,13 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 "computes with its own values, which changes its results; build it with those the weights were "
                 "trained with (its input format, pixel mean and std, the ResNet's stride_in_1x1, the anchors, the FPN's "
                 "fuse type, the box regressions' weights).")
-        return super()._load_model(checkpoint)
+        incompatible = super()._load_model(checkpoint)
+        classes, model = checkpoint.get(CLASSES_KEY), unwrapped(self.model)
+        if isinstance(classes, list) and all(isinstance(name, str) for name in classes):
+            setattr(model, CLASSES_ATTRIBUTE, list(classes))
+        elif hasattr(model, CLASSES_ATTRIBUTE):  # other weights now: what the attribute said no longer holds
+            delattr(model, CLASSES_ATTRIBUTE)
+        return incompatible
 
     def _check_backbone_shapes(self, checkpoint: dict) -> None:
         """Refuse weights whose backbone weights of the model's names have other shapes (a ResNet of

@@ -575,8 +575,8 @@ def coco_dataset(name: str) -> CocoDataset | None:
     builtin datasets (COCO, LVIS) and gwdet's generated shapes are not read here."""
     ours = registered_coco_dataset(name)
     if (ours is not None or name.startswith(SHAPES_PREFIX) or name not in DatasetCatalog.list()
-            or name in _builtin_names()):
-        return ours
+            or any(name == builtin or name.startswith(builtin + "_") for builtin in _builtin_names())):
+        return ours  # detectron2 derives names from its splits' (coco_2017_val_panoptic_separated)
     metadata = MetadataCatalog.get(name)
     json_file, image_root = metadata.get("json_file", None), metadata.get("image_root", None)
     if not (isinstance(json_file, str) and isinstance(image_root, str) and json_file.endswith(".json")):

@@ -38,7 +38,8 @@ from detectron2.utils.logger import setup_logger
 
 from gwdet.errors import GwdetValueError
 from gwdet.utils.atomic import remove_checksum
-from gwdet.checkpoint.resilient import absolute_weights_path, numbered_iteration
+from gwdet.checkpoint.compatibility import unwrapped
+from gwdet.checkpoint.resilient import CLASSES_ATTRIBUTE, absolute_weights_path, numbered_iteration
 from gwdet.checkpoint.signal_hook import release_stop_signals
 from gwdet.data.boxes import check_dataset_boxes
 from gwdet.data.coco_registration import (
@@ -47,7 +48,7 @@ from gwdet.data.coco_registration import (
     register_coco_datasets,
     registered_coco_dataset,
 )
-from gwdet.data.datasets import check_dataset_files, named_empty_training_set
+from gwdet.data.datasets import check_dataset_files, check_evaluated_classes, named_empty_training_set
 from gwdet.data.resumable import resumable_train_loader
 from gwdet.config import ABSENT, flatten_config
 from gwdet.model_zoo.lazy_loading import (
@@ -89,7 +90,7 @@ from gwdet.engine.lazy_checks import (
     names_at,
     warn_unused_head_norms,
 )
-from gwdet.engine.run import RunConfig
+from gwdet.engine.run import RunConfig, warn_of_uncounted_detections
 from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.engine.training import (
     InnerTrainerState,
@@ -193,7 +194,9 @@ def build_train_loader(cfg: DictConfig) -> Any:
 
 def evaluate(cfg: DictConfig, model: torch.nn.Module) -> "OrderedDict[str, Any]":
     """``model`` evaluated by ``dataloader.evaluator`` on ``dataloader.test`` (as detectron2's
-    ``lazyconfig_train_net.py`` does): ``{dataset: {task: {metric: value}}}``; empty without them."""
+    ``lazyconfig_train_net.py`` does): ``{dataset: {task: {metric: value}}}``; empty without them. The
+    model's classes (:data:`~gwdet.checkpoint.resilient.CLASSES_ATTRIBUTE`) are checked against the
+    evaluated dataset's first."""
     if select(cfg, "dataloader.test") is ABSENT or select(cfg, "dataloader.evaluator") is ABSENT:
         logger.info("The config has no dataloader.test / dataloader.evaluator: nothing is evaluated.")
         return OrderedDict()
@@ -202,11 +205,15 @@ def evaluate(cfg: DictConfig, model: torch.nn.Module) -> "OrderedDict[str, Any]"
         check_run_detections_kept(written, output_dir, "Give the evaluator a folder of its own "
                                   "(dataloader.evaluator.output_dir), or evaluate with tools/train_net.py --eval-only, "
                                   "which writes eval/<checkpoint>/.")
+    name = evaluated_dataset(cfg)
+    warn_of_uncounted_detections(select(cfg, "model.roi_heads.box_predictor.test_topk_per_image"),
+                                 "model.roi_heads.box_predictor.test_topk_per_image",
+                                 select(cfg, "dataloader.evaluator.max_dets_per_image"))
+    check_evaluated_classes(getattr(unwrapped(model), CLASSES_ATTRIBUTE, None), [name] if name else [], "The model")
     loader = FiniteImageBatches(instantiate(cfg.dataloader.test))  # batches checked as in training
     results = inference_on_dataset(model, loader, instantiate(cfg.dataloader.evaluator))
     if comm.is_main_process() and results:
         print_csv_format(results)
-    name = evaluated_dataset(cfg)
     return OrderedDict([(name, results)]) if name and results else OrderedDict(results or {})
 
 

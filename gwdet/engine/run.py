@@ -378,6 +378,23 @@ def check_output_request(args: argparse.Namespace, run: RunConfig) -> None:
                           run.weights_setting, aside=True)
 
 
+# The detections per image COCO's AP counts (maxDets of detectron2's COCOEvaluator by default)
+COCO_COUNTED_DETECTIONS = 100
+
+
+def warn_of_uncounted_detections(per_image: Any, setting: str, counted: Any = None) -> None:
+    """Warn where the model keeps more detections per image (``per_image``, its ``setting``) than
+    the evaluator's AP counts (``counted``: its ``max_dets_per_image``; COCO's 100 when not given):
+    the results are those of the best-scoring ones only."""
+    listed_counts = isinstance(counted, Sequence) and not isinstance(counted, str) and len(counted) > 0
+    last = counted[-1] if listed_counts else COCO_COUNTED_DETECTIONS
+    if isinstance(per_image, int) and isinstance(last, int) and per_image > last:
+        logger.warning(
+            f"{setting} is {per_image}, but COCO's AP counts the {last} highest-scoring detections of each image "
+            f"(maxDets {last}, as detectron2's COCOEvaluator computes it): the results are those of the best {last}, "
+            f"while the detections file holds up to {per_image}.")
+
+
 def warn_of_training_data_evaluated(trained_on: Any, test_datasets: Sequence[str], weights: str) -> None:
     """Warn of each of ``test_datasets`` whose annotation file holds what a file the ``weights`` were
     trained on held (their checkpoint's record ``trained_on``,

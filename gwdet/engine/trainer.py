@@ -27,7 +27,8 @@ from detectron2.utils.logger import setup_logger
 from fvcore.nn.precise_bn import BN_MODULE_TYPES
 
 from gwdet.errors import GwdetValueError
-from gwdet.checkpoint.resilient import ResilientCheckpointer, absolute_weights_path
+from gwdet.checkpoint.compatibility import unwrapped
+from gwdet.checkpoint.resilient import CLASSES_ATTRIBUTE, ResilientCheckpointer, absolute_weights_path
 from gwdet.checkpoint.signal_hook import release_stop_signals
 from gwdet.config import config_value, flatten_config
 from gwdet.layers.common import is_whole_number
@@ -35,8 +36,9 @@ from gwdet.config_checks import (NORM_KEYS, ZERO_RATE, builds_norm, check_batch_
                                  ensure_checked)
 from gwdet.positions import parse_gw_positions
 from gwdet.data import prepare_datasets, register_datasets
-from gwdet.data.coco_registration import CocoDataset
-from gwdet.data.datasets import config_dataset_names, named_empty_training_set, register_configured_shapes
+from gwdet.data.coco_registration import CocoDataset, check_config_against_datasets
+from gwdet.data.datasets import (check_evaluated_classes, config_dataset_names, named_empty_training_set,
+                                 register_configured_shapes)
 from gwdet.data.resumable import build_resumable_train_loader
 from gwdet.model_zoo.loading import build_config
 from gwdet.modeling.build import (check_built_model, check_device, check_mixed_precision, check_run_device,
@@ -47,7 +49,7 @@ from gwdet.solver import build_optimizer
 from gwdet.engine.output_dir import (ScheduleAt, check_resume_config, check_resume_trains, check_run_detections_kept,
                                      model_differences, saved_run_config)
 from gwdet.engine.output_dir import warn_of_a_moved_schedule as moved_schedule_warning
-from gwdet.engine.run import RunConfig
+from gwdet.engine.run import RunConfig, warn_of_uncounted_detections
 from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.engine.training import (
     InnerTrainerState,
@@ -183,8 +185,12 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
         """detectron2's evaluation, after which the random generators are as they were before it
         (:func:`~gwdet.engine.training.random_streams_kept`): periodic evaluations
         (``TEST.EVAL_PERIOD``) leave the training's random draws as they would be without them. The
-        shapes dataset is the one ``cfg`` describes (:func:`~gwdet.data.datasets.register_configured_shapes`)."""
+        shapes dataset is the one ``cfg`` describes (:func:`~gwdet.data.datasets.register_configured_shapes`); the
+        config's class count and the model's classes (:data:`~gwdet.checkpoint.resilient.CLASSES_ATTRIBUTE`)
+        are checked against the test sets, as the tools check them."""
         register_configured_shapes(cfg, cfg.DATASETS.TEST)
+        check_config_against_datasets(cfg, trains=False, evaluates=True)
+        check_evaluated_classes(getattr(unwrapped(model), CLASSES_ATTRIBUTE, None), cfg.DATASETS.TEST, "The model")
         with random_streams_kept():
             return super().test(cfg, model, evaluators)
 
@@ -204,6 +210,7 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
         check_run_detections_kept(output_folder, cfg.OUTPUT_DIR, "Give the evaluation a folder of its own "
                                   "(Trainer.test(cfg, model, evaluators=[COCOEvaluator(name, output_dir=...)])), or "
                                   "evaluate with tools/train_net.py --eval-only, which writes eval/<checkpoint>/.")
+        warn_of_uncounted_detections(cfg.TEST.DETECTIONS_PER_IMAGE, "TEST.DETECTIONS_PER_IMAGE")
         return COCOEvaluator(dataset_name, output_dir=output_folder)
 
 

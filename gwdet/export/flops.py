@@ -21,9 +21,11 @@ from collections import Counter
 from typing import Any, Callable, Dict, List, Mapping
 
 import torch
+from torch import Tensor
 from detectron2.utils.analysis import FlopCountAnalysis as Detectron2FlopCountAnalysis
 from fvcore.nn.jit_handles import get_shape
 
+from gwdet.errors import GwdetTypeError, GwdetValueError
 from gwdet.export.counting_ops import LAYER_OPS, trace_named_ops
 from gwdet.layers.cost import batch_group_norm_macs, batch_whitening_macs, group_whitening_macs
 
@@ -75,6 +77,25 @@ def flop_handles() -> Dict[str, Handle]:
     }
 
 
+def check_detector_inputs(model: torch.nn.Module, inputs: Any) -> None:
+    """Refuse, for one of detectron2's meta-architectures (a model with ``preprocess_image``), a
+    model in training mode (whose inference needs annotations) and inputs other than detectron2's
+    (a list of dicts with an ``"image"`` tensor of shape (C, H, W), alone or as the one argument of a
+    tuple): detectron2 would fail inside the model with an error that names neither."""
+    if not hasattr(model, "preprocess_image"):  # a layer or a part: counted on the inputs given
+        return
+    if model.training:
+        raise GwdetValueError(f"FlopCountAnalysis counts the inference of a {type(model).__name__}, and the model is in "
+                              "training mode (whose forward needs annotations): call model.eval() first.")
+    batch = inputs[0] if isinstance(inputs, tuple) and len(inputs) == 1 else inputs
+    if not (isinstance(batch, list) and batch and all(isinstance(item, dict) and isinstance(item.get("image"), Tensor)
+                                                        and item["image"].dim() == 3 for item in batch)):
+        shown = f"a Tensor of shape {tuple(inputs.shape)}" if isinstance(inputs, Tensor) else type(inputs).__name__
+        raise GwdetTypeError(f"FlopCountAnalysis({type(model).__name__}, inputs): give the inputs as the model takes "
+                             "them, a list of dicts with an 'image' tensor of shape (C, H, W), e.g. [{'image': image}]; "
+                             f"got {shown}.")
+
+
 class FlopCountAnalysis(Detectron2FlopCountAnalysis):
     """detectron2's ``FlopCountAnalysis`` that counts gwdet's layers with :mod:`gwdet.layers.cost`.
 
@@ -83,6 +104,7 @@ class FlopCountAnalysis(Detectron2FlopCountAnalysis):
     """
 
     def __init__(self, model: torch.nn.Module, inputs: Any) -> None:
+        check_detector_inputs(model, inputs)
         super().__init__(model, inputs)
         self.set_op_handle(**flop_handles())
 
