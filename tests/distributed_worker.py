@@ -68,9 +68,29 @@ def choose_evaluation_folders(run_folder: str, out_dir: str) -> None:
         f.write(run_module.evaluation_request(run, args)[0].output_dir)
 
 
+def save_on_stop(out_dir: str) -> None:
+    """Wait for a stop signal; on SIGTERM write saved<rank> half a second later and end with status
+    143, as a trainer's checkpoint hook does."""
+    import signal
+    import time
+
+    rank = comm.get_rank()
+
+    def stop(signum, frame):
+        time.sleep(0.5)
+        open(f"{out_dir}/saved{rank}", "w").close()
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    open(f"{out_dir}/ready{rank}", "w").close()
+    time.sleep(120)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "--check-rank-configs":
         launch(check_rank_configs, 2, dist_url="auto", args=tuple(sys.argv[2:4]))
+    elif sys.argv[1] == "--stop-signal":
+        launch(save_on_stop, 2, dist_url="auto", args=(sys.argv[2],))
     elif sys.argv[1] == "--evaluation-folders":
         launch(choose_evaluation_folders, 2, dist_url="auto", args=tuple(sys.argv[2:4]))
     else:

@@ -56,3 +56,21 @@ def test_the_processes_of_an_evaluation_beside_a_run_write_into_one_folder(finis
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert (tmp_path / "rank0.txt").read_text() == (tmp_path / "rank1.txt").read_text() == \
         str(finished_run / "eval" / "model_final")
+
+
+def test_a_stop_signal_to_the_launcher_reaches_the_processes_and_waits_for_their_checkpoints(tmp_path):
+    # SIGTERM to the tool of a --num-gpus 2 run: it ended at once with 143 while its processes were still saving
+    # their checkpoint (torch then stopped them by SIGINT), which anything acting on its exit could lose
+    import signal
+    import time
+
+    process = subprocess.Popen([sys.executable, str(REPO / "tests" / "distributed_worker.py"), "--stop-signal",
+                                str(tmp_path)], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not all((tmp_path / f"ready{rank}").exists() for rank in (0, 1)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    _, printed = process.communicate(timeout=120)
+    assert process.returncode == 143, printed[-3000:]
+    assert (tmp_path / "saved0").exists() and (tmp_path / "saved1").exists()  # before the launcher ended
+    assert "Stopped by SIGTERM: the processes were told to stop and did." in printed

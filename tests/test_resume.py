@@ -271,3 +271,23 @@ def test_periodic_evaluations_leave_the_trained_weights_as_they_are(tmp_path):
     expected, got = final_weights(plain), final_weights(evaluated)
     for name, tensor in expected["model"].items():
         assert torch.equal(got["model"][name], tensor), name
+
+
+def test_a_stop_signal_received_twice_at_once_is_one_request(monkeypatch):
+    # a terminal's Ctrl-C reaches every process of a --num-gpus run, and the launcher forwards the one it gets:
+    # the second SIGINT within the same moment stopped the processes at once, without their checkpoint
+    from gwdet.checkpoint.signal_hook import SAME_REQUEST_SECONDS, CheckpointOnSignal
+
+    called = []
+    hook = CheckpointOnSignal(signals=(signal.SIGUSR2,))
+    hook._previous = {signal.SIGUSR2: lambda signum, frame: called.append(signum)}
+    before = signal.getsignal(signal.SIGUSR2)
+    try:
+        hook._handle(signal.SIGUSR2, None)
+        hook._handle(signal.SIGUSR2, None)  # the same request
+        assert called == [] and hook._received == signal.SIGUSR2
+        hook._received_at -= SAME_REQUEST_SECONDS  # asked again later: the previous handler runs at once
+        hook._handle(signal.SIGUSR2, None)
+        assert called == [signal.SIGUSR2]
+    finally:
+        signal.signal(signal.SIGUSR2, before)

@@ -8,14 +8,15 @@ after training the same signals stop at once, saying that the trained weights ar
 evaluated (``--resume`` evaluates them); :func:`release_stop_signals` then gives the handlers back
 when training has returned. A handler installed
 before training (submitit's, which requeues a SLURM job) is called after the checkpoint is written;
-a second signal of the same kind runs it at once. With several processes every rank stops after the
-same iteration.
+a second signal of the same kind runs it at once (one within :data:`SAME_REQUEST_SECONDS` of the
+first is the same request). With several processes every rank stops after the same iteration.
 """
 from __future__ import annotations
 
 import logging
 import signal
 import threading
+import time
 from types import FrameType
 from typing import Any, Callable, Sequence
 
@@ -26,6 +27,9 @@ from detectron2.engine.hooks import EvalHook
 from detectron2.utils import comm
 
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
+# A second signal of the same kind within this many seconds is the same request (a terminal's Ctrl-C
+# reaches every process of the group, and the launcher forwards the one it receives), not a second one.
+SAME_REQUEST_SECONDS = 1.0
 logger = logging.getLogger(__name__)
 
 
@@ -56,10 +60,13 @@ class CheckpointOnSignal(HookBase):
         self.signals = tuple(signals)
         self.evaluations = tuple(evaluations)
         self._received: int | None = None
+        self._received_at = 0.0  # time.monotonic() of the first signal
         self._previous: dict[int, Any] = {}
         self._in_step = False  # from the step's start until this hook's after_step has run
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self._received == signum and time.monotonic() - self._received_at < SAME_REQUEST_SECONDS:
+            return  # the same request twice: sent to the process group and forwarded by the launcher
         if self._received is not None:  # asked twice: the previous handler runs at once
             self._restore()
             previous = self._previous.get(signum)
@@ -68,7 +75,7 @@ class CheckpointOnSignal(HookBase):
             else:
                 signal.raise_signal(signum)
             return
-        self._received = signum
+        self._received, self._received_at = signum, time.monotonic()
         logger.warning(f"Received {signal.Signals(signum).name}: the current iteration finishes, a checkpoint "
                        "is saved, then training stops (send the signal again to stop at once).")
 

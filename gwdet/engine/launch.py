@@ -8,15 +8,18 @@ itself and joins them in a gloo process group, with the per-machine process grou
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
 import signal
 import socket
 import tempfile
+import threading
 import time
 from datetime import timedelta
-from typing import Callable, Sequence
+from types import FrameType
+from typing import Callable, Iterator, Sequence
 from urllib.parse import urlparse
 
 import torch
@@ -25,6 +28,7 @@ import torch.multiprocessing as mp
 from detectron2.engine import launch as _detectron2_launch
 from detectron2.utils import comm
 
+from gwdet.checkpoint.signal_hook import STOP_SIGNALS, TrainingInterrupted
 from gwdet.errors import GwdetError, GwdetValueError
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
@@ -67,7 +71,9 @@ def launch(
     need a ``tcp://HOST:PORT`` every machine can reach. A ``dist_url`` the processes cannot meet at
     is refused before any starts (:func:`check_dist_url`). When a CPU process fails, the others of this
     machine are stopped and :class:`WorkerFailed` is raised with the error of the process that failed
-    first, its way on said for a training (``--resume``) or, with ``evaluation``, an evaluation.
+    first, its way on said for a training (``--resume``) or, with ``evaluation``, an evaluation. A stop
+    signal this process receives is sent on to the CPU processes, whose end it waits for
+    (:func:`forwarded_stop_signals`; then :class:`~gwdet.checkpoint.signal_hook.TrainingInterrupted`).
     """
     for name, value, least in (("num_processes_per_machine", num_processes_per_machine, 1),
                                ("num_machines", num_machines, 1), ("machine_rank", machine_rank, 0)):
@@ -99,9 +105,17 @@ def launch(
             join=False,
         )
         try:
-            while not context.join():
-                pass
+            with forwarded_stop_signals(context) as received:
+                while not context.join():
+                    pass
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
+            if received:  # told to stop, and every process did (a training's after saving a checkpoint)
+                name = signal.Signals(received[0]).name
+                logging.getLogger(__name__).warning(
+                    f"Stopped by {name}: the processes were told to stop and did. "
+                    + (_EVALUATE_AGAIN if evaluation else "They saved a checkpoint of their iteration when they were "
+                       "training: continue with --resume."))
+                raise TrainingInterrupted(received[0], None) from None
             finished = [os.path.isfile(os.path.join(refusals, f"{index}{FINISHED}"))
                         for index in range(num_processes_per_machine)]
             if all(finished) and isinstance(error, mp.ProcessExitedException):
@@ -121,6 +135,37 @@ def launch(
             if CPU_DDP_REFUSAL in report:  # a trainer of the user's own, as detectron2's DefaultTrainer builds DDP
                 raise WorkerFailed(f"{CPU_DDP_HINT}\n{report}") from None
             raise WorkerFailed(report) from None
+
+
+@contextlib.contextmanager
+def forwarded_stop_signals(context: mp.ProcessContext) -> Iterator[list[int]]:
+    """Within the block, the stop signals this process receives
+    (:data:`~gwdet.checkpoint.signal_hook.STOP_SIGNALS`) are sent on to the processes of ``context``,
+    whose hooks finish their iteration, save a checkpoint and stop, and noted in the list it yields:
+    this process would otherwise end at once, before their checkpoints are written (torch then stops
+    them by SIGINT). A signal that reached them too (a terminal's Ctrl-C) counts once for them."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():  # signals are caught in the main thread only
+        yield received
+        return
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+        for process in context.processes:
+            if process.is_alive() and process.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signum)
+
+    previous = {}
+    for signum in STOP_SIGNALS:
+        if signum == signal.SIGHUP and signal.getsignal(signum) == signal.SIG_IGN:
+            continue  # nohup: a closed terminal is not to stop the run
+        previous[signum] = signal.signal(signum, forward)
+    try:
+        yield received
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 # --dist-url: where the processes of a run meet (torch's rendezvous handlers, and detectron2's 'auto')
