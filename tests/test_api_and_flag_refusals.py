@@ -314,3 +314,23 @@ def test_eval_only_without_a_test_set_is_refused_before_anything_is_written(opts
     assert str(refused.value) == (f"--eval-only evaluates on the config's test set, and {setting} names none; nothing "
                                   f"was evaluated or written. Name the dataset to evaluate on in {setting}.")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_trainer_given_the_other_kind_of_config_or_a_path_names_the_one_to_use():
+    # Trainer(<LazyConfig>): omegaconf's "Missing key clone"; LazyTrainer(<CfgNode>): omegaconf's ValueError;
+    # Trainer("config.yaml"): "'str' object has no attribute 'clone'"
+    from detectron2.config import LazyConfig, get_cfg
+
+    from gwdet.engine.lazy import LazyTrainer
+    from gwdet.engine.trainer import Trainer
+
+    with pytest.raises(TypeError, match=r"^Trainer takes a yacs config \(CfgNode\), not the str 'c.yaml': load the file "
+                                        r"first: gwdet.model_zoo.build_config\(path, opts\) for a yacs file"):
+        Trainer("c.yaml")
+    lazy = LazyConfig.load(str(REPO / "configs" / "LazyConfig" / "Study" / "gw.py"))
+    with pytest.raises(TypeError, match=r"^Trainer takes a yacs config \(CfgNode\), not a DictConfig: for a LazyConfig, "
+                                        r"build gwdet's LazyTrainer \(gwdet.engine.lazy.LazyTrainer\).$"):
+        Trainer(lazy)
+    with pytest.raises(TypeError, match=r"^LazyTrainer takes a LazyConfig \(omegaconf's DictConfig\), not a CfgNode: for "
+                                        r"a yacs config, build gwdet's Trainer \(gwdet.engine.trainer.Trainer\).$"):
+        LazyTrainer(get_cfg())

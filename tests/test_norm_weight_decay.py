@@ -222,3 +222,21 @@ def test_a_rate_factor_without_the_rate_it_multiplies_names_the_fix(asked):
                                          r"too \(in a LazyConfig: optimizer.params.base_lr=\$\{optimizer.lr\}\)"):
         get_default_optimizer_params(nn.Linear(2, 2), **asked)
     assert len(get_default_optimizer_params(nn.Linear(2, 2), base_lr=0.1, **asked)) >= 1
+
+
+def test_a_trainer_subclass_whose_own_optimizer_decays_the_norms_is_warned_about(tmp_path):
+    # a build_optimizer of one's own decaying every parameter: gwdet's Trainer checked only its own optimizer
+    from conftest import DEMO_CONFIG, TINY_OPTS, logged_warnings
+
+    class DecayingEverything(Trainer):
+        @classmethod
+        def build_optimizer(cls, cfg, model):
+            return torch.optim.SGD(model.parameters(), lr=cfg.SOLVER.BASE_LR, weight_decay=1e-4)
+
+    cfg = build_config(str(DEMO_CONFIG), [*TINY_OPTS, "OUTPUT_DIR", str(tmp_path)])
+    with logged_warnings("gwdet.modeling.model_checks") as warned:
+        Trainer(cfg)
+    assert warned == []
+    with logged_warnings("gwdet.modeling.model_checks") as warned:
+        DecayingEverything(cfg)
+    assert len(warned) == 1 and "norm layer(s) are decayed otherwise than the norm weight decay 0 " in warned[0], warned

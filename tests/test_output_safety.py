@@ -1166,8 +1166,13 @@ def test_gwdets_trainers_from_python_check_the_request_as_the_tools_do(finished_
     weighted.defrost()
     weighted.merge_from_list(["MODEL.WEIGHTS", str(run / "model_final.pth"), "OUTPUT_DIR", str(tmp_path / "w")])
     with pytest.raises(ValueError, match=r"^MODEL.WEIGHTS names initial weights \(.*\), which only resume_or_load "
-                                         r"loads: without it the model would train from its random initialization"):
+                                         r"loads: without it the model would train from its random initialization") \
+            as refused:
         Trainer(weighted).train()
+    # a subclass's own resume_or_load that loads the weights itself was told they were not loaded
+    assert str(refused.value).endswith("A subclass's own resume_or_load must call gwdet's "
+                                       "(super().resume_or_load(resume)), which loads through the trainer's checkpointer, "
+                                       "takes the output folder's lock and positions the data stream.")
     trainer = Trainer(cfg)  # a second train() of a trainer that finished: detectron2's "'EvalHook' object has no
     trainer.iter = trainer.max_iter  # attribute '_func'" (its hooks let go of what they ran)
     with pytest.raises(ValueError, match=r"^This trainer has trained its \d+ iterations already \(train\(\) returned\)"):
@@ -1240,3 +1245,18 @@ def test_records_of_deleted_checkpoints_go_and_a_string_of_classes_is_refused(tm
         "model_final.pth", "model_final.pth.sha256", "notes.sha256"]
     with pytest.raises(TypeError, match=r"classes must be a list of class names .*, got 'circle,square'"):
         ResilientCheckpointer(torch.nn.Linear(2, 2), str(tmp_path), classes="circle,square")
+
+
+def test_gwdets_trainers_from_python_seed_the_initial_weights_with_the_configs_seed(tmp_path):
+    # two Trainer(cfg) of one config drew other initial weights (only the tools' default_setup seeded), and neither
+    # the tool's run's
+    from gwdet.engine.training import mark_seeded
+
+    cfg = build_config(str(DEMO_CONFIG), TINY_OPTS + ["OUTPUT_DIR", str(tmp_path)])
+    first, second = (Trainer(cfg).model.state_dict() for _ in range(2))
+    assert all(torch.equal(first[key], second[key]) for key in first)
+    marked = cfg.clone()
+    mark_seeded(marked)  # as the tools' set-up marks it after default_setup seeded: not seeded again
+    torch.manual_seed(12345)
+    other = Trainer(marked).model.state_dict()
+    assert not all(torch.equal(first[key], other[key]) for key in first)

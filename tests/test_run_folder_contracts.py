@@ -563,18 +563,30 @@ def test_a_trainer_from_python_takes_the_lock_unless_its_process_holds_it(tmp_pa
         held.write("pid 1\n")
         held.flush()
         with pytest.raises(RuntimeError) as refused:
-            with training_lock(folder, "OUTPUT_DIR", "MODEL.WEIGHTS"):
+            with training_lock(None, folder, "OUTPUT_DIR", "MODEL.WEIGHTS"):
                 pass
         assert str(refused.value) == in_use(folder, "pid 1")
     with OutputDirLock(folder):  # the tool's own run holds it: its trainer trains under it
-        with training_lock(folder, "OUTPUT_DIR", "MODEL.WEIGHTS"):
+        with training_lock(None, folder, "OUTPUT_DIR", "MODEL.WEIGHTS"):
             assert (tmp_path / LOCK_NAME).read_text() == f"pid {os.getpid()}\n"
-    with training_lock(folder, "train.output_dir", "train.init_checkpoint"):  # nobody holds it: taken, then released
+    with training_lock(None, folder, "train.output_dir", "train.init_checkpoint"):  # nobody holds it: taken, released
         with pytest.raises(RuntimeError, match=r"^train.output_dir .* is in use by another run"):
             with OutputDirLock(folder, "train.output_dir"):
                 pass
     with OutputDirLock(folder):
         pass
+    # OUTPUT_DIR changed on the config after the trainer was built: checkpoints and metrics went to the first folder,
+    # inference/ and the lock to the second
+    from types import SimpleNamespace
+
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    built = SimpleNamespace(checkpointer=ResilientCheckpointer(torch.nn.Linear(2, 2), str(tmp_path / "first")))
+    with pytest.raises(ValueError, match=rf"^OUTPUT_DIR is now '{tmp_path / 'second'}', but this trainer was built to "
+                                         rf"write '{tmp_path / 'first'}'.*Build the trainer again after changing "
+                                         "OUTPUT_DIR, or set it back.$"):
+        training_lock(built, str(tmp_path / "second"), "OUTPUT_DIR", "MODEL.WEIGHTS")
+    assert not (tmp_path / "second").exists()
 
 
 def test_a_holder_that_wrote_no_pid_is_called_another_process(tmp_path):
@@ -839,6 +851,24 @@ def test_results_of_the_model_before_a_resume_are_kept_under_names_that_say_so(t
                                    "writes its results.md and results.json anew when it ends."]
 
 
+def test_results_changed_since_the_run_wrote_them_keep_their_record_when_set_aside(tmp_path, caplog):
+    # a results.json edited after the run (its record no longer matching) was renamed and its record deleted: the
+    # changed numbers then read as an unrecorded file of an older gwdet
+    from gwdet.engine.output_dir import set_aside_results
+    from gwdet.utils.atomic import checksum_problem, write_text_with_checksum
+
+    write_text_with_checksum(str(tmp_path / "results.json"), '{"shapes_val": {"bbox": {"AP": 0.0}}}')
+    (tmp_path / "results.json").write_text('{"shapes_val": {"bbox": {"AP": 55.5}}}')
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        set_aside_results(str(tmp_path), 2)
+    assert sorted(os.listdir(tmp_path)) == ["results_before_resuming_at_2.json",
+                                            "results_before_resuming_at_2.json.sha256"]
+    assert checksum_problem(str(tmp_path / "results_before_resuming_at_2.json")) is not None
+    assert warnings_of(caplog)[0] == (
+        f"{tmp_path / 'results.json'} no longer matches the SHA-256 recorded when the run wrote it (it was changed "
+        "since); it is kept as results_before_resuming_at_2.json with that record, which a reader of it checks.")
+
+
 def test_a_resume_is_refused_only_when_the_checkpoint_is_past_the_schedule(tmp_path):
     from gwdet.engine.output_dir import check_resume_trains
 
@@ -854,8 +884,12 @@ def test_a_resume_is_refused_only_when_the_checkpoint_is_past_the_schedule(tmp_p
         "above 100; to evaluate it, use --eval-only --resume.")
     cfg = get_cfg()
     cfg.SOLVER.MAX_ITER = 50  # without the run's config.yaml the model cannot be checked: refused first
-    with pytest.raises(FileNotFoundError, match="has checkpoints but no config.yaml, so which model it trained"):
+    with pytest.raises(FileNotFoundError, match="has checkpoints but no config.yaml, so which model it trained") as refused:
         check_resume_config(cfg, str(tmp_path))
+    # a run trained from Python never had one (it "restored" a file that never was): its way on from there is named
+    assert str(refused.value).endswith("A run trained from one's own code (gwdet's Trainer without detectron2's "
+                                       "default_setup, which writes config.yaml) continues from there: "
+                                       "Trainer(cfg).resume_or_load(resume=True), then train().")
 
 
 def test_every_value_of_a_checkpoint_is_checked_by_its_place_whatever_its_container(tmp_path):

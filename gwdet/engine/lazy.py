@@ -94,12 +94,14 @@ from gwdet.engine.run import RunConfig, warn_of_uncounted_detections
 from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.engine.training import (
     InnerTrainerState,
+    check_config_kind,
     check_not_over_another_run,
     check_torch_state,
     configured_optimizer_values,
     continue_after_resume,
     random_streams_kept,
     run_writers,
+    seed_as_the_tools_do,
     training_checkpointer,
     training_lock,
     training_loop,
@@ -248,8 +250,10 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
     (:mod:`gwdet.engine.training`) and the final results returned by :meth:`train`."""
 
     def __init__(self, cfg: DictConfig) -> None:
+        check_config_kind(cfg, yacs=False)
         check_torch_state(training=True)  # float64 or no gradients left by one's own code: refused by name
         LazyRun(cfg).check_training_request(comm.get_world_size())  # done already where the tools built it
+        seed_as_the_tools_do(cfg, select(cfg, "train.seed"), "train.seed")  # the tools' default_setup did
         super().__init__()
         if not logging.getLogger("detectron2").isEnabledFor(logging.INFO):
             setup_logger()
@@ -300,7 +304,7 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
         iteration, optimizer, scheduler, random and data states); else load
         ``train.init_checkpoint`` and start at iteration 0; the output folder's lock held meanwhile
         (:func:`~gwdet.engine.training.training_lock`)."""
-        with training_lock(self.cfg.train.output_dir, "train.output_dir", WEIGHTS_SETTING):
+        with training_lock(self, self.cfg.train.output_dir, "train.output_dir", WEIGHTS_SETTING):
             if resume:  # another model, batch or seed; a finished run would train nothing, its results set aside
                 LazyRun(self.cfg).check_trainer_resume()
                 check_resume_trains(self.cfg.train.output_dir, self.max_iter, "train.max_iter")
@@ -318,7 +322,7 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
     def train(self):
         """Train from :attr:`start_iter` to ``train.max_iter``, holding the output folder's lock
         (:func:`~gwdet.engine.training.training_lock`); return the last evaluation's results."""
-        with training_lock(self.cfg.train.output_dir, "train.output_dir", WEIGHTS_SETTING):
+        with training_lock(self, self.cfg.train.output_dir, "train.output_dir", WEIGHTS_SETTING):
             check_not_over_another_run(self, self.cfg.train.init_checkpoint)
             try:
                 super().train(self.start_iter, self.max_iter)

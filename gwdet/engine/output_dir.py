@@ -848,7 +848,9 @@ def check_config_present(path: str, output_dir: str, output_setting: str = "OUTP
         raise GwdetFileNotFoundError(
             f"--resume: the run in {output_dir!r} has checkpoints but no {CONFIG_NAME}, so which model it trained "
             f"cannot be checked against this config. Restore {path} (the run's record of its config), or start from "
-            f"its weights in another {output_setting}, or train afresh here with --overwrite (which deletes the run).")
+            f"its weights in another {output_setting}, or train afresh here with --overwrite (which deletes the run). "
+            f"A run trained from one's own code (gwdet's Trainer without detectron2's default_setup, which writes "
+            f"{CONFIG_NAME}) continues from there: Trainer(cfg).resume_or_load(resume=True), then train().")
 
 
 def check_resume_source(output_dir: str, weights_setting: str = "MODEL.WEIGHTS") -> None:
@@ -1022,7 +1024,8 @@ def set_aside_results(output_dir: str, start_iter: int) -> None:
     iteration ``start_iter`` to ``results_before_resuming_at_<start_iter>.*``: they score the model
     the run had before, and a stop before the resumed run writes its own (a kill during its final
     evaluation) would otherwise leave them beside the new ``model_final.pth`` as its results. They
-    are kept, under names that say so; a free name gets ``_2``, ``_3``, ... ."""
+    are kept, under names that say so; a free name gets ``_2``, ``_3``, ... . A file that no longer
+    matches its SHA-256 record keeps that record (and the warning says so), so the change stays visible."""
     moved = []
     for name in (RESULTS_MARKDOWN, RESULTS_JSON):
         path = os.path.join(output_dir, name)
@@ -1033,8 +1036,13 @@ def set_aside_results(output_dir: str, start_iter: int) -> None:
         while os.path.lexists(target):
             number += 1
             target = os.path.join(output_dir, f"{stem}{SET_ASIDE_INFIX}{start_iter}_{number}{extension}")
-        recorded = os.path.isfile(checksum_path(path)) and checksum_problem(path) is None
+        has_record = os.path.isfile(checksum_path(path))
+        recorded = has_record and checksum_problem(path) is None
         os.replace(path, target)
+        if has_record and not recorded:  # changed since it was written: its record goes with it, showing so
+            os.replace(checksum_path(path), checksum_path(target))
+            logger.warning(f"{path} no longer matches the SHA-256 recorded when the run wrote it (it was changed since); "
+                           f"it is kept as {os.path.basename(target)} with that record, which a reader of it checks.")
         remove_checksum(path)
         if recorded:
             record_checksum(target)

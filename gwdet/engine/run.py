@@ -85,7 +85,7 @@ from gwdet.engine.output_dir import (
 )
 from gwdet.engine.run_environment import ENVIRONMENT_KEY, annotation_files, run_environment
 from gwdet.engine.run_log import HeldRecords
-from gwdet.engine.training import check_torch_state
+from gwdet.engine.training import check_torch_state, mark_seeded
 from gwdet.engine.visualize import DRAWN_SCORE, save_prediction_pngs
 
 logger = logging.getLogger(__name__)
@@ -552,7 +552,8 @@ def setup(args: argparse.Namespace, run: RunConfig) -> None:
                 check_config_not_users(run.output_dir, run.output_setting)
         # config.yaml with the checksum --resume checks it against; on failure both as they were
         with config_rewrite(run.output_dir, run.output_setting) if main_process else contextlib.nullcontext():
-            default_setup(run.cfg, args)
+            default_setup(run.cfg, args)  # seeds the random generators with the config's seed
+        mark_seeded(run.cfg)
         setup_logger(run.output_dir, distributed_rank=comm.get_rank(), name="gwdet")  # gwdet's messages in log.txt too
     logger.info(describe_plans())
     run.prepare_datasets(trains=not args.eval_only, evaluates=True)

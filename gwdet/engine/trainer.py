@@ -53,6 +53,7 @@ from gwdet.engine.run import RunConfig, warn_of_uncounted_detections
 from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.engine.training import (
     InnerTrainerState,
+    check_config_kind,
     check_not_over_another_run,
     check_torch_state,
     configured_optimizer_values,
@@ -61,6 +62,7 @@ from gwdet.engine.training import (
     continue_after_resume,
     random_streams_kept,
     run_writers,
+    seed_as_the_tools_do,
     training_checkpointer,
     training_lock,
     training_loop,
@@ -79,8 +81,10 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
     where they stopped (see :mod:`gwdet.checkpoint.resilient`, :mod:`gwdet.data.resumable`)."""
 
     def __init__(self, cfg: CfgNode) -> None:
+        check_config_kind(cfg, yacs=True)
         check_torch_state(training=True)  # float64 or no gradients left by one's own code: refused by name
         YacsRun(cfg).check_training_request(comm.get_world_size())  # done already where the tools built it
+        seed_as_the_tools_do(cfg, cfg.SEED, "SEED")  # the tools' default_setup did
         # Whatever build_train_loader (a subclass's too) returns reaches detectron2's SimpleTrainer
         # with its batches checked (gwdet.data.finite_images): during the construction the
         # instance's build_train_loader wraps the class's.
@@ -92,6 +96,9 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
                 super().__init__(cfg)
         finally:
             del self.build_train_loader
+        # whatever build_optimizer returned (a subclass's too): norm layers decayed otherwise than configured are named
+        check_norm_weight_decay(unwrapped(self.model), self.optimizer, cfg.SOLVER.WEIGHT_DECAY_NORM,
+                                cfg.SOLVER.WEIGHT_DECAY_BIAS)
 
     def _construct_for_cpu_processes(self, cfg: CfgNode) -> None:
         """``DefaultTrainer.__init__`` for several CPU processes, which detectron2 cannot construct:
@@ -124,10 +131,9 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
     @classmethod
     def build_optimizer(cls, cfg: CfgNode, model: torch.nn.Module) -> torch.optim.Optimizer:
         """detectron2's optimizer in which gwdet's norm layers get ``SOLVER.WEIGHT_DECAY_NORM`` like
-        detectron2's own (:func:`gwdet.build_optimizer`), checked by :func:`check_norm_weight_decay`."""
-        optimizer = build_optimizer(cfg, model)
-        check_norm_weight_decay(model, optimizer, cfg.SOLVER.WEIGHT_DECAY_NORM, cfg.SOLVER.WEIGHT_DECAY_BIAS)
-        return optimizer
+        detectron2's own (:func:`gwdet.build_optimizer`); the constructor checks what this (or a
+        subclass's) returns (:func:`check_norm_weight_decay`)."""
+        return build_optimizer(cfg, model)
 
     @classmethod
     def build_train_loader(cls, cfg: CfgNode):
@@ -159,7 +165,7 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
     def train(self):
         """Train, holding the output folder's lock (:func:`~gwdet.engine.training.training_lock`);
         return the final COCO results (detectron2's EvalHook stores them on the trainer)."""
-        with training_lock(self.cfg.OUTPUT_DIR, "OUTPUT_DIR", "MODEL.WEIGHTS"):
+        with training_lock(self, self.cfg.OUTPUT_DIR, "OUTPUT_DIR", "MODEL.WEIGHTS"):
             check_not_over_another_run(self, self.cfg.MODEL.WEIGHTS)
             try:
                 super().train()
@@ -169,7 +175,7 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
 
     def resume_or_load(self, resume: bool = True) -> None:
         """detectron2's, the output folder's lock held meanwhile (:func:`~gwdet.engine.training.training_lock`)."""
-        with training_lock(self.cfg.OUTPUT_DIR, "OUTPUT_DIR", "MODEL.WEIGHTS"):
+        with training_lock(self, self.cfg.OUTPUT_DIR, "OUTPUT_DIR", "MODEL.WEIGHTS"):
             if resume:  # another model, batch or seed; a finished run would train nothing, its results set aside
                 YacsRun(self.cfg).check_trainer_resume()
                 check_resume_trains(self.cfg.OUTPUT_DIR, self.max_iter, "SOLVER.MAX_ITER")

@@ -28,13 +28,14 @@ from detectron2.engine import AMPTrainer, SimpleTrainer, TrainerBase, create_ddp
 from detectron2.engine.hooks import EvalHook, PreciseBN
 from detectron2.solver import LRMultiplier
 from detectron2.utils import comm
+from detectron2.utils.env import seed_all_rng
 from detectron2.utils.events import CommonMetricPrinter, EventWriter, JSONWriter, TensorboardXWriter
 
 from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer
 from gwdet.checkpoint.signal_hook import CheckpointOnSignal
 from gwdet.data.datasets import dataset_classes
 from gwdet.data.resumable import skip_trained_samples
-from gwdet.errors import GwdetValueError
+from gwdet.errors import GwdetTypeError, GwdetValueError
 from gwdet.engine.output_dir import OutputDirLock, lock_holder, set_aside_results, trim_metrics
 from gwdet.engine.run_environment import annotation_files, run_segment
 from gwdet.modeling.build import check_build_state
@@ -116,6 +117,50 @@ def random_streams_kept() -> Iterator[None]:
             torch.cuda.set_rng_state_all(cuda)
 
 
+# Set on a config (an attribute beside its keys, copied with it by clone()) once detectron2's
+# default_setup has seeded the random generators with its SEED / train.seed, as the tools call it
+SEEDED_MARK = "_gwdet_seeded"
+
+
+def mark_seeded(cfg: Any) -> None:
+    """Note on ``cfg`` that detectron2's ``default_setup`` seeded the random generators with its seed."""
+    object.__setattr__(cfg, SEEDED_MARK, True)  # not a config key
+
+
+def seed_as_the_tools_do(cfg: Any, seed: Any, setting: str) -> None:
+    """Seed the random generators with the config's ``seed`` (``setting``) plus the process's rank,
+    as detectron2's ``default_setup`` does in the tools, unless it did for this config
+    (:func:`mark_seeded`): a trainer built from one's own code then draws the initial weights the
+    tool's run of the config draws. A negative seed leaves them as they are (random)."""
+    if getattr(cfg, SEEDED_MARK, False) or not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        return
+    seed_all_rng(seed + comm.get_rank())
+    logger.info(f"Seeded the random generators with {setting} {seed} (plus the process's rank), as the tools do.")
+
+
+def check_config_kind(cfg: Any, yacs: bool) -> None:
+    """Refuse a trainer's config of the other kind, or given as a path: ``Trainer`` takes a yacs
+    config (``CfgNode``), ``LazyTrainer`` a LazyConfig (omegaconf's ``DictConfig``)."""
+    from detectron2.config import CfgNode
+    from omegaconf import DictConfig
+
+    if isinstance(cfg, CfgNode if yacs else DictConfig):
+        return
+    trainer, other = ("Trainer", "LazyTrainer") if yacs else ("LazyTrainer", "Trainer")
+    wanted = "a yacs config (CfgNode)" if yacs else "a LazyConfig (omegaconf's DictConfig)"
+    if isinstance(cfg, (str, os.PathLike)):
+        fix = ("load the file first: gwdet.model_zoo.build_config(path, opts) for a yacs file, detectron2's "
+               "LazyConfig.load(path) for a LazyConfig")
+    elif isinstance(cfg, DictConfig if yacs else CfgNode):
+        fix = f"for {'a LazyConfig' if yacs else 'a yacs config'}, build gwdet's {other} " \
+              f"(gwdet.engine.{'lazy' if yacs else 'trainer'}.{other})"
+    else:
+        fix = f"give {trainer} the config of the run"
+    given = f"the {type(cfg).__name__} {os.fspath(cfg)!r}" if isinstance(cfg, (str, os.PathLike)) else \
+        f"a {type(cfg).__name__}" if isinstance(cfg, (CfgNode, DictConfig)) else f"{cfg!r} ({type(cfg).__name__})"
+    raise GwdetTypeError(f"{trainer} takes {wanted}, not {given}: {fix}.")
+
+
 def check_torch_state(training: bool) -> None:
     """Refuse a run in a process whose torch state a run cannot use, as one's own code or a notebook
     may leave it: another default dtype than float32 or the meta device as the default one
@@ -134,11 +179,20 @@ def check_torch_state(training: bool) -> None:
             "run, or run it outside the block.")
 
 
-def training_lock(output_dir: str, output_setting: str, weights_setting: str) -> contextlib.AbstractContextManager:
+def training_lock(trainer: Any, output_dir: str, output_setting: str,
+                  weights_setting: str) -> contextlib.AbstractContextManager:
     """The output folder's lock (:class:`~gwdet.engine.output_dir.OutputDirLock`) for a trainer's
-    ``train()``: taken by the main process unless it holds it already (the tools hold it for the
-    whole run), so that a training from one's own code and a tool's run never write one folder at
-    once."""
+    ``resume_or_load`` and ``train()``: taken by the main process unless it holds it already (the
+    tools hold it for the whole run), so that a training from one's own code and a tool's run never
+    write one folder at once. Refused where the config's ``output_dir`` is no longer the folder the
+    trainer was built to write (its checkpointer's): the run would be split over two folders."""
+    checkpointer = getattr(trainer, "checkpointer", None)
+    built_for = getattr(checkpointer, "save_dir", None)
+    if isinstance(built_for, str) and built_for and os.path.abspath(built_for) != os.path.abspath(output_dir):
+        raise GwdetValueError(
+            f"{output_setting} is now {output_dir!r}, but this trainer was built to write {built_for!r} (its "
+            "checkpointer, metrics and event writers write there): the run would be split over the two folders. "
+            f"Build the trainer again after changing {output_setting}, or set it back.")
     if not comm.is_main_process() or lock_holder(output_dir) == f"pid {os.getpid()}":
         return contextlib.nullcontext()
     return OutputDirLock(output_dir, output_setting, weights_setting)
@@ -163,7 +217,9 @@ def check_not_over_another_run(trainer: Any, weights: str) -> None:
                 f"{checkpointer.weights_setting} names initial weights ({weights}), which only resume_or_load loads: "
                 "without it the model would train from its random initialization. Call "
                 "trainer.resume_or_load(resume=False) before train() (resume=True to continue the run in the output "
-                f"folder), or set {checkpointer.weights_setting} to '' to train from scratch.")
+                f"folder), or set {checkpointer.weights_setting} to '' to train from scratch. A subclass's own "
+                "resume_or_load must call gwdet's (super().resume_or_load(resume)), which loads through the trainer's "
+                "checkpointer, takes the output folder's lock and positions the data stream.")
     if isinstance(checkpointer, ResilientCheckpointer):
         checkpointer.check_folder_unchanged()
 
