@@ -1260,3 +1260,37 @@ def test_gwdets_trainers_from_python_seed_the_initial_weights_with_the_configs_s
     torch.manual_seed(12345)
     other = Trainer(marked).model.state_dict()
     assert not all(torch.equal(first[key], other[key]) for key in first)
+
+
+def test_a_trainers_max_iter_changed_after_the_build_or_an_output_dir_that_is_a_file_is_refused(tmp_path):
+    # trainer.max_iter raised in a notebook trained past the schedule's end into fvcore's "where in ParamScheduler
+    # must be in [0, 1]: got 1.5", without a checkpoint; OUTPUT_DIR a file: a raw FileExistsError after the build
+    cfg = build_config(str(DEMO_CONFIG), TINY_OPTS + ["OUTPUT_DIR", str(tmp_path / "run")])
+    trainer = Trainer(cfg)
+    trainer.resume_or_load(resume=False)
+    trainer.max_iter += 2
+    with pytest.raises(ValueError, match=rf"^This trainer's max_iter is {cfg.SOLVER.MAX_ITER + 2}, but its config's "
+                                         rf"SOLVER.MAX_ITER is {cfg.SOLVER.MAX_ITER}: .* build a new trainer from a config"):
+        trainer.train()
+    assert not list((tmp_path / "run").glob("model_*.pth"))
+    (tmp_path / "notes").write_text("mine")
+    filed = cfg.clone()
+    filed.defrost()
+    filed.OUTPUT_DIR = str(tmp_path / "notes")
+    with pytest.raises(PermissionError, match=r"^OUTPUT_DIR .*notes is a file"):
+        Trainer(filed)
+    assert (tmp_path / "notes").read_text() == "mine"
+
+
+def test_a_resume_where_last_checkpoint_names_another_checkpointers_file_names_the_runs_own(tmp_path):
+    # detectron2's PeriodicCheckpointer of one's own hook (file_prefix "d2model") tagged its file: the resume was
+    # refused as "a checkpoint slimmed to its weights", gwdet's whole model_final.pth beside it unnamed
+    from detectron2.checkpoint import DetectionCheckpointer
+
+    model = torch.nn.Linear(2, 2)
+    ResilientCheckpointer(model, str(tmp_path), random_state=torch.nn.Module()).save("model_final", iteration=1)
+    DetectionCheckpointer(model, str(tmp_path)).save("d2model_final", iteration=1)
+    with pytest.raises(ValueError, match=r"last_checkpoint names d2model_final.pth, which holds no random_state state: "
+                                         r"another checkpointer wrote it .* The run's checkpoints are model_final.pth: "
+                                         r"write the name of the one to continue from into last_checkpoint"):
+        ResilientCheckpointer(model, str(tmp_path), random_state=torch.nn.Module()).resume_or_load("", resume=True)

@@ -847,8 +847,10 @@ def test_results_of_the_model_before_a_resume_are_kept_under_names_that_say_so(t
     assert run_files(str(tmp_path)) == sorted(os.listdir(tmp_path))
     assert warnings_of(caplog) == [f"{tmp_path}: the results the run wrote before this resume at iteration 250 (of the "
                                    "model it had when it wrote them, which may be past that iteration) are kept as "
-                                   "results_before_resuming_at_250_2.md and results_before_resuming_at_250.json; the run "
-                                   "writes its results.md and results.json anew when it ends."]
+                                   "results_before_resuming_at_250_2.md and results_before_resuming_at_250.json; the "
+                                   "train tool writes the run's results.md and results.json anew when it ends (a trainer "
+                                   "of one's own code writes none: tools/train_net.py --eval-only --resume evaluates its "
+                                   "last checkpoint)."]
 
 
 def test_results_changed_since_the_run_wrote_them_keep_their_record_when_set_aside(tmp_path, caplog):

@@ -103,3 +103,24 @@ def test_one_batch_given_instead_of_batches_is_named():
         update_running_statistics(batch, model)
     assert torch.equal(model.norm.running_mean, before)
     assert update_running_statistics([batch], model) == 1
+
+
+def test_test_batches_without_annotations_are_named_for_a_detector():
+    # the test loader's batches (no 'instances'): detectron2's bare "RPN requires gt_instances in training!"
+    class Detector(nn.Module):  # what update_running_statistics reads of a detectron2 detector: its proposal generator
+        def __init__(self):
+            super().__init__()
+            self.proposal_generator = nn.Identity()
+            self.norm = nn.BatchNorm1d(2)
+
+        def forward(self, batch):
+            return self.norm(torch.stack([record["x"] for record in batch]))
+
+    model = Detector()
+    before = model.norm.running_mean.clone()
+    with pytest.raises(ValueError, match=r"^update_running_statistics: the batches carry no annotations \('instances' "
+                                         r"in each image's dict\), .*not a test loader's. The running statistics are "
+                                         r"as they were.$"):
+        update_running_statistics([[{"x": torch.randn(2)} for _ in range(4)]], model)
+    assert torch.equal(model.norm.running_mean, before)
+    assert update_running_statistics([[{"x": torch.randn(2), "instances": None} for _ in range(4)]], model) == 1

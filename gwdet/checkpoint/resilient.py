@@ -688,6 +688,15 @@ class ResilientCheckpointer(DetectionCheckpointer):
             try:
                 loaded = self.load(candidate)
                 lacking = [key for key in ("iteration", *self.checkpointables) if key not in self._file_keys]
+                ours = checkpoint_names(self.save_dir or "")
+                if lacking and os.path.basename(candidate) not in ours and ours:  # a hook's of one's own, say
+                    raise GwdetValueError(
+                        f"--resume: {self.save_dir}/{LAST_CHECKPOINT} names {os.path.basename(candidate)}, which holds "
+                        f"no {', '.join(lacking)} state: another checkpointer wrote it (a hook of one's own, say), not "
+                        f"the run's, so the run cannot continue from it. The run's checkpoints are {listed(ours, 3)}: "
+                        f"write the name of the one to continue from into {LAST_CHECKPOINT} (e.g. {ours[-1]}), and let "
+                        "other checkpointers save into a folder of their own (detectron2's name what they save in "
+                        f"{LAST_CHECKPOINT}).")
                 if lacking:  # a checkpoint slimmed to its weights: the schedule would restart
                     raise GwdetValueError(
                         f"--resume: {candidate} holds no {', '.join(lacking)} state (a checkpoint slimmed to its "

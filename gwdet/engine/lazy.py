@@ -96,6 +96,8 @@ from gwdet.engine.training import (
     InnerTrainerState,
     check_config_kind,
     check_not_over_another_run,
+    check_output_folder,
+    check_schedule_unchanged,
     check_torch_state,
     configured_optimizer_values,
     continue_after_resume,
@@ -251,6 +253,7 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
 
     def __init__(self, cfg: DictConfig) -> None:
         check_config_kind(cfg, yacs=False)
+        check_output_folder(select(cfg, "train.output_dir"), "train.output_dir")
         check_torch_state(training=True)  # float64 or no gradients left by one's own code: refused by name
         LazyRun(cfg).check_training_request(comm.get_world_size())  # done already where the tools built it
         seed_as_the_tools_do(cfg, select(cfg, "train.seed"), "train.seed")  # the tools' default_setup did
@@ -323,6 +326,7 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
         """Train from :attr:`start_iter` to ``train.max_iter``, holding the output folder's lock
         (:func:`~gwdet.engine.training.training_lock`); return the last evaluation's results."""
         with training_lock(self, self.cfg.train.output_dir, "train.output_dir", WEIGHTS_SETTING):
+            check_schedule_unchanged(self.max_iter, select(self.cfg, "train.max_iter"), "train.max_iter")
             check_not_over_another_run(self, self.cfg.train.init_checkpoint)
             try:
                 super().train(self.start_iter, self.max_iter)

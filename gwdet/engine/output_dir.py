@@ -1050,7 +1050,9 @@ def set_aside_results(output_dir: str, start_iter: int) -> None:
     if moved:
         logger.warning(f"{output_dir}: the results the run wrote before this resume at iteration {start_iter} (of "
                        f"the model it had when it wrote them, which may be past that iteration) are kept as "
-                       f"{' and '.join(moved)}; the run writes its {RESULTS_MARKDOWN} and {RESULTS_JSON} anew when it ends.")
+                       f"{' and '.join(moved)}; the train tool writes the run's {RESULTS_MARKDOWN} and {RESULTS_JSON} anew "
+                       "when it ends (a trainer of one's own code writes none: tools/train_net.py --eval-only --resume "
+                       "evaluates its last checkpoint).")
 
 
 def trim_metrics(output_dir: str, start_iter: int) -> None:

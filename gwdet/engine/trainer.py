@@ -55,6 +55,8 @@ from gwdet.engine.training import (
     InnerTrainerState,
     check_config_kind,
     check_not_over_another_run,
+    check_output_folder,
+    check_schedule_unchanged,
     check_torch_state,
     configured_optimizer_values,
     continue_precise_bn,
@@ -82,6 +84,7 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
 
     def __init__(self, cfg: CfgNode) -> None:
         check_config_kind(cfg, yacs=True)
+        check_output_folder(cfg.OUTPUT_DIR, "OUTPUT_DIR")
         check_torch_state(training=True)  # float64 or no gradients left by one's own code: refused by name
         YacsRun(cfg).check_training_request(comm.get_world_size())  # done already where the tools built it
         seed_as_the_tools_do(cfg, cfg.SEED, "SEED")  # the tools' default_setup did
@@ -166,6 +169,7 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
         """Train, holding the output folder's lock (:func:`~gwdet.engine.training.training_lock`);
         return the final COCO results (detectron2's EvalHook stores them on the trainer)."""
         with training_lock(self, self.cfg.OUTPUT_DIR, "OUTPUT_DIR", "MODEL.WEIGHTS"):
+            check_schedule_unchanged(self.max_iter, self.cfg.SOLVER.MAX_ITER, "SOLVER.MAX_ITER")
             check_not_over_another_run(self, self.cfg.MODEL.WEIGHTS)
             try:
                 super().train()

@@ -36,7 +36,9 @@ from gwdet.checkpoint.signal_hook import CheckpointOnSignal
 from gwdet.data.datasets import dataset_classes
 from gwdet.data.resumable import skip_trained_samples
 from gwdet.errors import GwdetTypeError, GwdetValueError
-from gwdet.engine.output_dir import OutputDirLock, lock_holder, set_aside_results, trim_metrics
+from gwdet.utils.cli_errors import output_path_problem
+from gwdet.engine.output_dir import (OutputDirLock, OutputDirNotWritableError, lock_holder, set_aside_results,
+                                     trim_metrics)
 from gwdet.engine.run_environment import annotation_files, run_segment
 from gwdet.modeling.build import check_build_state
 
@@ -161,6 +163,15 @@ def check_config_kind(cfg: Any, yacs: bool) -> None:
     raise GwdetTypeError(f"{trainer} takes {wanted}, not {given}: {fix}.")
 
 
+def check_output_folder(output_dir: Any, setting: str) -> None:
+    """Refuse, before a trainer builds anything, an output folder it could not write: a file, a link
+    to nothing, a path below a file (:func:`~gwdet.utils.cli_errors.output_path_problem`)."""
+    problem = output_path_problem(setting, output_dir, folder=True) if isinstance(output_dir, str) and output_dir \
+        else None
+    if problem is not None:
+        raise OutputDirNotWritableError(f"{problem} Nothing was changed.")
+
+
 def check_torch_state(training: bool) -> None:
     """Refuse a run in a process whose torch state a run cannot use, as one's own code or a notebook
     may leave it: another default dtype than float32 or the meta device as the default one
@@ -196,6 +207,18 @@ def training_lock(trainer: Any, output_dir: str, output_setting: str,
     if not comm.is_main_process() or lock_holder(output_dir) == f"pid {os.getpid()}":
         return contextlib.nullcontext()
     return OutputDirLock(output_dir, output_setting, weights_setting)
+
+
+def check_schedule_unchanged(max_iter: int, configured: Any, setting: str) -> None:
+    """Refuse a ``train()`` whose trainer's ``max_iter`` is not its config's ``setting`` any more
+    (either changed on a built trainer): the learning-rate schedule was built for the config's and
+    would fail past its end, or stop the decay early."""
+    if max_iter != configured:
+        raise GwdetValueError(
+            f"This trainer's max_iter is {max_iter}, but its config's {setting} is {configured!r}: the trainer and its "
+            "learning-rate schedule were built for the value the config had then, and one changed since. To train "
+            f"for another number of iterations, build a new trainer from a config with {setting} set to it (and call "
+            "resume_or_load(resume=True) to continue this run).")
 
 
 def check_not_over_another_run(trainer: Any, weights: str) -> None:

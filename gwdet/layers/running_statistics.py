@@ -57,6 +57,14 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
                         "single batch gives), not a batch: give an iterable of batches, each a list of such dicts (a "
                         "detectron2 loader, itertools.islice of one, or [batch] for one batch). The running statistics "
                         "are as they were.")
+                if (forward is _run_model and hasattr(model, "proposal_generator") and isinstance(batch, list)
+                        and any(isinstance(item, Mapping) and "instances" not in item for item in batch)):
+                    raise GwdetValueError(
+                        "update_running_statistics: the batches carry no annotations ('instances' in each image's "
+                        "dict), and a detectron2 detector's forward in training mode needs them (its proposal "
+                        "generator and heads): give it training batches (gwdet's Trainer.build_train_loader(cfg), or "
+                        "detectron2's build_detection_train_loader), not a test loader's. The running statistics are "
+                        "as they were.")
                 for layer in layers:
                     layer.momentum = 1.0 / batches
                 forward(model, batch)
