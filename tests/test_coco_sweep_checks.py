@@ -309,11 +309,15 @@ def test_a_turned_image_stated_at_its_stored_size_names_both_causes(tmp_path):
            f"{SIZE // 2}x{SIZE}" in message and "remove it from the file" in message
 
 
-@pytest.mark.parametrize("case", ["absolute", "windows", "dangling link"])
+@pytest.mark.parametrize("case", ["absolute", "windows", "dangling link", "url", "query"])
 def test_image_names_no_image_root_can_fix_are_named_for_what_they_are(tmp_path, case):
     def change(coco, root):
         if case == "absolute":  # Label Studio's names
             coco["images"][0]["file_name"] = "/data/upload/1/000.png"
+        elif case == "url":  # a hosted export's (IMAGE_ROOT was blamed)
+            coco["images"][0]["file_name"] = "http://example.com/data/000.png"
+        elif case == "query":  # as copied from a web export
+            coco["images"][0]["file_name"] = "000.png?raw=true"
         elif case == "windows":
             (root / "sub").mkdir()
             (root / "000.png").rename(root / "sub" / "000.png")
@@ -325,7 +329,9 @@ def test_image_names_no_image_root_can_fix_are_named_for_what_they_are(tmp_path,
     expected = {"absolute": "'/data/upload/1/000.png' is an absolute path, which detectron2 reads as it is, whatever "
                             "IMAGE_ROOT",
                 "windows": "its name separates folders with '\\' (Windows)",
-                "dangling link": "001.png) is a link to "}[case]
+                "dangling link": "001.png) is a link to ",
+                "url": "'http://example.com/data/000.png' is a URL (http://), but detectron2 reads images from files",
+                "query": "its name ends in a URL's query ('?raw=true', as a web export writes it)"}[case]
     assert expected in message, message
 
 

@@ -315,8 +315,15 @@ class _AnnotationTally:
 
 def _file_name_advice(file_name: str, root: str) -> str:
     """The fix for an image ``file_name`` of a JSON that is not found under the image folder ``root``:
-    an absolute name (detectron2 reads it as it is, whatever IMAGE_ROOT) made relative, Windows
-    separators written as '/', else IMAGE_ROOT."""
+    a URL (a hosted export's) or a name with a URL's query, an absolute name (detectron2 reads it as
+    it is, whatever IMAGE_ROOT) made relative, Windows separators written as '/', else IMAGE_ROOT."""
+    scheme = file_name.split("://", 1)[0] if "://" in file_name else ""
+    if scheme.isalpha():
+        return (f"{file_name!r} is a URL ({scheme}://), but detectron2 reads images from files: download the images "
+                "into one folder, give that folder as IMAGE_ROOT, and write each file_name as the image's name in it.")
+    if "?" in file_name and os.path.isfile(os.path.join(root, file_name.split("?", 1)[0])):
+        return (f"its name ends in a URL's query ({file_name[file_name.index('?'):]!r}, as a web export writes it), which "
+                "the file's name does not have: remove it from the file names.")
     if os.path.isabs(file_name):
         return (f"{file_name!r} is an absolute path, which detectron2 reads as it is, whatever IMAGE_ROOT, and no "
                 "such file exists. Write the file names relative to one image folder (e.g. strip their common "
