@@ -407,7 +407,8 @@ def test_gw_weights_saved_by_plain_torch_into_group_norm_layers_are_refused(tmp_
     assert all(torch.equal(before[key], value) for key, value in grouped.state_dict().items())
 
 
-def test_a_registered_norms_own_layer_is_refused_weights_built_with_other_values(tmp_path, registered):
+@pytest.mark.parametrize("named_types", [True, False], ids=["layer_types given", "no layer_types"])
+def test_a_registered_norms_own_layer_is_refused_weights_built_with_other_values(tmp_path, registered, named_types):
     # a norm of one's own (register_norm, its own layer class and a setting p) trained with p=2 loaded into p=3
     # without a word: checkpoints recorded its type only
     import gwdet
@@ -421,7 +422,8 @@ def test_a_registered_norms_own_layer_is_refused_weights_built_with_other_values
             return x / x.abs().pow(self.p).mean().pow(1 / self.p) * self.weight[:, None, None]
 
     registered.append("TestPowerNorm")
-    gwdet.register_norm("TestPowerNorm", lambda channels, p=2.0: PowerNorm(channels, p), layer_types=(PowerNorm,))
+    gwdet.register_norm("TestPowerNorm", lambda channels, p=2.0: PowerNorm(channels, p),
+                        layer_types=(PowerNorm,) if named_types else ())
 
     def model(p):
         return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), gwdet.norm("TestPowerNorm", p=p)(4))

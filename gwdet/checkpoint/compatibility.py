@@ -303,8 +303,9 @@ def check_norm_settings(saved: Mapping[str, Mapping[str, Any]], model: torch.nn.
     not compared."""
     present = norm_settings(model)
     if saved_types:
-        kinds = norm_types(model)
-        present = {name: values for name, values in present.items() if saved_types.get(name, kinds[name]) == kinds[name]}
+        modules = dict(unwrapped(model).named_modules())
+        present = {name: values for name, values in present.items()
+                   if saved_types.get(name, type(modules[name]).__name__) == type(modules[name]).__name__}
     _refuse_other_settings(saved, present, how_to_opt_in, model)
 
 
