@@ -68,12 +68,12 @@ from gwdet.engine.output_dir import (
     check_config_not_users,
     check_not_set_aside,
     check_resumed_folder_is_the_records,
-    check_weights_are_the_runs,
     check_fresh_start,
     check_resume_source,
     check_run_file_names,
     check_run_files_not_shared,
     check_run_folders,
+    check_weights_are_the_runs,
     checkpoints_in,
     config_differences,
     config_rewrite,
@@ -437,8 +437,9 @@ def evaluation_request(run: RunConfig, args: argparse.Namespace) -> tuple[RunCon
     """``--eval-only``: the config and arguments that evaluate exactly the chosen weights (the
     initial weights, or with ``--resume`` the checkpoint ``last_checkpoint`` names) into a folder of
     their own when the output folder holds a run (:func:`gwdet.engine.output_dir.evaluation_folder`,
-    the main process's choice for all; logged when that is not the output folder). A run's recorded config.yaml does not stand for its
-    trained weights (:func:`gwdet.engine.output_dir.check_weights_are_the_runs`)."""
+    the main process's choice for all; logged when that is not the output folder). A run's recorded
+    config.yaml does not stand for its trained weights
+    (:func:`gwdet.engine.output_dir.check_weights_are_the_runs`)."""
     check_output_request(args, run)
     if not args.resume and not names_weights(run, args):
         check_weights_are_the_runs(args.config_file, run.weights, run.weights_setting, "nothing was evaluated")
