@@ -47,15 +47,24 @@ def test_processes_started_with_different_configs_are_refused_in_every_process(t
             "every machine with the same flags (--resume, --eval-only) as well as the same config."]
 
 
-def test_the_processes_of_an_evaluation_beside_a_run_write_into_one_folder(finished_run, tmp_path):
+def test_the_processes_of_an_evaluation_beside_a_run_write_into_one_folder(tmp_path):
     # --num-gpus 2 --eval-only beside a run: each process chose its own eval/ folder (the second found the first's
     # taken), and the run was refused as one of processes holding different configs
-    command = [sys.executable, str(REPO / "tests" / "distributed_worker.py"), "--evaluation-folders",
-               str(finished_run), str(tmp_path)]
+    from gwdet.model_zoo import build_config
+    from gwdet.utils.atomic import write_text_with_checksum
+
+    run = tmp_path / "run"  # what the choice reads of a run's folder: its recorded config and its checkpoint
+    run.mkdir()
+    write_text_with_checksum(str(run / "config.yaml"), build_config(str(DEMO_CONFIG), [*TINY_OPTS, "OUTPUT_DIR",
+                                                                                        str(run)]).dump())
+    torch.save({"model": {}, "iteration": 0}, run / "model_final.pth")
+    (run / "last_checkpoint").write_text("model_final.pth")
+    command = [sys.executable, str(REPO / "tests" / "distributed_worker.py"), "--evaluation-folders", str(run),
+               str(tmp_path)]
     completed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert (tmp_path / "rank0.txt").read_text() == (tmp_path / "rank1.txt").read_text() == \
-        str(finished_run / "eval" / "model_final")
+        str(run / "eval" / "model_final")
 
 
 def test_a_stop_signal_to_the_launcher_reaches_the_processes_and_waits_for_their_checkpoints(tmp_path):
