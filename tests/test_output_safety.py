@@ -1296,3 +1296,66 @@ def test_a_resume_where_last_checkpoint_names_another_checkpointers_file_names_t
                                          r"another checkpointer wrote it .* The run's checkpoints are model_final.pth: "
                                          r"write the name of the one to continue from into last_checkpoint"):
         ResilientCheckpointer(model, str(tmp_path), random_state=torch.nn.Module()).resume_or_load("", resume=True)
+
+
+def test_a_norm_taken_out_of_a_layer_that_had_one_is_refused(tmp_path):
+    # a GW run's weights (copied out of their folder) evaluated with MODEL.RESNETS.NORM "": 36 GroupNorm layers
+    # dropped, only fvcore's list of unused keys said so
+    from detectron2.layers import Conv2d
+
+    def model(norm):
+        return torch.nn.Sequential(Conv2d(3, 4, 1, norm=norm))
+
+    ResilientCheckpointer(model(torch.nn.GroupNorm(2, 4)), str(tmp_path)).save("trained")
+    with pytest.raises(ValueError, match=r"^The checkpoint was trained with other norm layers than this config builds "
+                                         r"\(1 layers, e.g. 0.norm: GroupNorm -> no norm\); nothing was loaded"):
+        ResilientCheckpointer(model(None)).load(str(tmp_path / "trained.pth"))
+    ResilientCheckpointer(torch.nn.Sequential()).load(str(tmp_path / "trained.pth"))  # the part absent as a whole
+
+
+def test_group_norm_weights_without_records_are_refused_by_layers_that_keep_statistics(tmp_path):
+    # a GN model's weights saved without gwdet's records into MODEL.RESNETS.NORM FrozenBN: every FrozenBN took GN's
+    # scale and shift and detectron2 filled in mean 0 and variance 1, without a word
+    from detectron2.layers import FrozenBatchNorm2d
+
+    torch.save({"model": torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.GroupNorm(2, 4)).state_dict()},
+               tmp_path / "gn.pth")
+    frozen = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), FrozenBatchNorm2d(4))
+    with pytest.raises(ValueError, match=r"^The checkpoint holds the affine weights of 1 layer\(s\) that keep running "
+                                         r"statistics in this model \(1 \(FrozenBatchNorm2d\)\) but no statistics for "
+                                         r"them: .*nothing was loaded. Build the model with the norms"):
+        ResilientCheckpointer(frozen).load(str(tmp_path / "gn.pth"))
+
+
+def test_a_registered_subclass_of_gwdets_layer_records_its_own_setting_too(tmp_path, registered):
+    # a GroupWhitening subclass with a setting of its own (scale): its checkpoints recorded GroupWhitening's only,
+    # and weights of scale 2.0 loaded into 3.0 without a word
+    import gwdet
+    from gwdet.layers import GroupWhitening
+
+    class ScaledGW(GroupWhitening):
+        def __init__(self, channels: int, scale: float) -> None:
+            super().__init__(channels, num_groups=2)
+            self.scale = scale
+
+    registered.append("TestScaledGW")
+    gwdet.register_norm("TestScaledGW", lambda channels, scale=1.0: ScaledGW(channels, scale), layer_types=(ScaledGW,))
+    ResilientCheckpointer(torch.nn.Sequential(gwdet.norm("TestScaledGW", scale=2.0)(4)), str(tmp_path)).save("w")
+    with pytest.raises(ValueError, match=r"other norm hyper-parameters .*0 scale 2.0 -> 3.0"):
+        ResilientCheckpointer(torch.nn.Sequential(gwdet.norm("TestScaledGW", scale=3.0)(4))).load(str(tmp_path / "w.pth"))
+
+
+def test_weights_behind_a_wrappers_prefix_or_a_whole_pickled_model_are_named(tmp_path, monkeypatch):
+    # Lightning's state_dict saved on its own: keys behind "model.", called a torchvision checkpoint to convert;
+    # torch.save({"model": model}) read with GWDET_ALLOW_UNSAFE_PICKLE=1: a raw AttributeError
+    cfg = build_config(str(DEMO_CONFIG), TINY_OPTS)
+    model = Trainer.build_model(cfg)
+    torch.save({"model": {f"model.{key}": value for key, value in model.state_dict().items()}}, tmp_path / "p.pth")
+    with pytest.raises(ValueError, match=r"The file holds the model's keys behind the prefix 'model.' \(e.g. 'model\..*'\): "
+                                         r"save its weights with the prefix taken off"):
+        ResilientCheckpointer(Trainer.build_model(cfg)).load(str(tmp_path / "p.pth"))
+    torch.save({"model": model}, tmp_path / "whole.pth")
+    monkeypatch.setenv("GWDET_ALLOW_UNSAFE_PICKLE", "1")
+    loaded = Trainer.build_model(cfg)
+    ResilientCheckpointer(loaded).load(str(tmp_path / "whole.pth"))
+    assert all(torch.equal(value, model.state_dict()[key]) for key, value in loaded.state_dict().items())

@@ -21,6 +21,9 @@ from detectron2.config import get_cfg
 from gwdet.checkpoint.integrity import DamagedTensorsError, verify_checksums, with_checksums
 from gwdet.checkpoint.safe_load import UnsafeCheckpointError, _globals_refused, load_torch_file
 from gwdet.utils.atomic import DamagedFileError, process_is_gone
+from gwdet.model_zoo import build_config
+
+from conftest import DEMO_CONFIG, LAZY_CONFIG, TINY_OPTS
 from gwdet.config import ABSENT
 from gwdet.engine.output_dir import (
     CONFIG_NAME,
@@ -555,38 +558,61 @@ def test_a_held_output_dir_is_refused_naming_the_holder_and_released_at_the_end(
 def test_a_trainer_from_python_takes_the_lock_unless_its_process_holds_it(tmp_path):
     # gwdet's Trainer from one's own code ignored the lock of a tool's run training in the same folder: both
     # trained into it, metrics.json interleaved, one's model_final.pth replaced by the other's
+    from gwdet.engine.lazy import LazyRun
+    from gwdet.engine.trainer import YacsRun
     from gwdet.engine.training import training_lock
 
     folder = str(tmp_path)
+    run = YacsRun(build_config(str(DEMO_CONFIG), [*TINY_OPTS, "OUTPUT_DIR", folder]))
     with open(tmp_path / LOCK_NAME, "a+") as held:  # another run's: it holds the file through another descriptor
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         held.write("pid 1\n")
         held.flush()
         with pytest.raises(RuntimeError) as refused:
-            with training_lock(None, folder, "OUTPUT_DIR", "MODEL.WEIGHTS"):
+            with training_lock(None, run):
                 pass
         assert str(refused.value) == in_use(folder, "pid 1")
     with OutputDirLock(folder):  # the tool's own run holds it: its trainer trains under it
-        with training_lock(None, folder, "OUTPUT_DIR", "MODEL.WEIGHTS"):
+        with training_lock(None, run):
             assert (tmp_path / LOCK_NAME).read_text() == f"pid {os.getpid()}\n"
-    with training_lock(None, folder, "train.output_dir", "train.init_checkpoint"):  # nobody holds it: taken, released
+    lazy = LazyRun.load(str(LAZY_CONFIG), [f"train.output_dir={folder}"])
+    with training_lock(None, lazy):  # nobody holds it: taken, then released
         with pytest.raises(RuntimeError, match=r"^train.output_dir .* is in use by another run"):
             with OutputDirLock(folder, "train.output_dir"):
                 pass
     with OutputDirLock(folder):
         pass
-    # OUTPUT_DIR changed on the config after the trainer was built: checkpoints and metrics went to the first folder,
-    # inference/ and the lock to the second
+
+
+def test_a_trainer_refuses_to_train_with_a_config_changed_since_its_build(tmp_path, monkeypatch):
+    # in a notebook, cfg.SOLVER.BASE_LR = 0.0 (or a group count, a dataset, a batch) after Trainer(cfg) trained with the
+    # built values without a word; OUTPUT_DIR changed (or a relative one read after os.chdir) split the run over two
+    # folders: checkpoints and metrics in the first, inference/ and the lock in the second
     from types import SimpleNamespace
 
-    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from gwdet.engine.trainer import YacsRun
+    from gwdet.engine.training import note_built_config, training_lock
 
-    built = SimpleNamespace(checkpointer=ResilientCheckpointer(torch.nn.Linear(2, 2), str(tmp_path / "first")))
-    with pytest.raises(ValueError, match=rf"^OUTPUT_DIR is now '{tmp_path / 'second'}', but this trainer was built to "
-                                         rf"write '{tmp_path / 'first'}'.*Build the trainer again after changing "
-                                         "OUTPUT_DIR, or set it back.$"):
-        training_lock(built, str(tmp_path / "second"), "OUTPUT_DIR", "MODEL.WEIGHTS")
-    assert not (tmp_path / "second").exists()
+    cfg = build_config(str(DEMO_CONFIG), [*TINY_OPTS, "OUTPUT_DIR", "run"])
+    cfg.defrost()
+    monkeypatch.chdir(tmp_path)
+    trainer = SimpleNamespace()
+    note_built_config(trainer, YacsRun(cfg))
+    with training_lock(trainer, YacsRun(cfg)):
+        pass
+    cfg.SOLVER.BASE_LR = 0.0
+    with pytest.raises(ValueError, match=r"^The config changed since this trainer was built \(SOLVER.BASE_LR: 0.02 -> "
+                                         r"0.0; the built value first\): .*Build the trainer again after changing the "
+                                         r"config, or set it back.$"):
+        training_lock(trainer, YacsRun(cfg))
+    cfg.SOLVER.BASE_LR = 0.02
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    with pytest.raises(ValueError, match=rf"^OUTPUT_DIR 'run' is now '{tmp_path / 'elsewhere' / 'run'}', but this "
+                                         rf"trainer was built to write '{tmp_path / 'run'}'.*would be split over the two "
+                                         "folders"):
+        training_lock(trainer, YacsRun(cfg))
+    assert not (tmp_path / "elsewhere" / "run").exists()
 
 
 def test_a_holder_that_wrote_no_pid_is_called_another_process(tmp_path):

@@ -248,11 +248,15 @@ def norm_types(model: torch.nn.Module) -> dict[str, str]:
 
 def check_norm_types(saved: Mapping[str, str], model: torch.nn.Module, how_to_opt_in: str) -> None:
     """Raise ``ValueError`` when a norm layer of ``model``, or the layer at a recorded norm's place,
-    had another type in the saved model: its weights (a GN's affine into a GW, say) would load
-    without a word, into the wrong layer."""
+    had another type in the saved model, or a layer that had a norm has none now: its weights (a GN's
+    affine into a GW, say) would load without a word into the wrong layer, or not at all."""
     modules = dict(unwrapped(model).named_modules())  # a recorded norm's place may hold a layer of no known norm now
     present = {name: type(modules[name]).__name__ for name in saved if name in modules} | norm_types(model)
-    differing = [f"{name}: {saved[name]} -> {kind}" for name, kind in present.items()
+    # a norm taken out of a layer that is still there (its conv without one: NORM ""); a part the model lacks
+    # as a whole (a mask head's norms in a box-only model) is not a norm of this model's to compare
+    removed = {name: "no norm" for name in saved if name not in modules and "." in name
+               and name.rsplit(".", 1)[0] in modules}
+    differing = [f"{name}: {saved[name]} -> {kind}" for name, kind in (present | removed).items()
                  if name in saved and saved[name] != kind]
     if differing:
         raise NormMismatchError(
@@ -280,18 +284,19 @@ def norm_setting_names() -> tuple[tuple[type, tuple[str, ...]], ...]:
 
 def norm_settings(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
     """``{module name: {hyper-parameter: value}}`` of every norm layer of ``model`` that has any: the
-    attributes :func:`norm_setting_names` names, or for a layer of another class that a registered
-    norm name built, the values it was built with (:data:`gwdet.norms.NORM_SETTINGS_MARK`)."""
+    attributes :func:`norm_setting_names` names, and for a layer a registered norm name built, the
+    values it was built with (:data:`gwdet.norms.NORM_SETTINGS_MARK`)."""
     model = unwrapped(model)
     settings = norm_setting_names()
     found = {}
     for name, module in model.named_modules():
         names = next((attributes for kind, attributes in settings if isinstance(module, kind)), ())
         built_with = getattr(module, NORM_SETTINGS_MARK, None)
-        if name and names:
-            found[name] = {attribute: getattr(module, attribute) for attribute in names}
-        elif name and isinstance(built_with, dict) and built_with:
-            found[name] = dict(built_with)
+        values = {attribute: getattr(module, attribute) for attribute in names}
+        if isinstance(built_with, dict):  # a registered name's layer: a subclass of gwdet's may add settings
+            values.update(built_with)
+        if name and values:
+            found[name] = values
     return found
 
 
@@ -416,6 +421,24 @@ def check_unrecorded_weights(weights: Mapping[str, Any], model: torch.nn.Module,
             "own checkpointer) or from a file gwdet did not write, so whether they were trained as these layers "
             f"cannot be checked", "Load weights trained with this config (gwdet's checkpoints "
             f"record their norms), or {how_to_opt_in} to load them anyway.")
+
+
+def check_statistics_in_weights(weights: Mapping[str, Any], model: torch.nn.Module, how_to_opt_in: str) -> None:
+    """Raise ``ValueError`` before anything is loaded when ``weights`` (a state dict from a file that
+    records no norm types) hold the affine weights of layers of ``model`` that keep running
+    statistics (BN, FrozenBN) but no statistics for them: they come from norm layers without any (GN,
+    GW), and the layers would normalize with detectron2's defaults, mean 0 and variance 1."""
+    layers = [f"{name} ({type(module).__name__})" for name, module in unwrapped(model).named_modules()
+              if name and isinstance(getattr(module, "running_mean", None), torch.Tensor)
+              and _saved_key(weights, f"{name}.weight") and _saved_key(weights, f"{name}.running_mean") is None
+              and _saved_key(weights, f"{name}.running_var") is None]
+    if layers:
+        raise NormMismatchError(
+            f"The checkpoint holds the affine weights of {len(layers)} layer(s) that keep running statistics in this "
+            f"model ({listed(layers, 3)}) but no statistics for them: they were trained in norm layers without any "
+            "(GN, GW, ...), and these layers would normalize with mean 0 and variance 1", "Build the model with the "
+            "norms the weights were trained with (MODEL.RESNETS.NORM GN, say; a LazyConfig's norm nodes), or "
+            f"{how_to_opt_in} to load them anyway.")
 
 
 def unrecorded_group_norms(weights: Mapping[str, Any], model: torch.nn.Module) -> list[str]:

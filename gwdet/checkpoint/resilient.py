@@ -44,6 +44,7 @@ from gwdet.checkpoint.compatibility import (
     check_norm_settings,
     check_norm_types,
     check_statistics_have_a_layer,
+    check_statistics_in_weights,
     check_unrecorded_weights,
     check_weights_fit_model,
     drop_layer_settings,
@@ -370,6 +371,15 @@ def input_differences(saved: Any, model: torch.nn.Module) -> list[str]:
     present = input_record(model)
     return [f"{name} {saved[name]!r} -> {present[name]!r}" for name in present
             if name in saved and saved[name] != present[name]]
+
+
+def _prefix_of_model_keys(keys: Sequence[str], model_keys: set[str]) -> str | None:
+    """The first dotted part that every one of ``keys`` starts with where the rest of each is a key
+    of the model (a wrapper's attribute: Lightning's ``model.``), or None."""
+    first = keys[0].split(".", 1)[0] + "." if keys and "." in keys[0] else None
+    if first is None or not all(key.startswith(first) and key[len(first):] in model_keys for key in keys):
+        return None
+    return first
 
 
 def _deeper_stage(backbone: Sequence[str], missing: Sequence[str]) -> tuple[str, int, int] | None:
@@ -805,6 +815,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
             checks.append(lambda: check_statistics_have_a_layer(weights, self.model, _MISMATCH_OPT_IN))
             if unconverted and not isinstance(checkpoint.get(NORM_TYPES_KEY), dict):
                 checks.append(lambda: check_unrecorded_weights(weights, self.model, _MISMATCH_OPT_IN))
+                checks.append(lambda: check_statistics_in_weights(weights, self.model, _MISMATCH_OPT_IN))
         if isinstance(weights, dict) and not isinstance(checkpoint.get(NORM_SETTINGS_KEY), dict):
             unchecked = unrecorded_group_norms(weights, self.model)
             if unchecked:
@@ -874,7 +885,11 @@ class ResilientCheckpointer(DetectionCheckpointer):
                     f"model has {built}. The model's ResNet is deeper than the one they were trained with: give its "
                     "depth (MODEL.RESNETS.DEPTH; a LazyConfig's ResNet depth).")
             unexpected = list(incompatible.unexpected_keys)
-            hint = (f" The file holds keys like {', '.join(map(repr, unexpected[:3]))}, not the model's: a torchvision-"
+            prefix = _prefix_of_model_keys(unexpected, set(self.model.state_dict()))
+            hint = (f" The file holds the model's keys behind the prefix {prefix!r} (e.g. {unexpected[0]!r}): save "
+                    f"its weights with the prefix taken off ({{key.removeprefix({prefix!r}): value for key, value in "
+                    "weights.items()}) and load that file." if prefix else
+                    f" The file holds keys like {', '.join(map(repr, unexpected[:3]))}, not the model's: a torchvision-"
                     "layout ImageNet checkpoint needs converting first." if unexpected else "")
             raise GwdetValueError(
                 f"The weights leave {len(missing)} of the backbone's {len(backbone)} weights unloaded (e.g. "
@@ -933,6 +948,11 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 "with --resume.")
         data.pop(CHECKSUMS_KEY, None)
         data.pop(STATE_CHECKSUMS_KEY, None)
+        if isinstance(data.get("model"), torch.nn.Module):  # torch.save({"model": model}), read with the unsafe opt-in
+            self.logger.warning(f"{filename} holds a whole pickled {type(data['model']).__name__} under 'model', not "
+                                "its state dict: its state dict is loaded (save model.state_dict() to load the file "
+                                "without unpickling code).")
+            data["model"] = data["model"].state_dict()
         self._file_keys = set(data)  # what the file holds, before load() takes the checkpointables out
         if self._loading_initial_weights:
             _check_finite_weights(filename, data, self.weights_setting)

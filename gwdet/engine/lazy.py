@@ -101,6 +101,7 @@ from gwdet.engine.training import (
     check_torch_state,
     configured_optimizer_values,
     continue_after_resume,
+    note_built_config,
     random_streams_kept,
     run_writers,
     seed_as_the_tools_do,
@@ -270,6 +271,7 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
                                                   names_at(cfg, "dataloader.train.dataset.names"), WEIGHTS_SETTING)
         self.start_iter, self.max_iter, self.cfg = 0, cfg.train.max_iter, cfg
         self.register_hooks(self.build_hooks())
+        note_built_config(self, LazyRun(cfg))
 
     @property
     def model(self) -> torch.nn.Module:
@@ -307,7 +309,7 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
         iteration, optimizer, scheduler, random and data states); else load
         ``train.init_checkpoint`` and start at iteration 0; the output folder's lock held meanwhile
         (:func:`~gwdet.engine.training.training_lock`)."""
-        with training_lock(self, self.cfg.train.output_dir, "train.output_dir", WEIGHTS_SETTING):
+        with training_lock(self, LazyRun(self.cfg)):
             if resume:  # another model, batch or seed; a finished run would train nothing, its results set aside
                 LazyRun(self.cfg).check_trainer_resume()
                 check_resume_trains(self.cfg.train.output_dir, self.max_iter, "train.max_iter")
@@ -325,7 +327,7 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
     def train(self):
         """Train from :attr:`start_iter` to ``train.max_iter``, holding the output folder's lock
         (:func:`~gwdet.engine.training.training_lock`); return the last evaluation's results."""
-        with training_lock(self, self.cfg.train.output_dir, "train.output_dir", WEIGHTS_SETTING):
+        with training_lock(self, LazyRun(self.cfg)):
             check_schedule_unchanged(self.max_iter, select(self.cfg, "train.max_iter"), "train.max_iter")
             check_not_over_another_run(self, self.cfg.train.init_checkpoint)
             try:

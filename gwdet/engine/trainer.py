@@ -62,6 +62,7 @@ from gwdet.engine.training import (
     continue_precise_bn,
     precise_bn_streams_kept,
     continue_after_resume,
+    note_built_config,
     random_streams_kept,
     run_writers,
     seed_as_the_tools_do,
@@ -102,6 +103,7 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
         # whatever build_optimizer returned (a subclass's too): norm layers decayed otherwise than configured are named
         check_norm_weight_decay(unwrapped(self.model), self.optimizer, cfg.SOLVER.WEIGHT_DECAY_NORM,
                                 cfg.SOLVER.WEIGHT_DECAY_BIAS)
+        note_built_config(self, YacsRun(self.cfg))
 
     def _construct_for_cpu_processes(self, cfg: CfgNode) -> None:
         """``DefaultTrainer.__init__`` for several CPU processes, which detectron2 cannot construct:
@@ -168,7 +170,7 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
     def train(self):
         """Train, holding the output folder's lock (:func:`~gwdet.engine.training.training_lock`);
         return the final COCO results (detectron2's EvalHook stores them on the trainer)."""
-        with training_lock(self, self.cfg.OUTPUT_DIR, "OUTPUT_DIR", "MODEL.WEIGHTS"):
+        with training_lock(self, YacsRun(self.cfg)):
             check_schedule_unchanged(self.max_iter, self.cfg.SOLVER.MAX_ITER, "SOLVER.MAX_ITER")
             check_not_over_another_run(self, self.cfg.MODEL.WEIGHTS)
             try:
@@ -179,7 +181,7 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
 
     def resume_or_load(self, resume: bool = True) -> None:
         """detectron2's, the output folder's lock held meanwhile (:func:`~gwdet.engine.training.training_lock`)."""
-        with training_lock(self, self.cfg.OUTPUT_DIR, "OUTPUT_DIR", "MODEL.WEIGHTS"):
+        with training_lock(self, YacsRun(self.cfg)):
             if resume:  # another model, batch or seed; a finished run would train nothing, its results set aside
                 YacsRun(self.cfg).check_trainer_resume()
                 check_resume_trains(self.cfg.OUTPUT_DIR, self.max_iter, "SOLVER.MAX_ITER")

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import traceback
@@ -35,10 +36,10 @@ from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer
 from gwdet.checkpoint.signal_hook import CheckpointOnSignal
 from gwdet.data.datasets import dataset_classes
 from gwdet.data.resumable import skip_trained_samples
-from gwdet.errors import GwdetTypeError, GwdetValueError
+from gwdet.errors import GwdetTypeError, GwdetValueError, listed
 from gwdet.utils.cli_errors import output_path_problem
-from gwdet.engine.output_dir import (OutputDirLock, OutputDirNotWritableError, lock_holder, set_aside_results,
-                                     trim_metrics)
+from gwdet.engine.output_dir import (OutputDirLock, OutputDirNotWritableError, config_differences, lock_holder,
+                                     set_aside_results, trim_metrics)
 from gwdet.engine.run_environment import annotation_files, run_segment
 from gwdet.modeling.build import check_build_state
 
@@ -190,23 +191,44 @@ def check_torch_state(training: bool) -> None:
             "run, or run it outside the block.")
 
 
-def training_lock(trainer: Any, output_dir: str, output_setting: str,
-                  weights_setting: str) -> contextlib.AbstractContextManager:
+# Set on a trainer by its constructor: (its config's content, its output folder's absolute path) as built
+BUILT_CONFIG = "_gwdet_built_config"
+
+
+def note_built_config(trainer: Any, run: Any) -> None:
+    """Note on ``trainer`` the config it was built from (``run``: its
+    :class:`~gwdet.engine.run.RunConfig`), which :func:`training_lock` compares the config with."""
+    setattr(trainer, BUILT_CONFIG, (run.request_content(), os.path.abspath(run.output_dir)))
+
+
+def training_lock(trainer: Any, run: Any) -> contextlib.AbstractContextManager:
     """The output folder's lock (:class:`~gwdet.engine.output_dir.OutputDirLock`) for a trainer's
-    ``resume_or_load`` and ``train()``: taken by the main process unless it holds it already (the
-    tools hold it for the whole run), so that a training from one's own code and a tool's run never
-    write one folder at once. Refused where the config's ``output_dir`` is no longer the folder the
-    trainer was built to write (its checkpointer's): the run would be split over two folders."""
-    checkpointer = getattr(trainer, "checkpointer", None)
-    built_for = getattr(checkpointer, "save_dir", None)
-    if isinstance(built_for, str) and built_for and os.path.abspath(built_for) != os.path.abspath(output_dir):
-        raise GwdetValueError(
-            f"{output_setting} is now {output_dir!r}, but this trainer was built to write {built_for!r} (its "
-            "checkpointer, metrics and event writers write there): the run would be split over the two folders. "
-            f"Build the trainer again after changing {output_setting}, or set it back.")
-    if not comm.is_main_process() or lock_holder(output_dir) == f"pid {os.getpid()}":
+    ``resume_or_load`` and ``train()`` (``run``: the :class:`~gwdet.engine.run.RunConfig` of its
+    config): taken by the main process unless it holds it already (the tools hold it for the whole
+    run), so that a training from one's own code and a tool's run never write one folder at once.
+    Refused where the config changed since the trainer was built (:func:`note_built_config`): its
+    model, loader, optimizer, schedule and writers hold the values of the build; an output folder
+    that is another one now (another value, or a relative one after a change of the working folder)
+    would split the run over two folders."""
+    built = getattr(trainer, BUILT_CONFIG, None)
+    if built is not None:
+        content, folder = built
+        if os.path.abspath(run.output_dir) != folder:
+            raise GwdetValueError(
+                f"{run.output_setting} {run.output_dir!r} is now {os.path.abspath(run.output_dir)!r}, but this trainer "
+                f"was built to write {folder!r} (its checkpointer, metrics and event writers write there): the run "
+                f"would be split over the two folders. Build the trainer again after changing {run.output_setting} "
+                "(or the working folder a relative one is read in), or set it back.")
+        now = run.request_content()
+        if now != content:
+            changed = config_differences(json.loads(content), json.loads(now))
+            raise GwdetValueError(
+                f"The config changed since this trainer was built ({listed(changed, 4, '; ')}; the built value "
+                "first): its model, data loader, optimizer and schedule hold the values of the build and would train "
+                "with them, not with the config's. Build the trainer again after changing the config, or set it back.")
+    if not comm.is_main_process() or lock_holder(run.output_dir) == f"pid {os.getpid()}":
         return contextlib.nullcontext()
-    return OutputDirLock(output_dir, output_setting, weights_setting)
+    return OutputDirLock(run.output_dir, run.output_setting, run.weights_setting)
 
 
 def check_schedule_unchanged(max_iter: int, configured: Any, setting: str) -> None:
