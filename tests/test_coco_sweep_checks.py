@@ -109,6 +109,18 @@ def test_an_area_coco_evaluation_cannot_use_is_refused_naming_the_annotation(tmp
     assert "area to the object's mask area (or box area)" in message, message
 
 
+def test_areas_larger_than_their_boxes_are_refused(tmp_path):
+    # a converter that rescaled images and boxes but not areas: APs and APm moved without a word
+    def rescaled(coco, root):
+        for annotation in coco["annotations"]:
+            annotation["area"] *= 4
+
+    message = refusal(tmp_path, rescaled)
+    assert message.startswith("dataset 'm': 4 annotation(s) of ") and ("have an area larger than their box: annotation "
+                                                                      "id 1 of image 1 (000.png): area 1920 is larger "
+                                                                      "than its bbox (24 x 20 = 480 pixels)") in message
+
+
 def test_boxes_written_as_corners_are_refused_and_boxes_of_objects_at_the_origin_are_not(tmp_path):
     # [x1, y1, x2, y2] in COCO's [x, y, width, height]: every mask inside its (too large) box, trained and
     # evaluated without a word
@@ -167,7 +179,8 @@ def test_boxes_all_below_a_pixel_are_refused_as_normalized(tmp_path):
 
 def test_one_box_below_a_pixel_among_others_is_kept(tmp_path):
     def one_tiny_box(coco, root):
-        coco["annotations"][0].update(bbox=[10, 10, 0.5, 0.5], segmentation=[[10, 10, 10.5, 10, 10.5, 10.5]])
+        coco["annotations"][0].update(bbox=[10, 10, 0.5, 0.5], segmentation=[[10, 10, 10.5, 10, 10.5, 10.5]],
+                                      area=0.125)
     assert CocoDataset.parse(f"m={write_dataset(tmp_path, one_tiny_box)}").inspected().read.instances == 4
 
 
@@ -216,7 +229,7 @@ def _turned_jpeg(orientation: int, width: int = SIZE, height: int = SIZE):
         Image.open(root / "000.png").convert("RGB").resize((width, height)).save(root / "000.jpg", exif=exif)
         turned = (height, width) if orientation in (5, 6, 7, 8) else (width, height)
         coco["images"][0].update(file_name="000.jpg", width=turned[0], height=turned[1])
-        coco["annotations"][0].update(bbox=[1, 1, 10, 10], segmentation=[[1, 1, 11, 1, 11, 11, 1, 11]])
+        coco["annotations"][0].update(bbox=[1, 1, 10, 10], segmentation=[[1, 1, 11, 1, 11, 11, 1, 11]], area=100)
     return change
 
 
@@ -384,6 +397,9 @@ def test_two_training_files_of_the_same_images_are_refused_and_a_test_set_of_tra
         check_datasets_fit(DatasetUse(("pass_one",), ("part_test",), False))
     assert [message.split(" (")[0] for message in warned] == [
         "2 of the 2 images of DATASETS.TEST 'part_test' are images of DATASETS.TRAIN 'pass_one'"], warned
+    # all of them: the test json's IMAGE_ROOT may be the training images' folder (a test json given the wrong one)
+    assert "its IMAGE_ROOT" in warned[0] and "is the training images' folder: give the folder of the test images" \
+        in warned[0], warned
 
 
 def test_an_evaluation_of_weights_on_their_own_training_data_is_warned_of(tmp_path):
@@ -453,6 +469,18 @@ def test_an_evaluation_from_python_checks_the_models_classes_and_the_class_count
     other.MODEL.ROI_HEADS.NUM_CLASSES = 3
     with pytest.raises(DatasetError, match=r"^MODEL.ROI_HEADS.NUM_CLASSES is 3, but DATASETS.TEST 'classes_ab'"):
         Trainer.test(other, loaded)
+    # registered by one's own code: detectron2 sets thing_classes only when the data is loaded, after the check
+    from detectron2.data import DatasetCatalog, MetadataCatalog
+    from detectron2.data.datasets import register_coco_instances
+
+    json_file, image_root = write_dataset(tmp_path / "own").split(":")
+    register_coco_instances("own_classes_ab", {}, json_file, image_root)
+    try:
+        with pytest.raises(GwdetValueError, match=r"but dataset 'own_classes_ab' has them in the order \['a', 'b'\]"):
+            Trainer.test(config("shapes_train", "own_classes_ab"), loaded)
+    finally:
+        DatasetCatalog.remove("own_classes_ab")
+        MetadataCatalog.remove("own_classes_ab")
     torch.save({"model": loaded.state_dict()}, tmp_path / "plain.pth")  # no record: the attribute goes
     ResilientCheckpointer(loaded).load(str(tmp_path / "plain.pth"))
     assert not hasattr(loaded, CLASSES_ATTRIBUTE)
@@ -757,3 +785,43 @@ def test_a_keypoint_head_on_data_without_keypoints_is_named_as_such():
     with pytest.raises(GwdetValueError, match=r"None of the images of shapes_train has the keypoints MODEL.KEYPOINT_ON "
                                               r"True trains on .*MIN_KEYPOINTS_PER_IMAGE"):
         Trainer.build_train_loader(cfg)
+
+
+def test_a_dataset_without_a_json_file_is_converted_anew_for_each_evaluation(tmp_path):
+    # a dataset registered by a function (DatasetCatalog.register) whose annotations changed: after --resume the
+    # evaluation scored against detectron2's cached <name>_coco_format.json of the first evaluation (AP 0.09 for 0.01)
+    from detectron2.data import DatasetCatalog, MetadataCatalog
+    from detectron2.data.datasets import load_coco_json
+
+    from gwdet.engine.trainer import Trainer
+
+    json_file, image_root = write_dataset(tmp_path / "data").split(":")
+    kept = {"count": 4}
+    DatasetCatalog.register("by_function", lambda: load_coco_json(json_file, image_root, "by_function")[:kept["count"]])
+    MetadataCatalog.get("by_function").set(thing_classes=["a", "b"], evaluator_type="coco")
+    try:
+        cfg = config("shapes_train", "by_function", "OUTPUT_DIR", str(tmp_path / "run"))
+        folder = str(tmp_path / "run" / "inference")
+        assert len(Trainer.build_evaluator(cfg, "by_function", folder)._coco_api.getImgIds()) == 4
+        kept["count"] = 2
+        MetadataCatalog.remove("by_function")  # a new process (the resumed run's): no json file in the metadata
+        MetadataCatalog.get("by_function").set(thing_classes=["a", "b"], evaluator_type="coco")
+        assert len(Trainer.build_evaluator(cfg, "by_function", folder)._coco_api.getImgIds()) == 2
+    finally:
+        DatasetCatalog.remove("by_function")
+        MetadataCatalog.remove("by_function")
+
+
+def test_the_export_and_analyze_tools_check_the_class_order_only_where_they_evaluate(tmp_path):
+    # analyze_model.py, and the export without --run-eval, refused a test set of the classes in another order, saying
+    # "each prediction would be scored as another class": neither scores anything
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from gwdet.engine.trainer import Trainer, YacsRun
+
+    registered("order_ab", tmp_path)
+    cfg = config("shapes_train", "order_ab")
+    ResilientCheckpointer(Trainer.build_model(cfg), str(tmp_path), classes=["b", "a"]).save("trained")
+    weighted = config("shapes_train", "order_ab", "MODEL.WEIGHTS", str(tmp_path / "trained.pth"))
+    YacsRun(weighted).build_trained_model()
+    with pytest.raises(GwdetValueError, match=r"each prediction would be scored as another class"):
+        YacsRun(weighted).build_trained_model(evaluates=True)

@@ -929,6 +929,14 @@ def test_weights_evaluated_on_images_given_otherwise_are_said_even_away_from_the
     assert any("fpn_fuse_type 'sum' -> 'avg'; box_regression_weights {'proposal_generator': [1.0, 1.0, 1.0, 1.0], "
                "'roi_heads.box_predictor': [10.0, 10.0, 5.0, 5.0]} -> {'proposal_generator': [1.0, 1.0, 1.0, 1.0], "
                "'roi_heads.box_predictor': [1.0, 1.0, 1.0, 1.0]}" in message for message in logged), logged
+    # nor the ROI poolers and their feature levels (AP 1.01 with ROIAlign, 0.11 with other IN_FEATURES, for 1.73)
+    run = YacsRun(build_config(str(DEMO_CONFIG), TINY_OPTS + ["MODEL.WEIGHTS", str(copied), "OUTPUT_DIR", str(tmp_path),
+                                                              "MODEL.ROI_BOX_HEAD.POOLER_TYPE", "ROIAlign"]))
+    with logged_warnings("gwdet.engine.run") as logged:
+        run.load_weights(run.build_model())
+    assert any("roi_poolers {'roi_heads.box_pooler': {'type': 'ROIAlign', 'aligned': True," in message
+               and "'roi_heads.box_pooler': {'type': 'ROIAlign', 'aligned': False," in message
+               and "MODEL.ROI_HEADS.IN_FEATURES" in message for message in logged), logged
     # beside their run's config.yaml: INPUT.FORMAT is the model's input, as MODEL.* is
     with pytest.raises(ValueError, match=r"trained with another model .*INPUT.FORMAT: 'RGB' -> 'BGR'"):
         check_resume_config(build_config(str(DEMO_CONFIG), TINY_OPTS + ["INPUT.FORMAT", "BGR"]), str(finished_run))

@@ -29,6 +29,7 @@ from detectron2.modeling.anchor_generator import DefaultAnchorGenerator
 from detectron2.modeling.backbone.fpn import FPN
 from detectron2.modeling.box_regression import Box2BoxTransform
 from detectron2.modeling.backbone.resnet import BottleneckBlock
+from detectron2.modeling.poolers import ROIPooler
 from detectron2.layers import NaiveSyncBatchNorm
 from detectron2.utils import comm
 
@@ -325,10 +326,10 @@ def input_record(model: torch.nn.Module) -> dict[str, Any]:
     """``model``'s (DDP's ``module``'s) input format and pixel normalization, as lists of numbers,
     and, for a ResNet of bottleneck blocks, whether its downsampling blocks stride in the 1x1 conv
     (``stride_in_1x1``, ``MODEL.RESNETS.STRIDE_IN_1X1``: another function with the same weight
-    shapes), the anchors of its anchor generator (:func:`anchor_record`), its FPN's fuse type and the
+    shapes), the anchors of its anchor generator (:func:`anchor_record`), its FPN's fuse type, the
     weights its box regressions decode with (RPN's and the box heads' ``BBOX_REG_WEIGHTS``, by module
-    name): values its state dict does not hold and the weights were trained with; empty for a model
-    without them."""
+    name) and its ROI heads' poolers (:func:`pooler_record`): values its state dict does not hold and
+    the weights were trained with; empty for a model without them."""
     model = unwrapped(model)
     values = {name: getattr(model, name) for name in INPUT_ATTRIBUTES if hasattr(model, name)}
     record = {name: value.flatten().tolist() if isinstance(value, torch.Tensor) else value
@@ -347,7 +348,20 @@ def input_record(model: torch.nn.Module) -> dict[str, Any]:
                if isinstance(getattr(module, "box2box_transform", None), Box2BoxTransform)}
     if weights:
         record["box_regression_weights"] = weights
+    poolers = {name: pooler_record(module) for name, module in model.named_modules() if isinstance(module, ROIPooler)}
+    if poolers:
+        record["roi_poolers"] = poolers
     return record
+
+
+def pooler_record(pooler: ROIPooler) -> dict[str, Any]:
+    """What a ROI head's ``pooler`` computes its features with (``MODEL.ROI_BOX_HEAD.POOLER_TYPE``,
+    ``POOLER_RESOLUTION``, ``POOLER_SAMPLING_RATIO``; the levels ``MODEL.ROI_HEADS.IN_FEATURES`` give, as
+    their scales): its own state dict holds none of it."""
+    first = pooler.level_poolers[0]
+    return {"type": type(first).__name__, "aligned": bool(getattr(first, "aligned", False)),
+            "output_size": list(pooler.output_size), "sampling_ratio": getattr(first, "sampling_ratio", None),
+            "scales": [float(getattr(level, "spatial_scale", 0.0)) for level in pooler.level_poolers]}
 
 
 def anchor_record(generator: DefaultAnchorGenerator) -> dict[str, Any]:
@@ -774,7 +788,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 f"{self._loading} was trained with values this model has otherwise: {'; '.join(differences)}. The model "
                 "computes with its own values, which changes its results; build it with those the weights were "
                 "trained with (its input format, pixel mean and std, the ResNet's stride_in_1x1, the anchors, the FPN's "
-                "fuse type, the box regressions' weights).")
+                "fuse type, the box regressions' weights, the ROI heads' poolers and feature levels).")
         incompatible = super()._load_model(checkpoint)
         classes, model = checkpoint.get(CLASSES_KEY), unwrapped(self.model)
         if isinstance(classes, list) and all(isinstance(name, str) for name in classes):

@@ -255,6 +255,16 @@ def _area_problem(annotation: dict, image: dict | None) -> str:
     return ""
 
 
+def _area_beyond_box(annotation: dict) -> str:
+    """Why an annotation's (usable) ``area`` does not fit its box ("" when it does): the object lies
+    inside its box, so a larger area (beyond rounding) was not rescaled with the box and image."""
+    area, bbox = annotation.get("area"), annotation.get("bbox")
+    if type(area) not in (int, float) or not isinstance(bbox, (list, tuple)) or len(bbox) != 4 \
+            or not all(is_finite_number(v) for v in bbox) or area <= 1.01 * bbox[2] * bbox[3] + 1:
+        return ""
+    return f"area {area:g} is larger than its bbox ({bbox[2]:g} x {bbox[3]:g} = {bbox[2] * bbox[3]:g} pixels)"
+
+
 def _below_a_pixel(bbox: Sequence[float]) -> bool:
     """Whether a valid COCO ``bbox`` ``[x, y, width, height]`` is under a pixel wide and high."""
     return bbox[2] < 1 and bbox[3] < 1
@@ -544,6 +554,14 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
             f"{root}): {listed_problems(problems)}. Fix or replace those files, or remove them and their annotations "
             "from the JSON.")
     _warn_of_rotations(dataset, rotations)
+    beyond = [f"{tally.named(annotation)}: {problem}" for annotation in coco["annotations"]
+              for problem in [_area_beyond_box(annotation)] if problem]
+    if beyond:
+        raise DatasetError(
+            f"{where} {len(beyond)} annotation(s) of {path} have an area larger than their box: {listed_problems(beyond)}. "
+            "An object lies inside its box, so such an area was not rescaled with the box and image (a converter's "
+            "resize): COCO evaluation files the objects under another size range (APs, APm, APl). Set area to the "
+            "object's mask area (or box area) in pixels.")
     elongated = max(coco["images"], key=lambda image: max(image["width"], image["height"])
                     / max(min(image["width"], image["height"]), 1))
     return CocoContents(tuple(sorted(names.items())), len(coco["images"]), tally.instances, tally.rle_masks,
@@ -1065,10 +1083,13 @@ def _warn_of_test_sets_trained_on(use: DatasetUse, ours: Sequence[CocoDataset]) 
                 continue
             shared = test.read.image_files & train.read.image_files
             if shared:
+                folder = (f" (if the test json names images of its own, its IMAGE_ROOT {test.image_root} is the "
+                          "training images' folder: give the folder of the test images)"
+                          if len(shared) == test.read.images else "")
                 logger.warning(
                     f"{len(shared)} of the {test.read.images} images of {use.test_setting} {test.name!r} are images of "
                     f"{use.train_setting} {train.name!r} ({listed(sorted(shared), 2)}): its results measure, in part, "
-                    "the data the model trains on, not how it does on unseen images. Evaluate on held-out images.")
+                    f"the data the model trains on, not how it does on unseen images. Evaluate on held-out images{folder}.")
 
 
 def _same_file(first: str, second: str) -> bool:

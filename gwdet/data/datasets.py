@@ -26,6 +26,7 @@ from gwdet.data.coco_registration import (
     check_config_against_datasets,
     environment_datasets,
     given_on_the_command_line,
+    known_class_names,
     register_coco_datasets,
     registered_coco_dataset,
 )
@@ -184,10 +185,11 @@ def named_empty_training_set(datasets: str, keep_empty: str, keypoints: str | No
 
 
 def dataset_classes(names: Sequence[str]) -> list[str] | None:
-    """The class names (``thing_classes``) of the first of the datasets ``names`` whose metadata has
-    them (detectron2 trains only on datasets with the same class names), or None."""
+    """The class names of the first of the datasets ``names`` whose classes are known
+    (:func:`~gwdet.data.coco_registration.known_class_names`; detectron2 trains only on datasets
+    with the same class names), or None."""
     for name in names:
-        classes = MetadataCatalog.get(name).get("thing_classes", None)
+        classes = known_class_names(name)
         if classes:
             return list(classes)
     return None
@@ -201,7 +203,7 @@ def check_evaluated_classes(trained: Any, datasets: Sequence[str], weights: str)
     if not isinstance(trained, list) or not all(isinstance(name, str) for name in trained):
         return
     for name in datasets:
-        classes = MetadataCatalog.get(name).get("thing_classes", None)
+        classes = known_class_names(name)  # detectron2 sets thing_classes of register_coco_instances only on load
         if not classes or list(classes) == trained:
             continue
         if sorted(classes) == sorted(trained):

@@ -25,13 +25,13 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from detectron2.config import LazyConfig, instantiate
 from detectron2.data import build_detection_train_loader
 from detectron2.data.samplers import TrainingSampler
 from detectron2.engine import TrainerBase, hooks
-from detectron2.evaluation import inference_on_dataset, print_csv_format
+from detectron2.evaluation import COCOEvaluator, inference_on_dataset, print_csv_format
 from detectron2.solver import LRMultiplier
 from detectron2.utils import comm
 from detectron2.utils.logger import setup_logger
@@ -216,7 +216,13 @@ def evaluate(cfg: DictConfig, model: torch.nn.Module) -> "OrderedDict[str, Any]"
                                  select(cfg, "dataloader.evaluator.max_dets_per_image"))
     check_evaluated_classes(getattr(unwrapped(model), CLASSES_ATTRIBUTE, None), [name] if name else [], "The model")
     loader = FiniteImageBatches(instantiate(cfg.dataloader.test))  # batches checked as in training
-    results = inference_on_dataset(model, loader, instantiate(cfg.dataloader.evaluator))
+    evaluator = cfg.dataloader.evaluator
+    if evaluator.get("_target_") in (COCOEvaluator, "detectron2.evaluation.COCOEvaluator") \
+            and "allow_cached_coco" not in evaluator:  # converted anew: an earlier evaluation's cache may be stale
+        evaluator = copy.deepcopy(evaluator)
+        with open_dict(evaluator):
+            evaluator.allow_cached_coco = False
+    results = inference_on_dataset(model, loader, instantiate(evaluator))
     if comm.is_main_process() and results:
         print_csv_format(results)
     return OrderedDict([(name, results)]) if name and results else OrderedDict(results or {})
@@ -426,7 +432,8 @@ class LazyRun(RunConfig):
     input_settings = ("model.input_format, model.pixel_mean, model.pixel_std, the ResNet's stride_in_1x1, "
                       "model.proposal_generator.anchor_generator.sizes, aspect_ratios and offset, "
                       "model.backbone.fuse_type, the box2box_transform weights of model.proposal_generator and "
-                      "model.roi_heads.box_predictor")
+                      "model.roi_heads.box_predictor, the poolers of model.roi_heads (box_pooler, mask_pooler) and "
+                      "model.roi_heads.in_features")
     vis_setting = "train.vis_images"
     test_setting = "dataloader.test.dataset.names"
     cfg: DictConfig

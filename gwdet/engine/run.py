@@ -221,19 +221,21 @@ class RunConfig(ABC):
     def build_model(self) -> torch.nn.Module:
         """The config's model, checked (:func:`gwdet.check_model`), on the config's device."""
 
-    def load_weights(self, model: torch.nn.Module) -> dict[str, str] | None:
-        """Load the initial weights into ``model``, every weight of the model required; weights
-        whose checkpoint records the class names they were trained on are refused for test data
-        with those names in another order (:func:`gwdet.data.datasets.check_evaluated_classes`), and
-        a test set that is their training data is warned of (:func:`warn_of_training_data_evaluated`).
+    def load_weights(self, model: torch.nn.Module, evaluates: bool = True) -> dict[str, str] | None:
+        """Load the initial weights into ``model``, every weight of the model required; where the
+        request ``evaluates``, weights whose checkpoint records the class names they were trained on
+        are refused for test data with those names in another order
+        (:func:`gwdet.data.datasets.check_evaluated_classes`), and a test set that is their training
+        data is warned of (:func:`warn_of_training_data_evaluated`).
         Returns the record of the weights loaded (:func:`~gwdet.checkpoint.resilient.weights_record`:
         a URL with the SHA-256 of its local copy; None without weights), whatever later replaces a file
         of that name."""
         checkpointer = ResilientCheckpointer(model, save_dir=self.output_dir, require_every_weight=True,
                                              weights_setting=self.weights_setting, compare_input=False)
         loaded = checkpointer.load_weights(self.weights)
-        check_evaluated_classes(loaded.get(CLASSES_KEY), self.test_datasets(), self.weights)
-        warn_of_training_data_evaluated(loaded.get(DATA_KEY), self.test_datasets(), self.weights)
+        if evaluates:
+            check_evaluated_classes(loaded.get(CLASSES_KEY), self.test_datasets(), self.weights)
+            warn_of_training_data_evaluated(loaded.get(DATA_KEY), self.test_datasets(), self.weights)
         # the run's config.yaml, which holds the input values too, is compared where there is one
         if not self._warn_of_another_model(local_weights_path(self.weights, self.weights_setting)):
             differences = input_differences(loaded.get(INPUT_KEY), model)
@@ -315,13 +317,14 @@ class RunConfig(ABC):
         """The evaluator of the first test set, writing its files (predictions, results) into
         ``output_folder``: a tool's own folder, never a run's ``inference/``."""
 
-    def build_trained_model(self) -> torch.nn.Module:
+    def build_trained_model(self, evaluates: bool = False) -> torch.nn.Module:
         """The model with the initial weights loaded as ``--eval-only`` loads them, in evaluation
-        mode (the export and analyze tools); a warning when there are none."""
+        mode (the export and analyze tools; their test sets checked as an evaluation's where it
+        ``evaluates``: the export's ``--run-eval``); a warning when there are none."""
         with named_config_failures(self.cfg, "build the model"):
             model = self.build_model()
         if self.weights:
-            self.load_weights(model)
+            self.load_weights(model, evaluates=evaluates)
         else:
             logger.warning(f"{self.weights_setting} is empty: the model is randomly initialized.")
         return model.eval()

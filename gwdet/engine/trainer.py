@@ -223,7 +223,8 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
                                   "(Trainer.test(cfg, model, evaluators=[COCOEvaluator(name, output_dir=...)])), or "
                                   "evaluate with tools/train_net.py --eval-only, which writes eval/<checkpoint>/.")
         warn_of_uncounted_detections(cfg.TEST.DETECTIONS_PER_IMAGE, "TEST.DETECTIONS_PER_IMAGE")
-        return COCOEvaluator(dataset_name, output_dir=output_folder)
+        # a dataset without a json file is converted anew: a cache of an earlier evaluation may hold other annotations
+        return COCOEvaluator(dataset_name, output_dir=output_folder, allow_cached_coco=False)
 
 
 
@@ -414,7 +415,8 @@ class YacsRun(RunConfig):
     weights_example = "MODEL.WEIGHTS path/to/model_final.pth"
     input_settings = ("INPUT.FORMAT, MODEL.PIXEL_MEAN, MODEL.PIXEL_STD, MODEL.RESNETS.STRIDE_IN_1X1, "
                       "MODEL.ANCHOR_GENERATOR.SIZES, ASPECT_RATIOS and OFFSET, MODEL.FPN.FUSE_TYPE, the "
-                      "BBOX_REG_WEIGHTS of MODEL.RPN and MODEL.ROI_BOX_HEAD")
+                      "BBOX_REG_WEIGHTS of MODEL.RPN and MODEL.ROI_BOX_HEAD, the POOLER_TYPE, POOLER_RESOLUTION and "
+                      "POOLER_SAMPLING_RATIO of MODEL.ROI_BOX_HEAD and MODEL.ROI_MASK_HEAD, MODEL.ROI_HEADS.IN_FEATURES")
     vis_setting = "TEST.VIS_IMAGES"
     test_setting = "DATASETS.TEST"
     cfg: CfgNode

@@ -448,7 +448,7 @@ def _export(argv: Sequence[str]) -> int:
                               "names no test set to take one from; nothing was written. Give --sample-image IMAGE, "
                               f"or name a test set in {run.test_setting}.")
     run.register_datasets(args.register_coco, trains=False, evaluates=args.run_eval)
-    model = run.build_trained_model()
+    model = run.build_trained_model(evaluates=args.run_eval)
     image, found = pick_sample(model, *sample_candidates(run, args.sample_image))
     logger.info("The sample image gives %d detections to compare the export on.", found)
     created_output = not os.path.isdir(args.output)
@@ -482,8 +482,13 @@ def _export(argv: Sequence[str]) -> int:
             os.rmdir(args.output)
         raise
     logger.info("Exported %s", path)
+    channels = getattr(model, "input_format", None)
+    takes = (f"; it takes an image as a float (C, H, W) tensor of 0-255 pixel values with the channels in {channels} "
+             "order, as the model does (the config's input format)" if channels else "")
     if agreement is not None:
-        print(f"Exported {path}; {agreement}")
+        print(f"Exported {path}; {agreement}{takes}")
+    elif takes:
+        print(f"Exported {path}{takes}")
     if args.run_eval:  # its files beside the export, not in the training run's inference/
         with ExportFolderLock(args.output):
             evaluate_traced(run, traced, adapter, os.path.join(args.output, "inference"))
