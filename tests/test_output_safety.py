@@ -1367,3 +1367,47 @@ def test_weights_behind_a_wrappers_prefix_or_a_whole_pickled_model_are_named(tmp
     loaded = Trainer.build_model(cfg)
     ResilientCheckpointer(loaded).load(str(tmp_path / "whole.pth"))
     assert all(torch.equal(value, model.state_dict()[key]) for key, value in loaded.state_dict().items())
+
+
+def test_a_trainer_refuses_a_second_train_a_moved_start_and_requests_it_cannot_read(tmp_path):
+    # train() again after a stop (Ctrl-C, a hook's error) started at iteration 0 and wrote over model_0000000.pth;
+    # start_iter set to 0 after a resume wrote over the run's first checkpoints; resume="False" resumed; OUTPUT_DIR ""
+    # failed after the build; a crashed attempt's metrics.json got the new run's lines appended
+    from detectron2.engine import HookBase
+
+    cfg = build_config(str(DEMO_CONFIG), TINY_OPTS + ["OUTPUT_DIR", str(tmp_path / "run")])
+
+    class FailingHook(HookBase):
+        def after_step(self):
+            raise RuntimeError("my hook failed")
+
+    trainer = Trainer(cfg)
+    trainer.register_hooks([FailingHook()])
+    trainer.resume_or_load(resume=False)
+    with pytest.raises(RuntimeError, match="my hook failed"):
+        trainer.train()
+    with pytest.raises(ValueError, match=r"^This trainer's train\(\) ran already and stopped at iteration 0 .*build it "
+                                         r"and call resume_or_load\(resume=True\), then train\(\).$"):
+        trainer.train()
+    with pytest.raises(TypeError, match=r"^resume_or_load\(resume='False'\): give resume as True"):
+        Trainer(cfg).resume_or_load(resume="False")
+    (tmp_path / "fresh").mkdir()
+    (tmp_path / "fresh" / "metrics.json").write_text('{"iteration": 24}\n')
+    fresh = build_config(str(DEMO_CONFIG), TINY_OPTS + ["OUTPUT_DIR", str(tmp_path / "fresh")])
+    with pytest.raises(FileExistsError, match=r"holds the metrics.json of an earlier training that wrote no checkpoint"):
+        Trainer(fresh).resume_or_load(resume=False)
+    empty = build_config(str(DEMO_CONFIG), TINY_OPTS + ["OUTPUT_DIR", ""])
+    with pytest.raises(ValueError, match=r"^OUTPUT_DIR is '': give the folder the run writes"):
+        Trainer(empty)
+    done = build_config(str(DEMO_CONFIG), TINY_OPTS + ["OUTPUT_DIR", str(tmp_path / "done")])
+    first = Trainer(done)
+    first.resume_or_load(resume=False)
+    first.train()
+    longer = build_config(str(DEMO_CONFIG), TINY_OPTS + ["OUTPUT_DIR", str(tmp_path / "done"), "SOLVER.MAX_ITER",
+                                                         str(done.SOLVER.MAX_ITER + 2)])
+    resumed = Trainer(longer)
+    resumed.resume_or_load(resume=True)
+    resumed.start_iter = 0
+    with pytest.raises(ValueError, match=rf"^This trainer resumed the run at iteration {done.SOLVER.MAX_ITER}, but its "
+                                         r"start_iter is 0 now"):
+        resumed.train()

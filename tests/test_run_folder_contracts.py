@@ -915,9 +915,10 @@ def test_a_resume_is_refused_only_when_the_checkpoint_is_past_the_schedule(tmp_p
     with pytest.raises(FileNotFoundError, match="has checkpoints but no config.yaml, so which model it trained") as refused:
         check_resume_config(cfg, str(tmp_path))
     # a run trained from Python never had one (it "restored" a file that never was): its way on from there is named
-    assert str(refused.value).endswith("A run trained from one's own code (gwdet's Trainer without detectron2's "
-                                       "default_setup, which writes config.yaml) continues from there: "
-                                       "Trainer(cfg).resume_or_load(resume=True), then train().")
+    assert str(refused.value).endswith("A run trained from one's own code (gwdet's Trainer or LazyTrainer without "
+                                       "detectron2's default_setup, which writes config.yaml) continues from there: "
+                                       "Trainer(cfg) (LazyTrainer(cfg) for a LazyConfig), resume_or_load(resume=True), "
+                                       "then train().")
 
 
 def test_every_value_of_a_checkpoint_is_checked_by_its_place_whatever_its_container(tmp_path):

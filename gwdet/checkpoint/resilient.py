@@ -470,6 +470,12 @@ class ResilientCheckpointer(DetectionCheckpointer):
         self._folder_seen: dict[str, tuple[int, int]] | None = None  # save_dir's checkpoints after resume_or_load
         self._file_keys: set = set()  # the keys of the file _load_file read last
 
+    @property
+    def resumed_start(self) -> int | None:
+        """The iteration after the checkpoint :meth:`resume_or_load` resumed (where the training
+        continues), or None when it resumed none."""
+        return self._segment_start if self._resumed else None
+
     def has_checkpoint(self) -> bool:
         """Whether ``last_checkpoint`` names a checkpoint, or :meth:`resume_or_load` has resumed one
         (a run killed after saving its first checkpoint but before naming it): detectron2's trainers

@@ -95,6 +95,7 @@ from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.engine.training import (
     InnerTrainerState,
     check_config_kind,
+    check_fresh_training,
     check_not_over_another_run,
     check_output_folder,
     check_schedule_unchanged,
@@ -316,6 +317,7 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
         ``train.init_checkpoint`` and start at iteration 0; the output folder's lock held meanwhile
         (:func:`~gwdet.engine.training.training_lock`)."""
         with training_lock(self, LazyRun(self.cfg)):
+            check_fresh_training(self.cfg, resume, self.cfg.train.output_dir, "train.output_dir")
             if resume:  # another model, batch or seed; a finished run would train nothing, its results set aside
                 LazyRun(self.cfg).check_trainer_resume()
                 check_resume_trains(self.cfg.train.output_dir, self.max_iter, "train.max_iter")

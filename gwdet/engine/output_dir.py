@@ -849,8 +849,9 @@ def check_config_present(path: str, output_dir: str, output_setting: str = "OUTP
             f"--resume: the run in {output_dir!r} has checkpoints but no {CONFIG_NAME}, so which model it trained "
             f"cannot be checked against this config. Restore {path} (the run's record of its config), or start from "
             f"its weights in another {output_setting}, or train afresh here with --overwrite (which deletes the run). "
-            f"A run trained from one's own code (gwdet's Trainer without detectron2's default_setup, which writes "
-            f"{CONFIG_NAME}) continues from there: Trainer(cfg).resume_or_load(resume=True), then train().")
+            f"A run trained from one's own code (gwdet's Trainer or LazyTrainer without detectron2's default_setup, "
+            f"which writes {CONFIG_NAME}) continues from there: Trainer(cfg) (LazyTrainer(cfg) for a LazyConfig), "
+            "resume_or_load(resume=True), then train().")
 
 
 def check_resume_source(output_dir: str, weights_setting: str = "MODEL.WEIGHTS") -> None:

@@ -54,6 +54,7 @@ from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.engine.training import (
     InnerTrainerState,
     check_config_kind,
+    check_fresh_training,
     check_not_over_another_run,
     check_output_folder,
     check_schedule_unchanged,
@@ -182,6 +183,7 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
     def resume_or_load(self, resume: bool = True) -> None:
         """detectron2's, the output folder's lock held meanwhile (:func:`~gwdet.engine.training.training_lock`)."""
         with training_lock(self, YacsRun(self.cfg)):
+            check_fresh_training(self.cfg, resume, self.cfg.OUTPUT_DIR, "OUTPUT_DIR")
             if resume:  # another model, batch or seed; a finished run would train nothing, its results set aside
                 YacsRun(self.cfg).check_trainer_resume()
                 check_resume_trains(self.cfg.OUTPUT_DIR, self.max_iter, "SOLVER.MAX_ITER")

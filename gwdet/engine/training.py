@@ -32,11 +32,11 @@ from detectron2.utils import comm
 from detectron2.utils.env import seed_all_rng
 from detectron2.utils.events import CommonMetricPrinter, EventWriter, JSONWriter, TensorboardXWriter
 
-from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer
+from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer, checkpoint_names
 from gwdet.checkpoint.signal_hook import CheckpointOnSignal
 from gwdet.data.datasets import dataset_classes
 from gwdet.data.resumable import skip_trained_samples
-from gwdet.errors import GwdetTypeError, GwdetValueError, listed
+from gwdet.errors import GwdetFileExistsError, GwdetTypeError, GwdetValueError, listed
 from gwdet.utils.cli_errors import output_path_problem
 from gwdet.engine.output_dir import (OutputDirLock, OutputDirNotWritableError, config_differences, lock_holder,
                                      set_aside_results, trim_metrics)
@@ -165,12 +165,32 @@ def check_config_kind(cfg: Any, yacs: bool) -> None:
 
 
 def check_output_folder(output_dir: Any, setting: str) -> None:
-    """Refuse, before a trainer builds anything, an output folder it could not write: a file, a link
-    to nothing, a path below a file (:func:`~gwdet.utils.cli_errors.output_path_problem`)."""
-    problem = output_path_problem(setting, output_dir, folder=True) if isinstance(output_dir, str) and output_dir \
-        else None
+    """Refuse, before a trainer builds anything, an output folder it could not write: none (empty), a
+    file, a link to nothing, a path below a file (:func:`~gwdet.utils.cli_errors.output_path_problem`)."""
+    if not isinstance(output_dir, str) or not output_dir.strip():
+        raise GwdetValueError(f"{setting} is {output_dir!r}: give the folder the run writes its checkpoints, metrics "
+                              f"and results into (e.g. {setting} output/my_run).")
+    problem = output_path_problem(setting, output_dir, folder=True)
     if problem is not None:
         raise OutputDirNotWritableError(f"{problem} Nothing was changed.")
+
+
+def check_fresh_training(cfg: Any, resume: Any, output_dir: str, setting: str) -> None:
+    """Refuse, for a trainer's ``resume_or_load(resume)``, a ``resume`` that is not a bool (the string
+    ``"False"`` would resume), and, for a new training from one's own code (the tools check their
+    folders before: :func:`mark_seeded`), an output folder holding the ``metrics.json`` of an earlier
+    training that wrote no checkpoint (stopped before its first): the new metrics would be appended
+    to it, two runs' curves in one file."""
+    if not isinstance(resume, bool):
+        raise GwdetTypeError(f"resume_or_load(resume={resume!r}): give resume as True (continue the run in the output "
+                             "folder) or False (start a new one from the initial weights).")
+    metrics = os.path.join(output_dir, "metrics.json")
+    if not resume and not getattr(cfg, SEEDED_MARK, False) and os.path.isfile(metrics) \
+            and not checkpoint_names(output_dir):  # with checkpoints: another run's, refused by the checkpointer
+        raise GwdetFileExistsError(
+            f"{setting} {output_dir!r} holds the metrics.json of an earlier training that wrote no checkpoint (it "
+            "stopped before its first): a new training there would append its metrics to it. Remove it (and the "
+            f"earlier run's event files), or train into another {setting}.")
 
 
 def check_torch_state(training: bool) -> None:
@@ -191,14 +211,16 @@ def check_torch_state(training: bool) -> None:
             "run, or run it outside the block.")
 
 
-# Set on a trainer by its constructor: (its config's content, its output folder's absolute path) as built
+# Set on a trainer when its train() starts: a second train() is refused, whether the first returned or stopped
+TRAINED_MARK = "_gwdet_trained"
+# Set on a trainer by its constructor: (its config's content, its output folder's real path) as built
 BUILT_CONFIG = "_gwdet_built_config"
 
 
 def note_built_config(trainer: Any, run: Any) -> None:
     """Note on ``trainer`` the config it was built from (``run``: its
     :class:`~gwdet.engine.run.RunConfig`), which :func:`training_lock` compares the config with."""
-    setattr(trainer, BUILT_CONFIG, (run.request_content(), os.path.abspath(run.output_dir)))
+    setattr(trainer, BUILT_CONFIG, (run.request_content(), os.path.realpath(run.output_dir)))
 
 
 def training_lock(trainer: Any, run: Any) -> contextlib.AbstractContextManager:
@@ -213,7 +235,7 @@ def training_lock(trainer: Any, run: Any) -> contextlib.AbstractContextManager:
     built = getattr(trainer, BUILT_CONFIG, None)
     if built is not None:
         content, folder = built
-        if os.path.abspath(run.output_dir) != folder:
+        if os.path.realpath(run.output_dir) != folder:  # a link to the same folder is the same folder
             raise GwdetValueError(
                 f"{run.output_setting} {run.output_dir!r} is now {os.path.abspath(run.output_dir)!r}, but this trainer "
                 f"was built to write {folder!r} (its checkpointer, metrics and event writers write there): the run "
@@ -254,6 +276,12 @@ def check_not_over_another_run(trainer: Any, weights: str) -> None:
             f"This trainer has trained its {trainer.max_iter} iterations already (train() returned); its hooks "
             "cannot run again. To train further, build a new trainer with more iterations and call "
             "resume_or_load(resume=True) before train().")
+    if getattr(trainer, TRAINED_MARK, False):  # stopped by a signal or an error: its hooks cannot run again
+        raise GwdetValueError(
+            f"This trainer's train() ran already and stopped at iteration {trainer.iter} (a stop signal or an error); "
+            "its hooks cannot run again, and it would train over the run's checkpoints. Continue the run with a new "
+            "trainer: build it and call resume_or_load(resume=True), then train().")
+    setattr(trainer, TRAINED_MARK, True)
     checkpointer = getattr(trainer, "checkpointer", None)
     if isinstance(checkpointer, ResilientCheckpointer) and not checkpointer.started:
         checkpointer.check_no_earlier_run()
@@ -267,6 +295,13 @@ def check_not_over_another_run(trainer: Any, weights: str) -> None:
                 "checkpointer, takes the output folder's lock and positions the data stream.")
     if isinstance(checkpointer, ResilientCheckpointer):
         checkpointer.check_folder_unchanged()
+        start = checkpointer.resumed_start
+        if start is not None and trainer.start_iter != start:  # detectron2's trick of setting start_iter again
+            raise GwdetValueError(
+                f"This trainer resumed the run at iteration {start}, but its start_iter is {trainer.start_iter} now: it "
+                "would train those iterations again with the resumed schedule and optimizer state and write over the "
+                "run's checkpoints of them. To start over from the weights, build a new trainer with MODEL.WEIGHTS (a "
+                "LazyConfig's train.init_checkpoint) naming the checkpoint, into another output folder.")
 
 
 def precise_bn_streams_kept(hooks: list) -> list:
