@@ -996,3 +996,31 @@ def test_a_resumed_training_records_what_each_stretch_of_its_iterations_ran_with
     record = results_record({}, segments=resumed.run_segments())["environment"]
     assert record["segments"] == expected and record["threads"] == torch.get_num_threads()  # the last stretch's
     assert "segments" not in results_record({}, segments=expected[:1])["environment"]  # not resumed: one stretch
+
+
+def test_a_run_whose_lock_file_was_deleted_still_holds_its_folder_and_two_trainers_of_a_process_do_not_share_it(
+        tmp_path):
+    # .gwdet.lock deleted while a run trained (a clean-up of "stale" locks): a second run with --overwrite deleted the
+    # running run's files; a trainer in a background thread and another in the main thread trained into one folder
+    # (the lock was skipped because this process held it)
+    from gwdet.engine.output_dir import lock_holder
+    from gwdet.engine.trainer import YacsRun
+    from gwdet.engine.training import training_lock
+
+    folder = str(tmp_path)
+    with OutputDirLock(folder):
+        os.unlink(tmp_path / LOCK_NAME)
+        assert lock_holder(folder) == "another process (its lock file was deleted)"
+        with pytest.raises(RuntimeError) as refused:
+            with OutputDirLock(folder):
+                pass
+        assert str(refused.value) == in_use(folder, "another process (its lock file was deleted)")
+    with OutputDirLock(folder):  # released with the run
+        pass
+    run = YacsRun(build_config(str(DEMO_CONFIG), [*TINY_OPTS, "OUTPUT_DIR", folder]))
+    with training_lock(None, run):
+        assert lock_holder(folder) == f"pid {os.getpid()} (a trainer started from Python)"
+        with pytest.raises(RuntimeError) as refused:
+            with training_lock(None, run):
+                pass
+        assert str(refused.value) == in_use(folder, f"pid {os.getpid()} (a trainer started from Python)")

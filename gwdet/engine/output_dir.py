@@ -1152,12 +1152,30 @@ def _in_use(output_dir: str, holder: str, setting: str) -> GwdetRuntimeError:
                              f"give this run another {setting}.")
 
 
+def _folder_locked(output_dir: str) -> bool:
+    """Whether a run holds the lock :class:`OutputDirLock` takes on the folder itself (which stays
+    when its lock file is deleted, as a clean-up of "stale" locks does)."""
+    try:
+        descriptor = os.open(output_dir, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(descriptor)  # closing releases a shared lock taken here
+    return False
+
+
 def lock_holder(output_dir: str) -> str | None:
-    """The process holding the lock of ``output_dir`` (:class:`OutputDirLock`; ``"pid N"``, or
-    ``"another process"``), or None when no run holds it."""
+    """The process holding the lock of ``output_dir`` (:class:`OutputDirLock`; ``"pid N"``, with a
+    note for a trainer started from one's own code, or ``"another process"``), or None when no run
+    holds it."""
     path = os.path.join(output_dir, LOCK_NAME)
     if not os.path.isfile(path) or os.path.islink(path):
-        return None
+        return "another process (its lock file was deleted)" if os.path.isdir(output_dir) and \
+            _folder_locked(output_dir) else None
     with open(path, encoding="utf-8", errors="replace") as file:
         try:
             fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -1178,14 +1196,19 @@ def check_not_in_use(output_dir: str, setting: str = "OUTPUT_DIR") -> None:
 class OutputDirLock:
     """An exclusive lock on ``OUTPUT_DIR`` for the duration of a run (``with OutputDirLock(dir):``).
 
-    A second run on the same folder fails at once, naming the process that holds it. The lock is
-    released when the process ends, however it ends.
+    A second run on the same folder fails at once, naming the process that holds it (``note`` beside
+    its pid: a trainer started from one's own code says so). The lock is released when the process
+    ends, however it ends. The folder itself is locked too, so a run is refused while another holds
+    it even when the lock file was deleted (a clean-up of "stale" locks).
     """
 
-    def __init__(self, output_dir: str, setting: str = "OUTPUT_DIR", weights_setting: str = "MODEL.WEIGHTS") -> None:
+    def __init__(self, output_dir: str, setting: str = "OUTPUT_DIR", weights_setting: str = "MODEL.WEIGHTS",
+                 note: str = "") -> None:
         self.path = os.path.join(output_dir, LOCK_NAME)
         self.setting, self.weights_setting = setting, weights_setting  # how the messages name them
+        self.note = note
         self._file: IO[str] | None = None
+        self._folder: int | None = None  # the descriptor of the folder, locked
 
     def __enter__(self) -> "OutputDirLock":
         output_dir = os.path.dirname(self.path)
@@ -1221,13 +1244,25 @@ class OutputDirLock:
             self._file.close()
             raise _in_use(output_dir, holder, self.setting) from None
         try:
+            self._folder = os.open(output_dir, os.O_RDONLY)
+            fcntl.flock(self._folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # a run whose lock file was deleted holds the folder
+            self.__exit__(None, None, None)
+            raise _in_use(output_dir, "another process (its lock file was deleted)", self.setting) from None
+        except OSError:  # a folder that cannot be opened for reading: its lock file alone guards it
+            if self._folder is not None:
+                os.close(self._folder)
+            self._folder = None
+        try:
             self._file.seek(0)
             self._file.truncate()
-            self._file.write(f"pid {os.getpid()}\n")
+            self._file.write(f"pid {os.getpid()}{' ' + self.note if self.note else ''}\n")
             self._file.flush()
         except OSError as error:  # a full disk
             with contextlib.suppress(OSError):  # closing flushes the unwritten line again
                 self._file.close()
+            self._file = None
+            self.__exit__(None, None, None)  # the folder's lock
             raise OutputDirNotWritableError(
                 f"{self.setting} {output_dir!r}: writing the run's lock file {LOCK_NAME} failed "
                 f"({error.strerror or error}); nothing was changed. Free space there (or fix what the error names) "
@@ -1243,6 +1278,10 @@ class OutputDirLock:
         return self
 
     def __exit__(self, *exc_info) -> None:
+        if self._folder is not None:
+            fcntl.flock(self._folder, fcntl.LOCK_UN)
+            os.close(self._folder)
+            self._folder = None
         if self._file is not None:
             fcntl.flock(self._file, fcntl.LOCK_UN)
             self._file.close()

@@ -250,7 +250,7 @@ def training_lock(trainer: Any, run: Any) -> contextlib.AbstractContextManager:
                 "with them, not with the config's. Build the trainer again after changing the config, or set it back.")
     if not comm.is_main_process() or lock_holder(run.output_dir) == f"pid {os.getpid()}":
         return contextlib.nullcontext()
-    return OutputDirLock(run.output_dir, run.output_setting, run.weights_setting)
+    return OutputDirLock(run.output_dir, run.output_setting, run.weights_setting, note="(a trainer started from Python)")
 
 
 def check_schedule_unchanged(max_iter: int, configured: Any, setting: str) -> None:
