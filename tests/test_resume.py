@@ -291,3 +291,20 @@ def test_a_stop_signal_received_twice_at_once_is_one_request(monkeypatch):
         assert called == [signal.SIGUSR2]
     finally:
         signal.signal(signal.SIGUSR2, before)
+
+
+def test_a_stop_signal_during_an_evaluation_says_so():
+    # SIGTERM to a single-process --eval-only: status 143 and not one line
+    from gwdet.checkpoint.signal_hook import TrainingInterrupted, evaluation_stops
+
+    before = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as in the tool's process
+    try:
+        with logged_warnings("gwdet") as warned, pytest.raises(TrainingInterrupted) as stop:
+            with evaluation_stops():
+                signal.raise_signal(signal.SIGTERM)
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # given back
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert stop.value.code == 128 + signal.SIGTERM
+    assert warned == ["Stopped by SIGTERM during the evaluation: nothing of it is kept. Run the same command again to "
+                      "evaluate."]

@@ -13,12 +13,13 @@ first is the same request). With several processes every rank stops after the sa
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
 import time
 from types import FrameType
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -157,6 +158,33 @@ class CheckpointOnSignal(HookBase):
         if previous is not None:
             previous(signum, None)
         raise TrainingInterrupted(signum, f"{name}.pth")
+
+
+@contextlib.contextmanager
+def evaluation_stops() -> Iterator[None]:
+    """Within the block (an ``--eval-only`` evaluation), a stop signal that would end the process
+    without a word (SIGTERM, SIGHUP, SIGUSR2 at their default) ends it at once, saying so: the
+    evaluation keeps nothing, and the same command runs it again."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        logger.warning(f"Stopped by {signal.Signals(signum).name} during the evaluation: nothing of it is kept. Run "
+                       "the same command again to evaluate.")
+        raise TrainingInterrupted(signum, None)
+
+    previous = {}
+    for signum in STOP_SIGNALS:
+        if signum == signal.SIGHUP and signal.getsignal(signum) == signal.SIG_IGN:
+            continue
+        if signal.getsignal(signum) == signal.SIG_DFL:  # Ctrl-C's KeyboardInterrupt and one's own handlers stay
+            previous[signum] = signal.signal(signum, stop)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def release_stop_signals(hooks: Sequence[HookBase]) -> None:

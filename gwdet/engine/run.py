@@ -45,6 +45,7 @@ from detectron2.engine import default_setup
 from detectron2.utils import comm
 from detectron2.utils.logger import setup_logger
 
+from gwdet.checkpoint.signal_hook import evaluation_stops
 from gwdet.checkpoint.resilient import (CLASSES_KEY, DATA_KEY, INPUT_KEY, ResilientCheckpointer, absolute_weights_path,
                                         input_differences, local_weights_path, weights_record)
 from gwdet.data.coco_registration import CocoDataset, DatasetError, coco_dataset, recorded_images
@@ -625,7 +626,7 @@ def main(args: argparse.Namespace):
                     trainer.resume_or_load(resume=args.resume)
         if args.eval_only:
             with named_full_disk(run.output_dir, "Evaluate again once there is space."), \
-                    named_lost_file("Then evaluate again."):
+                    named_lost_file("Then evaluate again."), evaluation_stops():
                 results = run.evaluate(model)
         else:
             with named_config_failures(run.cfg, "train the first iteration", args.opts,
