@@ -790,7 +790,9 @@ def test_four_bytes_changed_near_the_end_of_a_checkpoint_are_refused_naming_the_
         f"{damaged} is damaged (its SHA-256 differs from the one recorded in model_final.pth.sha256 when it was "
         "written); nothing was loaded from it. Restore the file from a copy or write it again (train, or convert the "
         "weights again); if you replaced it on purpose, delete model_final.pth.sha256. A training's --resume uses the "
-        "previous checkpoint in the folder instead.")
+        "previous checkpoint in the folder instead. (A checkpointer other than gwdet's writing a file of the same name, "
+        "as detectron2's PeriodicCheckpointer in a hook of one's own does with its prefix 'model', leaves "
+        "model_final.pth.sha256 behind: give it a prefix of its own.)")
 
 
 def test_a_resume_that_would_train_nothing_is_refused_before_the_runs_records_change(finished_run):

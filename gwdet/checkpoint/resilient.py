@@ -945,7 +945,9 @@ class ResilientCheckpointer(DetectionCheckpointer):
             raise DamagedFileError(
                 f"{filename} is damaged ({differs}); nothing was loaded from it. Restore the file from a copy or write "
                 f"it again (train, or convert the weights again); if you replaced it on purpose, delete {record}. "
-                "A training's --resume uses the previous checkpoint in the folder instead.", filename)
+                "A training's --resume uses the previous checkpoint in the folder instead. (A checkpointer other than "
+                "gwdet's writing a file of the same name, as detectron2's PeriodicCheckpointer in a hook of one's own "
+                f"does with its prefix 'model', leaves {record} behind: give it a prefix of its own.)", filename)
         heuristics = self._heuristics_asked(filename)  # another query: named here (detectron2: a bare ValueError)
         if filename.endswith(".pkl"):
             data = load_pickle_weights(filename)
