@@ -189,7 +189,7 @@ def dataset_classes(names: Sequence[str]) -> list[str] | None:
     (:func:`~gwdet.data.coco_registration.known_class_names`; detectron2 trains only on datasets
     with the same class names), or None."""
     for name in names:
-        classes = known_class_names(name)
+        classes = MetadataCatalog.get(name).get("thing_classes", None) or known_class_names(name)
         if classes:
             return list(classes)
     return None
@@ -203,7 +203,8 @@ def check_evaluated_classes(trained: Any, datasets: Sequence[str], weights: str)
     if not isinstance(trained, list) or not all(isinstance(name, str) for name in trained):
         return
     for name in datasets:
-        classes = known_class_names(name)  # detectron2 sets thing_classes of register_coco_instances only on load
+        # detectron2 sets the thing_classes of register_coco_instances only on load: then read from the file
+        classes = MetadataCatalog.get(name).get("thing_classes", None) or known_class_names(name)
         if not classes or list(classes) == trained:
             continue
         if sorted(classes) == sorted(trained):

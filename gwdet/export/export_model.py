@@ -482,13 +482,12 @@ def _export(argv: Sequence[str]) -> int:
             os.rmdir(args.output)
         raise
     logger.info("Exported %s", path)
-    channels = getattr(model, "input_format", None)
-    takes = (f"; it takes an image as a float (C, H, W) tensor of 0-255 pixel values with the channels in {channels} "
-             "order, as the model does (the config's input format)" if channels else "")
     if agreement is not None:
-        print(f"Exported {path}; {agreement}{takes}")
-    elif takes:
-        print(f"Exported {path}{takes}")
+        print(f"Exported {path}; {agreement}")
+    channels = getattr(model, "input_format", None)
+    if channels:
+        print(f"The exported model takes an image as a float (C, H, W) tensor of 0-255 pixel values with the channels "
+              f"in {channels} order, as the model does (the config's input format).")
     if args.run_eval:  # its files beside the export, not in the training run's inference/
         with ExportFolderLock(args.output):
             evaluate_traced(run, traced, adapter, os.path.join(args.output, "inference"))
