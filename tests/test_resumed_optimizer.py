@@ -46,9 +46,11 @@ def test_a_resume_cannot_regroup_the_optimizer_state():
     model = torch.nn.Linear(3, 2)
     optimizer_state, _ = trained_states(model)
     optimizer, scheduler = optimizer_and_scheduler(model, 0.02, 1e-4, 0.9, groups=2)
+    # a subclass's own optimizer was blamed on settings that had not changed: the optimizer is named, and such a one
     with pytest.raises(GwdetError, match=r"--resume: the run's optimizer state groups the parameters otherwise than "
-                                         r"this config's optimizer \(torch: .*\); SOLVER.BIAS_LR_FACTOR split the "
-                                         r"parameters into groups, and a resume cannot regroup"):
+                                         r"this trainer's SGD of 2 group\(s\) \(torch: .*\); SOLVER.BIAS_LR_FACTOR "
+                                         r"split the parameters into groups, as does a build_optimizer of one's own "
+                                         r"\(a subclass's builds another optimizer\), and a resume cannot regroup"):
         with configured_optimizer_values(optimizer, scheduler, "SOLVER.BIAS_LR_FACTOR", "MODEL.WEIGHTS"):
             optimizer.load_state_dict(optimizer_state)
 

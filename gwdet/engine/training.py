@@ -360,10 +360,12 @@ def configured_optimizer_values(optimizer: torch.optim.Optimizer, scheduler: Any
         if not any(refusal in str(error) for refusal in OTHER_GROUPS):
             raise
         raise GwdetValueError(
-            f"--resume: the run's optimizer state groups the parameters otherwise than this config's optimizer "
-            f"(torch: {error}); {grouping_settings} split the parameters into groups, and a resume cannot regroup the "
-            f"optimizer's state. Resume with the run's values, or start a new run from its last checkpoint "
-            f"({weights_setting} <run>/model_XXXXXXX.pth).") from None
+            f"--resume: the run's optimizer state groups the parameters otherwise than this trainer's "
+            f"{type(optimizer).__name__} of {len(optimizer.param_groups)} group(s) (torch: {error}); "
+            f"{grouping_settings} split the parameters into groups, as does a build_optimizer of one's own (a "
+            "subclass's builds another optimizer), and a resume cannot regroup the optimizer's state. Resume with the "
+            f"run's values and optimizer, or start a new run from its last checkpoint ({weights_setting} "
+            "<run>/model_XXXXXXX.pth).") from None
     lacking = sorted(set(configured[0]) - set(optimizer.param_groups[0]) - {"initial_lr"}) if configured else []
     if lacking:  # torch loaded another optimizer's groups: its first step would fail
         raise _another_optimizer(optimizer, ", ".join(lacking), weights_setting)
