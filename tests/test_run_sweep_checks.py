@@ -891,3 +891,14 @@ def test_more_detections_per_image_than_coco_ap_counts_are_said(tmp_path):
     assert warned == ["TEST.DETECTIONS_PER_IMAGE is 300, but COCO's AP counts the 100 highest-scoring detections of each "
                       "image (maxDets 100, as detectron2's COCOEvaluator computes it): the results are those of the best "
                       "100, while the detections file holds up to 300."]
+
+
+def test_the_checks_a_run_was_told_to_let_pass_are_recorded_in_its_environment(monkeypatch):
+    # with GWDET_ALLOW_NORM_MISMATCH=1 results.json recorded neither the opt-in nor the mismatch (only log.txt said it)
+    from gwdet.engine.run_environment import run_environment
+
+    monkeypatch.delenv("GWDET_ALLOW_UNSAFE_PICKLE", raising=False)
+    monkeypatch.setenv("GWDET_ALLOW_NORM_MISMATCH", "0")
+    assert "opt_ins" not in run_environment([])
+    monkeypatch.setenv("GWDET_ALLOW_NORM_MISMATCH", "1")
+    assert run_environment([])["opt_ins"] == {"GWDET_ALLOW_NORM_MISMATCH": "1"}

@@ -19,6 +19,7 @@ import torch
 from detectron2.data import MetadataCatalog
 from detectron2.utils import comm
 
+from gwdet.checkpoint.resilient import MISMATCH_ENV, UNSAFE_PICKLE_ENV
 from gwdet.layers.plans import PLAN_VARIABLE, fallback_reason, plan_name
 from gwdet.utils.atomic import cached_sha256
 
@@ -117,5 +118,8 @@ def run_segment() -> dict[str, Any]:
 
 def run_environment(dataset_names: Iterable[str]) -> dict[str, Any]:
     """:func:`run_segment` and ``"datasets": annotation_files(dataset_names)``: what a run on the
-    datasets ``dataset_names`` (train and test) ran with."""
-    return {**run_segment(), "datasets": annotation_files(dataset_names)}
+    datasets ``dataset_names`` (train and test) ran with; and ``"opt_ins"``, the checks it was told to
+    let pass (``GWDET_ALLOW_NORM_MISMATCH``, ``GWDET_ALLOW_UNSAFE_PICKLE``), where any was."""
+    environment = {**run_segment(), "datasets": annotation_files(dataset_names)}
+    opt_ins = {name: os.environ[name] for name in (MISMATCH_ENV, UNSAFE_PICKLE_ENV) if os.environ.get(name, "0") != "0"}
+    return {**environment, "opt_ins": opt_ins} if opt_ins else environment
