@@ -32,8 +32,8 @@ from gwdet.errors import GwdetError, GwdetValueError
 from gwdet.layers.common import is_finite_number, is_whole_number
 from gwdet.config import (add_gwdet_config, check_config_values, config_default, config_value, flatten_config,
                           require_gwdet_config)
-from gwdet.norms import (DETECTRON2_GN_GROUPS, OWN_NAMES_NOTE, UnknownNormError, spawned_process_note, detectron2_builds_as_configured,
-                         known_norm_names, norm_records, norm_record)
+from gwdet.norms import (DETECTRON2_GN_GROUPS, OWN_NAMES_NOTE, UnknownNormError, detectron2_builds_as_configured,
+                         known_norm_names, norm_record, norm_records, spawned_process_note)
 from gwdet.positions import BLOCK_CONV_OF_POSITION, backbone_reads_gw_positions, parse_gw_positions
 
 # Where a message sends the reader: the section explaining how NORM strings become layers.

@@ -718,8 +718,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
             try:
                 loaded = self.load(candidate)
                 lacking = [key for key in ("iteration", *self.checkpointables) if key not in self._file_keys]
-                ours = checkpoint_names(self.save_dir or "")
-                if lacking and os.path.basename(candidate) not in ours and ours:  # a hook's of one's own, say
+                ours = checkpoint_names(self.save_dir or "") if lacking else []
+                if ours and os.path.basename(candidate) not in ours:  # written by a hook's of one's own, say
                     raise GwdetValueError(
                         f"--resume: {self.save_dir}/{LAST_CHECKPOINT} names {os.path.basename(candidate)}, which holds "
                         f"no {', '.join(lacking)} state: another checkpointer wrote it (a hook of one's own, say), not "

@@ -34,6 +34,27 @@ SAME_REQUEST_SECONDS = 1.0
 logger = logging.getLogger(__name__)
 
 
+def install_stop_handlers(handler: Callable[[int, FrameType | None], Any],
+                          signals: Sequence[signal.Signals] = STOP_SIGNALS,
+                          replaces: Callable[[Any], bool] = lambda current: True) -> dict[int, Any]:
+    """Give each of ``signals`` whose present handler ``replaces`` accepts to ``handler``, all but
+    SIGHUP where it is ignored (``nohup``: a closed terminal is not to stop the process); the
+    handlers replaced, by signal, for :func:`restore_handlers`."""
+    previous: dict[int, Any] = {}
+    for signum in signals:
+        current = signal.getsignal(signum)
+        if (signum == signal.SIGHUP and current == signal.SIG_IGN) or not replaces(current):
+            continue
+        previous[signum] = signal.signal(signum, handler)
+    return previous
+
+
+def restore_handlers(previous: dict[int, Any]) -> None:
+    """Give the signals back to the handlers :func:`install_stop_handlers` replaced."""
+    for signum, handler in previous.items():
+        signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
 class TrainingInterrupted(SystemExit):
     """Training stopped on a signal after saving a checkpoint; the exit status is 128 + the signal."""
 
@@ -85,16 +106,12 @@ class CheckpointOnSignal(HookBase):
             logger.warning("Training runs outside the main thread: signals cannot be caught there, so a "
                            "stop signal ends it without a checkpoint.")
             return
-        for signum in self.signals:
-            if signum == signal.SIGHUP and signal.getsignal(signum) == signal.SIG_IGN:
-                continue  # nohup: a closed terminal is not to stop the process
-            self._previous[signum] = signal.signal(signum, self._handle)
+        self._previous = install_stop_handlers(self._handle, self.signals)
         logger.info(f"{', '.join(signal.Signals(s).name for s in self._previous)} save a checkpoint of the current "
                     "iteration before training stops.")
 
     def _restore(self) -> None:
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        restore_handlers(self._previous)
 
     def before_step(self) -> None:
         self._in_step = True
@@ -174,17 +191,12 @@ def evaluation_stops() -> Iterator[None]:
                        "the same command again to evaluate.")
         raise TrainingInterrupted(signum, None)
 
-    previous = {}
-    for signum in STOP_SIGNALS:
-        if signum == signal.SIGHUP and signal.getsignal(signum) == signal.SIG_IGN:
-            continue
-        if signal.getsignal(signum) == signal.SIG_DFL:  # Ctrl-C's KeyboardInterrupt and one's own handlers stay
-            previous[signum] = signal.signal(signum, stop)
+    # Ctrl-C's KeyboardInterrupt and one's own handlers stay
+    previous = install_stop_handlers(stop, replaces=lambda current: current == signal.SIG_DFL)
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        restore_handlers(previous)
 
 
 def release_stop_signals(hooks: Sequence[HookBase]) -> None:

@@ -184,12 +184,19 @@ def named_empty_training_set(datasets: str, keep_empty: str, keypoints: str | No
                               f"{keep_empty} to train on empty images).") from err
 
 
+def _class_names(name: str) -> list[str] | None:
+    """Dataset ``name``'s class names: its metadata's ``thing_classes``, or, where detectron2 sets
+    them only when the data is loaded (``register_coco_instances``), what is known before
+    (:func:`~gwdet.data.coco_registration.known_class_names`: its file's categories)."""
+    classes = MetadataCatalog.get(name).get("thing_classes", None)
+    return list(classes) if classes else known_class_names(name)
+
+
 def dataset_classes(names: Sequence[str]) -> list[str] | None:
     """The class names of the first of the datasets ``names`` whose classes are known
-    (:func:`~gwdet.data.coco_registration.known_class_names`; detectron2 trains only on datasets
-    with the same class names), or None."""
+    (:func:`_class_names`; detectron2 trains only on datasets with the same class names), or None."""
     for name in names:
-        classes = MetadataCatalog.get(name).get("thing_classes", None) or known_class_names(name)
+        classes = _class_names(name)
         if classes:
             return list(classes)
     return None
@@ -203,8 +210,7 @@ def check_evaluated_classes(trained: Any, datasets: Sequence[str], weights: str)
     if not isinstance(trained, list) or not all(isinstance(name, str) for name in trained):
         return
     for name in datasets:
-        # detectron2 sets the thing_classes of register_coco_instances only on load: then read from the file
-        classes = MetadataCatalog.get(name).get("thing_classes", None) or known_class_names(name)
+        classes = _class_names(name)
         if not classes or list(classes) == trained:
             continue
         if sorted(classes) == sorted(trained):

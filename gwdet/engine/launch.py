@@ -28,7 +28,7 @@ import torch.multiprocessing as mp
 from detectron2.engine import launch as _detectron2_launch
 from detectron2.utils import comm
 
-from gwdet.checkpoint.signal_hook import STOP_SIGNALS, TrainingInterrupted
+from gwdet.checkpoint.signal_hook import TrainingInterrupted, install_stop_handlers, restore_handlers
 from gwdet.errors import GwdetError, GwdetValueError
 
 DEFAULT_TIMEOUT = timedelta(minutes=30)
@@ -140,7 +140,7 @@ def launch(
 @contextlib.contextmanager
 def forwarded_stop_signals(context: mp.ProcessContext) -> Iterator[list[int]]:
     """Within the block, the stop signals this process receives
-    (:data:`~gwdet.checkpoint.signal_hook.STOP_SIGNALS`) are sent on to the processes of ``context``,
+    (:func:`~gwdet.checkpoint.signal_hook.install_stop_handlers`) are sent on to the processes of ``context``,
     whose hooks finish their iteration, save a checkpoint and stop, and noted in the list it yields:
     this process would otherwise end at once, before their checkpoints are written (torch then stops
     them by SIGINT). A signal that reached them too (a terminal's Ctrl-C) counts once for them."""
@@ -156,16 +156,11 @@ def forwarded_stop_signals(context: mp.ProcessContext) -> Iterator[list[int]]:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(process.pid, signum)
 
-    previous = {}
-    for signum in STOP_SIGNALS:
-        if signum == signal.SIGHUP and signal.getsignal(signum) == signal.SIG_IGN:
-            continue  # nohup: a closed terminal is not to stop the run
-        previous[signum] = signal.signal(signum, forward)
+    previous = install_stop_handlers(forward)
     try:
         yield received
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        restore_handlers(previous)
 
 
 # --dist-url: where the processes of a run meet (torch's rendezvous handlers, and detectron2's 'auto')

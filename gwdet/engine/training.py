@@ -36,6 +36,7 @@ from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer, check
 from gwdet.checkpoint.signal_hook import CheckpointOnSignal
 from gwdet.data.datasets import dataset_classes
 from gwdet.data.resumable import skip_trained_samples
+from gwdet.layers.common import is_whole_number
 from gwdet.errors import GwdetFileExistsError, GwdetTypeError, GwdetValueError, listed
 from gwdet.utils.cli_errors import output_path_problem
 from gwdet.engine.output_dir import (OutputDirLock, OutputDirNotWritableError, config_differences, lock_holder,
@@ -135,7 +136,7 @@ def seed_as_the_tools_do(cfg: Any, seed: Any, setting: str) -> None:
     as detectron2's ``default_setup`` does in the tools, unless it did for this config
     (:func:`mark_seeded`): a trainer built from one's own code then draws the initial weights the
     tool's run of the config draws. A negative seed leaves them as they are (random)."""
-    if getattr(cfg, SEEDED_MARK, False) or not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+    if getattr(cfg, SEEDED_MARK, False) or not is_whole_number(seed) or seed < 0:
         return
     seed_all_rng(seed + comm.get_rank())
     logger.info(f"Seeded the random generators with {setting} {seed} (plus the process's rank), as the tools do.")
