@@ -17,28 +17,14 @@ from detectron2.config import CfgNode as CN
 from gwdet.errors import GwdetKeyError, GwdetTypeError, GwdetValueError
 from gwdet.layers.common import check_flag, check_int_at_least, check_positive, check_unit_interval
 
-OWNER = "config"
+
+def _int_at_least(minimum: int) -> Callable[[str, str, Any], None]:
+    return lambda owner, key, value: check_int_at_least(owner, key, value, minimum)
 
 
-def _int_at_least(minimum: int) -> Callable[[str, Any], None]:
-    return lambda key, value: check_int_at_least(OWNER, key, value, minimum)
-
-
-def _positive(key: str, value: Any) -> None:
-    check_positive(OWNER, key, value)
-
-
-def _unit_interval(key: str, value: Any) -> None:
-    check_unit_interval(OWNER, key, value)
-
-
-def _boolean(key: str, value: Any) -> None:
-    check_flag(OWNER, key, value)
-
-
-def _string(key: str, value: Any) -> None:
+def _string(owner: str, key: str, value: Any) -> None:
     if not isinstance(value, str):
-        raise GwdetValueError(f"{OWNER}: {key} must be a string, got {value!r}")
+        raise GwdetValueError(f"{owner}: {key} must be a string, got {value!r}")
 
 
 # The names of the embedded shapes dataset's splits start with it (shapes_train, shapes_val,
@@ -48,11 +34,12 @@ SHAPES_PREFIX = "shapes_"
 
 @dataclass(frozen=True)
 class ConfigKey:
-    """A key gwdet adds: its dotted name, default and the check its value must pass."""
+    """A key gwdet adds: its dotted name, default and the check its value must pass, called with
+    the name of what is checked (``config``, ``gwdet.norm``), the name of the value and the value."""
 
     name: str
     default: Any
-    check: Callable[[str, Any], None]
+    check: Callable[[str, str, Any], None]
     doc: str
 
 
@@ -61,24 +48,24 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("MODEL.GW.NUM_GROUPS", 64, _int_at_least(1),
               "groups g; a layer with fewer channels uses one channel per group (Sec. 5.1.1)"),
     ConfigKey("MODEL.GW.T", 5, _int_at_least(1), "Newton iterations of ItN (Eq. 7)"),
-    ConfigKey("MODEL.GW.EPS", 1e-5, _positive, "added to the diagonal of each group covariance"),
+    ConfigKey("MODEL.GW.EPS", 1e-5, check_positive, "added to the diagonal of each group covariance"),
     # Group normalization behind the name "GN": detectron2 fixes 32 groups; this makes it a knob so
     # GN and GW compare at the same group number (group_whitening_huang2021, Fig. 6).
     ConfigKey("MODEL.GN.NUM_GROUPS", 32, _int_at_least(1), "groups of the name GN (detectron2: 32)"),
     # Batch whitening (decorrelated_batchnorm_huang2018, Algorithm 1): "BW" (ZCA) and "BW_ItN".
     ConfigKey("MODEL.BW.GROUP_SIZE", 16, _int_at_least(1), "channels whitened together (k_G)"),
     ConfigKey("MODEL.BW.T", 5, _int_at_least(1), "Newton iterations of BW_ItN"),
-    ConfigKey("MODEL.BW.EPS", 1e-5, _positive, "added to the diagonal of each covariance"),
-    ConfigKey("MODEL.BW.MOMENTUM", 0.1, _unit_interval, "running mean / whitening matrix update"),
+    ConfigKey("MODEL.BW.EPS", 1e-5, check_positive, "added to the diagonal of each covariance"),
+    ConfigKey("MODEL.BW.MOMENTUM", 0.1, check_unit_interval, "running mean / whitening matrix update"),
     # Batch-group normalization (four_things_batchnorm_summers2020, Sec. 3.4): "BGN"; "GhostBN" is
     # the same layer with one channel per group (Sec. 3.2) and reads the other BGN keys.
     ConfigKey("MODEL.BGN.NUM_GROUPS", 32, _int_at_least(1), "channel groups of BGN"),
     ConfigKey("MODEL.BGN.EXAMPLES_PER_GROUP", 2, _int_at_least(1), "examples normalized together"),
-    ConfigKey("MODEL.BGN.EVAL_EXAMPLE_WEIGHT", 0.0, _unit_interval,
+    ConfigKey("MODEL.BGN.EVAL_EXAMPLE_WEIGHT", 0.0, check_unit_interval,
               "inference example weighing alpha (Sec. 3.1, Eq. 3)"),
-    ConfigKey("MODEL.BGN.MOMENTUM", 0.1, _unit_interval, "running statistics update"),
-    ConfigKey("MODEL.BGN.EPS", 1e-5, _positive, "added to the variance"),
-    ConfigKey("MODEL.STRICT_NORM_GROUPS", False, _boolean,
+    ConfigKey("MODEL.BGN.MOMENTUM", 0.1, check_unit_interval, "running statistics update"),
+    ConfigKey("MODEL.BGN.EPS", 1e-5, check_positive, "added to the variance"),
+    ConfigKey("MODEL.STRICT_NORM_GROUPS", False, check_flag,
               "raise instead of logging when a GW/BW/BGN/GN layer cannot use the requested groups"),
     # Positions of GW in a ResNet/ResNeXt (group_whitening_huang2021, Sec. 5.1.1), read by gwdet's
     # backbones only: see gwdet.positions.
@@ -219,7 +206,7 @@ def check_config_values(cfg: CN) -> None:
             raise GwdetKeyError(f"{name} is not a key of gwdet's config (set in Python after the config was read?), "
                                 f"so nothing reads it.{hint} gwdet's keys are listed in docs/usage.md.")
     for key in CONFIG_KEYS:
-        key.check(key.name, config_value(cfg, key.name))
+        key.check("config", key.name, config_value(cfg, key.name))
 
 
 def _markdown_default(value: Any) -> str:

@@ -566,7 +566,7 @@ class Norm:
             if check is not None:
                 source = "" if kind.builtin else f" (read from {key})" if read_from_config else \
                     f" (given to gwdet.norm, checked as its config key {key})"
-                check(f"{param} of norm {name!r}{source}", value)
+                check("config" if read_from_config else "gwdet.norm", f"{param} of norm {name!r}{source}", value)
             values[param] = value
         self.name = name
         self.params = values

@@ -55,7 +55,7 @@ def test_gw_retinanet_with_a_per_sample_norm_shares_it_as_detectron2_does():
 def test_a_shared_batch_statistics_norm_in_detectron2s_head_is_refused():
     head = RetinaNetHead(input_shape=LEVELS, num_classes=2, num_anchors=1, conv_dims=[16],
                          norm=gwdet.norm("BW", group_size=8))
-    with pytest.raises(ValueError, match="mixes the levels' statistics.*GWRetinaNetHead"):
+    with pytest.raises(ValueError, match=r"mixes the levels' statistics.*GWRetinaNetHead.*a LazyConfig: the model's head as L\(GWRetinaNetHead\)"):
         check_model(torch.nn.Sequential(head))
     fine = RetinaNetHead(input_shape=LEVELS, num_classes=2, num_anchors=1, conv_dims=[16], norm=gwdet.norm("GW"))
     per_level = GWRetinaNetHead(input_shape=LEVELS, num_classes=2, num_anchors=1, conv_dims=[16],

@@ -233,7 +233,7 @@ def test_a_schedule_of_another_kind_that_cannot_be_built_gets_no_multi_step_advi
     # found only when the model was built, after default_setup had written config.yaml and log.txt
     (["model.backbone.norm.name=GWW"], UnknownNormError, "model.backbone.norm: Unknown norm name 'GWW'. Known names: "),
     (["model.roi_heads.box_head.conv_norm.num_groups=0"], GwdetValueError,
-     "model.roi_heads.box_head.conv_norm: config: num_groups of norm 'GW' must be an integer >= 1, got 0"),
+     "model.roi_heads.box_head.conv_norm: gwdet.norm: num_groups of norm 'GW' must be an integer >= 1, got 0"),
     (["model.backbone.norm.T=3", "model.backbone.norm.groups=8"], GwdetTypeError,
      "model.backbone.norm: gwdet.norm('GW') takes ['num_groups', 'T', 'eps'], not ['groups']"),
     # detectron2's get_norm raised a bare KeyError: 'GWW' when the model was built

@@ -1396,7 +1396,11 @@ def test_a_trainer_refuses_a_second_train_a_moved_start_and_requests_it_cannot_r
     (tmp_path / "fresh").mkdir()
     (tmp_path / "fresh" / "metrics.json").write_text('{"iteration": 24}\n')
     fresh = build_config(str(DEMO_CONFIG), TINY_OPTS + ["OUTPUT_DIR", str(tmp_path / "fresh")])
-    with pytest.raises(FileExistsError, match=r"holds the metrics.json of an earlier training that wrote no checkpoint"):
+    with pytest.raises(FileExistsError, match=r"holds metrics.json of an earlier training that wrote no checkpoint"):
+        Trainer(fresh).resume_or_load(resume=False)
+    (tmp_path / "fresh" / "metrics.json").unlink()
+    (tmp_path / "fresh" / "events.out.tfevents.1.host.2.0").write_bytes(b"earlier")
+    with pytest.raises(FileExistsError, match=r"holds events.out.tfevents.1.host.2.0 of an earlier training"):
         Trainer(fresh).resume_or_load(resume=False)
     empty = build_config(str(DEMO_CONFIG), TINY_OPTS + ["OUTPUT_DIR", ""])
     with pytest.raises(ValueError, match=r"^OUTPUT_DIR is '': give the folder the run writes"):

@@ -245,6 +245,30 @@ def test_a_stop_signal_in_the_evaluation_after_training_says_so_and_resume_evalu
     assert signal.getsignal(signal.SIGTERM) == before  # given back after a training that evaluated too
 
 
+def test_a_stop_signal_in_a_periodic_evaluation_stops_it_and_saves_its_iteration(tmp_path, monkeypatch):
+    # before: the evaluation ran to its end and one more iteration trained before the checkpoint, which a
+    # scheduler's grace period may not allow
+    test = Trainer.test.__func__
+    calls = []
+
+    def stopped_test(cls, *args, **kwargs):
+        calls.append(1)
+        signal.raise_signal(signal.SIGTERM)
+        return test(cls, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "test", classmethod(stopped_test))
+    with pytest.raises(TrainingInterrupted) as stop, logged_warnings("gwdet") as warned:
+        main(tiny_run_args(tmp_path, "SOLVER.MAX_ITER", "3", "TEST.EVAL_PERIOD", "1"))
+    assert stop.value.code == 128 + signal.SIGTERM and stop.value.checkpoint == "model_0000000.pth" and calls == [1]
+    assert "Received SIGTERM during the evaluation at iteration 0: the evaluation stops unrecorded." in warned
+    assert sorted(path.name for path in tmp_path.glob("model_*.pth")) == ["model_0000000.pth"]
+    assert "Evaluation results" not in (tmp_path / "log.txt").read_text()
+    monkeypatch.setattr(Trainer, "test", classmethod(test))
+
+    assert "bbox" in main(tiny_run_args(tmp_path, "--resume", "SOLVER.MAX_ITER", "3", "TEST.EVAL_PERIOD", "1"))
+    assert torch.load(tmp_path / "model_final.pth", map_location="cpu", weights_only=True)["iteration"] == 2
+
+
 def test_a_checkpoint_that_cannot_be_saved_in_the_last_iteration_ends_the_run_without_evaluating(tmp_path, monkeypatch):
     # a full disk at model_final.pth: before, detectron2's evaluation after training ran on and
     # failed with its own traceback (or hid the error), after the save had failed

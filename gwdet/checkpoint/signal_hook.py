@@ -3,7 +3,10 @@
 :class:`CheckpointOnSignal`, a detectron2 hook, turns SIGTERM, SIGINT, SIGHUP (unless ignored, as
 under ``nohup``) and SIGUSR2 into a request: the iteration in progress finishes, a checkpoint of it
 is saved as a periodic one would be (``model_<iteration>.pth``), and the process stops with
-:class:`TrainingInterrupted`; ``--resume`` then continues at the next iteration. In the evaluation
+:class:`TrainingInterrupted`; ``--resume`` then continues at the next iteration. A signal during a
+periodic evaluation (``TEST.EVAL_PERIOD``) of a one-process run stops the evaluation at once, unrecorded,
+and the checkpoint of its iteration is saved (with several processes the evaluation, whose results the
+processes gather, finishes first, then the next iteration). In the evaluation
 after training the same signals stop at once, saying that the trained weights are saved and not yet
 evaluated (``--resume`` evaluates them); :func:`release_stop_signals` then gives the handlers back
 when training has returned. A handler installed
@@ -55,6 +58,10 @@ def restore_handlers(previous: dict[int, Any]) -> None:
         signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
+class _EvaluationStopped(Exception):
+    """Raised by the stop handler inside a periodic evaluation, which is not finished."""
+
+
 class TrainingInterrupted(SystemExit):
     """Training stopped on a signal after saving a checkpoint; the exit status is 128 + the signal."""
 
@@ -85,6 +92,7 @@ class CheckpointOnSignal(HookBase):
         self._received_at = 0.0  # time.monotonic() of the first signal
         self._previous: dict[int, Any] = {}
         self._in_step = False  # from the step's start until this hook's after_step has run
+        self._evaluating = False  # inside a periodic evaluation that a stop signal ends at once
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self._received == signum and time.monotonic() - self._received_at < SAME_REQUEST_SECONDS:
@@ -98,6 +106,8 @@ class CheckpointOnSignal(HookBase):
                 signal.raise_signal(signum)
             return
         self._received, self._received_at = signum, time.monotonic()
+        if self._evaluating:
+            raise _EvaluationStopped()
         logger.warning(f"Received {signal.Signals(signum).name}: the current iteration finishes, a checkpoint "
                        "is saved, then training stops (send the signal again to stop at once).")
 
@@ -107,8 +117,27 @@ class CheckpointOnSignal(HookBase):
                            "stop signal ends it without a checkpoint.")
             return
         self._previous = install_stop_handlers(self._handle, self.signals)
+        if comm.get_world_size() == 1:
+            for evaluation in self.evaluations:
+                evaluation._func = self._stoppable(evaluation._func)  # the attribute of EvalHook's eval_function
         logger.info(f"{', '.join(signal.Signals(s).name for s in self._previous)} save a checkpoint of the current "
                     "iteration before training stops.")
+
+    def _stoppable(self, evaluate: Callable[[], Any]) -> Callable[[], Any]:
+        """``evaluate``, which a stop signal during a periodic evaluation ends at once: the checkpoint
+        of the iteration is saved and training stops (:meth:`after_step`)."""
+        def periodic_evaluation() -> Any:
+            self._evaluating = True
+            try:
+                return evaluate()
+            except _EvaluationStopped:
+                self._evaluating = False
+                logger.warning(f"Received {signal.Signals(self._received or 0).name} during the evaluation at "
+                               f"iteration {self.trainer.iter}: the evaluation stops unrecorded.")
+                self.after_step()
+            finally:
+                self._evaluating = False
+        return periodic_evaluation
 
     def _restore(self) -> None:
         restore_handlers(self._previous)

@@ -327,7 +327,7 @@ def check_twin(key: str, value: Any, twin: str) -> None:
     gwdet_checks = {config_key.name: config_key.check for config_key in CONFIG_KEYS}
     if twin in gwdet_checks:
         try:
-            gwdet_checks[twin](key, value)
+            gwdet_checks[twin]("config", key, value)
         except GwdetValueError as error:
             raise GwdetValueError(f"{error} (as {twin} in a yacs config)") from None
         return

@@ -179,19 +179,21 @@ def check_output_folder(output_dir: Any, setting: str) -> None:
 def check_fresh_training(cfg: Any, resume: Any, output_dir: str, setting: str) -> None:
     """Refuse, for a trainer's ``resume_or_load(resume)``, a ``resume`` that is not a bool (the string
     ``"False"`` would resume), and, for a new training from one's own code (the tools check their
-    folders before: :func:`mark_seeded`), an output folder holding the ``metrics.json`` of an earlier
-    training that wrote no checkpoint (stopped before its first): the new metrics would be appended
-    to it, two runs' curves in one file."""
+    folders before: :func:`mark_seeded`), an output folder holding the ``metrics.json`` or TensorBoard
+    event files of an earlier training that wrote no checkpoint (stopped before its first): the new
+    metrics would join them, two runs' curves in one file or one TensorBoard folder."""
     if not isinstance(resume, bool):
         raise GwdetTypeError(f"resume_or_load(resume={resume!r}): give resume as True (continue the run in the output "
                              "folder) or False (start a new one from the initial weights).")
-    metrics = os.path.join(output_dir, "metrics.json")
-    if not resume and not getattr(cfg, SEEDED_MARK, False) and os.path.isfile(metrics) \
-            and not checkpoint_names(output_dir):  # with checkpoints: another run's, refused by the checkpointer
+    if resume or getattr(cfg, SEEDED_MARK, False) or not os.path.isdir(output_dir) or checkpoint_names(output_dir):
+        return  # with checkpoints: another run's, refused by the checkpointer
+    earlier = sorted(name for name in os.listdir(output_dir)
+                     if name == "metrics.json" or name.startswith("events.out.tfevents"))
+    if earlier:
         raise GwdetFileExistsError(
-            f"{setting} {output_dir!r} holds the metrics.json of an earlier training that wrote no checkpoint (it "
-            "stopped before its first): a new training there would append its metrics to it. Remove it (and the "
-            f"earlier run's event files), or train into another {setting}.")
+            f"{setting} {output_dir!r} holds {', '.join(earlier)} of an earlier training that wrote no checkpoint (it "
+            "stopped before its first): a new training there would add its metrics to them. Remove them, or train "
+            f"into another {setting}.")
 
 
 def check_torch_state(training: bool) -> None:

@@ -169,7 +169,8 @@ def check_model(model: nn.Module, strict_groups: bool = False, optimizer: torch.
                     f"{name} ({type(module).__name__}) runs on every FPN level, but its norm layers "
                     f"{listed(shared, 3)} keep batch statistics "
                     "shared by all levels, which mixes the levels' statistics. Use "
-                    "gwdet.modeling.GWRetinaNetHead (MODEL.META_ARCHITECTURE 'GWRetinaNet'), which "
-                    "keeps one norm per level, or a per-sample norm (GW, GN)."
+                    "gwdet.modeling.GWRetinaNetHead, which keeps one norm per level (a yacs config: "
+                    "MODEL.META_ARCHITECTURE 'GWRetinaNet'; a LazyConfig: the model's head as "
+                    "L(GWRetinaNetHead)(...) with RetinaNetHead's arguments), or a per-sample norm (GW, GN)."
                 )
     return model
