@@ -794,6 +794,15 @@ DETECTRON2_OPTIMIZER_NORMS: tuple[type[torch.nn.Module], ...] = (
     torch.nn.LocalResponseNorm,
 )
 
+# The classes that make one function at evaluation of the same weights and running statistics,
+# (x - running_mean) / sqrt(running_var + eps) * weight + bias: BN, SyncBN, naiveSyncBN and FrozenBN.
+# Weights of one load into another (detectron2 fine-tunes weights trained with BN as FrozenBN), and
+# their eps is compared (gwdet.checkpoint.compatibility).
+RUNNING_STATISTICS_NORMS: tuple[type[torch.nn.Module], ...] = (
+    torch.nn.BatchNorm2d, torch.nn.SyncBatchNorm, detectron2_batch_norm.NaiveSyncBatchNorm,
+    detectron2_batch_norm.FrozenBatchNorm2d,
+)
+
 # torch's batch norms of every kind (BatchNorm1d and 3d and the lazy ones too, which no name
 # builds): they normalize with statistics over several examples, as the names with
 # batch_statistics do (gwdet.modeling.model_checks).

@@ -340,6 +340,18 @@ def test_other_norm_types_are_refused_naming_up_to_three_layers():
         "variable GWDET_ALLOW_NORM_MISMATCH=1 to load them anyway.")
 
 
+def test_batch_norms_of_every_kind_take_each_others_weights_with_the_same_eps():
+    # BN-trained weights into FrozenBN (detectron2's way of fine-tuning) or SyncBN were refused as other
+    # norm layers, though the layers make one function of them at evaluation
+    saved = dict(NORM_TYPES, bn="FrozenBatchNorm2d", frozen="SyncBatchNorm")
+    check_norm_types(saved, Norms(), OPT_IN)
+    check_norm_settings({"bn": {"eps": 1e-5}, "frozen": {"eps": 1e-5, "momentum": 0.3}}, Norms(), OPT_IN, saved)
+    with pytest.raises(ValueError, match=r"\(1 values, e.g. frozen eps 0.001 -> 1e-05\)"):
+        check_norm_settings({"frozen": {"eps": 1e-3, "momentum": 0.1}}, Norms(), OPT_IN, saved)
+    with pytest.raises(ValueError, match=r"\(1 layers, e.g. gn: BatchNorm2d -> GroupNorm\)"):
+        check_norm_types(dict(saved, gn="BatchNorm2d"), Norms(), OPT_IN)
+
+
 def test_a_recorded_norms_place_holding_a_layer_of_no_known_norm_is_refused():
     # a registered name rebound to another class (without layer_types) between training and evaluation
     class OwnLayerNorm(nn.Module):

@@ -23,7 +23,7 @@ from gwdet.layers.settings_state import (EXTRA_STATE_KEY, SettingsInState, cast_
                                          decode_settings)
 from gwdet.modeling.backbone import convs_with_norm
 from gwdet.modeling.model_checks import PER_LEVEL_CONTAINERS
-from gwdet.norms import NORM_SETTINGS_MARK, TORCH_NORM_SETTINGS, layer_types, norm_classes
+from gwdet.norms import NORM_SETTINGS_MARK, RUNNING_STATISTICS_NORMS, TORCH_NORM_SETTINGS, layer_types, norm_classes
 from gwdet.positions import convs_at_positions, format_gw_positions, parse_gw_positions, positions_with_norm
 from gwdet.utils.cli_errors import as_override
 
@@ -246,10 +246,21 @@ def norm_types(model: torch.nn.Module) -> dict[str, str]:
     return {name: type(module).__name__ for name, module in model.named_modules() if name and isinstance(module, kinds)}
 
 
+_RUNNING_STATISTICS_NAMES = frozenset(kind.__name__ for kind in RUNNING_STATISTICS_NORMS)
+
+
+def same_norm_kind(saved: str, present: str) -> bool:
+    """Whether a norm layer of class name ``saved`` in a checkpoint is the function of one of class
+    name ``present`` with its weights: the same class, or two of :data:`gwdet.norms.RUNNING_STATISTICS_NORMS`
+    (BN-trained weights into FrozenBN)."""
+    return saved == present or {saved, present} <= _RUNNING_STATISTICS_NAMES
+
+
 def check_norm_types(saved: Mapping[str, str], model: torch.nn.Module, how_to_opt_in: str) -> None:
     """Raise ``ValueError`` when a norm layer of ``model``, or the layer at a recorded norm's place,
-    had another type in the saved model, or a layer that had a norm has none now: its weights (a GN's
-    affine into a GW, say) would load without a word into the wrong layer, or not at all."""
+    had another type in the saved model (:func:`same_norm_kind`), or a layer that had a norm has none
+    now: its weights (a GN's affine into a GW, say) would load without a word into the wrong layer,
+    or not at all."""
     modules = dict(unwrapped(model).named_modules())  # a recorded norm's place may hold a layer of no known norm now
     present = {name: type(modules[name]).__name__ for name in saved if name in modules} | norm_types(model)
     # a norm taken out of a layer that is still there (its conv without one: NORM ""); a part the model lacks
@@ -257,7 +268,7 @@ def check_norm_types(saved: Mapping[str, str], model: torch.nn.Module, how_to_op
     removed = {name: "no norm" for name in saved if name not in modules and "." in name
                and name.rsplit(".", 1)[0] in modules}
     differing = [f"{name}: {saved[name]} -> {kind}" for name, kind in (present | removed).items()
-                 if name in saved and saved[name] != kind]
+                 if name in saved and not same_norm_kind(saved[name], kind)]
     if differing:
         raise NormMismatchError(
             f"The checkpoint was trained with other norm layers than this config builds "
@@ -304,13 +315,13 @@ def check_norm_settings(saved: Mapping[str, Mapping[str, Any]], model: torch.nn.
                         saved_types: Mapping[str, str] | None = None) -> None:
     """Raise ``ValueError`` naming the layers and values when a norm layer of ``model`` has other
     hyper-parameters than the saved model had (the weights load, but into another function); a
-    layer of another class than ``saved_types`` records (:func:`check_norm_types` names it) is
+    layer of another kind than ``saved_types`` records (:func:`check_norm_types` names it) is
     not compared."""
     present = norm_settings(model)
     if saved_types:
         modules = dict(unwrapped(model).named_modules())
         present = {name: values for name, values in present.items()
-                   if saved_types.get(name, type(modules[name]).__name__) == type(modules[name]).__name__}
+                   if same_norm_kind(saved_types.get(name, type(modules[name]).__name__), type(modules[name]).__name__)}
     _refuse_other_settings(saved, present, how_to_opt_in, model)
 
 
