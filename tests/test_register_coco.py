@@ -253,7 +253,7 @@ def test_the_environment_variable_registers_what_the_config_names(data, tmp_path
     register_datasets(cfg)
     assert MetadataCatalog.get("env_train").json_file == str(data["train"][0])
     monkeypatch.setenv(ENVIRONMENT_VARIABLE, "env_train=a.json:images")
-    with pytest.raises(DatasetError, match="GWDET_REGISTER_COCO must be a JSON list"):
+    with pytest.raises(DatasetError, match="^GWDET_REGISTER_COCO must be a JSON list"):
         register_datasets(cfg)
     monkeypatch.setenv(ENVIRONMENT_VARIABLE, json.dumps([spec("coco_2017_val", data["val"])]))
     cfg = build_config(str(DEMO_CONFIG), tiny("DATASETS.TRAIN", "('env_train',)", "DATASETS.TEST", "('coco_2017_val',)"))

@@ -202,9 +202,10 @@ def test_results_of_a_model_that_detected_nothing_are_said_to_be_nan(tmp_path):
         write_results_to(str(tmp_path), nothing, ["shapes_val"])
         write_results_to(str(tmp_path), {"shapes_val": {"bbox": {"AP": 1.5, "AP50": float("nan")}}}, ["shapes_val"])
     assert logged == [
-        "The model detected nothing on shapes_val: detectron2 reports its AP as NaN (written nan in results.md, null "
-        "in results.json), and scores no masks without detections. A model early in its training, or a score "
-        "threshold (MODEL.ROI_HEADS.SCORE_THRESH_TEST) above every score, gives none."]
+        "Every AP on shapes_val is NaN (written nan in results.md, null in results.json): detectron2 reports NaN when "
+        "the model detected nothing (a model early in its training, or a score threshold "
+        "(MODEL.ROI_HEADS.SCORE_THRESH_TEST) above every score; no masks are scored then), or when the test set has "
+        "no annotation COCO's evaluation counts (none, or every one iscrowd)."]
     # strict JSON (JavaScript's JSON.parse, jq) has no NaN: null, which the study reads back as NaN
     text = (tmp_path / "results.json").read_text()
     assert "NaN" not in text and json.loads(text)["shapes_val"]["bbox"] == {"AP": 1.5, "AP50": None}

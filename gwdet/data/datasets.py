@@ -99,8 +99,8 @@ def register_datasets(cfg: CfgNode, coco: Sequence[CocoDataset] = (), *, trains:
                                 if dataset.name in names and not given_on_the_command_line(dataset.name)])
     except DatasetError as error:
         message = str(error)
-        prefix = f"{ENVIRONMENT_VARIABLE}: "
-        raise DatasetError(message if message.startswith(prefix) else prefix + message) from None
+        raise DatasetError(message if message.startswith(ENVIRONMENT_VARIABLE) else
+                           f"{ENVIRONMENT_VARIABLE}: {message}") from None
     registered = set(DatasetCatalog.list())
     for name in names:
         if name not in registered and not name.startswith(SHAPES_PREFIX):

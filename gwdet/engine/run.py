@@ -782,10 +782,11 @@ def write_results_to(output_dir: str, results: Mapping, datasets: Sequence[str] 
     for dataset, tasks in flatten_results(results, datasets).items():
         values = [value for metrics in tasks.values() for value in metrics.values()]
         if values and all(isinstance(value, float) and math.isnan(value) for value in values):
-            logger.warning(f"The model detected nothing on {dataset or 'the test set'}: detectron2 reports its AP as "
-                           "NaN (written nan in results.md, null in results.json), and scores no masks without detections. "
-                           f"A model early in its training, or a score threshold ({threshold_setting}) above every "
-                           "score, gives none.")
+            logger.warning(f"Every AP on {dataset or 'the test set'} is NaN (written nan in results.md, null in "
+                           "results.json): detectron2 reports NaN when the model detected nothing (a model early in its "
+                           f"training, or a score threshold ({threshold_setting}) above every score; no masks are "
+                           "scored then), or when the test set has no annotation COCO's evaluation counts (none, or "
+                           "every one iscrowd).")
     markdown = results_markdown(results, datasets)
     if test_settings:
         markdown += "\nTest settings: " + ", ".join(f"`{key} {value!r}`" for key, value in test_settings.items()) + "\n"
