@@ -130,13 +130,13 @@ def _package_dir(module) -> Path:
 
 
 def _registrations() -> str:
-    """The names gwdet put into detectron2's model registries, per registry."""
+    """The names gwdet put into detectron2's model registries (each ``*_REGISTRY`` that
+    ``detectron2.modeling`` exports), per registry."""
     import detectron2.modeling as modeling
 
     found = []
-    for registry_name in ("BACKBONE_REGISTRY", "META_ARCH_REGISTRY", "PROPOSAL_GENERATOR_REGISTRY",
-                          "ROI_HEADS_REGISTRY", "ROI_BOX_HEAD_REGISTRY", "ROI_MASK_HEAD_REGISTRY"):
-        registry = getattr(modeling, registry_name, None)
+    for registry_name in sorted(name for name in dir(modeling) if name.endswith("_REGISTRY")):
+        registry = getattr(modeling, registry_name)
         names = sorted(name for name, obj in registry or ()
                        if getattr(obj, "__module__", "").split(".")[0] == "gwdet")
         if names:

@@ -579,6 +579,12 @@ class Norm:
         return norm_record(self.name).batch_statistics
 
     def __call__(self, channels: int) -> torch.nn.Module:
+        if isinstance(channels, torch.Tensor):  # a module's forward calling the Norm given where a layer belongs
+            raise GwdetTypeError(
+                f"gwdet.norm({self.name!r}) was called with a tensor of shape {list(channels.shape)}: it builds a layer "
+                f"for a channel count, and is not the layer itself (a module given it as its norm layer, as "
+                f"detectron2's Conv2d(..., norm=...) takes one, runs it on its input). Give such a module the built "
+                f"layer: detectron2's get_norm(norm, channels), or norm(channels).")
         check_int_at_least(f"The norm {self.name!r}", "channels", channels, 1)
         record = norm_record(self.name)
         try:

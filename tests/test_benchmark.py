@@ -131,6 +131,23 @@ def test_bad_names_and_counts_stop_with_the_choices(argv, message, capsys):
     assert stopped.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("opts, message", [
+    (["MODEL.GW.NUM_GROUPS", "0"], "error: config: MODEL.GW.NUM_GROUPS must be an integer >= 1, got 0"),
+    (["MODEL.RESNETS.DEPTH", "18"], "error: detectron2 could not build the model with this config: AssertionError: "
+                                    "Must set MODEL.RESNETS.RES2_OUT_CHANNELS = 64 for R18/R34"),
+    (["MODEL.DEVICE", "cpu"], "error: --model-opts sets MODEL.DEVICE, which the benchmark sets to --device (cpu)"),
+])
+def test_model_overrides_that_build_no_model_are_refused_before_any_level(opts, message, capsys, monkeypatch):
+    # before: the layer level's minutes ran first; a detectron2 assertion or MODEL.DEVICE cuda gave a raw traceback
+    from gwdet_lab.benchmark import cli
+
+    monkeypatch.setattr(cli, "LEVELS", [("layers", lambda *args: pytest.fail("the layer level ran"), None),
+                                        *cli.LEVELS[1:]])
+    with pytest.raises(SystemExit) as stopped:
+        main(["--layers", "--models", "--quick", "--model-names", "FrozenBN", "--model-opts", *opts])
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_model_targets_divide_the_seconds_of_the_rows_shown():
     rows = [
         {"name": name, "config": f"{name}.yaml", "seconds": seconds, "peak": None, "finite": True,

@@ -41,6 +41,7 @@ def test_gwdet_s_rows_are_the_running_gwdet(cli_report):
     assert rows["gwdet"] == f"{gwdet.__version__} @{REPO / 'gwdet'}"
     assert rows["norm names"] == ", ".join(gwdet.known_norm_names()) and "GW" in rows["norm names"].split(", ")
     assert "BACKBONE_REGISTRY: build_gw_resnet_backbone, build_gw_resnet_fpn_backbone" in rows["gwdet components"]
+    assert "SEM_SEG_HEADS_REGISTRY: GWSemSegFPNHead" in rows["gwdet components"]  # before: six registries only
     assert rows["execution plan"].startswith("GW/BW execution plan: ")
     assert rows["threads"].startswith("torch uses 1 (inter-op ") and f"({os.cpu_count()} on the machine)" in rows["threads"]
     assert rows["OMP_NUM_THREADS"] == "1" and rows["GWDET_CACHE"] == "/nonexistent/gwdet-cache"

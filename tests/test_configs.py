@@ -249,3 +249,15 @@ def test_a_base_that_is_no_path_is_named(tmp_path, base):
     config.write_text(f"_BASE_: {base}\nSEED: 1\n")
     with pytest.raises(ValueError, match=r"gives _BASE_: .*: give the path of a base config"):
         build_config(str(config))
+
+
+@pytest.mark.parametrize("content", ["", "# only a comment\n", "- a list\n"])
+def test_a_base_that_holds_no_mapping_is_named(tmp_path, content):
+    # fvcore's raw TypeError: argument of type 'NoneType' is not iterable
+    from gwdet.model_zoo import build_config
+
+    (tmp_path / "base.yaml").write_text(content)
+    config = tmp_path / "mine.yaml"
+    config.write_text("_BASE_: base.yaml\nSEED: 1\n")
+    with pytest.raises(ValueError, match=r"names _BASE_: 'base.yaml', but .*base.yaml holds no KEY: VALUE mapping"):
+        build_config(str(config))

@@ -661,3 +661,16 @@ def test_a_name_unknown_in_a_process_the_launcher_started_names_the_main_block(m
             "that block does not reach it: register the name at the script's top level.") in str(refused.value)
     with pytest.raises(UnknownNormError, match="register the name at the script's top level"):
         norm("MyNeverRegistered")
+
+
+def test_a_norm_run_on_a_tensor_says_it_builds_layers():
+    # detectron2's Conv2d(..., norm=gwdet.norm(...)) ran the Norm on its output: "channels must be an integer >= 1,
+    # got tensor([[[[...", the input printed
+    from detectron2.layers import Conv2d
+
+    conv = Conv2d(16, 16, 3, norm=gwdet.norm("GW", num_groups=4))
+    with pytest.raises(TypeError, match=r"^gwdet.norm\('GW'\) was called with a tensor of shape \[1, 16, 6, 6\]: it "
+                                        r"builds a layer .* detectron2's get_norm\(norm, channels\), or norm\(channels\).$"):
+        conv(torch.randn(1, 16, 8, 8))
+    built = Conv2d(16, 16, 3, norm=get_norm(gwdet.norm("GW", num_groups=4), 16))
+    assert built(torch.randn(1, 16, 8, 8)).shape == (1, 16, 6, 6)

@@ -376,8 +376,11 @@ def check_base_files(config_file: str, content: Mapping, named_from: Sequence[st
                 "names another yacs .yaml config. Correct that line.") from None
         except (OSError, PythonTagError):
             continue  # left to detectron2 (its Base-RetinaNet.yaml computes its anchor sizes with a python tag)
-        if isinstance(base_content, dict):
-            check_base_files(path, base_content, chain)
+        if not isinstance(base_content, dict):  # fvcore's merge of its keys fails with a raw TypeError
+            raise GwdetValueError(
+                f"Config file {config_file!r} names {BASE_KEY}: {written!r}, but {path} holds no KEY: VALUE mapping "
+                f"(is it empty?): a {BASE_KEY} names another yacs .yaml config. Correct that line, or remove it.")
+        check_base_files(path, base_content, chain)
 
 
 def warn_of_bases_overridden_by_their_own_bases(config_file: str, content: Mapping) -> None:

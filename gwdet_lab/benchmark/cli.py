@@ -56,7 +56,7 @@ from gwdet_lab.benchmark.cases import COMPILED_CASES, layer_factories
 from gwdet_lab.benchmark.inference import inference_tables, run_inference
 from gwdet_lab.benchmark.layer_level import layer_tables, run_layers
 from gwdet_lab.benchmark.measure import CLOCKS
-from gwdet_lab.benchmark.model_level import DEFAULT_MODEL_OPTS, MODELS, model_tables, run_models
+from gwdet_lab.benchmark.model_level import DEFAULT_MODEL_OPTS, MODELS, check_models, model_tables, run_models
 from gwdet_lab.benchmark.op_level import op_count_tables, run_op_counts
 from gwdet_lab.benchmark.report import (load_average, report, report_header, section_file_problem, section_problem,
                                          write_section)
@@ -262,6 +262,8 @@ def _benchmark(command: List[str]) -> int:
         args.image_size = 64 if args.quick else (800 if device.type == "cuda" else 320)
     load_before = load_average()
     start = time.perf_counter()
+    if args.models:
+        check_models(args, device)
     with competing_load(args.busy):
         # chosen with the competing load running (--threads auto-load counts it), as on a busy machine
         configure_threads(args.threads, log=lambda line: print(line, file=sys.stderr))

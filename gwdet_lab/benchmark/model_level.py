@@ -2,7 +2,7 @@
 
 A step is forward, losses, backward and an SGD step on 2 synthetic images of ``--image-size``
 squared pixels with 3 random boxes each, of a model built from the repository's configs with
-:func:`gwdet.model_zoo.build_config` and detectron2's ``build_model`` (no weights loaded), with
+:func:`gwdet.model_zoo.build_config` and :func:`gwdet.build_model` (no weights loaded), with
 ``--model-opts`` applied (default :data:`DEFAULT_MODEL_OPTS`). The random seed is reset before
 every step and the SGD step uses learning rate 0, so every repeat does the same work on the same
 proposals. On CPU one more profiled step gives the share of a step spent in GW layers.
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
 import torch
 from torch import nn
 
+from gwdet.errors import GwdetValueError
 from gwdet_lab.tables import Column, Table
 from gwdet_lab.benchmark.cases import verdict
 from gwdet_lab.benchmark.measure import median_time, peak_memory
@@ -62,8 +63,7 @@ def build_detector(config: str, device: torch.device, opts: List[str]) -> Tuple[
     """The detectron2 model of :func:`detector_config`, randomly initialised with seed 0, and its
     training optimizer (:func:`gwdet.build_optimizer`: the config's SGD, momentum and weight decays)
     at learning rate 0, so that a step does the optimizer's work but repeated steps see one model."""
-    from detectron2.modeling import build_model
-
+    from gwdet import build_model
     from gwdet.solver import build_optimizer
 
     cfg = detector_config(config, device, opts)
@@ -112,6 +112,17 @@ def gw_share(step: Callable[[], None]) -> float:
 def selected_models(names: Optional[List[str]]) -> List[Tuple[str, str]]:
     """``(name, config)`` of :data:`MODELS` that ``--model-names`` asks for (all by default)."""
     return [(name, path) for name, path in MODELS if names is None or name in names]
+
+
+def check_models(args: argparse.Namespace, device: torch.device) -> None:
+    """Build each model :func:`run_models` measures once, before any level runs: an override of
+    ``--model-opts`` that no model can be built with is refused in gwdet's words before the other
+    levels' minutes. ``MODEL.DEVICE`` is refused there: ``--device`` sets it."""
+    if "MODEL.DEVICE" in args.model_opts[::2]:
+        raise GwdetValueError(f"--model-opts sets MODEL.DEVICE, which the benchmark sets to --device ({device}) for "
+                              "every level: give --device instead, and leave MODEL.DEVICE out of --model-opts.")
+    for _, path in selected_models(args.model_names):
+        build_detector(path, device, list(args.model_opts))
 
 
 def run_models(args: argparse.Namespace, device: torch.device) -> dict:
