@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from gwdet.checkpoint.safe_load import load_torch_file
+from gwdet.errors import GwdetError
 from gwdet.checkpoint.resilient import (
     UNSAFE_PICKLE_ENV,
     UnsafeCheckpointError,
@@ -106,6 +107,32 @@ def test_a_zip_without_a_pickle_is_not_taken_for_a_complete_checkpoint(tmp_path)
     assert _pickle_is_complete(str(tmp_path / "broken.zip")) is False
 
 
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_numpy_pickle_weights_of_every_protocol_load(tmp_path, protocol):
+    # protocol 5 pickles arrays with numpy's _frombuffer, protocol 2 bytes with _codecs.encode: both were refused
+    # as needing unsafe unpickling, though detectron2 reads them
+    weights = {"stem.conv1.weight": np.arange(6, dtype=np.float32).reshape(2, 3), "fc.bias": np.ones(3, np.float64)}
+    path = tmp_path / f"protocol{protocol}.pkl"
+    path.write_bytes(pickle.dumps({"model": weights, "__author__": "me"}, protocol=protocol))
+    loaded = load_pickle_weights(str(path))["model"]
+    assert all(np.array_equal(loaded[key], value) and loaded[key].dtype == value.dtype for key, value in weights.items())
+
+
+def test_torch_saves_legacy_format_of_another_protocol_is_named_and_loads_when_opted_in(tmp_path):
+    # before: "is a pickle ... not a file torch.save writes: name it with the .pkl suffix", which then failed too
+    model = torch.nn.Linear(2, 2)
+    path = tmp_path / "legacy4.pth"
+    torch.save(model.state_dict(), path, _use_new_zipfile_serialization=False, pickle_protocol=4)
+    with pytest.raises(GwdetError, match=r"legacy4.pth was written by torch.save in its legacy format "
+                                         r"\(_use_new_zipfile_serialization=False\) with pickle protocol 4, .* or opt "
+                                         r"in to load it as it is.$"):
+        load_torch_file(str(path), allow_unsafe=False, how_to_opt_in="opt in")
+    loaded = load_torch_file(str(path), allow_unsafe=True, how_to_opt_in="opt in")
+    assert torch.equal(loaded["weight"], model.weight)
+    torch.save(model.state_dict(), path, _use_new_zipfile_serialization=False)  # protocol 2: weights-only reads it
+    assert torch.equal(load_torch_file(str(path), allow_unsafe=False, how_to_opt_in="")["weight"], model.weight)
+
+
 def test_python2_pickle_weights_needing_code_load_as_text_when_opted_in(tmp_path):
     from gwdet.checkpoint.safe_load import load_pickle_file
 
@@ -190,3 +217,23 @@ def test_tensors_in_a_pkl_and_arrays_in_a_pth_are_refused_naming_which_file_hold
                                                     r"file, which holds tensors: save them as tensors, or numpy arrays "
                                                     r"pickled in a \.pkl file\)"):
         load_torch_file(str(arrays), allow_unsafe=False, how_to_opt_in="")
+
+
+def test_a_safetensors_file_is_named_with_the_way_to_a_checkpoint(tmp_path):
+    # before: "not a PyTorch checkpoint ... convert ImageNet weights with tools/convert_pretrained.py", which refused
+    # the same file; the format was never named
+    import json
+    import struct
+
+    from gwdet.convert.loading import ConversionError, read_source_state_dict
+
+    header = json.dumps({"conv1.weight": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    path = tmp_path / "resnet50.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + np.arange(4, dtype=np.float32).tobytes())
+    fix = r"load it with safetensors.torch.load_file\(path\) and save that state dict with torch.save"
+    with pytest.raises(GwdetError, match=rf"resnet50.safetensors is a safetensors file \(Hugging Face's format\), "
+                                         rf"which detectron2's checkpointer does not read: {fix}"):
+        load_torch_file(str(path), allow_unsafe=True, how_to_opt_in="")
+    with pytest.raises(ConversionError, match=rf"a safetensors file \(Hugging Face's format\), which the converter does "
+                                              rf"not read: {fix}"):
+        read_source_state_dict(str(path))

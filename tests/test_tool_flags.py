@@ -621,5 +621,5 @@ def test_the_export_tool_exports_the_detectors_without_an_rcnn_inference(capsys,
     assert (out / "model.ts").is_file() and f"Exported {out / 'model.ts'}" in printed
     # which channel order the exported model takes: nothing said it (a BGR image gave other detections)
     if "GWRetinaNet" in architecture:  # a model with an input format (detectron2's ProposalNetwork has none)
-        assert "The exported model takes an image as a float (C, H, W) tensor of 0-255 pixel values with the " \
-               "channels in RGB order" in printed
+        assert "The exported model takes an image as a uint8 (C, H, W) tensor of 0-255 pixel values (the type it " \
+               "was exported with) with the channels in RGB order" in printed

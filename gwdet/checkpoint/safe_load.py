@@ -10,6 +10,7 @@ trusted files only.
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import re
 import zipfile
@@ -22,7 +23,9 @@ from gwdet.errors import GwdetError
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since PyTorch 1.6
 LEGACY_MAGIC = b"\x80\x02"  # the legacy format: a pickle stream, protocol 2
 _UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
-# (module, name) pairs a .pkl of numpy weights needs, and nothing else.
+# (module, name) pairs a .pkl of numpy weights needs, and nothing else: numpy's array and number
+# constructors (``_frombuffer``: arrays under pickle protocol 5), and ``_codecs.encode``, by which
+# Python 3 writes bytes under protocol 2 (a string encoded to bytes, as torch's weights-only loader allows).
 _NUMPY_PICKLE_GLOBALS = {
     ("numpy", "ndarray"),
     ("numpy", "dtype"),
@@ -30,6 +33,9 @@ _NUMPY_PICKLE_GLOBALS = {
     ("numpy._core.multiarray", "_reconstruct"),
     ("numpy.core.multiarray", "scalar"),
     ("numpy._core.multiarray", "scalar"),
+    ("numpy.core.numeric", "_frombuffer"),
+    ("numpy._core.numeric", "_frombuffer"),
+    ("_codecs", "encode"),
     ("collections", "OrderedDict"),
 }
 
@@ -74,6 +80,38 @@ def starts_like_torch_save_output(path: str) -> bool:
     with open(path, "rb") as f:
         head = f.read(len(ZIP_MAGIC))
     return head.startswith(ZIP_MAGIC) or head.startswith(LEGACY_MAGIC)
+
+
+class _NoGlobals(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        raise UnsafeGlobal(f"{module}.{name}")
+
+
+def is_safetensors_file(path: str) -> bool:
+    """Whether ``path`` is a safetensors file (Hugging Face's format: an 8-byte little-endian
+    length, then a JSON header of that length)."""
+    with open(path, "rb") as f:
+        head = f.read(9)
+    return len(head) == 9 and head[8:9] == b"{" and 2 <= int.from_bytes(head[:8], "little") <= os.path.getsize(path)
+
+
+SAFETENSORS_FIX = ("load it with safetensors.torch.load_file(path) and save that state dict with torch.save(state, "
+                   "'weights.pth')")
+
+
+def _legacy_format_protocol(path: str) -> int | None:
+    """The pickle protocol of a file ``torch.save`` wrote in its legacy format with another protocol
+    than its default 2 (its first pickle is torch's magic number), else ``None``."""
+    with open(path, "rb") as f:
+        head = f.read(2)
+        if len(head) < 2 or head[0] != 0x80 or head[1] == 2:  # PROTO and its number; protocol 2: torch.load reads it
+            return None
+        f.seek(0)
+        try:
+            first = _NoGlobals(f).load()
+        except Exception:  # not a pickle whose first object is a plain value
+            return None
+    return head[1] if first == torch.serialization.MAGIC_NUMBER else None
 
 
 def is_torchscript_archive(path: str) -> bool:
@@ -140,7 +178,19 @@ def load_torch_file(path: str, allow_unsafe: bool, how_to_opt_in: str, mmap: boo
     :class:`UnsafeCheckpointError` for a file that needs more than weights-only loading; any other
     failure (truncated, corrupted) propagates as torch raised it.
     """
-    if not starts_like_torch_save_output(path):
+    legacy_protocol = _legacy_format_protocol(path)
+    if legacy_protocol is not None and not allow_unsafe:
+        raise NotACheckpointError(
+            f"{path} was written by torch.save in its legacy format (_use_new_zipfile_serialization=False) with pickle "
+            f"protocol {legacy_protocol}, which torch's weights-only loading cannot read; nothing was loaded from it. "
+            "Save it again in torch.save's default format (for a file you trust: torch.save(torch.load(path, "
+            f"weights_only=False), 'weights.pth')) and give that file, or {how_to_opt_in} to load it as it is.")
+    if is_safetensors_file(path):
+        raise NotACheckpointError(
+            f"{path} is a safetensors file (Hugging Face's format), which detectron2's checkpointer does not read: "
+            f"{SAFETENSORS_FIX}, then give that file (ImageNet weights of a ResNet: convert that file with "
+            "tools/convert_pretrained.py).")
+    if not starts_like_torch_save_output(path) and legacy_protocol is None:
         with open(path, "rb") as f:
             pickled = f.read(1) == b"\x80"  # a pickle's PROTO opcode, another protocol than torch.save's 2
         if pickled:

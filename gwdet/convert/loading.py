@@ -20,8 +20,8 @@ from typing import Any, Mapping
 import torch
 
 from gwdet.errors import GwdetError, listed
-from gwdet.checkpoint.safe_load import (UnsafeCheckpointError, is_torchscript_archive, load_torch_file,
-                                        starts_like_torch_save_output)
+from gwdet.checkpoint.safe_load import (SAFETENSORS_FIX, UnsafeCheckpointError, is_safetensors_file,
+                                        is_torchscript_archive, load_torch_file, starts_like_torch_save_output)
 
 DATA_PARALLEL_PREFIX = "module."
 STATE_DICT_ENTRIES = ("state_dict", "model")
@@ -106,6 +106,9 @@ def _unreadable_file_error(path: str, error: Exception) -> ConversionError:
             f"{path}: the file is truncated or corrupted ({detail}). It starts like a torch.save "
             f"file but cannot be read to the end; download or save it again.{hint}"
         )
+    if is_safetensors_file(path):
+        return ConversionError(f"{path}: a safetensors file (Hugging Face's format), which the converter does not "
+                               f"read: {SAFETENSORS_FIX}, and convert that file.")
     return ConversionError(
         f"{path}: not a PyTorch checkpoint: it does not start like a file written by torch.save (a zip "
         f"archive or a pickle). Expected a .pth/.pt file written by torch.save, holding a "

@@ -112,7 +112,7 @@ SAMPLE_SEARCH_LIMIT = 20
 
 
 def sample_candidates(run: RunConfig, sample_image: Optional[str]) -> Tuple[Iterator[Tensor], Optional[str]]:
-    """The images the export may be compared on, each a ``(3, H, W)`` float tensor resized as
+    """The images the export may be compared on, each a ``(3, H, W)`` uint8 tensor resized as
     detectron2's ``DefaultPredictor`` resizes it, and where they come from: ``sample_image`` alone
     (``None``), or those of the first test set in order, at most :data:`SAMPLE_SEARCH_LIMIT` (its
     description, :meth:`~gwdet.engine.run.RunConfig.describe_test_set`)."""
@@ -486,8 +486,11 @@ def _export(argv: Sequence[str]) -> int:
         print(f"Exported {path}; {agreement}")
     channels = getattr(model, "input_format", None)
     if channels:
-        print(f"The exported model takes an image as a float (C, H, W) tensor of 0-255 pixel values with the channels "
-              f"in {channels} order, as the model does (the config's input format).")
+        kind = str(image.dtype).replace("torch.", "")
+        only = "; an ONNX file takes no other type" if args.format == "onnx" else ""
+        print(f"The exported model takes an image as a {kind} (C, H, W) tensor of 0-255 pixel values (the type it was "
+              f"exported with{only}) with the channels in {channels} order, as the model does (the config's input "
+              "format).")
     if args.run_eval:  # its files beside the export, not in the training run's inference/
         with ExportFolderLock(args.output):
             evaluate_traced(run, traced, adapter, os.path.join(args.output, "inference"))
