@@ -99,6 +99,16 @@ def training_step(model, batch):
     return losses, {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
+def test_batch_whitening_of_few_samples_compiles_as_one_graph_and_warns_in_eager():
+    # the few-samples warning (m <= k) ended torch.compile(fullgraph=True) with Dynamo's Unsupported on warnings.warn
+    layer = BatchWhitening(16, group_size=16).train()
+    compiled = torch.compile(copy.deepcopy(layer), backend="aot_eager", fullgraph=True)
+    x = torch.randn(8, 16)
+    torch.testing.assert_close(compiled(x), layer(x), rtol=1e-5, atol=1e-5)
+    with pytest.warns(RuntimeWarning, match="8 samples .* per group of 16 channels"):
+        layer(x)
+
+
 def test_demo_model_training_step_with_a_compiled_backbone_matches_eager():
     model = build_tiny_model("demo", training=True)
     eager = copy.deepcopy(model)

@@ -1024,3 +1024,16 @@ def test_a_run_whose_lock_file_was_deleted_still_holds_its_folder_and_two_traine
             with training_lock(None, run):
                 pass
         assert str(refused.value) == in_use(folder, f"pid {os.getpid()} (a trainer started from Python)")
+
+
+def test_gw_positions_in_another_spelling_are_the_same_model():
+    # --resume with S1-B2 of a run trained with B2-S1 was refused as "trained with another model", and --eval-only
+    # warned of other values: both spellings build GW at the stem and conv2
+    from gwdet.engine.output_dir import model_differences
+
+    def positions(spec):
+        return build_config(str(DEMO_CONFIG), ["MODEL.RESNETS.GW_POSITIONS", spec])
+
+    assert model_differences(positions("B2-S1"), positions("S1-B2")) == []
+    assert model_differences(positions("B1-B2"), positions("B12")) == []
+    assert model_differences(positions("B2"), positions("S1-B2")) == ["MODEL.RESNETS.GW_POSITIONS: 'B2' -> 'S1-B2'"]

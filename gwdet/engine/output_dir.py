@@ -56,6 +56,7 @@ from gwdet.config import ABSENT, flatten_config
 from gwdet.engine.run_environment import ENVIRONMENT_KEY
 from gwdet.model_zoo.lazy_loading import is_lazy_config
 from gwdet.model_zoo.loading import load_config_yaml
+from gwdet.positions import format_gw_positions, parse_gw_positions
 from gwdet.utils.atomic import (
     CHECKSUM_SUFFIX,
     DamagedFileError,
@@ -351,12 +352,24 @@ def earlier_run_until_started(output_dir: str) -> Iterator[None]:
         logger.warning(f"--overwrite: deleted the earlier run in {output_dir}: {', '.join(names)}")
 
 
+def _compared(key: str, value: Any) -> Any:
+    """``value`` of ``key`` as configs are compared: GW positions (``MODEL.RESNETS.GW_POSITIONS``, a
+    LazyConfig's ``positions``) in their canonical spelling, ``B2-S1`` being ``S1-B2``."""
+    if key.endswith((".GW_POSITIONS", ".positions")) and isinstance(value, str):
+        try:
+            return format_gw_positions(parse_gw_positions(value, key))
+        except GwdetValueError:
+            return value  # not positions: compared as written
+    return value
+
+
 def differing_values(old: Mapping, new: Mapping) -> list[tuple[str, Any, Any]]:
-    """``(key, old value, new value)`` for every key of either config whose value differs, sorted
-    by key; :data:`ABSENT` where a config lacks the key."""
+    """``(key, old value, new value)`` for every key of either config whose value differs (GW
+    positions in any spelling of the same positions do not: :func:`_compared`), sorted by key;
+    :data:`ABSENT` where a config lacks the key."""
     old, new = flatten_config(old), flatten_config(new)
     return [(key, old.get(key, ABSENT), new.get(key, ABSENT)) for key in sorted(set(old) | set(new))
-            if old.get(key, ABSENT) != new.get(key, ABSENT)]
+            if _compared(key, old.get(key, ABSENT)) != _compared(key, new.get(key, ABSENT))]
 
 
 def config_differences(saved: Mapping, current: Mapping) -> list[str]:

@@ -251,7 +251,10 @@ def _warn_singular_covariance(samples: int, group_size: int, eps: float) -> None
     (``m = N * H * W``) per group of ``group_size`` channels, ``m <= k``: the centred covariance
     (Eq. 3) has rank at most ``m - 1 < k``, so the whitening matrix takes ``eps^{-1/2}`` (ZCA) along
     the missing directions, the running whitening matrix averages it in, and evaluation amplifies
-    whatever lies there (DBN Sec. 3.4 asks for ``m > k``)."""
+    whatever lies there (DBN Sec. 3.4 asks for ``m > k``). Not inside ``torch.compile``, whose
+    graphs hold no Python warning (``fullgraph=True`` would fail on it)."""
+    if torch.compiler.is_compiling():
+        return
     warnings.warn(
         f"BatchWhitening: {samples} samples (N x H x W) per group of {group_size} channels in training: the group "
         f"covariance has rank at most {samples - 1}, so the running whitening matrix keeps up to eps^-1/2 = "
