@@ -23,7 +23,7 @@ from gwdet.engine.arguments import parse_args
 from gwdet.engine.run import load_run_config, setup
 from gwdet.model_zoo import build_config
 
-from conftest import DEMO_CONFIG, REPO, TINY_OPTS
+from conftest import DEMO_CONFIG, REPO, TINY_OPTS, logged_warnings
 
 # Non-contiguous ids, listed out of order: detectron2 orders classes by id.
 CATEGORIES = [{"id": 7, "name": "bar"}, {"id": 3, "name": "block"}]
@@ -325,6 +325,23 @@ def test_degenerate_boxes_are_refused_naming_the_annotation_and_image(data, tmp_
 
 
 # ---- ids, masks and image files, checked as the flag is read -----------------------------------------
+
+def test_the_records_name_the_annotations_the_run_read_when_the_file_changed_since(data, tmp_path):
+    # an annotation tool saving the json while a run trained or evaluated: results.json and the checkpoints recorded the
+    # SHA-256 of the edited file, though the run had read the earlier one
+    from gwdet.engine.run_environment import annotation_files
+
+    coco, json_file, root = _copy(data["val"], tmp_path / "edited")
+    json_file.write_text(json.dumps(coco))
+    read = hashlib.sha256(json_file.read_bytes()).hexdigest()
+    register_coco_datasets([CocoDataset.parse(f"own_edited={json_file}:{root}")])
+    json_file.write_text(json.dumps({**coco, "annotations": coco["annotations"][:1]}))
+    with logged_warnings("gwdet") as warned:
+        assert annotation_files(["own_edited"])["own_edited"]["json_sha256"] == read
+    assert warned == [f"{json_file} ('own_edited') holds other contents than the run read (SHA-256 {read[:12]}... then, "
+                      f"{hashlib.sha256(json_file.read_bytes()).hexdigest()[:12]}... now: changed while the run ran): the "
+                      "records name the contents the run read."]
+
 
 def _copy(files: tuple[Path, Path], folder: Path) -> tuple[dict, Path, Path]:
     """A copy of a dataset's JSON (loaded) and images in ``folder``."""

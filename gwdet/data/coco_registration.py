@@ -613,6 +613,19 @@ def coco_dataset(name: str) -> CocoDataset | None:
     return known
 
 
+def sha256_as_read(name: str) -> str | None:
+    """The SHA-256 of dataset ``name``'s JSON file as it was read and checked: a ``--register-coco``
+    one, or one of one's own code that :func:`coco_dataset` read from the files its metadata names
+    now; ``None`` when neither was read."""
+    dataset = registered_coco_dataset(name)
+    if dataset is None and name in MetadataCatalog.list():
+        metadata = MetadataCatalog.get(name)
+        json_file, image_root = metadata.get("json_file", None), metadata.get("image_root", None)
+        if isinstance(json_file, str) and isinstance(image_root, str):
+            dataset = _OWN_CODE_DATASETS.get((name, os.path.abspath(json_file), os.path.abspath(image_root)))
+    return dataset.contents.json_sha256 or None if dataset is not None and dataset.contents is not None else None
+
+
 @functools.cache
 def _builtin_names() -> frozenset[str]:
     """The names of detectron2's builtin datasets (``detectron2.data.datasets.builtin``'s splits)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import logging
 import os
 import platform
 from typing import Any, Iterable
@@ -20,8 +21,11 @@ from detectron2.data import MetadataCatalog
 from detectron2.utils import comm
 
 from gwdet.checkpoint.resilient import MISMATCH_ENV, UNSAFE_PICKLE_ENV
+from gwdet.data.coco_registration import sha256_as_read
 from gwdet.layers.plans import PLAN_VARIABLE, fallback_reason, plan_name
 from gwdet.utils.atomic import cached_sha256
+
+logger = logging.getLogger(__name__)
 
 ENVIRONMENT_KEY = "environment"
 # (distribution name, module): the packages whose versions a run records, besides python and gwdet
@@ -57,9 +61,11 @@ def package_versions() -> dict[str, str]:
 def annotation_files(names: Iterable[str]) -> dict[str, dict[str, Any]]:
     """For each registered dataset of ``names``: ``json_file`` (its metadata's annotation file, as
     detectron2's ``register_coco_instances`` records it; ``None`` for a dataset registered without
-    one), ``json_sha256`` (``None`` without a file, or when it is gone: the results of a run whose
-    annotation file was moved after it was read are still written) and ``image_root``. A name that
-    is not registered is left out."""
+    one), ``json_sha256`` (of the contents the run read, where gwdet read and checked the file
+    (:func:`~gwdet.data.coco_registration.sha256_as_read`), with a warning when the file holds other
+    contents now; else of the file now; ``None`` without a file, or when it is gone: the results of
+    a run whose annotation file was moved after it was read are still written) and ``image_root``. A
+    name that is not registered is left out."""
     registered = set(MetadataCatalog.list())
     files: dict[str, dict[str, Any]] = {}
     for name in dict.fromkeys(names):
@@ -67,9 +73,13 @@ def annotation_files(names: Iterable[str]) -> dict[str, dict[str, Any]]:
             continue
         metadata = MetadataCatalog.get(name)
         json_file = metadata.get("json_file")
-        files[name] = {"json_file": json_file,
-                       "json_sha256": cached_sha256(json_file) if json_file and os.path.isfile(json_file) else None,
-                       "image_root": metadata.get("image_root")}
+        now = cached_sha256(json_file) if json_file and os.path.isfile(json_file) else None
+        read = sha256_as_read(name)
+        if read is not None and now is not None and now != read:
+            logger.warning(f"{json_file} ({name!r}) holds other contents than the run read (SHA-256 {read[:12]}... "
+                           f"then, {now[:12]}... now: changed while the run ran): the records name the contents the "
+                           "run read.")
+        files[name] = {"json_file": json_file, "json_sha256": read or now, "image_root": metadata.get("image_root")}
     return files
 
 
