@@ -879,6 +879,41 @@ def test_results_of_the_model_before_a_resume_are_kept_under_names_that_say_so(t
                                    "last checkpoint)."]
 
 
+def test_drawings_of_the_model_before_a_resume_go_into_a_folder_that_says_so(tmp_path, caplog):
+    # a resume without TEST.VIS_IMAGES left vis/ showing the earlier model's drawings beside the new results
+    from gwdet.engine.output_dir import set_aside_results
+
+    (tmp_path / "vis" / "before_resuming_at_2").mkdir(parents=True)  # an earlier resume's
+    for name in ("0_a.png", "1_b.png"):
+        (tmp_path / "vis" / name).write_bytes(b"png")
+    (tmp_path / "vis" / "notes.txt").write_text("mine")
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        set_aside_results(str(tmp_path), 2)
+    assert sorted(os.listdir(tmp_path / "vis")) == ["before_resuming_at_2", "before_resuming_at_2_2", "notes.txt"]
+    assert sorted(os.listdir(tmp_path / "vis" / "before_resuming_at_2_2")) == ["0_a.png", "1_b.png"]
+    assert "are kept as vis/before_resuming_at_2_2/; the train tool writes" in warnings_of(caplog)[0]
+    set_aside_results(str(tmp_path), 3)  # nothing left to move: no folder
+    assert not (tmp_path / "vis" / "before_resuming_at_3").exists()
+
+
+def test_evaluations_of_the_final_weights_a_resume_replaces_are_renamed(tmp_path, caplog):
+    # eval/model_final/ (an --eval-only --resume) stayed named for model_final.pth after a resume replaced that file,
+    # and the next evaluation of the new one went to eval/model_final-2/
+    from gwdet.engine.output_dir import OutputDirLock, set_aside_results
+
+    for name in ("model_final", "model_final-2", "model_0000001", "other-model_final", "model_final-3"):
+        (tmp_path / "eval" / name).mkdir(parents=True)
+        (tmp_path / "eval" / name / "results.md").write_text(name)
+    with OutputDirLock(str(tmp_path / "eval" / "model_final-3")), caplog.at_level(logging.WARNING, logger=LOGGER):
+        set_aside_results(str(tmp_path), 2)  # -3 is still evaluating: it stays
+    assert sorted(os.listdir(tmp_path / "eval")) == [
+        "model_0000001", "model_final-3", "model_final_before_resuming_at_2", "model_final_before_resuming_at_2-2",
+        "other-model_final"]
+    assert (tmp_path / "eval" / "model_final_before_resuming_at_2-2" / "results.md").read_text() == "model_final-2"
+    assert "kept as eval/model_final_before_resuming_at_2/ and eval/model_final_before_resuming_at_2-2/;" \
+        in warnings_of(caplog)[0]
+
+
 def test_results_changed_since_the_run_wrote_them_keep_their_record_when_set_aside(tmp_path, caplog):
     # a results.json edited after the run (its record no longer matching) was renamed and its record deleted: the
     # changed numbers then read as an unrecorded file of an older gwdet

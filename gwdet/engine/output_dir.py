@@ -1033,14 +1033,62 @@ def evaluation_folder(output_dir: str, weights: str, setting: str = "OUTPUT_DIR"
     return candidate
 
 
+def _set_aside_drawings(output_dir: str, start_iter: int) -> list[str]:
+    """Move the drawings ``vis/*.png`` of a run resumed at ``start_iter`` (of its earlier model) into
+    ``vis/before_resuming_at_<start_iter>[_<n>]/``, so that ``vis/`` shows no drawing of another model
+    than the run's results; the folder moved into, relative to ``output_dir``, or nothing to move."""
+    folder = os.path.join(output_dir, VIS_FOLDER)
+    drawings = sorted(name for name in os.listdir(folder) if name.endswith(".png")
+                      and os.path.isfile(os.path.join(folder, name))) if os.path.isdir(folder) else []
+    if not drawings:
+        return []
+    stem = SET_ASIDE_INFIX.lstrip("_") + str(start_iter)
+    target, number = os.path.join(folder, stem), 1
+    while os.path.lexists(target):
+        number += 1
+        target = os.path.join(folder, f"{stem}_{number}")
+    os.makedirs(target)
+    for name in drawings:
+        os.replace(os.path.join(folder, name), os.path.join(target, name))
+    return [os.path.relpath(target, output_dir) + os.sep]
+
+
+_FINAL_EVALUATION = re.compile(r"^model_final(-\d+)?$")  # eval/<checkpoint>[-N] of model_final.pth
+
+
+def _set_aside_final_evaluations(output_dir: str, start_iter: int) -> list[str]:
+    """Rename the finished evaluations ``eval/model_final[-N]/`` of a run resumed at ``start_iter``
+    to ``eval/model_final_before_resuming_at_<start_iter>[-N]/``: they scored the ``model_final.pth``
+    that the resumed run replaces, which their names would otherwise stand for (one still running,
+    its lock held, stays); the folders' new names, relative to ``output_dir``."""
+    folder = os.path.join(output_dir, EVAL_FOLDER)
+    names = sorted(name for name in os.listdir(folder) if _FINAL_EVALUATION.match(name)
+                   and os.path.isdir(os.path.join(folder, name))) if _is_run_folder(output_dir, EVAL_FOLDER) else []
+    moved = []
+    for name in names:
+        if lock_holder(os.path.join(folder, name)) is not None:
+            continue
+        stem = name.replace("model_final", f"model_final{SET_ASIDE_INFIX}{start_iter}", 1)
+        target, number = os.path.join(folder, stem), 1
+        while os.path.lexists(target):
+            number += 1
+            target = os.path.join(folder, f"{stem}_{number}")
+        os.replace(os.path.join(folder, name), target)
+        moved.append(os.path.relpath(target, output_dir) + os.sep)
+    return moved
+
+
 def set_aside_results(output_dir: str, start_iter: int) -> None:
     """Rename the ``results.md`` and ``results.json`` (with its SHA-256 record) of a run resumed at
     iteration ``start_iter`` to ``results_before_resuming_at_<start_iter>.*``: they score the model
     the run had before, and a stop before the resumed run writes its own (a kill during its final
     evaluation) would otherwise leave them beside the new ``model_final.pth`` as its results. They
     are kept, under names that say so; a free name gets ``_2``, ``_3``, ... . A file that no longer
-    matches its SHA-256 record keeps that record (and the warning says so), so the change stays visible."""
-    moved = []
+    matches its SHA-256 record keeps that record (and the warning says so), so the change stays visible.
+    The prediction drawings of that model (``vis/*.png``) go into ``vis/before_resuming_at_<start_iter>/``
+    (:func:`_set_aside_drawings`), and the evaluations of its ``model_final.pth``, which the resumed run
+    replaces, are renamed (:func:`_set_aside_final_evaluations`)."""
+    moved = _set_aside_drawings(output_dir, start_iter) + _set_aside_final_evaluations(output_dir, start_iter)
     for name in (RESULTS_MARKDOWN, RESULTS_JSON):
         path = os.path.join(output_dir, name)
         if not os.path.isfile(path) or os.path.islink(path):
