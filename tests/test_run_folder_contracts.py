@@ -1072,3 +1072,16 @@ def test_gw_positions_in_another_spelling_are_the_same_model():
     assert model_differences(positions("B2-S1"), positions("S1-B2")) == []
     assert model_differences(positions("B1-B2"), positions("B12")) == []
     assert model_differences(positions("B2"), positions("S1-B2")) == ["MODEL.RESNETS.GW_POSITIONS: 'B2' -> 'S1-B2'"]
+
+
+def test_initial_weights_under_a_checkpoint_name_in_the_output_folder_are_named(tmp_path):
+    # "already holds a run (model_final.pth) ... Continue it with --resume, ... or pass --overwrite", both of which
+    # then failed: the "run" was the MODEL.WEIGHTS on the same command line
+    (tmp_path / "model_final.pth").write_bytes(b"weights")
+    with pytest.raises(FileExistsError, match=r"^MODEL.WEIGHTS '.*model_final.pth' is in OUTPUT_DIR '.*' under a name "
+                                              r"the run's checkpoints take \(model_final.pth\), so the folder looks like "
+                                              r"a run's; nothing was changed. Move the initial weights out of OUTPUT_DIR"):
+        check_fresh_start(str(tmp_path), False, weights=str(tmp_path / "model_final.pth"))
+    assert os.listdir(tmp_path) == ["model_final.pth"]
+    with pytest.raises(FileExistsError, match=r"already holds a run \(model_final.pth\)"):
+        check_fresh_start(str(tmp_path), False, weights=str(tmp_path / "elsewhere.pth"))

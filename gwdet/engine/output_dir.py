@@ -243,6 +243,13 @@ def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_D
         logs = [name for name in os.listdir(output_dir) if (name == LOG_NAME or RANK_LOG.match(name))
                 and os.path.isfile(os.path.join(output_dir, name))]
         existing = sorted([*existing, *logs])
+    initial = os.path.realpath(local_weights_path(weights, weights_setting)) if weights else ""
+    if (not overwrite and os.path.dirname(initial) == os.path.realpath(output_dir)  # (--overwrite: refused below)
+            and os.path.basename(initial) in existing and CONFIG_NAME + CHECKSUM_SUFFIX not in existing):
+        raise GwdetFileExistsError(
+            f"{weights_setting} {weights!r} is in {setting} {output_dir!r} under a name the run's checkpoints take "
+            f"({os.path.basename(initial)}), so the folder looks like a run's; nothing was changed. Move the initial "
+            f"weights out of {setting} (or name them otherwise, e.g. initial_weights.pth) and give that path.")
     if not overwrite:
         shown = listed(existing, 6)
         if not checkpoints_in(output_dir):  # nothing to continue: --resume would start afresh over them
