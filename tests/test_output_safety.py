@@ -297,6 +297,14 @@ def _tree_digest(folder) -> dict:
             if p.is_file() and "eval" not in p.relative_to(folder).parts and p.name != "log.txt"}
 
 
+def test_eval_only_checks_the_expected_results_as_detectron2s_tool_does(finished_run, tmp_path):
+    # TEST.EXPECTED_RESULTS was ignored by --eval-only (status 0), where detectron2's tool and gwdet's training exit 1
+    weights = ["MODEL.WEIGHTS", str(finished_run / "model_final.pth")]
+    with pytest.raises(SystemExit) as failed:
+        main(tiny_run_args(tmp_path / "off", "--eval-only", *weights, "TEST.EXPECTED_RESULTS", "[['bbox', 'AP', 50.0, 0.02]]"))
+    assert failed.value.code == 1 and (tmp_path / "off" / "results.json").is_file()  # the results are written first
+
+
 def test_eval_only_into_a_run_writes_under_eval_and_keeps_the_runs_files(finished_run):
     before = _tree_digest(finished_run)
     checkpoint = finished_run / "model_0000000.pth"

@@ -370,6 +370,12 @@ def _cut_short_jpeg(coco, root):
     (root / "001.jpg").write_bytes(data[:len(data) * 2 // 3])
 
 
+def _linked(root, coco, link):
+    first, second = (root / coco["images"][index]["file_name"] for index in (0, 1))
+    second.unlink()
+    link(first.name if link is os.symlink else first, second)
+
+
 def _rle_counts(coco, counts):
     coco["annotations"][2]["segmentation"] = {"size": [SIZE, SIZE], "counts": counts}
 
@@ -397,6 +403,12 @@ DATA_CASES = {
                           ["annotation id 3", "its mask is RLE whose 'counts' string is not COCO's compressed RLE"]),
     "rle of another size": (lambda coco, root: _rle_counts(coco, [100, 20]),
                             ["its mask is RLE whose runs cover 120 pixels, not the 64x64 = 4096"]),
+    # one file under two names: row 138's refusal compared the names only (box AP 1.73 -> 0.83 without a word)
+    "image as a symbolic link to another": (lambda coco, root: _linked(root, coco, os.symlink),
+                                            ["1 image file(s)", "'001.png' (image 2) is '000.png' (image 1)",
+                                             "a symbolic or hard link", "Give each image entry a file of its own"]),
+    "image as a hard link to another": (lambda coco, root: _linked(root, coco, os.link),
+                                        ["'001.png' (image 2) is '000.png' (image 1)"]),
     "mask far outside its box": (lambda coco, root: coco["annotations"][2].update(bbox=[40.0, 2.0, 10.0, 10.0]),
                                  ["annotation id 3 of image 2 (001.png): its mask lies outside its bbox [40.0, 2.0, "
                                   "10.0, 10.0]", "the box and the mask must describe the same object"]),

@@ -902,3 +902,22 @@ def test_the_checks_a_run_was_told_to_let_pass_are_recorded_in_its_environment(m
     assert "opt_ins" not in run_environment([])
     monkeypatch.setenv("GWDET_ALLOW_NORM_MISMATCH", "1")
     assert run_environment([])["opt_ins"] == {"GWDET_ALLOW_NORM_MISMATCH": "1"}
+
+
+def test_a_new_output_path_that_begins_or_ends_with_whitespace_is_refused(tmp_path):
+    # OUTPUT_DIR "out/sp " (a YAML value's, a pasted path's) trained into 'sp ', and a later --resume OUTPUT_DIR out/sp
+    # started from iteration 0
+    from gwdet.engine.output_dir import OutputDirNameError, check_output_dir_name
+    from gwdet.engine.training import check_output_folder
+
+    new = str(tmp_path / "sp ")
+    message = f"^OUTPUT_DIR '{re.escape(new)}' begins or ends with whitespace, which would become part of the new " \
+              f"folder's name \\(not '{re.escape(new.strip())}'\\): give the path without it."
+    with pytest.raises(OutputDirNameError, match=message):
+        check_output_dir_name(new)
+    with pytest.raises(GwdetError, match=message):
+        check_output_folder(new, "OUTPUT_DIR")
+    assert not os.path.exists(new)
+    os.mkdir(new)  # a folder of that name that exists is the user's choice
+    check_output_dir_name(new)
+    check_output_folder(new, "OUTPUT_DIR")

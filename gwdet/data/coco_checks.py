@@ -51,6 +51,23 @@ def non_integer_ids(entries: Iterable[Mapping[str, Any]], describe, strings: boo
     return problems
 
 
+def linked_files(images: Iterable[Mapping[str, Any]], root: str) -> list[str]:
+    """``"'b.png' (image 2) is 'a.png' (image 1)"`` for each image entry whose file (under ``root``)
+    is the file of an earlier entry under another name: a symbolic or hard link (the same device and
+    inode); files that cannot be read are left to the readability check."""
+    seen: dict[tuple[int, int], tuple[str, Any]] = {}
+    problems = []
+    for image in images:
+        try:
+            status = os.stat(os.path.join(root, image["file_name"]))
+        except OSError:
+            continue
+        first = seen.setdefault((status.st_dev, status.st_ino), (image["file_name"], image["id"]))
+        if first[0] != image["file_name"]:
+            problems.append(f"{image['file_name']!r} (image {image['id']!r}) is {first[0]!r} (image {first[1]!r})")
+    return problems
+
+
 def shared_file_names(images: Iterable[Mapping[str, Any]]) -> list[str]:
     """``"'a.png' of images 1 and 2"`` for each file that more than one image entry names (the
     paths compared as ``os.path.normpath`` gives them: ``./a.png`` is ``a.png``)."""

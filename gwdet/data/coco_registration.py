@@ -46,6 +46,7 @@ from gwdet.data.coco_checks import (
     duplicate_ids,
     image_entry_problems,
     image_file_problems,
+    linked_files,
     listed_problems,
     mask_problems,
     non_integer_ids,
@@ -554,6 +555,14 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
             f"{root}): {listed_problems(problems)}. Fix or replace those files, or remove them and their annotations "
             "from the JSON.")
     _warn_of_rotations(dataset, rotations)
+    problems = linked_files(coco["images"], root)
+    if problems:
+        raise DatasetError(
+            f"{where} {len(problems)} image file(s) of {path} are another image's file under another name (a symbolic "
+            f"or hard link, under {root}): {listed_problems(problems)}. detectron2 would read the same pixels for each "
+            "of those images, so the boxes and masks of all but one would be trained (and evaluated) on another "
+            "image. Give each image entry a file of its own, or merge the entries into one image (one id) with all "
+            "their annotations.")
     beyond = [f"{tally.named(annotation)}: {problem}" for annotation in coco["annotations"]
               for problem in [_area_beyond_box(annotation)] if problem]
     if beyond:

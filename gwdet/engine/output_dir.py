@@ -69,7 +69,8 @@ from gwdet.utils.atomic import (
     remove_stale_partials,
     write_text_atomically,
 )
-from gwdet.utils.cli_errors import as_override, link_dotdot_problem, output_path_problem, unexpanded_variable_problem
+from gwdet.utils.cli_errors import (as_override, edge_whitespace_problem, link_dotdot_problem, output_path_problem,
+                                    unexpanded_variable_problem)
 
 LOCK_NAME = ".gwdet.lock"
 FINAL_WEIGHTS = "model_final.pth"  # what detectron2's periodic checkpointer saves at the end
@@ -1188,7 +1189,8 @@ def check_output_dir_name(output_dir: str, encoding: str | None = None, setting:
         raise OutputDirNameError(
             f"{setting} is empty ({output_dir!r}): give the folder the run writes into, e.g. "
             f"{as_override(setting, 'output/run')} (it is created if it does not exist); nothing was written.")
-    unexpanded = unexpanded_variable_problem(setting, output_dir) or link_dotdot_problem(setting, output_dir)
+    unexpanded = (unexpanded_variable_problem(setting, output_dir) or link_dotdot_problem(setting, output_dir)
+                  or edge_whitespace_problem(setting, output_dir))
     if unexpanded is not None:
         raise OutputDirNameError(unexpanded)
     encoding = codecs.lookup(encoding or sys.getfilesystemencoding()).name

@@ -284,6 +284,11 @@ class RunConfig(ABC):
         """``model`` evaluated on the config's test sets: ``{dataset: {task: {metric: value}}}``."""
 
     @abstractmethod
+    def verify_results(self, results: Mapping) -> None:
+        """After ``--eval-only``: the check of the config's expected results, as detectron2's tools
+        make it."""
+
+    @abstractmethod
     def test_datasets(self) -> list[str]:
         """The datasets the run evaluates on."""
 
@@ -653,6 +658,8 @@ def main(args: argparse.Namespace):
             drawings = save_prediction_pngs(run.cfg, model, test_datasets[0], run.vis_images,
                                             os.path.join(run.output_dir, VIS_FOLDER), drawn_score(run))
     log_outputs(run.output_dir, bool(results), drawings, run.vis_setting)
+    if args.eval_only:  # (a training's: detectron2's trainer checks them)
+        run.verify_results(results or {})
     return results
 
 

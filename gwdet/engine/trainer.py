@@ -20,7 +20,7 @@ import torch
 
 from detectron2.config import CfgNode
 from detectron2.engine import DefaultTrainer, TrainerBase
-from detectron2.evaluation import COCOEvaluator
+from detectron2.evaluation import COCOEvaluator, verify_results
 from detectron2.solver import build_lr_scheduler
 from detectron2.utils import comm
 from detectron2.utils.logger import setup_logger
@@ -514,6 +514,12 @@ class YacsRun(RunConfig):
 
     def build_trainer(self) -> Trainer:
         return Trainer(self.cfg)
+
+    def verify_results(self, results: Mapping) -> None:
+        """detectron2's ``verify_results`` of ``TEST.EXPECTED_RESULTS``: status 1 (after its error lines)
+        when a metric is off by more than its tolerance."""
+        if self.cfg.TEST.EXPECTED_RESULTS and comm.is_main_process():
+            verify_results(self.cfg, results)
 
     def evaluate(self, model: torch.nn.Module) -> Mapping:
         return Trainer.test(self.cfg, model)

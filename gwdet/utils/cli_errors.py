@@ -166,17 +166,32 @@ def unexpanded_variable_problem(flag: str, path: str | os.PathLike, environment:
             f"named {variable.group(0)!r}. Let the shell expand it (double quotes), or {fix}; nothing was written.")
 
 
+def edge_whitespace_problem(flag: str, path: str | os.PathLike, kind: str = "folder") -> str | None:
+    """Why a new ``path`` (given as ``flag``) that begins or ends with whitespace is refused: the
+    whitespace would become part of the new ``kind``'s name (a YAML value's or a pasted path's, not
+    the name meant); ``None`` for any other path, or for one that exists as given."""
+    text = os.fspath(path)
+    if text == text.strip() or os.path.lexists(os.path.expanduser(text)):
+        return None
+    return (f"{flag} {text!r} begins or ends with whitespace, which would become part of the new {kind}'s name "
+            f"(not {text.strip()!r}): give the path without it.")
+
+
 def output_path_problem(flag: str, path: str | os.PathLike, folder: bool) -> str | None:
     """Why ``path``, given as ``flag``, cannot be written as a ``folder`` (else as a file); ``None``
     when it can be created or is already of the right kind. Checked before a tool does any work:
     an environment variable nobody expanded (:func:`unexpanded_variable_problem`), a file where a
     folder is needed, a folder where a file is needed, a link that leads nowhere, a path below a
-    file, a place this process may not write."""
+    file, a place this process may not write, a new path that begins or ends with whitespace (a YAML
+    value's or a pasted path's: another name than the one meant)."""
     unexpanded = unexpanded_variable_problem(flag, path)
     if unexpanded is not None:
         return unexpanded
     target = Path(path).expanduser()
     kind = "folder" if folder else "file"
+    whitespace = edge_whitespace_problem(flag, path, kind)
+    if whitespace is not None:
+        return whitespace
     if target.is_symlink() and not target.exists():
         return (f"{flag} {path} is a link to {os.readlink(target)}, which does not exist: create what it points to "
                 f"(or fix the link), or give another {flag}.")
