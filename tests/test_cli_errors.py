@@ -68,6 +68,23 @@ def test_ctrl_c_ends_a_tool_with_one_line_and_status_130(capsys):
     with pytest.raises(KeyboardInterrupt):
         run_tool(interrupted, ["--verbose"], "export_model.py")
 
+    # Ctrl-C while a TorchScript model runs (the export's check of its file): torch's interpreter raises it as a
+    # RuntimeError, which printed 250 lines of TorchScript traceback and status 1
+    def interrupted_in_torchscript(argv):
+        raise RuntimeError("The following operation failed in the TorchScript interpreter.\nTraceback of TorchScript "
+                           "(most recent call last):\n  File \"code/__torch__.py\", line 9, in forward\n"
+                           "RuntimeError: KeyboardInterrupt: <EMPTY MESSAGE>\n")
+
+    with pytest.raises(SystemExit) as stop:
+        run_tool(interrupted_in_torchscript, [], "export_model.py")
+    assert stop.value.code == 130 and "export_model.py: interrupted (Ctrl-C)" in capsys.readouterr().err
+
+    def failed(argv):
+        raise RuntimeError("a bug, not an interrupt")
+
+    with pytest.raises(RuntimeError, match="a bug"):
+        run_tool(failed, [], "export_model.py")
+
 
 @pytest.mark.parametrize("lines, status, message", [
     (20000, 141, "tool: stopped: the program reading its output closed it (e.g. | head) while the tool was still "
@@ -120,7 +137,8 @@ def _modules(package):
 # global; a Triton kernel that cannot run here, which falls back to the accelerator formulas) and the
 # training's stop on a signal (a SystemExit with the status 128 + signal).
 NOT_REFUSALS = {"gwdet.checkpoint.safe_load.UnsafeGlobal", "gwdet.layers.plans.triton_plan.KernelUnavailable",
-                "gwdet.checkpoint.signal_hook.TrainingInterrupted"}
+                "gwdet.checkpoint.signal_hook.TrainingInterrupted",
+                "gwdet.checkpoint.signal_hook._EvaluationStopped"}  # caught where it is raised: it ends an evaluation
 
 
 def test_every_exception_class_of_gwdet_and_the_lab_is_a_gwdet_error():

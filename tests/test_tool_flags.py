@@ -142,6 +142,20 @@ def test_analyze_refuses_a_count_of_test_images_beside_a_random_input_size(capsy
                 f"no image: add flop to --tasks, or leave {flags[0]} out.") in capsys.readouterr().err
 
 
+def test_analyze_reads_no_weights_and_no_test_set_for_parameters_and_structure(tmp_path, capsys):
+    # backbone-only weights (a converted ImageNet file, as the COCO configs name) were refused as "a partly random
+    # model" for the parameter table, and an unregistered test set was required though no image is read
+    import torch
+
+    torch.save({"model": {"backbone.bottom_up.stem.conv1.weight": torch.zeros(1)}}, tmp_path / "partial.pth")
+    assert analyze_model.main(["--config-file", str(DEMO_CONFIG), "--tasks", "parameter", "MODEL.WEIGHTS",
+                               str(tmp_path / "partial.pth"), "DATASETS.TEST", "('not_registered',)"]) == 0
+    assert "Parameters:" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # the flop count reads the weights (and their test images): checked
+        analyze_model.main(["--config-file", str(DEMO_CONFIG), "MODEL.WEIGHTS", str(tmp_path / "partial.pth")])
+    assert "weights have another shape in the weights than in the model" in capsys.readouterr().err
+
+
 def test_weights_that_are_a_folder_or_a_numpy_archive_are_named(tmp_path):
     import numpy as np
     import torch
@@ -570,6 +584,11 @@ def test_initial_or_evaluated_weights_holding_nan_are_refused_naming_the_tensors
     with pytest.raises(ValueError, match=r"MODEL.WEIGHTS .*diverged.pth holds NaN or infinite values in 1 tensor\(s\) "
                                          r"\(weight\): a model built from them computes NaN"):
         checkpointer.load_weights(str(tmp_path / "diverged.pth"))
+    # a state dict of a model on the meta device: a raw "Tensor.item() cannot be called on meta tensors"
+    torch.save({"model": {name: value.to("meta") for name, value in weights.items()}}, tmp_path / "meta.pth")
+    with pytest.raises(ValueError, match=r"MODEL.WEIGHTS .*meta.pth: its tensors hold no values \(2 on the meta "
+                                         r"device, e.g. 'weight'\): the state dict of a model built on"):
+        checkpointer.load_weights(str(tmp_path / "meta.pth"))
 
 
 def test_a_damaged_sha256_record_beside_an_intact_checkpoint_is_named_and_the_checkpoint_loaded(tmp_path, caplog):

@@ -154,6 +154,12 @@ def _check_finite_weights(path: str, data: dict, setting: str) -> None:
     computes NaN), naming the tensors; a resumed checkpoint is left to the trainer, which stops on a
     non-finite loss."""
     weights = data.get("model", data)
+    valueless = [str(name) for name, value in weights.items() if isinstance(value, torch.Tensor) and value.is_meta]
+    if valueless:
+        raise GwdetValueError(
+            f"{setting} {path}: its tensors hold no values ({len(valueless)} on the meta device, e.g. {valueless[0]!r}): "
+            "the state dict of a model built on torch.device('meta'). Save the weights of a model on the CPU (after "
+            "loading or training them) and give that file.")
     broken = [str(name) for name, value in weights.items() if not _all_finite(value)]
     if broken:
         raise GwdetValueError(

@@ -45,10 +45,10 @@ COCO_LAYOUT_HINT = (
 logger = logging.getLogger(__name__)
 
 
-def config_dataset_names(cfg: CfgNode, trains: bool = True) -> list[str]:
-    """Every dataset name the config trains (where a request ``trains``) or tests on, in order,
-    without repeats."""
-    return list(dict.fromkeys([*(cfg.DATASETS.TRAIN if trains else ()), *cfg.DATASETS.TEST]))
+def config_dataset_names(cfg: CfgNode, trains: bool = True, tests: bool = True) -> list[str]:
+    """Every dataset name the config trains (where a request ``trains``) or tests on (where it reads
+    the test sets: ``tests``), in order, without repeats."""
+    return list(dict.fromkeys([*(cfg.DATASETS.TRAIN if trains else ()), *(cfg.DATASETS.TEST if tests else ())]))
 
 
 def unregistered_message(name: str) -> str:
@@ -84,15 +84,15 @@ def check_dataset_files(names: Iterable[str]) -> None:
 
 
 def register_datasets(cfg: CfgNode, coco: Sequence[CocoDataset] = (), *, trains: bool = True,
-                      evaluates: bool = True) -> None:
+                      evaluates: bool = True, reads_tests: bool = True) -> None:
     """Register the ``--register-coco`` datasets ``coco``, and those of ``$GWDET_REGISTER_COCO``
     that the config names and ``coco`` does not (onto the files the variable names now, replacing
     an earlier registration of this process onto others); then check the config against them
     (:func:`gwdet.data.coco_registration.check_config_against_datasets`: the training sets where the
     request ``trains``, the test sets where it ``evaluates``) and that every dataset it reads, other
-    than the shapes splits (generated later), is registered. :class:`DatasetError` names the file
-    or key and the fix."""
-    names = config_dataset_names(cfg, trains)
+    than the shapes splits (generated later), is registered (the test sets where it ``reads_tests``:
+    a tool given its own image reads none). :class:`DatasetError` names the file or key and the fix."""
+    names = config_dataset_names(cfg, trains, reads_tests)
     register_coco_datasets(coco, command_line=True)
     try:
         register_coco_datasets([dataset for dataset in environment_datasets()

@@ -505,7 +505,8 @@ class LazyRun(RunConfig):
                                                                      self.weights_setting)
         return json.dumps(tree, sort_keys=True, default=repr)
 
-    def register_datasets(self, coco: Sequence[CocoDataset], *, trains: bool, evaluates: bool) -> None:
+    def register_datasets(self, coco: Sequence[CocoDataset], *, trains: bool, evaluates: bool,
+                          reads_tests: bool = True) -> None:
         register_coco_datasets(coco)  # checked against the config by prepare_datasets
         register_coco_datasets([d for d in environment_datasets() if registered_coco_dataset(d.name) is None])
 

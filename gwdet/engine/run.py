@@ -206,11 +206,13 @@ class RunConfig(ABC):
         self.check_resume_request()
 
     @abstractmethod
-    def register_datasets(self, coco: Sequence[CocoDataset], *, trains: bool, evaluates: bool) -> None:
+    def register_datasets(self, coco: Sequence[CocoDataset], *, trains: bool, evaluates: bool,
+                          reads_tests: bool = True) -> None:
         """Register the ``--register-coco`` datasets ``coco`` and those of ``$GWDET_REGISTER_COCO``
         the config may name; :class:`~gwdet.data.coco_registration.DatasetError` for one the request
         cannot use: a training set where it ``trains``, a test set where it ``evaluates`` (a tool
-        that reads test images only needs no annotations)."""
+        that reads test images only needs no annotations), an unregistered test set where it
+        ``reads_tests`` (a tool given its own image reads none)."""
 
     @abstractmethod
     def prepare_datasets(self, *, trains: bool, evaluates: bool) -> None:
@@ -323,13 +325,16 @@ class RunConfig(ABC):
         """The evaluator of the first test set, writing its files (predictions, results) into
         ``output_folder``: a tool's own folder, never a run's ``inference/``."""
 
-    def build_trained_model(self, evaluates: bool = False) -> torch.nn.Module:
+    def build_trained_model(self, evaluates: bool = False, loads_weights: bool = True) -> torch.nn.Module:
         """The model with the initial weights loaded as ``--eval-only`` loads them, in evaluation
         mode (the export and analyze tools; their test sets checked as an evaluation's where it
-        ``evaluates``: the export's ``--run-eval``); a warning when there are none."""
+        ``evaluates``: the export's ``--run-eval``); a warning when there are none. Without
+        ``loads_weights`` (what does not depend on them: parameter counts, the structure) none are read."""
         with named_config_failures(self.cfg, "build the model"):
             model = self.build_model()
-        if self.weights:
+        if self.weights and not loads_weights:
+            logger.info(f"{self.weights_setting} {self.weights} is not read: what is asked does not depend on weights.")
+        elif self.weights:
             self.load_weights(model, evaluates=evaluates)
         else:
             logger.warning(f"{self.weights_setting} is empty: the model is randomly initialized.")

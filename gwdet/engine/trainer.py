@@ -500,8 +500,9 @@ class YacsRun(RunConfig):
         cfg.MODEL.WEIGHTS = absolute_weights_path(cfg.MODEL.WEIGHTS, self.weights_setting)
         return json.dumps(cfg, sort_keys=True, default=repr)
 
-    def register_datasets(self, coco: Sequence[CocoDataset], *, trains: bool, evaluates: bool) -> None:
-        register_datasets(self.cfg, coco, trains=trains, evaluates=evaluates)
+    def register_datasets(self, coco: Sequence[CocoDataset], *, trains: bool, evaluates: bool,
+                          reads_tests: bool = True) -> None:
+        register_datasets(self.cfg, coco, trains=trains, evaluates=evaluates, reads_tests=reads_tests)
 
     def prepare_datasets(self, *, trains: bool, evaluates: bool) -> None:
         prepare_datasets(self.cfg, trains=trains, evaluates=evaluates)

@@ -168,11 +168,12 @@ def _analyze(argv: Sequence[str]) -> int:
     setup_logger(name="fvcore")
     setup_logger(name="detectron2")
     run = load_run_config(args.config_file, args.opts, tool=True)
-    run.register_datasets(args.register_coco, trains=False, evaluates=False)
-    if "flop" in args.tasks and args.input_size is None and not run.test_datasets():
+    counts_on_test_images = "flop" in args.tasks and args.input_size is None
+    run.register_datasets(args.register_coco, trains=False, evaluates=False, reads_tests=counts_on_test_images)
+    if counts_on_test_images and not run.test_datasets():
         raise GwdetValueError("--tasks flop counts on images of the config's first test dataset, and the config has "
                               "none: give --input-size H W (random pixels of that size), or a test dataset.")
-    model = run.build_trained_model()
+    model = run.build_trained_model(loads_weights="flop" in args.tasks)
     if "flop" in args.tasks and any(parameter.is_meta for parameter in model.parameters()):
         raise GwdetValueError("--tasks flop runs the model on images, and the config puts it on the meta device, whose "
                               "tensors hold no values: set the device to cpu (MODEL.DEVICE cpu, or train.device=cpu); "

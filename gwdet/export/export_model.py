@@ -447,7 +447,8 @@ def _export(argv: Sequence[str]) -> int:
         raise GwdetValueError(f"The export is compared with the eager model on a test image, and {run.test_setting} "
                               "names no test set to take one from; nothing was written. Give --sample-image IMAGE, "
                               f"or name a test set in {run.test_setting}.")
-    run.register_datasets(args.register_coco, trains=False, evaluates=args.run_eval)
+    run.register_datasets(args.register_coco, trains=False, evaluates=args.run_eval,
+                          reads_tests=args.sample_image is None or args.run_eval)
     model = run.build_trained_model(evaluates=args.run_eval)
     image, found = pick_sample(model, *sample_candidates(run, args.sample_image))
     logger.info("The sample image gives %d detections to compare the export on.", found)

@@ -78,8 +78,8 @@ def tool_name(prog: str | None = None) -> str:
 @contextlib.contextmanager
 def reported_errors(prog: str | None = None, verbose: bool = False) -> Iterator[None]:
     """Run the block; a :class:`~gwdet.errors.GwdetError` becomes ``<prog>: error: <message>`` and
-    a line on ``--verbose`` on stderr, then ``SystemExit(2)``; ``KeyboardInterrupt`` one line and
-    ``SystemExit(130)``. Any other exception, and every exception when ``verbose``, propagates
+    a line on ``--verbose`` on stderr, then ``SystemExit(2)``; ``KeyboardInterrupt`` (also as TorchScript's
+    interpreter reports it, a ``RuntimeError``) one line and ``SystemExit(130)``. Any other exception, and every exception when ``verbose``, propagates
     unchanged."""
     try:
         yield
@@ -98,13 +98,20 @@ def reported_errors(prog: str | None = None, verbose: bool = False) -> Iterator[
               "still printing, so whatever the tool had left to do after that line was not done. Run it again with "
               "its output in a file (> out.txt), then read that.", file=sys.stderr, flush=True)
         raise SystemExit(BROKEN_PIPE_STATUS) from None
-    except KeyboardInterrupt:
-        if verbose:
+    except (KeyboardInterrupt, RuntimeError) as error:
+        # TorchScript's interpreter turns a Ctrl-C while it runs into a RuntimeError ending in "KeyboardInterrupt"
+        if verbose or not (isinstance(error, KeyboardInterrupt) or _last_line(error).startswith(
+                ("KeyboardInterrupt", "RuntimeError: KeyboardInterrupt"))):
             raise
         sys.stdout.flush()
         print(f"{tool_name(prog)}: interrupted (Ctrl-C); run the command again to finish what it had not finished "
               f"(a training: with --resume; {VERBOSE_FLAG} shows where it stopped).", file=sys.stderr, flush=True)
         raise SystemExit(INTERRUPTED_STATUS) from None
+
+
+def _last_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[-1].strip() if lines else ""
 
 
 def run_tool(work: Callable[[list[str]], int], argv: Sequence[str] | None = None, prog: str | None = None) -> int:
