@@ -343,6 +343,26 @@ def test_the_records_name_the_annotations_the_run_read_when_the_file_changed_sin
                       "records name the contents the run read."]
 
 
+def test_own_code_thing_classes_other_than_the_files_categories_are_refused_naming_both(data):
+    # two warnings about an evaluation that could not happen, then detectron2's raw AssertionError ("cannot be set to
+    # a different value")
+    from detectron2.data.datasets import register_coco_instances
+
+    from gwdet.data.coco_registration import known_class_names
+
+    json_file, root = data["val"]
+    register_coco_instances("own_meta_val", {"thing_classes": ["a", "block"]}, str(json_file), str(root))
+    try:
+        with pytest.raises(DatasetError, match=r"^dataset 'own_meta_val' is registered with thing_classes 'a', "
+                                               r"'block' in its metadata, but its annotation file .* names the "
+                                               r"categories 'block', 'bar' \(by id\): only the metadata has 'a'; "
+                                               r"only the file has 'bar'. .* Register it without thing_classes"):
+            known_class_names("own_meta_val")
+    finally:
+        DatasetCatalog.remove("own_meta_val")
+        MetadataCatalog.remove("own_meta_val")
+
+
 def _copy(files: tuple[Path, Path], folder: Path) -> tuple[dict, Path, Path]:
     """A copy of a dataset's JSON (loaded) and images in ``folder``."""
     json_file, images = files

@@ -574,6 +574,20 @@ def test_a_full_disk_while_evaluating_is_one_error_with_the_way_on(finished_run,
         main(tiny_run_args(tmp_path, "--eval-only", "MODEL.WEIGHTS", str(finished_run / "model_final.pth")))
 
 
+def test_a_full_disk_met_by_torch_save_is_named_as_a_full_disk(tmp_path):
+    # the export's --run-eval on a full disk: torch.save's archive writer raised a RuntimeError ("unexpected pos 64 vs
+    # 0") while handling the OSError, a raw traceback without the tool's line
+    from gwdet.engine.run import named_full_disk
+
+    with pytest.raises(GwdetOSError, match=rf"^The disk of {tmp_path} is full \(No space left on device: a file there\); "
+                                           r"files written at that moment may be cut short\. Free space there\. Go on\.$"):
+        with named_full_disk(str(tmp_path), "Go on."), open("/dev/full", "wb") as file:  # as detectron2's evaluator
+            torch.save({"predictions": torch.zeros(4096)}, file)
+    with pytest.raises(RuntimeError, match="not a disk"):  # another RuntimeError is left as it is
+        with named_full_disk(str(tmp_path), "Go on."):
+            raise RuntimeError("not a disk")
+
+
 def test_a_resume_refused_once_its_config_was_written_leaves_the_runs_config_yaml_as_it_was(finished_run, tmp_path):
     # a resume refused for its damaged checkpoint rewrote config.yaml (MAX_ITER, OUTPUT_DIR) and its record
     from gwdet.engine.output_dir import CONFIG_KEPT

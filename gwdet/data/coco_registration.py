@@ -619,6 +619,15 @@ def coco_dataset(name: str) -> CocoDataset | None:
     known = _OWN_CODE_DATASETS.get(key)
     if known is None or not _json_unchanged(known):
         known = _OWN_CODE_DATASETS[key] = CocoDataset(*key).inspected()
+    classes = metadata.get("thing_classes", None)
+    if classes is not None and list(classes) != known.read.class_names:  # detectron2's loader asserts on them
+        raise DatasetError(
+            f"dataset {name!r} is registered with thing_classes {listed([repr(c) for c in classes], SHOWN)} in its "
+            f"metadata, but its annotation file {json_file} names the categories "
+            f"{listed([repr(c) for c in known.read.class_names], SHOWN)} (by id): "
+            f"{_difference(list(classes), known.read.class_names, 'the metadata', 'the file', repr)}. detectron2 "
+            "takes the class names from the file when it loads it, and refuses other ones in the metadata. Register "
+            "it without thing_classes (register_coco_instances(name, {}, json_file, image_root)), or with the file's.")
     return known
 
 

@@ -678,15 +678,17 @@ def drawn_score(run: RunConfig) -> float:
 @contextlib.contextmanager
 def named_full_disk(output_dir: str, way_on: str) -> Iterator[None]:
     """A full disk while training or evaluating into ``output_dir`` (detectron2's writers, its
-    evaluators' files) as one error naming the folder and ``way_on``, instead of the writer's
+    evaluators' files; torch.save's archive writer reports it as a RuntimeError raised while the
+    OSError was handled) as one error naming the folder and ``way_on``, instead of the writer's
     traceback."""
     try:
         yield
-    except OSError as error:
-        if isinstance(error, GwdetError) or error.errno not in (errno.ENOSPC, errno.EDQUOT):  # gwdet's say it already
-            raise
+    except (OSError, RuntimeError) as raised:
+        error = next((cause for cause in (raised, raised.__context__) if isinstance(cause, OSError)), None)
+        if error is None or isinstance(raised, GwdetError) or error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise  # gwdet's own errors say it already
         raise GwdetOSError(f"The disk of {output_dir} is full ({error.strerror}: {error.filename or 'a file there'}); "
-                           f"files written at that moment may be cut short. Free space there. {way_on}") from error
+                           f"files written at that moment may be cut short. Free space there. {way_on}") from raised
 
 
 @contextlib.contextmanager

@@ -39,7 +39,7 @@ from gwdet.export.deploy import MIN_DETECTOR_OPSET
 from gwdet.export.detection_check import TOLERANCE
 from gwdet.engine.arguments import parse_with_trailing_flags, refuse_repeated_flags
 from gwdet.engine.output_dir import EVALUATOR_FILES, check_run_detections_kept, check_weights_are_the_runs
-from gwdet.engine.run import RunConfig, gives_setting, load_run_config
+from gwdet.engine.run import RunConfig, gives_setting, load_run_config, named_full_disk
 
 logger = logging.getLogger("gwdet.export")
 
@@ -493,6 +493,7 @@ def _export(argv: Sequence[str]) -> int:
               f"exported with{only}) with the channels in {channels} order, as the model does (the config's input "
               "format).")
     if args.run_eval:  # its files beside the export, not in the training run's inference/
-        with ExportFolderLock(args.output):
+        with ExportFolderLock(args.output), named_full_disk(args.output, f"The export ({path}) is kept: evaluate it "
+                                                            "again with --overwrite --run-eval once there is space."):
             evaluate_traced(run, traced, adapter, os.path.join(args.output, "inference"))
     return 0
