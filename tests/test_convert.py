@@ -420,8 +420,13 @@ def test_truncated_file_is_refused(tmp_path, legacy_format):
         ({"backbone.bottom_up.stem.conv1.weight": torch.zeros(3)},
          r"detectron2 model's weights, which need no conversion: give the file as MODEL.WEIGHTS"),
         ({"_orig_mod.conv1.weight": torch.zeros(3)}, r"torch.compile'd model's weights: save the uncompiled module's"),
+        # a torchvision Faster R-CNN's: "not a torchvision-layout ResNet" only, after the train tool sent it here
+        ({"backbone.body.conv1.weight": torch.zeros(3), "rpn.head.conv.0.0.weight": torch.zeros(3)},
+         r"torchvision detection model's weights \(its ResNet under 'backbone.body.', .*save it on its own "
+         r"\(\{key.removeprefix\('backbone.body.'\): value"),
     ],
-    ids=["text", "empty", "dict-without-tensors", "other-network", "detectron2-weights", "compiled"],
+    ids=["text", "empty", "dict-without-tensors", "other-network", "detectron2-weights", "compiled",
+         "torchvision-detection"],
 )
 def test_non_checkpoint_files_are_refused(tmp_path, content, expected):
     src = tmp_path / "input.pth"

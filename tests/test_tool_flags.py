@@ -156,6 +156,22 @@ def test_analyze_reads_no_weights_and_no_test_set_for_parameters_and_structure(t
     assert "weights have another shape in the weights than in the model" in capsys.readouterr().err
 
 
+def test_a_torchvision_detection_checkpoint_as_initial_weights_is_named_with_the_way_to_convert_it(tmp_path):
+    # it was called a torchvision-layout ImageNet checkpoint to convert, and the converter refused it
+    import torch
+
+    import gwdet
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from gwdet.model_zoo import build_config
+
+    model = gwdet.build_model(build_config(str(DEMO_CONFIG), ["MODEL.DEVICE", "cpu"]))
+    torch.save({"backbone.body.conv1.weight": torch.zeros(16, 3, 7, 7), "roi_heads.box_head.fc6.weight": torch.zeros(1)},
+               tmp_path / "fasterrcnn.pth")
+    with pytest.raises(ValueError, match=r"a partly random backbone\. Those are a torchvision detection model's weights "
+                                         r"\(its ResNet under 'backbone.body.', then its FPN and heads\)"):
+        ResilientCheckpointer(model, save_dir=str(tmp_path)).load_weights(str(tmp_path / "fasterrcnn.pth"))
+
+
 def test_weights_that_are_a_folder_or_a_numpy_archive_are_named(tmp_path):
     import numpy as np
     import torch

@@ -177,6 +177,21 @@ def _all_finite(value: Any) -> bool:
     return True
 
 
+TORCHVISION_DETECTION_BACKBONE = "backbone.body."  # torchvision's detection models keep their ResNet there
+
+
+def torchvision_detection_hint(names: Sequence[str]) -> str:
+    """For weight ``names`` of a torchvision detection model (Faster/Mask R-CNN: its ResNet under
+    :data:`TORCHVISION_DETECTION_BACKBONE`): what they are and how to convert their ResNet; else ``""``."""
+    if not any(name.startswith(TORCHVISION_DETECTION_BACKBONE) for name in names):
+        return ""
+    prefix = TORCHVISION_DETECTION_BACKBONE
+    return (f" Those are a torchvision detection model's weights (its ResNet under {prefix!r}, then its FPN and heads), "
+            f"which gwdet converts the ResNet of only: save it on its own ({{key.removeprefix({prefix!r}): value for "
+            f"key, value in weights.items() if key.startswith({prefix!r})}}) and convert that file with "
+            "tools/convert_pretrained.py.")
+
+
 def load_torch_checkpoint(path: str) -> Any:
     """``torch.load(path, weights_only=True)`` (opt-in to more: ``GWDET_ALLOW_UNSAFE_PICKLE=1``)."""
     return load_torch_file(path, unsafe_pickle_allowed(), _OPT_IN)
@@ -915,6 +930,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
             hint = (f" The file holds the model's keys behind the prefix {prefix!r} (e.g. {unexpected[0]!r}): save "
                     f"its weights with the prefix taken off ({{key.removeprefix({prefix!r}): value for key, value in "
                     "weights.items()}) and load that file." if prefix else
+                    torchvision_detection_hint(unexpected) or
                     f" The file holds keys like {', '.join(map(repr, unexpected[:3]))}, not the model's: a torchvision-"
                     "layout ImageNet checkpoint needs converting first." if unexpected else "")
             raise GwdetValueError(

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gwdet.checkpoint.resilient import torchvision_detection_hint
 from gwdet.convert.loading import ConversionError, preview_names
 from gwdet.positions import POSITIONS
 
@@ -125,7 +126,7 @@ def _check_resnet_keys(layout: SourceLayout, tensors: dict[str, torch.Tensor]) -
             hint = (" Those are the names of a torch.compile'd model's weights: save the uncompiled module's "
                     "(model._orig_mod.state_dict()) and convert that file.")
         else:
-            hint = ""
+            hint = torchvision_detection_hint(names)
         raise ConversionError(
             "not a torchvision-layout ResNet/ResNeXt: expected keys like 'conv1.weight', "
             "'bn1.running_mean', 'layer1.0.conv2.weight', 'layer1.0.downsample.0.weight' "
