@@ -70,8 +70,19 @@ def test_ctrl_c_while_waiting_stops_the_waiting_and_says_how_to_stop_the_job(tmp
         waiting.wait(timeout=60)
         err = errors.read_text()
         assert waiting.returncode == 130, err[-3000:]
-        assert f"stopped waiting; job {job_id} still runs. To stop it too: stop:   kill -INT {job_id}" in err
+        assert f"stopped waiting; job {job_id} still runs. To stop it too: stop:   kill -TERM {job_id}" in err
         assert "Traceback" not in err
+        # the command given stops the job with a checkpoint (it said kill -INT: ignored by a script's background job,
+        # and submitit's controller kills the training a second after passing SIGINT on)
+        log, deadline = tmp_path / "long" / "log.txt", time.time() + 300
+        while time.time() < deadline and not (log.exists() and "save a checkpoint of the current" in log.read_text()):
+            time.sleep(0.1)
+        os.kill(job_id, signal.SIGTERM)
+        deadline = time.time() + 300
+        while time.time() < deadline and subprocess.run(["kill", "-0", str(job_id)], capture_output=True).returncode == 0:
+            time.sleep(0.2)
+        assert "Stopped by SIGTERM after iteration" in log.read_text()
+        assert [path.name for path in (tmp_path / "long").glob("model_*.pth")], "a checkpoint of the stop"
     finally:
         waiting.kill()
         if job_id is not None:  # the job's controller and the training process it started

@@ -135,7 +135,10 @@ def describe(job: "submitit.Job", launcher: str) -> list[str]:
         lines += [f"  state:  squeue -j {job.job_id}   (scontrol show job {job.job_id})",
                   f"  cancel: scancel {job.job_id}"]
     else:
-        lines.append(f"  stop:   kill -INT {job.job_id}   (the job runs on this machine under that process)")
+        # submitit's local controller passes SIGTERM on to the training and waits for it (a Ctrl-C's SIGINT
+        # kills the training a second later, and a script's background job ignores it)
+        lines.append(f"  stop:   kill -TERM {job.job_id}   (the job's process on this machine: the training saves a "
+                     "checkpoint, then stops)")
     return lines
 
 
