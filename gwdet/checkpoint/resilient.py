@@ -63,7 +63,8 @@ from gwdet.checkpoint.integrity import (
 )
 from gwdet.checkpoint.converted_weights import read_conversion_metadata
 from gwdet.norms import TORCH_BATCH_NORMS, layer_types
-from gwdet.checkpoint.safe_load import UnsafeCheckpointError, load_pickle_file, load_torch_file
+from gwdet.checkpoint.safe_load import (UnsafeCheckpointError, load_pickle_file, load_torch_file,
+                                        valueless_tensors_problem)
 from gwdet.errors import (GwdetError, GwdetFileExistsError, GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetRuntimeError, GwdetTypeError,
                           GwdetValueError, listed)
 
@@ -154,12 +155,9 @@ def _check_finite_weights(path: str, data: dict, setting: str) -> None:
     computes NaN), naming the tensors; a resumed checkpoint is left to the trainer, which stops on a
     non-finite loss."""
     weights = data.get("model", data)
-    valueless = [str(name) for name, value in weights.items() if isinstance(value, torch.Tensor) and value.is_meta]
-    if valueless:
-        raise GwdetValueError(
-            f"{setting} {path}: its tensors hold no values ({len(valueless)} on the meta device, e.g. {valueless[0]!r}): "
-            "the state dict of a model built on torch.device('meta'). Save the weights of a model on the CPU (after "
-            "loading or training them) and give that file.")
+    valueless = valueless_tensors_problem(weights)
+    if valueless is not None:
+        raise GwdetValueError(f"{setting} {path}: {valueless} and give that file.")
     broken = [str(name) for name, value in weights.items() if not _all_finite(value)]
     if broken:
         raise GwdetValueError(
@@ -183,9 +181,9 @@ TORCHVISION_DETECTION_BACKBONE = "backbone.body."  # torchvision's detection mod
 def torchvision_detection_hint(names: Sequence[str]) -> str:
     """For weight ``names`` of a torchvision detection model (Faster/Mask R-CNN: its ResNet under
     :data:`TORCHVISION_DETECTION_BACKBONE`): what they are and how to convert their ResNet; else ``""``."""
-    if not any(name.startswith(TORCHVISION_DETECTION_BACKBONE) for name in names):
-        return ""
     prefix = TORCHVISION_DETECTION_BACKBONE
+    if not any(name.startswith(prefix) for name in names):
+        return ""
     return (f" Those are a torchvision detection model's weights (its ResNet under {prefix!r}, then its FPN and heads), "
             f"which gwdet converts the ResNet of only: save it on its own ({{key.removeprefix({prefix!r}): value for "
             f"key, value in weights.items() if key.startswith({prefix!r})}}) and convert that file with "

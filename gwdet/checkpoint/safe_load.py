@@ -14,7 +14,7 @@ import os
 import pickle
 import re
 import zipfile
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -82,9 +82,16 @@ def starts_like_torch_save_output(path: str) -> bool:
     return head.startswith(ZIP_MAGIC) or head.startswith(LEGACY_MAGIC)
 
 
-class _NoGlobals(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        raise UnsafeGlobal(f"{module}.{name}")
+def valueless_tensors_problem(weights: Mapping[str, Any]) -> str | None:
+    """What is wrong with a state dict ``weights`` whose tensors are on the meta device (a model
+    built on ``torch.device('meta')`` saved: no values), ending where the caller's next step goes;
+    ``None`` when none is."""
+    valueless = [str(name) for name, value in weights.items() if isinstance(value, torch.Tensor) and value.is_meta]
+    if not valueless:
+        return None
+    return (f"its tensors hold no values ({len(valueless)} on the meta device, e.g. {valueless[0]!r}): the state dict "
+            "of a model built on torch.device('meta'). Save the weights of a model on the CPU (after loading or "
+            "training them)")
 
 
 def is_safetensors_file(path: str) -> bool:
@@ -108,7 +115,7 @@ def _legacy_format_protocol(path: str) -> int | None:
             return None
         f.seek(0)
         try:
-            first = _NoGlobals(f).load()
+            first = _NumpyOnlyUnpickler(f).load()
         except Exception:  # not a pickle whose first object is a plain value
             return None
     return head[1] if first == torch.serialization.MAGIC_NUMBER else None

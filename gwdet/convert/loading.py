@@ -21,7 +21,8 @@ import torch
 
 from gwdet.errors import GwdetError, listed
 from gwdet.checkpoint.safe_load import (SAFETENSORS_FIX, UnsafeCheckpointError, is_safetensors_file,
-                                        is_torchscript_archive, load_torch_file, starts_like_torch_save_output)
+                                        is_torchscript_archive, load_torch_file, starts_like_torch_save_output,
+                                        valueless_tensors_problem)
 
 DATA_PARALLEL_PREFIX = "module."
 STATE_DICT_ENTRIES = ("state_dict", "model")
@@ -56,12 +57,9 @@ def read_source_state_dict(
     _check_readable_file(path)
     loaded = _torch_load(path, allow_unsafe_pickle)
     tensors, wrapping = _unwrap_state_dict(path, loaded)
-    valueless = [name for name, tensor in tensors.items() if tensor.is_meta]
-    if valueless:
-        raise ConversionError(
-            f"{path}: its tensors hold no values ({len(valueless)} on the meta device, e.g. {valueless[0]!r}): the "
-            "state dict of a model built on torch.device('meta'). Save the weights of a model on the CPU (after "
-            "loading or training them) and convert that file.")
+    valueless = valueless_tensors_problem(tensors)
+    if valueless is not None:
+        raise ConversionError(f"{path}: {valueless} and convert that file.")
     tensors, stripped_prefix = _strip_data_parallel_prefix(tensors)
     return SourceStateDict(tensors=tensors, wrapping=wrapping, stripped_prefix=stripped_prefix)
 

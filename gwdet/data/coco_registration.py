@@ -601,6 +601,16 @@ def registered_coco_dataset(name: str) -> CocoDataset | None:
 _OWN_CODE_DATASETS: dict[tuple[str, str, str], CocoDataset] = {}  # (name, json, image root): read and checked
 
 
+def _own_code_key(name: str) -> tuple[str, str, str] | None:
+    """``(name, json file, image root)``, absolute, of a dataset registered with detectron2's
+    ``register_coco_instances`` (its metadata names a ``.json`` file and an image folder), else ``None``."""
+    metadata = MetadataCatalog.get(name)
+    json_file, image_root = metadata.get("json_file", None), metadata.get("image_root", None)
+    if not (isinstance(json_file, str) and isinstance(image_root, str) and json_file.endswith(".json")):
+        return None
+    return name, os.path.abspath(json_file), os.path.abspath(image_root)
+
+
 def coco_dataset(name: str) -> CocoDataset | None:
     """The COCO instances dataset registered as ``name``, read and checked: a ``--register-coco``
     one (:func:`registered_coco_dataset`), or one that one's own code registered with detectron2's
@@ -611,19 +621,17 @@ def coco_dataset(name: str) -> CocoDataset | None:
     if (ours is not None or name.startswith(SHAPES_PREFIX) or name not in DatasetCatalog.list()
             or any(name == builtin or name.startswith(builtin + "_") for builtin in _builtin_names())):
         return ours  # detectron2 derives names from its splits' (coco_2017_val_panoptic_separated)
-    metadata = MetadataCatalog.get(name)
-    json_file, image_root = metadata.get("json_file", None), metadata.get("image_root", None)
-    if not (isinstance(json_file, str) and isinstance(image_root, str) and json_file.endswith(".json")):
+    key = _own_code_key(name)
+    if key is None:
         return None
-    key = (name, os.path.abspath(json_file), os.path.abspath(image_root))
     known = _OWN_CODE_DATASETS.get(key)
     if known is None or not _json_unchanged(known):
         known = _OWN_CODE_DATASETS[key] = CocoDataset(*key).inspected()
-    classes = metadata.get("thing_classes", None)
+    classes = MetadataCatalog.get(name).get("thing_classes", None)
     if classes is not None and list(classes) != known.read.class_names:  # detectron2's loader asserts on them
         raise DatasetError(
             f"dataset {name!r} is registered with thing_classes {listed([repr(c) for c in classes], SHOWN)} in its "
-            f"metadata, but its annotation file {json_file} names the categories "
+            f"metadata, but its annotation file {known.json_file} names the categories "
             f"{listed([repr(c) for c in known.read.class_names], SHOWN)} (by id): "
             f"{_difference(list(classes), known.read.class_names, 'the metadata', 'the file', repr)}. detectron2 "
             "takes the class names from the file when it loads it, and refuses other ones in the metadata. Register "
@@ -637,11 +645,11 @@ def sha256_as_read(name: str) -> str | None:
     now; ``None`` when neither was read."""
     dataset = registered_coco_dataset(name)
     if dataset is None and name in MetadataCatalog.list():
-        metadata = MetadataCatalog.get(name)
-        json_file, image_root = metadata.get("json_file", None), metadata.get("image_root", None)
-        if isinstance(json_file, str) and isinstance(image_root, str):
-            dataset = _OWN_CODE_DATASETS.get((name, os.path.abspath(json_file), os.path.abspath(image_root)))
-    return dataset.contents.json_sha256 or None if dataset is not None and dataset.contents is not None else None
+        key = _own_code_key(name)
+        dataset = _OWN_CODE_DATASETS.get(key) if key is not None else None
+    if dataset is None or dataset.contents is None:
+        return None
+    return dataset.contents.json_sha256 or None
 
 
 @functools.cache

@@ -1041,6 +1041,16 @@ def evaluation_folder(output_dir: str, weights: str, setting: str = "OUTPUT_DIR"
     return candidate
 
 
+def _free_path(folder: str, stem: str, extension: str = "") -> str:
+    """``folder/<stem><extension>``, or where that is taken, the first free of ``<stem>_2<extension>``,
+    ``<stem>_3<extension>``, ...: what a set-aside file or folder of a resumed run is moved to."""
+    target, number = os.path.join(folder, stem + extension), 1
+    while os.path.lexists(target):
+        number += 1
+        target = os.path.join(folder, f"{stem}_{number}{extension}")
+    return target
+
+
 def _set_aside_drawings(output_dir: str, start_iter: int) -> list[str]:
     """Move the drawings ``vis/*.png`` of a run resumed at ``start_iter`` (of its earlier model) into
     ``vis/before_resuming_at_<start_iter>[_<n>]/``, so that ``vis/`` shows no drawing of another model
@@ -1050,11 +1060,7 @@ def _set_aside_drawings(output_dir: str, start_iter: int) -> list[str]:
                       and os.path.isfile(os.path.join(folder, name))) if os.path.isdir(folder) else []
     if not drawings:
         return []
-    stem = SET_ASIDE_INFIX.lstrip("_") + str(start_iter)
-    target, number = os.path.join(folder, stem), 1
-    while os.path.lexists(target):
-        number += 1
-        target = os.path.join(folder, f"{stem}_{number}")
+    target = _free_path(folder, SET_ASIDE_INFIX.lstrip("_") + str(start_iter))
     os.makedirs(target)
     for name in drawings:
         os.replace(os.path.join(folder, name), os.path.join(target, name))
@@ -1076,11 +1082,7 @@ def _set_aside_final_evaluations(output_dir: str, start_iter: int) -> list[str]:
     for name in names:
         if lock_holder(os.path.join(folder, name)) is not None:
             continue
-        stem = name.replace("model_final", f"model_final{SET_ASIDE_INFIX}{start_iter}", 1)
-        target, number = os.path.join(folder, stem), 1
-        while os.path.lexists(target):
-            number += 1
-            target = os.path.join(folder, f"{stem}_{number}")
+        target = _free_path(folder, name.replace("model_final", f"model_final{SET_ASIDE_INFIX}{start_iter}", 1))
         os.replace(os.path.join(folder, name), target)
         moved.append(os.path.relpath(target, output_dir) + os.sep)
     return moved
@@ -1102,10 +1104,7 @@ def set_aside_results(output_dir: str, start_iter: int) -> None:
         if not os.path.isfile(path) or os.path.islink(path):
             continue
         stem, extension = os.path.splitext(name)
-        target, number = os.path.join(output_dir, f"{stem}{SET_ASIDE_INFIX}{start_iter}{extension}"), 1
-        while os.path.lexists(target):
-            number += 1
-            target = os.path.join(output_dir, f"{stem}{SET_ASIDE_INFIX}{start_iter}_{number}{extension}")
+        target = _free_path(output_dir, f"{stem}{SET_ASIDE_INFIX}{start_iter}", extension)
         has_record = os.path.isfile(checksum_path(path))
         recorded = has_record and checksum_problem(path) is None
         os.replace(path, target)

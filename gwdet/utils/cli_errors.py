@@ -78,9 +78,9 @@ def tool_name(prog: str | None = None) -> str:
 @contextlib.contextmanager
 def reported_errors(prog: str | None = None, verbose: bool = False) -> Iterator[None]:
     """Run the block; a :class:`~gwdet.errors.GwdetError` becomes ``<prog>: error: <message>`` and
-    a line on ``--verbose`` on stderr, then ``SystemExit(2)``; ``KeyboardInterrupt`` (also as TorchScript's
-    interpreter reports it, a ``RuntimeError``) one line and ``SystemExit(130)``. Any other exception, and every exception when ``verbose``, propagates
-    unchanged."""
+    a line on ``--verbose`` on stderr, then ``SystemExit(2)``; ``KeyboardInterrupt`` (also as
+    TorchScript's interpreter reports it, a ``RuntimeError``) one line and ``SystemExit(130)``. Any
+    other exception, and every exception when ``verbose``, propagates unchanged."""
     try:
         yield
     except GwdetError as error:
