@@ -15,7 +15,8 @@ def export(capsys, tmp_path, *flags: str) -> str:
     """The export tool's one-line refusal (exit status 2) for ``flags``; nothing is written."""
     with pytest.raises(SystemExit) as exit_info:
         export_model.main(["--config-file", str(DEMO_CONFIG), "--output", str(tmp_path / "out"), *flags])
-    err = capsys.readouterr().err.strip().splitlines()[0]
+    lines = capsys.readouterr().err.strip().splitlines()
+    err = next((line for line in lines if re.match(r"\S+: error: ", line)), lines[0])  # after logged lines
     assert exit_info.value.code == 2, err
     assert not (tmp_path / "out").exists()
     return err
@@ -658,3 +659,21 @@ def test_the_export_tool_exports_the_detectors_without_an_rcnn_inference(capsys,
     if "GWRetinaNet" in architecture:  # a model with an input format (detectron2's ProposalNetwork has none)
         assert "The exported model takes an image as a uint8 (C, H, W) tensor of 0-255 pixel values (the type it " \
                "was exported with) with the channels in RGB order" in printed
+
+
+def test_export_refuses_weights_trained_on_another_channel_order_than_the_config_gives(capsys, tmp_path):
+    # the export's last line named the config's BGR for RGB-trained weights: fed BGR as told, the
+    # deployed model gets the channels swapped from what its weights learned
+    import gwdet
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from gwdet.model_zoo import build_config
+
+    model = gwdet.build_model(build_config(str(DEMO_CONFIG), ["MODEL.DEVICE", "cpu"]))
+    assert model.input_format == "RGB"
+    ResilientCheckpointer(model, save_dir=str(tmp_path)).save("model_final")
+    weights = tmp_path / "model_final.pth"
+    assert export(capsys, tmp_path, "MODEL.WEIGHTS", str(weights), "INPUT.FORMAT", "BGR").split(": error: ")[1] == (
+        f"INPUT.FORMAT: MODEL.WEIGHTS {weights} was trained on images in RGB channel order, and this config gives "
+        "'BGR'. The exported model computes the same function either way (the format only tells a loader how to "
+        "read image files), so its users would be told the wrong channel order; nothing was written. Set "
+        "INPUT.FORMAT to 'RGB' for the export.")

@@ -431,6 +431,7 @@ class LazyRun(RunConfig):
     output_setting = OUTPUT_SETTING
     weights_setting = WEIGHTS_SETTING
     weights_example = f"{WEIGHTS_SETTING}=path/to/model_final.pth"
+    input_format_setting = "model.input_format"
     input_settings = ("model.input_format, model.pixel_mean, model.pixel_std, the ResNet's stride_in_1x1, "
                       "model.proposal_generator.anchor_generator.sizes, aspect_ratios and offset, "
                       "model.backbone.fuse_type, the box2box_transform weights of model.proposal_generator and "

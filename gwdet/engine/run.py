@@ -115,6 +115,7 @@ class RunConfig(ABC):
     weights_setting: ClassVar[str]  # the setting of the initial weights
     weights_example: ClassVar[str]  # that setting given a value, as a message suggests it
     input_settings: ClassVar[str]  # the settings of the values a checkpoint records beside its weights
+    input_format_setting: ClassVar[str]  # the setting of the images' channel order
 
     @property
     @abstractmethod
@@ -224,18 +225,23 @@ class RunConfig(ABC):
     def build_model(self) -> torch.nn.Module:
         """The config's model, checked (:func:`gwdet.check_model`), on the config's device."""
 
-    def load_weights(self, model: torch.nn.Module, evaluates: bool = True) -> dict[str, str] | None:
+    def load_weights(self, model: torch.nn.Module, evaluates: bool = True,
+                     keeps_input_format: bool = False) -> dict[str, str] | None:
         """Load the initial weights into ``model``, every weight of the model required; where the
         request ``evaluates``, weights whose checkpoint records the class names they were trained on
         are refused for test data with those names in another order
         (:func:`gwdet.data.datasets.check_evaluated_classes`), and a test set that is their training
-        data is warned of (:func:`warn_of_training_data_evaluated`).
+        data is warned of (:func:`warn_of_training_data_evaluated`). Where the request
+        ``keeps_input_format`` (an export, which tells its users the channel order), weights whose
+        checkpoint records another input format than the model's are refused.
         Returns the record of the weights loaded (:func:`~gwdet.checkpoint.resilient.weights_record`:
         a URL with the SHA-256 of its local copy; None without weights), whatever later replaces a file
         of that name."""
         checkpointer = ResilientCheckpointer(model, save_dir=self.output_dir, require_every_weight=True,
                                              weights_setting=self.weights_setting, compare_input=False)
         loaded = checkpointer.load_weights(self.weights)
+        if keeps_input_format:
+            self._check_input_format(loaded.get(INPUT_KEY), model)
         if evaluates:
             check_evaluated_classes(loaded.get(CLASSES_KEY), self.test_datasets(), self.weights)
             warn_of_training_data_evaluated(loaded.get(DATA_KEY), self.test_datasets(), self.weights)
@@ -248,6 +254,19 @@ class RunConfig(ABC):
                                f"which changes its results; use the values the weights were trained with "
                                f"({self.input_settings}).")
         return checkpointer.initial_weights
+
+    def _check_input_format(self, saved: Any, model: torch.nn.Module) -> None:
+        """Refuse weights whose input record (``saved``; nothing without one) gives another channel
+        order than ``model`` reads images in."""
+        trained = saved.get("input_format") if isinstance(saved, dict) else None
+        present = getattr(model, "input_format", None)
+        if trained is not None and present is not None and trained != present:
+            raise GwdetValueError(
+                f"{self.input_format_setting}: {self.weights_setting} {self.weights} was trained on images in "
+                f"{trained} channel order, and this config gives {present!r}. The exported model computes the same "
+                f"function either way (the format only tells a loader how to read image files), so its users would "
+                f"be told the wrong channel order; nothing was written. Set {self.input_format_setting} to {trained!r} "
+                "for the export.")
 
     @abstractmethod
     def model_differences_from(self, path: str) -> list[str]:
@@ -325,17 +344,19 @@ class RunConfig(ABC):
         """The evaluator of the first test set, writing its files (predictions, results) into
         ``output_folder``: a tool's own folder, never a run's ``inference/``."""
 
-    def build_trained_model(self, evaluates: bool = False, loads_weights: bool = True) -> torch.nn.Module:
+    def build_trained_model(self, evaluates: bool = False, loads_weights: bool = True,
+                            keeps_input_format: bool = False) -> torch.nn.Module:
         """The model with the initial weights loaded as ``--eval-only`` loads them, in evaluation
         mode (the export and analyze tools; their test sets checked as an evaluation's where it
-        ``evaluates``: the export's ``--run-eval``); a warning when there are none. Without
+        ``evaluates``: the export's ``--run-eval``; weights of another input format refused where it
+        ``keeps_input_format``: the export); a warning when there are none. Without
         ``loads_weights`` (what does not depend on them: parameter counts, the structure) none are read."""
         with named_config_failures(self.cfg, "build the model"):
             model = self.build_model()
         if self.weights and not loads_weights:
             logger.info(f"{self.weights_setting} {self.weights} is not read: what is asked does not depend on weights.")
         elif self.weights:
-            self.load_weights(model, evaluates=evaluates)
+            self.load_weights(model, evaluates=evaluates, keeps_input_format=keeps_input_format)
         else:
             logger.warning(f"{self.weights_setting} is empty: the model is randomly initialized.")
         return model.eval()

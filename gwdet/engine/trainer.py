@@ -415,6 +415,7 @@ class YacsRun(RunConfig):
     output_setting = "OUTPUT_DIR"
     weights_setting = "MODEL.WEIGHTS"
     weights_example = "MODEL.WEIGHTS path/to/model_final.pth"
+    input_format_setting = "INPUT.FORMAT"
     input_settings = ("INPUT.FORMAT, MODEL.PIXEL_MEAN, MODEL.PIXEL_STD, MODEL.RESNETS.STRIDE_IN_1X1, "
                       "MODEL.ANCHOR_GENERATOR.SIZES, ASPECT_RATIOS and OFFSET, MODEL.FPN.FUSE_TYPE, the "
                       "BBOX_REG_WEIGHTS of MODEL.RPN and MODEL.ROI_BOX_HEAD, the POOLER_TYPE, POOLER_RESOLUTION and "

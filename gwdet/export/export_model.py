@@ -449,7 +449,7 @@ def _export(argv: Sequence[str]) -> int:
                               f"or name a test set in {run.test_setting}.")
     run.register_datasets(args.register_coco, trains=False, evaluates=args.run_eval,
                           reads_tests=args.sample_image is None or args.run_eval)
-    model = run.build_trained_model(evaluates=args.run_eval)
+    model = run.build_trained_model(evaluates=args.run_eval, keeps_input_format=True)
     image, found = pick_sample(model, *sample_candidates(run, args.sample_image))
     logger.info("The sample image gives %d detections to compare the export on.", found)
     created_output = not os.path.isdir(args.output)
