@@ -775,3 +775,94 @@ def test_detectron2s_matching_heuristics_query_is_honoured_for_local_files(tmp_p
         # "true": detectron2 reads it as no heuristics, which the record would have claimed
         with pytest.raises(ValueError, match=r"the query \['matching_heuristics=true'\]"):
             ResilientCheckpointer(model, str(tmp_path)).load_weights(f"{path}?matching_heuristics=true")
+
+
+# ---- weights from files without gwdet's records: the whole messages --------------------------
+
+def test_gw_weights_without_their_settings_are_refused_naming_the_layers_even_a_bare_one():
+    from collections import OrderedDict
+
+    from gwdet.checkpoint.compatibility import check_unrecorded_weights
+
+    bare = GroupWhitening(8, num_groups=2)
+    plain = {name: value for name, value in bare.state_dict().items() if name == "weight" or name == "bias"}
+    with pytest.raises(ValueError) as refused:
+        check_unrecorded_weights(plain, bare, OPT_IN)
+    assert str(refused.value) == (
+        "The checkpoint holds weights for 1 gwdet norm layer(s) of this model (the model (GroupWhitening)) but not the "
+        "settings these layers save with their weights (_extra_state), nor gwdet's record of the norm types: they "
+        "come from other layers with the same shapes (a GN model's, saved by detectron2's own checkpointer) or from a "
+        "file gwdet did not write, so whether they were trained as these layers cannot be checked; nothing was "
+        "loaded. Load weights trained with this config (gwdet's checkpoints record their norms), or "
+        f"{OPT_IN} to load them anyway.")
+    check_unrecorded_weights(bare.state_dict(), bare, OPT_IN)  # the settings beside the weights: checked on load
+    # four layers (one whose name ends in an X), saved through DistributedDataParallel's "module."
+    model = nn.Sequential(OrderedDict((name, GroupWhitening(8, num_groups=2)) for name in ("a", "b", "cX", "d")))
+    wrapped = {f"module.{name}": value for name, value in model.state_dict().items() if "_extra_state" not in name}
+    with pytest.raises(ValueError, match=r"^The checkpoint holds weights for 4 gwdet norm layer\(s\) of this model "
+                                         r"\(a \(GroupWhitening\), b \(GroupWhitening\), cX \(GroupWhitening\), "
+                                         r"\.\.\. \(1 more\)\) but not"):
+        check_unrecorded_weights(wrapped, model, OPT_IN)
+
+
+def test_batch_norm_statistics_name_each_layer_without_any_by_the_weights_key_or_its_tail():
+    from gwdet.checkpoint.compatibility import check_statistics_have_a_layer
+
+    class Stage(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Module(), nn.Module()
+            self.a.norm, self.b.norm = GroupWhitening(8, num_groups=2), nn.GroupNorm(2, 8)
+            self.c, self.d = GroupWhitening(8, num_groups=2), GroupWhitening(8, num_groups=2)
+
+    model = nn.Sequential(Stage())
+    statistic = torch.zeros(8)
+    # a full key, a tail of one (a converted backbone's, as detectron2 matches it), mean or variance alone
+    weights = {"0.a.norm.running_mean": statistic, "b.norm.running_var": statistic, "c.running_mean": statistic,
+               "d.running_var": statistic, "a.running_mean": statistic}
+    with pytest.raises(ValueError) as refused:
+        check_statistics_have_a_layer(weights, model, OPT_IN)
+    assert str(refused.value) == (
+        "The weights hold batch norm statistics (running_mean, running_var) for 4 layer(s) that keep none in this "
+        "model (0.a.norm, 0.b.norm, 0.c, ... (1 more)): BN's scale and shift would load as their affine and the "
+        "statistics be dropped, another function; nothing was loaded. Build the model with BN where the weights have "
+        "it (MODEL.RESNETS.GW_POSITIONS to where they have GW, \"\" for none; MODEL.RESNETS.NORM), or load weights "
+        "trained or converted for this model (tools/convert_pretrained.py), or "
+        f"{OPT_IN} to load them anyway.")
+    for key in ("0.a.norm.running_mean", "b.norm.running_var", "c.running_mean"):
+        with pytest.raises(ValueError, match=r"for 1 layer\(s\)"):
+            check_statistics_have_a_layer({key: statistic}, model, OPT_IN)
+    # a key's first part alone, or a name that only ends with the key's letters, is another layer
+    check_statistics_have_a_layer({"0.running_mean": statistic, "xc.running_var": statistic,
+                                   "0.a.norm.weight": statistic}, model, OPT_IN)
+
+
+def test_affine_weights_for_layers_with_statistics_but_none_saved_are_refused_naming_them():
+    from gwdet.checkpoint.compatibility import check_statistics_in_weights
+
+    model = nn.Sequential(*(nn.BatchNorm2d(8) for _ in range(4)))
+    affine = {f"{index}.{name}": torch.ones(8) for index in range(4) for name in ("weight", "bias")}
+    with pytest.raises(ValueError) as refused:
+        check_statistics_in_weights(affine, model, OPT_IN)
+    assert str(refused.value) == (
+        "The checkpoint holds the affine weights of 4 layer(s) that keep running statistics in this model "
+        "(0 (BatchNorm2d), 1 (BatchNorm2d), 2 (BatchNorm2d), ... (1 more)) but no statistics for them: they were "
+        "trained in norm layers without any (GN, GW, ...), and these layers would normalize with mean 0 and variance "
+        "1; nothing was loaded. Build the model with the norms the weights were trained with (MODEL.RESNETS.NORM GN, "
+        f"say; a LazyConfig's norm nodes), or {OPT_IN} to load them anyway.")
+
+
+def test_settings_of_a_layer_saved_as_another_kind_are_left_to_the_type_check():
+    model = nn.Sequential(GroupWhitening(8, num_groups=2))
+    saved = {"0": {"num_groups": 4}}
+    check_norm_settings(saved, model, OPT_IN, saved_types={"0": "BatchWhitening"})  # check_norm_types names it
+    with pytest.raises(ValueError, match=r"1 values, e.g. 0 num_groups 4 -> 2"):
+        check_norm_settings(saved, model, OPT_IN, saved_types={"0": "GroupWhitening"})
+
+
+def test_converted_norms_for_a_resnet_without_norms_name_every_conv():
+    bare = gw_resnet("", ["res2"], stride_in_1x1=True, norm="")
+    assert refusal({"norm": "BN"}, bare) == (
+        "The weights were converted from a BN model (its norms outside GW have running statistics), but the model's "
+        "ResNet has no norm there (every conv). Set MODEL.RESNETS.NORM FrozenBN, BN or SyncBN, or load weights "
+        "converted from a model with the ResNet's norms.")
