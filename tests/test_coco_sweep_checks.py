@@ -358,14 +358,41 @@ def test_an_eps_image_without_ghostscript_is_not_called_damaged(tmp_path):
 
 
 def test_a_test_set_that_is_a_training_sets_file_is_warned_of(tmp_path):
-    from gwdet.data.coco_registration import DatasetUse, check_datasets_fit
+    from gwdet.data.coco_registration import DatasetUse, warn_of_test_sets_trained_on
 
     spec = write_dataset(tmp_path)
     register_coco_datasets([CocoDataset.parse(f"leak_train={spec}"), CocoDataset.parse(f"leak_test={spec}")])
     with logged_warnings("gwdet.data.coco_registration") as warned:
-        check_datasets_fit(DatasetUse(("leak_train",), ("leak_test",), False))
+        warn_of_test_sets_trained_on(DatasetUse(("leak_train",), ("leak_test",), False))
     assert any("DATASETS.TEST 'leak_test' reads the annotation file of DATASETS.TRAIN 'leak_train'" in message
                for message in warned), warned
+
+
+def test_a_test_set_that_is_a_training_set_or_its_file_is_warned_of_shapes_splits_too(tmp_path):
+    # DATASETS.TEST '("shapes_train",)', a shapes split in both lists, or --register-coco of the shapes cache's
+    # train.json as the test set: AP of training data, without a word (only --register-coco pairs were compared)
+    from detectron2.data import MetadataCatalog
+
+    from gwdet.data import prepare_datasets
+
+    def warned_for(*opts: str) -> list[str]:
+        cfg = build_config(str(DEMO_CONFIG), [*TINY_OPTS, *opts])
+        with logged_warnings("gwdet.data.coco_registration") as warned:
+            prepare_datasets(cfg)
+        return warned
+
+    assert warned_for("DATASETS.TEST", "('shapes_train',)") == [
+        "DATASETS.TEST 'shapes_train' is also in DATASETS.TRAIN: its results measure the data the model trains on, "
+        "not how it does on unseen images. Evaluate on a held-out dataset."]
+    assert warned_for("DATASETS.TRAIN", "('shapes_train', 'shapes_val')")[0].startswith(
+        "DATASETS.TEST 'shapes_val' is also in DATASETS.TRAIN")
+    assert warned_for() == []  # the shapes splits are registered by now
+    train_json = MetadataCatalog.get("shapes_train").json_file
+    register_coco_datasets([CocoDataset.parse(f"copied_val={train_json}:{os.path.dirname(train_json)}/train")])
+    assert warned_for("DATASETS.TEST", "('copied_val',)") == [
+        f"DATASETS.TEST 'copied_val' reads the annotation file of DATASETS.TRAIN 'shapes_train' ({train_json}): its "
+        "results measure the data the model trains on, not how it does on unseen images. Evaluate on a held-out "
+        "annotation file."]
 
 
 def _second_file_of_the_same_images(tmp_path: Path, name: str, keep: slice = slice(None)) -> str:
@@ -382,7 +409,7 @@ def _second_file_of_the_same_images(tmp_path: Path, name: str, keep: slice = sli
 def test_two_training_files_of_the_same_images_are_refused_and_a_test_set_of_training_images_warned_of(tmp_path):
     # two annotation passes of the same 8 images trained together without a word (an object the second pass lacked
     # trained as background); a test file of 12 of the 60 training images scored as held-out data
-    from gwdet.data.coco_registration import DatasetUse, check_datasets_fit
+    from gwdet.data.coco_registration import DatasetUse, check_datasets_fit, warn_of_test_sets_trained_on
 
     spec = write_dataset(tmp_path)
     second = _second_file_of_the_same_images(tmp_path, "second.json")
@@ -394,7 +421,7 @@ def test_two_training_files_of_the_same_images_are_refused_and_a_test_set_of_tra
     part = _second_file_of_the_same_images(tmp_path, "part.json", slice(0, 2))
     register_coco_datasets([CocoDataset.parse(f"part_test={part}")])
     with logged_warnings("gwdet.data.coco_registration") as warned:
-        check_datasets_fit(DatasetUse(("pass_one",), ("part_test",), False))
+        warn_of_test_sets_trained_on(DatasetUse(("pass_one",), ("part_test",), False))
     assert [message.split(" (")[0] for message in warned] == [
         "2 of the 2 images of DATASETS.TEST 'part_test' are images of DATASETS.TRAIN 'pass_one'"], warned
     # all of them: the test json's IMAGE_ROOT may be the training images' folder (a test json given the wrong one)

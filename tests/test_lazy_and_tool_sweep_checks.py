@@ -5,6 +5,7 @@ asserts on (checkpoints kept, warm-up length, AMP without CUDA), overrides hydra
 whose key has an empty part; ``--threads`` above the usable CPUs, a ``--dist-url`` no process can
 meet at, an empty ``GWDET_CACHE``, a shapes image size too small to hold a shape, repeated
 ``compare_norms.py --seeds`` / ``--batch-sizes``, and benchmark flags the run would not use."""
+import dataclasses
 import importlib.util
 from datetime import timedelta
 import os
@@ -431,6 +432,45 @@ def test_an_image_size_too_small_for_a_shape_is_refused_before_generating(tmp_pa
     assert str(refused.value).startswith("DATASETS.SHAPES.IMAGE_SIZE=4: the shapes dataset needs images of at least "
                                          f"{shapes.MIN_IMAGE_SIZE} pixels a side")
     assert not (tmp_path / "shapes").exists()
+
+
+@pytest.mark.parametrize("size", [64.0, "64"])
+def test_an_image_size_that_is_not_an_integer_is_named_as_such(tmp_path, size):
+    # 64.0 and "64" got the long explanation of images too small to hold a shape
+    from detectron2.config import get_cfg
+
+    from gwdet import add_gwdet_config
+
+    with pytest.raises(GwdetValueError) as refused:
+        shapes.ShapesSpec(image_size=size)
+    kind = type(size).__name__
+    assert str(refused.value) == (
+        f"the ShapesSpec's image_size={size!r} ({kind}): the image side is a number of pixels, an integer of at least "
+        "10, e.g. 64 (the demo's images are 128 pixels a side).")
+    cfg = add_gwdet_config(get_cfg())
+    cfg.DATASETS.SHAPES.IMAGE_SIZE, cfg.DATASETS.SHAPES.ROOT = size, str(tmp_path / "shapes")
+    with pytest.raises(GwdetValueError, match=rf"^DATASETS.SHAPES.IMAGE_SIZE={size!r} \({kind}\): the image side"):
+        shapes.register_shapes(cfg)
+
+
+def test_a_shapes_spec_of_numpy_integers_holds_python_integers():
+    # np.int64 passed the spec's checks, then json.dumps of the cache key raised a raw TypeError
+    import numpy as np
+
+    spec = shapes.ShapesSpec(image_size=np.int32(32), num_train=np.int64(4), num_val=np.int64(2), seed=np.uint8(3),
+                             num_test=np.int64(2))
+    assert spec == shapes.ShapesSpec(image_size=32, num_train=4, num_val=2, seed=3, num_test=2)
+    assert all(type(value) is int for value in dataclasses.asdict(spec).values())
+    assert spec.cache_key() == shapes.ShapesSpec(image_size=32, num_train=4, num_val=2, seed=3, num_test=2).cache_key()
+
+
+def test_registering_shapes_of_a_config_without_gwdets_keys_says_how_to_add_them():
+    # a raw AttributeError: SHAPES
+    from detectron2.config import get_cfg
+
+    with pytest.raises(KeyError, match=r"gwdet.data.register_shapes needs gwdet's config keys \(MODEL.GW.\*, ...\), "
+                                       r"but the config has none: call gwdet.add_gwdet_config\(cfg\)"):
+        shapes.register_shapes(get_cfg())
 
 
 def test_the_smallest_image_size_is_where_the_largest_shape_covers_the_visible_area():

@@ -263,6 +263,40 @@ def test_a_file_gone_while_the_run_reads_is_named_with_the_way_on(tmp_path, work
         "register the dataset where it is now). The run's checkpoints are kept: continue it with --resume.")
 
 
+class _ReadsAnImage(_ReadsAGoneFile):
+    def __getitem__(self, index):
+        from detectron2.data.detection_utils import read_image
+
+        return read_image(self.path, format="RGB")
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_an_image_damaged_while_the_run_reads_is_named_with_the_way_on(tmp_path, workers):
+    # a cached PNG cut short during a training: 150 lines of PIL's traceback, "OSError: image file is truncated"
+    import numpy as np
+    import torch.utils.data
+    from PIL import Image
+
+    from gwdet.engine.run import named_lost_file
+
+    image = tmp_path / "000000.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(image)
+    image.write_bytes(image.read_bytes()[:2000])
+    loader = torch.utils.data.DataLoader(_ReadsAnImage(str(image)), num_workers=workers, batch_size=None)
+    with pytest.raises(OSError) as refused:
+        with named_lost_file("The run's checkpoints are kept: continue it with --resume."):
+            next(iter(loader))
+    assert str(refused.value).startswith("An image the run reads cannot be decoded (image file is truncated"), \
+        str(refused.value)
+    assert str(refused.value).endswith(
+        "): damaged or overwritten while the run was working (a dataset's images, $GWDET_CACHE)? The images were "
+        "checked to decode when the run started. Put the intact files back (the shapes dataset is generated again "
+        "where its files differ from their checksums). The run's checkpoints are kept: continue it with --resume.")
+    with pytest.raises(PermissionError):  # other errors of the OS pass unchanged
+        with named_lost_file("Then evaluate again."):
+            raise PermissionError(13, "Permission denied", str(image))
+
+
 def test_a_long_config_difference_is_shortened_in_the_another_model_warning(tmp_path):
     # a LazyConfig run's list of ResNet stages made a 3 KB warning before the one real change
     from gwdet.engine.run import SHOWN_LENGTH, load_run_config

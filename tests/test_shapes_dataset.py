@@ -249,22 +249,25 @@ def test_staging_folders_of_an_interrupted_generation_are_removed(tmp_path):
     assert list(tmp_path.glob(f"{shapes.STAGING_PREFIX}*")) == [running]
 
 
-def test_a_cache_without_checksums_is_recorded_in_place_unless_a_file_does_not_decode(tmp_path, caplog):
-    """A cache written by a gwdet that recorded no checksums is not generated again under the runs
-    that may be reading it: its files are checked to decode and their checksums recorded."""
+def test_a_writable_cache_without_a_record_of_every_file_is_generated_again(tmp_path, caplog):
+    """Files without a checksum record cannot be checked: a training image replaced by another
+    split's image (which decodes) was read, and recorded as intact for every later run."""
     spec = ShapesSpec(image_size=64, num_train=2, num_val=2, seed=5, num_test=2)
     folder = ensure_generated(spec, tmp_path)
-    (folder / CHECKSUMS_JSON).unlink()
-    image = folder / "train" / "000001.png"
-    modified = image.stat().st_mtime_ns
-    with caplog.at_level(logging.WARNING, logger="gwdet.data.shapes"):
-        assert ensure_generated(spec, tmp_path) == folder
-    assert damaged_files(folder) == [] and image.stat().st_mtime_ns == modified and "damaged" not in caplog.text
-    (folder / CHECKSUMS_JSON).unlink()
+    image = folder / "train" / "000000.png"
     intact = image.read_bytes()
-    image.write_bytes(intact[:100])  # an old-format cache with a truncated image is generated again
-    ensure_generated(spec, tmp_path)
-    assert image.read_bytes() == intact and damaged_files(folder) == []
+    for record in (None, "{}", json.dumps({"train.json": "0" * 64})):  # missing, empty, not every file
+        image.write_bytes((folder / "val" / "000000.png").read_bytes())
+        if record is None:
+            (folder / CHECKSUMS_JSON).unlink()
+        else:
+            (folder / CHECKSUMS_JSON).write_text(record)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="gwdet.data.shapes"):
+            assert ensure_generated(spec, tmp_path) == folder
+        assert "has no checksum record of every file (checksums.json is missing, unreadable or incomplete), so its " \
+               "files cannot be checked: generating it again." in caplog.text
+        assert image.read_bytes() == intact and damaged_files(folder) == []
 
 
 @pytest.mark.parametrize("values, message", [
@@ -288,19 +291,43 @@ def test_an_image_side_too_large_to_draw_in_memory_is_refused_naming_the_key(tmp
     assert not (tmp_path / "shapes").exists()
 
 
-def test_a_cache_without_its_checksum_record_that_cannot_take_one_is_read_as_it_is(tmp_path, caplog):
-    # a shared read-only cache made by an older gwdet: a raw OSError where the record was written
+def test_a_cache_without_its_checksum_record_that_cannot_take_one_is_read_as_it_is():
+    # a shared cache made by an older gwdet, which this user may not write: a raw OSError where the
+    # record was written; read by another user, in a forked child (root writes any folder)
     import shutil
+    import tempfile
 
-    generated = ensure_generated(SPEC, tmp_path)
+    root = tempfile.mkdtemp(prefix="gwdet-shared-cache-")  # pytest's folders are closed to other users
+    generated = ensure_generated(SPEC, root)
     before = {path.name: path.stat().st_mtime_ns for path in generated.rglob("*.png")}
     (generated / CHECKSUMS_JSON).unlink()
-    (generated / CHECKSUMS_JSON).mkdir()  # the record cannot be written (as on a read-only disk, which root writes)
-    with caplog.at_level(logging.WARNING, logger="gwdet.data.shapes"):
-        assert ensure_generated(SPEC, tmp_path) == generated
-    assert "has no checksum record, and none can be written there" in caplog.text
-    assert {path.name: path.stat().st_mtime_ns for path in generated.rglob("*.png")} == before  # not generated again
-    shutil.rmtree(generated / CHECKSUMS_JSON)
+    for folder in (root, generated, *generated.iterdir()):
+        if os.path.isdir(folder):
+            os.chmod(folder, 0o555)
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            if os.geteuid() == 0:
+                os.setuid(65534)
+            handler = logging.StreamHandler(os.fdopen(writer, "w"))
+            logging.getLogger("gwdet.data.shapes").addHandler(handler)
+            print(ensure_generated(SPEC, root), file=handler.stream, flush=True)
+        finally:
+            os._exit(0)
+    os.close(writer)
+    os.waitpid(child, 0)
+    with os.fdopen(reader) as answer:
+        said = answer.read()
+    after = {path.name: path.stat().st_mtime_ns for path in generated.rglob("*.png")}
+    for folder in (root, generated, *generated.iterdir()):
+        if os.path.isdir(folder):
+            os.chmod(folder, 0o755)
+    shutil.rmtree(root)
+    assert said.endswith(f"{generated}\n"), said
+    assert f"The shapes dataset in {generated} has no checksum record of every file, and none can be written there: " \
+           "it is read as it is (every file decodes)." in said
+    assert after == before  # not generated again
 
 
 def test_an_unregistered_name_gets_the_closest_registered_one_and_shapes_names_their_splits():

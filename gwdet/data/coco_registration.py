@@ -1057,6 +1057,7 @@ def check_config_against_datasets(cfg: CfgNode, *, trains: bool = True, evaluate
     evaluate on. Without such a dataset, only the number of classes is checked, against every one of
     them whose classes are known before loading."""
     use = DatasetUse.of_config(cfg, trains=trains, evaluates=evaluates)
+    check_datasets_fit(use)
     ours = [dataset for dataset in map(coco_dataset, use.names()) if dataset is not None]
     if not ours:
         for name in use.names():  # the datasets whose classes are known before loading: shapes, detectron2's builtin ones
@@ -1064,7 +1065,6 @@ def check_config_against_datasets(cfg: CfgNode, *, trains: bool = True, evaluate
             if classes is not None:
                 _check_num_classes(cfg, name, classes, trains=trains)
         return
-    check_datasets_fit(use)
     reference = ours[0]
     _check_num_classes(cfg, reference.name, reference.read.class_names, reference.json_file, any_architecture=True,
                        trains=trains)
@@ -1088,7 +1088,6 @@ def check_datasets_fit(use: DatasetUse) -> None:
         if dataset.name in use.test:  # evaluated against the JSON itself
             _check_test_annotations(use, dataset)
     _check_no_shared_training_images(use, ours)
-    _warn_of_test_sets_trained_on(use, ours)
 
 
 def _check_no_shared_training_images(use: DatasetUse, ours: Sequence[CocoDataset]) -> None:
@@ -1108,17 +1107,34 @@ def _check_no_shared_training_images(use: DatasetUse, ours: Sequence[CocoDataset
                     "one entry per image, or train on one of them.")
 
 
-def _warn_of_test_sets_trained_on(use: DatasetUse, ours: Sequence[CocoDataset]) -> None:
-    """Warn of each test set of ``use`` whose annotation file is (by path or by contents) that of a
-    training set, or whose images are training images: its results measure the training data."""
-    training = [dataset for dataset in ours if dataset.name in use.train]
-    for test in (dataset for dataset in ours if dataset.name in use.test and dataset.name not in use.train):
-        for train in training:
-            if _same_file(test.json_file, train.json_file):
+def _annotation_file(name: str) -> str | None:
+    """The annotation file a registered dataset's metadata names (``json_file``: shapes,
+    ``--register-coco``, detectron2's builtin COCO sets), or None."""
+    return MetadataCatalog.get(name).get("json_file") if name in MetadataCatalog.list() else None
+
+
+def warn_of_test_sets_trained_on(use: DatasetUse) -> None:
+    """Warn of each test set of ``use`` that is a training set, whose annotation file is (by path
+    or by contents) that of a training set (shapes splits and ``--register-coco`` datasets alike:
+    every dataset registered by now), or (``--register-coco`` datasets) whose images are training
+    images: its results measure the training data."""
+    read = {dataset.name: dataset for dataset in map(coco_dataset, use.names()) if dataset is not None}
+    for test_name in use.test:
+        if test_name in use.train:
+            logger.warning(
+                f"{use.test_setting} {test_name!r} is also in {use.train_setting}: its results measure the data the "
+                "model trains on, not how it does on unseen images. Evaluate on a held-out dataset.")
+            continue
+        for train_name in use.train:
+            test_json, train_json = _annotation_file(test_name), _annotation_file(train_name)
+            if test_json and train_json and _same_file(test_json, train_json):
                 logger.warning(
-                    f"{use.test_setting} {test.name!r} reads the annotation file of {use.train_setting} {train.name!r} "
-                    f"({test.json_file}): its results measure the data the model trains on, not how it does on "
+                    f"{use.test_setting} {test_name!r} reads the annotation file of {use.train_setting} {train_name!r} "
+                    f"({test_json}): its results measure the data the model trains on, not how it does on "
                     "unseen images. Evaluate on a held-out annotation file.")
+                continue
+            test, train = read.get(test_name), read.get(train_name)
+            if test is None or train is None:
                 continue
             shared = test.read.image_files & train.read.image_files
             if shared:

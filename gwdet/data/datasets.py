@@ -23,12 +23,14 @@ from gwdet.data.coco_registration import (
     ENVIRONMENT_VARIABLE,
     CocoDataset,
     DatasetError,
+    DatasetUse,
     check_config_against_datasets,
     environment_datasets,
     given_on_the_command_line,
     known_class_names,
     register_coco_datasets,
     registered_coco_dataset,
+    warn_of_test_sets_trained_on,
 )
 from gwdet.data.shapes import SPLITS, register_shapes
 
@@ -119,6 +121,7 @@ def prepare_datasets(cfg: CfgNode, coco: Sequence[CocoDataset] = (), *, trains: 
     check_dataset_files(names)
     if trains:
         check_distinct_training_files(cfg.DATASETS.TRAIN)
+        warn_of_test_sets_trained_on(DatasetUse.of_config(cfg, evaluates=evaluates))
 
 
 def register_configured_shapes(cfg: CfgNode, names: Sequence[str]) -> None:

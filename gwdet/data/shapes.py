@@ -37,6 +37,7 @@ from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data.datasets import register_coco_instances
 from PIL import Image, ImageDraw
 
+from gwdet.config import require_gwdet_config
 from gwdet.errors import GwdetError, GwdetTypeError, GwdetValueError, listed
 from gwdet.layers.common import check_int_at_least
 from gwdet.utils.atomic import file_sha256, process_is_gone
@@ -81,6 +82,8 @@ class ShapesSpec:
             check_int_at_least("ShapesSpec", field, getattr(self, field), 1)
         check_int_at_least("ShapesSpec", "seed", self.seed, 0)
         check_image_size(self.image_size)
+        for field in ("image_size", "num_train", "num_val", "num_test", "seed"):  # numpy's integers as Python's
+            object.__setattr__(self, field, int(getattr(self, field)))
 
     def num_images(self, split: str) -> int:
         return {"train": self.num_train, "val": self.num_val, "test": self.num_test}[split]
@@ -127,18 +130,21 @@ def check_image_size(image_size: Any, setting: str = SPEC_SIZE_SETTING) -> None:
     the dataset would hold (almost) no annotation to train or evaluate on) and at most
     :data:`MAX_IMAGE_SIZE` (each image and mask is drawn in memory)."""
     whole = isinstance(image_size, numbers.Integral) and not isinstance(image_size, bool)
-    if whole and int(image_size) > MAX_IMAGE_SIZE:
+    if not whole:
+        raise GwdetValueError(
+            f"{setting}={image_size!r} ({type(image_size).__name__}): the image side is a number of pixels, an "
+            f"integer of at least {MIN_IMAGE_SIZE}, e.g. 64 (the demo's images are 128 pixels a side).")
+    if int(image_size) > MAX_IMAGE_SIZE:
         raise GwdetValueError(
             f"{setting}={image_size!r}: the shapes dataset draws each image and its masks in memory "
             f"({int(image_size) ** 2 * 3 / 2**30:.1f} GiB for one image of that side), and is meant for small images: "
             f"use at most {MAX_IMAGE_SIZE} (the demo's images are 128 pixels a side), or train on your own data "
             "(--register-coco).")
-    if whole and int(image_size) >= MIN_IMAGE_SIZE:
+    if int(image_size) >= MIN_IMAGE_SIZE:
         return
     raise GwdetValueError(
-        f"{setting}={image_size!r}: the shapes dataset needs images of at least {MIN_IMAGE_SIZE} pixels a side (an "
-        f"integer). Its shapes have radii of {MIN_RADIUS_FRACTION:.0%} to {MAX_RADIUS_FRACTION:.0%} of the image "
-        f"side, and a shape covering fewer than {MIN_VISIBLE_AREA} pixels is left out of the annotations: in a "
+        f"{setting}={image_size!r}: the shapes dataset needs images of at least {MIN_IMAGE_SIZE} pixels a side. Its "
+        f"shapes have radii of {MIN_RADIUS_FRACTION:.0%} to {MAX_RADIUS_FRACTION:.0%} of the image side, and a shape covering fewer than {MIN_VISIBLE_AREA} pixels is left out of the annotations: in a "
         "smaller image even its largest shape covers fewer, so (almost) no image would hold an annotation to train "
         f"or evaluate on. Use at least {MIN_IMAGE_SIZE}, e.g. 64 (the demo's images are 128 pixels a side).")
 
@@ -274,6 +280,11 @@ def _coco_annotation(mask: np.ndarray, category_id: int, image_id: int, annotati
     }
 
 
+def _image_name(index: int) -> str:
+    """The file name of a split's ``index``-th image."""
+    return f"{index:06d}.png"
+
+
 def write_split(spec: ShapesSpec, split: str, out_dir: Path) -> None:
     """Write ``out_dir/<split>/*.png`` and ``out_dir/<split>.json`` (COCO instances)."""
     image_dir = out_dir / split
@@ -282,7 +293,7 @@ def write_split(spec: ShapesSpec, split: str, out_dir: Path) -> None:
     annotations: list[dict] = []
     for index in range(spec.num_images(split)):
         pixels, instances = render_image(spec.seed, split, index, spec.image_size)
-        file_name = f"{index:06d}.png"
+        file_name = _image_name(index)
         Image.fromarray(pixels).save(image_dir / file_name)
         image_id = index + 1
         images.append({"id": image_id, "file_name": file_name, "height": spec.image_size, "width": spec.image_size})
@@ -325,6 +336,18 @@ def damaged_files(folder: Path) -> list[str]:
     return damaged
 
 
+def _records_every_file(folder: Path, spec: ShapesSpec) -> bool:
+    """Whether ``checksums.json`` of ``folder`` is a record holding every file ``spec`` generates
+    (each split's json and images), which :func:`damaged_files` then compares."""
+    try:
+        checksums = json.loads((folder / CHECKSUMS_JSON).read_text())
+    except (OSError, ValueError):
+        return False
+    expected = {f"{split}.json" for split in SPLITS} | {
+        f"{split}/{_image_name(index)}" for split in SPLITS for index in range(spec.num_images(split))}
+    return isinstance(checksums, dict) and expected <= checksums.keys()
+
+
 def _files_read(folder: Path) -> bool:
     """Whether every json of ``folder`` parses and every PNG it lists decodes."""
     try:
@@ -349,15 +372,19 @@ def _is_complete(folder: Path, spec: ShapesSpec) -> bool:
             return False
     except (OSError, ValueError):
         return False
-    if not (folder / CHECKSUMS_JSON).is_file() and _files_read(folder):
-        # no checksum record, but every file decodes: record them as they are rather than generate
-        # the dataset again under runs that may read it (a cache this process may not write is
-        # read unrecorded)
-        try:
-            _record_checksums(folder)
-        except OSError as error:
-            logger.warning("The shapes dataset in %s has no checksum record, and none can be written there (%s): "
-                           "it is read as it is (every file decodes).", folder, error.strerror or error)
+    if not _records_every_file(folder, spec):
+        # files without a record cannot be checked (one may be another split's image): a cache
+        # that can be written is generated again, atomically (runs reading it find every file at
+        # its path again); one that cannot is read as it is where every file decodes
+        if os.access(folder.parent, os.W_OK) and os.access(folder, os.W_OK):
+            logger.warning("The shapes dataset in %s has no checksum record of every file (%s is missing, unreadable "
+                           "or incomplete), so its files cannot be checked: generating it again.", folder,
+                           CHECKSUMS_JSON)
+            return False
+        if not _files_read(folder):
+            return False
+        logger.warning("The shapes dataset in %s has no checksum record of every file, and none can be written there: "
+                       "it is read as it is (every file decodes).", folder)
         return True
     damaged = damaged_files(folder)
     if damaged:
@@ -437,6 +464,7 @@ def register_shapes(cfg: CfgNode) -> Path:
 
     Re-registering with a different size or seed replaces the earlier registration.
     """
+    require_gwdet_config(cfg, "gwdet.data.register_shapes")
     root = cfg.DATASETS.SHAPES.ROOT or None
     return register_shapes_spec(ShapesSpec.from_config(cfg), root, ROOT_KEY if root else None)
 

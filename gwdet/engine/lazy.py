@@ -47,6 +47,7 @@ from gwdet.data.coco_registration import (
     environment_datasets,
     register_coco_datasets,
     registered_coco_dataset,
+    warn_of_test_sets_trained_on,
 )
 from gwdet.data.datasets import check_dataset_files, check_evaluated_classes, named_empty_training_set
 from gwdet.data.resumable import resumable_train_loader
@@ -80,6 +81,7 @@ from gwdet.engine.output_dir import warn_of_a_moved_schedule as moved_schedule_w
 from gwdet.engine.lazy_checks import (
     check_call_arguments,
     check_datasets,
+    dataset_use,
     check_norm_nodes,
     check_loader_values,
     check_resize_nodes,
@@ -520,6 +522,8 @@ class LazyRun(RunConfig):
         ``gwdet.data.shapes_dataset``, ..., register their datasets when built), as for a yacs config."""
         check_datasets(self.cfg, trains=trains, evaluates=evaluates)
         check_dataset_files(dataset_names(self.cfg, trains))
+        if trains:
+            warn_of_test_sets_trained_on(dataset_use(self.cfg, evaluates=evaluates))
 
     def build_model(self) -> torch.nn.Module:
         return build_model(self.cfg)

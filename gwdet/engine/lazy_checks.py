@@ -602,6 +602,19 @@ def training_mask_format(cfg: DictConfig) -> str | None:
 CLASS_COUNT_KEYS = ("model.roi_heads.box_predictor.num_classes", "model.roi_heads.mask_head.num_classes")
 
 
+def dataset_use(cfg: DictConfig, *, trains: bool = True, evaluates: bool = True) -> DatasetUse:
+    """The datasets a LazyConfig's request reads, with the settings that name them: the training
+    loader's where it ``trains``, the evaluator's where it ``evaluates``."""
+    evaluated = evaluated_dataset(cfg) if evaluates else None
+    return DatasetUse(
+        tuple(names_at(cfg, "dataloader.train.dataset.names") if trains else []),
+        tuple(name for name in [evaluated] if name), isinstance(select(cfg, "model.roi_heads.mask_head"), DictConfig),
+        "dataloader.train.dataset.names", "dataloader.evaluator.dataset_name",
+        "the model has a mask head (model.roi_heads.mask_head)",
+        "with a model without one (model.roi_heads.mask_in_features=None, as detectron2's Faster R-CNN LazyConfigs)",
+        mask_format=training_mask_format(cfg), mask_format_setting=MASK_FORMAT_SETTING)
+
+
 def check_datasets(cfg: DictConfig, *, trains: bool = True, evaluates: bool = True) -> None:
     """Refuse, before training or evaluating, an evaluator of another dataset than the test loader
     reads (it would score the predictions on those images against the other dataset's annotations),
@@ -622,12 +635,7 @@ def check_datasets(cfg: DictConfig, *, trains: bool = True, evaluates: bool = Tr
             f"{evaluated!r}'s annotations. Give both the same dataset.")
     check_twin("dataloader.train.dataset.names", trained, "DATASETS.TRAIN")
     check_twin("dataloader.test.dataset.names", tested, "DATASETS.TEST")
-    mask_on = isinstance(select(cfg, "model.roi_heads.mask_head"), DictConfig)
-    check_datasets_fit(DatasetUse(
-        tuple(trained), tuple(name for name in [evaluated] if name), mask_on, "dataloader.train.dataset.names",
-        "dataloader.evaluator.dataset_name", "the model has a mask head (model.roi_heads.mask_head)",
-        "with a model without one (model.roi_heads.mask_in_features=None, as detectron2's Faster R-CNN LazyConfigs)",
-        mask_format=training_mask_format(cfg), mask_format_setting=MASK_FORMAT_SETTING))
+    check_datasets_fit(dataset_use(cfg, trains=trains, evaluates=evaluates))
     count = select(cfg, "model.roi_heads.num_classes")
     if not is_whole_number(count):
         return

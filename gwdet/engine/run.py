@@ -712,23 +712,39 @@ def named_full_disk(output_dir: str, way_on: str) -> Iterator[None]:
                            f"files written at that moment may be cut short. Free space there. {way_on}") from raised
 
 
+# How PIL says that an image file it opened or decodes is damaged (OSError, or its UnidentifiedImageError)
+UNDECODABLE_IMAGE_WORDS = ("image file is truncated", "cannot identify image file", "broken PNG file",
+                           "Truncated File Read")
+
+
 @contextlib.contextmanager
 def named_lost_file(way_on: str) -> Iterator[None]:
-    """A file gone while training or evaluating (a dataset's images or the shapes cache moved or
-    deleted during the run; a data loader worker's error carries it as text) as one error naming
-    the file and ``way_on``, instead of the loader's traceback."""
+    """A file gone or an image damaged while training or evaluating (a dataset's images or the
+    shapes cache moved, deleted or overwritten during the run; a data loader worker's error
+    carries it as text) as one error naming the file (PIL names none for a cut-short image) and
+    ``way_on``, instead of the loader's traceback."""
     try:
         yield
-    except FileNotFoundError as error:
+    except OSError as error:
         if isinstance(error, GwdetError):
             raise
         lines = [line for line in str(error).splitlines() if line.strip()]
-        what = (f"{error.strerror}: {error.filename}" if error.filename
-                else lines[-1].removeprefix("FileNotFoundError: ") if lines else "no such file")
-        raise GwdetFileNotFoundError(f"A file the run reads or writes is gone ({what}): moved or deleted while the run "
-                                     "was working (a dataset's images, its annotation file, $GWDET_CACHE, its output "
-                                     f"folder)? Put it back (or register the dataset where it is now). {way_on}"
-                                     ) from error
+        last = lines[-1] if lines else ""
+        if isinstance(error, FileNotFoundError):
+            what = (f"{error.strerror}: {error.filename}" if error.filename
+                    else last.removeprefix("FileNotFoundError: ") if lines else "no such file")
+            raise GwdetFileNotFoundError(
+                f"A file the run reads or writes is gone ({what}): moved or deleted while the run was working (a "
+                "dataset's images, its annotation file, $GWDET_CACHE, its output folder)? Put it back (or register "
+                f"the dataset where it is now). {way_on}") from error
+        said = next((line for line in reversed(lines) if any(words in line for words in UNDECODABLE_IMAGE_WORDS)), None)
+        if said is None:
+            raise
+        raise GwdetOSError(
+            f"An image the run reads cannot be decoded ({said.split('Error: ', 1)[-1]}): damaged or overwritten while "
+            "the run was working (a dataset's images, $GWDET_CACHE)? The images were checked to decode when the run "
+            "started. Put the intact files back (the shapes dataset is generated again where its files differ from "
+            f"their checksums). {way_on}") from error
 
 
 def diverged_advice(output_dir: str) -> str:
