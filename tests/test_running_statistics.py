@@ -124,3 +124,31 @@ def test_test_batches_without_annotations_are_named_for_a_detector():
         update_running_statistics([[{"x": torch.randn(2)} for _ in range(4)]], model)
     assert torch.equal(model.norm.running_mean, before)
     assert update_running_statistics([[{"x": torch.randn(2), "instances": None} for _ in range(4)]], model) == 1
+
+
+def test_layers_of_classes_it_does_not_know_that_keep_statistics_are_named_and_left_as_they_were():
+    # a norm of one's own registered with batch_statistics=True: its statistics were neither reset nor averaged,
+    # without a word
+    from detectron2.layers import FrozenBatchNorm2d
+
+    class OwnNorm(nn.Module):
+        def __init__(self, channels: int) -> None:
+            super().__init__()
+            self.momentum = 0.5
+            self.register_buffer("running_mean", torch.full((channels,), 7.0, dtype=torch.float64))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.training:
+                self.running_mean.lerp_(x.mean(dim=(0, 2, 3)), self.momentum)
+            return x - self.running_mean.view(1, -1, 1, 1)
+
+    frozen = FrozenBatchNorm2d(8)  # statistics without a momentum: frozen on purpose, not named
+    model = nn.Sequential(nn.BatchNorm2d(8).double(), OwnNorm(8), frozen.double())
+    with pytest.warns(RuntimeWarning) as warned:
+        update_running_statistics(batches(), model)
+    assert [str(w.message) for w in warned] == [
+        "update_running_statistics: 1 layer(s) of classes it does not know keep running statistics (1 (OwnNorm)): "
+        "they are left as they were (it recomputes torch's batch norms, BW, BGN and GhostBN). Recompute theirs as "
+        "their class defines its momentum."]
+    assert torch.allclose(model[0].running_mean, torch.stack([x.mean(dim=(0, 2, 3)) for x in batches()]).mean(0))
+    assert torch.equal(model[1].running_mean, torch.full((8,), 7.0, dtype=torch.float64))  # its forward moved them

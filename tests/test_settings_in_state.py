@@ -196,3 +196,19 @@ def test_momentum_and_the_example_weight_may_change_on_a_built_layer_within_thei
     with pytest.raises(ValueError, match=r"BatchGroupNorm: momentum must be a number in \[0, 1\], got 5"):
         layer.momentum = 5
     assert layer.momentum == 0.5
+
+
+def test_the_examples_per_group_may_change_on_a_built_layer_as_a_count():
+    # 4 was refused as "a number in [0, 1]"; 1 was kept as the float 1.0 (reshape's raw TypeError at the next
+    # forward) and 0 accepted (a ZeroDivisionError there)
+    from gwdet.layers import BatchGroupNorm
+
+    layer = BatchGroupNorm(16, num_groups=4, examples_per_group=2)
+    x = torch.randn(8, 16, 3, 3)
+    layer.examples_per_group = 4
+    assert layer.examples_per_group == 4 and type(layer.examples_per_group) is int
+    assert torch.allclose(layer(x), BatchGroupNorm(16, num_groups=4, examples_per_group=4)(x))
+    for value, shown in ((0, "0"), (1.0, r"1.0 \(float\)"), (True, r"True \(bool\)")):
+        with pytest.raises(ValueError, match=rf"^BatchGroupNorm: examples_per_group must be an integer >= 1, got {shown}"):
+            layer.examples_per_group = value
+    assert layer.examples_per_group == 4

@@ -170,9 +170,9 @@ def refuse_differentiating_transforms(op: str, alternative: str, *tensors: Optio
 
 
 def check_input(owner: str, x: Tensor, num_channels: int) -> None:
-    """Raise ``ValueError`` unless ``x`` is floating point with shape ``(N, num_channels, *spatial)``
-    (``num_channels`` < 1: any channel count; an integer input would be whitened and returned
-    rounded to integers)."""
+    """Raise ``ValueError`` unless ``x`` is of a floating-point type the layers compute in (not
+    float8) with shape ``(N, num_channels, *spatial)`` (``num_channels`` < 1: any channel count; an
+    integer input would be whitened and returned rounded to integers)."""
     if x.dim() < 2 or (num_channels >= 1 and x.shape[1] != num_channels):
         channels = str(num_channels) if num_channels >= 1 else "C"
         raise GwdetValueError(
@@ -181,6 +181,10 @@ def check_input(owner: str, x: Tensor, num_channels: int) -> None:
         )
     if not x.is_floating_point():
         raise GwdetValueError(f"{owner}: expected a floating-point input, got {x.dtype}; convert it with .float()")
+    if not (x.dtype == torch.float16 or x.dtype == torch.bfloat16 or x.dtype == torch.float32
+            or x.dtype == torch.float64):  # float8: a storage type, which torch's reductions do not compute in
+        raise GwdetValueError(f"{owner}: expected a float16, bfloat16, float32 or float64 input, got {x.dtype}; "
+                              "convert it with .float()")
     if x.is_sparse:
         raise GwdetValueError(f"{owner}: expected a dense input, got a sparse tensor; convert it with .to_dense()")
 

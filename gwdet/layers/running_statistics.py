@@ -9,12 +9,13 @@ k-th batch; DBN Algorithm 1 lines 10-11, and batch norm's, which BGN follows).
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from torch import nn
 
-from gwdet.errors import GwdetRuntimeError, GwdetTypeError, GwdetValueError
+from gwdet.errors import GwdetRuntimeError, GwdetTypeError, GwdetValueError, listed
 
 from .batch_group_norm import BatchGroupNorm
 from .batch_whitening import BatchWhitening
@@ -35,13 +36,25 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
     ``forward(model, batch)`` (default ``model(batch)``; a detectron2 model takes a loader's list of
     dicts as it is) in training mode without gradients. The model's mode and the layers' momenta are
     restored; when ``forward`` or the loader fails, the running statistics are put back as they were.
+    Layers of other classes that keep running statistics with a momentum (a norm of one's own) are
+    left as they were, with a warning naming them: how their momentum updates them is theirs to say.
     Returns the number of batches."""
     layers = [module for module in model.modules() if isinstance(module, RUNNING_STATISTICS_LAYERS)
               and module.running_mean is not None]
+    others = {name: module for name, module in model.named_modules()
+              if not isinstance(module, RUNNING_STATISTICS_LAYERS) and hasattr(module, "momentum")
+              and isinstance(getattr(module, "running_mean", None), torch.Tensor)}
+    if others:
+        named = [f"{name} ({type(module).__name__})" for name, module in others.items()]
+        warnings.warn(f"update_running_statistics: {len(others)} layer(s) of classes it does not know keep running "
+                      f"statistics ({listed(named, 3)}): they are left as they were (it recomputes torch's batch "
+                      "norms, BW, BGN and GhostBN). Recompute theirs as their class defines its momentum.",
+                      RuntimeWarning, stacklevel=2)
     if not layers:
         raise GwdetValueError(f"update_running_statistics: {type(model).__name__} has no layer with running statistics "
                               "(torch's batch norms, BW, BGN, GhostBN), so there is nothing to recompute.")
     saved = [{name: buffer.clone() for name, buffer in layer.named_buffers(recurse=False)} for layer in layers]
+    kept = [{name: buffer.clone() for name, buffer in layer.named_buffers(recurse=False)} for layer in others.values()]
     momenta = [layer.momentum for layer in layers]
     was_training = model.training
     batches = 0
@@ -84,5 +97,8 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
     finally:
         for layer, momentum in zip(layers, momenta, strict=True):
             layer.momentum = momentum
+        for layer, buffers in zip(others.values(), kept, strict=True):  # their own forward moved them
+            for name, value in buffers.items():
+                getattr(layer, name).copy_(value)
         model.train(was_training)
     return batches

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from gwdet.errors import GwdetAttributeError, GwdetValueError
 
-from .common import check_unit_interval, largest_divisor_at_most
+from .common import check_int_at_least, check_unit_interval, largest_divisor_at_most
 
 # torch's suffix for a module's extra state in a state dict (torch.nn.modules.module)
 EXTRA_STATE_KEY = "_extra_state"
@@ -80,6 +80,8 @@ _DIVIDED_SETTING = {"GroupWhitening": "num_groups", "BatchGroupNorm": "num_group
 # ``examples_per_group`` is how training groups the images of its batch (Sec. 3.4), which evaluation
 # never reads, and which a fine-tuning at another batch size may change.
 UNCOMPARED_SETTINGS = ("momentum", "eval_example_weight", "examples_per_group")
+# those of them that count examples (integers >= 1); the others are fractions in [0, 1]
+_COUNTING_SETTINGS = ("examples_per_group",)
 
 
 def function_settings(layer: str, settings: Dict[str, Any]) -> Dict[str, Any]:
@@ -122,8 +124,9 @@ class SettingsInState(nn.Module):
 
     def __setattr__(self, name: str, value: Any) -> None:
         """A recorded setting is assigned once, by the constructor that checks it. Afterwards
-        :data:`UNCOMPARED_SETTINGS` (how training updates running statistics, how evaluation mixes
-        them) may change, checked in [0, 1] as on construction; any other setting is refused: the
+        :data:`UNCOMPARED_SETTINGS` (how training updates running statistics and groups examples,
+        how evaluation mixes them) may change, checked as on construction (a fraction in [0, 1], a
+        count of examples >= 1); any other setting is refused: the
         layer derived its group layout and buffers from it, and would record the new value while
         computing with the old one."""
         if name in self.__dict__ and name in self.DERIVED:
@@ -138,8 +141,12 @@ class SettingsInState(nn.Module):
                 raise GwdetAttributeError(
                     f"{owner}: {name} is set when the layer is built and cannot be changed afterwards (the layer "
                     f"computes with {getattr(self, name)!r}); build a new layer: {owner}({arguments})")
-            check_unit_interval(owner, name, value)
-            value = float(value)
+            if name in _COUNTING_SETTINGS:
+                check_int_at_least(owner, name, value, 1)
+                value = int(value)
+            else:
+                check_unit_interval(owner, name, value)
+                value = float(value)
         super().__setattr__(name, value)
 
     def __delattr__(self, name: str) -> None:
