@@ -712,6 +712,11 @@ def test_near_equal_scores_in_the_other_order_are_the_same_detections():
     assert comparison.summary() == (
         "3 detection(s) matched by class and box; largest differences: boxes 2e-05 px, scores 2e-05, mask "
         "probabilities 1e-06 (tolerance 0.001: boxes 0.064 px, scores and mask probabilities 0.001)")
+    # detections without masks (a Faster R-CNN's): the summary said "mask probabilities 0", as if compared
+    assert compare_detections(_detections([(1, 0.5, 10, 10, 30, 30)]), _detections([(1, 0.5, 10, 10, 30, 30)]),
+                              (64, 64)).summary() == (
+        "1 detection(s) matched by class and box; largest differences: boxes 0 px, scores 0 (tolerance 0.001: boxes "
+        "0.064 px, scores 0.001)")
     # a tolerance below the rounding: the same pairs, their differences named (each was "found by one side only")
     strict = compare_detections(eager, export, (64, 64), tolerance=1e-9)
     assert strict.matched == 3 and strict.problems == ["a matched detection's box differs by 2e-05 px",

@@ -151,6 +151,30 @@ def test_an_argument_the_nodes_callable_does_not_take_is_refused_when_the_config
             "lr_multiplier.scheduler.num_updates from the config") in str(refused.value)
 
 
+def test_hydras_positional_arguments_and_a_norm_node_without_its_channels_are_refused_when_loaded(tmp_path):
+    # instantiate stopped after log.txt was written: "type 'partial' takes at least one argument", and
+    # "GroupNorm.__init__() missing 1 required positional argument: 'num_channels'"
+    with pytest.raises(GwdetValueError) as refused:
+        LazyRun.load(str(LAZY_CONFIG), ["model.backbone.norm={_target_: functools.partial, _args_: "
+                                        "[torch.nn.GroupNorm, 4]}"])
+    assert str(refused.value).startswith(
+        "model.backbone.norm._args_: detectron2's instantiate calls partial with keyword arguments only, and passes "
+        "_args_ on as one more of them (hydra reads it as positional arguments; detectron2 does not).")
+    config = tmp_path / "own.py"
+    config.write_text(f"import torch\nfrom detectron2.config import LazyCall as L, LazyConfig\n"
+                      f"_base = LazyConfig.load({str(LAZY_CONFIG)!r})\n"
+                      "model, dataloader, optimizer, lr_multiplier, train = (_base.model, _base.dataloader, "
+                      "_base.optimizer, _base.lr_multiplier, _base.train)\n"
+                      "model.backbone.norm = L(torch.nn.GroupNorm)(num_groups=4)\n")
+    with pytest.raises(GwdetValueError) as refused:
+        LazyRun.load(str(config))
+    assert str(refused.value) == (
+        "model.backbone.norm: instantiating it calls GroupNorm without its required argument(s) 'num_channels'. A "
+        "norm argument takes a name detectron2's get_norm knows, a callable of the channel count, or a node that "
+        "builds one: L(gwdet.norm)(name=..., ...), e.g. L(gwdet.norm)(name='GN', num_groups=4) for torch's "
+        "GroupNorm of 4 groups.")
+
+
 @pytest.mark.parametrize("key", ["dataloader.test.dataset.names", "dataloader.train.dataset.names"])
 def test_a_lazy_config_naming_an_unregistered_dataset_is_refused_before_training(key):
     # the test set failed with a raw KeyError after the whole training; the training set's failure blamed the model
@@ -573,6 +597,13 @@ def test_a_lazy_configs_class_count_and_evaluated_dataset_must_fit_its_datasets(
     with pytest.raises(GwdetValueError, match=message.replace("(", r"\(")):
         run.prepare_datasets(trains=True, evaluates=True)
     LazyRun.load(str(LAZY_CONFIG)).prepare_datasets(trains=True, evaluates=True)
+
+
+def test_a_class_agnostic_mask_head_of_a_lazy_config_is_taken():
+    # one mask channel is detectron2's class-agnostic mask head (CLS_AGNOSTIC_MASK True in yacs, which trains):
+    # refused as a class count other than the model's
+    LazyRun.load(str(LAZY_CONFIG), ["model.roi_heads.mask_head.num_classes=1"]).prepare_datasets(
+        trains=True, evaluates=True)
 
 
 # ---- config files that cannot be read as configs: named before anything else ----------------

@@ -148,6 +148,13 @@ def test_a_lazy_runs_saved_config_yaml_evaluates_its_weights_as_the_py_config_do
     with pytest.raises(ValueError, match=r"is a LazyConfig saved as YAML, but the tag !!python/object/apply:os.getcwd "
                                          r"would build a Python object that a saved LazyConfig does not hold"):
         main(parse_args(["--config-file", str(tampered), "--eval-only", weights]))
+    # a norm given as a lambda, which LazyConfig.save writes as !!python/name:None.<lambda>: hydra's raw ImportError
+    tampered.write_text(saved.read_text().replace("_target_: detectron2.modeling.StandardROIHeads",
+                                                  "_target_: !!python/name:None.%3Clambda%3E ''", 1))
+    with pytest.raises(ValueError, match=r"is a LazyConfig saved as YAML, but the tag !!python/name:None.<lambda> "
+                                         r"names no importable object \(a lambda or a function defined inside "
+                                         r"another, which YAML cannot hold\) .*Use the .py LazyConfig the run was made"):
+        main(parse_args(["--config-file", str(tampered), "--eval-only", weights]))
     # the yacs loader (build_config, tools/analyze.py) called it a YAML tag to remove
     from gwdet.model_zoo import build_config
 
@@ -221,6 +228,19 @@ def test_a_resumed_yacs_run_keeps_its_metrics_too(tmp_path):
 # ---- gwdet's export and analyze tools with a LazyConfig ----
 
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_a_lazy_configs_model_exports_by_scripting(tmp_path, capsys):
+    # TorchScript refused the ResNet's _out_features, an OmegaConf ListConfig that instantiate leaves
+    pytest.importorskip("detectron2.export", reason="gwdet.export needs detectron2 >= 0.7")
+    from gwdet.export.export_model import main as export
+
+    torch.manual_seed(0)
+    assert export(["--config-file", str(LAZY_DEMO), "--untrained", "--export-method", "scripting", "--output",
+                   str(tmp_path / "ts"), *LAZY_TINY[:3], "model.roi_heads.box_predictor.test_score_thresh=0.0"]) == 0
+    printed = capsys.readouterr().out
+    assert (tmp_path / "ts" / "model.ts").is_file()
+    assert float(printed.split("on the sample input: ")[1].split()[0]) <= 1e-3
+
+
 def test_export_and_analyze_tools_take_a_lazy_config(tmp_path, capsys):
     pytest.importorskip("detectron2.export", reason="gwdet.export needs detectron2 >= 0.7")
     from detectron2.data import DatasetCatalog

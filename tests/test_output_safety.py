@@ -602,14 +602,15 @@ def _dead_pid() -> int:
 def test_partial_files_of_a_killed_save_are_removed_when_the_next_run_takes_the_folder(tmp_path, caplog):
     dead, alive = _dead_pid(), os.getpid()
     stale = tmp_path / f".model_0000009.pth.{dead}.0123456789ab.partial"
+    record = tmp_path / f"{stale.name}.sha256"  # its checksum record (was left for good)
     running = tmp_path / f".model_0000019.pth.{alive}.ba9876543210.partial"
-    for path in (stale, running):
+    for path in (stale, record, running):
         path.write_bytes(b"half a checkpoint")
     with caplog.at_level("WARNING"), OutputDirLock(str(tmp_path)):
         pass
-    assert not stale.exists(), "left by a process that no longer runs"
+    assert not stale.exists() and not record.exists(), "left by a process that no longer runs"
     assert running.exists(), "a running process may still rename it into place"
-    assert f"Removed 1 partial file(s) an interrupted save left in {tmp_path}" in caplog.text
+    assert f"Removed 2 partial file(s) an interrupted save left in {tmp_path}" in caplog.text
 
 
 @pytest.mark.parametrize("other, message", [
@@ -1240,6 +1241,28 @@ def test_a_resume_from_a_checkpoint_slimmed_to_its_weights_is_refused(tmp_path):
     torch.save({"model": model.state_dict(), "iteration": 4}, tmp_path / "model_final.pth")
     with pytest.raises(ValueError, match=r"holds no optimizer state \(a checkpoint slimmed to its weights\)"):
         ResilientCheckpointer(model, str(tmp_path), optimizer=optimizer).resume_or_load("", resume=True)
+
+
+def test_a_resume_of_a_run_another_trainer_wrote_is_refused_naming_it(tmp_path):
+    # detectron2's lazyconfig_train_net.py run (model, optimizer, scheduler, iteration): called "a checkpoint
+    # slimmed to its weights", to be restored "as the run wrote it"
+    from gwdet.engine.training import RandomState
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 2)
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "iteration": 2}, tmp_path / "model_final.pth")
+    (tmp_path / "last_checkpoint").write_text("model_final.pth")
+    checkpointer = ResilientCheckpointer(model, str(tmp_path), optimizer=optimizer, scheduler=scheduler,
+                                         random_state=RandomState())
+    with pytest.raises(ValueError) as refused:
+        checkpointer.resume_or_load("", resume=True)
+    assert str(refused.value) == (
+        f"--resume: {tmp_path / 'model_final.pth'} was written by another trainer (detectron2's own tools, say: it "
+        "holds detectron2's training state but no random_state state and none of gwdet's records), so gwdet's tool "
+        "cannot continue that run as it would have gone on. Continue it with the tool that trained it, or start a new "
+        f"run from its weights (MODEL.WEIGHTS {tmp_path / 'model_final.pth'}) into another output folder.")
 
 
 def test_records_of_deleted_checkpoints_go_and_a_string_of_classes_is_refused(tmp_path):

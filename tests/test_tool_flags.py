@@ -232,7 +232,9 @@ def test_weights_that_are_a_pipe_or_a_link_loop_are_named_as_such(tmp_path):
 
 @pytest.mark.parametrize("override, world_size, message", [
     ("train.max_iter=0", 1, "train.max_iter=0: give a whole number of iterations of at least 1"),
-    ("train.max_iter=abc", 1, "train.max_iter='abc': give a whole number"),
+    # a string: also what ${oc.env:NAME} gives (its '3' was refused without saying it is a string)
+    ("train.max_iter=abc", 1, "train.max_iter='abc' (str, as OmegaConf's ${oc.env:NAME} gives it: give the number "
+                              "itself, from a shell train.max_iter=$NAME): give a whole number"),
     ("train.checkpointer.period=0", 1, "train.checkpointer.period=0: give a whole number"),
     ("train.eval_period=-1", 1, "train.eval_period=-1: give a whole number of iterations of at least 0"),
     ("dataloader.train.total_batch_size=3", 2, "total_batch_size=3, which 2 process(es)"),

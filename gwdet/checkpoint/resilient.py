@@ -325,6 +325,8 @@ CLASSES_ATTRIBUTE = "gwdet_classes"
 # its state dict does not hold (its pixel buffers are not saved).
 INPUT_KEY = "gwdet_input"
 INPUT_ATTRIBUTES = ("input_format", "pixel_mean", "pixel_std")
+# what detectron2's trainers save of a run beside the weights (gwdet's add their random and data state)
+DETECTRON2_STATE = frozenset({"iteration", "optimizer", "scheduler"})
 # The training datasets' annotation files, {name: {"json_file": path, "json_sha256": digest, "image_root":
 # folder}}: what a resume checks that it continues on, and an evaluation that it is not evaluated on.
 DATA_KEY = "gwdet_training_data"
@@ -746,6 +748,14 @@ class ResilientCheckpointer(DetectionCheckpointer):
                         f"write the name of the one to continue from into {LAST_CHECKPOINT} (e.g. {ours[-1]}), and let "
                         "other checkpointers save into a folder of their own (detectron2's name what they save in "
                         f"{LAST_CHECKPOINT}).")
+                if lacking and NORM_TYPES_KEY not in self._file_keys and not {*lacking} & DETECTRON2_STATE:
+                    raise GwdetValueError(
+                        f"--resume: {candidate} was written by another trainer (detectron2's own tools, say: it holds "
+                        f"detectron2's training state but no {', '.join(lacking)} state and none of gwdet's records), "
+                        "so gwdet's tool "
+                        "cannot continue that run as it would have gone on. Continue it with the tool that trained "
+                        f"it, or start a new run from its weights ({self.weights_setting} {candidate}) into another "
+                        "output folder.")
                 if lacking:  # a checkpoint slimmed to its weights: the schedule would restart
                     raise GwdetValueError(
                         f"--resume: {candidate} holds no {', '.join(lacking)} state (a checkpoint slimmed to its "

@@ -104,8 +104,10 @@ def check_training_values(cfg: DictConfig, world_size: int) -> None:
         if value is ABSENT:
             continue
         if not is_whole_number(value) or value < least:
-            raise GwdetValueError(f"{key}={value!r}: give a whole number of iterations of at least {least}, e.g. "
-                                  f"{key}={max(least, 1) * 100}.")
+            text = (" (str, as OmegaConf's ${oc.env:NAME} gives it: give the number itself, from a shell "
+                    f"{key}=$NAME)") if isinstance(value, str) else ""
+            raise GwdetValueError(f"{key}={value!r}{text}: give a whole number of iterations of at least {least}, "
+                                  f"e.g. {key}={max(least, 1) * 100}.")
     optimizer_values: tuple[tuple[str, float | None, float], ...] = (
         ("optimizer.lr", None, 0.02), ("optimizer.weight_decay", None, 1e-4), ("optimizer.momentum", 1.0, 0.9))
     for key, below, example in optimizer_values:  # each at least 0, below ``below`` where given
@@ -373,11 +375,17 @@ def check_call_arguments(cfg: DictConfig) -> None:
     once the model is built (e.g. an optimizer whose ``_target_`` became ``torch.optim.Adam`` keeps
     SGD's ``momentum``)."""
     for path, node, called in lazy_calls(cfg):
+        what = getattr(called, "__qualname__", repr(called))
+        if "_args_" in node:  # hydra's positional arguments: detectron2's instantiate passes them on as a keyword
+            raise GwdetValueError(
+                f"{path}._args_: detectron2's instantiate calls {what} with keyword arguments only, and passes "
+                "_args_ on as one more of them (hydra reads it as positional arguments; detectron2 does not). Give "
+                f"the arguments by name (a norm: L(gwdet.norm)(name='GN', num_groups=4), or a name detectron2's "
+                "get_norm knows).")
         names, takes_any = argument_names(called)
         given = [str(key) for key in node.keys() if key != "_target_"]
         unknown = [key for key in given if key not in names]
         if unknown and not takes_any and names:
-            what = getattr(called, "__qualname__", repr(called))
             raise GwdetValueError(
                 f"{path}: {what} takes no argument {listed(map(repr, unknown), 5)}; it takes "
                 f"{', '.join(sorted(names))}. Remove {', '.join(f'{path}.{key}' for key in unknown)} from the config "
@@ -436,6 +444,8 @@ def check_norm_nodes(cfg: DictConfig) -> None:
             continue  # the user's own component: its arguments are its own
         for argument in NORM_ARGUMENTS:
             name = node.get(argument) if not OmegaConf.is_interpolation(node, argument) else None
+            if isinstance(name, DictConfig):
+                _check_norm_call(f"{path}.{argument}", name)
             if not isinstance(name, str) or name in detectron2_names:
                 continue
             if name not in known_norm_names():
@@ -446,6 +456,29 @@ def check_norm_nodes(cfg: DictConfig) -> None:
             raise GwdetValueError(
                 f"{path}.{argument}={name!r}: detectron2's get_norm builds only its own names from a string; give "
                 f"L(gwdet.norm)(name={name!r}, ...) with the settings you want (gwdet.norm({name!r}, ...) in Python).")
+
+
+def _check_norm_call(path: str, node: DictConfig) -> None:
+    """Refuse a norm argument's ``L(...)`` node (at ``path``; not ``gwdet.norm``'s, which
+    :func:`check_norm_nodes` makes) that leaves out a required argument of its callable: detectron2
+    calls the node's result with the channel count, so the node itself must build a callable of it
+    (``L(torch.nn.GroupNorm)(num_groups=4)`` calls GroupNorm without its channels)."""
+    called = callable_of(node)
+    if called is None or called is norm:
+        return
+    try:
+        parameters = inspect.signature(called).parameters.values()
+    except (TypeError, ValueError):  # no signature to read
+        return
+    missing = [p.name for p in parameters if p.default is p.empty and p.name not in node
+               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if missing:
+        what = getattr(called, "__qualname__", repr(called))
+        raise GwdetValueError(
+            f"{path}: instantiating it calls {what} without its required argument(s) {listed(map(repr, missing), 5)}. "
+            "A norm argument takes a name detectron2's get_norm knows, a callable of the channel count, or a node "
+            "that builds one: L(gwdet.norm)(name=..., ...), e.g. L(gwdet.norm)(name='GN', num_groups=4) for "
+            "torch's GroupNorm of 4 groups.")
 
 
 def check_loader_values(cfg: DictConfig, training: bool) -> None:
@@ -600,6 +633,8 @@ def training_mask_format(cfg: DictConfig) -> str | None:
 
 # The heads' own class counts, which follow model.roi_heads.num_classes in detectron2's configs
 CLASS_COUNT_KEYS = ("model.roi_heads.box_predictor.num_classes", "model.roi_heads.mask_head.num_classes")
+# the head whose count of 1 is detectron2's class-agnostic mask (MODEL.ROI_MASK_HEAD.CLS_AGNOSTIC_MASK in yacs)
+CLASS_AGNOSTIC_MASK_KEY = "model.roi_heads.mask_head.num_classes"
 
 
 def dataset_use(cfg: DictConfig, *, trains: bool = True, evaluates: bool = True) -> DatasetUse:
@@ -641,6 +676,8 @@ def check_datasets(cfg: DictConfig, *, trains: bool = True, evaluates: bool = Tr
         return
     for key in CLASS_COUNT_KEYS:
         value = select(cfg, key)
+        if key == CLASS_AGNOSTIC_MASK_KEY and value == 1:  # one mask for every class (CLS_AGNOSTIC_MASK in yacs)
+            continue
         if is_whole_number(value) and value != count:
             raise GwdetValueError(
                 f"{key}={value}, but model.roi_heads.num_classes={count}: the heads would predict other classes than "

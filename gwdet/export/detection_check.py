@@ -67,6 +67,7 @@ class DetectionComparison:
     box: float = 0.0  # largest differences over the matched pairs
     score: float = 0.0
     mask: float = 0.0
+    masks_compared: bool = False  # whether the detections carry masks (a Faster R-CNN's do not)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -74,9 +75,11 @@ class DetectionComparison:
         return max(self.box, self.score, self.mask)
 
     def summary(self) -> str:
+        masks, and_masks = (f", mask probabilities {self.mask:.3g}", " and mask probabilities") if self.masks_compared \
+            else ("", "")
         return (f"{self.matched} detection(s) matched by class and box; largest differences: boxes {self.box:.3g} px, "
-                f"scores {self.score:.3g}, mask probabilities {self.mask:.3g} (tolerance {self.tolerance:g}: boxes "
-                f"{self.box_tolerance:.3g} px, scores and mask probabilities {self.tolerance:g})")
+                f"scores {self.score:.3g}{masks} (tolerance {self.tolerance:g}: boxes {self.box_tolerance:.3g} px, "
+                f"scores{and_masks} {self.tolerance:g})")
 
     def refusal(self) -> str:
         shown = listed(self.problems, SHOWN, "; ")
@@ -135,6 +138,7 @@ def compare_detections(expected: Detections, actual: Detections, image_size: tup
         result.box = max(result.box, distance)
         result.score = max(result.score, abs(float(expected.scores[index] - actual.scores[other])))
         if expected.masks is not None and actual.masks is not None:
+            result.masks_compared = True
             if expected.masks[index].shape != actual.masks[other].shape:
                 result.problems.append(f"the mask of {expected.describe(index)} has shape "
                                        f"{tuple(actual.masks[other].shape)} in the export, {tuple(expected.masks[index].shape)} in eager")

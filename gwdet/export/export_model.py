@@ -180,6 +180,18 @@ def _scripted_adapter(model: Any) -> torch.nn.Module:  # GeneralizedRCNN, checke
     return ScriptableAdapter()
 
 
+def _plain_containers(model: torch.nn.Module) -> None:
+    """Turn the OmegaConf lists and dicts that a LazyConfig's ``instantiate`` leaves in the
+    modules' attributes (a ResNet's ``_out_features``) into Python's, which TorchScript compiles;
+    the model computes the same."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    for module in model.modules():
+        for name, value in list(vars(module).items()):
+            if isinstance(value, (DictConfig, ListConfig)):
+                setattr(module, name, OmegaConf.to_container(value, resolve=True))
+
+
 def export_scripting(model: torch.nn.Module, path: str) -> torch.jit.ScriptModule:
     """``torch.jit.script`` of an R-CNN (detectron2's ``scripting_with_instances``), saved to ``path``."""
     from detectron2.export import scripting_with_instances
@@ -190,6 +202,7 @@ def export_scripting(model: torch.nn.Module, path: str) -> torch.jit.ScriptModul
 
     types = {"Boxes": Boxes, "Tensor": Tensor}
     fields = {name: types[kind] for name, kind in SCRIPTED_FIELDS.items()}
+    _plain_containers(model)
     scripted = scripting_with_instances(_scripted_adapter(model), fields)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with path_written_with_checksum(path) as temporary:  # atomically, SHA-256 in path.sha256

@@ -99,7 +99,15 @@ def _shape_spec(loader: yaml.SafeLoader, node: yaml.Node) -> ShapeSpec:
 
 
 def _named(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> Any:
-    return locate(suffix)
+    """The class or function the tag names by its import path; one that cannot be imported (a
+    lambda or a function defined inside another, which ``LazyConfig.save`` writes as
+    ``None.<lambda>``) is a constructor error naming it."""
+    try:
+        return locate(suffix)
+    except ImportError:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"the tag !!python/name:{suffix} names no importable object (a lambda or a function defined "
+            "inside another, which YAML cannot hold)", node.start_mark) from None
 
 
 def _other_object(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> Any:

@@ -79,7 +79,7 @@ def _temporary_name(path: str) -> str:
     return os.path.join(folder, f".{name}{tail}")
 
 
-_PARTIAL = re.compile(r"^\..+\.(\d+)\.[0-9a-f]{12}\.partial$")
+_PARTIAL = re.compile(r"^\..+\.(\d+)\.[0-9a-f]{12}\.partial(\.sha256)?$")  # a partial file, or its checksum record
 
 
 def process_is_gone(pid: int) -> bool:
