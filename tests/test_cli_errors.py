@@ -158,7 +158,6 @@ INTERNAL_GUARDS = {
     ("gwdet/cluster/executor.py", "make_executor", "ValueError"),
     ("gwdet/cluster/jobs.py", "__call__", "NotImplementedError"),
     ("gwdet/data/finite_images.py", "__getattr__", "AttributeError"),
-    ("gwdet/model_zoo/__init__.py", "__getattr__", "AttributeError"),  # the module attribute protocol
     ("gwdet/engine/lazy.py", "saved_tree", "TypeError"),
     ("gwdet_lab/tables.py", "add", "KeyError"),
     ("gwdet/engine/threads.py", "choose_threads", "ValueError"),

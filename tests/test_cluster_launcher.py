@@ -51,7 +51,7 @@ def test_ctrl_c_while_waiting_stops_the_waiting_and_says_how_to_stop_the_job(tmp
     """Before: a raw KeyboardInterrupt traceback, and nothing said of the job that kept training."""
     pytest.importorskip("submitit")
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
-    errors = tmp_path / "stderr.txt"  # a file: the job, which keeps running, holds the tool's pipes open
+    errors = tmp_path / "stderr.txt"
     with open(errors, "w") as stderr:
         waiting = subprocess.Popen([*TRAIN_NET, "--launcher", "submitit-local", "--wait", *TINY_OPTS, "SOLVER.MAX_ITER",
                                     "100000", "OUTPUT_DIR", str(tmp_path / "long")], cwd=REPO, env=environment,
@@ -65,6 +65,11 @@ def test_ctrl_c_while_waiting_stops_the_waiting_and_says_how_to_stop_the_job(tmp
             if found:
                 job_id = int(found.group(1))
                 break
+        # the job's controller writes into its own log, not the tool's output: a pipe (`... | tee`) held until the
+        # job ended
+        for descriptor in (1, 2):
+            assert os.readlink(f"/proc/{job_id}/fd/{descriptor}") == str(tmp_path / "long" / "submitit" /
+                                                                         "controller.log")
         time.sleep(1)  # into the waiting
         waiting.send_signal(signal.SIGINT)
         waiting.wait(timeout=60)

@@ -481,3 +481,93 @@ def test_a_config_item_without_a_name_or_a_file_is_refused_naming_it(capsys, ite
     with pytest.raises(SystemExit):
         study_main(["--configs", item])
     assert f"{item!r}: give NAME=CONFIG, a name and a config file" in capsys.readouterr().err
+
+
+# ---- what a study's cells are called, and what its report pools -----------------------------------
+
+
+def study_refusal(capsys, tmp_path, *arguments: str) -> str:
+    """compare_norms.py's one-line refusal (exit status 2) when it plans ``arguments`` (--list)."""
+    with pytest.raises(SystemExit) as stopped:
+        study_main(["--out", str(tmp_path / "out"), "--list", *arguments], repo_root=REPO)
+    assert stopped.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1].removeprefix("compare_norms.py: error: ")
+
+
+def test_cells_named_as_another_configuration_or_made_alike_by_overrides_are_refused(capsys, tmp_path):
+    # the GN config reported as "GW" beside the paper's GW number; --opts setting every cell's norms to GN,
+    # and the report testing "GN > BN" between identical models
+    assert study_refusal(capsys, tmp_path, "--configs", f"gw={STUDY / 'gn.yaml'}", f"gn={STUDY / 'gw.yaml'}",
+                         "--seeds", "0", "--opts", *TINY).startswith(
+        f"Cell gw-s0 is named 'gw', one of gwdet's configurations (GW, whose report row carries the paper's numbers), "
+        f"but its config {STUDY / 'gn.yaml'} places other norms: MODEL.FPN.NORM: 'GN' where gw's own config has 'GW'; ")
+    norms = ["MODEL.RESNETS.NORM", "GN", "MODEL.FPN.NORM", "GN", "MODEL.ROI_BOX_HEAD.NORM", "GN",
+             "MODEL.RESNETS.GW_POSITIONS", ""]
+    assert study_refusal(capsys, tmp_path, "--study", "paper", "--seeds", "0", "--opts", *TINY, *norms).startswith(
+        "Cells bn-b2-s0 (BN) and bn_gw_s1b2-b2-s0 (BN+GW S1-B2) have the same config (--opts ")
+    # a name of one's own for that config, the same norms with another rate: planned
+    assert study_main(["--out", str(tmp_path / "out"), "--list", "--configs", f"mine={STUDY / 'gn.yaml'}",
+                       "--extra", f"gn={STUDY / 'gn.yaml'}", "SOLVER.BASE_LR", "0.005", "--seeds", "0", "--opts",
+                       *TINY], repo_root=REPO) == 0
+
+
+def test_study_flags_that_would_pair_random_seeds_or_misname_cells_are_refused(capsys, tmp_path):
+    config = tmp_path / "gw_random.yaml"
+    config.write_text(f'_BASE_: "{STUDY / "gw.yaml"}"\nSEED: -1\n')
+    # cells of a config of SEED -1 each drew a random seed, paired in the report as seed "-1"
+    assert study_refusal(capsys, tmp_path, "--configs", f"mine={config}", "--opts", *TINY) == (
+        f"Run 'mine' ({config}) has SEED -1, so each of its runs would draw a random seed that the report cannot pair "
+        "with the other configurations' or repeat. Give the seeds: --seeds 0 1 2.")
+    # names that differ in case only: two rows labelled alike, one folder on a disk that ignores case
+    assert study_refusal(capsys, tmp_path, "--configs", f"mine={STUDY / 'gw.yaml'}", f"Mine={STUDY / 'gn.yaml'}",
+                         "--seeds", "0") == ("Two runs are named 'Mine' ('mine' and 'Mine' differ in case only: one "
+                                             "folder on a disk that ignores case, one label in the report); name them "
+                                             "apart with NAME=CONFIG.")
+    # --dataset with one's own configs was ignored without a word
+    assert study_refusal(capsys, tmp_path, "--configs", f"mine={STUDY / 'gw.yaml'}", "--dataset", "coco").startswith(
+        "--dataset coco picks the configs of a named study (--study); your own --configs and --extra train on the "
+        "datasets their configs name.")
+    # an unset shell variable: the cells were planned into runs/ of the current folder
+    with pytest.raises(SystemExit):
+        study_main(["--out", "", "--list", "--study", "paper"], repo_root=REPO)
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "compare_norms.py: error: --out is empty (a shell variable that is not set, as in --out \"$OUT\"?): give the "
+        "folder to write into.")
+
+
+def test_seeds_of_one_configuration_with_other_configs_are_not_pooled(tmp_path):
+    # a 2-iteration check study's cell exported among a long study's records was averaged with them
+    from gwdet_lab.study.record import PlannedCell, check_seeds_of_one_configuration_alike
+
+    (seed0,) = cells({"gw-b2-s0"})
+    seed1 = Cell("gw-b2-s1", "gw", seed0.config_file, ("SEED", "1"), 1, 2)
+    alike = [PlannedCell(cell, cell.opts, build_config(cell.config_file, [*TINY, *cell.opts]), RunFolder(tmp_path / cell.name))
+             for cell in (seed0, seed1)]
+    check_seeds_of_one_configuration_alike(alike)
+    shorter = PlannedCell(seed1, seed1.opts, build_config(seed1.config_file, [*TINY, *seed1.opts, "SOLVER.MAX_ITER", "3"]),
+                          RunFolder(tmp_path / seed1.name))
+    with pytest.raises(ValueError, match=r"^Cells gw-b2-s0 and gw-b2-s1 are seeds of one configuration \(GW at 2 images\) "
+                                         r"in the report, but their configs differ in more than the seed: "
+                                         r"SOLVER.MAX_ITER \(2 in gw-b2-s0, 3 in gw-b2-s1\)\. Their mean"):
+        check_seeds_of_one_configuration_alike([alike[0], shorter])
+
+
+def test_a_cell_resumed_with_another_thread_count_or_near_its_end_is_noted(tmp_path):
+    from gwdet.utils.atomic import write_text_with_checksum
+    from gwdet_lab.study.record import PlannedCell, resumed_loss_note, threads_note
+
+    (cell,) = cells({"gw-b2-s0"})
+    folder = RunFolder(tmp_path / cell.name)
+    folder.path.mkdir()
+    planned = PlannedCell(cell, cell.opts, build_config(cell.config_file, TINY), folder)
+    segments = [{"from_iteration": 0, "threads": 1}, {"from_iteration": 1, "threads": 2}]  # of 2 iterations
+    write_text_with_checksum(str(folder.file("results.json")), json.dumps({"environment": {"segments": segments}}))
+    assert threads_note([planned]) == (
+        "Cells resumed with another thread count than they started with: gw-b2-s0 (1, then 2). A CPU sums in another "
+        "order with other threads, so their weights differ from those of a run with one count.")
+    # its final loss, detectron2's median over the process's last 20 iterations, covers the last one only
+    assert resumed_loss_note([planned]) == (
+        "Final losses are detectron2's medians over the last 20 iterations a process trained; for cells resumed near "
+        "their end they cover only the iterations since the resume: gw-b2-s0 (its last 1).")
+    write_text_with_checksum(str(folder.file("results.json")), json.dumps({"environment": {"threads": 1}}))
+    assert threads_note([planned]) is None and resumed_loss_note([planned]) is None

@@ -4,6 +4,7 @@ YAML would read without a word, are refused when the config is read: the message
 value and the fix (gwdet.config_checks.check_detectron2_values, gwdet.model_zoo.loading)."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -439,6 +440,20 @@ def test_one_of_detectron2s_configs_asked_of_gwdets_model_zoo_names_the_function
     assert "It is one of detectron2's packaged configs: load it with gwdet.model_zoo.detectron2_lazy_config(" \
         "'common/models/mask_rcnn_fpn.py'), as detectron2's model_zoo.get_config would." in str(refused.value)
     assert gwdet.model_zoo.detectron2_lazy_config("common/models/mask_rcnn_fpn.py").model is not None
+    # a packaged yacs config: the advice pointed at detectron2_lazy_config, which refused it
+    yacs = "COCO-Detection/faster_rcnn_R_50_FPN_1x.yaml"
+    with pytest.raises(FileNotFoundError) as refused:
+        gwdet.model_zoo.get_config(yacs)
+    way = f"gwdet.model_zoo.build_config(str(gwdet.model_zoo.detectron2_config_file({yacs!r})))"
+    assert f"It is one of detectron2's packaged configs: load it with {way}, which adds gwdet's keys" in \
+        str(refused.value)
+    with pytest.raises(ValueError, match=re.escape(f"for a .yaml one: {way}, which adds gwdet's keys")):
+        gwdet.model_zoo.detectron2_lazy_config(yacs)
+    assert eval(way, {"gwdet": gwdet}).MODEL.GW.NUM_GROUPS >= 1  # noqa: S307 (the advice, as written)
+    # a name without its .py: "not a LazyConfig ... for a .yaml one"
+    with pytest.raises(ValueError, match=r"^'common/models/mask_rcnn_fpn' is not among detectron2's packaged configs: "
+                                         r"did you mean 'common/models/mask_rcnn_fpn.py'\?"):
+        gwdet.model_zoo.detectron2_lazy_config("common/models/mask_rcnn_fpn")
 
 
 def test_trained_must_be_a_bool():
@@ -554,9 +569,12 @@ def test_values_detectron2_can_use_pass(opts):
 
 
 def test_detectrons_zoo_functions_and_odd_arguments_are_named():
-    for name in ("get", "get_checkpoint_url"):
-        with pytest.raises(AttributeError, match=f"gwdet.model_zoo has no {name}\\(\\): detectron2's model_zoo"):
-            getattr(gwdet.model_zoo, name)
+    from gwdet.model_zoo import get, get_checkpoint_url  # detectron2's import: an ImportError that said nothing
+
+    for function in (get, get_checkpoint_url):
+        with pytest.raises(AttributeError, match=f"gwdet.model_zoo has no {function.__name__}\\(\\): detectron2's "
+                                                 "model_zoo"):
+            function("COCO-Detection/faster_rcnn_R_50_FPN_1x.yaml", trained=True)
     with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
         gwdet.model_zoo.nothing  # noqa: B018
     with pytest.raises(TypeError, match=r"config_path must be a config's name .* got None \(NoneType\)"):

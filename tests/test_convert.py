@@ -617,3 +617,19 @@ def test_the_command_lines_paths_expand_a_tilde_the_shell_left(monkeypatch, tmp_
     monkeypatch.setenv("HOME", str(tmp_path))
     args = argument_parser().parse_args(["~/r50.pth", "~/r50.pkl"])
     assert (args.input, args.output) == (str(tmp_path / "r50.pth"), str(tmp_path / "r50.pkl"))
+
+
+def test_a_state_dict_in_memory_is_named_with_the_ways_to_convert_it(tmp_path):
+    # a notebook's convert_checkpoint(model.state_dict(), ...): os.fspath's raw TypeError
+    from gwdet.convert import ConversionError, SourceStateDict, convert_state_dict, write_detectron2_pkl
+
+    state_dict = torchvision_model("R-50", False).state_dict()
+    with pytest.raises(ConversionError, match=r"^convert_checkpoint: input_path is a state dict, not a file's path: "
+                                              r"torch.save\(state_dict, path\) and give that path, or convert it in "
+                                              r"memory with gwdet.convert.convert_state_dict\(SourceStateDict\("):
+        convert_checkpoint(state_dict, tmp_path / "out.pkl")
+    assert not (tmp_path / "out.pkl").exists()
+    # the way it names, as written
+    weights, _ = convert_state_dict(SourceStateDict(tensors=state_dict, wrapping="bare state_dict", stripped_prefix=""))
+    write_detectron2_pkl(weights, tmp_path / "out.pkl", author="test")
+    assert (tmp_path / "out.pkl").stat().st_size > 1000

@@ -523,6 +523,14 @@ def test_a_study_on_a_read_only_disk_is_reported_through_its_records_and_its_cur
                     f"another owner's folder). Give a folder this process may write. To report the cells this study "
                     f"holds without writing into --out, read them as records: --records {study / 'runs'} "
                     "--report-to DIR") in capsys.readouterr().err
+        # a report folder on that disk, new or there: a raw OSError (Errno 30), or the full disk's "Make space"
+        (archived / "existing").mkdir(exist_ok=True)
+        for folder, written in ((study / "new", study), (study / "existing", study / "existing")):
+            with pytest.raises(SystemExit):
+                main(["--study", "paper", "--records", str(study / "runs"), "--report-to", str(folder)])
+            said = capsys.readouterr().err
+            assert f"--report-to {folder} cannot be written: " in said and "Make space" not in said, said
+            assert str(written) in said
         report = tmp_path / "report"
         assert main(["--study", "paper", "--records", str(study / "runs"), "--report-to", str(report)]) == 0
         assert (report / "table.md").read_text() == (REPO / "docs" / "study" / name / "table.md").read_text()
@@ -550,9 +558,19 @@ def test_a_report_that_fills_the_disk_leaves_no_half_report(tmp_path, capsys, mo
     folder = tmp_path / "report"
     with pytest.raises(SystemExit):
         main(["--study", "paper", "--records", str(RECORDS / "paper-seeds-3-4"), "--report-to", str(folder)])
+    said = capsys.readouterr().err
     assert (f"cannot write the report into {folder}: No space left on device; its files there are removed, so that "
-            "no report mixes old and new files.") in capsys.readouterr().err
+            "no report mixes old and new files. Make space (or give another --report-to) and run") in said
     assert list(folder.iterdir()) == []
+    # another failure than a full disk is not told to make space
+    def denied(results, path):
+        raise OSError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr(study_report, "plot_loss_curves", denied)
+    with pytest.raises(SystemExit):
+        main(["--study", "paper", "--records", str(RECORDS / "paper-seeds-3-4"), "--report-to", str(folder)])
+    assert "Permission denied; its files there are removed, so that no report mixes old and new files. Give a " \
+        "--report-to this process may write and run the same command again" in capsys.readouterr().err
 
 
 def test_records_listed_are_listed_not_reported(tmp_path, capsys, monkeypatch):

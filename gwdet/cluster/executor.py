@@ -7,12 +7,15 @@ runs (:mod:`gwdet.cluster.jobs`). A job's files (submitit's pickles, ``<job id>_
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shutil
+import sys
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from gwdet.errors import GwdetError, GwdetRuntimeError
 from gwdet.cluster.options import LauncherOptions
@@ -101,11 +104,40 @@ def submit(executor: "submitit.Executor", job: Callable[[], Any], folder: Path) 
     existing = _first_existing(folder)
     before = set(folder.rglob("*")) if folder.is_dir() else set()
     try:
+        if type(executor).__name__ == "LocalExecutor":
+            with _output_into(folder / CONTROLLER_LOG):
+                return executor.submit(job)
         return executor.submit(job)
     except FailedJobError as error:
         _remove_new(folder, before, existing)
         message = str(error).strip() or "no message"
         raise SubmissionRefused(f"SLURM refused the job: {message}") from None
+
+
+# Where submitit's local controller (the process that runs a submitit-local job and lives as long as
+# it) writes: the job's own output goes to its log files
+CONTROLLER_LOG = "controller.log"
+
+
+@contextlib.contextmanager
+def _output_into(log: Path) -> Iterator[None]:
+    """This process's stdout and stderr (file descriptors 1 and 2) appended to ``log`` while the
+    block runs: a process started in it (submitit's local controller, which gets no output of its
+    own) does not hold the tool's output open, so that ``... | tee run.log`` ends when the tool does,
+    not when the job does."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        with open(log, "ab") as file:
+            os.dup2(file.fileno(), 1)
+            os.dup2(file.fileno(), 2)
+        yield
+    finally:
+        for descriptor, copy in ((1, saved[0]), (2, saved[1])):
+            os.dup2(copy, descriptor)
+            os.close(copy)
 
 
 def _first_existing(path: Path) -> Path:

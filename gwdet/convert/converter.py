@@ -300,6 +300,12 @@ def convert_checkpoint(
     for name, value in (("allow_unsafe_pickle", allow_unsafe_pickle), ("allow_unexpected", allow_unexpected),
                         ("overwrite", overwrite)):
         check_flag("convert_checkpoint", name, value)
+    if isinstance(input_path, Mapping):  # a state dict in memory (a notebook's model.state_dict())
+        raise ConversionError(
+            "convert_checkpoint: input_path is a state dict, not a file's path: torch.save(state_dict, path) and "
+            "give that path, or convert it in memory with gwdet.convert.convert_state_dict(SourceStateDict("
+            "tensors=state_dict, wrapping='bare state_dict', stripped_prefix='')) and write the weights it returns "
+            "with gwdet.convert.write_detectron2_pkl.")
     input_path, output_path = os.fspath(input_path), os.fspath(output_path)
     for name, path in (("input_path", input_path), ("output_path", output_path)):
         if not isinstance(path, str):

@@ -17,6 +17,8 @@ exists locally; :func:`detectron2_lazy_config` loads detectron2's packaged LazyC
 detectron2's ``model_zoo`` (:mod:`gwdet.model_zoo.detectron2_configs`); :func:`build_config` reads
 a yacs config file as every gwdet tool does (:mod:`gwdet.model_zoo.loading`).
 """
+from typing import Any, NoReturn
+
 from gwdet.errors import GwdetAttributeError
 from gwdet.model_zoo.detectron2_configs import (
     detectron2_config_file,
@@ -35,11 +37,20 @@ from gwdet.model_zoo.model_zoo import (
 __all__ = ["build_config", "detectron2_config_file", "detectron2_configs_dir", "detectron2_lazy_config", "configs_dir", "get_config", "get_config_file", "list_configs", "resolve_config_argument", "resolve_config_file"]
 
 
-def __getattr__(name: str):
-    """detectron2's ``model_zoo.get`` and ``get_checkpoint_url`` named with what to use instead."""
-    if name in ("get", "get_checkpoint_url"):
-        raise GwdetAttributeError(
-            f"gwdet.model_zoo has no {name}(): detectron2's model_zoo.{name} builds or points at its zoo's trained "
-            "models, and gwdet publishes none. Build a model with gwdet.build_model(gwdet.model_zoo.get_config(NAME)); "
-            "train it with tools/train_net.py (or gwdet-train) for weights; ImageNet backbones: docs/weights.md.")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def _published_weights_refusal(name: str) -> GwdetAttributeError:
+    return GwdetAttributeError(
+        f"gwdet.model_zoo has no {name}(): detectron2's model_zoo.{name} builds or points at its zoo's trained "
+        "models, and gwdet publishes none. Build a model with gwdet.build_model(gwdet.model_zoo.get_config(NAME)); "
+        "train it with tools/train_net.py (or gwdet-train) for weights; ImageNet backbones: docs/weights.md.")
+
+
+def get(*args: Any, **kwargs: Any) -> NoReturn:
+    """detectron2's ``model_zoo.get`` (a trained model of its zoo), refused with what to use instead:
+    gwdet publishes no trained weights. A function, so that ``from gwdet.model_zoo import get``
+    (detectron2's import) reaches the message too."""
+    raise _published_weights_refusal("get")
+
+
+def get_checkpoint_url(*args: Any, **kwargs: Any) -> NoReturn:
+    """detectron2's ``model_zoo.get_checkpoint_url``, refused as :func:`get` is."""
+    raise _published_weights_refusal("get_checkpoint_url")

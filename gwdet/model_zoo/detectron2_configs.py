@@ -62,9 +62,13 @@ def detectron2_lazy_config(config_path: str):
     ``configs/``, e.g. ``"common/train.py"``), loaded with ``detectron2.config.LazyConfig.load``: the
     object detectron2's ``model_zoo.get_config`` returns for it, without ``pkg_resources``."""
     if not config_path.endswith(".py"):
-        raise GwdetValueError(f"{config_path!r} is not a LazyConfig: detectron2_lazy_config loads detectron2's "
-                              ".py configs (for a .yaml one use detectron2.config.get_cfg().merge_from_file on "
-                              "detectron2_config_file(...))")
+        suffixed = f"{config_path}.py"
+        if not config_path.endswith((".yaml", ".yml")) and (detectron2_configs_dir() / suffixed).is_file():
+            raise GwdetValueError(f"{config_path!r} is not among detectron2's packaged configs: did you mean "
+                                  f"{suffixed!r}? detectron2_lazy_config takes the file's name with its .py.")
+        raise GwdetValueError(f"{config_path!r} is not a LazyConfig: detectron2_lazy_config loads detectron2's .py "
+                              "configs (for a .yaml one: gwdet.model_zoo.build_config(str(gwdet.model_zoo."
+                              f"detectron2_config_file({config_path!r}))), which adds gwdet's keys)")
     from detectron2.config import LazyConfig
 
     return LazyConfig.load(str(detectron2_config_file(config_path)))

@@ -90,8 +90,11 @@ def get_config_file(config_path: str) -> str:
     own = (" For a config file of your own, use gwdet.model_zoo.build_config(path) (a yacs .yaml) or "
            "gwdet.model_zoo.lazy_loading.load_lazy_config(path) (a .py)." if os.path.isfile(config_path) else "")
     if not own and _is_detectron2_config(config_path):
-        own = (f" It is one of detectron2's packaged configs: load it with "
-               f"gwdet.model_zoo.detectron2_lazy_config({config_path!r}), as detectron2's model_zoo.get_config would.")
+        loaded = (f"gwdet.model_zoo.detectron2_lazy_config({config_path!r})" if config_path.endswith(".py") else
+                  f"gwdet.model_zoo.build_config(str(gwdet.model_zoo.detectron2_config_file({config_path!r}))), which "
+                  "adds gwdet's keys")
+        own = (f" It is one of detectron2's packaged configs: load it with {loaded}, as detectron2's "
+               "model_zoo.get_config would.")
     raise GwdetFileNotFoundError(f"{config_path!r} {where} ({root}).{own}{_suggestion(config_path, names)} "
                                  f"Available configs (gwdet.model_zoo.list_configs()):{_available(names)}")
 

@@ -194,8 +194,11 @@ def output_path_problem(flag: str, path: str | os.PathLike, folder: bool) -> str
     unexpanded = unexpanded_variable_problem(flag, path)
     if unexpanded is not None:
         return unexpanded
-    target = Path(path).expanduser()
     kind = "folder" if folder else "file"
+    if not os.fspath(path):  # Path("") is the current folder
+        return (f"{flag} is empty (a shell variable that is not set, as in {flag} \"$OUT\"?): give the {kind} to "
+                + ("write into." if folder else "write."))
+    target = Path(path).expanduser()
     whitespace = edge_whitespace_problem(flag, path, kind)
     if whitespace is not None:
         return whitespace

@@ -174,6 +174,11 @@ def study_cells(
         for spec, cfg in zip(specs, base_configs, strict=True):
             batch = int(cfg.SOLVER.IMS_PER_BATCH)
             if seeds is None:
+                if int(cfg.SEED) < 0:  # detectron2 draws a seed of its own for each run: no pairs, no repeats
+                    raise GwdetValueError(
+                        f"Run {spec.name!r} ({spec.config_file}) has SEED {cfg.SEED}, so each of its runs would draw "
+                        "a random seed that the report cannot pair with the other configurations' or repeat. Give "
+                        "the seeds: --seeds 0 1 2.")
                 cells.append(Cell(spec.name, spec.name, spec.config_file, spec.opts, int(cfg.SEED), batch))
             else:
                 cells += [Cell(f"{spec.name}-s{seed}", spec.name, spec.config_file,
@@ -237,8 +242,11 @@ def check_no_repeats(flag: str, values: Sequence[int] | None) -> None:
 
 def check_unique_names(items: Iterable[Cell | RunSpec]) -> None:
     """``ValueError`` naming any name used twice (two runs cannot share a folder)."""
-    seen: set[str] = set()
+    seen: dict[str, str] = {}
     for item in items:
-        if item.name in seen:
-            raise GwdetValueError(f"Two runs are named {item.name!r}; name them apart with NAME=CONFIG.")
-        seen.add(item.name)
+        if item.name.casefold() in seen:
+            other = seen[item.name.casefold()]
+            alike = "" if other == item.name else (f" ({other!r} and {item.name!r} differ in case only: one folder on "
+                                                   "a disk that ignores case, one label in the report)")
+            raise GwdetValueError(f"Two runs are named {item.name!r}{alike}; name them apart with NAME=CONFIG.")
+        seen[item.name.casefold()] = item.name

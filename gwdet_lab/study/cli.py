@@ -24,7 +24,7 @@ import datetime
 import signal
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Collection, Sequence
 
 from gwdet.config_checks import SEED_LIMIT
 from gwdet.errors import GwdetError, GwdetValueError
@@ -54,7 +54,8 @@ from gwdet_lab.study.cells import (
 from gwdet_lab.study.cluster import REPORT_LOCK, folder_lock, list_jobs, submit_cells, wait_for_cells
 from gwdet_lab.study.evaluation import PAPER_WEIGHTS
 from gwdet_lab.study.record import (ON_MISMATCH, ConfigMismatch, PlannedCell, check_trained_as_recorded, code_note,
-                                    confounded_note, plan)
+                                    check_seeds_of_one_configuration_alike, confounded_note, plan,
+                                    resumed_loss_note, threads_note)
 from gwdet_lab.study.records import RecordsIncomplete, export_records, recorded_cells
 from gwdet_lab.study.report import foreign_report_problem, reported_cells, write_report
 from gwdet_lab.study.run_folder import COMPLETE_JSON
@@ -72,6 +73,9 @@ TITLES = {
 
 
 PROG = "compare_norms.py"
+
+
+DEFAULT_DATASET = "shapes"
 
 
 def argument_parser() -> argparse.ArgumentParser:
@@ -97,7 +101,7 @@ def argument_parser() -> argparse.ArgumentParser:
     runs.add_argument("--study", choices=STUDIES, default=None,
                       help="a named study: 'paper' (the four configurations x --seeds, default 0 1 2) or "
                            "'batch-sweep' (the four x --batch-sizes, default 1 2 4 8, seed 0)")
-    runs.add_argument("--dataset", choices=sorted(CONFIG_PATTERNS), default="shapes",
+    runs.add_argument("--dataset", choices=sorted(CONFIG_PATTERNS), default=DEFAULT_DATASET,
                       help="configs of the named studies: configs/Study (shapes, default) or "
                            "configs/Scratch (COCO; needs DETECTRON2_DATASETS)")
     runs.add_argument("--configs", nargs="+", metavar="[NAME=]CONFIG",
@@ -155,6 +159,10 @@ def resolve_specs(args: argparse.Namespace, repo_root: Path) -> list[RunSpec]:
     """The configurations the arguments name (config paths made absolute)."""
     if args.study and args.configs:
         raise GwdetValueError("Pass either --study (a named study) or --configs (your own set), not both.")
+    if not args.study and args.dataset != DEFAULT_DATASET:
+        raise GwdetValueError(f"--dataset {args.dataset} picks the configs of a named study (--study); your own "
+                              "--configs and --extra train on the datasets their configs name. Leave --dataset out, or "
+                              f"give configs of {args.dataset} (configs/Scratch for coco).")
     if not args.study and not args.configs and not args.extra:
         raise GwdetValueError("Name what to run: --study paper, --study batch-sweep, or --configs.")
     specs = paper_specs(args.dataset, repo_root, args.study) if args.study else []
@@ -246,8 +254,9 @@ def _run_study(argv: list[str], repo_root: Path) -> int:
         problem = output_path_problem("--export-records", args.export_records, folder=True)
         if problem:
             parser.error(problem)
-    if args.report_to:
-        problem = foreign_report_problem("--report-to", Path(args.report_to), list(TITLES.values()))
+    if args.report_to is not None:
+        problem = (output_path_problem("--report-to", args.report_to, folder=True)
+                   or foreign_report_problem("--report-to", Path(args.report_to), list(TITLES.values())))
         if problem:
             parser.error(problem)
     weights = chosen_weights(args)
@@ -310,6 +319,8 @@ def _plan_and_run(args: argparse.Namespace, argv: Sequence[str], parser: argpars
         planned = plan(cells, out_dir / RUNS_FOLDER, args.opts, args.on_mismatch, record=not args.list)
         for item in planned:
             prepare_datasets(item.cfg)
+        # --only runs some of the study's cells: the others' reports are this study's, not another's
+        study = {cell.name for cell in build_cells(argparse.Namespace(**{**vars(args), "only": None}), repo_root)}
     except ConfigMismatch as error:
         print(f"compare_norms.py: error: {error}", file=sys.stderr)
         return 2
@@ -336,7 +347,7 @@ def _plan_and_run(args: argparse.Namespace, argv: Sequence[str], parser: argpars
         finally:
             signal.signal(signal.SIGTERM, previous)  # main() may run inside another program (a test)
     try:
-        report(args, planned, weights, out_dir)
+        report(args, planned, weights, out_dir, study)
     except ValueError as error:  # a damaged record of a cell (DamagedFile) or results without the report split
         print(f"compare_norms.py: error: no report written: {error}", file=sys.stderr)
         return 2
@@ -390,23 +401,27 @@ def report_if_complete(argv: Sequence[str], repo_root: Path) -> list[Path] | Non
 
 
 def report(args: argparse.Namespace, planned: Sequence[PlannedCell], weights: Sequence[float],
-           out_dir: Path) -> list[Path] | None:
-    """Write the report of the finished cells; the files written (``None`` when none is finished)."""
+           out_dir: Path, study: Collection[str] = ()) -> list[Path] | None:
+    """Write the report of the finished cells; the files written (``None`` when none is finished).
+    A report folder holding the report of other cells is refused, but for cells of ``study`` (the
+    names of the whole study, of which ``--only`` ran some)."""
     done = [p for p in planned if is_done(p, weights)]
     pending = [p.cell.name for p in planned if p not in done]
     if not done:
         echo("no finished cell yet: no report")
         return None
     check_trained_as_recorded(done)
+    check_seeds_of_one_configuration_alike(done)
     name = study_name(args)
     notes = []
     if args.only:
         notes.append(f"Only the cells {', '.join(args.only)} were requested.")
     if args.opts:
         notes.append(f"Common overrides of every cell: {' '.join(args.opts)}.")
-    notes += [note for note in (code_note(done), confounded_note(done)) if note]
+    notes += [note for note in (code_note(done), confounded_note(done), threads_note(done), resumed_loss_note(done))
+              if note]
     folder = report_folder(args, out_dir)
-    others = reported_cells(folder) - {p.cell.name for p in planned}
+    others = reported_cells(folder) - {p.cell.name for p in planned} - set(study)
     if others:  # two studies sharing one --out report into the same folder
         raise GwdetValueError(
             f"{folder} holds the report of other cells ({', '.join(sorted(others)[:4])}"

@@ -46,7 +46,8 @@ from gwdet.utils.atomic import cached_sha256
 from gwdet.model_zoo import build_config
 from gwdet.config import ABSENT
 from gwdet.engine.output_dir import CONFIG_NAME, differing_values
-from gwdet_lab.study.cells import Cell
+from gwdet.engine.run import RESULTS_JSON
+from gwdet_lab.study.cells import CONFIG_PATTERNS, GROUP_LABELS, Cell
 from gwdet_lab.study.run_folder import RECORD_JSON, STUDY_RUN_JSON, RunFolder
 
 IGNORED_KEYS = ("OUTPUT_DIR", "DATASETS.SHAPES.ROOT")
@@ -293,6 +294,63 @@ def code_note(planned: Sequence[PlannedCell]) -> str | None:
     return "Cells run by another version of the code than planned, or by several: " + "; ".join(lines) + "."
 
 
+def check_seeds_of_one_configuration_alike(planned: Sequence[PlannedCell]) -> None:
+    """Refuse cells that the report would average as seeds of one configuration (one group at one
+    batch size) whose configs differ in more than the seed (a cell of a shorter check study
+    exported among a long study's records): their mean and paired tests would mix two trainings."""
+    trees = {item.cell.name: yaml.safe_load(comparable_dump(item.cfg)) or {} for item in planned}
+    for first, second in itertools.combinations(planned, 2):
+        a, b = first.cell, second.cell
+        if (a.group, a.batch_size) != (b.group, b.batch_size):
+            continue
+        differing = [f"{key} ({one!r} in {a.name}, {other!r} in {b.name})"
+                     for key, one, other in differing_values(trees[a.name], trees[b.name]) if key != "SEED"]
+        if differing:
+            raise GwdetValueError(
+                f"Cells {a.name} and {b.name} are seeds of one configuration ({a.label} at {a.batch_size} images) in "
+                f"the report, but their configs differ in more than the seed: {'; '.join(differing[:3])}"
+                f"{'; ...' if len(differing) > 3 else ''}. Their mean and paired tests would mix two trainings; "
+                "nothing was written. Report them apart (--only, or records folders of one study each).")
+
+
+def threads_note(planned: Sequence[PlannedCell]) -> str | None:
+    """A report note naming the cells whose training ran in stretches with other thread counts
+    (a cell stopped and resumed with another ``--threads``: its results.json's
+    ``environment.segments``): on a CPU the thread count changes the sums' order, so their weights
+    differ from an uninterrupted run's (``None`` when there is none)."""
+    lines = []
+    for item in planned:
+        segments = item.folder.read_json(RESULTS_JSON).get("environment", {}).get("segments", [])
+        threads = list(dict.fromkeys(segment.get("threads") for segment in segments if isinstance(segment, dict)))
+        if len(threads) > 1:
+            lines.append(f"{item.cell.name} ({', then '.join(map(str, threads))})")
+    if not lines:
+        return None
+    return ("Cells resumed with another thread count than they started with: " + "; ".join(lines) + ". A CPU sums "
+            "in another order with other threads, so their weights differ from those of a run with one count.")
+
+
+# The iterations detectron2's logged losses are medians over (its writers' window)
+LOSS_WINDOW = 20
+
+
+def resumed_loss_note(planned: Sequence[PlannedCell]) -> str | None:
+    """A report note naming the cells resumed within their last :data:`LOSS_WINDOW` iterations
+    (results.json's ``environment.segments``): the final loss detectron2 logs is a median over the
+    iterations of the process, so theirs covers fewer iterations than an uninterrupted run's
+    (``None`` when there is none)."""
+    lines = []
+    for item in planned:
+        segments = item.folder.read_json(RESULTS_JSON).get("environment", {}).get("segments", [])
+        start = segments[-1].get("from_iteration") if segments and isinstance(segments[-1], dict) else None
+        if len(segments) > 1 and isinstance(start, int) and int(item.cfg.SOLVER.MAX_ITER) - start < LOSS_WINDOW:
+            lines.append(f"{item.cell.name} (its last {int(item.cfg.SOLVER.MAX_ITER) - start})")
+    if not lines:
+        return None
+    return (f"Final losses are detectron2's medians over the last {LOSS_WINDOW} iterations a process trained; for "
+            "cells resumed near their end they cover only the iterations since the resume: " + "; ".join(lines) + ".")
+
+
 def is_norm_key(key: str) -> bool:
     """Whether the config key ``key`` chooses or sets the norm layers (what a study's configurations
     are meant to differ in)."""
@@ -321,6 +379,61 @@ def confounded_note(planned: Sequence[PlannedCell], shown: int = 4) -> str | Non
             + "; ".join(listed_lines[:shown]) + more + ". Their differences mix those values with the norms'.")
 
 
+# The keys that choose which norm layers sit where in the study's Faster R-CNN: what tells its
+# configurations apart
+NORM_CHOICES = ("MODEL.RESNETS.NORM", "MODEL.RESNETS.GW_POSITIONS", "MODEL.RESNETS.GW_NORM", "MODEL.FPN.NORM",
+                "MODEL.ROI_BOX_HEAD.NORM")
+
+
+def _norm_choices(cfg: CfgNode) -> dict[str, object]:
+    """The values of :data:`NORM_CHOICES` in ``cfg``, by key."""
+    tree = yaml.safe_load(comparable_dump(cfg)) or {}
+    return {key: new for key, _, new in differing_values({}, tree) if key in NORM_CHOICES}
+
+
+def check_configurations_are_what_they_are_called(planned: Sequence[PlannedCell], common_opts: Sequence[str] = ()
+                                                  ) -> None:
+    """Refuse cells the report would compare (other configurations at one batch size and seed)
+    whose configs are the same (an override of every cell's norms): a configuration compared with
+    itself under two names; and a cell named as one of gwdet's configurations (``gw``, whose row
+    carries the paper's number) whose config places other norms than that configuration's own
+    config does (:data:`~gwdet_lab.study.cells.CONFIG_PATTERNS`)."""
+    choices = {item.cell.name: _norm_choices(item.cfg) for item in planned}
+    dumps = {item.cell.name: comparable_dump(item.cfg) for item in planned}
+    for first, second in itertools.combinations(planned, 2):
+        a, b = first.cell, second.cell
+        if (a.batch_size, a.seed) == (b.batch_size, b.seed) and a.group != b.group and dumps[a.name] == dumps[b.name]:
+            given = f" (--opts {' '.join(common_opts)} applies to every cell)" if common_opts else ""
+            raise GwdetValueError(
+                f"Cells {a.name} ({a.label}) and {b.name} ({b.label}) have the same config{given}: the report would "
+                "compare one configuration with itself under two names. Give each configuration what sets it apart "
+                "in its own config (or its own overrides: --extra NAME=CONFIG KEY VALUE ...), not in --opts; "
+                "nothing was trained.")
+    for item in planned:
+        own = _packaged_norm_choices(item.cell.group, tuple(common_opts))
+        if own is None:
+            continue
+        differing = {key: value for key, value in choices[item.cell.name].items() if own.get(key) != value}
+        if differing:
+            shown = "; ".join(f"{key}: {value!r} where {item.cell.group}'s own config has {own.get(key)!r}"
+                              for key, value in sorted(differing.items())[:3])
+            raise GwdetValueError(
+                f"Cell {item.cell.name} is named {item.cell.group!r}, one of gwdet's configurations ({item.cell.label}, "
+                f"whose report row carries the paper's numbers), but its config {item.cell.config_file} places other "
+                f"norms: {shown}. Name it by what it is (--configs NAME=CONFIG with a name of your own), or give it "
+                f"the config of {item.cell.label}; nothing was trained.")
+
+
+@functools.lru_cache(maxsize=None)
+def _packaged_norm_choices(group: str, common_opts: tuple[str, ...]) -> dict[str, object] | None:
+    """The norm choices of gwdet's own config of the configuration ``group`` (the shapes study's;
+    the COCO configs place the same norms), or None for a group that is not one of them."""
+    if group not in GROUP_LABELS:
+        return None
+    config = Path(__file__).resolve().parents[2] / CONFIG_PATTERNS["shapes"].format(group=group)
+    return _norm_choices(build_config(str(config), list(common_opts)))
+
+
 def plan(cells: Sequence[Cell], runs_dir: Path, common_opts: Sequence[str] = (),
          on_mismatch: str = "refuse", record: bool = True) -> list[PlannedCell]:
     """Resolve every cell, pick its folder under ``runs_dir`` and check it against the record.
@@ -345,6 +458,7 @@ def plan(cells: Sequence[Cell], runs_dir: Path, common_opts: Sequence[str] = (),
         if differences:
             problems.append((cell, folder, differences))
         planned.append(PlannedCell(cell, opts, cfg, folder))
+    check_configurations_are_what_they_are_called(planned, common_opts)
     if problems:
         holders = {cell.name: holder for cell, _, _ in problems
                    if (holder := folder_of_requested_config(cell, runs_dir, common_opts)) is not None}

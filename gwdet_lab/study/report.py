@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -442,17 +443,18 @@ def write_report(title: str, results: Sequence[CellResult], pending: Sequence[st
     """Every file of the report into ``out_dir``; returns their paths. When one cannot be written (a
     full disk), the report's files there are removed, so that no report mixes old and new files, and
     :class:`~gwdet.utils.atomic.WriteError` names the folder and the fix."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     try:
+        out_dir.mkdir(parents=True, exist_ok=True)
         return _write_report_files(title, results, pending, out_dir, notes)
     except OSError as error:
         for name in REPORT_FILES:
             with contextlib.suppress(OSError):
                 (out_dir / name).unlink(missing_ok=True)
+        fix = ("Make space (or give another --report-to)" if error.errno in (errno.ENOSPC, errno.EDQUOT) else
+               "Give a --report-to this process may write")
         raise WriteError(error.errno, f"cannot write the report into {out_dir}: {error.strerror or error}; its "
-                         "files there are removed, so that no report mixes old and new files. Make space (or give "
-                         "another --report-to) and run the same command again: the cells' results are kept and "
-                         "nothing trains again.") from None
+                         f"files there are removed, so that no report mixes old and new files. {fix} and run the "
+                         "same command again: the cells' results are kept and nothing trains again.") from None
 
 
 def _write_report_files(title: str, results: Sequence[CellResult], pending: Sequence[str], out_dir: Path,
