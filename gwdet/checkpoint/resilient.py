@@ -752,10 +752,9 @@ class ResilientCheckpointer(DetectionCheckpointer):
                     raise GwdetValueError(
                         f"--resume: {candidate} was written by another trainer (detectron2's own tools, say: it holds "
                         f"detectron2's training state but no {', '.join(lacking)} state and none of gwdet's records), "
-                        "so gwdet's tool "
-                        "cannot continue that run as it would have gone on. Continue it with the tool that trained "
-                        f"it, or start a new run from its weights ({self.weights_setting} {candidate}) into another "
-                        "output folder.")
+                        "so gwdet's tool cannot continue that run as it would have gone on. Continue it with the tool "
+                        f"that trained it, or start a new run from its weights ({self.weights_setting} {candidate}) "
+                        "into another output folder.")
                 if lacking:  # a checkpoint slimmed to its weights: the schedule would restart
                     raise GwdetValueError(
                         f"--resume: {candidate} holds no {', '.join(lacking)} state (a checkpoint slimmed to its "

@@ -313,6 +313,12 @@ def check_seeds_of_one_configuration_alike(planned: Sequence[PlannedCell]) -> No
                 "nothing was written. Report them apart (--only, or records folders of one study each).")
 
 
+def _segments(item: PlannedCell) -> list:
+    """The stretches a finished cell's training ran in (results.json's ``environment.segments``:
+    ``from_iteration``, threads, ...; empty for a cell trained in one go)."""
+    return item.folder.read_json(RESULTS_JSON).get("environment", {}).get("segments", [])
+
+
 def threads_note(planned: Sequence[PlannedCell]) -> str | None:
     """A report note naming the cells whose training ran in stretches with other thread counts
     (a cell stopped and resumed with another ``--threads``: its results.json's
@@ -320,7 +326,7 @@ def threads_note(planned: Sequence[PlannedCell]) -> str | None:
     differ from an uninterrupted run's (``None`` when there is none)."""
     lines = []
     for item in planned:
-        segments = item.folder.read_json(RESULTS_JSON).get("environment", {}).get("segments", [])
+        segments = _segments(item)
         threads = list(dict.fromkeys(segment.get("threads") for segment in segments if isinstance(segment, dict)))
         if len(threads) > 1:
             lines.append(f"{item.cell.name} ({', then '.join(map(str, threads))})")
@@ -341,7 +347,7 @@ def resumed_loss_note(planned: Sequence[PlannedCell]) -> str | None:
     (``None`` when there is none)."""
     lines = []
     for item in planned:
-        segments = item.folder.read_json(RESULTS_JSON).get("environment", {}).get("segments", [])
+        segments = _segments(item)
         start = segments[-1].get("from_iteration") if segments and isinstance(segments[-1], dict) else None
         if len(segments) > 1 and isinstance(start, int) and int(item.cfg.SOLVER.MAX_ITER) - start < LOSS_WINDOW:
             lines.append(f"{item.cell.name} (its last {int(item.cfg.SOLVER.MAX_ITER) - start})")
