@@ -90,8 +90,8 @@ def test_a_file_torch_save_did_not_write_is_named_with_the_fix(tmp_path):
         load_torch_file(str(text), allow_unsafe=False, how_to_opt_in="")
     assert str(err.value) == (
         f"{text} is not a PyTorch checkpoint: it does not start like a file written by torch.save (a zip archive or "
-        "a pickle). Check the path (MODEL.WEIGHTS, OUTPUT_DIR), or convert ImageNet weights with "
-        "tools/convert_pretrained.py.")
+        "a pickle). Check the path (MODEL.WEIGHTS, OUTPUT_DIR; a LazyConfig's train.init_checkpoint, "
+        "train.output_dir), or convert ImageNet weights with tools/convert_pretrained.py.")
 
 
 def test_a_zip_without_a_pickle_is_not_taken_for_a_complete_checkpoint(tmp_path):

@@ -336,7 +336,7 @@ def test_other_norm_types_are_refused_naming_up_to_three_layers():
     assert str(error.value) == (
         "The checkpoint was trained with other norm layers than this config builds (4 layers, e.g. "
         "bn: GroupWhitening -> BatchNorm2d; gn: BatchNorm2d -> GroupNorm; gw: GroupNorm -> GroupWhitening); "
-        "nothing was loaded. Load weights trained with this config's NORM values, or set the environment "
+        "nothing was loaded. Load weights trained with this config's NORM values (a LazyConfig's norm nodes), or set the environment "
         "variable GWDET_ALLOW_NORM_MISMATCH=1 to load them anyway.")
 
 

@@ -273,7 +273,7 @@ def check_norm_types(saved: Mapping[str, str], model: torch.nn.Module, how_to_op
         raise NormMismatchError(
             f"The checkpoint was trained with other norm layers than this config builds "
             f"({len(differing)} layers, e.g. {'; '.join(differing[:3])})", "Load "
-            f"weights trained with this config's NORM values, or {how_to_opt_in} to load them anyway."
+            f"weights trained with this config's NORM values (a LazyConfig's norm nodes), or {how_to_opt_in} to load them anyway."
         )
 
 

@@ -206,9 +206,9 @@ def load_torch_file(path: str, allow_unsafe: bool, how_to_opt_in: str, mmap: boo
                 "torch.save writes: name it with the .pkl suffix, which detectron2's checkpointer reads as pickled "
                 "weights.")
         raise NotACheckpointError(
-            f"{path} is not a PyTorch checkpoint: it does not start like a file written by "
-            "torch.save (a zip archive or a pickle). Check the path (MODEL.WEIGHTS, OUTPUT_DIR), or "
-            "convert ImageNet weights with tools/convert_pretrained.py."
+            f"{path} is not a PyTorch checkpoint: it does not start like a file written by torch.save (a zip archive "
+            "or a pickle). Check the path (MODEL.WEIGHTS, OUTPUT_DIR; a LazyConfig's train.init_checkpoint, "
+            "train.output_dir), or convert ImageNet weights with tools/convert_pretrained.py."
         )
     if is_torchscript_archive(path):
         raise NotACheckpointError(
@@ -217,9 +217,10 @@ def load_torch_file(path: str, allow_unsafe: bool, how_to_opt_in: str, mmap: boo
             "model was exported from (e.g. output/run/model_final.pth); gwdet.export.load_export runs the export.")
     if zipfile.is_zipfile(path) and not _holds_a_pickle(path):
         raise NotACheckpointError(
-            f"{path} is not a PyTorch checkpoint: it is a zip archive, but not one torch.save writes (no "
-            "data.pkl inside; a NumPy .npz, say). Check the path (MODEL.WEIGHTS, OUTPUT_DIR), or convert the "
-            "weights to a state dict saved with torch.save (ImageNet weights: tools/convert_pretrained.py)."
+            f"{path} is not a PyTorch checkpoint: it is a zip archive, but not one torch.save writes (no data.pkl "
+            "inside; a NumPy .npz, say). Check the path (MODEL.WEIGHTS, OUTPUT_DIR; a LazyConfig's "
+            "train.init_checkpoint, train.output_dir), or convert the weights to a state dict saved with torch.save "
+            "(ImageNet weights: tools/convert_pretrained.py)."
         )
     try:
         with torch.serialization.safe_globals(numpy_number_globals()):
