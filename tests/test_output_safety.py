@@ -1395,6 +1395,16 @@ def test_weights_behind_a_wrappers_prefix_or_a_whole_pickled_model_are_named(tmp
     with pytest.raises(ValueError, match=r"The file holds the model's keys behind the prefix 'model.' \(e.g. 'model\..*'\): "
                                          r"save its weights with the prefix taken off"):
         ResilientCheckpointer(Trainer.build_model(cfg)).load(str(tmp_path / "p.pth"))
+    # an EMA's or SWA's AveragedModel: its n_averaged beside the model behind "module.", called a torchvision
+    # checkpoint to convert
+    averaged = torch.optim.swa_utils.AveragedModel(model)
+    torch.save({"model": averaged.state_dict()}, tmp_path / "ema.pth")
+    with pytest.raises(ValueError, match=r"The file is the state dict of torch's AveragedModel \(EMA or SWA: its "
+                                         r"'n_averaged' and the model's keys behind 'module.'\): save the averaged "
+                                         r"model's own weights \(averaged.module.state_dict\(\)\) and load that file"):
+        ResilientCheckpointer(Trainer.build_model(cfg)).load(str(tmp_path / "ema.pth"))
+    torch.save({"model": averaged.module.state_dict()}, tmp_path / "ema.pth")
+    ResilientCheckpointer(Trainer.build_model(cfg)).load(str(tmp_path / "ema.pth"))
     torch.save({"model": model}, tmp_path / "whole.pth")
     monkeypatch.setenv("GWDET_ALLOW_UNSAFE_PICKLE", "1")
     loaded = Trainer.build_model(cfg)

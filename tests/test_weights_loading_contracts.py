@@ -381,7 +381,8 @@ def test_other_norm_hyper_parameters_are_refused_naming_up_to_three_values():
         "The checkpoint was trained with other norm hyper-parameters than this config gives its layers "
         "(4 values, e.g. gw num_groups 4 -> 2; gw T 3 -> 5; bw method 'itn' -> 'zca'); nothing was loaded. "
         "Use the values the weights were trained with (the run's config.yaml: MODEL.GW.*, MODEL.BW.*, "
-        "MODEL.BGN.*, MODEL.GN.NUM_GROUPS, and for a method the norm's name, GW or GW_ZCA, in MODEL.RESNETS.GW_NORM and "
+        "MODEL.BGN.*, MODEL.GN.NUM_GROUPS, and for a method the norm's name, GW or GW_ZCA, BW or BW_ItN, in "
+        "MODEL.RESNETS.GW_NORM and "
         "the NORM keys; a LazyConfig's: the norm nodes' values, e.g. "
         "model.backbone.norm.num_groups), or set the environment variable GWDET_ALLOW_NORM_MISMATCH=1 to load them "
         "anyway.")

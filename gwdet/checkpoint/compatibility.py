@@ -352,7 +352,7 @@ def _refuse_other_settings(saved: Mapping[str, Mapping[str, Any]], present: Mapp
             f"The checkpoint was trained with other norm hyper-parameters than this config gives its layers "
             f"({len(differing)} values, e.g. {'; '.join(differing[:3])})", "Use the values "
             "the weights were trained with (the run's config.yaml: MODEL.GW.*, MODEL.BW.*, MODEL.BGN.*, "
-            "MODEL.GN.NUM_GROUPS, and for a method the norm's name, GW or GW_ZCA, in MODEL.RESNETS.GW_NORM and the "
+            "MODEL.GN.NUM_GROUPS, and for a method the norm's name, GW or GW_ZCA, BW or BW_ItN, in MODEL.RESNETS.GW_NORM and the "
             "NORM keys; a LazyConfig's: the norm nodes' values, e.g. model.backbone.norm.num_groups), "
             f"or {how_to_opt_in} to load them anyway."
         )

@@ -325,6 +325,8 @@ CLASSES_ATTRIBUTE = "gwdet_classes"
 # its state dict does not hold (its pixel buffers are not saved).
 INPUT_KEY = "gwdet_input"
 INPUT_ATTRIBUTES = ("input_format", "pixel_mean", "pixel_std")
+# the counter torch.optim.swa_utils.AveragedModel keeps beside the averaged model's weights (under "module.")
+AVERAGED_COUNT = "n_averaged"
 # what detectron2's trainers save of a run beside the weights (gwdet's add their random and data state)
 DETECTRON2_STATE = frozenset({"iteration", "optimizer", "scheduler"})
 # The training datasets' annotation files, {name: {"json_file": path, "json_sha256": digest, "image_root":
@@ -933,8 +935,13 @@ class ResilientCheckpointer(DetectionCheckpointer):
                     f"model has {built}. The model's ResNet is deeper than the one they were trained with: give its "
                     "depth (MODEL.RESNETS.DEPTH; a LazyConfig's ResNet depth).")
             unexpected = list(incompatible.unexpected_keys)
-            prefix = _prefix_of_model_keys(unexpected, set(self.model.state_dict()))
-            hint = (f" The file holds the model's keys behind the prefix {prefix!r} (e.g. {unexpected[0]!r}): save "
+            averaged = AVERAGED_COUNT in unexpected  # torch.optim.swa_utils.AveragedModel's state dict (EMA, SWA)
+            prefix = _prefix_of_model_keys([key for key in unexpected if key != AVERAGED_COUNT] if averaged
+                                           else unexpected, set(self.model.state_dict()))
+            hint = (f" The file is the state dict of torch's AveragedModel (EMA or SWA: its {AVERAGED_COUNT!r} and the "
+                    f"model's keys behind {prefix!r}): save the averaged model's own weights "
+                    "(averaged.module.state_dict()) and load that file." if averaged and prefix else
+                    f" The file holds the model's keys behind the prefix {prefix!r} (e.g. {unexpected[0]!r}): save "
                     f"its weights with the prefix taken off ({{key.removeprefix({prefix!r}): value for key, value in "
                     "weights.items()}) and load that file." if prefix else
                     torchvision_detection_hint(unexpected) or
