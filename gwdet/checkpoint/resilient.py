@@ -873,7 +873,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
                     f"{self._loading or 'The checkpoint'} holds the weights of {len(unchecked)} GroupNorm layer(s) "
                     f"({listed(unchecked, 3)}) without gwdet's record of their group numbers (a file gwdet's "
                     "checkpointer did not write, e.g. detectron2's): they load unchecked into this config's groups. "
-                    "Give the group number they were trained with (MODEL.GN.NUM_GROUPS; a LazyConfig's num_groups).")
+                    "Give the group number they were trained with (MODEL.GN.NUM_GROUPS; a norm of one's own: its own key; a "
+                    "LazyConfig's num_groups).")
         allowed = mismatch_allowed()
         for check in checks:
             try:
