@@ -389,6 +389,20 @@ def test_config_overrides_yacs_cannot_merge_are_explained(opts, message):
     assert str(err.value).startswith(message) and isinstance(err.value, GwdetError)
 
 
+def test_yamls_off_for_a_norm_in_a_config_file_is_named_as_yaml_reads_it(tmp_path):
+    # "takes a value of type str ... got False (a bool)", without saying that YAML reads off as False
+    from gwdet.model_zoo import build_config
+
+    config = tmp_path / "off.yaml"
+    config.write_text(f'_BASE_: "{DEMO_CONFIG}"\nMODEL:\n  FPN:\n    NORM: off\n')
+    with pytest.raises(ValueError) as err:
+        build_config(str(config))
+    assert str(err.value).endswith(
+        "MODEL.FPN.NORM takes a value of type str (it is '' before this value); got False (a bool). YAML reads on, off, "
+        "yes, no, true and false unquoted as True or False: quote the text as 'off' in the file, or give \"\" for none "
+        "where the key takes a name (NORM: \"\" is no norm).")
+
+
 def test_a_config_file_with_an_unknown_key_or_given_as_a_folder_is_explained(tmp_path):
     from gwdet.model_zoo import build_config
 

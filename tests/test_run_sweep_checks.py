@@ -935,3 +935,20 @@ def test_a_new_output_path_that_begins_or_ends_with_whitespace_is_refused(tmp_pa
     os.mkdir(new)  # a folder of that name that exists is the user's choice
     check_output_dir_name(new)
     check_output_folder(new, "OUTPUT_DIR")
+
+
+def test_a_runs_config_yaml_writes_each_value_in_full(finished_run):
+    # detectron2's dump wrote MODEL.RETINANET.BBOX_REG_WEIGHTS as the anchor &id002 and MODEL.RPN.BBOX_REG_WEIGHTS
+    # as its alias: an edit of RetinaNet's weights in a copy of the file trained the RPN with them too
+    from gwdet.model_zoo import build_config
+
+    text = (finished_run / "config.yaml").read_text()
+    assert "&id" not in text and "*id" not in text
+    edited = finished_run.parent / "edited.yaml"
+    lines = text.splitlines()
+    at = next(index for index, line in enumerate(lines) if line.startswith("  RETINANET:"))
+    weights = next(index for index in range(at, len(lines)) if "BBOX_REG_WEIGHTS:" in lines[index])
+    lines[weights + 1] = lines[weights + 1].replace("1.0", "2.0")
+    edited.write_text("\n".join(lines) + "\n")
+    cfg = build_config(str(edited))
+    assert cfg.MODEL.RETINANET.BBOX_REG_WEIGHTS[0] == 2.0 and list(cfg.MODEL.RPN.BBOX_REG_WEIGHTS) == [1.0] * 4

@@ -716,6 +716,8 @@ def test_group_norm_weights_without_gwdets_records_are_said_to_be_unchecked(tmp_
         ResilientCheckpointer(other, str(tmp_path)).load_weights(str(tmp_path / "plain.pth"))
     assert "holds the weights of 1 GroupNorm layer(s) (1 (4 groups)) without gwdet's record of their group numbers" \
         in caplog.text
+    # a norm one registered reads its own key, not MODEL.GN.NUM_GROUPS
+    assert "(MODEL.GN.NUM_GROUPS; a norm of one's own: its own key; a LazyConfig's num_groups)" in caplog.text
     caplog.clear()
     ResilientCheckpointer(trained, str(tmp_path)).save("recorded")  # gwdet's checkpoints record them: checked
     with caplog.at_level("WARNING"):

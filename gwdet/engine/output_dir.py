@@ -31,6 +31,7 @@ import shutil
 import sys
 from typing import IO, Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
+import yaml
 from detectron2.config import CfgNode
 
 from gwdet.errors import (
@@ -385,13 +386,37 @@ def config_differences(saved: Mapping, current: Mapping) -> list[str]:
     return [f"{key}: {old!r} -> {new!r}" for key, old, new in differing_values(saved, current)]
 
 
+class _PlainDumper(yaml.SafeDumper):
+    """YAML without anchors and aliases: each key's value written out in full."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _write_without_aliases(path: str) -> None:
+    """Rewrite the yacs ``config.yaml`` at ``path`` with each value in full where detectron2's dump
+    wrote one list under two keys as a YAML anchor and alias (``MODEL.RPN.BBOX_REG_WEIGHTS:
+    *id002``): an edit of the anchored value in a copy of the file would change the other key too.
+    A LazyConfig's (Python tags; no such shared values) is left as it is."""
+    with open(path, encoding="utf-8") as file:
+        text = file.read()
+    if not re.search(r"(^|\s)\*id\d+", text):
+        return
+    try:
+        values = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return
+    write_text_atomically(path, yaml.dump(values, Dumper=_PlainDumper, default_flow_style=False))
+
+
 def record_config_checksum(output_dir: str) -> None:
     """Record the SHA-256 of ``output_dir/config.yaml`` as detectron2's ``default_setup`` has just
     written it (in place; :func:`config_rewrite` keeps the earlier file and record until then, and a
     config.yaml that no longer matches its record is refused by ``--resume`` instead of trusting a
-    cut-off config)."""
+    cut-off config), its shared values written out in full (:func:`_write_without_aliases`)."""
     path = os.path.join(output_dir, CONFIG_NAME)
     if os.path.isfile(path):
+        _write_without_aliases(path)
         record_checksum(path)
 
 

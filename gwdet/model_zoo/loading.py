@@ -150,6 +150,9 @@ def merge_problem(cfg: CfgNode, error: BaseException) -> str:
             return f"{key} is a section of keys, not a value: set one of its keys (e.g. {key}.<KEY> VALUE)."
         quoted = (f" To give {value} as text, quote it for YAML as well as for the shell: {key} \"'{value}'\"."
                   if expected.endswith("str") and given.rsplit(".", 1)[-1] in ("int", "float") else "")
+        if expected.endswith("str") and given.rsplit(".", 1)[-1] == "bool":
+            quoted = (" YAML reads on, off, yes, no, true and false unquoted as True or False: quote the text "
+                      "as 'off' in the file, or give \"\" for none where the key takes a name (NORM: \"\" is no norm).")
         if expected.endswith("float") and value.strip().lstrip("+-").lower() in ("inf", "infinity"):
             quoted = f" yacs reads no inf; a number too large for a float is one: {key} {'-' if '-' in value else ''}1e999."
         return (f"{key} takes a value of type {expected.rsplit('.', 1)[-1]} (it is {default or repr('')} before this "
