@@ -1107,7 +1107,7 @@ def _check_no_shared_training_images(use: DatasetUse, ours: Sequence[CocoDataset
                     "one entry per image, or train on one of them.")
 
 
-def _annotation_file(name: str) -> str | None:
+def registered_annotation_file(name: str) -> str | None:
     """The annotation file a registered dataset's metadata names (``json_file``: shapes,
     ``--register-coco``, detectron2's builtin COCO sets), or None."""
     return MetadataCatalog.get(name).get("json_file") if name in MetadataCatalog.list() else None
@@ -1125,8 +1125,9 @@ def warn_of_test_sets_trained_on(use: DatasetUse) -> None:
                 f"{use.test_setting} {test_name!r} is also in {use.train_setting}: its results measure the data the "
                 "model trains on, not how it does on unseen images. Evaluate on a held-out dataset.")
             continue
+        test_json = registered_annotation_file(test_name)
         for train_name in use.train:
-            test_json, train_json = _annotation_file(test_name), _annotation_file(train_name)
+            train_json = registered_annotation_file(train_name)
             if test_json and train_json and _same_file(test_json, train_json):
                 logger.warning(
                     f"{use.test_setting} {test_name!r} reads the annotation file of {use.train_setting} {train_name!r} "

@@ -29,6 +29,7 @@ from gwdet.data.coco_registration import (
     given_on_the_command_line,
     known_class_names,
     register_coco_datasets,
+    registered_annotation_file,
     registered_coco_dataset,
     warn_of_test_sets_trained_on,
 )
@@ -138,7 +139,7 @@ def check_distinct_training_files(names: Sequence[str]) -> None:
     twice, which the config check refuses)."""
     seen: dict[str, str] = {}
     for name in names:
-        json_file = MetadataCatalog.get(name).get("json_file") if name in MetadataCatalog.list() else None
+        json_file = registered_annotation_file(name)
         if not json_file:
             continue
         path = os.path.realpath(json_file)
