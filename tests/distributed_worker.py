@@ -5,6 +5,7 @@ folder of an evaluation). (Not a test module: spawned processes import it.)"""
 import argparse
 import logging
 import sys
+import time
 
 import torch
 from detectron2.utils import comm
@@ -37,7 +38,8 @@ def train_and_save_parameters(config_file: str, opts: list, out_dir: str) -> Non
 
 
 def check_rank_configs(config_file: str, out_dir: str) -> None:
-    """Rank 1 holds another group count than rank 0; each rank writes what the config check said."""
+    """Rank 1 holds another group count than rank 0, then another request, then another thread count;
+    each rank writes what the config check said."""
     from gwdet.engine.run import check_same_config, load_run_config
 
     opts = ["MODEL.GW.NUM_GROUPS", "8"] if comm.get_rank() == 1 else []
@@ -49,6 +51,15 @@ def check_rank_configs(config_file: str, out_dir: str) -> None:
             said.append("accepted")
         except ValueError as error:
             said.append(str(error))
+    # the same config and requests, but one more CPU thread in rank 1 (machines started with other --threads)
+    with open(f"{out_dir}/threads{comm.get_rank()}.txt", "w", encoding="utf-8") as f:
+        f.write(str(torch.get_num_threads()))
+    torch.set_num_threads(torch.get_num_threads() + comm.get_rank())
+    try:
+        check_same_config(load_run_config(config_file), argparse.Namespace(resume=False, eval_only=False))
+        said.append("accepted")
+    except ValueError as error:
+        said.append(str(error))
     with open(f"{out_dir}/rank{comm.get_rank()}.txt", "w", encoding="utf-8") as f:
         f.write("\n".join(said))
 
@@ -68,11 +79,17 @@ def choose_evaluation_folders(run_folder: str, out_dir: str) -> None:
         f.write(run_module.evaluation_request(run, args)[0].output_dir)
 
 
+def wait_for_stop(out_dir: str) -> None:
+    """Wait for a stop signal, with the signals' default action (a process told to stop before its
+    training's checkpoint hook is installed)."""
+    open(f"{out_dir}/ready{comm.get_rank()}", "w").close()
+    time.sleep(120)
+
+
 def save_on_stop(out_dir: str) -> None:
     """Wait for a stop signal; on SIGTERM write saved<rank> half a second later and end with status
     143, as a trainer's checkpoint hook does."""
     import signal
-    import time
 
     rank = comm.get_rank()
 
@@ -91,6 +108,8 @@ if __name__ == "__main__":
         launch(check_rank_configs, 2, dist_url="auto", args=tuple(sys.argv[2:4]))
     elif sys.argv[1] == "--stop-signal":
         launch(save_on_stop, 2, dist_url="auto", args=(sys.argv[2],))
+    elif sys.argv[1] == "--stop-unprotected":
+        launch(wait_for_stop, 2, dist_url="auto", args=(sys.argv[2],))
     elif sys.argv[1] == "--evaluation-folders":
         launch(choose_evaluation_folders, 2, dist_url="auto", args=tuple(sys.argv[2:4]))
     else:

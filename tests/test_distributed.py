@@ -37,6 +37,7 @@ def test_processes_started_with_different_configs_are_refused_in_every_process(t
                str(tmp_path)]
     completed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr[-3000:]
+    threads = int((tmp_path / "threads0.txt").read_text())
     for rank in (0, 1):
         # the values that differ were not named (an OUTPUT_DIR of each machine's own disk, say)
         assert (tmp_path / f"rank{rank}.txt").read_text().splitlines() == [
@@ -44,7 +45,11 @@ def test_processes_started_with_different_configs_are_refused_in_every_process(t
             "MODEL.GW.NUM_GROUPS: 16 -> 8): start every machine with the same config file and the same overrides "
             "(OUTPUT_DIR too: on disks of each machine's own, give the same path on each).",
             "The processes of this run were started with different requests (rank 0: none; rank 1: --resume): start "
-            "every machine with the same flags (--resume, --eval-only) as well as the same config."]
+            "every machine with the same flags (--resume, --eval-only) as well as the same config.",
+            # results.json recorded rank 0's count as the run's
+            f"The processes of this run compute on the CPU with different numbers of threads (rank 0: {threads}; rank 1: "
+            f"{threads + 1}), which changes the order of their sums and so the weights' last bits, and results.json "
+            "records one count: start every machine with the same --threads N."]
 
 
 def test_the_processes_of_an_evaluation_beside_a_run_write_into_one_folder(tmp_path):
@@ -83,3 +88,22 @@ def test_a_stop_signal_to_the_launcher_reaches_the_processes_and_waits_for_their
     assert process.returncode == 143, printed[-3000:]
     assert (tmp_path / "saved0").exists() and (tmp_path / "saved1").exists()  # before the launcher ended
     assert "Stopped by SIGTERM: the processes were told to stop and did." in printed
+
+
+def test_a_stop_signal_before_the_checkpoint_hook_is_not_reported_as_a_checkpoint(tmp_path):
+    # SIGTERM to the launcher while its processes had no checkpoint hook yet (or a second signal, which stops them at
+    # once): "They saved a checkpoint of their iteration", and the folder held none
+    import signal
+    import time
+
+    process = subprocess.Popen([sys.executable, str(REPO / "tests" / "distributed_worker.py"), "--stop-unprotected",
+                                str(tmp_path)], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not all((tmp_path / f"ready{rank}").exists() for rank in (0, 1)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    _, printed = process.communicate(timeout=120)
+    assert process.returncode == 143, printed[-3000:]
+    assert "Stopped by SIGTERM: the processes were told to stop and did, at once, without a checkpoint of their " \
+           "iteration" in printed
+    assert "They saved a checkpoint" not in printed

@@ -417,7 +417,32 @@ def test_a_dist_url_no_process_can_meet_at_is_refused_before_any_starts(monkeypa
     with pytest.raises(GwdetValueError, match=r"the file exists, left by an earlier run, and torch's file rendezvous "
                                               r"needs a new one"):
         check_dist_url(f"file://{tmp_path}/rendezvous")
-    check_dist_url(f"file://{tmp_path}/rendezvous", num_machines=2)  # the other machines' processes made it
+    # several machines meet at the first one's tcp:// address, which the others wait for: file:// was refused on
+    # rank 1 only, and rank 0 waited without end
+    with pytest.raises(GwdetValueError, match=r"several machines meet at tcp://HOST:PORT, the address of the first"):
+        check_dist_url(f"file://{tmp_path}/rendezvous", num_machines=2)
+    # torch's raw int() error, and its port range, from every started process
+    monkeypatch.setenv("MASTER_PORT", "abc")
+    for port in ("abc", "99999"):
+        monkeypatch.setenv("MASTER_PORT", port)
+        with pytest.raises(GwdetValueError, match=rf"^--dist-url env:// reads the port from MASTER_PORT, which is "
+                                                  rf"'{port}': export a free port from 1 to 65535"):
+            check_dist_url("env://")
+    # a host that names no address (32 s, then "could not meet the others"), and one of another machine for a
+    # one-machine run (torch retried the connection for 300 s)
+    with pytest.raises(GwdetValueError, match=r"^--dist-url tcp://999.1.1.1:29561: the host '999.1.1.1' names no "
+                                              r"address \(it resolves to none: "):
+        check_dist_url("tcp://999.1.1.1:29561")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.setenv("MASTER_ADDR", "999.1.1.1")
+    with pytest.raises(GwdetValueError, match=r"^MASTER_ADDR: the host '999.1.1.1' names no address"):
+        check_dist_url("env://")
+    with pytest.raises(GwdetValueError, match=r"^--dist-url tcp://192.0.2.1:29535: the host '192.0.2.1' is not an "
+                                              r"address of this machine, and a one-machine run's processes all run "
+                                              r"here: give 127.0.0.1"):
+        check_dist_url("tcp://192.0.2.1:29535")
+    check_dist_url("tcp://192.0.2.1:29535", num_machines=2)  # the first machine's address, on another machine
+    check_dist_url("tcp://localhost:29535")
 
 
 def test_a_port_another_program_listens_on_is_named(capsys):
@@ -431,6 +456,14 @@ def test_a_port_another_program_listens_on_is_named(capsys):
         with pytest.raises(GwdetError, match=rf"another program already listens on port {port} of 127.0.0.1, so the "
                                              r"processes cannot meet there\. Give another port"):
             launch(never_called, 2, dist_url=f"tcp://127.0.0.1:{port}", rendezvous_timeout=timedelta(seconds=10))
+        # a second "machine" started as machine 0 of a run whose machine 0 listens there: "give another port" made
+        # two runs that each waited for a machine 1
+        with pytest.raises(GwdetError, match=rf"another program already listens on port {port} of 127.0.0.1, so the "
+                                             r"processes cannot meet there\. It may be the first machine of this run, "
+                                             r"started already with --machine-rank 0: start this machine with its own "
+                                             r"--machine-rank \(1\); else give another port"):
+            launch(never_called, 1, num_machines=2, dist_url=f"tcp://127.0.0.1:{port}",
+                   rendezvous_timeout=timedelta(seconds=10))
 
 
 # ---- the shapes dataset ----------------------------------------------------------------------------

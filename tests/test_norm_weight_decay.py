@@ -183,8 +183,17 @@ def test_check_model_names_the_norm_layers_detectron2s_optimizer_decays(caplog):
     # an optimizer built for another model (a notebook's model rebuilt, the old optimizer kept): nothing would train
     other = Trainer.build_optimizer(cfg, Trainer.build_model(cfg))
     with pytest.raises(ValueError, match=r"check_model: the optimizer does not hold \d+ trainable parameter\(s\) of the "
-                                         r"model .*so they would not train"):
+                                         r"model .*so they would not train: was it built for another model"):
         check_model(model, optimizer=other, weight_decay_norm=0.0)
+    # the same model, whose backbone was frozen when its optimizer was built and unfrozen after (a fine-tuning
+    # schedule): not "another model"
+    model.backbone.requires_grad_(False)
+    frozen_then = Trainer.build_optimizer(cfg, model)
+    model.backbone.requires_grad_(True)
+    with pytest.raises(ValueError, match=r"would not train: were they made trainable \(requires_grad_\(True\), an "
+                                         r"unfreezing\) after the optimizer was built\? Add them with "
+                                         r"optimizer.add_param_group"):
+        check_model(model, optimizer=frozen_then, weight_decay_norm=0.0)
     with pytest.raises(TypeError, match=r"check_model: optimizer must be the torch optimizer .*, got LRMultiplier"):
         check_model(model, optimizer=Trainer.build_lr_scheduler(cfg, other), weight_decay_norm=0.0)
 

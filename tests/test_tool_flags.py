@@ -143,6 +143,22 @@ def test_analyze_refuses_a_count_of_test_images_beside_a_random_input_size(capsy
                 f"no image: add flop to --tasks, or leave {flags[0]} out.") in capsys.readouterr().err
 
 
+def test_the_tools_refuse_test_time_augmentation_they_would_not_apply(tmp_path, capsys):
+    # the flop count of the plain model was printed for a config asking for test-time augmentation, without a word
+    for tool, flags, task in ((analyze_model, ["--tasks", "flop"], "--tasks flop counts"),
+                              (export_model, ["--output", str(tmp_path / "export")],
+                               "the export holds \\(and --run-eval evaluates\\)")):
+        with pytest.raises(SystemExit) as exit_info:
+            tool.main(["--config-file", str(DEMO_CONFIG), *flags, "TEST.AUG.ENABLED", "True"])
+        assert exit_info.value.code == 2
+        assert re.search(rf"error: TEST.AUG.ENABLED is True, but {task} the plain model, without test-time "
+                         r"augmentation .*: set TEST.AUG.ENABLED False.", capsys.readouterr().err)
+    assert not (tmp_path / "export").exists()
+    # the parameter table does not depend on it
+    assert analyze_model.main(["--config-file", str(DEMO_CONFIG), "--tasks", "parameter", "TEST.AUG.ENABLED",
+                               "True"]) == 0
+
+
 def test_analyze_reads_no_weights_and_no_test_set_for_parameters_and_structure(tmp_path, capsys):
     # backbone-only weights (a converted ImageNet file, as the COCO configs name) were refused as "a partly random
     # model" for the parameter table, and an unregistered test set was required though no image is read

@@ -62,8 +62,8 @@ def add_launcher_arguments(parser: argparse.ArgumentParser, multi_machine: bool 
                        help="after submitting, wait for the job to end and print its result")
     if multi_machine:
         group.add_argument("--rendezvous-timeout", type=seconds, default=DEFAULT_RENDEZVOUS_SECONDS, metavar="SECONDS",
-                           help="how long the processes of a multi-machine run wait for each other at "
-                                "--dist-url before stopping with an error (default %(default)s)")
+                           help="how long the processes of a run of several processes or machines wait for each "
+                                "other at --dist-url before stopping with an error (default %(default)s)")
 
 
 @dataclass(frozen=True)

@@ -110,11 +110,7 @@ def launch(
                     pass
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
             if received:  # told to stop, and every process did (a training's after saving a checkpoint)
-                name = signal.Signals(received[0]).name
-                logging.getLogger(__name__).warning(
-                    f"Stopped by {name}: the processes were told to stop and did. "
-                    + (_EVALUATE_AGAIN if evaluation else "They saved a checkpoint of their iteration when they were "
-                       "training: continue with --resume."))
+                logging.getLogger(__name__).warning(_stop_report(context, error, received[0], evaluation))
                 raise TrainingInterrupted(received[0], None) from None
             finished = [os.path.isfile(os.path.join(refusals, f"{index}{FINISHED}"))
                         for index in range(num_processes_per_machine)]
@@ -173,7 +169,10 @@ DIST_URL_FORMS = ("tcp://HOST:PORT (e.g. tcp://127.0.0.1:29500; on several machi
 def check_dist_url(dist_url: str | None, num_machines: int = 1) -> None:
     """Raise ``ValueError`` naming ``--dist-url`` and the forms it takes (:data:`DIST_URL_FORMS`)
     unless ``dist_url`` is one the processes can meet at: torch finds no rendezvous for another
-    scheme, and only after the processes have started. ``None`` is ``auto``."""
+    scheme, and only after the processes have started. ``None`` is ``auto``. Several machines meet at
+    tcp://HOST:PORT only (the first machine's address, which the others wait for); the host of a
+    tcp:// or env:// address must resolve, and on one machine be an address of this machine, which
+    its processes all run on (torch would retry the connection for minutes)."""
     if dist_url is None or dist_url == "auto":
         if num_machines > 1:
             raise GwdetValueError(
@@ -194,16 +193,49 @@ def check_dist_url(dist_url: str | None, num_machines: int = 1) -> None:
             raise GwdetValueError(f"--dist-url env:// reads the address from MASTER_ADDR and MASTER_PORT, and "
                                   f"{' and '.join(unset)} {'is' if len(unset) == 1 else 'are'} not set: export them "
                                   "(the first machine's address and a free port), or give tcp://HOST:PORT.")
+        master_port = os.environ["MASTER_PORT"].strip()
+        if not master_port.isdigit() or not 1 <= int(master_port) <= 65535:
+            raise GwdetValueError(f"--dist-url env:// reads the port from MASTER_PORT, which is {master_port!r}: "
+                                  "export a free port from 1 to 65535 (e.g. MASTER_PORT=29500).")
+    if num_machines > 1:
+        _tcp_address(dist_url)  # what the other machines wait for: refused alike on every machine
+    if parsed.scheme == "env" and not parsed.netloc.strip("/") and not parsed.path.strip("/"):
+        _check_host(os.environ["MASTER_ADDR"].strip(), "MASTER_ADDR", num_machines)
         return
     if parsed.scheme == "file" and parsed.path and num_machines == 1 and os.path.isfile(parsed.path) \
             and os.path.getsize(parsed.path):
         raise GwdetValueError(f"--dist-url {dist_url}: the file exists, left by an earlier run, and torch's file "
                               "rendezvous needs a new one (the processes would wait on the old run's, or fail): delete "
                               "it, or give a new path.")
-    if (parsed.scheme == "tcp" and parsed.hostname and port) or (parsed.scheme == "file" and parsed.path):
+    if parsed.scheme == "tcp" and parsed.hostname and port:
+        _check_host(parsed.hostname, f"--dist-url {dist_url}", num_machines)
+        return
+    if parsed.scheme == "file" and parsed.path:
         return
     raise GwdetValueError(f"--dist-url {dist_url!r} is not an address the processes can meet at: give "
                           + ", ".join(DIST_URL_FORMS[:-1]) + f" or {DIST_URL_FORMS[-1]}.")
+
+
+def _check_host(host: str, source: str, num_machines: int) -> None:
+    """Refuse a ``host`` (read from ``source``) that names no address, or, on one machine, that is no
+    address of this machine (nothing here can listen there)."""
+    try:
+        addresses = {(info[0], str(info[4][0])) for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
+    except (OSError, UnicodeError) as error:
+        raise GwdetValueError(f"{source}: the host {host!r} names no address (it resolves to none: {error}): "
+                              "give the first machine's IP or name, e.g. 127.0.0.1 on one machine.") from None
+    if num_machines > 1:
+        return
+    for family, address in addresses:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((address, 0))
+                return
+            except OSError:
+                continue
+    raise GwdetValueError(f"{source}: the host {host!r} is not an address of this machine, and a one-machine run's "
+                          "processes all run here: give 127.0.0.1 (e.g. --dist-url tcp://127.0.0.1:29500), or "
+                          "--dist-url auto; with several machines give --num-machines and each its --machine-rank.")
 
 
 def _failure_report(context: mp.ProcessContext, error: Exception, evaluation: bool = False) -> tuple[int, str]:
@@ -269,6 +301,25 @@ def _killed_process(context: mp.ProcessContext, error: Exception, evaluation: bo
             f"were stopped. {_EVALUATE_AGAIN if evaluation else _RESUME} What the other processes reported:")
 
 
+def _stop_report(context: mp.ProcessContext, error: Exception, signum: int, evaluation: bool) -> str:
+    """What the processes of ``context`` did when told to stop by ``signum``, ``error`` being how
+    the first one ended: a training's checkpoint hook saves a checkpoint of the iteration, which every
+    process waits for, and exits with 128 + the signal (:data:`STOP_EXITS`); a first process that
+    ended otherwise (the signal's default action before the hook was installed or after training, a
+    second signal, which stops at once) saved none."""
+    name = signal.Signals(signum).name
+    if evaluation:
+        return f"Stopped by {name}: the processes were told to stop and did. {_EVALUATE_AGAIN}"
+    if isinstance(error, mp.ProcessExitedException) and error.exit_code in STOP_EXITS:
+        return (f"Stopped by {name}: the processes were told to stop and did. They saved a checkpoint of their "
+                "iteration: continue with --resume.")
+    return (f"Stopped by {name}: the processes were told to stop and did, at once, without a checkpoint of their "
+            "iteration (a second signal, or one that came before training started or after it ended; exit statuses "
+            f"{', '.join(str(process.exitcode) for process in context.processes)}). A process whose peer stopped may "
+            "have printed gloo's 'Connection closed by peer'. --resume continues from the last checkpoint written, "
+            "if any.")
+
+
 # the exit statuses of a training process that a stop signal ended after it saved a checkpoint of its
 # iteration (gwdet.checkpoint.signal_hook exits with 128 + the signal's number, as a shell reports it)
 STOP_EXITS = {128 + int(stop): stop.name for stop in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)}
@@ -330,9 +381,15 @@ def _init_gloo(rank: int, world_size: int, processes_per_machine: int, dist_url:
     except RuntimeError as error:  # torch's DistStoreError / DistNetworkError
         waited = rendezvous_timeout.total_seconds()
         if rank == 0 and ("EADDRINUSE" in str(error) or "address already in use" in str(error).lower()):
+            last = world_size // processes_per_machine - 1  # the last machine's rank
+            ranks = "1" if last == 1 else f"1 to {last}"
             raise RendezvousError(
                 f"--dist-url {dist_url}: another program already listens on port {port} of {host}, so the processes "
-                "cannot meet there. Give another port (or --dist-url auto on one machine).") from None
+                "cannot meet there. " + (f"It may be the first machine of this run, started already with --machine-rank "
+                                         f"0: start this machine with its own --machine-rank ({ranks}); else give "
+                                         "another port." if last else
+                                         "Give another port (or --dist-url auto on one machine).")
+            ) from None
         raise RendezvousError(
             f"Process {rank} of {world_size} could not meet the others at {dist_url} within {waited:.0f} s: {error}. "
             "Start every machine with the same --dist-url and --num-machines and --machine-rank 0 to "

@@ -496,6 +496,9 @@ class LazyRun(RunConfig):
         if not eval_only:  # after the shapes dataset's checks: its image size may be the resize's
             check_resize_nodes(self.cfg, "dataloader.train")
 
+    def check_plain_model(self, task: str) -> None:
+        pass  # a LazyConfig's test-time augmentation is a model of the user's own, which the config builds
+
     def check_resume(self, weights_named: bool) -> None:
         check_resume_config(self.cfg, self.output_dir, weights_named)
         warn_of_a_moved_schedule(self.cfg, self.output_dir)

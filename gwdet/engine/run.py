@@ -40,6 +40,7 @@ from collections import OrderedDict
 from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 import torch
+import torch.distributed as dist
 
 from detectron2.engine import default_setup
 from detectron2.utils import comm
@@ -161,6 +162,11 @@ class RunConfig(ABC):
     def check_request(self, eval_only: bool, world_size: int) -> None:
         """Refuse, before anything is built, a config that lacks what training (or with
         ``eval_only`` evaluation) by ``world_size`` processes needs."""
+
+    @abstractmethod
+    def check_plain_model(self, task: str) -> None:
+        """Refuse a config that asks for more than the model it builds where a tool's ``task`` (e.g.
+        ``"--tasks flop counts"``) takes the model as built (yacs: test-time augmentation)."""
 
     @abstractmethod
     def check_resume(self, weights_named: bool) -> None:
@@ -535,7 +541,7 @@ def check_same_config(run: RunConfig, args: argparse.Namespace) -> None:
     flags = [flag for flag, given in (("--resume", args.resume), ("--eval-only", args.eval_only)) if given]
     record = run.config_record()
     digest = hashlib.sha256(config_text(run, record).encode("utf-8")).hexdigest()
-    requests, digests = zip(*comm.all_gather((flags, digest)), strict=True)
+    requests, digests, threads = zip(*comm.all_gather((flags, digest, torch.get_num_threads())), strict=True)
     other = next((rank for rank, request in enumerate(requests) if request != requests[0]), None)
     if other is not None:
         raise GwdetValueError(
@@ -551,6 +557,12 @@ def check_same_config(run: RunConfig, args: argparse.Namespace) -> None:
             f"0; rank {differing[0]}'s values, rank 0's first: {listed(lines, 4, '; ')}): start every machine with the "
             f"same config file and the same overrides ({run.output_setting} too: on disks of each machine's own, give "
             "the same path on each).")
+    other = next((rank for rank, count in enumerate(threads) if count != threads[0]), None)
+    if other is not None and dist.get_backend() == "gloo":
+        raise GwdetValueError(
+            f"The processes of this run compute on the CPU with different numbers of threads (rank 0: {threads[0]}; "
+            f"rank {other}: {threads[other]}), which changes the order of their sums and so the weights' last bits, "
+            "and results.json records one count: start every machine with the same --threads N.")
 
 
 def setup(args: argparse.Namespace, run: RunConfig) -> None:

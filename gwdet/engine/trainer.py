@@ -491,6 +491,13 @@ class YacsRun(RunConfig):
                            "--eval-only evaluates the weights' running statistics as they are. Recompute them first "
                            "with gwdet.layers.update_running_statistics (docs/usage.md), or set it False.")
 
+    def check_plain_model(self, task: str) -> None:
+        if self.cfg.TEST.AUG.ENABLED:
+            raise GwdetValueError(
+                f"TEST.AUG.ENABLED is True, but {task} the plain model, without test-time augmentation (detectron2's "
+                "GeneralizedRCNNWithTTA, which detectron2's own tools/train_net.py adds at evaluation): set "
+                "TEST.AUG.ENABLED False.")
+
     def check_resume(self, weights_named: bool) -> None:
         check_resume_config(self.cfg, self.cfg.OUTPUT_DIR, weights_named)
         warn_of_a_moved_schedule(self.cfg, self.cfg.OUTPUT_DIR)

@@ -168,6 +168,8 @@ def _analyze(argv: Sequence[str]) -> int:
     setup_logger(name="fvcore")
     setup_logger(name="detectron2")
     run = load_run_config(args.config_file, args.opts, tool=True)
+    if "flop" in args.tasks:
+        run.check_plain_model("--tasks flop counts")
     counts_on_test_images = "flop" in args.tasks and args.input_size is None
     run.register_datasets(args.register_coco, trains=False, evaluates=False, reads_tests=counts_on_test_images)
     if counts_on_test_images and not run.test_datasets():

@@ -453,6 +453,7 @@ def _export(argv: Sequence[str]) -> int:
         raise GwdetFileExistsError(f"{path} already exists; it is left as it is. Pass --overwrite to replace it, or "
                                    "choose another --output.")
     run = load_run_config(args.config_file, args.opts, tool=True)
+    run.check_plain_model("the export holds (and --run-eval evaluates)")
     check_weights_given(run, args.untrained)
     if not gives_setting(args.opts, run.weights_setting):
         check_weights_are_the_runs(args.config_file, run.weights, run.weights_setting, "nothing was written")

@@ -140,10 +140,13 @@ def check_model(model: nn.Module, strict_groups: bool = False, optimizer: torch.
         untrained = [name for name, parameter in model.named_parameters() if parameter.requires_grad
                      and id(parameter) not in held]
         if untrained:
+            holds_some = any(id(parameter) in held for parameter in model.parameters())
+            cause = ("were they made trainable (requires_grad_(True), an unfreezing) after the optimizer was built? Add "
+                     "them with optimizer.add_param_group, or build the optimizer again" if holds_some else
+                     "was it built for another model (one built before this one)? Build the optimizer from this model")
             raise GwdetValueError(
                 f"check_model: the optimizer does not hold {len(untrained)} trainable parameter(s) of the model (e.g. "
-                f"{listed(untrained, 3)}), so they would not train: was it built for another model (one built before "
-                "this one)? Build the optimizer from this model (gwdet.build_optimizer(cfg, model)).")
+                f"{listed(untrained, 3)}), so they would not train: {cause} (gwdet.build_optimizer(cfg, model)).")
         check_norm_weight_decay(model, optimizer, weight_decay_norm, weight_decay_bias)
     check_untied_norms(model)
     check_res5_positions(model)
