@@ -264,3 +264,38 @@ def test_evaluation_on_running_statistics_alone_is_batch_norms_for_any_input_mag
     x = torch.randn(2, 16, 3, 3, generator=generator) * scale
     with torch.no_grad():
         torch.testing.assert_close(layer(x), bn(x), rtol=1e-5, atol=1e-5)
+
+
+def test_example_groups_of_layers_made_otherwise_than_by_a_config_name_are_checked_in_the_built_model(tmp_path):
+    # a registered name building BatchGroupNorm, or a LazyConfig's functools.partial of the class, trained with
+    # 3 images per process and examples_per_group=2 without a word (the config checks read gwdet's names and nodes)
+    import functools
+
+    from gwdet.engine.lazy import LazyTrainer
+    from gwdet.model_zoo.lazy_loading import load_lazy_config
+    from gwdet.modeling.model_checks import check_model_example_groups
+
+    from conftest import LAZY_CONFIG
+
+    model = torch.nn.Module()
+    model.backbone = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 1), BatchGroupNorm(8, examples_per_group=2))
+    model.roi_heads = torch.nn.Sequential(BatchGroupNorm(8, examples_per_group=3))  # its batch: the boxes
+    with pytest.raises(ValueError) as refused:
+        check_model_example_groups(model, 3, 1, "SOLVER.IMS_PER_BATCH")
+    assert str(refused.value) == (
+        "config: examples_per_group=2 does not divide the 3 images each process trains on (SOLVER.IMS_PER_BATCH=3 "
+        "over 1 process(es)), so the layers of backbone.1 would normalize the last 1 image(s) of every batch as an "
+        "example group of their own. Use a examples_per_group that divides 3, or a SOLVER.IMS_PER_BATCH that is a "
+        "multiple of 2.")
+    check_model_example_groups(model, 4, 1, "SOLVER.IMS_PER_BATCH")
+    check_model_example_groups(model, 4, 2, "SOLVER.IMS_PER_BATCH")  # 2 images in each of 2 processes
+    with pytest.raises(ValueError, match=r"does not divide the 3 images each process trains on \(SOLVER.IMS_PER_BATCH=6 "
+                                         r"over 2 process\(es\)\)"):
+        check_model_example_groups(model, 6, 2, "SOLVER.IMS_PER_BATCH")
+    lazy = load_lazy_config(str(LAZY_CONFIG), ["dataloader.train.total_batch_size=3",
+                                               f"train.output_dir={tmp_path / 'lazy'}"])
+    lazy.model.backbone.norm = functools.partial(BatchGroupNorm, num_groups=8, examples_per_group=2)
+    with pytest.raises(ValueError, match=r"config: examples_per_group=2 does not divide the 3 images each process "
+                                         r"trains on \(dataloader.train.total_batch_size=3 over 1 process\(es\)\), so "
+                                         r"the layers of backbone.fpn_lateral2.norm, "):
+        LazyTrainer(lazy)

@@ -812,6 +812,23 @@ def test_the_config_loaders_take_paths_and_refuse_overrides_as_one_string_and_th
         load_lazy_config(str(DEMO_CONFIG))  # before: the raw YAML, its _BASE_ unresolved, as a LazyConfig
 
 
+def test_a_packaged_config_name_given_as_a_path_is_named_with_both_ways_to_load_it(tmp_path, monkeypatch):
+    # build_config('Demo/...') at the repository root: "does not exist (run from the repository root?)"
+    from gwdet.model_zoo import build_config
+
+    monkeypatch.chdir(tmp_path)
+    name = "Demo/scratch_faster_rcnn_gw_shapes.yaml"
+    for load in (build_config, load_lazy_config):
+        with pytest.raises(FileNotFoundError) as refused:
+            load(name)
+        assert str(refused.value) == (
+            f"Config file {name!r} does not exist in {tmp_path}; {name!r} names a config gwdet packages: load it by "
+            f"name with gwdet.model_zoo.get_config({name!r}), or give its path {str(REPO / 'configs' / name)!r}.")
+    with pytest.raises(FileNotFoundError, match=r"^Config file 'configs/nope.yaml' does not exist in .* \(gwdet."
+                                                r"model_zoo.list_configs\(\) names the configs gwdet packages"):
+        build_config("configs/nope.yaml")
+
+
 def test_config_files_misread_by_their_name_encoding_or_imports_are_named(tmp_path):
     # .PY was read as YAML ("expected '<document start>'"); UTF-16 was "not text (a checkpoint?)"; a star import
     # was detectron2's KeyError: '*'

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 import gwdet
 from gwdet.errors import GwdetValueError
 from gwdet.layers import GroupWhitening
+from gwdet.model_zoo.lazy_loading import load_lazy_config
 from gwdet.modeling import place_norm
 
 from conftest import REPO
@@ -59,6 +60,10 @@ def test_lazy_configs_build_gw_in_every_part_and_survive_save_and_load(config, e
     LazyConfig.save(reloaded, str(saved_again))
     assert saved_again.read_text() == saved.read_text()
     assert "gwdet.norm" in saved.read_text()
+    # the saved file holds the .py's module-level node GW as a top-level key: gwdet's loader (the tools') took the
+    # file for a yacs config by that upper-case key, and refused it
+    assert "\nGW:" in f"\n{saved.read_text()}"
+    assert load_lazy_config(str(saved)).model.backbone.norm.num_groups == 16
 
 
 def test_place_norm_puts_the_norm_at_the_positions_and_freezes_after():
@@ -440,3 +445,20 @@ def test_an_interpolation_a_wrapped_node_no_longer_resolves_is_named_when_the_co
                                          r"model.backbone.in_features=\[...\]"):
         load_lazy_config(str(config))
     load_lazy_config(str(config), ["model.backbone.in_features=[res2,res3,res4,res5]"])
+
+
+def test_the_comparison_copy_of_a_config_holding_a_lambda_is_saved_without_naming_its_temporary_folder(caplog):
+    # detectron2's "Config is saved using cloudpickle at /tmp/tmpXXXX/config.yaml.pkl", a folder already deleted, was
+    # the console's last word on where the run's config went
+    import logging
+
+    from gwdet.engine.lazy import saved_tree
+
+    from conftest import LAZY_CONFIG
+
+    cfg = load_lazy_config(str(LAZY_CONFIG))
+    cfg.model.backbone.norm = lambda channels: torch.nn.GroupNorm(8, channels)
+    with caplog.at_level(logging.WARNING):
+        assert saved_tree(cfg)["model"]["_target_"]
+    assert not [record.getMessage() for record in caplog.records if record.name.startswith("detectron2")]
+    assert not logging.getLogger("detectron2.config.lazy").filters  # given back

@@ -63,7 +63,7 @@ from gwdet.model_zoo.lazy_loading import (
 )
 from gwdet.modeling import check_model
 from gwdet.modeling.build import check_device
-from gwdet.modeling.model_checks import check_norm_weight_decay
+from gwdet.modeling.model_checks import check_model_example_groups, check_norm_weight_decay
 from gwdet.engine.output_dir import (
     CONFIG_NAME,
     SavedRun,
@@ -271,9 +271,11 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
         if not logging.getLogger("detectron2").isEnabledFor(logging.INFO):
             setup_logger()
         model = build_model(cfg)
+        batch = int(cfg.dataloader.train.get("total_batch_size", 0))
+        check_model_example_groups(model, batch, comm.get_world_size(), BATCH_SETTING)  # a partial's layers too
         optimizer = build_optimizer(cfg, model)
         loader = build_train_loader(cfg)
-        self._images_per_rank = int(cfg.dataloader.train.get("total_batch_size", 0)) // comm.get_world_size()
+        self._images_per_rank = batch // comm.get_world_size()
         self._trainer = training_loop(model, FiniteImageBatches(loader), optimizer, cfg.train.amp.enabled, **cfg.train.ddp)
         self.scheduler = LRMultiplier(optimizer, multiplier=instantiate(cfg.lr_multiplier), max_iter=cfg.train.max_iter)
         self.checkpointer = training_checkpointer(self, cfg.train.output_dir,
@@ -352,11 +354,20 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
 
 def saved_tree(cfg: DictConfig) -> dict:
     """``cfg`` as a ``config.yaml`` written by detectron2's ``default_setup`` holds it
-    (``LazyConfig.save``, then read back), interpolations resolved."""
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, CONFIG_NAME)
-        LazyConfig.save(cfg, path)
-        tree = read_saved_config(path)
+    (``LazyConfig.save``, then read back), interpolations resolved. What ``LazyConfig.save`` logs of
+    this copy in a temporary folder (where it pickled a config YAML cannot hold) is not passed on:
+    the run's own save says it of the run's file."""
+    saving = logging.getLogger(LazyConfig.__module__)
+    def quiet(record: logging.LogRecord) -> bool:
+        return False
+    saving.addFilter(quiet)
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, CONFIG_NAME)
+            LazyConfig.save(cfg, path)
+            tree = read_saved_config(path)
+    finally:
+        saving.removeFilter(quiet)
     if not isinstance(tree, dict):
         raise TypeError(f"A LazyConfig is a mapping of keys, not {type(tree).__name__}.")
     return tree

@@ -43,7 +43,7 @@ from gwdet.data.resumable import build_resumable_train_loader
 from gwdet.model_zoo.loading import build_config
 from gwdet.modeling.build import (check_built_model, check_device, check_mixed_precision, check_run_device,
                                   check_scratch_training)
-from gwdet.modeling.model_checks import check_norm_weight_decay
+from gwdet.modeling.model_checks import check_model_example_groups, check_norm_weight_decay
 from gwdet.norms import norm_record
 from gwdet.solver import build_optimizer
 from gwdet.engine.output_dir import (ScheduleAt, check_resume_config, check_resume_trains, check_run_detections_kept,
@@ -101,6 +101,9 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
                 super().__init__(cfg)
         finally:
             del self.build_train_loader
+        # layers that see the images, however made (a registered name, a subclass's build_model), in whole groups
+        check_model_example_groups(unwrapped(self.model), cfg.SOLVER.IMS_PER_BATCH, comm.get_world_size(),
+                                   "SOLVER.IMS_PER_BATCH")
         # whatever build_optimizer returned (a subclass's too): norm layers decayed otherwise than configured are named
         check_norm_weight_decay(unwrapped(self.model), self.optimizer, cfg.SOLVER.WEIGHT_DECAY_NORM,
                                 cfg.SOLVER.WEIGHT_DECAY_BIAS)

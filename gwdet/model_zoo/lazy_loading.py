@@ -21,6 +21,7 @@ import difflib
 import inspect
 import os
 import re
+from pathlib import PurePath
 from typing import Any, Iterable, Mapping, Sequence
 
 import yaml
@@ -33,6 +34,7 @@ from detectron2.utils.registry import locate
 
 from gwdet.config import ABSENT
 from gwdet.errors import GwdetFileNotFoundError, GwdetTypeError, GwdetValueError
+from gwdet.model_zoo.model_zoo import configs_dir
 
 LAZY_SUFFIX = ".py"
 SAVED_SUFFIXES = (".yaml", ".yml")
@@ -52,6 +54,12 @@ def is_lazy_config(config_file: str | os.PathLike | None) -> bool:
         tree = _yaml_as_data(path)
     except (OSError, UnicodeDecodeError, yaml.YAMLError):  # the yacs loader names what is wrong
         return False
+    return _is_saved_lazy_config(tree)
+
+
+def _is_saved_lazy_config(tree: Any) -> bool:
+    """Whether the data of a YAML file is what ``LazyConfig.save`` writes: a mapping whose ``model``
+    has a ``_target_`` (beside it any module-level node of the ``.py``, ``GW`` say)."""
     return isinstance(tree, dict) and isinstance(tree.get("model"), dict) and "_target_" in tree["model"]
 
 
@@ -417,12 +425,13 @@ def check_override_list(who: str, opts: Any) -> None:
 
 def _looks_like_yacs(config_file: str) -> bool:
     """Whether the YAML file ``config_file`` is a yacs config: a mapping with an upper-case key
-    (``MODEL``, ``_BASE_``), which no LazyConfig has."""
+    (``MODEL``, ``_BASE_``) that is not a saved LazyConfig (whose ``.py`` may have had a module-level
+    node of such a name, as configs/LazyConfig/mask_rcnn_R_50_FPN_gw.py has ``GW``)."""
     try:
         tree = _yaml_as_data(config_file)
     except (OSError, UnicodeDecodeError, yaml.YAMLError):  # the loader names what is wrong
         return False
-    return isinstance(tree, dict) and any(str(key).isupper() for key in tree)
+    return isinstance(tree, dict) and not _is_saved_lazy_config(tree) and any(str(key).isupper() for key in tree)
 
 
 def check_config_file_exists(config_file: str) -> None:
@@ -437,7 +446,24 @@ def check_config_file_exists(config_file: str) -> None:
     if os.path.lexists(config_file):
         raise GwdetValueError(f"Config file {config_file!r} is not a regular file (a named pipe, a device, or a link "
                               "that leads nowhere or in a loop): give the config file itself.")
-    raise GwdetFileNotFoundError(f"Config file {config_file!r} does not exist (run from the repository root?).")
+    raise GwdetFileNotFoundError(f"Config file {config_file!r} does not exist{_packaged_config_hint(config_file)}")
+
+
+def _packaged_config_hint(config_file: str) -> str:
+    """Where a config file that does not exist was looked for, and how to load a packaged config of
+    its name (or where their names are listed), for the refusal's end."""
+    name = PurePath(config_file)
+    name = PurePath(*name.parts[1:]) if name.parts[:1] == ("configs",) else name
+    where = "" if name.is_absolute() else f" in {os.getcwd()}"
+    try:
+        packaged = None if name.is_absolute() else configs_dir() / name
+    except GwdetFileNotFoundError:  # an installation without its configs: that refusal comes with get_config
+        packaged = None
+    if packaged is not None and packaged.is_file():
+        return (f"{where}; {name.as_posix()!r} names a config gwdet packages: load it by name with "
+                f"gwdet.model_zoo.get_config({name.as_posix()!r}), or give its path {str(packaged)!r}.")
+    return (f"{where} (gwdet.model_zoo.list_configs() names the configs gwdet packages, which "
+            "gwdet.model_zoo.get_config loads by name).")
 
 
 def norms_as_nodes(node: Any) -> None:

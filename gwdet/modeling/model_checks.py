@@ -12,8 +12,9 @@ from detectron2.modeling.roi_heads.roi_heads import Res5ROIHeads
 import torch
 from torch import nn
 
+from gwdet.config_checks import check_example_groups
 from gwdet.errors import GwdetTypeError, GwdetValueError, listed
-from gwdet.layers import GroupWhitening
+from gwdet.layers import BatchGroupNorm, GroupWhitening
 from gwdet.layers.common import check_flag, is_finite_number
 from gwdet.modeling.heads import GWRetinaNetHead, PerLevelNorm
 from gwdet.norms import (
@@ -104,6 +105,19 @@ def check_norm_weight_decay(model: nn.Module, optimizer: torch.optim.Optimizer, 
             "know only torch's norm classes: build the optimizer with gwdet.build_optimizer(cfg, model), or "
             "in a LazyConfig set optimizer.params._target_ = gwdet.get_default_optimizer_params.")
     return layers
+
+
+def check_model_example_groups(model: nn.Module, batch: int, processes: int, batch_setting: str) -> None:
+    """The example groups of every :class:`~gwdet.layers.BatchGroupNorm` of ``model`` outside its ROI
+    heads (whose batches are their boxes), however it was made (a registered name, a partial of the
+    class, a node), checked against the images each of ``processes`` trains on of a batch of ``batch``
+    (``batch_setting``), as the config's settings are (:func:`gwdet.config_checks.check_example_groups`)."""
+    layers = defaultdict(list)
+    for name, module in model.named_modules():
+        if isinstance(module, BatchGroupNorm) and not name.startswith("roi_heads."):
+            layers[module.examples_per_group].append(name)
+    for examples, names in sorted(layers.items()):
+        check_example_groups(examples, batch, processes, [listed(names, 3)], "examples_per_group", batch_setting)
 
 
 def check_model(model: nn.Module, strict_groups: bool = False, optimizer: torch.optim.Optimizer | None = None,
