@@ -807,8 +807,13 @@ def _config_version(cfg: CfgNode, version: Any) -> str | None:
             "written with it could not be read back.")
 
 
+# the loss weights of detectron2's heads (MODEL.RPN.LOSS_WEIGHT and the like; a LazyConfig's loss_weight arguments)
+LOSS_WEIGHT = _number(0, means="loss weight (a negative one makes training increase its loss; 0 leaves it out)")
+
+
 def _box_weights(cfg: CfgNode, weights: Any) -> str | None:
-    if isinstance(weights, (list, tuple)) and len(weights) == 4 and all(is_finite_number(w) and w > 0 for w in weights):
+    if isinstance(weights, Sequence) and not isinstance(weights, str) and len(weights) == 4 \
+            and all(is_finite_number(w) and w > 0 for w in weights):  # a list, a tuple, a LazyConfig's ListConfig
         return None
     return ("is no set of box regression weights: detectron2's Box2BoxTransform takes four numbers > 0 (x, y, width, "
             "height), e.g. (10.0, 10.0, 5.0, 5.0); other lengths fail at the first iteration.")
@@ -918,6 +923,9 @@ DETECTRON2_VALUE_RULES = (
                                                             reads="detectron2's box regression loss"))
       for head in ("ROI_BOX_HEAD", "RPN")),
     *(ValueRule(f"MODEL.{head}.BBOX_REG_WEIGHTS", _box_weights) for head in ("ROI_BOX_HEAD", "RPN")),
+    *(ValueRule(key, LOSS_WEIGHT) for key in (
+        "MODEL.RPN.LOSS_WEIGHT", "MODEL.RPN.BBOX_REG_LOSS_WEIGHT", "MODEL.ROI_BOX_HEAD.BBOX_REG_LOSS_WEIGHT",
+        "MODEL.ROI_KEYPOINT_HEAD.LOSS_WEIGHT", "MODEL.SEM_SEG_HEAD.LOSS_WEIGHT", "MODEL.PANOPTIC_FPN.INSTANCE_LOSS_WEIGHT")),
     ValueRule("MODEL.ANCHOR_GENERATOR.OFFSET", _anchor_offset),
     ValueRule("SOLVER.NESTEROV", _nesterov),
     ValueRule("VERSION", _config_version),
@@ -989,6 +997,12 @@ def check_pixel_normalization(mean: Any, std: Any, image_format: Any,
             f"config: {mean_key}={mean!r} has {_count(len(mean), 'value')} and {std_key}={std!r} has "
             f"{len(std)}: the model normalizes each image channel with one value of each. Give both one value per "
             f"channel of the images ({format_key}={image_format!r}).")
+    if all(0 <= item <= 1 for item in mean) and all(item < 1 for item in std):
+        raise GwdetValueError(
+            f"config: {mean_key}={mean!r} and {std_key}={std!r} are statistics of pixel values from 0 to 1 "
+            "(torchvision's), but detectron2 gives the model values from 0 to 255: the normalized inputs would reach "
+            f"about {255 / min(std):.0f}. Multiply both by 255 (ImageNet's: {examples[mean_key]} and "
+            f"{examples[std_key]} in BGR order; [123.675, 116.28, 103.53] and [58.395, 57.12, 57.375] in RGB).")
 
 
 def check_no_empty_values(cfg: CfgNode) -> None:

@@ -226,6 +226,46 @@ def test_a_pixel_mean_and_std_of_different_lengths_are_refused():
                        "per channel of the images (INPUT.FORMAT='P').")
 
 
+def test_pixel_statistics_of_images_from_0_to_1_are_refused():
+    # torchvision's ImageNet statistics on detectron2's 0-255 inputs trained and evaluated without a word
+    message = refusal("MODEL.PIXEL_MEAN", "[0.485, 0.456, 0.406]", "MODEL.PIXEL_STD", "[0.229, 0.224, 0.225]")
+    assert message == ("config: MODEL.PIXEL_MEAN=[0.485, 0.456, 0.406] and MODEL.PIXEL_STD=[0.229, 0.224, 0.225] are "
+                       "statistics of pixel values from 0 to 1 (torchvision's), but detectron2 gives the model values "
+                       "from 0 to 255: the normalized inputs would reach about 1138. Multiply both by 255 (ImageNet's: "
+                       "[103.53, 116.28, 123.675] and [57.375, 57.12, 58.395] in BGR order; [123.675, 116.28, 103.53] "
+                       "and [58.395, 57.12, 57.375] in RGB).")
+    # no normalization at all (a std of 1: detectron2's MSRA weights took it into their first conv) passes
+    build_config(str(DEMO_CONFIG), ["MODEL.PIXEL_MEAN", "[0.0, 0.0, 0.0]", "MODEL.PIXEL_STD", "[1.0, 1.0, 1.0]"])
+    lazy = LazyRun.load(str(LAZY_CONFIG), ["model.pixel_mean=[0.485,0.456,0.406]", "model.pixel_std=[0.229,0.224,0.225]"])
+    with pytest.raises(GwdetValueError, match=r"^config: model.pixel_mean=\[0.485, 0.456, 0.406\] and model.pixel_std="):
+        lazy.check_request(eval_only=True, world_size=1)
+
+
+@pytest.mark.parametrize("key", ["MODEL.RPN.LOSS_WEIGHT", "MODEL.RPN.BBOX_REG_LOSS_WEIGHT",
+                                 "MODEL.ROI_BOX_HEAD.BBOX_REG_LOSS_WEIGHT", "MODEL.ROI_KEYPOINT_HEAD.LOSS_WEIGHT"])
+def test_a_negative_loss_weight_is_refused(key):
+    # loss_box_reg -0.056: the box error maximized, without a word
+    assert refusal(key, "-1.0") == (f"config: {key}=-1.0 is no loss weight (a negative one makes training increase its "
+                                    "loss; 0 leaves it out): give a finite number at least 0.")
+    build_config(str(DEMO_CONFIG), [key, "0.0"])
+
+
+def test_a_lazy_configs_loss_weights_and_box_weights_are_checked_as_their_yacs_keys():
+    # box2box weights of 3 numbers: an IndexError at the first iteration; negative loss weights trained
+    cases = (("model.roi_heads.box_predictor.box2box_transform.weights=[10,10,5]",
+              "model.roi_heads.box_predictor.box2box_transform.weights=[10, 10, 5] is no set of box regression "
+              "weights: detectron2's Box2BoxTransform takes four numbers > 0"),
+             ("model.roi_heads.box_predictor.loss_weight=-1.0",
+              "model.roi_heads.box_predictor.loss_weight=-1.0 is no loss weight (a negative one makes training "
+              "increase its loss; 0 leaves it out): give a finite number at least 0."),
+             ("model.proposal_generator.loss_weight={loss_rpn_cls:1.0,loss_rpn_loc:-2}",
+              "model.proposal_generator.loss_weight.loss_rpn_loc=-2 is no loss weight"))
+    for override, message in cases:
+        with pytest.raises(GwdetValueError) as refused:
+            LazyRun.load(str(LAZY_CONFIG), [override]).check_request(eval_only=False, world_size=1)
+        assert str(refused.value).startswith(message), str(refused.value)
+
+
 def test_the_check_runs_where_gwdet_builds_too():
     cfg = add_gwdet_config(get_cfg())
     cfg.SOLVER.CHECKPOINT_PERIOD = 0

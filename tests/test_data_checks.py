@@ -55,6 +55,9 @@ def test_uncompressed_and_crowd_rle_that_fit_pass_and_empty_or_misfit_rle_is_nam
     assert "negative run length" in segmentation_problem({"size": [20, 30], "counts": [700, -100]}, 30, 20)
     assert "not all integers" in segmentation_problem({"size": [20, 30], "counts": [600.0]}, 30, 20)
     assert segmentation_problem([[0, 0, 5, 5, 10, 10]], 30, 20) == "has polygons of no area (all points on one line)"
+    # a self-intersecting "figure eight", whose lobes' signed areas cancel and which pycocotools fills: refused as
+    # "all points on one line"
+    assert segmentation_problem([[2, 2, 12, 12, 12, 2, 2, 12]], 30, 20, [2, 2, 10, 10]) == ""
     assert segmentation_problem([], 30, 20) == "", "no mask: the mask check of MODEL.MASK_ON names it"
     # a mask a little larger than its box (a loose annotation tool) is no problem
     assert segmentation_problem([[8, 5, 21, 5, 21, 11, 8, 11]], 30, 20, [8, 5, 12, 5]) == ""

@@ -407,6 +407,11 @@ DATA_CASES = {
                     ["image id 2 (001.png) is 64x64 pixels (width x height), but the JSON states 80x64", "correct"]),
     "missing image after the first": (lambda coco, root: (root / coco["images"][2]["file_name"]).unlink(),
                                       ["image id 3 (002.png) does not exist", "Fix or replace those files"]),
+    # "image id 3 (002.png\n) does not exist" over two lines, where 002.png is
+    "file name ending in a newline": (lambda coco, root: coco["images"][2].update(file_name="002.png\n"),
+                                      ["image id 3 ('002.png\\n', a name with characters one does not see) does not "
+                                       "exist (a file named '002.png' is there: remove the white space from the JSON's "
+                                       "file_name)"]),
     "png cut short": (_cut_short, ["image id 2 (001.png) cannot be decoded", "cut short or damaged"]),
     "jpeg cut short": (_cut_short_jpeg, ["image id 2 (001.jpg) cannot be decoded", "cut short or damaged"]),
     "image id twice": (lambda coco, root: coco["images"][2].update(id=2),

@@ -17,6 +17,14 @@ from gwdet.data.masks import ends_as_corners, mask_box, segmentation_problem
 SHOWN = 3  # problems quoted in one message
 
 
+def shown_name(name: str) -> str:
+    """A ``file_name`` as a message shows it: as it is, unless it holds characters a reader does not
+    see (white space at an end, a newline, control characters), then quoted with them written out."""
+    if name.isprintable() and name == name.strip():
+        return name
+    return f"{name!r}, a name with characters one does not see"
+
+
 def listed_problems(problems: Sequence[str]) -> str:
     """The first :data:`SHOWN` problems joined by ``"; "``, then how many more there are."""
     return listed(problems, SHOWN, "; ")
@@ -115,7 +123,7 @@ def mask_problems(annotations: Iterable[Mapping[str, Any]], images: Mapping[Any,
         problem = segmentation_problem(segmentation, image["width"], image["height"], bbox)
         if problem:
             problems.append(f"annotation id {annotation['id']} of image {annotation['image_id']} "
-                            f"({image['file_name']}): its mask {problem}")
+                            f"({shown_name(image['file_name'])}): its mask {problem}")
     return problems
 
 
@@ -134,7 +142,8 @@ def corner_boxes(annotations: Iterable[Mapping[str, Any]], images: Mapping[Any, 
             continue
         masked += 1
         if ends_as_corners(box, annotation["bbox"]):
-            found.append(f"annotation id {annotation['id']} of image {annotation['image_id']} ({image['file_name']}): "
+            found.append(f"annotation id {annotation['id']} of image {annotation['image_id']} "
+                         f"({shown_name(image['file_name'])}): "
                          f"bbox {list(annotation['bbox'])}, its mask's bounding box {[round(v, 1) for v in box]}")
     return found, masked
 
@@ -146,8 +155,10 @@ def image_file_problems(images: Sequence[Mapping[str, Any]], root: str,
     turned by an EXIF orientation their size cannot confirm)."""
     problems = []
     for image in images:
-        problem = image_file_problem(os.path.join(root, image["file_name"]), image["width"], image["height"],
-                                     rotations)
+        name = image["file_name"]
+        problem = image_file_problem(os.path.join(root, name), image["width"], image["height"], rotations)
+        if problem and name.strip() != name and os.path.isfile(os.path.join(root, name.strip())):
+            problem += f" (a file named {name.strip()!r} is there: remove the white space from the JSON's file_name)"
         if problem:
-            problems.append(f"image id {image['id']} ({image['file_name']}) {problem}")
+            problems.append(f"image id {image['id']} ({shown_name(name)}) {problem}")
     return problems

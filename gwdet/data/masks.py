@@ -103,9 +103,13 @@ def short_repr(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _polygon_area(points: np.ndarray) -> float:
-    x, y = points[:, 0], points[:, 1]
-    return 0.5 * abs(float(np.dot(x, np.roll(y, -1)) - np.dot(y, np.roll(x, -1))))
+def _on_one_line(points: np.ndarray) -> bool:
+    """Whether the polygon of ``points`` (``(N, 2)``) lies on one line (or one point), so that it
+    covers no area: its points' spread about their mean has no second direction. (Its signed area
+    may be 0 otherwise: the two lobes of a self-intersecting figure eight cancel, and pycocotools
+    fills both.)"""
+    spread = np.linalg.svd(points - points.mean(axis=0), compute_uv=False)
+    return bool(spread[1] <= 1e-9 * max(float(spread[0]), 1.0))
 
 
 def _inside_share(mask_box: Sequence[float], box: Sequence[float]) -> float:
@@ -139,7 +143,7 @@ def mask_box(segmentation: Any, width: int, height: int) -> tuple[str, list[floa
         problem, polygons = _polygons_problem(segmentation)
         if problem:
             return problem, []
-        if all(_polygon_area(points) == 0 for points in polygons):
+        if all(_on_one_line(points) for points in polygons):
             return "has polygons of no area (all points on one line)", []
         points = np.concatenate(polygons)
         low, high = points.min(axis=0), points.max(axis=0)

@@ -22,6 +22,7 @@ from detectron2.data.transforms import ResizeShortestEdge
 from gwdet.config import ABSENT, CONFIG_KEYS
 from gwdet.config_checks import (
     DETECTRON2_VALUE_RULES,
+    LOSS_WEIGHT,
     SAMPLERS,
     SEED_LIMIT,
     ZERO_RATE,
@@ -54,6 +55,8 @@ RUN_TWINS = (
     ("model.roi_heads.box_predictor.test_nms_thresh", "MODEL.ROI_HEADS.NMS_THRESH_TEST"),
     ("model.roi_heads.box_predictor.test_topk_per_image", "TEST.DETECTIONS_PER_IMAGE"),
     ("model.proposal_generator.nms_thresh", "MODEL.RPN.NMS_THRESH"),
+    ("model.roi_heads.box_predictor.box2box_transform.weights", "MODEL.ROI_BOX_HEAD.BBOX_REG_WEIGHTS"),
+    ("model.proposal_generator.box2box_transform.weights", "MODEL.RPN.BBOX_REG_WEIGHTS"),
 )
 TRAINING_TWINS = (
     ("dataloader.train.num_workers", "DATALOADER.NUM_WORKERS"),
@@ -67,6 +70,10 @@ TRAINING_TWINS = (
     ("lr_multiplier.warmup_method", "SOLVER.WARMUP_METHOD"),
     ("optimizer.params.bias_lr_factor", "SOLVER.BIAS_LR_FACTOR"),
 )
+# the loss_weight arguments of detectron2's heads: a number, or (box predictor, RPN) one per loss by its name
+LOSS_WEIGHT_SETTINGS = ("model.roi_heads.box_predictor.loss_weight", "model.proposal_generator.loss_weight",
+                        "model.roi_heads.mask_head.loss_weight", "model.roi_heads.keypoint_head.loss_weight",
+                        "model.sem_seg_head.loss_weight")
 # get_default_optimizer_params's arguments whose None means "the optimizer's own value"
 OPTIONAL_TRAINING_TWINS = (
     ("optimizer.params.base_lr", "SOLVER.BASE_LR"),
@@ -138,6 +145,7 @@ def check_training_values(cfg: DictConfig, world_size: int) -> None:
                           "train.device", "train.amp.enabled=False", "train.device=cuda")
     check_twins(cfg, TRAINING_TWINS)
     check_twins(cfg, OPTIONAL_TRAINING_TWINS, none_allowed=True)
+    _check_loss_weights(cfg)
     if not select(cfg, "train.init_checkpoint"):  # from scratch (ABSENT is falsy too)
         frozen = frozen_norm_nodes(cfg)
         freeze_at = select(cfg, FREEZE_SETTING)
@@ -152,6 +160,22 @@ def check_training_values(cfg: DictConfig, world_size: int) -> None:
                                       samples, losses)
         if problem is not None:
             raise GwdetValueError(f"{node}.positive_fraction={fraction!r} {problem}")
+
+
+def _check_loss_weights(cfg: DictConfig) -> None:
+    """Each of :data:`LOSS_WEIGHT_SETTINGS` the config holds, and each weight of one given per loss
+    (``{"loss_cls": 1.0, "loss_box_reg": 1.0}``), under the rule of detectron2's yacs loss weights
+    (:data:`gwdet.config_checks.LOSS_WEIGHT`)."""
+    for key in LOSS_WEIGHT_SETTINGS:
+        value = select(cfg, key)
+        if value is ABSENT:
+            continue
+        weights = {f"{key}.{loss!s}": weight for loss, weight in value.items()} if isinstance(value, DictConfig) \
+            else {key: value}
+        for setting, weight in weights.items():
+            problem = LOSS_WEIGHT(CfgNode(), weight)
+            if problem is not None:
+                raise GwdetValueError(f"{setting}={weight!r} {problem}")
 
 
 def _check_example_group_nodes(cfg: DictConfig, batch: int, world_size: int) -> None:
