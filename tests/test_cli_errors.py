@@ -324,6 +324,20 @@ def test_weights_at_an_unreachable_url_name_the_url_the_reason_and_the_fix(tmp_p
     assert isinstance(err.value, GwdetError), "the tools print it without a traceback"
 
 
+def test_a_catalog_name_that_cannot_be_downloaded_is_named_with_its_web_address_and_a_copy_with_its_suffix(tmp_path):
+    # "copy it here (e.g. to weights/R-50)": no address to fetch on another machine, and a name without .pkl
+    from gwdet.checkpoint.resilient import web_address
+
+    checkpointer = ResilientCheckpointer(torch.nn.Linear(2, 2), str(tmp_path))
+    name = "catalog://ImageNetPretrained/MSRA/R-50"
+    message = str(checkpointer._not_downloaded(name, name, "[Errno -2] Name or service not known"))
+    assert ("download the file (https://dl.fbaipublicfiles.com/detectron/ImageNetPretrained/MSRA/R-50.pkl) on a "
+            "machine that has internet access, copy it here (e.g. to weights/R-50.pkl)") in message, message
+    assert web_address("detectron2://ImageNetPretrained/MSRA/R-50.pkl") == \
+        "https://dl.fbaipublicfiles.com/detectron2/ImageNetPretrained/MSRA/R-50.pkl"
+    assert web_address("catalog://no/such/name") == "catalog://no/such/name"
+
+
 @pytest.mark.parametrize("folder", [True, False], ids=["folder", "file"])
 def test_output_path_problems_name_the_flag_and_the_path(tmp_path, folder):
     blocker = tmp_path / "results.md"

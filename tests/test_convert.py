@@ -584,6 +584,35 @@ def test_of_two_conversions_into_one_new_output_exactly_one_succeeds(r50_files, 
     assert sorted(os.listdir(tmp_path)) == ["out.pkl"], "the refused conversion leaves no partial file"
 
 
+def test_of_two_conversions_replacing_one_output_the_second_to_finish_is_refused(r50_files, tmp_path, monkeypatch):
+    # two --overwrite conversions into one existing .pkl at once: both said "Converted", the file held one
+    import gwdet.convert.converter as converter
+
+    out = tmp_path / "out.pkl"
+    out.write_bytes(b"an earlier conversion")
+    writes = []
+    write = converter.write_detectron2_pkl
+
+    def another_conversion_finishes_first(*args, **kwargs):  # as when both read the output before either wrote it
+        if not writes:
+            writes.append("other")
+            convert_checkpoint(r50_files["gw"], out, overwrite=True)
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(converter, "write_detectron2_pkl", another_conversion_finishes_first)
+    with pytest.raises(ConversionError) as refused:
+        convert_checkpoint(r50_files["bn"], out, overwrite=True)
+    assert str(refused.value) == (
+        f"{out} was written by another conversion while this one ran; it is left as it is and this conversion's "
+        "output discarded. Check which conversion you want there; run this conversion again to replace it, or choose "
+        "another output file.")
+    metadata = read_conversion_metadata(load_pickle_file(str(out), False, ""))
+    assert metadata["gw_positions"] == "S1-B2", "the file is the conversion that finished first"
+    assert sorted(os.listdir(tmp_path)) == ["out.pkl"], "the refused conversion leaves no partial file"
+    convert_checkpoint(r50_files["bn"], out, overwrite=True)  # run again: replaces it
+    assert read_conversion_metadata(load_pickle_file(str(out), False, ""))["gw_positions"] == ""
+
+
 def test_a_gwdet_layers_recorded_settings_travel_into_the_converted_weights(tmp_path):
     # they were called keys outside torchvision's layout; dropped (--allow-unexpected), the weights of a 16-group
     # GW loaded into the config's 64 groups without a word

@@ -633,6 +633,25 @@ def test_weights_of_another_resnet_size_are_named_as_such_not_sent_to_the_conver
         ResilientCheckpointer(model, str(tmp_path), require_every_weight=True).load_weights(str(tmp_path / "source.pth"))
 
 
+def test_a_pkl_in_detectron2s_names_whose_weights_do_not_fit_is_not_sent_to_the_converter(tmp_path):
+    # detectron2's matching by name ends and shapes left the stem of another width unloaded, and the message called
+    # the file "a torchvision-layout ImageNet checkpoint" that "needs converting first"
+    import pickle
+
+    base = TINY_OPTS + ["MODEL.RESNETS.GW_POSITIONS", "", "MODEL.RESNETS.NORM", "FrozenBN", "MODEL.FPN.NORM", ""]
+    source = Trainer.build_model(build_config(str(DEMO_CONFIG), base + ["MODEL.RESNETS.STEM_OUT_CHANNELS", "32"]))
+    weights = {key.removeprefix("backbone.bottom_up."): value.numpy() for key, value in source.state_dict().items()
+               if key.startswith("backbone.bottom_up.")}
+    with open(tmp_path / "source.pkl", "wb") as file:
+        pickle.dump({"model": weights, "__author__": "test", "matching_heuristics": True}, file)
+    model = Trainer.build_model(build_config(str(DEMO_CONFIG), base))
+    with pytest.raises(ValueError) as refused:
+        ResilientCheckpointer(model, str(tmp_path / "run")).load_weights(str(tmp_path / "source.pkl"))
+    assert ("that no weight of the model took: named otherwise, or of other shapes (detectron2 matches a .pkl's "
+            "names by their ends and their shapes)") in str(refused.value)
+    assert "needs converting first" not in str(refused.value)
+
+
 def test_gw_weights_of_a_deeper_resnet_in_a_shallower_one_are_named_by_their_shapes(tmp_path):
     # R-50 weights evaluated with MODEL.RESNETS.DEPTH 34: torch's raw "Error(s) in loading state_dict" listing the GW
     # layers' recorded channels, with advice to change MODEL.GW.*; DEPTH was never named

@@ -114,6 +114,20 @@ def test_another_depth_is_refused_naming_the_settings(r50):
         "this architecture.")
 
 
+def test_other_stem_and_res2_widths_are_named_with_the_blocks():
+    # the demo's narrow ResNet (stem 16, res2 64, width 16): only WIDTH_PER_GROUP was named; set, the next refusal
+    # called the converted file "a torchvision-layout ImageNet checkpoint" that "needs converting first"
+    cfg = add_gwdet_config(get_cfg())
+    cfg.MODEL.RESNETS.STEM_OUT_CHANNELS, cfg.MODEL.RESNETS.RES2_OUT_CHANNELS = 16, 64
+    cfg.MODEL.RESNETS.WIDTH_PER_GROUP, cfg.MODEL.RESNETS.OUT_FEATURES = 16, ["res2"]
+    narrow = build_backbone(cfg, ShapeSpec(channels=3))
+    assert refusal({"arch": "R-50"}, narrow) == (
+        "The weights are R-50 (blocks per stage [3, 4, 6, 3], conv2 1 group x 64 channels), but the model's ResNet has "
+        "blocks per stage [3], conv2 1 group(s) x 16 channels, a stem of 16 channels and res2 of 64 channels. Set "
+        "MODEL.RESNETS.DEPTH 50, NUM_GROUPS 1, WIDTH_PER_GROUP 64, STEM_OUT_CHANNELS 64, RES2_OUT_CHANNELS 256, or "
+        "load the weights converted for this architecture.")
+
+
 def test_another_grouping_of_conv2_is_refused(r50):
     assert refusal({"arch": "X-50-32x4d"}, torchvision_fed(r50)) == (
         "The weights are X-50-32x4d (blocks per stage [3, 4, 6, 3], conv2 32 groups x 4 channels), but "
@@ -869,3 +883,28 @@ def test_converted_norms_for_a_resnet_without_norms_name_every_conv():
         "The weights were converted from a BN model (its norms outside GW have running statistics), but the model's "
         "ResNet has no norm there (every conv). Set MODEL.RESNETS.NORM FrozenBN, BN or SyncBN, or load weights "
         "converted from a model with the ResNet's norms.")
+
+
+def test_gw_weights_of_a_file_recording_norm_types_but_no_settings_are_refused(tmp_path):
+    # a checkpoint of gwdet's first format (norm types recorded, no settings, none in the weights): its 16-group GW
+    # weights loaded into 8 groups without a word, where a file without the types record is refused
+    from collections import OrderedDict
+
+    from gwdet.checkpoint.compatibility import NORM_SETTINGS_KEY, NORM_TYPES_KEY
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    def model(groups: int) -> nn.Module:
+        return nn.Sequential(OrderedDict((name, GroupWhitening(32, num_groups=groups)) for name in ("a", "b")))
+
+    ResilientCheckpointer(model(16), str(tmp_path)).save("trained")
+    saved = torch.load(tmp_path / "trained.pth", weights_only=False)
+    assert NORM_TYPES_KEY in saved and NORM_SETTINGS_KEY in saved
+    saved = {key: value for key, value in saved.items() if not key.startswith("gwdet_") or key == NORM_TYPES_KEY}
+    saved["model"] = {key: value for key, value in saved["model"].items() if not key.endswith("_extra_state")}
+    torch.save(saved, tmp_path / "types_only.pth")
+    with pytest.raises(ValueError) as refused:
+        ResilientCheckpointer(model(8), str(tmp_path / "run")).load(str(tmp_path / "types_only.pth"))
+    assert ("holds weights for 2 gwdet norm layer(s) of this model (a (GroupWhitening), b (GroupWhitening)) but not "
+            "the settings these layers save with their weights (_extra_state), nor gwdet's record of the norm settings "
+            "(the file records the norm types only), so whether they were trained with these layers' settings (their "
+            "group numbers) cannot be checked; nothing was loaded.") in str(refused.value)

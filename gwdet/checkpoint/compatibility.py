@@ -146,17 +146,24 @@ def check_weights_fit_model(metadata: Mapping, model: torch.nn.Module, lazy: boo
     arch_name = metadata.get(ARCH_FIELD)
     arch = ARCHITECTURES.get(arch_name) if arch_name is not None else None
     if arch is not None:
-        conv2 = resnet.stages[0][0].conv2
+        first = resnet.stages[0][0]
+        conv2 = first.conv2
         found = (tuple(len(stage) for stage in resnet.stages), conv2.groups, conv2.out_channels // conv2.groups)
         # A ResNet built for fewer OUT_FEATURES omits its last stages: compare the ones it has.
         expected_shape = (arch.blocks_per_stage[: len(found[0])], arch.num_groups, arch.width_per_group)
-        if found != expected_shape:
+        widths = {"STEM_OUT_CHANNELS": (resnet.stem.out_channels, arch.stem_out_channels),
+                  "RES2_OUT_CHANNELS": (first.out_channels, arch.res2_out_channels)}
+        other_widths = {key: pair for key, pair in widths.items() if pair[0] != pair[1]}
+        if found != expected_shape or other_widths:
+            described = {"STEM_OUT_CHANNELS": "a stem of {} channels", "RES2_OUT_CHANNELS": "res2 of {} channels"}
+            has = [f"blocks per stage {list(found[0])}", f"conv2 {found[1]} group(s) x {found[2]} channels",
+                   *(described[key].format(pair[0]) for key, pair in other_widths.items())]
+            settings = [f"MODEL.RESNETS.DEPTH {arch.depth}", f"NUM_GROUPS {arch.num_groups}",
+                        f"WIDTH_PER_GROUP {arch.width_per_group}",
+                        *(f"{key} {pair[1]}" for key, pair in other_widths.items())]
             raise GwdetValueError(
-                f"The weights are {arch.describe()}, but the model's ResNet has blocks per stage "
-                f"{list(found[0])} and conv2 {found[1]} group(s) x {found[2]} channels. Set "
-                f"MODEL.RESNETS.DEPTH {arch.depth}, NUM_GROUPS {arch.num_groups}, WIDTH_PER_GROUP "
-                f"{arch.width_per_group}, or load the weights converted for this architecture."
-            )
+                f"The weights are {arch.describe()}, but the model's ResNet has {', '.join(has[:-1])} and {has[-1]}. "
+                f"Set {', '.join(settings)}, or load the weights converted for this architecture.")
     if isinstance(metadata.get(INPUT_FIELD), Mapping):
         _check_input_format(metadata[INPUT_FIELD], model, resnet, lazy)
     if GW_POSITIONS_FIELD in metadata:
@@ -413,25 +420,31 @@ def check_layer_settings(weights: Mapping[str, Any], model: torch.nn.Module, how
     _refuse_other_settings(saved_settings, present, how_to_opt_in, model)
 
 
-def check_unrecorded_weights(weights: Mapping[str, Any], model: torch.nn.Module, how_to_opt_in: str) -> None:
+def check_unrecorded_weights(weights: Mapping[str, Any], model: torch.nn.Module, how_to_opt_in: str,
+                             types_recorded: bool = False) -> None:
     """Raise ``ValueError`` before anything is loaded when ``weights`` (a state dict from a file that
-    records no norm types: not written by gwdet's checkpointer or converter) hold the affine weights
-    of gwdet layers of ``model`` without the settings those layers save in their state: weights of
-    other layers with the same shapes (a GN or LN model's, saved by detectron2's own checkpointer)
-    that would load without a word."""
+    records no norm settings: not written by gwdet's checkpointer or converter, or, with
+    ``types_recorded``, by one that recorded the norm types only) hold the affine weights of gwdet
+    layers of ``model`` without the settings those layers save in their state: weights of other
+    layers with the same shapes (a GN or LN model's, saved by detectron2's own checkpointer), or of
+    these layers with other group numbers, that would load without a word."""
     layers = []
     for key, layer in _recording_layers(model).items():
         name = key[: -len(EXTRA_STATE_KEY)].rstrip(".")
         if _saved_key(weights, f"{name}.weight" if name else "weight") and _saved_key(weights, key) is None:
             layers.append(f"{name or 'the model'} ({type(layer).__name__})")
-    if layers:
-        raise NormMismatchError(
-            f"The checkpoint holds weights for {len(layers)} gwdet norm layer(s) of this model ({listed(layers, 3)}) "
-            f"but not the settings these layers save with their weights ({EXTRA_STATE_KEY}), nor gwdet's record of "
-            "the norm types: they come from other layers with the same shapes (a GN model's, saved by detectron2's "
-            "own checkpointer) or from a file gwdet did not write, so whether they were trained as these layers "
-            f"cannot be checked", "Load weights trained with this config (gwdet's checkpoints "
-            f"record their norms), or {how_to_opt_in} to load them anyway.")
+    if not layers:
+        return
+    why = ("nor gwdet's record of the norm settings (the file records the norm types only), so whether they were "
+           "trained with these layers' settings (their group numbers) cannot be checked" if types_recorded else
+           "nor gwdet's record of the norm types: they come from other layers with the same shapes (a GN model's, "
+           "saved by detectron2's own checkpointer) or from a file gwdet did not write, so whether they were trained "
+           "as these layers cannot be checked")
+    raise NormMismatchError(
+        f"The checkpoint holds weights for {len(layers)} gwdet norm layer(s) of this model ({listed(layers, 3)}) "
+        f"but not the settings these layers save with their weights ({EXTRA_STATE_KEY}), {why}",
+        "Load weights trained with this config (gwdet's checkpoints record their norms), or "
+        f"{how_to_opt_in} to load them anyway.")
 
 
 def check_statistics_in_weights(weights: Mapping[str, Any], model: torch.nn.Module, how_to_opt_in: str) -> None:

@@ -32,6 +32,8 @@ class Architecture:
     blocks_per_stage: tuple[int, int, int, int]
     num_groups: int
     width_per_group: int
+    stem_out_channels: int = 64  # torchvision's ImageNet ResNets (MODEL.RESNETS.STEM_OUT_CHANNELS)
+    res2_out_channels: int = 256  # their first stage's output (MODEL.RESNETS.RES2_OUT_CHANNELS)
 
     def describe(self) -> str:
         """``"R-50 (blocks per stage [3, 4, 6, 3], conv2 1 group x 64 channels)"``."""

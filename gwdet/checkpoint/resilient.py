@@ -230,6 +230,28 @@ class RandomState:
         random.setstate((version, tuple(internal), gauss_next))
 
 
+def web_address(address: str) -> str:
+    """The https address detectron2's PathManager fetches for ``address``: a ``catalog://`` name
+    through detectron2's ``ModelCatalog``, a ``detectron2://`` one under detectron2's download prefix;
+    any other address as it is."""
+    from detectron2.checkpoint.catalog import ModelCatalog
+
+    for prefix, resolve in (("catalog://", ModelCatalog.get),
+                            ("detectron2://", lambda name: DETECTRON2_DOWNLOADS + name)):
+        if address.startswith(prefix):
+            try:
+                return str(resolve(address[len(prefix):]))
+            except (KeyError, RuntimeError, ValueError):  # a name the catalog does not know
+                return address
+    return address
+
+
+# where detectron2's PathManager fetches detectron2:// names (detectron2.utils.file_io.Detectron2Handler)
+DETECTRON2_DOWNLOADS = "https://dl.fbaipublicfiles.com/detectron2/"
+# the names of torchvision's ImageNet ResNets' weights (layer1..4, the stem's conv1 and bn1, the classifier fc)
+TORCHVISION_RESNET_PREFIXES = ("layer1.", "layer2.", "layer3.", "layer4.", "conv1.", "bn1.", "fc.")
+
+
 class WeightsDownloadError(GwdetError, OSError):
     """Initial weights named by a URL that cannot be downloaded here."""
 
@@ -688,11 +710,14 @@ class ResilientCheckpointer(DetectionCheckpointer):
         return local
 
     def _not_downloaded(self, url: str, address: str, reason: Any) -> WeightsDownloadError:
-        """The refusal of weights at ``url`` that cannot be downloaded, for ``reason``."""
-        name = os.path.basename(urlsplit(address).path) or "weights.pkl"
+        """The refusal of weights at ``url`` that cannot be downloaded, for ``reason``: with the web
+        address a ``catalog://`` or ``detectron2://`` name stands for (:func:`web_address`)."""
+        web = web_address(address)
+        name = os.path.basename(urlsplit(web).path) or "weights.pkl"
+        at = f" ({web})" if web != address else ""
         return WeightsDownloadError(
             f"{self.weights_setting} {url} cannot be downloaded: {reason}. Without access to it from this "
-            "machine (no internet, a firewall, or a wrong address), download the file on a machine that "
+            f"machine (no internet, a firewall, or a wrong address), download the file{at} on a machine that "
             f"has internet access, copy it here (e.g. to weights/{name}) and set {self.weights_setting} to "
             "that local file.")
 
@@ -863,9 +888,13 @@ class ResilientCheckpointer(DetectionCheckpointer):
         if isinstance(weights, dict):  # the settings gwdet's layers record in the weights
             checks.append(lambda: check_layer_settings(weights, self.model, _MISMATCH_OPT_IN))
             checks.append(lambda: check_statistics_have_a_layer(weights, self.model, _MISMATCH_OPT_IN))
-            if unconverted and not isinstance(checkpoint.get(NORM_TYPES_KEY), dict):
+            types_recorded = isinstance(checkpoint.get(NORM_TYPES_KEY), dict)
+            if unconverted and not types_recorded:
                 checks.append(lambda: check_unrecorded_weights(weights, self.model, _MISMATCH_OPT_IN))
                 checks.append(lambda: check_statistics_in_weights(weights, self.model, _MISMATCH_OPT_IN))
+            elif unconverted and not isinstance(checkpoint.get(NORM_SETTINGS_KEY), dict):  # types, no settings
+                checks.append(lambda: check_unrecorded_weights(weights, self.model, _MISMATCH_OPT_IN,
+                                                               types_recorded=True))
         if isinstance(weights, dict) and not isinstance(checkpoint.get(NORM_SETTINGS_KEY), dict):
             unchecked = unrecorded_group_norms(weights, self.model)
             if unchecked:
@@ -947,7 +976,11 @@ class ResilientCheckpointer(DetectionCheckpointer):
                     "weights.items()}) and load that file." if prefix else
                     torchvision_detection_hint(unexpected) or
                     f" The file holds keys like {', '.join(map(repr, unexpected[:3]))}, not the model's: a torchvision-"
-                    "layout ImageNet checkpoint needs converting first." if unexpected else "")
+                    "layout ImageNet checkpoint needs converting first." if any(
+                        key.startswith(TORCHVISION_RESNET_PREFIXES) for key in unexpected) else
+                    f" The file holds keys like {', '.join(map(repr, unexpected[:3]))} that no weight of the model "
+                    "took: named otherwise, or of other shapes (detectron2 matches a .pkl's names by their ends and "
+                    "their shapes); compare them with the model's (MODEL.RESNETS' widths, say)." if unexpected else "")
             raise GwdetValueError(
                 f"The weights leave {len(missing)} of the backbone's {len(backbone)} weights unloaded (e.g. "
                 f"{missing[0]}), so {outcome} a partly random backbone.{hint} Convert ImageNet "

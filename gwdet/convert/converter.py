@@ -20,7 +20,7 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from gwdet.utils.atomic import OutputExistsError, remove_stale_partials, write_atomically
+from gwdet.utils.atomic import OutputExistsError, file_version, remove_stale_partials, write_atomically
 from gwdet.checkpoint.integrity import with_checksums
 from gwdet.convert.architecture import (
     ARCHITECTURES,
@@ -313,6 +313,7 @@ def convert_checkpoint(
                                   f"{path!r} ({type(path).__name__})")
     check_requested_names(arch, gw_positions)
     _check_output_path(input_path, output_path, overwrite)
+    found = file_version(output_path)  # what --overwrite replaces: another conversion's output written meanwhile is kept
     _remove_leftovers(output_path)
     source = read_source_state_dict(input_path, allow_unsafe_pickle=allow_unsafe_pickle)
     try:
@@ -321,7 +322,8 @@ def convert_checkpoint(
         )
     except ConversionError as error:
         raise ConversionError(f"{input_path}: {error}") from None
-    write_detectron2_pkl(weights, output_path, report.author(), report.metadata(), exclusive=not overwrite)
+    write_detectron2_pkl(weights, output_path, report.author(), report.metadata(), exclusive=found is None,
+                         replacing=found)
     report.output = output_path
     return report
 
@@ -364,13 +366,15 @@ def write_detectron2_pkl(
     author: str,
     metadata: Mapping[str, object] | None = None,
     exclusive: bool = False,
+    replacing: os.stat_result | None = None,
 ) -> None:
     """Write ``weights`` as a detectron2 ``.pkl`` with matching heuristics on.
 
     The file is written under a temporary name in the same folder and renamed when complete, so
     ``output_path`` never holds a partial file; with ``exclusive``, an ``output_path`` that another
     process wrote meanwhile is kept and this one refused (:class:`ConversionError`), so that of two
-    conversions into one new file exactly one succeeds. ``metadata`` goes under :data:`METADATA_KEY`, and
+    conversions into one new file exactly one succeeds; with ``replacing`` (the ``os.stat`` of the
+    file to replace) likewise, of two conversions replacing one file. ``metadata`` goes under :data:`METADATA_KEY`, and
     a checksum of every array and of the author and metadata (:mod:`gwdet.checkpoint.integrity`)
     beside the weights.
     """
@@ -380,11 +384,13 @@ def write_detectron2_pkl(
         checkpoint[METADATA_KEY] = metadata
     checkpoint = with_checksums(checkpoint, WEIGHTS_KEY)
     try:
-        write_atomically(output_path, lambda file: pickle.dump(checkpoint, file), exclusive=exclusive)
+        write_atomically(output_path, lambda file: pickle.dump(checkpoint, file), exclusive=exclusive,
+                         replacing=replacing)
     except OutputExistsError:
+        again = "run this conversion again" if replacing is not None else "pass --overwrite"
         raise ConversionError(
             f"{output_path} was written by another conversion while this one ran; it is left as it is and this "
-            "conversion's output discarded. Check which conversion you want there; pass --overwrite to replace it, "
+            f"conversion's output discarded. Check which conversion you want there; {again} to replace it, "
             "or choose another output file.") from None
     except OSError as error:
         raise ConversionError(f"{output_path}: cannot write the output ({error}).") from None

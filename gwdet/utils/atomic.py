@@ -137,15 +137,53 @@ class OutputExistsError(GwdetError, FileExistsError):
     """:func:`write_atomically` with ``exclusive``: another process wrote ``path`` meanwhile."""
 
 
-def _finish(temporary: str, path: str, exclusive: bool) -> None:
-    """Give the complete file ``temporary`` its name ``path``: replacing what is there, or with
+def same_file_version(first: os.stat_result | None, second: os.stat_result | None) -> bool:
+    """Whether two ``os.stat`` results (``None``: no file) are of one file unchanged: its inode, size
+    and modification time."""
+    if first is None or second is None:
+        return first is second
+    return (first.st_dev, first.st_ino, first.st_size, first.st_mtime_ns) == \
+        (second.st_dev, second.st_ino, second.st_size, second.st_mtime_ns)
+
+
+def file_version(path: str) -> os.stat_result | None:
+    """``os.stat(path)``, or ``None`` where nothing is there."""
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+
+
+@contextlib.contextmanager
+def _folder_held(folder: str) -> Iterator[None]:
+    """An exclusive ``flock`` on ``folder`` for the block: the writers of :func:`write_atomically`
+    that replace a file they saw check and replace it one at a time."""
+    import fcntl
+
+    descriptor = os.open(folder or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # releases the lock
+
+
+def _finish(temporary: str, path: str, exclusive: bool, replacing: os.stat_result | None = None) -> None:
+    """Give the complete file ``temporary`` its name ``path``: replacing what is there; with
     ``exclusive`` only if nothing is (a hard link, which fails when the name exists, then the
-    temporary name removed; :class:`OutputExistsError` otherwise)."""
+    temporary name removed; :class:`OutputExistsError` otherwise); with ``replacing`` only if
+    ``path`` is still that file (:func:`same_file_version`)."""
+    taken = OutputExistsError(errno.EEXIST, f"{path} was written by another process while this one wrote it; "
+                              "that file is kept and this one's output discarded", path)
+    if replacing is not None:
+        with _folder_held(os.path.dirname(path)):
+            if not same_file_version(file_version(path), replacing):
+                raise taken
+            os.replace(temporary, path)
+        return
     if not exclusive:
         os.replace(temporary, path)
         return
-    taken = OutputExistsError(errno.EEXIST, f"{path} was written by another process while this one wrote it; "
-                              "that file is kept and this one's output discarded", path)
     try:
         os.link(temporary, path)
     except FileExistsError:
@@ -161,11 +199,13 @@ def _finish(temporary: str, path: str, exclusive: bool) -> None:
 
 
 def write_atomically(path: str, write: Callable[[IO[bytes]], object], path_manager=PathManager,
-                     exclusive: bool = False, digest: Any = None) -> None:
+                     exclusive: bool = False, digest: Any = None, replacing: os.stat_result | None = None) -> None:
     """Call ``write(file)`` on a binary file that becomes ``path`` only once ``write`` returned
     (what it returns, such as the count ``file.write`` gives, is ignored). With ``exclusive``, a
     ``path`` that exists by then is kept and :class:`OutputExistsError` raised instead (two
-    processes writing one new file: exactly one succeeds; local paths only). A ``digest``
+    processes writing one new file: exactly one succeeds; local paths only); with ``replacing``
+    (the ``os.stat`` of the file this writer means to replace) likewise a ``path`` that is no
+    longer that file (two processes replacing one file: exactly one succeeds). A ``digest``
     (``hashlib`` object) of a local path receives the bytes as they are written."""
     path = os.fspath(path)
     if "://" in path:
@@ -185,7 +225,7 @@ def write_atomically(path: str, write: Callable[[IO[bytes]], object], path_manag
                 if not isinstance(cause, OSError):
                     raise
                 raise _cannot_write(path, cause) from error
-        _finish(temporary, path, exclusive)
+        _finish(temporary, path, exclusive, replacing)
     except (WriteError, OutputExistsError):
         raise
     except OSError as error:
