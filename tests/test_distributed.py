@@ -72,38 +72,35 @@ def test_the_processes_of_an_evaluation_beside_a_run_write_into_one_folder(tmp_p
         str(run / "eval" / "model_final")
 
 
-def test_a_stop_signal_to_the_launcher_reaches_the_processes_and_waits_for_their_checkpoints(tmp_path):
-    # SIGTERM to the tool of a --num-gpus 2 run: it ended at once with 143 while its processes were still saving
-    # their checkpoint (torch then stopped them by SIGINT), which anything acting on its exit could lose
+def launcher_stopped_by_sigterm(tmp_path, mode: str) -> str:
+    """What the two-process launcher of ``distributed_worker.py <mode>`` printed when SIGTERM reached it once
+    both processes were ready; it ended with status 143."""
     import signal
     import time
 
-    process = subprocess.Popen([sys.executable, str(REPO / "tests" / "distributed_worker.py"), "--stop-signal",
-                                str(tmp_path)], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen([sys.executable, str(REPO / "tests" / "distributed_worker.py"), mode, str(tmp_path)],
+                               cwd=REPO, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not all((tmp_path / f"ready{rank}").exists() for rank in (0, 1)) and time.monotonic() < deadline:
         time.sleep(0.2)
     process.send_signal(signal.SIGTERM)
     _, printed = process.communicate(timeout=120)
     assert process.returncode == 143, printed[-3000:]
+    return printed
+
+
+def test_a_stop_signal_to_the_launcher_reaches_the_processes_and_waits_for_their_checkpoints(tmp_path):
+    # SIGTERM to the tool of a --num-gpus 2 run: it ended at once with 143 while its processes were still saving
+    # their checkpoint (torch then stopped them by SIGINT), which anything acting on its exit could lose
+    printed = launcher_stopped_by_sigterm(tmp_path, "--stop-signal")
     assert (tmp_path / "saved0").exists() and (tmp_path / "saved1").exists()  # before the launcher ended
-    assert "Stopped by SIGTERM: the processes were told to stop and did." in printed
+    assert "Stopped by SIGTERM: the processes were told to stop and did. They saved a checkpoint" in printed
 
 
 def test_a_stop_signal_before_the_checkpoint_hook_is_not_reported_as_a_checkpoint(tmp_path):
     # SIGTERM to the launcher while its processes had no checkpoint hook yet (or a second signal, which stops them at
     # once): "They saved a checkpoint of their iteration", and the folder held none
-    import signal
-    import time
-
-    process = subprocess.Popen([sys.executable, str(REPO / "tests" / "distributed_worker.py"), "--stop-unprotected",
-                                str(tmp_path)], cwd=REPO, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    while not all((tmp_path / f"ready{rank}").exists() for rank in (0, 1)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    process.send_signal(signal.SIGTERM)
-    _, printed = process.communicate(timeout=120)
-    assert process.returncode == 143, printed[-3000:]
+    printed = launcher_stopped_by_sigterm(tmp_path, "--stop-unprotected")
     assert "Stopped by SIGTERM: the processes were told to stop and did, at once, without a checkpoint of their " \
            "iteration" in printed
     assert "They saved a checkpoint" not in printed

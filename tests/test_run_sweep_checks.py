@@ -322,6 +322,55 @@ def test_a_resume_with_another_seed_is_refused_unless_the_run_drew_a_random_one(
         check_resumed_seed(3, -1, str(run), "SEED")
 
 
+@pytest.mark.parametrize("key, value", [("DATALOADER.SAMPLER_TRAIN", "RepeatFactorTrainingSampler"),
+                                        ("DATALOADER.ASPECT_RATIO_GROUPING", "False"),
+                                        ("DATASETS.TRAIN", "('shapes_val',)")])
+def test_a_resume_reading_other_training_images_or_another_order_is_refused(finished_run, tmp_path, key, value):
+    # resumed with only the "config values that differ" warning: the loader skipped the images the run read of
+    # another stream (another sampler, grouping, training set; the results named the new set only)
+    run = _copy_run(finished_run, tmp_path / "run", "model_final.pth", "model_final.pth.sha256", "last_checkpoint",
+                    "metrics.json", CONFIG_NAME, RECORD)
+    before = _digest(run)
+    with pytest.raises(ValueError) as refused:
+        main(tiny_run_args(run, "--resume", "SOLVER.MAX_ITER", "3", key, value))
+    assert str(refused.value).startswith(f"--resume: the run in {str(run)!r} read its training images otherwise than "
+                                         f"this config would ({key}: ")
+    assert str(refused.value).endswith(
+        "the resumed data stream continues the run's after the images it read, and another training set, sampler or "
+        "grouping of images orders them otherwise, so it would skip or repeat images, or read others. Resume with the "
+        "run's values, or start a new run in another folder from the run's last checkpoint as its initial weights.")
+    assert {name: digest for name, digest in _digest(run).items() if name != ".gwdet.lock"} == before
+
+
+def test_the_data_stream_settings_of_a_lazy_config_are_told_from_others():
+    from gwdet.engine.output_dir import changes_the_data_stream
+
+    for line in ("dataloader.train.dataset.names: shapes_train -> shapes_val",
+                 "dataloader.train.sampler._target_: a -> b", "dataloader.train.aspect_ratio_grouping: True -> False",
+                 "DATALOADER.REPEAT_THRESHOLD: 0.0 -> 0.1"):
+        assert changes_the_data_stream(line), line
+    for line in ("dataloader.train.num_workers: 4 -> 0", "DATASETS.TEST: a -> b", "DATASETS.TRAINED: a -> b",
+                 "train.max_iter: 2 -> 3"):
+        assert not changes_the_data_stream(line), line
+
+
+def test_a_resume_with_other_config_values_keeps_the_config_of_the_iterations_before(finished_run, tmp_path):
+    # config.yaml (with a valid record) held only the resume's values, as if the run had trained with them from 0
+    from gwdet.utils.atomic import checksum_problem
+
+    run = _copy_run(finished_run, tmp_path / "run", "model_final.pth", "model_final.pth.sha256", "last_checkpoint",
+                    "metrics.json", CONFIG_NAME, RECORD)
+    before = (run / CONFIG_NAME).read_text()
+    with logged_warnings("gwdet.engine.output_dir") as warned:
+        main(tiny_run_args(run, "--resume", "SOLVER.MAX_ITER", "3", "DATASETS.TEST", "()"))
+    kept = run / "config_before_resuming_at_2.yaml"
+    assert kept.read_text() == before and checksum_problem(str(kept)) is None
+    assert build_config(str(run / CONFIG_NAME)).SOLVER.MAX_ITER == 3
+    assert any("config.yaml now holds the config of the iterations from 2 on; that of the iterations before is kept as "
+               "config_before_resuming_at_2.yaml" in line for line in warned), warned
+    assert "config_before_resuming_at_2.yaml" in run_files(str(run)), "the run's: --overwrite removes it"
+
+
 def test_eval_only_neither_reads_nor_checks_the_training_sets(finished_run, tmp_path):
     # detectron2 registers COCO whether or not its files are there; evaluating a COCO model needs val only
     results = main(tiny_run_args(tmp_path / "eval", "--eval-only", "MODEL.WEIGHTS", str(finished_run / "model_final.pth"),

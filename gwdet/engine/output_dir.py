@@ -22,6 +22,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import fcntl
+import filecmp
 import json
 import logging
 import math
@@ -85,9 +86,12 @@ EVALUATOR_FILES = ("coco_instances_results.json", "instances_predictions.pth")
 RUN_FILES = ("last_checkpoint", "metrics.json", RESULTS_MARKDOWN, RESULTS_JSON, CONFIG_NAME,
              CONFIG_NAME + CHECKSUM_SUFFIX, RESULTS_JSON + CHECKSUM_SUFFIX)
 # A run resumed past its results keeps them as results<SET_ASIDE_INFIX><iteration>[_<n>].md / .json
-# (set_aside_results), with its files; EARLIER_RESULTS matches those names (and their SHA-256 records).
+# (set_aside_results), with its files, and a run resumed with other config values keeps the config of
+# its earlier iterations as config<SET_ASIDE_INFIX><iteration>[_<n>].yaml; EARLIER_RESULTS matches those
+# names (and their SHA-256 records).
 SET_ASIDE_INFIX = "_before_resuming_at_"
-EARLIER_RESULTS = re.compile(rf"^results{SET_ASIDE_INFIX}\d+(_\d+)?\.(md|json)(\.sha256)?$")
+EARLIER_RESULTS = re.compile(rf"^(results{SET_ASIDE_INFIX}\d+(_\d+)?\.(md|json)|config{SET_ASIDE_INFIX}\d+(_\d+)?\.yaml)"
+                             r"(\.sha256)?$")
 EVAL_FOLDER = "eval"  # --eval-only of a folder that holds a run writes to eval/<checkpoint>/
 INFERENCE_FOLDER = "inference"  # detectron2's evaluators write their files in inference/<dataset>/
 VIS_FOLDER = "vis"  # the prediction drawings
@@ -845,7 +849,7 @@ def check_resumed_run(output_dir: str, compare: Callable[[str], SavedRun], max_i
                       weights_setting: str, weights_named: bool) -> None:
     """Refuse ``--resume`` of the run in ``output_dir`` (its checkpoints there) whose ``config.yaml``
     is missing, or that ``compare`` (reading it: its checksum, its kind) finds trained with another
-    batch size, seed or model, or that would train nothing (:func:`check_resume_trains`), or that names
+    batch size, seed, model or data stream (:data:`DATA_STREAM_SETTINGS`), or that would train nothing (:func:`check_resume_trains`), or that names
     other initial weights on the command line (``weights_named``), which a resume does not load;
     other differences (a longer schedule, say) are logged. No checkpoint: a fresh start, nothing to
     check."""
@@ -861,6 +865,14 @@ def check_resumed_run(output_dir: str, compare: Callable[[str], SavedRun], max_i
             f"--resume: the run in {output_dir!r} was trained with another model ({CONFIG_NAME} there): "
             f"{listed(saved.model, 5, '; ')}. Resume with the same config and overrides, or train the new model into "
             f"another {output_setting}.")
+    stream = [line for line in saved.others if changes_the_data_stream(line)]
+    if stream:
+        raise GwdetValueError(
+            f"--resume: the run in {output_dir!r} read its training images otherwise than this config would "
+            f"({listed(stream, 3, '; ')}): the resumed data stream continues the run's after the images it read, and "
+            "another training set, sampler or grouping of images orders them otherwise, so it would skip or repeat "
+            "images, or read others. Resume with the run's values, or start a new run in another folder from the "
+            "run's last checkpoint as its initial weights.")
     weights = [line for line in saved.others if line.startswith(weights_setting + ":")]
     if weights_named and weights:
         raise GwdetValueError(
@@ -870,6 +882,21 @@ def check_resumed_run(output_dir: str, compare: Callable[[str], SavedRun], max_i
     if saved.others:
         logger.warning(f"--resume with config values that differ from {path}: {'; '.join(saved.others)}")
     check_resume_trains(output_dir, max_iter, max_iter_setting)
+
+
+# The settings that choose which training images a run reads and in what order (yacs keys; a
+# LazyConfig's under dataloader.train): a resumed data stream continues the run's.
+DATA_STREAM_SETTINGS = ("DATASETS.TRAIN", "DATALOADER.SAMPLER_TRAIN", "DATALOADER.ASPECT_RATIO_GROUPING",
+                        "DATALOADER.FILTER_EMPTY_ANNOTATIONS", "DATALOADER.REPEAT_THRESHOLD", "DATALOADER.REPEAT_SQRT",
+                        "DATALOADER.RANDOM_SUBSET_RATIO", "dataloader.train.dataset", "dataloader.train.sampler",
+                        "dataloader.train.aspect_ratio_grouping")
+
+
+def changes_the_data_stream(difference: str) -> bool:
+    """Whether the line ``difference`` (``"KEY: saved -> current"``) is of a setting of
+    :data:`DATA_STREAM_SETTINGS` (or one under it)."""
+    key = difference.split(":", 1)[0]
+    return any(key == setting or key.startswith(setting + ".") for setting in DATA_STREAM_SETTINGS)
 
 
 def check_resume_config(cfg: CfgNode, output_dir: str, weights_named: bool = False) -> None:
@@ -1113,6 +1140,24 @@ def _set_aside_final_evaluations(output_dir: str, start_iter: int) -> list[str]:
     return moved
 
 
+def _keep_earlier_config(output_dir: str, start_iter: int) -> None:
+    """Keep the run's ``config.yaml`` as it was before this resume at ``start_iter`` (the copy
+    :func:`config_rewrite` kept, with its record) as ``config_before_resuming_at_<start_iter>.yaml``
+    where the resumed config differs: ``config.yaml`` then holds the config of the iterations from
+    ``start_iter`` on, and the earlier one those before."""
+    kept = os.path.join(output_dir, CONFIG_KEPT, CONFIG_NAME)
+    current = os.path.join(output_dir, CONFIG_NAME)
+    if not os.path.isfile(kept) or not os.path.isfile(current) or filecmp.cmp(kept, current, shallow=False):
+        return
+    stem, extension = os.path.splitext(CONFIG_NAME)
+    target = _free_path(output_dir, f"{stem}{SET_ASIDE_INFIX}{start_iter}", extension)
+    shutil.copyfile(kept, target)
+    if os.path.isfile(checksum_path(kept)) and checksum_problem(kept) is None:  # as the run wrote it
+        record_checksum(target)
+    logger.warning(f"--resume with other config values: {CONFIG_NAME} now holds the config of the iterations from "
+                   f"{start_iter} on; that of the iterations before is kept as {os.path.basename(target)}.")
+
+
 def set_aside_results(output_dir: str, start_iter: int) -> None:
     """Rename the ``results.md`` and ``results.json`` (with its SHA-256 record) of a run resumed at
     iteration ``start_iter`` to ``results_before_resuming_at_<start_iter>.*``: they score the model
@@ -1124,6 +1169,7 @@ def set_aside_results(output_dir: str, start_iter: int) -> None:
     (:func:`_set_aside_drawings`), and the evaluations of its ``model_final.pth``, which the resumed run
     replaces, are renamed (:func:`_set_aside_final_evaluations`)."""
     moved = _set_aside_drawings(output_dir, start_iter) + _set_aside_final_evaluations(output_dir, start_iter)
+    _keep_earlier_config(output_dir, start_iter)
     for name in (RESULTS_MARKDOWN, RESULTS_JSON):
         path = os.path.join(output_dir, name)
         if not os.path.isfile(path) or os.path.islink(path):
