@@ -105,6 +105,21 @@ def test_output_cut_short_by_its_reader_is_one_line_not_a_traceback(lines, statu
     assert "Traceback" not in err and "BrokenPipeError" not in err and message in err
 
 
+def test_output_and_errors_cut_short_by_one_reader_are_said_in_the_runs_log(tmp_path):
+    # `train_net.py ... 2>&1 | head`: the stop line found no reader either, the status was 1 and log.txt said nothing
+    log = tmp_path / "log.txt"
+    script = ("import logging, sys, time\nfrom gwdet.utils.cli_errors import run_tool\n"
+              f"logging.getLogger('gwdet').addHandler(logging.FileHandler({str(log)!r}))\n"
+              "def work(argv):\n    time.sleep(0.5)\n    for i in range(20000): print('line', i)\n    return 0\n"
+              "sys.exit(run_tool(work, [], 'tool'))\n")
+    buffered = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
+    tool = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=buffered)
+    tool.stdout.close()  # one reader of both, gone
+    assert tool.wait(timeout=60) == 141
+    assert log.read_text().startswith("tool: stopped: the program reading its output closed it (e.g. | head)")
+
+
 def test_run_tool_hands_the_work_the_command_line_without_verbose(capsys):
     seen = []
 

@@ -673,11 +673,20 @@ def test_a_warm_up_longer_than_the_run_is_said():
     """detectron2 stretches such a warm-up over the whole run: the rate never reaches SOLVER.BASE_LR."""
     with logged_warnings("gwdet.engine.trainer") as logged:
         check_training_values(build_config(str(DEMO_CONFIG), ["SOLVER.MAX_ITER", "50"]), 1)
+        # as long as the run: its last iteration (99) trains at 0.99 of the rate (said nothing)
         check_training_values(build_config(str(DEMO_CONFIG), ["SOLVER.MAX_ITER", "100"]), 1)
+        check_training_values(build_config(str(DEMO_CONFIG), ["SOLVER.MAX_ITER", "101"]), 1)
     assert [m for m in logged if "WARMUP_ITERS" in m] == [
         "SOLVER.WARMUP_ITERS 100 is longer than SOLVER.MAX_ITER 50: detectron2 stretches the warm-up over the whole "
         "run, whose learning rate then never reaches SOLVER.BASE_LR. Shorten the warm-up (e.g. SOLVER.WARMUP_ITERS 5) "
-        "to train at the base rate."]
+        "to train at the base rate.",
+        "SOLVER.WARMUP_ITERS 100 is as long as SOLVER.MAX_ITER 100: the warm-up lasts the whole run, whose learning "
+        "rate then never reaches SOLVER.BASE_LR. Shorten the warm-up (e.g. SOLVER.WARMUP_ITERS 10) to train at the "
+        "base rate."]
+    with logged_warnings("gwdet.engine.lazy_checks") as logged:
+        LazyRun.load(str(LAZY_CONFIG), ["lr_multiplier.warmup_length=1"]).check_request(eval_only=False, world_size=1)
+    assert "lr_multiplier.warmup_length=1: the warm-up lasts the whole run, whose learning rate then never reaches " \
+           "optimizer.lr." in "\n".join(logged), logged
 
 
 @pytest.mark.parametrize("opts, message", [

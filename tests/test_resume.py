@@ -317,6 +317,25 @@ def test_a_stop_signal_received_twice_at_once_is_one_request(monkeypatch):
         signal.signal(signal.SIGUSR2, before)
 
 
+def test_a_stop_after_an_iteration_whose_periodic_evaluation_was_due_says_it_was_not_made():
+    # a stop while the checkpoint of an evaluation iteration was saved: the evaluation was skipped for good (the
+    # resumed run starts after it), without a word
+    import types
+
+    from detectron2.engine.hooks import EvalHook
+
+    from gwdet.checkpoint.signal_hook import CheckpointOnSignal
+
+    hook = CheckpointOnSignal(evaluations=[EvalHook(4, lambda: {})])
+    hook.trainer = types.SimpleNamespace(max_iter=200)
+    assert hook._skipped_evaluation(3, "model_0000003") == (
+        " The periodic evaluation due after iteration 3 was not made, and the resumed run starts after it: evaluate "
+        "model_0000003.pth with --eval-only (MODEL.WEIGHTS; a LazyConfig's train.init_checkpoint) for its results.")
+    assert hook._skipped_evaluation(4, "model_0000004") == ""
+    hook.trainer.max_iter = 4  # the last iteration's evaluation is the one after training
+    assert hook._skipped_evaluation(3, "model_0000003") == ""
+
+
 def test_a_stop_signal_during_an_evaluation_says_so():
     # SIGTERM to a single-process --eval-only: status 143 and not one line
     from gwdet.checkpoint.signal_hook import TrainingInterrupted, evaluation_stops

@@ -619,7 +619,7 @@ def test_a_full_disk_while_evaluating_is_one_error_with_the_way_on(finished_run,
     os.symlink("/dev/full", predictions)  # the evaluator's first file meets a full disk
     with pytest.raises(GwdetOSError, match=rf"^The disk of {evaluation} is full \(No space left on device: .*\); files "
                                            r"written at that moment may be cut short\. Free space there\. Evaluate "
-                                           r"again once there is space\."):
+                                           r"again once it can be written\."):
         main(tiny_run_args(tmp_path, "--eval-only", "MODEL.WEIGHTS", str(finished_run / "model_final.pth")))
 
 
@@ -635,6 +635,50 @@ def test_a_full_disk_met_by_torch_save_is_named_as_a_full_disk(tmp_path):
     with pytest.raises(RuntimeError, match="not a disk"):  # another RuntimeError is left as it is
         with named_full_disk(str(tmp_path), "Go on."):
             raise RuntimeError("not a disk")
+
+
+class _KilledInTheWorker(torch.utils.data.Dataset):
+    """A dataset whose loading process is killed by SIGKILL (as by the out-of-memory killer)."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int):
+        os.kill(os.getpid(), 9)
+
+
+def test_a_killed_data_loading_process_is_one_error_with_the_way_on():
+    # torch's raw "DataLoader worker (pid N) is killed by signal: Killed." traceback, no advice
+    from gwdet.engine.run import named_killed_loader
+
+    with pytest.raises(GwdetError) as refused:
+        with named_killed_loader("The run's checkpoints are kept: continue it with --resume."):
+            next(iter(torch.utils.data.DataLoader(_KilledInTheWorker(), num_workers=1)))
+    assert re.fullmatch(r"A data loading process of the run \(pid \d+\) was killed by signal Killed: the out-of-memory "
+                        r"killer, most likely \(each loading process holds its own copy of the dataset's records\), or a "
+                        r"kill from outside\. Use fewer of them \(DATALOADER\.NUM_WORKERS; a LazyConfig's "
+                        r"dataloader\.train\.num_workers\) or free memory\. The run's checkpoints are kept: continue it "
+                        r"with --resume\.", str(refused.value)), str(refused.value)
+
+
+def test_a_run_folder_that_can_no_longer_be_written_is_one_error_with_the_way_on(tmp_path):
+    # a run folder made read-only mid-run (chattr +i, a disk remounted read-only): raw tracebacks ending in
+    # PermissionError on metrics.json, nothing about the checkpoints kept
+    import errno
+
+    from gwdet.engine.run import named_full_disk
+
+    for number, words in ((errno.EPERM, "Operation not permitted"), (errno.EROFS, "Read-only file system")):
+        with pytest.raises(GwdetOSError) as refused:
+            with named_full_disk(str(tmp_path), "Its checkpoints are kept: continue with --resume."):
+                raise OSError(number, words, str(tmp_path / "metrics.json"))
+        assert str(refused.value) == (
+            f"{tmp_path} can no longer be written ({words}: {tmp_path / 'metrics.json'}): its disk was made read-only, "
+            "or its permissions changed, while the run worked; files written at that moment may be cut short. Make it "
+            "writable again. Its checkpoints are kept: continue with --resume.")
+    with pytest.raises(PermissionError):  # a file elsewhere (a dataset's) is not the run folder's to name
+        with named_full_disk(str(tmp_path), "Go on."):
+            raise PermissionError(errno.EACCES, "Permission denied", "/elsewhere/image.png")
 
 
 def test_a_resume_refused_once_its_config_was_written_leaves_the_runs_config_yaml_as_it_was(finished_run, tmp_path):

@@ -225,6 +225,29 @@ def test_a_damaged_cache_is_named_and_generated_again(tmp_path, caplog, damage):
     assert f"is damaged ({expected[0]} do not match" in caplog.text
 
 
+def test_a_damaged_cache_holding_files_no_generation_wrote_is_not_replaced(tmp_path):
+    # a run trained into the dataset's folder (OUTPUT_DIR $GWDET_CACHE/shapes_...): the damaged dataset was generated
+    # again, and the folder moved aside and deleted with the run's checkpoints in it
+    from gwdet.errors import GwdetError
+
+    spec = ShapesSpec(image_size=64, num_train=2, num_val=2, seed=5, num_test=2)
+    folder = ensure_generated(spec, tmp_path)
+    (folder / "model_final.pth").write_bytes(b"a run's weights")
+    (folder / "train" / "notes.txt").write_text("the user's")
+    (folder / "val.json").write_bytes(b"{")
+    with pytest.raises(GwdetError) as refused:
+        ensure_generated(spec, tmp_path)
+    assert str(refused.value) == (
+        f"The shapes dataset in {folder} is to be generated again (it is incomplete, damaged or of other parameters), "
+        "which replaces its folder, and the folder holds what no generation wrote (model_final.pth, train/notes.txt; a "
+        f"run trained into it, say), which that would delete; nothing was changed. Move them out of {folder} (a run's "
+        "OUTPUT_DIR belongs outside the dataset cache), then run again.")
+    assert (folder / "model_final.pth").read_bytes() == b"a run's weights" and (folder / "val.json").read_bytes() == b"{"
+    (folder / "model_final.pth").unlink()
+    (folder / "train" / "notes.txt").unlink()
+    assert damaged_files(ensure_generated(spec, tmp_path)) == []
+
+
 def test_the_cache_folder_follows_the_users_umask(tmp_path):
     previous = os.umask(0o022)
     try:

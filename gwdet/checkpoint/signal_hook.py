@@ -145,6 +145,18 @@ class CheckpointOnSignal(HookBase):
     def before_step(self) -> None:
         self._in_step = True
 
+    def _skipped_evaluation(self, iteration: int, name: str) -> str:
+        """What the stop message adds where a periodic evaluation (``TEST.EVAL_PERIOD``) was due after
+        ``iteration``: this hook runs before the evaluation hooks, and a resume starts after it."""
+        next_iter = iteration + 1
+        due = any(evaluation._period > 0 and next_iter % evaluation._period == 0 and next_iter != self.trainer.max_iter
+                  for evaluation in self.evaluations)  # EvalHook's own rule (its _period: eval_period)
+        if not due:
+            return ""
+        return (f" The periodic evaluation due after iteration {iteration} was not made, and the resumed run starts "
+                f"after it: evaluate {name}.pth with --eval-only (MODEL.WEIGHTS; a LazyConfig's train.init_checkpoint) "
+                "for its results.")
+
     def _skip_evaluations(self) -> None:
         for evaluation in self.evaluations:
             evaluation._eval_after_train = False  # the attribute of EvalHook's eval_after_train argument
@@ -197,7 +209,7 @@ class CheckpointOnSignal(HookBase):
             self.trainer.checkpointer.save(name, iteration=iteration)
         comm.synchronize()
         logger.warning(f"Stopped by {signal.Signals(signum).name} after iteration {iteration}; saved {name}.pth. "
-                       "Continue with the same command and --resume.")
+                       "Continue with the same command and --resume." + self._skipped_evaluation(iteration, name))
         self._skip_evaluations()
         previous = _chained_handler(self._previous.get(signum))
         self.release()

@@ -38,7 +38,7 @@ from detectron2.data.datasets import register_coco_instances
 from PIL import Image, ImageDraw
 
 from gwdet.config import require_gwdet_config
-from gwdet.errors import GwdetError, GwdetTypeError, GwdetValueError, listed
+from gwdet.errors import GwdetError, GwdetFileExistsError, GwdetTypeError, GwdetValueError, listed
 from gwdet.layers.common import check_int_at_least
 from gwdet.utils.atomic import file_sha256, process_is_gone
 from gwdet.utils.cli_errors import unexpanded_variable_problem
@@ -397,6 +397,22 @@ def _is_complete(folder: Path, spec: ShapesSpec) -> bool:
 STAGING_PREFIX = ".staging-"
 
 
+def _foreign_entries(folder: Path) -> list[str]:
+    """The entries of the dataset folder ``folder`` that no generation writes (anything but
+    ``spec.json``, ``checksums.json``, each split's json and its folder of PNG files), by relative
+    path: a run trained into the folder, say."""
+    if not folder.is_dir():
+        return []
+    ours = {SPEC_JSON, CHECKSUMS_JSON, *(f"{split}.json" for split in SPLITS), *SPLITS}
+    foreign = [entry.name for entry in folder.iterdir() if entry.name not in ours or
+               (entry.name in SPLITS) != entry.is_dir()]
+    for split in SPLITS:
+        if (folder / split).is_dir():
+            foreign += [f"{split}/{entry.name}" for entry in (folder / split).iterdir()
+                        if entry.suffix != ".png" or not entry.is_file()]
+    return sorted(foreign)
+
+
 def _remove_stale_staging(root: Path) -> None:
     """Remove the staging folders (``.staging-<pid>-*``) that generations killed on their way left
     in ``root``; those of running processes stay (they are being written)."""
@@ -427,6 +443,13 @@ def ensure_generated(spec: ShapesSpec, root: Path | None = None, setting: str | 
     target = root / spec.folder_name()
     if _is_complete(target, spec):
         return target
+    foreign = _foreign_entries(target)
+    if foreign:
+        raise GwdetFileExistsError(
+            f"The shapes dataset in {target} is to be generated again (it is incomplete, damaged or of other "
+            f"parameters), which replaces its folder, and the folder holds what no generation wrote "
+            f"({listed(foreign, 3)}; a run trained into it, say), which that would delete; nothing was changed. Move "
+            f"them out of {target} (a run's OUTPUT_DIR belongs outside the dataset cache), then run again.")
     with _writing_into(root, setting):
         root.mkdir(parents=True, exist_ok=True)
         _remove_stale_staging(root)

@@ -225,6 +225,10 @@ def _check_warmup_length(cfg: DictConfig) -> None:
     """``lr_multiplier.warmup_length`` (detectron2's WarmupParamScheduler): the fraction of
     ``train.max_iter`` the warm-up lasts, in [0, 1]."""
     length = select(cfg, "lr_multiplier.warmup_length")
+    if is_finite_number(length) and length == 1:
+        logger.warning("lr_multiplier.warmup_length=1: the warm-up lasts the whole run, whose learning rate then never "
+                       "reaches optimizer.lr. Shorten the warm-up (e.g. lr_multiplier.warmup_length=0.1) to train at "
+                       "the base rate.")
     if length is ABSENT or (is_finite_number(length) and 0 <= length <= 1):
         return
     max_iter = select(cfg, "train.max_iter")

@@ -34,6 +34,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 from abc import ABC, abstractmethod
 from collections import OrderedDict
@@ -52,7 +53,8 @@ from gwdet.checkpoint.resilient import (CLASSES_KEY, DATA_KEY, INPUT_KEY, Resili
 from gwdet.data.coco_registration import CocoDataset, DatasetError, coco_dataset, recorded_images
 from gwdet.data.datasets import check_evaluated_classes
 from gwdet.modeling.detectron2_failures import named_config_failures
-from gwdet.errors import GwdetError, GwdetFileExistsError, GwdetFileNotFoundError, GwdetOSError, GwdetValueError, listed
+from gwdet.errors import (GwdetError, GwdetFileExistsError, GwdetFileNotFoundError, GwdetOSError, GwdetRuntimeError,
+                          GwdetValueError, listed)
 from gwdet.layers.common import is_finite_number
 from gwdet.layers.plans import describe_plans, fallback_reason
 from gwdet.model_zoo.lazy_loading import is_lazy_config
@@ -668,15 +670,16 @@ def main(args: argparse.Namespace):
                     trainer = run.build_trainer()
                     trainer.resume_or_load(resume=args.resume)
         if args.eval_only:
-            with named_full_disk(run.output_dir, "Evaluate again once there is space."), \
+            with named_full_disk(run.output_dir, "Evaluate again once it can be written."), \
                     named_lost_file("Then evaluate again."), evaluation_stops():
                 results = run.evaluate(model)
         else:
             with named_config_failures(run.cfg, "train the first iteration", args.opts,
                                        applies=lambda: trainer.iter == trainer.start_iter), \
-                    named_full_disk(run.output_dir, "Its checkpoints are kept: free space and continue with --resume "
-                                    "(a finished training is evaluated again)."), \
-                    named_lost_file("The run's checkpoints are kept: continue it with --resume."):
+                    named_full_disk(run.output_dir, "Its checkpoints are kept: continue with --resume once it can be "
+                                    "written (a finished training is evaluated again)."), \
+                    named_lost_file("The run's checkpoints are kept: continue it with --resume."), \
+                    named_killed_loader("The run's checkpoints are kept: continue it with --resume."):
                 try:
                     results = trainer.train()
                 except FloatingPointError as error:  # detectron2's trainer: a non-finite loss
@@ -712,16 +715,26 @@ def drawn_score(run: RunConfig) -> float:
 def named_full_disk(output_dir: str, way_on: str) -> Iterator[None]:
     """A full disk while training or evaluating into ``output_dir`` (detectron2's writers, its
     evaluators' files; torch.save's archive writer reports it as a RuntimeError raised while the
-    OSError was handled) as one error naming the folder and ``way_on``, instead of the writer's
-    traceback."""
+    OSError was handled), or ``output_dir`` no longer writable (a disk remounted read-only,
+    permissions changed: a file there refused), as one error naming the folder and ``way_on``,
+    instead of the writer's traceback."""
     try:
         yield
     except (OSError, RuntimeError) as raised:
         error = next((cause for cause in (raised, raised.__context__) if isinstance(cause, OSError)), None)
-        if error is None or isinstance(raised, GwdetError) or error.errno not in (errno.ENOSPC, errno.EDQUOT):
+        if error is None or isinstance(raised, GwdetError):
             raise  # gwdet's own errors say it already
-        raise GwdetOSError(f"The disk of {output_dir} is full ({error.strerror}: {error.filename or 'a file there'}); "
-                           f"files written at that moment may be cut short. Free space there. {way_on}") from raised
+        where = error.filename or "a file there"
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise GwdetOSError(f"The disk of {output_dir} is full ({error.strerror}: {where}); files written at that "
+                               f"moment may be cut short. Free space there. {way_on}") from raised
+        inside = isinstance(error.filename, str) and os.path.abspath(error.filename).startswith(
+            os.path.join(os.path.abspath(output_dir), ""))
+        if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and inside:
+            raise GwdetOSError(f"{output_dir} can no longer be written ({error.strerror}: {where}): its disk was made "
+                               "read-only, or its permissions changed, while the run worked; files written at that "
+                               f"moment may be cut short. Make it writable again. {way_on}") from raised
+        raise
 
 
 # How PIL says that an image file it opened or decodes is damaged (OSError, or its UnidentifiedImageError)
@@ -757,6 +770,29 @@ def named_lost_file(way_on: str) -> Iterator[None]:
             "the run was working (a dataset's images, $GWDET_CACHE)? The images were checked to decode when the run "
             "started. Put the intact files back (the shapes dataset is generated again where its files differ from "
             f"their checksums). {way_on}") from error
+
+
+# torch's DataLoader, when one of its worker processes ended by a signal (the out-of-memory killer's SIGKILL)
+KILLED_LOADER_WORKER = re.compile(r"DataLoader worker \(pid (\d+)\) is killed by signal: ([^.\n]+)")
+
+
+@contextlib.contextmanager
+def named_killed_loader(way_on: str) -> Iterator[None]:
+    """A data loading process killed while the run worked (torch's ``DataLoader worker (pid N) is
+    killed by signal``) as one error naming it, the likely cause and ``way_on``, instead of torch's
+    traceback."""
+    try:
+        yield
+    except RuntimeError as error:  # torch's "... exited unexpectedly" arises while handling the signal's report
+        found = next((KILLED_LOADER_WORKER.search(str(cause)) for cause in (error, error.__context__)
+                      if cause is not None and KILLED_LOADER_WORKER.search(str(cause))), None)
+        if found is None or isinstance(error, GwdetError):
+            raise
+        raise GwdetRuntimeError(
+            f"A data loading process of the run (pid {found.group(1)}) was killed by signal {found.group(2)}: the "
+            "out-of-memory killer, most likely (each loading process holds its own copy of the dataset's records), or "
+            "a kill from outside. Use fewer of them (DATALOADER.NUM_WORKERS; a LazyConfig's dataloader.train."
+            f"num_workers) or free memory. {way_on}") from error
 
 
 def diverged_advice(output_dir: str) -> str:

@@ -362,10 +362,12 @@ def check_training_values(cfg: CfgNode, world_size: int) -> None:
         raise GwdetValueError(f"SOLVER.MAX_ITER is {cfg.SOLVER.MAX_ITER}: a run trains for at least 1 iteration.")
     if cfg.SOLVER.BASE_LR == 0:
         logger.warning(ZERO_RATE.format(setting="SOLVER.BASE_LR 0.0"))
-    if cfg.SOLVER.WARMUP_ITERS > cfg.SOLVER.MAX_ITER:
-        logger.warning(f"SOLVER.WARMUP_ITERS {cfg.SOLVER.WARMUP_ITERS} is longer than SOLVER.MAX_ITER "
-                       f"{cfg.SOLVER.MAX_ITER}: detectron2 stretches the warm-up over the whole run, whose learning rate "
-                       "then never reaches SOLVER.BASE_LR. Shorten the warm-up (e.g. SOLVER.WARMUP_ITERS "
+    if cfg.SOLVER.WARMUP_ITERS >= cfg.SOLVER.MAX_ITER:  # the last iteration, MAX_ITER - 1, is still warming up
+        how = ("is as long as SOLVER.MAX_ITER {}: the warm-up lasts the whole run" if cfg.SOLVER.WARMUP_ITERS ==
+               cfg.SOLVER.MAX_ITER else "is longer than SOLVER.MAX_ITER {}: detectron2 stretches the warm-up over the "
+               "whole run").format(cfg.SOLVER.MAX_ITER)
+        logger.warning(f"SOLVER.WARMUP_ITERS {cfg.SOLVER.WARMUP_ITERS} {how}, whose learning rate then never reaches "
+                       "SOLVER.BASE_LR. Shorten the warm-up (e.g. SOLVER.WARMUP_ITERS "
                        f"{cfg.SOLVER.MAX_ITER // 10}) to train at the base rate.")
     check_training_sampling(cfg)
     _warn_of_unread_schedule_values(cfg)

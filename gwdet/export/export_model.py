@@ -508,6 +508,6 @@ def _export(argv: Sequence[str]) -> int:
               "format).")
     if args.run_eval:  # its files beside the export, not in the training run's inference/
         with ExportFolderLock(args.output), named_full_disk(args.output, f"The export ({path}) is kept: evaluate it "
-                                                            "again with --overwrite --run-eval once there is space."):
+                                                            "again with --overwrite --run-eval once it can be written."):
             evaluate_traced(run, traced, adapter, os.path.join(args.output, "inference"))
     return 0

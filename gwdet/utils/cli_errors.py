@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import re
 import sys
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import IO, Callable, Iterator, Sequence
 
 from gwdet.errors import GwdetError, GwdetValueError
 
@@ -93,10 +94,15 @@ def reported_errors(prog: str | None = None, verbose: bool = False) -> Iterator[
     except BrokenPipeError:
         if verbose:
             raise
-        _stdout_to_devnull()
-        print(f"{tool_name(prog)}: stopped: the program reading its output closed it (e.g. | head) while the tool was "
-              "still printing, so whatever the tool had left to do after that line was not done. Run it again with "
-              "its output in a file (> out.txt), then read that.", file=sys.stderr, flush=True)
+        _to_devnull(sys.stdout)
+        message = (f"{tool_name(prog)}: stopped: the program reading its output closed it (e.g. | head) while the tool "
+                   "was still printing, so whatever the tool had left to do after that line was not done. Run it again "
+                   "with its output in a file (> out.txt), then read that.")
+        try:
+            print(message, file=sys.stderr, flush=True)
+        except BrokenPipeError:  # stderr went to the same reader (2>&1 | head): the run's log.txt is left
+            _to_devnull(sys.stderr)
+        logging.getLogger("gwdet").error(message)  # into the log files of a run's set-up (log.txt), where there are
         raise SystemExit(BROKEN_PIPE_STATUS) from None
     except (KeyboardInterrupt, RuntimeError) as error:
         # TorchScript's interpreter turns a Ctrl-C while it runs into a RuntimeError ending in "KeyboardInterrupt"
@@ -132,14 +138,15 @@ def run_tool(work: Callable[[list[str]], int], argv: Sequence[str] | None = None
     try:
         sys.stdout.flush()  # what is still buffered, here rather than at exit (where Python reports a closed pipe)
     except BrokenPipeError:  # the work is done; only the end of its output found no reader (| head)
-        _stdout_to_devnull()
+        _to_devnull(sys.stdout)
     return status
 
 
-def _stdout_to_devnull() -> None:
-    """Point stdout at /dev/null: its reader is gone, and Python's flush at exit would fail again."""
+def _to_devnull(stream: IO[str]) -> None:
+    """Point ``stream`` (stdout, stderr) at /dev/null: its reader is gone, and Python's flush at exit
+    (or a logger's next line) would fail again."""
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    os.dup2(devnull, stream.fileno())
     os.close(devnull)
 
 
