@@ -124,6 +124,8 @@ def test_the_analytic_ratio_is_gwdet_layers_cost_and_the_papers_formula(_, shape
     (["--model-names", "FOO"], "--model-names: unknown 'FOO'; choose from 'FrozenBN', 'FrozenBN + GW at S1-B2'"),
     (["--busy", "-1"], "--busy: -1 is negative"),
     (["--model-repeats", "0"], "--model-repeats: 0 is less than 1"),
+    # the second replaced the first, while the report's Command: line showed both
+    (["--norms", "BN", "--norms", "GN(32)"], "--norms is given more than once; a second one would replace the first."),
 ])
 def test_bad_names_and_counts_stop_with_the_choices(argv, message, capsys):
     with pytest.raises(SystemExit) as stopped:
@@ -146,6 +148,20 @@ def test_model_overrides_that_build_no_model_are_refused_before_any_level(opts, 
     with pytest.raises(SystemExit) as stopped:
         main(["--layers", "--models", "--quick", "--model-names", "FrozenBN", "--model-opts", *opts])
     assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_model_overrides_that_make_two_models_one_are_refused(capsys, monkeypatch):
+    # every norm set to GN: "GW everywhere / GN everywhere 1.130, limit 1.10, met: no", a GN timing as GW's cost
+    from gwdet_lab.benchmark import cli
+
+    monkeypatch.setattr(cli, "LEVELS", [("layers", lambda *args: pytest.fail("the layer level ran"), None),
+                                        *cli.LEVELS[1:]])
+    with pytest.raises(SystemExit) as stopped:
+        main(["--models", "--model-names", "GN everywhere", "GW everywhere", "--image-size", "64", "--model-opts",
+              "MODEL.RESNETS.NORM", "GN", "MODEL.FPN.NORM", "GN", "MODEL.ROI_BOX_HEAD.NORM", "GN"])
+    assert stopped.value.code == 2
+    assert ("error: --model-opts MODEL.RESNETS.NORM GN MODEL.FPN.NORM GN MODEL.ROI_BOX_HEAD.NORM GN make 'GN "
+            "everywhere' and 'GW everywhere' the same model") in capsys.readouterr().err
 
 
 def test_model_targets_divide_the_seconds_of_the_rows_shown():

@@ -460,3 +460,21 @@ def test_training_values_detectron2_would_assert_on_are_refused_first(opts, worl
         check_training_values(cfg, world_size)
     assert str(err.value).startswith(message)
     check_training_values(build_config(str(DEMO_CONFIG), ["SOLVER.IMS_PER_BATCH", "4"]), 2)  # 2 images each: fine
+
+
+def test_a_tilde_the_shell_left_is_the_home_folder_in_the_tools_output_flags_and_refused_where_unread(monkeypatch,
+                                                                                                        tmp_path):
+    # compare_norms.py --out '~/x' trained into a folder named '~' and said "wrote ~/x/custom/table.md"
+    from gwdet.utils.cli_errors import output_path_problem
+    from gwdet_lab.benchmark.cli import argument_parser as benchmark_parser
+    from gwdet_lab.study.cli import argument_parser as study_parser
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    study = study_parser().parse_args(["--out", "~/x", "--report-to", "~/r", "--export-records", "~/e"])
+    assert (study.out, study.report_to, study.export_records) == tuple(str(tmp_path / name) for name in "xre")
+    assert benchmark_parser().parse_args(["--out", "~/b.md"]).out == str(tmp_path / "b.md")
+    assert output_path_problem("--out", "~/x", folder=True) == (
+        f"--out '~/x' begins with '~', a home folder that nothing expanded (a quoted command-line value and a config "
+        f"file keep it as it is): the run would write into a folder named '~' here. Let the shell expand it (no quotes "
+        f"around ~), or give the path itself (--out={tmp_path / 'x'}); nothing was written.")
+    assert output_path_problem("--out", str(tmp_path / "a~b"), folder=True) is None

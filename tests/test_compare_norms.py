@@ -571,3 +571,27 @@ def test_a_cell_resumed_with_another_thread_count_or_near_its_end_is_noted(tmp_p
         "their end they cover only the iterations since the resume: gw-b2-s0 (its last 1).")
     write_text_with_checksum(str(folder.file("results.json")), json.dumps({"environment": {"threads": 1}}))
     assert threads_note([planned]) is None and resumed_loss_note([planned]) is None
+
+
+def test_cells_trained_under_other_execution_plans_are_noted(tmp_path):
+    # seeds under GWDET_GW_PLAN=accelerator pooled with seeds of the cpu plan, without a note
+    from gwdet.utils.atomic import write_text_with_checksum
+    from gwdet_lab.study.record import PlannedCell, plans_note
+
+    specs = paper_specs("shapes", REPO)
+    two_seeds = study_cells("paper", specs, [build_config(s.config_file, TINY) for s in specs], seeds=(0, 1))
+    planned = []
+    for cell in [cell for cell in two_seeds if cell.name in ("gw-b2-s0", "gw-b2-s1")]:
+        folder = RunFolder(tmp_path / cell.name)
+        folder.path.mkdir()
+        forced = "accelerator" if cell.name.endswith("s1") else None
+        plans = {"cpu": forced or "cpu", "cuda": "triton", "forced": forced}
+        write_text_with_checksum(str(folder.file("results.json")),
+                                 json.dumps({"environment": {"execution_plans": plans}}))
+        planned.append(PlannedCell(cell, cell.opts, build_config(cell.config_file, TINY), folder))
+    planned.sort(key=lambda item: item.cell.name)
+    assert plans_note(planned) == (
+        "Cells trained under other GW execution plans than others: gw-b2-s0 (cpu plan 'cpu', cuda plan 'triton'); "
+        "gw-b2-s1 (cpu plan 'accelerator', cuda plan 'triton', forced by GWDET_GW_PLAN=accelerator). Another plan "
+        "computes GW and BW with other operations, so their weights differ, and means over them mix the plans.")
+    assert plans_note(planned[:1]) is None

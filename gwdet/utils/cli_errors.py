@@ -161,15 +161,22 @@ _UNRUN_COMMAND = re.compile(r"\$\([^)]*\)?|`[^`]*`")  # $(date +%F), `date`: a c
 def unexpanded_variable_problem(flag: str, path: str | os.PathLike, environment: bool = False) -> str | None:
     """Why ``path``, given as ``flag`` (an ``environment`` variable's name, or a setting), holds an
     environment variable nobody expanded (a quoted ``'$SCRATCH/run'``, or one written in a config
-    file), which would name a folder ``$SCRATCH``, or a command substitution nobody ran
-    (``$(date +%F)``, a backquoted command); ``None`` when it holds neither."""
+    file), which would name a folder ``$SCRATCH``, a command substitution nobody ran (``$(date +%F)``,
+    a backquoted command), or (not of an ``environment`` variable, which gwdet expands) a leading ``~``;
+    ``None`` when it holds none of them."""
     command = _UNRUN_COMMAND.search(os.fspath(path))
     if command is not None:
         return (f"{flag} {os.fspath(path)!r} holds {command.group(0)!r}, a shell command that nothing ran (a quoted "
                 "command-line value and a config file keep it as it is): the run would write into a folder named "
                 f"{command.group(0)!r}. Let the shell run it (double quotes), or give the path itself; nothing was "
                 "written.")
-    variable = _UNEXPANDED_VARIABLE.search(os.fspath(path))
+    text = os.fspath(path)
+    if not environment and (text == "~" or text.startswith(("~/", "~" + os.sep)) or re.match(r"~[\w.-]+(/|$)", text)):
+        return (f"{flag} {text!r} begins with '~', a home folder that nothing expanded (a quoted command-line value "
+                "and a config file keep it as it is): the run would write into a folder named '~' here. Let the shell "
+                f"expand it (no quotes around ~), or give the path itself ({as_override(flag, os.path.expanduser(text))}); "
+                "nothing was written.")
+    variable = _UNEXPANDED_VARIABLE.search(text)
     if variable is None:
         return None
     expanded = os.path.expandvars(os.fspath(path))

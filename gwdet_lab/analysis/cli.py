@@ -13,8 +13,9 @@ override the config (constraints, propagation). The work is done in :mod:`gwdet_
 from __future__ import annotations
 
 import argparse
-import math
 import dataclasses
+import math
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -102,7 +103,7 @@ def positive_number(what: str):
 
 def argument_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--out", default="output/analysis", help="output root; files go to OUT/<subcommand>/")
+    common.add_argument("--out", default="output/analysis", type=os.path.expanduser, help="output root; files go to OUT/<subcommand>/")
     common.add_argument("--threads", type=at_least(1, "--threads"), default=None,
                         help="torch CPU threads (default: torch's choice)")
     add_verbose_argument(common)

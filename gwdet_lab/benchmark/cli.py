@@ -43,6 +43,7 @@ is refused, as the report's command line would show it: ``--amp`` without the mo
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Callable, List, Optional, Sequence, Tuple
@@ -124,7 +125,7 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--busy", type=int, default=0, metavar="N",
                         help="start N competing CPU-bound processes for the measured part (default 0)")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, 1 repeat (a smoke test)")
-    parser.add_argument("--out", default=None, help="markdown file to write the tables into")
+    parser.add_argument("--out", default=None, type=os.path.expanduser, help="markdown file to write the tables into")
     parser.add_argument(
         "--section", default=None,
         help=f"name of the generated section in --out (default {DEFAULT_SECTION}; several runs can share one file)"
@@ -135,7 +136,10 @@ def argument_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """Parsed and checked arguments, with the defaults that depend on others filled in."""
+    from gwdet.engine.arguments import refuse_repeated_flags
+
     parser = argument_parser()
+    refuse_repeated_flags(parser, sys.argv[1:] if argv is None else argv)  # a second --norms replaced the first
     args = parser.parse_args(argv)
     known_norms = list(layer_factories(include_autograd=True, include_compiled=args.compile))
     asked = set(args.norms or ())

@@ -117,12 +117,22 @@ def selected_models(names: Optional[List[str]]) -> List[Tuple[str, str]]:
 def check_models(args: argparse.Namespace, device: torch.device) -> None:
     """Build each model :func:`run_models` measures once, before any level runs: an override of
     ``--model-opts`` that no model can be built with is refused in gwdet's words before the other
-    levels' minutes. ``MODEL.DEVICE`` is refused there: ``--device`` sets it."""
+    levels' minutes. ``MODEL.DEVICE`` is refused there: ``--device`` sets it; so are overrides that
+    make two models one (their norms set alike for all: the table would name a model that is not
+    measured)."""
     if "MODEL.DEVICE" in args.model_opts[::2]:
         raise GwdetValueError(f"--model-opts sets MODEL.DEVICE, which the benchmark sets to --device ({device}) for "
                               "every level: give --device instead, and leave MODEL.DEVICE out of --model-opts.")
-    for _, path in selected_models(args.model_names):
-        build_detector(path, device, list(args.model_opts))
+    built: dict[str, str] = {}  # each model's layers (their repr): the first model of each
+    for name, path in selected_models(args.model_names):
+        text = repr(build_detector(path, device, list(args.model_opts))[0])
+        if text in built:
+            raise GwdetValueError(
+                f"--model-opts {' '.join(args.model_opts)} make {built[text]!r} and {name!r} the same model (the "
+                "overrides set what tells them apart, their norms, alike for both: the same layers): the table would report one model "
+                "under two names, and their ratio as the cost of one norm over the other. Leave the norm keys out of "
+                "--model-opts, or compare one model (--model-names).")
+        built[text] = name
 
 
 def run_models(args: argparse.Namespace, device: torch.device) -> dict:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import signal
 import sys
 from pathlib import Path
@@ -54,7 +55,7 @@ from gwdet_lab.study.cells import (
 from gwdet_lab.study.cluster import REPORT_LOCK, folder_lock, list_jobs, submit_cells, wait_for_cells
 from gwdet_lab.study.evaluation import PAPER_WEIGHTS
 from gwdet_lab.study.record import (ON_MISMATCH, ConfigMismatch, PlannedCell, check_trained_as_recorded, code_note,
-                                    check_seeds_of_one_configuration_alike, confounded_note, plan,
+                                    check_seeds_of_one_configuration_alike, confounded_note, plan, plans_note,
                                     resumed_loss_note, threads_note)
 from gwdet_lab.study.records import RecordsIncomplete, export_records, recorded_cells
 from gwdet_lab.study.report import foreign_report_problem, reported_cells, write_report
@@ -120,7 +121,7 @@ def argument_parser() -> argparse.ArgumentParser:
     runs.add_argument("--only", nargs="+", metavar="CELL", help="run only these cells (names as --list shows)")
     # Each cell's process gets the registrations through $GWDET_REGISTER_COCO (gwdet.data.coco_registration).
     add_register_coco_argument(runs)
-    parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
+    parser.add_argument("--out", default=DEFAULT_OUT, type=os.path.expanduser, help=f"output folder (default {DEFAULT_OUT})")
     parser.add_argument("--jobs", type=int, default=1, help="cells trained side by side (default 1)")
     parser.add_argument("--threads", type=thread_request, default=1, metavar="N|auto-load",
                         help="CPU threads per cell (OMP_NUM_THREADS and torch.set_num_threads; default 1, "
@@ -138,12 +139,12 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--list", action="store_true", help="list the cells, their state and commands; train nothing")
     parser.add_argument("--report-only", action="store_true", help="write the report of the finished cells; train nothing")
     records = parser.add_argument_group("committed records (docs/study/records)")
-    records.add_argument("--records", metavar="DIR", default=None,
+    records.add_argument("--records", metavar="DIR", default=None, type=os.path.expanduser,
                          help="write the report from the cell records in DIR (e.g. docs/study/records/paper) "
                               "instead of run folders: configs come from the records; nothing is trained")
-    records.add_argument("--report-to", metavar="DIR", default=None,
+    records.add_argument("--report-to", metavar="DIR", default=None, type=os.path.expanduser,
                          help="folder of the report (default <out>/<study>)")
-    records.add_argument("--export-records", metavar="DIR", default=None,
+    records.add_argument("--export-records", metavar="DIR", default=None, type=os.path.expanduser,
                          help="after the report, copy each finished cell's records into DIR/<cell>/ "
                               "(what --records reads back; checkpoints are not copied)")
     add_verbose_argument(parser)
@@ -418,7 +419,8 @@ def report(args: argparse.Namespace, planned: Sequence[PlannedCell], weights: Se
         notes.append(f"Only the cells {', '.join(args.only)} were requested.")
     if args.opts:
         notes.append(f"Common overrides of every cell: {' '.join(args.opts)}.")
-    notes += [note for note in (code_note(done), confounded_note(done), threads_note(done), resumed_loss_note(done))
+    notes += [note for note in (code_note(done), confounded_note(done), threads_note(done), plans_note(done),
+                                resumed_loss_note(done))
               if note]
     folder = report_folder(args, out_dir)
     others = reported_cells(folder) - {p.cell.name for p in planned} - set(study)

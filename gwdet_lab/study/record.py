@@ -31,13 +31,13 @@ import itertools
 import subprocess
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import yaml
 from detectron2.config import CfgNode
 
 from gwdet.checkpoint.resilient import absolute_weights_path
-from gwdet.errors import GwdetError, GwdetValueError
+from gwdet.errors import GwdetError, GwdetValueError, listed
 from gwdet.data import prepare_datasets
 from gwdet.data.coco_registration import environment_datasets
 from gwdet.data.datasets import config_dataset_names
@@ -334,6 +334,35 @@ def threads_note(planned: Sequence[PlannedCell]) -> str | None:
         return None
     return ("Cells resumed with another thread count than they started with: " + "; ".join(lines) + ". A CPU sums "
             "in another order with other threads, so their weights differ from those of a run with one count.")
+
+
+def _plan_label(plans: Any) -> str | None:
+    """The GW/BW execution plans of a run (results.json's ``execution_plans``) as a note names
+    them: ``"cpu plan 'cpu', cuda plan 'triton'"``, and the ``GWDET_GW_PLAN`` value that forced them."""
+    if not isinstance(plans, dict):
+        return None
+    label = f"cpu plan {plans.get('cpu')!r}, cuda plan {plans.get('cuda')!r}"
+    return label + (f", forced by GWDET_GW_PLAN={plans['forced']}" if plans.get("forced") else "")
+
+
+def plans_note(planned: Sequence[PlannedCell]) -> str | None:
+    """A report note naming the cells trained under other GW/BW execution plans than the others
+    (results.json's ``environment.execution_plans``, and those of each stretch of a resumed cell):
+    another plan computes the whitening with other operations, so its weights differ in their last
+    bits and beyond (``None`` when every cell ran under one)."""
+    by_plans: dict[str, list[str]] = {}
+    for item in planned:
+        environment = item.folder.read_json(RESULTS_JSON).get("environment", {})
+        labels = [_plan_label(environment.get("execution_plans"))]
+        labels += [_plan_label(segment.get("execution_plans")) for segment in _segments(item) if isinstance(segment, dict)]
+        found = list(dict.fromkeys(label for label in labels if label is not None))
+        if found:
+            by_plans.setdefault(" then ".join(found), []).append(item.cell.name)
+    if len(by_plans) < 2:
+        return None
+    return ("Cells trained under other GW execution plans than others: " + "; ".join(
+        f"{listed(names, 4)} ({plans})" for plans, names in by_plans.items()) + ". Another plan computes GW and BW with "
+        "other operations, so their weights differ, and means over them mix the plans.")
 
 
 # The iterations detectron2's logged losses are medians over (its writers' window)
