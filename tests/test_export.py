@@ -572,6 +572,11 @@ def test_export_tool_scripts_the_model_and_checks_it(tmp_path, capsys):
     printed = capsys.readouterr().out
     difference = float(printed.split("on the sample input: ")[-1].splitlines()[0])
     assert difference <= TOLERANCE
+    # "takes an image as a uint8 (C, H, W) tensor": called so, TorchScript refused it (it takes a tuple of dicts)
+    assert 'The exported model takes a tuple of one dict per image, ({"image": image},), and returns a list of dicts ' \
+           "of the detections' fields, one per image; each image as a uint8 (C, H, W) tensor" in printed
+    image = torch.from_numpy(np.asarray(Image.open(tmp_path / "sample.png"))).permute(2, 0, 1).contiguous()
+    assert "scores" in scripted(({"image": image},))[0]  # as the line says
 
 
 def test_export_tool_keeps_an_earlier_export_and_leaves_nothing_when_it_cannot_check(tmp_path, capsys):
@@ -901,3 +906,13 @@ def test_run_eval_into_a_folder_of_an_earlier_evaluation_is_refused_without_over
         f"--output {tmp_path} holds an earlier evaluation's detections (instances_predictions.pth in inference/), which "
         "--run-eval would replace; nothing was written. Pass --overwrite to replace them") in capsys.readouterr().err
     assert (tmp_path / "inference" / "instances_predictions.pth").read_bytes() == b"earlier"
+    # --overwrite of the export without --run-eval: the detections of the replaced model were left beside the new one
+    (tmp_path / "model.ts").write_bytes(b"an earlier export")
+    argv = ["--config-file", str(DEMO_CONFIG), "--untrained", "--overwrite", "--output", str(tmp_path), *TINY_OPTS]
+    with pytest.raises(SystemExit) as refused:
+        main(argv)
+    assert refused.value.code == 2 and (
+        f"--output {tmp_path} holds the detections of an earlier --run-eval (instances_predictions.pth in inference/), "
+        "of the model.ts that --overwrite replaces: they would be left beside a model they are not of; nothing was "
+        "written. Add --run-eval") in capsys.readouterr().err
+    assert (tmp_path / "model.ts").read_bytes() == b"an earlier export"

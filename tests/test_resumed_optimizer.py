@@ -185,3 +185,21 @@ def test_precise_bn_passes_after_a_resume_average_the_batches_of_an_uninterrupte
     resumed.update_stats()
     assert torch.equal(resumed._model.norm.running_mean, means[2])
     assert not torch.equal(means[0], means[2])  # the passes average other batches: the check can fail
+
+
+def test_a_batch_larger_than_the_training_set_is_warned_of():
+    # a batch-sweep cell of 8 images per batch on 4 training images: every batch held each image twice, no word
+    from detectron2.data.samplers import TrainingSampler
+
+    from gwdet.data.resumable import resumable_train_loader
+
+    from conftest import logged_warnings
+
+    for batch, warned_of in ((8, True), (4, False)):
+        images = [{"x": torch.randn(3)} for _ in range(4)]
+        with logged_warnings("gwdet.data.resumable") as warned:
+            resumable_train_loader(dict(dataset=images, mapper=lambda record: record["x"], total_batch_size=batch,
+                                        aspect_ratio_grouping=False, num_workers=0,
+                                        sampler=TrainingSampler(len(images), seed=3)), seed=3)
+        assert any(line.startswith(f"Each process trains on batches of {batch} images, more than the 4 training "
+                                   "images: every batch holds images twice or more") for line in warned) == warned_of

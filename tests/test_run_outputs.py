@@ -98,6 +98,25 @@ def test_results_json_holds_the_results_and_the_environment(tmp_path, monkeypatc
     assert checksum == hashlib.sha256((tmp_path / "results.json").read_bytes()).hexdigest()
 
 
+def test_the_norms_test_time_settings_are_test_settings_of_the_results(tmp_path):
+    # --eval-only MODEL.BGN.EVAL_EXAMPLE_WEIGHT 0.0 of a run trained with 0.5: box AP 0.0036 against 0.0243, and
+    # results.md's test settings read word for word like the run's own; results.json recorded none
+    from gwdet.engine.lazy import LazyRun
+    from gwdet.engine.trainer import YacsRun
+    from gwdet.model_zoo import build_config
+
+    run = YacsRun(build_config(str(DEMO_CONFIG), ["MODEL.FPN.NORM", "BGN", "MODEL.BGN.EVAL_EXAMPLE_WEIGHT", "0.5"]))
+    assert run.test_settings["MODEL.BGN.EVAL_EXAMPLE_WEIGHT"] == 0.5
+    assert "MODEL.BGN.EVAL_EXAMPLE_WEIGHT" not in YacsRun(build_config(str(DEMO_CONFIG))).test_settings  # no BGN
+    lazy = LazyRun.load(str(LAZY_CONFIG), ["model.backbone.norm.name=BGN", "model.backbone.norm.T=null",
+                                           "+model.backbone.norm.eval_example_weight=0.5"])
+    assert lazy.test_settings["model.backbone.norm.eval_example_weight"] == 0.5
+    write_results_to(str(tmp_path), {"shapes_val": PER_TASK}, ["shapes_val"], test_settings=run.test_settings)
+    assert "`MODEL.BGN.EVAL_EXAMPLE_WEIGHT 0.5`" in (tmp_path / "results.md").read_text()
+    recorded = json.loads((tmp_path / "results.json").read_text())["environment"]["test_settings"]
+    assert recorded == run.test_settings
+
+
 def test_a_test_dataset_named_like_the_environment_key_is_refused():
     with pytest.raises(ValueError, match="A test dataset is named 'environment'.*register the dataset under another"):
         results_record({"environment": PER_TASK})

@@ -908,3 +908,24 @@ def test_gw_weights_of_a_file_recording_norm_types_but_no_settings_are_refused(t
             "the settings these layers save with their weights (_extra_state), nor gwdet's record of the norm settings "
             "(the file records the norm types only), so whether they were trained with these layers' settings (their "
             "group numbers) cannot be checked; nothing was loaded.") in str(refused.value)
+
+
+def test_gw_weights_refused_for_group_norm_layers_are_not_also_called_group_norm_weights(tmp_path):
+    # before the refusal ("trained with other norm layers ... GroupWhitening -> GroupNorm"), a warning said the file
+    # held GroupNorm layers that "load unchecked into this config's groups", pointing at MODEL.GN.NUM_GROUPS
+    import logging
+
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    torch.save({"model": nn.Sequential(GroupWhitening(32, num_groups=4)).state_dict()}, tmp_path / "gw.pth")
+    said = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    checkpointer = ResilientCheckpointer(nn.Sequential(nn.GroupNorm(4, 32)), str(tmp_path / "run"))
+    checkpointer.logger.addHandler(handler)
+    try:
+        with pytest.raises(ValueError, match="GroupWhitening"):
+            checkpointer.load(str(tmp_path / "gw.pth"))
+    finally:
+        checkpointer.logger.removeHandler(handler)
+    assert not [line for line in said if "GroupNorm layer(s)" in line], said

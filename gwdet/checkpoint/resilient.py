@@ -895,15 +895,6 @@ class ResilientCheckpointer(DetectionCheckpointer):
             elif unconverted and not isinstance(checkpoint.get(NORM_SETTINGS_KEY), dict):  # types, no settings
                 checks.append(lambda: check_unrecorded_weights(weights, self.model, _MISMATCH_OPT_IN,
                                                                types_recorded=True))
-        if isinstance(weights, dict) and not isinstance(checkpoint.get(NORM_SETTINGS_KEY), dict):
-            unchecked = unrecorded_group_norms(weights, self.model)
-            if unchecked:
-                self.logger.warning(
-                    f"{self._loading or 'The checkpoint'} holds the weights of {len(unchecked)} GroupNorm layer(s) "
-                    f"({listed(unchecked, 3)}) without gwdet's record of their group numbers (a file gwdet's "
-                    "checkpointer did not write, e.g. detectron2's): they load unchecked into this config's groups. "
-                    "Give the group number they were trained with (MODEL.GN.NUM_GROUPS; a norm of one's own: its own key; a "
-                    "LazyConfig's num_groups).")
         allowed = mismatch_allowed()
         for check in checks:
             try:
@@ -914,6 +905,16 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 finding = error.finding if isinstance(error, NormMismatchError) else str(error)
                 self.logger.warning(f"{MISMATCH_ENV}=1: {self._loading or 'the checkpoint'} is loaded as asked, though "
                                     f"its norm layers differ from the model's: {finding}.")
+        if isinstance(weights, dict) and not isinstance(checkpoint.get(NORM_SETTINGS_KEY), dict):
+            # after the checks: weights of other layers (GW's, loaded into GroupNorm) are refused above, not named here
+            unchecked = unrecorded_group_norms(weights, self.model)
+            if unchecked:
+                self.logger.warning(
+                    f"{self._loading or 'The checkpoint'} holds the weights of {len(unchecked)} GroupNorm layer(s) "
+                    f"({listed(unchecked, 3)}) without gwdet's record of their group numbers (a file gwdet's "
+                    "checkpointer did not write, e.g. detectron2's): they load unchecked into this config's groups. "
+                    "Give the group number they were trained with (MODEL.GN.NUM_GROUPS; a norm of one's own: its own key; a "
+                    "LazyConfig's num_groups).")
         if allowed and isinstance(weights, dict):
             drop_layer_settings(weights, self.model)
 

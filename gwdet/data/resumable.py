@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import logging
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sized
 
 import numpy as np
 import torch
@@ -116,6 +116,12 @@ def resumable_train_loader(arguments: dict, seed: int, seed_setting: str = "SEED
             f"giving that seed as {seed_setting} does not repeat this run: with a negative {seed_setting} the data "
             "order comes from the generators that seed set, with a given one from the seed itself. Give "
             f"{seed_setting} a number >= 0 for a run that can be repeated and resumed exactly.")
+    dataset, batch = arguments.get("dataset"), arguments.get("total_batch_size")
+    if isinstance(dataset, Sized) and isinstance(batch, int) and batch // comm.get_world_size() > len(dataset):
+        logger.warning(f"Each process trains on batches of {batch // comm.get_world_size()} images, more than the "
+                       f"{len(dataset)} training images: every batch holds images twice or more, so the batch "
+                       "statistics of its norm layers (BN, BGN, BW) see fewer distinct images than the batch size says. "
+                       "Give a batch of at most the training images, or more training images.")
     sampler = arguments["sampler"] = SkippingSampler(arguments["sampler"])
     if seed >= 0:
         # Without its own generator, starting to iterate the loader draws the workers' base seed

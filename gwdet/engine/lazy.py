@@ -37,6 +37,7 @@ from detectron2.utils import comm
 from detectron2.utils.logger import setup_logger
 
 from gwdet.errors import GwdetValueError
+from gwdet.layers.settings_state import TEST_TIME_SETTINGS
 from gwdet.utils.atomic import remove_checksum
 from gwdet.checkpoint.compatibility import unwrapped
 from gwdet.checkpoint.resilient import CLASSES_ATTRIBUTE, absolute_weights_path, numbered_iteration
@@ -490,7 +491,7 @@ class LazyRun(RunConfig):
         return {key: value for key, value in flat.items()
                 if key == TEST_AUGMENTATIONS or key.startswith("model.")
                 and (key.rsplit(".", 1)[-1].startswith("test_") or key.endswith("_nms_topk")
-                     or key == "model.proposal_generator.nms_thresh")}
+                     or key == "model.proposal_generator.nms_thresh" or key.rsplit(".", 1)[-1] in TEST_TIME_SETTINGS)}
 
     def with_target(self, weights: str, output_dir: str) -> "LazyRun":
         self.cfg.train.init_checkpoint, self.cfg.train.output_dir = weights, output_dir

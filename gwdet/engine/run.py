@@ -833,7 +833,7 @@ def results_markdown(results: Mapping, datasets: Sequence[str] = ()) -> str:
 
 def results_record(results: Mapping, datasets: Sequence[str] = (), run_datasets: Sequence[str] = (),
                    evaluated: Mapping[str, str] | None = None, initial: Mapping[str, str] | None = None,
-                   segments: Sequence[Mapping[str, Any]] = ()) -> dict:
+                   segments: Sequence[Mapping[str, Any]] = (), test_settings: Mapping[str, Any] | None = None) -> dict:
     """What ``results.json`` holds: ``{dataset: {task: {metric: value}}}`` of ``results`` for the
     test sets ``datasets`` (:func:`flatten_results`; an AP detectron2 reports as NaN is ``None``,
     JSON's ``null``, as strict JSON has no NaN), and under ``"environment"`` the package
@@ -843,7 +843,7 @@ def results_record(results: Mapping, datasets: Sequence[str] = (), run_datasets:
     from (``initial``), each as :func:`~gwdet.checkpoint.resilient.weights_record` gives it; for a
     resumed training, what each stretch of its iterations ran with (``segments``, from its
     checkpoints: :meth:`~gwdet.checkpoint.resilient.ResilientCheckpointer.run_segments`), the values
-    beside them being the last stretch's."""
+    beside them being the last stretch's; and the ``test_settings`` the results were evaluated with."""
     record: dict = {dataset: {task: {name: None if isinstance(value, float) and math.isnan(value) else value
                                      for name, value in metrics.items()} for task, metrics in tasks.items()}
                     for dataset, tasks in flatten_results(results, datasets).items()}
@@ -852,6 +852,8 @@ def results_record(results: Mapping, datasets: Sequence[str] = (), run_datasets:
                               f"the run's environment: register the dataset under another name. (results.md holds "
                               f"its results.)")
     environment = run_environment([*run_datasets, *datasets])
+    if test_settings:
+        environment["test_settings"] = dict(test_settings)
     if evaluated:
         environment["weights"] = dict(evaluated)
     if initial:
@@ -894,7 +896,8 @@ def write_results_to(output_dir: str, results: Mapping, datasets: Sequence[str] 
     write_text_atomically(os.path.join(output_dir, RESULTS_MARKDOWN), markdown)
     # results.json is what gwdet reads again (the study counts a cell done by it): its SHA-256 is recorded beside it
     write_text_with_checksum(os.path.join(output_dir, RESULTS_JSON),
-                             json.dumps(results_record(results, datasets, run_datasets, evaluated, initial, segments), indent=2))
+                             json.dumps(results_record(results, datasets, run_datasets, evaluated, initial, segments,
+                                                        test_settings), indent=2))
 
 
 def log_outputs(output_dir: str, wrote_results: bool, drawings: Sequence[str], drawings_setting: str) -> None:

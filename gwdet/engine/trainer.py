@@ -44,6 +44,7 @@ from gwdet.model_zoo.loading import build_config
 from gwdet.modeling.build import (check_built_model, check_device, check_mixed_precision, check_run_device,
                                   check_scratch_training)
 from gwdet.modeling.model_checks import check_model_example_groups, check_norm_weight_decay
+from gwdet.layers.settings_state import TEST_TIME_SETTINGS
 from gwdet.norms import norm_record
 from gwdet.solver import build_optimizer
 from gwdet.engine.output_dir import (ScheduleAt, check_resume_config, check_resume_trains, check_run_detections_kept,
@@ -460,6 +461,9 @@ class YacsRun(RunConfig):
             heads = [*(f"MODEL.RPN.{key}" for key in ("PRE_NMS_TOPK_TEST", "POST_NMS_TOPK_TEST", "NMS_THRESH")),
                      *(f"MODEL.ROI_HEADS.{key}" for key in ("SCORE_THRESH_TEST", "NMS_THRESH_TEST"))]
         keys = ["INPUT.MIN_SIZE_TEST", "INPUT.MAX_SIZE_TEST", *heads, "TEST.DETECTIONS_PER_IMAGE"]
+        # the norms' settings read at test time only, as their records name them (BGN's example weighing)
+        keys += sorted({key for name in norm_settings(cfg).values() if name
+                        for param, key in norm_record(name).config_keys.items() if param in TEST_TIME_SETTINGS})
         return {key: config_value(cfg, key) for key in keys}
 
     def with_target(self, weights: str, output_dir: str) -> "YacsRun":

@@ -386,12 +386,18 @@ def check_export_flags(args: argparse.Namespace) -> None:
         problem = image_file_problem(args.sample_image)
         if problem:
             raise GwdetValueError(f"--sample-image {args.sample_image} {problem}.")
+    evaluation = os.path.join(args.output, "inference")
+    held = [name for name in EVALUATOR_FILES if os.path.isfile(os.path.join(evaluation, name))]
+    if held and not args.run_eval and args.overwrite and os.path.isfile(export_path(args)):
+        raise GwdetFileExistsError(
+            f"--output {args.output} holds the detections of an earlier --run-eval ({', '.join(held)} in inference/), "
+            f"of the {os.path.basename(export_path(args))} that --overwrite replaces: they would be left beside a model "
+            "they are not of; nothing was written. Add --run-eval to evaluate the new export into them, move "
+            "inference/ away, or choose another --output.")
     if args.run_eval:  # a LazyConfig run keeps its detections directly in <run>/inference, where --run-eval writes
-        evaluation = os.path.join(args.output, "inference")
         check_run_detections_kept(evaluation, args.output,
                                   "Give --output a folder of its own for the export and its evaluation, e.g. "
                                   f"--output {os.path.join(args.output, 'deploy')}.")
-        held = [name for name in EVALUATOR_FILES if os.path.isfile(os.path.join(evaluation, name))]
         if held and not args.overwrite:
             raise GwdetFileExistsError(
                 f"--output {args.output} holds an earlier evaluation's detections ({', '.join(held)} in inference/), "
@@ -503,7 +509,10 @@ def _export(argv: Sequence[str]) -> int:
     if channels:
         kind = str(image.dtype).replace("torch.", "")
         only = "; an ONNX file takes no other type" if args.format == "onnx" else ""
-        print(f"The exported model takes an image as a {kind} (C, H, W) tensor of 0-255 pixel values (the type it was "
+        scripted = args.format == "torchscript" and args.export_method == "scripting"
+        takes = ('a tuple of one dict per image, ({"image": image},), and returns a list of dicts of the detections\' '
+                 "fields, one per image; each image" if scripted else "an image")
+        print(f"The exported model takes {takes} as a {kind} (C, H, W) tensor of 0-255 pixel values (the type it was "
               f"exported with{only}) with the channels in {channels} order, as the model does (the config's input "
               "format).")
     if args.run_eval:  # its files beside the export, not in the training run's inference/

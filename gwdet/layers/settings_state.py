@@ -80,6 +80,8 @@ _DIVIDED_SETTING = {"GroupWhitening": "num_groups", "BatchGroupNorm": "num_group
 # ``examples_per_group`` is how training groups the images of its batch (Sec. 3.4), which evaluation
 # never reads, and which a fine-tuning at another batch size may change.
 UNCOMPARED_SETTINGS = ("momentum", "eval_example_weight", "examples_per_group")
+# those of them that only evaluation reads: a run's test settings (results.md lists them)
+TEST_TIME_SETTINGS = ("eval_example_weight",)
 # those of them that count examples (integers >= 1); the others are fractions in [0, 1]
 _COUNTING_SETTINGS = ("examples_per_group",)
 
