@@ -474,6 +474,10 @@ def test_an_empty_cache_variable_is_the_default_cache(monkeypatch):
     assert shapes.default_cache_root() == Path.home() / ".cache" / "gwdet"
     message = shapes._unwritable_root_message(Path("/ro"), None, PermissionError(13, "Permission denied", "/ro"))
     assert "the default cache folder '/ro', as GWDET_CACHE is empty" in message, message
+    # a full disk is writable: "Point GWDET_CACHE at a writable directory" named the wrong problem
+    full = shapes._unwritable_root_message(Path("/full"), None, OSError(28, "No space left on device", "/full/x"))
+    assert full.endswith("Free space there (its disk or quota is full), or: point GWDET_CACHE at a writable directory, "
+                         "e.g. export GWDET_CACHE=/tmp/gwdet-cache."), full
 
 
 def test_an_image_size_too_small_for_a_shape_is_refused_before_generating(tmp_path):

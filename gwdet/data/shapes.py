@@ -18,6 +18,7 @@ cannot be written raises :class:`CacheNotWritableError`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -179,6 +180,8 @@ def _unwritable_root_message(root: Path, setting: str | None, error: OSError) ->
     else:
         source, fix = f"{setting}={str(root)!r}", f"Set {setting} to a writable directory"
         fix += f", or to \"\" to use ${CACHE_VARIABLE}." if setting == ROOT_KEY else "."
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):  # writable, but full: room there is one fix
+        fix = f"Free space there (its disk or quota is full), or: {fix[0].lower()}{fix[1:]}"
     return f"The shapes dataset cannot be written to {source} ({reason}). {fix}"
 
 
