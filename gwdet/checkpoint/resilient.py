@@ -975,13 +975,14 @@ class ResilientCheckpointer(DetectionCheckpointer):
                     f" The file holds the model's keys behind the prefix {prefix!r} (e.g. {unexpected[0]!r}): save "
                     f"its weights with the prefix taken off ({{key.removeprefix({prefix!r}): value for key, value in "
                     "weights.items()}) and load that file." if prefix else
-                    torchvision_detection_hint(unexpected) or
-                    f" The file holds keys like {', '.join(map(repr, unexpected[:3]))}, not the model's: a torchvision-"
-                    "layout ImageNet checkpoint needs converting first." if any(
-                        key.startswith(TORCHVISION_RESNET_PREFIXES) for key in unexpected) else
-                    f" The file holds keys like {', '.join(map(repr, unexpected[:3]))} that no weight of the model "
-                    "took: named otherwise, or of other shapes (detectron2 matches a .pkl's names by their ends and "
-                    "their shapes); compare them with the model's (MODEL.RESNETS' widths, say)." if unexpected else "")
+                    (torchvision_detection_hint(unexpected) or (
+                        f" The file holds keys like {', '.join(map(repr, unexpected[:3]))}, not the model's: a "
+                        "torchvision-layout ImageNet checkpoint needs converting first." if any(
+                            key.startswith(TORCHVISION_RESNET_PREFIXES) for key in unexpected) else
+                        f" The file holds keys like {', '.join(map(repr, unexpected[:3]))} that no weight of the "
+                        "model took: named otherwise, or of other shapes (detectron2 matches a .pkl's names by their "
+                        "ends and their shapes); compare them with the model's (MODEL.RESNETS' widths, say)."))
+                    if unexpected else "")
             raise GwdetValueError(
                 f"The weights leave {len(missing)} of the backbone's {len(backbone)} weights unloaded (e.g. "
                 f"{missing[0]}), so {outcome} a partly random backbone.{hint} Convert ImageNet "
