@@ -205,7 +205,7 @@ def write_atomically(path: str, write: Callable[[IO[bytes]], object], path_manag
     ``path`` that exists by then is kept and :class:`OutputExistsError` raised instead (two
     processes writing one new file: exactly one succeeds; local paths only); with ``replacing``
     (the ``os.stat`` of the file this writer means to replace) likewise a ``path`` that is no
-    longer that file (two processes replacing one file: exactly one succeeds). A ``digest``
+    longer that file (two processes replacing one file at once: the second to finish is refused). A ``digest``
     (``hashlib`` object) of a local path receives the bytes as they are written."""
     path = os.fspath(path)
     if "://" in path:
