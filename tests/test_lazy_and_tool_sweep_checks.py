@@ -917,3 +917,15 @@ def test_an_evaluator_folder_of_ones_own_that_holds_detections_is_not_written_ov
         evaluation_request(LazyRun.load(str(lazy), opts), args)
     opts[-1] = f"dataloader.evaluator.output_dir={tmp_path / 'mine'}"  # a folder of its own: evaluated
     evaluation_request(LazyRun.load(str(lazy), opts), args)
+    # a training's evaluations into another run's inference/: its detections were replaced without a word
+    from gwdet.engine.run import main
+
+    opts[-1] = f"dataloader.evaluator.output_dir={tmp_path / 'run' / 'inference'}"
+    training = argparse.Namespace(config_file=str(lazy), opts=opts[:1] + opts[2:], eval_only=False, resume=False,
+                                  overwrite=False, register_coco=(), threads=1)
+    with pytest.raises(FileExistsError, match=r"The evaluator writes into .*run/inference, which holds an earlier "
+                                              r"evaluation's coco_instances_results.json .*: this evaluation would "
+                                              r"replace them; nothing was trained"):
+        main(training)
+    assert (tmp_path / "run" / "inference" / "coco_instances_results.json").read_text() == "[]"
+    assert not (tmp_path / "new").exists()

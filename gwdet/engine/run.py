@@ -501,16 +501,23 @@ def evaluation_request(run: RunConfig, args: argparse.Namespace) -> tuple[RunCon
         logger.info(f"{run.output_setting} {run.output_dir} holds a run or an evaluation: the evaluation of {weights} "
                     f"is written to {folder}, and the files already there stay as they are.")
     targeted = run.with_target(absolute_weights_path(weights, run.weights_setting), folder)  # config.yaml: the file itself
-    for written in targeted.evaluator_folders():
+    check_evaluator_folders(targeted, folder, "nothing was evaluated")
+    return targeted, argparse.Namespace(**{**vars(args), "resume": False})
+
+
+def check_evaluator_folders(run: RunConfig, folder: str, outcome: str) -> None:
+    """Refuse a run whose evaluators write outside its ``folder`` (a LazyConfig's
+    ``dataloader.evaluator.output_dir``) into a folder holding detections (another run's or
+    evaluation's ``inference/``), which the evaluation would replace; ``outcome`` says what was not done."""
+    for written in run.evaluator_folders():
         held = [name for name in EVALUATOR_FILES if os.path.isfile(os.path.join(written, name))]
         inside = os.path.commonpath([os.path.realpath(written), os.path.realpath(folder)]) == os.path.realpath(folder)
         if held and not inside:
             raise GwdetFileExistsError(
                 f"The evaluator writes into {written}, which holds an earlier evaluation's {', '.join(held)} (a run's "
-                f"or an evaluation's detections): this evaluation would replace them; nothing was evaluated. Leave "
+                f"or an evaluation's detections): this evaluation would replace them; {outcome}. Leave "
                 f"the evaluator's output_dir out (the evaluation then writes into {folder}), or give it a folder of its "
                 "own.")
-    return targeted, argparse.Namespace(**{**vars(args), "resume": False})
 
 
 def config_text(run: RunConfig, record: Mapping | None = None) -> str:
@@ -649,6 +656,7 @@ def main(args: argparse.Namespace):
         run, args = evaluation_request(run, args)
     else:  # config.yaml names the file itself, wherever the config is read from again
         run = run.with_target(absolute_weights_path(run.weights, run.weights_setting), run.output_dir)
+        check_evaluator_folders(run, run.output_dir, "nothing was trained")
     check_config_file_kept(args.config_file, run.output_dir, run.output_setting)
     lock = OutputDirLock(run.output_dir, run.output_setting, run.weights_setting)
     with lock if comm.is_main_process() else contextlib.nullcontext():
