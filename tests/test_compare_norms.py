@@ -511,14 +511,6 @@ def test_cells_named_as_another_configuration_or_made_alike_by_overrides_are_ref
                        *TINY], repo_root=REPO) == 0
 
 
-def test_a_list_of_the_cells_generates_no_dataset(tmp_path, monkeypatch):
-    # --list ("train nothing") of the paper study generated its 6000 images first: 62 s and 206 MB, without a line
-    monkeypatch.setenv("GWDET_CACHE", str(tmp_path / "cache"))
-    assert study_main(["--out", str(tmp_path / "out"), "--list", "--study", "paper", "--seeds", "0", "--opts", *TINY],
-                      repo_root=REPO) == 0
-    assert not list((tmp_path / "cache").glob("shapes_*"))
-
-
 def test_study_flags_that_would_pair_random_seeds_or_misname_cells_are_refused(capsys, tmp_path):
     config = tmp_path / "gw_random.yaml"
     config.write_text(f'_BASE_: "{STUDY / "gw.yaml"}"\nSEED: -1\n')

@@ -318,7 +318,7 @@ def _plan_and_run(args: argparse.Namespace, argv: Sequence[str], parser: argpars
     try:
         cells = build_cells(args, repo_root)
         planned = plan(cells, out_dir / RUNS_FOLDER, args.opts, args.on_mismatch, record=not args.list)
-        for item in planned if not args.list else ():  # a list reads the cells' folders only: no dataset generated
+        for item in planned:
             prepare_datasets(item.cfg)
         # --only runs some of the study's cells: the others' reports are this study's, not another's
         study = {cell.name for cell in build_cells(argparse.Namespace(**{**vars(args), "only": None}), repo_root)}
