@@ -313,7 +313,8 @@ def convert_checkpoint(
                                   f"{path!r} ({type(path).__name__})")
     check_requested_names(arch, gw_positions)
     _check_output_path(input_path, output_path, overwrite)
-    found = file_version(output_path)  # what --overwrite replaces: another conversion's output written meanwhile is kept
+    # what --overwrite replaces: another conversion's output written meanwhile is kept
+    found = file_version(output_path)
     _remove_leftovers(output_path)
     source = read_source_state_dict(input_path, allow_unsafe_pickle=allow_unsafe_pickle)
     try:

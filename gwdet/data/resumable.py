@@ -117,8 +117,9 @@ def resumable_train_loader(arguments: dict, seed: int, seed_setting: str = "SEED
             "order comes from the generators that seed set, with a given one from the seed itself. Give "
             f"{seed_setting} a number >= 0 for a run that can be repeated and resumed exactly.")
     dataset, batch = arguments.get("dataset"), arguments.get("total_batch_size")
-    if isinstance(dataset, Sized) and isinstance(batch, int) and batch // comm.get_world_size() > len(dataset):
-        logger.warning(f"Each process trains on batches of {batch // comm.get_world_size()} images, more than the "
+    images = batch // comm.get_world_size() if isinstance(batch, int) else None  # each process's batch
+    if isinstance(dataset, Sized) and images is not None and images > len(dataset):
+        logger.warning(f"Each process trains on batches of {images} images, more than the "
                        f"{len(dataset)} training images: every batch holds images twice or more, so the batch "
                        "statistics of its norm layers (BN, BGN, BW) see fewer distinct images than the batch size says. "
                        "Give a batch of at most the training images, or more training images.")

@@ -187,7 +187,8 @@ def check_dist_url(dist_url: str | None, num_machines: int = 1) -> None:
         port = parsed.port
     except ValueError:  # a port that is no number
         port = None
-    if parsed.scheme == "env" and not parsed.netloc.strip("/") and not parsed.path.strip("/"):
+    environment = parsed.scheme == "env" and not parsed.netloc.strip("/") and not parsed.path.strip("/")
+    if environment:
         unset = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name)]
         if unset:
             raise GwdetValueError(f"--dist-url env:// reads the address from MASTER_ADDR and MASTER_PORT, and "
@@ -199,7 +200,7 @@ def check_dist_url(dist_url: str | None, num_machines: int = 1) -> None:
                                   "export a free port from 1 to 65535 (e.g. MASTER_PORT=29500).")
     if num_machines > 1:
         _tcp_address(dist_url)  # what the other machines wait for: refused alike on every machine
-    if parsed.scheme == "env" and not parsed.netloc.strip("/") and not parsed.path.strip("/"):
+    if environment:
         _check_host(os.environ["MASTER_ADDR"].strip(), "MASTER_ADDR", num_machines)
         return
     if parsed.scheme == "file" and parsed.path and num_machines == 1 and os.path.isfile(parsed.path) \

@@ -22,7 +22,6 @@ from detectron2.data.transforms import ResizeShortestEdge
 from gwdet.config import ABSENT, CONFIG_KEYS
 from gwdet.config_checks import (
     DETECTRON2_VALUE_RULES,
-    LOSS_WEIGHT,
     SAMPLERS,
     SEED_LIMIT,
     ZERO_RATE,
@@ -164,8 +163,8 @@ def check_training_values(cfg: DictConfig, world_size: int) -> None:
 
 def _check_loss_weights(cfg: DictConfig) -> None:
     """Each of :data:`LOSS_WEIGHT_SETTINGS` the config holds, and each weight of one given per loss
-    (``{"loss_cls": 1.0, "loss_box_reg": 1.0}``), under the rule of detectron2's yacs loss weights
-    (:data:`gwdet.config_checks.LOSS_WEIGHT`)."""
+    (``{"loss_cls": 1.0, "loss_box_reg": 1.0}``), as its yacs twin (:func:`check_twin`): the rule of
+    detectron2's yacs loss weights (:data:`gwdet.config_checks.LOSS_WEIGHT`)."""
     for key in LOSS_WEIGHT_SETTINGS:
         value = select(cfg, key)
         if value is ABSENT:
@@ -173,9 +172,7 @@ def _check_loss_weights(cfg: DictConfig) -> None:
         weights = {f"{key}.{loss!s}": weight for loss, weight in value.items()} if isinstance(value, DictConfig) \
             else {key: value}
         for setting, weight in weights.items():
-            problem = LOSS_WEIGHT(CfgNode(), weight)
-            if problem is not None:
-                raise GwdetValueError(f"{setting}={weight!r} {problem}")
+            check_twin(setting, weight, "MODEL.RPN.LOSS_WEIGHT")
 
 
 def _check_example_group_nodes(cfg: DictConfig, batch: int, world_size: int) -> None:

@@ -90,8 +90,8 @@ RUN_FILES = ("last_checkpoint", "metrics.json", RESULTS_MARKDOWN, RESULTS_JSON, 
 # its earlier iterations as config<SET_ASIDE_INFIX><iteration>[_<n>].yaml; EARLIER_RESULTS matches those
 # names (and their SHA-256 records).
 SET_ASIDE_INFIX = "_before_resuming_at_"
-EARLIER_RESULTS = re.compile(rf"^(results{SET_ASIDE_INFIX}\d+(_\d+)?\.(md|json)|config{SET_ASIDE_INFIX}\d+(_\d+)?\.yaml)"
-                             r"(\.sha256)?$")
+EARLIER_RESULTS = re.compile(rf"^(results{SET_ASIDE_INFIX}\d+(_\d+)?\.(md|json)"
+                             rf"|config{SET_ASIDE_INFIX}\d+(_\d+)?\.yaml)(\.sha256)?$")
 EVAL_FOLDER = "eval"  # --eval-only of a folder that holds a run writes to eval/<checkpoint>/
 INFERENCE_FOLDER = "inference"  # detectron2's evaluators write their files in inference/<dataset>/
 VIS_FOLDER = "vis"  # the prediction drawings
@@ -849,10 +849,10 @@ def check_resumed_run(output_dir: str, compare: Callable[[str], SavedRun], max_i
                       weights_setting: str, weights_named: bool) -> None:
     """Refuse ``--resume`` of the run in ``output_dir`` (its checkpoints there) whose ``config.yaml``
     is missing, or that ``compare`` (reading it: its checksum, its kind) finds trained with another
-    batch size, seed, model or data stream (:data:`DATA_STREAM_SETTINGS`), or that would train nothing (:func:`check_resume_trains`), or that names
-    other initial weights on the command line (``weights_named``), which a resume does not load;
-    other differences (a longer schedule, say) are logged. No checkpoint: a fresh start, nothing to
-    check."""
+    batch size, seed, model or data stream (:data:`DATA_STREAM_SETTINGS`), or that would train
+    nothing (:func:`check_resume_trains`), or that names other initial weights on the command line
+    (``weights_named``), which a resume does not load; other differences (a longer schedule, say) are
+    logged. No checkpoint: a fresh start, nothing to check."""
     if not checkpoints_in(output_dir):
         return
     path = os.path.join(output_dir, CONFIG_NAME)

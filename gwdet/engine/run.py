@@ -792,8 +792,9 @@ def named_killed_loader(way_on: str) -> Iterator[None]:
     try:
         yield
     except RuntimeError as error:  # torch's "... exited unexpectedly" arises while handling the signal's report
-        found = next((KILLED_LOADER_WORKER.search(str(cause)) for cause in (error, error.__context__)
-                      if cause is not None and KILLED_LOADER_WORKER.search(str(cause))), None)
+        searched = (KILLED_LOADER_WORKER.search(str(cause)) for cause in (error, error.__context__)
+                    if cause is not None)
+        found = next((match for match in searched if match is not None), None)
         if found is None or isinstance(error, GwdetError):
             raise
         raise GwdetRuntimeError(

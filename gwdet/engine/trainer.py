@@ -364,9 +364,11 @@ def check_training_values(cfg: CfgNode, world_size: int) -> None:
     if cfg.SOLVER.BASE_LR == 0:
         logger.warning(ZERO_RATE.format(setting="SOLVER.BASE_LR 0.0"))
     if cfg.SOLVER.WARMUP_ITERS >= cfg.SOLVER.MAX_ITER:  # the last iteration, MAX_ITER - 1, is still warming up
-        how = ("is as long as SOLVER.MAX_ITER {}: the warm-up lasts the whole run" if cfg.SOLVER.WARMUP_ITERS ==
-               cfg.SOLVER.MAX_ITER else "is longer than SOLVER.MAX_ITER {}: detectron2 stretches the warm-up over the "
-               "whole run").format(cfg.SOLVER.MAX_ITER)
+        if cfg.SOLVER.WARMUP_ITERS == cfg.SOLVER.MAX_ITER:
+            how = f"is as long as SOLVER.MAX_ITER {cfg.SOLVER.MAX_ITER}: the warm-up lasts the whole run"
+        else:
+            how = (f"is longer than SOLVER.MAX_ITER {cfg.SOLVER.MAX_ITER}: detectron2 stretches the warm-up over the "
+                   "whole run")
         logger.warning(f"SOLVER.WARMUP_ITERS {cfg.SOLVER.WARMUP_ITERS} {how}, whose learning rate then never reaches "
                        "SOLVER.BASE_LR. Shorten the warm-up (e.g. SOLVER.WARMUP_ITERS "
                        f"{cfg.SOLVER.MAX_ITER // 10}) to train at the base rate.")

@@ -155,6 +155,7 @@ _KERNEL_LAUNCHERS = ("ipykernel_launcher.py",)
 
 
 _UNEXPANDED_VARIABLE = re.compile(r"\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")  # $NAME, ${NAME}
+_HOME_PREFIX = re.compile(r"~[\w.-]*(/|$)")  # ~, ~/runs, ~user/runs: a home folder a shell would expand
 _UNRUN_COMMAND = re.compile(r"\$\([^)]*\)?|`[^`]*`")  # $(date +%F), `date`: a command substitution
 
 
@@ -164,25 +165,25 @@ def unexpanded_variable_problem(flag: str, path: str | os.PathLike, environment:
     file), which would name a folder ``$SCRATCH``, a command substitution nobody ran (``$(date +%F)``,
     a backquoted command), or (not of an ``environment`` variable, which gwdet expands) a leading ``~``;
     ``None`` when it holds none of them."""
-    command = _UNRUN_COMMAND.search(os.fspath(path))
+    text = os.fspath(path)
+    command = _UNRUN_COMMAND.search(text)
     if command is not None:
-        return (f"{flag} {os.fspath(path)!r} holds {command.group(0)!r}, a shell command that nothing ran (a quoted "
+        return (f"{flag} {text!r} holds {command.group(0)!r}, a shell command that nothing ran (a quoted "
                 "command-line value and a config file keep it as it is): the run would write into a folder named "
                 f"{command.group(0)!r}. Let the shell run it (double quotes), or give the path itself; nothing was "
                 "written.")
-    text = os.fspath(path)
-    if not environment and (text == "~" or text.startswith(("~/", "~" + os.sep)) or re.match(r"~[\w.-]+(/|$)", text)):
+    if not environment and _HOME_PREFIX.match(text):
+        home = as_override(flag, os.path.expanduser(text))
         return (f"{flag} {text!r} begins with '~', a home folder that nothing expanded (a quoted command-line value "
                 "and a config file keep it as it is): the run would write into a folder named '~' here. Let the shell "
-                f"expand it (no quotes around ~), or give the path itself ({as_override(flag, os.path.expanduser(text))}); "
-                "nothing was written.")
+                f"expand it (no quotes around ~), or give the path itself ({home}); nothing was written.")
     variable = _UNEXPANDED_VARIABLE.search(text)
     if variable is None:
         return None
-    expanded = os.path.expandvars(os.fspath(path))
+    expanded = os.path.expandvars(text)
     given = f"{flag}={expanded}" if environment else as_override(flag, expanded)
-    fix = f"give the path itself ({given})" if expanded != os.fspath(path) else "set the variable, or give the path itself"
-    return (f"{flag} {os.fspath(path)!r} holds {variable.group(0)!r}, an environment variable that nothing expanded "
+    fix = f"give the path itself ({given})" if expanded != text else "set the variable, or give the path itself"
+    return (f"{flag} {text!r} holds {variable.group(0)!r}, an environment variable that nothing expanded "
             "(a quoted command-line value and a config file keep it as it is): the run would write into a folder "
             f"named {variable.group(0)!r}. Let the shell expand it (double quotes), or {fix}; nothing was written.")
 

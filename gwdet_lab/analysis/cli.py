@@ -103,7 +103,8 @@ def positive_number(what: str):
 
 def argument_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--out", default="output/analysis", type=os.path.expanduser, help="output root; files go to OUT/<subcommand>/")
+    common.add_argument("--out", default="output/analysis", type=os.path.expanduser,
+                        help="output root; files go to OUT/<subcommand>/")
     common.add_argument("--threads", type=at_least(1, "--threads"), default=None,
                         help="torch CPU threads (default: torch's choice)")
     add_verbose_argument(common)

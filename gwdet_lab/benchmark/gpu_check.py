@@ -233,7 +233,8 @@ def section_name(date: str, device_name: str) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="docs/benchmarks.md", type=os.path.expanduser, help="the markdown file the section goes into")
+    parser.add_argument("--out", default="docs/benchmarks.md", type=os.path.expanduser,
+                        help="the markdown file the section goes into")
     parser.add_argument("--skip-tests", action="store_true", help="do not run tests/test_cuda.py first")
     args = parser.parse_args(argv)
     problem = section_file_problem(args.out)  # before minutes of measuring, not after

@@ -129,9 +129,9 @@ def check_models(args: argparse.Namespace, device: torch.device) -> None:
         if text in built:
             raise GwdetValueError(
                 f"--model-opts {' '.join(args.model_opts)} make {built[text]!r} and {name!r} the same model (the "
-                "overrides set what tells them apart, their norms, alike for both: the same layers): the table would report one model "
-                "under two names, and their ratio as the cost of one norm over the other. Leave the norm keys out of "
-                "--model-opts, or compare one model (--model-names).")
+                "overrides set what tells them apart, their norms, alike for both: the same layers): the table would "
+                "report one model under two names, and their ratio as the cost of one norm over the other. Leave the "
+                "norm keys out of --model-opts, or compare one model (--model-names).")
         built[text] = name
 
 

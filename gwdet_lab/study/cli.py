@@ -121,7 +121,8 @@ def argument_parser() -> argparse.ArgumentParser:
     runs.add_argument("--only", nargs="+", metavar="CELL", help="run only these cells (names as --list shows)")
     # Each cell's process gets the registrations through $GWDET_REGISTER_COCO (gwdet.data.coco_registration).
     add_register_coco_argument(runs)
-    parser.add_argument("--out", default=DEFAULT_OUT, type=os.path.expanduser, help=f"output folder (default {DEFAULT_OUT})")
+    parser.add_argument("--out", default=DEFAULT_OUT, type=os.path.expanduser,
+                        help=f"output folder (default {DEFAULT_OUT})")
     parser.add_argument("--jobs", type=int, default=1, help="cells trained side by side (default 1)")
     parser.add_argument("--threads", type=thread_request, default=1, metavar="N|auto-load",
                         help="CPU threads per cell (OMP_NUM_THREADS and torch.set_num_threads; default 1, "

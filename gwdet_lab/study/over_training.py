@@ -184,7 +184,8 @@ def argument_parser() -> argparse.ArgumentParser:
     source.add_argument("--runs", help="a study's run folder (<out>/runs): evaluate the cells' kept checkpoints (the "
                                        "measurements are kept in each cell's folder, over_training.json, and its "
                                        "over_training/ evaluations)")
-    source.add_argument("--records", type=os.path.expanduser, help="a records folder: write the report from its over_training.json files")
+    source.add_argument("--records", type=os.path.expanduser,
+                        help="a records folder: write the report from its over_training.json files")
     parser.add_argument("--cells", nargs="+", required=True, help="the cells, e.g. bn-b2-s0 gn-b2-s0")
     parser.add_argument("--subset", type=at_least(1, "--subset (training images)"), default=DEFAULT_SUBSET,
                         help=f"training images (default {DEFAULT_SUBSET})")

@@ -352,17 +352,17 @@ def plans_note(planned: Sequence[PlannedCell]) -> str | None:
     bits and beyond (``None`` when every cell ran under one)."""
     by_plans: dict[str, list[str]] = {}
     for item in planned:
-        environment = item.folder.read_json(RESULTS_JSON).get("environment", {})
-        labels = [_plan_label(environment.get("execution_plans"))]
-        labels += [_plan_label(segment.get("execution_plans")) for segment in _segments(item) if isinstance(segment, dict)]
+        environment = item.folder.read_json(RESULTS_JSON).get("environment", {})  # as _segments reads it
+        stretches = [segment for segment in environment.get("segments", []) if isinstance(segment, dict)]
+        labels = [_plan_label(part.get("execution_plans")) for part in (environment, *stretches)]
         found = list(dict.fromkeys(label for label in labels if label is not None))
         if found:
             by_plans.setdefault(" then ".join(found), []).append(item.cell.name)
     if len(by_plans) < 2:
         return None
-    return ("Cells trained under other GW execution plans than others: " + "; ".join(
-        f"{listed(names, 4)} ({plans})" for plans, names in by_plans.items()) + ". Another plan computes GW and BW with "
-        "other operations, so their weights differ, and means over them mix the plans.")
+    groups = "; ".join(f"{listed(names, 4)} ({plans})" for plans, names in by_plans.items())
+    return (f"Cells trained under other GW execution plans than others: {groups}. Another plan computes GW and BW "
+            "with other operations, so their weights differ, and means over them mix the plans.")
 
 
 # The iterations detectron2's logged losses are medians over (its writers' window)
