@@ -124,12 +124,13 @@ def flatten_config(tree: Mapping, prefix: str = "") -> dict[str, Any]:
         if isinstance(value, Mapping):
             flat.update(flatten_config(value, name))
         else:
-            flat[name] = _as_saved(value)
+            flat[name] = as_saved(value)
     return flat
 
 
-def _as_saved(value: Any) -> Any:
-    return [_as_saved(item) for item in value] if isinstance(value, (list, tuple)) else value
+def as_saved(value: Any) -> Any:
+    """``value`` as a YAML round trip gives it back: sequences as lists."""
+    return [as_saved(item) for item in value] if isinstance(value, (list, tuple)) else value
 
 
 def add_gwdet_config(cfg: CN) -> CN:

@@ -833,6 +833,17 @@ def _nesterov(cfg: CfgNode, nesterov: Any) -> str | None:
             "once the model is built. Set SOLVER.MOMENTUM above 0 (e.g. 0.9) or SOLVER.NESTEROV False.")
 
 
+def _proposal_min_size(cfg: CfgNode, size: Any) -> str | None:
+    shorter = _value(cfg, "INPUT.MIN_SIZE_TEST")
+    if not is_finite_number(size) or size < 0:
+        return "is no proposal size: give a number of pixels >= 0 (detectron2's default 0 keeps every proposal)."
+    if is_finite_number(shorter) and 0 < shorter <= size:
+        return (f"drops every proposal at test time: a proposal must be wider and taller than it, and the test "
+                f"images' shorter side is resized to INPUT.MIN_SIZE_TEST={shorter!r} pixels, so nothing would be "
+                "detected (every AP NaN). Give a size well below the images' (e.g. 0, detectron2's default).")
+    return None
+
+
 @dataclass(frozen=True)
 class ValueRule:
     """A key of detectron2's config and its rule: ``problem(cfg, value)`` is None for a value
@@ -872,6 +883,7 @@ DETECTRON2_VALUE_RULES = (
     ValueRule("INPUT.MIN_SIZE_TRAIN", _min_sizes),
     ValueRule("INPUT.MAX_SIZE_TRAIN", _whole(1, means="longest image side")),
     ValueRule("INPUT.MIN_SIZE_TEST", _whole(0, means="test image size (0: no resizing)")),
+    ValueRule("MODEL.PROPOSAL_GENERATOR.MIN_SIZE", _proposal_min_size),
     ValueRule("INPUT.MAX_SIZE_TEST", _whole(1, means="longest image side")),
     ValueRule("INPUT.RANDOM_FLIP", _one_of("none", "horizontal", "vertical", reads="detectron2's augmentations")),
     ValueRule("INPUT.CROP.TYPE", _one_of(*CROP_SIZES, reads="detectron2's RandomCrop")),
@@ -952,7 +964,11 @@ def _check_pixel_normalization(cfg: CfgNode) -> None:
 def check_batch_split(described: str, batch: Any, world_size: int) -> None:
     """Refuse a total batch (``described``: its setting and value) that ``world_size`` processes
     cannot share evenly."""
-    if not is_whole_number(batch) or batch < 1 or batch % world_size:
+    if not is_whole_number(batch):
+        raise GwdetValueError(f"{described} is no whole number of images ({type(batch).__name__}): give the batch of "
+                              f"all processes together as an integer, a positive multiple of {world_size}"
+                              f"{', unquoted' if isinstance(batch, str) else ''}.")
+    if batch < 1 or batch % world_size:
         raise GwdetValueError(
             f"{described}, which {world_size} process(es) (--num-gpus x --num-machines) cannot share evenly: use a "
             f"positive multiple of {world_size} (it is the batch of all processes together).")

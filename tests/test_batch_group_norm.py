@@ -194,6 +194,23 @@ def test_buffers_are_named_as_batch_norms():
         key: value.shape for key, value in batch_norm.items() if key != "num_batches_tracked"}
 
 
+@pytest.mark.parametrize("weight, folds", [(0.0, True), (0.5, False)])
+def test_conv_bn_folding_holds_for_running_statistics_alone_as_docs_deploy_says(weight, folds):
+    # torch's fuse_conv_bn_eval reads BGN's running statistics as batch norm's: right for evaluation on them
+    # alone (eval_example_weight 0), another function with each image's statistics mixed in
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 16, 3, padding=1)
+    layer = BatchGroupNorm(16, num_groups=4, eval_example_weight=weight)
+    with torch.no_grad():
+        for _ in range(5):
+            layer(conv(torch.randn(4, 3, 8, 8)))
+    conv.eval(), layer.eval()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        difference = (torch.nn.utils.fuse_conv_bn_eval(conv, layer)(x) - layer(conv(x))).abs().max().item()
+    assert (difference < 1e-4) == folds
+
+
 def test_example_groups_that_do_not_divide_the_images_per_process_are_refused_where_layers_see_images():
     from detectron2.config import get_cfg
 

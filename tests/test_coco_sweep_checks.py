@@ -532,6 +532,31 @@ def test_an_annotation_file_replaced_after_registration_is_not_read_unchecked(tm
         register_coco_datasets([CocoDataset.parse(f"swapped={spec}")])
 
 
+def test_a_dataset_names_the_same_files_after_a_chdir_and_a_moved_file_is_not_called_changed(tmp_path, monkeypatch):
+    # CocoDataset built directly kept relative paths: after os.chdir the same file was "changed since it was
+    # checked"; a JSON moved away after registration was called "changed" too
+    from detectron2.data import DatasetCatalog
+
+    json_file, image_root = write_dataset(tmp_path).split(":")
+    monkeypatch.chdir(tmp_path)
+    dataset = CocoDataset("relative", os.path.relpath(json_file), os.path.relpath(image_root))
+    assert (dataset.json_file, dataset.image_root) == (json_file, image_root)
+    register_coco_datasets([dataset])
+    monkeypatch.chdir(tmp_path / "img")
+    assert len(DatasetCatalog.get("relative")) == 4
+    os.rename(json_file, tmp_path / "moved.json")
+    with pytest.raises(DatasetError, match=rf"^dataset 'relative': {json_file} is no longer there \(moved or deleted"):
+        DatasetCatalog.get("relative")
+
+
+def test_register_coco_datasets_given_the_flags_string_names_what_it_takes(tmp_path):
+    # AttributeError: 'str' object has no attribute 'name'
+    spec = f"flag={write_dataset(tmp_path)}"
+    with pytest.raises(TypeError, match=rf"^register_coco_datasets takes a list of gwdet.data.CocoDataset, not "
+                                        rf"'{re.escape(spec)}' \(str\): e.g. register_coco_datasets\(\[CocoDataset.parse"):
+        register_coco_datasets(spec)
+
+
 def test_the_environment_variable_naming_a_dataset_twice_is_refused(tmp_path, monkeypatch):
     from gwdet.data.coco_registration import ENVIRONMENT_VARIABLE, environment_datasets
 

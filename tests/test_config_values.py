@@ -515,6 +515,17 @@ def test_schedule_values_detectron2_would_misuse_are_refused(key, value, start):
     assert refusal(key, value).startswith(start)
 
 
+def test_a_proposal_size_no_test_proposal_can_have_is_refused():
+    # MIN_SIZE 1000 on 64-pixel images: nothing detected, and the NaN warning named other causes
+    assert refusal("MODEL.PROPOSAL_GENERATOR.MIN_SIZE", "1000").startswith(
+        "config: MODEL.PROPOSAL_GENERATOR.MIN_SIZE=1000 drops every proposal at test time: a proposal must be wider "
+        "and taller than it, and the test images' shorter side is resized to INPUT.MIN_SIZE_TEST=128 pixels")
+    assert refusal("MODEL.PROPOSAL_GENERATOR.MIN_SIZE", "-1").startswith(
+        "config: MODEL.PROPOSAL_GENERATOR.MIN_SIZE=-1 is no proposal size")
+    build_config(str(DEMO_CONFIG), ["MODEL.PROPOSAL_GENERATOR.MIN_SIZE", "127"])
+    build_config(str(DEMO_CONFIG), ["MODEL.PROPOSAL_GENERATOR.MIN_SIZE", "1000", "INPUT.MIN_SIZE_TEST", "0"])
+
+
 def test_schedule_values_detectron2_uses_pass():
     build_config(str(DEMO_CONFIG), ["SOLVER.WARMUP_ITERS", "0", "SOLVER.STEPS", "()", "SOLVER.MOMENTUM", "0.0"])
     build_config(str(DEMO_CONFIG), ["SOLVER.STEPS", "(60000, 80000)", "SOLVER.MAX_ITER", "90000", "SOLVER.GAMMA", "0.1"])

@@ -818,6 +818,13 @@ def test_export_tool_refuses_an_export_beyond_its_tolerance_and_one_into_a_folde
         main(argv + list(TINY_OPTS))
     assert refused.value.code == 2 and f"--output {out} is in use by another export" in capsys.readouterr().err
     assert os.listdir(out) == []
+    # a training's folder while it trains: "another export", after the model was built and traced
+    from gwdet.engine.output_dir import OutputDirLock
+
+    with OutputDirLock(str(out)), pytest.raises(SystemExit) as refused:
+        main(argv + list(TINY_OPTS))
+    assert refused.value.code == 2 and (f"--output {out} is in use by a training run (pid {os.getpid()}), whose "
+                                        "output folder it is; nothing was written") in capsys.readouterr().err
 
 
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
@@ -891,6 +898,23 @@ def test_run_eval_into_a_finished_runs_folder_is_refused_before_the_export(tmp_p
     assert refused.value.code == 2 and (f"which holds the detections of the finished run in {run} "
                                         "(coco_instances_results.json, which its results.json describes)") in printed
     assert f"--output {run / 'deploy'}" in printed and sorted(os.listdir(run)) == ["inference", "results.json"]
+
+
+def test_run_eval_into_a_training_runs_folder_is_refused_before_the_export(tmp_path, capsys):
+    # --run-eval --output <a yacs run>: the export's detections went into the run's inference/ beside its
+    # shapes_val/, and a later --overwrite of the run deleted them as the run's
+    from gwdet.export.export_model import main
+
+    run = tmp_path / "run"
+    (run / "inference" / "shapes_val").mkdir(parents=True)
+    (run / "model_final.pth").write_bytes(b"weights")
+    argv = ["--config-file", str(DEMO_CONFIG), "--untrained", "--run-eval", "--output", str(run), *TINY_OPTS]
+    with pytest.raises(SystemExit) as refused:
+        main(argv)
+    printed = capsys.readouterr().err
+    assert refused.value.code == 2 and (f"--output {run} holds a training run (model_final.pth), and --run-eval "
+                                        "writes its evaluation into inference/ there") in printed
+    assert f"--output {run / 'deploy'}" in printed and sorted(os.listdir(run)) == ["inference", "model_final.pth"]
 
 
 def test_run_eval_into_a_folder_of_an_earlier_evaluation_is_refused_without_overwrite(tmp_path, capsys):

@@ -821,6 +821,13 @@ def test_four_bytes_changed_near_the_end_of_a_checkpoint_are_refused_naming_the_
         "previous checkpoint in the folder instead. (A checkpointer other than gwdet's writing a file of the same name, "
         "as detectron2's PeriodicCheckpointer in a hook of one's own does with its prefix 'model', leaves "
         "model_final.pth.sha256 behind: give it a prefix of its own.)")
+    # another checkpoint's record copied beside an intact file: the message said only "damaged"
+    damaged.write_bytes(original)
+    (tmp_path / "model_final.pth.sha256").write_bytes((finished_run / "model_0000000.pth.sha256").read_bytes())
+    with pytest.raises(ValueError, match=r"differs from the one recorded in model_final.pth.sha256 when it was written "
+                                         r"\(a record of another file: it names model_0000000.pth, not model_final.pth; "
+                                         r"if that record was copied here by mistake, the file may be whole"):
+        ResilientCheckpointer(model).load(str(damaged))
 
 
 def test_a_resume_that_would_train_nothing_is_refused_before_the_runs_records_change(finished_run):
@@ -1174,6 +1181,24 @@ def test_gwdets_trainer_from_python_neither_trains_over_a_finished_run_nor_sets_
     with pytest.raises(FileExistsError, match=r"holds the checkpoints of another run"):
         Trainer(cfg).train()
     assert (run / "model_final.pth").read_bytes() == final and (run / "results.json").is_file()
+
+
+def test_a_finished_run_whose_last_checkpoint_is_gone_is_not_resumed(finished_run, tmp_path):
+    # model_final.pth deleted: the resume took model_0000001.pth (the same iteration), trained nothing,
+    # rewrote config.yaml and the results, left last_checkpoint naming the missing file, and set the
+    # results aside once more at every try
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run, ignore=shutil.ignore_patterns(".gwdet.lock"))
+    (run / "model_final.pth").unlink()
+    (run / "model_final.pth.sha256").unlink()
+    def files() -> dict:
+        return {path.name: path.read_bytes() for path in run.iterdir() if path.is_file() and path.name != ".gwdet.lock"}
+
+    before = files()
+    with pytest.raises(ValueError, match=r"--resume: last_checkpoint in .* names model_final.pth, the run's last "
+                                         r"checkpoint, which is not there .*Put model_final.pth back"):
+        main(tiny_run_args(run, "--resume"))
+    assert files() == before
 
 
 def test_gwdets_trainers_from_python_check_the_request_as_the_tools_do(finished_run, tmp_path, caplog):

@@ -7,6 +7,7 @@ mutations of the code that the rest of the suite let pass (docs/reliability.md, 
 import argparse
 import datetime
 import fcntl
+import hashlib
 import logging
 import os
 import pickle
@@ -927,6 +928,10 @@ def test_results_changed_since_the_run_wrote_them_keep_their_record_when_set_asi
     assert sorted(os.listdir(tmp_path)) == ["results_before_resuming_at_2.json",
                                             "results_before_resuming_at_2.json.sha256"]
     assert checksum_problem(str(tmp_path / "results_before_resuming_at_2.json")) is not None
+    # the record names the renamed file, so that sha256sum -c checks it (not the run's new results.json)
+    record = (tmp_path / "results_before_resuming_at_2.json.sha256").read_text()
+    assert record.endswith("  results_before_resuming_at_2.json\n")
+    assert record.split()[0] == hashlib.sha256(b'{"shapes_val": {"bbox": {"AP": 0.0}}}').hexdigest()
     assert warnings_of(caplog)[0] == (
         f"{tmp_path / 'results.json'} no longer matches the SHA-256 recorded when the run wrote it (it was changed "
         "since); it is kept as results_before_resuming_at_2.json with that record, which a reader of it checks.")

@@ -18,10 +18,10 @@ from detectron2.utils.logger import setup_logger
 from gwdet.data import ShapesSpec, register_shapes_spec
 from gwdet.engine.run_environment import annotation_files, package_versions, run_environment
 from gwdet.engine.run_log import HeldRecords
-from gwdet.engine.run import log_outputs, results_record, write_results_to
+from gwdet.engine.run import log_outputs, main, results_record, write_results_to
 from gwdet.engine.visualize import TRUTH_CAPTION, captioned, predictions_caption, side_by_side
 
-from conftest import DEMO_CONFIG, LAZY_CONFIG, logged_warnings
+from conftest import DEMO_CONFIG, LAZY_CONFIG, logged_warnings, tiny_run_args
 
 VERSION_KEYS = {"python", "gwdet", "torch", "torchvision", "detectron2", "numpy", "Pillow", "pycocotools"}
 PER_TASK = {"bbox": {"AP": 12.5, "AP50": 30.0}}
@@ -115,6 +115,18 @@ def test_the_norms_test_time_settings_are_test_settings_of_the_results(tmp_path)
     assert "`MODEL.BGN.EVAL_EXAMPLE_WEIGHT 0.5`" in (tmp_path / "results.md").read_text()
     recorded = json.loads((tmp_path / "results.json").read_text())["environment"]["test_settings"]
     assert recorded == run.test_settings
+
+
+def test_a_lazyconfigs_test_settings_hold_the_defaults_it_leaves_out_and_the_evaluators_detections():
+    # dataloader.evaluator.max_dets_per_image=1 scored COCO's AP over one detection per image with the
+    # test settings of the run without it; a box predictor's test_nms_thresh left out was not listed
+    from gwdet.engine.lazy import LazyRun
+
+    settings = LazyRun.load(str(LAZY_CONFIG), ["dataloader.evaluator.max_dets_per_image=1"]).test_settings
+    assert settings["dataloader.evaluator.max_dets_per_image"] == 1
+    assert settings["model.roi_heads.box_predictor.test_nms_thresh"] == 0.5  # FastRCNNOutputLayers' default
+    assert settings["model.roi_heads.box_predictor.test_score_thresh"] == 0.05  # the config's, not the default 0.0
+    assert "dataloader.evaluator.max_dets_per_image" not in LazyRun.load(str(LAZY_CONFIG)).test_settings
 
 
 def test_a_test_dataset_named_like_the_environment_key_is_refused():
@@ -331,3 +343,16 @@ def test_a_long_config_difference_is_shortened_in_the_another_model_warning(tmp_
     [warning] = logged
     assert f"{long_line[:SHOWN_LENGTH]} ...; model.backbone.norm.num_groups: 8 -> 4." in warning
     assert len(warning) < 2 * SHOWN_LENGTH + 300
+
+
+def test_the_warnings_of_a_run_reach_its_log_and_results(tmp_path):
+    # a warning of the config checks was printed before log.txt existed, among hundreds of lines:
+    # SOLVER.GAMMA 10 raised the rate ten-fold with no trace in the run's files
+    main(tiny_run_args(tmp_path, "SOLVER.GAMMA", "10.0", "SOLVER.STEPS", "(1,)"))
+    rises = "SOLVER.GAMMA 10.0 is above 1: each step of the schedule multiplies the learning rate by it"
+    assert rises in (tmp_path / "log.txt").read_text()
+    warnings = (tmp_path / "results.md").read_text().split("\n## Warnings\n")[1]
+    assert f"- {rises}" in warnings
+    recorded = json.loads((tmp_path / "results.json").read_text())["environment"]["warnings"]
+    assert any(message.startswith(rises) for message in recorded)
+    assert all(f"- {message}" in warnings for message in recorded)

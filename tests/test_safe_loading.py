@@ -163,6 +163,11 @@ def test_a_torchscript_model_or_weights_wrapped_in_another_key_are_named_as_such
         "checkpoint: its weights are compiled into the model; nothing was loaded from it. Give the torch.save "
         "checkpoint the model was exported from (e.g. output/run/model_final.pth); gwdet.export.load_export runs the "
         "export.")
+    torch.onnx.export(model, (torch.zeros(1, 2),), str(tmp_path / "model.onnx"), dynamo=False)
+    assert _loading_refusal(model, tmp_path / "model.onnx") == (  # before: "does not start like a file torch.save writes"
+        f"{tmp_path / 'model.onnx'} is an ONNX model (e.g. an exported model.onnx), not a checkpoint: detectron2's "
+        "checkpointer does not read ONNX's format; nothing was loaded from it. Give the torch.save checkpoint the model "
+        "was exported from (e.g. output/run/model_final.pth); onnxruntime runs the export (docs/deploy.md).")
     torch.save({"state_dict": model.state_dict(), "epoch": 3}, tmp_path / "wrapped.pth")
     assert _loading_refusal(model, tmp_path / "wrapped.pth") == (
         f"{tmp_path / 'wrapped.pth'} holds its weights under 'state_dict' (as some training frameworks save them), "

@@ -74,6 +74,21 @@ def test_gwdets_checkpointer_refuses_a_checkpoint_without_its_records_before_loa
     assert model.backbone.bottom_up.stem.conv1.norm.num_groups == 8, "the layer keeps its settings"
 
 
+def test_a_meta_state_is_refused_by_name_and_a_cpu_one_loads_into_a_meta_built_layer(tmp_path):
+    # torch.load(map_location="meta") then load_state_dict(assign=True): a raw "Cannot copy out of meta tensor"
+    from gwdet.layers import GroupWhitening
+
+    torch.save(GroupWhitening(16, num_groups=4).state_dict(), tmp_path / "gw.pt")
+    with torch.device("meta"):
+        layer = GroupWhitening(16, num_groups=4)
+    meta = torch.load(tmp_path / "gw.pt", map_location="meta", weights_only=True)
+    with pytest.raises(RuntimeError, match=r"GroupWhitening: the state's '_extra_state' is on the meta device .* "
+                                           r"read the state onto the CPU"):
+        layer.load_state_dict(meta, assign=True)
+    layer.load_state_dict(torch.load(tmp_path / "gw.pt", map_location="cpu", weights_only=True), assign=True)
+    assert not layer.weight.is_meta
+
+
 def test_a_bw_state_of_another_group_size_is_refused_by_name_not_by_a_size_mismatch(tmp_path):
     saved = tiny_model("MODEL.FPN.NORM", "BW", "MODEL.BW.GROUP_SIZE", "8")
     model = tiny_model("MODEL.FPN.NORM", "BW", "MODEL.BW.GROUP_SIZE", "4")

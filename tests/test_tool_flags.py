@@ -8,7 +8,7 @@ import pytest
 from gwdet.engine.arguments import parse_with_trailing_flags
 from gwdet.export import analyze_model, export_model
 
-from conftest import DEMO_CONFIG, LAZY_CONFIG, logged_warnings
+from conftest import DEMO_CONFIG, LAZY_CONFIG, REPO, logged_warnings
 
 
 def export(capsys, tmp_path, *flags: str) -> str:
@@ -254,6 +254,12 @@ def test_weights_that_are_a_pipe_or_a_link_loop_are_named_as_such(tmp_path):
     ("train.checkpointer.period=0", 1, "train.checkpointer.period=0: give a whole number"),
     ("train.eval_period=-1", 1, "train.eval_period=-1: give a whole number of iterations of at least 0"),
     ("dataloader.train.total_batch_size=3", 2, "total_batch_size=3, which 2 process(es)"),
+    # a string was refused as "not a positive multiple of 1"
+    ('dataloader.train.total_batch_size="2"', 1, "dataloader.train.total_batch_size='2' is no whole number of images "
+                                                 "(str): give the batch of all processes together as an integer"),
+    # the annotations dropped: detectron2's "RPN requires gt_instances", blamed on another override
+    ("dataloader.train.mapper.is_train=False", 1, "dataloader.train.mapper.is_train=False: detectron2's DatasetMapper "
+                                                  "then drops the annotations"),
     ("optimizer.lr=-1", 1, "optimizer.lr=-1 is no learning rate: it must be a finite number >= 0"),
     ("lr_multiplier.scheduler.values=[1.0,0.0,0.0]", 1, "lr_multiplier.scheduler.values=[1.0, 0.0, 0.0]: each value "
                                                         "multiplies the learning rate from its milestone on"),
@@ -288,6 +294,26 @@ def test_lazy_training_values_are_refused_before_anything_is_built(override, wor
         run.check_request(eval_only=False, world_size=world_size)
     assert message in str(refused.value)
     LazyRun.load(str(LAZY_CONFIG)).check_request(eval_only=False, world_size=1)  # the shipped values pass
+
+
+@pytest.mark.parametrize("config, override, message", [
+    # both failed with a traceback after the whole training (KeyError 'keypoints'; "Dataset '[...]' is not registered")
+    (LAZY_CONFIG, "dataloader.evaluator.tasks=[keypoints]", "dataloader.evaluator.tasks=['keypoints']: COCO's "
+     "evaluation scores the tasks the model predicts, and this model predicts bbox, segm"),
+    (LAZY_CONFIG, "dataloader.evaluator.tasks=bbox", "dataloader.evaluator.tasks='bbox': COCO's evaluation"),
+    (REPO / "configs" / "LazyConfig" / "mask_rcnn_R_50_FPN_gw.py",
+     "dataloader.test.dataset.names=[coco_2017_val,coco_2017_train]",
+     "dataloader.evaluator.dataset_name is ['coco_2017_val', 'coco_2017_train'] (the names of "
+     "dataloader.test.dataset.names), but detectron2's COCOEvaluator evaluates one dataset"),
+])
+def test_lazy_evaluators_that_would_fail_after_training_are_refused_first(config, override, message):
+    from gwdet.engine.lazy import LazyRun
+
+    for eval_only in (True, False):
+        with pytest.raises(ValueError) as refused:
+            LazyRun.load(str(config), [override]).check_request(eval_only=eval_only, world_size=1)
+        assert message in str(refused.value)
+    LazyRun.load(str(LAZY_CONFIG), ["dataloader.evaluator.tasks=[bbox,segm]"]).check_request(False, 1)
 
 
 def test_lazy_milestones_in_other_units_than_iterations_are_warned_of():

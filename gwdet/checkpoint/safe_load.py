@@ -200,6 +200,11 @@ def load_torch_file(path: str, allow_unsafe: bool, how_to_opt_in: str, mmap: boo
     if not starts_like_torch_save_output(path) and legacy_protocol is None:
         with open(path, "rb") as f:
             pickled = f.read(1) == b"\x80"  # a pickle's PROTO opcode, another protocol than torch.save's 2
+        if _looks_like_onnx(path):
+            raise NotACheckpointError(
+                f"{path} is an ONNX model (e.g. an exported model.onnx), not a checkpoint: detectron2's checkpointer "
+                "does not read ONNX's format; nothing was loaded from it. Give the torch.save checkpoint the model was "
+                "exported from (e.g. output/run/model_final.pth); onnxruntime runs the export (docs/deploy.md).")
         if pickled:
             raise NotACheckpointError(
                 f"{path} is a pickle, as detectron2's .pkl weights are (gwdet's converter writes those), not a file "
@@ -230,6 +235,14 @@ def load_torch_file(path: str, allow_unsafe: bool, how_to_opt_in: str, mmap: boo
         if needed:
             raise UnsafeCheckpointError(path, needed, how_to_opt_in) from None
         raise
+
+
+def _looks_like_onnx(path: str) -> bool:
+    """Whether ``path`` starts as an ONNX model does: a protobuf ``ModelProto`` whose first field is
+    ``ir_version`` (tag byte 0x08), named ``.onnx`` or produced by PyTorch's exporter."""
+    with open(path, "rb") as file:
+        head = file.read(64)
+    return head[:1] == b"\x08" and (path.lower().endswith(".onnx") or b"pytorch" in head)
 
 
 class _NumpyOnlyUnpickler(pickle.Unpickler):

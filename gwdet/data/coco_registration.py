@@ -35,7 +35,7 @@ from detectron2.data.datasets import register_coco_instances
 from detectron2.data.transforms import ResizeShortestEdge
 
 from gwdet.config import SHAPES_PREFIX
-from gwdet.errors import GwdetError, listed
+from gwdet.errors import GwdetError, GwdetTypeError, listed
 from gwdet.utils.atomic import cached_sha256
 from gwdet.utils.cli_errors import as_override, link_dotdot_problem
 from gwdet.data.boxes import box_problem
@@ -106,6 +106,15 @@ class CocoDataset:
     json_file: str
     image_root: str
     contents: CocoContents | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # absolute from the start: a later os.chdir must not change which files the dataset names
+        for name in ("json_file", "image_root"):
+            path = getattr(self, name)
+            if not isinstance(path, (str, os.PathLike)):
+                raise GwdetTypeError(f"CocoDataset {self.name!r}: {name} is {path!r} ({type(path).__name__}): give a "
+                                     "path (a string).")
+            object.__setattr__(self, name, os.path.abspath(os.path.expanduser(os.fspath(path))))
 
     @classmethod
     def parse(cls, text: str) -> CocoDataset:
@@ -694,7 +703,15 @@ def register_coco_datasets(datasets: Iterable[CocoDataset], command_line: bool =
     detectron2's ``register_coco_instances`` and its categories as ``thing_classes``; with
     ``command_line``, as given by ``--register-coco`` (:func:`given_on_the_command_line`). A dataset
     already registered here with the same files is left as it is; :class:`DatasetError` for a name
-    that is taken (:func:`check_name_available`) or files that fail the checks."""
+    that is taken (:func:`check_name_available`) or files that fail the checks; ``TypeError`` for
+    anything but :class:`CocoDataset` items (a ``--register-coco`` string: :meth:`CocoDataset.parse`)."""
+    datasets = [datasets] if isinstance(datasets, (str, CocoDataset)) else list(datasets)
+    wrong = next((dataset for dataset in datasets if not isinstance(dataset, CocoDataset)), None)
+    if wrong is not None:
+        example = f"[CocoDataset.parse({wrong!r})]" if isinstance(wrong, str) else \
+            "[CocoDataset.parse(\"NAME=JSON:IMAGE_ROOT\")]"
+        raise GwdetTypeError(f"register_coco_datasets takes a list of gwdet.data.CocoDataset, not {wrong!r} "
+                             f"({type(wrong).__name__}): e.g. register_coco_datasets({example}); nothing was registered.")
     for dataset in datasets:
         if command_line:
             _FROM_COMMAND_LINE.add(dataset.name)
@@ -743,6 +760,11 @@ def _load_unchanged(dataset: CocoDataset, load: Callable[[], list[dict]]) -> lis
     """detectron2's ``load`` of ``dataset``'s records, refused (:class:`DatasetError`) where its JSON
     file changed since it was checked at registration (replaced while a run trained): the run
     would train or be evaluated on annotations nothing checked."""
+    if not os.path.isfile(dataset.json_file):
+        raise DatasetError(
+            f"dataset {dataset.name!r}: {dataset.json_file} is no longer there (moved or deleted since the dataset was "
+            "registered at the start of the run). Put the file back, or register the dataset again from where it is "
+            "now (run the command again); a training's checkpoints are kept (evaluate them with --eval-only).")
     if not _json_unchanged(dataset):
         raise DatasetError(
             f"dataset {dataset.name!r}: {dataset.json_file} changed since it was checked when the dataset was "

@@ -16,6 +16,7 @@ overrides is :mod:`gwdet.model_zoo.lazy_loading`.
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import logging
 import os
@@ -35,6 +36,7 @@ from detectron2.evaluation import COCOEvaluator, inference_on_dataset, print_csv
 from detectron2.solver import LRMultiplier
 from detectron2.utils import comm
 from detectron2.utils.logger import setup_logger
+from detectron2.utils.registry import locate
 
 from gwdet.errors import GwdetValueError
 from gwdet.layers.settings_state import TEST_TIME_SETTINGS
@@ -52,7 +54,7 @@ from gwdet.data.coco_registration import (
 )
 from gwdet.data.datasets import check_dataset_files, check_evaluated_classes, named_empty_training_set
 from gwdet.data.resumable import resumable_train_loader
-from gwdet.config import ABSENT, flatten_config
+from gwdet.config import ABSENT, as_saved, flatten_config
 from gwdet.model_zoo.lazy_loading import (
     OUTPUT_SETTING,
     argument_names,
@@ -353,6 +355,28 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
 # ---- the run -------------------------------------------------------------------------------------
 
 
+EVALUATOR_DETECTIONS = "dataloader.evaluator.max_dets_per_image"
+
+
+def target_defaults(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """For each node of the flattened config ``flat`` that names a class or function (``_target_``),
+    the default values of its keyword arguments, under their keys (``NODE.ARGUMENT``): what
+    ``instantiate`` gives an argument the config leaves out."""
+    defaults: dict[str, Any] = {}
+    for key, target in flat.items():
+        if not key.endswith("._target_") or not isinstance(target, str):
+            continue
+        try:
+            parameters = inspect.signature(locate(target)).parameters.values()
+        except (ImportError, TypeError, ValueError):  # nothing to read: the config's values alone
+            continue
+        node = key[:-len("._target_")]
+        defaults.update({f"{node}.{parameter.name}": as_saved(parameter.default) for parameter in parameters
+                         if parameter.default is not inspect.Parameter.empty
+                         and isinstance(parameter.default, (bool, int, float, str, tuple, list))})
+    return defaults
+
+
 def saved_tree(cfg: DictConfig) -> dict:
     """``cfg`` as a ``config.yaml`` written by detectron2's ``default_setup`` holds it
     (``LazyConfig.save``, then read back), interpolations resolved. What ``LazyConfig.save`` logs of
@@ -487,11 +511,19 @@ class LazyRun(RunConfig):
 
     @property
     def test_settings(self) -> dict[str, Any]:
+        """The values the results are evaluated with: the test images' resizing, the model's test-time
+        arguments (those the config leaves out with the defaults of their classes) and the evaluator's
+        detections per image where the config gives them."""
         flat = flatten_config(saved_tree(self.cfg))
-        return {key: value for key, value in flat.items()
-                if key == TEST_AUGMENTATIONS or key.startswith("model.")
-                and (key.rsplit(".", 1)[-1].startswith("test_") or key.endswith("_nms_topk")
-                     or key == "model.proposal_generator.nms_thresh" or key.rsplit(".", 1)[-1] in TEST_TIME_SETTINGS)}
+        flat = {**flat, **{key: value for key, value in target_defaults(flat).items() if key not in flat}}
+        settings = {key: value for key, value in flat.items()
+                    if key == TEST_AUGMENTATIONS or key.startswith("model.")
+                    and (key.rsplit(".", 1)[-1].startswith("test_") or key.endswith("_nms_topk")
+                         or key == "model.proposal_generator.nms_thresh"
+                         or key.rsplit(".", 1)[-1] in TEST_TIME_SETTINGS)}
+        if EVALUATOR_DETECTIONS in flat:  # COCO's AP over that many detections per image (detectron2: 100)
+            settings[EVALUATOR_DETECTIONS] = flat[EVALUATOR_DETECTIONS]
+        return settings
 
     def with_target(self, weights: str, output_dir: str) -> "LazyRun":
         self.cfg.train.init_checkpoint, self.cfg.train.output_dir = weights, output_dir

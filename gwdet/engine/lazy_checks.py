@@ -530,6 +530,13 @@ def check_loader_values(cfg: DictConfig, training: bool) -> None:
                 f"{loader}.mapper.image_format={image_format!r}, but model.input_format={model_format!r}: the model "
                 f"gets images in the loader's format, while its input format says {model_format!r} (and gwdet's check "
                 "of converted weights reads it). Give both the same format, as INPUT.FORMAT does in a yacs config.")
+    _check_evaluator_node(cfg)
+    if training and select(cfg, "dataloader.train.mapper.is_train") is False:
+        raise GwdetValueError(
+            "dataloader.train.mapper.is_train=False: detectron2's DatasetMapper then drops the annotations (boxes, "
+            "masks) the model trains on, and training would stop at the first iteration (\"RPN requires gt_instances "
+            "in training\"). Set dataloader.train.mapper.is_train=True for the training loader (False is the test "
+            "loader's).")
     if training and isinstance(select(cfg, "model.roi_heads.mask_head"), DictConfig) \
             and select(cfg, "dataloader.train.mapper.use_instance_mask") is False:
         raise GwdetValueError(
@@ -537,6 +544,38 @@ def check_loader_values(cfg: DictConfig, training: bool) -> None:
             "(model.roi_heads.mask_head), whose loss needs the instance masks: training would stop at the first "
             "iteration with \"Cannot find field 'gt_masks'\". Set dataloader.train.mapper.use_instance_mask=True, or "
             "train a model without a mask head.")
+
+
+def _check_evaluator_node(cfg: DictConfig) -> None:
+    """detectron2's COCOEvaluator (``dataloader.evaluator``) takes one dataset name, and ``tasks``
+    among those the model predicts (``bbox``; ``segm`` with a mask head, ``keypoints`` with a
+    keypoint head); otherwise it fails when the evaluation runs, after the whole training."""
+    evaluator = select(cfg, "dataloader.evaluator")
+    if not isinstance(evaluator, DictConfig):
+        return
+    name = select(cfg, "dataloader.evaluator.dataset_name")
+    if isinstance(name, (ListConfig, list, tuple)):
+        raise GwdetValueError(
+            f"dataloader.evaluator.dataset_name is {list(name)!r} (the names of dataloader.test.dataset.names), but "
+            "detectron2's COCOEvaluator evaluates one dataset, and would fail with \"not registered\" once the "
+            "training is done. Give one test set (e.g. dataloader.test.dataset.names="
+            f"{list(name)[0] if len(name) else 'NAME'}), and evaluate the others with --eval-only "
+            "runs, one per test set.")
+    tasks = select(cfg, "dataloader.evaluator.tasks")
+    if tasks in (ABSENT, None):  # detectron2 takes them from the model's predictions
+        return
+    heads = select(cfg, "model.roi_heads")
+    predicted = ["bbox", *(["segm"] if isinstance(heads, DictConfig) and isinstance(heads.get("mask_head"), DictConfig)
+                           else []),
+                 *(["keypoints"] if isinstance(heads, DictConfig) and isinstance(heads.get("keypoint_head"), DictConfig)
+                   else [])]
+    listed = list(tasks) if isinstance(tasks, (ListConfig, list, tuple)) else None
+    if listed is None or not listed or any(task not in predicted for task in listed):
+        raise GwdetValueError(
+            f"dataloader.evaluator.tasks={tasks!r}: COCO's evaluation scores the tasks the model predicts, and this "
+            f"model predicts {', '.join(predicted)}; another task fails once the training is done. Give a list of "
+            f"them, e.g. dataloader.evaluator.tasks={predicted!r}, or leave tasks out (detectron2 then takes them "
+            "from the model's predictions).")
 
 
 def check_resize_nodes(cfg: DictConfig, loader: str) -> None:

@@ -65,6 +65,7 @@ from gwdet.utils.atomic import (
     checksum_findings,
     checksum_path,
     checksum_problem,
+    move_checksum_record,
     process_is_gone,
     record_checksum,
     remove_checksum,
@@ -751,7 +752,10 @@ def check_resume_trains(output_dir: str, max_iter: int, setting: str = "SOLVER.M
     again, and its ``config.yaml`` and results rewritten with a schedule its weights never had; or
     because the run is finished (resumed at exactly ``max_iter`` with its results written after its
     last checkpoint). A run stopped after its last checkpoint but before its results (a job
-    preempted during the final evaluation) is evaluated, as a resume at ``max_iter`` does."""
+    preempted during the final evaluation) is evaluated, as a resume at ``max_iter`` does. A run with
+    results whose ``last_checkpoint`` names a checkpoint that is gone is refused too: the resume
+    would take an older checkpoint and write the records of the finished run again."""
+    _check_tagged_checkpoint_kept(output_dir)
     found = resumed_iteration(output_dir)
     if found is None:
         return
@@ -768,6 +772,22 @@ def check_resume_trains(output_dir: str, max_iter: int, setting: str = "SOLVER.M
             f"than {setting} {max_iter}: resuming would train nothing and write the run's {CONFIG_NAME} and results "
             f"again with a schedule its weights did not have; nothing was changed. To train it further, resume with "
             f"{setting} above {start}; to evaluate it, use --eval-only --resume.")
+
+
+def _check_tagged_checkpoint_kept(output_dir: str) -> None:
+    try:
+        name = tagged_name(output_dir) if os.path.isfile(os.path.join(output_dir, LAST_CHECKPOINT)) else None
+    except (OSError, UnicodeDecodeError):  # the resume names it
+        return
+    if (not name or os.sep in name or os.path.lexists(os.path.join(output_dir, name))
+            or not os.path.isfile(os.path.join(output_dir, RESULTS_JSON))):
+        return
+    raise GwdetValueError(
+        f"--resume: {LAST_CHECKPOINT} in {output_dir!r} names {name}, the run's last checkpoint, which is not there "
+        f"(deleted or moved), and the run has its results ({RESULTS_JSON}): the resume would start from an older "
+        f"checkpoint and write the run's {CONFIG_NAME}, metrics and results again, its weights no longer those of the "
+        f"results; nothing was changed. Put {name} back to evaluate or train the run further; to train again from "
+        f"an older checkpoint, start a new run in another output folder with it as the initial weights.")
 
 
 def _results_written_after(output_dir: str, checkpoint: str) -> bool:
@@ -1180,7 +1200,7 @@ def set_aside_results(output_dir: str, start_iter: int) -> None:
         recorded = has_record and checksum_problem(path) is None
         os.replace(path, target)
         if has_record and not recorded:  # changed since it was written: its record goes with it, showing so
-            os.replace(checksum_path(path), checksum_path(target))
+            move_checksum_record(path, target)
             logger.warning(f"{path} no longer matches the SHA-256 recorded when the run wrote it (it was changed since); "
                            f"it is kept as {os.path.basename(target)} with that record, which a reader of it checks.")
         remove_checksum(path)

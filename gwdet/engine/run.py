@@ -88,7 +88,7 @@ from gwdet.engine.output_dir import (
     tagged_checkpoint,
 )
 from gwdet.engine.run_environment import ENVIRONMENT_KEY, annotation_files, run_environment
-from gwdet.engine.run_log import HeldRecords
+from gwdet.engine.run_log import HeldRecords, RunWarnings
 from gwdet.engine.training import check_torch_state, mark_seeded
 from gwdet.engine.visualize import DRAWN_SCORE, save_prediction_pngs
 
@@ -574,7 +574,7 @@ def check_same_config(run: RunConfig, args: argparse.Namespace) -> None:
             "and results.json records one count: start every machine with the same --threads N.")
 
 
-def setup(args: argparse.Namespace, run: RunConfig) -> None:
+def setup(args: argparse.Namespace, run: RunConfig, held: HeldRecords) -> None:
     """The command line's datasets registered, the run request checked, detectron2's logging and
     output set-up, the datasets ready.
 
@@ -582,36 +582,37 @@ def setup(args: argparse.Namespace, run: RunConfig) -> None:
     classes or categories that do not match, a dataset name nobody registered) stops here, before
     detectron2's set-up writes the run's config and log: ``PROG: error: ...`` on one line, no
     traceback, exit status 2, as the tools report their other refusals. What the checks log (the
-    ``--resume`` warning about changed values) is held until the run's logger writes ``log.txt``,
-    then logged there and on the console (:class:`~gwdet.engine.run_log.HeldRecords`).
+    ``--resume`` warning about changed values), and what was logged before (``held``), is held until
+    the run's logger writes ``log.txt``, then logged there and on the console
+    (:class:`~gwdet.engine.run_log.HeldRecords`).
     """
-    with HeldRecords():
-        given = getattr(args, "register_coco", None) or ()
-        try:
-            run.register_datasets(given, trains=not args.eval_only, evaluates=True)
-        except DatasetError as error:
-            print(f"{tool_name()}: error: {error}", file=sys.stderr, flush=True)
-            raise SystemExit(2) from None
-        named = run.run_datasets()  # empty where a LazyConfig's loaders name no dataset gwdet can read
-        unused = [dataset.name for dataset in given if named and dataset.name not in named]
-        if unused:
-            logger.warning(f"--register-coco registered {', '.join(map(repr, unused))}, but the run neither trains nor "
-                           f"evaluates on {'it' if len(unused) == 1 else 'them'}: name it in the config's datasets "
-                           "(DATASETS.TRAIN / DATASETS.TEST, or the LazyConfig's dataloader) to use it.")
-        check_same_config(run, args)
-        main_process = comm.is_main_process()
-        if main_process:
-            check_run_folders(run.output_dir, written_folders(run), run.output_setting)
-            check_run_file_names(run.output_dir, run.output_setting)
-            check_run_files_not_shared(run.output_dir, run.output_setting)
-            check_output_request(args, run)
-            if not args.resume or not checkpoints_in(run.output_dir):
-                check_config_not_users(run.output_dir, run.output_setting)
-        # config.yaml with the checksum --resume checks it against; on failure both as they were
-        with config_rewrite(run.output_dir, run.output_setting) if main_process else contextlib.nullcontext():
-            default_setup(run.cfg, args)  # seeds the random generators with the config's seed
-        mark_seeded(run.cfg)
-        setup_logger(run.output_dir, distributed_rank=comm.get_rank(), name="gwdet")  # gwdet's messages in log.txt too
+    given = getattr(args, "register_coco", None) or ()
+    try:
+        run.register_datasets(given, trains=not args.eval_only, evaluates=True)
+    except DatasetError as error:
+        print(f"{tool_name()}: error: {error}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    named = run.run_datasets()  # empty where a LazyConfig's loaders name no dataset gwdet can read
+    unused = [dataset.name for dataset in given if named and dataset.name not in named]
+    if unused:
+        logger.warning(f"--register-coco registered {', '.join(map(repr, unused))}, but the run neither trains nor "
+                       f"evaluates on {'it' if len(unused) == 1 else 'them'}: name it in the config's datasets "
+                       "(DATASETS.TRAIN / DATASETS.TEST, or the LazyConfig's dataloader) to use it.")
+    check_same_config(run, args)
+    main_process = comm.is_main_process()
+    if main_process:
+        check_run_folders(run.output_dir, written_folders(run), run.output_setting)
+        check_run_file_names(run.output_dir, run.output_setting)
+        check_run_files_not_shared(run.output_dir, run.output_setting)
+        check_output_request(args, run)
+        if not args.resume or not checkpoints_in(run.output_dir):
+            check_config_not_users(run.output_dir, run.output_setting)
+    # config.yaml with the checksum --resume checks it against; on failure both as they were
+    with config_rewrite(run.output_dir, run.output_setting) if main_process else contextlib.nullcontext():
+        default_setup(run.cfg, args)  # seeds the random generators with the config's seed
+    mark_seeded(run.cfg)
+    setup_logger(run.output_dir, distributed_rank=comm.get_rank(), name="gwdet")  # gwdet's messages in log.txt too
+    held.release()
     logger.info(describe_plans())
     run.prepare_datasets(trains=not args.eval_only, evaluates=True)
 
@@ -643,7 +644,13 @@ def written_folders(run: RunConfig) -> list[str]:
 
 def main(args: argparse.Namespace):
     """Train (or evaluate with ``--eval-only``) the model ``args`` describe; return the results
-    (module docstring: the steps)."""
+    (module docstring: the steps). What gwdet logs before the run's log exists reaches ``log.txt``
+    too, and its warnings are listed in ``results.md`` and ``results.json``."""
+    with RunWarnings() as warned, HeldRecords() as held:
+        return _train_or_evaluate(args, held, warned)
+
+
+def _train_or_evaluate(args: argparse.Namespace, held: HeldRecords, warned: RunWarnings):
     run = load_run_config(args.config_file, args.opts).for_processes(comm.get_world_size())
     if args.eval_only:
         run.check_request(True, comm.get_world_size())
@@ -665,7 +672,7 @@ def main(args: argparse.Namespace):
         main_process = comm.is_main_process()
         with earlier_run_until_started(run.output_dir) if main_process else contextlib.nullcontext(), \
                 config_until_started(run.output_dir) if main_process else contextlib.nullcontext():
-            setup(args, run)
+            setup(args, run, held)
             if args.eval_only:
                 with named_config_failures(run.cfg, "build the model", args.opts):
                     model = run.build_model()
@@ -701,12 +708,12 @@ def main(args: argparse.Namespace):
             trainer.checkpointer.run_segments()
         write_results_to(run.output_dir, results or {}, test_datasets, run.run_datasets(not args.eval_only),
                          scored if args.eval_only else None, initial, run.score_threshold_setting, run.test_settings,
-                         segments)
+                         segments, warned.messages)
         drawings: list[str] = []
         if comm.is_main_process() and run.vis_images > 0 and test_datasets:  # no test set: nothing to draw
             drawings = save_prediction_pngs(run.cfg, model, test_datasets[0], run.vis_images,
                                             os.path.join(run.output_dir, VIS_FOLDER), drawn_score(run))
-    log_outputs(run.output_dir, bool(results), drawings, run.vis_setting)
+    log_outputs(run.output_dir, bool(results), drawings, run.vis_setting, len(warned.messages))
     if args.eval_only:  # (a training's: detectron2's trainer checks them)
         run.verify_results(results or {})
     return results
@@ -842,7 +849,8 @@ def results_markdown(results: Mapping, datasets: Sequence[str] = ()) -> str:
 
 def results_record(results: Mapping, datasets: Sequence[str] = (), run_datasets: Sequence[str] = (),
                    evaluated: Mapping[str, str] | None = None, initial: Mapping[str, str] | None = None,
-                   segments: Sequence[Mapping[str, Any]] = (), test_settings: Mapping[str, Any] | None = None) -> dict:
+                   segments: Sequence[Mapping[str, Any]] = (), test_settings: Mapping[str, Any] | None = None,
+                   warnings: Sequence[str] = ()) -> dict:
     """What ``results.json`` holds: ``{dataset: {task: {metric: value}}}`` of ``results`` for the
     test sets ``datasets`` (:func:`flatten_results`; an AP detectron2 reports as NaN is ``None``,
     JSON's ``null``, as strict JSON has no NaN), and under ``"environment"`` the package
@@ -852,7 +860,8 @@ def results_record(results: Mapping, datasets: Sequence[str] = (), run_datasets:
     from (``initial``), each as :func:`~gwdet.checkpoint.resilient.weights_record` gives it; for a
     resumed training, what each stretch of its iterations ran with (``segments``, from its
     checkpoints: :meth:`~gwdet.checkpoint.resilient.ResilientCheckpointer.run_segments`), the values
-    beside them being the last stretch's; and the ``test_settings`` the results were evaluated with."""
+    beside them being the last stretch's; the ``test_settings`` the results were evaluated with; and
+    the ``warnings`` gwdet logged in the run."""
     record: dict = {dataset: {task: {name: None if isinstance(value, float) and math.isnan(value) else value
                                      for name, value in metrics.items()} for task, metrics in tasks.items()}
                     for dataset, tasks in flatten_results(results, datasets).items()}
@@ -869,6 +878,8 @@ def results_record(results: Mapping, datasets: Sequence[str] = (), run_datasets:
         environment["initial_weights"] = dict(initial)
     if len(segments) > 1:
         environment["segments"] = [dict(segment) for segment in segments]
+    if warnings:
+        environment["warnings"] = list(warnings)
     record[ENVIRONMENT_KEY] = environment
     return record
 
@@ -877,43 +888,52 @@ def write_results_to(output_dir: str, results: Mapping, datasets: Sequence[str] 
                      run_datasets: Sequence[str] = (), evaluated: Mapping[str, str] | None = None,
                      initial: Mapping[str, str] | None = None,
                      threshold_setting: str = "MODEL.ROI_HEADS.SCORE_THRESH_TEST",
-                     test_settings: Mapping[str, Any] | None = None, segments: Sequence[Mapping[str, Any]] = ()) -> None:
+                     test_settings: Mapping[str, Any] | None = None, segments: Sequence[Mapping[str, Any]] = (),
+                     warnings: Sequence[str] = ()) -> None:
     """``output_dir/results.md`` and ``results.json`` (:func:`results_record`) of ``results`` for the
     test sets ``datasets`` of a run on ``run_datasets`` (main process only; nothing without results);
     an evaluation's name the weights file it scored and its SHA-256 (``evaluated``, taken when they
     were loaded), a training's the weights it started from (``initial``, as its checkpoints carry
     them); both as :func:`~gwdet.checkpoint.resilient.weights_record` gives them. A test set on which
     the model detected nothing is warned of, naming the ``threshold_setting`` of its scores.
-    results.md lists the ``test_settings`` the results were evaluated with."""
+    results.md lists the ``test_settings`` the results were evaluated with, and both the ``warnings``
+    gwdet logged in the run (:class:`~gwdet.engine.run_log.RunWarnings`; that NaN warning with them)."""
     if not comm.is_main_process() or not results:
         return
     os.makedirs(output_dir, exist_ok=True)
     datasets = tuple(datasets)
+    warnings = list(warnings)
     for dataset, tasks in flatten_results(results, datasets).items():
         values = [value for metrics in tasks.values() for value in metrics.values()]
         if values and all(isinstance(value, float) and math.isnan(value) for value in values):
-            logger.warning(f"Every AP on {dataset or 'the test set'} is NaN (written nan in results.md, null in "
-                           "results.json): detectron2 reports NaN when the model detected nothing (a model early in its "
-                           f"training, or a score threshold ({threshold_setting}) above every score; no masks are "
-                           "scored then), or when the test set has no annotation COCO's evaluation counts (none, or "
-                           "every one iscrowd).")
+            warnings.append(f"Every AP on {dataset or 'the test set'} is NaN (written nan in results.md, null in "
+                            "results.json): detectron2 reports NaN when the model detected nothing (a model early in "
+                            f"its training, or a score threshold ({threshold_setting}) above every score; no masks are "
+                            "scored then), or when the test set has no annotation COCO's evaluation counts (none, or "
+                            "every one iscrowd).")
+            logger.warning(warnings[-1])
     markdown = results_markdown(results, datasets)
     if test_settings:
         markdown += "\nTest settings: " + ", ".join(f"`{key} {value!r}`" for key, value in test_settings.items()) + "\n"
     if evaluated:
         markdown += f"\nWeights evaluated: `{evaluated['path']}` (SHA-256 {evaluated['sha256']})\n"
+    if warnings:
+        markdown += "\n## Warnings\n\ngwdet warned of these while the run ran (log.txt has them in their place):\n\n" + \
+            "".join(f"- {message}\n" for message in dict.fromkeys(warnings))
     write_text_atomically(os.path.join(output_dir, RESULTS_MARKDOWN), markdown)
     # results.json is what gwdet reads again (the study counts a cell done by it): its SHA-256 is recorded beside it
     write_text_with_checksum(os.path.join(output_dir, RESULTS_JSON),
                              json.dumps(results_record(results, datasets, run_datasets, evaluated, initial, segments,
-                                                        test_settings), indent=2))
+                                                        test_settings, list(dict.fromkeys(warnings))), indent=2))
 
 
-def log_outputs(output_dir: str, wrote_results: bool, drawings: Sequence[str], drawings_setting: str) -> None:
+def log_outputs(output_dir: str, wrote_results: bool, drawings: Sequence[str], drawings_setting: str,
+                warnings: int = 0) -> None:
     """The run's last log lines (main process): the Triton kernels that could not run and were
     computed by the ``accelerator`` plan instead, if any; where ``results.md`` / ``results.json`` are (when
-    ``wrote_results``) and the prediction drawings ``drawings``, or why there are none
-    (``drawings_setting``: the setting that asks for them, e.g. ``TEST.VIS_IMAGES``)."""
+    ``wrote_results``), with the number of ``warnings`` gwdet logged that they list, and the prediction
+    drawings ``drawings``, or why there are none (``drawings_setting``: the setting that asks for them,
+    e.g. ``TEST.VIS_IMAGES``)."""
     if not comm.is_main_process():
         return
     if fallback_reason():  # said at the first call, on stderr only; log.txt holds it from here
@@ -921,6 +941,9 @@ def log_outputs(output_dir: str, wrote_results: bool, drawings: Sequence[str], d
     if wrote_results:
         where = (f"Results: {os.path.join(output_dir, RESULTS_MARKDOWN)} and {RESULTS_JSON} (with the package "
                  "versions and dataset checksums)")
+        if warnings:
+            where += (f"; gwdet warned {'once' if warnings == 1 else f'{warnings} times'} in this run (read the "
+                      f"warning{'' if warnings == 1 else 's'} under Warnings in {RESULTS_MARKDOWN})")
     else:
         where = f"No results: nothing was evaluated (no test set); the run is in {output_dir}"
     if drawings:

@@ -5,7 +5,9 @@ A run's checks come before its log file exists: they compare the request with th
 also writes the new ``config.yaml`` over the one they read. :class:`HeldRecords` holds what gwdet
 logs in the meantime (the ``--resume`` warning about changed config values, say) and hands it to
 the run's handlers once they exist, so it reaches the console and ``log.txt`` like any later
-message.
+message. :class:`RunWarnings` keeps the warnings gwdet logs while a run runs, for its
+``results.md`` and ``results.json``: a warning that scrolled by among detectron2's lines is still
+part of the run's record.
 """
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ LOGGER = "gwdet"
 
 
 class _Holder(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
+    def __init__(self, level: int = logging.DEBUG) -> None:
+        super().__init__(level)
         self.records: list[logging.LogRecord] = []
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -64,3 +66,25 @@ class HeldRecords:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
         self.release()
+
+
+class RunWarnings:
+    """In its ``with`` block, every record logged under ``gwdet`` at WARNING or above is kept
+    (beside the logger's other handlers, which handle it as before); :attr:`messages` lists their
+    texts in the order first logged, each once."""
+
+    def __init__(self, name: str = LOGGER) -> None:
+        self._logger = logging.getLogger(name)
+        self._collector = _Holder(logging.WARNING)
+
+    def __enter__(self) -> "RunWarnings":
+        self._logger.addHandler(self._collector)
+        return self
+
+    @property
+    def messages(self) -> list[str]:
+        return list(dict.fromkeys(record.getMessage() for record in self._collector.records))
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self._logger.removeHandler(self._collector)

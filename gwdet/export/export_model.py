@@ -38,7 +38,8 @@ from gwdet.utils.cli_errors import add_verbose_argument, as_override, output_pat
 from gwdet.export.deploy import MIN_DETECTOR_OPSET
 from gwdet.export.detection_check import TOLERANCE
 from gwdet.engine.arguments import parse_with_trailing_flags, refuse_repeated_flags
-from gwdet.engine.output_dir import EVALUATOR_FILES, check_run_detections_kept, check_weights_are_the_runs
+from gwdet.engine.output_dir import (EVALUATOR_FILES, LOCK_NAME, check_run_detections_kept, check_weights_are_the_runs,
+                                     checkpoints_in, lock_holder)
 from gwdet.engine.run import RunConfig, gives_setting, load_run_config, named_full_disk
 
 logger = logging.getLogger("gwdet.export")
@@ -128,6 +129,31 @@ def sample_candidates(run: RunConfig, sample_image: Optional[str]) -> Tuple[Iter
     return images(), run.describe_test_set()
 
 
+def folder_in_use(folder: str) -> GwdetRuntimeError:
+    """The refusal of an export into ``folder`` while another process holds its lock: a training
+    whose output folder it is (its lock file names the process), or another export."""
+    holder = lock_holder(folder) if os.path.isfile(os.path.join(folder, LOCK_NAME)) else None
+    who = f"a training run ({holder}), whose output folder it is" if holder else "another export (a process holds its lock)"
+    return GwdetRuntimeError(f"--output {folder} is in use by {who}; nothing was written. Wait for it to finish, or "
+                             "choose another --output.")
+
+
+def check_folder_free(folder: str) -> None:
+    """Refuse an export into ``folder`` while another process holds its lock, before the model is built."""
+    import fcntl
+
+    try:
+        descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:  # not there yet: the export creates it
+        return
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise folder_in_use(folder) from None
+    finally:
+        os.close(descriptor)
+
+
 class ExportFolderLock:
     """One export at a time into a folder (``with ExportFolderLock(folder):``): an exclusive
     ``flock`` on the folder itself, so nothing is written into it and the lock goes with the process
@@ -149,8 +175,7 @@ class ExportFolderLock:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(descriptor)
-            raise GwdetRuntimeError(f"--output {self.folder} is in use by another export (a process holds its lock); "
-                                    "nothing was written. Wait for it to finish, or choose another --output.") from None
+            raise folder_in_use(self.folder) from None
         self._descriptor = descriptor
         remove_stale_partials(self.folder, "export")
         return self
@@ -386,6 +411,7 @@ def check_export_flags(args: argparse.Namespace) -> None:
         problem = image_file_problem(args.sample_image)
         if problem:
             raise GwdetValueError(f"--sample-image {args.sample_image} {problem}.")
+    check_folder_free(args.output)
     evaluation = os.path.join(args.output, "inference")
     held = [name for name in EVALUATOR_FILES if os.path.isfile(os.path.join(evaluation, name))]
     if held and not args.run_eval and args.overwrite and os.path.isfile(export_path(args)):
@@ -395,9 +421,15 @@ def check_export_flags(args: argparse.Namespace) -> None:
             "they are not of; nothing was written. Add --run-eval to evaluate the new export into them, move "
             "inference/ away, or choose another --output.")
     if args.run_eval:  # a LazyConfig run keeps its detections directly in <run>/inference, where --run-eval writes
-        check_run_detections_kept(evaluation, args.output,
-                                  "Give --output a folder of its own for the export and its evaluation, e.g. "
-                                  f"--output {os.path.join(args.output, 'deploy')}.")
+        own_folder = ("Give --output a folder of its own for the export and its evaluation, e.g. "
+                      f"--output {os.path.join(args.output, 'deploy')}.")
+        checkpoints = checkpoints_in(args.output) if os.path.isdir(args.output) else []
+        if checkpoints:
+            raise GwdetFileExistsError(
+                f"--output {args.output} holds a training run ({os.path.basename(checkpoints[0])}), and --run-eval "
+                "writes its evaluation into inference/ there, among the run's files: a later --overwrite of the run "
+                f"would delete it with them; nothing was written. {own_folder}")
+        check_run_detections_kept(evaluation, args.output, own_folder)
         if held and not args.overwrite:
             raise GwdetFileExistsError(
                 f"--output {args.output} holds an earlier evaluation's detections ({', '.join(held)} in inference/), "

@@ -186,6 +186,11 @@ class SettingsInState(nn.Module):
         kind = type(self).__name__
         layer = f"{name} ({kind})" if name else kind
         key = f"'{name}.{EXTRA_STATE_KEY}'" if name else f"'{EXTRA_STATE_KEY}'"
+        if isinstance(state, Tensor) and state.is_meta:
+            return (f"{layer}: the state's {key} is on the meta device (a state read with map_location='meta'), which "
+                    "holds no values, so the settings it records cannot be checked against the layer; read the state "
+                    "onto the CPU (torch.load(..., map_location='cpu')): a model built on the meta device loads it "
+                    "with load_state_dict(..., assign=True) all the same")
         saved = decode_settings(state)
         if saved is None:
             return (f"{layer}: the state's {key} is not the settings a gwdet norm layer records (a uint8 "

@@ -311,6 +311,18 @@ def record_checksum(path: str, digest: str | None = None) -> None:
     write_atomically(checksum_path(path), lambda file: file.write(line))
 
 
+def move_checksum_record(path: str, target: str) -> None:
+    """Move the SHA-256 record of ``path`` to ``target``'s (after the file was renamed there), the
+    recorded digest kept and the file name in it now ``target``'s, so that ``sha256sum -c`` checks
+    the renamed file; a record whose digest cannot be read moves as it is."""
+    digest = _recorded_sha256(path)[0]
+    if digest is None:
+        os.replace(checksum_path(path), checksum_path(target))
+        return
+    record_checksum(target, digest)
+    remove_checksum(path)
+
+
 def remove_checksum(path: str) -> None:
     """Remove ``path.sha256`` if it is there."""
     with contextlib.suppress(FileNotFoundError):
@@ -345,8 +357,23 @@ def checksum_findings(path: str) -> tuple[str | None, str | None]:
         raise GwdetOSError(f"{path} cannot be read by this user (permission denied): ask its owner to make it readable "
                            "(chmod a+r), or copy the file to where you may read it; nothing was loaded from it.")
     if recorded is not None and file_sha256(path) != recorded:
-        return None, f"its SHA-256 differs from the one recorded in {shown_record(path)} when it was written"
+        named = _recorded_name(path)
+        other = (f" (a record of another file: it names {named}, not {os.path.basename(os.path.realpath(path))}; if "
+                 "that record was copied here by mistake, the file may be whole and the record wrong)"
+                 if named and named not in (os.path.basename(path), os.path.basename(os.path.realpath(path))) else "")
+        return None, f"its SHA-256 differs from the one recorded in {shown_record(path)} when it was written{other}"
     return unusable, None
+
+
+def _recorded_name(path: str) -> str | None:
+    """The file name a ``sha256sum``-style record beside ``path`` gives after its digest, if any."""
+    try:
+        with open(reading_record(path), "rb") as file:
+            line = file.read(4096).split(b"\n", 1)[0]
+    except OSError:
+        return None
+    match = re.match(rb"[0-9a-fA-F]{64} [ *](.+)", line)
+    return os.path.basename(match.group(1).decode("utf-8", "replace").strip()) if match else None
 
 
 def checksum_problem(path: str) -> str | None:
