@@ -316,3 +316,27 @@ def test_example_groups_of_layers_made_otherwise_than_by_a_config_name_are_check
                                          r"trains on \(dataloader.train.total_batch_size=3 over 1 process\(es\)\), so "
                                          r"the layers of backbone.fpn_lateral2.norm, "):
         LazyTrainer(lazy)
+
+
+def test_batch_statistics_layers_frozen_by_ones_own_code_are_refused_before_training(tmp_path):
+    # detectron2's ResNet.freeze(2) in a Trainer subclass's build_model: the "frozen" stem's BGN kept moving its
+    # running mean (0.026 in 2 iterations) while its weights stayed, without a word (FREEZE_AT is refused so)
+    from gwdet.engine.trainer import Trainer
+    from gwdet.model_zoo import build_config
+
+    from conftest import DEMO_CONFIG, TINY_OPTS
+
+    class FreezingStages(Trainer):
+        @classmethod
+        def build_model(cls, cfg):
+            model = super().build_model(cfg)
+            model.backbone.bottom_up.freeze(2)
+            return model
+
+    cfg = build_config(str(DEMO_CONFIG), [*TINY_OPTS, "MODEL.RESNETS.NORM", "BGN", "MODEL.BGN.NUM_GROUPS", "8",
+                                          "OUTPUT_DIR", str(tmp_path)])
+    with pytest.raises(ValueError, match=r"^The norm layers backbone.bottom_up.res2.0.shortcut.norm \(BatchGroupNorm\), "
+                                         r".* have every parameter frozen \(requires_grad False, as detectron2's "
+                                         r"freeze\(\) of a backbone stage leaves them\)"):
+        FreezingStages(cfg)
+    Trainer(cfg)  # the same model, trained whole

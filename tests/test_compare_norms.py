@@ -511,6 +511,14 @@ def test_cells_named_as_another_configuration_or_made_alike_by_overrides_are_ref
                        *TINY], repo_root=REPO) == 0
 
 
+def test_a_listing_generates_no_shapes_dataset(tmp_path, monkeypatch):
+    # --list of the paper's study generated the 6000 images of its shapes dataset (a minute, 206 MB) to list cells
+    monkeypatch.setenv("GWDET_CACHE", str(tmp_path / "cache"))
+    assert study_main(["--out", str(tmp_path / "out"), "--list", "--study", "paper", "--seeds", "0", "--only",
+                       "gw-b2-s0"], repo_root=REPO) == 0
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
 def test_study_flags_that_would_pair_random_seeds_or_misname_cells_are_refused(capsys, tmp_path):
     config = tmp_path / "gw_random.yaml"
     config.write_text(f'_BASE_: "{STUDY / "gw.yaml"}"\nSEED: -1\n')

@@ -800,3 +800,14 @@ def test_precomputed_proposals_without_a_file_per_dataset_are_refused():
         build_config(str(DEMO_CONFIG), ["MODEL.LOAD_PROPOSALS", "True"])
     build_config(str(DEMO_CONFIG), ["MODEL.LOAD_PROPOSALS", "True", "DATASETS.PROPOSAL_FILES_TRAIN", "('t.pkl',)",
                                     "DATASETS.PROPOSAL_FILES_TEST", "('v.pkl',)"])
+
+
+def test_detectron2s_yacs_tools_read_a_gwdet_config_with_the_line_docs_usage_adds():
+    # detectron2's tools/train_net.py and plain_train_net.py stopped with yacs's KeyError (docs/usage.md says the fix)
+    from detectron2.config import get_cfg
+
+    with pytest.raises(KeyError, match="Non-existent config key: MODEL."):
+        get_cfg().merge_from_file(str(DEMO_CONFIG))
+    cfg = gwdet.add_gwdet_config(get_cfg())
+    cfg.merge_from_file(str(DEMO_CONFIG))
+    assert cfg.MODEL.GW.NUM_GROUPS == build_config(str(DEMO_CONFIG)).MODEL.GW.NUM_GROUPS

@@ -1083,8 +1083,12 @@ def test_fine_tuning_on_the_same_class_names_in_another_order_is_refused(tmp_pat
                                          r"outputs\), but the training data has them in the order \['square', 'circle'\]"):
         ResilientCheckpointer(model, str(tmp_path / "ft"), classes=["square", "circle"]).load_weights(
             str(tmp_path / "trained.pth"))
-    # other names: another dataset, whose predictors are fine-tuned as detectron2 does
+    # other names: another dataset, whose predictors are fine-tuned as detectron2 does; the model now learns them
+    # (its classes were those of the loaded weights: the evaluation after training warned of the wrong ones)
     ResilientCheckpointer(model, str(tmp_path / "ft"), classes=["cat", "dog"]).load_weights(str(tmp_path / "trained.pth"))
+    assert model.gwdet_classes == ["cat", "dog"]
+    ResilientCheckpointer(model, str(tmp_path / "ev")).load_weights(str(tmp_path / "trained.pth"))  # an evaluation's
+    assert model.gwdet_classes == ["circle", "square"]
 
 
 def test_load_reads_a_home_path_and_takes_no_path_as_none(tmp_path, monkeypatch):

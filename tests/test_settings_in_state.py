@@ -89,6 +89,24 @@ def test_a_meta_state_is_refused_by_name_and_a_cpu_one_loads_into_a_meta_built_l
     assert not layer.weight.is_meta
 
 
+def test_a_wider_gw_layer_starts_afresh_in_a_fine_tuning_as_a_batch_norm_does(tmp_path):
+    # MODEL.ROI_BOX_HEAD.CONV_DIM 128 from a run of 64: the settings record refused the whole file with a raw
+    # traceback (num_channels 64 -> 128), where the BN twin fine-tuned with fvcore's "Skip loading" warnings
+    from gwdet.layers import GroupWhitening
+
+    def model(channels: int) -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Conv2d(3, channels, 1), GroupWhitening(channels, num_groups=4))
+
+    ResilientCheckpointer(model(16), str(tmp_path)).save("narrow")
+    wider = model(32)
+    ResilientCheckpointer(wider, str(tmp_path / "ft")).load_weights(str(tmp_path / "narrow.pth"))
+    assert wider[1].num_channels == 32 and torch.equal(wider[1].weight, torch.ones(32))  # its own initial values
+    with pytest.raises(ValueError, match=r"does not hold every weight of the model .*1.weight: shape \(16,\) in the "
+                                         r"checkpoint, \(32,\) in the model"):
+        ResilientCheckpointer(model(32), str(tmp_path / "ev"), require_every_weight=True).load_weights(
+            str(tmp_path / "narrow.pth"))
+
+
 def test_a_bw_state_of_another_group_size_is_refused_by_name_not_by_a_size_mismatch(tmp_path):
     saved = tiny_model("MODEL.FPN.NORM", "BW", "MODEL.BW.GROUP_SIZE", "8")
     model = tiny_model("MODEL.FPN.NORM", "BW", "MODEL.BW.GROUP_SIZE", "4")

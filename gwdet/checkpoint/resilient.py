@@ -62,6 +62,7 @@ from gwdet.checkpoint.integrity import (
     with_checksums,
 )
 from gwdet.checkpoint.converted_weights import read_conversion_metadata
+from gwdet.layers.settings_state import EXTRA_STATE_KEY
 from gwdet.norms import TORCH_BATCH_NORMS, layer_types
 from gwdet.checkpoint.safe_load import (UnsafeCheckpointError, load_pickle_file, load_torch_file,
                                         valueless_tensors_problem)
@@ -850,13 +851,34 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 "computes with its own values, which changes its results; build it with those the weights were "
                 "trained with (its input format, pixel mean and std, the ResNet's stride_in_1x1, the anchors, the FPN's "
                 "fuse type, the box regressions' weights, the ROI heads' poolers and feature levels).")
+        self._drop_records_of_reshaped_layers(checkpoint)
         incompatible = super()._load_model(checkpoint)
         classes, model = checkpoint.get(CLASSES_KEY), unwrapped(self.model)
-        if isinstance(classes, list) and all(isinstance(name, str) for name in classes):
+        if self._loading_initial_weights and self.classes:  # a training's start: it learns its own data's classes
+            setattr(model, CLASSES_ATTRIBUTE, list(self.classes))
+        elif isinstance(classes, list) and all(isinstance(name, str) for name in classes):
             setattr(model, CLASSES_ATTRIBUTE, list(classes))
         elif hasattr(model, CLASSES_ATTRIBUTE):  # other weights now: what the attribute said no longer holds
             delattr(model, CLASSES_ATTRIBUTE)
         return incompatible
+
+    def _drop_records_of_reshaped_layers(self, checkpoint: dict) -> None:
+        """fvcore's loading skips, with a warning, the tensors whose shapes differ from the model's (a
+        head made wider, whose layers a fine-tuning starts afresh, as it does batch norms'). The
+        settings record of a gwdet layer whose tensors are skipped so (another channel count) is
+        dropped with them: the layer keeps its own settings and initial values, instead of the
+        record refusing the whole file."""
+        weights = checkpoint.get("model")
+        if not isinstance(weights, dict):
+            return
+        own = unwrapped(self.model).state_dict()
+        for key in [key for key in weights if key.endswith("." + EXTRA_STATE_KEY)]:
+            prefix = key[: -len(EXTRA_STATE_KEY)]
+            layer = prefix.removeprefix("module.")
+            if any(name != key and name.startswith(prefix) and layer + name[len(prefix):] in own
+                   and tuple(getattr(value, "shape", ())) != tuple(own[layer + name[len(prefix):]].shape)
+                   for name, value in weights.items()):
+                del weights[key]
 
     def _check_backbone_shapes(self, checkpoint: dict) -> None:
         """Refuse weights whose backbone weights of the model's names have other shapes (a ResNet of

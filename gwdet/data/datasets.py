@@ -112,13 +112,17 @@ def register_datasets(cfg: CfgNode, coco: Sequence[CocoDataset] = (), *, trains:
 
 
 def prepare_datasets(cfg: CfgNode, coco: Sequence[CocoDataset] = (), *, trains: bool = True,
-                     evaluates: bool = True) -> None:
+                     evaluates: bool = True, shapes: bool = True) -> None:
     """Register the datasets given on the command line (:func:`register_datasets`), generate and
-    register the shapes dataset if the request reads it, then check the files of every dataset it
-    reads: the training sets where it ``trains``, the test sets always."""
+    register the shapes dataset if the request reads it (unless not ``shapes``: a listing that
+    reads no image leaves the shapes splits out), then check the files of every dataset it reads:
+    the training sets where it ``trains``, the test sets always."""
     register_datasets(cfg, coco, trains=trains, evaluates=evaluates)
     names = config_dataset_names(cfg, trains)
-    register_configured_shapes(cfg, names)
+    if shapes:
+        register_configured_shapes(cfg, names)
+    else:
+        names = [name for name in names if not name.startswith(SHAPES_PREFIX)]
     check_dataset_files(names)
     if trains:
         check_distinct_training_files(cfg.DATASETS.TRAIN)

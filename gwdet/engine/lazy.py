@@ -66,7 +66,8 @@ from gwdet.model_zoo.lazy_loading import (
 )
 from gwdet.modeling import check_model
 from gwdet.modeling.build import check_device
-from gwdet.modeling.model_checks import check_model_example_groups, check_norm_weight_decay
+from gwdet.modeling.model_checks import (check_frozen_batch_statistics, check_model_example_groups,
+                                         check_norm_weight_decay)
 from gwdet.engine.output_dir import (
     CONFIG_NAME,
     SavedRun,
@@ -276,6 +277,7 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
         model = build_model(cfg)
         batch = int(cfg.dataloader.train.get("total_batch_size", 0))
         check_model_example_groups(model, batch, comm.get_world_size(), BATCH_SETTING)  # a partial's layers too
+        check_frozen_batch_statistics(model)  # frozen by one's own code (detectron2's freeze())
         optimizer = build_optimizer(cfg, model)
         loader = build_train_loader(cfg)
         self._images_per_rank = batch // comm.get_world_size()

@@ -43,7 +43,8 @@ from gwdet.data.resumable import build_resumable_train_loader
 from gwdet.model_zoo.loading import build_config
 from gwdet.modeling.build import (check_built_model, check_device, check_mixed_precision, check_run_device,
                                   check_scratch_training)
-from gwdet.modeling.model_checks import check_model_example_groups, check_norm_weight_decay
+from gwdet.modeling.model_checks import (check_frozen_batch_statistics, check_model_example_groups,
+                                         check_norm_weight_decay)
 from gwdet.layers.settings_state import TEST_TIME_SETTINGS
 from gwdet.norms import norm_record
 from gwdet.solver import build_optimizer
@@ -105,6 +106,7 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
         # layers that see the images, however made (a registered name, a subclass's build_model), in whole groups
         check_model_example_groups(unwrapped(self.model), cfg.SOLVER.IMS_PER_BATCH, comm.get_world_size(),
                                    "SOLVER.IMS_PER_BATCH")
+        check_frozen_batch_statistics(unwrapped(self.model))  # frozen by one's own code (detectron2's freeze())
         # whatever build_optimizer returned (a subclass's too): norm layers decayed otherwise than configured are named
         check_norm_weight_decay(unwrapped(self.model), self.optimizer, cfg.SOLVER.WEIGHT_DECAY_NORM,
                                 cfg.SOLVER.WEIGHT_DECAY_BIAS)

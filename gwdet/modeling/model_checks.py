@@ -120,6 +120,30 @@ def check_model_example_groups(model: nn.Module, batch: int, processes: int, bat
         check_example_groups(examples, batch, processes, [listed(names, 3)], "examples_per_group", batch_setting)
 
 
+def check_frozen_batch_statistics(model: nn.Module) -> None:
+    """Refuse to train ``model`` when norm layers that normalize with batch statistics and keep running
+    averages of them (gwdet's BW, BGN, GhostBN; registered names with batch statistics) have every
+    parameter frozen (``requires_grad`` False, as detectron2's ``freeze()`` of a backbone stage leaves
+    them): detectron2 freezes torch's batch norms by turning them into FrozenBN, not these, whose
+    running statistics training would go on updating, so the frozen part would compute another
+    function after every batch (the twin of the ``MODEL.BACKBONE.FREEZE_AT`` check of the config)."""
+    kinds = layer_types(batch_statistics=True, detectron2=False)
+    frozen = []
+    for name, module in model.named_modules():
+        if not isinstance(getattr(module, "running_mean", None), torch.Tensor):
+            continue
+        parameters = list(module.parameters())
+        if isinstance(module, kinds) and parameters and not any(parameter.requires_grad for parameter in parameters):
+            frozen.append(f"{name} ({type(module).__name__})")
+    if frozen:
+        raise GwdetValueError(
+            f"The norm layers {listed(frozen, 3)} have every parameter frozen (requires_grad False, as detectron2's "
+            "freeze() of a backbone stage leaves them), but normalize with batch statistics and keep running "
+            "statistics that training would go on updating: detectron2 freezes a stage by turning torch's batch "
+            "norms into FrozenBN, which it does not do for these, so the frozen part would compute another function "
+            "after every batch. Train those layers too, or use FrozenBN / BN there; nothing was trained.")
+
+
 def check_model(model: nn.Module, strict_groups: bool = False, optimizer: torch.optim.Optimizer | None = None,
                 weight_decay_norm: float | None = None, weight_decay_bias: float | None = None) -> nn.Module:
     """Check a built model; returns ``model``.
