@@ -422,11 +422,26 @@ def test_two_training_files_of_the_same_images_are_refused_and_a_test_set_of_tra
     register_coco_datasets([CocoDataset.parse(f"part_test={part}")])
     with logged_warnings("gwdet.data.coco_registration") as warned:
         warn_of_test_sets_trained_on(DatasetUse(("pass_one",), ("part_test",), False))
-    assert [message.split(" (")[0] for message in warned] == [
-        "2 of the 2 images of DATASETS.TEST 'part_test' are images of DATASETS.TRAIN 'pass_one'"], warned
+    assert [message.split(": its results")[0].split(" (", 1)[0] for message in warned] == [
+        "2 of the 2 images of DATASETS.TEST 'part_test' are images"], warned
+    assert "are images (the files, links or copies of them) of DATASETS.TRAIN 'pass_one'" in warned[0], warned
     # all of them: the test json's IMAGE_ROOT may be the training images' folder (a test json given the wrong one)
     assert "its IMAGE_ROOT" in warned[0] and "is the training images' folder: give the folder of the test images" \
         in warned[0], warned
+    # copies and hard links of training images under other names, in a folder of the test set's own: no word before
+    (tmp_path / "held").mkdir()
+    coco = json.loads((tmp_path / "part.json").read_text())
+    for index, image in enumerate(coco["images"]):
+        source = tmp_path / "img" / image["file_name"]
+        image["file_name"] = f"val_{index}.png"
+        (shutil.copy if index == 0 else os.link)(source, tmp_path / "held" / image["file_name"])
+    (tmp_path / "copies.json").write_text(json.dumps(coco))
+    register_coco_datasets([CocoDataset.parse(f"copies_test={tmp_path / 'copies.json'}:{tmp_path / 'held'}")])
+    with logged_warnings("gwdet.data.coco_registration") as warned:
+        warn_of_test_sets_trained_on(DatasetUse(("pass_one",), ("copies_test",), False))
+    assert len(warned) == 1 and warned[0].startswith("2 of the 2 images of DATASETS.TEST 'copies_test' are images (the "
+                                                     "files, links or copies of them) of DATASETS.TRAIN 'pass_one'")
+    assert "its IMAGE_ROOT" not in warned[0]
 
 
 def test_an_evaluation_of_weights_on_their_own_training_data_is_warned_of(tmp_path):
@@ -877,3 +892,61 @@ def test_the_export_and_analyze_tools_check_the_class_order_only_where_they_eval
     YacsRun(weighted).build_trained_model()
     with pytest.raises(GwdetValueError, match=r"each prediction would be scored as another class"):
         YacsRun(weighted).build_trained_model(evaluates=True)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda coco, root: coco["annotations"][0].update(iscrowd="0"), "have an 'iscrowd' that is neither 0 nor 1"),
+    (lambda coco, root: coco["images"][1].update(file_name=coco["images"][0]["file_name"]),
+     "are given to more than one image"),
+])
+def test_gwdets_trainer_checks_the_training_sets_ones_own_code_registered(tmp_path, change, message):
+    # register_coco_instances + Trainer(cfg).train(): a string iscrowd trained objects as background, two images of
+    # one file trained one's boxes on the other's pixels, without a word (the tool refused both files)
+    from detectron2.data.datasets import register_coco_instances
+
+    from gwdet.engine.trainer import Trainer
+
+    json_file, image_root = write_dataset(tmp_path, change).split(":")
+    name = f"own_code_{tmp_path.name}"
+    register_coco_instances(name, {}, json_file, image_root)
+    with pytest.raises(DatasetError, match=message):
+        Trainer(config(name, name, "OUTPUT_DIR", str(tmp_path / "run")))
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_resume_on_training_images_changed_under_their_names_is_refused_and_an_evaluation_finds_moved_ones(
+        tmp_path, monkeypatch):
+    # the images re-exported (inverted) under the same names: --resume went on with other pixels without a word
+    # (a changed annotation file is refused); an --eval-only on some training images, after their folder moved, no
+    # longer warned (the checkpoint named them by the old path only)
+    from conftest import tiny_run_args
+    from gwdet.engine.run import main
+
+    json_file, image_root = write_dataset(tmp_path / "data").split(":")
+    own = ["--register-coco", f"own_tr={json_file}:{image_root}", "DATASETS.TRAIN", "('own_tr',)", "DATASETS.TEST",
+           "()", "MODEL.ROI_HEADS.NUM_CLASSES", "2", "INPUT.MASK_FORMAT", "polygon"]
+    main(tiny_run_args(tmp_path / "run", *own))
+    moved = tmp_path / "moved"
+    shutil.copytree(tmp_path / "data", moved)
+    coco = json.loads((moved / "train.json").read_text())
+    coco["images"], coco["annotations"] = coco["images"][:2], coco["annotations"][:2]
+    (moved / "part.json").write_text(json.dumps(coco))
+    shutil.rmtree(tmp_path / "data")
+    with logged_warnings("gwdet.engine.run") as warned:
+        main(tiny_run_args(tmp_path / "eval", "--eval-only", "--register-coco", f"own_te={moved / 'part.json'}:"
+                           f"{moved / 'img'}", "DATASETS.TEST", "('own_te',)", "MODEL.ROI_HEADS.NUM_CLASSES", "2",
+                           "INPUT.MASK_FORMAT", "polygon", "MODEL.WEIGHTS", str(tmp_path / "run" / "model_final.pth")))
+    assert any(message.startswith("2 of the 2 images of the test set 'own_te' are images") for message in warned), warned
+    shutil.copytree(moved, tmp_path / "data")
+    for image in (tmp_path / "data" / "img").iterdir():
+        Image.fromarray(255 - np.asarray(Image.open(image))).save(image)
+    from detectron2.data import DatasetCatalog, MetadataCatalog
+
+    from gwdet.data import coco_registration
+
+    monkeypatch.setattr(coco_registration, "_REGISTERED", {})  # as a new process registers them
+    DatasetCatalog.remove("own_tr")
+    MetadataCatalog.remove("own_tr")
+    with pytest.raises(ValueError, match=r"--resume: the run in .* trained on 'own_tr', whose annotation file is as it "
+                                         r"was, but 4 of its image files under .* now hold other contents"):
+        main(tiny_run_args(tmp_path / "run", "--resume", *own, "SOLVER.MAX_ITER", "3"))

@@ -22,7 +22,7 @@ from gwdet.model_zoo.loading import build_config
 from gwdet.engine.lazy import LazyRun
 from gwdet.engine.trainer import check_training_values
 
-from conftest import DEMO_CONFIG, LAZY_CONFIG, REPO, logged_warnings
+from conftest import DEMO_CONFIG, LAZY_CONFIG, REPO, TINY_OPTS, logged_warnings
 
 YACS_CONFIGS = sorted(path for path in (REPO / "configs").rglob("*.yaml") if "LazyConfig" not in path.parts)
 
@@ -154,6 +154,16 @@ def test_schedule_values_a_training_would_not_read_or_few_would_mean_are_warned_
         "SOLVER.BIAS_LR_FACTOR 0.0", "SOLVER.STEPS (10,) is not read by SOLVER.LR_SCHEDULER_NAME WarmupCosineLR, whose "
         "rate falls from SOLVER.BASE_LR to SOLVER.BASE_LR_END along a cosine", "SOLVER.GAMMA 10.0 is above 1",
         "SOLVER.BASE_LR_END 0.001 is read by WarmupCosineLR only, not by SOLVER.LR_SCHEDULER_NAME WarmupMultiStepLR"]
+
+
+def test_a_shapes_dataset_generated_at_another_size_than_the_model_reads_is_warned_of():
+    # DATASETS.SHAPES.IMAGE_SIZE 64 in the demo: trained and tested upsampled to 128 pixels without a word
+    with logged_warnings("gwdet.engine.trainer") as logged:
+        check_training_values(build_config(str(DEMO_CONFIG), ["DATASETS.SHAPES.IMAGE_SIZE", "64"]), 1)
+        check_training_values(build_config(str(DEMO_CONFIG), TINY_OPTS), 1)  # all at 64: no word
+    assert [line.split(". To")[0] for line in logged] == [
+        "DATASETS.SHAPES.IMAGE_SIZE 64 generates images of 64 pixels a side, but the model reads them resized to a "
+        "shorter side of 128 (INPUT.MIN_SIZE_TRAIN (128,), INPUT.MIN_SIZE_TEST 128)"]
 
 
 @pytest.mark.parametrize("seed", ["4294967296", "10000000000000"])

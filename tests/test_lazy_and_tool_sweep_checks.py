@@ -358,6 +358,24 @@ def test_a_key_with_an_empty_part_is_named_as_such(override, meant):
     assert "has an empty part" in message and f"e.g. {meant}" in message and "to add a new key" not in message
 
 
+@pytest.mark.parametrize("override, message", [
+    # the only fix offered was +MODEL.WEIGHTS=..., which then trained from scratch without a word
+    ("MODEL.WEIGHTS=/x.pth", "the config has no 'MODEL' at the top of the config. MODEL.WEIGHTS is a yacs config's "
+                             "key; a LazyConfig sets it as train.init_checkpoint=..."),
+    ("+MODEL.WEIGHTS=/x.pth", "'+MODEL.WEIGHTS' adds 'MODEL' at the top of the config, which nothing reads: the run "
+                              "would go on as without it. MODEL.WEIGHTS is a yacs config's key; a LazyConfig sets it "
+                              "as train.init_checkpoint=..."),
+    ("SOLVER.GAMMA=0.1", "SOLVER.* are a yacs config's keys, which a LazyConfig does not read"),
+    ("+extra.value=1", "'+extra.value' adds 'extra' at the top of the config, which nothing reads"),
+    ("trian.max_iter=3", "the config has no 'trian' at the top of the config. Did you mean 'train'?"),
+])
+def test_yacs_keys_and_new_top_nodes_given_to_a_lazyconfig_are_refused_naming_its_settings(override, message):
+    with pytest.raises(GwdetValueError) as refused:
+        load_lazy_config(str(LAZY_CONFIG), [override])
+    assert message in str(refused.value) and "Write +" not in str(refused.value)
+    assert load_lazy_config(str(LAZY_CONFIG), ["+train.note=1"]).train.note == 1  # under a node: added
+
+
 # ---- --threads, --dist-url -----------------------------------------------------------------------
 
 def test_a_thread_count_far_above_the_usable_cpus_is_refused_and_a_few_more_are_said():

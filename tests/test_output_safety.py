@@ -1205,6 +1205,18 @@ def test_a_finished_run_whose_last_checkpoint_is_gone_is_not_resumed(finished_ru
     assert files() == before
 
 
+def test_a_run_stopped_between_its_final_detections_and_its_results_is_evaluated_when_resumed(finished_run, tmp_path):
+    # killed after detectron2 saved inference/ and before gwdet wrote results.json: every --resume was refused as
+    # "would replace the detections of the finished run", so results.json could never be written
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run, ignore=shutil.ignore_patterns(".gwdet.lock"))
+    (run / "results.json").unlink()
+    (run / "results.json.sha256").unlink()
+    final = (run / "model_final.pth").read_bytes()
+    assert "bbox" in main(tiny_run_args(run, "--resume"))
+    assert (run / "results.json").is_file() and (run / "model_final.pth").read_bytes() == final
+
+
 def test_gwdets_trainers_from_python_check_the_request_as_the_tools_do(finished_run, tmp_path, caplog):
     # Trainer(cfg) from one's own code trained with what the tool refuses (no foreground region sampled:
     # loss_box_reg 0 throughout; MAX_ITER 0: fvcore's bare ValueError) and resumed a run with another

@@ -410,6 +410,13 @@ def test_over_training_report_from_records(tmp_path, capsys):
     assert "| gn-b2-s3 | 10.00 | 55.70 |" in table and "| gw-b2-s3 | 8.00 | 56.10 |" in table
     assert "| gw-b2-s3 | GW | 56.10 | 71.00 | – | – |" in table and "shapes_train_first200" in table
     assert (tmp_path / "report" / "ap_over_training.png").stat().st_size > 1000
+    # a report of one of them into that folder replaced the two-cell report and its figure without a word
+    written = {name: (tmp_path / "report" / name).read_bytes() for name in ("table.md", "ap_over_training.png")}
+    with pytest.raises(SystemExit):
+        over_training(["--records", str(tmp_path / "records"), "--cells", "gw-b2-s3", "--out", str(tmp_path / "report")])
+    assert (f"--out {tmp_path / 'report'} holds the report of other cells (gn-b2-s3), which this report would "
+            "replace; nothing was written") in capsys.readouterr().err
+    assert {name: (tmp_path / "report" / name).read_bytes() for name in written} == written
     # --subset with --records: the records' 200-image subset reported without a word
     with pytest.raises(SystemExit):
         over_training(["--records", str(tmp_path / "records"), "--cells", "gw-b2-s3", "--subset", "50",

@@ -18,6 +18,7 @@ import os
 import pickle
 import random
 import re
+from itertools import zip_longest
 from typing import Any, Callable, Mapping, Sequence
 from urllib.parse import parse_qs, urlsplit
 from urllib.request import url2pathname
@@ -34,6 +35,7 @@ from detectron2.layers import NaiveSyncBatchNorm
 from detectron2.utils import comm
 
 from gwdet.config import SHAPES_PREFIX
+from gwdet.utils.fingerprints import split_fingerprints
 from gwdet.utils.cli_errors import as_override, link_dotdot_problem
 from gwdet.utils.atomic import (cached_sha256, checksum_findings, shown_record, write_atomically,
                                 write_with_checksum)
@@ -344,6 +346,9 @@ CLASSES_KEY = "gwdet_classes"
 # checkpoint that records it, or is built for a training that knows it: what an evaluation of the model
 # from Python checks its test data against (gwdet.data.datasets.check_evaluated_classes).
 CLASSES_ATTRIBUTE = "gwdet_classes"
+# in a training set's record (DATA_KEY): its image files' fingerprints, joined in the order of their paths
+# (gwdet.data.coco_registration.CocoContents.fingerprints)
+IMAGES_KEY = "image_fingerprints"
 # The input a model was trained on: GeneralizedRCNN's input_format, pixel_mean and pixel_std, which
 # its state dict does not hold (its pixel buffers are not saved).
 INPUT_KEY = "gwdet_input"
@@ -629,6 +634,15 @@ class ResilientCheckpointer(DetectionCheckpointer):
                     f"(SHA-256 {now['json_sha256'][:12]}...): it would continue on other data than it started with "
                     f"({os.path.basename(checkpoint)}); nothing was trained. {fix}, or train on the new data into "
                     "another output folder.")
+            prints, recorded = now.get(IMAGES_KEY), before.get(IMAGES_KEY)
+            if isinstance(prints, bytes) and isinstance(recorded, bytes) and prints != recorded:
+                changed = sum(a != b for a, b in zip_longest(split_fingerprints(prints), split_fingerprints(recorded)))
+                raise GwdetValueError(
+                    f"--resume: the run in {self.save_dir} trained on {name!r}, whose annotation file is as it was, but "
+                    f"{changed} of its image files under {now.get('image_root')} now hold other contents (the same "
+                    f"names; images exported or edited again): it would continue on other images than it started with "
+                    f"({os.path.basename(checkpoint)}); nothing was trained. Put the images back as they were, or "
+                    "train on the new images into another output folder.")
 
     def _check_same_processes(self, saved: Any, checkpoint: str) -> None:
         """Refuse to resume the checkpoint ``checkpoint``, trained by ``saved`` processes (its last

@@ -52,6 +52,7 @@ from gwdet.data.coco_checks import (
     non_integer_ids,
     shared_file_names,
 )
+from gwdet.utils.fingerprints import file_fingerprint, split_fingerprints
 
 FLAG = "--register-coco"
 FORMAT = "NAME=JSON:IMAGE_ROOT"
@@ -91,6 +92,19 @@ class CocoContents:
     most_elongated: tuple[str, int, int] | None = None  # (file_name, width, height) of the largest side ratio
     image_files: frozenset[str] = frozenset()  # the images' files, real paths
     json_sha256: str = ""  # of the file as it was read and checked
+    # (real path, fingerprint) of each image file, sorted by path (gwdet.utils.fingerprints.file_fingerprint)
+    image_prints: tuple[tuple[str, bytes], ...] = ()
+
+    @property
+    def fingerprints(self) -> bytes:
+        """The images' fingerprints joined in the order of their paths: what a checkpoint records."""
+        return b"".join(fingerprint for _, fingerprint in self.image_prints)
+
+    def images_among(self, fingerprints: bytes | frozenset[bytes]) -> list[str]:
+        """The image files (real paths) whose fingerprint is among ``fingerprints`` (joined, as
+        :attr:`fingerprints` gives them, or a set): copies and links of those images under any name."""
+        known = fingerprints if isinstance(fingerprints, frozenset) else frozenset(split_fingerprints(fingerprints))
+        return [path for path, fingerprint in self.image_prints if fingerprint in known]
 
     @property
     def class_names(self) -> list[str]:
@@ -580,13 +594,13 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
             "An object lies inside its box, so such an area was not rescaled with the box and image (a converter's "
             "resize): COCO evaluation files the objects under another size range (APs, APm, APl). Set area to the "
             "object's mask area (or box area) in pixels.")
+    paths = [os.path.realpath(os.path.join(root, image["file_name"])) for image in coco["images"]]
     elongated = max(coco["images"], key=lambda image: max(image["width"], image["height"])
                     / max(min(image["width"], image["height"]), 1))
     return CocoContents(tuple(sorted(names.items())), len(coco["images"]), tally.instances, tally.rle_masks,
                         tally.without_mask, tally.crowd, tally.crowd_without_mask, tally.without_iscrowd,
                         (str(elongated["file_name"]), int(elongated["width"]), int(elongated["height"])),
-                        frozenset(os.path.realpath(os.path.join(root, image["file_name"])) for image in coco["images"]),
-                        digest)
+                        frozenset(paths), digest, tuple((path, file_fingerprint(path)) for path in sorted(set(paths))))
 
 
 # ---- the catalog -----------------------------------------------------------------------------
@@ -1119,7 +1133,7 @@ def _check_no_shared_training_images(use: DatasetUse, ours: Sequence[CocoDataset
     training = [dataset for dataset in ours if dataset.name in use.train]
     for index, first in enumerate(training):
         for second in training[index + 1:]:
-            shared = first.read.image_files & second.read.image_files
+            shared = set(first.read.images_among(frozenset(f for _, f in second.read.image_prints)))
             if shared and not _same_file(first.json_file, second.json_file):  # one file under two names: refused by its own rule
                 raise DatasetError(
                     f"{use.train_setting} {first.name!r} and {second.name!r} list the same {len(shared)} image "
@@ -1159,13 +1173,15 @@ def warn_of_test_sets_trained_on(use: DatasetUse) -> None:
             test, train = read.get(test_name), read.get(train_name)
             if test is None or train is None:
                 continue
-            shared = test.read.image_files & train.read.image_files
+            shared = set(test.read.images_among(frozenset(fingerprint for _, fingerprint in train.read.image_prints)))
             if shared:
                 folder = (f" (if the test json names images of its own, its IMAGE_ROOT {test.image_root} is the "
                           "training images' folder: give the folder of the test images)"
-                          if len(shared) == test.read.images else "")
+                          if len(shared) == test.read.images
+                          and os.path.realpath(test.image_root) == os.path.realpath(train.image_root) else "")
                 logger.warning(
-                    f"{len(shared)} of the {test.read.images} images of {use.test_setting} {test.name!r} are images of "
+                    f"{len(shared)} of the {test.read.images} images of {use.test_setting} {test.name!r} are images "
+                    "(the files, links or copies of them) of "
                     f"{use.train_setting} {train.name!r} ({listed(sorted(shared), 2)}): its results measure, in part, "
                     f"the data the model trains on, not how it does on unseen images. Evaluate on held-out images{folder}.")
 

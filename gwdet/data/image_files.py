@@ -179,3 +179,4 @@ def image_file_problem(path: str, width: int | None = None, height: int | None =
                     "lacks (detectron2 could not read it either); convert the image to PNG or JPEG")
         return f"cannot be decoded ({reason}): it is cut short or damaged; copy it again"
     return ""
+

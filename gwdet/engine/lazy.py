@@ -270,6 +270,8 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
         check_output_folder(select(cfg, "train.output_dir"), "train.output_dir")
         check_torch_state(training=True)  # float64 or no gradients left by one's own code: refused by name
         LazyRun(cfg).check_training_request(comm.get_world_size())  # done already where the tools built it
+        # datasets one's own code registered (register_coco_instances) get the --register-coco checks before training
+        check_datasets(cfg, trains=True, evaluates=False)
         seed_as_the_tools_do(cfg, select(cfg, "train.seed"), "train.seed")  # the tools' default_setup did
         super().__init__()
         if not logging.getLogger("detectron2").isEnabledFor(logging.INFO):

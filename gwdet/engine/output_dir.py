@@ -1454,10 +1454,15 @@ def check_run_detections_kept(folder: str, output_dir: str, fix: str) -> None:
     ``output_dir`` (its ``inference/``, which its ``results.json`` describes); ``fix`` says where to
     write instead. A training's own evaluations write before the run's results exist, and the tools
     evaluate into folders of their own. A run without ``results.json`` (trained from one's own code)
-    is finished where its detections are as new as its ``model_final.pth`` (its final evaluation)."""
+    is finished where its detections are as new as its ``model_final.pth`` (its final evaluation).
+    The run's own evaluation (this process holds the folder's lock: a tool's run, a trainer's
+    ``train()``) replaces them: a run stopped after its final detections but before its results is
+    evaluated again when it resumes."""
     inference = os.path.realpath(os.path.join(output_dir, INFERENCE_FOLDER))
     if os.path.commonpath([os.path.realpath(folder), inference]) != inference:
         return  # a folder of the evaluation's own (a study's batch_statistics/, a tool's eval/): not the run's
+    if (lock_holder(output_dir) or "").split()[:2] == ["pid", str(os.getpid())]:
+        return
     held = [name for name in EVALUATOR_FILES if os.path.isfile(os.path.join(folder, name))]
     final = os.path.join(output_dir, FINAL_WEIGHTS)
     # a run trained from one's own code writes no results.json: its final evaluation comes after model_final.pth

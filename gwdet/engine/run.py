@@ -48,7 +48,7 @@ from detectron2.utils import comm
 from detectron2.utils.logger import setup_logger
 
 from gwdet.checkpoint.signal_hook import evaluation_stops
-from gwdet.checkpoint.resilient import (CLASSES_KEY, DATA_KEY, INPUT_KEY, ResilientCheckpointer, absolute_weights_path,
+from gwdet.checkpoint.resilient import (CLASSES_KEY, DATA_KEY, IMAGES_KEY, INPUT_KEY, ResilientCheckpointer, absolute_weights_path,
                                         input_differences, local_weights_path, weights_record)
 from gwdet.data.coco_registration import CocoDataset, DatasetError, coco_dataset, recorded_images
 from gwdet.data.datasets import check_evaluated_classes
@@ -455,7 +455,10 @@ def warn_of_training_data_evaluated(trained_on: Any, test_datasets: Sequence[str
                     f"training set {trained!r}, the same file contents): its results measure the data the model "
                     "trained on, not how it does on unseen images. Evaluate on a held-out annotation file.")
                 break
-            shared = registered.read.image_files & recorded_images(dict(record)) if registered else frozenset()
+            prints = record.get(IMAGES_KEY)  # by contents: also after the training images' folder moved, and copies
+            shared = (registered.read.image_files & recorded_images(dict(record))
+                      | set(registered.read.images_among(prints if isinstance(prints, bytes) else b""))
+                      if registered else frozenset())
             if registered and shared:
                 logger.warning(
                     f"{len(shared)} of the {registered.read.images} images of the test set {name!r} are images "

@@ -30,7 +30,7 @@ from gwdet.errors import GwdetValueError
 from gwdet.checkpoint.compatibility import unwrapped
 from gwdet.checkpoint.resilient import CLASSES_ATTRIBUTE, ResilientCheckpointer, absolute_weights_path
 from gwdet.checkpoint.signal_hook import release_stop_signals
-from gwdet.config import config_value, flatten_config
+from gwdet.config import SHAPES_PREFIX, config_value, flatten_config
 from gwdet.layers.common import is_whole_number
 from gwdet.config_checks import (NORM_KEYS, ZERO_RATE, builds_norm, check_batch_split, check_training_sampling,
                                  ensure_checked)
@@ -91,6 +91,8 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
         check_output_folder(cfg.OUTPUT_DIR, "OUTPUT_DIR")
         check_torch_state(training=True)  # float64 or no gradients left by one's own code: refused by name
         YacsRun(cfg).check_training_request(comm.get_world_size())  # done already where the tools built it
+        # datasets one's own code registered (register_coco_instances) get the --register-coco checks before training
+        check_config_against_datasets(cfg, trains=True, evaluates=False)
         seed_as_the_tools_do(cfg, cfg.SEED, "SEED")  # the tools' default_setup did
         # Whatever build_train_loader (a subclass's too) returns reaches detectron2's SimpleTrainer
         # with its batches checked (gwdet.data.finite_images): during the construction the
@@ -314,6 +316,23 @@ def _warn_of_unread_schedule_values(cfg: CfgNode) -> None:
                        f"SOLVER.LR_SCHEDULER_NAME {solver.LR_SCHEDULER_NAME}: the rate ends where its steps leave it.")
 
 
+def _warn_of_resized_shapes(cfg: CfgNode) -> None:
+    """Warn when the shapes dataset is generated at another size than the model reads its images
+    at (``DATASETS.SHAPES.IMAGE_SIZE`` against ``INPUT.MIN_SIZE_TRAIN`` / ``MIN_SIZE_TEST``): detectron2
+    resizes them, so a smaller dataset (``IMAGE_SIZE 64``) is trained and tested upsampled."""
+    names = [*cfg.DATASETS.TRAIN, *cfg.DATASETS.TEST]
+    size = cfg.DATASETS.SHAPES.IMAGE_SIZE
+    read = sorted({*cfg.INPUT.MIN_SIZE_TRAIN, *([cfg.INPUT.MIN_SIZE_TEST] if cfg.INPUT.MIN_SIZE_TEST else [])})
+    if not any(name.startswith(SHAPES_PREFIX) for name in names) or read in ([], [size]):
+        return
+    logger.warning(f"DATASETS.SHAPES.IMAGE_SIZE {size} generates images of {size} pixels a side, but the model reads "
+                   f"them resized to a shorter side of {', '.join(map(str, read))} (INPUT.MIN_SIZE_TRAIN "
+                   f"{tuple(cfg.INPUT.MIN_SIZE_TRAIN)}, INPUT.MIN_SIZE_TEST {cfg.INPUT.MIN_SIZE_TEST}). To train and "
+                   f"test at the images' own size, set INPUT.MIN_SIZE_TRAIN \"({size},)\" INPUT.MAX_SIZE_TRAIN {size} "
+                   f"INPUT.MIN_SIZE_TEST {size} INPUT.MAX_SIZE_TEST {size} (a LazyConfig's dataloader.shapes.image_size "
+                   "sets both).")
+
+
 def _rate_factor(cfg: CfgNode, iteration: int) -> float:
     """The factor of ``SOLVER.BASE_LR`` detectron2's scheduler of ``cfg`` gives at ``iteration``."""
     scheduler = build_lr_scheduler(cfg, torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0))
@@ -376,6 +395,7 @@ def check_training_values(cfg: CfgNode, world_size: int) -> None:
                        f"{cfg.SOLVER.MAX_ITER // 10}) to train at the base rate.")
     check_training_sampling(cfg)
     _warn_of_unread_schedule_values(cfg)
+    _warn_of_resized_shapes(cfg)
     norms = norm_settings(cfg)
     if not cfg.MODEL.WEIGHTS:
         check_scratch_training([key for key, name in norms.items() if name == "FrozenBN"], cfg.MODEL.BACKBONE.FREEZE_AT,

@@ -32,8 +32,9 @@ from detectron2.utils import comm
 from detectron2.utils.env import seed_all_rng
 from detectron2.utils.events import CommonMetricPrinter, EventWriter, JSONWriter, TensorboardXWriter
 
-from gwdet.checkpoint.resilient import RandomState, ResilientCheckpointer, checkpoint_names
+from gwdet.checkpoint.resilient import IMAGES_KEY, RandomState, ResilientCheckpointer, checkpoint_names
 from gwdet.checkpoint.signal_hook import CheckpointOnSignal
+from gwdet.data.coco_registration import coco_dataset
 from gwdet.data.datasets import dataset_classes
 from gwdet.data.resumable import skip_trained_samples
 from gwdet.layers.common import is_whole_number
@@ -100,6 +101,10 @@ def training_checkpointer(trainer: TrainerBase, output_dir: str, datasets: Seque
     that could not run by then are named)."""
     files = {name: {key: record[key] for key in ("json_file", "json_sha256", "image_root")}
              for name, record in annotation_files(datasets).items()}
+    for name, record in files.items():  # a COCO dataset's images, told apart by their fingerprints
+        dataset = coco_dataset(name)
+        if dataset is not None:
+            record[IMAGES_KEY] = dataset.read.fingerprints
     return ResilientCheckpointer(trainer._trainer.model, output_dir, random_state=RandomState(),
                                  trainer=weakref.proxy(trainer), weights_setting=weights_setting,
                                  classes=dataset_classes(datasets), training_data=files, segment=run_segment)

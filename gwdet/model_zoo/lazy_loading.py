@@ -28,7 +28,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from detectron2.config import LazyCall, LazyConfig
+from detectron2.config import LazyCall, LazyConfig, get_cfg
 from detectron2.layers import ShapeSpec
 from detectron2.utils.registry import locate
 
@@ -191,6 +191,24 @@ def _reference_above(cfg: DictConfig, parts: Sequence[str]) -> tuple[str, str] |
     return None
 
 
+# yacs keys of a run and the LazyConfig settings in their place (docs/usage.md)
+YACS_RUN_KEYS = {"MODEL.WEIGHTS": "train.init_checkpoint", "OUTPUT_DIR": "train.output_dir", "SEED": "train.seed",
+                 "MODEL.DEVICE": "train.device", "SOLVER.MAX_ITER": "train.max_iter", "SOLVER.BASE_LR": "optimizer.lr",
+                 "SOLVER.IMS_PER_BATCH": "dataloader.train.total_batch_size",
+                 "SOLVER.CHECKPOINT_PERIOD": "train.checkpointer.period", "TEST.EVAL_PERIOD": "train.eval_period"}
+
+
+def _yacs_key_advice(key: str) -> str:
+    """For a yacs key given to a LazyConfig, the words that name its LazyConfig setting ("" for others)."""
+    twin = YACS_RUN_KEYS.get(key.lstrip("+"))
+    if twin is not None:
+        return f" {key.lstrip('+')} is a yacs config's key; a LazyConfig sets it as {twin}=..."
+    top = key.lstrip("+").split(".")[0]
+    if top.isupper() and top in get_cfg():
+        return f" {top}.* are a yacs config's keys, which a LazyConfig does not read; set its own (docs/usage.md)."
+    return ""
+
+
 def check_override_key(cfg: DictConfig, key: str, given: Mapping[str, Any] | None = None) -> None:
     """Raise ``ValueError`` unless ``key`` (dotted) is in ``cfg`` or names an argument of the
     callable of the ``L(...)`` node it would be set on, and is not below a reference to a shared
@@ -220,8 +238,8 @@ def check_override_key(cfg: DictConfig, key: str, given: Mapping[str, Any] | Non
     where = f"under {parent_key!r}" if parent_key else "at the top of the config"
     hint = f" Did you mean {' or '.join(repr('.'.join([*parts[:depth], c])) for c in close)}?" if close else ""
     takes = f" ({getattr(target, '__qualname__', target)} takes {', '.join(sorted(arguments))})" if arguments else ""
-    raise GwdetValueError(f"LazyConfig override {key!r}: the config has no {name!r} {where}{takes}.{hint} "
-                          f"Write +{key}=... to add a new key on purpose.")
+    advice = _yacs_key_advice(key) or (f" Write +{key}=... to add a new key on purpose." if parent_key else "")
+    raise GwdetValueError(f"LazyConfig override {key!r}: the config has no {name!r} {where}{takes}.{hint}{advice}")
 
 
 def _refuse_a_value_above(cfg: DictConfig, key: str, given: Mapping[str, Any] | None = None) -> None:
@@ -236,6 +254,18 @@ def _refuse_a_value_above(cfg: DictConfig, key: str, given: Mapping[str, Any] | 
             return
         if not isinstance(held, (DictConfig, ListConfig)):  # as the command line sets it, where it does
             raise _value_above_error(key, level, (given or {}).get(level, held))
+
+
+def _refuse_a_new_top_node(cfg: DictConfig, key: str) -> None:
+    """Raise ``ValueError`` for a ``+key`` that adds a node at the top of the config: nothing reads
+    it (the model, loaders, optimizer and run read their own nodes), so the run would go on as if
+    it were not given (``+MODEL.WEIGHTS=...`` trained from scratch)."""
+    top = key.lstrip("+").split(".")[0]
+    if top in cfg:
+        return
+    raise GwdetValueError(
+        f"LazyConfig override {key!r} adds {top!r} at the top of the config, which nothing reads: the run would go "
+        f"on as without it.{_yacs_key_advice(key) or ' Add the key under the node that reads it (train, model, dataloader, optimizer, lr_multiplier).'}")
 
 
 def _value_above_error(key: str, level: str, held: Any) -> GwdetValueError:
@@ -326,6 +356,7 @@ def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
             check_override_key(cfg, key.strip(), given)
         else:
             _refuse_a_value_above(cfg, key.strip(), given)
+            _refuse_a_new_top_node(cfg, key.strip())
         parsed = _parsed_value(override, key.strip(), value)
         if not key.startswith("+") and _is_own_node(cfg, key.strip()):  # a mapping merges into such a node
             for nested in _mapping_keys(parsed, key.strip()):

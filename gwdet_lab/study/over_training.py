@@ -178,6 +178,23 @@ def write_report(cells: Sequence[tuple[PlannedCell, dict]], out_dir: Path) -> li
     return paths
 
 
+def reported_cells(out_dir: Path) -> set[str]:
+    """The cells whose rows the report in ``out_dir`` (its ``table.md``) holds; none without one."""
+    try:
+        lines = (out_dir / TABLE_MD).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return set()
+    cells, in_table = set(), False
+    for line in lines:
+        if line.startswith("| cell |"):
+            in_table = True
+        elif in_table and line.startswith("| ") and not line.startswith("| ---"):
+            cells.add(line.split("|")[1].strip())
+        elif not line.startswith("|"):
+            in_table = False
+    return cells
+
+
 def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=" ".join(__doc__.split("\n\n")[0].split()))
     source = parser.add_mutually_exclusive_group(required=True)
@@ -207,6 +224,12 @@ def _over_training(argv: list[str]) -> int:
     problem = foreign_report_problem("--out", Path(args.out), [TITLE], REPORT_NAMES, PROG)
     if problem:
         raise GwdetValueError(problem)
+    others = reported_cells(Path(args.out)) - set(args.cells)
+    if others:  # compare_norms.py refuses a report of other cells in its folder so too
+        raise GwdetValueError(
+            f"--out {args.out} holds the report of other cells ({', '.join(sorted(others)[:4])}"
+            f"{', ...' if len(others) > 4 else ''}), which this report would replace; nothing was written. Give this "
+            "report a folder of its own (another --out), or name those cells in --cells too.")
     if args.records:
         if args.subset != parser.get_default("subset"):  # the records' subset is the one they were measured on
             raise GwdetValueError(f"--subset {args.subset}: --records reports what the records hold, measured on the "
