@@ -204,6 +204,14 @@ def test_an_input_size_without_positive_sides_is_named_by_the_flag(tmp_path, cap
         f"{size!r}" in err
 
 
+def test_an_input_size_in_analyze_models_two_number_form_is_named_by_the_flag(tmp_path, capsys):
+    # "--input-size 128 128" (tools/analyze_model.py's form) was blamed on the KEY VALUE overrides
+    with pytest.raises(SystemExit) as refused:
+        main(["constraints", "--out", str(tmp_path), "--config", str(DEMO_CONFIG), "--input-size", "128", "128"])
+    assert refused.value.code == 2 and ("--input-size takes HxW as one word, e.g. --input-size 128x128; a number after "
+                                        "it (128) is read as the start of the KEY VALUE overrides") in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("percents", ["100", "0", "x"])
 def test_percents_outside_the_spectrum_are_named_by_the_flag(tmp_path, capsys, percents):
     # --percents 100 stopped in condition_number with "p must be in (0, 1], got 100.0"

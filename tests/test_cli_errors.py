@@ -389,7 +389,11 @@ def test_lab_tools_refuse_an_out_below_or_at_a_file(tmp_path, capsys, tool):
 @pytest.mark.parametrize("opts, message", [
     (["SOLVER.MAX_ITR", "1"], "The KEY VALUE overrides: SOLVER.MAX_ITR is not a key of detectron2's or gwdet's config. "
                               "Did you mean SOLVER.MAX_ITER?"),
-    (["NO_SUCH.KEY", "1"], "The KEY VALUE overrides: NO_SUCH.KEY is not a key of detectron2's or gwdet's config. (A "),
+    # a registered norm's key read by the tool (a run of it evaluated): "add_*_config", which a tool user cannot call
+    (["NO_SUCH.KEY", "1"], "The KEY VALUE overrides: NO_SUCH.KEY is not a key of detectron2's or gwdet's config. (A "
+                           "project's own keys are added by its add_*_config function before the config is read; a norm "
+                           "registered with gwdet.register_norm adds its config_keys in the script that registers it: "
+                           "read a config of such a norm, a run's config.yaml say, with that script"),
     (["SOLVER.BASE_LR", "0,02"], "The KEY VALUE overrides: SOLVER.BASE_LR takes a value of type float (it is 0.02 "
                                  "before this value); got 0,02 (a str)."),
     # the p = inf of gradient clipping's max norm, which yacs cannot read as a float

@@ -274,7 +274,8 @@ def test_export_and_analyze_tools_take_a_lazy_config(tmp_path, capsys):
     weights = f"train.init_checkpoint={tmp_path / 'run' / 'model_final.pth'}"
     assert analyze([*config, "--tasks", "flop", "parameter", "-n", "2", weights, *tiny]) == 0
     printed = capsys.readouterr().out
-    assert "Total GFlops:" in printed and "over 2 input(s)" in printed
+    # "Total GFlops: X (over 2 input(s))" read as a sum over the inputs: it is each input's mean
+    assert "GFlops per input: " in printed and "(the mean over 2 input(s), each one image)" in printed
     whole = next(line for line in printed.splitlines() if line.startswith("| whole model |"))
     assert "group_whitening" in whole
     with pytest.raises(SystemExit) as stopped:  # the tool's one-line error (gwdet.utils.cli_errors)

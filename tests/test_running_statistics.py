@@ -152,3 +152,21 @@ def test_layers_of_classes_it_does_not_know_that_keep_statistics_are_named_and_l
         "their class defines its momentum."]
     assert torch.allclose(model[0].running_mean, torch.stack([x.mean(dim=(0, 2, 3)) for x in batches()]).mean(0))
     assert torch.equal(model[1].running_mean, torch.full((8,), 7.0, dtype=torch.float64))  # its forward moved them
+
+
+def test_detectron2s_endless_training_loader_is_refused_naming_islice():
+    # usage.md's recipe without itertools.islice ran without end and without a word
+    import itertools
+
+    from detectron2.data import build_detection_train_loader
+    from detectron2.data.samplers import TrainingSampler
+
+    images = [torch.randn(2, 3, 4, 4) for _ in range(4)]
+    loader = build_detection_train_loader(images, mapper=lambda image: image, total_batch_size=1,
+                                          sampler=TrainingSampler(len(images)), num_workers=0,
+                                          aspect_ratio_grouping=False)
+    model = torch.nn.Sequential(torch.nn.BatchNorm2d(3))
+    with pytest.raises(ValueError, match=r"the loader is detectron2's training loader, which draws batches without end "
+                                         r".* e.g. itertools.islice\(loader, 200\)"):
+        update_running_statistics(loader, model)
+    assert update_running_statistics((torch.cat(batch) for batch in itertools.islice(loader, 2)), model) == 2

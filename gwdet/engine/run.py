@@ -577,7 +577,7 @@ def check_same_config(run: RunConfig, args: argparse.Namespace) -> None:
             "and results.json records one count: start every machine with the same --threads N.")
 
 
-def setup(args: argparse.Namespace, run: RunConfig, held: HeldRecords) -> None:
+def setup(args: argparse.Namespace, run: RunConfig, held: HeldRecords | None = None) -> None:
     """The command line's datasets registered, the run request checked, detectron2's logging and
     output set-up, the datasets ready.
 
@@ -615,7 +615,8 @@ def setup(args: argparse.Namespace, run: RunConfig, held: HeldRecords) -> None:
         default_setup(run.cfg, args)  # seeds the random generators with the config's seed
     mark_seeded(run.cfg)
     setup_logger(run.output_dir, distributed_rank=comm.get_rank(), name="gwdet")  # gwdet's messages in log.txt too
-    held.release()
+    if held is not None:
+        held.release()
     logger.info(describe_plans())
     run.prepare_datasets(trains=not args.eval_only, evaluates=True)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import logging
+import statistics
 from collections import Counter
 from typing import Dict, List, Optional, Sequence
 
@@ -136,7 +137,8 @@ def do_flop(model, batches, max_depth: int) -> Dict:
     print("Flops (multiply-adds) of the first input:\n" + flop_count_table(first, max_depth=max_depth))
     print("GFlops per operator, averaged: " + str({op: round(v / len(batches) / 1e9, 4) for op, v in by_operator.items()}))
     mean = sum(totals) / len(totals)
-    print(f"Total GFlops: {mean / 1e9:.3f} (over {len(totals)} input(s))")
+    spread = f" +- {statistics.pstdev(totals) / 1e9:.3f}" if len(totals) > 1 else ""
+    print(f"GFlops per input: {mean / 1e9:.3f}{spread} (the mean over {len(totals)} input(s), each one image)")
     rows = share_rows(first, model)
     print("gwdet layers per component (first input):\n" + share_markdown(rows))
     return {"total": mean, "rows": rows}

@@ -29,6 +29,25 @@ def _run_model(model: nn.Module, batch: Any) -> Any:
     return model(batch)
 
 
+# detectron2's classes that make a loader draw batches without end (a training loader's)
+_ENDLESS = ("AspectRatioGroupedDataset", "TrainingSampler", "RepeatFactorTrainingSampler")
+
+
+def _endless(loader: Any) -> bool:
+    """Whether ``loader`` is (or wraps, through its ``dataset`` and ``sampler`` attributes) one of
+    detectron2's endless training loaders; read from the objects' attributes, not their lengths."""
+    waiting, looked = [loader], 0
+    while waiting and looked < 16:
+        found = waiting.pop()
+        looked += 1
+        kind = type(found)
+        if kind.__module__.startswith("detectron2") and kind.__name__ in _ENDLESS:
+            return True
+        attributes = vars(found) if hasattr(found, "__dict__") else {}
+        waiting += [attributes[name] for name in ("dataset", "sampler", "_sampler") if attributes.get(name) is not None]
+    return False
+
+
 def update_running_statistics(loader: Iterable[Any], model: nn.Module,
                               forward: Callable[[nn.Module, Any], Any] = _run_model) -> int:
     """Recompute the running statistics of every torch batch norm, BW and BGN/GhostBN layer of
@@ -53,6 +72,11 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
     if not layers:
         raise GwdetValueError(f"update_running_statistics: {type(model).__name__} has no layer with running statistics "
                               "(torch's batch norms, BW, BGN, GhostBN), so there is nothing to recompute.")
+    if _endless(loader):
+        raise GwdetValueError(
+            "update_running_statistics: the loader is detectron2's training loader, which draws batches without end "
+            "(its TrainingSampler repeats the dataset), so the recomputation would never finish: give a number of its "
+            "batches, e.g. itertools.islice(loader, 200). The running statistics are as they were.")
     saved = [{name: buffer.clone() for name, buffer in layer.named_buffers(recurse=False)} for layer in layers]
     kept = [{name: buffer.clone() for name, buffer in layer.named_buffers(recurse=False)} for layer in others.values()]
     momenta = [layer.momentum for layer in layers]

@@ -142,7 +142,10 @@ def merge_problem(cfg: CfgNode, error: BaseException) -> str:
         close = [*placed[:2], *(name for name in close if name not in placed)][:3]
         hint = f" Did you mean {' or '.join(close)}?" if close else ""
         return (f"{key} is not a key of detectron2's or gwdet's config.{hint} (A project's own keys are added "
-                "by its add_*_config function before the config is read.)" + spawned_process_note())
+                "by its add_*_config function before the config is read; a norm registered with gwdet.register_norm "
+                "adds its config_keys in the script that registers it: read a config of such a norm, a run's "
+                "config.yaml say, with that script, e.g. its gwdet.cluster.training.run() with --eval-only.)"
+                + spawned_process_note())
     wrong = _WRONG_TYPE.search(text)
     if wrong:
         expected, given, default, value, key = wrong.groups()

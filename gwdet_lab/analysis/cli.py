@@ -245,6 +245,9 @@ def setting_problem(args: argparse.Namespace) -> str | None:
         if args.input_size is not None and not args.config:
             return ("--input-size sets the image of --config's GW cost table, and --config '' skips that table: "
                     "give a config, or leave --input-size out")
+        if args.opts and args.opts[0].isdigit():  # tools/analyze_model.py's two-number form
+            return (f"--input-size takes HxW as one word, e.g. --input-size {args.opts[0]}x{args.opts[0]}; a number "
+                    f"after it ({args.opts[0]}) is read as the start of the KEY VALUE overrides")
     if args.command == "capacity":
         setting = capacity_setting(args)
         width = f"--width {setting.width}" if args.width else f"the width of {setting.width} hidden units"
