@@ -883,37 +883,38 @@ def test_a_sample_image_of_another_layout_or_a_model_on_meta_is_refused_by_name(
     assert not (tmp_path / "model.ts").exists()
 
 
-def test_run_eval_into_a_finished_runs_folder_is_refused_before_the_export(tmp_path, capsys):
-    # --run-eval --output <a LazyConfig run>: the run's inference/coco_instances_results.json replaced by the export's
+def _run_eval_refusal(run, capsys) -> str:
+    """What the export tool prints when it refuses ``--run-eval --output run`` (exit status 2)."""
     from gwdet.export.export_model import main
 
+    argv = ["--config-file", str(DEMO_CONFIG), "--untrained", "--run-eval", "--output", str(run), *TINY_OPTS]
+    with pytest.raises(SystemExit) as refused:
+        main(argv)
+    assert refused.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_run_eval_into_a_finished_runs_folder_is_refused_before_the_export(tmp_path, capsys):
+    # --run-eval --output <a LazyConfig run>: the run's inference/coco_instances_results.json replaced by the export's
     run = tmp_path / "run"
     (run / "inference").mkdir(parents=True)
     (run / "inference" / "coco_instances_results.json").write_text("[]")
     (run / "results.json").write_text("{}")
-    argv = ["--config-file", str(DEMO_CONFIG), "--untrained", "--run-eval", "--output", str(run), *TINY_OPTS]
-    with pytest.raises(SystemExit) as refused:
-        main(argv)
-    printed = capsys.readouterr().err
-    assert refused.value.code == 2 and (f"which holds the detections of the finished run in {run} "
-                                        "(coco_instances_results.json, which its results.json describes)") in printed
+    printed = _run_eval_refusal(run, capsys)
+    assert (f"which holds the detections of the finished run in {run} "
+            "(coco_instances_results.json, which its results.json describes)") in printed
     assert f"--output {run / 'deploy'}" in printed and sorted(os.listdir(run)) == ["inference", "results.json"]
 
 
 def test_run_eval_into_a_training_runs_folder_is_refused_before_the_export(tmp_path, capsys):
     # --run-eval --output <a yacs run>: the export's detections went into the run's inference/ beside its
     # shapes_val/, and a later --overwrite of the run deleted them as the run's
-    from gwdet.export.export_model import main
-
     run = tmp_path / "run"
     (run / "inference" / "shapes_val").mkdir(parents=True)
     (run / "model_final.pth").write_bytes(b"weights")
-    argv = ["--config-file", str(DEMO_CONFIG), "--untrained", "--run-eval", "--output", str(run), *TINY_OPTS]
-    with pytest.raises(SystemExit) as refused:
-        main(argv)
-    printed = capsys.readouterr().err
-    assert refused.value.code == 2 and (f"--output {run} holds a training run (model_final.pth), and --run-eval "
-                                        "writes its evaluation into inference/ there") in printed
+    printed = _run_eval_refusal(run, capsys)
+    assert (f"--output {run} holds a training run (model_final.pth), and --run-eval "
+            "writes its evaluation into inference/ there") in printed
     assert f"--output {run / 'deploy'}" in printed and sorted(os.listdir(run)) == ["inference", "model_final.pth"]
 
 

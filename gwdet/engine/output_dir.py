@@ -1312,9 +1312,9 @@ def _in_use(output_dir: str, holder: str, setting: str) -> GwdetRuntimeError:
                              f"give this run another {setting}.")
 
 
-def _folder_locked(output_dir: str) -> bool:
-    """Whether a run holds the lock :class:`OutputDirLock` takes on the folder itself (which stays
-    when its lock file is deleted, as a clean-up of "stale" locks does)."""
+def folder_locked(output_dir: str) -> bool:
+    """Whether a process holds a lock on the folder itself: a run's :class:`OutputDirLock` (which stays
+    when its lock file is deleted, as a clean-up of "stale" locks does), or an export's."""
     try:
         descriptor = os.open(output_dir, os.O_RDONLY)
     except OSError:
@@ -1335,7 +1335,7 @@ def lock_holder(output_dir: str) -> str | None:
     path = os.path.join(output_dir, LOCK_NAME)
     if not os.path.isfile(path) or os.path.islink(path):
         return "another process (its lock file was deleted)" if os.path.isdir(output_dir) and \
-            _folder_locked(output_dir) else None
+            folder_locked(output_dir) else None
     with open(path, encoding="utf-8", errors="replace") as file:
         try:
             fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)

@@ -39,7 +39,7 @@ from gwdet.export.deploy import MIN_DETECTOR_OPSET
 from gwdet.export.detection_check import TOLERANCE
 from gwdet.engine.arguments import parse_with_trailing_flags, refuse_repeated_flags
 from gwdet.engine.output_dir import (EVALUATOR_FILES, LOCK_NAME, check_run_detections_kept, check_weights_are_the_runs,
-                                     checkpoints_in, lock_holder)
+                                     checkpoints_in, folder_locked, lock_holder)
 from gwdet.engine.run import RunConfig, gives_setting, load_run_config, named_full_disk
 
 logger = logging.getLogger("gwdet.export")
@@ -140,18 +140,8 @@ def folder_in_use(folder: str) -> GwdetRuntimeError:
 
 def check_folder_free(folder: str) -> None:
     """Refuse an export into ``folder`` while another process holds its lock, before the model is built."""
-    import fcntl
-
-    try:
-        descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:  # not there yet: the export creates it
-        return
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise folder_in_use(folder) from None
-    finally:
-        os.close(descriptor)
+    if folder_locked(folder):
+        raise folder_in_use(folder)
 
 
 class ExportFolderLock:
