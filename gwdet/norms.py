@@ -429,8 +429,9 @@ def check_untied_norms(model: torch.nn.Module) -> None:
             f"One norm layer object ({type(model.get_submodule(first[0])).__name__}) sits at {len(first)} places, "
             f"{listed(first, 3)}, so their weights and statistics are one"
             + (f" ({len(tied) - 1} more such layer(s))" if len(tied) > 1 else "")
-            + ": a norm's build function returned a layer it had built before (a cache?). Make it build a new layer "
-            "for each call.")
+            + ": the code that builds the model gave one layer object to several modules (a norm layer made once "
+            "and passed to each conv, or a norm's build function that returns a layer it built before). Build a new "
+            "layer for each place (call the norm's builder once per conv).")
 
 
 def layer_channels(layer: torch.nn.Module) -> int | None:

@@ -93,7 +93,6 @@ def test_iscrowd_true_and_false_are_read_as_1_and_0(tmp_path):
 
 
 @pytest.mark.parametrize("change, shown", [
-    (lambda annotation: annotation.pop("area"), "annotation id 1 of image 1 (000.png): has no 'area'"),
     (lambda annotation: annotation.update(area="480"), "area '480' is a str, not a number"),
     (lambda annotation: annotation.update(area=-5), "area -5 is negative"),
     (lambda annotation: annotation.update(area=float("nan")), "area nan is not finite"),
@@ -101,12 +100,21 @@ def test_iscrowd_true_and_false_are_read_as_1_and_0(tmp_path):
     (lambda annotation: annotation.update(area=1e11), "area 100000000000.0 is larger than its image (64 x 64 = 4096 pixels)"),
     # a converter's placeholder: every object counted as small (APs of 2000-pixel objects)
     (lambda annotation: annotation.update(area=0), "area 0 for a bbox of 24 x 20 pixels (a placeholder?)"),
-], ids=["missing", "string", "negative", "nan", "larger than the image", "zero"])
+], ids=["string", "negative", "nan", "larger than the image", "zero"])
 def test_an_area_coco_evaluation_cannot_use_is_refused_naming_the_annotation(tmp_path, change, shown):
     message = refusal(tmp_path, lambda coco, root: change(coco["annotations"][0]))
     assert "1 annotation(s) of " in message and "have no usable 'area'" in message and shown in message, message
     assert "COCO evaluation reads every annotation's area" in message, message
     assert "area to the object's mask area (or box area)" in message, message
+
+
+def test_a_training_set_without_areas_is_read_as_detectron2_trains_on_it(tmp_path):
+    # many converters leave area out: refused before for COCO evaluation, which reads test sets only
+    def without_area(coco, root):
+        for annotation in coco["annotations"]:
+            del annotation["area"]
+    contents = CocoDataset.parse(f"m={write_dataset(tmp_path, without_area)}").inspected().read
+    assert (contents.without_area, contents.instances) == (4, 4)
 
 
 def test_areas_larger_than_their_boxes_are_refused(tmp_path):
@@ -757,6 +765,10 @@ def _as_shapes(change: Callable[[dict, Path], None]) -> Callable[[dict, Path], N
     # before: KeyError: 'iscrowd' after inference
     (lambda coco, root: [annotation.pop("iscrowd") for annotation in coco["annotations"]],
      "4 of the 4 annotations of dataloader.evaluator.dataset_name 'lazy_m' .* have no 'iscrowd'"),
+    # a training set's missing area is read (above); a test set's stopped COCO evaluation with KeyError: 'area'
+    (lambda coco, root: coco["annotations"][1].pop("area"),
+     "1 of the 4 annotations of dataloader.evaluator.dataset_name 'lazy_m' .* have no 'area': detectron2 trains without "
+     "it, but COCO evaluation reads every test annotation's area"),
     # before: KeyError: 'segmentation' after inference
     (lambda coco, root: coco["annotations"][0].pop("segmentation"),
      r"the model has a mask head \(model.roi_heads.mask_head\), but 1 of the 4 annotations of "

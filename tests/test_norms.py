@@ -535,8 +535,10 @@ def test_a_build_function_that_ignores_the_channel_count_or_returns_one_layer_tw
                        ["MODEL.FPN.NORM", "TestCached", "MODEL.DEVICE", "cpu"])
     with pytest.raises(ValueError, match=r"^One norm layer object \(GroupNorm\) sits at 8 places, "
                                          r"fpn_lateral2.norm, fpn_output2.norm, .*so their weights "
-                                         r"and statistics are one: a norm's build function returned a layer it had "
-                                         r"built before \(a cache\?\). Make it build a new layer for each call.$"):
+                                         r"and statistics are one: the code that builds the model gave one layer "
+                                         r"object to several modules \(a norm layer made once and passed to each conv, "
+                                         r"or a norm's build function that returns a layer it built before\). Build a "
+                                         r"new layer for each place \(call the norm's builder once per conv\).$"):
         build_model(cfg)
     from detectron2.modeling import build_model as detectron2s_build_model
 

@@ -1465,6 +1465,11 @@ def test_weights_behind_a_wrappers_prefix_or_a_whole_pickled_model_are_named(tmp
         ResilientCheckpointer(Trainer.build_model(cfg)).load(str(tmp_path / "ema.pth"))
     torch.save({"model": averaged.module.state_dict()}, tmp_path / "ema.pth")
     ResilientCheckpointer(Trainer.build_model(cfg)).load(str(tmp_path / "ema.pth"))
+    # model.backbone.state_dict() saved on its own: its keys lack "backbone.", called "named otherwise"
+    torch.save({"model": model.backbone.state_dict()}, tmp_path / "backbone.pth")
+    with pytest.raises(ValueError, match=r"The file holds the model's keys without their 'backbone.' \(e.g. '.*' is the "
+                                         r"model's 'backbone\..*'\): the state dict of model.backbone, not of the model"):
+        ResilientCheckpointer(Trainer.build_model(cfg)).load(str(tmp_path / "backbone.pth"))
     torch.save({"model": model}, tmp_path / "whole.pth")
     monkeypatch.setenv("GWDET_ALLOW_UNSAFE_PICKLE", "1")
     loaded = Trainer.build_model(cfg)

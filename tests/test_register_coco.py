@@ -145,12 +145,12 @@ def test_files_are_checked_as_the_flag_is_read(data, tmp_path, capsys):
     json_file, images = data["train"]
     broken = tmp_path / "broken.json"
     broken.write_text('{"images": [],\n "annotations": [\n}')
-    no_annotations = tmp_path / "no_annotations.json"
-    no_annotations.write_text(json.dumps({"images": [], "categories": CATEGORIES}))
+    no_images = tmp_path / "no_images.json"
+    no_images.write_text(json.dumps({"images": [], "annotations": [], "categories": CATEGORIES}))
     cases = {
         "a missing json": (f"m={tmp_path / 'nope.json'}:{images}", ["'m'", "nope.json", "does not exist"]),
         "invalid json": (f"m={broken}:{images}", ["broken.json", "not valid JSON", "line 3, column 1"]),
-        "no annotations": (f"m={no_annotations}:{images}", ["no_annotations.json", "has no 'annotations'"]),
+        "no images": (f"m={no_images}:{images}", ["no_images.json", "lists no images"]),
         "a missing image folder": (f"m={json_file}:{tmp_path / 'pics'}", ["image folder", "pics", "does not exist"]),
         "the wrong image folder": (f"m={json_file}:{tmp_path}", ["'000.png'", "is not in the image folder"]),
         "no image folder": (f"m={json_file}", ["expects NAME=JSON:IMAGE_ROOT"]),
@@ -177,6 +177,21 @@ def _setup_error(capsys, tmp_path, registrations: list[str], overrides: list[str
     assert len(err.splitlines()) == 1 and ": error: " in err, err
     assert not (tmp_path / "out" / "config.yaml").exists(), "refused before anything of the run is written"
     return err
+
+
+def test_an_image_info_file_registers_for_inference_and_is_refused_as_a_test_set(data, tmp_path):
+    # COCO's test-dev form (images and categories, no 'annotations'): refused before by the export and
+    # analysis tools too, which only run the model on the images
+    coco, json_file, root = _copy(data["val"], tmp_path)
+    del coco["annotations"]
+    json_file.write_text(json.dumps(coco))
+    dataset = CocoDataset.parse(f"info_te={json_file}:{root}")
+    assert (dataset.inspected().read.images, dataset.read.instances) == (len(coco["images"]), 0)
+    register_coco_datasets([dataset])
+    assert len(DatasetCatalog.get("info_te")) == len(coco["images"])
+    cfg = build_config(str(DEMO_CONFIG), tiny("DATASETS.TEST", "('info_te',)", "MODEL.ROI_HEADS.NUM_CLASSES", "2"))
+    with pytest.raises(DatasetError, match="DATASETS.TEST 'info_te' .* has no annotations to evaluate against"):
+        check_config_against_datasets(cfg, trains=False)
 
 
 def test_the_config_is_checked_against_the_registered_datasets(data, tmp_path, capsys):
@@ -396,6 +411,12 @@ def _linked(root, coco, link):
     link(first.name if link is os.symlink else first, second)
 
 
+def _renamed(coco, root, index, on_disk, in_json):
+    """Image ``index``'s file renamed to ``on_disk`` while the JSON names it ``in_json``."""
+    os.rename(root / coco["images"][index]["file_name"], root / on_disk)
+    coco["images"][index]["file_name"] = in_json
+
+
 def _rle_counts(coco, counts):
     coco["annotations"][2]["segmentation"] = {"size": [SIZE, SIZE], "counts": counts}
 
@@ -412,6 +433,17 @@ DATA_CASES = {
                                       ["image id 3 ('002.png\\n', a name with characters one does not see) does not "
                                        "exist (a file named '002.png' is there: remove the white space from the JSON's "
                                        "file_name)"]),
+    # names compared byte by byte: a dataset made on macOS (NFD names, no letter case) named only "does not exist"
+    "file name in another letter case": (lambda coco, root: _renamed(coco, root, 2, "002.png", "002.PNG"),
+                                         ["image id 3 (002.PNG) does not exist; the folder holds '002.png', the same name "
+                                          "but in letter case", "write the JSON's file_name as the file is named"]),
+    "file name in another unicode form": (lambda coco, root: _renamed(coco, root, 2, "cafe\u0301.png", "caf\u00e9.png"),
+                                          ["does not exist; the folder holds 'cafe\u0301.png', the same name but in the "
+                                           "Unicode form of its accented letters (composed NFC in one, decomposed NFD"]),
+    "first file name in another letter case": (lambda coco, root: _renamed(coco, root, 0, "000.png", "000.PNG"),
+                                               ["the first image of", "'000.PNG', is not in the image folder",
+                                                "IMAGE_ROOT is the right folder; the folder holds '000.png', the same "
+                                                "name but in letter case"]),
     "png cut short": (_cut_short, ["image id 2 (001.png) cannot be decoded", "cut short or damaged"]),
     "jpeg cut short": (_cut_short_jpeg, ["image id 2 (001.jpg) cannot be decoded", "cut short or damaged"]),
     "image id twice": (lambda coco, root: coco["images"][2].update(id=2),

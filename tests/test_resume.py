@@ -236,7 +236,8 @@ def test_a_stop_signal_in_the_evaluation_after_training_says_so_and_resume_evalu
         main(tiny_run_args(tmp_path))
     assert stop.value.code == 128 + signal.SIGTERM and signal.getsignal(signal.SIGTERM) == before
     assert "Stopped by SIGTERM in the evaluation after training: the trained weights are saved, not evaluated. " \
-           "Evaluate them with the same command and --resume." in warned
+           "Evaluate them with the same command and --resume (in Python: the trainer's resume_or_load(resume=True), " \
+           "then train())." in warned
     assert (tmp_path / "model_final.pth").is_file() and not (tmp_path / "results.json").exists()
     monkeypatch.setattr(Trainer, "test", classmethod(test))
 

@@ -851,6 +851,17 @@ def test_a_resume_of_a_finished_run_is_refused_and_one_stopped_before_its_result
     check_resume_trains(str(tmp_path), 150)  # a longer schedule trains on
     results.write_text("{")  # cut short (its record no longer matches): the evaluation is done again
     check_resume_trains(str(tmp_path), 100)
+    # last_checkpoint rolled back by hand to an earlier checkpoint: results.json is model_final.pth's, not its
+    earlier = checkpoint_file(tmp_path, "model_0000049.pth", {"model": {}, "iteration": 49})
+    (tmp_path / "last_checkpoint").write_text("model_0000049.pth")
+    os.utime(earlier, (1, 1))
+    os.utime(checkpoint, (2, 2))
+    write_text_with_checksum(str(results), '{"shapes_val": {"bbox": {"AP": 50.0}}}')
+    with pytest.raises(ValueError, match=r"is finished, and its last_checkpoint names model_0000049.pth \(iteration 50\), "
+                                         r"an earlier checkpoint than its model_final.pth, whose results results.json "
+                                         r"holds; .* To evaluate model_0000049.pth, give it as the weights of an "
+                                         r"--eval-only into another folder"):
+        check_resume_trains(str(tmp_path), 50)
 
 
 def test_results_of_the_model_before_a_resume_are_kept_under_names_that_say_so(tmp_path, caplog):

@@ -447,6 +447,16 @@ def _prefix_of_model_keys(keys: Sequence[str], model_keys: set[str]) -> str | No
     return first
 
 
+def _prefix_missing_from_keys(keys: Sequence[str], model_keys: set[str]) -> str | None:
+    """The model part (``backbone.``, ``backbone.bottom_up.``) whose name, put before each of
+    ``keys``, makes every one a key of the model: a state dict saved from that part (e.g.
+    ``model.backbone.state_dict()``); None when there is none."""
+    for prefix in ("backbone.bottom_up.", "backbone."):
+        if keys and all(prefix + key in model_keys for key in keys):
+            return prefix
+    return None
+
+
 def _deeper_stage(backbone: Sequence[str], missing: Sequence[str]) -> tuple[str, int, int] | None:
     """``(stage, blocks held, blocks built)`` of the first ResNet stage (``res4`` of
     ``backbone.bottom_up.res4.6.conv1.weight``) whose first blocks the weights hold and whose last
@@ -1003,9 +1013,16 @@ class ResilientCheckpointer(DetectionCheckpointer):
                     "depth (MODEL.RESNETS.DEPTH; a LazyConfig's ResNet depth).")
             unexpected = list(incompatible.unexpected_keys)
             averaged = AVERAGED_COUNT in unexpected  # torch.optim.swa_utils.AveragedModel's state dict (EMA, SWA)
+            model_keys = set(self.model.state_dict())
             prefix = _prefix_of_model_keys([key for key in unexpected if key != AVERAGED_COUNT] if averaged
-                                           else unexpected, set(self.model.state_dict()))
-            hint = (f" The file is the state dict of torch's AveragedModel (EMA or SWA: its {AVERAGED_COUNT!r} and the "
+                                           else unexpected, model_keys)
+            nothing_loaded = len(missing) == len(backbone)  # (a .pkl's names matched by their ends load some)
+            part = _prefix_missing_from_keys(unexpected, model_keys) if nothing_loaded and not prefix else None
+            hint = (f" The file holds the model's keys without their {part!r} (e.g. {unexpected[0]!r} is the model's "
+                    f"{part + unexpected[0]!r}): the state dict of model.{part[:-1]}, not of the model. Save the "
+                    f"whole model's weights (model.state_dict()), or these with the prefix put back ({{{part!r} + key: "
+                    "value for key, value in weights.items()}) and load that file." if part else
+                    f" The file is the state dict of torch's AveragedModel (EMA or SWA: its {AVERAGED_COUNT!r} and the "
                     f"model's keys behind {prefix!r}): save the averaged model's own weights "
                     "(averaged.module.state_dict()) and load that file." if averaged and prefix else
                     f" The file holds the model's keys behind the prefix {prefix!r} (e.g. {unexpected[0]!r}): save "

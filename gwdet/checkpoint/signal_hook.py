@@ -34,6 +34,8 @@ STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signa
 # A second signal of the same kind within this many seconds is the same request (a terminal's Ctrl-C
 # reaches every process of the group, and the launcher forwards the one it receives), not a second one.
 SAME_REQUEST_SECONDS = 1.0
+# how a training built in one's own code (gwdet's Trainer or LazyTrainer) is resumed
+_IN_PYTHON = " (in Python: the trainer's resume_or_load(resume=True), then train())"
 logger = logging.getLogger(__name__)
 
 
@@ -183,7 +185,7 @@ class CheckpointOnSignal(HookBase):
         previous = _chained_handler(self._previous.get(signum))
         self.release()
         logger.warning(f"Stopped by {signal.Signals(signum).name} in the evaluation after training: the trained "
-                       "weights are saved, not evaluated. Evaluate them with the same command and --resume.")
+                       "weights are saved, not evaluated. Evaluate them with the same command and --resume" + _IN_PYTHON + ".")
         if previous is not None:
             previous(signum, frame)
         raise TrainingInterrupted(signum, None)
@@ -209,7 +211,7 @@ class CheckpointOnSignal(HookBase):
             self.trainer.checkpointer.save(name, iteration=iteration)
         comm.synchronize()
         logger.warning(f"Stopped by {signal.Signals(signum).name} after iteration {iteration}; saved {name}.pth. "
-                       "Continue with the same command and --resume." + self._skipped_evaluation(iteration, name))
+                       "Continue with the same command and --resume" + _IN_PYTHON + "." + self._skipped_evaluation(iteration, name))
         self._skip_evaluations()
         previous = _chained_handler(self._previous.get(signum))
         self.release()

@@ -40,6 +40,7 @@ from gwdet.utils.atomic import cached_sha256
 from gwdet.utils.cli_errors import as_override, link_dotdot_problem
 from gwdet.data.boxes import box_problem
 from gwdet.data.masks import short_repr
+from gwdet.data.image_files import name_twin_note
 from gwdet.layers.common import is_finite_number
 from gwdet.data.coco_checks import (
     corner_boxes,
@@ -89,11 +90,16 @@ class CocoContents:
     crowd: int = 0  # crowd regions (iscrowd 1): COCO evaluation ignores them, detectron2 does not train on them
     crowd_without_mask: int = 0  # ... without a mask (COCO's mask evaluation reads every annotation's mask)
     without_iscrowd: int = 0  # annotations without an 'iscrowd' (detectron2 reads 0; COCO evaluation needs it)
+    without_area: int = 0  # annotations without an 'area' (detectron2 trains without it; COCO evaluation needs it)
     most_elongated: tuple[str, int, int] | None = None  # (file_name, width, height) of the largest side ratio
-    image_files: frozenset[str] = frozenset()  # the images' files, real paths
     json_sha256: str = ""  # of the file as it was read and checked
     # (real path, fingerprint) of each image file, sorted by path (gwdet.utils.fingerprints.file_fingerprint)
     image_prints: tuple[tuple[str, bytes], ...] = ()
+
+    @property
+    def image_files(self) -> frozenset[str]:
+        """The images' files, real paths."""
+        return frozenset(path for path, _ in self.image_prints)
 
     @property
     def fingerprints(self) -> bytes:
@@ -258,10 +264,11 @@ def _iscrowd_problem(annotation: dict) -> str:
 
 
 def _area_problem(annotation: dict, image: dict | None) -> str:
-    """Why an annotation's ``area`` is not a finite number from 0 to its ``image``'s width x height
-    ("" when it is; an image of unusable size is another check's)."""
+    """Why an annotation's ``area``, when it has one, is not a finite number from 0 to its ``image``'s
+    width x height ("" when it is; an image of unusable size is another check's; a missing area matters
+    to evaluation only, :func:`_check_test_annotations`)."""
     if "area" not in annotation:
-        return "has no 'area'"
+        return ""
     area = annotation["area"]
     if type(area) not in (int, float):
         return f"area {_shown(area)} is a {type(area).__name__}, not a number"
@@ -306,6 +313,7 @@ class _AnnotationTally:
     crowd: int = 0
     crowd_without_mask: int = 0
     without_iscrowd: int = 0
+    without_area: int = 0
     crowd_values: list[str] = field(default_factory=list)  # iscrowd neither 0 nor 1
     areas: list[str] = field(default_factory=list)  # area missing, not a number, not finite, negative
     degenerate: list[str] = field(default_factory=list)  # boxes that cannot be trained on
@@ -327,6 +335,7 @@ class _AnnotationTally:
                 problems.append(f"{self.named(annotation)}: {problem}")
         mask = annotation.get("segmentation")
         self.without_iscrowd += "iscrowd" not in annotation
+        self.without_area += "area" not in annotation
         if annotation.get("iscrowd", 0):
             self.crowd += 1
             self.crowd_without_mask += not mask
@@ -365,6 +374,9 @@ def _file_name_advice(file_name: str, root: str) -> str:
     if "\\" in file_name and os.path.isfile(os.path.join(root, file_name.replace("\\", "/"))):
         return ("its name separates folders with '\\' (Windows), which this system reads as part of the name: write "
                 "the file names with '/'.")
+    twin = name_twin_note(os.path.join(root, file_name))
+    if twin:
+        return f"IMAGE_ROOT is the right folder{twin}."
     return "IMAGE_ROOT must be the folder that the JSON's file_name entries are relative to."
 
 
@@ -396,12 +408,12 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
     if not isinstance(coco, dict):
         raise DatasetError(f"{where} {path} holds a JSON {type(coco).__name__}, not a COCO object with "
                            "'images', 'annotations' and 'categories' lists.")
-    missing = [key for key in COCO_LISTS if key not in coco]
+    missing = [key for key in COCO_LISTS if key not in coco and key != "annotations"]
     if missing:
         raise DatasetError(
             f"{where} {path} has no {' and '.join(repr(key) for key in missing)}: a COCO instances file holds "
-            "'images', 'annotations' and 'categories' lists (an image-info file without annotations cannot be "
-            "trained or evaluated on).")
+            "'images', 'annotations' and 'categories' lists.")
+    coco.setdefault("annotations", [])  # an image-info file (COCO's test-dev form): images to run a model on
     for key in COCO_LISTS:
         if not isinstance(coco[key], list):
             raise DatasetError(f"{where} '{key}' in {path} is a JSON {type(coco[key]).__name__}, not a list.")
@@ -504,8 +516,8 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
     if tally.areas:
         raise DatasetError(
             f"{where} {len(tally.areas)} annotation(s) of {path} have no usable 'area': {listed_problems(tally.areas)}. "
-            "COCO evaluation reads every annotation's area, a number >= 0 in pixels: without it, or with a string, "
-            "it stops after training; with a negative one, or one above its largest area range (1e10), it ignores "
+            "COCO evaluation reads every annotation's area, a number >= 0 in pixels: with a string it stops after "
+            "training; with a negative one, or one above its largest area range (1e10), it ignores "
             "the object, so missing it costs no AP, and an area of 0 for an object of some size (or one larger than the "
             "image) puts the object in another size range (APs, APm, APl). Set area to the object's mask area (or box area) in pixels.")
     problems = non_integer_ids(coco["annotations"], lambda annotation: f"an annotation of image {annotation['image_id']}",
@@ -599,8 +611,9 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
                     / max(min(image["width"], image["height"]), 1))
     return CocoContents(tuple(sorted(names.items())), len(coco["images"]), tally.instances, tally.rle_masks,
                         tally.without_mask, tally.crowd, tally.crowd_without_mask, tally.without_iscrowd,
+                        tally.without_area,
                         (str(elongated["file_name"]), int(elongated["width"]), int(elongated["height"])),
-                        frozenset(paths), digest, tuple((path, file_fingerprint(path)) for path in sorted(set(paths))))
+                        digest, tuple((path, file_fingerprint(path)) for path in sorted(set(paths))))
 
 
 # ---- the catalog -----------------------------------------------------------------------------
@@ -1040,6 +1053,12 @@ def _check_test_annotations(use: DatasetUse, dataset: CocoDataset) -> None:
             "no 'iscrowd': detectron2 trains on them as iscrowd 0, but COCO evaluation reads every test annotation's "
             "and would stop with KeyError: 'iscrowd' after training. Add \"iscrowd\": 0 to them (1 for crowd "
             "regions).")
+    if contents.without_area:
+        raise DatasetError(
+            f"{contents.without_area} of the {contents.instances + contents.crowd} annotations of {described} have no "
+            "'area': detectron2 trains without it, but COCO evaluation reads every test annotation's area (a number >= 0 "
+            "in pixels, which files the object under APs, APm or APl) and would stop with KeyError: 'area' after "
+            "training. Add each object's mask area (or box area) in pixels as its \"area\".")
     if use.mask_on:
         _check_masks_present(use, dataset, contents.without_mask + contents.crowd_without_mask,
                              contents.instances + contents.crowd,

@@ -12,8 +12,10 @@ orientations the stated size cannot confirm are recorded for a warning (its ``ro
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
+import unicodedata
 import zlib
 
 from PIL import Image, UnidentifiedImageError
@@ -165,7 +167,7 @@ def image_file_problem(path: str, width: int | None = None, height: int | None =
     except FileNotFoundError:
         if os.path.islink(path):
             return f"is a link to {os.readlink(path)}, which does not exist: restore that file, or link to the image"
-        return "does not exist"
+        return "does not exist" + name_twin_note(path)
     except IsADirectoryError:
         return "is a folder, not an image file"
     except UnidentifiedImageError:
@@ -180,3 +182,40 @@ def image_file_problem(path: str, width: int | None = None, height: int | None =
         return f"cannot be decoded ({reason}): it is cut short or damaged; copy it again"
     return ""
 
+
+def _folded(name: str) -> str:
+    """``name`` in Unicode's composed form (NFC) and without letter case: how a macOS or Windows
+    file system compares names."""
+    return unicodedata.normalize("NFC", name).casefold()
+
+
+@functools.lru_cache(maxsize=8)
+def _folded_names(folder: str, modified_ns: int) -> dict[str, tuple[str, ...]]:
+    """The names in ``folder`` by their :func:`_folded` form; cached per folder and modification
+    time (``modified_ns``), which changes when a name is added, removed or renamed."""
+    names: dict[str, tuple[str, ...]] = {}
+    for entry in os.listdir(folder):
+        names[_folded(entry)] = (*names.get(_folded(entry), ()), entry)
+    return names
+
+
+def name_twin_note(path: str) -> str:
+    """A note naming the file beside the missing ``path`` whose name differs from its own only in
+    Unicode normalization (NFC / NFD) or letter case, as a dataset made on macOS or Windows has it
+    ("" when there is none): this system compares file names byte by byte."""
+    folder, name = os.path.split(path)
+    folder = folder or "."
+    try:
+        entries = _folded_names(folder, os.stat(folder).st_mtime_ns).get(_folded(name), ())
+    except OSError:
+        return ""
+    twin = next((entry for entry in entries if entry != name), None)
+    if twin is None:
+        return ""
+    if unicodedata.normalize("NFC", twin) == unicodedata.normalize("NFC", name):
+        how = ("in the Unicode form of its accented letters (composed NFC in one, decomposed NFD in the other, as "
+               "macOS writes names): they look alike but differ")
+    else:
+        how = "in letter case (a dataset made on a case-insensitive file system, macOS's or Windows's)"
+    return (f"; the folder holds {twin!r}, the same name but {how}, and this system compares names byte by byte: "
+            "write the JSON's file_name as the file is named (or rename the file)")

@@ -761,9 +761,17 @@ def check_resume_trains(output_dir: str, max_iter: int, setting: str = "SOLVER.M
         return
     path, start = found
     if max_iter == start and _results_written_after(output_dir, path):
+        name, final = os.path.basename(path), os.path.join(output_dir, FINAL_WEIGHTS)
+        if name != FINAL_WEIGHTS and os.path.isfile(final) and os.path.getmtime(final) > os.path.getmtime(path):
+            raise GwdetValueError(
+                f"--resume: the run in {output_dir!r} is finished, and its {LAST_CHECKPOINT} names {name} (iteration "
+                f"{start}), an earlier checkpoint than its {FINAL_WEIGHTS}, whose results {RESULTS_JSON} holds; "
+                f"resuming would train nothing and write its {CONFIG_NAME}, metrics and results again; nothing was "
+                f"changed. To evaluate {name}, give it as the weights of an --eval-only into another folder; to train "
+                f"on from it, resume with {setting} above {start}.")
         raise GwdetValueError(
             f"--resume: the run in {output_dir!r} is finished: it trained its {start} iterations "
-            f"({os.path.basename(path)}) and its results are in {RESULTS_JSON}; resuming would train nothing and write "
+            f"({name}) and its results are in {RESULTS_JSON}; resuming would train nothing and write "
             f"its {CONFIG_NAME}, metrics and results again; nothing was changed. To evaluate it again, use --eval-only "
             f"--resume; to train it further, resume with {setting} above {start}.")
     if max_iter < start:
