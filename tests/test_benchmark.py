@@ -252,6 +252,12 @@ def test_benchmark_quick_mode_writes_markdown(tmp_path):
     assert "GW (itn)" in text and "conv 3x3" in text
     assert "peak memory" in text
     assert "[1/" in result.stderr  # progress lines
+    # torch profiler (Kineto) lines on a machine without a GPU: each kind is one docs/benchmarks.md explains
+    others = [line for line in result.stderr.splitlines() if line.startswith(("USDT:", "ERROR:", "WARNING:"))]
+    explained = (REPO / "docs" / "benchmarks.md").read_text()
+    assert all(line.startswith("USDT:") and "profiler_st" in line or "gpuGetDeviceCount failed" in line
+               for line in others), others
+    assert "`USDT: ...\nprofiler_start` and `ERROR: ... gpuGetDeviceCount failed with code 35`" in explained
 
 
 def test_the_op_count_level_tables_show_the_counts_and_the_cost_model_adds_them_up(monkeypatch):

@@ -168,3 +168,17 @@ def test_image_interval_pairs_resamples_and_averages_seeds():
     low, high = image_interval({0: base}, {0: np.full(1000, 50.0)}, [0], 0.95)
     assert low == pytest.approx(np.percentile(base - 50, 2.5)) and high == pytest.approx(np.percentile(base - 50, 97.5))
     assert image_interval(better, {0: base}, [0, 1], 0.95) is None  # seed 1 has no resamples for B
+
+
+def test_resamples_of_records_that_cannot_be_written_to_are_computed_without_a_cache(tmp_path):
+    # records on a read-only disk: the report stopped with "[Errno 30] cannot write .../image_bootstrap.json"
+    gt, detections = synthetic_dataset()
+    gt_file = write(tmp_path / "gt.json", gt)
+    inference = tmp_path / "inference"
+    (inference / "test").mkdir(parents=True)
+    recorded = full_box_ap(gt_file, write(inference / "test" / "coco_instances_results.json", detections))
+    (tmp_path / "unwritable").write_text("a file where the cache's folder would be")  # (root writes read-only folders)
+    cache = tmp_path / "unwritable" / "image_bootstrap.json"
+    aps = resampled_box_ap(inference, "test", gt_file, cache, recorded, resamples=20)
+    assert aps == resampled_box_ap(inference, "test", gt_file, tmp_path / "image_bootstrap.json", recorded, resamples=20)
+    assert not cache.exists()

@@ -617,3 +617,15 @@ def test_a_report_over_another_studys_report_is_refused(tmp_path, capsys):
         capsys.readouterr().err
     assert (report / "table.md").read_text() == before
     assert main(["--records", str(first), "--report-to", str(report)]) == 0  # the same study's report: replaced
+
+
+def test_a_records_report_notes_the_overrides_its_cells_shared(tmp_path):
+    # the run's report said "Common overrides of every cell: ..."; the report of its records dropped it
+    records = _record_copy(tmp_path, ("gw-b2-s3", "gn-b2-s3"))
+    for cell in ("gw-b2-s3", "gn-b2-s3"):
+        record = RunFolder(records / cell).read_json("study_cell.json")
+        record["common_opts"] = ["SOLVER.MAX_ITER", "8"]
+        RunFolder(records / cell).write_json("study_cell.json", record)
+    assert main(["--records", str(records), "--report-to", str(tmp_path / "report")]) == 0
+    reported = "\n".join(path.read_text() for path in (tmp_path / "report").glob("*.md"))
+    assert "Common overrides of every cell: SOLVER.MAX_ITER 8." in reported

@@ -55,8 +55,8 @@ from gwdet_lab.study.cells import (
 from gwdet_lab.study.cluster import REPORT_LOCK, folder_lock, list_jobs, submit_cells, wait_for_cells
 from gwdet_lab.study.evaluation import PAPER_WEIGHTS
 from gwdet_lab.study.record import (ON_MISMATCH, ConfigMismatch, PlannedCell, check_trained_as_recorded, code_note,
-                                    check_seeds_of_one_configuration_alike, confounded_note, plan, plans_note,
-                                    resumed_loss_note, threads_note)
+                                    check_seeds_of_one_configuration_alike, common_overrides_note, confounded_note,
+                                    plan, plans_note, resumed_loss_note, threads_note)
 from gwdet_lab.study.records import RecordsIncomplete, export_records, recorded_cells
 from gwdet_lab.study.report import foreign_report_problem, reported_cells, write_report
 from gwdet_lab.study.run_folder import COMPLETE_JSON
@@ -418,9 +418,7 @@ def report(args: argparse.Namespace, planned: Sequence[PlannedCell], weights: Se
     notes = []
     if args.only:
         notes.append(f"Only the cells {', '.join(args.only)} were requested.")
-    if args.opts:
-        notes.append(f"Common overrides of every cell: {' '.join(args.opts)}.")
-    notes += [note for note in (code_note(done), confounded_note(done), threads_note(done), plans_note(done),
+    notes += [note for note in (common_overrides_note(done, args.opts), code_note(done), confounded_note(done), threads_note(done), plans_note(done),
                                 resumed_loss_note(done))
               if note]
     folder = report_folder(args, out_dir)

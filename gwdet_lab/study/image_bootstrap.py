@@ -22,6 +22,7 @@ import gzip
 import hashlib
 import io
 import json
+import logging
 import math
 import zlib
 from pathlib import Path
@@ -35,6 +36,8 @@ from gwdet.engine.output_dir import RESULTS_JSON
 from gwdet.errors import GwdetFileNotFoundError, GwdetValueError
 from gwdet.utils.atomic import checksum_path, checksum_problem, write_text_with_checksum
 from gwdet_lab.study.run_folder import nan_for_null, null_for_nan
+
+logger = logging.getLogger(__name__)
 
 RESAMPLES = 1000
 BOOTSTRAP_SEED = 0
@@ -143,7 +146,11 @@ def resampled_box_ap(inference_dir: Path, dataset: str, annotation_file: str | C
     aps = ([evaluation.box_ap(p) for p in resampled_positions(evaluation.images, resamples, seed)] if evaluation
            else [math.nan] * resamples)
     stored = {"key": key, ALL_IMAGES_KEY: null_for_nan(all_images), "box_ap": null_for_nan(aps)}
-    write_text_with_checksum(str(cache), json.dumps(stored, allow_nan=False))
+    try:
+        write_text_with_checksum(str(cache), json.dumps(stored, allow_nan=False))
+    except OSError as error:  # records on a read-only disk, say: the APs are computed each time instead
+        logger.info(f"The resampled APs were not kept in {cache} ({error.strerror or error}): they are computed "
+                    "again by each report of these records.")
     return aps
 
 

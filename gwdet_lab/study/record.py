@@ -280,6 +280,17 @@ def write_usage(folder: RunFolder, earlier: dict, seconds: float, peak_mb: float
     })
 
 
+def common_overrides_note(planned: Sequence[PlannedCell], given: Sequence[str]) -> str | None:
+    """The report's note of the overrides every cell trained with: ``given`` (the study's command
+    line's), else the ``common_opts`` of the cells' records where they are one list (a report from
+    records); ``None`` without any."""
+    common = tuple(given)
+    if not common:
+        recorded = {tuple((read_record(p.folder) or {}).get("common_opts") or ()) for p in planned}
+        common = next(iter(recorded)) if len(recorded) == 1 else ()
+    return f"Common overrides of every cell: {' '.join(common)}." if common else None
+
+
 def code_note(planned: Sequence[PlannedCell]) -> str | None:
     """A report note naming the cells run by more than one version of the code, or by another
     version than the one their record was planned with (``None`` when there is none)."""
