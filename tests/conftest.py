@@ -45,6 +45,17 @@ TINY_OPTS = [
 ]
 
 
+def with_statistics(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """``model`` with the running statistics of a trained network in its batch norms (drawn from
+    ``seed``), not a fresh model's mean 0 and variance 1, which the converter refuses as untrained."""
+    generator = torch.Generator().manual_seed(seed)
+    for module in model.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.running_mean.copy_(torch.randn(module.num_features, generator=generator) * 0.1)
+            module.running_var.copy_(torch.rand(module.num_features, generator=generator) * 1.5 + 0.5)
+    return model
+
+
 def tiny_run_args(output_dir, *extra: str, config_file=DEMO_CONFIG):
     """The train tool's arguments for the demo model at test size with a checkpoint every
     iteration into ``output_dir``, then ``extra``."""

@@ -259,6 +259,21 @@ def test_a_table_the_tool_did_not_write_is_never_replaced(tmp_path, capsys):
     assert (tmp_path / "conditioning" / "kappa_90.png").read_bytes() == b"my figure"
 
 
+def test_a_run_stopped_before_its_table_leaves_a_folder_that_says_so_and_that_it_writes_again(tmp_path, capsys):
+    # Ctrl-C after the first figure: the rerun its stop line advised was refused ("none of it was written by the
+    # tool"); over an earlier run, the new figure sat beside the old table without a mark
+    from gwdet_lab.analysis.report import UNFINISHED, output_folder
+
+    folder = output_folder(tmp_path, "conditioning")  # as a run does before it measures, then stopped
+    (folder / "kappa_90.png").write_bytes(b"a figure of the stopped run")
+    assert (folder / "table.md").read_text().split("\n")[:2] == [TABLE_MARK, f"{UNFINISHED} (run the subcommand again)."]
+    args = ["--dim", "8", "--samples", "16", "--groups", "1,2", "--depths", "1", "--activations", "linear",
+            "--seeds", "1"]
+    assert main(["conditioning", "--out", str(tmp_path), *args]) == 0
+    assert UNFINISHED not in (folder / "table.md").read_text()
+    assert (folder / "kappa_90.png").read_bytes() != b"a figure of the stopped run"
+
+
 def test_tool_is_the_cli_entry_point(capsys):
     """tools/analyze.py runs gwdet_lab.analysis.cli: its subcommands, and argparse's exit codes."""
     tool = [sys.executable, str(REPO / "tools" / "analyze.py")]

@@ -603,3 +603,18 @@ def test_cells_trained_under_other_execution_plans_are_noted(tmp_path):
         "gw-b2-s1 (cpu plan 'accelerator', cuda plan 'triton', forced by GWDET_GW_PLAN=accelerator). Another plan "
         "computes GW and BW with other operations, so their weights differ, and means over them mix the plans.")
     assert plans_note(planned[:1]) is None
+
+
+def test_a_file_where_a_cells_folder_goes_is_refused_naming_it(capsys, tmp_path):
+    # a raw FileExistsError traceback from record.write_record
+    (tmp_path / "out" / "runs").mkdir(parents=True)
+    (tmp_path / "out" / "runs" / "gw-s0").write_text("the user's")
+    with pytest.raises(SystemExit):
+        study_main(["--out", str(tmp_path / "out"), "--list", "--configs", f"gw={STUDY / 'gw.yaml'}", "--seeds", "0",
+                    "--opts", *TINY], repo_root=REPO)
+    refusal = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("compare_norms.py: error: "))
+    assert refusal.removeprefix("compare_norms.py: error: ") == (
+        f"{tmp_path / 'out' / 'runs' / 'gw-s0'}: a file (or link) is where the study keeps the cell's folder, which "
+        f"the study would have to replace; nothing was written. Move it out of {tmp_path / 'out' / 'runs'}, or give the "
+        "study another --out.")
+    assert (tmp_path / "out" / "runs" / "gw-s0").read_text() == "the user's"

@@ -287,10 +287,12 @@ def test_report_counts_what_was_converted_and_dropped(r50_files):
     text = report.format()
     assert "GW positions  : S1-B2" in text and 'MODEL.RESNETS.GW_POSITIONS: "S1-B2"' in text
     # the GW authors' layers keep no record of their settings: nothing said so, and other counts loaded silently
-    assert text.endswith("Not in the weights, so not checked when they load: their GW layers' group count, iterations "
-                         "and eps (MODEL.GW.NUM_GROUPS, T, EPS). Set them to the source model's (torchvision's and "
-                         "detectron2's GN ResNets use 32 groups): other values load without a word into layers that "
-                         "compute another function than the source's.")
+    # (it named GN's 32 groups for GW weights, and not GW's method: ItN weights fine-tuned in ZCA layers silently)
+    assert text.endswith("Not in the weights, so not checked when they load: their GW layers' method, group count, "
+                         "iterations and eps (MODEL.RESNETS.GW_NORM, MODEL.GW.NUM_GROUPS, T, EPS). Set them to the "
+                         "source model's (the GW paper's ImageNet models whiten by ItN (GW_NORM GW) with 64 groups and "
+                         "T 5, gwdet's defaults; check the source's own): other values load without a word into layers "
+                         "that compute another function than the source's.")
 
 
 def test_wrong_depth_is_refused(r50_files, tmp_path):
@@ -662,3 +664,28 @@ def test_a_state_dict_in_memory_is_named_with_the_ways_to_convert_it(tmp_path):
     weights, _ = convert_state_dict(SourceStateDict(tensors=state_dict, wrapping="bare state_dict", stripped_prefix=""))
     write_detectron2_pkl(weights, tmp_path / "out.pkl", author="test")
     assert (tmp_path / "out.pkl").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("norm_layer, held", [
+    (None, "running mean 0 and variance 1 in every batch norm"),
+    (lambda channels: nn.GroupNorm(32, channels), "an affine weight of ones and a bias of zeros in every norm"),
+], ids=["batch norm", "group norm"])
+def test_a_resnet_that_was_never_trained_is_refused(norm_layer, held):
+    # torchvision.models.resnet50() saved without weights=: converted and fine-tuned from without a word
+    model = torchvision.models.resnet50(**({"norm_layer": norm_layer} if norm_layer else {}))
+    with pytest.raises(ConversionError, match=rf"holds the weights of a ResNet that was never trained \({held}, as a "
+                                              r"model is built\).*resnet50\(weights='IMAGENET1K_V1'\)"):
+        convert_state_dict(in_memory(model.state_dict()))
+    with torch.no_grad():  # one layer that learned something is a trained model's
+        next(m for m in model.modules() if isinstance(m, (nn.BatchNorm2d, nn.GroupNorm))).bias.add_(0.5)
+    if norm_layer is not None:
+        convert_state_dict(in_memory(model.state_dict()))
+
+
+def test_an_output_below_a_file_is_named_so(r50_files, tmp_path):
+    # "folder .../R-50.pkl does not exist. Create it first.", which the file of that name keeps one from doing
+    (tmp_path / "R-50.pkl").write_bytes(b"converted before")
+    with pytest.raises(ConversionError, match=rf"{tmp_path / 'R-50.pkl'} is a file, not a folder: give the output a "
+                                              r"path in a folder"):
+        convert_checkpoint(r50_files["bn"], tmp_path / "R-50.pkl" / "deeper" / "x.pkl")
+    assert (tmp_path / "R-50.pkl").read_bytes() == b"converted before"

@@ -16,7 +16,7 @@ import torchvision
 from detectron2.data.datasets.builtin_meta import COCO_CATEGORIES
 from PIL import Image, ImageDraw
 
-from conftest import REPO
+from conftest import REPO, with_statistics
 from test_convert import AuthorsGroupWhitening
 
 SIZE = 64
@@ -38,7 +38,7 @@ def authors_gw_resnext101(path) -> None:
     for layer in (model.layer1, model.layer2, model.layer3, model.layer4):
         for block in layer:
             block.bn2 = AuthorsGroupWhitening(block.bn2.num_features)
-    torch.save(model.state_dict(), path)
+    torch.save(with_statistics(model).state_dict(), path)
 
 
 def coco_layout_dataset(root, split: str, count: int, seed: int) -> None:

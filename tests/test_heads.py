@@ -61,6 +61,14 @@ def test_a_shared_batch_statistics_norm_in_detectron2s_head_is_refused():
     per_level = GWRetinaNetHead(input_shape=LEVELS, num_classes=2, num_anchors=1, conv_dims=[16],
                                 norm=gwdet.norm("BGN", num_groups=4))
     check_model(torch.nn.ModuleList([fine, per_level]))
+    # FCOS's head (a RetinaNetHead with a centerness output) was sent to GWRetinaNetHead, which cannot replace it
+    from detectron2.modeling.meta_arch.fcos import FCOSHead
+
+    fcos = FCOSHead(input_shape=LEVELS, conv_dims=[16], num_classes=2, norm=gwdet.norm("BW", group_size=8))
+    with pytest.raises(ValueError, match=r"mixes the levels' statistics. Use a per-sample norm \(GW, GN\) in it "
+                                         r"\(gwdet.modeling.GWRetinaNetHead, .* is RetinaNet's head, without what a "
+                                         r"FCOSHead adds\)\.$"):
+        check_model(torch.nn.Sequential(fcos))
 
 
 def test_a_registered_batch_norm_without_batch_statistics_in_gwdets_head_names_the_flag(registered):

@@ -10,6 +10,8 @@ import importlib.util
 from datetime import timedelta
 import os
 import shutil
+import subprocess
+import sys
 import math
 from pathlib import Path
 
@@ -84,10 +86,48 @@ def refusal(overrides, eval_only=False) -> str:
                                                             "/dev/null is a file, so no folder can be created below it"),
     # the model read images in one format while gwdet's weight checks read another
     ("model.input_format=BGR", "mapper.image_format='RGB', but model.input_format='BGR'"),
+    # a test set of another seed: both register shapes_*; results.json recorded the test loader's files as training's
+    ("dataloader.test.dataset.names.spec={_target_: gwdet.data.ShapesSpec, seed: 1}",
+     "The config has shapes datasets of other settings, dataloader.shapes (ShapesSpec("),
 ])
 def test_values_every_run_reads_are_refused_for_training_and_evaluation(override, message):
     assert message in refusal([override])
     assert message in refusal([override], eval_only=True)
+
+
+@pytest.mark.parametrize("override, message", [
+    # a boolean written no / off is hydra's text 'no', true to detectron2: a class-agnostic box regressor trained
+    ("model.roi_heads.box_predictor.cls_agnostic_bbox_reg=no", "model.roi_heads.box_predictor.cls_agnostic_bbox_reg is "
+     "a boolean (False), and hydra reads 'no' as the text 'no', which Python takes as true whatever it says: write "
+     "model.roi_heads.box_predictor.cls_agnostic_bbox_reg=true or model.roi_heads.box_predictor.cls_agnostic_bbox_reg="
+     "false."),
+    ("model.roi_heads.proposal_matcher.allow_low_quality_matches=off", "is a boolean (False), and hydra reads 'off'"),
+    # "cannot set list: Unsupported value type: 'Optional[Union[...QuotedString]]'": hydra's sweep of the values
+    ("optimizer.lr=0.01,0.02", "an unquoted ',' makes hydra read '0.01,0.02' as a sweep over several values"),
+    # quoted, the tuple was the text '(500,300)', which failed at the first iteration
+    ("model.proposal_generator.pre_nms_topk=(500,300)", "Lists and tuples are written in brackets on the command "
+                                                         "line: model.proposal_generator.pre_nms_topk=[500,300]"),
+    # the text 'None': KeyError: 'N' at the first iteration
+    ("model.roi_heads.mask_in_features=None", "hydra reads None as the text 'None'; null is written null"),
+    # raw TypeError / AttributeError from the run's code (the evaluator's after every iteration had trained)
+    ("dataloader.evaluator=null", "dataloader.evaluator is the evaluator of the test set, which the run builds and "
+                                  "cannot go without; nothing was run"),
+    ("train.checkpointer=null", "train.checkpointer is the checkpoint settings"),
+    ("optimizer=null", "optimizer is the optimizer"),
+    ("model=null", "model is the model"),
+    # "Write +...augmentations.5.prob=... to add a new key", which then failed with "list index out of range"
+    ("dataloader.train.mapper.augmentations.5.prob=0.5", "dataloader.train.mapper.augmentations is a list of 2 "
+                                                         "item(s) (indices 0 to 1), which has no item 5"),
+    # 80-line tracebacks when the model or loader was built
+    ("model.backbone.norm={_target_: gwdet.nrm, name: GN}", "LazyConfig "
+     "model.backbone.norm._target_: gwdet has no 'nrm', so 'gwdet.nrm' cannot be imported. Did you "
+     "mean gwdet.norm"),
+    ("model.backbone.norm._target_=gwdet.norms", "'gwdet.norms' is a module, not a callable"),
+])
+def test_override_values_hydra_reads_otherwise_than_meant_are_refused_as_the_config_is_read(override, message):
+    with pytest.raises(GwdetValueError) as refused:
+        load_lazy_config(str(LAZY_CONFIG), [override])
+    assert message in str(refused.value)
 
 
 @pytest.mark.parametrize("override, message", [
@@ -496,6 +536,19 @@ def test_an_empty_cache_variable_is_the_default_cache(monkeypatch):
     full = shapes._unwritable_root_message(Path("/full"), None, OSError(28, "No space left on device", "/full/x"))
     assert full.endswith("Free space there (its disk or quota is full), or: point GWDET_CACHE at a writable directory, "
                          "e.g. export GWDET_CACHE=/tmp/gwdet-cache."), full
+
+
+def test_a_file_size_limit_is_named_as_the_cause_when_the_dataset_is_generated(tmp_path):
+    # ulimit -f: "Point GWDET_CACHE at a writable directory", though the folder is writable and no other would do
+    script = ("import resource, sys\n"
+              "from gwdet.data.shapes import ShapesSpec, ensure_generated\n"
+              "resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000))\n"
+              "ensure_generated(ShapesSpec(image_size=64, num_train=2, num_val=2, num_test=2), sys.argv[1])\n")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert done.returncode != 0 and done.stderr.strip().splitlines()[-1].endswith(
+        "A limit on the size of the files this process may write stops it (the shell's ulimit -f): raise or lift it "
+        "(ulimit -f unlimited), then run again."), done.stderr[-2000:]
 
 
 def test_an_image_size_too_small_for_a_shape_is_refused_before_generating(tmp_path):

@@ -161,6 +161,23 @@ def test_a_lazy_runs_saved_config_yaml_evaluates_its_weights_as_the_py_config_do
     with pytest.raises(ValueError, match=r"is a LazyConfig \(a LazyConfig run's saved config: model, train, "
                                          r"dataloader\), not a yacs config"):
         build_config(str(saved))
+    # a model trained afresh from the YAML drew other initial weights than from the .py, without a word: its keys
+    # are in alphabetical order, and detectron2 builds a node's parts in key order (the stages before the stem)
+    from detectron2.config import instantiate
+
+    from gwdet.engine.run import warn_of_saved_key_order
+    from gwdet.model_zoo.lazy_loading import load_lazy_config
+
+    stems = []
+    for config in (LAZY_DEMO, saved):
+        torch.manual_seed(0)
+        stems.append(instantiate(load_lazy_config(str(config)).model).backbone.bottom_up.stem.conv1.weight)
+    assert not torch.equal(*stems)
+    with logged_warnings("gwdet.engine.run") as warned:
+        warn_of_saved_key_order(str(LAZY_DEMO))
+        warn_of_saved_key_order(str(saved))
+    assert len(warned) == 1 and warned[0].startswith(f"{saved} is a LazyConfig saved as YAML, whose keys "
+                                                     "LazyConfig.save writes in alphabetical order")
 
 
 def test_a_lazy_run_stopped_by_a_signal_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path, monkeypatch):

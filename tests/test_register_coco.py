@@ -566,6 +566,31 @@ def test_a_resume_on_another_annotation_file_under_the_same_name_is_refused(data
     assert json.loads((tmp_path / "metrics.json").read_text().splitlines()[-1])["iteration"] == 2
 
 
+def test_a_resume_on_its_annotation_file_written_again_with_the_same_contents_goes_on(data, tmp_path):
+    # only re-indented (json.dump(..., indent=2)): refused as "other contents"
+    from gwdet.checkpoint.resilient import CONTENTS_KEY, ResilientCheckpointer
+
+    coco, json_file, root = _copy(data["train"], tmp_path)
+    json_file.write_text(json.dumps(coco))
+    compact = CocoDataset.parse(f"m={json_file}:{root}").inspected().read
+    json_file.write_text(json.dumps(coco, indent=2))
+    indented = CocoDataset.parse(f"m={json_file}:{root}").inspected().read
+    assert compact.json_sha256 != indented.json_sha256 and compact.json_content_sha256 == indented.json_content_sha256
+    coco["annotations"][0]["bbox"][0] += 1
+    json_file.write_text(json.dumps(coco, indent=2))
+    assert CocoDataset.parse(f"m={json_file}:{root}").inspected().read.json_content_sha256 != compact.json_content_sha256
+
+    def record(contents):
+        return {"m": {"json_file": str(json_file), "json_sha256": contents.json_sha256,
+                      CONTENTS_KEY: contents.json_content_sha256}}
+    checkpointer = ResilientCheckpointer(torch.nn.Linear(1, 1), str(tmp_path), training_data=record(indented))
+    checkpointer._check_same_training_data(record(compact), str(tmp_path / "model_final.pth"))  # resumed
+    saved = record(compact)
+    saved["m"][CONTENTS_KEY] = "0" * 64  # other contents
+    with pytest.raises(ValueError, match="with other contents"):
+        checkpointer._check_same_training_data(saved, str(tmp_path / "model_final.pth"))
+
+
 def test_a_resume_on_other_shapes_data_names_the_settings_that_generate_it(tmp_path):
     # "Register 'shapes_train' from the same annotation file as before": a name gwdet refuses to register
     from gwdet.checkpoint.resilient import ResilientCheckpointer

@@ -311,6 +311,9 @@ def test_a_stop_signal_received_twice_at_once_is_one_request(monkeypatch):
         hook._handle(signal.SIGUSR2, None)
         hook._handle(signal.SIGUSR2, None)  # the same request
         assert called == [] and hook._received == signal.SIGUSR2
+        # a study forwards a Ctrl-C its worker got too, as SIGTERM: it stopped the worker at once, without its checkpoint
+        hook._handle(signal.SIGTERM, None)
+        assert called == [] and hook._received == signal.SIGUSR2
         hook._received_at -= SAME_REQUEST_SECONDS  # asked again later: the previous handler runs at once
         hook._handle(signal.SIGUSR2, None)
         assert called == [signal.SIGUSR2]

@@ -77,16 +77,19 @@ def test_a_runs_files_are_checkpoints_records_event_files_and_its_folders_and_no
 
     make(tmp_path, "events.out.tfevents.1700000000.host")  # TensorBoard's events alone: a run trained here
     assert run_files(str(tmp_path)) == ["events.out.tfevents.1700000000.host"] and holds_run(str(tmp_path))
-    make(tmp_path, "model_0000009.pth", "inference/", CONFIG_NAME, CONFIG_NAME + ".sha256", "results.json.sha256")
-    assert run_files(str(tmp_path)) == [CONFIG_NAME, CONFIG_NAME + ".sha256", "events.out.tfevents.1700000000.host",
-                                        "inference", "model_0000009.pth", "results.json.sha256"]
+    # config.yaml.pkl: detectron2's pickle of a LazyConfig holding a function, kept after --overwrite before
+    make(tmp_path, "model_0000009.pth", "inference/", CONFIG_NAME, CONFIG_NAME + ".sha256", CONFIG_NAME + ".pkl",
+         "results.json.sha256")
+    assert run_files(str(tmp_path)) == [CONFIG_NAME, CONFIG_NAME + ".pkl", CONFIG_NAME + ".sha256",
+                                        "events.out.tfevents.1700000000.host", "inference", "model_0000009.pth",
+                                        "results.json.sha256"]
 
 
 def test_a_config_yaml_and_its_checksum_alone_claim_nothing(tmp_path):
-    make(tmp_path, CONFIG_NAME, CONFIG_NAME + ".sha256")
+    make(tmp_path, CONFIG_NAME, CONFIG_NAME + ".sha256", CONFIG_NAME + ".pkl")
     assert not holds_run(str(tmp_path))
     check_fresh_start(str(tmp_path), overwrite=False)
-    assert sorted(os.listdir(tmp_path)) == [CONFIG_NAME, CONFIG_NAME + ".sha256"]  # the next run writes its own
+    assert sorted(os.listdir(tmp_path)) == [CONFIG_NAME, CONFIG_NAME + ".pkl", CONFIG_NAME + ".sha256"]  # the next run writes its own
 
 
 SEVEN = ("events.out.tfevents.1700000000.host", "inference/", "last_checkpoint", "metrics.json",
@@ -1101,3 +1104,39 @@ def test_initial_weights_under_a_checkpoint_name_in_the_output_folder_are_named(
     assert os.listdir(tmp_path) == ["model_final.pth"]
     with pytest.raises(FileExistsError, match=r"already holds a run \(model_final.pth\)"):
         check_fresh_start(str(tmp_path), False, weights=str(tmp_path / "elsewhere.pth"))
+
+
+def test_results_that_cannot_be_set_aside_are_named_with_the_fix(tmp_path):
+    # results.json made immutable: a raw PermissionError traceback from set_aside_results
+    from gwdet.engine.output_dir import set_aside_results
+    from gwdet.errors import GwdetOSError
+    from gwdet.utils.atomic import write_text_with_checksum
+
+    results = tmp_path / "results.json"
+    write_text_with_checksum(str(results), '{"shapes_val": {"bbox": {"AP": 50.0}}}')
+    if subprocess.run(["chattr", "+i", str(results)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available on this file system")
+    try:
+        with pytest.raises(GwdetOSError, match=r"^--resume keeps the run's earlier results as "
+                                               r"results_before_resuming_at_6.json, but .*results.json cannot be "
+                                               r"renamed \(Operation not permitted\); nothing was trained. .*chattr -i"):
+            set_aside_results(str(tmp_path), 6)
+    finally:
+        subprocess.run(["chattr", "-i", str(results)], check=True)
+    set_aside_results(str(tmp_path), 6)
+    assert (tmp_path / "results_before_resuming_at_6.json").is_file()
+
+
+def test_a_resume_is_refused_while_an_evaluation_of_its_final_weights_runs(tmp_path):
+    # the evaluation's results named <run>/model_final.pth with the old SHA-256 while the path held the new model
+    from gwdet.engine.output_dir import check_resume_trains
+
+    checkpoint_file(tmp_path, "model_final.pth", {"model": {}, "iteration": 5})
+    (tmp_path / "eval" / "model_final").mkdir(parents=True)
+    with OutputDirLock(str(tmp_path / "eval" / "model_final")):
+        with pytest.raises(ValueError, match=r"^--resume: an evaluation of the run's model_final.pth is running in "
+                                             r".*eval/model_final \(pid \d+.*\), and the resumed run would replace the "
+                                             r"file it scores while it reads it; nothing was changed"):
+            check_resume_trains(str(tmp_path), 8)
+        check_resume_trains(str(tmp_path), 6)  # at its own length it trains nothing, so nothing is replaced
+    check_resume_trains(str(tmp_path), 8)

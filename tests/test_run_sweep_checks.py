@@ -525,6 +525,13 @@ def test_resuming_by_a_copied_runs_config_yaml_is_refused_where_it_names_the_ori
                                          "it beside the config file"):
         main(args)
     assert _digest(finished_run) == before
+    # a new training by the copy's config.yaml with --overwrite deleted the original run (a plain one is refused so too)
+    for flags, start in ((["--overwrite"], "--overwrite"), ([], "A training")):
+        args = parse_args(["--config-file", str(branch / CONFIG_NAME), *flags, "SOLVER.MAX_ITER", "3"])
+        with pytest.raises(ValueError, match=rf"^{start} with --config-file {branch / CONFIG_NAME}, the record of the run "
+                                             rf"in {branch}, whose OUTPUT_DIR is another folder, '{finished_run}'"):
+            main(args)
+    assert _digest(finished_run) == before
 
 
 def test_a_resume_with_another_test_time_or_sampling_setting_is_no_other_model(finished_run, caplog):

@@ -4,6 +4,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
+import torchvision
 
 from gwdet.checkpoint.safe_load import load_torch_file
 from gwdet.errors import GwdetError
@@ -173,6 +174,15 @@ def test_a_torchscript_model_or_weights_wrapped_in_another_key_are_named_as_such
         f"{tmp_path / 'wrapped.pth'} holds its weights under 'state_dict' (as some training frameworks save them), "
         "where detectron2's checkpointer reads the file itself or its 'model'. Save that entry on its own, e.g. "
         "torch.save(torch.load(path)['state_dict'], 'weights.pth'), and give that file.")
+    # the GW authors' ImageNet files (a DataParallel ResNet under 'state_dict'): the advice above led to a second
+    # refusal, "needs converting first"
+    resnet = {f"module.{key}": value for key, value in torchvision.models.resnet18().state_dict().items()}
+    torch.save({"state_dict": resnet, "epoch": 90}, tmp_path / "authors.pth")
+    assert _loading_refusal(model, tmp_path / "authors.pth") == (
+        f"{tmp_path / 'authors.pth'} holds a torchvision-layout ResNet under 'state_dict' (keys like 'conv1.weight'): "
+        "ImageNet weights that need converting into detectron2's names first, which the converter does with that "
+        "entry as it is. Convert them with tools/convert_pretrained.py IN OUT (docs/weights.md) and give OUT as the "
+        "weights.")
 
 
 def test_a_pickle_of_weights_named_pth_is_told_to_take_the_pkl_suffix(tmp_path):
@@ -242,3 +252,21 @@ def test_a_safetensors_file_is_named_with_the_way_to_a_checkpoint(tmp_path):
     with pytest.raises(ConversionError, match=rf"a safetensors file \(Hugging Face's format\), which the converter does "
                                               rf"not read: {fix}"):
         read_source_state_dict(str(path))
+
+
+@pytest.mark.parametrize("damage", ["cut short", "a byte changed"])
+def test_a_damaged_pkl_is_named_as_a_damaged_file(tmp_path, damage):
+    # before: a raw _pickle.UnpicklingError ("pickle data was truncated") or UnicodeDecodeError traceback
+    model = torch.nn.Linear(2, 2)
+    path = tmp_path / "weights.pkl"
+    with open(path, "wb") as file:
+        pickle.dump({"model": {key: value.numpy() for key, value in model.state_dict().items()},
+                     "__author__": "a converter"}, file)
+    raw = path.read_bytes()
+    if damage == "cut short":
+        path.write_bytes(raw[:len(raw) // 2])
+    else:  # the length byte of the first string ('model'): its text is read from other bytes
+        at = raw.index(b"model") - 1
+        path.write_bytes(raw[:at] + b"\xff" + raw[at + 1:])
+    refusal = _loading_refusal(model, path)
+    assert refusal.startswith(f"{path} cannot be read: it is damaged or cut short (") and "nothing was loaded" in refusal

@@ -3,6 +3,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import stat
 
 import numpy as np
@@ -246,6 +247,14 @@ def test_a_damaged_cache_holding_files_no_generation_wrote_is_not_replaced(tmp_p
     (folder / "model_final.pth").unlink()
     (folder / "train" / "notes.txt").unlink()
     assert damaged_files(ensure_generated(spec, tmp_path)) == []
+    # a file of the user's under the folder's name: renamed to a hidden staging name, then lost without a word
+    shutil.rmtree(folder)
+    folder.write_text("the user's notes")
+    with pytest.raises(GwdetError, match=rf"^The shapes dataset is generated into the folder {folder}, and a file \(or "
+                                         r"link\) of that name is there, which generating would replace; nothing was "
+                                         r"changed"):
+        ensure_generated(spec, tmp_path)
+    assert folder.read_text() == "the user's notes"
 
 
 def test_the_cache_folder_follows_the_users_umask(tmp_path):

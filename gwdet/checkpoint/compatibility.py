@@ -447,15 +447,18 @@ def check_unrecorded_weights(weights: Mapping[str, Any], model: torch.nn.Module,
         f"{how_to_opt_in} to load them anyway.")
 
 
-def check_statistics_in_weights(weights: Mapping[str, Any], model: torch.nn.Module, how_to_opt_in: str) -> None:
+def check_statistics_in_weights(weights: Mapping[str, Any], model: torch.nn.Module, how_to_opt_in: str,
+                                suffix: bool = False) -> None:
     """Raise ``ValueError`` before anything is loaded when ``weights`` (a state dict from a file that
     records no norm types) hold the affine weights of layers of ``model`` that keep running
     statistics (BN, FrozenBN) but no statistics for them: they come from norm layers without any (GN,
-    GW), and the layers would normalize with detectron2's defaults, mean 0 and variance 1."""
+    GW), and the layers would normalize with detectron2's defaults, mean 0 and variance 1. ``suffix``:
+    the weights' names are matched by their ends (a ``.pkl`` that detectron2 matches so)."""
     layers = [f"{name} ({type(module).__name__})" for name, module in unwrapped(model).named_modules()
               if name and isinstance(getattr(module, "running_mean", None), torch.Tensor)
-              and _saved_key(weights, f"{name}.weight") and _saved_key(weights, f"{name}.running_mean") is None
-              and _saved_key(weights, f"{name}.running_var") is None]
+              and _saved_key(weights, f"{name}.weight", suffix)
+              and _saved_key(weights, f"{name}.running_mean", suffix) is None
+              and _saved_key(weights, f"{name}.running_var", suffix) is None]
     if layers:
         raise NormMismatchError(
             f"The checkpoint holds the affine weights of {len(layers)} layer(s) that keep running statistics in this "

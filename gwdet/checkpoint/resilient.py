@@ -71,6 +71,8 @@ from gwdet.checkpoint.safe_load import (UnsafeCheckpointError, load_pickle_file,
 from gwdet.errors import (GwdetError, GwdetFileExistsError, GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetRuntimeError, GwdetTypeError,
                           GwdetValueError, listed)
 
+logger = logging.getLogger(__name__)  # gwdet's own messages: a run lists its warnings (gwdet.engine.run_log)
+
 # The checkpoints a run writes: detectron2's PeriodicCheckpointer names them model_{iteration:07d}
 # and model_final, gwdet's signal checkpoints (gwdet.checkpoint.signal_hook) likewise.
 CHECKPOINT_NAME = re.compile(r"^model_(\d{7,}|final)\.pth$")
@@ -124,8 +126,24 @@ def mismatch_allowed() -> bool:
 
 
 def load_pickle_weights(path: str) -> Any:
-    """A ``.pkl`` weight file through the numpy-only unpickler (opt-in: ``GWDET_ALLOW_UNSAFE_PICKLE=1``)."""
-    return load_pickle_file(path, unsafe_pickle_allowed(), _OPT_IN)
+    """A ``.pkl`` weight file through the numpy-only unpickler (opt-in: ``GWDET_ALLOW_UNSAFE_PICKLE=1``);
+    one that cannot be unpickled is a :class:`DamagedFileError` naming it."""
+    try:
+        return load_pickle_file(path, unsafe_pickle_allowed(), _OPT_IN)
+    except (pickle.UnpicklingError, EOFError, UnicodeDecodeError, ValueError, TypeError, IndexError, KeyError,
+            AttributeError, MemoryError) as error:  # what unpickling cut or changed bytes raises
+        if isinstance(error, GwdetError):  # not a pickle of weights, or one that needs unsafe loading: named already
+            raise
+        raise _damaged(path, error) from error
+
+
+def _damaged(path: str, error: BaseException) -> DamagedFileError:
+    """The refusal of a weights file that cannot be read (``error``): damaged or cut short."""
+    reason = str(error).split(". ")[0].splitlines()[0] if str(error).strip() else "no details"
+    return DamagedFileError(
+        f"{path} cannot be read: it is damaged or cut short ({type(error).__name__}: {reason}); nothing was "
+        "loaded from it. Restore the file from a copy or write it again (train, or convert the weights "
+        "again); a training's --resume uses the previous checkpoint in the folder instead.", path)
 
 
 def _check_holds_weights(path: str, data: Any) -> None:
@@ -142,6 +160,13 @@ def _check_holds_weights(path: str, data: Any) -> None:
         wrapped = [key for key, value in weights.items() if isinstance(value, dict) and value
                    and all(isinstance(leaf, (torch.Tensor, np.ndarray)) for leaf in value.values())]
         if wrapped and len(odd) == len(weights):  # no tensor at the top, a mapping of them below
+            inner = [key.removeprefix("module.") for key in weights[wrapped[0]]]
+            if any(key.startswith(TORCHVISION_RESNET_PREFIXES) for key in inner):  # the GW authors' ImageNet files
+                raise GwdetValueError(
+                    f"{path} holds a torchvision-layout ResNet under {wrapped[0]!r} (keys like {inner[0]!r}): ImageNet "
+                    "weights that need converting into detectron2's names first, which the converter does with "
+                    "that entry as it is. Convert them with tools/convert_pretrained.py IN OUT (docs/weights.md) and "
+                    "give OUT as the weights.")
             raise GwdetValueError(
                 f"{path} holds its weights under {wrapped[0]!r} (as some training frameworks save them), where "
                 f"detectron2's checkpointer reads the file itself or its 'model'. Save that entry on its own, e.g. "
@@ -349,6 +374,9 @@ CLASSES_ATTRIBUTE = "gwdet_classes"
 # in a training set's record (DATA_KEY): its image files' fingerprints, joined in the order of their paths
 # (gwdet.data.coco_registration.CocoContents.fingerprints)
 IMAGES_KEY = "image_fingerprints"
+# ... and the SHA-256 of the annotation file's JSON contents in one canonical form (the same contents
+# written otherwise, re-indented say, give the same digest)
+CONTENTS_KEY = "json_content_sha256"
 # The input a model was trained on: GeneralizedRCNN's input_format, pixel_mean and pixel_std, which
 # its state dict does not hold (its pixel buffers are not saved).
 INPUT_KEY = "gwdet_input"
@@ -447,6 +475,16 @@ def _prefix_of_model_keys(keys: Sequence[str], model_keys: set[str]) -> str | No
     return first
 
 
+def _file_identity(path: str) -> tuple[int, int, int, int] | None:
+    """The device, inode, size and modification time of ``path`` (``None``: cannot be read): what
+    changes when the file is replaced by a rename or written to."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns
+
+
 def _prefix_missing_from_keys(keys: Sequence[str], model_keys: set[str]) -> str | None:
     """The model part (``backbone.``, ``backbone.bottom_up.``) whose name, put before each of
     ``keys``, makes every one a key of the model: a state dict saved from that part (e.g.
@@ -454,6 +492,17 @@ def _prefix_missing_from_keys(keys: Sequence[str], model_keys: set[str]) -> str 
     for prefix in ("backbone.bottom_up.", "backbone."):
         if keys and all(prefix + key in model_keys for key in keys):
             return prefix
+    return None
+
+
+def _backbone_prefix_swap(keys: Sequence[str], missing: Sequence[str]) -> tuple[str, str] | None:
+    """``(the file's prefix, the model's)`` when the ResNet of a file's ``keys`` is under the other of
+    ``backbone.bottom_up.`` (an FPN model's) and ``backbone.`` (a C4 model's) than the model's
+    ``missing`` backbone weights: every missing weight is there under the file's prefix."""
+    held = set(keys)
+    for saved, built in (("backbone.bottom_up.", "backbone."), ("backbone.", "backbone.bottom_up.")):
+        if missing and all(key.startswith(built) and saved + key[len(built):] in held for key in missing):
+            return saved, built
     return None
 
 
@@ -614,11 +663,11 @@ class ResilientCheckpointer(DetectionCheckpointer):
         try:
             tagged = tagged_name(self.save_dir) if self.has_checkpoint() else None
         except (UnicodeDecodeError, OSError) as error:
-            self.logger.warning(f"last_checkpoint in {self.save_dir} cannot be read ({error}); trying the "
+            logger.warning(f"last_checkpoint in {self.save_dir} cannot be read ({error}); trying the "
                                 "checkpoints there newest first.")
             tagged = None
         if tagged and (os.sep in tagged or not os.path.isfile(os.path.join(self.save_dir, tagged))):
-            self.logger.warning(f"last_checkpoint names {tagged}, which is not in {self.save_dir}; "
+            logger.warning(f"last_checkpoint names {tagged}, which is not in {self.save_dir}; "
                                 "trying the other checkpoints there.")
             tagged = None
         ordered = ([tagged] if tagged else []) + [n for n in others if n != tagged]
@@ -634,7 +683,11 @@ class ResilientCheckpointer(DetectionCheckpointer):
             before = saved.get(name)
             if not isinstance(before, dict) or None in (before.get("json_sha256"), now.get("json_sha256")):
                 continue
-            if before["json_sha256"] != now["json_sha256"]:
+            same_contents = before.get(CONTENTS_KEY) is not None and before.get(CONTENTS_KEY) == now.get(CONTENTS_KEY)
+            if before["json_sha256"] != now["json_sha256"] and same_contents:
+                logger.info(f"--resume: {now.get('json_file')} ({name!r}) was written again since the run read it, "
+                            "with the same contents (formatted otherwise): resumed on it.")
+            elif before["json_sha256"] != now["json_sha256"]:
                 fix = (f"Give the shapes settings the run trained with (DATASETS.SHAPES.*, a LazyConfig's "
                        f"dataloader.shapes.*: its config.yaml), which generate {name!r}"
                        if name.startswith(SHAPES_PREFIX) else f"Register {name!r} from the same annotation file as before")
@@ -674,7 +727,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 f"run's, and its records would describe neither; nothing was trained. Resume with {saved} process(es) "
                 f"(--num-gpus x --num-machines), or start a new run from its weights ({self.weights_setting} "
                 f"{checkpoint}) into another output folder.")
-        self.logger.warning(
+        logger.warning(
             f"--resume with {now} process(es) of a run trained with {saved} ({os.path.basename(checkpoint)}): its norm "
             "layers normalize each image on its own, so the model trains on as before, with other random draws.")
 
@@ -701,14 +754,20 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 fix = (f"Convert ImageNet weights with tools/convert_pretrained.py IN OUT (see docs/weights.md), or "
                        f"set {empty} to train from scratch")
             raise GwdetFileNotFoundError(f"{setting} file {path!r} does not exist. {fix}.")
+        local = (self.download(path) if "://" in path else file) if path else ""
+        before = _file_identity(local) if local else None
         if path:
-            local = self.download(path) if "://" in path else file
             self.initial_weights = dict(weights_record(local), path=path if "://" in path else os.path.abspath(path))
         self._loading_initial_weights = True
         try:
             loaded = self.load(path, checkpointables=[]) if path else {}
         finally:
             self._loading_initial_weights = False
+        if before is not None and _file_identity(local) != before:  # replaced (or written) between hash and load
+            raise GwdetRuntimeError(
+                f"{self.weights_setting} {path} was replaced or written to while it was read (a conversion with "
+                "--overwrite into it, or a copy?), so the weights loaded may not be those its SHA-256 records: "
+                "nothing was trained or evaluated. Start again once the file is complete and stays as it is.")
         trained = loaded.get(CLASSES_KEY)
         if (self.classes and isinstance(trained, list) and trained != self.classes
                 and sorted(map(str, trained)) == sorted(self.classes)):
@@ -826,7 +885,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
             except (OSError, EOFError, RuntimeError, pickle.UnpicklingError, DamagedFileError) as err:
                 if isinstance(err, UnsafeCheckpointError):
                     raise
-                self.logger.warning(f"Cannot read checkpoint {candidate} ({err}); trying the previous one.")
+                logger.warning(f"Cannot read checkpoint {candidate} ({err}); trying the previous one.")
         if candidates:
             raise GwdetRuntimeError(
                 f"None of the checkpoints in {self.save_dir} can be read ({', '.join(candidates)}). "
@@ -834,7 +893,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
             )
         if self.has_checkpoint():  # detectron2's trainers would start at iteration 1, not 0
             raise lost_checkpoint_error(self.save_dir, self.weights_setting)
-        self.logger.warning(f"--resume: no checkpoint in {self.save_dir}; starting at iteration 0 "
+        logger.warning(f"--resume: no checkpoint in {self.save_dir}; starting at iteration 0 "
                             f"from {self.weights_setting} ({path or 'none: random initialization'}).")
         return self.load_weights(path)
 
@@ -870,7 +929,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
         checkpoint.pop(NORM_SETTINGS_KEY, None)
         differences = input_differences(checkpoint.get(INPUT_KEY), self.model) if self.compare_input else []
         if differences:
-            self.logger.warning(
+            logger.warning(
                 f"{self._loading} was trained with values this model has otherwise: {'; '.join(differences)}. The model "
                 "computes with its own values, which changes its results; build it with those the weights were "
                 "trained with (its input format, pixel mean and std, the ResNet's stride_in_1x1, the anchors, the FPN's "
@@ -937,7 +996,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
             types_recorded = isinstance(checkpoint.get(NORM_TYPES_KEY), dict)
             if unconverted and not types_recorded:
                 checks.append(lambda: check_unrecorded_weights(weights, self.model, _MISMATCH_OPT_IN))
-                checks.append(lambda: check_statistics_in_weights(weights, self.model, _MISMATCH_OPT_IN))
+                checks.append(lambda: check_statistics_in_weights(weights, self.model, _MISMATCH_OPT_IN,
+                                                                  bool(checkpoint.get("matching_heuristics"))))
             elif unconverted and not isinstance(checkpoint.get(NORM_SETTINGS_KEY), dict):  # types, no settings
                 checks.append(lambda: check_unrecorded_weights(weights, self.model, _MISMATCH_OPT_IN,
                                                                types_recorded=True))
@@ -949,13 +1009,13 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 if not allowed:
                     raise
                 finding = error.finding if isinstance(error, NormMismatchError) else str(error)
-                self.logger.warning(f"{MISMATCH_ENV}=1: {self._loading or 'the checkpoint'} is loaded as asked, though "
+                logger.warning(f"{MISMATCH_ENV}=1: {self._loading or 'the checkpoint'} is loaded as asked, though "
                                     f"its norm layers differ from the model's: {finding}.")
         if isinstance(weights, dict) and not isinstance(checkpoint.get(NORM_SETTINGS_KEY), dict):
             # after the checks: weights of other layers (GW's, loaded into GroupNorm) are refused above, not named here
             unchecked = unrecorded_group_norms(weights, self.model)
             if unchecked:
-                self.logger.warning(
+                logger.warning(
                     f"{self._loading or 'The checkpoint'} holds the weights of {len(unchecked)} GroupNorm layer(s) "
                     f"({listed(unchecked, 3)}) without gwdet's record of their group numbers (a file gwdet's "
                     "checkpointer did not write, e.g. detectron2's): they load unchecked into this config's groups. "
@@ -981,7 +1041,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
             if renamed.keys() != names.keys() and len(renamed) == len(names):
                 checkpoint[record], found = renamed, True
         if found:
-            self.logger.info(f"The weights were saved from a torch.compile'd module: their names are read without "
+            logger.info(f"The weights were saved from a torch.compile'd module: their names are read without "
                              f"{COMPILED!r}.")
 
     def _backbone_parameters(self) -> list[str]:
@@ -1018,7 +1078,13 @@ class ResilientCheckpointer(DetectionCheckpointer):
                                            else unexpected, model_keys)
             nothing_loaded = len(missing) == len(backbone)  # (a .pkl's names matched by their ends load some)
             part = _prefix_missing_from_keys(unexpected, model_keys) if nothing_loaded and not prefix else None
-            hint = (f" The file holds the model's keys without their {part!r} (e.g. {unexpected[0]!r} is the model's "
+            swap = _backbone_prefix_swap(unexpected, missing) if nothing_loaded and not (prefix or part) else None
+            hint = (f" The file's ResNet is under {swap[0]!r} (e.g. {swap[0] + missing[0][len(swap[1]):]!r}), the "
+                    f"model's under {swap[1]!r}: the weights of a model {'with' if 'bottom_up' in swap[0] else 'without'} "
+                    f"an FPN for one {'without' if 'bottom_up' in swap[0] else 'with'} (a C4 model's backbone is the "
+                    "ResNet itself). Save them under the model's names ({key.replace(" + repr(swap[0]) + ", "
+                    + repr(swap[1]) + ", 1): value for key, value in weights.items()}) and load that file." if swap else
+                    f" The file holds the model's keys without their {part!r} (e.g. {unexpected[0]!r} is the model's "
                     f"{part + unexpected[0]!r}): the state dict of model.{part[:-1]}, not of the model. Save the "
                     f"whole model's weights (model.state_dict()), or these with the prefix put back ({{{part!r} + key: "
                     "value for key, value in weights.items()}) and load that file." if part else
@@ -1064,7 +1130,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
         record = shown_record(filename)
         unusable, differs = checksum_findings(filename)
         if unusable is not None:  # the checksums inside the file still check it
-            self.logger.warning(f"{filename}: {unusable}, so the file is checked by the checksums recorded inside it "
+            logger.warning(f"{filename}: {unusable}, so the file is checked by the checksums recorded inside it "
                                 f"only. Delete {record} to load it without this warning.")
         elif differs is not None:
             raise DamagedFileError(
@@ -1088,7 +1154,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
         removed = verify_checksums(filename, data, accept_removed_state=self._loading_initial_weights)
         if removed:
             were = "was" if len(removed) == 1 else "were"
-            self.logger.warning(
+            logger.warning(
                 f"{filename}: {', '.join(removed)} {were} removed from the file after gwdet wrote it (as when a "
                 "checkpoint's training state is removed to publish its weights). Its weights match the checksums "
                 f"recorded with them and are loaded as {self.weights_setting}; the file cannot continue a training "
@@ -1096,7 +1162,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
         data.pop(CHECKSUMS_KEY, None)
         data.pop(STATE_CHECKSUMS_KEY, None)
         if isinstance(data.get("model"), torch.nn.Module):  # torch.save({"model": model}), read with the unsafe opt-in
-            self.logger.warning(f"{filename} holds a whole pickled {type(data['model']).__name__} under 'model', not "
+            logger.warning(f"{filename} holds a whole pickled {type(data['model']).__name__} under 'model', not "
                                 "its state dict: its state dict is loaded (save model.state_dict() to load the file "
                                 "without unpickling code).")
             data["model"] = data["model"].state_dict()
@@ -1127,8 +1193,4 @@ class ResilientCheckpointer(DetectionCheckpointer):
         except (RuntimeError, EOFError, pickle.UnpicklingError) as error:
             if isinstance(error, GwdetError):  # not a checkpoint, or one that needs unsafe loading: named already
                 raise
-            reason = str(error).split(". ")[0].splitlines()[0] if str(error).strip() else "no details"
-            raise DamagedFileError(
-                f"{f} cannot be read: it is damaged or cut short ({type(error).__name__}: {reason}); nothing was "
-                "loaded from it. Restore the file from a copy or write it again (train, or convert the weights "
-                "again); a training's --resume uses the previous checkpoint in the folder instead.", f) from error
+            raise _damaged(f, error) from error

@@ -11,8 +11,8 @@ after training the same signals stop at once, saying that the trained weights ar
 evaluated (``--resume`` evaluates them); :func:`release_stop_signals` then gives the handlers back
 when training has returned. A handler installed
 before training (submitit's, which requeues a SLURM job) is called after the checkpoint is written;
-a second signal of the same kind runs it at once (one within :data:`SAME_REQUEST_SECONDS` of the
-first is the same request). With several processes every rank stops after the same iteration.
+a second stop signal runs it at once (one within :data:`SAME_REQUEST_SECONDS` of the first, of
+any kind, is the same request). With several processes every rank stops after the same iteration.
 """
 from __future__ import annotations
 
@@ -31,8 +31,9 @@ from detectron2.engine.hooks import EvalHook
 from detectron2.utils import comm
 
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
-# A second signal of the same kind within this many seconds is the same request (a terminal's Ctrl-C
-# reaches every process of the group, and the launcher forwards the one it receives), not a second one.
+# A second stop signal within this many seconds is the same request, not a second one: a terminal's
+# Ctrl-C reaches every process of the group, and the launcher (or the study, as SIGTERM) forwards the
+# one it receives.
 SAME_REQUEST_SECONDS = 1.0
 # how a training built in one's own code (gwdet's Trainer or LazyTrainer) is resumed
 _IN_PYTHON = " (in Python: the trainer's resume_or_load(resume=True), then train())"
@@ -97,8 +98,8 @@ class CheckpointOnSignal(HookBase):
         self._evaluating = False  # inside a periodic evaluation that a stop signal ends at once
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self._received == signum and time.monotonic() - self._received_at < SAME_REQUEST_SECONDS:
-            return  # the same request twice: sent to the process group and forwarded by the launcher
+        if self._received is not None and time.monotonic() - self._received_at < SAME_REQUEST_SECONDS:
+            return  # the same request twice: sent to the process group and forwarded by the launcher or study
         if self._received is not None:  # asked twice: the previous handler runs at once
             self._restore()
             previous = self._previous.get(signum)

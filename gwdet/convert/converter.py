@@ -115,12 +115,15 @@ class ConversionReport:
         ]
         lines += [f"  {key}: {_yaml_value(value)}" for key, value in self.config().items()]
         unrecorded = [*(["their GN layers' group count (MODEL.GN.NUM_GROUPS)"] if self.gn_style else []),
-                      *(["their GW layers' group count, iterations and eps (MODEL.GW.NUM_GROUPS, T, EPS)"]
-                        if self.gw_positions else [])]
+                      *(["their GW layers' method, group count, iterations and eps (MODEL.RESNETS.GW_NORM, "
+                         "MODEL.GW.NUM_GROUPS, T, EPS)"] if self.gw_positions else [])]
+        usual = [*(["torchvision's and detectron2's GN ResNets use 32 groups"] if self.gn_style else []),
+                 *(["the GW paper's ImageNet models whiten by ItN (GW_NORM GW) with 64 groups and T 5, gwdet's "
+                    "defaults; check the source's own"] if self.gw_positions else [])]
         if unrecorded and not self.settings_records:
             lines.append(f"Not in the weights, so not checked when they load: {' and '.join(unrecorded)}. Set them to "
-                         "the source model's (torchvision's and detectron2's GN ResNets use 32 groups): other values "
-                         "load without a word into layers that compute another function than the source's.")
+                         f"the source model's ({'; '.join(usual)}): other values load without a word into layers that "
+                         "compute another function than the source's.")
         return "\n".join(lines)
 
     def _positions_text(self) -> str:
@@ -193,6 +196,7 @@ def convert_state_dict(
     weights, reshaped = detectron2_weights(layout)
     expected = expected_shapes(inferred_arch, format_gw_positions(positions), gn_style)
     check_fits_architecture(weights, expected, inferred_arch)
+    check_trained(layout, source_name)
     records = {f"{norm.target}.{RECORD_LEAF}": norm.record.numpy() for norm in layout.norms.values()
                if norm.record is not None}  # checked by the layers that load them: their settings
     weights.update(records)
@@ -245,6 +249,30 @@ def detectron2_weights(layout: SourceLayout) -> tuple[dict[str, np.ndarray], int
                 reshaped += 1
             weights[f"{norm.target}.{leaf}"] = _float_array(f"{norm.source}.{leaf}", value)
     return weights, reshaped
+
+
+def check_trained(layout: SourceLayout, source_name: str) -> None:
+    """A ``ConversionError`` when every norm of ``layout`` holds what a freshly built ResNet's hold:
+    running mean 0 and variance 1 in each batch norm, or (a model without running statistics) an
+    affine weight of ones (or zeros) and a bias of zeros in each norm: a model that was never
+    trained, such as ``torchvision.models.resnet50()`` saved without its ``weights=``."""
+    norms = [norm.tensors for norm in layout.norms.values()]
+    statistics = [tensors for tensors in norms if "running_mean" in tensors and "running_var" in tensors]
+    if statistics:
+        untrained = all(not tensors["running_mean"].any() and bool((tensors["running_var"] == 1).all())
+                        for tensors in statistics)
+        held = "running mean 0 and variance 1 in every batch norm"
+    else:
+        untrained = bool(norms) and all(
+            "weight" in tensors and bool(((tensors["weight"] == 1).all() or not tensors["weight"].any()))
+            and not tensors.get("bias", torch.zeros(1)).any() for tensors in norms)
+        held = "an affine weight of ones and a bias of zeros in every norm"
+    if untrained:
+        raise ConversionError(
+            f"{source_name} holds the weights of a ResNet that was never trained ({held}, as a model is built): "
+            "fine-tuning from it would start from random weights. Save a trained model, e.g. torchvision's "
+            "resnet50(weights='IMAGENET1K_V1').state_dict() (torchvision.models.resnet50() alone is untrained); "
+            "nothing was written.")
 
 
 def _is_broadcast_affine(value: torch.Tensor) -> bool:
@@ -343,6 +371,11 @@ def _check_output_path(input_path: str, output_path: str, overwrite: bool) -> No
             "converted weights (numpy arrays, matching heuristics) only from .pkl files."
         )
     folder = os.path.dirname(os.path.abspath(output_path))
+    above = folder  # the nearest part of the path that exists
+    while not os.path.lexists(above) and os.path.dirname(above) != above:
+        above = os.path.dirname(above)
+    if os.path.lexists(above) and not os.path.isdir(above):
+        raise ConversionError(f"{output_path}: {above} is a file, not a folder: give the output a path in a folder.")
     if not os.path.isdir(folder):
         raise ConversionError(f"{output_path}: folder {folder} does not exist. Create it first.")
     both_exist = os.path.isfile(input_path) and os.path.isfile(output_path)

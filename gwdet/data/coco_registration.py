@@ -93,6 +93,7 @@ class CocoContents:
     without_area: int = 0  # annotations without an 'area' (detectron2 trains without it; COCO evaluation needs it)
     most_elongated: tuple[str, int, int] | None = None  # (file_name, width, height) of the largest side ratio
     json_sha256: str = ""  # of the file as it was read and checked
+    json_content_sha256: str = ""  # of its JSON contents written in one canonical form (keys sorted, no spaces)
     # (real path, fingerprint) of each image file, sorted by path (gwdet.utils.fingerprints.file_fingerprint)
     image_prints: tuple[tuple[str, bytes], ...] = ()
 
@@ -405,6 +406,8 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
     """
     where, path = f"dataset {dataset.name!r}:", dataset.json_file
     coco, digest = _read_json(dataset)
+    content_digest = hashlib.sha256(json.dumps(coco, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+                                    .encode("utf-8")).hexdigest()  # the same file written otherwise: the same digest
     if not isinstance(coco, dict):
         raise DatasetError(f"{where} {path} holds a JSON {type(coco).__name__}, not a COCO object with "
                            "'images', 'annotations' and 'categories' lists.")
@@ -613,7 +616,7 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
                         tally.without_mask, tally.crowd, tally.crowd_without_mask, tally.without_iscrowd,
                         tally.without_area,
                         (str(elongated["file_name"]), int(elongated["width"]), int(elongated["height"])),
-                        digest, tuple((path, file_fingerprint(path)) for path in sorted(set(paths))))
+                        digest, content_digest, tuple((path, file_fingerprint(path)) for path in sorted(set(paths))))
 
 
 # ---- the catalog -----------------------------------------------------------------------------

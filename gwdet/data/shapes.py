@@ -182,6 +182,9 @@ def _unwritable_root_message(root: Path, setting: str | None, error: OSError) ->
         fix += f", or to \"\" to use ${CACHE_VARIABLE}." if setting == ROOT_KEY else "."
     if error.errno in (errno.ENOSPC, errno.EDQUOT):  # writable, but full: room there is one fix
         fix = f"Free space there (its disk or quota is full), or: {fix[0].lower()}{fix[1:]}"
+    if error.errno == errno.EFBIG:  # the process's limit on a file's size, wherever it writes
+        fix = ("A limit on the size of the files this process may write stops it (the shell's ulimit -f): raise or "
+               "lift it (ulimit -f unlimited), then run again.")
     return f"The shapes dataset cannot be written to {source} ({reason}). {fix}"
 
 
@@ -446,6 +449,11 @@ def ensure_generated(spec: ShapesSpec, root: Path | None = None, setting: str | 
     target = root / spec.folder_name()
     if _is_complete(target, spec):
         return target
+    if os.path.lexists(target) and not target.is_dir():
+        raise GwdetFileExistsError(
+            f"The shapes dataset is generated into the folder {target}, and a file (or link) of that name is there, "
+            "which generating would replace; nothing was changed. Move it out of the cache (GWDET_CACHE, or "
+            "DATASETS.SHAPES.ROOT), then run again.")
     foreign = _foreign_entries(target)
     if foreign:
         raise GwdetFileExistsError(

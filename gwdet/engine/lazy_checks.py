@@ -606,8 +606,11 @@ def check_resize_nodes(cfg: DictConfig, loader: str) -> None:
 def check_shapes_specs(cfg: DictConfig) -> None:
     """Each ``L(ShapesSpec)`` node's arguments take the values of their yacs twins
     (``DATASETS.SHAPES.*``), and its ``image_size`` is large enough to hold a shape
-    (:func:`gwdet.data.shapes.check_image_size`), refused before anything is generated."""
-    for path, _ in nodes_calling(cfg, ShapesSpec):
+    (:func:`gwdet.data.shapes.check_image_size`), refused before anything is generated; two nodes
+    of other settings are refused: each registers the same names (``shapes_train``, ...), so the run
+    would read one dataset and record the other."""
+    specs = {}
+    for path, node in nodes_calling(cfg, ShapesSpec):
         for field, twin in SPEC_CONFIG_KEYS.items():
             key = f"{path}.{field}" if path else field
             value = select(cfg, key)
@@ -616,6 +619,14 @@ def check_shapes_specs(cfg: DictConfig) -> None:
             check_twin(key, value, twin)
             if field == "image_size":
                 check_image_size(value, key)
+        specs[path] = instantiate(node)
+    if len(set(specs.values())) > 1:
+        shown = [f"{path} ({spec})" for path, spec in specs.items()]
+        raise GwdetValueError(
+            f"The config has shapes datasets of other settings, {listed(shown, 3)}, and each registers the same names "
+            "(shapes_train, shapes_val, shapes_test): the run would read one and record the other as its data. Give "
+            "them the same settings: gwdet's LazyConfigs keep one in dataloader.shapes, which both loaders refer to "
+            "(${dataloader.shapes}); set its values (dataloader.shapes.seed=1).")
 
 
 def check_run_values(cfg: DictConfig) -> None:

@@ -84,8 +84,11 @@ RESULTS_MARKDOWN = "results.md"  # the run's results, written by gwdet.engine.ru
 RESULTS_JSON = "results.json"
 # What detectron2's COCOEvaluator writes into its output folder
 EVALUATOR_FILES = ("coco_instances_results.json", "instances_predictions.pth")
-RUN_FILES = ("last_checkpoint", "metrics.json", RESULTS_MARKDOWN, RESULTS_JSON, CONFIG_NAME,
-             CONFIG_NAME + CHECKSUM_SUFFIX, RESULTS_JSON + CHECKSUM_SUFFIX)
+# The run's config, its record and (config.yaml.pkl) the pickle detectron2's LazyConfig.save writes of
+# a config that YAML cannot hold (a function, say): what a run leaves before its first step
+CONFIG_FILES = (CONFIG_NAME, CONFIG_NAME + CHECKSUM_SUFFIX, CONFIG_NAME + ".pkl")
+RUN_FILES = ("last_checkpoint", "metrics.json", RESULTS_MARKDOWN, RESULTS_JSON, *CONFIG_FILES,
+             RESULTS_JSON + CHECKSUM_SUFFIX)
 # A run resumed past its results keeps them as results<SET_ASIDE_INFIX><iteration>[_<n>].md / .json
 # (set_aside_results), with its files, and a run resumed with other config values keeps the config of
 # its earlier iterations as config<SET_ASIDE_INFIX><iteration>[_<n>].yaml; EARLIER_RESULTS matches those
@@ -158,7 +161,7 @@ def _is_run_folder(output_dir: str, name: str) -> bool:
 def holds_run(output_dir: str) -> bool:
     """Whether a run trained or was evaluated in ``output_dir``: more than a ``config.yaml``, an empty
     ``metrics.json`` and empty run folders, which a run that stopped before its first step leaves."""
-    return any(name not in (CONFIG_NAME, CONFIG_NAME + CHECKSUM_SUFFIX) and not _empty(os.path.join(output_dir, name))
+    return any(name not in CONFIG_FILES and not _empty(os.path.join(output_dir, name))
                for name in run_files(output_dir))
 
 
@@ -450,22 +453,28 @@ def check_config_file_kept(config_file: str, output_dir: str, setting: str = "OU
             "as --config-file).")
 
 
-def check_resumed_folder_is_the_records(config_file: str, output_dir: str, setting: str = "OUTPUT_DIR",
-                                        resume: bool = True) -> None:
-    """Refuse ``--resume`` (``resume``; else ``--eval-only``) whose ``--config-file`` is the recorded
-    ``config.yaml`` of the run in another folder than ``output_dir`` (the ``setting`` the file gives,
-    not overridden): a copy of a run keeps the output folder of the run it was copied from, so
-    resuming the copy by its config would continue, and replace the files of, the original, and an
-    evaluation would write its results there (re-creating a moved run's folder)."""
+def check_run_folder_is_the_records(config_file: str, output_dir: str, setting: str = "OUTPUT_DIR",
+                                    request: str = "--resume") -> None:
+    """Refuse a run ``request`` (``--resume``, ``--eval-only``, ``--overwrite``, or ``""``: a new
+    training) whose ``--config-file`` is the recorded ``config.yaml`` of the run in another folder
+    than ``output_dir`` (the ``setting`` the file gives, not overridden): a copy of a run keeps the
+    output folder of the run it was copied from, so resuming the copy by its config would continue,
+    and replace the files of, the original, an evaluation would write its results there
+    (re-creating a moved run's folder), and a new training with ``--overwrite`` would delete it."""
     folder = os.path.dirname(os.path.abspath(config_file))
     if os.path.basename(config_file) != CONFIG_NAME or not written_by_a_run(config_file) or not checkpoints_in(folder):
         return
     if os.path.realpath(folder) == os.path.realpath(output_dir):
         return
-    flag, outcome, beside, other = (
-        ("--resume", "continue the run there", "continue the run beside the config file", "resume the other folder")
-        if resume else
-        ("--eval-only", "write the evaluation there", "write it beside the config file", "write it elsewhere"))
+    flag, outcome, beside, other = {
+        "--resume": ("--resume", "continue the run there", "continue the run beside the config file",
+                     "resume the other folder"),
+        "--eval-only": ("--eval-only", "write the evaluation there", "write it beside the config file",
+                        "write it elsewhere"),
+        "--overwrite": ("--overwrite", "delete the run there and train anew in its place", "train anew beside the "
+                        "config file (replacing the run there)", "train into another folder"),
+    }.get(request, ("A training", "train into that folder", "train anew beside the config file (with --overwrite, "
+                    "replacing the run there)", "train into another folder"))
     raise GwdetValueError(
         f"{flag} with --config-file {config_file}, the record of the run in {folder}, whose {setting} is another "
         f"folder, {output_dir!r}: that would {outcome}, not beside the config file (a copy of a run keeps the "
@@ -760,6 +769,8 @@ def check_resume_trains(output_dir: str, max_iter: int, setting: str = "SOLVER.M
     if found is None:
         return
     path, start = found
+    if max_iter > start:
+        _check_no_final_evaluation_running(output_dir)
     if max_iter == start and _results_written_after(output_dir, path):
         name, final = os.path.basename(path), os.path.join(output_dir, FINAL_WEIGHTS)
         if name != FINAL_WEIGHTS and os.path.isfile(final) and os.path.getmtime(final) > os.path.getmtime(path):
@@ -1150,16 +1161,35 @@ def _set_aside_drawings(output_dir: str, start_iter: int) -> list[str]:
 _FINAL_EVALUATION = re.compile(r"^model_final(-\d+)?$")  # eval/<checkpoint>[-N] of model_final.pth
 
 
+def _final_evaluations(output_dir: str) -> list[str]:
+    """The folders ``eval/model_final[-N]/`` of ``output_dir`` (names, sorted): the evaluations of
+    its ``model_final.pth``."""
+    folder = os.path.join(output_dir, EVAL_FOLDER)
+    return sorted(name for name in os.listdir(folder) if _FINAL_EVALUATION.match(name)
+                  and os.path.isdir(os.path.join(folder, name))) if _is_run_folder(output_dir, EVAL_FOLDER) else []
+
+
+def _check_no_final_evaluation_running(output_dir: str) -> None:
+    """Refuse a resume that would train while an ``--eval-only`` of the run's ``model_final.pth``
+    runs (its ``eval/model_final[-N]/`` locked): the resumed run replaces the file it scores, and
+    its results would name the path of other weights."""
+    for name in _final_evaluations(output_dir):
+        holder = lock_holder(os.path.join(output_dir, EVAL_FOLDER, name))
+        if holder is not None:
+            raise GwdetValueError(
+                f"--resume: an evaluation of the run's {FINAL_WEIGHTS} is running in "
+                f"{os.path.join(output_dir, EVAL_FOLDER, name)} ({holder}), and the resumed run would replace the file "
+                "it scores while it reads it; nothing was changed. Resume once that evaluation has ended (or stop it).")
+
+
 def _set_aside_final_evaluations(output_dir: str, start_iter: int) -> list[str]:
     """Rename the finished evaluations ``eval/model_final[-N]/`` of a run resumed at ``start_iter``
     to ``eval/model_final_before_resuming_at_<start_iter>[-N]/``: they scored the ``model_final.pth``
     that the resumed run replaces, which their names would otherwise stand for (one still running,
     its lock held, stays); the folders' new names, relative to ``output_dir``."""
     folder = os.path.join(output_dir, EVAL_FOLDER)
-    names = sorted(name for name in os.listdir(folder) if _FINAL_EVALUATION.match(name)
-                   and os.path.isdir(os.path.join(folder, name))) if _is_run_folder(output_dir, EVAL_FOLDER) else []
     moved = []
-    for name in names:
+    for name in _final_evaluations(output_dir):
         if lock_holder(os.path.join(folder, name)) is not None:
             continue
         target = _free_path(folder, name.replace("model_final", f"model_final{SET_ASIDE_INFIX}{start_iter}", 1))
@@ -1206,7 +1236,13 @@ def set_aside_results(output_dir: str, start_iter: int) -> None:
         target = _free_path(output_dir, f"{stem}{SET_ASIDE_INFIX}{start_iter}", extension)
         has_record = os.path.isfile(checksum_path(path))
         recorded = has_record and checksum_problem(path) is None
-        os.replace(path, target)
+        try:
+            os.replace(path, target)
+        except OSError as error:  # a file made read-only or immutable (chattr +i), a folder without write access
+            raise GwdetOSError(
+                f"--resume keeps the run's earlier results as {os.path.basename(target)}, but {path} cannot be renamed "
+                f"({error.strerror or error}); nothing was trained. Make the run's files and folder writable (an "
+                "immutable file: chattr -i), then resume again.") from None
         if has_record and not recorded:  # changed since it was written: its record goes with it, showing so
             move_checksum_record(path, target)
             logger.warning(f"{path} no longer matches the SHA-256 recorded when the run wrote it (it was changed since); "

@@ -71,7 +71,7 @@ from gwdet.engine.output_dir import (
     check_config_file_kept,
     check_config_not_users,
     check_not_set_aside,
-    check_resumed_folder_is_the_records,
+    check_run_folder_is_the_records,
     check_fresh_start,
     check_resume_source,
     check_run_file_names,
@@ -638,6 +638,18 @@ def warn_of_replaced_weights(config_file: str, run: RunConfig) -> None:
                        "records): the file was replaced since, and this run starts from it as it is now.")
 
 
+def warn_of_saved_key_order(config_file: str) -> None:
+    """Warn when a new training reads a LazyConfig saved as YAML (``LazyConfig.save``, whose keys are
+    in alphabetical order): detectron2 builds a node's parts in the order of its keys, so the model's
+    random initial weights are not those of the ``.py`` it was saved from under the same seed."""
+    if config_file.endswith(".py") or not is_lazy_config(config_file):
+        return
+    logger.warning(f"{config_file} is a LazyConfig saved as YAML, whose keys LazyConfig.save writes in alphabetical "
+                   "order, and detectron2 builds a model's parts in the order of their keys (a ResNet's stages before "
+                   "its stem): the same seed draws other initial weights than the .py it was saved from, so this "
+                   "training does not repeat that run's. To repeat a run, train from its .py with the same overrides.")
+
+
 def written_folders(run: RunConfig) -> list[str]:
     """The folders the run writes in its output folder: ``inference/`` (the evaluation's files) and,
     when it draws predictions, ``vis/``; none without a test set."""
@@ -661,8 +673,10 @@ def _train_or_evaluate(args: argparse.Namespace, held: HeldRecords, warned: RunW
     else:
         run.check_training_request(comm.get_world_size())
     check_torch_state(training=not args.eval_only)
-    if (args.resume or args.eval_only) and not gives_setting(args.opts, run.output_setting):
-        check_resumed_folder_is_the_records(args.config_file, run.output_dir, run.output_setting, args.resume)
+    if not gives_setting(args.opts, run.output_setting):
+        request = ("--resume" if args.resume and not args.eval_only else "--eval-only" if args.eval_only
+                   else "--overwrite" if getattr(args, "overwrite", False) else "")
+        check_run_folder_is_the_records(args.config_file, run.output_dir, run.output_setting, request)
     if args.eval_only:
         run, args = evaluation_request(run, args)
     else:  # config.yaml names the file itself, wherever the config is read from again
@@ -685,6 +699,7 @@ def _train_or_evaluate(args: argparse.Namespace, held: HeldRecords, warned: RunW
             else:
                 if not (args.resume and checkpoints_in(run.output_dir)):
                     warn_of_replaced_weights(args.config_file, run)
+                    warn_of_saved_key_order(args.config_file)
                 with named_config_failures(run.cfg, "build the model and its training", args.opts):
                     trainer = run.build_trainer()
                     trainer.resume_or_load(resume=args.resume)

@@ -32,7 +32,7 @@ from detectron2.utils import comm
 from detectron2.utils.env import seed_all_rng
 from detectron2.utils.events import CommonMetricPrinter, EventWriter, JSONWriter, TensorboardXWriter
 
-from gwdet.checkpoint.resilient import IMAGES_KEY, RandomState, ResilientCheckpointer, checkpoint_names
+from gwdet.checkpoint.resilient import CONTENTS_KEY, IMAGES_KEY, RandomState, ResilientCheckpointer, checkpoint_names
 from gwdet.checkpoint.signal_hook import CheckpointOnSignal
 from gwdet.data.coco_registration import coco_dataset
 from gwdet.data.datasets import dataset_classes
@@ -105,6 +105,7 @@ def training_checkpointer(trainer: TrainerBase, output_dir: str, datasets: Seque
         dataset = coco_dataset(name)
         if dataset is not None:
             record[IMAGES_KEY] = dataset.read.fingerprints
+            record[CONTENTS_KEY] = dataset.read.json_content_sha256
     return ResilientCheckpointer(trainer._trainer.model, output_dir, random_state=RandomState(),
                                  trainer=weakref.proxy(trainer), weights_setting=weights_setting,
                                  classes=dataset_classes(datasets), training_data=files, segment=run_segment)

@@ -498,7 +498,8 @@ def _export(argv: Sequence[str]) -> int:
     os.makedirs(args.output, exist_ok=True)
     # Only a complete, checked export takes the name (and its SHA-256 record): a failed one leaves an earlier one.
     try:
-        with ExportFolderLock(args.output), torch.no_grad():
+        kept = f"Any earlier {os.path.basename(path)} is as it was: export again once it can be written."
+        with ExportFolderLock(args.output), torch.no_grad(), named_full_disk(args.output, kept):
             if os.path.exists(path) and not args.overwrite:  # another export finished meanwhile
                 raise GwdetFileExistsError(f"{path} was written by another export while this one ran; it is left as "
                                            "it is. Pass --overwrite to replace it, or choose another --output.")

@@ -5,7 +5,7 @@
     model_zoo.get_config_file("mask_rcnn_gw.yaml")                        # absolute path
     cfg = model_zoo.get_config("Demo/mask_rcnn_R_50_FPN_gw_shapes.yaml")  # yacs CfgNode, gwdet keys added
     lazy = model_zoo.get_config("LazyConfig/mask_rcnn_R_50_FPN_gw.py")    # LazyConfig (OmegaConf DictConfig)
-    model_zoo.list_configs()                                              # every name the two accept
+    model_zoo.list_configs()                                              # every config the two accept
 
 gwdet publishes no trained weights of its configs, so ``get_config(name, trained=True)`` (detectron2's
 argument) is refused with what to do instead (:func:`get_config`).

@@ -233,6 +233,11 @@ def check_override_key(cfg: DictConfig, key: str, given: Mapping[str, Any] | Non
     arguments, any_keyword = argument_names(target) if target is not None else (set(), False)
     if depth == len(parts) - 1 and (name in arguments or any_keyword):
         return  # an argument the node's callable takes, left at its default by the config
+    if isinstance(parent, ListConfig) and name.lstrip("-").isdigit():
+        raise GwdetValueError(
+            f"LazyConfig override {key!r}: {parent_key} is a list of {len(parent)} item(s) (indices 0 to "
+            f"{len(parent) - 1}), which has no item {name}: set one of its items, or give the whole list "
+            f"({parent_key}=[...]).")
     present = {str(k) for k in parent.keys()} if isinstance(parent, DictConfig) else set()
     close = difflib.get_close_matches(name, sorted(present | arguments), n=3, cutoff=0.6)
     where = f"under {parent_key!r}" if parent_key else "at the top of the config"
@@ -327,11 +332,105 @@ def _parsed_value(override: str, key: str, value: str) -> Any:
                    if line.strip() and not line.startswith(("Error parsing override", "See https://"))]
         reason = details[0].split(" expecting ")[0].strip() if details else "not in hydra's override grammar"
         meant = f" Did you mean {key}={value.lstrip('=')}?" if value.startswith("=") else ""
+        if value.strip().startswith("(") and value.strip().endswith(")"):
+            meant = (f" Lists and tuples are written in brackets on the command line: {key}=[{value.strip()[1:-1]}] "
+                     "(quoted, the value would be the text itself).")
         raise GwdetValueError(
             f"LazyConfig override {override!r} cannot be read ({reason}).{meant} Write key=value with one '=', "
             "e.g. train.max_iter=100, and quote a value holding special characters, e.g. "
             "train.output_dir='output/a=b' (hydra's override grammar: "
             "https://hydra.cc/docs/advanced/override_grammar/basic/).") from None
+
+
+# The nodes a run builds its parts from: set to null, the run could not be built
+RUN_NODES = {"model": "the model", "optimizer": "the optimizer", "lr_multiplier": "the learning-rate schedule",
+             "dataloader": "the data loaders", "dataloader.train": "the training loader",
+             "dataloader.test": "the test loader", "dataloader.evaluator": "the evaluator of the test set",
+             "train": "the run's settings", "train.checkpointer": "the checkpoint settings"}
+
+
+def _current_value(cfg: DictConfig, key: str) -> Any:
+    """What ``key`` holds before an override: its value in ``cfg``, else the default of the argument
+    of that name of its node's callable (an argument the config leaves out), else :data:`ABSENT`."""
+    value = select(cfg, key)
+    if value is not ABSENT:
+        return value
+    parent_key, _, name = key.rpartition(".")
+    target = callable_of(select(cfg, parent_key) if parent_key else cfg)
+    try:
+        parameter = inspect.signature(target).parameters.get(name) if target is not None else None
+    except (TypeError, ValueError):
+        return ABSENT
+    return ABSENT if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
+
+
+def _check_value_kind(cfg: DictConfig, override: str, key: str, value: str, parsed: Any) -> None:
+    """Raise ``ValueError`` for an override whose value hydra's grammar reads otherwise than it was
+    most likely meant: an unquoted comma (a sweep of values, which no tool runs), ``no`` / ``off`` for
+    a boolean (a text, true to detectron2), ``None`` (the text 'None'; null is ``null``), or null for a
+    node the run builds from (:data:`RUN_NODES`)."""
+    if type(parsed).__name__.endswith("Sweep"):  # hydra's ChoiceSweep, RangeSweep, IntervalSweep
+        raise GwdetValueError(
+            f"LazyConfig override {override!r}: an unquoted ',' makes hydra read {value!r} as a sweep over several "
+            f"values, which gwdet's tools do not run. Quote a text that holds a comma ({key}=\"{value}\"), or write a "
+            f"list in brackets ({key}=[{value}]); GW positions join with '-' (S1-B2).")
+    current = _current_value(cfg, key)
+    if isinstance(current, bool) and isinstance(parsed, str):
+        raise GwdetValueError(
+            f"LazyConfig override {override!r}: {key} is a boolean ({current}), and hydra reads {value!r} as the text "
+            f"{parsed!r}, which Python takes as true whatever it says: write {key}=true or {key}=false.")
+    if parsed == "None" and value.strip() == "None" and not isinstance(current, str):
+        raise GwdetValueError(
+            f"LazyConfig override {override!r}: hydra reads None as the text 'None'; null is written null: "
+            f"{key}=null.")
+    if parsed is None and value.strip() == "null" and key in RUN_NODES and isinstance(current, DictConfig):
+        raise GwdetValueError(
+            f"LazyConfig override {override!r}: {key} is {RUN_NODES[key]}, which the run builds and cannot go without; "
+            f"nothing was run. Set its keys ({key}.KEY=VALUE), or give it a node of its own ({key}={{_target_: ..., "
+            "...}).")
+
+
+def _target_problem(name: str) -> str:
+    """Why the ``_target_`` ``name`` is not a callable that detectron2's ``locate`` finds ("" when it
+    is), with the close names of the module it reaches."""
+    try:
+        found = locate(name)
+    except Exception:  # detectron2's ImportError, or what importing the module raised
+        found = None
+    if callable(found):
+        return ""
+    if found is not None:
+        return f"{name!r} is a {type(found).__name__}, not a callable (a class or function) that builds the node."
+    module_name, _, attribute = name.rpartition(".")
+    module = None
+    while module_name and module is None:
+        try:
+            module = locate(module_name)
+        except Exception:
+            module_name, _, attribute = module_name.rpartition(".")
+    if module is None:
+        return f"{name!r} cannot be imported."
+    close = difflib.get_close_matches(attribute, [n for n in dir(module) if not n.startswith("_")], n=3, cutoff=0.6)
+    hint = f" Did you mean {' or '.join(f'{module_name}.{c}' for c in close)}?" if close else ""
+    return f"{module_name} has no {attribute!r}, so {name!r} cannot be imported.{hint}"
+
+
+def check_targets(node: Any, path: str = "") -> None:
+    """Raise ``ValueError`` naming the first ``_target_`` below ``node`` (at ``path``) that names no
+    callable (:func:`_target_problem`): found as the config is read, not when the run builds it."""
+    if isinstance(node, DictConfig):
+        target = node.get("_target_") if "_target_" in node and not OmegaConf.is_interpolation(node, "_target_") else None
+        problem = _target_problem(target) if isinstance(target, str) else ""
+        if problem:
+            where = f"{path}._target_" if path else "_target_"
+            raise GwdetValueError(f"LazyConfig {where}: {problem} Nothing was built.")
+        for name in map(str, node.keys()):
+            if not (OmegaConf.is_interpolation(node, name) or OmegaConf.is_missing(node, name)):
+                check_targets(node[name], f"{path}.{name}" if path else name)
+    elif isinstance(node, ListConfig):
+        for index in range(len(node)):
+            if not (OmegaConf.is_interpolation(node, index) or OmegaConf.is_missing(node, index)):
+                check_targets(node[index], f"{path}.{index}")
 
 
 def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
@@ -358,6 +457,7 @@ def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
             _refuse_a_value_above(cfg, key.strip(), given)
             _refuse_a_new_top_node(cfg, key.strip())
         parsed = _parsed_value(override, key.strip(), value)
+        _check_value_kind(cfg, override, key.strip().lstrip("+"), value, parsed)
         if not key.startswith("+") and _is_own_node(cfg, key.strip()):  # a mapping merges into such a node
             for nested in _mapping_keys(parsed, key.strip()):
                 check_override_key(cfg, nested)
@@ -544,6 +644,7 @@ def load_lazy_config(config_file: str, overrides: Sequence[str] = (), *, model: 
             "${...} must name a key of the config (a node replaced by another callable, e.g. a bottom_up wrapped in "
             "gwdet.modeling.place_norm, may lack the key it named): give the value itself, e.g. "
             f"{key}=[...].") from None
+    check_targets(cfg)
     output_dir = select(cfg, OUTPUT_SETTING)
     if isinstance(output_dir, str) and output_dir.startswith("~"):
         cfg.train.output_dir = os.path.expanduser(output_dir)

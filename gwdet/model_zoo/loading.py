@@ -451,6 +451,6 @@ def get_config(config_path: str, trained: bool = False, *, opts: Sequence[str] |
         cfg = build_config(path, list(opts or []))
         cfg.defrost()
         return cfg
-    if suffix == ".py":
-        return load_lazy_config(path, list(opts or []))
+    if suffix == ".py":  # a file of parts (gw_parts.py, common/shapes.py) defines no model: refused
+        return load_lazy_config(path, list(opts or []), model=True)
     raise GwdetValueError(f"{config_path!r} is neither a yacs (.yaml) nor a LazyConfig (.py) config")

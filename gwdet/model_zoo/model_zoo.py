@@ -50,13 +50,21 @@ def configs_dir() -> Path:
         "from a wheel built by its setup.py, or install the checkout with pip install -e .")
 
 
+def is_lazy_parts(name: str) -> bool:
+    """Whether the packaged ``name`` is a file of LazyConfig parts that the configs import (a
+    ``common/`` folder's file, a ``*_parts.py``), not a config to train."""
+    path = PurePosixPath(name)
+    return path.suffix == ".py" and ("common" in path.parts[:-1] or path.name.endswith("_parts.py"))
+
+
 def list_configs() -> list[str]:
-    """Every config name :func:`get_config_file` accepts (``.yaml`` and LazyConfig ``.py`` files), sorted."""
+    """Every config :func:`gwdet.model_zoo.get_config` loads (``.yaml`` and LazyConfig ``.py`` files,
+    not the LazyConfig parts the configs import: :func:`is_lazy_parts`), sorted."""
     root = configs_dir()
     return sorted(
-        path.relative_to(root).as_posix()
-        for path in root.rglob("*")
+        name for path in root.rglob("*")
         if path.is_file() and path.suffix in CONFIG_SUFFIXES and "__pycache__" not in path.parts
+        and not is_lazy_parts(name := path.relative_to(root).as_posix())
     )
 
 

@@ -205,6 +205,12 @@ def check_model(model: nn.Module, strict_groups: bool = False, optimizer: torch.
                     "statistics shared by all levels: their name was registered without batch_statistics=True. "
                     "Register it with gwdet.register_norm(..., batch_statistics=True, layer_types=(...)), or use a "
                     "per-sample norm (GW, GN).")
+            if shared and type(module) is not RetinaNetHead:  # FCOS's head: GWRetinaNetHead lacks its outputs
+                raise GwdetValueError(
+                    f"{name} ({type(module).__name__}) runs on every FPN level, but its norm layers "
+                    f"{listed(shared, 3)} keep batch statistics shared by all levels, which mixes the levels' "
+                    "statistics. Use a per-sample norm (GW, GN) in it (gwdet.modeling.GWRetinaNetHead, which keeps one "
+                    f"norm per level, is RetinaNet's head, without what a {type(module).__name__} adds).")
             if shared:
                 raise GwdetValueError(
                     f"{name} ({type(module).__name__}) runs on every FPN level, but its norm layers "

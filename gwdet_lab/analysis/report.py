@@ -47,10 +47,17 @@ def display_path(path: str | Path) -> str:
         return str(path)
 
 
+# What table.md holds while a subcommand writes its figures: a run stopped there leaves a folder that
+# says so, which the same command may write into again (foreign_table_problem finds the mark).
+UNFINISHED = "# Unfinished: the analysis stopped before it wrote its table; the figures here may be of another run"
+
+
 def output_folder(out: str | Path, subcommand: str) -> Path:
-    """``<out>/<subcommand>``, created if needed."""
+    """``<out>/<subcommand>``, created if needed, its ``table.md`` replaced by one that says the
+    analysis is unfinished (:data:`UNFINISHED`) until :func:`write_markdown` writes the table."""
     folder = Path(out) / subcommand
     folder.mkdir(parents=True, exist_ok=True)
+    (folder / TABLE_FILE).write_text(f"{TABLE_MARK}\n{UNFINISHED} (run the subcommand again).\n")
     return folder
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import datetime
 import functools
 import itertools
+import os
 import subprocess
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -37,7 +38,7 @@ import yaml
 from detectron2.config import CfgNode
 
 from gwdet.checkpoint.resilient import absolute_weights_path
-from gwdet.errors import GwdetError, GwdetValueError, listed
+from gwdet.errors import GwdetError, GwdetFileExistsError, GwdetValueError, listed
 from gwdet.data import prepare_datasets
 from gwdet.data.coco_registration import environment_datasets
 from gwdet.data.datasets import config_dataset_names
@@ -504,6 +505,11 @@ def plan(cells: Sequence[Cell], runs_dir: Path, common_opts: Sequence[str] = (),
         if differences:
             problems.append((cell, folder, differences))
         planned.append(PlannedCell(cell, opts, cfg, folder))
+    files = [str(p.folder.path) for p in planned if os.path.lexists(p.folder.path) and not p.folder.path.is_dir()]
+    if files:
+        raise GwdetFileExistsError(
+            f"{listed(files, 3)}: a file (or link) is where the study keeps the cell's folder, which the study would "
+            f"have to replace; nothing was written. Move it out of {runs_dir}, or give the study another --out.")
     check_configurations_are_what_they_are_called(planned, common_opts)
     if problems:
         holders = {cell.name: holder for cell, _, _ in problems
