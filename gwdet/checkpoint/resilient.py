@@ -506,6 +506,18 @@ def _backbone_prefix_swap(keys: Sequence[str], missing: Sequence[str]) -> tuple[
     return None
 
 
+def _prefix_swap_hint(swap: tuple[str, str], missing: str) -> str:
+    """What a refusal says of weights whose ResNet is under the other backbone prefix (``swap``:
+    :func:`_backbone_prefix_swap`), ``missing`` one of the model's weights they leave unloaded."""
+    saved, built = swap
+    fpn = "bottom_up" in saved
+    return (f" The file's ResNet is under {saved!r} (e.g. {saved + missing[len(built):]!r}), the model's under "
+            f"{built!r}: the weights of a model {'with' if fpn else 'without'} an FPN for one "
+            f"{'without' if fpn else 'with'} (a C4 model's backbone is the ResNet itself). Save them under the model's "
+            f"names ({{key.replace({saved!r}, {built!r}, 1): value for key, value in weights.items()}}) and load that "
+            "file.")
+
+
 def _deeper_stage(backbone: Sequence[str], missing: Sequence[str]) -> tuple[str, int, int] | None:
     """``(stage, blocks held, blocks built)`` of the first ResNet stage (``res4`` of
     ``backbone.bottom_up.res4.6.conv1.weight``) whose first blocks the weights hold and whose last
@@ -1079,11 +1091,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
             nothing_loaded = len(missing) == len(backbone)  # (a .pkl's names matched by their ends load some)
             part = _prefix_missing_from_keys(unexpected, model_keys) if nothing_loaded and not prefix else None
             swap = _backbone_prefix_swap(unexpected, missing) if nothing_loaded and not (prefix or part) else None
-            hint = (f" The file's ResNet is under {swap[0]!r} (e.g. {swap[0] + missing[0][len(swap[1]):]!r}), the "
-                    f"model's under {swap[1]!r}: the weights of a model {'with' if 'bottom_up' in swap[0] else 'without'} "
-                    f"an FPN for one {'without' if 'bottom_up' in swap[0] else 'with'} (a C4 model's backbone is the "
-                    "ResNet itself). Save them under the model's names ({key.replace(" + repr(swap[0]) + ", "
-                    + repr(swap[1]) + ", 1): value for key, value in weights.items()}) and load that file." if swap else
+            hint = (_prefix_swap_hint(swap, missing[0]) if swap else
                     f" The file holds the model's keys without their {part!r} (e.g. {unexpected[0]!r} is the model's "
                     f"{part + unexpected[0]!r}): the state dict of model.{part[:-1]}, not of the model. Save the "
                     f"whole model's weights (model.state_dict()), or these with the prefix put back ({{{part!r} + key: "
