@@ -37,8 +37,8 @@ from detectron2.utils import comm
 from gwdet.config import SHAPES_PREFIX
 from gwdet.utils.fingerprints import split_fingerprints
 from gwdet.utils.cli_errors import as_override, link_dotdot_problem
-from gwdet.utils.atomic import (cached_sha256, checksum_findings, shown_record, write_atomically,
-                                write_with_checksum)
+from gwdet.utils.atomic import (cached_sha256, checksum_findings, file_version, same_file_version, shown_record,
+                                write_atomically, write_with_checksum)
 from gwdet.checkpoint.compatibility import (
     NORM_SETTINGS_KEY,
     NORM_TYPES_KEY,
@@ -475,16 +475,6 @@ def _prefix_of_model_keys(keys: Sequence[str], model_keys: set[str]) -> str | No
     return first
 
 
-def _file_identity(path: str) -> tuple[int, int, int, int] | None:
-    """The device, inode, size and modification time of ``path`` (``None``: cannot be read): what
-    changes when the file is replaced by a rename or written to."""
-    try:
-        found = os.stat(path)
-    except OSError:
-        return None
-    return found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns
-
-
 def _prefix_missing_from_keys(keys: Sequence[str], model_keys: set[str]) -> str | None:
     """The model part (``backbone.``, ``backbone.bottom_up.``) whose name, put before each of
     ``keys``, makes every one a key of the model: a state dict saved from that part (e.g.
@@ -516,6 +506,47 @@ def _prefix_swap_hint(swap: tuple[str, str], missing: str) -> str:
             f"{'without' if fpn else 'with'} (a C4 model's backbone is the ResNet itself). Save them under the model's "
             f"names ({{key.replace({saved!r}, {built!r}, 1): value for key, value in weights.items()}}) and load that "
             "file.")
+
+
+def _unloaded_backbone_hint(unexpected: Sequence[str], missing: Sequence[str], backbone_size: int,
+                            model_keys: set[str]) -> str:
+    """What the refusal of weights that leave ``missing`` of the model's ``backbone_size`` backbone
+    weights unloaded says of the file's ``unexpected`` keys (those no weight of the model took), in
+    the order the causes are told apart: another backbone prefix, the model's keys without or
+    behind a prefix (a part's state dict, a wrapper's, an EMA's), a torchvision detector or
+    ImageNet checkpoint, else other names or shapes; "" without unexpected keys."""
+    averaged = AVERAGED_COUNT in unexpected  # torch.optim.swa_utils.AveragedModel's state dict (EMA, SWA)
+    prefix = _prefix_of_model_keys([key for key in unexpected if key != AVERAGED_COUNT] if averaged else unexpected,
+                                   model_keys)
+    nothing_loaded = len(missing) == backbone_size  # (a .pkl's names matched by their ends load some)
+    part = _prefix_missing_from_keys(unexpected, model_keys) if nothing_loaded and not prefix else None
+    swap = _backbone_prefix_swap(unexpected, missing) if nothing_loaded and not (prefix or part) else None
+    if swap:
+        return _prefix_swap_hint(swap, missing[0])
+    if part:
+        return (f" The file holds the model's keys without their {part!r} (e.g. {unexpected[0]!r} is the model's "
+                f"{part + unexpected[0]!r}): the state dict of model.{part[:-1]}, not of the model. Save the whole "
+                f"model's weights (model.state_dict()), or these with the prefix put back ({{{part!r} + key: value for "
+                "key, value in weights.items()}) and load that file.")
+    if averaged and prefix:
+        return (f" The file is the state dict of torch's AveragedModel (EMA or SWA: its {AVERAGED_COUNT!r} and the "
+                f"model's keys behind {prefix!r}): save the averaged model's own weights (averaged.module.state_dict()) "
+                "and load that file.")
+    if prefix:
+        return (f" The file holds the model's keys behind the prefix {prefix!r} (e.g. {unexpected[0]!r}): save its "
+                f"weights with the prefix taken off ({{key.removeprefix({prefix!r}): value for key, value in "
+                "weights.items()}) and load that file.")
+    if not unexpected:
+        return ""
+    detector = torchvision_detection_hint(unexpected)
+    if detector:
+        return detector
+    if any(key.startswith(TORCHVISION_RESNET_PREFIXES) for key in unexpected):
+        return (f" The file holds keys like {', '.join(map(repr, unexpected[:3]))}, not the model's: a "
+                "torchvision-layout ImageNet checkpoint needs converting first.")
+    return (f" The file holds keys like {', '.join(map(repr, unexpected[:3]))} that no weight of the model took: "
+            "named otherwise, or of other shapes (detectron2 matches a .pkl's names by their ends and their shapes); "
+            "compare them with the model's (MODEL.RESNETS' widths, say).")
 
 
 def _deeper_stage(backbone: Sequence[str], missing: Sequence[str]) -> tuple[str, int, int] | None:
@@ -676,11 +707,11 @@ class ResilientCheckpointer(DetectionCheckpointer):
             tagged = tagged_name(self.save_dir) if self.has_checkpoint() else None
         except (UnicodeDecodeError, OSError) as error:
             logger.warning(f"last_checkpoint in {self.save_dir} cannot be read ({error}); trying the "
-                                "checkpoints there newest first.")
+                           "checkpoints there newest first.")
             tagged = None
         if tagged and (os.sep in tagged or not os.path.isfile(os.path.join(self.save_dir, tagged))):
             logger.warning(f"last_checkpoint names {tagged}, which is not in {self.save_dir}; "
-                                "trying the other checkpoints there.")
+                           "trying the other checkpoints there.")
             tagged = None
         ordered = ([tagged] if tagged else []) + [n for n in others if n != tagged]
         return [os.path.join(self.save_dir, n) for n in ordered]
@@ -767,7 +798,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
                        f"set {empty} to train from scratch")
             raise GwdetFileNotFoundError(f"{setting} file {path!r} does not exist. {fix}.")
         local = (self.download(path) if "://" in path else file) if path else ""
-        before = _file_identity(local) if local else None
+        before = file_version(local) if local else None
         if path:
             self.initial_weights = dict(weights_record(local), path=path if "://" in path else os.path.abspath(path))
         self._loading_initial_weights = True
@@ -775,7 +806,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
             loaded = self.load(path, checkpointables=[]) if path else {}
         finally:
             self._loading_initial_weights = False
-        if before is not None and _file_identity(local) != before:  # replaced (or written) between hash and load
+        if before is not None and not same_file_version(before, file_version(local)):  # replaced or written since hashed
             raise GwdetRuntimeError(
                 f"{self.weights_setting} {path} was replaced or written to while it was read (a conversion with "
                 "--overwrite into it, or a copy?), so the weights loaded may not be those its SHA-256 records: "
@@ -906,7 +937,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
         if self.has_checkpoint():  # detectron2's trainers would start at iteration 1, not 0
             raise lost_checkpoint_error(self.save_dir, self.weights_setting)
         logger.warning(f"--resume: no checkpoint in {self.save_dir}; starting at iteration 0 "
-                            f"from {self.weights_setting} ({path or 'none: random initialization'}).")
+                       f"from {self.weights_setting} ({path or 'none: random initialization'}).")
         return self.load_weights(path)
 
     def load(self, path: str | os.PathLike, checkpointables: list[str] | None = None) -> dict:
@@ -1022,7 +1053,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
                     raise
                 finding = error.finding if isinstance(error, NormMismatchError) else str(error)
                 logger.warning(f"{MISMATCH_ENV}=1: {self._loading or 'the checkpoint'} is loaded as asked, though "
-                                    f"its norm layers differ from the model's: {finding}.")
+                               f"its norm layers differ from the model's: {finding}.")
         if isinstance(weights, dict) and not isinstance(checkpoint.get(NORM_SETTINGS_KEY), dict):
             # after the checks: weights of other layers (GW's, loaded into GroupNorm) are refused above, not named here
             unchecked = unrecorded_group_norms(weights, self.model)
@@ -1054,7 +1085,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 checkpoint[record], found = renamed, True
         if found:
             logger.info(f"The weights were saved from a torch.compile'd module: their names are read without "
-                             f"{COMPILED!r}.")
+                        f"{COMPILED!r}.")
 
     def _backbone_parameters(self) -> list[str]:
         """Names of the parameters of the model's bottom-up network (the ResNet of an FPN backbone,
@@ -1083,33 +1114,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
                     f"{missing[0]}), so {outcome} a partly random backbone: they hold {held} blocks of {stage}, the "
                     f"model has {built}. The model's ResNet is deeper than the one they were trained with: give its "
                     "depth (MODEL.RESNETS.DEPTH; a LazyConfig's ResNet depth).")
-            unexpected = list(incompatible.unexpected_keys)
-            averaged = AVERAGED_COUNT in unexpected  # torch.optim.swa_utils.AveragedModel's state dict (EMA, SWA)
-            model_keys = set(self.model.state_dict())
-            prefix = _prefix_of_model_keys([key for key in unexpected if key != AVERAGED_COUNT] if averaged
-                                           else unexpected, model_keys)
-            nothing_loaded = len(missing) == len(backbone)  # (a .pkl's names matched by their ends load some)
-            part = _prefix_missing_from_keys(unexpected, model_keys) if nothing_loaded and not prefix else None
-            swap = _backbone_prefix_swap(unexpected, missing) if nothing_loaded and not (prefix or part) else None
-            hint = (_prefix_swap_hint(swap, missing[0]) if swap else
-                    f" The file holds the model's keys without their {part!r} (e.g. {unexpected[0]!r} is the model's "
-                    f"{part + unexpected[0]!r}): the state dict of model.{part[:-1]}, not of the model. Save the "
-                    f"whole model's weights (model.state_dict()), or these with the prefix put back ({{{part!r} + key: "
-                    "value for key, value in weights.items()}) and load that file." if part else
-                    f" The file is the state dict of torch's AveragedModel (EMA or SWA: its {AVERAGED_COUNT!r} and the "
-                    f"model's keys behind {prefix!r}): save the averaged model's own weights "
-                    "(averaged.module.state_dict()) and load that file." if averaged and prefix else
-                    f" The file holds the model's keys behind the prefix {prefix!r} (e.g. {unexpected[0]!r}): save "
-                    f"its weights with the prefix taken off ({{key.removeprefix({prefix!r}): value for key, value in "
-                    "weights.items()}) and load that file." if prefix else
-                    (torchvision_detection_hint(unexpected) or (
-                        f" The file holds keys like {', '.join(map(repr, unexpected[:3]))}, not the model's: a "
-                        "torchvision-layout ImageNet checkpoint needs converting first." if any(
-                            key.startswith(TORCHVISION_RESNET_PREFIXES) for key in unexpected) else
-                        f" The file holds keys like {', '.join(map(repr, unexpected[:3]))} that no weight of the "
-                        "model took: named otherwise, or of other shapes (detectron2 matches a .pkl's names by their "
-                        "ends and their shapes); compare them with the model's (MODEL.RESNETS' widths, say)."))
-                    if unexpected else "")
+            hint = _unloaded_backbone_hint(list(incompatible.unexpected_keys), missing, len(backbone),
+                                           set(self.model.state_dict()))
             raise GwdetValueError(
                 f"The weights leave {len(missing)} of the backbone's {len(backbone)} weights unloaded (e.g. "
                 f"{missing[0]}), so {outcome} a partly random backbone.{hint} Convert ImageNet "
@@ -1139,7 +1145,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
         unusable, differs = checksum_findings(filename)
         if unusable is not None:  # the checksums inside the file still check it
             logger.warning(f"{filename}: {unusable}, so the file is checked by the checksums recorded inside it "
-                                f"only. Delete {record} to load it without this warning.")
+                           f"only. Delete {record} to load it without this warning.")
         elif differs is not None:
             raise DamagedFileError(
                 f"{filename} is damaged ({differs}); nothing was loaded from it. Restore the file from a copy or write "
@@ -1171,8 +1177,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
         data.pop(STATE_CHECKSUMS_KEY, None)
         if isinstance(data.get("model"), torch.nn.Module):  # torch.save({"model": model}), read with the unsafe opt-in
             logger.warning(f"{filename} holds a whole pickled {type(data['model']).__name__} under 'model', not "
-                                "its state dict: its state dict is loaded (save model.state_dict() to load the file "
-                                "without unpickling code).")
+                           "its state dict: its state dict is loaded (save model.state_dict() to load the file "
+                           "without unpickling code).")
             data["model"] = data["model"].state_dict()
         self._file_keys = set(data)  # what the file holds, before load() takes the checkpointables out
         if self._loading_initial_weights:

@@ -186,7 +186,7 @@ class CheckpointOnSignal(HookBase):
         previous = _chained_handler(self._previous.get(signum))
         self.release()
         logger.warning(f"Stopped by {signal.Signals(signum).name} in the evaluation after training: the trained "
-                       "weights are saved, not evaluated. Evaluate them with the same command and --resume" + _IN_PYTHON + ".")
+                       f"weights are saved, not evaluated. Evaluate them with the same command and --resume{_IN_PYTHON}.")
         if previous is not None:
             previous(signum, frame)
         raise TrainingInterrupted(signum, None)
@@ -212,7 +212,7 @@ class CheckpointOnSignal(HookBase):
             self.trainer.checkpointer.save(name, iteration=iteration)
         comm.synchronize()
         logger.warning(f"Stopped by {signal.Signals(signum).name} after iteration {iteration}; saved {name}.pth. "
-                       "Continue with the same command and --resume" + _IN_PYTHON + "." + self._skipped_evaluation(iteration, name))
+                       f"Continue with the same command and --resume{_IN_PYTHON}." + self._skipped_evaluation(iteration, name))
         self._skip_evaluations()
         previous = _chained_handler(self._previous.get(signum))
         self.release()

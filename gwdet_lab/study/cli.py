@@ -418,7 +418,8 @@ def report(args: argparse.Namespace, planned: Sequence[PlannedCell], weights: Se
     notes = []
     if args.only:
         notes.append(f"Only the cells {', '.join(args.only)} were requested.")
-    notes += [note for note in (common_overrides_note(done, args.opts), code_note(done), confounded_note(done), threads_note(done), plans_note(done),
+    notes += [note for note in (common_overrides_note(done, args.opts), code_note(done), confounded_note(done),
+                                threads_note(done), plans_note(done),
                                 resumed_loss_note(done))
               if note]
     folder = report_folder(args, out_dir)
