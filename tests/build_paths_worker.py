@@ -1,6 +1,6 @@
 """Builds a config's model on every detectron2 build path and prints what each GW layer holds.
 
-    python tests/build_paths_worker.py {detectron2-first|gwdet-first} CONFIG [KEY VALUE ...]
+    python tests/build_paths_worker.py {detectron2-first|gwdet-first} CONFIG[,CONFIG...] [KEY VALUE ...]
 
 Run in a fresh process by tests/test_build_paths.py, because the order of the imports is the point:
 ``detectron2-first`` binds ``build_model`` and ``get_norm`` before gwdet is imported.
@@ -9,7 +9,7 @@ import json
 import sys
 from collections import Counter
 
-order, config_file, *opts = sys.argv[1:]
+order, config_files, *opts = sys.argv[1:]
 if order == "detectron2-first":
     from detectron2.layers import get_norm  # noqa: F401
     from detectron2.modeling import build_model
@@ -54,22 +54,27 @@ def describe(module: torch.nn.Module, prefix: str = "") -> dict:
     return {part: {"norms": dict(e["norms"]), "gw": sorted(e["gw"])} for part, e in found.items()}
 
 
-cfg = build_config(config_file, ["MODEL.DEVICE", "meta", *opts])
+def build_paths(config_file: str) -> dict:
+    """{build path: what :func:`describe` finds in the model, or the parts, it builds}."""
+    cfg = build_config(config_file, ["MODEL.DEVICE", "meta", *opts])
+    backbone = build_backbone(cfg)
+    shapes = backbone.output_shape()
+    heads = build_roi_heads(cfg, shapes)
+    channels = cfg.MODEL.FPN.OUT_CHANNELS
+    return {
+        "build_model": describe(build_model(cfg)),
+        "DefaultTrainer.build_model": describe(DefaultTrainer.build_model(cfg)),
+        "gwdet.Trainer.build_model": describe(Trainer.build_model(cfg)),
+        "build_backbone+build_roi_heads": {**describe(backbone, "backbone"), **describe(heads, "roi_heads")},
+        "from_config": {
+            **describe(GWFastRCNNConvFCHead(cfg, ShapeSpec(channels=channels, height=7, width=7)), "box_head"),
+            **describe(GWMaskRCNNConvUpsampleHead(cfg, ShapeSpec(channels=channels, height=14, width=14)),
+                       "mask_head"),
+        },
+    }
+
+
 # Built on the meta device: the layers and their settings as on the CPU, without initializing
 # the weights of a ResNeXt-101 five times.
 torch.set_default_device("meta")
-backbone = build_backbone(cfg)
-shapes = backbone.output_shape()
-heads = build_roi_heads(cfg, shapes)
-channels = cfg.MODEL.FPN.OUT_CHANNELS
-paths = {
-    "build_model": describe(build_model(cfg)),
-    "DefaultTrainer.build_model": describe(DefaultTrainer.build_model(cfg)),
-    "gwdet.Trainer.build_model": describe(Trainer.build_model(cfg)),
-    "build_backbone+build_roi_heads": {**describe(backbone, "backbone"), **describe(heads, "roi_heads")},
-    "from_config": {
-        **describe(GWFastRCNNConvFCHead(cfg, ShapeSpec(channels=channels, height=7, width=7)), "box_head"),
-        **describe(GWMaskRCNNConvUpsampleHead(cfg, ShapeSpec(channels=channels, height=14, width=14)), "mask_head"),
-    },
-}
-print(json.dumps(paths))
+print(json.dumps({config_file: build_paths(config_file) for config_file in config_files.split(",")}))

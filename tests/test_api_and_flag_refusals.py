@@ -253,6 +253,25 @@ def test_a_registered_dataset_no_run_uses_is_named_in_a_warning(tmp_path, caplog
     assert "--register-coco registered 'unused_mine', but the run neither trains nor evaluates on it" in caplog.text
 
 
+def test_a_registered_dataset_the_analyze_and_export_tools_do_not_read_is_named_in_a_warning(tmp_path, capsys):
+    # flops counted on shapes_val (and an export sampled there) without a word about the dataset given
+    from conftest import TINY_OPTS, logged_warnings
+    from test_coco_sweep_checks import write_dataset
+
+    mine = ["--register-coco", f"mine={write_dataset(tmp_path / 'mine')}"]
+    with logged_warnings("gwdet") as warned:
+        assert analyze_model.main(["--config-file", str(DEMO_CONFIG), "--tasks", "flop", "-n", "1", *mine,
+                                   *TINY_OPTS]) == 0
+    assert ("--register-coco registered 'mine', but --tasks flop counts on shapes_val (DATASETS.TEST's first dataset), "
+            "not on it: name it first in DATASETS.TEST to count on it.") in warned
+    with logged_warnings("gwdet") as warned, pytest.raises(SystemExit):  # warned before the model is built
+        export_model.main(["--config-file", str(DEMO_CONFIG), "--untrained", "--output", str(tmp_path / "out"), *mine,
+                           *TINY_OPTS, "MODEL.DEVICE", "meta"])
+    assert ("--register-coco registered 'mine', but the export takes its sample image from shapes_val (DATASETS.TEST's "
+            "first dataset), not from it: name it first in DATASETS.TEST to use it.") in warned
+    capsys.readouterr()
+
+
 def test_a_double_dash_ends_the_flags_and_a_flag_without_its_value_is_named(capsys):
     parser = export_model.argument_parser()
     args = parse_with_trailing_flags(parser, ["--config-file", "c.yaml", "--output", "o", "--", "MODEL.DEVICE", "cpu"])

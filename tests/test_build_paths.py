@@ -1,6 +1,6 @@
 """MODEL.GW.* reaches every GW layer on every detectron2 build path, whatever the import order.
 
-Each case runs tests/build_paths_worker.py in a fresh process: ``detectron2-first`` imports
+Each import order runs tests/build_paths_worker.py (both configs) in a fresh process: ``detectron2-first`` imports
 detectron2's ``build_model`` and ``get_norm`` before gwdet, ``gwdet-first`` after.
 """
 import json
@@ -31,9 +31,9 @@ EXPECTED = {
 }
 
 
-def _run(order: str, config: str, opts: list[str]) -> dict:
+def _run(order: str, configs: list[str], opts: list[str]) -> dict:
     result = subprocess.run(
-        [sys.executable, "tests/build_paths_worker.py", order, config, *opts],
+        [sys.executable, "tests/build_paths_worker.py", order, ",".join(configs), *opts],
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -41,16 +41,17 @@ def _run(order: str, config: str, opts: list[str]) -> dict:
 
 
 @pytest.mark.parametrize("order", ["detectron2-first", "gwdet-first"])
-@pytest.mark.parametrize("config", sorted(EXPECTED))
-def test_changed_gw_values_reach_every_gw_layer_on_every_path(config, order):
-    found = _run(order, config, CHANGED)
-    assert set(found) == set(PATHS)
-    for path, parts in found.items():
-        wanted = EXPECTED[config] if path != "from_config" else {
-            part: EXPECTED[config][part] for part in ("box_head", "mask_head")}
-        assert {part: parts[part]["norms"] for part in wanted} == wanted, path
-        for part in wanted:
-            assert parts[part]["gw"] == [[4, 3, 0.001]], (path, part)
+def test_changed_gw_values_reach_every_gw_layer_on_every_path(order):
+    built = _run(order, sorted(EXPECTED), CHANGED)  # one process per import order builds both configs
+    assert set(built) == set(EXPECTED)
+    for config, found in built.items():
+        assert set(found) == set(PATHS), config
+        for path, parts in found.items():
+            wanted = EXPECTED[config] if path != "from_config" else {
+                part: EXPECTED[config][part] for part in ("box_head", "mask_head")}
+            assert {part: parts[part]["norms"] for part in wanted} == wanted, (config, path)
+            for part in wanted:
+                assert parts[part]["gw"] == [[4, 3, 0.001]], (config, path, part)
 
 
 def test_gn_group_number_of_the_config_reaches_the_backbone():

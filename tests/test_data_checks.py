@@ -97,8 +97,14 @@ def test_image_files_of_other_formats_are_decoded_in_full(tmp_path):
     assert image_file_problem(str(bmp), 16, 16).startswith("cannot be decoded (")
     assert image_file_problem(str(tmp_path)) == "is a folder, not an image file"
     floats = tmp_path / "floats.tif"
-    Image.fromarray(np.zeros((8, 8), dtype=np.float32)).save(floats)
-    assert image_file_problem(str(floats)).startswith("is a 32-bit floating-point image (PIL mode 'F')")
+    Image.fromarray(np.full((8, 8), 0.5, dtype=np.float32)).save(floats)
+    problem = image_file_problem(str(floats))
+    # before: "clipping every value above 255 (a white image)", and a fix (>> 8) that raises on floats
+    assert problem.startswith("is a 32-bit floating-point image (PIL mode 'F')") and "become a black image" in problem
+    im = Image.open(floats)
+    converted = eval(problem.split("e.g. values of 0 to 1 scaled to 0-255: ")[1][:-1], {"Image": Image, "np": np, "im": im})
+    assert converted.mode == "L" and np.asarray(converted).tolist() == [[127] * 8] * 8
+    assert np.asarray(im.convert("L")).max() <= 1, "what detectron2 reads: black"
 
 
 def _png_chunks(path) -> list[tuple[bytes, bytes]]:

@@ -644,6 +644,26 @@ def test_a_full_disk_met_by_torch_save_is_named_as_a_full_disk(tmp_path):
             raise RuntimeError("not a disk")
 
 
+def test_a_full_disk_met_by_an_atomic_write_is_named_as_a_full_disk(tmp_path, monkeypatch):
+    # the export's checksum record on a full disk: a bare "[Errno 28] cannot write .../.model.ts.<pid>.<id>.partial.sha256"
+    import errno
+
+    from gwdet.engine.run import named_full_disk
+    from gwdet.utils import atomic
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(atomic.os, "fsync", full)  # the disk's answer once the bytes are flushed
+    with pytest.raises(GwdetOSError) as refused:
+        with named_full_disk(str(tmp_path), "Any earlier model.ts is as it was."):
+            atomic.write_text_with_checksum(str(tmp_path / "model.ts"), "an export")
+    assert str(refused.value) == (f"The disk of {tmp_path} is full (No space left on device: {tmp_path / 'model.ts'}); "
+                                  "files written at that moment may be cut short. Free space there. Any earlier "
+                                  "model.ts is as it was.")
+    assert sorted(os.listdir(tmp_path)) == []
+
+
 class _KilledInTheWorker(torch.utils.data.Dataset):
     """A dataset whose loading process is killed by SIGKILL (as by the out-of-memory killer)."""
 

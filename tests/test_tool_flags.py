@@ -721,3 +721,51 @@ def test_export_refuses_weights_trained_on_another_channel_order_than_the_config
         "'BGR'. The exported model computes the same function either way (the format only tells a loader how to "
         "read image files), so its users would be told the wrong channel order; nothing was written. Set "
         "INPUT.FORMAT to 'RGB' for the export.")
+
+
+def test_export_refuses_weights_trained_with_other_pixel_values_and_analyze_names_random_weights(capsys, tmp_path):
+    # another MODEL.PIXEL_STD: a warning among ~400 lines, then "Exported ...; 100 matched" and exit 0: the
+    # export's check compared the file with the same mis-set model
+    import gwdet
+    import torch
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from gwdet.model_zoo import build_config
+
+    model = gwdet.build_model(build_config(str(DEMO_CONFIG), ["MODEL.DEVICE", "cpu"]))
+    ResilientCheckpointer(model, save_dir=str(tmp_path)).save("model_final")
+    weights = tmp_path / "model_final.pth"
+    trained_std = [round(v, 3) for v in model.pixel_std.flatten().tolist()]
+    refusal = export(capsys, tmp_path, "MODEL.WEIGHTS", str(weights), "MODEL.PIXEL_STD", "[1.0, 1.0, 1.0]")
+    assert refusal.split(": error: ")[1].startswith(
+        f"MODEL.WEIGHTS {weights} was trained with values this model has otherwise: pixel_std ")
+    assert "another function than the one trained" in refusal and "nothing was written" in refusal
+    assert str(trained_std[0]) in refusal and not (tmp_path / "out").exists()
+    # backbone weights only: the analyze tool counts flops, it evaluates nothing, and counting a
+    # model of random weights is its documented use
+    state = {name: value for name, value in model.state_dict().items() if name.startswith("backbone.")}
+    torch.save({"model": state}, tmp_path / "backbone.pth")
+    with pytest.raises(SystemExit):
+        analyze_model.main(["--config-file", str(DEMO_CONFIG), "--tasks", "flop", "--input-size", "64", "64",
+                            "MODEL.DEVICE", "cpu", "MODEL.WEIGHTS", str(tmp_path / "backbone.pth")])
+    err = capsys.readouterr().err
+    assert "does not hold every weight of the model" in err and "evaluating" not in err
+    assert 'the flops it counts would be those of a partly random model' in err
+    assert 'set MODEL.WEIGHTS "" to count a model of random weights on purpose' in err
+
+
+@pytest.mark.parametrize("norm", ["SyncBN", "naiveSyncBN"])
+def test_export_by_scripting_refuses_synchronized_batch_norm_by_name(capsys, tmp_path, norm):
+    # a raw 469-line TorchScript traceback, after the model was built and run on the sample
+    refusal = export(capsys, tmp_path, "--untrained", "--export-method", "scripting", "MODEL.FPN.NORM", norm)
+    assert refusal.split(": error: ")[1].startswith(
+        "--export-method scripting: the model has synchronized batch norm layers (backbone.fpn_lateral2.norm, ")
+    assert "Export with --export-method tracing (the default), or set those NORM keys to BN or FrozenBN" in refusal
+
+
+def test_export_refuses_the_meta_device_before_reading_weights(capsys, tmp_path):
+    # 878 lines of "copying from a non-meta parameter ... is a no-op", then "Tensor.item() cannot be
+    # called on meta tensors"
+    refusal = export(capsys, tmp_path, "--untrained", "MODEL.DEVICE", "meta")
+    assert refusal.split(": error: ")[1].startswith(
+        "The export runs the model on a sample image (to trace it and to check the exported file), and the config "
+        "puts it on the meta device")

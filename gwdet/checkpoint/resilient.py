@@ -584,7 +584,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
     and a refusal to load weights trained with other norm layers.
 
     ``require_every_weight=True`` (evaluation) makes a checkpoint that leaves any model weight
-    missing or of another shape an error instead of a logged warning. ``weights_setting`` is how
+    missing or of another shape an error instead of a logged warning; ``incomplete_outcome`` says
+    in that error what the partly loaded model would give (by default an evaluation's results). ``weights_setting`` is how
     messages name the setting the initial weights come from (``train.init_checkpoint`` for a LazyConfig).
     ``classes``: the class names of the training data, in the order of the model's outputs, saved
     under :data:`CLASSES_KEY` (what an evaluation checks its test data against). ``training_data``:
@@ -596,12 +597,15 @@ class ResilientCheckpointer(DetectionCheckpointer):
     :data:`RUN_SEGMENTS_KEY` (:meth:`run_segments`).
     """
 
-    def __init__(self, *args: Any, require_every_weight: bool = False, weights_setting: str = "MODEL.WEIGHTS",
+    def __init__(self, *args: Any, require_every_weight: bool = False,
+                 incomplete_outcome: str = "evaluating it would report a partly random model",
+                 weights_setting: str = "MODEL.WEIGHTS",
                  classes: Sequence[str] | None = None, training_data: Mapping[str, Mapping[str, Any]] | None = None,
                  compare_input: bool = True,
                  segment: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.require_every_weight = require_every_weight
+        self.incomplete_outcome = incomplete_outcome
         self.compare_input = compare_input
         self.weights_setting = weights_setting
         names = list(classes) if classes is not None and not isinstance(classes, str) else classes  # read once
@@ -1132,8 +1136,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
                     "LazyConfig's model without roi_heads.mask_head): evaluate them so." if masks else "")
             raise GwdetValueError(
                 f"The checkpoint {self._loading or ''} ({self.weights_setting}) does not hold every weight of the "
-                f"model ({len(problems)} problems: {listed(problems, 4, '; ')}); evaluating it would report a partly "
-                f"random model.{hint} Give weights trained with this config: a training run's model_final.pth "
+                f"model ({len(problems)} problems: {listed(problems, 4, '; ')}); {self.incomplete_outcome}.{hint} "
+                f"Give weights trained with this config: a training run's model_final.pth "
                 "(converted ImageNet weights hold the backbone only)."
             )
         super()._log_incompatible_keys(incompatible)

@@ -34,12 +34,18 @@ _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _INFLATE_STEP = 1 << 20  # bytes of a PNG's image data inflated at a time while checking it
 CONVERT_HINT = ("convert it to 8-bit RGB or grayscale (e.g. 16-bit values scaled to 0-255: "
                 "Image.fromarray((np.asarray(im) >> 8).astype(np.uint8)))")
+FLOAT_CONVERT_HINT = ("convert it to 8-bit RGB or grayscale (e.g. values of 0 to 1 scaled to 0-255: "
+                      "Image.fromarray((np.clip(np.asarray(im), 0, 1) * 255).astype(np.uint8)))")
 
 
 def mode_problem(mode: str) -> str:
     """Why an image of PIL mode ``mode`` would not reach the model as it is ("" when it would)."""
     if mode in READABLE_MODES:
         return ""
+    if mode == "F":  # PIL rounds each value and clips it to 0-255: values of 0 to 1 give 0 or 1
+        return (f"is a {_MODE_WORDS[mode]} image (PIL mode 'F'), which detectron2 converts to 8 bits by clipping "
+                "every value to 0-255 without a word (values of 0 to 1, as floating-point images often hold, become "
+                "a black image; values above 255 white): " + FLOAT_CONVERT_HINT)
     if mode in _MODE_WORDS:
         return (f"is a {_MODE_WORDS[mode]} image (PIL mode {mode!r}), which detectron2 converts to 8 bits by clipping "
                 "every value above 255 (a white image, without a word): " + CONVERT_HINT)

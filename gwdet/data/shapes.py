@@ -291,29 +291,36 @@ def _image_name(index: int) -> str:
     return f"{index:06d}.png"
 
 
-def write_split(spec: ShapesSpec, split: str, out_dir: Path) -> None:
-    """Write ``out_dir/<split>/*.png`` and ``out_dir/<split>.json`` (COCO instances)."""
-    image_dir = out_dir / split
-    image_dir.mkdir(parents=True, exist_ok=True)
+def split_annotations(spec: ShapesSpec, split: str, image_dir: Path | None = None) -> dict:
+    """The COCO instances of ``split`` of the dataset ``spec`` describes, as ``<split>.json`` holds
+    them; each image is rendered (its shapes' masks come from drawing them) and, with
+    ``image_dir``, written there."""
     images: list[dict] = []
     annotations: list[dict] = []
     for index in range(spec.num_images(split)):
         pixels, instances = render_image(spec.seed, split, index, spec.image_size)
         file_name = _image_name(index)
-        Image.fromarray(pixels).save(image_dir / file_name)
+        if image_dir is not None:
+            Image.fromarray(pixels).save(image_dir / file_name)
         image_id = index + 1
         images.append({"id": image_id, "file_name": file_name, "height": spec.image_size, "width": spec.image_size})
         for instance in instances:
             annotations.append(
                 _coco_annotation(instance["mask"], instance["category_id"], image_id, len(annotations) + 1)
             )
-    coco = {
+    return {
         "info": {"description": f"gwdet synthetic shapes ({split}, seed {spec.seed})"},
         "images": images,
         "annotations": annotations,
         "categories": [{"id": i + 1, "name": name, "supercategory": "shape"} for i, name in enumerate(CLASSES)],
     }
-    (out_dir / f"{split}.json").write_text(json.dumps(coco))
+
+
+def write_split(spec: ShapesSpec, split: str, out_dir: Path) -> None:
+    """Write ``out_dir/<split>/*.png`` and ``out_dir/<split>.json`` (COCO instances)."""
+    image_dir = out_dir / split
+    image_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{split}.json").write_text(json.dumps(split_annotations(spec, split, image_dir)))
 
 
 def _record_checksums(folder: Path) -> None:

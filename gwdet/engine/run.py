@@ -58,7 +58,7 @@ from gwdet.errors import (GwdetError, GwdetFileExistsError, GwdetFileNotFoundErr
 from gwdet.layers.common import is_finite_number
 from gwdet.layers.plans import describe_plans, fallback_reason
 from gwdet.model_zoo.lazy_loading import is_lazy_config
-from gwdet.utils.atomic import write_text_atomically, write_text_with_checksum
+from gwdet.utils.atomic import WriteError, write_text_atomically, write_text_with_checksum
 from gwdet.utils.cli_errors import tool_name
 from gwdet.engine.output_dir import (
     CONFIG_NAME,
@@ -233,23 +233,27 @@ class RunConfig(ABC):
     def build_model(self) -> torch.nn.Module:
         """The config's model, checked (:func:`gwdet.check_model`), on the config's device."""
 
-    def load_weights(self, model: torch.nn.Module, evaluates: bool = True,
-                     keeps_input_format: bool = False) -> dict[str, str] | None:
+    def load_weights(self, model: torch.nn.Module, evaluates: bool = True, exports: bool = False,
+                     incomplete_outcome: str = "evaluating it would report a partly random model"
+                     ) -> dict[str, str] | None:
         """Load the initial weights into ``model``, every weight of the model required; where the
         request ``evaluates``, weights whose checkpoint records the class names they were trained on
         are refused for test data with those names in another order
         (:func:`gwdet.data.datasets.check_evaluated_classes`), and a test set that is their training
-        data is warned of (:func:`warn_of_training_data_evaluated`). Where the request
-        ``keeps_input_format`` (an export, which tells its users the channel order), weights whose
-        checkpoint records another input format than the model's are refused.
+        data is warned of (:func:`warn_of_training_data_evaluated`). Where the request ``exports``
+        (the exported file computes with the config's input values and tells its users the channel
+        order), weights whose checkpoint records other input values than the model's are refused.
+        ``incomplete_outcome``: what weights that leave part of the model unloaded would give, as
+        their refusal says it (:class:`~gwdet.checkpoint.resilient.ResilientCheckpointer`).
         Returns the record of the weights loaded (:func:`~gwdet.checkpoint.resilient.weights_record`:
         a URL with the SHA-256 of its local copy; None without weights), whatever later replaces a file
         of that name."""
         checkpointer = ResilientCheckpointer(model, save_dir=self.output_dir, require_every_weight=True,
+                                             incomplete_outcome=incomplete_outcome,
                                              weights_setting=self.weights_setting, compare_input=False)
         loaded = checkpointer.load_weights(self.weights)
-        if keeps_input_format:
-            self._check_input_format(loaded.get(INPUT_KEY), model)
+        if exports:
+            self._check_exported_input(loaded.get(INPUT_KEY), model)
         if evaluates:
             check_evaluated_classes(loaded.get(CLASSES_KEY), self.test_datasets(), self.weights)
             warn_of_training_data_evaluated(loaded.get(DATA_KEY), self.test_datasets(), self.weights)
@@ -263,9 +267,11 @@ class RunConfig(ABC):
                                f"({self.input_settings}).")
         return checkpointer.initial_weights
 
-    def _check_input_format(self, saved: Any, model: torch.nn.Module) -> None:
+    def _check_exported_input(self, saved: Any, model: torch.nn.Module) -> None:
         """Refuse weights whose input record (``saved``; nothing without one) gives another channel
-        order than ``model`` reads images in."""
+        order than ``model`` reads images in, or other input values (pixel mean and std, the stem's
+        stride): the export would hold another function than the one trained, and its own check,
+        which compares it with the same model, would pass."""
         trained = saved.get("input_format") if isinstance(saved, dict) else None
         present = getattr(model, "input_format", None)
         if trained is not None and present is not None and trained != present:
@@ -275,6 +281,14 @@ class RunConfig(ABC):
                 f"function either way (the format only tells a loader how to read image files), so its users would "
                 f"be told the wrong channel order; nothing was written. Set {self.input_format_setting} to {trained!r} "
                 "for the export.")
+        differences = input_differences(saved, model)
+        if differences:
+            raise GwdetValueError(
+                f"{self.weights_setting} {self.weights} was trained with values this model has otherwise: "
+                f"{'; '.join(differences)}. The exported file would compute with this config's values, another "
+                "function than the one trained (and the export's check, which compares it with the same model, would "
+                f"pass); nothing was written. Export with the values the weights were trained with "
+                f"({self.input_settings}).")
 
     @abstractmethod
     def model_differences_from(self, path: str) -> list[str]:
@@ -352,19 +366,26 @@ class RunConfig(ABC):
         """The evaluator of the first test set, writing its files (predictions, results) into
         ``output_folder``: a tool's own folder, never a run's ``inference/``."""
 
-    def build_trained_model(self, evaluates: bool = False, loads_weights: bool = True,
-                            keeps_input_format: bool = False) -> torch.nn.Module:
+    def build_trained_model(self, evaluates: bool = False, loads_weights: bool = True, exports: bool = False,
+                            meta_refusal: str | None = None,
+                            incomplete_outcome: str = "evaluating it would report a partly random model"
+                            ) -> torch.nn.Module:
         """The model with the initial weights loaded as ``--eval-only`` loads them, in evaluation
         mode (the export and analyze tools; their test sets checked as an evaluation's where it
-        ``evaluates``: the export's ``--run-eval``; weights of another input format refused where it
-        ``keeps_input_format``: the export); a warning when there are none. Without
-        ``loads_weights`` (what does not depend on them: parameter counts, the structure) none are read."""
+        ``evaluates``: the export's ``--run-eval``; weights trained with other input values refused
+        where it ``exports``); a warning when there are none. Without ``loads_weights`` (what does
+        not depend on them: parameter counts, the structure) none are read. ``meta_refusal``: the
+        error raised, before any weight is read, when the model is built on the meta device (whose
+        tensors hold no values) and the caller runs it on images. ``incomplete_outcome``: as in
+        :meth:`load_weights`."""
         with named_config_failures(self.cfg, "build the model"):
             model = self.build_model()
+        if meta_refusal is not None and any(parameter.is_meta for parameter in model.parameters()):
+            raise GwdetValueError(meta_refusal)
         if self.weights and not loads_weights:
             logger.info(f"{self.weights_setting} {self.weights} is not read: what is asked does not depend on weights.")
         elif self.weights:
-            self.load_weights(model, evaluates=evaluates, keeps_input_format=keeps_input_format)
+            self.load_weights(model, evaluates=evaluates, exports=exports, incomplete_outcome=incomplete_outcome)
         else:
             logger.warning(f"{self.weights_setting} is empty: the model is randomly initialized.")
         return model.eval()
@@ -595,12 +616,10 @@ def setup(args: argparse.Namespace, run: RunConfig, held: HeldRecords | None = N
     except DatasetError as error:
         print(f"{tool_name()}: error: {error}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
-    named = run.run_datasets()  # empty where a LazyConfig's loaders name no dataset gwdet can read
-    unused = [dataset.name for dataset in given if named and dataset.name not in named]
-    if unused:
-        logger.warning(f"--register-coco registered {', '.join(map(repr, unused))}, but the run neither trains nor "
-                       f"evaluates on {'it' if len(unused) == 1 else 'them'}: name it in the config's datasets "
-                       "(DATASETS.TRAIN / DATASETS.TEST, or the LazyConfig's dataloader) to use it.")
+    # run_datasets() is empty where a LazyConfig's loaders name no dataset gwdet can read
+    warn_of_unused_coco(given, run.run_datasets(), "the run neither trains nor evaluates on",
+                        "name it in the config's datasets (DATASETS.TRAIN / DATASETS.TEST, or the LazyConfig's "
+                        "dataloader) to use it.")
     check_same_config(run, args)
     main_process = comm.is_main_process()
     if main_process:
@@ -619,6 +638,17 @@ def setup(args: argparse.Namespace, run: RunConfig, held: HeldRecords | None = N
         held.release()
     logger.info(describe_plans())
     run.prepare_datasets(trains=not args.eval_only, evaluates=True)
+
+
+def warn_of_unused_coco(given: Sequence[CocoDataset], read: Sequence[str], reader: str, fix: str) -> None:
+    """A warning naming the ``--register-coco`` datasets among ``given`` that are not among
+    ``read``, the datasets that ``reader`` reads (the words before "it": "the run neither trains
+    nor evaluates on"); ``fix``: how to use them. Nothing when ``read`` is empty (no dataset name
+    gwdet can tell)."""
+    unused = [dataset.name for dataset in given if read and dataset.name not in read]
+    if unused:
+        logger.warning(f"--register-coco registered {', '.join(map(repr, unused))}, but {reader} "
+                       f"{'it' if len(unused) == 1 else 'them'}: {fix}")
 
 
 def warn_of_replaced_weights(config_file: str, run: RunConfig) -> None:
@@ -756,16 +786,18 @@ def named_full_disk(output_dir: str, way_on: str) -> Iterator[None]:
         yield
     except (OSError, RuntimeError) as raised:
         error = next((cause for cause in (raised, raised.__context__) if isinstance(cause, OSError)), None)
-        if error is None or isinstance(raised, GwdetError):
-            raise  # gwdet's own errors say it already
-        where = error.filename or "a file there"
+        if error is None or (isinstance(raised, GwdetError) and not isinstance(raised, WriteError)):
+            raise  # gwdet's own errors say it already (an atomic write's names the file only)
+        filename = getattr(error, "path", None) or error.filename
+        where = filename or "a file there"
+        reason = os.strerror(error.errno) if isinstance(error, WriteError) and error.errno else error.strerror
         if error.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise GwdetOSError(f"The disk of {output_dir} is full ({error.strerror}: {where}); files written at that "
+            raise GwdetOSError(f"The disk of {output_dir} is full ({reason}: {where}); files written at that "
                                f"moment may be cut short. Free space there. {way_on}") from raised
-        inside = isinstance(error.filename, str) and os.path.abspath(error.filename).startswith(
+        inside = isinstance(filename, str) and os.path.abspath(filename).startswith(
             os.path.join(os.path.abspath(output_dir), ""))
         if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and inside:
-            raise GwdetOSError(f"{output_dir} can no longer be written ({error.strerror}: {where}): its disk was made "
+            raise GwdetOSError(f"{output_dir} can no longer be written ({reason}: {where}): its disk was made "
                                "read-only, or its permissions changed, while the run worked; files written at that "
                                f"moment may be cut short. Make it writable again. {way_on}") from raised
         raise

@@ -23,8 +23,8 @@ import torch
 
 from gwdet.errors import GwdetValueError
 from gwdet.engine.arguments import parse_with_trailing_flags, refuse_repeated_flags
-from gwdet.engine.run import RunConfig, load_run_config
-from gwdet.utils.cli_errors import at_least, run_tool
+from gwdet.engine.run import RunConfig, load_run_config, warn_of_unused_coco
+from gwdet.utils.cli_errors import as_override, at_least, run_tool
 
 logger = logging.getLogger("gwdet.export")
 
@@ -177,11 +177,19 @@ def _analyze(argv: Sequence[str]) -> int:
     if counts_on_test_images and not run.test_datasets():
         raise GwdetValueError("--tasks flop counts on images of the config's first test dataset, and the config has "
                               "none: give --input-size H W (random pixels of that size), or a test dataset.")
-    model = run.build_trained_model(loads_weights="flop" in args.tasks)
-    if "flop" in args.tasks and any(parameter.is_meta for parameter in model.parameters()):
-        raise GwdetValueError("--tasks flop runs the model on images, and the config puts it on the meta device, whose "
-                              "tensors hold no values: set the device to cpu (MODEL.DEVICE cpu, or train.device=cpu); "
-                              "--tasks parameter and structure work on meta.")
+    if counts_on_test_images:
+        first = run.test_datasets()[0]
+        warn_of_unused_coco(args.register_coco or (), [first],
+                            f"--tasks flop counts on {first} ({run.test_setting}'s first dataset), not on",
+                            f"name it first in {run.test_setting} to count on it.")
+    meta_refusal = ("--tasks flop runs the model on images, and the config puts it on the meta device, whose tensors "
+                    "hold no values: set the device to cpu (MODEL.DEVICE cpu, or train.device=cpu); --tasks parameter "
+                    "and structure work on meta.")
+    random_weights = as_override(run.weights_setting, '""')
+    model = run.build_trained_model(
+        loads_weights="flop" in args.tasks, meta_refusal=meta_refusal if "flop" in args.tasks else None,
+        incomplete_outcome=(f"the flops it counts would be those of a partly random model (the heads' follow its "
+                            f"detections); set {random_weights} to count a model of random weights on purpose"))
     if "flop" in args.tasks:
         with torch.no_grad():
             do_flop(model, model_inputs(run, args.num_inputs, args.input_size), args.max_depth)

@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from detectron2.export import TracingAdapter
+from detectron2.export.flatten import InstancesSchema, ListSchema, Schema
 from detectron2.modeling import GeneralizedRCNN
 
 from gwdet.modeling.build import check_device
@@ -142,6 +143,7 @@ def export_onnx(
     opset: Optional[int] = None,
     dynamo: bool = False,
     input_names: Optional[Sequence[str]] = None,
+    output_names: Optional[Sequence[str]] = None,
     dynamic_axes: Optional[Dict[str, Dict[int, str]]] = None,
     overwrite: bool = False,
 ) -> None:
@@ -150,7 +152,7 @@ def export_onnx(
     By default the TorchScript-based exporter at :data:`ONNX_OPSET` (``torch.export`` cannot capture
     a detectron2 R-CNN), its file then rewritten by :func:`drop_subgraph_shapes`; with ``dynamo=True``
     the ``torch.export``-based one, at its own default opset unless ``opset`` is given.
-    ``input_names`` and ``dynamic_axes`` are ``torch.onnx.export``'s (by default every input size is
+    ``input_names``, ``output_names`` and ``dynamic_axes`` are ``torch.onnx.export``'s (by default every input size is
     the example's). The file is written atomically, with its SHA-256 in ``path.sha256``; a file
     already at ``path`` is replaced only with ``overwrite``. ``module`` is left in evaluation mode.
     """
@@ -160,13 +162,14 @@ def export_onnx(
         os.makedirs(folder, exist_ok=True)
     module.eval()
     names = None if input_names is None else list(input_names)
+    outputs = None if output_names is None else list(output_names)
     with path_written_with_checksum(path) as temporary:
         if dynamo:
             torch.onnx.export(module, args, temporary, opset_version=opset, dynamo=True,
-                              input_names=names, dynamic_axes=dynamic_axes)
+                              input_names=names, output_names=outputs, dynamic_axes=dynamic_axes)
         else:
             torch.onnx.export(module, args, temporary, opset_version=opset or ONNX_OPSET, dynamo=False,
-                              input_names=names, dynamic_axes=dynamic_axes)
+                              input_names=names, output_names=outputs, dynamic_axes=dynamic_axes)
             drop_subgraph_shapes(temporary)
 
 
@@ -212,11 +215,29 @@ def _drop_shapes_in_subgraphs(graph) -> int:
     return removed
 
 
+def flattened_names(schema: Schema) -> list[str]:
+    """The name of each tensor a ``TracingAdapter`` returns, in order, from its ``outputs_schema``:
+    the field or key each one holds (``pred_boxes``, ``scores``, ..., ``image_size`` for an
+    R-CNN's ``Instances``); the whole path (``0.instances.scores``) where leaf names repeat."""
+    def paths(node: Schema, at: tuple[str, ...]) -> list[tuple[str, ...]]:
+        if isinstance(node, ListSchema):
+            keys = getattr(node, "keys", None) or [str(index) for index in range(len(node.schemas))]
+            found = [path for key, child in zip(keys, node.schemas, strict=True) for path in paths(child, (*at, str(key)))]
+            return [*found, (*at, "image_size")] if isinstance(node, InstancesSchema) else found
+        return [at]
+
+    leaves = paths(schema, ())
+    short = [path[-1] if path else "output" for path in leaves]
+    return short if len(set(short)) == len(short) else [".".join(path) for path in leaves]
+
+
 def export_model_onnx(model: torch.nn.Module, image: torch.Tensor, path: str, opset: int = ONNX_OPSET, *,
                       overwrite: bool = False) -> TracingAdapter:
     """Export the whole ``model`` (detectron2's tracing adapter on ``image``) to ONNX, at ``opset``
     :data:`MIN_DETECTOR_OPSET` or newer (detectron2's aligned ROIAlign is exported as another
-    function below it); a file already at ``path`` is replaced only with ``overwrite``."""
+    function below it); a file already at ``path`` is replaced only with ``overwrite``. The file's
+    input is named ``image`` and its outputs by :func:`flattened_names` (an R-CNN's: ``pred_boxes``,
+    ``pred_classes``, [``pred_masks``,] ``scores``, ``image_size``)."""
     if opset < MIN_DETECTOR_OPSET:
         raise GwdetValueError(
             f"opset {opset}: a detector's ROIAlign (aligned, as detectron2 pools regions) is exported as ONNX "
@@ -224,7 +245,10 @@ def export_model_onnx(model: torch.nn.Module, image: torch.Tensor, path: str, op
             f"{MIN_DETECTOR_OPSET} or newer (the default is {ONNX_OPSET}); nothing was written.")
     _check_output_file(path, "model.onnx", overwrite)  # before the model is traced
     adapter = tracing_adapter(model, image)
-    export_onnx(adapter, (image,), path, opset, overwrite=overwrite)
+    with torch.no_grad():
+        adapter(image)  # its outputs' schema, which names the file's outputs
+    export_onnx(adapter, (image,), path, opset, input_names=["image"],
+                output_names=flattened_names(adapter.outputs_schema), overwrite=overwrite)
     return adapter
 
 

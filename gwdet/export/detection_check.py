@@ -38,13 +38,16 @@ class Detections:
     @classmethod
     def from_fields(cls, fields: Mapping[str, Any]) -> Optional["Detections"]:
         """Detections from detectron2's instance fields (``pred_boxes``, ``scores``,
-        ``pred_classes``, ``pred_masks``; ``Boxes`` or tensors or arrays); ``None`` without them."""
-        if not {"pred_boxes", "scores", "pred_classes"} <= set(fields):
-            return None
-
+        ``pred_classes``, ``pred_masks``; ``Boxes`` or tensors or arrays), or a proposal network's
+        (``proposal_boxes`` scored by ``objectness_logits``, all of one class); ``None`` without them."""
         def tensor(value: Any) -> Tensor:
             return torch.as_tensor(getattr(value, "tensor", value)).detach().cpu().double()
 
+        if {"proposal_boxes", "objectness_logits"} <= set(fields):
+            scores = tensor(fields["objectness_logits"]).reshape(-1)
+            return cls(tensor(fields["proposal_boxes"]).reshape(-1, 4), scores, torch.zeros_like(scores))
+        if not {"pred_boxes", "scores", "pred_classes"} <= set(fields):
+            return None
         masks = fields.get("pred_masks")
         return cls(tensor(fields["pred_boxes"]).reshape(-1, 4), tensor(fields["scores"]).reshape(-1),
                    tensor(fields["pred_classes"]).reshape(-1), None if masks is None else tensor(masks))
@@ -162,9 +165,13 @@ def compare_detections(expected: Detections, actual: Detections, image_size: tup
 
 def detection_limits(model: torch.nn.Module) -> tuple[Optional[float], Optional[int]]:
     """The score threshold and the most detections per image of a detectron2 detector (R-CNN:
-    ``roi_heads.box_predictor``; RetinaNet and others: the model's own), ``None`` where it has none."""
+    ``roi_heads.box_predictor``; a proposal network: its proposal generator's count at test time;
+    RetinaNet and others: the model's own), ``None`` where it has none."""
     predictor = getattr(getattr(model, "roi_heads", None), "box_predictor", None)
     owner = predictor if predictor is not None else model
     threshold = getattr(owner, "test_score_thresh", None)
     most = getattr(owner, "test_topk_per_image", getattr(owner, "max_detections_per_image", None))
+    proposals = getattr(getattr(model, "proposal_generator", None), "post_nms_topk", None)
+    if predictor is None and most is None and isinstance(proposals, dict):
+        most = proposals.get(False)  # detectron2's RPN: {training: count, test: count}
     return (float(threshold) if threshold is not None else None, int(most) if most is not None and most > 0 else None)

@@ -24,13 +24,14 @@ import argparse
 import itertools
 import logging
 import os
+import warnings
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 from detectron2.structures import Instances
 
-from gwdet.errors import GwdetError, GwdetFileExistsError, GwdetRuntimeError, GwdetValueError
+from gwdet.errors import GwdetError, GwdetFileExistsError, GwdetRuntimeError, GwdetValueError, listed
 from gwdet.data import add_register_coco_argument
 from gwdet.data.test_images import read_test_image
 from gwdet.utils.atomic import checksum_path
@@ -40,7 +41,7 @@ from gwdet.export.detection_check import TOLERANCE
 from gwdet.engine.arguments import parse_with_trailing_flags, refuse_repeated_flags
 from gwdet.engine.output_dir import (EVALUATOR_FILES, LOCK_NAME, check_run_detections_kept, check_weights_are_the_runs,
                                      checkpoints_in, folder_locked, lock_holder)
-from gwdet.engine.run import RunConfig, gives_setting, load_run_config, named_full_disk
+from gwdet.engine.run import RunConfig, gives_setting, load_run_config, named_full_disk, warn_of_unused_coco
 
 logger = logging.getLogger("gwdet.export")
 
@@ -225,6 +226,22 @@ def export_scripting(model: torch.nn.Module, path: str) -> torch.jit.ScriptModul
     return scripted
 
 
+def check_scriptable(model: torch.nn.Module) -> None:
+    """Refuse, before anything is run or written, a model with layers TorchScript cannot compile:
+    torch's ``SyncBatchNorm`` and detectron2's ``NaiveSyncBatchNorm`` (NORM ``SyncBN``, ``nnSyncBN``,
+    ``naiveSyncBN``) ask the process group from Python in their forward."""
+    from detectron2.layers import NaiveSyncBatchNorm
+
+    synced = [name for name, module in model.named_modules()
+              if isinstance(module, (torch.nn.SyncBatchNorm, NaiveSyncBatchNorm))]
+    if synced:
+        raise GwdetValueError(
+            f"--export-method scripting: the model has synchronized batch norm layers ({listed(synced, 3)}; NORM "
+            "SyncBN, nnSyncBN or naiveSyncBN), which TorchScript cannot compile: they ask the process group in "
+            "Python. Export with --export-method tracing (the default), or set those NORM keys to BN or FrozenBN, "
+            "which load the same weights; nothing was written.")
+
+
 def _scripted_fields(model, scripted, image: Tensor) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """The eager and the scripted model's instance fields on ``image``."""
     with torch.no_grad():
@@ -235,11 +252,12 @@ def _scripted_fields(model, scripted, image: Tensor) -> Tuple[Dict[str, Any], Di
 
 def _instance_fields(outputs: Any) -> Optional[Dict[str, Any]]:
     """The instance fields of one image in outputs a ``TracingAdapter``'s schema rebuilt
-    (``[{"instances": Instances}]`` of an R-CNN, or the ``Instances`` themselves); ``None`` otherwise."""
+    (``[{"instances": Instances}]`` of an R-CNN, ``[{"proposals": Instances}]`` of a proposal
+    network, or the ``Instances`` themselves); ``None`` otherwise."""
     if isinstance(outputs, (list, tuple)) and len(outputs) == 1:
         outputs = outputs[0]
-    if isinstance(outputs, dict) and "instances" in outputs:
-        outputs = outputs["instances"]
+    if isinstance(outputs, dict):
+        outputs = outputs.get("instances", outputs.get("proposals"))
     fields = getattr(outputs, "get_fields", None)
     return dict(fields()) if callable(fields) else None
 
@@ -452,8 +470,11 @@ def check_weights_given(run: RunConfig, untrained: bool) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``gwdet-export`` / ``tools/deploy/export_model.py``: the exit status. An error gwdet raises on
     purpose ends it with ``<tool>: error: <message>`` and status 2; ``--verbose`` shows tracebacks
-    (:mod:`gwdet.utils.cli_errors`)."""
-    return run_tool(_export, argv)
+    (:mod:`gwdet.utils.cli_errors`). torch's FutureWarnings that TorchScript is deprecated are not
+    shown: their advice, ``torch.export``, cannot capture a detectron2 R-CNN (docs/deploy.md, Limits)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=FutureWarning)
+        return run_tool(_export, argv)
 
 
 def _export(argv: Sequence[str]) -> int:
@@ -461,7 +482,7 @@ def _export(argv: Sequence[str]) -> int:
 
     from gwdet.model_zoo import resolve_config_argument
     from gwdet.utils.atomic import path_written_with_checksum
-    from gwdet.export.deploy import ONNX_OPSET, export_model_onnx, export_torchscript, run_onnx
+    from gwdet.export.deploy import ONNX_OPSET, export_model_onnx, export_torchscript, flattened_names, run_onnx
 
     parser = argument_parser()
     refuse_repeated_flags(parser, argv)
@@ -477,7 +498,7 @@ def _export(argv: Sequence[str]) -> int:
                               "--export-method tracing")
     check_export_flags(args)
     path = export_path(args)
-    if os.path.exists(path) and not args.overwrite:
+    if os.path.lexists(path) and not args.overwrite:  # a link whose target is gone too
         raise GwdetFileExistsError(f"{path} already exists; it is left as it is. Pass --overwrite to replace it, or "
                                    "choose another --output.")
     run = load_run_config(args.config_file, args.opts, tool=True)
@@ -491,7 +512,23 @@ def _export(argv: Sequence[str]) -> int:
                               f"or name a test set in {run.test_setting}.")
     run.register_datasets(args.register_coco, trains=False, evaluates=args.run_eval,
                           reads_tests=args.sample_image is None or args.run_eval)
-    model = run.build_trained_model(evaluates=args.run_eval, keeps_input_format=True)
+    if (args.sample_image is None or args.run_eval) and run.test_datasets():
+        first = f"{run.test_datasets()[0]} ({run.test_setting}'s first dataset)"
+        if args.sample_image is None and args.run_eval:
+            reads = f"takes its sample image from {first} and evaluates on it, not on"
+        elif args.run_eval:
+            reads = f"evaluates on {first}, not on"
+        else:
+            reads = f"takes its sample image from {first}, not from"
+        warn_of_unused_coco(args.register_coco or (), [run.test_datasets()[0]], f"the export {reads}",
+                            f"name it first in {run.test_setting} to use it.")
+    model = run.build_trained_model(
+        evaluates=args.run_eval, exports=True, incomplete_outcome="the export would hold a partly random model",
+        meta_refusal=("The export runs the model on a sample image (to trace it and to check the exported file), and "
+                      "the config puts it on the meta device, whose tensors hold no values: set the device to cpu "
+                      "(MODEL.DEVICE cpu, or train.device=cpu), or cuda; nothing was written."))
+    if args.export_method == "scripting":
+        check_scriptable(model)
     image, found = pick_sample(model, *sample_candidates(run, args.sample_image))
     logger.info("The sample image gives %d detections to compare the export on.", found)
     created_output = not os.path.isdir(args.output)
@@ -500,7 +537,7 @@ def _export(argv: Sequence[str]) -> int:
     try:
         kept = f"Any earlier {os.path.basename(path)} is as it was: export again once it can be written."
         with ExportFolderLock(args.output), torch.no_grad(), named_full_disk(args.output, kept):
-            if os.path.exists(path) and not args.overwrite:  # another export finished meanwhile
+            if os.path.lexists(path) and not args.overwrite:  # another export finished meanwhile
                 raise GwdetFileExistsError(f"{path} was written by another export while this one ran; it is left as "
                                            "it is. Pass --overwrite to replace it, or choose another --output.")
             with path_written_with_checksum(path) as written:
@@ -538,6 +575,9 @@ def _export(argv: Sequence[str]) -> int:
         print(f"The exported model takes {takes} as a {kind} (C, H, W) tensor of 0-255 pixel values (the type it was "
               f"exported with{only}) with the channels in {channels} order, as the model does (the config's input "
               "format).")
+    if args.format == "onnx":
+        print(f"Its input is named image; its outputs, in order: {', '.join(flattened_names(adapter.outputs_schema))} "
+              "(as onnxruntime's session.get_outputs() names them).")
     if args.run_eval:  # its files beside the export, not in the training run's inference/
         with ExportFolderLock(args.output), named_full_disk(args.output, f"The export ({path}) is kept: evaluate it "
                                                             "again with --overwrite --run-eval once it can be written."):

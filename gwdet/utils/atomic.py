@@ -56,11 +56,16 @@ class _RecordingFile:
 
 
 class WriteError(GwdetError, OSError):
-    """Writing ``path`` failed; the message names the path and the operating system's reason."""
+    """Writing ``path`` failed; the message names the path and the operating system's reason
+    (``errno`` its code)."""
+
+    path: str | None = None
 
 
 def _cannot_write(path: str, cause: OSError) -> WriteError:
-    return WriteError(cause.errno, f"cannot write {path}: {cause.strerror or cause}")
+    error = WriteError(cause.errno, f"cannot write {path}: {cause.strerror or cause}")
+    error.path = path
+    return error
 
 
 NAME_MAX = 255  # the longest file name Linux's file systems (and macOS's) take, in bytes
@@ -155,9 +160,10 @@ def file_version(path: str) -> os.stat_result | None:
 
 
 @contextlib.contextmanager
-def _folder_held(folder: str) -> Iterator[None]:
-    """An exclusive ``flock`` on ``folder`` for the block: the writers of :func:`write_atomically`
-    that replace a file they saw check and replace it one at a time."""
+def folder_held(folder: str) -> Iterator[None]:
+    """An exclusive ``flock`` on ``folder`` for the block (waiting for another holder): the writers
+    of :func:`write_atomically` that replace a file they saw check and replace it one at a time,
+    and so do writers that check a folder's files before they write into it."""
     import fcntl
 
     descriptor = os.open(folder or ".", os.O_RDONLY | os.O_DIRECTORY)
@@ -176,7 +182,7 @@ def _finish(temporary: str, path: str, exclusive: bool, replacing: os.stat_resul
     taken = OutputExistsError(errno.EEXIST, f"{path} was written by another process while this one wrote it; "
                               "that file is kept and this one's output discarded", path)
     if replacing is not None:
-        with _folder_held(os.path.dirname(path)):
+        with folder_held(os.path.dirname(path)):
             if not same_file_version(file_version(path), replacing):
                 raise taken
             os.replace(temporary, path)
