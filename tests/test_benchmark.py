@@ -215,6 +215,16 @@ def test_the_report_states_the_competing_load():
     assert header.startswith("Command: `python tools/benchmark.py --norms 'GW (itn)' BN`")  # runs again as shown
     # the plan that computed GW and BW (a forced one was not named: its times read as the cpu plan's)
     assert "\n- GW/BW execution plan: cpu for CPU tensors" in header
+    assert "Triton's interpreter" not in header
+
+
+def test_a_triton_plan_forced_on_a_cpu_is_said_to_time_the_interpreter(monkeypatch):
+    # GWDET_GW_PLAN=triton on a CPU: interpreter times of 147x-998x a 3x3 conv, read as the plan's own
+    from gwdet_lab.benchmark.report import INTERPRETED_TRITON
+
+    monkeypatch.setenv("GWDET_GW_PLAN", "triton")
+    header = report_header(parse_args(["--layers"]), [], CPU, "1.00", "1.00", 1.0, True)
+    assert "\n- GW/BW execution plan: triton for CPU tensors" in header and f"\n{INTERPRETED_TRITON}\n" in header
 
 
 def test_inference_level_end_to_end_into_a_section(tmp_path, capsys):

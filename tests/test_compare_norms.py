@@ -1,5 +1,6 @@
 """The norm study (tools/compare_norms.py, gwdet_lab.study): a tiny study end to end with a kill and
 a resume, the recorded-config check, the statistics, batch scaling and the study configs."""
+import csv
 import hashlib
 import json
 import math
@@ -126,6 +127,24 @@ def test_study_killed_then_resumed_keeps_finished_cells_and_refuses_changed_conf
     third = capsys.readouterr().out
     assert "[1/2 bn-b2-s0] evaluating" in third and bn.is_complete(), third
     assert bn.file("batch_statistics.json").exists()
+
+    # a finished cell run again with a subset of its weights without the chosen one was "done, skipped", and the
+    # report showed the weight the command left out
+    other = 1.0 if bn.read_json("example_weighing.json")["chosen"] == 0.0 else 0.0
+    subset = [*arguments[:arguments.index("--example-weights") + 1], f"{other:g}", *arguments[arguments.index("--opts"):]]
+    assert study_main(["--out", str(tmp_path), *subset], repo_root=REPO) == 0
+    assert "[1/2 bn-b2-s0] evaluating" in capsys.readouterr().out
+    assert bn.read_json("example_weighing.json")["chosen"] == other
+    table = (report / "table.md").read_text()
+    assert f"among the swept weights ({other:g})" in table
+    with open(report / "cells.csv", newline="") as file:
+        assert {row["cell"]: float(row["ew_weight"]) for row in csv.DictReader(file) if row["ew_weight"]} == \
+            {"bn-b2-s0": other}
+    # --records <out>/runs, which the tool advises for a study it cannot write into: "metrics.json is damaged (its
+    # SHA-256 record ... is missing)" for every cell, as no run folder records one
+    assert study_main(["--study", "paper", "--records", str(tmp_path / "runs"), "--example-weights", f"{other:g}",
+                       "--report-to", str(tmp_path / "from-runs")], repo_root=REPO) == 0
+    assert (tmp_path / "from-runs" / "cells.csv").read_text() == (report / "cells.csv").read_text()
 
 
 def test_a_custom_comparison_with_one_test_dataset_ends_with_a_report(tmp_path):
@@ -603,6 +622,71 @@ def test_cells_trained_under_other_execution_plans_are_noted(tmp_path):
         "gw-b2-s1 (cpu plan 'accelerator', cuda plan 'triton', forced by GWDET_GW_PLAN=accelerator). Another plan "
         "computes GW and BW with other operations, so their weights differ, and means over them mix the plans.")
     assert plans_note(planned[:1]) is None
+
+
+def test_a_cell_resumed_with_other_processes_code_or_machine_is_noted(tmp_path):
+    # seeds resumed with --num-gpus 2, planned by another commit, or trained with another torch and CPU were pooled
+    # without a note
+    from gwdet.utils.atomic import write_text_with_checksum
+    from gwdet_lab.study.record import PlannedCell, code_versions_note, machine_note, processes_note, write_record
+
+    specs = paper_specs("shapes", REPO)
+    two_seeds = study_cells("paper", specs, [build_config(s.config_file, TINY) for s in specs], seeds=(0, 1))
+    planned = []
+    for cell in [cell for cell in two_seeds if cell.name in ("gw-b2-s0", "gw-b2-s1")]:
+        folder = RunFolder(tmp_path / cell.name)
+        other = cell.name.endswith("s1")
+        machine = {"versions": {"torch": "2.5.1" if other else "2.6.0"}, "cpu": {"torch_capability": "AVX2"}}
+        segments = [{"from_iteration": 0, "processes": 1}, {"from_iteration": 1, "processes": 2 if other else 1}]
+        folder.path.mkdir()
+        write_text_with_checksum(str(folder.file("results.json")),
+                                 json.dumps({"environment": {**machine, "segments": segments}}))
+        item = PlannedCell(cell, cell.opts, build_config(cell.config_file, TINY), folder)
+        write_record(item, TINY)
+        record = folder.read_json("study_cell.json")
+        record["code"] = {"git_commit": ("b" if other else "a") * 40}
+        folder.write_json("study_cell.json", record)
+        planned.append(item)
+    planned.sort(key=lambda item: item.cell.name)
+    assert processes_note(planned) == (
+        "Cells resumed with another process count (--num-gpus) than they started with: gw-b2-s1 (1, then 2). "
+        "Gradients are summed over other processes in another order, so their weights differ from those of a run "
+        "with one count.")
+    assert code_versions_note(planned) == (
+        f"Cells run by other versions of the code than others: gw-b2-s0 ({'a' * 12}); gw-b2-s1 ({'b' * 12}). The means "
+        "and comparisons over them mix the versions; a change of the code between them may change their numbers.")
+    assert machine_note(planned) == (
+        "Cells trained with other torch versions or CPU capabilities than others: gw-b2-s0 (torch 2.6.0, CPU "
+        "capability AVX2); gw-b2-s1 (torch 2.5.1, CPU capability AVX2). Other kernels sum in another order, so their "
+        "weights differ, and means over them mix the machines.")
+    assert processes_note(planned[:1]) is None and code_versions_note(planned[:1]) is None
+    assert machine_note(planned[:1]) is None
+
+
+def test_names_that_are_no_folder_name_are_refused_by_their_rule(capsys, tmp_path):
+    # "é is a letter", yet refused as if not; a 300-character name ended in a raw OSError (File name too long)
+    assert "ASCII letter (a-z, A-Z) or digit and hold only ASCII letters" in study_refusal(
+        capsys, tmp_path, "--configs", f"gé={STUDY / 'gw.yaml'}", "--seeds", "0", "--opts", *TINY)
+    assert "is 303 characters long: it names a folder" in study_refusal(
+        capsys, tmp_path, "--configs", f"{'g' * 300}={STUDY / 'gw.yaml'}", "--seeds", "0", "--opts", *TINY)
+    assert not (tmp_path / "out").exists()
+
+
+def test_another_studys_report_and_an_empty_out_are_found_before_anything_is_written(capsys, tmp_path):
+    # the cell trained first (hours in a real study), then "holds the report of other cells"; --report-only of a
+    # mistyped --out exited 0 and recorded the study's cells there
+    (tmp_path / "out" / "custom").mkdir(parents=True)
+    (tmp_path / "out" / "custom" / "cells.csv").write_text("cell,config\ngw-s0,GW\n")
+    with pytest.raises(SystemExit) as stopped:
+        study_main(["--out", str(tmp_path / "out"), "--configs", f"gn={STUDY / 'gn.yaml'}", "--seeds", "0",
+                    "--opts", *TINY], repo_root=REPO)
+    assert stopped.value.code == 2
+    assert "custom holds the report of other cells (gw-s0): another study's" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "runs").exists()
+    assert study_main(["--out", str(tmp_path / "typo"), "--configs", f"gn={STUDY / 'gn.yaml'}", "--seeds", "0",
+                       "--opts", *TINY, "--report-only"], repo_root=REPO) == 1
+    assert "--report-only: no cell of this study has finished in" in capsys.readouterr().err
+    assert not (tmp_path / "typo" / "runs" / "gn-s0").exists()
 
 
 def test_a_file_where_a_cells_folder_goes_is_refused_naming_it(capsys, tmp_path):

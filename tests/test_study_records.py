@@ -60,8 +60,11 @@ def test_a_trained_cell_whose_example_weighing_is_pending_is_listed_as_such(caps
     planned = recorded_cells(RECORDS / "paper", ["bn-b2-s0"])
     list_cells(planned, [0.3])
     assert capsys.readouterr().out.split()[:2] == ["bn-b2-s0", "to"]
-    list_cells(planned, [0.5])
+    list_cells(planned, [0.5, 0.25])  # swept, and the recorded choice (0.25) is among them
     assert capsys.readouterr().out.split()[:2] == ["bn-b2-s0", "done"]
+    # a subset without the recorded choice was "done": the report showed 0.25, a weight not asked for
+    list_cells(planned, [0.5, 1])
+    assert capsys.readouterr().out.split()[:2] == ["bn-b2-s0", "to"]
 
 
 def test_a_report_folder_of_the_users_own_files_is_refused_and_an_earlier_report_replaced(tmp_path, capsys):
@@ -117,6 +120,96 @@ def test_records_of_an_unfinished_cell_or_a_missing_folder_are_refused(tmp_path,
                                                 r"record of one cell itself; give the folder that holds it, --records "
                                                 r".*records --only gw-b2-s3$"):
         recorded_cells(tmp_path / "records" / "gw-b2-s3")
+
+
+def test_records_missing_a_file_the_report_reads_are_refused_naming_it(tmp_path, capsys):
+    # without metrics.json the report was written without a word (final loss "–", no curve); without results.json
+    # it blamed study_complete.json, which was there, and did not say to export again
+    records = _record_copy(tmp_path, ("gw-b2-s3", "gn-b2-s3"))
+    for name in ("metrics.json", "metrics.json.sha256"):
+        (records / "gw-b2-s3" / name).unlink()
+    for name in ("results.json", "results.json.sha256"):
+        (records / "gn-b2-s3" / name).unlink()
+    with pytest.raises(SystemExit) as exit_:
+        main(["--records", str(records), "--report-to", str(tmp_path / "report")])
+    assert exit_.value.code == 2
+    assert (f"--records {records}: gn-b2-s3 not finished in the records (no results.json); gw-b2-s3 not finished in "
+            "the records (no metrics.json): a copy or export cut short, or records of a cell that had not finished. "
+            "Export the finished cells again (the study's command with --report-only --export-records DIR)") \
+        in capsys.readouterr().err
+    assert not (tmp_path / "report").exists()
+
+
+def _one_image_bootstrap(tmp_path):
+    """Resampled APs of one detection on a dataset of one image."""
+    from gwdet_lab.study.image_bootstrap import resampled_box_ap
+
+    annotations = {"images": [{"id": 1, "width": 64, "height": 64}], "categories": [{"id": 1, "name": "box"}],
+                   "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [8, 8, 20, 20], "area": 400,
+                                    "iscrowd": 0}]}
+    detections = tmp_path / "inference" / "one" / "coco_instances_results.json"
+    detections.parent.mkdir(parents=True)
+    detections.write_text(json.dumps([{"image_id": 1, "category_id": 1, "bbox": [8, 8, 20, 20], "score": 0.9}]))
+    return resampled_box_ap(tmp_path / "inference", "one", annotations, tmp_path / "cache.json", 100.0)
+
+
+def test_a_report_split_of_one_image_claims_no_test_image_noise_and_no_equivalence(tmp_path):
+    # one test image: "SE over test images 0.00" and "within ±1 AP (TOST): yes" from resamples that cannot vary
+    import dataclasses
+
+    from gwdet_lab.study.report import differences, few_test_images_note, grouped
+    from gwdet_lab.study.summary import summarize
+
+    assert _one_image_bootstrap(tmp_path) == []
+    results = [dataclasses.replace(summarize(p), test_ap_resampled=[])
+               for p in recorded_cells(RECORDS / "paper-seeds-3-4", ["gw-b2-s3", "gn-b2-s3", "gw-b2-s4", "gn-b2-s4"])]
+    (found,) = [d for _, d in differences(grouped(results))]
+    assert found.n == 2 and found.interval(0.9) is not None  # the seeds' interval stands
+    assert found.equivalent() is None and found.with_image_noise is None and results[0].test_ap_image_se is None
+    assert few_test_images_note(results).startswith(
+        "The report split of gn-b2-s3, gw-b2-s3, gn-b2-s4, gw-b2-s4 holds fewer than 2 images: every bootstrap "
+        "resample of one image is that image, so the test images' noise cannot be estimated.")
+
+
+def test_a_report_folder_is_held_while_it_is_checked_and_written(tmp_path, monkeypatch):
+    # two reports into one new folder at once both said "wrote": the second replaced the first without a word
+    from gwdet.engine.output_dir import folder_locked
+    from gwdet_lab.study import cli, report as study_report
+
+    folder = tmp_path / "report"
+    held = []
+    checked = cli.reported_cells
+    written = study_report._write_report_files
+    monkeypatch.setattr(cli, "reported_cells", lambda path: held.append(("check", folder_locked(str(path))))
+                        or checked(path))
+    monkeypatch.setattr(study_report, "_write_report_files", lambda title, results, pending, out_dir, notes: held.append(
+        ("write", folder_locked(str(out_dir)))) or written(title, results, pending, out_dir, notes))
+    assert main(["--records", str(_record_copy(tmp_path)), "--report-to", str(folder)]) == 0
+    assert held == [("check", False), ("check", True), ("write", True)]  # checked early, then again when held
+
+
+def test_a_report_stopped_between_its_files_says_it_is_unfinished(tmp_path, monkeypatch):
+    # a report killed after table.md left the new table beside the old figures, nothing marking the folder
+    from gwdet_lab.study import report as study_report
+    from gwdet_lab.study.cli import TITLES
+    from gwdet_lab.study.summary import summarize
+
+    folder = tmp_path / "report"
+    records = _record_copy(tmp_path, ("gw-b2-s3", "gn-b2-s3"))
+    assert main(["--records", str(records), "--report-to", str(folder)]) == 0
+
+    def stopped(results, path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(study_report, "plot_loss_curves", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        study_report.write_report(TITLES["custom"], [summarize(p) for p in recorded_cells(records, ["gw-b2-s3"])], [],
+                                  folder)
+    table = (folder / "table.md").read_text()
+    assert table.startswith(f"# {TITLES['custom']}\n") and study_report.UNFINISHED in table
+    monkeypatch.undo()
+    assert main(["--records", str(records), "--report-to", str(folder)]) == 0  # the same command writes it again
+    assert study_report.UNFINISHED not in (folder / "table.md").read_text()
 
 
 def _record_copy(tmp_path, cells=("gw-b2-s3",)):
@@ -261,9 +354,10 @@ def test_the_over_training_tool_and_export_name_their_flags_in_one_line(tmp_path
     assert "--export-records" in capsys.readouterr().err and not (tmp_path / "report").exists()
 
 
-def test_records_without_their_checksums_or_with_another_cells_detections_are_refused(tmp_path, capsys):
+def test_records_without_their_checksums_or_with_another_cells_detections_are_refused(tmp_path, capsys, monkeypatch):
     # a results.json whose .sha256 was deleted was read unchecked; detections copied over from
     # another cell were resampled as this cell's (its bootstrap cache recomputed from them)
+    monkeypatch.setenv("GWDET_CACHE", str(tmp_path / "cache"))  # the test split's annotations need no dataset there
     records = _record_copy(tmp_path, cells=("gw-b2-s3", "gn-b2-s3"))
     edited = records / "gw-b2-s3" / "results.json"
     edited.write_text(edited.read_text().replace('"AP": ', '"AP": 1', 1))
@@ -289,6 +383,7 @@ def test_records_without_their_checksums_or_with_another_cells_detections_are_re
             "results.json records 56.0826: these are not the detections its results were computed from") \
         in capsys.readouterr().err
     assert not (tmp_path / "report").exists()
+    assert not (tmp_path / "cache").exists(), "the study's 6000 images were generated to resample 500"
 
 
 def test_records_without_their_detections_name_the_way_on(tmp_path, capsys):

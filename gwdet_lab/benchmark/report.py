@@ -13,7 +13,7 @@ from typing import List, Sequence, Tuple
 import torch
 
 from gwdet.errors import GwdetOSError, GwdetValueError
-from gwdet.layers.plans import describe_plans
+from gwdet.layers.plans import describe_plans, plan_name
 from gwdet.utils.atomic import WriteError, write_text_atomically
 from gwdet.utils.cli_errors import output_path_problem
 from gwdet_lab.benchmark.busy import describe_load
@@ -79,6 +79,12 @@ def load_average() -> str:
         return "n/a"
 
 
+# The header's line where GW and BW ran under the triton plan on a CPU (GWDET_GW_PLAN=triton)
+INTERPRETED_TRITON = ("- the triton plan's kernels ran in Triton's interpreter on the CPU (TRITON_INTERPRET=1, which "
+                      "tools/benchmark.py sets without a GPU): the GW and BW times below are the interpreter's, not "
+                      "those of the kernels on a GPU, nor a CPU plan's")
+
+
 def report_header(
     args: argparse.Namespace, command: Sequence[str], device: torch.device, load_before: str, load_after: str,
     wall: float, flushed: bool,
@@ -93,6 +99,7 @@ def report_header(
         *([f"- measured {describe_load(args.busy)}"] if args.busy else []),
         f"- denormals flushed to zero: {'yes' if flushed else 'no'}",
         f"- {describe_plans()}",
+        *([INTERPRETED_TRITON] if device.type != "cuda" and plan_name(device) == "triton" else []),
         f"- clock: {clock}; repeats: {args.repeats} (layers, after {args.warmup} warm-up), "
         f"{args.model_repeats} (models, after {args.model_warmup} warm-up); wall time {format_duration(wall)}",
         "",

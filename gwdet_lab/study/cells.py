@@ -27,6 +27,7 @@ from typing import Iterable, Sequence
 from detectron2.config import CfgNode
 
 from gwdet.errors import GwdetValueError
+from gwdet.utils.atomic import NAME_MAX
 
 PAPER_GROUPS = ("bn", "bn_gw_s1b2", "gn", "gw")
 HEADS_GROUPS = ("bn_gw_s1b2", "bn_gw_s1b2_gn_heads", "bn_gw_s1b2_gw_heads", "gn")
@@ -55,6 +56,9 @@ DEFAULT_BATCH_SIZES = (1, 2, 4, 8)
 # Solver keys counted in iterations: scaled by (config batch / cell batch) to keep images fixed.
 ITERATION_KEYS = ("MAX_ITER", "WARMUP_ITERS", "CHECKPOINT_PERIOD")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+MAX_FOLDER_VERSIONS = 99  # folders <cell>, <cell>.2, ... <cell>.99 (--on-mismatch new-folder)
+# the longest cell name whose folder, with the version suffix of the last of them, a file system takes
+MAX_NAME_LENGTH = NAME_MAX - len(f".{MAX_FOLDER_VERSIONS}")
 
 
 @dataclass(frozen=True)
@@ -72,9 +76,14 @@ class Cell:
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
             raise GwdetValueError(
-                f"Run name {self.name!r} must start with a letter or digit and hold only letters, "
-                "digits and _ . + - (it names a folder)."
+                f"Run name {self.name!r} must start with an ASCII letter (a-z, A-Z) or digit and hold only ASCII "
+                "letters, digits and _ . + - (it names a folder)."
             )
+        if len(self.name) > MAX_NAME_LENGTH:
+            raise GwdetValueError(
+                f"Run name {self.name[:40]}... is {len(self.name)} characters long: it names a folder (with a "
+                f"version suffix such as .2), and folder names end at {NAME_MAX} bytes. Give the configuration a name "
+                f"that keeps its cells' names to {MAX_NAME_LENGTH} characters; nothing was written.")
         if len(self.opts) % 2:
             raise GwdetValueError(f"Run {self.name!r}: overrides must be KEY VALUE pairs, got {list(self.opts)}")
 

@@ -43,6 +43,7 @@ RESAMPLES = 1000
 BOOTSTRAP_SEED = 0
 DETECTIONS_JSON = "coco_instances_results.json"
 ALL_IMAGES_KEY = "box_ap_all_images"  # the cache's AP on every image once, which results.json records too
+MIN_IMAGES = 2  # the fewest images whose resamples can differ
 
 
 def resampled_positions(images: int, resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED) -> np.ndarray:
@@ -50,10 +51,16 @@ def resampled_positions(images: int, resamples: int = RESAMPLES, seed: int = BOO
     return np.random.default_rng(seed).integers(0, images, size=(resamples, images))
 
 
-def quiet_coco(annotation_file: str) -> COCO:
-    """pycocotools' ground truth without its progress prints."""
+def quiet_coco(annotations: str | dict) -> COCO:
+    """pycocotools' ground truth from a COCO annotation file (or the dict such a file holds),
+    without its progress prints."""
     with contextlib.redirect_stdout(io.StringIO()):
-        return COCO(annotation_file)
+        if isinstance(annotations, str):
+            return COCO(annotations)
+        coco = COCO()
+        coco.dataset = annotations
+        coco.createIndex()
+        return coco
 
 
 class ImageLevelEvaluation:
@@ -87,16 +94,19 @@ class ImageLevelEvaluation:
         return float(valid.mean()) * 100 if valid.size else float("nan")
 
 
-def resampled_box_ap(inference_dir: Path, dataset: str, annotation_file: str | Callable[[], str], cache: Path,
+def resampled_box_ap(inference_dir: Path, dataset: str, annotations: str | Callable[[], str | dict], cache: Path,
                      recorded_ap: float, resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED) -> list[float]:
     """Box AP of each resample of ``dataset``'s images for the detections that detectron2's
     COCOEvaluator wrote to ``inference_dir/<dataset>/`` (or their gzip copy, ``.json.gz``, as the
     study's committed records keep them); read from ``cache`` when it holds them for the same
-    detections and resampling, else computed and written there. ``annotation_file`` may be a
-    function returning the path, called only when the APs are computed. ``recorded_ap``: the cell's
+    detections and resampling, else computed and written there. ``annotations``: the dataset's
+    COCO annotation file, or a function returning its path (or the dict it holds), called only
+    when the APs are computed. ``recorded_ap``: the cell's
     box AP on ``dataset`` in its results.json, which the detections must give on all images (else
     they are another cell's: :class:`GwdetValueError`); the cache keeps it to be read back only
-    beside that AP."""
+    beside that AP. A dataset of fewer than :data:`MIN_IMAGES` images gives no resamples (an empty
+    list): every resample of one image is that image, so its spread says nothing of the test
+    images' noise."""
     detections = inference_dir / dataset / DETECTIONS_JSON
     packed = detections.with_name(DETECTIONS_JSON + ".gz")
     if detections.is_file():
@@ -122,8 +132,7 @@ def resampled_box_ap(inference_dir: Path, dataset: str, annotation_file: str | C
         stored = json.loads(cache.read_text())
         if stored.get("key") == key and _same_ap(nan_for_null(stored.get(ALL_IMAGES_KEY)), recorded_ap):
             return nan_for_null(stored["box_ap"])
-    if callable(annotation_file):
-        annotation_file = annotation_file()
+    ground_truth = annotations() if callable(annotations) else annotations
     try:
         records = json.loads(raw)
     except ValueError as error:  # JSONDecodeError, UnicodeDecodeError: cut short or overwritten
@@ -132,7 +141,8 @@ def resampled_box_ap(inference_dir: Path, dataset: str, annotation_file: str | C
             f"{shown} is damaged (not the JSON list of detections COCOEvaluator writes: {error}); nothing was written. "
             f"Copy the cell's records again (exported with their {packed.name}), or, in a study's run folder that "
             f"holds the cell's checkpoints, remove its {RESULTS_JSON} and run the study's command again.") from None
-    evaluation = ImageLevelEvaluation(quiet_coco(annotation_file), records) if records else None
+    coco = quiet_coco(ground_truth)
+    evaluation = ImageLevelEvaluation(coco, records) if records else None
     # no detections: COCOEvaluator reports NaN, and so does every resample
     all_images = evaluation.box_ap(range(evaluation.images)) if evaluation else math.nan
     if not _same_ap(all_images, recorded_ap):
@@ -143,8 +153,11 @@ def resampled_box_ap(inference_dir: Path, dataset: str, annotation_file: str | C
             f"another evaluation's), so resampling them would misreport the cell; nothing was written. Put the cell's "
             f"own detections back (copy its records again, exported with their {packed.name}); or, in a study's run "
             f"folder that holds the cell's checkpoints, remove its {RESULTS_JSON} and run the study's command again.")
-    aps = ([evaluation.box_ap(p) for p in resampled_positions(evaluation.images, resamples, seed)] if evaluation
-           else [math.nan] * resamples)
+    if len(coco.getImgIds()) < MIN_IMAGES:  # every resample of one image is that image: no spread to see
+        aps = []
+    else:
+        aps = ([evaluation.box_ap(p) for p in resampled_positions(evaluation.images, resamples, seed)] if evaluation
+               else [math.nan] * resamples)
     stored = {"key": key, ALL_IMAGES_KEY: null_for_nan(all_images), "box_ap": null_for_nan(aps)}
     try:
         write_text_with_checksum(str(cache), json.dumps(stored, allow_nan=False))

@@ -48,12 +48,11 @@ from gwdet.model_zoo import build_config
 from gwdet.config import ABSENT
 from gwdet.engine.output_dir import CONFIG_NAME, differing_values
 from gwdet.engine.run import RESULTS_JSON
-from gwdet_lab.study.cells import CONFIG_PATTERNS, GROUP_LABELS, Cell
+from gwdet_lab.study.cells import CONFIG_PATTERNS, GROUP_LABELS, MAX_FOLDER_VERSIONS, Cell
 from gwdet_lab.study.run_folder import RECORD_JSON, STUDY_RUN_JSON, RunFolder
 
 IGNORED_KEYS = ("OUTPUT_DIR", "DATASETS.SHAPES.ROOT")
 ON_MISMATCH = ("refuse", "new-folder")
-MAX_FOLDER_VERSIONS = 99
 SNAPSHOT_FILE = "SNAPSHOT.txt"
 
 
@@ -331,21 +330,89 @@ def _segments(item: PlannedCell) -> list:
     return item.folder.read_json(RESULTS_JSON).get("environment", {}).get("segments", [])
 
 
+def _changed_between_stretches(planned: Sequence[PlannedCell], key: str) -> str | None:
+    """The cells whose training ran in stretches with other values of ``key`` (results.json's
+    ``environment.segments``: a cell stopped and resumed with another setting), each as
+    ``"gw-s0 (1, then 2)"``, joined by ``"; "`` (``None`` when there is none)."""
+    lines = []
+    for item in planned:
+        values = list(dict.fromkeys(segment.get(key) for segment in _segments(item) if isinstance(segment, dict)))
+        if len(values) > 1:
+            lines.append(f"{item.cell.name} ({', then '.join(map(str, values))})")
+    return "; ".join(lines) or None
+
+
 def threads_note(planned: Sequence[PlannedCell]) -> str | None:
     """A report note naming the cells whose training ran in stretches with other thread counts
     (a cell stopped and resumed with another ``--threads``: its results.json's
     ``environment.segments``): on a CPU the thread count changes the sums' order, so their weights
     differ from an uninterrupted run's (``None`` when there is none)."""
-    lines = []
-    for item in planned:
-        segments = _segments(item)
-        threads = list(dict.fromkeys(segment.get("threads") for segment in segments if isinstance(segment, dict)))
-        if len(threads) > 1:
-            lines.append(f"{item.cell.name} ({', then '.join(map(str, threads))})")
-    if not lines:
+    cells = _changed_between_stretches(planned, "threads")
+    if cells is None:
         return None
-    return ("Cells resumed with another thread count than they started with: " + "; ".join(lines) + ". A CPU sums "
+    return ("Cells resumed with another thread count than they started with: " + cells + ". A CPU sums "
             "in another order with other threads, so their weights differ from those of a run with one count.")
+
+
+def processes_note(planned: Sequence[PlannedCell]) -> str | None:
+    """A report note naming the cells whose training ran in stretches with other process counts
+    (a cell stopped and resumed with another ``--num-gpus``: results.json's ``environment.segments``):
+    the gradients are summed over another number of processes, and each process draws its own
+    images, so their weights differ from an uninterrupted run's (``None`` when there is none)."""
+    cells = _changed_between_stretches(planned, "processes")
+    if cells is None:
+        return None
+    return ("Cells resumed with another process count (--num-gpus) than they started with: " + cells + ". "
+            "Gradients are summed over other processes in another order, so their weights differ from those of "
+            "a run with one count.")
+
+
+def _cells_apart(by_value: Mapping[str, list[str]]) -> str | None:
+    """``"gw-s0, gn-s0 (value); gw-s2 (other value)"`` for cells grouped by a value that should be
+    one for every cell of a report, ``None`` when there is one value (or none)."""
+    if len(by_value) < 2:
+        return None
+    return "; ".join(f"{listed(names, 4)} ({value})" for value, names in by_value.items())
+
+
+def code_versions_note(planned: Sequence[PlannedCell]) -> str | None:
+    """A report note naming the cells run by other versions of the code than other cells (the
+    versions ``study_run.json`` lists, else the one the cell's record was planned with): seeds of
+    one configuration trained by two versions are pooled in its mean, and cells of two versions
+    compared (``None`` when every cell ran one version)."""
+    by_code: dict[str, list[str]] = {}
+    for item in planned:
+        ran = item.folder.read_json(STUDY_RUN_JSON).get("code") or [code_label((read_record(item.folder) or {})
+                                                                                .get("code", {}))]
+        by_code.setdefault(", then ".join(ran), []).append(item.cell.name)
+    cells = _cells_apart(by_code)
+    if cells is None:
+        return None
+    return (f"Cells run by other versions of the code than others: {cells}. The means and comparisons over them mix "
+            "the versions; a change of the code between them may change their numbers.")
+
+
+def machine_note(planned: Sequence[PlannedCell]) -> str | None:
+    """A report note naming the cells trained with other torch versions or CPU capabilities (the
+    vector instructions torch's CPU kernels use) than other cells (results.json's ``environment``
+    and those of each stretch of a resumed cell): other kernels sum in another order, so their
+    weights differ (``None`` when every cell ran with one, or none recorded them)."""
+    by_machine: dict[str, list[str]] = {}
+    for item in planned:
+        environment = item.folder.read_json(RESULTS_JSON).get("environment", {})
+        stretches = [segment for segment in environment.get("segments", []) if isinstance(segment, dict)]
+        labels = [f"torch {part.get('versions', {}).get('torch')}, CPU capability "
+                  f"{part.get('cpu', {}).get('torch_capability')}"
+                  for part in (environment, *stretches) if isinstance(part.get("versions"), dict)
+                  and isinstance(part.get("cpu"), dict)]
+        found = list(dict.fromkeys(labels))
+        if found:
+            by_machine.setdefault(" then ".join(found), []).append(item.cell.name)
+    cells = _cells_apart(by_machine)
+    if cells is None:
+        return None
+    return (f"Cells trained with other torch versions or CPU capabilities than others: {cells}. Other kernels sum in "
+            "another order, so their weights differ, and means over them mix the machines.")
 
 
 def _plan_label(plans: Any) -> str | None:
@@ -370,9 +437,9 @@ def plans_note(planned: Sequence[PlannedCell]) -> str | None:
         found = list(dict.fromkeys(label for label in labels if label is not None))
         if found:
             by_plans.setdefault(" then ".join(found), []).append(item.cell.name)
-    if len(by_plans) < 2:
+    groups = _cells_apart(by_plans)
+    if groups is None:
         return None
-    groups = "; ".join(f"{listed(names, 4)} ({plans})" for plans, names in by_plans.items())
     return (f"Cells trained under other GW execution plans than others: {groups}. Another plan computes GW and BW "
             "with other operations, so their weights differ, and means over them mix the plans.")
 

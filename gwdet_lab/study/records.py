@@ -50,6 +50,15 @@ class RecordsIncomplete(GwdetError, ValueError):
     """A records folder names a cell that did not finish every evaluation the report needs."""
 
 
+def missing_record_files(planned: PlannedCell) -> list[str]:
+    """The records a report reads that the cell's folder lacks: ``study_complete.json`` (written
+    once the cell finished), and but for a diverged cell ``results.json`` and ``metrics.json``
+    (its final loss and loss curve); an export or copy cut short leaves some out."""
+    folder = planned.folder
+    needed = (COMPLETE_JSON,) if folder.diverged() else (RESULTS_JSON, METRICS_JSON, COMPLETE_JSON)
+    return [name for name in needed if not folder.file(name).is_file()]
+
+
 def export_records(planned: Sequence[PlannedCell], destination: Path) -> list[Path]:
     """Copy the records of the finished cells ``planned`` into ``destination/<cell>/`` (each file
     with its ``.sha256``, recorded for a json record whose run folder lacks it; the report split's detections as

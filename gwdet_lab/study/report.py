@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import errno
 from collections import defaultdict
 from dataclasses import dataclass
@@ -28,11 +29,12 @@ from typing import Callable, Iterable, Sequence
 
 from matplotlib.figure import Figure
 
-from gwdet.utils.atomic import WriteError, write_atomically
+from gwdet.errors import listed
+from gwdet.utils.atomic import WriteError, folder_held, write_atomically
 from gwdet_lab.tables import Column, Table
 from gwdet_lab.reporting import format_duration
 from gwdet_lab.study.cells import COMPARISONS, GROUP_LABELS, PAPER_AP, PAPER_GROUPS, PAPER_ORDERINGS
-from gwdet_lab.study.image_bootstrap import RESAMPLES
+from gwdet_lab.study.image_bootstrap import MIN_IMAGES, RESAMPLES
 from gwdet_lab.study.stats import (
     CONFIDENCE,
     EQUIVALENCE_MARGIN,
@@ -146,7 +148,9 @@ def differences(groups: Sequence[Group]) -> list[tuple[int, PairedDifference]]:
                 a, b = by_key[(better, batch)], by_key[(worse, batch)]
                 values = {better: a.by_seed(), worse: b.by_seed()}
                 resampled = {better: a.resampled_by_seed(), worse: b.resampled_by_seed()}
-                family.append(paired_difference(better, worse, values, resampled=resampled))
+                unknown = any(c.image_noise_unknown for c in (*a.cells, *b.cells))
+                family.append(dataclasses.replace(paired_difference(better, worse, values, resampled=resampled),
+                                                  image_noise_unknown=unknown))
         found += [(batch, d) for d in with_holm(family)]
     return found
 
@@ -208,6 +212,18 @@ def comparison_table(groups: Sequence[Group], get: Callable[[CellResult], float 
             row[detail.key] = describe(cells)
         table.add(row)
     return table
+
+
+def swept_weights(results: Sequence[CellResult]) -> str:
+    """The example weights the cells with a weighing chose among: ``"0, 0.5, 1"``, or, where cells
+    swept other weights, each sweep with its cells (``"0, 1: bn-s0; 0, 0.5, 1: bn-s1"``)."""
+    sweeps: dict[str, list[str]] = {}
+    for r in results:
+        if r.weighing_weight is not None:
+            sweeps.setdefault(", ".join(f"{w:g}" for w in sorted(r.weighing_weights)), []).append(r.cell.name)
+    if len(sweeps) == 1:
+        return next(iter(sweeps))
+    return "; ".join(f"{sweep}: {listed(names, 4)}" for sweep, names in sweeps.items())
 
 
 def weighing_table(groups: Sequence[Group]) -> Table:
@@ -296,8 +312,9 @@ def markdown(title: str, results: Sequence[CellResult], pending: Sequence[str], 
     weighing = weighing_table(groups)
     if weighing.rows:
         lines += ["## Inference example weighing (batch-norm models)", "",
-                  "The weight w is chosen per run on the selection split among the swept weights; the "
-                  "table reports the report split at that w.", "", weighing.markdown(), ""]
+                  f"The weight w is chosen per run on the selection split among the swept weights "
+                  f"({swept_weights(results)}); the table reports the report split at that w.", "",
+                  weighing.markdown(), ""]
     gaps = gap_table(groups)
     if gaps.rows:
         lines += ["## Batch norm's train/test gap", "",
@@ -405,6 +422,18 @@ def plot_ap_vs_batch(results: Sequence[CellResult], path: Path) -> None:
     write_atomically(str(path), lambda file: figure.savefig(file, format="png", dpi=120))
 
 
+def few_test_images_note(results: Sequence[CellResult]) -> str | None:
+    """A report note naming the cells whose report split has too few images to resample
+    (:attr:`CellResult.image_noise_unknown`), ``None`` when there is none."""
+    cells = [r.cell.name for r in results if r.image_noise_unknown]
+    if not cells:
+        return None
+    return (f"The report split of {listed(cells, 4)} holds fewer than {MIN_IMAGES} images: every bootstrap resample "
+            "of one image is that image, so the test images' noise cannot be estimated. 'SE over test images' and "
+            "the interval with test-image noise are left empty, and no equivalence (TOST) is claimed; evaluate on "
+            "more test images to measure them.")
+
+
 REPORT_FILES = (TABLE_MD, TABLE_CSV, DIFFERENCES_CSV, CELLS_CSV, AP_BARS_PNG, LOSS_PNG, AP_BATCH_PNG)
 
 
@@ -438,14 +467,28 @@ def reported_cells(folder: Path) -> set[str]:
         return {row["cell"] for row in csv.DictReader(file) if row.get("cell")}
 
 
+# What table.md holds while the other files of a report are written: a report stopped there leaves a
+# folder that says so (its first line stays the report's title, so the same command writes it again)
+UNFINISHED = ("**Unfinished**: this report stopped before its table was written; the other files here may be of "
+              "another report. Run the same command again.")
+
+
 def write_report(title: str, results: Sequence[CellResult], pending: Sequence[str], out_dir: Path,
-                 notes: Sequence[str] = ()) -> list[Path]:
-    """Every file of the report into ``out_dir``; returns their paths. When one cannot be written (a
-    full disk), the report's files there are removed, so that no report mixes old and new files, and
-    :class:`~gwdet.utils.atomic.WriteError` names the folder and the fix."""
+                 notes: Sequence[str] = (), check: Callable[[], None] | None = None) -> list[Path]:
+    """Every file of the report into ``out_dir``; returns their paths. ``out_dir`` is held
+    (:func:`~gwdet.utils.atomic.folder_held`) while ``check`` (a refusal that writes nothing) runs
+    and the files are written, so that two reports into one folder are checked and written one
+    after the other. ``table.md`` says the report is unfinished (:data:`UNFINISHED`) until every
+    other file is written, and is written last; a figure this report does not draw is removed.
+    When a file cannot be written (a full disk), the report's files there are removed, so that no
+    report mixes old and new files, and :class:`~gwdet.utils.atomic.WriteError` names the folder
+    and the fix."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        return _write_report_files(title, results, pending, out_dir, notes)
+        with folder_held(str(out_dir)):
+            if check is not None:
+                check()
+            return _write_report_files(title, results, pending, out_dir, notes)
     except OSError as error:
         for name in REPORT_FILES:
             with contextlib.suppress(OSError):
@@ -459,12 +502,12 @@ def write_report(title: str, results: Sequence[CellResult], pending: Sequence[st
 
 def _write_report_files(title: str, results: Sequence[CellResult], pending: Sequence[str], out_dir: Path,
                         notes: Sequence[str]) -> list[Path]:
-    paths = [out_dir / TABLE_MD]
-    paths[0].write_text(markdown(title, results, pending, notes))
+    table = out_dir / TABLE_MD
+    table.write_text(f"# {title}\n\n{UNFINISHED}\n")
     groups = grouped(results)
-    paths.append(summary_table(groups).write_csv(out_dir / TABLE_CSV))
-    paths.append(differences_table(differences(groups)).write_csv(out_dir / DIFFERENCES_CSV))
-    paths.append(cells_table(results).write_csv(out_dir / CELLS_CSV))
+    paths = [table, summary_table(groups).write_csv(out_dir / TABLE_CSV),
+             differences_table(differences(groups)).write_csv(out_dir / DIFFERENCES_CSV),
+             cells_table(results).write_csv(out_dir / CELLS_CSV)]
     if results:
         plot_ap_bars(results, out_dir / AP_BARS_PNG)
         plot_loss_curves(results, out_dir / LOSS_PNG)
@@ -472,4 +515,8 @@ def _write_report_files(title: str, results: Sequence[CellResult], pending: Sequ
         if len(batch_sizes(results)) > 1:
             plot_ap_vs_batch(results, out_dir / AP_BATCH_PNG)
             paths.append(out_dir / AP_BATCH_PNG)
+    for name in (AP_BARS_PNG, LOSS_PNG, AP_BATCH_PNG):
+        if out_dir / name not in paths:
+            (out_dir / name).unlink(missing_ok=True)  # an earlier report's figure
+    table.write_text(markdown(title, results, pending, notes))
     return paths

@@ -24,7 +24,8 @@ them (``<name>.sha256``, :mod:`gwdet.utils.atomic`): a record that no longer mat
 (:class:`DamagedFile`), and damaged ``results.json`` does not count as trained. In a records
 folder (``--records``), a json record without its ``.sha256`` is damaged too. ``metrics.json``
 is appended to line by line and has no checksum in a run folder, where its damaged lines are
-skipped; an export records its SHA-256, which a records folder checks as the others'.
+skipped; an export records its SHA-256, which a records folder checks as the others' (a study's
+run folder read as records, ``--records <out>/runs``, is read as a run folder there).
 """
 from __future__ import annotations
 
@@ -170,9 +171,12 @@ class RunFolder:
     def _check_recorded(self, path: Path) -> None:
         """:class:`DamagedFile` for a file of the folder that differs from the SHA-256 recorded beside
         it, or, in a records folder, has none (a run folder's may lack it: a kill between the write
-        and its record; exported ones never do)."""
+        and its record; exported ones never do). A study's run folder read as records (``--records
+        <out>/runs``: it holds the ``last_checkpoint`` training writes, which no export copies) keeps
+        its ``metrics.json`` without a record, as every run folder does."""
         problem = checksum_problem(str(path))  # results.json and the study's records carry their SHA-256
-        if problem is None and self.records and not Path(checksum_path(str(path))).is_file():
+        if problem is None and self.records and not Path(checksum_path(str(path))).is_file() \
+                and not (path.name == METRICS_JSON and self.has_checkpoint()):
             problem = f"its SHA-256 record {path.name}{CHECKSUM_SUFFIX}, which exported records keep beside it, is missing"
         if problem is not None:
             raise DamagedFile(f"{path} is damaged ({problem}). {self._restore_advice()}")

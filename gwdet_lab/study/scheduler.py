@@ -31,7 +31,8 @@ from typing import IO, Callable, Sequence
 
 from gwdet_lab.reporting import format_duration
 from gwdet_lab.study.record import PlannedCell, write_usage
-from gwdet_lab.study.run_folder import COMPLETE_JSON, STDOUT_TXT, STUDY_RUN_JSON, RunFolder, seconds_per_iteration
+from gwdet_lab.study.evaluation import choose_weight, selection_dataset
+from gwdet_lab.study.run_folder import COMPLETE_JSON, EXAMPLE_WEIGHING_JSON, STDOUT_TXT, STUDY_RUN_JSON, RunFolder, seconds_per_iteration
 from gwdet_lab.study.worker import EXIT_BUSY, EXIT_MISMATCH, PARENT_ENV
 
 FAILURE_TAIL_LINES = 30
@@ -41,7 +42,10 @@ Printer = Callable[[str], None]
 
 
 def is_done(planned: PlannedCell, weights: Sequence[float]) -> bool:
-    """Trained, evaluated, and example weighing covered every weight in ``weights``."""
+    """Trained, evaluated, and example weighing covered every weight in ``weights`` and chose among
+    them: its recorded weight is the one the recorded APs on the selection split give among
+    ``weights`` (a sweep of more weights may have chosen one that ``weights`` leave out; the
+    worker then chooses again from the recorded APs)."""
     folder = planned.folder
     if not folder.is_complete():
         return False
@@ -50,7 +54,13 @@ def is_done(planned: PlannedCell, weights: Sequence[float]) -> bool:
         return True
     if "example_weighing" not in marker.get("evaluations", []):
         return "batch_statistics" not in marker.get("evaluations", []) or not weights
-    return set(weights) <= set(marker.get("example_weights", []))
+    if not set(weights) <= set(marker.get("example_weights", [])):
+        return False
+    if not weights:
+        return True
+    weighing = folder.read_json(EXAMPLE_WEIGHING_JSON, null_is_nan=True)
+    val_aps = {key: result["bbox"]["AP"] for key, result in weighing.get(selection_dataset(planned.cfg), {}).items()}
+    return choose_weight(val_aps, weights) == weighing.get("chosen")
 
 
 def worker_command(folder: RunFolder, threads: int | None, weights: Sequence[float], num_gpus: int) -> list[str]:

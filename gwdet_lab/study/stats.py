@@ -84,6 +84,9 @@ class PairedDifference:
     image_var: float | None = None
     # Holm-adjusted p-value within the family of orderings it was tested with (None: not adjusted)
     holm_p: float | None = None
+    # the test images' noise cannot be estimated (a report split of fewer than 2 images): no
+    # equivalence is claimed
+    image_noise_unknown: bool = False
 
     @property
     def n(self) -> int:
@@ -148,7 +151,10 @@ class PairedDifference:
 
     def equivalent(self, margin: float = EQUIVALENCE_MARGIN) -> bool | None:
         """Two one-sided tests at ``alpha = 1 - confidence``: the ``1 - 2 alpha`` interval lies in
-        ``(-margin, +margin)`` (``None``: fewer than 2 seeds)."""
+        ``(-margin, +margin)`` (``None``: fewer than 2 seeds, or ``image_noise_unknown``: APs of
+        too few test images to say how much another test set would move them)."""
+        if self.image_noise_unknown:
+            return None
         interval = self.interval(1 - 2 * (1 - self.confidence))
         return None if interval is None else -margin < interval[0] and interval[1] < margin
 

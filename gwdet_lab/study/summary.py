@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 
 from detectron2.data import MetadataCatalog
 
+from gwdet.config import SHAPES_PREFIX
 from gwdet.errors import GwdetValueError
 from gwdet.data import prepare_datasets
+from gwdet.data.shapes import SPLITS, ShapesSpec, split_annotations
 from gwdet.data.coco_registration import environment_datasets
 from gwdet.engine.run import RESULTS_JSON
 from gwdet_lab.study.cells import Cell
@@ -18,6 +20,7 @@ from gwdet_lab.study.image_bootstrap import image_spread, resampled_box_ap
 from gwdet_lab.study.record import PlannedCell
 from gwdet_lab.study.run_folder import (
     BATCH_STATISTICS_JSON,
+    COMPLETE_JSON,
     EXAMPLE_WEIGHING_JSON,
     IMAGE_BOOTSTRAP_JSON,
     INFERENCE_DIR,
@@ -56,6 +59,8 @@ class CellResult:
     weighing_val: dict[str, float] = field(default_factory=dict)
     weighing_weight: float | None = None
     weighing_test_ap: float | None = None
+    # the weights the choice was made among (study_complete.json's sweep)
+    weighing_weights: tuple[float, ...] = ()
     # Batch norm with the test batch's statistics (training batch size), report split.
     batch_statistics_ap: float | None = None
     # Training stopped on a non-finite loss: the AP values are NaN and left out of means.
@@ -67,6 +72,12 @@ class CellResult:
     @property
     def test_ap(self) -> float:
         return self.test_box["AP"]
+
+    @property
+    def image_noise_unknown(self) -> bool:
+        """The cell trained, and its report split has too few images to resample
+        (:data:`~gwdet_lab.study.image_bootstrap.MIN_IMAGES`): the test images' noise is unknown."""
+        return not self.diverged and not self.test_ap_resampled
 
     @property
     def test_ap_image_se(self) -> float | None:
@@ -114,6 +125,7 @@ def summarize(planned: PlannedCell) -> CellResult:
         weighing_weight=chosen,
         weighing_test_ap=(weighing.get(report, {}).get(weight_key(chosen), {}).get("bbox", {}).get("AP")
                           if chosen is not None else None),
+        weighing_weights=tuple(folder.read_json(COMPLETE_JSON).get("example_weights", ())) if chosen is not None else (),
         batch_statistics_ap=statistics.get(report, {}).get("bbox", {}).get("AP"),
         diverged=folder.diverged(),
         test_ap_resampled=[] if folder.diverged() else resampled_test_ap(planned, report, results[report]["bbox"]["AP"]),
@@ -122,17 +134,21 @@ def summarize(planned: PlannedCell) -> CellResult:
 
 def resampled_test_ap(planned: PlannedCell, report: str, recorded_ap: float) -> list[float]:
     """The cell's box AP on each bootstrap resample of ``report``'s images (cached in its folder;
-    the dataset is prepared only when the cache does not hold them); ``recorded_ap``: its box AP
-    there in results.json."""
-    def annotation_file() -> str:
-        prepare_datasets(planned.cfg)  # registers the shapes splits, so that their annotation file is known
+    the annotations are read only when the cache does not hold them: a shapes split's rendered
+    alone, without generating the dataset's images); ``recorded_ap``: its box AP there in
+    results.json."""
+    def annotations() -> str | dict:
+        split = report[len(SHAPES_PREFIX):]
+        if report.startswith(SHAPES_PREFIX) and split in SPLITS:
+            return split_annotations(ShapesSpec.from_config(planned.cfg), split)
+        prepare_datasets(planned.cfg)  # registers the datasets, so that their annotation file is known
         found = MetadataCatalog.get(report).get("json_file")
         if found is None:
             raise GwdetValueError(f"dataset {report!r} has no COCO annotation file (metadata json_file) to resample")
         return found
 
     folder = planned.folder
-    return resampled_box_ap(folder.file(INFERENCE_DIR), report, annotation_file, folder.file(IMAGE_BOOTSTRAP_JSON),
+    return resampled_box_ap(folder.file(INFERENCE_DIR), report, annotations, folder.file(IMAGE_BOOTSTRAP_JSON),
                             recorded_ap)
 
 
