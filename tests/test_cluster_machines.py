@@ -113,3 +113,32 @@ def test_a_rank_that_refuses_the_run_reports_the_refusal_alone():
         launch(refuse_on_rank_one, 2, dist_url="auto")
     assert str(refused.value) == "MODEL.WEIGHTS file 'nope.pth' does not exist."
     assert "Training process 1 of this machine failed" in str(refused.value.__cause__)  # --verbose shows it
+
+
+def stop_after_meeting() -> None:
+    """Both machines meet; machine 0's process then ends as gwdet's checkpoint hook ends a stopped
+    training (128 + SIGTERM, after saving), a stop its peer on machine 1 received and shared."""
+    dist.barrier()
+    if dist.get_rank() == 0:
+        sys.exit(128 + 15)
+
+
+def test_a_stop_received_on_another_machine_ends_this_machine_as_a_stop():
+    # machine 0 ended with "error: Training process 0 of this machine was stopped by SIGTERM (sent to it alone)"
+    # and status 2 when the SIGTERM went to machine 1's process, whose stop the run shares
+    from gwdet.checkpoint.signal_hook import TrainingInterrupted
+
+    url = f"tcp://127.0.0.1:{free_port()}"
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from test_cluster_machines import stop_after_meeting; "
+         "from gwdet.engine.launch import launch; "
+         f"launch(stop_after_meeting, 1, num_machines=2, machine_rank=1, dist_url={url!r})"],
+        cwd=REPO / "tests", env=child_env(PYTHONPATH=str(REPO)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+    try:
+        with pytest.raises(TrainingInterrupted) as stopped:
+            launch(stop_after_meeting, 1, num_machines=2, machine_rank=0, dist_url=url)
+        assert stopped.value.code == 128 + 15
+    finally:
+        output, _ = other.communicate(timeout=120)
+    assert other.returncode == 0, output[-3000:]

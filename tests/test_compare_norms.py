@@ -600,35 +600,12 @@ def test_a_cell_resumed_with_another_thread_count_or_near_its_end_is_noted(tmp_p
     assert threads_note([planned]) is None and resumed_loss_note([planned]) is None
 
 
-def test_cells_trained_under_other_execution_plans_are_noted(tmp_path):
-    # seeds under GWDET_GW_PLAN=accelerator pooled with seeds of the cpu plan, without a note
+def test_a_cell_resumed_with_other_processes_code_machine_or_plans_is_noted(tmp_path):
+    # seeds resumed with --num-gpus 2, planned by another commit, trained with another torch and CPU, or under
+    # GWDET_GW_PLAN=accelerator were pooled without a note
     from gwdet.utils.atomic import write_text_with_checksum
-    from gwdet_lab.study.record import PlannedCell, plans_note
-
-    specs = paper_specs("shapes", REPO)
-    two_seeds = study_cells("paper", specs, [build_config(s.config_file, TINY) for s in specs], seeds=(0, 1))
-    planned = []
-    for cell in [cell for cell in two_seeds if cell.name in ("gw-b2-s0", "gw-b2-s1")]:
-        folder = RunFolder(tmp_path / cell.name)
-        folder.path.mkdir()
-        forced = "accelerator" if cell.name.endswith("s1") else None
-        plans = {"cpu": forced or "cpu", "cuda": "triton", "forced": forced}
-        write_text_with_checksum(str(folder.file("results.json")),
-                                 json.dumps({"environment": {"execution_plans": plans}}))
-        planned.append(PlannedCell(cell, cell.opts, build_config(cell.config_file, TINY), folder))
-    planned.sort(key=lambda item: item.cell.name)
-    assert plans_note(planned) == (
-        "Cells trained under other GW execution plans than others: gw-b2-s0 (cpu plan 'cpu', cuda plan 'triton'); "
-        "gw-b2-s1 (cpu plan 'accelerator', cuda plan 'triton', forced by GWDET_GW_PLAN=accelerator). Another plan "
-        "computes GW and BW with other operations, so their weights differ, and means over them mix the plans.")
-    assert plans_note(planned[:1]) is None
-
-
-def test_a_cell_resumed_with_other_processes_code_or_machine_is_noted(tmp_path):
-    # seeds resumed with --num-gpus 2, planned by another commit, or trained with another torch and CPU were pooled
-    # without a note
-    from gwdet.utils.atomic import write_text_with_checksum
-    from gwdet_lab.study.record import PlannedCell, code_versions_note, machine_note, processes_note, write_record
+    from gwdet_lab.study.record import (PlannedCell, code_versions_note, machine_note, plans_note, processes_note,
+                                        write_record)
 
     specs = paper_specs("shapes", REPO)
     two_seeds = study_cells("paper", specs, [build_config(s.config_file, TINY) for s in specs], seeds=(0, 1))
@@ -638,9 +615,11 @@ def test_a_cell_resumed_with_other_processes_code_or_machine_is_noted(tmp_path):
         other = cell.name.endswith("s1")
         machine = {"versions": {"torch": "2.5.1" if other else "2.6.0"}, "cpu": {"torch_capability": "AVX2"}}
         segments = [{"from_iteration": 0, "processes": 1}, {"from_iteration": 1, "processes": 2 if other else 1}]
+        forced = "accelerator" if other else None
+        plans = {"cpu": forced or "cpu", "cuda": "triton", "forced": forced}
         folder.path.mkdir()
-        write_text_with_checksum(str(folder.file("results.json")),
-                                 json.dumps({"environment": {**machine, "segments": segments}}))
+        write_text_with_checksum(str(folder.file("results.json")), json.dumps(
+            {"environment": {**machine, "segments": segments, "execution_plans": plans}}))
         item = PlannedCell(cell, cell.opts, build_config(cell.config_file, TINY), folder)
         write_record(item, TINY)
         record = folder.read_json("study_cell.json")
@@ -661,6 +640,11 @@ def test_a_cell_resumed_with_other_processes_code_or_machine_is_noted(tmp_path):
         "weights differ, and means over them mix the machines.")
     assert processes_note(planned[:1]) is None and code_versions_note(planned[:1]) is None
     assert machine_note(planned[:1]) is None
+    assert plans_note(planned) == (
+        "Cells trained under other GW execution plans than others: gw-b2-s0 (cpu plan 'cpu', cuda plan 'triton'); "
+        "gw-b2-s1 (cpu plan 'accelerator', cuda plan 'triton', forced by GWDET_GW_PLAN=accelerator). Another plan "
+        "computes GW and BW with other operations, so their weights differ, and means over them mix the plans.")
+    assert plans_note(planned[:1]) is None
 
 
 def test_names_that_are_no_folder_name_are_refused_by_their_rule(capsys, tmp_path):

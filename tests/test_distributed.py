@@ -8,7 +8,9 @@ import sys
 
 import torch
 
+import distributed_worker
 from conftest import DEMO_CONFIG, REPO, TINY_OPTS
+from gwdet.engine.launch import launch
 
 BN_GW_S1B2 = ["MODEL.RESNETS.NORM", "BN", "MODEL.RESNETS.GW_POSITIONS", "S1-B2", "MODEL.FPN.NORM", "BN",
               "MODEL.ROI_BOX_HEAD.NORM", "BN", "MODEL.ROI_MASK_HEAD.NORM", "BN"]
@@ -17,9 +19,7 @@ BN_GW_S1B2 = ["MODEL.RESNETS.NORM", "BN", "MODEL.RESNETS.GW_POSITIONS", "S1-B2",
 def test_two_process_training_keeps_ranks_identical(tmp_path):
     # GW at S1-B2 and BN everywhere else: the parameters of both kinds of layer, in one run
     opts = TINY_OPTS + ["SOLVER.MAX_ITER", "3", "DATASETS.TEST", "()"] + BN_GW_S1B2
-    command = [sys.executable, str(REPO / "tests" / "distributed_worker.py"), str(DEMO_CONFIG), str(tmp_path), *opts]
-    completed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    launch(distributed_worker.train_and_save_parameters, 2, dist_url="auto", args=(str(DEMO_CONFIG), opts, str(tmp_path)))
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pth", weights_only=True) for r in (0, 1))
     assert rank0["world_size"] == rank1["world_size"] == 2
     assert (rank0["local_rank"], rank1["local_rank"]) == (0, 1)
@@ -33,10 +33,7 @@ def test_two_process_training_keeps_ranks_identical(tmp_path):
 
 
 def test_processes_started_with_different_configs_are_refused_in_every_process(tmp_path):
-    command = [sys.executable, str(REPO / "tests" / "distributed_worker.py"), "--check-rank-configs", str(DEMO_CONFIG),
-               str(tmp_path)]
-    completed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    launch(distributed_worker.check_rank_configs, 2, dist_url="auto", args=(str(DEMO_CONFIG), str(tmp_path)))
     threads = int((tmp_path / "threads0.txt").read_text())
     for rank in (0, 1):
         # the values that differ were not named (an OUTPUT_DIR of each machine's own disk, say)
@@ -64,10 +61,7 @@ def test_the_processes_of_an_evaluation_beside_a_run_write_into_one_folder(tmp_p
                                                                                         str(run)]).dump())
     torch.save({"model": {}, "iteration": 0}, run / "model_final.pth")
     (run / "last_checkpoint").write_text("model_final.pth")
-    command = [sys.executable, str(REPO / "tests" / "distributed_worker.py"), "--evaluation-folders", str(run),
-               str(tmp_path)]
-    completed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    launch(distributed_worker.choose_evaluation_folders, 2, dist_url="auto", args=(str(run), str(tmp_path)))
     assert (tmp_path / "rank0.txt").read_text() == (tmp_path / "rank1.txt").read_text() == \
         str(run / "eval" / "model_final")
 

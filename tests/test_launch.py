@@ -190,6 +190,23 @@ def test_a_process_stopped_by_a_signal_sent_to_it_alone_is_named_with_the_way_on
         "evaluation keeps nothing of a stopped run: run the same --eval-only command again.")
 
 
+def test_a_process_of_another_machine_that_went_away_is_named_with_the_way_on():
+    # "Training process 0 of this machine failed" and gloo's raw "Connection reset by peer ... GLHF!" when
+    # the other machine's process was killed: this machine's own process was blamed
+    from gwdet.engine.launch import _peer_lost
+
+    report = ("Training process 0 of this machine failed; the others were stopped:\nRuntimeError: [../third_party/gloo/"
+              "gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:157: Connection reset by peer")
+    assert _peer_lost(report, num_machines=2).startswith(
+        "A process of another machine of the run went away while the processes worked together (gloo: connection "
+        "closed or reset by its peer): killed there (the out-of-memory killer, a scheduler, kill), or that machine "
+        "lost; this machine's processes were stopped. The checkpoints written before are kept: continue with "
+        "--resume on every machine.")
+    assert "run the same --eval-only command again" in _peer_lost(report, 2, evaluation=True)
+    assert _peer_lost(report, num_machines=1) is None  # one machine: its own processes are named as they are
+    assert _peer_lost("Training process 0 of this machine failed:\nValueError: x", num_machines=2) is None
+
+
 def terminate_rank_one() -> None:
     """Rank 1 ends by SIGTERM without a handler (an evaluation's process, sent a scheduler's signal)."""
     import os

@@ -475,6 +475,10 @@ def test_a_dist_url_no_process_can_meet_at_is_refused_before_any_starts(monkeypa
     with pytest.raises(GwdetValueError, match=r"the file exists, left by an earlier run, and torch's file rendezvous "
                                               r"needs a new one"):
         check_dist_url(f"file://{tmp_path}/rendezvous")
+    # a file in a folder that does not exist: both processes started, then torch's raw DistStoreError
+    with pytest.raises(GwdetValueError, match=rf"--dist-url file://{tmp_path}/nope/rdv: the folder {tmp_path}/nope "
+                                              r"does not exist, so torch's file rendezvous cannot create the file"):
+        check_dist_url(f"file://{tmp_path}/nope/rdv")
     # several machines meet at the first one's tcp:// address, which the others wait for: file:// was refused on
     # rank 1 only, and rank 0 waited without end
     with pytest.raises(GwdetValueError, match=r"several machines meet at tcp://HOST:PORT, the address of the first"):

@@ -1140,3 +1140,19 @@ def test_a_resume_is_refused_while_an_evaluation_of_its_final_weights_runs(tmp_p
             check_resume_trains(str(tmp_path), 8)
         check_resume_trains(str(tmp_path), 6)  # at its own length it trains nothing, so nothing is replaced
     check_resume_trains(str(tmp_path), 8)
+
+
+def test_an_evaluation_of_the_final_weights_is_refused_while_a_resume_of_the_run_trains(tmp_path):
+    # the other order: the evaluation was let in, then the resume replaced model_final.pth, leaving
+    # eval/model_final/ scoring weights that no longer existed, without a word
+    from gwdet.engine.output_dir import check_final_weights_not_training
+
+    checkpoint_file(tmp_path, "model_final.pth", {"model": {}, "iteration": 5})
+    checkpoint_file(tmp_path, "model_0000004.pth", {"model": {}, "iteration": 4})
+    with OutputDirLock(str(tmp_path)):  # the resumed training holds its run
+        with pytest.raises(ValueError, match=r"^--eval-only of .*model_final.pth: a training holds the run in "
+                                             r"OUTPUT_DIR .* \(pid \d+.*; a --resume of the finished run\), and writes its "
+                                             r"model_final.pth again at its end.*nothing was evaluated"):
+            check_final_weights_not_training(str(tmp_path), str(tmp_path / "model_final.pth"))
+        check_final_weights_not_training(str(tmp_path), str(tmp_path / "model_0000004.pth"))  # a file it keeps
+    check_final_weights_not_training(str(tmp_path), str(tmp_path / "model_final.pth"))

@@ -1072,3 +1072,37 @@ def test_a_runs_config_yaml_writes_each_value_in_full(finished_run):
     edited.write_text("\n".join(lines) + "\n")
     cfg = build_config(str(edited))
     assert cfg.MODEL.RETINANET.BBOX_REG_WEIGHTS[0] == 2.0 and list(cfg.MODEL.RPN.BBOX_REG_WEIGHTS) == [1.0] * 4
+
+
+def test_a_run_folder_replaced_while_the_run_trains_stops_the_training(tmp_path):
+    # `mv run run.bak; mkdir run` while it trained: it went on without a word, its later checkpoints
+    # and results in the new folder, its config, log and metrics in the moved one
+    from detectron2.engine import HookBase, TrainerBase
+
+    from gwdet.engine.training import RunFolderKept
+    from gwdet.errors import GwdetRuntimeError
+
+    run, moved = tmp_path / "run", tmp_path / "run.bak"
+    run.mkdir()
+
+    class Steps(TrainerBase):
+        def run_step(self) -> None:
+            pass
+
+    class ReplaceAfter(HookBase):
+        def after_step(self) -> None:
+            if self.trainer.iter == 1:
+                run.rename(moved)
+                run.mkdir()
+
+    trainer = Steps()
+    trainer.register_hooks([RunFolderKept(str(run)), ReplaceAfter()])
+    with pytest.raises(GwdetRuntimeError) as stopped:
+        trainer.train(0, 5)
+    assert str(stopped.value).startswith(
+        f"OUTPUT_DIR '{run}' was replaced while the run trained: the run's folder is now {moved}, and another folder "
+        "took its path")
+    assert "stopped before iteration 2. Move the run's folder back" in str(stopped.value)
+    kept = Steps()  # a folder left in place trains to the end
+    kept.register_hooks([RunFolderKept(str(moved))])
+    kept.train(0, 3)

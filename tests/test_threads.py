@@ -239,3 +239,18 @@ def test_the_tools_take_auto_load_and_refuse_other_words(capsys):
         study.main(["--study", "paper", "--threads", AUTO_LOAD, "--launcher", "slurm"])
     assert stop.value.code == 2
     assert "--threads auto-load reads this machine's load" in capsys.readouterr().err
+
+
+def test_several_processes_binding_their_threads_to_the_same_cpus_are_named():
+    # OMP_PROC_BIND=true (as HPC module set-ups export it) put both processes of --num-gpus 2 on CPU 0,
+    # at half speed, while the CPU threads line said nothing
+    from gwdet.engine.threads import binding_note
+
+    note = binding_note(2, {"OMP_PROC_BIND": "true", "OMP_PLACES": "cores"})
+    assert note == (
+        "OMP_PROC_BIND=true, OMP_PLACES=cores: OpenMP binds the threads of each of the 2 processes of this machine to "
+        "the same CPUs, counted from the first in every process, so they share those CPUs and the others idle (the "
+        "training runs at a fraction of its speed; its results are the same). Unset OMP_PROC_BIND and OMP_PLACES "
+        "before starting several CPU processes.")
+    assert binding_note(1, {"OMP_PROC_BIND": "true"}) is None  # one process binds alone
+    assert binding_note(2, {"OMP_PROC_BIND": "false"}) is None and binding_note(2, {}) is None

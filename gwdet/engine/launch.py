@@ -119,6 +119,12 @@ def launch(
                 logging.getLogger(__name__).warning(f"The processes finished their work; one then ended by {error} "
                                                     "while the process group was taken down.")
                 return
+            if num_processes_per_machine == 1 and _stopped_process(error) is not None:
+                # this machine's one process stopped on a stop signal, its own or one a process of another
+                # machine received, which every process of the run shares: a stop, not a failure
+                signum = int(signal.Signals[STOP_EXITS[error.exit_code]])
+                logging.getLogger(__name__).warning(_stop_report(context, error, signum, evaluation))
+                raise TrainingInterrupted(signum, None) from None
             first, report = _failure_report(context, error, evaluation)
             refusal = os.path.join(refusals, str(first))
             if os.path.isfile(refusal):  # the first failure was a refusal of gwdet's: its message, as one process's
@@ -128,6 +134,9 @@ def launch(
             killed = _killed_process(context, error, evaluation) or _stopped_process(error, evaluation)
             if killed is not None:
                 raise WorkerFailed(f"{killed}\n{report}") from None
+            lost = _peer_lost(report, num_machines, evaluation)
+            if lost is not None:
+                raise WorkerFailed(f"{lost}\n{report}") from None
             if CPU_DDP_REFUSAL in report:  # a trainer of the user's own, as detectron2's DefaultTrainer builds DDP
                 raise WorkerFailed(f"{CPU_DDP_HINT}\n{report}") from None
             raise WorkerFailed(report) from None
@@ -212,6 +221,15 @@ def check_dist_url(dist_url: str | None, num_machines: int = 1) -> None:
         _check_host(parsed.hostname, f"--dist-url {dist_url}", num_machines)
         return
     if parsed.scheme == "file" and parsed.path:
+        folder = os.path.dirname(parsed.path) or "/"
+        if not os.path.isdir(folder):
+            raise GwdetValueError(f"--dist-url {dist_url}: the folder {folder} does not exist, so torch's file "
+                                  "rendezvous cannot create the file there: create the folder (one every process can "
+                                  "write), or give a file in an existing folder.")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise GwdetValueError(f"--dist-url {dist_url}: the folder {folder} cannot be written by this process, so "
+                                  "torch's file rendezvous cannot create the file there: give a file in a folder every "
+                                  "process can write.")
         return
     raise GwdetValueError(f"--dist-url {dist_url!r} is not an address the processes can meet at: give "
                           + ", ".join(DIST_URL_FORMS[:-1]) + f" or {DIST_URL_FORMS[-1]}.")
@@ -300,6 +318,23 @@ def _killed_process(context: mp.ProcessContext, error: Exception, evaluation: bo
              else "from outside the run: a scheduler, kill")
     return (f"{_work(evaluation)} process {index} of this machine was killed by {signal_name} ({cause}); the others "
             f"were stopped. {_EVALUATE_AGAIN if evaluation else _RESUME} What the other processes reported:")
+
+
+# gloo's words when a peer process went away in a collective operation (its process killed, its machine lost)
+PEER_LOST = ("Connection reset by peer", "Connection closed by peer")
+
+
+def _peer_lost(report: str, num_machines: int, evaluation: bool = False) -> str | None:
+    """The first line of the failure ``report`` of a run of ``num_machines`` machines where a process
+    of this machine failed because a process of another machine went away (gloo's
+    :data:`PEER_LOST`): killed there, or that machine lost; ``None`` otherwise."""
+    if num_machines < 2 or not any(words in report for words in PEER_LOST):
+        return None
+    way_on = _EVALUATE_AGAIN if evaluation else ("The checkpoints written before are kept: continue with --resume on "
+                                                 "every machine.")
+    return ("A process of another machine of the run went away while the processes worked together (gloo: connection "
+            "closed or reset by its peer): killed there (the out-of-memory killer, a scheduler, kill), or that machine "
+            f"lost; this machine's processes were stopped. {way_on} What this machine's processes reported:")
 
 
 def _stop_report(context: mp.ProcessContext, error: Exception, signum: int, evaluation: bool) -> str:

@@ -1182,6 +1182,22 @@ def _check_no_final_evaluation_running(output_dir: str) -> None:
                 "it scores while it reads it; nothing was changed. Resume once that evaluation has ended (or stop it).")
 
 
+def check_final_weights_not_training(output_dir: str, weights: str, setting: str = "OUTPUT_DIR") -> None:
+    """Refuse an ``--eval-only`` of the ``model_final.pth`` of the run in ``output_dir`` while a
+    training holds that run (its lock: a ``--resume`` of the finished run): the training writes the
+    file again at its end, and the evaluation would score weights that are no longer the file."""
+    final = os.path.join(os.path.abspath(output_dir), FINAL_WEIGHTS)
+    if os.path.abspath(local_weights_path(weights)) != final:
+        return
+    holder = lock_holder(output_dir)
+    if holder is not None:
+        raise GwdetValueError(
+            f"--eval-only of {final}: a training holds the run in {setting} {output_dir!r} ({holder}; a --resume of "
+            f"the finished run), and writes its {FINAL_WEIGHTS} again at its end, which would leave this evaluation "
+            "scoring weights that are no longer the file; nothing was evaluated. Evaluate once that training has "
+            "ended, or evaluate a copy of the file given as the weights.")
+
+
 def _set_aside_final_evaluations(output_dir: str, start_iter: int) -> list[str]:
     """Rename the finished evaluations ``eval/model_final[-N]/`` of a run resumed at ``start_iter``
     to ``eval/model_final_before_resuming_at_<start_iter>[-N]/``: they scored the ``model_final.pth``

@@ -70,6 +70,7 @@ from gwdet.engine.output_dir import (
     OutputDirLock,
     check_config_file_kept,
     check_config_not_users,
+    check_final_weights_not_training,
     check_not_set_aside,
     check_run_folder_is_the_records,
     check_fresh_start,
@@ -89,7 +90,7 @@ from gwdet.engine.output_dir import (
 )
 from gwdet.engine.run_environment import ENVIRONMENT_KEY, annotation_files, run_environment
 from gwdet.engine.run_log import HeldRecords, RunWarnings
-from gwdet.engine.training import check_torch_state, mark_seeded
+from gwdet.engine.training import RunFolderKept, check_torch_state, mark_seeded
 from gwdet.engine.visualize import DRAWN_SCORE, save_prediction_pngs
 
 logger = logging.getLogger(__name__)
@@ -518,6 +519,7 @@ def evaluation_request(run: RunConfig, args: argparse.Namespace) -> tuple[RunCon
             f"--eval-only --resume evaluates the checkpoint that {run.output_dir}/last_checkpoint names ({weights}), "
             f"not {run.weights_setting} {run.weights} given on the command line: leave out --resume to evaluate "
             f"{run.weights}, or leave out {run.weights_setting} to evaluate the run's checkpoint.")
+    check_final_weights_not_training(run.output_dir, weights, run.output_setting)
     folder = evaluation_folder(run.output_dir, weights, run.output_setting)
     if comm.get_world_size() > 1:  # chosen once: a process that looked after the first took the folder would pick the next
         folder = comm.all_gather(folder)[0]
@@ -733,6 +735,8 @@ def _train_or_evaluate(args: argparse.Namespace, held: HeldRecords, warned: RunW
                 with named_config_failures(run.cfg, "build the model and its training", args.opts):
                     trainer = run.build_trainer()
                     trainer.resume_or_load(resume=args.resume)
+                if main_process:
+                    trainer.register_hooks([RunFolderKept(run.output_dir, run.output_setting)])
         if args.eval_only:
             with named_full_disk(run.output_dir, "Evaluate again once it can be written."), \
                     named_lost_file("Then evaluate again."), evaluation_stops():

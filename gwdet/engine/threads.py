@@ -320,10 +320,34 @@ def apply_threads(choice: ThreadChoice, environ: MutableMapping[str, str] = os.e
     environ[THREADS_VARIABLE] = environ["MKL_NUM_THREADS"] = str(choice.threads)
 
 
+# OpenMP's thread binding settings (GNU's and Intel's too): each process binds its threads to the
+# places they give, counted from the first in every process alike
+BINDING_VARIABLES = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
+
+
+def binding_note(processes: int, environ: Mapping[str, str] = os.environ) -> str | None:
+    """A line for the log when ``processes`` CPU processes of one machine would each bind their
+    threads by the settings of :data:`BINDING_VARIABLES` in ``environ`` (as HPC module set-ups
+    export them): every process binds to the same first CPUs, which they then share; ``None`` for
+    one process or no binding."""
+    bound = [name for name in BINDING_VARIABLES
+             if environ.get(name) and environ[name].strip().lower() not in ("false", "disabled", "none")]
+    if processes < 2 or not bound:
+        return None
+    return (f"{', '.join(f'{name}={environ[name]}' for name in bound)}: OpenMP binds the threads of each of the {processes} processes of this machine to the "
+            "same CPUs, counted from the first in every process, so they share those CPUs and the others idle (the "
+            f"training runs at a fraction of its speed; its results are the same). Unset {' and '.join(bound)} "
+            "before starting several CPU processes.")
+
+
 def configure_threads(requested: ThreadRequest = None, processes: int = 1,
                       log: Callable[[str], None] = print) -> ThreadChoice:
-    """:func:`choose_threads`, :func:`apply_threads`, and one line to ``log`` saying what was chosen."""
+    """:func:`choose_threads`, :func:`apply_threads`, and one line to ``log`` saying what was chosen
+    (and one more where several processes would bind their threads to the same CPUs: :func:`binding_note`)."""
     choice = choose_threads(requested, processes)
     apply_threads(choice)
     log(choice.describe())
+    note = binding_note(processes)
+    if note is not None:
+        log(note)
     return choice

@@ -25,7 +25,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
-from detectron2.engine import AMPTrainer, SimpleTrainer, TrainerBase, create_ddp_model
+from detectron2.engine import AMPTrainer, HookBase, SimpleTrainer, TrainerBase, create_ddp_model
 from detectron2.engine.hooks import EvalHook, PreciseBN
 from detectron2.solver import LRMultiplier
 from detectron2.utils import comm
@@ -38,7 +38,7 @@ from gwdet.data.coco_registration import coco_dataset
 from gwdet.data.datasets import dataset_classes
 from gwdet.data.resumable import skip_trained_samples
 from gwdet.layers.common import is_whole_number
-from gwdet.errors import GwdetFileExistsError, GwdetTypeError, GwdetValueError, listed
+from gwdet.errors import GwdetFileExistsError, GwdetRuntimeError, GwdetTypeError, GwdetValueError, listed
 from gwdet.utils.cli_errors import output_path_problem
 from gwdet.engine.output_dir import (OutputDirLock, OutputDirNotWritableError, config_differences, lock_holder,
                                      set_aside_results, trim_metrics)
@@ -332,6 +332,47 @@ def continue_precise_bn(hooks: list, start_iter: int, images_per_process: int) -
     for hook in hooks:
         if isinstance(hook, PreciseBN) and not hook._disabled and hook._period > 0 and hook._data_iter is None:
             skip_trained_samples(hook._data_loader, start_iter // hook._period * hook._num_iter * images_per_process)
+
+
+class RunFolderKept(HookBase):
+    """Stops a training whose ``output_dir`` was replaced while it trained (the folder moved or
+    renamed and another made at its path): its later checkpoints and results would go into the new
+    folder, apart from the config, log and metrics the run keeps open in the moved one. The folder
+    is held open from the start of training and compared with the one at the path before each
+    iteration; a folder that is gone is left to the writes that fail (:func:`named_lost_file`)."""
+
+    def __init__(self, output_dir: str, setting: str = "OUTPUT_DIR") -> None:
+        self.output_dir, self.setting = output_dir, setting
+        self._held: int | None = None
+
+    def before_train(self) -> None:
+        self._held = os.open(self.output_dir, os.O_RDONLY)
+
+    def before_step(self) -> None:
+        if self._held is None:
+            return
+        held = os.fstat(self._held)
+        try:
+            here = os.stat(self.output_dir)
+        except OSError:
+            return
+        if (held.st_dev, held.st_ino) == (here.st_dev, here.st_ino):
+            return
+        try:
+            now = os.readlink(f"/proc/self/fd/{self._held}")  # where the run's folder is now (Linux)
+        except OSError:
+            now = "another path"
+        raise GwdetRuntimeError(
+            f"{self.setting} {self.output_dir!r} was replaced while the run trained: the run's folder is now {now}, and "
+            f"another folder took its path, into which the run would write its later checkpoints and results apart "
+            f"from its config, log and metrics; stopped before iteration {self.trainer.iter}. Move the run's folder "
+            f"back to {self.output_dir} (with any checkpoint of the run in the new one), then continue it with "
+            "--resume.")
+
+    def after_train(self) -> None:
+        if self._held is not None:
+            os.close(self._held)
+            self._held = None
 
 
 def with_signal_checkpoints(hooks: list) -> list:

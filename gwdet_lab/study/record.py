@@ -32,7 +32,7 @@ import os
 import subprocess
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import yaml
 from detectron2.config import CfgNode
@@ -392,32 +392,45 @@ def code_versions_note(planned: Sequence[PlannedCell]) -> str | None:
             "the versions; a change of the code between them may change their numbers.")
 
 
-def machine_note(planned: Sequence[PlannedCell]) -> str | None:
-    """A report note naming the cells trained with other torch versions or CPU capabilities (the
-    vector instructions torch's CPU kernels use) than other cells (results.json's ``environment``
-    and those of each stretch of a resumed cell): other kernels sum in another order, so their
-    weights differ (``None`` when every cell ran with one, or none recorded them)."""
-    by_machine: dict[str, list[str]] = {}
+def _cells_by_environment(planned: Sequence[PlannedCell], label: Callable[[dict], str | None]) -> str | None:
+    """The cells grouped by what ``label`` reads from their results.json's ``environment`` and
+    from that of each stretch of a resumed cell (``"a then b"`` where they differ), as
+    :func:`_cells_apart` lists them; ``None`` when every cell has one label (or none has any)."""
+    grouped: dict[str, list[str]] = {}
     for item in planned:
-        environment = item.folder.read_json(RESULTS_JSON).get("environment", {})
+        environment = item.folder.read_json(RESULTS_JSON).get("environment", {})  # as _segments reads it
         stretches = [segment for segment in environment.get("segments", []) if isinstance(segment, dict)]
-        labels = [f"torch {part.get('versions', {}).get('torch')}, CPU capability "
-                  f"{part.get('cpu', {}).get('torch_capability')}"
-                  for part in (environment, *stretches) if isinstance(part.get("versions"), dict)
-                  and isinstance(part.get("cpu"), dict)]
-        found = list(dict.fromkeys(labels))
+        found = list(dict.fromkeys(text for text in map(label, (environment, *stretches)) if text is not None))
         if found:
-            by_machine.setdefault(" then ".join(found), []).append(item.cell.name)
-    cells = _cells_apart(by_machine)
+            grouped.setdefault(" then ".join(found), []).append(item.cell.name)
+    return _cells_apart(grouped)
+
+
+def _machine_label(environment: dict) -> str | None:
+    """The torch version and CPU capability (the vector instructions torch's CPU kernels use) a
+    run's ``environment`` records, ``None`` where it records them not."""
+    versions, cpu = environment.get("versions"), environment.get("cpu")
+    if not isinstance(versions, dict) or not isinstance(cpu, dict):
+        return None
+    return f"torch {versions.get('torch')}, CPU capability {cpu.get('torch_capability')}"
+
+
+def machine_note(planned: Sequence[PlannedCell]) -> str | None:
+    """A report note naming the cells trained with other torch versions or CPU capabilities than
+    other cells (:func:`_machine_label`): other kernels sum in another order, so their weights
+    differ (``None`` when every cell ran with one, or none recorded them)."""
+    cells = _cells_by_environment(planned, _machine_label)
     if cells is None:
         return None
     return (f"Cells trained with other torch versions or CPU capabilities than others: {cells}. Other kernels sum in "
             "another order, so their weights differ, and means over them mix the machines.")
 
 
-def _plan_label(plans: Any) -> str | None:
-    """The GW/BW execution plans of a run (results.json's ``execution_plans``) as a note names
-    them: ``"cpu plan 'cpu', cuda plan 'triton'"``, and the ``GWDET_GW_PLAN`` value that forced them."""
+def _plan_label(environment: dict) -> str | None:
+    """The GW/BW execution plans a run's ``environment`` records (``execution_plans``) as a note
+    names them: ``"cpu plan 'cpu', cuda plan 'triton'"``, and the ``GWDET_GW_PLAN`` value that
+    forced them."""
+    plans = environment.get("execution_plans")
     if not isinstance(plans, dict):
         return None
     label = f"cpu plan {plans.get('cpu')!r}, cuda plan {plans.get('cuda')!r}"
@@ -426,18 +439,9 @@ def _plan_label(plans: Any) -> str | None:
 
 def plans_note(planned: Sequence[PlannedCell]) -> str | None:
     """A report note naming the cells trained under other GW/BW execution plans than the others
-    (results.json's ``environment.execution_plans``, and those of each stretch of a resumed cell):
-    another plan computes the whitening with other operations, so its weights differ in their last
-    bits and beyond (``None`` when every cell ran under one)."""
-    by_plans: dict[str, list[str]] = {}
-    for item in planned:
-        environment = item.folder.read_json(RESULTS_JSON).get("environment", {})  # as _segments reads it
-        stretches = [segment for segment in environment.get("segments", []) if isinstance(segment, dict)]
-        labels = [_plan_label(part.get("execution_plans")) for part in (environment, *stretches)]
-        found = list(dict.fromkeys(label for label in labels if label is not None))
-        if found:
-            by_plans.setdefault(" then ".join(found), []).append(item.cell.name)
-    groups = _cells_apart(by_plans)
+    (:func:`_plan_label`): another plan computes the whitening with other operations, so its
+    weights differ in their last bits and beyond (``None`` when every cell ran under one)."""
+    groups = _cells_by_environment(planned, _plan_label)
     if groups is None:
         return None
     return (f"Cells trained under other GW execution plans than others: {groups}. Another plan computes GW and BW "
