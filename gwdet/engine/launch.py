@@ -119,7 +119,8 @@ def launch(
                 logging.getLogger(__name__).warning(f"The processes finished their work; one then ended by {error} "
                                                     "while the process group was taken down.")
                 return
-            if num_processes_per_machine == 1 and _stopped_process(error) is not None:
+            if num_processes_per_machine == 1 and isinstance(error, mp.ProcessExitedException) \
+                    and error.exit_code in STOP_EXITS:
                 # this machine's one process stopped on a stop signal, its own or one a process of another
                 # machine received, which every process of the run shares: a stop, not a failure
                 signum = int(signal.Signals[STOP_EXITS[error.exit_code]])
