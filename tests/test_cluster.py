@@ -122,6 +122,11 @@ def test_train_net_through_slurm_prints_the_job_and_waits_for_its_results(slurm,
     assert "#SBATCH --signal=USR2@120" in request and "#SBATCH --ntasks-per-node=1" in request
     assert "gpus" not in request, "the local cluster's node has no GPU: none asked for"
     assert wait_for_job_end(job_id) == "COMPLETED"
+    # SLURM requeued the finished job (as after its controller restarted): it ran again, refused to resume, FAILED
+    run(["scontrol", "requeue", job_id])
+    assert wait_for_job_end(job_id) == "COMPLETED" and restarts(job_id) == 1
+    assert f"[gwdet] job {job_id}, node 0 of 1, restart 1: the job had finished before it was requeued; nothing to " \
+           "do" in log.read_text()
 
 
 def test_signalled_job_requeues_and_ends_with_the_weights_of_an_uninterrupted_run(slurm, tmp_path, capsys):

@@ -45,6 +45,94 @@ def test_submitit_local_runs_the_training_job_and_waits_for_its_results(tmp_path
     assert (out / "model_final.pth").is_file()
     log = (out / "submitit" / job_id / f"{job_id}_0_log.out").read_text()
     assert f"[gwdet] job {job_id}, node 0 of 1: starting" in log
+    # an evaluation of the run with another test setting printed the training's results.md, not its own
+    evaluated = run([*TRAIN_NET, "--launcher", "submitit-local", "--wait", "--eval-only", "--resume", *TINY_OPTS,
+                     "MODEL.ROI_HEADS.SCORE_THRESH_TEST", "0.3", "OUTPUT_DIR", str(out)])
+    assert evaluated.returncode == 0, (evaluated.stdout + evaluated.stderr)[-4000:]
+    assert f"finished; results in {out / 'eval' / 'model_final'}\n" in evaluated.stdout, evaluated.stdout
+    assert "`MODEL.ROI_HEADS.SCORE_THRESH_TEST 0.3`" in evaluated.stdout
+
+
+def test_the_results_of_an_evaluation_are_found_in_the_folder_it_wrote(tmp_path):
+    # a job's --eval-only answered OUTPUT_DIR, whose results.md is the training's, not the evaluation's
+    from gwdet.cluster.training import newest_results_folder, results_files
+
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    before = results_files(str(fresh))
+    assert before == set() and newest_results_folder(str(fresh), before) is None
+    (fresh / "results.json").write_text("{}")  # an evaluation into a folder without a run writes there
+    assert newest_results_folder(str(fresh), before) == str(fresh)
+
+    run_folder = tmp_path / "run"
+    (run_folder / "eval" / "model_final").mkdir(parents=True)
+    for folder in (run_folder, run_folder / "eval" / "model_final"):
+        (folder / "results.json").write_text("{}")
+    before = results_files(str(run_folder))
+    assert len(before) == 2
+    for name in ("model_final-3", "model_final-2"):  # written in this order: the later one is the newest
+        (run_folder / "eval" / name).mkdir()
+        (run_folder / "eval" / name / "results.json").write_text("{}")
+        time.sleep(0.01)
+    assert newest_results_folder(str(run_folder), before) == str(run_folder / "eval" / "model_final-2")
+
+
+def test_the_stop_command_ends_a_submitit_local_job_before_its_training_starts(tmp_path):
+    # submitit ignored SIGTERM ("Bypassing signal SIGTERM") until training began, and the job trained to its end
+    pytest.importorskip("submitit")
+    out = tmp_path / "stopped"
+    submitted = run([*TRAIN_NET, "--launcher", "submitit-local", *TINY_OPTS, "SOLVER.MAX_ITER", "100000",
+                     "OUTPUT_DIR", str(out)])
+    assert submitted.returncode == 0, (submitted.stdout + submitted.stderr)[-4000:]
+    job_id = int(re.search(r"stop:   kill -TERM (\d+)", submitted.stdout).group(1))
+    log = out / "submitit" / str(job_id) / f"{job_id}_0_log.out"
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (log.exists() and "[gwdet] job" in log.read_text()):
+            time.sleep(0.05)
+        assert "[gwdet] job" in log.read_text(), "the job started"
+        os.kill(job_id, signal.SIGTERM)  # the printed stop command, while the job reads its config
+        deadline = time.time() + 60
+        while time.time() < deadline and alive(job_id):
+            time.sleep(0.2)
+        assert not alive(job_id), "the job ended"
+        assert not (out / "log.txt").exists() or "Starting training" not in (out / "log.txt").read_text()
+    finally:
+        tasks = subprocess.run(["pgrep", "-P", str(job_id)], capture_output=True, text=True).stdout.split()
+        for pid in [job_id, *map(int, tasks)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_sbatch_options_that_defeat_the_launcher_are_refused():
+    # no-requeue ended a preempted job in submitit's traceback; an array ran a second task that waited for ever
+    with pytest.raises(ValueError, match=r"^--slurm-extra 'no-requeue': sbatch's --no-requeue would defeat the "
+                                         r"launcher \(the job requeues itself .*Nothing was submitted\.$"):
+        parse_slurm_extra(["no-requeue"])
+    for item in ("array=0-1", "a=0-1", "--array=3"):
+        with pytest.raises(ValueError, match=r"sbatch's --array would defeat the launcher \(one run folder takes one "
+                                             r"job"):
+            parse_slurm_extra([item])
+    assert parse_slurm_extra(["requeue", "qos=high"]) == {"requeue": True, "qos": "high"}
+
+
+def test_a_jobs_command_line_refused_when_it_starts_is_a_one_line_refusal(tmp_path):
+    # a config file moved away before the job started: argparse's usage in the job's .err, and --wait said only FAILED
+    import traceback
+
+    from gwdet.cluster.executor import _gwdet_refusal
+    from gwdet.cluster.training import parse_job_args
+    from gwdet.errors import GwdetValueError
+
+    gone = tmp_path / "my.yaml"
+    with pytest.raises(GwdetValueError) as refused:
+        parse_job_args(["--config", str(gone), "--launcher", "local"])
+    message = str(refused.value)
+    assert message.startswith("The job's command line, checked when it was submitted, was refused when the job "
+                              "started") and f"submit the command again. Config file {str(gone)!r} does not exist" in message
+    trace = "".join(traceback.format_exception(refused.value))  # what submitit reports of the job's error
+    assert _gwdet_refusal(trace) == message
+    assert parse_job_args(["--config", str(DEMO_CONFIG), "--launcher", "local"]).config_file == str(DEMO_CONFIG)
 
 
 def test_ctrl_c_while_waiting_stops_the_waiting_and_says_how_to_stop_the_job(tmp_path):

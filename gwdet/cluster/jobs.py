@@ -18,7 +18,7 @@ import signal
 import time
 import zlib
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from submitit.helpers import DelayedSubmission
@@ -87,6 +87,29 @@ class RequeueableJob:
 
         stop_spawned_processes()
         return submitit.helpers.DelayedSubmission(replace(self, requeued=True))
+
+
+def earlier_result() -> tuple[bool, Any]:
+    """Whether this node's task of the running job ended successfully before (submitit's result file
+    of the task holds a result, not an error: a finished job that SLURM requeued, e.g. after its
+    controller restarted), and that result."""
+    import submitit
+    from submitit.core.utils import pickle_load
+
+    path = submitit.JobEnvironment().paths.result_pickle
+    if not path.is_file():
+        return False, None
+    outcome, result = pickle_load(path)
+    return outcome == "success", result
+
+
+def honour_stop_requests() -> None:
+    """In a job of submitit's local executor, SIGTERM ends the job's process (its default action, as
+    in a run started here) until the training takes it over to save a checkpoint first: submitit's
+    handler, which ignores it (SLURM's own SIGTERM after a requeue), would drop the stop the launcher
+    tells the user to send (``kill -TERM <job id>``, which the executor's controller passes on)."""
+    if os.environ.get("SUBMITIT_EXECUTOR") == LOCAL_EXECUTOR:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def stop_spawned_processes(timeout: float = STOP_SECONDS) -> None:

@@ -97,12 +97,21 @@ SET_BY_THE_LAUNCHER = {
     "job-name": "the job is named after the run", "output": "the job's logs go to the run's folder",
     "error": "the job's logs go to the run's folder",
 }
+# sbatch options that would defeat what the launcher does (by their long and short names), and why.
+DEFEATS_THE_LAUNCHER = {
+    "no-requeue": "the job requeues itself at its time limit and when it is preempted, continuing from the checkpoint "
+                  "it saved; without requeueing it would end there, failed",
+    "array": "one run folder takes one job, whose files submitit writes for one task only; submit each run with its "
+             "own OUTPUT_DIR instead",
+}
+SHORT_NAMES = {"a": "array"}
 
 
 def parse_slurm_extra(items: list[str]) -> dict[str, str | bool]:
     """``["qos=high", "exclusive"]`` -> ``{"qos": "high", "exclusive": True}`` (sbatch's option
     names, without the leading dashes); an option the launcher sets itself
-    (:data:`SET_BY_THE_LAUNCHER`) is refused rather than silently replacing the launcher's."""
+    (:data:`SET_BY_THE_LAUNCHER`) is refused rather than silently replacing the launcher's, and one
+    that would defeat it (:data:`DEFEATS_THE_LAUNCHER`, also by its short name) is refused too."""
     extra: dict[str, str | bool] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -110,10 +119,15 @@ def parse_slurm_extra(items: list[str]) -> dict[str, str | bool]:
         if not key or " " in key:
             raise GwdetValueError(f"--slurm-extra {item!r}: give an sbatch option as KEY=VALUE (e.g. qos=high) "
                                   "or KEY alone for a flag (e.g. exclusive)")
-        why = SET_BY_THE_LAUNCHER.get(key.replace("_", "-"))
+        name = SHORT_NAMES.get(key, key.replace("_", "-"))
+        why = SET_BY_THE_LAUNCHER.get(name)
         if why is not None:
-            raise GwdetValueError(f"--slurm-extra {item!r}: the launcher sets sbatch's --{key.replace('_', '-')} "
+            raise GwdetValueError(f"--slurm-extra {item!r}: the launcher sets sbatch's --{name} "
                                   f"itself ({why}); leave it out of --slurm-extra.")
+        if name in DEFEATS_THE_LAUNCHER:
+            raise GwdetValueError(f"--slurm-extra {item!r}: sbatch's --{name} would defeat the launcher "
+                                  f"({DEFEATS_THE_LAUNCHER[name]}); leave it out of --slurm-extra. Nothing was "
+                                  "submitted.")
         extra[key] = value if sep else True
     return extra
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import logging
 import os
@@ -26,14 +27,14 @@ from detectron2.utils.logger import setup_logger
 
 from gwdet.cluster.executor import (JobRefused, SubmissionRefused, active_jobs_in, check_launcher, describe,
                                     make_executor, submit, unstartable, wait)
-from gwdet.cluster.jobs import NodePlacement, RequeueableJob
+from gwdet.cluster.jobs import NodePlacement, RequeueableJob, earlier_result, honour_stop_requests
 from gwdet.cluster.options import add_launcher_arguments, launcher_options
 from gwdet.cluster.slurm import ClusterUnavailable
-from gwdet.errors import GwdetError
+from gwdet.errors import GwdetError, GwdetValueError
 from gwdet.utils.cli_errors import run_tool, tool_name
 from gwdet.engine import arguments
 from gwdet.engine.launch import launch
-from gwdet.engine.output_dir import check_not_in_use
+from gwdet.engine.output_dir import EVAL_FOLDER, check_not_in_use
 from gwdet.engine.run import (RESULTS_JSON, RESULTS_MARKDOWN, RunConfig, check_config_unchanged, check_output_request,
                               config_text, load_run_config, main)
 from gwdet.engine.threads import THREADS_VARIABLE, configure_threads
@@ -105,21 +106,65 @@ class TrainingJob(RequeueableJob):
     config: str = ""  # the config as checked when the job was submitted (gwdet.engine.run.config_text)
 
     def __call__(self) -> dict:
+        honour_stop_requests()
         placement = NodePlacement.from_environment()
+        if placement.restarts:
+            finished, result = earlier_result()
+            if finished:  # --resume would be refused: the run is finished
+                print(f"[gwdet] {placement.describe()}: the job had finished before it was requeued; nothing to do "
+                      "(its result is kept)", flush=True)
+                return result
         resumes = self.resumes(placement)
         flags = ["--launcher", "local", *placement.machine_flags(), *(["--resume"] if resumes else [])]
         print(f"[gwdet] {placement.describe()}: "
               + ("continuing from the newest checkpoint (--resume)" if resumes else "starting"), flush=True)
         os.chdir(self.cwd)
-        args = parse_args(arguments.replace_flags(argument_parser(), self.argv, flags))
+        args = parse_job_args(arguments.replace_flags(argument_parser(), self.argv, flags))
+        run = load_run_config(args.config_file, args.opts)
         if self.config:  # the files are read again here, perhaps long after the submission
-            check_config_unchanged(load_run_config(args.config_file, args.opts), self.config,
-                                   "when the job was submitted")
+            check_config_unchanged(run, self.config, "when the job was submitted")
+        output_dir = os.path.abspath(run.output_dir)
+        before = results_files(output_dir) if args.eval_only else set()
         train_here(args)
-        output_dir = checked_run(args)[0].output_dir
-        results = Path(output_dir, RESULTS_JSON)
-        return {"output_dir": os.path.abspath(output_dir),
-                "results": json.loads(results.read_text()) if results.is_file() else None}
+        # an --eval-only writes into a folder of its own where OUTPUT_DIR holds a run (eval/<checkpoint>[-N]/)
+        folder = newest_results_folder(output_dir, before) if args.eval_only else output_dir
+        results = Path(folder, RESULTS_JSON) if folder else None
+        return {"output_dir": folder or output_dir,
+                "results": json.loads(results.read_text()) if results and results.is_file() else None}
+
+
+def parse_job_args(argv: Sequence[str]) -> argparse.Namespace:
+    """:func:`parse_args` of a job's command line, read again where the job starts: argparse's refusal
+    there (a config file moved or deleted since the submission) is raised as a
+    :class:`~gwdet.errors.GwdetValueError`, which ``--wait`` prints as the one-line error it is here."""
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):
+            args = parse_args(argv)
+    except SystemExit:
+        message = errors.getvalue().partition(": error: ")[2].strip()  # after argparse's usage lines
+        raise GwdetValueError("The job's command line, checked when it was submitted, was refused when the job "
+                              "started (a file it names was moved, deleted or changed in between?); nothing was run: "
+                              f"put the file back, or submit the command again. {message}") from None
+    sys.stderr.write(errors.getvalue())  # what parsing warned of
+    return args
+
+
+def results_files(output_dir: str) -> set[str]:
+    """The results files (``results.json``) of ``output_dir`` and of its evaluations (``eval/*/``)."""
+    evaluations = os.path.join(output_dir, EVAL_FOLDER)
+    folders = [output_dir, *([entry.path for entry in os.scandir(evaluations) if entry.is_dir()]
+                             if os.path.isdir(evaluations) else [])]
+    return {path for path in (os.path.join(folder, RESULTS_JSON) for folder in folders) if os.path.isfile(path)}
+
+
+def newest_results_folder(output_dir: str, before: set[str]) -> str | None:
+    """The folder of the newest results file of ``output_dir`` (:func:`results_files`) not among
+    ``before``: where an ``--eval-only`` of it started after ``before`` was taken wrote its results
+    (``output_dir`` itself, or ``eval/<checkpoint>[-N]/`` where it holds a run), the newest being
+    the evaluation that ended last; ``None`` when none was written."""
+    written = results_files(output_dir) - before
+    return os.path.dirname(max(written, key=lambda path: os.stat(path).st_mtime_ns)) if written else None
 
 
 def checked_run(args: argparse.Namespace) -> tuple[RunConfig, Callable[[], None]]:
@@ -185,7 +230,7 @@ def submit_training(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return 130
     print(f"job {job.job_id} finished; results in {result['output_dir']}")
     table = Path(result["output_dir"], RESULTS_MARKDOWN)
-    if table.is_file():
+    if result["results"] is not None and table.is_file():
         print(table.read_text())
     return 0
 
