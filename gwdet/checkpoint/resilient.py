@@ -579,6 +579,10 @@ def _deeper_stage(backbone: Sequence[str], missing: Sequence[str]) -> tuple[str,
     return None
 
 
+# What weights that leave part of the model unloaded would give an evaluation (the refusal's words)
+EVALUATION_OUTCOME = "evaluating it would report a partly random model"
+
+
 class ResilientCheckpointer(DetectionCheckpointer):
     """``DetectionCheckpointer`` with atomic saves, fallback on unreadable files, safe loading,
     and a refusal to load weights trained with other norm layers.
@@ -598,7 +602,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
     """
 
     def __init__(self, *args: Any, require_every_weight: bool = False,
-                 incomplete_outcome: str = "evaluating it would report a partly random model",
+                 incomplete_outcome: str = EVALUATION_OUTCOME,
                  weights_setting: str = "MODEL.WEIGHTS",
                  classes: Sequence[str] | None = None, training_data: Mapping[str, Mapping[str, Any]] | None = None,
                  compare_input: bool = True,

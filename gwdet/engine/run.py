@@ -48,8 +48,9 @@ from detectron2.utils import comm
 from detectron2.utils.logger import setup_logger
 
 from gwdet.checkpoint.signal_hook import evaluation_stops
-from gwdet.checkpoint.resilient import (CLASSES_KEY, DATA_KEY, IMAGES_KEY, INPUT_KEY, ResilientCheckpointer, absolute_weights_path,
-                                        input_differences, local_weights_path, weights_record)
+from gwdet.checkpoint.resilient import (CLASSES_KEY, DATA_KEY, EVALUATION_OUTCOME, IMAGES_KEY, INPUT_KEY,
+                                        ResilientCheckpointer, absolute_weights_path, input_differences,
+                                        local_weights_path, weights_record)
 from gwdet.data.coco_registration import CocoDataset, DatasetError, coco_dataset, recorded_images
 from gwdet.data.datasets import check_evaluated_classes
 from gwdet.modeling.detectron2_failures import named_config_failures
@@ -235,7 +236,7 @@ class RunConfig(ABC):
         """The config's model, checked (:func:`gwdet.check_model`), on the config's device."""
 
     def load_weights(self, model: torch.nn.Module, evaluates: bool = True, exports: bool = False,
-                     incomplete_outcome: str = "evaluating it would report a partly random model"
+                     incomplete_outcome: str = EVALUATION_OUTCOME
                      ) -> dict[str, str] | None:
         """Load the initial weights into ``model``, every weight of the model required; where the
         request ``evaluates``, weights whose checkpoint records the class names they were trained on
@@ -369,7 +370,7 @@ class RunConfig(ABC):
 
     def build_trained_model(self, evaluates: bool = False, loads_weights: bool = True, exports: bool = False,
                             meta_refusal: str | None = None,
-                            incomplete_outcome: str = "evaluating it would report a partly random model"
+                            incomplete_outcome: str = EVALUATION_OUTCOME
                             ) -> torch.nn.Module:
         """The model with the initial weights loaded as ``--eval-only`` loads them, in evaluation
         mode (the export and analyze tools; their test sets checked as an evaluation's where it
