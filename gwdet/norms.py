@@ -407,17 +407,21 @@ def norm_classes() -> tuple[type, ...]:
 
 
 def shared_norm_layers(model: torch.nn.Module) -> list[list[str]]:
-    """The places of each norm layer object held by more than one module of ``model`` (one list of
-    names per such layer): a norm's build function that returned one cached layer for several
-    calls ties their parameters and statistics together. A block reused whole (one parent holding
-    the layer) is not counted: its norm is shared along with the rest of it."""
+    """The places of each norm layer object held by more than one module of ``model``, or by one
+    module under more than one name (one list of names per such layer): a norm's build function
+    that returned one cached layer for several calls, or ``self.norm1 = self.norm2 = norm(c)``,
+    ties their parameters and statistics together. A block reused whole (one parent holding the
+    layer under one name, reached by several paths) is not counted: its norm is shared along with
+    the rest of it."""
     norms = norm_classes()
-    parents: dict[int, dict[int, str]] = defaultdict(dict)
-    for parent_name, parent in model.named_modules():
-        for name, child in parent.named_children():
-            if isinstance(child, norms) or getattr(child, NORM_LAYER_MARK, False):
-                parents[id(child)].setdefault(id(parent), f"{parent_name}.{name}" if parent_name else name)
-    return [list(places.values()) for places in parents.values() if len(places) > 1]
+    places: dict[int, dict[int, dict[str, str]]] = defaultdict(dict)  # layer -> parent -> its name there -> path
+    for path, child in model.named_modules(remove_duplicate=False):
+        if path and (isinstance(child, norms) or getattr(child, NORM_LAYER_MARK, False)):
+            parent_path, _, name = path.rpartition(".")
+            parent = model.get_submodule(parent_path)
+            places[id(child)].setdefault(id(parent), {}).setdefault(name, path)
+    return [[path for names in held.values() for path in names.values()] for held in places.values()
+            if len(held) > 1 or any(len(names) > 1 for names in held.values())]
 
 
 def check_untied_norms(model: torch.nn.Module) -> None:
@@ -533,6 +537,22 @@ def _hashable(value: Any) -> Any:
     return value
 
 
+# Layers whose weights are no norm's: a registered norm's build function that returns one among its
+# layers gives them the norms' weight decay
+_WEIGHTED_LAYERS = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.ConvTranspose1d,
+                    torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d, torch.nn.Linear)
+
+
+def _check_kind_of_default(name: str, param: str, value: Any, default: Any) -> None:
+    """Refuse a string given for ``param`` of a registered norm whose build takes a number there (its
+    ``default``): the layer would fail at its first forward inside the user's own code, or compute
+    with the text."""
+    number = isinstance(default, (int, float)) and not isinstance(default, bool)
+    if number and isinstance(value, str):
+        raise GwdetTypeError(f"gwdet.norm({name!r}): {param}={value!r} is a string, and the norm's build takes a "
+                             f"number there (its default is {default!r}): give {param} as a number.")
+
+
 class Norm:
     """A norm name with every hyper-parameter fixed: call it with a channel count for a layer.
 
@@ -568,6 +588,8 @@ class Norm:
                 source = "" if kind.builtin else f" (read from {key})" if read_from_config else \
                     f" (given to gwdet.norm, checked as its config key {key})"
                 check("config" if read_from_config else "gwdet.norm", f"{param} of norm {name!r}{source}", value)
+            elif param in params:
+                _check_kind_of_default(name, param, value, kind.default(param))
             values[param] = value
         self.name = name
         self.params = values
@@ -614,6 +636,15 @@ class Norm:
                     f"The norm {self.name!r}: its build function {getattr(record.build, '__qualname__', record.build)} "
                     f"returned a {type(layer).__name__} of {built_for} channels where {channels} were asked (its first "
                     "input would fail in torch): build the layer for the channel count the function is given.")
+            weighted = [name or type(layer).__name__ for name, module in layer.named_modules()
+                        if isinstance(module, _WEIGHTED_LAYERS)]
+            if weighted:
+                raise GwdetValueError(
+                    f"The norm {self.name!r}: its build function {getattr(record.build, '__qualname__', record.build)} "
+                    f"returned a {type(layer).__name__} that holds a convolution or linear layer ({listed(weighted, 3)}), "
+                    "whose weights the optimizer would decay as a norm layer's (SOLVER.WEIGHT_DECAY_NORM) and the "
+                    "model checks would take for a norm's. Register the norm layer alone, and put the convolution in "
+                    "the model beside it.")
             setattr(layer, NORM_LAYER_MARK, True)
             setattr(layer, NORM_SETTINGS_MARK, dict(self.params))
         adjusted = group_adjustment(layer)

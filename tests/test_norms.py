@@ -84,6 +84,31 @@ def test_a_key_error_inside_a_build_function_is_not_relabeled(registered):
     assert not isinstance(err.value, UnknownNormError) and err.value.args == ("missing table entry",)
 
 
+def test_a_string_for_a_number_of_a_registered_norm_is_refused_where_it_is_given(registered):
+    # gwdet.norm("TestScaledLN", scale="2.0") built, then the first forward failed inside the user's own layer
+    registered.append("TestScaledLN")
+
+    @register_norm("TestScaledLN")
+    def _scaled(channels, scale=1.0, label="ln"):
+        return torch.nn.GroupNorm(1, channels, eps=1e-5 * scale)
+
+    with pytest.raises(TypeError, match=r"gwdet.norm\('TestScaledLN'\): scale='2.0' is a string, and the norm's build "
+                                        r"takes a number there \(its default is 1.0\): give scale as a number"):
+        norm("TestScaledLN", scale="2.0")
+    assert norm("TestScaledLN", scale=2, label="other").params == {"scale": 2, "label": "other"}
+
+
+def test_a_registered_norm_that_builds_a_convolution_too_is_refused(registered):
+    # a build returning Sequential(Conv2d(c, c, 1), GroupNorm(1, c)): gwdet.build_optimizer gave the convolution's
+    # weights the norm weight decay (0 instead of SOLVER.WEIGHT_DECAY), without a word
+    registered.append("TestConvNorm")
+    register_norm("TestConvNorm", lambda channels: torch.nn.Sequential(torch.nn.Conv2d(channels, channels, 1),
+                                                                     torch.nn.GroupNorm(1, channels)))
+    with pytest.raises(ValueError, match=r"returned a Sequential that holds a convolution or linear layer \(0\), whose "
+                                         r"weights the optimizer would decay as a norm layer's"):
+        norm("TestConvNorm")(8)
+
+
 def test_users_register_their_own_name_with_config_keys(registered):
     registered.append("TestGN")
 
@@ -549,6 +574,15 @@ def test_a_build_function_that_ignores_the_channel_count_or_returns_one_layer_tw
     with pytest.raises(ValueError, match=r"\(BatchNorm2d\) sits at 2 places, 0.1, 1.1, so"):
         check_model(torch.nn.Sequential(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 1), shared[1]),
                                         torch.nn.Sequential(torch.nn.Conv2d(8, 8, 1), shared[1])))
+    # one parent holding the layer under two names (self.norm1 = self.norm2 = norm(c), a ModuleDict's two keys):
+    # places were counted by parent, so it passed
+    twice = torch.nn.Module()
+    twice.norm1 = twice.norm2 = torch.nn.BatchNorm2d(8)
+    with pytest.raises(ValueError, match=r"\(BatchNorm2d\) sits at 2 places, norm1, norm2, so"):
+        check_model(twice)
+    with pytest.raises(ValueError, match=r"sits at 2 places, 0.a, 0.b, so"):
+        check_model(torch.nn.Sequential(torch.nn.ModuleDict({"a": shared[1], "b": shared[1]})))
+    check_model(torch.nn.Sequential(twice.norm1, torch.nn.Conv2d(8, 8, 1)))  # once in the model: fine
 
 
 def test_a_config_key_of_a_registered_norm_that_the_config_lacks_is_named(registered):

@@ -170,3 +170,16 @@ def test_detectron2s_endless_training_loader_is_refused_naming_islice():
                                          r".* e.g. itertools.islice\(loader, 200\)"):
         update_running_statistics(loader, model)
     assert update_running_statistics((torch.cat(batch) for batch in itertools.islice(loader, 2)), model) == 2
+
+
+def test_a_model_that_is_no_module_is_named_with_the_order_of_the_arguments():
+    # update_running_statistics(batches, [layer]), or the two swapped: a raw AttributeError from model.modules()
+    from gwdet.errors import GwdetTypeError
+
+    layer = nn.BatchNorm2d(4)
+    batches = [torch.randn(2, 4, 3, 3)]
+    with pytest.raises(GwdetTypeError, match=r"model must be a torch.nn.Module .*, got list; call it as "
+                                             r"update_running_statistics\(loader, model\)"):
+        update_running_statistics(batches, [layer])
+    with pytest.raises(GwdetTypeError, match=r"got list \(the loader and the model given the other way round\?\)"):
+        update_running_statistics(layer, batches)

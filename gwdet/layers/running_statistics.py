@@ -58,6 +58,11 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
     Layers of other classes that keep running statistics with a momentum (a norm of one's own) are
     left as they were, with a warning naming them: how their momentum updates them is theirs to say.
     Returns the number of batches."""
+    if not isinstance(model, nn.Module):
+        swapped = " (the loader and the model given the other way round?)" if isinstance(loader, nn.Module) else ""
+        raise GwdetTypeError(f"update_running_statistics: model must be a torch.nn.Module (the model whose layers it "
+                             f"recomputes), got {type(model).__name__}{swapped}; call it as "
+                             "update_running_statistics(loader, model).")
     layers = [module for module in model.modules() if isinstance(module, RUNNING_STATISTICS_LAYERS)
               and module.running_mean is not None]
     others = {name: module for name, module in model.named_modules()
