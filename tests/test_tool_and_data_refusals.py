@@ -275,6 +275,12 @@ def test_a_json_key_given_twice_an_ignore_flag_and_a_named_pipe_are_refused_at_r
         CocoDataset.parse(f"m={spec}").inspected()
     message = refusal(tmp_path / "ignore", lambda coco, root: coco["annotations"][1].update(ignore=1))
     assert "annotation id 2 of " in message and "has \"ignore\": 1, which detectron2 does not read" in message
+    # a UTF-16 file (PowerShell's > writes one) was "not UTF-8 text: give the COCO instances JSON file"
+    utf16 = tmp_path / "utf16.json"
+    utf16.write_text(text, encoding="utf-16")
+    with pytest.raises(DatasetError, match=r"utf16.json is UTF-16 text \(as PowerShell's > and Notepad's 'Unicode' "
+                                           r"write it\), and JSON files are read as UTF-8: save it as UTF-8"):
+        CocoDataset.parse(f"m={utf16}:{spec.split(':')[1]}").inspected()
     pipe = tmp_path / "pipe.json"
     os.mkfifo(pipe)
     with pytest.raises(DatasetError, match=r"pipe.json is not a regular file \(a named pipe or a device\)"):

@@ -218,6 +218,10 @@ def _read_json(dataset: CocoDataset) -> tuple[Any, str]:
                            f"{error.colno}. Fix the file there (python -m json.tool {path} points at the same "
                            "place).") from None
     except UnicodeDecodeError as error:
+        if data.startswith((b"\xff\xfe", b"\xfe\xff")):  # UTF-16's byte order marks
+            raise DatasetError(f"{where} {path} is UTF-16 text (as PowerShell's > and Notepad's 'Unicode' write it), "
+                               "and JSON files are read as UTF-8: save it as UTF-8 (e.g. iconv -f UTF-16 -t UTF-8 "
+                               "IN > OUT, or Notepad's 'UTF-8'), then give that file.") from None
         raise DatasetError(f"{where} {path} is not UTF-8 text (byte {error.start} cannot be decoded): give the "
                            "COCO instances JSON file.") from None
     except OSError as error:
