@@ -413,6 +413,17 @@ def test_lab_tools_refuse_an_out_below_or_at_a_file(tmp_path, capsys, tool):
     (["train.max_iter=2", "OUTPUT_DIR", "out"], "The KEY VALUE overrides: 'train.max_iter=2' is key=value, which a "
                                                 "LazyConfig (.py) takes; a yacs config takes KEY VALUE pairs"),
     (["SOLVER.MAX_ITER", "2", "OUTPUT_DIR=out", "x"], "The KEY VALUE overrides: 'OUTPUT_DIR=out' is key=value"),
+    # "(5)" is 5, and "(shapes_train,)" text: "takes a value of type tuple ... got 5 (a int)", no way on
+    (["SOLVER.STEPS", "(5)"], "The KEY VALUE overrides: SOLVER.STEPS takes a value of type tuple (it is (800, 950) "
+                              "before this value); got 5 (a int). A number in parentheses is that number, not a "
+                              "tuple: a tuple of one value is written with a comma, SOLVER.STEPS \"(5,)\"."),
+    (["DATASETS.TEST", "[mine, theirs]"], "The KEY VALUE overrides: DATASETS.TEST takes a value of type tuple (it is "
+                                          "('shapes_val',) before this value); got [mine, theirs] (a str). It was read "
+                                          "as text, since the names in it are not quoted: quote each one, DATASETS.TEST "
+                                          "\"('mine', 'theirs')\"."),
+    # an empty key (an unset shell variable): yacs' bare "Non-existent key: "
+    (["", "3"], "The KEY VALUE overrides: a key is empty (''; a shell variable that is not set, as in \"$KEY\" VALUE?): "
+                "give the key of each value, e.g. MODEL.GW.NUM_GROUPS 8."),
 ])
 def test_config_overrides_yacs_cannot_merge_are_explained(opts, message):
     from gwdet.model_zoo import build_config
@@ -420,6 +431,18 @@ def test_config_overrides_yacs_cannot_merge_are_explained(opts, message):
     with pytest.raises(ValueError) as err:
         build_config(str(DEMO_CONFIG), opts)
     assert str(err.value).startswith(message) and isinstance(err.value, GwdetError)
+
+
+def test_a_base_written_in_lower_case_is_named(tmp_path):
+    # "_base_ is not a key ... (A project's own keys are added by its add_*_config function ...)": no word of _BASE_
+    from gwdet.model_zoo import build_config
+
+    config = tmp_path / "lower.yaml"
+    config.write_text(f'_base_: "{DEMO_CONFIG}"\n')
+    with pytest.raises(ValueError) as err:
+        build_config(str(config))
+    assert "_base_ is not a key of detectron2's or gwdet's config: a config names the config it extends as _BASE_, " \
+           "in upper case" in str(err.value)
 
 
 def test_yamls_off_for_a_norm_in_a_config_file_is_named_as_yaml_reads_it(tmp_path):

@@ -102,7 +102,7 @@ def build_config(config_file: str | os.PathLike, opts: list[str] | None = None) 
     return cfg
 
 
-_UNKNOWN_KEY = re.compile(r"Non-existent (?:config )?key: (.+)")
+_UNKNOWN_KEY = re.compile(r"Non-existent (?:config )?key: (.*)")
 _WRONG_TYPE = re.compile(r"Type mismatch \(<class '([\w.]+)'> vs\. <class '([\w.]+)'>\) with values "
                          r"\((.*) vs\. (.*)\) for config key: (\S+)$", re.DOTALL)
 
@@ -115,10 +115,16 @@ def merge_problem(cfg: CfgNode, error: BaseException) -> str:
     unknown = _UNKNOWN_KEY.search(text)
     if unknown:
         key = unknown.group(1)
+        if not key.strip():
+            return (f"a key is empty ({key!r}; a shell variable that is not set, as in \"$KEY\" VALUE?): give the key "
+                    "of each value, e.g. MODEL.GW.NUM_GROUPS 8.")
         spaced = next((part for part in key.split(".") if part != part.strip()), None)
         if spaced is not None:  # a quoted key in a file ("NUM_GROUPS ": 8), which yacs reads as it is
             return (f"{key!r} is not a key of detectron2's or gwdet's config: its part {spaced!r} has spaces at an "
                     f"end, which no key has. Write it as {spaced.strip()!r}.")
+        if key.upper() == "_BASE_":  # the loader reads the base config's key in upper case only
+            return (f"{key} is not a key of detectron2's or gwdet's config: a config names the config it extends as "
+                    f"_BASE_, in upper case (detectron2's loader reads no other spelling): write _BASE_: \"...\".")
         if key != key.upper():  # a key spelled in lower case (``model.gw.num_groups``)
             names = _config_names(cfg)
             close = [key.upper()] if key.upper() in names else difflib.get_close_matches(
@@ -156,6 +162,15 @@ def merge_problem(cfg: CfgNode, error: BaseException) -> str:
         if expected.endswith("str") and given.rsplit(".", 1)[-1] == "bool":
             quoted = (" YAML reads on, off, yes, no, true and false unquoted as True or False: quote the text "
                       "as 'off' in the file, or give \"\" for none where the key takes a name (NORM: \"\" is no norm).")
+        sequence = expected.rsplit(".", 1)[-1] in ("tuple", "list")
+        if sequence and given.rsplit(".", 1)[-1] in ("int", "float"):
+            quoted = (f" A number in parentheses is that number, not a tuple: a tuple of one value is written with a "
+                      f"comma, {key} \"({value},)\".")
+        if sequence and given.rsplit(".", 1)[-1] == "str" and value.strip()[:1] in ("(", "["):
+            listed_names = [name.strip() for name in value.strip().strip("()[]").split(",") if name.strip()]
+            written = "(" + ", ".join(map(repr, listed_names)) + ("," if len(listed_names) == 1 else "") + ")"
+            quoted = (f" It was read as text, since the names in it are not quoted: quote each one, "
+                      f"{key} \"{written}\".")
         if expected.endswith("float") and value.strip().lstrip("+-").lower() in ("inf", "infinity"):
             quoted = f" yacs reads no inf; a number too large for a float is one: {key} {'-' if '-' in value else ''}1e999."
         return (f"{key} takes a value of type {expected.rsplit('.', 1)[-1]} (it is {default or repr('')} before this "
