@@ -781,6 +781,32 @@ def test_a_yacs_base_that_is_a_lazy_config_or_not_yaml_is_named(tmp_path):
             build_config(str(config))
         assert str(refused.value).startswith(f"Config file {str(config)!r} names _BASE_: {str(base)!r}")
         assert message in str(refused.value)
+    # a LazyConfig run's saved config.yaml (fvcore read it unsafely, then "Key model.roi_heads... is not a valid
+    # type"), and a folder ("there is no file ..., gwdet ships a config of that name: <the folder>")
+    from gwdet.errors import GwdetError
+
+    (tmp_path / "lazy_run").mkdir()
+    (tmp_path / "lazy_run" / "config.yaml").write_text("model:\n  _target_: detectron2.modeling.GeneralizedRCNN\n"
+                                                        "train:\n  max_iter: 2\n")
+    for base, message in ((tmp_path / "lazy_run" / "config.yaml", "a LazyConfig run's saved config (model, train, "
+                           "dataloader): a yacs config's _BASE_ is another yacs .yaml config."),
+                          (REPO / "configs" / "Demo", "which is a folder (it holds Base-Scratch-Shapes.yaml, Base-Shapes.yaml, ")):
+        config = tmp_path / "config.yaml"
+        config.write_text(f'_BASE_: "{base}"\n')
+        with pytest.raises(GwdetError) as refused:
+            build_config(str(config))
+        assert message in str(refused.value), str(refused.value)
+
+
+def test_a_runs_results_json_given_as_its_config_names_the_runs_config(tmp_path):
+    # "gives the key 'INPUT.MIN_SIZE_TEST' under environment.test_settings ...: write it as nested blocks"
+    from gwdet.model_zoo.loading import build_config
+
+    (tmp_path / "results.json").write_text('{"shapes_val": {"bbox": {"AP": 1.0}}}')
+    (tmp_path / "config.yaml").write_text("MODEL:\n  GW:\n    NUM_GROUPS: 8\n")
+    with pytest.raises(GwdetValueError, match=rf"is a run's results \(results.json\), not a config: the run's config "
+                                              rf"is {tmp_path / 'config.yaml'}\. Give that file"):
+        build_config(str(tmp_path / "results.json"))
 
 
 def test_a_relative_shapes_root_is_registered_and_recorded_as_an_absolute_path(tmp_path, monkeypatch):

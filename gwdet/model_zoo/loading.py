@@ -44,6 +44,12 @@ def build_config(config_file: str | os.PathLike, opts: list[str] | None = None) 
         raise GwdetIsADirectoryError(f"Config file {config_file!r} is a folder: give a config file in it "
                                      "(configs/ holds gwdet's).")
     check_config_file_exists(config_file)
+    name = os.path.basename(config_file)
+    if name.startswith("results") and name.endswith(".json"):  # a run's results.json (or one it set aside)
+        beside = os.path.join(os.path.dirname(config_file), "config.yaml")
+        where = f"the run's config is {beside}" if os.path.isfile(beside) else "a run keeps its config as config.yaml"
+        raise GwdetValueError(f"Config file {config_file!r} is a run's results ({name}), not a config: {where}. Give "
+                              "that file (or the config the run was started with).")
     if is_lazy_config(config_file):
         kind = "(.py)" if config_file.endswith(".py") else "(a LazyConfig run's saved config: model, train, dataloader)"
         raise GwdetValueError(
@@ -347,7 +353,7 @@ def _base_paths(config_file: str, content: Mapping) -> list[tuple[str, str]]:
 def _shipped_config_named(name: str) -> str | None:
     """The path of a config gwdet ships whose file name is ``name`` (the first, by path), if any."""
     try:
-        matches = sorted(configs_dir().rglob(os.path.basename(name)))
+        matches = sorted(path for path in configs_dir().rglob(os.path.basename(name)) if path.is_file())
     except (FileNotFoundError, ValueError):
         return None
     return str(matches[0]) if matches else None
@@ -373,17 +379,24 @@ def check_base_files(config_file: str, content: Mapping, named_from: Sequence[st
             raise GwdetValueError(
                 f"Config file {config_file!r} names {BASE_KEY}: {written!r}, so a config is its own base "
                 f"({' -> '.join([*chain, path])}). Remove that {BASE_KEY} line or point it at another config.")
+        via = f" (a base of {' -> '.join(repr(named) for named in chain[:-1])})" if named_from else ""
+        if os.path.isdir(path):
+            configs = sorted(name for name in os.listdir(path) if name.endswith((".yaml", ".yml")))
+            inside = f" (it holds {listed(configs, 3)})" if configs else ""
+            raise GwdetIsADirectoryError(
+                f"Config file {config_file!r}{via} names {BASE_KEY}: {written!r}, which is a folder{inside}: a "
+                f"{BASE_KEY} names one yacs .yaml config file. Correct that line to a config file's path.")
         if not os.path.isfile(path):
-            via = f" (a base of {' -> '.join(repr(named) for named in chain[:-1])})" if named_from else ""
             shipped = _shipped_config_named(written)
             hint = f" gwdet ships a config of that name: {shipped}." if shipped else ""
             raise GwdetFileNotFoundError(
                 f"Config file {config_file!r}{via} names {BASE_KEY}: {written!r}, but there is no file {path} "
                 f"(a relative {BASE_KEY} is read from the folder of the config that names it). Correct the "
                 f"{BASE_KEY} line of {config_file} to the base config's path, or put the base config at {path}.{hint}")
-        if path.endswith(".py"):
+        if is_lazy_config(path):
+            kind = "(.py)" if path.endswith(".py") else "run's saved config (model, train, dataloader)"
             raise GwdetValueError(
-                f"Config file {config_file!r} names {BASE_KEY}: {written!r}, a LazyConfig (.py): a yacs config's "
+                f"Config file {config_file!r} names {BASE_KEY}: {written!r}, a LazyConfig {kind}: a yacs config's "
                 f"{BASE_KEY} is another yacs .yaml config. Name one of those, or use the LazyConfig itself "
                 "(--config-file with key=value overrides).")
         try:
