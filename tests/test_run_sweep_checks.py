@@ -1106,3 +1106,24 @@ def test_a_run_folder_replaced_while_the_run_trains_stops_the_training(tmp_path)
     kept = Steps()  # a folder left in place trains to the end
     kept.register_hooks([RunFolderKept(str(moved))])
     kept.train(0, 3)
+
+
+def test_a_full_disk_before_the_first_checkpoint_promises_no_checkpoint(tmp_path):
+    # a stop signal's checkpoint, the run's first, failed on a full disk: "Its checkpoints are kept: continue with
+    # --resume", which the folder's no checkpoint then refused
+    import errno
+
+    from gwdet.engine.run import named_full_disk, training_way_on
+
+    def full_disk() -> str:
+        with pytest.raises(GwdetOSError) as refused:
+            with named_full_disk(str(tmp_path), lambda: training_way_on(str(tmp_path))):
+                raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "model_0000003.pth"))
+        return str(refused.value)
+
+    assert full_disk().endswith(
+        "The run had no checkpoint yet (the one being saved, a stop signal's too, is what could not be written), so "
+        "nothing of its training is kept: once it can be written, start it again with --overwrite.")
+    torch.save({"model": {}, "iteration": 1}, tmp_path / "model_0000001.pth")
+    assert full_disk().endswith("Its checkpoints are kept: continue with --resume once it can be written (a finished "
+                                "training is evaluated again).")

@@ -415,6 +415,11 @@ def test_missing_and_unreadable_paths_are_refused_saying_what_to_do(tmp_path, mo
     with pytest.raises(ConversionError) as error:
         read_source_state_dict(missing)
     assert str(error.value) == f"{missing}: no such file. Check the input path."
+    # torchvision's URL (docs/weights.md downloads it) was "no such file. Check the input path."
+    url = "https://download.pytorch.org/models/resnet50-0676ba61.pth"
+    with pytest.raises(ConversionError, match=r"the converter reads a local file, not a URL. Download it first \(e.g. "
+                                              r"wget https://"):
+        read_source_state_dict(url)
     with pytest.raises(ConversionError) as error:
         read_source_state_dict(tmp_path)
     assert str(error.value) == f"{tmp_path}: not a regular file. Pass the checkpoint file itself."

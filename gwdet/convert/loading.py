@@ -65,6 +65,10 @@ def read_source_state_dict(
 
 
 def _check_readable_file(path: str) -> None:
+    if "://" in path and not os.path.exists(path):
+        raise ConversionError(
+            f"{path}: the converter reads a local file, not a URL. Download it first (e.g. wget {path}, or in Python "
+            "torch.hub.download_url_to_file(URL, 'weights.pth')), then give the downloaded file.")
     if not os.path.exists(path):
         raise ConversionError(f"{path}: no such file. Check the input path.")
     if not os.path.isfile(path):

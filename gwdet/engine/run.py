@@ -745,8 +745,7 @@ def _train_or_evaluate(args: argparse.Namespace, held: HeldRecords, warned: RunW
         else:
             with named_config_failures(run.cfg, "train the first iteration", args.opts,
                                        applies=lambda: trainer.iter == trainer.start_iter), \
-                    named_full_disk(run.output_dir, "Its checkpoints are kept: continue with --resume once it can be "
-                                    "written (a finished training is evaluated again)."), \
+                    named_full_disk(run.output_dir, lambda: training_way_on(run.output_dir)), \
                     named_lost_file("The run's checkpoints are kept: continue it with --resume."), \
                     named_killed_loader("The run's checkpoints are kept: continue it with --resume."):
                 try:
@@ -780,16 +779,29 @@ def drawn_score(run: RunConfig) -> float:
     return max(DRAWN_SCORE, float(threshold)) if is_finite_number(threshold) else DRAWN_SCORE
 
 
+def training_way_on(output_dir: str) -> str:
+    """What a training stopped by a full or unwritable disk keeps, and how to go on: its
+    checkpoints and ``--resume``, or, before its first checkpoint, nothing (the stop's own
+    checkpoint may be what could not be written) and a new start."""
+    if checkpoints_in(output_dir):
+        return ("Its checkpoints are kept: continue with --resume once it can be written (a finished training is "
+                "evaluated again).")
+    return ("The run had no checkpoint yet (the one being saved, a stop signal's too, is what could not be written), "
+            "so nothing of its training is kept: once it can be written, start it again with --overwrite.")
+
+
 @contextlib.contextmanager
-def named_full_disk(output_dir: str, way_on: str) -> Iterator[None]:
+def named_full_disk(output_dir: str, way_on: str | Callable[[], str]) -> Iterator[None]:
     """A full disk while training or evaluating into ``output_dir`` (detectron2's writers, its
     evaluators' files; torch.save's archive writer reports it as a RuntimeError raised while the
     OSError was handled), or ``output_dir`` no longer writable (a disk remounted read-only,
-    permissions changed: a file there refused), as one error naming the folder and ``way_on``,
-    instead of the writer's traceback."""
+    permissions changed: a file there refused), as one error naming the folder and ``way_on`` (or
+    what it returns when the error comes: what is kept by then), instead of the writer's traceback."""
     try:
         yield
     except (OSError, RuntimeError) as raised:
+        if callable(way_on):
+            way_on = way_on()
         error = next((cause for cause in (raised, raised.__context__) if isinstance(cause, OSError)), None)
         if error is None or (isinstance(raised, GwdetError) and not isinstance(raised, WriteError)):
             raise  # gwdet's own errors say it already (an atomic write's names the file only)
