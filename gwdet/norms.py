@@ -780,6 +780,9 @@ def _only(keys: Mapping[str, str], build: Callable) -> dict[str, str]:  # pragma
 
 _SYNC_BN = (torch.nn.SyncBatchNorm,)  # detectron2's "SyncBN" with torch > 1.5
 _NAIVE_SYNC_BN = (detectron2_batch_norm.NaiveSyncBatchNorm,)  # a BatchNorm2d
+# The layers of SyncBN, nnSyncBN and naiveSyncBN: their batch statistics span every process's images,
+# and their forward asks the process group from Python (which TorchScript cannot compile).
+SYNCHRONIZED_NORMS = _SYNC_BN + _NAIVE_SYNC_BN
 _DETECTRON2_LN = getattr(detectron2_batch_norm, "LayerNorm", torch.nn.LayerNorm)
 
 

@@ -31,7 +31,6 @@ from detectron2.modeling.backbone.fpn import FPN
 from detectron2.modeling.box_regression import Box2BoxTransform
 from detectron2.modeling.backbone.resnet import BottleneckBlock
 from detectron2.modeling.poolers import ROIPooler
-from detectron2.layers import NaiveSyncBatchNorm
 from detectron2.utils import comm
 
 from gwdet.config import SHAPES_PREFIX
@@ -65,7 +64,7 @@ from gwdet.checkpoint.integrity import (
 )
 from gwdet.checkpoint.converted_weights import read_conversion_metadata
 from gwdet.layers.settings_state import EXTRA_STATE_KEY
-from gwdet.norms import TORCH_BATCH_NORMS, layer_types
+from gwdet.norms import SYNCHRONIZED_NORMS, TORCH_BATCH_NORMS, layer_types
 from gwdet.checkpoint.safe_load import (UnsafeCheckpointError, load_pickle_file, load_torch_file,
                                         valueless_tensors_problem)
 from gwdet.errors import (GwdetError, GwdetFileExistsError, GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetRuntimeError, GwdetTypeError,
@@ -388,8 +387,6 @@ DETECTRON2_STATE = frozenset({"iteration", "optimizer", "scheduler"})
 # The training datasets' annotation files, {name: {"json_file": path, "json_sha256": digest, "image_root":
 # folder}}: what a resume checks that it continues on, and an evaluation that it is not evaluated on.
 DATA_KEY = "gwdet_training_data"
-# Norm layers whose batch statistics span every process's images (not only a process's own share).
-_SYNCED_NORMS = (torch.nn.SyncBatchNorm, NaiveSyncBatchNorm)
 # What each stretch of a resumed training ran with, [{"from_iteration": i, ...the values the trainer gave
 # as its segment}], the last the stretch that saved the checkpoint: carried from checkpoint to checkpoint.
 RUN_SEGMENTS_KEY = "gwdet_run_segments"
@@ -769,7 +766,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
             return
         per_process = layer_types(batch_statistics=True) + TORCH_BATCH_NORMS
         layers = [name for name, module in self.model.named_modules()
-                  if isinstance(module, per_process) and not isinstance(module, _SYNCED_NORMS)]
+                  if isinstance(module, per_process) and not isinstance(module, SYNCHRONIZED_NORMS)]
         if layers:
             raise GwdetValueError(
                 f"--resume: the run in {self.save_dir} trained with {saved} process(es) ({os.path.basename(checkpoint)}), "

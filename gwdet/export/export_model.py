@@ -42,6 +42,7 @@ from gwdet.engine.arguments import parse_with_trailing_flags, refuse_repeated_fl
 from gwdet.engine.output_dir import (EVALUATOR_FILES, LOCK_NAME, check_run_detections_kept, check_weights_are_the_runs,
                                      checkpoints_in, folder_locked, lock_holder)
 from gwdet.engine.run import RunConfig, gives_setting, load_run_config, named_full_disk, warn_of_unused_coco
+from gwdet.norms import SYNCHRONIZED_NORMS
 
 logger = logging.getLogger("gwdet.export")
 
@@ -229,11 +230,9 @@ def export_scripting(model: torch.nn.Module, path: str) -> torch.jit.ScriptModul
 def check_scriptable(model: torch.nn.Module) -> None:
     """Refuse, before anything is run or written, a model with layers TorchScript cannot compile:
     torch's ``SyncBatchNorm`` and detectron2's ``NaiveSyncBatchNorm`` (NORM ``SyncBN``, ``nnSyncBN``,
-    ``naiveSyncBN``) ask the process group from Python in their forward."""
-    from detectron2.layers import NaiveSyncBatchNorm
-
-    synced = [name for name, module in model.named_modules()
-              if isinstance(module, (torch.nn.SyncBatchNorm, NaiveSyncBatchNorm))]
+    ``naiveSyncBN``: :data:`gwdet.norms.SYNCHRONIZED_NORMS`) ask the process group from Python in
+    their forward."""
+    synced = [name for name, module in model.named_modules() if isinstance(module, SYNCHRONIZED_NORMS)]
     if synced:
         raise GwdetValueError(
             f"--export-method scripting: the model has synchronized batch norm layers ({listed(synced, 3)}; NORM "
@@ -512,15 +511,16 @@ def _export(argv: Sequence[str]) -> int:
                               f"or name a test set in {run.test_setting}.")
     run.register_datasets(args.register_coco, trains=False, evaluates=args.run_eval,
                           reads_tests=args.sample_image is None or args.run_eval)
-    if (args.sample_image is None or args.run_eval) and run.test_datasets():
-        first = f"{run.test_datasets()[0]} ({run.test_setting}'s first dataset)"
+    tests = run.test_datasets()
+    if (args.sample_image is None or args.run_eval) and tests:
+        first = f"{tests[0]} ({run.test_setting}'s first dataset)"
         if args.sample_image is None and args.run_eval:
             reads = f"takes its sample image from {first} and evaluates on it, not on"
         elif args.run_eval:
             reads = f"evaluates on {first}, not on"
         else:
             reads = f"takes its sample image from {first}, not from"
-        warn_of_unused_coco(args.register_coco or (), [run.test_datasets()[0]], f"the export {reads}",
+        warn_of_unused_coco(args.register_coco or (), tests[:1], f"the export {reads}",
                             f"name it first in {run.test_setting} to use it.")
     model = run.build_trained_model(
         evaluates=args.run_eval, exports=True, incomplete_outcome="the export would hold a partly random model",
