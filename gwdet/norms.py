@@ -392,6 +392,14 @@ def norm_record(name: str) -> NormRecord:
     )
 
 
+def synchronizes_cuda_only(name: str) -> bool:
+    """Whether ``name`` builds torch's ``SyncBatchNorm`` (detectron2's ``SyncBN`` and ``nnSyncBN``, or
+    a registered name whose ``layer_types`` say so), which synchronizes CUDA tensors only: processes
+    training on the CPU stop at its first forward. False for a name the catalogue does not know."""
+    record = _RECORDS.get(name) if isinstance(name, str) else None
+    return record is not None and any(issubclass(layer, torch.nn.SyncBatchNorm) for layer in record.layer_types)
+
+
 def check_detectron2_buildable(argument: str, norm: Any) -> None:
     """Refuse a name only gwdet builds given as ``argument`` (e.g. ``"place_norm: norm"``) to a
     component that passes it to detectron2's ``get_norm``, which would raise a bare ``KeyError``."""

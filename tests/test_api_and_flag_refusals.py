@@ -353,3 +353,18 @@ def test_a_trainer_given_the_other_kind_of_config_or_a_path_names_the_one_to_use
     with pytest.raises(TypeError, match=r"^LazyTrainer takes a LazyConfig \(omegaconf's DictConfig\), not a CfgNode: for "
                                         r"a yacs config, build gwdet's Trainer \(gwdet.engine.trainer.Trainer\).$"):
         LazyTrainer(get_cfg())
+
+
+def test_the_names_that_synchronize_cuda_tensors_only_come_from_the_catalogue():
+    # the layers a name builds decide, so a registered name building torch's SyncBatchNorm is refused too
+    import gwdet
+    from gwdet.norms import synchronizes_cuda_only, unregister_norm
+
+    assert [name for name in ("SyncBN", "nnSyncBN", "naiveSyncBN", "BN", "GN", "GW", "", "NoSuchNorm")
+            if synchronizes_cuda_only(name)] == ["SyncBN", "nnSyncBN"]
+    gwdet.register_norm("MySyncBN", lambda channels: torch.nn.SyncBatchNorm(channels), batch_statistics=True,
+                        layer_types=(torch.nn.SyncBatchNorm,))
+    try:
+        assert synchronizes_cuda_only("MySyncBN")
+    finally:
+        unregister_norm("MySyncBN")

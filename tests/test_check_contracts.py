@@ -14,7 +14,8 @@ from detectron2.config import get_cfg
 from gwdet import add_gwdet_config, check_gwdet_config, known_norm_names, norm
 from gwdet.config_checks import NormConfigError, UnknownNormConfigError
 from gwdet.config import config_default
-from gwdet.engine.output_dir import CONFIG_NAME, check_resume_config
+from gwdet.engine.output_dir import check_resume_config
+from gwdet.utils.run_file_names import CONFIG_NAME
 from gwdet.layers import GroupWhitening
 from gwdet.norms import UnknownNormError
 

@@ -26,24 +26,11 @@ from gwdet.model_zoo import build_config
 
 from conftest import DEMO_CONFIG, LAZY_CONFIG, TINY_OPTS
 from gwdet.config import ABSENT
-from gwdet.engine.output_dir import (
-    CONFIG_NAME,
-    LOCK_NAME,
-    OutputDirLock,
-    OutputDirNotWritableError,
-    check_fresh_start,
-    check_resume_config,
-    checkpoints_in,
-    config_differences,
-    damaged_config,
-    differing_values,
-    evaluation_folder,
-    holds_run,
-    record_config_checksum,
-    run_files,
-    tagged_checkpoint,
-    trim_metrics,
-)
+from gwdet.engine.output_dir import (OutputDirLock, OutputDirNotWritableError, check_fresh_start, check_resume_config,
+                                     checkpoints_in, config_differences, damaged_config, differing_values,
+                                     evaluation_folder, holds_run, record_config_checksum, run_files, tagged_checkpoint,
+                                     trim_metrics)
+from gwdet.utils.run_file_names import CONFIG_NAME, LOCK_NAME
 
 LOGGER = "gwdet.engine.output_dir"
 
@@ -154,7 +141,8 @@ def test_an_overwrite_while_an_evaluation_runs_in_the_folder_is_refused(tmp_path
 def test_an_overwrite_sets_the_earlier_run_aside_until_the_new_one_starts_or_puts_it_back(tmp_path, caplog):
     """Deleted once the new run has started; put back when it stops before (an error in the block,
     or a kill, which the next run that takes the folder's lock undoes)."""
-    from gwdet.engine.output_dir import SET_ASIDE, earlier_run_until_started
+    from gwdet.engine.output_dir import earlier_run_until_started
+    from gwdet.utils.run_file_names import SET_ASIDE
 
     make(tmp_path, *SEVEN, CONFIG_NAME, CONFIG_NAME + ".sha256", "notes.txt")
     (tmp_path / CONFIG_NAME).write_text("the earlier run's")

@@ -19,19 +19,10 @@ import torch
 from gwdet.checkpoint.integrity import DamagedTensorsError, verify_checksums, with_checksums, without_checksums_recipe
 from gwdet.checkpoint.resilient import ResilientCheckpointer
 from gwdet.engine.arguments import parse_args
-from gwdet.engine.output_dir import (
-    CONFIG_KEPT,
-    CONFIG_NAME,
-    OutputDirLock,
-    OutputDirNotWritableError,
-    check_config_file_kept,
-    check_fresh_start,
-    check_resume_config,
-    check_run_folders,
-    evaluation_folder,
-    holds_run,
-    run_files,
-)
+from gwdet.engine.output_dir import (OutputDirLock, OutputDirNotWritableError, check_config_file_kept,
+                                     check_fresh_start, check_resume_config, check_run_folders, evaluation_folder,
+                                     holds_run, run_files)
+from gwdet.utils.run_file_names import CONFIG_KEPT, CONFIG_NAME
 from gwdet.engine.run import evaluation_request, load_run_config, main
 from gwdet.engine.trainer import Trainer
 from gwdet.errors import GwdetError, GwdetOSError
@@ -604,7 +595,7 @@ def test_a_lock_file_that_cannot_be_written_is_one_error_naming_the_folder(tmp_p
 
 def test_an_evaluation_of_a_run_set_aside_by_a_stopped_overwrite_says_where_it_is(finished_run, tmp_path):
     # after a kill during --overwrite's set-aside: "does not exist" / "holds no checkpoint", so the user might delete it
-    from gwdet.engine.output_dir import SET_ASIDE
+    from gwdet.utils.run_file_names import SET_ASIDE
 
     run = tmp_path / "run"
     run.mkdir()
@@ -710,7 +701,7 @@ def test_a_run_folder_that_can_no_longer_be_written_is_one_error_with_the_way_on
 
 def test_a_resume_refused_once_its_config_was_written_leaves_the_runs_config_yaml_as_it_was(finished_run, tmp_path):
     # a resume refused for its damaged checkpoint rewrote config.yaml (MAX_ITER, OUTPUT_DIR) and its record
-    from gwdet.engine.output_dir import CONFIG_KEPT
+    from gwdet.utils.run_file_names import CONFIG_KEPT
 
     run = _copy_run(finished_run, tmp_path / "run", "model_final.pth", "model_final.pth.sha256", "last_checkpoint",
                     "metrics.json", CONFIG_NAME, RECORD)

@@ -36,6 +36,7 @@ from detectron2.utils import comm
 from gwdet.config import SHAPES_PREFIX
 from gwdet.utils.fingerprints import split_fingerprints
 from gwdet.utils.cli_errors import as_override, link_dotdot_problem
+from gwdet.utils.run_file_names import FINAL_WEIGHTS, LAST_CHECKPOINT
 from gwdet.utils.atomic import (cached_sha256, checksum_findings, file_version, same_file_version, shown_record,
                                 write_atomically, write_with_checksum)
 from gwdet.checkpoint.compatibility import (
@@ -283,7 +284,6 @@ class WeightsDownloadError(GwdetError, OSError):
     """Initial weights named by a URL that cannot be downloaded here."""
 
 
-LAST_CHECKPOINT = "last_checkpoint"  # detectron2's Checkpointer names the latest checkpoint in it
 FILE_URL = "file://"
 
 
@@ -707,7 +707,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 return -1
             return recorded if isinstance(recorded, int) else -1
 
-        others.sort(key=lambda n: (-iteration(n), n != "model_final.pth"))
+        others.sort(key=lambda n: (-iteration(n), n != FINAL_WEIGHTS))
         try:
             tagged = tagged_name(self.save_dir) if self.has_checkpoint() else None
         except (UnicodeDecodeError, OSError) as error:

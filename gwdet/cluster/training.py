@@ -34,9 +34,9 @@ from gwdet.errors import GwdetError, GwdetValueError
 from gwdet.utils.cli_errors import run_tool, tool_name
 from gwdet.engine import arguments
 from gwdet.engine.launch import launch
-from gwdet.engine.output_dir import EVAL_FOLDER, check_not_in_use
-from gwdet.engine.run import (RESULTS_JSON, RESULTS_MARKDOWN, RunConfig, check_config_unchanged, check_output_request,
-                              config_text, load_run_config, main)
+from gwdet.engine.output_dir import check_not_in_use
+from gwdet.engine.run import RunConfig, check_config_unchanged, check_output_request, config_text, load_run_config, main
+from gwdet.utils.run_file_names import EVAL_FOLDER, RESULTS_JSON, RESULTS_MARKDOWN
 from gwdet.engine.threads import THREADS_VARIABLE, configure_threads
 
 JOBS_FOLDER = "submitit"  # inside OUTPUT_DIR: <job id>/ with submitit's pickles and logs

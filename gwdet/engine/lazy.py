@@ -68,19 +68,10 @@ from gwdet.modeling import check_model
 from gwdet.modeling.build import check_device
 from gwdet.modeling.model_checks import (check_frozen_batch_statistics, check_model_example_groups,
                                          check_norm_weight_decay)
-from gwdet.engine.output_dir import (
-    CONFIG_NAME,
-    SavedRun,
-    ScheduleAt,
-    check_config_checksum,
-    checkpoints_in,
-    check_resume_trains,
-    check_resumed_run,
-    check_run_detections_kept,
-    config_differences,
-    damaged_config,
-    leaves_the_model,
-)
+from gwdet.engine.output_dir import (SavedRun, ScheduleAt, check_config_checksum, checkpoints_in, check_resume_trains,
+                                     check_resumed_run, check_run_detections_kept, config_differences, damaged_config,
+                                     leaves_the_model)
+from gwdet.utils.run_file_names import CONFIG_NAME
 from gwdet.engine.output_dir import warn_of_a_moved_schedule as moved_schedule_warning
 from gwdet.engine.lazy_checks import (
     check_call_arguments,

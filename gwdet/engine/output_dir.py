@@ -45,15 +45,12 @@ from gwdet.errors import (
     GwdetValueError,
     listed,
 )
-from gwdet.checkpoint.resilient import (
-    CHECKPOINT_NAME,
-    INITIAL_WEIGHTS_KEY,
-    LAST_CHECKPOINT,
-    checkpoint_names,
-    local_weights_path,
-    lost_checkpoint_error,
-    tagged_name,
-)
+from gwdet.checkpoint.resilient import (CHECKPOINT_NAME, INITIAL_WEIGHTS_KEY, checkpoint_names, local_weights_path,
+                                        lost_checkpoint_error, tagged_name)
+from gwdet.utils.run_file_names import (LAST_CHECKPOINT, LOCK_NAME, FINAL_WEIGHTS, CONFIG_NAME, RESULTS_MARKDOWN,
+                                   RESULTS_JSON, EVALUATOR_FILES, CONFIG_FILES, RUN_FILES, SET_ASIDE_INFIX,
+                                   EARLIER_RESULTS, EVAL_FOLDER, INFERENCE_FOLDER, VIS_FOLDER, RUN_FOLDERS, CONFIG_KEPT,
+                                   CONFIG_KEEPING, SET_ASIDE, LOG_NAME, RANK_LOG, CONFIG_PAIR, METRICS_JSON)
 from gwdet.config import ABSENT, flatten_config
 from gwdet.engine.run_environment import ENVIRONMENT_KEY
 from gwdet.model_zoo.lazy_loading import is_lazy_config
@@ -75,40 +72,6 @@ from gwdet.utils.atomic import (
 from gwdet.utils.cli_errors import (as_override, edge_whitespace_problem, link_dotdot_problem, output_path_problem,
                                     unexpanded_variable_problem)
 
-LOCK_NAME = ".gwdet.lock"
-FINAL_WEIGHTS = "model_final.pth"  # what detectron2's periodic checkpointer saves at the end
-CONFIG_NAME = "config.yaml"  # detectron2's default_setup writes the run's config here
-# Files and folders of a run that a new run would replace or append to (config.yaml and
-# results.json with the SHA-256 recorded beside them, gwdet.utils.atomic).
-RESULTS_MARKDOWN = "results.md"  # the run's results, written by gwdet.engine.run
-RESULTS_JSON = "results.json"
-# What detectron2's COCOEvaluator writes into its output folder
-EVALUATOR_FILES = ("coco_instances_results.json", "instances_predictions.pth")
-# The run's config, its record and (config.yaml.pkl) the pickle detectron2's LazyConfig.save writes of
-# a config that YAML cannot hold (a function, say): what a run leaves before its first step
-CONFIG_FILES = (CONFIG_NAME, CONFIG_NAME + CHECKSUM_SUFFIX, CONFIG_NAME + ".pkl")
-RUN_FILES = ("last_checkpoint", "metrics.json", RESULTS_MARKDOWN, RESULTS_JSON, *CONFIG_FILES,
-             RESULTS_JSON + CHECKSUM_SUFFIX)
-# A run resumed past its results keeps them as results<SET_ASIDE_INFIX><iteration>[_<n>].md / .json
-# (set_aside_results), with its files, and a run resumed with other config values keeps the config of
-# its earlier iterations as config<SET_ASIDE_INFIX><iteration>[_<n>].yaml; EARLIER_RESULTS matches those
-# names (and their SHA-256 records).
-SET_ASIDE_INFIX = "_before_resuming_at_"
-EARLIER_RESULTS = re.compile(rf"^(results{SET_ASIDE_INFIX}\d+(_\d+)?\.(md|json)"
-                             rf"|config{SET_ASIDE_INFIX}\d+(_\d+)?\.yaml)(\.sha256)?$")
-EVAL_FOLDER = "eval"  # --eval-only of a folder that holds a run writes to eval/<checkpoint>/
-INFERENCE_FOLDER = "inference"  # detectron2's evaluators write their files in inference/<dataset>/
-VIS_FOLDER = "vis"  # the prediction drawings
-RUN_FOLDERS = (INFERENCE_FOLDER, VIS_FOLDER, EVAL_FOLDER)
-# While detectron2 rewrites config.yaml in place, a copy of it and of its record is kept in this folder
-# (complete once renamed from CONFIG_KEEPING): config_rewrite, restore_config.
-CONFIG_KEPT = ".gwdet-config-before"
-CONFIG_KEEPING = CONFIG_KEPT + ".new"
-# --overwrite: the earlier run's files until the new run has started (put back if it stops before)
-SET_ASIDE = ".gwdet-overwritten"
-LOG_NAME = "log.txt"  # detectron2's log of a run, appended to by every run in the folder
-RANK_LOG = re.compile(r"^log\.txt\.rank\d+$")  # the logs of a run's other processes (detectron2's setup_logger)
-CONFIG_PAIR = (CONFIG_NAME + CHECKSUM_SUFFIX, CONFIG_NAME)  # put back in this order: the record first
 # Keys that may differ when a run is resumed: where it runs and where its first weights came from.
 RESUMABLE_DIFFERENCES = ("MODEL.DEVICE", "MODEL.WEIGHTS")
 
@@ -169,7 +132,7 @@ def _empty(path: str) -> bool:
     """Whether ``path`` is an empty ``metrics.json`` or a folder without files (in any subfolder)."""
     if os.path.isdir(path):
         return not any(files for _, _, files in os.walk(path))
-    return os.path.basename(path) == "metrics.json" and os.path.getsize(path) == 0
+    return os.path.basename(path) == METRICS_JSON and os.path.getsize(path) == 0
 
 
 def _written_by_a_run(parts: Sequence[str]) -> bool:
@@ -638,7 +601,7 @@ def check_run_folders(output_dir: str, names: Sequence[str], setting: str = "OUT
 
 
 # The files a run writes in its output folder, and what each holds (named in refusals)
-RUN_FILE_PURPOSES = {"last_checkpoint": "the name of its latest checkpoint", "metrics.json": "its training metrics",
+RUN_FILE_PURPOSES = {LAST_CHECKPOINT: "the name of its latest checkpoint", METRICS_JSON: "its training metrics",
                      LOG_NAME: "its log", RESULTS_MARKDOWN: "its results", RESULTS_JSON: "its results"}
 
 
@@ -658,7 +621,7 @@ def check_run_file_names(output_dir: str, setting: str = "OUTPUT_DIR") -> None:
 
 # The files of a run written in place (opened for writing or appending, not replaced): detectron2's
 # config dump, log, metrics and last_checkpoint.
-IN_PLACE_FILES = (CONFIG_NAME, LOG_NAME, "metrics.json", LAST_CHECKPOINT)
+IN_PLACE_FILES = (CONFIG_NAME, LOG_NAME, METRICS_JSON, LAST_CHECKPOINT)
 
 
 def check_run_files_not_shared(output_dir: str, setting: str = "OUTPUT_DIR") -> None:
@@ -1283,7 +1246,7 @@ def trim_metrics(output_dir: str, start_iter: int) -> None:
     records of iterations the resumed run repeats are removed, with a warning naming how many and
     the damaged lines' numbers. (detectron2 appends the lines one by one, so no checksum of the
     whole file can be recorded: a changed value that leaves a valid record is not detected.)"""
-    path = os.path.join(output_dir, "metrics.json")
+    path = os.path.join(output_dir, METRICS_JSON)
     if not os.path.isfile(path):
         return
     with open(path, "rb") as f:

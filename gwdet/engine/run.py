@@ -61,34 +61,15 @@ from gwdet.layers.plans import describe_plans, fallback_reason
 from gwdet.model_zoo.lazy_loading import is_lazy_config
 from gwdet.utils.atomic import WriteError, write_text_atomically, write_text_with_checksum
 from gwdet.utils.cli_errors import tool_name
-from gwdet.engine.output_dir import (
-    CONFIG_NAME,
-    EVALUATOR_FILES,
-    INFERENCE_FOLDER,
-    RESULTS_JSON,
-    RESULTS_MARKDOWN,
-    VIS_FOLDER,
-    OutputDirLock,
-    check_config_file_kept,
-    check_config_not_users,
-    check_final_weights_not_training,
-    check_not_set_aside,
-    check_run_folder_is_the_records,
-    check_fresh_start,
-    check_resume_source,
-    check_run_file_names,
-    check_run_files_not_shared,
-    check_run_folders,
-    check_weights_are_the_runs,
-    checkpoints_in,
-    config_differences,
-    config_rewrite,
-    config_until_started,
-    earlier_run_until_started,
-    evaluation_folder,
-    recorded_initial_weights,
-    tagged_checkpoint,
-)
+from gwdet.engine.output_dir import (OutputDirLock, check_config_file_kept, check_config_not_users,
+                                     check_final_weights_not_training, check_not_set_aside,
+                                     check_run_folder_is_the_records, check_fresh_start, check_resume_source,
+                                     check_run_file_names, check_run_files_not_shared, check_run_folders,
+                                     check_weights_are_the_runs, checkpoints_in, config_differences, config_rewrite,
+                                     config_until_started, earlier_run_until_started, evaluation_folder,
+                                     recorded_initial_weights, tagged_checkpoint)
+from gwdet.utils.run_file_names import (CONFIG_NAME, EVALUATOR_FILES, INFERENCE_FOLDER, RESULTS_JSON, RESULTS_MARKDOWN,
+                                   VIS_FOLDER)
 from gwdet.engine.run_environment import ENVIRONMENT_KEY, annotation_files, run_environment
 from gwdet.engine.run_log import HeldRecords, RunWarnings
 from gwdet.engine.training import RunFolderKept, check_torch_state, mark_seeded

@@ -46,11 +46,12 @@ from gwdet.modeling.build import (check_built_model, check_device, check_mixed_p
 from gwdet.modeling.model_checks import (check_frozen_batch_statistics, check_model_example_groups,
                                          check_norm_weight_decay)
 from gwdet.layers.settings_state import TEST_TIME_SETTINGS
-from gwdet.norms import norm_record
+from gwdet.norms import norm_record, synchronizes_cuda_only
 from gwdet.solver import build_optimizer
 from gwdet.engine.output_dir import (ScheduleAt, check_resume_config, check_resume_trains, check_run_detections_kept,
                                      model_differences, saved_run_config)
 from gwdet.engine.output_dir import warn_of_a_moved_schedule as moved_schedule_warning
+from gwdet.utils.run_file_names import INFERENCE_FOLDER
 from gwdet.engine.run import RunConfig, warn_of_uncounted_detections
 from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.engine.training import (
@@ -228,19 +229,13 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
         """detectron2's ``COCOEvaluator``, writing into ``OUTPUT_DIR/inference/<dataset>`` (or
         ``output_folder``), refused where that holds a finished run's detections
         (:func:`~gwdet.engine.output_dir.check_run_detections_kept`)."""
-        output_folder = output_folder or os.path.join(cfg.OUTPUT_DIR, "inference", dataset_name)
+        output_folder = output_folder or os.path.join(cfg.OUTPUT_DIR, INFERENCE_FOLDER, dataset_name)
         check_run_detections_kept(output_folder, cfg.OUTPUT_DIR, "Give the evaluation a folder of its own "
                                   "(Trainer.test(cfg, model, evaluators=[COCOEvaluator(name, output_dir=...)])), or "
                                   "evaluate with tools/train_net.py --eval-only, which writes eval/<checkpoint>/.")
         warn_of_uncounted_detections(cfg.TEST.DETECTIONS_PER_IMAGE, "TEST.DETECTIONS_PER_IMAGE")
         # a dataset without a json file is converted anew: a cache of an earlier evaluation may hold other annotations
         return COCOEvaluator(dataset_name, output_dir=output_folder, allow_cached_coco=False)
-
-
-
-
-# detectron2's names of torch's SyncBatchNorm, which DDP accepts for CUDA modules only
-CUDA_SYNC_NORMS = ("SyncBN", "nnSyncBN")
 
 
 def norm_settings(cfg: CfgNode) -> dict[str, str]:
@@ -424,7 +419,7 @@ def check_training_values(cfg: CfgNode, world_size: int) -> None:
                 f"TEST.PRECISE_BN.NUM_ITER is {iterations!r}: PreciseBN averages the batch statistics of that many "
                 "batches (0 would set every BN layer's running mean and variance to 0, a negative count stops after "
                 "the training); give at least 1, e.g. TEST.PRECISE_BN.NUM_ITER 200, or TEST.PRECISE_BN.ENABLED False.")
-    synchronized = [key for key, name in norms.items() if name in CUDA_SYNC_NORMS]
+    synchronized = [key for key, name in norms.items() if synchronizes_cuda_only(name)]
     if synchronized and world_size > 1 and not str(cfg.MODEL.DEVICE).startswith("cuda"):
         raise GwdetValueError(
             f"{', '.join(synchronized)} is {norms[synchronized[0]]} (torch's SyncBatchNorm), which synchronizes CUDA "

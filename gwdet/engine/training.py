@@ -44,6 +44,7 @@ from gwdet.engine.output_dir import (OutputDirLock, OutputDirNotWritableError, c
                                      set_aside_results, trim_metrics)
 from gwdet.engine.run_environment import annotation_files, run_segment
 from gwdet.modeling.build import check_build_state
+from gwdet.utils.run_file_names import METRICS_JSON
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ def run_writers(output_dir: str, max_iter: int) -> list:
     """detectron2's ``default_writers`` (console, ``metrics.json``, TensorBoard events), with
     ``metrics.json`` written by a :class:`MetricsFileWriter`."""
     os.makedirs(output_dir, exist_ok=True)
-    return [CommonMetricPrinter(max_iter), MetricsFileWriter(os.path.join(output_dir, "metrics.json")),
+    return [CommonMetricPrinter(max_iter), MetricsFileWriter(os.path.join(output_dir, METRICS_JSON)),
             TensorboardXWriter(output_dir)]
 
 
@@ -194,7 +195,7 @@ def check_fresh_training(cfg: Any, resume: Any, output_dir: str, setting: str) -
     if resume or getattr(cfg, SEEDED_MARK, False) or not os.path.isdir(output_dir) or checkpoint_names(output_dir):
         return  # with checkpoints: another run's, refused by the checkpointer
     earlier = sorted(name for name in os.listdir(output_dir)
-                     if name == "metrics.json" or name.startswith("events.out.tfevents"))
+                     if name == METRICS_JSON or name.startswith("events.out.tfevents"))
     if earlier:
         raise GwdetFileExistsError(
             f"{setting} {output_dir!r} holds {', '.join(earlier)} of an earlier training that wrote no checkpoint (it "

@@ -39,8 +39,9 @@ from gwdet.utils.cli_errors import add_verbose_argument, as_override, output_pat
 from gwdet.export.deploy import MIN_DETECTOR_OPSET
 from gwdet.export.detection_check import TOLERANCE
 from gwdet.engine.arguments import parse_with_trailing_flags, refuse_repeated_flags
-from gwdet.engine.output_dir import (EVALUATOR_FILES, LOCK_NAME, check_run_detections_kept, check_weights_are_the_runs,
-                                     checkpoints_in, folder_locked, lock_holder)
+from gwdet.engine.output_dir import (check_run_detections_kept, check_weights_are_the_runs, checkpoints_in,
+                                     folder_locked, lock_holder)
+from gwdet.utils.run_file_names import EVALUATOR_FILES, INFERENCE_FOLDER, LOCK_NAME
 from gwdet.engine.run import RunConfig, gives_setting, load_run_config, named_full_disk, warn_of_unused_coco
 from gwdet.norms import SYNCHRONIZED_NORMS
 
@@ -419,7 +420,7 @@ def check_export_flags(args: argparse.Namespace) -> None:
         if problem:
             raise GwdetValueError(f"--sample-image {args.sample_image} {problem}.")
     check_folder_free(args.output)
-    evaluation = os.path.join(args.output, "inference")
+    evaluation = os.path.join(args.output, INFERENCE_FOLDER)
     held = [name for name in EVALUATOR_FILES if os.path.isfile(os.path.join(evaluation, name))]
     if held and not args.run_eval and args.overwrite and os.path.isfile(export_path(args)):
         raise GwdetFileExistsError(
@@ -581,5 +582,5 @@ def _export(argv: Sequence[str]) -> int:
     if args.run_eval:  # its files beside the export, not in the training run's inference/
         with ExportFolderLock(args.output), named_full_disk(args.output, f"The export ({path}) is kept: evaluate it "
                                                             "again with --overwrite --run-eval once it can be written."):
-            evaluate_traced(run, traced, adapter, os.path.join(args.output, "inference"))
+            evaluate_traced(run, traced, adapter, os.path.join(args.output, INFERENCE_FOLDER))
     return 0

@@ -30,6 +30,7 @@ from gwdet.layers.common import check_flag
 from gwdet.model_zoo.lazy_loading import check_config_file_exists, check_override_list, is_lazy_config, load_lazy_config
 from gwdet.model_zoo.model_zoo import configs_dir, get_config_file
 from gwdet.norms import add_registered_config_keys, known_norm_names, norm_record, spawned_process_note
+from gwdet.utils.run_file_names import CONFIG_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +47,8 @@ def build_config(config_file: str | os.PathLike, opts: list[str] | None = None) 
     check_config_file_exists(config_file)
     name = os.path.basename(config_file)
     if name.startswith("results") and name.endswith(".json"):  # a run's results.json (or one it set aside)
-        beside = os.path.join(os.path.dirname(config_file), "config.yaml")
-        where = f"the run's config is {beside}" if os.path.isfile(beside) else "a run keeps its config as config.yaml"
+        beside = os.path.join(os.path.dirname(config_file), CONFIG_NAME)
+        where = f"the run's config is {beside}" if os.path.isfile(beside) else f"a run keeps its config as {CONFIG_NAME}"
         raise GwdetValueError(f"Config file {config_file!r} is a run's results ({name}), not a config: {where}. Give "
                               "that file (or the config the run was started with).")
     if is_lazy_config(config_file):

@@ -32,7 +32,7 @@ import numpy as np
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from gwdet.engine.output_dir import RESULTS_JSON
+from gwdet.utils.run_file_names import RESULTS_JSON
 from gwdet.errors import GwdetFileNotFoundError, GwdetValueError
 from gwdet.utils.atomic import checksum_path, checksum_problem, write_text_with_checksum
 from gwdet_lab.study.run_folder import nan_for_null, null_for_nan

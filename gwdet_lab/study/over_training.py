@@ -45,7 +45,8 @@ from gwdet_lab.study.evaluation import evaluate, has_batch_norm, selection_datas
 from gwdet_lab.study.record import PlannedCell
 from gwdet_lab.study.records import OVER_TRAINING_JSON, recorded_cells
 from gwdet_lab.study.report import foreign_report_problem, label
-from gwdet_lab.study.run_folder import FINAL_WEIGHTS, RunFolder
+from gwdet.utils.run_file_names import FINAL_WEIGHTS
+from gwdet_lab.study.run_folder import RunFolder
 
 TABLE_MD, CURVE_PNG = "table.md", "ap_over_training.png"
 DEFAULT_SUBSET = 200

@@ -46,8 +46,8 @@ from gwdet.engine.run_environment import run_environment
 from gwdet.utils.atomic import cached_sha256
 from gwdet.model_zoo import build_config
 from gwdet.config import ABSENT
-from gwdet.engine.output_dir import CONFIG_NAME, differing_values
-from gwdet.engine.run import RESULTS_JSON
+from gwdet.engine.output_dir import differing_values
+from gwdet.utils.run_file_names import CONFIG_NAME, RESULTS_JSON
 from gwdet_lab.study.cells import CONFIG_PATTERNS, GROUP_LABELS, MAX_FOLDER_VERSIONS, Cell
 from gwdet_lab.study.run_folder import RECORD_JSON, STUDY_RUN_JSON, RunFolder
 
@@ -198,7 +198,7 @@ def check_trained_as_recorded(planned: Sequence[PlannedCell]) -> None:
         differences = config_differences(comparable_dump(recorded), comparable_dump(build_config(str(path))))
         if differences:
             problems.append(f"  {item.cell.name} ({path}): " + "; ".join(
-                line.replace("requested", "config.yaml").replace("the record has no such key", "not in the record")
+                line.replace("requested", CONFIG_NAME).replace("the record has no such key", "not in the record")
                 for line in differences[:6]) + (" ..." if len(differences) > 6 else ""))
     if problems:
         raise GwdetValueError(

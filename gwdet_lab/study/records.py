@@ -21,7 +21,7 @@ from detectron2.config import CfgNode
 
 from gwdet.errors import GwdetError, GwdetFileNotFoundError, GwdetOSError, GwdetValueError, listed
 from gwdet.utils.atomic import checksum_path, record_checksum
-from gwdet.engine.output_dir import CONFIG_NAME, RESULTS_JSON, RESULTS_MARKDOWN
+from gwdet.utils.run_file_names import CONFIG_NAME, INFERENCE_FOLDER, METRICS_JSON, RESULTS_JSON, RESULTS_MARKDOWN
 from gwdet_lab.study.cells import PAPER_GROUPS, Cell
 from gwdet_lab.study.evaluation import report_dataset
 from gwdet_lab.study.image_bootstrap import DETECTIONS_JSON
@@ -32,8 +32,6 @@ from gwdet_lab.study.run_folder import (
     DIVERGED_JSON,
     EXAMPLE_WEIGHING_JSON,
     IMAGE_BOOTSTRAP_JSON,
-    INFERENCE_DIR,
-    METRICS_JSON,
     RECORD_JSON,
     STUDY_RUN_JSON,
     TIMING_JSON,
@@ -112,7 +110,7 @@ def _export_cell(item: PlannedCell, target: Path) -> Path:
     for name in RECORD_FILES:
         for stale in (target / name, Path(checksum_path(str(target / name)))):
             stale.unlink(missing_ok=True)  # a record this cell no longer has does not stay beside the new ones
-    shutil.rmtree(target / INFERENCE_DIR, ignore_errors=True)
+    shutil.rmtree(target / INFERENCE_FOLDER, ignore_errors=True)
     for name in RECORD_FILES:
         for path in (source / name, Path(checksum_path(str(source / name)))):
             if path.is_file():
@@ -120,8 +118,8 @@ def _export_cell(item: PlannedCell, target: Path) -> Path:
         if name.endswith(".json") and (target / name).is_file() and not Path(checksum_path(str(target / name))).is_file():
             # read unchecked in the run folder (metrics.json is appended to; a kill before a record), checked here
             record_checksum(str(target / name))
-    detections = source / INFERENCE_DIR / report_dataset(item.cfg) / DETECTIONS_JSON
-    packed = target / INFERENCE_DIR / report_dataset(item.cfg) / (DETECTIONS_JSON + ".gz")
+    detections = source / INFERENCE_FOLDER / report_dataset(item.cfg) / DETECTIONS_JSON
+    packed = target / INFERENCE_FOLDER / report_dataset(item.cfg) / (DETECTIONS_JSON + ".gz")
     if detections.is_file():
         packed.parent.mkdir(parents=True, exist_ok=True)
         # mtime 0: the same detections give the same bytes, so re-exporting changes nothing in git

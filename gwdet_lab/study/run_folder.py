@@ -40,13 +40,10 @@ from typing import IO, Any, Mapping
 
 from gwdet.errors import GwdetError
 from gwdet.utils.atomic import CHECKSUM_SUFFIX, checksum_path, checksum_problem, write_text_with_checksum
-from gwdet.engine.output_dir import FINAL_WEIGHTS, metrics_record
+from gwdet.engine.output_dir import metrics_record
 from gwdet.engine.run_environment import ENVIRONMENT_KEY
-from gwdet.engine.run import RESULTS_JSON
+from gwdet.utils.run_file_names import FINAL_WEIGHTS, LAST_CHECKPOINT, LOG_NAME, METRICS_JSON, RESULTS_JSON
 
-METRICS_JSON = "metrics.json"
-LAST_CHECKPOINT = "last_checkpoint"
-DETECTRON2_LOG = "log.txt"
 RECORD_JSON = "study_cell.json"
 EXAMPLE_WEIGHING_JSON = "example_weighing.json"
 BATCH_STATISTICS_JSON = "batch_statistics.json"
@@ -54,7 +51,6 @@ TIMING_JSON = "study_timing.json"
 STUDY_RUN_JSON = "study_run.json"
 COMPLETE_JSON = "study_complete.json"
 IMAGE_BOOTSTRAP_JSON = "image_bootstrap.json"
-INFERENCE_DIR = "inference"
 DIVERGED_JSON = "diverged.json"
 STDOUT_TXT = "stdout.txt"
 LOCK_FILE = ".lock"
@@ -199,7 +195,7 @@ class RunFolder:
 
     def peak_gpu_memory_mb(self) -> float | None:
         """Largest ``max_mem`` detectron2 logged (GPU runs only), else ``None``."""
-        path = self.file(DETECTRON2_LOG)
+        path = self.file(LOG_NAME)
         if not path.is_file():
             return None
         values = [float(m) for m in _MAX_MEM.findall(path.read_text(errors="replace"))]

@@ -13,7 +13,7 @@ from gwdet.errors import GwdetValueError
 from gwdet.data import prepare_datasets
 from gwdet.data.shapes import SPLITS, ShapesSpec, split_annotations
 from gwdet.data.coco_registration import environment_datasets
-from gwdet.engine.run import RESULTS_JSON
+from gwdet.utils.run_file_names import INFERENCE_FOLDER, RESULTS_JSON
 from gwdet_lab.study.cells import Cell
 from gwdet_lab.study.evaluation import report_dataset, selection_dataset, weight_key
 from gwdet_lab.study.image_bootstrap import image_spread, resampled_box_ap
@@ -23,7 +23,6 @@ from gwdet_lab.study.run_folder import (
     COMPLETE_JSON,
     EXAMPLE_WEIGHING_JSON,
     IMAGE_BOOTSTRAP_JSON,
-    INFERENCE_DIR,
     STUDY_RUN_JSON,
     TIMING_JSON,
     final_loss,
@@ -148,7 +147,7 @@ def resampled_test_ap(planned: PlannedCell, report: str, recorded_ap: float) -> 
         return found
 
     folder = planned.folder
-    return resampled_box_ap(folder.file(INFERENCE_DIR), report, annotations, folder.file(IMAGE_BOOTSTRAP_JSON),
+    return resampled_box_ap(folder.file(INFERENCE_FOLDER), report, annotations, folder.file(IMAGE_BOOTSTRAP_JSON),
                             recorded_ap)
 
 

@@ -42,10 +42,10 @@ from gwdet.data.datasets import prepare_datasets
 from gwdet_lab.study.cells import Cell
 from gwdet_lab.study.evaluation import PAPER_WEIGHTS, batch_statistics, example_weighing, has_batch_norm
 from gwdet_lab.study.record import comparable_dump, config_differences, read_record, resolve
+from gwdet.utils.run_file_names import FINAL_WEIGHTS
 from gwdet_lab.study.run_folder import (
     COMPLETE_JSON,
     DIVERGED_JSON,
-    FINAL_WEIGHTS,
     TIMING_JSON,
     FolderBusy,
     RunFolder,
