@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 
 from detectron2.config import CfgNode as CN
 
-from gwdet.errors import GwdetKeyError, GwdetTypeError, GwdetValueError
+from gwdet.errors import GwdetKeyError, GwdetTypeError, GwdetValueError, listed
 from gwdet.layers.common import check_flag, check_int_at_least, check_positive, check_unit_interval
 
 
@@ -156,14 +156,20 @@ def add_gwdet_config(cfg: CN) -> CN:
     return cfg
 
 
+def missing_gwdet_keys(cfg: CN) -> list[str]:
+    """The keys of the table that ``cfg`` lacks (none once it went through :func:`add_gwdet_config`)."""
+    missing = []
+    for key in CONFIG_KEYS:
+        try:
+            config_value(cfg, key.name)
+        except (KeyError, AttributeError):
+            missing.append(key.name)
+    return missing
+
+
 def has_gwdet_config(cfg: CN) -> bool:
     """Whether ``cfg`` went through :func:`add_gwdet_config` (holds every key of the table)."""
-    try:
-        for key in CONFIG_KEYS:
-            config_value(cfg, key.name)
-    except (KeyError, AttributeError):
-        return False
-    return True
+    return not missing_gwdet_keys(cfg)
 
 
 def require_gwdet_config(cfg: CN, who: str) -> None:
@@ -179,10 +185,17 @@ def require_gwdet_config(cfg: CN, who: str) -> None:
         raise GwdetTypeError(
             f"{who} needs a yacs CfgNode, but got a LazyConfig (omegaconf DictConfig): build its model with "
             "detectron2.config.instantiate(cfg.model); its norms are the gwdet.norm(...) nodes in it.")
-    if not has_gwdet_config(cfg):
+    missing = missing_gwdet_keys(cfg)
+    if len(missing) == len(CONFIG_KEYS):
         raise GwdetKeyError(
             f"{who} needs gwdet's config keys (MODEL.GW.*, ...), but the config has none: call "
             "gwdet.add_gwdet_config(cfg) on the config before merge_from_file."
+        )
+    if missing:
+        raise GwdetKeyError(
+            f"{who} needs gwdet's config keys, but the config lacks {listed(missing, 5)} (deleted from it?): "
+            "gwdet.add_gwdet_config(cfg) adds them back with gwdet's defaults; set them "
+            "again where your config gave other values."
         )
 
 

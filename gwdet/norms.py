@@ -30,7 +30,7 @@ import multiprocessing
 from collections import defaultdict
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import detectron2.layers.batch_norm as detectron2_batch_norm
@@ -141,6 +141,8 @@ def register_norm(name: str, build: Callable[..., torch.nn.Module] | None = None
             "torch.nn.GroupNorm), or leave layer_types out: the modules the build returns are marked as norms "
             "in any case.")
 
+    _check_layer_types(owner, tuple(layer_types), batch_statistics)
+
     def _register(fn: Callable[..., torch.nn.Module]) -> Callable[..., torch.nn.Module]:
         _check_build(owner, fn)
         record = NormRecord(name, fn, keys, batch_statistics, tuple(layer_types))
@@ -154,6 +156,37 @@ def register_norm(name: str, build: Callable[..., torch.nn.Module] | None = None
         return fn
 
     return _register if build is None else _register(build)
+
+
+# Layers that compute rather than normalize: a class among them, or a base class of them, in a
+# registration's layer_types would make every such layer of every model a norm layer.
+_COMPUTING_MODULES = (torch.nn.modules.conv._ConvNd, torch.nn.Linear, torch.nn.Bilinear, torch.nn.Embedding,
+                      torch.nn.EmbeddingBag, torch.nn.RNNBase, torch.nn.MultiheadAttention)
+
+
+def _check_layer_types(owner: str, layer_types: tuple[type, ...], batch_statistics: bool) -> None:
+    """Refuse ``layer_types`` that would mark layers no norm of the registration builds: a
+    convolution, linear or embedding class (or a base class of one), and a class a built-in name
+    builds with the other ``batch_statistics`` (the model checks would take that name's layers for
+    the registered name's)."""
+    computing = [kind.__name__ for kind in layer_types if issubclass(kind, _COMPUTING_MODULES)
+                 or any(issubclass(layer, kind) for layer in _COMPUTING_MODULES)]
+    if computing:
+        raise GwdetValueError(
+            f"{owner}: layer_types names {', '.join(computing)}, a convolution, linear or embedding layer (or a base "
+            "class of one), not a norm: every such layer of every model would count as a norm layer, its weights "
+            "taking SOLVER.WEIGHT_DECAY_NORM and gwdet's checkpoints recording it as a norm. Name the normalizing "
+            "class the build returns (e.g. torch.nn.GroupNorm), or leave layer_types out.")
+    for kind in layer_types:
+        for record in norm_records():
+            if record.builtin and record.batch_statistics != batch_statistics and any(
+                    issubclass(layer, kind) for layer in record.layer_types):
+                keeps = "keeps batch statistics" if record.batch_statistics else "keeps no batch statistics"
+                raise GwdetValueError(
+                    f"{owner}: layer_types names {kind.__name__}, the layer of the built-in norm {record.name!r}, which "
+                    f"{keeps}, but the registration says batch_statistics={batch_statistics}: the model checks would "
+                    f"take every {record.name!r} layer for one of yours. Give batch_statistics={record.batch_statistics}, "
+                    f"or name a class of your own (a subclass of {kind.__name__}) in layer_types.")
 
 
 def _config_key_defaults(record: NormRecord) -> dict[str, Any]:
@@ -189,6 +222,13 @@ def _refuse_other_defaults(record: NormRecord) -> None:
                 f"is {values[key]!r}), and {record.name!r} reads its {param} (default {default!r}, {_kind(default)}) "
                 f"from it: give {param} a key of {_kind(default)} values, or of its own, e.g. "
                 f"MODEL.{record.name.upper()}.{param.upper()}.")
+        if key in existing and default is not None and _as_config_value(default) != _as_config_value(values[key]):
+            raise GwdetValueError(
+                f"register_norm({record.name!r}): {record.build.__name__} gives {param} the default {default!r}, but "
+                f"reads it from the config key {key}, whose default in detectron2's or gwdet's config is "
+                f"{values[key]!r}: a config that leaves the key as it is would build {param}={values[key]!r}, not "
+                f"{default!r}. Give {param} the default {values[key]!r} or none, or read it from a key of its own, "
+                f"e.g. MODEL.{record.name.upper()}.{param.upper()}.")
     for key in set(record.config_keys.values()) - existing:
         default = defaults.get(key, _NO_DEFAULT)
         for other in norm_records():
@@ -207,6 +247,11 @@ def _refuse_other_defaults(record: NormRecord) -> None:
 
 # The default of a build's argument that has none (set apart from a default of None).
 _NO_DEFAULT = object()
+
+
+def _as_config_value(value: Any) -> Any:
+    """``value`` as a config compares it: a tuple as the list yacs holds."""
+    return list(value) if isinstance(value, tuple) else value
 
 
 def _kind(value: Any) -> str:
@@ -583,8 +628,7 @@ class Norm:
         params = {key: value for key, value in params.items() if key in accepted or value is not None}
         unknown = sorted(set(params) - set(accepted))
         if unknown:
-            raise GwdetTypeError(f"gwdet.norm({name!r}) takes {accepted or 'no hyper-parameters'}, "
-                                 f"not {unknown}")
+            raise GwdetTypeError(unknown_params_message(name, accepted, unknown))
         values = {}
         for param in accepted:
             value = params[param] if param in params else kind.default(param)
@@ -697,10 +741,23 @@ def norm(name: str, *positional: Any, strict: bool = False, **params: Any) -> No
     return Norm(name, strict, **params)
 
 
+def unknown_params_message(name: str, accepted: Sequence[str], unknown: Sequence[str], node: str | None = None) -> str:
+    """What :class:`Norm` says of values ``unknown`` that the norm ``name`` does not take (it takes
+    ``accepted``), with the fix; ``node``: the path of the LazyConfig node that gave them, if known."""
+    said = f"gwdet.norm({name!r}) takes {list(accepted) or 'no hyper-parameters'}, not {list(unknown)}"
+    if node is not None:
+        return (f"{said}. An override keeps the node's other values; set those the norm does not take to null to "
+                f"leave them out: {' '.join(f'{node}.{key}=null' for key in unknown)}")
+    return (f"{said}. Leave {', '.join(unknown)} out; in a LazyConfig node that an override switched to {name!r}, "
+            f"set {'them' if len(unknown) > 1 else 'it'} to null (<the node's path>.{unknown[0]}=null), as an "
+            "override cannot delete a value.")
+
+
 def norm_from_config(name: Any, cfg) -> Any:
     """What to pass detectron2 as ``norm`` for the NORM value ``name`` of the yacs config ``cfg``.
 
-    * ``""``, ``None`` and callables are returned as they are;
+    * ``""``, ``None`` and callables are returned as they are; another value that is no string is
+      refused (``GwdetTypeError``);
     * detectron2's names without hyper-parameters in the config (BN, FrozenBN, SyncBN, LN, ...)
       are returned as they are, so its components keep their behaviour for them;
     * every other name becomes a :class:`Norm` holding ``cfg``'s values of its keys (``MODEL.GW.*``
@@ -709,8 +766,13 @@ def norm_from_config(name: Any, cfg) -> Any:
       a layer's channels is adjusted and logged, or refused with ``MODEL.STRICT_NORM_GROUPS``, where
       torch's would stop). ``cfg`` must have gwdet's keys (:func:`gwdet.add_gwdet_config`).
     """
-    if not name or not isinstance(name, str):
+    if not name or callable(name):
         return name
+    if not isinstance(name, str):
+        raise GwdetTypeError(
+            f"norm_from_config: a NORM value is a norm name (a string such as 'GW'), '' for none, or a callable "
+            f"channels -> nn.Module (gwdet.norm(...)); got {name!r} ({type(name).__name__}). Known names: "
+            f"{', '.join(known_norm_names())}.")
     record = norm_record(name)
     if not record.config_keys and detectron2_builds_as_configured(name, cfg):
         return name

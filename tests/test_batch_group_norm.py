@@ -1,6 +1,8 @@
 """What BatchGroupNorm computes (Summers & Dinneen 2020, Secs. 3.1, 3.2, 3.4), against torch's
 GroupNorm and BatchNorm and statistics taken by hand; what every gwdet layer does is in
 test_layer_contract.py."""
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -340,3 +342,16 @@ def test_batch_statistics_layers_frozen_by_ones_own_code_are_refused_before_trai
                                          r"freeze\(\) of a backbone stage leaves them\)"):
         FreezingStages(cfg)
     Trainer(cfg)  # the same model, trained whole
+
+
+def test_a_trace_in_training_mode_warns_that_it_keeps_the_batchs_example_groups():
+    # the trace failed on another batch size with TorchScript's "shape '[2, 2, 4, 36]' is invalid", unexplained
+    layer = BatchGroupNorm(16, num_groups=4, examples_per_group=2).train()
+    with pytest.warns(RuntimeWarning, match=r"BatchGroupNorm: traced in training mode, the trace splits every batch "
+                                            r"into the example groups of this one \(4 examples, 2 per group\) and fails "
+                                            r"on a batch of another size. Trace in evaluation mode"):
+        torch.jit.trace(layer, torch.randn(4, 16, 3, 3), check_trace=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        traced = torch.jit.trace(layer.eval(), torch.randn(4, 16, 3, 3))  # evaluation mode: any batch size
+        assert traced(torch.randn(5, 16, 3, 3)).shape == (5, 16, 3, 3)

@@ -342,3 +342,54 @@ def test_gw_flops_of_the_cost_model_count_the_products_the_code_runs():
     assert group_whitening_flops((512, 256, 7, 7)) == 2.0 * 512 * (6 * 64 * 196 * 64 + 48 * 64**3)
     # few columns (1024, 1024): m = 16 < g, so 16 x 16 matrices
     assert group_whitening_flops((1024, 1024)) == 2.0 * 1024 * (6 * 64 * 16 * 16 + 48 * 16**3)
+
+
+def test_the_memory_caption_gives_the_ratio_to_gn_only_when_gn_was_measured():
+    # --norms "GW (itn)": "in parentheses the ratio to GN(32)" over a table without GN(32) and without ratios
+    shape = (2, 16, 12, 12)
+    results = {"shapes": [("backbone", shape)], "names": [CONV, GW_ITN],
+               "time": {(shape, CONV): 1e-3, (shape, GW_ITN): 2e-3}, "ratio": {(shape, GW_ITN): 2.0},
+               "memory": {(shape, CONV): 2**20, (shape, GW_ITN): 2**21}}
+    text = layer_tables(results)
+    assert ("Peak MiB allocated above the input, output gradient and parameters; no ratio to GN(32), which was not "
+            "measured (not in --norms).") in text and "in parentheses the ratio to GN(32)" not in text
+    # 16 channels (--quick): the columns GN(32) and GW (itn) (g=64) normalize fewer groups than they say
+    assert ("At (2, 16, 12, 12) the channels are fewer than the groups asked (GN(32): 32, GW (itn): g=64), so there "
+            "those layers normalize fewer groups than their names say") in text
+    assert table_rows(text, "#### Layer level: peak memory") == [["(2, 16, 12, 12)", "1.0", "2.0"]]
+    results["names"].insert(1, "GN(32)")
+    results["time"][(shape, "GN(32)")], results["ratio"][(shape, "GN(32)")] = 1e-3, 1.0
+    results["memory"][(shape, "GN(32)")] = 2**20
+    text = layer_tables(results)
+    assert "parameters; in parentheses the ratio to GN(32)." in text
+    assert table_rows(text, "#### Layer level: peak memory") == [["(2, 16, 12, 12)", "1.0 (1.00)", "1.0 (1.00)",
+                                                                  "2.0 (2.00)"]]
+
+
+@pytest.mark.parametrize("argv, repeats", [
+    (["--layers", "--quick"], "repeats: 1 (layers, after 0 warm-up); wall time"),
+    (["--models"], "repeats: 3 (models, after 1 warm-up); wall time"),
+    (["--inference", "--repeats", "2", "--model-repeats", "4"],
+     "repeats: 2 (inference GW modes, after 1 warm-up), 4 (inference demo passes, after 1 warm-up); wall time"),
+    ([], "repeats: 5 (layers and inference GW modes, after 1 warm-up), 3 (models and inference demo passes, after 1 "
+         "warm-up); wall time"),
+    (["--op-counts"], "clock: wall time; nothing timed (the op-count level counts operations); wall time"),
+])
+def test_the_header_states_the_repeats_of_the_levels_that_ran(argv, repeats):
+    # --layers only: "repeats: 1 (layers, after 0 warm-up), 3 (models, after 1 warm-up)" for a run without models
+    header = report_header(parse_args(argv), argv, CPU, "1.00", "1.00", 1.0, True)
+    assert repeats in header
+
+
+def test_the_model_level_says_the_group_numbers_its_layers_used(capsys):
+    # MODEL.GN.NUM_GROUPS 7: a warning on stderr that GN used 4 groups; the report said only the override
+    argv = ["--models", "--quick", "--threads", "1", "--image-size", "32", "--model-repeats", "1", "--model-warmup",
+            "0", "--model-names", "GN everywhere", "--model-opts", "MODEL.GN.NUM_GROUPS", "7"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert ("config overrides: `MODEL.GN.NUM_GROUPS 7`. Group numbers that do not divide the layers' channels were "
+            "adjusted, and the table measures what the layers use: GN everywhere: 65 GroupNorm layer(s) asked for 7 "
+            "groups use 4.") in printed
+    rows = [{"name": "FrozenBN", "config": "a.yaml", "seconds": 1.0, "peak": None, "finite": True, "gw_layers": 0,
+             "in_gw": None, "adjusted": []}]
+    assert "Group numbers" not in model_tables({"rows": rows, "image_size": 64, "amp": "none", "opts": []})

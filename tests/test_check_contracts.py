@@ -171,7 +171,9 @@ def test_hyper_parameters_a_name_does_not_take_or_lacks_are_named(registered):
 
     with pytest.raises(TypeError) as err:
         norm("BN", num_groups=3)
-    assert str(err.value) == "gwdet.norm('BN') takes no hyper-parameters, not ['num_groups']"
+    assert str(err.value) == ("gwdet.norm('BN') takes no hyper-parameters, not ['num_groups']. Leave num_groups out; in "
+                              "a LazyConfig node that an override switched to 'BN', set it to null (<the node's "
+                              "path>.num_groups=null), as an override cannot delete a value.")
     register_norm("TestNeedsWidth", lambda channels, width: torch.nn.GroupNorm(width, channels))
     registered.append("TestNeedsWidth")
     with pytest.raises(TypeError) as err:

@@ -962,3 +962,39 @@ def test_a_resume_on_training_images_changed_under_their_names_is_refused_and_an
     with pytest.raises(ValueError, match=r"--resume: the run in .* trained on 'own_tr', whose annotation file is as it "
                                          r"was, but 4 of its image files under .* now hold other contents"):
         main(tiny_run_args(tmp_path / "run", "--resume", *own, "SOLVER.MAX_ITER", "3"))
+
+
+def _frames(coco: dict, root: Path) -> None:
+    """Image 2 an animated GIF and image 3 a two-page TIFF, each a black first frame before the picture
+    annotated; image 4 a TIFF whose second page is a reduced-resolution copy of the first."""
+    black = Image.new("RGB", (SIZE, SIZE))
+    for index, suffix in ((1, "gif"), (2, "tif")):
+        picture = Image.open(root / coco["images"][index]["file_name"]).convert("RGB")
+        black.save(root / f"{index:03d}.{suffix}", save_all=True, append_images=[picture])
+        coco["images"][index]["file_name"] = f"{index:03d}.{suffix}"
+    picture = Image.open(root / "003.png").convert("RGB")
+    thumbnail = picture.resize((SIZE // 2, SIZE // 2))
+    thumbnail.encoderinfo = {"tiffinfo": {254: 1}}  # NewSubfileType: a reduced-resolution copy
+    picture.save(root / "003.tif", save_all=True, append_images=[thumbnail])
+    coco["images"][3]["file_name"] = "003.tif"
+
+
+# before: both were registered, trained and evaluated on their black first frame without a word
+def test_images_of_several_frames_or_pages_are_refused_naming_each_file(tmp_path):
+    message = refusal(tmp_path, _frames)
+    assert "2 of the 4 images" in message, message
+    assert ("image id 2 (001.gif) holds 2 frames (an animated GIF), of which detectron2's read_image reads only the "
+            "first, without a word: save the frame meant as a single-frame PNG or JPEG (PIL: im.seek(N), N the "
+            "frame's index from 0, then im.convert('RGB').save(...))") in message
+    assert ("image id 3 (002.tif) holds 2 pages (a multi-page TIFF), of which detectron2's read_image reads only the "
+            "first, without a word: save the page meant") in message
+    assert "003.tif" not in message  # its second page is a thumbnail of its first
+
+
+def test_a_camera_jpeg_holding_previews_passes(tmp_path):
+    def previews(coco: dict, root: Path) -> None:  # an MPO: the picture, then a preview, as phones write them
+        picture = Image.open(root / "001.png").convert("RGB")
+        picture.save(root / "001.jpg", format="MPO", save_all=True, append_images=[picture.resize((16, 16))])
+        coco["images"][1]["file_name"] = "001.jpg"
+
+    assert CocoDataset.parse(f"m={write_dataset(tmp_path, previews)}").inspected().contents is not None

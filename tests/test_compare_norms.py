@@ -530,6 +530,34 @@ def test_cells_named_as_another_configuration_or_made_alike_by_overrides_are_ref
                        *TINY], repo_root=REPO) == 0
 
 
+# before: the check compared with gwdet's config under the same --opts, so --opts giving "bn" GN everywhere
+# trained GN reported as BN beside the paper's 25.10, and --opts emptying GW_POSITIONS passed as BN + GW
+def test_a_configuration_made_another_by_common_overrides_is_refused(capsys, tmp_path):
+    demo = REPO / "configs" / "Demo"
+    gn_everywhere = ["MODEL.RESNETS.NORM", "GN", "MODEL.FPN.NORM", "GN", "MODEL.ROI_BOX_HEAD.NORM", "GN"]
+    assert study_refusal(capsys, tmp_path, "--configs", f"bn={demo / 'scratch_faster_rcnn_bn_shapes.yaml'}", "--seeds",
+                         "0", "--opts", "SOLVER.MAX_ITER", "2", *gn_everywhere) == (
+        f"Cell bn-s0 is named 'bn', one of gwdet's configurations (BN, whose report row carries the paper's numbers), "
+        f"but its config {demo / 'scratch_faster_rcnn_bn_shapes.yaml'}, with the overrides --opts MODEL.RESNETS.NORM "
+        "GN MODEL.FPN.NORM GN MODEL.ROI_BOX_HEAD.NORM GN, places other norms: MODEL.FPN.NORM: 'GN' where bn's own "
+        "config has 'BN'; MODEL.RESNETS.NORM: 'GN' where bn's own config has 'BN'; MODEL.ROI_BOX_HEAD.NORM: 'GN' where "
+        "bn's own config has 'BN'. Name it by what it is (--configs NAME=CONFIG with a name of your own), or give it "
+        "the config of BN (leave MODEL.FPN.NORM, MODEL.RESNETS.NORM, MODEL.ROI_BOX_HEAD.NORM out of the overrides); "
+        "nothing was trained.")
+    assert study_refusal(capsys, tmp_path, "--configs",
+                         f"bn_gw_s1b2={demo / 'scratch_faster_rcnn_bn_gw_s1b2_shapes.yaml'}", "--opts",
+                         "MODEL.RESNETS.GW_POSITIONS", "").startswith(
+        "Cell bn_gw_s1b2 is named 'bn_gw_s1b2', one of gwdet's configurations (BN+GW S1-B2, whose report row carries "
+        f"the paper's numbers), but its config {demo / 'scratch_faster_rcnn_bn_gw_s1b2_shapes.yaml'}, with the "
+        "overrides --opts MODEL.RESNETS.GW_POSITIONS '', places other norms: MODEL.RESNETS.GW_POSITIONS: '' where "
+        "bn_gw_s1b2's own config has 'S1-B2'.")
+    # a cell's own override is named with its flag; overrides that keep every configuration's norms are planned
+    assert "with the overrides --extra MODEL.FPN.NORM GN, places other norms" in study_refusal(
+        capsys, tmp_path, "--extra", f"gw={STUDY / 'gw.yaml'}", "MODEL.FPN.NORM", "GN", "--seeds", "0")
+    assert study_main(["--out", str(tmp_path / "out"), "--list", "--study", "paper", "--seeds", "0", "--opts", *TINY],
+                      repo_root=REPO) == 0
+
+
 def test_a_listing_generates_no_shapes_dataset(tmp_path, monkeypatch):
     # --list of the paper's study generated the 6000 images of its shapes dataset (a minute, 206 MB) to list cells
     monkeypatch.setenv("GWDET_CACHE", str(tmp_path / "cache"))

@@ -775,6 +775,33 @@ def test_a_number_yaml_1_1_reads_otherwise_in_a_config_file_is_refused(tmp_path,
     assert _refused_file(path).startswith(f"Config file {str(path)!r} gives {message}")
 
 
+@pytest.mark.parametrize("lines, message", [
+    # yacs's "Key OUTPUT_DIR with value <class 'datetime.date'> is not a valid type", with no line and no fix
+    ("OUTPUT_DIR: 2026-12-01\n", "gives OUTPUT_DIR 2026-12-01 at line 2, which YAML reads as a date "
+     "(datetime.date(2026, 12, 1)), not as text: a config holds no dates. Quote it: OUTPUT_DIR: \"2026-12-01\"."),
+    ("SOLVER:\n  MAX_ITER: 3\nMODEL:\n  WEIGHTS: 2026-12-01 10:30:00\n", "gives MODEL.WEIGHTS 2026-12-01 10:30:00 "
+     "at line 5, which YAML reads as a date and time (datetime.datetime(2026, 12, 1, 10, 30)), not as text: a config "
+     "holds no dates. Quote it: WEIGHTS: \"2026-12-01 10:30:00\" (under MODEL:)."),
+    ("DATASETS:\n  TRAIN: [shapes_train, 2026-12-01]\n", "gives 2026-12-01 in DATASETS.TRAIN at line 3, which YAML "
+     "reads as a date (datetime.date(2026, 12, 1)), not as text: a config holds no dates. Quote it: \"2026-12-01\" (in "
+     "the list of DATASETS.TRAIN)."),
+    # a date that does not exist: a bare "ValueError: month must be in 1..12" while the file was told apart
+    ("OUTPUT_DIR: 2026-13-01\n", "gives OUTPUT_DIR 2026-13-01 at line 2, which YAML reads as a date, one that does "
+     "not exist (month must be in 1..12), not as text: a config holds no dates. Quote it: OUTPUT_DIR: \"2026-13-01\"."),
+])
+def test_an_unquoted_date_in_a_config_file_or_its_base_is_refused_naming_the_line_and_the_quoting(tmp_path, lines,
+                                                                                                 message):
+    path = tmp_path / "dated.yaml"
+    path.write_text(f"_BASE_: {DEMO_CONFIG}\n{lines}")
+    assert _refused_file(path) == f"Config file {str(path)!r} {message}"
+    child = tmp_path / "child.yaml"
+    child.write_text("_BASE_: dated.yaml\n")
+    assert _refused_file(child) == f"Config file {str(path)!r} (a base of {str(child)!r}) {message}"
+    path.write_text(f"_BASE_: {DEMO_CONFIG}\nOUTPUT_DIR: \"2026-12-01\"\n")
+    assert build_config(str(path)).OUTPUT_DIR == "2026-12-01"
+    assert build_config(str(DEMO_CONFIG), ["OUTPUT_DIR", "2026-12-01"]).OUTPUT_DIR == "2026-12-01"  # yacs: text
+
+
 def test_a_norm_value_given_per_part_names_the_norms_own_key():
     # "Did you mean MODEL.BGN.NUM_GROUPS or MODEL.GN.NUM_GROUPS?" for an FPN whose NORM is GW
     assert refusal("MODEL.FPN.NUM_GROUPS", "8") == (
@@ -821,3 +848,21 @@ def test_detectron2s_yacs_tools_read_a_gwdet_config_with_the_line_docs_usage_add
     cfg = gwdet.add_gwdet_config(get_cfg())
     cfg.merge_from_file(str(DEMO_CONFIG))
     assert cfg.MODEL.GW.NUM_GROUPS == build_config(str(DEMO_CONFIG)).MODEL.GW.NUM_GROUPS
+
+
+def test_a_config_lacking_some_of_gwdets_keys_names_them():
+    # "the config has none" was said of a config that had MODEL.GW.T and EPS but not NUM_GROUPS
+    cfg = gwdet.model_zoo.get_config("Demo/mask_rcnn_R_50_FPN_gw_shapes.yaml")
+    del cfg.MODEL.GW["NUM_GROUPS"]
+    with pytest.raises(KeyError, match=r"needs gwdet's config keys, but the config lacks MODEL.GW.NUM_GROUPS "
+                                       r"\(deleted from it\?\): gwdet.add_gwdet_config\(cfg\) adds them back"):
+        gwdet.build_model(cfg)
+    with pytest.raises(KeyError, match="but the config has none: call gwdet.add_gwdet_config"):
+        gwdet.build_model(get_cfg())
+
+
+def test_norm_from_config_refuses_a_value_that_is_no_norm():
+    # 123 was passed through, and detectron2's get_norm failed with "'int' object is not callable"
+    with pytest.raises(TypeError, match=r"norm_from_config: a NORM value is a norm name .* got 123 \(int\)"):
+        gwdet.norm_from_config(123, add_gwdet_config(get_cfg()))
+    assert gwdet.norm_from_config("", add_gwdet_config(get_cfg())) == ""

@@ -689,3 +689,30 @@ def test_an_output_below_a_file_is_named_so(r50_files, tmp_path):
                                               r"path in a folder"):
         convert_checkpoint(r50_files["bn"], tmp_path / "R-50.pkl" / "deeper" / "x.pkl")
     assert (tmp_path / "R-50.pkl").read_bytes() == b"converted before"
+
+
+@pytest.mark.parametrize("prefix", ["encoder.", "model.encoder."])
+def test_a_resnet_under_one_prefix_is_named_with_the_line_that_strips_it(r50_files, tmp_path, capsys, prefix):
+    # every key under 'encoder.': "not a torchvision-layout ResNet/ResNeXt ... found ['encoder.conv1.weight', ...]"
+    # without a word on the prefix (a torchvision detection model's 'backbone.body.' got the line that strips it)
+    from gwdet.convert.cli import main
+    from gwdet.convert.torchvision_keys import shared_layout_prefix
+
+    weights = {prefix + key: value for key, value in torch.load(r50_files["bn"], weights_only=True).items()}
+    src, out = tmp_path / "enc.pth", tmp_path / "enc.pkl"
+    torch.save(weights, src)
+    assert main([str(src), str(out)]) == 2
+    printed = capsys.readouterr().err
+    line = f"{{key.removeprefix({prefix!r}): value for key, value in weights.items()}}"
+    assert (f"not a torchvision-layout ResNet/ResNeXt: expected keys like 'conv1.weight', 'bn1.running_mean', "
+            f"'layer1.0.conv2.weight', 'layer1.0.downsample.0.weight' (after removing 'module.' prefixes), found "
+            f"['{prefix}conv1.weight', ") in printed
+    assert (f"Every key is under the prefix {prefix!r}, before a torchvision layout: save the weights without it "
+            f"({line}) and convert that file with tools/convert_pretrained.py.") in printed
+    assert not out.exists()
+    # the line as printed gives a file that converts
+    torch.save(eval(line, {"weights": weights}), src)
+    assert main([str(src), str(out), "--arch", "R-50", "--gw-positions", ""]) == 0 and out.exists()
+    # keys of another network beside them: not one prefix to strip
+    assert shared_layout_prefix([*weights, "decoder.conv.weight"]) is None and shared_layout_prefix(weights) == prefix
+

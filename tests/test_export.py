@@ -982,3 +982,62 @@ def test_run_eval_into_a_folder_of_an_earlier_evaluation_is_refused_without_over
         "of the model.ts that --overwrite replaces: they would be left beside a model they are not of; nothing was "
         "written. Add --run-eval") in capsys.readouterr().err
     assert (tmp_path / "model.ts").read_bytes() == b"an earlier export"
+
+
+class _Doubling(torch.nn.Module):
+    """A module that takes detectron2's inputs (a list of dicts with "image") and doubles the image."""
+
+    def forward(self, inputs):
+        return inputs[0]["image"] * 2
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_an_export_under_the_name_of_another_format_is_refused_before_tracing(tmp_path):
+    # a TorchScript archive written as model.onnx / model.pth, an ONNX model as model2.ts, without a word
+    from gwdet.utils.atomic import path_written_with_checksum
+
+    image = torch.zeros(3, 8, 8)
+    for path, writer, fix in ((tmp_path / "out" / "model.onnx", "export_torchscript", "out/model.ts"),
+                              (tmp_path / "model.pth", "export_torchscript", "model.ts"),
+                              (tmp_path / "model", "export_torchscript", "model.ts")):
+        with pytest.raises(ValueError, match=rf"^{writer} writes a TorchScript archive, which gwdet names \.ts .*"
+                                             rf"Give a path ending in \.ts, e.g. '.*{re.escape(fix)}'; nothing was "
+                                             "written"):
+            export_torchscript(None, image, str(path))  # no model needed: nothing is traced
+    with pytest.raises(ValueError, match=r"'.*model.onnx' ends in \.onnx, the name of an ONNX model"):
+        export_torchscript(None, image, str(tmp_path / "model.onnx"))
+    with pytest.raises(ValueError, match=r"^export_model_onnx writes an ONNX model, which gwdet names \.onnx .*"
+                                         r"'.*model2.ts' ends in \.ts, the name of a TorchScript archive. Give a path "
+                                         r"ending in \.onnx, e.g. '.*model2.onnx'; nothing was written"):
+        export_model_onnx(None, image, str(tmp_path / "model2.ts"))
+    with pytest.raises(ValueError, match=r"^export_onnx writes an ONNX model, .* 'layer.pt' ends in \.pt"):
+        export_onnx(torch.nn.Identity(), (torch.zeros(1),), "layer.pt")
+    assert sorted(os.listdir(tmp_path)) == []
+    # under the temporary name the export tool writes through, the name it becomes counts
+    with pytest.raises(ValueError, match=rf"'{re.escape(str(tmp_path / 'model.pth'))}' ends in \.pth"):
+        with path_written_with_checksum(str(tmp_path / "model.pth")) as temporary:
+            export_torchscript(None, image, temporary)
+    with path_written_with_checksum(str(tmp_path / "model.ts")) as temporary:
+        export_torchscript(_Doubling(), image, temporary)
+    assert sorted(os.listdir(tmp_path)) == ["model.ts", "model.ts.sha256"]
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_the_deploy_page_says_the_loaded_torchscript_module_takes_3_h_w_unchecked(tmp_path):
+    # an (H, W, C) image gave TorchScript's raw "The size of tensor a (128) must match ..." with no word on the page
+    from gwdet.export import load_export
+
+    page = " ".join((REPO / "docs" / "deploy.md").read_text().split())
+    assert ("The TorchScript module is the file's, unwrapped: a traced export takes one image as a `(3, H, W)` tensor "
+            "and does not check it.") in page
+    model, image = build_tiny_model("demo"), images()[0]
+    export_torchscript(model, image, str(tmp_path / "model.ts"))
+    loaded = load_export(str(tmp_path / "model.ts"))
+    assert isinstance(loaded, torch.jit.ScriptModule)  # what torch.jit.load gives, as the page says
+    height = image.shape[1]
+    with pytest.raises(RuntimeError, match=rf"The size of tensor a \({height}\) must match the size of tensor b \(3\)"):
+        loaded(image.permute(1, 2, 0).contiguous())
+    assert "own error (`The size of tensor a (128) must match the size of tensor b (3)" in page
+    with torch.no_grad():
+        assert len(loaded(image[:1])) == len(loaded(image))  # one channel: broadcast, as the page says
+    assert "a one-channel `(1, H, W)` image is broadcast to three channels without a word" in page

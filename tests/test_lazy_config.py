@@ -462,3 +462,33 @@ def test_the_comparison_copy_of_a_config_holding_a_lambda_is_saved_without_namin
         assert saved_tree(cfg)["model"]["_target_"]
     assert not [record.getMessage() for record in caplog.records if record.name.startswith("detectron2")]
     assert not logging.getLogger("detectron2.config.lazy").filters  # given back
+
+
+def test_a_config_saved_with_gwdet_norm_objects_is_read_back_as_their_nodes(tmp_path):
+    # LazyConfig.save writes a gwdet.norm(...) object as a Python tag, which gwdet refused, pointing at a .py
+    # the config never had
+    import functools
+
+    cfg = LazyConfig.load(str(LAZY / "mask_rcnn_R_50_FPN_gw_shapes.py"))
+    cfg.model.roi_heads.box_head.conv_norm = gwdet.norm("GW", num_groups=4, strict=True)
+    LazyConfig.save(cfg, str(tmp_path / "saved.yaml"))
+    loaded = load_lazy_config(str(tmp_path / "saved.yaml"))
+    node = loaded.model.roi_heads.box_head.conv_norm
+    assert node._target_ is gwdet.norm and (node.name, node.num_groups, node.strict) == ("GW", 4, True)
+    built = instantiate(node)
+    assert (built.name, built.params["num_groups"], built.strict) == ("GW", 4, True)
+    # an object gwdet cannot read back: the message names the way to save it
+    cfg.model.roi_heads.mask_head.conv_norm = functools.partial(GroupWhitening, num_groups=4)
+    LazyConfig.save(cfg, str(tmp_path / "partial.yaml"))
+    with pytest.raises(GwdetValueError, match=r"functools.partial would build a Python object .* give that value as a "
+                                              r"node before saving it \(a norm: L\(gwdet.norm\)\(name='GW'"):
+        load_lazy_config(str(tmp_path / "partial.yaml"))
+
+
+def test_a_norm_value_the_norm_does_not_take_says_how_to_leave_it_out():
+    # "gwdet.norm('GW_ZCA') takes ['num_groups', 'eps'], not ['T']" gave no way out in Python
+    cfg = load_lazy_config(str(LAZY / "mask_rcnn_R_50_FPN_gw_shapes.py"), ["model.backbone.norm.name=GW_ZCA"])
+    with pytest.raises(TypeError, match=r"gwdet.norm\('GW_ZCA'\) takes \['num_groups', 'eps'\], not \['T'\]. Leave T "
+                                        r"out; in a LazyConfig node that an override switched to 'GW_ZCA', set it to "
+                                        r"null \(<the node's path>.T=null\)"):
+        instantiate(cfg.model)

@@ -112,8 +112,18 @@ def test_a_registered_norm_that_builds_a_convolution_too_is_refused(registered):
 def test_users_register_their_own_name_with_config_keys(registered):
     registered.append("TestGN")
 
+    def _other_default(channels, num_groups=4):
+        return torch.nn.GroupNorm(num_groups, channels)
+
+    # a default other than the key's would be used by no config that leaves the key alone (it built 32 groups)
+    with pytest.raises(ValueError, match=r"register_norm\('TestGN'\): _other_default gives num_groups the default 4, "
+                                         r"but reads it from the config key MODEL.GN.NUM_GROUPS, whose default in "
+                                         r"detectron2's or gwdet's config is 32: .* Give num_groups the default 32 or none"):
+        register_norm("TestGN", _other_default, config_keys={"num_groups": "MODEL.GN.NUM_GROUPS"})
+    assert "TestGN" not in known_norm_names()
+
     @register_norm("TestGN", config_keys={"num_groups": "MODEL.GN.NUM_GROUPS"})
-    def _test_gn(channels, num_groups=4):
+    def _test_gn(channels, num_groups):
         return torch.nn.GroupNorm(num_groups, channels)
 
     assert "TestGN" in known_norm_names()
@@ -190,7 +200,7 @@ def test_a_registered_key_shared_with_a_name_without_its_default_or_of_another_t
 def test_an_error_of_a_registered_build_function_names_the_norm_and_its_values(registered):
     # torch's bare "num_channels (64) must be divisible by num_groups (5)", naming neither the norm nor the key
     registered.append("TestGroups")
-    register_norm("TestGroups", lambda channels, num_groups=16: torch.nn.GroupNorm(num_groups, channels),
+    register_norm("TestGroups", lambda channels, num_groups=32: torch.nn.GroupNorm(num_groups, channels),
                   config_keys={"num_groups": "MODEL.GN.NUM_GROUPS"})
     with pytest.raises(ValueError) as refused:
         norm("TestGroups", num_groups=5)(64)
@@ -667,7 +677,7 @@ def test_equal_norms_hash_equal_whatever_the_number_type():
 
 def test_a_registered_names_value_refused_by_its_config_key_names_the_key(registered):
     registered.append("TestEpsOfGroups")
-    register_norm("TestEpsOfGroups", lambda channels, groups=1: torch.nn.Identity(),
+    register_norm("TestEpsOfGroups", lambda channels, groups=64: torch.nn.Identity(),
                   config_keys={"groups": "MODEL.GW.NUM_GROUPS"})
     with pytest.raises(ValueError, match=r"groups of norm 'TestEpsOfGroups' \(given to gwdet.norm, checked as its "
                                          r"config key MODEL.GW.NUM_GROUPS\) must be an integer >= 1, got 1e-05"):
@@ -710,3 +720,32 @@ def test_a_norm_run_on_a_tensor_says_it_builds_layers():
         conv(torch.randn(1, 16, 8, 8))
     built = Conv2d(16, 16, 3, norm=get_norm(gwdet.norm("GW", num_groups=4), 16))
     assert built(torch.randn(1, 16, 8, 8)).shape == (1, 16, 6, 6)
+
+
+def test_layer_types_that_would_mark_other_layers_as_norms_are_refused(registered):
+    # a conv class made every conv of every model a norm layer (weight decay 1e-4 -> SOLVER.WEIGHT_DECAY_NORM 0);
+    # GroupNorm with batch_statistics=True made the model checks refuse the built-in GN as a batch-statistics norm
+    from detectron2.layers import Conv2d
+    from gwdet.layers import GroupWhitening
+
+    registered.append("TestMarks")
+    build = lambda channels: torch.nn.GroupNorm(1, channels)  # noqa: E731
+    for kind in (Conv2d, torch.nn.Linear, torch.nn.Embedding, torch.nn.modules.conv._ConvNd):
+        with pytest.raises(ValueError, match=rf"register_norm\('TestMarks'\): layer_types names {kind.__name__}, a "
+                                             r"convolution, linear or embedding layer \(or a base class of one\), not a "
+                                             r"norm: .*SOLVER.WEIGHT_DECAY_NORM"):
+            register_norm("TestMarks", build, layer_types=(kind,))
+    for kind, statistics, builtin in ((torch.nn.GroupNorm, True, "GN"), (GroupWhitening, True, "GW"),
+                                      (torch.nn.BatchNorm2d, False, "BN")):
+        with pytest.raises(ValueError, match=rf"layer_types names {kind.__name__}, the layer of the built-in norm "
+                                             rf"'{builtin}', .* batch_statistics={statistics}: the model checks would "
+                                             rf"take every '{builtin}' layer for one of yours"):
+            register_norm("TestMarks", build, batch_statistics=statistics, layer_types=(kind,))
+    assert "TestMarks" not in known_norm_names()
+
+    class BatchGroupWhitening(GroupWhitening):  # a class of one's own is the registration's alone
+        pass
+
+    register_norm("TestMarks", lambda channels: BatchGroupWhitening(channels, num_groups=2), batch_statistics=True,
+                  layer_types=(BatchGroupWhitening,))
+    assert norm_record("TestMarks").layer_types == (BatchGroupWhitening,)

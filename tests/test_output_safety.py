@@ -84,7 +84,7 @@ def test_a_resume_with_no_checkpoint_to_continue_gets_a_fresh_starts_checks(fini
 
 @pytest.mark.parametrize("weights", ["model_final.pth", "eval/model_final/model_final.pth", "link.pth"])
 def test_overwrite_never_deletes_the_weights_the_new_run_starts_from(tmp_path, weights):
-    (tmp_path / "model_final.pth").write_bytes(b"trained")
+    torch.save({"model": {}}, tmp_path / "model_final.pth")  # a checkpoint, as a run saves it
     (tmp_path / "eval" / "model_final").mkdir(parents=True)
     (tmp_path / "eval" / "model_final" / "model_final.pth").write_bytes(b"kept apart")
     (tmp_path / "link.pth").symlink_to(tmp_path / "model_final.pth")  # a user's link to the run's file
@@ -1582,3 +1582,25 @@ def test_an_fpn_models_weights_for_a_c4_model_are_named_by_their_resnets_place(t
                                          r"weights of a model with an FPN for one without"):
         ResilientCheckpointer(Trainer.build_model(build_config(str(DEMO_CONFIG), [*TINY_OPTS, *c4]))).load_weights(
             str(tmp_path / "fpn.pth"))
+
+
+def test_a_resume_from_another_runs_checkpoint_under_a_later_name_is_refused(tmp_path):
+    # another run's model_final.pth (iteration 3) copied over model_0000022.pth: the run went on from iteration 4,
+    # cut its metrics there and mixed two trainings' checkpoints, without a word
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ResilientCheckpointer(model, str(tmp_path), optimizer=optimizer).save("model_0000003", iteration=3)
+    os.replace(tmp_path / "model_0000003.pth", tmp_path / "model_0000022.pth")
+    (tmp_path / "model_0000003.pth.sha256").unlink()
+    digest = hashlib.sha256((tmp_path / "model_0000022.pth").read_bytes()).hexdigest()
+    (tmp_path / "model_0000022.pth.sha256").write_text(f"{digest}  model_0000022.pth\n")
+    (tmp_path / "last_checkpoint").write_text("model_0000022.pth")
+    resumed = ResilientCheckpointer(model, str(tmp_path), optimizer=optimizer)
+    with pytest.raises(ValueError, match=r"--resume: .*model_0000022.pth records iteration 3, not 22 as its name says: "
+                                         r"it is another run's checkpoint copied or renamed there .* nothing was changed"):
+        resumed.resume_or_load("", resume=True)
+    os.replace(tmp_path / "model_0000022.pth", tmp_path / "model_0000003.pth")  # under its own name it resumes
+    os.replace(tmp_path / "model_0000022.pth.sha256", tmp_path / "model_0000003.pth.sha256")
+    (tmp_path / "model_0000003.pth.sha256").write_text(f"{digest}  model_0000003.pth\n")
+    (tmp_path / "last_checkpoint").write_text("model_0000003.pth")
+    assert ResilientCheckpointer(model, str(tmp_path), optimizer=optimizer).resume_or_load("", resume=True)["iteration"] == 3

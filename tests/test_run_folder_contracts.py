@@ -1084,7 +1084,7 @@ def test_gw_positions_in_another_spelling_are_the_same_model():
 def test_initial_weights_under_a_checkpoint_name_in_the_output_folder_are_named(tmp_path):
     # "already holds a run (model_final.pth) ... Continue it with --resume, ... or pass --overwrite", both of which
     # then failed: the "run" was the MODEL.WEIGHTS on the same command line
-    (tmp_path / "model_final.pth").write_bytes(b"weights")
+    torch.save({"model": {}}, tmp_path / "model_final.pth")
     with pytest.raises(FileExistsError, match=r"^MODEL.WEIGHTS '.*model_final.pth' is in OUTPUT_DIR '.*' under a name "
                                               r"the run's checkpoints take \(model_final.pth\), so the folder looks like "
                                               r"a run's; nothing was changed. Move the initial weights out of OUTPUT_DIR"):
@@ -1144,3 +1144,51 @@ def test_an_evaluation_of_the_final_weights_is_refused_while_a_resume_of_the_run
             check_final_weights_not_training(str(tmp_path), str(tmp_path / "model_final.pth"))
         check_final_weights_not_training(str(tmp_path), str(tmp_path / "model_0000004.pth"))  # a file it keeps
     check_final_weights_not_training(str(tmp_path), str(tmp_path / "model_final.pth"))
+
+
+def test_a_file_of_the_users_named_as_a_checkpoint_is_no_run_to_overwrite(tmp_path):
+    # a 12-byte text file named model_final.pth was called a run, and --overwrite deleted it
+    (tmp_path / "model_final.pth").write_text("my precious\n")
+    for overwrite in (False, True):
+        with pytest.raises(FileExistsError, match=r"holds model_final.pth, named as a run's files, but nothing there "
+                                                  r"shows that a run of gwdet wrote them .* --overwrite would not delete "
+                                                  r"them either; nothing was changed"):
+            check_fresh_start(str(tmp_path), overwrite=overwrite)
+    assert (tmp_path / "model_final.pth").read_text() == "my precious\n"
+    torch.save({"model": {}}, tmp_path / "model_final.pth")  # what a checkpointer writes is a run's
+    check_fresh_start(str(tmp_path), overwrite=True)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_folder_of_the_users_named_as_the_kept_config_is_refused_not_removed(tmp_path):
+    # .gwdet-config-before/keep.txt of the user's: "put config.yaml ... back", and keep.txt was deleted unnamed
+    from gwdet.engine.output_dir import OutputDirLock
+    from gwdet.utils.run_file_names import CONFIG_KEPT
+
+    (tmp_path / CONFIG_KEPT).mkdir()
+    (tmp_path / CONFIG_KEPT / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match=r"holds .gwdet-config-before/keep.txt, in a folder of the name gwdet keeps "
+                                              r"a run's config.yaml and its record in .* nothing was changed. Move that "
+                                              r"folder out of OUTPUT_DIR"):
+        with OutputDirLock(str(tmp_path)):
+            pass
+    assert (tmp_path / CONFIG_KEPT / "keep.txt").read_text() == "mine"
+    (tmp_path / CONFIG_KEPT).rename(tmp_path / "mine")
+    with OutputDirLock(str(tmp_path)):  # the refusal let the lock go: the folder is free once that folder is moved
+        pass
+    assert (tmp_path / "mine" / "keep.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("record", ["model_final.pth.sha256", "model_0000001.pth.sha256", "results.json.sha256"])
+def test_a_folder_named_as_a_record_the_run_writes_is_refused_before_training(tmp_path, record):
+    # training ran to its end, then "[Errno 21] cannot write .../model_final.pth: Is a directory" named another file
+    from gwdet.engine.output_dir import check_run_file_names
+
+    (tmp_path / record).mkdir()
+    (tmp_path / record / "keep.txt").write_text("mine")
+    recorded = record.removesuffix(".sha256")
+    with pytest.raises(IsADirectoryError, match=rf"holds a folder {re.escape(record)}, but the run records the SHA-256 "
+                                                rf"of its \w+ {re.escape(recorded)} in a file of that name, which would "
+                                                rf"fail when the run writes {re.escape(recorded)}"):
+        check_run_file_names(str(tmp_path))
+    assert (tmp_path / record / "keep.txt").read_text() == "mine"

@@ -724,3 +724,47 @@ def test_a_records_report_notes_the_overrides_its_cells_shared(tmp_path):
     assert main(["--records", str(records), "--report-to", str(tmp_path / "report")]) == 0
     reported = "\n".join(path.read_text() for path in (tmp_path / "report").glob("*.md"))
     assert "Common overrides of every cell: SOLVER.MAX_ITER 8." in reported
+
+
+# before: a GW with 2 groups (--extra gw=... MODEL.GW.NUM_GROUPS 2) was reported beside the paper's GW number
+# (g=64, T=5, R-50), and GW > GN beside the paper's +0.60
+def test_a_configuration_whose_overrides_change_its_model_gets_no_paper_number(tmp_path):
+    from gwdet_lab.study.cells import model_overrides
+
+    assert model_overrides(["MODEL.DEVICE", "cuda", "SOLVER.BASE_LR", "0.02", "MODEL.RESNETS.DEPTH", "101", "SEED",
+                            "1"]) == ("MODEL.RESNETS.DEPTH 101",)
+    records = _record_copy(tmp_path, ("gw-b2-s3", "gn-b2-s3"))
+    folder = RunFolder(records / "gw-b2-s3")
+    record = folder.read_json("study_cell.json")
+    record["cell"]["opts"] = ["MODEL.GW.NUM_GROUPS", "2", *record["cell"]["opts"]]
+    record["opts"] = ["MODEL.GW.NUM_GROUPS", "2", *record["opts"]]
+    folder.write_json("study_cell.json", record)
+    assert main(["--records", str(records), "--report-to", str(tmp_path / "report")]) == 0
+    table = (tmp_path / "report" / "table.md").read_text()
+    assert "\n| GN | 2 | 1 | 28.19 | 55.72 |" in table and "\n| GW | 2 | 1 | – | 56.08 |" in table
+    assert "\n| GW > GN | 2 | – | 1 | +0.36 |" in table
+    assert ("- The paper column, and the paper's difference in each comparison with it, is left empty for GW "
+            "(overrides MODEL.GW.NUM_GROUPS 2): an override of a MODEL key (other than MODEL.DEVICE) makes another "
+            "model than the configuration's config file, so the paper's number is not that model's.") in table
+
+
+# before: a cell's record folder one level down (rec/sub/gw-b2-s4/) was not read, and the report was written
+# from the other cells without a word
+def test_cell_records_one_level_down_are_refused_naming_their_folder(tmp_path, capsys):
+    records = tmp_path / "records"
+    shutil.copytree(RECORDS / "paper-seeds-3-4", records)
+    (records / "sub").mkdir()
+    shutil.move(str(records / "gw-b2-s4"), str(records / "sub"))
+    with pytest.raises(SystemExit) as exit_:
+        main(["--study", "paper", "--records", str(records), "--report-to", str(tmp_path / "report")])
+    assert exit_.value.code == 2
+    assert (f"--records {records}: sub/ (gw-b2-s4) holds cell records one level below the others, where they are not "
+            f"read: the report would leave those cells out. Move their folders up into {records} beside the others, "
+            "or out of it if they are not of this report; nothing was written.") in capsys.readouterr().err
+    assert not (tmp_path / "report").exists()
+    # --only of the cells beside them reads those alone; a folder of studies' records names where the cells are
+    assert [p.cell.name for p in recorded_cells(records, ["gw-b2-s3", "gn-b2-s3"])] == ["gn-b2-s3", "gw-b2-s3"]
+    with pytest.raises(FileNotFoundError, match=r"no cell records in it \(folders with study_cell.json\); its sub-folders "
+                                                r"batch-sweep/, .* hold cell records: give one of them, e.g. --records "
+                                                r".*records/batch-sweep$"):
+        recorded_cells(RECORDS)

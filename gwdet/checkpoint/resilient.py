@@ -78,6 +78,21 @@ logger = logging.getLogger(__name__)  # gwdet's own messages: a run lists its wa
 CHECKPOINT_NAME = re.compile(r"^model_(\d{7,}|final)\.pth$")
 
 
+def _check_iteration_of_its_name(path: str, iteration: int, save_dir: str) -> None:
+    """Refuse to resume from a checkpoint whose name gives another iteration (``model_0000022.pth``)
+    than it records: another run's checkpoint copied or renamed there, from which the run would go
+    on with other weights and cut its metrics at the wrong iteration."""
+    named = CHECKPOINT_NAME.match(os.path.basename(path))
+    if named is None or named.group(1) == "final" or int(named.group(1)) == iteration:
+        return
+    raise GwdetValueError(
+        f"--resume: {path} records iteration {iteration}, not {int(named.group(1))} as its name says: it is another "
+        "run's checkpoint copied or renamed there (the run saves model_<iteration>.pth), so continuing would train "
+        f"from other weights and rewrite this run's metrics from iteration {iteration + 1} on; nothing was changed. "
+        "Put the run's own checkpoint back under that name, or write the name of a checkpoint of this run into "
+        f"{os.path.join(save_dir, LAST_CHECKPOINT)}.")
+
+
 def checkpoint_names(folder: str) -> list[str]:
     """The names of the checkpoints in ``folder`` (:data:`CHECKPOINT_NAME`), sorted; none for a
     folder that is not there (or not local)."""
@@ -920,6 +935,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
                         f"weights), so the run cannot continue from it: its iteration, schedule and momentum would "
                         f"start again. Start a new run from it ({self.weights_setting} {candidate}) into another output "
                         "folder, or restore the checkpoint as the run wrote it.")
+                _check_iteration_of_its_name(candidate, int(loaded["iteration"]), self.save_dir or "")
                 self._check_same_training_data(loaded.get(DATA_KEY), candidate)
                 recorded = loaded.get(INITIAL_WEIGHTS_KEY)
                 self.initial_weights = recorded if isinstance(recorded, dict) else None

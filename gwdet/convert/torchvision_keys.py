@@ -126,12 +126,35 @@ def _check_resnet_keys(layout: SourceLayout, tensors: dict[str, torch.Tensor]) -
             hint = (" Those are the names of a torch.compile'd model's weights: save the uncompiled module's "
                     "(model._orig_mod.state_dict()) and convert that file.")
         else:
-            hint = torchvision_detection_hint(names)
+            hint = torchvision_detection_hint(names) or _prefix_hint(names)
         raise ConversionError(
             "not a torchvision-layout ResNet/ResNeXt: expected keys like 'conv1.weight', "
             "'bn1.running_mean', 'layer1.0.conv2.weight', 'layer1.0.downsample.0.weight' "
             f"(after removing 'module.' prefixes), found {preview_names(names)}.{hint}"
         )
+
+
+def shared_layout_prefix(names: list[str]) -> str | None:
+    """The prefix (``"encoder."``) that every one of ``names`` starts with, and after which they are a
+    torchvision ResNet's (its ``conv1.weight`` and ``layer1.0.conv1.weight`` among them), else None."""
+    known = set(names)
+    for name in names:
+        if name.endswith(".conv1.weight"):
+            prefix = name[:-len("conv1.weight")]
+            if f"{prefix}layer1.0.conv1.weight" in known and all(other.startswith(prefix) for other in names):
+                return prefix
+    return None
+
+
+def _prefix_hint(names: list[str]) -> str:
+    """For ``names`` that are a torchvision ResNet's under one prefix (:func:`shared_layout_prefix`):
+    the prefix, and the one line that saves the weights without it; else ``""``."""
+    prefix = shared_layout_prefix(names)
+    if prefix is None:
+        return ""
+    return (f" Every key is under the prefix {prefix!r}, before a torchvision "
+            f"layout: save the weights without it ({{key.removeprefix({prefix!r}): value for "
+            "key, value in weights.items()}) and convert that file with tools/convert_pretrained.py.")
 
 
 def _check_norms_complete(layout: SourceLayout) -> None:

@@ -4,8 +4,9 @@ detectron2's ``read_image`` opens a file with PIL, turns it by its EXIF orientat
 to 8-bit RGB; its ``DatasetMapper`` then requires the size the dataset states. :func:`image_file_problem`
 finds, before training, the files that would go wrong there: a mode whose conversion to 8 bits
 clips the picture (16-bit PNGs; :data:`READABLE_MODES` are those that keep it), a size other than
-stated (``SizeMismatchError`` mid-run), a file cut short or damaged, an image larger than PIL
-opens (``PIL.Image.MAX_IMAGE_PIXELS``). It reads a PNG's every chunk (CRCs, the image data
+stated (``SizeMismatchError`` mid-run), a file of several frames or pages (an animated GIF, a
+multi-page TIFF: ``read_image`` reads the first alone), a file cut short or damaged, an image larger
+than PIL opens (``PIL.Image.MAX_IMAGE_PIXELS``). It reads a PNG's every chunk (CRCs, the image data
 inflated, an EXIF chunk after the data), a JPEG's header and end-of-image marker, and decodes other
 files in full; a JPEG damaged in its middle decodes without an error and is not found. EXIF
 orientations the stated size cannot confirm are recorded for a warning (its ``rotations``).
@@ -34,6 +35,14 @@ _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _INFLATE_STEP = 1 << 20  # bytes of a PNG's image data inflated at a time while checking it
 CONVERT_HINT = ("convert it to 8-bit RGB or grayscale (e.g. 16-bit values scaled to 0-255: "
                 "Image.fromarray((np.asarray(im) >> 8).astype(np.uint8)))")
+# Formats whose first frame is the whole picture: an MPO's later images are previews or other views
+# (cameras and phones write them into their JPEGs), a PSD's are the layers its first one composes.
+_WHOLE_FIRST_FRAME = frozenset({"MPO", "PSD"})
+_NEW_SUBFILE_TYPE = 254  # TIFF tag; bit 1: a reduced-resolution copy of another page, bit 4: a transparency mask
+_NOT_A_PAGE = 0b101
+_FRAMES_OF = {"GIF": ("frames", "an animated GIF"), "PNG": ("frames", "an animated PNG"),
+              "WEBP": ("frames", "an animated WebP"), "AVIF": ("frames", "an animated AVIF"),
+              "TIFF": ("pages", "a multi-page TIFF"), "DCX": ("pages", "a multi-page DCX")}
 FLOAT_CONVERT_HINT = ("convert it to 8-bit RGB or grayscale (e.g. values of 0 to 1 scaled to 0-255: "
                       "Image.fromarray((np.clip(np.asarray(im), 0, 1) * 255).astype(np.uint8)))")
 
@@ -51,6 +60,36 @@ def mode_problem(mode: str) -> str:
                 "every value above 255 (a white image, without a word): " + CONVERT_HINT)
     return (f"is an image of PIL mode {mode!r}, which detectron2's conversion to 8-bit RGB does not read as it is: "
             "convert it to 8-bit RGB")
+
+
+def _pictures(image: Image.Image) -> int:
+    """How many pictures the open ``image`` holds as frames or pages (PIL's ``n_frames``), of which
+    detectron2's ``read_image`` reads the first alone: 1 for the formats whose first frame is the
+    whole picture (:data:`_WHOLE_FIRST_FRAME`), a TIFF's reduced-resolution copies and transparency
+    masks of a page not counted. The frame headers are read, no frame decoded; ``image`` is left
+    at its first frame."""
+    frames = getattr(image, "n_frames", 1)
+    if frames <= 1 or image.format in _WHOLE_FIRST_FRAME:
+        return 1
+    if image.format != "TIFF":
+        return frames
+    pages = 0
+    for frame in range(frames):
+        image.seek(frame)
+        pages += not (int(getattr(image, "tag_v2", {}).get(_NEW_SUBFILE_TYPE, 0)) & _NOT_A_PAGE)
+    image.seek(0)
+    return pages
+
+
+def frames_problem(frames: int, image_format: str | None) -> str:
+    """Why a file of ``frames`` frames or pages would not reach the model as it is ("" for one)."""
+    if frames <= 1:
+        return ""
+    noun, kind = _FRAMES_OF.get(image_format or "", ("frames", f"a {image_format or 'multi-frame'} file"))
+    one = noun[:-1]
+    return (f"holds {frames} {noun} ({kind}), of which detectron2's read_image reads only the first, without a "
+            f"word: save the {one} meant as a single-frame PNG or JPEG (PIL: im.seek(N), N the {one}'s index from 0, "
+            "then im.convert('RGB').save(...))")
 
 
 def _ends_completely(path: str, image_format: str | None) -> bool:
@@ -132,7 +171,7 @@ def image_file_problem(path: str, width: int | None = None, height: int | None =
                        rotations: dict[str, int] | None = None) -> str:
     """What is wrong with the image file at ``path`` for detectron2 ("" when nothing): missing,
     not an image, larger than PIL opens, a mode that does not convert to 8 bits (:func:`mode_problem`),
-    another size than ``width`` x ``height`` after its EXIF rotation (not checked without them), cut
+    several frames or pages (:func:`frames_problem`; their headers read, no frame decoded), another size than ``width`` x ``height`` after its EXIF rotation (not checked without them), cut
     short or damaged. An EXIF orientation the size cannot confirm is added to ``rotations`` (path:
     orientation) when given, read where the size check opens the file anyway.
     The words follow the file's name in a message ("... 003.png is ...")."""
@@ -151,7 +190,7 @@ def image_file_problem(path: str, width: int | None = None, height: int | None =
                 orientation = image.getexif().get(_EXIF_ORIENTATION, 1)
             else:
                 orientation = 1
-            problem = mode_problem(mode)
+            problem = mode_problem(mode) or frames_problem(_pictures(image), image_format)
             if problem:
                 return problem
             if rotations is not None:

@@ -36,7 +36,7 @@ from gwdet.data.coco_registration import DatasetUse, check_datasets_fit, known_c
 from gwdet.data.shapes import SPEC_CONFIG_KEYS, ShapesSpec, check_image_size
 from gwdet.errors import GwdetError, GwdetTypeError, GwdetValueError, listed
 from gwdet.model_zoo.lazy_loading import argument_names, callable_of, select
-from gwdet.norms import UnknownNormError, known_norm_names, norm, norm_record, norm_records
+from gwdet.norms import UnknownNormError, known_norm_names, norm, norm_record, norm_records, unknown_params_message
 from gwdet.modeling.build import check_mixed_precision, check_run_device, check_scratch_training
 from gwdet.utils.cli_errors import output_path_problem
 
@@ -457,11 +457,11 @@ def check_norm_nodes(cfg: DictConfig) -> None:
             try:
                 norm(**arguments)
             except GwdetTypeError as error:  # values of the norm the node named before (name=GW_ZCA over GW's T)
-                taken = set(norm_record(str(arguments.get("name"))).params()) if "name" in arguments else set()
+                taken = norm_record(str(arguments.get("name"))).params() if "name" in arguments else []
                 left = [key for key in arguments if key != "name" and key not in taken]
-                hint = (". An override keeps the node's other values; set those the norm does not take to null to "
-                        f"leave them out: {' '.join(f'{path}.{key}=null' for key in left)}") if left and taken else ""
-                raise GwdetTypeError(f"{path}: {error.args[0]}{hint}") from None
+                said = (unknown_params_message(str(arguments["name"]), taken, sorted(left), path) if left and taken
+                        else error.args[0])
+                raise GwdetTypeError(f"{path}: {said}") from None
             except (UnknownNormError, GwdetValueError) as error:
                 raise type(error)(f"{path}: {error.args[0]}") from None
             continue

@@ -45,6 +45,7 @@ from gwdet.errors import (
     GwdetValueError,
     listed,
 )
+from gwdet.checkpoint.safe_load import starts_like_torch_save_output
 from gwdet.checkpoint.resilient import (CHECKPOINT_NAME, INITIAL_WEIGHTS_KEY, checkpoint_names, local_weights_path,
                                         lost_checkpoint_error, tagged_name)
 from gwdet.utils.run_file_names import (LAST_CHECKPOINT, LOCK_NAME, FINAL_WEIGHTS, CONFIG_NAME, RESULTS_MARKDOWN,
@@ -167,7 +168,19 @@ def _shows_a_run(output_dir: str, existing: Sequence[str]) -> bool:
     record of the config it saves first (:data:`CONFIG_NAME`), a checkpoint, or ``results.json``'s record.
     Without one of them a ``metrics.json`` or ``results.md`` there may be the user's own."""
     return (CONFIG_NAME + CHECKSUM_SUFFIX in existing or RESULTS_JSON + CHECKSUM_SUFFIX in existing
-            or bool(checkpoints_in(output_dir)))
+            or any(_written_as_a_checkpoint(os.path.join(output_dir, name)) for name in checkpoints_in(output_dir)))
+
+
+def _written_as_a_checkpoint(path: str) -> bool:
+    """Whether the file ``path``, named as a checkpoint, may have been saved as one: its SHA-256
+    recorded beside it, its first bytes torch.save's, or empty (nothing to lose). A text file of the
+    user's named ``model_final.pth`` is no sign of a run (and --overwrite leaves it)."""
+    if os.path.isfile(checksum_path(path)):
+        return True
+    try:
+        return os.path.getsize(path) == 0 or starts_like_torch_save_output(path)
+    except OSError:
+        return False
 
 
 def checkpoints_in(output_dir: str) -> list[str]:
@@ -526,6 +539,21 @@ def _keep_config(output_dir: str) -> None:
         raise
 
 
+def _foreign_in_kept_config(output_dir: str) -> list[str]:
+    """What the folders :func:`_keep_config` writes hold besides its copies (:data:`CONFIG_PAIR`):
+    files of the user's in a folder of that name (paths relative to ``output_dir``, sorted); a
+    file (not a folder) of that name is listed itself."""
+    found = []
+    for folder in (CONFIG_KEPT, CONFIG_KEEPING):
+        path = os.path.join(output_dir, folder)
+        if os.path.lexists(path) and (os.path.islink(path) or not os.path.isdir(path)):
+            found.append(folder)
+        elif os.path.isdir(path):
+            found += [os.path.join(folder, name) for name in os.listdir(path) if name not in CONFIG_PAIR
+                      or not os.path.isfile(os.path.join(path, name))]
+    return sorted(found)
+
+
 def restore_config(output_dir: str) -> bool:
     """Put ``config.yaml`` and its record back as :func:`_keep_config` kept them (a name it did not
     keep was not there: it is removed), when a copy is kept; a half-made copy is removed. Whether
@@ -617,6 +645,16 @@ def check_run_file_names(output_dir: str, setting: str = "OUTPUT_DIR") -> None:
                 f"{setting} {output_dir!r} holds a folder {name}, but the run writes {purpose} into a file of that "
                 f"name, which would fail once it is written; nothing was changed. Move or rename {path} (no run wrote "
                 f"it: --overwrite keeps it), or give the run another {setting}.")
+    for name in sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else ():
+        recorded = name[:-len(CHECKSUM_SUFFIX)] if name.endswith(CHECKSUM_SUFFIX) else None
+        if (recorded is not None and (CHECKPOINT_NAME.match(recorded) or recorded == RESULTS_JSON)
+                and os.path.isdir(os.path.join(output_dir, name))):
+            raise GwdetIsADirectoryError(
+                f"{setting} {output_dir!r} holds a folder {name}, but the run records the SHA-256 of its "
+                f"{'results' if recorded == RESULTS_JSON else 'checkpoint'} {recorded} in a file of that name, which "
+                f"would fail when the run writes {recorded}, some only after training; nothing was changed. Move or rename "
+                f"{os.path.join(output_dir, name)} (no run wrote it: --overwrite keeps it), or give the run another "
+                f"{setting}.")
 
 
 # The files of a run written in place (opened for writing or appending, not replaced): detectron2's
@@ -1450,6 +1488,14 @@ class OutputDirLock:
                 f"{self.setting} {output_dir!r}: writing the run's lock file {LOCK_NAME} failed "
                 f"({error.strerror or error}); nothing was changed. Free space there (or fix what the error names) "
                 f"and run again, or give the run another {self.setting}.") from None
+        foreign = _foreign_in_kept_config(os.path.dirname(self.path))
+        if foreign:
+            self.__exit__(None, None, None)
+            raise GwdetFileExistsError(
+                f"{self.setting} {output_dir!r} holds {listed(foreign, 5)}, in a folder of the name gwdet keeps a run's "
+                f"{CONFIG_NAME} and its record in while detectron2 rewrites them ({CONFIG_KEPT}, {CONFIG_KEEPING}), "
+                "and a run would put those back and remove the folder; nothing was changed. Move that folder out of "
+                f"{self.setting} (or rename it), or give the run another {self.setting}.")
         if restore_config(os.path.dirname(self.path)):
             logger.warning(f"{os.path.dirname(self.path)}: put {CONFIG_NAME} and {CONFIG_NAME}{CHECKSUM_SUFFIX} back "
                            "as they were before a run that stopped while writing them.")

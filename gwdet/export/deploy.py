@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import re
 import warnings
 import zipfile
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -82,9 +83,10 @@ def export_torchscript(model: torch.nn.Module, image: torch.Tensor, path: str, *
     Returns the traced module and the adapter (``adapter.outputs_schema(traced(image))`` rebuilds
     detectron2's outputs; ``adapter(image)`` runs the eager model, which stays in evaluation mode
     for it). The file is written atomically, with its SHA-256 in ``path.sha256``; a file already at
-    ``path`` is replaced only with ``overwrite`` (:func:`_check_output_file`).
+    ``path`` is replaced only with ``overwrite``, and a ``path`` that does not end in ``.ts`` (the name
+    :func:`load_export` reads TorchScript from) is refused (:func:`_check_output_file`).
     """
-    _check_output_file(path, "model.ts", overwrite)
+    _check_output_file(path, "model.ts", overwrite, "export_torchscript")
     adapter = tracing_adapter(model, image)
     with torch.no_grad():
         # check_trace would run the model twice more to compare; callers compare with
@@ -98,10 +100,11 @@ def export_torchscript(model: torch.nn.Module, image: torch.Tensor, path: str, *
     return traced, adapter
 
 
-def _check_output_file(path: str, example: str, overwrite: bool) -> None:
+def _check_output_file(path: str, example: str, overwrite: bool, writer: str) -> None:
     """Refuse, before any work, an output ``path`` that is a folder (``example``: a file name in it),
     that is empty, or that names a file already there unless ``overwrite`` (a user's notes, a
-    checkpoint: replaced without a word before); and an export inside ``torch.autocast``."""
+    checkpoint: replaced without a word before); an export inside ``torch.autocast``; and a ``path``
+    whose suffix is not ``example``'s, the format ``writer`` writes (:func:`_check_export_suffix`)."""
     if not os.fspath(path):
         raise GwdetValueError(f"The export's path is empty: give the file to write, e.g. {example}; nothing was written.")
     if os.path.isdir(path):
@@ -116,6 +119,40 @@ def _check_output_file(path: str, example: str, overwrite: bool) -> None:
         raise GwdetFileExistsError(f"{path} exists: an export replaces it only with overwrite=True (the file is then "
                                    f"replaced, and {os.path.basename(path)}{CHECKSUM_SUFFIX} with it); give another "
                                    "path to keep it. Nothing was written.")
+    _check_export_suffix(path, os.path.splitext(example)[1], writer)
+
+
+TORCHSCRIPT_SUFFIX = ".ts"
+ONNX_SUFFIX = ".onnx"
+EXPORT_SUFFIXES = (TORCHSCRIPT_SUFFIX, ONNX_SUFFIX)  # model.ts, model.onnx: what tools/deploy/export_model.py writes
+_FORMATS = {TORCHSCRIPT_SUFFIX: "a TorchScript archive", ONNX_SUFFIX: "an ONNX model"}
+# what other suffixes name, for the message that refuses them
+_NAMED_BY_SUFFIX = {".pth": "a checkpoint (torch.save)", ".pt": "a checkpoint (torch.save)",
+                    ".pkl": "detectron2 weights", ".onnx": _FORMATS[ONNX_SUFFIX], ".ts": _FORMATS[TORCHSCRIPT_SUFFIX]}
+# the tail of the temporary name gwdet.utils.atomic.path_written_atomically writes a file under:
+# .<name>.<pid>.<random>.partial, renamed to <name> when complete
+_TEMPORARY_TAIL = re.compile(r"\.\d+\.[0-9a-f]{12}\.partial$")
+
+
+def _check_export_suffix(path: str, suffix: str, writer: str) -> None:
+    """Refuse an export ``path`` that does not end in ``suffix``, the suffix of the format ``writer``
+    writes: :func:`load_export` reads an export's format from its name (``.onnx``: ONNX, else
+    TorchScript) and lists a folder's exports by it. The temporary name of
+    :func:`~gwdet.utils.atomic.path_written_atomically` is judged by the name it becomes."""
+    shown = os.fspath(path)
+    folder, name = os.path.split(shown)
+    if name.startswith(".") and _TEMPORARY_TAIL.search(name):
+        name = _TEMPORARY_TAIL.sub("", name[1:])
+        shown = os.path.join(folder, name)
+    if name.endswith(suffix):
+        return
+    found = os.path.splitext(name)[1]
+    named = f", the name of {_NAMED_BY_SUFFIX[found]}" if found in _NAMED_BY_SUFFIX else ""
+    ends = f"ends in {found}{named}" if found else "has no suffix"
+    raise GwdetValueError(
+        f"{writer} writes {_FORMATS[suffix]}, which gwdet names {suffix} (gwdet.export.load_export reads an export's "
+        f"format from its name), and {shown!r} {ends}. Give a path ending in {suffix}, e.g. "
+        f"{shown[:len(shown) - len(found)] + suffix!r}; nothing was written.")
 
 
 def save_script_module(module: torch.jit.ScriptModule, path: str) -> None:
@@ -154,9 +191,10 @@ def export_onnx(
     the ``torch.export``-based one, at its own default opset unless ``opset`` is given.
     ``input_names``, ``output_names`` and ``dynamic_axes`` are ``torch.onnx.export``'s (by default every input size is
     the example's). The file is written atomically, with its SHA-256 in ``path.sha256``; a file
-    already at ``path`` is replaced only with ``overwrite``. ``module`` is left in evaluation mode.
+    already at ``path`` is replaced only with ``overwrite``, and a ``path`` that does not end in
+    ``.onnx`` is refused. ``module`` is left in evaluation mode.
     """
-    _check_output_file(path, "model.onnx", overwrite)
+    _check_output_file(path, "model.onnx", overwrite, "export_onnx")
     folder = os.path.dirname(path)
     if folder:
         os.makedirs(folder, exist_ok=True)
@@ -235,7 +273,8 @@ def export_model_onnx(model: torch.nn.Module, image: torch.Tensor, path: str, op
                       overwrite: bool = False) -> TracingAdapter:
     """Export the whole ``model`` (detectron2's tracing adapter on ``image``) to ONNX, at ``opset``
     :data:`MIN_DETECTOR_OPSET` or newer (detectron2's aligned ROIAlign is exported as another
-    function below it); a file already at ``path`` is replaced only with ``overwrite``. The file's
+    function below it); a file already at ``path`` is replaced only with ``overwrite``, and a ``path``
+    that does not end in ``.onnx`` is refused. The file's
     input is named ``image`` and its outputs by :func:`flattened_names` (an R-CNN's: ``pred_boxes``,
     ``pred_classes``, [``pred_masks``,] ``scores``, ``image_size``)."""
     if opset < MIN_DETECTOR_OPSET:
@@ -243,7 +282,7 @@ def export_model_onnx(model: torch.nn.Module, image: torch.Tensor, path: str, op
             f"opset {opset}: a detector's ROIAlign (aligned, as detectron2 pools regions) is exported as ONNX "
             f"RoiAlign from opset {MIN_DETECTOR_OPSET} on; below it the file computes other detections. Give opset "
             f"{MIN_DETECTOR_OPSET} or newer (the default is {ONNX_OPSET}); nothing was written.")
-    _check_output_file(path, "model.onnx", overwrite)  # before the model is traced
+    _check_output_file(path, "model.onnx", overwrite, "export_model_onnx")  # before the model is traced
     adapter = tracing_adapter(model, image)
     with torch.no_grad():
         adapter(image)  # its outputs' schema, which names the file's outputs
@@ -259,9 +298,6 @@ class DamagedExportError(DamagedFileError):
 
 REEXPORT = ("Export the model again (tools/deploy/export_model.py with --overwrite, or "
             "gwdet.export.export_torchscript / export_model_onnx); nothing was loaded from it.")
-
-
-EXPORT_SUFFIXES = (".ts", ".onnx")  # model.ts, model.onnx: what tools/deploy/export_model.py writes
 
 
 def _exports_in(folder: str) -> str:

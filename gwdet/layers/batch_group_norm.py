@@ -24,6 +24,7 @@ running moments scaled along in evaluation; a ``running_var`` that overflowed to
 evaluation with ``alpha < 1`` return NaN. :mod:`gwdet.export.counting_ops` registers
 :func:`batch_group_norm` as the custom op ``gwdet::batch_group_norm`` for flop counting.
 """
+import warnings
 from typing import Optional, Tuple
 
 import torch
@@ -317,6 +318,12 @@ class BatchGroupNorm(SettingsInState):
         so too in evaluation with ``eval_example_weight=1``, where each example's own statistics are
         all there is (Eq. 3 with alpha = 1)."""
         check_input("BatchGroupNorm", x, self.num_channels)
+        if not torch.jit.is_scripting() and self.training and torch.jit.is_tracing():
+            warnings.warn(
+                f"BatchGroupNorm: traced in training mode, the trace splits every batch into the example groups of "
+                f"this one ({x.shape[0]} examples, {self.examples_per_group} per group) and fails on a batch of "
+                "another size. Trace in evaluation mode (model.eval()), which groups no examples.",
+                RuntimeWarning, stacklevel=2)
         if self.training:
             check_single_values("BatchGroupNorm", x, self.num_groups, self.effective_num_groups,
                                 self.examples_per_group)

@@ -40,6 +40,7 @@ LAZY_SUFFIX = ".py"
 SAVED_SUFFIXES = (".yaml", ".yml")
 OUTPUT_SETTING = "train.output_dir"
 PYTHON_TAG = "tag:yaml.org,2002:python/"
+NORM_TAG = PYTHON_TAG + "object:gwdet.norms.Norm"  # a gwdet.norm(...) object, as LazyConfig.save writes it
 
 
 def is_lazy_config(config_file: str | os.PathLike | None) -> bool:
@@ -52,7 +53,8 @@ def is_lazy_config(config_file: str | os.PathLike | None) -> bool:
         return False
     try:
         tree = _yaml_as_data(path)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):  # the yacs loader names what is wrong
+    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError):  # the yacs loader names what is wrong (a date
+        # that does not exist, 2026-13-01, is a ValueError of the YAML reader)
         return False
     return _is_saved_lazy_config(tree)
 
@@ -118,6 +120,20 @@ def _named(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> Any:
             "inside another, which YAML cannot hold)", node.start_mark) from None
 
 
+def _saved_norm(loader: yaml.SafeLoader, node: yaml.Node) -> dict:
+    """A ``gwdet.norm(...)`` object as ``LazyConfig.save`` writes it (its name, values and
+    strictness), read as the node ``L(gwdet.norm)(...)`` of the same values, which builds the same
+    layers (:func:`norms_as_nodes`)."""
+    from gwdet.norms import norm
+
+    state = loader.construct_mapping(node, deep=True)
+    params = state.get("params", {})
+    if not isinstance(state.get("name"), str) or not isinstance(params, dict):
+        raise yaml.constructor.ConstructorError(
+            None, None, f"the tag {NORM_TAG} holds no norm name and values ({state!r})", node.start_mark)
+    return {"_target_": norm, "name": state["name"], **params, **({"strict": True} if state.get("strict") else {})}
+
+
 def _other_object(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> Any:
     raise yaml.constructor.ConstructorError(
         None, None, f"the tag !!python/{suffix} would build a Python object that a saved LazyConfig does not hold",
@@ -125,6 +141,7 @@ def _other_object(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> Any:
 
 
 _SavedLazyConfigLoader.add_constructor(PYTHON_TAG + "object:detectron2.layers.shape_spec.ShapeSpec", _shape_spec)
+_SavedLazyConfigLoader.add_constructor(NORM_TAG, _saved_norm)
 _SavedLazyConfigLoader.add_multi_constructor(PYTHON_TAG + "name:", _named)
 _SavedLazyConfigLoader.add_multi_constructor(PYTHON_TAG, _other_object)
 
@@ -137,8 +154,10 @@ def _load_saved_lazy_config(path: str) -> DictConfig:
     except yaml.constructor.ConstructorError as error:
         raise GwdetValueError(
             f"Config file {path!r} is a LazyConfig saved as YAML, but {error.problem} ({error.problem_mark}); "
-            "gwdet builds only the ShapeSpecs and named classes that LazyConfig.save writes. Use the .py "
-            "LazyConfig the run was made from (with the same overrides).") from None
+            "gwdet builds only the ShapeSpecs, named classes and gwdet.norm(...) objects that LazyConfig.save "
+            "writes. Use the .py LazyConfig the run was made from (with the same overrides), or, for a config "
+            "built in Python, give that value as a node before saving it (a norm: L(gwdet.norm)(name='GW', "
+            "num_groups=...); another object: L(its class)(its arguments)).") from None
     return OmegaConf.create(content, flags={"allow_objects": True})
 
 

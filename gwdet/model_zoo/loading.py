@@ -12,7 +12,9 @@ the study all call it.
 from __future__ import annotations
 
 import codecs
+import datetime
 import difflib
+import json
 import logging
 import os
 import re
@@ -222,12 +224,26 @@ class DuplicateKeyCheckingLoader(yaml.SafeLoader):
     the config file ``path`` (and the configs whose ``_BASE_`` chain reaches it, ``named_from``), the
     dotted key and the line of both. Mapping nodes are constructed parents first, so each mapping's
     dotted name is known when its keys are checked. A key holding a dot (``GW.T: 3`` inside a
-    ``MODEL:`` block) is refused too: yacs would look for a key named ``GW.T``."""
+    ``MODEL:`` block) is refused too: yacs would look for a key named ``GW.T``. The dotted key of
+    each value (and of each item of a list value) is kept for the messages of the values refused
+    as they are constructed (:func:`_refuse_timestamp`)."""
 
     def __init__(self, stream: Any, path: str = "", named_from: Sequence[str] = ()) -> None:
         super().__init__(stream)
         self.path, self.named_from = path, tuple(named_from)
         self._mapping_names: dict[int, str] = {}  # id of a mapping node -> its dotted name
+        self.value_keys: dict[int, tuple[str, bool]] = {}  # id of a value node -> (its dotted key, in a list)
+
+    def via(self) -> str:
+        """The configs whose ``_BASE_`` chain reaches this file, as a message names them ("" for none)."""
+        return f" (a base of {' -> '.join(repr(named) for named in self.named_from)})" if self.named_from else ""
+
+    def _name_items(self, node: Any, name: str) -> None:
+        """Record ``name`` as the key of the items of the list ``node`` (and of lists in it)."""
+        for item in node.value:
+            self.value_keys[id(item)] = (name, True)
+            if isinstance(item, yaml.SequenceNode):
+                self._name_items(item, name)
 
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         if isinstance(node, yaml.MappingNode):
@@ -247,6 +263,9 @@ class DuplicateKeyCheckingLoader(yaml.SafeLoader):
                 first_seen[identity] = (key_node, value_node)
                 if isinstance(value_node, yaml.MappingNode):
                     self._mapping_names[id(value_node)] = name
+                self.value_keys[id(value_node)] = (name, False)
+                if isinstance(value_node, yaml.SequenceNode):
+                    self._name_items(value_node, name)
         return super().construct_mapping(node, deep=deep)
 
     def _refuse_dotted(self, key: str, section: str, line: int) -> None:
@@ -259,8 +278,7 @@ class DuplicateKeyCheckingLoader(yaml.SafeLoader):
             f"the one before (or give the override {'.'.join(filter(None, [section, key]))} VALUE on the command line).")
 
     def _refuse(self, key: str, first: int, second: int, sections: bool) -> None:
-        path = self.path or str(self.name)
-        via = f" (a base of {' -> '.join(repr(named) for named in self.named_from)})" if self.named_from else ""
+        path, via = self.path or str(self.name), self.via()
         fix = (f"put the keys of both blocks under a single {key.rsplit('.', 1)[-1]}: block" if sections else
                "delete the line you do not mean")
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key.rsplit(".", 1)[-1]):  # no key anyone writes: a split value
@@ -305,8 +323,35 @@ def _refuse_base_60(loader: DuplicateKeyCheckingLoader, node: yaml.ScalarNode, v
             f"(a ratio such as 1:2 as 0.5).")
 
 
+def _refuse_timestamp(loader: DuplicateKeyCheckingLoader, node: yaml.ScalarNode) -> Any:
+    """Refuse an unquoted date or date and time (``OUTPUT_DIR: 2026-12-01``), which YAML 1.1 reads
+    as a ``datetime.date`` / ``datetime.datetime``, a type no yacs key takes (and a date that does
+    not exist, ``2026-13-01``, on which PyYAML stops with a bare ``ValueError``): named with the
+    file, the line, the key and the quoted value to write."""
+    try:
+        value = loader.construct_yaml_timestamp(node)
+        read = f"a {'date and time' if isinstance(value, datetime.datetime) else 'date'} ({value!r})"
+    except ValueError as error:
+        read = f"a date, one that does not exist ({error})"
+    path, line = loader.path or str(loader.name), node.start_mark.line + 1
+    key, in_list = loader.value_keys.get(id(node), ("", False))
+    quoted = json.dumps(node.value)  # a double-quoted YAML scalar
+    if not key:
+        given, fix = node.value, quoted
+    elif in_list:
+        given, fix = f"{node.value} in {key}", f"{quoted} (in the list of {key})"
+    else:
+        section, _, leaf = key.rpartition(".")
+        under = f" (under {': '.join(section.split('.'))}:)" if section else ""
+        given, fix = f"{key} {node.value}", f"{leaf}: {quoted}{under}"
+    raise GwdetValueError(
+        f"Config file {path!r}{loader.via()} gives {given} at line {line}, which YAML reads as {read}, not as text: "
+        f"a config holds no dates. Quote it: {fix}.")
+
+
 DuplicateKeyCheckingLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 DuplicateKeyCheckingLoader.add_constructor("tag:yaml.org,2002:float", _construct_float)
+DuplicateKeyCheckingLoader.add_constructor("tag:yaml.org,2002:timestamp", _refuse_timestamp)
 
 
 class PythonTagError(GwdetValueError):

@@ -18,6 +18,7 @@ from gwdet_lab.tables import Column, Table
 from gwdet_lab.benchmark.cases import (
     CONV,
     GN,
+    GN_GROUPS,
     GW_AUTOGRAD,
     GW_GROUPS,
     GW_ITN,
@@ -144,14 +145,21 @@ def targets_table(results: dict) -> Table:
 
 
 def layer_tables(results: dict) -> str:
-    """The layer level's markdown: time, peak memory and, when GW (itn) and GN(32) ran, the targets."""
+    """The layer level's markdown: time, peak memory (in ratio to GN(32) when it ran) and, when GW (itn)
+    and GN(32) ran, the targets."""
+    few = [format_shape(shape) for _, shape in results["shapes"] if shape[1] < max(GN_GROUPS, GW_GROUPS)]
+    adjusted = (f" At {', '.join(few)} the channels are fewer than the groups asked ({GN}: {GN_GROUPS}, {GW_ITN}: "
+                f"g={GW_GROUPS}), so there those layers normalize fewer groups than their names say (gwdet adjusts a "
+                "group count to the channels)." if few else "")
     lines = [
         "#### Layer level: forward + backward time", "",
         "Median time in ms; in parentheses the median over rounds of the time divided by the 3x3 "
-        "convolution's in the same round (every round times each layer once at that shape).", "",
+        f"convolution's in the same round (every round times each layer once at that shape).{adjusted}", "",
         time_table(results).markdown(), "",
         "#### Layer level: peak memory of forward + backward", "",
-        f"Peak MiB allocated above the input, output gradient and parameters; in parentheses the ratio to {GN}.", "",
+        "Peak MiB allocated above the input, output gradient and parameters; "
+        + (f"in parentheses the ratio to {GN}." if GN in results["names"] else
+           f"no ratio to {GN}, which was not measured (not in --norms)."), "",
         memory_table(results).markdown(),
     ]
     if GW_ITN in results["names"] and GN in results["names"]:

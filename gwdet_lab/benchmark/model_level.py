@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Set, Tuple
 
 import torch
 from torch import nn
@@ -136,7 +136,8 @@ def check_models(args: argparse.Namespace, device: torch.device) -> None:
 
 
 def run_models(args: argparse.Namespace, device: torch.device) -> dict:
-    """``{"rows": [{"name", "config", "seconds", "peak", "finite", "gw_layers", "in_gw"}], ...}``."""
+    """``{"rows": [{"name", "config", "seconds", "peak", "finite", "gw_layers", "in_gw", "adjusted"}], ...}``
+    (``adjusted``: :func:`adjusted_groups` of the model measured)."""
     models = selected_models(args.model_names)
     progress = Progress([1.0] * len(models))
     results = {"rows": [], "image_size": args.image_size, "amp": args.amp, "opts": list(args.model_opts)}
@@ -169,12 +170,42 @@ def measure_model(name: str, path: str, args: argparse.Namespace, device: torch.
         optimizer.step()
 
     gw_layers = count_group_whitening(model)
+    adjusted = adjusted_groups(model)
     with EventStorage(0):
         seconds = median_time(step, device, args.model_warmup, args.model_repeats, args.clock)
         peak = peak_memory(step, device) if device.type == "cuda" else None
         in_gw = gw_share(step) if device.type == "cpu" and gw_layers else None
     return {"name": name, "config": path, "seconds": seconds, "peak": peak, "finite": finite,
-            "gw_layers": gw_layers, "in_gw": in_gw}
+            "gw_layers": gw_layers, "in_gw": in_gw, "adjusted": adjusted}
+
+
+def adjusted_groups(model: nn.Module) -> List[str]:
+    """What the norm layers of ``model`` use where the group number (GW, BGN, GN) or group size (BW)
+    asked for does not divide their channels (:func:`gwdet.norms.group_adjustment`), one entry per
+    layer type and request: ``"66 GroupNorm layer(s) asked for 7 groups use 4"``."""
+    from gwdet.norms import group_adjustment
+
+    found: Dict[Tuple[str, str, int], Set[int]] = {}
+    layers: Dict[Tuple[str, str, int], int] = {}
+    for module in model.modules():
+        adjusted = group_adjustment(module)
+        if adjusted is not None:
+            what, requested, used = adjusted
+            key = (type(module).__name__, what, requested)
+            found.setdefault(key, set()).add(used)
+            layers[key] = layers.get(key, 0) + 1
+    return [f"{layers[(kind, what, requested)]} {kind} layer(s) asked for {requested} {what} use "
+            f"{'/'.join(map(str, sorted(used)))}" for (kind, what, requested), used in sorted(found.items())]
+
+
+def adjusted_text(rows: List[dict]) -> str:
+    """The caption's sentence on the group numbers the measured models' layers used instead of the
+    ones asked for (a group number that does not divide the channels), ``""`` where none did."""
+    adjusted = [f"{row['name']}: {', '.join(row['adjusted'])}" for row in rows if row.get("adjusted")]
+    if not adjusted:
+        return ""
+    return (" Group numbers that do not divide the layers' channels were adjusted, and the table measures what the "
+            f"layers use: {'; '.join(adjusted)}.")
 
 
 def model_tables(results: dict) -> str:
@@ -189,13 +220,14 @@ def model_tables(results: dict) -> str:
     ])
     for row in results["rows"]:
         share, peak = row["in_gw"], row["peak"]
-        steps.add({**row, "in_gw": f"{share * 100:.1f}%" if share is not None else "-",
+        cells = {key: value for key, value in row.items() if key != "adjusted"}  # said in the caption
+        steps.add({**cells, "in_gw": f"{share * 100:.1f}%" if share is not None else "-",
                    "peak": f"{peak / 2**20:.0f} MiB" if peak is not None else "n/a (CPU)"})
     lines = [
         "#### Model level: one Faster R-CNN R-50-FPN training step", "",
         f"2 synthetic images of {size}x{size}, forward + losses + backward + SGD step (lr 0); median "
         f"seconds per step; autocast: {results['amp']}; config overrides: "
-        f"`{' '.join(results['opts']) or 'none'}`.", "",
+        f"`{' '.join(results['opts']) or 'none'}`.{adjusted_text(results['rows'])}", "",
         steps.markdown(),
     ]
     by_name = {row["name"]: row for row in results["rows"]}

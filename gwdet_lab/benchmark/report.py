@@ -100,11 +100,26 @@ def report_header(
         f"- denormals flushed to zero: {'yes' if flushed else 'no'}",
         f"- {describe_plans()}",
         *([INTERPRETED_TRITON] if device.type != "cuda" and plan_name(device) == "triton" else []),
-        f"- clock: {clock}; repeats: {args.repeats} (layers, after {args.warmup} warm-up), "
-        f"{args.model_repeats} (models, after {args.model_warmup} warm-up); wall time {format_duration(wall)}",
+        f"- clock: {clock}; {describe_repeats(args)}; wall time {format_duration(wall)}",
         "",
     ]
     return "\n".join(lines)
+
+
+def describe_repeats(args: argparse.Namespace) -> str:
+    """The header's repeats of the levels the run measured, each count with the levels that used it:
+    ``--repeats`` / ``--warmup`` the layer level's rounds and the inference level's GW modes,
+    ``--model-repeats`` / ``--model-warmup`` the model level's steps and the inference level's demo
+    passes; the op-count level counts operations and times nothing."""
+    counts = []
+    for repeats, warmup, users in (
+            (args.repeats, args.warmup, (("layers", args.layers), ("inference GW modes", args.inference))),
+            (args.model_repeats, args.model_warmup, (("models", args.models), ("inference demo passes", args.inference))),
+    ):
+        used_by = [name for name, ran in users if ran]
+        if used_by:
+            counts.append(f"{repeats} ({' and '.join(used_by)}, after {warmup} warm-up)")
+    return f"repeats: {', '.join(counts)}" if counts else "nothing timed (the op-count level counts operations)"
 
 
 def report(header: str, tables: Sequence[str]) -> str:

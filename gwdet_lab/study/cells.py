@@ -36,6 +36,9 @@ GROUP_LABELS = {"bn": "BN", "bn_gw_s1b2": "BN+GW S1-B2", "gn": "GN", "gw": "GW",
 # Box AP of the paper's from-scratch runs at 2 images per GPU (COCO, Faster R-CNN R-50-FPN, 1x: the
 # setup of its Table 4, which the from-scratch experiment says it follows).
 PAPER_AP = {"bn": 25.10, "bn_gw_s1b2": 28.37, "gn": 28.19, "gw": 28.79}
+# The one MODEL key an override may set while the row keeps the paper's number: where the model runs,
+# not what it is (:func:`model_overrides`).
+MODEL_KEYS_OF_THE_MACHINE = ("MODEL.DEVICE",)
 # Every pairwise ordering the paper's four numbers imply, as (better, worse) pairs: all six pairs,
 # higher paper AP first (GW > BN + GW > GN > BN).
 PAPER_ORDERINGS = tuple(itertools.combinations(sorted(PAPER_GROUPS, key=PAPER_AP.__getitem__, reverse=True), 2))
@@ -145,6 +148,15 @@ def batch_scaling_opts(cfg: CfgNode, batch_size: int) -> tuple[str, ...]:
     if cfg.TEST.EVAL_PERIOD:
         opts += ["TEST.EVAL_PERIOD", str(scaled("TEST.EVAL_PERIOD", int(cfg.TEST.EVAL_PERIOD)))]
     return tuple(opts)
+
+
+def model_overrides(opts: Sequence[str]) -> tuple[str, ...]:
+    """The ``"KEY VALUE"`` pairs of the override list ``opts`` that set a ``MODEL.*`` key (the norms'
+    hyper-parameters, the architecture, the initial weights), but for
+    :data:`MODEL_KEYS_OF_THE_MACHINE`: a cell with any is another model than its config file's, so
+    the report gives it no paper number."""
+    return tuple(f"{key} {value}" for key, value in zip(opts[::2], opts[1::2], strict=False)
+                 if key.startswith("MODEL.") and key not in MODEL_KEYS_OF_THE_MACHINE)
 
 
 def seed_opts(seed: int) -> tuple[str, ...]:

@@ -59,7 +59,8 @@ from gwdet_lab.study.record import (ON_MISMATCH, ConfigMismatch, PlannedCell, ch
                                     confounded_note, machine_note, plan, plans_note, processes_note,
                                     resumed_loss_note, threads_note)
 from gwdet_lab.study.records import RecordsIncomplete, export_records, missing_record_files, recorded_cells
-from gwdet_lab.study.report import few_test_images_note, foreign_report_problem, reported_cells, write_report
+from gwdet_lab.study.report import (few_test_images_note, foreign_report_problem, other_model_note, reported_cells,
+                                    write_report)
 from gwdet_lab.study.run_folder import COMPLETE_JSON
 from gwdet_lab.study.scheduler import Scheduler, is_done
 from gwdet_lab.study.summary import display_path, summarize, train_command
@@ -435,7 +436,8 @@ def report(args: argparse.Namespace, planned: Sequence[PlannedCell], weights: Se
         notes.append(f"Only the cells {', '.join(args.only)} were requested.")
     notes += [note for note in (common_overrides_note(done, args.opts), code_note(done), code_versions_note(done),
                                 confounded_note(done), threads_note(done), processes_note(done), plans_note(done),
-                                machine_note(done), resumed_loss_note(done), few_test_images_note(results))
+                                machine_note(done), resumed_loss_note(done), few_test_images_note(results),
+                                other_model_note(results))
               if note]
     # checked again with the folder held: another report written there meanwhile
     paths = write_report(TITLES[name], results, pending, folder, notes, check=lambda: check_no_other_study(folder, own))

@@ -32,7 +32,7 @@ import os
 import subprocess
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Collection, Mapping, Sequence
 
 import yaml
 from detectron2.config import CfgNode
@@ -514,8 +514,9 @@ def check_configurations_are_what_they_are_called(planned: Sequence[PlannedCell]
     """Refuse cells the report would compare (other configurations at one batch size and seed)
     whose configs are the same (an override of every cell's norms): a configuration compared with
     itself under two names; and a cell named as one of gwdet's configurations (``gw``, whose row
-    carries the paper's number) whose config places other norms than that configuration's own
-    config does (:data:`~gwdet_lab.study.cells.CONFIG_PATTERNS`)."""
+    carries the paper's number) whose config, after every override (``common_opts`` and the cell's
+    own), places other norms than that configuration's own config file does
+    (:data:`~gwdet_lab.study.cells.CONFIG_PATTERNS`)."""
     choices = {item.cell.name: _norm_choices(item.cfg) for item in planned}
     dumps = {item.cell.name: comparable_dump(item.cfg) for item in planned}
     for first, second in itertools.combinations(planned, 2):
@@ -528,28 +529,44 @@ def check_configurations_are_what_they_are_called(planned: Sequence[PlannedCell]
                 "in its own config (or its own overrides: --extra NAME=CONFIG KEY VALUE ...), not in --opts; "
                 "nothing was trained.")
     for item in planned:
-        own = _packaged_norm_choices(item.cell.group, tuple(common_opts))
+        own = _packaged_norm_choices(item.cell.group)
         if own is None:
             continue
         differing = {key: value for key, value in choices[item.cell.name].items() if own.get(key) != value}
         if differing:
             shown = "; ".join(f"{key}: {value!r} where {item.cell.group}'s own config has {own.get(key)!r}"
                               for key, value in sorted(differing.items())[:3])
+            setters = _overrides_of(differing, (("--opts", tuple(common_opts)), ("--extra", item.cell.opts)))
+            given = f", with the overrides {setters}," if setters else ""
+            undo = f" (leave {', '.join(sorted(differing))} out of the overrides)" if setters else ""
             raise GwdetValueError(
                 f"Cell {item.cell.name} is named {item.cell.group!r}, one of gwdet's configurations ({item.cell.label}, "
-                f"whose report row carries the paper's numbers), but its config {item.cell.config_file} places other "
-                f"norms: {shown}. Name it by what it is (--configs NAME=CONFIG with a name of your own), or give it "
-                f"the config of {item.cell.label}; nothing was trained.")
+                f"whose report row carries the paper's numbers), but its config {item.cell.config_file}{given} places "
+                f"other norms: {shown}. Name it by what it is (--configs NAME=CONFIG with a name of your own), or give "
+                f"it the config of {item.cell.label}{undo}; nothing was trained.")
+
+
+def _overrides_of(keys: Collection[str], given: Sequence[tuple[str, Sequence[str]]]) -> str:
+    """The ``KEY VALUE`` pairs among ``given`` (flag, override list) that set one of ``keys``, each
+    after its flag (``"--opts MODEL.FPN.NORM GN"``); empty when none does."""
+    parts = []
+    for flag, opts in given:
+        pairs = [f"{key} {value if value else repr(value)}" for key, value in zip(opts[::2], opts[1::2], strict=True)
+                 if key in keys]
+        if pairs:
+            parts.append(f"{flag} {' '.join(pairs)}")
+    return "; ".join(parts)
 
 
 @functools.lru_cache(maxsize=None)
-def _packaged_norm_choices(group: str, common_opts: tuple[str, ...]) -> dict[str, object] | None:
-    """The norm choices of gwdet's own config of the configuration ``group`` (the shapes study's;
-    the COCO configs place the same norms), or None for a group that is not one of them."""
+def _packaged_norm_choices(group: str) -> dict[str, object] | None:
+    """The norm choices of gwdet's own config file of the configuration ``group`` (the shapes
+    study's; the COCO configs place the same norms), without any override, or None for a group
+    that is not one of them."""
     if group not in GROUP_LABELS:
         return None
     config = Path(__file__).resolve().parents[2] / CONFIG_PATTERNS["shapes"].format(group=group)
-    return _norm_choices(build_config(str(config), list(common_opts)))
+    return _norm_choices(build_config(str(config)))
 
 
 def plan(cells: Sequence[Cell], runs_dir: Path, common_opts: Sequence[str] = (),

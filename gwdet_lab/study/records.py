@@ -139,6 +139,7 @@ def recorded_cells(records_dir: Path, only: Sequence[str] | None = None, flag: s
         kept = ("a study's records are kept in docs/study/records/<study>/" if flag == "--records"
                 else "a study's run folders are in <its --out>/runs/")
         raise GwdetFileNotFoundError(f"{flag} {records_dir}: no such folder ({kept})")
+    nested = _records_one_level_down(records_dir, only)
     found = {}
     for folder in sorted(p for p in records_dir.iterdir() if (p / RECORD_JSON).is_file()):
         cell_folder = RunFolder(folder, records=flag == "--records")
@@ -161,7 +162,16 @@ def recorded_cells(records_dir: Path, only: Sequence[str] | None = None, flag: s
     if not found:
         one = (f": it is the record of one cell itself; give the folder that holds it, {flag} {records_dir.parent} "
                f"{only_flag} {records_dir.name}" if (records_dir / RECORD_JSON).is_file() else "")
+        if nested and not one:
+            one = (f"; its sub-folders {listed([f'{sub.name}/' for sub in nested], 4)} hold cell records: give one of "
+                   f"them, e.g. {flag} {next(iter(nested))}")
         raise GwdetFileNotFoundError(f"{flag} {records_dir}: no cell records in it (folders with {RECORD_JSON}){one}")
+    if nested:
+        shown = "; ".join(f"{sub.name}/ ({listed(cells, 3)})" for sub, cells in nested.items())
+        raise GwdetValueError(
+            f"{flag} {records_dir}: {shown} {'holds' if len(nested) == 1 else 'hold'} cell records one level below "
+            f"the others, where they are not read: the report would leave those cells out. Move their folders up "
+            f"into {records_dir} beside the others, or out of it if they are not of this report; nothing was written.")
     if only:
         unknown = sorted(set(only) - set(found))
         if unknown:
@@ -170,6 +180,22 @@ def recorded_cells(records_dir: Path, only: Sequence[str] | None = None, flag: s
         found = {name: found[name] for name in only}
     groups = list(dict.fromkeys([*PAPER_GROUPS, *(p.cell.group for p in found.values())]))
     return sorted(found.values(), key=lambda p: (p.cell.batch_size, p.cell.seed, groups.index(p.cell.group)))
+
+
+def _records_one_level_down(records_dir: Path, only: Sequence[str] | None = None) -> dict[Path, list[str]]:
+    """The sub-folders of ``records_dir`` that are no cell record themselves but hold cell records
+    (folders with ``study_cell.json``) in folders of their own, each with those folders' names
+    (with ``only``: those named in it); a sub-folder that cannot be read is passed over."""
+    nested = {}
+    for sub in sorted(p for p in records_dir.iterdir() if p.is_dir() and not (p / RECORD_JSON).is_file()):
+        try:
+            cells = sorted(p.name for p in sub.iterdir() if (p / RECORD_JSON).is_file())
+        except OSError:
+            continue
+        cells = [name for name in cells if only is None or name in only]
+        if cells:
+            nested[sub] = cells
+    return nested
 
 
 def _relative_to_checkout(config_file: str, code: dict) -> str:

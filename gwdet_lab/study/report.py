@@ -94,6 +94,35 @@ def grouped(results: Sequence[CellResult]) -> list[Group]:
     return [Group(g, b, sorted(cells[(g, b)], key=lambda r: r.cell.seed)) for g, b in keys]
 
 
+# The images per batch of the paper's from-scratch runs, the only batch size its numbers stand for
+PAPER_BATCH = 2
+
+
+def paper_numbers(groups: Sequence[Group]) -> dict[tuple[str, int], float]:
+    """The paper's box AP of each (configuration, batch size) that has one: one of the paper's
+    configurations at its batch size whose cells' overrides change nothing of their config file's
+    model (:attr:`CellResult.model_overrides`)."""
+    return {(g.group, g.batch_size): PAPER_AP[g.group] for g in groups
+            if g.group in PAPER_AP and g.batch_size == PAPER_BATCH and not any(c.model_overrides for c in g.cells)}
+
+
+def other_model_note(results: Sequence[CellResult]) -> str | None:
+    """A report note naming the configurations of the paper left without its number because their
+    cells' overrides change the model (:func:`paper_numbers`), with those overrides; ``None`` when
+    there is none."""
+    overridden: dict[str, dict[str, None]] = {}
+    for r in results:
+        if r.cell.group in PAPER_AP and r.cell.batch_size == PAPER_BATCH and r.model_overrides:
+            overridden.setdefault(label(r.cell.group), {}).update(dict.fromkeys(r.model_overrides))
+    if not overridden:
+        return None
+    named = "; ".join(f"{name} (overrides {' '.join(overrides)})" for name, overrides in overridden.items())
+    return (f"The paper column, and the paper's difference in each comparison with it, is left empty for {named}: "
+            "an override of a MODEL key (other than MODEL.DEVICE) makes another model than the configuration's "
+            "config file, so the paper's number is not that model's. To report such a model, give it a name of its "
+            "own (--extra NAME=CONFIG KEY VALUE ...).")
+
+
 def batch_sizes(results: Sequence[CellResult]) -> list[int]:
     return sorted({r.cell.batch_size for r in results})
 
@@ -105,6 +134,7 @@ AP = "{:.2f}"
 
 
 def summary_table(groups: Sequence[Group]) -> Table:
+    paper = paper_numbers(groups)
     table = Table([
         Column("config", "configuration"), Column("batch", "images / batch"), Column("n", "seeds"),
         Column("paper_AP", "paper (COCO)", AP), Column("box_AP_mean", "box AP mean", AP),
@@ -121,7 +151,7 @@ def summary_table(groups: Sequence[Group]) -> Table:
         aps = g.values(lambda c: c.test_ap)
         table.add({
             "config": label(g.group), "batch": g.batch_size, "n": len(g.cells),
-            "paper_AP": PAPER_AP.get(g.group) if g.batch_size == 2 else None,
+            "paper_AP": paper.get((g.group, g.batch_size)),
             "box_AP_mean": mean(aps), "box_AP_std": std(aps),
             "box_AP_per_seed": ", ".join("diverged" if c.diverged else f"{c.test_ap:.2f}" for c in g.cells),
             "diverged": sum(c.diverged for c in g.cells),
@@ -159,7 +189,11 @@ def _yes_no(value: bool | None) -> str:
     return "" if value is None else "yes" if value else "no"
 
 
-def differences_table(found: Sequence[tuple[int, PairedDifference]]) -> Table:
+def differences_table(found: Sequence[tuple[int, PairedDifference]],
+                      paper: dict[tuple[str, int], float] | None = None) -> Table:
+    """The comparisons ``found``, with the paper's difference where ``paper`` (:func:`paper_numbers`)
+    has both sides' numbers and the paper orders the pair."""
+    paper = paper or {}
     level = f"{100 * CONFIDENCE:.0f}%"
     table = Table([
         Column("ordering", "ordering (A > B)"), Column("batch", "images / batch"),
@@ -176,11 +210,12 @@ def differences_table(found: Sequence[tuple[int, PairedDifference]]) -> Table:
         Column("image_high", f"test images only {level} high", "{:+.2f}"),
     ])
     for batch, d in found:
-        paper = (PAPER_AP[d.better] - PAPER_AP[d.worse]
-                 if batch == 2 and (d.better, d.worse) in PAPER_ORDERINGS else None)
+        better, worse = paper.get((d.better, batch)), paper.get((d.worse, batch))
+        paper_diff = (better - worse if (d.better, d.worse) in PAPER_ORDERINGS and better is not None
+                      and worse is not None else None)
         combined = d.with_image_noise or (None, None)
         table.add({
-            "ordering": f"{label(d.better)} > {label(d.worse)}", "batch": batch, "paper_diff": paper, "n": d.n,
+            "ordering": f"{label(d.better)} > {label(d.worse)}", "batch": batch, "paper_diff": paper_diff, "n": d.n,
             "mean_diff": d.mean, "std_diff": d.std, "ci_low": d.low, "ci_high": d.high,
             "p": d.p_value, "verdict": d.verdict, "holm_p": d.holm_p, "holm_verdict": d.holm_verdict,
             "images_low": combined[0], "images_high": combined[1], "equivalent": d.equivalent(),
@@ -308,7 +343,7 @@ def markdown(title: str, results: Sequence[CellResult], pending: Sequence[str], 
                   f"are scored on the same images. 'within ±{EQUIVALENCE_MARGIN:g} AP': two one-sided t tests "
                   f"at alpha {1 - CONFIDENCE:.2f} (the {100 * (1 - 2 * (1 - CONFIDENCE)):.0f}% interval lies "
                   "inside the margin). 'test images only': the percentile interval over the resamples with "
-                  "the trained models fixed.", "", differences_table(found).markdown(), ""]
+                  "the trained models fixed.", "", differences_table(found, paper_numbers(groups)).markdown(), ""]
     weighing = weighing_table(groups)
     if weighing.rows:
         lines += ["## Inference example weighing (batch-norm models)", "",
@@ -506,7 +541,7 @@ def _write_report_files(title: str, results: Sequence[CellResult], pending: Sequ
     table.write_text(f"# {title}\n\n{UNFINISHED}\n")
     groups = grouped(results)
     paths = [table, summary_table(groups).write_csv(out_dir / TABLE_CSV),
-             differences_table(differences(groups)).write_csv(out_dir / DIFFERENCES_CSV),
+             differences_table(differences(groups), paper_numbers(groups)).write_csv(out_dir / DIFFERENCES_CSV),
              cells_table(results).write_csv(out_dir / CELLS_CSV)]
     if results:
         plot_ap_bars(results, out_dir / AP_BARS_PNG)

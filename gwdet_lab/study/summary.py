@@ -14,7 +14,7 @@ from gwdet.data import prepare_datasets
 from gwdet.data.shapes import SPLITS, ShapesSpec, split_annotations
 from gwdet.data.coco_registration import environment_datasets
 from gwdet.utils.run_file_names import INFERENCE_FOLDER, RESULTS_JSON
-from gwdet_lab.study.cells import Cell
+from gwdet_lab.study.cells import Cell, model_overrides
 from gwdet_lab.study.evaluation import report_dataset, selection_dataset, weight_key
 from gwdet_lab.study.image_bootstrap import image_spread, resampled_box_ap
 from gwdet_lab.study.record import PlannedCell
@@ -67,6 +67,9 @@ class CellResult:
     # Box AP on each bootstrap resample of the report split's images (gwdet_lab.study.image_bootstrap);
     # empty for a diverged cell.
     test_ap_resampled: list[float] = field(default_factory=list)
+    # The overrides (common and the cell's own) that change the model of its config file
+    # (gwdet_lab.study.cells.model_overrides): a cell with any gets no paper number in the report.
+    model_overrides: tuple[str, ...] = ()
 
     @property
     def test_ap(self) -> float:
@@ -128,6 +131,7 @@ def summarize(planned: PlannedCell) -> CellResult:
         batch_statistics_ap=statistics.get(report, {}).get("bbox", {}).get("AP"),
         diverged=folder.diverged(),
         test_ap_resampled=[] if folder.diverged() else resampled_test_ap(planned, report, results[report]["bbox"]["AP"]),
+        model_overrides=model_overrides(planned.opts),
     )
 
 
