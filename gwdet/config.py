@@ -139,8 +139,15 @@ def add_gwdet_config(cfg: CN) -> CN:
     Returns ``cfg`` for chaining. Keys already present keep their values, so the call is idempotent.
     """
     if not isinstance(cfg, CN):
-        raise GwdetTypeError(f"add_gwdet_config: give a yacs CfgNode (detectron2.config.get_cfg()), got "
-                             f"{type(cfg).__name__}")
+        kind = type(cfg)
+        shown = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+        other_node = (", a yacs CfgNode but not detectron2's, without detectron2's keys, which gwdet's builders "
+                      "read: merge yours into detectron2's (cfg = detectron2.config.get_cfg(); "
+                      "cfg.merge_from_other_cfg(yours)) and give that") if any(
+            base.__name__ == "CfgNode" and base.__module__.startswith(("yacs.", "fvcore.")) for base in kind.__mro__) \
+            else ""
+        raise GwdetTypeError(f"add_gwdet_config: give a yacs CfgNode of detectron2's (detectron2.config.CfgNode, "
+                             f"from detectron2.config.get_cfg()), got {shown}{other_node}")
     for key in CONFIG_KEYS:
         *parents, leaf = key.name.split(".")
         node = cfg

@@ -24,6 +24,8 @@ Registering a name of your own::
 """
 from __future__ import annotations
 
+import difflib
+import functools
 import inspect
 import logging
 import multiprocessing
@@ -150,7 +152,7 @@ def register_norm(name: str, build: Callable[..., torch.nn.Module] | None = None
         unknown = set(record.config_keys) - set(record.params())
         if unknown:
             raise GwdetValueError(f"register_norm({name!r}): config_keys name {sorted(unknown)}, which "
-                                  f"{fn.__name__} does not take (it takes {record.params()})")
+                                  f"{build_name(fn)} does not take (it takes {record.params()})")
         _refuse_other_defaults(record)
         _RECORDS[name] = record
         return fn
@@ -224,7 +226,7 @@ def _refuse_other_defaults(record: NormRecord) -> None:
                 f"MODEL.{record.name.upper()}.{param.upper()}.")
         if key in existing and default is not None and _as_config_value(default) != _as_config_value(values[key]):
             raise GwdetValueError(
-                f"register_norm({record.name!r}): {record.build.__name__} gives {param} the default {default!r}, but "
+                f"register_norm({record.name!r}): {build_name(record.build)} gives {param} the default {default!r}, but "
                 f"reads it from the config key {key}, whose default in detectron2's or gwdet's config is "
                 f"{values[key]!r}: a config that leaves the key as it is would build {param}={values[key]!r}, not "
                 f"{default!r}. Give {param} the default {values[key]!r} or none, or read it from a key of its own, "
@@ -279,6 +281,16 @@ def _checked_config_keys(owner: str, config_keys: Any) -> dict[str, str]:
             raise GwdetValueError(f"{owner}: config_keys must map build's keywords to dotted config keys "
                                   f"(e.g. 'MODEL.GN.NUM_GROUPS'), got {param!r}: {key!r}")
     return dict(config_keys)
+
+
+def build_name(build: Any) -> str:
+    """How messages name a norm's build function: by its name; a ``functools.partial`` by the
+    function it wraps; another callable object (an instance of a class with ``__call__``) by its
+    class."""
+    if isinstance(build, functools.partial):
+        return f"functools.partial({build_name(build.func)}, ...)"
+    name = getattr(build, "__name__", None)
+    return name if isinstance(name, str) else f"a {type(build).__qualname__} object"
 
 
 def _check_build(owner: str, build: Any) -> None:
@@ -567,6 +579,16 @@ def detectron2_builds_as_configured(name: Any, cfg) -> bool:
     return detectron2_builds(name, _config_values(record, cfg))
 
 
+def built_by_detectron2_get_norm(layer: torch.nn.Module) -> bool:
+    """Whether ``layer`` is a ``GroupNorm`` that detectron2's ``get_norm("GN", channels)`` built,
+    with its own 32 groups whatever ``MODEL.GN.NUM_GROUPS`` says: torch's ``GroupNorm`` of 32
+    groups that neither gwdet's ``GN`` built (which keeps the group count asked for on the layer,
+    :data:`REQUESTED_GROUPS`: 32 can be its channel rule's answer to 64 on 32 channels) nor a name
+    registered with :func:`register_norm` (its layers carry :data:`NORM_LAYER_MARK`)."""
+    return (type(layer) is torch.nn.GroupNorm and layer.num_groups == DETECTRON2_GN_GROUPS
+            and not hasattr(layer, REQUESTED_GROUPS) and not getattr(layer, NORM_LAYER_MARK, False))
+
+
 def group_adjustment(layer: torch.nn.Module) -> tuple[str, int, int] | None:
     """``(what, requested, used)`` when a layer could not use the group number (GW, BGN, GN) or
     group size (BW) it was given, because it does not divide the channels; ``None`` otherwise."""
@@ -741,23 +763,101 @@ def norm(name: str, *positional: Any, strict: bool = False, **params: Any) -> No
     return Norm(name, strict, **params)
 
 
-def unknown_params_message(name: str, accepted: Sequence[str], unknown: Sequence[str], node: str | None = None) -> str:
+# The whitening method of each built-in whitening name: the name chooses it (gwdet.norm takes no method)
+_WHITENING_METHODS = {"GW": "ItN", "GW_ZCA": "ZCA", "BW": "ZCA", "BW_ItN": "ItN"}
+# Arguments of a layer class that are its channel count, which detectron2 gives when it builds the layer
+_CHANNEL_ARGUMENTS = ("num_channels", "num_features", "channels", "normalized_shape")
+
+
+def _layer_arguments(record: NormRecord) -> dict[str, Any]:
+    """``{argument: default}`` of the layer class ``record`` builds (its first layer type), besides
+    the channel count: what a norm name that does not set an argument leaves at that default."""
+    if not record.layer_types:
+        return {}
+    try:
+        parameters = inspect.signature(record.layer_types[0]).parameters.values()
+    except (TypeError, ValueError):  # no signature to read
+        return {}
+    return {p.name: p.default for p in parameters if p.default is not p.empty and p.name not in _CHANNEL_ARGUMENTS
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def unknown_params_message(name: str, accepted: Sequence[str], unknown: Sequence[str], node: str | None = None, *,
+                           added: bool = False) -> str:
     """What :class:`Norm` says of values ``unknown`` that the norm ``name`` does not take (it takes
-    ``accepted``), with the fix; ``node``: the path of the LazyConfig node that gave them, if known."""
+    ``accepted``), with the fix for each: a setting of other norms (in a LazyConfig node an override
+    switched to ``name``, set to null), ``method`` (the name chooses it: GW or GW_ZCA, BW or BW_ItN),
+    a misspelt setting (the close one), an argument of the layer class the name does not set (a
+    registered name of one's own, or a function of the channel count), or none of these (left out).
+    ``node``: the path of the LazyConfig node that gave them, if known; ``added``: the values are
+    being added to that node by overrides (not yet in it)."""
     said = f"gwdet.norm({name!r}) takes {list(accepted) or 'no hyper-parameters'}, not {list(unknown)}"
-    if node is not None:
-        return (f"{said}. An override keeps the node's other values; set those the norm does not take to null to "
-                f"leave them out: {' '.join(f'{node}.{key}=null' for key in unknown)}")
-    return (f"{said}. Leave {', '.join(unknown)} out; in a LazyConfig node that an override switched to {name!r}, "
-            f"set {'them' if len(unknown) > 1 else 'it'} to null (<the node's path>.{unknown[0]}=null), as an "
-            "override cannot delete a value.")
+    record = _RECORDS.get(name)
+    layer_arguments = _layer_arguments(record) if record is not None else {}
+    takers = {key: [other.name for other in norm_records() if other.name != name and key in other.params()]
+              for key in unknown}
+    of_others = [key for key in unknown if takers[key]]
+    method = [key for key in unknown if key == "method" and name in _WHITENING_METHODS and key not in of_others]
+    close = {key: match[0] for key in unknown if key not in of_others + method
+             for match in [difflib.get_close_matches(key, accepted, n=1, cutoff=0.6)] if match}
+    of_layer = [key for key in unknown if key not in of_others + method and key not in close
+                and key in layer_arguments]
+    rest = [key for key in unknown if key not in of_others + method + of_layer and key not in close]
+    path = f"{node}." if node is not None else ""
+
+    def them(keys: Sequence[str]) -> str:
+        return "them" if len(keys) > 1 else "it"
+
+    def leave_out(keys: Sequence[str]) -> str:
+        if node is not None and not added:
+            return f"set {' '.join(f'{node}.{key}=null' for key in keys)} (an override cannot delete a value)"
+        return f"leave {', '.join(keys)} out"
+
+    sentences = []
+    if close:
+        sentences.append("Did you mean " + ", ".join(f"{path}{match} (not {key})" for key, match in close.items())
+                         + "?")
+    if method:
+        family = [other for other in _WHITENING_METHODS
+                  if record is not None and _RECORDS[other].layer_types == record.layer_types]
+        switch = next(other for other in family if other != name)
+        example = f"{node}.name={switch}" if node is not None else f"gwdet.norm({switch!r}, ...)"
+        sentences.append(
+            "gwdet.norm chooses the whitening method by the norm's name: "
+            + ", ".join(f"{other!r} {'whitens ' * (other == family[0])}by {_WHITENING_METHODS[other]}"
+                        for other in family)
+            + f". Give the name of the method you want ({example}), and {leave_out(method)}.")
+    if of_layer:
+        kind = record.layer_types[0].__name__ if record is not None else "the layer"
+        defaults = ", ".join(f"{key}={layer_arguments[key]!r}" for key in of_layer)
+        sentences.append(
+            f"{', '.join(of_layer)} {'are arguments' if len(of_layer) > 1 else 'is an argument'} of {kind} that "
+            f"gwdet.norm({name!r}) does not set (its layers keep {kind}'s {defaults}). For another value, register "
+            "a norm name of your own whose build function sets it (gwdet.register_norm, docs/usage.md), or give, "
+            f"where the norm is taken, a function of the channel count that builds the {kind} with it; "
+            f"{leave_out(of_layer)} here.")
+    if rest:
+        sentences.append(f"No norm takes {', '.join(rest)}: {leave_out(rest)}.")
+    if of_others and added:
+        settings = "; ".join(f"{key} is a setting of {listed(takers[key], 4)}" for key in of_others)
+        sentences.append(
+            f"{settings}, not of {name!r}: give the node a norm that takes {them(of_others)} "
+            f"({node}.name={takers[of_others[0]][0]}), or leave {them(of_others)} out.")
+    elif of_others and node is not None:
+        sentences.append("An override keeps the node's other values; set those the norm does not take to null to "
+                         f"leave them out: {' '.join(f'{node}.{key}=null' for key in of_others)}")
+    elif of_others:
+        sentences.append(f"Leave {', '.join(of_others)} out; in a LazyConfig node that an override switched to "
+                         f"{name!r}, set {them(of_others)} to null (<the node's path>.{of_others[0]}=null), as an "
+                         "override cannot delete a value.")
+    return f"{said}. {' '.join(sentences)}"
 
 
 def norm_from_config(name: Any, cfg) -> Any:
     """What to pass detectron2 as ``norm`` for the NORM value ``name`` of the yacs config ``cfg``.
 
-    * ``""``, ``None`` and callables are returned as they are; another value that is no string is
-      refused (``GwdetTypeError``);
+    * ``""``, ``None`` and callables are returned as they are; a layer (an ``nn.Module`` instance:
+      callable, but on a tensor) and another value that is no string are refused (``GwdetTypeError``);
     * detectron2's names without hyper-parameters in the config (BN, FrozenBN, SyncBN, LN, ...)
       are returned as they are, so its components keep their behaviour for them;
     * every other name becomes a :class:`Norm` holding ``cfg``'s values of its keys (``MODEL.GW.*``
@@ -766,6 +866,13 @@ def norm_from_config(name: Any, cfg) -> Any:
       a layer's channels is adjusted and logged, or refused with ``MODEL.STRICT_NORM_GROUPS``, where
       torch's would stop). ``cfg`` must have gwdet's keys (:func:`gwdet.add_gwdet_config`).
     """
+    if isinstance(name, torch.nn.Module):  # callable, but its forward takes a tensor, not a channel count
+        raise GwdetTypeError(
+            f"norm_from_config: {name!r} is a layer, not what builds one: a NORM value is a norm name (a string such "
+            "as 'GW'), '' for none, or a callable channels -> nn.Module that returns a new layer for each part, where "
+            "this one layer object would be shared by every part given it. Give a name with the settings you want "
+            f"(gwdet.norm('GW', num_groups=16)), or a function of the channel count that builds a new "
+            f"{type(name).__name__} at each call.")
     if not name or callable(name):
         return name
     if not isinstance(name, str):

@@ -19,6 +19,7 @@ gwdet norm in the model the groups are detectron2's.
 from __future__ import annotations
 
 import copy
+import difflib
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
@@ -28,9 +29,14 @@ from detectron2.solver.build import maybe_add_gradient_clipping, reduce_param_gr
 from torch import nn
 
 from gwdet.config_checks import ensure_checked
-from gwdet.errors import GwdetTypeError, GwdetValueError
+from gwdet.errors import GwdetTypeError, GwdetValueError, listed
 from gwdet.layers.common import is_finite_number
 from gwdet.norms import DETECTRON2_OPTIMIZER_NORMS, NORM_LAYER_MARK, layer_types
+
+# Modules that compute with weights of their own: inside a norm layer (a conditional norm's
+# convolution, say) their parameters keep the ordinary weight decay.
+COMPUTING_MODULES: tuple[type[nn.Module], ...] = (
+    nn.modules.conv._ConvNd, nn.Linear, nn.Bilinear, nn.Embedding, nn.EmbeddingBag, nn.RNNBase, nn.MultiheadAttention)
 
 
 def optimizer_norm_types() -> tuple[type, ...]:
@@ -46,17 +52,69 @@ def is_norm_layer(module: nn.Module) -> bool:
     return isinstance(module, optimizer_norm_types()) or getattr(module, NORM_LAYER_MARK, False)
 
 
+def norm_modules(model: nn.Module) -> list[nn.Module]:
+    """The modules of ``model`` whose own parameters are norm parameters: every norm layer
+    (:func:`is_norm_layer`) and the modules inside one, except a convolution, linear, embedding,
+    recurrent or attention module inside it and what that module holds (a conditional norm's
+    convolution keeps the ordinary weight decay, as in detectron2, which decays a parameter by the
+    module that holds it); a norm layer inside such a module is a norm layer of its own."""
+    found: dict[int, nn.Module] = {}
+
+    def visit(module: nn.Module) -> None:
+        if id(module) in found or isinstance(module, COMPUTING_MODULES):
+            return
+        found[id(module)] = module
+        for child in module.children():
+            visit(child)
+
+    for module in model.modules():
+        if is_norm_layer(module):
+            visit(module)
+    return list(found.values())
+
+
 def norm_parameters(model: nn.Module) -> dict[nn.Parameter, tuple[str, str]]:
-    """Every trainable parameter of a norm layer of ``model``: ``{parameter: (layer name, parameter
-    name within the layer)}``. A parameter belongs to the first module that holds it in
-    ``named_modules`` order, as in detectron2's grouping."""
+    """Every trainable parameter of a norm layer of ``model`` (held by one of :func:`norm_modules`):
+    ``{parameter: (layer name, parameter name within the layer)}``. A parameter belongs to the first
+    module that holds it in ``named_modules`` order, as in detectron2's grouping."""
     owners: dict[nn.Parameter, tuple[str, nn.Module, str]] = {}
     for module_name, module in model.named_modules():
         for param_name, param in module.named_parameters(recurse=False):
             owners.setdefault(param, (module_name, module, param_name))
-    norm_modules = {id(sub) for module in model.modules() if is_norm_layer(module) for sub in module.modules()}
+    norms = {id(module) for module in norm_modules(model)}
     return {param: (module_name, param_name) for param, (module_name, module, param_name) in owners.items()
-            if id(module) in norm_modules and param.requires_grad}
+            if id(module) in norms and param.requires_grad}
+
+
+def check_overrides(model: nn.Module, overrides: Mapping[str, Mapping[str, float]]) -> None:
+    """Refuse an ``overrides`` key of :func:`get_default_optimizer_params` that is the name of no
+    parameter of ``model`` (detectron2 matches a key against a parameter's own name within its
+    module, ``weight``, ``bias``, ..., and drops a key that matches none), naming the key and the
+    names it could mean."""
+    if not isinstance(overrides, Mapping):
+        raise GwdetTypeError(
+            f"get_default_optimizer_params: overrides must be a dict of {{parameter name: {{'lr': ..., "
+            f"'weight_decay': ...}}}}, e.g. {{'bias': {{'weight_decay': 0.0}}}}, got {overrides!r} "
+            f"({type(overrides).__name__})")
+    names = sorted({name for module in model.modules() for name, _ in module.named_parameters(recurse=False)})
+    unknown = [key for key in overrides if key not in names]
+    if not unknown:
+        return
+    key = unknown[0]
+    last = key.rsplit(".", 1)[-1] if isinstance(key, str) else None
+    if isinstance(key, str) and "." in key and last in names:
+        hint = (f" An override names a parameter by its own name within its module, not by its path: {last!r} "
+                f"(which sets every parameter of that name), not {key!r}.")
+    else:
+        close = difflib.get_close_matches(str(key), names, n=3)
+        hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+    raise GwdetValueError(
+        f"get_default_optimizer_params: overrides key {key!r} is the name of no parameter of the model, so it would "
+        f"change nothing (detectron2 matches a key against a parameter's own name within its module).{hint} The "
+        f"model's parameter names: {listed([repr(name) for name in names], 10) if names else 'none (it has no parameter)'}."
+        f" Use one of them as the key, or leave the key out."
+        + (f" {'The key' if len(unknown) == 2 else 'The keys'} {listed([repr(other) for other in unknown[1:]], 5)} "
+           f"{'names' if len(unknown) == 2 else 'name'} no parameter either." if unknown[1:] else ""))
 
 
 def get_default_optimizer_params(
@@ -76,7 +134,8 @@ def get_default_optimizer_params(
     biases) that sets a weight decay takes precedence over ``weight_decay_norm``. A ``model`` that is
     no torch module, a rate or decay that is not a finite number >= 0 (SGD does not check a group's
     values), or a ``bias_lr_factor`` other than 1 or an ``lr_factor_func`` without the ``base_lr``
-    they multiply is refused.
+    they multiply, or an ``overrides`` key that is the name of no parameter of ``model``
+    (:func:`check_overrides`) is refused.
     """
     if not isinstance(model, nn.Module):
         raise GwdetTypeError(f"get_default_optimizer_params: model must be a torch module, got {type(model).__name__}")
@@ -87,6 +146,8 @@ def get_default_optimizer_params(
                                   f"{value!r}")
     asks_rate = (f"bias_lr_factor={bias_lr_factor!r}" if bias_lr_factor is not None and bias_lr_factor != 1.0 else
                  "lr_factor_func" if lr_factor_func is not None else None)
+    if overrides is not None:
+        check_overrides(model, overrides)
     if asks_rate is not None and base_lr is None:  # detectron2: a bare "bias_lr_factor requires base_lr"
         raise GwdetValueError(f"get_default_optimizer_params: {asks_rate} multiplies base_lr, which is not given: give "
                               "the optimizer's rate as base_lr too (in a LazyConfig: "
@@ -119,13 +180,22 @@ def build_optimizer(cfg: CfgNode, model: nn.Module) -> torch.optim.Optimizer:
     """detectron2's ``build_optimizer`` for a yacs config (SGD with ``SOLVER.*``, gradient clipping
     when ``SOLVER.CLIP_GRADIENTS`` is on) over :func:`get_default_optimizer_params`' groups, after
     the config gate (:func:`gwdet.config_checks.ensure_checked`: ``SOLVER`` values such as a
-    negative weight decay are refused, naming the key)."""
+    negative weight decay are refused, naming the key). A model without a trainable parameter is
+    refused (torch would stop with "optimizer got an empty parameter list")."""
     if not isinstance(cfg, CfgNode) or not isinstance(model, nn.Module):
         raise GwdetTypeError(
             f"build_optimizer(cfg, model) takes a yacs CfgNode and a torch.nn.Module, got {type(cfg).__name__} and "
             f"{type(model).__name__}; for a LazyConfig, build the optimizer with "
             "gwdet.get_default_optimizer_params(model, ...) in its optimizer node")
     ensure_checked(cfg)
+    if not any(parameter.requires_grad for parameter in model.parameters()):
+        held = sum(1 for _ in model.parameters())
+        what = (f"all {held} of its parameters are frozen (requires_grad False)" if held else
+                "it has no parameters")
+        raise GwdetValueError(
+            f"build_optimizer: the model ({type(model).__name__}) has no trainable parameter: {what}, so an optimizer "
+            "would have nothing to train. Build the optimizer for the model that trains (a model made frozen on "
+            "purpose is evaluated without one), or make its parameters trainable first (model.requires_grad_(True)).")
     params = get_default_optimizer_params(
         model,
         base_lr=cfg.SOLVER.BASE_LR,

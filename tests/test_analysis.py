@@ -314,3 +314,48 @@ def test_a_figure_that_does_not_fit_on_the_disk_is_one_error_and_no_cut_file(tmp
     assert f"cannot write {tmp_path / 'conditioning' / 'kappa_90.png'}: File too large" in done.stderr
     assert "Traceback" not in done.stderr
     assert not list((tmp_path / "conditioning").glob("*.png")) and not list((tmp_path / "conditioning").glob(".*"))
+
+
+# before: each was accepted and the last value used without a word (--out an/o2 written, d=256, GW columns only)
+@pytest.mark.parametrize("flags, message", [
+    (["constraints", "--config", "", "--out", "OUT1", "--out", "OUT2"],
+     "constraints: error: --out is given more than once; a second one would replace the first. Give it "
+     "once, with the value you mean (given: OUT1, OUT2)."),
+    (["constraints", "--config", "", "--d", "128", "--d", "256"],
+     "--d is given more than once; a second one would replace the first. Give it once, with the value you mean "
+     "(given: 128, 256)."),
+    (["propagation", "--norms", "GN", "--norms", "GW"],
+     "--norms is given more than once; a second one would replace the first. Give it once, with the value you mean "
+     "(given: GN, GW)."),
+])
+def test_a_flag_given_twice_is_refused_by_the_subcommand(tmp_path, capsys, flags, message):
+    flags = [str(tmp_path / word) if word.startswith("OUT") else word for word in flags]
+    message = message.replace("OUT1", str(tmp_path / "OUT1")).replace("OUT2", str(tmp_path / "OUT2"))
+    if "--out" not in flags:
+        flags += ["--out", str(tmp_path)]
+    with pytest.raises(SystemExit) as refused:
+        main(flags)
+    assert refused.value.code == 2 and message in capsys.readouterr().err
+    assert not any(tmp_path.rglob("table.md"))
+
+
+# before: the table said "with `MODEL.GW.NUM_GROUPS 7`" alone, while every GW layer used 4 groups
+def test_propagation_names_the_group_number_its_layers_used(tmp_path):
+    args = ["--config", str(DEMO_CONFIG), "--norms", "GW", *TINY_OPTS, "MODEL.GW.NUM_GROUPS", "7"]
+    assert main(["propagation", "--out", str(tmp_path), *args]) == 0
+    table = (tmp_path / "propagation" / "table.md").read_text()
+    assert "MODEL.GW.NUM_GROUPS 7`, seed 0" in table
+    assert ("Group numbers that do not divide the layers' channels were adjusted, and the table measures what the "
+            "layers use: GW: 69 GroupWhitening layer(s) asked for 7 groups use 4.") in table
+
+
+# before: the cost table was computed with T 1 and 4 groups, but named the config file alone
+def test_the_gw_cost_table_names_the_overrides_and_the_t_it_was_computed_with(tmp_path):
+    args = ["--config", str(DEMO_CONFIG), "--input-size", "64x64", "MODEL.GW.T", "1", "MODEL.GW.NUM_GROUPS", "7"]
+    assert main(["constraints", "--out", str(tmp_path), *args]) == 0
+    table = (tmp_path / "constraints" / "table.md").read_text()
+    assert ("_gw_shapes.yaml` with `MODEL.GW.T 1 MODEL.GW.NUM_GROUPS 7`, input 64x64, T = 1 (Newton iterations). "
+            "Relative cost") in table
+    assert ("Group numbers that do not divide the layers' channels were adjusted, and the g column is what the layers "
+            "use: 33 GroupWhitening layer(s) asked for 7 groups use 4.") in table
+    assert "| 0 | `backbone.bottom_up.stem.conv1.norm` | itn | 16 | 4 | 32 | 32 | 0.05556 | 2.713e-05 |" in table

@@ -368,3 +368,20 @@ def test_the_names_that_synchronize_cuda_tensors_only_come_from_the_catalogue():
         assert synchronizes_cuda_only("MySyncBN")
     finally:
         unregister_norm("MySyncBN")
+
+
+def test_a_test_size_cap_without_a_test_size_is_named_and_not_listed(caplog):
+    # INPUT.MIN_SIZE_TEST 0 with MAX_SIZE_TEST 32: images evaluated at full size, results.md listing MAX_SIZE_TEST 32
+    import logging
+
+    from gwdet.engine.trainer import YacsRun
+    from gwdet.model_zoo import build_config
+
+    run = YacsRun(build_config(str(DEMO_CONFIG), ["INPUT.MIN_SIZE_TEST", "0", "INPUT.MAX_SIZE_TEST", "32"]))
+    with caplog.at_level(logging.WARNING, logger="gwdet.engine.trainer"):
+        run.check_request(False, world_size=1)
+    assert any(record.getMessage().startswith("INPUT.MIN_SIZE_TEST is 0: detectron2 evaluates the images at their own "
+                                              "size and resizes none, so INPUT.MAX_SIZE_TEST 32 caps nothing")
+               for record in caplog.records)
+    assert "INPUT.MAX_SIZE_TEST" not in run.test_settings and run.test_settings["INPUT.MIN_SIZE_TEST"] == 0
+    assert YacsRun(build_config(str(DEMO_CONFIG))).test_settings["INPUT.MAX_SIZE_TEST"] > 0

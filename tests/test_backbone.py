@@ -169,3 +169,98 @@ def test_freeze_at_5_on_a_c4_backbone_freezes_every_stage_as_detectron2_does():
                                           "['res4']", "MODEL.BACKBONE.FREEZE_AT", "5", "MODEL.WEIGHTS", "w.pkl"])
     backbone = build_gw_resnet_backbone(cfg, ShapeSpec(channels=3))
     assert len(backbone.stages) == 3 and not any(p.requires_grad for p in backbone.parameters())
+
+
+def _marked_backbone_model(name, build, opts):
+    """``gwdet.build_model`` of the demo config whose backbone is ``build``, registered as ``name`` and
+    marked with ``reads_gw_positions``."""
+    from detectron2.modeling import BACKBONE_REGISTRY
+
+    import gwdet
+    from gwdet.model_zoo import build_config
+    from gwdet.modeling import reads_gw_positions
+
+    from conftest import DEMO_CONFIG
+
+    build.__name__ = name
+    BACKBONE_REGISTRY.register(reads_gw_positions(build))
+    try:
+        return gwdet.build_model(build_config(str(DEMO_CONFIG), ["MODEL.BACKBONE.NAME", name, "MODEL.DEVICE", "cpu",
+                                                                 *opts]))
+    finally:
+        BACKBONE_REGISTRY._obj_map.pop(name)
+
+
+# a marked backbone that placed GW in its FPN but none at MODEL.RESNETS.GW_POSITIONS passed the build check
+def test_a_marked_backbone_without_the_gw_norm_at_the_positions_is_refused_though_its_fpn_has_gw():
+    from gwdet.modeling import build_gw_resnet_fpn_backbone
+
+    def drops_the_positions(cfg, input_shape):
+        cfg = cfg.clone()
+        cfg.defrost()
+        cfg.MODEL.RESNETS.GW_POSITIONS = ""
+        return build_gw_resnet_fpn_backbone(cfg, input_shape)
+
+    with pytest.raises(ValueError, match=r"MODEL.BACKBONE.NAME 'test_drops_the_positions' is marked as reading "
+                                         r"MODEL.RESNETS.GW_POSITIONS \('S1-B2'; gwdet.modeling.reads_gw_positions\), "
+                                         r"but the backbone it built holds no GW layer at S1, B2 of its ResNet bottom_up "
+                                         r"\(there: GroupNorm\): build it with one of gwdet's backbone builders .*or set "
+                                         r"MODEL.RESNETS.GW_POSITIONS ''\."):
+        _marked_backbone_model("test_drops_the_positions", drops_the_positions, ["MODEL.FPN.NORM", "GW"])
+
+    def keeps_the_stem_only(cfg, input_shape):
+        cfg = cfg.clone()
+        cfg.defrost()
+        cfg.MODEL.RESNETS.GW_POSITIONS = "S1"
+        return build_gw_resnet_fpn_backbone(cfg, input_shape)
+
+    with pytest.raises(ValueError, match=r"holds no GW layer at B2 of its ResNet bottom_up \(there: GroupNorm\)"):
+        _marked_backbone_model("test_keeps_the_stem_only", keeps_the_stem_only, [])
+
+
+def test_a_marked_backbone_that_places_the_gw_norm_is_accepted_frozen_and_c4_ones_too():
+    from gwdet.modeling import build_gw_resnet_backbone, build_gw_resnet_fpn_backbone
+
+    def wraps_gwdets(cfg, input_shape):
+        return build_gw_resnet_fpn_backbone(cfg, input_shape)
+
+    model = _marked_backbone_model("test_wraps_gwdets", wraps_gwdets, [])
+    assert isinstance(model.backbone.bottom_up.stem.conv1.norm, GroupWhitening)
+    # BN placed in frozen stages is FrozenBN there, as detectron2 freezes it
+    model = _marked_backbone_model("test_wraps_gwdets_bn", wraps_gwdets, [
+        "MODEL.RESNETS.NORM", "GN", "MODEL.RESNETS.GW_NORM", "BN", "MODEL.BACKBONE.FREEZE_AT", "2"])
+    assert isinstance(model.backbone.bottom_up.stem.conv1.norm, FrozenBatchNorm2d)
+
+    # a C4 backbone: the ResNet is the backbone itself
+    from gwdet.model_zoo import build_config
+    from gwdet.modeling.build import check_marked_backbone
+
+    from conftest import DEMO_CONFIG
+
+    cfg = build_config(str(DEMO_CONFIG), ["MODEL.BACKBONE.NAME", "build_gw_resnet_backbone",
+                                          "MODEL.RESNETS.OUT_FEATURES", "['res4']"])
+    holder = torch.nn.Module()
+    holder.backbone = build_gw_resnet_backbone(cfg, ShapeSpec(channels=3))
+    cfg.defrost()
+    cfg.MODEL.BACKBONE.NAME = "test_wraps_gwdets_c4"
+    check_marked_backbone(holder, cfg)
+    holder.backbone.stem.conv1.norm = torch.nn.GroupNorm(8, 64)
+    with pytest.raises(ValueError, match=r"holds no GW layer at S1 of the backbone, a ResNet \(there: GroupNorm\)"):
+        check_marked_backbone(holder, cfg)
+
+
+# build_gw_resnet_fpn_backbone(cfg, None) stopped with AttributeError: 'NoneType' object has no attribute 'channels'
+@pytest.mark.parametrize("builder", ["build_gw_resnet_backbone", "build_gw_resnet_fpn_backbone",
+                                     "build_gw_retinanet_resnet_fpn_backbone"])
+@pytest.mark.parametrize("shape", [None, 3])
+def test_a_backbone_builder_names_an_input_shape_that_is_no_shape_spec(builder, shape):
+    import gwdet.modeling
+
+    from gwdet.model_zoo import build_config
+
+    from conftest import DEMO_CONFIG
+
+    with pytest.raises(TypeError, match=rf"{builder}\(cfg, input_shape\): input_shape must be detectron2's ShapeSpec of "
+                                        rf"the input images, got {shape!r} \({type(shape).__name__}\)\. Give "
+                                        r"ShapeSpec\(channels=len\(cfg.MODEL.PIXEL_MEAN\)\)"):
+        getattr(gwdet.modeling, builder)(build_config(str(DEMO_CONFIG), []), shape)

@@ -866,3 +866,26 @@ def test_norm_from_config_refuses_a_value_that_is_no_norm():
     with pytest.raises(TypeError, match=r"norm_from_config: a NORM value is a norm name .* got 123 \(int\)"):
         gwdet.norm_from_config(123, add_gwdet_config(get_cfg()))
     assert gwdet.norm_from_config("", add_gwdet_config(get_cfg())) == ""
+
+
+# a NUL character: ValueError: embedded null byte; a 5000-character name: OSError [Errno 36] File name too long
+# with a path inside detectron2's packaged configs
+def test_a_config_name_no_file_can_have_is_named_by_gwdets_model_zoo():
+    with pytest.raises(GwdetValueError, match=r"config_path 'mask_rcnn_gw.yaml\\x00' holds a NUL character .*, which "
+                                              r"no file name can hold: give the config's name, e.g. 'mask_rcnn_gw.yaml'"):
+        gwdet.model_zoo.get_config_file("mask_rcnn_gw.yaml\x00")
+    with pytest.raises(FileNotFoundError, match=r"'a{5000}.yaml' is not among gwdet's configs .*Available configs"):
+        gwdet.model_zoo.get_config_file("a" * 5000 + ".yaml")
+
+
+# "give a yacs CfgNode (detectron2.config.get_cfg()), got CfgNode" for a yacs CfgNode
+def test_add_gwdet_config_of_a_plain_yacs_node_says_it_needs_detectron2s():
+    from yacs.config import CfgNode
+
+    with pytest.raises(TypeError, match=r"add_gwdet_config: give a yacs CfgNode of detectron2's "
+                                        r"\(detectron2.config.CfgNode, from detectron2.config.get_cfg\(\)\), got "
+                                        r"yacs.config.CfgNode, a yacs CfgNode but not detectron2's, without "
+                                        r"detectron2's keys, .*cfg.merge_from_other_cfg\(yours\)\) and give that$"):
+        add_gwdet_config(CfgNode())
+    with pytest.raises(TypeError, match=r"got NoneType$"):
+        add_gwdet_config(None)

@@ -716,3 +716,60 @@ def test_a_resnet_under_one_prefix_is_named_with_the_line_that_strips_it(r50_fil
     # keys of another network beside them: not one prefix to strip
     assert shared_layout_prefix([*weights, "decoder.conv.weight"]) is None and shared_layout_prefix(weights) == prefix
 
+
+
+def test_verbose_shows_the_traceback_of_a_conversion_refusal(r50_files, tmp_path, capsys):
+    # before: --verbose printed only "convert_pretrained.py: error: ..." (the tool caught its refusals itself)
+    from gwdet.convert.cli import main
+
+    out = tmp_path / "R-50.pkl"
+    out.write_bytes(b"converted before")
+    assert main([str(r50_files["bn"]), str(out)]) == 2
+    printed = capsys.readouterr().err
+    assert re.search(r": error: .*R-50.pkl already exists; it is left as it is", printed)
+    assert printed.rstrip().endswith(": --verbose shows the Python traceback of this error")
+    for argv in ([str(r50_files["bn"]), str(out), "--verbose"], ["--verbose", str(r50_files["bn"]), str(out)]):
+        with pytest.raises(ConversionError, match=r"R-50.pkl already exists; it is left as it is"):
+            main(argv)
+    assert out.read_bytes() == b"converted before"
+    with pytest.raises(SystemExit) as usage:  # argparse's usage errors stay its own
+        main([str(r50_files["bn"])])
+    assert usage.value.code == 2
+
+
+def test_an_output_with_a_variable_nothing_expanded_is_refused(r50_files, tmp_path, monkeypatch, capsys):
+    # before: "folder .../$HOME does not exist. Create it first."; with a folder '$HOME' there, written into it
+    from gwdet.convert.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", "/home/someone")
+    (tmp_path / "$HOME").mkdir()
+    assert main([str(r50_files["bn"]), "$HOME/w.pkl"]) == 2
+    assert ("error: OUT '$HOME/w.pkl' holds '$HOME', an environment variable that nothing expanded (a quoted "
+            "command-line value and a config file keep it as it is): the run would write into a folder named '$HOME'. "
+            "Let the shell expand it (double quotes), or give the path itself (OUT /home/someone/w.pkl); nothing was "
+            "written.") in capsys.readouterr().err
+    with pytest.raises(ConversionError, match=r"^output_path '\$HOME/w.pkl' holds '\$HOME', an environment variable "
+                                              r"that nothing expanded .*\(output_path=/home/someone/w.pkl\); nothing "
+                                              r"was written.$"):
+        convert_checkpoint(r50_files["bn"], "$HOME/w.pkl")
+    assert os.listdir(tmp_path / "$HOME") == []
+
+
+def test_a_deep_stem_resnet_is_named_as_one_gwdets_backbone_has_no_place_for():
+    # before: "not a torchvision-layout ResNet/ResNeXt: expected keys like 'conv1.weight', 'bn1.running_mean' ...,
+    # found ['layer1.0.conv1.weight', ...]", naming neither the deep stem's keys nor that it cannot be converted
+    state_dict = {key: value for key, value in torchvision_model("R-50", False).state_dict().items()
+                  if not key.startswith("conv1.")}
+    stem = {"conv1.0.weight": (32, 3, 3, 3), "conv1.3.weight": (32, 32, 3, 3), "conv1.6.weight": (64, 32, 3, 3)}
+    state_dict.update({key: torch.randn(shape) for key, shape in stem.items()})
+    for index in (1, 4):  # the stem's batch norms, between its convs (timm's resnet50d)
+        state_dict.update({f"conv1.{index}.{leaf}": torch.rand(32) for leaf in ("weight", "bias", "running_mean",
+                                                                                 "running_var")})
+    with pytest.raises(ConversionError, match=r"^conv1.weight is missing, and 3 stem convs stand in its place "
+                                              r"\(conv1.0.weight 32x3x3x3, conv1.3.weight 32x32x3x3, conv1.6.weight "
+                                              r"64x32x3x3\): a deep stem, as timm's resnet50d and other ResNet-C/D "
+                                              r"models have. gwdet's backbone \(detectron2's ResNet\) has a single 7x7 "
+                                              r"stem conv, so these weights cannot be converted into it. Convert a "
+                                              r"torchvision-layout ResNet/ResNeXt \(one 7x7 conv1"):
+        convert_state_dict(in_memory(state_dict))

@@ -41,6 +41,7 @@ from gwdet.export import (
 )
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
 from gwdet.norms import norm_record
+from gwdet.utils.atomic import record_checksum
 from layer_cases import CATALOGUE_CHANNELS, CATALOGUE_PARAMS
 from tiny_models import build_tiny_model
 
@@ -602,6 +603,7 @@ def test_export_tool_keeps_an_earlier_export_and_leaves_nothing_when_it_cannot_c
 
     out.mkdir()
     (out / "model.ts").write_bytes(b"an earlier export")
+    record_checksum(str(out / "model.ts"))  # an export has its record: --overwrite replaces no other file
     with pytest.raises(SystemExit) as refused:
         main(argv + list(TINY_OPTS))
     assert refused.value.code == 2 and re.search("model.ts already exists; it is left as it is.*--overwrite",
@@ -616,7 +618,8 @@ def test_export_tool_keeps_an_earlier_export_and_leaves_nothing_when_it_cannot_c
     with pytest.raises(SystemExit) as refused:
         main(argv + ["--overwrite"] + list(TINY_OPTS) + no_detection)
     assert refused.value.code == 2 and "gave no detection" in capsys.readouterr().err
-    assert [p.name for p in out.iterdir()] == ["model.ts"] and (out / "model.ts").read_bytes() == b"an earlier export"
+    assert sorted(p.name for p in out.iterdir()) == ["model.ts", "model.ts.sha256"]
+    assert (out / "model.ts").read_bytes() == b"an earlier export"
 
 
 def test_export_tool_compares_on_the_first_sample_with_detections_or_says_there_is_none():
@@ -685,9 +688,10 @@ def test_export_tool_replaces_an_export_only_with_overwrite_and_a_checked_file(t
         assert not out.exists(), "the folder made for the export goes with its partial file"
         out.mkdir()
         (out / "model.ts").write_bytes(b"an earlier export")
+        record_checksum(str(out / "model.ts"))  # an export has its record: --overwrite replaces no other file
         with pytest.raises(RuntimeError, match="interrupted"):
             main(argv + ["--overwrite"] + list(TINY_OPTS))
-        assert [p.name for p in out.iterdir()] == ["model.ts"]
+        assert sorted(p.name for p in out.iterdir()) == ["model.ts", "model.ts.sha256"]
         assert (out / "model.ts").read_bytes() == b"an earlier export"
     stale = out / f".model.ts.{_dead_pid()}.0123456789ab.partial"  # left by an export killed while writing
     stale.write_bytes(b"half an export")
@@ -1041,3 +1045,78 @@ def test_the_deploy_page_says_the_loaded_torchscript_module_takes_3_h_w_unchecke
     with torch.no_grad():
         assert len(loaded(image[:1])) == len(loaded(image))  # one channel: broadcast, as the page says
     assert "a one-channel `(1, H, W)` image is broadcast to three channels without a word" in page
+
+
+def test_overwrite_replaces_an_earlier_export_only_not_a_users_own_file(tmp_path, capsys):
+    # before: --overwrite replaced a user's own text model.ts / model.onnx (no .sha256 record, not an export) by the
+    # export without a word
+    from gwdet.export import export_model
+
+    for export_format, name, kind in (("torchscript", "model.ts", "a TorchScript archive"),
+                                      ("onnx", "model.onnx", "an ONNX model")):
+        out = tmp_path / export_format
+        out.mkdir()
+        (out / name).write_text("my own model\n")
+        with pytest.raises(SystemExit) as refused:
+            export_model.main(["--config-file", str(DEMO_CONFIG), "--untrained", "--format", export_format,
+                               "--output", str(out), "--overwrite", *TINY_OPTS])
+        assert refused.value.code == 2 and (
+            f"error: --overwrite replaces an earlier export, and {out / name} is none: it has no {name}.sha256 record "
+            f"beside it (which every export gets) and is not {kind}, so it is a file of yours that the export would "
+            f"delete; nothing was written. Move it out of {out} (or delete it yourself), or choose another --output."
+        ) in capsys.readouterr().err
+        assert os.listdir(out) == [name] and (out / name).read_text() == "my own model\n"
+        assert not export_model.is_export_file(str(out / name), export_format)
+        record_checksum(str(out / name))  # the record of an export (one replaced by hand is still one)
+        assert export_model.is_export_file(str(out / name), export_format)
+    # an export without its record: a file of the export's format
+    scripted = torch.jit.script(torch.nn.Linear(2, 2))
+    scripted.save(str(tmp_path / "bare.ts"))
+    assert export_model.is_export_file(str(tmp_path / "bare.ts"), "torchscript")
+    assert not export_model.is_export_file(str(tmp_path / "bare.ts"), "onnx")
+
+
+def test_a_sample_image_given_as_a_url_is_named_with_the_download(tmp_path, capsys):
+    # before: "--sample-image http://example.com/a.jpg does not exist.", with no way out
+    from gwdet.export.export_model import main
+
+    with pytest.raises(SystemExit) as refused:
+        main(["--config-file", str(DEMO_CONFIG), "--untrained", "--output", str(tmp_path / "out"), "--sample-image",
+              "http://example.com/a.jpg", *TINY_OPTS])
+    assert refused.value.code == 2 and (
+        "error: --sample-image 'http://example.com/a.jpg' is a URL, and the tool reads a local image file: download it "
+        "first (e.g. curl -o sample.jpg http://example.com/a.jpg) and give its path (--sample-image sample.jpg); nothing "
+        "was written.") in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_deformable_convolutions_without_detectron2s_compiled_ops_are_named(tmp_path, monkeypatch, capsys):
+    # before: a raw "ImportError: Cannot import 'detectron2._C', therefore 'DeformConv' is not available" traceback
+    # from export_model.py and analyze_model.py, exit status 1
+    from detectron2.modeling.backbone import resnet
+    from detectron2.utils.develop import create_dummy_class
+
+    from gwdet.export import analyze_model, export_model
+
+    # detectron2 without _C (the registry wheel) has this class in place of DeformConv; so does this test
+    monkeypatch.setattr(resnet, "DeformConv", create_dummy_class(
+        "DeformConv", "detectron2._C", "detectron2 is not compiled successfully, please build following the "
+                                       "instructions!"))
+    deform = ["MODEL.RESNETS.DEFORM_ON_PER_STAGE", "[False,False,False,True]"]
+    expected = ("error: MODEL.RESNETS.DEFORM_ON_PER_STAGE [False, False, False, True] asks for deformable convolutions: "
+                "detectron2's DeformConv needs detectron2's compiled ops (detectron2._C), and this detectron2 has none "
+                "(the default registry wheel's never loads){outcome}. Set it to all False "
+                "(MODEL.RESNETS.DEFORM_ON_PER_STAGE \"[False,False,False,False]\"), or build detectron2 from source into "
+                "the environment (make setup D2_SOURCE=git+https://github.com/facebookresearch/detectron2.git; "
+                "docs/install.md, detectron2 versions).")
+    with pytest.raises(SystemExit) as refused:
+        export_model.main(["--config-file", str(DEMO_CONFIG), "--untrained", "--output", str(tmp_path / "out"),
+                           *TINY_OPTS, *deform])
+    assert refused.value.code == 2 and expected.format(outcome="; nothing was written") in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(SystemExit) as refused:
+        analyze_model.main(["--config-file", str(DEMO_CONFIG), "--tasks", "structure", *TINY_OPTS, *deform])
+    assert refused.value.code == 2 and expected.format(outcome="") in capsys.readouterr().err
+    with pytest.raises(ImportError, match="MODEL.RESNETS.DEFORM_ON_PER_STAGE") as shown:  # --verbose: the traceback
+        analyze_model.main(["--config-file", str(DEMO_CONFIG), "--tasks", "structure", "--verbose", *TINY_OPTS, *deform])
+    assert "Cannot import 'detectron2._C', therefore 'DeformConv'" in str(shown.value.__cause__)

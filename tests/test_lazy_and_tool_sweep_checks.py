@@ -1030,3 +1030,14 @@ def test_an_evaluator_folder_of_ones_own_that_holds_detections_is_not_written_ov
         main(training)
     assert (tmp_path / "run" / "inference" / "coco_instances_results.json").read_text() == "[]"
     assert not (tmp_path / "new").exists()
+
+
+# strict=true was named among the values the norm does not take (model.backbone.bottom_up.norm.strict=null)
+def test_a_switched_norm_nodes_strict_is_not_named_among_the_values_to_leave_out():
+    with pytest.raises(GwdetTypeError) as refused:
+        LazyRun.load(str(LAZY_CONFIG), ["model.backbone.bottom_up.norm.name=GW_ZCA",
+                                        "model.backbone.bottom_up.norm.strict=true"])
+    assert str(refused.value) == (
+        "model.backbone.bottom_up.norm: gwdet.norm('GW_ZCA') takes ['num_groups', 'eps'], not ['T']. An override "
+        "keeps the node's other values; set those the norm does not take to null to leave them out: "
+        "model.backbone.bottom_up.norm.T=null")

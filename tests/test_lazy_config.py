@@ -492,3 +492,53 @@ def test_a_norm_value_the_norm_does_not_take_says_how_to_leave_it_out():
                                         r"out; in a LazyConfig node that an override switched to 'GW_ZCA', set it to "
                                         r"null \(<the node's path>.T=null\)"):
         instantiate(cfg.model)
+
+
+# the mapping was merged into the node: the layers kept the old node's T and eps, not the defaults
+def test_a_node_given_by_an_override_replaces_the_node_it_is_set_on(tmp_path):
+    source = (LAZY / "mask_rcnn_R_50_FPN_gw_shapes.py").read_text(encoding="utf-8")
+    assert '_GW = norm("GW", num_groups=16, T=5, eps=1.0e-5)' in source
+    (tmp_path / "common").mkdir()
+    (tmp_path / "common" / "shapes.py").write_text((LAZY / "common" / "shapes.py").read_text(encoding="utf-8"))
+    config = tmp_path / "t3.py"
+    config.write_text(source.replace('_GW = norm("GW", num_groups=16, T=5, eps=1.0e-5)',
+                                     '_GW = norm("GW", num_groups=16, T=3, eps=1e-3)'))
+    cfg = load_lazy_config(str(config), ["model.backbone.norm={_target_: gwdet.norm, name: GW, num_groups: 8}"])
+    assert dict(cfg.model.backbone.norm) == {"_target_": "gwdet.norm", "name": "GW", "num_groups": 8}
+    layer = instantiate(cfg.model.backbone.norm)(64)
+    assert (layer.num_groups, layer.T, layer.eps) == (8, 5, 1e-5)  # the defaults of what the node leaves out
+    switched = load_lazy_config(str(config), ["model.backbone.norm={_target_: gwdet.norm, name: GN, num_groups: 4}"])
+    assert instantiate(switched.model.backbone.norm)(64).num_groups == 4  # no GW T or eps left to refuse
+    merged = load_lazy_config(str(config), ["model.backbone.norm={num_groups: 4}"])  # no _target_: its keys are set
+    assert (merged.model.backbone.norm.num_groups, merged.model.backbone.norm.T) == (4, 3)
+    with pytest.raises(TypeError, match=r"LazyConfig override 'model.backbone.norm=\{_target_: gwdet.norm, name: GW, "
+                                        r"num_group: 8\}': gwdet.norm\('GW'\) takes \['num_groups', 'T', 'eps'\], not "
+                                        r"\['num_group'\]. Did you mean model.backbone.norm.num_groups \(not "
+                                        r"num_group\)\?"):
+        load_lazy_config(str(config), ["model.backbone.norm={_target_: gwdet.norm, name: GW, num_group: 8}"])
+    with pytest.raises(ValueError, match=r"GroupNorm takes no argument 'num_group'; it takes .*Did you mean num_groups"):
+        load_lazy_config(str(config), ["model.backbone.norm={_target_: torch.nn.GroupNorm, num_group: 8}"])
+
+
+# accepted at load (gwdet.norm takes **params); instantiate then said to set it to null, never naming num_groups
+def test_a_misspelt_setting_of_a_norm_node_is_refused_at_load_naming_the_close_one():
+    config = str(LAZY / "mask_rcnn_R_50_FPN_gw_shapes.py")
+    with pytest.raises(TypeError) as refused:
+        gwdet.model_zoo.get_config("LazyConfig/mask_rcnn_R_50_FPN_gw_shapes.py",
+                                   opts=["model.backbone.norm.num_group=8"])
+    assert str(refused.value) == ("model.backbone.norm: gwdet.norm('GW') takes ['num_groups', 'T', 'eps'], not "
+                                  "['num_group']. Did you mean model.backbone.norm.num_groups (not num_group)?")
+    with pytest.raises(TypeError, match=r"not \['group_size'\]. group_size is a setting of BW, BW_ItN, not of 'GW': "
+                                        r"give the node a norm that takes it \(model.backbone.norm.name=BW\), or leave "
+                                        r"it out.$"):
+        load_lazy_config(config, ["model.backbone.norm.group_size=4"])
+    switched = ["model.backbone.norm.T=null", "model.backbone.norm.num_groups=null", "model.backbone.norm.group_size=4"]
+    for name_first in (True, False):  # the norm the node names after every override counts
+        name = ["model.backbone.norm.name=BW"]
+        cfg = load_lazy_config(config, name + switched if name_first else switched + name)
+        assert instantiate(cfg.model.backbone.norm)(64).group_size == 4
+    cfg = load_lazy_config(str(LAZY / "mask_rcnn_R_50_FPN_gw_shapes.py"), ["model.backbone.norm.strict=true"])
+    assert cfg.model.backbone.norm.strict is True
+    # a misspelt setting written in the file itself: the Python refusal names the close one
+    with pytest.raises(TypeError, match=r"not \['num_group'\]. Did you mean num_groups \(not num_group\)\?$"):
+        gwdet.norm("GW", num_group=8)

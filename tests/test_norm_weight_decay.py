@@ -249,3 +249,69 @@ def test_a_trainer_subclass_whose_own_optimizer_decays_the_norms_is_warned_about
     with logged_warnings("gwdet.modeling.model_checks") as warned:
         DecayingEverything(cfg)
     assert len(warned) == 1 and "norm layer(s) are decayed otherwise than the norm weight decay 0 " in warned[0], warned
+
+
+# an overrides key that named no parameter ('weights' for 'weight') was dropped without a word
+def test_an_overrides_key_that_names_no_parameter_is_refused_with_the_names_it_could_mean():
+    net = _Net(GroupWhitening(8, num_groups=4))
+    with pytest.raises(ValueError, match=r"get_default_optimizer_params: overrides key 'weights' is the name of no "
+                                         r"parameter of the model, so it would change nothing .*Did you mean 'weight'\? "
+                                         r"The model's parameter names: 'bias', 'weight'\. Use one of them"):
+        get_default_optimizer_params(net, base_lr=0.1, overrides={"weights": {"lr": 0.0}})
+    with pytest.raises(ValueError, match=r"overrides key 'norm.weight' .* by its own name within its module, not by its "
+                                         r"path: 'weight'"):
+        get_default_optimizer_params(net, base_lr=0.1, overrides={"norm.weight": {"lr": 0.0}})
+    groups = get_default_optimizer_params(net, base_lr=0.1, overrides={"weight": {"lr": 0.0}})
+    assert {p: g["lr"] for g in groups for p in g["params"]}[net.conv.weight] == 0.0
+
+
+# check_model(model, weight_decay_norm=...) without an optimizer returned without checking anything
+@pytest.mark.parametrize("given", [{"weight_decay_norm": 0.0}, {"weight_decay_bias": 0.5}])
+def test_check_model_refuses_a_weight_decay_given_without_an_optimizer(given):
+    name, value = next(iter(given.items()))
+    with pytest.raises(TypeError, match=rf"check_model: {name}={value!r} given without an optimizer: .* Give the "
+                                        rf"optimizer too \(check_model\(model, optimizer=optimizer, .*or leave {name} out"):
+        check_model(_Net(GroupWhitening(8, num_groups=4)), **given)
+
+
+class _CondNorm(nn.Module):
+    """A conditional norm: a GroupNorm, a gain of its own, and a convolution that modulates the output."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.gn = nn.GroupNorm(4, channels)
+        self.gain = nn.Parameter(torch.ones(channels))
+        self.mod = nn.Conv2d(channels, channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gn(x) * self.gain[:, None, None] * (1 + self.mod(x))
+
+
+# the convolution inside a norm class named in register_norm(..., layer_types=...) took SOLVER.WEIGHT_DECAY_NORM
+def test_a_convolution_inside_a_registered_layer_type_keeps_the_ordinary_weight_decay(caplog):
+    register_norm("TestCondNorm", lambda channels: _CondNorm(channels), layer_types=(_CondNorm,))
+    try:
+        cfg = build_config(str(REPO / "configs" / "Demo" / "mask_rcnn_R_50_FPN_gw_shapes.yaml"),
+                           ["SOLVER.WEIGHT_DECAY", "1e-4", "SOLVER.WEIGHT_DECAY_NORM", "0.0"])
+        net = nn.Sequential(nn.Conv2d(3, 16, 3), _CondNorm(16))
+        optimizer = gwdet.build_optimizer(cfg, net)
+        decays = decay_by_parameter(optimizer.param_groups, optimizer.defaults["weight_decay"])
+        assert decays[net[1].mod.weight] == decays[net[1].mod.bias] == decays[net[0].weight] == 1e-4
+        assert decays[net[1].gain] == decays[net[1].gn.weight] == decays[net[1].gn.bias] == 0.0
+        with caplog.at_level(logging.WARNING, logger="gwdet.modeling.model_checks"):
+            check_model(net, optimizer=optimizer, weight_decay_norm=0.0)
+        assert not caplog.records
+    finally:
+        unregister_norm("TestCondNorm")
+
+
+# a model without a trainable parameter got torch's "optimizer got an empty parameter list"
+def test_build_optimizer_refuses_a_model_without_a_trainable_parameter():
+    cfg = build_config(str(REPO / "configs" / "Demo" / "mask_rcnn_R_50_FPN_gw_shapes.yaml"), [])
+    with pytest.raises(ValueError, match=r"build_optimizer: the model \(Identity\) has no trainable parameter: it has no "
+                                         r"parameters, so an optimizer would have nothing to train"):
+        gwdet.build_optimizer(cfg, nn.Identity())
+    frozen = _Net(GroupWhitening(8, num_groups=4)).requires_grad_(False)
+    with pytest.raises(ValueError, match=r"\(_Net\) has no trainable parameter: all 6 of its parameters are frozen "
+                                         r"\(requires_grad False\).* \(model.requires_grad_\(True\)\)"):
+        gwdet.build_optimizer(cfg, frozen)

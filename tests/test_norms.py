@@ -749,3 +749,83 @@ def test_layer_types_that_would_mark_other_layers_as_norms_are_refused(registere
     register_norm("TestMarks", lambda channels: BatchGroupWhitening(channels, num_groups=2), batch_statistics=True,
                   layer_types=(BatchGroupWhitening,))
     assert norm_record("TestMarks").layer_types == (BatchGroupWhitening,)
+
+
+# the refusal's own message failed: AttributeError: 'functools.partial' object has no attribute '__name__'
+def test_a_partial_or_callable_object_build_with_another_default_is_refused_by_name(registered):
+    import functools
+
+    def build(channels, num_groups=16):
+        return torch.nn.GroupNorm(num_groups, channels)
+
+    class Build:
+        def __call__(self, channels, num_groups=16):
+            return torch.nn.GroupNorm(num_groups, channels)
+
+    registered.extend(["TestPartialGN", "TestObjectGN"])
+    with pytest.raises(ValueError, match=r"register_norm\('TestPartialGN'\): functools.partial\(.*build, \.\.\.\) "
+                                         r"gives num_groups the default 16, but reads it from the config key "
+                                         r"MODEL.GW.NUM_GROUPS, whose default .* is 64"):
+        register_norm("TestPartialGN", functools.partial(build, num_groups=16),
+                      config_keys={"num_groups": "MODEL.GW.NUM_GROUPS"})
+    with pytest.raises(ValueError, match=r"register_norm\('TestObjectGN'\): a .*Build object gives num_groups the "
+                                         r"default 16"):
+        register_norm("TestObjectGN", Build(), config_keys={"num_groups": "MODEL.GW.NUM_GROUPS"})
+    with pytest.raises(ValueError, match=r"config_keys name \['width'\], which a .*Build object does not take"):
+        register_norm("TestObjectGN", Build(), config_keys={"width": "MODEL.TEST_OBJECT_GN.WIDTH"})
+    register_norm("TestObjectGN", Build(), config_keys={"num_groups": "MODEL.TEST_OBJECT_GN.NUM_GROUPS"})
+    assert norm("TestObjectGN")(32).num_groups == 16
+
+
+# every GroupNorm of 32 groups that gwdet's GN (64 -> 32 on 32 channels) or a registered name built counted as
+# detectron2's get_norm's, and the model build warned to set MODEL.GN.NUM_GROUPS 32
+def test_only_group_norms_detectron2s_get_norm_built_count_as_its_own(registered):
+    from gwdet.norms import built_by_detectron2_get_norm
+
+    cfg = add_gwdet_config(get_cfg())
+    cfg.MODEL.GN.NUM_GROUPS = 64
+    by_gwdet = norm_from_config("GN", cfg)(32)  # the channel rule's 32 groups
+    assert by_gwdet.num_groups == 32 and not built_by_detectron2_get_norm(by_gwdet)
+    cfg.MODEL.GN.NUM_GROUPS = 32
+    assert not built_by_detectron2_get_norm(norm_from_config("GN", cfg)(64))
+    registered.append("TestGN32")
+    register_norm("TestGN32", lambda channels: torch.nn.GroupNorm(32, channels))
+    assert not built_by_detectron2_get_norm(norm("TestGN32")(64))
+    assert built_by_detectron2_get_norm(get_norm("GN", 64))
+    assert not built_by_detectron2_get_norm(torch.nn.GroupNorm(16, 64))
+
+
+# passed through as "callable"; detectron2's get_norm(n, 16) then failed: 'int' object has no attribute 'dim'
+@pytest.mark.parametrize("layer", [torch.nn.BatchNorm2d(4), GroupWhitening(16, num_groups=4)])
+def test_norm_from_config_refuses_a_layer_instance(layer):
+    cfg = add_gwdet_config(get_cfg())
+    with pytest.raises(TypeError, match=rf"norm_from_config: {type(layer).__name__}\(.*\) is a layer, not what builds "
+                                        r"one: .* this one layer object would be shared by every part given it. Give "
+                                        r"a name with the settings you want \(gwdet.norm\('GW', num_groups=16\)\), or "
+                                        rf"a function of the channel count that builds a new {type(layer).__name__}"):
+        norm_from_config(layer, cfg)
+    assert norm_from_config(torch.nn.BatchNorm2d, cfg) is torch.nn.BatchNorm2d  # the class builds a layer per part
+
+
+# "Leave method out" (which builds ItN) without naming GW_ZCA; "Leave affine out" with no way to the value
+def test_a_layer_argument_gwdet_norm_does_not_take_names_the_way_to_it():
+    with pytest.raises(TypeError, match=r"gwdet.norm\('GW'\) takes \['num_groups', 'T', 'eps'\], not \['method'\]. "
+                                        r"gwdet.norm chooses the whitening method by the norm's name: 'GW' whitens by "
+                                        r"ItN, 'GW_ZCA' by ZCA. Give the name of the method you want "
+                                        r"\(gwdet.norm\('GW_ZCA', ...\)\), and leave method out.$"):
+        norm("GW", method="zca")
+    with pytest.raises(TypeError, match=r"'BW' whitens by ZCA, 'BW_ItN' by ItN. .*\(gwdet.norm\('BW_ItN', ...\)\)"):
+        norm("BW", method="itn")
+    with pytest.raises(TypeError, match=r"not \['affine'\]. affine is an argument of GroupWhitening that "
+                                        r"gwdet.norm\('GW'\) does not set \(its layers keep GroupWhitening's "
+                                        r"affine=True\). For another value, register a norm name of your own whose "
+                                        r"build function sets it \(gwdet.register_norm, docs/usage.md\), or give, "
+                                        r"where the norm is taken, a function of the channel count that builds the "
+                                        r"GroupWhitening with it; leave affine out here.$"):
+        norm("GW", affine=False)
+    with pytest.raises(TypeError) as refused:
+        norm("GN", num_group=4)
+    assert str(refused.value) == ("gwdet.norm('GN') takes ['num_groups'], not ['num_group']. Did you mean num_groups "
+                                  "(not num_group)?")
+    with pytest.raises(TypeError, match=r"not \['colour'\]. No norm takes colour: leave colour out.$"):
+        norm("GW", colour=1)

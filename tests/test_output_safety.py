@@ -84,7 +84,8 @@ def test_a_resume_with_no_checkpoint_to_continue_gets_a_fresh_starts_checks(fini
 
 @pytest.mark.parametrize("weights", ["model_final.pth", "eval/model_final/model_final.pth", "link.pth"])
 def test_overwrite_never_deletes_the_weights_the_new_run_starts_from(tmp_path, weights):
-    torch.save({"model": {}}, tmp_path / "model_final.pth")  # a checkpoint, as a run saves it
+    torch.save({"model": {}}, tmp_path / "model_final.pth")  # a checkpoint, as a run saves it (and names it)
+    (tmp_path / "last_checkpoint").write_text("model_final.pth")
     (tmp_path / "eval" / "model_final").mkdir(parents=True)
     (tmp_path / "eval" / "model_final" / "model_final.pth").write_bytes(b"kept apart")
     (tmp_path / "link.pth").symlink_to(tmp_path / "model_final.pth")  # a user's link to the run's file
@@ -1604,3 +1605,127 @@ def test_a_resume_from_another_runs_checkpoint_under_a_later_name_is_refused(tmp
     (tmp_path / "model_0000003.pth.sha256").write_text(f"{digest}  model_0000003.pth\n")
     (tmp_path / "last_checkpoint").write_text("model_0000003.pth")
     assert ResilientCheckpointer(model, str(tmp_path), optimizer=optimizer).resume_or_load("", resume=True)["iteration"] == 3
+
+
+def _small_gw_model() -> torch.nn.Module:
+    from gwdet.layers import GroupWhitening
+
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), GroupWhitening(4, num_groups=2))
+
+
+def test_a_checkpoint_holding_nan_is_refused_by_load_and_by_resume_naming_the_file(tmp_path):
+    # ResilientCheckpointer(predictor.model).load(path) (docs/weights.md) loaded NaN weights without a word, and a
+    # resume went on from them; only load_weights / resume_or_load(resume=False) refused the file
+    diverged = _small_gw_model()
+    ResilientCheckpointer(diverged, save_dir=str(tmp_path)).save("model_0000001", iteration=1)
+    with torch.no_grad():
+        diverged[0].weight[0, 0] = float("nan")
+    ResilientCheckpointer(diverged, save_dir=str(tmp_path)).save("model_0000003", iteration=3)
+    model = _small_gw_model()
+    before = {key: value.clone() for key, value in model.state_dict().items()}
+    path = tmp_path / "model_0000003.pth"
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))} holds NaN or infinite values in 1 tensor\(s\) "
+                                         r"\(0.weight\): a model built from them computes NaN, so its results would "
+                                         r"mean nothing; nothing was loaded. The run that wrote them diverged: use an "
+                                         r"earlier checkpoint of it, or other weights.$"):
+        ResilientCheckpointer(model).load(str(path))
+    assert all(torch.equal(before[key], value) for key, value in model.state_dict().items())
+    checkpointer = ResilientCheckpointer(model, save_dir=str(tmp_path))
+    with pytest.raises(ValueError, match=rf"^--resume: {re.escape(str(path))} holds NaN or infinite values in 1 "
+                                         r"tensor\(s\) \(0.weight\): the run diverged before it saved them, and training "
+                                         r"on from them would compute NaN; nothing was loaded. Continue from an earlier "
+                                         r"checkpoint of the run by writing its name into .*last_checkpoint \(e.g. "
+                                         r"model_0000001.pth\), or train afresh"):
+        checkpointer.resume_or_load("", resume=True)
+    assert all(torch.equal(before[key], value) for key, value in model.state_dict().items())
+    (tmp_path / "last_checkpoint").write_text("model_0000001.pth")  # the fix the message names
+    assert checkpointer.resume_or_load("", resume=True)["iteration"] == 1
+
+
+def test_a_model_on_the_meta_device_is_refused_by_save_and_load_and_meta_weights_by_load(tmp_path):
+    # a model built on the meta device: save and load failed with torch's "Cannot copy out of meta tensor; no data!";
+    # a state dict saved from one, loaded with .load(path), with torch's error per parameter
+    ResilientCheckpointer(_small_gw_model(), save_dir=str(tmp_path)).save("real")
+    with torch.device("meta"):
+        meta = _small_gw_model()
+    with pytest.raises(ValueError, match=r"^Checkpoint 'empty' cannot be saved: the model is on the meta device \(4 of "
+                                         r"its tensors, e.g. '0.weight': a model built under torch.device\('meta'\) or "
+                                         r"with MODEL.DEVICE meta\), whose tensors hold shapes but no values, so there "
+                                         r"is nothing to save; nothing was written. Build the model on the CPU or GPU"):
+        ResilientCheckpointer(meta, save_dir=str(tmp_path)).save("empty")
+    assert not (tmp_path / "empty.pth").exists()
+    with pytest.raises(ValueError, match=r"^ResilientCheckpointer.load: .*real.pth cannot be loaded into the model: the "
+                                         r"model is on the meta device .* nothing was loaded. Build the model on the "
+                                         r"CPU or GPU .*and load the checkpoint into it \(model.to_empty\(\) would leave"):
+        ResilientCheckpointer(meta).load(str(tmp_path / "real.pth"))
+    torch.save({"model": meta.state_dict()}, tmp_path / "meta.pth")
+    with pytest.raises(ValueError, match=r"^.*meta.pth: its tensors hold no values \(4 on the meta device, e.g. "
+                                         r"'0.weight'\): the state dict of a model built on torch.device\('meta'\). Save "
+                                         r"the weights of a model on the CPU .* and give that file; nothing was loaded.$"):
+        ResilientCheckpointer(_small_gw_model()).load(str(tmp_path / "meta.pth"))
+
+
+@pytest.mark.parametrize("default, other", [
+    (torch.nn.ReLU, torch.nn.SiLU),  # a class: recorded as its import path
+    (float("nan"), 0.5),  # NaN as an 'unset' mark: equal to itself
+    (torch.tensor([1.0, 2.0]), torch.tensor([1.0, 3.0])),  # a tensor: recorded as its values
+    ((4, 2), (4, 3)),  # a tuple: recorded as a list
+], ids=["class", "nan", "tensor", "tuple"])
+def test_a_registered_norms_values_are_recorded_as_plain_data_that_loads_back(tmp_path, registered, default, other):
+    # a class default was pickled into the checkpoint, which gwdet then refused as unsafe; NaN was refused against
+    # itself; a tensor default failed with "Boolean value of Tensor with more than one value is ambiguous"
+    import gwdet
+
+    registered.append("TestPlainValues")
+    gwdet.register_norm("TestPlainValues", lambda channels, value=default: torch.nn.GroupNorm(2, channels))
+
+    def model(**value):
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), gwdet.norm("TestPlainValues", **value)(4))
+
+    ResilientCheckpointer(model(), str(tmp_path)).save("trained")
+    recorded = torch.load(tmp_path / "trained.pth", weights_only=True)["gwdet_norm_settings"]["1"]["value"]
+    assert isinstance(recorded, (str, float, list))
+    ResilientCheckpointer(model()).load(str(tmp_path / "trained.pth"))  # its own checkpoint, read without unpickling
+    with pytest.raises(ValueError, match=r"other norm hyper-parameters than this config gives its layers \(1 values, "
+                                         r"e.g. 1 value .* -> .*\); nothing was loaded"):
+        ResilientCheckpointer(model(value=other)).load(str(tmp_path / "trained.pth"))
+
+
+def _conv_and_norm(norm) -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 1), norm(8))
+
+
+def test_a_lazy_config_nodes_list_is_recorded_as_a_list_and_its_checkpoint_loads(tmp_path, registered):
+    # detectron2's instantiate gives a node's tuple as an OmegaConf ListConfig, which the checkpoint pickled: gwdet
+    # refused its own checkpoint as needing unsafe unpickling
+    import gwdet
+    from detectron2.config import LazyCall as L, instantiate
+
+    registered.append("TestTupleGN")
+    gwdet.register_norm("TestTupleGN", lambda channels, groups=(4,): torch.nn.GroupNorm(groups[0], channels))
+    node = L(_conv_and_norm)(norm=L(gwdet.norm)(name="TestTupleGN", groups=(2,)))
+    built = instantiate(node)
+    assert type(built[1]).__name__ == "GroupNorm" and built[1].num_groups == 2
+    ResilientCheckpointer(built, str(tmp_path)).save("lazy")
+    assert torch.load(tmp_path / "lazy.pth", weights_only=True)["gwdet_norm_settings"]["1"]["groups"] == [2]
+    ResilientCheckpointer(instantiate(node)).load(str(tmp_path / "lazy.pth"))
+    in_python = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 1), gwdet.norm("TestTupleGN", groups=(2,))(8))
+    ResilientCheckpointer(in_python).load(str(tmp_path / "lazy.pth"))  # the same values given as a tuple
+
+
+def test_a_registered_norms_value_no_checkpoint_can_record_is_refused_at_save(tmp_path, registered):
+    # an object of no plain value was pickled into the checkpoint, which gwdet then refused to read
+    import gwdet
+
+    class Opaque:
+        pass
+
+    registered.append("TestOpaque")
+    gwdet.register_norm("TestOpaque", lambda channels, thing=None: torch.nn.GroupNorm(2, channels))
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), gwdet.norm("TestOpaque", thing=Opaque())(4))
+    with pytest.raises(ValueError, match=r"^Checkpoint 'opaque' cannot be saved; nothing was written. The norm layer 1 "
+                                         r"\(GroupNorm\) was built with thing=<.*Opaque object at 0x.*> \(Opaque\), which "
+                                         r"a checkpoint cannot record: .* Give thing as plain data .* or give Opaque a "
+                                         r"__repr__ that shows the values that make it what it is.$"):
+        ResilientCheckpointer(model, str(tmp_path)).save("opaque")
+    assert not (tmp_path / "opaque.pth").exists()

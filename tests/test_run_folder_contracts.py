@@ -1090,7 +1090,10 @@ def test_initial_weights_under_a_checkpoint_name_in_the_output_folder_are_named(
                                               r"a run's; nothing was changed. Move the initial weights out of OUTPUT_DIR"):
         check_fresh_start(str(tmp_path), False, weights=str(tmp_path / "model_final.pth"))
     assert os.listdir(tmp_path) == ["model_final.pth"]
-    with pytest.raises(FileExistsError, match=r"already holds a run \(model_final.pth\)"):
+    with pytest.raises(FileExistsError, match=r"holds model_final.pth, named as a run's files, but nothing there shows"):
+        check_fresh_start(str(tmp_path), False, weights=str(tmp_path / "elsewhere.pth"))  # no record: no run's
+    (tmp_path / "last_checkpoint").write_text("model_final.pth")
+    with pytest.raises(FileExistsError, match=r"already holds a run \(last_checkpoint, model_final.pth\)"):
         check_fresh_start(str(tmp_path), False, weights=str(tmp_path / "elsewhere.pth"))
 
 
@@ -1155,7 +1158,10 @@ def test_a_file_of_the_users_named_as_a_checkpoint_is_no_run_to_overwrite(tmp_pa
                                                   r"them either; nothing was changed"):
             check_fresh_start(str(tmp_path), overwrite=overwrite)
     assert (tmp_path / "model_final.pth").read_text() == "my precious\n"
-    torch.save({"model": {}}, tmp_path / "model_final.pth")  # what a checkpointer writes is a run's
+    torch.save({"model": {}}, tmp_path / "model_final.pth")  # a torch.save of the user's is no run either
+    with pytest.raises(FileExistsError, match="holds model_final.pth, named as a run's files, but nothing there shows"):
+        check_fresh_start(str(tmp_path), overwrite=True)
+    (tmp_path / "last_checkpoint").write_text("model_final.pth")  # what a checkpointer writes beside it is a run's
     check_fresh_start(str(tmp_path), overwrite=True)
     assert os.listdir(tmp_path) == []
 

@@ -183,3 +183,14 @@ def test_a_model_that_is_no_module_is_named_with_the_order_of_the_arguments():
         update_running_statistics(batches, [layer])
     with pytest.raises(GwdetTypeError, match=r"got list \(the loader and the model given the other way round\?\)"):
         update_running_statistics(layer, batches)
+
+
+def test_a_loader_that_is_no_iterable_of_batches_is_named():
+    # update_running_statistics(None, model): "TypeError: 'NoneType' object is not iterable"
+    model = torch.nn.Sequential(BatchWhitening(16, group_size=4))
+    before = model[0].running_whitening.clone()
+    for loader in (None, 3, "batches"):
+        with pytest.raises(TypeError, match=r"update_running_statistics: loader must be an iterable of batches .* got "
+                                            rf"{type(loader).__name__}; the running statistics are as they were"):
+            update_running_statistics(loader, model)
+    assert torch.equal(model[0].running_whitening, before)

@@ -768,3 +768,66 @@ def test_cell_records_one_level_down_are_refused_naming_their_folder(tmp_path, c
                                                 r"batch-sweep/, .* hold cell records: give one of them, e.g. --records "
                                                 r".*records/batch-sweep$"):
         recorded_cells(RECORDS)
+
+
+def _cut_short(records):
+    for name in ("study_cell.json", "study_cell.json.sha256"):
+        (records / "gw-b2-s4" / name).unlink()
+
+
+def _two_levels_down(records):
+    (records / "a" / "b").mkdir(parents=True)
+    shutil.move(str(records / "gw-b2-s4"), str(records / "a" / "b"))
+
+
+def _link_to_nothing(records):
+    shutil.rmtree(records / "gw-b2-s4")
+    (records / "gw-b2-s4").symlink_to("/nonexistent/gw-b2-s4")
+
+
+def _emptied(records):
+    shutil.rmtree(records / "gw-b2-s4")
+    (records / "gw-b2-s4").mkdir()
+
+
+# before: each was left out of the report without a word, which was written from the 3 other cells
+@pytest.mark.parametrize("damage, problem, fix", [
+    (_cut_short, "gw-b2-s4/ holds a cell's records (image_bootstrap.json, inference/, metrics.json, results.json, ... "
+                 "(4 more)) but no study_cell.json, so it is not read (a copy or export cut short?)",
+     "Copy the records of gw-b2-s4 again (a finished study exports them with its command and --report-only "
+     "--export-records DIR), or move it out of {records} if not of this report"),
+    (_two_levels_down, "a/b/ (gw-b2-s4) holds cell records two levels below the others, where they are not read",
+     "Move their folders up into {records} beside the others, or out of it if they are not of this report"),
+    (_link_to_nothing, "gw-b2-s4 is a link to /nonexistent/gw-b2-s4, which does not exist (a disk that is not "
+                       "mounted?)",
+     "Mount or restore what gw-b2-s4 points to (or copy the records in its place), or remove the link if not of this "
+     "report"),
+    (_emptied, "gw-b2-s4/ is named like a cell but is empty (a copy that never started?)",
+     "Copy the records of gw-b2-s4 again (a finished study exports them with its command and --report-only "
+     "--export-records DIR), or move it out of {records} if not of this report"),
+], ids=["no-study_cell.json", "two-levels-down", "link-to-nothing", "empty-folder"])
+def test_a_cell_of_the_records_that_is_not_read_is_refused_naming_it(tmp_path, capsys, damage, problem, fix):
+    records = tmp_path / "records"
+    shutil.copytree(RECORDS / "paper-seeds-3-4", records)
+    damage(records)
+    with pytest.raises(SystemExit) as exit_:
+        main(["--study", "paper", "--records", str(records), "--report-to", str(tmp_path / "report")])
+    assert exit_.value.code == 2
+    assert (f"--records {records}: {problem}: the report would leave those cells out. {fix.format(records=records)}; "
+            "nothing was written.") in capsys.readouterr().err
+    assert not (tmp_path / "report").exists()
+    # --only of the cells beside it reads those alone
+    assert [p.cell.name for p in recorded_cells(records, ["gw-b2-s3", "gn-b2-s3"])] == ["gn-b2-s3", "gw-b2-s3"]
+
+
+# before: a link to cell records below the others was refused as records not read, though the link reads them
+def test_links_to_records_read_already_and_link_loops_leave_no_cell_out(tmp_path):
+    records = tmp_path / "records"
+    shutil.copytree(RECORDS / "paper-seeds-3-4", records)
+    (records / "sub").mkdir()
+    shutil.move(str(records / "gw-b2-s4"), str(records / "sub"))
+    (records / "gw-b2-s4").symlink_to("sub/gw-b2-s4")
+    (records / "sub" / "up").symlink_to("..")
+    (records / "sub" / "root").symlink_to("/")
+    (records / "gw-b2-s3" / "up").symlink_to("..")
+    assert [p.cell.name for p in recorded_cells(records)] == ["gn-b2-s3", "gw-b2-s3", "gn-b2-s4", "gw-b2-s4"]

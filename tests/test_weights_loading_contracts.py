@@ -11,6 +11,7 @@ once per module (detectron2's builders, FrozenBN: a fraction of a second each).
 import os
 import pickle
 
+import numpy as np
 import pytest
 import torch
 from detectron2.config import get_cfg
@@ -935,3 +936,49 @@ def test_gw_weights_refused_for_group_norm_layers_are_not_also_called_group_norm
     finally:
         told.removeHandler(handler)
     assert not [line for line in said if "GroupNorm layer(s)" in line], said
+
+
+class TaggedGW(GroupWhitening):
+    """A subclass of gwdet's layer with a setting of its own, named in HYPER_PARAMETERS (docs/usage.md)."""
+
+    HYPER_PARAMETERS = GroupWhitening.HYPER_PARAMETERS + ("tag",)
+
+    def __init__(self, channels: int, tag=None, **settings) -> None:
+        self.tag = tag
+        super().__init__(channels, num_groups=2, **settings)
+
+
+@pytest.mark.parametrize("tag, refusal", [
+    ("x" * 600, r"^TaggedGW: its settings take 723 bytes as JSON, more than the 512 the layer's state records them in "
+                r"\(tag='xxx.*xxx' takes 602 of them\): give tag a shorter value, or leave it out of HYPER_PARAMETERS "
+                r"if it does not change what the layer computes.$"),
+    (torch.device("cpu"), r"^TaggedGW: its setting tag=device\(type='cpu'\) \(device\) cannot be recorded in the "
+                          r"layer's state, which holds its settings as JSON \(.*\): give tag a number, string, "
+                          r"True/False, None, or a list or dict of them .*, or leave it out of HYPER_PARAMETERS"),
+], ids=["too long", "not JSON"])
+def test_a_subclass_setting_its_state_cannot_record_is_refused_when_the_layer_is_built(tag, refusal):
+    # the layer was built and trained, then state_dict() (every checkpoint save) failed: a bare "takes 724 bytes ...
+    # more than the 512 a state records" naming no fix, or a raw "Object of type device is not JSON serializable"
+    with pytest.raises(ValueError, match=refusal):
+        TaggedGW(8, tag=tag)
+
+
+def test_a_subclass_naming_a_setting_it_never_sets_is_refused_when_built():
+    # the layer was built, then its first state_dict() failed with a raw AttributeError
+    class Untagged(GroupWhitening):
+        HYPER_PARAMETERS = GroupWhitening.HYPER_PARAMETERS + ("tag",)
+
+    with pytest.raises(AttributeError, match=r"^Untagged: its settings \(num_channels, HYPER_PARAMETERS, affine\) name "
+                                             r"tag, which the layer does not have once built: set self.tag in its "
+                                             r"__init__, or leave it out of HYPER_PARAMETERS.$"):
+        Untagged(8)
+
+
+@pytest.mark.parametrize("tag", [(1, 2), float("nan"), {"scales": (1.0, float("nan"))}, np.int64(3)],
+                         ids=["tuple", "nan", "nested", "numpy number"])
+def test_a_subclass_setting_loads_back_as_its_state_records_it(tag):
+    # a tuple came back from the state's JSON as a list and NaN unequal to itself: the layer refused its own state
+    # ("saved with tag=[1, 2], but this layer has tag=(1, 2)"); a numpy number failed to save
+    TaggedGW(8, tag=tag).load_state_dict(TaggedGW(8, tag=tag).state_dict())
+    with pytest.raises(RuntimeError, match=r"TaggedGW was saved with tag=.*, but this layer has tag='other'"):
+        TaggedGW(8, tag="other").load_state_dict(TaggedGW(8, tag=tag).state_dict())

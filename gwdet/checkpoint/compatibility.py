@@ -11,8 +11,13 @@ settings are removed from the state first (:func:`drop_layer_settings`).
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+import enum
+import inspect
+import re
+import types
+from typing import Any, Mapping, Sequence
 
+import numpy as np
 import torch
 from detectron2.modeling.backbone import ResNet
 
@@ -20,7 +25,7 @@ from gwdet.errors import GwdetValueError, listed
 from gwdet.checkpoint.converted_weights import ARCH_FIELD, ARCHITECTURES, GW_POSITIONS_FIELD, INPUT_FIELD, NORM_FIELD
 from gwdet.layers import GroupWhitening
 from gwdet.layers.settings_state import (EXTRA_STATE_KEY, SettingsInState, cast_record, function_settings,
-                                         decode_settings)
+                                         decode_settings, same_setting)
 from gwdet.modeling.backbone import convs_with_norm
 from gwdet.modeling.model_checks import PER_LEVEL_CONTAINERS
 from gwdet.norms import NORM_SETTINGS_MARK, RUNNING_STATISTICS_NORMS, TORCH_NORM_SETTINGS, layer_types, norm_classes
@@ -300,10 +305,82 @@ def norm_setting_names() -> tuple[tuple[type, tuple[str, ...]], ...]:
     return tuple((kind, kind.HYPER_PARAMETERS) for kind in named) + TORCH_NORM_SETTINGS
 
 
-def norm_settings(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
+# the mark of a Python object's default repr (<Foo object at 0x7f...>), which names no value
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+class UnrecordableSettingError(GwdetValueError):
+    """A norm setting that a checkpoint cannot record as plain data (:func:`plain_setting`)."""
+
+
+def _import_path(value: Any) -> str:
+    """The dotted path a class, function or module is imported by (``torch.nn.modules.activation.ReLU``)."""
+    if isinstance(value, types.ModuleType):
+        return value.__name__
+    module = getattr(value, "__module__", None)
+    name = getattr(value, "__qualname__", None) or getattr(value, "__name__", None) or repr(value)
+    return f"{module}.{name}" if module else str(name)
+
+
+def plain_setting(value: Any) -> Any:
+    """A norm setting ``value`` as plain data, what a checkpoint records and torch's weights-only
+    loading reads back: numbers, strings, ``True``/``False`` and ``None`` as they are; a list, a tuple
+    or a LazyConfig node's ``ListConfig`` as a list, a mapping (a ``DictConfig``) as a dict, a set as
+    a sorted list, each of plain values; a numpy number as a Python number; a tensor or array as the
+    list of its values; a dtype or device as its name (``'torch.float64'``); a class, function or
+    module as its import path (``'torch.nn.modules.activation.ReLU'``), an enum member as its
+    class's path and name; any other object as its ``repr`` where that shows its values
+    (``functools.partial(...)``, ``ReLU(inplace=True)``). An object whose ``repr`` names only where it
+    is in memory is refused (:class:`UnrecordableSettingError`): no record could tell two of them
+    apart."""
+    if isinstance(value, enum.Enum):
+        return f"{_import_path(type(value))}.{value.name}"
+    if isinstance(value, np.generic) and not isinstance(value, (np.bytes_, np.void)):
+        value = value.item()
+    if value is None:
+        return None
+    for kind in (bool, int, float, str):  # a subclass (numpy's float64) as the plain type
+        if isinstance(value, kind):
+            return kind(value)
+    if isinstance(value, torch.Tensor) and not value.is_meta:
+        return value.detach().cpu().tolist()
+    if isinstance(value, np.ndarray) and value.dtype.kind in "biufc":
+        return value.tolist()
+    if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {key if key is None or isinstance(key, (bool, int, float, str)) else repr(plain_setting(key)):
+                plain_setting(item) for key, item in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, (bytes, bytearray)):
+        return [plain_setting(item) for item in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((plain_setting(item) for item in value), key=repr)
+    if isinstance(value, (type, types.ModuleType)) or inspect.isroutine(value):
+        return _import_path(value)
+    shown = repr(value)
+    if _ADDRESS.search(shown):
+        raise UnrecordableSettingError(
+            f"{shown} ({type(value).__name__}) is no value a checkpoint can record: its repr names where it is in "
+            "memory, not what it holds")
+    return shown
+
+
+def _plain_or_shown(value: Any) -> Any:
+    """:func:`plain_setting` of ``value``; one it refuses as its ``repr``, to be compared (a recorded
+    value never equals it)."""
+    try:
+        return plain_setting(value)
+    except UnrecordableSettingError:
+        return repr(value)
+
+
+def norm_settings(model: torch.nn.Module, for_saving: bool = False) -> dict[str, dict[str, Any]]:
     """``{module name: {hyper-parameter: value}}`` of every norm layer of ``model`` that has any: the
     attributes :func:`norm_setting_names` names, and for a layer a registered norm name built, the
-    values it was built with (:data:`gwdet.norms.NORM_SETTINGS_MARK`)."""
+    values it was built with (:data:`gwdet.norms.NORM_SETTINGS_MARK`), each as plain data
+    (:func:`plain_setting`), so that the checkpoint that records them loads without unpickling code.
+    ``for_saving``: a value that cannot be recorded is refused, naming the layer, the setting and
+    the fix (else it is kept as its ``repr``, which no recorded value equals)."""
     model = unwrapped(model)
     settings = norm_setting_names()
     found = {}
@@ -313,8 +390,24 @@ def norm_settings(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
         values = {attribute: getattr(module, attribute) for attribute in names}
         if isinstance(built_with, dict):  # a registered name's layer: a subclass of gwdet's may add settings
             values.update(built_with)
-        if name and values:
-            found[name] = values
+        if not (name and values):
+            continue
+        if not for_saving:
+            found[name] = {setting: _plain_or_shown(value) for setting, value in values.items()}
+            continue
+        found[name] = {}
+        for setting, value in values.items():
+            try:
+                found[name][setting] = plain_setting(value)
+            except UnrecordableSettingError:
+                raise UnrecordableSettingError(
+                    f"The norm layer {name} ({type(module).__name__}) was built with {setting}={value!r} "
+                    f"({type(value).__name__}), which a checkpoint cannot record: its repr names where it is in memory, "
+                    "not what it holds, so no checkpoint could tell whether weights loaded into the layer were trained "
+                    "with the same value. Give "
+                    f"{setting} as plain data (a number, string, list or dict of them; a class or function, which "
+                    f"checkpoints record by its import path), or give {type(value).__name__} a __repr__ that shows "
+                    "the values that make it what it is.") from None
     return found
 
 
@@ -351,9 +444,13 @@ def _refuse_other_settings(saved: Mapping[str, Mapping[str, Any]], present: Mapp
     for name, values in present.items():
         if not isinstance(saved.get(name), Mapping):
             continue
-        was, now = _function_of(layers.get(name), saved[name]), _function_of(layers.get(name), values)
-        differing += [f"{name} {key} {saved[name][key]!r} -> {value!r}" for key, value in values.items()
-                      if key in saved[name] and saved[name][key] != value and was.get(key) != now.get(key)]
+        # both as plain data: an older file's tuple, a layer's own tuple or ListConfig, compare as lists
+        recorded = {key: _plain_or_shown(value) for key, value in saved[name].items()}
+        current = {key: _plain_or_shown(value) for key, value in values.items()}
+        was, now = _function_of(layers.get(name), recorded), _function_of(layers.get(name), current)
+        differing += [f"{name} {key} {recorded[key]!r} -> {value!r}" for key, value in current.items()
+                      if key in recorded and not same_setting(recorded[key], value)
+                      and not same_setting(was.get(key), now.get(key))]
     if differing:
         raise NormMismatchError(
             f"The checkpoint was trained with other norm hyper-parameters than this config gives its layers "

@@ -43,6 +43,7 @@ from gwdet.checkpoint.compatibility import (
     NORM_SETTINGS_KEY,
     NORM_TYPES_KEY,
     NormMismatchError,
+    UnrecordableSettingError,
     check_layer_settings,
     check_norm_settings,
     check_norm_types,
@@ -193,20 +194,54 @@ def _check_holds_weights(path: str, data: Any) -> None:
                 "in a .pkl).")
 
 
-def _check_finite_weights(path: str, data: dict, setting: str) -> None:
-    """Refuse initial or evaluated weights holding NaN or infinite values (a model built from them
-    computes NaN), naming the tensors; a resumed checkpoint is left to the trainer, which stops on a
-    non-finite loss."""
+def _check_finite_weights(path: str, data: dict, setting: str, resumed_in: str | None = None) -> None:
+    """Refuse weights whose tensors hold no values (a state dict of a model on the meta device) or
+    hold NaN or infinite values (a model built from them computes NaN), naming the tensors, before
+    any is loaded. ``setting``: what the message names the file as (``MODEL.WEIGHTS``; ``""``: by its
+    path alone); ``resumed_in``: the run folder a ``--resume`` continues, whose earlier checkpoints
+    the message points to."""
     weights = data.get("model", data)
+    if not isinstance(weights, Mapping):
+        return
+    named = f"--resume: {path}" if resumed_in is not None else f"{setting} {path}" if setting else path
     valueless = valueless_tensors_problem(weights)
     if valueless is not None:
-        raise GwdetValueError(f"{setting} {path}: {valueless} and give that file.")
+        raise GwdetValueError(f"{named}: {valueless} and give that file; nothing was loaded.")
     broken = [str(name) for name, value in weights.items() if not _all_finite(value)]
-    if broken:
+    if not broken:
+        return
+    held = f"{named} holds NaN or infinite values in {len(broken)} tensor(s) ({listed(broken, 3)})"
+    if resumed_in is not None:
+        earlier = [name for name in checkpoint_names(resumed_in) if name != os.path.basename(path)]
+        example = f" (e.g. {earlier[-1]})" if earlier else ""
         raise GwdetValueError(
-            f"{setting} {path} holds NaN or infinite values in {len(broken)} tensor(s) ({listed(broken, 3)}): a model "
-            "built from them computes NaN, so its results would mean nothing. The run that wrote them diverged: use "
-            "an earlier checkpoint of it, or other weights.")
+            f"{held}: the run diverged before it saved them, and training on from them would compute NaN; nothing was "
+            f"loaded. Continue from an earlier checkpoint of the run by writing its name into "
+            f"{os.path.join(resumed_in, LAST_CHECKPOINT)}{example}, or train afresh (--overwrite instead of --resume).")
+    raise GwdetValueError(
+        f"{held}: a model built from them computes NaN, so its results would mean nothing; nothing was loaded. The "
+        "run that wrote them diverged: use an earlier checkpoint of it, or other weights.")
+
+
+def _meta_tensors(model: Any) -> list[str]:
+    """The names of ``model``'s parameters and buffers on the meta device (built under
+    ``torch.device('meta')`` or with ``MODEL.DEVICE meta``: shapes without values)."""
+    if not isinstance(model, torch.nn.Module):
+        return []
+    return [name for name, tensor in (*model.named_parameters(), *model.named_buffers()) if tensor.is_meta]
+
+
+def _build_off_meta(then: str) -> str:
+    """What a refusal of a model on the meta device says to do, ending with ``then``."""
+    return ("Build the model on the CPU or GPU (MODEL.DEVICE cpu or cuda; in Python, outside torch.device('meta')) "
+            f"and {then} (model.to_empty() would leave what a checkpoint does not hold, detectron2's pixel mean and "
+            "std and its anchors, uninitialized).")
+
+
+def _on_meta(names: Sequence[str]) -> str:
+    """What a refusal says of a model whose tensors ``names`` are on the meta device."""
+    return (f"the model is on the meta device ({len(names)} of its tensors, e.g. {names[0]!r}: a model built under "
+            "torch.device('meta') or with MODEL.DEVICE meta), whose tensors hold shapes but no values")
 
 
 def _all_finite(value: Any) -> bool:
@@ -636,6 +671,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
         self._earlier_segments: list[dict] = []  # of the checkpoint resumed from
         self._segment_start = 0  # the first iteration this process trains
         self._loading_initial_weights = False  # set by load_weights: training state removed from the file is no loss
+        self._resuming = False  # set while resume_or_load loads a checkpoint of save_dir
         self.initial_weights: dict[str, str] | None = None  # what training started from (INITIAL_WEIGHTS_KEY)
         self._loading: str | None = None  # the file load() reads, for its messages
         self._resumed = False  # set when resume_or_load has loaded a checkpoint of save_dir
@@ -662,8 +698,16 @@ class ResilientCheckpointer(DetectionCheckpointer):
             raise GwdetValueError(f"Checkpoint {name!r} cannot be saved: the checkpointer has no save_dir (the folder "
                                   "to save into); nothing was written. Give one: ResilientCheckpointer(model, "
                                   "save_dir=...).")
-        data = {"model": self.model.state_dict(), NORM_TYPES_KEY: norm_types(self.model),
-                NORM_SETTINGS_KEY: norm_settings(self.model)}
+        valueless = _meta_tensors(self.model)
+        if valueless:
+            raise GwdetValueError(
+                f"Checkpoint {name!r} cannot be saved: {_on_meta(valueless)}, so there is nothing to save; nothing was "
+                f"written. {_build_off_meta('save its weights once they are trained or loaded')}")
+        try:
+            settings = norm_settings(self.model, for_saving=True)
+        except UnrecordableSettingError as error:
+            raise UnrecordableSettingError(f"Checkpoint {name!r} cannot be saved; nothing was written. {error}") from None
+        data = {"model": self.model.state_dict(), NORM_TYPES_KEY: norm_types(self.model), NORM_SETTINGS_KEY: settings}
         if self.classes:
             data[CLASSES_KEY] = self.classes
         if self.training_data:
@@ -911,7 +955,11 @@ class ResilientCheckpointer(DetectionCheckpointer):
         candidates = self.resume_candidates()
         for candidate in candidates:
             try:
-                loaded = self.load(candidate)
+                self._resuming = True
+                try:
+                    loaded = self.load(candidate)
+                finally:
+                    self._resuming = False
                 lacking = [key for key in ("iteration", *self.checkpointables) if key not in self._file_keys]
                 ours = checkpoint_names(self.save_dir or "") if lacking else []
                 if ours and os.path.basename(candidate) not in ours:  # written by a hook's of one's own, say
@@ -975,6 +1023,11 @@ class ResilientCheckpointer(DetectionCheckpointer):
         if path and os.path.isdir(path):
             raise GwdetIsADirectoryError(f"{path!r} is a folder: give the checkpoint file in it (e.g. "
                                          f"{os.path.join(path, 'model_final.pth')}).")
+        valueless = _meta_tensors(self.model) if path else []
+        if valueless:
+            raise GwdetValueError(
+                f"ResilientCheckpointer.load: {path} cannot be loaded into the model: {_on_meta(valueless)}, so no "
+                f"value could be loaded into them; nothing was loaded. {_build_off_meta('load the checkpoint into it')}")
         self._loading = path
         try:
             return super().load(path, checkpointables)
@@ -1202,8 +1255,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
                            "without unpickling code).")
             data["model"] = data["model"].state_dict()
         self._file_keys = set(data)  # what the file holds, before load() takes the checkpointables out
-        if self._loading_initial_weights:
-            _check_finite_weights(filename, data, self.weights_setting)
+        _check_finite_weights(filename, data, self.weights_setting if self._loading_initial_weights else "",
+                              self.save_dir if self._resuming else None)
         return data
 
     def _heuristics_asked(self, filename: str) -> bool:

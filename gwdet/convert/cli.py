@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from typing import Sequence
 
+from gwdet.errors import GwdetError
 from gwdet.convert.converter import convert_checkpoint
 from gwdet.convert.loading import ConversionError
 from gwdet.convert.architecture import ARCHITECTURES
-from gwdet.utils.cli_errors import add_verbose_argument, run_tool
+from gwdet.utils.cli_errors import EXIT_STATUS, add_verbose_argument, run_tool, unexpanded_variable_problem
 
 
 def argument_parser() -> argparse.ArgumentParser:
@@ -54,27 +54,41 @@ def argument_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``gwdet-convert`` / ``tools/convert_pretrained.py``: convert, print the report; on a
-    ConversionError print it and return 2 (any other error gwdet raises on purpose: the same line,
-    :mod:`gwdet.utils.cli_errors`; ``--verbose`` shows tracebacks)."""
-    return run_tool(_convert, argv)
+    """``gwdet-convert`` / ``tools/convert_pretrained.py``: convert, print the report, return 0. A
+    refusal (a :class:`~gwdet.convert.ConversionError`, or any other error gwdet raises on purpose) is
+    printed by :mod:`gwdet.utils.cli_errors` as ``<tool>: error: <message>`` and a line on
+    ``--verbose``, and returned as status 2; with ``--verbose`` its traceback is shown instead."""
+    refused = []
+
+    def convert(args: list[str]) -> int:
+        try:
+            return _convert(args)
+        except GwdetError:
+            refused.append(True)
+            raise
+
+    try:
+        return run_tool(convert, argv)
+    except SystemExit as stop:  # run_tool's ending of a refusal: the status this function returns
+        if refused and stop.code == EXIT_STATUS:
+            return EXIT_STATUS
+        raise
 
 
 def _convert(argv: Sequence[str]) -> int:
     parser = argument_parser()
     args = parser.parse_args(argv)
-    try:
-        report = convert_checkpoint(
-            args.input,
-            args.output,
-            arch=args.arch,
-            gw_positions=args.gw_positions,
-            allow_unsafe_pickle=args.allow_unsafe_pickle,
-            allow_unexpected=args.allow_unexpected,
-            overwrite=args.overwrite,
-        )
-    except ConversionError as error:
-        print(f"{parser.prog}: error: {error}", file=sys.stderr)
-        return 2
+    unexpanded = unexpanded_variable_problem("OUT", args.output)
+    if unexpanded is not None:
+        raise ConversionError(unexpanded)
+    report = convert_checkpoint(
+        args.input,
+        args.output,
+        arch=args.arch,
+        gw_positions=args.gw_positions,
+        allow_unsafe_pickle=args.allow_unsafe_pickle,
+        allow_unexpected=args.allow_unexpected,
+        overwrite=args.overwrite,
+    )
     print(report.format())
     return 0

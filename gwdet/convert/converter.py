@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from gwdet.utils.atomic import OutputExistsError, file_version, remove_stale_partials, write_atomically
+from gwdet.utils.cli_errors import unexpanded_variable_problem
 from gwdet.checkpoint.integrity import with_checksums
 from gwdet.convert.architecture import (
     ARCHITECTURES,
@@ -340,6 +341,9 @@ def convert_checkpoint(
             raise ConversionError(f"convert_checkpoint: {name} must be a str or os.PathLike path, got "
                                   f"{path!r} ({type(path).__name__})")
     check_requested_names(arch, gw_positions)
+    unexpanded = unexpanded_variable_problem("output_path", output_path)
+    if unexpanded is not None:  # a quoted '$HOME/w.pkl': a folder named '$HOME'
+        raise ConversionError(unexpanded)
     _check_output_path(input_path, output_path, overwrite)
     # what --overwrite replaces: another conversion's output written meanwhile is kept
     found = file_version(output_path)

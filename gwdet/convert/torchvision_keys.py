@@ -36,6 +36,8 @@ NORM_POSITIONS = (*POSITIONS, SHORTCUT)
 CONV = "conv"
 
 _BLOCK_MODULE = re.compile(r"layer([1-4])\.(\d+)\.(conv[123]|bn[123]|downsample\.[01])")
+# the convs of a deep stem (timm's resnet50d, ResNet-C/D): conv1.0, conv1.3, conv1.6 in a Sequential
+_DEEP_STEM_CONV = re.compile(r"conv1\.(\d+)\.weight")
 
 
 @dataclass
@@ -119,6 +121,7 @@ def _detectron2_module(module: str) -> tuple[str, str] | None:
 def _check_resnet_keys(layout: SourceLayout, tensors: dict[str, torch.Tensor]) -> None:
     if "stem.conv1.weight" not in layout.convs or "res2.0.conv1.weight" not in layout.convs:
         names = list(tensors)
+        _check_single_stem_conv(tensors)
         if any(name.startswith(("backbone.bottom_up.", "backbone.res", "backbone.stem.")) for name in names):
             hint = (" Those are a detectron2 model's weights, which need no conversion: give the file as MODEL.WEIGHTS "
                     "(train.init_checkpoint) directly.")
@@ -132,6 +135,24 @@ def _check_resnet_keys(layout: SourceLayout, tensors: dict[str, torch.Tensor]) -
             "'bn1.running_mean', 'layer1.0.conv2.weight', 'layer1.0.downsample.0.weight' "
             f"(after removing 'module.' prefixes), found {preview_names(names)}.{hint}"
         )
+
+
+def _check_single_stem_conv(tensors: dict[str, torch.Tensor]) -> None:
+    """A ``ConversionError`` for a deep stem in place of torchvision's ``conv1``: several stem convs
+    (``conv1.0.weight``, ``conv1.3.weight``, ...; timm's resnet50d and other ResNet-C/D models),
+    which gwdet's backbone (detectron2's ResNet, one 7x7 stem conv) has no place for."""
+    if "conv1.weight" in tensors:
+        return
+    stem = sorted((name for name, value in tensors.items() if _DEEP_STEM_CONV.fullmatch(name) and value.dim() == 4),
+                  key=lambda name: int(name.split(".")[1]))
+    if len(stem) < 2:
+        return
+    shapes = ", ".join(f"{name} {'x'.join(map(str, tensors[name].shape))}" for name in stem)
+    raise ConversionError(
+        f"conv1.weight is missing, and {len(stem)} stem convs stand in its place ({shapes}): a deep stem, as "
+        "timm's resnet50d and other ResNet-C/D models have. gwdet's backbone (detectron2's ResNet) has a single "
+        "7x7 stem conv, so these weights cannot be converted into it. Convert a torchvision-layout ResNet/ResNeXt "
+        "(one 7x7 conv1, e.g. torchvision's resnet50(weights='IMAGENET1K_V1')) instead.")
 
 
 def shared_layout_prefix(names: list[str]) -> str | None:

@@ -458,7 +458,8 @@ def check_norm_nodes(cfg: DictConfig) -> None:
                 norm(**arguments)
             except GwdetTypeError as error:  # values of the norm the node named before (name=GW_ZCA over GW's T)
                 taken = norm_record(str(arguments.get("name"))).params() if "name" in arguments else []
-                left = [key for key in arguments if key != "name" and key not in taken]
+                left = [key for key, value in arguments.items()
+                        if key not in ("name", "strict") and key not in taken and value is not None]
                 said = (unknown_params_message(str(arguments["name"]), taken, sorted(left), path) if left and taken
                         else error.args[0])
                 raise GwdetTypeError(f"{path}: {said}") from None

@@ -172,13 +172,16 @@ def _shows_a_run(output_dir: str, existing: Sequence[str]) -> bool:
 
 
 def _written_as_a_checkpoint(path: str) -> bool:
-    """Whether the file ``path``, named as a checkpoint, may have been saved as one: its SHA-256
-    recorded beside it, its first bytes torch.save's, or empty (nothing to lose). A text file of the
-    user's named ``model_final.pth`` is no sign of a run (and --overwrite leaves it)."""
+    """Whether the file ``path``, named as a checkpoint, may have been saved by a run's checkpointer:
+    its SHA-256 recorded beside it (gwdet's), or torch.save's file beside a ``last_checkpoint``
+    (detectron2's checkpointer writes one with each checkpoint), or empty (nothing to lose). A file
+    of the user's named ``model_final.pth``, a text or a ``torch.save`` of their own, is no sign of
+    a run (and --overwrite leaves it)."""
     if os.path.isfile(checksum_path(path)):
         return True
     try:
-        return os.path.getsize(path) == 0 or starts_like_torch_save_output(path)
+        return os.path.getsize(path) == 0 or (
+            os.path.isfile(os.path.join(os.path.dirname(path), LAST_CHECKPOINT)) and starts_like_torch_save_output(path))
     except OSError:
         return False
 
@@ -201,6 +204,13 @@ def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_D
         return
     existing = run_files(output_dir)
     shows_run = _shows_a_run(output_dir, existing)
+    initial = os.path.realpath(local_weights_path(weights, weights_setting)) if weights else ""
+    if (not overwrite and os.path.dirname(initial) == os.path.realpath(output_dir)  # (--overwrite: refused below)
+            and os.path.basename(initial) in existing and CONFIG_NAME + CHECKSUM_SUFFIX not in existing):
+        raise GwdetFileExistsError(
+            f"{weights_setting} {weights!r} is in {setting} {output_dir!r} under a name the run's checkpoints take "
+            f"({os.path.basename(initial)}), so the folder looks like a run's; nothing was changed. Move the initial "
+            f"weights out of {setting} (or name them otherwise, e.g. initial_weights.pth) and give that path.")
     unproven = [] if shows_run else [name for name in existing if name not in RUN_FOLDERS]
     if unproven:
         raise GwdetFileExistsError(
@@ -229,13 +239,6 @@ def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_D
         logs = [name for name in os.listdir(output_dir) if (name == LOG_NAME or RANK_LOG.match(name))
                 and os.path.isfile(os.path.join(output_dir, name))]
         existing = sorted([*existing, *logs])
-    initial = os.path.realpath(local_weights_path(weights, weights_setting)) if weights else ""
-    if (not overwrite and os.path.dirname(initial) == os.path.realpath(output_dir)  # (--overwrite: refused below)
-            and os.path.basename(initial) in existing and CONFIG_NAME + CHECKSUM_SUFFIX not in existing):
-        raise GwdetFileExistsError(
-            f"{weights_setting} {weights!r} is in {setting} {output_dir!r} under a name the run's checkpoints take "
-            f"({os.path.basename(initial)}), so the folder looks like a run's; nothing was changed. Move the initial "
-            f"weights out of {setting} (or name them otherwise, e.g. initial_weights.pth) and give that path.")
     if not overwrite:
         shown = listed(existing, 6)
         if not checkpoints_in(output_dir):  # nothing to continue: --resume would start afresh over them

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from detectron2.config import CfgNode
+from detectron2.config import CfgNode, get_cfg
 from detectron2.engine import DefaultTrainer, TrainerBase
 from detectron2.evaluation import COCOEvaluator, verify_results
 from detectron2.solver import build_lr_scheduler
@@ -267,6 +267,11 @@ def check_evaluation_values(cfg: CfgNode) -> None:
             "TEST.AUG.ENABLED is True, but gwdet's runs evaluate without test-time augmentation (detectron2's own "
             "tools/train_net.py adds it); the results would be those of the plain model. Set TEST.AUG.ENABLED False, "
             "or evaluate with detectron2.modeling.GeneralizedRCNNWithTTA in a script of your own.")
+    if cfg.INPUT.MIN_SIZE_TEST == 0 and cfg.INPUT.MAX_SIZE_TEST != get_cfg().INPUT.MAX_SIZE_TEST:
+        logger.warning(
+            f"INPUT.MIN_SIZE_TEST is 0: detectron2 evaluates the images at their own size and resizes none, so "
+            f"INPUT.MAX_SIZE_TEST {cfg.INPUT.MAX_SIZE_TEST} caps nothing (the results list MIN_SIZE_TEST alone). To "
+            f"cap the test size, give INPUT.MIN_SIZE_TEST a size as well.")
 
 
 def _torch_batch_norm_layers(name: str) -> bool:
@@ -479,7 +484,9 @@ class YacsRun(RunConfig):
         else:
             heads = [*(f"MODEL.RPN.{key}" for key in ("PRE_NMS_TOPK_TEST", "POST_NMS_TOPK_TEST", "NMS_THRESH")),
                      *(f"MODEL.ROI_HEADS.{key}" for key in ("SCORE_THRESH_TEST", "NMS_THRESH_TEST"))]
-        keys = ["INPUT.MIN_SIZE_TEST", "INPUT.MAX_SIZE_TEST", *heads, "TEST.DETECTIONS_PER_IMAGE"]
+        # INPUT.MIN_SIZE_TEST 0: detectron2 evaluates the images at their own size, and MAX_SIZE_TEST caps nothing
+        sizes = ["INPUT.MIN_SIZE_TEST"] + (["INPUT.MAX_SIZE_TEST"] if cfg.INPUT.MIN_SIZE_TEST else [])
+        keys = [*sizes, *heads, "TEST.DETECTIONS_PER_IMAGE"]
         # the norms' settings read at test time only, as their records name them (BGN's example weighing)
         keys += sorted({key for name in norm_settings(cfg).values() if name
                         for param, key in norm_record(name).config_keys.items() if param in TEST_TIME_SETTINGS})

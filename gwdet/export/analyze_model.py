@@ -155,6 +155,8 @@ def _analyze(argv: Sequence[str]) -> int:
     from detectron2.utils.analysis import parameter_count_table
     from detectron2.utils.logger import setup_logger
 
+    from gwdet.export.export_model import compiled_layers_named
+
     parser = argument_parser()
     refuse_repeated_flags(parser, argv)
     args = parse_with_trailing_flags(parser, argv)
@@ -186,10 +188,11 @@ def _analyze(argv: Sequence[str]) -> int:
                     "hold no values: set the device to cpu (MODEL.DEVICE cpu, or train.device=cpu); --tasks parameter "
                     "and structure work on meta.")
     random_weights = as_override(run.weights_setting, '""')
-    model = run.build_trained_model(
-        loads_weights="flop" in args.tasks, meta_refusal=meta_refusal if "flop" in args.tasks else None,
-        incomplete_outcome=(f"the flops it counts would be those of a partly random model (the heads' follow its "
-                            f"detections); set {random_weights} to count a model of random weights on purpose"))
+    with compiled_layers_named(run.cfg):
+        model = run.build_trained_model(
+            loads_weights="flop" in args.tasks, meta_refusal=meta_refusal if "flop" in args.tasks else None,
+            incomplete_outcome=(f"the flops it counts would be those of a partly random model (the heads' follow its "
+                                f"detections); set {random_weights} to count a model of random weights on purpose"))
     if "flop" in args.tasks:
         with torch.no_grad():
             do_flop(model, model_inputs(run, args.num_inputs, args.input_size), args.max_depth)

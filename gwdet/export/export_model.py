@@ -21,9 +21,11 @@ weights in ``train.init_checkpoint``, the test images in ``dataloader.test`` and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import logging
 import os
+import re
 import warnings
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -31,9 +33,11 @@ import torch
 from torch import Tensor
 from detectron2.structures import Instances
 
-from gwdet.errors import GwdetError, GwdetFileExistsError, GwdetRuntimeError, GwdetValueError, listed
+from gwdet.errors import (GwdetError, GwdetFileExistsError, GwdetImportError, GwdetRuntimeError, GwdetValueError,
+                          listed)
 from gwdet.data import add_register_coco_argument
 from gwdet.data.test_images import read_test_image
+from gwdet.checkpoint.safe_load import is_torchscript_archive
 from gwdet.utils.atomic import checksum_path
 from gwdet.utils.cli_errors import add_verbose_argument, as_override, output_path_problem, run_tool
 from gwdet.export.deploy import MIN_DETECTOR_OPSET
@@ -416,6 +420,11 @@ def check_export_flags(args: argparse.Namespace) -> None:
             raise GwdetValueError(f"--output {args.output} holds a folder {os.path.basename(written)}, where the export "
                                   "writes a file of that name: move the folder away, or choose another --output.")
     if args.sample_image is not None:
+        if "://" in args.sample_image and not os.path.exists(args.sample_image):
+            raise GwdetValueError(
+                f"--sample-image {args.sample_image!r} is a URL, and the tool reads a local image file: download it "
+                f"first (e.g. curl -o sample.jpg {args.sample_image}) and give its path (--sample-image sample.jpg); "
+                "nothing was written.")
         problem = image_file_problem(args.sample_image)
         if problem:
             raise GwdetValueError(f"--sample-image {args.sample_image} {problem}.")
@@ -428,6 +437,8 @@ def check_export_flags(args: argparse.Namespace) -> None:
             f"of the {os.path.basename(export_path(args))} that --overwrite replaces: they would be left beside a model "
             "they are not of; nothing was written. Add --run-eval to evaluate the new export into them, move "
             "inference/ away, or choose another --output.")
+    if args.overwrite:
+        check_replaced_file_is_an_export(export_path(args), args.format)
     if args.run_eval:  # a LazyConfig run keeps its detections directly in <run>/inference, where --run-eval writes
         own_folder = ("Give --output a folder of its own for the export and its evaluation, e.g. "
                       f"--output {os.path.join(args.output, 'deploy')}.")
@@ -452,6 +463,82 @@ def check_export_flags(args: argparse.Namespace) -> None:
                                   "RoiAlign computes detectron2's aligned ROIAlign: an older one exports other "
                                   f"detections) to {newest} (the newest torch's exporter writes); the default is "
                                   "gwdet.export.ONNX_OPSET.")
+
+
+_FORMAT_KINDS = {"torchscript": "a TorchScript archive", "onnx": "an ONNX model"}
+
+
+def is_export_file(path: str, export_format: str) -> bool:
+    """Whether the file at ``path`` is an export: it has its SHA-256 record beside it (``path.sha256``,
+    which every export of gwdet gets), or it is a file of ``export_format`` (``"torchscript"``: a
+    ``torch.jit.save`` archive; ``"onnx"``: a protobuf model, which starts with its ``ir_version`` field)."""
+    if os.path.lexists(checksum_path(path)):
+        return True
+    if export_format == "torchscript":
+        return is_torchscript_archive(path)
+    with open(path, "rb") as file:
+        return file.read(1) == b"\x08"
+
+
+def check_replaced_file_is_an_export(path: str, export_format: str) -> None:
+    """Refuse, before the model is built, an ``--overwrite`` whose ``path`` (``model.ts`` /
+    ``model.onnx`` in ``--output``) holds a file that is no export (:func:`is_export_file`): a file
+    of the user's that the export would replace. A link whose target is gone is replaced as a link."""
+    if not os.path.isfile(path) or is_export_file(path, export_format):
+        return
+    name = os.path.basename(path)
+    raise GwdetFileExistsError(
+        f"--overwrite replaces an earlier export, and {path} is none: it has no {name}.sha256 record beside it (which "
+        f"every export gets) and is not {_FORMAT_KINDS[export_format]}, so it is a file of yours that the export would "
+        f"delete; nothing was written. Move it out of {os.path.dirname(path) or '.'} (or delete it yourself), or choose "
+        "another --output.")
+
+
+# What detectron2 raises for a layer of its compiled ops (detectron2._C) where they do not load:
+# detectron2.utils.develop.create_dummy_class's ImportError.
+_MISSING_COMPILED_LAYER = re.compile(r"Cannot import 'detectron2\._C', therefore '(\w+)' is not available")
+DEFORMABLE_LAYERS = ("DeformConv", "ModulatedDeformConv")
+_BUILD_D2_FROM_SOURCE = ("build detectron2 from source into the environment (make setup D2_SOURCE=git+https://github.com/"
+                         "facebookresearch/detectron2.git; docs/install.md, detectron2 versions)")
+
+
+def compiled_layer_refusal(error: BaseException, cfg: Any, outcome: str) -> Optional[GwdetImportError]:
+    """The refusal of a model whose layer needs detectron2's compiled ops (``detectron2._C``), which
+    this detectron2 lacks, from detectron2's ``ImportError`` ``error`` while the model was built with
+    ``cfg``: deformable convolutions name ``MODEL.RESNETS.DEFORM_ON_PER_STAGE`` where the config sets
+    it; ``outcome`` ends the first sentence (``"; nothing was written"``). ``None`` for another error."""
+    found = _MISSING_COMPILED_LAYER.search(str(error)) if isinstance(error, ImportError) else None
+    if found is None:
+        return None
+    layer = found.group(1)
+    needs = (f"detectron2's {layer} needs detectron2's compiled ops (detectron2._C), and this detectron2 has none "
+             f"(the default registry wheel's never loads){outcome}.")
+    resnets = getattr(getattr(cfg, "MODEL", None), "RESNETS", None)
+    stages = getattr(resnets, "DEFORM_ON_PER_STAGE", None) if resnets is not None else None
+    if layer in DEFORMABLE_LAYERS and stages is not None and any(stages):
+        off = "[" + ",".join("False" for _ in stages) + "]"
+        return GwdetImportError(
+            f"MODEL.RESNETS.DEFORM_ON_PER_STAGE {list(stages)} asks for deformable convolutions: {needs} Set it to "
+            f"all False (MODEL.RESNETS.DEFORM_ON_PER_STAGE \"{off}\"), or {_BUILD_D2_FROM_SOURCE}.")
+    if layer in DEFORMABLE_LAYERS:
+        return GwdetImportError(f"The model has deformable convolutions: {needs} Build the model without them, or "
+                                f"{_BUILD_D2_FROM_SOURCE}.")
+    return GwdetImportError(f"The model has a layer of detectron2's compiled ops: {needs} Build the model without it, "
+                            f"or {_BUILD_D2_FROM_SOURCE}.")
+
+
+@contextlib.contextmanager
+def compiled_layers_named(cfg: Any, outcome: str = "") -> Iterator[None]:
+    """Re-raise detectron2's ``ImportError`` of a layer that needs its compiled ops, raised inside the
+    block (the model being built from ``cfg``), as :func:`compiled_layer_refusal`'s refusal, the
+    original error chained to it; any other error as it is."""
+    try:
+        yield
+    except ImportError as error:
+        refusal = compiled_layer_refusal(error, cfg, outcome)
+        if refusal is None:
+            raise
+        raise refusal from error
 
 
 def check_weights_given(run: RunConfig, untrained: bool) -> None:
@@ -523,11 +610,12 @@ def _export(argv: Sequence[str]) -> int:
             reads = f"takes its sample image from {first}, not from"
         warn_of_unused_coco(args.register_coco or (), tests[:1], f"the export {reads}",
                             f"name it first in {run.test_setting} to use it.")
-    model = run.build_trained_model(
-        evaluates=args.run_eval, exports=True, incomplete_outcome="the export would hold a partly random model",
-        meta_refusal=("The export runs the model on a sample image (to trace it and to check the exported file), and "
-                      "the config puts it on the meta device, whose tensors hold no values: set the device to cpu "
-                      "(MODEL.DEVICE cpu, or train.device=cpu), or cuda; nothing was written."))
+    with compiled_layers_named(run.cfg, "; nothing was written"):
+        model = run.build_trained_model(
+            evaluates=args.run_eval, exports=True, incomplete_outcome="the export would hold a partly random model",
+            meta_refusal=("The export runs the model on a sample image (to trace it and to check the exported file), "
+                          "and the config puts it on the meta device, whose tensors hold no values: set the device to "
+                          "cpu (MODEL.DEVICE cpu, or train.device=cpu), or cuda; nothing was written."))
     if args.export_method == "scripting":
         check_scriptable(model)
     image, found = pick_sample(model, *sample_candidates(run, args.sample_image))

@@ -9,6 +9,7 @@ k-th batch; DBN Algorithm 1 lines 10-11, and batch norm's, which BGN follows).
 """
 from __future__ import annotations
 
+import collections.abc
 import warnings
 from typing import Any, Callable, Iterable, Mapping
 
@@ -63,6 +64,10 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
         raise GwdetTypeError(f"update_running_statistics: model must be a torch.nn.Module (the model whose layers it "
                              f"recomputes), got {type(model).__name__}{swapped}; call it as "
                              "update_running_statistics(loader, model).")
+    if not isinstance(loader, collections.abc.Iterable) or isinstance(loader, (str, bytes)):
+        raise GwdetTypeError(f"update_running_statistics: loader must be an iterable of batches (a data loader, a list "
+                             f"of batches, itertools.islice(loader, 200)), got {type(loader).__name__}; the running "
+                             "statistics are as they were.")
     layers = [module for module in model.modules() if isinstance(module, RUNNING_STATISTICS_LAYERS)
               and module.running_mean is not None]
     others = {name: module for name, module in model.named_modules()

@@ -15,14 +15,16 @@ A state without the key (e.g. a scripted or traced copy's) loads without a compa
 loading does not report the key missing; gwdet's checkpointer compares such a state with the
 settings its checkpoints record beside the weights (:mod:`gwdet.checkpoint.compatibility`).
 """
+import functools
 import json
+import math
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from gwdet.errors import GwdetAttributeError, GwdetValueError
+from gwdet.errors import GwdetAttributeError, GwdetTypeError, GwdetValueError
 
 from .common import check_int_at_least, check_unit_interval, largest_divisor_at_most
 
@@ -35,13 +37,79 @@ _WHERE_SET = ("in a yacs config MODEL.GW.*, MODEL.BW.*, MODEL.BGN.*; in Python t
               "gwdet.norm or of the layer")
 
 
+# what a refusal of a setting that cannot be recorded says to do with it
+_LEAVE_OUT = "or leave it out of HYPER_PARAMETERS if it does not change what the layer computes"
+
+
+def _json_number(value: Any) -> Any:
+    """``json.dumps``'s ``default``: a numpy number as the Python number it holds; anything else
+    JSON cannot hold is refused as ``json`` refuses it (``TypeError``)."""
+    if isinstance(value, np.generic) and not isinstance(value, (np.str_, np.bytes_, np.void)):
+        return value.item()
+    raise GwdetTypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _as_json(value: Any) -> str:
+    return json.dumps(value, default=_json_number)
+
+
+def settings_json(layer: str, settings: Dict[str, Any]) -> bytes:
+    """The UTF-8 JSON object ``{"layer": layer, setting: value, ...}`` that records ``settings`` of
+    the layer class ``layer`` (numpy numbers as Python numbers). A value JSON cannot hold, or
+    settings longer than :data:`SETTINGS_BYTES`, are refused naming the setting and what to do."""
+    for name, value in settings.items():
+        try:
+            _as_json(value)
+        except (TypeError, ValueError) as error:  # another type, a dict key of another type, a circular list
+            raise GwdetValueError(
+                f"{layer}: its setting {name}={value!r} ({type(value).__name__}) cannot be recorded in the layer's "
+                f"state, which holds its settings as JSON ({error}): give {name} a number, string, True/False, None, "
+                f"or a list or dict of them (e.g. str() of the value), {_LEAVE_OUT}.") from None
+    data = _as_json({"layer": layer, **settings}).encode("utf-8")
+    if len(data) > SETTINGS_BYTES:
+        longest = max(settings, key=lambda name: len(_as_json(settings[name]).encode("utf-8")))
+        shown = repr(settings[longest])
+        shown = shown if len(shown) <= 60 else f"{shown[:40]}...{shown[-12:]}"
+        raise GwdetValueError(
+            f"{layer}: its settings take {len(data)} bytes as JSON, more than the {SETTINGS_BYTES} the layer's state "
+            f"records them in ({longest}={shown} takes {len(_as_json(settings[longest]).encode('utf-8'))} of them): "
+            f"give {longest} a shorter value, {_LEAVE_OUT}.")
+    return data
+
+
+def as_recorded(settings: Dict[str, Any]) -> Dict[str, Any]:
+    """``settings`` as a state records them and :func:`decode_settings` gives them back (JSON's
+    values: a tuple as a list, a numpy number as a Python number); a value JSON cannot hold stays
+    as it is."""
+    recorded = {}
+    for name, value in settings.items():
+        try:
+            recorded[name] = json.loads(_as_json(value))
+        except (TypeError, ValueError):
+            recorded[name] = value
+    return recorded
+
+
+def same_setting(saved: Any, present: Any) -> bool:
+    """Whether two recorded values are the same: equal, NaN the same as NaN (an 'unset' mark a
+    setting may use), lists and tuples and dicts element by element. It never raises: values whose
+    comparison fails (tensors of several values) count as different."""
+    if isinstance(saved, float) and isinstance(present, float) and math.isnan(saved) and math.isnan(present):
+        return True
+    if isinstance(saved, (list, tuple)) and isinstance(present, (list, tuple)):
+        return len(saved) == len(present) and all(same_setting(a, b) for a, b in zip(saved, present, strict=True))
+    if isinstance(saved, dict) and isinstance(present, dict):
+        return saved.keys() == present.keys() and all(same_setting(saved[key], present[key]) for key in saved)
+    try:
+        return bool(saved == present)
+    except (RuntimeError, TypeError, ValueError):  # a tensor or array of several values
+        return False
+
+
 def encode_settings(layer: str, settings: Dict[str, Any]) -> Tensor:
     """The ``uint8`` tensor of :data:`SETTINGS_BYTES` bytes that records ``settings`` of the layer
-    class ``layer`` (JSON, padded with zero bytes)."""
-    data = json.dumps({"layer": layer, **settings}).encode("utf-8")
-    if len(data) > SETTINGS_BYTES:
-        raise GwdetValueError(f"{layer}: its settings take {len(data)} bytes as JSON, more than the "
-                              f"{SETTINGS_BYTES} a state records; {settings}")
+    class ``layer`` (:func:`settings_json`, padded with zero bytes)."""
+    data = settings_json(layer, settings)
     return torch.tensor(list(data) + [0] * (SETTINGS_BYTES - len(data)), dtype=torch.uint8)
 
 
@@ -114,6 +182,36 @@ class SettingsInState(nn.Module):
 
     HYPER_PARAMETERS = ()  # type: Tuple[str, ...]
     DERIVED = ()  # type: Tuple[str, ...]  # attributes the constructor derives from the settings (group layout)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass's ``__init__``, where it is the constructor called (not a base class's called
+        from a subclass's), ends with :meth:`check_recordable_settings`: a setting the state cannot
+        record is refused when the layer is built, not at its first checkpoint."""
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            return
+
+        @functools.wraps(init)
+        def checked_init(self: "SettingsInState", *args: Any, **kw: Any) -> None:
+            init(self, *args, **kw)
+            if type(self).__init__ is checked_init:
+                self.check_recordable_settings()
+
+        cls.__init__ = checked_init  # type: ignore[method-assign,assignment]
+
+    def check_recordable_settings(self) -> None:
+        """Refuse a layer whose settings (:meth:`settings`) its state cannot record: a setting named
+        in ``HYPER_PARAMETERS`` that the layer does not have, a value JSON cannot hold, or settings
+        longer than :data:`SETTINGS_BYTES` (:func:`settings_json`)."""
+        kind = type(self).__name__
+        missing = [name for name in self.setting_names() if not hasattr(self, name)]
+        if missing:
+            raise GwdetAttributeError(
+                f"{kind}: its settings (num_channels, HYPER_PARAMETERS, affine) name {', '.join(missing)}, which the "
+                f"layer does not have once built: set {', '.join(f'self.{name}' for name in missing)} in its "
+                "__init__, or leave it out of HYPER_PARAMETERS.")
+        settings_json(kind, self.settings())
 
     def setting_names(self) -> Tuple[str, ...]:
         """The attributes the layer records in its state: ``num_channels``, its hyper-parameters
@@ -201,10 +299,11 @@ class SettingsInState(nn.Module):
                     f"with the norm this model has at that place, or, where the two compute the same function (a "
                     f"subclass that changes no computation), delete {key} from the state dict")
         own = self.settings()
-        saved_function, own_function = function_settings(kind, saved), function_settings(kind, own)
+        recorded = as_recorded(own)  # as the layer's own state gives them back: a tuple as a list
+        saved_function, own_function = function_settings(kind, saved), function_settings(kind, recorded)
         differing = [(setting, saved[setting], value) for setting, value in own.items()
-                     if setting in saved and saved[setting] != value
-                     and saved_function.get(setting) != own_function.get(setting)]
+                     if setting in saved and not same_setting(saved[setting], recorded[setting])
+                     and not same_setting(saved_function.get(setting), own_function.get(setting))]
         if not differing:
             return None
         return (f"{layer} was saved with {_listed([(s, old) for s, old, _ in differing])}, but this layer has "

@@ -7,9 +7,11 @@ and the classes or functions named by ``!!python/name`` tags, imported as a ``_t
 other tag that would build a Python object is refused.
 
 An override's key must exist in the config, or name an argument of the callable of the ``L(...)``
-node it is set on; ``+key=value`` adds a key on purpose. A misspelt key is an error naming the close
-ones, never a new key; a key below a reference to a shared node (``"${..stem.norm}"``) is refused,
-since setting it would replace the reference. A key with an empty part (``train..max_iter``) and
+node it is set on (on a ``gwdet.norm`` node: a setting of its norm name); ``+key=value`` adds a key
+on purpose. A misspelt key is an error naming the close ones, never a new key; a key below a
+reference to a shared node (``"${..stem.norm}"``) is refused, since setting it would replace the
+reference. A mapping with a ``_target_`` given for a node replaces it (a node of its own, whose
+left-out values take their defaults); one without sets its keys in the node. A key with an empty part (``train..max_iter``) and
 an override hydra's grammar cannot read (``train.max_iter==3``) are refused naming the override,
 before any is applied. :func:`load_lazy_config` is the one loader of LazyConfigs for the train,
 export and analyze tools (:mod:`gwdet.model_zoo.loading` is the yacs one).
@@ -228,10 +230,14 @@ def _yacs_key_advice(key: str) -> str:
     return ""
 
 
-def check_override_key(cfg: DictConfig, key: str, given: Mapping[str, Any] | None = None) -> None:
+def check_override_key(cfg: DictConfig, key: str, given: Mapping[str, Any] | None = None,
+                       coming: Mapping[str, Any] | None = None) -> None:
     """Raise ``ValueError`` unless ``key`` (dotted) is in ``cfg`` or names an argument of the
     callable of the ``L(...)`` node it would be set on, and is not below a reference to a shared
-    node (which the override would replace); the message names the close keys or the fix."""
+    node (which the override would replace); the message names the close keys or the fix. On a
+    ``gwdet.norm`` node the arguments are those of its norm name (after the overrides: ``coming``,
+    every override's value by its dotted key), besides ``name`` and ``strict``; another value
+    than null is ``TypeError``, as :func:`gwdet.norm` refuses it, naming the close setting."""
     parts = key.split(".")
     _refuse_a_value_above(cfg, key, given)
     reference = _reference_above(cfg, parts)
@@ -250,6 +256,8 @@ def check_override_key(cfg: DictConfig, key: str, given: Mapping[str, Any] | Non
     parent = select(cfg, parent_key) if parent_key else cfg
     target = callable_of(parent)
     arguments, any_keyword = argument_names(target) if target is not None else (set(), False)
+    if depth == len(parts) - 1:
+        _check_norm_setting(cfg, parent_key, target, name, (coming or {}).get(key, ABSENT), coming or {})
     if depth == len(parts) - 1 and (name in arguments or any_keyword):
         return  # an argument the node's callable takes, left at its default by the config
     if isinstance(parent, ListConfig) and name.lstrip("-").isdigit():
@@ -264,6 +272,34 @@ def check_override_key(cfg: DictConfig, key: str, given: Mapping[str, Any] | Non
     takes = f" ({getattr(target, '__qualname__', target)} takes {', '.join(sorted(arguments))})" if arguments else ""
     advice = _yacs_key_advice(key) or (f" Write +{key}=... to add a new key on purpose." if parent_key else "")
     raise GwdetValueError(f"LazyConfig override {key!r}: the config has no {name!r} {where}{takes}.{hint}{advice}")
+
+
+def _norm_settings(name: Any) -> list[str] | None:
+    """The settings ``gwdet.norm(name, ...)`` takes besides ``name`` and ``strict``, or None for a
+    name the catalogue does not know (``instantiate`` names it)."""
+    from gwdet.norms import UnknownNormError, norm_record
+
+    try:
+        return norm_record(name).params() if isinstance(name, str) else None
+    except UnknownNormError:
+        return None
+
+
+def _check_norm_setting(cfg: DictConfig, node: str, target: Any, setting: str, value: Any,
+                        coming: Mapping[str, Any]) -> None:
+    """Raise ``TypeError`` when an override sets ``setting`` to a value other than null on the
+    ``gwdet.norm`` node at ``node`` (``target``: its callable) and the norm the node names after the
+    overrides (``coming``) does not take it: :func:`gwdet.norm` would refuse it when the model is
+    built; the message names the close setting or the norm that takes it."""
+    from gwdet.norms import norm, unknown_params_message
+
+    if target is not norm or setting in ("name", "strict", "_target_") or value is None:
+        return
+    name_key = f"{node}.name" if node else "name"
+    name = coming[name_key] if name_key in coming else select(cfg, name_key)
+    settings = _norm_settings(name)
+    if settings is not None and setting not in settings:
+        raise GwdetTypeError(f"{node}: {unknown_params_message(name, settings, [setting], node, added=True)}")
 
 
 def _refuse_a_value_above(cfg: DictConfig, key: str, given: Mapping[str, Any] | None = None) -> None:
@@ -332,6 +368,64 @@ def _mapping_keys(value: Any, prefix: str) -> list[str]:
     for name, inner in value.items():
         keys += _mapping_keys(inner, f"{prefix}.{name}") if isinstance(inner, dict) and inner else [f"{prefix}.{name}"]
     return keys
+
+
+def _override_values(overrides: Sequence[str]) -> dict[str, Any]:
+    """Every value the ``overrides`` set, by dotted key (the last override of a key counts; a
+    mapping's keys too, ``a={b: 1}`` as ``a.b``); those hydra's grammar cannot read are left out,
+    for :func:`apply_overrides` to refuse in their turn."""
+    values: dict[str, Any] = {}
+    for override in overrides:
+        key, equals, value = override.partition("=")
+        key = key.strip().lstrip("+")
+        if not equals or not key or key.startswith("~"):
+            continue
+        try:
+            parsed = _parsed_value(override, key, value)
+        except GwdetValueError:
+            continue
+        values[key] = parsed
+        if isinstance(parsed, dict):
+            values.update(_mapping_values(parsed, key))
+    return values
+
+
+def _mapping_values(value: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """``{dotted key: value}`` of every key below ``prefix`` that the mapping ``value`` sets."""
+    found: dict[str, Any] = {}
+    for name, inner in value.items():
+        found[f"{prefix}.{name}"] = inner
+        if isinstance(inner, dict):
+            found.update(_mapping_values(inner, f"{prefix}.{name}"))
+    return found
+
+
+def _check_new_node(override: str, key: str, node: Mapping[str, Any]) -> None:
+    """Refuse a key of the mapping ``node`` that an override gives ``key`` as a node of its own (it
+    has a ``_target_``) when the node's callable does not take it: a ``gwdet.norm`` node's keys are
+    ``name``, ``strict`` and the settings of its norm name (``TypeError``, as :func:`gwdet.norm`
+    refuses them); another callable's, its arguments. A ``_target_`` that names no callable is
+    refused when the config is read (:func:`check_targets`)."""
+    from gwdet.norms import norm, unknown_params_message
+
+    target = callable_of(OmegaConf.create({"_target_": node["_target_"]}, flags={"allow_objects": True}))
+    given = [str(name) for name, value in node.items() if name != "_target_" and value is not None]
+    if target is norm:
+        settings = _norm_settings(node.get("name"))
+        unknown = sorted(name for name in given if name not in ("name", "strict") and name not in (settings or ()))
+        if settings is not None and unknown:
+            raise GwdetTypeError(f"LazyConfig override {override!r}: "
+                                 f"{unknown_params_message(node['name'], settings, unknown, key, added=True)}")
+        return
+    arguments, any_keyword = argument_names(target) if target is not None else (set(), True)
+    unknown = [name for name in given if name not in arguments]
+    if unknown and not any_keyword:
+        what = getattr(target, "__qualname__", repr(target))
+        close = {name: difflib.get_close_matches(name, sorted(arguments), n=1, cutoff=0.6) for name in unknown}
+        hint = "".join(f" Did you mean {match[0]} (not {name})?" for name, match in close.items() if match)
+        raise GwdetValueError(
+            f"LazyConfig override {override!r}: {what} takes no argument {', '.join(map(repr, unknown))}; it takes "
+            f"{', '.join(sorted(arguments)) or 'none'}.{hint} Give the node the arguments of its callable.")
 
 
 def _parsed_value(override: str, key: str, value: str) -> Any:
@@ -455,13 +549,18 @@ def check_targets(node: Any, path: str = "") -> None:
 def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
     """detectron2's ``LazyConfig.apply_overrides`` after every override is checked: its key has no
     empty part and is in the config (:func:`check_override_key`; ``+key=value`` adds a key without
-    that check), and hydra's grammar reads it (:func:`_parsed_value`); a mapping's keys are checked
-    as their dotted overrides are where it merges into a node. After they are applied, each key's
-    value resolves."""
+    that check), and hydra's grammar reads it (:func:`_parsed_value`). A mapping with a ``_target_``
+    given for a node (``model.backbone.norm={_target_: gwdet.norm, name: GN, num_groups: 4}``) is a
+    node of its own: it replaces the node, so the values it leaves out take their defaults, and its
+    keys are checked against its callable (:func:`_check_new_node`). A mapping without one sets its
+    keys in the node (OmegaConf's merge), each checked as its dotted override is. After they are
+    applied, each key's value resolves."""
     overrides = list(overrides)
-    keys = []
+    coming = _override_values(overrides)
+    keys, values = [], []  # each override's key (without its '+') and value
+    replacing: set[int] = set()  # the overrides that give a node a new node of its own
     given: dict[str, Any] = {}  # the values the overrides before the current one set, by key
-    for override in overrides:
+    for index, override in enumerate(overrides):
         key, equals, value = override.partition("=")
         if not equals or not key.strip():
             raise GwdetValueError(
@@ -471,19 +570,32 @@ def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
             raise GwdetValueError(f"LazyConfig override {override!r}: deleting a key is not supported.")
         _check_key_parts(override, key.strip(), value)
         if not key.startswith("+"):
-            check_override_key(cfg, key.strip(), given)
+            check_override_key(cfg, key.strip(), given, coming)
         else:
             _refuse_a_value_above(cfg, key.strip(), given)
             _refuse_a_new_top_node(cfg, key.strip())
         parsed = _parsed_value(override, key.strip(), value)
         _check_value_kind(cfg, override, key.strip().lstrip("+"), value, parsed)
-        if not key.startswith("+") and _is_own_node(cfg, key.strip()):  # a mapping merges into such a node
+        if not key.startswith("+") and isinstance(parsed, dict) and "_target_" in parsed \
+                and isinstance(select(cfg, key.strip()), DictConfig):
+            _check_new_node(override, key.strip(), parsed)
+            replacing.add(index)
+        elif not key.startswith("+") and _is_own_node(cfg, key.strip()):  # a mapping merges into such a node
             for nested in _mapping_keys(parsed, key.strip()):
-                check_override_key(cfg, nested)
+                check_override_key(cfg, nested, given, coming)
         keys.append(key.strip().lstrip("+"))
+        values.append(parsed)
         given[keys[-1]] = parsed
     try:
-        applied = LazyConfig.apply_overrides(cfg, [o[1:] if o.startswith("+") else o for o in overrides])
+        applied, merged = cfg, []  # merged: the overrides detectron2 applies next, in their order
+        for index in range(len(overrides) + 1):
+            if index < len(overrides) and index not in replacing:
+                merged.append(overrides[index][1:] if overrides[index].startswith("+") else overrides[index])
+                continue
+            applied = LazyConfig.apply_overrides(applied, merged) if merged else applied
+            merged = []
+            if index < len(overrides):  # a node of its own: assigned, not merged into the node it replaces
+                OmegaConf.update(applied, keys[index], values[index], merge=False)
     except KeyError as error:  # detectron2's safe_update: a key below a value an earlier override set
         below = re.match(r"Trying to update key (\S+), but (\S+) is not a config", str(error.args[0]) if error.args else "")
         if below is None:

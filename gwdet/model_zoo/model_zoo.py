@@ -10,7 +10,7 @@ import sys
 from pathlib import Path, PurePath, PurePosixPath
 from typing import Callable, Sequence
 
-from gwdet.errors import GwdetFileNotFoundError, GwdetTypeError
+from gwdet.errors import GwdetFileNotFoundError, GwdetTypeError, GwdetValueError
 from gwdet.model_zoo.detectron2_configs import detectron2_configs_dir
 
 _HERE = Path(__file__).resolve().parent
@@ -82,15 +82,23 @@ def _suggestion(config_path: str, names: Sequence[str]) -> str:
 def get_config_file(config_path: str) -> str:
     """The absolute path of config ``config_path`` (relative to ``configs/``, e.g.
     ``"mask_rcnn_gw.yaml"``, ``"Demo/mask_rcnn_R_50_FPN_gw_shapes.yaml"``,
-    ``"LazyConfig/mask_rcnn_R_50_FPN_gw.py"``). A name that is not there raises FileNotFoundError
-    listing the configs that are."""
+    ``"LazyConfig/mask_rcnn_R_50_FPN_gw.py"``). A name that is not there (or that no file could
+    have, too long for the file system) raises FileNotFoundError listing the configs that are; a
+    name holding a NUL character, ValueError."""
     if not isinstance(config_path, (str, os.PathLike)):
         raise GwdetTypeError(f"gwdet.model_zoo: config_path must be a config's name (a str such as "
                              f"'mask_rcnn_gw.yaml'), got {config_path!r} ({type(config_path).__name__})")
     config_path = os.fspath(config_path)
+    if "\0" in config_path:
+        raise GwdetValueError(f"gwdet.model_zoo: config_path {config_path!r} holds a NUL character ('\\x00'), which no "
+                              "file name can hold: give the config's name, e.g. 'mask_rcnn_gw.yaml' "
+                              "(gwdet.model_zoo.list_configs() names them).")
     root = configs_dir()
     path = os.path.normpath(os.path.join(root, config_path))
-    inside = Path(path).resolve().is_relative_to(root.resolve())
+    try:
+        inside = Path(path).resolve().is_relative_to(root.resolve())
+    except OSError:  # a name the file system cannot hold (too long, say): no config of gwdet's
+        inside = True
     if inside and os.path.isfile(path):
         return path
     names = list_configs()
@@ -113,7 +121,7 @@ def _is_detectron2_config(config_path: str) -> bool:
         root = detectron2_configs_dir()
     except (ModuleNotFoundError, FileNotFoundError):
         return False
-    return (root / config_path).is_file()
+    return os.path.isfile(root / config_path)  # False for a name the file system cannot hold (too long, say)
 
 
 def resolve_config_file(config_file: str, announce: Callable[[str], None] | None = None) -> str:

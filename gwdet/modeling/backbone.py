@@ -138,10 +138,17 @@ def _check_placement(resnet: ResNet, norm: Any, freeze_at: Any) -> None:
                               "give the freezing to place_norm(..., freeze_at=N).")
 
 
-def build_gw_resnet(cfg: CfgNode, input_shape: ShapeSpec) -> ResNet:
+def build_gw_resnet(cfg: CfgNode, input_shape: ShapeSpec, builder: str = "build_gw_resnet") -> ResNet:
     """detectron2's ResNet with ``MODEL.RESNETS.NORM`` everywhere and ``MODEL.RESNETS.GW_NORM`` at
-    ``MODEL.RESNETS.GW_POSITIONS``, each carrying ``cfg``'s hyper-parameters."""
+    ``MODEL.RESNETS.GW_POSITIONS``, each carrying ``cfg``'s hyper-parameters. An ``input_shape``
+    that is no detectron2 ``ShapeSpec`` is refused, naming ``builder`` (the function called)."""
     ensure_checked(cfg)
+    if not isinstance(input_shape, ShapeSpec):
+        raise GwdetTypeError(
+            f"{builder}(cfg, input_shape): input_shape must be detectron2's ShapeSpec of the input images, got "
+            f"{input_shape!r} ({type(input_shape).__name__}). Give "
+            "ShapeSpec(channels=len(cfg.MODEL.PIXEL_MEAN)) (from detectron2.layers), as detectron2's "
+            "build_backbone(cfg) does, or build the backbone with build_backbone(cfg).")
     base_norm = norm_from_config(cfg.MODEL.RESNETS.NORM, cfg)
     stock = cfg.clone()
     stock.defrost()
@@ -163,7 +170,7 @@ def build_gw_resnet(cfg: CfgNode, input_shape: ShapeSpec) -> ResNet:
 @BACKBONE_REGISTRY.register()
 def build_gw_resnet_backbone(cfg: CfgNode, input_shape: ShapeSpec) -> ResNet:
     """``MODEL.BACKBONE.NAME: "build_gw_resnet_backbone"`` (C4-style heads)."""
-    return build_gw_resnet(cfg, input_shape)
+    return build_gw_resnet(cfg, input_shape, "build_gw_resnet_backbone")
 
 
 def build_gw_fpn(cfg: CfgNode, bottom_up: ResNet, top_block: Any) -> FPN:
@@ -185,7 +192,7 @@ def build_gw_resnet_fpn_backbone(cfg: CfgNode, input_shape: ShapeSpec) -> FPN:
     """``MODEL.BACKBONE.NAME: "build_gw_resnet_fpn_backbone"``: the GW ResNet under an FPN whose
     norm (``MODEL.FPN.NORM``) carries the config's hyper-parameters too; P2-P6 (P6 by max pooling),
     as detectron2's ``build_resnet_fpn_backbone``."""
-    return build_gw_fpn(cfg, build_gw_resnet(cfg, input_shape), LastLevelMaxPool())
+    return build_gw_fpn(cfg, build_gw_resnet(cfg, input_shape, "build_gw_resnet_fpn_backbone"), LastLevelMaxPool())
 
 
 @BACKBONE_REGISTRY.register()
@@ -194,6 +201,6 @@ def build_gw_retinanet_resnet_fpn_backbone(cfg: CfgNode, input_shape: ShapeSpec)
     ``build_retinanet_resnet_fpn_backbone`` (P3-P7, P6 and P7 by detectron2's ``LastLevelP6P7``
     from C5) on the GW ResNet, the FPN's norm carrying the config's values. Built in detectron2's
     order, so with detectron2's norms it is that backbone, weight for weight."""
-    bottom_up = build_gw_resnet(cfg, input_shape)
+    bottom_up = build_gw_resnet(cfg, input_shape, "build_gw_retinanet_resnet_fpn_backbone")
     top_block = LastLevelP6P7(bottom_up.output_shape()["res5"].channels, cfg.MODEL.FPN.OUT_CHANNELS)
     return build_gw_fpn(cfg, bottom_up, top_block)

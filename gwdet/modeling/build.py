@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import logging
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from detectron2.config import CfgNode
+from detectron2.layers import FrozenBatchNorm2d
 from detectron2.modeling import build_model as detectron2_build_model
+from detectron2.modeling.backbone import ResNet
 import torch
 from torch import nn
 
@@ -22,7 +24,8 @@ from gwdet.errors import GwdetValueError, listed
 from gwdet.config_checks import GW_BACKBONES, ensure_checked
 from gwdet.modeling.detectron2_failures import named_config_failures
 from gwdet.modeling.model_checks import check_model
-from gwdet.norms import DETECTRON2_GN_GROUPS, norm_record
+from gwdet.norms import DETECTRON2_GN_GROUPS, NORM_LAYER_MARK, NormRecord, built_by_detectron2_get_norm, norm_record
+from gwdet.positions import BLOCK_CONV_OF_POSITION, POSITIONS, parse_gw_positions
 from gwdet.utils.cli_errors import as_override
 
 
@@ -143,26 +146,72 @@ def build_model(cfg: CfgNode) -> nn.Module:
     return check_built_model(model, cfg)
 
 
+def _is_layer_of(record: NormRecord) -> Callable[[object], bool]:
+    """Whether a module is a layer the norm name of ``record`` builds: of its ``layer_types`` (a
+    torch batch norm also as the FrozenBN detectron2's freezing turns it into); for a registered
+    name without them, any layer a registered name built (gwdet marks those)."""
+    kinds = record.layer_types
+    if any(issubclass(kind, (nn.BatchNorm2d, nn.SyncBatchNorm)) for kind in kinds):
+        kinds = (*kinds, FrozenBatchNorm2d)
+    if kinds:
+        return lambda module: isinstance(module, kinds)
+    return lambda module: bool(getattr(module, NORM_LAYER_MARK, False))
+
+
+def _norms_at(resnet: ResNet, position: str) -> list[object]:
+    """The norms at ``position`` of ``resnet`` (``None`` for a block without the position's conv)."""
+    if position == "S1":
+        return [getattr(getattr(resnet.stem, "conv1", None), "norm", None)]
+    return [getattr(getattr(block, BLOCK_CONV_OF_POSITION[position], None), "norm", None)
+            for stage in resnet.stages for block in stage]
+
+
+def check_marked_backbone(model: nn.Module, cfg: CfgNode) -> None:
+    """Refuse a backbone of your own (``MODEL.BACKBONE.NAME``, marked with
+    :func:`gwdet.modeling.reads_gw_positions`) that did not place ``MODEL.RESNETS.GW_NORM`` at
+    ``MODEL.RESNETS.GW_POSITIONS``: with one of detectron2's ResNets in the backbone (a bottom-up
+    one under an FPN, as gwdet's builders make it), none of them has a layer of ``GW_NORM`` at
+    every norm of every position (the stem's norm for S1, those of every block's conv1/conv2/conv3
+    for B1/B2/B3); with no such ResNet, the backbone holds no layer of ``GW_NORM`` at all."""
+    backbone, spec, built = cfg.MODEL.BACKBONE.NAME, cfg.MODEL.RESNETS.GW_POSITIONS, getattr(model, "backbone", None)
+    if not spec or backbone in GW_BACKBONES or not isinstance(built, nn.Module):
+        return
+    gw_norm = cfg.MODEL.RESNETS.GW_NORM  # the config gate has refused positions without a known GW_NORM
+    is_gw = _is_layer_of(norm_record(gw_norm))
+    positions = [position for position in POSITIONS if position in parse_gw_positions(spec)]
+    resnets = [(f"its ResNet {name}" if name else "the backbone, a ResNet", module)
+               for name, module in built.named_modules() if isinstance(module, ResNet)]
+    found = []
+    for name, resnet in resnets:
+        missing = [position for position in positions
+                   if not all(is_gw(norm) for norm in _norms_at(resnet, position))]
+        if not missing:
+            return
+        there = sorted({type(norm).__name__ if norm is not None else "no norm" for position in missing
+                        for norm in _norms_at(resnet, position) if not is_gw(norm)})
+        found.append(f"at {', '.join(missing)} of {name} (there: {', '.join(there)})")
+    if not resnets and any(is_gw(module) for module in built.modules()):
+        return
+    where = "; ".join(found) if found else "anywhere (it holds none of detectron2's ResNets to look at the positions of)"
+    raise GwdetValueError(
+        f"MODEL.BACKBONE.NAME {backbone!r} is marked as reading MODEL.RESNETS.GW_POSITIONS "
+        f"({spec!r}; gwdet.modeling.reads_gw_positions), but the backbone it built holds no {gw_norm} layer "
+        f"{where}: build it with one of gwdet's backbone builders (e.g. build_gw_resnet_fpn_backbone) with this "
+        "config's MODEL.RESNETS.GW_POSITIONS, or set MODEL.RESNETS.GW_POSITIONS ''.")
+
+
 def check_built_model(model: nn.Module, cfg: CfgNode) -> nn.Module:
     """:func:`gwdet.check_model` with ``MODEL.STRICT_NORM_GROUPS``; a refusal of a backbone of your
-    own marked as reading ``MODEL.RESNETS.GW_POSITIONS`` that built no layer of ``GW_NORM``; a
+    own marked as reading ``MODEL.RESNETS.GW_POSITIONS`` that did not place ``GW_NORM`` there
+    (:func:`check_marked_backbone`); a
     warning naming the ``GroupNorm`` layers of detectron2's own 32 groups where
     ``MODEL.GN.NUM_GROUPS`` gives another number: a component of your own built them with
     detectron2's ``get_norm``, which does not read the key (gwdet's components and
     ``gwdet.norm_from_config`` do). Returns ``model``."""
-    backbone, gw_norm, built = cfg.MODEL.BACKBONE.NAME, cfg.MODEL.RESNETS.GW_NORM, getattr(model, "backbone", None)
-    # the config gate has refused positions without a known GW_NORM
-    if cfg.MODEL.RESNETS.GW_POSITIONS and backbone not in GW_BACKBONES and isinstance(built, nn.Module) \
-            and not any(isinstance(module, norm_record(gw_norm).layer_types) for module in built.modules()):
-        raise GwdetValueError(
-            f"MODEL.BACKBONE.NAME {backbone!r} is marked as reading MODEL.RESNETS.GW_POSITIONS "
-            f"({cfg.MODEL.RESNETS.GW_POSITIONS!r}; gwdet.modeling.reads_gw_positions), but the backbone it built holds "
-            f"no {gw_norm} layer: build it with one of gwdet's backbone builders (e.g. build_gw_resnet_fpn_backbone), "
-            "or set MODEL.RESNETS.GW_POSITIONS ''.")
+    check_marked_backbone(model, cfg)
     configured = cfg.MODEL.GN.NUM_GROUPS
     if configured != DETECTRON2_GN_GROUPS:
-        unread = [name for name, module in model.named_modules()
-                  if type(module) is nn.GroupNorm and module.num_groups == DETECTRON2_GN_GROUPS]
+        unread = [name for name, module in model.named_modules() if built_by_detectron2_get_norm(module)]
         if unread:
             logging.getLogger(__name__).warning(
                 f"{len(unread)} GroupNorm layer(s) ({listed(unread, 3)}) have {DETECTRON2_GN_GROUPS} groups, detectron2's "

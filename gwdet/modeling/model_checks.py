@@ -158,11 +158,20 @@ def check_model(model: nn.Module, strict_groups: bool = False, optimizer: torch.
       (:func:`adjusted_groups`); with ``strict_groups`` (``MODEL.STRICT_NORM_GROUPS``) raise instead.
     * With an ``optimizer`` (and the config's ``weight_decay_norm``, ``weight_decay_bias``), raise
       when it does not hold every trainable parameter of ``model``, and warn about norm layers it
-      decays otherwise (:func:`check_norm_weight_decay`).
+      decays otherwise (:func:`check_norm_weight_decay`). ``weight_decay_norm`` or
+      ``weight_decay_bias`` without an ``optimizer`` is refused (nothing to check them against).
     """
     if not isinstance(model, nn.Module):
         raise GwdetTypeError(f"check_model: give the built model (a torch.nn.Module), got {type(model).__name__}")
     check_flag("check_model", "strict_groups", strict_groups)
+    unused = [f"{name}={value!r}" for name, value in (("weight_decay_norm", weight_decay_norm),
+                                                      ("weight_decay_bias", weight_decay_bias)) if value is not None]
+    if optimizer is None and unused:
+        raise GwdetTypeError(
+            f"check_model: {' and '.join(unused)} given without an optimizer: the value is what the optimizer's weight "
+            "decay of the norm layers is checked against, and there is no optimizer to check. Give the optimizer too "
+            "(check_model(model, optimizer=optimizer, weight_decay_norm=cfg.SOLVER.WEIGHT_DECAY_NORM)), or leave "
+            f"{' and '.join(value.split('=')[0] for value in unused)} out.")
     if optimizer is not None:
         if weight_decay_norm is None:
             raise GwdetTypeError("check_model: with an optimizer, give weight_decay_norm (SOLVER.WEIGHT_DECAY_NORM) "

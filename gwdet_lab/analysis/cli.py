@@ -186,7 +186,7 @@ def run(args: argparse.Namespace) -> list[Path]:
 
         cfg = build_config(args.config, [*args.opts, "MODEL.DEVICE", "cpu"]) if args.config else None
         setting = ConstraintSetting(args.d, args.m, args.g, args.N, args.k)
-        return run_constraints(args.out, setting, cfg, args.config, args.input_size or (800, 1333))
+        return run_constraints(args.out, setting, cfg, args.config, args.input_size or (800, 1333), args.opts)
     if args.command == "propagation":
         from gwdet.errors import GwdetValueError
         from gwdet.norms import known_norm_names
@@ -268,8 +268,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_tool(_analyze, argv)
 
 
+def refuse_repeated_subcommand_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """A usage error of the subcommand ``argv`` names for a flag of it that keeps one value (``--out``,
+    ``--d``, ``--norms``, ...) given more than once, which argparse would take the last of without a
+    word (:func:`gwdet.engine.arguments.refuse_repeated_flags`, on the subcommand's parser)."""
+    from gwdet.engine.arguments import refuse_repeated_flags
+
+    commands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+    for index, word in enumerate(argv):
+        if word in commands.choices:
+            refuse_repeated_flags(commands.choices[word], argv[index + 1:])
+            return
+
+
 def _analyze(argv: Sequence[str]) -> int:
     parser = argument_parser()
+    refuse_repeated_subcommand_flags(parser, argv)
     args = parser.parse_args(argv)
     problem = output_path_problem("--out", args.out, folder=True) or foreign_table_problem(args.out, args.command)
     problem = problem or setting_problem(args)

@@ -22,9 +22,10 @@ from gwdet_lab.analysis.constraints import (
     numerical_constraint_number,
     solvable_limit,
 )
-from gwdet_lab.analysis.cost import GWLayerCost, gw_layer_costs
+from gwdet_lab.analysis.cost import GWLayerCost, cost_model, gw_layer_costs
 from gwdet_lab.analysis.plotting import Curve, Panel, part_ticks, save_figure
 from gwdet_lab.analysis.report import display_path, markdown_table, output_folder, write_markdown
+from gwdet_lab.benchmark.model_level import adjusted_groups
 
 # (method, d, m, g, k) checked numerically: small sizes inside the solvable range, plus one BW and
 # one GW case that pass Table 1's counting range but have no solution (residual far from 0).
@@ -129,10 +130,14 @@ def density_figure(folder: Path, s: ConstraintSetting) -> Path:
     return save_figure(folder / "constraint_density.png", panels, f"Constraint density (GW paper Table 1), d={s.d}")
 
 
-def cost_section(costs: Sequence[GWLayerCost], config: str, height: int, width: int) -> str:
-    """Per-layer relative cost table (ItN formula; for ZCA layers the g^3 term is an estimate)."""
+def cost_section(costs: Sequence[GWLayerCost], config: str, height: int, width: int, opts: Sequence[str] = (),
+                 adjusted: Sequence[str] = ()) -> str:
+    """Per-layer relative cost table (ItN formula; for ZCA layers the g^3 term is an estimate) of
+    ``config`` with the overrides ``opts``; ``adjusted``: what the layers use where the group number
+    asked for does not divide their channels (:func:`gwdet_lab.benchmark.model_level.adjusted_groups`)."""
+    overrides = f" with `{' '.join(opts)}`" if opts else ""
     if not costs:
-        return f"`{display_path(config)}` has no GroupWhitening layer."
+        return f"`{display_path(config)}`{overrides} has no GroupWhitening layer."
     headers = ["#", "layer", "method", "d", "g", "H", "W", "2g/(9d)", "Tg^3/(9HWd^2)", "relative cost", "MMAC/sample"]
     rows = [
         [i, f"`{c.name}`", c.method, c.d, c.g, c.height, c.width]
@@ -140,11 +145,14 @@ def cost_section(costs: Sequence[GWLayerCost], config: str, height: int, width: 
         for i, c in enumerate(costs)
     ]
     mean = sum(c.ratio for c in costs) / len(costs)
+    iterations = "/".join(str(t) for t in sorted({c.T for c in costs}))
     note = (
-        f"Config `{display_path(config)}`, input {height}x{width}. Relative cost = 2g/(9d) + "
-        "Tg^3/(9HWd^2) against a dense 3x3 d->d convolution at the layer's input size (GW paper "
-        f"Sec. 3); mean over {len(costs)} GW layers: {mean:.3g}. A sample is an image for "
+        f"Config `{display_path(config)}`{overrides}, input {height}x{width}, T = {iterations} (Newton iterations). "
+        "Relative cost = 2g/(9d) + Tg^3/(9HWd^2) against a dense 3x3 d->d convolution at the layer's input size "
+        f"(GW paper Sec. 3); mean over {len(costs)} GW layers: {mean:.3g}. A sample is an image for "
         "backbone/FPN layers and a region for head layers."
+        + (" Group numbers that do not divide the layers' channels were adjusted, and the g column is what the "
+           f"layers use: {'; '.join(adjusted)}." if adjusted else "")
     )
     return markdown_table(headers, rows) + "\n\n" + note
 
@@ -173,9 +181,11 @@ def run_constraints(
     cfg: CfgNode | None = None,
     config: str = "",
     input_size: tuple[int, int] = (800, 1333),
+    opts: Sequence[str] = (),
 ) -> list[Path]:
-    """Write the constraints report; with ``cfg`` (built with ``MODEL.DEVICE cpu``) also the cost
-    of its GW layers on a ``input_size`` (H, W) image."""
+    """Write the constraints report; with ``cfg`` (built with ``MODEL.DEVICE cpu`` from ``config``
+    and the overrides ``opts``, which the table names) also the cost of its GW layers on a
+    ``input_size`` (H, W) image."""
     folder = output_folder(out, "constraints")
     written = [density_figure(folder, setting)]
     sections = [
@@ -184,9 +194,10 @@ def run_constraints(
     ]
     if cfg is not None:
         height, width = input_size
-        costs = gw_layer_costs(cfg, height, width)
+        model = cost_model(cfg)
+        costs = gw_layer_costs(cfg, height, width, model)
         heading = "GW layers of the config: cost relative to a 3x3 convolution"
-        sections.append((heading, cost_section(costs, config, height, width)))
+        sections.append((heading, cost_section(costs, config, height, width, opts, adjusted_groups(model))))
         if costs:
             written.append(cost_figure(folder, costs, config, height, width))
     title = "Constraint numbers of normalization (GW paper Sec. 4, Table 1)"

@@ -19,6 +19,7 @@ from detectron2.config import CfgNode
 from detectron2.modeling import build_model
 from detectron2.structures import BitMasks, Boxes, Instances
 from detectron2.utils.events import EventStorage
+from torch import nn
 
 from gwdet.layers import GroupWhitening
 from gwdet.layers.cost import group_whitening_macs, group_whitening_relative_cost
@@ -76,12 +77,20 @@ def dummy_training_batch(height: int, width: int, mask_on: bool) -> list[dict]:
     return [{"image": torch.rand(3, height, width) * 255, "instances": instances}]
 
 
-def gw_layer_costs(cfg: CfgNode, height: int, width: int) -> list[GWLayerCost]:
-    """Every :class:`GroupWhitening` layer of ``build_model(cfg)`` in the order it runs, with the
-    input size it sees on a ``height x width`` image. ``cfg.MODEL.DEVICE`` should be ``"cpu"``."""
+def cost_model(cfg: CfgNode) -> nn.Module:
+    """``build_model(cfg)`` with seed 0, in training mode: the model :func:`gw_layer_costs` runs."""
     torch.manual_seed(0)
     model = build_model(cfg)
     model.train()
+    return model
+
+
+def gw_layer_costs(cfg: CfgNode, height: int, width: int, model: nn.Module | None = None) -> list[GWLayerCost]:
+    """Every :class:`GroupWhitening` layer of ``model`` (default: :func:`cost_model` of ``cfg``) in
+    the order it runs, with the input size it sees on a ``height x width`` image.
+    ``cfg.MODEL.DEVICE`` should be ``"cpu"``."""
+    if model is None:
+        model = cost_model(cfg)
     seen: dict[str, GWLayerCost] = {}
 
     def record(name: str):

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from gwdet_lab.analysis.plotting import Curve, Panel, part_ticks, save_figure
 from gwdet_lab.analysis.report import display_path, markdown_table, output_folder, write_markdown
+from gwdet_lab.benchmark.model_level import adjusted_groups, adjusted_text
 from gwdet.errors import GwdetValueError
 from gwdet.config_checks import NORM_KEYS
 from gwdet.data import prepare_datasets
@@ -89,12 +90,15 @@ def mean_cosine_similarity(y: Tensor) -> float:
 @dataclass
 class PropagationStats:
     """What one norm's model showed: per block (variance, cosine, gradient norm), per layer
-    weight-gradient norms, in execution order, and the loss."""
+    weight-gradient norms, in execution order, the loss, and what its norm layers use where the
+    group number asked for does not divide their channels (``adjusted``:
+    :func:`gwdet_lab.benchmark.model_level.adjusted_groups`)."""
 
     norm: str
     blocks: dict[str, dict[str, float]] = field(default_factory=dict)
     layer_gradients: dict[str, float] = field(default_factory=dict)
     loss: float = math.nan
+    adjusted: list[str] = field(default_factory=list)
 
 
 def measure_propagation(cfg: CfgNode, batch: list[dict], norm: str, seed: int) -> PropagationStats:
@@ -102,7 +106,7 @@ def measure_propagation(cfg: CfgNode, batch: list[dict], norm: str, seed: int) -
     torch.manual_seed(seed)
     model = build_model(cfg)
     model.train()
-    stats = PropagationStats(norm)
+    stats = PropagationStats(norm, adjusted=adjusted_groups(model))
     layer_order: list[str] = []
     handles = []
 
@@ -191,6 +195,7 @@ def _sections(results: Sequence[PropagationStats], config: str, batch_size: int,
     note = (
         f"Config `{display_path(config)}`{overrides}, seed {seed}, one batch of {batch_size} training images; "
         f"training loss at initialization: {losses}."
+        + adjusted_text([{"name": r.norm, "adjusted": r.adjusted} for r in results])
     )
     blocks = markdown_table(headers, rows) + "\n\n" + note
     layers = list(results[0].layer_gradients)

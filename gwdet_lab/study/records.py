@@ -10,9 +10,12 @@ its record instead of resolving it again, so that a report regenerates from the 
 """
 from __future__ import annotations
 
+import errno
 import gzip
+import os
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -20,8 +23,9 @@ import yaml
 from detectron2.config import CfgNode
 
 from gwdet.errors import GwdetError, GwdetFileNotFoundError, GwdetOSError, GwdetValueError, listed
-from gwdet.utils.atomic import checksum_path, record_checksum
-from gwdet.utils.run_file_names import CONFIG_NAME, INFERENCE_FOLDER, METRICS_JSON, RESULTS_JSON, RESULTS_MARKDOWN
+from gwdet.utils.atomic import CHECKSUM_SUFFIX, checksum_path, record_checksum
+from gwdet.utils.run_file_names import (CONFIG_NAME, FINAL_WEIGHTS, INFERENCE_FOLDER, LAST_CHECKPOINT, METRICS_JSON,
+                                        RESULTS_JSON, RESULTS_MARKDOWN)
 from gwdet_lab.study.cells import PAPER_GROUPS, Cell
 from gwdet_lab.study.evaluation import report_dataset
 from gwdet_lab.study.image_bootstrap import DETECTIONS_JSON
@@ -134,14 +138,20 @@ def recorded_cells(records_dir: Path, only: Sequence[str] | None = None, flag: s
                    only_flag: str = "--only") -> list[PlannedCell]:
     """The cells recorded in ``records_dir`` (sub-folders holding ``study_cell.json``: a records
     folder, or a study's run folder ``<out>/runs``; ``flag`` names it in messages), optionally only
-    those named in ``only`` (the flag ``only_flag``), as finished cells with the config of their record."""
+    those named in ``only`` (the flag ``only_flag``), as finished cells with the config of their record.
+    An entry at any depth that looks like a cell but would not be read (:func:`_unread_cell_entries`:
+    cell records below the top level, a cell folder without ``study_cell.json``, an empty folder or a
+    link to nothing named like a cell) is refused, naming it and the fix, so that no cell is left
+    out of a report without a word."""
     if not records_dir.is_dir():
         kept = ("a study's records are kept in docs/study/records/<study>/" if flag == "--records"
                 else "a study's run folders are in <its --out>/runs/")
         raise GwdetFileNotFoundError(f"{flag} {records_dir}: no such folder ({kept})")
-    nested = _records_one_level_down(records_dir, only)
+    cell_folders = sorted(p for p in records_dir.iterdir() if (p / RECORD_JSON).is_file())
+    # with no cell beside them, the sub-folders are looked into for the message only (a folder of studies' records)
+    unread = _unread_cell_entries(records_dir, cell_folders, only, deep=bool(cell_folders))
     found = {}
-    for folder in sorted(p for p in records_dir.iterdir() if (p / RECORD_JSON).is_file()):
+    for folder in cell_folders:
         cell_folder = RunFolder(folder, records=flag == "--records")
         record = read_record(cell_folder)
         assert record is not None  # the file exists; a damaged one raises DamagedFile
@@ -160,18 +170,21 @@ def recorded_cells(records_dir: Path, only: Sequence[str] | None = None, flag: s
         cfg = CfgNode(yaml.safe_load(record["config"]) or {})
         found[cell.name] = PlannedCell(cell, tuple(record["opts"]), cfg, cell_folder)
     if not found:
+        nested = _cells_below(unread)
         one = (f": it is the record of one cell itself; give the folder that holds it, {flag} {records_dir.parent} "
                f"{only_flag} {records_dir.name}" if (records_dir / RECORD_JSON).is_file() else "")
+        beside = [entry for entry in unread if entry.kind != "nested" and len(entry.path.parts) == 1]
+        if beside and not one:
+            clauses, fixes = _unread_clauses(records_dir, beside)
+            one = f"; {clauses}. {fixes}"
         if nested and not one:
-            one = (f"; its sub-folders {listed([f'{sub.name}/' for sub in nested], 4)} hold cell records: give one of "
-                   f"them, e.g. {flag} {next(iter(nested))}")
+            one = (f"; its sub-folders {listed([f'{sub}/' for sub in nested], 4)} hold cell records: give one of "
+                   f"them, e.g. {flag} {records_dir / next(iter(nested))}")
         raise GwdetFileNotFoundError(f"{flag} {records_dir}: no cell records in it (folders with {RECORD_JSON}){one}")
-    if nested:
-        shown = "; ".join(f"{sub.name}/ ({listed(cells, 3)})" for sub, cells in nested.items())
-        raise GwdetValueError(
-            f"{flag} {records_dir}: {shown} {'holds' if len(nested) == 1 else 'hold'} cell records one level below "
-            f"the others, where they are not read: the report would leave those cells out. Move their folders up "
-            f"into {records_dir} beside the others, or out of it if they are not of this report; nothing was written.")
+    if unread:
+        clauses, fixes = _unread_clauses(records_dir, unread)
+        raise GwdetValueError(f"{flag} {records_dir}: {clauses}: the report would leave those cells out. {fixes}; "
+                              "nothing was written.")
     if only:
         unknown = sorted(set(only) - set(found))
         if unknown:
@@ -182,20 +195,150 @@ def recorded_cells(records_dir: Path, only: Sequence[str] | None = None, flag: s
     return sorted(found.values(), key=lambda p: (p.cell.batch_size, p.cell.seed, groups.index(p.cell.group)))
 
 
-def _records_one_level_down(records_dir: Path, only: Sequence[str] | None = None) -> dict[Path, list[str]]:
-    """The sub-folders of ``records_dir`` that are no cell record themselves but hold cell records
-    (folders with ``study_cell.json``) in folders of their own, each with those folders' names
-    (with ``only``: those named in it); a sub-folder that cannot be read is passed over."""
-    nested = {}
-    for sub in sorted(p for p in records_dir.iterdir() if p.is_dir() and not (p / RECORD_JSON).is_file()):
+# The name of a cell's folder: <group>-b<images>-s<seed> in the named studies, <name>-s<seed> in a
+# custom one with --seeds, each with the version suffix --on-mismatch new-folder gives (.2, .3, ...).
+_CELL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*?-(?:b\d+-)?s\d+(?:\.\d+)?")
+# What a cell's folder holds beside its study_cell.json, in a records folder or a run folder (not the
+# config.yaml any detectron2 run writes, which alone makes no cell).
+_CELL_FILES = frozenset(
+    [name for name in RECORD_FILES if name not in (RECORD_JSON, CONFIG_NAME)]
+    + [Path(checksum_path(name)).name for name in RECORD_FILES if name != CONFIG_NAME]
+    + [INFERENCE_FOLDER, LAST_CHECKPOINT, FINAL_WEIGHTS])
+
+
+@dataclass(frozen=True)
+class _Unread:
+    """An entry of a records folder that looks like a cell but is not read (:func:`_unread_cell_entries`):
+    its ``path`` relative to the folder, the ``kind`` of problem and what to name in the message."""
+
+    path: Path
+    kind: str  # nested, no record, named, link, file, unreadable
+    detail: str = ""
+
+
+def _unread_cell_entries(records_dir: Path, cell_folders: Sequence[Path], only: Sequence[str] | None = None,
+                         deep: bool = True) -> list[_Unread]:
+    """The entries of ``records_dir``, at any depth, that look like a cell but are not read as one:
+    cell records (folders with ``study_cell.json``) below the top level, but for the cell folders
+    ``cell_folders`` read there (a link to one of them reads nothing twice); a folder holding a cell's
+    other records but no ``study_cell.json``; a folder, file, unreadable folder or link to nothing
+    named like a cell. With ``only``, those named in it alone. A read cell's folder is not looked
+    into, nor a link to a folder looked into already or to one holding ``records_dir``. ``deep``
+    false: the top level and the sub-folders right below it only."""
+    root = records_dir.resolve()
+    read = {folder.resolve() for folder in cell_folders}
+    seen = {root}
+    found: list[_Unread] = []
+
+    def wanted(name: str) -> bool:
+        return only is None or re.sub(r"\.\d+$", "", name) in only
+
+    def walk(folder: Path, depth: int) -> None:
         try:
-            cells = sorted(p.name for p in sub.iterdir() if (p / RECORD_JSON).is_file())
-        except OSError:
-            continue
-        cells = [name for name in cells if only is None or name in only]
-        if cells:
-            nested[sub] = cells
-    return nested
+            entries = sorted(folder.iterdir())
+        except OSError:  # a folder that cannot be listed and is not named like a cell
+            return
+        for entry in entries:
+            path = entry.relative_to(records_dir)
+            named = bool(_CELL_NAME.fullmatch(entry.name)) and wanted(entry.name)
+            if (entry / RECORD_JSON).is_file():
+                if depth and wanted(entry.name) and entry.resolve() not in read:
+                    found.append(_Unread(path, "nested"))
+                continue
+            if entry.is_symlink() and not entry.exists():
+                if named:
+                    try:
+                        os.stat(entry)
+                        why = "which cannot be followed"
+                    except OSError as error:
+                        why = ("which leads back to itself" if error.errno == errno.ELOOP
+                               else "which does not exist (a disk that is not mounted?)")
+                    found.append(_Unread(path, "link", f"{os.readlink(entry)}, {why}"))
+                continue
+            if not entry.is_dir():
+                if named:
+                    found.append(_Unread(path, "file"))
+                continue
+            try:
+                names = sorted(p.name + ("/" if p.is_dir() else "") for p in entry.iterdir())
+            except OSError as error:
+                if named:
+                    found.append(_Unread(path, "unreadable", error.strerror or str(error)))
+                continue
+            cell_files = [name for name in names if name.rstrip("/") in _CELL_FILES]
+            if cell_files:
+                if wanted(entry.name):  # the records themselves named, their checksums only where nothing else is
+                    shown = [name for name in cell_files if not name.endswith(CHECKSUM_SUFFIX)] or cell_files
+                    found.append(_Unread(path, "no record", listed(shown, 4)))
+                continue
+            before = len(found)
+            resolved = entry.resolve()
+            if (deep or depth == 0) and resolved not in seen and not root.is_relative_to(resolved):
+                seen.add(resolved)
+                walk(entry, depth + 1)
+            if named and len(found) == before:
+                found.append(_Unread(path, "named", listed(names, 3)))
+
+    walk(records_dir, 0)
+    return found
+
+
+def _cells_below(unread: Sequence[_Unread]) -> dict[Path, list[str]]:
+    """The folders (relative) holding the cell records of ``unread`` found below the top level,
+    each with those cells' folder names."""
+    below: dict[Path, list[str]] = {}
+    for entry in unread:
+        if entry.kind == "nested":
+            below.setdefault(entry.path.parent, []).append(entry.path.name)
+    return below
+
+
+_LEVELS = {1: "one level", 2: "two levels", 3: "three levels"}
+
+
+def _unread_clauses(records_dir: Path, unread: Sequence[_Unread]) -> tuple[str, str]:
+    """What is wrong with each entry of ``unread`` (``"; "``-separated clauses) and what to do about
+    them (sentences, the last without a full stop), for the messages of :func:`recorded_cells`."""
+    clauses, fixes = [], []
+    below = _cells_below(unread)
+    for depth in sorted({len(folder.parts) for folder in below}):
+        at = {folder: cells for folder, cells in below.items() if len(folder.parts) == depth}
+        shown = "; ".join(f"{folder.as_posix()}/ ({listed(cells, 3)})" for folder, cells in at.items())
+        clauses.append(f"{shown} {'holds' if len(at) == 1 else 'hold'} cell records "
+                       f"{_LEVELS.get(depth, f'{depth} levels')} below the others, where they are not read")
+    if below:
+        fixes.append(f"Move their folders up into {records_dir} beside the others, or out of it if they are not of "
+                     "this report")
+    by_kind: dict[str, list[_Unread]] = {}
+    for entry in unread:
+        by_kind.setdefault(entry.kind, []).append(entry)
+    for entry in by_kind.get("no record", []):
+        clauses.append(f"{entry.path.as_posix()}/ holds a cell's records ({entry.detail}) but no {RECORD_JSON}, so "
+                       "it is not read (a copy or export cut short?)")
+    for entry in by_kind.get("named", []):
+        clauses.append(f"{entry.path.as_posix()}/ is named like a cell but "
+                       + (f"holds no {RECORD_JSON} (only {entry.detail})" if entry.detail else "is empty")
+                       + " (a copy that never started?)")
+    for entry in by_kind.get("file", []):
+        clauses.append(f"{entry.path.as_posix()} is a file named like a cell, whose records are a folder")
+    missing = [entry.path.as_posix() for kind in ("no record", "named", "file") for entry in by_kind.get(kind, [])]
+    if missing:
+        fixes.append(f"Copy the records of {listed(missing, 4)} again (a finished study exports them with its "
+                     f"command and --report-only --export-records DIR), or move {'it' if len(missing) == 1 else 'them'}"
+                     f" out of {records_dir} if not of this report")
+    for entry in by_kind.get("link", []):
+        clauses.append(f"{entry.path.as_posix()} is a link to {entry.detail}")
+    if "link" in by_kind:
+        links = [entry.path.as_posix() for entry in by_kind["link"]]
+        fixes.append(f"Mount or restore what {listed(links, 4)} {'points' if len(links) == 1 else 'point'} to (or "
+                     f"copy the records in {'its' if len(links) == 1 else 'their'} place), or remove "
+                     f"{'the link' if len(links) == 1 else 'the links'} if not of this report")
+    for entry in by_kind.get("unreadable", []):
+        clauses.append(f"{entry.path.as_posix()}/ is named like a cell but cannot be read ({entry.detail})")
+    if "unreadable" in by_kind:
+        fixes.append("Let this user read those folders (chmod, or run as their owner), or move them out of "
+                     f"{records_dir} if not of this report")
+    return "; ".join(clauses), ". ".join(fixes)
 
 
 def _relative_to_checkout(config_file: str, code: dict) -> str:
