@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import gwdet
-from gwdet.engine.arguments import parse_with_trailing_flags
+from gwdet.utils.command_line import parse_with_trailing_flags
 from gwdet.errors import GwdetTypeError, GwdetValueError
 from gwdet.export import analyze_model, export_model
 from gwdet.modeling.build import check_device
@@ -139,7 +139,7 @@ def test_an_override_given_twice_is_named_with_the_value_used(overrides, key, va
 
 def test_a_cluster_job_replaces_the_flags_it_sets_on_the_users_command_line():
     from gwdet.cluster.training import argument_parser
-    from gwdet.engine.arguments import replace_flags
+    from gwdet.utils.command_line import replace_flags
 
     argv = ["--config-file", "a.yaml", "--launcher=slurm", "--nodes", "2", "--num-machines", "3", "--launch", "slurm",
             "--resume", "SOLVER.MAX_ITER", "10", "--machine-rank", "1", "--num-gpus", "2"]

@@ -773,3 +773,17 @@ def test_a_deep_stem_resnet_is_named_as_one_gwdets_backbone_has_no_place_for():
                                               r"stem conv, so these weights cannot be converted into it. Convert a "
                                               r"torchvision-layout ResNet/ResNeXt \(one 7x7 conv1"):
         convert_state_dict(in_memory(state_dict))
+
+
+@pytest.mark.parametrize("flags, given", [(["--arch", "R-101", "--arch", "R-50"], "R-101, R-50"),
+                                          (["--gw-positions", "", "--gw-positions", "S1-B2"], ", S1-B2")])
+def test_a_flag_of_the_converter_given_twice_is_refused(tmp_path, capsys, flags, given):
+    # the converter took the last --arch and said the weights "match --arch": the first check asked for was dropped
+    from gwdet.convert.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main([str(tmp_path / "in.pth"), str(tmp_path / "out.pkl"), *flags])
+    assert stopped.value.code == 2
+    assert (f"error: {flags[0]} is given more than once; a second one would replace the first. Give it once, with the "
+            f"value you mean (given: {given}).") in capsys.readouterr().err
+    assert not (tmp_path / "out.pkl").exists()

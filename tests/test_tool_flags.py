@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from gwdet.engine.arguments import parse_with_trailing_flags
+from gwdet.utils.command_line import parse_with_trailing_flags
 from gwdet.export import analyze_model, export_model
 
 from conftest import DEMO_CONFIG, LAZY_CONFIG, REPO, logged_warnings

@@ -32,6 +32,7 @@ from gwdet.cluster.options import add_launcher_arguments, launcher_options
 from gwdet.cluster.slurm import ClusterUnavailable
 from gwdet.errors import GwdetError, GwdetValueError
 from gwdet.utils.cli_errors import run_tool, tool_name
+from gwdet.utils.command_line import replace_flags
 from gwdet.engine import arguments
 from gwdet.engine.launch import launch
 from gwdet.engine.output_dir import check_not_in_use
@@ -119,7 +120,7 @@ class TrainingJob(RequeueableJob):
         print(f"[gwdet] {placement.describe()}: "
               + ("continuing from the newest checkpoint (--resume)" if resumes else "starting"), flush=True)
         os.chdir(self.cwd)
-        args = parse_job_args(arguments.replace_flags(argument_parser(), self.argv, flags))
+        args = parse_job_args(replace_flags(argument_parser(), self.argv, flags))
         run = load_run_config(args.config_file, args.opts)
         if self.config:  # the files are read again here, perhaps long after the submission
             check_config_unchanged(run, self.config, "when the job was submitted")

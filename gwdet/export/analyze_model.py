@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from gwdet.errors import GwdetValueError
-from gwdet.engine.arguments import parse_with_trailing_flags, refuse_repeated_flags
+from gwdet.utils.command_line import parse_with_trailing_flags, refuse_repeated_flags
 from gwdet.engine.run import RunConfig, load_run_config, warn_of_unused_coco
 from gwdet.utils.cli_errors import as_override, at_least, run_tool
 

@@ -42,7 +42,7 @@ from gwdet.utils.atomic import checksum_path
 from gwdet.utils.cli_errors import add_verbose_argument, as_override, output_path_problem, run_tool
 from gwdet.export.deploy import MIN_DETECTOR_OPSET
 from gwdet.export.detection_check import TOLERANCE
-from gwdet.engine.arguments import parse_with_trailing_flags, refuse_repeated_flags
+from gwdet.utils.command_line import parse_with_trailing_flags, refuse_repeated_flags
 from gwdet.engine.output_dir import (check_run_detections_kept, check_weights_are_the_runs, checkpoints_in,
                                      folder_locked, lock_holder)
 from gwdet.utils.run_file_names import EVALUATOR_FILES, INFERENCE_FOLDER, LOCK_NAME

@@ -271,8 +271,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def refuse_repeated_subcommand_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
     """A usage error of the subcommand ``argv`` names for a flag of it that keeps one value (``--out``,
     ``--d``, ``--norms``, ...) given more than once, which argparse would take the last of without a
-    word (:func:`gwdet.engine.arguments.refuse_repeated_flags`, on the subcommand's parser)."""
-    from gwdet.engine.arguments import refuse_repeated_flags
+    word (:func:`gwdet.utils.command_line.refuse_repeated_flags`, on the subcommand's parser)."""
+    from gwdet.utils.command_line import refuse_repeated_flags
 
     commands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
     for index, word in enumerate(argv):

@@ -136,7 +136,7 @@ def argument_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """Parsed and checked arguments, with the defaults that depend on others filled in."""
-    from gwdet.engine.arguments import refuse_repeated_flags
+    from gwdet.utils.command_line import refuse_repeated_flags
 
     parser = argument_parser()
     refuse_repeated_flags(parser, sys.argv[1:] if argv is None else argv)  # a second --norms replaced the first

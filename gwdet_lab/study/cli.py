@@ -35,7 +35,7 @@ from gwdet.cluster.slurm import ClusterUnavailable
 from gwdet.data import add_register_coco_argument, datasets_in_environment, prepare_datasets
 from gwdet.utils.cli_errors import add_verbose_argument, at_least, output_path_problem, run_tool
 from gwdet.model_zoo import build_config
-from gwdet.engine.arguments import refuse_repeated_flags
+from gwdet.utils.command_line import refuse_repeated_flags
 from gwdet.engine.threads import AUTO_LOAD, choose_threads, thread_request
 from gwdet_lab.study.cells import (
     CONFIG_PATTERNS,

@@ -39,7 +39,7 @@ from gwdet.utils.cli_errors import add_verbose_argument, at_least, run_tool
 from gwdet.checkpoint.resilient import ResilientCheckpointer
 from gwdet.data import prepare_datasets
 from gwdet_lab.tables import Column, Table
-from gwdet.engine.arguments import refuse_repeated_flags
+from gwdet.utils.command_line import refuse_repeated_flags
 from gwdet.engine.trainer import Trainer
 from gwdet_lab.study.evaluation import evaluate, has_batch_norm, selection_dataset, use_batch_statistics
 from gwdet_lab.study.record import PlannedCell
