@@ -1,6 +1,7 @@
 # gwdet's entry points. Each target installs what it needs first (scripts/setup_env.sh, idempotent).
 #   make demo          train + evaluate the demo Mask R-CNN (GW) on the embedded shapes dataset (CPU,
-#                      one thread, AVX2 kernels: it prints the numbers of docs/demo.md on any x86-64 CPU)
+#                      one thread, AVX2 kernels: it prints the numbers of docs/demo.md on an Intel CPU
+#                      with AVX2; AMD CPUs have their own row there)
 #   make test          the test suite (CPU), in TEST_WORKERS processes (pytest-xdist; default 2, each
 #                      computing with one thread: tests/conftest.py)
 #   make lint          the linter and the type checker: ruff check . and mypy gwdet (settings in
@@ -41,7 +42,8 @@ setup:
 
 # One CPU thread, and the CPU kernels of PyTorch, MKL and oneDNN limited to AVX2: the thread count
 # and the vector extensions the kernels use (AVX2, AVX-512) change the order of floating-point sums
-# and so the result; with both fixed, an x86-64 CPU with AVX2 gives the numbers of docs/demo.md.
+# and so the result; with both fixed, an Intel CPU with AVX2 gives the numbers of docs/demo.md (an AMD
+# CPU its own: MKL's AVX2 branch sums otherwise there).
 DEMO_KERNELS = ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
 demo: $(STAMP)
 	$(DEMO_KERNELS) $(VENV_PYTHON) tools/train_net.py --config $(DEMO_CONFIG) --threads 1
