@@ -998,3 +998,23 @@ def test_a_camera_jpeg_holding_previews_passes(tmp_path):
         coco["images"][1]["file_name"] = "001.jpg"
 
     assert CocoDataset.parse(f"m={write_dataset(tmp_path, previews)}").inspected().contents is not None
+
+
+# before: a gzip-compressed annotation file was "not UTF-8 text (byte 1 cannot be decoded): give the COCO instances JSON file"
+def test_a_gzip_compressed_annotation_file_is_named_with_how_to_decompress_it(tmp_path):
+    import gzip
+
+    json_file, root = write_dataset(tmp_path).rsplit(":", 1)
+    packed = tmp_path / "train.json.gz"
+    packed.write_bytes(gzip.compress(Path(json_file).read_bytes()))
+    with pytest.raises(DatasetError, match=rf"^dataset 'm': {re.escape(str(packed))} is gzip-compressed \(its name ends "
+                                           r"in \.gz\), and detectron2 reads plain JSON: decompress it \(gunzip -k "
+                                           rf"{re.escape(str(packed))}\) and give {re.escape(json_file)}\.$"):
+        CocoDataset.parse(f"m={packed}:{root}").inspected()
+    inside = tmp_path / "inside.json"
+    inside.write_bytes(packed.read_bytes())
+    plain = tmp_path / "inside.plain.json"
+    with pytest.raises(DatasetError, match=rf"is gzip-compressed \(though its name does not end in \.gz\), and detectron2 "
+                                           rf"reads plain JSON: decompress it \(gunzip -c {re.escape(str(inside))} > "
+                                           rf"{re.escape(str(plain))}\) and give {re.escape(str(plain))}\.$"):
+        CocoDataset.parse(f"m={inside}:{root}").inspected()

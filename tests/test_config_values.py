@@ -889,3 +889,19 @@ def test_add_gwdet_config_of_a_plain_yacs_node_says_it_needs_detectron2s():
         add_gwdet_config(CfgNode())
     with pytest.raises(TypeError, match=r"got NoneType$"):
         add_gwdet_config(None)
+
+
+# before: a Latin-1 byte in a comment of a yacs config (or of its _BASE_) was called "not text (a checkpoint or an export?)"
+def test_a_config_saved_in_latin_1_is_named_as_not_utf_8(tmp_path):
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(f'_BASE_: "{DEMO_CONFIG}"\n# caf\xe9 latin-1 comment\nSOLVER:\n  BASE_LR: 0.01\n'.encode("latin-1"))
+    with pytest.raises(GwdetValueError, match=rf"^Config file '{re.escape(str(latin))}' is not UTF-8 text \(byte 0xe9 "
+                                              r"at line 2\), which YAML readers take as UTF-8 only: save it as UTF-8 "
+                                              rf"\(e\.g\. iconv -f LATIN1 -t UTF-8 {re.escape(str(latin))} > OUT for a "
+                                              r"Latin-1 file\), then give that file\.$"):
+        build_config(str(latin))
+    child = tmp_path / "child.yaml"
+    child.write_text(f'_BASE_: "{latin}"\n')
+    with pytest.raises(GwdetValueError, match=rf"names _BASE_: '{re.escape(str(latin))}', but {re.escape(str(latin))} "
+                                              r"is not UTF-8 text \(byte 0xe9 at line 2\)"):
+        build_config(str(child))

@@ -542,3 +542,39 @@ def test_a_misspelt_setting_of_a_norm_node_is_refused_at_load_naming_the_close_o
     # a misspelt setting written in the file itself: the Python refusal names the close one
     with pytest.raises(TypeError, match=r"not \['num_group'\]. Did you mean num_groups \(not num_group\)\?$"):
         gwdet.norm("GW", num_group=8)
+
+
+# a config importing a missing module stopped with a 25-frame traceback ending in ModuleNotFoundError
+def test_a_config_importing_a_missing_module_is_refused_naming_its_line_and_the_module(tmp_path):
+    config = tmp_path / "my_lazy.py"
+    config.write_text("x = 1\nimport nonexistent_module_xyz\n")
+    with pytest.raises(GwdetValueError, match=r"^Config file '.*my_lazy.py' \(line 2: import nonexistent_module_xyz\) "
+                                              r"cannot import 'nonexistent_module_xyz': no module "
+                                              r"'nonexistent_module_xyz' is installed in this environment \(.*\). "
+                                              r"Install it, or correct the import.$"):
+        load_lazy_config(str(config))
+    config.write_text("from detectron2.nosuch import x\n")
+    with pytest.raises(GwdetValueError, match=r"\(line 1: from detectron2.nosuch import x\) cannot import "
+                                              r"'detectron2.nosuch': 'detectron2' is installed but has no module "
+                                              r"'detectron2.nosuch'. Correct the import.$"):
+        load_lazy_config(str(config))
+    (tmp_path / "sub.py").write_text("import nosuch_pkg.mod\n")
+    config.write_text("from .sub import y\n")
+    with pytest.raises(GwdetValueError, match=r"my_lazy.py' imports '.*sub.py', which \(line 1: import "
+                                              r"nosuch_pkg.mod\) cannot import 'nosuch_pkg'"):
+        load_lazy_config(str(config))
+    # a ModuleNotFoundError with a message of its own keeps that message and its fix
+    config.write_text("raise ModuleNotFoundError('detectron2 is not importable: install it first.', name='detectron2')\n")
+    with pytest.raises(GwdetValueError, match=r"\(line 1: raise .*\) cannot import 'detectron2': detectron2 is not "
+                                              r"importable: install it first.$"):
+        load_lazy_config(str(config))
+
+
+# an unknown top-level key was refused without naming the config's top-level keys or a way out
+def test_an_unknown_top_level_key_is_refused_naming_the_top_level_keys():
+    with pytest.raises(GwdetValueError) as refused:
+        load_lazy_config(str(LAZY / "mask_rcnn_R_50_FPN_gw_shapes.py"), ["train.max_iter=3", "foo.bar=1"])
+    assert str(refused.value) == (
+        "LazyConfig override 'foo.bar': the config has no 'foo' at the top of the config. The config's top-level keys "
+        "are dataloader, lr_multiplier, model, optimizer, train; nothing reads a key added beside them, so set one of "
+        "theirs (e.g. train.max_iter=...).")

@@ -218,6 +218,14 @@ def _read_json(dataset: CocoDataset) -> tuple[Any, str]:
                            f"{error.colno}. Fix the file there (python -m json.tool {path} points at the same "
                            "place).") from None
     except UnicodeDecodeError as error:
+        if data.startswith(b"\x1f\x8b"):  # gzip's magic bytes
+            if path.endswith(".gz"):
+                named, plain, command = "its name ends in .gz", path[:-3], f"gunzip -k {path}"
+            else:
+                named, plain = "though its name does not end in .gz", f"{os.path.splitext(path)[0]}.plain.json"
+                command = f"gunzip -c {path} > {plain}"
+            raise DatasetError(f"{where} {path} is gzip-compressed ({named}), and detectron2 reads plain JSON: "
+                               f"decompress it ({command}) and give {plain}.") from None
         if data.startswith((b"\xff\xfe", b"\xfe\xff")):  # UTF-16's byte order marks
             raise DatasetError(f"{where} {path} is UTF-16 text (as PowerShell's > and Notepad's 'Unicode' write it), "
                                "and JSON files are read as UTF-8: save it as UTF-8 (e.g. iconv -f UTF-16 -t UTF-8 "

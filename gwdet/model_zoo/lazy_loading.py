@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import ast
 import difflib
+import importlib.util
 import inspect
 import os
 import re
+import sys
 from pathlib import PurePath
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -42,6 +44,7 @@ LAZY_SUFFIX = ".py"
 SAVED_SUFFIXES = (".yaml", ".yml")
 OUTPUT_SETTING = "train.output_dir"
 PYTHON_TAG = "tag:yaml.org,2002:python/"
+_CFG_PACKAGE = "detectron2._cfg_loader"  # the package detectron2's LazyConfig loader runs a config file in
 NORM_TAG = PYTHON_TAG + "object:gwdet.norms.Norm"  # a gwdet.norm(...) object, as LazyConfig.save writes it
 
 
@@ -270,7 +273,10 @@ def check_override_key(cfg: DictConfig, key: str, given: Mapping[str, Any] | Non
     where = f"under {parent_key!r}" if parent_key else "at the top of the config"
     hint = f" Did you mean {' or '.join(repr('.'.join([*parts[:depth], c])) for c in close)}?" if close else ""
     takes = f" ({getattr(target, '__qualname__', target)} takes {', '.join(sorted(arguments))})" if arguments else ""
-    advice = _yacs_key_advice(key) or (f" Write +{key}=... to add a new key on purpose." if parent_key else "")
+    advice = _yacs_key_advice(key) or (f" Write +{key}=... to add a new key on purpose." if parent_key else
+                                       f" The config's top-level keys are {', '.join(sorted(map(str, present)))}; "
+                                       "nothing reads a key added beside them, so set one of theirs (e.g. "
+                                       "train.max_iter=...).")
     raise GwdetValueError(f"LazyConfig override {key!r}: the config has no {name!r} {where}{takes}.{hint}{advice}")
 
 
@@ -619,8 +625,8 @@ def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
 
 
 def _load_python_config(config_file: str) -> DictConfig:
-    """detectron2's ``LazyConfig.load`` of a ``.py`` config, its syntax errors and missing relative
-    imports named with the line or file and the fix."""
+    """detectron2's ``LazyConfig.load`` of a ``.py`` config, its syntax errors, missing relative
+    imports and imports of modules that cannot be found named with the line or file and the fix."""
     try:
         loaded = LazyConfig.load(config_file)
     except SyntaxError as error:
@@ -633,6 +639,8 @@ def _load_python_config(config_file: str) -> DictConfig:
         raise GwdetValueError(
             f"Config file {config_file!r} imports with '*', which detectron2's LazyConfig loader cannot: import the "
             "names it uses (from .x import model, dataloader, optimizer, lr_multiplier, train).") from None
+    except ModuleNotFoundError as error:
+        raise _missing_module_error(config_file, error) from None
     except ImportError as error:
         if "does not exist" not in str(error):  # detectron2's message for a relative import not beside the file
             raise
@@ -642,6 +650,41 @@ def _load_python_config(config_file: str) -> DictConfig:
             f"{os.path.dirname(config_file) or '.'}/).") from None
     _check_nothing_left_out(config_file, loaded)
     return loaded
+
+
+def _missing_module_error(config_file: str, error: ModuleNotFoundError) -> GwdetValueError:
+    """The refusal of a config whose import names a module that cannot be found: the config file
+    (or the one it imports) and line of the import, the module, and the fix."""
+    where = f"Config file {config_file!r}"
+    frame = None
+    trace = error.__traceback__
+    while trace is not None:  # the innermost frame of a file detectron2's loader runs as a config
+        if str(trace.tb_frame.f_globals.get("__package__") or "").startswith(_CFG_PACKAGE):
+            frame = trace
+        trace = trace.tb_next
+    if frame is not None:
+        source = frame.tb_frame.f_code.co_filename
+        line = frame.tb_lineno
+        try:  # read now: linecache may hold an earlier version of the file
+            with open(source, encoding="utf-8") as file:
+                text = file.read().splitlines()[line - 1].strip()
+        except (OSError, UnicodeDecodeError, IndexError):
+            text = ""
+        if os.path.abspath(source) != os.path.abspath(config_file):
+            where += f" imports {source!r}, which"
+        where += f" (line {line}: {text})" if text else f" (line {line})"
+    missing = error.name or str(error)
+    if not str(error).startswith("No module named"):  # a message of its own, which names its fix
+        return GwdetValueError(f"{where} cannot import {missing!r}: {error}")
+    top = missing.split(".")[0]
+    try:
+        top_found = top != missing and importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        top_found = False
+    what = (f"{top!r} is installed but has no module {missing!r}" if top_found
+            else f"no module {missing!r} is installed in this environment ({sys.executable})")
+    fix = "Correct the import." if top_found else "Install it, or correct the import."
+    return GwdetValueError(f"{where} cannot import {missing!r}: {what}. {fix}")
 
 
 # the top-level values gwdet's tools and detectron2's lazyconfig_train_net.py read

@@ -37,6 +37,27 @@ from gwdet.utils.run_file_names import CONFIG_NAME
 logger = logging.getLogger(__name__)
 
 
+def _other_encoding_problem(path: str) -> str | None:
+    """For a file that is not UTF-8 but reads as text in another 8-bit encoding (a YAML config an
+    editor saved in Latin-1: no NUL byte, mostly ASCII), the end of a sentence naming the first byte
+    that is not UTF-8, its line and the fix; None for a binary file (a checkpoint, an export)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        ascii_text = sum(byte in b"\t\n\r" or 32 <= byte < 127 for byte in data)
+        if b"\0" in data or ascii_text < 0.9 * len(data):
+            return None
+        line = data[:error.start].count(b"\n") + 1
+        return (f"is not UTF-8 text (byte 0x{data[error.start]:02x} at line {line}), which YAML readers take as "
+                f"UTF-8 only: save it as UTF-8 (e.g. iconv -f LATIN1 -t UTF-8 {path} > OUT for a Latin-1 file), "
+                "then give that file.")
+    except OSError:
+        return None
+    return None
+
+
 def build_config(config_file: str | os.PathLike, opts: list[str] | None = None) -> CfgNode:
     """detectron2's defaults + gwdet's keys + ``config_file`` + ``KEY VALUE`` overrides, checked, frozen."""
     if not config_file:
@@ -69,6 +90,9 @@ def build_config(config_file: str | os.PathLike, opts: list[str] | None = None) 
         if utf16:
             raise GwdetValueError(f"Config file {config_file!r} is UTF-16 text (as PowerShell's > writes it), which "
                                   "YAML readers take as UTF-8 only: save it as UTF-8.") from None
+        encoding = _other_encoding_problem(config_file)
+        if encoding:
+            raise GwdetValueError(f"Config file {config_file!r} {encoding}") from None
         raise GwdetValueError(f"Config file {config_file!r} is not text (a checkpoint or an export?): give a yacs .yaml "
                               "config (see configs/) or a LazyConfig .py.") from None
     try:
@@ -450,6 +474,10 @@ def check_base_files(config_file: str, content: Mapping, named_from: Sequence[st
                 base_text = f.read()
             base_content = load_config_yaml(path, base_text, named_from=chain)
         except (UnicodeDecodeError, yaml.YAMLError) as error:
+            encoding = _other_encoding_problem(path) if isinstance(error, UnicodeDecodeError) else None
+            if encoding:
+                raise GwdetValueError(f"Config file {config_file!r} names {BASE_KEY}: {written!r}, but {path} "
+                                      f"{encoding}") from None
             what = "not text (a checkpoint?)" if isinstance(error, UnicodeDecodeError) else f"not valid YAML ({error})"
             raise GwdetValueError(
                 f"Config file {config_file!r} names {BASE_KEY}: {written!r}, but {path} is {what}: a {BASE_KEY} "
