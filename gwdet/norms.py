@@ -161,8 +161,9 @@ def register_norm(name: str, build: Callable[..., torch.nn.Module] | None = None
 
 
 # Layers that compute rather than normalize: a class among them, or a base class of them, in a
-# registration's layer_types would make every such layer of every model a norm layer.
-_COMPUTING_MODULES = (torch.nn.modules.conv._ConvNd, torch.nn.Linear, torch.nn.Bilinear, torch.nn.Embedding,
+# registration's layer_types would make every such layer of every model a norm layer; inside a norm
+# layer (a conditional norm's convolution) their parameters keep the ordinary weight decay.
+COMPUTING_MODULES = (torch.nn.modules.conv._ConvNd, torch.nn.Linear, torch.nn.Bilinear, torch.nn.Embedding,
                       torch.nn.EmbeddingBag, torch.nn.RNNBase, torch.nn.MultiheadAttention)
 
 
@@ -171,8 +172,8 @@ def _check_layer_types(owner: str, layer_types: tuple[type, ...], batch_statisti
     convolution, linear or embedding class (or a base class of one), and a class a built-in name
     builds with the other ``batch_statistics`` (the model checks would take that name's layers for
     the registered name's)."""
-    computing = [kind.__name__ for kind in layer_types if issubclass(kind, _COMPUTING_MODULES)
-                 or any(issubclass(layer, kind) for layer in _COMPUTING_MODULES)]
+    computing = [kind.__name__ for kind in layer_types if issubclass(kind, COMPUTING_MODULES)
+                 or any(issubclass(layer, kind) for layer in COMPUTING_MODULES)]
     if computing:
         raise GwdetValueError(
             f"{owner}: layer_types names {', '.join(computing)}, a convolution, linear or embedding layer (or a base "

@@ -31,13 +31,7 @@ from torch import nn
 from gwdet.config_checks import ensure_checked
 from gwdet.errors import GwdetTypeError, GwdetValueError, listed
 from gwdet.layers.common import is_finite_number
-from gwdet.norms import DETECTRON2_OPTIMIZER_NORMS, NORM_LAYER_MARK, layer_types
-
-# Modules that compute with weights of their own: inside a norm layer (a conditional norm's
-# convolution, say) their parameters keep the ordinary weight decay.
-COMPUTING_MODULES: tuple[type[nn.Module], ...] = (
-    nn.modules.conv._ConvNd, nn.Linear, nn.Bilinear, nn.Embedding, nn.EmbeddingBag, nn.RNNBase, nn.MultiheadAttention)
-
+from gwdet.norms import COMPUTING_MODULES, DETECTRON2_OPTIMIZER_NORMS, NORM_LAYER_MARK, layer_types
 
 def optimizer_norm_types() -> tuple[type, ...]:
     """The classes whose modules are norms to the optimizer: detectron2's own list (which gwdet
