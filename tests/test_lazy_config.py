@@ -109,6 +109,11 @@ def test_place_norm_refuses_a_norm_callable_that_gives_no_layer_and_a_resnet_not
                                         r"each position; nothing was replaced. .*or the class BatchNorm2d itself.$"):
         place_norm(resnet, positions="S1-B2", norm=torch.nn.BatchNorm2d(64))
     assert resnet.stem.conv1.norm is before
+    # a LazyConfig node given in Python before instantiate: "'DictConfig' object is not callable"
+    with pytest.raises(TypeError, match=r"^place_norm: norm is a LazyConfig node not instantiated \(gwdet.norms.norm with "
+                                        r"'name', 'num_groups'\); nothing was replaced. In Python, instantiate it first"):
+        place_norm(resnet, positions="S1", norm=L(gwdet.norm)(name="GW", num_groups=4))
+    assert resnet.stem.conv1.norm is before
     torchvision = pytest.importorskip("torchvision")
     with pytest.raises(TypeError, match=r"place_norm takes detectron2's ResNet .*, got torchvision.models.resnet.ResNet. "
                                         r"A torchvision ResNet takes its norm when built"):

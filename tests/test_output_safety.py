@@ -1607,6 +1607,45 @@ def test_a_resume_from_another_runs_checkpoint_under_a_later_name_is_refused(tmp
     assert ResilientCheckpointer(model, str(tmp_path), optimizer=optimizer).resume_or_load("", resume=True)["iteration"] == 3
 
 
+def test_a_resume_from_another_runs_checkpoint_of_the_same_name_and_iteration_is_refused(tmp_path):
+    # another run's model_final.pth (or model_0000003.pth), its .sha256 made anew, copied over this run's: the resume
+    # went on from the other run's weights, optimizer and random state without a word (its iteration matched the name)
+    from gwdet.checkpoint.run_identity import RUN_ID_KEY
+
+    def run(folder):
+        folder.mkdir()
+        model = torch.nn.Linear(2, 2)
+        checkpointer = ResilientCheckpointer(model, str(folder), optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+        checkpointer.resume_or_load("", resume=False)
+        checkpointer.save("model_final", iteration=3)
+        return checkpointer
+
+    ours, other = run(tmp_path / "ours"), run(tmp_path / "other")
+    assert ours.run_id != other.run_id and (tmp_path / "ours" / "run_id").read_text() == ours.run_id
+    assert torch.load(tmp_path / "ours" / "model_final.pth", weights_only=False)[RUN_ID_KEY] == ours.run_id
+    kept = (tmp_path / "ours" / "model_final.pth").read_bytes()
+    shutil.copy(tmp_path / "other" / "model_final.pth", tmp_path / "ours" / "model_final.pth")
+    digest = hashlib.sha256((tmp_path / "ours" / "model_final.pth").read_bytes()).hexdigest()
+    (tmp_path / "ours" / "model_final.pth.sha256").write_text(f"{digest}  model_final.pth\n")
+    model = torch.nn.Linear(2, 2)
+    resumed = ResilientCheckpointer(model, str(tmp_path / "ours"), optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(ValueError, match=rf"--resume: .*model_final.pth was saved by another run than the one in .*ours: "
+                                         rf"it records the run {other.run_id[:12]}\.\.\., the folder's run_id file the run "
+                                         rf"{ours.run_id[:12]}\.\.\.; it is another run's checkpoint copied there"):
+        resumed.resume_or_load("", resume=True)
+    (tmp_path / "ours" / "model_final.pth").write_bytes(kept)  # its own checkpoint back: resumed, the identity kept
+    digest = hashlib.sha256(kept).hexdigest()
+    (tmp_path / "ours" / "model_final.pth.sha256").write_text(f"{digest}  model_final.pth\n")
+    again = ResilientCheckpointer(model, str(tmp_path / "ours"), optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    assert again.resume_or_load("", resume=True)["iteration"] == 3 and again.run_id == ours.run_id
+    # a folder without the record (gwdet before it; detectron2's checkpointer) takes the identity of what it resumes
+    (tmp_path / "ours" / "run_id").unlink()
+    adopted = ResilientCheckpointer(model, str(tmp_path / "ours"), optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    adopted.resume_or_load("", resume=True)
+    adopted.save("model_0000004", iteration=4)
+    assert adopted.run_id == ours.run_id and (tmp_path / "ours" / "run_id").read_text() == ours.run_id
+
+
 def _small_gw_model() -> torch.nn.Module:
     from gwdet.layers import GroupWhitening
 

@@ -398,8 +398,9 @@ def test_eval_only_resume_of_a_folder_without_checkpoints_names_the_fix(tmp_path
     with pytest.raises(FileNotFoundError) as refused:
         tagged_checkpoint(str(tmp_path))
     assert str(refused.value) == (
-        f"--eval-only --resume: OUTPUT_DIR {str(tmp_path)!r} holds no checkpoint to evaluate. Check OUTPUT_DIR, "
-        "or name the weights with MODEL.WEIGHTS path/to/model_final.pth.")
+        f"--eval-only --resume: OUTPUT_DIR {str(tmp_path)!r} holds no checkpoint to evaluate (with --resume, --eval-only "
+        "evaluates the run's last checkpoint there). Check OUTPUT_DIR, or leave --resume out to evaluate the weights "
+        "MODEL.WEIGHTS names (MODEL.WEIGHTS path/to/model_final.pth).")
 
 
 def test_eval_only_resume_evaluates_the_named_checkpoint_even_when_a_newer_one_is_there(tmp_path):

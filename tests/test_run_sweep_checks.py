@@ -12,6 +12,8 @@ import logging
 import os
 import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -29,7 +31,7 @@ from gwdet.errors import GwdetError, GwdetOSError
 from gwdet.model_zoo import build_config
 from gwdet.utils.atomic import WriteError
 
-from conftest import DEMO_CONFIG, TINY_OPTS, error_in_child, logged_warnings, run_folder_with_a_link, tiny_run_args
+from conftest import DEMO_CONFIG, REPO, TINY_OPTS, error_in_child, logged_warnings, run_folder_with_a_link, tiny_run_args
 
 RECORD = CONFIG_NAME + ".sha256"
 
@@ -619,6 +621,39 @@ def test_a_full_disk_while_evaluating_is_one_error_with_the_way_on(finished_run,
                                            r"written at that moment may be cut short\. Free space there\. Evaluate "
                                            r"again once it can be written\."):
         main(tiny_run_args(tmp_path, "--eval-only", "MODEL.WEIGHTS", str(finished_run / "model_final.pth")))
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux), a device that is always full")
+def test_a_full_disk_at_metrics_json_while_training_is_one_error_with_the_way_on(tmp_path):
+    # detectron2's trainer ran its writers again after JSONWriter's failed write: chained tracebacks ending in its
+    # printer's ZeroDivisionError, the full disk three exceptions down
+    run = tmp_path / "run"
+    run.mkdir()
+    os.symlink("/dev/full", run / "metrics.json")
+    with pytest.raises(GwdetOSError, match=rf"^The disk of {run} is full \(No space left on device: .*\); files written "
+                                           r"at that moment may be cut short\. Free space there\. Its checkpoints are "
+                                           r"kept: continue with --resume once it can be written"):
+        main(tiny_run_args(run))
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux), a device that is always full")
+def test_a_run_whose_log_could_not_be_written_does_not_end_as_a_success(tmp_path):
+    # Python's logging printed "--- Logging error ---" for each line and went on: exit status 0, and results.md sent
+    # the reader to warnings in a log.txt that held nothing
+    run = tmp_path / "run"
+    main(tiny_run_args(run))
+    (run / "log.txt").unlink()
+    os.symlink("/dev/full", run / "log.txt")
+    # a process of its own: detectron2 caches the log stream of each file name for the process
+    completed = subprocess.run([sys.executable, str(REPO / "tools" / "train_net.py"), "--config-file", str(DEMO_CONFIG),
+                                *TINY_OPTS, "SOLVER.MAX_ITER", "3", "OUTPUT_DIR", str(run), "--resume"],
+                               cwd=REPO, capture_output=True, text=True, timeout=300,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert completed.returncode == 2 and "--- Logging error ---" in completed.stderr
+    assert (f"train_net.py: error: The disk of {run} is full (No space left on device: {run / 'log.txt'}): the run's log "
+            f"could not be written, so {run / 'log.txt'} lacks its lines (the console had them). Free space there; the "
+            "run's other files were written") in completed.stderr, completed.stderr[-3000:]
+    assert torch.load(run / "model_final.pth", weights_only=False)["iteration"] == 2  # the rest of the run is there
 
 
 def test_a_full_disk_met_by_torch_save_is_named_as_a_full_disk(tmp_path):

@@ -65,6 +65,7 @@ from gwdet.checkpoint.integrity import (
     with_checksums,
 )
 from gwdet.checkpoint.converted_weights import read_conversion_metadata
+from gwdet.checkpoint.run_identity import RUN_ID_KEY, check_same_run, new_run_id, record_run_id
 from gwdet.layers.settings_state import EXTRA_STATE_KEY
 from gwdet.norms import SYNCHRONIZED_NORMS, TORCH_BATCH_NORMS, layer_types
 from gwdet.checkpoint.safe_load import (UnsafeCheckpointError, load_pickle_file, load_torch_file,
@@ -678,6 +679,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
         self.started = False  # set by resume_or_load: a trainer that trains without it starts a new run
         self._folder_seen: dict[str, tuple[int, int]] | None = None  # save_dir's checkpoints after resume_or_load
         self._file_keys: set = set()  # the keys of the file _load_file read last
+        self.run_id: str | None = None  # set by resume_or_load: the run's identity, recorded with each save
 
     @property
     def resumed_start(self) -> int | None:
@@ -716,6 +718,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
             data[INITIAL_WEIGHTS_KEY] = self.initial_weights
         if self.segment:
             data[RUN_SEGMENTS_KEY] = self.run_segments()
+        if self.run_id:
+            data[RUN_ID_KEY] = self.run_id
         record = input_record(self.model)
         if record:
             data[INPUT_KEY] = record
@@ -727,6 +731,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
         self.logger.info(f"Saving checkpoint to {path}")
         # a kill while saving leaves no record or a right one (read unchecked but for the checksums inside)
         write_with_checksum(path, lambda file: torch.save(data, file), self.path_manager)
+        if self.run_id:
+            record_run_id(self.save_dir, self.run_id)
         self.tag_last_checkpoint(basename)
         if self._folder_seen is not None:
             self._folder_seen = checkpoint_files(self.save_dir or "")
@@ -942,9 +948,13 @@ class ResilientCheckpointer(DetectionCheckpointer):
         """``resume``: the newest readable checkpoint of ``save_dir`` (:meth:`resume_candidates`),
         else the initial weights ``path``; without ``resume``, the initial weights, refused where
         ``save_dir`` holds another run's checkpoints, which the new training would replace. The
-        folder's checkpoints are noted for :meth:`check_folder_unchanged`."""
+        folder's checkpoints are noted for :meth:`check_folder_unchanged`. The run's identity
+        (:attr:`run_id`, :mod:`gwdet.checkpoint.run_identity`) is the resumed checkpoint's or the
+        folder's, else a new one."""
         self.started = True
+        self.run_id = None
         loaded = self._resume_or_load(path, resume)
+        self.run_id = self.run_id or new_run_id()
         self._folder_seen = checkpoint_files(self.save_dir or "")
         return loaded
 
@@ -983,6 +993,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
                         f"weights), so the run cannot continue from it: its iteration, schedule and momentum would "
                         f"start again. Start a new run from it ({self.weights_setting} {candidate}) into another output "
                         "folder, or restore the checkpoint as the run wrote it.")
+                run_id = check_same_run(candidate, loaded.get(RUN_ID_KEY), self.save_dir or "", self.weights_setting)
                 _check_iteration_of_its_name(candidate, int(loaded["iteration"]), self.save_dir or "")
                 self._check_same_training_data(loaded.get(DATA_KEY), candidate)
                 recorded = loaded.get(INITIAL_WEIGHTS_KEY)
@@ -993,6 +1004,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
                                            else None, candidate)
                 self._segment_start = int(loaded["iteration"]) + 1
                 self._resumed = True
+                self.run_id = run_id
                 return loaded
             except (OSError, EOFError, RuntimeError, pickle.UnpicklingError, DamagedFileError) as err:
                 if isinstance(err, UnsafeCheckpointError):

@@ -48,7 +48,7 @@ from gwdet.errors import (
 from gwdet.checkpoint.safe_load import starts_like_torch_save_output
 from gwdet.checkpoint.resilient import (CHECKPOINT_NAME, INITIAL_WEIGHTS_KEY, checkpoint_names, local_weights_path,
                                         lost_checkpoint_error, tagged_name)
-from gwdet.utils.run_file_names import (LAST_CHECKPOINT, LOCK_NAME, FINAL_WEIGHTS, CONFIG_NAME, RESULTS_MARKDOWN,
+from gwdet.utils.run_file_names import (LAST_CHECKPOINT, RUN_ID, LOCK_NAME, FINAL_WEIGHTS, CONFIG_NAME, RESULTS_MARKDOWN,
                                    RESULTS_JSON, EVALUATOR_FILES, CONFIG_FILES, RUN_FILES, SET_ASIDE_INFIX,
                                    EARLIER_RESULTS, EVAL_FOLDER, INFERENCE_FOLDER, VIS_FOLDER, RUN_FOLDERS, CONFIG_KEPT,
                                    CONFIG_KEEPING, SET_ASIDE, LOG_NAME, RANK_LOG, CONFIG_PAIR, METRICS_JSON)
@@ -632,7 +632,8 @@ def check_run_folders(output_dir: str, names: Sequence[str], setting: str = "OUT
 
 
 # The files a run writes in its output folder, and what each holds (named in refusals)
-RUN_FILE_PURPOSES = {LAST_CHECKPOINT: "the name of its latest checkpoint", METRICS_JSON: "its training metrics",
+RUN_FILE_PURPOSES = {LAST_CHECKPOINT: "the name of its latest checkpoint", RUN_ID: "its identity",
+                     METRICS_JSON: "its training metrics",
                      LOG_NAME: "its log", RESULTS_MARKDOWN: "its results", RESULTS_JSON: "its results"}
 
 
@@ -1090,8 +1091,9 @@ def tagged_checkpoint(output_dir: str) -> str:
                                      f"evaluate: {set_aside}")
     if not available:
         raise GwdetFileNotFoundError(f"--eval-only --resume: OUTPUT_DIR {output_dir!r} holds no checkpoint to "
-                                     "evaluate. Check OUTPUT_DIR, or name the weights with MODEL.WEIGHTS "
-                                     "path/to/model_final.pth.")
+                                     "evaluate (with --resume, --eval-only evaluates the run's last checkpoint there). "
+                                     "Check OUTPUT_DIR, or leave --resume out to evaluate the weights MODEL.WEIGHTS names "
+                                     "(MODEL.WEIGHTS path/to/model_final.pth).")
     choose = f"Name the weights to evaluate, e.g. MODEL.WEIGHTS {os.path.join(output_dir, available[-1])}"
     try:
         name = tagged_name(output_dir)

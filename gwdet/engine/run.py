@@ -69,9 +69,9 @@ from gwdet.engine.output_dir import (OutputDirLock, check_config_file_kept, chec
                                      config_until_started, earlier_run_until_started, evaluation_folder,
                                      recorded_initial_weights, tagged_checkpoint)
 from gwdet.utils.run_file_names import (CONFIG_NAME, EVALUATOR_FILES, INFERENCE_FOLDER, RESULTS_JSON, RESULTS_MARKDOWN,
-                                   VIS_FOLDER)
+                                   VIS_FOLDER, LOG_NAME)
 from gwdet.engine.run_environment import ENVIRONMENT_KEY, annotation_files, run_environment
-from gwdet.engine.run_log import HeldRecords, RunWarnings
+from gwdet.engine.run_log import HeldRecords, RunWarnings, unwritten_log_error
 from gwdet.engine.training import RunFolderKept, check_torch_state, mark_seeded
 from gwdet.engine.visualize import DRAWN_SCORE, save_prediction_pngs
 
@@ -748,6 +748,7 @@ def _train_or_evaluate(args: argparse.Namespace, held: HeldRecords, warned: RunW
             drawings = save_prediction_pngs(run.cfg, model, test_datasets[0], run.vis_images,
                                             os.path.join(run.output_dir, VIS_FOLDER), drawn_score(run))
     log_outputs(run.output_dir, bool(results), drawings, run.vis_setting, len(warned.messages))
+    check_log_written(run.output_dir)
     if args.eval_only:  # (a training's: detectron2's trainer checks them)
         run.verify_results(results or {})
     return results
@@ -775,15 +776,17 @@ def training_way_on(output_dir: str) -> str:
 def named_full_disk(output_dir: str, way_on: str | Callable[[], str]) -> Iterator[None]:
     """A full disk while training or evaluating into ``output_dir`` (detectron2's writers, its
     evaluators' files; torch.save's archive writer reports it as a RuntimeError raised while the
-    OSError was handled), or ``output_dir`` no longer writable (a disk remounted read-only,
+    OSError was handled; detectron2's trainer runs its writers again after the failed one, whose
+    own errors then replace it), or ``output_dir`` no longer writable (a disk remounted read-only,
     permissions changed: a file there refused), as one error naming the folder and ``way_on`` (or
     what it returns when the error comes: what is kept by then), instead of the writer's traceback."""
     try:
         yield
-    except (OSError, RuntimeError) as raised:
+    except Exception as raised:
         if callable(way_on):
             way_on = way_on()
-        error = next((cause for cause in (raised, raised.__context__) if isinstance(cause, OSError)), None)
+        error = next((cause for cause in _raised_while_handling(raised)
+                      if isinstance(cause, OSError) and cause.errno in _UNWRITABLE), None)
         if error is None or (isinstance(raised, GwdetError) and not isinstance(raised, WriteError)):
             raise  # gwdet's own errors say it already (an atomic write's names the file only)
         filename = getattr(error, "path", None) or error.filename
@@ -799,6 +802,20 @@ def named_full_disk(output_dir: str, way_on: str | Callable[[], str]) -> Iterato
                                "read-only, or its permissions changed, while the run worked; files written at that "
                                f"moment may be cut short. Make it writable again. {way_on}") from raised
         raise
+
+
+# What a file write fails with on a full disk or quota, and in a folder no longer writable
+_UNWRITABLE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def _raised_while_handling(raised: BaseException) -> Iterator[BaseException]:
+    """``raised``, then the exceptions it was raised while handling (``__context__``), innermost last."""
+    seen: list[BaseException] = []
+    cause: BaseException | None = raised
+    while cause is not None and not any(cause is earlier for earlier in seen):
+        seen.append(cause)
+        yield cause
+        cause = cause.__context__
 
 
 # How PIL says that an image file it opened or decodes is damaged (OSError, or its UnidentifiedImageError)
@@ -974,6 +991,24 @@ def write_results_to(output_dir: str, results: Mapping, datasets: Sequence[str] 
     write_text_with_checksum(os.path.join(output_dir, RESULTS_JSON),
                              json.dumps(results_record(results, datasets, run_datasets, evaluated, initial, segments,
                                                         test_settings, list(dict.fromkeys(warnings))), indent=2))
+
+
+def check_log_written(output_dir: str) -> None:
+    """Refuse to report success for a run whose ``log.txt`` could not be written (main process):
+    Python's logging prints each failed write on stderr and goes on, so the run would end with exit
+    status 0 and a ``results.md`` that sends the reader to a log that is not there."""
+    path = os.path.join(output_dir, LOG_NAME)
+    error = unwritten_log_error(path) if comm.is_main_process() else None
+    if error is None:
+        return
+    reason = error.strerror or str(error)
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        raise GwdetOSError(f"The disk of {output_dir} is full ({reason}: {path}): the run's log could not be written, "
+                           f"so {path} lacks its lines (the console had them). Free space there; the run's other files "
+                           "were written (a write that failed would have stopped it).") from error
+    raise GwdetOSError(f"{path} could not be written ({reason}): the run's log lacks its lines (the console had them). "
+                       "Check that file and its disk; the run's other files were written (a write that failed would "
+                       "have stopped it).") from error
 
 
 def log_outputs(output_dir: str, wrote_results: bool, drawings: Sequence[str], drawings_setting: str,

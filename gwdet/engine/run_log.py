@@ -7,14 +7,18 @@ logs in the meantime (the ``--resume`` warning about changed config values, say)
 the run's handlers once they exist, so it reaches the console and ``log.txt`` like any later
 message. :class:`RunWarnings` keeps the warnings gwdet logs while a run runs, for its
 ``results.md`` and ``results.json``: a warning that scrolled by among detectron2's lines is still
-part of the run's record.
+part of the run's record. :func:`unwritten_log_error` tells whether ``log.txt`` could be written at
+all: Python's logging reports a failed write on stderr and goes on.
 """
 from __future__ import annotations
 
 import logging
+import os
 from types import TracebackType
 
 LOGGER = "gwdet"
+# The loggers detectron2's setup_logger gives a handler that writes the run's log file
+LOG_FILE_LOGGERS = ("detectron2", LOGGER)
 
 
 class _Holder(logging.Handler):
@@ -88,3 +92,22 @@ class RunWarnings:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
         self._logger.removeHandler(self._collector)
+
+
+def unwritten_log_error(path: str) -> OSError | None:
+    """The error that keeps the run's log file ``path`` from being written (a full disk, say), or
+    ``None``: the handlers writing it (on :data:`LOG_FILE_LOGGERS`) are flushed, and a write that
+    failed before still fails, its text still buffered (logging printed ``--- Logging error ---``
+    each time and went on)."""
+    target = os.path.abspath(path)
+    for name in LOG_FILE_LOGGERS:
+        for handler in logging.getLogger(name).handlers:
+            stream = getattr(handler, "stream", None)
+            written = getattr(stream, "name", None)
+            if stream is None or not isinstance(written, str) or os.path.abspath(written) != target:
+                continue
+            try:
+                stream.flush()
+            except OSError as error:
+                return error
+    return None

@@ -89,6 +89,12 @@ def _check_arguments(x: Tensor, running_mean: Tensor, running_var: Tensor, weigh
                               f"[{channels}] (training updates them, evaluation normalizes with them), got None")
     check_per_channel(owner, {"running_mean": running_mean, "running_var": running_var, "weight": weight, "bias": bias},
                       channels)
+    integral = [f"{name} ({tensor.dtype})" for name, tensor in (("running_mean", running_mean),
+                                                                ("running_var", running_var)) if not tensor.is_floating_point()]
+    if integral:
+        raise GwdetValueError(f"{owner}: {' and '.join(integral)} must be floating-point: they hold running averages, "
+                              f"which training updates in place; create them as torch.zeros({channels}) and "
+                              f"torch.ones({channels}), or convert them with .float()")
     if training:
         check_single_values(owner, x, groups, groups, examples_per_group)
 

@@ -23,6 +23,7 @@ from detectron2.modeling import BACKBONE_REGISTRY
 from detectron2.modeling.backbone import FPN, ResNet
 from detectron2.modeling.backbone.fpn import LastLevelMaxPool, LastLevelP6P7
 from detectron2.modeling.backbone.resnet import build_resnet_backbone
+from omegaconf import DictConfig
 from torch import nn
 
 from gwdet.config_checks import ensure_checked
@@ -66,6 +67,15 @@ def _place_norm(resnet: ResNet, positions: str, norm: Any, freeze_at: int, refus
         raise GwdetTypeError(f"place_norm: norm={norm!r} is a layer, not what builds one for each position; nothing "
                              "was replaced. Give a name or a callable that returns a new layer for a channel count: "
                              f"gwdet.norm('GW', num_groups=64), or the class {type(norm).__name__} itself.")
+    if isinstance(norm, (DictConfig, dict)) and "_target_" in norm:  # callable in neither form
+        target = norm.get("_target_")
+        named = getattr(target, "__qualname__", None)
+        shown = f"{getattr(target, '__module__', '')}.{named}" if named else repr(target)
+        raise GwdetTypeError(f"place_norm: norm is a LazyConfig node not instantiated ({shown} with "
+                             f"{listed([repr(key) for key in norm if key != '_target_'], 4) or 'no arguments'}); nothing "
+                             "was replaced. In Python, instantiate it first (detectron2.config.instantiate(node)) or "
+                             "give the object itself, e.g. gwdet.norm('GW', num_groups=64); inside a LazyConfig, "
+                             "instantiate() builds the whole L(place_norm)(...) node with it.")
     _check_placement(resnet, norm, freeze_at)
     convs = list(convs_at_positions(resnet, parse_gw_positions(positions, "positions of gwdet.modeling.place_norm")))
     layers = [get_norm(norm, conv.out_channels) for conv in convs]

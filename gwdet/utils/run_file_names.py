@@ -14,6 +14,7 @@ LOCK_NAME = ".gwdet.lock"
 FINAL_WEIGHTS = "model_final.pth"  # what detectron2's periodic checkpointer saves at the end
 CONFIG_NAME = "config.yaml"  # detectron2's default_setup writes the run's config here
 METRICS_JSON = "metrics.json"  # detectron2's JSONWriter appends the training metrics here
+RUN_ID = "run_id"  # the identity of the run whose checkpoints the folder holds (gwdet.checkpoint.run_identity)
 # Files and folders of a run that a new run would replace or append to (config.yaml and
 # results.json with the SHA-256 recorded beside them, gwdet.utils.atomic).
 RESULTS_MARKDOWN = "results.md"  # the run's results, written by gwdet.engine.run
@@ -23,7 +24,7 @@ EVALUATOR_FILES = ("coco_instances_results.json", "instances_predictions.pth")
 # The run's config, its record and (config.yaml.pkl) the pickle detectron2's LazyConfig.save writes of
 # a config that YAML cannot hold (a function, say): what a run leaves before its first step
 CONFIG_FILES = (CONFIG_NAME, CONFIG_NAME + CHECKSUM_SUFFIX, CONFIG_NAME + ".pkl")
-RUN_FILES = (LAST_CHECKPOINT, METRICS_JSON, RESULTS_MARKDOWN, RESULTS_JSON, *CONFIG_FILES,
+RUN_FILES = (LAST_CHECKPOINT, RUN_ID, METRICS_JSON, RESULTS_MARKDOWN, RESULTS_JSON, *CONFIG_FILES,
              RESULTS_JSON + CHECKSUM_SUFFIX)
 # A run resumed past its results keeps them as results<SET_ASIDE_INFIX><iteration>[_<n>].md / .json
 # (set_aside_results), with its files, and a run resumed with other config values keeps the config of

@@ -1,0 +1,71 @@
+"""The identity of a run, so that a resume continues only from the run's own checkpoints.
+
+A training started by :meth:`~gwdet.checkpoint.resilient.ResilientCheckpointer.resume_or_load`
+draws a random identity; each checkpoint it saves records it under :data:`RUN_ID_KEY`, and the
+output folder in the file :data:`~gwdet.utils.run_file_names.RUN_ID`. A resume from a checkpoint
+recording another identity than the folder's (another run's checkpoint copied there, under any
+name and iteration) is refused; a checkpoint or folder without a record (older gwdet, detectron2's
+own checkpointer) is not checked, and the folder takes the identity of the checkpoint resumed.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import uuid
+
+from gwdet.errors import GwdetValueError
+from gwdet.utils.atomic import write_atomically
+from gwdet.utils.run_file_names import RUN_ID
+
+logger = logging.getLogger(__name__)
+
+RUN_ID_KEY = "gwdet_run_id"  # the identity of the run that saved a checkpoint
+_RUN_ID_FORM = re.compile(r"^[0-9a-f]{32}$")
+
+
+def new_run_id() -> str:
+    """A fresh random run identity (32 hexadecimal digits)."""
+    return uuid.uuid4().hex
+
+
+def folder_run_id(folder: str) -> str | None:
+    """The run identity recorded in ``folder``'s :data:`RUN_ID` file; ``None`` where there is none
+    (or the folder is not local). A file that holds no identity is warned of and read as none."""
+    path = os.path.join(folder, RUN_ID)
+    if "://" in folder or not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="ascii") as file:
+            recorded = file.read(64).strip()
+    except (OSError, UnicodeDecodeError) as error:
+        logger.warning(f"{path} cannot be read ({error}): the run's checkpoints are not checked against it.")
+        return None
+    if not _RUN_ID_FORM.match(recorded):
+        logger.warning(f"{path} holds no run identity (32 hexadecimal digits): the run's checkpoints are not checked "
+                       "against it.")
+        return None
+    return recorded
+
+
+def record_run_id(folder: str, run_id: str) -> None:
+    """Write ``run_id`` into ``folder``'s :data:`RUN_ID` file (atomically) unless it holds it already."""
+    if "://" in folder or folder_run_id(folder) == run_id:
+        return
+    write_atomically(os.path.join(folder, RUN_ID), lambda file: file.write(run_id.encode("ascii")))
+
+
+def check_same_run(checkpoint: str, saved: object, folder: str, weights_setting: str) -> str | None:
+    """The run identity a resume from ``checkpoint`` (which records ``saved``) continues in
+    ``folder``: the checkpoint's, else the folder's, else ``None``. Refused where both are recorded
+    and differ: the checkpoint is another run's, copied into the folder."""
+    recorded = saved if isinstance(saved, str) and _RUN_ID_FORM.match(saved) else None
+    own = folder_run_id(folder)
+    if recorded and own and recorded != own:
+        raise GwdetValueError(
+            f"--resume: {checkpoint} was saved by another run than the one in {folder}: it records the run "
+            f"{recorded[:12]}..., the folder's {RUN_ID} file the run {own[:12]}...; it is another run's checkpoint "
+            "copied there, so continuing would train from other weights and write them into this run's records; "
+            "nothing was changed. Put the run's own checkpoint back, or start a new run from that checkpoint's "
+            f"weights ({weights_setting} {checkpoint}) into another output folder.")
+    return recorded or own
