@@ -230,6 +230,27 @@ def check_config_values(cfg: CN) -> None:
         key.check("config", key.name, config_value(cfg, key.name))
 
 
+# Keys a project of the user's adds to detectron2's sections under a name close to one of
+# detectron2's (declared with allow_config_keys), which the config gate would otherwise take for a misspelling.
+_ALLOWED_KEYS: set[str] = set()
+
+
+def allow_config_keys(*names: str) -> None:
+    """Declare the dotted keys ``names`` (``"MODEL.ROI_MASK_HEAD.NUM_CONVS"``) as keys that a project
+    of yours adds to the config on purpose, so that the config gate does not refuse them as misspellings
+    of detectron2's or gwdet's keys. Call it before the config is used."""
+    for name in names:
+        if not isinstance(name, str) or not name or name.startswith(".") or name.endswith("."):
+            raise GwdetValueError(f"allow_config_keys: give dotted config keys such as 'MODEL.ROI_MASK_HEAD.NUM_CONVS', "
+                                  f"got {name!r}")
+        _ALLOWED_KEYS.add(name)
+
+
+def allowed_config_keys() -> frozenset[str]:
+    """The keys declared with :func:`allow_config_keys`."""
+    return frozenset(_ALLOWED_KEYS)
+
+
 def _markdown_default(value: Any) -> str:
     """A default as it reads in a config file: strings in double quotes, ``1e-5`` for 1e-05."""
     if isinstance(value, str):

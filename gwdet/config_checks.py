@@ -18,6 +18,8 @@ with its norms built from the config (:mod:`gwdet.modeling`).
 """
 from __future__ import annotations
 
+import difflib
+import functools
 import json
 import logging
 import math
@@ -28,10 +30,10 @@ from typing import Any, Callable, Mapping, Sequence
 from detectron2.config import CfgNode, get_cfg
 from detectron2.utils import comm
 
-from gwdet.errors import GwdetError, GwdetValueError
+from gwdet.errors import GwdetError, GwdetKeyError, GwdetValueError
 from gwdet.layers.common import is_finite_number, is_whole_number
-from gwdet.config import (add_gwdet_config, check_config_values, config_default, config_value, flatten_config,
-                          require_gwdet_config)
+from gwdet.config import (add_gwdet_config, allowed_config_keys, check_config_values, config_default, config_value,
+                          flatten_config, require_gwdet_config)
 from gwdet.norms import (DETECTRON2_GN_GROUPS, OWN_NAMES_NOTE, UnknownNormError, detectron2_builds_as_configured,
                          known_norm_names, norm_record, norm_records, spawned_process_note)
 from gwdet.positions import BLOCK_CONV_OF_POSITION, backbone_reads_gw_positions, parse_gw_positions
@@ -359,26 +361,48 @@ def _check_example_groups(cfg: CfgNode) -> None:
     on_images = [key for key in IMAGE_BATCH_NORM_KEYS if _value(cfg, key) in example_group_norms and builds_norm(cfg, key)]
     if on_images:  # the ROI heads' batches are their boxes, many per image
         check_example_groups(cfg.MODEL.BGN.EXAMPLES_PER_GROUP, cfg.SOLVER.IMS_PER_BATCH, comm.get_world_size(),
-                             on_images, "MODEL.BGN.EXAMPLES_PER_GROUP", "SOLVER.IMS_PER_BATCH")
+                             on_images, "MODEL.BGN.EXAMPLES_PER_GROUP", "SOLVER.IMS_PER_BATCH",
+                             batch_note=_rescaled_batch_note(cfg))
+
+
+def _rescaled_batch_note(cfg: CfgNode) -> str:
+    """Where ``cfg`` is detectron2's rescaling (``DefaultTrainer.auto_scale_workers``, which copies
+    the mark of the config the gate accepted) of a config with another ``SOLVER.IMS_PER_BATCH`` and a
+    ``SOLVER.REFERENCE_WORLD_SIZE`` other than the number of processes: a note saying so, else ''."""
+    checked = getattr(cfg, _CHECKED_CONTENT, None)
+    if checked is None:
+        return ""
+    try:
+        solver = json.loads(checked)["SOLVER"]
+        given, reference = solver["IMS_PER_BATCH"], solver["REFERENCE_WORLD_SIZE"]
+    except (ValueError, KeyError, TypeError):
+        return ""
+    batch, processes = cfg.SOLVER.IMS_PER_BATCH, comm.get_world_size()
+    if given == batch or reference in (0, processes) or cfg.SOLVER.REFERENCE_WORLD_SIZE != processes:
+        return ""
+    return (f" (detectron2 rescaled SOLVER.IMS_PER_BATCH from the {given} given to {batch}: SOLVER.REFERENCE_WORLD_SIZE "
+            f"is {reference}, and the run has {processes} process(es); set SOLVER.REFERENCE_WORLD_SIZE 0 to train with "
+            "the batch as given)")
 
 
 def check_example_groups(examples: int, batch: int, processes: int, layers: Sequence[str], examples_setting: str,
-                         batch_setting: str) -> None:
+                         batch_setting: str, batch_note: str = "") -> None:
     """Refuse example groups of ``examples`` images (``examples_setting``) for ``layers`` that see the
     images of a batch of ``batch`` (``batch_setting``) over ``processes``: a group larger than the
     batch never fills (BGN would silently become GN), and one that does not divide the images each
     process trains on would normalize the last images of every batch as a smaller group of their own
-    (the rule of :class:`~gwdet.layers.BatchGroupNorm`)."""
+    (the rule of :class:`~gwdet.layers.BatchGroupNorm`). ``batch_note`` follows the batch in the
+    messages (how the batch came to be, where it is not the value given)."""
     if examples > batch:
         raise GwdetValueError(
-            f"config: {examples_setting}={examples} is larger than {batch_setting}={batch}, so no example group can "
-            f"be filled. Use at most the images per GPU ({batch_setting} / number of GPUs); to evaluate weights (a "
+            f"config: {examples_setting}={examples} is larger than {batch_setting}={batch}{batch_note}, so no example "
+            f"group can be filled. Use at most the images per GPU ({batch_setting} / number of GPUs); to evaluate weights (a "
             f"model of the config, which may be trained again), give the {batch_setting} they were trained with.")
     images = batch // processes
     if images % examples:
         raise GwdetValueError(
             f"config: {examples_setting}={examples} does not divide the {images} images each process trains on "
-            f"({batch_setting}={batch} over {processes} process(es)), so the layers of {', '.join(layers)} would "
+            f"({batch_setting}={batch}{batch_note} over {processes} process(es)), so the layers of {', '.join(layers)} would "
             f"normalize the last {images % examples} image(s) of every batch as an example group of their own. Use "
             f"a {examples_setting} that divides {images}, or a {batch_setting} that is a multiple of "
             f"{examples * processes}.")
@@ -1031,8 +1055,71 @@ def check_no_empty_values(cfg: CfgNode) -> None:
         if value is None and defaults.get(key) is not None:
             raise GwdetValueError(
                 f"config: {key} is empty (None), where its default is {defaults[key]!r}: give it a value (an "
-                f"empty YAML value, '{key.rsplit('.', 1)[-1]}:' with nothing after it, or the override "
-                f"'{key} None' reads as None).")
+                f"empty YAML value, '{key.rsplit('.', 1)[-1]}:' with nothing after it, YAML's ~ and null, or the "
+                f"override '{key} None' reads as None).")
+
+
+@functools.lru_cache(maxsize=1)
+def _default_keys() -> tuple[frozenset[str], frozenset[str]]:
+    """The dotted keys of detectron2's defaults with gwdet's (``get_cfg()`` with
+    :func:`add_gwdet_config`), and their sections."""
+    keys = frozenset(flatten_config(add_gwdet_config(get_cfg())))
+    sections = frozenset(key.rsplit(".", depth)[0] for key in keys for depth in range(1, key.count(".") + 1))
+    return keys, sections
+
+
+def _differ_in_digits_only(name: str, other: str) -> bool:
+    """Whether ``name`` and ``other`` differ in digits only (``RES4_DILATION``, ``RES5_DILATION``):
+    the numbered keys of a family, which a project extends on purpose."""
+    return len(name) == len(other) and all(a == b or (a.isdigit() and b.isdigit())
+                                           for a, b in zip(name, other, strict=True))
+
+
+def _swapped_letters(name: str, other: str) -> bool:
+    """Whether ``name`` is ``other`` with two neighbouring letters swapped (``NROM``, ``NORM``)."""
+    if len(name) != len(other) or name == other:
+        return False
+    at = [index for index, (a, b) in enumerate(zip(name, other, strict=True)) if a != b]
+    return len(at) == 2 and at[1] == at[0] + 1 and name[at[0]] == other[at[1]] and name[at[1]] == other[at[0]]
+
+
+def check_unknown_keys(cfg: CfgNode) -> None:
+    """Raise ``KeyError`` for a key set in a section of detectron2's or gwdet's defaults that neither
+    has, nor a registered norm's ``config_keys``, nor :func:`gwdet.config.allow_config_keys`, when its
+    name is one of theirs in other letter case or close to one of theirs (a misspelling set from
+    Python, ``cfg.MODEL.FPN.NORMS = "GN"``, or a misspelt section, ``cfg.MODEL.RESNET.GW_POSITIONS``;
+    a config file's or override's is refused when merged). A key of a project's own (a new section,
+    ``MODEL.POINT_HEAD``, or a name close to none, ``MODEL.ROI_MASK_HEAD.FC_DIM``) is left to the
+    project's code, which reads it."""
+    keys, sections = _default_keys()
+    known = keys | sections | {key for record in norm_records() for key in record.config_keys.values()}
+    allowed = allowed_config_keys()
+
+    def walk(node: Mapping, prefix: str) -> None:
+        for key, value in node.items():
+            name = f"{prefix}.{key}" if prefix else str(key)
+            if name in known:
+                if isinstance(value, Mapping) and name in sections:
+                    walk(value, name)
+                continue
+            if name in allowed:
+                continue
+            siblings = {other.rsplit(".", 1)[-1]: other for other in known
+                        if other.rpartition(".")[0] == prefix}
+            upper = str(key).upper()
+            close = ([siblings[upper]] if upper in siblings else
+                     [siblings[match] for match in sorted(siblings) if _swapped_letters(upper, match)] or
+                     [siblings[match] for match in difflib.get_close_matches(upper, list(siblings), n=3, cutoff=0.8)
+                      if not _differ_in_digits_only(upper, match)][:2])
+            if close:
+                what = "section" if isinstance(value, Mapping) else "key"
+                raise GwdetKeyError(
+                    f"{name} is not a {what} of detectron2's or gwdet's config (set in Python after the config was "
+                    f"read?), so nothing reads it. Did you mean {' or '.join(close)}? Set that instead; a {what} a "
+                    f"project of yours adds on purpose is declared with gwdet.config.allow_config_keys({name!r}) "
+                    "before the config is used.")
+
+    walk(cfg, "")
 
 
 def check_detectron2_values(cfg: CfgNode) -> None:
@@ -1061,6 +1148,7 @@ def check_gwdet_config(cfg: CfgNode) -> None:
     require_gwdet_config(cfg, "gwdet")
     check_no_empty_values(cfg)
     check_config_values(cfg)
+    check_unknown_keys(cfg)
     check_detectron2_values(cfg)
     _check_gw_norm(cfg)
     _check_example_groups(cfg)
@@ -1118,6 +1206,38 @@ def warn_unbuilt_norms(cfg: CfgNode) -> None:
         logging.getLogger(__name__).warning(
             f"MODEL.FPN.NORM is {fpn_norm!r}, but the model has no FPN (MODEL.BACKBONE.NAME is {backbone!r}): no "
             f"{fpn_norm} is built there. Set MODEL.FPN.NORM \"\" or build an FPN backbone.")
+    warn_unread_norm_values(cfg)
+
+
+# gwdet's sections of norm hyper-parameters, read by the norm names whose records name their keys
+NORM_VALUE_SECTIONS = ("MODEL.GW.", "MODEL.GN.", "MODEL.BW.", "MODEL.BGN.")
+# group numbers a config's base sets for every norm it may build, so that GN and GW compare at the
+# same number (group_whitening_huang2021, Fig. 6): unread in a model without that norm, on purpose
+SHARED_GROUP_KEYS = ("MODEL.GW.NUM_GROUPS", "MODEL.GN.NUM_GROUPS")
+
+
+def warn_unread_norm_values(cfg: CfgNode) -> None:
+    """A warning for each norm hyper-parameter of gwdet's table (``MODEL.GW.*``, ``MODEL.GN.*``,
+    ``MODEL.BW.*``, ``MODEL.BGN.*``) set away from its default that none of the norms the config's
+    NORM keys build reads (``MODEL.BGN.NUM_GROUPS`` with GhostBN only, ``MODEL.GW.T`` with GW_ZCA
+    only, ``MODEL.BW.T`` without a BW layer): the value has no effect. The group numbers of
+    :data:`SHARED_GROUP_KEYS` are named only where a norm of their section is built."""
+    built = sorted({_value(cfg, key) for key in NORM_KEYS if _value(cfg, key) and builds_norm(cfg, key)})
+    read = {key for name in built for key in norm_record(name).config_keys.values()}
+    defaults = flatten_config(add_gwdet_config(CfgNode()))
+    for key, default in defaults.items():
+        value = config_value(cfg, key)
+        if not key.startswith(NORM_VALUE_SECTIONS) or key in read or value == default:
+            continue
+        section_read = any(other.startswith(key.rsplit(".", 1)[0] + ".") for other in read)
+        if not section_read and key in SHARED_GROUP_KEYS:
+            continue
+        readers = [record.name for record in norm_records() if key in record.config_keys.values()]
+        logging.getLogger(__name__).warning(
+            f"{key} is {value!r} (default {default!r}), but none of the norms the model builds "
+            f"({', '.join(built) or 'none'}) reads it; {' and '.join(readers) or 'no norm'} "
+            f"{'does' if len(readers) == 1 else 'do'}: the value has no effect. Set {key} back to {default!r}, or "
+            "use a norm that reads it.")
 
 
 # The attribute of a CfgNode holding the content check_gwdet_config accepted (copied by clone()).

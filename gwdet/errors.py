@@ -22,7 +22,38 @@ from typing import Iterable
 
 
 class GwdetError(Exception):
-    """A refusal by gwdet: the message names what is wrong and how to fix it."""
+    """A refusal by gwdet: the message names what is wrong and how to fix it.
+
+    Every gwdet error pickles with its type, message and attributes, whatever its constructor
+    takes (:meth:`__reduce__`), so that a refusal raised in a worker process (a
+    ``ProcessPoolExecutor``, a ``multiprocessing.Pool``) reaches the parent as raised."""
+
+    def __reduce__(self) -> tuple:
+        """Rebuild without calling the class's ``__init__`` (whose arguments need not be the
+        exception's ``args``): the ``args``, the attributes, and the values a built-in base keeps
+        outside them (an ``OSError``'s ``errno``, ``strerror`` and file names, an ``ImportError``'s
+        ``name`` and ``path``)."""
+        kept = {name: getattr(self, name) for kind, names in _BUILT_IN_FIELDS if isinstance(self, kind)
+                for name in names if getattr(self, name) is not None}  # set to None, an OSError prints "None"
+        return _rebuilt, (type(self), self.args, dict(vars(self)), kept)
+
+
+# the values of built-in exception types kept outside their args and attribute dict
+_BUILT_IN_FIELDS: tuple[tuple[type, tuple[str, ...]], ...] = (
+    (OSError, ("errno", "strerror", "filename", "filename2")),
+    (ImportError, ("msg", "name", "path")),
+)
+
+
+def _rebuilt(kind: type[GwdetError], args: tuple, attributes: dict, kept: dict) -> GwdetError:
+    """The :class:`GwdetError` of class ``kind`` with ``args``, ``attributes`` and the built-in
+    values ``kept`` (:meth:`GwdetError.__reduce__`), built without its class's ``__init__``."""
+    error = kind.__new__(kind)
+    error.args = args
+    for name, value in kept.items():
+        setattr(error, name, value)
+    error.__dict__.update(attributes)
+    return error
 
 
 class GwdetValueError(GwdetError, ValueError):

@@ -124,7 +124,9 @@ def register_norm(name: str, build: Callable[..., torch.nn.Module] | None = None
     are norms to the optimizer in any case (:func:`gwdet.solver.is_norm_layer`). Raises
     ``ValueError`` naming the norm for a name of detectron2's or gwdet's or one already registered (a
     plugin that reloads calls :func:`unregister_norm` first), or for arguments of the wrong kind;
-    what ``build`` returns is checked by :class:`Norm`.
+    a ``build`` that cannot be called as ``build(channels, **settings)``, or with a parameter named
+    as an argument of :func:`norm` itself (:func:`_check_build`), is a ``TypeError``; what ``build``
+    returns is checked by :class:`Norm`.
     """
     if not isinstance(name, str) or not name:
         raise GwdetValueError(f"register_norm: name must be a non-empty string, got {name!r}")
@@ -295,7 +297,11 @@ def build_name(build: Any) -> str:
 
 
 def _check_build(owner: str, build: Any) -> None:
-    """Raise naming the norm unless ``build`` is a callable that takes the channel count first."""
+    """Raise naming the norm unless ``build`` is a callable that gwdet can call as
+    ``build(channels, **settings)``: the channel count first (no later parameter named as a
+    channel count, as ``torch.nn.GroupNorm``'s ``num_channels``), every other parameter by keyword
+    (none positional-only, none collecting), and none named as an argument of :func:`norm` itself
+    (``name``, ``strict``, ``read_from_config``), which would take the value meant for ``build``."""
     if not callable(build):
         raise GwdetTypeError(f"{owner}: build must be a function channels -> torch.nn.Module, got "
                              f"{build!r} ({type(build).__name__})")
@@ -316,6 +322,47 @@ def _check_build(owner: str, build: Any) -> None:
         raise GwdetTypeError(f"{owner}: build takes {shown}, but gwdet.norm(name, **params) checks each parameter "
                              "by name against build's signature and records it: name each keyword "
                              "(def build(channels, num_groups=32, eps=1e-5)) instead of collecting them")
+    shown_build = build_name(build)
+    channel_at = next((at for at, p in enumerate(parameters) if at and p.name in _CHANNEL_ARGUMENTS), None)
+    if channel_at is not None:
+        before = [p.name for p in parameters[:channel_at]]
+        raise GwdetTypeError(
+            f"{owner}: {shown_build} takes {[p.name for p in parameters]}, with the channel count as "
+            f"{parameters[channel_at].name!r}, not first: gwdet builds the layer as build(channels, **settings), the "
+            f"channel count as the first positional argument and every setting by keyword, so the channel count would "
+            f"go into {before[0]!r}. Register a function that takes the channel count first, e.g. "
+            f"def build(channels, {', '.join(f'{name}=...' for name in before)}): "
+            f"return {shown_build}({', '.join(before)}, channels).")
+    positional_only = [p.name for p in parameters[1:] if p.kind is inspect.Parameter.POSITIONAL_ONLY]
+    if positional_only:
+        raise GwdetTypeError(
+            f"{owner}: {shown_build} takes {', '.join(positional_only)} as positional-only (before '/'), but gwdet "
+            "builds the layer as build(channels, **settings), giving every setting by keyword, so no value could "
+            f"reach {'them' if len(positional_only) > 1 else 'it'}. Let build take {', '.join(positional_only)} by "
+            "keyword (move the '/' right after the channel count, or leave it out).")
+    reserved = _reserved_names()
+    clashing = [p.name for p in parameters[1:] if p.name in reserved]
+    if clashing:
+        clash = clashing[0]
+        raise GwdetTypeError(
+            f"{owner}: {shown_build} takes a parameter named {clash!r}, which is an argument of gwdet.norm itself "
+            f"({reserved[clash]}): gwdet.norm(..., {clash}=...) and a config key read into it would set gwdet's "
+            f"argument, never {shown_build}'s. Rename the parameter (e.g. {clash + '_'!r}, and its config_keys "
+            "entry with it).")
+
+
+def _reserved_names() -> dict[str, str]:
+    """The names a build function's parameters cannot have: the arguments of :func:`norm` and
+    :class:`Norm` themselves, each with what it is."""
+    meaning = {"name": "the norm's name", "self": "the Norm object",
+               "strict": "refuse a group count the channels cannot use, MODEL.STRICT_NORM_GROUPS",
+               "read_from_config": "whether the values were read from a yacs config"}
+    found = {}
+    for function in (norm, Norm.__init__):
+        for parameter in inspect.signature(function).parameters.values():
+            if parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+                found[parameter.name] = meaning.get(parameter.name, "an argument of gwdet.norm")
+    return found
 
 
 def _same_registration(record: NormRecord, other: NormRecord) -> bool:

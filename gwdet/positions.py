@@ -7,6 +7,7 @@ backbones, the config checks and the checkpoint converter all use this module.
 """
 from __future__ import annotations
 
+import collections.abc
 from typing import Callable, FrozenSet, Iterable, Iterator, TypeVar
 
 from detectron2.layers import Conv2d
@@ -43,8 +44,25 @@ def parse_gw_positions(spec: str, setting: str = "MODEL.RESNETS.GW_POSITIONS") -
 
 
 def format_gw_positions(positions: Iterable[str]) -> str:
-    """The canonical spelling: ``{"S1", "B1", "B2"}`` -> ``"S1-B12"``; ``{"B2", "S1"}`` -> ``"S1-B2"``."""
-    positions = frozenset(positions)
+    """The canonical spelling of a collection of position tokens (``S1``, ``B1``, ``B2``, ``B3``,
+    ``B12``): ``{"S1", "B1", "B2"}`` -> ``"S1-B12"``; ``{"B2", "S1"}`` -> ``"S1-B2"``; an empty one
+    -> ``""`` (no GW). A string or an unknown token is refused (:func:`parse_gw_positions` reads
+    a spec string such as ``"S1-B2"``)."""
+    valid = f"Valid tokens: {', '.join(POSITION_TOKENS)}"
+    if isinstance(positions, (str, bytes)):
+        raise GwdetTypeError(f"format_gw_positions takes a collection of position tokens such as {{'S1', 'B2'}}, "
+                             f"not the string {positions!r}; for a spec string use "
+                             f"format_gw_positions(parse_gw_positions({positions!r})). {valid}.")
+    if not isinstance(positions, collections.abc.Iterable):
+        raise GwdetTypeError(f"format_gw_positions takes a collection of position tokens such as {{'S1', 'B2'}}, got "
+                             f"{type(positions).__name__} {positions!r:.60}; give an empty one (set()) for no GW. "
+                             f"{valid}.")
+    given = list(positions)
+    unknown = [token for token in given if not isinstance(token, str) or token not in POSITION_TOKENS]
+    if unknown:
+        raise GwdetValueError(f"format_gw_positions: unknown position token(s) {', '.join(map(repr, unknown))} in "
+                              f"{given!r}. {valid} (upper case).")
+    positions = frozenset(part for token in given for part in POSITION_TOKENS[token])
     tokens = ["S1"] if "S1" in positions else []
     if {"B1", "B2"} <= positions:
         tokens.append("B12")

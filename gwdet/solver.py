@@ -2,10 +2,11 @@
 
 detectron2's ``get_default_optimizer_params`` gives ``weight_decay_norm`` (``SOLVER.WEIGHT_DECAY_NORM``)
 only to modules of its own list of torch norm classes (:data:`gwdet.norms.DETECTRON2_OPTIMIZER_NORMS`),
-which would decay gwdet's affine parameters like convolution weights.
+which would decay gwdet's affine parameters like convolution weights, and those of detectron2's own
+``LN`` (``detectron2.layers.LayerNorm``, which that list leaves out).
 :func:`get_default_optimizer_params` here takes the same arguments and returns the same groups,
 except that every norm layer :func:`is_norm_layer` recognises gets ``weight_decay_norm`` too; with no
-gwdet norm in the model the groups are detectron2's.
+norm in the model that detectron2's list leaves out the groups are detectron2's.
 
 * yacs: gwdet's ``Trainer`` builds its optimizer with :func:`build_optimizer`. A trainer of your
   own (a ``DefaultTrainer`` subclass) adds one line::
@@ -35,9 +36,11 @@ from gwdet.norms import COMPUTING_MODULES, DETECTRON2_OPTIMIZER_NORMS, NORM_LAYE
 
 def optimizer_norm_types() -> tuple[type, ...]:
     """The classes whose modules are norms to the optimizer: detectron2's own list (which gwdet
-    keeps as it is) and the layer types of the catalogue's names that detectron2 does not build
-    (gwdet's layers, those of registered names). Per-level containers hold these as children."""
-    return DETECTRON2_OPTIMIZER_NORMS + layer_types(detectron2=False)
+    keeps as it is) and the layer types of every name of the catalogue: gwdet's layers, those of
+    registered names, and those of detectron2's names that its list leaves out (``LN`` builds
+    ``detectron2.layers.LayerNorm``, no subclass of torch's ``LayerNorm``). Per-level containers
+    hold these as children."""
+    return tuple(dict.fromkeys(DETECTRON2_OPTIMIZER_NORMS + layer_types()))
 
 
 def is_norm_layer(module: nn.Module) -> bool:
@@ -175,13 +178,21 @@ def build_optimizer(cfg: CfgNode, model: nn.Module) -> torch.optim.Optimizer:
     when ``SOLVER.CLIP_GRADIENTS`` is on) over :func:`get_default_optimizer_params`' groups, after
     the config gate (:func:`gwdet.config_checks.ensure_checked`: ``SOLVER`` values such as a
     negative weight decay are refused, naming the key). A model without a trainable parameter is
-    refused (torch would stop with "optimizer got an empty parameter list")."""
+    refused (torch would stop with "optimizer got an empty parameter list"), and so is a
+    ``SOLVER.OPTIMIZER`` (a key of other projects' configs) other than SGD."""
     if not isinstance(cfg, CfgNode) or not isinstance(model, nn.Module):
         raise GwdetTypeError(
             f"build_optimizer(cfg, model) takes a yacs CfgNode and a torch.nn.Module, got {type(cfg).__name__} and "
             f"{type(model).__name__}; for a LazyConfig, build the optimizer with "
             "gwdet.get_default_optimizer_params(model, ...) in its optimizer node")
     ensure_checked(cfg)
+    named = cfg.SOLVER.get("OPTIMIZER", "SGD")  # a key of other projects' configs (DETR's, Sparse R-CNN's)
+    if not isinstance(named, str) or named.strip().upper() != "SGD":
+        raise GwdetValueError(
+            f"build_optimizer: SOLVER.OPTIMIZER is {named!r}, but this function builds detectron2's SGD (SOLVER.BASE_LR, "
+            "MOMENTUM, NESTEROV, WEIGHT_DECAY), so the optimizer asked for would not be the one trained with. Build "
+            "that optimizer over gwdet.get_default_optimizer_params(model, ...) (e.g. torch.optim.AdamW(params, ...)), "
+            "which gives the norm layers SOLVER.WEIGHT_DECAY_NORM, or remove SOLVER.OPTIMIZER to train with SGD.")
     if not any(parameter.requires_grad for parameter in model.parameters()):
         held = sum(1 for _ in model.parameters())
         what = (f"all {held} of its parameters are frozen (requires_grad False)" if held else

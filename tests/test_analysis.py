@@ -359,3 +359,20 @@ def test_the_gw_cost_table_names_the_overrides_and_the_t_it_was_computed_with(tm
     assert ("Group numbers that do not divide the layers' channels were adjusted, and the g column is what the layers "
             "use: 33 GroupWhitening layer(s) asked for 7 groups use 4.") in table
     assert "| 0 | `backbone.bottom_up.stem.conv1.norm` | itn | 16 | 4 | 32 | 32 | 0.05556 | 2.713e-05 |" in table
+
+
+# before: accepted by the argument check, then the GW layer's message about MODEL.GW.NUM_GROUPS and image sizes
+@pytest.mark.parametrize("flags, message", [
+    (["conditioning", "--dim", "16", "--samples", "64", "--groups", "1,16"],
+     "--groups 16: one feature per group with --dim 16, which GN and GW normalize to 0 for any input"),
+    (["capacity", "--quick", "--width", "16", "--groups", "1,16"],
+     "--groups 16: one unit per group with --width 16, which GN and GW normalize to 0 for any input"),
+    (["capacity", "--quick", "--width", "4", "--groups", "1,2"],
+     "--width 4: the batch-size sweep's GN and GW use 4 groups, one unit per group"),
+])
+def test_one_feature_per_group_is_refused_with_the_tools_flags(tmp_path, capsys, flags, message):
+    with pytest.raises(SystemExit) as refused:
+        main([*flags, "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and message in err and "MODEL.GW" not in err
+    assert not (tmp_path / flags[0]).exists()

@@ -8,7 +8,8 @@ from detectron2.modeling.backbone.resnet import build_resnet_backbone
 
 from gwdet import add_gwdet_config
 from gwdet.layers import GroupWhitening
-from gwdet.modeling import parse_gw_positions
+from gwdet.errors import GwdetTypeError, GwdetValueError
+from gwdet.modeling import format_gw_positions, parse_gw_positions
 from gwdet.positions import positions_with_norm
 
 # position -> (number of GW layers in a ResNet-50, the block convs whose norm is GW)
@@ -264,3 +265,19 @@ def test_a_backbone_builder_names_an_input_shape_that_is_no_shape_spec(builder, 
                                         rf"the input images, got {shape!r} \({type(shape).__name__}\)\. Give "
                                         r"ShapeSpec\(channels=len\(cfg.MODEL.PIXEL_MEAN\)\)"):
         getattr(gwdet.modeling, builder)(build_config(str(DEMO_CONFIG), []), shape)
+
+
+# Before: format_gw_positions('S1-B2') gave '' (no GW), {'S1', 'B4'} gave 'S1' and ['s1', 'b2'] gave ''.
+def test_format_gw_positions_refuses_a_spec_string_and_unknown_tokens():
+    assert format_gw_positions({"B2", "S1"}) == "S1-B2"
+    assert format_gw_positions(["S1", "B12"]) == "S1-B12"
+    assert format_gw_positions(set()) == ""
+    with pytest.raises(GwdetTypeError, match=r"not the string 'S1-B2'; .*format_gw_positions\(parse_gw_positions"):
+        format_gw_positions("S1-B2")
+    with pytest.raises(GwdetValueError, match=r"unknown position token\(s\) 'B4' in "):
+        format_gw_positions({"S1", "B4"})
+    with pytest.raises(GwdetValueError, match=r"unknown position token\(s\) 's1', 'b2' in \['s1', 'b2'\]"):
+        format_gw_positions(["s1", "b2"])
+    # Before: raw TypeError: 'NoneType' object is not iterable.
+    with pytest.raises(GwdetTypeError, match=r"got NoneType None; give an empty one \(set\(\)\) for no GW"):
+        format_gw_positions(None)

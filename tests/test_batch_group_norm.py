@@ -355,3 +355,49 @@ def test_a_trace_in_training_mode_warns_that_it_keeps_the_batchs_example_groups(
         warnings.simplefilter("error", RuntimeWarning)
         traced = torch.jit.trace(layer.eval(), torch.randn(4, 16, 3, 3))  # evaluation mode: any batch size
         assert traced(torch.randn(5, 16, 3, 3)).shape == (5, 16, 3, 3)
+
+
+# a running_mean requiring grad in training: raw "a leaf Variable that requires grad is being used in an in-place operation"
+def test_functional_running_statistics_requiring_grad_are_refused_in_training():
+    x = batch(channels=16)
+    running_var = torch.ones(16, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"batch_group_norm: running_mean requires grad, but training updates it in "
+                                         r"place.*pass running_mean.detach\(\)"):
+        batch_group_norm(x, torch.zeros(16, dtype=torch.float64, requires_grad=True), running_var, None, None, True,
+                         4, 2, 1e-5, 0.1, 0.0)
+    # evaluation only reads them
+    batch_group_norm(x, torch.zeros(16, dtype=torch.float64, requires_grad=True), running_var, None, None, False,
+                     4, 2, 1e-5, 0.1, 0.0)
+
+
+# bgn.register_buffer('running_mean', None) then a training step: raw "'NoneType' object has no attribute 'lerp_'"
+def test_running_statistics_of_the_layer_cannot_be_set_to_none():
+    layer = BatchGroupNorm(16, num_groups=4)
+    with pytest.raises(AttributeError, match=r"BatchGroupNorm: the running statistic running_var cannot be set to None"):
+        layer.register_buffer("running_var", None)
+    with pytest.raises(AttributeError, match=r"running_mean cannot be set to None"):
+        layer.running_mean = None
+    layer(batch(channels=16).float())
+
+
+# a scripted BGN with examples_per_group = 0 killed the process (SIGFPE); momentum = 5 extrapolated running_var
+def test_a_scripted_batch_group_norm_refuses_settings_assigned_to_it():
+    x = batch(channels=16).float()
+    for name, value, message in [("examples_per_group", 0, r"examples_per_group must be an integer >= 1, got 0"),
+                                 ("momentum", 5.0, r"momentum must be a number in \[0, 1\], got 5"),
+                                 ("eval_example_weight", -0.5, r"eval_example_weight must be a number in \[0, 1\]")]:
+        scripted = torch.jit.script(BatchGroupNorm(16, num_groups=4))
+        setattr(scripted, name, value)
+        running_var = scripted.running_var.clone()
+        with pytest.raises(torch.jit.Error, match=r"BatchGroupNorm: " + message + r".*torch\.jit\.script\("
+                                                  r"BatchGroupNorm\(\.\.\., setting=value\)\)"):
+            scripted(x)
+        assert torch.equal(scripted.running_var, running_var)
+
+
+# eps=1e-40 (subnormal in float32) was accepted, and with flush-to-zero switched on later every output was NaN
+def test_a_subnormal_eps_is_refused_when_the_layer_is_built():
+    with pytest.raises(ValueError, match=r"BatchGroupNorm: eps must be at least float32's smallest normal number, "
+                                         r"1.1754944e-38, got 1e-40, which float32 holds only as a subnormal number"):
+        BatchGroupNorm(16, num_groups=4, eps=1e-40)
+    BatchGroupNorm(16, num_groups=4, eps=1.2e-38)

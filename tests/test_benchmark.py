@@ -393,3 +393,41 @@ def test_the_model_level_says_the_group_numbers_its_layers_used(capsys):
     rows = [{"name": "FrozenBN", "config": "a.yaml", "seconds": 1.0, "peak": None, "finite": True, "gw_layers": 0,
              "in_gw": None, "adjusted": []}]
     assert "Group numbers" not in model_tables({"rows": rows, "image_size": 64, "amp": "none", "opts": []})
+
+
+# before: --compile with --norms timed nothing compiled (no compiled name passed the --norms filter), without a word
+def test_compile_with_norms_times_the_compiled_variants_of_the_chosen_norms(capsys):
+    from gwdet_lab.benchmark.layer_level import selected_names
+
+    args = parse_args(["--layers", "--quick", "--norms", "GW (itn)", "BN", "BW", "--no-autograd-gw", "--compile"])
+    assert selected_names(args) == [CONV, "BN", "GW (itn)", "BW", "GW (itn), compiled", "BW, compiled"]
+    with pytest.raises(SystemExit) as refused:
+        parse_args(["--layers", "--norms", "BN", "GN(32)", "--compile"])
+    assert refused.value.code == 2 and ("--compile times GW (itn), BW, BGN under torch.compile, and --norms 'BN' "
+                                        "'GN(32)' names none of them, so nothing would be compiled") in \
+        capsys.readouterr().err
+
+
+# before: a section another run wrote between this run's read and its replace of the file was lost
+def test_runs_writing_sections_into_one_file_at_once_keep_each_others(tmp_path, monkeypatch):
+    import threading
+
+    from gwdet_lab.benchmark import report as report_module
+
+    out = tmp_path / "race.md"
+    out.write_text("# mine\n")
+    real_write = report_module.write_text_atomically
+    other = threading.Thread(target=write_section, args=(out, "tables two", "two"))
+
+    def write_while_another_run_writes(path, text):
+        if not other.is_alive() and other.ident is None:
+            other.start()  # the second run reads and writes while this one has read the file
+            other.join(timeout=1.0)
+        real_write(path, text)
+
+    monkeypatch.setattr(report_module, "write_text_atomically", write_while_another_run_writes)
+    write_section(out, "tables one", "one")
+    other.join(timeout=10)
+    text = out.read_text()
+    assert text.startswith("# mine\n") and "tables one" in text and "tables two" in text
+    assert text.count(markers("one")[0]) == 1 and text.count(markers("two")[0]) == 1

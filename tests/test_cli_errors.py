@@ -421,6 +421,14 @@ def test_lab_tools_refuse_an_out_below_or_at_a_file(tmp_path, capsys, tool):
                                           "('shapes_val',) before this value); got [mine, theirs] (a str). It was read "
                                           "as text, since the names in it are not quoted: quote each one, DATASETS.TEST "
                                           "\"('mine', 'theirs')\"."),
+    # '("shapes_val")' is the text shapes_val, and 007 no number: the type named, no way on
+    (["DATASETS.TEST", '("shapes_val")'], "The KEY VALUE overrides: DATASETS.TEST takes a value of type tuple (it is "
+                                          "('shapes_val',) before this value); got shapes_val (a str). A name alone (or "
+                                          "in parentheses without a comma) is no tuple: a tuple of one name is written "
+                                          "with a comma, DATASETS.TEST \"('shapes_val',)\"."),
+    (["SEED", "007"], "The KEY VALUE overrides: SEED takes a value of type int (it is 0 before this value); got 007 (a "
+                      "str). A number written with a leading zero is read as text (Python reads no such number): write "
+                      "SEED 7."),
     # an empty key (an unset shell variable): yacs' bare "Non-existent key: "
     (["", "3"], "The KEY VALUE overrides: a key is empty (''; a shell variable that is not set, as in \"$KEY\" VALUE?): "
                 "give the key of each value, e.g. MODEL.GW.NUM_GROUPS 8."),
@@ -505,3 +513,81 @@ def test_a_tilde_the_shell_left_is_the_home_folder_in_the_tools_output_flags_and
         f"file keep it as it is): the run would write into a folder named '~' here. Let the shell expand it (no quotes "
         f"around ~), or give the path itself (--out={tmp_path / 'x'}); nothing was written.")
     assert output_path_problem("--out", str(tmp_path / "a~b"), folder=True) is None
+
+
+def _subclasses(cls):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _subclasses(sub)
+
+
+def _raised(cls):
+    """An instance of ``cls`` built through its own constructor: each required argument a value
+    of the type it is annotated with (a list or mapping where one is asked)."""
+    values = []
+    for parameter in list(inspect.signature(cls.__init__).parameters.values())[1:]:
+        if parameter.default is not parameter.empty or parameter.kind not in (parameter.POSITIONAL_ONLY,
+                                                                              parameter.POSITIONAL_OR_KEYWORD):
+            continue
+        annotation = str(parameter.annotation)
+        values.append(["first", "second"] if "list" in annotation or "Sequence" in annotation
+                      else {"KEY": "value"} if "Mapping" in annotation else f"the {parameter.name}")
+    try:
+        raise cls(*(values or ["the message"]))
+    except cls as error:
+        error.extra = "set after the raise"
+        return error
+
+
+# before: NormMismatchError, DamagedFileError, DamagedTensorsError, DamagedExportError and UnsafeCheckpointError
+# could not be unpickled (TypeError: missing required positional arguments), so a worker pool lost the message or hung
+def test_every_gwdet_error_pickles_with_its_type_message_and_attributes():
+    import pickle
+
+    for package in (gwdet, gwdet_lab):
+        for _ in _modules(package):
+            pass
+    classes = set(_subclasses(GwdetError)) | {GwdetError}
+    assert len(classes) > 40
+    own_reduce = {cls for cls in classes if cls.__reduce__ is not GwdetError.__reduce__}
+    assert {cls.__name__ for cls in own_reduce} == {"NormConfigError", "UnknownNormConfigError"}
+    for cls in classes:
+        error = _raised(cls)
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is cls
+        if cls in own_reduce:  # its own __reduce__ passes its constructor's arguments: attributes set later are not kept
+            del error.extra
+        assert (str(copy), copy.args, vars(copy)) == (str(error), error.args, vars(error)), cls
+
+
+# before: a NormMismatchError raised in a spawned worker broke the ProcessPoolExecutor (BrokenProcessPool)
+def test_a_refusal_in_a_worker_process_reaches_the_parent_with_its_message():
+    import concurrent.futures
+    import multiprocessing
+
+    from gwdet.checkpoint.compatibility import NormMismatchError
+
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        with pytest.raises(NormMismatchError, match=r"^the finding; nothing was loaded\. the fix$") as error:
+            pool.submit(_raise_norm_mismatch, "the finding", "the fix").result(timeout=120)
+    assert error.value.finding == "the finding"
+
+
+def _raise_norm_mismatch(finding, fix):
+    from gwdet.checkpoint.compatibility import NormMismatchError
+
+    raise NormMismatchError(finding, fix)
+
+
+def test_os_and_import_errors_of_gwdet_keep_their_built_in_values_through_pickle():
+    import errno
+    import pickle
+
+    from gwdet.errors import GwdetImportError, GwdetOSError
+
+    written = GwdetOSError(errno.ENOSPC, "No space left on device", "/full/disk.pth")
+    copy = pickle.loads(pickle.dumps(written))
+    assert (copy.errno, copy.strerror, copy.filename, str(copy)) == (errno.ENOSPC, "No space left on device",
+                                                                      "/full/disk.pth", str(written))
+    missing = pickle.loads(pickle.dumps(GwdetImportError("onnx is not installed: pip install onnx", name="onnx")))
+    assert (missing.name, str(missing)) == ("onnx", "onnx is not installed: pip install onnx")

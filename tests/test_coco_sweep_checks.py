@@ -1018,3 +1018,83 @@ def test_a_gzip_compressed_annotation_file_is_named_with_how_to_decompress_it(tm
                                            rf"reads plain JSON: decompress it \(gunzip -c {re.escape(str(inside))} > "
                                            rf"{re.escape(str(plain))}\) and give {re.escape(str(plain))}\.$"):
         CocoDataset.parse(f"m={inside}:{root}").inspected()
+
+
+# ---- areas that disagree with their objects, a folder as the first image, a BOM, shapes read as polygons
+
+# before: areas of 1% of the masks were accepted, and COCO evaluation filed every object as small
+def test_areas_far_below_their_masks_are_refused_naming_the_annotations(tmp_path):
+    def shrunk(coco, root):
+        for annotation in coco["annotations"]:
+            annotation["area"] *= 0.01
+
+    message = refusal(tmp_path, shrunk)
+    assert message.startswith("dataset 'm': 4 of the 4 annotation(s) of ") and (
+        "have an 'area' far from their object's pixel count (more than 4 times off their mask's, or 10 times below "
+        "their box's without a mask): annotation id 1 of image 1 (000.png): area 4.8, its mask covers 480 pixels") \
+        in message, message
+    assert message.endswith("Set each area to the object's mask area in pixels (pycocotools.mask.area of its mask), "
+                            "or its box area without a mask."), message
+
+
+# before: one annotation's area (of an object without a mask) a tenth of its box passed without a word
+def test_one_area_far_from_its_object_is_named_in_a_warning(tmp_path, registration_warnings):
+    def one(coco, root):
+        coco["annotations"][2].pop("segmentation")
+        coco["annotations"][2]["area"] = 30
+
+    CocoDataset.parse(f"m={write_dataset(tmp_path, one)}").inspected()
+    assert len(registration_warnings) == 1 and ("1 of the 4 annotation(s) of " in registration_warnings[0]) and (
+        "annotation id 3 of image 3 (002.png): area 30, its bbox covers 24 x 20 = 480 pixels (no mask)"
+        in registration_warnings[0]), registration_warnings
+
+
+def test_areas_of_masks_as_coco_counts_them_pass_without_a_warning(tmp_path, registration_warnings):
+    def circle(coco, root):  # a polygon's area as COCO counts it, a tiny object's off by a few pixels
+        coco["annotations"][0].update(segmentation=[[20, 20, 30, 20, 30, 30]], bbox=[20, 20, 10, 10], area=50)
+        coco["annotations"][1].update(segmentation=[[8, 10, 9, 10, 9, 11]], bbox=[8, 10, 1, 1], area=0.5)
+
+    CocoDataset.parse(f"m={write_dataset(tmp_path, circle)}").inspected()
+    assert registration_warnings == []
+
+
+# before: "the first image of ..., '000.png', is not in the image folder ...: IMAGE_ROOT must be the folder ..."
+def test_a_first_image_that_is_a_folder_is_named_as_a_folder(tmp_path):
+    def folder(coco, root):
+        (root / "000.png").unlink()
+        (root / "000.png").mkdir()
+
+    message = refusal(tmp_path, folder)
+    assert "image id 1 (000.png) is a folder, not an image file" in message and "IMAGE_ROOT" not in message, message
+
+
+# before: "is not valid JSON: Unexpected UTF-8 BOM (decode using utf-8-sig) at line 1, column 1", no way to remove it
+def test_an_annotation_file_with_a_utf8_bom_is_named_with_how_to_remove_it(tmp_path):
+    import subprocess
+
+    json_file, root = write_dataset(tmp_path).rsplit(":", 1)
+    Path(json_file).write_bytes(b"\xef\xbb\xbf" + Path(json_file).read_bytes())
+    with pytest.raises(DatasetError) as refused:
+        CocoDataset.parse(f"m={json_file}:{root}").inspected()
+    message = str(refused.value)
+    assert message.startswith(f"dataset 'm': {json_file} starts with a UTF-8 byte order mark (BOM, the bytes EF BB BF"), \
+        message
+    command = re.search(r"remove it \((sed .*), or python", message)
+    assert command, message
+    subprocess.run(command.group(1), shell=True, check=True)  # the fix given removes it
+    assert CocoDataset.parse(f"m={json_file}:{root}").inspected().read.instances == 4
+
+
+# before: the model built, then "detectron2 could not train the first iteration with this config: ValueError:
+# Failed to use mask_format=='polygon'"
+def test_the_shapes_dataset_read_as_polygons_is_refused_before_the_run():
+    cfg = build_config(str(DEMO_CONFIG), [*TINY_OPTS, "INPUT.MASK_FORMAT", "polygon"])
+    with pytest.raises(DatasetError, match=r"^DATASETS.TRAIN 'shapes_train' is gwdet's shapes dataset, whose masks are "
+                                           r"RLE, which detectron2 reads only as bitmasks, and INPUT.MASK_FORMAT is "
+                                           r"'polygon': add INPUT.MASK_FORMAT bitmask to the command line"):
+        check_config_against_datasets(cfg, trains=True, evaluates=False)
+    check_config_against_datasets(build_config(str(DEMO_CONFIG), [*TINY_OPTS, "MODEL.MASK_ON", "False",
+                                                                  "INPUT.MASK_FORMAT", "polygon"]))
+    found = _lazy_refusal("dataloader.train.mapper.instance_mask_format=polygon")
+    assert ("'shapes_train' is gwdet's shapes dataset" in found and "dataloader.train.mapper.instance_mask_format is "
+            "'polygon': add dataloader.train.mapper.instance_mask_format=bitmask" in found), found

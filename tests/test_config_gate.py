@@ -66,3 +66,18 @@ def test_a_value_changed_after_the_check_is_checked_again(checks):
     model = gwdet.build_model(cfg)
     assert len(checks) == 3
     assert isinstance(model, torch.nn.Module)
+
+
+# before: the refusal quoted SOLVER.IMS_PER_BATCH=2, a batch the user never gave, without naming the rescaling
+def test_a_refused_batch_names_detectron2s_rescaling_of_it():
+    from detectron2.engine import DefaultTrainer
+    cfg = build_config(str(DEMO_CONFIG), [*TINY_OPTS, "SOLVER.IMS_PER_BATCH", "4", "SOLVER.REFERENCE_WORLD_SIZE", "2",
+                                          "MODEL.RESNETS.GW_NORM", "BGN", "MODEL.BGN.EXAMPLES_PER_GROUP", "4",
+                                          "MODEL.BGN.NUM_GROUPS", "16"])
+    scaled = DefaultTrainer.auto_scale_workers(cfg, 1)  # what detectron2's trainer builds its model with
+    with pytest.raises(gwdet.errors.GwdetValueError,
+                       match=r"MODEL.BGN.EXAMPLES_PER_GROUP=4 is larger than SOLVER.IMS_PER_BATCH=2 \(detectron2 "
+                             r"rescaled SOLVER.IMS_PER_BATCH from the 4 given to 2: SOLVER.REFERENCE_WORLD_SIZE is 2, "
+                             r"and the run has 1 process\(es\); set SOLVER.REFERENCE_WORLD_SIZE 0 to train with the "
+                             r"batch as given\), so no example group can be filled"):
+        Trainer.build_model(scaled)

@@ -603,7 +603,8 @@ def test_schedule_values_detectron2_uses_pass():
                                                        "MODEL.ROI_HEADS.IOU_LABELS=[0, 1] is no matching rule"),
     (["MODEL.RPN.IOU_THRESHOLDS", "[0.3]"], "MODEL.RPN.IOU_THRESHOLDS=[0.3] with MODEL.RPN.IOU_LABELS=[0, -1, 1] is "
                                             "no matching rule"),
-    (["OUTPUT_DIR", "None"], "OUTPUT_DIR is empty (None), where its default is './output'"),
+    (["OUTPUT_DIR", "None"], "OUTPUT_DIR is empty (None), where its default is './output': give it a value (an empty "
+                             "YAML value, 'OUTPUT_DIR:' with nothing after it, YAML's ~ and null, or the override"),
     (["SOLVER.MAX_ITER", "None"], "SOLVER.MAX_ITER is empty (None), where its default is 40000"),
     (["MODEL.WEIGHTS", "None"], "MODEL.WEIGHTS is empty (None), where its default is ''"),
     (["SOLVER.MAX_ITER", "800"], "SOLVER.STEPS=(800, 950) holds SOLVER.MAX_ITER=800 itself"),
@@ -905,3 +906,85 @@ def test_a_config_saved_in_latin_1_is_named_as_not_utf_8(tmp_path):
     with pytest.raises(GwdetValueError, match=rf"names _BASE_: '{re.escape(str(latin))}', but {re.escape(str(latin))} "
                                               r"is not UTF-8 text \(byte 0xe9 at line 2\)"):
         build_config(str(child))
+
+
+# before: the misspelt detectron2 key was ignored and the model built with the key meant at its default
+@pytest.mark.parametrize("section, key, close", [
+    ("MODEL.FPN", "NORMS", "MODEL.FPN.NORM"),
+    ("MODEL.ROI_BOX_HEAD", "NROM", "MODEL.ROI_BOX_HEAD.NORM"),
+    ("MODEL.RESNETS", "NORMS", "MODEL.RESNETS.NORM"),
+    ("MODEL.FPN", "norm", "MODEL.FPN.NORM"),
+    ("SOLVER", "WEIGHT_DECAY_NROM", "SOLVER.WEIGHT_DECAY_NORM"),
+])
+def test_a_misspelt_detectron2_key_set_in_python_is_refused_with_the_close_keys(section, key, close):
+    cfg = add_gwdet_config(get_cfg())
+    cfg.merge_from_file(str(DEMO_CONFIG))
+    cfg.MODEL.DEVICE = "cpu"
+    node = cfg
+    for part in section.split("."):
+        node = node[part]
+    setattr(node, key, "GN")
+    with pytest.raises(KeyError) as refused:
+        gwdet.build_model(cfg)
+    assert refused.value.args[0] == (
+        f"{section}.{key} is not a key of detectron2's or gwdet's config (set in Python after the config was read?), "
+        f"so nothing reads it. Did you mean {close}? Set that instead; a key a project of yours adds on purpose is "
+        f"declared with gwdet.config.allow_config_keys('{section}.{key}') before the config is used.")
+
+
+# before: a misspelt section (MODEL.RESNET for MODEL.RESNETS) was ignored, GW kept at S1-B2
+def test_a_misspelt_detectron2_section_set_in_python_is_refused():
+    import torch
+    from detectron2.config import CfgNode
+    cfg = build_config(str(DEMO_CONFIG))
+    cfg.defrost()
+    cfg.MODEL.RESNET = CfgNode()
+    cfg.MODEL.RESNET.GW_POSITIONS = ""
+    with pytest.raises(KeyError, match=r"MODEL.RESNET is not a section of detectron2's or gwdet's config .* Did you "
+                                       r"mean MODEL.RESNETS\?"):
+        gwdet.build_optimizer(cfg, torch.nn.Linear(2, 2))
+
+
+def test_a_projects_own_keys_and_declared_keys_pass_the_gate(monkeypatch):
+    from detectron2.config import CfgNode
+    from gwdet import config as gwdet_config
+    monkeypatch.setattr(gwdet_config, "_ALLOWED_KEYS", set())
+    cfg = build_config(str(DEMO_CONFIG))
+    cfg.defrost()
+    cfg.MODEL.POINT_HEAD = CfgNode()  # PointRend's add_pointrend_config
+    cfg.MODEL.POINT_HEAD.NUM_CLASSES = 3
+    cfg.MODEL.ROI_MASK_HEAD.FC_DIM = 1024
+    cfg.MODEL.RESNETS.RES4_DILATION = 1  # DeepLab's add_deeplab_config
+    check_gwdet_config(cfg)
+    cfg.MODEL.ROI_MASK_HEAD.NUM_CONVS = 2
+    with pytest.raises(KeyError, match="Did you mean MODEL.ROI_MASK_HEAD.NUM_CONV"):
+        check_gwdet_config(cfg)
+    gwdet_config.allow_config_keys("MODEL.ROI_MASK_HEAD.NUM_CONVS")
+    check_gwdet_config(cfg)
+
+
+# before: a norm value read by none of the model's norms was ignored without a word
+@pytest.mark.parametrize("opts, message", [
+    (["MODEL.ROI_BOX_HEAD.NORM", "GhostBN", "MODEL.BGN.NUM_GROUPS", "4"],
+     "MODEL.BGN.NUM_GROUPS is 4 (default 32), but none of the norms the model builds (GN, GW, GhostBN) reads it; BGN "
+     "does: the value has no effect. Set MODEL.BGN.NUM_GROUPS back to 32, or use a norm that reads it."),
+    (["MODEL.BW.T", "3"], "MODEL.BW.T is 3 (default 5), but none of the norms the model builds (GN, GW) reads it; "
+                          "BW_ItN does: the value has no effect."),
+    (["MODEL.GW.T", "3", "MODEL.FPN.NORM", "GW_ZCA", "MODEL.ROI_BOX_HEAD.NORM", "GW_ZCA", "MODEL.ROI_MASK_HEAD.NORM",
+      "GW_ZCA", "MODEL.RESNETS.GW_NORM", "GW_ZCA"],
+     "MODEL.GW.T is 3 (default 5), but none of the norms the model builds (GN, GW_ZCA) reads it; GW does"),
+])
+def test_a_norm_value_no_built_norm_reads_is_warned_of(opts, message):
+    with logged_warnings("gwdet.config_checks") as warnings:
+        build_config(str(DEMO_CONFIG), opts)
+    assert any(message in warning for warning in warnings), warnings
+
+
+def test_shared_group_numbers_of_norms_not_built_are_not_warned_of():
+    with logged_warnings("gwdet.config_checks") as warnings:
+        build_config(str(DEMO_CONFIG), ["MODEL.BGN.EPS", "1e-4", "MODEL.GW.NUM_GROUPS", "16", "MODEL.FPN.NORM", "GN",
+                                        "MODEL.ROI_BOX_HEAD.NORM", "GN", "MODEL.ROI_MASK_HEAD.NORM", "GN",
+                                        "MODEL.RESNETS.GW_POSITIONS", ""])
+    assert [warning for warning in warnings if "reads it" in warning] == [
+        "MODEL.BGN.EPS is 0.0001 (default 1e-05), but none of the norms the model builds (GN) reads it; BGN and "
+        "GhostBN do: the value has no effect. Set MODEL.BGN.EPS back to 1e-05, or use a norm that reads it."]

@@ -9,7 +9,8 @@ from torch import nn
 
 from gwdet.model_zoo import build_config
 from gwdet.layers import BatchGroupNorm
-from gwdet.modeling.example_weighing import apply_example_weighing, example_weighted_norm
+from gwdet.errors import GwdetTypeError, GwdetValueError
+from gwdet.modeling.example_weighing import apply_example_weighing, example_weighted_norm, weighable_norms
 
 from conftest import REPO
 
@@ -120,3 +121,81 @@ def test_a_lazy_batch_norm_not_yet_run_is_named_as_such():
     lazy = nn.LazyBatchNorm2d()
     lazy(torch.randn(2, 4, 3, 3))
     assert example_weighted_norm(lazy, 0.5).num_channels == 4
+
+
+# Before: a BatchNorm2d(bias=False) raised a raw TypeError from copy_(None).
+def test_batch_norm_without_bias_gives_a_fixed_zero_bias():
+    bn = nn.BatchNorm2d(6, bias=False)
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 1.5)
+        bn.running_mean.uniform_(-1.0, 1.0)
+        bn.running_var.uniform_(0.5, 2.0)
+    bn.eval()
+    x = torch.randn(2, 6, 5, 5)
+    norm = example_weighted_norm(bn, 0.0)
+    assert not norm.bias.requires_grad and not norm.bias.any()
+    torch.testing.assert_close(norm(x), bn(x), rtol=0, atol=1e-6)
+
+
+# Before: the raw TypeError came after the first BN was replaced, leaving the model half converted.
+def test_a_refused_layer_leaves_the_model_as_it_was():
+    model = small_model()
+    model[4] = nn.modules.batchnorm.BatchNorm2d(6, track_running_stats=True)
+    model[4].running_mean = None  # keeps no statistics, while its class says it tracks them
+    with pytest.raises(GwdetValueError, match="keeps no running statistics"):
+        apply_example_weighing(model, 0.3)
+    assert [type(module).__name__ for module in model] == ["Conv2d", "BatchNorm2d", "ReLU", "Conv2d", "BatchNorm2d"]
+
+
+# Before: a model whose second BN had bias=False was left half converted after a raw TypeError.
+def test_model_with_a_bias_free_batch_norm_is_converted():
+    model = small_model()
+    model[4] = nn.BatchNorm2d(6, bias=False).eval()
+    x = torch.randn(2, 3, 9, 9)
+    expected = model(x)
+    assert apply_example_weighing(model, 0.0) == 2
+    torch.testing.assert_close(model(x), expected, rtol=0, atol=1e-6)
+
+
+# Before: the BN's forward hook was dropped with the BN, without a word.
+def test_forward_hooks_move_to_the_replacement():
+    model = small_model()
+    calls = []
+    handle = model[1].register_forward_hook(lambda module, args, output: calls.append(type(module).__name__))
+    apply_example_weighing(model, 0.3)
+    model(torch.randn(1, 3, 9, 9))
+    assert calls == ["BatchGroupNorm"]
+    handle.remove()
+    model(torch.randn(1, 3, 9, 9))
+    assert calls == ["BatchGroupNorm"]
+
+
+# Before: state-dict hooks were dropped with the BN, without a word.
+def test_state_dict_hooks_are_refused():
+    model = small_model()
+    model[4].register_state_dict_pre_hook(lambda module, prefix, keep_vars: None)
+    with pytest.raises(GwdetValueError, match=r"^the batch norm\(s\) 4 \(_state_dict_pre_hooks\) carry state-dict hooks.*as it was"):
+        apply_example_weighing(model, 0.3)
+    assert isinstance(model[1], nn.BatchNorm2d)
+
+
+# Before: raw AttributeError 'GroupNorm' object has no attribute 'running_mean' / 'str' object ...
+@pytest.mark.parametrize("bn", [nn.GroupNorm(2, 8), "bn"])
+def test_example_weighted_norm_refuses_what_is_not_a_batch_norm(bn):
+    with pytest.raises(GwdetTypeError, match="bn must be a torch batch norm .* got (GroupNorm|str)"):
+        example_weighted_norm(bn, 0.3)
+
+
+# Before: raw AttributeError: 'str' object has no attribute 'named_modules'.
+def test_model_that_is_not_a_module_is_refused():
+    with pytest.raises(GwdetTypeError, match="apply_example_weighing: model must be a torch.nn.Module, got str 'model'"):
+        apply_example_weighing("model", 0.3)
+    with pytest.raises(GwdetTypeError, match="weighable_norms: model must be a torch.nn.Module, got str"):
+        weighable_norms("model")
+
+
+# Before: a scripted model came back unchanged and 0 was returned, without a word.
+def test_scripted_model_is_refused():
+    scripted = torch.jit.script(small_model())
+    with pytest.raises(GwdetTypeError, match="the model .Sequential. is scripted or traced .*eager model first"):
+        apply_example_weighing(scripted, 0.3)

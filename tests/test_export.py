@@ -7,6 +7,7 @@ randomly initialized Mask R-CNNs of tests/tiny_models.py.
 """
 import hashlib
 import json
+import importlib.util
 import os
 import re
 import subprocess
@@ -1120,3 +1121,32 @@ def test_deformable_convolutions_without_detectron2s_compiled_ops_are_named(tmp_
     with pytest.raises(ImportError, match="MODEL.RESNETS.DEFORM_ON_PER_STAGE") as shown:  # --verbose: the traceback
         analyze_model.main(["--config-file", str(DEMO_CONFIG), "--tasks", "structure", "--verbose", *TINY_OPTS, *deform])
     assert "Cannot import 'detectron2._C', therefore 'DeformConv'" in str(shown.value.__cause__)
+
+
+# before: a float64 GW was exported without a word into an ONNX file that onnx.checker and onnxruntime reject
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::DeprecationWarning")
+def test_an_onnx_export_the_checker_rejects_is_refused_before_it_is_written(tmp_path):
+    pytest.importorskip("onnx")
+    x = torch.randn(2, 16, 6, 6, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"^The ONNX file exported for .*gw64\.onnx is invalid, and onnxruntime would "
+                                         r"refuse to load it \(onnx\.checker: .*Mismatched tensor element type.*\)\. "
+                                         r"The model or its inputs are float64, .* export in float32 .*; nothing "
+                                         r"was written\.$"):
+        export_onnx(GroupWhitening(16, num_groups=4).double(), (x,), str(tmp_path / "gw64.onnx"))
+    assert list(tmp_path.iterdir()) == []
+    export_onnx(GroupWhitening(16, num_groups=4).float(), (x.float(),), str(tmp_path / "gw32.onnx"))  # the fix
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gw32.onnx", "gw32.onnx.sha256"]
+
+
+# torch's dynamo exporter wrote the weights beside the file under the temporary name (.gw.onnx.<pid>.<id>.partial.data),
+# which the renamed file then referenced
+def test_a_dynamo_onnx_export_is_one_file_holding_its_weights(tmp_path):
+    pytest.importorskip("onnxscript")
+    layer = GroupWhitening(16, num_groups=4).eval()
+    x = torch.randn(2, 16, 4, 4, generator=torch.Generator().manual_seed(0))
+    path = str(tmp_path / "gw.onnx")
+    export_onnx(layer, (x,), path, dynamo=True)
+    assert sorted(os.listdir(tmp_path)) == ["gw.onnx", "gw.onnx.sha256"]
+    if importlib.util.find_spec("onnxruntime") is not None:
+        with torch.no_grad():
+            assert max_abs_difference((layer(x),), run_onnx(path, [x])) <= TOLERANCE

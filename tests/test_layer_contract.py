@@ -376,9 +376,9 @@ BAD_ARGUMENTS = {
             ("1e-5", "must be a finite number > 0, got '1e-5' (str)"),
             # finite in Python's float64, not in float32, in which the layers compute
             (1e300, "must be a finite number > 0 in float32, the precision the norm layers compute in, got 1e+300, "
-                    "which float32 rounds to inf; use a value within float32's range (1.4e-45 to 3.4e+38)"),
+                    "which float32 rounds to inf; use a value within float32's range (1.2e-38 to 3.4e+38)"),
             (1e-50, "must be a finite number > 0 in float32, the precision the norm layers compute in, got 1e-50, "
-                    "which float32 rounds to 0.0; use a value within float32's range (1.4e-45 to 3.4e+38)")],
+                    "which float32 rounds to 0.0; use a value within float32's range (1.2e-38 to 3.4e+38)")],
     "momentum": NOT_A_FRACTION,
     "eval_example_weight": NOT_A_FRACTION,
     "method": [("pca", "must be one of 'itn', 'zca', got 'pca'"), (None, "must be one of 'itn', 'zca', got None (NoneType)")],

@@ -807,6 +807,10 @@ def test_a_runs_results_json_given_as_its_config_names_the_runs_config(tmp_path)
     with pytest.raises(GwdetValueError, match=rf"is a run's results \(results.json\), not a config: the run's config "
                                               rf"is {tmp_path / 'config.yaml'}\. Give that file"):
         build_config(str(tmp_path / "results.json"))
+    # results.md: PyYAML's "while scanning a block scalar ... expected a comment or a line break"
+    (tmp_path / "results.md").write_text("# Results\n\n| AP | 1.0 |\n")
+    with pytest.raises(GwdetValueError, match=r"is a run's results \(results.md\), not a config: the run's config is"):
+        build_config(str(tmp_path / "results.md"))
 
 
 def test_a_relative_shapes_root_is_registered_and_recorded_as_an_absolute_path(tmp_path, monkeypatch):
@@ -1041,3 +1045,10 @@ def test_a_switched_norm_nodes_strict_is_not_named_among_the_values_to_leave_out
         "model.backbone.bottom_up.norm: gwdet.norm('GW_ZCA') takes ['num_groups', 'eps'], not ['T']. An override "
         "keeps the node's other values; set those the norm does not take to null to leave them out: "
         "model.backbone.bottom_up.norm.T=null")
+
+
+# Before: accepted; the FPN's convolutions got neither a norm nor a bias (detectron2's bias = norm == "").
+def test_a_norm_of_none_is_refused_naming_the_empty_string():
+    with pytest.raises(GwdetValueError, match=r"^model\.backbone\.norm=None: give '' for no norm "
+                                              r"\(model\.backbone\.norm=''\), or a norm's name\..*neither"):
+        LazyRun.load(str(LAZY_CONFIG), ["model.backbone.norm=null"])

@@ -333,6 +333,11 @@ def test_lazy_overrides_are_checked_against_the_config_and_the_nodes_arguments()
         load_lazy_config(demo, ["dataloader.shapes.num_trian=8"])
     with pytest.raises(ValueError, match=r"no 'trian'.*Did you mean 'dataloader.train'"):
         load_lazy_config(demo, ["dataloader.trian.num_workers=0"])
+    # under a callable taking **kwargs (StandardROIHeads) a misspelt key passed the check: detectron2's bare TypeError
+    with pytest.raises(ValueError, match=r"no 'num_clases' under 'model.roi_heads', and StandardROIHeads passes unknown "
+                                         r"keywords on \(\*\*kwargs\).*Did you mean 'model.roi_heads.num_classes'\? "
+                                         r"Write \+model.roi_heads.num_clases=\.\.\. to pass 'num_clases' on purpose"):
+        load_lazy_config(demo, ["model.roi_heads.num_clases=7"])
     with pytest.raises(ValueError, match="is not key=value.*KEY VALUE pairs are for yacs configs"):
         load_lazy_config(demo, ["SOLVER.MAX_ITER", "7"])
     # below a reference to a shared node, a value would replace the reference: refused, naming it

@@ -315,3 +315,39 @@ def test_build_optimizer_refuses_a_model_without_a_trainable_parameter():
     with pytest.raises(ValueError, match=r"\(_Net\) has no trainable parameter: all 6 of its parameters are frozen "
                                          r"\(requires_grad False\).* \(model.requires_grad_\(True\)\)"):
         gwdet.build_optimizer(cfg, frozen)
+
+
+def test_detectron2s_ln_layers_get_the_norm_weight_decay_and_are_checked(caplog):
+    # gwdet's builders gave LN (detectron2.layers.LayerNorm) SOLVER.WEIGHT_DECAY, and check_model named nothing
+    ln = gwdet.norm("LN")(8)
+    assert gwdet.solver.is_norm_layer(ln)
+    net = nn.Sequential(nn.Conv2d(3, 8, 1), ln)
+    groups = get_default_optimizer_params(net, base_lr=0.1, weight_decay=1e-4, weight_decay_norm=0.0)
+    decays = decay_by_parameter(groups, 1e-4)
+    assert (decays[ln.weight], decays[ln.bias], decays[net[0].weight]) == (0.0, 0.0, 1e-4)
+    cfg = build_config(str(REPO / "configs" / "Demo" / "mask_rcnn_R_50_FPN_gw_shapes.yaml"),
+                       META + ["MODEL.FPN.NORM", "LN", "SOLVER.WEIGHT_DECAY", "1e-4", "SOLVER.WEIGHT_DECAY_NORM", "0.0"])
+    model = gwdet.build_model(cfg)
+    optimizer = gwdet.build_optimizer(cfg, model)
+    decays = decay_by_parameter(optimizer.param_groups, 1e-4)
+    lateral = model.backbone.fpn_lateral2.norm
+    assert (decays[lateral.weight], decays[lateral.bias]) == (0.0, 0.0)
+    with caplog.at_level(logging.WARNING, logger="gwdet.modeling.model_checks"):
+        check_model(model, optimizer=optimizer, weight_decay_norm=0.0)
+    assert not caplog.records
+    with caplog.at_level(logging.WARNING, logger="gwdet.modeling.model_checks"):
+        check_model(model, optimizer=detectron2_build_optimizer(cfg, model), weight_decay_norm=0.0)
+    assert "backbone.fpn_lateral2.norm (0.0001)" in "\n".join(r.getMessage() for r in caplog.records)
+
+
+# a SOLVER.OPTIMIZER of another project's config ("ADAMW") was ignored: detectron2's SGD built without a word
+def test_build_optimizer_refuses_an_optimizer_other_than_sgd_named_in_the_config():
+    cfg = build_config(str(REPO / "configs" / "Demo" / "mask_rcnn_R_50_FPN_gw_shapes.yaml"), [])
+    cfg.defrost()
+    cfg.SOLVER.OPTIMIZER = "ADAMW"
+    net = _Net(GroupWhitening(8, num_groups=4))
+    with pytest.raises(ValueError, match=r"^build_optimizer: SOLVER.OPTIMIZER is 'ADAMW', but this function builds "
+                                         r"detectron2's SGD .* or remove SOLVER.OPTIMIZER to train with SGD\.$"):
+        gwdet.build_optimizer(cfg, net)
+    cfg.SOLVER.OPTIMIZER = "sgd"
+    assert isinstance(gwdet.build_optimizer(cfg, net), torch.optim.SGD)

@@ -829,3 +829,57 @@ def test_a_layer_argument_gwdet_norm_does_not_take_names_the_way_to_it():
                                   "(not num_group)?")
     with pytest.raises(TypeError, match=r"not \['colour'\]. No norm takes colour: leave colour out.$"):
         norm("GW", colour=1)
+
+
+@pytest.mark.parametrize("param", ["strict", "read_from_config", "name"])
+def test_a_build_parameter_named_as_an_argument_of_gwdet_norm_is_refused_at_registration(registered, param):
+    # registered: gwdet.norm took strict=/read_from_config= as its own (the build got its default), name= a raw TypeError
+    registered.append("TestClash")
+    build = eval(f"lambda channels, {param}=False: torch.nn.GroupNorm(1, channels)")
+    with pytest.raises(gwdet.errors.GwdetTypeError,
+                       match=rf"^register_norm\('TestClash'\): <lambda> takes a parameter named '{param}', which is an "
+                             rf"argument of gwdet.norm itself .*Rename the parameter \(e.g. '{param}_'"):
+        register_norm("TestClash", build)
+    assert "TestClash" not in known_norm_names()
+
+
+def test_a_build_parameter_named_strict_read_from_a_config_key_is_refused_at_registration(registered):
+    # registered: norm_from_config then stopped with a raw "Norm.__init__() got multiple values for argument 'strict'"
+    registered.append("TestCfgStrict")
+    with pytest.raises(gwdet.errors.GwdetTypeError, match=r"takes a parameter named 'strict'.*config_keys entry"):
+        register_norm("TestCfgStrict", lambda channels, strict=False: torch.nn.GroupNorm(1, channels),
+                      config_keys={"strict": "MODEL.TEST_CFG_STRICT.STRICT"})
+
+
+def test_a_build_that_takes_the_channel_count_after_another_argument_is_refused_at_registration(registered):
+    # registered: gwdet.norm('TestMyGroupNorm')(32) then asked for a value for 'num_channels'
+    registered.append("TestMyGroupNorm")
+
+    class MyGroupNorm(torch.nn.GroupNorm):
+        pass
+
+    with pytest.raises(gwdet.errors.GwdetTypeError,
+                       match=r"^register_norm\('TestMyGroupNorm'\): MyGroupNorm takes \['num_groups', 'num_channels', "
+                             r".*with the channel count as 'num_channels', not first: gwdet builds the layer as "
+                             r"build\(channels, \*\*settings\).*would go into 'num_groups'.*def build\(channels, "
+                             r"num_groups=...\): return MyGroupNorm\(num_groups, channels\)"):
+        register_norm("TestMyGroupNorm", MyGroupNorm)
+
+
+def test_a_build_with_positional_only_settings_is_refused_at_registration(registered):
+    # registered: gwdet.norm('TestPosOnly', num_groups=2)(8) then failed inside the build with a raw TypeError
+    registered.append("TestPosOnly")
+
+    def positional_only(channels, num_groups=4, /):
+        return torch.nn.GroupNorm(num_groups, channels)
+
+    with pytest.raises(gwdet.errors.GwdetTypeError,
+                       match=r"^register_norm\('TestPosOnly'\): positional_only takes num_groups as positional-only "
+                             r"\(before '/'\).*Let build take num_groups by keyword"):
+        register_norm("TestPosOnly", positional_only)
+
+    def channels_only_first(channels, /, num_groups=4):
+        return torch.nn.GroupNorm(num_groups, channels)
+
+    register_norm("TestPosOnly", channels_only_first)
+    assert norm("TestPosOnly", num_groups=2)(8).num_groups == 2

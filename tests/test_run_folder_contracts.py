@@ -1199,3 +1199,36 @@ def test_a_folder_named_as_a_record_the_run_writes_is_refused_before_training(tm
                                                 rf"fail when the run writes {re.escape(recorded)}"):
         check_run_file_names(str(tmp_path))
     assert (tmp_path / record / "keep.txt").read_text() == "mine"
+
+
+# --overwrite deleted the user's vis/my_figure.png, inference/my_labels.json, inference/my_backup.pth,
+# inference/my_annotations/instances_val.json and eval/<evaluation>/vis/my_plot.png: judged by extension
+def test_overwrite_refuses_users_files_named_like_a_runs_outputs_and_deletes_drawings_and_evaluator_files(tmp_path):
+    from PIL import Image
+    from PIL.PngImagePlugin import PngInfo
+    from gwdet.engine.visualize import DRAWING_KEY, DRAWING_MARK, is_prediction_drawing
+
+    mark = PngInfo()
+    mark.add_text(DRAWING_KEY, DRAWING_MARK)
+    make(tmp_path, *SEVEN, CONFIG_NAME, CONFIG_NAME + ".sha256", "eval/a1-model_final/results.json",
+         "inference/shapes_val/shapes_val_coco_format.json", "inference/shapes_val/shapes_val_coco_format.json.lock",
+         "inference/shapes_val/coco_instances_results.json")
+    Image.new("RGB", (4, 4)).save(tmp_path / "vis" / "0_a.png", pnginfo=mark)  # a run's drawing
+    (tmp_path / "eval" / "a1-model_final" / "vis").mkdir()
+    mine = ("eval/a1-model_final/vis/my_plot.png", "inference/my_annotations/instances_val.json",
+            "inference/my_backup.pth", "inference/my_labels.json", "vis/my_figure.png")
+    (tmp_path / "inference" / "my_annotations").mkdir()
+    for name in mine:
+        Image.new("RGB", (4, 4)).save(tmp_path / name, format="PNG")
+    assert is_prediction_drawing(str(tmp_path / "vis" / "0_a.png"))
+    assert not is_prediction_drawing(str(tmp_path / "vis" / "my_figure.png"))
+    before = sorted(str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*"))
+    with pytest.raises(FileExistsError, match=re.escape(
+            f"--overwrite would delete {', '.join(mine)} in the earlier run's folders of OUTPUT_DIR "
+            f"{str(tmp_path)!r}, which no run of gwdet wrote; nothing was changed.")):
+        check_fresh_start(str(tmp_path), overwrite=True)
+    assert sorted(str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*")) == before
+    for name in mine:
+        os.unlink(tmp_path / name)
+    check_fresh_start(str(tmp_path), overwrite=True)  # the drawings and the evaluators' files: the run's
+    assert os.listdir(tmp_path) == []

@@ -356,3 +356,114 @@ def test_the_warnings_of_a_run_reach_its_log_and_results(tmp_path):
     recorded = json.loads((tmp_path / "results.json").read_text())["environment"]["warnings"]
     assert any(message.startswith(rises) for message in recorded)
     assert all(f"- {message}" in warnings for message in recorded)
+
+
+# with TEST.EVAL_PERIOD 2 under the writer's period of 20, the first periodic evaluation was replaced in
+# the event storage by the next before any write: metrics.json and TensorBoard missed it
+def test_every_periodic_evaluation_reaches_metrics_json(tmp_path):
+    from types import SimpleNamespace
+    from detectron2.engine.hooks import PeriodicWriter
+    from detectron2.utils.events import EventStorage, JSONWriter
+    from gwdet.engine.training import EvaluationWriter, writing_every_evaluation
+
+    path = str(tmp_path / "metrics.json")
+    hook = writing_every_evaluation([PeriodicWriter([JSONWriter(path)], period=20)], eval_period=2)[0]
+    assert isinstance(hook, EvaluationWriter)
+    hook.trainer = SimpleNamespace(max_iter=5)
+    with EventStorage(0) as storage:
+        for iteration in range(5):
+            storage.iter, hook.trainer.iter = iteration, iteration
+            if (iteration + 1) % 2 == 0 or iteration == 4:  # detectron2's EvalHook: every 2 iterations, and the last
+                storage.put_scalars(**{"bbox/AP": float(iteration)}, smoothing_hint=False)
+            hook.after_step()
+        hook.after_train()
+    with open(path) as file:
+        evaluations = [(line["iteration"], line["bbox/AP"]) for line in map(json.loads, file) if "bbox/AP" in line]
+    assert evaluations == [(1, 1.0), (3, 3.0), (4, 4.0)]
+
+
+# INPUT.MAX_SIZE_TRAIN 1 (or MIN_SIZE_TRAIN (1,)) stopped at the first flipped image with numpy's bare
+# "At least one stride in the given numpy array is negative"
+@pytest.mark.parametrize("opts, named", [(["INPUT.MAX_SIZE_TRAIN", "1"], "INPUT.MAX_SIZE_TRAIN 1"),
+                                         (["INPUT.MIN_SIZE_TRAIN", "(1,)"], r"INPUT.MIN_SIZE_TRAIN \(1,\)")])
+def test_training_sizes_too_small_to_train_on_are_refused_before_the_model_is_built(opts, named):
+    from gwdet.engine.trainer import check_training_image_sizes
+    from gwdet.errors import GwdetValueError
+    from gwdet.model_zoo import build_config
+
+    cfg = build_config(DEMO_CONFIG, opts)
+    with pytest.raises(GwdetValueError, match=rf"^{named} resizes the training images to less than 32 pixels a side, "
+                                              r"too small to train a detector on .* at least 32 pixels"):
+        check_training_image_sizes(cfg)
+
+
+# INPUT.MAX_SIZE_TRAIN 64 below MIN_SIZE_TRAIN 128 trained every image at 64x64 while testing at 128, without a word
+def test_a_max_training_size_below_the_min_training_size_is_warned_of(caplog):
+    from gwdet.engine.trainer import check_training_image_sizes
+    from gwdet.model_zoo import build_config
+
+    cfg = build_config(DEMO_CONFIG, ["INPUT.MIN_SIZE_TRAIN", "(128,)", "INPUT.MAX_SIZE_TRAIN", "64",
+                                     "INPUT.MIN_SIZE_TEST", "128"])
+    with caplog.at_level(logging.WARNING, logger="gwdet.engine.trainer"):
+        check_training_image_sizes(cfg)
+    assert ["INPUT.MAX_SIZE_TRAIN 64 is below INPUT.MIN_SIZE_TRAIN (128,): detectron2's resize caps the longer image "
+            "side at 64, so no training image's shorter side reaches more than 64 (square images train at 64x64, while "
+            "testing at INPUT.MIN_SIZE_TEST 128). Set INPUT.MAX_SIZE_TRAIN to at least 128 (e.g. 213, detectron2's "
+            "ratio), or lower INPUT.MIN_SIZE_TRAIN."] == [r.getMessage() for r in caplog.records]
+
+
+# an absolute INPUT.CROP.SIZE [300, 300] on 128-pixel shapes images never cropped, without a word
+def test_an_absolute_crop_not_smaller_than_the_images_is_warned_of(caplog):
+    from gwdet.engine.trainer import check_training_image_sizes
+    from gwdet.model_zoo import build_config
+
+    cfg = build_config(DEMO_CONFIG, ["INPUT.CROP.ENABLED", "True", "INPUT.CROP.TYPE", "absolute",
+                                     "INPUT.CROP.SIZE", "[300, 300]", "DATASETS.SHAPES.IMAGE_SIZE", "128",
+                                     "INPUT.MAX_SIZE_TRAIN", "213"])
+    with caplog.at_level(logging.WARNING, logger="gwdet.engine.trainer"):
+        check_training_image_sizes(cfg)
+    assert [r.getMessage() for r in caplog.records] == [
+        "INPUT.CROP.SIZE [300, 300] (INPUT.CROP.TYPE 'absolute') is not smaller than the 128x128 images of "
+        f"{', '.join(cfg.DATASETS.TRAIN)} (DATASETS.SHAPES.IMAGE_SIZE 128): detectron2's RandomCrop, applied before "
+        "the resize, keeps every image whole, so nothing is cropped. Give a crop size below 128 pixels (e.g. "
+        "INPUT.CROP.SIZE [96, 96]), or INPUT.CROP.TYPE 'relative_range' with fractions, or INPUT.CROP.ENABLED False."]
+    cfg = build_config(DEMO_CONFIG, ["INPUT.CROP.ENABLED", "True", "INPUT.CROP.TYPE", "absolute",
+                                     "INPUT.CROP.SIZE", "[100, 300]", "DATASETS.SHAPES.IMAGE_SIZE", "128",
+                                     "INPUT.MAX_SIZE_TRAIN", "213"])  # crops the height
+    caplog.clear()
+    check_training_image_sizes(cfg)
+    assert not caplog.records
+
+
+# SIGUSR1 (SLURM's --signal=USR1) and SIGXCPU (ulimit -St) killed a training by their default action: no
+# checkpoint, no log line; SIGXCPU's repeats every CPU second would also have counted as a second request
+@pytest.mark.parametrize("signum", ["SIGUSR1", "SIGXCPU"])
+def test_sigusr1_and_sigxcpu_save_a_checkpoint_and_stop_training_saying_so(signum, caplog):
+    import signal
+    import types
+
+    from gwdet.checkpoint.signal_hook import SAME_REQUEST_SECONDS, CheckpointOnSignal, TrainingInterrupted
+
+    number = getattr(signal, signum)
+    saved = []
+    hook = CheckpointOnSignal()
+    hook.trainer = types.SimpleNamespace(iter=30, max_iter=200, checkpointer=types.SimpleNamespace(
+        save=lambda name, iteration: saved.append(name)))
+    before = signal.getsignal(number)
+    try:
+        with caplog.at_level(logging.INFO, logger="gwdet.checkpoint.signal_hook"):
+            hook.before_train()
+            assert signal.getsignal(number) == hook._handle
+            signal.raise_signal(number)
+            if number == signal.SIGXCPU:  # the kernel's repeat, a second later: the same request
+                hook._received_at -= SAME_REQUEST_SECONDS
+                signal.raise_signal(number)
+            with pytest.raises(TrainingInterrupted) as stopped:
+                hook.after_step()
+    finally:
+        hook.release()
+        signal.signal(number, before)
+    assert saved == ["model_0000030"] and stopped.value.code == 128 + number
+    assert f"Received {signum}: the current iteration finishes, a checkpoint is saved" in caplog.text
+    assert f"Stopped by {signum} after iteration 30; saved model_0000030.pth. Continue with the same command and " \
+           "--resume" in caplog.text

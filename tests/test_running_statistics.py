@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.optim.swa_utils import update_bn
 
-from gwdet.errors import GwdetValueError
+from gwdet.errors import GwdetTypeError, GwdetValueError
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening, update_running_statistics
 
 
@@ -194,3 +194,60 @@ def test_a_loader_that_is_no_iterable_of_batches_is_named():
                                             rf"{type(loader).__name__}; the running statistics are as they were"):
             update_running_statistics(loader, model)
     assert torch.equal(model[0].running_whitening, before)
+
+
+# Before: every submodule came back in the model's mode, losing the per-module modes the user set.
+@pytest.mark.parametrize("model_training", [True, False])
+def test_each_modules_own_mode_is_restored(model_training):
+    model = nn.Sequential(nn.Conv2d(8, 8, 1).double(), nn.BatchNorm2d(8).double(), nn.Dropout(0.5))
+    model.train(model_training)
+    model[0].train(not model_training)
+    model[2].train(not model_training)
+    modes = [module.training for module in model.modules()]
+    update_running_statistics(batches(), model)
+    assert [module.training for module in model.modules()] == modes
+
+
+# Before: batches [x, y] of a DataLoader(TensorDataset(x, y)) gave a raw TypeError from conv2d().
+def test_batches_of_inputs_and_targets_name_the_forward_argument():
+    model = nn.Sequential(nn.Conv2d(8, 8, 1).double(), nn.BatchNorm2d(8).double())
+    pairs = [[x, torch.zeros(4)] for x in batches()]
+    before = model[1].running_mean.clone()
+    with pytest.raises(GwdetTypeError, match=r"a list of 2 tensors \(as a DataLoader of a TensorDataset gives.*"
+                                             r"forward=lambda m, b: m\(b\[0\]\)"):
+        update_running_statistics(pairs, model)
+    assert torch.equal(model[1].running_mean, before)
+    assert update_running_statistics(pairs, model, forward=lambda m, b: m(b[0])) == 3
+
+
+# Before: dict batches of a plain model got advice for detectron2 models only, not forward=lambda m, b: m(**b).
+def test_dict_batches_of_a_plain_model_name_keyword_forward():
+    class KeywordModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.BatchNorm2d(8).double()
+
+        def forward(self, pixel_values):
+            return self.norm(pixel_values)
+
+    model = KeywordModel()
+    loader = [{"pixel_values": x} for x in batches()]
+    with pytest.raises(GwdetTypeError, match=r"keyword arguments, pass forward=lambda m, b: m\(\*\*b\)"):
+        update_running_statistics(loader, model)
+    assert update_running_statistics(loader, model, forward=lambda m, b: m(**b)) == 3
+
+
+# Before: raw TypeError: 'str' object is not callable.
+def test_a_forward_that_is_not_callable_is_named():
+    with pytest.raises(GwdetTypeError, match="forward must be a callable forward.model, batch. .*, got str 'model'"):
+        update_running_statistics(batches(), nn.Sequential(nn.BatchNorm2d(8)), forward="model")
+
+
+# Before: "has no layer with running statistics", misleading: the scripted layers hold them.
+@pytest.mark.parametrize("jit", ["script", "trace"])
+def test_a_scripted_or_traced_model_is_told_to_recompute_before(jit):
+    model = nn.Sequential(nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8)).double()
+    compiled = torch.jit.script(model) if jit == "script" else torch.jit.trace(model, batches(1)[0])
+    with pytest.raises(GwdetTypeError, match=r"the model \(Sequential\) is scripted or traced .*recompute them on "
+                                             "the eager model first"):
+        update_running_statistics(batches(), compiled)

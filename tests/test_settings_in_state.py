@@ -245,3 +245,110 @@ def test_the_examples_per_group_may_change_on_a_built_layer_as_a_count():
         with pytest.raises(ValueError, match=rf"^BatchGroupNorm: examples_per_group must be an integer >= 1, got {shown}"):
             layer.examples_per_group = value
     assert layer.examples_per_group == 4
+
+
+# weight/bias set to None on an affine=True layer: it computed without its affine while its state recorded affine=True
+def test_an_affine_parameter_set_to_none_is_refused_naming_affine_false():
+    from gwdet.layers import GroupWhitening
+
+    layer = GroupWhitening(16, num_groups=4)
+    with pytest.raises(AttributeError, match=r"weight cannot be set to None on a layer built with affine=True.*"
+                                             r"GroupWhitening\(\.\.\., affine=False\)"):
+        layer.weight = None
+    with pytest.raises(AttributeError, match=r"bias cannot be set to None"):
+        layer.register_parameter("bias", None)
+    assert isinstance(layer.weight, torch.nn.Parameter) and isinstance(layer.bias, torch.nn.Parameter)
+
+
+# a weight added to an affine=False layer: applied in forward, recorded as affine=False, dropped on loading
+def test_an_affine_parameter_added_to_a_layer_without_affine_is_refused_naming_affine_true():
+    from gwdet.layers import GroupWhitening
+
+    layer = GroupWhitening(16, num_groups=4, affine=False)
+    with pytest.raises(AttributeError, match=r"built with affine=False, so it takes no weight \(got a Parameter of "
+                                             r"shape \[16\].*GroupWhitening\(\.\.\., affine=True\)"):
+        layer.weight = torch.nn.Parameter(torch.full((16,), 2.0))
+    assert layer.weight is None and list(layer.state_dict()) == ["_extra_state"]
+
+
+# a weight of 8 values on 16 channels: raw "The size of tensor a (16) must match ..." at the first forward
+def test_an_affine_parameter_of_another_size_is_refused_when_assigned():
+    from gwdet.layers import GroupWhitening
+
+    layer = GroupWhitening(16, num_groups=4)
+    with pytest.raises(ValueError, match=r"weight must be a floating-point tensor of shape \[16\] \(one value per "
+                                         r"channel, num_channels=16\), got a Parameter of shape \[8\]"):
+        layer.weight = torch.nn.Parameter(torch.ones(8))
+    layer.weight = torch.nn.Parameter(torch.full((16,), 2.0))  # the same shape: accepted
+    assert torch.equal(layer.weight, torch.full((16,), 2.0))
+
+
+# running buffers replaced by None or a tensor of another size: raw AttributeError ('lerp_') / RuntimeError in forward
+def test_running_statistics_replaced_by_none_or_another_shape_are_refused_when_assigned():
+    from gwdet.layers import BatchWhitening
+
+    layer = BatchWhitening(16, group_size=4)
+    with pytest.raises(AttributeError, match=r"running statistic running_mean cannot be set to None.*"
+                                             r"reset_running_stats\(\)"):
+        layer.register_buffer("running_mean", None)
+    with pytest.raises(ValueError, match=r"running_mean must be a floating-point tensor of shape \[16\].*got a Tensor "
+                                         r"of shape \[8\]"):
+        layer.running_mean = torch.zeros(8)
+    with pytest.raises(ValueError, match=r"running_whitening must be a floating-point tensor of shape \[4, 4, 4\]"):
+        layer.running_whitening = torch.eye(4)
+    with pytest.raises(ValueError, match=r"must not require grad.*assign running_mean.detach\(\) instead"):
+        layer.running_mean = torch.zeros(16, requires_grad=True)
+    layer.running_mean = torch.ones(16)  # the same shape: accepted
+    layer(torch.randn(4, 16, 3, 3))
+
+
+# gw.affine = True on an affine=True layer was refused as a change, its advice the same layer
+def test_assigning_a_setting_its_own_value_changes_nothing_and_is_accepted():
+    from gwdet.layers import GroupWhitening
+
+    layer = GroupWhitening(16, num_groups=4)
+    layer.affine = True
+    layer.num_groups = 4
+    layer.method = "itn"
+    assert (layer.affine, layer.num_groups, layer.method) == (True, 4, "itn")
+    with pytest.raises(AttributeError, match=r"affine is set when the layer is built"):
+        layer.affine = 1  # not the flag: refused as before
+    with pytest.raises(AttributeError, match=r"num_groups is set when the layer is built"):
+        layer.num_groups = 8
+
+
+# GroupWhitening(16, affine=np.bool_(True)): "affine must be True or False, got np.True_ (bool)"
+def test_a_numpy_bool_is_accepted_as_affine_and_recorded_as_a_bool():
+    import numpy as np
+
+    from gwdet.layers import BatchWhitening, GroupWhitening
+
+    layer = GroupWhitening(16, num_groups=4, affine=np.bool_(True))
+    assert layer.affine is True and layer.weight is not None
+    assert BatchWhitening(16, affine=np.bool_(False)).affine is False
+    GroupWhitening(16, num_groups=4).load_state_dict(layer.state_dict())
+
+
+# settings assigned to a scripted GW/BW were used unchecked: T=0 and eps=-1 gave other or all-NaN outputs,
+# num_groups=8 stood beside the 4 groups computed, method='svd' failed inside the interpreter
+def test_a_scripted_layer_refuses_settings_assigned_to_it():
+    from gwdet.layers import BatchWhitening, GroupWhitening
+
+    x = torch.randn(4, 16, 5, 5)
+    fix = r"script a layer built with the settings you want, torch\.jit\.script\({}\(\.\.\., setting=value\)\)"
+    for layer, name, value, message in [
+            (GroupWhitening(16, num_groups=4), "T", 0, r"GroupWhitening: T must be an integer >= 1, got 0"),
+            (GroupWhitening(16, num_groups=4), "eps", -1.0, r"GroupWhitening: eps must be a number from 1.1754944e-38"),
+            (GroupWhitening(16, num_groups=4), "num_groups", 8,
+             r"GroupWhitening: num_groups=8 does not give the 4 the layer was built with"),
+            (BatchWhitening(16, group_size=4), "method", "svd", r"BatchWhitening: method must be 'itn' or 'zca', got 'svd'"),
+            (BatchWhitening(16, group_size=4), "momentum", 5.0, r"BatchWhitening: momentum must be a number in \[0, 1\]")]:
+        scripted = torch.jit.script(layer)
+        expected = scripted(x)
+        setattr(scripted, name, value)
+        with pytest.raises(torch.jit.Error, match=message + ".*" + fix.format(type(layer).__name__)):
+            scripted(x)
+    scripted = torch.jit.script(GroupWhitening(16, num_groups=4))
+    scripted.num_groups = 5  # the same 4 groups of 16 channels: the same function
+    assert torch.allclose(scripted(x), GroupWhitening(16, num_groups=4)(x), atol=1e-5)
+    assert expected.shape == x.shape

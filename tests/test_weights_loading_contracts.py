@@ -10,6 +10,7 @@ once per module (detectron2's builders, FrozenBN: a fraction of a second each).
 """
 import os
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -982,3 +983,27 @@ def test_a_subclass_setting_loads_back_as_its_state_records_it(tag):
     TaggedGW(8, tag=tag).load_state_dict(TaggedGW(8, tag=tag).state_dict())
     with pytest.raises(RuntimeError, match=r"TaggedGW was saved with tag=.*, but this layer has tag='other'"):
         TaggedGW(8, tag="other").load_state_dict(TaggedGW(8, tag=tag).state_dict())
+
+
+# before: a BGN checkpoint loaded into a GhostBN model was refused as other MODEL.BGN.* values, which cannot fix it
+@pytest.mark.parametrize("trained, loading, finding, fix", [
+    (("BGN", {"num_groups": 4}), ("GhostBN", {}), "1: BGN with num_groups 4 -> GhostBN", "gwdet.norm('BGN', num_groups=4)"),
+    (("GhostBN", {}), ("BGN", {"num_groups": 4}), "1: GhostBN -> BGN with num_groups 4", "gwdet.norm('GhostBN')"),
+])
+def test_a_bgn_checkpoint_into_a_ghost_bn_is_named_as_another_norm(tmp_path, trained, loading, finding, fix):
+    from gwdet import norm
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    source = nn.Sequential(nn.Conv2d(3, 16, 1), norm(trained[0], **trained[1])(16))
+    ResilientCheckpointer(source, save_dir=str(tmp_path)).save("model_final")
+    target = nn.Sequential(nn.Conv2d(3, 16, 1), norm(loading[0], **loading[1])(16))
+    with pytest.raises(ValueError, match=(
+            r"^The checkpoint was trained with another norm than this config builds \(1 layers, e\.g\. "
+            f"{re.escape(finding)}\\): both names build a BatchGroupNorm, .* they differ in the norm's name, not in a "
+            r"MODEL\.BGN value .*; nothing was loaded\. Build the norm the weights were trained with: set its name "
+            f".*{re.escape(fix)}\\), or set the environment variable GWDET_ALLOW_NORM_MISMATCH=1 to load them anyway\\.$")):
+        ResilientCheckpointer(target).load(str(tmp_path / "model_final.pth"))
+    other_groups = nn.Sequential(nn.Conv2d(3, 16, 1), norm("BGN", num_groups=8)(16))
+    if trained[0] == "BGN":  # another group count of BGN is still named by its value
+        with pytest.raises(ValueError, match=r"other norm hyper-parameters .* 1 num_groups 4 -> 8"):
+            ResilientCheckpointer(other_groups).load(str(tmp_path / "model_final.pth"))

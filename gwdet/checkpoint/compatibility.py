@@ -23,7 +23,7 @@ from detectron2.modeling.backbone import ResNet
 
 from gwdet.errors import GwdetValueError, listed
 from gwdet.checkpoint.converted_weights import ARCH_FIELD, ARCHITECTURES, GW_POSITIONS_FIELD, INPUT_FIELD, NORM_FIELD
-from gwdet.layers import GroupWhitening
+from gwdet.layers import BatchGroupNorm, GroupWhitening
 from gwdet.layers.settings_state import (EXTRA_STATE_KEY, SettingsInState, cast_record, function_settings,
                                          decode_settings, same_setting)
 from gwdet.modeling.backbone import convs_with_norm
@@ -433,14 +433,28 @@ def _function_of(layer: torch.nn.Module | None, values: Mapping[str, Any]) -> di
     return function_settings(type(layer).__name__, {**values, **({"num_channels": channels} if channels else {})})
 
 
+def _batch_group_norm_name(layer: torch.nn.Module | None, function: Mapping[str, Any]) -> str | None:
+    """The norm name whose layer ``layer`` is with the function settings ``function``
+    (:func:`_function_of`) when it is a :class:`~gwdet.layers.BatchGroupNorm` of known channels:
+    ``"GhostBN"`` for one channel per group (the layer GhostBN builds), else ``"BGN"``; ``None``
+    for any other layer, or when the group count is not known."""
+    channels, groups = getattr(layer, "num_channels", None), function.get("num_groups")
+    if not isinstance(layer, BatchGroupNorm) or not isinstance(channels, int) or not isinstance(groups, int):
+        return None
+    return "GhostBN" if groups == channels else "BGN"
+
+
 def _refuse_other_settings(saved: Mapping[str, Mapping[str, Any]], present: Mapping[str, Mapping[str, Any]],
                            how_to_opt_in: str, model: torch.nn.Module) -> None:
     """Raise ``ValueError`` naming up to three values that differ between ``saved`` and ``present``
     (``{layer: {setting: value}}`` of ``model``'s layers) and make another function of the layer
     (:func:`_function_of`: 64 groups requested of 16 channels are the 16 groups of a request of
-    16); layers and values that ``saved`` lacks are not compared."""
+    16); layers and values that ``saved`` lacks are not compared. A BatchGroupNorm whose group
+    count makes it another norm name's layer (BGN with one channel per group is GhostBN's,
+    :func:`_batch_group_norm_name`) is refused naming the two norms, whose names, not MODEL.BGN
+    values, tell them apart."""
     layers = dict(unwrapped(model).named_modules())
-    differing = []
+    differing, renamed = [], []
     for name, values in present.items():
         if not isinstance(saved.get(name), Mapping):
             continue
@@ -451,6 +465,21 @@ def _refuse_other_settings(saved: Mapping[str, Mapping[str, Any]], present: Mapp
         differing += [f"{name} {key} {recorded[key]!r} -> {value!r}" for key, value in current.items()
                       if key in recorded and not same_setting(recorded[key], value)
                       and not same_setting(was.get(key), now.get(key))]
+        kinds = (_batch_group_norm_name(layers.get(name), was), _batch_group_norm_name(layers.get(name), now))
+        if None not in kinds and kinds[0] != kinds[1]:
+            trained = (f"gwdet.norm('BGN', num_groups={recorded.get('num_groups')!r})" if kinds[0] == "BGN"
+                       else "gwdet.norm('GhostBN')")
+            renamed.append((f"{name}: BGN with num_groups {recorded.get('num_groups')!r} -> GhostBN" if kinds[0] == "BGN"
+                            else f"{name}: GhostBN -> BGN with num_groups {current.get('num_groups')!r}", trained))
+    if renamed:
+        raise NormMismatchError(
+            f"The checkpoint was trained with another norm than this config builds ({len(renamed)} layers, e.g. "
+            f"{'; '.join(finding for finding, _ in renamed[:3])}): both names build a BatchGroupNorm, GhostBN with one channel per group, so "
+            "they differ in the norm's name, not in a MODEL.BGN value (GhostBN takes no num_groups and ignores "
+            "MODEL.BGN.NUM_GROUPS)", "Build the norm the weights were trained with: set its name (the run's "
+            "config.yaml: the NORM keys, e.g. MODEL.RESNETS.NORM and MODEL.FPN.NORM; a LazyConfig's norm nodes, e.g. "
+            f"{renamed[0][1]}), or {how_to_opt_in} to load them anyway."
+        )
     if differing:
         raise NormMismatchError(
             f"The checkpoint was trained with other norm hyper-parameters than this config gives its layers "

@@ -1,7 +1,9 @@
 """A checkpoint at the current iteration when training is told to stop.
 
 :class:`CheckpointOnSignal`, a detectron2 hook, turns SIGTERM, SIGINT, SIGHUP (unless ignored, as
-under ``nohup``) and SIGUSR2 into a request: the iteration in progress finishes, a checkpoint of it
+under ``nohup``), SIGUSR1, SIGUSR2 (SLURM's ``--signal`` warnings before a time limit) and SIGXCPU (a
+CPU-time limit's soft limit, ``ulimit -St``: the kernel repeats it every CPU second, which counts
+as the same request) into a request: the iteration in progress finishes, a checkpoint of it
 is saved as a periodic one would be (``model_<iteration>.pth``), and the process stops with
 :class:`TrainingInterrupted`; ``--resume`` then continues at the next iteration. A signal during a
 periodic evaluation (``TEST.EVAL_PERIOD``) of a one-process run stops the evaluation at once, unrecorded,
@@ -30,7 +32,11 @@ from detectron2.engine import HookBase
 from detectron2.engine.hooks import EvalHook
 from detectron2.utils import comm
 
-STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
+STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
+                                            signal.SIGXCPU)
+# Signals the kernel sends again while the condition lasts (SIGXCPU: every CPU second past the soft
+# limit, until the hard limit's SIGKILL): a repeat is the same request, however late.
+REPEATED_SIGNALS = (signal.SIGXCPU,)
 # A second stop signal within this many seconds is the same request, not a second one: a terminal's
 # Ctrl-C reaches every process of the group, and the launcher (or the study, as SIGTERM) forwards the
 # one it receives.
@@ -98,7 +104,8 @@ class CheckpointOnSignal(HookBase):
         self._evaluating = False  # inside a periodic evaluation that a stop signal ends at once
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self._received is not None and time.monotonic() - self._received_at < SAME_REQUEST_SECONDS:
+        if self._received is not None and (time.monotonic() - self._received_at < SAME_REQUEST_SECONDS
+                                           or signum == self._received and signum in REPEATED_SIGNALS):
             return  # the same request twice: sent to the process group and forwarded by the launcher or study
         if self._received is not None:  # asked twice: the previous handler runs at once
             self._restore()
@@ -224,7 +231,7 @@ class CheckpointOnSignal(HookBase):
 @contextlib.contextmanager
 def evaluation_stops() -> Iterator[None]:
     """Within the block (an ``--eval-only`` evaluation), a stop signal that would end the process
-    without a word (SIGTERM, SIGHUP, SIGUSR2 at their default) ends it at once, saying so: the
+    without a word (SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGXCPU at their default) ends it at once, saying so: the
     evaluation keeps nothing, and the same command runs it again."""
     if threading.current_thread() is not threading.main_thread():
         yield

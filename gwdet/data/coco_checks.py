@@ -7,14 +7,22 @@ then go wrong without a word or stop a run late.
 """
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Iterable, Mapping, Sequence
 
 from gwdet.errors import listed
+from gwdet.layers.common import is_finite_number
 from gwdet.data.image_files import image_file_problem
-from gwdet.data.masks import ends_as_corners, mask_box, segmentation_problem
+from gwdet.data.masks import ends_as_corners, mask_area, mask_box, segmentation_problem
 
 SHOWN = 3  # problems quoted in one message
+# How far an annotation's area may lie from its mask's pixel count (either way), or below its box's
+# area when it has no mask (a thin slanted object covers little of its box), before it is named;
+# differences of up to AREA_SLACK pixels pass whatever the ratio (a few pixels' object rasterized).
+MASK_AREA_FACTOR = 4.0
+BOX_AREA_FACTOR = 10.0
+AREA_SLACK = 16.0
 
 
 def shown_name(name: str) -> str:
@@ -146,6 +154,44 @@ def corner_boxes(annotations: Iterable[Mapping[str, Any]], images: Mapping[Any, 
                          f"({shown_name(image['file_name'])}): "
                          f"bbox {list(annotation['bbox'])}, its mask's bounding box {[round(v, 1) for v in box]}")
     return found, masked
+
+
+def area_mismatches(annotations: Iterable[Mapping[str, Any]],
+                    images: Mapping[Any, Mapping[str, Any]]) -> tuple[list[str], int]:
+    """``(annotations whose area disagrees with their object, annotations compared)``: an area more
+    than :data:`MASK_AREA_FACTOR` times off its mask's pixel count (:func:`gwdet.data.masks.mask_area`),
+    or, without a mask, more than :data:`BOX_AREA_FACTOR` times below its box's area (an area above
+    the box is :func:`gwdet.data.coco_registration._area_beyond_box`'s), and more than
+    :data:`AREA_SLACK` pixels off. COCO evaluation files each object under APs, APm or APl by this
+    area, so a scaled or mixed-up area moves it to another range. Annotations without a usable area,
+    mask or box (other checks' problems) are not compared."""
+    found, compared = [], 0
+    for annotation in annotations:
+        given, image = annotation.get("area"), images.get(annotation.get("image_id"))
+        if not isinstance(given, (int, float)) or isinstance(given, bool) or image is None:
+            continue
+        area = float(given)
+        if not math.isfinite(area):
+            continue
+        segmentation, bbox = annotation.get("segmentation"), annotation.get("bbox")
+        if segmentation:
+            reference = mask_area(segmentation, image["width"], image["height"])
+            if reference is None:
+                continue
+            what, off = f"its mask covers {reference:g} pixels", not (
+                reference / MASK_AREA_FACTOR <= area <= reference * MASK_AREA_FACTOR)
+        elif isinstance(bbox, (list, tuple)) and len(bbox) == 4 and all(is_finite_number(v) for v in bbox) \
+                and bbox[2] > 0 and bbox[3] > 0:
+            reference = float(bbox[2] * bbox[3])
+            what, off = (f"its bbox covers {bbox[2]:g} x {bbox[3]:g} = {reference:g} pixels (no mask)",
+                         area < reference / BOX_AREA_FACTOR)
+        else:
+            continue
+        compared += 1
+        if off and abs(area - reference) > AREA_SLACK:
+            found.append(f"annotation id {annotation['id']} of image {annotation['image_id']} "
+                         f"({shown_name(image['file_name'])}): area {area:g}, {what}")
+    return found, compared
 
 
 def image_file_problems(images: Sequence[Mapping[str, Any]], root: str,

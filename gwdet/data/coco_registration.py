@@ -43,6 +43,9 @@ from gwdet.data.masks import short_repr
 from gwdet.data.image_files import name_twin_note
 from gwdet.layers.common import is_finite_number
 from gwdet.data.coco_checks import (
+    BOX_AREA_FACTOR,
+    MASK_AREA_FACTOR,
+    area_mismatches,
     corner_boxes,
     duplicate_ids,
     image_entry_problems,
@@ -207,6 +210,12 @@ def _read_json(dataset: CocoDataset) -> tuple[Any, str]:
     try:
         with open(path, "rb") as file:
             data = file.read()
+        if data.startswith(b"\xef\xbb\xbf"):  # json.loads refuses it, and so do pycocotools and detectron2
+            raise DatasetError(
+                f"{where} {path} starts with a UTF-8 byte order mark (BOM, the bytes EF BB BF, as Notepad and "
+                "PowerShell's Out-File -Encoding utf8 write it), which JSON readers (pycocotools and detectron2 too) "
+                f"refuse: remove it (sed -i '1s/^\\xEF\\xBB\\xBF//' {path}, or python -c \"import sys; p = sys.argv[1]; "
+                f"t = open(p, encoding='utf-8-sig').read(); open(p, 'w', encoding='utf-8').write(t)\" {path}).")
         return json.loads(data.decode("utf-8"), object_pairs_hook=_refusing_repeated_keys), \
             hashlib.sha256(data).hexdigest()
     except _RepeatedKey as repeated:
@@ -594,7 +603,7 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
         raise DatasetError(f"{where} the image folder {root} is a file. Give the folder that the JSON's file_name "
                            f"entries are relative to ({FORMAT}).")
     first = coco["images"][0]["file_name"]
-    if not os.path.isfile(os.path.join(root, first)):
+    if not os.path.exists(os.path.join(root, first)):  # a folder or other non-file: image_file_problems names it
         raise DatasetError(f"{where} the first image of {path}, {first!r}, is not in the image folder {root}: "
                            f"{_file_name_advice(first, root)}")
     rotations: dict[str, int] = {}
@@ -621,6 +630,7 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
             "An object lies inside its box, so such an area was not rescaled with the box and image (a converter's "
             "resize): COCO evaluation files the objects under another size range (APs, APm, APl). Set area to the "
             "object's mask area (or box area) in pixels.")
+    _check_areas_fit_objects(dataset, coco["annotations"], sizes)
     paths = [os.path.realpath(os.path.join(root, image["file_name"])) for image in coco["images"]]
     elongated = max(coco["images"], key=lambda image: max(image["width"], image["height"])
                     / max(min(image["width"], image["height"]), 1))
@@ -635,6 +645,25 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
 
 _REGISTERED: dict[str, CocoDataset] = {}  # what this process registered, with its contents
 _FROM_COMMAND_LINE: set[str] = set()  # of those, the names a --register-coco of this process gave
+
+
+def _check_areas_fit_objects(dataset: CocoDataset, annotations: Sequence[dict], images: dict[Any, dict]) -> None:
+    """Refuse ``dataset`` when at least half of its ``annotations`` have an area far from their
+    object's (:func:`gwdet.data.coco_checks.area_mismatches`): the areas were scaled or written
+    for something else. Fewer such annotations are named in a warning."""
+    found, compared = area_mismatches(annotations, images)
+    if not found:
+        return
+    where, path = f"dataset {dataset.name!r}:", dataset.json_file
+    what = (f"{len(found)} of the {compared} annotation(s) of {path} have an 'area' far from their object's pixel count "
+            f"(more than {MASK_AREA_FACTOR:g} times off their mask's, or {BOX_AREA_FACTOR:g} times below their box's "
+            f"without a mask): {listed_problems(found)}. COCO evaluation files each object under APs, APm or APl by "
+            "its area, so these objects would be scored in another size range.")
+    fix = ("Set each area to the object's mask area in pixels (pycocotools.mask.area of its mask), or its box area "
+           "without a mask.")
+    if 2 * len(found) >= compared:
+        raise DatasetError(f"{where} {what} {fix}")
+    logger.warning(f"{where} {what} If these areas are not what you meant, {fix[0].lower()}{fix[1:]}")
 
 
 def _box_problem(bbox: Any, image: dict) -> str:
@@ -1097,6 +1126,19 @@ def _check_mask_format(use: DatasetUse, dataset: CocoDataset) -> None:
             f"{as_override(use.mask_format_setting, 'bitmask')} to the command line (or set it in the config).")
 
 
+def _check_shapes_mask_format(use: DatasetUse, name: str) -> None:
+    """:class:`DatasetError` when training set ``name`` of ``use`` is a split of gwdet's shapes
+    dataset, whose masks are all RLE, and the training loader reads masks as anything but bitmasks."""
+    from gwdet.data.shapes import SPLITS
+
+    if name in {f"{SHAPES_PREFIX}{split}" for split in SPLITS} and use.mask_format is not None \
+            and use.mask_format != "bitmask":
+        raise DatasetError(
+            f"{use.train_setting} {name!r} is gwdet's shapes dataset, whose masks are RLE, which detectron2 reads only "
+            f"as bitmasks, and {use.mask_format_setting} is {use.mask_format!r}: add "
+            f"{as_override(use.mask_format_setting, 'bitmask')} to the command line (or set it in the config).")
+
+
 def _check_resizable(cfg: CfgNode, dataset: CocoDataset) -> None:
     """:class:`DatasetError` when the dataset's most elongated image would keep no pixel in one
     direction after the resize of its loader (detectron2's ``ResizeShortestEdge``: the test sizes
@@ -1151,6 +1193,9 @@ def check_datasets_fit(use: DatasetUse) -> None:
     for name in use.names() if ours else ():
         if name != ours[0].name:
             _check_same_categories(use, ours[0], name)
+    for name in use.train:
+        if use.mask_on and coco_dataset(name) is None:
+            _check_shapes_mask_format(use, name)
     for dataset in ours:
         if use.mask_on and dataset.name in use.train:
             _check_training_masks(use, dataset)

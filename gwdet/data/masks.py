@@ -151,6 +151,22 @@ def mask_box(segmentation: Any, width: int, height: int) -> tuple[str, list[floa
     return f"is a {type(segmentation).__name__}, not a list of polygons or an RLE dict", []
 
 
+def mask_area(segmentation: Any, width: int, height: int) -> float | None:
+    """The pixels the COCO ``segmentation`` of an annotation of a ``width`` x ``height`` image covers,
+    as COCO's tools count them (pycocotools' area of the RLE, or of the polygons rasterized and
+    merged); ``None`` for no mask or one :func:`mask_box` finds a problem with."""
+    if not segmentation or mask_box(segmentation, width, height)[0]:
+        return None
+    import pycocotools.mask as mask_util
+
+    if isinstance(segmentation, dict):
+        rle = _rle_problem(segmentation, width, height)[1]
+    else:
+        rle = mask_util.merge(mask_util.frPyObjects([list(map(float, polygon)) for polygon in segmentation],
+                                                    height, width))
+    return float(mask_util.area(rle))
+
+
 def segmentation_problem(segmentation: Any, width: int, height: int, bbox: Sequence[float] | None = None) -> str:
     """What is wrong with the COCO ``segmentation`` of an annotation of a ``width`` x ``height``
     image ("" when nothing, and for no mask at all): polygons that are not lists of finite numbers

@@ -90,6 +90,7 @@ from gwdet.engine.lazy_checks import (
 from gwdet.engine.run import RunConfig, warn_of_uncounted_detections
 from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.engine.training import (
+    EvaluationWriter,
     InnerTrainerState,
     check_config_kind,
     check_fresh_training,
@@ -308,8 +309,8 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
             hooks.LRScheduler(),
             RunPeriodicCheckpointer(self.checkpointer, **cfg.train.checkpointer) if main else None,
             hooks.EvalHook(cfg.train.eval_period, test_and_save_results),
-            hooks.PeriodicWriter(run_writers(cfg.train.output_dir, self.max_iter), period=cfg.train.log_period)
-            if main else None,
+            EvaluationWriter(run_writers(cfg.train.output_dir, self.max_iter), cfg.train.log_period,
+                             cfg.train.eval_period) if main else None,
         ]
         return with_signal_checkpoints([hook for hook in hook_list if hook is not None])
 

@@ -449,7 +449,8 @@ def check_norm_nodes(cfg: DictConfig) -> None:
     values are: every ``L(gwdet.norm)(...)`` node is made (:class:`gwdet.norms.Norm` checks its
     name and settings; the error names the node), and a norm that a detectron2 or gwdet component
     takes by name (its ``norm`` or ``conv_norm`` argument) must be one detectron2's ``get_norm``
-    builds: gwdet's names need a ``gwdet.norm`` node with their settings."""
+    builds: gwdet's names need a ``gwdet.norm`` node with their settings. ``None`` is refused
+    (``''`` is no norm)."""
     detectron2_names = ["", *(record.name for record in norm_records() if record.detectron2_values is not None)]
     for path, node, called in lazy_calls(select(cfg, "model"), "model"):
         if called is norm:
@@ -469,6 +470,12 @@ def check_norm_nodes(cfg: DictConfig) -> None:
         if not getattr(called, "__module__", "").startswith(("detectron2.", "gwdet.")):
             continue  # the user's own component: its arguments are its own
         for argument in NORM_ARGUMENTS:
+            if argument in node and not OmegaConf.is_interpolation(node, argument) and node.get(argument) is None:
+                raise GwdetValueError(
+                    f"{path}.{argument}=None: give '' for no norm ({path}.{argument}=''), or a norm's name. "
+                    "detectron2's get_norm takes None for no norm too, but its FPN then leaves out the bias it gives "
+                    "its convolutions with '' (bias = norm == ''), so they would have neither; MODEL.FPN.NORM None "
+                    "is refused in a yacs config too.")
             name = node.get(argument) if not OmegaConf.is_interpolation(node, argument) else None
             if isinstance(name, DictConfig):
                 _check_norm_call(f"{path}.{argument}", name)

@@ -54,6 +54,7 @@ from gwdet.utils.run_file_names import (LAST_CHECKPOINT, RUN_ID, LOCK_NAME, FINA
                                    CONFIG_KEEPING, SET_ASIDE, LOG_NAME, RANK_LOG, CONFIG_PAIR, METRICS_JSON)
 from gwdet.config import ABSENT, flatten_config
 from gwdet.engine.run_environment import ENVIRONMENT_KEY
+from gwdet.engine.visualize import is_prediction_drawing
 from gwdet.model_zoo.lazy_loading import is_lazy_config
 from gwdet.model_zoo.loading import load_config_yaml
 from gwdet.positions import format_gw_positions, parse_gw_positions
@@ -136,19 +137,30 @@ def _empty(path: str) -> bool:
     return os.path.basename(path) == METRICS_JSON and os.path.getsize(path) == 0
 
 
-def _written_by_a_run(parts: Sequence[str]) -> bool:
-    """Whether the file at the relative path ``parts`` below a run's folder is one a run writes:
-    below ``inference/`` what detectron2's evaluators write (``.json`` and ``.pth`` files), below
-    ``vis/`` the drawings (``.png``), and below ``eval/<evaluation>/`` the files of a run
-    (:data:`RUN_FILES`, ``log.txt`` and its other processes' ``log.txt.rank<N>``, its lock) and its
-    ``inference/`` and ``vis/``."""
+# What detectron2's evaluators write into their output folder besides EVALUATOR_FILES: LVISEvaluator's
+# and SemSegEvaluator's results, the proposals of a proposal-only model, and COCOEvaluator's COCO-format
+# cache of a dataset registered without a json file (<dataset>_coco_format.json, with its file lock).
+_OTHER_EVALUATOR_FILES = ("lvis_instances_results.json", "sem_seg_predictions.json", "sem_seg_evaluation.pth",
+                          "box_proposals.pkl")
+_COCO_FORMAT_CACHE = re.compile(r"^.+_coco_format\.json(\.lock)?$")
+
+
+def _written_by_a_run(parts: Sequence[str], output_dir: str = "") -> bool:
+    """Whether the file at the relative path ``parts`` (of ``output_dir``) below a run's folder is
+    one a run writes: below ``inference/`` what detectron2's evaluators write, by name
+    (:data:`EVALUATOR_FILES`, :data:`_OTHER_EVALUATOR_FILES`, the COCO-format cache); below ``vis/``
+    the prediction drawings (:func:`gwdet.engine.visualize.is_prediction_drawing`); and below
+    ``eval/<evaluation>/`` the files of a run (:data:`RUN_FILES`, ``log.txt`` and its other
+    processes' ``log.txt.rank<N>``, its lock) and its ``inference/`` and ``vis/``. Every other file
+    is the user's."""
     if parts[0] == EVAL_FOLDER:
         if len(parts) == 3:
             return parts[2] in (*RUN_FILES, LOG_NAME, LOCK_NAME) or bool(RANK_LOG.match(parts[2]))
-        return len(parts) > 3 and _written_by_a_run(parts[2:])
+        return len(parts) > 3 and _written_by_a_run(parts[2:], os.path.join(output_dir, *parts[:2]))
+    name = parts[-1]
     if parts[0] == INFERENCE_FOLDER:
-        return parts[-1].endswith((".json", ".pth"))
-    return parts[0] == VIS_FOLDER and parts[-1].endswith(".png")
+        return name in EVALUATOR_FILES or name in _OTHER_EVALUATOR_FILES or bool(_COCO_FORMAT_CACHE.match(name))
+    return parts[0] == VIS_FOLDER and is_prediction_drawing(os.path.join(output_dir, *parts))
 
 
 def foreign_files(output_dir: str, folders: Sequence[str]) -> list[str]:
@@ -159,7 +171,7 @@ def foreign_files(output_dir: str, folders: Sequence[str]) -> list[str]:
         for root, _, files in os.walk(os.path.join(output_dir, folder)):
             relative = os.path.relpath(root, output_dir)
             found += [os.path.join(relative, name) for name in files
-                      if not _written_by_a_run([*relative.split(os.sep), name])]
+                      if not _written_by_a_run([*relative.split(os.sep), name], output_dir)]
     return sorted(found)
 
 

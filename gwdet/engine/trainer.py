@@ -74,6 +74,7 @@ from gwdet.engine.training import (
     training_lock,
     training_loop,
     with_signal_checkpoints,
+    writing_every_evaluation,
 )
 
 logger = logging.getLogger(__name__)
@@ -163,17 +164,19 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
         """detectron2's hooks, its periodic checkpointer saving with gwdet's
         :class:`ResilientCheckpointer` (which takes the place of the ``DetectionCheckpointer``
         detectron2 built just before), plus :class:`~gwdet.checkpoint.signal_hook.CheckpointOnSignal`
-        (SIGTERM, SIGINT, SIGHUP and SIGUSR2 save a checkpoint of the current iteration before training
-        stops) after the LR scheduler and the periodic checkpointer, before evaluation and the writers.
+        (SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2 and SIGXCPU save a checkpoint of the current
+        iteration before training stops) after the LR scheduler and the periodic checkpointer, before evaluation and the writers.
         detectron2's PreciseBN passes (``TEST.PRECISE_BN``) run with the random generators kept, as the
         evaluations do (:func:`~gwdet.engine.training.random_streams_kept`), and after a resume draw
         the batches an uninterrupted run's would (:func:`~gwdet.engine.training.continue_precise_bn`)."""
         if not isinstance(self.checkpointer, ResilientCheckpointer):
             self.checkpointer = training_checkpointer(self, self.cfg.OUTPUT_DIR, self.cfg.DATASETS.TRAIN)
-        return with_signal_checkpoints(precise_bn_streams_kept(super().build_hooks()))
+        hooks = with_signal_checkpoints(precise_bn_streams_kept(super().build_hooks()))
+        return writing_every_evaluation(hooks, self.cfg.TEST.EVAL_PERIOD)
 
     def build_writers(self) -> list:
-        """detectron2's writers, ``metrics.json`` opened once a resume has trimmed it
+        """detectron2's writers (written after every evaluation too:
+        :func:`~gwdet.engine.training.writing_every_evaluation`), ``metrics.json`` opened once a resume has trimmed it
         (:func:`~gwdet.engine.training.run_writers`)."""
         return run_writers(self.cfg.OUTPUT_DIR, self.max_iter)
 
@@ -333,6 +336,50 @@ def _warn_of_resized_shapes(cfg: CfgNode) -> None:
                    "sets both).")
 
 
+# The smallest side a training image is resized to that a detector trains on: the stride of ResNet's
+# coarsest stage (res5), to a multiple of which detectron2 pads the images. A smaller side leaves images
+# of less than one position of that stage (a 1-pixel side stops detectron2's dataset mapper after a flip).
+MIN_TRAINING_SIDE = 32
+
+
+def check_training_image_sizes(cfg: CfgNode) -> None:
+    """Refuse training image sizes too small to train on (``INPUT.MIN_SIZE_TRAIN``,
+    ``INPUT.MAX_SIZE_TRAIN`` below :data:`MIN_TRAINING_SIDE`); warn of an ``INPUT.MAX_SIZE_TRAIN``
+    below the largest ``INPUT.MIN_SIZE_TRAIN`` (detectron2's resize caps the longer side there, so
+    those shorter sides are never reached), and of an absolute ``INPUT.CROP.SIZE`` not smaller than
+    the shapes images it is given (the crop, applied before the resize, keeps them whole)."""
+    sizes, max_size = tuple(cfg.INPUT.MIN_SIZE_TRAIN), cfg.INPUT.MAX_SIZE_TRAIN
+    if not sizes or not all(is_whole_number(size) for size in (*sizes, max_size)):
+        return  # gwdet.config_checks names what is no size
+    small = [f"{key} {value}" for key, value in (("INPUT.MIN_SIZE_TRAIN", sizes), ("INPUT.MAX_SIZE_TRAIN", max_size))
+             if (min(value) if isinstance(value, tuple) else value) < MIN_TRAINING_SIDE]
+    if small:
+        raise GwdetValueError(
+            f"{' and '.join(small)} resizes the training images to less than {MIN_TRAINING_SIDE} pixels a side, too "
+            f"small to train a detector on (less than one position of the backbone's coarsest stage, stride "
+            f"{MIN_TRAINING_SIDE}; a 1-pixel side stops detectron2's data loader at the first flipped image). Give "
+            f"training sizes of at least {MIN_TRAINING_SIDE} pixels, e.g. INPUT.MIN_SIZE_TRAIN \"({max(sizes[-1], 64)},)\" "
+            f"INPUT.MAX_SIZE_TRAIN {max(max_size, sizes[-1], 64)}.")
+    if max_size < max(sizes):
+        test = f", while testing at INPUT.MIN_SIZE_TEST {cfg.INPUT.MIN_SIZE_TEST}" if cfg.INPUT.MIN_SIZE_TEST else ""
+        logger.warning(
+            f"INPUT.MAX_SIZE_TRAIN {max_size} is below INPUT.MIN_SIZE_TRAIN {sizes}: detectron2's resize caps the "
+            f"longer image side at {max_size}, so no training image's shorter side reaches more than {max_size} "
+            f"(square images train at {max_size}x{max_size}{test}). Set INPUT.MAX_SIZE_TRAIN to at least {max(sizes)} "
+            f"(e.g. {max(max(sizes) * 5 // 3, max(sizes))}, detectron2's ratio), or lower INPUT.MIN_SIZE_TRAIN.")
+    crop = cfg.INPUT.CROP
+    shapes = [name for name in cfg.DATASETS.TRAIN if name.startswith(SHAPES_PREFIX)]
+    image = cfg.DATASETS.SHAPES.IMAGE_SIZE
+    if crop.ENABLED and shapes and crop.TYPE in ("absolute", "absolute_range") and len(crop.SIZE) == 2 and (
+            min(crop.SIZE) >= image if crop.TYPE == "absolute" else crop.SIZE[0] >= image):
+        logger.warning(
+            f"INPUT.CROP.SIZE {list(crop.SIZE)} (INPUT.CROP.TYPE {crop.TYPE!r}) is not smaller than the "
+            f"{image}x{image} images of {', '.join(shapes)} (DATASETS.SHAPES.IMAGE_SIZE {image}): detectron2's "
+            "RandomCrop, applied before the resize, keeps every image whole, so nothing is cropped. Give a crop size "
+            f"below {image} pixels (e.g. INPUT.CROP.SIZE [{max(1, image * 3 // 4)}, {max(1, image * 3 // 4)}]), or "
+            "INPUT.CROP.TYPE 'relative_range' with fractions, or INPUT.CROP.ENABLED False.")
+
+
 def _rate_factor(cfg: CfgNode, iteration: int) -> float:
     """The factor of ``SOLVER.BASE_LR`` detectron2's scheduler of ``cfg`` gives at ``iteration``."""
     scheduler = build_lr_scheduler(cfg, torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0))
@@ -394,6 +441,7 @@ def check_training_values(cfg: CfgNode, world_size: int) -> None:
                        "SOLVER.BASE_LR. Shorten the warm-up (e.g. SOLVER.WARMUP_ITERS "
                        f"{cfg.SOLVER.MAX_ITER // 10}) to train at the base rate.")
     check_training_sampling(cfg)
+    check_training_image_sizes(cfg)
     _warn_of_unread_schedule_values(cfg)
     _warn_of_resized_shapes(cfg)
     norms = norm_settings(cfg)

@@ -26,7 +26,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 
 from detectron2.engine import AMPTrainer, HookBase, SimpleTrainer, TrainerBase, create_ddp_model
-from detectron2.engine.hooks import EvalHook, PreciseBN
+from detectron2.engine.hooks import EvalHook, PeriodicWriter, PreciseBN
 from detectron2.solver import LRMultiplier
 from detectron2.utils import comm
 from detectron2.utils.env import seed_all_rng
@@ -374,6 +374,32 @@ class RunFolderKept(HookBase):
         if self._held is not None:
             os.close(self._held)
             self._held = None
+
+
+class EvaluationWriter(PeriodicWriter):
+    """detectron2's ``PeriodicWriter`` that also writes after each periodic evaluation
+    (``eval_period``): its writers keep only the latest value of each metric between two writes,
+    so an evaluation more frequent than the writer's period would be replaced by the next one
+    before it reached ``metrics.json`` and TensorBoard."""
+
+    def __init__(self, writers: list, period: int, eval_period: int) -> None:
+        super().__init__(writers, period)
+        self._eval_period = eval_period
+
+    def after_step(self) -> None:
+        if self._eval_period > 0 and (self.trainer.iter + 1) % self._eval_period == 0 \
+                and (self.trainer.iter + 1) % self._period != 0 and self.trainer.iter != self.trainer.max_iter - 1:
+            for writer in self._writers:
+                writer.write()
+        super().after_step()
+
+
+def writing_every_evaluation(hooks: list, eval_period: int) -> list:
+    """``hooks`` with detectron2's ``PeriodicWriter`` replaced by an :class:`EvaluationWriter` of the
+    same writers and period, so that each evaluation every ``eval_period`` iterations (after the
+    ``EvalHook``, which puts its results in the event storage) reaches the writers."""
+    return [EvaluationWriter(hook._writers, hook._period, eval_period) if type(hook) is PeriodicWriter else hook
+            for hook in hooks]
 
 
 def with_signal_checkpoints(hooks: list) -> list:

@@ -16,6 +16,7 @@ import torch
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data import detection_utils
 from PIL import Image, ImageDraw, ImageFont
+from PIL.PngImagePlugin import PngInfo
 
 from gwdet.data.test_images import read_test_image
 from gwdet.utils.atomic import write_atomically
@@ -24,6 +25,10 @@ MIN_DRAWN_SIDE = 384
 CAPTION_PADDING = 6
 TRUTH_CAPTION = "ground truth"
 FOLDER_SEPARATOR = "__"  # stands for "/" in a drawing's name
+# The PNG text chunk every drawing carries, by which a run's folder tells its drawings from the user's
+# own pictures (gwdet.engine.output_dir: --overwrite deletes the run's drawings only).
+DRAWING_KEY = "Software"
+DRAWING_MARK = "gwdet prediction drawing"
 
 
 def predictions_caption(score_threshold: float) -> str:
@@ -92,6 +97,21 @@ def drawing_names(file_names: Sequence[str]) -> list[str]:
     return names
 
 
+def is_prediction_drawing(path: str) -> bool:
+    """Whether the file ``path`` is a drawing :func:`save_prediction_pngs` wrote: a ``.png`` name
+    (:func:`drawing_names`) and the PNG text :data:`DRAWING_KEY` = :data:`DRAWING_MARK`, or an empty
+    ``.png`` (nothing to lose). Any other file, a PNG of the user's included, is not a drawing."""
+    if not path.endswith(".png") or os.path.islink(path) or not os.path.isfile(path):
+        return False
+    try:
+        if os.path.getsize(path) == 0:
+            return True
+        with Image.open(path) as image:
+            return image.format == "PNG" and image.info.get(DRAWING_KEY) == DRAWING_MARK
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+        return False
+
+
 # The score from which predictions are drawn (a model's test threshold above it takes its place).
 DRAWN_SCORE = 0.5
 
@@ -105,7 +125,8 @@ def save_prediction_pngs(
     under its caption (:func:`side_by_side`), for the first ``num_images`` images of
     ``dataset_name``, each fed to the model as the test loader of ``cfg`` (yacs or LazyConfig)
     feeds it (:func:`gwdet.data.test_images.read_test_image`), each under its own name
-    (:func:`drawing_names`); return the written paths."""
+    (:func:`drawing_names`) and marked as a drawing (:func:`is_prediction_drawing`); return the
+    written paths."""
     # detectron2's Visualizer needs OpenCV: imported only when drawings are asked for.
     from detectron2.utils.visualizer import Visualizer
 
@@ -126,7 +147,9 @@ def save_prediction_pngs(
             predicted = Visualizer(rgb, metadata, scale=scale).draw_instance_predictions(instances).get_image()
             path = os.path.join(out_dir, name)
             drawing = Image.fromarray(side_by_side(truth, predicted, score_threshold))
-            write_atomically(path, functools.partial(drawing.save, format="PNG"))  # a full disk: one error
+            mark = PngInfo()
+            mark.add_text(DRAWING_KEY, DRAWING_MARK)
+            write_atomically(path, functools.partial(drawing.save, format="PNG", pnginfo=mark))  # a full disk: one error
             paths.append(path)
     finally:
         model.train(was_training)

@@ -203,12 +203,42 @@ def export_onnx(
     outputs = None if output_names is None else list(output_names)
     with path_written_with_checksum(path) as temporary:
         if dynamo:
-            torch.onnx.export(module, args, temporary, opset_version=opset, dynamo=True,
+            # the weights inside the file: torch writes them beside it under the name it is given (the temporary
+            # name, which the file would then reference) where external_data is on
+            torch.onnx.export(module, args, temporary, opset_version=opset, dynamo=True, external_data=False,
                               input_names=names, output_names=outputs, dynamic_axes=dynamic_axes)
         else:
             torch.onnx.export(module, args, temporary, opset_version=opset or ONNX_OPSET, dynamo=False,
                               input_names=names, output_names=outputs, dynamic_axes=dynamic_axes)
             drop_subgraph_shapes(temporary)
+        check_onnx_file(temporary, path, _float64_tensors(module, args))
+
+
+def _float64_tensors(module: torch.nn.Module, args: Tuple[Any, ...]) -> bool:
+    """Whether ``module``'s parameters and buffers or the tensors among ``args`` hold float64."""
+    tensors = [*module.parameters(), *module.buffers(), *(arg for arg in args if isinstance(arg, torch.Tensor))]
+    return any(tensor.dtype == torch.float64 for tensor in tensors)
+
+
+def check_onnx_file(written: str, path: str, float64: bool = False) -> None:
+    """Refuse the ONNX file ``written`` (the file that is to become ``path``) when ``onnx``'s checker,
+    with its type and shape inference, finds it invalid: onnxruntime would refuse to load it.
+    ``float64``: the model was exported in float64, where the TorchScript-based exporter writes some
+    ops (the ``If`` of a GW layer) in float32, and the fix is an export in float32. Without the
+    ``onnx`` package the file is not checked (:func:`drop_subgraph_shapes` warns of it)."""
+    try:
+        import onnx
+    except ImportError:
+        return
+    try:
+        onnx.checker.check_model(written, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        fix = ("The model or its inputs are float64, which the TorchScript-based exporter does not write "
+               "consistently: export in float32 (module.float() and float32 inputs), or with dynamo=True"
+               if float64 else "Export the model again with another opset, or with dynamo=True")
+        raise GwdetValueError(f"The ONNX file exported for {path} is invalid, and onnxruntime would refuse to load it "
+                              f"(onnx.checker: {reason}). {fix}; nothing was written.") from None
 
 
 def drop_subgraph_shapes(path: str) -> int:

@@ -31,7 +31,9 @@ import torch
 from torch import Tensor
 
 from .common import (
-    check_hyper_parameters, check_input, check_per_channel, largest_divisor_at_most, largest_magnitude,
+    check_hyper_parameters, check_input, check_per_channel, check_running_without_grad, check_scripted_settings,
+    largest_divisor_at_most,
+    largest_magnitude,
     magnitude_scales, per_channel_affine, product, register_affine, reset_affine, reshape_with_samples, scaled_ridge,
     statistics_dtype,
 )
@@ -96,6 +98,7 @@ def _check_arguments(x: Tensor, running_mean: Tensor, running_var: Tensor, weigh
                               f"which training updates in place; create them as torch.zeros({channels}) and "
                               f"torch.ones({channels}), or convert them with .float()")
     if training:
+        check_running_without_grad(owner, {"running_mean": running_mean, "running_var": running_var})
         check_single_values(owner, x, groups, groups, examples_per_group)
 
 
@@ -292,7 +295,7 @@ class BatchGroupNorm(SettingsInState):
         self.eps = float(eps)
         self.momentum = float(momentum)
         self.eval_example_weight = float(eval_example_weight)
-        self.affine = affine
+        self.affine = bool(affine)
         register_affine(self, self.num_channels, affine)
         self.register_buffer("running_mean", torch.zeros(self.num_channels))
         self.register_buffer("running_var", torch.ones(self.num_channels))
@@ -310,6 +313,11 @@ class BatchGroupNorm(SettingsInState):
         reset_affine(self)
 
     def forward(self, x: Tensor) -> Tensor:
+        if torch.jit.is_scripting():
+            check_scripted_settings("BatchGroupNorm", self.num_channels,
+                                    {"num_groups": [self.num_groups, self.effective_num_groups]},
+                                    {"examples_per_group": self.examples_per_group}, {"eps": self.eps},
+                                    {"momentum": self.momentum, "eval_example_weight": self.eval_example_weight})
         self.validate_input(x)
         return _batch_group_norm(
             x, self.running_mean, self.running_var, self.weight, self.bias, self.training,

@@ -28,7 +28,8 @@ from torch import Tensor
 from gwdet.errors import GwdetValueError
 
 from .common import (
-    autocast_disabled, check_hyper_parameters, check_input, check_per_channel, check_values_per_group,
+    autocast_disabled, check_hyper_parameters, check_input, check_per_channel, check_running_without_grad,
+    check_scripted_settings, check_values_per_group,
     largest_divisor_at_most, largest_magnitude, magnitude_scales, per_channel_affine,
     refuse_differentiating_transforms, register_affine, reset_affine, reshape_with_samples, scaled_ridge, statistics_dtype,
 )
@@ -84,6 +85,7 @@ def _check_arguments(x: Tensor, running_mean: Tensor, running_whitening: Tensor,
         raise GwdetValueError(f"{owner}: running_whitening must hold one k x k matrix per group of k channels, "
                               f"shape [{channels} / k, k, k], got {shape}")
     if training:
+        check_running_without_grad(owner, {"running_mean": running_mean, "running_whitening": running_whitening})
         check_values_per_group(owner, x.numel() // channels, "channel of the batch")
 
 
@@ -209,7 +211,7 @@ class BatchWhitening(SettingsInState):
         self.eps = float(eps)
         self.momentum = float(momentum)
         self.method = method
-        self.affine = affine
+        self.affine = bool(affine)
         register_affine(self, self.num_channels, affine)
         self.register_buffer("running_mean", torch.zeros(self.num_channels))
         identity = torch.eye(self.effective_group_size)
@@ -228,6 +230,10 @@ class BatchWhitening(SettingsInState):
         reset_affine(self)
 
     def forward(self, x: Tensor) -> Tensor:
+        if torch.jit.is_scripting():
+            check_scripted_settings("BatchWhitening", self.num_channels,
+                                    {"group_size": [self.group_size, self.effective_group_size]},
+                                    {"T": self.T}, {"eps": self.eps}, {"momentum": self.momentum}, self.method)
         self.validate_input(x)
         return _batch_whitening(
             x, self.running_mean, self.running_whitening, self.weight, self.bias,

@@ -9,8 +9,9 @@ import contextlib
 import math
 import numbers
 import struct
-from typing import Any, Callable, ContextManager, List, Mapping, Optional
+from typing import Any, Callable, ContextManager, Dict, List, Mapping, Optional
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch._C._functorch import TransformType
@@ -59,19 +60,26 @@ def check_int_at_least(owner: str, name: str, value: Any, minimum: int) -> None:
 def check_positive(owner: str, name: str, value: Any) -> None:
     """Raise ``ValueError`` unless ``value`` is a real number (not a bool) ``> 0`` that stays finite
     and nonzero in float32, the precision the norm layers compute their statistics in (float64
-    only for float64 inputs): ``1e300`` is ``inf`` there, ``1e-50`` is 0."""
+    only for float64 inputs): ``1e300`` is ``inf`` there, ``1e-50`` is 0; and a normal number
+    there (``>= 2**-126``): a subnormal one (``1e-40``) is 0 when subnormals are flushed to zero."""
     if not is_real_number(value) or not value > 0.0 or math.isinf(value):
         raise GwdetValueError(
             f"{owner}: {name} must be a finite number > 0, got {_shown(value, is_real_number(value))}")
     rounded = _as_float32(float(value))
     if math.isinf(rounded) or rounded == 0.0:
         flushed = _as_float32(FLOAT32_SMALLEST) == 0.0  # torch.set_flush_denormal(True): subnormals are 0
-        smallest = FLOAT32_SMALLEST_NORMAL if flushed else FLOAT32_SMALLEST
+        smallest = FLOAT32_SMALLEST_NORMAL  # a subnormal eps is refused below
         mode = " with subnormal numbers flushed to zero (torch.set_flush_denormal(True))" if flushed else ""
         raise GwdetValueError(
             f"{owner}: {name} must be a finite number > 0 in float32, the precision the norm layers compute "
             f"in, got {value!r}, which float32 rounds to {rounded}{mode}; use a value within float32's range "
             f"({smallest:.2g} to {FLOAT32_LARGEST:.3g})")
+    if abs(rounded) < FLOAT32_SMALLEST_NORMAL:
+        raise GwdetValueError(
+            f"{owner}: {name} must be at least float32's smallest normal number, {FLOAT32_SMALLEST_NORMAL:.8g}, got "
+            f"{value!r}, which float32 holds only as a subnormal number: with subnormal numbers flushed to zero "
+            f"(torch.set_flush_denormal(True), or a device's fast-math mode) it becomes 0, and a constant input "
+            f"normalizes to NaN; use a value >= {FLOAT32_SMALLEST_NORMAL:.8g} (e.g. 1e-5, the default)")
 
 
 def _as_float32(value: float) -> float:
@@ -91,9 +99,10 @@ def check_unit_interval(owner: str, name: str, value: Any) -> None:
 
 
 def check_flag(owner: str, name: str, value: Any) -> None:
-    """Raise ``ValueError`` unless ``value`` is ``True`` or ``False`` (``'no'`` or ``0`` would be
-    read as a truth value without a word)."""
-    if not isinstance(value, bool):
+    """Raise ``ValueError`` unless ``value`` is ``True`` or ``False``, or numpy's ``np.True_`` or
+    ``np.False_`` (``'no'`` or ``0`` would be read as a truth value without a word); a caller that
+    keeps the value keeps ``bool(value)``."""
+    if not isinstance(value, (bool, np.bool_)):
         raise GwdetValueError(f"{owner}: {name} must be True or False, got {_shown(value, False)}")
 
 
@@ -115,6 +124,43 @@ def check_hyper_parameters(
         check_unit_interval(owner, name, fraction)
     for name, flag in (flags or {}).items():
         check_flag(owner, name, flag)
+
+
+def check_scripted_settings(owner: str, num_channels: int, groups: Dict[str, List[int]], counts: Dict[str, int],
+                            positive: Dict[str, float], unit_interval: Dict[str, float],
+                            method: Optional[str] = None) -> None:
+    """The settings of a layer running under TorchScript, where assignments to a scripted layer
+    bypass the checks of :class:`~.settings_state.SettingsInState`: each ``counts`` value ``>= 1``,
+    each ``positive`` one a normal float32 number ``> 0``, each ``unit_interval`` one in ``[0, 1]``,
+    ``method`` (where given) ``"itn"`` or ``"zca"``, and each ``groups`` entry ``name: [requested, used]`` a request whose largest divisor of
+    ``num_channels`` at most it is the one the layer was built with. Raises ``ValueError`` (a
+    ``torch.jit.Error`` to the Python caller) naming the setting, its value and the fix."""
+    fix = (f"a scripted layer's settings are not checked when assigned (s.setting = value): script a layer built "
+           f"with the settings you want, torch.jit.script({owner}(..., setting=value)), which checks them")
+    for name, count in counts.items():
+        if count < 1:
+            raise GwdetValueError(f"{owner}: {name} must be an integer >= 1, got {count}; {fix}")
+    smallest, largest_finite = 1.1754943508222875e-38, 3.4028234663852886e38  # FLOAT32_SMALLEST_NORMAL, _LARGEST
+    for name, number in positive.items():
+        if not (smallest <= number <= largest_finite):
+            raise GwdetValueError(f"{owner}: {name} must be a number from 1.1754944e-38 to 3.4e+38, got {number}; "
+                                  f"{fix}")
+    for name, fraction in unit_interval.items():
+        if not (0.0 <= fraction <= 1.0):
+            raise GwdetValueError(f"{owner}: {name} must be a number in [0, 1], got {fraction}; {fix}")
+    if method is not None and method not in ["itn", "zca"]:
+        raise GwdetValueError(f"{owner}: method must be 'itn' or 'zca', got '{method}'; {fix}")
+    for name, requested_used in groups.items():
+        requested, used = requested_used[0], requested_used[1]
+        largest = used
+        if requested >= 1:
+            largest = min(num_channels, requested)
+            while num_channels % largest != 0:
+                largest -= 1
+        if requested < 1 or largest != used:
+            raise GwdetValueError(
+                f"{owner}: {name}={requested} does not give the {used} the layer was built with (its group layout "
+                f"and buffers are fixed when it is built); {fix}")
 
 
 def check_choice(owner: str, name: str, value: str, choices: List[str]) -> None:
@@ -197,6 +243,17 @@ def check_per_channel(owner: str, tensors: Mapping[str, Optional[Tensor]], chann
         if tensor is not None and (not isinstance(tensor, Tensor) or list(tensor.shape) != [channels]):
             shape = list(tensor.shape) if isinstance(tensor, Tensor) else type(tensor).__name__
             raise GwdetValueError(f"{owner}: {name} must hold one value per channel, shape [{channels}], got {shape}")
+
+
+@torch.jit.unused
+def check_running_without_grad(owner: str, tensors: Mapping[str, Tensor]) -> None:
+    """Raise ``ValueError`` for a running statistic of ``tensors`` that requires grad: training
+    updates it in place, which autograd refuses on a leaf that requires grad."""
+    for name, tensor in tensors.items():
+        if tensor.requires_grad:
+            raise GwdetValueError(
+                f"{owner}: {name} requires grad, but training updates it in place (a running average, which "
+                f"no gradient flows into); pass {name}.detach(), or create it without requires_grad=True")
 
 
 def check_values_per_group(owner: str, values: int, what: str,

@@ -17,13 +17,14 @@ implementations of the same function, chosen per call by :mod:`gwdet.layers.trac
 ``torch.jit.trace`` and ``torch.onnx.export`` record) and the custom op ``gwdet::group_whitening``
 (:func:`~.group_whitening_function.fused_group_whitening`, closed-form backward).
 """
-from typing import Optional
+from typing import Dict, Optional
 
 import torch
 from torch import Tensor
 
 from .common import (
-    autocast_disabled, check_hyper_parameters, check_input, check_per_channel, check_values_per_group,
+    autocast_disabled, check_hyper_parameters, check_input, check_per_channel, check_scripted_settings,
+    check_values_per_group,
     largest_divisor_at_most, largest_magnitude, magnitude_scales, per_channel_affine, product,
     register_affine, reset_affine, reshape_with_samples, scaled_ridge, statistics_dtype,
 )
@@ -188,7 +189,7 @@ class GroupWhitening(SettingsInState):
         self.T = int(T)
         self.eps = float(eps)
         self.method = method
-        self.affine = affine
+        self.affine = bool(affine)
         register_affine(self, self.num_channels, affine)
 
     def reset_parameters(self) -> None:
@@ -197,6 +198,11 @@ class GroupWhitening(SettingsInState):
         reset_affine(self)
 
     def forward(self, x: Tensor) -> Tensor:
+        if torch.jit.is_scripting():
+            check_scripted_settings("GroupWhitening", self.num_channels,
+                                    {"num_groups": [self.num_groups, self.effective_num_groups]},
+                                    {"T": self.T}, {"eps": self.eps}, torch.jit.annotate(Dict[str, float], {}),
+                                    self.method)
         self.validate_input(x)
         groups = self.effective_num_groups
         if torch.jit.is_scripting():

@@ -49,13 +49,38 @@ def _endless(loader: Any) -> bool:
     return False
 
 
+def _scripted_with_statistics(model: nn.Module) -> list[str]:
+    """The outermost TorchScript (scripted or traced) modules of ``model`` that hold running statistics."""
+    found: list[str] = []
+    outer: list[str] = []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.jit.ScriptModule) and not any(name.startswith(f"{o}.") or not o for o in outer):
+            outer.append(name)
+            if any(buffer.endswith("running_mean") for buffer, _ in module.named_buffers()):
+                found.append(f"{name or 'the model'} ({module.original_name})")
+    return found
+
+
+def _first_line(error: BaseException, limit: int = 100) -> str:
+    """The first line of ``error``'s message, cut short."""
+    line = (str(error).splitlines() or [""])[0]
+    return line if len(line) <= limit else line[:limit] + "..."
+
+
+def _detectron2_like(model: nn.Module, batch: Mapping) -> bool:
+    """Whether ``batch`` looks like one image's record of a detectron2 loader, or ``model`` like a
+    model that takes a list of them."""
+    return ("image" in batch or hasattr(model, "proposal_generator")
+            or type(model).__module__.startswith(("detectron2.", "gwdet.")))
+
+
 def update_running_statistics(loader: Iterable[Any], model: nn.Module,
                               forward: Callable[[nn.Module, Any], Any] = _run_model) -> int:
     """Recompute the running statistics of every torch batch norm, BW and BGN/GhostBN layer of
     ``model`` as the mean of their batch statistics over the batches of ``loader``, each given to
     ``forward(model, batch)`` (default ``model(batch)``; a detectron2 model takes a loader's list of
-    dicts as it is) in training mode without gradients. The model's mode and the layers' momenta are
-    restored; when ``forward`` or the loader fails, the running statistics are put back as they were.
+    dicts as it is) in training mode without gradients. The training mode of every module (each
+    one's own, as the user set it) and the layers' momenta are restored; when ``forward`` or the loader fails, the running statistics are put back as they were.
     Layers of other classes that keep running statistics with a momentum (a norm of one's own) are
     left as they were, with a warning naming them: how their momentum updates them is theirs to say.
     Returns the number of batches."""
@@ -67,6 +92,17 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
     if not isinstance(loader, collections.abc.Iterable) or isinstance(loader, (str, bytes)):
         raise GwdetTypeError(f"update_running_statistics: loader must be an iterable of batches (a data loader, a list "
                              f"of batches, itertools.islice(loader, 200)), got {type(loader).__name__}; the running "
+                             "statistics are as they were.")
+    if not callable(forward):
+        raise GwdetTypeError(f"update_running_statistics: forward must be a callable forward(model, batch) that runs "
+                             f"the model on one batch, got {type(forward).__name__} {forward!r:.60}; leave it out for "
+                             "model(batch), or give e.g. forward=lambda m, b: m(b[0]). The running statistics are as "
+                             "they were.")
+    scripted = _scripted_with_statistics(model)
+    if scripted:
+        raise GwdetTypeError(f"update_running_statistics: {listed(scripted, 3)} is scripted or traced (torch.jit) and "
+                             "holds layers with running statistics, which it cannot reach inside a TorchScript module: "
+                             "recompute them on the eager model first, then script or trace it. The running "
                              "statistics are as they were.")
     layers = [module for module in model.modules() if isinstance(module, RUNNING_STATISTICS_LAYERS)
               and module.running_mean is not None]
@@ -90,7 +126,7 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
     saved = [{name: buffer.clone() for name, buffer in layer.named_buffers(recurse=False)} for layer in layers]
     kept = [{name: buffer.clone() for name, buffer in layer.named_buffers(recurse=False)} for layer in others.values()]
     momenta = [layer.momentum for layer in layers]
-    was_training = model.training
+    modes = [(module, module.training) for module in model.modules()]
     batches = 0
     try:
         for layer in layers:
@@ -99,9 +135,12 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
         with torch.no_grad():
             for batches, batch in enumerate(loader, start=1):
                 if forward is _run_model and isinstance(batch, Mapping):  # a detectron2 model takes a list of them
+                    keywords = ("" if _detectron2_like(model, batch) else
+                                "for a model whose forward takes the dict's entries as keyword arguments, pass "
+                                "forward=lambda m, b: m(**b); for one that takes a list of such dicts, ")
                     raise GwdetTypeError(
                         "update_running_statistics: the loader gave a dict (one image's record, as iterating over a "
-                        "single batch gives), not a batch: give an iterable of batches, each a list of such dicts (a "
+                        f"single batch gives), not a batch: {keywords}give an iterable of batches, each a list of such dicts (a "
                         "detectron2 loader, itertools.islice of one, or [batch] for one batch). The running statistics "
                         "are as they were.")
                 if (forward is _run_model and hasattr(model, "proposal_generator") and isinstance(batch, list)
@@ -114,7 +153,19 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
                         "as they were.")
                 for layer in layers:
                     layer.momentum = 1.0 / batches
-                forward(model, batch)
+                try:
+                    forward(model, batch)
+                except (TypeError, AttributeError) as error:
+                    if forward is _run_model and isinstance(batch, (list, tuple)) and batch and all(
+                            isinstance(item, torch.Tensor) for item in batch):
+                        raise GwdetTypeError(
+                            f"update_running_statistics: {type(model).__name__} failed on a batch that is a "
+                            f"{type(batch).__name__} of {len(batch)} tensors (as a DataLoader of a TensorDataset "
+                            f"gives: inputs and targets), run as model(batch) ({type(error).__name__}: "
+                            f"{_first_line(error)}); pass the forward that runs the model on it, e.g. "
+                            "forward=lambda m, b: m(b[0]) for the inputs first. The running statistics are as they "
+                            "were.") from error
+                    raise
         if batches == 0:
             raise GwdetValueError("update_running_statistics: the loader gave no batch; give it the training "
                                   "batches to average the statistics over.")
@@ -134,5 +185,6 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
         for layer, buffers in zip(others.values(), kept, strict=True):  # their own forward moved them
             for name, value in buffers.items():
                 getattr(layer, name).copy_(value)
-        model.train(was_training)
+        for module, training in modes:
+            module.training = training
     return batches

@@ -235,6 +235,8 @@ class SettingsInState(nn.Module):
                 f"{getattr(self, name)!r}) and cannot be changed; build a new layer with the settings you want.")
         if name in self.__dict__ and name in self.setting_names():
             owner = type(self).__name__
+            if _unchanged(getattr(self, name), value):
+                return  # the value it has: nothing changes
             if name not in UNCOMPARED_SETTINGS:
                 arguments = ", ".join(f"{setting}={(value if setting == name else current)!r}"
                                       for setting, current in self.settings().items())
@@ -247,7 +249,69 @@ class SettingsInState(nn.Module):
             else:
                 check_unit_interval(owner, name, value)
                 value = float(value)
+        if name in ("weight", "bias") or name in self.__dict__.get("_buffers", {}):
+            self._check_tensor(name, value)
         super().__setattr__(name, value)
+
+    def register_parameter(self, name: str, param: Optional[nn.Parameter]) -> None:
+        """torch's registration, with the check of :meth:`_check_tensor` for ``weight`` and ``bias``."""
+        if name in ("weight", "bias"):
+            self._check_tensor(name, param)
+        super().register_parameter(name, param)
+
+    def register_buffer(self, name: str, tensor: Optional[Tensor], persistent: bool = True) -> None:
+        """torch's registration, with the check of :meth:`_check_tensor` for a buffer the layer has."""
+        if name in self.__dict__.get("_buffers", {}):
+            self._check_tensor(name, tensor)
+        super().register_buffer(name, tensor, persistent)
+
+    def _check_tensor(self, name: str, value: Any) -> None:
+        """Once the layer is built, refuse a ``weight`` or ``bias`` that disagrees with ``affine`` (a
+        tensor without it, ``None`` with it: the layer would compute with or without its affine while
+        its state records the other), an affine tensor that is not one value per channel, and a
+        running statistic replaced by ``None`` or by a tensor of another shape, of an integer type or
+        requiring grad (training updates it in place)."""
+        if "affine" not in self.__dict__:
+            return  # the constructor registers them
+        owner = type(self).__name__
+        if name in ("weight", "bias"):
+            if value is None and self.affine:
+                raise GwdetAttributeError(
+                    f"{owner}: {name} cannot be set to None on a layer built with affine=True: the layer would "
+                    f"compute without its affine while its state records affine=True; build the layer without "
+                    f"it: {owner}(..., affine=False)")
+            if value is not None and not self.affine:
+                raise GwdetAttributeError(
+                    f"{owner}: the layer was built with affine=False, so it takes no {name} (got a "
+                    f"{_described(value)}): it would compute with it while its state records affine=False, and a "
+                    f"layer built from that state would leave it out; build the layer with one: "
+                    f"{owner}(..., affine=True)")
+            if value is not None:
+                channels: int = self.num_channels  # type: ignore[assignment]
+                self._check_shape(name, value, [channels], "one value per channel")
+            return
+        current = self._buffers.get(name)
+        if not isinstance(current, Tensor):
+            return
+        if value is None:
+            raise GwdetAttributeError(
+                f"{owner}: the running statistic {name} cannot be set to None: training updates it in place and "
+                f"evaluation normalizes with it (the layer has no mode without running statistics); reset it "
+                f"with layer.reset_running_stats(), or assign a tensor of shape {list(current.shape)}")
+        self._check_shape(name, value, list(current.shape), "the running statistic the layer was built with")
+        if value.requires_grad:
+            raise GwdetValueError(
+                f"{owner}: the running statistic {name} must not require grad (got a tensor with "
+                f"requires_grad=True): training updates it in place, which autograd refuses on a leaf that "
+                f"requires grad; assign {name}.detach() instead")
+
+    def _check_shape(self, name: str, value: Any, shape: List[int], what: str) -> None:
+        owner = type(self).__name__
+        if not isinstance(value, Tensor) or list(value.shape) != shape or not value.is_floating_point():
+            raise GwdetValueError(
+                f"{owner}: {name} must be a floating-point tensor of shape {shape} ({what}, num_channels="
+                f"{self.num_channels}), got a {_described(value)}; assign one of that shape, or build a layer "
+                "of the channels you want")
 
     def __delattr__(self, name: str) -> None:
         """A recorded setting or an attribute derived from them is never deleted: assigned again,
@@ -327,6 +391,23 @@ class SettingsInState(nn.Module):
                                       unexpected_keys, error_msgs)
         if key not in state_dict and key in missing_keys:
             missing_keys.remove(key)
+
+
+def _unchanged(current: Any, value: Any) -> bool:
+    """Whether assigning ``value`` to a setting of value ``current`` changes nothing: the same value
+    and, for a bool, a bool (``1`` for ``True`` is not the flag the layer records)."""
+    if isinstance(current, bool) or isinstance(value, (bool, np.bool_)):
+        return type(current) is bool and isinstance(value, (bool, np.bool_)) and bool(value) == current
+    if isinstance(value, (str, np.str_)) != isinstance(current, str):
+        return False
+    return same_setting(current, as_recorded({"value": value})["value"])
+
+
+def _described(value: Any) -> str:
+    """A tensor as its type, shape and dtype; anything else as its repr and type."""
+    if isinstance(value, Tensor):
+        return f"{type(value).__name__} of shape {list(value.shape)} ({value.dtype})"
+    return f"{value!r} ({type(value).__name__})"
 
 
 def _listed(values: List[Tuple[str, Any]]) -> str:

@@ -261,14 +261,24 @@ def check_override_key(cfg: DictConfig, key: str, given: Mapping[str, Any] | Non
     arguments, any_keyword = argument_names(target) if target is not None else (set(), False)
     if depth == len(parts) - 1:
         _check_norm_setting(cfg, parent_key, target, name, (coming or {}).get(key, ABSENT), coming or {})
-    if depth == len(parts) - 1 and (name in arguments or any_keyword):
+    present = {str(k) for k in parent.keys()} if isinstance(parent, DictConfig) else set()
+    if depth == len(parts) - 1 and name in arguments:
         return  # an argument the node's callable takes, left at its default by the config
+    if depth == len(parts) - 1 and any_keyword:  # passed on through **kwargs, unless it reads as a misspelling
+        misspelt = difflib.get_close_matches(name, sorted(present | arguments), n=2, cutoff=0.8)
+        if not misspelt:
+            return
+        raise GwdetValueError(
+            f"LazyConfig override {key!r}: the config has no {name!r} under {parent_key!r}, and "
+            f"{getattr(target, '__qualname__', target)} passes unknown keywords on (**kwargs), where a misspelt key "
+            f"fails when the model is built. Did you mean "
+            f"{' or '.join(repr('.'.join([*parts[:depth], c])) for c in misspelt)}? Write +{key}=... to pass "
+            f"{name!r} on purpose.")
     if isinstance(parent, ListConfig) and name.lstrip("-").isdigit():
         raise GwdetValueError(
             f"LazyConfig override {key!r}: {parent_key} is a list of {len(parent)} item(s) (indices 0 to "
             f"{len(parent) - 1}), which has no item {name}: set one of its items, or give the whole list "
             f"({parent_key}=[...]).")
-    present = {str(k) for k in parent.keys()} if isinstance(parent, DictConfig) else set()
     close = difflib.get_close_matches(name, sorted(present | arguments), n=3, cutoff=0.6)
     where = f"under {parent_key!r}" if parent_key else "at the top of the config"
     hint = f" Did you mean {' or '.join(repr('.'.join([*parts[:depth], c])) for c in close)}?" if close else ""

@@ -69,7 +69,7 @@ def build_config(config_file: str | os.PathLike, opts: list[str] | None = None) 
                                      "(configs/ holds gwdet's).")
     check_config_file_exists(config_file)
     name = os.path.basename(config_file)
-    if name.startswith("results") and name.endswith(".json"):  # a run's results.json (or one it set aside)
+    if name.startswith("results") and name.endswith((".json", ".md")):  # a run's results (or those it set aside)
         beside = os.path.join(os.path.dirname(config_file), CONFIG_NAME)
         where = f"the run's config is {beside}" if os.path.isfile(beside) else f"a run keeps its config as {CONFIG_NAME}"
         raise GwdetValueError(f"Config file {config_file!r} is a run's results ({name}), not a config: {where}. Give "
@@ -204,6 +204,13 @@ def merge_problem(cfg: CfgNode, error: BaseException) -> str:
             written = "(" + ", ".join(map(repr, listed_names)) + ("," if len(listed_names) == 1 else "") + ")"
             quoted = (f" It was read as text, since the names in it are not quoted: quote each one, "
                       f"{key} \"{written}\".")
+        elif sequence and given.rsplit(".", 1)[-1] == "str":
+            quoted = (f" A name alone (or in parentheses without a comma) is no tuple: a tuple of one name is "
+                      f"written with a comma, {key} \"('{value.strip()}',)\".")
+        if (expected.rsplit(".", 1)[-1] in ("int", "float") and given.rsplit(".", 1)[-1] == "str"
+                and re.fullmatch(r"[+-]?0[0-9_]+", value.strip())):
+            quoted = (f" A number written with a leading zero is read as text (Python reads no such number): write "
+                      f"{key} {int(value.strip().replace('_', ''))}.")
         if expected.endswith("float") and value.strip().lstrip("+-").lower() in ("inf", "infinity"):
             quoted = f" yacs reads no inf; a number too large for a float is one: {key} {'-' if '-' in value else ''}1e999."
         return (f"{key} takes a value of type {expected.rsplit('.', 1)[-1]} (it is {default or repr('')} before this "

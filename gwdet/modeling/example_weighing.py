@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from gwdet.errors import GwdetValueError
+from gwdet.errors import GwdetTypeError, GwdetValueError, listed
 from gwdet.layers import BatchGroupNorm
 from gwdet.layers.common import check_unit_interval
 from gwdet.norms import layer_types
@@ -36,8 +36,15 @@ def example_weighted_norm(bn: nn.modules.batchnorm._BatchNorm, weight: float) ->
     """A :class:`BatchGroupNorm` computing ``bn``'s inference with example weight ``weight``.
 
     ``weight = 0`` gives ``bn``'s own inference output (same statistics, same formula up to
-    float rounding). The result is on ``bn``'s device and in ``bn``'s training mode.
+    float rounding). The result is on ``bn``'s device and in ``bn``'s training mode. A ``bn``
+    without a bias (``bias=False``) gives a bias of zeros that does not require grad, so the
+    norm computes and trains as ``bn`` does.
     """
+    if not isinstance(bn, nn.modules.batchnorm._BatchNorm):
+        raise GwdetTypeError(f"example_weighted_norm: bn must be a torch batch norm (BatchNorm1d/2d/3d, SyncBatchNorm) "
+                             f"with running statistics, got {type(bn).__name__} {_shown(bn)}; example weighing blends "
+                             "an example's moments into a batch norm's running ones, which other norms do not keep. "
+                             "For a whole model use apply_example_weighing(model, weight).")
     check_unit_interval("example_weighted_norm", "weight", weight)
     if isinstance(bn, nn.modules.lazy.LazyModuleMixin) and bn.has_uninitialized_params():
         raise GwdetValueError(f"example_weighted_norm: {type(bn).__name__} is a lazy module whose channels are not "
@@ -61,10 +68,38 @@ def example_weighted_norm(bn: nn.modules.batchnorm._BatchNorm, weight: float) ->
     with torch.no_grad():
         norm.get_buffer("running_mean").copy_(running_mean)
         norm.get_buffer("running_var").copy_(running_var)
-        if bn.affine:
-            norm.get_parameter("weight").copy_(bn.weight)
-            norm.get_parameter("bias").copy_(bn.bias)
+        for name in ("weight", "bias") if bn.affine else ():
+            value = getattr(bn, name)
+            if value is None:  # torch's norms take bias=False: a bias of zeros that training leaves so
+                norm.get_parameter(name).fill_(1.0 if name == "weight" else 0.0).requires_grad_(False)
+            else:
+                norm.get_parameter(name).copy_(value)
     return norm.train(bn.training)
+
+
+def _shown(value: object) -> str:
+    """``repr(value)``, cut short."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_model(function: str, model: object) -> None:
+    """Refuse a ``model`` that is not an eager torch module (a scripted or traced one hides its layers)."""
+    if not isinstance(model, nn.Module):
+        raise GwdetTypeError(f"{function}: model must be a torch.nn.Module, got {type(model).__name__} "
+                             f"{_shown(model)}; give it the model itself (e.g. a detectron2 model built by "
+                             "build_model(cfg)).")
+    scripted: list[str] = []
+    outer: list[str] = []  # the scripted modules found, whose submodules are theirs
+    for name, module in model.named_modules():
+        if isinstance(module, torch.jit.ScriptModule) and not any(name.startswith(f"{o}.") or not o for o in outer):
+            outer.append(name)
+            if any(buffer.endswith("running_mean") for buffer, _ in module.named_buffers()):
+                scripted.append(f"{name or 'the model'} ({module.original_name})")
+    if scripted:
+        raise GwdetTypeError(f"{function}: {listed(scripted, 3)} is scripted or traced (torch.jit) and holds batch "
+                             "norms, which example weighing cannot replace inside a TorchScript module; apply it to "
+                             "the eager model first, then script or trace the result.")
 
 
 def weighable_types() -> tuple[type[nn.modules.batchnorm._BatchNorm], ...]:
@@ -77,6 +112,7 @@ def weighable_types() -> tuple[type[nn.modules.batchnorm._BatchNorm], ...]:
 def weighable_norms(model: nn.Module) -> list[tuple[str, nn.modules.batchnorm._BatchNorm]]:
     """``(name, module)`` of every batch norm of ``model`` that example weighing applies to: a
     layer of :func:`weighable_types` (subclasses too) keeping running statistics."""
+    _check_model("weighable_norms", model)
     kinds = weighable_types()
     return [
         (name, module)
@@ -98,6 +134,7 @@ def apply_example_weighing(model: nn.Module, weight: float) -> int:
     (``copy.deepcopy``): layers already replaced are not batch norms any more.
     """
     check_unit_interval("apply_example_weighing", "weight", weight)
+    _check_model("apply_example_weighing", model)
     if isinstance(model, weighable_types()):
         raise GwdetValueError("apply_example_weighing replaces layers inside a model; for a single "
                               "batch norm layer use example_weighted_norm(bn, weight)")
@@ -106,9 +143,30 @@ def apply_example_weighing(model: nn.Module, weight: float) -> int:
 
 def replace_weighable_norms(model: nn.Module, replacement: Callable[[nn.modules.batchnorm._BatchNorm], nn.Module]) -> int:
     """Replace, in place, every layer :func:`weighable_norms` lists by ``replacement(layer)``;
-    return how many were replaced."""
+    return how many were replaced. Every replacement is built before the first is put in, so a
+    layer refused leaves the model as it was. The forward and backward hooks registered on a layer
+    move to its replacement (their handles still remove them); a layer with state-dict hooks is
+    refused, since its replacement's state dict differs."""
     targets = weighable_norms(model)
-    for name, bn in targets:
+    hooked = [f"{name} ({', '.join(kind for kind in _STATE_DICT_HOOKS if getattr(bn, kind))})"
+              for name, bn in targets if any(getattr(bn, kind) for kind in _STATE_DICT_HOOKS)]
+    if hooked:
+        raise GwdetValueError(f"the batch norm(s) {listed(hooked, 3)} carry state-dict hooks, which are written for the batch norm's "
+                              "state dict, not its replacement's: remove them (their handle's remove()) before "
+                              "replacing the layers, and register them on the replacements afterwards if needed. "
+                              "The model is as it was.")
+    replacements = [replacement(bn) for _, bn in targets]
+    for (name, bn), new in zip(targets, replacements, strict=True):
+        for kind in _MODULE_HOOKS:  # the same dicts, so that the hooks' handles still remove them
+            setattr(new, kind, getattr(bn, kind))
+        new._is_full_backward_hook = bn._is_full_backward_hook
         parent_name, _, child_name = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), child_name, replacement(bn))
+        setattr(model.get_submodule(parent_name), child_name, new)
     return len(targets)
+
+
+# a module's hook dicts that move to its replacement, and those that make it refused
+_MODULE_HOOKS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+                 "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks")
+_STATE_DICT_HOOKS = ("_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
+                     "_load_state_dict_post_hooks")

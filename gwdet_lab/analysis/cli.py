@@ -229,6 +229,10 @@ def setting_problem(args: argparse.Namespace) -> str | None:
         if apart:
             return (f"--groups {', '.join(map(str, apart))}: each group number must divide --dim {args.dim} (the "
                     "features are split into equal groups); give divisors of --dim, or another --dim")
+        if args.dim in args.groups:
+            return (f"--groups {args.dim}: one feature per group with --dim {args.dim}, which GN and GW normalize to 0 "
+                    f"for any input, so its condition numbers would mean nothing; give group numbers below --dim "
+                    f"{args.dim}, or a larger --dim")
         if args.samples <= args.dim:
             return (f"--samples {args.samples} is not more than --dim {args.dim}: the covariance of m samples has rank "
                     "m - 1 at most, so with m <= d it is singular and every condition number is inf; give --samples "
@@ -255,9 +259,16 @@ def setting_problem(args: argparse.Namespace) -> str | None:
         if apart:
             return (f"--groups {', '.join(map(str, apart))}: each group number must divide {width} (GN and GW split the "
                     "units into equal groups); give divisors of the width, or another --width")
+        if setting.width in setting.groups:
+            return (f"--groups {setting.width}: one unit per group with {width}, which GN and GW normalize to 0 for "
+                    f"any input, so nothing could be learnt; give group numbers below the width, or a larger --width")
         if setting.width % setting.batch_sweep_groups and {"GN", "GW"} & set(setting.batch_sweep_norms):
             return (f"{width}: the batch-size sweep's GN and GW use {setting.batch_sweep_groups} groups, which must "
                     f"divide it; give a --width that is a multiple of {setting.batch_sweep_groups}")
+        if setting.width == setting.batch_sweep_groups and {"GN", "GW"} & set(setting.batch_sweep_norms):
+            return (f"{width}: the batch-size sweep's GN and GW use {setting.batch_sweep_groups} groups, one unit per "
+                    f"group, which they normalize to 0 for any input; give a --width above {setting.batch_sweep_groups} "
+                    "(a multiple of it), or --batch-norms without GN and GW")
     return None
 
 

@@ -53,7 +53,7 @@ import torch
 from gwdet.utils.cli_errors import add_verbose_argument, run_tool
 from gwdet.engine.threads import configure_threads, thread_request
 from gwdet_lab.benchmark.busy import competing_load
-from gwdet_lab.benchmark.cases import COMPILED_CASES, layer_factories
+from gwdet_lab.benchmark.cases import COMPILED, COMPILED_CASES, layer_factories
 from gwdet_lab.benchmark.inference import inference_tables, run_inference
 from gwdet_lab.benchmark.layer_level import layer_tables, run_layers
 from gwdet_lab.benchmark.measure import CLOCKS
@@ -103,7 +103,8 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-autograd-gw", action="store_true", help="skip the slow autograd GW reference")
     parser.add_argument(
         "--compile", action="store_true",
-        help=f"also time {', '.join(COMPILED_CASES)} under torch.compile (compiled in the warmup)",
+        help=f"also time {', '.join(COMPILED_CASES)} under torch.compile (compiled in the warmup; with --norms, "
+             "those of them it names)",
     )
     parser.add_argument(
         "--model-opts",
@@ -167,6 +168,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     problem = unused_flag_problem(args)
     if problem:
         parser.error(problem)
+    if args.compile and args.norms is not None:
+        args.norms = with_compiled_variants(args.norms)
+        if not any(name.endswith(COMPILED) for name in args.norms):
+            parser.error(f"--compile times {', '.join(COMPILED_CASES)} under torch.compile, and --norms "
+                         f"{' '.join(map(repr, args.norms))} names none of them, so nothing would be compiled: add one "
+                         "of them to --norms, or leave --compile out.")
     if args.section is None:
         args.section = DEFAULT_SECTION
     problem = section_problem(args.section)
@@ -186,6 +193,17 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.compile:
         args.warmup = max(args.warmup, 1)  # the first call compiles
     return args
+
+
+def with_compiled_variants(norms: Sequence[str]) -> List[str]:
+    """``--norms`` under ``--compile``: each name of :data:`COMPILED_CASES` followed by its compiled
+    variant (unless given already), the other names as they are."""
+    chosen: List[str] = []
+    for name in norms:
+        chosen.append(name)
+        if name in COMPILED_CASES and name + COMPILED not in norms:
+            chosen.append(name + COMPILED)
+    return chosen
 
 
 def unused_flag_problem(args: argparse.Namespace) -> Optional[str]:

@@ -14,7 +14,7 @@ import torch
 
 from gwdet.errors import GwdetOSError, GwdetValueError
 from gwdet.layers.plans import describe_plans, plan_name
-from gwdet.utils.atomic import WriteError, write_text_atomically
+from gwdet.utils.atomic import WriteError, folder_held, write_text_atomically
 from gwdet.utils.cli_errors import output_path_problem
 from gwdet_lab.benchmark.busy import describe_load
 from gwdet_lab.reporting import format_duration
@@ -167,11 +167,20 @@ def section_file_problem(path: str | Path, section: str | None = None) -> str | 
 def write_section(path: str | Path, body: str, section: str = "main") -> None:
     """Write ``body`` between the markers of ``section`` in ``path``, keeping the rest of the file;
     a file without them gets the section appended (a missing file is created). Everything outside
-    the markers stays as it was, byte for byte. The file is replaced atomically (a link is followed
+    the markers stays as it was, byte for byte. Runs that write into one file take turns: the read,
+    the splice and the replace hold an exclusive lock on its folder (:func:`~gwdet.utils.atomic.folder_held`),
+    so each keeps the sections the others wrote. The file is replaced atomically (a link is followed
     and the file it points to replaced): a failed write (a full disk) leaves it as it was and raises
     :class:`~gwdet.errors.GwdetOSError` naming it and the fix."""
     path = Path(os.path.realpath(path))
     begin, end = markers(section)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with folder_held(str(path.parent)):  # another run's section written between the read and the replace is kept
+        _splice_section(path, body, section, begin, end)
+
+
+def _splice_section(path: Path, body: str, section: str, begin: str, end: str) -> None:
+    """:func:`write_section`'s read, splice and replace of ``path``, under the lock of its folder."""
     existing = path.read_bytes().decode("utf-8") if path.exists() else ""  # its line endings as they are
     newline = "\r\n" if "\r\n" in existing else "\n"  # the section written with the file's
     block = newline.join([begin, *body.split("\n"), end])
@@ -187,7 +196,6 @@ def write_section(path: str | Path, body: str, section: str = "main") -> None:
         text = existing.rstrip("\r\n") + newline * 2 + block + newline
     else:
         text = f"{NEW_FILE_TITLE}\n\n{block}\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         write_text_atomically(str(path), text)
     except WriteError as error:
