@@ -2,7 +2,8 @@
 
 A :class:`Table` is a list of :class:`Column` s and rows given as mappings from column key to value.
 :meth:`Table.markdown` formats each value with its column's format (``None`` shows as an en dash,
-NaN as ``nan``); :meth:`Table.write_csv` writes the unformatted values (``None`` as an empty cell),
+NaN as ``nan``); :meth:`Table.write_csv` writes the unformatted values (``None`` as an empty cell;
+a column's ``csv`` function for values such as a tuple),
 so the CSV keeps full precision and the markdown stays readable. The lab (norm study, analyses,
 benchmark) writes every report table with it.
 """
@@ -43,12 +44,20 @@ def markdown_row(cells: Sequence[str]) -> str:
 class Column:
     """``key``: the CSV header and the row key; ``header``: the markdown header (default ``key``);
     ``fmt``: how :func:`format_value` shows a value in markdown; ``align_right``: right-align the
-    column in markdown (``---:``), as for numbers."""
+    column in markdown (``---:``), as for numbers; ``csv``: a function that turns a value into its
+    CSV cell, for a value that is no plain number or string (default: the value as it is)."""
 
     key: str
     header: str = ""
     fmt: str | Formatter = "{}"
     align_right: bool = False
+    csv: Formatter | None = None
+
+    def csv_value(self, value: Any) -> Any:
+        """The CSV cell of ``value``: empty for ``None``, else through ``csv`` when given."""
+        if value is None:
+            return ""
+        return self.csv(value) if self.csv is not None else value
 
     @property
     def title(self) -> str:
@@ -85,11 +94,12 @@ class Table:
         return "\n".join(lines)
 
     def write_csv(self, path: str | Path) -> Path:
-        """The unformatted values, one line per row, headed by the column keys."""
+        """The unformatted values (through a column's ``csv`` where it has one), one line per row,
+        headed by the column keys."""
         path = Path(path)
         with open(path, "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow([c.key for c in self.columns])
             for row in self.rows:
-                writer.writerow(["" if row.get(c.key) is None else row.get(c.key) for c in self.columns])
+                writer.writerow([c.csv_value(row.get(c.key)) for c in self.columns])
         return path

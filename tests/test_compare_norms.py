@@ -399,7 +399,7 @@ def test_a_diverging_run_is_an_outcome_not_a_failure(tmp_path):
     assert result.diverged and math.isnan(result.test_ap)
     write_report("t", [result], [], tmp_path / "report")
     table = (tmp_path / "report" / "table.md").read_text()
-    assert "| GN | 2 | 1 | 28.19 | – | – | diverged | – | 1 |" in table
+    assert "| GN | 2 | 1 | 28.19 | – | – | s0: diverged | – | 1 |" in table
 
 
 @pytest.mark.parametrize("flag, value, message", [("--seeds", "-1", "a seed must be >= 0, got -1"),
@@ -485,7 +485,6 @@ def test_a_list_flag_given_twice_is_refused_with_the_merged_list(capsys, argv, m
     (["--opts", "SEED", "5"], "SEED", "--opts"),
     (["--opts", "OUTPUT_DIR", "odx"], "OUTPUT_DIR", "--opts"),
     (["--extra", "gws=configs/Study/gw.yaml", "SEED", "7"], "SEED", "--extra"),
-    (["--batch-sizes", "2", "4", "--opts", "SOLVER.IMS_PER_BATCH", "8"], "SOLVER.IMS_PER_BATCH", "--opts"),
 ])
 def test_an_override_the_study_sets_itself_is_refused(capsys, argv, key, flag):
     # the study's own value won without a word, while the report's notes listed the override
@@ -493,6 +492,18 @@ def test_an_override_the_study_sets_itself_is_refused(capsys, argv, key, flag):
         study_main(["--configs", "gw=configs/Study/gw.yaml", *argv])
     assert f"{flag} gives {key}, which the study sets in every cell itself" in capsys.readouterr().err
 
+
+
+@pytest.mark.parametrize("batch_sizes", [[], ["--batch-sizes", "1", "2", "4", "8"]])
+def test_a_batch_sweeps_reference_lr_and_batch_are_scaled_with_default_or_given_batch_sizes(capsys, tmp_path,
+                                                                                            batch_sizes):
+    # with --batch-sizes typed out, --opts SOLVER.BASE_LR / IMS_PER_BATCH was refused as "would be ignored",
+    # while the same cells from the default batch sizes took it as the reference that the study scales
+    assert study_main(["--study", "batch-sweep", *batch_sizes, "--seeds", "0", "--out", str(tmp_path / "o"), "--list",
+                       "--opts", "SOLVER.BASE_LR", "0.5", "SOLVER.IMS_PER_BATCH", "4"], repo_root=REPO) == 0
+    listing = capsys.readouterr().out
+    assert "SOLVER.IMS_PER_BATCH 1 SOLVER.BASE_LR 0.125 " in listing
+    assert "SOLVER.IMS_PER_BATCH 8 SOLVER.BASE_LR 1.0 " in listing
 
 @pytest.mark.parametrize("item", ["gw=", "=configs/Study/gw.yaml"])
 def test_a_config_item_without_a_name_or_a_file_is_refused_naming_it(capsys, item):
@@ -714,3 +725,35 @@ def test_a_file_where_a_cells_folder_goes_is_refused_naming_it(capsys, tmp_path)
         f"the study would have to replace; nothing was written. Move it out of {tmp_path / 'out' / 'runs'}, or give the "
         "study another --out.")
     assert (tmp_path / "out" / "runs" / "gw-s0").read_text() == "the user's"
+
+
+def test_threads_0_shares_the_usable_cpus_whatever_omp_num_threads_says(capsys, tmp_path, monkeypatch):
+    # --threads 0 gave way to OMP_NUM_THREADS ("1 per process (from OMP_NUM_THREADS)"), not the CPUs --help promised
+    from gwdet.engine.threads import choose_threads
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    usable = choose_threads(None, processes=1, environ={}).threads
+    assert study_main(["--out", str(tmp_path / "o"), "--configs", f"gn={STUDY / 'gn.yaml'}", "--seeds", "0",
+                       "--opts", *TINY, "--threads", "0", "--report-only"], repo_root=REPO) == 1
+    log = capsys.readouterr().out
+    assert f"CPU threads: {usable} per process (--threads 0: " in log
+    assert "OMP_NUM_THREADS=1 of the environment set aside, as --threads sets each cell's" in log
+    assert "from OMP_NUM_THREADS" not in log and "Override with --threads N or --threads auto-load." in log
+
+
+def test_a_cells_folder_holding_the_users_run_files_is_refused_before_the_study_writes(capsys, tmp_path):
+    # the study recorded the cell, then its train_net failed with a 27-line traceback that named OUTPUT_DIR (which a
+    # study refuses in --opts) and said "nothing was changed" beside the files the study had just written
+    mine = tmp_path / "out" / "runs" / "gn-s0"
+    mine.mkdir(parents=True)
+    (mine / "results.md").write_text("mine")
+    (mine / "log.txt").write_text("mine")
+    with pytest.raises(SystemExit):
+        study_main(["--out", str(tmp_path / "out"), "--configs", f"gn={STUDY / 'gn.yaml'}", "--seeds", "0",
+                    "--opts", *TINY], repo_root=REPO)
+    refusal = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("compare_norms.py: error: "))
+    assert refusal.removeprefix("compare_norms.py: error: ") == (
+        f"{mine} holds results.md, named as a training run's files, but nothing there shows that a run of gwdet wrote "
+        "them (no recorded config.yaml or results.json, no checkpoint), so the cell cannot train there; nothing was "
+        "written. Move them out of the cell's folder, or give the study another --out.")
+    assert sorted(p.name for p in mine.iterdir()) == ["log.txt", "results.md"]

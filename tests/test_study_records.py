@@ -831,3 +831,34 @@ def test_links_to_records_read_already_and_link_loops_leave_no_cell_out(tmp_path
     (records / "sub" / "root").symlink_to("/")
     (records / "gw-b2-s3" / "up").symlink_to("..")
     assert [p.cell.name for p in recorded_cells(records)] == ["gn-b2-s3", "gw-b2-s3", "gn-b2-s4", "gw-b2-s4"]
+
+
+def test_the_per_seed_column_names_the_seeds_a_configuration_has(tmp_path):
+    # the column was headed "per seed (s0, s1, ...)" whatever the seeds: with s1 missing, s0 and s2 read as s0 and s1
+    assert main(["--study", "paper", "--records", str(RECORDS / "paper"), "--only", "bn-b2-s0", "bn-b2-s2",
+                 "--report-to", str(tmp_path / "rep")]) == 0
+    table = (tmp_path / "rep" / "table.md").read_text()
+    assert "(s0, s1, ...)" not in table
+    row = next(line for line in table.splitlines() if line.startswith("| BN | 2 | 2 |"))
+    assert "| s0: 24.49, s2: 25.41 |" in row
+
+
+def test_an_export_over_a_users_folder_with_a_records_file_name_is_refused(tmp_path):
+    # --export-records replaced the user's own <dir>/<cell>/results.md (a folder without study_cell.json) without a word
+    from gwdet.errors import GwdetValueError
+
+    source = recorded_cells(RECORDS / "paper-seeds-3-4", ["gw-b2-s3"])
+    mine = tmp_path / "exp" / "gw-b2-s3"
+    mine.mkdir(parents=True)
+    (mine / "results.md").write_text("mine")
+    (mine / "notes.txt").write_text("notes")
+    with pytest.raises(GwdetValueError, match=(
+            rf"--export-records {tmp_path / 'exp'}: a cell's folder there holds files named as the records an export "
+            rf"copies, but no study_cell.json, so no export wrote them: {mine} \(results.md\); exporting would replace "
+            r"them; nothing was copied. Move those files away, or export into another folder.")):
+        export_records(source, tmp_path / "exp")
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt", "results.md"]
+    assert (mine / "results.md").read_text() == "mine"
+    (mine / "results.md").unlink()
+    export_records(source, tmp_path / "exp")  # the user's other files are kept beside the records
+    assert (mine / "notes.txt").read_text() == "notes" and (mine / "study_cell.json").is_file()

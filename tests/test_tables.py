@@ -38,3 +38,15 @@ def test_format_value():
     assert format_value(None) == "–" and format_value("x", "{:.2f}") == "x"
     assert format_value(0.25, "{:g}") == "0.25" and format_value(3, lambda v: f"<{v}>") == "<3>"
     assert format_value("cmd", lambda v: f"`{v}`") == "`cmd`"
+
+
+def test_a_column_of_labelled_values_has_its_own_csv_cell(tmp_path):
+    # a per-seed column could only hold one string for both files, so its markdown could not name the seeds
+    pairs = ((0, 24.49), (2, 25.41))
+    table = Table([Column("per_seed", "per seed", lambda v: ", ".join(f"s{s}: {a}" for s, a in v),
+                          csv=lambda v: ", ".join(str(a) for _, a in v))])
+    table.add({"per_seed": pairs})
+    table.add({})
+    assert table.markdown().splitlines()[2:] == ["| s0: 24.49, s2: 25.41 |", "| – |"]
+    with open(table.write_csv(tmp_path / "t.csv"), newline="") as f:
+        assert list(csv.reader(f)) == [["per_seed"], ["24.49, 25.41"], [""]]

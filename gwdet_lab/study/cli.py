@@ -20,12 +20,13 @@ again to resume).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import signal
 import sys
 from pathlib import Path
-from typing import Collection, Sequence
+from typing import Collection, Mapping, Sequence
 
 from gwdet.config_checks import SEED_LIMIT
 from gwdet.errors import GwdetError, GwdetValueError
@@ -36,7 +37,7 @@ from gwdet.data import add_register_coco_argument, datasets_in_environment, prep
 from gwdet.utils.cli_errors import add_verbose_argument, at_least, output_path_problem, run_tool
 from gwdet.model_zoo import build_config
 from gwdet.utils.command_line import refuse_repeated_flags
-from gwdet.engine.threads import AUTO_LOAD, choose_threads, thread_request
+from gwdet.engine.threads import AUTO_LOAD, THREADS_VARIABLE, ThreadChoice, choose_threads, thread_request
 from gwdet_lab.study.cells import (
     CONFIG_PATTERNS,
     DEFAULT_BATCH_SIZES,
@@ -117,7 +118,9 @@ def argument_parser() -> argparse.ArgumentParser:
     runs.add_argument("--seeds", nargs="+", type=at_least(0, "a seed"), default=None,
                       help="seeds (SEED, each >= 0) of every configuration")
     runs.add_argument("--batch-sizes", nargs="+", type=at_least(1, "images per batch"), default=None,
-                      help=f"batch-sweep: images per batch (default {' '.join(map(str, DEFAULT_BATCH_SIZES))})")
+                      help=f"batch-sweep: images per batch (default {' '.join(map(str, DEFAULT_BATCH_SIZES))}); "
+                           "each cell scales the config's SOLVER.BASE_LR and iteration counts linearly from the "
+                           "config's SOLVER.IMS_PER_BATCH, which --opts may set as the reference")
     runs.add_argument("--opts", nargs="+", default=[], metavar="KEY VALUE",
                       help="config overrides applied to every cell (they become part of its recorded config)")
     runs.add_argument("--only", nargs="+", metavar="CELL", help="run only these cells (names as --list shows)")
@@ -130,7 +133,8 @@ def argument_parser() -> argparse.ArgumentParser:
                         help="CPU threads per cell (OMP_NUM_THREADS and torch.set_num_threads; default 1, "
                              "which keeps a cell's numbers independent of the machine); 0 shares the CPUs this "
                              "process may use among --jobs, auto-load those other processes leave free at start "
-                             "(gwdet.engine.threads)")
+                             "(gwdet.engine.threads); the study sets each cell's OMP_NUM_THREADS, whatever the "
+                             "environment's")
     parser.add_argument("--num-gpus", type=int, default=1, help="GPUs per cell")
     parser.add_argument("--on-mismatch", choices=ON_MISMATCH, default="refuse",
                         help="when a cell's config differs from the one its folder recorded: stop before "
@@ -284,11 +288,11 @@ def _run_study(argv: list[str], repo_root: Path) -> int:
 
 def set_by_the_study(args: argparse.Namespace) -> str | None:
     """Why an override of ``--opts`` or ``--extra`` would be ignored: a key the study sets in every
-    cell itself (the seed, the output folder; with ``--batch-sizes`` the batch and its learning rate),
-    which the cell's own value replaces; ``None`` when there is none."""
+    cell itself (the seed, the output folder), which the cell's own value replaces; ``None`` when
+    there is none. ``SOLVER.IMS_PER_BATCH`` and ``SOLVER.BASE_LR`` are not among them: in a batch
+    sweep (default or given ``--batch-sizes`` alike) they are the reference batch and learning rate
+    that each cell's batch scales linearly."""
     owners = {"SEED": "--seeds", "OUTPUT_DIR": "--out: each cell trains in <out>/runs/<cell>"}
-    if args.batch_sizes:
-        owners.update({"SOLVER.IMS_PER_BATCH": "--batch-sizes", "SOLVER.BASE_LR": "--batch-sizes, scaled with the batch"})
     given = [("--opts", key) for key in args.opts[::2]]
     given += [("--extra", key) for tokens in args.extra for key in tokens[1::2]]
     for flag, key in given:
@@ -339,9 +343,9 @@ def _plan_and_run(args: argparse.Namespace, argv: Sequence[str], parser: argpars
         return 0
     if options is not None:
         return run_on_cluster(args, argv, options, planned, weights, out_dir, repo_root)
-    threads = choose_threads(args.threads or None, processes=args.jobs)
+    threads = cell_threads(args.threads, args.jobs)
     echo(f"study {study_name(args)}: {len(planned)} cells into {out_dir / RUNS_FOLDER}, {args.jobs} at a time; "
-         + threads.describe())
+         + threads_line(threads))
     outcome = None
     if not args.report_only:
         # `kill PID` stops the study as Ctrl-C does; its workers stop too, their checkpoints stay.
@@ -368,6 +372,30 @@ def _plan_and_run(args: argparse.Namespace, argv: Sequence[str], parser: argpars
             return 1
         return 0
     return 1 if outcome.failed or outcome.busy else 0
+
+
+def cell_threads(requested: int | str, jobs: int, environ: Mapping[str, str] = os.environ) -> ThreadChoice:
+    """The CPU threads of each cell run here for ``--threads`` ``requested``: a number as it is;
+    ``auto-load`` the usable CPUs other processes leave free, and 0 the usable CPUs (cgroup quota,
+    affinity, ``SLURM_CPUS_PER_TASK``), each divided among ``jobs``. The study sets every cell's
+    ``OMP_NUM_THREADS`` itself, so that variable of ``environ`` chooses nothing; for 0 the reason
+    says when it was set aside."""
+    if requested != 0:
+        return choose_threads(requested, processes=jobs, environ=environ)
+    rest = {key: value for key, value in environ.items() if key != THREADS_VARIABLE}
+    choice = choose_threads(None, processes=jobs, environ=rest)
+    reason = f"--threads 0: {choice.reason}"
+    if environ.get(THREADS_VARIABLE):
+        reason += (f"; {THREADS_VARIABLE}={environ[THREADS_VARIABLE]} of the environment set aside, as --threads "
+                   "sets each cell's")
+    return dataclasses.replace(choice, reason=reason)
+
+
+def threads_line(choice: ThreadChoice, environ: Mapping[str, str] = os.environ) -> str:
+    """The log's line of the cells' threads: :meth:`ThreadChoice.describe` with the ways a study
+    overrides them (``--threads``; not ``OMP_NUM_THREADS``, which the study sets in each cell)."""
+    return choice.describe(environ).replace(f", --threads {AUTO_LOAD} or {THREADS_VARIABLE}.",
+                                            f" or --threads {AUTO_LOAD}.")
 
 
 def run_on_cluster(args: argparse.Namespace, argv: Sequence[str], options: LauncherOptions,

@@ -43,10 +43,10 @@ from gwdet.data import prepare_datasets
 from gwdet.data.coco_registration import environment_datasets
 from gwdet.data.datasets import config_dataset_names
 from gwdet.engine.run_environment import run_environment
-from gwdet.utils.atomic import cached_sha256
+from gwdet.utils.atomic import CHECKSUM_SUFFIX, cached_sha256
 from gwdet.model_zoo import build_config
 from gwdet.config import ABSENT
-from gwdet.engine.output_dir import differing_values
+from gwdet.engine.output_dir import checkpoints_in, differing_values, holds_run, run_files
 from gwdet.utils.run_file_names import CONFIG_NAME, RESULTS_JSON
 from gwdet_lab.study.cells import CONFIG_PATTERNS, GROUP_LABELS, MAX_FOLDER_VERSIONS, Cell
 from gwdet_lab.study.run_folder import RECORD_JSON, STUDY_RUN_JSON, RunFolder
@@ -603,12 +603,39 @@ def plan(cells: Sequence[Cell], runs_dir: Path, common_opts: Sequence[str] = (),
         holders = {cell.name: holder for cell, _, _ in problems
                    if (holder := folder_of_requested_config(cell, runs_dir, common_opts)) is not None}
         raise ConfigMismatch(mismatch_message(problems, holders))
+    if record:
+        check_no_users_run_files(planned, runs_dir)
     unrecorded = [item for item in planned if record and read_record(item.folder) is None]
     for item in unrecorded:  # the datasets every record names, generated and registered before any is written
         prepare_datasets(item.cfg)
     for item in unrecorded:
         write_record(item, common_opts)
     return planned
+
+
+def users_run_files(folder: Path) -> list[str]:
+    """The files of ``folder`` named as a training run's (:func:`~gwdet.engine.output_dir.run_files`)
+    when nothing there shows that a run of gwdet wrote them (no recorded ``config.yaml`` or
+    ``results.json``, no checkpoint): a user's own, which ``train_net`` refuses to train beside."""
+    if not folder.is_dir() or not holds_run(str(folder)):
+        return []
+    if any((folder / (name + CHECKSUM_SUFFIX)).is_file() for name in (CONFIG_NAME, RESULTS_JSON)) or checkpoints_in(
+            str(folder)):
+        return []
+    return run_files(str(folder))
+
+
+def check_no_users_run_files(planned: Sequence[PlannedCell], runs_dir: Path) -> None:
+    """Refuse, before anything is written, cells whose folder holds files named as a run's that no
+    run wrote (:func:`users_run_files`): the cell's training would refuse them after the study
+    recorded the cell there."""
+    found = [f"{item.folder.path} holds {listed(names, 4)}" for item in planned
+             if (names := users_run_files(item.folder.path))]
+    if found:
+        raise GwdetFileExistsError(
+            f"{listed(found, 3, '; ')}, named as a training run's files, but nothing there shows that a run of gwdet "
+            f"wrote them (no recorded {CONFIG_NAME} or {RESULTS_JSON}, no checkpoint), so the cell cannot train there; "
+            "nothing was written. Move them out of the cell's folder, or give the study another --out.")
 
 
 def folder_of_requested_config(cell: Cell, runs_dir: Path, common_opts: Sequence[str]) -> RunFolder | None:

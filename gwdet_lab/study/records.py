@@ -66,8 +66,9 @@ def export_records(planned: Sequence[PlannedCell], destination: Path) -> list[Pa
     with its ``.sha256``, recorded for a json record whose run folder lacks it; the report split's detections as
     ``.json.gz``); returns the cell folders written. In a cell folder already there, the record
     files are replaced and anything else is kept; a destination that is where the records are read
-    from, or that holds a record of the cell with another config, is refused before anything is
-    written."""
+    from, that holds a record of the cell with another config, or whose cell folder holds files
+    named as records but no ``study_cell.json`` (files no export wrote), is refused before anything
+    is written."""
     for item in planned:
         if (destination / item.cell.name).resolve() == item.folder.path.resolve():
             raise GwdetValueError(
@@ -80,6 +81,20 @@ def export_records(planned: Sequence[PlannedCell], destination: Path) -> list[Pa
         raise GwdetValueError(f"--export-records {destination} holds a file named like the cell {files[0]}, where its "
                               "records go into a folder of that name; nothing was copied. Move the file away, or "
                               "export into another folder.")
+    foreign = []
+    for item in planned:
+        target = destination / item.cell.name
+        if target.is_dir() and not (target / RECORD_JSON).is_file():
+            names = [name for record in RECORD_FILES for name in (record, Path(checksum_path(record)).name)
+                     if (target / name).is_file() or (target / name).is_symlink()]
+            names += [f"{INFERENCE_FOLDER}/"] * (target / INFERENCE_FOLDER).exists()
+            if names:
+                foreign.append(f"{target} ({', '.join(names)})")
+    if foreign:
+        raise GwdetValueError(
+            f"--export-records {destination}: a cell's folder there holds files named as the records an export "
+            f"copies, but no {RECORD_JSON}, so no export wrote them: {listed(foreign, 4, '; ')}; exporting would "
+            "replace them; nothing was copied. Move those files away, or export into another folder.")
     other = []
     for item in planned:
         kept = read_record(RunFolder(destination / item.cell.name)) if (destination / item.cell.name).is_dir() else None

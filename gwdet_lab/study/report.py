@@ -133,12 +133,29 @@ def batch_sizes(results: Sequence[CellResult]) -> list[int]:
 AP = "{:.2f}"
 
 
+def _seed_ap(ap: float | None) -> str:
+    return "diverged" if ap is None else f"{ap:.2f}"
+
+
+def per_seed_labelled(per_seed: Sequence[tuple[int, float | None]]) -> str:
+    """The markdown cell of ``(seed, test AP)`` pairs (``None``: diverged), each named by its seed,
+    so a group missing a seed shows which: ``s0: 24.49, s2: 25.41``."""
+    return ", ".join(f"s{seed}: {_seed_ap(ap)}" for seed, ap in per_seed)
+
+
+def per_seed_values(per_seed: Sequence[tuple[int, float | None]]) -> str:
+    """The CSV cell of ``(seed, test AP)`` pairs: the APs in the order of the seeds (cells.csv
+    names each cell's seed)."""
+    return ", ".join(_seed_ap(ap) for _, ap in per_seed)
+
+
 def summary_table(groups: Sequence[Group]) -> Table:
     paper = paper_numbers(groups)
     table = Table([
         Column("config", "configuration"), Column("batch", "images / batch"), Column("n", "seeds"),
         Column("paper_AP", "paper (COCO)", AP), Column("box_AP_mean", "box AP mean", AP),
-        Column("box_AP_std", "std", AP), Column("box_AP_per_seed", "per seed (s0, s1, ...)"),
+        Column("box_AP_std", "std", AP), Column("box_AP_per_seed", "per seed", per_seed_labelled,
+                                                                csv=per_seed_values),
         Column("image_se", "SE over test images", AP),
         Column("diverged", "diverged runs"),
         Column("AP50_mean", "AP50", AP), Column("AP75_mean", "AP75", AP),
@@ -153,7 +170,7 @@ def summary_table(groups: Sequence[Group]) -> Table:
             "config": label(g.group), "batch": g.batch_size, "n": len(g.cells),
             "paper_AP": paper.get((g.group, g.batch_size)),
             "box_AP_mean": mean(aps), "box_AP_std": std(aps),
-            "box_AP_per_seed": ", ".join("diverged" if c.diverged else f"{c.test_ap:.2f}" for c in g.cells),
+            "box_AP_per_seed": tuple((c.cell.seed, None if c.diverged else c.test_ap) for c in g.cells),
             "diverged": sum(c.diverged for c in g.cells),
             "image_se": mean(g.values(lambda c: c.test_ap_image_se)),
             "AP50_mean": mean(g.values(lambda c: c.test_box["AP50"])),
