@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
 import torch
 import detectron2.layers.batch_norm as detectron2_batch_norm
 from detectron2.config import CfgNode, get_cfg
@@ -669,8 +670,16 @@ _WEIGHTED_LAYERS = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.
 def _check_kind_of_default(name: str, param: str, value: Any, default: Any) -> None:
     """Refuse a string given for ``param`` of a registered norm whose build takes a number there (its
     ``default``): the layer would fail at its first forward inside the user's own code, or compute
-    with the text."""
-    number = isinstance(default, (int, float)) and not isinstance(default, bool)
+    with the text. Where the default is a bool, refuse anything but a bool (numpy's included), as
+    the built-in names' flags do: ``'no'`` or ``0`` would be read as a truth value without a word."""
+    if isinstance(default, bool):
+        if not isinstance(value, (bool, np.bool_)):
+            raise GwdetValueError(
+                f"gwdet.norm({name!r}): {param}={value!r} is not True or False, and the norm's build takes a flag "
+                f"there (its default is {default!r}), which would take {value!r} as a truth value whatever it "
+                f"says: give {param}=True or {param}=False (true or false in a LazyConfig override).")
+        return
+    number = isinstance(default, (int, float))
     if number and isinstance(value, str):
         raise GwdetTypeError(f"gwdet.norm({name!r}): {param}={value!r} is a string, and the norm's build takes a "
                              f"number there (its default is {default!r}): give {param} as a number.")

@@ -397,7 +397,29 @@ def test_a_scripted_batch_group_norm_refuses_settings_assigned_to_it():
 
 # eps=1e-40 (subnormal in float32) was accepted, and with flush-to-zero switched on later every output was NaN
 def test_a_subnormal_eps_is_refused_when_the_layer_is_built():
-    with pytest.raises(ValueError, match=r"BatchGroupNorm: eps must be at least float32's smallest normal number, "
-                                         r"1.1754944e-38, got 1e-40, which float32 holds only as a subnormal number"):
+    # (where a library loaded into the process flushes subnormals, torch.compile's C++ kernels built with fast math
+    # say, 1e-40 is 0 in float32 and refused as such)
+    with pytest.raises(ValueError, match=r"BatchGroupNorm: eps must be (at least float32's smallest normal number, "
+                                         r"1.1754944e-38, got 1e-40, which float32 holds only as a subnormal number|"
+                                         r"a finite number > 0 in float32, .* got 1e-40, which float32 rounds to 0.0 "
+                                         r"with subnormal numbers flushed to zero)"):
         BatchGroupNorm(16, num_groups=4, eps=1e-40)
     BatchGroupNorm(16, num_groups=4, eps=1.2e-38)
+
+
+# functional batch_group_norm in evaluation with eval_example_weight=1 and one value per channel group gave
+# zeros without a word, where the layer refuses the same input
+def test_functional_evaluation_refuses_one_value_per_own_group_as_the_layer_does():
+    x, running_mean, running_var = torch.randn(3, 4), torch.zeros(4), torch.ones(4)
+    with pytest.raises(ValueError, match=r"^batch_group_norm: in evaluation with eval_example_weight=1 each example is "
+                                         r"normalized by its own statistics, and an input of shape \[3, 4\] gives each "
+                                         r"of its channel groups a single value \(groups=4 for 4 channels, one "
+                                         r"position\), which normalizes to 0 for any input. Use an eval_example_weight "
+                                         r"below 1, .* or fewer channel groups \(a smaller groups that divides the 4 "
+                                         r"channels\)$"):
+        batch_group_norm(x, running_mean, running_var, None, None, False, 4, 2, 1e-5, 0.1, 1.0)
+    with pytest.raises(ValueError, match=r"^BatchGroupNorm: in evaluation with eval_example_weight=1"):
+        BatchGroupNorm(4, num_groups=4, eval_example_weight=1.0).eval()(x)
+    # two values per group, or the running statistics blended in: computed
+    assert batch_group_norm(x, running_mean, running_var, None, None, False, 2, 2, 1e-5, 0.1, 1.0).abs().max() > 0
+    assert batch_group_norm(x, running_mean, running_var, None, None, False, 4, 2, 1e-5, 0.1, 0.5).abs().max() > 0

@@ -354,7 +354,7 @@ def test_the_memory_caption_gives_the_ratio_to_gn_only_when_gn_was_measured():
     assert ("Peak MiB allocated above the input, output gradient and parameters; no ratio to GN(32), which was not "
             "measured (not in --norms).") in text and "in parentheses the ratio to GN(32)" not in text
     # 16 channels (--quick): the columns GN(32) and GW (itn) (g=64) normalize fewer groups than they say
-    assert ("At (2, 16, 12, 12) the channels are fewer than the groups asked (GN(32): 32, GW (itn): g=64), so there "
+    assert ("At (2, 16, 12, 12) the channels are fewer than the groups asked (GW (itn): g=64), so there "
             "those layers normalize fewer groups than their names say") in text
     assert table_rows(text, "#### Layer level: peak memory") == [["(2, 16, 12, 12)", "1.0", "2.0"]]
     results["names"].insert(1, "GN(32)")
@@ -364,6 +364,22 @@ def test_the_memory_caption_gives_the_ratio_to_gn_only_when_gn_was_measured():
     assert "parameters; in parentheses the ratio to GN(32)." in text
     assert table_rows(text, "#### Layer level: peak memory") == [["(2, 16, 12, 12)", "1.0 (1.00)", "1.0 (1.00)",
                                                                   "2.0 (2.00)"]]
+
+
+# --norms BN: the time caption spoke of GN(32) and GW (itn) reducing their groups, layers the table did not hold
+def test_the_time_caption_names_only_measured_layers_with_fewer_channels_than_groups():
+    shape = (2, 16, 12, 12)
+    results = {"shapes": [("backbone", shape)], "names": [CONV, "BN"],
+               "time": {(shape, CONV): 1e-3, (shape, "BN"): 2e-3}, "ratio": {(shape, "BN"): 2.0},
+               "memory": {(shape, CONV): 2**20, (shape, "BN"): 2**21}}
+    text = layer_tables(results)
+    assert "fewer than the groups" not in text and "GW" not in text
+    assert "GN(32)" not in text.split("#### Layer level: peak")[0]
+    gn = "GN(32)"
+    results["names"].append(gn)
+    results["time"][(shape, gn)], results["ratio"][(shape, gn)], results["memory"][(shape, gn)] = 1e-3, 1.0, 2**20
+    text = layer_tables(results)
+    assert "the channels are fewer than the groups asked (GN(32): 32), so there those layers" in text
 
 
 @pytest.mark.parametrize("argv, repeats", [

@@ -176,8 +176,6 @@ INTERNAL_GUARDS = {
     ("gwdet/engine/lazy.py", "saved_tree", "TypeError"),
     ("gwdet_lab/tables.py", "add", "KeyError"),
     ("gwdet/engine/threads.py", "choose_threads", "ValueError"),
-    ("gwdet/layers/cost.py", "whitening_matrix_macs", "ValueError"),
-    ("gwdet/layers/cost.py", "_samples_channels_positions", "ValueError"),
     ("gwdet/layers/plans/base.py", "chunk_size", "NotImplementedError"),
     # reached only where detectron2 does not import, and gwdet's tools with it:
     ("gwdet/model_zoo/detectron2_configs.py", "detectron2_configs_dir", "ModuleNotFoundError"),

@@ -787,3 +787,44 @@ def test_a_flag_of_the_converter_given_twice_is_refused(tmp_path, capsys, flags,
     assert (f"error: {flags[0]} is given more than once; a second one would replace the first. Give it once, with the "
             f"value you mean (given: {given}).") in capsys.readouterr().err
     assert not (tmp_path / "out.pkl").exists()
+
+
+def gwdet_norm_resnet50(norm: str, **params) -> dict:
+    """The state dict of a torchvision ResNet-50 built with ``gwdet.norm(norm, **params)`` everywhere."""
+    import gwdet
+
+    torch.manual_seed(0)
+    return torchvision.models.resnet50(weights=None, norm_layer=gwdet.norm(norm, **params)).state_dict()
+
+
+# BGN (eval_example_weight 0.5) weights were reported as BN with a FrozenBN config, another function
+@pytest.mark.parametrize("norm, params", [("BGN", {"eval_example_weight": 0.5}), ("BGN", {})])
+def test_a_resnet_of_gwdet_batch_group_norms_is_refused_naming_the_layer(norm, params):
+    state_dict = gwdet_norm_resnet50(norm, **params)
+    with pytest.raises(ConversionError, match=r"53 of the 53 norms are gwdet BatchGroupNorm layers, by the settings "
+                                              r"they recorded \(e\.g\. bn1: BatchGroupNorm\(num_channels=64, .*"
+                                              r"nothing was converted\. Convert a ResNet trained with BN or GN"):
+        convert_state_dict(in_memory(state_dict))
+
+
+# GW / GW_ZCA everywhere were reported as a GN-style model ("53 GN norms", MODEL.RESNETS.NORM GN)
+@pytest.mark.parametrize("norm, params", [("GW", {"num_groups": 16}), ("GW_ZCA", {})])
+def test_a_resnet_of_gw_everywhere_is_refused_not_called_gn_style(norm, params):
+    state_dict = gwdet_norm_resnet50(norm, **params)
+    with pytest.raises(ConversionError, match=r"no norm of the checkpoint has running statistics, and 53 of the 53 "
+                                              r"are gwdet GroupWhitening layers.*the shortcuts among them "
+                                              r"\(\['layer1\.0\.downsample\.1'.*GroupNorm layers, another function, "
+                                              r"so nothing was converted"):
+        convert_state_dict(in_memory(state_dict))
+
+
+# BW weights: "neither a BatchNorm nor a GW layer ... incomplete or not a torchvision-layout ResNet"
+def test_a_resnet_of_batch_whitening_is_refused_as_bw():
+    state_dict = gwdet_norm_resnet50("BW")
+    with pytest.raises(ConversionError, match=r"53 of the 53 norms are gwdet BatchWhitening layers"):
+        convert_state_dict(in_memory(state_dict))
+    state_dict = {key: value for key, value in state_dict.items() if not key.endswith("._extra_state")}
+    with pytest.raises(ConversionError, match=re.escape(
+            "norm bn1 has ['bias', 'running_mean', 'running_whitening', 'weight']: a batch whitening (BW) layer's "
+            "state, whose running_whitening is the whitening matrix")):
+        convert_state_dict(in_memory(state_dict))

@@ -319,3 +319,33 @@ def test_the_layers_register_no_counting_op():
     expected = ["group_whitening", "group_whitening_backward", "itn_whitening", "itn_whitening_backward",
                 "zca_whitening", "zca_whitening_backward"]
     assert completed.stdout.strip().splitlines()[-1] == f"{expected} False"
+
+
+# the MAC counters took T=-5 (3456, fewer than T=0's 4096) and a negative size (-3456) without a word
+@pytest.mark.parametrize("call,match", [
+    (lambda: group_whitening_macs([2, 16, 4, 4], 4, T=-5), r"^group_whitening_macs: T must be an integer >= 1, got -5$"),
+    (lambda: group_whitening_macs([2, 16, 4, 4], 4, T=0), r"^group_whitening_macs: T must be an integer >= 1, got 0$"),
+    (lambda: batch_whitening_macs([2, 16, 4, 4], 4, T=0, method="itn"), r"^batch_whitening_macs: T must be an integer"),
+    (lambda: group_whitening_macs([2, 16, -4, 4], 4),
+     r"^group_whitening_macs: shape must be a layer input's shape \(N, C\) or \(N, C, \*spatial\) of whole sizes >= 0 "
+     r"with C >= 1, got \[2, 16, -4, 4\]; give x.shape"),
+    (lambda: batch_group_norm_macs([-2, 16]), r"^batch_group_norm_macs: shape must be .* got \[-2, 16\]"),
+    (lambda: group_whitening_relative_cost([2, 16, 4, 4], 0), r"^group_whitening_macs: groups must be an integer >= 1"),
+])
+def test_mac_counters_refuse_what_the_layers_refuse(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+    assert group_whitening_macs([0, 16, 4, 4], 4) == 0  # an empty batch counts nothing
+
+
+# training="no" was counted as training (5504, not 2048), affine="no" as an affine (2560, not 2048)
+def test_mac_counters_refuse_a_string_for_a_flag():
+    shape = [2, 16, 4, 4]
+    with pytest.raises(ValueError, match=r"^batch_whitening_macs: training must be True or False, got 'no' \(str\)$"):
+        batch_whitening_macs(shape, 4, training="no")
+    with pytest.raises(ValueError, match=r"^batch_group_norm_macs: affine must be True or False, got 'no' \(str\)$"):
+        batch_group_norm_macs(shape, affine="no")
+    with pytest.raises(ValueError, match=r"^batch_group_norm_macs: computes_statistics must be True or False, got 0 "):
+        batch_group_norm_macs(shape, computes_statistics=0)
+    assert batch_whitening_macs(shape, 4, training=False) == 2048
+    assert batch_group_norm_macs(shape, affine=False) == 2048

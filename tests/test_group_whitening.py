@@ -239,3 +239,22 @@ def test_zca_with_as_many_values_per_group_as_groups_is_computed_through_the_gra
     layer = GroupWhitening(256, 64, method="zca")
     exact = layer.double()(x)
     assert float((layer.float()(x.float()).double() - exact).abs().max()) < 5e-3
+
+
+# functional group_whitening / group_whitening_reference with one value per group gave all zeros (and a zero
+# input gradient) without a word, where the layer refuses the same input
+@pytest.mark.parametrize("name", ["group_whitening", "group_whitening_reference"])
+@pytest.mark.parametrize("shape,num_groups", [((4, 16), 16), ((4, 16, 1, 1), 64)])
+def test_functional_forms_refuse_one_value_per_group_as_the_layer_does(name, shape, num_groups):
+    import gwdet.layers
+
+    function = getattr(gwdet.layers, name)
+    x = torch.randn(shape)
+    with pytest.raises(ValueError, match=rf"^{name}: each group of a sample holds a single value, which "
+                                         rf"normalizes to 0 for any input; use fewer groups \(num_groups={num_groups} "
+                                         r"gives 16 groups of 1 channel for the 16 channels here\) or a larger input"):
+        function(x, num_groups)
+    with pytest.raises(ValueError, match=r"^GroupWhitening: each group of a sample holds a single value"):
+        GroupWhitening(16, num_groups)(x)
+    assert function(x, 8).abs().max() > 0  # two values per group
+    assert function(torch.randn(2, 16, 2, 1), 16).abs().max() > 0  # one channel, two positions per group

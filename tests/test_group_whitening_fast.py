@@ -68,7 +68,8 @@ def assert_same_values_and_gradients(out, expected, inputs, grad):
 
 # (shape, groups): one channel per group (affine folded into the g x g matrices), several
 # channels per group, a single group, 1 x 1 maps with m == g, and fewer columns than groups
-# (m = C/g HW < g: the m x m Gram-matrix path), also with one channel per group and m = 1.
+# (m = C/g HW < g: the m x m Gram-matrix path), also with one channel per group and m = 2 (m = 1,
+# a single value per group, is refused).
 CASES = [
     ((3, 8, 4, 5), 8),
     ((3, 8, 4, 5), 4),
@@ -77,7 +78,7 @@ CASES = [
     ((5, 12), 4),
     ((4, 24), 8),
     ((2, 16, 1, 2), 16),
-    ((3, 8), 8),
+    ((3, 8, 1, 2), 8),
 ]
 
 

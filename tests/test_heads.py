@@ -232,3 +232,38 @@ def test_group_norms_that_did_not_read_the_configs_group_number_are_named():
                       "MODEL.GN.NUM_GROUPS is 8: a component built them with detectron2's get_norm, which does not read "
                       "the key. Build them with gwdet.norm_from_config(name, cfg) (docs/usage.md), or set "
                       "MODEL.GN.NUM_GROUPS 32."]
+
+
+def _frozen_stem_resnet():
+    """A small detectron2 ResNet with BGN everywhere whose stem detectron2's ResNet.freeze(1) froze."""
+    from detectron2.modeling.backbone.resnet import BasicBlock, BasicStem, ResNet
+
+    bgn = gwdet.norm("BGN", num_groups=4, examples_per_group=2)
+    stages = [ResNet.make_stage(BasicBlock, 1, in_channels=8, out_channels=8, stride_per_block=[1], norm=bgn)]
+    return ResNet(BasicStem(3, 8, norm=bgn), stages, out_features=["res2"]).freeze(1)
+
+
+# check_model passed without a word a ResNet whose stem detectron2's freeze() froze with BGN in it, whose running
+# mean then moved on every training forward (gwdet's trainers refuse it)
+def test_check_model_reports_batch_statistics_norms_with_frozen_parameters(caplog):
+    from gwdet.layers import BatchGroupNorm
+
+    model = _frozen_stem_resnet()
+    assert isinstance(model.stem.conv1.norm, BatchGroupNorm) and not model.stem.conv1.norm.weight.requires_grad
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    with pytest.raises(ValueError, match=r"^check_model: The norm layers stem.conv1.norm \(BatchGroupNorm\) have every "
+                                         r"parameter frozen \(requires_grad False, as detectron2's freeze\(\) of a "
+                                         r"backbone stage leaves them\), but normalize with batch statistics .* Train "
+                                         r"those layers too \(make their parameters trainable before the optimizer is "
+                                         r"built\), or use FrozenBN / BN there.$"):
+        check_model(model, optimizer=optimizer, weight_decay_norm=0.0)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gwdet.modeling.model_checks"):
+        assert check_model(model) is model  # a model built for evaluation alone may hold them: warned of
+    assert "check_model: The norm layers stem.conv1.norm (BatchGroupNorm) have every parameter frozen" in caplog.text
+    assert "evaluated alone (model.eval()), they change nothing" in caplog.text
+    model.requires_grad_(True)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gwdet.modeling.model_checks"):
+        check_model(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), weight_decay_norm=0.0)
+    assert "frozen" not in caplog.text

@@ -109,6 +109,12 @@ def test_place_norm_refuses_a_norm_callable_that_gives_no_layer_and_a_resnet_not
                                         r"each position; nothing was replaced. .*or the class BatchNorm2d itself.$"):
         place_norm(resnet, positions="S1-B2", norm=torch.nn.BatchNorm2d(64))
     assert resnet.stem.conv1.norm is before
+    # a class that takes more than the channel count: GroupNorm's bare "missing 1 required positional argument"
+    with pytest.raises(TypeError, match=r"^place_norm: norm=<class 'torch.nn.modules.normalization.GroupNorm'> could not "
+                                        r"build a layer from a channel count \(TypeError: .*num_channels.*\); nothing was "
+                                        r"replaced.*lambda channels: torch.nn.GroupNorm\(32, channels\)"):
+        place_norm(resnet, positions="S1", norm=torch.nn.GroupNorm)
+    assert resnet.stem.conv1.norm is before
     # a LazyConfig node given in Python before instantiate: "'DictConfig' object is not callable"
     with pytest.raises(TypeError, match=r"^place_norm: norm is a LazyConfig node not instantiated \(gwdet.norms.norm with "
                                         r"'name', 'num_groups'\); nothing was replaced. In Python, instantiate it first"):
@@ -588,3 +594,24 @@ def test_an_unknown_top_level_key_is_refused_naming_the_top_level_keys():
         "LazyConfig override 'foo.bar': the config has no 'foo' at the top of the config. The config's top-level keys "
         "are dataloader, lr_multiplier, model, optimizer, train; nothing reads a key added beside them, so set one of "
         "theirs (e.g. train.max_iter=...).")
+
+
+# override norm.track_running_stats=no on the node of a registered BatchNorm2d: kept as the text 'no', built truthy
+def test_a_text_override_for_a_flag_of_a_registered_norm_is_refused_when_loaded_and_when_built(registered, tmp_path):
+    config = tmp_path / "own_norm.py"
+    config.write_text("import torch\nimport gwdet\nfrom detectron2.config import LazyCall as L\n\n"
+                      "if 'TestFlagBN3' not in gwdet.known_norm_names():\n"
+                      "    gwdet.register_norm('TestFlagBN3', torch.nn.BatchNorm2d)\n"
+                      "norm = L(gwdet.norm)(name='TestFlagBN3')\n")
+    registered.append("TestFlagBN3")
+    with pytest.raises(GwdetValueError, match=r"LazyConfig override 'norm.track_running_stats=no': "
+                                              r"norm.track_running_stats is a boolean \(True\), and hydra reads 'no' "
+                                              r"as the text 'no'.* write norm.track_running_stats=true or "
+                                              r"norm.track_running_stats=false"):
+        load_lazy_config(str(config), ["norm.track_running_stats=no"])
+    cfg = load_lazy_config(str(config), ["norm.track_running_stats=false"])
+    assert instantiate(cfg.norm)(8).track_running_stats is False
+    cfg.norm.track_running_stats = "no"  # set past the override check: refused when the norm is built
+    with pytest.raises(GwdetValueError, match=r"gwdet.norm\('TestFlagBN3'\): track_running_stats='no' is not True "
+                                              r"or False"):
+        instantiate(cfg.norm)

@@ -98,6 +98,23 @@ def test_a_string_for_a_number_of_a_registered_norm_is_refused_where_it_is_given
     assert norm("TestScaledLN", scale=2, label="other").params == {"scale": 2, "label": "other"}
 
 
+# gwdet.norm("MyBN", track_running_stats="no")(8) of a registered BatchNorm2d built a layer that kept running stats
+def test_a_non_bool_for_a_flag_of_a_registered_norm_is_refused_where_it_is_given(registered):
+    import numpy as np
+
+    from gwdet.errors import GwdetValueError
+
+    registered.append("TestFlagBN")
+    register_norm("TestFlagBN", torch.nn.BatchNorm2d)
+    for value in ("no", 0, None):
+        with pytest.raises(GwdetValueError, match=rf"gwdet.norm\('TestFlagBN'\): track_running_stats={value!r} is not "
+                                                  r"True or False, and the norm's build takes a flag there \(its default "
+                                                  r"is True\).* give track_running_stats=True or track_running_stats=False"):
+            norm("TestFlagBN", track_running_stats=value)
+    assert norm("TestFlagBN", track_running_stats=False)(8).track_running_stats is False
+    assert norm("TestFlagBN", affine=np.False_)(8).weight is None
+
+
 def test_a_registered_norm_that_builds_a_convolution_too_is_refused(registered):
     # a build returning Sequential(Conv2d(c, c, 1), GroupNorm(1, c)): gwdet.build_optimizer gave the convolution's
     # weights the norm weight decay (0 instead of SOLVER.WEIGHT_DECAY), without a word

@@ -1638,8 +1638,20 @@ def test_a_resume_from_another_runs_checkpoint_of_the_same_name_and_iteration_is
     (tmp_path / "ours" / "model_final.pth.sha256").write_text(f"{digest}  model_final.pth\n")
     again = ResilientCheckpointer(model, str(tmp_path / "ours"), optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     assert again.resume_or_load("", resume=True)["iteration"] == 3 and again.run_id == ours.run_id
-    # a folder without the record (gwdet before it; detectron2's checkpointer) takes the identity of what it resumes
+    # without the folder's record, its other checkpoints tell the run's identity
+    shutil.copy(tmp_path / "ours" / "model_final.pth", tmp_path / "ours" / "model_0000003.pth")
+    shutil.copy(tmp_path / "other" / "model_final.pth", tmp_path / "ours" / "model_final.pth")
+    digest = hashlib.sha256((tmp_path / "ours" / "model_final.pth").read_bytes()).hexdigest()
+    (tmp_path / "ours" / "model_final.pth.sha256").write_text(f"{digest}  model_final.pth\n")
     (tmp_path / "ours" / "run_id").unlink()
+    with pytest.raises(ValueError, match=rf"it records the run {other.run_id[:12]}\.\.\., its other checkpoint "
+                                         rf"model_0000003.pth the run {ours.run_id[:12]}\.\.\."):
+        ResilientCheckpointer(model, str(tmp_path / "ours"),
+                              optimizer=torch.optim.SGD(model.parameters(), lr=0.1)).resume_or_load("", resume=True)
+    (tmp_path / "ours" / "model_final.pth").write_bytes(kept)
+    (tmp_path / "ours" / "model_final.pth.sha256").write_text(f"{hashlib.sha256(kept).hexdigest()}  model_final.pth\n")
+    (tmp_path / "ours" / "model_0000003.pth").unlink()
+    # a folder without the record (gwdet before it; detectron2's checkpointer) takes the identity of what it resumes
     adopted = ResilientCheckpointer(model, str(tmp_path / "ours"), optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     adopted.resume_or_load("", resume=True)
     adopted.save("model_0000004", iteration=4)

@@ -352,3 +352,20 @@ def test_a_scripted_layer_refuses_settings_assigned_to_it():
     scripted.num_groups = 5  # the same 4 groups of 16 channels: the same function
     assert torch.allclose(scripted(x), GroupWhitening(16, num_groups=4)(x), atol=1e-5)
     assert expected.shape == x.shape
+
+
+# `del gw.weight` left a layer whose forward failed with a raw AttributeError and whose state recorded affine=True
+def test_a_built_layers_affine_and_running_statistics_cannot_be_deleted():
+    from gwdet.errors import GwdetAttributeError
+    from gwdet.layers import BatchGroupNorm, GroupWhitening
+
+    layer = GroupWhitening(16, num_groups=4)
+    with pytest.raises(GwdetAttributeError, match=r"^GroupWhitening: weight cannot be deleted from a built layer: .* "
+                                                  r"\(affine=False: no weight and bias\)\.$"):
+        del layer.weight
+    assert isinstance(layer.weight, torch.nn.Parameter)
+    statistics = BatchGroupNorm(16, num_groups=4)
+    with pytest.raises(GwdetAttributeError, match=r"^BatchGroupNorm: running_mean cannot be deleted from a built "
+                                                  r"layer: .* the settings you want\.$"):
+        del statistics.running_mean
+    assert statistics.running_mean.shape == (16,)

@@ -1007,3 +1007,20 @@ def test_a_bgn_checkpoint_into_a_ghost_bn_is_named_as_another_norm(tmp_path, tra
     if trained[0] == "BGN":  # another group count of BGN is still named by its value
         with pytest.raises(ValueError, match=r"other norm hyper-parameters .* 1 num_groups 4 -> 8"):
             ResilientCheckpointer(other_groups).load(str(tmp_path / "model_final.pth"))
+
+
+# a converted .pkl's records (backbone names without backbone.bottom_up.) of BGN layers loaded into FrozenBN without a word
+def test_a_converted_files_records_of_gwdet_norms_meet_the_layer_at_their_suffix():
+    from gwdet.checkpoint.compatibility import NormMismatchError, check_layer_settings
+
+    def nested(layer):
+        return nn.ModuleDict({"backbone": nn.ModuleDict({"bottom_up": nn.ModuleDict({"stem": nn.ModuleDict(
+            {"conv1": nn.ModuleDict({"norm": layer})})})})})
+
+    bgn = BatchGroupNorm(8, eval_example_weight=0.5)
+    weights = {"stem.conv1.norm._extra_state": bgn.get_extra_state().numpy(),
+               "stem.conv1.norm.weight": np.ones(8, np.float32)}
+    with pytest.raises(NormMismatchError, match=re.escape(
+            "(1 layers, e.g. backbone.bottom_up.stem.conv1.norm: BatchGroupNorm -> FrozenBatchNorm2d)")):
+        check_layer_settings(weights, nested(FrozenBatchNorm2d(8)), OPT_IN)
+    check_layer_settings(weights, nested(BatchGroupNorm(8, eval_example_weight=0.5)), OPT_IN)

@@ -537,13 +537,27 @@ def check_layer_settings(weights: Mapping[str, Any], model: torch.nn.Module, how
         saved_types[name] = saved.pop("layer")
         saved_settings[name] = saved
         present[name] = layer.settings()
+    module_names = [name for name, _ in unwrapped(model).named_modules() if name]
     for found, value in weights.items():  # gwdet layers' records where the model has a layer of another kind
-        name = found[: -len(EXTRA_STATE_KEY)].rstrip(".").removeprefix("module.")
-        saved = decode_settings(value) if found.endswith(EXTRA_STATE_KEY) and name not in saved_types else None
+        if not found.endswith(EXTRA_STATE_KEY):
+            continue
+        name = _module_of_record(found[: -len(EXTRA_STATE_KEY)].rstrip(".").removeprefix("module."), module_names)
+        saved = decode_settings(value) if name not in saved_types else None
         if saved is not None:
             saved_types[name] = saved["layer"]
     check_norm_types(saved_types, model, how_to_opt_in)
     _refuse_other_settings(saved_settings, present, how_to_opt_in, model)
+
+
+def _module_of_record(name: str, module_names: list[str]) -> str:
+    """The module of the model that a record of ``name`` loads into: ``name`` itself, else the one
+    module whose name ends with ``"." + name`` (a converted backbone's ``stem.conv1.norm`` for
+    ``backbone.bottom_up.stem.conv1.norm``, as detectron2's checkpointer matches such files), else
+    ``name`` as it is."""
+    if name in module_names:
+        return name
+    tails = [module for module in module_names if module.endswith("." + name)]
+    return tails[0] if len(tails) == 1 else name
 
 
 def check_unrecorded_weights(weights: Mapping[str, Any], model: torch.nn.Module, how_to_opt_in: str,

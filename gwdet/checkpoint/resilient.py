@@ -65,7 +65,7 @@ from gwdet.checkpoint.integrity import (
     with_checksums,
 )
 from gwdet.checkpoint.converted_weights import read_conversion_metadata
-from gwdet.checkpoint.run_identity import RUN_ID_KEY, check_same_run, new_run_id, record_run_id
+from gwdet.checkpoint.run_identity import RUN_ID_KEY, check_same_run, folder_run_id, new_run_id, record_run_id
 from gwdet.layers.settings_state import EXTRA_STATE_KEY
 from gwdet.norms import SYNCHRONIZED_NORMS, TORCH_BATCH_NORMS, layer_types
 from gwdet.checkpoint.safe_load import (UnsafeCheckpointError, load_pickle_file, load_torch_file,
@@ -786,6 +786,21 @@ class ResilientCheckpointer(DetectionCheckpointer):
         ordered = ([tagged] if tagged else []) + [n for n in others if n != tagged]
         return [os.path.join(self.save_dir, n) for n in ordered]
 
+    def _recorded_run_ids(self, resumed: str) -> dict[str, Any]:
+        """The run identity each other checkpoint of ``save_dir`` than ``resumed`` records (mapped,
+        not read: only the pickled values are loaded), by name; one that cannot be read is left out."""
+        recorded = {}
+        for name in checkpoint_names(self.save_dir or ""):
+            if name == os.path.basename(resumed):
+                continue
+            try:
+                data = load_torch_file(os.path.join(self.save_dir, name), False, _OPT_IN, mmap=True)
+            except Exception:  # damaged or cut short: its own load says so, when it is tried
+                continue
+            if isinstance(data, dict) and RUN_ID_KEY in data:
+                recorded[name] = data[RUN_ID_KEY]
+        return recorded
+
     def _check_same_training_data(self, saved: Any, checkpoint: str) -> None:
         """Refuse to resume the checkpoint ``checkpoint``, whose run trained on the annotation files
         ``saved`` (:data:`DATA_KEY`; nothing is checked without a record), on a dataset of the same
@@ -993,7 +1008,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
                         f"weights), so the run cannot continue from it: its iteration, schedule and momentum would "
                         f"start again. Start a new run from it ({self.weights_setting} {candidate}) into another output "
                         "folder, or restore the checkpoint as the run wrote it.")
-                run_id = check_same_run(candidate, loaded.get(RUN_ID_KEY), self.save_dir or "", self.weights_setting)
+                run_id = check_same_run(candidate, loaded.get(RUN_ID_KEY), self.save_dir or "", self.weights_setting,
+                                        None if folder_run_id(self.save_dir or "") else self._recorded_run_ids(candidate))
                 _check_iteration_of_its_name(candidate, int(loaded["iteration"]), self.save_dir or "")
                 self._check_same_training_data(loaded.get(DATA_KEY), candidate)
                 recorded = loaded.get(INITIAL_WEIGHTS_KEY)

@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import uuid
+from typing import Mapping
 
 from gwdet.errors import GwdetValueError
 from gwdet.utils.atomic import write_atomically
@@ -55,17 +56,27 @@ def record_run_id(folder: str, run_id: str) -> None:
     write_atomically(os.path.join(folder, RUN_ID), lambda file: file.write(run_id.encode("ascii")))
 
 
-def check_same_run(checkpoint: str, saved: object, folder: str, weights_setting: str) -> str | None:
+def check_same_run(checkpoint: str, saved: object, folder: str, weights_setting: str,
+                   others: Mapping[str, object] | None = None) -> str | None:
     """The run identity a resume from ``checkpoint`` (which records ``saved``) continues in
-    ``folder``: the checkpoint's, else the folder's, else ``None``. Refused where both are recorded
-    and differ: the checkpoint is another run's, copied into the folder."""
+    ``folder``: the checkpoint's, else the folder's (its :data:`RUN_ID` file; without one, what the
+    folder's other checkpoints record, ``others`` by name), else ``None``. Refused where both are
+    recorded and differ: the checkpoint is another run's, copied into the folder."""
     recorded = saved if isinstance(saved, str) and _RUN_ID_FORM.match(saved) else None
-    own = folder_run_id(folder)
+    own, where = folder_run_id(folder), f"the folder's {RUN_ID} file"
+    if own is None:
+        named = {name: value for name, value in (others or {}).items()
+                 if isinstance(value, str) and _RUN_ID_FORM.match(value)}
+        if recorded is not None and named and recorded not in named.values():
+            name, own = sorted(named.items())[-1]
+            where = f"its other checkpoint {name}"
+        elif named:
+            own = sorted(named.items())[-1][1]
     if recorded and own and recorded != own:
         raise GwdetValueError(
             f"--resume: {checkpoint} was saved by another run than the one in {folder}: it records the run "
-            f"{recorded[:12]}..., the folder's {RUN_ID} file the run {own[:12]}...; it is another run's checkpoint "
-            "copied there, so continuing would train from other weights and write them into this run's records; "
-            "nothing was changed. Put the run's own checkpoint back, or start a new run from that checkpoint's "
-            f"weights ({weights_setting} {checkpoint}) into another output folder.")
+            f"{recorded[:12]}..., {where} the run {own[:12]}...; it is another run's checkpoint copied there, so "
+            "continuing would train from other weights and write them into this run's records; nothing was "
+            "changed. Put the run's own checkpoint back, or start a new run from that checkpoint's weights "
+            f"({weights_setting} {checkpoint}) into another output folder.")
     return recorded or own

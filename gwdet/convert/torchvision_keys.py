@@ -24,6 +24,7 @@ import torch
 
 from gwdet.checkpoint.resilient import torchvision_detection_hint
 from gwdet.convert.loading import ConversionError, preview_names
+from gwdet.layers.settings_state import decode_settings
 from gwdet.positions import POSITIONS
 
 BN_LEAVES = frozenset({"weight", "bias", "running_mean", "running_var"})
@@ -94,6 +95,7 @@ def parse_torchvision_layout(tensors: dict[str, torch.Tensor]) -> SourceLayout:
         else:  # e.g. a conv bias: torchvision's ResNet convs have none
             layout.unexpected.append(key)
     _check_resnet_keys(layout, tensors)
+    check_gwdet_norm_records(layout)
     _check_norms_complete(layout)
     return layout
 
@@ -178,8 +180,60 @@ def _prefix_hint(names: list[str]) -> str:
             "key, value in weights.items()}) and convert that file with tools/convert_pretrained.py.")
 
 
+# the layer class whose recorded settings the converter carries: GW at GW_POSITIONS in a BN ResNet
+GW_LAYER = "GroupWhitening"
+# a batch whitening layer's whitening matrix (gwdet's BatchWhitening), which no BN, GN or GW layer has
+WHITENING_LEAF = "running_whitening"
+_CONVERTED = ("the converter converts a ResNet whose norms are BN (with gwdet GW layers at block positions S1, B1, "
+              "B2, B3, or none) or GN, and the config it prints builds BN, GW and GN layers only")
+
+
+def _shown_settings(settings: dict) -> str:
+    return ", ".join(f"{name}={value!r}" for name, value in settings.items() if name != "layer")
+
+
+def check_gwdet_norm_records(layout: SourceLayout) -> None:
+    """A ``ConversionError`` for norms whose recorded settings (a gwdet layer's ``_extra_state``) name a
+    layer the converted model would not have there: any gwdet layer other than GW (BGN, BW, ...), or GW
+    in a checkpoint whose norms all lack running statistics (GW at the shortcuts too), which the
+    converter would report as GN. The error names the layer, how many norms are such and one's
+    settings."""
+    recorded = {source: decode_settings(norm.record) for source, norm in layout.norms.items()
+                if norm.record is not None}
+    found = {source: settings for source, settings in recorded.items() if settings is not None}
+    others = {source: settings for source, settings in found.items() if settings["layer"] != GW_LAYER}
+    if others:
+        source, settings = next(iter(others.items()))
+        layers = sorted({settings["layer"] for settings in others.values()})
+        raise ConversionError(
+            f"{len(others)} of the {len(layout.norms)} norms are gwdet {' and '.join(layers)} layers, by the settings "
+            f"they recorded (e.g. {source}: {settings['layer']}({_shown_settings(settings)})): {_CONVERTED}, which "
+            "compute another function than these weights were trained as, so nothing was converted. Convert a "
+            "ResNet trained with BN or GN norms (e.g. torchvision's resnet50(weights='IMAGENET1K_V1')), or one "
+            "with gwdet.norm('GW') or gwdet.norm('GW_ZCA') at block positions and BN elsewhere.")
+    gw = [source for source, settings in found.items() if settings["layer"] == GW_LAYER]
+    if gw and all(norm.affine_only for norm in layout.norms.values()):
+        settings = found[gw[0]]
+        shortcuts = [norm.source for norm in layout.norms.values() if norm.position == SHORTCUT]
+        raise ConversionError(
+            f"no norm of the checkpoint has running statistics, and {len(gw)} of the {len(layout.norms)} are gwdet "
+            f"{GW_LAYER} layers, by the settings they recorded (e.g. {gw[0]}: {GW_LAYER}({_shown_settings(settings)}))"
+            f"{', the shortcuts among them (' + preview_names(shortcuts, 2) + ')' if set(shortcuts) & set(gw) else ''}"
+            f": {_CONVERTED}; gwdet's backbone keeps BN at the shortcuts, and as a GN-style model the GW weights would "
+            "load into GroupNorm layers, another function, so nothing was converted. Convert a ResNet with "
+            "gwdet.norm('GW') or gwdet.norm('GW_ZCA') at block positions only and BN elsewhere (the shortcuts "
+            "included), or one with GN norms.")
+
+
 def _check_norms_complete(layout: SourceLayout) -> None:
     for norm in layout.norms.values():
+        if f"{norm.source}.{WHITENING_LEAF}" in layout.unexpected:
+            raise ConversionError(
+                f"norm {norm.source} has {sorted([*norm.tensors, WHITENING_LEAF])}: a batch whitening (BW) layer's "
+                f"state, whose {WHITENING_LEAF} is the whitening matrix its running statistics are; {_CONVERTED}, "
+                "so a BW model's weights are not converted (as BN they would lose the whitening). Convert a ResNet "
+                "trained with BN or GN norms (e.g. torchvision's resnet50(weights='IMAGENET1K_V1')), or one with "
+                "gwdet.norm('GW') or gwdet.norm('GW_ZCA') at block positions and BN elsewhere.")
         if set(norm.tensors) not in (BN_LEAVES, AFFINE_LEAVES):
             raise ConversionError(
                 f"norm {norm.source} has {sorted(norm.tensors)}: neither a BatchNorm "

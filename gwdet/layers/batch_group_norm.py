@@ -100,6 +100,22 @@ def _check_arguments(x: Tensor, running_mean: Tensor, running_var: Tensor, weigh
     if training:
         check_running_without_grad(owner, {"running_mean": running_mean, "running_var": running_var})
         check_single_values(owner, x, groups, groups, examples_per_group)
+    else:
+        check_own_single_values(owner, x, groups, eval_example_weight)
+
+
+def check_own_single_values(owner: str, x: Tensor, groups: int, eval_example_weight: float) -> None:
+    """Raise ``ValueError`` when, in evaluation with ``eval_example_weight=1`` (each example
+    normalized by its own statistics alone, Eq. 3 with alpha = 1), each of the ``groups`` channel
+    groups of an example of ``x`` holds a single value, which normalizes to 0 for any input: what
+    :meth:`BatchGroupNorm.validate_input` refuses, for the functional form."""
+    if eval_example_weight == 1.0 and x.numel() and x.numel() // x.shape[0] == groups:
+        raise GwdetValueError(
+            f"{owner}: in evaluation with eval_example_weight=1 each example is normalized by its own statistics, and "
+            f"an input of shape {list(x.shape)} gives each of its channel groups a single value (groups={groups} for "
+            f"{x.shape[1]} channels, one position), which normalizes to 0 for any input. Use an eval_example_weight "
+            f"below 1, which blends in the running statistics, or fewer channel groups (a smaller groups that divides "
+            f"the {x.shape[1]} channels)")
 
 
 def check_single_values(owner: str, x: Tensor, num_groups: int, groups: int, examples_per_group: int) -> None:

@@ -26,7 +26,9 @@ weighing ``alpha > 0``), ``2`` (``1``) per value when it only applies running st
 import math
 from typing import Sequence
 
-from .common import largest_divisor_at_most
+from .common import check_choice, check_flag, check_int_at_least, is_whole_number, largest_divisor_at_most
+
+from gwdet.errors import GwdetValueError
 
 # g^3 coefficient of the ZCA whitening matrix (see the module docstring), as a fraction.
 ZCA_CUBIC_MACS_NUMERATOR = 11
@@ -34,36 +36,56 @@ ZCA_CUBIC_MACS_DENOMINATOR = 2
 ZCA_CUBIC_MACS = ZCA_CUBIC_MACS_NUMERATOR / ZCA_CUBIC_MACS_DENOMINATOR
 
 
-def _samples_channels_positions(shape: Sequence[int]):
-    if len(shape) < 2:
-        raise ValueError(f"expected a shape (N, C) or (N, C, *spatial), got {list(shape)}")
-    return int(shape[0]), int(shape[1]), math.prod(int(size) for size in shape[2:])
+def _samples_channels_positions(owner: str, shape: Sequence[int]):
+    """``(N, C, S)`` of a layer input's ``shape``: a sequence of at least two whole sizes, none
+    negative and ``C >= 1`` (``N = 0`` and a zero spatial size count nothing); ``ValueError``
+    naming ``owner`` otherwise."""
+    sizes = list(shape) if isinstance(shape, Sequence) and not isinstance(shape, str) else None
+    if sizes is None or len(sizes) < 2 or not all(is_whole_number(size) and size >= 0 for size in sizes) \
+            or sizes[1] < 1:
+        raise GwdetValueError(
+            f"{owner}: shape must be a layer input's shape (N, C) or (N, C, *spatial) of whole sizes >= 0 with "
+            f"C >= 1, got {shape!r}; give x.shape of the input the layer sees")
+    return int(sizes[0]), int(sizes[1]), math.prod(int(size) for size in sizes[2:])
+
+
+def _check_whitening(owner: str, T: int, method: str) -> None:
+    """``T`` and ``method`` checked as the whitening layers check theirs (``T`` whatever the method,
+    as the layers do)."""
+    check_int_at_least(owner, "T", T, 1)
+    check_choice(owner, "method", method, ["itn", "zca"])
 
 
 def whitening_matrix_macs(size: int, T: int, method: str) -> int:
     """Multiply-adds of one ``size x size`` inverse square root: ``T size^3`` for ``"itn"``,
-    ``ZCA_CUBIC_MACS size^3`` (rounded down) for ``"zca"``."""
+    ``ZCA_CUBIC_MACS size^3`` (rounded down) for ``"zca"``; ``size`` and ``T`` integers >= 1,
+    checked as the layers check theirs (``ValueError``)."""
+    owner = "whitening_matrix_macs"
+    check_int_at_least(owner, "size", size, 1)
+    _check_whitening(owner, T, method)
     if method == "itn":
         return T * size**3
-    if method == "zca":
-        return ZCA_CUBIC_MACS_NUMERATOR * size**3 // ZCA_CUBIC_MACS_DENOMINATOR
-    raise ValueError(f"method must be 'itn' or 'zca', got {method!r}")
+    return ZCA_CUBIC_MACS_NUMERATOR * size**3 // ZCA_CUBIC_MACS_DENOMINATOR
 
 
 def group_whitening_macs(shape: Sequence[int], groups: int, T: int = 5, method: str = "itn") -> int:
     """``N (2 S C g + T g^3)`` (ItN; ZCA: ``ZCA_CUBIC_MACS g^3``) for an input of ``shape``.
 
     ``groups`` is the requested count; the count used is the layer's rule,
-    ``largest_divisor_at_most(C, groups)``.
+    ``largest_divisor_at_most(C, groups)``. The arguments are checked as :class:`~.GroupWhitening`
+    checks its own (``ValueError``).
     """
-    samples, channels, positions = _samples_channels_positions(shape)
+    owner = "group_whitening_macs"
+    samples, channels, positions = _samples_channels_positions(owner, shape)
+    check_int_at_least(owner, "groups", groups, 1)
+    _check_whitening(owner, T, method)
     g = largest_divisor_at_most(channels, groups)
     return samples * (2 * positions * channels * g + whitening_matrix_macs(g, T, method))
 
 
 def conv3x3_macs(shape: Sequence[int]) -> int:
     """``9 N S C^2``: a 3x3 convolution from ``C`` to ``C`` channels at the input's resolution."""
-    samples, channels, positions = _samples_channels_positions(shape)
+    samples, channels, positions = _samples_channels_positions("conv3x3_macs", shape)
     return 9 * samples * positions * channels * channels
 
 
@@ -77,8 +99,13 @@ def batch_whitening_macs(
     shape: Sequence[int], group_size: int, T: int = 5, method: str = "zca", training: bool = True
 ) -> int:
     """Batch whitening of an input of ``shape`` with ``largest_divisor_at_most(C, group_size)``
-    channels per group: ``2 M C k + (C / k) matrix(k)`` in training, ``M C k`` in evaluation."""
-    samples, channels, positions = _samples_channels_positions(shape)
+    channels per group: ``2 M C k + (C / k) matrix(k)`` in training, ``M C k`` in evaluation. The
+    arguments are checked as :class:`~.BatchWhitening` checks its own (``ValueError``)."""
+    owner = "batch_whitening_macs"
+    samples, channels, positions = _samples_channels_positions(owner, shape)
+    check_int_at_least(owner, "group_size", group_size, 1)
+    _check_whitening(owner, T, method)
+    check_flag(owner, "training", training)
     k = largest_divisor_at_most(channels, group_size)
     values = samples * positions
     if not training:
@@ -90,8 +117,13 @@ def batch_group_norm_macs(
     shape: Sequence[int], affine: bool = True, computes_statistics: bool = True
 ) -> int:
     """``(5 or 4) N C S`` when statistics are computed, ``(2 or 1) N C S`` otherwise (fvcore's
-    convention for ``aten::batch_norm``; the larger factor with the affine)."""
-    samples, channels, positions = _samples_channels_positions(shape)
+    convention for ``aten::batch_norm``; the larger factor with the affine). ``affine`` and
+    ``computes_statistics`` are ``True`` or ``False`` (``ValueError`` otherwise, as the layer refuses
+    ``affine='no'``)."""
+    owner = "batch_group_norm_macs"
+    samples, channels, positions = _samples_channels_positions(owner, shape)
+    check_flag(owner, "affine", affine)
+    check_flag(owner, "computes_statistics", computes_statistics)
     if computes_statistics:
         per_value = 5 if affine else 4
     else:

@@ -69,6 +69,20 @@ def _check_arguments(owner: str, x: Tensor, num_groups: int, T: int, eps: float,
     check_input(owner, x, 0)
     check_spatial_size(owner, x)
     check_per_channel(owner, {"weight": weight, "bias": bias}, x.shape[1])
+    check_sample_group_values(owner, x, num_groups)
+
+
+def check_sample_group_values(owner: str, x: Tensor, num_groups: int) -> None:
+    """Raise ``ValueError`` when each group of a sample of ``x`` holds a single value (one channel
+    per group of ``largest_divisor_at_most(C, num_groups)`` and one position), which normalizes to 0
+    for any input: what :meth:`GroupWhitening.validate_input` refuses, for the functional forms."""
+    groups = largest_divisor_at_most(x.shape[1], num_groups)
+    positions = product(list(x.shape[2:]))
+    per_group = x.shape[1] // groups
+    check_values_per_group(
+        owner, per_group * positions, "group of a sample",
+        f"fewer groups (num_groups={num_groups} gives {groups} groups of {per_group} channel for the {x.shape[1]} "
+        f"channels here) or a larger input (this one has {positions} position per channel)")
 
 
 def check_spatial_size(owner: str, x: Tensor) -> None:

@@ -314,11 +314,17 @@ class SettingsInState(nn.Module):
                 "of the channels you want")
 
     def __delattr__(self, name: str) -> None:
-        """A recorded setting or an attribute derived from them is never deleted: assigned again,
-        it would get past the check of :meth:`__setattr__`."""
+        """A recorded setting or an attribute derived from them is never deleted (assigned again, it
+        would get past the check of :meth:`__setattr__`), nor, once the layer is built, its ``weight``,
+        ``bias`` or a running statistic: the layer computes with them and its state records them."""
         if name in self.setting_names() or name in self.DERIVED:
             raise GwdetAttributeError(f"{type(self).__name__}: {name} is set when the layer is built and cannot be "
                                       "deleted; build a new layer with the settings you want.")
+        if "affine" in self.__dict__ and (name in ("weight", "bias") or name in self.__dict__.get("_buffers", {})):
+            raise GwdetAttributeError(
+                f"{type(self).__name__}: {name} cannot be deleted from a built layer: the layer computes with it and "
+                "its state records it; build a new layer with the settings you want"
+                + (" (affine=False: no weight and bias)." if name in ("weight", "bias") else "."))
         super().__delattr__(name)
 
     def extra_repr(self) -> str:

@@ -301,6 +301,29 @@ def _norm_settings(name: Any) -> list[str] | None:
         return None
 
 
+def _is_norm(target: Any) -> bool:
+    """Whether ``target`` is :func:`gwdet.norm`."""
+    from gwdet.norms import norm
+
+    return target is norm
+
+
+def _norm_setting_default(node: Any, setting: str) -> Any:
+    """The default of ``setting`` of the norm the ``gwdet.norm`` node ``node`` names (its build
+    function's, or gwdet's config default for a built-in name's), or :data:`ABSENT` for a setting the
+    norm does not take or a name the catalogue does not know."""
+    from gwdet.norms import norm_record
+
+    try:
+        name = node.get("name", None) if isinstance(node, DictConfig) else None
+    except OmegaConfBaseException:  # a name that does not resolve (instantiate names it)
+        return ABSENT
+    settings = _norm_settings(name)
+    if not isinstance(name, str) or settings is None or setting not in settings:
+        return ABSENT
+    return norm_record(name).default(setting)
+
+
 def _check_norm_setting(cfg: DictConfig, node: str, target: Any, setting: str, value: Any,
                         coming: Mapping[str, Any]) -> None:
     """Raise ``TypeError`` when an override sets ``setting`` to a value other than null on the
@@ -480,12 +503,16 @@ RUN_NODES = {"model": "the model", "optimizer": "the optimizer", "lr_multiplier"
 
 def _current_value(cfg: DictConfig, key: str) -> Any:
     """What ``key`` holds before an override: its value in ``cfg``, else the default of the argument
-    of that name of its node's callable (an argument the config leaves out), else :data:`ABSENT`."""
+    of that name of its node's callable (an argument the config leaves out; on a ``gwdet.norm`` node,
+    the default of that setting of the norm the node names), else :data:`ABSENT`."""
     value = select(cfg, key)
     if value is not ABSENT:
         return value
     parent_key, _, name = key.rpartition(".")
-    target = callable_of(select(cfg, parent_key) if parent_key else cfg)
+    node = select(cfg, parent_key) if parent_key else cfg
+    target = callable_of(node)
+    if target is not None and _is_norm(target):
+        return _norm_setting_default(node, name)
     try:
         parameter = inspect.signature(target).parameters.get(name) if target is not None else None
     except (TypeError, ValueError):

@@ -28,7 +28,7 @@ from torch import nn
 
 from gwdet.config_checks import ensure_checked
 from gwdet.positions import convs_at_positions, parse_gw_positions
-from gwdet.errors import GwdetTypeError, GwdetValueError, listed
+from gwdet.errors import GwdetError, GwdetTypeError, GwdetValueError, listed
 from gwdet.norms import check_detectron2_buildable, check_untied_norms, layer_types, norm_from_config
 
 # Built in place of a norm detectron2 cannot make by name; every such module is replaced.
@@ -78,7 +78,16 @@ def _place_norm(resnet: ResNet, positions: str, norm: Any, freeze_at: int, refus
                              "instantiate() builds the whole L(place_norm)(...) node with it.")
     _check_placement(resnet, norm, freeze_at)
     convs = list(convs_at_positions(resnet, parse_gw_positions(positions, "positions of gwdet.modeling.place_norm")))
-    layers = [get_norm(norm, conv.out_channels) for conv in convs]
+    try:
+        layers = [get_norm(norm, conv.out_channels) for conv in convs]
+    except TypeError as error:  # a class or function that takes more than the channel count
+        if isinstance(error, GwdetError):
+            raise
+        raise GwdetTypeError(
+            f"place_norm: norm={norm!r} could not build a layer from a channel count ({type(error).__name__}: "
+            f"{error}); nothing was replaced. Give a name or a callable that takes the channel count alone, e.g. "
+            "gwdet.norm('GN', num_groups=32), or functools.partial / a lambda that fills in the other arguments "
+            "(lambda channels: torch.nn.GroupNorm(32, channels)).") from error
     for layer in layers:
         if not isinstance(layer, nn.Module):  # None would remove the norm, anything else fail in forward
             raise GwdetTypeError(f"place_norm: norm={norm!r} gave {layer!r} (a {type(layer).__name__}), not a norm "

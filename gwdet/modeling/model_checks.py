@@ -120,13 +120,11 @@ def check_model_example_groups(model: nn.Module, batch: int, processes: int, bat
         check_example_groups(examples, batch, processes, [listed(names, 3)], "examples_per_group", batch_setting)
 
 
-def check_frozen_batch_statistics(model: nn.Module) -> None:
-    """Refuse to train ``model`` when norm layers that normalize with batch statistics and keep running
-    averages of them (gwdet's BW, BGN, GhostBN; registered names with batch statistics) have every
-    parameter frozen (``requires_grad`` False, as detectron2's ``freeze()`` of a backbone stage leaves
-    them): detectron2 freezes torch's batch norms by turning them into FrozenBN, not these, whose
-    running statistics training would go on updating, so the frozen part would compute another
-    function after every batch (the twin of the ``MODEL.BACKBONE.FREEZE_AT`` check of the config)."""
+def frozen_batch_statistics(model: nn.Module) -> list[str]:
+    """``name (type)`` of every norm layer of ``model`` that normalizes with batch statistics and keeps
+    running averages of them (gwdet's BW, BGN, GhostBN; registered names with batch statistics) and
+    has every parameter frozen (``requires_grad`` False, as detectron2's ``freeze()`` of a backbone
+    stage leaves them): in training its running statistics would go on moving."""
     kinds = layer_types(batch_statistics=True, detectron2=False)
     frozen = []
     for name, module in model.named_modules():
@@ -135,13 +133,26 @@ def check_frozen_batch_statistics(model: nn.Module) -> None:
         parameters = list(module.parameters())
         if isinstance(module, kinds) and parameters and not any(parameter.requires_grad for parameter in parameters):
             frozen.append(f"{name} ({type(module).__name__})")
-    if frozen:
-        raise GwdetValueError(
-            f"The norm layers {listed(frozen, 3)} have every parameter frozen (requires_grad False, as detectron2's "
+    return frozen
+
+
+def _frozen_batch_statistics_problem(frozen: list[str]) -> str:
+    return (f"The norm layers {listed(frozen, 3)} have every parameter frozen (requires_grad False, as detectron2's "
             "freeze() of a backbone stage leaves them), but normalize with batch statistics and keep running "
             "statistics that training would go on updating: detectron2 freezes a stage by turning torch's batch "
             "norms into FrozenBN, which it does not do for these, so the frozen part would compute another function "
-            "after every batch. Train those layers too, or use FrozenBN / BN there; nothing was trained.")
+            "after every batch.")
+
+
+def check_frozen_batch_statistics(model: nn.Module) -> None:
+    """Refuse to train ``model`` when it holds layers of :func:`frozen_batch_statistics`: detectron2
+    freezes torch's batch norms by turning them into FrozenBN, not these, whose running statistics
+    training would go on updating, so the frozen part would compute another function after every
+    batch (the twin of the ``MODEL.BACKBONE.FREEZE_AT`` check of the config)."""
+    frozen = frozen_batch_statistics(model)
+    if frozen:
+        raise GwdetValueError(f"{_frozen_batch_statistics_problem(frozen)} Train those layers too, or use FrozenBN / "
+                              "BN there; nothing was trained.")
 
 
 def check_model(model: nn.Module, strict_groups: bool = False, optimizer: torch.optim.Optimizer | None = None,
@@ -160,6 +171,11 @@ def check_model(model: nn.Module, strict_groups: bool = False, optimizer: torch.
       when it does not hold every trainable parameter of ``model``, and warn about norm layers it
       decays otherwise (:func:`check_norm_weight_decay`). ``weight_decay_norm`` or
       ``weight_decay_bias`` without an ``optimizer`` is refused (nothing to check them against).
+    * Norm layers with batch statistics whose parameters are all frozen
+      (:func:`frozen_batch_statistics`, e.g. by detectron2's ``ResNet.freeze``), whose running
+      statistics training would go on updating: with an ``optimizer`` (the model is to be trained),
+      raise ``ValueError`` as gwdet's trainers do; without one, warn naming them (a model built for
+      evaluation alone may hold them: in ``eval()`` mode they change nothing).
     """
     if not isinstance(model, nn.Module):
         raise GwdetTypeError(f"check_model: give the built model (a torch.nn.Module), got {type(model).__name__}")
@@ -195,6 +211,15 @@ def check_model(model: nn.Module, strict_groups: bool = False, optimizer: torch.
                 f"check_model: the optimizer does not hold {len(untrained)} trainable parameter(s) of the model (e.g. "
                 f"{listed(untrained, 3)}), so they would not train: {cause} (gwdet.build_optimizer(cfg, model)).")
         check_norm_weight_decay(model, optimizer, weight_decay_norm, weight_decay_bias)
+    frozen = frozen_batch_statistics(model)
+    if frozen and optimizer is not None:
+        raise GwdetValueError(f"check_model: {_frozen_batch_statistics_problem(frozen)} Train those layers too (make "
+                              "their parameters trainable before the optimizer is built), or use FrozenBN / BN there.")
+    if frozen:
+        logging.getLogger(__name__).warning(
+            f"check_model: {_frozen_batch_statistics_problem(frozen)} To train this model, train those layers too, or "
+            "use FrozenBN / BN there (check_model(model, optimizer=...) refuses it); evaluated alone (model.eval()), "
+            "they change nothing.")
     check_untied_norms(model)
     check_res5_positions(model)
     adjusted = adjusted_groups(model)

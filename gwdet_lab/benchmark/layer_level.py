@@ -144,13 +144,34 @@ def targets_table(results: dict) -> Table:
     return table
 
 
+def asked_groups(name: str) -> int:
+    """The group count case ``name`` asks for: GN's, GW's (every GW case) or 0 for a case without groups
+    cut to the channels."""
+    if name.startswith(GN):
+        return GN_GROUPS
+    if name.startswith("GW"):
+        return GW_GROUPS
+    return 0
+
+
+def fewer_groups_note(results: dict) -> str:
+    """The caption's sentence on the measured cases whose channels at some shape are fewer than the
+    groups they ask for (gwdet cuts the count to the channels); empty when there are none."""
+    few = [shape for _, shape in results["shapes"]
+           if any(shape[1] < asked_groups(name) for name in results["names"])]
+    if not few:
+        return ""
+    asked = [name for name in results["names"] if any(shape[1] < asked_groups(name) for shape in few)]
+    groups = ", ".join(f"{name}: {'g=' if name.startswith('GW') else ''}{asked_groups(name)}" for name in asked)
+    return (f" At {', '.join(format_shape(shape) for shape in few)} the channels are fewer than the groups asked "
+            f"({groups}), so there those layers normalize fewer groups than their names say (gwdet adjusts a "
+            "group count to the channels).")
+
+
 def layer_tables(results: dict) -> str:
     """The layer level's markdown: time, peak memory (in ratio to GN(32) when it ran) and, when GW (itn)
     and GN(32) ran, the targets."""
-    few = [format_shape(shape) for _, shape in results["shapes"] if shape[1] < max(GN_GROUPS, GW_GROUPS)]
-    adjusted = (f" At {', '.join(few)} the channels are fewer than the groups asked ({GN}: {GN_GROUPS}, {GW_ITN}: "
-                f"g={GW_GROUPS}), so there those layers normalize fewer groups than their names say (gwdet adjusts a "
-                "group count to the channels)." if few else "")
+    adjusted = fewer_groups_note(results)
     lines = [
         "#### Layer level: forward + backward time", "",
         "Median time in ms; in parentheses the median over rounds of the time divided by the 3x3 "
