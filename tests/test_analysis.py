@@ -376,3 +376,28 @@ def test_one_feature_per_group_is_refused_with_the_tools_flags(tmp_path, capsys,
     err = capsys.readouterr().err
     assert refused.value.code == 2 and message in err and "MODEL.GW" not in err
     assert not (tmp_path / flags[0]).exists()
+
+
+# tools/analyze_model.py --tasks structure --max-depth 2 printed the whole model (6 levels), the depth ignored
+def test_analyze_models_structure_stops_at_the_given_max_depth(capsys):
+    from gwdet.export import analyze_model
+
+    base = ["--config-file", str(DEMO_CONFIG), "--tasks", "structure", *TINY_OPTS, "MODEL.WEIGHTS", "", "MODEL.DEVICE", "cpu"]
+    assert analyze_model.main(base[:4] + ["--max-depth", "2"] + base[4:]) == 0
+    printed = capsys.readouterr().out
+    assert "Model:\n" not in printed  # the whole model that building it logs is left out
+    folded = printed.split("Model structure:\n", 1)[1]
+    assert "    (bottom_up): ResNet(... " in folded and "(res2)" not in folded
+    assert max(len(line) - len(line.lstrip()) for line in folded.splitlines()) == 4  # the model, then 2 levels
+    assert analyze_model.main(base) == 0  # without --max-depth: every level, as str(model) prints it
+    whole = capsys.readouterr().out.split("Model structure:\n", 1)[1]
+    assert "(res2): Sequential(" in whole and "Conv2d(" in whole
+
+
+def test_structure_text_of_every_level_is_the_modules_repr():
+    from gwdet.export.analyze_model import structure_text
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(2, 3)))
+    assert structure_text(model, None) == repr(model) == structure_text(model, 5)
+    assert structure_text(model, 1) == ("Sequential(\n  (0): Conv2d(3, 4, kernel_size=(3, 3), stride=(1, 1))\n"
+                                        "  (1): Sequential(... 2 modules inside)\n)")

@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-from gwdet.layers import BatchWhitening
+from gwdet.layers import BatchWhitening, batch_whitening
 from spectral_whitening import (
     TINY_EPS,
     distance_from_identity,
@@ -160,6 +160,11 @@ def test_training_on_fewer_samples_than_a_groups_channels_is_warned_of():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         BatchWhitening(16, group_size=16).train()(torch.randn(17, 16))  # m > k: full rank, no warning
+    # the functional form said nothing where the layer warns
+    with pytest.warns(RuntimeWarning, match=r"^batch_whitening: 2 samples \(N x H x W\) per group of 16 channels in "
+                                            r"training: the group covariance has rank at most 1"):
+        batch_whitening(torch.randn(2, 16), torch.zeros(16), torch.eye(16)[None].clone(), None, None, True, 0.1, 5, 1e-5,
+                        "zca")
 
 
 def test_batch_whitening_computes_its_products_in_ieee_float32_whatever_the_users_setting():

@@ -757,3 +757,21 @@ def test_a_cells_folder_holding_the_users_run_files_is_refused_before_the_study_
         "them (no recorded config.yaml or results.json, no checkpoint), so the cell cannot train there; nothing was "
         "written. Move them out of the cell's folder, or give the study another --out.")
     assert sorted(p.name for p in mine.iterdir()) == ["log.txt", "results.md"]
+
+
+# --list --report-only --report-to DIR listed the cells with exit status 0 and wrote no report, without a word
+def test_list_with_report_flags_is_refused_naming_them(capsys, tmp_path):
+    def refusal(*arguments: str) -> str:
+        with pytest.raises(SystemExit) as stopped:
+            study_main(["--out", str(tmp_path / "out"), "--list", "--study", "paper", *arguments], repo_root=REPO)
+        assert stopped.value.code == 2
+        return capsys.readouterr().err.strip().splitlines()[0].removeprefix("compare_norms.py: error: ")
+
+    report = tmp_path / "report"
+    assert refusal("--report-only", "--report-to", str(report)) == (
+        f"--list only lists the cells and writes no report, so --report-only, --report-to {report} would be ignored: "
+        "run --list alone to see the cells, and the same command without --list to write the report; nothing was "
+        "written.")
+    assert not report.exists() and not (tmp_path / "out").exists()
+    exported = refusal("--records", str(tmp_path / "rec"), "--export-records", str(tmp_path / "exp"))
+    assert exported.startswith(f"--list only lists the cells and writes no report, so --export-records {tmp_path / 'exp'} ")

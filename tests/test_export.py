@@ -1150,3 +1150,46 @@ def test_a_dynamo_onnx_export_is_one_file_holding_its_weights(tmp_path):
     if importlib.util.find_spec("onnxruntime") is not None:
         with torch.no_grad():
             assert max_abs_difference((layer(x),), run_onnx(path, [x])) <= TOLERANCE
+
+
+def test_load_export_refuses_a_device_argument_of_the_other_format_or_one_it_cannot_honour(tmp_path):
+    # before: map_location of an ONNX file and providers of a TorchScript file were ignored (a CPU model,
+    # no word), and providers as a string reached onnxruntime as its letters ("Unknown Provider Type: C")
+    import onnxruntime
+
+    from gwdet.export import load_export
+
+    _, x, path = exported_gw_layer(tmp_path)
+    with pytest.raises(TypeError, match=r"^providers takes a list of onnxruntime execution providers, not "
+                                        r"'CPUExecutionProvider': give e.g. providers=\['CPUExecutionProvider'\] "):
+        load_export(str(path), providers="CPUExecutionProvider")
+    session = load_export(str(path), map_location="cpu")
+    assert session.get_providers() == ["CPUExecutionProvider"]
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        for give in ({"map_location": "cuda"}, {"providers": ["CUDAExecutionProvider"]}):
+            with pytest.raises(ValueError, match=r"CUDAExecutionProvider.*which this onnxruntime lacks \(it has \["):
+                load_export(str(path), **give)
+    with pytest.raises(ValueError, match=r"^map_location='meta' has no ONNX form: .*layer.onnx runs in onnxruntime"):
+        load_export(str(path), map_location="meta")
+    with pytest.raises(ValueError, match=r"^load_export got both map_location='cpu' and providers="):
+        load_export(str(path), map_location="cpu", providers=["CPUExecutionProvider"])
+    traced = tmp_path / "traced.ts"
+    torch.jit.save(torch.jit.trace(torch.nn.Linear(2, 2), torch.zeros(1, 2)), str(traced))
+    with pytest.warns(UserWarning, match="has no checksum record"), \
+            pytest.raises(ValueError, match=r"^providers=\['CUDAExecutionProvider'\] are onnxruntime's execution "
+                                            r"providers, which .*traced.ts \(a TorchScript export\) does not use: give "
+                                            r"its device as map_location, e.g. map_location='cuda'"):
+        load_export(str(traced), providers=["CUDAExecutionProvider"])
+
+
+def test_run_onnx_copies_a_flipped_numpy_image_and_refuses_a_dict_by_name(tmp_path):
+    # before: a numpy view of negative strides ended in torch's "At least one stride ... is negative", and a
+    # dict in torch's "new(): invalid data type 'str'"
+    module, x, path = exported_gw_layer(tmp_path)
+    flipped = x.numpy()[:, :, ::-1]
+    with torch.no_grad():
+        expected = module(x.flip(2))
+    assert max_abs_difference([expected], run_onnx(str(path), [flipped])) <= TOLERANCE
+    with pytest.raises(TypeError, match=r"^run_onnx takes a list of the export's inputs in their order, e.g. \[image\], "
+                                        r"not a dict \(keys \['image'\]\): give run_onnx\(path, \[image\]\)"):
+        run_onnx(str(path), {"image": x})

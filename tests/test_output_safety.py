@@ -1780,3 +1780,18 @@ def test_a_registered_norms_value_no_checkpoint_can_record_is_refused_at_save(tm
                                          r"__repr__ that shows the values that make it what it is.$"):
         ResilientCheckpointer(model, str(tmp_path)).save("opaque")
     assert not (tmp_path / "opaque.pth").exists()
+
+
+# last_checkpoint holding ./model_0000001.pth: "names ./model_0000001.pth, which is not in ..." and the newest other
+# checkpoint resumed instead of the one named
+def test_a_last_checkpoint_naming_its_file_with_a_dot_folder_is_the_file_it_names(tmp_path, caplog):
+    model = torch.nn.Linear(2, 2)
+    saver = ResilientCheckpointer(model, str(tmp_path), optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    saver.resume_or_load("", resume=False)
+    saver.save("model_0000001", iteration=1)
+    saver.save("model_final", iteration=4)
+    (tmp_path / "last_checkpoint").write_text("./model_0000001.pth\n")
+    resumed = ResilientCheckpointer(model, str(tmp_path), optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    with caplog.at_level(logging.WARNING):
+        assert resumed.resume_or_load("", resume=True)["iteration"] == 1
+    assert "is not in" not in caplog.text

@@ -339,13 +339,15 @@ FILE_URL = "file://"
 
 
 def tagged_name(save_dir: str) -> str:
-    """The file name ``save_dir/last_checkpoint`` holds, stripped (not checked; an absolute path of a
-    file in ``save_dir`` as its name there); ``OSError`` when it cannot be read, ``UnicodeDecodeError``
-    when it is not text."""
+    """The file name ``save_dir/last_checkpoint`` holds, stripped (not checked; a path of a file in
+    ``save_dir``, absolute or relative to it as ``./model_0000001.pth``, as its name there); ``OSError``
+    when it cannot be read, ``UnicodeDecodeError`` when it is not text."""
     with open(os.path.join(save_dir, LAST_CHECKPOINT), "rb") as f:
         name = f.read(4096).decode("utf-8").strip()
     if os.path.isabs(name) and os.path.realpath(os.path.dirname(name)) == os.path.realpath(save_dir):
         return os.path.basename(name)
+    if name and not os.path.isabs(name) and os.path.dirname(os.path.normpath(name)) == "":
+        return os.path.normpath(name)  # ./model_0000001.pth: detectron2 joins it to the folder
     return name
 
 

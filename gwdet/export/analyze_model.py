@@ -7,17 +7,19 @@
 ``--tasks flop`` prints fvcore's per-module table (``--max-depth``), the flops per operator and the
 share of gwdet's layers in each component of an R-CNN (a markdown table). Inputs are the first
 ``-n`` images of ``DATASETS.TEST[0]``, or with ``--input-size H W`` one random image of that size.
+``--tasks structure`` prints the model, down to ``--max-depth`` levels when that is given.
 Head flops depend on the number of proposals and detections. A LazyConfig (``.py``, ``key=value``
 overrides) gives its model with ``train.init_checkpoint`` and the first ``-n`` batches of ``dataloader.test``.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import logging
 import statistics
 from collections import Counter
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
 import torch
 
@@ -39,6 +41,10 @@ RCNN_COMPONENTS = {
 }
 
 
+# fvcore's and detectron2's tables go this deep when --max-depth is not given.
+TABLE_DEPTH = 3
+
+
 def argument_parser() -> argparse.ArgumentParser:
     from gwdet.export.export_model import add_opts, config_parser
 
@@ -48,8 +54,9 @@ def argument_parser() -> argparse.ArgumentParser:
                         help="test images to average flops over")
     parser.add_argument("--input-size", type=input_side, nargs=2, metavar=("H", "W"), default=None,
                         help="count on one random image of this size instead of the test set")
-    parser.add_argument("--max-depth", type=at_least(1, "the table depth"), default=3,
-                        help="depth of the per-module table")
+    parser.add_argument("--max-depth", type=at_least(1, "the table depth"), default=None,
+                        help=f"depth of the per-module tables (default {TABLE_DEPTH}) and, when given, of the "
+                             "structure (default: every level); deeper modules are folded into their parent")
     return add_opts(parser)
 
 
@@ -144,6 +151,45 @@ def do_flop(model, batches, max_depth: int) -> Dict:
     return {"total": mean, "rows": rows}
 
 
+class _ModelLogFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Model:\n")
+
+
+@contextlib.contextmanager
+def model_log_left_out() -> Iterator[None]:
+    """Leave out the whole model that building it logs (detectron2's ``Model:`` message): this tool
+    prints the structure with ``--tasks structure``, down to ``--max-depth`` when given."""
+    loggers = [logging.getLogger("detectron2"), logging.getLogger("detectron2.engine.defaults")]
+    left_out = _ModelLogFilter()
+    for each in loggers:
+        each.addFilter(left_out)
+    try:
+        yield
+    finally:
+        for each in loggers:
+            each.removeFilter(left_out)
+
+
+def structure_text(module: torch.nn.Module, max_depth: Optional[int], depth: int = 0) -> str:
+    """``str(module)`` down to ``max_depth`` levels (the model is level 0, as in fvcore's tables): a
+    module at that level with modules inside is one line, its own settings and the count of the
+    modules it holds; every level when ``max_depth`` is None."""
+    children = list(module.named_children())
+    if not children or max_depth is None:
+        return repr(module)
+    if depth >= max_depth:
+        inside = sum(1 for _ in module.modules()) - 1
+        extra = " ".join(module.extra_repr().split())
+        return (f"{module._get_name()}({extra + ', ' if extra else ''}"
+                f"... {inside} module{'s' if inside != 1 else ''} inside)")
+    lines = [f"{module._get_name()}("]
+    lines += ["  " + line for line in module.extra_repr().splitlines()]
+    for name, child in children:
+        lines.append(f"  ({name}): " + structure_text(child, max_depth, depth + 1).replace("\n", "\n  "))
+    return "\n".join(lines) + "\n)"
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``tools/analyze_model.py``: the exit status. An error gwdet raises on purpose ends it with
     ``<tool>: error: <message>`` and status 2; ``--verbose`` shows tracebacks
@@ -169,6 +215,7 @@ def _analyze(argv: Sequence[str]) -> int:
         raise GwdetValueError(f"{' and '.join(unread)} choose(s) the images --tasks flop counts on, and --tasks "
                               f"{' '.join(args.tasks)} runs the model on no image: add flop to --tasks, or leave "
                               f"{' and '.join(flag.split()[0] for flag in unread)} out.")
+    table_depth = TABLE_DEPTH if args.max_depth is None else args.max_depth
     setup_logger(name="fvcore")
     setup_logger(name="detectron2")
     run = load_run_config(args.config_file, args.opts, tool=True)
@@ -188,16 +235,16 @@ def _analyze(argv: Sequence[str]) -> int:
                     "hold no values: set the device to cpu (MODEL.DEVICE cpu, or train.device=cpu); --tasks parameter "
                     "and structure work on meta.")
     random_weights = as_override(run.weights_setting, '""')
-    with compiled_layers_named(run.cfg):
+    with compiled_layers_named(run.cfg), model_log_left_out():
         model = run.build_trained_model(
             loads_weights="flop" in args.tasks, meta_refusal=meta_refusal if "flop" in args.tasks else None,
             incomplete_outcome=(f"the flops it counts would be those of a partly random model (the heads' follow its "
                                 f"detections); set {random_weights} to count a model of random weights on purpose"))
     if "flop" in args.tasks:
         with torch.no_grad():
-            do_flop(model, model_inputs(run, args.num_inputs, args.input_size), args.max_depth)
+            do_flop(model, model_inputs(run, args.num_inputs, args.input_size), table_depth)
     if "parameter" in args.tasks:
-        print("Parameters:\n" + parameter_count_table(model, max_depth=args.max_depth))
+        print("Parameters:\n" + parameter_count_table(model, max_depth=table_depth))
     if "structure" in args.tasks:
-        print("Model structure:\n" + str(model))
+        print("Model structure:\n" + structure_text(model, args.max_depth))
     return 0

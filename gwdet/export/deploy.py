@@ -21,8 +21,10 @@ import os
 import re
 import warnings
 import zipfile
+from collections.abc import Mapping
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 from detectron2.export import TracingAdapter
 from detectron2.export.flatten import InstancesSchema, ListSchema, Schema
@@ -393,7 +395,12 @@ def _named_format(path: str) -> str:
 def load_export(path: str | os.PathLike, map_location: Any = None, providers: Optional[Sequence[str]] = None) -> Any:
     """An export, loaded once it matches the SHA-256 recorded beside it (:func:`verify_export`): a
     TorchScript file (``model.ts``) as ``torch.jit.load(path, map_location)`` gives it, an ONNX file
-    (``.onnx``) as an onnxruntime ``InferenceSession`` (``providers``, by default the CPU).
+    (``.onnx``) as an onnxruntime ``InferenceSession`` (``providers``, a list, by default the CPU).
+
+    Each format takes its own device argument: ``providers`` is onnxruntime's and is refused for
+    TorchScript; ``map_location`` of an ONNX file is ``'cpu'`` (``CPUExecutionProvider``) or
+    ``'cuda[:N]'`` (``CUDAExecutionProvider`` on GPU N), refused when onnxruntime lacks that provider
+    or together with ``providers``. A provider this onnxruntime lacks is refused, not replaced.
 
     A damaged file raises :class:`DamagedExportError` naming it and the fix, also one without a
     record that cannot be read as TorchScript or ONNX; a file without a record loads with a warning.
@@ -402,6 +409,9 @@ def load_export(path: str | os.PathLike, map_location: Any = None, providers: Op
     if not isinstance(path, (str, os.PathLike)):
         raise GwdetTypeError(f"load_export takes the path of an export (a str or pathlib.Path), not {path!r}.")
     path = os.fspath(path)
+    if providers is not None and (isinstance(providers, (str, bytes)) or not isinstance(providers, (list, tuple))):
+        raise GwdetTypeError(f"providers takes a list of onnxruntime execution providers, not {providers!r}: give "
+                             "e.g. providers=['CPUExecutionProvider'] (a list, even for one).")
     if path.endswith(CHECKSUM_SUFFIX):
         raise GwdetValueError(f"{path} is the checksum record of an export, not the export: pass "
                               f"{path[:-len(CHECKSUM_SUFFIX)]}.")
@@ -409,7 +419,17 @@ def load_export(path: str | os.PathLike, map_location: Any = None, providers: Op
         warnings.warn(f"{path} has no checksum record ({os.path.basename(checksum_path(path))} beside it), so "
                       "it is loaded unchecked; gwdet's exports record one when they are written.", stacklevel=2)
     if _named_format(path) == "onnx":
+        if map_location is not None:
+            if providers is not None:
+                raise GwdetValueError(f"load_export got both map_location={map_location!r} and providers={providers!r} "
+                                      f"for the ONNX file {path}: give one of them (map_location='cpu' or 'cuda[:N]', "
+                                      "or onnxruntime's providers list).")
+            providers = _providers_for_device(map_location, path)
         return _onnx_session(path, providers)
+    if providers is not None:
+        raise GwdetValueError(f"providers={providers!r} are onnxruntime's execution providers, which {path} (a "
+                              "TorchScript export) does not use: give its device as map_location, e.g. "
+                              "map_location='cuda', or load the model.onnx of an ONNX export with providers.")
     if isinstance(map_location, (str, torch.device)):  # a device this machine lacks is no damaged file
         if str(map_location).split(":")[0] == "meta":
             raise GwdetValueError("map_location='meta' gives tensors without values, which a TorchScript model "
@@ -425,9 +445,39 @@ def load_export(path: str | os.PathLike, map_location: Any = None, providers: Op
         raise DamagedExportError(f"{path} cannot be read as TorchScript ({reason}). {REEXPORT}", path) from None
 
 
-def _onnx_session(path: str, providers: Optional[Sequence[str]] = None) -> Any:
+def _providers_for_device(map_location: Any, path: str) -> List[Any]:
+    """onnxruntime's providers for a ``map_location`` of ``'cpu'`` or ``'cuda[:N]'`` (a str or a
+    ``torch.device``); another device or form is refused."""
     import onnxruntime
 
+    device = None
+    if isinstance(map_location, (str, torch.device)):
+        try:
+            device = torch.device(map_location)
+        except RuntimeError:
+            pass
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise GwdetValueError(f"map_location={map_location!r} has no ONNX form: {path} runs in onnxruntime, on "
+                              "map_location='cpu' or 'cuda[:N]' (or providers=[...], onnxruntime's list).")
+    if device.type == "cpu":
+        return ["CPUExecutionProvider"]
+    available = onnxruntime.get_available_providers()
+    if "CUDAExecutionProvider" not in available:
+        raise GwdetValueError(f"map_location={map_location!r} runs {path} on onnxruntime's CUDAExecutionProvider, "
+                              f"which this onnxruntime lacks (it has {available}): install onnxruntime-gpu, or "
+                              "load it with map_location='cpu'.")
+    return [("CUDAExecutionProvider", {"device_id": device.index or 0})]
+
+
+def _onnx_session(path: str, providers: Optional[Sequence[Any]] = None) -> Any:
+    import onnxruntime
+
+    available = onnxruntime.get_available_providers()
+    for provider in providers or []:
+        name = provider[0] if isinstance(provider, tuple) and provider else provider
+        if name not in available:  # onnxruntime would fall back to the CPU
+            raise GwdetValueError(f"providers names {name!r}, which this onnxruntime lacks (it has {available}): give "
+                                  "providers from that list (onnxruntime-gpu brings CUDAExecutionProvider).")
     options = onnxruntime.SessionOptions()
     # errors only: onnxruntime warns when its buffer reuse meets the data-dependent shapes of an
     # R-CNN (detections), which does not change the results
@@ -447,11 +497,17 @@ ONNX_TYPE_NAMES = {"float32": "float", "float64": "double", "float16": "float16"
 
 def run_onnx(path: str, inputs: Sequence[Any]) -> List[Any]:
     """Outputs (numpy arrays) of the ONNX file at ``path`` in onnxruntime on the CPU; a file that
-    differs from its recorded SHA-256 is refused (:func:`verify_export`)."""
+    differs from its recorded SHA-256 is refused (:func:`verify_export`). ``inputs`` is a list of
+    tensors or numpy arrays (a flipped view, of negative strides, is copied), in the export's order;
+    a dict (``session.run``'s form) is refused."""
     if isinstance(inputs, torch.Tensor) or hasattr(inputs, "__array_interface__"):  # a tensor, a numpy array
         raise GwdetValueError(f"run_onnx takes a list of the export's inputs, e.g. [image], not one "
                               f"{type(inputs).__name__} of shape {list(torch.as_tensor(inputs).shape)}: put the image "
                               "in a list.")
+    if isinstance(inputs, Mapping):  # onnxruntime's session.run form
+        raise GwdetTypeError(f"run_onnx takes a list of the export's inputs in their order, e.g. [image], not a dict "
+                             f"(keys {list(inputs)!r}): give run_onnx(path, [image]); a dict of input names goes to "
+                             "session.run(None, feeds) of gwdet.export.load_export(path).")
     verify_export(path)
     if _content_format(path) == "torchscript":  # by content: the export tool checks its file under a temporary name
         raise GwdetValueError(f"{path} is a TorchScript export, not ONNX: run it with gwdet.export.load_export(path), "
@@ -465,7 +521,10 @@ def run_onnx(path: str, inputs: Sequence[Any]) -> List[Any]:
             "image, run_onnx(path, [image]). Extra inputs would be left out.")
     feeds = {}
     for index, (entry, given) in enumerate(zip(entries, inputs, strict=False)):
-        array = torch.as_tensor(given).detach().cpu().numpy()  # a tensor or a numpy array
+        if isinstance(given, np.ndarray):  # a flipped view (image[..., ::-1]) has negative strides
+            array = np.ascontiguousarray(given)
+        else:
+            array = torch.as_tensor(given).detach().cpu().numpy()  # a tensor
         dtype = f"tensor({ONNX_TYPE_NAMES.get(array.dtype.name, array.dtype.name)})"
         fixed = [size if isinstance(size, int) else None for size in entry.shape]
         if dtype != entry.type or len(fixed) != array.ndim or any(

@@ -86,7 +86,10 @@ def _check_arguments(x: Tensor, running_mean: Tensor, running_whitening: Tensor,
                               f"shape [{channels} / k, k, k], got {shape}")
     if training:
         check_running_without_grad(owner, {"running_mean": running_mean, "running_whitening": running_whitening})
-        check_values_per_group(owner, x.numel() // channels, "channel of the batch")
+        samples = x.numel() // channels
+        check_values_per_group(owner, samples, "channel of the batch")
+        if 0 < samples <= running_whitening.shape[1]:  # as the layer warns
+            _warn_singular_covariance(samples, running_whitening.shape[1], eps, owner)
 
 
 def _batch_whitening(x: Tensor, running_mean: Tensor, running_whitening: Tensor, weight: Optional[Tensor],
@@ -248,11 +251,11 @@ class BatchWhitening(SettingsInState):
             samples = x.numel() // self.num_channels
             check_values_per_group("BatchWhitening", samples, "channel of the batch")
             if 0 < samples <= self.effective_group_size and not torch.jit.is_scripting():  # an empty batch: nothing
-                _warn_singular_covariance(samples, self.effective_group_size, self.eps)
+                _warn_singular_covariance(samples, self.effective_group_size, self.eps, "BatchWhitening")
 
 
 @torch.jit.unused
-def _warn_singular_covariance(samples: int, group_size: int, eps: float) -> None:
+def _warn_singular_covariance(samples: int, group_size: int, eps: float, owner: str) -> None:
     """Warn (once per message, Python's default) of a training batch of ``samples`` observations
     (``m = N * H * W``) per group of ``group_size`` channels, ``m <= k``: the centred covariance
     (Eq. 3) has rank at most ``m - 1 < k``, so the whitening matrix takes ``eps^{-1/2}`` (ZCA) along
@@ -262,7 +265,7 @@ def _warn_singular_covariance(samples: int, group_size: int, eps: float) -> None
     if torch.compiler.is_compiling():
         return
     warnings.warn(
-        f"BatchWhitening: {samples} samples (N x H x W) per group of {group_size} channels in training: the group "
+        f"{owner}: {samples} samples (N x H x W) per group of {group_size} channels in training: the group "
         f"covariance has rank at most {samples - 1}, so the running whitening matrix keeps up to eps^-1/2 = "
         f"{eps ** -0.5:.3g} along the {group_size - samples + 1} missing directions, and evaluation amplifies them. "
         f"Train with more than {group_size} samples per batch, or a group_size below {samples}.",

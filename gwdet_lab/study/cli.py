@@ -241,6 +241,16 @@ def _run_study(argv: list[str], repo_root: Path) -> int:
         parser.error("--example-weights chooses among weights that --no-example-weighing skips: give one of them.")
     if not all(0.0 <= w <= 1.0 for w in chosen_weights(args)):
         parser.error(f"--example-weights must lie in [0, 1], got {args.example_weights}")
+    if args.list:
+        report_flags = [flag for flag, given in (("--report-only", args.report_only),
+                                                 (f"--report-to {args.report_to}", args.report_to is not None),
+                                                 (f"--export-records {args.export_records}",
+                                                  args.export_records is not None)) if given]
+        if report_flags:
+            raise GwdetValueError(
+                f"--list only lists the cells and writes no report, so {', '.join(report_flags)} would be ignored: "
+                "run --list alone to see the cells, and the same command without --list to write the report; "
+                "nothing was written.")
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
     if isinstance(args.threads, int) and args.threads < 0:
