@@ -160,6 +160,17 @@ def test_a_rendezvous_timeout_that_cannot_be_waited_is_refused(value, capsys):
     assert parse_args(["--config-file", str(DEMO_CONFIG), "--rendezvous-timeout", "0.5"]).rendezvous_timeout == 0.5
 
 
+# check_training_values(cfg, 0) raised a bare ZeroDivisionError, (cfg, "2") a TypeError
+@pytest.mark.parametrize("world_size", [0, "2", 1.5, True])
+def test_check_training_values_names_a_world_size_that_is_no_process_count(world_size):
+    from gwdet.engine.trainer import check_training_values
+    from gwdet.model_zoo import build_config
+
+    with pytest.raises(GwdetValueError, match=r"^check_training_values\(cfg, world_size\): world_size is the number of "
+                                              rf"training processes, a whole number >= 1 .*got {re.escape(repr(world_size))}$"):
+        check_training_values(build_config(str(DEMO_CONFIG)), world_size)
+
+
 @pytest.mark.parametrize("opts, message", [
     (["MODEL.BACKBONE.FREEZE_AT", "2", "MODEL.WEIGHTS", ""], "MODEL.BACKBONE.FREEZE_AT is 2, which keeps the first 2 "
                                                               "stage(s) of the backbone"),

@@ -588,20 +588,25 @@ def test_a_file_holding_no_dict_is_refused(tmp_path):
         "dict under 'state_dict' or 'model'.")
 
 
-@pytest.mark.parametrize("content, keys", [
-    ({}, "[]"),
-    ({0: torch.ones(1)}, "[0]"),
-    ({"state_dict": {}, "model": {}}, "['state_dict', 'model']"),
+# an integer key among tensors was refused as "neither are all its values tensors", which they were
+@pytest.mark.parametrize("content, keys, odd", [
+    ({}, "[]", "no entries"),
+    ({0: torch.ones(1)}, "['0']", "entries whose keys are not parameter names (0)"),
+    ({"conv1.weight": torch.ones(1), 0: torch.zeros(1)}, "['conv1.weight', '0']",
+     "entries whose keys are not parameter names (0)"),
+    ({"state_dict": {}, "model": {}}, "['state_dict', 'model']", "entries that are not tensors ('state_dict', 'model')"),
     ({f"tensor{i}": torch.ones(1) for i in range(9)} | {"epoch": 90},
-     "['tensor0', 'tensor1', 'tensor2', 'tensor3', 'tensor4', 'tensor5', 'tensor6', 'tensor7', ... (2 more)]"),
-], ids=["empty", "int-keys", "empty-entries", "nine-tensors-and-an-epoch"])
-def test_a_dict_without_a_state_dict_is_refused_naming_its_keys(tmp_path, content, keys):
+     "['tensor0', 'tensor1', 'tensor2', 'tensor3', 'tensor4', 'tensor5', 'tensor6', 'tensor7', ... (2 more)]",
+     "entries that are not tensors ('epoch')"),
+], ids=["empty", "int-keys", "tensors-and-an-int-key", "empty-entries", "nine-tensors-and-an-epoch"])
+def test_a_dict_without_a_state_dict_is_refused_naming_its_keys(tmp_path, content, keys, odd):
     path = saved(tmp_path, content)
     with pytest.raises(ConversionError) as error:
         read_source_state_dict(path)
     assert str(error.value) == (
-        f"{path}: no state dict found. The file holds a dict with keys {keys}; neither are all its values "
-        "tensors, nor does it have a 'state_dict' or 'model' entry that is a dict of tensors.")
+        f"{path}: no state dict found. The file holds a dict with keys {keys}, with {odd}, so it is no state dict "
+        "(parameter names to tensors), nor does it have a 'state_dict' or 'model' entry that is one. Save the "
+        "network's state_dict() alone (without the extra entries) and convert that file.")
 
 
 def test_data_parallel_prefixes_are_removed_as_often_as_every_key_has_them(tmp_path):

@@ -153,10 +153,16 @@ def _unwrap_state_dict(path: str, loaded: Any) -> tuple[dict[str, torch.Tensor],
             f"torch.save(torch.load({path!r})[{first!r}], 'weights.pth'), and convert that file.")
     if found:
         return next(iter(found.values()))
+    unnamed = [repr(key) for key in loaded if not isinstance(key, str)]
+    untensored = [repr(key) for key, value in loaded.items() if not isinstance(value, torch.Tensor)]
+    what = ("no entries" if not loaded else
+            f"entries whose keys are not parameter names ({listed(unnamed, 3)})" if unnamed else
+            f"entries that are not tensors ({listed(untensored, 3)})")
     raise ConversionError(
         f"{path}: no state dict found. The file holds a dict with keys "
-        f"{preview_names(list(loaded))}; neither are all its values tensors, nor does it have a "
-        "'state_dict' or 'model' entry that is a dict of tensors."
+        f"{preview_names([str(key) for key in loaded])}, with {what}, so it is no state dict (parameter names "
+        "to tensors), nor does it have a 'state_dict' or 'model' entry that is one. Save the network's "
+        "state_dict() alone (without the extra entries) and convert that file."
     )
 
 

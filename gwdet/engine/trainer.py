@@ -423,7 +423,11 @@ def check_training_values(cfg: CfgNode, world_size: int) -> None:
     (``TEST.PRECISE_BN.ENABLED``) with norms of batch statistics whose running statistics it does
     not recompute (it takes torch's batch norms only: BW and BGN would keep their running averages);
     frozen backbone stages whose norms of batch statistics detectron2 does not freeze (BW, BGN); and
-    torch's SyncBatchNorm in several processes off CUDA."""
+    torch's SyncBatchNorm in several processes off CUDA. ``world_size`` must be a whole number >= 1."""
+    if not is_whole_number(world_size) or world_size < 1:
+        raise GwdetValueError(f"check_training_values(cfg, world_size): world_size is the number of training "
+                              f"processes, a whole number >= 1 (detectron2.utils.comm.get_world_size()), got "
+                              f"{world_size!r}")
     if not cfg.DATASETS.TRAIN:
         raise GwdetValueError("DATASETS.TRAIN is empty: name the dataset(s) to train on, e.g. DATASETS.TRAIN "
                               "\"('shapes_train',)\" (or evaluate weights with --eval-only).")
