@@ -682,6 +682,11 @@ def test_export_refuses_random_weights_unless_asked_and_untrained_beside_weights
     assert export(capsys, tmp_path, "--untrained", "MODEL.WEIGHTS", str(weights)).split(": error: ")[1] == (
         f"--untrained exports random weights, but the config gives MODEL.WEIGHTS {weights}; "
         "nothing was written. Leave --untrained out to export those weights.")
+    # a run's config.yaml given (OUTPUT_DIR holding its model_final.pth): the fixed example output/demo/model_final.pth
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "model_final.pth").write_bytes(b"")
+    assert (f"Give the trained weights (MODEL.WEIGHTS {tmp_path / 'run' / 'model_final.pth'}), or pass --untrained"
+            in export(capsys, tmp_path, "OUTPUT_DIR", str(tmp_path / "run")))
 
 
 @pytest.mark.parametrize("architecture", [

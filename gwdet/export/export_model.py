@@ -45,7 +45,7 @@ from gwdet.export.detection_check import TOLERANCE
 from gwdet.utils.command_line import parse_with_trailing_flags, refuse_repeated_flags
 from gwdet.engine.output_dir import (check_run_detections_kept, check_weights_are_the_runs, checkpoints_in,
                                      folder_locked, lock_holder)
-from gwdet.utils.run_file_names import EVALUATOR_FILES, INFERENCE_FOLDER, LOCK_NAME
+from gwdet.utils.run_file_names import EVALUATOR_FILES, FINAL_WEIGHTS, INFERENCE_FOLDER, LOCK_NAME
 from gwdet.engine.run import RunConfig, gives_setting, load_run_config, named_full_disk, warn_of_unused_coco
 from gwdet.norms import SYNCHRONIZED_NORMS
 
@@ -543,9 +543,11 @@ def compiled_layers_named(cfg: Any, outcome: str = "") -> Iterator[None]:
 
 def check_weights_given(run: RunConfig, untrained: bool) -> None:
     """Refuse to export a model of random weights unless asked (``--untrained``), and ``--untrained``
-    beside weights the config gives."""
+    beside weights the config gives. The refusal names the final weights in the config's output
+    folder where they are (a run's own config.yaml given)."""
     if not run.weights and not untrained:
-        example = as_override(run.weights_setting, "output/demo/model_final.pth")
+        final = os.path.join(run.output_dir, FINAL_WEIGHTS)
+        example = as_override(run.weights_setting, final if os.path.isfile(final) else "output/demo/model_final.pth")
         raise GwdetValueError(f"{run.weights_setting} is empty: the export would hold a model of random weights, "
                               f"not a trained one; nothing was written. Give the trained weights ({example}), or pass "
                               "--untrained to export random weights on purpose.")
