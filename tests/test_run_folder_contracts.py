@@ -887,13 +887,22 @@ def test_drawings_of_the_model_before_a_resume_go_into_a_folder_that_says_so(tmp
     # a resume without TEST.VIS_IMAGES left vis/ showing the earlier model's drawings beside the new results
     from gwdet.engine.output_dir import set_aside_results
 
+    from PIL import Image
+    from PIL.PngImagePlugin import PngInfo
+
+    from gwdet.engine.visualize import DRAWING_KEY, DRAWING_MARK
+
     (tmp_path / "vis" / "before_resuming_at_2").mkdir(parents=True)  # an earlier resume's
-    for name in ("0_a.png", "1_b.png"):
-        (tmp_path / "vis" / name).write_bytes(b"png")
+    mark = PngInfo()
+    mark.add_text(DRAWING_KEY, DRAWING_MARK)
+    for name in ("0_a.png", "1_b.png"):  # drawings as save_prediction_pngs writes them
+        Image.new("RGB", (4, 4)).save(tmp_path / "vis" / name, format="PNG", pnginfo=mark)
+    Image.new("RGB", (4, 4)).save(tmp_path / "vis" / "my_figure.png", format="PNG")  # a picture of the user's
     (tmp_path / "vis" / "notes.txt").write_text("mine")
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         set_aside_results(str(tmp_path), 2)
-    assert sorted(os.listdir(tmp_path / "vis")) == ["before_resuming_at_2", "before_resuming_at_2_2", "notes.txt"]
+    assert sorted(os.listdir(tmp_path / "vis")) == ["before_resuming_at_2", "before_resuming_at_2_2", "my_figure.png",
+                                                    "notes.txt"]
     assert sorted(os.listdir(tmp_path / "vis" / "before_resuming_at_2_2")) == ["0_a.png", "1_b.png"]
     assert "are kept as vis/before_resuming_at_2_2/; the train tool writes" in warnings_of(caplog)[0]
     set_aside_results(str(tmp_path), 3)  # nothing left to move: no folder

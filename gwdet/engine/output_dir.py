@@ -1161,12 +1161,13 @@ def _free_path(folder: str, stem: str, extension: str = "") -> str:
 
 
 def _set_aside_drawings(output_dir: str, start_iter: int) -> list[str]:
-    """Move the drawings ``vis/*.png`` of a run resumed at ``start_iter`` (of its earlier model) into
+    """Move the prediction drawings in ``vis/`` (:func:`gwdet.engine.visualize.is_prediction_drawing`;
+    pictures of the user's stay) of a run resumed at ``start_iter`` (of its earlier model) into
     ``vis/before_resuming_at_<start_iter>[_<n>]/``, so that ``vis/`` shows no drawing of another model
     than the run's results; the folder moved into, relative to ``output_dir``, or nothing to move."""
     folder = os.path.join(output_dir, VIS_FOLDER)
-    drawings = sorted(name for name in os.listdir(folder) if name.endswith(".png")
-                      and os.path.isfile(os.path.join(folder, name))) if os.path.isdir(folder) else []
+    drawings = sorted(name for name in os.listdir(folder)
+                      if is_prediction_drawing(os.path.join(folder, name))) if os.path.isdir(folder) else []
     if not drawings:
         return []
     target = _free_path(folder, SET_ASIDE_INFIX.lstrip("_") + str(start_iter))

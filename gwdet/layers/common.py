@@ -140,7 +140,8 @@ def check_scripted_settings(owner: str, num_channels: int, groups: Dict[str, Lis
     for name, count in counts.items():
         if count < 1:
             raise GwdetValueError(f"{owner}: {name} must be an integer >= 1, got {count}; {fix}")
-    smallest, largest_finite = 1.1754943508222875e-38, 3.4028234663852886e38  # FLOAT32_SMALLEST_NORMAL, _LARGEST
+    # FLOAT32_SMALLEST_NORMAL and FLOAT32_LARGEST, which TorchScript cannot read as globals
+    smallest, largest_finite = 1.1754943508222875e-38, 3.4028234663852886e38
     for name, number in positive.items():
         if not (smallest <= number <= largest_finite):
             raise GwdetValueError(f"{owner}: {name} must be a number from 1.1754944e-38 to 3.4e+38, got {number}; "
@@ -152,12 +153,7 @@ def check_scripted_settings(owner: str, num_channels: int, groups: Dict[str, Lis
         raise GwdetValueError(f"{owner}: method must be 'itn' or 'zca', got '{method}'; {fix}")
     for name, requested_used in groups.items():
         requested, used = requested_used[0], requested_used[1]
-        largest = used
-        if requested >= 1:
-            largest = min(num_channels, requested)
-            while num_channels % largest != 0:
-                largest -= 1
-        if requested < 1 or largest != used:
+        if requested < 1 or divisor_at_most(num_channels, requested) != used:
             raise GwdetValueError(
                 f"{owner}: {name}={requested} does not give the {used} the layer was built with (its group layout "
                 f"and buffers are fixed when it is built); {fix}")
@@ -279,6 +275,12 @@ def largest_divisor_at_most(total: int, limit: int) -> int:
     if not whole or total < 1 or limit < 1:
         raise GwdetValueError(f"largest_divisor_at_most: total and limit must be integers >= 1, got {total!r} "
                               f"({type(total).__name__}) and {limit!r} ({type(limit).__name__})")
+    return divisor_at_most(total, limit)
+
+
+def divisor_at_most(total: int, limit: int) -> int:
+    """:func:`largest_divisor_at_most` of checked integers ``>= 1`` (TorchScript compiles it: the
+    scripted layers' own check of their group counts runs it)."""
     candidate = min(total, limit)
     while total % candidate != 0:
         candidate -= 1

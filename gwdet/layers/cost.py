@@ -26,7 +26,8 @@ weighing ``alpha > 0``), ``2`` (``1``) per value when it only applies running st
 import math
 from typing import Sequence
 
-from .common import check_choice, check_flag, check_int_at_least, is_whole_number, largest_divisor_at_most
+from .common import check_flag, check_int_at_least, is_whole_number, largest_divisor_at_most
+from .whitening_matrix import check_whitening_method
 
 from gwdet.errors import GwdetValueError
 
@@ -53,7 +54,7 @@ def _check_whitening(owner: str, T: int, method: str) -> None:
     """``T`` and ``method`` checked as the whitening layers check theirs (``T`` whatever the method,
     as the layers do)."""
     check_int_at_least(owner, "T", T, 1)
-    check_choice(owner, "method", method, ["itn", "zca"])
+    check_whitening_method(owner, method)
 
 
 def whitening_matrix_macs(size: int, T: int, method: str) -> int:
