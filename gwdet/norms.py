@@ -32,7 +32,7 @@ import multiprocessing
 from collections import defaultdict
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -41,7 +41,7 @@ from detectron2.config import CfgNode, get_cfg
 from detectron2.layers import get_norm as detectron2_get_norm
 from detectron2.utils.logger import log_first_n
 
-from gwdet.errors import GwdetError, GwdetKeyError, GwdetTypeError, GwdetValueError, listed
+from gwdet.errors import GwdetAttributeError, GwdetError, GwdetKeyError, GwdetTypeError, GwdetValueError, listed
 from gwdet.config import CONFIG_KEYS, config_default, config_value, flatten_config, require_gwdet_config
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening, largest_divisor_at_most
 from gwdet.layers.common import check_flag, check_int_at_least
@@ -667,22 +667,86 @@ _WEIGHTED_LAYERS = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.
                     torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d, torch.nn.Linear)
 
 
-def _check_kind_of_default(name: str, param: str, value: Any, default: Any) -> None:
-    """Refuse a string given for ``param`` of a registered norm whose build takes a number there (its
-    ``default``): the layer would fail at its first forward inside the user's own code, or compute
-    with the text. Where the default is a bool, refuse anything but a bool (numpy's included), as
-    the built-in names' flags do: ``'no'`` or ``0`` would be read as a truth value without a word."""
+def _plain(value: Any) -> Any:
+    """``value`` with numpy's scalars as Python's own (a ``np.int64`` as an ``int``, a ``np.float32``
+    as a ``float``, a ``np.bool_`` as a ``bool``, a ``np.str_`` as a ``str``), in lists and tuples
+    too: a Norm keeps the values a saved config writes as plain YAML and compares as Python's."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(map(_plain, value)) if type(value) in (list, tuple) else value
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    if isinstance(value, np.str_):
+        return str(value)
+    return value
+
+
+def _check_kind_of_default(name: str, param: str, value: Any, default: Any, source: str = "") -> None:
+    """Refuse a value given for ``param`` of a registered norm that is of another kind than its
+    ``default``: a string where the build takes a number, a bool or a float where it takes an
+    integer, a bool where it takes a float: the layer would fail at its first forward inside the
+    user's own code, or compute with a truth value. Where the default is a bool, refuse anything but
+    a bool (numpy's included), as the built-in names' flags do: ``'no'`` or ``0`` would be read as a
+    truth value without a word. ``source``: where the value came from, said after it (a config key)."""
+    given = f"gwdet.norm({name!r}): {param}={value!r}{source}"
     if isinstance(default, bool):
         if not isinstance(value, (bool, np.bool_)):
             raise GwdetValueError(
-                f"gwdet.norm({name!r}): {param}={value!r} is not True or False, and the norm's build takes a flag "
+                f"{given} is not True or False, and the norm's build takes a flag "
                 f"there (its default is {default!r}), which would take {value!r} as a truth value whatever it "
                 f"says: give {param}=True or {param}=False (true or false in a LazyConfig override).")
         return
     number = isinstance(default, (int, float))
     if number and isinstance(value, str):
-        raise GwdetTypeError(f"gwdet.norm({name!r}): {param}={value!r} is a string, and the norm's build takes a "
+        raise GwdetTypeError(f"{given} is a string, and the norm's build takes a "
                              f"number there (its default is {default!r}): give {param} as a number.")
+    if number and isinstance(value, (bool, np.bool_)):
+        kind = "an integer" if isinstance(default, int) else "a float"
+        raise GwdetTypeError(
+            f"{given} is a bool, and the norm's build takes {kind} there (its default is {default!r}), where "
+            f"{value!r} would count as {int(value)}: give {param} as {kind} (e.g. {param}={default!r}).")
+    if isinstance(default, int) and isinstance(value, float):
+        instead = f"{int(value)} rather than {value!r}" if value.is_integer() else f"{param}={default!r}"
+        raise GwdetTypeError(
+            f"{given} is a float, and the norm's build takes an integer there (its default is {default!r}), which "
+            f"the layer would fail on or round: give {param} as an integer (e.g. {instead}).")
+
+
+class NormParams(Mapping):
+    """The read-only ``{setting: value}`` of a :class:`Norm` (its ``params``): a mapping that compares
+    equal to a dict of the same items and refuses item assignment and deletion."""
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        self._values = dict(values)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        raise GwdetTypeError(
+            f"A norm's params {self!r} are read-only: {key}={value!r} cannot be set in them, as the norm's values were "
+            "checked together when it was made. Build a new norm with the values you want, e.g. "
+            f"gwdet.norm(name, {key}=...).")
+
+    def __delitem__(self, key: str) -> None:
+        raise GwdetTypeError(
+            f"A norm's params {self!r} are read-only: {key} cannot be deleted from them. Build a new norm with the "
+            "values you want, e.g. gwdet.norm(name, ...).")
+
+    def __repr__(self) -> str:
+        return repr(self._values)
+
+    def __reduce__(self) -> tuple:
+        return NormParams, (self._values,)
 
 
 class Norm:
@@ -694,7 +758,15 @@ class Norm:
     A layer that cannot use the requested group number (it does not divide the channels; see
     :func:`group_adjustment`) is logged once per name, request and channel count, or with
     ``strict=True`` (``MODEL.STRICT_NORM_GROUPS``) refused: a group count never changes silently.
+
+    A Norm is read-only: assigning or deleting an attribute is refused, and ``params`` is a
+    read-only mapping; build a new one for other values.
     """
+
+    name: str
+    params: Mapping[str, Any]
+    strict: bool
+    read_from_config: bool
 
     def __init__(self, name: str, strict: bool = False, *, read_from_config: bool = False, **params: Any) -> None:
         """``read_from_config``: the values were read from a yacs config (:func:`norm_from_config`),
@@ -704,7 +776,7 @@ class Norm:
         accepted = kind.params()
         # None for a value the norm does not take leaves it out: a LazyConfig node switched to another
         # norm by an override keeps the earlier norm's values, which an override cannot delete
-        params = {key: value for key, value in params.items() if key in accepted or value is not None}
+        params = {key: _plain(value) for key, value in params.items() if key in accepted or value is not None}
         unknown = sorted(set(params) - set(accepted))
         if unknown:
             raise GwdetTypeError(unknown_params_message(name, accepted, unknown))
@@ -720,12 +792,36 @@ class Norm:
                     f" (given to gwdet.norm, checked as its config key {key})"
                 check("config" if read_from_config else "gwdet.norm", f"{param} of norm {name!r}{source}", value)
             elif param in params:
-                _check_kind_of_default(name, param, value, kind.default(param))
+                _check_kind_of_default(name, param, value, kind.default(param),
+                                       f" (read from {key})" if read_from_config and key is not None else "")
             values[param] = value
-        self.name = name
-        self.params = values
-        self.strict = strict
-        self.read_from_config = read_from_config
+        _set_norm_fields(self, name, NormParams(values), strict, read_from_config)
+
+    def __setattr__(self, attribute: str, value: Any) -> None:
+        """Refuse every assignment: a Norm's name and values were checked together when it was made,
+        and the layers it builds, its equality and its hash follow them."""
+        raise GwdetAttributeError(
+            f"{self!r} is read-only: its name and values were checked together when it was made, so "
+            f"{attribute}={value!r} cannot be set on it. Build a new one with the values you want, "
+            f"e.g. gwdet.norm({self.name!r}, ...).")
+
+    def __delattr__(self, attribute: str) -> None:
+        """Refuse every deletion, as :meth:`__setattr__` refuses every assignment."""
+        raise GwdetAttributeError(
+            f"{self!r} is read-only: {attribute} cannot be deleted from it. Build a new one with the values you "
+            f"want, e.g. gwdet.norm({self.name!r}, ...).")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What pickling, ``copy.deepcopy`` and ``LazyConfig.save`` (a ``!!python/object`` tag) keep of
+        a Norm: its name, its values as a plain dict and its flags."""
+        return {"name": self.name, "params": dict(self.params), "strict": self.strict,
+                "read_from_config": self.read_from_config}
+
+    def __setstate__(self, state: Mapping[str, Any]) -> None:
+        """The Norm :meth:`__getstate__` kept, set without checking the values again (they were
+        checked when it was made)."""
+        _set_norm_fields(self, state["name"], NormParams(state["params"]), state["strict"],
+                         state.get("read_from_config", False))
 
     @property
     def batch_statistics(self) -> bool:
@@ -801,6 +897,14 @@ class Norm:
     def __repr__(self) -> str:
         args = "".join(f", {key}={value!r}" for key, value in self.params.items())
         return f"Norm({self.name!r}{args}{', strict=True' if self.strict else ''})"
+
+
+def _set_norm_fields(made: Norm, name: str, params: Mapping[str, Any], strict: bool, read_from_config: bool) -> None:
+    """Set the fields of the read-only ``made`` (:meth:`Norm.__setattr__` refuses assignments)."""
+    object.__setattr__(made, "name", name)
+    object.__setattr__(made, "params", params)
+    object.__setattr__(made, "strict", strict)
+    object.__setattr__(made, "read_from_config", read_from_config)
 
 
 def norm(name: str, *positional: Any, strict: bool = False, **params: Any) -> Norm:

@@ -370,6 +370,26 @@ def test_functional_running_statistics_requiring_grad_are_refused_in_training():
                      4, 2, 1e-5, 0.1, 0.0)
 
 
+# an expanded running_mean and one on the meta device: torch's "more than one element of the written-to tensor refers
+# to a single memory location" and "Tensor on device cpu is not on the expected device meta!", naming no argument
+def test_functional_running_statistics_sharing_memory_or_on_another_device_are_named():
+    from gwdet.layers import batch_whitening
+
+    x = batch(channels=16)
+    running_var = torch.ones(16, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"batch_group_norm: running_mean is a view whose elements share memory "
+                                         r"\(stride 0, as .expand\(\) makes\).*pass running_mean.clone\(\)"):
+        batch_group_norm(x, torch.zeros(1, dtype=torch.float64).expand(16), running_var, None, None, True,
+                         4, 2, 1e-5, 0.1, 0.0)
+    with pytest.raises(ValueError, match=r"batch_whitening: running_whitening is a view whose elements share memory"):
+        batch_whitening(x, torch.zeros(16, dtype=torch.float64), torch.eye(4, dtype=torch.float64).expand(4, 4, 4),
+                        None, None, True, 0.1, 5, 1e-5, "itn")
+    with pytest.raises(ValueError, match=r"batch_group_norm: running_var is on meta, the input on cpu; move it with "
+                                         r"running_var.to\(x.device\)"):
+        batch_group_norm(x, torch.zeros(16, dtype=torch.float64), running_var.to("meta"), None, None, False,
+                         4, 2, 1e-5, 0.1, 0.0)
+
+
 # bgn.register_buffer('running_mean', None) then a training step: raw "'NoneType' object has no attribute 'lerp_'"
 def test_running_statistics_of_the_layer_cannot_be_set_to_none():
     layer = BatchGroupNorm(16, num_groups=4)

@@ -11,6 +11,7 @@ import pickle
 import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -828,3 +829,83 @@ def test_a_resnet_of_batch_whitening_is_refused_as_bw():
             "norm bn1 has ['bias', 'running_mean', 'running_whitening', 'weight']: a batch whitening (BW) layer's "
             "state, whose running_whitening is the whitening matrix")):
         convert_state_dict(in_memory(state_dict))
+
+
+# every layer3.2.* key left out was refused as an "unsupported architecture" with blocks per stage [3, 4, 5, 3]
+def test_a_resnet_missing_a_whole_block_is_named_incomplete():
+    state_dict = torchvision_model("R-50", with_gw=False).state_dict()
+    state_dict = {key: value for key, value in state_dict.items() if not key.startswith("layer3.2.")}
+    with pytest.raises(ConversionError, match=re.escape(
+            "the checkpoint misses block layer3.2: layer3 has blocks 0, 1, 3, 4, 5, and a torchvision ResNet numbers "
+            "the blocks of a stage from 0 without gaps, so the file is incomplete (no key of that block is in it)")):
+        convert_state_dict(in_memory(state_dict))
+
+
+# an .npz was called "truncated or corrupted (NotACheckpointError: ... a NumPy .npz, say) ... download or save it again"
+def test_a_numpy_npz_is_named_with_the_line_that_saves_it_as_a_checkpoint(tmp_path):
+    import numpy as np
+
+    src = tmp_path / "r50.npz"
+    np.savez(src, **{"conv1.weight": np.zeros((64, 3, 7, 7), np.float32)})
+    with pytest.raises(ConversionError) as error:
+        convert_checkpoint(src, tmp_path / "out.pkl")
+    assert str(error.value) == (
+        f"{src}: a NumPy .npz archive (np.savez's zip of .npy arrays), not a file written by torch.save (whose zip "
+        "holds a data.pkl); nothing was converted. Save its arrays as a state dict of torch tensors, "
+        f"torch.save({{name: torch.from_numpy(array) for name, array in numpy.load({str(src)!r}).items()}}, "
+        "'weights.pth'), and convert that file.")
+    assert os.listdir(tmp_path) == ["r50.npz"]
+    other = tmp_path / "other.pth"  # a zip of other files: no data.pkl either
+    with zipfile.ZipFile(other, "w") as archive:
+        archive.writestr("weights.txt", "conv1.weight 0.1")
+    with pytest.raises(ConversionError, match=re.escape(
+            f"{other}: a zip archive, but not one written by torch.save (no data.pkl inside); nothing was converted.")):
+        convert_checkpoint(other, tmp_path / "out.pkl")
+
+
+# a pickle.dump'ed state dict "does not start like a file written by torch.save (a zip archive or a pickle)",
+# with --allow-unsafe-pickle too
+@pytest.mark.parametrize("protocol", [2, pickle.DEFAULT_PROTOCOL])
+def test_a_plain_pickle_of_tensors_needs_the_unsafe_flag_and_converts_with_it(r50_files, tmp_path, protocol):
+    src = tmp_path / "r50_plainpickle.pth"
+    with open(src, "wb") as file:
+        pickle.dump(torch.load(r50_files["bn"], weights_only=True), file, protocol=protocol)
+    out = tmp_path / "out.pkl"
+    with pytest.raises(ConversionError, match=re.escape(
+            f"{src}: a plain pickle (written by pickle.dump, not torch.save), naming ")) as error:
+        convert_checkpoint(src, out)
+    assert ("torch._utils._rebuild_tensor_v2" in str(error.value) and "pass --allow-unsafe-pickle "
+            f"(allow_unsafe_pickle=True) to convert it as it is; otherwise, where the file is trusted, load it with "
+            f"pickle and save it with torch.save (torch.save(pickle.load(open({str(src)!r}, 'rb')), 'weights.pth'))"
+            in str(error.value))
+    assert not out.exists()
+    report = convert_checkpoint(src, out, allow_unsafe_pickle=True)
+    assert report.wrapping == "bare state_dict" and report.arch == "R-50" and out.exists()
+
+
+# the same network under 'state_dict' (module.-prefixed) and 'model' was refused as "different networks"
+def test_one_network_under_state_dict_and_model_apart_from_the_data_parallel_prefix_is_converted(r50_files, tmp_path):
+    state_dict = torch.load(r50_files["bn"], weights_only=True)
+    src = tmp_path / "both.pth"
+    torch.save({"state_dict": {f"module.{key}": value for key, value in state_dict.items()}, "model": state_dict}, src)
+    source = read_source_state_dict(src)
+    assert (source.wrapping, source.stripped_prefix) == ("'state_dict' entry", "module.")
+    assert source.tensors.keys() == state_dict.keys()
+    state_dict["fc.bias"] = state_dict["fc.bias"] + 1  # another network: still refused
+    torch.save({"state_dict": {f"module.{key}": value for key, value in state_dict.items()},
+                "model": torch.load(r50_files["bn"], weights_only=True)}, src)
+    with pytest.raises(ConversionError, match="holds different networks, under 'state_dict' and 'model'"):
+        read_source_state_dict(src)
+
+
+# torch.save(..., _use_new_zipfile_serialization=False, pickle_protocol=4) "does not start like a file written by
+# torch.save"
+def test_a_legacy_format_file_of_another_pickle_protocol_is_named_so(tmp_path):
+    src = tmp_path / "legacy4.pth"
+    torch.save({"conv1.weight": torch.zeros(2)}, src, _use_new_zipfile_serialization=False, pickle_protocol=4)
+    with pytest.raises(ConversionError, match=re.escape(
+            f"{src} was written by torch.save in its legacy format (_use_new_zipfile_serialization=False) with pickle "
+            "protocol 4, which torch's weights-only loading cannot read; nothing was loaded from it.")) as error:
+        read_source_state_dict(src)
+    assert "pass --allow-unsafe-pickle (allow_unsafe_pickle=True) to load it as it is" in str(error.value)
+    assert read_source_state_dict(src, allow_unsafe_pickle=True).tensors.keys() == {"conv1.weight"}

@@ -258,3 +258,22 @@ def test_functional_forms_refuse_one_value_per_group_as_the_layer_does(name, sha
         GroupWhitening(16, num_groups)(x)
     assert function(x, 8).abs().max() > 0  # two values per group
     assert function(torch.randn(2, 16, 2, 1), 16).abs().max() > 0  # one channel, two positions per group
+
+
+# torch.jit.script(group_whitening) failed to compile ("Unknown type constructor Mapping" in the argument checks)
+def test_the_scripted_functional_forms_compute_the_eager_ones_and_check_their_arguments():
+    from gwdet.layers import group_whitening_reference
+
+    x = torch.randn(3, 12, 4, 4, dtype=torch.float64)
+    weight, bias = torch.rand(12, dtype=torch.float64) + 0.5, torch.randn(12, dtype=torch.float64)
+    scripted, scripted_reference = torch.jit.script(group_whitening), torch.jit.script(group_whitening_reference)
+    assert torch.allclose(scripted(x, 5), group_whitening(x, 5), rtol=0, atol=1e-10)  # 5 -> the 4 groups that divide 12
+    assert torch.allclose(scripted_reference(x, 4, 3, 1e-4, "zca", weight, bias),
+                          group_whitening_reference(x, 4, 3, 1e-4, "zca", weight, bias), rtol=0, atol=1e-10)
+    for arguments, message in [((x, 0), "num_groups must be an integer >= 1, got 0"),
+                               ((x, 4, 5000), r"T must be an integer from 1 to 1000 .*, got 5000"),
+                               ((x, 4, 5, -1.0), "eps must be a number from 1.1754944e-38 to 3.4e\\+38"),
+                               ((x, 4, 5, 1e-5, "pca"), "method must be 'itn' or 'zca', got 'pca'"),
+                               ((x.int(), 4), "expected a floating-point input")]:
+        with pytest.raises(torch.jit.Error, match="group_whitening: " + message):
+            scripted(*arguments)

@@ -14,6 +14,7 @@ import copy
 import inspect
 import math
 import re
+import warnings
 
 import pytest
 import torch
@@ -241,6 +242,34 @@ def test_a_trace_in_evaluation_mode_holds_only_aten_ops_and_reloads(name, tmp_pa
     assert loaded(torch.zeros(0, CHANNELS, 4, 2)).shape == (0, CHANNELS, 4, 2)
 
 
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+@pytest.mark.parametrize("name", NAMES)
+def test_a_trace_on_a_half_precision_input_warns_that_it_keeps_that_dtype(name):
+    # the recorded casts are constants: a float16 trace returned float16 for a float32 input without a word
+    layer = build(name, torch.float32).eval()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.jit.trace(layer, (random_batch((2, CHANNELS, 3, 3), torch.float32),))
+    assert not [w for w in caught if "traced on a" in str(w.message)]
+    with pytest.warns(RuntimeWarning, match=r"traced on a torch.bfloat16 input, the trace holds the casts .* returns "
+                      r"torch.bfloat16 whatever dtype it is given later, a float32 input rounded to it. Trace with a "
+                      r"float32 input"):
+        traced = torch.jit.trace(layer.bfloat16(), (random_batch((2, CHANNELS, 3, 3), torch.bfloat16),))
+    assert traced(random_batch((2, CHANNELS, 3, 3), torch.float32)).dtype == torch.bfloat16  # what it warns of
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_weight_of_another_size_put_in_after_the_build_is_named_at_the_forward(name):
+    # weight.data or functional_call's weight of 8 values ended in torch's "size of tensor a (16) must match ..."
+    layer, x = build(name), random_batch((4, CHANNELS, 3, 3))
+    message = re.escape(f"weight must hold one value per channel, shape [{CHANNELS}], got [{CHANNELS // 2}]")
+    with pytest.raises(ValueError, match=message):
+        torch.func.functional_call(layer, {"weight": torch.ones(CHANNELS // 2, dtype=torch.float64)}, (x,))
+    layer.weight.data = torch.ones(CHANNELS // 2, dtype=torch.float64)
+    with pytest.raises(ValueError, match=message):
+        layer(x)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_a_state_dict_restores_the_layer(name):
     trained = build(name)
@@ -370,7 +399,9 @@ BAD_ARGUMENTS = {
     "num_groups": NOT_A_COUNT,
     "group_size": NOT_A_COUNT,
     "examples_per_group": NOT_A_COUNT,
-    "T": NOT_A_COUNT,
+    # a count past int64 failed in the op's call; 10**12 iterations ran for days without a word
+    "T": NOT_A_COUNT + [(2**63, "must be an integer from 1 to 1000 (Newton's iterations, Eqs. 6-7; the default is 5), "
+                                "got 9223372036854775808"), (1001, "must be an integer from 1 to 1000")],
     "eps": [(0.0, "must be a finite number > 0, got 0.0"), (-1e-5, "must be a finite number > 0, got -1e-05"),
             (math.inf, "must be a finite number > 0, got inf"), (math.nan, "must be a finite number > 0, got nan"),
             ("1e-5", "must be a finite number > 0, got '1e-5' (str)"),
@@ -423,6 +454,7 @@ def test_zca_whitening_refuses_an_eps_whose_gradient_float32_cannot_hold(name):
     assert torch.isfinite(x.grad).all()
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of (nested tensors|MaskedTensors) is in prototype stage")
 @pytest.mark.parametrize("name", NAMES)
 def test_input_of_another_layout_or_dtype_is_refused(name):
     layer = build(name, torch.float32)
@@ -443,6 +475,14 @@ def test_input_of_another_layout_or_dtype_is_refused(name):
         with pytest.raises(ValueError, match=re.escape(
                 f"{owner}: expected a dense input, got a sparse tensor; convert it with .to_dense()")):
             layer(torch.randn(2, CHANNELS, 3, 3).to_sparse())
+        # nested and masked tensors: torch's "NestedTensorImpl doesn't support sizes", "Multiple dispatch failed"
+        nested = torch.nested.nested_tensor([torch.randn(CHANNELS, 3, 3), torch.randn(CHANNELS, 4, 4)])
+        with pytest.raises(ValueError, match=re.escape(f"{owner}: expected a dense input, got a nested tensor")):
+            layer(nested)
+        masked = torch.masked.masked_tensor(torch.randn(2, CHANNELS, 3, 3), torch.rand(2, CHANNELS, 3, 3) > 0.5)
+        with pytest.raises(ValueError, match=re.escape(f"{owner}: expected a dense input, got a torch.masked "
+                                                       "MaskedTensor")):
+            layer(masked)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -351,3 +351,31 @@ def test_build_optimizer_refuses_an_optimizer_other_than_sgd_named_in_the_config
         gwdet.build_optimizer(cfg, net)
     cfg.SOLVER.OPTIMIZER = "sgd"
     assert isinstance(gwdet.build_optimizer(cfg, net), torch.optim.SGD)
+
+
+# SOLVER.WEIGHT_DECAY_BIAS set: check_model(m, optimizer=gwdet.build_optimizer(cfg, m), weight_decay_norm=0.0) warned
+# that the norm layers were decayed otherwise and advised gwdet.build_optimizer, which had built the optimizer
+def test_norm_biases_decayed_by_the_bias_weight_decay_are_named_as_such(caplog):
+    cfg = build_config(str(REPO / "configs" / "Study" / "bn_gw_s1b2.yaml"), META)
+    cfg.defrost()
+    cfg.SOLVER.WEIGHT_DECAY_NORM = 0.0
+    cfg.SOLVER.WEIGHT_DECAY_BIAS = 0.5
+    model = Trainer.build_model(cfg)
+    optimizer = gwdet.build_optimizer(cfg, model)
+    with caplog.at_level(logging.WARNING, logger="gwdet.modeling.model_checks"):
+        check_model(model, optimizer=optimizer, weight_decay_norm=0.0)
+    warned = "\n".join(r.getMessage() for r in caplog.records)
+    assert "norm layer(s) have their bias decayed by 0.5, not by the norm weight decay 0 " in warned, warned
+    assert "backbone.fpn_lateral2.norm (0.5)" in warned
+    assert "give it to the check (check_model(..., weight_decay_bias=0.5), i.e. cfg.SOLVER.WEIGHT_DECAY_BIAS)" in warned
+    assert "gwdet.build_optimizer" not in warned
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="gwdet.modeling.model_checks"):
+        check_model(model, optimizer=optimizer, weight_decay_norm=0.0, weight_decay_bias=0.5)
+    assert not caplog.records
+    # weights decayed otherwise too (detectron2's builder, which knows no gwdet layer): the builder advice stays
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="gwdet.modeling.model_checks"):
+        check_model(model, optimizer=detectron2_build_optimizer(cfg, model), weight_decay_norm=0.0,
+                    weight_decay_bias=0.5)
+    assert "decayed otherwise than the norm weight decay 0 " in caplog.text and "gwdet.build_optimizer" in caplog.text

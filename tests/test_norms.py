@@ -900,3 +900,87 @@ def test_a_build_with_positional_only_settings_is_refused_at_registration(regist
 
     register_norm("TestPosOnly", channels_only_first)
     assert norm("TestPosOnly", num_groups=2)(8).num_groups == 2
+
+
+# n = gwdet.norm("GW"); n.name = "BGN" (or n.params["bogus"] = 1) was accepted; n(16) then raised a raw TypeError
+def test_a_norm_is_read_only_and_still_pickles_copies_and_saves():
+    import copy
+
+    import yaml
+
+    made = norm("GW", num_groups=8)
+    with pytest.raises(gwdet.errors.GwdetAttributeError,
+                       match=r"^Norm\('GW', num_groups=8, T=5, eps=1e-05\) is read-only: .* so name='BGN' cannot be set "
+                             r"on it\. Build a new one with the values you want, e.g\. gwdet\.norm\('GW', \.\.\.\)"):
+        made.name = "BGN"
+    with pytest.raises(gwdet.errors.GwdetAttributeError, match=r"is read-only: strict cannot be deleted from it"):
+        del made.strict
+    with pytest.raises(gwdet.errors.GwdetTypeError,
+                       match=r"^A norm's params \{'num_groups': 8, 'T': 5, 'eps': 1e-05\} are read-only: bogus=1 cannot "
+                             r"be set in them.*Build a new norm with the values you want, e.g\. gwdet\.norm\(name, bogus="):
+        made.params["bogus"] = 1
+    with pytest.raises(gwdet.errors.GwdetTypeError, match=r"are read-only: T cannot be deleted from them"):
+        del made.params["T"]
+    assert made.name == "GW" and made.params == {"num_groups": 8, "T": 5, "eps": 1e-5}
+    assert made(16).num_groups == 8
+    for twin in (pickle.loads(pickle.dumps(made)), copy.deepcopy(made), copy.copy(made)):
+        assert twin == made and hash(twin) == hash(made) and twin(16).num_groups == 8
+        with pytest.raises(gwdet.errors.GwdetAttributeError):
+            twin.name = "BGN"
+    saved = yaml.dump({"norm": made})  # LazyConfig.save's form, which gwdet's saved-config loader reads
+    assert saved.startswith("norm: !!python/object:gwdet.norms.Norm\n") and "params:" in saved
+    assert yaml.unsafe_load(saved)["norm"] == made
+
+
+# a registered norm with an int default took num_groups=True / 2.0 / 2.5 and failed at its first forward in torch
+def test_a_bool_or_float_for_an_integer_of_a_registered_norm_is_refused(registered):
+    import numpy as np
+    from detectron2.config import get_cfg
+
+    registered.append("TestMyGN2")
+
+    @register_norm("TestMyGN2", config_keys={"num_groups": "MODEL.TEST_MY_GN2.NUM_GROUPS"})
+    def _my_gn(channels, num_groups: int = 4, eps: float = 1e-5):
+        return torch.nn.GroupNorm(num_groups, channels, eps=eps)
+
+    for value in (True, np.True_):
+        with pytest.raises(gwdet.errors.GwdetTypeError,
+                           match=r"^gwdet.norm\('TestMyGN2'\): num_groups=True is a bool, and the norm's build takes an "
+                                 r"integer there \(its default is 4\), where True would count as 1: give num_groups as "
+                                 r"an integer \(e.g. num_groups=4\)"):
+            norm("TestMyGN2", num_groups=value)
+    with pytest.raises(gwdet.errors.GwdetTypeError,
+                       match=r"num_groups=2.0 is a float, and the norm's build takes an integer there \(its default "
+                             r"is 4\).*give num_groups as an integer \(e.g. 2 rather than 2.0\)"):
+        norm("TestMyGN2", num_groups=2.0)
+    with pytest.raises(gwdet.errors.GwdetTypeError, match=r"num_groups=2.5 is a float.*\(e.g. num_groups=4\)"):
+        norm("TestMyGN2", num_groups=2.5)
+    with pytest.raises(gwdet.errors.GwdetTypeError, match=r"eps=False is a bool, and the norm's build takes a float"):
+        norm("TestMyGN2", eps=False)
+    cfg = gwdet.norms.add_registered_config_keys(gwdet.add_gwdet_config(get_cfg()))
+    cfg.MODEL.TEST_MY_GN2.NUM_GROUPS = True
+    with pytest.raises(gwdet.errors.GwdetTypeError,
+                       match=r"num_groups=True \(read from MODEL.TEST_MY_GN2.NUM_GROUPS\) is a bool"):
+        norm_from_config("TestMyGN2", cfg)
+    assert norm("TestMyGN2", num_groups=np.int64(2), eps=1)(8).num_groups == 2  # an int for a float: a number
+
+
+# gwdet.norm("GW", num_groups=np.int64(8)) kept the numpy scalar: a LazyConfig saved with it could not be read again
+def test_numpy_scalars_are_kept_as_python_numbers_and_the_config_saves_as_plain_yaml(tmp_path):
+    import numpy as np
+    from detectron2.config import LazyConfig
+
+    from conftest import LAZY_CONFIG
+    from gwdet.model_zoo.lazy_loading import load_lazy_config
+
+    made = norm("GW", num_groups=np.int64(8), T=np.int32(3), eps=np.float32(0.5))
+    assert made == norm("GW", num_groups=8, T=3, eps=0.5)
+    assert [type(value) for value in made.params.values()] == [int, int, float]
+    assert type(norm("GN", num_groups=np.int16(4)).params["num_groups"]) is int
+    cfg = LazyConfig.load(str(LAZY_CONFIG))
+    cfg.model.backbone.norm = norm("GW", num_groups=np.int64(8))
+    saved = tmp_path / "config.yaml"
+    LazyConfig.save(cfg, str(saved))
+    assert "numpy" not in saved.read_text()
+    node = load_lazy_config(str(saved), []).model.backbone.norm
+    assert (node.name, node.num_groups) == ("GW", 8)

@@ -355,3 +355,27 @@ def test_a_stop_signal_during_an_evaluation_says_so():
     assert stop.value.code == 128 + signal.SIGTERM
     assert warned == ["Stopped by SIGTERM during the evaluation: nothing of it is kept. Run the same command again to "
                       "evaluate."]
+
+
+# last_checkpoint holding "model_0000003.pth\nmodel_final.pth" (both there) in a finished run: --resume said that
+# checkpoint "is not there (deleted or moved)" and told to put it back
+def test_a_last_checkpoint_of_several_lines_is_named_as_such(tmp_path):
+    from gwdet.engine.output_dir import check_resume_trains, tagged_checkpoint
+    from gwdet.errors import GwdetValueError
+
+    for name in ("model_0000003.pth", "model_final.pth", "results.json"):
+        (tmp_path / name).write_bytes(b"{}")
+    (tmp_path / "last_checkpoint").write_text("model_0000003.pth\nmodel_final.pth")
+    expected = (r"last_checkpoint in '.*' holds 2 lines, 'model_0000003.pth\\nmodel_final.pth', where it holds the "
+                r"file name of one checkpoint \(detectron2 writes the name of the run's last checkpoint alone.*\), so "
+                r"which checkpoint is the run's last is unknown; nothing was changed. Keep the one name of the run's "
+                r"last checkpoint in it \(one of model_0000003.pth, model_final.pth\)")
+    with pytest.raises(GwdetValueError, match=r"^--resume: " + expected):
+        check_resume_trains(str(tmp_path), 4)
+    with pytest.raises(GwdetValueError, match=r"^--eval-only --resume: " + expected):
+        tagged_checkpoint(str(tmp_path))
+    (tmp_path / "results.json").unlink()  # a run stopped before its results: the same
+    with pytest.raises(GwdetValueError, match=r"^--resume: " + expected):
+        check_resume_trains(str(tmp_path), 4)
+    (tmp_path / "last_checkpoint").write_text("model_final.pth\n")  # one name, a line end after it: detectron2's
+    assert tagged_checkpoint(str(tmp_path)) == str(tmp_path / "model_final.pth")

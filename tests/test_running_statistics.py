@@ -251,3 +251,29 @@ def test_a_scripted_or_traced_model_is_told_to_recompute_before(jit):
     with pytest.raises(GwdetTypeError, match=r"the model \(Sequential\) is scripted or traced .*recompute them on "
                                              "the eager model first"):
         update_running_statistics(batches(), compiled)
+
+
+# update_running_statistics(itertools.repeat(batch), model) (or count, cycle) ran without end and without a word
+def test_an_endless_itertools_iterator_is_refused_naming_islice():
+    import itertools
+
+    model = nn.Sequential(nn.BatchNorm2d(8)).double()
+    before = model[0].running_mean.clone()
+    batch = batches(1)[0]
+    ran = []
+
+    def forward(model, batch):  # fails rather than runs on where the endless loader is not refused
+        ran.append(1)
+        assert len(ran) < 50, "update_running_statistics ran on an endless loader"
+        return model(batch)
+
+    for loader, kind in ((itertools.repeat(batch), "repeat"), (itertools.cycle([batch]), "cycle"),
+                         (itertools.count(), "count")):
+        with pytest.raises(GwdetValueError, match=rf"^update_running_statistics: the loader is an itertools.{kind} object, "
+                                                  r"which yields batches without end, so the recomputation would "
+                                                  r"never finish: give a finite number of batches, e.g. "
+                                                  r"itertools.islice\(loader, 200\), or a list of them"):
+            update_running_statistics(loader, model, forward)
+    assert torch.equal(model[0].running_mean, before) and not ran
+    assert update_running_statistics(itertools.repeat(batch, 2), model) == 2  # a number of times: finite
+    assert update_running_statistics(itertools.islice(itertools.cycle([batch]), 3), model) == 3

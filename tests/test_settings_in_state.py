@@ -338,6 +338,7 @@ def test_a_scripted_layer_refuses_settings_assigned_to_it():
     fix = r"script a layer built with the settings you want, torch\.jit\.script\({}\(\.\.\., setting=value\)\)"
     for layer, name, value, message in [
             (GroupWhitening(16, num_groups=4), "T", 0, r"GroupWhitening: T must be an integer >= 1, got 0"),
+            (BatchWhitening(16, group_size=4), "T", 10**12, r"BatchWhitening: T must be an integer from 1 to 1000"),
             (GroupWhitening(16, num_groups=4), "eps", -1.0, r"GroupWhitening: eps must be a number from 1.1754944e-38"),
             (GroupWhitening(16, num_groups=4), "num_groups", 8,
              r"GroupWhitening: num_groups=8 does not give the 4 the layer was built with"),
@@ -369,3 +370,34 @@ def test_a_built_layers_affine_and_running_statistics_cannot_be_deleted():
                                                   r"layer: .* the settings you want\.$"):
         del statistics.running_mean
     assert statistics.running_mean.shape == (16,)
+
+
+class _Positive(torch.nn.Module):
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight.abs()
+
+
+# a parametrized GW recorded torch's subclass name (its state was refused by a plain GW as "of a
+# ParametrizedGroupWhitening layer"), and the refusal of `del weight` then refused the parametrization itself
+def test_a_parametrized_layer_runs_and_its_state_loads_into_the_plain_layer():
+    from torch.nn.utils import parametrize
+    from gwdet.checkpoint.compatibility import norm_types
+    from gwdet.layers import BatchGroupNorm, GroupWhitening
+
+    for layer in (GroupWhitening(16, num_groups=4), BatchGroupNorm(16, num_groups=4)):
+        layer_class, kind = type(layer), type(layer).__name__
+        with torch.no_grad():
+            layer.weight.copy_(torch.linspace(-2.0, 2.0, 16))
+        parametrize.register_parametrization(layer, "weight", _Positive())
+        x = torch.randn(4, 16, 3, 3)
+        expected = layer.eval()(x)
+        assert norm_types(torch.nn.Sequential(layer)) == {"0": kind}
+        state = {key.replace("parametrizations.weight.original", "weight"): value
+                 for key, value in layer.state_dict().items()}
+        plain = layer_class(16, num_groups=4)
+        plain.load_state_dict(state)
+        with torch.no_grad():
+            plain.weight.abs_()
+        assert torch.allclose(plain.eval()(x), expected, rtol=0, atol=1e-6)
+        parametrize.remove_parametrizations(layer, "weight")
+        assert type(layer).__name__ == kind and torch.equal(layer.weight, plain.weight)

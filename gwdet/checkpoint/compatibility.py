@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
+from torch.nn.utils.parametrize import type_before_parametrizations
 from detectron2.modeling.backbone import ResNet
 
 from gwdet.errors import GwdetValueError, listed
@@ -252,10 +253,12 @@ def norm_layer_types() -> tuple[type, ...]:
 
 
 def norm_types(model: torch.nn.Module) -> dict[str, str]:
-    """``{module name: class name}`` of every norm layer of ``model`` (DDP's ``module.`` dropped)."""
-    model = unwrapped(model)
+    """``{module name: class name}`` of every norm layer of ``model`` (DDP's ``module.`` dropped; a
+    layer with a ``torch.nn.utils.parametrize`` parametrization by its own class, not torch's subclass)."""
     kinds = norm_layer_types()
-    return {name: type(module).__name__ for name, module in model.named_modules() if name and isinstance(module, kinds)}
+    modules = dict(unwrapped(model).named_modules())
+    return {name: type_before_parametrizations(modules[name]).__name__ for name, module in modules.items()
+            if name and isinstance(module, kinds)}
 
 
 _RUNNING_STATISTICS_NAMES = frozenset(kind.__name__ for kind in RUNNING_STATISTICS_NORMS)
@@ -274,7 +277,8 @@ def check_norm_types(saved: Mapping[str, str], model: torch.nn.Module, how_to_op
     now: its weights (a GN's affine into a GW, say) would load without a word into the wrong layer,
     or not at all."""
     modules = dict(unwrapped(model).named_modules())  # a recorded norm's place may hold a layer of no known norm now
-    present = {name: type(modules[name]).__name__ for name in saved if name in modules} | norm_types(model)
+    present = {name: type_before_parametrizations(modules[name]).__name__ for name in saved if name in modules} | \
+        norm_types(model)
     # a norm taken out of a layer that is still there (its conv without one: NORM ""); a part the model lacks
     # as a whole (a mask head's norms in a box-only model) is not a norm of this model's to compare
     removed = {name: "no norm" for name in saved if name not in modules and "." in name

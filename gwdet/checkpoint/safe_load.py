@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import pickletools
 import re
 import zipfile
 from typing import Any, Mapping
@@ -106,7 +107,7 @@ SAFETENSORS_FIX = ("load it with safetensors.torch.load_file(path) and save that
                    "'weights.pth')")
 
 
-def _legacy_format_protocol(path: str) -> int | None:
+def legacy_format_protocol(path: str) -> int | None:
     """The pickle protocol of a file ``torch.save`` wrote in its legacy format with another protocol
     than its default 2 (its first pickle is torch's magic number), else ``None``."""
     with open(path, "rb") as f:
@@ -173,6 +174,52 @@ def _holds_a_pickle(path: str) -> bool:
         return True  # a damaged archive: torch.load names the damage
 
 
+def is_numpy_archive(path: str) -> bool:
+    """True for a NumPy ``.npz`` archive (``np.savez``: a zip archive of ``.npy`` arrays only), which
+    ``torch.save`` never writes."""
+    if not zipfile.is_zipfile(path):
+        return False
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return False
+    return bool(names) and all(name.endswith(".npy") for name in names)
+
+
+def is_torch_save_zip(path: str) -> bool:
+    """False for a zip archive without the ``data.pkl`` entry that every ``torch.save`` archive has
+    (a NumPy ``.npz``, a zip of other files); True for anything else, a damaged archive included."""
+    return not zipfile.is_zipfile(path) or _holds_a_pickle(path)
+
+
+def plain_pickle_globals(path: str) -> list[str] | None:
+    """The classes and functions (``module.name``) that a pickle written by ``pickle.dump``, not by
+    ``torch.save``, names (``torch._utils._rebuild_tensor_v2`` for tensors), read off its opcodes
+    without running any; ``None`` for a file that is no such pickle: not a pickle, a legacy-format
+    ``torch.save`` file (whose first pickle is torch's magic number), or one that cannot be read to
+    its end."""
+    with open(path, "rb") as f:
+        if f.read(1) != b"\x80":  # pickle's PROTO opcode, which pickle.dump writes first since protocol 2
+            return None
+        f.seek(0)
+        names: set[str] = set()
+        strings: list[str] = []
+        try:
+            for index, (opcode, argument, _) in enumerate(pickletools.genops(f)):
+                if index < 3 and opcode.name == "LONG1" and argument == torch.serialization.MAGIC_NUMBER:
+                    return None  # torch.save's legacy format
+                if opcode.name in ("GLOBAL", "INST"):
+                    names.add(str(argument).replace(" ", "."))
+                elif opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
+                    names.add(f"{strings[-2]}.{strings[-1]}")
+                elif isinstance(argument, str) and "UNICODE" in opcode.name:
+                    strings.append(argument)
+        except Exception:  # a damaged or cut pickle: the loader names the damage
+            return None
+    return sorted(names)
+
+
 class NotACheckpointError(GwdetError, pickle.UnpicklingError):
     """A file that does not start like anything ``torch.save`` writes."""
 
@@ -185,7 +232,7 @@ def load_torch_file(path: str, allow_unsafe: bool, how_to_opt_in: str, mmap: boo
     :class:`UnsafeCheckpointError` for a file that needs more than weights-only loading; any other
     failure (truncated, corrupted) propagates as torch raised it.
     """
-    legacy_protocol = _legacy_format_protocol(path)
+    legacy_protocol = legacy_format_protocol(path)
     if legacy_protocol is not None and not allow_unsafe:
         raise NotACheckpointError(
             f"{path} was written by torch.save in its legacy format (_use_new_zipfile_serialization=False) with pickle "

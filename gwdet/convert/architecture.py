@@ -49,11 +49,23 @@ def infer_architecture(layout: SourceLayout) -> Architecture:
 
 
 def _blocks_per_stage(layout: SourceLayout) -> tuple[int, ...]:
+    """The number of blocks of each stage; a ``ConversionError`` for a stage whose block numbers have
+    gaps (every key of a block left out of the checkpoint)."""
     blocks: dict[int, set[int]] = defaultdict(set)
     for target in [*layout.convs, *(norm.target for norm in layout.norms.values())]:
         match = _TARGET_BLOCK.match(target)
         if match:
             blocks[int(match.group(1))].add(int(match.group(2)))
+    for stage in range(2, 6):
+        found = sorted(blocks[stage])
+        missing = [f"layer{stage - 1}.{block}" for block in range(max(found, default=-1)) if block not in blocks[stage]]
+        if missing:
+            raise ConversionError(
+                f"the checkpoint misses block{'s' if len(missing) > 1 else ''} {', '.join(missing)}: layer{stage - 1} "
+                f"has blocks {', '.join(map(str, found))}, and a torchvision ResNet numbers the blocks of a stage from "
+                f"0 without gaps, so the file is incomplete (no key of {'those blocks' if len(missing) > 1 else 'that block'} "
+                "is in it); nothing was converted. "
+                "Convert the complete checkpoint (download or save it again).")
     return tuple(len(blocks[stage]) for stage in range(2, 6))
 
 

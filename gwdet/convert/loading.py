@@ -4,11 +4,13 @@ Files are read with ``torch.load(path, map_location="cpu", weights_only=True)``,
 only tensors and plain containers. A file that needs anything else (a class of the training code,
 ``argparse.Namespace``, a whole pickled ``nn.Module``) is refused with :class:`ConversionError`
 unless the caller opts in with ``allow_unsafe_pickle=True``: full unpickling can run arbitrary
-code, so that is for files from a trusted source only.
+code, so that is for files from a trusted source only; so is a plain pickle of tensors (``pickle.dump``, not
+``torch.save``), which only full unpickling reads.
 
 The state dict may be the file's top-level object, or sit under ``"state_dict"`` or ``"model"``
 (the layouts of ImageNet training scripts; a file with two different networks under both is refused,
-since which one is meant cannot be told); ``module.`` prefixes left by ``DataParallel`` are removed.
+since which one is meant cannot be told, while one network under both, with or without ``module.``
+prefixes, is converted); ``module.`` prefixes left by ``DataParallel`` are removed.
 """
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ from typing import Any, Mapping
 import torch
 
 from gwdet.errors import GwdetError, listed
-from gwdet.checkpoint.safe_load import (SAFETENSORS_FIX, UnsafeCheckpointError, is_safetensors_file,
-                                        is_torchscript_archive, load_torch_file, starts_like_torch_save_output,
+from gwdet.checkpoint.safe_load import (SAFETENSORS_FIX, NotACheckpointError, UnsafeCheckpointError, is_numpy_archive,
+                                        is_safetensors_file, is_torch_save_zip, is_torchscript_archive,
+                                        legacy_format_protocol, load_torch_file, plain_pickle_globals, starts_like_torch_save_output,
                                         valueless_tensors_problem)
 
 DATA_PARALLEL_PREFIX = "module."
@@ -86,13 +89,50 @@ def _check_readable_file(path: str) -> None:
 
 
 def _torch_load(path: str, allow_unsafe_pickle: bool) -> Any:
-    """``torch.load`` to CPU, weights-only unless opted out; any failure becomes ConversionError."""
+    """``torch.load`` to CPU, weights-only unless opted out; any failure becomes ConversionError. A
+    plain pickle of torch objects (``pickle.dump``, not ``torch.save``) is unpickled in full with
+    ``allow_unsafe_pickle``, and refused without it."""
+    _check_zip_written_by_torch_save(path)
+    needed = plain_pickle_globals(path)
+    if needed and any(name.startswith("torch.") for name in needed):
+        if not allow_unsafe_pickle:
+            raise ConversionError(
+                f"{path}: a plain pickle (written by pickle.dump, not torch.save), naming {listed(needed, 4)}: "
+                "torch's weights-only loading reads only files torch.save wrote, and unpickling a plain pickle can "
+                "execute arbitrary code; nothing was loaded from it. If you trust where the file comes from, pass "
+                f"{UNSAFE_PICKLE_FLAG} (allow_unsafe_pickle=True) to convert it as it is; otherwise, where the file is "
+                f"trusted, load it with pickle and save it with torch.save (torch.save(pickle.load(open({path!r}, "
+                "'rb')), 'weights.pth')), and convert that file.")
+        try:
+            with open(path, "rb") as f:
+                return pickle.load(f)
+        except Exception as error:  # a damaged pickle: named like any unreadable file
+            raise _unreadable_file_error(path, error) from None
     try:
         return load_torch_file(path, allow_unsafe_pickle, f"pass {UNSAFE_PICKLE_FLAG} (allow_unsafe_pickle=True)")
     except UnsafeCheckpointError as refused:
         raise ConversionError(str(refused)) from None
     except Exception as error:  # torch.load reports bad files with many exception types
+        if isinstance(error, NotACheckpointError) and legacy_format_protocol(path) is not None:
+            # torch.save's legacy format with another pickle protocol than 2: the refusal names the re-save and the flag
+            raise ConversionError(str(error)) from None
         raise _unreadable_file_error(path, error) from None
+
+
+def _check_zip_written_by_torch_save(path: str) -> None:
+    """A ``ConversionError`` for a zip archive that ``torch.save`` did not write (no ``data.pkl``): a
+    NumPy ``.npz``, named with the line that saves its arrays as a checkpoint, or another zip."""
+    if is_torch_save_zip(path):
+        return
+    if is_numpy_archive(path):
+        raise ConversionError(
+            f"{path}: a NumPy .npz archive (np.savez's zip of .npy arrays), not a file written by torch.save (whose "
+            "zip holds a data.pkl); nothing was converted. Save its arrays as a state dict of torch tensors, "
+            f"torch.save({{name: torch.from_numpy(array) for name, array in numpy.load({path!r}).items()}}, "
+            "'weights.pth'), and convert that file.")
+    raise ConversionError(
+        f"{path}: a zip archive, but not one written by torch.save (no data.pkl inside); nothing was converted. "
+        "Give the .pth/.pt file torch.save wrote, holding a torchvision-layout ResNet/ResNeXt state dict.")
 
 
 def _unreadable_file_error(path: str, error: Exception) -> ConversionError:
@@ -144,7 +184,8 @@ def _unwrap_state_dict(path: str, loaded: Any) -> tuple[dict[str, torch.Tensor],
     if found:  # another network beside it (an EMA copy under 'model_ema', 'state_dict_ema') is one too
         found.update({entry: (dict(inner), f"'{entry}' entry") for entry, inner in loaded.items()
                       if entry not in found and isinstance(inner, Mapping) and _is_tensor_mapping(inner)})
-    networks = [tensors for tensors, _ in found.values()]
+    # compared without the prefix that (Distributed)DataParallel adds, which is stripped from the one converted
+    networks = [_without_data_parallel_prefix(tensors) for tensors, _ in found.values()]
     if not all(_same_tensors(networks[0], other) for other in networks[1:]):
         first = next(iter(found))
         raise ConversionError(
@@ -166,6 +207,13 @@ def _unwrap_state_dict(path: str, loaded: Any) -> tuple[dict[str, torch.Tensor],
     )
 
 
+def _without_data_parallel_prefix(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``tensors`` with ``module.`` removed from the names as often as every name has it."""
+    while tensors and all(key.startswith(DATA_PARALLEL_PREFIX) for key in tensors):
+        tensors = {key[len(DATA_PARALLEL_PREFIX):]: value for key, value in tensors.items()}
+    return tensors
+
+
 def _same_tensors(first: Mapping[str, torch.Tensor], second: Mapping[str, torch.Tensor]) -> bool:
     """Whether two state dicts hold the same names with equal tensors."""
     return first.keys() == second.keys() and all(
@@ -184,10 +232,10 @@ def _strip_data_parallel_prefix(
 ) -> tuple[dict[str, torch.Tensor], str]:
     """Remove ``module.`` (as often as every key has it) left by (Distributed)DataParallel;
     :class:`ConversionError` when only some keys have it (names of two models mixed)."""
-    stripped = ""
-    while tensors and all(key.startswith(DATA_PARALLEL_PREFIX) for key in tensors):
-        tensors = {key[len(DATA_PARALLEL_PREFIX):]: value for key, value in tensors.items()}
-        stripped += DATA_PARALLEL_PREFIX
+    unwrapped = _without_data_parallel_prefix(tensors)
+    first = next(iter(tensors), "")  # the same name in both, with and without the prefixes removed
+    stripped = first[:len(first) - len(next(iter(unwrapped), ""))]
+    tensors = unwrapped
     prefixed = [key for key in tensors if key.startswith(DATA_PARALLEL_PREFIX)]
     if prefixed:
         bare = [key for key in tensors if not key.startswith(DATA_PARALLEL_PREFIX)]

@@ -810,11 +810,28 @@ def check_resume_trains(output_dir: str, max_iter: int, setting: str = "SOLVER.M
             f"{setting} above {start}; to evaluate it, use --eval-only --resume.")
 
 
+def _several_names_problem(output_dir: str, name: str) -> str | None:
+    """What is wrong with ``name``, the content of ``output_dir/last_checkpoint``, when it holds more
+    than one line (detectron2 writes the one file name of the last checkpoint); None otherwise."""
+    lines = [line.strip() for line in name.splitlines() if line.strip()]
+    if len(lines) < 2:
+        return None
+    return (f"{LAST_CHECKPOINT} in {output_dir!r} holds {len(lines)} lines, {name!r}, where it holds the file name of "
+            "one checkpoint (detectron2 writes the name of the run's last checkpoint alone, and reads the whole "
+            "file as one name), so which checkpoint is the run's last is unknown; nothing was changed. Keep the one "
+            f"name of the run's last checkpoint in it (one of {', '.join(lines)}).")
+
+
 def _check_tagged_checkpoint_kept(output_dir: str) -> None:
+    """Refuse a ``--resume`` whose ``last_checkpoint`` holds more than one line, or, in a run with its
+    results, names a checkpoint that is gone (the resume would take an older one)."""
     try:
         name = tagged_name(output_dir) if os.path.isfile(os.path.join(output_dir, LAST_CHECKPOINT)) else None
     except (OSError, UnicodeDecodeError):  # the resume names it
         return
+    several = _several_names_problem(output_dir, name) if name else None
+    if several is not None:
+        raise GwdetValueError(f"--resume: {several}")
     if (not name or os.sep in name or os.path.lexists(os.path.join(output_dir, name))
             or not os.path.isfile(os.path.join(output_dir, RESULTS_JSON))):
         return
@@ -1116,6 +1133,9 @@ def tagged_checkpoint(output_dir: str) -> str:
         raise GwdetValueError(f"--eval-only --resume: {tag} is damaged (not text). {choose}.") from None
     except OSError as error:  # e.g. a folder of that name
         raise GwdetOSError(f"--eval-only --resume: {tag} cannot be read ({error.strerror}). {choose}.") from None
+    several = _several_names_problem(output_dir, name)
+    if several is not None:
+        raise GwdetValueError(f"--eval-only --resume: {several}")
     path = os.path.join(output_dir, name)
     if not name or os.sep in name or not os.path.isfile(path):
         raise GwdetFileNotFoundError(f"--eval-only --resume: {tag} names {name!r}, which is not a file in "

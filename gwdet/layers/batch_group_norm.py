@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from .common import (
-    check_hyper_parameters, check_input, check_per_channel, check_running_without_grad, check_scripted_settings,
+    check_hyper_parameters, check_input, check_per_channel, check_running_updatable, check_same_device, check_scripted_settings,
     largest_divisor_at_most,
     largest_magnitude,
     magnitude_scales, per_channel_affine, product, register_affine, reset_affine, reshape_with_samples, scaled_ridge,
@@ -91,6 +91,8 @@ def _check_arguments(x: Tensor, running_mean: Tensor, running_var: Tensor, weigh
                               f"[{channels}] (training updates them, evaluation normalizes with them), got None")
     check_per_channel(owner, {"running_mean": running_mean, "running_var": running_var, "weight": weight, "bias": bias},
                       channels)
+    check_same_device(owner, x, {"running_mean": running_mean, "running_var": running_var, "weight": weight,
+                                 "bias": bias})
     integral = [f"{name} ({tensor.dtype})" for name, tensor in (("running_mean", running_mean),
                                                                 ("running_var", running_var)) if not tensor.is_floating_point()]
     if integral:
@@ -98,7 +100,7 @@ def _check_arguments(x: Tensor, running_mean: Tensor, running_var: Tensor, weigh
                               f"which training updates in place; create them as torch.zeros({channels}) and "
                               f"torch.ones({channels}), or convert them with .float()")
     if training:
-        check_running_without_grad(owner, {"running_mean": running_mean, "running_var": running_var})
+        check_running_updatable(owner, {"running_mean": running_mean, "running_var": running_var})
         check_single_values(owner, x, groups, groups, examples_per_group)
     else:
         check_own_single_values(owner, x, groups, eval_example_weight)
@@ -348,6 +350,9 @@ class BatchGroupNorm(SettingsInState):
         so too in evaluation with ``eval_example_weight=1``, where each example's own statistics are
         all there is (Eq. 3 with alpha = 1)."""
         check_input("BatchGroupNorm", x, self.num_channels)
+        if not torch.jit.is_scripting():  # a weight.data of another size, or one given to torch.func.functional_call
+            check_per_channel("BatchGroupNorm", {"weight": self.weight, "bias": self.bias, "running_mean": self.running_mean,
+                                                 "running_var": self.running_var}, self.num_channels)
         if not torch.jit.is_scripting() and self.training and torch.jit.is_tracing():
             warnings.warn(
                 f"BatchGroupNorm: traced in training mode, the trace splits every batch into the example groups of "

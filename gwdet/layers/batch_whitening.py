@@ -28,7 +28,7 @@ from torch import Tensor
 from gwdet.errors import GwdetValueError
 
 from .common import (
-    autocast_disabled, check_hyper_parameters, check_input, check_per_channel, check_running_without_grad,
+    autocast_disabled, check_hyper_parameters, check_input, check_per_channel, check_running_updatable, check_same_device,
     check_scripted_settings, check_values_per_group,
     largest_divisor_at_most, largest_magnitude, magnitude_scales, per_channel_affine,
     refuse_differentiating_transforms, register_affine, reset_affine, reshape_with_samples, scaled_ridge, statistics_dtype,
@@ -84,8 +84,10 @@ def _check_arguments(x: Tensor, running_mean: Tensor, running_whitening: Tensor,
         shape = list(running_whitening.shape) if isinstance(running_whitening, Tensor) else running_whitening
         raise GwdetValueError(f"{owner}: running_whitening must hold one k x k matrix per group of k channels, "
                               f"shape [{channels} / k, k, k], got {shape}")
+    check_same_device(owner, x, {"running_mean": running_mean, "running_whitening": running_whitening,
+                                 "weight": weight, "bias": bias})
     if training:
-        check_running_without_grad(owner, {"running_mean": running_mean, "running_whitening": running_whitening})
+        check_running_updatable(owner, {"running_mean": running_mean, "running_whitening": running_whitening})
         samples = x.numel() // channels
         check_values_per_group(owner, samples, "channel of the batch")
         if 0 < samples <= running_whitening.shape[1]:  # as the layer warns
@@ -247,6 +249,9 @@ class BatchWhitening(SettingsInState):
         """Raise ``ValueError`` for an input :meth:`forward` refuses (wrong shape or dtype; in
         training, a single value per channel)."""
         check_input("BatchWhitening", x, self.num_channels)
+        if not torch.jit.is_scripting():  # a weight.data of another size, or one given to torch.func.functional_call
+            check_per_channel("BatchWhitening", {"weight": self.weight, "bias": self.bias,
+                                                 "running_mean": self.running_mean}, self.num_channels)
         if self.training:
             samples = x.numel() // self.num_channels
             check_values_per_group("BatchWhitening", samples, "channel of the batch")

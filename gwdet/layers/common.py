@@ -9,6 +9,7 @@ import contextlib
 import math
 import numbers
 import struct
+import warnings
 from typing import Any, Callable, ContextManager, Dict, List, Mapping, Optional
 
 import numpy as np
@@ -17,6 +18,7 @@ from torch import Tensor
 from torch._C._functorch import TransformType
 from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 from torch.autograd import forward_ad
+from torch.masked import MaskedTensor
 
 from .tracing import onnx_exporting
 
@@ -26,6 +28,8 @@ from gwdet.errors import GwdetRuntimeError, GwdetValueError
 FLOAT32_SMALLEST = 2.0 ** -149
 FLOAT32_SMALLEST_NORMAL = 2.0 ** -126
 FLOAT32_LARGEST = torch.finfo(torch.float32).max
+# the most Newton iterations (T) a whitening layer takes (the default is 5)
+MAX_ITERATIONS = 1000
 
 
 def is_whole_number(value: Any) -> bool:
@@ -106,6 +110,17 @@ def check_flag(owner: str, name: str, value: Any) -> None:
         raise GwdetValueError(f"{owner}: {name} must be True or False, got {_shown(value, False)}")
 
 
+def check_iterations(owner: str, T: Any) -> None:
+    """Raise ``ValueError`` unless the Newton iteration count ``T`` is an integer from 1 to
+    :data:`MAX_ITERATIONS`: each iteration is a few products of a group's covariance, so a count
+    in the millions runs for days (and one past int64 cannot reach the op at all)."""
+    check_int_at_least(owner, "T", T, 1)
+    if T > MAX_ITERATIONS:
+        raise GwdetValueError(
+            f"{owner}: T must be an integer from 1 to {MAX_ITERATIONS} (Newton's iterations, Eqs. 6-7; the "
+            f"default is 5), got {T}")
+
+
 def check_hyper_parameters(
     owner: str,
     counts: Mapping[str, Any],
@@ -114,10 +129,14 @@ def check_hyper_parameters(
     flags: Optional[Mapping[str, Any]] = None,
 ) -> None:
     """A layer's constructor checks, each naming ``owner``, the argument, its value and the range
-    (``ValueError``): every ``counts`` value an integer >= 1, every ``positive`` value finite and
-    > 0 in float32, every ``unit_interval`` value in [0, 1], every ``flags`` value a bool."""
+    (``ValueError``): every ``counts`` value an integer >= 1 (``T``, the Newton iteration count, up
+    to :data:`MAX_ITERATIONS`: :func:`check_iterations`), every ``positive`` value finite and > 0
+    in float32, every ``unit_interval`` value in [0, 1], every ``flags`` value a bool."""
     for name, count in counts.items():
-        check_int_at_least(owner, name, count, 1)
+        if name == "T":
+            check_iterations(owner, count)
+        else:
+            check_int_at_least(owner, name, count, 1)
     for name, number in (positive or {}).items():
         check_positive(owner, name, number)
     for name, fraction in (unit_interval or {}).items():
@@ -128,18 +147,24 @@ def check_hyper_parameters(
 
 def check_scripted_settings(owner: str, num_channels: int, groups: Dict[str, List[int]], counts: Dict[str, int],
                             positive: Dict[str, float], unit_interval: Dict[str, float],
-                            method: Optional[str] = None) -> None:
+                            method: Optional[str] = None, fix: str = "") -> None:
     """The settings of a layer running under TorchScript, where assignments to a scripted layer
-    bypass the checks of :class:`~.settings_state.SettingsInState`: each ``counts`` value ``>= 1``,
-    each ``positive`` one a normal float32 number ``> 0``, each ``unit_interval`` one in ``[0, 1]``,
-    ``method`` (where given) ``"itn"`` or ``"zca"``, and each ``groups`` entry ``name: [requested, used]`` a request whose largest divisor of
+    bypass the checks of :class:`~.settings_state.SettingsInState`: each ``counts`` value ``>= 1``
+    (``T`` at most :data:`MAX_ITERATIONS`), each ``positive`` one a normal float32 number ``> 0``,
+    each ``unit_interval`` one in ``[0, 1]``, ``method`` (where given) ``"itn"`` or ``"zca"``, and
+    each ``groups`` entry ``name: [requested, used]`` a request whose largest divisor of
     ``num_channels`` at most it is the one the layer was built with. Raises ``ValueError`` (a
-    ``torch.jit.Error`` to the Python caller) naming the setting, its value and the fix."""
-    fix = (f"a scripted layer's settings are not checked when assigned (s.setting = value): script a layer built "
-           f"with the settings you want, torch.jit.script({owner}(..., setting=value)), which checks them")
+    ``torch.jit.Error`` to the Python caller) naming the setting, its value and ``fix`` (by default:
+    how to script a layer of other settings)."""
+    if fix == "":
+        fix = (f"a scripted layer's settings are not checked when assigned (s.setting = value): script a layer built "
+               f"with the settings you want, torch.jit.script({owner}(..., setting=value)), which checks them")
     for name, count in counts.items():
         if count < 1:
             raise GwdetValueError(f"{owner}: {name} must be an integer >= 1, got {count}; {fix}")
+        if name == "T" and count > 1000:  # MAX_ITERATIONS, which TorchScript cannot read as a global
+            raise GwdetValueError(f"{owner}: T must be an integer from 1 to 1000 (Newton's iterations, Eqs. 6-7; the "
+                                  f"default is 5), got {count}; {fix}")
     # FLOAT32_SMALLEST_NORMAL and FLOAT32_LARGEST, which TorchScript cannot read as globals
     smallest, largest_finite = 1.1754943508222875e-38, 3.4028234663852886e38
     for name, number in positive.items():
@@ -215,6 +240,10 @@ def check_input(owner: str, x: Tensor, num_channels: int) -> None:
     """Raise ``ValueError`` unless ``x`` is of a floating-point type the layers compute in (not
     float8) with shape ``(N, num_channels, *spatial)`` (``num_channels`` < 1: any channel count; an
     integer input would be whitened and returned rounded to integers)."""
+    if x.is_nested:
+        raise GwdetValueError(
+            f"{owner}: expected a dense input, got a nested tensor (tensors of different sizes); pad them into one "
+            "tensor with torch.nested.to_padded_tensor(x, 0.0), or run the layer on each of them")
     if x.dim() < 2 or (num_channels >= 1 and x.shape[1] != num_channels):
         channels = str(num_channels) if num_channels >= 1 else "C"
         raise GwdetValueError(
@@ -229,6 +258,25 @@ def check_input(owner: str, x: Tensor, num_channels: int) -> None:
                               "convert it with .float()")
     if x.is_sparse:
         raise GwdetValueError(f"{owner}: expected a dense input, got a sparse tensor; convert it with .to_dense()")
+    if not torch.jit.is_scripting():
+        _check_input_eagerly(owner, x)
+
+
+@torch.jit.unused
+def _check_input_eagerly(owner: str, x: Tensor) -> None:
+    """Raise ``ValueError`` for a ``torch.masked`` tensor, whose masked-out values have no place in
+    a group's statistics; warn when ``torch.jit.trace`` records a layer on a float16 or bfloat16
+    input: the trace holds the casts of that dtype as constants, so it returns that dtype for every
+    input (a float16 trace turns a float32 input into float16 without a word)."""
+    if isinstance(x, MaskedTensor):
+        raise GwdetValueError(f"{owner}: expected a dense input, got a torch.masked MaskedTensor, whose masked-out "
+                              "values the statistics cannot leave out; fill them (x.to_tensor(0.0)) and pass that")
+    if x.dtype in (torch.float16, torch.bfloat16) and torch.jit.is_tracing() and not onnx_exporting():
+        warnings.warn(
+            f"{owner}: traced on a {x.dtype} input, the trace holds the casts to and from that dtype as constants "
+            f"and returns {x.dtype} whatever dtype it is given later, a float32 input rounded to it. Trace with a "
+            "float32 input, the dtype the layers whiten in, and give the traced model float32 inputs.",
+            RuntimeWarning, stacklevel=3)
 
 
 @torch.jit.unused
@@ -242,14 +290,29 @@ def check_per_channel(owner: str, tensors: Mapping[str, Optional[Tensor]], chann
 
 
 @torch.jit.unused
-def check_running_without_grad(owner: str, tensors: Mapping[str, Tensor]) -> None:
-    """Raise ``ValueError`` for a running statistic of ``tensors`` that requires grad: training
-    updates it in place, which autograd refuses on a leaf that requires grad."""
+def check_running_updatable(owner: str, tensors: Mapping[str, Tensor]) -> None:
+    """Raise ``ValueError`` for a running statistic of ``tensors`` that training cannot update in
+    place: one that requires grad (autograd refuses in-place changes of such a leaf), or a view
+    whose elements share memory (``torch.zeros(1).expand(16)``: one write would change them all)."""
     for name, tensor in tensors.items():
         if tensor.requires_grad:
             raise GwdetValueError(
                 f"{owner}: {name} requires grad, but training updates it in place (a running average, which "
                 f"no gradient flows into); pass {name}.detach(), or create it without requires_grad=True")
+        if any(stride == 0 and size > 1 for stride, size in zip(tensor.stride(), tensor.shape, strict=True)):
+            raise GwdetValueError(
+                f"{owner}: {name} is a view whose elements share memory (stride 0, as .expand() makes), but "
+                f"training updates each of its values in place; pass {name}.clone()")
+
+
+@torch.jit.unused
+def check_same_device(owner: str, x: Tensor, tensors: Mapping[str, Optional[Tensor]]) -> None:
+    """Raise ``ValueError`` for a tensor of ``tensors`` (None: absent) on another device than the
+    input ``x``: a functional form computes with them together."""
+    for name, tensor in tensors.items():
+        if tensor is not None and tensor.device != x.device:
+            raise GwdetValueError(f"{owner}: {name} is on {tensor.device}, the input on {x.device}; move it with "
+                                  f"{name}.to(x.device)")
 
 
 def check_values_per_group(owner: str, values: int, what: str,

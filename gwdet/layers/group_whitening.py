@@ -17,14 +17,14 @@ implementations of the same function, chosen per call by :mod:`gwdet.layers.trac
 ``torch.jit.trace`` and ``torch.onnx.export`` record) and the custom op ``gwdet::group_whitening``
 (:func:`~.group_whitening_function.fused_group_whitening`, closed-form backward).
 """
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import torch
 from torch import Tensor
 
 from .common import (
-    autocast_disabled, check_hyper_parameters, check_input, check_per_channel, check_scripted_settings,
-    check_values_per_group,
+    autocast_disabled, check_hyper_parameters, check_input, check_per_channel, check_same_device, check_scripted_settings,
+    check_values_per_group, divisor_at_most,
     largest_divisor_at_most, largest_magnitude, magnitude_scales, per_channel_affine, product,
     register_affine, reset_affine, reshape_with_samples, scaled_ridge, statistics_dtype,
 )
@@ -54,13 +54,23 @@ def group_whitening(
     Returns:
         A tensor of ``x``'s shape and dtype.
     """
-    _check_arguments("group_whitening", x, num_groups, T, eps, method)
-    groups = largest_divisor_at_most(x.shape[1], num_groups)
     if torch.jit.is_scripting():
-        return _reference(x, groups, T, eps, method, None, None)
-    return _run(x, None, None, groups, T, eps, method)
+        _check_scripted_arguments("group_whitening", x, num_groups, T, eps, method)
+        return _reference(x, divisor_at_most(x.shape[1], num_groups), T, eps, method, None, None)
+    _check_arguments("group_whitening", x, num_groups, T, eps, method)
+    return _run(x, None, None, largest_divisor_at_most(x.shape[1], num_groups), T, eps, method)
 
 
+def _check_scripted_arguments(owner: str, x: Tensor, num_groups: int, T: int, eps: float, method: str) -> None:
+    """What :func:`_check_arguments` checks of the functional forms' arguments, as TorchScript runs
+    it (its typed arguments cannot be of another type)."""
+    check_input(owner, x, 0)
+    check_scripted_settings(owner, x.shape[1], torch.jit.annotate(Dict[str, List[int]], {}),
+                            {"num_groups": num_groups, "T": T}, {"eps": eps}, torch.jit.annotate(Dict[str, float], {}),
+                            method, "give a valid value")
+
+
+@torch.jit.unused
 def _check_arguments(owner: str, x: Tensor, num_groups: int, T: int, eps: float, method: str,
                      weight: Optional[Tensor] = None, bias: Optional[Tensor] = None) -> None:
     check_hyper_parameters(owner, {"num_groups": num_groups, "T": T}, positive={"eps": eps})
@@ -69,6 +79,7 @@ def _check_arguments(owner: str, x: Tensor, num_groups: int, T: int, eps: float,
     check_input(owner, x, 0)
     check_spatial_size(owner, x)
     check_per_channel(owner, {"weight": weight, "bias": bias}, x.shape[1])
+    check_same_device(owner, x, {"weight": weight, "bias": bias})
     check_sample_group_values(owner, x, num_groups)
 
 
@@ -112,11 +123,11 @@ def group_whitening_reference(
     is what TorchScript, ``torch.jit.trace`` and ``torch.onnx.export`` record; it keeps every
     intermediate for the backward pass, so train with :class:`GroupWhitening` or :func:`group_whitening`.
     """
-    _check_arguments("group_whitening_reference", x, num_groups, T, eps, method, weight, bias)
-    groups = largest_divisor_at_most(x.shape[1], num_groups)
     if torch.jit.is_scripting():
-        return _reference(x, groups, T, eps, method, weight, bias)
-    return _reference_outside_autocast(x, groups, T, eps, method, weight, bias)
+        _check_scripted_arguments("group_whitening_reference", x, num_groups, T, eps, method)
+        return _reference(x, divisor_at_most(x.shape[1], num_groups), T, eps, method, weight, bias)
+    _check_arguments("group_whitening_reference", x, num_groups, T, eps, method, weight, bias)
+    return _reference_outside_autocast(x, largest_divisor_at_most(x.shape[1], num_groups), T, eps, method, weight, bias)
 
 
 def _reference(
@@ -227,6 +238,8 @@ class GroupWhitening(SettingsInState):
         """Raise ``ValueError`` for an input :meth:`forward` refuses (wrong shape or dtype, a
         single value per group of a sample)."""
         check_input("GroupWhitening", x, self.num_channels)
+        if not torch.jit.is_scripting():  # a weight.data of another size, or one given to torch.func.functional_call
+            check_per_channel("GroupWhitening", {"weight": self.weight, "bias": self.bias}, self.num_channels)
         check_spatial_size("GroupWhitening", x)
         positions = 1
         for size in x.shape[2:]:

@@ -10,6 +10,7 @@ k-th batch; DBN Algorithm 1 lines 10-11, and batch norm's, which BGN follows).
 from __future__ import annotations
 
 import collections.abc
+import itertools
 import warnings
 from typing import Any, Callable, Iterable, Mapping
 
@@ -47,6 +48,19 @@ def _endless(loader: Any) -> bool:
         attributes = vars(found) if hasattr(found, "__dict__") else {}
         waiting += [attributes[name] for name in ("dataset", "sampler", "_sampler") if attributes.get(name) is not None]
     return False
+
+
+def _endless_iterator(loader: Any) -> str | None:
+    """The name of the ``itertools`` iterator ``loader`` is when it yields without end (``count``,
+    ``cycle``, ``repeat`` without a number of times), told by its type; None otherwise."""
+    if isinstance(loader, (itertools.count, itertools.cycle)):
+        return f"itertools.{type(loader).__name__}"
+    if isinstance(loader, itertools.repeat):
+        try:
+            loader.__length_hint__()
+        except TypeError:  # repeat(x) has no length; repeat(x, n) has n
+            return "itertools.repeat"
+    return None
 
 
 def _scripted_with_statistics(model: nn.Module) -> list[str]:
@@ -123,6 +137,14 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
             "update_running_statistics: the loader is detectron2's training loader, which draws batches without end "
             "(its TrainingSampler repeats the dataset), so the recomputation would never finish: give a number of its "
             "batches, e.g. itertools.islice(loader, 200). The running statistics are as they were.")
+    endless = _endless_iterator(loader)
+    if endless is not None:
+        raise GwdetValueError(
+            f"update_running_statistics: the loader is an {endless} object, which yields batches "
+            "without end, so the recomputation would never finish: give a finite number of batches, e.g. "
+            f"itertools.islice(loader, 200), or a list of them ([batch] * 200 for one batch 200 times"
+            f"{', itertools.repeat(batch, 200)' if endless == 'itertools.repeat' else ''}). The running statistics are "
+            "as they were.")
     saved = [{name: buffer.clone() for name, buffer in layer.named_buffers(recurse=False)} for layer in layers]
     kept = [{name: buffer.clone() for name, buffer in layer.named_buffers(recurse=False)} for layer in others.values()]
     momenta = [layer.momentum for layer in layers]

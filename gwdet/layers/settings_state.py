@@ -18,11 +18,14 @@ settings its checkpoints record beside the weights (:mod:`gwdet.checkpoint.compa
 import functools
 import json
 import math
+import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.nn.utils import parametrize
+from torch.nn.utils.parametrize import type_before_parametrizations
 
 from gwdet.errors import GwdetAttributeError, GwdetTypeError, GwdetValueError
 
@@ -316,11 +319,15 @@ class SettingsInState(nn.Module):
     def __delattr__(self, name: str) -> None:
         """A recorded setting or an attribute derived from them is never deleted (assigned again, it
         would get past the check of :meth:`__setattr__`), nor, once the layer is built, its ``weight``,
-        ``bias`` or a running statistic: the layer computes with them and its state records them."""
+        ``bias`` or a running statistic: the layer computes with them and its state records them.
+        ``torch.nn.utils.parametrize.register_parametrization`` deletes the tensor it puts behind a
+        parametrization, which stands in for it (computed from the original on each access)."""
         if name in self.setting_names() or name in self.DERIVED:
             raise GwdetAttributeError(f"{type(self).__name__}: {name} is set when the layer is built and cannot be "
                                       "deleted; build a new layer with the settings you want.")
-        if "affine" in self.__dict__ and (name in ("weight", "bias") or name in self.__dict__.get("_buffers", {})):
+        parametrizing = sys._getframe(1).f_globals.get("__name__") == parametrize.__name__
+        if ("affine" in self.__dict__ and not parametrizing
+                and (name in ("weight", "bias") or name in self.__dict__.get("_buffers", {}))):
             raise GwdetAttributeError(
                 f"{type(self).__name__}: {name} cannot be deleted from a built layer: the layer computes with it and "
                 "its state records it; build a new layer with the settings you want"
@@ -338,7 +345,7 @@ class SettingsInState(nn.Module):
         return ", ".join([*parts, f"affine={self.affine!r}"])
 
     def get_extra_state(self) -> Tensor:
-        return encode_settings(type(self).__name__, self.settings())
+        return encode_settings(type_before_parametrizations(self).__name__, self.settings())
 
     def set_extra_state(self, state: Any) -> None:
         """Accept the settings a state recorded when they are this layer's; raise ``ValueError``
@@ -351,7 +358,7 @@ class SettingsInState(nn.Module):
         """``None`` when ``state`` (a state dict's ``_extra_state`` value) records this layer's
         settings; else the refusal, naming the layer (``name`` in its model, when known), each
         differing setting with both values, and the fix."""
-        kind = type(self).__name__
+        kind = type_before_parametrizations(self).__name__  # torch.nn.utils.parametrize's subclass is the layer
         layer = f"{name} ({kind})" if name else kind
         key = f"'{name}.{EXTRA_STATE_KEY}'" if name else f"'{EXTRA_STATE_KEY}'"
         if isinstance(state, Tensor) and state.is_meta:

@@ -25,7 +25,7 @@ from gwdet.norms import (
     layer_types,
 )
 from gwdet.positions import BLOCK_CONV_OF_POSITION, positions_with_norm
-from gwdet.solver import misdecayed_norm_layers
+from gwdet.solver import misdecayed_norm_layers, norm_parameters, weight_decay_of
 
 # The containers that keep one norm per FPN level: gwdet's and detectron2's.
 PER_LEVEL_CONTAINERS: tuple[type[nn.Module], ...] = (PerLevelNorm, *DETECTRON2_PER_LEVEL_NORMS)
@@ -95,16 +95,42 @@ def check_norm_weight_decay(model: nn.Module, optimizer: torch.optim.Optimizer, 
     """Warn, naming them, about the norm layers of ``model`` whose parameters ``optimizer`` decays
     otherwise than ``weight_decay_norm`` (``SOLVER.WEIGHT_DECAY_NORM``; a bias: ``weight_decay_bias``
     when set); returns them. detectron2's own optimizer builders do this to gwdet's layers: build
-    the optimizer with :func:`gwdet.build_optimizer` / :func:`gwdet.get_default_optimizer_params`."""
+    the optimizer with :func:`gwdet.build_optimizer` / :func:`gwdet.get_default_optimizer_params`.
+    Where ``weight_decay_bias`` is not given and only the layers' biases differ, all by one value
+    (an optimizer built with ``SOLVER.WEIGHT_DECAY_BIAS``, which detectron2 gives every bias, a
+    norm's too), the warning says so and names the value to check against."""
     layers = misdecayed_norm_layers(model, optimizer, weight_decay_norm, weight_decay_bias)
-    if layers:
+    if not layers:
+        return layers
+    bias_decay = _bias_only_decay(model, optimizer, weight_decay_norm) if weight_decay_bias is None else None
+    if bias_decay is not None:
         logging.getLogger(__name__).warning(
-            f"{len(layers)} norm layer(s) are decayed otherwise than the norm weight decay "
-            f"{weight_decay_norm:g} (SOLVER.WEIGHT_DECAY_NORM / weight_decay_norm): "
-            f"{listed(layers, 5)}. detectron2's optimizer builders "
-            "know only torch's norm classes: build the optimizer with gwdet.build_optimizer(cfg, model), or "
-            "in a LazyConfig set optimizer.params._target_ = gwdet.get_default_optimizer_params.")
+            f"{len(layers)} norm layer(s) have their bias decayed by {bias_decay:g}, not by the norm weight decay "
+            f"{weight_decay_norm:g} (SOLVER.WEIGHT_DECAY_NORM / weight_decay_norm), their other parameters by it: "
+            f"{listed(layers, 5)}. An optimizer built with a bias weight decay (SOLVER.WEIGHT_DECAY_BIAS / "
+            "weight_decay_bias) gives it to every bias, the norm layers' too, as detectron2's does. If that is "
+            f"the setting, give it to the check (check_model(..., weight_decay_bias={bias_decay:g}), i.e. "
+            "cfg.SOLVER.WEIGHT_DECAY_BIAS); else build the optimizer without it.")
+        return layers
+    logging.getLogger(__name__).warning(
+        f"{len(layers)} norm layer(s) are decayed otherwise than the norm weight decay "
+        f"{weight_decay_norm:g} (SOLVER.WEIGHT_DECAY_NORM / weight_decay_norm): "
+        f"{listed(layers, 5)}. detectron2's optimizer builders "
+        "know only torch's norm classes: build the optimizer with gwdet.build_optimizer(cfg, model), or "
+        "in a LazyConfig set optimizer.params._target_ = gwdet.get_default_optimizer_params.")
     return layers
+
+
+def _bias_only_decay(model: nn.Module, optimizer: torch.optim.Optimizer, weight_decay_norm: float) -> float | None:
+    """The one weight decay ``optimizer`` gives the norm layers' biases where that is all that
+    differs from ``weight_decay_norm`` (every other norm parameter has it); None otherwise."""
+    decays = weight_decay_of(optimizer.param_groups, optimizer.defaults)
+    bias_decays = {decays[param] for param, (_, param_name) in norm_parameters(model).items()
+                   if param_name == "bias" and param in decays and decays[param] != weight_decay_norm}
+    if len(bias_decays) != 1:
+        return None
+    (bias_decay,) = bias_decays
+    return None if misdecayed_norm_layers(model, optimizer, weight_decay_norm, bias_decay) else bias_decay
 
 
 def check_model_example_groups(model: nn.Module, batch: int, processes: int, batch_setting: str) -> None:
