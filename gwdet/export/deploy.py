@@ -18,7 +18,6 @@ from __future__ import annotations
 import io
 import math
 import os
-import re
 import warnings
 import zipfile
 from collections.abc import Mapping
@@ -89,16 +88,23 @@ def export_torchscript(model: torch.nn.Module, image: torch.Tensor, path: str, *
     :func:`load_export` reads TorchScript from) is refused (:func:`_check_output_file`).
     """
     _check_output_file(path, "model.ts", overwrite, "export_torchscript")
-    adapter = tracing_adapter(model, image)
-    with torch.no_grad():
-        # check_trace would run the model twice more to compare; callers compare with
-        # max_abs_difference on inputs of their choice instead
-        traced = torch.jit.trace(adapter, (image,), check_trace=False)
+    traced, adapter = trace_model(model, image)
     folder = os.path.dirname(path)
     if folder:
         os.makedirs(folder, exist_ok=True)
     with path_written_with_checksum(path) as temporary:
         save_script_module(traced, temporary)
+    return traced, adapter
+
+
+def trace_model(model: torch.nn.Module, image: torch.Tensor) -> Tuple[torch.jit.ScriptModule, TracingAdapter]:
+    """``torch.jit.trace`` of detectron2's tracing adapter of ``model`` on ``image``: the traced
+    module and the adapter, as :func:`export_torchscript` returns them, nothing written."""
+    adapter = tracing_adapter(model, image)
+    with torch.no_grad():
+        # check_trace would run the model twice more to compare; callers compare with
+        # max_abs_difference on inputs of their choice instead
+        traced = torch.jit.trace(adapter, (image,), check_trace=False)
     return traced, adapter
 
 
@@ -131,21 +137,14 @@ _FORMATS = {TORCHSCRIPT_SUFFIX: "a TorchScript archive", ONNX_SUFFIX: "an ONNX m
 # what other suffixes name, for the message that refuses them
 _NAMED_BY_SUFFIX = {".pth": "a checkpoint (torch.save)", ".pt": "a checkpoint (torch.save)",
                     ".pkl": "detectron2 weights", ".onnx": _FORMATS[ONNX_SUFFIX], ".ts": _FORMATS[TORCHSCRIPT_SUFFIX]}
-# the tail of the temporary name gwdet.utils.atomic.path_written_atomically writes a file under:
-# .<name>.<pid>.<random>.partial, renamed to <name> when complete
-_TEMPORARY_TAIL = re.compile(r"\.\d+\.[0-9a-f]{12}\.partial$")
 
 
 def _check_export_suffix(path: str, suffix: str, writer: str) -> None:
     """Refuse an export ``path`` that does not end in ``suffix``, the suffix of the format ``writer``
     writes: :func:`load_export` reads an export's format from its name (``.onnx``: ONNX, else
-    TorchScript) and lists a folder's exports by it. The temporary name of
-    :func:`~gwdet.utils.atomic.path_written_atomically` is judged by the name it becomes."""
+    TorchScript) and lists a folder's exports by it."""
     shown = os.fspath(path)
-    folder, name = os.path.split(shown)
-    if name.startswith(".") and _TEMPORARY_TAIL.search(name):
-        name = _TEMPORARY_TAIL.sub("", name[1:])
-        shown = os.path.join(folder, name)
+    name = os.path.basename(shown)
     if name.endswith(suffix):
         return
     found = os.path.splitext(name)[1]
@@ -204,16 +203,25 @@ def export_onnx(
     names = None if input_names is None else list(input_names)
     outputs = None if output_names is None else list(output_names)
     with path_written_with_checksum(path) as temporary:
-        if dynamo:
-            # the weights inside the file: torch writes them beside it under the name it is given (the temporary
-            # name, which the file would then reference) where external_data is on
-            torch.onnx.export(module, args, temporary, opset_version=opset, dynamo=True, external_data=False,
-                              input_names=names, output_names=outputs, dynamic_axes=dynamic_axes)
-        else:
-            torch.onnx.export(module, args, temporary, opset_version=opset or ONNX_OPSET, dynamo=False,
-                              input_names=names, output_names=outputs, dynamic_axes=dynamic_axes)
-            drop_subgraph_shapes(temporary)
-        check_onnx_file(temporary, path, _float64_tensors(module, args))
+        write_onnx(module, args, temporary, path, opset, dynamo, names, outputs, dynamic_axes)
+
+
+def write_onnx(module: torch.nn.Module, args: Tuple[torch.Tensor, ...], file: str, path: str,
+               opset: Optional[int] = None, dynamo: bool = False, input_names: Optional[List[str]] = None,
+               output_names: Optional[List[str]] = None,
+               dynamic_axes: Optional[Dict[str, Dict[int, str]]] = None) -> None:
+    """What :func:`export_onnx` writes, into ``file`` as it is (the caller makes it ``path``, the
+    name messages give): the export, its subgraph shapes dropped, checked by ``onnx``'s checker."""
+    if dynamo:
+        # the weights inside the file: torch writes them beside it under the name it is given (a temporary
+        # name, which the file would then reference) where external_data is on
+        torch.onnx.export(module, args, file, opset_version=opset, dynamo=True, external_data=False,
+                          input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes)
+    else:
+        torch.onnx.export(module, args, file, opset_version=opset or ONNX_OPSET, dynamo=False,
+                          input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes)
+        drop_subgraph_shapes(file)
+    check_onnx_file(file, path, _float64_tensors(module, args))
 
 
 def _float64_tensors(module: torch.nn.Module, args: Tuple[Any, ...]) -> bool:
@@ -309,18 +317,36 @@ def export_model_onnx(model: torch.nn.Module, image: torch.Tensor, path: str, op
     that does not end in ``.onnx`` is refused. The file's
     input is named ``image`` and its outputs by :func:`flattened_names` (an R-CNN's: ``pred_boxes``,
     ``pred_classes``, [``pred_masks``,] ``scores``, ``image_size``)."""
+    _check_detector_opset(opset)
+    _check_output_file(path, "model.onnx", overwrite, "export_model_onnx")  # before the model is traced
+    folder = os.path.dirname(path)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    with path_written_with_checksum(path) as temporary:
+        return write_model_onnx(model, image, temporary, path, opset)
+
+
+def write_model_onnx(model: torch.nn.Module, image: torch.Tensor, file: str, path: str,
+                     opset: int = ONNX_OPSET) -> TracingAdapter:
+    """What :func:`export_model_onnx` writes, into ``file`` as it is (the caller makes it ``path``):
+    the tracing adapter of ``model`` on ``image`` exported by :func:`write_onnx`; returns the adapter."""
+    _check_detector_opset(opset)
+    adapter = tracing_adapter(model, image)
+    with torch.no_grad():
+        adapter(image)  # its outputs' schema, which names the file's outputs
+    adapter.eval()
+    write_onnx(adapter, (image,), file, path, opset, input_names=["image"],
+               output_names=flattened_names(adapter.outputs_schema))
+    return adapter
+
+
+def _check_detector_opset(opset: int) -> None:
+    """Refuse an ``opset`` below :data:`MIN_DETECTOR_OPSET`, where a detector's ROIAlign is another function."""
     if opset < MIN_DETECTOR_OPSET:
         raise GwdetValueError(
             f"opset {opset}: a detector's ROIAlign (aligned, as detectron2 pools regions) is exported as ONNX "
             f"RoiAlign from opset {MIN_DETECTOR_OPSET} on; below it the file computes other detections. Give opset "
             f"{MIN_DETECTOR_OPSET} or newer (the default is {ONNX_OPSET}); nothing was written.")
-    _check_output_file(path, "model.onnx", overwrite, "export_model_onnx")  # before the model is traced
-    adapter = tracing_adapter(model, image)
-    with torch.no_grad():
-        adapter(image)  # its outputs' schema, which names the file's outputs
-    export_onnx(adapter, (image,), path, opset, input_names=["image"],
-                output_names=flattened_names(adapter.outputs_schema), overwrite=overwrite)
-    return adapter
 
 
 class DamagedExportError(DamagedFileError):

@@ -214,22 +214,15 @@ def _plain_containers(model: torch.nn.Module) -> None:
                 setattr(module, name, OmegaConf.to_container(value, resolve=True))
 
 
-def export_scripting(model: torch.nn.Module, path: str) -> torch.jit.ScriptModule:
-    """``torch.jit.script`` of an R-CNN (detectron2's ``scripting_with_instances``), saved to ``path``."""
+def script_model(model: torch.nn.Module) -> torch.jit.ScriptModule:
+    """``torch.jit.script`` of an R-CNN (detectron2's ``scripting_with_instances``)."""
     from detectron2.export import scripting_with_instances
     from detectron2.structures import Boxes
-
-    from gwdet.export.deploy import save_script_module
-    from gwdet.utils.atomic import path_written_with_checksum
 
     types = {"Boxes": Boxes, "Tensor": Tensor}
     fields = {name: types[kind] for name, kind in SCRIPTED_FIELDS.items()}
     _plain_containers(model)
-    scripted = scripting_with_instances(_scripted_adapter(model), fields)
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with path_written_with_checksum(path) as temporary:  # atomically, SHA-256 in path.sha256
-        save_script_module(scripted, temporary)
-    return scripted
+    return scripting_with_instances(_scripted_adapter(model), fields)
 
 
 def check_scriptable(model: torch.nn.Module) -> None:
@@ -571,7 +564,8 @@ def _export(argv: Sequence[str]) -> int:
 
     from gwdet.model_zoo import resolve_config_argument
     from gwdet.utils.atomic import path_written_with_checksum
-    from gwdet.export.deploy import ONNX_OPSET, export_model_onnx, export_torchscript, flattened_names, run_onnx
+    from gwdet.export.deploy import (ONNX_OPSET, flattened_names, run_onnx, save_script_module, trace_model,
+                                     write_model_onnx)
 
     parser = argument_parser()
     refuse_repeated_flags(parser, argv)
@@ -633,15 +627,17 @@ def _export(argv: Sequence[str]) -> int:
                                            "it is. Pass --overwrite to replace it, or choose another --output.")
             with path_written_with_checksum(path) as written:
                 if args.format == "torchscript" and args.export_method == "scripting":
-                    scripted = export_scripting(model, written)
+                    scripted = script_model(model)
+                    save_script_module(scripted, written)
                     agreement = check_export(model, image, *_scripted_fields(model, scripted, image), args.tolerance)
                 elif args.format == "torchscript":
-                    traced, adapter = export_torchscript(model, image, written)
+                    traced, adapter = trace_model(model, image)
+                    save_script_module(traced, written)
                     agreement = _check_adapter_outputs(model, image, adapter, traced(image), args.tolerance)
                     logger.info("Inputs schema: %s", adapter.inputs_schema)
                     logger.info("Outputs schema: %s", adapter.outputs_schema)
                 else:
-                    adapter = export_model_onnx(model, image, written, args.opset or ONNX_OPSET)
+                    adapter = write_model_onnx(model, image, written, path, args.opset or ONNX_OPSET)
                     try:
                         agreement = _check_adapter_outputs(model, image, adapter, run_onnx(written, [image]),
                                                            args.tolerance)
