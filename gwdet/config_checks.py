@@ -432,6 +432,13 @@ def _checkpoint_period(cfg: CfgNode, period: Any) -> str | None:
             f"Use an integer >= 1; to save only the final model, use SOLVER.MAX_ITER ({_value(cfg, 'SOLVER.MAX_ITER')}).")
 
 
+def _eval_period(cfg: CfgNode, period: Any) -> str | None:
+    if is_whole_number(period) and period >= 0:
+        return None
+    return ("is no number of iterations between evaluations: give a whole number of at least 0 (0: evaluate once, "
+            "after training), e.g. TEST.EVAL_PERIOD 1000.")
+
+
 def _base_lr(cfg: CfgNode, lr: Any) -> str | None:
     if is_finite_number(lr) and lr >= 0:
         return None
@@ -879,6 +886,7 @@ class ValueRule:
 
 DETECTRON2_VALUE_RULES = (
     ValueRule("SOLVER.CHECKPOINT_PERIOD", _checkpoint_period),
+    ValueRule("TEST.EVAL_PERIOD", _eval_period),
     ValueRule("SOLVER.BASE_LR", _base_lr),
     ValueRule("SOLVER.WARMUP_ITERS", _warmup_iters),
     ValueRule("SOLVER.STEPS", _steps),
@@ -1216,14 +1224,25 @@ NORM_VALUE_SECTIONS = ("MODEL.GW.", "MODEL.GN.", "MODEL.BW.", "MODEL.BGN.")
 SHARED_GROUP_KEYS = ("MODEL.GW.NUM_GROUPS", "MODEL.GN.NUM_GROUPS")
 
 
+def built_norm_names(cfg: CfgNode) -> list[str]:
+    """The names of the norms the config's NORM keys build, sorted."""
+    return sorted({_value(cfg, key) for key in NORM_KEYS if _value(cfg, key) and builds_norm(cfg, key)})
+
+
+def norm_keys_read(cfg: CfgNode) -> set[str]:
+    """The keys of norm hyper-parameters that the norms the config builds read (their records'
+    ``config_keys``): a key of :data:`NORM_VALUE_SECTIONS` outside it has no effect on the model."""
+    return {key for name in built_norm_names(cfg) for key in norm_record(name).config_keys.values()}
+
+
 def warn_unread_norm_values(cfg: CfgNode) -> None:
     """A warning for each norm hyper-parameter of gwdet's table (``MODEL.GW.*``, ``MODEL.GN.*``,
     ``MODEL.BW.*``, ``MODEL.BGN.*``) set away from its default that none of the norms the config's
     NORM keys build reads (``MODEL.BGN.NUM_GROUPS`` with GhostBN only, ``MODEL.GW.T`` with GW_ZCA
     only, ``MODEL.BW.T`` without a BW layer): the value has no effect. The group numbers of
     :data:`SHARED_GROUP_KEYS` are named only where a norm of their section is built."""
-    built = sorted({_value(cfg, key) for key in NORM_KEYS if _value(cfg, key) and builds_norm(cfg, key)})
-    read = {key for name in built for key in norm_record(name).config_keys.values()}
+    built = built_norm_names(cfg)
+    read = norm_keys_read(cfg)
     defaults = flatten_config(add_gwdet_config(CfgNode()))
     for key, default in defaults.items():
         value = config_value(cfg, key)

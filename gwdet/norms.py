@@ -491,6 +491,12 @@ def norm_record(name: str) -> NormRecord:
     """The :class:`NormRecord` of ``name``; :class:`UnknownNormError` listing the known names."""
     if isinstance(name, str) and name in _RECORDS:
         return _RECORDS[name]
+    if name is None or name == "":
+        raise UnknownNormError(
+            f"{name!r} names no norm: it stands for no norm where a config or a layer takes one (NORM: \"\" in a "
+            "config, norm=\"\" for detectron2's layers), so there is nothing to build or look up. To have no norm, "
+            f"give {name!r} itself where the norm goes, not gwdet.norm({name!r}); else a name of "
+            f"{', '.join(known_norm_names())}.")
     raise UnknownNormError(
         f"Unknown norm name {name!r}. Known names: {', '.join(known_norm_names())}. Fix the "
         f"NORM value, or register the name with gwdet.register_norm(name, build) ({OWN_NAMES_NOTE})."
@@ -877,12 +883,12 @@ class Norm:
         adjusted = group_adjustment(layer)
         if adjusted is not None:
             what, requested, used = adjusted
-            message = (f"{self.name} with {requested} {what} cannot divide {channels} channels; the layer "
-                       f"uses {used}.")
+            message = f"{self.name} with {requested} {what} cannot divide {channels} channels"
             if self.strict:
-                raise GwdetValueError(f"{message} Choose a value that divides the channels, or allow the "
-                                      "adjustment (strict=False; MODEL.STRICT_NORM_GROUPS False).")
-            log_first_n(logging.WARNING, message, key="message", name=__name__)
+                raise GwdetValueError(f"{message} (strict: refused; allowed, the layer would use {used}). Choose a "
+                                      "value that divides the channels, or allow the adjustment (strict=False; "
+                                      "MODEL.STRICT_NORM_GROUPS False).")
+            log_first_n(logging.WARNING, f"{message}; the layer uses {used}.", key="message", name=__name__)
         return layer
 
     def __eq__(self, other: object) -> bool:

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import copy
 import difflib
+import logging
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from detectron2.config import CfgNode
 from detectron2.solver.build import get_default_optimizer_params as detectron2_optimizer_params
+from detectron2.layers import FrozenBatchNorm2d
 from detectron2.solver.build import maybe_add_gradient_clipping, reduce_param_groups
 from torch import nn
 
@@ -33,6 +35,9 @@ from gwdet.config_checks import ensure_checked
 from gwdet.errors import GwdetTypeError, GwdetValueError, listed
 from gwdet.layers.common import is_finite_number
 from gwdet.norms import COMPUTING_MODULES, DETECTRON2_OPTIMIZER_NORMS, NORM_LAYER_MARK, layer_types
+
+logger = logging.getLogger(__name__)
+
 
 def optimizer_norm_types() -> tuple[type, ...]:
     """The classes whose modules are norms to the optimizer: detectron2's own list (which gwdet
@@ -201,6 +206,7 @@ def build_optimizer(cfg: CfgNode, model: nn.Module) -> torch.optim.Optimizer:
             f"build_optimizer: the model ({type(model).__name__}) has no trainable parameter: {what}, so an optimizer "
             "would have nothing to train. Build the optimizer for the model that trains (a model made frozen on "
             "purpose is evaluated without one), or make its parameters trainable first (model.requires_grad_(True)).")
+    warn_of_untrained_parts(model, cfg.MODEL.WEIGHTS, "MODEL.WEIGHTS")
     params = get_default_optimizer_params(
         model,
         base_lr=cfg.SOLVER.BASE_LR,
@@ -211,6 +217,27 @@ def build_optimizer(cfg: CfgNode, model: nn.Module) -> torch.optim.Optimizer:
     sgd = torch.optim.SGD(params, lr=cfg.SOLVER.BASE_LR, momentum=cfg.SOLVER.MOMENTUM,
                           nesterov=cfg.SOLVER.NESTEROV, weight_decay=cfg.SOLVER.WEIGHT_DECAY, foreach=True)
     return maybe_add_gradient_clipping(cfg, sgd)
+
+
+def warn_of_untrained_parts(model: nn.Module, weights: str, weights_setting: str) -> None:
+    """Warn, when the initial weights (``weights`` of ``weights_setting``) are empty, of the parts
+    of ``model`` that training leaves as they are built: frozen parameters (``requires_grad`` off,
+    as ``MODEL.BACKBONE.FREEZE_AT`` leaves the first stages) stay random, FrozenBN layers stay
+    identities. The training tools refuse such a config; built in Python, the model may still get
+    weights loaded by the caller, so this is a warning."""
+    if weights:
+        return
+    frozen = [name for name, parameter in model.named_parameters() if not parameter.requires_grad]
+    fixed = [name for name, module in model.named_modules() if isinstance(module, FrozenBatchNorm2d)]
+    if not frozen and not fixed:
+        return
+    parts = ([f"{len(frozen)} frozen parameter(s) ({listed(frozen, 2)}), which would stay random"] if frozen else []) + \
+        ([f"{len(fixed)} FrozenBN layer(s) ({listed(fixed, 2)}), which would stay identities"] if fixed else [])
+    logger.warning(
+        f"{weights_setting} is empty (training from scratch), and the model has {' and '.join(parts)}: training "
+        "leaves them as they are built. Load pretrained weights into the model before training (docs/weights.md), "
+        "or build it without frozen parts (MODEL.BACKBONE.FREEZE_AT 0 and a norm that learns, as configs/Study/ "
+        "does); tools/train_net.py refuses such a config.")
 
 
 def weight_decay_of(param_groups: Iterable[Mapping[str, Any]], defaults: Mapping[str, Any]) -> dict[nn.Parameter, float]:

@@ -447,3 +447,24 @@ def test_runs_writing_sections_into_one_file_at_once_keep_each_others(tmp_path, 
     text = out.read_text()
     assert text.startswith("# mine\n") and "tables one" in text and "tables two" in text
     assert text.count(markers("one")[0]) == 1 and text.count(markers("two")[0]) == 1
+
+
+# marker lines shown as an example inside a fenced code block were taken for the section: the example was replaced
+# by the tables
+@pytest.mark.parametrize("fence", ["```", "~~~", "````markdown"])
+def test_markers_inside_a_fenced_code_block_are_the_files_text(tmp_path, fence):
+    begin, end = markers("main")
+    closing = fence.removesuffix("markdown")
+    example = f"# My doc\n\nPaste these lines:\n\n{fence}\n{begin}\nEXAMPLE CONTENT\n{end}\n{closing}\n\nmore text\n"
+    path = tmp_path / "doc.md"
+    path.write_text(example)
+    write_section(path, "tables", "main")
+    assert path.read_text() == f"{example.rstrip()}\n\n{begin}\ntables\n{end}\n"
+    write_section(path, "new tables", "main")  # the real section, outside the fence, is replaced; the example kept
+    assert path.read_text() == f"{example.rstrip()}\n\n{begin}\nnew tables\n{end}\n"
+    unclosed = tmp_path / "unclosed.md"
+    unclosed.write_text(f"# Doc\n\n{fence}\nsome code\n")
+    with pytest.raises(ValueError, match=r"its fenced code block opened on line 3 is not closed, so the section 'main' "
+                                         r"appended at the end of the file would be inside it: close the block"):
+        write_section(unclosed, "tables", "main")
+    assert unclosed.read_text() == f"# Doc\n\n{fence}\nsome code\n"

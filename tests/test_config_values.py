@@ -99,6 +99,20 @@ def test_a_checkpoint_period_below_1_is_refused(period):
     assert message.endswith("Use an integer >= 1; to save only the final model, use SOLVER.MAX_ITER (300).")
 
 
+# TEST.EVAL_PERIOD -1 ran as 0 (one evaluation after training) without a word; train.eval_period=-1 is refused
+def test_a_negative_evaluation_period_is_refused():
+    assert refusal("TEST.EVAL_PERIOD", "-1") == (
+        "config: TEST.EVAL_PERIOD=-1 is no number of iterations between evaluations: give a whole number of at least "
+        "0 (0: evaluate once, after training), e.g. TEST.EVAL_PERIOD 1000.")
+
+
+# SOLVER.BASE_LR 0 was refused as "a int" without the way to write it
+def test_an_integer_for_a_float_key_names_the_decimal_point():
+    with pytest.raises(GwdetValueError, match=r"SOLVER.BASE_LR takes a value of type float .*got 0 \(a int\)\. Write "
+                                              r"it with a decimal point: SOLVER.BASE_LR 0.0\.$"):
+        build_config(str(DEMO_CONFIG), ["SOLVER.BASE_LR", "0"])
+
+
 def test_a_negative_learning_rate_is_refused():
     message = refusal("SOLVER.BASE_LR", "-0.01")
     assert message.startswith("config: SOLVER.BASE_LR=-0.01 is no learning rate: it must be a finite number >= 0")

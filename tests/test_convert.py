@@ -909,3 +909,132 @@ def test_a_legacy_format_file_of_another_pickle_protocol_is_named_so(tmp_path):
         read_source_state_dict(src)
     assert "pass --allow-unsafe-pickle (allow_unsafe_pickle=True) to load it as it is" in str(error.value)
     assert read_source_state_dict(src, allow_unsafe_pickle=True).tensors.keys() == {"conv1.weight"}
+
+
+# the converter's own .pkl given back to it "does not start like a file written by torch.save (a zip archive or a
+# pickle)"
+def test_detectron2_weights_given_to_the_converter_are_named_as_needing_no_conversion(r50_files, tmp_path):
+    converted = tmp_path / "x.pkl"
+    convert_checkpoint(r50_files["bn"], converted)
+    with pytest.raises(ConversionError, match=re.escape(
+            f"{converted}: already detectron2 weights (")) as error:
+        convert_checkpoint(converted, tmp_path / "x2.pkl", allow_unsafe_pickle=True)
+    assert ("written by gwdet's converter (from 'bn.pth' as R-50, GW at none): there is nothing to convert, and "
+            "nothing was written. Use the file as it is as MODEL.WEIGHTS" in str(error.value))
+    assert not (tmp_path / "x2.pkl").exists()
+    zoo = tmp_path / "zoo.pth"  # a model zoo's layout, without gwdet's record, under another suffix
+    checkpoint = load_pickle_file(str(converted), allow_unsafe=False, how_to_opt_in="")
+    with open(zoo, "wb") as file:
+        pickle.dump({"model": checkpoint["model"], "__author__": "MSRA", "matching_heuristics": True}, file, protocol=2)
+    with pytest.raises(ConversionError, match=re.escape(
+            "a detectron2 weights file, as in detectron2's model zoo (__author__ 'MSRA'): there is nothing to convert")
+            ) as error:
+        read_source_state_dict(zoo)
+    assert "under a name ending in .pkl, which detectron2's checkpointer reads as pickled weights" in str(error.value)
+
+
+# an intact torch.save(..., pickle_protocol=5) file: torch's raw UserWarning, then "the file is truncated or corrupted
+# (UnpicklingError: Unsupported operand 149)"
+def test_a_zip_file_of_another_pickle_protocol_is_named_so(tmp_path, recwarn):
+    src = tmp_path / "p5.pth"
+    torch.save({"conv1.weight": torch.zeros(2)}, src, pickle_protocol=5)
+    with pytest.raises(ConversionError, match=re.escape(
+            f"{src} was written by torch.save with pickle protocol 5 (pickle_protocol=5), which torch's weights-only "
+            "loading cannot read; nothing was loaded from it. Save it again with torch.save's default protocol")
+            ) as error:
+        read_source_state_dict(src)
+    assert "pass --allow-unsafe-pickle (allow_unsafe_pickle=True) to load it as it is" in str(error.value)
+    assert read_source_state_dict(src, allow_unsafe_pickle=True).tensors.keys() == {"conv1.weight"}
+    assert not [str(warning.message) for warning in recwarn if "pickle protocol" in str(warning.message)]
+
+
+def small_weights():
+    """Weights enough for write_detectron2_pkl (it writes what it is given)."""
+    import numpy as np
+
+    return {"stem.conv1.weight": np.ones((4, 3, 3, 3), np.float32)}
+
+
+# write_detectron2_pkl replaced an existing file (the user's own) without a word: it defaulted to replacing
+def test_write_detectron2_pkl_keeps_an_existing_file_unless_told_to_overwrite(tmp_path):
+    from gwdet.convert import write_detectron2_pkl
+
+    user = tmp_path / "user.pkl"
+    user.write_text("user data\n")
+    with pytest.raises(ConversionError, match=re.escape(
+            f"write_detectron2_pkl: {user} already exists; it is left as it is. Pass overwrite=True (the tool's "
+            "--overwrite) to replace it, or choose another output file.")):
+        write_detectron2_pkl(small_weights(), user, author="me")
+    assert user.read_text() == "user data\n"
+    assert sorted(os.listdir(tmp_path)) == ["user.pkl"]
+    write_detectron2_pkl(small_weights(), user, author="me", overwrite=True)
+    assert load_pickle_file(str(user), False, "")["__author__"] == "me"
+    with pytest.raises(GwdetValueError, match="overwrite"):
+        write_detectron2_pkl(small_weights(), user, author="me", overwrite="yes")
+
+
+# a file there before the call was "written by another conversion while this one ran; ... pass --overwrite" (a flag
+# of the tool, not of the function); the race is now named only for a file that appeared during the call
+def test_write_detectron2_pkl_names_a_file_that_appeared_during_the_call_as_a_race(tmp_path, monkeypatch):
+    import gwdet.convert.converter as converter
+
+    out = tmp_path / "out.pkl"
+    checksums = converter.with_checksums
+
+    def another_conversion_writes_it(*args, **kwargs):  # after the output was looked at, before the rename
+        out.write_bytes(b"another conversion")
+        return checksums(*args, **kwargs)
+
+    monkeypatch.setattr(converter, "with_checksums", another_conversion_writes_it)
+    with pytest.raises(ConversionError, match=re.escape(
+            f"{out} was written by another conversion while this one ran; it is left as it is and this conversion's "
+            "output discarded. Check which conversion you want there; pass overwrite=True (the tool's --overwrite) "
+            "to replace it, or choose another output file.")):
+        converter.write_detectron2_pkl(small_weights(), out, author="me")
+    assert out.read_bytes() == b"another conversion"
+    assert sorted(os.listdir(tmp_path)) == ["out.pkl"], "no partial file is left"
+
+
+# write_detectron2_pkl wrote a pickle under a .pth name without a word (the tool refused it; detectron2 then refused
+# the file as MODEL.WEIGHTS)
+def test_write_detectron2_pkl_refuses_a_name_detectron2_would_not_read_as_converted_weights(tmp_path, r50_files,
+                                                                                            capsys):
+    from gwdet.convert import write_detectron2_pkl
+    from gwdet.convert.cli import main
+
+    message = (f"{tmp_path / 'x.pth'}: the output must end with .pkl; detectron2 reads converted weights (numpy arrays, "
+               f"matching heuristics) only from .pkl files. Name it '{tmp_path / 'x.pkl'}' (or another name ending "
+               "in .pkl); nothing was written.")
+    with pytest.raises(ConversionError, match=re.escape(message)):
+        write_detectron2_pkl(small_weights(), tmp_path / "x.pth", author="me")
+    assert main([str(r50_files["bn"]), str(tmp_path / "x.pth")]) == 2
+    assert message in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
+
+
+# gwdet's own converted .pkl renamed to .pth: "not a PyTorch checkpoint: it does not start like a file written by
+# torch.save (a zip archive or a pickle)"
+def test_converted_weights_under_a_pth_name_are_named_as_needing_no_conversion(r50_files, tmp_path, capsys):
+    from gwdet.convert.cli import main
+
+    convert_checkpoint(r50_files["bn"], tmp_path / "nofc.pkl")
+    renamed = tmp_path / "conv_as.pth"
+    renamed.write_bytes((tmp_path / "nofc.pkl").read_bytes())
+    assert main([str(renamed), str(tmp_path / "ca.pkl")]) == 2
+    err = capsys.readouterr().err
+    assert (f"{renamed}: already detectron2 weights (265 numpy arrays under 'model'), written by gwdet's converter "
+            "(from 'bn.pth' as R-50, GW at none): there is nothing to convert, and nothing was written. Use the file "
+            "as it is as MODEL.WEIGHTS (a LazyConfig's train.init_checkpoint) under a name ending in .pkl") in err
+    assert "does not start like" not in err
+    assert not (tmp_path / "ca.pkl").exists()
+
+
+# allow_unsafe_pickle='no' (a string is true) unpickled a whole pickled module, which may run code
+def test_read_source_state_dict_refuses_a_flag_that_is_not_a_bool(tmp_path):
+    from gwdet.convert import read_source_state_dict
+
+    path = tmp_path / "model.pth"
+    torch.save(torch.nn.Linear(2, 2), path)  # a whole module: unsafe unpickling
+    with pytest.raises(ValueError, match=r"^read_source_state_dict: allow_unsafe_pickle must be True or False, got "
+                                         r"'no' \(str\)$"):
+        read_source_state_dict(str(path), allow_unsafe_pickle="no")

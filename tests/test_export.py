@@ -1187,3 +1187,76 @@ def test_run_onnx_copies_a_flipped_numpy_image_and_refuses_a_dict_by_name(tmp_pa
     with pytest.raises(TypeError, match=r"^run_onnx takes a list of the export's inputs in their order, e.g. \[image\], "
                                         r"not a dict \(keys \['image'\]\): give run_onnx\(path, \[image\]\)"):
         run_onnx(str(path), {"image": x})
+
+
+def _training_flags(model):
+    return {name: module.training for name, module in model.named_modules()}
+
+
+# an export of a model in training mode left it (and every submodule) in evaluation mode without a word
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::DeprecationWarning")
+def test_an_export_gives_the_model_back_in_the_modes_it_had(tmp_path):
+    model = build_tiny_model("demo", training=True)
+    model.backbone.bottom_up.stem.eval()  # a frozen part of a model in training: each module's own flag comes back
+    modes = _training_flags(model)
+    image = images()[0]
+    traced, adapter = export_torchscript(model, image, str(tmp_path / "bn_train.ts"))
+    assert _training_flags(model) == modes and not traced.training
+    with torch.no_grad():  # the adapter runs the eager model in evaluation mode, as the export does
+        assert max_abs_difference(traced(image), adapter(image)) <= TOLERANCE
+    assert _training_flags(model) == modes
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), GroupWhitening(8, num_groups=2)).train()
+    export_onnx(module, (torch.randn(2, 3, 16, 16),), str(tmp_path / "layer.onnx"))
+    assert all(layer.training for layer in module.modules())
+    backbone = FeatureTuple(build_tiny_model("all_norms").backbone).train()  # a failed export (ZCA has no ONNX form)
+    modes = _training_flags(backbone)
+    with pytest.raises(RuntimeError, match="eigendecomposition"):
+        export_onnx(backbone, (torch.randn(1, 3, 64, 64),), str(tmp_path / "zca.onnx"))
+    assert _training_flags(backbone) == modes
+
+
+# run_onnx(load_export('model.onnx'), [img]) raised "TypeError: stat: path should be string, ..."; a copy without its
+# .sha256 ran without a word, while load_export warned
+def test_run_onnx_takes_load_exports_session_and_warns_of_a_file_without_a_record(tmp_path):
+    from gwdet.export import load_export
+
+    module, x, path = exported_gw_layer(tmp_path)
+    with torch.no_grad():
+        expected = module(x)
+    assert max_abs_difference([expected], run_onnx(load_export(str(path)), [x])) <= TOLERANCE
+    with pytest.raises(TypeError, match=r"^run_onnx runs an ONNX export given as the path of its file \(a str or "
+                                        r"pathlib.Path\) or as the onnxruntime InferenceSession "
+                                        r"gwdet.export.load_export\(path\) gives, not 3: "):
+        run_onnx(3, [x])
+    copy = tmp_path / "copy.onnx"
+    shutil.copyfile(path, copy)
+    with pytest.warns(UserWarning, match=r"copy.onnx has no checksum record \(copy.onnx.sha256 beside it\), so it is "
+                                         r"loaded unchecked") as caught:
+        outputs = run_onnx(copy, [x])
+    assert max_abs_difference([expected], outputs) <= TOLERANCE
+    assert [warning.filename for warning in caught] == [__file__]
+    with warnings.catch_warnings():  # a file with its record: no warning
+        warnings.simplefilter("error")
+        run_onnx(str(path), [x])
+
+
+# overwrite='no' replaced the user's file (a string is true), dynamo='no' ran the dynamo exporter, opset=17.0 ended
+# in torch's TypeError after thousands of lines of its graph
+def test_the_export_functions_check_their_flags_and_opset(tmp_path):
+    users = tmp_path / "u.onnx"
+    users.write_text("the user's file")
+    identity = (torch.nn.Identity(), (torch.zeros(1),))
+    for call, message in [
+            (lambda: export_onnx(*identity, str(users), overwrite="no"), "export_onnx: overwrite must be True or False, "
+                                                                         "got 'no' (str)"),
+            (lambda: export_torchscript(None, torch.zeros(3, 8, 8), str(tmp_path / "u.ts"), overwrite="no"),
+             "export_torchscript: overwrite must be True or False, got 'no' (str)"),
+            (lambda: export_onnx(*identity, str(tmp_path / "n.onnx"), dynamo="no"),
+             "export_onnx: dynamo must be True or False, got 'no' (str)"),
+            (lambda: export_onnx(*identity, str(tmp_path / "n.onnx"), opset=17.0),
+             "export_onnx: opset must be an integer >= 1, got 17.0 (float)"),
+            (lambda: export_model_onnx(None, torch.zeros(3, 8, 8), str(tmp_path / "m.onnx"), opset=17.0),
+             "export_model_onnx: opset must be an integer >= 1, got 17.0 (float)")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            call()
+    assert users.read_text() == "the user's file" and sorted(os.listdir(tmp_path)) == ["u.onnx"]

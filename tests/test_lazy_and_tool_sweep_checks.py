@@ -315,6 +315,17 @@ def test_a_lazy_configs_norms_are_checked_when_it_is_loaded(overrides, error, me
     assert str(refused.value).startswith(message)
 
 
+# the override given to load_lazy_config and the model built with gwdet.engine.lazy.build_model in Python: detectron2's
+# bare KeyError: 'GW' (the train tool's refusal came from its loading only)
+def test_a_lazy_configs_norms_are_checked_when_gwdet_builds_its_model_from_python():
+    from gwdet.engine.lazy import build_model
+
+    cfg = load_lazy_config(str(LAZY_CONFIG), ["model.roi_heads.mask_head.conv_norm=GW"])
+    with pytest.raises(GwdetValueError, match=r"^model.roi_heads.mask_head.conv_norm='GW': detectron2's get_norm "
+                                              r"builds only its own names from a string"):
+        build_model(cfg)
+
+
 def test_a_lazy_norm_node_switched_to_a_norm_without_its_values_names_the_way_out():
     # "gwdet.norm('GW_ZCA') takes ['num_groups', 'eps'], not ['T']" with no way out: an override
     # cannot delete GW's T; set to null it is left out

@@ -69,7 +69,7 @@ def test_train_net_trains_and_evaluates_a_lazy_config(tmp_path):
     assert {"AP", "AP50", "AP75"} <= set(results["shapes_val"]["bbox"])
     assert set(results["environment"]["datasets"]) == {"shapes_train", "shapes_val"}  # dataloader.train / .test
     assert (tmp_path / "log.txt").read_text().strip().splitlines()[-1].endswith(
-        f"prediction drawings: {tmp_path / 'vis'}/ (2 PNG files).")
+        f"prediction drawings of shapes_val: {tmp_path / 'vis'}/ (2 PNG files).")
     metrics = [json.loads(line) for line in (tmp_path / "metrics.json").read_text().splitlines()]
     assert any("total_loss" in m for m in metrics)
     checkpoint = torch.load(tmp_path / "model_final.pth", map_location="cpu", weights_only=False)

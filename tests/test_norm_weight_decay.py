@@ -3,6 +3,7 @@ exactly as detectron2's own norms do, for every config gwdet ships (gwdet.solver
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -379,3 +380,32 @@ def test_norm_biases_decayed_by_the_bias_weight_decay_are_named_as_such(caplog):
         check_model(model, optimizer=detectron2_build_optimizer(cfg, model), weight_decay_norm=0.0,
                     weight_decay_bias=0.5)
     assert "decayed otherwise than the norm weight decay 0 " in caplog.text and "gwdet.build_optimizer" in caplog.text
+
+
+# a model built from scratch in Python with frozen stages (or FrozenBN) got an optimizer without a word, while the
+# train tool refuses the config: the frozen parts would stay random (identities)
+def test_an_optimizer_for_a_scratch_model_with_frozen_parts_warns_that_they_stay_as_built():
+    from conftest import DEMO_CONFIG, LAZY_CONFIG, TINY_OPTS, logged_warnings
+    from gwdet.engine import lazy
+    from gwdet.model_zoo.lazy_loading import load_lazy_config
+
+    for opts, part in ((["MODEL.BACKBONE.FREEZE_AT", "2"], r"\d+ frozen parameter\(s\) \(backbone.bottom_up.stem"),
+                       (["MODEL.FPN.NORM", "FrozenBN"], r"8 FrozenBN layer\(s\) \(backbone.fpn_lateral2.norm")):
+        cfg = build_config(str(DEMO_CONFIG), [*TINY_OPTS, *opts])
+        model = gwdet.build_model(cfg)
+        with logged_warnings("gwdet.solver") as warned:
+            gwdet.build_optimizer(cfg, model)
+        assert len(warned) == 1
+        assert re.match(rf"MODEL.WEIGHTS is empty \(training from scratch\), and the model has {part}.*training leaves "
+                        r"them as they are built. Load pretrained weights into the model before training", warned[0])
+        cfg.defrost()
+        cfg.MODEL.WEIGHTS = "pretrained.pkl"  # loaded later: no warning
+        with logged_warnings("gwdet.solver") as warned:
+            gwdet.build_optimizer(cfg, model)
+        assert warned == []
+    cfg = load_lazy_config(str(LAZY_CONFIG), ["model.backbone.bottom_up.freeze_at=2", "train.init_checkpoint=''"])
+    model = lazy.build_model(cfg)
+    with logged_warnings("gwdet.solver") as warned:
+        lazy.build_optimizer(cfg, model)
+    assert len(warned) == 1 and warned[0].startswith("train.init_checkpoint is empty (training from scratch), and the "
+                                                     "model has ")

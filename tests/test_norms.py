@@ -63,6 +63,15 @@ def test_unknown_name_is_a_key_error_listing_the_known_names():
         assert name in message
 
 
+# gwdet.norm('') (for "no norm") was refused as an unknown name, with the advice to register it
+@pytest.mark.parametrize("name", ["", None])
+def test_an_empty_name_says_how_to_have_no_norm(name):
+    with pytest.raises(UnknownNormError, match=rf"^{name!r} names no norm: it stands for no norm where a config or a "
+                                               rf"layer takes one .* To have no norm, give {name!r} itself where the "
+                                               rf"norm goes, not gwdet.norm\({name!r}\); else a name of BGN, BN"):
+        norm(name)
+
+
 def test_bad_hyper_parameters_are_named():
     with pytest.raises(TypeError, match="num_group"):
         norm("GW", num_group=16)
@@ -324,9 +333,10 @@ def test_a_group_number_the_channels_cannot_use_is_logged_or_refused_never_silen
         "each different adjustment is logged, not only the first"
     with pytest.raises(ValueError) as refused:
         norm("GW", num_groups=48, strict=True)(256)
-    assert str(refused.value) == ("GW with 48 groups cannot divide 256 channels; the layer uses 32. Choose a value "
-                                  "that divides the channels, or allow the adjustment (strict=False; "
-                                  "MODEL.STRICT_NORM_GROUPS False).")
+    # "the layer uses 32" in a refusal, where no layer is built
+    assert str(refused.value) == ("GW with 48 groups cannot divide 256 channels (strict: refused; allowed, the layer "
+                                  "would use 32). Choose a value that divides the channels, or allow the adjustment "
+                                  "(strict=False; MODEL.STRICT_NORM_GROUPS False).")
     with pytest.raises(ValueError, match="BW with 48 channels per group cannot divide 256 channels"):
         norm("BW", group_size=48, strict=True)(256)
     assert norm("GW", num_groups=32, strict=True)(256).effective_num_groups == 32
@@ -475,8 +485,9 @@ def test_gn_with_a_group_count_the_channels_cannot_use_follows_gws_rule_logged_o
         (record.name, record.getMessage()) for record in caplog.records]
     x = torch.randn(2, channels, 3, 3)
     assert torch.equal(layer(x), torch.nn.functional.group_norm(x, 16, layer.weight, layer.bias, layer.eps))
-    with pytest.raises(ValueError, match=f"GN with 32 groups cannot divide {channels} channels; the layer uses 16. "
-                                         "Choose a value .*MODEL.STRICT_NORM_GROUPS False"):
+    with pytest.raises(ValueError, match=rf"GN with 32 groups cannot divide {channels} channels \(strict: refused; "
+                                         r"allowed, the layer would use 16\). Choose a value .*MODEL.STRICT_NORM_GROUPS "
+                                         "False"):
         norm("GN", num_groups=32, strict=True)(channels)
     assert norm("GN", num_groups=8, strict=True)(channels).num_groups == 8
 

@@ -265,6 +265,12 @@ def test_a_save_into_a_folder_that_is_a_file_names_the_checkpoint(tmp_path):
     with pytest.raises(WriteError, match=f"^\\[Errno 20\\] cannot write {not_a_folder}/m.pth: Not a directory$"):
         ResilientCheckpointer(torch.nn.Linear(2, 2), save_dir=str(not_a_folder)).save("m")
     assert not_a_folder.read_text() == "the user's file"
+    # a folder that does not exist: errno's words alone, without the way out
+    missing = tmp_path / "new" / "sub"
+    with pytest.raises(WriteError, match=f"^\\[Errno 2\\] cannot write {missing}/m.pth: No such file or directory \\(the "
+                                         f"folder {missing} does not exist: create it first, or write into an existing "
+                                         "one\\)$"):
+        ResilientCheckpointer(torch.nn.Linear(2, 2), save_dir=str(missing)).save("m")
 
 
 def test_the_converter_refuses_an_existing_output_unless_told(tmp_path, capsys):

@@ -24,7 +24,7 @@ from gwdet.checkpoint.safe_load import UnsafeCheckpointError, _globals_refused, 
 from gwdet.utils.atomic import DamagedFileError, process_is_gone
 from gwdet.model_zoo import build_config
 
-from conftest import DEMO_CONFIG, LAZY_CONFIG, TINY_OPTS
+from conftest import DEMO_CONFIG, LAZY_CONFIG, REPO, TINY_OPTS
 from gwdet.config import ABSENT
 from gwdet.engine.output_dir import (OutputDirLock, OutputDirNotWritableError, check_fresh_start, check_resume_config,
                                      checkpoints_in, config_differences, damaged_config, differing_values,
@@ -1089,6 +1089,23 @@ def test_gw_positions_in_another_spelling_are_the_same_model():
     assert model_differences(positions("B2-S1"), positions("S1-B2")) == []
     assert model_differences(positions("B1-B2"), positions("B12")) == []
     assert model_differences(positions("B2"), positions("S1-B2")) == ["MODEL.RESNETS.GW_POSITIONS: 'B2' -> 'S1-B2'"]
+
+
+# a GN run trained with MODEL.GW.NUM_GROUPS 8 (which no layer reads) was refused on --resume without it as "trained
+# with another model"
+def test_norm_values_no_norm_of_either_config_reads_build_the_same_model():
+    from gwdet.engine.output_dir import config_differences, model_differences
+
+    gn = str(REPO / "configs" / "Demo" / "scratch_faster_rcnn_gn_shapes.yaml")
+    plain = build_config(gn)
+    unread = build_config(gn, ["MODEL.GW.NUM_GROUPS", "4"])
+    assert config_differences(unread, plain) and model_differences(unread, plain) == []
+    assert model_differences(build_config(gn, ["MODEL.BGN.EXAMPLES_PER_GROUP", "4"]), plain) == []
+    assert model_differences(build_config(gn, ["MODEL.GN.NUM_GROUPS", "4"]), plain) == [
+        f"MODEL.GN.NUM_GROUPS: 4 -> {plain.MODEL.GN.NUM_GROUPS}"]  # read by the GN layers: another model
+    # read by the norm one of the two configs builds: another model
+    assert model_differences(build_config(gn, ["MODEL.FPN.NORM", "GW", "MODEL.GW.NUM_GROUPS", "4"]), plain) == [
+        "MODEL.FPN.NORM: 'GW' -> 'GN'", f"MODEL.GW.NUM_GROUPS: 4 -> {plain.MODEL.GW.NUM_GROUPS}"]
 
 
 def test_initial_weights_under_a_checkpoint_name_in_the_output_folder_are_named(tmp_path):

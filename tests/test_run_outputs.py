@@ -183,14 +183,20 @@ def test_the_last_log_line_names_the_results_and_the_drawings(tmp_path):
     logger.setLevel(logging.INFO)
     logger.addHandler(handler)
     try:
-        log_outputs(str(tmp_path), True, [str(vis / "000000.png"), str(vis / "000001.png")], "TEST.VIS_IMAGES")
+        log_outputs(str(tmp_path), True, [str(vis / "000000.png"), str(vis / "000001.png")], "TEST.VIS_IMAGES",
+                    test_datasets=["shapes_val"])
         log_outputs(str(tmp_path), True, [], "TEST.VIS_IMAGES")
         log_outputs(str(tmp_path), False, [], "train.vis_images")
+        # two test sets: the drawings were of the first one, which the line did not say
+        log_outputs(str(tmp_path), True, [str(vis / "000000.png")], "TEST.VIS_IMAGES",
+                    test_datasets=["shapes_val", "shapes_test"])
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
     assert lines[0] == (f"Results: {tmp_path / 'results.md'} and results.json (with the package versions and "
-                        f"dataset checksums); prediction drawings: {vis}/ (2 PNG files).")
+                        f"dataset checksums); prediction drawings of shapes_val: {vis}/ (2 PNG files).")
+    assert lines[3].endswith(f"prediction drawings of shapes_val: {vis}/ (1 PNG file); shapes_test not drawn (the "
+                             "drawings are of the first test set, shapes_val).")
     assert lines[1].endswith("no prediction drawings (TEST.VIS_IMAGES is 0 or there is no test set).")
     assert lines[2] == (f"No results: nothing was evaluated (no test set); the run is in {tmp_path}; no prediction "
                         "drawings (train.vis_images is 0 or there is no test set).")

@@ -760,6 +760,20 @@ def test_model_weights_with_a_tilde_are_found_in_the_home_folder(finished_run, t
     ResilientCheckpointer(model, require_every_weight=True).load_weights("~/w.pth")
 
 
+# MODEL.WEIGHTS '$HOME/w.pth' (quoted, or in a config file) was "does not exist" with advice on converting weights
+def test_model_weights_holding_an_unexpanded_variable_name_it(tmp_path, monkeypatch, model):
+    from gwdet.utils.cli_errors import unexpanded_variable_note
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=rf"^MODEL.WEIGHTS file '\$HOME/w.pth' does not exist\. It holds "
+                                                rf"'\$HOME', which nothing expanded .* let the shell expand it \(double "
+                                                rf"quotes\), or write the path out \({tmp_path}/w.pth\)\. Convert"):
+        ResilientCheckpointer(model).load_weights("$HOME/w.pth")
+    # made absolute by a tool before the check: the variable is named, without a guess at the path meant
+    assert unexpanded_variable_note("/work/$HOME/b.json").endswith("or write the path out.")
+    assert unexpanded_variable_note("/work/b.json") == ""
+
+
 def test_model_weights_as_a_file_url_are_read_as_the_local_file(finished_run, tmp_path, model):
     weights = finished_run / "model_final.pth"
     ResilientCheckpointer(model, require_every_weight=True).load_weights(f"file://{weights}")

@@ -83,7 +83,7 @@ def test_train_net_script_end_to_end(tmp_path):
     assert set(results["environment"]["datasets"]) == {"shapes_train", "shapes_val"}
     last = (tmp_path / "log.txt").read_text().strip().splitlines()[-1]
     assert f"Results: {tmp_path / 'results.md'} and results.json (with the package versions and dataset checksums)" \
-        in last and last.endswith(f"prediction drawings: {tmp_path / 'vis'}/ (2 PNG files)."), last
+        in last and last.endswith(f"prediction drawings of shapes_val: {tmp_path / 'vis'}/ (2 PNG files)."), last
 
 
 def test_a_run_without_a_test_set_trains_and_draws_nothing(tmp_path):

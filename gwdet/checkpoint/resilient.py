@@ -35,7 +35,7 @@ from detectron2.utils import comm
 
 from gwdet.config import SHAPES_PREFIX
 from gwdet.utils.fingerprints import split_fingerprints
-from gwdet.utils.cli_errors import as_override, link_dotdot_problem
+from gwdet.utils.cli_errors import as_override, link_dotdot_problem, unexpanded_variable_note
 from gwdet.utils.run_file_names import FINAL_WEIGHTS, LAST_CHECKPOINT
 from gwdet.utils.atomic import (cached_sha256, checksum_findings, file_version, same_file_version, shown_record,
                                 write_atomically, write_with_checksum)
@@ -883,7 +883,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 empty = as_override(setting, '""')
                 fix = (f"Convert ImageNet weights with tools/convert_pretrained.py IN OUT (see docs/weights.md), or "
                        f"set {empty} to train from scratch")
-            raise GwdetFileNotFoundError(f"{setting} file {path!r} does not exist. {fix}.")
+            raise GwdetFileNotFoundError(f"{setting} file {path!r} does not exist.{unexpanded_variable_note(path)} "
+                                         f"{fix}.")
         local = (self.download(path) if "://" in path else file) if path else ""
         before = file_version(local) if local else None
         if path:

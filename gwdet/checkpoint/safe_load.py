@@ -14,6 +14,7 @@ import os
 import pickle
 import pickletools
 import re
+import warnings
 import zipfile
 from typing import Any, Mapping
 
@@ -122,6 +123,24 @@ def legacy_format_protocol(path: str) -> int | None:
     return head[1] if first == torch.serialization.MAGIC_NUMBER else None
 
 
+def zip_pickle_protocol(path: str) -> int | None:
+    """The pickle protocol of the ``data.pkl`` in a ``torch.save`` zip archive (its first bytes:
+    pickle's PROTO opcode and the number); ``None`` for another file, or an archive whose pickle
+    cannot be read."""
+    if not zipfile.is_zipfile(path):
+        return None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            name = next((n for n in archive.namelist() if n.endswith("data.pkl")), None)
+            if name is None:
+                return None
+            with archive.open(name) as data:
+                head = data.read(2)
+    except (zipfile.BadZipFile, OSError, EOFError):
+        return None
+    return head[1] if len(head) == 2 and head[0] == 0x80 else None
+
+
 def is_torchscript_archive(path: str) -> bool:
     """True for a file written by ``torch.jit.save`` (a zip archive with TorchScript code and
     ``constants.pkl``), which ``torch.load`` cannot read as a checkpoint."""
@@ -224,6 +243,11 @@ class NotACheckpointError(GwdetError, pickle.UnpicklingError):
     """A file that does not start like anything ``torch.save`` writes."""
 
 
+class PickleProtocolError(NotACheckpointError):
+    """A whole ``torch.save`` file written with a pickle protocol that torch's weights-only loading
+    cannot read (``torch.save(..., pickle_protocol=4)``)."""
+
+
 def load_torch_file(path: str, allow_unsafe: bool, how_to_opt_in: str, mmap: bool = False) -> Any:
     """``torch.load`` to CPU, weights-only unless ``allow_unsafe``; with ``mmap`` the tensors are
     mapped from the file, not read (a zip archive only, as ``torch.save`` writes).
@@ -234,7 +258,7 @@ def load_torch_file(path: str, allow_unsafe: bool, how_to_opt_in: str, mmap: boo
     """
     legacy_protocol = legacy_format_protocol(path)
     if legacy_protocol is not None and not allow_unsafe:
-        raise NotACheckpointError(
+        raise PickleProtocolError(
             f"{path} was written by torch.save in its legacy format (_use_new_zipfile_serialization=False) with pickle "
             f"protocol {legacy_protocol}, which torch's weights-only loading cannot read; nothing was loaded from it. "
             "Save it again in torch.save's default format (for a file you trust: torch.save(torch.load(path, "
@@ -275,12 +299,21 @@ def load_torch_file(path: str, allow_unsafe: bool, how_to_opt_in: str, mmap: boo
             "(ImageNet weights: tools/convert_pretrained.py)."
         )
     try:
-        with torch.serialization.safe_globals(numpy_number_globals()):
+        with torch.serialization.safe_globals(numpy_number_globals()), warnings.catch_warnings():
+            # torch's own warning for a protocol other than 2; a file it cannot read is named below
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
             return torch.load(path, map_location="cpu", weights_only=not allow_unsafe, mmap=mmap)
     except Exception as error:  # torch.load reports bad files with many exception types
         needed = [] if allow_unsafe else _globals_refused(path, error)
         if needed:
             raise UnsafeCheckpointError(path, needed, how_to_opt_in) from None
+        protocol = zip_pickle_protocol(path)
+        if not allow_unsafe and protocol not in (None, 2) and _pickle_is_complete(path):
+            raise PickleProtocolError(
+                f"{path} was written by torch.save with pickle protocol {protocol} (pickle_protocol={protocol}), "
+                "which torch's weights-only loading cannot read; nothing was loaded from it. Save it again with "
+                "torch.save's default protocol (for a file you trust: torch.save(torch.load(path, weights_only=False), "
+                f"'weights.pth')) and give that file, or {how_to_opt_in} to load it as it is.") from None
         raise
 
 

@@ -20,6 +20,8 @@ from typing import Mapping
 import numpy as np
 import torch
 
+from detectron2.utils.file_io import PathManager
+
 from gwdet.utils.atomic import OutputExistsError, file_version, remove_stale_partials, write_atomically
 from gwdet.utils.cli_errors import unexpanded_variable_problem
 from gwdet.checkpoint.integrity import with_checksums
@@ -355,7 +357,7 @@ def convert_checkpoint(
         )
     except ConversionError as error:
         raise ConversionError(f"{input_path}: {error}") from None
-    write_detectron2_pkl(weights, output_path, report.author(), report.metadata(), exclusive=found is None,
+    write_detectron2_pkl(weights, output_path, report.author(), report.metadata(), overwrite=overwrite,
                          replacing=found)
     report.output = output_path
     return report
@@ -369,11 +371,23 @@ def _remove_leftovers(output_path: str) -> None:
 
 
 def _check_output_path(input_path: str, output_path: str, overwrite: bool) -> None:
-    if not output_path.endswith(OUTPUT_SUFFIX):
+    _check_output_place(output_path)
+    both_exist = os.path.isfile(input_path) and os.path.isfile(output_path)
+    if both_exist and os.path.samefile(input_path, output_path):
+        raise ConversionError(f"{output_path}: this is the input file; choose another output.")
+    if os.path.exists(output_path) and not overwrite:
         raise ConversionError(
-            f"{output_path}: the output must end with {OUTPUT_SUFFIX}; detectron2 reads "
-            "converted weights (numpy arrays, matching heuristics) only from .pkl files."
+            f"{output_path} already exists; it is left as it is. Pass --overwrite (in Python: overwrite=True) to "
+            "replace it, or choose another output file."
         )
+
+
+def _check_output_place(output_path: str) -> None:
+    """Refuse an output that detectron2 would not read as converted weights (a name not ending in
+    :data:`OUTPUT_SUFFIX`) or that cannot be written: below a file, in a missing folder, a folder,
+    or a link to nothing. The one check of the output's name and place for the tool,
+    :func:`convert_checkpoint` and :func:`write_detectron2_pkl`."""
+    _check_output_suffix(output_path)
     folder = os.path.dirname(os.path.abspath(output_path))
     above = folder  # the nearest part of the path that exists
     while not os.path.lexists(above) and os.path.dirname(above) != above:
@@ -382,20 +396,34 @@ def _check_output_path(input_path: str, output_path: str, overwrite: bool) -> No
         raise ConversionError(f"{output_path}: {above} is a file, not a folder: give the output a path in a folder.")
     if not os.path.isdir(folder):
         raise ConversionError(f"{output_path}: folder {folder} does not exist. Create it first.")
-    both_exist = os.path.isfile(input_path) and os.path.isfile(output_path)
-    if both_exist and os.path.samefile(input_path, output_path):
-        raise ConversionError(f"{output_path}: this is the input file; choose another output.")
     if os.path.isdir(output_path):
         raise ConversionError(f"{output_path} is a folder: give the path of the .pkl file to write (e.g. "
                               f"{os.path.join(output_path, 'R-50-GW.pkl')}).")
     if os.path.islink(output_path) and not os.path.exists(output_path):
         raise ConversionError(f"{output_path} is a link to {os.readlink(output_path)}, which does not exist; nothing "
                               "was converted. Remove the link, or give another output file.")
-    if os.path.exists(output_path) and not overwrite:
+
+
+def _check_output_suffix(output_path: str) -> None:
+    """Refuse an output whose name does not end with :data:`OUTPUT_SUFFIX`, which detectron2 would
+    not read as converted weights."""
+    if not output_path.endswith(OUTPUT_SUFFIX):
+        stem = os.path.splitext(output_path)[0] if os.path.splitext(output_path)[1] else output_path
         raise ConversionError(
-            f"{output_path} already exists; it is left as it is. Pass --overwrite (in Python: overwrite=True) to "
-            "replace it, or choose another output file."
+            f"{output_path}: the output must end with {OUTPUT_SUFFIX}; detectron2 reads "
+            "converted weights (numpy arrays, matching heuristics) only from .pkl files. Name it "
+            f"{stem + OUTPUT_SUFFIX!r} (or another name ending in {OUTPUT_SUFFIX}); nothing was written."
         )
+
+
+class _Unseen:
+    """The default of :func:`write_detectron2_pkl`'s ``replacing``: look at the output when the call starts."""
+
+    def __repr__(self) -> str:
+        return "<what is there when the call starts>"
+
+
+_LOOK_NOW = _Unseen()
 
 
 def write_detectron2_pkl(
@@ -403,29 +431,60 @@ def write_detectron2_pkl(
     output_path: str | os.PathLike,
     author: str,
     metadata: Mapping[str, object] | None = None,
-    exclusive: bool = False,
-    replacing: os.stat_result | None = None,
+    overwrite: bool = False,
+    replacing: os.stat_result | None | _Unseen = _LOOK_NOW,
 ) -> None:
     """Write ``weights`` as a detectron2 ``.pkl`` with matching heuristics on.
 
-    The file is written under a temporary name in the same folder and renamed when complete, so
-    ``output_path`` never holds a partial file; with ``exclusive``, an ``output_path`` that another
-    process wrote meanwhile is kept and this one refused (:class:`ConversionError`), so that of two
-    conversions into one new file exactly one succeeds; with ``replacing`` (the ``os.stat`` of the
-    file to replace) likewise, of two conversions replacing one file. ``metadata`` goes under :data:`METADATA_KEY`, and
-    a checksum of every array and of the author and metadata (:mod:`gwdet.checkpoint.integrity`)
-    beside the weights.
+    ``output_path`` must end with ``.pkl`` (the files detectron2 reads as converted weights); an
+    existing ``output_path`` is refused (:class:`ConversionError`, the file left as it is) unless
+    ``overwrite``. The file is written under a temporary name in the same folder and renamed when
+    complete, so ``output_path`` never holds a partial file. ``replacing`` is what the caller saw at
+    ``output_path`` before it began (its ``os.stat``, or ``None`` for no file; by default, what is
+    there when this call starts): when the file there is no longer that one at the rename (another
+    process wrote it meanwhile), it is kept and this call refused, so that of two conversions into
+    one file exactly one succeeds. ``metadata`` goes under :data:`METADATA_KEY`, and a checksum of
+    every array and of the author and metadata (:mod:`gwdet.checkpoint.integrity`) beside the weights.
+    A ``PathManager`` URL (``scheme://...``) is written in place, without the temporary name.
     """
+    check_flag("write_detectron2_pkl", "overwrite", overwrite)
     output_path = os.fspath(output_path)
+    unexpanded = unexpanded_variable_problem("output_path", output_path)
+    if unexpanded is not None:  # a quoted '$HOME/w.pkl': a folder named '$HOME'
+        raise ConversionError(unexpanded)
+    if "://" in output_path:  # a PathManager URL (written in place, as detectron2 reads it)
+        _check_output_suffix(output_path)
+        if not overwrite and PathManager.exists(output_path):
+            _refuse_existing(output_path)
+        _write_pkl(weights, output_path, author, metadata, overwrite, seen=None)
+        return
+    _check_output_place(output_path)
+    seen = file_version(output_path) if isinstance(replacing, _Unseen) else replacing
+    if seen is not None and not overwrite:
+        _refuse_existing(output_path)
+    _write_pkl(weights, output_path, author, metadata, overwrite, seen)
+
+
+def _refuse_existing(output_path: str) -> None:
+    raise ConversionError(
+        f"write_detectron2_pkl: {output_path} already exists; it is left as it is. Pass overwrite=True (the "
+        "tool's --overwrite) to replace it, or choose another output file.")
+
+
+def _write_pkl(weights: dict[str, np.ndarray], output_path: str, author: str, metadata: Mapping[str, object] | None,
+               overwrite: bool, seen: os.stat_result | None) -> None:
+    """The writing of :func:`write_detectron2_pkl`, its checks done: ``output_path`` is renamed into
+    place only while it is still ``seen`` (``None``: no file)."""
     checkpoint: dict[str, object] = {WEIGHTS_KEY: weights, AUTHOR_KEY: author, MATCHING_HEURISTICS_KEY: True}
     if metadata is not None:
         checkpoint[METADATA_KEY] = metadata
     checkpoint = with_checksums(checkpoint, WEIGHTS_KEY)
     try:
-        write_atomically(output_path, lambda file: pickle.dump(checkpoint, file), exclusive=exclusive,
-                         replacing=replacing)
-    except OutputExistsError:
-        again = "run this conversion again" if replacing is not None else "pass --overwrite"
+        write_atomically(output_path, lambda file: pickle.dump(checkpoint, file), exclusive=seen is None,
+                         replacing=seen)
+    except OutputExistsError:  # the file at output_path changed after it was seen: another process wrote it
+        again = ("run this conversion again" if overwrite else
+                 "pass overwrite=True (the tool's --overwrite)")
         raise ConversionError(
             f"{output_path} was written by another conversion while this one ran; it is left as it is and this "
             f"conversion's output discarded. Check which conversion you want there; {again} to replace it, "

@@ -19,12 +19,16 @@ import pickle
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 
+from gwdet.layers.common import check_flag
 from gwdet.errors import GwdetError, listed
-from gwdet.checkpoint.safe_load import (SAFETENSORS_FIX, NotACheckpointError, UnsafeCheckpointError, is_numpy_archive,
-                                        is_safetensors_file, is_torch_save_zip, is_torchscript_archive,
-                                        legacy_format_protocol, load_torch_file, plain_pickle_globals, starts_like_torch_save_output,
+from gwdet.checkpoint.converted_weights import (ARCH_FIELD, AUTHOR_KEY, GW_POSITIONS_FIELD, SOURCE_FIELD, WEIGHTS_KEY,
+                                               read_conversion_metadata)
+from gwdet.checkpoint.safe_load import (SAFETENSORS_FIX, PickleProtocolError, UnsafeCheckpointError, is_numpy_archive,
+                                        is_safetensors_file, is_torch_save_zip, is_torchscript_archive, load_pickle_file,
+                                        load_torch_file, plain_pickle_globals, starts_like_torch_save_output,
                                         valueless_tensors_problem)
 
 DATA_PARALLEL_PREFIX = "module."
@@ -54,8 +58,10 @@ def read_source_state_dict(
     Raises:
         ConversionError: the path is not a readable file, the file is truncated or not a PyTorch
             checkpoint, it needs unsafe unpickling and ``allow_unsafe_pickle`` is false, or it
-            holds no state dict.
+            holds no state dict; ``ValueError``: ``allow_unsafe_pickle`` is not True or False (``'no'``
+            would be read as true, and unpickle a file that may run code).
     """
+    check_flag("read_source_state_dict", "allow_unsafe_pickle", allow_unsafe_pickle)
     path = os.fspath(path)
     _check_readable_file(path)
     loaded = _torch_load(path, allow_unsafe_pickle)
@@ -94,6 +100,8 @@ def _torch_load(path: str, allow_unsafe_pickle: bool) -> Any:
     ``allow_unsafe_pickle``, and refused without it."""
     _check_zip_written_by_torch_save(path)
     needed = plain_pickle_globals(path)
+    if needed is not None and not any(name.startswith("torch.") for name in needed):
+        _refuse_detectron2_weights(path)
     if needed and any(name.startswith("torch.") for name in needed):
         if not allow_unsafe_pickle:
             raise ConversionError(
@@ -113,10 +121,42 @@ def _torch_load(path: str, allow_unsafe_pickle: bool) -> Any:
     except UnsafeCheckpointError as refused:
         raise ConversionError(str(refused)) from None
     except Exception as error:  # torch.load reports bad files with many exception types
-        if isinstance(error, NotACheckpointError) and legacy_format_protocol(path) is not None:
-            # torch.save's legacy format with another pickle protocol than 2: the refusal names the re-save and the flag
+        if isinstance(error, PickleProtocolError):
+            # a pickle protocol torch's weights-only loading cannot read: the refusal names the re-save and the flag
             raise ConversionError(str(error)) from None
         raise _unreadable_file_error(path, error) from None
+
+
+def _refuse_detectron2_weights(path: str) -> None:
+    """A ``ConversionError`` for a pickle of detectron2 weights (numpy arrays under ``'model'``, or
+    ``'blobs'`` in Caffe2's layout): the converter's own output or a model-zoo ``.pkl``, which need no
+    conversion. The file is read by the unpickler that builds only numpy arrays and plain
+    containers; anything else returns for the loader to name."""
+    try:
+        loaded = load_pickle_file(path, allow_unsafe=False, how_to_opt_in="")
+    except Exception:  # not a pickle of numpy arrays only: the loader names what it is
+        return
+    if not isinstance(loaded, Mapping):
+        return
+    entry = next((key for key in (WEIGHTS_KEY, "blobs") if isinstance(loaded.get(key), Mapping)), None)
+    weights = loaded.get(entry) if entry is not None else None
+    if not (isinstance(weights, Mapping) and weights and all(isinstance(value, np.ndarray) for value in weights.values())):
+        return
+    record = read_conversion_metadata(loaded)
+    if record is not None:
+        positions = record.get(GW_POSITIONS_FIELD) or "none"
+        origin = (f"written by gwdet's converter (from {record.get(SOURCE_FIELD)!r} as {record.get(ARCH_FIELD)}, GW at "
+                  f"{positions})")
+    else:
+        author = loaded.get(AUTHOR_KEY)
+        origin = ("a detectron2 weights file, as in detectron2's model zoo"
+                  + (f" (__author__ {author!r})" if author is not None else ""))
+    suffix = ("" if path.endswith(".pkl") else
+              " under a name ending in .pkl, which detectron2's checkpointer reads as pickled weights")
+    raise ConversionError(
+        f"{path}: already detectron2 weights ({len(weights)} numpy arrays under {entry!r}), {origin}: there is nothing "
+        f"to convert, and nothing was written. Use the file as it is as MODEL.WEIGHTS (a LazyConfig's "
+        f"train.init_checkpoint){suffix}.")
 
 
 def _check_zip_written_by_torch_save(path: str) -> None:

@@ -37,7 +37,7 @@ from detectron2.data.transforms import ResizeShortestEdge
 from gwdet.config import SHAPES_PREFIX
 from gwdet.errors import GwdetError, GwdetTypeError, listed
 from gwdet.utils.atomic import cached_sha256
-from gwdet.utils.cli_errors import as_override, link_dotdot_problem
+from gwdet.utils.cli_errors import as_override, link_dotdot_problem, unexpanded_variable_note
 from gwdet.data.boxes import box_problem
 from gwdet.data.masks import short_repr
 from gwdet.data.image_files import name_twin_note
@@ -200,8 +200,8 @@ def _read_json(dataset: CocoDataset) -> tuple[Any, str]:
     where = f"dataset {dataset.name!r}:"
     path = dataset.json_file
     if not os.path.exists(path):
-        raise DatasetError(f"{where} the annotation file {path} does not exist. Give the path of your COCO "
-                           f"instances JSON ({FORMAT}).")
+        raise DatasetError(f"{where} the annotation file {path} does not exist.{unexpanded_variable_note(path)} "
+                           f"Give the path of your COCO instances JSON ({FORMAT}).")
     if os.path.isdir(path):
         raise DatasetError(f"{where} {path} is a folder. Give the COCO instances JSON file ({FORMAT}).")
     if not os.path.isfile(path):  # reading a named pipe would wait for a writer

@@ -38,6 +38,7 @@ from detectron2.utils import comm
 from detectron2.utils.logger import setup_logger
 from detectron2.utils.registry import locate
 
+from gwdet.solver import warn_of_untrained_parts
 from gwdet.errors import GwdetValueError
 from gwdet.layers.settings_state import TEST_TIME_SETTINGS
 from gwdet.utils.atomic import remove_checksum
@@ -136,7 +137,10 @@ logger = logging.getLogger(__name__)
 def build_model(cfg: DictConfig) -> torch.nn.Module:
     """``instantiate(cfg.model)``, checked by :func:`gwdet.check_model`, on ``train.device``; a
     head's norm that the model cannot have is warned of (:func:`warn_unused_head_norms`), in the
-    run's log as a yacs config's is."""
+    run's log as a yacs config's is. The norm and call nodes are checked first as
+    :meth:`LazyRun.load` checks them (a config built or changed in Python did not pass there)."""
+    check_norm_nodes(cfg)
+    check_call_arguments(cfg)
     check_device(cfg.train.device, "train.device", "run with train.device=cpu")
     warn_unused_head_norms(cfg)
     model = check_model(instantiate(cfg.model))
@@ -147,6 +151,7 @@ def build_model(cfg: DictConfig) -> torch.nn.Module:
 def build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     """``cfg.optimizer`` for ``model`` (given as ``optimizer.params.model``, as detectron2's tool
     does, and taken out again), its norm weight decay checked against ``params.weight_decay_norm``."""
+    warn_of_untrained_parts(model, cfg.train.get("init_checkpoint", ""), "train.init_checkpoint")
     params = cfg.optimizer.params
     previous = params.get("model", ABSENT)
     params.model = model

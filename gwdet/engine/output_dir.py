@@ -53,6 +53,7 @@ from gwdet.utils.run_file_names import (LAST_CHECKPOINT, RUN_ID, LOCK_NAME, FINA
                                    EARLIER_RESULTS, EVAL_FOLDER, INFERENCE_FOLDER, VIS_FOLDER, RUN_FOLDERS, CONFIG_KEPT,
                                    CONFIG_KEEPING, SET_ASIDE, LOG_NAME, RANK_LOG, CONFIG_PAIR, METRICS_JSON)
 from gwdet.config import ABSENT, flatten_config
+from gwdet.config_checks import NORM_VALUE_SECTIONS, norm_keys_read
 from gwdet.engine.run_environment import ENVIRONMENT_KEY
 from gwdet.engine.visualize import is_prediction_drawing
 from gwdet.model_zoo.lazy_loading import is_lazy_config
@@ -1072,8 +1073,11 @@ def _of_the_model(differences: Sequence[str]) -> list[str]:
 
 def model_differences(saved: CfgNode, cfg: CfgNode) -> list[str]:
     """The differences of :func:`config_differences` that build another model (``MODEL.*`` but
-    :data:`RESUMABLE_DIFFERENCES`)."""
-    return _of_the_model(config_differences(saved, cfg))
+    :data:`RESUMABLE_DIFFERENCES`, and norm hyper-parameters that none of the norms either config
+    builds reads: :func:`gwdet.config_checks.norm_keys_read`)."""
+    read = norm_keys_read(saved) | norm_keys_read(cfg)
+    return [difference for difference in _of_the_model(config_differences(saved, cfg))
+            if not difference.startswith(NORM_VALUE_SECTIONS) or difference.split(":", 1)[0] in read]
 
 
 def check_resumed_batch(saved: Any, current: Any, output_dir: str, setting: str) -> None:

@@ -747,7 +747,7 @@ def _train_or_evaluate(args: argparse.Namespace, held: HeldRecords, warned: RunW
         if comm.is_main_process() and run.vis_images > 0 and test_datasets:  # no test set: nothing to draw
             drawings = save_prediction_pngs(run.cfg, model, test_datasets[0], run.vis_images,
                                             os.path.join(run.output_dir, VIS_FOLDER), drawn_score(run))
-    log_outputs(run.output_dir, bool(results), drawings, run.vis_setting, len(warned.messages))
+    log_outputs(run.output_dir, bool(results), drawings, run.vis_setting, len(warned.messages), test_datasets)
     check_log_written(run.output_dir)
     if args.eval_only:  # (a training's: detectron2's trainer checks them)
         run.verify_results(results or {})
@@ -1012,12 +1012,12 @@ def check_log_written(output_dir: str) -> None:
 
 
 def log_outputs(output_dir: str, wrote_results: bool, drawings: Sequence[str], drawings_setting: str,
-                warnings: int = 0) -> None:
+                warnings: int = 0, test_datasets: Sequence[str] = ()) -> None:
     """The run's last log lines (main process): the Triton kernels that could not run and were
     computed by the ``accelerator`` plan instead, if any; where ``results.md`` / ``results.json`` are (when
     ``wrote_results``), with the number of ``warnings`` gwdet logged that they list, and the prediction
-    drawings ``drawings``, or why there are none (``drawings_setting``: the setting that asks for them,
-    e.g. ``TEST.VIS_IMAGES``)."""
+    drawings ``drawings`` (of the first of ``test_datasets``, the others named as not drawn), or why
+    there are none (``drawings_setting``: the setting that asks for them, e.g. ``TEST.VIS_IMAGES``)."""
     if not comm.is_main_process():
         return
     if fallback_reason():  # said at the first call, on stderr only; log.txt holds it from here
@@ -1032,7 +1032,11 @@ def log_outputs(output_dir: str, wrote_results: bool, drawings: Sequence[str], d
         where = f"No results: nothing was evaluated (no test set); the run is in {output_dir}"
     if drawings:
         count = f"{len(drawings)} PNG file{'' if len(drawings) == 1 else 's'}"
-        pictures = f"prediction drawings: {os.path.dirname(drawings[0])}{os.sep} ({count})"
+        drawn = f" of {test_datasets[0]}" if test_datasets else ""
+        pictures = f"prediction drawings{drawn}: {os.path.dirname(drawings[0])}{os.sep} ({count})"
+        if len(test_datasets) > 1:
+            pictures += (f"; {', '.join(test_datasets[1:])} not drawn (the drawings are of the first test set, "
+                         f"{test_datasets[0]})")
     else:
         pictures = f"no prediction drawings ({drawings_setting} is 0 or there is no test set)"
     logger.info(f"{where}; {pictures}.")

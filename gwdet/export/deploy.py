@@ -15,13 +15,14 @@ differs from that record (:class:`DamagedExportError`).
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
 import warnings
 import zipfile
 from collections.abc import Mapping
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -29,6 +30,7 @@ from detectron2.export import TracingAdapter
 from detectron2.export.flatten import InstancesSchema, ListSchema, Schema
 from detectron2.modeling import GeneralizedRCNN
 
+from gwdet.layers.common import check_flag, check_int_at_least
 from gwdet.modeling.build import check_device
 from gwdet.errors import (GwdetFileExistsError, GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetOSError,
                           GwdetTypeError, GwdetValueError)
@@ -41,6 +43,7 @@ from gwdet.utils.atomic import (
     path_written_atomically,
     path_written_with_checksum,
     reading_record,
+    record_checksum,
     shown_record,
 )
 
@@ -57,10 +60,36 @@ def _rcnn_inference(model: GeneralizedRCNN, inputs: List[dict]) -> List[dict]:
     return [{"instances": instances}]
 
 
+@contextlib.contextmanager
+def evaluation_mode(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """``model`` in evaluation mode inside the block; after it, however it ends, each of its modules
+    has its own ``training`` flag back (a model in training mode with frozen parts, say)."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+class EvalTracingAdapter(TracingAdapter):
+    """detectron2's ``TracingAdapter`` whose every call runs the model in evaluation mode
+    (:func:`evaluation_mode`), whatever mode the model is in between calls."""
+
+    def forward(self, *args: torch.Tensor):
+        if not any(module.training for module in self.model.modules()):
+            return super().forward(*args)
+        with evaluation_mode(self.model):
+            return super().forward(*args)
+
+
 def tracing_adapter(model: torch.nn.Module, image: torch.Tensor) -> TracingAdapter:
-    """``model`` (in evaluation mode) behind detectron2's ``TracingAdapter`` for one ``(3, H, W)``
-    image: it takes the image tensor and returns a tuple of tensors. An image of another layout
-    (H, W, C), channel count or a model on the meta device is refused by name."""
+    """``model`` behind detectron2's ``TracingAdapter`` for one ``(3, H, W)`` image: it takes the
+    image tensor and returns a tuple of tensors, running the model in evaluation mode
+    (:class:`EvalTracingAdapter`). The model is put in evaluation mode, as ``torch.jit.trace`` of the
+    adapter needs it; the export functions give it back in its own modes afterwards. An image of
+    another layout (H, W, C), channel count or a model on the meta device is refused by name."""
     channels = len(getattr(model, "pixel_mean", ()))
     if not isinstance(image, torch.Tensor) or image.dim() != 3 or (channels and image.shape[0] != channels):
         shape = list(image.shape) if isinstance(image, torch.Tensor) else type(image).__name__
@@ -73,7 +102,7 @@ def tracing_adapter(model: torch.nn.Module, image: torch.Tensor) -> TracingAdapt
                               "(or a GPU) and load its weights before exporting it.")
     model.eval()
     inference = _rcnn_inference if isinstance(model, GeneralizedRCNN) else None
-    adapter = TracingAdapter(model, [{"image": image}], inference)
+    adapter = EvalTracingAdapter(model, [{"image": image}], inference)
     return adapter.eval()
 
 
@@ -82,8 +111,9 @@ def export_torchscript(model: torch.nn.Module, image: torch.Tensor, path: str, *
     """Trace ``model`` on ``image`` and save it to ``path`` (``torch.jit.save``).
 
     Returns the traced module and the adapter (``adapter.outputs_schema(traced(image))`` rebuilds
-    detectron2's outputs; ``adapter(image)`` runs the eager model, which stays in evaluation mode
-    for it). The file is written atomically, with its SHA-256 in ``path.sha256``; a file already at
+    detectron2's outputs; ``adapter(image)`` runs the eager model in evaluation mode). ``model`` is
+    traced in evaluation mode and given back in the modes it had, whether the export succeeds or
+    fails (:func:`evaluation_mode`). The file is written atomically, with its SHA-256 in ``path.sha256``; a file already at
     ``path`` is replaced only with ``overwrite``, and a ``path`` that does not end in ``.ts`` (the name
     :func:`load_export` reads TorchScript from) is refused (:func:`_check_output_file`).
     """
@@ -99,12 +129,14 @@ def export_torchscript(model: torch.nn.Module, image: torch.Tensor, path: str, *
 
 def trace_model(model: torch.nn.Module, image: torch.Tensor) -> Tuple[torch.jit.ScriptModule, TracingAdapter]:
     """``torch.jit.trace`` of detectron2's tracing adapter of ``model`` on ``image``: the traced
-    module and the adapter, as :func:`export_torchscript` returns them, nothing written."""
-    adapter = tracing_adapter(model, image)
-    with torch.no_grad():
-        # check_trace would run the model twice more to compare; callers compare with
-        # max_abs_difference on inputs of their choice instead
-        traced = torch.jit.trace(adapter, (image,), check_trace=False)
+    module and the adapter, as :func:`export_torchscript` returns them, nothing written; ``model``
+    is traced in evaluation mode and given back in its own modes."""
+    with evaluation_mode(model):
+        adapter = tracing_adapter(model, image)
+        with torch.no_grad():
+            # check_trace would run the model twice more to compare; callers compare with
+            # max_abs_difference on inputs of their choice instead
+            traced = torch.jit.trace(adapter, (image,), check_trace=False)
     return traced, adapter
 
 
@@ -112,7 +144,9 @@ def _check_output_file(path: str, example: str, overwrite: bool, writer: str) ->
     """Refuse, before any work, an output ``path`` that is a folder (``example``: a file name in it),
     that is empty, or that names a file already there unless ``overwrite`` (a user's notes, a
     checkpoint: replaced without a word before); an export inside ``torch.autocast``; and a ``path``
-    whose suffix is not ``example``'s, the format ``writer`` writes (:func:`_check_export_suffix`)."""
+    whose suffix is not ``example``'s, the format ``writer`` writes (:func:`_check_export_suffix`).
+    ``overwrite`` must be True or False (``'no'`` would be read as true and replace the file)."""
+    check_flag(writer, "overwrite", overwrite)
     if not os.fspath(path):
         raise GwdetValueError(f"The export's path is empty: give the file to write, e.g. {example}; nothing was written.")
     if os.path.isdir(path):
@@ -193,16 +227,19 @@ def export_onnx(
     ``input_names``, ``output_names`` and ``dynamic_axes`` are ``torch.onnx.export``'s (by default every input size is
     the example's). The file is written atomically, with its SHA-256 in ``path.sha256``; a file
     already at ``path`` is replaced only with ``overwrite``, and a ``path`` that does not end in
-    ``.onnx`` is refused. ``module`` is left in evaluation mode.
+    ``.onnx`` is refused. ``module`` is exported in evaluation mode and given back in the modes it
+    had, whether the export succeeds or fails (:func:`evaluation_mode`).
     """
     _check_output_file(path, "model.onnx", overwrite, "export_onnx")
+    check_flag("export_onnx", "dynamo", dynamo)
+    if opset is not None:
+        check_int_at_least("export_onnx", "opset", opset, 1)
     folder = os.path.dirname(path)
     if folder:
         os.makedirs(folder, exist_ok=True)
-    module.eval()
     names = None if input_names is None else list(input_names)
     outputs = None if output_names is None else list(output_names)
-    with path_written_with_checksum(path) as temporary:
+    with path_written_with_checksum(path) as temporary, evaluation_mode(module):
         write_onnx(module, args, temporary, path, opset, dynamo, names, outputs, dynamic_axes)
 
 
@@ -211,7 +248,9 @@ def write_onnx(module: torch.nn.Module, args: Tuple[torch.Tensor, ...], file: st
                output_names: Optional[List[str]] = None,
                dynamic_axes: Optional[Dict[str, Dict[int, str]]] = None) -> None:
     """What :func:`export_onnx` writes, into ``file`` as it is (the caller makes it ``path``, the
-    name messages give): the export, its subgraph shapes dropped, checked by ``onnx``'s checker."""
+    name messages give): the export, its subgraph shapes dropped, checked by ``onnx``'s checker, with
+    its SHA-256 recorded beside it (``file.sha256``; :func:`~gwdet.utils.atomic.path_written_with_checksum`
+    takes that record away with a temporary ``file``), so that :func:`run_onnx` reads ``file`` checked."""
     if dynamo:
         # the weights inside the file: torch writes them beside it under the name it is given (a temporary
         # name, which the file would then reference) where external_data is on
@@ -222,6 +261,7 @@ def write_onnx(module: torch.nn.Module, args: Tuple[torch.Tensor, ...], file: st
                           input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes)
         drop_subgraph_shapes(file)
     check_onnx_file(file, path, _float64_tensors(module, args))
+    record_checksum(file)
 
 
 def _float64_tensors(module: torch.nn.Module, args: Tuple[Any, ...]) -> bool:
@@ -329,19 +369,23 @@ def export_model_onnx(model: torch.nn.Module, image: torch.Tensor, path: str, op
 def write_model_onnx(model: torch.nn.Module, image: torch.Tensor, file: str, path: str,
                      opset: int = ONNX_OPSET) -> TracingAdapter:
     """What :func:`export_model_onnx` writes, into ``file`` as it is (the caller makes it ``path``):
-    the tracing adapter of ``model`` on ``image`` exported by :func:`write_onnx`; returns the adapter."""
+    the tracing adapter of ``model`` on ``image`` exported by :func:`write_onnx`; returns the adapter.
+    ``model`` is exported in evaluation mode and given back in its own modes."""
     _check_detector_opset(opset)
-    adapter = tracing_adapter(model, image)
-    with torch.no_grad():
-        adapter(image)  # its outputs' schema, which names the file's outputs
-    adapter.eval()
-    write_onnx(adapter, (image,), file, path, opset, input_names=["image"],
-               output_names=flattened_names(adapter.outputs_schema))
+    with evaluation_mode(model):
+        adapter = tracing_adapter(model, image)
+        with torch.no_grad():
+            adapter(image)  # its outputs' schema, which names the file's outputs
+        adapter.eval()
+        write_onnx(adapter, (image,), file, path, opset, input_names=["image"],
+                   output_names=flattened_names(adapter.outputs_schema))
     return adapter
 
 
 def _check_detector_opset(opset: int) -> None:
-    """Refuse an ``opset`` below :data:`MIN_DETECTOR_OPSET`, where a detector's ROIAlign is another function."""
+    """Refuse an ``opset`` that is no whole number, or one below :data:`MIN_DETECTOR_OPSET`, where a
+    detector's ROIAlign is another function."""
+    check_int_at_least("export_model_onnx", "opset", opset, 1)
     if opset < MIN_DETECTOR_OPSET:
         raise GwdetValueError(
             f"opset {opset}: a detector's ROIAlign (aligned, as detectron2 pools regions) is exported as ONNX "
@@ -375,11 +419,12 @@ def _exports_in(folder: str) -> str:
             "gwdet.export.export_torchscript or export_model_onnx.")
 
 
-def verify_export(path: str) -> bool:
+def verify_export(path: str, *, stacklevel: int = 3) -> bool:
     """Check the export at ``path`` against the SHA-256 recorded in ``path.sha256`` when it was
     written: :class:`DamagedExportError` when they differ. Returns whether it was checked: not
     without a record, nor when the record is unreadable or damaged (with a warning, as
-    checkpoints are). A folder is refused naming the exports in it."""
+    checkpoints are, at ``stacklevel``: by default for the caller of this function's caller). A
+    folder is refused naming the exports in it."""
     if os.path.isdir(path):
         raise GwdetIsADirectoryError(f"{path} is a folder, not an export: {_exports_in(path)}")
     if not os.path.isfile(path):
@@ -389,13 +434,21 @@ def verify_export(path: str) -> bool:
     if unusable is not None:
         warnings.warn(f"{path}: {unusable}, so the export is loaded unchecked. Delete "
                       f"{shown_record(path)} (or export again) to load it without this warning.",
-                      stacklevel=3)
+                      stacklevel=stacklevel)
         return False
     if differs is not None:
         raise DamagedExportError(
             f"{path} is damaged ({differs}). {REEXPORT} If you replaced it on purpose (a newer export copied over it), "
             f"copy its {shown_record(path)} with it, or delete the old one.", path)
     return os.path.isfile(reading_record(path))
+
+
+def _verify_or_warn(path: str) -> None:
+    """:func:`verify_export` for a reader of exports (:func:`load_export`, :func:`run_onnx`), and a
+    warning, for the reader's caller, where no checksum record is beside the file (a copy without it)."""
+    if not verify_export(path, stacklevel=4) and not os.path.lexists(reading_record(path)):
+        warnings.warn(f"{path} has no checksum record ({os.path.basename(checksum_path(path))} beside it), so "
+                      "it is loaded unchecked; gwdet's exports record one when they are written.", stacklevel=3)
 
 
 def _content_format(path: str) -> Optional[str]:
@@ -441,9 +494,7 @@ def load_export(path: str | os.PathLike, map_location: Any = None, providers: Op
     if path.endswith(CHECKSUM_SUFFIX):
         raise GwdetValueError(f"{path} is the checksum record of an export, not the export: pass "
                               f"{path[:-len(CHECKSUM_SUFFIX)]}.")
-    if not verify_export(path) and not os.path.lexists(reading_record(path)):
-        warnings.warn(f"{path} has no checksum record ({os.path.basename(checksum_path(path))} beside it), so "
-                      "it is loaded unchecked; gwdet's exports record one when they are written.", stacklevel=2)
+    _verify_or_warn(path)
     if _named_format(path) == "onnx":
         if map_location is not None:
             if providers is not None:
@@ -521,11 +572,13 @@ def _onnx_session(path: str, providers: Optional[Sequence[Any]] = None) -> Any:
 ONNX_TYPE_NAMES = {"float32": "float", "float64": "double", "float16": "float16"}
 
 
-def run_onnx(path: str, inputs: Sequence[Any]) -> List[Any]:
-    """Outputs (numpy arrays) of the ONNX file at ``path`` in onnxruntime on the CPU; a file that
-    differs from its recorded SHA-256 is refused (:func:`verify_export`). ``inputs`` is a list of
-    tensors or numpy arrays (a flipped view, of negative strides, is copied), in the export's order;
-    a dict (``session.run``'s form) is refused."""
+def run_onnx(path: str | os.PathLike | Any, inputs: Sequence[Any]) -> List[Any]:
+    """Outputs (numpy arrays) of an ONNX export: the file at ``path``, run in onnxruntime on the CPU,
+    or an onnxruntime ``InferenceSession`` (as :func:`load_export` gives it), run as it is. A file
+    that differs from its recorded SHA-256 is refused, and one without a record runs with a warning,
+    as :func:`load_export` checks it (:func:`verify_export`). ``inputs`` is a list of tensors or
+    numpy arrays (a flipped view, of negative strides, is copied), in the export's order; a dict
+    (``session.run``'s form) is refused."""
     if isinstance(inputs, torch.Tensor) or hasattr(inputs, "__array_interface__"):  # a tensor, a numpy array
         raise GwdetValueError(f"run_onnx takes a list of the export's inputs, e.g. [image], not one "
                               f"{type(inputs).__name__} of shape {list(torch.as_tensor(inputs).shape)}: put the image "
@@ -534,11 +587,21 @@ def run_onnx(path: str, inputs: Sequence[Any]) -> List[Any]:
         raise GwdetTypeError(f"run_onnx takes a list of the export's inputs in their order, e.g. [image], not a dict "
                              f"(keys {list(inputs)!r}): give run_onnx(path, [image]); a dict of input names goes to "
                              "session.run(None, feeds) of gwdet.export.load_export(path).")
-    verify_export(path)
-    if _content_format(path) == "torchscript":  # by content: the export tool checks its file under a temporary name
-        raise GwdetValueError(f"{path} is a TorchScript export, not ONNX: run it with gwdet.export.load_export(path), "
-                              "or give run_onnx the model.onnx of an ONNX export.")
-    session = _onnx_session(path)
+    session: Any
+    if _is_onnx_session(path):
+        session = path
+        path = _session_name(session)
+    elif isinstance(path, (str, os.PathLike)):
+        path = os.fspath(path)
+        _verify_or_warn(path)
+        if _content_format(path) == "torchscript":  # by content: the export tool checks its file under a temporary name
+            raise GwdetValueError(f"{path} is a TorchScript export, not ONNX: run it with "
+                                  "gwdet.export.load_export(path), or give run_onnx the model.onnx of an ONNX export.")
+        session = _onnx_session(path)
+    else:
+        raise GwdetTypeError(f"run_onnx runs an ONNX export given as the path of its file (a str or pathlib.Path) or "
+                             f"as the onnxruntime InferenceSession gwdet.export.load_export(path) gives, not {path!r}: "
+                             "give run_onnx('model.onnx', [image]).")
     entries = session.get_inputs()
     if len(inputs) > len(entries):  # e.g. several images for an export of one image per call
         raise GwdetValueError(
@@ -562,6 +625,18 @@ def run_onnx(path: str, inputs: Sequence[Any]) -> List[Any]:
                 "tool's sample), or export again with --sample-image of the size you need.")
         feeds[entry.name] = array
     return session.run(None, feeds)
+
+
+def _is_onnx_session(value: Any) -> bool:
+    """Whether ``value`` is an onnxruntime ``InferenceSession`` (without importing onnxruntime for a path)."""
+    return (type(value).__module__.split(".")[0] == "onnxruntime" and callable(getattr(value, "run", None))
+            and callable(getattr(value, "get_inputs", None)))
+
+
+def _session_name(session: Any) -> str:
+    """How messages name the model of an onnxruntime session: its file, where the session tells it."""
+    model_path = getattr(session, "_model_path", None)
+    return model_path if isinstance(model_path, str) and model_path else "the ONNX session's model"
 
 
 def max_abs_difference(expected: Sequence[Any], actual: Sequence[Any]) -> float:

@@ -133,11 +133,12 @@ def decode_settings(state: Any) -> Optional[Dict[str, Any]]:
 
 
 def cast_record(state: Any) -> str:
-    """For a record that is no longer uint8 (every tensor of a state cast, e.g. ``{k: v.half()}``),
-    words that say so and how to cast instead; ``""`` otherwise."""
+    """For a record that is no longer uint8 (every tensor of a state cast, e.g. ``{k: v.half()}``:
+    a tensor of the record's :data:`SETTINGS_BYTES` values of another dtype), words that say so and
+    how to cast instead; ``""`` otherwise."""
     if isinstance(state, np.ndarray):
         state = torch.from_numpy(state)
-    if not isinstance(state, Tensor) or state.dtype == torch.uint8 or state.dim() != 1:
+    if not isinstance(state, Tensor) or state.dtype == torch.uint8 or list(state.shape) != [SETTINGS_BYTES]:
         return ""
     return (f" (it was cast to {state.dtype}, as a cast of every tensor of the weights does: cast the floating-point "
             "tensors only)")

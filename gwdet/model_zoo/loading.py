@@ -211,6 +211,9 @@ def merge_problem(cfg: CfgNode, error: BaseException) -> str:
                 and re.fullmatch(r"[+-]?0[0-9_]+", value.strip())):
             quoted = (f" A number written with a leading zero is read as text (Python reads no such number): write "
                       f"{key} {int(value.strip().replace('_', ''))}.")
+        if (expected.endswith("float") and given.rsplit(".", 1)[-1] == "int"
+                and re.fullmatch(r"[+-]?[0-9_]+", value.strip())):
+            quoted = f" Write it with a decimal point: {key} {int(value.strip().replace('_', ''))}.0."
         if expected.endswith("float") and value.strip().lstrip("+-").lower() in ("inf", "infinity"):
             quoted = f" yacs reads no inf; a number too large for a float is one: {key} {'-' if '-' in value else ''}1e999."
         return (f"{key} takes a value of type {expected.rsplit('.', 1)[-1]} (it is {default or repr('')} before this "

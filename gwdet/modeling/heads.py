@@ -20,6 +20,7 @@ message naming every key to change, not with detectron2's ``KeyError``.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any, List
 
 import torch
@@ -142,7 +143,8 @@ def has_batch_statistics(norm: Any) -> bool:
 
 class PerLevelNorm(nn.Module):
     """One norm module per FPN level, used in turn: call ``i`` goes to module ``i % levels``, counted
-    from the start of the head's forward (:meth:`GWRetinaNetHead.forward`).
+    from the start of the head's forward (:meth:`GWRetinaNetHead.forward`) in each thread (a model
+    shared by the threads of an inference server counts each forward on its own).
 
     A RetinaNet head runs each of its convs once per level, level by level, so each module sees
     one level only and keeps that level's running statistics. A recomputation during the backward
@@ -152,11 +154,11 @@ class PerLevelNorm(nn.Module):
     def __init__(self, norm: Any, channels: int, levels: int) -> None:
         super().__init__()
         self.levels = nn.ModuleList(get_norm(norm, channels) for _ in range(levels))
-        self._next = 0
+        self._next: dict[int, int] = {}  # thread identifier -> the level of its next call
 
     def restart(self) -> None:
-        """The next call is the first level's."""
-        self._next = 0
+        """The next call of this thread is the first level's."""
+        self._next.pop(threading.get_ident(), None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and _in_backward_pass():
@@ -166,8 +168,10 @@ class PerLevelNorm(nn.Module):
                 "modules in call order, which a recomputation does not keep, so each level would be normalized by "
                 "another's. Leave the head's subnets out of activation checkpointing, or use a norm without batch "
                 "statistics there (GW, GN).")
-        out = self.levels[self._next](x)
-        self._next = (self._next + 1) % len(self.levels)
+        thread = threading.get_ident()
+        level = self._next.get(thread, 0)
+        out = self.levels[level](x)
+        self._next[thread] = (level + 1) % len(self.levels)
         return out
 
 

@@ -14,8 +14,8 @@ mismatch with a :class:`DamagedFileError`. A file without a record is not checke
 from __future__ import annotations
 
 import contextlib
-import functools
 import errno
+import functools
 import hashlib
 import logging
 import os
@@ -63,7 +63,10 @@ class WriteError(GwdetError, OSError):
 
 
 def _cannot_write(path: str, cause: OSError) -> WriteError:
-    error = WriteError(cause.errno, f"cannot write {path}: {cause.strerror or cause}")
+    folder = os.path.dirname(path) or "."
+    missing = f" (the folder {folder} does not exist: create it first, or write into an existing one)" \
+        if cause.errno == errno.ENOENT and not os.path.isdir(folder) else ""
+    error = WriteError(cause.errno, f"cannot write {path}: {cause.strerror or cause}{missing}")
     error.path = path
     return error
 

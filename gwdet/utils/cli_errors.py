@@ -188,6 +188,22 @@ def unexpanded_variable_problem(flag: str, path: str | os.PathLike, environment:
             f"named {variable.group(0)!r}. Let the shell expand it (double quotes), or {fix}; nothing was written.")
 
 
+def unexpanded_variable_note(path: str | os.PathLike) -> str:
+    """For a ``path`` that does not exist: words naming the environment variable (``$HOME``) or the
+    leading ``~`` in it that nothing expanded (a quoted command-line value or a config file keeps
+    it), with the path as the shell would have made it; ``""`` when it holds none."""
+    text = os.fspath(path)
+    variable = _UNEXPANDED_VARIABLE.search(text)
+    if variable is None and not _HOME_PREFIX.match(text):
+        return ""
+    held = repr(variable.group(0)) if variable is not None else "a leading '~'"
+    expanded = os.path.expanduser(os.path.expandvars(text))
+    leading = variable is None or variable.start() == 0  # (a path made absolute has the folder before it)
+    meant = f" ({expanded})" if expanded != text and leading else ""
+    return (f" It holds {held}, which nothing expanded (a quoted command-line value and a config file keep it as it "
+            f"is): let the shell expand it (double quotes), or write the path out{meant}.")
+
+
 def edge_whitespace_problem(flag: str, path: str | os.PathLike, kind: str = "folder") -> str | None:
     """Why a new ``path`` (given as ``flag``) that begins or ends with whitespace is refused: the
     whitespace would become part of the new ``kind``'s name (a YAML value's or a pasted path's, not

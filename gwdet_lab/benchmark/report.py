@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import shlex
 from pathlib import Path
-from typing import List, Sequence, Tuple
+from typing import List, NamedTuple, Sequence, Tuple
 
 import torch
 
@@ -127,18 +128,64 @@ def report(header: str, tables: Sequence[str]) -> str:
     return header + "".join("\n" + text for text in tables)
 
 
+# The opening or closing line of a fenced code block (CommonMark: up to 3 spaces, then 3 or more ` or ~)
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
+
+
+class MarkerLines(NamedTuple):
+    """Where a section's marker lines are in a markdown text: ``(start, stop)`` offsets of each begin
+    and end marker (the marker's own characters), and the number of the line that opens a fenced
+    code block left open at the end of the text (0: none)."""
+
+    begins: List[Tuple[int, int]]
+    ends: List[Tuple[int, int]]
+    open_fence: int
+
+
+def marker_lines(text: str, section: str) -> MarkerLines:
+    """The marker lines of ``section`` in ``text``: lines that hold a marker and nothing else, outside
+    fenced code blocks (a marker shown as an example in a ````` ``` ````` or ``~~~`` block is the user's
+    text, not the benchmark's section)."""
+    begin, end = markers(section)
+    found = MarkerLines([], [], 0)
+    fence = ""  # the opening fence of the code block the line is in
+    offset = 0
+    for number, line in enumerate(text.splitlines(keepends=True), start=1):
+        content = line.rstrip("\r\n")
+        opening = _FENCE.match(content)
+        if fence:
+            if opening and opening.group(1)[0] == fence[0] and len(opening.group(1)) >= len(fence) \
+                    and not opening.group(2).strip():
+                fence, found = "", found._replace(open_fence=0)
+        elif opening and not (opening.group(1)[0] == "`" and "`" in opening.group(2)):
+            fence, found = opening.group(1), found._replace(open_fence=number)
+        else:
+            stripped = content.strip()
+            if stripped in (begin, end):
+                start = offset + content.index(stripped)
+                (found.begins if stripped == begin else found.ends).append((start, start + len(stripped)))
+        offset += len(line)
+    return found
+
+
 def marker_problem(text: str, section: str, path: str | Path) -> str | None:
     """Why the markers of ``section`` in ``text`` (the file at ``path``) do not delimit one section:
     a begin or an end line without the other, either one twice, the end before the begin. Writing
-    between them would replace text of the user's; None when they do."""
-    begin, end = markers(section)
-    begins, ends = text.count(begin), text.count(end)
-    if (begins, ends) in ((0, 0), (1, 1)) and (not begins or text.index(begin) < text.index(end)):
+    between them would replace text of the user's; None when they do. Markers inside fenced code
+    blocks are text (:func:`marker_lines`); a file without the section that ends inside an unclosed
+    code block is refused too, as the appended section would be inside it."""
+    found = marker_lines(text, section)
+    begins, ends = len(found.begins), len(found.ends)
+    if (begins, ends) == (0, 0) and found.open_fence:
+        return (f"--out {path}: its fenced code block opened on line {found.open_fence} is not closed, so the section "
+                f"{section!r} appended at the end of the file would be inside it: close the block (a ``` or ~~~ line "
+                "like the one that opens it), or give another --out; nothing was measured or changed")
+    if (begins, ends) == (0, 0) or ((begins, ends) == (1, 1) and found.begins[0][0] < found.ends[0][0]):
         return None
-    found = f"{begins} begin and {ends} end line(s)"
+    shown = f"{begins} begin and {ends} end line(s)"
     if (begins, ends) == (1, 1):
-        found = "its end line before its begin line"
-    return (f"--out {path}: the section {section!r} has {found} of its markers, so the text between them is not "
+        shown = "its end line before its begin line"
+    return (f"--out {path}: the section {section!r} has {shown} of its markers, so the text between them is not "
             f"one section of the benchmark's: make it one begin line, the tables, one end line (or remove its "
             f"marker lines), or give another --section; nothing was measured or changed")
 
@@ -166,7 +213,8 @@ def section_file_problem(path: str | Path, section: str | None = None) -> str | 
 
 def write_section(path: str | Path, body: str, section: str = "main") -> None:
     """Write ``body`` between the markers of ``section`` in ``path``, keeping the rest of the file;
-    a file without them gets the section appended (a missing file is created). Everything outside
+    a file without them gets the section appended (a missing file is created); marker lines inside
+    fenced code blocks are the file's text, not its section (:func:`marker_lines`). Everything outside
     the markers stays as it was, byte for byte. Runs that write into one file take turns: the read,
     the splice and the replace hold an exclusive lock on its folder (:func:`~gwdet.utils.atomic.folder_held`),
     so each keeps the sections the others wrote. The file is replaced atomically (a link is followed
@@ -188,10 +236,9 @@ def _splice_section(path: Path, body: str, section: str, begin: str, end: str) -
     if problem:  # checked before measuring too (section_file_problem): the file changed since
         raise GwdetValueError(problem.replace("nothing was measured or changed", f"{path} was left as it is (it "
                                               "changed while the benchmark measured; the tables are printed above)"))
-    if begin in existing:
-        head, rest = existing.split(begin, 1)
-        _, tail = rest.split(end, 1)
-        text = head + block + tail
+    found = marker_lines(existing, section)
+    if found.begins:  # one section, outside code blocks (marker_problem)
+        text = existing[:found.begins[0][0]] + block + existing[found.ends[0][1]:]
     elif existing:
         text = existing.rstrip("\r\n") + newline * 2 + block + newline
     else:
