@@ -204,11 +204,17 @@ class SettingsInState(nn.Module):
 
         cls.__init__ = checked_init  # type: ignore[method-assign,assignment]
 
+    def layer_kind(self) -> str:
+        """The layer's class name, which its state records and its messages give: the class it was
+        built as, also behind the subclass ``torch.nn.utils.parametrize`` makes of a parametrized
+        layer (``ParametrizedGroupWhitening``)."""
+        return type_before_parametrizations(self).__name__
+
     def check_recordable_settings(self) -> None:
         """Refuse a layer whose settings (:meth:`settings`) its state cannot record: a setting named
         in ``HYPER_PARAMETERS`` that the layer does not have, a value JSON cannot hold, or settings
         longer than :data:`SETTINGS_BYTES` (:func:`settings_json`)."""
-        kind = type(self).__name__
+        kind = self.layer_kind()
         missing = [name for name in self.setting_names() if not hasattr(self, name)]
         if missing:
             raise GwdetAttributeError(
@@ -235,10 +241,10 @@ class SettingsInState(nn.Module):
         computing with the old one."""
         if name in self.__dict__ and name in self.DERIVED:
             raise GwdetAttributeError(
-                f"{type(self).__name__}: {name} is derived from the settings when the layer is built (it is "
+                f"{self.layer_kind()}: {name} is derived from the settings when the layer is built (it is "
                 f"{getattr(self, name)!r}) and cannot be changed; build a new layer with the settings you want.")
         if name in self.__dict__ and name in self.setting_names():
-            owner = type(self).__name__
+            owner = self.layer_kind()
             if _unchanged(getattr(self, name), value):
                 return  # the value it has: nothing changes
             if name not in UNCOMPARED_SETTINGS:
@@ -277,7 +283,7 @@ class SettingsInState(nn.Module):
         requiring grad (training updates it in place)."""
         if "affine" not in self.__dict__:
             return  # the constructor registers them
-        owner = type(self).__name__
+        owner = self.layer_kind()
         if name in ("weight", "bias"):
             if value is None and self.affine:
                 raise GwdetAttributeError(
@@ -310,7 +316,7 @@ class SettingsInState(nn.Module):
                 f"requires grad; assign {name}.detach() instead")
 
     def _check_shape(self, name: str, value: Any, shape: List[int], what: str) -> None:
-        owner = type(self).__name__
+        owner = self.layer_kind()
         if not isinstance(value, Tensor) or list(value.shape) != shape or not value.is_floating_point():
             raise GwdetValueError(
                 f"{owner}: {name} must be a floating-point tensor of shape {shape} ({what}, num_channels="
@@ -324,13 +330,13 @@ class SettingsInState(nn.Module):
         ``torch.nn.utils.parametrize.register_parametrization`` deletes the tensor it puts behind a
         parametrization, which stands in for it (computed from the original on each access)."""
         if name in self.setting_names() or name in self.DERIVED:
-            raise GwdetAttributeError(f"{type(self).__name__}: {name} is set when the layer is built and cannot be "
+            raise GwdetAttributeError(f"{self.layer_kind()}: {name} is set when the layer is built and cannot be "
                                       "deleted; build a new layer with the settings you want.")
         parametrizing = sys._getframe(1).f_globals.get("__name__") == parametrize.__name__
         if ("affine" in self.__dict__ and not parametrizing
                 and (name in ("weight", "bias") or name in self.__dict__.get("_buffers", {}))):
             raise GwdetAttributeError(
-                f"{type(self).__name__}: {name} cannot be deleted from a built layer: the layer computes with it and "
+                f"{self.layer_kind()}: {name} cannot be deleted from a built layer: the layer computes with it and "
                 "its state records it; build a new layer with the settings you want"
                 + (" (affine=False: no weight and bias)." if name in ("weight", "bias") else "."))
         super().__delattr__(name)
@@ -346,7 +352,7 @@ class SettingsInState(nn.Module):
         return ", ".join([*parts, f"affine={self.affine!r}"])
 
     def get_extra_state(self) -> Tensor:
-        return encode_settings(type_before_parametrizations(self).__name__, self.settings())
+        return encode_settings(self.layer_kind(), self.settings())
 
     def set_extra_state(self, state: Any) -> None:
         """Accept the settings a state recorded when they are this layer's; raise ``ValueError``
@@ -359,7 +365,7 @@ class SettingsInState(nn.Module):
         """``None`` when ``state`` (a state dict's ``_extra_state`` value) records this layer's
         settings; else the refusal, naming the layer (``name`` in its model, when known), each
         differing setting with both values, and the fix."""
-        kind = type_before_parametrizations(self).__name__  # torch.nn.utils.parametrize's subclass is the layer
+        kind = self.layer_kind()
         layer = f"{name} ({kind})" if name else kind
         key = f"'{name}.{EXTRA_STATE_KEY}'" if name else f"'{EXTRA_STATE_KEY}'"
         if isinstance(state, Tensor) and state.is_meta:
