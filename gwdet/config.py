@@ -243,6 +243,11 @@ def allow_config_keys(*names: str) -> None:
         if not isinstance(name, str) or not name or name.startswith(".") or name.endswith("."):
             raise GwdetValueError(f"allow_config_keys: give dotted config keys such as 'MODEL.ROI_MASK_HEAD.NUM_CONVS', "
                                   f"got {name!r}")
+        if name.upper().startswith(tuple(f"{section}." for section in GWDET_SECTIONS) + (GWDET_RESNETS_PREFIX,)):
+            raise GwdetValueError(
+                f"allow_config_keys: {name!r} is in one of gwdet's own sections ({', '.join(GWDET_SECTIONS)}, "
+                f"{GWDET_RESNETS_PREFIX}*), which hold gwdet's keys only: nothing would read it. Give a project key its "
+                "own section (e.g. MODEL.MY_PROJECT.KEY); gwdet's keys are listed in docs/usage.md.")
         _ALLOWED_KEYS.add(name)
 
 

@@ -401,3 +401,16 @@ def test_structure_text_of_every_level_is_the_modules_repr():
     assert structure_text(model, None) == repr(model) == structure_text(model, 5)
     assert structure_text(model, 1) == ("Sequential(\n  (0): Conv2d(3, 4, kernel_size=(3, 3), stride=(1, 1))\n"
                                         "  (1): Sequential(... 2 modules inside)\n)")
+
+
+# --tasks parameter with MODEL.WEIGHTS of a file that is not there: the weights were left unread without a word (the
+# line saying so was logged at info level, which the tool does not show)
+def test_weights_the_analyze_tool_does_not_read_are_named_in_a_warning(tmp_path, capsys):
+    from conftest import logged_warnings
+    from gwdet.export import analyze_model
+
+    missing = tmp_path / "nonexistent.pth"
+    with logged_warnings("gwdet.engine.run") as warned:
+        assert analyze_model.main(["--config-file", str(DEMO_CONFIG), "--tasks", "parameter", *TINY_OPTS,
+                                   "MODEL.WEIGHTS", str(missing), "MODEL.DEVICE", "cpu"]) == 0
+    assert warned == [f"MODEL.WEIGHTS {missing} is not read (nor checked): what is asked does not depend on weights."]

@@ -2,6 +2,7 @@
 the section writer keeps the rest of the file, the competing load never outlives the run.
 No test asserts a time."""
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -123,6 +124,9 @@ def test_the_analytic_ratio_is_gwdet_layers_cost_and_the_papers_formula(_, shape
     (["--norms", "GW (itn)", "FOO"], "--norms: unknown 'FOO'; choose from 'conv 3x3', 'BN', 'GN(32)'"),
     (["--model-names", "FOO"], "--model-names: unknown 'FOO'; choose from 'FrozenBN', 'FrozenBN + GW at S1-B2'"),
     (["--busy", "-1"], "--busy: -1 is negative"),
+    # 1000 competing processes were started on a 2-CPU machine, which then measured nothing for minutes
+    (["--busy", str(8 * (os.cpu_count() or 1) + 1)], f"is more than 8 competing processes per CPU ({os.cpu_count() or 1} "
+                                                     "CPUs here)"),
     (["--model-repeats", "0"], "--model-repeats: 0 is less than 1"),
     # the second replaced the first, while the report's Command: line showed both
     (["--norms", "BN", "--norms", "GN(32)"], "--norms is given more than once; a second one would replace the first."),

@@ -524,6 +524,18 @@ def study_refusal(capsys, tmp_path, *arguments: str) -> str:
     return capsys.readouterr().err.strip().splitlines()[-1].removeprefix("compare_norms.py: error: ")
 
 
+# --example-weights for a study of GN cells only: accepted, while the worker sweeps weights for batch norms only
+def test_example_weights_for_a_study_without_batch_norms_are_refused(capsys, tmp_path):
+    assert study_refusal(capsys, tmp_path, "--configs", f"mine={STUDY / 'gn.yaml'}", "--seeds", "0",
+                         "--example-weights", "0.5", "--opts", *TINY) == (
+        "--example-weights 0.5: example weighing applies to batch norms (BN, SyncBN), and no cell's model has one (its "
+        "norms: GN), so the weights would be swept nowhere. Leave --example-weights out, or add a configuration with "
+        "batch norms.")
+    assert study_main(["--out", str(tmp_path / "out"), "--list", "--configs", f"mine={STUDY / 'gn.yaml'}",
+                       f"b={STUDY / 'bn.yaml'}", "--seeds", "0", "--example-weights", "0.5", "--opts", *TINY],
+                      repo_root=REPO) == 0
+
+
 def test_cells_named_as_another_configuration_or_made_alike_by_overrides_are_refused(capsys, tmp_path):
     # the GN config reported as "GW" beside the paper's GW number; --opts setting every cell's norms to GN,
     # and the report testing "GN > BN" between identical models

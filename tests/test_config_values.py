@@ -975,6 +975,11 @@ def test_a_projects_own_keys_and_declared_keys_pass_the_gate(monkeypatch):
         check_gwdet_config(cfg)
     gwdet_config.allow_config_keys("MODEL.ROI_MASK_HEAD.NUM_CONVS")
     check_gwdet_config(cfg)
+    # a key in gwdet's own sections was declared without a word, and the gate refused it all the same
+    for name in ("MODEL.GW.NUM_GROUP", "model.bgn.my_key", "MODEL.RESNETS.GW_POSITION"):
+        with pytest.raises(ValueError, match=rf"^allow_config_keys: '{name}' is in one of gwdet's own sections .* "
+                                             "nothing would read it"):
+            gwdet_config.allow_config_keys(name)
 
 
 # before: a norm value read by none of the model's norms was ignored without a word

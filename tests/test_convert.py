@@ -1038,3 +1038,123 @@ def test_read_source_state_dict_refuses_a_flag_that_is_not_a_bool(tmp_path):
     with pytest.raises(ValueError, match=r"^read_source_state_dict: allow_unsafe_pickle must be True or False, got "
                                          r"'no' \(str\)$"):
         read_source_state_dict(str(path), allow_unsafe_pickle="no")
+
+
+# a GW affine saved as [C, 1, 1] or [1, C] was refused: "the checkpoint does not fit R-50 ...: 34 with a wrong shape:
+# ['stem.conv1.norm.weight [64, 1, 1] (needs [64])' ...]" (only [1, C, 1, 1] was reshaped to [C])
+@pytest.mark.parametrize("shape, shown", [(lambda c: (c, 1, 1), "[C,1,1]"), (lambda c: (1, c), "[1,C]")],
+                         ids=["C11", "1C"])
+def test_a_gw_affine_of_c_values_in_any_broadcasting_shape_is_reshaped(r50_files, shape, shown):
+    state_dict = torch.load(r50_files["gw"], weights_only=True)
+    expected, _ = convert_state_dict(in_memory(state_dict))
+    reshaped = {key: value.reshape(shape(value.shape[1])) if value.dim() == 4 and value.shape[0] == 1 else value
+                for key, value in state_dict.items()}
+    weights, report = convert_state_dict(in_memory(reshaped))
+    assert (report.reshaped_affine, report.reshaped_from) == (34, [shown])
+    assert f"(weight, bias; 34 reshaped {shown} -> [C])" in report.format()
+    assert weights.keys() == expected.keys()
+    assert all((weights[key] == expected[key]).all() and weights[key].shape == expected[key].shape for key in weights)
+
+
+# numpy arrays as the source's values (an .npz's) failed with a raw "AttributeError: 'numpy.ndarray' object has no
+# attribute 'dim'"
+def test_a_state_dict_of_numpy_arrays_converts_as_its_tensors(r50_files):
+    state_dict = torch.load(r50_files["bn"], weights_only=True)
+    expected, _ = convert_state_dict(in_memory(state_dict))
+    weights, _ = convert_state_dict(in_memory({key: value.numpy() for key, value in state_dict.items()}))
+    assert weights.keys() == expected.keys() and all((weights[key] == expected[key]).all() for key in weights)
+    with pytest.raises(ConversionError, match=re.escape("convert_state_dict: source.tensors['conv1.weight'] is a list, "
+                                                        "not a torch tensor or numpy array; give the state dict's "
+                                                        "tensors")):
+        convert_state_dict(in_memory({**state_dict, "conv1.weight": [1.0]}))
+
+
+# file:// outputs were read as relative paths: "folder .../file:/tmp/... does not exist" (convert_checkpoint),
+# "cannot write the output ([Errno 2] No such file or directory: 'file:/tmp/...')" (write_detectron2_pkl, whose
+# docstring said a PathManager URL is written in place)
+def test_a_file_url_output_is_written_to_its_path_and_other_urls_are_refused(r50_files, tmp_path):
+    from gwdet.convert import write_detectron2_pkl
+
+    report = convert_checkpoint(f"file://{r50_files['bn']}", f"file://{tmp_path / 'url.pkl'}")
+    assert report.output == str(tmp_path / "url.pkl")
+    assert load_pickle_file(str(tmp_path / "url.pkl"), False, "")["model"].keys() == convert_state_dict(
+        in_memory(torch.load(r50_files["bn"], weights_only=True)))[0].keys()
+    write_detectron2_pkl(small_weights(), f"file://localhost{tmp_path / 'w.pkl'}", author="me")
+    assert load_pickle_file(str(tmp_path / "w.pkl"), False, "")["__author__"] == "me"
+    with pytest.raises(ConversionError, match=re.escape(
+            "https://example.com/w.pkl: the converter writes local files (file:///PATH included), not https:// URLs; "
+            "nothing was written.")):
+        convert_checkpoint(r50_files["bn"], "https://example.com/w.pkl")
+    with pytest.raises(ConversionError, match=re.escape("s3://bucket/w.pkl: the converter writes local files")):
+        write_detectron2_pkl(small_weights(), "s3://bucket/w.pkl", author="me")
+    with pytest.raises(ConversionError, match=re.escape("file://host/w.pkl names a file on the host 'host', which "
+                                                        "cannot be written from here")):
+        write_detectron2_pkl(small_weights(), "file://host/w.pkl", author="me")
+    assert sorted(os.listdir(tmp_path)) == ["url.pkl", "w.pkl"]
+
+
+# an open file as the input (or write_detectron2_pkl's output) failed with a raw "TypeError: expected str, bytes or
+# os.PathLike object, not BufferedReader"
+def test_an_open_file_as_the_input_is_named_with_the_fix(r50_files, tmp_path):
+    from gwdet.errors import GwdetTypeError
+
+    with open(r50_files["bn"], "rb") as file, pytest.raises(GwdetTypeError, match=re.escape(
+            "convert_checkpoint: input_path must be a file's path (a str or pathlib.Path), got a BufferedReader (an "
+            "open file): give the path of the file itself. To convert a state dict in memory, use "
+            "gwdet.convert.convert_state_dict(")):
+        convert_checkpoint(file, tmp_path / "f.pkl")
+    from gwdet.convert import write_detectron2_pkl
+
+    with open(tmp_path / "f.pkl", "wb") as file, pytest.raises(GwdetTypeError, match=re.escape(
+            "write_detectron2_pkl: output_path must be a file's path (a str or pathlib.Path), got a BufferedWriter")):
+        write_detectron2_pkl(small_weights(), file, author="me")
+    assert os.listdir(tmp_path) == ["f.pkl"] and (tmp_path / "f.pkl").read_bytes() == b""
+
+
+# tensors, lists and an empty dict were written without a word, and gwdet's own loading then refused the file
+# ("torch tensors in a .pkl weight file", "holds no weights")
+@pytest.mark.parametrize("weights, expected", [
+    (lambda: {key: torch.from_numpy(value) for key, value in small_weights().items()},
+     "weights['stem.conv1.weight'] is a torch tensor; a detectron2 .pkl holds numpy arrays (detectron2's and gwdet's "
+     "loading refuse tensors in a .pkl). Give the arrays ({name: value.detach().cpu().numpy() for name, value in "
+     "weights.items()}), or convert_state_dict's output; nothing was written."),
+    (lambda: {key: value.tolist() for key, value in small_weights().items()},
+     "weights['stem.conv1.weight'] is a list, not a numpy array of numbers"),
+    (lambda: {}, "weights must be a non-empty dict of parameter names to numpy arrays (what convert_state_dict "
+                 "returns), got an empty dict; nothing was written"),
+], ids=["tensors", "lists", "empty"])
+def test_write_detectron2_pkl_refuses_weights_its_loading_would_refuse(tmp_path, weights, expected):
+    from gwdet.convert import write_detectron2_pkl
+
+    with pytest.raises(ConversionError, match=re.escape(f"write_detectron2_pkl: {expected}")):
+        write_detectron2_pkl(weights(), tmp_path / "w.pkl", author="me")
+    assert os.listdir(tmp_path) == []
+
+
+# a function in the metadata failed with a raw "AttributeError: Can't pickle local object '<lambda>...'"
+def test_write_detectron2_pkl_refuses_metadata_that_is_not_plain_data(tmp_path):
+    from gwdet.convert import write_detectron2_pkl
+
+    with pytest.raises(ConversionError, match=re.escape(
+            "write_detectron2_pkl: metadata['steps'][1] is a function (<function ")) as error:
+        write_detectron2_pkl(small_weights(), tmp_path / "w.pkl", author="me",
+                             metadata={"epochs": 90, "steps": ["ok", lambda x: x]})
+    assert "not plain data: metadata holds str, int, float, bool, None, and lists, tuples and dicts of them" in str(
+        error.value)
+    assert os.listdir(tmp_path) == []
+    write_detectron2_pkl(small_weights(), tmp_path / "w.pkl", author="me", metadata={"a": [1, 2.5, None, {"b": True}]})
+    assert load_pickle_file(str(tmp_path / "w.pkl"), False, "")["gwdet"] == {
+        "a": [1, 2.5, None, {"b": True}]}
+
+
+# read_source_state_dict(None): a raw TypeError; 'r50.pth/' (a trailing slash): "no such file"
+def test_a_path_that_is_no_path_or_a_file_with_a_trailing_slash_is_named(tmp_path):
+    from gwdet.convert import read_source_state_dict
+
+    with pytest.raises(TypeError, match=r"^read_source_state_dict: path must be the checkpoint file's path .* got None"):
+        read_source_state_dict(None)
+    path = tmp_path / "r50.pth"
+    torch.save({"conv1.weight": torch.zeros(1)}, path)
+    with pytest.raises(ConversionError, match=rf"names the file {re.escape(str(path))} with a '/' after it, which makes "
+                                              r"it a folder's path: give it without the trailing slash\.$"):
+        read_source_state_dict(f"{path}/")

@@ -83,6 +83,18 @@ def test_only_batch_norms_with_running_statistics_are_replaced():
     assert model[0].eval_example_weight == 0.5
 
 
+# BatchNorm1d/3d of a model's own head were left as they were (0 replaced, no word), though example_weighted_norm
+# takes them
+def test_batch_norms_of_other_input_dimensions_are_replaced_and_compute_the_same_at_weight_zero():
+    for bn, shape in ((nn.BatchNorm1d(4), (6, 4)), (nn.BatchNorm1d(4), (6, 4, 5)), (nn.BatchNorm3d(4), (6, 4, 2, 3, 3))):
+        model = nn.Sequential(bn)
+        model.train()(torch.randn(shape) * 3 + 1)  # running statistics away from their start
+        x = torch.randn(shape)
+        expected = model.eval()(x)
+        assert apply_example_weighing(model, 0.0) == 1 and isinstance(model[0], BatchGroupNorm)
+        torch.testing.assert_close(model.eval()(x), expected, rtol=1e-5, atol=1e-5)
+
+
 def test_a_bare_batch_norm_is_refused():
     with pytest.raises(ValueError, match="example_weighted_norm"):
         apply_example_weighing(trained_bn(), 0.5)

@@ -39,6 +39,7 @@ from gwdet.export import (
     max_abs_difference,
     run_onnx,
     tracing_adapter,
+    verify_export,
 )
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
 from gwdet.norms import norm_record
@@ -1260,3 +1261,45 @@ def test_the_export_functions_check_their_flags_and_opset(tmp_path):
         with pytest.raises(ValueError, match=re.escape(message)):
             call()
     assert users.read_text() == "the user's file" and sorted(os.listdir(tmp_path)) == ["u.onnx"]
+
+
+# a user's model.ts.sha256 (no model.ts) was replaced by the export's record without a word
+def test_a_users_file_under_the_records_name_is_kept_unless_overwrite(tmp_path):
+    from gwdet.export.export_model import main
+
+    users = tmp_path / "u.ts.sha256"
+    users.write_text("deadbeef  my notes\n")
+    with pytest.raises(FileExistsError, match=rf"^{re.escape(str(users))} is there and is no checksum record, but the "
+                                              r"export writes its own record under that name: it is left as it is"):
+        export_torchscript(_Doubling(), torch.zeros(3, 8, 8), str(tmp_path / "u.ts"))
+    assert users.read_text() == "deadbeef  my notes\n" and sorted(os.listdir(tmp_path)) == ["u.ts.sha256"]
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.ts.sha256").write_text("deadbeef  model.ts\n")
+    with pytest.raises(SystemExit):
+        main(["--config-file", str(DEMO_CONFIG), "--untrained", "--output", str(out), *TINY_OPTS])
+    assert (out / "model.ts.sha256").read_text() == "deadbeef  model.ts\n"
+    # a stale record of gwdet's (its export deleted) is replaced as before
+    export_torchscript(_Doubling(), torch.zeros(3, 8, 8), str(tmp_path / "v.ts"))
+    (tmp_path / "v.ts").unlink()
+    export_torchscript(_Doubling(), torch.zeros(3, 8, 8), str(tmp_path / "v.ts"))
+    assert verify_export(str(tmp_path / "v.ts"))
+
+
+# opset 12 (GW's diagonal needs 13) and 99 (no such opset) ended in torch's raw UnsupportedOperatorError and
+# RuntimeError; a map_location dict (torch.load's form) in torch.jit.load's raw ValueError
+def test_an_opset_the_layers_or_the_exporter_cannot_take_and_a_map_location_dict_are_named(tmp_path):
+    from gwdet.export import load_export
+
+    layer = GroupWhitening(16, num_groups=4).eval()
+    for opset, reason in ((12, "Exporting the operator 'aten::diagonal' to ONNX opset version 12 is not supported"),
+                          (99, "Unsupported onnx_opset_version: 99")):
+        with pytest.raises(ValueError, match=rf"at opset {opset} failed: {re.escape(reason)}.*Export at an opset the "
+                                             r"exporter and every layer support \(the default, 17; gwdet's layers need "
+                                             r"13 or newer\); nothing was written"):
+            export_onnx(layer, (torch.randn(2, 16, 4, 4),), str(tmp_path / f"g{opset}.onnx"), opset=opset)
+    assert os.listdir(tmp_path) == []
+    export_torchscript(_Doubling(), torch.zeros(3, 8, 8), str(tmp_path / "m.ts"))
+    with pytest.raises(TypeError, match=r"^load_export: map_location of a TorchScript file is a device .* got "
+                                        r"\{'cuda:0': 'cpu'\} \(dict\)"):
+        load_export(str(tmp_path / "m.ts"), map_location={"cuda:0": "cpu"})

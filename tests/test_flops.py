@@ -331,6 +331,11 @@ def test_the_layers_register_no_counting_op():
      r"with C >= 1, got \[2, 16, -4, 4\]; give x.shape"),
     (lambda: batch_group_norm_macs([-2, 16]), r"^batch_group_norm_macs: shape must be .* got \[-2, 16\]"),
     (lambda: group_whitening_relative_cost([2, 16, 4, 4], 0), r"^group_whitening_macs: groups must be an integer >= 1"),
+    # a zero spatial size (GroupWhitening refuses it) counted 640 MACs; T past the layers' bound was taken
+    (lambda: group_whitening_macs([2, 16, 0, 4], 4), r"^group_whitening_macs: shape \[2, 16, 0, 4\] has a zero spatial "
+                                                     r"size, which GroupWhitening refuses"),
+    (lambda: group_whitening_macs([2, 16, 4, 4], 4, T=2**63), r"^group_whitening_macs: T must be an integer from 1 to "
+                                                              r"1000"),
 ])
 def test_mac_counters_refuse_what_the_layers_refuse(call, match):
     with pytest.raises(ValueError, match=match):

@@ -80,6 +80,29 @@ def test_place_norm_puts_the_norm_at_the_positions_and_freezes_after():
     assert all(p.requires_grad for p in stage3.parameters())
 
 
+# a forward hook on the stem's norm (a feature probe) never fired again after place_norm, without a word
+def test_place_norm_moves_a_replaced_norms_hooks_and_refuses_state_dict_hooks():
+    def resnet():
+        return ResNet(BasicStem(3, 64, norm="BN"), ResNet.make_default_stages(18, norm="BN"), out_features=["res5"],
+                      freeze_at=0)
+
+    model, seen = resnet(), []
+    handle = model.stem.conv1.norm.register_forward_hook(lambda module, args, output: seen.append(type(module)))
+    place_norm(model, positions="S1", norm=gwdet.norm("GW", num_groups=4))
+    model.eval()(torch.randn(1, 3, 32, 32))
+    assert seen == [GroupWhitening]
+    handle.remove()  # the handle still removes it
+    model.eval()(torch.randn(1, 3, 32, 32))
+    assert seen == [GroupWhitening]
+    hooked = resnet()
+    hooked.stem.conv1.norm._register_state_dict_hook(lambda *args: None)
+    before = hooked.stem.conv1.norm
+    with pytest.raises(ValueError, match=r"^place_norm: the norm\(s\) BatchNorm2d \(_state_dict_hooks\) at the positions "
+                                         r"carry state-dict hooks"):
+        place_norm(hooked, positions="S1", norm=gwdet.norm("GW", num_groups=4))
+    assert hooked.stem.conv1.norm is before
+
+
 @pytest.mark.parametrize("norm, freeze_at, built_frozen, message", [
     (None, 0, 0, "norm=None would remove the norms at the positions"),
     ("", 0, 0, "norm='' would remove the norms"),

@@ -181,6 +181,9 @@ def test_check_model_names_the_norm_layers_detectron2s_optimizer_decays(caplog):
     for value in ("0", float("nan")):  # "0": a raw ValueError of a format code
         with pytest.raises(TypeError, match=r"check_model: weight_decay_norm must be a number .*, got"):
             check_model(model, optimizer=Trainer.build_optimizer(cfg, model), weight_decay_norm=value)
+    # -1 was taken, then every norm layer named as decayed otherwise, with advice to rebuild a right optimizer
+    with pytest.raises(ValueError, match=r"^check_model: weight_decay_norm must be a weight decay >= 0 .*, got -1$"):
+        check_model(model, optimizer=Trainer.build_optimizer(cfg, model), weight_decay_norm=-1)
     # an optimizer built for another model (a notebook's model rebuilt, the old optimizer kept): nothing would train
     other = Trainer.build_optimizer(cfg, Trainer.build_model(cfg))
     with pytest.raises(ValueError, match=r"check_model: the optimizer does not hold \d+ trainable parameter\(s\) of the "

@@ -1078,7 +1078,10 @@ def test_a_refused_load_leaves_the_checkpointer_ready_for_the_next(tmp_path):
     # every later load of the same ResilientCheckpointer failed with a bare AssertionError
     checkpointer = ResilientCheckpointer(torch.nn.Linear(2, 2), str(tmp_path))
     checkpointer.save("good")
-    with pytest.raises(AssertionError, match="not found"):
+    (tmp_path / "bad.pth").write_bytes(b"x")
+    with pytest.raises(GwdetError, match="is not a PyTorch checkpoint"):  # refused inside detectron2's load
+        checkpointer.load(str(tmp_path / "bad.pth"))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
         checkpointer.load(str(tmp_path / "missing.pth"))
     assert "model" not in checkpointer.load(str(tmp_path / "good.pth"))  # the model's weights went into the model
 
@@ -1801,3 +1804,17 @@ def test_a_last_checkpoint_naming_its_file_with_a_dot_folder_is_the_file_it_name
     with caplog.at_level(logging.WARNING):
         assert resumed.resume_or_load("", resume=True)["iteration"] == 1
     assert "is not in" not in caplog.text
+
+
+# "cannot be written (Not a directory / File name too long); nothing was changed", with the folders made on the way
+# (r/newdir, 20 nested folders of a path too long) left behind
+def test_an_output_folder_that_cannot_be_made_leaves_no_folder_made_on_the_way(tmp_path):
+    (tmp_path / "run1").mkdir()
+    (tmp_path / "run1" / "model_final.pth").write_bytes(b"weights")
+    for output_dir in (tmp_path / "newdir" / ".." / "run1" / "model_final.pth" / "sub",
+                       tmp_path.joinpath(*["b" * 200] * 25)):
+        with pytest.raises(GwdetError, match=r"cannot be written \((Not a directory|File name too long)\); nothing was "
+                                             "changed"):
+            with OutputDirLock(str(output_dir)):
+                pass
+        assert sorted(os.listdir(tmp_path)) == ["run1"]

@@ -1097,6 +1097,16 @@ def test_a_new_output_path_that_begins_or_ends_with_whitespace_is_refused(tmp_pa
     check_output_folder(new, "OUTPUT_DIR")
 
 
+# cfg.train.output_dir = pathlib.Path("r/z4") was refused as "give the folder the run writes into"
+def test_an_output_folder_given_as_a_path_object_says_to_give_a_string(tmp_path):
+    from pathlib import Path
+    from gwdet.engine.training import check_output_folder
+
+    with pytest.raises(TypeError, match=r"^train.output_dir is PosixPath\('r/z4'\), a path object: give it as a "
+                                        r"string, train.output_dir = 'r/z4' \(str\(path\) in Python\)\.$"):
+        check_output_folder(Path("r/z4"), "train.output_dir")
+
+
 def test_a_runs_config_yaml_writes_each_value_in_full(finished_run):
     # detectron2's dump wrote MODEL.RETINANET.BBOX_REG_WEIGHTS as the anchor &id002 and MODEL.RPN.BBOX_REG_WEIGHTS
     # as its alias: an edit of RetinaNet's weights in a copy of the file trained the RPN with them too

@@ -218,6 +218,11 @@ def test_batches_of_inputs_and_targets_name_the_forward_argument():
         update_running_statistics(pairs, model)
     assert torch.equal(model[1].running_mean, before)
     assert update_running_statistics(pairs, model, forward=lambda m, b: m(b[0])) == 3
+    # an input with a label that is no tensor (an int, a string) got conv2d's raw TypeError
+    for labelled in ([(x, 0) for x in batches()], [[x, "a"] for x in batches()]):
+        with pytest.raises(GwdetTypeError, match=r"of 2 items, the first a tensor \(as a DataLoader of a TensorDataset "
+                                                 r"gives.*forward=lambda m, b: m\(b\[0\]\)"):
+            update_running_statistics(labelled, model)
 
 
 # Before: dict batches of a plain model got advice for detectron2 models only, not forward=lambda m, b: m(**b).

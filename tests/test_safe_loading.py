@@ -270,3 +270,21 @@ def test_a_damaged_pkl_is_named_as_a_damaged_file(tmp_path, damage):
         path.write_bytes(raw[:at] + b"\xff" + raw[at + 1:])
     refusal = _loading_refusal(model, path)
     assert refusal.startswith(f"{path} cannot be read: it is damaged or cut short (") and "nothing was loaded" in refusal
+
+
+@pytest.mark.parametrize("contents, where", [
+    ({"model": {}, "__author__": "me", "matching_heuristics": True}, "its 'model' is an empty dict"),
+    ({}, "it is an empty dict"),
+])
+def test_a_weights_file_with_no_weights_is_refused(tmp_path, contents, where):
+    # before: detectron2's matching heuristics on no names: a raw "IndexError: max(): Expected reduction dim 1 to have
+    # non-zero size"
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    path = tmp_path / "empty.pkl"
+    with open(path, "wb") as file:
+        pickle.dump(contents, file)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 1), torch.nn.GroupNorm(8, 16))
+    with pytest.raises(GwdetError, match=rf"^{path} holds no weights: {where}, with no parameter name or tensor in it, "
+                                         r"so nothing could be loaded\. Check the path"):
+        ResilientCheckpointer(model).load(str(path))

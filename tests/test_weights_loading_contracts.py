@@ -1029,3 +1029,72 @@ def test_a_converted_files_records_of_gwdet_norms_meet_the_layer_at_their_suffix
             "(1 layers, e.g. backbone.bottom_up.stem.conv1.norm: BatchGroupNorm -> FrozenBatchNorm2d)")):
         check_layer_settings(weights, nested(FrozenBatchNorm2d(8)), OPT_IN)
     check_layer_settings(weights, nested(BatchGroupNorm(8, eval_example_weight=0.5)), OPT_IN)
+
+
+class _Holder(nn.Module):
+    """Holds a model as ``module``, as a wrapper other than DDP does: its weights' names start with ``module.``."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.module = model
+
+
+_WRAPPED_NORMS = {"GW g=4": lambda: GroupWhitening(16, num_groups=4), "GW g=8": lambda: GroupWhitening(16, num_groups=8),
+                  "GN(8)": lambda: nn.GroupNorm(8, 16), "GN(4)": lambda: nn.GroupNorm(4, 16),
+                  "BN": lambda: nn.BatchNorm2d(16)}
+
+
+# a wrapped model's checkpoint (weights module.*) into the unwrapped model with other norms loaded without a word:
+# its records of the norm layers, kept under module.1, were matched to no layer, while fvcore loaded the weights into 1
+@pytest.mark.parametrize("saved, loading, finding", [
+    ("GW g=4", "GW g=8", "other norm hyper-parameters than this config gives its layers (1 values, e.g. 1 num_groups 4 -> 8)"),
+    ("GW g=4", "GN(4)", "other norm layers than this config builds (1 layers, e.g. 1: GroupWhitening -> GroupNorm)"),
+    ("GN(8)", "GN(4)", "other norm hyper-parameters than this config gives its layers (1 values, e.g. 1 num_groups 8 -> 4)"),
+    ("GN(8)", "BN", "other norm layers than this config builds (1 layers, e.g. 1: GroupNorm -> BatchNorm2d)"),
+])
+def test_a_wrapped_models_checkpoint_is_checked_against_the_layers_its_weights_load_into(tmp_path, saved, loading, finding):
+    from gwdet.checkpoint.compatibility import NormMismatchError
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    source = nn.Sequential(nn.Conv2d(3, 16, 1), _WRAPPED_NORMS[saved]())
+    ResilientCheckpointer(_Holder(source), save_dir=str(tmp_path)).save("wrapped")
+    data = torch.load(tmp_path / "wrapped.pth", weights_only=True)
+    assert set(data["gwdet_norm_types"]) == {"module.1"}
+    # without the records gwdet's layers keep in their state (as an older gwdet saved them): the file's records only
+    data = {key: value for key, value in data.items() if "checksums" not in key}
+    data["model"] = {key: value for key, value in data["model"].items() if not key.endswith("_extra_state")}
+    torch.save(data, tmp_path / "without_layer_records.pth")
+    for path in (tmp_path / "wrapped.pth", tmp_path / "without_layer_records.pth"):
+        with pytest.raises(NormMismatchError, match=re.escape(f"The checkpoint was trained with {finding}; nothing was loaded")):
+            ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 16, 1), _WRAPPED_NORMS[loading]())).load(str(path))
+        same = nn.Sequential(nn.Conv2d(3, 16, 1), _WRAPPED_NORMS[saved]())
+        ResilientCheckpointer(same).load(str(path))  # the norms it was trained with: loaded
+        assert torch.equal(same[0].weight, source[0].weight)
+
+
+def test_a_checkpoint_name_with_the_suffix_save_adds_is_refused(tmp_path):
+    # save("model_final.pth") wrote model_final.pth.pth (fvcore adds .pth to any name) and named it in last_checkpoint
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    with pytest.raises(ValueError, match=re.escape(
+            "Checkpoint 'model_final.pth' cannot be saved under that name: save() adds .pth itself, so it would write "
+            "model_final.pth.pth; nothing was written. Give the name without the suffix: save('model_final').")):
+        ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 16, 1)), save_dir=str(tmp_path)).save("model_final.pth")
+    assert os.listdir(tmp_path) == []
+
+
+def test_loading_a_missing_checkpoint_names_the_path(tmp_path, monkeypatch):
+    # before: fvcore's bare AssertionError "Checkpoint .../nope.pth not found!"
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from gwdet.errors import GwdetFileNotFoundError
+
+    checkpointer = ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 16, 1)))
+    missing = str(tmp_path / "ck" / "nope.pth")
+    with pytest.raises(GwdetFileNotFoundError, match=re.escape(
+            f"ResilientCheckpointer.load: the checkpoint {missing!r} does not exist; nothing was loaded. Check the path: "
+            "a training saves its checkpoints in its output folder as model_<iteration>.pth and model_final.pth")):
+        checkpointer.load(missing)
+    monkeypatch.chdir(tmp_path)  # a relative path: the folder it was looked for in is named
+    with pytest.raises(GwdetFileNotFoundError, match=re.escape(f"the checkpoint 'ck/nope.pth' does not exist (in "
+                                                               f"{tmp_path / 'ck'}); nothing was loaded")):
+        checkpointer.load("ck/nope.pth")

@@ -165,12 +165,18 @@ def _damaged(path: str, error: BaseException) -> DamagedFileError:
 
 def _check_holds_weights(path: str, data: Any) -> None:
     """Refuse a file whose contents are no checkpoint: not a dict, or whose weights (its ``model``,
-    as detectron2's checkpointer reads it) hold a value that is neither a tensor nor an array."""
+    as detectron2's checkpointer reads it) are empty or hold a value that is neither a tensor nor an array."""
     if not isinstance(data, dict):
         raise GwdetValueError(
             f"{path} holds a {type(data).__name__}, not a checkpoint: a dict of weights (a state dict, or "
             "{'model': state_dict, ...} as detectron2 and gwdet save). Save the model's state_dict() instead.")
     weights = data.get("model", data)
+    if isinstance(weights, dict) and not weights:  # detectron2's name matching fails on no names (an IndexError)
+        where = "its 'model' is an empty dict" if weights is not data else "it is an empty dict"
+        raise GwdetValueError(
+            f"{path} holds no weights: {where}, with no parameter name or tensor in it, so nothing could be loaded. "
+            "Check the path; a weight file maps parameter names to tensors (or numpy arrays in a .pkl): write it "
+            "again from the model's state_dict().")
     if isinstance(weights, dict):
         odd = [f"{key!r} ({type(value).__name__})" for key, value in weights.items()
                if not isinstance(value, (torch.Tensor, np.ndarray))]
@@ -449,6 +455,8 @@ INITIAL_WEIGHTS_KEY = "gwdet_initial_weights"
 # What torch.compile puts in the names of a compiled module's weights (its OptimizedModule wraps the
 # original module as _orig_mod).
 COMPILED = "_orig_mod."
+# the prefix of the weights of a wrapped model, which fvcore's loading strips when every name has it
+WRAPPER_PREFIX = "module."
 
 
 def input_record(model: torch.nn.Module) -> dict[str, Any]:
@@ -702,6 +710,10 @@ class ResilientCheckpointer(DetectionCheckpointer):
             raise GwdetValueError(f"Checkpoint {name!r} cannot be saved: the checkpointer has no save_dir (the folder "
                                   "to save into); nothing was written. Give one: ResilientCheckpointer(model, "
                                   "save_dir=...).")
+        if isinstance(name, str) and name.lower().endswith(".pth"):  # fvcore's save adds the suffix to any name
+            raise GwdetValueError(f"Checkpoint {name!r} cannot be saved under that name: save() adds .pth itself, so "
+                                  f"it would write {name}.pth; nothing was written. Give the name without the suffix: "
+                                  f"save({name[:-4]!r}).")
         valueless = _meta_tensors(self.model)
         if valueless:
             raise GwdetValueError(
@@ -1054,6 +1066,17 @@ class ResilientCheckpointer(DetectionCheckpointer):
         if path and os.path.isdir(path):
             raise GwdetIsADirectoryError(f"{path!r} is a folder: give the checkpoint file in it (e.g. "
                                          f"{os.path.join(path, 'model_final.pth')}).")
+        file = urlsplit(path)._replace(query="").geturl() if "?" in path else path  # detectron2 reads the query
+        if path and "://" not in path and not os.path.isfile(file) and os.path.lexists(file):
+            raise GwdetValueError(f"ResilientCheckpointer.load: {path!r} is not a regular file (a named pipe, a device, "
+                                  "or a link that leads nowhere or in a loop); nothing was loaded. Give the checkpoint "
+                                  "file itself.")
+        if path and "://" not in path and not os.path.lexists(file):  # fvcore: a bare AssertionError
+            raise GwdetFileNotFoundError(
+                f"ResilientCheckpointer.load: the checkpoint {path!r} does not exist"
+                f"{f' (in {os.path.abspath(os.path.dirname(file))})' if not os.path.isabs(file) else ''}; nothing was "
+                f"loaded.{unexpanded_variable_note(path)} Check the path: a training saves its checkpoints in its "
+                "output folder as model_<iteration>.pth and model_final.pth (its last_checkpoint names the latest).")
         valueless = _meta_tensors(self.model) if path else []
         if valueless:
             raise GwdetValueError(
@@ -1068,6 +1091,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
 
     def _load_model(self, checkpoint: dict):
         self._read_compiled_names(checkpoint)
+        self._read_wrapped_records(checkpoint)
         metadata = read_conversion_metadata(checkpoint)
         if metadata is not None:
             check_weights_fit_model(metadata, self.model, lazy=self.weights_setting.islower())
@@ -1171,6 +1195,22 @@ class ResilientCheckpointer(DetectionCheckpointer):
                     "LazyConfig's num_groups).")
         if allowed and isinstance(weights, dict):
             drop_layer_settings(weights, self.model)
+
+    def _read_wrapped_records(self, checkpoint: dict) -> None:
+        """gwdet's records of the norm layers (:data:`NORM_TYPES_KEY`, :data:`NORM_SETTINGS_KEY`) of
+        weights whose every name starts with ``module.`` (saved from a model held by a wrapper other
+        than DDP or DataParallel, whose ``module.`` these records keep too) are read without it, as
+        fvcore's loading reads those weights: the records are then compared with the layers the
+        weights load into."""
+        weights = checkpoint.get("model")
+        if not isinstance(weights, dict) or not weights or not all(
+                isinstance(key, str) and (not key or key.startswith(WRAPPER_PREFIX)) for key in weights):
+            return
+        for record in (NORM_TYPES_KEY, NORM_SETTINGS_KEY):
+            names = checkpoint.get(record)
+            if isinstance(names, dict) and names and all(isinstance(key, str) and key.startswith(WRAPPER_PREFIX)
+                                                         for key in names):
+                checkpoint[record] = {key.removeprefix(WRAPPER_PREFIX): value for key, value in names.items()}
 
     def _read_compiled_names(self, checkpoint: dict) -> None:
         """Weights saved from a ``torch.compile``d module (or submodule) carry ``_orig_mod.`` in

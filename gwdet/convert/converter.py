@@ -15,13 +15,15 @@ import logging
 import os
 import pickle
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence, cast
+from urllib.parse import urlsplit
+from urllib.request import url2pathname
 
 import numpy as np
 import torch
 
-from detectron2.utils.file_io import PathManager
 
+from gwdet.errors import GwdetTypeError
 from gwdet.utils.atomic import OutputExistsError, file_version, remove_stale_partials, write_atomically
 from gwdet.utils.cli_errors import unexpanded_variable_problem
 from gwdet.checkpoint.integrity import with_checksums
@@ -36,8 +38,10 @@ from gwdet.convert.architecture import (
     is_gn_style,
 )
 from gwdet.convert.loading import (
+    FILE_URL,
     ConversionError,
     SourceStateDict,
+    local_input_path,
     preview_names,
     read_source_state_dict,
 )
@@ -77,13 +81,14 @@ class ConversionReport:
     converted_convs: int
     converted_bn_norms: int
     converted_affine_norms: int  # GW norms (GN norms when gn_style)
-    reshaped_affine: int  # GW weights/biases reshaped from [1, C, 1, 1] to [C]
+    reshaped_affine: int  # GW weights/biases of C values in one axis ([1, C, 1, 1], [C, 1, 1], ...) reshaped to [C]
     converted_keys: int
     dropped_classifier: list[str]
     dropped_num_batches_tracked: int
     unexpected: list[str]  # dropped because allow_unexpected was set
     settings_records: int = 0  # gwdet norm layers' recorded settings, carried for the loading layers to check
     recorded_config: dict[str, object] = field(default_factory=dict)  # what those settings give (MODEL.GW.*)
+    reshaped_from: list[str] = field(default_factory=list)  # the shapes reshaped to [C], e.g. "[1,C,1,1]"
     output: str | None = None
 
     def format(self) -> str:
@@ -91,7 +96,8 @@ class ConversionReport:
         affine_kind = "GN" if self.gn_style else "GW"
         reshaped = ""
         if self.reshaped_affine:
-            reshaped = f"; {self.reshaped_affine} reshaped [1,C,1,1] -> [C]"
+            shapes = " and ".join(self.reshaped_from or ["[1,C,1,1]"])
+            reshaped = f"; {self.reshaped_affine} reshaped {shapes} -> [C]"
         unexpected = (
             f"{len(self.unexpected)} dropped ({UNEXPECTED_FLAG}): {preview_names(self.unexpected)}"
             if self.unexpected
@@ -168,7 +174,8 @@ def convert_state_dict(
     """Map a torchvision-layout state dict onto detectron2's ResNet names.
 
     Args:
-        source: the source tensors, e.g. from :func:`read_source_state_dict`.
+        source: the source tensors, e.g. from :func:`read_source_state_dict`; numpy arrays (an
+            ``.npz``'s) among them are read as the tensors they hold.
         arch: an :data:`ARCHITECTURES` name to insist on, or None to accept the inferred one.
         gw_positions: a GW_POSITIONS string to insist on (``""``: no GW), or None for any.
         allow_unexpected: drop keys outside torchvision's ResNet layout instead of failing.
@@ -188,7 +195,7 @@ def convert_state_dict(
                               f"or SourceStateDict(tensors=state_dict, wrapping='bare state_dict', stripped_prefix='')), got "
                               f"{type(source).__name__}")
     check_requested_names(arch, gw_positions)
-    layout = parse_torchvision_layout(source.tensors)
+    layout = parse_torchvision_layout(_source_tensors(source))
     check_bottleneck_blocks(layout)
     _check_unexpected(layout, allow_unexpected)
     inferred_arch = infer_architecture(layout)
@@ -216,7 +223,8 @@ def convert_state_dict(
         converted_convs=len(layout.convs),
         converted_bn_norms=len(layout.norms) - affine_norms,
         converted_affine_norms=affine_norms,
-        reshaped_affine=reshaped,
+        reshaped_affine=len(reshaped),
+        reshaped_from=sorted(set(reshaped), key=reshaped.index),
         converted_keys=len(weights),
         dropped_classifier=sorted(layout.dropped_classifier),
         dropped_num_batches_tracked=len(layout.dropped_num_batches_tracked),
@@ -224,6 +232,33 @@ def convert_state_dict(
         settings_records=len(records),
         recorded_config=recorded_config([norm.record for norm in layout.norms.values() if norm.record is not None]),
     )
+
+
+def _source_tensors(source: SourceStateDict) -> dict[str, torch.Tensor]:
+    """``source.tensors`` with numpy arrays turned into tensors (sharing their memory); a
+    ``ConversionError`` naming the first name that is not a string, or value that is neither."""
+    if not isinstance(source.tensors, Mapping):
+        raise ConversionError(f"convert_state_dict: source.tensors must be a dict of parameter names to torch tensors "
+                              f"(a model's state_dict()), got {type(source.tensors).__name__}.")
+    tensors = {}
+    for name, value in source.tensors.items():
+        if not isinstance(name, str):
+            raise ConversionError(f"convert_state_dict: source.tensors has the key {name!r} "
+                                  f"({type(name).__name__}); a state dict's keys are parameter names (str), as a "
+                                  "model's state_dict() has them.")
+        if isinstance(value, np.ndarray):
+            try:
+                value = torch.from_numpy(value if value.flags.writeable else value.copy())
+            except TypeError:  # an object array, or a dtype torch has no tensors of
+                raise ConversionError(f"convert_state_dict: source.tensors[{name!r}] is a numpy array of dtype "
+                                      f"{value.dtype}, which torch holds no tensors of; give the arrays as numbers "
+                                      "(e.g. array.astype(numpy.float32)).") from None
+        elif not isinstance(value, torch.Tensor):
+            raise ConversionError(f"convert_state_dict: source.tensors[{name!r}] is a {type(value).__name__}, not a "
+                                  "torch tensor or numpy array; give the state dict's tensors (e.g. "
+                                  "{name: torch.as_tensor(value) for name, value in state_dict.items()}).")
+        tensors[name] = value
+    return tensors
 
 
 def recorded_config(records: list[torch.Tensor]) -> dict[str, object]:
@@ -241,15 +276,16 @@ def recorded_config(records: list[torch.Tensor]) -> dict[str, object]:
     return {key: next(iter(found)) for key, found in sorted(values.items()) if len(found) == 1}
 
 
-def detectron2_weights(layout: SourceLayout) -> tuple[dict[str, np.ndarray], int]:
-    """detectron2-named float32 arrays of the convs and norms, and the number reshaped to [C]."""
+def detectron2_weights(layout: SourceLayout) -> tuple[dict[str, np.ndarray], list[str]]:
+    """detectron2-named float32 arrays of the convs and norms, and the shape (``"[1,C,1,1]"``) of
+    each affine weight or bias of a norm without statistics that was reshaped to ``[C]``."""
     weights = {key: _float_array(key, value) for key, value in layout.convs.items()}
-    reshaped = 0
+    reshaped = []
     for norm in layout.norms.values():
         for leaf, value in norm.tensors.items():
             if norm.affine_only and _is_broadcast_affine(value):
+                reshaped.append(_layout_of(value))
                 value = value.reshape(-1)
-                reshaped += 1
             weights[f"{norm.target}.{leaf}"] = _float_array(f"{norm.source}.{leaf}", value)
     return weights, reshaped
 
@@ -279,8 +315,14 @@ def check_trained(layout: SourceLayout, source_name: str) -> None:
 
 
 def _is_broadcast_affine(value: torch.Tensor) -> bool:
-    """The GW authors' affine layout ``[1, C, 1, 1]``."""
-    return value.dim() == 4 and value.shape[0] == 1 and value.shape[2:] == (1, 1)
+    """An affine parameter kept in a broadcasting shape: its values along one axis, every other axis
+    of size 1 (the GW authors' ``[1, C, 1, 1]``, or ``[C, 1, 1]``, ``[1, C]``)."""
+    return value.dim() > 1 and sum(size != 1 for size in value.shape) <= 1
+
+
+def _layout_of(value: torch.Tensor) -> str:
+    """``"[1,C,1,1]"`` for a broadcast affine parameter of shape ``[1, 64, 1, 1]``."""
+    return "[" + ",".join("1" if size == 1 else "C" for size in value.shape) + "]"
 
 
 def _float_array(name: str, value: torch.Tensor) -> np.ndarray:
@@ -322,11 +364,13 @@ def convert_checkpoint(
     The output appears only when the conversion succeeds; an existing ``output_path`` is replaced
     only with ``overwrite``. See :func:`convert_state_dict` for
     ``arch``, ``gw_positions`` and ``allow_unexpected``; ``allow_unsafe_pickle`` permits full
-    unpickling of the input, which can execute arbitrary code (trusted files only).
+    unpickling of the input, which can execute arbitrary code (trusted files only). Either path may
+    be a ``file://`` URL of this host (read as its path); an output URL of another scheme is refused.
 
     Raises:
         ConversionError: anything that prevents a faithful conversion; the message says what
             and how to fix it.
+        GwdetTypeError: a path that is not a str or ``os.PathLike`` (an open file, say).
     """
     for name, value in (("allow_unsafe_pickle", allow_unsafe_pickle), ("allow_unexpected", allow_unexpected),
                         ("overwrite", overwrite)):
@@ -337,15 +381,26 @@ def convert_checkpoint(
             "give that path, or convert it in memory with gwdet.convert.convert_state_dict(SourceStateDict("
             "tensors=state_dict, wrapping='bare state_dict', stripped_prefix='')) and write the weights it returns "
             "with gwdet.convert.write_detectron2_pkl.")
+    for name, path in (("input_path", input_path), ("output_path", output_path)):
+        if not isinstance(path, (str, bytes, os.PathLike)):
+            opened = " (an open file)" if hasattr(path, "read") or hasattr(path, "write") else ""
+            raise GwdetTypeError(
+                f"convert_checkpoint: {name} must be a file's path (a str or pathlib.Path), got a "
+                f"{type(path).__name__}{opened}: give the path of the file itself. To convert a state dict in memory, "
+                "use gwdet.convert.convert_state_dict(SourceStateDict(tensors=state_dict, wrapping='bare state_dict', "
+                "stripped_prefix='')) and write the weights it returns with gwdet.convert.write_detectron2_pkl.")
     input_path, output_path = os.fspath(input_path), os.fspath(output_path)
     for name, path in (("input_path", input_path), ("output_path", output_path)):
         if not isinstance(path, str):
             raise ConversionError(f"convert_checkpoint: {name} must be a str or os.PathLike path, got "
                                   f"{path!r} ({type(path).__name__})")
     check_requested_names(arch, gw_positions)
+    input_path = local_input_path(input_path)
     unexpanded = unexpanded_variable_problem("output_path", output_path)
     if unexpanded is not None:  # a quoted '$HOME/w.pkl': a folder named '$HOME'
         raise ConversionError(unexpanded)
+    output_path = _local_output_path(output_path)
+    _refuse_url_output(output_path)
     _check_output_path(input_path, output_path, overwrite)
     # what --overwrite replaces: another conversion's output written meanwhile is kept
     found = file_version(output_path)
@@ -445,19 +500,30 @@ def write_detectron2_pkl(
     process wrote it meanwhile), it is kept and this call refused, so that of two conversions into
     one file exactly one succeeds. ``metadata`` goes under :data:`METADATA_KEY`, and a checksum of
     every array and of the author and metadata (:mod:`gwdet.checkpoint.integrity`) beside the weights.
-    A ``PathManager`` URL (``scheme://...``) is written in place, without the temporary name.
+
+    ``weights`` must be a non-empty dict of parameter names to numpy arrays (what
+    :func:`convert_state_dict` returns; detectron2 and gwdet read no tensors from a ``.pkl``), and
+    ``metadata`` plain data (str, int, float, bool, None, and lists, tuples and dicts of them), which
+    the weights-only loading reads back; anything else is refused before a file is written.
+    A ``file://`` URL of this host is written to its path like any local path; a URL of another
+    scheme is refused (the file is written atomically, to a local folder).
     """
     check_flag("write_detectron2_pkl", "overwrite", overwrite)
+    _check_weights(weights)
+    _check_metadata(metadata)
+    if not isinstance(output_path, (str, os.PathLike)):
+        raise GwdetTypeError(f"write_detectron2_pkl: output_path must be a file's path (a str or pathlib.Path), got a "
+                             f"{type(output_path).__name__} ({_short_repr(output_path)}): give the path of the .pkl "
+                             "to write; nothing was written.")
     output_path = os.fspath(output_path)
+    if not isinstance(output_path, str):
+        raise GwdetTypeError(f"write_detectron2_pkl: output_path must be a str or os.PathLike path, got "
+                             f"{output_path!r} ({type(output_path).__name__}); nothing was written.")
     unexpanded = unexpanded_variable_problem("output_path", output_path)
     if unexpanded is not None:  # a quoted '$HOME/w.pkl': a folder named '$HOME'
         raise ConversionError(unexpanded)
-    if "://" in output_path:  # a PathManager URL (written in place, as detectron2 reads it)
-        _check_output_suffix(output_path)
-        if not overwrite and PathManager.exists(output_path):
-            _refuse_existing(output_path)
-        _write_pkl(weights, output_path, author, metadata, overwrite, seen=None)
-        return
+    output_path = _local_output_path(output_path)
+    _refuse_url_output(output_path)
     _check_output_place(output_path)
     seen = file_version(output_path) if isinstance(replacing, _Unseen) else replacing
     if seen is not None and not overwrite:
@@ -465,9 +531,107 @@ def write_detectron2_pkl(
     _write_pkl(weights, output_path, author, metadata, overwrite, seen)
 
 
-def _refuse_existing(output_path: str) -> None:
+def _local_output_path(output_path: str) -> str:
+    """``output_path`` with a ``file://`` URL of this host turned into its path (detectron2's
+    ``PathManager`` has no handler for ``file://``); any other path as it is."""
+    if not output_path.startswith(FILE_URL):
+        return output_path
+    address = urlsplit(output_path)
+    if address.netloc not in ("", "localhost"):
+        raise ConversionError(
+            f"{output_path} names a file on the host {address.netloc!r}, which cannot be written from here (a "
+            "file:// URL of this machine is file:///PATH, with three slashes); nothing was written. Give a local "
+            "path, and copy the file to that host.")
+    return url2pathname(address.path)
+
+
+def _refuse_url_output(output_path: str) -> None:
+    """Refuse an output URL of a scheme other than ``file://`` (which :func:`_local_output_path` reads
+    as its path): the converted weights are written atomically to a local file."""
+    if "://" in output_path:
+        scheme = urlsplit(output_path).scheme or output_path.partition("://")[0]
+        raise ConversionError(
+            f"{output_path}: the converter writes local files (file:///PATH included), not {scheme}:// URLs; nothing "
+            "was written. Write to a local path, and copy the file where it goes with that storage's own tools.")
+
+
+def _check_weights(weights: object) -> None:
+    """A ``ConversionError`` unless ``weights`` is a non-empty dict of names to numpy arrays of
+    numbers: what detectron2's and gwdet's loading read from a ``.pkl`` as weights."""
+    if not isinstance(weights, Mapping) or not weights:
+        what = "an empty dict" if isinstance(weights, Mapping) else f"a {type(weights).__name__}"
+        raise ConversionError(
+            f"write_detectron2_pkl: weights must be a non-empty dict of parameter names to numpy arrays (what "
+            f"convert_state_dict returns), got {what}; nothing was written, since a file without weights loads "
+            "nothing into a model.")
+    for name, value in weights.items():
+        if not isinstance(name, str):
+            raise ConversionError(f"write_detectron2_pkl: weights has the key {name!r} ({type(name).__name__}); "
+                                  "weights are named by their parameters' names (str). Nothing was written.")
+        if isinstance(value, torch.Tensor):
+            raise ConversionError(
+                f"write_detectron2_pkl: weights[{name!r}] is a torch tensor; a detectron2 .pkl holds numpy arrays "
+                "(detectron2's and gwdet's loading refuse tensors in a .pkl). Give the arrays ({name: "
+                "value.detach().cpu().numpy() for name, value in weights.items()}), or convert_state_dict's output; "
+                "nothing was written.")
+        if not isinstance(value, np.ndarray) or value.dtype.kind not in "biufc":
+            what = (f"a numpy array of dtype {value.dtype}" if isinstance(value, np.ndarray)
+                    else f"a {type(value).__name__}")
+            raise ConversionError(
+                f"write_detectron2_pkl: weights[{name!r}] is {what}, not a numpy array of numbers, which is what a "
+                "detectron2 .pkl holds and its loading reads. Give numpy arrays (e.g. numpy.asarray(value, "
+                "dtype=numpy.float32)); nothing was written.")
+
+
+_PLAIN_VALUES = (str, int, float, bool, type(None))
+
+
+def _check_metadata(metadata: object) -> None:
+    """A ``ConversionError`` unless ``metadata`` is None or a dict of plain data (str, int, float,
+    bool, None, and lists, tuples and dicts of them), naming the first entry that is not."""
+    if metadata is None:
+        return
+    if not isinstance(metadata, Mapping):
+        raise ConversionError(f"write_detectron2_pkl: metadata must be a dict (or None), got a "
+                              f"{type(metadata).__name__}; nothing was written.")
+    found = _unplain_entry(dict(metadata), "metadata")
+    if found is not None:
+        where, value = found
+        raise ConversionError(
+            f"write_detectron2_pkl: {where} is a {type(value).__name__} ({_short_repr(value)}), not plain data: "
+            "metadata holds str, int, float, bool, None, and lists, tuples and dicts of them, which the weights-only "
+            "loading reads back. Store it as one of those (e.g. its name as a str); nothing was written.")
+
+
+def _unplain_entry(value: object, where: str) -> tuple[str, object] | None:
+    """The place (``metadata['a'][0]``) and value of the first part of ``value`` that is not plain data, or None."""
+    if type(value) in _PLAIN_VALUES:  # not subclasses (numpy scalars, enums), which pickle as their classes
+        return None
+    if type(value) is dict:
+        for key, item in value.items():
+            if type(key) not in _PLAIN_VALUES:
+                return f"a key of {where}", key
+            found = _unplain_entry(item, f"{where}[{key!r}]")
+            if found is not None:
+                return found
+        return None
+    if type(value) in (list, tuple):
+        for index, item in enumerate(cast(Sequence, value)):
+            found = _unplain_entry(item, f"{where}[{index}]")
+            if found is not None:
+                return found
+        return None
+    return where, value
+
+
+def _short_repr(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _refuse_existing(output_path: str, caller: str = "write_detectron2_pkl") -> None:
     raise ConversionError(
-        f"write_detectron2_pkl: {output_path} already exists; it is left as it is. Pass overwrite=True (the "
+        f"{caller}: {output_path} already exists; it is left as it is. Pass overwrite=True (the "
         "tool's --overwrite) to replace it, or choose another output file.")
 
 
@@ -477,7 +641,7 @@ def _write_pkl(weights: dict[str, np.ndarray], output_path: str, author: str, me
     place only while it is still ``seen`` (``None``: no file)."""
     checkpoint: dict[str, object] = {WEIGHTS_KEY: weights, AUTHOR_KEY: author, MATCHING_HEURISTICS_KEY: True}
     if metadata is not None:
-        checkpoint[METADATA_KEY] = metadata
+        checkpoint[METADATA_KEY] = dict(metadata)
     checkpoint = with_checksums(checkpoint, WEIGHTS_KEY)
     try:
         write_atomically(output_path, lambda file: pickle.dump(checkpoint, file), exclusive=seen is None,

@@ -18,12 +18,14 @@ import os
 import pickle
 from dataclasses import dataclass
 from typing import Any, Mapping
+from urllib.parse import urlsplit
+from urllib.request import url2pathname
 
 import numpy as np
 import torch
 
 from gwdet.layers.common import check_flag
-from gwdet.errors import GwdetError, listed
+from gwdet.errors import GwdetError, GwdetTypeError, listed
 from gwdet.checkpoint.converted_weights import (ARCH_FIELD, AUTHOR_KEY, GW_POSITIONS_FIELD, SOURCE_FIELD, WEIGHTS_KEY,
                                                read_conversion_metadata)
 from gwdet.checkpoint.safe_load import (SAFETENSORS_FIX, PickleProtocolError, UnsafeCheckpointError, is_numpy_archive,
@@ -34,6 +36,7 @@ from gwdet.checkpoint.safe_load import (SAFETENSORS_FIX, PickleProtocolError, Un
 DATA_PARALLEL_PREFIX = "module."
 STATE_DICT_ENTRIES = ("state_dict", "model")
 UNSAFE_PICKLE_FLAG = "--allow-unsafe-pickle"
+FILE_URL = "file://"
 
 
 
@@ -62,7 +65,12 @@ def read_source_state_dict(
             would be read as true, and unpickle a file that may run code).
     """
     check_flag("read_source_state_dict", "allow_unsafe_pickle", allow_unsafe_pickle)
-    path = os.fspath(path)
+    if not isinstance(path, (str, os.PathLike)):
+        raise GwdetTypeError(f"read_source_state_dict: path must be the checkpoint file's path (a str or "
+                             f"pathlib.Path), got {path!r} ({type(path).__name__}); for a state dict in memory, use "
+                             "convert_state_dict(SourceStateDict(tensors=state_dict, wrapping='bare state_dict', "
+                             "stripped_prefix='')).")
+    path = local_input_path(os.fspath(path))
     _check_readable_file(path)
     loaded = _torch_load(path, allow_unsafe_pickle)
     tensors, wrapping = _unwrap_state_dict(path, loaded)
@@ -73,12 +81,28 @@ def read_source_state_dict(
     return SourceStateDict(tensors=tensors, wrapping=wrapping, stripped_prefix=stripped_prefix)
 
 
+def local_input_path(path: str) -> str:
+    """``path`` with a ``file://`` URL of this host turned into its path (detectron2's
+    ``PathManager`` has no handler for ``file://``); any other path as it is."""
+    if not path.startswith(FILE_URL):
+        return path
+    address = urlsplit(path)
+    if address.netloc not in ("", "localhost"):
+        raise ConversionError(
+            f"{path} names a file on the host {address.netloc!r}, which cannot be read from here (a file:// URL of "
+            "this machine is file:///PATH, with three slashes). Copy the file to this machine and give its path.")
+    return url2pathname(address.path)
+
+
 def _check_readable_file(path: str) -> None:
     if "://" in path and not os.path.exists(path):
         raise ConversionError(
             f"{path}: the converter reads a local file, not a URL. Download it first (e.g. wget {path}, or in Python "
             "torch.hub.download_url_to_file(URL, 'weights.pth')), then give the downloaded file.")
     if not os.path.exists(path):
+        if path.endswith(os.sep) and os.path.isfile(path.rstrip(os.sep)):  # a shell's completion of a folder, say
+            raise ConversionError(f"{path}: names the file {path.rstrip(os.sep)} with a '{os.sep}' after it, which "
+                                  "makes it a folder's path: give it without the trailing slash.")
         raise ConversionError(f"{path}: no such file. Check the input path.")
     if not os.path.isfile(path):
         raise ConversionError(f"{path}: not a regular file. Pass the checkpoint file itself.")

@@ -99,6 +99,9 @@ class CocoContents:
     json_content_sha256: str = ""  # of its JSON contents written in one canonical form (keys sorted, no spaces)
     # (real path, fingerprint) of each image file, sorted by path (gwdet.utils.fingerprints.file_fingerprint)
     image_prints: tuple[tuple[str, bytes], ...] = ()
+    # what the checks warn of (EXIF orientations, areas far from their objects), logged when the dataset is
+    # registered for a run (log_inspection_warnings): a --register-coco flag is read before the run's log exists
+    warnings: tuple[str, ...] = ()
 
     @property
     def image_files(self) -> frozenset[str]:
@@ -402,14 +405,22 @@ def _file_name_advice(file_name: str, root: str) -> str:
     return "IMAGE_ROOT must be the folder that the JSON's file_name entries are relative to."
 
 
-def _warn_of_rotations(dataset: CocoDataset, rotations: dict[str, int]) -> None:
-    """Log which images of ``dataset`` detectron2 turns by their EXIF orientation (path: orientation)
-    in a way their stated size cannot confirm, and what that means for their annotations."""
+def log_inspection_warnings(dataset: CocoDataset) -> None:
+    """Log the warnings of the inspection of ``dataset`` (:attr:`CocoContents.warnings`); called where
+    the dataset is registered for a run, whose log holds them."""
+    for warning in dataset.read.warnings:
+        logger.warning(warning)
+
+
+def _rotation_warning(dataset: CocoDataset, rotations: dict[str, int]) -> str | None:
+    """Which images of ``dataset`` detectron2 turns by their EXIF orientation (path: orientation) in
+    a way their stated size cannot confirm, and what that means for their annotations; ``None``
+    when there are none."""
     if not rotations:
-        return
+        return None
     shown = [f"{os.path.relpath(path, dataset.image_root)!r} (orientation {orientation})"
              for path, orientation in rotations.items()]
-    logger.warning(
+    return (
         f"dataset {dataset.name!r}: {len(shown)} image(s) of {dataset.json_file} have an EXIF orientation other than 1 "
         f"that their size does not reveal: {listed(shown, 3)}. detectron2 turns (or flips) each image by its EXIF "
         "orientation when it reads it, so their boxes and masks must be in the turned frame, as an image viewer "
@@ -613,7 +624,6 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
             f"{where} {len(problems)} of the {len(coco['images'])} images of {path} cannot be read as it states (under "
             f"{root}): {listed_problems(problems)}. Fix or replace those files, or remove them and their annotations "
             "from the JSON.")
-    _warn_of_rotations(dataset, rotations)
     problems = linked_files(coco["images"], root)
     if problems:
         raise DatasetError(
@@ -630,7 +640,7 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
             "An object lies inside its box, so such an area was not rescaled with the box and image (a converter's "
             "resize): COCO evaluation files the objects under another size range (APs, APm, APl). Set area to the "
             "object's mask area (or box area) in pixels.")
-    _check_areas_fit_objects(dataset, coco["annotations"], sizes)
+    area_warning = _check_areas_fit_objects(dataset, coco["annotations"], sizes)
     paths = [os.path.realpath(os.path.join(root, image["file_name"])) for image in coco["images"]]
     elongated = max(coco["images"], key=lambda image: max(image["width"], image["height"])
                     / max(min(image["width"], image["height"]), 1))
@@ -638,7 +648,8 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
                         tally.without_mask, tally.crowd, tally.crowd_without_mask, tally.without_iscrowd,
                         tally.without_area,
                         (str(elongated["file_name"]), int(elongated["width"]), int(elongated["height"])),
-                        digest, content_digest, tuple((path, file_fingerprint(path)) for path in sorted(set(paths))))
+                        digest, content_digest, tuple((path, file_fingerprint(path)) for path in sorted(set(paths))),
+                        tuple(warning for warning in (_rotation_warning(dataset, rotations), area_warning) if warning))
 
 
 # ---- the catalog -----------------------------------------------------------------------------
@@ -647,13 +658,13 @@ _REGISTERED: dict[str, CocoDataset] = {}  # what this process registered, with i
 _FROM_COMMAND_LINE: set[str] = set()  # of those, the names a --register-coco of this process gave
 
 
-def _check_areas_fit_objects(dataset: CocoDataset, annotations: Sequence[dict], images: dict[Any, dict]) -> None:
+def _check_areas_fit_objects(dataset: CocoDataset, annotations: Sequence[dict], images: dict[Any, dict]) -> str | None:
     """Refuse ``dataset`` when at least half of its ``annotations`` have an area far from their
     object's (:func:`gwdet.data.coco_checks.area_mismatches`): the areas were scaled or written
-    for something else. Fewer such annotations are named in a warning."""
+    for something else. Fewer such annotations are named in the warning returned."""
     found, compared = area_mismatches(annotations, images)
     if not found:
-        return
+        return None
     where, path = f"dataset {dataset.name!r}:", dataset.json_file
     what = (f"{len(found)} of the {compared} annotation(s) of {path} have an 'area' far from their object's pixel count "
             f"(more than {MASK_AREA_FACTOR:g} times off their mask's, or {BOX_AREA_FACTOR:g} times below their box's "
@@ -663,7 +674,7 @@ def _check_areas_fit_objects(dataset: CocoDataset, annotations: Sequence[dict], 
            "without a mask.")
     if 2 * len(found) >= compared:
         raise DatasetError(f"{where} {what} {fix}")
-    logger.warning(f"{where} {what} If these areas are not what you meant, {fix[0].lower()}{fix[1:]}")
+    return f"{where} {what} If these areas are not what you meant, {fix[0].lower()}{fix[1:]}"
 
 
 def _box_problem(bbox: Any, image: dict) -> str:
@@ -707,6 +718,7 @@ def coco_dataset(name: str) -> CocoDataset | None:
     known = _OWN_CODE_DATASETS.get(key)
     if known is None or not _json_unchanged(known):
         known = _OWN_CODE_DATASETS[key] = CocoDataset(*key).inspected()
+        log_inspection_warnings(known)
     classes = MetadataCatalog.get(name).get("thing_classes", None)
     if classes is not None and list(classes) != known.read.class_names:  # detectron2's loader asserts on them
         raise DatasetError(
@@ -793,6 +805,7 @@ def register_coco_datasets(datasets: Iterable[CocoDataset], command_line: bool =
             continue
         check_name_available(dataset.name)
         dataset = dataset.inspected()
+        log_inspection_warnings(dataset)
         if dataset.name in DatasetCatalog.list():  # registered here before, onto other files or an older JSON
             DatasetCatalog.remove(dataset.name)
             MetadataCatalog.remove(dataset.name)

@@ -1456,6 +1456,28 @@ def check_not_in_use(output_dir: str, setting: str = "OUTPUT_DIR") -> None:
         raise _in_use(output_dir, holder, setting)
 
 
+def _missing_folders(path: str) -> list[str]:
+    """The folders of ``path`` and of each path it is written below (``a/b/../c``: ``a/b/../c``,
+    ``a/b/..``, ``a/b``, ``a``) that do not exist yet, deepest first: what ``os.makedirs(path)`` may make."""
+    missing, part = [], path
+    while part and not os.path.lexists(part):
+        missing.append(part)
+        parent = os.path.dirname(part)
+        if parent == part:
+            break
+        part = parent
+    return missing
+
+
+def _remove_empty(folders: Sequence[str]) -> None:
+    """Remove each of ``folders`` (deepest first) that is now an empty folder; keep anything else."""
+    for folder in folders:
+        try:
+            os.rmdir(folder)
+        except OSError:  # not there, not empty, not a folder: left as it is
+            pass
+
+
 class OutputDirLock:
     """An exclusive lock on ``OUTPUT_DIR`` for the duration of a run (``with OutputDirLock(dir):``).
 
@@ -1490,10 +1512,12 @@ class OutputDirLock:
                 f"{self.setting} {output_dir!r} holds {what}, where a run keeps its lock file, which it writes: "
                 "nothing was changed. Remove it (a copy of a run made with cp -s links every file: copy it with "
                 f"cp -a), or give the run another {self.setting}.")
+        missing = _missing_folders(output_dir)
         try:
             os.makedirs(output_dir, exist_ok=True)
             self._file = open(self.path, "a+")
         except OSError as error:
+            _remove_empty(missing)  # "nothing was changed": the folders made on the way go again
             raise OutputDirNotWritableError(
                 f"{self.setting} {output_dir!r} cannot be written ({error.strerror or error}); nothing was "
                 f"changed. Give the run a writable {self.setting}; to evaluate or export a run kept on a read-only "

@@ -366,7 +366,8 @@ class RunConfig(ABC):
         if meta_refusal is not None and any(parameter.is_meta for parameter in model.parameters()):
             raise GwdetValueError(meta_refusal)
         if self.weights and not loads_weights:
-            logger.info(f"{self.weights_setting} {self.weights} is not read: what is asked does not depend on weights.")
+            logger.warning(f"{self.weights_setting} {self.weights} is not read (nor checked): what is asked does not "
+                           "depend on weights.")
         elif self.weights:
             self.load_weights(model, evaluates=evaluates, exports=exports, incomplete_outcome=incomplete_outcome)
         else:

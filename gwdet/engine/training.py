@@ -175,6 +175,9 @@ def check_config_kind(cfg: Any, yacs: bool) -> None:
 def check_output_folder(output_dir: Any, setting: str) -> None:
     """Refuse, before a trainer builds anything, an output folder it could not write: none (empty), a
     file, a link to nothing, a path below a file (:func:`~gwdet.utils.cli_errors.output_path_problem`)."""
+    if isinstance(output_dir, os.PathLike):  # detectron2's code joins and compares it as a str
+        raise GwdetTypeError(f"{setting} is {output_dir!r}, a path object: give it as a string, "
+                             f"{setting} = {os.fspath(output_dir)!r} (str(path) in Python).")
     if not isinstance(output_dir, str) or not output_dir.strip():
         raise GwdetValueError(f"{setting} is {output_dir!r}: give the folder the run writes its checkpoints, metrics "
                               f"and results into (e.g. {setting} output/my_run).")

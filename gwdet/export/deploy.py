@@ -40,6 +40,7 @@ from gwdet.utils.atomic import (
     DamagedFileError,
     checksum_findings,
     checksum_path,
+    foreign_record,
     path_written_atomically,
     path_written_with_checksum,
     reading_record,
@@ -157,6 +158,11 @@ def _check_output_file(path: str, example: str, overwrite: bool, writer: str) ->
         raise GwdetValueError(f"The export runs inside torch.autocast ({', '.join(autocast)}): the exported model "
                               "would record its mixed dtypes and fail when run normally. Export outside the autocast "
                               "block; nothing was written.")
+    foreign = foreign_record(path)
+    if foreign is not None and not overwrite:
+        raise GwdetFileExistsError(f"{foreign} is there and is no checksum record, but the export writes its own "
+                                   "record under that name: it is left as it is. Move it away, or pass overwrite=True "
+                                   "to replace it; nothing was written.")
     if os.path.lexists(path) and not overwrite:
         raise GwdetFileExistsError(f"{path} exists: an export replaces it only with overwrite=True (the file is then "
                                    f"replaced, and {os.path.basename(path)}{CHECKSUM_SUFFIX} with it); give another "
@@ -257,8 +263,16 @@ def write_onnx(module: torch.nn.Module, args: Tuple[torch.Tensor, ...], file: st
         torch.onnx.export(module, args, file, opset_version=opset, dynamo=True, external_data=False,
                           input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes)
     else:
-        torch.onnx.export(module, args, file, opset_version=opset or ONNX_OPSET, dynamo=False,
-                          input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes)
+        try:
+            torch.onnx.export(module, args, file, opset_version=opset or ONNX_OPSET, dynamo=False,
+                              input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes)
+        except (torch.onnx.errors.UnsupportedOperatorError, RuntimeError) as error:
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            if not isinstance(error, torch.onnx.errors.UnsupportedOperatorError) and "opset_version" not in reason:
+                raise
+            raise GwdetValueError(f"The ONNX export of {path} at opset {opset or ONNX_OPSET} failed: {reason}. Export at "
+                                  f"an opset the exporter and every layer support (the default, {ONNX_OPSET}; gwdet's "
+                                  "layers need 13 or newer); nothing was written.") from None
         drop_subgraph_shapes(file)
     check_onnx_file(file, path, _float64_tensors(module, args))
     record_checksum(file)
@@ -507,6 +521,11 @@ def load_export(path: str | os.PathLike, map_location: Any = None, providers: Op
         raise GwdetValueError(f"providers={providers!r} are onnxruntime's execution providers, which {path} (a "
                               "TorchScript export) does not use: give its device as map_location, e.g. "
                               "map_location='cuda', or load the model.onnx of an ONNX export with providers.")
+    if map_location is not None and not isinstance(map_location, (str, torch.device)):
+        raise GwdetTypeError(f"load_export: map_location of a TorchScript file is a device (a str such as 'cpu' or "
+                             f"'cuda:0', or a torch.device), got {map_location!r} ({type(map_location).__name__}): "
+                             "torch.jit.load takes no mapping of devices, as torch.load does; give the device to load "
+                             "onto.")
     if isinstance(map_location, (str, torch.device)):  # a device this machine lacks is no damaged file
         if str(map_location).split(":")[0] == "meta":
             raise GwdetValueError("map_location='meta' gives tensors without values, which a TorchScript model "

@@ -38,7 +38,7 @@ from gwdet.errors import (GwdetError, GwdetFileExistsError, GwdetImportError, Gw
 from gwdet.data import add_register_coco_argument
 from gwdet.data.test_images import read_test_image
 from gwdet.checkpoint.safe_load import is_torchscript_archive
-from gwdet.utils.atomic import checksum_path
+from gwdet.utils.atomic import checksum_path, foreign_record
 from gwdet.utils.cli_errors import add_verbose_argument, as_override, output_path_problem, run_tool
 from gwdet.export.deploy import MIN_DETECTOR_OPSET
 from gwdet.export.detection_check import TOLERANCE
@@ -584,6 +584,11 @@ def _export(argv: Sequence[str]) -> int:
     if os.path.lexists(path) and not args.overwrite:  # a link whose target is gone too
         raise GwdetFileExistsError(f"{path} already exists; it is left as it is. Pass --overwrite to replace it, or "
                                    "choose another --output.")
+    foreign = foreign_record(path)
+    if foreign is not None and not args.overwrite:
+        raise GwdetFileExistsError(f"{foreign} is there and is no checksum record, but the export writes its own record "
+                                   "under that name: it is left as it is. Move it away, pass --overwrite to replace it, "
+                                   "or choose another --output.")
     run = load_run_config(args.config_file, args.opts, tool=True)
     run.check_plain_model("the export holds (and --run-eval evaluates)")
     check_weights_given(run, args.untrained)

@@ -26,7 +26,7 @@ weighing ``alpha > 0``), ``2`` (``1``) per value when it only applies running st
 import math
 from typing import Sequence
 
-from .common import check_flag, check_int_at_least, is_whole_number, largest_divisor_at_most
+from .common import check_flag, check_int_at_least, check_iterations, is_whole_number, largest_divisor_at_most
 from .whitening_matrix import check_whitening_method
 
 from gwdet.errors import GwdetValueError
@@ -39,7 +39,8 @@ ZCA_CUBIC_MACS = ZCA_CUBIC_MACS_NUMERATOR / ZCA_CUBIC_MACS_DENOMINATOR
 
 def _samples_channels_positions(owner: str, shape: Sequence[int]):
     """``(N, C, S)`` of a layer input's ``shape``: a sequence of at least two whole sizes, none
-    negative and ``C >= 1`` (``N = 0`` and a zero spatial size count nothing); ``ValueError``
+    negative and ``C >= 1`` (``N = 0`` counts nothing; a zero spatial size too, where the layer
+    takes it); ``ValueError``
     naming ``owner`` otherwise."""
     sizes = list(shape) if isinstance(shape, Sequence) and not isinstance(shape, str) else None
     if sizes is None or len(sizes) < 2 or not all(is_whole_number(size) and size >= 0 for size in sizes) \
@@ -53,7 +54,7 @@ def _samples_channels_positions(owner: str, shape: Sequence[int]):
 def _check_whitening(owner: str, T: int, method: str) -> None:
     """``T`` and ``method`` checked as the whitening layers check theirs (``T`` whatever the method,
     as the layers do)."""
-    check_int_at_least(owner, "T", T, 1)
+    check_iterations(owner, T)
     check_whitening_method(owner, method)
 
 
@@ -78,6 +79,9 @@ def group_whitening_macs(shape: Sequence[int], groups: int, T: int = 5, method: 
     """
     owner = "group_whitening_macs"
     samples, channels, positions = _samples_channels_positions(owner, shape)
+    if positions == 0:  # GroupWhitening refuses such an input: a sample has no values to whiten
+        raise GwdetValueError(f"{owner}: shape {list(shape)} has a zero spatial size, which GroupWhitening refuses (a "
+                              "sample has no values to whiten); give the shape of an input the layer takes")
     check_int_at_least(owner, "groups", groups, 1)
     _check_whitening(owner, T, method)
     g = largest_divisor_at_most(channels, groups)

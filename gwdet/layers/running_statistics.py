@@ -178,11 +178,13 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
                 try:
                     forward(model, batch)
                 except (TypeError, AttributeError) as error:
-                    if forward is _run_model and isinstance(batch, (list, tuple)) and batch and all(
-                            isinstance(item, torch.Tensor) for item in batch):
+                    if forward is _run_model and isinstance(batch, (list, tuple)) and batch and isinstance(
+                            batch[0], torch.Tensor):
+                        items = ("tensors" if all(isinstance(item, torch.Tensor) for item in batch) else
+                                 "items, the first a tensor")
                         raise GwdetTypeError(
                             f"update_running_statistics: {type(model).__name__} failed on a batch that is a "
-                            f"{type(batch).__name__} of {len(batch)} tensors (as a DataLoader of a TensorDataset "
+                            f"{type(batch).__name__} of {len(batch)} {items} (as a DataLoader of a TensorDataset "
                             f"gives: inputs and targets), run as model(batch) ({type(error).__name__}: "
                             f"{_first_line(error)}); pass the forward that runs the model on it, e.g. "
                             "forward=lambda m, b: m(b[0]) for the inputs first. The running statistics are as they "

@@ -27,6 +27,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from gwdet.config_checks import ensure_checked
+from gwdet.modeling.module_hooks import move_hooks, state_dict_hooks
 from gwdet.positions import convs_at_positions, parse_gw_positions
 from gwdet.errors import GwdetError, GwdetTypeError, GwdetValueError, listed
 from gwdet.norms import check_detectron2_buildable, check_untied_norms, layer_types, norm_from_config
@@ -50,7 +51,8 @@ def place_norm(resnet: ResNet, positions: str, norm: Any, freeze_at: int = 0) ->
 
     ``norm`` is anything detectron2's ``get_norm`` takes: a detectron2 name or a callable such as
     ``gwdet.norm("GW", num_groups=64)``. Build ``resnet`` with ``freeze_at=0`` and give the
-    freezing here, so that the replaced norms are frozen too. LazyConfig::
+    freezing here, so that the replaced norms are frozen too. Forward and backward hooks on a
+    replaced norm move to its replacement; one with state-dict hooks is refused. LazyConfig::
 
         bottom_up=L(place_norm)(
             resnet=L(ResNet)(stem=..., stages=..., out_features=[...], freeze_at=0),
@@ -94,7 +96,15 @@ def _place_norm(resnet: ResNet, positions: str, norm: Any, freeze_at: int, refus
                                  "layer; nothing was replaced. Give a callable that returns a torch module for a "
                                  "channel count, e.g. gwdet.norm('GW', num_groups=64).")
     replaced = [(conv, conv.norm) for conv in convs]
-    for conv, layer in zip(convs, layers, strict=True):
+    hooked = [f"{type(previous).__name__} ({', '.join(state_dict_hooks(previous))})" for _, previous in replaced
+              if isinstance(previous, nn.Module) and state_dict_hooks(previous)]
+    if hooked:
+        raise GwdetValueError(f"place_norm: the norm(s) {listed(hooked, 3)} at the positions carry state-dict hooks, "
+                              "written for their state dict, not the new norm's: remove them (their handle's remove()) "
+                              "first, and register them on the new norms afterwards if needed; nothing was replaced.")
+    for (conv, previous), layer in zip(replaced, layers, strict=True):
+        if isinstance(previous, nn.Module):
+            move_hooks(previous, layer)  # a forward hook on a norm (a feature probe) goes on with the new one
         conv.norm = layer
     if refuse_frozen_statistics:
         try:

@@ -6,8 +6,8 @@ ones with weight ``alpha``: ``mu = alpha E[x] + (1 - alpha) m_x`` and
 ``sigma^2 = alpha E[x^2] + (1 - alpha) m_{x^2} - mu^2``. ``alpha = 0`` is ordinary batch-norm
 inference, ``alpha = 1`` instance normalization.
 
-:func:`apply_example_weighing` swaps every layer of :func:`weighable_types` (the classes of
-detectron2's "BN" and "SyncBN", subclasses included) that keeps running statistics for a
+:func:`apply_example_weighing` swaps every layer of :func:`weighable_types` (torch's batch norms:
+the classes of detectron2's "BN" and "SyncBN", BatchNorm1d/3d, subclasses included) that keeps running statistics for a
 :class:`gwdet.layers.BatchGroupNorm` with one channel per group and the same affine parameters,
 running statistics and ``eps``; ``FrozenBatchNorm2d`` is left alone. In ``train()`` mode the
 replacement normalizes over the whole batch per channel, as batch norm does (a ``momentum=None``
@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from gwdet.modeling.module_hooks import move_hooks, state_dict_hooks
 from gwdet.errors import GwdetTypeError, GwdetValueError, listed
 from gwdet.layers import BatchGroupNorm
 from gwdet.layers.common import check_unit_interval
@@ -104,9 +105,12 @@ def _check_model(function: str, model: object) -> None:
 
 def weighable_types() -> tuple[type[nn.modules.batchnorm._BatchNorm], ...]:
     """The classes example weighing applies to: the torch batch norms among the layer types of the
-    catalogue's names that detectron2 builds and that normalize with batch statistics."""
-    return tuple(kind for kind in layer_types(batch_statistics=True, detectron2=True)
-                 if issubclass(kind, nn.modules.batchnorm._BatchNorm))
+    catalogue's names that detectron2 builds and that normalize with batch statistics, and torch's
+    batch norms of other input dimensions (BatchNorm1d, BatchNorm3d: a model's own heads), which
+    :func:`example_weighted_norm` replaces alike."""
+    catalogue = tuple(kind for kind in layer_types(batch_statistics=True, detectron2=True)
+                      if issubclass(kind, nn.modules.batchnorm._BatchNorm))
+    return catalogue + (nn.BatchNorm1d, nn.BatchNorm3d)
 
 
 def weighable_norms(model: nn.Module) -> list[tuple[str, nn.modules.batchnorm._BatchNorm]]:
@@ -148,8 +152,7 @@ def replace_weighable_norms(model: nn.Module, replacement: Callable[[nn.modules.
     move to its replacement (their handles still remove them); a layer with state-dict hooks is
     refused, since its replacement's state dict differs."""
     targets = weighable_norms(model)
-    hooked = [f"{name} ({', '.join(kind for kind in _STATE_DICT_HOOKS if getattr(bn, kind))})"
-              for name, bn in targets if any(getattr(bn, kind) for kind in _STATE_DICT_HOOKS)]
+    hooked = [f"{name} ({', '.join(state_dict_hooks(bn))})" for name, bn in targets if state_dict_hooks(bn)]
     if hooked:
         raise GwdetValueError(f"the batch norm(s) {listed(hooked, 3)} carry state-dict hooks, which are written for the batch norm's "
                               "state dict, not its replacement's: remove them (their handle's remove()) before "
@@ -157,16 +160,7 @@ def replace_weighable_norms(model: nn.Module, replacement: Callable[[nn.modules.
                               "The model is as it was.")
     replacements = [replacement(bn) for _, bn in targets]
     for (name, bn), new in zip(targets, replacements, strict=True):
-        for kind in _MODULE_HOOKS:  # the same dicts, so that the hooks' handles still remove them
-            setattr(new, kind, getattr(bn, kind))
-        new._is_full_backward_hook = bn._is_full_backward_hook
+        move_hooks(bn, new)
         parent_name, _, child_name = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child_name, new)
     return len(targets)
-
-
-# a module's hook dicts that move to its replacement, and those that make it refused
-_MODULE_HOOKS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
-                 "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks")
-_STATE_DICT_HOOKS = ("_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
-                     "_load_state_dict_post_hooks")

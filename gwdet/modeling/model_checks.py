@@ -222,6 +222,9 @@ def check_model(model: nn.Module, strict_groups: bool = False, optimizer: torch.
             if value is not None and not is_finite_number(value):
                 raise GwdetTypeError(f"check_model: {name} must be a number (the weight decay the optimizer should "
                                      f"give), got {value!r} ({type(value).__name__})")
+            if value is not None and value < 0:  # torch's optimizers refuse one
+                raise GwdetValueError(f"check_model: {name} must be a weight decay >= 0 (the one the optimizer should "
+                                      f"give; torch's optimizers refuse a negative one), got {value!r}")
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise GwdetTypeError(f"check_model: optimizer must be the torch optimizer that trains the model, got "
                                  f"{type(optimizer).__name__} (a learning-rate scheduler? give its .optimizer)")

@@ -355,6 +355,20 @@ def _recorded_sha256(path: str) -> tuple[str | None, str | None]:
     return (match.group(1) or match.group(2)).decode("ascii").lower(), None
 
 
+def foreign_record(path: str | os.PathLike) -> str | None:
+    """The checksum record's path beside ``path`` when a file is there that is no SHA-256 record (a
+    user's file named like one), which writing ``path`` with its record would replace; else ``None``
+    (no file there, or a record, even a stale one, of a file gwdet wrote)."""
+    record = checksum_path(os.fspath(path))
+    if not os.path.lexists(record):
+        return None
+    try:
+        with open(record, "rb") as file:
+            return None if _CHECKSUM_RECORD.match(file.read(256)) else record
+    except OSError:  # a folder, a link to nothing, unreadable: not a record gwdet wrote
+        return record
+
+
 def checksum_findings(path: str) -> tuple[str | None, str | None]:
     """``(why the SHA-256 record beside path cannot be used, why the file differs from it)``, each as
     words to put in a message or ``None``: a record that is unreadable or damaged, or a file whose

@@ -26,6 +26,9 @@ while os.getppid() == parent:
 """
 STOP_SECONDS = 5.0
 
+# the most competing processes --busy starts per CPU
+BUSY_PER_CPU = 8
+
 
 def start_busy_process() -> subprocess.Popen:
     """One process looping on one core until it is stopped or its parent (this process) exits."""
@@ -48,11 +51,25 @@ def stop_processes(processes: List[subprocess.Popen]) -> None:
             process.wait()
 
 
+def too_many_busy(processes: int) -> str | None:
+    """Why ``--busy processes`` is refused when it is more than :data:`BUSY_PER_CPU` per CPU of this
+    machine; ``None`` otherwise."""
+    cpus = os.cpu_count() or 1
+    if processes <= BUSY_PER_CPU * cpus:
+        return None
+    return (f"--busy {processes} is more than {BUSY_PER_CPU} competing processes per CPU ({cpus} CPUs here): the "
+            "measurement would be of the machine's scheduler, and everything else on it would crawl. Give --busy from "
+            f"0 to {BUSY_PER_CPU * cpus}.")
+
+
 @contextlib.contextmanager
 def competing_load(processes: int) -> Iterator[List[subprocess.Popen]]:
     """``with competing_load(n) as started:`` ``n`` busy processes run while the block runs."""
     if processes < 0:
         raise GwdetValueError(f"--busy takes a number of competing processes >= 0, got {processes}")
+    too_many = too_many_busy(processes)
+    if too_many is not None:
+        raise GwdetValueError(too_many)
     started: List[subprocess.Popen] = []
     try:
         for _ in range(processes):

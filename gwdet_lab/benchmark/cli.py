@@ -52,7 +52,7 @@ import torch
 
 from gwdet.utils.cli_errors import add_verbose_argument, run_tool
 from gwdet.engine.threads import configure_threads, thread_request
-from gwdet_lab.benchmark.busy import competing_load
+from gwdet_lab.benchmark.busy import competing_load, too_many_busy
 from gwdet_lab.benchmark.cases import COMPILED, COMPILED_CASES, layer_factories
 from gwdet_lab.benchmark.inference import inference_tables, run_inference
 from gwdet_lab.benchmark.layer_level import layer_tables, run_layers
@@ -159,6 +159,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             parser.error(f"{flag}: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(map(repr, known))}")
     if args.busy < 0:
         parser.error(f"--busy: {args.busy} is negative; give the number of competing processes (0 for none)")
+    if too_many_busy(args.busy) is not None:  # refused before anything is measured
+        parser.error(str(too_many_busy(args.busy)))
     for flag, value, least in (("--repeats", args.repeats, 1), ("--model-repeats", args.model_repeats, 1),
                                ("--warmup", args.warmup, 0), ("--model-warmup", args.model_warmup, 0)):
         if value is not None and value < least:

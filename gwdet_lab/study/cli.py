@@ -28,7 +28,9 @@ import sys
 from pathlib import Path
 from typing import Collection, Mapping, Sequence
 
-from gwdet.config_checks import SEED_LIMIT
+from detectron2.config import CfgNode
+
+from gwdet.config_checks import SEED_LIMIT, built_norm_names
 from gwdet.errors import GwdetError, GwdetValueError
 from gwdet.cluster.executor import SubmissionRefused, check_launcher
 from gwdet.cluster.options import LauncherOptions, add_launcher_arguments, launcher_options
@@ -36,6 +38,8 @@ from gwdet.cluster.slurm import ClusterUnavailable
 from gwdet.data import add_register_coco_argument, datasets_in_environment, prepare_datasets
 from gwdet.utils.cli_errors import add_verbose_argument, at_least, output_path_problem, run_tool
 from gwdet.model_zoo import build_config
+from gwdet.modeling.example_weighing import weighable_types
+from gwdet.norms import norm_record
 from gwdet.utils.command_line import refuse_repeated_flags
 from gwdet.engine.threads import AUTO_LOAD, THREADS_VARIABLE, ThreadChoice, choose_threads, thread_request
 from gwdet_lab.study.cells import (
@@ -178,6 +182,13 @@ def resolve_specs(args: argparse.Namespace, repo_root: Path) -> list[RunSpec]:
     specs += [parse_extra(tokens) for tokens in args.extra]
     check_unique_names(specs)
     return [RunSpec(s.name, str(Path(s.config_file).resolve()), s.opts) for s in specs]
+
+
+def weighs_examples(cfg: CfgNode) -> bool:
+    """Whether the model of ``cfg`` has layers example weighing applies to (torch's batch norms:
+    :func:`gwdet.modeling.example_weighing.weighable_types`), as the worker's sweep needs."""
+    weighable = weighable_types()
+    return any(issubclass(kind, weighable) for name in built_norm_names(cfg) for kind in norm_record(name).layer_types)
 
 
 def build_cells(args: argparse.Namespace, repo_root: Path) -> list[Cell]:
@@ -348,6 +359,12 @@ def _plan_and_run(args: argparse.Namespace, argv: Sequence[str], parser: argpars
         return 2
     except (ValueError, FileNotFoundError, KeyError) as error:
         parser.error(str(error))
+    if args.example_weights is not None and not any(weighs_examples(item.cfg) for item in planned):
+        parser.error(f"--example-weights {' '.join(f'{w:g}' for w in args.example_weights)}: example weighing applies "
+                     "to batch norms (BN, SyncBN), and no cell's model has one (its norms: "
+                     f"{', '.join(sorted({name for item in planned for name in built_norm_names(item.cfg)})) or 'none'}"
+                     "), so the weights would be swept nowhere. Leave --example-weights out, or add a configuration "
+                     "with batch norms.")
     if args.list:
         list_cells(planned, weights)
         return 0
