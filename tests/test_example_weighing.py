@@ -189,6 +189,13 @@ def test_state_dict_hooks_are_refused():
     with pytest.raises(GwdetValueError, match=r"^the batch norm\(s\) 4 \(_state_dict_pre_hooks\) carry state-dict hooks.*as it was"):
         apply_example_weighing(model, 0.3)
     assert isinstance(model[1], nn.BatchNorm2d)
+    # a pruned batch norm: replaced, its pruning hook moved, and the first forward failed without weight_mask
+    from torch.nn.utils import prune
+    pruned = small_model()
+    prune.l1_unstructured(pruned[1], "weight", 0.5)
+    with pytest.raises(GwdetValueError, match=r"^the batch norm\(s\) 1 \(a pruning of torch.nn.utils.prune: "):
+        apply_example_weighing(pruned, 0.3)
+    assert isinstance(pruned[1], nn.BatchNorm2d)
 
 
 # Before: raw AttributeError 'GroupNorm' object has no attribute 'running_mean' / 'str' object ...

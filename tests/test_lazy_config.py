@@ -103,6 +103,28 @@ def test_place_norm_moves_a_replaced_norms_hooks_and_refuses_state_dict_hooks():
     assert hooked.stem.conv1.norm is before
 
 
+# a ResNet in eval mode got a BW in training mode (inference on batch statistics, running_mean moved), a float64 one
+# a float32 GW; a pruned norm's pre-hook moved onto the GW, whose first forward failed without weight_mask
+def test_place_norm_gives_the_new_norms_the_models_mode_and_dtype_and_refuses_a_pruned_norm():
+    from torch.nn.utils import prune
+
+    model = ResNet(BasicStem(3, 64, norm="BN"), ResNet.make_default_stages(18, norm="BN"), out_features=["res5"],
+                   freeze_at=0).double().eval()
+    place_norm(model, positions="S1", norm=gwdet.norm("BW", group_size=4))
+    bw = model.stem.conv1.norm
+    assert not bw.training and {p.dtype for p in model.parameters()} == {torch.float64}
+    before = bw.running_mean.clone()
+    with torch.no_grad():
+        model(torch.randn(1, 3, 32, 32, dtype=torch.float64))
+    assert torch.equal(bw.running_mean, before)  # evaluated on running statistics
+    pruned = ResNet(BasicStem(3, 64, norm="BN"), ResNet.make_default_stages(18, norm="BN"), out_features=["res5"],
+                    freeze_at=0)
+    prune.l1_unstructured(pruned.stem.conv1.norm, "weight", 0.5)
+    with pytest.raises(ValueError, match=r"BatchNorm2d \(a pruning of torch.nn.utils.prune: .*\) at the positions carry "
+                                         r"state-dict hooks \(or a pruning\)"):
+        place_norm(pruned, positions="S1", norm=gwdet.norm("GW", num_groups=4))
+
+
 @pytest.mark.parametrize("norm, freeze_at, built_frozen, message", [
     (None, 0, 0, "norm=None would remove the norms at the positions"),
     ("", 0, 0, "norm='' would remove the norms"),

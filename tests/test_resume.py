@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import shutil
 import time
 
 import pytest
@@ -379,3 +380,19 @@ def test_a_last_checkpoint_of_several_lines_is_named_as_such(tmp_path):
         check_resume_trains(str(tmp_path), 4)
     (tmp_path / "last_checkpoint").write_text("model_final.pth\n")  # one name, a line end after it: detectron2's
     assert tagged_checkpoint(str(tmp_path)) == str(tmp_path / "model_final.pth")
+
+
+# a run whose model_final.pth could not be written (a full disk) after its last periodic checkpoint, the one of the
+# final iteration: --resume trained nothing and ended without model_final.pth, reporting results
+def test_a_resume_at_the_final_iteration_saves_the_final_weights(finished_run, tmp_path):
+    from gwdet.engine.run import main
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    for written_at_the_end in ("model_final.pth", "model_final.pth.sha256", "results.json", "results.md"):
+        (run / written_at_the_end).unlink()
+    last = sorted(path.name for path in run.glob("model_0*.pth"))[-1]
+    (run / "last_checkpoint").write_text(last)
+    main(tiny_run_args(run, "--resume"))
+    assert torch.load(run / "model_final.pth", map_location="cpu", weights_only=False)["iteration"] == 1
+    assert (run / "last_checkpoint").read_text() == "model_final.pth"

@@ -68,7 +68,7 @@ from gwdet.engine.output_dir import (OutputDirLock, check_config_file_kept, chec
                                      check_weights_are_the_runs, checkpoints_in, config_differences, config_rewrite,
                                      config_until_started, earlier_run_until_started, evaluation_folder,
                                      recorded_initial_weights, tagged_checkpoint)
-from gwdet.utils.run_file_names import (CONFIG_NAME, EVALUATOR_FILES, INFERENCE_FOLDER, RESULTS_JSON, RESULTS_MARKDOWN,
+from gwdet.utils.run_file_names import (CONFIG_NAME, EVALUATOR_FILES, FINAL_WEIGHTS, INFERENCE_FOLDER, RESULTS_JSON, RESULTS_MARKDOWN,
                                    VIS_FOLDER, LOG_NAME)
 from gwdet.engine.run_environment import ENVIRONMENT_KEY, annotation_files, run_environment
 from gwdet.engine.run_log import HeldRecords, RunWarnings, unwritten_log_error
@@ -625,6 +625,17 @@ def setup(args: argparse.Namespace, run: RunConfig, held: HeldRecords | None = N
     run.prepare_datasets(trains=not args.eval_only, evaluates=True)
 
 
+def save_final_weights_of_a_finished_resume(trainer: Any, output_dir: str) -> None:
+    """Save ``model_final.pth`` where a resume started at the last iteration (its last periodic
+    checkpoint was of the final iteration, and ``model_final.pth`` could not be written, on a disk
+    that was full, say): detectron2's checkpointer saves it only after the last iteration it
+    trains, and there was none to train (main process)."""
+    if (comm.is_main_process() and trainer.start_iter >= trainer.max_iter
+            and not os.path.exists(os.path.join(output_dir, FINAL_WEIGHTS))):
+        trainer.checkpointer.save(os.path.splitext(FINAL_WEIGHTS)[0], iteration=trainer.max_iter - 1)
+        logger.info(f"The run's last checkpoint is of its final iteration: saved it as {FINAL_WEIGHTS}.")
+
+
 def warn_of_unused_coco(given: Sequence[CocoDataset], read: Sequence[str], reader: str, fix: str) -> None:
     """A warning naming the ``--register-coco`` datasets among ``given`` that are not among
     ``read``, the datasets that ``reader`` reads (the words before "it": "the run neither trains
@@ -736,6 +747,7 @@ def _train_or_evaluate(args: argparse.Namespace, held: HeldRecords, warned: RunW
                     if trainer.iter == trainer.start_iter:
                         raise
                     raise TrainingDiverged(f"Training diverged: {error} {diverged_advice(run.output_dir)}") from error
+                save_final_weights_of_a_finished_resume(trainer, run.output_dir)
             model = trainer.model
         test_datasets = run.test_datasets()
         initial = None if args.eval_only else getattr(trainer.checkpointer, "initial_weights", None)

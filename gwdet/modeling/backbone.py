@@ -51,8 +51,9 @@ def place_norm(resnet: ResNet, positions: str, norm: Any, freeze_at: int = 0) ->
 
     ``norm`` is anything detectron2's ``get_norm`` takes: a detectron2 name or a callable such as
     ``gwdet.norm("GW", num_groups=64)``. Build ``resnet`` with ``freeze_at=0`` and give the
-    freezing here, so that the replaced norms are frozen too. Forward and backward hooks on a
-    replaced norm move to its replacement; one with state-dict hooks is refused. LazyConfig::
+    freezing here, so that the replaced norms are frozen too. The new norms take the mode, device
+    and float dtype of the convolutions they follow; forward and backward hooks on a replaced norm
+    move to its replacement; one with state-dict hooks or a pruning is refused. LazyConfig::
 
         bottom_up=L(place_norm)(
             resnet=L(ResNet)(stem=..., stages=..., out_features=[...], freeze_at=0),
@@ -99,12 +100,17 @@ def _place_norm(resnet: ResNet, positions: str, norm: Any, freeze_at: int, refus
     hooked = [f"{type(previous).__name__} ({', '.join(state_dict_hooks(previous))})" for _, previous in replaced
               if isinstance(previous, nn.Module) and state_dict_hooks(previous)]
     if hooked:
-        raise GwdetValueError(f"place_norm: the norm(s) {listed(hooked, 3)} at the positions carry state-dict hooks, "
-                              "written for their state dict, not the new norm's: remove them (their handle's remove()) "
-                              "first, and register them on the new norms afterwards if needed; nothing was replaced.")
+        raise GwdetValueError(f"place_norm: the norm(s) {listed(hooked, 3)} at the positions carry state-dict hooks "
+                              "(or a pruning), written for their own state dict and weights, not the new norm's: remove "
+                              "them (a hook's handle.remove(), prune.remove) first, and register them on the new norms "
+                              "afterwards if needed; nothing was replaced.")
     for (conv, previous), layer in zip(replaced, layers, strict=True):
         if isinstance(previous, nn.Module):
             move_hooks(previous, layer)  # a forward hook on a norm (a feature probe) goes on with the new one
+        # the new norm computes as the model around it does: in its mode, on its device, in its float dtype
+        weight = conv.weight
+        layer.to(device=weight.device, dtype=weight.dtype if weight.is_floating_point() else None)
+        layer.train(previous.training if isinstance(previous, nn.Module) else resnet.training)
         conv.norm = layer
     if refuse_frozen_statistics:
         try:

@@ -154,10 +154,10 @@ def replace_weighable_norms(model: nn.Module, replacement: Callable[[nn.modules.
     targets = weighable_norms(model)
     hooked = [f"{name} ({', '.join(state_dict_hooks(bn))})" for name, bn in targets if state_dict_hooks(bn)]
     if hooked:
-        raise GwdetValueError(f"the batch norm(s) {listed(hooked, 3)} carry state-dict hooks, which are written for the batch norm's "
-                              "state dict, not its replacement's: remove them (their handle's remove()) before "
-                              "replacing the layers, and register them on the replacements afterwards if needed. "
-                              "The model is as it was.")
+        raise GwdetValueError(f"the batch norm(s) {listed(hooked, 3)} carry state-dict hooks (or a pruning), which are "
+                              "written for the batch norm's state dict and weights, not its replacement's: remove them "
+                              "(a hook's handle.remove(), prune.remove) before replacing the layers, and register them "
+                              "on the replacements afterwards if needed. The model is as it was.")
     replacements = [replacement(bn) for _, bn in targets]
     for (name, bn), new in zip(targets, replacements, strict=True):
         move_hooks(bn, new)
