@@ -1063,3 +1063,18 @@ def test_a_norm_of_none_is_refused_naming_the_empty_string():
     with pytest.raises(GwdetValueError, match=r"^model\.backbone\.norm=None: give '' for no norm "
                                               r"\(model\.backbone\.norm=''\), or a norm's name\..*neither"):
         LazyRun.load(str(LAZY_CONFIG), ["model.backbone.norm=null"])
+
+
+# gwdet.engine.lazy's functions given a yacs config, a dict or None: omegaconf's and yacs's raw AttributeErrors
+def test_the_lazyconfig_functions_refuse_what_is_no_lazyconfig():
+    from gwdet.engine import lazy
+    from gwdet.model_zoo import build_config
+
+    yacs = build_config(str(DEMO_CONFIG))
+    with pytest.raises(TypeError, match=r"^gwdet.engine.lazy.build_model takes a LazyConfig \(an omegaconf DictConfig\), "
+                                        r"not a yacs CfgNode: for a yacs config, use gwdet.build_model\.$"):
+        lazy.build_model(yacs)
+    for call in (lambda: lazy.build_optimizer(None, None), lambda: lazy.evaluate({}, None),
+                 lambda: lazy.build_train_loader(yacs), lambda: lazy.check_resume_config(yacs, "out")):
+        with pytest.raises(TypeError, match=r"^gwdet.engine.lazy.\w+ takes a LazyConfig"):
+            call()

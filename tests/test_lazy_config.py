@@ -125,6 +125,22 @@ def test_place_norm_gives_the_new_norms_the_models_mode_and_dtype_and_refuses_a_
         place_norm(pruned, positions="S1", norm=gwdet.norm("GW", num_groups=4))
 
 
+# one layer object at two positions (a lambda returning a prebuilt layer) shared its weights without a word; an
+# Identity removed the norms, and their convolutions have no bias
+def test_place_norm_refuses_one_layer_for_several_positions_and_an_identity():
+    def resnet():
+        return ResNet(BasicStem(3, 64, norm="BN"), ResNet.make_default_stages(18, norm="BN"), out_features=["res5"],
+                      freeze_at=0)
+
+    shared, model = GroupWhitening(64, num_groups=4), resnet()
+    before = model.stem.conv1.norm
+    with pytest.raises(ValueError, match=r"gave the same layer object for more than one of the \d+ positions"):
+        place_norm(model, positions="S1-B2", norm=lambda channels: shared)
+    with pytest.raises(ValueError, match=r"gave an Identity, which would remove the norms at the positions"):
+        place_norm(model, positions="S1", norm=lambda channels: torch.nn.Identity())
+    assert model.stem.conv1.norm is before
+
+
 @pytest.mark.parametrize("norm, freeze_at, built_frozen, message", [
     (None, 0, 0, "norm=None would remove the norms at the positions"),
     ("", 0, 0, "norm='' would remove the norms"),

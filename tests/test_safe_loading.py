@@ -288,3 +288,24 @@ def test_a_weights_file_with_no_weights_is_refused(tmp_path, contents, where):
     with pytest.raises(GwdetError, match=rf"^{path} holds no weights: {where}, with no parameter name or tensor in it, "
                                          r"so nothing could be loaded\. Check the path"):
         ResilientCheckpointer(model).load(str(path))
+
+
+# a checkpoint whose running_var holds -1 (written by other means, its checksum valid) loaded without a word, and
+# the model's evaluation computed NaN
+def test_negative_running_variances_are_refused(tmp_path):
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from gwdet.layers import BatchGroupNorm
+
+    def model():
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 16, 1), BatchGroupNorm(16, num_groups=4))
+
+    saved = model()
+    with torch.no_grad():
+        saved[1].running_var.fill_(-1.0)
+    ResilientCheckpointer(saved, str(tmp_path)).save("negative")
+    loading = model()
+    before = loading[1].running_var.clone()
+    with pytest.raises(ValueError, match=r"negative\.pth holds negative running variances in 1 tensor\(s\) "
+                                         r"\(1\.running_var\), which no training computes.*nothing was loaded"):
+        ResilientCheckpointer(loading).load(str(tmp_path / "negative.pth"))
+    assert torch.equal(loading[1].running_var, before)

@@ -202,8 +202,8 @@ def _check_holds_weights(path: str, data: Any) -> None:
 
 
 def _check_finite_weights(path: str, data: dict, setting: str, resumed_in: str | None = None) -> None:
-    """Refuse weights whose tensors hold no values (a state dict of a model on the meta device) or
-    hold NaN or infinite values (a model built from them computes NaN), naming the tensors, before
+    """Refuse weights whose tensors hold no values (a state dict of a model on the meta device),
+    negative running variances, or NaN or infinite values (a model built from them computes NaN), naming the tensors, before
     any is loaded. ``setting``: what the message names the file as (``MODEL.WEIGHTS``; ``""``: by its
     path alone); ``resumed_in``: the run folder a ``--resume`` continues, whose earlier checkpoints
     the message points to."""
@@ -214,6 +214,13 @@ def _check_finite_weights(path: str, data: dict, setting: str, resumed_in: str |
     valueless = valueless_tensors_problem(weights)
     if valueless is not None:
         raise GwdetValueError(f"{named}: {valueless} and give that file; nothing was loaded.")
+    negative = [str(name) for name, value in weights.items() if str(name).endswith("running_var")
+                and isinstance(value, (torch.Tensor, np.ndarray)) and bool((value < 0).any())]
+    if negative:  # a variance below 0: normalizing by its square root computes NaN
+        raise GwdetValueError(
+            f"{named} holds negative running variances in {len(negative)} tensor(s) ({listed(negative, 3)}), which no "
+            "training computes: a model built from them normalizes by the square root of a negative number (NaN); "
+            "nothing was loaded. The file was written by other means or damaged: use another checkpoint.")
     broken = [str(name) for name, value in weights.items() if not _all_finite(value)]
     if not broken:
         return

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from detectron2.config import LazyConfig, instantiate
+from detectron2.config import CfgNode, LazyConfig, instantiate
 from detectron2.data import build_detection_train_loader
 from detectron2.data.samplers import TrainingSampler
 from detectron2.engine import TrainerBase, hooks
@@ -39,7 +39,7 @@ from detectron2.utils.logger import setup_logger
 from detectron2.utils.registry import locate
 
 from gwdet.solver import warn_of_untrained_parts
-from gwdet.errors import GwdetValueError
+from gwdet.errors import GwdetTypeError, GwdetValueError
 from gwdet.layers.settings_state import TEST_TIME_SETTINGS
 from gwdet.utils.atomic import remove_checksum
 from gwdet.checkpoint.compatibility import unwrapped
@@ -134,11 +134,25 @@ logger = logging.getLogger(__name__)
 # ---- building ----------------------------------------------------------------------------------
 
 
+def check_lazy_config_given(cfg: Any, function: str) -> None:
+    """Refuse ``cfg`` unless it is a LazyConfig (an omegaconf ``DictConfig``), naming ``function``
+    of this module and what to use for a yacs config (gwdet's yacs entry points)."""
+    if isinstance(cfg, DictConfig):
+        return
+    yacs = isinstance(cfg, CfgNode)
+    fix = (f"for a yacs config, use gwdet.{function if function in ('build_model', 'build_optimizer') else 'engine.trainer.Trainer'}"
+           if yacs else "load the LazyConfig first: detectron2's LazyConfig.load(path), or gwdet.model_zoo.get_config(name) "
+           "for one of gwdet's")
+    raise GwdetTypeError(f"gwdet.engine.lazy.{function} takes a LazyConfig (an omegaconf DictConfig), not "
+                         f"{'a yacs CfgNode' if yacs else repr(cfg) + ' (' + type(cfg).__name__ + ')'}: {fix}.")
+
+
 def build_model(cfg: DictConfig) -> torch.nn.Module:
     """``instantiate(cfg.model)``, checked by :func:`gwdet.check_model`, on ``train.device``; a
     head's norm that the model cannot have is warned of (:func:`warn_unused_head_norms`), in the
     run's log as a yacs config's is. The norm and call nodes are checked first as
     :meth:`LazyRun.load` checks them (a config built or changed in Python did not pass there)."""
+    check_lazy_config_given(cfg, "build_model")
     check_norm_nodes(cfg)
     check_call_arguments(cfg)
     check_device(cfg.train.device, "train.device", "run with train.device=cpu")
@@ -151,6 +165,7 @@ def build_model(cfg: DictConfig) -> torch.nn.Module:
 def build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     """``cfg.optimizer`` for ``model`` (given as ``optimizer.params.model``, as detectron2's tool
     does, and taken out again), its norm weight decay checked against ``params.weight_decay_norm``."""
+    check_lazy_config_given(cfg, "build_optimizer")
     warn_of_untrained_parts(model, cfg.train.get("init_checkpoint", ""), "train.init_checkpoint")
     params = cfg.optimizer.params
     previous = params.get("model", ABSENT)
@@ -186,6 +201,7 @@ def build_train_loader(cfg: DictConfig) -> Any:
     seed its own seeded generator. Any other loader is instantiated as it is, and restarts its
     sample stream on resume (with a warning then).
     """
+    check_lazy_config_given(cfg, "build_train_loader")
     node = cfg.dataloader.train
     if callable_of(node) is not build_detection_train_loader:
         return instantiate(node)
@@ -206,6 +222,7 @@ def evaluate(cfg: DictConfig, model: torch.nn.Module) -> "OrderedDict[str, Any]"
     ``lazyconfig_train_net.py`` does): ``{dataset: {task: {metric: value}}}``; empty without them. The
     model's classes (:data:`~gwdet.checkpoint.resilient.CLASSES_ATTRIBUTE`) are checked against the
     evaluated dataset's first."""
+    check_lazy_config_given(cfg, "evaluate")
     if select(cfg, "dataloader.test") is ABSENT or select(cfg, "dataloader.evaluator") is ABSENT:
         logger.info("The config has no dataloader.test / dataloader.evaluator: nothing is evaluated.")
         return OrderedDict()
@@ -437,6 +454,7 @@ def compare_with_run(cfg: DictConfig, output_dir: str, path: str) -> SavedRun:
 
 def check_resume_config(cfg: DictConfig, output_dir: str, weights_named: bool = False) -> None:
     """:func:`~gwdet.engine.output_dir.check_resumed_run` of a LazyConfig (:func:`compare_with_run`)."""
+    check_lazy_config_given(cfg, "check_resume_config")
     check_resumed_run(output_dir, lambda path: compare_with_run(cfg, output_dir, path), cfg.train.max_iter,
                       output_setting=OUTPUT_SETTING, batch_setting=BATCH_SETTING, seed_setting=SEED_SETTING,
                       max_iter_setting="train.max_iter", weights_setting=WEIGHTS_SETTING, weights_named=weights_named)

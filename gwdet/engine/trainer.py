@@ -346,7 +346,8 @@ def check_training_image_sizes(cfg: CfgNode) -> None:
     """Refuse training image sizes too small to train on (``INPUT.MIN_SIZE_TRAIN``,
     ``INPUT.MAX_SIZE_TRAIN`` below :data:`MIN_TRAINING_SIDE`); warn of an ``INPUT.MAX_SIZE_TRAIN``
     below the largest ``INPUT.MIN_SIZE_TRAIN`` (detectron2's resize caps the longer side there, so
-    those shorter sides are never reached), and of an absolute ``INPUT.CROP.SIZE`` not smaller than
+    those shorter sides are never reached), of an ``INPUT.MAX_SIZE_TEST`` below
+    ``INPUT.MIN_SIZE_TEST`` alike, and of an absolute ``INPUT.CROP.SIZE`` not smaller than
     the shapes images it is given (the crop, applied before the resize, keeps them whole)."""
     sizes, max_size = tuple(cfg.INPUT.MIN_SIZE_TRAIN), cfg.INPUT.MAX_SIZE_TRAIN
     if not sizes or not all(is_whole_number(size) for size in (*sizes, max_size)):
@@ -367,6 +368,14 @@ def check_training_image_sizes(cfg: CfgNode) -> None:
             f"longer image side at {max_size}, so no training image's shorter side reaches more than {max_size} "
             f"(square images train at {max_size}x{max_size}{test}). Set INPUT.MAX_SIZE_TRAIN to at least {max(sizes)} "
             f"(e.g. {max(max(sizes) * 5 // 3, max(sizes))}, detectron2's ratio), or lower INPUT.MIN_SIZE_TRAIN.")
+    test_size, test_max = cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST
+    if is_whole_number(test_size) and is_whole_number(test_max) and 0 < test_max < test_size:
+        logger.warning(
+            f"INPUT.MAX_SIZE_TEST {test_max} is below INPUT.MIN_SIZE_TEST {test_size}: detectron2's resize caps the "
+            f"longer image side at {test_max}, so the test images' shorter side reaches no more than {test_max} "
+            f"(square images are evaluated at {test_max}x{test_max}, not {test_size}x{test_size}). Set "
+            f"INPUT.MAX_SIZE_TEST to at least {test_size} (e.g. {test_size * 5 // 3}, detectron2's ratio), or lower "
+            "INPUT.MIN_SIZE_TEST.")
     crop = cfg.INPUT.CROP
     shapes = [name for name in cfg.DATASETS.TRAIN if name.startswith(SHAPES_PREFIX)]
     image = cfg.DATASETS.SHAPES.IMAGE_SIZE

@@ -96,6 +96,16 @@ def _place_norm(resnet: ResNet, positions: str, norm: Any, freeze_at: int, refus
             raise GwdetTypeError(f"place_norm: norm={norm!r} gave {layer!r} (a {type(layer).__name__}), not a norm "
                                  "layer; nothing was replaced. Give a callable that returns a torch module for a "
                                  "channel count, e.g. gwdet.norm('GW', num_groups=64).")
+        if isinstance(layer, nn.Identity):  # as norm='' would: no norm, and detectron2's convs there have no bias
+            raise GwdetValueError(f"place_norm: norm={norm!r} gave an Identity, which would remove the norms at the "
+                                  "positions (their convolutions have no bias: the norm's stands in for it); nothing "
+                                  "was replaced. Give a norm, e.g. gwdet.norm('GW', num_groups=64), or leave the "
+                                  "positions out.")
+    if len({id(layer) for layer in layers}) < len(layers):  # one module at two places: one set of weights and statistics
+        raise GwdetValueError(f"place_norm: norm={norm!r} gave the same layer object for more than one of the "
+                              f"{len(layers)} positions, which would then share one set of weights (and statistics); "
+                              "nothing was replaced. Give a callable that builds a new layer on each call, e.g. "
+                              "gwdet.norm('GW', num_groups=64).")
     replaced = [(conv, conv.norm) for conv in convs]
     hooked = [f"{type(previous).__name__} ({', '.join(state_dict_hooks(previous))})" for _, previous in replaced
               if isinstance(previous, nn.Module) and state_dict_hooks(previous)]
