@@ -1122,7 +1122,10 @@ def test_an_open_file_as_the_input_is_named_with_the_fix(r50_files, tmp_path):
      "weights['stem.conv1.weight'] is a list, not a numpy array of numbers"),
     (lambda: {}, "weights must be a non-empty dict of parameter names to numpy arrays (what convert_state_dict "
                  "returns), got an empty dict; nothing was written"),
-], ids=["tensors", "lists", "empty"])
+    # integer arrays (quantized weights) were written, and loading copied them unscaled into the float layers
+    (lambda: {key: (value * 100).astype("int8") for key, value in small_weights().items()},
+     "weights['stem.conv1.weight'] is a numpy array of dtype int8, but weights are floating point"),
+], ids=["tensors", "lists", "empty", "integers"])
 def test_write_detectron2_pkl_refuses_weights_its_loading_would_refuse(tmp_path, weights, expected):
     from gwdet.convert import write_detectron2_pkl
 

@@ -581,6 +581,13 @@ def _check_weights(weights: object) -> None:
                 f"write_detectron2_pkl: weights[{name!r}] is {what}, not a numpy array of numbers, which is what a "
                 "detectron2 .pkl holds and its loading reads. Give numpy arrays (e.g. numpy.asarray(value, "
                 "dtype=numpy.float32)); nothing was written.")
+        if value.dtype.kind not in "fc" and not name.endswith("num_batches_tracked"):
+            raise ConversionError(
+                f"write_detectron2_pkl: weights[{name!r}] is a numpy array of dtype {value.dtype}, but weights are "
+                "floating point (a model's parameters and running statistics; convert_state_dict refuses integer "
+                "weights too): loaded into a model, integers would be copied into its float layers as they are "
+                "(quantized values unscaled, or zeros). Give the float weights (e.g. value.astype(numpy.float32) of "
+                "dequantized values); nothing was written.")
 
 
 _PLAIN_VALUES = (str, int, float, bool, type(None))
