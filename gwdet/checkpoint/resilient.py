@@ -21,7 +21,6 @@ import re
 from itertools import zip_longest
 from typing import Any, Callable, Mapping, Sequence
 from urllib.parse import parse_qs, urlsplit
-from urllib.request import url2pathname
 
 import numpy as np
 import torch
@@ -35,7 +34,7 @@ from detectron2.utils import comm
 
 from gwdet.config import SHAPES_PREFIX
 from gwdet.utils.fingerprints import split_fingerprints
-from gwdet.utils.cli_errors import as_override, link_dotdot_problem, unexpanded_variable_note
+from gwdet.utils.cli_errors import as_override, file_url_path, link_dotdot_problem, unexpanded_variable_note
 from gwdet.utils.run_file_names import FINAL_WEIGHTS, LAST_CHECKPOINT
 from gwdet.utils.atomic import (cached_sha256, checksum_findings, file_version, same_file_version, shown_record,
                                 write_atomically, write_with_checksum)
@@ -348,7 +347,6 @@ class WeightsDownloadError(GwdetError, OSError):
     """Initial weights named by a URL that cannot be downloaded here."""
 
 
-FILE_URL = "file://"
 
 
 def tagged_name(save_dir: str) -> str:
@@ -371,14 +369,18 @@ def local_weights_path(path: str, setting: str = "MODEL.WEIGHTS") -> str:
     which detectron2's ``PathManager`` has no handler for. Anything else is returned as it is."""
     if path.startswith("~"):
         return os.path.expanduser(path)
-    if not path.startswith(FILE_URL):
-        return path
-    address = urlsplit(path)
-    if address.netloc not in ("", "localhost"):
+    local, host = file_url_path(path)
+    if host is not None:
         raise GwdetValueError(
-            f"{setting} {path} names a file on the host {address.netloc!r}, which cannot be read from here. Copy "
+            f"{setting} {path} names a file on the host {host!r}, which cannot be read from here. Copy "
             f"the file to this machine and set {setting} to its path.")
-    return url2pathname(address.path)
+    return local
+
+
+def without_query(path: str) -> str:
+    """The file a checkpoint ``path`` names: without the ``?query`` detectron2 reads off it
+    (``?matching_heuristics=True``)."""
+    return urlsplit(path)._replace(query="").geturl() if "?" in path else path
 
 
 def absolute_weights_path(path: str, setting: str = "MODEL.WEIGHTS") -> str:
@@ -886,7 +888,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
         naming the fix. Only the weights are loaded, so a file whose training state was removed is
         accepted with a warning (:meth:`_load_file`)."""
         path = local_weights_path(path, self.weights_setting)
-        file = urlsplit(path)._replace(query="").geturl() if "?" in path else path  # detectron2 reads the query
+        file = without_query(path)
         if path and os.path.isdir(file):
             raise GwdetIsADirectoryError(
                 f"{self.weights_setting} {path!r} is a folder: give the checkpoint file in it (e.g. "
@@ -1073,7 +1075,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
         if path and os.path.isdir(path):
             raise GwdetIsADirectoryError(f"{path!r} is a folder: give the checkpoint file in it (e.g. "
                                          f"{os.path.join(path, 'model_final.pth')}).")
-        file = urlsplit(path)._replace(query="").geturl() if "?" in path else path  # detectron2 reads the query
+        file = without_query(path)
         if path and "://" not in path and not os.path.isfile(file) and os.path.lexists(file):
             raise GwdetValueError(f"ResilientCheckpointer.load: {path!r} is not a regular file (a named pipe, a device, "
                                   "or a link that leads nowhere or in a loop); nothing was loaded. Give the checkpoint "

@@ -17,7 +17,6 @@ import pickle
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence, cast
 from urllib.parse import urlsplit
-from urllib.request import url2pathname
 
 import numpy as np
 import torch
@@ -25,7 +24,7 @@ import torch
 
 from gwdet.errors import GwdetTypeError
 from gwdet.utils.atomic import OutputExistsError, file_version, remove_stale_partials, write_atomically
-from gwdet.utils.cli_errors import unexpanded_variable_problem
+from gwdet.utils.cli_errors import file_url_path, unexpanded_variable_problem
 from gwdet.checkpoint.integrity import with_checksums
 from gwdet.convert.architecture import (
     ARCHITECTURES,
@@ -38,7 +37,6 @@ from gwdet.convert.architecture import (
     is_gn_style,
 )
 from gwdet.convert.loading import (
-    FILE_URL,
     ConversionError,
     SourceStateDict,
     local_input_path,
@@ -534,15 +532,13 @@ def write_detectron2_pkl(
 def _local_output_path(output_path: str) -> str:
     """``output_path`` with a ``file://`` URL of this host turned into its path (detectron2's
     ``PathManager`` has no handler for ``file://``); any other path as it is."""
-    if not output_path.startswith(FILE_URL):
-        return output_path
-    address = urlsplit(output_path)
-    if address.netloc not in ("", "localhost"):
+    local, host = file_url_path(output_path)
+    if host is not None:
         raise ConversionError(
-            f"{output_path} names a file on the host {address.netloc!r}, which cannot be written from here (a "
+            f"{output_path} names a file on the host {host!r}, which cannot be written from here (a "
             "file:// URL of this machine is file:///PATH, with three slashes); nothing was written. Give a local "
             "path, and copy the file to that host.")
-    return url2pathname(address.path)
+    return local
 
 
 def _refuse_url_output(output_path: str) -> None:

@@ -18,12 +18,11 @@ import os
 import pickle
 from dataclasses import dataclass
 from typing import Any, Mapping
-from urllib.parse import urlsplit
-from urllib.request import url2pathname
 
 import numpy as np
 import torch
 
+from gwdet.utils.cli_errors import file_url_path
 from gwdet.layers.common import check_flag
 from gwdet.errors import GwdetError, GwdetTypeError, listed
 from gwdet.checkpoint.converted_weights import (ARCH_FIELD, AUTHOR_KEY, GW_POSITIONS_FIELD, SOURCE_FIELD, WEIGHTS_KEY,
@@ -36,7 +35,6 @@ from gwdet.checkpoint.safe_load import (SAFETENSORS_FIX, PickleProtocolError, Un
 DATA_PARALLEL_PREFIX = "module."
 STATE_DICT_ENTRIES = ("state_dict", "model")
 UNSAFE_PICKLE_FLAG = "--allow-unsafe-pickle"
-FILE_URL = "file://"
 
 
 
@@ -84,14 +82,12 @@ def read_source_state_dict(
 def local_input_path(path: str) -> str:
     """``path`` with a ``file://`` URL of this host turned into its path (detectron2's
     ``PathManager`` has no handler for ``file://``); any other path as it is."""
-    if not path.startswith(FILE_URL):
-        return path
-    address = urlsplit(path)
-    if address.netloc not in ("", "localhost"):
+    local, host = file_url_path(path)
+    if host is not None:
         raise ConversionError(
-            f"{path} names a file on the host {address.netloc!r}, which cannot be read from here (a file:// URL of "
+            f"{path} names a file on the host {host!r}, which cannot be read from here (a file:// URL of "
             "this machine is file:///PATH, with three slashes). Copy the file to this machine and give its path.")
-    return url2pathname(address.path)
+    return local
 
 
 def _check_readable_file(path: str) -> None:

@@ -71,7 +71,7 @@ def _check_arguments(x: Tensor, running_mean: Tensor, running_whitening: Tensor,
                      bias: Optional[Tensor], training: bool, momentum: float, T: int, eps: float, method: str) -> None:
     """:func:`batch_whitening`'s arguments checked as :class:`BatchWhitening` checks its own."""
     owner = "batch_whitening"
-    check_hyper_parameters(owner, {"T": T}, positive={"eps": eps}, unit_interval={"momentum": momentum},
+    check_hyper_parameters(owner, {}, iterations={"T": T}, positive={"eps": eps}, unit_interval={"momentum": momentum},
                            flags={"training": training})
     check_whitening_method(owner, method)
     check_zca_eps(owner, method, eps)
@@ -203,7 +203,7 @@ class BatchWhitening(SettingsInState):
     ) -> None:
         super().__init__()
         owner = type(self).__name__
-        check_hyper_parameters(owner, {"num_channels": num_channels, "group_size": group_size, "T": T},
+        check_hyper_parameters(owner, {"num_channels": num_channels, "group_size": group_size}, iterations={"T": T},
                                positive={"eps": eps}, unit_interval={"momentum": momentum},
                                flags={"affine": affine})
         check_whitening_method(owner, method)

@@ -127,16 +127,17 @@ def check_hyper_parameters(
     positive: Optional[Mapping[str, Any]] = None,
     unit_interval: Optional[Mapping[str, Any]] = None,
     flags: Optional[Mapping[str, Any]] = None,
+    iterations: Optional[Mapping[str, Any]] = None,
 ) -> None:
     """A layer's constructor checks, each naming ``owner``, the argument, its value and the range
-    (``ValueError``): every ``counts`` value an integer >= 1 (``T``, the Newton iteration count, up
-    to :data:`MAX_ITERATIONS`: :func:`check_iterations`), every ``positive`` value finite and > 0
-    in float32, every ``unit_interval`` value in [0, 1], every ``flags`` value a bool."""
+    (``ValueError``): every ``counts`` value an integer >= 1, then every ``iterations`` value (the
+    Newton iteration count ``T``) an integer from 1 to :data:`MAX_ITERATIONS`
+    (:func:`check_iterations`), every ``positive`` value finite and > 0 in float32, every
+    ``unit_interval`` value in [0, 1], every ``flags`` value a bool."""
     for name, count in counts.items():
-        if name == "T":
-            check_iterations(owner, count)
-        else:
-            check_int_at_least(owner, name, count, 1)
+        check_int_at_least(owner, name, count, 1)
+    for count in (iterations or {}).values():
+        check_iterations(owner, count)
     for name, number in (positive or {}).items():
         check_positive(owner, name, number)
     for name, fraction in (unit_interval or {}).items():

@@ -73,7 +73,7 @@ def _check_scripted_arguments(owner: str, x: Tensor, num_groups: int, T: int, ep
 @torch.jit.unused
 def _check_arguments(owner: str, x: Tensor, num_groups: int, T: int, eps: float, method: str,
                      weight: Optional[Tensor] = None, bias: Optional[Tensor] = None) -> None:
-    check_hyper_parameters(owner, {"num_groups": num_groups, "T": T}, positive={"eps": eps})
+    check_hyper_parameters(owner, {"num_groups": num_groups}, iterations={"T": T}, positive={"eps": eps})
     check_whitening_method(owner, method)
     check_zca_eps(owner, method, eps)
     check_input(owner, x, 0)
@@ -204,7 +204,7 @@ class GroupWhitening(SettingsInState):
     ) -> None:
         super().__init__()
         owner = type(self).__name__
-        check_hyper_parameters(owner, {"num_channels": num_channels, "num_groups": num_groups, "T": T},
+        check_hyper_parameters(owner, {"num_channels": num_channels, "num_groups": num_groups}, iterations={"T": T},
                                positive={"eps": eps}, flags={"affine": affine})
         check_whitening_method(owner, method)
         check_zca_eps(owner, method, eps)

@@ -21,6 +21,8 @@ import re
 import sys
 from pathlib import Path
 from typing import IO, Callable, Iterator, Sequence
+from urllib.parse import urlsplit
+from urllib.request import url2pathname
 
 from gwdet.errors import GwdetError, GwdetValueError
 
@@ -186,6 +188,21 @@ def unexpanded_variable_problem(flag: str, path: str | os.PathLike, environment:
     return (f"{flag} {text!r} holds {variable.group(0)!r}, an environment variable that nothing expanded "
             "(a quoted command-line value and a config file keep it as it is): the run would write into a folder "
             f"named {variable.group(0)!r}. Let the shell expand it (double quotes), or {fix}; nothing was written.")
+
+
+FILE_URL = "file://"
+
+
+def file_url_path(path: str) -> tuple[str, str | None]:
+    """``(the local path, None)`` of a ``file://`` URL of this host (detectron2's ``PathManager`` has
+    no handler for ``file://``), ``(path, host)`` of one naming another host, whose file cannot be
+    reached from here, and ``(path, None)`` of anything else."""
+    if not path.startswith(FILE_URL):
+        return path, None
+    address = urlsplit(path)
+    if address.netloc not in ("", "localhost"):
+        return path, address.netloc
+    return url2pathname(address.path), None
 
 
 def unexpanded_variable_note(path: str | os.PathLike) -> str:
