@@ -81,3 +81,25 @@ def test_a_refused_batch_names_detectron2s_rescaling_of_it():
                              r"and the run has 1 process\(es\); set SOLVER.REFERENCE_WORLD_SIZE 0 to train with the "
                              r"batch as given\), so no example group can be filled"):
         Trainer.build_model(scaled)
+
+
+# the tools' LazyConfig path checked the norm and call nodes twice: at LazyRun.load and again in its build_model
+def test_a_lazyconfig_read_by_gwdet_has_its_nodes_checked_once_per_model_build(monkeypatch):
+    from gwdet.engine import lazy
+
+    from test_lazy_training import LAZY_DEMO, LAZY_TINY
+
+    calls = []
+    original = lazy.check_norm_nodes
+
+    def counted(cfg):
+        calls.append(1)
+        return original(cfg)
+
+    monkeypatch.setattr(lazy, "check_norm_nodes", counted)
+    run = lazy.LazyRun.load(str(LAZY_DEMO), LAZY_TINY)
+    assert len(calls) == 1
+    assert isinstance(run.build_model(), torch.nn.Module)
+    assert len(calls) == 1
+    lazy.build_model(run.cfg)  # a config given in Python is checked where it enters
+    assert len(calls) == 2

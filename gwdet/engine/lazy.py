@@ -155,6 +155,12 @@ def build_model(cfg: DictConfig) -> torch.nn.Module:
     check_lazy_config_given(cfg, "build_model")
     check_norm_nodes(cfg)
     check_call_arguments(cfg)
+    return _build_checked_model(cfg)
+
+
+def _build_checked_model(cfg: DictConfig) -> torch.nn.Module:
+    """:func:`build_model` of a LazyConfig whose norm and call nodes were checked
+    (:meth:`LazyRun.load`), so that one run checks them once."""
     check_device(cfg.train.device, "train.device", "run with train.device=cpu")
     warn_unused_head_norms(cfg)
     model = check_model(instantiate(cfg.model))
@@ -592,7 +598,7 @@ class LazyRun(RunConfig):
             warn_of_test_sets_trained_on(dataset_use(self.cfg, evaluates=evaluates))
 
     def build_model(self) -> torch.nn.Module:
-        return build_model(self.cfg)
+        return _build_checked_model(self.cfg)
 
     def model_differences_from(self, path: str) -> list[str]:
         saved = read_saved_config(path)
