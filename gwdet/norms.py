@@ -863,6 +863,13 @@ class Norm:
                 f"{getattr(record.build, '__qualname__', record.build)} returned {layer!r} "
                 f"({type(layer).__name__}) for {channels} channels, not a torch.nn.Module; make it return the layer")
         if not record.builtin:
+            if isinstance(layer, torch.nn.Identity):  # detectron2 gives a conv with a norm no bias
+                raise GwdetValueError(
+                    f"The norm {self.name!r}: its build function {getattr(record.build, '__qualname__', record.build)} "
+                    f"returned {layer!r} for {channels} channels; detectron2 drops the bias of a conv given a norm, "
+                    "so the layer would have neither normalization nor bias. For no norm, set the NORM key to '' "
+                    "(detectron2's no norm, which keeps the bias; norm='' in a LazyConfig), or make the function "
+                    "return a norm layer.")
             built_for = layer_channels(layer)
             if built_for is not None and built_for != channels:
                 raise GwdetValueError(

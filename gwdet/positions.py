@@ -73,12 +73,27 @@ def format_gw_positions(positions: Iterable[str]) -> str:
     return "-".join(tokens)
 
 
+def run_stages(resnet: ResNet) -> list:
+    """The stages detectron2's ``ResNet.forward`` runs (``resnet.stages``), refused when one of them
+    is not the module registered under its name (``resnet.res2 = ...`` after the build changes the
+    registered module and the state dict, not the list the forward runs)."""
+    for name, stage in zip(resnet.stage_names, resnet.stages, strict=True):
+        if getattr(resnet, name) is not stage:
+            raise GwdetValueError(
+                f"The ResNet's {name} ({type(getattr(resnet, name)).__name__}) is not the stage its forward runs: "
+                f"detectron2's ResNet.forward runs the list resnet.stages, which still holds the stage built for "
+                f"{name}, so a stage given by assignment (resnet.{name} = ...) is in the state dict but never run, "
+                f"and norms placed there would not run either. Replace a stage in both places (resnet.{name} and "
+                f"resnet.stages[{resnet.stage_names.index(name)}]), or build the ResNet with it.")
+    return list(resnet.stages)
+
+
 def convs_at_positions(resnet: ResNet, positions: FrozenSet[str]) -> Iterator[Conv2d]:
     """The conv layers whose norm sits at ``positions``, stem first, then block by block."""
     if "S1" in positions:
         yield resnet.stem.conv1
     block_positions = [p for p in BLOCK_CONV_OF_POSITION if p in positions]
-    for stage in resnet.stages:
+    for stage in run_stages(resnet) if block_positions else ():
         for block in stage:
             for position in block_positions:
                 conv_name = BLOCK_CONV_OF_POSITION[position]
@@ -94,7 +109,7 @@ def convs_at_positions(resnet: ResNet, positions: FrozenSet[str]) -> Iterator[Co
 def positions_with_norm(resnet: ResNet, norm_types: tuple) -> FrozenSet[str]:
     """The positions (``S1``, ``B1``, ``B2``, ``B3``) where every norm is one of ``norm_types``."""
     positions = {"S1"} if isinstance(resnet.stem.conv1.norm, norm_types) else set()
-    blocks = [block for stage in resnet.stages for block in stage]
+    blocks = [block for stage in run_stages(resnet) for block in stage]
     for position, conv_name in BLOCK_CONV_OF_POSITION.items():
         if blocks and all(isinstance(getattr(getattr(b, conv_name, None), "norm", None), norm_types)
                           for b in blocks):

@@ -281,3 +281,59 @@ def test_format_gw_positions_refuses_a_spec_string_and_unknown_tokens():
     # Before: raw TypeError: 'NoneType' object is not iterable.
     with pytest.raises(GwdetTypeError, match=r"got NoneType None; give an empty one \(set\(\)\) for no GW"):
         format_gw_positions(None)
+
+
+# Before: place_norm ended in torch's raw RuntimeError ("Cannot re-assign modules in a ScriptModule ...") at the
+# scripted module, with the norms before it already replaced.
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("scripted, positions, named", [
+    ("res2.0.conv1", "S1-B12", r"res2\.0\.conv1 \(Conv2d\)"),
+    ("stem", "S1", r"stem \(BasicStem\)"),
+    ("res2", "B2", r"res2 \(Sequential\)"),
+])
+def test_place_norm_refuses_a_scripted_module_at_the_positions_and_replaces_nothing(scripted, positions, named):
+    from detectron2.modeling.backbone.resnet import BasicStem, ResNet
+
+    from gwdet import norm
+    from gwdet.modeling import place_norm
+
+    torch.manual_seed(0)
+    resnet = ResNet(BasicStem(3, 64, norm="BN"), ResNet.make_default_stages(50, norm="BN"), out_features=["res3"],
+                    freeze_at=0)
+    parent, _, name = scripted.rpartition(".")
+    holder = resnet.get_submodule(parent)
+    setattr(holder, name, torch.jit.script(getattr(holder, name)))
+    if scripted in resnet.stage_names:  # a stage is replaced in the list the forward runs too
+        resnet.stages[resnet.stage_names.index(scripted)] = getattr(resnet, scripted)
+    with pytest.raises(GwdetTypeError, match=rf"^place_norm: the module\(s\) {named}, holding norms at the positions, "
+                                             r"are scripted or traced \(torch\.jit\).*nothing was replaced\. Place the "
+                                             r"norms on the eager ResNet, then script or trace the result"):
+        place_norm(resnet, positions, norm("GW", num_groups=16))
+    assert not any(isinstance(module, GroupWhitening) for module in resnet.modules())
+    assert not any(isinstance(module, GroupWhitening) for stage in resnet.stages for module in stage.modules())
+    # a scripted module away from the positions leaves them to place_norm
+    placed = place_norm(resnet, "S1" if scripted == "res2" else "B3", norm("GW", num_groups=16))
+    assert isinstance(placed.stem.conv1.norm if scripted == "res2" else placed.res3[0].conv3.norm, GroupWhitening)
+
+
+# Before: place_norm placed GW in the stage assigned as resnet.res3, which detectron2's ResNet.forward never runs (it
+# runs the list resnet.stages), and check_model passed the model.
+def test_a_stage_given_by_assignment_only_is_refused_as_one_the_forward_does_not_run():
+    import copy
+
+    from detectron2.modeling.backbone.resnet import BasicStem, ResNet
+
+    from gwdet import norm
+    from gwdet.modeling import place_norm
+
+    resnet = ResNet(BasicStem(3, 64, norm="BN"), ResNet.make_default_stages(50, norm="BN"), out_features=["res3"],
+                    freeze_at=0)
+    resnet.res3 = copy.deepcopy(resnet.res3)
+    with pytest.raises(GwdetValueError, match=r"^The ResNet's res3 \(Sequential\) is not the stage its forward runs: .*"
+                                              r"Replace a stage in both places \(resnet\.res3 and resnet\.stages\[1\]\)"):
+        place_norm(resnet, "B2", norm("GW", num_groups=16))
+    assert not any(isinstance(module, GroupWhitening) for module in resnet.modules())
+    assert isinstance(place_norm(resnet, "S1", norm("GW", num_groups=16)).stem.conv1.norm, GroupWhitening)
+    resnet.stages[1] = resnet.res3  # replaced in both places: placed where the forward runs
+    placed = place_norm(resnet, "B2", norm("GW", num_groups=16))
+    assert isinstance(placed.stages[1][0].conv2.norm, GroupWhitening) and placed.stages[1] is placed.res3

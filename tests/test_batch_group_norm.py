@@ -166,8 +166,11 @@ def test_a_block_of_a_single_value_is_refused_in_training_as_batch_norm_refuses_
             f"group) block of a single value: {why}, with one channel per group (num_groups=4 for 4 channels) and "
             "one position. A single value normalizes to 0 for any input (batch norm refuses it too: expected more "
             "than 1 value per channel when training). Use an examples_per_group of at least 2 that divides the "
-            "batch size (MODEL.BGN.EXAMPLES_PER_GROUP), or fewer channel groups (MODEL.BGN.NUM_GROUPS; GhostBN has "
-            "one channel per group)")
+            "batch size (the layer's examples_per_group argument; yacs: MODEL.BGN.EXAMPLES_PER_GROUP), a larger "
+            "input (more than one position per channel: for a backbone or FPN level, larger images), or groups of "
+            "several channels: a num_groups below 4 (yacs: MODEL.BGN.NUM_GROUPS) for BGN. GhostBN has one channel "
+            "per group (it takes no num_groups; yacs: MODEL.BGN.NUM_GROUPS does not change it), so for GhostBN it is "
+            "the examples_per_group or a larger input")
         assert torch.equal(layer.running_var, torch.ones(4)), "nothing was updated"
         assert torch.isfinite(layer.eval()(x)).all(), "evaluation uses the running statistics: nothing to refuse"
     # two values in every block: two examples, two channels or two positions
@@ -443,3 +446,32 @@ def test_functional_evaluation_refuses_one_value_per_own_group_as_the_layer_does
     # two values per group, or the running statistics blended in: computed
     assert batch_group_norm(x, running_mean, running_var, None, None, False, 2, 2, 1e-5, 0.1, 1.0).abs().max() > 0
     assert batch_group_norm(x, running_mean, running_var, None, None, False, 4, 2, 1e-5, 0.1, 0.5).abs().max() > 0
+
+
+# the evaluation refusal advised "fewer channel groups (MODEL.BGN.NUM_GROUPS)" for GhostBN too, which has one
+# channel per group whatever that key says, and named only yacs keys for a layer built in Python
+def test_single_value_refusals_name_the_layer_s_arguments_and_what_ghostbn_can_change():
+    import gwdet
+
+    for layer in (BatchGroupNorm(16, num_groups=16, eval_example_weight=1.0),
+                  gwdet.norm("GhostBN", eval_example_weight=1.0)(16)):
+        with pytest.raises(ValueError) as refused:
+            layer.eval()(torch.randn(1, 16, 1, 1))
+        message = str(refused.value)
+        assert message.endswith(
+            "(num_groups=16 for 16 channels: one channel per group, and one position), which normalizes to 0 for any "
+            "input. Use an eval_example_weight below 1 (the layer's eval_example_weight argument; yacs: "
+            "MODEL.BGN.EVAL_EXAMPLE_WEIGHT), which blends in the running statistics, a larger input (more than one "
+            "position per channel: for a backbone or FPN level, larger images), or groups of several channels: a "
+            "num_groups below 16 (yacs: MODEL.BGN.NUM_GROUPS) for BGN. GhostBN has one channel per group (it takes "
+            "no num_groups; yacs: MODEL.BGN.NUM_GROUPS does not change it), so for GhostBN it is the "
+            "eval_example_weight or a larger input"), message
+        assert "fewer channel groups (MODEL.BGN.NUM_GROUPS)" not in message
+    with pytest.raises(ValueError, match=r"GhostBN has one channel per group \(it takes no num_groups; .*so for "
+                                         r"GhostBN it is the examples_per_group or a larger input$"):
+        gwdet.norm("GhostBN", examples_per_group=1)(16).train()(torch.randn(3, 16))
+    # the functional form names its own groups argument, no config key
+    with pytest.raises(ValueError, match=r"^batch_group_norm: in training.*Use an examples_per_group of at least 2 "
+                                         r"that divides the batch size, a larger input \(more than one position per "
+                                         r"channel\), or a smaller groups that divides the 4 channels$"):
+        batch_group_norm(torch.randn(3, 4), torch.zeros(4), torch.ones(4), None, None, True, 4, 1, 1e-5, 0.1, 0.0)

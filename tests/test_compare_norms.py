@@ -787,3 +787,27 @@ def test_list_with_report_flags_is_refused_naming_them(capsys, tmp_path):
     assert not report.exists() and not (tmp_path / "out").exists()
     exported = refusal("--records", str(tmp_path / "rec"), "--export-records", str(tmp_path / "exp"))
     assert exported.startswith(f"--list only lists the cells and writes no report, so --export-records {tmp_path / 'exp'} ")
+
+
+# before: a config path holding '=' was split there into NAME and CONFIG: "Config file '.../b.yaml' does not exist"
+def test_a_config_path_holding_an_equals_sign_is_read_as_a_path(tmp_path, monkeypatch):
+    import re
+
+    from gwdet.errors import GwdetValueError
+    from gwdet_lab.study.cells import parse_config_item
+
+    folder = tmp_path / "lr=0.1"
+    folder.mkdir()
+    (folder / "gw.yaml").write_text("_BASE_: x.yaml\n")
+    assert parse_config_item(str(folder / "gw.yaml")) == RunSpec("gw", str(folder / "gw.yaml"))
+    assert parse_config_item(f"mine={folder / 'gw.yaml'}") == RunSpec("mine", str(folder / "gw.yaml"))
+    (tmp_path / "a=b.yaml").write_text("_BASE_: x.yaml\n")
+    monkeypatch.chdir(tmp_path)
+    for item in (str(tmp_path / "a=b.yaml"), "a=b.yaml"):
+        with pytest.raises(GwdetValueError, match=(
+                rf"^'{re.escape(item)}' is read as a config file, and its file name gives the run name 'a=b', which a run cannot "
+                r"take \(it names a folder: ASCII letters, digits and _ \. \+ -\)\. Name the run yourself with "
+                rf"NAME=CONFIG, e\.g\. mine={re.escape(item)}\.$")):
+            parse_config_item(item)
+    (tmp_path / "b.yaml").write_text("_BASE_: x.yaml\n")
+    assert parse_config_item("a=b.yaml") == RunSpec("a", "b.yaml")  # NAME=CONFIG where CONFIG is a file

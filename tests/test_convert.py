@@ -1161,3 +1161,23 @@ def test_a_path_that_is_no_path_or_a_file_with_a_trailing_slash_is_named(tmp_pat
     with pytest.raises(ConversionError, match=rf"names the file {re.escape(str(path))} with a '/' after it, which makes "
                                               r"it a folder's path: give it without the trailing slash\.$"):
         read_source_state_dict(f"{path}/")
+
+
+# before: the first refusal advised --allow-unsafe-pickle, which then ended in "no state dict found ... entries that
+# are not tensors"
+def test_a_pth_of_numpy_arrays_converts_with_the_unsafe_flag_it_is_advised(r50_files, tmp_path):
+    state_dict = torch.load(r50_files["bn"], weights_only=True)
+    expected, _ = convert_state_dict(in_memory(state_dict))
+    src, out = tmp_path / "numpy.pth", tmp_path / "numpy.pkl"
+    torch.save({key: value.numpy() for key, value in state_dict.items()}, src)
+    with pytest.raises(ConversionError, match="--allow-unsafe-pickle"):
+        read_source_state_dict(src)
+    source = read_source_state_dict(src, allow_unsafe_pickle=True)
+    assert source.wrapping == "bare state_dict" and all(isinstance(value, torch.Tensor)
+                                                        for value in source.tensors.values())
+    assert source.tensors["bn1.num_batches_tracked"].dtype == torch.int64
+    convert_checkpoint(src, out, allow_unsafe_pickle=True)
+    weights = load_pickle_file(str(out), False, "")["model"]
+    assert weights.keys() == expected.keys() and all((weights[key] == expected[key]).all() for key in weights)
+    torch.save({"model": {key: value.numpy() for key, value in state_dict.items()}, "epoch": 3}, src)
+    assert read_source_state_dict(src, allow_unsafe_pickle=True).wrapping == "'model' entry"

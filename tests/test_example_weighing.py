@@ -218,3 +218,32 @@ def test_scripted_model_is_refused():
     scripted = torch.jit.script(small_model())
     with pytest.raises(GwdetTypeError, match="the model .Sequential. is scripted or traced .*eager model first"):
         apply_example_weighing(scripted, 0.3)
+
+
+# Before: one batch norm object at two places was replaced at one of them only, without a word.
+@pytest.mark.parametrize("shape", ["attributes", "sequential", "module_list"])
+def test_a_batch_norm_object_at_two_places_is_refused_and_the_model_left_as_it_was(shape):
+    bn = trained_bn(6)
+    if shape == "attributes":
+        model = nn.Module()
+        model.a = bn
+        model.b = bn
+        places = "a, b"
+    elif shape == "sequential":
+        model = nn.Sequential(nn.Conv2d(6, 6, 1), bn, nn.Conv2d(6, 6, 1), bn)
+        places = "1, 3"
+    else:
+        model = nn.ModuleList([bn, bn])
+        places = "0, 1"
+    with pytest.raises(GwdetValueError, match=rf"^One batch norm layer object \(BatchNorm2d\) sits at 2 places, "
+                                              rf"{places}: .*Give each place its own layer .*The model is as it was\.$"):
+        apply_example_weighing(model, 0.5)
+    assert [module for module in model.modules() if isinstance(module, BatchGroupNorm)] == []
+    assert all(module is bn for module in model.modules() if isinstance(module, nn.BatchNorm2d))
+
+
+def test_a_block_reused_whole_is_weighed_with_its_batch_norm():
+    block = nn.Sequential(nn.Conv2d(3, 6, 1), trained_bn(6))
+    model = nn.Sequential(block, block)
+    assert apply_example_weighing(model, 0.5) == 1
+    assert isinstance(model[0][1], BatchGroupNorm) and model[1][1] is model[0][1]

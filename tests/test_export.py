@@ -1048,8 +1048,7 @@ def test_overwrite_replaces_an_earlier_export_only_not_a_users_own_file(tmp_path
     # export without a word
     from gwdet.export import export_model
 
-    for export_format, name, kind in (("torchscript", "model.ts", "a TorchScript archive"),
-                                      ("onnx", "model.onnx", "an ONNX model")):
+    for export_format, name, kind in (("torchscript", "model.ts", "a TorchScript"), ("onnx", "model.onnx", "an ONNX")):
         out = tmp_path / export_format
         out.mkdir()
         (out / name).write_text("my own model\n")
@@ -1058,18 +1057,40 @@ def test_overwrite_replaces_an_earlier_export_only_not_a_users_own_file(tmp_path
                                "--output", str(out), "--overwrite", *TINY_OPTS])
         assert refused.value.code == 2 and (
             f"error: --overwrite replaces an earlier export, and {out / name} is none: it has no {name}.sha256 record "
-            f"beside it (which every export gets) and is not {kind}, so it is a file of yours that the export would "
-            f"delete; nothing was written. Move it out of {out} (or delete it yourself), or choose another --output."
-        ) in capsys.readouterr().err
+            f"beside it (which every export gets), so it is a file of yours ({kind} model saved otherwise included) "
+            f"that the export would delete; nothing was written. Move it out of {out} (or delete it yourself), or "
+            "choose another --output.") in capsys.readouterr().err
         assert os.listdir(out) == [name] and (out / name).read_text() == "my own model\n"
-        assert not export_model.is_export_file(str(out / name), export_format)
+        assert not export_model.is_export_file(str(out / name))
         record_checksum(str(out / name))  # the record of an export (one replaced by hand is still one)
-        assert export_model.is_export_file(str(out / name), export_format)
-    # an export without its record: a file of the export's format
-    scripted = torch.jit.script(torch.nn.Linear(2, 2))
-    scripted.save(str(tmp_path / "bare.ts"))
-    assert export_model.is_export_file(str(tmp_path / "bare.ts"), "torchscript")
-    assert not export_model.is_export_file(str(tmp_path / "bare.ts"), "onnx")
+        assert export_model.is_export_file(str(out / name))
+
+
+# before: --overwrite replaced the user's own TorchScript / ONNX model (no .sha256 record) by the export without a word
+def test_overwrite_keeps_a_users_own_model_of_the_exports_format(tmp_path, capsys):
+    import hashlib
+
+    from gwdet.export import export_model
+
+    own_ts = tmp_path / "own.ts"
+    torch.jit.script(torch.nn.Linear(3, 2)).save(str(own_ts))
+    for export_format, name, kind, data in (("torchscript", "model.ts", "a TorchScript", own_ts.read_bytes()),
+                                            ("onnx", "model.onnx", "an ONNX", b"\x08\x07\x12\x07pytorch")):
+        out = tmp_path / f"ex-{export_format}"
+        out.mkdir()
+        (out / name).write_bytes(data)
+        before = hashlib.md5(data).hexdigest()
+        with pytest.raises(SystemExit) as refused:
+            export_model.main(["--config-file", str(DEMO_CONFIG), "--untrained", "--format", export_format,
+                               "--output", str(out), "--overwrite", *TINY_OPTS])
+        assert refused.value.code == 2 and (
+            f"error: --overwrite replaces an earlier export, and {out / name} is none: it has no {name}.sha256 record "
+            f"beside it (which every export gets), so it is a file of yours ({kind} model saved otherwise included) "
+            "that the export would delete; nothing was written.") in capsys.readouterr().err
+        assert os.listdir(out) == [name] and hashlib.md5((out / name).read_bytes()).hexdigest() == before
+        assert not export_model.is_export_file(str(out / name))
+        (out / f"{name}.sha256").write_text("my notes\n")  # a file of the user's named like a record: no record
+        assert not export_model.is_export_file(str(out / name))
 
 
 def test_a_sample_image_given_as_a_url_is_named_with_the_download(tmp_path, capsys):

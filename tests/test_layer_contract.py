@@ -416,6 +416,16 @@ BAD_ARGUMENTS = {
     "eval_example_weight": NOT_A_FRACTION,
     "method": [("pca", "must be one of 'itn', 'zca', got 'pca'"), (None, "must be one of 'itn', 'zca', got None (NoneType)")],
     "affine": [("no", "must be True or False, got 'no' (str)"), (0, "must be True or False, got 0 (int)")],
+    "device": [("nowhere", "must be a torch.device, a device string ('cpu', 'cuda:0', 'meta') or None (torch's default "
+                           "device), got 'nowhere', which torch does not read as a device"),
+               (1.5, "must be a torch.device, a device string ('cpu', 'cuda:0', 'meta') or None (torch's default "
+                     "device), got 1.5 (float)")],
+    "dtype": [(torch.int64, "must be a floating-point dtype (torch.float16, torch.bfloat16, torch.float32, "
+                            "torch.float64) or None (torch's default dtype), got torch.int64: the layer's parameters "
+                            "and running statistics are learned and averaged in floating point; leave dtype out, or "
+                            "give e.g. dtype=torch.float64"),
+              ("float64", "must be a floating-point dtype (torch.float16, torch.bfloat16, torch.float32, "
+                          "torch.float64) or None (torch's default dtype), got 'float64' (str)")],
 }
 
 
@@ -534,3 +544,42 @@ def test_torch_fx_traces_a_model_with_gwdet_norms_as_leaves_as_deploy_md_says():
     x = torch.randn(2, 3, 64, 64)
     expected = model.layer2(model.layer1(model.maxpool(model.relu(model.bn1(model.conv1(x))))))
     assert torch.allclose(extractor(x)["c3"], expected)
+
+
+# GroupWhitening(8, 4, device="meta") and dtype=torch.float64 raised a bare TypeError (an unexpected keyword),
+# and torch.nn.utils.skip_init refused the layers ("Module must support a 'device' arg")
+@pytest.mark.parametrize("layer_class", LAYER_CLASSES, ids=lambda cls: cls.__name__)
+def test_the_layers_take_torch_s_device_and_dtype_factory_arguments(layer_class):
+    on_meta = layer_class(CHANNELS, device="meta")
+    assert all(tensor.device.type == "meta" for tensor in [*on_meta.parameters(), *on_meta.buffers()])
+    single = build_from(layer_class(CHANNELS))
+    double = layer_class(CHANNELS, dtype=torch.float64)
+    assert all(tensor.dtype == torch.float64 for tensor in [*double.parameters(), *double.buffers()])
+    assert double.state_dict()["_extra_state"].dtype == torch.uint8  # the settings record stays bytes
+    double.load_state_dict(single.state_dict())
+    x = random_batch((6, CHANNELS, 3, 3), seed=3)
+    for training in (False, True):  # the same input: what differs is the layers' own dtype
+        expected = single.train(training)(x.float())
+        assert torch.allclose(double.train(training)(x.float()), expected, rtol=0, atol=1e-6)
+    assert torch.allclose(double.eval()(x).float(), single.eval()(x.float()), rtol=0, atol=1e-4)
+    assert double.eval()(x).dtype == torch.float64
+    with pytest.raises(ValueError, match=re.escape(f"{layer_class.__name__}: dtype must be a floating-point dtype "
+                                                   "(torch.float16, torch.bfloat16, torch.float32, torch.float64) or "
+                                                   "None (torch's default dtype), got torch.int64")):
+        layer_class(CHANNELS, dtype=torch.int64)
+    skipped = torch.nn.utils.skip_init(layer_class, CHANNELS)
+    assert skipped.weight.device.type == "cpu"
+    skipped.reset_parameters()
+    fresh = layer_class(CHANNELS)
+    assert torch.equal(skipped(x.float()), fresh(x.float()))
+    assert torch.jit.script(layer_class(CHANNELS, dtype=torch.float64)).eval()(x).dtype == torch.float64
+
+
+def build_from(layer: torch.nn.Module) -> torch.nn.Module:
+    """``layer`` with random affine parameters and running statistics moved by one training batch."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        layer.weight.copy_(torch.rand(CHANNELS, generator=generator) + 0.5)
+        layer.bias.copy_(torch.randn(CHANNELS, generator=generator))
+        layer.train()(random_batch((6, CHANNELS, 3, 3), torch.float32, seed=100))
+    return layer

@@ -995,3 +995,34 @@ def test_numpy_scalars_are_kept_as_python_numbers_and_the_config_saves_as_plain_
     assert "numpy" not in saved.read_text()
     node = load_lazy_config(str(saved), []).model.backbone.norm
     assert (node.name, node.num_groups) == ("GW", 8)
+
+
+# Before: a registered build returning nn.Identity, used as MODEL.FPN.NORM, gave FPN convs with neither
+# normalization nor bias (detectron2 drops the bias of a conv given a norm), without a word.
+def test_a_registered_norm_that_builds_an_identity_is_refused(registered):
+    from detectron2.modeling import build_model as detectron2s_build_model
+
+    from gwdet.errors import GwdetValueError
+    from gwdet.model_zoo import build_config
+
+    class PassThrough(torch.nn.Identity):
+        pass
+
+    registered.extend(["TestNoneNorm", "TestPassThrough"])
+
+    @register_norm("TestNoneNorm")
+    def none_norm(channels):
+        return torch.nn.Identity()
+
+    register_norm("TestPassThrough", lambda channels: PassThrough())
+    message = (r"^The norm 'TestNoneNorm': its build function .*none_norm returned Identity\(\) for 8 channels; "
+               r"detectron2 drops the bias of a conv given a norm, so the layer would have neither normalization nor "
+               r"bias\. For no norm, set the NORM key to '' .*")
+    with pytest.raises(GwdetValueError, match=message):
+        norm("TestNoneNorm")(8)
+    with pytest.raises(GwdetValueError, match=r"^The norm 'TestPassThrough': .* returned PassThrough\(\) for 8 "):
+        norm("TestPassThrough")(8)
+    cfg = build_config("configs/Demo/mask_rcnn_R_50_FPN_gw_shapes.yaml",
+                       ["MODEL.FPN.NORM", "TestNoneNorm", "MODEL.DEVICE", "cpu"])
+    with pytest.raises(GwdetValueError, match=r"^The norm 'TestNoneNorm': .* returned Identity\(\) for 64 channels"):
+        detectron2s_build_model(cfg)

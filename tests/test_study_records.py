@@ -862,3 +862,41 @@ def test_an_export_over_a_users_folder_with_a_records_file_name_is_refused(tmp_p
     (mine / "results.md").unlink()
     export_records(source, tmp_path / "exp")  # the user's other files are kept beside the records
     assert (mine / "notes.txt").read_text() == "notes" and (mine / "study_cell.json").is_file()
+
+
+# before: a config given relative to another folder was recorded as `--config mybn.yaml`, a command that ran from nowhere
+def test_the_recorded_command_names_its_config_as_it_resolves_from_the_repository_root(tmp_path, monkeypatch):
+    from detectron2.config import CfgNode
+
+    from gwdet_lab.study.cells import Cell
+    from gwdet_lab.study.record import PlannedCell
+    from gwdet_lab.study.summary import command_config_path, train_command
+
+    monkeypatch.chdir(tmp_path)
+    mine = tmp_path / "mybn.yaml"
+    cfg = CfgNode({"DATASETS": CfgNode({"TRAIN": ("shapes_train",), "TEST": ("shapes_val",)})})
+    opts = ("SEED", "0", "OUTPUT_DIR", "output/study/bn-s0")
+    planned = PlannedCell(Cell("bn-s0", "bn", str(mine), opts, 0, 2), opts, cfg, None)  # type: ignore[arg-type]
+    assert train_command(planned) == (f"python tools/train_net.py --config {mine} SEED 0 OUTPUT_DIR "
+                                      "output/rerun/bn-s0")
+    inside = REPO / "configs" / "Study" / "bn.yaml"
+    assert command_config_path(str(inside)) == "configs/Study/bn.yaml"
+    assert command_config_path("configs/Study/bn.yaml") == "configs/Study/bn.yaml"  # read back from records
+
+
+# before: records of a --no-example-weighing study were refused as "not finished", with no flag that reported them
+def test_records_of_a_study_without_example_weighing_report_with_the_weights_they_swept(tmp_path, capsys):
+    records = tmp_path / "records"
+    shutil.copytree(RECORDS / "paper" / "bn-b2-s0", records / "bn-b2-s0")
+    cell = records / "bn-b2-s0"
+    for name in ("example_weighing.json", "example_weighing.json.sha256"):
+        (cell / name).unlink()
+    write_text_with_checksum(cell / "study_complete.json",
+                             json.dumps({"evaluations": ["batch_statistics"], "example_weights": []}, indent=2) + "\n")
+    assert main(["--records", str(records), "--report-to", str(tmp_path / "report")]) == 0
+    assert (tmp_path / "report" / "table.md").is_file()
+    with pytest.raises(SystemExit):
+        main(["--records", str(records), "--example-weights", "0", "--report-to", str(tmp_path / "other")])
+    assert ("bn-b2-s0 not finished in the records (their example weighing did not sweep --example-weights 0); they "
+            "swept none (a study run with --no-example-weighing): leave --example-weights out to report them without "
+            "example weighing; nothing was written.") in capsys.readouterr().err

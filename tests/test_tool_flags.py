@@ -774,3 +774,23 @@ def test_export_refuses_the_meta_device_before_reading_weights(capsys, tmp_path)
     assert refusal.split(": error: ")[1].startswith(
         "The export runs the model on a sample image (to trace it and to check the exported file), and the config "
         "puts it on the meta device")
+
+
+# before: "the following arguments are required: OUT", the input file -r50.pth having been taken for a flag
+def test_a_file_whose_name_starts_with_a_dash_is_named_with_the_way_to_give_it(tmp_path, capsys, monkeypatch):
+    from gwdet.convert.cli import main as convert
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "-r50.pth").write_bytes(b"")
+    with pytest.raises(SystemExit):
+        convert(["-r50.pth", "out/m.pkl"])
+    assert ("error: the following arguments are required: OUT (-r50.pth is a file, read as a flag because its name "
+            "starts with '-': put -- before file names that start with '-' (-- -r50.pth ...), or give it as "
+            "./-r50.pth)") in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        export_model.main(["--config-file", "-r50.pth", "--output", str(tmp_path / "ex")])
+    assert "(-r50.pth is a file, read as a flag because its name starts with '-': give it as ./-r50.pth)" in (
+        capsys.readouterr().err)
+    with pytest.raises(SystemExit):
+        convert(["-missing.pth", "out/m.pkl"])  # no such file: argparse's message alone
+    assert capsys.readouterr().err.rstrip().endswith("error: the following arguments are required: OUT")

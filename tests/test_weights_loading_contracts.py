@@ -1098,3 +1098,88 @@ def test_loading_a_missing_checkpoint_names_the_path(tmp_path, monkeypatch):
     with pytest.raises(GwdetFileNotFoundError, match=re.escape(f"the checkpoint 'ck/nope.pth' does not exist (in "
                                                                f"{tmp_path / 'ck'}); nothing was loaded")):
         checkpointer.load("ck/nope.pth")
+
+
+def test_batch_norm_weights_into_an_example_weighted_model_name_the_order_to_load_in(tmp_path):
+    # before: the config-run advice "Load weights trained with this config's NORM values", no word of example weighing
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from gwdet.modeling.example_weighing import apply_example_weighing
+
+    def net() -> nn.Module:
+        return nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU())
+
+    trained = net().eval()
+    ResilientCheckpointer(trained, save_dir=str(tmp_path)).save("bn")
+    weighed = net()
+    apply_example_weighing(weighed, 0.0)
+    with pytest.raises(ValueError, match=re.escape(
+            "this model has example-weighted BatchGroupNorm layers: apply_example_weighing replaced them before the "
+            "weights were loaded (1 layers, e.g. 1: BatchNorm2d -> BatchGroupNorm); nothing was loaded. Load the "
+            "batch-norm weights into the model first and apply apply_example_weighing(model, weight) afterwards")):
+        ResilientCheckpointer(weighed).load(str(tmp_path / "bn.pth"))
+    in_order = net()
+    ResilientCheckpointer(in_order).load(str(tmp_path / "bn.pth"))
+    apply_example_weighing(in_order, 0.0)
+    assert torch.equal(in_order[1].running_var, trained[1].running_var)
+    other = net()  # a BatchGroupNorm of the model's own config keeps the config-run advice
+    other[1] = BatchGroupNorm(8, num_groups=2)
+    with pytest.raises(ValueError, match=r"Load weights trained with this config's NORM values"):
+        ResilientCheckpointer(other).load(str(tmp_path / "bn.pth"))
+
+
+def test_a_malformed_gwdet_record_of_a_pkl_is_named_with_the_file_and_field(tmp_path):
+    # before: "MODEL.RESNETS.GW_POSITIONS must be a string like 'S1-B2', got 7", blaming the config for the file's record;
+    # write_detectron2_pkl wrote such a record
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from gwdet.convert import ConversionError, write_detectron2_pkl
+    from gwdet.errors import GwdetValueError
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 1))
+    weights = {key: value.numpy() for key, value in model.state_dict().items()}
+    path = str(tmp_path / "w.pkl")
+    for metadata, field, value in [({"arch": "R-50", "gw_positions": 7}, "gw_positions", "7 (int)"),
+                                   ({"gw_positions": "S9"}, "gw_positions", "'S9' (str)"),
+                                   ({"arch": 5}, "arch", "5 (int)"), ({"input": "x"}, "input", "'x' (str)"),
+                                   ({"input": {"pixel_mean": 5}}, "input.pixel_mean", "5 (int)")]:
+        with pytest.raises(ConversionError, match=r"^write_detectron2_pkl: metadata\[.* gwdet's loading reads that "
+                                                  r"field of the record .* nothing was written\.$"):
+            write_detectron2_pkl(weights, path, author="me", metadata=metadata, overwrite=True)
+        with open(path, "wb") as file:  # a file written by other means
+            pickle.dump({"model": weights, "__author__": "me", "matching_heuristics": True, "gwdet": metadata}, file)
+        with pytest.raises(GwdetValueError, match=re.escape(
+                f"{path}: the file's 'gwdet' record is malformed: its field {field!r} is {value}, where gwdet's "
+                "converter writes ")) as error:
+            ResilientCheckpointer(model).load(path)
+        assert "nothing was loaded. Convert the weights again with tools/convert_pretrained.py" in str(error.value)
+    write_detectron2_pkl(weights, path, author="me", metadata={"arch": "R-50", "gw_positions": "S1-B2"}, overwrite=True)
+    ResilientCheckpointer(model).load(path)  # a well-formed record of a model without a ResNet: not compared
+
+
+def test_integer_values_for_floating_weights_are_refused_and_integer_buffers_load(tmp_path):
+    # before: an int8 (quantized) or int64 array in a .pkl, or an integer tensor in a .pth, loaded unscaled into float layers
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from gwdet.errors import GwdetValueError
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4))
+    state = model.state_dict()
+    quantized = {key: value.numpy() for key, value in state.items()}
+    quantized["0.weight"] = np.round(quantized["0.weight"] * 127).astype(np.int8)
+    pkl = tmp_path / "int8.pkl"
+    with open(pkl, "wb") as file:
+        pickle.dump({"model": quantized, "__author__": "me"}, file)
+    with pytest.raises(GwdetValueError, match=re.escape(
+            f"{pkl} holds integer or bool values for 1 floating-point weight(s) of the model (0.weight: int8 for the "
+            "model's float32 0.weight): they would load as the numbers they are (a quantized array without its scale")):
+        ResilientCheckpointer(model).load(str(pkl))
+    pth = tmp_path / "int.pth"
+    torch.save({"model": dict(state, **{"1.running_mean": torch.ones(4, dtype=torch.int64),
+                                        "1.weight": torch.ones(4, dtype=torch.bool)})}, pth)
+    with pytest.raises(GwdetValueError, match=r"for 2 floating-point weight\(s\) of the model \(.*1.weight: bool "
+                                              r"for the model's float32 1.weight.*nothing was loaded. Save the weights "
+                                              r"as floating-point arrays"):
+        ResilientCheckpointer(model).load(str(pth))
+    assert torch.equal(model[1].running_mean, torch.zeros(4)), "nothing was loaded"
+    counted = tmp_path / "counted.pth"  # num_batches_tracked is an integer buffer: its integer value loads
+    torch.save({"model": dict(state, **{"1.num_batches_tracked": torch.tensor(7)})}, counted)
+    ResilientCheckpointer(model).load(str(counted))
+    assert int(model[1].num_batches_tracked) == 7

@@ -28,6 +28,7 @@ from gwdet.layers import BatchGroupNorm, GroupWhitening
 from gwdet.layers.settings_state import (EXTRA_STATE_KEY, SettingsInState, cast_record, function_settings,
                                          decode_settings, same_setting)
 from gwdet.modeling.backbone import convs_with_norm
+from gwdet.modeling.example_weighing import WHOLE_BATCH
 from gwdet.modeling.model_checks import PER_LEVEL_CONTAINERS
 from gwdet.norms import NORM_SETTINGS_MARK, RUNNING_STATISTICS_NORMS, TORCH_NORM_SETTINGS, layer_types, norm_classes
 from gwdet.positions import convs_at_positions, format_gw_positions, parse_gw_positions, positions_with_norm
@@ -275,7 +276,8 @@ def check_norm_types(saved: Mapping[str, str], model: torch.nn.Module, how_to_op
     """Raise ``ValueError`` when a norm layer of ``model``, or the layer at a recorded norm's place,
     had another type in the saved model (:func:`same_norm_kind`), or a layer that had a norm has none
     now: its weights (a GN's affine into a GW, say) would load without a word into the wrong layer,
-    or not at all."""
+    or not at all. Batch norms met by layers that :func:`gwdet.modeling.apply_example_weighing` made
+    are named so, with the order that loads them (the weights first, then the example weighing)."""
     modules = dict(unwrapped(model).named_modules())  # a recorded norm's place may hold a layer of no known norm now
     present = {name: type_before_parametrizations(modules[name]).__name__ for name in saved if name in modules} | \
         norm_types(model)
@@ -285,12 +287,30 @@ def check_norm_types(saved: Mapping[str, str], model: torch.nn.Module, how_to_op
                and name.rsplit(".", 1)[0] in modules}
     differing = [f"{name}: {saved[name]} -> {kind}" for name, kind in (present | removed).items()
                  if name in saved and not same_norm_kind(saved[name], kind)]
+    weighed = [name for name, kind in present.items() if name in saved and not same_norm_kind(saved[name], kind)
+               and saved[name] in _RUNNING_STATISTICS_NAMES and _example_weighted(modules[name])]
+    if differing and len(weighed) == len(differing):
+        raise NormMismatchError(
+            f"The checkpoint holds batch norms where this model has example-weighted BatchGroupNorm layers: "
+            f"apply_example_weighing replaced them before the weights were loaded ({len(differing)} layers, e.g. "
+            f"{'; '.join(differing[:3])})", "Load the batch-norm weights into the model first and apply "
+            "apply_example_weighing(model, weight) afterwards, as tools/compare_norms.py does with a trained model "
+            "(build the model, load the checkpoint, then apply example weighing)."
+        )
     if differing:
         raise NormMismatchError(
             f"The checkpoint was trained with other norm layers than this config builds "
             f"({len(differing)} layers, e.g. {'; '.join(differing[:3])})", "Load "
             f"weights trained with this config's NORM values (a LazyConfig's norm nodes), or {how_to_opt_in} to load them anyway."
         )
+
+
+def _example_weighted(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is a batch norm replaced by :func:`gwdet.modeling.apply_example_weighing`:
+    a :class:`BatchGroupNorm` with one channel per group whose example groups hold every batch
+    (:func:`gwdet.modeling.example_weighing.example_weighted_norm`)."""
+    return (isinstance(module, BatchGroupNorm) and module.num_groups == module.num_channels
+            and module.examples_per_group == WHOLE_BATCH)
 
 
 # ---- norm hyper-parameters recorded in gwdet's checkpoints --------------------------------------

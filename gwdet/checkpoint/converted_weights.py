@@ -23,6 +23,8 @@ import os
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from gwdet.errors import GwdetValueError
+
 @dataclass(frozen=True)
 class Architecture:
     """A bottleneck ResNet/ResNeXt as detectron2's ``MODEL.RESNETS`` describes it."""
@@ -99,3 +101,52 @@ def read_conversion_metadata(checkpoint: Mapping) -> Mapping | None:
     """The ``"gwdet"`` entry of a loaded checkpoint; None for weights the converter did not write."""
     metadata = checkpoint.get(METADATA_KEY)
     return metadata if isinstance(metadata, Mapping) else None
+
+
+def malformed_record_field(metadata: Mapping) -> tuple[str, object, str] | None:
+    """``(field, value, what it should be)`` for the first field of a ``"gwdet"`` record that is not
+    what the converter writes (:func:`conversion_metadata`); None when every field present is."""
+    from gwdet.positions import parse_gw_positions  # detectron2's modeling, needed only for such a record
+
+    for field in (ARCH_FIELD, NORM_FIELD, SOURCE_FIELD):
+        value = metadata.get(field)
+        if value is not None and not isinstance(value, str):
+            return field, value, "a string"
+    if GW_POSITIONS_FIELD in metadata:
+        value = metadata[GW_POSITIONS_FIELD]
+        try:
+            parse_gw_positions(value)
+        except GwdetValueError:
+            return GW_POSITIONS_FIELD, value, "GW positions spelled as MODEL.RESNETS.GW_POSITIONS ('S1-B2'; '' for none)"
+    fields = metadata.get(INPUT_FIELD)
+    if fields is None:
+        return None
+    if not isinstance(fields, Mapping):
+        return INPUT_FIELD, fields, "a dict of the input values (format, pixel_mean, pixel_std, stride_in_1x1)"
+    wanted = {"format": (str, "a string"), "stride_in_1x1": (bool, "True or False")}
+    for name, (kind, what) in wanted.items():
+        if fields.get(name) is not None and not isinstance(fields[name], kind):
+            return f"{INPUT_FIELD}.{name}", fields[name], what
+    for name in ("pixel_mean", "pixel_std"):
+        value = fields.get(name)
+        if value is not None and not (isinstance(value, (list, tuple)) and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
+            return f"{INPUT_FIELD}.{name}", value, "a list of numbers, one per colour channel"
+    return None
+
+
+def check_conversion_metadata(metadata: Mapping, path: str | None) -> None:
+    """Refuse a ``"gwdet"`` record (of the file ``path``) whose fields are not the values the
+    converter writes (a string architecture, norm and source, GW positions in
+    ``MODEL.RESNETS.GW_POSITIONS``'s spelling, an input dict), naming the file, the field and its
+    value: such a record cannot be compared with the model."""
+    found = malformed_record_field(metadata)
+    if found is None:
+        return
+    field, value, what = found
+    shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+    raise GwdetValueError(
+        f"{path or 'The checkpoint'}: the file's {METADATA_KEY!r} record is malformed: its field {field!r} is "
+        f"{shown} ({type(value).__name__}), where gwdet's converter writes {what}; nothing was loaded. Convert the "
+        f"weights again with tools/convert_pretrained.py (metadata of one's own belongs outside the {METADATA_KEY!r} "
+        "entry, which gwdet reads to check the weights against the model).")

@@ -63,7 +63,7 @@ from gwdet.checkpoint.integrity import (
     verify_checksums,
     with_checksums,
 )
-from gwdet.checkpoint.converted_weights import read_conversion_metadata
+from gwdet.checkpoint.converted_weights import check_conversion_metadata, read_conversion_metadata
 from gwdet.checkpoint.run_identity import RUN_ID_KEY, check_same_run, folder_run_id, new_run_id, record_run_id
 from gwdet.layers.settings_state import EXTRA_STATE_KEY
 from gwdet.norms import SYNCHRONIZED_NORMS, TORCH_BATCH_NORMS, layer_types
@@ -411,6 +411,36 @@ def _other_backbone_shapes(other_shapes: Sequence[tuple[str, tuple, tuple]], bac
         "the weights': give the depth, groups and widths they were trained or converted with "
         "(MODEL.RESNETS.DEPTH, NUM_GROUPS, WIDTH_PER_GROUP, STEM_OUT_CHANNELS, RES2_OUT_CHANNELS; a "
         "LazyConfig's ResNet arguments).")
+
+
+def _non_floating_weights(weights: Mapping[str, Any], model: torch.nn.Module) -> list[tuple[str, str, str, str]]:
+    """``(key, dtype, model name, model dtype)`` of every array or tensor of ``weights`` with
+    integer or bool values whose place in ``model`` (its own name, without DDP's ``module.``, else
+    the one name ending with ``"." + key``, as detectron2's matching heuristics place a ``.pkl``'s
+    names) is a floating-point parameter or buffer; integer buffers (``num_batches_tracked``,
+    counters) take integer values."""
+    state = unwrapped(model).state_dict()
+    found = []
+    for key, value in weights.items():
+        if isinstance(value, np.ndarray):
+            kind = value.dtype
+            non_floating = not (np.issubdtype(kind, np.floating) or np.issubdtype(kind, np.complexfloating))
+            dtype = str(kind)
+        elif isinstance(value, torch.Tensor):
+            non_floating = not (value.is_floating_point() or value.is_complex())
+            dtype = str(value.dtype).removeprefix("torch.")
+        else:
+            continue
+        if not non_floating or not isinstance(key, str):
+            continue
+        name = key.removeprefix(WRAPPER_PREFIX) if key.removeprefix(WRAPPER_PREFIX) in state else key
+        targets = [name] if name in state else [own for own in state if own.endswith("." + name)]
+        if len(targets) != 1 or not isinstance(state[targets[0]], torch.Tensor):
+            continue
+        target = state[targets[0]]
+        if target.is_floating_point():
+            found.append((key, dtype, targets[0], str(target.dtype).removeprefix("torch.")))
+    return found
 
 
 def lost_checkpoint_error(save_dir: str, weights_setting: str = "MODEL.WEIGHTS") -> GwdetFileNotFoundError:
@@ -1103,7 +1133,18 @@ class ResilientCheckpointer(DetectionCheckpointer):
         self._read_wrapped_records(checkpoint)
         metadata = read_conversion_metadata(checkpoint)
         if metadata is not None:
+            check_conversion_metadata(metadata, self._loading)
             check_weights_fit_model(metadata, self.model, lazy=self.weights_setting.islower())
+        weights = checkpoint.get("model")
+        integers = _non_floating_weights(weights, self.model) if isinstance(weights, Mapping) else []
+        if integers:
+            shown = [f"{key}: {dtype} for the model's {own} {target}" for key, dtype, target, own in integers]
+            raise GwdetValueError(
+                f"{self._loading or 'The checkpoint'} holds integer or bool values for {len(integers)} floating-point "
+                f"weight(s) of the model ({listed(shown, 3)}): they would load as the numbers they are (a quantized "
+                "array without its scale, or float weights cast to integers, which truncates them); nothing was "
+                "loaded. Save the weights as floating-point arrays (numpy's float32: dequantize quantized ones with "
+                "their scale first), or convert the original weights again with tools/convert_pretrained.py.")
         self._check_backbone_shapes(checkpoint)
         self._check_norms(checkpoint, metadata is None)
         checkpoint.pop(NORM_TYPES_KEY, None)

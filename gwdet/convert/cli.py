@@ -12,7 +12,7 @@ from gwdet.convert.converter import convert_checkpoint
 from gwdet.convert.loading import ConversionError
 from gwdet.convert.architecture import ARCHITECTURES
 from gwdet.utils.cli_errors import EXIT_STATUS, add_verbose_argument, run_tool, unexpanded_variable_problem
-from gwdet.utils.command_line import refuse_repeated_flags
+from gwdet.utils.command_line import dashed_file_names_named, refuse_repeated_flags
 
 
 def argument_parser() -> argparse.ArgumentParser:
@@ -79,7 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _convert(argv: Sequence[str]) -> int:
     parser = argument_parser()
     refuse_repeated_flags(parser, argv)  # argparse kept the last --arch / --gw-positions without a word
-    args = parser.parse_args(argv)
+    with dashed_file_names_named(parser, argv):  # "-r50.pth OUT": argparse takes the file for a flag
+        args = parser.parse_args(argv)
     unexpanded = unexpanded_variable_problem("OUT", args.output)
     if unexpanded is not None:
         raise ConversionError(unexpanded)

@@ -50,6 +50,7 @@ from gwdet.checkpoint.converted_weights import (
     WEIGHTS_KEY,
     conversion_author,
     conversion_metadata,
+    malformed_record_field,
 )
 from gwdet.convert.target_backbone import check_fits_architecture, expected_shapes, loading_config
 from gwdet.convert.torchvision_keys import RECORD_LEAF, SourceLayout, parse_torchvision_layout
@@ -604,6 +605,13 @@ def _check_metadata(metadata: object) -> None:
             f"write_detectron2_pkl: {where} is a {type(value).__name__} ({_short_repr(value)}), not plain data: "
             "metadata holds str, int, float, bool, None, and lists, tuples and dicts of them, which the weights-only "
             "loading reads back. Store it as one of those (e.g. its name as a str); nothing was written.")
+    malformed = malformed_record_field(metadata)
+    if malformed is not None:
+        name, value, what = malformed
+        raise ConversionError(
+            f"write_detectron2_pkl: metadata{''.join(f'[{part!r}]' for part in name.split('.'))} is {_short_repr(value)} ({type(value).__name__}): gwdet's loading "
+            f"reads that field of the record to check the weights against the model, and takes {what} there. Give "
+            "that, or keep your own data under another key; nothing was written.")
 
 
 def _unplain_entry(value: object, where: str) -> tuple[str, object] | None:

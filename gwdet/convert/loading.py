@@ -70,13 +70,30 @@ def read_source_state_dict(
                              "stripped_prefix='')).")
     path = local_input_path(os.fspath(path))
     _check_readable_file(path)
-    loaded = _torch_load(path, allow_unsafe_pickle)
+    loaded = _numpy_arrays_as_tensors(_torch_load(path, allow_unsafe_pickle))
     tensors, wrapping = _unwrap_state_dict(path, loaded)
     valueless = valueless_tensors_problem(tensors)
     if valueless is not None:
         raise ConversionError(f"{path}: {valueless} and convert that file.")
     tensors, stripped_prefix = _strip_data_parallel_prefix(tensors)
     return SourceStateDict(tensors=tensors, wrapping=wrapping, stripped_prefix=stripped_prefix)
+
+
+def _numpy_arrays_as_tensors(loaded: Any) -> Any:
+    """``loaded`` with the numeric numpy arrays of a dict, and of the dicts it holds (a state dict
+    under 'state_dict' or 'model'), as tensors of their values and dtypes: a state dict saved as
+    numpy arrays (``torch.save({k: v.numpy() ...})``), once unpickled, reads as one of tensors, as
+    :func:`gwdet.convert.convert_state_dict` reads numpy arrays. Anything else is kept as it is."""
+    def as_tensor(value: Any) -> Any:
+        if isinstance(value, np.ndarray) and value.dtype.kind in "biufc":
+            native = np.ascontiguousarray(value).astype(value.dtype.newbyteorder("="), copy=False)
+            return torch.from_numpy(native.copy() if not native.flags.writeable else native)
+        return value
+
+    if not isinstance(loaded, Mapping) or isinstance(loaded, torch.nn.Module):
+        return loaded
+    return {key: ({inner: as_tensor(item) for inner, item in value.items()} if isinstance(value, dict)
+                  else as_tensor(value)) for key, value in loaded.items()}
 
 
 def local_input_path(path: str) -> str:

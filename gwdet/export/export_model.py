@@ -12,7 +12,8 @@ weights. ``--format torchscript`` writes ``model.ts`` (``--export-method tracing
 detections with the eager model's within ``--tolerance`` (:mod:`gwdet.export.detection_check`):
 without a detection to compare, or beyond the tolerance, it stops and writes nothing. An export
 takes its name only once checked, with its SHA-256 beside it (``model.ts.sha256``); an existing one
-is replaced only with ``--overwrite``, and one export at a time writes into an ``--output`` folder
+is replaced only with ``--overwrite``, and only when it is an export (its record beside it: a model
+of the user's is refused), and one export at a time writes into an ``--output`` folder
 (:class:`ExportFolderLock`). ``--run-eval`` (TorchScript, tracing) evaluates the exported model on
 ``DATASETS.TEST[0]``. A LazyConfig (``.py``; :func:`gwdet.engine.run.load_run_config`) gives the
 weights in ``train.init_checkpoint``, the test images in ``dataloader.test`` and the evaluator in
@@ -37,7 +38,6 @@ from gwdet.errors import (GwdetError, GwdetFileExistsError, GwdetImportError, Gw
                           listed)
 from gwdet.data import add_register_coco_argument
 from gwdet.data.test_images import read_test_image
-from gwdet.checkpoint.safe_load import is_torchscript_archive
 from gwdet.utils.atomic import checksum_path, foreign_record
 from gwdet.utils.cli_errors import add_verbose_argument, as_override, output_path_problem, run_tool
 from gwdet.export.deploy import MIN_DETECTOR_OPSET
@@ -458,33 +458,28 @@ def check_export_flags(args: argparse.Namespace) -> None:
                                   "gwdet.export.ONNX_OPSET.")
 
 
-_FORMAT_KINDS = {"torchscript": "a TorchScript archive", "onnx": "an ONNX model"}
-
-
-def is_export_file(path: str, export_format: str) -> bool:
-    """Whether the file at ``path`` is an export: it has its SHA-256 record beside it (``path.sha256``,
-    which every export of gwdet gets), or it is a file of ``export_format`` (``"torchscript"``: a
-    ``torch.jit.save`` archive; ``"onnx"``: a protobuf model, which starts with its ``ir_version`` field)."""
-    if os.path.lexists(checksum_path(path)):
-        return True
-    if export_format == "torchscript":
-        return is_torchscript_archive(path)
-    with open(path, "rb") as file:
-        return file.read(1) == b"\x08"
+def is_export_file(path: str) -> bool:
+    """Whether the file at ``path`` is an export of gwdet: its SHA-256 record is beside it
+    (``path.sha256``, a checksum record as every export writes, even one that no longer matches a
+    file replaced by hand). A model saved by other means (``torch.jit.save``, ``torch.onnx.export``)
+    has no such record: it is a file of the user's, whatever its format."""
+    return os.path.lexists(checksum_path(path)) and foreign_record(path) is None
 
 
 def check_replaced_file_is_an_export(path: str, export_format: str) -> None:
     """Refuse, before the model is built, an ``--overwrite`` whose ``path`` (``model.ts`` /
-    ``model.onnx`` in ``--output``) holds a file that is no export (:func:`is_export_file`): a file
-    of the user's that the export would replace. A link whose target is gone is replaced as a link."""
-    if not os.path.isfile(path) or is_export_file(path, export_format):
+    ``model.onnx`` in ``--output``) holds a file that is no export of gwdet (:func:`is_export_file`):
+    a file of the user's, a model of the same format included, that the export would replace. A link
+    whose target is gone is replaced as a link."""
+    if not os.path.isfile(path) or is_export_file(path):
         return
     name = os.path.basename(path)
+    kind = "a TorchScript" if export_format == "torchscript" else "an ONNX"
     raise GwdetFileExistsError(
         f"--overwrite replaces an earlier export, and {path} is none: it has no {name}.sha256 record beside it (which "
-        f"every export gets) and is not {_FORMAT_KINDS[export_format]}, so it is a file of yours that the export would "
-        f"delete; nothing was written. Move it out of {os.path.dirname(path) or '.'} (or delete it yourself), or choose "
-        "another --output.")
+        f"every export gets), so it is a file of yours ({kind} model saved otherwise included) that the export "
+        f"would delete; nothing was written. Move it out of {os.path.dirname(path) or '.'} (or delete it yourself), "
+        "or choose another --output.")
 
 
 # What detectron2 raises for a layer of its compiled ops (detectron2._C) where they do not load:

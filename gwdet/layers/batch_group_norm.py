@@ -25,14 +25,14 @@ evaluation with ``alpha < 1`` return NaN. :mod:`gwdet.export.counting_ops` regis
 :func:`batch_group_norm` as the custom op ``gwdet::batch_group_norm`` for flop counting.
 """
 import warnings
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from .common import (
     check_hyper_parameters, check_input, check_per_channel, check_running_updatable, check_same_device, check_scripted_settings,
-    largest_divisor_at_most,
+    factory_kwargs, largest_divisor_at_most,
     largest_magnitude,
     magnitude_scales, per_channel_affine, product, register_affine, reset_affine, reshape_with_samples, scaled_ridge,
     statistics_dtype,
@@ -147,9 +147,27 @@ def check_single_values(owner: str, x: Tensor, num_groups: int, groups: int, exa
             f"channel group) block of a single value: {why}, with one channel per group "
             f"(num_groups={num_groups} for {num_channels} channels) and one position. A single "
             "value normalizes to 0 for any input (batch norm refuses it too: expected more than 1 value "
-            "per channel when training). Use an examples_per_group of at least 2 that divides the batch "
-            "size (MODEL.BGN.EXAMPLES_PER_GROUP), or fewer channel groups (MODEL.BGN.NUM_GROUPS; GhostBN "
-            "has one channel per group)")
+            "per channel when training). "
+            + _single_value_fixes(owner, "an examples_per_group of at least 2 that divides the batch size",
+                                  "EXAMPLES_PER_GROUP", num_channels))
+
+
+def _single_value_fixes(owner: str, first: str, key: str, channels: int, effect: str = "") -> str:
+    """The fixes of a refused single value per block, as a sentence: ``first`` (the setting of
+    ``key``: the layer's argument of that name in lower case, ``MODEL.BGN.<key>`` in a yacs config;
+    ``effect`` says what it does), a larger input, or groups of several channels: for the layer a
+    ``num_groups`` below the channel count, which BGN reads and GhostBN (one channel per group
+    whatever it is given) does not; for the functional form (``owner`` other than the layer's) its
+    ``groups`` argument."""
+    if owner != "BatchGroupNorm":
+        return (f"Use {first}{effect}, a larger input (more than one position per channel), or a smaller groups "
+                f"that divides the {channels} channels")
+    return (f"Use {first} (the layer's {key.lower()} argument; yacs: MODEL.BGN.{key}){effect}, a larger input "
+            "(more than one position per channel: for a backbone or FPN level, larger images), or groups of several "
+            "channels: "
+            f"a num_groups below {channels} (yacs: MODEL.BGN.NUM_GROUPS) for BGN. GhostBN has one channel per group "
+            "(it takes no num_groups; yacs: MODEL.BGN.NUM_GROUPS does not change it), so for GhostBN it is "
+            f"the {key.lower()} or a larger input")
 
 
 def _batch_group_norm(x: Tensor, running_mean: Tensor, running_var: Tensor, weight: Optional[Tensor],
@@ -274,6 +292,9 @@ class BatchGroupNorm(SettingsInState):
         momentum: weight of the batch statistics in the running averages, in [0, 1].
         eval_example_weight: ``alpha`` of inference example weighing (Eq. 3), in [0, 1].
         affine: learn ``weight`` and ``bias`` of shape ``[C]`` (initialised to 1 and 0).
+        device, dtype: where and in which floating-point dtype the parameters and buffers are
+            created, as torch's batch norm takes them (``None``: torch's defaults);
+            ``device="meta"`` builds them without memory (``torch.nn.utils.skip_init`` uses it).
 
     Buffers: ``running_mean`` (starts at 0) and ``running_var`` (starts at 1), both ``[C]``.
 
@@ -298,6 +319,8 @@ class BatchGroupNorm(SettingsInState):
         momentum: float = 0.1,
         eval_example_weight: float = 0.0,
         affine: bool = True,
+        device: Optional[Union[torch.device, str, int]] = None,
+        dtype: Optional[torch.dtype] = None,
     ) -> None:
         super().__init__()
         owner = type(self).__name__
@@ -306,6 +329,7 @@ class BatchGroupNorm(SettingsInState):
             positive={"eps": eps}, unit_interval={"momentum": momentum, "eval_example_weight": eval_example_weight},
             flags={"affine": affine},
         )
+        factory = factory_kwargs(owner, device, dtype)
         self.num_channels = int(num_channels)
         self.num_groups = int(num_groups)
         self.effective_num_groups = largest_divisor_at_most(self.num_channels, self.num_groups)
@@ -314,9 +338,9 @@ class BatchGroupNorm(SettingsInState):
         self.momentum = float(momentum)
         self.eval_example_weight = float(eval_example_weight)
         self.affine = bool(affine)
-        register_affine(self, self.num_channels, affine)
-        self.register_buffer("running_mean", torch.zeros(self.num_channels))
-        self.register_buffer("running_var", torch.ones(self.num_channels))
+        register_affine(self, self.num_channels, affine, factory)
+        self.register_buffer("running_mean", torch.zeros(self.num_channels, **factory))
+        self.register_buffer("running_var", torch.ones(self.num_channels, **factory))
 
     def reset_running_stats(self) -> None:
         """The running mean and variance back to zeros and ones."""
@@ -366,6 +390,7 @@ class BatchGroupNorm(SettingsInState):
             raise GwdetValueError(
                 f"BatchGroupNorm: in evaluation with eval_example_weight=1 each example is normalized by its own "
                 f"statistics, and an input of shape {list(x.shape)} gives each of its channel groups a single value "
-                f"(num_groups={self.num_groups} for {self.num_channels} channels, one position), which normalizes "
-                "to 0 for any input. Use an eval_example_weight below 1 (MODEL.BGN.EVAL_EXAMPLE_WEIGHT), which "
-                "blends in the running statistics, or fewer channel groups (MODEL.BGN.NUM_GROUPS)")
+                f"(num_groups={self.num_groups} for {self.num_channels} channels: one channel per group, and one "
+                "position), which normalizes to 0 for any input. "
+                + _single_value_fixes("BatchGroupNorm", "an eval_example_weight below 1", "EVAL_EXAMPLE_WEIGHT",
+                                      self.num_channels, ", which blends in the running statistics"))

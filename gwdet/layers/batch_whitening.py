@@ -20,7 +20,7 @@ ItN whitening matrix is the closed-form op :func:`~.itn_whitening_op.itn_whiteni
 """
 import contextlib
 import warnings
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from torch import Tensor
@@ -29,7 +29,7 @@ from gwdet.errors import GwdetValueError
 
 from .common import (
     autocast_disabled, check_hyper_parameters, check_input, check_per_channel, check_running_updatable, check_same_device,
-    check_scripted_settings, check_values_per_group,
+    check_scripted_settings, check_values_per_group, factory_kwargs,
     largest_divisor_at_most, largest_magnitude, magnitude_scales, per_channel_affine,
     refuse_differentiating_transforms, register_affine, reset_affine, reshape_with_samples, scaled_ridge, statistics_dtype,
 )
@@ -176,6 +176,9 @@ class BatchWhitening(SettingsInState):
         momentum: ``lambda`` of the running averages (DBN Algorithm 1 lines 10-11), in [0, 1].
         method: ``"zca"`` (eigendecomposition, DBN Eq. 4) or ``"itn"`` (Newton iteration).
         affine: learn ``weight`` and ``bias`` of shape ``[C]`` (initialised to 1 and 0).
+        device, dtype: where and in which floating-point dtype the parameters and buffers are
+            created, as torch's batch norm takes them (``None``: torch's defaults);
+            ``device="meta"`` builds them without memory (``torch.nn.utils.skip_init`` uses it).
 
     Buffers: ``running_mean`` ``[C]`` (starts at 0) and ``running_whitening``
     ``[C / k, k, k]`` (starts at the identity).
@@ -200,12 +203,15 @@ class BatchWhitening(SettingsInState):
         momentum: float = 0.1,
         method: str = "zca",
         affine: bool = True,
+        device: Optional[Union[torch.device, str, int]] = None,
+        dtype: Optional[torch.dtype] = None,
     ) -> None:
         super().__init__()
         owner = type(self).__name__
         check_hyper_parameters(owner, {"num_channels": num_channels, "group_size": group_size}, iterations={"T": T},
                                positive={"eps": eps}, unit_interval={"momentum": momentum},
                                flags={"affine": affine})
+        factory = factory_kwargs(owner, device, dtype)
         check_whitening_method(owner, method)
         check_zca_eps(owner, method, eps)
         self.num_channels = int(num_channels)
@@ -217,9 +223,9 @@ class BatchWhitening(SettingsInState):
         self.momentum = float(momentum)
         self.method = method
         self.affine = bool(affine)
-        register_affine(self, self.num_channels, affine)
-        self.register_buffer("running_mean", torch.zeros(self.num_channels))
-        identity = torch.eye(self.effective_group_size)
+        register_affine(self, self.num_channels, affine, factory)
+        self.register_buffer("running_mean", torch.zeros(self.num_channels, **factory))
+        identity = torch.eye(self.effective_group_size, **factory)
         self.register_buffer("running_whitening", identity.repeat(self.num_groups, 1, 1))
 
     def reset_running_stats(self) -> None:

@@ -423,12 +423,46 @@ def autocast_disabled(x: Tensor) -> ContextManager:
     return contextlib.nullcontext()
 
 
-def register_affine(module: torch.nn.Module, num_channels: int, affine: bool) -> None:
-    """Give ``module`` learnable ``weight`` (ones) and ``bias`` (zeros) of shape ``[C]``, or
-    register both as ``None`` when ``affine`` is false (names match detectron2's norm keys)."""
+# the dtypes a layer's parameters and running statistics may be created in (its ``dtype=`` argument)
+FACTORY_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def factory_kwargs(owner: str, device: Any, dtype: Any) -> Dict[str, Any]:
+    """A layer's ``device`` and ``dtype`` constructor arguments, as torch's norm layers take them,
+    checked and returned as the keywords of torch's factory functions (``torch.ones(C, **kw)``).
+
+    ``device``: ``None`` (torch's default device), a ``torch.device``, a device string or index;
+    ``dtype``: ``None`` (torch's default dtype) or one of :data:`FACTORY_DTYPES` (the parameters and
+    running statistics are learned and averaged in floating point). Raises ``ValueError`` naming
+    the value and what to give otherwise."""
+    if device is not None:
+        if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+            raise GwdetValueError(
+                f"{owner}: device must be a torch.device, a device string ('cpu', 'cuda:0', 'meta') or None (torch's "
+                f"default device), got {_shown(device, False)}")
+        try:
+            device = torch.device(device)
+        except (RuntimeError, ValueError, TypeError):
+            raise GwdetValueError(
+                f"{owner}: device must be a torch.device, a device string ('cpu', 'cuda:0', 'meta') or None (torch's "
+                f"default device), got {device!r}, which torch does not read as a device") from None
+    if dtype is not None and dtype not in FACTORY_DTYPES:
+        allowed = ", ".join(str(choice) for choice in FACTORY_DTYPES)
+        raise GwdetValueError(
+            f"{owner}: dtype must be a floating-point dtype ({allowed}) or None (torch's default dtype), got "
+            f"{_shown(dtype, isinstance(dtype, torch.dtype))}: the layer's parameters and running statistics are "
+            "learned and averaged in floating point; leave dtype out, or give e.g. dtype=torch.float64")
+    return {"device": device, "dtype": dtype}
+
+
+def register_affine(module: torch.nn.Module, num_channels: int, affine: bool,
+                    factory: Optional[Dict[str, Any]] = None) -> None:
+    """Give ``module`` learnable ``weight`` (ones) and ``bias`` (zeros) of shape ``[C]``, created
+    with ``factory`` (:func:`factory_kwargs`: the device and dtype), or register both as ``None``
+    when ``affine`` is false (names match detectron2's norm keys)."""
     if affine:
-        module.weight = torch.nn.Parameter(torch.ones(num_channels))
-        module.bias = torch.nn.Parameter(torch.zeros(num_channels))
+        module.weight = torch.nn.Parameter(torch.ones(num_channels, **(factory or {})))
+        module.bias = torch.nn.Parameter(torch.zeros(num_channels, **(factory or {})))
     else:
         module.register_parameter("weight", None)
         module.register_parameter("bias", None)

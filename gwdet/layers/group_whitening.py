@@ -17,14 +17,14 @@ implementations of the same function, chosen per call by :mod:`gwdet.layers.trac
 ``torch.jit.trace`` and ``torch.onnx.export`` record) and the custom op ``gwdet::group_whitening``
 (:func:`~.group_whitening_function.fused_group_whitening`, closed-form backward).
 """
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
 import torch
 from torch import Tensor
 
 from .common import (
     autocast_disabled, check_hyper_parameters, check_input, check_per_channel, check_same_device, check_scripted_settings,
-    check_values_per_group, divisor_at_most,
+    check_values_per_group, divisor_at_most, factory_kwargs,
     largest_divisor_at_most, largest_magnitude, magnitude_scales, per_channel_affine, product,
     register_affine, reset_affine, reshape_with_samples, scaled_ridge, statistics_dtype,
 )
@@ -180,6 +180,9 @@ class GroupWhitening(SettingsInState):
         method: ``"itn"`` (Newton iteration, Eqs. 6-7; the paper's choice, T=5) or ``"zca"``
             (eigendecomposition, Eq. 5).
         affine: learn ``weight`` and ``bias`` of shape ``[C]`` (initialised to 1 and 0).
+        device, dtype: where and in which floating-point dtype ``weight`` and ``bias`` are created,
+            as torch's norm layers take them (``None``: torch's defaults); ``device="meta"`` builds
+            them without memory (``torch.nn.utils.skip_init`` uses it).
 
     Per sample the output has zero group means and ``(1/c) X_hat_G X_hat_G^T = I - eps Sigma^{-1}``
     for ZCA; ItN approaches this as ``T`` grows (see :func:`inverse_sqrt_itn`).
@@ -201,11 +204,14 @@ class GroupWhitening(SettingsInState):
         eps: float = 1e-5,
         method: str = "itn",
         affine: bool = True,
+        device: Optional[Union[torch.device, str, int]] = None,
+        dtype: Optional[torch.dtype] = None,
     ) -> None:
         super().__init__()
         owner = type(self).__name__
         check_hyper_parameters(owner, {"num_channels": num_channels, "num_groups": num_groups}, iterations={"T": T},
                                positive={"eps": eps}, flags={"affine": affine})
+        factory = factory_kwargs(owner, device, dtype)
         check_whitening_method(owner, method)
         check_zca_eps(owner, method, eps)
         self.num_channels = int(num_channels)
@@ -215,7 +221,7 @@ class GroupWhitening(SettingsInState):
         self.eps = float(eps)
         self.method = method
         self.affine = bool(affine)
-        register_affine(self, self.num_channels, affine)
+        register_affine(self, self.num_channels, affine, factory)
 
     def reset_parameters(self) -> None:
         """The affine weight and bias back to their initial ones and zeros (as torch's norm layers

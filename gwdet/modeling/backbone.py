@@ -23,6 +23,7 @@ from detectron2.modeling import BACKBONE_REGISTRY
 from detectron2.modeling.backbone import FPN, ResNet
 from detectron2.modeling.backbone.fpn import LastLevelMaxPool, LastLevelP6P7
 from detectron2.modeling.backbone.resnet import build_resnet_backbone
+import torch
 from omegaconf import DictConfig
 from torch import nn
 
@@ -80,7 +81,9 @@ def _place_norm(resnet: ResNet, positions: str, norm: Any, freeze_at: int, refus
                              "give the object itself, e.g. gwdet.norm('GW', num_groups=64); inside a LazyConfig, "
                              "instantiate() builds the whole L(place_norm)(...) node with it.")
     _check_placement(resnet, norm, freeze_at)
-    convs = list(convs_at_positions(resnet, parse_gw_positions(positions, "positions of gwdet.modeling.place_norm")))
+    parsed = parse_gw_positions(positions, "positions of gwdet.modeling.place_norm")
+    convs = list(convs_at_positions(resnet, parsed))
+    _check_eager_positions(resnet, parsed, convs)
     try:
         layers = [get_norm(norm, conv.out_channels) for conv in convs]
     except TypeError as error:  # a class or function that takes more than the channel count
@@ -130,6 +133,27 @@ def _place_norm(resnet: ResNet, positions: str, norm: Any, freeze_at: int, refus
                 conv.norm = previous
             raise
     return resnet.freeze(int(freeze_at))
+
+
+def _check_eager_positions(resnet: ResNet, positions: frozenset[str], convs: list[nn.Module]) -> None:
+    """Refuse, before anything is replaced, a scripted or traced module (``torch.jit``) holding a
+    norm at ``positions``: a conv at a position, or the stem or a stage the positions reach, given
+    as its TorchScript version (a TorchScript module takes no eager module in place of its own)."""
+    outer: list[tuple[str, nn.Module]] = []  # the scripted modules found, whose submodules are theirs
+    for name, module in resnet.named_modules():
+        if isinstance(module, torch.jit.ScriptModule) and not any(name.startswith(f"{o}.") for o, _ in outer):
+            outer.append((name, module))
+    if not outer:
+        return
+    parts = (["stem"] if "S1" in positions else []) + (list(resnet.stage_names) if positions - {"S1"} else [])
+    at_positions = {id(conv) for conv in convs}
+    found = [f"{name} ({getattr(module, 'original_name', type(module).__name__)})" for name, module in outer
+             if name in parts or any(id(inner) in at_positions for inner in module.modules())]
+    if found:
+        raise GwdetTypeError(
+            f"place_norm: the module(s) {listed(found, 3)}, holding norms at the positions, are scripted or traced "
+            "(torch.jit), and a TorchScript module takes no eager norm in place of its own; nothing was replaced. Place the norms on the eager "
+            "ResNet, then script or trace the result (torch.jit.script(place_norm(resnet, ...))).")
 
 
 def unfrozen_statistics_layers() -> tuple[type, ...]:

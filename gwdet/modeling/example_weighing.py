@@ -26,7 +26,7 @@ from gwdet.modeling.module_hooks import move_hooks, state_dict_hooks
 from gwdet.errors import GwdetTypeError, GwdetValueError, listed
 from gwdet.layers import BatchGroupNorm
 from gwdet.layers.common import check_unit_interval
-from gwdet.norms import layer_types
+from gwdet.norms import layer_types, shared_norm_layers
 
 DEFAULT_MOMENTUM = 0.1
 # Example groups this large hold every batch, so BatchGroupNorm trains as batch norm.
@@ -150,8 +150,22 @@ def replace_weighable_norms(model: nn.Module, replacement: Callable[[nn.modules.
     return how many were replaced. Every replacement is built before the first is put in, so a
     layer refused leaves the model as it was. The forward and backward hooks registered on a layer
     move to its replacement (their handles still remove them); a layer with state-dict hooks is
-    refused, since its replacement's state dict differs."""
+    refused, since its replacement's state dict differs. A layer object at several places of the
+    model (``m.a = m.b = bn``, ``Sequential(conv, bn, conv, bn)``) is refused, since replacing it at
+    one place would leave the others a batch norm."""
     targets = weighable_norms(model)
+    target_ids = {id(bn) for _, bn in targets}
+    tied = [places for places in shared_norm_layers(model) if id(model.get_submodule(places[0])) in target_ids]
+    if tied:
+        first = tied[0]
+        kind = type(model.get_submodule(first[0])).__name__
+        raise GwdetValueError(
+            f"One batch norm layer object ({kind}) sits at {len(first)} places, {listed(first, 3)}"
+            + (f" ({len(tied) - 1} more such layer(s))" if len(tied) > 1 else "")
+            + f": replacing it would put the replacement at one place and leave the {kind} at the others, so the "
+            "model would be weighed at some of its norms only. Give each place its own layer (a copy: "
+            "copy.deepcopy(layer), which keeps its weights and running statistics) before replacing the layers. "
+            "The model is as it was.")
     hooked = [f"{name} ({', '.join(state_dict_hooks(bn))})" for name, bn in targets if state_dict_hooks(bn)]
     if hooked:
         raise GwdetValueError(f"the batch norm(s) {listed(hooked, 3)} carry state-dict hooks (or a pruning), which are "

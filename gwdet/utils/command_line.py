@@ -1,15 +1,59 @@
 """The command-line reading every tool shares: a flag that keeps one value refused when given twice
 (:func:`refuse_repeated_flags`), flags read wherever they stand among the ``KEY VALUE`` overrides
-(:func:`parse_with_trailing_flags`), and a job's command line with some flags set anew
-(:func:`replace_flags`). Plain argparse: nothing of detectron2 or of the tools' own flags."""
+(:func:`parse_with_trailing_flags`), a job's command line with some flags set anew
+(:func:`replace_flags`), and a file name starting with ``-`` named in argparse's usage errors
+(:func:`dashed_file_names_named`). Plain argparse: nothing of detectron2 or of the tools' own flags."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import logging
-from typing import Sequence
+import os
+from typing import Iterator, NoReturn, Sequence
 
 logger = logging.getLogger(__name__)
+
+
+# argparse's usage errors of a missing value or positional, or of words it took for unknown flags
+_MISREAD_ARGUMENT_ERRORS = ("the following arguments are required", "expected one argument", "expected at least one",
+                            "unrecognized arguments")
+
+
+def dashed_file_hint(parser: argparse.ArgumentParser, argv: Sequence[str], message: str,
+                     double_dash: bool = True) -> str:
+    """What to add to argparse's usage error ``message`` (a missing positional or value, an unknown
+    argument) when a word of ``argv`` that starts with ``-`` and is no flag of ``parser`` names an
+    existing file: argparse read it as a flag. The hint names the file and the ways to give it
+    (``--`` before the file names where ``double_dash``, or ``./``); else ``""``."""
+    if not any(error in message for error in _MISREAD_ARGUMENT_ERRORS):
+        return ""
+    dashed = [word for word in argv if word.startswith("-") and word != "--" and not _is_number(word)
+              and _action_of(parser, word.split("=", 1)[0]) is None and os.path.exists(word)]
+    if not dashed:
+        return ""
+    word = dashed[0]
+    ways = f"put -- before file names that start with '-' (-- {word} ...), or give it as ./{word}" if double_dash \
+        else f"give it as ./{word}"
+    return (f" ({word} is a file, read as a flag because its name starts with '-': {ways})")
+
+
+@contextlib.contextmanager
+def dashed_file_names_named(parser: argparse.ArgumentParser, argv: Sequence[str],
+                            double_dash: bool = True) -> Iterator[None]:
+    """Within the block, ``parser``'s usage errors end with :func:`dashed_file_hint`'s hint when a
+    file of ``argv`` whose name starts with ``-`` was read as a flag (``-r50.pth``: argparse then
+    says a positional after it is missing)."""
+    error = parser.error
+
+    def error_with_hint(message: str) -> NoReturn:
+        error(message + dashed_file_hint(parser, argv, message, double_dash))
+
+    parser.error = error_with_hint  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del parser.error
 
 
 def replace_flags(parser: argparse.ArgumentParser, argv: Sequence[str], flags: Sequence[str]) -> list[str]:
@@ -110,7 +154,8 @@ def parse_with_trailing_flags(parser: argparse.ArgumentParser, argv: Sequence[st
                          f"flag, ahead of the KEY VALUE overrides (e.g. {flag} A B --config-file FILE KEY VALUE)")
     leading = [token for token in argv[:start] if token != "--"]
     # "--" before the overrides: argparse then takes no override as a value of a list flag before it
-    args = parser.parse_args(leading + flags + (["--"] if opts else []) + opts)
+    with dashed_file_names_named(parser, argv, double_dash=False):  # "--" here starts no file names
+        args = parser.parse_args(leading + flags + (["--"] if opts else []) + opts)
     args.opts = opts
     _warn_of_repeated_overrides(opts)
     return args

@@ -18,6 +18,7 @@ sets (``--configs``, ``--extra``) are cells too, one per config and seed.
 from __future__ import annotations
 
 import itertools
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -227,10 +228,20 @@ def belongs_to_study(cell: Cell, study: str) -> bool:
 
 
 def parse_config_item(item: str) -> RunSpec:
-    """``"NAME=path.yaml"``, or ``"path.yaml"`` named after the file (without ``.yaml``)."""
+    """``"NAME=path.yaml"``, or ``"path.yaml"`` named after the file (without ``.yaml``). An item
+    holding ``=`` is a config path, named after the file, when the part before the first ``=`` holds
+    a path separator (a folder in the path, not a NAME), or when no file is at the part after it and
+    the whole item is a file (a config whose name holds ``=``); a name so derived that no run can
+    take is refused, with the NAME=CONFIG to give."""
     name, sep, path = item.partition("=")
-    if not sep:
+    as_path = not sep or "/" in name or os.sep in name or (not os.path.exists(path) and os.path.isfile(item))
+    if as_path:
         name, path = Path(item).stem, item
+        if sep and not _NAME.match(name):
+            raise GwdetValueError(
+                f"{item!r} is read as a config file, and its file name gives the run name {name!r}, which a run cannot "
+                "take (it names a folder: ASCII letters, digits and _ . + -). Name the run yourself with NAME=CONFIG, "
+                f"e.g. mine={item}.")
     if not name.strip() or not path.strip():
         raise GwdetValueError(f"{item!r}: give NAME=CONFIG, a name and a config file, e.g. "
                               "gw=configs/Study/gw.yaml (or the config file alone, named after it).")

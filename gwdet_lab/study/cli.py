@@ -300,7 +300,8 @@ def _run_study(argv: list[str], repo_root: Path) -> int:
                          "overrides, seeds, batch sizes, datasets, the evaluations they ran) and trains nothing, so "
                          "these would not apply; drop them (--only picks recorded cells).")
         if args.list:  # what the records hold; no report (it wrote one into --out's default)
-            list_cells(recorded_cells(Path(args.records), args.only), weights)
+            planned = recorded_cells(Path(args.records), args.only)
+            list_cells(planned, records_weights(args, planned, weights))
             return 0
         return report_from_records(args, Path(args.records), weights, out_dir)
     with datasets_in_environment(args.register_coco):  # for prepare_datasets here and in every cell's process
@@ -527,10 +528,34 @@ def report_folder(args: argparse.Namespace, out_dir: Path) -> Path:
     return Path(args.report_to) if args.report_to else out_dir / study_name(args)
 
 
+def swept_weights(planned: Sequence[PlannedCell]) -> list[float] | None:
+    """The example weights the recorded cells ``planned`` swept, as their ``study_complete.json``
+    lists them: those of the cells example weighing applies to (the cells that evaluated batch
+    statistics), an empty list when they swept none (a study run with ``--no-example-weighing``);
+    ``None`` when no cell applies or the cells swept different weights."""
+    sweeps = []
+    for item in planned:
+        marker = item.folder.read_json(COMPLETE_JSON) if item.folder.file(COMPLETE_JSON).is_file() else {}
+        if "batch_statistics" in marker.get("evaluations", []):
+            sweeps.append([float(weight) for weight in marker.get("example_weights", [])])
+    if not sweeps or any(set(sweep) != set(sweeps[0]) for sweep in sweeps):
+        return None
+    return sweeps[0]
+
+
+def records_weights(args: argparse.Namespace, planned: Sequence[PlannedCell], weights: Sequence[float]) -> list[float]:
+    """The example weights a ``--records`` report or list uses: ``--example-weights`` when given,
+    else the weights the records swept (:func:`swept_weights`), else ``weights`` (the default)."""
+    swept = swept_weights(planned) if args.example_weights is None else None
+    return list(weights) if swept is None else swept
+
+
 def report_from_records(args: argparse.Namespace, records_dir: Path, weights: Sequence[float], out_dir: Path) -> int:
     """``--records``: the report of the cells recorded in ``records_dir`` (every one, or ``--only``),
-    with the configs their records hold; the cells must be finished."""
+    with the configs their records hold and the example weights they swept (:func:`records_weights`);
+    the cells must be finished."""
     planned = recorded_cells(records_dir, args.only)
+    weights = records_weights(args, planned, weights)
     if args.study:
         foreign = [p.cell.name for p in planned if not belongs_to_study(p.cell, args.study)]
         if foreign:
@@ -561,11 +586,22 @@ def report_from_records(args: argparse.Namespace, records_dir: Path, weights: Se
             "nothing was written.")
     unfinished = [p.cell.name for p in planned if not is_done(p, weights)]
     if unfinished:
+        swept = swept_weights(planned)
+        if swept == []:
+            fix = ("they swept none (a study run with --no-example-weighing): leave --example-weights out to report "
+                   "them without example weighing")
+        elif swept is not None and set(swept) == set(weights):
+            fix = ("their recorded example weight is not the one their recorded val APs choose among them: export or "
+                   "copy their records again")
+        elif swept is not None:
+            fix = f"give the weights they swept (--example-weights {' '.join(f'{w:g}' for w in swept)}), or leave it out"
+        else:
+            fix = ("the cells swept different weights (each study_complete.json lists its own): report the cells of "
+                   "one sweep together (--only)")
         raise RecordsIncomplete(
             f"--records {records_dir}: {', '.join(unfinished)} not finished in the records (their example weighing "
             f"did not sweep --example-weights {' '.join(f'{w:g}' for w in weights)}"
-            f"{' (the default)' if args.example_weights is None else ''}); give the weights they swept "
-            "(--example-weights, as their study_complete.json lists them); nothing was written.")
+            f"{' (the default)' if args.example_weights is None else ''}); {fix}; nothing was written.")
     report(args, planned, weights, out_dir)
     return 0
 

@@ -5,6 +5,7 @@ import math
 import os
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from detectron2.data import MetadataCatalog
 
@@ -156,7 +157,8 @@ def resampled_test_ap(planned: PlannedCell, report: str, recorded_ap: float) -> 
 
 
 def train_command(planned: PlannedCell) -> str:
-    """The ``tools/train_net.py`` line that trains and evaluates this cell by itself (without the
+    """The ``tools/train_net.py`` line, run from the repository root (its config as
+    :func:`command_config_path` gives it), that trains and evaluates this cell by itself (without the
     study's extra evaluations) into a fresh folder ``output/rerun/<cell>``, with the ``--register-coco``
     datasets of the study (``$GWDET_REGISTER_COCO``, as its cells get them) that the cell reads."""
     opts = list(planned.opts)
@@ -165,8 +167,25 @@ def train_command(planned: PlannedCell) -> str:
     read = {*planned.cfg.DATASETS.TRAIN, *planned.cfg.DATASETS.TEST}
     datasets = [item for dataset in environment_datasets() if dataset.name in read
                 for item in ("--register-coco", dataset.spec)]
-    return shlex.join(["python", "tools/train_net.py", "--config", display_path(planned.cell.config_file), *datasets,
-                       *opts])
+    return shlex.join(["python", "tools/train_net.py", "--config", command_config_path(planned.cell.config_file),
+                       *datasets, *opts])
+
+
+# The checkout this code runs from, where docs/study/README.md runs the recorded commands.
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def command_config_path(path: str) -> str:
+    """``path`` as the recorded ``tools/train_net.py`` command gives it, which runs from the repository
+    root: relative to the root when the config lies inside it, else absolute (a config of the user's
+    elsewhere, found from any folder). A relative ``path`` is already relative to the checkout that
+    trained the cell (records read back) and is kept."""
+    if not os.path.isabs(path):
+        return Path(path).as_posix()
+    resolved = Path(path).resolve()
+    if resolved.is_relative_to(REPO_ROOT):
+        return resolved.relative_to(REPO_ROOT).as_posix()
+    return path
 
 
 def display_path(path: str) -> str:
