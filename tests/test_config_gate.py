@@ -15,18 +15,23 @@ from gwdet.model_zoo import build_config
 from conftest import DEMO_CONFIG, TINY_OPTS
 
 
+def counted_calls(monkeypatch, module, name: str) -> list:
+    """A list that gets an entry at each call of ``module.name`` (which still runs)."""
+    calls = []
+    original = getattr(module, name)
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
 @pytest.fixture
 def checks(monkeypatch):
     """How many times the whole-config check ran (its first step counted)."""
-    calls = []
-    original = config_checks.check_config_values
-
-    def counted(cfg):
-        calls.append(1)
-        return original(cfg)
-
-    monkeypatch.setattr(config_checks, "check_config_values", counted)
-    return calls
+    return counted_calls(monkeypatch, config_checks, "check_config_values")
 
 
 def plain_config():
@@ -89,14 +94,7 @@ def test_a_lazyconfig_read_by_gwdet_has_its_nodes_checked_once_per_model_build(m
 
     from test_lazy_training import LAZY_DEMO, LAZY_TINY
 
-    calls = []
-    original = lazy.check_norm_nodes
-
-    def counted(cfg):
-        calls.append(1)
-        return original(cfg)
-
-    monkeypatch.setattr(lazy, "check_norm_nodes", counted)
+    calls = counted_calls(monkeypatch, lazy, "check_norm_nodes")
     run = lazy.LazyRun.load(str(LAZY_DEMO), LAZY_TINY)
     assert len(calls) == 1
     assert isinstance(run.build_model(), torch.nn.Module)
