@@ -777,6 +777,8 @@ class Norm:
     def __init__(self, name: str, strict: bool = False, *, read_from_config: bool = False, **params: Any) -> None:
         """``read_from_config``: the values were read from a yacs config (:func:`norm_from_config`),
         which errors then name the keys of; else they were given in Python (or a LazyConfig)."""
+        if isinstance(name, Norm):
+            raise GwdetTypeError(already_a_norm_message(name, params))
         kind = norm_record(name)
         check_flag(f"gwdet.norm({name!r})", "strict", strict)
         accepted = kind.params()
@@ -834,7 +836,20 @@ class Norm:
         """Whether the layer normalizes with statistics over several examples (BN, BW, BGN)."""
         return norm_record(self.name).batch_statistics
 
-    def __call__(self, channels: int) -> torch.nn.Module:
+    def __call__(self, num_channels: int, **settings: Any) -> torch.nn.Module:
+        """The layer of this norm for ``num_channels`` channels, given alone (``norm(16)`` or
+        ``norm(num_channels=16)``); other keywords (``eps=...``) are refused with the fix: the
+        settings belong to :func:`norm`."""
+        channels = num_channels
+        if settings:
+            given = ", ".join(f"{key}={value!r}" for key, value in settings.items())
+            merged = ", ".join(f"{key}={value!r}" for key, value in {**self.params, **settings}.items())
+            accepted = list(norm_record(self.name).params())
+            raise GwdetTypeError(
+                f"{self!r} was called with {given}: a norm builds its layer from the channel count alone "
+                f"(norm({channels!r}) or norm(num_channels={channels!r})), and its settings are fixed when it is "
+                f"made. Give them to gwdet.norm: gwdet.norm({self.name!r}, {merged}) (the settings "
+                f"{self.name!r} takes: {accepted or 'none'}).")
         if isinstance(channels, torch.Tensor):  # a module's forward calling the Norm given where a layer belongs
             raise GwdetTypeError(
                 f"gwdet.norm({self.name!r}) was called with a tensor of shape {list(channels.shape)}: it builds a layer "
@@ -910,6 +925,19 @@ class Norm:
     def __repr__(self) -> str:
         args = "".join(f", {key}={value!r}" for key, value in self.params.items())
         return f"Norm({self.name!r}{args}{', strict=True' if self.strict else ''})"
+
+
+def already_a_norm_message(given: Norm, params: Mapping[str, Any]) -> str:
+    """What :class:`Norm` (and :func:`norm`) says when given the :class:`Norm` ``given`` where the
+    name goes, with the settings ``params``: it is a norm already; use it, or make one of its name
+    with other values (``params`` over its own)."""
+    fix = "use it as it is (detectron2 takes it wherever it takes a norm, e.g. norm=n)"
+    if params:
+        shown = ", ".join(f"{key}={value!r}" for key, value in {**given.params, **params}.items())
+        fix += f"; with these values it is gwdet.norm({given.name!r}, {shown})"
+    elif given.params:
+        fix += "; for other values, make one of its name: gwdet.norm(n.name, **{**n.params, <setting>: <value>})"
+    return f"gwdet.norm takes a norm name (a string such as 'GW'), got {given!r}, which is already a norm: {fix}."
 
 
 def _set_norm_fields(made: Norm, name: str, params: Mapping[str, Any], strict: bool, read_from_config: bool) -> None:
@@ -1031,7 +1059,8 @@ def norm_from_config(name: Any, cfg) -> Any:
     """What to pass detectron2 as ``norm`` for the NORM value ``name`` of the yacs config ``cfg``.
 
     * ``""``, ``None`` and callables are returned as they are; a layer (an ``nn.Module`` instance:
-      callable, but on a tensor) and another value that is no string are refused (``GwdetTypeError``);
+      callable, but on a tensor) and another value that is no string, a false one (``False``, ``0``,
+      ``[]``) too, are refused (``GwdetTypeError``);
     * detectron2's names without hyper-parameters in the config (BN, FrozenBN, SyncBN, LN, ...)
       are returned as they are, so its components keep their behaviour for them;
     * every other name becomes a :class:`Norm` holding ``cfg``'s values of its keys (``MODEL.GW.*``
@@ -1047,18 +1076,29 @@ def norm_from_config(name: Any, cfg) -> Any:
             "this one layer object would be shared by every part given it. Give a name with the settings you want "
             f"(gwdet.norm('GW', num_groups=16)), or a function of the channel count that builds a new "
             f"{type(name).__name__} at each call.")
-    if not name or callable(name):
+    if name is None or (isinstance(name, str) and not name) or callable(name):
         return name
     if not isinstance(name, str):
+        empty = (" It is empty or false, and detectron2 would call it as a norm: for no norm give '' (or None)."
+                 if _is_false(name) else "")
         raise GwdetTypeError(
             f"norm_from_config: a NORM value is a norm name (a string such as 'GW'), '' for none, or a callable "
-            f"channels -> nn.Module (gwdet.norm(...)); got {name!r} ({type(name).__name__}). Known names: "
+            f"channels -> nn.Module (gwdet.norm(...)); got {name!r} ({type(name).__name__}).{empty} Known names: "
             f"{', '.join(known_norm_names())}.")
     record = norm_record(name)
     if not record.config_keys and detectron2_builds_as_configured(name, cfg):
         return name
     values = _config_values(record, cfg)
     return Norm(name, bool(config_value(cfg, "MODEL.STRICT_NORM_GROUPS")), read_from_config=True, **values)
+
+
+def _is_false(value: Any) -> bool:
+    """Whether ``value`` is false in Python (``False``, ``0``, ``[]``, ...); ``False`` for a value
+    whose truth is not defined (an array of several values)."""
+    try:
+        return not value
+    except (ValueError, TypeError, RuntimeError):
+        return False
 
 
 # ---- the built-in names ------------------------------------------------------------------------

@@ -414,3 +414,19 @@ def test_weights_the_analyze_tool_does_not_read_are_named_in_a_warning(tmp_path,
         assert analyze_model.main(["--config-file", str(DEMO_CONFIG), "--tasks", "parameter", *TINY_OPTS,
                                    "MODEL.WEIGHTS", str(missing), "MODEL.DEVICE", "cpu"]) == 0
     assert warned == [f"MODEL.WEIGHTS {missing} is not read (nor checked): what is asked does not depend on weights."]
+
+
+# --out and --seed after the KEY VALUE overrides were read as config keys: "--out is not a key of detectron2's or
+# gwdet's config", "--seed ... did you mean SEED?"
+def test_flags_after_the_overrides_are_read_as_flags(tmp_path, capsys):
+    args = ["--config", str(DEMO_CONFIG), "--norms", "GW", *TINY_OPTS, "MODEL.GW.NUM_GROUPS", "4"]
+    assert main(["propagation", *args, "--seed", "1", "--out", str(tmp_path / "p")]) == 0
+    table = (tmp_path / "p" / "propagation" / "table.md").read_text()
+    assert "MODEL.GW.NUM_GROUPS 4`, seed 1, one batch" in table and "--out" not in table
+    assert main(["constraints", "--config", str(DEMO_CONFIG), "--input-size", "64x64", "MODEL.GW.NUM_GROUPS", "4",
+                 "--out", str(tmp_path / "c")]) == 0
+    assert "_gw_shapes.yaml` with `MODEL.GW.NUM_GROUPS 4`, input 64x64" in (
+        tmp_path / "c" / "constraints" / "table.md").read_text()
+    with pytest.raises(SystemExit):  # an unknown flag among the overrides is a usage error, not a config key
+        main(["constraints", "--config", str(DEMO_CONFIG), "MODEL.GW.NUM_GROUPS", "4", "--outt", str(tmp_path)])
+    assert "constraints: error: unknown flag '--outt'" in capsys.readouterr().err

@@ -6,11 +6,13 @@ ItN accuracy is checked exactly rather than with a loose tolerance: the ItN-whit
 has eigenvalues ``y_T(x_i)`` (``x_i``: eigenvalues of ``Sigma / tr(Sigma)``), see
 tests/spectral_whitening.py.
 """
+import re
 import warnings
 
 import pytest
 import torch
 
+from gwdet.errors import GwdetValueError
 from gwdet.layers import BatchWhitening, batch_whitening
 from spectral_whitening import (
     TINY_EPS,
@@ -192,3 +194,23 @@ def test_batch_whitening_computes_its_products_in_ieee_float32_whatever_the_user
         assert backend.fp32_precision == "bf16", "the user's setting is restored"
     finally:
         backend.fp32_precision = users
+
+
+# batch_whitening(x, None, running_whitening, ...) raised a raw "AttributeError: 'NoneType' object has no
+# attribute 'requires_grad'"
+@pytest.mark.parametrize("training", [True, False])
+def test_the_functional_form_refuses_running_mean_none_by_name(training):
+    x = torch.randn(8, 4, 3, 3)
+    running_whitening = torch.eye(2).repeat(2, 1, 1)
+    with pytest.raises(GwdetValueError, match=re.escape(
+            "batch_whitening: running_mean must be a tensor of one value per channel, shape [4] (training updates the "
+            "running statistics, evaluation whitens with them), got None; pass the layer's buffers (running_mean, "
+            "running_whitening of a BatchWhitening), or create running_mean as torch.zeros(4)")):
+        batch_whitening(x, None, running_whitening, None, None, training, 0.1, 5, 1e-5, "zca")
+    with pytest.raises(GwdetValueError, match=re.escape(
+            "running_mean must be a tensor of one value per channel, shape [4], and running_whitening one k x k "
+            "matrix per group of k channels, shape [4 / k, k, k] (training updates the running statistics, "
+            "evaluation whitens with them), got None for both; ")):
+        batch_whitening(x, None, None, None, None, training, 0.1, 5, 1e-5, "zca")
+    assert batch_whitening(x, torch.zeros(4), running_whitening, None, None, training, 0.1, 5, 1e-5, "zca").shape \
+        == x.shape

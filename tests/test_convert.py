@@ -1181,3 +1181,22 @@ def test_a_pth_of_numpy_arrays_converts_with_the_unsafe_flag_it_is_advised(r50_f
     assert weights.keys() == expected.keys() and all((weights[key] == expected[key]).all() for key in weights)
     torch.save({"model": {key: value.numpy() for key, value in state_dict.items()}, "epoch": 3}, src)
     assert read_source_state_dict(src, allow_unsafe_pickle=True).wrapping == "'model' entry"
+
+
+# a sparse weight (a pruned model's .to_sparse()) ended in a raw "TypeError: can't convert Sparse layout tensor to
+# numpy" from deep inside the conversion
+@pytest.mark.parametrize("make", [torch.Tensor.to_sparse, torch.Tensor.to_mkldnn], ids=["sparse", "mkldnn"])
+def test_a_tensor_that_is_not_dense_is_refused_naming_it_and_the_fix(tmp_path, make):
+    state_dict = torchvision_model("R-50", with_gw=False).state_dict()
+    state_dict["layer1.0.conv1.weight"] = make(state_dict["layer1.0.conv1.weight"])
+    layout = state_dict["layer1.0.conv1.weight"].layout
+    with pytest.raises(ConversionError, match=re.escape(
+            f"layer1.0.conv1.weight is a {str(layout).removeprefix('torch.').removeprefix('_')} tensor (layout "
+            f"{layout}), and the converter reads dense tensors only: save the checkpoint with dense tensors, e.g. "
+            "torch.save({k: v.to_dense() if v.layout != torch.strided else v")):
+        convert_state_dict(in_memory(state_dict))
+    if make is torch.Tensor.to_sparse:  # a file as tools/convert_pretrained.py reads it: nothing is written
+        torch.save(state_dict, tmp_path / "sparse.pth")
+        with pytest.raises(ConversionError, match=r"sparse\.pth: layer1\.0\.conv1\.weight is a sparse_coo tensor"):
+            convert_checkpoint(tmp_path / "sparse.pth", tmp_path / "out.pkl")
+        assert not (tmp_path / "out.pkl").exists()

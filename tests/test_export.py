@@ -41,6 +41,7 @@ from gwdet.export import (
     tracing_adapter,
     verify_export,
 )
+from gwdet.errors import GwdetTypeError
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
 from gwdet.norms import norm_record
 from gwdet.utils.atomic import record_checksum
@@ -1306,3 +1307,88 @@ def test_an_opset_the_layers_or_the_exporter_cannot_take_and_a_map_location_dict
     with pytest.raises(TypeError, match=r"^load_export: map_location of a TorchScript file is a device .* got "
                                         r"\{'cuda:0': 'cpu'\} \(dict\)"):
         load_export(str(tmp_path / "m.ts"), map_location={"cuda:0": "cpu"})
+
+
+# export_model_onnx(nn.Sequential(Conv2d, GW), image, path) failed in the trace with torch's raw
+# "conv2d() received an invalid combination of arguments" (the adapter gave the module a list of dicts)
+def test_export_model_onnx_refuses_a_module_that_is_no_detector_before_tracing(tmp_path):
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), GroupWhitening(16))
+    path = tmp_path / "out" / "m.onnx"
+    with pytest.raises(GwdetTypeError, match=re.escape(
+            "export_model_onnx exports a detectron2 detector, a meta-architecture (") + r".*GeneralizedRCNN.*"
+            + re.escape(") built by gwdet.build_model, whose input detectron2's tracing adapter gives as a list of "
+                        "dicts; got a Sequential. Export a module that takes tensors with "
+                        "gwdet.export.export_onnx(module, (x,), path) (or torch.onnx.export), x a sample batch tensor "
+                        "of its input; nothing was written.")):
+        export_model_onnx(module, torch.randn(3, 32, 32), str(path))
+    assert not (tmp_path / "out").exists()
+
+
+# export_torchscript of a bare layer or an nn.Sequential ended in torch's raw "'list' object has no attribute
+# 'is_nested'" / "conv2d() received an invalid combination of arguments" (the adapter gave it a list of dicts)
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_export_torchscript_refuses_a_module_that_takes_tensors_by_name(tmp_path):
+    layer = GroupWhitening(16)
+    sequential = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), GroupWhitening(16))
+    cases = [(layer, torch.randn(16, 8, 8), "GroupWhitening", "AttributeError: 'list' object has no attribute "
+                                                              "'is_nested'"),
+             (sequential, torch.randint(0, 255, (3, 32, 32), dtype=torch.uint8), "Sequential",
+              "TypeError: conv2d() received an invalid combination of arguments")]
+    for module, image, name, reason in cases:
+        with pytest.raises(GwdetTypeError, match=re.escape(
+                "export_torchscript traces a detectron2 detector (a meta-architecture such as GeneralizedRCNN, built "
+                "by gwdet.build_model) through detectron2's tracing adapter, which gives the model its input as a "
+                f"list of dicts, [{{'image': image}}]; the {name} given failed on it ({reason}") + r".*"
+                + re.escape("), so it takes tensors. Trace such a module with torch.jit.trace(module, (x,)) and "
+                            "torch.jit.save, x a sample batch tensor of its input (or export it to ONNX with "
+                            "gwdet.export.export_onnx(module, (x,), path)); nothing was written.")):
+            export_torchscript(module, image, str(tmp_path / "out" / "m.ts"))
+    assert not (tmp_path / "out").exists()
+    export_torchscript(_Doubling(), torch.zeros(3, 8, 8), str(tmp_path / "d.ts"))  # detectron2's inputs: traced
+    assert sorted(os.listdir(tmp_path)) == ["d.ts", "d.ts.sha256"]
+
+
+# export_onnx(layer, [x], path) (args a list) ended in torch's raw "'list' object has no attribute 'is_nested'"
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::DeprecationWarning")
+def test_export_onnx_refuses_args_that_are_no_tuple_and_takes_a_tensor_as_one(tmp_path):
+    pytest.importorskip("onnxruntime")
+    layer = GroupWhitening(16).eval()
+    x = torch.randn(2, 16, 4, 4)
+    with pytest.raises(GwdetTypeError, match=re.escape(
+            "export_onnx takes args as a tuple of the module's inputs (it exports module(*args)), not a list of 1: "
+            "give them as a tuple, tuple(args): e.g. (x,) for [x] (a single tensor x is taken as (x,)); nothing was "
+            "written.")):
+        export_onnx(layer, [x], str(tmp_path / "out" / "gl.onnx"))
+    with pytest.raises(GwdetTypeError, match=r"^export_onnx takes args as a tuple .*, not dict \{'x': 1\}: give a "
+                                             r"tuple, e.g. \(x,\)"):
+        export_onnx(layer, {"x": 1}, str(tmp_path / "out" / "gl.onnx"))
+    assert not (tmp_path / "out").exists()
+    export_onnx(layer, x, str(tmp_path / "gt.onnx"))  # a tensor: (x,)
+    with torch.no_grad():
+        assert max_abs_difference([layer(x)], run_onnx(str(tmp_path / "gt.onnx"), [x])) <= TOLERANCE
+
+
+# an export of one format into an --output folder holding an earlier export of the other format (of other
+# weights, say) left both there without a word
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_export_tool_warns_of_an_earlier_export_of_the_other_format_in_its_folder(tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    from conftest import logged_warnings
+    from gwdet.export.export_model import main
+
+    out = tmp_path / "out"
+    argv = ["--config-file", str(DEMO_CONFIG), "--untrained", "--sample-image", str(_sample_image(tmp_path)),
+            "--output", str(out)]
+    with logged_warnings("gwdet.export") as warned:
+        assert main(argv + ["--format", "onnx", *TINY_OPTS]) == 0, capsys.readouterr().err
+    assert warned == []
+    onnx_bytes = (out / "model.onnx").read_bytes()
+    with logged_warnings("gwdet.export") as warned:
+        assert main(argv + ["--format", "torchscript", *TINY_OPTS]) == 0, capsys.readouterr().err
+    assert warned == [
+        f"{out / 'model.onnx'} is an earlier export of the other format, and it was left as it is: it may hold other "
+        f"weights than this export's (--untrained, random weights), so {out} may now hold exports of two different "
+        f"models. Export onnx again into {out} with the same weights (--format onnx --overwrite), or remove "
+        f"{out / 'model.onnx'} and model.onnx.sha256."]
+    assert sorted(os.listdir(out)) == ["model.onnx", "model.onnx.sha256", "model.ts", "model.ts.sha256"]
+    assert (out / "model.onnx").read_bytes() == onnx_bytes

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from detectron2.layers import get_norm
 
 from gwdet import known_norm_names, norm
+from gwdet.errors import GwdetValueError
 from gwdet.layers.settings_state import UNCOMPARED_SETTINGS, SettingsInState, decode_settings
 from gwdet.norms import norm_record
 from layer_cases import CATALOGUE_CHANNELS, CATALOGUE_PARAMS
@@ -583,3 +584,28 @@ def build_from(layer: torch.nn.Module) -> torch.nn.Module:
         layer.bias.copy_(torch.randn(CHANNELS, generator=generator))
         layer.train()(random_batch((6, CHANNELS, 3, 3), torch.float32, seed=100))
     return layer
+
+
+# GroupWhitening(16, device="cuda") on a machine without CUDA failed in torch with "Found no NVIDIA driver"
+@pytest.mark.parametrize("layer_class", LAYER_CLASSES, ids=lambda cls: cls.__name__)
+def test_a_device_this_machine_does_not_have_is_refused_by_name(layer_class, monkeypatch):
+    fix = re.escape("give device='cpu' (or leave it out), or build the layer on the CPU and move it with "
+                    ".to(device) on a machine that has that device")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(GwdetValueError, match=re.escape(
+            f"{layer_class.__name__}: device 'cuda' is a CUDA device, but CUDA is not available on this machine "
+            "(torch.cuda.is_available() is False); ") + fix):
+        layer_class(CHANNELS, device="cuda")
+    with pytest.raises(GwdetValueError, match=re.escape("device 0 (cuda:0) is a CUDA device, but CUDA is not available")):
+        layer_class(CHANNELS, device=0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(GwdetValueError, match=re.escape(
+            "device 'cuda:2' names CUDA device 2, but this machine has 2 CUDA devices (indices 0 to 1); give an "
+            "index below 2, or ")):
+        layer_class(CHANNELS, device="cuda:2")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(GwdetValueError, match=re.escape("device 'mps' is an Apple MPS device, but MPS is not available")):
+        layer_class(CHANNELS, device=torch.device("mps"))
+    assert layer_class(CHANNELS, device="meta").weight.device.type == "meta"
+    assert layer_class(CHANNELS, device="cpu").weight.device.type == "cpu"

@@ -2,6 +2,7 @@
 import inspect
 import itertools
 import pickle
+import re
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from detectron2.layers import get_norm
 import gwdet
 from gwdet import Norm, UnknownNormError, add_gwdet_config, known_norm_names, norm, norm_from_config, register_norm
 from gwdet.config import CONFIG_KEYS, config_default
+from gwdet.errors import GwdetTypeError
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
 from gwdet.norms import layer_types, norm_record, unregister_norm
 
@@ -1026,3 +1028,47 @@ def test_a_registered_norm_that_builds_an_identity_is_refused(registered):
                        ["MODEL.FPN.NORM", "TestNoneNorm", "MODEL.DEVICE", "cpu"])
     with pytest.raises(GwdetValueError, match=r"^The norm 'TestNoneNorm': .* returned Identity\(\) for 64 channels"):
         detectron2s_build_model(cfg)
+
+
+# norm_from_config(False / 0 / [], cfg) returned the value unchanged; detectron2 then failed with
+# "TypeError: 'bool' object is not callable"
+@pytest.mark.parametrize("value", [False, 0, 0.0, [], ()], ids=repr)
+def test_norm_from_config_refuses_a_false_value_that_is_no_string(value):
+    cfg = add_gwdet_config(get_cfg())
+    with pytest.raises(GwdetTypeError, match=re.escape(
+            f"norm_from_config: a NORM value is a norm name (a string such as 'GW'), '' for none, or a callable "
+            f"channels -> nn.Module (gwdet.norm(...)); got {value!r} ({type(value).__name__}). It is empty or false, "
+            "and detectron2 would call it as a norm: for no norm give '' (or None). Known names: ")):
+        norm_from_config(value, cfg)
+    assert norm_from_config("", cfg) == "" and norm_from_config(None, cfg) is None
+
+
+# gwdet.norm(gwdet.norm("GW")) said "Unknown norm name Norm('GW', ...)" and suggested register_norm
+def test_a_norm_given_where_the_name_goes_is_refused_as_already_a_norm():
+    made = norm("GW", num_groups=8)
+    with pytest.raises(GwdetTypeError, match=re.escape(
+            "gwdet.norm takes a norm name (a string such as 'GW'), got Norm('GW', num_groups=8, T=5, eps=1e-05), "
+            "which is already a norm: use it as it is (detectron2 takes it wherever it takes a norm, e.g. norm=n); "
+            "for other values, make one of its name: gwdet.norm(n.name, **{**n.params, <setting>: <value>}).")):
+        norm(made)
+    with pytest.raises(GwdetTypeError, match=re.escape("; with these values it is gwdet.norm('GW', num_groups=8, T=5, "
+                                                       "eps=0.001).")):
+        norm(made, eps=1e-3)
+    with pytest.raises(GwdetTypeError, match=re.escape("got Norm('BN'), which is already a norm: use it as it is "
+                                                       "(detectron2 takes it wherever it takes a norm, e.g. norm=n).")):
+        Norm(norm("BN"))
+    assert norm(made.name, **{**made.params, "eps": 1e-3}) == norm("GW", num_groups=8, eps=1e-3)
+
+
+# norm(16, eps=1e-3) and norm(num_channels=16) raised Python's bare "unexpected keyword argument"
+def test_a_norm_takes_num_channels_by_keyword_and_refuses_other_keywords():
+    made = norm("GW", num_groups=8)
+    assert made(num_channels=16).num_channels == 16 and made(16).num_groups == 8
+    with pytest.raises(GwdetTypeError, match=re.escape(
+            "Norm('GW', num_groups=8, T=5, eps=1e-05) was called with eps=0.001: a norm builds its layer from the "
+            "channel count alone (norm(16) or norm(num_channels=16)), and its settings are fixed when it is made. "
+            "Give them to gwdet.norm: gwdet.norm('GW', num_groups=8, T=5, eps=0.001) (the settings 'GW' takes: "
+            "['num_groups', 'T', 'eps']).")):
+        made(16, eps=1e-3)
+    with pytest.raises(GwdetTypeError, match=re.escape("was called with affine=False: ")):
+        made(num_channels=16, affine=False)

@@ -396,3 +396,32 @@ def test_a_resume_at_the_final_iteration_saves_the_final_weights(finished_run, t
     main(tiny_run_args(run, "--resume"))
     assert torch.load(run / "model_final.pth", map_location="cpu", weights_only=False)["iteration"] == 1
     assert (run / "last_checkpoint").read_text() == "model_final.pth"
+
+
+# a finished run whose last_checkpoint was pointed back at an older checkpoint: --resume wrote its model_0000001.pth and
+# model_final.pth (the weights its kept results describe) again without a word, the finished run's weights lost
+def test_a_resume_from_an_older_checkpoint_keeps_the_later_checkpoints_aside(finished_run, tmp_path):
+    import hashlib
+
+    from gwdet.engine.output_dir import check_fresh_start, later_checkpoints, run_files
+    from gwdet.utils.atomic import checksum_problem
+
+    assert later_checkpoints(str(finished_run), 2) == [], "a resume from the newest checkpoint sets nothing aside"
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run, ignore=shutil.ignore_patterns(".gwdet.lock"))
+    md5 = lambda path: hashlib.md5(path.read_bytes()).hexdigest()
+    final, later = md5(run / "model_final.pth"), md5(run / "model_0000001.pth")
+    (run / "last_checkpoint").write_text("model_0000000.pth")
+    with logged_warnings("gwdet") as warned:
+        main(tiny_run_args(run, "--resume", "SOLVER.MAX_ITER", "3"))
+    kept_final, kept_later = run / "model_final_before_resuming_at_1.pth", run / "model_0000001_before_resuming_at_1.pth"
+    assert md5(kept_final) == final and md5(kept_later) == later
+    assert checksum_problem(str(kept_final)) is None and checksum_problem(str(kept_later)) is None
+    assert md5(run / "model_final.pth") != final, "the resumed run's own final weights"
+    assert any("this resume starts at iteration 1, and the run's checkpoints of later iterations, which it would write "
+               "over, are kept under names no resume continues from: model_0000001.pth as "
+               "model_0000001_before_resuming_at_1.pth, model_final.pth as model_final_before_resuming_at_1.pth"
+               in message for message in warned), warned
+    assert {kept_final.name, kept_later.name, kept_final.name + ".sha256"} <= set(run_files(str(run)))
+    check_fresh_start(str(run), overwrite=True)  # the run's files: --overwrite removes them
+    assert not list(run.glob("*before_resuming*"))

@@ -900,3 +900,41 @@ def test_records_of_a_study_without_example_weighing_report_with_the_weights_the
     assert ("bn-b2-s0 not finished in the records (their example weighing did not sweep --example-weights 0); they "
             "swept none (a study run with --no-example-weighing): leave --example-weights out to report them without "
             "example weighing; nothing was written.") in capsys.readouterr().err
+
+
+# --launcher slurm, --jobs 4, --threads 2 and --on-mismatch new-folder were taken with --records and ignored without
+# a word: the report was written here, the same as without them
+@pytest.mark.parametrize("flags, named", [(["--launcher", "slurm"], "--launcher slurm"), (["--jobs", "4"], "--jobs 4"),
+                                          (["--threads", "2"], "--threads 2"),
+                                          (["--on-mismatch", "new-folder"], "--on-mismatch new-folder"),
+                                          (["--num-gpus", "2", "--partition", "gpu", "--wait"],
+                                           "--num-gpus 2, --partition gpu, --wait")])
+def test_records_with_flags_of_where_and_how_cells_train_are_refused(tmp_path, capsys, flags, named):
+    records = _record_copy(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(["--records", str(records), "--report-to", str(tmp_path / "report"), *flags])
+    assert exit_.value.code == 2
+    assert (f"{named}: --records reports the cells as their records hold them (configs, overrides, seeds, batch "
+            "sizes, datasets, the evaluations they ran) and trains nothing, here or on a cluster, so these would not "
+            "apply; drop them") in capsys.readouterr().err
+    assert not (tmp_path / "report").exists()
+
+
+# records with CRLF line endings (a git checkout with core.autocrlf=true) were called damaged, to be copied again,
+# which gives the same bytes
+def test_records_with_crlf_line_endings_are_named_so_and_the_repository_keeps_them_unconverted(tmp_path, capsys):
+    records = _record_copy(tmp_path)
+    cell = records / "gw-b2-s3" / "study_cell.json"
+    cell.write_bytes(cell.read_bytes().replace(b"\n", b"\r\n"))
+    with pytest.raises(SystemExit):
+        main(["--study", "paper", "--records", str(records), "--report-to", str(tmp_path / "report")])
+    err = capsys.readouterr().err
+    assert (f"{cell} has CRLF (Windows) line endings where it was written with LF ones: with its lines ending in LF "
+            "it matches the SHA-256 recorded in study_cell.json.sha256") in err
+    assert "git config core.autocrlf false" in err and "is damaged" not in err
+    assert not (tmp_path / "report").exists()
+    cell.write_bytes(cell.read_bytes().replace(b"\r\n", b"\n").replace(b'"', b"'", 1))  # other damage: as before
+    with pytest.raises(SystemExit):
+        main(["--study", "paper", "--records", str(records), "--report-to", str(tmp_path / "report")])
+    assert f"{cell} is damaged" in capsys.readouterr().err
+    assert "docs/study/records/** -text" in (REPO / ".gitattributes").read_text().splitlines()

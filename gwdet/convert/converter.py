@@ -194,7 +194,9 @@ def convert_state_dict(
                               f"or SourceStateDict(tensors=state_dict, wrapping='bare state_dict', stripped_prefix='')), got "
                               f"{type(source).__name__}")
     check_requested_names(arch, gw_positions)
-    layout = parse_torchvision_layout(_source_tensors(source))
+    tensors = _source_tensors(source)
+    _check_dense(tensors)
+    layout = parse_torchvision_layout(tensors)
     check_bottleneck_blocks(layout)
     _check_unexpected(layout, allow_unexpected)
     inferred_arch = infer_architecture(layout)
@@ -258,6 +260,20 @@ def _source_tensors(source: SourceStateDict) -> dict[str, torch.Tensor]:
                                   "{name: torch.as_tensor(value) for name, value in state_dict.items()}).")
         tensors[name] = value
     return tensors
+
+
+def _check_dense(tensors: Mapping[str, torch.Tensor]) -> None:
+    """A ``ConversionError`` naming the first tensor of ``tensors`` that is not a dense (strided)
+    one: a sparse tensor (a pruned model's ``.to_sparse()`` weight) or an MKL-DNN one, whose values
+    are converted only once they are saved dense."""
+    for name, value in tensors.items():
+        if value.layout != torch.strided:
+            kind = str(value.layout).removeprefix("torch.").removeprefix("_")
+            raise ConversionError(
+                f"{name} is a {kind} tensor (layout {value.layout}), and the converter reads dense tensors only: "
+                "save the checkpoint with dense tensors, e.g. torch.save({k: v.to_dense() if "
+                "v.layout != torch.strided else v for k, v in state_dict.items()}, path) (a sparse weight's missing "
+                "entries become zeros), and convert that file; nothing was written.")
 
 
 def recorded_config(records: list[torch.Tensor]) -> dict[str, object]:

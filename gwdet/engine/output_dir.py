@@ -45,9 +45,9 @@ from gwdet.errors import (
     GwdetValueError,
     listed,
 )
-from gwdet.checkpoint.safe_load import starts_like_torch_save_output
+from gwdet.checkpoint.safe_load import load_torch_file, starts_like_torch_save_output
 from gwdet.checkpoint.resilient import (CHECKPOINT_NAME, INITIAL_WEIGHTS_KEY, checkpoint_names, local_weights_path,
-                                        lost_checkpoint_error, tagged_name)
+                                        lost_checkpoint_error, numbered_iteration, tagged_name)
 from gwdet.utils.run_file_names import (LAST_CHECKPOINT, RUN_ID, LOCK_NAME, FINAL_WEIGHTS, CONFIG_NAME, RESULTS_MARKDOWN,
                                    RESULTS_JSON, EVALUATOR_FILES, CONFIG_FILES, RUN_FILES, SET_ASIDE_INFIX,
                                    EARLIER_RESULTS, EVAL_FOLDER, INFERENCE_FOLDER, VIS_FOLDER, RUN_FOLDERS, CONFIG_KEPT,
@@ -80,6 +80,10 @@ RESUMABLE_DIFFERENCES = ("MODEL.DEVICE", "MODEL.WEIGHTS")
 
 logger = logging.getLogger(__name__)
 
+# The checkpoints a resume kept, with their SHA-256 records (set_aside_later_checkpoints): the run's files,
+# under names no resume continues from.
+EARLIER_CHECKPOINT = re.compile(rf"^model_(\d{{7,}}|final){SET_ASIDE_INFIX}\d+(_\d+)?\.pth({re.escape(CHECKSUM_SUFFIX)})?$")
+
 
 def _tagged_checkpoint_name(output_dir: str) -> str | None:
     """The file name ``output_dir/last_checkpoint`` holds, when it names a ``.pth`` file of the folder."""
@@ -100,8 +104,8 @@ def is_checkpoint_name(name: str, tagged: str | None = None) -> bool:
 
 def run_files(output_dir: str) -> list[str]:
     """The files and folders of an earlier run in ``output_dir`` (names, sorted): its checkpoints
-    (:func:`is_checkpoint_name`) and their ``.sha256`` records, :data:`RUN_FILES` and the results a
-    resume kept (:data:`EARLIER_RESULTS`) (files, not folders, of those names), :data:`RUN_FOLDERS` and
+    (:func:`is_checkpoint_name`) and their ``.sha256`` records, :data:`RUN_FILES` and the results and
+    checkpoints a resume kept (:data:`EARLIER_RESULTS`, :data:`EARLIER_CHECKPOINT`) (files, not folders, of those names), :data:`RUN_FOLDERS` and
     TensorBoard's event files. Nothing else is a run's."""
     if not os.path.isdir(output_dir):
         return []
@@ -111,7 +115,7 @@ def run_files(output_dir: str) -> list[str]:
         checkpoint = name[:-len(CHECKSUM_SUFFIX)] if name.endswith(CHECKSUM_SUFFIX) else name
         folder = os.path.isdir(os.path.join(output_dir, name))  # a folder named like a run's file is the user's
         run_file = not folder and (is_checkpoint_name(checkpoint, tagged) or name in RUN_FILES
-                                   or bool(EARLIER_RESULTS.match(name)))
+                                   or bool(EARLIER_RESULTS.match(name)) or bool(EARLIER_CHECKPOINT.match(name)))
         if run_file or _is_run_folder(output_dir, name) or name.startswith("events.out.tfevents"):
             names.append(name)
     return sorted(names)
@@ -1316,6 +1320,68 @@ def set_aside_results(output_dir: str, start_iter: int) -> None:
                        f"{' and '.join(moved)}; the train tool writes the run's {RESULTS_MARKDOWN} and {RESULTS_JSON} anew "
                        "when it ends (a trainer of one's own code writes none: tools/train_net.py --eval-only --resume "
                        "evaluates its last checkpoint).")
+
+
+def _recorded_iteration(path: str) -> int | None:
+    """The iteration the checkpoint ``path`` records (its tensors mapped, not read); ``None`` when it
+    cannot be read or records none."""
+    try:
+        data = load_torch_file(path, allow_unsafe=False, how_to_opt_in="", mmap=True)
+    except Exception:  # torch.load reports bad files with many exception types
+        return None
+    if not isinstance(data, dict):
+        return None
+    trainer = data.get("trainer")  # the trainer's state holds the iteration too
+    iteration = data.get("iteration", trainer.get("iteration") if isinstance(trainer, dict) else None)
+    return iteration if type(iteration) is int else None
+
+
+def later_checkpoints(output_dir: str, start_iter: int) -> list[str]:
+    """The checkpoints of ``output_dir`` (:data:`CHECKPOINT_NAME`; names, sorted) that a run resumed at
+    iteration ``start_iter`` would write over: the numbered ones of iteration ``start_iter`` or later,
+    and ``model_final.pth`` where it records such an iteration or none that can be read (the resumed
+    checkpoint, of iteration ``start_iter - 1``, is never one)."""
+    later = []
+    for name in checkpoint_names(output_dir):
+        path = os.path.join(output_dir, name)
+        if os.path.islink(path) or not os.path.isfile(path):
+            continue
+        iteration = numbered_iteration(name)
+        if iteration is None:  # model_final.pth: its iteration as recorded inside it
+            iteration = _recorded_iteration(path)
+        if iteration is None or iteration >= start_iter:
+            later.append(name)
+    return later
+
+
+def set_aside_later_checkpoints(output_dir: str, start_iter: int) -> None:
+    """Rename the checkpoints a run resumed at iteration ``start_iter`` would write over
+    (:func:`later_checkpoints`: those of the iterations it trains again, and a ``model_final.pth``
+    it did not resume from) to ``model_<iteration|final>_before_resuming_at_<start_iter>.pth`` (a free
+    name gets ``_2``, ``_3``, ...), with their SHA-256 records (:func:`move_checksum_record`: the
+    renamed file still checks), and warn, naming them. The names are no checkpoint names
+    (:data:`CHECKPOINT_NAME`), so no resume continues from them, and they are the run's files
+    (:data:`EARLIER_CHECKPOINT`): ``--overwrite`` removes them."""
+    moved = []
+    for name in later_checkpoints(output_dir, start_iter):
+        path = os.path.join(output_dir, name)
+        stem, extension = os.path.splitext(name)
+        target = _free_path(output_dir, f"{stem}{SET_ASIDE_INFIX}{start_iter}", extension)
+        try:
+            os.replace(path, target)
+        except OSError as error:  # a file made read-only or immutable (chattr +i), a folder without write access
+            raise GwdetOSError(
+                f"--resume keeps the run's checkpoint {name} (of an iteration past {start_iter - 1}, which the resumed "
+                f"run writes again) as {os.path.basename(target)}, but {path} cannot be renamed "
+                f"({error.strerror or error}); nothing was trained. Make the run's files and folder writable (an "
+                "immutable file: chattr -i), then resume again.") from None
+        if os.path.isfile(checksum_path(path)):
+            move_checksum_record(path, target)
+        moved.append(f"{name} as {os.path.basename(target)}")
+    if moved:
+        logger.warning(f"{output_dir}: this resume starts at iteration {start_iter}, and the run's checkpoints of "
+                       f"later iterations, which it would write over, are kept under names no resume continues from: "
+                       f"{', '.join(moved)}.")
 
 
 def trim_metrics(output_dir: str, start_iter: int) -> None:

@@ -41,7 +41,7 @@ from gwdet.layers.common import is_whole_number
 from gwdet.errors import GwdetFileExistsError, GwdetRuntimeError, GwdetTypeError, GwdetValueError, listed
 from gwdet.utils.cli_errors import output_path_problem
 from gwdet.engine.output_dir import (OutputDirLock, OutputDirNotWritableError, config_differences, lock_holder,
-                                     set_aside_results, trim_metrics)
+                                     set_aside_later_checkpoints, set_aside_results, trim_metrics)
 from gwdet.engine.run_environment import annotation_files, run_segment
 from gwdet.modeling.build import check_build_state
 from gwdet.utils.run_file_names import METRICS_JSON
@@ -469,7 +469,8 @@ def _another_optimizer(optimizer: torch.optim.Optimizer, lacking: str, weights_s
 def continue_after_resume(output_dir: str, start_iter: int, loader: Iterable, images_per_process: int,
                           loader_origin: str) -> None:
     """After a resume at iteration ``start_iter`` (nothing at 0): ``metrics.json`` keeps the records
-    of the iterations the checkpoint holds, earlier results are renamed (:func:`set_aside_results`),
+    of the iterations the checkpoint holds, the checkpoints of later iterations, which the run writes
+    again (:func:`set_aside_later_checkpoints`), and earlier results are renamed (:func:`set_aside_results`),
     and ``loader`` skips the samples those iterations
     consumed (``images_per_process`` each), or a warning says it restarts its stream
     (``loader_origin`` names what built it, e.g. "dataloader.train is not built by ...")."""
@@ -477,6 +478,7 @@ def continue_after_resume(output_dir: str, start_iter: int, loader: Iterable, im
         return
     if comm.is_main_process():
         trim_metrics(output_dir, start_iter)
+        set_aside_later_checkpoints(output_dir, start_iter)
         set_aside_results(output_dir, start_iter)
     if not skip_trained_samples(loader, start_iter * images_per_process):
         logger.warning(f"{loader_origin}: it restarts its sample stream on resume instead of continuing where "

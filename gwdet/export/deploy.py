@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from detectron2.export import TracingAdapter
 from detectron2.export.flatten import InstancesSchema, ListSchema, Schema
-from detectron2.modeling import GeneralizedRCNN
+from detectron2.modeling import META_ARCH_REGISTRY, GeneralizedRCNN
 
 from gwdet.layers.common import check_flag, check_int_at_least
 from gwdet.modeling.build import check_device
@@ -111,6 +111,12 @@ def export_torchscript(model: torch.nn.Module, image: torch.Tensor, path: str, *
                        overwrite: bool = False) -> Tuple[torch.jit.ScriptModule, TracingAdapter]:
     """Trace ``model`` on ``image`` and save it to ``path`` (``torch.jit.save``).
 
+    ``model`` is a detectron2 detector (a meta-architecture such as ``GeneralizedRCNN``) or another
+    module that takes detectron2's inputs, a list of dicts (``[{"image": image}]``), which
+    detectron2's tracing adapter gives it; ``image`` is one ``(C, H, W)`` tensor. A module that fails
+    on that input (one that takes tensors: a layer, an ``nn.Sequential``) is refused, naming
+    ``torch.jit.trace`` for it; nothing is written then.
+
     Returns the traced module and the adapter (``adapter.outputs_schema(traced(image))`` rebuilds
     detectron2's outputs; ``adapter(image)`` runs the eager model in evaluation mode). ``model`` is
     traced in evaluation mode and given back in the modes it had, whether the export succeeds or
@@ -119,7 +125,13 @@ def export_torchscript(model: torch.nn.Module, image: torch.Tensor, path: str, *
     :func:`load_export` reads TorchScript from) is refused (:func:`_check_output_file`).
     """
     _check_output_file(path, "model.ts", overwrite, "export_torchscript")
-    traced, adapter = trace_model(model, image)
+    if _is_detector(model):
+        traced, adapter = trace_model(model, image)
+    else:  # a module of the user's may take detectron2's inputs (a list of dicts) or fail on them
+        try:
+            traced, adapter = trace_model(model, image)
+        except (TypeError, AttributeError, RuntimeError, IndexError, KeyError) as error:
+            raise _not_a_detector_refusal(model, error) from error
     folder = os.path.dirname(path)
     if folder:
         os.makedirs(folder, exist_ok=True)
@@ -216,7 +228,7 @@ def save_script_module(module: torch.jit.ScriptModule, path: str) -> None:
 
 def export_onnx(
     module: torch.nn.Module,
-    args: Tuple[torch.Tensor, ...],
+    args: Tuple[torch.Tensor, ...] | torch.Tensor,
     path: str,
     opset: Optional[int] = None,
     dynamo: bool = False,
@@ -226,6 +238,10 @@ def export_onnx(
     overwrite: bool = False,
 ) -> None:
     """``torch.onnx.export`` of ``module(*args)`` into ``path``.
+
+    ``args`` is a tuple of the module's inputs, e.g. ``(x,)``; a single tensor is taken as the
+    one-tuple ``(x,)``, as ``torch.onnx.export`` takes it. Another type (a list, a dict) is refused
+    before anything is traced or written.
 
     By default the TorchScript-based exporter at :data:`ONNX_OPSET` (``torch.export`` cannot capture
     a detectron2 R-CNN), its file then rewritten by :func:`drop_subgraph_shapes`; with ``dynamo=True``
@@ -237,6 +253,7 @@ def export_onnx(
     had, whether the export succeeds or fails (:func:`evaluation_mode`).
     """
     _check_output_file(path, "model.onnx", overwrite, "export_onnx")
+    args = _onnx_args(args)
     check_flag("export_onnx", "dynamo", dynamo)
     if opset is not None:
         check_int_at_least("export_onnx", "opset", opset, 1)
@@ -247,6 +264,22 @@ def export_onnx(
     outputs = None if output_names is None else list(output_names)
     with path_written_with_checksum(path) as temporary, evaluation_mode(module):
         write_onnx(module, args, temporary, path, opset, dynamo, names, outputs, dynamic_axes)
+
+
+def _onnx_args(args: Any) -> Tuple[Any, ...]:
+    """:func:`export_onnx`'s ``args`` as a tuple: a tuple as it is, a tensor as ``(tensor,)``;
+    another type is refused by name."""
+    if isinstance(args, tuple):
+        return args
+    if isinstance(args, torch.Tensor):
+        return (args,)
+    if isinstance(args, list):
+        shown, fix = f"a list of {len(args)}", "give them as a tuple, tuple(args): e.g. (x,) for [x]"
+    else:
+        shown, fix = f"{type(args).__name__} {args!r}"[:120], "give a tuple, e.g. (x,)"
+    raise GwdetTypeError(
+        f"export_onnx takes args as a tuple of the module's inputs (it exports module(*args)), not {shown}: {fix} "
+        "(a single tensor x is taken as (x,)); nothing was written.")
 
 
 def write_onnx(module: torch.nn.Module, args: Tuple[torch.Tensor, ...], file: str, path: str,
@@ -370,9 +403,12 @@ def export_model_onnx(model: torch.nn.Module, image: torch.Tensor, path: str, op
     function below it); a file already at ``path`` is replaced only with ``overwrite``, and a ``path``
     that does not end in ``.onnx`` is refused. The file's
     input is named ``image`` and its outputs by :func:`flattened_names` (an R-CNN's: ``pred_boxes``,
-    ``pred_classes``, [``pred_masks``,] ``scores``, ``image_size``)."""
+    ``pred_classes``, [``pred_masks``,] ``scores``, ``image_size``). ``model`` must be a detectron2
+    meta-architecture (a class registered in ``META_ARCH_REGISTRY``, such as ``GeneralizedRCNN``);
+    another module is refused before anything is traced or written (:func:`export_onnx` exports one)."""
     _check_detector_opset(opset)
     _check_output_file(path, "model.onnx", overwrite, "export_model_onnx")  # before the model is traced
+    _check_detector(model)
     folder = os.path.dirname(path)
     if folder:
         os.makedirs(folder, exist_ok=True)
@@ -394,6 +430,40 @@ def write_model_onnx(model: torch.nn.Module, image: torch.Tensor, file: str, pat
         write_onnx(adapter, (image,), file, path, opset, input_names=["image"],
                    output_names=flattened_names(adapter.outputs_schema))
     return adapter
+
+
+def _is_detector(model: Any) -> bool:
+    """Whether ``model`` is an instance of a class registered in detectron2's ``META_ARCH_REGISTRY``."""
+    architectures = tuple(architecture for _, architecture in META_ARCH_REGISTRY if isinstance(architecture, type))
+    return isinstance(model, architectures)
+
+
+def _not_a_detector_refusal(model: Any, error: BaseException) -> GwdetTypeError:
+    """The refusal of :func:`export_torchscript` for a ``model`` that is no detectron2 detector and
+    failed with ``error`` on detectron2's inputs (a list of dicts) while it was traced."""
+    reason = (str(error).strip().splitlines() or [""])[0].rstrip(":")
+    return GwdetTypeError(
+        f"export_torchscript traces a detectron2 detector (a meta-architecture such as GeneralizedRCNN, built by "
+        f"gwdet.build_model) through detectron2's tracing adapter, which gives the model its input as a list of dicts, "
+        f"[{{'image': image}}]; the {type(model).__name__} given failed on it ({type(error).__name__}: {reason}), so it "
+        "takes tensors. Trace such a module with torch.jit.trace(module, (x,)) and torch.jit.save, x a sample batch "
+        "tensor of its input (or export it to ONNX with gwdet.export.export_onnx(module, (x,), path)); nothing was "
+        "written.")
+
+
+def _check_detector(model: Any) -> None:
+    """Refuse a ``model`` that is not a detectron2 meta-architecture (an instance of a class registered
+    in ``META_ARCH_REGISTRY``: ``GeneralizedRCNN``, ``RetinaNet``, ...), whose inputs detectron2's
+    tracing adapter gives as a list of dicts."""
+    if _is_detector(model):
+        return
+    architectures = tuple(architecture for _, architecture in META_ARCH_REGISTRY if isinstance(architecture, type))
+    names = ", ".join(sorted(architecture.__name__ for architecture in architectures))
+    raise GwdetTypeError(
+        f"export_model_onnx exports a detectron2 detector, a meta-architecture ({names}) built by gwdet.build_model, "
+        f"whose input detectron2's tracing adapter gives as a list of dicts; got a {type(model).__name__}. Export a "
+        "module that takes tensors with gwdet.export.export_onnx(module, (x,), path) (or torch.onnx.export), x a "
+        "sample batch tensor of its input; nothing was written.")
 
 
 def _check_detector_opset(opset: int) -> None:

@@ -482,6 +482,23 @@ def check_replaced_file_is_an_export(path: str, export_format: str) -> None:
         "or choose another --output.")
 
 
+def warn_of_other_format_export(args: argparse.Namespace, run: RunConfig) -> None:
+    """A warning (logged on the console) when ``--output`` holds an export of the other format than
+    the one just written (``model.onnx`` beside a new ``model.ts``, or the reverse; an export of
+    gwdet's: its checksum record beside it, :func:`is_export_file`). That file is left as it is, and
+    it may hold other weights than this export's."""
+    other_format = "torchscript" if args.format == "onnx" else "onnx"
+    other = os.path.join(args.output, "model.ts" if other_format == "torchscript" else "model.onnx")
+    if not os.path.isfile(other) or not is_export_file(other):
+        return
+    weights = f"{run.weights_setting} {run.weights}" if run.weights else "--untrained, random weights"
+    logger.warning(
+        f"{other} is an earlier export of the other format, and it was left as it is: it may hold other weights than "
+        f"this export's ({weights}), so {args.output} may now hold exports of two different models. Export "
+        f"{other_format} again into {args.output} with the same weights (--format {other_format} --overwrite), or "
+        f"remove {other} and {os.path.basename(checksum_path(other))}.")
+
+
 # What detectron2 raises for a layer of its compiled ops (detectron2._C) where they do not load:
 # detectron2.utils.develop.create_dummy_class's ImportError.
 _MISSING_COMPILED_LAYER = re.compile(r"Cannot import 'detectron2\._C', therefore '(\w+)' is not available")
@@ -650,6 +667,7 @@ def _export(argv: Sequence[str]) -> int:
             os.rmdir(args.output)
         raise
     logger.info("Exported %s", path)
+    warn_of_other_format_export(args, run)
     if agreement is not None:
         print(f"Exported {path}; {agreement}")
     channels = getattr(model, "input_format", None)

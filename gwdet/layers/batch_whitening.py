@@ -77,6 +77,15 @@ def _check_arguments(x: Tensor, running_mean: Tensor, running_whitening: Tensor,
     check_zca_eps(owner, method, eps)
     check_input(owner, x, 0)
     channels = x.shape[1]
+    if running_mean is None:
+        both = running_whitening is None
+        also = (f", and running_whitening one k x k matrix per group of k channels, shape [{channels} / k, k, k]"
+                if both else "")
+        raise GwdetValueError(
+            f"{owner}: running_mean must be a tensor of one value per channel, shape [{channels}]{also} (training "
+            f"updates the running statistics, evaluation whitens with them), got None{' for both' if both else ''}; "
+            "pass the layer's buffers (running_mean, running_whitening of a BatchWhitening)"
+            + ("" if both else f", or create running_mean as torch.zeros({channels})"))
     check_per_channel(owner, {"running_mean": running_mean, "weight": weight, "bias": bias}, channels)
     if (not isinstance(running_whitening, Tensor) or running_whitening.dim() != 3
             or running_whitening.shape[1] != running_whitening.shape[2]

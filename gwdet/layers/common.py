@@ -434,18 +434,22 @@ def factory_kwargs(owner: str, device: Any, dtype: Any) -> Dict[str, Any]:
     ``device``: ``None`` (torch's default device), a ``torch.device``, a device string or index;
     ``dtype``: ``None`` (torch's default dtype) or one of :data:`FACTORY_DTYPES` (the parameters and
     running statistics are learned and averaged in floating point). Raises ``ValueError`` naming
-    the value and what to give otherwise."""
+    the value and what to give otherwise; a device of a kind this machine does not have (``'cuda'``
+    without CUDA, ``'cuda:3'`` with fewer GPUs, ``'mps'`` without MPS) is refused too
+    (:func:`check_device_here`)."""
     if device is not None:
         if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
             raise GwdetValueError(
                 f"{owner}: device must be a torch.device, a device string ('cpu', 'cuda:0', 'meta') or None (torch's "
                 f"default device), got {_shown(device, False)}")
+        given = device
         try:
             device = torch.device(device)
         except (RuntimeError, ValueError, TypeError):
             raise GwdetValueError(
                 f"{owner}: device must be a torch.device, a device string ('cpu', 'cuda:0', 'meta') or None (torch's "
                 f"default device), got {device!r}, which torch does not read as a device") from None
+        check_device_here(owner, device, given)
     if dtype is not None and dtype not in FACTORY_DTYPES:
         allowed = ", ".join(str(choice) for choice in FACTORY_DTYPES)
         raise GwdetValueError(
@@ -453,6 +457,31 @@ def factory_kwargs(owner: str, device: Any, dtype: Any) -> Dict[str, Any]:
             f"{_shown(dtype, isinstance(dtype, torch.dtype))}: the layer's parameters and running statistics are "
             "learned and averaged in floating point; leave dtype out, or give e.g. dtype=torch.float64")
     return {"device": device, "dtype": dtype}
+
+
+def check_device_here(owner: str, device: torch.device, given: Any = None) -> None:
+    """Raise ``GwdetValueError`` when ``device`` is a CUDA or MPS device that this machine does not
+    have: CUDA or MPS not available, or a CUDA index past ``torch.cuda.device_count()``. ``'cpu'``,
+    ``'meta'`` and other device types are left to torch. ``given``: the value the user gave
+    (a string, an index or the device itself), named in the message."""
+    shown = repr(str(device)) if given is None or isinstance(given, (str, torch.device)) else f"{given!r} ({device})"
+    fix = ("give device='cpu' (or leave it out), or build the layer on the CPU and move it with .to(device) "
+           "on a machine that has that device")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise GwdetValueError(
+                f"{owner}: device {shown} is a CUDA device, but CUDA is not available on this machine "
+                f"(torch.cuda.is_available() is False); {fix}")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise GwdetValueError(
+                f"{owner}: device {shown} names CUDA device {device.index}, but this machine has "
+                f"{count} CUDA device{'' if count == 1 else 's'} (indices 0 to {count - 1}); give an index below "
+                f"{count}, or {fix}")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise GwdetValueError(
+            f"{owner}: device {shown} is an Apple MPS device, but MPS is not available on this machine "
+            f"(torch.backends.mps.is_available() is False); {fix}")
 
 
 def register_affine(module: torch.nn.Module, num_channels: int, affine: bool,

@@ -7,8 +7,9 @@
 
 Every subcommand writes ``<out>/<subcommand>/*.png`` and ``<out>/<subcommand>/table.md``
 (``--out``, default ``output/analysis``) and prints the files. Trailing ``KEY VALUE`` pairs
-override the config (constraints, propagation). The work is done in :mod:`gwdet_lab.analysis`;
-``docs/analysis/README.md`` has the commands behind the committed examples.
+override the config (constraints, propagation); flags may stand before or among them. The work
+is done in :mod:`gwdet_lab.analysis`; ``docs/analysis/README.md`` has the commands behind the
+committed examples.
 """
 from __future__ import annotations
 
@@ -185,8 +186,8 @@ def run(args: argparse.Namespace) -> list[Path]:
         from gwdet_lab.analysis.constraint_report import ConstraintSetting, run_constraints
 
         cfg = build_config(args.config, [*args.opts, "MODEL.DEVICE", "cpu"]) if args.config else None
-        setting = ConstraintSetting(args.d, args.m, args.g, args.N, args.k)
-        return run_constraints(args.out, setting, cfg, args.config, args.input_size or (800, 1333), args.opts)
+        constraint_setting = ConstraintSetting(args.d, args.m, args.g, args.N, args.k)
+        return run_constraints(args.out, constraint_setting, cfg, args.config, args.input_size or (800, 1333), args.opts)
     if args.command == "propagation":
         from gwdet.errors import GwdetValueError
         from gwdet.norms import known_norm_names
@@ -292,10 +293,25 @@ def refuse_repeated_subcommand_flags(parser: argparse.ArgumentParser, argv: Sequ
             return
 
 
+def parse_arguments(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """The arguments of ``argv``; a subcommand that takes ``KEY VALUE`` overrides (constraints,
+    propagation) reads its flags wherever they stand, before or among the overrides
+    (:func:`gwdet.utils.command_line.parse_with_trailing_flags`), as tools/export_model.py does."""
+    from gwdet.utils.command_line import parse_with_trailing_flags
+
+    commands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+    command = commands.choices.get(argv[0]) if argv else None
+    if command is None or not any(action.dest == "opts" for action in command._actions):
+        return parser.parse_args(argv)
+    args = parse_with_trailing_flags(command, argv[1:])
+    args.command = argv[0]
+    return args
+
+
 def _analyze(argv: Sequence[str]) -> int:
     parser = argument_parser()
     refuse_repeated_subcommand_flags(parser, argv)
-    args = parser.parse_args(argv)
+    args = parse_arguments(parser, list(argv))
     problem = output_path_problem("--out", args.out, folder=True) or foreign_table_problem(args.out, args.command)
     problem = problem or setting_problem(args)
     if problem:

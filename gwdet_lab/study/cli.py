@@ -295,10 +295,11 @@ def _run_study(argv: list[str], repo_root: Path) -> int:
                                           ("--seeds", args.seeds), ("--batch-sizes", args.batch_sizes),
                                           ("--dataset", args.dataset != parser.get_default("dataset")),
                                           ("--no-example-weighing", args.no_example_weighing)) if value]
+        given += flags_of_training(parser, args)
         if given:
             parser.error(f"{', '.join(given)}: --records reports the cells as their records hold them (configs, "
-                         "overrides, seeds, batch sizes, datasets, the evaluations they ran) and trains nothing, so "
-                         "these would not apply; drop them (--only picks recorded cells).")
+                         "overrides, seeds, batch sizes, datasets, the evaluations they ran) and trains nothing, here "
+                         "or on a cluster, so these would not apply; drop them (--only picks recorded cells).")
         if args.list:  # what the records hold; no report (it wrote one into --out's default)
             planned = recorded_cells(Path(args.records), args.only)
             list_cells(planned, records_weights(args, planned, weights))
@@ -306,6 +307,32 @@ def _run_study(argv: list[str], repo_root: Path) -> int:
         return report_from_records(args, Path(args.records), weights, out_dir)
     with datasets_in_environment(args.register_coco):  # for prepare_datasets here and in every cell's process
         return _plan_and_run(args, argv, parser, weights, out_dir, repo_root)
+
+
+# Flags of how cells are trained (where, how many side by side, with what threads and GPUs, into
+# which folder on a mismatch), which a ``--records`` report, training nothing, does not read.
+TRAINING_DESTS = ("jobs", "threads", "num_gpus", "on_mismatch", "launcher", "nodes", "gpus_per_node", "cpus_per_task",
+                  "partition", "account", "timeout_min", "slurm_extra", "wait")
+
+
+def flags_of_training(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The flags of :data:`TRAINING_DESTS` that ``args`` gives other values than their defaults,
+    each as the command line names it with its value (``--launcher slurm``, ``--wait``)."""
+    flags = []
+    for action in parser._actions:
+        if action.dest not in TRAINING_DESTS:
+            continue
+        value = getattr(args, action.dest)
+        if value == parser.get_default(action.dest):
+            continue
+        flag = action.option_strings[-1]
+        if isinstance(value, bool):
+            flags.append(flag)
+        elif isinstance(value, list):
+            flags.append(" ".join(f"{flag} {item}" for item in value))
+        else:
+            flags.append(f"{flag} {value}")
+    return flags
 
 
 def set_by_the_study(args: argparse.Namespace) -> str | None:

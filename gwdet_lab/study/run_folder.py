@@ -30,6 +30,7 @@ run folder read as records, ``--records <out>/runs``, is read as a run folder th
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import math
 import re
@@ -39,7 +40,8 @@ from pathlib import Path
 from typing import IO, Any, Mapping
 
 from gwdet.errors import GwdetError
-from gwdet.utils.atomic import CHECKSUM_SUFFIX, checksum_path, checksum_problem, write_text_with_checksum
+from gwdet.utils.atomic import (CHECKSUM_SUFFIX, checksum_path, checksum_problem, reading_record, shown_record,
+                                write_text_with_checksum)
 from gwdet.engine.output_dir import metrics_record
 from gwdet.engine.run_environment import ENVIRONMENT_KEY
 from gwdet.utils.run_file_names import FINAL_WEIGHTS, LAST_CHECKPOINT, LOG_NAME, METRICS_JSON, RESULTS_JSON
@@ -174,6 +176,15 @@ class RunFolder:
         if problem is None and self.records and not Path(checksum_path(str(path))).is_file() \
                 and not (path.name == METRICS_JSON and self.has_checkpoint()):
             problem = f"its SHA-256 record {path.name}{CHECKSUM_SUFFIX}, which exported records keep beside it, is missing"
+        if problem is not None and crlf_of_recorded(path):
+            raise DamagedFile(
+                f"{path} has CRLF (Windows) line endings where it was written with LF ones: with its lines ending in "
+                f"LF it matches the SHA-256 recorded in {shown_record(str(path))}, which is over the bytes as written. "
+                "A git checkout with core.autocrlf=true (or a copy that converts line endings) does this to committed "
+                "records. Check them out again unconverted (a fresh clone keeps them as committed, its .gitattributes "
+                "marking them -text; or git config core.autocrlf false, then delete the records folder and git "
+                "checkout -- it), or convert the files back to LF line endings (dos2unix), then run "
+                "the same command again.")
         if problem is not None:
             raise DamagedFile(f"{path} is damaged ({problem}). {self._restore_advice()}")
 
@@ -222,6 +233,23 @@ class RunFolder:
         except FolderBusy:
             return True
         return False
+
+
+_DIGEST = re.compile(rb"[0-9a-fA-F]{64}")
+
+
+def crlf_of_recorded(path: Path) -> bool:
+    """Whether the file at ``path`` differs from the SHA-256 recorded beside it only in its line
+    endings: it holds CRLF, and with each CRLF read as LF its SHA-256 is the recorded one."""
+    try:
+        data = path.read_bytes()
+        with open(reading_record(str(path)), "rb") as file:
+            recorded = _DIGEST.search(file.read(256))
+    except OSError:
+        return False
+    if recorded is None or b"\r\n" not in data:
+        return False
+    return hashlib.sha256(data.replace(b"\r\n", b"\n")).hexdigest() == recorded.group(0).decode("ascii").lower()
 
 
 def loss_curve(records: list[dict]) -> list[tuple[int, float]]:
