@@ -1279,6 +1279,23 @@ def _keep_earlier_config(output_dir: str, start_iter: int) -> None:
                    f"{start_iter} on; that of the iterations before is kept as {os.path.basename(target)}.")
 
 
+def _rename_aside(output_dir: str, name: str, start_iter: int, what: str) -> str:
+    """Rename ``output_dir/name`` to ``<stem>_before_resuming_at_<start_iter><extension>`` (a free
+    name: :func:`_free_path`) and return the new path; a file that cannot be renamed stops the
+    resume, ``what`` (e.g. "the run's earlier results") naming it."""
+    path = os.path.join(output_dir, name)
+    stem, extension = os.path.splitext(name)
+    target = _free_path(output_dir, f"{stem}{SET_ASIDE_INFIX}{start_iter}", extension)
+    try:
+        os.replace(path, target)
+    except OSError as error:  # a file made read-only or immutable (chattr +i), a folder without write access
+        raise GwdetOSError(
+            f"--resume keeps {what} as {os.path.basename(target)}, but {path} cannot be renamed "
+            f"({error.strerror or error}); nothing was trained. Make the run's files and folder writable (an "
+            "immutable file: chattr -i), then resume again.") from None
+    return target
+
+
 def set_aside_results(output_dir: str, start_iter: int) -> None:
     """Rename the ``results.md`` and ``results.json`` (with its SHA-256 record) of a run resumed at
     iteration ``start_iter`` to ``results_before_resuming_at_<start_iter>.*``: they score the model
@@ -1295,17 +1312,9 @@ def set_aside_results(output_dir: str, start_iter: int) -> None:
         path = os.path.join(output_dir, name)
         if not os.path.isfile(path) or os.path.islink(path):
             continue
-        stem, extension = os.path.splitext(name)
-        target = _free_path(output_dir, f"{stem}{SET_ASIDE_INFIX}{start_iter}", extension)
         has_record = os.path.isfile(checksum_path(path))
         recorded = has_record and checksum_problem(path) is None
-        try:
-            os.replace(path, target)
-        except OSError as error:  # a file made read-only or immutable (chattr +i), a folder without write access
-            raise GwdetOSError(
-                f"--resume keeps the run's earlier results as {os.path.basename(target)}, but {path} cannot be renamed "
-                f"({error.strerror or error}); nothing was trained. Make the run's files and folder writable (an "
-                "immutable file: chattr -i), then resume again.") from None
+        target = _rename_aside(output_dir, name, start_iter, "the run's earlier results")
         if has_record and not recorded:  # changed since it was written: its record goes with it, showing so
             move_checksum_record(path, target)
             logger.warning(f"{path} no longer matches the SHA-256 recorded when the run wrote it (it was changed since); "
@@ -1365,16 +1374,8 @@ def set_aside_later_checkpoints(output_dir: str, start_iter: int) -> None:
     moved = []
     for name in later_checkpoints(output_dir, start_iter):
         path = os.path.join(output_dir, name)
-        stem, extension = os.path.splitext(name)
-        target = _free_path(output_dir, f"{stem}{SET_ASIDE_INFIX}{start_iter}", extension)
-        try:
-            os.replace(path, target)
-        except OSError as error:  # a file made read-only or immutable (chattr +i), a folder without write access
-            raise GwdetOSError(
-                f"--resume keeps the run's checkpoint {name} (of an iteration past {start_iter - 1}, which the resumed "
-                f"run writes again) as {os.path.basename(target)}, but {path} cannot be renamed "
-                f"({error.strerror or error}); nothing was trained. Make the run's files and folder writable (an "
-                "immutable file: chattr -i), then resume again.") from None
+        target = _rename_aside(output_dir, name, start_iter, f"the run's checkpoint {name} (of an iteration past "
+                               f"{start_iter - 1}, which the resumed run writes again)")
         if os.path.isfile(checksum_path(path)):
             move_checksum_record(path, target)
         moved.append(f"{name} as {os.path.basename(target)}")
