@@ -174,8 +174,37 @@ def gwdet_rows() -> Rows:
         "gwdet components": _guard(_registrations),
         "execution plan": _guard(_execution_plan),
         "threads": _guard(_threads),
-        **{variable: os.environ.get(variable, "<not set>") for variable in ("OMP_NUM_THREADS", *ENVIRONMENT_VARIABLES)},
+        **{variable: _variable_row(variable) for variable in ("OMP_NUM_THREADS", *ENVIRONMENT_VARIABLES)},
     }
+
+
+def _checked_values() -> dict[str, Callable[[], object]]:
+    """The functions through which gwdet reads the values of its environment variables that must be of
+    a form (an opt-in flag, a JSON list), by variable; each raises, naming the value, for one gwdet
+    refuses. (``GWDET_GW_PLAN``'s is the execution plan row's; ``GWDET_CACHE`` takes any folder.)"""
+    from gwdet.checkpoint.resilient import MISMATCH_ENV, UNSAFE_PICKLE_ENV, mismatch_allowed, unsafe_pickle_allowed
+    from gwdet.data.coco_registration import ENVIRONMENT_VARIABLE as REGISTER_COCO_ENV, environment_datasets
+
+    return {UNSAFE_PICKLE_ENV: unsafe_pickle_allowed, MISMATCH_ENV: mismatch_allowed,
+            REGISTER_COCO_ENV: environment_datasets}
+
+
+def _variable_row(variable: str) -> str:
+    """The value of the environment variable ``variable`` (``<not set>``), followed, where gwdet reads
+    it through a function that refuses that value, by that refusal."""
+    value = os.environ.get(variable)
+    if value is None:
+        return "<not set>"
+    try:
+        check = _checked_values().get(variable)
+    except Exception as err:  # the report must survive any broken package
+        return f"{value}  (cannot check it: {_error_text(err)})"
+    if check is not None:
+        try:
+            check()
+        except Exception as err:
+            return f"{value}  (gwdet refuses this value: {_error_text(err)})"
+    return value
 
 
 def format_rows(rows: Rows) -> str:

@@ -24,11 +24,13 @@ Registering a name of your own::
 """
 from __future__ import annotations
 
+import copy
 import difflib
 import functools
 import inspect
 import logging
 import multiprocessing
+import reprlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -721,15 +723,27 @@ def _check_kind_of_default(name: str, param: str, value: Any, default: Any, sour
             f"the layer would fail on or round: give {param} as an integer (e.g. {instead}).")
 
 
+def _own_copy(value: Any) -> Any:
+    """A deep copy of ``value`` where it is a container that can be changed in place or hold such a
+    container (a list, dict, set, bytearray, or a tuple of them); ``value`` itself otherwise."""
+    if isinstance(value, (list, tuple, dict, set, frozenset, bytearray)):
+        return copy.deepcopy(value)
+    return value
+
+
 class NormParams(Mapping):
     """The read-only ``{setting: value}`` of a :class:`Norm` (its ``params``): a mapping that compares
-    equal to a dict of the same items and refuses item assignment and deletion."""
+    equal to a dict of the same items and refuses item assignment and deletion.
+
+    It holds its own deep copies of the lists, dicts, sets and tuples given to it, made when it is
+    made, and hands out copies of them (``params[key]``, ``dict(params)``, ``**params``): changing
+    the caller's list or dict, or one read from the params, leaves the norm's values as they were."""
 
     def __init__(self, values: Mapping[str, Any]) -> None:
-        self._values = dict(values)
+        self._values = {key: _own_copy(value) for key, value in values.items()}
 
     def __getitem__(self, key: str) -> Any:
-        return self._values[key]
+        return _own_copy(self._values[key])
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._values)
@@ -766,7 +780,9 @@ class Norm:
     ``strict=True`` (``MODEL.STRICT_NORM_GROUPS``) refused: a group count never changes silently.
 
     A Norm is read-only: assigning or deleting an attribute is refused, and ``params`` is a
-    read-only mapping; build a new one for other values.
+    read-only mapping that keeps its own copies of the lists and dicts given (or taken from the
+    build function's defaults) and hands out copies, also to the build function at each call;
+    build a new one for other values.
     """
 
     name: str
@@ -1055,6 +1071,22 @@ def unknown_params_message(name: str, accepted: Sequence[str], unknown: Sequence
     return f"{said}. {' '.join(sentences)}"
 
 
+def refuse_a_mapping_as_a_config(who: str, cfg: Any) -> None:
+    """Refuse a mapping that is no yacs CfgNode (a plain dict) given where a yacs config is read,
+    naming its type and how to make a config of it; anything else is left to the checks after."""
+    kind = type(cfg)
+    if not isinstance(cfg, Mapping) or kind.__name__ == "DictConfig" or any(
+            base.__name__ == "CfgNode" for base in kind.__mro__):
+        return
+    shown = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    raise GwdetTypeError(
+        f"{who} needs a detectron2 CfgNode (a yacs config), got a {shown}: {reprlib.repr(cfg)}. A {shown} is no "
+        "config gwdet can read: its keys are not checked against detectron2's and gwdet's, and it has no defaults for "
+        "the ones it lacks. Make a config with cfg = detectron2.config.get_cfg(); gwdet.add_gwdet_config(cfg); "
+        "cfg.merge_from_file(path), or load one of gwdet's with gwdet.model_zoo.get_config(path); to use a dict of "
+        "config values, merge it into such a config: cfg.merge_from_other_cfg(detectron2.config.CfgNode(your_dict)).")
+
+
 def norm_from_config(name: Any, cfg) -> Any:
     """What to pass detectron2 as ``norm`` for the NORM value ``name`` of the yacs config ``cfg``.
 
@@ -1067,8 +1099,10 @@ def norm_from_config(name: Any, cfg) -> Any:
       for GW, ``MODEL.GN.NUM_GROUPS`` for GN, ...). ``GN`` too, whatever its group count: gwdet
       builds torch's ``GroupNorm`` with GW's channel-group rule (a group count that does not divide
       a layer's channels is adjusted and logged, or refused with ``MODEL.STRICT_NORM_GROUPS``, where
-      torch's would stop). ``cfg`` must have gwdet's keys (:func:`gwdet.add_gwdet_config`).
+      torch's would stop). ``cfg`` must have gwdet's keys (:func:`gwdet.add_gwdet_config`); a
+      plain dict given as ``cfg`` is refused first (:func:`refuse_a_mapping_as_a_config`).
     """
+    refuse_a_mapping_as_a_config(f"norm_from_config({name!r}, cfg)", cfg)
     if isinstance(name, torch.nn.Module):  # callable, but its forward takes a tensor, not a channel count
         raise GwdetTypeError(
             f"norm_from_config: {name!r} is a layer, not what builds one: a NORM value is a norm name (a string such "

@@ -129,9 +129,12 @@ def test_the_train_tool_refuses_any_repeated_flag_that_keeps_one_value(capsys):
 ])
 def test_an_override_given_twice_is_named_with_the_value_used(overrides, key, values, used, caplog):
     from gwdet.engine.arguments import parse_args
+    from gwdet.engine.run import load_run_config
 
-    with caplog.at_level("WARNING", logger="gwdet.engine.arguments"):
-        args = parse_args(["--config-file", str(DEMO_CONFIG), *overrides])
+    config = DEMO_CONFIG if "=" not in overrides[0] else REPO / "configs" / "LazyConfig" / "mask_rcnn_R_50_FPN_gw_shapes.py"
+    with caplog.at_level("WARNING", logger="gwdet.utils.command_line"):
+        args = parse_args(["--config-file", str(config), *overrides])
+        load_run_config(args.config_file, args.opts)  # the loader says it, for the tools and Python alike
     assert args.opts == overrides  # merged as detectron2 merges them: the last one counts
     assert [r.getMessage() for r in caplog.records] == [
         f"The overrides set {key} more than once ({values}): the last, {used}, is used."]

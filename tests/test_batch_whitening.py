@@ -214,3 +214,26 @@ def test_the_functional_form_refuses_running_mean_none_by_name(training):
         batch_whitening(x, None, None, None, None, training, 0.1, 5, 1e-5, "zca")
     assert batch_whitening(x, torch.zeros(4), running_whitening, None, None, training, 0.1, 5, 1e-5, "zca").shape \
         == x.shape
+
+
+# running_whitening.data = torch.eye(8).repeat(2, 1, 1) on BatchWhitening(16, group_size=4) (or the same
+# through torch.func.functional_call) whitened groups of 8 without a word; reset_running_stats then failed
+# with torch's raw "The expanded size of the tensor (8) must match ..."
+@pytest.mark.parametrize("training", [True, False])
+def test_a_running_whitening_of_another_group_layout_is_refused_at_the_forward_and_the_reset(training):
+    layer, x = BatchWhitening(16, group_size=4).train(training), torch.randn(4, 16, 3, 3)
+    message = re.escape(
+        "BatchWhitening: running_whitening must hold one 4 x 4 matrix per group of 4 channels, as the layer was built "
+        "(num_channels=16, group_size=4), shape [4, 4, 4], got [2, 8, 8]; assign a tensor of that shape "
+        "(torch.eye(4).repeat(4, 1, 1) is the initial one), or build a BatchWhitening with the group_size you want")
+    with pytest.raises(GwdetValueError, match=message):
+        torch.func.functional_call(layer, {"running_whitening": torch.eye(8).repeat(2, 1, 1)}, (x,))
+    layer.running_whitening.data = torch.eye(8).repeat(2, 1, 1)
+    with pytest.raises(GwdetValueError, match=message):
+        layer(x)
+    with pytest.raises(GwdetValueError, match=message):
+        layer.reset_running_stats()
+    layer.running_whitening.data = torch.eye(4).repeat(4, 1, 1)  # the layer's shape: runs, and the reset too
+    assert layer(x).shape == x.shape
+    layer.reset_running_stats()
+    assert torch.equal(layer.running_whitening, torch.eye(4).repeat(4, 1, 1))

@@ -132,3 +132,17 @@ def test_run_as_a_file_it_reports_a_broken_detectron2_instead_of_crashing(tmp_pa
     assert report["detectron2"] == {"error": "detectron2's environment table: error: ImportError: this detectron2 is "
                                              "broken on purpose"}
     assert report["gwdet"] == {"gwdet": "error: ImportError: this detectron2 is broken on purpose"}
+
+
+# GWDET_ALLOW_NORM_MISMATCH=maybe showed as 'maybe' without a word, while an invalid GWDET_GW_PLAN was flagged
+def test_an_environment_variable_value_gwdet_refuses_is_flagged_with_the_refusal(monkeypatch):
+    monkeypatch.setenv("GWDET_ALLOW_NORM_MISMATCH", "maybe")
+    monkeypatch.setenv("GWDET_ALLOW_UNSAFE_PICKLE", "1")
+    monkeypatch.setenv("GWDET_REGISTER_COCO", "mine")
+    rows = gwdet_rows()
+    assert rows["GWDET_ALLOW_NORM_MISMATCH"] == (
+        "maybe  (gwdet refuses this value: error: GwdetValueError: GWDET_ALLOW_NORM_MISMATCH='maybe' is neither 1 "
+        "nor 0: set GWDET_ALLOW_NORM_MISMATCH=1 to load weights trained with other norm layers or settings, or unset it.)")
+    assert rows["GWDET_ALLOW_UNSAFE_PICKLE"] == "1"
+    assert rows["GWDET_REGISTER_COCO"].startswith(
+        "mine  (gwdet refuses this value: error: DatasetError: GWDET_REGISTER_COCO must be a JSON list of")

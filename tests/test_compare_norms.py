@@ -719,7 +719,7 @@ def test_another_studys_report_and_an_empty_out_are_found_before_anything_is_wri
     assert "custom holds the report of other cells (gw-s0): another study's" in capsys.readouterr().err
     assert not (tmp_path / "out" / "runs").exists()
     assert study_main(["--out", str(tmp_path / "typo"), "--configs", f"gn={STUDY / 'gn.yaml'}", "--seeds", "0",
-                       "--opts", *TINY, "--report-only"], repo_root=REPO) == 1
+                       "--opts", *TINY, "--report-only"], repo_root=REPO) == 2  # a refusal: exit status 2, as every tool's
     assert "--report-only: no cell of this study has finished in" in capsys.readouterr().err
     assert not (tmp_path / "typo" / "runs" / "gn-s0").exists()
 
@@ -746,7 +746,7 @@ def test_threads_0_shares_the_usable_cpus_whatever_omp_num_threads_says(capsys, 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     usable = choose_threads(None, processes=1, environ={}).threads
     assert study_main(["--out", str(tmp_path / "o"), "--configs", f"gn={STUDY / 'gn.yaml'}", "--seeds", "0",
-                       "--opts", *TINY, "--threads", "0", "--report-only"], repo_root=REPO) == 1
+                       "--opts", *TINY, "--threads", "0", "--report-only"], repo_root=REPO) == 2
     log = capsys.readouterr().out
     assert f"CPU threads: {usable} per process (--threads 0: " in log
     assert "OMP_NUM_THREADS=1 of the environment set aside, as --threads sets each cell's" in log

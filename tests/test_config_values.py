@@ -1007,3 +1007,39 @@ def test_shared_group_numbers_of_norms_not_built_are_not_warned_of():
     assert [warning for warning in warnings if "reads it" in warning] == [
         "MODEL.BGN.EPS is 0.0001 (default 1e-05), but none of the norms the model builds (GN) reads it; BGN and "
         "GhostBN do: the value has no effect. Set MODEL.BGN.EPS back to 1e-05, or use a norm that reads it."]
+
+
+# the Python loaders used the last value of a key given twice without a word, where the tools warn
+@pytest.mark.parametrize("load, path, overrides, said", [
+    (gwdet.model_zoo.get_config, "Demo/scratch_faster_rcnn_gw_shapes.yaml",
+     ["SOLVER.BASE_LR", "0.25", "SOLVER.BASE_LR", "0.0025"], "SOLVER.BASE_LR more than once (0.25, 0.0025): the last, 0.0025"),
+    (build_config, str(DEMO_CONFIG), ["SOLVER.MAX_ITER", "11", "SOLVER.MAX_ITER", "13"],
+     "SOLVER.MAX_ITER more than once (11, 13): the last, 13"),
+    (gwdet.model_zoo.get_config, "LazyConfig/mask_rcnn_R_50_FPN_gw_shapes.py", ["train.max_iter=15", "train.max_iter=17"],
+     "train.max_iter more than once (15, 17): the last, 17"),
+])
+def test_the_python_loaders_warn_of_an_override_key_given_twice(load, path, overrides, said):
+    with logged_warnings("gwdet.utils.command_line") as messages:
+        load(path, opts=overrides) if load is gwdet.model_zoo.get_config else load(path, overrides)
+    assert messages == [f"The overrides set {said}, is used."]
+
+
+# a tool that parses its overrides and then loads its config with them would have warned twice
+def test_a_tool_warns_once_of_an_override_key_given_twice():
+    from gwdet.engine.arguments import parse_args
+
+    overrides = ["SOLVER.MAX_ITER", "21", "SOLVER.MAX_ITER", "23"]
+    with logged_warnings("gwdet.utils.command_line") as messages:
+        args = parse_args(["--config-file", str(DEMO_CONFIG), *overrides])
+        build_config(args.config_file, args.opts)
+    assert messages == ["The overrides set SOLVER.MAX_ITER more than once (21, 23): the last, 23, is used."]
+
+
+# a tool's own DATALOADER.NUM_WORKERS 0 before the user's overrides was warned of as the user's key given twice
+def test_a_tools_in_process_loading_is_no_override_the_user_gave_twice():
+    from gwdet.engine.run import load_run_config
+
+    with logged_warnings("gwdet.utils.command_line") as messages:
+        run = load_run_config(str(DEMO_CONFIG), ["DATALOADER.NUM_WORKERS", "2"], tool=True)
+    assert messages == [] and run.cfg.DATALOADER.NUM_WORKERS == 2
+    assert load_run_config(str(DEMO_CONFIG), [], tool=True).cfg.DATALOADER.NUM_WORKERS == 0

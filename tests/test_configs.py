@@ -261,3 +261,14 @@ def test_a_base_that_holds_no_mapping_is_named(tmp_path, content):
     config.write_text("_BASE_: base.yaml\nSEED: 1\n")
     with pytest.raises(ValueError, match=r"names _BASE_: 'base.yaml', but .*base.yaml holds no KEY: VALUE mapping"):
         build_config(str(config))
+
+
+# a plain dict was taken for a config without gwdet's keys: "call gwdet.add_gwdet_config(cfg)", which refuses a dict
+def test_build_model_refuses_a_plain_dict_naming_its_type_and_the_fix():
+    import gwdet
+    from gwdet.errors import GwdetTypeError
+
+    with pytest.raises(GwdetTypeError, match=r"^gwdet.build_model needs a detectron2 CfgNode \(a yacs config\), got a "
+                                             r"dict: \{'MODEL': \{\}\}.*get_cfg\(\); gwdet.add_gwdet_config.*"
+                                             r"gwdet.model_zoo.get_config\(path\).*CfgNode\(your_dict\)"):
+        gwdet.build_model({"MODEL": {}})

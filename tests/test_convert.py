@@ -1200,3 +1200,79 @@ def test_a_tensor_that_is_not_dense_is_refused_naming_it_and_the_fix(tmp_path, m
         with pytest.raises(ConversionError, match=r"sparse\.pth: layer1\.0\.conv1\.weight is a sparse_coo tensor"):
             convert_checkpoint(tmp_path / "sparse.pth", tmp_path / "out.pkl")
         assert not (tmp_path / "out.pkl").exists()
+
+
+def _trained_looking_r50() -> dict:
+    """A torchvision ResNet-50's state dict with its BN statistics moved off their initial values."""
+    torch.manual_seed(0)
+    state_dict = torchvision.models.resnet50().state_dict()
+    for key, value in state_dict.items():
+        if key.endswith("running_mean"):
+            value.normal_(0, 0.1)
+        if key.endswith("running_var"):
+            value.uniform_(0.5, 2.0)
+    return state_dict
+
+
+@pytest.mark.parametrize("variance", [0.0, 1e-30], ids=["zero", "tiny"])
+def test_a_batch_norm_of_zero_variance_in_every_channel_is_warned_about(variance, tmp_path):
+    # a layer1.0.bn1.running_var of all zeros (or 1e-30) converted without a word (FrozenBN then scales it by ~316)
+    state_dict = _trained_looking_r50()
+    state_dict["layer1.0.bn1.running_var"] = torch.full((64,), variance)
+    path = save_wrapped(state_dict, "bare", tmp_path / "var0.pth")
+    result = run_tool(str(path), str(tmp_path / "var0.pkl"))
+    assert result.returncode == 0, result.stderr
+    err = result.stderr
+    assert re.search(r"1 batch norm\(s\) of .*var0\.pth hold a running variance of zero in every channel: "
+                     r"\['layer1\.0\.bn1'\]\. Converted, such a layer scales its input by 1/sqrt\(eps\), about 316", err)
+    assert (tmp_path / "var0.pkl").exists()
+
+
+def test_batch_norms_at_their_initial_statistics_are_named(caplog):
+    # 52 of 53 BN layers at mean 0 / var 1 converted as trained: only a network with every layer at init was refused
+    state_dict = torchvision.models.resnet50().state_dict()
+    state_dict["bn1.running_mean"].normal_(0, 0.1)
+    state_dict["bn1.running_var"].uniform_(0.5, 2.0)
+    with pytest.raises(ConversionError, match=r"52 of the 53 batch norms of <state dict> hold the running statistics of "
+                                              r"a layer that never saw data .*\['layer1\.0\.bn1', .*Most of the network "
+                                              r"was never trained"):
+        convert_state_dict(in_memory(state_dict))
+    state_dict = _trained_looking_r50()  # one layer at init in a trained network: converted, and named
+    state_dict["layer3.1.bn2.running_mean"].zero_()
+    state_dict["layer3.1.bn2.running_var"].fill_(1.0)
+    with caplog.at_level("WARNING", logger="gwdet.convert.converter"):
+        convert_state_dict(in_memory(state_dict))
+    assert "1 of the 53 batch norms of <state dict> hold the running statistics of a layer that never saw data" \
+        in caplog.text and "['layer3.1.bn2']" in caplog.text
+
+
+def test_write_detectron2_pkl_refuses_a_record_its_weights_contradict(tmp_path):
+    # R-50 BN weights written under {'arch': 'R-101', 'gw_positions': 'S1-B2'}; loading then advised DEPTH 101
+    from gwdet.convert import write_detectron2_pkl
+    weights, report = convert_state_dict(in_memory(_trained_looking_r50()))
+    with pytest.raises(ConversionError, match=r"the metadata's 'gwdet' record contradicts the weights: its arch 'R-101' "
+                                              r"has blocks per stage \[3, 4, 23, 3\], the weights \[3, 4, 6, 3\]; its "
+                                              r"gw_positions 'S1-B2' puts GW at S1, B2, where the weights hold running "
+                                              r"statistics \(BN\).*nothing was written"):
+        write_detectron2_pkl(weights, tmp_path / "lie.pkl", author="me",
+                             metadata={"arch": "R-101", "gw_positions": "S1-B2", "norm": "BN"})
+    assert not (tmp_path / "lie.pkl").exists()
+    with pytest.raises(ConversionError, match=r"its norm 'GN' has no running statistics, and the weights hold some"):
+        write_detectron2_pkl(weights, tmp_path / "lie.pkl", author="me", metadata={"arch": "R-50", "norm": "GN"})
+    write_detectron2_pkl(weights, tmp_path / "true.pkl", author="me", metadata=report.metadata())
+    assert (tmp_path / "true.pkl").exists()
+
+
+def test_unexpected_keys_inside_the_blocks_are_named_as_another_architecture():
+    # an SE-ResNet's layerN.M.se.* keys were refused with the advice --allow-unexpected, which converts another network
+    state_dict = _trained_looking_r50()
+    state_dict["layer1.0.se.fc1.weight"] = torch.zeros(16, 256, 1, 1)
+    with pytest.raises(ConversionError, match=r"1 key\(s\) inside the residual blocks .*\['layer1\.0\.se\.fc1\.weight'\]"
+                                              r"\. They are modules of the blocks \(\['se\.fc1'\]\) that gwdet's ResNet "
+                                              r".* does not have, so the checkpoint is of another architecture"):
+        convert_state_dict(in_memory(state_dict))
+    del state_dict["layer1.0.se.fc1.weight"]
+    state_dict["aux_head.weight"] = torch.zeros(10, 2048)  # outside the blocks: the flag is the way out
+    with pytest.raises(ConversionError, match=r"\['aux_head\.weight'\]\. Check that this is the checkpoint you meant; "
+                                              r"pass --allow-unexpected"):
+        convert_state_dict(in_memory(state_dict))

@@ -1330,8 +1330,8 @@ def test_export_model_onnx_refuses_a_module_that_is_no_detector_before_tracing(t
 def test_export_torchscript_refuses_a_module_that_takes_tensors_by_name(tmp_path):
     layer = GroupWhitening(16)
     sequential = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), GroupWhitening(16))
-    cases = [(layer, torch.randn(16, 8, 8), "GroupWhitening", "AttributeError: 'list' object has no attribute "
-                                                              "'is_nested'"),
+    cases = [(layer, torch.randn(16, 8, 8), "GroupWhitening", "GwdetTypeError: GroupWhitening: expected a torch.Tensor "
+                                                              "input"),
              (sequential, torch.randint(0, 255, (3, 32, 32), dtype=torch.uint8), "Sequential",
               "TypeError: conv2d() received an invalid combination of arguments")]
     for module, image, name, reason in cases:
@@ -1392,3 +1392,40 @@ def test_export_tool_warns_of_an_earlier_export_of_the_other_format_in_its_folde
         f"{out / 'model.onnx'} and model.onnx.sha256."]
     assert sorted(os.listdir(out)) == ["model.onnx", "model.onnx.sha256", "model.ts", "model.ts.sha256"]
     assert (out / "model.onnx").read_bytes() == onnx_bytes
+
+
+class _RoiPooling(torch.nn.Module):
+    """Holds detectron2's ROIPooler (aligned ROIAlign), as an R-CNN's box head does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from detectron2.modeling.poolers import ROIPooler
+        self.pooler = ROIPooler(output_size=7, scales=(1 / 4,), sampling_ratio=0, pooler_type="ROIAlignV2")
+
+    def forward(self, x):
+        return x
+
+
+def test_export_onnx_refuses_an_opset_below_the_aligned_roi_align_for_a_module_that_pools_regions(tmp_path):
+    # export_onnx(adapter, (image,), 'a13.onnx', opset=13) of a detector wrote a file whose detections differed by 95.6
+    with pytest.raises(ValueError, match=r"export_onnx: opset 13 is below 16, the first whose RoiAlign computes "
+                                         r"detectron2's aligned ROIAlign, which the module holds \(pooler\.level_poolers"
+                                         r"\.0\): an older one exports other detections\. Give opset 16 or newer"):
+        export_onnx(_RoiPooling(), (torch.zeros(1),), str(tmp_path / "a13.onnx"), opset=13)
+    assert os.listdir(tmp_path) == []
+    export_onnx(torch.nn.Identity(), (torch.zeros(1),), str(tmp_path / "i13.onnx"), opset=13)  # no ROIAlign: as asked
+
+
+def test_export_onnx_with_dynamo_names_what_torch_export_cannot_capture_and_the_fix(tmp_path):
+    # dynamo=True on a module torch.export cannot capture (a whole R-CNN): torch's raw TorchExportError with ANSI codes
+    class DataDependent(torch.nn.Module):
+        def forward(self, x):
+            return x * 2 if x.sum() > 0 else x - 1
+
+    with pytest.raises(ValueError, match=r"export_onnx\(dynamo=True\) of .*k\.onnx: torch\.export could not capture the "
+                                         r"module \(torch: Failed to export the model with torch\.export\. This is step "
+                                         r"1/3.*torch\.export cannot capture every module \(a whole detectron2 R-CNN "
+                                         r"among them\) \(docs/deploy\.md, Limits\)\. Export with dynamo=False") as caught:
+        export_onnx(DataDependent(), (torch.ones(3),), str(tmp_path / "k.onnx"), dynamo=True)
+    assert "\x1b[" not in str(caught.value) and caught.value.__cause__ is not None
+    assert os.listdir(tmp_path) == []

@@ -277,3 +277,18 @@ def test_the_scripted_functional_forms_compute_the_eager_ones_and_check_their_ar
                                ((x.int(), 4), "expected a floating-point input")]:
         with pytest.raises(torch.jit.Error, match="group_whitening: " + message):
             scripted(*arguments)
+
+
+# group_whitening(numpy_array, 4) failed with a raw "AttributeError: 'numpy.ndarray' object has no attribute
+# 'is_nested'"
+def test_the_functional_form_refuses_a_numpy_array_by_name():
+    import re
+
+    import numpy as np
+
+    from gwdet.errors import GwdetTypeError
+
+    with pytest.raises(GwdetTypeError, match=re.escape(
+            "group_whitening: expected a torch.Tensor input of shape (N, C, *spatial), got a numpy.ndarray of shape "
+            "[4, 16, 5, 5] (float32); convert it with torch.from_numpy(x)")):
+        group_whitening(np.zeros((4, 16, 5, 5), np.float32), 4)

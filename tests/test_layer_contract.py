@@ -609,3 +609,49 @@ def test_a_device_this_machine_does_not_have_is_refused_by_name(layer_class, mon
         layer_class(CHANNELS, device=torch.device("mps"))
     assert layer_class(CHANNELS, device="meta").weight.device.type == "meta"
     assert layer_class(CHANNELS, device="cpu").weight.device.type == "cpu"
+
+
+# GroupWhitening(16, device="xpu") on a machine without XPU failed in torch with "Torch not compiled with XPU
+# enabled", and a device torch cannot allocate on with its raw "Could not run 'aten::empty.memory_format'"
+@pytest.mark.parametrize("layer_class", LAYER_CLASSES, ids=lambda cls: cls.__name__)
+def test_another_accelerator_this_machine_does_not_have_is_refused_by_name(layer_class, monkeypatch):
+    fix = re.escape("give device='cpu' (or leave it out), or build the layer on the CPU and move it with "
+                    ".to(device) on a machine that has that device")
+    monkeypatch.setattr(torch.xpu, "is_available", lambda: False)
+    with pytest.raises(GwdetValueError, match=re.escape(
+            f"{layer_class.__name__}: device 'xpu' is an XPU device, but XPU is not available on this machine "
+            "(torch.xpu.is_available() is False); ") + fix):
+        layer_class(CHANNELS, device="xpu")
+    monkeypatch.setattr(torch.xpu, "is_available", lambda: True)
+    monkeypatch.setattr(torch.xpu, "device_count", lambda: 1)
+    with pytest.raises(GwdetValueError, match=re.escape(
+            "device 'xpu:1' names XPU device 1, but this machine has 1 XPU device; give an index below 1, or ")):
+        layer_class(CHANNELS, device="xpu:1")
+    with pytest.raises(GwdetValueError, match=re.escape(
+            "device 'xla' cannot be used on this machine: torch cannot create a tensor there (torch.empty(0, "
+            "device='xla') fails with NotImplementedError: Could not run 'aten::empty.memory_format'") + ".*" + fix):
+        layer_class(CHANNELS, device="xla")
+    assert layer_class(CHANNELS, device="meta").weight.device.type == "meta"
+    assert layer_class(CHANNELS, device="cpu").weight.device.type == "cpu"
+
+
+# GroupWhitening(16, 4)(64), BatchWhitening(16, 4)(numpy array), BatchGroupNorm(16, 4)([t] * 4) failed with a
+# raw "AttributeError: '<type>' object has no attribute 'is_nested'"
+@pytest.mark.parametrize("layer_class", LAYER_CLASSES, ids=lambda cls: cls.__name__)
+def test_an_input_that_is_not_a_tensor_is_refused_by_name(layer_class):
+    from gwdet.errors import GwdetTypeError
+
+    layer, x = layer_class(CHANNELS), random_batch((4, CHANNELS, 3, 3), torch.float32)
+    owner, shape = layer_class.__name__, f"(N, {CHANNELS}, *spatial)"
+    with pytest.raises(GwdetTypeError, match=re.escape(
+            f"{owner}: expected a torch.Tensor input of shape {shape}, got 64 (int); pass a tensor of shape {shape}")):
+        layer(64)
+    with pytest.raises(GwdetTypeError, match=re.escape(
+            f"{owner}: expected a torch.Tensor input of shape {shape}, got a numpy.ndarray of shape "
+            f"[4, {CHANNELS}, 3, 3] (float32); convert it with torch.from_numpy(x)")):
+        layer(x.numpy())
+    with pytest.raises(GwdetTypeError, match=re.escape(
+            f"{owner}: expected a torch.Tensor input of shape {shape}, got a list of 4 tensors; join them into one "
+            f"tensor of shape {shape} with torch.cat(x)")):
+        layer([x] * 4)
+    assert torch.jit.script(layer)(x).shape == x.shape  # the check is left out of the scripted graph

@@ -1078,3 +1078,170 @@ def test_the_lazyconfig_functions_refuse_what_is_no_lazyconfig():
                  lambda: lazy.build_train_loader(yacs), lambda: lazy.check_resume_config(yacs, "out")):
         with pytest.raises(TypeError, match=r"^gwdet.engine.lazy.\w+ takes a LazyConfig"):
             call()
+
+
+# ---- gwdet.engine.lazy's functions check what they build as the tools do -----------------------------
+
+def demo_lazy(**values):
+    """The demo LazyConfig on the CPU with ``values`` set in Python (dotted keys given with ``__``)."""
+    import gwdet.model_zoo
+
+    cfg = gwdet.model_zoo.get_config(str(LAZY_CONFIG), opts=["train.device=cpu"])
+    for key, value in values.items():
+        *parents, last = key.split("__")
+        node = cfg
+        for parent in parents:
+            node = node[parent]
+        node[last] = value
+    return cfg
+
+
+# Before: omegaconf's raw ConfigAttributeError / TypeError "object of type '_Absent' has no len()".
+def test_lazy_build_model_refuses_a_node_or_a_config_without_train_device():
+    from omegaconf import OmegaConf
+
+    from gwdet.engine import lazy
+
+    cfg = demo_lazy()
+    with pytest.raises(GwdetTypeError, match=r"^gwdet.engine.lazy.build_model takes the whole LazyConfig \(the cfg that "
+                                             r"holds model, train.device\), not one of its nodes: .*Give "
+                                             r"build_model\(cfg\), not build_model\(cfg.model\)\.$"):
+        lazy.build_model(cfg.model)
+    for config in (OmegaConf.create({"model": cfg.model}), OmegaConf.create({"model": cfg.model, "train": {}})):
+        with pytest.raises(GwdetValueError, match=r"^gwdet.engine.lazy.build_model reads model, train.device of the "
+                                                  r"LazyConfig, but this one has no train.device\. Add train.device "
+                                                  r"\(e.g. cfg.train.device = 'cpu'"):
+            lazy.build_model(config)
+
+
+# Before: built without a word (no proposal kept, a threshold that keeps nothing, a BGN group that a batch of 4
+# cannot fill, inf inputs), or detectron2's and torch's raw errors (negative dimension, different shapes, the
+# first forward's "not enough values to unpack"), or a message naming the norm, not the setting.
+@pytest.mark.parametrize("values, message", [
+    ({"model__roi_heads__num_classes": -1}, "model.roi_heads.num_classes=-1 is no number of classes: give an integer "
+                                            "of at least 1."),
+    ({"model__backbone__out_channels": 0}, "model.backbone.out_channels=0 is no number of channels: give an integer "
+                                           "of at least 1."),
+    ({"model__proposal_generator__post_nms_topk": (0, 0)},
+     "model.proposal_generator.post_nms_topk.0=0 is no number of proposals kept after NMS"),
+    ({"model__proposal_generator__pre_nms_topk": (0, 0)},
+     "model.proposal_generator.pre_nms_topk.0=0 is no number of proposals kept before NMS"),
+    ({"model__roi_heads__box_predictor__test_score_thresh": 1.5},
+     "model.roi_heads.box_predictor.test_score_thresh=1.5 is no score threshold (scores are in [0, 1])"),
+    ({"model__roi_heads__box_predictor__box2box_transform__weights": (10.0, 10.0)},
+     "model.roi_heads.box_predictor.box2box_transform.weights=[10.0, 10.0] is no set of box regression weights: "
+     "detectron2's Box2BoxTransform takes four numbers"),
+    ({"model__pixel_std": [0.0, 0.0, 0.0]}, "config: model.pixel_std=[0.0, 0.0, 0.0] holds a value <= 0"),
+    ({"model__pixel_mean": [1.0, 2.0]}, "config: model.pixel_mean=[1.0, 2.0] has 2 values, but images of "
+                                        "model.input_format='RGB' have 3 channels"),
+    ({"model__backbone__bottom_up__norm": None},
+     "model.backbone.bottom_up.norm=None: place_norm puts a norm at model.backbone.bottom_up.positions and would "
+     "remove the norms there without one. Give a norm, e.g. model.backbone.bottom_up.norm=L(gwdet.norm)(name='GW', "
+     "num_groups=64), or leave the positions out"),
+])
+def test_lazy_build_model_refuses_the_values_the_tool_refuses(values, message):
+    from gwdet.engine import lazy
+
+    with pytest.raises(GwdetValueError) as refused:
+        lazy.build_model(demo_lazy(**values))
+    assert str(refused.value).startswith(message)
+
+
+# Before: built without a word; the last image of every batch of 4 normalized as a group of its own.
+def test_lazy_build_model_checks_example_groups_against_the_batch():
+    import gwdet
+    from gwdet.engine import lazy
+
+    cfg = demo_lazy(model__backbone__bottom_up__resnet__stem__norm=LazyCall(gwdet.norm)(
+        name="BGN", num_groups=8, examples_per_group=3))
+    with pytest.raises(GwdetValueError, match=r"model.backbone.bottom_up.resnet.stem.norm.examples_per_group=3 does "
+                                              r"not divide the 4 images each process trains on \(dataloader.train."
+                                              r"total_batch_size=4"):
+        lazy.build_model(cfg)
+
+
+# Before: AttributeError "'int' object has no attribute 'is_nested'" (get_norm called the layer with 64).
+def test_lazy_build_model_refuses_a_layer_given_as_a_norm():
+    from gwdet.engine import lazy
+    from gwdet.layers import GroupWhitening
+
+    with pytest.raises(GwdetTypeError, match=r"^model.backbone.norm is a layer, GroupWhitening, not what builds one: "
+                                             r".*Give L\(gwdet.norm\)\(name=..., ...\)"):
+        lazy.build_model(demo_lazy(model__backbone__norm=GroupWhitening(64, 8)))
+
+
+# Before: omegaconf's "Missing key optimizer", AttributeError on None's named_parameters, SGD built with
+# momentum 1.5 or lr nan without a word, torch's raw "Invalid learning rate" / "'<' not supported".
+def test_lazy_build_optimizer_checks_its_config_and_model():
+    from omegaconf import OmegaConf
+    import torch
+
+    from gwdet.engine import lazy
+
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(GwdetValueError, match=r"^gwdet.engine.lazy.build_optimizer reads optimizer of the LazyConfig, "
+                                              r"but this one has no optimizer\. Add optimizer \(e.g. cfg.optimizer = "):
+        lazy.build_optimizer(OmegaConf.create({"model": {}}), model)
+    with pytest.raises(GwdetTypeError, match=r"^gwdet.engine.lazy.build_optimizer\(cfg, model\) takes the model as a "
+                                             r"torch.nn.Module, got None \(NoneType\)\. Build it first"):
+        lazy.build_optimizer(demo_lazy(), None)
+    for key, value, message in (
+            ("momentum", 1.5, r"optimizer.momentum=1.5: give a number from 0 to below 1, e.g. optimizer.momentum=0.9"),
+            ("lr", float("nan"), r"optimizer.lr=nan is no learning rate: it must be a finite number >= 0"),
+            ("lr", -1.0, r"optimizer.lr=-1.0 is no learning rate"),
+            ("lr", "0.02", r"optimizer.lr='0.02' is no learning rate"),
+            ("weight_decay", -0.1, r"optimizer.weight_decay=-0.1: give a number finite and at least 0")):
+        with pytest.raises(GwdetValueError, match="^" + message.replace("(", r"\(").replace(".", r"\.")):
+            lazy.build_optimizer(demo_lazy(**{f"optimizer__{key}": value}), model)
+
+
+# Before: the sampler seeded with int(1.5) == int(True) == 1 without a word, int('abc')'s raw ValueError, and
+# detectron2's misleading "Total batch size (0) must be divisible by the number of gpus (1)".
+@pytest.mark.parametrize("values, message", [
+    ({"train__seed": 1.5}, "train.seed=1.5: give a whole number below 2**32"),
+    ({"train__seed": True}, "train.seed=True: give a whole number below 2**32"),
+    ({"train__seed": "abc"}, "train.seed='abc': give a whole number below 2**32"),
+    ({"dataloader__train__total_batch_size": 0}, "dataloader.train.total_batch_size=0, which 1 process(es)"),
+    ({"dataloader__train__total_batch_size": 2.5}, "dataloader.train.total_batch_size=2.5 is no whole number of "
+                                                   "images (float)"),
+])
+def test_lazy_build_train_loader_refuses_the_values_the_tool_refuses(values, message):
+    from gwdet.engine import lazy
+
+    with pytest.raises(GwdetValueError) as refused:
+        lazy.build_train_loader(demo_lazy(**values))
+    assert str(refused.value).startswith(message)
+
+
+# Before: detectron2's raw TypeError "'NoneType' object is not callable" / KeyError "... is not registered!".
+def test_lazy_evaluate_refuses_no_model_and_an_unregistered_test_set():
+    import torch
+
+    from gwdet.engine import lazy
+    from gwdet.errors import GwdetKeyError
+
+    with pytest.raises(GwdetTypeError, match=r"^gwdet.engine.lazy.evaluate\(cfg, model\) takes the model as a "
+                                             r"torch.nn.Module, got None"):
+        lazy.evaluate(demo_lazy(), None)
+    with pytest.raises(GwdetKeyError, match=r"Dataset 'nope_test' is not registered\.( Did you mean '\w+'\?)? Register "
+                                            r"your own COCO-format "
+                                            r"data with --register-coco nope_test=path/to/instances.json"):
+        lazy.evaluate(demo_lazy(dataloader__test__dataset__names="nope_test"), torch.nn.Linear(2, 2))
+
+
+# Before: detectron2's raw KeyError "Dataset 'nope' is not registered! Available datasets are: ...".
+def test_the_yacs_trainer_refuses_unregistered_datasets_in_the_tools_words(tmp_path):
+    import torch
+
+    from gwdet.engine.trainer import Trainer
+    from gwdet.errors import GwdetKeyError
+    from gwdet.model_zoo.loading import build_config
+
+    unregistered = (r"Dataset 'nope' is not registered\.( Did you mean '\w+'\?)? Register your own COCO-format data "
+                    r"with --register-coco nope=")
+    with pytest.raises(GwdetKeyError, match=unregistered):
+        Trainer.test(build_config(str(DEMO_CONFIG), ["DATASETS.TEST", "('nope',)"]), torch.nn.Linear(2, 2))
+    cfg = build_config(str(DEMO_CONFIG), ["OUTPUT_DIR", str(tmp_path / "run"), "MODEL.DEVICE", "cpu",
+                                          "DATASETS.TRAIN", "('nope',)"])
+    with pytest.raises(GwdetKeyError, match=unregistered):
+        Trainer(cfg)

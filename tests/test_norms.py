@@ -1072,3 +1072,78 @@ def test_a_norm_takes_num_channels_by_keyword_and_refuses_other_keywords():
         made(16, eps=1e-3)
     with pytest.raises(GwdetTypeError, match=re.escape("was called with affine=False: ")):
         made(num_channels=16, affine=False)
+
+
+# a list in a Norm's params could be changed in place: the "read-only" Norm then built GroupNorm(3) instead of 2
+def test_a_list_read_from_a_norms_params_is_a_copy(registered):
+    registered.append("TestListParam")
+    register_norm("TestListParam", lambda channels, sizes=(1, 1): torch.nn.GroupNorm(len(sizes), channels))
+    made = norm("TestListParam", sizes=[1, 1])
+    made.params["sizes"].append(1)
+    dict(made.params)["sizes"].append(1)
+    assert made.params["sizes"] == [1, 1] and repr(made) == "Norm('TestListParam', sizes=[1, 1])"
+    assert made(6).num_groups == 2
+
+
+# the Norm held the caller's dict: changing it changed the Norm's repr, layers and hash
+def test_a_norm_keeps_its_own_copy_of_a_dict_given_to_it(registered):
+    registered.append("TestDictParam")
+    register_norm("TestDictParam", lambda channels, opts=None: torch.nn.GroupNorm((opts or {}).get("g", 1), channels))
+    given = {"g": 2, "nested": [1]}
+    made = norm("TestDictParam", opts=given)
+    before = hash(made)
+    cache = {made: 1}
+    given["g"] = 4
+    given["nested"].append(2)
+    assert repr(made) == "Norm('TestDictParam', opts={'g': 2, 'nested': [1]})"
+    assert made(8).num_groups == 2 and hash(made) == before and made in cache
+    assert made == norm("TestDictParam", opts={"g": 2, "nested": [1]})
+    assert pickle.loads(pickle.dumps(made)) == made
+
+
+# the Norm held its build function's default list: appending to it changed every Norm of the name and the default
+def test_a_build_functions_default_list_is_copied_into_each_norm(registered):
+    def build(channels, sizes=[1, 1]):  # noqa: B006 (the mutable default under test)
+        return torch.nn.GroupNorm(len(sizes), channels)
+
+    registered.append("TestDefaultList")
+    register_norm("TestDefaultList", build)
+    first, second = norm("TestDefaultList"), norm("TestDefaultList")
+    assert first.params["sizes"] is not build.__defaults__[0]
+    first.params["sizes"].append(1)
+    assert build.__defaults__ == ([1, 1],) and second(6).num_groups == 2 and norm("TestDefaultList")(6).num_groups == 2
+
+
+# a build function that changed its argument in place changed the Norm's values for every later layer
+def test_a_build_function_is_given_copies_of_the_norms_values(registered):
+    def build(channels, sizes=(1,)):
+        layer = torch.nn.GroupNorm(len(sizes), channels)
+        sizes.append(1)
+        return layer
+
+    registered.append("TestMutatingBuild")
+    register_norm("TestMutatingBuild", build)
+    made = norm("TestMutatingBuild", sizes=[1, 1])
+    assert [made(4).num_groups for _ in range(3)] == [2, 2, 2] and made.params["sizes"] == [1, 1]
+
+
+# a checkpoint recorded the caller's dict as changed after the layer was built, not the values it was built with
+def test_a_checkpoint_records_the_values_a_layer_was_built_with(registered, tmp_path):
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    registered.append("TestDictRecord")
+    register_norm("TestDictRecord", lambda channels, opts=None: torch.nn.GroupNorm((opts or {}).get("g", 1), channels))
+    given = {"g": 2}
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), norm("TestDictRecord", opts=given)(8))
+    given["g"] = 4
+    ResilientCheckpointer(model, save_dir=str(tmp_path)).save("m")
+    recorded = torch.load(tmp_path / "m.pth", weights_only=False)["gwdet_norm_settings"]["1"]
+    assert recorded["opts"] == {"g": 2}
+
+
+# a plain dict was taken for a config lacking gwdet's keys: "add_gwdet_config(cfg) adds them back", which refuses a dict
+def test_norm_from_config_refuses_a_plain_dict_naming_its_type_and_the_fix():
+    with pytest.raises(GwdetTypeError, match=r"^norm_from_config\('GW', cfg\) needs a detectron2 CfgNode \(a yacs "
+                                             r"config\), got a dict: \{'MODEL': .*get_cfg\(\); gwdet.add_gwdet_config"
+                                             r".*gwdet.model_zoo.get_config\(path\).*CfgNode\(your_dict\)"):
+        norm_from_config("GW", {"MODEL": {"GW": {"NUM_GROUPS": 8}}})

@@ -1818,3 +1818,21 @@ def test_an_output_folder_that_cannot_be_made_leaves_no_folder_made_on_the_way(t
             with OutputDirLock(str(output_dir)):
                 pass
         assert sorted(os.listdir(tmp_path)) == ["run1"]
+
+
+# OUTPUT_DIR 'runs/nl\nx' (a newline in the name) trained, and its --resume then failed with fvcore's raw
+# "AssertionError: Checkpoint runs/nlx/model_final.pth not found!"
+def test_an_output_dir_with_a_control_character_is_refused_before_anything_is_written(tmp_path):
+    from gwdet.engine.output_dir import OutputDirNameError, check_output_dir_name
+
+    folder = tmp_path / "nl\nx"
+    expected = (r"OUTPUT_DIR '.*nl\\nx' holds a control character \('\\n', e.g. a newline pasted into the name\): "
+                r"the run's records name its files line by line \(last_checkpoint names its last checkpoint\), so a "
+                r"--resume or an evaluation of the run would not find its checkpoints; nothing was written. Give a "
+                r"folder name without it, e.g. OUTPUT_DIR .*nlx")
+    with pytest.raises(OutputDirNameError, match=expected):
+        main(tiny_run_args(folder))
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(OutputDirNameError, match=r"^train.output_dir 'out\\tput' holds a control character \('\\t'"):
+        check_output_dir_name("out\tput", setting="train.output_dir")
+    check_output_dir_name(str(tmp_path / "plain name"))

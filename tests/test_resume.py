@@ -425,3 +425,49 @@ def test_a_resume_from_an_older_checkpoint_keeps_the_later_checkpoints_aside(fin
     assert {kept_final.name, kept_later.name, kept_final.name + ".sha256"} <= set(run_files(str(run)))
     check_fresh_start(str(run), overwrite=True)  # the run's files: --overwrite removes them
     assert not list(run.glob("*before_resuming*"))
+
+
+# last_checkpoint overwritten with '{"broken' in a finished run: --resume said it names a checkpoint "which is not
+# there (deleted or moved)" and told to put '{"broken' back
+def test_a_damaged_last_checkpoint_is_named_with_the_newest_checkpoint_to_write_into_it(tmp_path):
+    import re
+
+    from gwdet.engine.output_dir import check_resume_trains
+    from gwdet.errors import GwdetValueError
+
+    for age, name in enumerate(("model_0000003.pth", "model_final.pth", "results.json")):
+        (tmp_path / name).write_bytes(b"{}")
+        os.utime(tmp_path / name, (1000 + age, 1000 + age))
+    (tmp_path / "last_checkpoint").write_text('{"broken\n')
+    tag = re.escape(str(tmp_path / "last_checkpoint"))
+    with pytest.raises(GwdetValueError, match=(
+            r"^--resume: last_checkpoint in '.*' is damaged: it holds '\{\"broken', which is not the file name of a "
+            r"checkpoint \(detectron2 writes there the name of the run's last one, e\.g\. model_final\.pth\), so which "
+            r"checkpoint is the run's last is unknown; nothing was changed\. Write the name of the run's newest "
+            r"checkpoint into it \(the newest there is model_final\.pth: echo model_final\.pth > " + tag +
+            r"\), then resume again\.$")):
+        check_resume_trains(str(tmp_path), 6)
+    os.utime(tmp_path / "model_0000003.pth", (2000, 2000))  # a checkpoint written after model_final.pth
+    with pytest.raises(GwdetValueError, match=r"the newest there is model_0000003\.pth: echo model_0000003\.pth"):
+        check_resume_trains(str(tmp_path), 6)
+
+
+# a finished run whose config.yaml.sha256 was deleted and config.yaml edited (BATCH_SIZE_PER_IMAGE 64 -> 32): --resume
+# with 32 said nothing, and config_before_resuming_at_N.yaml gave 32 for the iterations trained with 64
+def test_a_resume_of_a_run_whose_config_record_was_removed_is_refused(finished_run, tmp_path):
+    from gwdet.errors import GwdetFileNotFoundError
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run, ignore=shutil.ignore_patterns(".gwdet.lock"))
+    (run / "config.yaml.sha256").unlink()
+    config = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text(config.replace("BATCH_SIZE_PER_IMAGE: ", "BATCH_SIZE_PER_IMAGE: 1"))
+    before = {path.name: path.read_bytes() for path in run.iterdir() if path.is_file() and path.name != ".gwdet.lock"}
+    with pytest.raises(GwdetFileNotFoundError, match=(
+            r"^--resume: the run in '.*' has its checkpoints and config.yaml, but not .*config\.yaml\.sha256, the "
+            r"SHA-256 record written with config.yaml when the run started, so whether config.yaml still holds the "
+            r"values the run trained with cannot be checked .*; nothing was changed\. Restore config\.yaml\.sha256 "
+            r"\(from a copy of the run\); if .* is as the run wrote it, record it again \(cd .* && sha256sum "
+            r"config\.yaml > config\.yaml\.sha256\) and resume again; or train afresh")):
+        main(tiny_run_args(run, "--resume", "SOLVER.MAX_ITER", "3"))
+    assert {path.name: path.read_bytes() for path in run.iterdir() if path.is_file() and path.name != ".gwdet.lock"} == before

@@ -385,10 +385,10 @@ def test_resume_over_a_damaged_checksum_record_of_config_yaml_names_the_record(t
     assert refused.value.path == path + ".sha256"
     assert str(refused.value) == (
         f"--resume: {path} cannot be checked against what the run in {folder!r} wrote: its checksum record "
-        f"config.yaml.sha256 is damaged; nothing was trained. If {path} is the run's config, delete {path}.sha256 and "
-        "resume again (config.yaml is then read unchecked); otherwise restore both files, or train into another "
-        "output folder.")
-    os.remove(path + ".sha256")
+        f"config.yaml.sha256 is damaged; nothing was trained. If {path} is the run's config as the run wrote it, "
+        f"record it again (cd {folder} && sha256sum config.yaml > config.yaml.sha256) and resume again; otherwise "
+        "restore both files, or train into another output folder.")
+    subprocess.run("sha256sum config.yaml > config.yaml.sha256", shell=True, cwd=folder, check=True)
     check_resume_config(get_cfg(), folder)  # as the message says
 
 

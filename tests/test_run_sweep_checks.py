@@ -1177,3 +1177,25 @@ def test_a_full_disk_before_the_first_checkpoint_promises_no_checkpoint(tmp_path
     torch.save({"model": {}, "iteration": 1}, tmp_path / "model_0000001.pth")
     assert full_disk().endswith("Its checkpoints are kept: continue with --resume once it can be written (a finished "
                                 "training is evaluated again).")
+
+
+# a data loading process killed before the run's first checkpoint: the refusal said "The run's checkpoints are kept:
+# continue it with --resume", and that --resume was refused (no checkpoint)
+def test_a_killed_loader_or_lost_file_before_the_first_checkpoint_advises_a_new_start(tmp_path):
+    from gwdet.engine.run import named_killed_loader, named_lost_file, stopped_training_way_on
+    from gwdet.errors import GwdetFileNotFoundError, GwdetRuntimeError
+
+    way_on = lambda: stopped_training_way_on(str(tmp_path))  # noqa: E731
+    fresh = (r"The run had saved no checkpoint yet, so nothing of its training is kept: start it again with "
+             r"--overwrite \(which deletes the files it left\).$")
+    with pytest.raises(GwdetRuntimeError, match=r"^A data loading process of the run \(pid 123\) was killed by "
+                                                 r"signal Killed: .* " + fresh):
+        with named_killed_loader(way_on):
+            raise RuntimeError("DataLoader worker (pid 123) is killed by signal: Killed.")
+    with pytest.raises(GwdetFileNotFoundError, match=r"^A file the run reads or writes is gone .* " + fresh):
+        with named_lost_file(way_on):
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", "images/a.png")
+    (tmp_path / "model_0000004.pth").write_bytes(b"")
+    with pytest.raises(GwdetRuntimeError, match=r"The run's checkpoints are kept: continue it with --resume\.$"):
+        with named_killed_loader(way_on):
+            raise RuntimeError("DataLoader worker (pid 123) is killed by signal: Killed.")

@@ -832,7 +832,11 @@ class ResilientCheckpointer(DetectionCheckpointer):
             logger.warning(f"last_checkpoint in {self.save_dir} cannot be read ({error}); trying the "
                            "checkpoints there newest first.")
             tagged = None
-        if tagged and (os.sep in tagged or not os.path.isfile(os.path.join(self.save_dir, tagged))):
+        if tagged and not tagged.endswith(".pth") and not os.path.lexists(os.path.join(self.save_dir, tagged)):
+            logger.warning(f"last_checkpoint in {self.save_dir} is damaged: it holds {tagged!r}, which is not the file "
+                           "name of a checkpoint; trying the checkpoints there newest first.")
+            tagged = None
+        elif tagged and (os.sep in tagged or not os.path.isfile(os.path.join(self.save_dir, tagged))):
             logger.warning(f"last_checkpoint names {tagged}, which is not in {self.save_dir}; "
                            "trying the other checkpoints there.")
             tagged = None

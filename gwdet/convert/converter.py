@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import re
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence, cast
 from urllib.parse import urlsplit
@@ -44,7 +45,10 @@ from gwdet.convert.loading import (
     read_source_state_dict,
 )
 from gwdet.checkpoint.converted_weights import (
+    ARCH_FIELD,
     AUTHOR_KEY,
+    GW_POSITIONS_FIELD,
+    NORM_FIELD,
     MATCHING_HEURISTICS_KEY,
     METADATA_KEY,
     WEIGHTS_KEY,
@@ -58,7 +62,7 @@ from gwdet.layers import GroupWhitening
 from gwdet.layers.common import check_flag
 from gwdet.layers.settings_state import decode_settings
 from gwdet.norms import norm_record
-from gwdet.positions import format_gw_positions
+from gwdet.positions import POSITIONS, format_gw_positions, parse_gw_positions
 
 OUTPUT_SUFFIX = ".pkl"
 logger = logging.getLogger(__name__)
@@ -208,6 +212,7 @@ def convert_state_dict(
     expected = expected_shapes(inferred_arch, format_gw_positions(positions), gn_style)
     check_fits_architecture(weights, expected, inferred_arch)
     check_trained(layout, source_name)
+    _check_zero_variances(layout, source_name)
     records = {f"{norm.target}.{RECORD_LEAF}": norm.record.numpy() for norm in layout.norms.values()
                if norm.record is not None}  # checked by the layers that load them: their settings
     weights.update(records)
@@ -327,6 +332,53 @@ def check_trained(layout: SourceLayout, source_name: str) -> None:
             "fine-tuning from it would start from random weights. Save a trained model, e.g. torchvision's "
             "resnet50(weights='IMAGENET1K_V1').state_dict() (torchvision.models.resnet50() alone is untrained); "
             "nothing was written.")
+    _check_partly_untrained(layout, source_name)
+
+
+def _check_partly_untrained(layout: SourceLayout, source_name: str) -> None:
+    """Name the batch norms of ``layout`` whose running statistics are still a freshly built layer's
+    (mean 0 and variance 1 in every channel): a trained network has none, since a single training
+    step in train mode moves them. When more than half of the batch norms are at those values the
+    network as a whole was not trained (its layers never saw data), and a ``ConversionError`` says
+    so; when fewer are, a warning lists how many and which, and the conversion goes on."""
+    statistics = {norm.source: norm.tensors for norm in layout.norms.values()
+                  if "running_mean" in norm.tensors and "running_var" in norm.tensors}
+    at_init = [name for name, tensors in statistics.items()
+               if not tensors["running_mean"].any() and bool((tensors["running_var"] == 1).all())]
+    if not at_init:
+        return
+    which = (f"{len(at_init)} of the {len(statistics)} batch norms of {source_name} hold the running statistics of a "
+             f"layer that never saw data (mean 0 and variance 1 in every channel, as a model is built): "
+             f"{preview_names(at_init, 5)}")
+    if 2 * len(at_init) > len(statistics):
+        raise ConversionError(
+            f"{which}. Most of the network was never trained, so fine-tuning from it would start mostly from random "
+            "weights. Save a trained model (e.g. torchvision's resnet50(weights='IMAGENET1K_V1').state_dict()), "
+            "or check that the statistics were saved from the trained model; nothing was written.")
+    logger.warning(
+        "%s. A trained network has no such layer: check that the checkpoint holds the statistics of the trained "
+        "model (a layer replaced or re-initialized after training has them); the conversion goes on.", which)
+
+
+ZERO_VARIANCE = 1e-12  # far below FrozenBN's eps (1e-5), which then alone decides a channel's scale
+
+
+def _check_zero_variances(layout: SourceLayout, source_name: str) -> None:
+    """Warn naming each batch norm of ``layout`` whose running variance is (about) zero in every
+    channel (below :data:`ZERO_VARIANCE`). The converted FrozenBN computes what the source's BN
+    computes in eval, ``weight / sqrt(running_var + eps)``, so the conversion is faithful; but such a
+    layer scales its input by about ``1 / sqrt(eps)`` (316 for eps 1e-5), and a whole layer of zero
+    variance after a conv with weights does not come out of training: the checkpoint is damaged or
+    its statistics were never gathered."""
+    zero = [norm.source for norm in layout.norms.values()
+            if "running_var" in norm.tensors and bool((norm.tensors["running_var"].abs() < ZERO_VARIANCE).all())]
+    if zero:
+        logger.warning(
+            "%d batch norm(s) of %s hold a running variance of zero in every channel: %s. Converted, such a layer "
+            "scales its input by 1/sqrt(eps), about 316 for eps 1e-5, as the source's BN does in eval; training does "
+            "not leave a whole layer at zero variance. Check those layers' running_var in the source checkpoint "
+            "(a damaged file, or statistics never gathered) before fine-tuning from it.",
+            len(zero), source_name, preview_names(zero, 5))
 
 
 def _is_broadcast_affine(value: torch.Tensor) -> bool:
@@ -356,7 +408,26 @@ def _float_array(name: str, value: torch.Tensor) -> np.ndarray:
     return array
 
 
+_IN_BLOCK = re.compile(r"layer[1-4]\.\d+\.")
+
+
 def _check_unexpected(layout: SourceLayout, allow_unexpected: bool) -> None:
+    """A ``ConversionError`` for keys outside torchvision's ResNet layout, unless ``allow_unexpected``.
+    Keys inside the residual blocks (``layerN.M.*``: an SE-ResNet's ``se.fc1``, say) are named as parts
+    of the blocks that gwdet's ResNet does not have: the checkpoint is of another architecture, and
+    dropping them (what ``allow_unexpected`` does) converts a network that computes something else.
+    For keys outside the blocks (a head, an EMA counter) the message offers the flag."""
+    in_blocks = sorted(key for key in layout.unexpected if _IN_BLOCK.match(key))
+    if in_blocks and not allow_unexpected:
+        modules = sorted({key.rpartition(".")[0].split(".", 2)[2] for key in in_blocks})
+        raise ConversionError(
+            f"{len(in_blocks)} key(s) inside the residual blocks are not part of torchvision's ResNet layout: "
+            f"{preview_names(in_blocks)}. They are modules of the blocks ({preview_names(modules, 4)}) that gwdet's "
+            "ResNet (detectron2's bottleneck block: conv1-3, their norms, the shortcut) does not have, so the "
+            "checkpoint is of another architecture (an SE-ResNet, say); dropping them would convert a network that "
+            f"computes something else ({UNEXPECTED_FLAG} does that, and the result is no longer the network "
+            "that was trained). Convert a torchvision-layout ResNet/ResNeXt (e.g. torchvision's "
+            "resnet50(weights='IMAGENET1K_V1')) instead; nothing was written.")
     if layout.unexpected and not allow_unexpected:
         raise ConversionError(
             f"{len(layout.unexpected)} keys are not part of torchvision's ResNet layout: "
@@ -526,6 +597,8 @@ def write_detectron2_pkl(
     check_flag("write_detectron2_pkl", "overwrite", overwrite)
     _check_weights(weights)
     _check_metadata(metadata)
+    if metadata is not None:
+        _check_record_fits_weights(metadata, weights)
     if not isinstance(output_path, (str, os.PathLike)):
         raise GwdetTypeError(f"write_detectron2_pkl: output_path must be a file's path (a str or pathlib.Path), got a "
                              f"{type(output_path).__name__} ({_short_repr(output_path)}): give the path of the .pkl "
@@ -628,6 +701,83 @@ def _check_metadata(metadata: object) -> None:
             f"write_detectron2_pkl: metadata{''.join(f'[{part!r}]' for part in name.split('.'))} is {_short_repr(value)} ({type(value).__name__}): gwdet's loading "
             f"reads that field of the record to check the weights against the model, and takes {what} there. Give "
             "that, or keep your own data under another key; nothing was written.")
+
+
+_NORM_OF_POSITION = {"S1": re.compile(r"stem\.conv1\.norm"), "B1": re.compile(r"res[2-5]\.\d+\.conv1\.norm"),
+                     "B2": re.compile(r"res[2-5]\.\d+\.conv2\.norm"), "B3": re.compile(r"res[2-5]\.\d+\.conv3\.norm")}
+
+
+def _weights_shape(weights: Mapping[str, np.ndarray]) -> tuple[tuple[int, ...] | None, tuple[int, int] | None]:
+    """The blocks per stage (when every stage res2-res5 is there) and the conv2 grouping
+    (groups, channels per group; from ``res2.0.conv2.weight``) that backbone weights in detectron2's
+    names show; None for what they do not show."""
+    blocks = []
+    for stage in range(2, 6):
+        found = {int(key.split(".")[1]) for key in weights
+                 if re.fullmatch(rf"res{stage}\.\d+\.conv1\.weight", key)}
+        blocks.append(max(found) + 1 if found else 0)
+    conv2 = weights.get("res2.0.conv2.weight")
+    grouping = None
+    if isinstance(conv2, np.ndarray) and conv2.ndim == 4 and conv2.shape[1] and conv2.shape[0] % conv2.shape[1] == 0:
+        grouping = (conv2.shape[0] // conv2.shape[1], int(conv2.shape[1]))
+    return (tuple(blocks) if all(blocks) else None), grouping
+
+
+def _statistics_by_position(weights: Mapping[str, np.ndarray]) -> dict[str, bool]:
+    """For each norm position (S1, B1, B2, B3) whose norms the weights hold, whether those norms have
+    running statistics (a BN's) or not (a GW's or GN's); a position of mixed norms is left out."""
+    norms: dict[str, set[bool]] = {}
+    for key in weights:
+        module, _, leaf = key.rpartition(".")
+        if leaf != "weight":
+            continue
+        for position, pattern in _NORM_OF_POSITION.items():
+            if pattern.fullmatch(module):
+                norms.setdefault(position, set()).add(f"{module}.running_var" in weights)
+    return {position: next(iter(found)) for position, found in norms.items() if len(found) == 1}
+
+
+def _check_record_fits_weights(metadata: Mapping[str, object], weights: Mapping[str, np.ndarray]) -> None:
+    """A ``ConversionError`` when the ``"gwdet"`` record of ``metadata`` (its arch, gw_positions and
+    norm fields) contradicts what ``weights`` show: their blocks per stage and conv2 grouping, and
+    which norm positions hold running statistics (BN) and which do not (GW, or GN). gwdet's loading
+    checks a model against that record, so a wrong one gives wrong advice there. Fields the weights
+    do not show (a partial set of weights) are not checked."""
+    arch_name = metadata.get(ARCH_FIELD)
+    gw_field = metadata.get(GW_POSITIONS_FIELD)
+    norm = metadata.get(NORM_FIELD)
+    problems = []
+    if isinstance(arch_name, str) and arch_name in ARCHITECTURES:
+        arch = ARCHITECTURES[arch_name]
+        blocks, grouping = _weights_shape(weights)
+        if blocks is not None and blocks != arch.blocks_per_stage:
+            problems.append(f"its arch {arch_name!r} has blocks per stage {list(arch.blocks_per_stage)}, the weights "
+                            f"{list(blocks)}")
+        if grouping is not None and grouping != (arch.num_groups, arch.width_per_group):
+            problems.append(f"its arch {arch_name!r} has conv2 {arch.num_groups} group(s) x {arch.width_per_group} "
+                            f"channels, the weights {grouping[0]} group(s) x {grouping[1]} channels")
+    statistics = _statistics_by_position(weights)
+    with_stats = [position for position in POSITIONS if statistics.get(position)]
+    if isinstance(gw_field, str) and norm != "GN":
+        recorded = parse_gw_positions(gw_field)
+        as_bn = [position for position in POSITIONS if position in recorded and statistics.get(position)]
+        as_gw = [position for position in POSITIONS if statistics.get(position) is False and position not in recorded]
+        if as_bn:
+            problems.append(f"its gw_positions {gw_field!r} puts GW at {', '.join(as_bn)}, where the weights hold "
+                            "running statistics (BN)")
+        if as_gw and norm == "BN":
+            problems.append(f"its gw_positions {gw_field!r} puts BN at {', '.join(as_gw)}, where the weights hold "
+                            "no running statistics (GW)")
+    if norm == "GN" and with_stats:
+        problems.append(f"its norm 'GN' has no running statistics, and the weights hold some at "
+                        f"{', '.join(with_stats)} (BN)")
+    if problems:
+        raise ConversionError(
+            f"write_detectron2_pkl: the metadata's {METADATA_KEY!r} record contradicts the weights: "
+            f"{'; '.join(problems)}. gwdet's loading checks a model against that record, so it would advise the "
+            "wrong config. Give the record of these weights (convert_state_dict's report.metadata()), or keep data "
+            f"of your own under keys other than {ARCH_FIELD!r}, {GW_POSITIONS_FIELD!r} and {NORM_FIELD!r}; nothing "
+            "was written.")
 
 
 def _unplain_entry(value: object, where: str) -> tuple[str, object] | None:

@@ -74,8 +74,13 @@ from gwdet.engine.output_dir import (SavedRun, ScheduleAt, check_config_checksum
                                      leaves_the_model)
 from gwdet.utils.run_file_names import CONFIG_NAME
 from gwdet.engine.output_dir import warn_of_a_moved_schedule as moved_schedule_warning
+from gwdet.config_checks import check_batch_split, is_whole_number
 from gwdet.engine.lazy_checks import (
+    check_example_group_nodes,
     check_call_arguments,
+    check_model_values,
+    check_optimizer_values,
+    check_seed,
     check_datasets,
     dataset_use,
     check_norm_nodes,
@@ -125,6 +130,14 @@ TRAINING_KEYS = (
     "train.max_iter", "train.device", "train.amp.enabled", "train.ddp", "train.checkpointer", "train.eval_period",
     "train.log_period",
 )
+# how to give each key gwdet.engine.lazy's functions read, for a LazyConfig built in Python without it
+KEY_EXAMPLES = {
+    "model": "cfg.model = L(GeneralizedRCNN)(...), as configs/LazyConfig/ builds it",
+    "train.device": "cfg.train.device = 'cpu', in a train node as detectron2's "
+                    "model_zoo.get_config('common/train.py').train gives it",
+    "optimizer": "cfg.optimizer = detectron2.model_zoo.get_config('common/optim.py').SGD",
+    "dataloader.train": "cfg.dataloader.train = L(build_detection_train_loader)(...)",
+}
 EVALUATION_KEYS = ("model", "dataloader.test", "dataloader.evaluator", "train.output_dir", "train.init_checkpoint",
                    "train.device")
 
@@ -134,11 +147,23 @@ logger = logging.getLogger(__name__)
 # ---- building ----------------------------------------------------------------------------------
 
 
-def check_lazy_config_given(cfg: Any, function: str) -> None:
-    """Refuse ``cfg`` unless it is a LazyConfig (an omegaconf ``DictConfig``), naming ``function``
-    of this module and what to use for a yacs config (gwdet's yacs entry points)."""
+def check_lazy_config_given(cfg: Any, function: str, keys: Sequence[str] = ()) -> None:
+    """Refuse ``cfg`` unless it is a LazyConfig (an omegaconf ``DictConfig``) that holds ``keys``
+    (what ``function`` of this module reads), naming ``function``, what it takes and what to use
+    for a yacs config (gwdet's yacs entry points)."""
     if isinstance(cfg, DictConfig):
-        return
+        missing = [key for key in keys if select(cfg, key) is ABSENT]
+        if not missing:
+            return
+        if "model" in missing and "_target_" in cfg:  # a node of the LazyConfig, such as cfg.model
+            raise GwdetTypeError(
+                f"gwdet.engine.lazy.{function} takes the whole LazyConfig (the cfg that holds "
+                f"{', '.join(keys)}), not one of its nodes: this one calls {cfg.get('_target_')!r} and has no "
+                f"{', '.join(missing)}. Give {function}(cfg), not {function}(cfg.model).")
+        raise GwdetValueError(
+            f"gwdet.engine.lazy.{function} reads {', '.join(keys)} of the LazyConfig, but this one has no "
+            f"{', '.join(missing)}. Add {' and '.join(missing)} (e.g. {'; '.join(KEY_EXAMPLES[key] for key in missing)}), "
+            "as detectron2's common/train.py and gwdet's LazyConfigs (configs/LazyConfig/) lay them out.")
     yacs = isinstance(cfg, CfgNode)
     fix = (f"for a yacs config, use gwdet.{function if function in ('build_model', 'build_optimizer') else 'engine.trainer.Trainer'}"
            if yacs else "load the LazyConfig first: detectron2's LazyConfig.load(path), or gwdet.model_zoo.get_config(name) "
@@ -147,14 +172,28 @@ def check_lazy_config_given(cfg: Any, function: str) -> None:
                          f"{'a yacs CfgNode' if yacs else repr(cfg) + ' (' + type(cfg).__name__ + ')'}: {fix}.")
 
 
+def _check_model_given(model: Any, function: str) -> None:
+    """Refuse a ``model`` that is not a ``torch.nn.Module``, naming ``function`` and how to build one."""
+    if not isinstance(model, torch.nn.Module):
+        raise GwdetTypeError(
+            f"gwdet.engine.lazy.{function}(cfg, model) takes the model as a torch.nn.Module, got {model!r} "
+            f"({type(model).__name__}). Build it first: model = gwdet.engine.lazy.build_model(cfg).")
+
+
 def build_model(cfg: DictConfig) -> torch.nn.Module:
     """``instantiate(cfg.model)``, checked by :func:`gwdet.check_model`, on ``train.device``; a
     head's norm that the model cannot have is warned of (:func:`warn_unused_head_norms`), in the
-    run's log as a yacs config's is. The norm and call nodes are checked first as
-    :meth:`LazyRun.load` checks them (a config built or changed in Python did not pass there)."""
-    check_lazy_config_given(cfg, "build_model")
+    run's log as a yacs config's is. The config is checked first as :meth:`LazyRun.load` and
+    :meth:`LazyRun.check_request` check it (a config built or changed in Python did not pass
+    there): the norm and call nodes, the model's values (:func:`check_model_values`) and the
+    example groups of its BGN / GhostBN nodes against ``dataloader.train.total_batch_size``."""
+    check_lazy_config_given(cfg, "build_model", ("model", "train.device"))
     check_norm_nodes(cfg)
     check_call_arguments(cfg)
+    check_model_values(cfg)
+    batch = select(cfg, BATCH_SETTING)
+    if is_whole_number(batch) and batch >= 1:  # another value is the loader's to refuse
+        check_example_group_nodes(cfg, batch, comm.get_world_size())
     return _build_checked_model(cfg)
 
 
@@ -170,9 +209,18 @@ def _build_checked_model(cfg: DictConfig) -> torch.nn.Module:
 
 def build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     """``cfg.optimizer`` for ``model`` (given as ``optimizer.params.model``, as detectron2's tool
-    does, and taken out again), its norm weight decay checked against ``params.weight_decay_norm``."""
-    check_lazy_config_given(cfg, "build_optimizer")
-    warn_of_untrained_parts(model, cfg.train.get("init_checkpoint", ""), "train.init_checkpoint")
+    does, and taken out again), its values checked first as the tools check them
+    (:func:`check_optimizer_values`), its norm weight decay checked against ``params.weight_decay_norm``."""
+    check_lazy_config_given(cfg, "build_optimizer", ("optimizer",))
+    _check_model_given(model, "build_optimizer")
+    check_optimizer_values(cfg)
+    return _build_checked_optimizer(cfg, model)
+
+
+def _build_checked_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """:func:`build_optimizer` of a LazyConfig whose values were checked (:meth:`LazyRun.check_request`)."""
+    warn_of_untrained_parts(model, cfg.train.get("init_checkpoint", "") if "train" in cfg else "",
+                            "train.init_checkpoint")
     params = cfg.optimizer.params
     previous = params.get("model", ABSENT)
     params.model = model
@@ -207,7 +255,16 @@ def build_train_loader(cfg: DictConfig) -> Any:
     seed its own seeded generator. Any other loader is instantiated as it is, and restarts its
     sample stream on resume (with a warning then).
     """
-    check_lazy_config_given(cfg, "build_train_loader")
+    check_lazy_config_given(cfg, "build_train_loader", ("dataloader.train",))
+    check_seed(cfg)
+    batch = select(cfg, BATCH_SETTING)
+    if batch is not ABSENT:
+        check_batch_split(f"{BATCH_SETTING}={batch!r}", batch, comm.get_world_size())
+    return _build_checked_train_loader(cfg)
+
+
+def _build_checked_train_loader(cfg: DictConfig) -> Any:
+    """:func:`build_train_loader` of a LazyConfig whose values were checked (:meth:`LazyRun.check_request`)."""
     node = cfg.dataloader.train
     if callable_of(node) is not build_detection_train_loader:
         return instantiate(node)
@@ -215,7 +272,8 @@ def build_train_loader(cfg: DictConfig) -> Any:
     dataset = arguments["dataset"] = _instantiate_dataset(node.dataset)
     if isinstance(dataset, torch.utils.data.IterableDataset):
         return build_detection_train_loader(**arguments)
-    seed = int(cfg.train.get("seed", -1))
+    seed = select(cfg, SEED_SETTING)
+    seed = -1 if seed is ABSENT else int(seed)
     if arguments.get("sampler") is None:
         numpy_state = np.random.get_state()  # an unseeded TrainingSampler draws its seed from numpy
         arguments["sampler"] = TrainingSampler(len(dataset), seed=seed if seed >= 0 else None)
@@ -229,6 +287,7 @@ def evaluate(cfg: DictConfig, model: torch.nn.Module) -> "OrderedDict[str, Any]"
     model's classes (:data:`~gwdet.checkpoint.resilient.CLASSES_ATTRIBUTE`) are checked against the
     evaluated dataset's first."""
     check_lazy_config_given(cfg, "evaluate")
+    _check_model_given(model, "evaluate")
     if select(cfg, "dataloader.test") is ABSENT or select(cfg, "dataloader.evaluator") is ABSENT:
         logger.info("The config has no dataloader.test / dataloader.evaluator: nothing is evaluated.")
         return OrderedDict()
@@ -237,6 +296,7 @@ def evaluate(cfg: DictConfig, model: torch.nn.Module) -> "OrderedDict[str, Any]"
         check_run_detections_kept(written, output_dir, "Give the evaluator a folder of its own "
                                   "(dataloader.evaluator.output_dir), or evaluate with tools/train_net.py --eval-only, "
                                   "which writes eval/<checkpoint>/.")
+    check_dataset_files(dataset_names(cfg, trains=False))  # registered, as the tools check them
     name = evaluated_dataset(cfg)
     warn_of_uncounted_detections(select(cfg, "model.roi_heads.box_predictor.test_topk_per_image"),
                                  "model.roi_heads.box_predictor.test_topk_per_image",
@@ -300,8 +360,8 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
         batch = int(cfg.dataloader.train.get("total_batch_size", 0))
         check_model_example_groups(model, batch, comm.get_world_size(), BATCH_SETTING)  # a partial's layers too
         check_frozen_batch_statistics(model)  # frozen by one's own code (detectron2's freeze())
-        optimizer = build_optimizer(cfg, model)
-        loader = build_train_loader(cfg)
+        optimizer = _build_checked_optimizer(cfg, model)  # its values checked by check_training_request
+        loader = _build_checked_train_loader(cfg)
         self._images_per_rank = batch // comm.get_world_size()
         self._trainer = training_loop(model, FiniteImageBatches(loader), optimizer, cfg.train.amp.enabled, **cfg.train.ddp)
         self.scheduler = LRMultiplier(optimizer, multiplier=instantiate(cfg.lr_multiplier), max_iter=cfg.train.max_iter)

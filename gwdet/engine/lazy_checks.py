@@ -13,6 +13,7 @@ import logging
 import math
 from typing import Any, Callable, Iterator, Sequence, cast
 
+import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -37,6 +38,7 @@ from gwdet.data.shapes import SPEC_CONFIG_KEYS, ShapesSpec, check_image_size
 from gwdet.errors import GwdetError, GwdetTypeError, GwdetValueError, listed
 from gwdet.model_zoo.lazy_loading import argument_names, callable_of, select
 from gwdet.norms import UnknownNormError, known_norm_names, norm, norm_record, norm_records, unknown_params_message
+from gwdet.modeling.backbone import place_norm
 from gwdet.modeling.build import check_mixed_precision, check_run_device, check_scratch_training
 from gwdet.utils.cli_errors import output_path_problem
 
@@ -56,6 +58,11 @@ RUN_TWINS = (
     ("model.proposal_generator.nms_thresh", "MODEL.RPN.NMS_THRESH"),
     ("model.roi_heads.box_predictor.box2box_transform.weights", "MODEL.ROI_BOX_HEAD.BBOX_REG_WEIGHTS"),
     ("model.proposal_generator.box2box_transform.weights", "MODEL.RPN.BBOX_REG_WEIGHTS"),
+)
+# the model's counts, which detectron2 takes without a word or stops on with a raw error
+MODEL_TWINS = (
+    ("model.roi_heads.num_classes", "MODEL.ROI_HEADS.NUM_CLASSES"),
+    ("model.backbone.out_channels", "MODEL.FPN.OUT_CHANNELS"),
 )
 TRAINING_TWINS = (
     ("dataloader.train.num_workers", "DATALOADER.NUM_WORKERS"),
@@ -114,29 +121,11 @@ def check_training_values(cfg: DictConfig, world_size: int) -> None:
                     f"{key}=$NAME)") if isinstance(value, str) else ""
             raise GwdetValueError(f"{key}={value!r}{text}: give a whole number of iterations of at least {least}, "
                                   f"e.g. {key}={max(least, 1) * 100}.")
-    optimizer_values: tuple[tuple[str, float | None, float], ...] = (
-        ("optimizer.lr", None, 0.02), ("optimizer.weight_decay", None, 1e-4), ("optimizer.momentum", 1.0, 0.9))
-    for key, below, example in optimizer_values:  # each at least 0, below ``below`` where given
-        setting = select(cfg, key)
-        if setting is ABSENT or isinstance(setting, DictConfig):
-            continue
-        if key == "optimizer.lr":  # SOLVER.BASE_LR's rule, and its warning for 0
-            check_twin(key, setting, "SOLVER.BASE_LR")
-            if setting == 0:
-                logger.warning(ZERO_RATE.format(setting=f"{key}={setting!r}"))
-        elif not (is_finite_number(setting) and setting >= 0 and (below is None or setting < below)):
-            bound = f"from 0 to below {below:g}" if below is not None else "finite and at least 0"
-            raise GwdetValueError(f"{key}={setting!r}: give a number {bound}, e.g. {key}={example:g} (torch's optimizer "
-                                  "would refuse it, or train with it, once the model is built).")
-    nesterov, momentum = select(cfg, "optimizer.nesterov"), select(cfg, "optimizer.momentum")
-    if nesterov is True and is_finite_number(momentum) and momentum <= 0:
-        raise GwdetValueError(f"optimizer.nesterov=True needs momentum, but optimizer.momentum is {momentum!r}: torch's "
-                              "SGD refuses Nesterov momentum without it once the model is built. Set "
-                              "optimizer.momentum above 0 (e.g. 0.9) or optimizer.nesterov=False.")
+    check_optimizer_values(cfg)
     batch = select(cfg, "dataloader.train.total_batch_size")
     if batch is not ABSENT:
         check_batch_split(f"dataloader.train.total_batch_size={batch!r}", batch, world_size)
-        _check_example_group_nodes(cfg, batch, world_size)
+        check_example_group_nodes(cfg, batch, world_size)
     _check_checkpoints_kept(cfg)
     _check_warmup_length(cfg)
     enabled = select(cfg, "train.amp.enabled")
@@ -161,6 +150,31 @@ def check_training_values(cfg: DictConfig, world_size: int) -> None:
             raise GwdetValueError(f"{node}.positive_fraction={fraction!r} {problem}")
 
 
+def check_optimizer_values(cfg: DictConfig) -> None:
+    """The ``optimizer`` values :func:`check_training_values` checks: an ``optimizer.lr`` as
+    ``SOLVER.BASE_LR`` (a warning for 0), an ``optimizer.weight_decay`` below 0, an
+    ``optimizer.momentum`` outside [0, 1), and ``optimizer.nesterov=True`` without momentum."""
+    optimizer_values: tuple[tuple[str, float | None, float], ...] = (
+        ("optimizer.lr", None, 0.02), ("optimizer.weight_decay", None, 1e-4), ("optimizer.momentum", 1.0, 0.9))
+    for key, below, example in optimizer_values:  # each at least 0, below ``below`` where given
+        setting = select(cfg, key)
+        if setting is ABSENT or isinstance(setting, DictConfig):
+            continue
+        if key == "optimizer.lr":  # SOLVER.BASE_LR's rule, and its warning for 0
+            check_twin(key, setting, "SOLVER.BASE_LR")
+            if setting == 0:
+                logger.warning(ZERO_RATE.format(setting=f"{key}={setting!r}"))
+        elif not (is_finite_number(setting) and setting >= 0 and (below is None or setting < below)):
+            bound = f"from 0 to below {below:g}" if below is not None else "finite and at least 0"
+            raise GwdetValueError(f"{key}={setting!r}: give a number {bound}, e.g. {key}={example:g} (torch's optimizer "
+                                  "would refuse it, or train with it, once the model is built).")
+    nesterov, momentum = select(cfg, "optimizer.nesterov"), select(cfg, "optimizer.momentum")
+    if nesterov is True and is_finite_number(momentum) and momentum <= 0:
+        raise GwdetValueError(f"optimizer.nesterov=True needs momentum, but optimizer.momentum is {momentum!r}: torch's "
+                              "SGD refuses Nesterov momentum without it once the model is built. Set "
+                              "optimizer.momentum above 0 (e.g. 0.9) or optimizer.nesterov=False.")
+
+
 def _check_loss_weights(cfg: DictConfig) -> None:
     """Each of :data:`LOSS_WEIGHT_SETTINGS` the config holds, and each weight of one given per loss
     (``{"loss_cls": 1.0, "loss_box_reg": 1.0}``), as its yacs twin (:func:`check_twin`): the rule of
@@ -175,7 +189,7 @@ def _check_loss_weights(cfg: DictConfig) -> None:
             check_twin(setting, weight, "MODEL.RPN.LOSS_WEIGHT")
 
 
-def _check_example_group_nodes(cfg: DictConfig, batch: int, world_size: int) -> None:
+def check_example_group_nodes(cfg: DictConfig, batch: int, world_size: int) -> None:
     """The example groups of each ``L(gwdet.norm)`` node of BGN or GhostBN outside the ROI heads
     (whose batches are their boxes) checked against the batch, as a yacs config's
     ``MODEL.BGN.EXAMPLES_PER_GROUP`` is (:func:`gwdet.config_checks.check_example_groups`)."""
@@ -470,6 +484,18 @@ def check_norm_nodes(cfg: DictConfig) -> None:
         if not getattr(called, "__module__", "").startswith(("detectron2.", "gwdet.")):
             continue  # the user's own component: its arguments are its own
         for argument in NORM_ARGUMENTS:
+            given = node.get(argument) if argument in node and not OmegaConf.is_interpolation(node, argument) else ""
+            if isinstance(given, torch.nn.Module):  # get_norm would call the layer with the channel count
+                raise GwdetTypeError(
+                    f"{path}.{argument} is a layer, {type(given).__name__}, not what builds one: detectron2's get_norm "
+                    "calls a norm argument with each layer's channel count, and this one layer object would be shared "
+                    f"by every part given it. Give L(gwdet.norm)(name=..., ...) with the settings you want (e.g. "
+                    f"{path}.{argument}=L(gwdet.norm)(name='GW', num_groups=16)), or a name detectron2's get_norm knows.")
+            if given is None and called is place_norm:  # place_norm needs a norm for its positions
+                raise GwdetValueError(
+                    f"{path}.{argument}=None: place_norm puts a norm at {path}.positions and would remove the norms "
+                    f"there without one. Give a norm, e.g. {path}.{argument}=L(gwdet.norm)(name='GW', num_groups=64), "
+                    f"or leave the positions out (build {path}.resnet alone).")
             if argument in node and not OmegaConf.is_interpolation(node, argument) and node.get(argument) is None:
                 raise GwdetValueError(
                     f"{path}.{argument}=None: give '' for no norm ({path}.{argument}=''), or a norm's name. "
@@ -645,10 +671,7 @@ def check_run_values(cfg: DictConfig) -> None:
     (``train.vis_images`` below 0, a test score or NMS threshold outside [0, 1], ..., as their yacs keys), a ``train.init_checkpoint`` of ``None``,
     the shapes dataset's settings (:func:`check_shapes_specs`), ``model.pixel_mean`` and
     ``model.pixel_std`` (:func:`gwdet.config_checks.check_pixel_normalization`)."""
-    seed = select(cfg, "train.seed")
-    if seed is not ABSENT and not (is_whole_number(seed) and seed < SEED_LIMIT):
-        raise GwdetValueError(f"train.seed={seed!r}: give a whole number below 2**32 (numpy's limit), e.g. train.seed=0 "
-                              "(a negative seed draws a random one, as SEED -1 does in a yacs config).")
+    check_seed(cfg)
     output_dir = select(cfg, "train.output_dir")
     if output_dir is not ABSENT and not (isinstance(output_dir, str) and output_dir.strip()):
         raise GwdetValueError(f"train.output_dir={output_dir!r}: give the run's folder as a path, e.g. "
@@ -656,7 +679,27 @@ def check_run_values(cfg: DictConfig) -> None:
     if select(cfg, "train.init_checkpoint") is None:
         raise GwdetValueError("train.init_checkpoint=None: give '' to start from detectron2's initialization, or the "
                               "path of weights (e.g. train.init_checkpoint=output/demo/model_final.pth).")
-    check_twins(cfg, RUN_TWINS)
+    check_twins(cfg, [(key, twin) for key, twin in RUN_TWINS if not key.startswith("model.")])
+    check_model_values(cfg)
+    check_shapes_specs(cfg)
+    check_resize_nodes(cfg, "dataloader.test")
+
+
+def check_seed(cfg: DictConfig) -> None:
+    """``train.seed``: a whole number below 2**32 (negative: a random seed), as ``SEED``."""
+    seed = select(cfg, "train.seed")
+    if seed is not ABSENT and not (is_whole_number(seed) and seed < SEED_LIMIT):
+        raise GwdetValueError(f"train.seed={seed!r}: give a whole number below 2**32 (numpy's limit), e.g. train.seed=0 "
+                              "(a negative seed draws a random one, as SEED -1 does in a yacs config).")
+
+
+def check_model_values(cfg: DictConfig) -> None:
+    """The values :func:`check_run_values` checks that building the model reads: the ``model``
+    settings of :data:`RUN_TWINS` and :data:`MODEL_TWINS` (thresholds, box2box weights, class and
+    channel counts, as their yacs keys), the RPN's ``pre_nms_topk`` and ``post_nms_topk``,
+    ``train.device``, ``model.pixel_mean`` and ``model.pixel_std``
+    (:func:`gwdet.config_checks.check_pixel_normalization`)."""
+    check_twins(cfg, [*((key, twin) for key, twin in RUN_TWINS if key.startswith("model.")), *MODEL_TWINS])
     for key, twin in (("model.proposal_generator.pre_nms_topk", "MODEL.RPN.PRE_NMS_TOPK_TEST"),
                       ("model.proposal_generator.post_nms_topk", "MODEL.RPN.POST_NMS_TOPK_TEST")):
         counts = select(cfg, key)  # (training, test)
@@ -664,8 +707,6 @@ def check_run_values(cfg: DictConfig) -> None:
             for index, count in enumerate(counts):
                 check_twin(f"{key}.{index}", count, twin)
     check_run_device(select(cfg, "train.device"), "train.device")
-    check_shapes_specs(cfg)
-    check_resize_nodes(cfg, "dataloader.test")
     mean, std, image_format = (select(cfg, key) for key in LAZY_PIXEL_KEYS)
     if mean is not ABSENT and std is not ABSENT:
         mean, std = (OmegaConf.to_container(value) if isinstance(value, ListConfig) else value for value in (mean, std))

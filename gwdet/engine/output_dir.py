@@ -28,8 +28,10 @@ import logging
 import math
 import os
 import re
+import shlex
 import shutil
 import sys
+import unicodedata
 from typing import IO, Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import yaml
@@ -724,8 +726,9 @@ def check_config_checksum(path: str, output_dir: str, output_setting: str = "OUT
         record = checksum_path(path)
         raise DamagedFileError(
             f"--resume: {path} cannot be checked against what the run in {output_dir!r} wrote: {unusable}; nothing "
-            f"was trained. If {path} is the run's config, delete {record} and resume again ({CONFIG_NAME} is then read "
-            "unchecked); otherwise restore both files, or train into another output folder.", record)
+            f"was trained. If {path} is the run's config as the run wrote it, record it again (cd {output_dir} && "
+            f"sha256sum {CONFIG_NAME} > {os.path.basename(record)}) and resume again; otherwise restore both files, or "
+            "train into another output folder.", record)
 
 
 def _tagged_checkpoint_contents(output_dir: str) -> tuple[str, dict] | None:
@@ -827,9 +830,34 @@ def _several_names_problem(output_dir: str, name: str) -> str | None:
             f"name of the run's last checkpoint in it (one of {', '.join(lines)}).")
 
 
+def newest_checkpoint(output_dir: str) -> str | None:
+    """The name of the checkpoint of ``output_dir`` written last (:func:`checkpoints_in`, by
+    modification time; ``model_final.pth`` of those written at the same time); ``None`` without one."""
+    names = checkpoints_in(output_dir)
+    if not names:
+        return None
+    return max(names, key=lambda name: (os.path.getmtime(os.path.join(output_dir, name)), name == FINAL_WEIGHTS))
+
+
+def damaged_tag_problem(output_dir: str, name: str) -> str:
+    """What is wrong with ``output_dir/last_checkpoint`` holding ``name``, which is not the file name
+    of a checkpoint (no ``.pth`` name, no file of the folder: the file was overwritten), and the fix:
+    writing the name of the folder's newest checkpoint (:func:`newest_checkpoint`) into it."""
+    path = os.path.join(output_dir, LAST_CHECKPOINT)
+    newest = newest_checkpoint(output_dir)
+    fix = (f"Write the name of the run's newest checkpoint into it (the newest there is {newest}: echo {newest} > "
+           f"{shlex.quote(path)}), then resume again." if newest is not None else
+           "The folder holds no checkpoint to name: restore the run's checkpoints (from a copy), or train afresh with "
+           "--overwrite.")
+    return (f"{LAST_CHECKPOINT} in {output_dir!r} is damaged: it holds {name!r}, which is not the file name of a "
+            f"checkpoint (detectron2 writes there the name of the run's last one, e.g. {FINAL_WEIGHTS}), so which "
+            f"checkpoint is the run's last is unknown; nothing was changed. {fix}")
+
+
 def _check_tagged_checkpoint_kept(output_dir: str) -> None:
     """Refuse a ``--resume`` whose ``last_checkpoint`` holds more than one line, or, in a run with its
-    results, names a checkpoint that is gone (the resume would take an older one)."""
+    results, holds no checkpoint's name (:func:`damaged_tag_problem`) or names a checkpoint that is
+    gone (the resume would take an older one)."""
     try:
         name = tagged_name(output_dir) if os.path.isfile(os.path.join(output_dir, LAST_CHECKPOINT)) else None
     except (OSError, UnicodeDecodeError):  # the resume names it
@@ -837,6 +865,9 @@ def _check_tagged_checkpoint_kept(output_dir: str) -> None:
     several = _several_names_problem(output_dir, name) if name else None
     if several is not None:
         raise GwdetValueError(f"--resume: {several}")
+    if (name and not name.endswith(".pth") and not os.path.lexists(os.path.join(output_dir, name))
+            and os.path.isfile(os.path.join(output_dir, RESULTS_JSON))):
+        raise GwdetValueError(f"--resume: {damaged_tag_problem(output_dir, name)}")
     if (not name or os.sep in name or os.path.lexists(os.path.join(output_dir, name))
             or not os.path.isfile(os.path.join(output_dir, RESULTS_JSON))):
         return
@@ -1003,6 +1034,25 @@ def check_config_present(path: str, output_dir: str, output_setting: str = "OUTP
             f"A run trained from one's own code (gwdet's Trainer or LazyTrainer without detectron2's default_setup, "
             f"which writes {CONFIG_NAME}) continues from there: Trainer(cfg) (LazyTrainer(cfg) for a LazyConfig), "
             "resume_or_load(resume=True), then train().")
+
+
+def check_config_record_kept(output_dir: str, output_setting: str = "OUTPUT_DIR") -> None:
+    """Refuse the tools' ``--resume`` of the run in ``output_dir`` (its checkpoints there) whose
+    ``config.yaml`` is there without its SHA-256 record (``config.yaml.sha256``, which the tools
+    write with it: it was removed): an edited ``config.yaml`` would pass for the config the run
+    trained with, and a changed value would go unnamed. The checkpoints do not record the config."""
+    path = os.path.join(output_dir, CONFIG_NAME)
+    record = checksum_path(path)
+    if not checkpoints_in(output_dir) or not os.path.isfile(path) or os.path.lexists(record):
+        return
+    folder = shlex.quote(output_dir)
+    raise GwdetFileNotFoundError(
+        f"--resume: the run in {output_dir!r} has its checkpoints and {CONFIG_NAME}, but not {record}, the SHA-256 "
+        f"record written with {CONFIG_NAME} when the run started, so whether {CONFIG_NAME} still holds the values the "
+        "run trained with cannot be checked (an edited value would be taken for the run's own, and its change not "
+        f"named); nothing was changed. Restore {CONFIG_NAME}{CHECKSUM_SUFFIX} (from a copy of the run); if {path} is "
+        f"as the run wrote it, record it again (cd {folder} && sha256sum {CONFIG_NAME} > {CONFIG_NAME}{CHECKSUM_SUFFIX}) "
+        f"and resume again; or train afresh with --overwrite (which deletes the run) or into another {output_setting}.")
 
 
 def check_resume_source(output_dir: str, weights_setting: str = "MODEL.WEIGHTS") -> None:
@@ -1438,7 +1488,8 @@ class OutputDirNameError(GwdetError, ValueError):
 
 def check_output_dir_name(output_dir: str, encoding: str | None = None, setting: str = "OUTPUT_DIR") -> None:
     """Refuse an empty OUTPUT_DIR, one holding an environment variable nobody expanded
-    (``'$SCRATCH/run'``), and one whose name the writers of a run would not all find: TensorBoard's event
+    (``'$SCRATCH/run'``) or a control character (a newline: ``last_checkpoint`` and the other
+    records name files line by line), and one whose name the writers of a run would not all find: TensorBoard's event
     writer encodes folder names as UTF-8 itself, so a name with characters beyond ASCII must be
     UTF-8 in Python's file system encoding (``encoding``, by default ``sys.getfilesystemencoding()``).
     That holds in Python's UTF-8 mode, which Python 3.7+ turns on in the C and POSIX locales
@@ -1453,6 +1504,14 @@ def check_output_dir_name(output_dir: str, encoding: str | None = None, setting:
                   or edge_whitespace_problem(setting, output_dir))
     if unexpanded is not None:
         raise OutputDirNameError(unexpanded)
+    control = next((char for char in output_dir if unicodedata.category(char) == "Cc"), None)
+    if control is not None:
+        plain = "".join(char for char in output_dir if unicodedata.category(char) != "Cc").strip() or "output/run"
+        raise OutputDirNameError(
+            f"{setting} {output_dir!r} holds a control character ({control!r}, e.g. a newline pasted into the name): "
+            f"the run's records name its files line by line ({LAST_CHECKPOINT} names its last checkpoint), so a "
+            "--resume or an evaluation of the run would not find its checkpoints; nothing was written. Give a folder "
+            f"name without it, e.g. {as_override(setting, plain)}.")
     encoding = codecs.lookup(encoding or sys.getfilesystemencoding()).name
     try:
         output_dir.encode("utf-8")

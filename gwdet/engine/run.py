@@ -64,6 +64,7 @@ from gwdet.utils.cli_errors import tool_name
 from gwdet.engine.output_dir import (OutputDirLock, check_config_file_kept, check_config_not_users,
                                      check_final_weights_not_training, check_not_set_aside,
                                      check_run_folder_is_the_records, check_fresh_start, check_resume_source,
+                                     check_config_record_kept,
                                      check_run_file_names, check_run_files_not_shared, check_run_folders,
                                      check_weights_are_the_runs, checkpoints_in, config_differences, config_rewrite,
                                      config_until_started, earlier_run_until_started, evaluation_folder,
@@ -418,6 +419,7 @@ def check_output_request(args: argparse.Namespace, run: RunConfig) -> None:
         return
     if args.resume:
         check_resume_source(run.output_dir, run.weights_setting)
+        check_config_record_kept(run.output_dir, output_setting)
         if not checkpoints_in(run.output_dir):  # nothing to continue: it starts afresh, so a fresh start's checks
             check_fresh_start(run.output_dir, False, output_setting, run.weights, run.weights_setting)
         run.check_resume_request(names_weights(run, args))
@@ -739,8 +741,8 @@ def _train_or_evaluate(args: argparse.Namespace, held: HeldRecords, warned: RunW
             with named_config_failures(run.cfg, "train the first iteration", args.opts,
                                        applies=lambda: trainer.iter == trainer.start_iter), \
                     named_full_disk(run.output_dir, lambda: training_way_on(run.output_dir)), \
-                    named_lost_file("The run's checkpoints are kept: continue it with --resume."), \
-                    named_killed_loader("The run's checkpoints are kept: continue it with --resume."):
+                    named_lost_file(lambda: stopped_training_way_on(run.output_dir)), \
+                    named_killed_loader(lambda: stopped_training_way_on(run.output_dir)):
                 try:
                     results = trainer.train()
                 except FloatingPointError as error:  # detectron2's trainer: a non-finite loss
@@ -783,6 +785,15 @@ def training_way_on(output_dir: str) -> str:
                 "evaluated again).")
     return ("The run had no checkpoint yet (the one being saved, a stop signal's too, is what could not be written), "
             "so nothing of its training is kept: once it can be written, start it again with --overwrite.")
+
+
+def stopped_training_way_on(output_dir: str) -> str:
+    """How to go on with a training in ``output_dir`` stopped by a lost file or a killed data loading
+    process: ``--resume`` from its checkpoints, or, before its first, a new start."""
+    if checkpoints_in(output_dir):
+        return "The run's checkpoints are kept: continue it with --resume."
+    return ("The run had saved no checkpoint yet, so nothing of its training is kept: start it again with --overwrite "
+            "(which deletes the files it left).")
 
 
 @contextlib.contextmanager
@@ -837,16 +848,18 @@ UNDECODABLE_IMAGE_WORDS = ("image file is truncated", "cannot identify image fil
 
 
 @contextlib.contextmanager
-def named_lost_file(way_on: str) -> Iterator[None]:
+def named_lost_file(way_on: str | Callable[[], str]) -> Iterator[None]:
     """A file gone or an image damaged while training or evaluating (a dataset's images or the
     shapes cache moved, deleted or overwritten during the run; a data loader worker's error
     carries it as text) as one error naming the file (PIL names none for a cut-short image) and
-    ``way_on``, instead of the loader's traceback."""
+    ``way_on`` (or what it returns when the error comes), instead of the loader's traceback."""
     try:
         yield
     except OSError as error:
         if isinstance(error, GwdetError):
             raise
+        if callable(way_on):
+            way_on = way_on()
         lines = [line for line in str(error).splitlines() if line.strip()]
         last = lines[-1] if lines else ""
         if isinstance(error, FileNotFoundError):
@@ -871,10 +884,10 @@ KILLED_LOADER_WORKER = re.compile(r"DataLoader worker \(pid (\d+)\) is killed by
 
 
 @contextlib.contextmanager
-def named_killed_loader(way_on: str) -> Iterator[None]:
+def named_killed_loader(way_on: str | Callable[[], str]) -> Iterator[None]:
     """A data loading process killed while the run worked (torch's ``DataLoader worker (pid N) is
-    killed by signal``) as one error naming it, the likely cause and ``way_on``, instead of torch's
-    traceback."""
+    killed by signal``) as one error naming it, the likely cause and ``way_on`` (or what it returns
+    when the error comes), instead of torch's traceback."""
     try:
         yield
     except RuntimeError as error:  # torch's "... exited unexpectedly" arises while handling the signal's report
@@ -883,6 +896,8 @@ def named_killed_loader(way_on: str) -> Iterator[None]:
         found = next((match for match in searched if match is not None), None)
         if found is None or isinstance(error, GwdetError):
             raise
+        if callable(way_on):
+            way_on = way_on()
         raise GwdetRuntimeError(
             f"A data loading process of the run (pid {found.group(1)}) was killed by signal {found.group(2)}: the "
             "out-of-memory killer, most likely (each loading process holds its own copy of the dataset's records), or "

@@ -37,7 +37,7 @@ from gwdet.config_checks import (NORM_KEYS, ZERO_RATE, builds_norm, check_batch_
 from gwdet.positions import parse_gw_positions
 from gwdet.data import prepare_datasets, register_datasets
 from gwdet.data.coco_registration import CocoDataset, check_config_against_datasets
-from gwdet.data.datasets import (check_evaluated_classes, config_dataset_names, named_empty_training_set,
+from gwdet.data.datasets import (check_dataset_files, check_evaluated_classes, config_dataset_names, named_empty_training_set,
                                  register_configured_shapes)
 from gwdet.data.resumable import build_resumable_train_loader
 from gwdet.model_zoo.loading import build_config
@@ -154,8 +154,10 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
     @classmethod
     def build_train_loader(cls, cfg: CfgNode):
         """detectron2's train loader, seeded with ``SEED`` and positioned on ``--resume``
-        (:func:`gwdet.data.resumable.build_resumable_train_loader`)."""
+        (:func:`gwdet.data.resumable.build_resumable_train_loader`), of ``DATASETS.TRAIN`` checked
+        as the tools check it (:func:`gwdet.data.datasets.check_dataset_files`: registered, files there)."""
         register_configured_shapes(cfg, cfg.DATASETS.TRAIN)
+        check_dataset_files(cfg.DATASETS.TRAIN)  # registered, as the tools check them
         with named_empty_training_set(", ".join(cfg.DATASETS.TRAIN), "DATALOADER.FILTER_EMPTY_ANNOTATIONS False",
                                       "MODEL.KEYPOINT_ON True" if cfg.MODEL.KEYPOINT_ON else None):
             return build_resumable_train_loader(cfg)
@@ -213,8 +215,9 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
         (``TEST.EVAL_PERIOD``) leave the training's random draws as they would be without them. The
         shapes dataset is the one ``cfg`` describes (:func:`~gwdet.data.datasets.register_configured_shapes`); the
         config's class count and the model's classes (:data:`~gwdet.checkpoint.resilient.CLASSES_ATTRIBUTE`)
-        are checked against the test sets, as the tools check them."""
+        are checked against the test sets, which must be registered, as the tools check them."""
         register_configured_shapes(cfg, cfg.DATASETS.TEST)
+        check_dataset_files(cfg.DATASETS.TEST)  # registered, as the tools check them
         check_config_against_datasets(cfg, trains=False, evaluates=True)
         check_evaluated_classes(getattr(unwrapped(model), CLASSES_ATTRIBUTE, None), cfg.DATASETS.TEST, "The model")
         with random_streams_kept():
@@ -517,8 +520,10 @@ class YacsRun(RunConfig):
 
     @classmethod
     def load(cls, config_file: str, opts: Sequence[str] = (), *, tool: bool = False) -> "YacsRun":
-        """The config file with its ``KEY VALUE`` overrides; ``tool``: test images read in this process."""
-        return cls(build_config(config_file, [*(["DATALOADER.NUM_WORKERS", "0"] if tool else []), *opts]))
+        """The config file with its ``KEY VALUE`` overrides; ``tool``: test images read in this process
+        (``DATALOADER.NUM_WORKERS 0``) unless the overrides set the key."""
+        in_process = tool and "DATALOADER.NUM_WORKERS" not in list(opts)[::2]
+        return cls(build_config(config_file, [*(["DATALOADER.NUM_WORKERS", "0"] if in_process else []), *opts]))
 
     @property
     def output_dir(self) -> str:

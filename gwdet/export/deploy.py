@@ -19,6 +19,7 @@ import contextlib
 import io
 import math
 import os
+import re
 import warnings
 import zipfile
 from collections.abc import Mapping
@@ -257,6 +258,7 @@ def export_onnx(
     check_flag("export_onnx", "dynamo", dynamo)
     if opset is not None:
         check_int_at_least("export_onnx", "opset", opset, 1)
+        _check_roi_align_opset(module, opset)
     folder = os.path.dirname(path)
     if folder:
         os.makedirs(folder, exist_ok=True)
@@ -264,6 +266,43 @@ def export_onnx(
     outputs = None if output_names is None else list(output_names)
     with path_written_with_checksum(path) as temporary, evaluation_mode(module):
         write_onnx(module, args, temporary, path, opset, dynamo, names, outputs, dynamic_axes)
+
+
+def _check_roi_align_opset(module: torch.nn.Module, opset: int) -> None:
+    """Refuse an ``opset`` below :data:`MIN_DETECTOR_OPSET` for a ``module`` that holds detectron2's
+    aligned ``ROIAlign`` (a ``ROIPooler``'s, in an R-CNN's box or mask head): below that opset ONNX's
+    RoiAlign computes the unaligned function, so the file would compute other detections."""
+    from detectron2.layers import ROIAlign
+
+    aligned = next((name for name, layer in module.named_modules()
+                    if isinstance(layer, ROIAlign) and getattr(layer, "aligned", False)), None)
+    if aligned is None or opset >= MIN_DETECTOR_OPSET:
+        return
+    raise GwdetValueError(
+        f"export_onnx: opset {opset} is below {MIN_DETECTOR_OPSET}, the first whose RoiAlign computes detectron2's "
+        f"aligned ROIAlign, which the module holds ({aligned or 'the module itself'}): an older one exports other "
+        f"detections. Give opset {MIN_DETECTOR_OPSET} or newer (the default is {ONNX_OPSET}); nothing was written.")
+
+
+_ANSI_CODE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _torch_export_refusal(module: torch.nn.Module, path: str, error: BaseException) -> GwdetValueError:
+    """The refusal of ``dynamo=True`` when ``torch.export`` cannot capture ``module``: torch's first
+    line (and its cause's), the documented limit (``torch.export`` cannot capture a whole detectron2
+    R-CNN, docs/deploy.md, Limits) and the fix, the TorchScript-based exporter (``dynamo=False``)."""
+    lines = [_ANSI_CODE.sub("", (str(error).strip().splitlines() or [type(error).__name__])[0])]
+    cause = error.__cause__
+    if cause is not None:
+        lines.append(_ANSI_CODE.sub("", (str(cause).strip().splitlines() or [type(cause).__name__])[0]))
+    detector = any(_is_detector(layer) for layer in module.modules())
+    limit = ("torch.export cannot capture a whole detectron2 R-CNN, which the module holds" if detector else
+             "torch.export cannot capture every module (a whole detectron2 R-CNN among them)")
+    return GwdetValueError(
+        f"export_onnx(dynamo=True) of {path}: torch.export could not capture the module (torch: "
+        f"{' / '.join(lines)}). {limit} (docs/deploy.md, Limits). Export with dynamo=False (the default: the "
+        "TorchScript-based exporter, as detectron2's own tool does; gwdet.export.export_model_onnx for a "
+        "detector); nothing was written.")
 
 
 def _onnx_args(args: Any) -> Tuple[Any, ...]:
@@ -293,8 +332,13 @@ def write_onnx(module: torch.nn.Module, args: Tuple[torch.Tensor, ...], file: st
     if dynamo:
         # the weights inside the file: torch writes them beside it under the name it is given (a temporary
         # name, which the file would then reference) where external_data is on
-        torch.onnx.export(module, args, file, opset_version=opset, dynamo=True, external_data=False,
-                          input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes)
+        try:
+            torch.onnx.export(module, args, file, opset_version=opset, dynamo=True, external_data=False,
+                              input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes)
+        except torch.onnx.errors.OnnxExporterError as error:
+            if type(error).__name__ != "TorchExportError":  # torch.export captured it; a later step failed
+                raise
+            raise _torch_export_refusal(module, path, error) from error
     else:
         try:
             torch.onnx.export(module, args, file, opset_version=opset or ONNX_OPSET, dynamo=False,

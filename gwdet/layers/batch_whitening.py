@@ -238,7 +238,10 @@ class BatchWhitening(SettingsInState):
         self.register_buffer("running_whitening", identity.repeat(self.num_groups, 1, 1))
 
     def reset_running_stats(self) -> None:
-        """The running mean back to zeros and the running whitening matrices to identities."""
+        """The running mean back to zeros and the running whitening matrices to identities; raises
+        ``ValueError`` when ``running_whitening`` no longer has the layer's shape
+        (:meth:`_check_running_whitening`)."""
+        self._check_running_whitening()
         with torch.no_grad():
             self.running_mean.zero_()
             self.running_whitening.copy_(torch.eye(self.effective_group_size).expand_as(self.running_whitening))
@@ -260,6 +263,24 @@ class BatchWhitening(SettingsInState):
             self.training, self.momentum, self.T, self.eps, self.method,
         )
 
+    @torch.jit.unused
+    def _check_running_whitening(self) -> None:
+        """Raise ``ValueError`` unless ``running_whitening`` has the shape the layer was built with,
+        ``[num_groups, k, k]`` (``k``: :attr:`effective_group_size`): a tensor of another shape put
+        in after the build (``running_whitening.data = ...``, or one given to
+        ``torch.func.functional_call``) would whiten other channel groups than the layer's settings say."""
+        expected = [self.num_groups, self.effective_group_size, self.effective_group_size]
+        running_whitening = self.running_whitening
+        if not isinstance(running_whitening, Tensor) or list(running_whitening.shape) != expected:
+            got = (list(running_whitening.shape) if isinstance(running_whitening, Tensor)
+                   else type(running_whitening).__name__)
+            k = self.effective_group_size
+            raise GwdetValueError(
+                f"BatchWhitening: running_whitening must hold one {k} x {k} matrix per group of {k} channels, as the "
+                f"layer was built (num_channels={self.num_channels}, group_size={self.group_size}), shape {expected}, "
+                f"got {got}; assign a tensor of that shape (torch.eye({k}).repeat({self.num_groups}, 1, 1) is the "
+                "initial one), or build a BatchWhitening with the group_size you want")
+
     def validate_input(self, x: Tensor) -> None:
         """Raise ``ValueError`` for an input :meth:`forward` refuses (wrong shape or dtype; in
         training, a single value per channel)."""
@@ -267,6 +288,7 @@ class BatchWhitening(SettingsInState):
         if not torch.jit.is_scripting():  # a weight.data of another size, or one given to torch.func.functional_call
             check_per_channel("BatchWhitening", {"weight": self.weight, "bias": self.bias,
                                                  "running_mean": self.running_mean}, self.num_channels)
+            self._check_running_whitening()
         if self.training:
             samples = x.numel() // self.num_channels
             check_values_per_group("BatchWhitening", samples, "channel of the batch")

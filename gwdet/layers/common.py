@@ -22,7 +22,7 @@ from torch.masked import MaskedTensor
 
 from .tracing import onnx_exporting
 
-from gwdet.errors import GwdetRuntimeError, GwdetValueError
+from gwdet.errors import GwdetRuntimeError, GwdetTypeError, GwdetValueError
 
 # float32's smallest positive (subnormal) and largest finite value: the range of eps
 FLOAT32_SMALLEST = 2.0 ** -149
@@ -240,7 +240,10 @@ def refuse_differentiating_transforms(op: str, alternative: str, *tensors: Optio
 def check_input(owner: str, x: Tensor, num_channels: int) -> None:
     """Raise ``ValueError`` unless ``x`` is of a floating-point type the layers compute in (not
     float8) with shape ``(N, num_channels, *spatial)`` (``num_channels`` < 1: any channel count; an
-    integer input would be whitened and returned rounded to integers)."""
+    integer input would be whitened and returned rounded to integers); ``TypeError`` unless ``x`` is
+    a tensor (a numpy array, a list of tensors, a number)."""
+    if not torch.jit.is_scripting():  # a scripted graph passes only tensors here
+        _check_is_tensor(owner, x, num_channels)
     if x.is_nested:
         raise GwdetValueError(
             f"{owner}: expected a dense input, got a nested tensor (tensors of different sizes); pad them into one "
@@ -261,6 +264,31 @@ def check_input(owner: str, x: Tensor, num_channels: int) -> None:
         raise GwdetValueError(f"{owner}: expected a dense input, got a sparse tensor; convert it with .to_dense()")
     if not torch.jit.is_scripting():
         _check_input_eagerly(owner, x)
+
+
+@torch.jit.unused
+def _check_is_tensor(owner: str, x: Any, num_channels: int) -> None:
+    """Raise ``TypeError`` naming the type of ``x`` (and the conversion to a tensor) unless it is a
+    ``torch.Tensor`` or a ``torch.fx`` proxy (``torch.fx.symbolic_trace`` records with those, and
+    names its own limits: docs/deploy.md)."""
+    if isinstance(x, (Tensor, torch.fx.Proxy)):
+        return
+    shape = f"(N, {num_channels if num_channels >= 1 else 'C'}, *spatial)"
+    if isinstance(x, np.ndarray):
+        got, fix = (f"a numpy.ndarray of shape {list(x.shape)} ({x.dtype})",
+                    "convert it with torch.from_numpy(x) (then .to(device) for another device than the CPU)")
+    elif isinstance(x, (list, tuple)) and x and all(isinstance(item, Tensor) for item in x):
+        got = f"a {type(x).__name__} of {len(x)} tensor{'' if len(x) == 1 else 's'}"
+        fix = (f"join them into one tensor of shape {shape} with torch.cat(x) (tensors of shape (n, C, ...)) or "
+               "torch.stack(x) (tensors of shape (C, ...)), or run the layer on each of them")
+    elif isinstance(x, (list, tuple)):
+        got = f"a {type(x).__name__} of {len(x)} item{'' if len(x) == 1 else 's'}"
+        fix = f"convert it with torch.tensor(x) to a tensor of shape {shape}"
+    else:
+        shown = repr(x)
+        got = f"{shown if len(shown) <= 60 else shown[:57] + '...'} ({type(x).__name__})"
+        fix = f"pass a tensor of shape {shape}"
+    raise GwdetTypeError(f"{owner}: expected a torch.Tensor input of shape {shape}, got {got}; {fix}")
 
 
 @torch.jit.unused
@@ -435,7 +463,7 @@ def factory_kwargs(owner: str, device: Any, dtype: Any) -> Dict[str, Any]:
     ``dtype``: ``None`` (torch's default dtype) or one of :data:`FACTORY_DTYPES` (the parameters and
     running statistics are learned and averaged in floating point). Raises ``ValueError`` naming
     the value and what to give otherwise; a device of a kind this machine does not have (``'cuda'``
-    without CUDA, ``'cuda:3'`` with fewer GPUs, ``'mps'`` without MPS) is refused too
+    without CUDA, ``'cuda:3'`` with fewer GPUs, ``'mps'`` without MPS, ``'xpu'`` without XPU) is refused too
     (:func:`check_device_here`)."""
     if device is not None:
         if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
@@ -460,9 +488,10 @@ def factory_kwargs(owner: str, device: Any, dtype: Any) -> Dict[str, Any]:
 
 
 def check_device_here(owner: str, device: torch.device, given: Any = None) -> None:
-    """Raise ``GwdetValueError`` when ``device`` is a CUDA or MPS device that this machine does not
-    have: CUDA or MPS not available, or a CUDA index past ``torch.cuda.device_count()``. ``'cpu'``,
-    ``'meta'`` and other device types are left to torch. ``given``: the value the user gave
+    """Raise ``GwdetValueError`` when ``device`` is a device that this machine does not have: CUDA or
+    MPS not available, a CUDA index past ``torch.cuda.device_count()``, another accelerator (``'xpu'``,
+    ``'mtia'``, ...) that is not available or cannot hold a tensor (:func:`_check_accelerator_here`).
+    ``'cpu'`` and ``'meta'`` are always accepted. ``given``: the value the user gave
     (a string, an index or the device itself), named in the message."""
     shown = repr(str(device)) if given is None or isinstance(given, (str, torch.device)) else f"{given!r} ({device})"
     fix = ("give device='cpu' (or leave it out), or build the layer on the CPU and move it with .to(device) "
@@ -478,10 +507,43 @@ def check_device_here(owner: str, device: torch.device, given: Any = None) -> No
                 f"{owner}: device {shown} names CUDA device {device.index}, but this machine has "
                 f"{count} CUDA device{'' if count == 1 else 's'} (indices 0 to {count - 1}); give an index below "
                 f"{count}, or {fix}")
-    elif device.type == "mps" and not torch.backends.mps.is_available():
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise GwdetValueError(
+                f"{owner}: device {shown} is an Apple MPS device, but MPS is not available on this machine "
+                f"(torch.backends.mps.is_available() is False); {fix}")
+    elif device.type not in ("cpu", "meta"):
+        _check_accelerator_here(owner, device, shown, fix)
+
+
+def _check_accelerator_here(owner: str, device: torch.device, shown: str, fix: str) -> None:
+    """:func:`check_device_here` for a device type other than cpu, meta, cuda and mps (xpu, mtia,
+    hpu, xla, a backend of one's own): refused when its torch module (``torch.xpu``) says it is not
+    available, or its index is past the module's ``device_count()``, or when torch cannot create an
+    empty tensor on it."""
+    kind = device.type
+    article = "an" if kind[0].upper() in "AEFHILMNORSX" else "a"  # as the letters are spoken: an XPU, a VE
+    module = getattr(torch, kind, None)
+    is_available = getattr(module, "is_available", None)
+    if callable(is_available) and not is_available():
         raise GwdetValueError(
-            f"{owner}: device {shown} is an Apple MPS device, but MPS is not available on this machine "
-            f"(torch.backends.mps.is_available() is False); {fix}")
+            f"{owner}: device {shown} is {article} {kind.upper()} device, but {kind.upper()} is not available on this machine "
+            f"(torch.{kind}.is_available() is False); {fix}")
+    device_count = getattr(module, "device_count", None)
+    if callable(device_count) and device.index is not None:
+        count = device_count()
+        if isinstance(count, int) and device.index >= count:
+            raise GwdetValueError(
+                f"{owner}: device {shown} names {kind.upper()} device {device.index}, but this machine has {count} "
+                f"{kind.upper()} device{'' if count == 1 else 's'}; give an index below {count}, or {fix}")
+    try:
+        torch.empty(0, device=device)
+    except Exception as error:  # torch's "Could not run ... from the 'HIP' backend", "not compiled with ..."
+        line = (str(error).splitlines() or [""])[0]
+        line = line if len(line) <= 100 else line[:100] + "..."
+        raise GwdetValueError(
+            f"{owner}: device {shown} cannot be used on this machine: torch cannot create a tensor there "
+            f"(torch.empty(0, device={str(device)!r}) fails with {type(error).__name__}: {line}); {fix}") from None
 
 
 def register_affine(module: torch.nn.Module, num_channels: int, affine: bool,

@@ -39,6 +39,7 @@ from detectron2.utils.registry import locate
 from gwdet.config import ABSENT
 from gwdet.errors import GwdetFileNotFoundError, GwdetTypeError, GwdetValueError
 from gwdet.model_zoo.model_zoo import configs_dir
+from gwdet.utils.command_line import warn_of_repeated_overrides
 
 LAZY_SUFFIX = ".py"
 SAVED_SUFFIXES = (".yaml", ".yml")
@@ -826,13 +827,15 @@ def norms_as_nodes(node: Any) -> None:
 
 def load_lazy_config(config_file: str, overrides: Sequence[str] = (), *, model: bool = False) -> DictConfig:
     """The LazyConfig ``config_file`` with the ``key=value`` ``overrides`` applied (checked by
-    :func:`apply_overrides`); a ``~`` in ``train.output_dir`` is expanded. ``model``: the file must
+    :func:`apply_overrides`; a key they set more than once is warned of, naming the value used, the
+    last); a ``~`` in ``train.output_dir`` is expanded. ``model``: the file must
     define a ``model`` (what a run builds; the parts the configs import define none), checked first."""
     if not config_file:
         raise GwdetValueError("No config given: pass --config-file configs/<file>.py (see configs/LazyConfig/).")
     config_file = os.fspath(config_file)
     check_override_list("load_lazy_config", overrides)
     check_config_file_exists(config_file)
+    warn_of_repeated_overrides(overrides)
     if not config_file.endswith(LAZY_SUFFIX) and _looks_like_yacs(config_file):
         raise GwdetValueError(
             f"Config file {config_file!r} is a yacs config (upper-case sections such as MODEL, or _BASE_), not a "

@@ -32,6 +32,7 @@ from gwdet.layers.common import check_flag
 from gwdet.model_zoo.lazy_loading import check_config_file_exists, check_override_list, is_lazy_config, load_lazy_config
 from gwdet.model_zoo.model_zoo import configs_dir, get_config_file
 from gwdet.norms import add_registered_config_keys, known_norm_names, norm_record, spawned_process_note
+from gwdet.utils.command_line import warn_of_repeated_overrides
 from gwdet.utils.run_file_names import CONFIG_NAME
 
 logger = logging.getLogger(__name__)
@@ -59,7 +60,8 @@ def _other_encoding_problem(path: str) -> str | None:
 
 
 def build_config(config_file: str | os.PathLike, opts: list[str] | None = None) -> CfgNode:
-    """detectron2's defaults + gwdet's keys + ``config_file`` + ``KEY VALUE`` overrides, checked, frozen."""
+    """detectron2's defaults + gwdet's keys + ``config_file`` + ``KEY VALUE`` overrides, checked, frozen;
+    a key the overrides set more than once is warned of, naming the value used (the last)."""
     if not config_file:
         raise GwdetValueError("No config given: pass --config configs/<file>.yaml (see configs/).")
     config_file = os.fspath(config_file)
@@ -68,6 +70,7 @@ def build_config(config_file: str | os.PathLike, opts: list[str] | None = None) 
         raise GwdetIsADirectoryError(f"Config file {config_file!r} is a folder: give a config file in it "
                                      "(configs/ holds gwdet's).")
     check_config_file_exists(config_file)
+    warn_of_repeated_overrides(opts or [])
     name = os.path.basename(config_file)
     if name.startswith("results") and name.endswith((".json", ".md")):  # a run's results (or those it set aside)
         beside = os.path.join(os.path.dirname(config_file), CONFIG_NAME)

@@ -24,7 +24,8 @@ from gwdet.errors import GwdetValueError, listed
 from gwdet.config_checks import GW_BACKBONES, ensure_checked
 from gwdet.modeling.detectron2_failures import named_config_failures
 from gwdet.modeling.model_checks import check_model
-from gwdet.norms import DETECTRON2_GN_GROUPS, NORM_LAYER_MARK, NormRecord, built_by_detectron2_get_norm, norm_record
+from gwdet.norms import (DETECTRON2_GN_GROUPS, NORM_LAYER_MARK, NormRecord, built_by_detectron2_get_norm, norm_record,
+                         refuse_a_mapping_as_a_config)
 from gwdet.positions import BLOCK_CONV_OF_POSITION, POSITIONS, parse_gw_positions
 from gwdet.utils.cli_errors import as_override
 
@@ -137,7 +138,9 @@ def check_build_state(when: str) -> None:
 def build_model(cfg: CfgNode) -> nn.Module:
     """:func:`gwdet.check_gwdet_config` (unless it accepted this config already:
     :func:`gwdet.config_checks.ensure_checked`), :func:`check_build_state`, :func:`check_device`,
-    detectron2's ``build_model``, then :func:`gwdet.check_model` (with ``MODEL.STRICT_NORM_GROUPS``)."""
+    detectron2's ``build_model``, then :func:`gwdet.check_model` (with ``MODEL.STRICT_NORM_GROUPS``).
+    A plain dict given as ``cfg`` is refused first (:func:`gwdet.norms.refuse_a_mapping_as_a_config`)."""
+    refuse_a_mapping_as_a_config("gwdet.build_model", cfg)
     ensure_checked(cfg)
     check_build_state("the build")
     check_device(cfg.MODEL.DEVICE)

@@ -157,15 +157,16 @@ def parse_with_trailing_flags(parser: argparse.ArgumentParser, argv: Sequence[st
     with dashed_file_names_named(parser, argv, double_dash=False):  # "--" here starts no file names
         args = parser.parse_args(leading + flags + (["--"] if opts else []) + opts)
     args.opts = opts
-    _warn_of_repeated_overrides(opts)
     return args
 
 
-def _warn_of_repeated_overrides(opts: Sequence[str]) -> None:
+def warn_of_repeated_overrides(opts: Sequence[str]) -> None:
     """A warning for each config key that the overrides ``opts`` set more than once (``KEY VALUE``
     pairs of a yacs config, ``key=value`` of a LazyConfig), naming the values and the one used (the
     last, as detectron2 merges them): a command line built by appending overrides is common, a key
-    typed twice by mistake is not, and neither goes without a word."""
+    typed twice by mistake is not, and neither goes without a word. The config loaders call it
+    (:func:`gwdet.model_zoo.build_config`, :func:`gwdet.model_zoo.load_lazy_config`), which every
+    tool and Python entry reads its overrides through."""
     if any("=" in word for word in opts):
         pairs = [(word.partition("=")[0].lstrip("+"), word.partition("=")[2]) for word in opts]
     else:

@@ -424,7 +424,7 @@ def _plan_and_run(args: argparse.Namespace, argv: Sequence[str], parser: argpars
                   f"{out_dir / RUNS_FOLDER}, so there is no report; nothing was written. Check --out and the study's "
                   "flags (--list shows each cell's state), or train the cells first (the same command without "
                   "--report-only).", file=sys.stderr)
-            return 1
+            return 2
         return 0
     return 1 if outcome.failed or outcome.busy else 0
 
