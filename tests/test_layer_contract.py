@@ -586,50 +586,39 @@ def build_from(layer: torch.nn.Module) -> torch.nn.Module:
     return layer
 
 
-# GroupWhitening(16, device="cuda") on a machine without CUDA failed in torch with "Found no NVIDIA driver"
+# GroupWhitening(16, device="cuda") on a machine without CUDA failed in torch with "Found no NVIDIA driver", "xpu"
+# with "Torch not compiled with XPU enabled", a device torch cannot allocate on with "Could not run
+# 'aten::empty.memory_format'". The machine's own devices decide which refusals are asserted.
 @pytest.mark.parametrize("layer_class", LAYER_CLASSES, ids=lambda cls: cls.__name__)
-def test_a_device_this_machine_does_not_have_is_refused_by_name(layer_class, monkeypatch):
+def test_a_device_this_machine_does_not_have_is_refused_by_name(layer_class):
     fix = re.escape("give device='cpu' (or leave it out), or build the layer on the CPU and move it with "
                     ".to(device) on a machine that has that device")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(GwdetValueError, match=re.escape(
-            f"{layer_class.__name__}: device 'cuda' is a CUDA device, but CUDA is not available on this machine "
-            "(torch.cuda.is_available() is False); ") + fix):
-        layer_class(CHANNELS, device="cuda")
-    with pytest.raises(GwdetValueError, match=re.escape("device 0 (cuda:0) is a CUDA device, but CUDA is not available")):
-        layer_class(CHANNELS, device=0)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    with pytest.raises(GwdetValueError, match=re.escape(
-            "device 'cuda:2' names CUDA device 2, but this machine has 2 CUDA devices (indices 0 to 1); give an "
-            "index below 2, or ")):
-        layer_class(CHANNELS, device="cuda:2")
-    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
-    with pytest.raises(GwdetValueError, match=re.escape("device 'mps' is an Apple MPS device, but MPS is not available")):
-        layer_class(CHANNELS, device=torch.device("mps"))
-    assert layer_class(CHANNELS, device="meta").weight.device.type == "meta"
-    assert layer_class(CHANNELS, device="cpu").weight.device.type == "cpu"
-
-
-# GroupWhitening(16, device="xpu") on a machine without XPU failed in torch with "Torch not compiled with XPU
-# enabled", and a device torch cannot allocate on with its raw "Could not run 'aten::empty.memory_format'"
-@pytest.mark.parametrize("layer_class", LAYER_CLASSES, ids=lambda cls: cls.__name__)
-def test_another_accelerator_this_machine_does_not_have_is_refused_by_name(layer_class, monkeypatch):
-    fix = re.escape("give device='cpu' (or leave it out), or build the layer on the CPU and move it with "
-                    ".to(device) on a machine that has that device")
-    monkeypatch.setattr(torch.xpu, "is_available", lambda: False)
-    with pytest.raises(GwdetValueError, match=re.escape(
-            f"{layer_class.__name__}: device 'xpu' is an XPU device, but XPU is not available on this machine "
-            "(torch.xpu.is_available() is False); ") + fix):
-        layer_class(CHANNELS, device="xpu")
-    monkeypatch.setattr(torch.xpu, "is_available", lambda: True)
-    monkeypatch.setattr(torch.xpu, "device_count", lambda: 1)
-    with pytest.raises(GwdetValueError, match=re.escape(
-            "device 'xpu:1' names XPU device 1, but this machine has 1 XPU device; give an index below 1, or ")):
-        layer_class(CHANNELS, device="xpu:1")
+    owner = layer_class.__name__
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        with pytest.raises(GwdetValueError, match=re.escape(
+                f"device 'cuda:{count}' names CUDA device {count}, but this machine has {count} CUDA device")):
+            layer_class(CHANNELS, device=f"cuda:{count}")
+    else:
+        with pytest.raises(GwdetValueError, match=re.escape(
+                f"{owner}: device 'cuda' is a CUDA device, but CUDA is not available on this machine "
+                "(torch.cuda.is_available() is False); ") + fix):
+            layer_class(CHANNELS, device="cuda")
+        with pytest.raises(GwdetValueError, match=re.escape("device 0 (cuda:0) is a CUDA device, but CUDA is not "
+                                                            "available")):
+            layer_class(CHANNELS, device=0)
+    if not torch.backends.mps.is_available():
+        with pytest.raises(GwdetValueError, match=re.escape("device 'mps' is an Apple MPS device, but MPS is not "
+                                                            "available")):
+            layer_class(CHANNELS, device=torch.device("mps"))
+    if not torch.xpu.is_available():
+        with pytest.raises(GwdetValueError, match=re.escape(
+                f"{owner}: device 'xpu' is an XPU device, but XPU is not available on this machine "
+                "(torch.xpu.is_available() is False); ") + fix):
+            layer_class(CHANNELS, device="xpu")
     with pytest.raises(GwdetValueError, match=re.escape(
             "device 'xla' cannot be used on this machine: torch cannot create a tensor there (torch.empty(0, "
-            "device='xla') fails with NotImplementedError: Could not run 'aten::empty.memory_format'") + ".*" + fix):
+            "device='xla') fails with ") + ".*" + fix):
         layer_class(CHANNELS, device="xla")
     assert layer_class(CHANNELS, device="meta").weight.device.type == "meta"
     assert layer_class(CHANNELS, device="cpu").weight.device.type == "cpu"
