@@ -1276,3 +1276,16 @@ def test_unexpected_keys_inside_the_blocks_are_named_as_another_architecture():
     with pytest.raises(ConversionError, match=r"\['aux_head\.weight'\]\. Check that this is the checkpoint you meant; "
                                               r"pass --allow-unexpected"):
         convert_state_dict(in_memory(state_dict))
+
+
+# convert_checkpoint(..., gw_positions=['S1', 'B2']) named the config key MODEL.RESNETS.GW_POSITIONS, and
+# convert_state_dict(..., source_name=None) failed in os.path with a raw TypeError
+def test_the_python_arguments_are_named_in_their_refusals():
+    source = SourceStateDict(tensors={"conv1.weight": torch.zeros(64, 3, 7, 7)}, wrapping="bare state_dict",
+                             stripped_prefix="")
+    with pytest.raises(ConversionError, match=re.escape("--gw-positions (gw_positions= in Python) must be a string "
+                                                        "like 'S1-B2', got ['S1', 'B2']")):
+        convert_state_dict(source, gw_positions=["S1", "B2"])
+    with pytest.raises(ConversionError, match=re.escape("convert_state_dict: source_name is how the report names the "
+                                                        "source, a str (e.g. the checkpoint's path), got None")):
+        convert_state_dict(source, source_name=None)

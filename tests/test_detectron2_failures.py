@@ -113,3 +113,19 @@ def test_a_lazy_configs_failure_names_its_overrides_of_the_failing_part(tmp_path
         "detectron2 could not build the model and its training with this config: AssertionError: 0 "
         "(detectron2/modeling/backbone/resnet.py:")
     assert "Given on the command line: model.backbone.bottom_up.resnet.stages.0.num_blocks=0. Change" in str(refused.value)
+
+
+# gwdet.build_model of a config with deformable convolutions, on a detectron2 without its compiled ops: detectron2's
+# raw ImportError, where the export and analyze tools named MODEL.RESNETS.DEFORM_ON_PER_STAGE and the fix
+def test_gwdet_build_model_names_deformable_convolutions_this_detectron2_cannot_build():
+    try:
+        import detectron2._C  # noqa: F401
+        pytest.skip("this detectron2 has its compiled ops: its DeformConv builds")
+    except ImportError:
+        pass
+    cfg = build_config(str(DEMO_CONFIG), [*TINY_OPTS, "MODEL.RESNETS.DEFORM_ON_PER_STAGE", "[False,True,True,True]",
+                                          "MODEL.RESNETS.GW_POSITIONS", "B2"])
+    with pytest.raises(ImportError, match=r"^MODEL.RESNETS.DEFORM_ON_PER_STAGE \[False, True, True, True\] asks for "
+                                          r"deformable convolutions: detectron2's DeformConv needs detectron2's "
+                                          r"compiled ops \(detectron2._C\), .* Set it to all False"):
+        gwdet.build_model(cfg)

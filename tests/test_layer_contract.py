@@ -644,3 +644,33 @@ def test_an_input_that_is_not_a_tensor_is_refused_by_name(layer_class):
             f"tensor of shape {shape} with torch.cat(x)")):
         layer([x] * 4)
     assert torch.jit.script(layer)(x).shape == x.shape  # the check is left out of the scripted graph
+
+
+# a BGN state with running_var -1 loaded through the layer's own load_state_dict gave NaN for every output, a BW state
+# with an all-zero running_whitening 0 for every output, without a word
+@pytest.mark.parametrize("layer_class", LAYER_CLASSES, ids=lambda cls: cls.__name__)
+def test_running_statistics_no_training_computes_are_refused_at_load(layer_class):
+    layer = layer_class(CHANNELS)
+    state = layer.state_dict()
+    damaged = {name: value for name, value in state.items() if name.startswith("running_")}
+    if not damaged:
+        pytest.skip(f"{layer_class.__name__} keeps no running statistics")
+    for name, value in damaged.items():
+        bad = dict(state)
+        bad[name] = torch.full_like(value, -1.0) if name == "running_var" else (
+            torch.zeros_like(value) if name == "running_whitening" else torch.full_like(value, float("nan")))
+        with pytest.raises(RuntimeError, match=rf"{layer_class.__name__}: the state's {name} holds .*, which no "
+                                               r"training computes"):
+            layer_class(CHANNELS).load_state_dict(bad)
+    layer_class(CHANNELS).load_state_dict(state)  # a layer's own state loads
+
+
+# group_whitening_relative_cost((0, 16, 4, 4), 4): a raw ZeroDivisionError (both costs 0)
+def test_the_relative_cost_of_an_input_without_values_is_refused():
+    from gwdet.layers.cost import group_whitening_relative_cost
+
+    with pytest.raises(GwdetValueError, match=re.escape("group_whitening_relative_cost: the input of shape [0, 16, 4, 4] "
+                                                        "holds no values, so neither GW nor the convolution costs "
+                                                        "anything and their ratio is undefined")):
+        group_whitening_relative_cost((0, 16, 4, 4), 4)
+    assert group_whitening_relative_cost((2, 16, 4, 4), 4) > 0

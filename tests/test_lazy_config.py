@@ -45,6 +45,7 @@ def _gw_values(model: torch.nn.Module) -> set:
 def test_lazy_configs_build_gw_in_every_part_and_survive_save_and_load(config, expected, tmp_path):
     cfg = LazyConfig.load(str(LAZY / config))
     cfg.model.backbone.norm.num_groups = 16  # one value changed: it must reach the FPN only
+    cfg.GW = LazyConfig.load(str(LAZY / "gw_parts.py")).GW  # a .py's public module-level node: a top-level key
     saved = tmp_path / "saved.yaml"
     LazyConfig.save(cfg, str(saved))
     reloaded = LazyConfig.load(str(saved))
@@ -60,7 +61,7 @@ def test_lazy_configs_build_gw_in_every_part_and_survive_save_and_load(config, e
     LazyConfig.save(reloaded, str(saved_again))
     assert saved_again.read_text() == saved.read_text()
     assert "gwdet.norm" in saved.read_text()
-    # the saved file holds the .py's module-level node GW as a top-level key: gwdet's loader (the tools') took the
+    # the saved file holds a .py's module-level node GW as a top-level key: gwdet's loader (the tools') took the
     # file for a yacs config by that upper-case key, and refused it
     assert "\nGW:" in f"\n{saved.read_text()}"
     assert load_lazy_config(str(saved)).model.backbone.norm.num_groups == 16
@@ -676,3 +677,17 @@ def test_a_text_override_for_a_flag_of_a_registered_norm_is_refused_when_loaded_
     with pytest.raises(GwdetValueError, match=r"gwdet.norm\('TestFlagBN3'\): track_running_stats='no' is not True "
                                               r"or False"):
         instantiate(cfg.norm)
+
+
+# configs/LazyConfig/mask_rcnn_R_50_FPN_gw.py had a top-level GW node (gw_parts.GW imported by that name) that an
+# override GW.num_groups=32 changed while every GW layer kept 64 groups
+def test_every_shipped_lazyconfig_holds_only_the_nodes_a_run_reads():
+    from gwdet.model_zoo.lazy_loading import load_lazy_config
+
+    configs = [path for path in sorted(LAZY.rglob("*.py")) if path.name != "gw_parts.py" and "common" not in path.parts]
+    assert len(configs) >= 7
+    for path in configs:
+        assert set(load_lazy_config(str(path)).keys()) <= {"model", "dataloader", "optimizer", "lr_multiplier",
+                                                             "train"}, path
+    with pytest.raises(GwdetValueError, match=r"^LazyConfig override 'GW.num_groups': the config has no 'GW' at the "):
+        load_lazy_config(str(LAZY / "mask_rcnn_R_50_FPN_gw.py"), ["GW.num_groups=32"])

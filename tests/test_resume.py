@@ -6,6 +6,7 @@ iteration ends the run without the evaluation after training.
 """
 import errno
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -471,3 +472,88 @@ def test_a_resume_of_a_run_whose_config_record_was_removed_is_refused(finished_r
             r"config\.yaml > config\.yaml\.sha256\) and resume again; or train afresh")):
         main(tiny_run_args(run, "--resume", "SOLVER.MAX_ITER", "3"))
     assert {path.name: path.read_bytes() for path in run.iterdir() if path.is_file() and path.name != ".gwdet.lock"} == before
+
+
+def _small_model():
+    from gwdet.layers import GroupWhitening
+
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), GroupWhitening(8, num_groups=2))
+
+
+@pytest.mark.parametrize("name, refusal", [
+    ("", r"Checkpoint name '' is empty or blank \(an unset variable\?\): save\(\) would write a file named '\.pth'; "
+         r"nothing was written\. Give the checkpoint's name, e\.g\. save\('model_final'\)"),
+    ("  ", r"Checkpoint name '  ' is empty or blank .* named '  \.pth'; nothing was written"),
+    (None, r"Checkpoint name None \(NoneType\) cannot be saved: save\(\) takes the file's name as a str, to which it "
+           r"adds \.pth; nothing was written\. Give it as a str, e\.g\. save\('model_final'\)"),
+])
+def test_an_empty_blank_or_missing_checkpoint_name_is_refused(tmp_path, name, refusal):
+    # before: save("") wrote save_dir/.pth, save("  ") save_dir/  .pth and save(None) save_dir/None.pth
+    from gwdet.errors import GwdetTypeError, GwdetValueError
+
+    with pytest.raises(GwdetTypeError if name is None else GwdetValueError, match=refusal):
+        ResilientCheckpointer(_small_model(), save_dir=str(tmp_path)).save(name)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_checkpoint_name_leading_out_of_save_dir_is_refused_and_the_file_there_kept(tmp_path):
+    # before: save("../user") replaced the user's file save_dir/../user.pth
+    from gwdet.errors import GwdetValueError
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (tmp_path / "user.pth").write_bytes(b"user data")
+    checkpointer = ResilientCheckpointer(_small_model(), save_dir=str(run))
+    with pytest.raises(GwdetValueError, match=re.escape(
+            f"Checkpoint name '../user' holds a path separator: save() writes NAME.pth in its save_dir ({str(run)!r}), "
+            f"and this name would write {tmp_path / 'user.pth'}, elsewhere; nothing was written. Give a plain file "
+            "name (save('user')), or a checkpointer whose save_dir is the folder meant.")):
+        checkpointer.save("../user")
+    with pytest.raises(GwdetValueError, match=re.escape(f"would write {tmp_path / 'elsewhere.pth'}, elsewhere")):
+        checkpointer.save(str(tmp_path / "elsewhere"))
+    assert (tmp_path / "user.pth").read_bytes() == b"user data"
+    assert os.listdir(run) == [] and sorted(os.listdir(tmp_path)) == ["run", "user.pth"]
+
+
+def test_save_dir_expands_a_leading_tilde_and_names_an_unexpanded_variable(tmp_path, monkeypatch):
+    # before: save_dir="~/ckt" was refused as a folder that does not exist; "$HOME/ckv" too, without naming $HOME
+    from gwdet.errors import GwdetValueError
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "ckt").mkdir()
+    ResilientCheckpointer(_small_model(), save_dir="~/ckt").save("m")
+    assert (tmp_path / "ckt" / "m.pth").is_file()
+    ResilientCheckpointer(_small_model()).load("~/ckt/m.pth")
+    with pytest.raises(GwdetValueError, match=re.escape(
+            "Checkpoint 'm' cannot be saved: save_dir '$HOME/ckv' holds '$HOME', an environment variable that nothing "
+            f"expanded (a quoted command-line value and a config file keep it as it is): the run would write into a "
+            f"folder named '$HOME'. Let the shell expand it (double quotes), or give the path itself "
+            f"(save_dir={tmp_path}/ckv); nothing was written.")):
+        ResilientCheckpointer(_small_model(), save_dir="$HOME/ckv").save("m")
+
+
+# a run whose last training step made weights NaN (its loss, computed before the step, finite) saved them as
+# model_final.pth, evaluated them to NaN APs and ended with exit status 0
+def test_weights_a_last_step_made_non_finite_are_not_saved_and_the_run_is_named_diverged(tmp_path, monkeypatch):
+    from detectron2.engine import HookBase
+
+    from gwdet.checkpoint.resilient import NonFiniteWeightsError
+    from gwdet.engine.run import TrainingDiverged
+
+    class NonFiniteLastStep(HookBase):
+        """Makes a weight NaN after the last iteration's step, before the checkpointer's hook saves it."""
+
+        def after_step(self):
+            if self.trainer.iter == self.trainer.max_iter - 1:
+                with torch.no_grad():
+                    next(self.trainer.model.parameters()).view(-1)[0] = float("nan")
+
+    build_hooks = Trainer.build_hooks
+    monkeypatch.setattr(Trainer, "build_hooks", lambda self: [NonFiniteLastStep()] + build_hooks(self))
+    with pytest.raises(TrainingDiverged, match=r"^Training diverged: checkpoint '(model_0000001|model_final)' was not "
+                                               r"saved: the model's weights hold NaN or inf in 1 tensor\(s\) \(backbone"
+                                               r".*\), which a model cannot compute with: .* The checkpoints written "
+                                               r"before it are kept in"):
+        main(tiny_run_args(tmp_path))
+    assert not (tmp_path / "model_final.pth").exists() and not (tmp_path / "results.json").exists()
+    assert issubclass(NonFiniteWeightsError, FloatingPointError)  # what the run names as diverged

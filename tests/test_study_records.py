@@ -938,3 +938,14 @@ def test_records_with_crlf_line_endings_are_named_so_and_the_repository_keeps_th
         main(["--study", "paper", "--records", str(records), "--report-to", str(tmp_path / "report")])
     assert f"{cell} is damaged" in capsys.readouterr().err
     assert "docs/study/records/** -text" in (REPO / ".gitattributes").read_text().splitlines()
+
+
+# compare_norms.py --records <an empty folder> said "no cell records in it" without the way on
+def test_an_empty_records_folder_is_refused_with_where_records_are_kept(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as stopped:
+        main(["--records", str(tmp_path / "empty"), "--report-to", str(tmp_path / "report")])
+    assert stopped.value.code == 2
+    assert (f"--records {tmp_path / 'empty'}: no cell records in it (folders with study_cell.json): give the folder "
+            "of a study's records (kept in docs/study/records/<study>/), or one that --export-records wrote") in \
+        capsys.readouterr().err

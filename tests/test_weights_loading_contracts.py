@@ -1183,3 +1183,71 @@ def test_integer_values_for_floating_weights_are_refused_and_integer_buffers_loa
     torch.save({"model": dict(state, **{"1.num_batches_tracked": torch.tensor(7)})}, counted)
     ResilientCheckpointer(model).load(str(counted))
     assert int(model[1].num_batches_tracked) == 7
+
+
+class _DetHolder(nn.Module):
+    """A user's module holding a detector as ``self.det``."""
+
+    def __init__(self, det: nn.Module) -> None:
+        super().__init__()
+        self.det = det
+
+
+@pytest.mark.parametrize("how", ["load", "load_weights", "resume_or_load"])
+def test_weights_none_of_which_land_in_a_compiled_or_wrapped_model_are_refused(tmp_path, how):
+    # before: a plain checkpoint loaded into a torch.compile'd model or a wrapper's returned normally and loaded nothing
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from gwdet.errors import GwdetValueError
+
+    ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 4, 1), GroupWhitening(4, num_groups=2)),
+                          save_dir=str(tmp_path)).save("m")
+    path = str(tmp_path / "m.pth")
+
+    def loaded_into(model):
+        checkpointer = ResilientCheckpointer(model)
+        if how == "resume_or_load":
+            checkpointer.resume_or_load(path, resume=False)
+        else:
+            getattr(checkpointer, how)(path)
+
+    inner = nn.Sequential(nn.Conv2d(3, 4, 1), GroupWhitening(4, num_groups=2))
+    before = inner[0].weight.clone()
+    with pytest.raises(GwdetValueError, match=re.escape(
+            f"{path} holds none of the model's weights: no name of its 5 weights is one of the model's 5 (the file's "
+            "keys are like '0.weight', the model's like '_orig_mod.0.weight'), so loading it would leave every weight "
+            "as it is; nothing was loaded. The model's names carry the prefix '_orig_mod.' that the file's lack: load "
+            "into the uncompiled module, which shares the torch.compile'd model's parameters, "
+            "ResilientCheckpointer(model._orig_mod)")):
+        loaded_into(torch.compile(inner, backend="eager"))
+    with pytest.raises(GwdetValueError, match=re.escape(
+            "the model's like 'det.0.weight'), so loading it would leave every weight as it is; nothing was loaded. "
+            "The model's names carry the prefix 'det.' that the file's lack: load into the module the model holds "
+            "(the detector of a wrapper), ResilientCheckpointer(model.det)")):
+        loaded_into(_DetHolder(inner))
+    assert torch.equal(inner[0].weight, before)
+    loaded_into(inner)  # the module itself takes them
+    assert not torch.equal(inner[0].weight, before)
+
+
+def test_the_input_record_of_a_compiled_model_compares_equal_to_the_plain_models():
+    # before: weights saved from a torch.compile'd model were said to differ in box_regression_weights and roi_poolers
+    from detectron2.modeling.box_regression import Box2BoxTransform
+    from detectron2.modeling.poolers import ROIPooler
+
+    from gwdet.checkpoint.resilient import input_differences, input_record
+
+    class Heads(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pooler = ROIPooler((7, 7), (1 / 4,), 0, "ROIAlignV2")
+            self.box2box_transform = Box2BoxTransform((10.0, 10.0, 5.0, 5.0))
+            self.conv = nn.Conv2d(3, 4, 1)
+
+    model = nn.Sequential(Heads())
+    saved = input_record(torch.compile(model, backend="eager"))
+    assert "_orig_mod.0" in saved["box_regression_weights"] and "_orig_mod.0.pooler" in saved["roi_poolers"]
+    assert input_differences(saved, model) == []
+    other = nn.Sequential(Heads())
+    other[0].box2box_transform = Box2BoxTransform((1.0, 1.0, 1.0, 1.0))
+    assert input_differences(saved, other) == [
+        "box_regression_weights {'0': [10.0, 10.0, 5.0, 5.0]} -> {'0': [1.0, 1.0, 1.0, 1.0]}"]

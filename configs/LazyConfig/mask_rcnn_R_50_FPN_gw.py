@@ -1,7 +1,8 @@
 # LazyConfig version of gwdet's GW Mask R-CNN: R-50-FPN with GW (g=64, ItN T=5) at S1-B2 of the
 # backbone (FrozenBN elsewhere, the ImageNet weights' BN frozen), in the FPN, in a 4conv1fc box head
-# and in the mask head. Every GW layer gets its values from GW below, so the values travel with
-# the config (LazyConfig.save / load keep them); GW and the box head: gw_parts.py.
+# and in the mask head. Every GW layer's node is a copy of gw_parts.py's GW, holding its values, so
+# the values travel with the config (LazyConfig.save / load keep them); another value is set on
+# each node (model.backbone.norm.num_groups=32, ...). GW and the box head: gw_parts.py.
 #   model = instantiate(LazyConfig.load("configs/LazyConfig/mask_rcnn_R_50_FPN_gw.py").model)
 # Training: tools/train_net.py --config-file <this file> (gwdet's run folder, checks and results), or
 # detectron2's own .venv/detectron2-dist/tools/lazyconfig_train_net.py (docs/usage.md, "LazyConfig").
@@ -12,7 +13,8 @@ from gwdet.model_zoo import detectron2_lazy_config  # detectron2's common/ confi
 from gwdet.modeling import place_norm
 from gwdet.solver import get_default_optimizer_params
 
-from .gw_parts import GW, box_head_4conv1fc
+from .gw_parts import GW as _GW  # private: a top-level GW node would be read by nothing
+from .gw_parts import box_head_4conv1fc
 
 model = detectron2_lazy_config("common/models/mask_rcnn_fpn.py").model
 model.backbone.bottom_up = L(place_norm)(
@@ -23,13 +25,13 @@ model.backbone.bottom_up = L(place_norm)(
         freeze_at=0,  # frozen by place_norm, after GW is in place
     ),
     positions="S1-B2",
-    norm=GW,
+    norm=_GW,
     freeze_at=2,
 )
 model.backbone.in_features = "${.bottom_up.resnet.out_features}"
-model.backbone.norm = GW
-model.roi_heads.box_head = box_head_4conv1fc(GW)
-model.roi_heads.mask_head.conv_norm = GW
+model.backbone.norm = _GW
+model.roi_heads.box_head = box_head_4conv1fc(_GW)
+model.roi_heads.mask_head.conv_norm = _GW
 # Converted torchvision-layout ImageNet weights (tools/convert_pretrained.py): RGB input with
 # torchvision's mean/std in 0-255 units.
 model.input_format = "RGB"

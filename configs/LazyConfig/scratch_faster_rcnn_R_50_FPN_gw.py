@@ -6,18 +6,19 @@
 from gwdet.model_zoo import detectron2_lazy_config  # detectron2's common/ configs, without pkg_resources
 from gwdet.solver import get_default_optimizer_params
 
-from .gw_parts import GW, box_head_4conv1fc
+from .gw_parts import GW as _GW  # private: a top-level GW node would be read by nothing
+from .gw_parts import box_head_4conv1fc
 
 model = detectron2_lazy_config("common/models/mask_rcnn_fpn.py").model
 model.roi_heads.mask_in_features = None
 model.roi_heads.mask_pooler = None
 model.roi_heads.mask_head = None
-model.backbone.bottom_up.stem.norm = GW
-model.backbone.bottom_up.stages.norm = GW
+model.backbone.bottom_up.stem.norm = _GW
+model.backbone.bottom_up.stages.norm = _GW
 model.backbone.bottom_up.stages.stride_in_1x1 = False
 model.backbone.bottom_up.freeze_at = 0
-model.backbone.norm = GW
-model.roi_heads.box_head = box_head_4conv1fc(GW)
+model.backbone.norm = _GW
+model.roi_heads.box_head = box_head_4conv1fc(_GW)
 # As the yacs config (configs/Base-RCNN-FPN.yaml): RGB input with torchvision's mean/std in 0-255 units.
 model.input_format = "RGB"
 model.pixel_mean = [123.675, 116.280, 103.530]

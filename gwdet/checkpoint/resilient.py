@@ -34,7 +34,8 @@ from detectron2.utils import comm
 
 from gwdet.config import SHAPES_PREFIX
 from gwdet.utils.fingerprints import split_fingerprints
-from gwdet.utils.cli_errors import as_override, file_url_path, link_dotdot_problem, unexpanded_variable_note
+from gwdet.utils.cli_errors import (as_override, file_url_path, link_dotdot_problem, unexpanded_variable_note,
+                                    unexpanded_variable_problem)
 from gwdet.utils.run_file_names import FINAL_WEIGHTS, LAST_CHECKPOINT
 from gwdet.utils.atomic import (cached_sha256, checksum_findings, file_version, same_file_version, shown_record,
                                 write_atomically, write_with_checksum)
@@ -92,6 +93,29 @@ def _check_iteration_of_its_name(path: str, iteration: int, save_dir: str) -> No
         f"from other weights and rewrite this run's metrics from iteration {iteration + 1} on; nothing was changed. "
         "Put the run's own checkpoint back under that name, or write the name of a checkpoint of this run into "
         f"{os.path.join(save_dir, LAST_CHECKPOINT)}.")
+
+
+def _check_checkpoint_name(name: Any, save_dir: str | None) -> None:
+    """Refuse a name :meth:`ResilientCheckpointer.save` would not write as a file of its own in
+    ``save_dir``: not a str, empty or blank, or holding a path separator (``../NAME``, an absolute
+    path: a file outside ``save_dir`` or in a folder of it); nothing is written."""
+    example = "e.g. save('model_final') or save('model_0000999')"
+    if not isinstance(name, str):
+        raise GwdetTypeError(f"Checkpoint name {name!r} ({type(name).__name__}) cannot be saved: save() takes the "
+                             f"file's name as a str, to which it adds .pth; nothing was written. Give it as a str, "
+                             f"{example}.")
+    if not name.strip():
+        raise GwdetValueError(f"Checkpoint name {name!r} is empty or blank (an unset variable?): save() would write a "
+                              f"file named {name + '.pth'!r}; nothing was written. Give the checkpoint's name, "
+                              f"{example}.")
+    separators = {"/", os.sep, *([os.altsep] if os.altsep else [])}
+    if any(separator in name for separator in separators):
+        target = os.path.normpath(os.path.join(save_dir or ".", f"{name}.pth"))
+        plain = os.path.basename(name.rstrip("/" + os.sep)) or "model_final"
+        raise GwdetValueError(f"Checkpoint name {name!r} holds a path separator: save() writes NAME.pth in its "
+                              f"save_dir ({save_dir!r}), and this name would write {target}, elsewhere; nothing was "
+                              f"written. Give a plain file name (save({plain!r})), or a checkpointer whose save_dir is "
+                              "the folder meant.")
 
 
 def checkpoint_names(folder: str) -> list[str]:
@@ -242,6 +266,20 @@ def _meta_tensors(model: Any) -> list[str]:
     if not isinstance(model, torch.nn.Module):
         return []
     return [name for name, tensor in (*model.named_parameters(), *model.named_buffers()) if tensor.is_meta]
+
+
+class NonFiniteWeightsError(GwdetError, FloatingPointError):
+    """A training's checkpoint refused because the model's weights hold NaN or inf (a training step
+    that made them so: a ``FloatingPointError``, as detectron2's trainer raises for a non-finite
+    loss). Loading refuses such weights from any file."""
+
+
+def _non_finite_tensors(model: Any) -> list[str]:
+    """The names of ``model``'s floating-point parameters and buffers that hold NaN or inf."""
+    if not isinstance(model, torch.nn.Module):
+        return []
+    return [name for name, tensor in (*model.named_parameters(), *model.named_buffers())
+            if tensor.is_floating_point() and not tensor.is_meta and not bool(torch.isfinite(tensor).all())]
 
 
 def _build_off_meta(then: str) -> str:
@@ -553,12 +591,30 @@ def anchor_record(generator: DefaultAnchorGenerator) -> dict[str, Any]:
     return {"anchor_sizes": sizes, "anchor_aspect_ratios": ratios, "anchor_offset": float(generator.offset)}
 
 
+def without_compiled(name: str) -> str:
+    """``name`` (a weight's or module's) without the ``_orig_mod.`` parts ``torch.compile`` puts in
+    the names of a compiled module's weights and submodules."""
+    return (name + ".").replace("." + COMPILED, ".").removeprefix(COMPILED)[:-1]
+
+
+# the records of input_record that map module names to values
+_RECORDS_BY_MODULE = ("box_regression_weights", "roi_poolers")
+
+
 def input_differences(saved: Any, model: torch.nn.Module) -> list[str]:
     """``"NAME saved -> present"`` for each input value :func:`input_record` recorded for weights
-    (``saved``; nothing without a record) that ``model`` has otherwise."""
+    (``saved``; nothing without a record) that ``model`` has otherwise. The module names of a record
+    saved from a ``torch.compile``d model are compared without their ``_orig_mod.`` where the
+    model's have none, as its weights are loaded."""
     if not isinstance(saved, dict):
         return []
     present = input_record(model)
+    saved = dict(saved)
+    for name in _RECORDS_BY_MODULE:
+        record, own = saved.get(name), present.get(name)
+        if isinstance(record, dict) and isinstance(own, dict) and not any(COMPILED in str(key) for key in own):
+            saved[name] = {without_compiled(key) if isinstance(key, str) else key: value
+                           for key, value in record.items()}
     return [f"{name} {saved[name]!r} -> {present[name]!r}" for name in present
             if name in saved and saved[name] != present[name]]
 
@@ -705,6 +761,9 @@ class ResilientCheckpointer(DetectionCheckpointer):
                  compare_input: bool = True,
                  segment: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        folder: Any = self.save_dir
+        if isinstance(folder, (str, os.PathLike)) and os.fspath(folder):  # ~ expanded, as load() expands its path
+            self.save_dir: str = os.path.expanduser(os.fspath(folder))
         self.require_every_weight = require_every_weight
         self.incomplete_outcome = incomplete_outcome
         self.compare_input = compare_input
@@ -745,10 +804,15 @@ class ResilientCheckpointer(DetectionCheckpointer):
     def save(self, name: str, **extra: Any) -> None:
         if not self.save_to_disk:  # another process of the run saves
             return
+        _check_checkpoint_name(name, self.save_dir)
         if not self.save_dir:  # refused, not logged: fvcore's logger may have no handler outside a run
             raise GwdetValueError(f"Checkpoint {name!r} cannot be saved: the checkpointer has no save_dir (the folder "
                                   "to save into); nothing was written. Give one: ResilientCheckpointer(model, "
                                   "save_dir=...).")
+        unexpanded = (unexpanded_variable_problem("save_dir", self.save_dir)
+                      if "://" not in self.save_dir and not os.path.isdir(self.save_dir) else None)
+        if unexpanded is not None:
+            raise GwdetValueError(f"Checkpoint {name!r} cannot be saved: {unexpanded}")
         if isinstance(name, str) and name.lower().endswith(".pth"):  # fvcore's save adds the suffix to any name
             raise GwdetValueError(f"Checkpoint {name!r} cannot be saved under that name: save() adds .pth itself, so "
                                   f"it would write {name}.pth; nothing was written. Give the name without the suffix: "
@@ -758,6 +822,12 @@ class ResilientCheckpointer(DetectionCheckpointer):
             raise GwdetValueError(
                 f"Checkpoint {name!r} cannot be saved: {_on_meta(valueless)}, so there is nothing to save; nothing was "
                 f"written. {_build_off_meta('save its weights once they are trained or loaded')}")
+        non_finite = _non_finite_tensors(self.model) if "trainer" in self.checkpointables else []
+        if non_finite:  # a training step that diverged after the loss detectron2 checks was computed
+            raise NonFiniteWeightsError(
+                f"checkpoint {name!r} was not saved: the model's weights hold NaN or inf in {len(non_finite)} "
+                f"tensor(s) ({listed(non_finite, 3)}), which a model cannot compute with: a training step made them so "
+                "(a learning rate too large for the model, or an input that is not finite).")
         try:
             settings = norm_settings(self.model, for_saving=True)
         except UnrecordableSettingError as error:
@@ -1135,6 +1205,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
     def _load_model(self, checkpoint: dict):
         self._read_compiled_names(checkpoint)
         self._read_wrapped_records(checkpoint)
+        self._check_some_weight_lands(checkpoint)
         metadata = read_conversion_metadata(checkpoint)
         if metadata is not None:
             check_conversion_metadata(metadata, self._loading)
@@ -1170,6 +1241,61 @@ class ResilientCheckpointer(DetectionCheckpointer):
         elif hasattr(model, CLASSES_ATTRIBUTE):  # other weights now: what the attribute said no longer holds
             delattr(model, CLASSES_ATTRIBUTE)
         return incompatible
+
+    def _check_some_weight_lands(self, checkpoint: dict) -> None:
+        """Refuse, before loading, weights none of whose names is one of the model's (after the
+        ``module.`` fvcore strips and the ``_orig_mod.`` :meth:`_read_compiled_names` strips), which
+        fvcore's loading would leave all unloaded with a log line only: weights of the detector loaded
+        into a ``torch.compile``d one or into a module holding it (``wrapper.det``). A model whose
+        backbone weights the loading checks (:meth:`_log_incompatible_keys`) is refused there, and
+        names matched by detectron2's heuristics (``.pkl`` files) are not compared here."""
+        weights = checkpoint.get("model")
+        if not isinstance(weights, dict) or not weights or checkpoint.get("matching_heuristics"):
+            return
+        model_keys = list(self.model.state_dict())
+        if not model_keys or self._backbone_parameters():
+            return
+        keys = [str(key) for key in weights]
+        if all(key.startswith(WRAPPER_PREFIX) or not key for key in keys):  # fvcore's loading strips it
+            keys = [key.removeprefix(WRAPPER_PREFIX) for key in keys]
+        held = set(keys)
+        if held & set(model_keys):
+            return
+        named = self._loading or "The checkpoint"
+        example = f"the file's keys are like {keys[0]!r}, the model's like {model_keys[0]!r}"
+        outer = self._prefix_before(model_keys, held)
+        inner = self._prefix_before(keys, set(model_keys))
+        if outer is not None:
+            module = f"model.{outer[:-1]}"
+            what = ("the uncompiled module, which shares the torch.compile'd model's parameters"
+                    if outer.endswith(COMPILED) else "the module the model holds (the detector of a wrapper)")
+            fix = (f"The model's names carry the prefix {outer!r} that the file's lack: load into {what}, "
+                   f"ResilientCheckpointer({module}), whose names are the file's.")
+        elif inner is not None:
+            fix = (f"The file's names carry the prefix {inner!r} the model's lack: save its weights with the prefix "
+                   f"taken off ({{key.removeprefix({inner!r}): value for key, value in weights.items()}}) and load "
+                   "that file.")
+        else:
+            fix = ("Give weights saved from a model of this architecture (its state_dict()), or build the model "
+                   "they were saved from.")
+        raise GwdetValueError(
+            f"{named} holds none of the model's weights: no name of its {len(keys)} weights is one of the model's "
+            f"{len(model_keys)} ({example}), so loading it would leave every weight as it is; nothing was loaded. {fix}")
+
+    @staticmethod
+    def _prefix_before(longer: Sequence[str], shorter: set[str]) -> str | None:
+        """The prefix (``_orig_mod.``, ``det.``) that, put before the keys of ``shorter``, gives
+        keys of ``longer``: for most of ``shorter``'s keys, and the same for each; None when none does."""
+        found: dict[str, int] = {}
+        for key in longer:
+            for name in shorter:
+                if key.endswith("." + name):
+                    prefix = key[: -len(name)]
+                    found[prefix] = found.get(prefix, 0) + 1
+        if not found:
+            return None
+        prefix, count = max(found.items(), key=lambda item: item[1])
+        return prefix if count * 2 >= len(shorter) else None
 
     def _drop_records_of_reshaped_layers(self, checkpoint: dict) -> None:
         """fvcore's loading skips, with a warning, the tensors whose shapes differ from the model's (a
@@ -1278,8 +1404,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
             names = checkpoint.get(record)
             if not isinstance(names, dict):
                 continue
-            renamed = {(key + ".").replace("." + COMPILED, ".").removeprefix(COMPILED)[:-1]: value
-                       for key, value in names.items()}
+            renamed = {without_compiled(key): value for key, value in names.items()}
             if renamed.keys() != names.keys() and len(renamed) == len(names):
                 checkpoint[record], found = renamed, True
         if found:

@@ -169,7 +169,8 @@ def _parse_requested_gw_positions(requested: str) -> frozenset[str]:
     try:
         return parse_gw_positions(requested)
     except ValueError as error:
-        message = str(error).replace("MODEL.RESNETS.GW_POSITIONS=", "--gw-positions ")
+        message = str(error).replace("MODEL.RESNETS.GW_POSITIONS=", "--gw-positions ").replace(
+            "MODEL.RESNETS.GW_POSITIONS must", "--gw-positions (gw_positions= in Python) must")
         raise ConversionError(message) from None
 
 

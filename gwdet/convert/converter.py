@@ -197,6 +197,10 @@ def convert_state_dict(
         raise ConversionError(f"convert_state_dict: source must be a SourceStateDict (from read_source_state_dict, "
                               f"or SourceStateDict(tensors=state_dict, wrapping='bare state_dict', stripped_prefix='')), got "
                               f"{type(source).__name__}")
+    if not isinstance(source_name, str):
+        raise ConversionError(f"convert_state_dict: source_name is how the report names the source, a str (e.g. the "
+                              f"checkpoint's path), got {source_name!r} ({type(source_name).__name__}); leave it out "
+                              "for '<state dict>'.")
     check_requested_names(arch, gw_positions)
     tensors = _source_tensors(source)
     _check_dense(tensors)

@@ -499,9 +499,10 @@ def check_norm_nodes(cfg: DictConfig) -> None:
             if argument in node and not OmegaConf.is_interpolation(node, argument) and node.get(argument) is None:
                 raise GwdetValueError(
                     f"{path}.{argument}=None: give '' for no norm ({path}.{argument}=''), or a norm's name. "
-                    "detectron2's get_norm takes None for no norm too, but its FPN then leaves out the bias it gives "
-                    "its convolutions with '' (bias = norm == ''), so they would have neither; MODEL.FPN.NORM None "
-                    "is refused in a yacs config too.")
+                    "detectron2's get_norm takes None for no norm too, but its components differ in what they do "
+                    "with it (its FPN leaves out the bias it gives its convolutions with '': bias = norm == '', so "
+                    "they would have neither), where '' is no norm with a bias in every one; a NORM None is refused "
+                    "in a yacs config too.")
             name = node.get(argument) if not OmegaConf.is_interpolation(node, argument) else None
             if isinstance(name, DictConfig):
                 _check_norm_call(f"{path}.{argument}", name)

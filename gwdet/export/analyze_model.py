@@ -201,7 +201,7 @@ def _analyze(argv: Sequence[str]) -> int:
     from detectron2.utils.analysis import parameter_count_table
     from detectron2.utils.logger import setup_logger
 
-    from gwdet.export.export_model import compiled_layers_named
+    from gwdet.modeling.detectron2_failures import compiled_layers_named
 
     parser = argument_parser()
     refuse_repeated_flags(parser, argv)

@@ -22,11 +22,9 @@ weights in ``train.init_checkpoint``, the test images in ``dataloader.test`` and
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import logging
 import os
-import re
 import warnings
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -34,7 +32,7 @@ import torch
 from torch import Tensor
 from detectron2.structures import Instances
 
-from gwdet.errors import (GwdetError, GwdetFileExistsError, GwdetImportError, GwdetRuntimeError, GwdetValueError,
+from gwdet.errors import (GwdetError, GwdetFileExistsError, GwdetRuntimeError, GwdetValueError,
                           listed)
 from gwdet.data import add_register_coco_argument
 from gwdet.data.test_images import read_test_image
@@ -48,6 +46,7 @@ from gwdet.engine.output_dir import (check_run_detections_kept, check_weights_ar
 from gwdet.utils.run_file_names import EVALUATOR_FILES, FINAL_WEIGHTS, INFERENCE_FOLDER, LOCK_NAME
 from gwdet.engine.run import RunConfig, gives_setting, load_run_config, named_full_disk, warn_of_unused_coco
 from gwdet.norms import SYNCHRONIZED_NORMS
+from gwdet.modeling.detectron2_failures import compiled_layers_named
 
 logger = logging.getLogger("gwdet.export")
 
@@ -497,53 +496,6 @@ def warn_of_other_format_export(args: argparse.Namespace, run: RunConfig) -> Non
         f"this export's ({weights}), so {args.output} may now hold exports of two different models. Export "
         f"{other_format} again into {args.output} with the same weights (--format {other_format} --overwrite), or "
         f"remove {other} and {os.path.basename(checksum_path(other))}.")
-
-
-# What detectron2 raises for a layer of its compiled ops (detectron2._C) where they do not load:
-# detectron2.utils.develop.create_dummy_class's ImportError.
-_MISSING_COMPILED_LAYER = re.compile(r"Cannot import 'detectron2\._C', therefore '(\w+)' is not available")
-DEFORMABLE_LAYERS = ("DeformConv", "ModulatedDeformConv")
-_BUILD_D2_FROM_SOURCE = ("build detectron2 from source into the environment (make setup D2_SOURCE=git+https://github.com/"
-                         "facebookresearch/detectron2.git; docs/install.md, detectron2 versions)")
-
-
-def compiled_layer_refusal(error: BaseException, cfg: Any, outcome: str) -> Optional[GwdetImportError]:
-    """The refusal of a model whose layer needs detectron2's compiled ops (``detectron2._C``), which
-    this detectron2 lacks, from detectron2's ``ImportError`` ``error`` while the model was built with
-    ``cfg``: deformable convolutions name ``MODEL.RESNETS.DEFORM_ON_PER_STAGE`` where the config sets
-    it; ``outcome`` ends the first sentence (``"; nothing was written"``). ``None`` for another error."""
-    found = _MISSING_COMPILED_LAYER.search(str(error)) if isinstance(error, ImportError) else None
-    if found is None:
-        return None
-    layer = found.group(1)
-    needs = (f"detectron2's {layer} needs detectron2's compiled ops (detectron2._C), and this detectron2 has none "
-             f"(the default registry wheel's never loads){outcome}.")
-    resnets = getattr(getattr(cfg, "MODEL", None), "RESNETS", None)
-    stages = getattr(resnets, "DEFORM_ON_PER_STAGE", None) if resnets is not None else None
-    if layer in DEFORMABLE_LAYERS and stages is not None and any(stages):
-        off = "[" + ",".join("False" for _ in stages) + "]"
-        return GwdetImportError(
-            f"MODEL.RESNETS.DEFORM_ON_PER_STAGE {list(stages)} asks for deformable convolutions: {needs} Set it to "
-            f"all False (MODEL.RESNETS.DEFORM_ON_PER_STAGE \"{off}\"), or {_BUILD_D2_FROM_SOURCE}.")
-    if layer in DEFORMABLE_LAYERS:
-        return GwdetImportError(f"The model has deformable convolutions: {needs} Build the model without them, or "
-                                f"{_BUILD_D2_FROM_SOURCE}.")
-    return GwdetImportError(f"The model has a layer of detectron2's compiled ops: {needs} Build the model without it, "
-                            f"or {_BUILD_D2_FROM_SOURCE}.")
-
-
-@contextlib.contextmanager
-def compiled_layers_named(cfg: Any, outcome: str = "") -> Iterator[None]:
-    """Re-raise detectron2's ``ImportError`` of a layer that needs its compiled ops, raised inside the
-    block (the model being built from ``cfg``), as :func:`compiled_layer_refusal`'s refusal, the
-    original error chained to it; any other error as it is."""
-    try:
-        yield
-    except ImportError as error:
-        refusal = compiled_layer_refusal(error, cfg, outcome)
-        if refusal is None:
-            raise
-        raise refusal from error
 
 
 def check_weights_given(run: RunConfig, untrained: bool) -> None:

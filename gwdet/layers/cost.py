@@ -96,8 +96,14 @@ def conv3x3_macs(shape: Sequence[int]) -> int:
 
 def group_whitening_relative_cost(shape: Sequence[int], groups: int, T: int = 5, method: str = "itn") -> float:
     """GW over a 3x3 ``C -> C`` convolution at the same shape; for ItN
-    ``2g / (9d) + T g^3 / (9 S d^2)`` (GW paper, Sec. 3)."""
-    return group_whitening_macs(shape, groups, T, method) / conv3x3_macs(shape)
+    ``2g / (9d) + T g^3 / (9 S d^2)`` (GW paper, Sec. 3). An input without values (a dimension of
+    0) has no ratio: refused (``ValueError``)."""
+    conv = conv3x3_macs(shape)
+    if conv == 0:
+        raise GwdetValueError(f"group_whitening_relative_cost: the input of shape {list(shape)} holds no values, so "
+                              "neither GW nor the convolution costs anything and their ratio is undefined; give a shape "
+                              "of sizes >= 1, e.g. (2, 256, 64, 64)")
+    return group_whitening_macs(shape, groups, T, method) / conv
 
 
 def batch_whitening_macs(

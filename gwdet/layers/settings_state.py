@@ -407,10 +407,39 @@ class SettingsInState(nn.Module):
             if problem is not None:
                 error_msgs.append(problem)
                 return
+        problem = _running_statistics_problem(state_dict, prefix, type(self).__name__)
+        if problem is not None:
+            error_msgs.append(problem)
+            return
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
         if key not in state_dict and key in missing_keys:
             missing_keys.remove(key)
+
+
+def _running_statistics_problem(state_dict: Dict[str, Any], prefix: str, owner: str) -> Optional[str]:
+    """Why the running statistics of a state (``running_mean``, ``running_var``, ``running_whitening``
+    under ``prefix``) cannot come from training: a value that is not finite, a negative variance, or
+    a whitening matrix whose diagonal is not positive (training keeps the inverse square root of a
+    covariance plus eps I, Eq. 5, whose diagonal is); ``None`` when they can."""
+    layer = prefix[:-1] or owner
+    for name in ("running_mean", "running_var", "running_whitening"):
+        value = state_dict.get(prefix + name)
+        if not isinstance(value, Tensor) or not value.is_floating_point() or value.numel() == 0:
+            continue
+        if not bool(torch.isfinite(value).all()):
+            why = "values that are not finite (NaN or inf)"
+        elif name == "running_var" and bool((value < 0).any()):
+            why = f"negative variances (the smallest {value.min().item():.3g})"
+        elif name == "running_whitening" and value.dim() == 3 and bool(
+                (torch.diagonal(value, dim1=-2, dim2=-1) <= 0).any()):
+            why = "a whitening matrix whose diagonal is not positive (an all-zero one maps every input to 0)"
+        else:
+            continue
+        return (f"{layer}: the state's {name} holds {why}, which no training computes: the layer would normalize "
+                "its inputs to NaN or to constants. Load the state of a trained layer (the file may be damaged), or "
+                "leave the running statistics out of the state to keep the layer's own")
+    return None
 
 
 def _unchanged(current: Any, value: Any) -> bool:

@@ -22,7 +22,7 @@ from torch import nn
 
 from gwdet.errors import GwdetValueError, listed
 from gwdet.config_checks import GW_BACKBONES, ensure_checked
-from gwdet.modeling.detectron2_failures import named_config_failures
+from gwdet.modeling.detectron2_failures import compiled_layers_named, named_config_failures
 from gwdet.modeling.model_checks import check_model
 from gwdet.norms import (DETECTRON2_GN_GROUPS, NORM_LAYER_MARK, NormRecord, built_by_detectron2_get_norm, norm_record,
                          refuse_a_mapping_as_a_config)
@@ -138,13 +138,15 @@ def check_build_state(when: str) -> None:
 def build_model(cfg: CfgNode) -> nn.Module:
     """:func:`gwdet.check_gwdet_config` (unless it accepted this config already:
     :func:`gwdet.config_checks.ensure_checked`), :func:`check_build_state`, :func:`check_device`,
-    detectron2's ``build_model``, then :func:`gwdet.check_model` (with ``MODEL.STRICT_NORM_GROUPS``).
+    detectron2's ``build_model`` (a layer of detectron2's compiled ops this detectron2 lacks named:
+    :func:`~gwdet.modeling.detectron2_failures.compiled_layers_named`), then :func:`gwdet.check_model`
+    (with ``MODEL.STRICT_NORM_GROUPS``).
     A plain dict given as ``cfg`` is refused first (:func:`gwdet.norms.refuse_a_mapping_as_a_config`)."""
     refuse_a_mapping_as_a_config("gwdet.build_model", cfg)
     ensure_checked(cfg)
     check_build_state("the build")
     check_device(cfg.MODEL.DEVICE)
-    with named_config_failures(cfg, "build the model"):
+    with compiled_layers_named(cfg), named_config_failures(cfg, "build the model"):
         model = detectron2_build_model(cfg)
     return check_built_model(model, cfg)
 

@@ -21,7 +21,7 @@ import detectron2
 from detectron2.config import CfgNode, get_cfg
 
 from gwdet.config import add_gwdet_config, flatten_config
-from gwdet.errors import GwdetError, GwdetValueError, listed
+from gwdet.errors import GwdetError, GwdetImportError, GwdetValueError, listed
 from gwdet.norms import known_norm_names
 
 # detectron2's modules (paths below the detectron2 package; the first match wins) and the config
@@ -145,3 +145,49 @@ def _changed_values(cfg: CfgNode, prefixes: tuple[str, ...]) -> list[str]:
     return [f"{key}={value!r}" for key, value in flatten_config(cfg).items()
             if key.startswith(prefixes) and defaults.get(key) != value]
 
+
+# What detectron2 raises for a layer of its compiled ops (detectron2._C) where they do not load:
+# detectron2.utils.develop.create_dummy_class's ImportError.
+_MISSING_COMPILED_LAYER = re.compile(r"Cannot import 'detectron2\._C', therefore '(\w+)' is not available")
+DEFORMABLE_LAYERS = ("DeformConv", "ModulatedDeformConv")
+_BUILD_D2_FROM_SOURCE = ("build detectron2 from source into the environment (make setup D2_SOURCE=git+https://github.com/"
+                         "facebookresearch/detectron2.git; docs/install.md, detectron2 versions)")
+
+
+def compiled_layer_refusal(error: BaseException, cfg: Any, outcome: str) -> GwdetImportError | None:
+    """The refusal of a model whose layer needs detectron2's compiled ops (``detectron2._C``), which
+    this detectron2 lacks, from detectron2's ``ImportError`` ``error`` while the model was built with
+    ``cfg``: deformable convolutions name ``MODEL.RESNETS.DEFORM_ON_PER_STAGE`` where the config sets
+    it; ``outcome`` ends the first sentence (``"; nothing was written"``). ``None`` for another error."""
+    found = _MISSING_COMPILED_LAYER.search(str(error)) if isinstance(error, ImportError) else None
+    if found is None:
+        return None
+    layer = found.group(1)
+    needs = (f"detectron2's {layer} needs detectron2's compiled ops (detectron2._C), and this detectron2 has none "
+             f"(the default registry wheel's never loads){outcome}.")
+    resnets = getattr(getattr(cfg, "MODEL", None), "RESNETS", None)
+    stages = getattr(resnets, "DEFORM_ON_PER_STAGE", None) if resnets is not None else None
+    if layer in DEFORMABLE_LAYERS and stages is not None and any(stages):
+        off = "[" + ",".join("False" for _ in stages) + "]"
+        return GwdetImportError(
+            f"MODEL.RESNETS.DEFORM_ON_PER_STAGE {list(stages)} asks for deformable convolutions: {needs} Set it to "
+            f"all False (MODEL.RESNETS.DEFORM_ON_PER_STAGE \"{off}\"), or {_BUILD_D2_FROM_SOURCE}.")
+    if layer in DEFORMABLE_LAYERS:
+        return GwdetImportError(f"The model has deformable convolutions: {needs} Build the model without them, or "
+                                f"{_BUILD_D2_FROM_SOURCE}.")
+    return GwdetImportError(f"The model has a layer of detectron2's compiled ops: {needs} Build the model without it, "
+                            f"or {_BUILD_D2_FROM_SOURCE}.")
+
+
+@contextlib.contextmanager
+def compiled_layers_named(cfg: Any, outcome: str = "") -> Iterator[None]:
+    """Re-raise detectron2's ``ImportError`` of a layer that needs its compiled ops, raised inside the
+    block (the model being built from ``cfg``), as :func:`compiled_layer_refusal`'s refusal, the
+    original error chained to it; any other error as it is."""
+    try:
+        yield
+    except ImportError as error:
+        refusal = compiled_layer_refusal(error, cfg, outcome)
+        if refusal is None:
+            raise
+        raise refusal from error

@@ -195,6 +195,9 @@ def recorded_cells(records_dir: Path, only: Sequence[str] | None = None, flag: s
         if nested and not one:
             one = (f"; its sub-folders {listed([f'{sub}/' for sub in nested], 4)} hold cell records: give one of "
                    f"them, e.g. {flag} {records_dir / next(iter(nested))}")
+        if not one:
+            one = (": give the folder of a study's records (kept in docs/study/records/<study>/), or one that "
+                   "--export-records wrote")
         raise GwdetFileNotFoundError(f"{flag} {records_dir}: no cell records in it (folders with {RECORD_JSON}){one}")
     if unread:
         clauses, fixes = _unread_clauses(records_dir, unread)
