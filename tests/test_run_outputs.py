@@ -403,33 +403,28 @@ def test_training_sizes_too_small_to_train_on_are_refused_before_the_model_is_bu
         check_training_image_sizes(cfg)
 
 
-# INPUT.MAX_SIZE_TRAIN 64 below MIN_SIZE_TRAIN 128 trained every image at 64x64 while testing at 128, without a word
-def test_a_max_training_size_below_the_min_training_size_is_warned_of(caplog):
+# INPUT.MAX_SIZE_TRAIN 64 below MIN_SIZE_TRAIN 128 trained every image at 64x64 while testing at 128, and
+# INPUT.MAX_SIZE_TEST 64 below MIN_SIZE_TEST 128 evaluated every image at 64x64 while results.md led with 128, without
+# a word
+@pytest.mark.parametrize("overrides, warning", [
+    (["INPUT.MIN_SIZE_TRAIN", "(128,)", "INPUT.MAX_SIZE_TRAIN", "64", "INPUT.MIN_SIZE_TEST", "128"],
+     "INPUT.MAX_SIZE_TRAIN 64 is below INPUT.MIN_SIZE_TRAIN (128,): detectron2's resize caps the longer image side at "
+     "64, so no training image's shorter side reaches more than 64 (square images train at 64x64, while testing at "
+     "INPUT.MIN_SIZE_TEST 128). Set INPUT.MAX_SIZE_TRAIN to at least 128 (e.g. 213, detectron2's ratio), or lower "
+     "INPUT.MIN_SIZE_TRAIN."),
+    (["INPUT.MIN_SIZE_TEST", "128", "INPUT.MAX_SIZE_TEST", "64"],
+     "INPUT.MAX_SIZE_TEST 64 is below INPUT.MIN_SIZE_TEST 128: detectron2's resize caps the longer image side at 64, "
+     "so the test images' shorter side reaches no more than 64 (square images are evaluated at 64x64, not 128x128). "
+     "Set INPUT.MAX_SIZE_TEST to at least 128 (e.g. 213, detectron2's ratio), or lower INPUT.MIN_SIZE_TEST."),
+])
+def test_a_max_image_size_below_the_min_image_size_is_warned_of(overrides, warning, caplog):
     from gwdet.engine.trainer import check_training_image_sizes
     from gwdet.model_zoo import build_config
 
-    cfg = build_config(DEMO_CONFIG, ["INPUT.MIN_SIZE_TRAIN", "(128,)", "INPUT.MAX_SIZE_TRAIN", "64",
-                                     "INPUT.MIN_SIZE_TEST", "128"])
+    cfg = build_config(DEMO_CONFIG, overrides)
     with caplog.at_level(logging.WARNING, logger="gwdet.engine.trainer"):
         check_training_image_sizes(cfg)
-    assert ["INPUT.MAX_SIZE_TRAIN 64 is below INPUT.MIN_SIZE_TRAIN (128,): detectron2's resize caps the longer image "
-            "side at 64, so no training image's shorter side reaches more than 64 (square images train at 64x64, while "
-            "testing at INPUT.MIN_SIZE_TEST 128). Set INPUT.MAX_SIZE_TRAIN to at least 128 (e.g. 213, detectron2's "
-            "ratio), or lower INPUT.MIN_SIZE_TRAIN."] == [r.getMessage() for r in caplog.records]
-
-
-# INPUT.MAX_SIZE_TEST 64 below MIN_SIZE_TEST 128 evaluated every image at 64x64 while results.md led with 128
-def test_a_max_test_size_below_the_min_test_size_is_warned_of(caplog):
-    from gwdet.engine.trainer import check_training_image_sizes
-    from gwdet.model_zoo import build_config
-
-    cfg = build_config(DEMO_CONFIG, ["INPUT.MIN_SIZE_TEST", "128", "INPUT.MAX_SIZE_TEST", "64"])
-    with caplog.at_level(logging.WARNING, logger="gwdet.engine.trainer"):
-        check_training_image_sizes(cfg)
-    assert ["INPUT.MAX_SIZE_TEST 64 is below INPUT.MIN_SIZE_TEST 128: detectron2's resize caps the longer image side "
-            "at 64, so the test images' shorter side reaches no more than 64 (square images are evaluated at 64x64, not "
-            "128x128). Set INPUT.MAX_SIZE_TEST to at least 128 (e.g. 213, detectron2's ratio), or lower "
-            "INPUT.MIN_SIZE_TEST."] == [r.getMessage() for r in caplog.records]
+    assert [warning] == [r.getMessage() for r in caplog.records]
 
 
 # an absolute INPUT.CROP.SIZE [300, 300] on 128-pixel shapes images never cropped, without a word
