@@ -494,16 +494,29 @@ def norm_record(name: str) -> NormRecord:
     if isinstance(name, str) and name in _RECORDS:
         return _RECORDS[name]
     if name is None or name == "":
-        raise UnknownNormError(
-            f"{name!r} names no norm: it stands for no norm where a config or a layer takes one (NORM: \"\" in a "
-            "config, norm=\"\" for detectron2's layers), so there is nothing to build or look up. To have no norm, "
-            f"give {name!r} itself where the norm goes, not gwdet.norm({name!r}); else a name of "
-            f"{', '.join(known_norm_names())}.")
+        raise UnknownNormError(no_norm_message(name))
     raise UnknownNormError(
         f"Unknown norm name {name!r}. Known names: {', '.join(known_norm_names())}. Fix the "
         f"NORM value, or register the name with gwdet.register_norm(name, build) ({OWN_NAMES_NOTE})."
         + spawned_process_note()
     )
+
+
+def no_norm_message(name: Any, where: str | None = None) -> str:
+    """What a norm of the name ``None`` or ``""`` (no norm) is told: no norm is ``''`` given where the
+    norm goes, in place of the norm, in every kind of config and to detectron2's and gwdet's
+    components; ``None`` is no norm only to detectron2's ``get_norm`` and ``Conv2d`` in Python.
+    ``where``: the path of the LazyConfig node that made the norm, which the fix then names."""
+    if where is not None:
+        place = f"{where}='' (an override; {where} = '' in Python), in place of the gwdet.norm node"
+    else:
+        place = (f"NORM: \"\" in a yacs config, <the node's path>='' in a LazyConfig (e.g. model.backbone.norm=''), "
+                 f"norm='' to detectron2's and gwdet's components in Python, in place of gwdet.norm({name!r})")
+    none = (" None is no norm only to detectron2's get_norm and Conv2d in Python: its FPN keeps its convolutions' bias "
+            "only for '' (bias = norm == ''), so with None they would have neither norm nor bias, and gwdet refuses "
+            "None as a NORM value of a yacs config and as a LazyConfig's norm argument." if name is None else "")
+    return (f"{name!r} names no norm, so there is nothing to build or look up. For no norm, give '' where the norm "
+            f"goes: {place}.{none} Else give a norm's name: {', '.join(known_norm_names())}.")
 
 
 def synchronizes_cuda_only(name: str) -> bool:
@@ -852,12 +865,30 @@ class Norm:
         """Whether the layer normalizes with statistics over several examples (BN, BW, BGN)."""
         return norm_record(self.name).batch_statistics
 
-    def __call__(self, num_channels: int, **settings: Any) -> torch.nn.Module:
-        """The layer of this norm for ``num_channels`` channels, given alone (``norm(16)`` or
-        ``norm(num_channels=16)``); other keywords (``eps=...``) are refused with the fix: the
-        settings belong to :func:`norm`."""
-        channels = num_channels
+    def __call__(self, channels: Any = _NO_DEFAULT, /, **settings: Any) -> torch.nn.Module:
+        """The layer of this norm for ``channels`` channels, given alone: positionally, as
+        detectron2's ``get_norm(norm, channels)`` calls it (``norm(16)``), or by keyword, as
+        ``channels`` (``norm(channels=16)``, the word of a norm's callable ``channels -> nn.Module``)
+        or torch's ``num_channels`` (``norm(num_channels=16)``). No channel count, or more than one,
+        is refused, and so are other keywords (``eps=...``), with the fix: the settings belong to
+        :func:`norm`."""
+        counts = {key: settings.pop(key) for key in _CALL_CHANNEL_KEYWORDS if key in settings}
+        if channels is not _NO_DEFAULT:
+            counts = {"positionally": channels, **counts}
+        if len(counts) > 1:
+            given = ", ".join(f"{value!r} {key}" if key == "positionally" else f"{key}={value!r}"
+                              for key, value in counts.items())
+            raise GwdetTypeError(
+                f"{self!r} was called with more than one channel count ({given}): give the channel count once, "
+                f"e.g. norm({next(iter(counts.values()))!r}), as detectron2's get_norm(norm, channels) calls it.")
+        channels = next(iter(counts.values()), _NO_DEFAULT)
+        if channels is _NO_DEFAULT and not settings:
+            raise GwdetTypeError(
+                f"{self!r} was called without a channel count: a norm builds its layer for the channel count it is "
+                f"called with, e.g. norm(32) (as detectron2's get_norm(norm, channels) calls it), norm(channels=32) or "
+                f"norm(num_channels=32); gwdet.norm({self.name!r}, ...) takes the settings, the call the channels.")
         if settings:
+            channels = 16 if channels is _NO_DEFAULT else channels
             given = ", ".join(f"{key}={value!r}" for key, value in settings.items())
             merged = ", ".join(f"{key}={value!r}" for key, value in {**self.params, **settings}.items())
             accepted = list(norm_record(self.name).params())
@@ -916,6 +947,7 @@ class Norm:
                     "whose weights the optimizer would decay as a norm layer's (SOLVER.WEIGHT_DECAY_NORM) and the "
                     "model checks would take for a norm's. Register the norm layer alone, and put the convolution in "
                     "the model beside it.")
+            _refuse_other_dtype_or_meta(self.name, record.build, layer, channels)
             setattr(layer, NORM_LAYER_MARK, True)
             setattr(layer, NORM_SETTINGS_MARK, dict(self.params))
         adjusted = group_adjustment(layer)
@@ -941,6 +973,35 @@ class Norm:
     def __repr__(self) -> str:
         args = "".join(f", {key}={value!r}" for key, value in self.params.items())
         return f"Norm({self.name!r}{args}{', strict=True' if self.strict else ''})"
+
+
+def _refuse_other_dtype_or_meta(name: str, build: Callable, layer: torch.nn.Module, channels: int) -> None:
+    """Refuse the layer a registered norm's ``build`` returned for ``channels`` channels when one of
+    its parameters or buffers is of a floating dtype other than ``torch.get_default_dtype()`` (the
+    dtype the convolution around it is built in; the model's forward would stop at torch's "mixed
+    dtype"), or on the meta device while the default device is not (its values do not exist, and
+    the model cannot be moved off it with ``.to()`` after building)."""
+    shown = f"The norm {name!r}: its build function {getattr(build, '__qualname__', build)}"
+    default_dtype = torch.get_default_dtype()
+    try:
+        meta_default = torch.get_default_device().type == "meta"  # a model built on the meta device as a whole
+    except RuntimeError:  # a default device this machine lacks: not the meta device
+        meta_default = False
+    for tensor_name, tensor in [*layer.named_parameters(), *layer.named_buffers()]:
+        if tensor.is_floating_point() and tensor.dtype != default_dtype:
+            raise GwdetValueError(
+                f"{shown} returned a {type(layer).__name__} for {channels} channels whose {tensor_name} is "
+                f"{tensor.dtype}, where the model is built in torch's default dtype, {default_dtype} (that of the "
+                f"convolution around the norm): the model's forward would stop at torch's \"mixed dtype\" error. "
+                f"Build the layer in the default dtype (no dtype=, .double(), .half() or .to({tensor.dtype}) in the "
+                f"build function); for a model in {tensor.dtype}, move the whole model after building it "
+                f"(model.to({tensor.dtype})).")
+        if tensor.device.type == "meta" and not meta_default:
+            raise GwdetValueError(
+                f"{shown} returned a {type(layer).__name__} for {channels} channels whose {tensor_name} is on the "
+                "meta device, which holds no values: the model cannot be moved off it (detectron2 moves the model "
+                "to MODEL.DEVICE with .to() after building it). Build the layer on a real device (no device='meta' "
+                "in the build function): the model is moved with .to() after building.")
 
 
 def already_a_norm_message(given: Norm, params: Mapping[str, Any]) -> str:
@@ -985,6 +1046,8 @@ def norm(name: str, *positional: Any, strict: bool = False, **params: Any) -> No
 _WHITENING_METHODS = {"GW": "ItN", "GW_ZCA": "ZCA", "BW": "ZCA", "BW_ItN": "ItN"}
 # Arguments of a layer class that are its channel count, which detectron2 gives when it builds the layer
 _CHANNEL_ARGUMENTS = ("num_channels", "num_features", "channels", "normalized_shape")
+# The keywords a Norm takes the channel count by: the word of gwdet's docs and messages, and torch's
+_CALL_CHANNEL_KEYWORDS = ("channels", "num_channels")
 
 
 def _layer_arguments(record: NormRecord) -> dict[str, Any]:

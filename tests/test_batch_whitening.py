@@ -237,3 +237,32 @@ def test_a_running_whitening_of_another_group_layout_is_refused_at_the_forward_a
     assert layer(x).shape == x.shape
     layer.reset_running_stats()
     assert torch.equal(layer.running_whitening, torch.eye(4).repeat(4, 1, 1))
+
+
+# a running_whitening of shape [2, 8, 8] for a [4, 4, 4] layer got torch's raw "size mismatch for running_whitening"
+def test_a_state_whose_running_whitening_has_another_group_layout_is_refused_naming_it():
+    state = BatchWhitening(16, group_size=4).state_dict()
+    state["running_whitening"] = torch.eye(8).expand(2, 8, 8).clone()
+    layer = BatchWhitening(16, group_size=4)
+    before = {key: value.clone() for key, value in layer.state_dict().items()}
+    with pytest.raises(RuntimeError, match=re.escape(
+            "BatchWhitening: the state's running_whitening has shape [2, 8, 8] (groups x group size x group size): "
+            "the running statistics of a BatchWhitening of 2 groups of 8 channels: num_channels=16, group_size=8, "
+            "while this layer's has shape [4, 4, 4] (4 groups of 4 channels: num_channels=16, group_size=4). The "
+            "state's own record says num_channels=16, group_size=4, as this layer has, so its running_whitening does "
+            "not match its record: the file may be damaged, or the tensor taken from another layer. Build the layer "
+            "with num_channels=16, group_size=8 to use these statistics, or load the state of a layer of "
+            "num_channels=16, group_size=4")) as refused:
+        layer.load_state_dict(state)
+    assert "size mismatch" not in str(refused.value)
+    assert all(torch.equal(value, before[key]) for key, value in layer.state_dict().items())
+    built = BatchWhitening(16, group_size=8)  # the fix it names loads the statistics
+    del state["_extra_state"]
+    built.load_state_dict(state)
+    assert torch.equal(built.running_whitening, state["running_whitening"])
+    with pytest.raises(RuntimeError, match=r"^Error\(s\) in loading state_dict for Sequential:\n\t0: the state's "
+                                           r"running_whitening has shape \[16, 16\], which is not the groups x group "
+                                           r"size x group size of a BatchWhitening's whitening matrices, while this "
+                                           r"layer's has shape \[4, 4, 4\].*\(the file may be damaged\)$"):
+        torch.nn.Sequential(BatchWhitening(16, group_size=4)).load_state_dict(
+            {f"0.{key}": (torch.eye(16) if key == "running_whitening" else value) for key, value in state.items()})

@@ -739,15 +739,14 @@ def test_a_file_where_a_cells_folder_goes_is_refused_naming_it(capsys, tmp_path)
     assert (tmp_path / "out" / "runs" / "gw-s0").read_text() == "the user's"
 
 
-def test_threads_0_shares_the_usable_cpus_whatever_omp_num_threads_says(capsys, tmp_path, monkeypatch):
+def test_threads_0_shares_the_usable_cpus_whatever_omp_num_threads_says(monkeypatch):
     # --threads 0 gave way to OMP_NUM_THREADS ("1 per process (from OMP_NUM_THREADS)"), not the CPUs --help promised
     from gwdet.engine.threads import choose_threads
+    from gwdet_lab.study.cli import cell_threads, threads_line
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     usable = choose_threads(None, processes=1, environ={}).threads
-    assert study_main(["--out", str(tmp_path / "o"), "--configs", f"gn={STUDY / 'gn.yaml'}", "--seeds", "0",
-                       "--opts", *TINY, "--threads", "0", "--report-only"], repo_root=REPO) == 2
-    log = capsys.readouterr().out
+    log = threads_line(cell_threads(0, jobs=1))  # what the study prints before it trains its cells
     assert f"CPU threads: {usable} per process (--threads 0: " in log
     assert "OMP_NUM_THREADS=1 of the environment set aside, as --threads sets each cell's" in log
     assert "from OMP_NUM_THREADS" not in log and "Override with --threads N or --threads auto-load." in log
@@ -787,6 +786,47 @@ def test_list_with_report_flags_is_refused_naming_them(capsys, tmp_path):
     assert not report.exists() and not (tmp_path / "out").exists()
     exported = refusal("--records", str(tmp_path / "rec"), "--export-records", str(tmp_path / "exp"))
     assert exported.startswith(f"--list only lists the cells and writes no report, so --export-records {tmp_path / 'exp'} ")
+
+
+# --list --jobs 3 --threads 2 (or --num-gpus, --launcher slurm --partition P, ...) listed the cells with exit status 0,
+# the flags ignored without a word
+def test_list_with_training_flags_is_refused_naming_them(capsys, tmp_path):
+    def refusal(*arguments: str) -> str:
+        with pytest.raises(SystemExit) as stopped:
+            study_main(["--out", str(tmp_path / "out"), "--list", "--study", "paper", "--seeds", "0", *arguments],
+                       repo_root=REPO)
+        assert stopped.value.code == 2
+        return capsys.readouterr().err.strip().splitlines()[0].removeprefix("compare_norms.py: error: ")
+
+    assert refusal("--jobs", "3", "--threads", "2") == (
+        "--list only lists the cells and trains nothing (here or on a cluster), so --jobs 3, --threads 2 would be "
+        "ignored: run --list alone to see the cells, and the same command without --list to train the cells; nothing "
+        "was written.")
+    assert refusal("--launcher", "slurm", "--partition", "gpu", "--num-gpus", "8", "--wait").startswith(
+        "--list only lists the cells and trains nothing (here or on a cluster), so --num-gpus 8, --launcher slurm, "
+        "--partition gpu, --wait would be ignored: ")
+    assert refusal("--report-only", "--threads", "auto-load") == (
+        "--list only lists the cells and trains nothing (here or on a cluster) and writes no report, so --report-only, "
+        "--threads auto-load would be ignored: run --list alone to see the cells, and the same command without --list "
+        "to train the cells or write the report; nothing was written.")
+    assert not (tmp_path / "out").exists()
+    # a flag at its default value changes nothing; --on-mismatch picks the folder each cell is listed with
+    assert study_main(["--out", str(tmp_path / "out"), "--list", "--study", "paper", "--seeds", "0", "--jobs", "1",
+                       "--threads", "1", "--on-mismatch", "new-folder"], repo_root=REPO) == 0
+    assert "gw-b2-s0" in capsys.readouterr().out
+
+
+# --report-only --jobs 3 (or --threads, the launcher's flags) wrote the report, the flags ignored without a word
+def test_report_only_with_training_flags_is_refused_naming_them(capsys, tmp_path):
+    with pytest.raises(SystemExit) as stopped:
+        study_main(["--out", str(tmp_path / "out"), "--report-only", "--study", "paper", "--seeds", "0", "--jobs", "3",
+                    "--launcher", "slurm"], repo_root=REPO)
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[0] == (
+        "compare_norms.py: error: --report-only writes the report of the cells' results and trains nothing (here or "
+        "on a cluster), so --jobs 3, --launcher slurm would be ignored: drop them, or run the same command without "
+        "--report-only to train the cells; nothing was written.")
+    assert not (tmp_path / "out").exists()
 
 
 # before: a config path holding '=' was split there into NAME and CONFIG: "Config file '.../b.yaml' does not exist"

@@ -1289,3 +1289,78 @@ def test_the_python_arguments_are_named_in_their_refusals():
     with pytest.raises(ConversionError, match=re.escape("convert_state_dict: source_name is how the report names the "
                                                         "source, a str (e.g. the checkpoint's path), got None")):
         convert_state_dict(source, source_name=None)
+
+
+def _group_norm_stem_r50() -> dict:
+    """A trained-looking torchvision ResNet-50 whose stem norm is a torch GroupNorm(32, 64), BN elsewhere."""
+    state_dict = _trained_looking_r50()
+    group_norm = nn.GroupNorm(32, 64)
+    with torch.no_grad():
+        group_norm.weight.uniform_(0.5, 1.5)
+        group_norm.bias.normal_(0, 0.1)
+    for leaf in ("running_mean", "running_var", "num_batches_tracked"):
+        del state_dict[f"bn1.{leaf}"]
+    state_dict.update({f"bn1.{name}": value for name, value in group_norm.state_dict().items()})
+    return state_dict
+
+
+# a GroupNorm stem among BN norms was reported as "GW positions : S1; inferred" and converted into GW weights, with
+# MODEL.RESNETS.GW_POSITIONS "S1" advised: a GW model built from GroupNorm parameters, without a word
+def test_norms_without_statistics_that_may_be_group_norm_need_the_gw_positions_named(tmp_path, capsys):
+    from gwdet.convert.cli import main
+
+    state_dict = _group_norm_stem_r50()
+    with pytest.raises(ConversionError, match=re.escape(
+            "the norms at S1 (['bn1']) have no running statistics, carry no gwdet GW layer's record of its settings "
+            "(_extra_state) and keep their weight and bias as [C] values (['bn1.bias', 'bn1.weight']), as torch's "
+            "GroupNorm does")) as refused:
+        convert_state_dict(in_memory(state_dict))
+    message = str(refused.value)
+    assert "the weights cannot tell GW from GroupNorm (or another norm without running statistics) there" in message
+    assert "pass --gw-positions 'S1' (in Python: gw_positions='S1')" in message
+    assert "If it has GroupNorm there, gwdet's conversion does not map it" in message
+    # the tool: refused, nothing written
+    src, out = save_wrapped(state_dict, "bare", tmp_path / "stemgn.pth"), tmp_path / "stemgn.pkl"
+    assert main([str(src), str(out)]) == 2 and not out.exists()
+    assert "the weights cannot tell GW from GroupNorm" in capsys.readouterr().err
+    # asking for BN there: the refusal no longer says the checkpoint "has GW" there
+    with pytest.raises(ConversionError, match=re.escape(
+            "the checkpoint does not fit --gw-positions '': it has norms without running statistics at 'S1' (GW or "
+            "GroupNorm: they carry no gwdet GW record and keep their affine as [C], as GroupNorm does, so the weights "
+            "cannot tell which), so the parameters of norms without running statistics would go into BN layers at "
+            "'S1'. Pass --gw-positions 'S1'")):
+        convert_state_dict(in_memory(state_dict), gw_positions="")
+    # named GW by the caller: converted as GW
+    weights, report = convert_state_dict(in_memory(state_dict), gw_positions="S1")
+    assert report.gw_positions == "S1" and report.gw_positions_requested == "S1"
+    assert weights["stem.conv1.norm.weight"].shape == (64,)
+    # the GW authors' [1, C, 1, 1] affine shows GW: inferred as before
+    authors = {**state_dict, **{f"bn1.{leaf}": state_dict[f"bn1.{leaf}"].reshape(1, 64, 1, 1)
+                                for leaf in ("weight", "bias")}}
+    assert convert_state_dict(in_memory(authors))[1].gw_positions == "S1"
+
+
+# convert_state_dict of 'module.'-prefixed keys said "expected keys like 'conv1.weight' ... (after removing 'module.'
+# prefixes), found ['module.conv1.weight', ...]", while convert_state_dict removes no prefix
+def test_data_parallel_prefixes_given_in_memory_are_named_as_left_on():
+    state_dict = _trained_looking_r50()
+    with pytest.raises(ConversionError) as refused:
+        convert_state_dict(SourceStateDict(tensors={f"module.{key}": value for key, value in state_dict.items()},
+                                           wrapping="", stripped_prefix=""))
+    message = str(refused.value)
+    assert "after removing" not in message
+    assert ("'layer1.0.downsample.0.weight', found ['module.conv1.weight', " in message
+            and "Every key starts with 'module.', the prefix (Distributed)DataParallel adds, which convert_state_dict "
+                "leaves on the keys it is given (read_source_state_dict removes it when it reads a file): give the keys "
+                "without it, SourceStateDict(tensors={key.removeprefix('module.'): value for key, value in "
+                "state_dict.items()}, wrapping='bare state_dict', stripped_prefix='module.')" in message)
+    # the line as printed converts
+    line = message.split("give the keys without it, ")[1].split("), or torch.save")[0] + ")"
+    wrapped = {f"module.{key}": value for key, value in state_dict.items()}
+    source = eval(line, {"SourceStateDict": SourceStateDict, "state_dict": wrapped})
+    assert convert_state_dict(source)[1].arch == "R-50"
+    # some keys prefixed, some not: named as two models' names mixed
+    mixed = {(f"module.{key}" if key.startswith("layer") else key): value for key, value in state_dict.items()}
+    with pytest.raises(ConversionError, match=r"312 of the 320 keys start with 'module.' .* the others do not: .* "
+                                              r"give the state dict of one model"):
+        convert_state_dict(in_memory(mixed))

@@ -41,7 +41,7 @@ from gwdet.export import (
     tracing_adapter,
     verify_export,
 )
-from gwdet.errors import GwdetTypeError
+from gwdet.errors import GwdetTypeError, GwdetValueError
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
 from gwdet.norms import norm_record
 from gwdet.utils.atomic import record_checksum
@@ -1428,4 +1428,82 @@ def test_export_onnx_with_dynamo_names_what_torch_export_cannot_capture_and_the_
                                          r"among them\) \(docs/deploy\.md, Limits\)\. Export with dynamo=False") as caught:
         export_onnx(DataDependent(), (torch.ones(3),), str(tmp_path / "k.onnx"), dynamo=True)
     assert "\x1b[" not in str(caught.value) and caught.value.__cause__ is not None
+    assert os.listdir(tmp_path) == []
+
+
+class _Returns3(torch.nn.Module):
+    """A module of one tensor input, a number with a default, and 3 outputs (one nested)."""
+
+    def forward(self, x, scale=2):
+        return x * scale, (x + 1, x - 1)
+
+
+# export_onnx(layer, (x,), path, input_names=['a', 'b']) wrote the file with one input 'a', 'b' dropped without a word
+# (given to the module's weights: a Conv2d's initializers were named 'b', 'c')
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_export_onnx_refuses_more_input_names_than_inputs_before_writing(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    layer, x = GroupWhitening(32, num_groups=4).eval(), torch.randn(2, 32, 8, 8)
+    with pytest.raises(GwdetValueError, match=re.escape(
+            "export_onnx: input_names has 2 names ('a', 'b'), but the export has 1 input (the tensors and numbers "
+            "among args, nested tuples, lists and dicts flattened, with the default values of the forward arguments "
+            "args leaves out), so torch.onnx.export would give 'b' to the module's weights (the file's initializers) "
+            "or leave it out. Give at most 1 input name, one per input in order (inputs after the last name get "
+            "automatic names); nothing was written.")):
+        export_onnx(layer, (x,), str(tmp_path / "out" / "gwn.onnx"), input_names=["a", "b"])
+    with pytest.raises(GwdetValueError, match=r"input_names has 3 names \('x', 'scale', 'c'\), but the export has 2 "
+                                              r"inputs .* so torch.onnx.export would give 'c' to"):
+        export_onnx(_Returns3(), (x,), str(tmp_path / "out" / "r.onnx"), input_names=["x", "scale", "c"])
+    assert not (tmp_path / "out").exists()
+    # fewer names than inputs: torch's automatic names for the rest; the number torch makes an input can be named
+    export_onnx(_Returns3(), (x,), str(tmp_path / "r1.onnx"), input_names=["x"])
+    export_onnx(_Returns3(), (x,), str(tmp_path / "r2.onnx"), input_names=["x", "scale"])
+    assert [value.name for value in onnx.load(str(tmp_path / "r2.onnx")).graph.input] == ["x", "scale"]
+    assert onnx.load(str(tmp_path / "r1.onnx")).graph.input[0].name == "x"
+
+
+# three output_names for one output ended in torch's raw "RuntimeError: number of output names provided (3) exceeded
+# number of outputs (1)"; with dynamo=True the extra names were dropped without a word
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::UserWarning", "ignore::DeprecationWarning")
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_export_onnx_refuses_more_output_names_than_outputs_and_keeps_no_file(tmp_path, dynamo):
+    onnx = pytest.importorskip("onnx")
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    path = tmp_path / "o.onnx"
+    with pytest.raises(GwdetValueError, match=re.escape(
+            "export_onnx: output_names has 4 names ('p', 'q', 'r', 's'), but the export has 3 outputs (the tensors "
+            "module(*args) returns, nested tuples, lists and dicts flattened), so 's' would name no output of the "
+            "file. Give at most 3 output names, one per output in order (outputs after the last name get automatic "
+            "names); nothing was written.")) as caught:
+        export_onnx(_Returns3(), (torch.randn(2, 4),), str(path), dynamo=dynamo, output_names=["p", "q", "r", "s"])
+    assert caught.value.__cause__ is None and os.listdir(tmp_path) == []
+    export_onnx(_Returns3(), (torch.randn(2, 4),), str(path), dynamo=dynamo, output_names=["p", "q", "r"])
+    assert [value.name for value in onnx.load(str(path)).graph.output] == ["p", "q", "r"]
+
+
+# input_names=['a'], output_names=['a']: the input was renamed 'a.1' without a word (session.run(None, {'a': x})
+# then failed in onnxruntime); input_names='image' was read letter by letter, a name 3 or '' became an automatic name
+# or torch's raw "incompatible function arguments"
+@pytest.mark.parametrize("names, error, message", [
+    ({"input_names": ["a"], "output_names": ["a"]}, GwdetValueError,
+     "export_onnx: a name is given twice: 'a' (input_names[0] and output_names[0]). The inputs and outputs of an ONNX "
+     "file need names of their own, and torch.onnx.export renames one of a pair (an input 'a' becomes 'a.1', which "
+     "onnxruntime then expects) or fails: give each input and output a different name; nothing was written."),
+    ({"output_names": ["y", "y"]}, GwdetValueError,
+     "export_onnx: a name is given twice: 'y' (output_names[0] and output_names[1]). "),
+    ({"input_names": "image"}, GwdetTypeError,
+     "export_onnx takes input_names as a list of names, one per input in order, not the string 'image' "
+     "(torch.onnx.export would read it letter by letter): give input_names=['image']; nothing was written."),
+    ({"output_names": [3]}, GwdetTypeError,
+     "export_onnx: output_names[0] is 3 (int), not a string: give each output's name as a str, e.g. "
+     "output_names=['3']; nothing was written."),
+    ({"input_names": [""]}, GwdetValueError,
+     "export_onnx: input_names[0] is an empty string, which torch.onnx.export replaces with an automatic name (such "
+     "as 'onnx::Cast_0') without a word: give every listed input a name (names go to the inputs in order; those after "
+     "the last name get automatic names); nothing was written."),
+])
+def test_export_onnx_refuses_a_name_given_twice_or_that_is_no_string_before_tracing(tmp_path, names, error, message):
+    with pytest.raises(error, match="^" + re.escape(message)):
+        export_onnx(torch.nn.Identity(), (torch.zeros(1),), str(tmp_path / "out" / "i.onnx"), **names)
     assert os.listdir(tmp_path) == []

@@ -354,3 +354,15 @@ def test_mac_counters_refuse_a_string_for_a_flag():
         batch_group_norm_macs(shape, computes_statistics=0)
     assert batch_whitening_macs(shape, 4, training=False) == 2048
     assert batch_group_norm_macs(shape, affine=False) == 2048
+
+
+# unsupported_ops() as the first query of an analysis ended in fvcore's raw RuntimeError "Analysis results should be
+# computed before calling unsupported_ops()"
+def test_unsupported_ops_as_the_first_query_runs_the_analysis():
+    model = torch.nn.Sequential(GroupWhitening(32, num_groups=4), torch.nn.GELU()).eval()
+    x = torch.randn(2, 32, 8, 8, generator=torch.Generator().manual_seed(0))
+    first = FlopCountAnalysis(model, (x,)).unsupported_ops_warnings(False)
+    assert first.unsupported_ops() == {"aten::gelu": 1}
+    assert first.unsupported_ops("model.0") == {} and first.uncalled_modules() == set()
+    after = FlopCountAnalysis(model, (x,)).unsupported_ops_warnings(False)
+    assert after.total() == first.total() > 0 and after.unsupported_ops() == first.unsupported_ops()

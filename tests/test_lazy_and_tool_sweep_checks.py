@@ -1245,3 +1245,52 @@ def test_the_yacs_trainer_refuses_unregistered_datasets_in_the_tools_words(tmp_p
                                           "DATASETS.TRAIN", "('nope',)"])
     with pytest.raises(GwdetKeyError, match=unregistered):
         Trainer(cfg)
+
+
+# the suggestion was 'optimizer.weight_decay' (the global decay) or +optimizer.weight_decay_norm=..., which SGD refuses
+def test_a_missing_keys_name_found_deeper_under_its_parent_is_suggested_first():
+    with pytest.raises(GwdetValueError) as refused:
+        load_lazy_config(str(LAZY_CONFIG), ["optimizer.weight_decay_norm=0.3"])
+    assert str(refused.value).endswith(
+        "the config has no 'weight_decay_norm' under 'optimizer' (SGD takes dampening, differentiable, foreach, fused, "
+        "lr, maximize, momentum, nesterov, params, weight_decay). Did you mean 'optimizer.params.weight_decay_norm' or "
+        "'optimizer.weight_decay'? SGD takes no argument 'weight_decay_norm', and instantiate passes every key of the "
+        "node to it: a key added with +optimizer.weight_decay_norm=... would stop it.")
+    with pytest.raises(GwdetValueError, match=r"Did you mean 'model\.backbone\.norm\.num_groups' or "):
+        load_lazy_config(str(LAZY_CONFIG), ["model.num_groups=8"])
+    assert load_lazy_config(str(LAZY_CONFIG), ["optimizer.params.weight_decay_norm=0.3"]).optimizer.params[
+        "weight_decay_norm"] == 0.3
+
+
+# "model.backbone.norm: None names no norm ... give None itself where the norm goes", and None was then refused:
+# "model.backbone.norm=None: give '' for no norm"
+@pytest.mark.parametrize("name", ["null", "''"])
+def test_a_norm_node_named_none_says_to_give_the_empty_string_as_a_norm_of_none_does(name):
+    from gwdet.engine.lazy import build_model
+
+    with pytest.raises(UnknownNormError) as refused:
+        build_model(load_lazy_config(str(LAZY_CONFIG), [f"model.backbone.norm.name={name}"]))
+    said = str(refused.value)
+    assert said.startswith(
+        f"model.backbone.norm: {None if name == 'null' else ''!r} names no norm, so there is nothing to build or look "
+        "up. For no norm, give '' where the norm goes: model.backbone.norm='' (an override; model.backbone.norm = '' "
+        "in Python), in place of the gwdet.norm node.")
+    assert "None itself" not in said and ("gwdet refuses None" in said) == (name == "null")
+    # the advice taken: the model builds with no norm in the FPN, and its convolutions keep their bias
+    fpn = build_model(load_lazy_config(str(LAZY_CONFIG), ["model.backbone.norm=''"])).backbone
+    assert fpn.fpn_lateral2.norm is None and fpn.fpn_lateral2.bias is not None
+    with pytest.raises(GwdetValueError, match=r"^model\.backbone\.norm=None: give '' for no norm"):
+        build_model(load_lazy_config(str(LAZY_CONFIG), ["model.backbone.norm=null"]))
+
+
+# place_norm's node named None was told to give '' in its place, which place_norm refuses too
+def test_a_place_norm_node_named_none_is_told_to_give_a_norm():
+    import re
+
+    with pytest.raises(UnknownNormError, match=re.escape(
+            "model.backbone.bottom_up.norm: None names no norm, and place_norm puts a norm at "
+            "model.backbone.bottom_up.positions (it would remove the norms there without one, as it refuses '' and "
+            "None). Give a norm's name, e.g. model.backbone.bottom_up.norm.name=GW, or leave the positions out (build "
+            "model.backbone.bottom_up.resnet alone).")):
+        LazyRun.load(str(REPO / "configs" / "LazyConfig" / "mask_rcnn_R_50_FPN_gw.py"),
+                     ["model.backbone.bottom_up.norm.name=null"])

@@ -68,9 +68,10 @@ def test_unknown_name_is_a_key_error_listing_the_known_names():
 # gwdet.norm('') (for "no norm") was refused as an unknown name, with the advice to register it
 @pytest.mark.parametrize("name", ["", None])
 def test_an_empty_name_says_how_to_have_no_norm(name):
-    with pytest.raises(UnknownNormError, match=rf"^{name!r} names no norm: it stands for no norm where a config or a "
-                                               rf"layer takes one .* To have no norm, give {name!r} itself where the "
-                                               rf"norm goes, not gwdet.norm\({name!r}\); else a name of BGN, BN"):
+    with pytest.raises(UnknownNormError, match=rf"^{name!r} names no norm, so there is nothing to build or look up\. "
+                                               r"For no norm, give '' where the norm goes: NORM: \"\" in a yacs config, "
+                                               rf".* in place of gwdet.norm\({name!r}\)\..* Else give a norm's name: "
+                                               r"BGN, BN"):
         norm(name)
 
 
@@ -1147,3 +1148,68 @@ def test_norm_from_config_refuses_a_plain_dict_naming_its_type_and_the_fix():
                                              r"config\), got a dict: \{'MODEL': .*get_cfg\(\); gwdet.add_gwdet_config"
                                              r".*gwdet.model_zoo.get_config\(path\).*CfgNode\(your_dict\)"):
         norm_from_config("GW", {"MODEL": {"GW": {"NUM_GROUPS": 8}}})
+
+
+# norm(channels=32) raised Python's bare "missing 1 required positional argument: 'num_channels'"
+def test_a_norm_takes_the_channel_count_as_channels_and_refuses_none_or_two():
+    made = norm("GW", num_groups=8)
+    assert made(channels=32).num_channels == 32 and get_norm(made, 32).num_channels == 32
+    with pytest.raises(GwdetTypeError, match=re.escape(
+            "Norm('GW', num_groups=8, T=5, eps=1e-05) was called without a channel count: a norm builds its layer for "
+            "the channel count it is called with, e.g. norm(32) (as detectron2's get_norm(norm, channels) calls it), "
+            "norm(channels=32) or norm(num_channels=32); gwdet.norm('GW', ...) takes the settings, the call the "
+            "channels.")):
+        made()
+    with pytest.raises(GwdetTypeError, match=re.escape(
+            "was called with more than one channel count (32 positionally, channels=16): give the channel count once, "
+            "e.g. norm(32)")):
+        made(32, channels=16)
+    with pytest.raises(GwdetTypeError, match=re.escape("(channels=32, num_channels=32)")):
+        made(channels=32, num_channels=32)
+    with pytest.raises(GwdetTypeError, match=re.escape("was called with eps=0.001: ")):
+        made(channels=16, eps=1e-3)
+
+
+# a registered build's float64 layer went into a float32 model (torch's "mixed dtype" at the first forward), and one
+# on the meta device stopped detectron2's build with torch's "Cannot copy out of meta tensor ... use to_empty()"
+def test_a_registered_norms_layer_of_another_dtype_or_on_the_meta_device_is_refused(registered):
+    from gwdet.errors import GwdetValueError
+
+    def double_gn(channels):
+        return torch.nn.GroupNorm(4, channels).double()
+
+    def meta_gn(channels):
+        return torch.nn.GroupNorm(4, channels, device="meta")
+
+    registered.extend(["TestDouble", "TestMeta", "TestIntBuffer"])
+    register_norm("TestDouble", double_gn)
+    register_norm("TestMeta", meta_gn)
+
+    def with_a_counter(channels):
+        layer = torch.nn.GroupNorm(4, channels)
+        layer.register_buffer("seen", torch.zeros((), dtype=torch.long))
+        return layer
+
+    register_norm("TestIntBuffer", with_a_counter)
+    with pytest.raises(GwdetValueError, match=r"^The norm 'TestDouble': its build function \S*double_gn " + re.escape(
+            "returned a GroupNorm for 16 channels whose weight is "
+            "torch.float64, where the model is built in torch's default dtype, torch.float32 (that of the convolution "
+            "around the norm): the model's forward would stop at torch's \"mixed dtype\" error. Build the layer in the "
+            "default dtype (no dtype=, .double(), .half() or .to(torch.float64) in the build function); for a model "
+            "in torch.float64, move the whole model after building it (model.to(torch.float64)).")):
+        get_norm(norm("TestDouble"), 16)
+    with pytest.raises(GwdetValueError, match=r"^The norm 'TestMeta': its build function \S*meta_gn " + re.escape(
+            "returned a GroupNorm for 16 channels whose weight is on "
+            "the meta device, which holds no values: the model cannot be moved off it (detectron2 moves the model to "
+            "MODEL.DEVICE with .to() after building it). Build the layer on a real device (no device='meta' in the "
+            "build function): the model is moved with .to() after building.")):
+        norm("TestMeta")(16)
+    assert norm("TestIntBuffer")(16).seen.dtype == torch.long  # an integer buffer is no floating dtype
+    with torch.device("meta"):  # a model built on the meta device as a whole: its norms are there too
+        assert norm("TestMeta")(16).weight.is_meta and norm("GW")(16).weight.is_meta
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:  # the default dtype is what the convolutions get: float64 layers then fit
+        assert norm("TestDouble")(16).weight.dtype == torch.float64
+    finally:
+        torch.set_default_dtype(before)

@@ -43,7 +43,7 @@ def test_training_again_into_a_finished_run_is_refused_and_changes_nothing(finis
 
 
 def test_overwrite_deletes_the_earlier_run_first(tmp_path):
-    (tmp_path / "model_final.pth").write_bytes(b"old")
+    torch.save({"model": {}}, tmp_path / "model_final.pth")  # a checkpoint, as a run saves it
     (tmp_path / "metrics.json").write_text('{"iteration": 99}\n')
     for name in ("config.yaml", "config.yaml.sha256", "results.json", "results.json.sha256"):
         (tmp_path / name).write_text("old")
@@ -51,6 +51,25 @@ def test_overwrite_deletes_the_earlier_run_first(tmp_path):
     check_fresh_start(str(tmp_path), overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"], "only the run's own files go"
 
+
+# a 2-byte text of the user's named model_0000999.pth in a finished run: --overwrite deleted it with the run's checkpoints
+def test_overwrite_refuses_a_users_file_named_as_a_checkpoint_and_deletes_nothing(finished_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run, ignore=shutil.ignore_patterns(".gwdet.lock"))
+    (run / "model_0000999.pth").write_text("x\n")
+    (run / "notes.txt").write_text("mine")
+    before = _digest(run)
+    with pytest.raises(FileExistsError, match=re.escape(
+            f"--overwrite would delete model_0000999.pth in OUTPUT_DIR {str(run)!r}: named as a run's checkpoints, but "
+            f"no checkpointer wrote it (no torch.save file, no .sha256 record beside it); nothing was changed. Move it "
+            f"out of OUTPUT_DIR, or delete it, then run again (or train into another OUTPUT_DIR).")):
+        check_fresh_start(str(run), overwrite=True)
+    assert _digest(run) == before and (run / "inference").is_dir()
+    # a checkpoint of the run's that lost its record (a kill between the two) is still torch.save's file: deleted
+    (run / "model_0000999.pth").unlink()
+    (run / "model_final.pth.sha256").unlink()
+    check_fresh_start(str(run), overwrite=True)
+    assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]
 
 @pytest.mark.parametrize("refused", [("MODEL.WEIGHTS", "missing.pth"), ("MODEL.DEVICE", "cuda:7")])
 def test_an_overwrite_whose_new_run_is_refused_before_training_keeps_the_earlier_run(finished_run, tmp_path, refused):
@@ -99,7 +118,7 @@ def test_overwrite_never_deletes_the_weights_the_new_run_starts_from(tmp_path, w
 
 def test_overwrite_starts_from_the_users_own_weights_kept_beside_the_run(tmp_path):
     """Weights of the user's in OUTPUT_DIR are no file of the earlier run: kept, and not refused."""
-    (tmp_path / "model_final.pth").write_bytes(b"trained")
+    torch.save({"model": {}}, tmp_path / "model_final.pth")  # the earlier run's checkpoint
     (tmp_path / "config.yaml.sha256").write_text("record")
     (tmp_path / "imagenet.pth").write_bytes(b"mine")
     check_fresh_start(str(tmp_path), True, weights=str(tmp_path / "imagenet.pth"))

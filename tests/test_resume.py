@@ -323,6 +323,87 @@ def test_a_stop_signal_received_twice_at_once_is_one_request(monkeypatch):
         signal.signal(signal.SIGUSR2, before)
 
 
+class _SignalsItself(torch.utils.data.Dataset):
+    """Four samples; the process that loads sample 1 sends itself ``signum`` ``times`` times first."""
+
+    def __init__(self, signum, times=1):
+        self.signum, self.times = signum, times
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, index):
+        if index == 1:
+            for _ in range(self.times):
+                os.kill(os.getpid(), self.signum)
+        return index
+
+
+# SIGINT sent to a data-loader worker alone: the worker, forked with the training's stop handler,
+# logged "Received SIGINT: the current iteration finishes, a checkpoint is saved, then training stops"
+# into the run's log, and training went on to its end (SIGXCPU, which the kernel repeats, likewise)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGXCPU], ids=lambda s: s.name)
+def test_a_stop_signal_to_a_data_loader_worker_alone_says_that_training_goes_on(tmp_path, signum):
+    import logging
+
+    from gwdet.checkpoint.signal_hook import CheckpointOnSignal
+
+    log = tmp_path / "log.txt"  # the run's log, which the worker inherits
+    handler = logging.FileHandler(log)
+    handler.setLevel(logging.WARNING)
+    logger = logging.getLogger("gwdet.checkpoint.signal_hook")
+    logger.addHandler(handler)
+    hook = CheckpointOnSignal()
+    hook.before_train()
+    try:
+        repeats = 2 if signum == signal.SIGXCPU else 1  # the kernel repeats SIGXCPU every CPU second
+        loader = torch.utils.data.DataLoader(_SignalsItself(signum, repeats), batch_size=None, num_workers=1,
+                                             multiprocessing_context="fork")
+        batches = [int(batch) for batch in loader]  # the worker goes on serving
+    finally:
+        hook.release()
+        logger.removeHandler(handler)
+        handler.close()
+    assert batches == [0, 1, 2, 3] and hook._received is None  # no stop asked of the training process
+    main_pid = os.getpid()
+    lines = log.read_text().splitlines()
+    assert len(lines) == 1, lines  # one warning, for SIGXCPU's repeat too
+    worker = re.fullmatch(rf"Received {signum.name} in process (\d+), a data-loader worker of the training process "
+                          rf"{main_pid}: (.*)", lines[0])
+    assert worker is not None and int(worker[1]) != main_pid, lines[0]
+    if signum == signal.SIGINT:
+        assert worker[2] == (f"this process does not stop training. If the signal reached process {main_pid} too (a "
+                             f"Ctrl-C, a signal to the process group), that process stops; sent to process {worker[1]} "
+                             f"alone, it leaves training going on: to stop training, send the signal to process "
+                             f"{main_pid} (kill -INT {main_pid}).")
+    else:
+        assert worker[2].endswith(f"which ends training with an error. Training goes on until then: give the run higher "
+                                  f"CPU-time limits, or stop it sooner (kill -INT {main_pid}).")
+
+
+# SIGTERM (multiprocessing's terminate()) to a process forked from the training one: it logged that
+# training stops, and went on
+def test_sigterm_ends_a_process_forked_from_the_training_one_as_without_the_stop_handler():
+    from gwdet.checkpoint.signal_hook import CheckpointOnSignal
+
+    hook = CheckpointOnSignal()
+    before = signal.getsignal(signal.SIGTERM)
+    hook.before_train()
+    try:
+        child = os.fork()
+        if child == 0:  # the forked process: ends by the signal, or exits 0 when it goes on
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(2)
+            finally:
+                os._exit(0)
+        _, status = os.waitpid(child, 0)
+    finally:
+        hook.release()
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
+    assert hook._received is None and signal.getsignal(signal.SIGTERM) == before
+
+
 def test_a_stop_after_an_iteration_whose_periodic_evaluation_was_due_says_it_was_not_made():
     # a stop while the checkpoint of an evaluation iteration was saved: the evaluation was skipped for good (the
     # resumed run starts after it), without a word

@@ -282,3 +282,44 @@ def test_an_endless_itertools_iterator_is_refused_naming_islice():
     assert torch.equal(model[0].running_mean, before) and not ran
     assert update_running_statistics(itertools.repeat(batch, 2), model) == 2  # a number of times: finite
     assert update_running_statistics(itertools.islice(itertools.cycle([batch]), 3), model) == 3
+
+
+# update_running_statistics(loader, model, device=torch.device("cpu")), update_bn's call, was a raw TypeError
+def test_device_moves_each_batch_as_torchs_update_bn_does():
+    model = nn.Sequential(nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8)).double()
+    expected = copy.deepcopy(model)
+    update_bn(batches(), expected, device=torch.device("cpu"))
+    assert update_running_statistics(batches(), model, device=torch.device("cpu")) == 3
+    for name, buffer in expected.state_dict().items():
+        assert torch.allclose(model.state_dict()[name].double(), buffer.double()), name
+    seen = []
+
+    def forward(model, batch):  # the batch arrives moved (meta tensors hold no values: the model runs on a copy)
+        tensors = [batch[0], batch[1]["x"], *batch[2]]
+        seen.extend(tensor.device.type for tensor in tensors)
+        return model(torch.ones(4, 8, 5, 5, dtype=torch.float64))
+
+    loader = [(x, {"x": x, "name": "a"}, [x]) for x in batches(2)]
+    assert update_running_statistics(loader, model, forward, device="meta") == 2
+    assert seen == ["meta"] * 6 and all(x.device.type == "cpu" for x in loader[0][2])  # the loader's stay
+
+
+# update_bn's positional device went to forward: "forward must be a callable ..., got str 'cpu'" with no way to give it
+def test_a_device_in_forwards_place_names_the_device_keyword_and_bad_devices_are_refused():
+    model = nn.Sequential(nn.BatchNorm2d(8)).double()
+    before = model[0].running_mean.clone()
+    with pytest.raises(GwdetTypeError, match=r"got str 'cpu'; the device torch\.optim\.swa_utils\.update_bn takes in "
+                                             r"third place goes by keyword here: update_running_statistics\(loader, "
+                                             r"model, device='cpu'\)"):
+        update_running_statistics(batches(), model, "cpu")
+    with pytest.raises(GwdetValueError, match=r"device must be a torch\.device, .* got str 'gpu', which torch does not "
+                                              "read as a device"):
+        update_running_statistics(batches(), model, device="gpu")
+    with pytest.raises(GwdetTypeError, match=r"device must be a torch\.device, .* got float 1\.5;"):
+        update_running_statistics(batches(), model, device=1.5)
+    if not torch.cuda.is_available():
+        with pytest.raises(GwdetValueError, match=r"^update_running_statistics: device 'cuda' is a CUDA device, but "
+                                                  r"CUDA is not available on this machine .*; give a device this "
+                                                  "machine has"):
+            update_running_statistics(batches(), model, device="cuda")
+    assert torch.equal(model[0].running_mean, before)

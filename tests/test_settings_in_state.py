@@ -401,3 +401,38 @@ def test_a_parametrized_layer_runs_and_its_state_loads_into_the_plain_layer():
         assert torch.allclose(plain.eval()(x), expected, rtol=0, atol=1e-6)
         parametrize.remove_parametrizations(layer, "weight")
         assert type(layer).__name__ == kind and torch.equal(layer.weight, plain.weight)
+
+
+# m.T = 0 on a built GW offered the fix "build a new layer: GroupWhitening(..., T=0, ...)", refused in its turn
+@pytest.mark.parametrize("kind, name, value, reason", [
+    ("GroupWhitening", "T", 0, r"T must be an integer >= 1, got 0"),
+    ("GroupWhitening", "eps", -1.0, r"eps must be a finite number > 0, got -1\.0"),
+    ("BatchWhitening", "group_size", 0, r"group_size must be an integer >= 1, got 0"),
+    ("BatchGroupNorm", "affine", 1, r"affine must be True or False, got 1 \(int\)"),
+])
+def test_an_invalid_value_for_a_built_setting_names_what_the_constructor_takes(kind, name, value, reason):
+    import gwdet.layers
+
+    layer = getattr(gwdet.layers, kind)(16)
+    with pytest.raises(AttributeError, match=rf"^{kind}: {name} is set when the layer is built and cannot be changed "
+                                             rf"afterwards \(the layer computes with .*\), and {kind}'s constructor "
+                                             rf"refuses {name}={value!r} too: {reason}\. To compute with another "
+                                             rf"{name}, build a new layer: {kind}\(.*{name}=\.\.\..*\) with values it "
+                                             "accepts$") as refused:
+        setattr(layer, name, value)
+    assert f"{name}={value!r}," not in str(refused.value).split("build a new layer")[1]  # no call that is refused
+    with pytest.raises(ValueError, match=reason):  # what the constructor says of that value
+        getattr(gwdet.layers, kind)(16, **{name: value})
+
+
+# a value refused only with the layer's other settings (ZCA with an eps below its smallest) was offered as the fix too
+def test_a_built_setting_refused_with_the_other_settings_names_the_constructors_reason():
+    from gwdet.layers import GroupWhitening
+
+    layer = GroupWhitening(16, num_groups=4, eps=1e-21)
+    with pytest.raises(AttributeError, match=r"constructor refuses method='zca' too with the other settings the layer "
+                                             r"has: eps=1e-21 is too small for ZCA whitening.*build a new layer: "
+                                             r"GroupWhitening\(num_channels=16, num_groups=4, T=5, eps=1e-21, "
+                                             r"method=\.\.\., affine=True\) with values it accepts"):
+        layer.method = "zca"
+    assert layer.method == "itn"

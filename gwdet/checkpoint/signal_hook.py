@@ -15,11 +15,16 @@ when training has returned. A handler installed
 before training (submitit's, which requeues a SLURM job) is called after the checkpoint is written;
 a second stop signal runs it at once (one within :data:`SAME_REQUEST_SECONDS` of the first, of
 any kind, is the same request). With several processes every rank stops after the same iteration.
+
+The handlers know the process that installed them: a process forked from it afterwards (a
+data-loader worker) inherits them, and there a stop signal asks nothing (:func:`_outside_the_installer`):
+the process goes on, saying that only the signal the training process receives stops training.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 import time
@@ -28,6 +33,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
+from torch.utils.data import get_worker_info
 from detectron2.engine import HookBase
 from detectron2.engine.hooks import EvalHook
 from detectron2.utils import comm
@@ -59,6 +65,44 @@ def install_stop_handlers(handler: Callable[[int, FrameType | None], Any],
             continue
         previous[signum] = signal.signal(signum, handler)
     return previous
+
+
+def _outside_the_installer(signum: int, installer: int, previous: dict[int, Any], role: str, work: str,
+                           warned: set[int]) -> bool:
+    """Whether this process is not ``installer``, the process that installed the stop handlers, but
+    one forked from it afterwards that inherited them (a data-loader worker): there a stop signal
+    asks nothing, and the process goes on (the signal reaches the main process too where it is sent to
+    the process group, as a terminal's Ctrl-C or SLURM's signals are). SIGTERM, a process's own
+    ending (multiprocessing's ``terminate()``), gets back the handler it had before (``previous``)
+    and ends the process as it would have (a data-loader worker never gets here: PyTorch's own
+    SIGTERM handler ends it, and the run stops with an error naming it); every other signal is
+    logged as what it is, once for SIGXCPU (which the kernel repeats every CPU second; ``warned``:
+    the signals logged), and otherwise ignored. ``role``: what ``installer`` does ("training"), ``work``:
+    what goes on ("training")."""
+    if os.getpid() == installer:
+        return False
+    if signum == signal.SIGTERM:
+        restore_handlers({signum: previous.get(signum)})
+        signal.raise_signal(signum)
+        return True
+    if signum in REPEATED_SIGNALS and signum in warned:
+        return True
+    warned.add(signum)
+    name, pid = signal.Signals(signum).name, os.getpid()
+    worker = get_worker_info() is not None  # set in a data-loader worker alone
+    process = (f"process {pid}, " + ("a data-loader worker of" if worker else "a process forked from")
+               + f" the {role} process {installer}")
+    if signum == signal.SIGXCPU:
+        logger.warning(f"Received SIGXCPU in {process}: this process has used the CPU time of its soft limit (ulimit -St), "
+                       f"and at the hard limit (ulimit -Ht) the kernel kills it, which ends {work} with an error. "
+                       f"{work[0].upper() + work[1:]} goes on until then: give the run higher CPU-time limits, or stop "
+                       f"it sooner (kill -INT {installer}).")
+    else:
+        logger.warning(f"Received {name} in {process}: this process does not stop {work}. If the signal reached process "
+                       f"{installer} too (a Ctrl-C, a signal to the process group), that process stops; sent to process "
+                       f"{pid} alone, it leaves {work} going on: to stop {work}, send the signal to process {installer} "
+                       f"(kill -{name[3:]} {installer}).")
+    return True
 
 
 def restore_handlers(previous: dict[int, Any]) -> None:
@@ -102,8 +146,12 @@ class CheckpointOnSignal(HookBase):
         self._previous: dict[int, Any] = {}
         self._in_step = False  # from the step's start until this hook's after_step has run
         self._evaluating = False  # inside a periodic evaluation that a stop signal ends at once
+        self._pid = os.getpid()  # the process whose training a stop signal stops (before_train: the installer's)
+        self._warned: set[int] = set()  # the signals a process forked from it logged (_outside_the_installer)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if _outside_the_installer(signum, self._pid, self._previous, "training", "training", self._warned):
+            return
         if self._received is not None and (time.monotonic() - self._received_at < SAME_REQUEST_SECONDS
                                            or signum == self._received and signum in REPEATED_SIGNALS):
             return  # the same request twice: sent to the process group and forwarded by the launcher or study
@@ -126,6 +174,7 @@ class CheckpointOnSignal(HookBase):
             logger.warning("Training runs outside the main thread: signals cannot be caught there, so a "
                            "stop signal ends it without a checkpoint.")
             return
+        self._pid = os.getpid()
         self._previous = install_stop_handlers(self._handle, self.signals)
         if comm.get_world_size() == 1:
             for evaluation in self.evaluations:
@@ -190,6 +239,9 @@ class CheckpointOnSignal(HookBase):
 
     def _stop_evaluation(self, signum: int, frame: FrameType | None) -> None:
         """A stop signal in the evaluation after training: stop at once, saying what is left to do."""
+        if _outside_the_installer(signum, self._pid, self._previous, "training", "the evaluation after training",
+                                  self._warned):
+            return
         previous = _chained_handler(self._previous.get(signum))
         self.release()
         logger.warning(f"Stopped by {signal.Signals(signum).name} in the evaluation after training: the trained "
@@ -232,12 +284,18 @@ class CheckpointOnSignal(HookBase):
 def evaluation_stops() -> Iterator[None]:
     """Within the block (an ``--eval-only`` evaluation), a stop signal that would end the process
     without a word (SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGXCPU at their default) ends it at once, saying so: the
-    evaluation keeps nothing, and the same command runs it again."""
+    evaluation keeps nothing, and the same command runs it again. A process forked from it in the block
+    (a data-loader worker) goes on, saying so (:func:`_outside_the_installer`)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
+    installer = os.getpid()  # a process forked from it (a data-loader worker) goes on (_outside_the_installer)
+    warned: set[int] = set()
+
     def stop(signum: int, frame: FrameType | None) -> None:
+        if _outside_the_installer(signum, installer, previous, "evaluating", "the evaluation", warned):
+            return
         logger.warning(f"Stopped by {signal.Signals(signum).name} during the evaluation: nothing of it is kept. Run "
                        "the same command again to evaluate.")
         raise TrainingInterrupted(signum, None)

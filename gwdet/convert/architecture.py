@@ -5,6 +5,9 @@ The architectures are those a converted checkpoint can have
 its blocks per stage and the grouping of its first 3x3 conv; its GW positions
 (group_whitening_huang2021, Sec. 5.1.1) are the positions whose norms have no running statistics.
 When no norm has any, the checkpoint is GN-style (e.g. an ImageNet GN ResNet) and has no GW.
+Positions are inferred only where the norms show GW (a gwdet GW layer's record, or the GW
+authors' ``[1, C, 1, 1]`` affine): norms without running statistics that keep their affine as
+``[C]`` with no record may as well be GroupNorm, so there the caller names the GW positions.
 """
 from __future__ import annotations
 
@@ -13,8 +16,8 @@ from collections import defaultdict
 
 from gwdet.checkpoint.converted_weights import ARCHITECTURES, Architecture, describe_shape
 from gwdet.convert.loading import ConversionError, preview_names
-from gwdet.convert.torchvision_keys import NORM_POSITIONS, SHORTCUT, SourceLayout
-from gwdet.positions import format_gw_positions, parse_gw_positions
+from gwdet.convert.torchvision_keys import NORM_POSITIONS, RECORD_LEAF, SHORTCUT, SourceLayout, SourceNorm
+from gwdet.positions import POSITIONS, format_gw_positions, parse_gw_positions
 
 _TARGET_BLOCK = re.compile(r"res([2-5])\.(\d+)\.")
 
@@ -139,14 +142,56 @@ def infer_gw_positions(layout: SourceLayout) -> frozenset[str]:
     return frozenset(positions)
 
 
-def check_requested_gw_positions(inferred: frozenset[str], requested: str | None, gn_style: bool = False) -> None:
+# what becomes of a GroupNorm among BN norms: gwdet's backbone has no place for it
+_GROUP_NORM_UNMAPPED = ("gwdet's conversion does not map it: its backbone has GW at the GW positions and one norm "
+                        "everywhere else (MODEL.RESNETS.NORM, BN for a checkpoint with running statistics), so no "
+                        "config computes GroupNorm at one position alone")
+
+
+def undetermined_gw_norms(layout: SourceLayout, positions: frozenset[str]) -> list[SourceNorm]:
+    """The norms at ``positions`` (inferred GW positions) whose state does not show GW
+    (:attr:`~gwdet.convert.torchvision_keys.SourceNorm.shows_gw`): no running statistics, no gwdet
+    GW record, an affine of ``[C]`` values, as torch's GroupNorm keeps it."""
+    return [norm for norm in layout.norms.values()
+            if norm.position in positions and norm.affine_only and not norm.shows_gw]
+
+
+def check_gw_told_from_group_norm(layout: SourceLayout, positions: frozenset[str], requested: str | None) -> None:
+    """A ``ConversionError`` when GW positions were inferred (``requested`` is None) from norms whose
+    weights cannot tell GW from GroupNorm (:func:`undetermined_gw_norms`), naming their positions,
+    keys, and the ``--gw-positions`` that converts them as GW; with ``requested`` the caller has
+    said what they are (:func:`check_requested_gw_positions` checks it against the checkpoint)."""
+    undetermined = undetermined_gw_norms(layout, positions)
+    if requested is not None or not undetermined:
+        return
+    where = "; ".join(
+        f"{position} ({preview_names([norm.source for norm in undetermined if norm.position == position], 3)})"
+        for position in POSITIONS if any(norm.position == position for norm in undetermined))
+    keys = sorted(f"{norm.source}.{leaf}" for norm in undetermined for leaf in norm.tensors)
+    spec = format_gw_positions(positions)
+    raise ConversionError(
+        f"the norms at {where} have no running statistics, carry no gwdet GW layer's record of its settings "
+        f"({RECORD_LEAF}) and keep their weight and bias as [C] values ({preview_names(keys, 4)}), as torch's "
+        "GroupNorm does (gwdet's GW layers record their settings; the GW authors' keep their affine as [1, C, 1, 1]): "
+        "the weights cannot tell GW from GroupNorm (or another norm without running statistics) there, so the GW "
+        f"positions were not inferred and nothing was converted. If the source model has GW layers there (as its model "
+        f"definition shows), pass --gw-positions {spec!r} (in Python: gw_positions={spec!r}) and set "
+        f"MODEL.RESNETS.GW_POSITIONS to the same. If it has GroupNorm there, {_GROUP_NORM_UNMAPPED}: convert a "
+        "checkpoint with BN or GW there.")
+
+
+def check_requested_gw_positions(inferred: frozenset[str], requested: str | None, gn_style: bool = False,
+                                 undetermined: frozenset[str] = frozenset()) -> None:
     """Raise unless ``requested`` (a GW_POSITIONS string, or None for any) names ``inferred``; a
-    ``gn_style`` checkpoint's norms have no running statistics anywhere (GN's)."""
+    ``gn_style`` checkpoint's norms have no running statistics anywhere (GN's); at the
+    ``undetermined`` positions the norms without running statistics may as well be GroupNorm
+    (:func:`undetermined_gw_norms`), and the refusal says so."""
     if requested is None:
         return
     wanted = _parse_requested_gw_positions(requested)
     if wanted == inferred:
         return
+    undetermined = undetermined & inferred
     consequences = []
     if wanted - inferred:
         consequences.append(
@@ -154,14 +199,21 @@ def check_requested_gw_positions(inferred: frozenset[str], requested: str | None
             f"{_quoted(wanted - inferred)}"
         )
     if inferred - wanted:
-        consequences.append(
-            f"GW parameters would go into BN layers at {_quoted(inferred - wanted)}"
-        )
+        what = "the parameters of norms without running statistics" if undetermined else "GW parameters"
+        consequences.append(f"{what} would go into BN layers at {_quoted(inferred - wanted)}")
+    if undetermined:
+        which = ("GW or GroupNorm: they" if undetermined == inferred else
+                 f"GW; at {_quoted(undetermined)} perhaps GroupNorm: there they")
+        has = (f"norms without running statistics at {_quoted(inferred)} ({which} carry no gwdet GW record and keep "
+               "their affine as [C], as GroupNorm does, so the weights cannot tell which)")
+        if_gw = (f" if the norms at {_quoted(undetermined)} are GW layers (if they are GroupNorm, "
+                 f"{_GROUP_NORM_UNMAPPED})")
+    else:
+        has, if_gw = f"GW (norms without running statistics) at {_quoted(inferred)}", ""
     raise ConversionError(
-        f"the checkpoint does not fit --gw-positions {requested!r}: it has GW (norms without "
-        f"running statistics) at {_quoted(inferred)}, so {' and '.join(consequences)}. "
+        f"the checkpoint does not fit --gw-positions {requested!r}: it has {has}, so {' and '.join(consequences)}. "
         f"Pass --gw-positions '{format_gw_positions(inferred)}' (in Python: gw_positions=...) and set "
-        "MODEL.RESNETS.GW_POSITIONS to the same, or convert the checkpoint you meant."
+        f"MODEL.RESNETS.GW_POSITIONS to the same{if_gw}, or convert the checkpoint you meant."
     )
 
 

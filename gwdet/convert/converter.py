@@ -30,12 +30,14 @@ from gwdet.checkpoint.integrity import with_checksums
 from gwdet.convert.architecture import (
     ARCHITECTURES,
     check_bottleneck_blocks,
+    check_gw_told_from_group_norm,
     check_requested_architecture,
     check_requested_gw_positions,
     check_requested_names,
     infer_architecture,
     infer_gw_positions,
     is_gn_style,
+    undetermined_gw_norms,
 )
 from gwdet.convert.loading import (
     ConversionError,
@@ -180,7 +182,9 @@ def convert_state_dict(
         source: the source tensors, e.g. from :func:`read_source_state_dict`; numpy arrays (an
             ``.npz``'s) among them are read as the tensors they hold.
         arch: an :data:`ARCHITECTURES` name to insist on, or None to accept the inferred one.
-        gw_positions: a GW_POSITIONS string to insist on (``""``: no GW), or None for any.
+        gw_positions: a GW_POSITIONS string to insist on (``""``: no GW), or None for the inferred
+            ones; needed where norms without running statistics keep no GW record and a ``[C]``
+            affine, whose weights cannot tell GW from GroupNorm.
         allow_unexpected: drop keys outside torchvision's ResNet layout instead of failing.
         source_name: how the report names the source.
 
@@ -189,8 +193,8 @@ def convert_state_dict(
 
     Raises:
         ConversionError: the checkpoint does not fit ``arch``/``gw_positions``, is of an
-            unsupported architecture, has GW positions gwdet cannot represent, is incomplete,
-            or has unexpected keys.
+            unsupported architecture, has GW positions gwdet cannot represent or (without
+            ``gw_positions``) cannot tell from GroupNorm, is incomplete, or has unexpected keys.
     """
     check_flag("convert_state_dict", "allow_unexpected", allow_unexpected)
     if not isinstance(source, SourceStateDict):
@@ -211,7 +215,9 @@ def convert_state_dict(
     check_requested_architecture(inferred_arch, arch)
     positions = infer_gw_positions(layout)
     gn_style = is_gn_style(layout)
-    check_requested_gw_positions(positions, gw_positions, gn_style)
+    check_gw_told_from_group_norm(layout, positions, gw_positions)
+    undetermined = frozenset(norm.position for norm in undetermined_gw_norms(layout, positions))
+    check_requested_gw_positions(positions, gw_positions, gn_style, undetermined)
     weights, reshaped = detectron2_weights(layout)
     expected = expected_shapes(inferred_arch, format_gw_positions(positions), gn_style)
     check_fits_architecture(weights, expected, inferred_arch)

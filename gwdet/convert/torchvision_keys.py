@@ -12,8 +12,11 @@ Source modules (torchvision) and their detectron2 counterparts (gwdet's backbone
     fc                         -> dropped (the ImageNet classifier)
 
 A norm with ``running_mean``/``running_var`` is a BN; one with only ``weight``/``bias`` has no batch
-statistics (GW, or GN in a GN-style checkpoint; the GW authors' modules keep their affine as
-``[1, C, 1, 1]``). What the norms say about the architecture is :mod:`gwdet.convert.architecture`.
+statistics (GW, or GN in a GN-style checkpoint). Such a norm shows itself to be GW by a gwdet
+``GroupWhitening`` layer's record of its settings (``_extra_state``) or by an affine kept in a
+broadcasting shape (the GW authors' modules keep theirs as ``[1, C, 1, 1]``); one with neither
+keeps its affine as ``[C]``, as torch's ``GroupNorm`` does, and its weights cannot tell which it is.
+What the norms say about the architecture is :mod:`gwdet.convert.architecture`.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gwdet.checkpoint.resilient import torchvision_detection_hint
-from gwdet.convert.loading import ConversionError, preview_names
+from gwdet.convert.loading import DATA_PARALLEL_PREFIX, ConversionError, preview_names
 from gwdet.layers.settings_state import decode_settings
 from gwdet.positions import POSITIONS
 
@@ -55,6 +58,16 @@ class SourceNorm:
     def affine_only(self) -> bool:
         """No running statistics: GW (or GN in a GN-style checkpoint), not BN."""
         return set(self.tensors) == AFFINE_LEAVES
+
+    @property
+    def shows_gw(self) -> bool:
+        """Its state shows a GW layer rather than a GroupNorm: a gwdet ``GroupWhitening`` layer's record
+        of its settings, or an affine kept in a broadcasting shape (the GW authors' ``[1, C, 1, 1]``,
+        which torch's ``GroupNorm``, keeping ``[C]``, never has)."""
+        settings = decode_settings(self.record) if self.record is not None else None
+        if settings is not None and settings["layer"] == GW_LAYER:
+            return True
+        return bool(self.tensors) and all(value.dim() > 1 for value in self.tensors.values())
 
 
 @dataclass
@@ -132,11 +145,40 @@ def _check_resnet_keys(layout: SourceLayout, tensors: dict[str, torch.Tensor]) -
                     "(model._orig_mod.state_dict()) and convert that file.")
         else:
             hint = torchvision_detection_hint(names) or _prefix_hint(names)
+        prefixed = [name for name in names if name.startswith(DATA_PARALLEL_PREFIX)]
+        if prefixed:  # only keys given in memory: read_source_state_dict removes these prefixes or refuses a mix
+            removed, hint = "", _data_parallel_prefix_hint(names, prefixed)
+        else:
+            removed = f" (after removing {DATA_PARALLEL_PREFIX!r} prefixes)"
         raise ConversionError(
             "not a torchvision-layout ResNet/ResNeXt: expected keys like 'conv1.weight', "
-            "'bn1.running_mean', 'layer1.0.conv2.weight', 'layer1.0.downsample.0.weight' "
-            f"(after removing 'module.' prefixes), found {preview_names(names)}.{hint}"
+            "'bn1.running_mean', 'layer1.0.conv2.weight', 'layer1.0.downsample.0.weight'"
+            f"{removed}, found {preview_names(names)}.{hint}"
         )
+
+
+def _data_parallel_prefix_hint(names: list[str], prefixed: list[str]) -> str:
+    """For keys of which ``prefixed`` start with ``module.`` (the prefix (Distributed)DataParallel adds),
+    given to :func:`~gwdet.convert.convert_state_dict`, which removes no prefix: that they carry it,
+    and how to give them without it (or, for a mix of prefixed and bare keys, one model's keys)."""
+    if len(prefixed) < len(names):
+        bare = [name for name in names if not name.startswith(DATA_PARALLEL_PREFIX)]
+        return (f" {len(prefixed)} of the {len(names)} keys start with {DATA_PARALLEL_PREFIX!r} (the prefix "
+                f"(Distributed)DataParallel adds), the others do not: {preview_names(prefixed, 3)} beside "
+                f"{preview_names(bare, 3)}. These are the names of a wrapped and an unwrapped model mixed; give the "
+                "state dict of one model (model.module.state_dict() of a wrapped one).")
+    prefix = DATA_PARALLEL_PREFIX
+    while all(name.startswith(prefix + DATA_PARALLEL_PREFIX) for name in names):
+        prefix += DATA_PARALLEL_PREFIX
+    unwrapped = [name[len(prefix):] for name in names]
+    rest = torchvision_detection_hint(unwrapped) or _prefix_hint(unwrapped)
+    wrappings = prefix.count(DATA_PARALLEL_PREFIX)
+    adds = " (once per wrapping)" if wrappings > 1 else ""
+    return (f" Every key starts with {prefix!r}, the prefix (Distributed)DataParallel adds{adds}, which convert_state_dict "
+            "leaves on the keys it is given (read_source_state_dict removes it when it reads a file): give the keys "
+            f"without it, SourceStateDict(tensors={{key.removeprefix({prefix!r}): value for key, value in "
+            f"state_dict.items()}}, wrapping='bare state_dict', stripped_prefix={prefix!r}), or torch.save the state "
+            f"dict and convert the file with read_source_state_dict or tools/convert_pretrained.py.{rest}")
 
 
 def _check_single_stem_conv(tensors: dict[str, torch.Tensor]) -> None:

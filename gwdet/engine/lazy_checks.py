@@ -37,7 +37,8 @@ from gwdet.data.coco_registration import DatasetUse, check_datasets_fit, known_c
 from gwdet.data.shapes import SPEC_CONFIG_KEYS, ShapesSpec, check_image_size
 from gwdet.errors import GwdetError, GwdetTypeError, GwdetValueError, listed
 from gwdet.model_zoo.lazy_loading import argument_names, callable_of, select
-from gwdet.norms import UnknownNormError, known_norm_names, norm, norm_record, norm_records, unknown_params_message
+from gwdet.norms import (UnknownNormError, known_norm_names, no_norm_message, norm, norm_record, norm_records,
+                         unknown_params_message)
 from gwdet.modeling.backbone import place_norm
 from gwdet.modeling.build import check_mixed_precision, check_run_device, check_scratch_training
 from gwdet.utils.cli_errors import output_path_problem
@@ -479,7 +480,9 @@ def check_norm_nodes(cfg: DictConfig) -> None:
                         else error.args[0])
                 raise GwdetTypeError(f"{path}: {said}") from None
             except (UnknownNormError, GwdetValueError) as error:
-                raise type(error)(f"{path}: {error.args[0]}") from None
+                name = arguments.get("name")
+                said = _no_norm_said(cfg, path, name) if name is None or name == "" else error.args[0]
+                raise type(error)(f"{path}: {said}") from None
             continue
         if not getattr(called, "__module__", "").startswith(("detectron2.", "gwdet.")):
             continue  # the user's own component: its arguments are its own
@@ -516,6 +519,18 @@ def check_norm_nodes(cfg: DictConfig) -> None:
             raise GwdetValueError(
                 f"{path}.{argument}={name!r}: detectron2's get_norm builds only its own names from a string; give "
                 f"L(gwdet.norm)(name={name!r}, ...) with the settings you want (gwdet.norm({name!r}, ...) in Python).")
+
+
+def _no_norm_said(cfg: DictConfig, path: str, name: Any) -> str:
+    """What the ``gwdet.norm`` node at ``path`` whose name is ``None`` or ``""`` is told: give ``''``
+    in its place (:func:`gwdet.norms.no_norm_message`), unless it is a ``place_norm`` node's norm,
+    which needs a norm for its positions."""
+    parent_path, _, argument = path.rpartition(".")
+    if argument == "norm" and parent_path and callable_of(select(cfg, parent_path)) is place_norm:
+        return (f"{name!r} names no norm, and place_norm puts a norm at {parent_path}.positions (it would remove the "
+                f"norms there without one, as it refuses '' and None). Give a norm's name, e.g. {path}.name=GW, or "
+                f"leave the positions out (build {parent_path}.resnet alone).")
+    return no_norm_message(name, path)
 
 
 def _check_norm_call(path: str, node: DictConfig) -> None:

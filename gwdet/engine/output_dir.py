@@ -15,7 +15,9 @@ user's named ``vis`` or ``inference`` is no part of a run. A run's checkpoints a
 detectron2's and gwdet's checkpointers give them (``model_0000099.pth``, ``model_final.pth``,
 :data:`CHECKPOINT_NAME`, with their ``.sha256`` records) and the one ``last_checkpoint`` names; any other file, a
 ``model_best_by_me.pth`` of the user's included, is not the run's: it does not make the folder
-hold a run and ``--overwrite`` keeps it (and says so).
+hold a run and ``--overwrite`` keeps it (and says so). A file under a checkpoint's name that holds
+no checkpoint (a text of the user's: no torch.save file, no ``.sha256`` record) makes ``--overwrite``
+refuse before it deletes anything.
 """
 from __future__ import annotations
 
@@ -195,7 +197,7 @@ def _written_as_a_checkpoint(path: str) -> bool:
     its SHA-256 recorded beside it (gwdet's), or torch.save's file beside a ``last_checkpoint``
     (detectron2's checkpointer writes one with each checkpoint), or empty (nothing to lose). A file
     of the user's named ``model_final.pth``, a text or a ``torch.save`` of their own, is no sign of
-    a run (and --overwrite leaves it)."""
+    a run."""
     if os.path.isfile(checksum_path(path)):
         return True
     try:
@@ -203,6 +205,31 @@ def _written_as_a_checkpoint(path: str) -> bool:
             os.path.isfile(os.path.join(os.path.dirname(path), LAST_CHECKPOINT)) and starts_like_torch_save_output(path))
     except OSError:
         return False
+
+
+def _holds_a_checkpoint(path: str) -> bool:
+    """Whether the file ``path``, named as a checkpoint in a folder that holds a run, is one a
+    checkpointer may have written, which ``--overwrite`` deletes: its SHA-256 recorded beside it
+    (gwdet's checkpointer records every checkpoint), or torch.save's output (a zip archive, or a
+    legacy pickle: detectron2's checkpointer, or gwdet's stopped between the file and its record), or
+    empty (nothing to lose). Anything else (a text of the user's) is no checkpoint."""
+    if os.path.isfile(checksum_path(path)):
+        return True
+    try:
+        return os.path.getsize(path) == 0 or starts_like_torch_save_output(path)
+    except OSError:
+        return False
+
+
+def _not_checkpoints(output_dir: str, names: Sequence[str]) -> list[str]:
+    """The files among ``names`` of ``output_dir`` named as checkpoints (:func:`is_checkpoint_name`,
+    and as a resume keeps them, :data:`EARLIER_CHECKPOINT`) that hold no checkpoint
+    (:func:`_holds_a_checkpoint`)."""
+    tagged = _tagged_checkpoint_name(output_dir)
+    return [name for name in names if not name.endswith(CHECKSUM_SUFFIX)
+            and (is_checkpoint_name(name, tagged) or EARLIER_CHECKPOINT.match(name))
+            and os.path.isfile(os.path.join(output_dir, name))
+            and not _holds_a_checkpoint(os.path.join(output_dir, name))]
 
 
 def checkpoints_in(output_dir: str) -> list[str]:
@@ -218,7 +245,8 @@ def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_D
     and say which were deleted and which kept; with ``aside``, move them into :data:`SET_ASIDE`
     instead (:func:`earlier_run_until_started` deletes or puts them back). The initial ``weights``
     (``weights_setting``) are never among them, nor files that nothing shows a run wrote
-    (:func:`_shows_a_run`): an overwrite that would delete them is refused before anything is deleted."""
+    (:func:`_shows_a_run`), nor files under a checkpoint's name that hold no checkpoint
+    (:func:`_holds_a_checkpoint`): an overwrite that would delete them is refused before anything is deleted."""
     if not holds_run(output_dir):
         return
     existing = run_files(output_dir)
@@ -292,6 +320,14 @@ def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_D
             f"--overwrite would delete {listed(foreign, 5)} in the earlier run's folders of {setting} "
             f"{output_dir!r}, which no run of gwdet wrote; nothing was changed. Move them out of {setting}, or "
             f"train into another {setting}.")
+    unwritten = _not_checkpoints(output_dir, existing)
+    if unwritten:  # a file of the user's under a checkpoint's name
+        it = "it" if len(unwritten) == 1 else "them"
+        raise GwdetFileExistsError(
+            f"--overwrite would delete {listed(unwritten, 5)} in {setting} {output_dir!r}: named as a run's "
+            f"checkpoints, but no checkpointer wrote {it} (no torch.save file, no {CHECKSUM_SUFFIX} record beside "
+            f"{it}); nothing was changed. Move {it} out of {setting}, or delete {it}, then run again (or train into "
+            f"another {setting}).")
     if aside:
         os.makedirs(os.path.join(output_dir, SET_ASIDE), exist_ok=True)
     for name in existing:

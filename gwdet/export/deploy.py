@@ -16,6 +16,7 @@ differs from that record (:class:`DamagedExportError`).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import math
 import os
@@ -248,7 +249,11 @@ def export_onnx(
     a detectron2 R-CNN), its file then rewritten by :func:`drop_subgraph_shapes`; with ``dynamo=True``
     the ``torch.export``-based one, at its own default opset unless ``opset`` is given.
     ``input_names``, ``output_names`` and ``dynamic_axes`` are ``torch.onnx.export``'s (by default every input size is
-    the example's). The file is written atomically, with its SHA-256 in ``path.sha256``; a file
+    the example's): names go to the file's inputs and outputs in order, and those after the last name
+    get automatic names. A name that is not a non-empty string, one given twice (among the inputs, the
+    outputs, or both), more input names than the export has inputs (:func:`_onnx_input_count`) and
+    more output names than it has outputs (known once the module is traced) are refused; nothing is
+    written then. The file is written atomically, with its SHA-256 in ``path.sha256``; a file
     already at ``path`` is replaced only with ``overwrite``, and a ``path`` that does not end in
     ``.onnx`` is refused. ``module`` is exported in evaluation mode and given back in the modes it
     had, whether the export succeeds or fails (:func:`evaluation_mode`).
@@ -259,11 +264,10 @@ def export_onnx(
     if opset is not None:
         check_int_at_least("export_onnx", "opset", opset, 1)
         _check_roi_align_opset(module, opset)
+    names, outputs = _checked_onnx_names(module, args, dynamo, input_names, output_names)
     folder = os.path.dirname(path)
     if folder:
         os.makedirs(folder, exist_ok=True)
-    names = None if input_names is None else list(input_names)
-    outputs = None if output_names is None else list(output_names)
     with path_written_with_checksum(path) as temporary, evaluation_mode(module):
         write_onnx(module, args, temporary, path, opset, dynamo, names, outputs, dynamic_axes)
 
@@ -321,6 +325,127 @@ def _onnx_args(args: Any) -> Tuple[Any, ...]:
         "(a single tensor x is taken as (x,)); nothing was written.")
 
 
+def _checked_onnx_names(module: torch.nn.Module, args: Tuple[Any, ...], dynamo: bool, input_names: Any,
+                        output_names: Any) -> Tuple[Optional[List[str]], Optional[List[str]]]:
+    """:func:`export_onnx`'s ``input_names`` and ``output_names`` as lists, refused before anything is
+    traced or written where torch.onnx.export would change them without a word: given as one string
+    (read letter by letter) or as something else than a list or tuple, a name that is no string or
+    is empty (the exporter's automatic name replaces it), a name given twice (the exporter renames
+    the input ``a.1``), and more input names than the export has inputs (the extra names go to the
+    module's weights or are left out). The output count is known once the module is traced:
+    :func:`write_onnx` checks it."""
+    checked: Dict[str, List[str]] = {}
+    for argument, given in (("input_names", input_names), ("output_names", output_names)):
+        if given is None:
+            continue
+        if isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
+            shown = f"the string {given!r}" if isinstance(given, (str, bytes)) else f"a {type(given).__name__}"
+            example = given.decode() if isinstance(given, bytes) else given if isinstance(given, str) else "x"
+            raise GwdetTypeError(
+                f"export_onnx takes {argument} as a list of names, one per {argument[:-6]} in order, not {shown}"
+                f"{' (torch.onnx.export would read it letter by letter)' if isinstance(given, str) else ''}: give "
+                f"{argument}=[{example!r}]; nothing was written.")
+        for index, name in enumerate(given):
+            if not isinstance(name, str):
+                raise GwdetTypeError(
+                    f"export_onnx: {argument}[{index}] is {name!r} ({type(name).__name__}), not a string: give each "
+                    f"{argument[:-6]}'s name as a str, e.g. {argument}=[{str(name)!r}]; nothing was written.")
+            if not name:
+                raise GwdetValueError(
+                    f"export_onnx: {argument}[{index}] is an empty string, which torch.onnx.export replaces with an "
+                    f"automatic name (such as 'onnx::Cast_0') without a word: give every listed {argument[:-6]} a "
+                    f"name (names go to the {argument[:-6]}s in order; those after the last name get automatic "
+                    "names); nothing was written.")
+        checked[argument] = list(given)
+    places: Dict[str, List[str]] = {}
+    for argument, names in checked.items():
+        for index, name in enumerate(names):
+            places.setdefault(name, []).append(f"{argument}[{index}]")
+    repeated = {name: where for name, where in places.items() if len(where) > 1}
+    if repeated:
+        shown = "; ".join(f"{name!r} ({' and '.join(where)})" for name, where in repeated.items())
+        raise GwdetValueError(
+            f"export_onnx: {'a name is' if len(repeated) == 1 else 'names are'} given twice: {shown}. The inputs and "
+            "outputs of an ONNX file need names of their own, and torch.onnx.export renames one of a pair (an input "
+            "'a' becomes 'a.1', which onnxruntime then expects) or fails: give each input and output a different "
+            "name; nothing was written.")
+    inputs = checked.get("input_names")
+    count = None if inputs is None else _onnx_input_count(module, args, dynamo)
+    if inputs is not None and count is not None and len(inputs) > count:
+        raise _too_many_names("input", inputs, count, dynamo)
+    return inputs, checked.get("output_names")
+
+
+def _onnx_input_count(module: torch.nn.Module, args: Tuple[Any, ...], dynamo: bool) -> Optional[int]:
+    """How many inputs the ONNX file of ``module(*args)`` has, as ``torch.onnx.export`` flattens
+    ``args`` (a dict as their last item holds keyword arguments): with the TorchScript-based
+    exporter, every tensor and number among them, in nested tuples, lists and dicts (``None`` and
+    strings are none), and the default values of the ``forward`` arguments that ``args`` leaves out;
+    with ``dynamo=True``, every tensor among them (numbers are built into the file). ``None`` where
+    it cannot tell: a scripted module, an argument of another type."""
+    if isinstance(module, (torch.jit.ScriptModule, torch.jit.ScriptFunction)):
+        return None
+    positional: List[Any] = list(args)
+    keywords: Dict[str, Any] = {}
+    if positional and isinstance(positional[-1], dict):
+        keywords = positional.pop()
+    if dynamo:
+        return _leaf_count([positional, keywords], numbers=False)
+    if not args:
+        return 0
+    try:
+        parameters = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):  # torch.onnx.export then takes args as they are
+        return _leaf_count(list(args), numbers=True)
+    if parameters and parameters[0].name == "self":
+        parameters = parameters[1:]
+    for parameter in parameters[len(positional):]:  # torch.onnx.export fills them in, in order
+        if parameter.name in keywords:
+            positional.append(keywords[parameter.name])
+        elif parameter.default is not inspect.Parameter.empty:
+            positional.append(parameter.default)
+    return _leaf_count(positional, numbers=True)
+
+
+def _leaf_count(value: Any, numbers: bool) -> Optional[int]:
+    """The tensors (and, with ``numbers``, the bools, ints and floats) in ``value``, through tuples,
+    lists and dict values; ``None`` when it holds something else (a type the exporters flatten their
+    own way, if at all)."""
+    if isinstance(value, torch.Tensor):
+        return 1
+    if value is None or isinstance(value, str):
+        return 0
+    if isinstance(value, (bool, int, float)):
+        return int(numbers)
+    if isinstance(value, (list, tuple, dict)):
+        counts = [_leaf_count(item, numbers) for item in (value.values() if isinstance(value, dict) else value)]
+        return None if None in counts else sum(counts)  # type: ignore[arg-type]
+    return None
+
+
+def _too_many_names(kind: str, names: Sequence[str], count: int, dynamo: bool) -> GwdetValueError:
+    """The refusal of more ``kind`` names (``"input"`` or ``"output"``) than the ``count`` the
+    export has, for the exporter ``dynamo`` chooses."""
+    if kind == "input":
+        counted = ("the tensors among args; numbers are built into the file" if dynamo else
+                   "the tensors and numbers among args, nested tuples, lists and dicts flattened, with the default "
+                   "values of the forward arguments args leaves out")
+    else:
+        counted = "the tensors module(*args) returns, nested tuples, lists and dicts flattened"
+    extra = ", ".join(repr(name) for name in names[count:])
+    them = "it" if len(names) - count == 1 else "them"
+    if kind == "input" and not dynamo:
+        fate = f"torch.onnx.export would give {extra} to the module's weights (the file's initializers) or leave {them} out"
+    else:
+        fate = f"{extra} would name no {kind} of the file"
+    fix = (f"Give at most {count} {kind} name{'' if count == 1 else 's'}, one per {kind} in order ({kind}s after the "
+           "last name get automatic names)" if count else f"Leave {kind}_names out")
+    return GwdetValueError(
+        f"export_onnx: {kind}_names has {len(names)} name{'' if len(names) == 1 else 's'} "
+        f"({', '.join(repr(name) for name in names)}), but the export has {count} {kind}{'' if count == 1 else 's'} "
+        f"({counted}), so {fate}. {fix}; nothing was written.")
+
+
 def write_onnx(module: torch.nn.Module, args: Tuple[torch.Tensor, ...], file: str, path: str,
                opset: Optional[int] = None, dynamo: bool = False, input_names: Optional[List[str]] = None,
                output_names: Optional[List[str]] = None,
@@ -339,20 +464,46 @@ def write_onnx(module: torch.nn.Module, args: Tuple[torch.Tensor, ...], file: st
             if type(error).__name__ != "TorchExportError":  # torch.export captured it; a later step failed
                 raise
             raise _torch_export_refusal(module, path, error) from error
+        _check_written_name_counts(file, input_names, output_names)  # the dynamo exporter drops extra names
     else:
+        returned: List[Optional[int]] = []  # the output count of each call of the module in the trace
+        hook = None if isinstance(module, torch.jit.ScriptModule) else module.register_forward_hook(
+            lambda _, __, output: returned.append(_leaf_count(output, True)))
         try:
             torch.onnx.export(module, args, file, opset_version=opset or ONNX_OPSET, dynamo=False,
                               input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes)
         except (torch.onnx.errors.UnsupportedOperatorError, RuntimeError) as error:
+            outputs = returned[-1] if returned else None
+            if output_names is not None and outputs is not None and len(output_names) > outputs:
+                raise _too_many_names("output", output_names, outputs, dynamo) from None
             reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
             if not isinstance(error, torch.onnx.errors.UnsupportedOperatorError) and "opset_version" not in reason:
                 raise
             raise GwdetValueError(f"The ONNX export of {path} at opset {opset or ONNX_OPSET} failed: {reason}. Export at "
                                   f"an opset the exporter and every layer support (the default, {ONNX_OPSET}; gwdet's "
                                   "layers need 13 or newer); nothing was written.") from None
+        finally:
+            if hook is not None:
+                hook.remove()
         drop_subgraph_shapes(file)
     check_onnx_file(file, path, _float64_tensors(module, args))
     record_checksum(file)
+
+
+def _check_written_name_counts(file: str, input_names: Optional[List[str]], output_names: Optional[List[str]]) -> None:
+    """Refuse the ONNX file ``file`` of ``dynamo=True`` when it has fewer inputs or outputs than
+    names were given for them: that exporter names them in order and leaves the extra names out
+    without a word. Without the ``onnx`` package the file is not checked."""
+    if input_names is None and output_names is None:
+        return
+    try:
+        import onnx
+    except ImportError:
+        return
+    graph = onnx.load(file, load_external_data=False).graph
+    for kind, names, values in (("input", input_names, graph.input), ("output", output_names, graph.output)):
+        if names is not None and len(names) > len(values):
+            raise _too_many_names(kind, names, len(values), dynamo=True)
 
 
 def _float64_tensors(module: torch.nn.Module, args: Tuple[Any, ...]) -> bool:

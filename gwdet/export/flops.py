@@ -123,6 +123,13 @@ class FlopCountAnalysis(Detectron2FlopCountAnalysis):
             finally:
                 self._aliases = aliases
 
+    def unsupported_ops(self, module_name: str = "") -> Counter[str]:
+        """fvcore's :meth:`unsupported_ops`: the ops of ``module_name`` (default the whole model) that
+        no handle counts, by name. Like every other query it runs the analysis first where no query
+        has yet (fvcore's own refuses until one has)."""
+        self.by_module_and_operator()  # computes the analysis once; later queries reuse it
+        return super().unsupported_ops(module_name)
+
     def by_model_module(self) -> Counter[str]:
         """:meth:`by_module` keyed by the module names of the model given to the constructor
         (detectron2 wraps it in a ``TracingAdapter``, whose names start with ``model.``)."""

@@ -487,15 +487,16 @@ def factory_kwargs(owner: str, device: Any, dtype: Any) -> Dict[str, Any]:
     return {"device": device, "dtype": dtype}
 
 
-def check_device_here(owner: str, device: torch.device, given: Any = None) -> None:
+def check_device_here(owner: str, device: torch.device, given: Any = None, fix: str | None = None) -> None:
     """Raise ``GwdetValueError`` when ``device`` is a device that this machine does not have: CUDA or
     MPS not available, a CUDA index past ``torch.cuda.device_count()``, another accelerator (``'xpu'``,
     ``'mtia'``, ...) that is not available or cannot hold a tensor (:func:`_check_accelerator_here`).
     ``'cpu'`` and ``'meta'`` are always accepted. ``given``: the value the user gave
-    (a string, an index or the device itself), named in the message."""
+    (a string, an index or the device itself), named in the message; ``fix``: what the message
+    advises (by default, a layer's: build it on the CPU)."""
     shown = repr(str(device)) if given is None or isinstance(given, (str, torch.device)) else f"{given!r} ({device})"
-    fix = ("give device='cpu' (or leave it out), or build the layer on the CPU and move it with .to(device) "
-           "on a machine that has that device")
+    fix = fix or ("give device='cpu' (or leave it out), or build the layer on the CPU and move it with .to(device) "
+                  "on a machine that has that device")
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise GwdetValueError(

@@ -10,6 +10,7 @@ k-th batch; DBN Algorithm 1 lines 10-11, and batch norm's, which BGN follows).
 from __future__ import annotations
 
 import collections.abc
+import copy
 import itertools
 import warnings
 from typing import Any, Callable, Iterable, Mapping
@@ -21,6 +22,7 @@ from gwdet.errors import GwdetRuntimeError, GwdetTypeError, GwdetValueError, lis
 
 from .batch_group_norm import BatchGroupNorm
 from .batch_whitening import BatchWhitening
+from .common import check_device_here
 
 RUNNING_STATISTICS_LAYERS = (nn.modules.batchnorm._BatchNorm, BatchWhitening, BatchGroupNorm)
 # detectron2's words when a model in training mode finds no event storage open (get_event_storage)
@@ -81,6 +83,61 @@ def _first_line(error: BaseException, limit: int = 100) -> str:
     return line if len(line) <= limit else line[:limit] + "..."
 
 
+def _reads_as_device(value: Any) -> bool:
+    """Whether ``value`` is what torch reads as a device (a ``torch.device``, a device string or
+    index): what ``torch.optim.swa_utils.update_bn`` takes in third place."""
+    if isinstance(value, torch.device):
+        return True
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return False
+    try:
+        torch.device(value)
+    except (RuntimeError, ValueError, TypeError):
+        return False
+    return True
+
+
+def _checked_device(device: Any) -> torch.device | None:
+    """``device`` as the ``torch.device`` each batch is moved to (``None``: the batches as the loader
+    gives them), refused unless it is one torch reads and this machine has (:func:`check_device_here`)."""
+    if device is None:
+        return None
+    if not _reads_as_device(device):
+        kind = GwdetValueError if isinstance(device, (str, int)) and not isinstance(device, bool) else GwdetTypeError
+        raise kind(
+            f"update_running_statistics: device must be a torch.device, a device string ('cpu', 'cuda:0') or index, "
+            f"or None (the batches as the loader gives them), got {type(device).__name__} {device!r:.60}"
+            f"{', which torch does not read as a device' if kind is GwdetValueError else ''}; each batch is moved "
+            "there before the forward, as torch.optim.swa_utils.update_bn moves it. The running statistics are as "
+            "they were.")
+    checked = torch.device(device)
+    check_device_here("update_running_statistics", checked, device,
+                      fix="give a device this machine has (the model's), or leave device out to give the batches as "
+                          "the loader makes them. The running statistics are as they were.")
+    return checked
+
+
+def _moved(batch: Any, device: torch.device) -> Any:
+    """``batch`` with what it holds on ``device``: a tensor, and an object with a ``to`` method
+    (detectron2's ``Instances``), moved with ``.to(device)``; a list, tuple or (mutable) mapping
+    copied with its items moved; anything else (a number, a string, a file name) as it is."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, collections.abc.MutableMapping):
+        moved = copy.copy(batch)
+        for key, value in batch.items():
+            moved[key] = _moved(value, device)
+        return moved
+    if isinstance(batch, list):
+        return [_moved(item, device) for item in batch]
+    if isinstance(batch, tuple):
+        items = [_moved(item, device) for item in batch]
+        return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)  # a namedtuple's fields
+    if callable(getattr(batch, "to", None)) and not isinstance(batch, (type, nn.Module)):
+        return batch.to(device)
+    return batch
+
+
 def _detectron2_like(model: nn.Module, batch: Mapping) -> bool:
     """Whether ``batch`` looks like one image's record of a detectron2 loader, or ``model`` like a
     model that takes a list of them."""
@@ -89,11 +146,15 @@ def _detectron2_like(model: nn.Module, batch: Mapping) -> bool:
 
 
 def update_running_statistics(loader: Iterable[Any], model: nn.Module,
-                              forward: Callable[[nn.Module, Any], Any] = _run_model) -> int:
+                              forward: Callable[[nn.Module, Any], Any] = _run_model, *,
+                              device: torch.device | str | int | None = None) -> int:
     """Recompute the running statistics of every torch batch norm, BW and BGN/GhostBN layer of
     ``model`` as the mean of their batch statistics over the batches of ``loader``, each given to
     ``forward(model, batch)`` (default ``model(batch)``; a detectron2 model takes a loader's list of
-    dicts as it is) in training mode without gradients. The training mode of every module (each
+    dicts as it is) in training mode without gradients. ``device``, as
+    ``torch.optim.swa_utils.update_bn``'s: where each batch is moved before it is given to the
+    forward (its tensors, and those in its lists, tuples and dicts, with ``.to(device)``); the model
+    stays where it is. ``None`` gives the batches as the loader makes them. The training mode of every module (each
     one's own, as the user set it) and the layers' momenta are restored; when ``forward`` or the loader fails, the running statistics are put back as they were.
     Layers of other classes that keep running statistics with a momentum (a norm of one's own) are
     left as they were, with a warning naming them: how their momentum updates them is theirs to say.
@@ -108,10 +169,13 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
                              f"of batches, itertools.islice(loader, 200)), got {type(loader).__name__}; the running "
                              "statistics are as they were.")
     if not callable(forward):
+        fix = ("leave it out for model(batch), or give e.g. forward=lambda m, b: m(b[0])" if not _reads_as_device(forward)
+               else f"the device torch.optim.swa_utils.update_bn takes in third place goes by keyword here: "
+                    f"update_running_statistics(loader, model, device={forward!r})")
         raise GwdetTypeError(f"update_running_statistics: forward must be a callable forward(model, batch) that runs "
-                             f"the model on one batch, got {type(forward).__name__} {forward!r:.60}; leave it out for "
-                             "model(batch), or give e.g. forward=lambda m, b: m(b[0]). The running statistics are as "
-                             "they were.")
+                             f"the model on one batch, got {type(forward).__name__} {forward!r:.60}; {fix}. The running "
+                             "statistics are as they were.")
+    moved_to = _checked_device(device)
     scripted = _scripted_with_statistics(model)
     if scripted:
         raise GwdetTypeError(f"update_running_statistics: {listed(scripted, 3)} is scripted or traced (torch.jit) and "
@@ -176,7 +240,7 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
                 for layer in layers:
                     layer.momentum = 1.0 / batches
                 try:
-                    forward(model, batch)
+                    forward(model, batch if moved_to is None else _moved(batch, moved_to))
                 except (TypeError, AttributeError) as error:
                     if forward is _run_model and isinstance(batch, (list, tuple)) and batch and isinstance(
                             batch[0], torch.Tensor):

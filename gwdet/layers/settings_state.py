@@ -19,6 +19,7 @@ import functools
 import json
 import math
 import sys
+import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -27,7 +28,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 from torch.nn.utils.parametrize import type_before_parametrizations
 
-from gwdet.errors import GwdetAttributeError, GwdetTypeError, GwdetValueError
+from gwdet.errors import GwdetAttributeError, GwdetError, GwdetTypeError, GwdetValueError
 
 from .common import check_int_at_least, check_unit_interval, largest_divisor_at_most
 
@@ -238,7 +239,8 @@ class SettingsInState(nn.Module):
         how evaluation mixes them) may change, checked as on construction (a fraction in [0, 1], a
         count of examples >= 1); any other setting is refused: the
         layer derived its group layout and buffers from it, and would record the new value while
-        computing with the old one."""
+        computing with the old one. The refusal names the constructor call of a layer with the new
+        value, or, for a value the constructor refuses too, its reason (:meth:`_constructor_refusal`)."""
         if name in self.__dict__ and name in self.DERIVED:
             raise GwdetAttributeError(
                 f"{self.layer_kind()}: {name} is derived from the settings when the layer is built (it is "
@@ -248,11 +250,21 @@ class SettingsInState(nn.Module):
             if _unchanged(getattr(self, name), value):
                 return  # the value it has: nothing changes
             if name not in UNCOMPARED_SETTINGS:
-                arguments = ", ".join(f"{setting}={(value if setting == name else current)!r}"
-                                      for setting, current in self.settings().items())
-                raise GwdetAttributeError(
-                    f"{owner}: {name} is set when the layer is built and cannot be changed afterwards (the layer "
-                    f"computes with {getattr(self, name)!r}); build a new layer: {owner}({arguments})")
+                fixed = (f"{owner}: {name} is set when the layer is built and cannot be changed afterwards (the layer "
+                         f"computes with {getattr(self, name)!r})")
+                proposed = {setting: (value if setting == name else current)
+                            for setting, current in self.settings().items()}
+                refusal = self._constructor_refusal(proposed)
+                if refusal is not None:
+                    template = ", ".join(f"{setting}={'...' if setting == name else repr(current)}"
+                                         for setting, current in proposed.items())
+                    alone = refusal.startswith((f"{name} ", f"{name}="))  # else a check of several settings
+                    raise GwdetAttributeError(
+                        f"{fixed}, and {owner}'s constructor refuses {name}={value!r} too"
+                        f"{'' if alone else ' with the other settings the layer has'}: {refusal.rstrip('.')}. To "
+                        f"compute with another {name}, build a new layer: {owner}({template}) with values it accepts")
+                arguments = ", ".join(f"{setting}={current!r}" for setting, current in proposed.items())
+                raise GwdetAttributeError(f"{fixed}; build a new layer: {owner}({arguments})")
             if name in _COUNTING_SETTINGS:
                 check_int_at_least(owner, name, value, 1)
                 value = int(value)
@@ -262,6 +274,23 @@ class SettingsInState(nn.Module):
         if name in ("weight", "bias") or name in self.__dict__.get("_buffers", {}):
             self._check_tensor(name, value)
         super().__setattr__(name, value)
+
+    def _constructor_refusal(self, settings: Dict[str, Any]) -> Optional[str]:
+        """The refusal the layer's constructor gives for ``settings`` (its keyword arguments), without
+        the layer's name before it; ``None`` when it builds a layer of them, or when it does not take
+        them as keywords (a subclass's constructor of other arguments). It builds that layer on the
+        meta device, which holds no values, so its checks are the constructor's own."""
+        kind = type_before_parametrizations(self)
+        try:
+            with warnings.catch_warnings(), torch.device("meta"):
+                warnings.simplefilter("ignore")
+                kind(**settings)
+        except GwdetError as error:
+            message, named = str(error), f"{kind.__name__}: "
+            return message[len(named):] if message.startswith(named) else message
+        except Exception:  # a constructor that takes other arguments: the settings cannot be tried
+            return None
+        return None
 
     def register_parameter(self, name: str, param: Optional[nn.Parameter]) -> None:
         """torch's registration, with the check of :meth:`_check_tensor` for ``weight`` and ``bias``."""
@@ -407,7 +436,9 @@ class SettingsInState(nn.Module):
             if problem is not None:
                 error_msgs.append(problem)
                 return
-        problem = _running_statistics_problem(state_dict, prefix, type(self).__name__)
+        problem = _running_whitening_shape_problem(self, state_dict, prefix)
+        if problem is None:
+            problem = _running_statistics_problem(state_dict, prefix, type(self).__name__)
         if problem is not None:
             error_msgs.append(problem)
             return
@@ -415,6 +446,42 @@ class SettingsInState(nn.Module):
                                       unexpected_keys, error_msgs)
         if key not in state_dict and key in missing_keys:
             missing_keys.remove(key)
+
+
+def _running_whitening_shape_problem(layer: SettingsInState, state_dict: Dict[str, Any],
+                                     prefix: str) -> Optional[str]:
+    """Why the state's ``running_whitening`` (under ``prefix``) cannot load into ``layer``: a shape
+    other than the layer's ``[groups, k, k]`` (one ``k x k`` whitening matrix per group of ``k``
+    channels), told as the layer it is the statistics of; ``None`` when the shapes agree, or when
+    the layer or the state has no such tensor."""
+    value, own = state_dict.get(prefix + "running_whitening"), layer._buffers.get("running_whitening")
+    if not isinstance(value, Tensor) or not isinstance(own, Tensor) or value.shape == own.shape:
+        return None
+    kind = layer.layer_kind()
+    name = prefix[:-1] or kind
+    size_name = "group_size" if hasattr(layer, "group_size") else None  # BW's: groups of that many channels
+    if own.dim() != 3 or own.shape[1] != own.shape[2] or size_name is None:
+        return (f"{name}: the state's running_whitening has shape {list(value.shape)}, but this layer's has shape "
+                f"{list(own.shape)}; load the state of a layer built with this layer's settings")
+
+    def layout(groups: int, size: int) -> str:
+        return (f"{groups} group{'s' if groups != 1 else ''} of {size} channels: num_channels={groups * size}, "
+                f"{size_name}={size}")
+
+    channels: int = layer.num_channels  # type: ignore[assignment]
+    settings = f"num_channels={channels}, {size_name}={getattr(layer, size_name)!r}"
+    ours = f"this layer's has shape {list(own.shape)} ({layout(own.shape[0], own.shape[1])})"
+    damaged = (f" The state's own record says {settings}, as this layer has, so its running_whitening does not match "
+               "its record: the file may be damaged, or the tensor taken from another layer."
+               if decode_settings(state_dict.get(prefix + EXTRA_STATE_KEY)) is not None else "")
+    found = f"{name}: the state's running_whitening has shape {list(value.shape)}"
+    if value.dim() == 3 and value.shape[1] == value.shape[2] and value.shape[0] >= 1 and value.shape[1] >= 1:
+        groups, size = int(value.shape[0]), int(value.shape[1])
+        return (f"{found} (groups x group size x group size): the running statistics of a {kind} of "
+                f"{layout(groups, size)}, while {ours}.{damaged} Build the layer with num_channels={groups * size}, "
+                f"{size_name}={size} to use these statistics, or load the state of a layer of {settings}")
+    return (f"{found}, which is not the groups x group size x group size of a {kind}'s whitening matrices, while "
+            f"{ours}.{damaged} Load the state of a layer of {settings}{'' if damaged else ' (the file may be damaged)'}")
 
 
 def _running_statistics_problem(state_dict: Dict[str, Any], prefix: str, owner: str) -> Optional[str]:

@@ -269,26 +269,63 @@ def check_override_key(cfg: DictConfig, key: str, given: Mapping[str, Any] | Non
         misspelt = difflib.get_close_matches(name, sorted(present | arguments), n=2, cutoff=0.8)
         if not misspelt:
             return
+        meant = [*_deeper_keys(parent, name, parent_key), *('.'.join([*parts[:depth], c]) for c in misspelt)]
         raise GwdetValueError(
             f"LazyConfig override {key!r}: the config has no {name!r} under {parent_key!r}, and "
             f"{getattr(target, '__qualname__', target)} passes unknown keywords on (**kwargs), where a misspelt key "
-            f"fails when the model is built. Did you mean "
-            f"{' or '.join(repr('.'.join([*parts[:depth], c])) for c in misspelt)}? Write +{key}=... to pass "
+            f"fails when the model is built. Did you mean {' or '.join(map(repr, meant))}? Write +{key}=... to pass "
             f"{name!r} on purpose.")
     if isinstance(parent, ListConfig) and name.lstrip("-").isdigit():
         raise GwdetValueError(
             f"LazyConfig override {key!r}: {parent_key} is a list of {len(parent)} item(s) (indices 0 to "
             f"{len(parent) - 1}), which has no item {name}: set one of its items, or give the whole list "
             f"({parent_key}=[...]).")
+    deeper = _deeper_keys(parent, name, parent_key) if depth == len(parts) - 1 else []
     close = difflib.get_close_matches(name, sorted(present | arguments), n=3, cutoff=0.6)
     where = f"under {parent_key!r}" if parent_key else "at the top of the config"
-    hint = f" Did you mean {' or '.join(repr('.'.join([*parts[:depth], c])) for c in close)}?" if close else ""
-    takes = f" ({getattr(target, '__qualname__', target)} takes {', '.join(sorted(arguments))})" if arguments else ""
-    advice = _yacs_key_advice(key) or (f" Write +{key}=... to add a new key on purpose." if parent_key else
-                                       f" The config's top-level keys are {', '.join(sorted(map(str, present)))}; "
-                                       "nothing reads a key added beside them, so set one of theirs (e.g. "
-                                       "train.max_iter=...).")
+    meant = [*deeper, *('.'.join([*parts[:depth], c]) for c in close)]
+    hint = f" Did you mean {' or '.join(map(repr, meant))}?" if meant else ""
+    named = getattr(target, "__qualname__", target)
+    takes = f" ({named} takes {', '.join(sorted(arguments))})" if arguments else ""
+    # a key added to an L(...) node is passed to its callable, which takes no such argument
+    not_taken = (f" {named} takes no argument {name!r}, and instantiate passes every key of the node to it: a key "
+                 f"added with +{key}=... would stop it." if target is not None else "")
+    advice = _yacs_key_advice(key) or not_taken or (
+        f" Write +{key}=... to add a new key on purpose." if parent_key else
+        f" The config's top-level keys are {', '.join(sorted(map(str, present)))}; nothing reads a key added beside "
+        "them, so set one of theirs (e.g. train.max_iter=...).")
     raise GwdetValueError(f"LazyConfig override {key!r}: the config has no {name!r} {where}{takes}.{hint}{advice}")
+
+
+# The most keys deeper in the config that a missing key's suggestion names (_deeper_keys)
+DEEPER_KEYS_SHOWN = 3
+
+
+def _deeper_keys(parent: Any, name: str, parent_key: str) -> list[str]:
+    """The full keys more than one level under ``parent`` (the config node at ``parent_key``, which
+    has no key ``name`` of its own) whose last name is ``name``: ``optimizer.params.weight_decay_norm``
+    for ``optimizer.weight_decay_norm``. The shallowest first, at most :data:`DEEPER_KEYS_SHOWN`;
+    references to other nodes (``${...}``) are not followed."""
+    found: list[tuple[int, str]] = []
+
+    def walk(node: Any, path: list[str]) -> None:
+        if isinstance(node, DictConfig):
+            items: list[tuple[str, Any]] = [(str(key), key) for key in node.keys()]
+        elif isinstance(node, ListConfig):
+            items = [(str(index), index) for index in range(len(node))]
+        else:
+            return
+        for shown, key in items:
+            if OmegaConf.is_interpolation(node, key):
+                continue
+            here = [*path, shown]
+            if shown == name and len(here) > 1:
+                found.append((len(here), ".".join(filter(None, [parent_key, *here]))))
+            child = node._get_node(key)  # the node itself: no interpolation is resolved on the way
+            walk(child if isinstance(child, (DictConfig, ListConfig)) else None, here)
+
+    walk(parent, [])
+    return [key for _, key in sorted(found)[:DEEPER_KEYS_SHOWN]]
 
 
 def _norm_settings(name: Any) -> list[str] | None:

@@ -253,15 +253,12 @@ def _run_study(argv: list[str], repo_root: Path) -> int:
     if not all(0.0 <= w <= 1.0 for w in chosen_weights(args)):
         parser.error(f"--example-weights must lie in [0, 1], got {args.example_weights}")
     if args.list:
-        report_flags = [flag for flag, given in (("--report-only", args.report_only),
-                                                 (f"--report-to {args.report_to}", args.report_to is not None),
-                                                 (f"--export-records {args.export_records}",
-                                                  args.export_records is not None)) if given]
-        if report_flags:
-            raise GwdetValueError(
-                f"--list only lists the cells and writes no report, so {', '.join(report_flags)} would be ignored: "
-                "run --list alone to see the cells, and the same command without --list to write the report; "
-                "nothing was written.")
+        refuse_flags_list_ignores(parser, args)
+    elif args.report_only and flags_of_training(parser, args, LIST_IGNORED_DESTS):
+        raise GwdetValueError(
+            f"--report-only writes the report of the cells' results and trains nothing (here or on a cluster), so "
+            f"{', '.join(flags_of_training(parser, args, LIST_IGNORED_DESTS))} would be ignored: drop them, or run the "
+            "same command without --report-only to train the cells; nothing was written.")
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
     if isinstance(args.threads, int) and args.threads < 0:
@@ -315,12 +312,19 @@ TRAINING_DESTS = ("jobs", "threads", "num_gpus", "on_mismatch", "launcher", "nod
                   "partition", "account", "timeout_min", "slurm_extra", "wait")
 
 
-def flags_of_training(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
-    """The flags of :data:`TRAINING_DESTS` that ``args`` gives other values than their defaults,
-    each as the command line names it with its value (``--launcher slurm``, ``--wait``)."""
+# The flags of TRAINING_DESTS that ``--list`` does not read either: all but --on-mismatch, which
+# picks the folder each cell is listed with (<cell>.2 for a config that differs from its record).
+LIST_IGNORED_DESTS = tuple(dest for dest in TRAINING_DESTS if dest != "on_mismatch")
+
+
+def flags_of_training(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                      dests: Collection[str] = TRAINING_DESTS) -> list[str]:
+    """The flags of ``dests`` (by default :data:`TRAINING_DESTS`) that ``args`` gives other values
+    than their defaults, each as the command line names it with its value (``--launcher slurm``,
+    ``--wait``)."""
     flags = []
     for action in parser._actions:
-        if action.dest not in TRAINING_DESTS:
+        if action.dest not in dests:
             continue
         value = getattr(args, action.dest)
         if value == parser.get_default(action.dest):
@@ -333,6 +337,28 @@ def flags_of_training(parser: argparse.ArgumentParser, args: argparse.Namespace)
         else:
             flags.append(f"{flag} {value}")
     return flags
+
+
+def refuse_flags_list_ignores(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, with ``--list``, the flags it would ignore without a word: those of the report
+    (``--report-only``, ``--report-to``, ``--export-records``), and those of how cells train
+    (:data:`LIST_IGNORED_DESTS`: ``--jobs``, ``--threads``, ``--num-gpus`` and the launcher's),
+    the latter where given other values than their defaults. A listing reads neither: it trains
+    nothing, here or on a cluster (a cell's job and its state come from the job recorded in its
+    folder), and writes no report."""
+    report_flags = [flag for flag, given in (("--report-only", args.report_only),
+                                             (f"--report-to {args.report_to}", args.report_to is not None),
+                                             (f"--export-records {args.export_records}",
+                                              args.export_records is not None)) if given]
+    training_flags = flags_of_training(parser, args, LIST_IGNORED_DESTS)
+    if not report_flags and not training_flags:
+        return
+    does = " and ".join((["trains nothing (here or on a cluster)"] if training_flags else [])
+                        + (["writes no report"] if report_flags else []))
+    then = " or ".join((["train the cells"] if training_flags else []) + (["write the report"] if report_flags else []))
+    raise GwdetValueError(
+        f"--list only lists the cells and {does}, so {', '.join(report_flags + training_flags)} would be ignored: "
+        f"run --list alone to see the cells, and the same command without --list to {then}; nothing was written.")
 
 
 def set_by_the_study(args: argparse.Namespace) -> str | None:
@@ -467,7 +493,7 @@ def run_on_cluster(args: argparse.Namespace, argv: Sequence[str], options: Launc
         return 2
     echo(f"submitted {len(submitted)} job(s)" + (f": {', '.join(submitted)}" if submitted else "")
          + f"; the last cell to end writes the report in {out_dir / study_name(args)}. "
-         "Follow with --list; --report-only writes it at any time.")
+         "Follow with --list (the study's flags without the launcher's); --report-only writes it at any time.")
     if not options.wait:
         return 0
     failed = wait_for_cells(planned, weights, echo)
