@@ -50,7 +50,7 @@ demo: $(STAMP)
 
 # pytest exits 5 when it collects no test: an empty suite checks nothing, so that fails too.
 test: $(STAMP)
-	$(VENV_PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist worksteal tests; status=$$?; \
+	$(VENV_PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15 tests; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$status
 
 # Both run, so that one call shows every finding; it fails when either finds something. mypy

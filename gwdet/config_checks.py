@@ -424,6 +424,38 @@ FORMAT_CHANNELS: Mapping[str, int] = {"BGR": 3, "RGB": 3, "YCbCr": 3, "HSV": 3, 
                                       "CMYK": 4}
 
 
+def _no_whole_number(value: Any, counts: str, give: str) -> str:
+    """The problem of a count that is no integer (a float, a string, a bool): ``counts`` says what
+    it counts, ``give`` what to give as an integer instead."""
+    return (f"is no whole number of {counts} ({type(value).__name__}): give {give}"
+            f"{', unquoted' if isinstance(value, str) else ''}")
+
+
+def _max_iter(cfg: CfgNode, max_iter: Any) -> str | None:
+    """A ``SOLVER.MAX_ITER`` that is no integer (its range is the training's to refuse: an evaluation
+    reads none of it)."""
+    if is_whole_number(max_iter):
+        return None
+    example = (f", e.g. SOLVER.MAX_ITER {int(max_iter)}" if is_finite_number(max_iter) and max_iter >= 1
+               and max_iter == int(max_iter) else "")
+    return (_no_whole_number(max_iter, "iterations", "the number of iterations to train as an integer of at least 1")
+            + f"{example} (detectron2's training loop counts them with range(), which takes no "
+            f"{type(max_iter).__name__}).")
+
+
+def _batch_number(batch: Any, world_size: int) -> str | None:
+    """A total batch that is no integer (how many processes can share it is checked where they are
+    known: :func:`check_batch_split`)."""
+    if is_whole_number(batch):
+        return None
+    return _no_whole_number(batch, "images", "the batch of all processes together as an integer, a positive multiple "
+                            f"of {world_size}") + "."
+
+
+def _ims_per_batch(cfg: CfgNode, batch: Any) -> str | None:
+    return _batch_number(batch, comm.get_world_size())
+
+
 def _checkpoint_period(cfg: CfgNode, period: Any) -> str | None:
     if is_whole_number(period) and period >= 1:
         return None
@@ -466,6 +498,9 @@ def _seed(cfg: CfgNode, seed: Any) -> str | None:
 def _num_workers(cfg: CfgNode, workers: Any) -> str | None:
     if is_whole_number(workers) and workers >= 0:
         return None
+    if not is_whole_number(workers):
+        return _no_whole_number(workers, "data-loading processes", "an integer of at least 0 (0: load the data in the "
+                                "training process)") + ", e.g. 4."
     return ("is no number of data-loading processes: torch's DataLoader refuses a negative one when the loader is "
             "built. Use 0 (load the data in the training process) or more, e.g. 4.")
 
@@ -490,6 +525,8 @@ def _mask_format(cfg: CfgNode, mask_format: Any) -> str | None:
 def _warmup_iters(cfg: CfgNode, iters: Any) -> str | None:
     if is_whole_number(iters) and iters >= 0:
         return None
+    if not is_whole_number(iters):
+        return _no_whole_number(iters, "warm-up iterations", "an integer of at least 0 (0: no warm-up)") + ", e.g. 1000."
     return ("is no number of warm-up iterations: detectron2's scheduler would stretch a negative warm-up into a "
             "learning rate outside the schedule without a word. Use an integer >= 0 (0: no warm-up), e.g. 1000.")
 
@@ -885,6 +922,8 @@ class ValueRule:
 
 
 DETECTRON2_VALUE_RULES = (
+    ValueRule("SOLVER.MAX_ITER", _max_iter),  # first: the rules below compare their values with it
+    ValueRule("SOLVER.IMS_PER_BATCH", _ims_per_batch),
     ValueRule("SOLVER.CHECKPOINT_PERIOD", _checkpoint_period),
     ValueRule("TEST.EVAL_PERIOD", _eval_period),
     ValueRule("SOLVER.BASE_LR", _base_lr),
@@ -994,12 +1033,11 @@ def _check_pixel_normalization(cfg: CfgNode) -> None:
 
 
 def check_batch_split(described: str, batch: Any, world_size: int) -> None:
-    """Refuse a total batch (``described``: its setting and value) that ``world_size`` processes
-    cannot share evenly."""
-    if not is_whole_number(batch):
-        raise GwdetValueError(f"{described} is no whole number of images ({type(batch).__name__}): give the batch of "
-                              f"all processes together as an integer, a positive multiple of {world_size}"
-                              f"{', unquoted' if isinstance(batch, str) else ''}.")
+    """Refuse a total batch that is no integer, or that ``world_size`` processes cannot share
+    evenly; ``described``, the messages' subject, names its setting and value (``"SETTING=VALUE"``)."""
+    problem = _batch_number(batch, world_size)
+    if problem is not None:
+        raise GwdetValueError(f"{described} {problem}")
     if batch < 1 or batch % world_size:
         raise GwdetValueError(
             f"{described}, which {world_size} process(es) (--num-gpus x --num-machines) cannot share evenly: use a "
@@ -1136,13 +1174,25 @@ def check_detectron2_values(cfg: CfgNode) -> None:
     checkpoint is made, at the first mask loaded) or with a bare error: :data:`DETECTRON2_VALUE_RULES`,
     and the pixel mean and std (:func:`_check_pixel_normalization`)."""
     for rule in DETECTRON2_VALUE_RULES:
-        value = _value(cfg, rule.key)
-        if value is None:  # a config without the key (a project's own): nothing to check
-            continue
-        problem = rule.problem(cfg, value)
-        if problem is not None:
-            raise GwdetValueError(f"config: {rule.key}={value!r} {problem}")
+        _check_rule(cfg, rule)
     _check_pixel_normalization(cfg)
+
+
+def check_detectron2_value(cfg: CfgNode, key: str) -> None:
+    """:func:`check_detectron2_values` of the key ``key`` alone (a rule of
+    :data:`DETECTRON2_VALUE_RULES`), for a check that reads it before the whole config is checked."""
+    for rule in DETECTRON2_VALUE_RULES:
+        if rule.key == key:
+            _check_rule(cfg, rule)
+
+
+def _check_rule(cfg: CfgNode, rule: ValueRule) -> None:
+    value = _value(cfg, rule.key)
+    if value is None:  # a config without the key (a project's own): nothing to check
+        return
+    problem = rule.problem(cfg, value)
+    if problem is not None:
+        raise GwdetValueError(f"config: {rule.key}={value!r} {problem}")
 
 
 def check_gwdet_config(cfg: CfgNode) -> None:

@@ -44,7 +44,8 @@ from detectron2.layers import get_norm as detectron2_get_norm
 from detectron2.utils.logger import log_first_n
 
 from gwdet.errors import GwdetAttributeError, GwdetError, GwdetKeyError, GwdetTypeError, GwdetValueError, listed
-from gwdet.config import CONFIG_KEYS, config_default, config_value, flatten_config, require_gwdet_config
+from gwdet.config import (CONFIG_KEYS, GWDET_RESNETS_PREFIX, GWDET_SECTIONS, add_gwdet_config, check_config_values,
+                          config_default, config_value, flatten_config, require_gwdet_config)
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening, largest_divisor_at_most
 from gwdet.layers.common import check_flag, check_int_at_least
 
@@ -126,7 +127,8 @@ def register_norm(name: str, build: Callable[..., torch.nn.Module] | None = None
     it from; ``batch_statistics`` and ``layer_types`` as in :class:`NormRecord`. The layers it builds
     are norms to the optimizer in any case (:func:`gwdet.solver.is_norm_layer`). Raises
     ``ValueError`` naming the norm for a name of detectron2's or gwdet's or one already registered (a
-    plugin that reloads calls :func:`unregister_norm` first), or for arguments of the wrong kind;
+    plugin that reloads calls :func:`unregister_norm` first), for a config key no config can hold
+    (:func:`_refuse_keys_no_config_holds`), or for arguments of the wrong kind;
     a ``build`` that cannot be called as ``build(channels, **settings)``, or with a parameter named
     as an argument of :func:`norm` itself (:func:`_check_build`), is a ``TypeError``; what ``build``
     returns is checked by :class:`Norm`.
@@ -159,6 +161,7 @@ def register_norm(name: str, build: Callable[..., torch.nn.Module] | None = None
             raise GwdetValueError(f"register_norm({name!r}): config_keys name {sorted(unknown)}, which "
                                   f"{build_name(fn)} does not take (it takes {record.params()})")
         _refuse_other_defaults(record)
+        _refuse_keys_no_config_holds(record)
         _RECORDS[name] = record
         return fn
 
@@ -251,6 +254,58 @@ def _refuse_other_defaults(record: NormRecord) -> None:
                     f"{shown}, and {record.name!r} gives it {ours}: a config without the key would build "
                     f"one of them with the other's default. Give both the same default, or {record.name!r} a key of its "
                     "own.")
+
+
+def _refuse_keys_no_config_holds(record: NormRecord) -> None:
+    """Refuse a config key of ``record`` that gwdet's config check refuses in every config holding
+    it, so that no config could set it (and, once :func:`add_registered_config_keys` adds it, no
+    config could be used at all): one not in upper case, whose sections the check takes for
+    misspellings of detectron2's or gwdet's (``model.my.g`` for ``MODEL``, ``MODEL.fpn.G``), or a
+    key that gwdet's table lacks in one of gwdet's own sections (``MODEL.GW.MY_G``: :func:`gwdet.config.check_config_values`). The message
+    gives the key in upper case where that spelling can be held, else a key of the name's own."""
+    for param, key in record.config_keys.items():
+        problem = _config_key_refused_by_the_check(key)
+        if problem is None:
+            continue
+        upper = key.upper()
+        own = f"MODEL.{record.name.upper()}.{param.upper()}"
+        fix = (f"write it in upper case, as detectron2's and gwdet's keys are: config_keys={{{param!r}: {upper!r}}}"
+               if upper != key and _config_key_refused_by_the_check(upper) is None else
+               f"give {param} a key of its own, e.g. config_keys={{{param!r}: {own!r}}}")
+        raise GwdetValueError(
+            f"register_norm({record.name!r}): no config can hold the config key {key} (for {param}): {problem}, so "
+            f"every config holding the key would be refused. Nothing was registered; {fix}.")
+
+
+def _config_key_refused_by_the_check(key: str) -> str | None:
+    """Why gwdet's config check would refuse every config that holds ``key`` once a norm has
+    registered it, or None where a config can hold it: a part of the key not in upper case, as every
+    key of detectron2's and gwdet's configs is (the check takes a section in other letter case,
+    ``model`` for ``MODEL``, for a misspelling), or a key that gwdet's table lacks in one of gwdet's
+    own sections (``MODEL.GW.MY_G``: :func:`gwdet.config.check_config_values`)."""
+    if key != key.upper():
+        part = next(part for part in key.split(".") if part != part.upper())
+        return (f"it is not in upper case, as every key of detectron2's and gwdet's configs is, and gwdet's config "
+                f"check takes a part in other letter case ({part} for {part.upper()}) for a misspelling and refuses "
+                "it")
+    *sections, leaf = key.split(".")
+    cfg = add_gwdet_config(get_cfg())
+    node = cfg
+    for section in sections:
+        if not isinstance(node, CfgNode):  # below a value: _refuse_other_defaults names it
+            return None
+        node = node.setdefault(section, CfgNode())
+    if not isinstance(node, CfgNode):
+        return None
+    if leaf not in node:
+        node[leaf] = None
+    try:
+        check_config_values(cfg)
+    except GwdetKeyError:
+        section = next((name for name in GWDET_SECTIONS if key.startswith(name + ".")), GWDET_RESNETS_PREFIX)
+        return (f"it lies among gwdet's own keys ({section}...), where gwdet's config check refuses every key "
+                "gwdet's config table lacks (the table's keys are listed in docs/usage.md)")
+    return None
 
 
 # The default of a build's argument that has none (set apart from a default of None).

@@ -337,3 +337,32 @@ def test_a_stage_given_by_assignment_only_is_refused_as_one_the_forward_does_not
     resnet.stages[1] = resnet.res3  # replaced in both places: placed where the forward runs
     placed = place_norm(resnet, "B2", norm("GW", num_groups=16))
     assert isinstance(placed.stages[1][0].conv2.norm, GroupWhitening) and placed.stages[1] is placed.res3
+
+
+# Before: place_norm(resnet, "B2-S1", "GN") on a 16-channel stem stopped with torch's bare "num_channels (16) must be
+# divisible by num_groups (32)", naming neither the layers nor gwdet.norm('GN', num_groups=N).
+def test_detectron2s_gn_name_on_channels_32_does_not_divide_names_the_layers_and_gwdets_gn():
+    from detectron2.modeling.backbone.resnet import BasicStem, BottleneckBlock, ResNet
+
+    from gwdet import norm
+    from gwdet.modeling import place_norm
+
+    stages = [ResNet.make_stage(BottleneckBlock, 2, in_channels=16 * 2 ** i, bottleneck_channels=8 * 2 ** i,
+                                out_channels=32 * 2 ** i, stride_per_block=[1 if i == 0 else 2, 1], norm="BN")
+              for i in range(2)]
+    resnet = ResNet(BasicStem(3, 16, norm="BN"), stages, out_features=["res2", "res3"], freeze_at=0)
+    with pytest.raises(GwdetValueError) as refused:
+        place_norm(resnet, "B2-S1", "GN")
+    message = str(refused.value)
+    assert message.startswith("place_norm: norm='GN': 'GN' given as a name makes detectron2's get_norm build torch's "
+                              "GroupNorm of 32 groups (detectron2/layers/batch_norm.py:")
+    assert ("and 32 does not divide the channels of stem.conv1 (16 channels), res2.0.conv2 (8 channels), "
+            "res2.1.conv2 (8 channels), ... (2 more); nothing was replaced. Give gwdet.norm('GN', num_groups=N) "
+            "instead of the name (L(gwdet.norm)(name='GN', num_groups=N) in a LazyConfig): it builds torch's "
+            "GroupNorm over the largest divisor of each layer's channels not above N (with N=32: 32 groups where the "
+            "channels allow it, 16 on 16 channels).") in message
+    assert isinstance(refused.value.__cause__, ValueError)
+    assert all(isinstance(conv.norm, torch.nn.BatchNorm2d) for conv in (resnet.stem.conv1, resnet.res2[0].conv2))
+    placed = place_norm(resnet, "B2-S1", norm("GN", num_groups=32))  # the fix the message gives
+    assert (placed.stem.conv1.norm.num_groups, placed.res2[0].conv2.norm.num_groups) == (16, 8)
+    assert placed.res3[0].conv2.norm.num_groups == 16

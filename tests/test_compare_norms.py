@@ -536,6 +536,21 @@ def test_example_weights_for_a_study_without_batch_norms_are_refused(capsys, tmp
                       repo_root=REPO) == 0
 
 
+# --example-weights 0.5 0.5 was accepted and training began, while --seeds 0 0 was refused
+def test_an_example_weight_given_twice_is_refused_as_a_repeated_seed_is(capsys, tmp_path):
+    with pytest.raises(SystemExit) as stopped:
+        study_main(["--out", str(tmp_path / "out"), "--list", "--study", "paper", "--seeds", "0",
+                    "--example-weights", "0.5", "0", ".50", "--opts", *TINY], repo_root=REPO)
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.splitlines()[0] == (
+        "compare_norms.py: error: --example-weights gives 0.5 more than once: each weight is one evaluation of every batch-norm cell on val, "
+        "among which the best is chosen, so a repeated one would run the same evaluation twice. Give each weight "
+        "once, e.g. --example-weights 0.5 0.")
+    assert not (tmp_path / "out").exists()
+    assert study_main(["--out", str(tmp_path / "out"), "--list", "--study", "paper", "--seeds", "0",
+                       "--example-weights", "0.5", "0", "--opts", *TINY], repo_root=REPO) == 0
+
+
 def test_cells_named_as_another_configuration_or_made_alike_by_overrides_are_refused(capsys, tmp_path):
     # the GN config reported as "GW" beside the paper's GW number; --opts setting every cell's norms to GN,
     # and the report testing "GN > BN" between identical models

@@ -1043,3 +1043,65 @@ def test_a_tools_in_process_loading_is_no_override_the_user_gave_twice():
         run = load_run_config(str(DEMO_CONFIG), ["DATALOADER.NUM_WORKERS", "2"], tool=True)
     assert messages == [] and run.cfg.DATALOADER.NUM_WORKERS == 2
     assert load_run_config(str(DEMO_CONFIG), [], tool=True).cfg.DATALOADER.NUM_WORKERS == 0
+
+
+def _python_value(key: str, value: object, *opts: str):
+    """The demo config (tiny, on the CPU, with ``opts``) with ``key`` set to ``value`` in Python, as
+    a script does after reading it (a command line's value is typed by yacs)."""
+    cfg = build_config(str(DEMO_CONFIG), [*TINY_OPTS, "MODEL.DEVICE", "cpu", *opts])
+    cfg.defrost()
+    section, _, leaf = key.rpartition(".")
+    node = cfg
+    for part in section.split("."):
+        node = node[part]
+    node[leaf] = value
+    return cfg
+
+
+# Before: cfg.SOLVER.MAX_ITER = 2.0 passed, Trainer(cfg) warned "SOLVER.WARMUP_ITERS 100 is longer than
+# SOLVER.MAX_ITER 2.0", built the model, loader and optimizer, and train() stopped in detectron2's loop with the raw
+# "TypeError: 'float' object cannot be interpreted as an integer", leaving metrics.json and .gwdet.lock behind.
+def test_a_max_iter_that_is_no_integer_is_refused_before_the_trainer_builds_or_writes_anything(tmp_path):
+    from gwdet.engine.trainer import Trainer
+
+    output = tmp_path / "run"
+    cfg = _python_value("SOLVER.MAX_ITER", 2.0, "OUTPUT_DIR", str(output))
+    expected = ("config: SOLVER.MAX_ITER=2.0 is no whole number of iterations (float): give the number of iterations to "
+                "train as an integer of at least 1, e.g. SOLVER.MAX_ITER 2 (detectron2's training loop counts them with "
+                "range(), which takes no float).")
+    with logged_warnings("gwdet") as warnings, pytest.raises(GwdetValueError) as refused:
+        Trainer(cfg)
+    assert str(refused.value) == expected
+    assert not warnings, "refused before the schedule's warnings read it"
+    assert not output.exists() or not any(output.iterdir()), "nothing written"
+    with pytest.raises(GwdetValueError) as refused:  # the config gate of every build, too
+        check_detectron2_values(cfg)
+    assert str(refused.value) == expected
+    cfg.SOLVER.MAX_ITER = "2"
+    with pytest.raises(GwdetValueError, match=r"^config: SOLVER\.MAX_ITER='2' is no whole number of iterations \(str\): "
+                                              r"give the number of iterations to train as an integer of at least 1, "
+                                              r"unquoted \(detectron2's"):
+        check_detectron2_values(cfg)
+
+
+# Before: floats for these counts were refused with the words of a negative value ("detectron2's scheduler would
+# stretch a negative warm-up ...", "torch's DataLoader refuses a negative one"); SOLVER.IMS_PER_BATCH was refused
+# by the training's checks only, reading "SOLVER.IMS_PER_BATCH is 2.0 is no whole number of images".
+@pytest.mark.parametrize("key, value, message", [
+    ("SOLVER.IMS_PER_BATCH", 2.0, "config: SOLVER.IMS_PER_BATCH=2.0 is no whole number of images (float): give the "
+                                  "batch of all processes together as an integer, a positive multiple of 1."),
+    ("SOLVER.WARMUP_ITERS", 1.0, "config: SOLVER.WARMUP_ITERS=1.0 is no whole number of warm-up iterations (float): "
+                                 "give an integer of at least 0 (0: no warm-up), e.g. 1000."),
+    ("DATALOADER.NUM_WORKERS", 0.0, "config: DATALOADER.NUM_WORKERS=0.0 is no whole number of data-loading processes "
+                                    "(float): give an integer of at least 0 (0: load the data in the training "
+                                    "process), e.g. 4."),
+])
+def test_counts_that_are_no_integers_are_refused_as_such_by_the_gate_and_the_training(key, value, message):
+    cfg = _python_value(key, value)
+    with pytest.raises(GwdetValueError) as refused:
+        check_detectron2_values(cfg)
+    assert str(refused.value) == message
+    if key.startswith("SOLVER."):  # read by the training's checks before the gate
+        with pytest.raises(GwdetValueError) as refused:
+            check_training_values(cfg, 1)
+        assert str(refused.value) == message

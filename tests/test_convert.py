@@ -1364,3 +1364,123 @@ def test_data_parallel_prefixes_given_in_memory_are_named_as_left_on():
     with pytest.raises(ConversionError, match=r"312 of the 320 keys start with 'module.' .* the others do not: .* "
                                               r"give the state dict of one model"):
         convert_state_dict(in_memory(mixed))
+
+
+# a BatchNorm2d(affine=False) (running statistics, no weight or bias) was refused as "norm layer1.0.bn1 has
+# ['running_mean', 'running_var']: neither a BatchNorm (...) nor a GW layer (...)", with no way out
+def test_a_batch_norm_without_affine_converts_as_weight_one_and_bias_zero(image, tmp_path):
+    model = torchvision_model("R-50", with_gw=False)
+    affine_free = ("layer1.0.bn1", "layer3.0.downsample.1", "bn1")
+    for name in affine_free:
+        parent, _, child = name.rpartition(".")
+        holder = model.get_submodule(parent) if parent else model
+        norm = nn.BatchNorm2d(getattr(holder, child).num_features, affine=False).eval()
+        norm.running_mean.normal_(0, 0.1)
+        norm.running_var.uniform_(0.5, 2.0)
+        setattr(holder, child, norm)
+    expected = torchvision_features(model, image)
+    state_dict = model.state_dict()
+    assert f"{affine_free[0]}.weight" not in state_dict and f"{affine_free[0]}.running_mean" in state_dict
+    src, out = save_wrapped(state_dict, "bare", tmp_path / "no_affine.pth"), tmp_path / "no_affine.pkl"
+
+    report = convert_checkpoint(src, out)
+    assert (report.arch, report.gw_positions, report.converted_bn_norms) == ("R-50", "", 53)
+    assert report.identity_affine == ["bn1", "layer1.0.bn1", "layer3.0.downsample.1"]
+    assert ("  no affine     : ['bn1', 'layer1.0.bn1', 'layer3.0.downsample.1'] had no weight or bias "
+            "(BatchNorm2d(affine=False)):\n                  written with weight 1, bias 0, which compute the same"
+            in report.format())
+    with open(out, "rb") as f:
+        converted = pickle.load(f)["model"]
+    assert (converted["res2.0.conv1.norm.weight"] == 1).all() and not converted["res2.0.conv1.norm.bias"].any()
+    assert converted["res2.0.conv1.norm.weight"].shape == (64,) and converted["res4.0.shortcut.norm.bias"].shape == (1024,)
+    # loaded into gwdet's backbone (FrozenBN), the converted weights compute the source network's features
+    detector = gwdet_detector("R-50", "")
+    poison(detector.backbone.bottom_up)
+    DetectionCheckpointer(detector).load(str(out))
+    with torch.no_grad():
+        features = detector.backbone.bottom_up(image)
+    for stage in STAGES:
+        torch.testing.assert_close(features[stage], expected[stage], atol=1e-4, rtol=0)
+    # a norm with part of the statistics is still named incomplete
+    del state_dict["layer1.0.bn1.running_var"]
+    with pytest.raises(ConversionError, match=r"norm layer1.0.bn1 has \['running_mean'\]: neither a BatchNorm .*"
+                                              r"or \['running_mean', 'running_var'\] without an affine\) nor a GW"):
+        convert_state_dict(in_memory(state_dict))
+
+
+# an mmpretrain/mmcls checkpoint ('backbone.' + the ResNet's keys, 'head.fc.*' beside them) was refused as "not a
+# torchvision-layout ResNet/ResNeXt ... found ['backbone.conv1.weight', ...]" without a word on the prefix
+def test_a_resnet_under_a_prefix_beside_a_head_is_named_with_the_line_that_keeps_it(r50_files, tmp_path, capsys):
+    from gwdet.convert.cli import main
+
+    state_dict = torch.load(r50_files["bn"], weights_only=True)
+    weights = {("head." + key if key.startswith("fc.") else "backbone." + key): value
+               for key, value in state_dict.items()}
+    weights["neck.gap.scale"] = torch.ones(1)
+    src, out = tmp_path / "mmcls.pth", tmp_path / "mmcls.pkl"
+    torch.save({"meta": {"epoch": 100}, "state_dict": weights}, src)
+    assert main([str(src), str(out)]) == 2
+    printed = capsys.readouterr().err
+    line = ("{key.removeprefix('backbone.'): value for key, value in weights.items() if "
+            "key.startswith('backbone.')}")
+    assert ("found ['backbone.conv1.weight', 'backbone.bn1.weight', 'backbone.bn1.bias', " in printed
+            and "318 of the 321 keys are a torchvision ResNet's under the prefix 'backbone.', beside 3 of another "
+                "part of the network (['head.fc.weight', 'head.fc.bias', 'neck.gap.scale']) (the layout of "
+                f"mmpretrain's and mmcls' checkpoints): save the ResNet's weights alone without the prefix ({line}) "
+                f"and convert that file with tools/convert_pretrained.py." in printed)
+    assert not out.exists()
+    # the line as printed gives a file that converts
+    torch.save(eval(line, {"weights": torch.load(src, weights_only=True)["state_dict"]}), src)
+    assert main([str(src), str(out), "--arch", "R-50", "--gw-positions", ""]) == 0 and out.exists()
+    # two ResNets (a model and its EMA copy): both prefixes named, the one meant to be kept
+    both = {**{f"ema.{key}": value for key, value in state_dict.items()}, **{f"model.{key}": value
+                                                                             for key, value in state_dict.items()}}
+    with pytest.raises(ConversionError, match=r"The keys hold 2 torchvision-layout ResNets, under the prefixes "
+                                              r"\['ema.', 'model.'\]: save the one you mean alone without its prefix "
+                                              r"\(for 'ema.': \{key.removeprefix\('ema.'\): value for key, value in "
+                                              r"weights.items\(\) if key.startswith\('ema.'\)\}\)"):
+        convert_state_dict(in_memory(both))
+
+
+# an input path that is a symbolic link loop (`ln -s loop loop`) was refused as "no such file. Check the input
+# path", while `ls` shows it; as the output, a loop was "a link to loop2.pkl, which does not exist", and a folder
+# link to nothing "folder ... does not exist. Create it first." (or "... is a file, not a folder")
+def test_a_path_through_a_broken_symbolic_link_is_named_as_one(r50_files, tmp_path):
+    (tmp_path / "loop1.pth").symlink_to("loop2.pth")
+    (tmp_path / "loop2.pth").symlink_to("loop1.pth")
+    (tmp_path / "self").symlink_to("self")
+    (tmp_path / "gone.pth").symlink_to("moved.pth")
+    (tmp_path / "via.pth").symlink_to("gone.pth")
+    out = tmp_path / "out.pkl"
+    fix = r"Point the link at the checkpoint \(ln -sfn /path/to/checkpoint.pth .*\), or give the checkpoint's own path"
+    with pytest.raises(ConversionError, match=rf"loop1.pth: a symbolic link that loops \('.*loop1.pth' -> "
+                                              rf"'loop2.pth' -> 'loop1.pth'\): it leads to no file to read. {fix}"):
+        convert_checkpoint(tmp_path / "loop1.pth", out)
+    with pytest.raises(ConversionError, match=rf"gone.pth: a symbolic link to 'moved.pth', which does not exist \(a "
+                                              rf"dangling link\): it leads to no file to read. {fix}"):
+        convert_checkpoint(tmp_path / "gone.pth", out)
+    with pytest.raises(ConversionError, match=r"via.pth: a symbolic link that ends at 'moved.pth', which does not "
+                                              r"exist \(a dangling link: '.*via.pth' -> 'gone.pth' -> 'moved.pth'\)"):
+        read_source_state_dict(tmp_path / "via.pth")
+    with pytest.raises(ConversionError, match=r"self/r50.pth: its folder .*self is a symbolic link that loops \(.*\): "
+                                              r"it leads to no file to read. Point the link at the folder meant \(ln "
+                                              r"-sfn /path/to/folder .*self\)"):
+        convert_checkpoint(tmp_path / "self" / "r50.pth", out)
+    with pytest.raises(ConversionError, match="missing.pth: no such file. Check the input path."):
+        convert_checkpoint(tmp_path / "missing.pth", out)
+    # as the output
+    (tmp_path / "loop1.pkl").symlink_to("loop2.pkl")
+    (tmp_path / "loop2.pkl").symlink_to("loop1.pkl")
+    with pytest.raises(ConversionError, match=r"loop1.pkl is a symbolic link that loops \('.*loop1.pkl' -> "
+                                              r"'loop2.pkl' -> 'loop1.pkl'\), which leads to no file; nothing was "
+                                              r"converted. Remove the link, or give another output file."):
+        convert_checkpoint(r50_files["bn"], tmp_path / "loop1.pkl", overwrite=True)
+    (tmp_path / "runs").symlink_to("deleted_runs")
+    for folder, what in (("self", "a symbolic link that loops"), ("runs", "a symbolic link to 'deleted_runs', which "
+                                                                          "does not exist")):
+        with pytest.raises(ConversionError, match=rf"out.pkl: its folder .*{folder} is {what}.*, so there is no "
+                                                  r"folder to write into; nothing was converted. Point the link at the "
+                                                  rf"folder meant \(ln -sfn /path/to/folder .*{folder}\)"):
+            convert_checkpoint(r50_files["bn"], tmp_path / folder / "out.pkl")
+    assert sorted(os.listdir(tmp_path)) == ["gone.pth", "loop1.pkl", "loop1.pth", "loop2.pkl", "loop2.pth", "runs",
+                                            "self", "via.pth"]

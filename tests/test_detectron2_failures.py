@@ -6,6 +6,7 @@ import os
 
 import detectron2
 import pytest
+import torch
 
 import gwdet
 from gwdet.modeling.detectron2_failures import failure_site, named_config_failures
@@ -129,3 +130,37 @@ def test_gwdet_build_model_names_deformable_convolutions_this_detectron2_cannot_
                                           r"deformable convolutions: detectron2's DeformConv needs detectron2's "
                                           r"compiled ops \(detectron2._C\), .* Set it to all False"):
         gwdet.build_model(cfg)
+
+
+# Before: lazy.build_model of a LazyConfig giving detectron2's 'GN' name to the 16-channel stem (or to place_norm's
+# positions) stopped with torch's bare "num_channels (16) must be divisible by num_groups (32)", naming neither the
+# node nor gwdet's GN.
+@pytest.mark.parametrize("config, override, start", [
+    ("gn.py", "model.backbone.bottom_up.stem.norm=GN", "model.backbone.bottom_up.stem.norm='GN': "),
+    ("bn_gw_s1b2.py", "model.backbone.bottom_up.norm=GN", "place_norm: norm='GN': "),
+])
+def test_a_lazy_configs_gn_name_on_channels_32_does_not_divide_names_the_node_and_gwdets_gn(config, override, start):
+    from gwdet.engine import lazy
+    from gwdet.model_zoo.lazy_loading import load_lazy_config
+
+    cfg = load_lazy_config(str(DEMO_CONFIG.parents[1] / "LazyConfig" / "Study" / config), [override, "train.device=cpu"])
+    with pytest.raises(GwdetValueError) as refused:
+        lazy.build_model(cfg)
+    message = str(refused.value)
+    assert message.startswith(f"{start}'GN' given as a name makes detectron2's get_norm build torch's GroupNorm of 32 "
+                              "groups (detectron2/layers/batch_norm.py:")
+    assert "and 32 does not divide the " in message and "16 channels" in message
+    assert message.endswith("Give gwdet.norm('GN', num_groups=N) instead of the name (L(gwdet.norm)(name='GN', "
+                            "num_groups=N) in a LazyConfig): it builds torch's GroupNorm over the largest divisor of "
+                            "each layer's channels not above N (with N=32: 32 groups where the channels allow it, 16 on "
+                            "16 channels).")
+    assert isinstance(refused.value.__cause__, ValueError), "torch's error stays chained"
+
+
+def test_the_gn_explanation_leaves_other_errors_alone():
+    from gwdet.modeling.detectron2_failures import detectron2_group_norm_failure
+
+    with pytest.raises(ValueError) as raised:  # torch's own, outside detectron2's get_norm
+        torch.nn.GroupNorm(32, 16)
+    assert detectron2_group_norm_failure(raised.value, "model.x.norm='GN'") is None
+    assert detectron2_group_norm_failure(KeyError("GN"), "model.x.norm='GN'") is None

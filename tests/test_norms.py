@@ -204,6 +204,34 @@ def test_a_registered_config_key_below_a_value_or_naming_a_section_is_refused_at
     assert "TestBelow" not in known_norm_names()
 
 
+# config_keys={"g": "model.my.g"} was registered, and then every config was refused ("model is not a section ...
+# Did you mean MODEL?"), and one setting MODEL.MY.G as "not a key"
+def test_a_registered_config_key_no_config_can_hold_is_refused_with_the_key_that_can_be(registered, tmp_path):
+    from gwdet.model_zoo import build_config
+
+    from conftest import DEMO_CONFIG
+
+    registered.append("TestCased")
+    with pytest.raises(ValueError, match=r"^register_norm\('TestCased'\): no config can hold the config key model.my.g "
+                                         r"\(for g\): it is not in upper case, as every key of detectron2's and gwdet's "
+                                         r"configs is, .* write it in upper case, as detectron2's and "
+                                         r"gwdet's keys are: config_keys=\{'g': 'MODEL.MY.G'\}\.$"):
+        register_norm("TestCased", lambda channels, g=8: torch.nn.GroupNorm(g, channels), config_keys={"g": "model.my.g"})
+    assert "TestCased" not in known_norm_names()
+    with pytest.raises(ValueError, match=r"MODEL.fpn.G \(for g\): it is not in upper case.*'MODEL.FPN.G'"):
+        register_norm("TestCased", lambda channels, g=8: torch.nn.GroupNorm(g, channels), config_keys={"g": "MODEL.fpn.G"})
+    with pytest.raises(ValueError, match=r"the config key MODEL.GW.MY_G \(for g\): it lies among gwdet's own keys "
+                                         r"\(MODEL.GW...\).* give g a key of its own, e.g. config_keys=\{'g': "
+                                         r"'MODEL.TESTCASED.G'\}"):
+        register_norm("TestCased", lambda channels, g=8: torch.nn.GroupNorm(g, channels), config_keys={"g": "MODEL.GW.MY_G"})
+    assert "TestCased" not in known_norm_names()
+    # the spelling the message gives is one a config file sets
+    register_norm("TestCased", lambda channels, g=8: torch.nn.GroupNorm(g, channels), config_keys={"g": "MODEL.MY.G"})
+    config = tmp_path / "mine.yaml"
+    config.write_text(f'_BASE_: "{DEMO_CONFIG}"\nMODEL:\n  FPN:\n    NORM: "TestCased"\n  MY:\n    G: 4\n')
+    assert norm_from_config("TestCased", build_config(str(config)))(8).num_groups == 4
+
+
 def test_a_registered_key_shared_with_a_name_without_its_default_or_of_another_type_is_refused(registered):
     # a name without a default built with another name's 16 for the same key; num_groups read from MODEL.MASK_ON
     # built GroupNorm(True, 64), one group from a bool

@@ -638,3 +638,45 @@ def test_weights_a_last_step_made_non_finite_are_not_saved_and_the_run_is_named_
         main(tiny_run_args(tmp_path))
     assert not (tmp_path / "model_final.pth").exists() and not (tmp_path / "results.json").exists()
     assert issubclass(NonFiniteWeightsError, FloatingPointError)  # what the run names as diverged
+
+
+# a finished run's run_id file replaced by another run's: "model_final.pth was saved by another run ... it is another
+# run's checkpoint copied there ... Put the run's own checkpoint back", though every checkpoint was the run's own
+def test_a_run_id_file_naming_another_run_than_all_the_checkpoints_is_named_as_the_one_replaced(tmp_path):
+    def run(folder, *names):
+        folder.mkdir()
+        model = torch.nn.Linear(2, 2)
+        checkpointer = ResilientCheckpointer(model, str(folder), optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+        checkpointer.resume_or_load("", resume=False)
+        for iteration, name in enumerate(names, start=1):
+            checkpointer.save(name, iteration=iteration)
+        return checkpointer
+
+    def resume(folder):
+        model = torch.nn.Linear(2, 2)
+        checkpointer = ResilientCheckpointer(model, str(folder), optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+        return checkpointer, checkpointer.resume_or_load("", resume=True)
+
+    ours, other = run(tmp_path / "ours", "model_0000000", "model_final"), run(tmp_path / "other", "model_final")
+    shutil.copy(tmp_path / "other" / "run_id", tmp_path / "ours" / "run_id")
+    folder = tmp_path / "ours"
+    with pytest.raises(ValueError, match=rf"^--resume: {re.escape(str(folder / 'run_id'))} names another run "
+                                         rf"\({other.run_id[:12]}\.\.\.\) than all 2 checkpoints of {re.escape(str(folder))} "
+                                         rf"\(model_0000000.pth, model_final.pth\), which agree with each other on the run "
+                                         rf"{ours.run_id[:12]}\.\.\.: the run_id file was replaced, or copied from another "
+                                         rf"output folder; nothing was changed. Write the identity the checkpoints record "
+                                         rf"back into it \(the line {ours.run_id} in .*run_id\) to continue the run, or "
+                                         rf"start a new run from its weights \(MODEL.WEIGHTS .*model_final.pth\) into "
+                                         rf"another output folder\.$"):
+        resume(folder)
+    assert (folder / "run_id").read_text() == other.run_id  # nothing was changed
+    (folder / "run_id").write_text(ours.run_id + "\n")  # what the message says: the run resumes as its own
+    resumed, state = resume(folder)
+    assert state["iteration"] == 2 and resumed.run_id == ours.run_id
+    # checkpoints that disagree among themselves: the one resumed is another run's, copied there
+    shutil.copy(tmp_path / "other" / "model_final.pth", folder / "model_final.pth")
+    shutil.copy(tmp_path / "other" / "model_final.pth.sha256", folder / "model_final.pth.sha256")
+    with pytest.raises(ValueError, match=rf"model_final.pth was saved by another run than the one in .*ours: it records "
+                                         rf"the run {other.run_id[:12]}\.\.\., the folder's run_id file the run "
+                                         rf"{ours.run_id[:12]}\.\.\.; it is another run's checkpoint copied there"):
+        resume(folder)

@@ -323,3 +323,31 @@ def test_a_device_in_forwards_place_names_the_device_keyword_and_bad_devices_are
                                                   "machine has"):
             update_running_statistics(batches(), model, device="cuda")
     assert torch.equal(model[0].running_mean, before)
+
+
+# device="meta" reached torch: "Tensor on device meta is not on the expected device cpu!"
+def test_a_device_the_batches_would_not_reach_the_layers_on_is_refused_naming_the_models_device():
+    model = nn.Sequential(BatchGroupNorm(8, num_groups=2)).double()
+    before = model[0].running_mean.clone()
+    with pytest.raises(GwdetValueError, match=r"^update_running_statistics: device 'meta' holds no values \(a meta "
+                                              r"tensor has a shape and no data\), so no statistics can come of the "
+                                              r"batches moved there; the model's layers with running statistics are on "
+                                              r"cpu: give device='cpu' \(the device of the model's layers\), or leave "
+                                              r"device out .* The running statistics are as they were\.$"):
+        update_running_statistics(batches(), model, device="meta")
+    assert torch.equal(model[0].running_mean, before)
+    on_meta = nn.Sequential(BatchGroupNorm(8, num_groups=2, device="meta"))
+    with pytest.raises(GwdetValueError, match=r"^update_running_statistics: device 'cpu' is not the device of the "
+                                              r"model's layers with running statistics \(meta\): each batch would be "
+                                              r"moved there while the model stays where it is .* Materialize the model "
+                                              r"there first: model.to_empty\(device='cpu'\)"):
+        update_running_statistics(batches(), on_meta, device="cpu")
+    if torch.cuda.is_available():
+        with pytest.raises(GwdetValueError, match=r"device 'cuda' is not the device of the model's layers with running "
+                                                  r"statistics \(cpu\): .* Give device='cpu' \(the device of the model's "
+                                                  r"layers\) or leave device out, or move the model there first: "
+                                                  r"model.to\('cuda'\)\."):
+            update_running_statistics(batches(), model, device="cuda")
+        assert update_running_statistics(batches(), model.cuda(), device="cuda") == 3
+        assert update_running_statistics(batches(), model, device=torch.cuda.current_device()) == 3
+    assert update_running_statistics(batches(), model.cpu(), device="cpu") == 3

@@ -309,3 +309,34 @@ def test_negative_running_variances_are_refused(tmp_path):
                                          r"\(1\.running_var\), which no training computes.*nothing was loaded"):
         ResilientCheckpointer(loading).load(str(tmp_path / "negative.pth"))
     assert torch.equal(loading[1].running_var, before)
+
+
+# before: a checkpoint cut to ~4.5 KB-65 KB raised torch's bare "OSError: [Errno 22] Invalid argument" naming no
+# file, and an empty one (or one cut within its first 4 bytes) was said not to be a file torch.save writes
+def test_a_checkpoint_cut_at_any_length_is_named_as_damaged(tmp_path):
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from gwdet.layers import GroupWhitening
+    from gwdet.utils.atomic import DamagedFileError
+
+    def model():
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 64, 3), GroupWhitening(64, 16), torch.nn.Conv2d(64, 64, 3))
+
+    ResilientCheckpointer(model(), str(tmp_path)).save("whole")
+    whole = (tmp_path / "whole.pth").read_bytes()
+    cut = tmp_path / "cut.pth"
+    loading = model()
+    before = {key: value.clone() for key, value in loading.state_dict().items()}
+    lengths = [0, 1, 2, 3, *range(512, 70_000, 512), len(whole) // 2, len(whole) - 1]
+    torch_errors = set()
+    for length in lengths:
+        cut.write_bytes(whole[:length])
+        with pytest.raises(DamagedFileError, match=rf"^{cut} cannot be read: it is damaged or cut short \(.*\); "
+                                                   r"nothing was loaded from it\. Restore the file") as refused:
+            ResilientCheckpointer(loading).load(str(cut))
+        assert refused.value.path == str(cut)
+        torch_errors.add(type(refused.value.__cause__).__name__)
+    assert "OSError" in torch_errors, "the lengths at which torch's zip reader raises OSError are covered"
+    assert all(torch.equal(value, before[key]) for key, value in loading.state_dict().items())
+    cut.write_bytes(b"")
+    with pytest.raises(DamagedFileError, match=r"cut short \(the file is empty: 0 bytes\); nothing was loaded"):
+        ResilientCheckpointer(loading).load(str(cut))

@@ -1251,3 +1251,109 @@ def test_the_input_record_of_a_compiled_model_compares_equal_to_the_plain_models
     other[0].box2box_transform = Box2BoxTransform((1.0, 1.0, 1.0, 1.0))
     assert input_differences(saved, other) == [
         "box_regression_weights {'0': [10.0, 10.0, 5.0, 5.0]} -> {'0': [1.0, 1.0, 1.0, 1.0]}"]
+
+
+def _demo_detector(*opts: str) -> nn.Module:
+    """The demo Mask R-CNN (4conv1fc GW box head) at test size on the CPU, with ``opts``."""
+    import gwdet
+    from gwdet.model_zoo import build_config
+
+    from conftest import DEMO_CONFIG, TINY_OPTS
+
+    return gwdet.build_model(build_config(str(DEMO_CONFIG), [*TINY_OPTS, "MODEL.DEVICE", "cpu", *opts]))
+
+
+@pytest.fixture(scope="module")
+def demo_weights(tmp_path_factory):
+    """A checkpoint of :func:`_demo_detector`, as a training writes it, copied out of its run folder."""
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    folder = tmp_path_factory.mktemp("demo_weights")
+    ResilientCheckpointer(_demo_detector(), str(folder)).save("model_final")
+    return str(folder / "model_final.pth")
+
+
+# before: an evaluation of 4conv1fc weights with MODEL.ROI_BOX_HEAD.NUM_CONV 2 or 0 (mask head: its NUM_CONV 2) loaded
+# them partly, without the trained conv3/conv4 and their GW, and only fvcore's "not used by the model" line said so
+@pytest.mark.parametrize("opts, unused, layers, held", [
+    (["MODEL.ROI_BOX_HEAD.NUM_CONV", "2"], 6,
+     "roi_heads.box_head.conv3, roi_heads.box_head.conv3.norm, roi_heads.box_head.conv4, roi_heads.box_head.conv4.norm",
+     "MODEL.ROI_BOX_HEAD.NUM_CONV 4"),
+    (["MODEL.ROI_BOX_HEAD.NUM_CONV", "0"], 12,
+     r"roi_heads.box_head.conv1, roi_heads.box_head.conv1.norm, roi_heads.box_head.conv2, "
+     r"roi_heads.box_head.conv2.norm, \.\.\. \(4 more\)", "MODEL.ROI_BOX_HEAD.NUM_CONV 4"),
+    (["MODEL.ROI_MASK_HEAD.NUM_CONV", "2"], 6, r"roi_heads.mask_head.mask_fcn3, .*mask_fcn4.norm",
+     "MODEL.ROI_MASK_HEAD.NUM_CONV 4"),
+], ids=["box-NUM_CONV-2", "box-NUM_CONV-0", "mask-NUM_CONV-2"])
+def test_an_evaluation_refuses_trained_layers_its_model_does_not_have(demo_weights, opts, unused, layers, held):
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from gwdet.errors import GwdetValueError
+
+    with pytest.raises(GwdetValueError, match=(
+            rf"^{re.escape(demo_weights)} \(MODEL.WEIGHTS\) holds {unused} weights that the model does not use, of "
+            rf"\d+ layers it does not have \({layers}\): without these trained layers the model would be another one "
+            r"than the one trained, and its results not the weights'\. Build the model they were trained with: give "
+            rf"the config.yaml that their training wrote into its output folder as the config, or its values "
+            rf"\(here {held}\)\.$")):
+        ResilientCheckpointer(_demo_detector(*opts), require_every_weight=True).load_weights(demo_weights)
+    # a training (fine-tuning) from them loads what fits, as detectron2 does
+    ResilientCheckpointer(_demo_detector(*opts), save_dir=os.path.dirname(demo_weights)).load_weights(demo_weights)
+
+
+# before: the LazyConfig twin (model.roi_heads.box_head.conv_dims=[64,64] for weights of 4 convs) was evaluated without
+# the trained conv3/conv4 and their GW, without a word
+def test_a_lazy_evaluation_refuses_trained_layers_its_model_does_not_have(tmp_path):
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from gwdet.engine.lazy import LazyRun, build_model
+    from gwdet.errors import GwdetValueError
+
+    from conftest import LAZY_CONFIG
+
+    ResilientCheckpointer(build_model(LazyRun.load(str(LAZY_CONFIG)).cfg), str(tmp_path)).save("model_final")
+    weights = str(tmp_path / "model_final.pth")
+    shallower = build_model(LazyRun.load(str(LAZY_CONFIG), ["model.roi_heads.box_head.conv_dims=[64,64]"]).cfg)
+    with pytest.raises(GwdetValueError, match=r"\(train.init_checkpoint\) holds 6 weights that the model does not use, "
+                                              r".*\(here model.roi_heads.box_head.conv_dims of 4 entries\)\.$"):
+        ResilientCheckpointer(shallower, require_every_weight=True,
+                              weights_setting="train.init_checkpoint").load_weights(weights)
+
+
+# before: Mask R-CNN weights evaluated with MODEL.MASK_ON False (a box-only evaluation of the trained model) were said
+# nowhere but in fvcore's "not used by the model" line to leave the mask head out, and their record of the mask head's
+# pooler was warned of as a value "this model has otherwise"
+def test_weights_of_a_head_the_evaluated_model_is_built_without_are_left_out_with_one_warning(demo_weights):
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from gwdet.engine.run_log import RunWarnings
+
+    boxes_only = _demo_detector("MODEL.MASK_ON", "False", "MODEL.ROI_MASK_HEAD.NORM", "")
+    with RunWarnings() as warned:  # what a run lists under Warnings in its results.md
+        ResilientCheckpointer(boxes_only, require_every_weight=True).load_weights(demo_weights)
+    assert warned.messages == [
+        f"{demo_weights} (MODEL.WEIGHTS) holds the weights of roi_heads.mask_head (16 weights), which this model does "
+        "not have (it is built without it: MODEL.MASK_ON False): they are left out, and the model runs without that "
+        "head, its other weights the trained ones. Build the model with that head to use them."]
+    saved = torch.load(demo_weights, weights_only=True)["model"]
+    assert all(torch.equal(value, saved[key]) for key, value in boxes_only.state_dict().items() if key in saved)
+
+
+def test_an_evaluation_of_a_runs_own_weights_leaves_no_key_unused(demo_weights):
+    # the refusal of unused weights keeps the evaluations it must not touch: the model's own weights (fvcore and
+    # detectron2 report no key as unused), and batch norm weights in frozen batch norms (no num_batches_tracked)
+    from gwdet.checkpoint.resilient import ResilientCheckpointer, unused_weights
+
+    reported = []
+
+    class Reporting(ResilientCheckpointer):
+        def _log_incompatible_keys(self, incompatible) -> None:
+            reported.append(incompatible)
+            super()._log_incompatible_keys(incompatible)
+
+    Reporting(_demo_detector(), require_every_weight=True).load_weights(demo_weights)
+    assert reported[-1].unexpected_keys == [] and reported[-1].missing_keys == []
+    assert unused_weights(["a.num_batches_tracked", "b.norm._extra_state", "c.weight"]) == ["c.weight"]
+    trained = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4))
+    folder = os.path.dirname(demo_weights)
+    ResilientCheckpointer(trained, folder).save("batch_norm")
+    Reporting(nn.Sequential(nn.Conv2d(3, 4, 1), FrozenBatchNorm2d(4)), require_every_weight=True).load_weights(
+        os.path.join(folder, "batch_norm.pth"))
+    assert reported[-1].unexpected_keys == ["1.num_batches_tracked"]  # loaded all the same

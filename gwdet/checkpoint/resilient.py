@@ -68,7 +68,7 @@ from gwdet.checkpoint.converted_weights import check_conversion_metadata, read_c
 from gwdet.checkpoint.run_identity import RUN_ID_KEY, check_same_run, folder_run_id, new_run_id, record_run_id
 from gwdet.layers.settings_state import EXTRA_STATE_KEY
 from gwdet.norms import SYNCHRONIZED_NORMS, TORCH_BATCH_NORMS, layer_types
-from gwdet.checkpoint.safe_load import (UnsafeCheckpointError, load_pickle_file, load_torch_file,
+from gwdet.checkpoint.safe_load import (UnsafeCheckpointError, cut_within_magic, load_pickle_file, load_torch_file,
                                         valueless_tensors_problem)
 from gwdet.errors import (GwdetError, GwdetFileExistsError, GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetRuntimeError, GwdetTypeError,
                           GwdetValueError, listed)
@@ -177,11 +177,16 @@ def load_pickle_weights(path: str) -> Any:
         raise _damaged(path, error) from error
 
 
-def _damaged(path: str, error: BaseException) -> DamagedFileError:
-    """The refusal of a weights file that cannot be read (``error``): damaged or cut short."""
-    reason = str(error).split(". ")[0].splitlines()[0] if str(error).strip() else "no details"
+def _damaged(path: str, error: BaseException | str) -> DamagedFileError:
+    """The refusal of a weights file that cannot be read (``error``: what reading it raised, or what
+    is wrong with it in words): damaged or cut short."""
+    if isinstance(error, str):
+        found = error
+    else:
+        reason = str(error).split(". ")[0].splitlines()[0] if str(error).strip() else "no details"
+        found = f"{type(error).__name__}: {reason}"
     return DamagedFileError(
-        f"{path} cannot be read: it is damaged or cut short ({type(error).__name__}: {reason}); nothing was "
+        f"{path} cannot be read: it is damaged or cut short ({found}); nothing was "
         "loaded from it. Restore the file from a copy or write it again (train, or convert the weights "
         "again); a training's --resume uses the previous checkpoint in the folder instead.", path)
 
@@ -605,7 +610,8 @@ def input_differences(saved: Any, model: torch.nn.Module) -> list[str]:
     """``"NAME saved -> present"`` for each input value :func:`input_record` recorded for weights
     (``saved``; nothing without a record) that ``model`` has otherwise. The module names of a record
     saved from a ``torch.compile``d model are compared without their ``_orig_mod.`` where the
-    model's have none, as its weights are loaded."""
+    model's have none, as its weights are loaded; those records are compared on the modules both
+    have (a mask head's pooler is no difference for a model built without that head)."""
     if not isinstance(saved, dict):
         return []
     present = input_record(model)
@@ -613,8 +619,12 @@ def input_differences(saved: Any, model: torch.nn.Module) -> list[str]:
     for name in _RECORDS_BY_MODULE:
         record, own = saved.get(name), present.get(name)
         if isinstance(record, dict) and isinstance(own, dict) and not any(COMPILED in str(key) for key in own):
-            saved[name] = {without_compiled(key) if isinstance(key, str) else key: value
-                           for key, value in record.items()}
+            saved[name] = record = {without_compiled(key) if isinstance(key, str) else key: value
+                                    for key, value in record.items()}
+        if isinstance(record, dict) and isinstance(own, dict) and record.keys() & own.keys():
+            # the modules both have: a head the model is built without (MODEL.MASK_ON False) computes nothing
+            saved[name] = {key: value for key, value in record.items() if key in own}
+            present[name] = {key: value for key, value in own.items() if key in record}
     return [f"{name} {saved[name]!r} -> {present[name]!r}" for name in present
             if name in saved and saved[name] != present[name]]
 
@@ -730,6 +740,55 @@ def _deeper_stage(backbone: Sequence[str], missing: Sequence[str]) -> tuple[str,
         if held and max(held) < min(blocks):
             return stage.rsplit(".", 1)[-1], len(held), len(built[stage])
     return None
+
+
+# The ends of state dict keys that are no weight of a layer: a batch norm's step count (which eval mode
+# never reads) and the records of a layer's settings (gwdet.layers.settings_state)
+_NOT_WEIGHTS = ("num_batches_tracked", EXTRA_STATE_KEY)
+# The heads a model may leave out on its own (MODEL.MASK_ON, MODEL.KEYPOINT_ON): the settings that build them
+_OPTIONAL_HEADS = {"mask_head": ("MODEL.MASK_ON False", "model.roi_heads.mask_in_features=None"),
+                   "keypoint_head": ("MODEL.KEYPOINT_ON False", "model.roi_heads.keypoint_in_features=None")}
+# The layers detectron2's heads number (conv1, fc2, mask_fcn3), with the settings that give how many
+_NUMBERED_LAYERS = (
+    ("roi_heads.box_head.", "conv", "MODEL.ROI_BOX_HEAD.NUM_CONV", "model.roi_heads.box_head.conv_dims"),
+    ("roi_heads.box_head.", "fc", "MODEL.ROI_BOX_HEAD.NUM_FC", "model.roi_heads.box_head.fc_dims"),
+    ("roi_heads.mask_head.", "mask_fcn", "MODEL.ROI_MASK_HEAD.NUM_CONV", "model.roi_heads.mask_head.conv_dims"),
+)
+
+
+def unused_weights(unexpected: Sequence[str]) -> list[str]:
+    """The keys of ``unexpected`` (a checkpoint's keys the model has no place for) that are weights
+    of a layer: not a batch norm's ``num_batches_tracked`` nor a layer's record of its settings."""
+    return [key for key in unexpected if key.rsplit(".", 1)[-1] not in _NOT_WEIGHTS]
+
+
+def absent_head(model: torch.nn.Module, key: str) -> str | None:
+    """The path of the submodule named ``*_head`` that the weight ``key`` lies under and that
+    ``model`` does not have at all (``roi_heads.mask_head`` of a model built with ``MODEL.MASK_ON
+    False``), where the model has every module above it; ``None`` for any other key."""
+    parts = key.split(".")
+    module = model
+    for index, part in enumerate(parts[:-1]):
+        child = module._modules.get(part)
+        if child is None:
+            return ".".join(parts[:index + 1]) if part.endswith("_head") else None
+        module = child
+    return None
+
+
+def numbered_layers_held(unused: Sequence[str], model_keys: Sequence[str], lazy: bool) -> list[str]:
+    """How many numbered layers (``conv1`` ... ``conv4`` of ``roi_heads.box_head``) the weights hold
+    where ``unused`` (weights the model does not use) has some the model lacks, each as the setting
+    that builds that many: ``MODEL.ROI_BOX_HEAD.NUM_CONV 4`` (``lazy``: a LazyConfig's
+    ``model.roi_heads.box_head.conv_dims`` of 4 entries)."""
+    found = []
+    for prefix, name, setting, lazy_setting in _NUMBERED_LAYERS:
+        pattern = re.compile(rf"^{re.escape(prefix)}{name}(\d+)\.")
+        extra = {int(match.group(1)) for match in map(pattern.match, unused) if match}
+        if extra:
+            held = max(extra | {int(match.group(1)) for match in map(pattern.match, model_keys) if match})
+            found.append(f"{lazy_setting} of {held} entries" if lazy else f"{setting} {held}")
+    return found
 
 
 # What weights that leave part of the model unloaded would give an evaluation (the refusal's words)
@@ -1460,7 +1519,41 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 f"Give weights trained with this config: a training run's model_final.pth "
                 "(converted ImageNet weights hold the backbone only)."
             )
+        if self.require_every_weight:
+            self._check_every_weight_used(unused_weights(incompatible.unexpected_keys))
         super()._log_incompatible_keys(incompatible)
+
+    def _check_every_weight_used(self, unused: Sequence[str]) -> None:
+        """Refuse, where every weight is required (evaluation, export), a checkpoint holding weights
+        ``unused`` the model has no place for (trained with a deeper head: ``MODEL.ROI_BOX_HEAD.NUM_CONV``
+        4 evaluated with 2): the model run would be another one than the one trained. Weights of a
+        whole ``*_head`` the model does not build (a mask head's, evaluated with ``MODEL.MASK_ON
+        False``) leave the rest of the trained model as it was: they are left out with a warning."""
+        if not unused:
+            return
+        named = f"{self._loading or 'The checkpoint'} ({self.weights_setting})"
+        lazy = self.weights_setting.islower()
+        heads = [absent_head(self.model, key) for key in unused]
+        if all(heads):
+            for head in dict.fromkeys(str(head) for head in heads):
+                count = sum(found == head for found in heads)
+                settings = _OPTIONAL_HEADS.get(head.rsplit(".", 1)[-1])
+                built = f" (it is built without it: {settings[lazy]})" if settings else ""
+                logger.warning(
+                    f"{named} holds the weights of {head} ({count} weights), which this model does not have{built}: "
+                    f"they are left out, and the model runs without that head, its other weights the trained ones. "
+                    f"Build the model with that head to use them.")
+            return
+        layers = list(dict.fromkeys(key.rsplit(".", 1)[0] for key in unused))
+        held = numbered_layers_held(unused, list(self.model.state_dict()), lazy)
+        values = (f"here {' and '.join(held)}" if held else
+                  f"e.g. {'model.roi_heads.box_head.conv_dims' if lazy else 'MODEL.ROI_BOX_HEAD.NUM_CONV'} for the box "
+                  "head's convolutions")
+        raise GwdetValueError(
+            f"{named} holds {len(unused)} weights that the model does not use, of {len(layers)} layers it does not "
+            f"have ({listed(layers, 4)}): without these trained layers the model would be another one than the one "
+            "trained, and its results not the weights'. Build the model they were trained with: give the config.yaml "
+            f"that their training wrote into its output folder as the config, or its values ({values}).")
 
     def _load_file(self, filename: str) -> dict:
         """The file's contents, checked against the SHA-256 recorded beside it (``<file>.sha256``,
@@ -1524,11 +1617,22 @@ class ResilientCheckpointer(DetectionCheckpointer):
         return value == ["True"]
 
     def _torch_load(self, f: str) -> Any:
+        """The ``torch.save`` file ``f``, read without executing code; one cut short or damaged (torch's
+        reader raises a ``RuntimeError``, ``EOFError``, unpickling error or a plain ``OSError``, as
+        ``[Errno 22] Invalid argument`` for an archive cut inside its tensors) is a
+        :class:`DamagedFileError` naming it, and so is a file cut before the first bytes every
+        ``torch.save`` file starts with (an empty one included)."""
+        held = cut_within_magic(f)
+        if held is not None:
+            raise _damaged(f, "the file is empty: 0 bytes" if held == 0 else
+                           f"the file ends after {held} byte(s), within the first bytes of a torch.save file")
         try:
             data = load_torch_checkpoint(f)
             _check_holds_weights(f, data)
             return data
-        except (RuntimeError, EOFError, pickle.UnpicklingError) as error:
+        except (RuntimeError, EOFError, pickle.UnpicklingError, OSError) as error:
             if isinstance(error, GwdetError):  # not a checkpoint, or one that needs unsafe loading: named already
+                raise
+            if isinstance(error, OSError) and type(error) is not OSError:  # not found, permission denied: no damage
                 raise
             raise _damaged(f, error) from error

@@ -4,8 +4,10 @@ A training started by :meth:`~gwdet.checkpoint.resilient.ResilientCheckpointer.r
 draws a random identity; each checkpoint it saves records it under :data:`RUN_ID_KEY`, and the
 output folder in the file :data:`~gwdet.utils.run_file_names.RUN_ID`. A resume from a checkpoint
 recording another identity than the folder's (another run's checkpoint copied there, under any
-name and iteration) is refused; a checkpoint or folder without a record (older gwdet, detectron2's
-own checkpointer) is not checked, and the folder takes the identity of the checkpoint resumed.
+name and iteration) is refused, as is a resume in a folder whose :data:`RUN_ID` file alone names
+another run than all its checkpoints (the file replaced); a checkpoint or folder without a record
+(older gwdet, detectron2's own checkpointer) is not checked, and the folder takes the identity of
+the checkpoint resumed.
 """
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ import re
 import uuid
 from typing import Mapping
 
-from gwdet.errors import GwdetValueError
+from gwdet.checkpoint.safe_load import load_torch_file
+from gwdet.errors import GwdetValueError, listed
 from gwdet.utils.atomic import write_atomically
 from gwdet.utils.run_file_names import RUN_ID
 
@@ -61,7 +64,9 @@ def check_same_run(checkpoint: str, saved: object, folder: str, weights_setting:
     """The run identity a resume from ``checkpoint`` (which records ``saved``) continues in
     ``folder``: the checkpoint's, else the folder's (its :data:`RUN_ID` file; without one, what the
     folder's other checkpoints record, ``others`` by name), else ``None``. Refused where both are
-    recorded and differ: the checkpoint is another run's, copied into the folder."""
+    recorded and differ: the checkpoint is another run's, copied into the folder; or, where every
+    checkpoint of the folder records the checkpoint's identity (more than one, so that they vouch
+    for each other) and only the :data:`RUN_ID` file another, that file was replaced."""
     recorded = saved if isinstance(saved, str) and _RUN_ID_FORM.match(saved) else None
     own, where = folder_run_id(folder), f"the folder's {RUN_ID} file"
     if own is None:
@@ -73,6 +78,15 @@ def check_same_run(checkpoint: str, saved: object, folder: str, weights_setting:
         elif named:
             own = sorted(named.items())[-1][1]
     if recorded and own and recorded != own:
+        agreeing = _checkpoints_recording(folder, checkpoint, recorded) if where == f"the folder's {RUN_ID} file" else []
+        if agreeing:
+            path = os.path.join(folder, RUN_ID)
+            raise GwdetValueError(
+                f"--resume: {path} names another run ({own[:12]}...) than all {len(agreeing)} checkpoints of {folder} "
+                f"({listed(agreeing, 3)}), which agree with each other on the run {recorded[:12]}...: the {RUN_ID} file "
+                "was replaced, or copied from another output folder; nothing was changed. Write the identity the "
+                f"checkpoints record back into it (the line {recorded} in {path}) to continue the run, or start a new "
+                f"run from its weights ({weights_setting} {checkpoint}) into another output folder.")
         raise GwdetValueError(
             f"--resume: {checkpoint} was saved by another run than the one in {folder}: it records the run "
             f"{recorded[:12]}..., {where} the run {own[:12]}...; it is another run's checkpoint copied there, so "
@@ -80,3 +94,23 @@ def check_same_run(checkpoint: str, saved: object, folder: str, weights_setting:
             "changed. Put the run's own checkpoint back, or start a new run from that checkpoint's weights "
             f"({weights_setting} {checkpoint}) into another output folder.")
     return recorded or own
+
+
+def _checkpoints_recording(folder: str, resumed: str, run_id: str) -> list[str]:
+    """The names of ``folder``'s checkpoints, ``resumed`` among them, when there are more than one
+    and each records ``run_id`` (mapped, not read: only the pickled values are loaded); none when
+    one records another identity or none, or cannot be read."""
+    from gwdet.checkpoint.resilient import checkpoint_names  # resilient imports this module
+
+    names = checkpoint_names(folder)
+    others = [name for name in names if name != os.path.basename(resumed)]
+    if not others or len(others) == len(names):
+        return []
+    for name in others:
+        try:
+            data = load_torch_file(os.path.join(folder, name), False, "", mmap=True)
+        except Exception:  # damaged, cut short or not a checkpoint: it vouches for nothing
+            return []
+        if not isinstance(data, dict) or data.get(RUN_ID_KEY) != run_id:
+            return []
+    return names

@@ -84,6 +84,17 @@ def starts_like_torch_save_output(path: str) -> bool:
     return head.startswith(ZIP_MAGIC) or head.startswith(LEGACY_MAGIC)
 
 
+def cut_within_magic(path: str) -> int | None:
+    """The length of a file shorter than the first bytes ``torch.save`` writes (:data:`ZIP_MAGIC`,
+    :data:`LEGACY_MAGIC`) whose bytes begin them (an empty file included): a checkpoint cut short
+    before anything of it but its start; ``None`` for any other file."""
+    with open(path, "rb") as f:
+        head = f.read(len(ZIP_MAGIC))
+    if len(head) < len(ZIP_MAGIC) and (ZIP_MAGIC.startswith(head) or LEGACY_MAGIC.startswith(head)):
+        return len(head)
+    return None
+
+
 def valueless_tensors_problem(weights: Mapping[str, Any]) -> str | None:
     """What is wrong with a state dict ``weights`` whose tensors are on the meta device (a model
     built on ``torch.device('meta')`` saved: no values), ending where the caller's next step goes;

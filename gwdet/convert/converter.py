@@ -6,7 +6,8 @@ caller names them, checked (:mod:`~gwdet.convert.architecture`), and every tenso
 the backbone that will load it (:mod:`~gwdet.convert.target_backbone`); this module assembles the
 output (:mod:`~gwdet.checkpoint.converted_weights`), which ``DetectionCheckpointer`` maps onto
 ``backbone.bottom_up.*``. The classifier (``fc``) and ``num_batches_tracked`` are dropped; other
-keys outside torchvision's layout fail the conversion unless ``allow_unexpected=True``. Converted
+keys outside torchvision's layout fail the conversion unless ``allow_unexpected=True``. A BN without
+an affine (``BatchNorm2d(affine=False)``) is written with weight 1 and bias 0, the same function. Converted
 weights expect images as torchvision feeds them (:meth:`ConversionReport.config` lists the keys).
 """
 from __future__ import annotations
@@ -42,6 +43,7 @@ from gwdet.convert.architecture import (
 from gwdet.convert.loading import (
     ConversionError,
     SourceStateDict,
+    broken_link,
     local_input_path,
     preview_names,
     read_source_state_dict,
@@ -94,6 +96,8 @@ class ConversionReport:
     settings_records: int = 0  # gwdet norm layers' recorded settings, carried for the loading layers to check
     recorded_config: dict[str, object] = field(default_factory=dict)  # what those settings give (MODEL.GW.*)
     reshaped_from: list[str] = field(default_factory=list)  # the shapes reshaped to [C], e.g. "[1,C,1,1]"
+    # BNs with running statistics and no affine (BatchNorm2d(affine=False)), written with weight 1 and bias 0
+    identity_affine: list[str] = field(default_factory=list)
     output: str | None = None
 
     def format(self) -> str:
@@ -119,6 +123,10 @@ class ConversionReport:
             f"{self.converted_bn_norms} BN norms (weight, bias, running_mean, running_var),",
             f"                  {self.converted_affine_norms} {affine_kind} norms "
             f"(weight, bias{reshaped})",
+            *([f"  no affine     : {preview_names(self.identity_affine, 4)} had no weight or bias "
+               "(BatchNorm2d(affine=False)):",
+               "                  written with weight 1, bias 0, which compute the same"] if self.identity_affine
+              else []),
             f"  dropped       : {len(self.dropped_classifier)} classifier keys "
             f"{preview_names(self.dropped_classifier, 4)}, "
             f"{self.dropped_num_batches_tracked} num_batches_tracked",
@@ -247,6 +255,7 @@ def convert_state_dict(
         unexpected=sorted(layout.unexpected),
         settings_records=len(records),
         recorded_config=recorded_config([norm.record for norm in layout.norms.values() if norm.record is not None]),
+        identity_affine=[norm.source for norm in layout.norms.values() if norm.identity_affine],
     )
 
 
@@ -536,15 +545,23 @@ def _check_output_path(input_path: str, output_path: str, overwrite: bool) -> No
 def _check_output_place(output_path: str) -> None:
     """Refuse an output that detectron2 would not read as converted weights (a name not ending in
     :data:`OUTPUT_SUFFIX`) or that cannot be written: below a file, in a missing folder, a folder,
-    or a link to nothing. The one check of the output's name and place for the tool,
-    :func:`convert_checkpoint` and :func:`write_detectron2_pkl`."""
+    a link to nothing or one that loops, or in a folder that is such a link. The one check of the
+    output's name and place for the tool, :func:`convert_checkpoint` and :func:`write_detectron2_pkl`."""
     _check_output_suffix(output_path)
     folder = os.path.dirname(os.path.abspath(output_path))
     above = folder  # the nearest part of the path that exists
     while not os.path.lexists(above) and os.path.dirname(above) != above:
         above = os.path.dirname(above)
+    broken = broken_link(output_path)
+    if broken is not None and broken.link != output_path:
+        raise ConversionError(f"{output_path}: {broken.describe(output_path)}, so there is no folder to write into; "
+                              f"nothing was converted. Point the link at the folder meant (ln -sfn /path/to/folder "
+                              f"{broken.link}), or give another output path.")
     if os.path.lexists(above) and not os.path.isdir(above):
         raise ConversionError(f"{output_path}: {above} is a file, not a folder: give the output a path in a folder.")
+    if broken is not None and broken.loops:
+        raise ConversionError(f"{output_path} is {broken.describe(output_path)}, which leads to no file; nothing was "
+                              "converted. Remove the link, or give another output file.")
     if not os.path.isdir(folder):
         raise ConversionError(f"{output_path}: folder {folder} does not exist. Create it first.")
     if os.path.isdir(output_path):

@@ -14,6 +14,7 @@ prefixes, is converted); ``module.`` prefixes left by ``DataParallel`` are remov
 """
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 from dataclasses import dataclass
@@ -116,6 +117,13 @@ def _check_readable_file(path: str) -> None:
         if path.endswith(os.sep) and os.path.isfile(path.rstrip(os.sep)):  # a shell's completion of a folder, say
             raise ConversionError(f"{path}: names the file {path.rstrip(os.sep)} with a '{os.sep}' after it, which "
                                   "makes it a folder's path: give it without the trailing slash.")
+        broken = broken_link(path)
+        if broken is not None:
+            meant = ("the checkpoint (ln -sfn /path/to/checkpoint.pth" if broken.link == path else
+                     "the folder meant (ln -sfn /path/to/folder")
+            raise ConversionError(
+                f"{path}: {broken.describe(path)}: it leads to no file to read. Point the link at {meant} "
+                f"{broken.link}), or give the checkpoint's own path.")
         raise ConversionError(f"{path}: no such file. Check the input path.")
     if not os.path.isfile(path):
         raise ConversionError(f"{path}: not a regular file. Pass the checkpoint file itself.")
@@ -129,6 +137,57 @@ def _check_readable_file(path: str) -> None:
             "checkpoint: its weights are compiled into the model. Convert the torch.save checkpoint (a "
             "state dict) the model was made from."
         )
+
+
+SYMLINK_HOPS = 40  # Linux's limit on the links one path may go through (ELOOP beyond it)
+
+
+@dataclass(frozen=True)
+class BrokenLink:
+    """A symbolic link through which a path leads to no file."""
+
+    link: str  # the path itself, or the first of its folders that is the broken link
+    loops: bool  # True: the links lead back to one already followed; False: to a path that does not exist
+    followed: list[str]  # the link, then each target read: ['a.pth', 'b.pth', 'a.pth']
+
+    def describe(self, path: str) -> str:
+        """What the link is, for a message about ``path``: ``"a symbolic link that loops ('a.pth' ->
+        'b.pth' -> 'a.pth')"``, ``"its folder F is a symbolic link to 'x', which does not exist"``."""
+        what = "" if self.link == path else f"its folder {self.link} is "
+        chain = " -> ".join(repr(step) for step in self.followed)
+        if self.loops:
+            return f"{what}a symbolic link that loops ({chain})"
+        if len(self.followed) == 2:
+            return f"{what}a symbolic link to {self.followed[1]!r}, which does not exist (a dangling link)"
+        return f"{what}a symbolic link that ends at {self.followed[-1]!r}, which does not exist (a dangling link: {chain})"
+
+
+def broken_link(path: str) -> BrokenLink | None:
+    """The symbolic link through which ``path`` leads to no file, when there is one: ``path`` itself
+    or the first of its folders that is a link, whose links loop or end at a path that does not exist
+    (a dangling link). None when ``path`` exists, or is missing without a broken link on the way."""
+    try:
+        os.stat(path)
+        return None
+    except OSError as error:
+        if error.errno not in (errno.ELOOP, errno.ENOENT):
+            return None
+    parts = [path]
+    while os.path.dirname(parts[-1]) not in ("", parts[-1]):
+        parts.append(os.path.dirname(parts[-1]))
+    link = next((part for part in reversed(parts) if os.path.islink(part) and not os.path.exists(part)), None)
+    if link is None:
+        return None
+    followed, seen, current = [link], set(), link
+    while os.path.islink(current) and len(followed) <= SYMLINK_HOPS:
+        place = os.path.join(os.path.realpath(os.path.dirname(current) or "."), os.path.basename(current))
+        if place in seen:
+            break
+        seen.add(place)
+        target = os.readlink(current)
+        followed.append(target)
+        current = os.path.join(os.path.dirname(current), target)
+    return BrokenLink(link=link, loops=os.path.islink(current), followed=followed)
 
 
 def _torch_load(path: str, allow_unsafe_pickle: bool) -> Any:

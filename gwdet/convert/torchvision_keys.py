@@ -12,7 +12,9 @@ Source modules (torchvision) and their detectron2 counterparts (gwdet's backbone
     fc                         -> dropped (the ImageNet classifier)
 
 A norm with ``running_mean``/``running_var`` is a BN; one with only ``weight``/``bias`` has no batch
-statistics (GW, or GN in a GN-style checkpoint). Such a norm shows itself to be GW by a gwdet
+statistics (GW, or GN in a GN-style checkpoint). A BN with running statistics and no ``weight``/``bias``
+(``BatchNorm2d(affine=False)``) normalizes exactly as one with weight 1 and bias 0, which it is given
+(detectron2's BN and FrozenBN always have an affine). Such a norm shows itself to be GW by a gwdet
 ``GroupWhitening`` layer's record of its settings (``_extra_state``) or by an affine kept in a
 broadcasting shape (the GW authors' modules keep theirs as ``[1, C, 1, 1]``); one with neither
 keeps its affine as ``[C]``, as torch's ``GroupNorm`` does, and its weights cannot tell which it is.
@@ -32,6 +34,7 @@ from gwdet.positions import POSITIONS
 
 BN_LEAVES = frozenset({"weight", "bias", "running_mean", "running_var"})
 AFFINE_LEAVES = frozenset({"weight", "bias"})
+STATISTICS_LEAVES = BN_LEAVES - AFFINE_LEAVES  # all that a BatchNorm2d(affine=False) holds
 DROPPED_NORM_LEAF = "num_batches_tracked"
 RECORD_LEAF = "_extra_state"  # the settings a gwdet norm layer records in its state (gwdet.layers.settings_state)
 CLASSIFIER_MODULE = "fc"
@@ -53,6 +56,7 @@ class SourceNorm:
     position: str  # one of NORM_POSITIONS
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     record: torch.Tensor | None = None  # a gwdet layer's recorded settings, carried into the converted weights
+    identity_affine: bool = False  # a BatchNorm2d(affine=False): given weight 1 and bias 0, the same function
 
     @property
     def affine_only(self) -> bool:
@@ -84,9 +88,12 @@ class SourceLayout:
 def parse_torchvision_layout(tensors: dict[str, torch.Tensor]) -> SourceLayout:
     """Sort every key of ``tensors`` into convs, norms, dropped keys and unexpected keys.
 
+    A norm with running statistics and no affine (``BatchNorm2d(affine=False)``) is given weight 1
+    and bias 0 (:func:`give_identity_affine`).
+
     Raises:
         ConversionError: the keys are not a torchvision ResNet's, or a norm is neither a complete
-            BN nor an affine-only layer.
+            BN, an affine-free BN nor an affine-only layer.
     """
     layout = SourceLayout()
     for key, value in tensors.items():
@@ -110,7 +117,22 @@ def parse_torchvision_layout(tensors: dict[str, torch.Tensor]) -> SourceLayout:
     _check_resnet_keys(layout, tensors)
     check_gwdet_norm_records(layout)
     _check_norms_complete(layout)
+    give_identity_affine(layout)
     return layout
+
+
+def give_identity_affine(layout: SourceLayout) -> None:
+    """Give each norm of ``layout`` that holds running statistics and no weight or bias (a
+    ``BatchNorm2d(affine=False)``) a weight of ones and a bias of zeros, one per channel of its
+    ``running_mean``, and mark it :attr:`SourceNorm.identity_affine`. Such a BN computes
+    ``(x - mean) / sqrt(var + eps)``, and detectron2's BN and FrozenBN compute that times the weight
+    plus the bias: with weight 1 and bias 0, the same function."""
+    for norm in layout.norms.values():
+        if set(norm.tensors) == STATISTICS_LEAVES:
+            channels = norm.tensors["running_mean"].shape
+            norm.tensors["weight"] = torch.ones(channels, dtype=torch.float32)
+            norm.tensors["bias"] = torch.zeros(channels, dtype=torch.float32)
+            norm.identity_affine = True
 
 
 def _detectron2_module(module: str) -> tuple[str, str] | None:
@@ -211,15 +233,47 @@ def shared_layout_prefix(names: list[str]) -> str | None:
     return None
 
 
+def layout_prefixes(names: list[str]) -> list[str]:
+    """The prefixes (``"backbone."``) after which some of ``names`` are a torchvision ResNet's (its
+    ``conv1.weight`` and ``layer1.0.conv1.weight`` among them), whether or not other names sit beside
+    them (a classifier head under ``"head."``, as in mmpretrain's checkpoints), in the order found."""
+    known = set(names)
+    return list(dict.fromkeys(name[:-len("conv1.weight")] for name in names if name.endswith(".conv1.weight")
+                              and f"{name[:-len('conv1.weight')]}layer1.0.conv1.weight" in known))
+
+
+# the prefix of the ResNet in OpenMMLab's (mmpretrain's, formerly mmcls') checkpoints, its neck and head beside it
+MMPRETRAIN_PREFIX = "backbone."
+
+
 def _prefix_hint(names: list[str]) -> str:
     """For ``names`` that are a torchvision ResNet's under one prefix (:func:`shared_layout_prefix`):
-    the prefix, and the one line that saves the weights without it; else ``""``."""
+    the prefix, and the one line that saves the weights without it. For ``names`` of which only some
+    are a torchvision ResNet's under a prefix (:func:`layout_prefixes`), the others another part of
+    the network (a head, a neck): the prefix, those others, and the one line that saves the ResNet's
+    weights alone without it. Else ``""``."""
     prefix = shared_layout_prefix(names)
-    if prefix is None:
+    if prefix is not None:
+        return (f" Every key is under the prefix {prefix!r}, before a torchvision "
+                f"layout: save the weights without it ({{key.removeprefix({prefix!r}): value for "
+                "key, value in weights.items()}) and convert that file with tools/convert_pretrained.py.")
+    prefixes = layout_prefixes(names)
+    if not prefixes:
         return ""
-    return (f" Every key is under the prefix {prefix!r}, before a torchvision "
-            f"layout: save the weights without it ({{key.removeprefix({prefix!r}): value for "
-            "key, value in weights.items()}) and convert that file with tools/convert_pretrained.py.")
+    prefix = prefixes[0]
+    inside = [name for name in names if name.startswith(prefix)]
+    others = [name for name in names if not name.startswith(prefix)]
+    line = (f"{{key.removeprefix({prefix!r}): value for key, value in weights.items() if "
+            f"key.startswith({prefix!r})}}")
+    if len(prefixes) > 1:
+        return (f" The keys hold {len(prefixes)} torchvision-layout ResNets, under the prefixes "
+                f"{preview_names(prefixes, 4)}: save the one you mean alone without its prefix (for {prefix!r}: "
+                f"{line}) and convert that file with tools/convert_pretrained.py.")
+    openmmlab = " (the layout of mmpretrain's and mmcls' checkpoints)" if prefix == MMPRETRAIN_PREFIX else ""
+    return (f" {len(inside)} of the {len(names)} keys are a torchvision ResNet's under the prefix {prefix!r}, beside "
+            f"{len(others)} of another part of the network ({preview_names(others, 3)}){openmmlab}: save the "
+            f"ResNet's weights alone without the prefix ({line}) and convert that file with "
+            "tools/convert_pretrained.py.")
 
 
 # the layer class whose recorded settings the converter carries: GW at GW_POSITIONS in a BN ResNet
@@ -276,9 +330,9 @@ def _check_norms_complete(layout: SourceLayout) -> None:
                 "so a BW model's weights are not converted (as BN they would lose the whitening). Convert a ResNet "
                 "trained with BN or GN norms (e.g. torchvision's resnet50(weights='IMAGENET1K_V1')), or one with "
                 "gwdet.norm('GW') or gwdet.norm('GW_ZCA') at block positions and BN elsewhere.")
-        if set(norm.tensors) not in (BN_LEAVES, AFFINE_LEAVES):
+        if set(norm.tensors) not in (BN_LEAVES, AFFINE_LEAVES, STATISTICS_LEAVES):
             raise ConversionError(
                 f"norm {norm.source} has {sorted(norm.tensors)}: neither a BatchNorm "
-                f"({sorted(BN_LEAVES)}) nor a GW layer ({sorted(AFFINE_LEAVES)}). The "
-                "checkpoint is incomplete or not a torchvision-layout ResNet."
+                f"({sorted(BN_LEAVES)}, or {sorted(STATISTICS_LEAVES)} without an affine) nor a GW layer "
+                f"({sorted(AFFINE_LEAVES)}). The checkpoint is incomplete or not a torchvision-layout ResNet."
             )

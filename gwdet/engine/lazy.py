@@ -39,7 +39,7 @@ from detectron2.utils.logger import setup_logger
 from detectron2.utils.registry import locate
 
 from gwdet.solver import warn_of_untrained_parts
-from gwdet.errors import GwdetTypeError, GwdetValueError
+from gwdet.errors import GwdetTypeError, GwdetValueError, listed
 from gwdet.layers.settings_state import TEST_TIME_SETTINGS
 from gwdet.utils.atomic import remove_checksum
 from gwdet.checkpoint.compatibility import unwrapped
@@ -67,6 +67,7 @@ from gwdet.model_zoo.lazy_loading import (
 )
 from gwdet.modeling import check_model
 from gwdet.modeling.build import check_device
+from gwdet.modeling.detectron2_failures import detectron2_group_norm_failure
 from gwdet.modeling.model_checks import (check_frozen_batch_statistics, check_model_example_groups,
                                          check_norm_weight_decay)
 from gwdet.engine.output_dir import (SavedRun, ScheduleAt, check_config_checksum, checkpoints_in, check_resume_trains,
@@ -76,6 +77,8 @@ from gwdet.utils.run_file_names import CONFIG_NAME
 from gwdet.engine.output_dir import warn_of_a_moved_schedule as moved_schedule_warning
 from gwdet.config_checks import check_batch_split, is_whole_number
 from gwdet.engine.lazy_checks import (
+    NORM_ARGUMENTS,
+    lazy_calls,
     check_example_group_nodes,
     check_call_arguments,
     check_model_values,
@@ -199,12 +202,35 @@ def build_model(cfg: DictConfig) -> torch.nn.Module:
 
 def _build_checked_model(cfg: DictConfig) -> torch.nn.Module:
     """:func:`build_model` of a LazyConfig whose norm and call nodes were checked
-    (:meth:`LazyRun.load`), so that one run checks them once."""
+    (:meth:`LazyRun.load`), so that one run checks them once. detectron2's norm name ``"GN"`` on a
+    layer whose channels its 32 groups do not divide is refused naming the nodes that give it
+    (:func:`~gwdet.modeling.detectron2_failures.detectron2_group_norm_failure`)."""
     check_device(cfg.train.device, "train.device", "run with train.device=cpu")
     warn_unused_head_norms(cfg)
-    model = check_model(instantiate(cfg.model))
+    try:
+        built = instantiate(cfg.model)
+    except ValueError as error:  # detectron2's "GN" (32 groups) on channels 32 does not divide
+        refusal = detectron2_group_norm_failure(error, _group_norm_nodes(cfg))
+        if refusal is None:
+            raise
+        raise refusal from error
+    model = check_model(built)
     logging.getLogger("detectron2").info(f"Model:\n{model}")
     return model.to(cfg.train.device)
+
+
+def _group_norm_nodes(cfg: DictConfig) -> str:
+    """The norm arguments of ``cfg.model``'s nodes that give detectron2's name ``"GN"``
+    (``"model.backbone.bottom_up.stem.norm='GN'"``), for :func:`detectron2_group_norm_failure`;
+    ``"model (a norm of a component)"`` when none does (a component's default)."""
+    nodes = []
+    for path, node, _ in lazy_calls(select(cfg, "model"), "model"):
+        for argument in NORM_ARGUMENTS:
+            if argument in node and not OmegaConf.is_interpolation(node, argument) and node.get(argument) == "GN":
+                nodes.append(f"{path}.{argument}='GN'")
+    if not nodes:
+        return "model (a norm of a component)"
+    return nodes[0] if len(nodes) == 1 else f"one of {listed(nodes, 4)}"
 
 
 def build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optimizer:

@@ -32,8 +32,8 @@ from gwdet.checkpoint.resilient import CLASSES_ATTRIBUTE, ResilientCheckpointer,
 from gwdet.checkpoint.signal_hook import release_stop_signals
 from gwdet.config import SHAPES_PREFIX, config_value, flatten_config
 from gwdet.layers.common import is_whole_number
-from gwdet.config_checks import (NORM_KEYS, ZERO_RATE, builds_norm, check_batch_split, check_training_sampling,
-                                 ensure_checked)
+from gwdet.config_checks import (NORM_KEYS, ZERO_RATE, builds_norm, check_batch_split, check_detectron2_value,
+                                 check_training_sampling, ensure_checked)
 from gwdet.positions import parse_gw_positions
 from gwdet.data import prepare_datasets, register_datasets
 from gwdet.data.coco_registration import CocoDataset, check_config_against_datasets
@@ -427,8 +427,10 @@ def warn_of_a_moved_schedule(cfg: CfgNode, output_dir: str) -> None:
 
 def check_training_values(cfg: CfgNode, world_size: int) -> None:
     """Refuse, before anything is built, solver and dataset values a training run cannot start
-    with (detectron2 would stop later with a bare assertion): no training dataset, no iteration,
-    a batch of no images or one that cannot be split evenly over the ``world_size`` processes; a
+    with (detectron2 would stop later with a bare assertion): a ``SOLVER.MAX_ITER``,
+    ``WARMUP_ITERS`` or ``IMS_PER_BATCH`` that is no integer (the config gate's rules, before they
+    are read here), no training dataset, no iteration, a batch of no images or one that cannot be
+    split evenly over the ``world_size`` processes; a
     training from scratch (no ``MODEL.WEIGHTS``) with FrozenBN layers, which would stay identities,
     or with frozen backbone stages (``MODEL.BACKBONE.FREEZE_AT``), which would stay random; mixed
     precision (``SOLVER.AMP.ENABLED``) on a device that is no CUDA GPU; and detectron2's PreciseBN
@@ -440,6 +442,8 @@ def check_training_values(cfg: CfgNode, world_size: int) -> None:
         raise GwdetValueError(f"check_training_values(cfg, world_size): world_size is the number of training "
                               f"processes, a whole number >= 1 (detectron2.utils.comm.get_world_size()), got "
                               f"{world_size!r}")
+    for key in ("SOLVER.MAX_ITER", "SOLVER.WARMUP_ITERS", "SOLVER.IMS_PER_BATCH"):  # read below, before the gate
+        check_detectron2_value(cfg, key)
     if not cfg.DATASETS.TRAIN:
         raise GwdetValueError("DATASETS.TRAIN is empty: name the dataset(s) to train on, e.g. DATASETS.TRAIN "
                               "\"('shapes_train',)\" (or evaluate weights with --eval-only).")

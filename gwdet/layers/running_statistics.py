@@ -13,7 +13,7 @@ import collections.abc
 import copy
 import itertools
 import warnings
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -117,6 +117,46 @@ def _checked_device(device: Any) -> torch.device | None:
     return checked
 
 
+def _holds(given: torch.device, held: torch.device) -> bool:
+    """Whether ``.to(given)`` puts a tensor on ``held``, a tensor's device: ``'cuda'`` without an
+    index is the current CUDA device; another type without an index is any of its devices."""
+    if given.type != held.type:
+        return False
+    if given.type == "cuda":
+        return (torch.cuda.current_device() if given.index is None else given.index) == held.index
+    return given.index is None or held.index is None or given.index == held.index
+
+
+def _check_batches_reach(layers: Sequence[nn.Module], moved_to: torch.device, given: Any) -> None:
+    """Refuse a ``device`` that the batches, run as ``model(batch)``, would carry to no statistics
+    layer: the model stays where it is (as ``torch.optim.swa_utils.update_bn`` leaves it), so
+    batches on another device than its layers' fail in the first layer; and ``'meta'``, whose
+    tensors hold no values, so that no statistics can come of them."""
+    held = list(dict.fromkeys(buffer.device for layer in layers
+                              if isinstance(buffer := layer.get_buffer("running_mean"), torch.Tensor)))
+    shown = repr(str(moved_to)) if isinstance(given, (str, torch.device)) else f"{given!r} ({moved_to})"
+    where = " and ".join(str(device) for device in held)
+    own = [device for device in held if device.type != "meta"]
+    keep = (f"give device={str(own[0])!r} (the device of the model's layers)" if len(own) == 1 else
+            f"give the device of the model's layers that takes the model's input ({where})")
+    if moved_to.type == "meta":
+        fix = (f"{keep}, or leave device out to give the batches as the loader makes them" if own else
+               "materialize the model first (model.to_empty(device='cpu'), then load its weights) and give its device")
+        raise GwdetValueError(
+            f"update_running_statistics: device {shown} holds no values (a meta tensor has a shape and no data), so no "
+            f"statistics can come of the batches moved there; the model's layers with running statistics are on "
+            f"{where}: {fix}. The running statistics are as they were.")
+    if not any(_holds(moved_to, device) for device in held):
+        fix = (f"{keep[0].upper()}{keep[1:]} or leave device out, or move the model there first: "
+               f"model.to({str(moved_to)!r})" if own else
+               f"Materialize the model there first: model.to_empty(device={str(moved_to)!r}), then load its weights")
+        raise GwdetValueError(
+            f"update_running_statistics: device {shown} is not the device of the model's layers with running "
+            f"statistics ({where}): each batch would be moved there while the model stays where it is (as with "
+            f"torch.optim.swa_utils.update_bn), so the batches would not reach them. {fix}. The running statistics "
+            "are as they were.")
+
+
 def _moved(batch: Any, device: torch.device) -> Any:
     """``batch`` with what it holds on ``device``: a tensor, and an object with a ``to`` method
     (detectron2's ``Instances``), moved with ``.to(device)``; a list, tuple or (mutable) mapping
@@ -154,7 +194,8 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
     dicts as it is) in training mode without gradients. ``device``, as
     ``torch.optim.swa_utils.update_bn``'s: where each batch is moved before it is given to the
     forward (its tensors, and those in its lists, tuples and dicts, with ``.to(device)``); the model
-    stays where it is. ``None`` gives the batches as the loader makes them. The training mode of every module (each
+    stays where it is, so with the default forward a device other than its statistics layers', or
+    ``'meta'`` (no values), is refused. ``None`` gives the batches as the loader makes them. The training mode of every module (each
     one's own, as the user set it) and the layers' momenta are restored; when ``forward`` or the loader fails, the running statistics are put back as they were.
     Layers of other classes that keep running statistics with a momentum (a norm of one's own) are
     left as they were, with a warning naming them: how their momentum updates them is theirs to say.
@@ -196,6 +237,8 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
     if not layers:
         raise GwdetValueError(f"update_running_statistics: {type(model).__name__} has no layer with running statistics "
                               "(torch's batch norms, BW, BGN, GhostBN), so there is nothing to recompute.")
+    if moved_to is not None and forward is _run_model:
+        _check_batches_reach(layers, moved_to, device)
     if _endless(loader):
         raise GwdetValueError(
             "update_running_statistics: the loader is detectron2's training loader, which draws batches without end "

@@ -15,7 +15,7 @@ For LazyConfig, :func:`place_norm` does the same to a ResNet built by ``L(ResNet
 from __future__ import annotations
 
 import numbers
-from typing import Any, Iterator
+from typing import Any, Iterator, cast
 
 from detectron2.config import CfgNode
 from detectron2.layers import ShapeSpec, get_norm
@@ -28,10 +28,12 @@ from omegaconf import DictConfig
 from torch import nn
 
 from gwdet.config_checks import ensure_checked
+from gwdet.modeling.detectron2_failures import detectron2_group_norm_failure
 from gwdet.modeling.module_hooks import move_hooks, state_dict_hooks
 from gwdet.positions import convs_at_positions, parse_gw_positions
 from gwdet.errors import GwdetError, GwdetTypeError, GwdetValueError, listed
-from gwdet.norms import check_detectron2_buildable, check_untied_norms, layer_types, norm_from_config
+from gwdet.norms import (DETECTRON2_GN_GROUPS, check_detectron2_buildable, check_untied_norms, layer_types,
+                         norm_from_config)
 
 # Built in place of a norm detectron2 cannot make by name; every such module is replaced.
 PLACEHOLDER_NORM = "BN"
@@ -54,7 +56,9 @@ def place_norm(resnet: ResNet, positions: str, norm: Any, freeze_at: int = 0) ->
     ``gwdet.norm("GW", num_groups=64)``. Build ``resnet`` with ``freeze_at=0`` and give the
     freezing here, so that the replaced norms are frozen too. The new norms take the mode, device
     and float dtype of the convolutions they follow; forward and backward hooks on a replaced norm
-    move to its replacement; one with state-dict hooks or a pruning is refused. LazyConfig::
+    move to its replacement; one with state-dict hooks or a pruning is refused, and so is detectron2's
+    name ``"GN"`` (32 groups) where 32 does not divide a position's channels, naming those layers
+    and gwdet's ``GN``. LazyConfig::
 
         bottom_up=L(place_norm)(
             resnet=L(ResNet)(stem=..., stages=..., out_features=[...], freeze_at=0),
@@ -94,6 +98,12 @@ def _place_norm(resnet: ResNet, positions: str, norm: Any, freeze_at: int, refus
             f"{error}); nothing was replaced. Give a name or a callable that takes the channel count alone, e.g. "
             "gwdet.norm('GN', num_groups=32), or functools.partial / a lambda that fills in the other arguments "
             "(lambda channels: torch.nn.GroupNorm(32, channels)).") from error
+    except ValueError as error:  # detectron2's "GN": GroupNorm of 32 groups, on channels 32 may not divide
+        refusal = detectron2_group_norm_failure(error, f"place_norm: norm={norm!r}", _undivided_layers(resnet, convs),
+                                                "; nothing was replaced") if norm == "GN" else None
+        if refusal is None:
+            raise
+        raise refusal from error
     for layer in layers:
         if not isinstance(layer, nn.Module):  # None would remove the norm, anything else fail in forward
             raise GwdetTypeError(f"place_norm: norm={norm!r} gave {layer!r} (a {type(layer).__name__}), not a norm "
@@ -133,6 +143,16 @@ def _place_norm(resnet: ResNet, positions: str, norm: Any, freeze_at: int, refus
                 conv.norm = previous
             raise
     return resnet.freeze(int(freeze_at))
+
+
+def _undivided_layers(resnet: ResNet, convs: list[nn.Module]) -> str:
+    """The convolutions among ``convs`` (of ``resnet``) whose channels detectron2's 32 groups of
+    ``"GN"`` do not divide, named with their channels: ``"stem.conv1 (16 channels)"``."""
+    names = {id(module): name for name, module in resnet.named_modules()}
+    channels = [(conv, cast(int, conv.out_channels)) for conv in convs]
+    undivided = [f"{names.get(id(conv), type(conv).__name__)} ({count} channels)" for conv, count in channels
+                 if count % DETECTRON2_GN_GROUPS]
+    return listed(undivided, 3)
 
 
 def _check_eager_positions(resnet: ResNet, positions: frozenset[str], convs: list[nn.Module]) -> None:

@@ -22,6 +22,7 @@ from detectron2.config import CfgNode, get_cfg
 
 from gwdet.config import add_gwdet_config, flatten_config
 from gwdet.errors import GwdetError, GwdetImportError, GwdetValueError, listed
+from gwdet.layers import largest_divisor_at_most
 from gwdet.norms import known_norm_names
 
 # detectron2's modules (paths below the detectron2 package; the first match wins) and the config
@@ -48,6 +49,8 @@ LAZY_NODES = {"MODEL": ("model.",), "SOLVER": ("optimizer.", "lr_multiplier.", "
 SHOWN = 8  # values listed per kind
 GET_NORM_MODULE = "layers/batch_norm.py"  # detectron2's get_norm, which builds norms from its own names
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')  # a frame in a traceback's text (a loader worker's)
+# torch's GroupNorm refusing the 32 groups of detectron2's get_norm("GN", channels)
+DETECTRON2_GN_GROUPS_ERROR = re.compile(r"num_channels \((\d+)\) must be divisible by num_groups \(32\)")
 
 
 def failure_site(error: BaseException) -> tuple[str, int] | None:
@@ -65,6 +68,32 @@ def failure_site(error: BaseException) -> tuple[str, int] | None:
         if path.startswith(detectron2_root):
             return path[len(detectron2_root):], line
     return None
+
+
+def detectron2_group_norm_failure(error: BaseException, where: str, layers: str = "",
+                                  outcome: str = "") -> GwdetValueError | None:
+    """The refusal of detectron2's norm name ``"GN"`` given (by ``where``, e.g. ``"place_norm:
+    norm='GN'"`` or a LazyConfig's node) for a layer whose channels 32 does not divide, from torch's
+    ``ValueError`` ``error`` raised under detectron2's ``get_norm``, which builds ``GroupNorm(32,
+    channels)`` for that name; ``layers`` names the layers (default: the channels of the error's),
+    ``outcome`` ends the first sentence (``"; nothing was replaced"``). The fix it names is gwdet's
+    ``GN``, which takes the largest divisor of each layer's channels not above the group count
+    asked for. ``None`` for any other error."""
+    found = (DETECTRON2_GN_GROUPS_ERROR.search(str(error))
+             if isinstance(error, ValueError) and not isinstance(error, GwdetError) else None)
+    site = failure_site(error) if found is not None else None
+    if found is None or site is None or site[0] != GET_NORM_MODULE:
+        return None
+    channels = int(found.group(1))
+    module, line = site
+    return GwdetValueError(
+        f"{where}: 'GN' given as a name makes detectron2's get_norm build torch's GroupNorm of 32 groups "
+        f"(detectron2/{module}:{line}), and 32 does not divide the "
+        f"{f'channels of {layers}' if layers else f'{channels} channels of a layer it is given for'}"
+        f"{outcome}. Give gwdet.norm('GN', num_groups=N) instead of the name (L(gwdet.norm)(name='GN', "
+        "num_groups=N) in a LazyConfig): it builds torch's GroupNorm over the largest divisor of each layer's "
+        f"channels not above N (with N=32: 32 groups where the channels allow it, "
+        f"{largest_divisor_at_most(channels, 32)} on {channels} channels).")
 
 
 def detectron2_config_failure(error: BaseException, cfg: Any, doing: str,

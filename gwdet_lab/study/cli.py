@@ -25,6 +25,7 @@ import datetime
 import os
 import signal
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Collection, Mapping, Sequence
 
@@ -239,6 +240,19 @@ def main(argv: Sequence[str] | None = None, repo_root: Path | None = None) -> in
     return run_tool(lambda command: _run_study(command, repo_root or Path(__file__).resolve().parents[2]), argv, PROG)
 
 
+def check_weights_given_once(weights: Sequence[float] | None) -> None:
+    """Refuse ``--example-weights`` that gives a weight more than once (``0.5 0.5``, or ``0.5 .50``,
+    the same number): each weight is one evaluation of every batch-norm cell on val, among which
+    the best is chosen, so a repeated one would run the same evaluation twice."""
+    repeated = [weight for weight, count in Counter(weights or ()).items() if count > 1]
+    if repeated:
+        once = " ".join(f"{weight:g}" for weight in dict.fromkeys(weights or ()))
+        raise GwdetValueError(
+            f"--example-weights gives {', '.join(f'{weight:g}' for weight in repeated)} more than once: each weight is "
+            "one evaluation of every batch-norm cell on val, among which the best is chosen, so a repeated one would "
+            f"run the same evaluation twice. Give each weight once, e.g. --example-weights {once}.")
+
+
 def _run_study(argv: list[str], repo_root: Path) -> int:
     parser = argument_parser()
     refuse_repeated_flags(parser, argv)  # argparse keeps the last --configs, --seeds, --opts, ... without a word
@@ -252,6 +266,7 @@ def _run_study(argv: list[str], repo_root: Path) -> int:
         parser.error("--example-weights chooses among weights that --no-example-weighing skips: give one of them.")
     if not all(0.0 <= w <= 1.0 for w in chosen_weights(args)):
         parser.error(f"--example-weights must lie in [0, 1], got {args.example_weights}")
+    check_weights_given_once(args.example_weights)
     if args.list:
         refuse_flags_list_ignores(parser, args)
     elif args.report_only and flags_of_training(parser, args, LIST_IGNORED_DESTS):
