@@ -65,7 +65,7 @@ from gwdet.checkpoint.integrity import (
     with_checksums,
 )
 from gwdet.checkpoint.converted_weights import check_conversion_metadata, read_conversion_metadata
-from gwdet.checkpoint.run_identity import RUN_ID_KEY, check_same_run, folder_run_id, new_run_id, record_run_id
+from gwdet.checkpoint.run_identity import RUN_ID_KEY, check_same_run, new_run_id, record_run_id
 from gwdet.layers.settings_state import EXTRA_STATE_KEY
 from gwdet.norms import SYNCHRONIZED_NORMS, TORCH_BATCH_NORMS, layer_types
 from gwdet.checkpoint.safe_load import (UnsafeCheckpointError, cut_within_magic, load_pickle_file, load_torch_file,
@@ -974,17 +974,17 @@ class ResilientCheckpointer(DetectionCheckpointer):
 
     def _recorded_run_ids(self, resumed: str) -> dict[str, Any]:
         """The run identity each other checkpoint of ``save_dir`` than ``resumed`` records (mapped,
-        not read: only the pickled values are loaded), by name; one that cannot be read is left out."""
-        recorded = {}
+        not read: only the pickled values are loaded), by name; ``None`` for one that records none or
+        cannot be read."""
+        recorded: dict[str, Any] = {}
         for name in checkpoint_names(self.save_dir or ""):
             if name == os.path.basename(resumed):
                 continue
             try:
                 data = load_torch_file(os.path.join(self.save_dir, name), False, _OPT_IN, mmap=True)
             except Exception:  # damaged or cut short: its own load says so, when it is tried
-                continue
-            if isinstance(data, dict) and RUN_ID_KEY in data:
-                recorded[name] = data[RUN_ID_KEY]
+                data = None
+            recorded[name] = data.get(RUN_ID_KEY) if isinstance(data, dict) else None
         return recorded
 
     def _check_same_training_data(self, saved: Any, checkpoint: str) -> None:
@@ -1196,7 +1196,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
                         f"start again. Start a new run from it ({self.weights_setting} {candidate}) into another output "
                         "folder, or restore the checkpoint as the run wrote it.")
                 run_id = check_same_run(candidate, loaded.get(RUN_ID_KEY), self.save_dir or "", self.weights_setting,
-                                        None if folder_run_id(self.save_dir or "") else self._recorded_run_ids(candidate))
+                                        self._recorded_run_ids(candidate))
                 _check_iteration_of_its_name(candidate, int(loaded["iteration"]), self.save_dir or "")
                 self._check_same_training_data(loaded.get(DATA_KEY), candidate)
                 recorded = loaded.get(INITIAL_WEIGHTS_KEY)

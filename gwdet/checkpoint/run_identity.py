@@ -17,7 +17,6 @@ import re
 import uuid
 from typing import Mapping
 
-from gwdet.checkpoint.safe_load import load_torch_file
 from gwdet.errors import GwdetValueError, listed
 from gwdet.utils.atomic import write_atomically
 from gwdet.utils.run_file_names import RUN_ID
@@ -63,7 +62,8 @@ def check_same_run(checkpoint: str, saved: object, folder: str, weights_setting:
                    others: Mapping[str, object] | None = None) -> str | None:
     """The run identity a resume from ``checkpoint`` (which records ``saved``) continues in
     ``folder``: the checkpoint's, else the folder's (its :data:`RUN_ID` file; without one, what the
-    folder's other checkpoints record, ``others`` by name), else ``None``. Refused where both are
+    folder's other checkpoints record, ``others`` by name: ``None`` for one that records none or
+    cannot be read), else ``None``. Refused where both are
     recorded and differ: the checkpoint is another run's, copied into the folder; or, where every
     checkpoint of the folder records the checkpoint's identity (more than one, so that they vouch
     for each other) and only the :data:`RUN_ID` file another, that file was replaced."""
@@ -78,8 +78,8 @@ def check_same_run(checkpoint: str, saved: object, folder: str, weights_setting:
         elif named:
             own = sorted(named.items())[-1][1]
     if recorded and own and recorded != own:
-        agreeing = _checkpoints_recording(folder, checkpoint, recorded) if where == f"the folder's {RUN_ID} file" else []
-        if agreeing:
+        agreeing = sorted([*(others or {}), os.path.basename(checkpoint)])
+        if where == f"the folder's {RUN_ID} file" and others and all(value == recorded for value in others.values()):
             path = os.path.join(folder, RUN_ID)
             raise GwdetValueError(
                 f"--resume: {path} names another run ({own[:12]}...) than all {len(agreeing)} checkpoints of {folder} "
@@ -94,23 +94,3 @@ def check_same_run(checkpoint: str, saved: object, folder: str, weights_setting:
             "changed. Put the run's own checkpoint back, or start a new run from that checkpoint's weights "
             f"({weights_setting} {checkpoint}) into another output folder.")
     return recorded or own
-
-
-def _checkpoints_recording(folder: str, resumed: str, run_id: str) -> list[str]:
-    """The names of ``folder``'s checkpoints, ``resumed`` among them, when there are more than one
-    and each records ``run_id`` (mapped, not read: only the pickled values are loaded); none when
-    one records another identity or none, or cannot be read."""
-    from gwdet.checkpoint.resilient import checkpoint_names  # resilient imports this module
-
-    names = checkpoint_names(folder)
-    others = [name for name in names if name != os.path.basename(resumed)]
-    if not others or len(others) == len(names):
-        return []
-    for name in others:
-        try:
-            data = load_torch_file(os.path.join(folder, name), False, "", mmap=True)
-        except Exception:  # damaged, cut short or not a checkpoint: it vouches for nothing
-            return []
-        if not isinstance(data, dict) or data.get(RUN_ID_KEY) != run_id:
-            return []
-    return names
