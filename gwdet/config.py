@@ -9,6 +9,7 @@ surfaces cannot disagree.
 from __future__ import annotations
 
 import difflib
+import reprlib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -179,12 +180,31 @@ def has_gwdet_config(cfg: CN) -> bool:
     return not missing_gwdet_keys(cfg)
 
 
+def refuse_a_mapping_as_a_config(who: str, cfg: Any) -> None:
+    """Refuse a mapping that is no yacs CfgNode (a plain dict) given where a yacs config is read,
+    naming its type and how to make a config of it; anything else is left to the checks after."""
+    kind = type(cfg)
+    if not isinstance(cfg, Mapping) or kind.__name__ == "DictConfig" or any(
+            base.__name__ == "CfgNode" for base in kind.__mro__):
+        return
+    shown = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    raise GwdetTypeError(
+        f"{who} needs a detectron2 CfgNode (a yacs config), got a {shown}: {reprlib.repr(cfg)}. A {shown} is no "
+        "config gwdet can read: its keys are not checked against detectron2's and gwdet's, and it has no defaults for "
+        "the ones it lacks (gwdet.add_gwdet_config takes a CfgNode too). Make a config with "
+        "cfg = detectron2.config.get_cfg(); gwdet.add_gwdet_config(cfg); cfg.merge_from_file(path), or load one of "
+        "gwdet's with gwdet.model_zoo.get_config(path) or gwdet.model_zoo.build_config(path); to use a dict of "
+        "config values, merge it into such a config: cfg.merge_from_other_cfg(detectron2.config.CfgNode(your_dict)).")
+
+
 def require_gwdet_config(cfg: CN, who: str) -> None:
-    """Raise ``KeyError`` naming ``who`` when ``cfg`` lacks gwdet's keys.
+    """Raise ``KeyError`` naming ``who`` when ``cfg`` lacks gwdet's keys; ``TypeError`` for a
+    ``cfg`` that is no yacs CfgNode (a plain dict: :func:`refuse_a_mapping_as_a_config`).
 
     A config without them cannot say which hyper-parameters its norms should have; building with
     gwdet's defaults instead could silently differ from what the user meant.
     """
+    refuse_a_mapping_as_a_config(who, cfg)
     if not isinstance(cfg, Mapping):
         raise GwdetTypeError(f"{who} needs a detectron2 CfgNode (detectron2.config.get_cfg() with "
                              f"gwdet.add_gwdet_config), got {type(cfg).__name__}")

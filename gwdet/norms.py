@@ -30,7 +30,6 @@ import functools
 import inspect
 import logging
 import multiprocessing
-import reprlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -45,7 +44,8 @@ from detectron2.utils.logger import log_first_n
 
 from gwdet.errors import GwdetAttributeError, GwdetError, GwdetKeyError, GwdetTypeError, GwdetValueError, listed
 from gwdet.config import (CONFIG_KEYS, GWDET_RESNETS_PREFIX, GWDET_SECTIONS, add_gwdet_config, check_config_values,
-                          config_default, config_value, flatten_config, require_gwdet_config)
+                          config_default, config_value, flatten_config, refuse_a_mapping_as_a_config,
+                          require_gwdet_config)
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening, largest_divisor_at_most
 from gwdet.layers.common import check_flag, check_int_at_least
 
@@ -857,6 +857,7 @@ class Norm:
     params: Mapping[str, Any]
     strict: bool
     read_from_config: bool
+    _record: NormRecord | None
 
     def __init__(self, name: str, strict: bool = False, *, read_from_config: bool = False, **params: Any) -> None:
         """``read_from_config``: the values were read from a yacs config (:func:`norm_from_config`),
@@ -887,7 +888,7 @@ class Norm:
                 _check_kind_of_default(name, param, value, kind.default(param),
                                        f" (read from {key})" if read_from_config and key is not None else "")
             values[param] = value
-        _set_norm_fields(self, name, NormParams(values), strict, read_from_config)
+        _set_norm_fields(self, name, NormParams(values), strict, read_from_config, kind)
 
     def __setattr__(self, attribute: str, value: Any) -> None:
         """Refuse every assignment: a Norm's name and values were checked together when it was made,
@@ -913,30 +914,82 @@ class Norm:
         """The Norm :meth:`__getstate__` kept, set without checking the values again (they were
         checked when it was made)."""
         _set_norm_fields(self, state["name"], NormParams(state["params"]), state["strict"],
-                         state.get("read_from_config", False))
+                         state.get("read_from_config", False), _RECORDS.get(state["name"]))
+
+    def __copy__(self) -> Norm:
+        """The same norm, made with the same registration of its name (:meth:`_record_now`)."""
+        return self.__deepcopy__({})
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Norm:
+        """The same norm with its own copy of the values, made with the same registration of its
+        name (pickling keeps no build function: an unpickled Norm takes the name's registration
+        in the process that unpickles it)."""
+        made = object.__new__(Norm)
+        _set_norm_fields(made, self.name, NormParams(dict(self.params)), self.strict, self.read_from_config,
+                         self._record)
+        memo[id(self)] = made
+        return made
+
+    def _record_now(self) -> NormRecord:
+        """The name's :class:`NormRecord`, refused when it is not the registration this Norm was made
+        with: the name was unregistered and registered again with another build function or other
+        settings since (:func:`_same_registration`; a file read again that registers the same code
+        is the same), and this Norm would build the new registration's layer with values checked
+        against the earlier one."""
+        record = norm_record(self.name)
+        made_with = self._record
+        if made_with is None or record is made_with or _same_registration(made_with, record):
+            return record
+        earlier, now = build_name(made_with.build), build_name(record.build)
+        if earlier == now:
+            earlier, now = f"one {earlier}", f"another function named {now}"
+        raise GwdetValueError(
+            f"{self!r} was made while {self.name!r} was registered with {earlier}; the name has been registered "
+            f"anew since, with {now}{'' if made_with.build is not record.build else ' and other settings'}, so this "
+            f"norm would build the new registration's layers with values checked against the earlier one. Make the "
+            f"norm again after the registration you want: gwdet.norm({self.name!r}"
+            + "".join(f", {key}={value!r}" for key, value in self.params.items())
+            + ") (or register the earlier function again to build with it).")
 
     @property
     def batch_statistics(self) -> bool:
         """Whether the layer normalizes with statistics over several examples (BN, BW, BGN)."""
         return norm_record(self.name).batch_statistics
 
-    def __call__(self, channels: Any = _NO_DEFAULT, /, **settings: Any) -> torch.nn.Module:
-        """The layer of this norm for ``channels`` channels, given alone: positionally, as
+    def __call__(self, *positional: Any, **settings: Any) -> torch.nn.Module:
+        """The layer of this norm for a channel count given alone: positionally, as
         detectron2's ``get_norm(norm, channels)`` calls it (``norm(16)``), or by keyword, as
         ``channels`` (``norm(channels=16)``, the word of a norm's callable ``channels -> nn.Module``)
         or torch's ``num_channels`` (``norm(num_channels=16)``). No channel count, or more than one,
-        is refused, and so are other keywords (``eps=...``), with the fix: the settings belong to
-        :func:`norm`."""
+        is refused, and so are more positional arguments, torch's other words for the channel count
+        (``num_features``, ``normalized_shape``) and other keywords (``eps=...``), with the fix: the
+        settings belong to :func:`norm`. After the norm's name was registered anew with another
+        build function, the Norm made before is refused (:meth:`_record_now`)."""
+        forms = "norm(16), norm(channels=16) or norm(num_channels=16)"
+        accepted = list(norm_record(self.name).params())
+        if len(positional) > 1:
+            raise GwdetTypeError(
+                f"{self!r} was called with {len(positional)} positional arguments "
+                f"({', '.join(map(repr, positional))}): a norm takes the channel count alone, {forms} (as detectron2's "
+                f"get_norm(norm, channels) calls it), and its settings are fixed when it is made: give them to "
+                f"gwdet.norm({self.name!r}, <setting>=...) (the settings {self.name!r} takes: {accepted or 'none'}).")
+        other_words = [key for key in settings if key in _CHANNEL_ARGUMENTS and key not in _CALL_CHANNEL_KEYWORDS]
+        if other_words:
+            given = ", ".join(f"{key}={settings[key]!r}" for key in other_words)
+            raise GwdetTypeError(
+                f"{self!r} was called with {given}, torch's word for a layer's channel count, which a norm does not "
+                f"take: a norm takes the channel count alone, {forms}, e.g. norm({settings[other_words[0]]!r}) "
+                f"(gwdet.norm takes no channel count either: the call gives it).")
         counts = {key: settings.pop(key) for key in _CALL_CHANNEL_KEYWORDS if key in settings}
-        if channels is not _NO_DEFAULT:
-            counts = {"positionally": channels, **counts}
+        if positional:
+            counts = {"positionally": positional[0], **counts}
         if len(counts) > 1:
             given = ", ".join(f"{value!r} {key}" if key == "positionally" else f"{key}={value!r}"
                               for key, value in counts.items())
             raise GwdetTypeError(
                 f"{self!r} was called with more than one channel count ({given}): give the channel count once, "
                 f"e.g. norm({next(iter(counts.values()))!r}), as detectron2's get_norm(norm, channels) calls it.")
-        channels = next(iter(counts.values()), _NO_DEFAULT)
+        channels: Any = next(iter(counts.values()), _NO_DEFAULT)
         if channels is _NO_DEFAULT and not settings:
             raise GwdetTypeError(
                 f"{self!r} was called without a channel count: a norm builds its layer for the channel count it is "
@@ -946,7 +999,6 @@ class Norm:
             channels = 16 if channels is _NO_DEFAULT else channels
             given = ", ".join(f"{key}={value!r}" for key, value in settings.items())
             merged = ", ".join(f"{key}={value!r}" for key, value in {**self.params, **settings}.items())
-            accepted = list(norm_record(self.name).params())
             raise GwdetTypeError(
                 f"{self!r} was called with {given}: a norm builds its layer from the channel count alone "
                 f"(norm({channels!r}) or norm(num_channels={channels!r})), and its settings are fixed when it is "
@@ -959,7 +1011,7 @@ class Norm:
                 f"detectron2's Conv2d(..., norm=...) takes one, runs it on its input). Give such a module the built "
                 f"layer: detectron2's get_norm(norm, channels), or norm(channels).")
         check_int_at_least(f"The norm {self.name!r}", "channels", channels, 1)
-        record = norm_record(self.name)
+        record = self._record_now()
         try:
             layer = record.build(channels, **self.params)
         except (TypeError, ValueError) as error:
@@ -987,6 +1039,15 @@ class Norm:
                     "so the layer would have neither normalization nor bias. For no norm, set the NORM key to '' "
                     "(detectron2's no norm, which keeps the bias; norm='' in a LazyConfig), or make the function "
                     "return a norm layer.")
+            if (isinstance(layer, torch.nn.LayerNorm) and type(layer).forward is torch.nn.LayerNorm.forward
+                    and tuple(layer.normalized_shape) == (channels,)):
+                raise GwdetValueError(
+                    f"The norm {self.name!r}: its build function {getattr(record.build, '__qualname__', record.build)} "
+                    f"returned torch's {layer!r} for {channels} channels, which normalizes over the last axis of its "
+                    f"input: the width of detectron2's (N, C, H, W) feature maps, not the channels (and a map "
+                    f"{channels} wide is the only one it runs on). For a layer norm over the channels, use gwdet's "
+                    "'LN' (detectron2's LayerNorm, gwdet.norm('LN')), or register a function that returns "
+                    "torch.nn.GroupNorm(1, channels) (over the channels and the whole map).")
             built_for = layer_channels(layer)
             if built_for is not None and built_for != channels:
                 raise GwdetValueError(
@@ -1072,12 +1133,16 @@ def already_a_norm_message(given: Norm, params: Mapping[str, Any]) -> str:
     return f"gwdet.norm takes a norm name (a string such as 'GW'), got {given!r}, which is already a norm: {fix}."
 
 
-def _set_norm_fields(made: Norm, name: str, params: Mapping[str, Any], strict: bool, read_from_config: bool) -> None:
-    """Set the fields of the read-only ``made`` (:meth:`Norm.__setattr__` refuses assignments)."""
+def _set_norm_fields(made: Norm, name: str, params: Mapping[str, Any], strict: bool, read_from_config: bool,
+                     record: NormRecord | None) -> None:
+    """Set the fields of the read-only ``made`` (:meth:`Norm.__setattr__` refuses assignments);
+    ``record``: the registration of ``name`` it was made with (``None``: unknown, the name's
+    registration at each call is taken)."""
     object.__setattr__(made, "name", name)
     object.__setattr__(made, "params", params)
     object.__setattr__(made, "strict", strict)
     object.__setattr__(made, "read_from_config", read_from_config)
+    object.__setattr__(made, "_record", record)
 
 
 def norm(name: str, *positional: Any, strict: bool = False, **params: Any) -> Norm:
@@ -1189,22 +1254,6 @@ def unknown_params_message(name: str, accepted: Sequence[str], unknown: Sequence
     return f"{said}. {' '.join(sentences)}"
 
 
-def refuse_a_mapping_as_a_config(who: str, cfg: Any) -> None:
-    """Refuse a mapping that is no yacs CfgNode (a plain dict) given where a yacs config is read,
-    naming its type and how to make a config of it; anything else is left to the checks after."""
-    kind = type(cfg)
-    if not isinstance(cfg, Mapping) or kind.__name__ == "DictConfig" or any(
-            base.__name__ == "CfgNode" for base in kind.__mro__):
-        return
-    shown = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-    raise GwdetTypeError(
-        f"{who} needs a detectron2 CfgNode (a yacs config), got a {shown}: {reprlib.repr(cfg)}. A {shown} is no "
-        "config gwdet can read: its keys are not checked against detectron2's and gwdet's, and it has no defaults for "
-        "the ones it lacks. Make a config with cfg = detectron2.config.get_cfg(); gwdet.add_gwdet_config(cfg); "
-        "cfg.merge_from_file(path), or load one of gwdet's with gwdet.model_zoo.get_config(path); to use a dict of "
-        "config values, merge it into such a config: cfg.merge_from_other_cfg(detectron2.config.CfgNode(your_dict)).")
-
-
 def norm_from_config(name: Any, cfg) -> Any:
     """What to pass detectron2 as ``norm`` for the NORM value ``name`` of the yacs config ``cfg``.
 
@@ -1218,7 +1267,7 @@ def norm_from_config(name: Any, cfg) -> Any:
       builds torch's ``GroupNorm`` with GW's channel-group rule (a group count that does not divide
       a layer's channels is adjusted and logged, or refused with ``MODEL.STRICT_NORM_GROUPS``, where
       torch's would stop). ``cfg`` must have gwdet's keys (:func:`gwdet.add_gwdet_config`); a
-      plain dict given as ``cfg`` is refused first (:func:`refuse_a_mapping_as_a_config`).
+      plain dict given as ``cfg`` is refused first (:func:`gwdet.config.refuse_a_mapping_as_a_config`).
     """
     refuse_a_mapping_as_a_config(f"norm_from_config({name!r}, cfg)", cfg)
     if isinstance(name, torch.nn.Module):  # callable, but its forward takes a tensor, not a channel count
@@ -1400,7 +1449,8 @@ TORCH_NORM_SETTINGS: tuple[tuple[type[torch.nn.Module], tuple[str, ...]], ...] =
     (torch.nn.GroupNorm, ("num_groups", "eps")),
     (torch.nn.modules.batchnorm._NormBase, ("eps", "momentum")),
     (detectron2_batch_norm.FrozenBatchNorm2d, ("eps",)),
-    (torch.nn.LayerNorm, ()),
+    (torch.nn.LayerNorm, ("normalized_shape", "eps", "elementwise_affine")),
+    *(((_DETECTRON2_LN, ("eps",)),) if _DETECTRON2_LN is not torch.nn.LayerNorm else ()),
 )
 
 # detectron2's container of one batch norm per FPN level, in which its RetinaNetHead keeps the

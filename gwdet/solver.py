@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
+import inspect
 import logging
 from typing import Any, Callable, Iterable, Mapping
 
@@ -33,7 +35,7 @@ from torch import nn
 
 from gwdet.config_checks import ensure_checked
 from gwdet.errors import GwdetTypeError, GwdetValueError, listed
-from gwdet.layers.common import is_finite_number
+from gwdet.layers.common import is_finite_number, is_real_number
 from gwdet.norms import COMPUTING_MODULES, DETECTRON2_OPTIMIZER_NORMS, NORM_LAYER_MARK, layer_types
 
 logger = logging.getLogger(__name__)
@@ -88,16 +90,78 @@ def norm_parameters(model: nn.Module) -> dict[nn.Parameter, tuple[str, str]]:
             if id(module) in norms and param.requires_grad}
 
 
-def check_overrides(model: nn.Module, overrides: Mapping[str, Mapping[str, float]]) -> None:
-    """Refuse an ``overrides`` key of :func:`get_default_optimizer_params` that is the name of no
-    parameter of ``model`` (detectron2 matches a key against a parameter's own name within its
-    module, ``weight``, ``bias``, ..., and drops a key that matches none), naming the key and the
-    names it could mean."""
+# What a rate or decay that torch's optimizers take into a parameter group unchecked would do.
+UNCHECKED_RATE = ("torch's optimizers do not check a parameter group's values: a negative rate or decay climbs the "
+                  "loss, a NaN makes the weights NaN")
+# The values of a parameter group that must be finite numbers >= 0 (the others: booleans, pairs, ...).
+RATE_KEYS = ("lr", "weight_decay")
+
+
+def check_rate(setting: str, value: Any, fix: str, none_allowed: bool = False) -> None:
+    """Refuse a learning rate, rate factor or weight decay (``setting``, as the message names it)
+    that is not a finite number >= 0 (:data:`UNCHECKED_RATE`; with ``none_allowed``, the message
+    says None is taken too), with ``fix``, the sentence saying what to give instead."""
+    if not is_finite_number(value) or value < 0:
+        shown = repr(value) if is_real_number(value) else f"{value!r} ({type(value).__name__})"
+        raise GwdetValueError(f"{setting} must be a finite number >= 0{' or None' if none_allowed else ''}, got "
+                              f"{shown}: {UNCHECKED_RATE}. {fix}")
+
+
+@functools.cache
+def optimizer_group_keys() -> tuple[str, ...]:
+    """The keys a parameter group of torch's optimizers takes: the arguments (but ``params``) of
+    every optimizer class of ``torch.optim`` (``lr``, ``weight_decay``, ``momentum``, ``betas``, ...)."""
+    keys: set[str] = set()
+    for name in dir(torch.optim):
+        kind = getattr(torch.optim, name)
+        if isinstance(kind, type) and issubclass(kind, torch.optim.Optimizer) and kind is not torch.optim.Optimizer:
+            keys.update(argument for argument, parameter in inspect.signature(kind.__init__).parameters.items()
+                        if argument not in ("self", "params")
+                        and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD))
+    return tuple(sorted(keys))
+
+
+def check_override_values(overrides: Any, setting: str = "get_default_optimizer_params: overrides") -> None:
+    """Refuse an ``overrides`` of :func:`get_default_optimizer_params` (``setting``, as the message
+    names it) that is not a mapping of ``{parameter name: {group key: value}}``, a group key that
+    no parameter group of torch's optimizers takes (:func:`optimizer_group_keys`; SGD would carry a
+    misspelt ``weight_decy`` and ignore it), and an ``lr`` or ``weight_decay`` that is not a finite
+    number >= 0 (:func:`check_rate`). The parameter names are checked against a model by
+    :func:`check_overrides`."""
+    example = "{'bias': {'weight_decay': 0.0}}"
     if not isinstance(overrides, Mapping):
         raise GwdetTypeError(
-            f"get_default_optimizer_params: overrides must be a dict of {{parameter name: {{'lr': ..., "
-            f"'weight_decay': ...}}}}, e.g. {{'bias': {{'weight_decay': 0.0}}}}, got {overrides!r} "
-            f"({type(overrides).__name__})")
+            f"{setting} must be a dict of {{parameter name: {{'lr': ..., 'weight_decay': ...}}}}, e.g. {example}, got "
+            f"{overrides!r} ({type(overrides).__name__})")
+    keys = optimizer_group_keys()
+    for name, values in overrides.items():
+        if not isinstance(values, Mapping):
+            raise GwdetTypeError(
+                f"{setting}[{name!r}] is {values!r} ({type(values).__name__}), but an override is a dict of the "
+                f"parameter group's values for the parameters named {name!r} (the group keys of torch's optimizers, "
+                f"such as 'lr' and 'weight_decay'). Give e.g. {{{name!r}: {{'weight_decay': {values!r}}}}} for a "
+                f"weight decay, or {{{name!r}: {{'lr': ...}}}} for a learning rate.")
+        for key, value in values.items():
+            if key not in keys:
+                close = difflib.get_close_matches(str(key), keys, n=3)
+                hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+                raise GwdetValueError(
+                    f"{setting}[{name!r}][{key!r}] is no key of a parameter group of torch's optimizers, so the "
+                    f"optimizer would carry it and ignore it.{hint} The keys they take: "
+                    f"{listed([repr(known) for known in keys], 40)}. Use one of them (an optimizer of your own that "
+                    "reads other keys: add them to the groups get_default_optimizer_params returns).")
+            if key in RATE_KEYS:
+                check_rate(f"{setting}[{name!r}][{key!r}]", value,
+                           f"Give e.g. {{{name!r}: {{{key!r}: 0.0}}}}, or leave the key out for the default.")
+
+
+def check_overrides(model: nn.Module, overrides: Mapping[str, Mapping[str, float]]) -> None:
+    """Refuse an ``overrides`` of :func:`get_default_optimizer_params` that
+    :func:`check_override_values` refuses, or with a key that is the name of no parameter of
+    ``model`` (detectron2 matches a key against a parameter's own name within its module,
+    ``weight``, ``bias``, ..., and drops a key that matches none), naming the key and the names it
+    could mean."""
+    check_override_values(overrides)
     names = sorted({name for module in model.modules() for name, _ in module.named_parameters(recurse=False)})
     unknown = [key for key in overrides if key not in names]
     if not unknown:
@@ -134,18 +198,22 @@ def get_default_optimizer_params(
 
     As in detectron2, an override by parameter name (``overrides``, or ``weight_decay_bias`` for
     biases) that sets a weight decay takes precedence over ``weight_decay_norm``. A ``model`` that is
-    no torch module, a rate or decay that is not a finite number >= 0 (SGD does not check a group's
-    values), or a ``bias_lr_factor`` other than 1 or an ``lr_factor_func`` without the ``base_lr``
-    they multiply, or an ``overrides`` key that is the name of no parameter of ``model``
-    (:func:`check_overrides`) is refused.
+    no torch module, a rate, factor or decay that is not a finite number >= 0 (SGD does not check a
+    group's values; :func:`check_rate`), an ``lr_factor_func`` result that is not one (checked as
+    the groups are made, naming the parameter), a ``bias_lr_factor`` other than 1 or an
+    ``lr_factor_func`` without the ``base_lr`` they multiply, or ``overrides`` that
+    :func:`check_overrides` refuses (not a mapping of mappings, a group key torch's optimizers do
+    not take, an ``lr`` or ``weight_decay`` below 0 or not finite, a key that is the name of no
+    parameter of ``model``) is refused.
     """
     if not isinstance(model, nn.Module):
         raise GwdetTypeError(f"get_default_optimizer_params: model must be a torch module, got {type(model).__name__}")
     for name, value in (("base_lr", base_lr), ("weight_decay", weight_decay), ("weight_decay_norm", weight_decay_norm),
                         ("bias_lr_factor", bias_lr_factor), ("weight_decay_bias", weight_decay_bias)):
-        if value is not None and (not is_finite_number(value) or value < 0):
-            raise GwdetValueError(f"get_default_optimizer_params: {name} must be a finite number >= 0 or None, got "
-                                  f"{value!r}")
+        if value is not None:
+            check_rate(f"get_default_optimizer_params: {name}", value,
+                       f"Give e.g. {name}={1.0 if name == 'bias_lr_factor' else 0.0}, or None for the default.",
+                       none_allowed=True)
     asks_rate = (f"bias_lr_factor={bias_lr_factor!r}" if bias_lr_factor is not None and bias_lr_factor != 1.0 else
                  "lr_factor_func" if lr_factor_func is not None else None)
     if overrides is not None:
@@ -156,7 +224,8 @@ def get_default_optimizer_params(
                               "optimizer.params.base_lr=${optimizer.lr}).")
     groups = detectron2_optimizer_params(
         model, base_lr=base_lr, weight_decay=weight_decay, weight_decay_norm=weight_decay_norm,
-        bias_lr_factor=bias_lr_factor, weight_decay_bias=weight_decay_bias, lr_factor_func=lr_factor_func,
+        bias_lr_factor=bias_lr_factor, weight_decay_bias=weight_decay_bias,
+        lr_factor_func=checked_factors(lr_factor_func, base_lr) if lr_factor_func is not None else None,
         overrides=copy.deepcopy(dict(overrides)) if overrides is not None else None,  # detectron2 adds "bias" to it
     )
     if weight_decay_norm is None:
@@ -176,6 +245,20 @@ def get_default_optimizer_params(
             decay = {"weight_decay": weight_decay_norm} if param in norms else {}
             per_parameter.append({"params": [param], **values, **decay})
     return reduce_param_groups(per_parameter)
+
+
+def checked_factors(lr_factor_func: Callable[[str], float], base_lr: float | None) -> Callable[[str], float]:
+    """``lr_factor_func`` whose factor for each parameter (detectron2 calls it with the parameter's
+    full name, e.g. ``backbone.bottom_up.stem.conv1.weight``) is refused unless it is a finite
+    number >= 0 (:func:`check_rate`), naming the parameter."""
+    @functools.wraps(lr_factor_func)
+    def factor(name: str) -> float:
+        value = lr_factor_func(name)
+        check_rate(f"get_default_optimizer_params: lr_factor_func({name!r}), the factor of base_lr={base_lr!r} for "
+                   f"parameter {name!r},", value,
+                   "Make lr_factor_func return a finite number >= 0 for every parameter name (1.0 keeps base_lr).")
+        return value
+    return factor
 
 
 def build_optimizer(cfg: CfgNode, model: nn.Module) -> torch.optim.Optimizer:

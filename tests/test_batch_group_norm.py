@@ -475,3 +475,22 @@ def test_single_value_refusals_name_the_layer_s_arguments_and_what_ghostbn_can_c
                                          r"that divides the batch size, a larger input \(more than one position per "
                                          r"channel\), or a smaller groups that divides the 4 channels$"):
         batch_group_norm(torch.randn(3, 4), torch.zeros(4), torch.ones(4), None, None, True, 4, 1, 1e-5, 0.1, 0.0)
+
+
+# the functional form given a negative running variance in evaluation returned all NaN without a word, while
+# BatchGroupNorm.load_state_dict refuses the same statistics
+def test_the_functional_form_refuses_negative_or_nan_running_variances_in_evaluation():
+    from gwdet.errors import GwdetValueError
+
+    x = torch.randn(4, 16, 5, 5)
+    with pytest.raises(GwdetValueError, match=r"batch_group_norm: running_var holds negative variances \(the smallest "
+                       r"-1, at channel 0\), which no training computes: in evaluation \(training=False\) the output "
+                       r"would be NaN\. Pass the running variances of a trained layer"):
+        batch_group_norm(x, torch.zeros(16), -torch.ones(16), None, None, False, 4, 2, 1e-5, 0.1, 0.0)
+    variances = torch.ones(16)
+    variances[5] = float("nan")
+    with pytest.raises(GwdetValueError, match=r"running_var holds NaN variances"):
+        batch_group_norm(x, torch.zeros(16), variances, None, None, False, 4, 2, 1e-5, 0.1, 0.0)
+    variances[5] = 0.0  # a dead channel's zero variance is legitimate
+    assert torch.isfinite(batch_group_norm(x, torch.zeros(16), variances, None, None, False, 4, 2, 1e-5, 0.1,
+                                           0.0)).all()

@@ -266,3 +266,24 @@ def test_a_state_whose_running_whitening_has_another_group_layout_is_refused_nam
                                            r"layer's has shape \[4, 4, 4\].*\(the file may be damaged\)$"):
         torch.nn.Sequential(BatchWhitening(16, group_size=4)).load_state_dict(
             {f"0.{key}": (torch.eye(16) if key == "running_whitening" else value) for key, value in state.items()})
+
+
+# a non-symmetric running_whitening (I + an upper triangle of ones), which neither ZCA nor ItN computes, loaded
+# without a word, and the layer's evaluation output was then 5.4 away from the identity's
+def test_a_state_whose_running_whitening_is_not_symmetric_is_refused():
+    state = BatchWhitening(16, group_size=4).state_dict()
+    state["running_whitening"] = torch.eye(4).repeat(4, 1, 1) + torch.triu(torch.ones(4, 4), 1)
+    layer = BatchWhitening(16, group_size=4)
+    with pytest.raises(RuntimeError, match=re.escape(
+            "BatchWhitening: the state's running_whitening holds a whitening matrix that is not symmetric (entries "
+            "(i, j) and (j, i) differ by up to 1 of its largest entry; training keeps the inverse square root of a "
+            "covariance plus eps I, Eq. 5, which is symmetric), which no training computes: the layer's outputs "
+            "would not be whitened. Load the state of a trained layer")):
+        layer.load_state_dict(state)
+    assert torch.equal(layer.running_whitening, torch.eye(4).repeat(4, 1, 1))
+    # rounding's asymmetry loads: a symmetric matrix stored in half precision, or off by float32 rounding
+    symmetric = torch.eye(4) + 0.3 * torch.ones(4, 4)
+    state["running_whitening"] = (symmetric + 1e-6 * torch.triu(torch.ones(4, 4), 1)).repeat(4, 1, 1)
+    layer.load_state_dict(state)
+    half = BatchWhitening(16, group_size=4).half()
+    half.load_state_dict({**state, "running_whitening": (symmetric / 3).half().repeat(4, 1, 1)})

@@ -866,3 +866,26 @@ def test_a_config_path_holding_an_equals_sign_is_read_as_a_path(tmp_path, monkey
             parse_config_item(item)
     (tmp_path / "b.yaml").write_text("_BASE_: x.yaml\n")
     assert parse_config_item("a=b.yaml") == RunSpec("a", "b.yaml")  # NAME=CONFIG where CONFIG is a file
+
+
+# "a/b=configs/Study/gw.yaml" was read as one config path: "Config file '.../a/b=configs/Study/gw.yaml' does not exist"
+@pytest.mark.parametrize("flag", ["--configs", "--extra"])
+def test_a_config_name_holding_a_slash_is_named_with_the_name_rule(capsys, monkeypatch, flag):
+    monkeypatch.chdir(REPO)
+    with pytest.raises(SystemExit):
+        study_main([flag, "a/b=configs/Study/gw.yaml", "--list"])
+    assert (f"error: {flag} 'a/b=configs/Study/gw.yaml': the run name 'a/b' before '=' holds '/', and a run's name "
+            "names its folder: it starts with an ASCII letter or digit and holds only ASCII letters, digits and "
+            "_ . + -. Give NAME=CONFIG with such a name, e.g. a-b=configs/Study/gw.yaml; nothing was run."
+            ) in capsys.readouterr().err
+
+
+# --gpus-per-node 2 with the local launcher was told to match --num-gpus; doing so gave a second refusal, that the
+# local launcher does not use --gpus-per-node
+@pytest.mark.parametrize("num_gpus", [[], ["--num-gpus", "2"]])
+def test_gpus_per_node_with_the_local_launcher_is_named_as_unused_first(capsys, num_gpus):
+    assert study_main(["--study", "paper", "--gpus-per-node", "2", "--only", "gn-b2-s0", *num_gpus]) == 2
+    printed = capsys.readouterr().err
+    assert ("error: --gpus-per-node: --launcher local does not use it (a run here asks SLURM for nothing). Add "
+            "--launcher slurm to submit the run as a SLURM job, or leave it out.") in printed
+    assert "give the same number to both" not in printed

@@ -1484,3 +1484,89 @@ def test_a_path_through_a_broken_symbolic_link_is_named_as_one(r50_files, tmp_pa
             convert_checkpoint(r50_files["bn"], tmp_path / folder / "out.pkl")
     assert sorted(os.listdir(tmp_path)) == ["gone.pth", "loop1.pkl", "loop1.pth", "loop2.pkl", "loop2.pth", "runs",
                                             "self", "via.pth"]
+
+
+# an existing folder as OUT was told "out/: the output must end with .pkl ... Name it 'out/.pkl'" (in Python,
+# write_detectron2_pkl(w, 'out') was told to name it 'out.pkl'), a sibling or hidden file instead of a name in it
+def test_an_output_that_is_a_folder_is_asked_for_a_file_name_in_it(r50_files, tmp_path, monkeypatch, capsys):
+    import numpy as np
+
+    from gwdet.convert import write_detectron2_pkl
+    from gwdet.convert.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    for given in ("out/", "out", "missing/"):
+        assert main([str(r50_files["bn"]), given]) == 2
+        what = "names a folder (it ends in '/')" if given == "missing/" else "is a folder"
+        assert (f"error: {given} {what}: give the path of the .pkl file to write, a file name in it (e.g. "
+                f"{given.rstrip('/')}/R-50-GW.pkl); nothing was written.") in capsys.readouterr().err
+    with pytest.raises(ConversionError, match=r"^out is a folder: give the path of the .pkl file to write, a file "
+                                              r"name in it \(e.g. out/R-50-GW.pkl\); nothing was written.$"):
+        write_detectron2_pkl({"w": np.zeros(2, np.float32)}, "out", author="me")
+    assert os.listdir(tmp_path / "out") == []
+
+
+# a BN whose weight and bias were saved as [1, C, 1, 1] was refused: "2 with a wrong shape: ['stem.conv1.norm.weight
+# [1, 64, 1, 1] (needs [64])', ...]. The file is incomplete or of another architecture." (GW's were reshaped)
+def test_a_bn_affine_saved_as_1c11_is_reshaped_and_reported(r50_files):
+    state_dict = torch.load(r50_files["bn"], weights_only=True)
+    expected, _ = convert_state_dict(in_memory(state_dict))
+    broadcast = {key: value.reshape(1, -1, 1, 1) if key in ("bn1.weight", "bn1.bias") else value
+                 for key, value in state_dict.items()}
+    weights, report = convert_state_dict(in_memory(broadcast))
+    assert report.reshaped_bn == ["bn1"] and report.reshaped_affine == 0
+    assert ("  reshaped BN   : ['bn1'] kept weight/bias as [1,C,1,1] (or another broadcasting shape):\n"
+            "                  reshaped to [C], the same values") in report.format()
+    assert weights.keys() == expected.keys()
+    assert all((weights[key] == expected[key]).all() and weights[key].shape == expected[key].shape for key in weights)
+
+
+# an input path holding a '~' or '$HOME' that nothing expanded was "no such file. Check the input path." though the
+# file was there (the output side named the unexpanded '~' or variable)
+@pytest.mark.parametrize("given", ["~/h.pth", "$HOME/h.pth"])
+def test_an_input_with_a_home_or_variable_nothing_expanded_is_named(r50_files, tmp_path, monkeypatch, capsys, given):
+    from gwdet.convert.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "h.pth").write_bytes(r50_files["bn"].read_bytes())
+    held = "a leading '~'" if given.startswith("~") else "'$HOME'"
+    shell = ("leave the '~' outside quotes (~/'my file.pth')" if given.startswith("~") else
+             "let the shell expand it (double quotes)")
+    message = (f"{given}: no such file. It holds {held}, which nothing expanded (a quoted command-line value and a "
+               f"config file keep it as it is): {shell}, or write the path out ({tmp_path / 'home' / 'h.pth'}).")
+    with pytest.raises(ConversionError, match=f"^{re.escape(message)}$"):
+        convert_checkpoint(given, tmp_path / "out.pkl")
+    if given.startswith("$"):  # the tool expands a '~' of IN itself
+        assert main([given, "out.pkl"]) == 2
+        assert f"error: {message}" in capsys.readouterr().err
+    assert not (tmp_path / "out.pkl").exists()
+
+
+# a gzip-compressed checkpoint and a Git LFS pointer were "not a PyTorch checkpoint: it does not start like a file
+# written by torch.save ..." without naming the compression or the pointer
+def test_a_gzip_compressed_checkpoint_and_a_git_lfs_pointer_are_named(r50_files, tmp_path):
+    import gzip
+
+    packed = tmp_path / "r50.pth.gz"
+    packed.write_bytes(gzip.compress(r50_files["bn"].read_bytes()))
+    with pytest.raises(ConversionError, match=rf"^{re.escape(str(packed))} is gzip-compressed \(its name ends in "
+                                              r"\.gz\), and the file torch.save wrote is read uncompressed; nothing "
+                                              rf"was read from it. Decompress it \(gunzip -k {re.escape(str(packed))}\) "
+                                              rf"and give {re.escape(str(packed)[:-3])}.$"):
+        convert_checkpoint(packed, tmp_path / "out.pkl")
+    renamed = tmp_path / "r50z.pth"
+    renamed.write_bytes(packed.read_bytes())
+    with pytest.raises(ConversionError, match=r"r50z.pth is gzip-compressed \(though its name does not end in \.gz\).* "
+                                              r"\(gunzip -c .*r50z.pth > .*r50z.unpacked.pth\) and give "):
+        convert_checkpoint(renamed, tmp_path / "out.pkl")
+    pointer = tmp_path / "lfs.pth"
+    pointer.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:" + "4d" * 32 + "\nsize 102530333\n")
+    with pytest.raises(ConversionError, match=r"lfs.pth is a Git LFS pointer \(134 bytes of text standing for the real "
+                                              r"file of 102530333 bytes\), not the file torch.save wrote itself: the "
+                                              r"repository was cloned or pulled without fetching its Git LFS files. "
+                                              r"Run git lfs pull in the repository"):
+        convert_checkpoint(pointer, tmp_path / "out.pkl")
+    assert not (tmp_path / "out.pkl").exists()

@@ -1507,3 +1507,34 @@ def test_export_onnx_refuses_a_name_given_twice_or_that_is_no_string_before_trac
     with pytest.raises(error, match="^" + re.escape(message)):
         export_onnx(torch.nn.Identity(), (torch.zeros(1),), str(tmp_path / "out" / "i.onnx"), **names)
     assert os.listdir(tmp_path) == []
+
+
+class _ImageScale(torch.nn.Module):
+    """A model of one (C, H, W) uint8 image, as detectron2's exports take it: the image as floats, scaled."""
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        return image.float() * 2.0
+
+
+# an (H, W, C) image was told "the export is fixed to the dtype and size of the sample image ... Give an image of that
+# dtype and size (the test loader's resize ...), or export again with --sample-image", not the layout and its permute
+def test_run_onnx_names_an_image_in_hwc_layout_and_the_permute(tmp_path):
+    pytest.importorskip("onnxruntime")
+    image = torch.randint(0, 255, (3, 12, 10), dtype=torch.uint8)
+    path = tmp_path / "model.onnx"
+    export_onnx(_ImageScale(), (image,), str(path))
+    hwc = image.permute(1, 2, 0)
+    for given in (hwc, hwc.numpy()):
+        with pytest.raises(ValueError, match=r"^input 0 \('.*'\) of .*model.onnx takes tensor\(uint8\) of shape "
+                                             r"\[3, 12, 10\], got tensor\(uint8\) of shape \[12, 10, 3\]: an image in "
+                                             r"\(H, W, C\) layout, with its 3 channels last, where the export takes "
+                                             r"\(C, H, W\), as detectron2's models do. Give image.permute\(2, 0, 1\) "
+                                             r"\(of a numpy array: image.transpose\(2, 0, 1\)\).$"):
+            run_onnx(str(path), [given])
+    (output,) = run_onnx(str(path), [hwc.permute(2, 0, 1)])  # the fix the message gives
+    assert (output == image.float().numpy() * 2).all()
+    with pytest.raises(ValueError, match=r"an image in \(H, W, C\) layout.* After it, the image still differs in size "
+                                         r"\[3, 20, 10\] \(the export takes \[3, 12, 10\]\) and dtype tensor\(float\) "
+                                         r"\(the export takes tensor\(uint8\)\): the export is fixed to the dtype and "
+                                         r"size of the sample image"):
+        run_onnx(str(path), [torch.zeros(20, 10, 3)])

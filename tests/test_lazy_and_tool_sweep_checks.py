@@ -1294,3 +1294,24 @@ def test_a_place_norm_node_named_none_is_told_to_give_a_norm():
             "model.backbone.bottom_up.resnet alone).")):
         LazyRun.load(str(REPO / "configs" / "LazyConfig" / "mask_rcnn_R_50_FPN_gw.py"),
                      ["model.backbone.bottom_up.norm.name=null"])
+
+
+# optimizer.params.overrides with a misspelt group key or a negative decay was accepted (the decay applied or ignored
+# without a word, a warning then advising check_model(..., weight_decay_bias=-1)); a bare number stopped on detectron2's
+# "'float' object is not iterable"
+@pytest.mark.parametrize("override, error, message", [
+    ("optimizer.params.overrides={bias:{weight_decy:0.0}}", GwdetValueError,
+     "optimizer.params.overrides['bias']['weight_decy'] is no key of a parameter group of torch's optimizers, so the "
+     "optimizer would carry it and ignore it. Did you mean 'weight_decay'"),
+    ("optimizer.params.overrides={bias:{weight_decay:-1.0}}", GwdetValueError,
+     "optimizer.params.overrides['bias']['weight_decay'] must be a finite number >= 0, got -1.0"),
+    ("optimizer.params.overrides={bias:0.0}", GwdetTypeError,
+     "optimizer.params.overrides['bias'] is 0.0 (float), but an override is a dict of the parameter group's values"),
+])
+def test_optimizer_param_overrides_are_checked_before_anything_is_built(override, error, message):
+    run = LazyRun.load(str(LAZY_CONFIG), [override])
+    with pytest.raises(error) as refused:
+        run.check_request(eval_only=False, world_size=1)
+    assert message in str(refused.value)
+    LazyRun.load(str(LAZY_CONFIG), ["optimizer.params.overrides={bias:{weight_decay:0.0}}"]).check_request(
+        eval_only=False, world_size=1)

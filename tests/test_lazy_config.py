@@ -691,3 +691,13 @@ def test_every_shipped_lazyconfig_holds_only_the_nodes_a_run_reads():
                                                              "train"}, path
     with pytest.raises(GwdetValueError, match=r"^LazyConfig override 'GW.num_groups': the config has no 'GW' at the "):
         load_lazy_config(str(LAZY / "mask_rcnn_R_50_FPN_gw.py"), ["GW.num_groups=32"])
+
+
+# load_lazy_config(path, model='no') read 'no' as true and refused a file without a model
+def test_load_lazy_config_refuses_a_model_flag_that_is_no_bool(tmp_path):
+    config = tmp_path / "nomodel.py"
+    config.write_text('train = dict(device="cpu", output_dir="x")\n')
+    with pytest.raises(GwdetValueError, match=r"^load_lazy_config: model must be True or False, got 'no' \(str\), "
+                                              r"which would be read as a truth value whatever it says: give model=True"):
+        load_lazy_config(str(config), model="no")
+    assert "model" not in load_lazy_config(str(config), model=False)

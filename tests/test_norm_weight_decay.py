@@ -357,6 +357,21 @@ def test_build_optimizer_refuses_an_optimizer_other_than_sgd_named_in_the_config
     assert isinstance(gwdet.build_optimizer(cfg, net), torch.optim.SGD)
 
 
+# an optimizer of one's own decaying every bias by -1: the warning advised check_model(..., weight_decay_bias=-1),
+# which check_model refuses
+def test_norm_biases_decayed_by_a_negative_value_are_not_told_to_give_it_to_the_check(caplog):
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4))
+    biases = [parameter for name, parameter in model.named_parameters() if name.endswith("bias")]
+    weights = [parameter for name, parameter in model.named_parameters() if not name.endswith("bias")]
+    optimizer = torch.optim.SGD([{"params": weights, "weight_decay": 0.0}, {"params": biases, "weight_decay": -1.0}],
+                                lr=0.1)
+    with caplog.at_level(logging.WARNING, logger="gwdet.modeling.model_checks"):
+        check_model(model, optimizer=optimizer, weight_decay_norm=0.0)
+    warned = "\n".join(r.getMessage() for r in caplog.records)
+    assert "are decayed otherwise than the norm weight decay 0" in warned, warned
+    assert "weight_decay_bias=-1" not in warned
+
+
 # SOLVER.WEIGHT_DECAY_BIAS set: check_model(m, optimizer=gwdet.build_optimizer(cfg, m), weight_decay_norm=0.0) warned
 # that the norm layers were decayed otherwise and advised gwdet.build_optimizer, which had built the optimizer
 def test_norm_biases_decayed_by_the_bias_weight_decay_are_named_as_such(caplog):
@@ -412,3 +427,37 @@ def test_an_optimizer_for_a_scratch_model_with_frozen_parts_warns_that_they_stay
         lazy.build_optimizer(cfg, model)
     assert len(warned) == 1 and warned[0].startswith("train.init_checkpoint is empty (training from scratch), and the "
                                                      "model has ")
+
+
+# overrides={'bias': {'weight_decy': 0.0}} / {'weight_decay': -1.0} / {'lr': nan} were taken (SGD carried the misspelt
+# key and ignored it, decayed by -1, trained the biases to NaN); {'bias': 0.0} stopped on "'float' object is not iterable"
+@pytest.mark.parametrize("overrides, error, message", [
+    ({"bias": {"weight_decy": 0.0}}, ValueError,
+     r"overrides\['bias'\]\['weight_decy'\] is no key of a parameter group of torch's optimizers, so the optimizer "
+     r"would carry it and ignore it\. Did you mean 'weight_decay'"),
+    ({"bias": {"weight_decay": -1.0}}, ValueError,
+     r"overrides\['bias'\]\['weight_decay'\] must be a finite number >= 0, got -1\.0: .* Give e\.g\. "
+     r"\{'bias': \{'weight_decay': 0\.0\}\}"),
+    ({"bias": {"lr": float("nan")}}, ValueError, r"overrides\['bias'\]\['lr'\] must be a finite number >= 0, got nan"),
+    ({"bias": 0.0}, TypeError, r"overrides\['bias'\] is 0\.0 \(float\), but an override is a dict of the parameter "
+                               r"group's values .* Give e\.g\. \{'bias': \{'weight_decay': 0\.0\}\}"),
+])
+def test_an_override_is_a_dict_of_group_keys_torchs_optimizers_take_with_finite_rates(overrides, error, message):
+    net = _Net(GroupWhitening(8, num_groups=4))
+    with pytest.raises(error, match=f"get_default_optimizer_params: {message}"):
+        get_default_optimizer_params(net, base_lr=0.1, weight_decay=1e-4, weight_decay_norm=0.0, overrides=overrides)
+    groups = get_default_optimizer_params(net, base_lr=0.1, weight_decay=1e-4, weight_decay_norm=0.0,
+                                          overrides={"bias": {"weight_decay": 0.0, "momentum": 0.5, "lr": 0.0}})
+    assert {g["lr"] for g in groups if any(p is net.conv.bias for p in g["params"])} == {0.0}
+
+
+# lr_factor_func returning -1 or NaN made groups with lr -0.1 or NaN; returning '2' stopped on a bare TypeError
+@pytest.mark.parametrize("factor, shown", [(-1.0, "-1.0"), (float("nan"), "nan"), ("2", r"'2' \(str\)")])
+def test_an_lr_factor_func_result_that_is_no_rate_factor_is_refused_naming_the_parameter(factor, shown):
+    net = _Net(GroupWhitening(8, num_groups=4))
+    with pytest.raises(ValueError, match=rf"get_default_optimizer_params: lr_factor_func\('conv.weight'\), the factor "
+                                         rf"of base_lr=0.1 for parameter 'conv.weight', must be a finite number >= 0, "
+                                         rf"got {shown}: .* Make lr_factor_func return a finite number >= 0"):
+        get_default_optimizer_params(net, base_lr=0.1, lr_factor_func=lambda name: factor if "conv" in name else 1.0)
+    groups = get_default_optimizer_params(net, base_lr=0.1, lr_factor_func=lambda name: 0.5)
+    assert {g["lr"] for g in groups} == {0.05}

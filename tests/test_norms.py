@@ -287,8 +287,8 @@ def test_a_name_is_registered_once(registered):
         with pytest.raises(ValueError, match=f"{name!r} is a built-in norm name"):
             unregister_norm(name)
     unregister_norm("TestOnce")  # a plugin that reloads unregisters, then registers again
-    register_norm("TestOnce", lambda channels: torch.nn.LayerNorm(channels))
-    assert isinstance(norm("TestOnce")(8), torch.nn.LayerNorm)
+    register_norm("TestOnce", lambda channels: torch.nn.GroupNorm(2, channels))
+    assert norm("TestOnce")(8).num_groups == 2
     with pytest.raises(UnknownNormError):
         unregister_norm("TestNeverRegistered")
 
@@ -1241,3 +1241,73 @@ def test_a_registered_norms_layer_of_another_dtype_or_on_the_meta_device_is_refu
         assert norm("TestDouble")(16).weight.dtype == torch.float64
     finally:
         torch.set_default_dtype(before)
+
+
+# torch's LayerNorm((C,)) registered as a norm normalized the width of (N, C, H, W) maps without a word
+def test_a_registered_torch_layer_norm_over_the_last_axis_is_refused_naming_the_channel_norms(registered):
+    registered.append("TestTorchLN")
+    register_norm("TestTorchLN", torch.nn.LayerNorm)
+    with pytest.raises(ValueError, match=r"^The norm 'TestTorchLN': its build function LayerNorm returned torch's "
+                                         r"LayerNorm\(\(16,\).* normalizes over the last axis of its input: the width "
+                                         r".*not the channels.*gwdet's 'LN' \(detectron2's LayerNorm, "
+                                         r"gwdet.norm\('LN'\)\).*torch.nn.GroupNorm\(1, channels\)"):
+        norm("TestTorchLN")(16)
+    assert isinstance(norm("LN")(16), torch.nn.Module)
+
+
+# a Norm made before its name was unregistered and registered with another function built with the new function
+def test_a_norm_made_before_its_name_was_registered_anew_is_refused(registered):
+    import copy
+
+    registered.append("TestAnew")
+    register_norm("TestAnew", lambda channels: torch.nn.GroupNorm(2, channels))
+    made = norm("TestAnew")
+    kept = copy.deepcopy(made)
+    assert made(16).num_groups == 2
+    unregister_norm("TestAnew")
+    register_norm("TestAnew", lambda channels: torch.nn.GroupNorm(4, channels))
+    for stale in (made, kept):
+        with pytest.raises(ValueError, match=re.escape(
+                "Norm('TestAnew') was made while 'TestAnew' was registered with one <lambda>; the name has been "
+                "registered anew since, with another function named <lambda>") + r".*Make the norm again after the "
+                r"registration you want: gwdet.norm\('TestAnew'\)"):
+            stale(16)
+    assert norm("TestAnew")(16).num_groups == 4
+
+
+def _same_build(channels: int, num_groups: int = 2) -> torch.nn.Module:
+    return torch.nn.GroupNorm(num_groups, channels)
+
+
+def test_a_norm_still_builds_after_its_name_was_registered_again_with_the_same_function(registered):
+    registered.append("TestAgain")
+    register_norm("TestAgain", _same_build)
+    made = norm("TestAgain", num_groups=4)
+    unregister_norm("TestAgain")
+    register_norm("TestAgain", _same_build)
+    assert made(16).num_groups == 4 and pickle.loads(pickle.dumps(made))(16).num_groups == 4
+
+
+# norm(16, 4) raised Python's "takes from 1 to 2 positional arguments"; norm(num_features=16) was told to give
+# num_features to gwdet.norm, which refuses it too
+def test_a_norm_called_with_two_positionals_or_num_features_names_the_call_forms():
+    made = norm("GW", num_groups=4)
+    forms = re.escape("a norm takes the channel count alone, norm(16), norm(channels=16) or norm(num_channels=16)")
+    with pytest.raises(GwdetTypeError, match=re.escape(
+            "Norm('GW', num_groups=4, T=5, eps=1e-05) was called with 2 positional arguments (16, 4): ") + forms
+            + r".*gwdet.norm\('GW', <setting>=...\) \(the settings 'GW' takes: \['num_groups', 'T', 'eps'\]\)"):
+        made(16, 4)
+    for word in ("num_features", "normalized_shape"):
+        with pytest.raises(GwdetTypeError, match=re.escape(
+                f"Norm('GW', num_groups=4, T=5, eps=1e-05) was called with {word}=16, torch's word for a layer's "
+                "channel count, which a norm does not take: ") + forms + re.escape(", e.g. norm(16)")):
+            made(**{word: 16})
+
+
+# check_gwdet_config({...}) said "call gwdet.add_gwdet_config(cfg)", which refuses a dict too
+def test_check_gwdet_config_refuses_a_plain_dict_naming_what_it_takes():
+    with pytest.raises(GwdetTypeError, match=r"^gwdet needs a detectron2 CfgNode \(a yacs config\), got a dict: "
+                                             r"\{'MODEL': \{\}\}.*gwdet.add_gwdet_config takes a CfgNode too.*"
+                                             r"get_cfg\(\); gwdet.add_gwdet_config\(cfg\).*"
+                                             r"gwdet.model_zoo.build_config\(path\)"):
+        gwdet.check_gwdet_config({"MODEL": {}})

@@ -482,3 +482,41 @@ def test_sigusr1_and_sigxcpu_save_a_checkpoint_and_stop_training_saying_so(signu
     assert f"Received {signum}: the current iteration finishes, a checkpoint is saved" in caplog.text
     assert f"Stopped by {signum} after iteration 30; saved model_0000030.pth. Continue with the same command and " \
            "--resume" in caplog.text
+
+
+# a stop signal while the run drew its predictions (after results.json) ended the process by its default action
+# without a word, and --resume then called the run "finished" though vis/ held 1 of its drawings
+def test_a_stop_signal_while_drawing_is_logged_and_the_resume_says_how_to_draw(tmp_path, monkeypatch):
+    import signal
+
+    import gwdet.engine.run as run_module
+    from gwdet.checkpoint.signal_hook import TrainingInterrupted
+    from gwdet.errors import GwdetValueError
+
+    drawn_first = run_module.save_prediction_pngs
+
+    def stopped_after_the_first(cfg, model, dataset, num_images, out_dir, score):
+        drawn = drawn_first(cfg, model, dataset, 1, out_dir, score)
+        signal.raise_signal(signal.SIGTERM)  # as `kill -TERM` while drawing the second
+        return drawn
+
+    monkeypatch.setattr(run_module, "save_prediction_pngs", stopped_after_the_first)
+    before = signal.getsignal(signal.SIGTERM)
+    output = tmp_path / "run"
+    with pytest.raises(TrainingInterrupted) as stopped:
+        main(tiny_run_args(output, "TEST.VIS_IMAGES", "3"))
+    assert stopped.value.code == 128 + signal.SIGTERM and signal.getsignal(signal.SIGTERM) == before
+    vis = output / "vis"
+    assert (f"Stopped by SIGTERM while drawing: 1 of 3 drawings written in {vis}{os.sep}; the results are complete "
+            f"(results.md, results.json). To draw them, run the same command with --eval-only --resume: it evaluates "
+            f"model_final.pth again and writes its results and its 3 drawings in {output / 'eval' / 'model_final' / 'vis'}"
+            f"{os.sep}, leaving the run's own files as they are.") in (output / "log.txt").read_text()
+    assert json.loads((output / "results.json").read_text())["environment"]["drawings"] == {"folder": "vis", "count": 3}
+    monkeypatch.undo()
+    with pytest.raises(GwdetValueError, match=r"has trained its 2 iterations \(model_final.pth\) and its results are in "
+                       r"results.json, but its drawing step was stopped: .*vis/ holds 1 of the 3 prediction drawings "
+                       r"it was making \(TEST.VIS_IMAGES\)\. Resuming would train nothing; nothing was changed\. To draw them, "
+                       r"run the same command with --eval-only --resume"):
+        main(tiny_run_args(output, "TEST.VIS_IMAGES", "3", "--resume"))
+    evaluated = main(tiny_run_args(output, "TEST.VIS_IMAGES", "3", "--eval-only", "--resume"))  # the way given
+    assert evaluated is not None and len(list((output / "eval" / "model_final" / "vis").glob("*.png"))) == 3

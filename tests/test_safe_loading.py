@@ -1,5 +1,7 @@
 """Checkpoints and weights gwdet reads itself never execute code unless the user opts in."""
+import pathlib
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -340,3 +342,58 @@ def test_a_checkpoint_cut_at_any_length_is_named_as_damaged(tmp_path):
     cut.write_bytes(b"")
     with pytest.raises(DamagedFileError, match=r"cut short \(the file is empty: 0 bytes\); nothing was loaded"):
         ResilientCheckpointer(loading).load(str(cut))
+
+
+def _small_model():
+    from gwdet.layers import GroupWhitening
+
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), GroupWhitening(16, num_groups=4))
+
+
+# before: save() wrote a pathlib.Path or numpy array extra without a word, and gwdet's own loader then refused the
+# file as unsafe; a lambda raised pickle's bare AttributeError
+@pytest.mark.parametrize("value, problem, fix", [
+    (pathlib.Path("/tmp"), r"\(PosixPath\) needs pathlib\.PosixPath to be read back", r"where=str\(path\)"),
+    (np.arange(3), r"\(ndarray\) needs .*numpy\.ndarray to be read back", r"where=torch\.from_numpy\(array\)"),
+    (lambda: 1, r"\(function\) cannot be pickled \(\w+Error: ", r"Save plain values"),
+])
+def test_save_refuses_an_extra_its_own_loader_would_refuse_before_writing(tmp_path, value, problem, fix):
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    with pytest.raises(GwdetError, match=rf"^Checkpoint 'pl' cannot be saved: its extra 'where' {problem}.*nothing "
+                                         rf"was written\. .*{fix}"):
+        ResilientCheckpointer(_small_model(), save_dir=str(tmp_path)).save("pl", where=value)
+    assert list(tmp_path.iterdir()) == []
+    plain = {"a": [1, 2.0, "x", None, np.float64(1.0)], "t": torch.zeros(2), "dtype": torch.float32}
+    ResilientCheckpointer(_small_model(), save_dir=str(tmp_path)).save("pl", where=plain)
+    assert ResilientCheckpointer(_small_model()).load(str(tmp_path / "pl.pth"))["where"]["a"][:3] == [1, 2.0, "x"]
+
+
+# before: save('mk', model={...}) replaced the model's weights in the file with the extra, without a word
+def test_save_refuses_an_extra_that_would_replace_what_the_checkpointer_writes(tmp_path):
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    model = _small_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    checkpointer = ResilientCheckpointer(model, save_dir=str(tmp_path), optimizer=optimizer)
+    for key in ("model", "optimizer", "gwdet_norm_types"):
+        with pytest.raises(GwdetError, match=rf"^Checkpoint 'mk' cannot be saved with the extra '{key}': the "
+                                             r"checkpointer writes that key itself .*nothing was written\. Give the "
+                                             r"extra another name"):
+            checkpointer.save("mk", **{key: {"x": torch.zeros(1)}})
+    assert list(tmp_path.iterdir()) == []
+
+
+# before: save(..., iteration='abc') was written, and --resume then failed with int()'s bare ValueError
+@pytest.mark.parametrize("iteration", ["abc", -1, 2.5, True])
+def test_save_refuses_an_iteration_that_is_no_whole_number(tmp_path, iteration):
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    checkpointer = ResilientCheckpointer(_small_model(), save_dir=str(tmp_path))
+    with pytest.raises(GwdetError, match=rf"^Checkpoint 'model_0000004' cannot be saved with iteration="
+                                         rf"{re.escape(repr(iteration))} \(.*a whole number >= 0, after which "
+                                         r"--resume continues; nothing was written\. Give it as an int"):
+        checkpointer.save("model_0000004", iteration=iteration)
+    assert list(tmp_path.iterdir()) == []
+    checkpointer.save("model_0000004", iteration=np.int64(4))
+    assert ResilientCheckpointer(_small_model()).load(str(tmp_path / "model_0000004.pth"))["iteration"] == 4

@@ -436,3 +436,18 @@ def test_a_built_setting_refused_with_the_other_settings_names_the_constructors_
                                              r"method=\.\.\., affine=True\) with values it accepts"):
         layer.method = "zca"
     assert layer.method == "itn"
+
+
+# a LayerNorm's eps was not recorded: detectron2's LayerNorm of eps 1e-6 loaded into one of eps 10 without a word
+@pytest.mark.parametrize("kind", ["detectron2", "torch"])
+def test_a_layer_norm_of_another_eps_is_refused_and_one_of_the_same_loads(kind, tmp_path):
+    from detectron2.layers.batch_norm import LayerNorm
+
+    def net(eps):
+        layer = LayerNorm(16, eps=eps) if kind == "detectron2" else torch.nn.LayerNorm([16, 6, 6], eps=eps)
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), layer)
+
+    ResilientCheckpointer(net(1e-6), save_dir=str(tmp_path)).save("ln")
+    with pytest.raises(ValueError, match=r"other norm hyper-parameters .*1 eps 1e-06 -> 10.0"):
+        ResilientCheckpointer(net(10.0)).load(str(tmp_path / "ln.pth"))
+    ResilientCheckpointer(net(1e-6)).load(str(tmp_path / "ln.pth"))

@@ -338,6 +338,8 @@ def test_norm_settings_records_the_values_that_make_each_layer_its_function():
         "bgn": {"num_groups": 2, "examples_per_group": 2, "eps": 1e-5, "momentum": 0.1, "eval_example_weight": 0.0},
         "frozen": {"eps": 1e-5},
         "instance": {"eps": 1e-5, "momentum": 0.1},
+        "ln": {"normalized_shape": [4], "eps": 1e-5, "elementwise_affine": True},
+        "d2_ln": {"eps": 1e-6},
         "per_level.levels.0": {"eps": 1e-5, "momentum": 0.1},
         "per_level.levels.1": {"eps": 1e-5, "momentum": 0.1},
     }
@@ -1357,3 +1359,76 @@ def test_an_evaluation_of_a_runs_own_weights_leaves_no_key_unused(demo_weights):
     Reporting(nn.Sequential(nn.Conv2d(3, 4, 1), FrozenBatchNorm2d(4)), require_every_weight=True).load_weights(
         os.path.join(folder, "batch_norm.pth"))
     assert reported[-1].unexpected_keys == ["1.num_batches_tracked"]  # loaded all the same
+
+
+def _checkpointed_model():
+    return nn.Sequential(nn.Conv2d(3, 16, 3), GroupWhitening(16, num_groups=4))
+
+
+# before: load(p, checkpointables=['optimzer']) (a typo) returned normally and restored nothing, without a word
+def test_load_refuses_a_checkpointable_name_the_checkpointer_does_not_have(tmp_path):
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from gwdet.errors import GwdetError
+
+    model = _checkpointed_model()
+    ResilientCheckpointer(model, str(tmp_path), optimizer=torch.optim.SGD(model.parameters(), lr=0.123)).save("opt")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    checkpointer = ResilientCheckpointer(model, optimizer=optimizer)
+    with pytest.raises(GwdetError, match=r"^ResilientCheckpointer\.load: checkpointables names 'optimzer', which is "
+                                         r"not one of this checkpointer's checkpointables \('optimizer'\).*nothing was "
+                                         r"loaded\. Did you mean 'optimizer'\?"):
+        checkpointer.load(str(tmp_path / "opt.pth"), checkpointables=["optimzer"])
+    with pytest.raises(GwdetError, match=r"checkpointables must be a list .*got str 'optimizer'.*checkpointables="
+                                         r"\['optimizer'\]"):
+        checkpointer.load(str(tmp_path / "opt.pth"), checkpointables="optimizer")
+    checkpointer.load(str(tmp_path / "opt.pth"), checkpointables=["optimizer"])
+    assert optimizer.param_groups[0]["lr"] == 0.123
+
+
+# before: load(p, checkpointables=['optimizer']) of a file holding no optimizer restored nothing, without a word
+def test_load_refuses_a_named_checkpointable_the_file_does_not_hold(tmp_path):
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from gwdet.errors import GwdetError
+
+    model = _checkpointed_model()
+    ResilientCheckpointer(model, str(tmp_path)).save("no_opt")
+    path = str(tmp_path / "no_opt.pth")
+    loading = _checkpointed_model()
+    before = {key: value.clone() for key, value in loading.state_dict().items()}
+    checkpointer = ResilientCheckpointer(loading, optimizer=torch.optim.SGD(loading.parameters(), lr=0.01))
+    with pytest.raises(GwdetError, match=rf"^ResilientCheckpointer\.load: {re.escape(path)} holds no 'optimizer' "
+                                         r"state, which checkpointables=\['optimizer'\] asks to restore: it holds no "
+                                         r"checkpointable's state, only 'model', .*nothing was loaded\. .*"
+                                         r"checkpointables=\[\]"):
+        checkpointer.load(path, checkpointables=["optimizer"])
+    assert all(torch.equal(value, before[key]) for key, value in loading.state_dict().items())
+    checkpointer.load(path)  # without names: whatever the file holds, as detectron2 does
+    assert all(torch.equal(value, model.state_dict()[key]) for key, value in loading.state_dict().items())
+
+
+# before: require_every_weight='no' and compare_input='no' were read as True
+@pytest.mark.parametrize("flag", ["require_every_weight", "compare_input", "save_to_disk"])
+def test_checkpointer_flags_must_be_true_or_false(flag):
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from gwdet.errors import GwdetError
+
+    with pytest.raises(GwdetError, match=rf"^ResilientCheckpointer: {flag} must be True or False, got 'no'"):
+        ResilientCheckpointer(_checkpointed_model(), **{flag: "no"})
+    assert getattr(ResilientCheckpointer(_checkpointed_model(), **{flag: False}), flag) is False
+
+
+# before: segment=5, save_dir=123 and a model of None raised bare TypeErrors and AttributeErrors naming no argument
+@pytest.mark.parametrize("arguments, message", [
+    ({"segment": 5}, r"segment must be a mapping .*got int 5"),
+    ({"save_dir": 123}, r"save_dir must be a str or os\.PathLike .*got int 123"),
+    ({"model": None}, r"model must be a torch\.nn\.Module .*got NoneType None"),
+    ({"training_data": ["a.json"]}, r"training_data must be a mapping .*got list \['a\.json'\]"),
+    ({"optimizer": 5}, r"the checkpointable optimizer=5 \(int\) has no state_dict\(\) and load_state_dict\(\)"),
+])
+def test_checkpointer_arguments_of_another_type_are_refused_by_name(arguments, message):
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from gwdet.errors import GwdetTypeError
+
+    model = arguments.pop("model", _checkpointed_model())
+    with pytest.raises(GwdetTypeError, match=rf"^ResilientCheckpointer: {message}"):
+        ResilientCheckpointer(model, **arguments)

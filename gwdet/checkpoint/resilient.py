@@ -13,6 +13,8 @@ other norm layers are refused before any weight is copied (:mod:`gwdet.checkpoin
 from __future__ import annotations
 
 import contextlib
+import difflib
+import io
 import logging
 import os
 import pickle
@@ -69,7 +71,8 @@ from gwdet.checkpoint.run_identity import RUN_ID_KEY, check_same_run, new_run_id
 from gwdet.layers.settings_state import EXTRA_STATE_KEY
 from gwdet.norms import SYNCHRONIZED_NORMS, TORCH_BATCH_NORMS, layer_types
 from gwdet.checkpoint.safe_load import (UnsafeCheckpointError, cut_within_magic, load_pickle_file, load_torch_file,
-                                        valueless_tensors_problem)
+                                        numpy_number_globals, valueless_tensors_problem)
+from gwdet.layers.common import check_flag
 from gwdet.errors import (GwdetError, GwdetFileExistsError, GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetRuntimeError, GwdetTypeError,
                           GwdetValueError, listed)
 
@@ -116,6 +119,72 @@ def _check_checkpoint_name(name: Any, save_dir: str | None) -> None:
                               f"save_dir ({save_dir!r}), and this name would write {target}, elsewhere; nothing was "
                               f"written. Give a plain file name (save({plain!r})), or a checkpointer whose save_dir is "
                               "the folder meant.")
+
+
+def _unloadable_value_problem(value: Any) -> str | None:
+    """Why gwdet's loader (``torch.load(weights_only=True)`` with numpy's numbers allowed,
+    :mod:`gwdet.checkpoint.safe_load`) would refuse a checkpoint holding ``value``, or cannot
+    have it written at all; ``None`` when it reads it back: plain values (numbers, str, bytes,
+    None, lists, tuples, sets, dicts of them), tensors, torch dtypes and devices, numpy numbers."""
+    buffer = io.BytesIO()
+    try:
+        torch.save(value, buffer)
+    except Exception as error:  # pickle refuses it: a lambda, a local class, an open file, a lock
+        reason = str(error).splitlines()[0] if str(error).strip() else "no details"
+        return f"cannot be pickled ({type(error).__name__}: {reason})"
+    buffer.seek(0)
+    try:
+        with torch.serialization.safe_globals(numpy_number_globals()), contextlib.suppress(Warning):
+            torch.load(buffer, map_location="cpu", weights_only=True)
+    except Exception:  # what weights-only unpickling refuses: named by the globals the pickle needs
+        buffer.seek(0)
+        allowed = {f"{kind.__module__}.{kind.__qualname__}" for kind in numpy_number_globals()}
+        try:
+            needed = [name for name in torch.serialization.get_unsafe_globals_in_checkpoint(buffer)
+                      if name not in allowed]
+        except Exception:  # the globals cannot be listed: the value's type names it
+            needed = []
+        return (f"needs {', '.join(sorted(needed)) or 'more than weights-only loading'} to be read back, so gwdet's "
+                "loader would refuse the file as unsafe (unpickling it can execute code)")
+    return None
+
+
+def _extra_fix(key: str, value: Any, problem: str) -> str:
+    """How to save the extra ``key`` so that gwdet's loader reads it back."""
+    if isinstance(value, os.PathLike) or "pathlib." in problem:
+        return f"Save a path as a str: {key}=str(path)."
+    if isinstance(value, np.ndarray) or "numpy." in problem:
+        return f"Save a numpy array as a tensor: {key}=torch.from_numpy(array) (or array.tolist())."
+    return ("Save plain values (numbers, str, None, lists, tuples and dicts of them) or tensors, e.g. the object's "
+            f"state_dict() or a str describing it, as {key}=....")
+
+
+def _check_extras(name: str, extra: Mapping[str, Any], written: Sequence[str]) -> None:
+    """Refuse, before anything is written, extras of :meth:`ResilientCheckpointer.save` that would
+    replace what the checkpointer writes itself (``written``: the model's weights, the
+    checkpointables' states, gwdet's records), an ``iteration`` that is no whole number >= 0
+    (what ``--resume`` continues after), and values gwdet's own loader would refuse."""
+    replaced = [key for key in extra if key in written]
+    if replaced:
+        raise GwdetValueError(
+            f"Checkpoint {name!r} cannot be saved with the extra {listed(map(repr, replaced), 3)}: the checkpointer "
+            f"writes {'that key' if len(replaced) == 1 else 'those keys'} itself (the model's weights, the "
+            "checkpointables' states and gwdet's records), which the extra would replace; nothing was written. Give "
+            f"the extra another name (the keys the checkpointer writes: {listed(map(repr, written), 12)}).")
+    if "iteration" in extra:
+        iteration = extra["iteration"]
+        if isinstance(iteration, (bool, np.bool_)) or not isinstance(iteration, (int, np.integer)) or iteration < 0:
+            raise GwdetValueError(
+                f"Checkpoint {name!r} cannot be saved with iteration={iteration!r} ({type(iteration).__name__}): the "
+                "iteration is the last one trained, a whole number >= 0, after which --resume continues; nothing was "
+                f"written. Give it as an int, e.g. save({name!r}, iteration=999).")
+    for key, value in extra.items():
+        problem = _unloadable_value_problem(value)
+        if problem is not None:
+            raise GwdetValueError(
+                f"Checkpoint {name!r} cannot be saved: its extra {key!r} ({type(value).__name__}) {problem}; nothing "
+                f"was written. "
+                f"{_extra_fix(key, value, problem)}")
 
 
 def checkpoint_names(folder: str) -> list[str]:
@@ -795,6 +864,45 @@ def numbered_layers_held(unused: Sequence[str], model_keys: Sequence[str], lazy:
 EVALUATION_OUTCOME = "evaluating it would report a partly random model"
 
 
+def _check_checkpointer_arguments(args: Sequence[Any], kwargs: Mapping[str, Any], segment: Any,
+                                  training_data: Any) -> None:
+    """Refuse :class:`ResilientCheckpointer`'s arguments of a type it cannot use, naming the argument,
+    before detectron2's checkpointer takes them: ``model`` (an ``nn.Module``), ``save_dir`` (a str or
+    ``os.PathLike``; ``None`` or ``""``: none), ``save_to_disk`` (``None``, ``True`` or ``False``), the
+    checkpointables (objects with ``state_dict()`` and ``load_state_dict()``), ``segment`` (a mapping,
+    a function giving one, or ``None``) and ``training_data`` (a mapping or ``None``)."""
+    model = args[0] if args else kwargs.get("model")
+    if not isinstance(model, torch.nn.Module):
+        raise GwdetTypeError(
+            f"ResilientCheckpointer: model must be a torch.nn.Module (the model whose weights it saves and loads), got "
+            f"{type(model).__name__} {model!r}. Build the model first, e.g. ResilientCheckpointer(gwdet.build_model(cfg), "
+            "save_dir=...).")
+    save_dir = args[1] if len(args) > 1 else kwargs.get("save_dir", "")
+    if save_dir is not None and not isinstance(save_dir, (str, os.PathLike)):
+        raise GwdetTypeError(
+            f"ResilientCheckpointer: save_dir must be a str or os.PathLike (the folder checkpoints are saved in), got "
+            f"{type(save_dir).__name__} {save_dir!r}. Give the folder's path, e.g. save_dir='output/run' (or "
+            "str(folder)).")
+    if "save_to_disk" in kwargs and kwargs["save_to_disk"] is not None:
+        check_flag("ResilientCheckpointer", "save_to_disk", kwargs["save_to_disk"])
+    for key, value in kwargs.items():
+        if key not in ("model", "save_dir", "save_to_disk") and not (
+                hasattr(value, "state_dict") and hasattr(value, "load_state_dict")):
+            raise GwdetTypeError(
+                f"ResilientCheckpointer: the checkpointable {key}={value!r} ({type(value).__name__}) has no "
+                "state_dict() and load_state_dict(), which the checkpointer saves and restores it by. Give an object "
+                "with both (an optimizer, a scheduler), or leave it out.")
+    if segment is not None and not callable(segment) and not isinstance(segment, Mapping):
+        raise GwdetTypeError(
+            f"ResilientCheckpointer: segment must be a mapping of what this process trains with (versions, threads, "
+            f"...), a function giving one, or None; got {type(segment).__name__} {segment!r}. Give e.g. "
+            "segment={'torch': torch.__version__}.")
+    if training_data is not None and not isinstance(training_data, Mapping):
+        raise GwdetTypeError(
+            f"ResilientCheckpointer: training_data must be a mapping of the training datasets' names to their "
+            f"annotation files' records, or None; got {type(training_data).__name__} {training_data!r}.")
+
+
 class ResilientCheckpointer(DetectionCheckpointer):
     """``DetectionCheckpointer`` with atomic saves, fallback on unreadable files, safe loading,
     and a refusal to load weights trained with other norm layers.
@@ -819,13 +927,16 @@ class ResilientCheckpointer(DetectionCheckpointer):
                  classes: Sequence[str] | None = None, training_data: Mapping[str, Mapping[str, Any]] | None = None,
                  compare_input: bool = True,
                  segment: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None, **kwargs: Any) -> None:
+        _check_checkpointer_arguments(args, kwargs, segment, training_data)
+        check_flag("ResilientCheckpointer", "require_every_weight", require_every_weight)
+        check_flag("ResilientCheckpointer", "compare_input", compare_input)
         super().__init__(*args, **kwargs)
         folder: Any = self.save_dir
         if isinstance(folder, (str, os.PathLike)) and os.fspath(folder):  # ~ expanded, as load() expands its path
             self.save_dir: str = os.path.expanduser(os.fspath(folder))
-        self.require_every_weight = require_every_weight
+        self.require_every_weight = bool(require_every_weight)
         self.incomplete_outcome = incomplete_outcome
-        self.compare_input = compare_input
+        self.compare_input = bool(compare_input)
         self.weights_setting = weights_setting
         names = list(classes) if classes is not None and not isinstance(classes, str) else classes  # read once
         if names is not None and (isinstance(names, str) or not all(isinstance(name, str) for name in names)):
@@ -846,6 +957,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
         self.started = False  # set by resume_or_load: a trainer that trains without it starts a new run
         self._folder_seen: dict[str, tuple[int, int]] | None = None  # save_dir's checkpoints after resume_or_load
         self._file_keys: set = set()  # the keys of the file _load_file read last
+        self._asked_checkpointables: list[str] = []  # the checkpointables load() restores by name
         self.run_id: str | None = None  # set by resume_or_load: the run's identity, recorded with each save
 
     @property
@@ -872,6 +984,9 @@ class ResilientCheckpointer(DetectionCheckpointer):
                       if "://" not in self.save_dir and not os.path.isdir(self.save_dir) else None)
         if unexpanded is not None:
             raise GwdetValueError(f"Checkpoint {name!r} cannot be saved: {unexpanded}")
+        records = (NORM_TYPES_KEY, NORM_SETTINGS_KEY, CLASSES_KEY, DATA_KEY, INITIAL_WEIGHTS_KEY, RUN_SEGMENTS_KEY,
+                   RUN_ID_KEY, INPUT_KEY, CHECKSUMS_KEY, STATE_CHECKSUMS_KEY)
+        _check_extras(name, extra, ["model", *self.checkpointables, *records])
         if isinstance(name, str) and name.lower().endswith(".pth"):  # fvcore's save adds the suffix to any name
             raise GwdetValueError(f"Checkpoint {name!r} cannot be saved under that name: save() adds .pth itself, so "
                                   f"it would write {name}.pth; nothing was written. Give the name without the suffix: "
@@ -1227,6 +1342,9 @@ class ResilientCheckpointer(DetectionCheckpointer):
     def load(self, path: str | os.PathLike, checkpointables: list[str] | None = None) -> dict:
         """detectron2's ``load`` of the file ``path`` (a ``pathlib.Path`` too, ``~`` expanded; ``None``
         or ``""``: nothing); a folder is refused by name (detectron2 says the checkpoint is not found).
+        ``checkpointables``: the names of the checkpointables to restore (``None``: all the file holds;
+        ``[]``: the weights only); a name the checkpointer does not have, or one the file holds no
+        state of, is refused before any weight is loaded.
         A load that raises leaves the checkpointer as it was, ready for the next one."""
         if path is not None and not isinstance(path, (str, os.PathLike)):
             raise GwdetTypeError(f"ResilientCheckpointer.load: give the checkpoint's path as a str or pathlib.Path, "
@@ -1254,14 +1372,59 @@ class ResilientCheckpointer(DetectionCheckpointer):
             raise GwdetValueError(
                 f"ResilientCheckpointer.load: {path} cannot be loaded into the model: {_on_meta(valueless)}, so no "
                 f"value could be loaded into them; nothing was loaded. {_build_off_meta('load the checkpoint into it')}")
+        self._asked_checkpointables = self._checked_checkpointables(checkpointables)
         self._loading = path
         try:
             return super().load(path, checkpointables)
         finally:
             self._loading = None
+            self._asked_checkpointables = []
             self._parsed_url_during_load = None  # detectron2's load leaves it set when it raises: every later load failed
 
+    def _checked_checkpointables(self, checkpointables: Any) -> list[str]:
+        """The checkpointables :meth:`load` is asked to restore by name (``None``: whichever the file
+        holds, none asked); a name that is not one of this checkpointer's is refused (a typo would
+        restore nothing without a word), and so is a str in place of a list."""
+        if checkpointables is None:
+            return []
+        own = list(self.checkpointables)
+        if isinstance(checkpointables, (str, bytes)) or not isinstance(checkpointables, (list, tuple)):
+            example = [checkpointables] if isinstance(checkpointables, str) else own[:1]
+            raise GwdetTypeError(
+                f"ResilientCheckpointer.load: checkpointables must be a list of the names of the checkpointables to "
+                f"restore, got {type(checkpointables).__name__} {checkpointables!r}; nothing was loaded. Give a list, "
+                f"e.g. checkpointables={example!r} (None: all the file holds; []: the weights only).")
+        unknown = [key for key in checkpointables if key not in self.checkpointables]
+        if unknown:
+            key = unknown[0]
+            close = difflib.get_close_matches(str(key), own, n=1) if isinstance(key, str) else []
+            hint = f"Did you mean {close[0]!r}? " if close else ""
+            raise GwdetValueError(
+                f"ResilientCheckpointer.load: checkpointables names {key!r}, which is not one of this checkpointer's "
+                f"checkpointables ({listed(map(repr, own), 8) if own else 'it has none'}), so nothing could restore it; "
+                f"nothing was loaded. {hint}Name checkpointables the checkpointer was given "
+                "(ResilientCheckpointer(model, optimizer=..., scheduler=...)), or None to restore all the file holds.")
+        return list(checkpointables)
+
+    def _check_asked_checkpointables_held(self, checkpoint: dict) -> None:
+        """Refuse a checkpoint that holds no state of a checkpointable :meth:`load` was asked for by
+        name (detectron2 skips it without a word), before any weight is loaded; without names
+        (``checkpointables=None``) whatever the file holds is restored."""
+        absent = [key for key in self._asked_checkpointables if key not in checkpoint]
+        if not absent:
+            return
+        held = [key for key in checkpoint if key in self.checkpointables]
+        holds = (f"the state of {listed(map(repr, held), 8)} only" if held else
+                 f"no checkpointable's state, only {listed(map(repr, map(str, checkpoint)), 8)}")
+        rest = [key for key in self._asked_checkpointables if key not in absent]
+        raise GwdetValueError(
+            f"ResilientCheckpointer.load: {self._loading} holds no {listed(map(repr, absent), 8)} state, which "
+            f"checkpointables={self._asked_checkpointables!r} asks to restore: it holds {holds}, saved by a "
+            "checkpointer without it; nothing was loaded. Load a checkpoint saved with it, or leave it out "
+            f"(checkpointables={rest!r}).")
+
     def _load_model(self, checkpoint: dict):
+        self._check_asked_checkpointables_held(checkpoint)
         self._read_compiled_names(checkpoint)
         self._read_wrapped_records(checkpoint)
         self._check_some_weight_lands(checkpoint)

@@ -119,6 +119,36 @@ SAFETENSORS_FIX = ("load it with safetensors.torch.load_file(path) and save that
                    "'weights.pth')")
 
 
+GZIP_MAGIC = b"\x1f\x8b"  # the first bytes of a gzip stream (gzip, .gz, .tgz)
+GIT_LFS_POINTER = b"version https://git-lfs.github.com/spec/"  # the first line of a Git LFS pointer file
+
+
+def packed_file_problem(path: str, what: str = "the file torch.save wrote") -> str | None:
+    """What ``path`` is when it holds a checkpoint only in packed form, read off its first bytes: a
+    gzip-compressed file (to decompress) or a Git LFS pointer (a few lines of text standing for a
+    file that ``git lfs pull`` fetches), with the fix; ``what`` names the file expected. ``None`` for
+    any other file."""
+    with open(path, "rb") as f:
+        head = f.read(1024)
+    if head.startswith(GZIP_MAGIC):
+        if path.endswith(".gz"):
+            named, plain, command = "its name ends in .gz", path[:-3], f"gunzip -k {path}"
+        else:
+            stem, suffix = os.path.splitext(path)
+            named, plain = "though its name does not end in .gz", f"{stem}.unpacked{suffix}"
+            command = f"gunzip -c {path} > {plain}"
+        return (f"{path} is gzip-compressed ({named}), and {what} is read uncompressed; nothing was read from "
+                f"it. Decompress it ({command}) and give {plain}.")
+    if head.startswith(GIT_LFS_POINTER):
+        size = re.search(rb"^size (\d+)", head, re.MULTILINE)
+        real = f" of {int(size.group(1))} bytes" if size is not None else ""
+        return (f"{path} is a Git LFS pointer ({os.path.getsize(path)} bytes of text standing for the real file"
+                f"{real}), not {what} itself: the repository was cloned or pulled without fetching its Git LFS files. Run "
+                "git lfs pull in the repository (git lfs install first, where Git LFS is not set up), then give the "
+                "file again.")
+    return None
+
+
 def legacy_format_protocol(path: str) -> int | None:
     """The pickle protocol of a file ``torch.save`` wrote in its legacy format with another protocol
     than its default 2 (its first pickle is torch's magic number), else ``None``."""

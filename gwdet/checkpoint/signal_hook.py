@@ -11,7 +11,9 @@ and the checkpoint of its iteration is saved (with several processes the evaluat
 processes gather, finishes first, then the next iteration). In the evaluation
 after training the same signals stop at once, saying that the trained weights are saved and not yet
 evaluated (``--resume`` evaluates them); :func:`release_stop_signals` then gives the handlers back
-when training has returned. A handler installed
+when training has returned. While a run draws its predictions after writing its results
+(:func:`drawing_stops`), and during an ``--eval-only`` evaluation (:func:`evaluation_stops`), the
+same signals end the process at once with their exit status, saying what is left to do. A handler installed
 before training (submitit's, which requeues a SLURM job) is called after the checkpoint is written;
 a second stop signal runs it at once (one within :data:`SAME_REQUEST_SECONDS` of the first, of
 any kind, is the same request). With several processes every rank stops after the same iteration.
@@ -286,6 +288,28 @@ def evaluation_stops() -> Iterator[None]:
     without a word (SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGXCPU at their default) ends it at once, saying so: the
     evaluation keeps nothing, and the same command runs it again. A process forked from it in the block
     (a data-loader worker) goes on, saying so (:func:`_outside_the_installer`)."""
+    with _stops_at_once(lambda name: f"Stopped by {name} during the evaluation: nothing of it is kept. Run the same "
+                        "command again to evaluate.", "evaluating", "the evaluation"):
+        yield
+
+
+@contextlib.contextmanager
+def drawing_stops(stopped: Callable[[str], str]) -> Iterator[None]:
+    """Within the block (the prediction drawings a run makes after writing its results), a stop signal
+    that would end the process without a word (SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGXCPU at their
+    default) ends it at once with the signal's exit status (:class:`TrainingInterrupted`), logging
+    ``stopped(<signal name>)``: what was drawn and how to draw the rest. A process forked from it in the
+    block goes on, saying so (:func:`_outside_the_installer`)."""
+    with _stops_at_once(stopped, "drawing", "the drawings"):
+        yield
+
+
+@contextlib.contextmanager
+def _stops_at_once(stopped: Callable[[str], str], role: str, work: str) -> Iterator[None]:
+    """Within the block, a stop signal at its default action ends the process at once, logging
+    ``stopped(<signal name>)`` and raising :class:`TrainingInterrupted`; Ctrl-C's KeyboardInterrupt and
+    one's own handlers stay. ``role`` and ``work``: what the process does, as
+    :func:`_outside_the_installer` names it to a process forked from it."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -294,13 +318,11 @@ def evaluation_stops() -> Iterator[None]:
     warned: set[int] = set()
 
     def stop(signum: int, frame: FrameType | None) -> None:
-        if _outside_the_installer(signum, installer, previous, "evaluating", "the evaluation", warned):
+        if _outside_the_installer(signum, installer, previous, role, work, warned):
             return
-        logger.warning(f"Stopped by {signal.Signals(signum).name} during the evaluation: nothing of it is kept. Run "
-                       "the same command again to evaluate.")
+        logger.warning(stopped(signal.Signals(signum).name))
         raise TrainingInterrupted(signum, None)
 
-    # Ctrl-C's KeyboardInterrupt and one's own handlers stay
     previous = install_stop_handlers(stop, replaces=lambda current: current == signal.SIG_DFL)
     try:
         yield

@@ -165,7 +165,7 @@ def launcher_options(args: argparse.Namespace, processes_per_node: int) -> Launc
     gpus = args.gpus_per_node
     if gpus is not None and gpus < 0:
         raise GwdetValueError(f"--gpus-per-node must be 0 or more, got {gpus}")
-    if gpus and gpus != processes_per_node:
+    if gpus and gpus != processes_per_node and args.launcher != "local":  # local: refused below as unused
         raise GwdetValueError(
             f"--gpus-per-node {gpus} with --num-gpus {processes_per_node}: each node starts one process per "
             "GPU, so give the same number to both (or --gpus-per-node 0 on CPU nodes).")

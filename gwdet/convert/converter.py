@@ -98,6 +98,8 @@ class ConversionReport:
     reshaped_from: list[str] = field(default_factory=list)  # the shapes reshaped to [C], e.g. "[1,C,1,1]"
     # BNs with running statistics and no affine (BatchNorm2d(affine=False)), written with weight 1 and bias 0
     identity_affine: list[str] = field(default_factory=list)
+    # BNs whose weight/bias were kept as [1, C, 1, 1] (or another broadcasting shape): reshaped to [C], the same values
+    reshaped_bn: list[str] = field(default_factory=list)
     output: str | None = None
 
     def format(self) -> str:
@@ -123,6 +125,9 @@ class ConversionReport:
             f"{self.converted_bn_norms} BN norms (weight, bias, running_mean, running_var),",
             f"                  {self.converted_affine_norms} {affine_kind} norms "
             f"(weight, bias{reshaped})",
+            *([f"  reshaped BN   : {preview_names(self.reshaped_bn, 4)} kept weight/bias as [1,C,1,1] (or another "
+               "broadcasting shape):",
+               "                  reshaped to [C], the same values"] if self.reshaped_bn else []),
             *([f"  no affine     : {preview_names(self.identity_affine, 4)} had no weight or bias "
                "(BatchNorm2d(affine=False)):",
                "                  written with weight 1, bias 0, which compute the same"] if self.identity_affine
@@ -256,6 +261,7 @@ def convert_state_dict(
         settings_records=len(records),
         recorded_config=recorded_config([norm.record for norm in layout.norms.values() if norm.record is not None]),
         identity_affine=[norm.source for norm in layout.norms.values() if norm.identity_affine],
+        reshaped_bn=reshaped_bn_affine(layout),
     )
 
 
@@ -317,7 +323,9 @@ def recorded_config(records: list[torch.Tensor]) -> dict[str, object]:
 
 def detectron2_weights(layout: SourceLayout) -> tuple[dict[str, np.ndarray], list[str]]:
     """detectron2-named float32 arrays of the convs and norms, and the shape (``"[1,C,1,1]"``) of
-    each affine weight or bias of a norm without statistics that was reshaped to ``[C]``."""
+    each affine weight or bias of a norm without statistics that was reshaped to ``[C]``. A batch
+    norm's weight or bias kept in such a broadcasting shape is reshaped to ``[C]`` too (the same
+    values; :func:`reshaped_bn_affine` names those norms for the report)."""
     weights = {key: _float_array(key, value) for key, value in layout.convs.items()}
     reshaped = []
     for norm in layout.norms.values():
@@ -325,8 +333,20 @@ def detectron2_weights(layout: SourceLayout) -> tuple[dict[str, np.ndarray], lis
             if norm.affine_only and _is_broadcast_affine(value):
                 reshaped.append(_layout_of(value))
                 value = value.reshape(-1)
+            elif leaf in _AFFINE_LEAVES and _is_broadcast_affine(value):
+                value = value.reshape(-1)
             weights[f"{norm.target}.{leaf}"] = _float_array(f"{norm.source}.{leaf}", value)
     return weights, reshaped
+
+
+_AFFINE_LEAVES = ("weight", "bias")
+
+
+def reshaped_bn_affine(layout: SourceLayout) -> list[str]:
+    """The batch norms (source names) of ``layout`` whose weight or bias is kept in a broadcasting
+    shape (``[1, C, 1, 1]``), which :func:`detectron2_weights` reshapes to ``[C]``."""
+    return [norm.source for norm in layout.norms.values() if not norm.affine_only
+            and any(_is_broadcast_affine(norm.tensors[leaf]) for leaf in _AFFINE_LEAVES if leaf in norm.tensors)]
 
 
 def check_trained(layout: SourceLayout, source_name: str) -> None:
@@ -547,6 +567,7 @@ def _check_output_place(output_path: str) -> None:
     :data:`OUTPUT_SUFFIX`) or that cannot be written: below a file, in a missing folder, a folder,
     a link to nothing or one that loops, or in a folder that is such a link. The one check of the
     output's name and place for the tool, :func:`convert_checkpoint` and :func:`write_detectron2_pkl`."""
+    _refuse_folder_output(output_path)
     _check_output_suffix(output_path)
     folder = os.path.dirname(os.path.abspath(output_path))
     above = folder  # the nearest part of the path that exists
@@ -564,12 +585,23 @@ def _check_output_place(output_path: str) -> None:
                               "converted. Remove the link, or give another output file.")
     if not os.path.isdir(folder):
         raise ConversionError(f"{output_path}: folder {folder} does not exist. Create it first.")
-    if os.path.isdir(output_path):
-        raise ConversionError(f"{output_path} is a folder: give the path of the .pkl file to write (e.g. "
-                              f"{os.path.join(output_path, 'R-50-GW.pkl')}).")
     if os.path.islink(output_path) and not os.path.exists(output_path):
         raise ConversionError(f"{output_path} is a link to {os.readlink(output_path)}, which does not exist; nothing "
                               "was converted. Remove the link, or give another output file.")
+
+
+def _refuse_folder_output(output_path: str) -> None:
+    """Refuse an output that is a folder, or names one (ends in a path separator): the converted
+    weights are one file, which goes in the folder under a name of its own."""
+    if os.path.isdir(output_path):
+        what = "is a folder"
+    elif output_path.endswith((os.sep, "/")):
+        what = "names a folder (it ends in '/')"
+    else:
+        return
+    example = os.path.join(output_path, "R-50-GW" + OUTPUT_SUFFIX)
+    raise ConversionError(f"{output_path} {what}: give the path of the {OUTPUT_SUFFIX} file to write, a file name "
+                          f"in it (e.g. {example}); nothing was written.")
 
 
 def _check_output_suffix(output_path: str) -> None:

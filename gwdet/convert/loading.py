@@ -23,15 +23,15 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from gwdet.utils.cli_errors import file_url_path
+from gwdet.utils.cli_errors import file_url_path, unexpanded_variable_note
 from gwdet.layers.common import check_flag
 from gwdet.errors import GwdetError, GwdetTypeError, listed
 from gwdet.checkpoint.converted_weights import (ARCH_FIELD, AUTHOR_KEY, GW_POSITIONS_FIELD, SOURCE_FIELD, WEIGHTS_KEY,
                                                read_conversion_metadata)
 from gwdet.checkpoint.safe_load import (SAFETENSORS_FIX, PickleProtocolError, UnsafeCheckpointError, is_numpy_archive,
                                         is_safetensors_file, is_torch_save_zip, is_torchscript_archive, load_pickle_file,
-                                        load_torch_file, plain_pickle_globals, starts_like_torch_save_output,
-                                        valueless_tensors_problem)
+                                        load_torch_file, packed_file_problem, plain_pickle_globals,
+                                        starts_like_torch_save_output, valueless_tensors_problem)
 
 DATA_PARALLEL_PREFIX = "module."
 STATE_DICT_ENTRIES = ("state_dict", "model")
@@ -124,13 +124,17 @@ def _check_readable_file(path: str) -> None:
             raise ConversionError(
                 f"{path}: {broken.describe(path)}: it leads to no file to read. Point the link at {meant} "
                 f"{broken.link}), or give the checkpoint's own path.")
-        raise ConversionError(f"{path}: no such file. Check the input path.")
+        unexpanded = unexpanded_variable_note(path)  # a quoted '$HOME/r50.pth', or '~/r50.pth' in Python
+        raise ConversionError(f"{path}: no such file." + (unexpanded or " Check the input path."))
     if not os.path.isfile(path):
         raise ConversionError(f"{path}: not a regular file. Pass the checkpoint file itself.")
     if not os.access(path, os.R_OK):
         raise ConversionError(f"{path}: permission denied. Make the file readable for this user.")
     if os.path.getsize(path) == 0:
         raise ConversionError(f"{path}: the file is empty (an interrupted download?).")
+    packed = packed_file_problem(path)
+    if packed is not None:
+        raise ConversionError(packed)
     if is_torchscript_archive(path):
         raise ConversionError(
             f"{path}: a TorchScript model (written by torch.jit.save, e.g. an exported model.ts), not a "

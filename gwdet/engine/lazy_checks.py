@@ -19,6 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from detectron2.config import CfgNode, instantiate
 from detectron2.data.transforms import ResizeShortestEdge
+from detectron2.solver import get_default_optimizer_params as detectron2_optimizer_params
 
 from gwdet.config import ABSENT, CONFIG_KEYS
 from gwdet.config_checks import (
@@ -41,6 +42,7 @@ from gwdet.norms import (UnknownNormError, known_norm_names, no_norm_message, no
                          unknown_params_message)
 from gwdet.modeling.backbone import place_norm
 from gwdet.modeling.build import check_mixed_precision, check_run_device, check_scratch_training
+from gwdet.solver import check_override_values, get_default_optimizer_params
 from gwdet.utils.cli_errors import output_path_problem
 
 logger = logging.getLogger(__name__)
@@ -154,7 +156,10 @@ def check_training_values(cfg: DictConfig, world_size: int) -> None:
 def check_optimizer_values(cfg: DictConfig) -> None:
     """The ``optimizer`` values :func:`check_training_values` checks: an ``optimizer.lr`` as
     ``SOLVER.BASE_LR`` (a warning for 0), an ``optimizer.weight_decay`` below 0, an
-    ``optimizer.momentum`` outside [0, 1), and ``optimizer.nesterov=True`` without momentum."""
+    ``optimizer.momentum`` outside [0, 1), ``optimizer.nesterov=True`` without momentum, and an
+    ``optimizer.params.overrides`` of gwdet's or detectron2's ``get_default_optimizer_params``
+    that :func:`gwdet.solver.check_override_values` refuses (its parameter names are checked
+    against the model when the optimizer is built)."""
     optimizer_values: tuple[tuple[str, float | None, float], ...] = (
         ("optimizer.lr", None, 0.02), ("optimizer.weight_decay", None, 1e-4), ("optimizer.momentum", 1.0, 0.9))
     for key, below, example in optimizer_values:  # each at least 0, below ``below`` where given
@@ -174,6 +179,11 @@ def check_optimizer_values(cfg: DictConfig) -> None:
         raise GwdetValueError(f"optimizer.nesterov=True needs momentum, but optimizer.momentum is {momentum!r}: torch's "
                               "SGD refuses Nesterov momentum without it once the model is built. Set "
                               "optimizer.momentum above 0 (e.g. 0.9) or optimizer.nesterov=False.")
+    overrides = select(cfg, "optimizer.params.overrides")
+    if overrides not in (ABSENT, None) and callable_of(select(cfg, "optimizer.params")) in (
+            get_default_optimizer_params, detectron2_optimizer_params):
+        check_override_values(OmegaConf.to_container(overrides, resolve=True) if isinstance(
+            overrides, (DictConfig, ListConfig)) else overrides, "optimizer.params.overrides")
 
 
 def _check_loss_weights(cfg: DictConfig) -> None:

@@ -47,7 +47,7 @@ from detectron2.engine import default_setup
 from detectron2.utils import comm
 from detectron2.utils.logger import setup_logger
 
-from gwdet.checkpoint.signal_hook import evaluation_stops
+from gwdet.checkpoint.signal_hook import drawing_stops, evaluation_stops
 from gwdet.checkpoint.resilient import (CLASSES_KEY, DATA_KEY, EVALUATION_OUTCOME, IMAGES_KEY, INPUT_KEY,
                                         ResilientCheckpointer, absolute_weights_path, input_differences,
                                         local_weights_path, weights_record)
@@ -68,13 +68,13 @@ from gwdet.engine.output_dir import (OutputDirLock, check_config_file_kept, chec
                                      check_run_file_names, check_run_files_not_shared, check_run_folders,
                                      check_weights_are_the_runs, checkpoints_in, config_differences, config_rewrite,
                                      config_until_started, earlier_run_until_started, evaluation_folder,
-                                     recorded_initial_weights, tagged_checkpoint)
+                                     recorded_initial_weights, resumed_iteration, tagged_checkpoint)
 from gwdet.utils.run_file_names import (CONFIG_NAME, EVALUATOR_FILES, FINAL_WEIGHTS, INFERENCE_FOLDER, RESULTS_JSON, RESULTS_MARKDOWN,
                                    VIS_FOLDER, LOG_NAME)
 from gwdet.engine.run_environment import ENVIRONMENT_KEY, annotation_files, run_environment
 from gwdet.engine.run_log import HeldRecords, RunWarnings, unwritten_log_error
 from gwdet.engine.training import RunFolderKept, check_torch_state, mark_seeded
-from gwdet.engine.visualize import DRAWN_SCORE, save_prediction_pngs
+from gwdet.engine.visualize import DRAWN_SCORE, drawings_asked, drawings_in, save_prediction_pngs
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +82,10 @@ logger = logging.getLogger(__name__)
 class TrainingDiverged(GwdetError, FloatingPointError):
     """A training whose loss or predictions became non-finite after its first iteration, named with
     the fix; a ``FloatingPointError`` as detectron2's trainer raises it."""
+
+
+# The key of results.json's environment under which a run records the prediction drawings it makes after its results
+DRAWINGS_KEY = "drawings"
 
 
 # the characters of one config difference a warning shows (a LazyConfig's list of ResNet stages is kilobytes)
@@ -422,6 +426,7 @@ def check_output_request(args: argparse.Namespace, run: RunConfig) -> None:
         check_config_record_kept(run.output_dir, output_setting)
         if not checkpoints_in(run.output_dir):  # nothing to continue: it starts afresh, so a fresh start's checks
             check_fresh_start(run.output_dir, False, output_setting, run.weights, run.weights_setting)
+        check_drawings_finished(run)
         run.check_resume_request(names_weights(run, args))
     else:
         check_fresh_start(run.output_dir, getattr(args, "overwrite", False), output_setting, run.weights,
@@ -755,18 +760,98 @@ def _train_or_evaluate(args: argparse.Namespace, held: HeldRecords, warned: RunW
         initial = None if args.eval_only else getattr(trainer.checkpointer, "initial_weights", None)
         segments = [] if args.eval_only or not hasattr(trainer.checkpointer, "run_segments") else \
             trainer.checkpointer.run_segments()
+        draws = comm.is_main_process() and run.vis_images > 0 and bool(test_datasets)  # no test set: nothing to draw
+        asked = drawings_asked(test_datasets[0], run.vis_images) if draws else 0
         write_results_to(run.output_dir, results or {}, test_datasets, run.run_datasets(not args.eval_only),
                          scored if args.eval_only else None, initial, run.score_threshold_setting, run.test_settings,
-                         segments, warned.messages)
+                         segments, warned.messages, asked)
         drawings: list[str] = []
-        if comm.is_main_process() and run.vis_images > 0 and test_datasets:  # no test set: nothing to draw
-            drawings = save_prediction_pngs(run.cfg, model, test_datasets[0], run.vis_images,
-                                            os.path.join(run.output_dir, VIS_FOLDER), drawn_score(run))
+        if draws:
+            drawings = draw_predictions(run, model, test_datasets[0], asked, args.eval_only)
     log_outputs(run.output_dir, bool(results), drawings, run.vis_setting, len(warned.messages), test_datasets)
     check_log_written(run.output_dir)
     if args.eval_only:  # (a training's: detectron2's trainer checks them)
         run.verify_results(results or {})
     return results
+
+
+def draw_predictions(run: RunConfig, model: torch.nn.Module, dataset: str, asked: int, eval_only: bool) -> list[str]:
+    """The run's ``asked`` prediction drawings of ``dataset`` in ``vis/`` (:func:`save_prediction_pngs`),
+    made after its results are written; return their paths. A stop signal meanwhile ends the process with
+    the signal's exit status (:func:`gwdet.checkpoint.signal_hook.drawing_stops`), logging how many
+    drawings were written and how to make them all (``eval_only``: the run is an ``--eval-only``
+    evaluation)."""
+    folder = os.path.join(run.output_dir, VIS_FOLDER)
+
+    def stopped(name: str) -> str:
+        written = drawings_in(folder)
+        return (f"Stopped by {name} while drawing: {written} of {asked} drawings written in {folder}{os.sep}; the "
+                f"results are complete ({RESULTS_MARKDOWN}, {RESULTS_JSON}). {redraw_advice(run, eval_only, asked)}")
+
+    with drawing_stops(stopped):
+        return save_prediction_pngs(run.cfg, model, dataset, run.vis_images, folder, drawn_score(run))
+
+
+def redraw_advice(run: RunConfig, eval_only: bool, asked: int) -> str:
+    """How to get all ``asked`` prediction drawings of a run (an ``--eval-only`` evaluation where
+    ``eval_only``) whose drawing step was stopped: an evaluation of the same weights again, which
+    writes them in a folder of its own (for a training: the folder of ``--eval-only --resume``,
+    :func:`gwdet.engine.output_dir.evaluation_folder`)."""
+    if eval_only:
+        return (f"To draw them, run the same command again: it evaluates the same weights again and writes its "
+                f"results and its {asked} drawings in a folder of its own, leaving these files as they are.")
+    try:
+        checkpoint = tagged_checkpoint(run.output_dir)
+        folder = os.path.join(evaluation_folder(run.output_dir, checkpoint, run.output_setting), VIS_FOLDER)
+        weights = os.path.basename(checkpoint)
+    except GwdetError:  # no checkpoint named, or eval/ taken: the refusal of --eval-only --resume says which
+        folder, weights = os.path.join(run.output_dir, "eval", "<checkpoint>", VIS_FOLDER), "the last checkpoint"
+    return (f"To draw them, run the same command with --eval-only --resume: it evaluates {weights} again and writes "
+            f"its results and its {asked} drawings in {folder}{os.sep}, leaving the run's own files as they are.")
+
+
+def schedule_end(run: RunConfig) -> int | None:
+    """The iteration the run's training ends at (``SOLVER.MAX_ITER``, a LazyConfig's
+    ``train.max_iter``); ``None`` where the config has neither as an integer."""
+    cfg = run.cfg
+    solver = cfg.get("SOLVER") if hasattr(cfg, "get") else None
+    train = cfg.get("train") if hasattr(cfg, "get") else None
+    end = solver.get("MAX_ITER") if solver is not None and hasattr(solver, "get") else \
+        train.get("max_iter") if train is not None and hasattr(train, "get") else None
+    return end if type(end) is int else None
+
+
+def recorded_drawings(output_dir: str) -> int:
+    """How many prediction drawings the run in ``output_dir`` made after its results, as its
+    ``results.json`` records them (:func:`results_record`); 0 without a record."""
+    try:
+        with open(os.path.join(output_dir, RESULTS_JSON), "rb") as file:
+            count = json.load(file)[ENVIRONMENT_KEY][DRAWINGS_KEY]["count"]
+    except (OSError, ValueError, KeyError, TypeError):  # no results, or a run that drew nothing
+        return 0
+    return count if type(count) is int else 0
+
+
+def check_drawings_finished(run: RunConfig) -> None:
+    """Refuse a ``--resume`` of a finished run (its last checkpoint at the end of its schedule, its
+    ``results.json`` written after it) whose drawing step was stopped: ``vis/`` holds fewer prediction
+    drawings than its ``results.json`` records it was to make (:func:`recorded_drawings`). The resume
+    would train nothing; the message says how to make the drawings (:func:`redraw_advice`). A resume
+    that trains on makes all the drawings again at its end."""
+    found = resumed_iteration(run.output_dir)
+    results = os.path.join(run.output_dir, RESULTS_JSON)
+    if found is None or found[1] != schedule_end(run) or not os.path.isfile(results) \
+            or os.path.getmtime(results) < os.path.getmtime(found[0]):
+        return
+    folder = os.path.join(run.output_dir, VIS_FOLDER)
+    written, asked = drawings_in(folder), recorded_drawings(run.output_dir)
+    if written >= asked:
+        return
+    raise GwdetValueError(
+        f"--resume: the run in {run.output_dir!r} has trained its {found[1]} iterations ({os.path.basename(found[0])}) "
+        f"and its results are in {RESULTS_JSON}, but its drawing step was stopped: {folder}{os.sep} holds {written} of "
+        f"the {asked} prediction drawings it was making ({run.vis_setting}). Resuming would train nothing; "
+        f"nothing was changed. {redraw_advice(run, False, asked)}")
 
 
 def drawn_score(run: RunConfig) -> float:
@@ -944,7 +1029,7 @@ def results_markdown(results: Mapping, datasets: Sequence[str] = ()) -> str:
 def results_record(results: Mapping, datasets: Sequence[str] = (), run_datasets: Sequence[str] = (),
                    evaluated: Mapping[str, str] | None = None, initial: Mapping[str, str] | None = None,
                    segments: Sequence[Mapping[str, Any]] = (), test_settings: Mapping[str, Any] | None = None,
-                   warnings: Sequence[str] = ()) -> dict:
+                   warnings: Sequence[str] = (), drawings: int = 0) -> dict:
     """What ``results.json`` holds: ``{dataset: {task: {metric: value}}}`` of ``results`` for the
     test sets ``datasets`` (:func:`flatten_results`; an AP detectron2 reports as NaN is ``None``,
     JSON's ``null``, as strict JSON has no NaN), and under ``"environment"`` the package
@@ -955,7 +1040,9 @@ def results_record(results: Mapping, datasets: Sequence[str] = (), run_datasets:
     resumed training, what each stretch of its iterations ran with (``segments``, from its
     checkpoints: :meth:`~gwdet.checkpoint.resilient.ResilientCheckpointer.run_segments`), the values
     beside them being the last stretch's; the ``test_settings`` the results were evaluated with; and
-    the ``warnings`` gwdet logged in the run."""
+    the ``warnings`` gwdet logged in the run; and the prediction drawings the run makes after writing
+    them (``drawings``, under :data:`DRAWINGS_KEY`: their folder and count), by which a ``--resume``
+    tells drawings cut short (:func:`check_drawings_finished`)."""
     record: dict = {dataset: {task: {name: None if isinstance(value, float) and math.isnan(value) else value
                                      for name, value in metrics.items()} for task, metrics in tasks.items()}
                     for dataset, tasks in flatten_results(results, datasets).items()}
@@ -974,6 +1061,8 @@ def results_record(results: Mapping, datasets: Sequence[str] = (), run_datasets:
         environment["segments"] = [dict(segment) for segment in segments]
     if warnings:
         environment["warnings"] = list(warnings)
+    if drawings:
+        environment[DRAWINGS_KEY] = {"folder": VIS_FOLDER, "count": drawings}
     record[ENVIRONMENT_KEY] = environment
     return record
 
@@ -983,7 +1072,7 @@ def write_results_to(output_dir: str, results: Mapping, datasets: Sequence[str] 
                      initial: Mapping[str, str] | None = None,
                      threshold_setting: str = "MODEL.ROI_HEADS.SCORE_THRESH_TEST",
                      test_settings: Mapping[str, Any] | None = None, segments: Sequence[Mapping[str, Any]] = (),
-                     warnings: Sequence[str] = ()) -> None:
+                     warnings: Sequence[str] = (), drawings: int = 0) -> None:
     """``output_dir/results.md`` and ``results.json`` (:func:`results_record`) of ``results`` for the
     test sets ``datasets`` of a run on ``run_datasets`` (main process only; nothing without results);
     an evaluation's name the weights file it scored and its SHA-256 (``evaluated``, taken when they
@@ -991,7 +1080,9 @@ def write_results_to(output_dir: str, results: Mapping, datasets: Sequence[str] 
     them); both as :func:`~gwdet.checkpoint.resilient.weights_record` gives them. A test set on which
     the model detected nothing is warned of, naming the ``threshold_setting`` of its scores.
     results.md lists the ``test_settings`` the results were evaluated with, and both the ``warnings``
-    gwdet logged in the run (:class:`~gwdet.engine.run_log.RunWarnings`; that NaN warning with them)."""
+    gwdet logged in the run (:class:`~gwdet.engine.run_log.RunWarnings`; that NaN warning with them).
+    ``drawings``: how many prediction drawings the run makes after its results (recorded in
+    results.json, named in results.md)."""
     if not comm.is_main_process() or not results:
         return
     os.makedirs(output_dir, exist_ok=True)
@@ -1011,6 +1102,8 @@ def write_results_to(output_dir: str, results: Mapping, datasets: Sequence[str] 
         markdown += "\nTest settings: " + ", ".join(f"`{key} {value!r}`" for key, value in test_settings.items()) + "\n"
     if evaluated:
         markdown += f"\nWeights evaluated: `{evaluated['path']}` (SHA-256 {evaluated['sha256']})\n"
+    if drawings:
+        markdown += f"\nPrediction drawings: {drawings} in `{VIS_FOLDER}{os.sep}`, made after these results\n"
     if warnings:
         markdown += "\n## Warnings\n\ngwdet warned of these while the run ran (log.txt has them in their place):\n\n" + \
             "".join(f"- {message}\n" for message in dict.fromkeys(warnings))
@@ -1018,7 +1111,8 @@ def write_results_to(output_dir: str, results: Mapping, datasets: Sequence[str] 
     # results.json is what gwdet reads again (the study counts a cell done by it): its SHA-256 is recorded beside it
     write_text_with_checksum(os.path.join(output_dir, RESULTS_JSON),
                              json.dumps(results_record(results, datasets, run_datasets, evaluated, initial, segments,
-                                                        test_settings, list(dict.fromkeys(warnings))), indent=2))
+                                                        test_settings, list(dict.fromkeys(warnings)), drawings),
+                                         indent=2))
 
 
 def check_log_written(output_dir: str) -> None:

@@ -112,6 +112,21 @@ def is_prediction_drawing(path: str) -> bool:
         return False
 
 
+def drawings_asked(dataset_name: str, num_images: int) -> int:
+    """How many drawings :func:`save_prediction_pngs` makes of the first ``num_images`` images of
+    ``dataset_name``: fewer than ``num_images`` where the dataset holds fewer images."""
+    return len(DatasetCatalog.get(dataset_name)[:num_images]) if num_images > 0 else 0
+
+
+def drawings_in(out_dir: str) -> int:
+    """How many drawings (:func:`is_prediction_drawing`, not empty) ``out_dir`` holds, its
+    subfolders left out."""
+    if not os.path.isdir(out_dir):
+        return 0
+    paths = [os.path.join(out_dir, name) for name in os.listdir(out_dir)]
+    return sum(1 for path in paths if is_prediction_drawing(path) and os.path.getsize(path) > 0)
+
+
 # The score from which predictions are drawn (a model's test threshold above it takes its place).
 DRAWN_SCORE = 0.5
 

@@ -902,6 +902,7 @@ def run_onnx(path: str | os.PathLike | Any, inputs: Sequence[Any]) -> List[Any]:
         fixed = [size if isinstance(size, int) else None for size in entry.shape]
         if dtype != entry.type or len(fixed) != array.ndim or any(
                 size is not None and size != actual for size, actual in zip(fixed, array.shape, strict=True)):
+            _refuse_channels_last(index, entry, path, array, dtype, fixed)
             raise GwdetValueError(
                 f"input {index} ({entry.name!r}) of {path} takes {entry.type} of shape {list(entry.shape)}, got "
                 f"{dtype} of shape {list(array.shape)}: the export is fixed to the dtype and size of the sample image "
@@ -909,6 +910,31 @@ def run_onnx(path: str | os.PathLike | Any, inputs: Sequence[Any]) -> List[Any]:
                 "tool's sample), or export again with --sample-image of the size you need.")
         feeds[entry.name] = array
     return session.run(None, feeds)
+
+
+def _refuse_channels_last(index: int, entry: Any, path: str, array: np.ndarray, dtype: str,
+                          fixed: list[int | None]) -> None:
+    """A ``GwdetValueError`` for an image given to :func:`run_onnx` in ``(H, W, C)`` layout where
+    the export takes ``(C, H, W)``: its last axis has the channels of the export's first and its
+    first does not. The message names the layout and ``image.permute(2, 0, 1)``, and what else
+    differs after it (the dtype or size the export is fixed to)."""
+    channels = fixed[0] if len(fixed) == 3 else None
+    if array.ndim != 3 or channels is None or array.shape[2] != channels or array.shape[0] == channels:
+        return
+    permuted = (array.shape[2], array.shape[0], array.shape[1])
+    still = [f"size {list(permuted)} (the export takes {list(entry.shape)})"
+             for size, actual in zip(fixed, permuted, strict=True) if size is not None and size != actual][:1]
+    if dtype != entry.type:
+        still.append(f"dtype {dtype} (the export takes {entry.type})")
+    then = ("" if not still else
+            f" After it, the image still differs in {' and '.join(still)}: the export is fixed to the dtype and size "
+            "of the sample image it was traced with; give an image of those (the test loader's resize, as the export "
+            "tool's sample), or export again with --sample-image of the size you need.")
+    raise GwdetValueError(
+        f"input {index} ({entry.name!r}) of {path} takes {entry.type} of shape {list(entry.shape)}, got {dtype} of "
+        f"shape {list(array.shape)}: an image in (H, W, C) layout, with its {channels} channels last, where the "
+        "export takes (C, H, W), as detectron2's models do. Give image.permute(2, 0, 1) (of a numpy array: "
+        f"image.transpose(2, 0, 1)).{then}")
 
 
 def _is_onnx_session(value: Any) -> bool:

@@ -104,6 +104,24 @@ def _check_arguments(x: Tensor, running_mean: Tensor, running_var: Tensor, weigh
         check_single_values(owner, x, groups, groups, examples_per_group)
     else:
         check_own_single_values(owner, x, groups, eval_example_weight)
+        if not torch.jit.is_tracing():  # a traced graph would keep the check's outcome as a constant
+            check_running_variances(owner, running_var)
+
+
+def check_running_variances(owner: str, running_var: Tensor) -> None:
+    """Raise ``ValueError`` when ``running_var``, which an evaluation divides by (its square root),
+    holds a negative or NaN variance: the output would be NaN, as
+    :class:`BatchGroupNorm`'s ``load_state_dict`` refuses such a state. One reduction over the
+    ``[C]`` values."""
+    if bool((running_var >= 0).all()):
+        return
+    negative = running_var < 0
+    found = (f"negative variances (the smallest {running_var.min().item():.3g}, at channel "
+             f"{int(negative.nonzero()[0, 0])})" if bool(negative.any()) else "NaN variances")
+    raise GwdetValueError(
+        f"{owner}: running_var holds {found}, which no training computes: in evaluation (training=False) the output "
+        "would be NaN. Pass the running variances of a trained layer (e.g. its "
+        "running_var buffer), or torch.ones(C) for untrained statistics")
 
 
 def check_own_single_values(owner: str, x: Tensor, groups: int, eval_example_weight: float) -> None:

@@ -487,13 +487,15 @@ def _running_whitening_shape_problem(layer: SettingsInState, state_dict: Dict[st
 def _running_statistics_problem(state_dict: Dict[str, Any], prefix: str, owner: str) -> Optional[str]:
     """Why the running statistics of a state (``running_mean``, ``running_var``, ``running_whitening``
     under ``prefix``) cannot come from training: a value that is not finite, a negative variance, or
-    a whitening matrix whose diagonal is not positive (training keeps the inverse square root of a
-    covariance plus eps I, Eq. 5, whose diagonal is); ``None`` when they can."""
+    a whitening matrix whose diagonal is not positive or that is not symmetric (:func:`_asymmetry`;
+    training keeps the inverse square root of a covariance plus eps I, Eq. 5, which is symmetric with a
+    positive diagonal); ``None`` when they can."""
     layer = prefix[:-1] or owner
     for name in ("running_mean", "running_var", "running_whitening"):
         value = state_dict.get(prefix + name)
         if not isinstance(value, Tensor) or not value.is_floating_point() or value.numel() == 0:
             continue
+        effect = "the layer would normalize its inputs to NaN or to constants"
         if not bool(torch.isfinite(value).all()):
             why = "values that are not finite (NaN or inf)"
         elif name == "running_var" and bool((value < 0).any()):
@@ -501,12 +503,33 @@ def _running_statistics_problem(state_dict: Dict[str, Any], prefix: str, owner: 
         elif name == "running_whitening" and value.dim() == 3 and bool(
                 (torch.diagonal(value, dim1=-2, dim2=-1) <= 0).any()):
             why = "a whitening matrix whose diagonal is not positive (an all-zero one maps every input to 0)"
+        elif name == "running_whitening" and value.dim() == 3 and value.shape[-1] == value.shape[-2]:
+            asymmetry = _asymmetry(value)
+            if asymmetry is None:
+                continue
+            why = (f"a whitening matrix that is not symmetric (entries (i, j) and (j, i) differ by up to "
+                   f"{asymmetry:.3g} of its largest entry; training keeps the inverse square root of a covariance "
+                   "plus eps I, Eq. 5, which is symmetric)")
+            effect = "the layer's outputs would not be whitened"
         else:
             continue
-        return (f"{layer}: the state's {name} holds {why}, which no training computes: the layer would normalize "
-                "its inputs to NaN or to constants. Load the state of a trained layer (the file may be damaged), or "
-                "leave the running statistics out of the state to keep the layer's own")
+        return (f"{layer}: the state's {name} holds {why}, which no training computes: {effect}. Load the state "
+                "of a trained layer (the file may be damaged), or leave the running statistics out of the state to "
+                "keep the layer's own")
     return None
+
+
+def _asymmetry(whitening: Tensor) -> Optional[float]:
+    """The largest difference between entries ``(i, j)`` and ``(j, i)`` of a matrix of ``whitening``
+    ``[groups, k, k]``, relative to that matrix's largest entry, where it is more than rounding can
+    make (``1e-3``, or 8 units of the dtype's precision where that is more: fp16, bf16); ``None``
+    where every matrix is symmetric within that."""
+    value = whitening.detach().float()
+    difference = (value - value.transpose(-1, -2)).abs().amax(dim=(-2, -1))
+    relative = difference / value.abs().amax(dim=(-2, -1)).clamp_min(torch.finfo(torch.float32).tiny)
+    tolerance = max(1e-3, 8 * torch.finfo(whitening.dtype).eps)
+    worst = float(relative.max())
+    return worst if worst > tolerance else None
 
 
 def _unchanged(current: Any, value: Any) -> bool:

@@ -28,6 +28,7 @@ import sys
 from pathlib import PurePath
 from typing import Any, Iterable, Mapping, Sequence
 
+import numpy as np
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -867,6 +868,11 @@ def load_lazy_config(config_file: str, overrides: Sequence[str] = (), *, model: 
     :func:`apply_overrides`; a key they set more than once is warned of, naming the value used, the
     last); a ``~`` in ``train.output_dir`` is expanded. ``model``: the file must
     define a ``model`` (what a run builds; the parts the configs import define none), checked first."""
+    if not isinstance(model, (bool, np.bool_)):
+        raise GwdetValueError(
+            f"load_lazy_config: model must be True or False, got {model!r} ({type(model).__name__}), which would be "
+            "read as a truth value whatever it says: give model=True to require the file to define a model, "
+            "model=False (the default) otherwise.")
     if not config_file:
         raise GwdetValueError("No config given: pass --config-file configs/<file>.py (see configs/LazyConfig/).")
     config_file = os.fspath(config_file)

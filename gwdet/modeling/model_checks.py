@@ -3,6 +3,8 @@ norms with batch statistics shared across FPN levels, group numbers a layer coul
 norm layers that an optimizer decays otherwise than the config's norm setting."""
 from __future__ import annotations
 
+import math
+
 import logging
 from collections import defaultdict
 
@@ -103,7 +105,7 @@ def check_norm_weight_decay(model: nn.Module, optimizer: torch.optim.Optimizer, 
     if not layers:
         return layers
     bias_decay = _bias_only_decay(model, optimizer, weight_decay_norm) if weight_decay_bias is None else None
-    if bias_decay is not None:
+    if bias_decay is not None and math.isfinite(bias_decay) and bias_decay >= 0:  # a decay a setting can give
         logging.getLogger(__name__).warning(
             f"{len(layers)} norm layer(s) have their bias decayed by {bias_decay:g}, not by the norm weight decay "
             f"{weight_decay_norm:g} (SOLVER.WEIGHT_DECAY_NORM / weight_decay_norm), their other parameters by it: "

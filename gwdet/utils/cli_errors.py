@@ -217,8 +217,10 @@ def unexpanded_variable_note(path: str | os.PathLike) -> str:
     expanded = os.path.expanduser(os.path.expandvars(text))
     leading = variable is None or variable.start() == 0  # (a path made absolute has the folder before it)
     meant = f" ({expanded})" if expanded != text and leading else ""
+    shell = ("leave the '~' outside quotes (~/'my file.pth')" if variable is None else
+             "let the shell expand it (double quotes)")
     return (f" It holds {held}, which nothing expanded (a quoted command-line value and a config file keep it as it "
-            f"is): let the shell expand it (double quotes), or write the path out{meant}.")
+            f"is): {shell}, or write the path out{meant}.")
 
 
 def edge_whitespace_problem(flag: str, path: str | os.PathLike, kind: str = "folder") -> str | None:

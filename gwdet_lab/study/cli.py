@@ -179,10 +179,28 @@ def resolve_specs(args: argparse.Namespace, repo_root: Path) -> list[RunSpec]:
     if not args.study and not args.configs and not args.extra:
         raise GwdetValueError("Name what to run: --study paper, --study batch-sweep, or --configs.")
     specs = paper_specs(args.dataset, repo_root, args.study) if args.study else []
+    for flag, item in [*(("--configs", item) for item in args.configs or []),
+                       *(("--extra", tokens[0]) for tokens in args.extra if tokens)]:
+        _refuse_name_with_folder(flag, item)
     specs += [parse_config_item(item) for item in args.configs or []]
     specs += [parse_extra(tokens) for tokens in args.extra]
     check_unique_names(specs)
     return [RunSpec(s.name, str(Path(s.config_file).resolve()), s.opts) for s in specs]
+
+
+def _refuse_name_with_folder(flag: str, item: str) -> None:
+    """Refuse a ``NAME=CONFIG`` item of ``flag`` whose NAME holds a path separator while CONFIG is a
+    file and the item as a whole is none: a run's name names its folder, so it cannot hold '/', and
+    the item would be read as one config path that does not exist."""
+    name, sep, path = item.partition("=")
+    if not sep or not ("/" in name or os.sep in name) or not os.path.isfile(path) or os.path.isfile(item):
+        return
+    suggested = "".join(char if char.isascii() and (char.isalnum() or char in "_.+-") else "-" for char in name)
+    suggested = suggested.lstrip("_.+-") or "mine"
+    raise GwdetValueError(
+        f"{flag} {item!r}: the run name {name!r} before '=' holds '/', and a run's name names its folder: it starts "
+        "with an ASCII letter or digit and holds only ASCII letters, digits and _ . + -. Give NAME=CONFIG with such "
+        f"a name, e.g. {suggested}={path}; nothing was run.")
 
 
 def weighs_examples(cfg: CfgNode) -> bool:
