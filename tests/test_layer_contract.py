@@ -293,13 +293,16 @@ OTHER_VALUES = {"num_groups": 3, "T": 3, "eps": 1e-3, "group_size": 4, "momentum
 
 
 def build_named(name: str, **changed) -> torch.nn.Module:
-    """``name``'s layer with the test values and ``changed``, float64, with random parameters."""
+    """``name``'s layer with the test values and ``changed``, float64, with random parameters (a
+    whitening matrix symmetric, as every trained one is)."""
     layer = get_norm(norm(name, **{**TEST_PARAMS[name], **changed}), CHANNELS).double()
     generator = torch.Generator().manual_seed(len(changed))
     with torch.no_grad():
-        for tensor in layer.state_dict().values():
+        for key, tensor in layer.state_dict().items():
             if tensor.is_floating_point():
                 tensor.copy_(torch.rand(tensor.shape, generator=generator, dtype=tensor.dtype) + 0.5)
+                if key.endswith("running_whitening"):
+                    tensor.copy_((tensor + tensor.transpose(-1, -2)) / 2)
     return layer
 
 
