@@ -21,6 +21,7 @@ from typing import Any, Mapping
 import torch
 
 from gwdet.errors import GwdetError
+from gwdet.utils.cli_errors import GZIP_MAGIC, gzip_decompression
 
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since PyTorch 1.6
 LEGACY_MAGIC = b"\x80\x02"  # the legacy format: a pickle stream, protocol 2
@@ -119,7 +120,6 @@ SAFETENSORS_FIX = ("load it with safetensors.torch.load_file(path) and save that
                    "'weights.pth')")
 
 
-GZIP_MAGIC = b"\x1f\x8b"  # the first bytes of a gzip stream (gzip, .gz, .tgz)
 GIT_LFS_POINTER = b"version https://git-lfs.github.com/spec/"  # the first line of a Git LFS pointer file
 
 
@@ -131,12 +131,8 @@ def packed_file_problem(path: str, what: str = "the file torch.save wrote") -> s
     with open(path, "rb") as f:
         head = f.read(1024)
     if head.startswith(GZIP_MAGIC):
-        if path.endswith(".gz"):
-            named, plain, command = "its name ends in .gz", path[:-3], f"gunzip -k {path}"
-        else:
-            stem, suffix = os.path.splitext(path)
-            named, plain = "though its name does not end in .gz", f"{stem}.unpacked{suffix}"
-            command = f"gunzip -c {path} > {plain}"
+        stem, suffix = os.path.splitext(path)
+        named, plain, command = gzip_decompression(path, f"{stem}.unpacked{suffix}")
         return (f"{path} is gzip-compressed ({named}), and {what} is read uncompressed; nothing was read from "
                 f"it. Decompress it ({command}) and give {plain}.")
     if head.startswith(GIT_LFS_POINTER):

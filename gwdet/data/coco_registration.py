@@ -37,7 +37,8 @@ from detectron2.data.transforms import ResizeShortestEdge
 from gwdet.config import SHAPES_PREFIX
 from gwdet.errors import GwdetError, GwdetTypeError, listed
 from gwdet.utils.atomic import cached_sha256
-from gwdet.utils.cli_errors import as_override, link_dotdot_problem, unexpanded_variable_note
+from gwdet.utils.cli_errors import (GZIP_MAGIC, as_override, gzip_decompression, link_dotdot_problem,
+                                    unexpanded_variable_note)
 from gwdet.data.boxes import box_problem
 from gwdet.data.masks import short_repr
 from gwdet.data.image_files import name_twin_note
@@ -230,12 +231,8 @@ def _read_json(dataset: CocoDataset) -> tuple[Any, str]:
                            f"{error.colno}. Fix the file there (python -m json.tool {path} points at the same "
                            "place).") from None
     except UnicodeDecodeError as error:
-        if data.startswith(b"\x1f\x8b"):  # gzip's magic bytes
-            if path.endswith(".gz"):
-                named, plain, command = "its name ends in .gz", path[:-3], f"gunzip -k {path}"
-            else:
-                named, plain = "though its name does not end in .gz", f"{os.path.splitext(path)[0]}.plain.json"
-                command = f"gunzip -c {path} > {plain}"
+        if data.startswith(GZIP_MAGIC):
+            named, plain, command = gzip_decompression(path, f"{os.path.splitext(path)[0]}.plain.json")
             raise DatasetError(f"{where} {path} is gzip-compressed ({named}), and detectron2 reads plain JSON: "
                                f"decompress it ({command}) and give {plain}.") from None
         if data.startswith((b"\xff\xfe", b"\xfe\xff")):  # UTF-16's byte order marks

@@ -223,6 +223,18 @@ def unexpanded_variable_note(path: str | os.PathLike) -> str:
             f"is): {shell}, or write the path out{meant}.")
 
 
+GZIP_MAGIC = b"\x1f\x8b"  # the first bytes of a gzip stream (gzip, .gz, .tgz)
+
+
+def gzip_decompression(path: str, unpacked: str) -> tuple[str, str, str]:
+    """For a gzip-compressed file ``path`` (it starts with :data:`GZIP_MAGIC`): how its name shows it
+    (or does not), the plain file to give instead (``path`` without its ``.gz``, else ``unpacked``)
+    and the command that writes it, for a refusal's words."""
+    if path.endswith(".gz"):
+        return "its name ends in .gz", path[:-3], f"gunzip -k {path}"
+    return "though its name does not end in .gz", unpacked, f"gunzip -c {path} > {unpacked}"
+
+
 def edge_whitespace_problem(flag: str, path: str | os.PathLike, kind: str = "folder") -> str | None:
     """Why a new ``path`` (given as ``flag``) that begins or ends with whitespace is refused: the
     whitespace would become part of the new ``kind``'s name (a YAML value's or a pasted path's, not
