@@ -1105,3 +1105,30 @@ def test_counts_that_are_no_integers_are_refused_as_such_by_the_gate_and_the_tra
         with pytest.raises(GwdetValueError) as refused:
             check_training_values(cfg, 1)
         assert str(refused.value) == message
+
+
+# before: c = build_config(path); c.MODEL.DEVICE = "cpu" raised yacs's "Attempted to set DEVICE to cpu, but
+# CfgNode is immutable", naming neither the key's section nor the ways to change it
+def test_a_key_set_on_build_configs_frozen_config_is_refused_naming_the_key_and_the_fixes():
+    import pickle
+
+    from detectron2.config import CfgNode
+
+    cfg = build_config(str(DEMO_CONFIG))
+    with pytest.raises(AttributeError, match=re.escape(
+            "Cannot set MODEL.RESNETS.GW_POSITIONS to 'B3': this config is frozen (gwdet.model_zoo.build_config "
+            "returns it checked and frozen, as detectron2's tools freeze theirs). Give the change as an override, "
+            "build_config(path, ['MODEL.RESNETS.GW_POSITIONS', 'B3']), or call cfg.defrost() first")):
+        cfg.MODEL.RESNETS.GW_POSITIONS = "B3"
+    with pytest.raises(AttributeError, match=re.escape("Cannot set SEED to 3: ") + ".*" + re.escape("['SEED', '3']")):
+        cfg.SEED = 3
+    assert isinstance(cfg, CfgNode) and cfg.is_frozen() and cfg.MODEL.RESNETS.GW_POSITIONS == "S1-B2"
+    assert pickle.loads(pickle.dumps(cfg)) == cfg and cfg.clone().is_frozen()
+    plain = add_gwdet_config(get_cfg())
+    plain.merge_from_file(str(DEMO_CONFIG))
+    assert cfg.dump() == plain.dump()  # the same keys and values as detectron2's own merge
+    changed = cfg.clone()
+    changed.defrost()
+    changed.MODEL.RESNETS.GW_POSITIONS = "S9"
+    with pytest.raises(GwdetValueError, match="unknown position 'S9'"):  # the builder checks the changed config
+        gwdet.build_model(changed)

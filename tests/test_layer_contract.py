@@ -226,6 +226,34 @@ def test_torchscript_computes_what_eager_mode_does(name):
             assert torch.allclose(got, expected, atol=1e-6)
 
 
+class _DoublingSubclass(torch.nn.Module):
+    """The doubled output of a GW layer, as a subclass would write it: what docs/deploy.md's Limits name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from gwdet.layers import GroupWhitening
+
+        self.norm = GroupWhitening(CHANNELS, num_groups=4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x) * 2
+
+
+def test_a_layer_held_as_a_submodule_scripts_where_a_subclass_calling_super_does_not():
+    from gwdet.layers import GroupWhitening
+
+    class SuperCalling(GroupWhitening):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x) * 2
+
+    with pytest.raises(RuntimeError, match="has no attribute or method 'forward'"):  # TorchScript's: docs/deploy.md
+        torch.jit.script(SuperCalling(CHANNELS, num_groups=4))
+    holding = _DoublingSubclass()
+    x = random_batch((2, CHANNELS, 3, 3), torch.float32, seed=1)
+    assert torch.allclose(torch.jit.script(holding)(x), holding(x), atol=1e-6)
+    assert torch.allclose(holding(x), 2 * holding.norm(x))
+
+
 # (torch warns that the variance of BGN's empty blocks has no degree of freedom: there is none to compute)
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", r"ignore:var_mean\(\). degrees of freedom:UserWarning")
 @pytest.mark.parametrize("name", NAMES)
@@ -625,6 +653,20 @@ def test_a_device_this_machine_does_not_have_is_refused_by_name(layer_class):
         layer_class(CHANNELS, device="xla")
     assert layer_class(CHANNELS, device="meta").weight.device.type == "meta"
     assert layer_class(CHANNELS, device="cpu").weight.device.type == "cpu"
+
+
+# GroupWhitening(2**40, 4) failed with torch's allocator error, which names the bytes but not the argument; a
+# count whose byte size overflows with "Storage size calculation overflowed". 2**50 float32 values pass any
+# machine's address space, so the allocation fails whatever the memory overcommit setting.
+@pytest.mark.parametrize("layer_class", LAYER_CLASSES, ids=lambda cls: cls.__name__)
+@pytest.mark.parametrize("channels", [2**50, 2**61], ids=["too-large", "overflowing"])
+def test_a_channel_count_no_memory_holds_is_refused_naming_the_argument(layer_class, channels):
+    with pytest.raises(GwdetValueError, match=re.escape(
+            f"{layer_class.__name__}(num_channels={channels}): its parameters and running statistics do not fit in "
+            "this device's memory (") + ".*" + re.escape("check num_channels.")):
+        layer_class(channels)
+    if channels == 2**50:  # on the meta device nothing is allocated; an overflowing size is refused there too
+        assert layer_class(channels, device="meta").weight.shape == (channels,)
 
 
 # GroupWhitening(16, 4)(64), BatchWhitening(16, 4)(numpy array), BatchGroupNorm(16, 4)([t] * 4) failed with a

@@ -1406,6 +1406,48 @@ def test_load_refuses_a_named_checkpointable_the_file_does_not_hold(tmp_path):
     assert all(torch.equal(value, model.state_dict()[key]) for key, value in loading.state_dict().items())
 
 
+# before: an optimizer state of other parameter groups reached torch's "loaded state dict has a different number
+# of parameter groups" after the model's weights were already replaced; momentum buffers of another model's
+# shapes loaded, and the first step failed
+def test_load_refuses_an_optimizer_state_that_does_not_fit_before_loading_weights(tmp_path):
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from gwdet.errors import GwdetError
+
+    model = _checkpointed_model()
+    groups = [{"params": list(model[0].parameters())}, {"params": list(model[1].parameters()), "weight_decay": 0.0}]
+    trained = torch.optim.SGD(groups, lr=0.1, momentum=0.9)
+    model(torch.randn(2, 3, 8, 8)).sum().backward()
+    trained.step()
+    ResilientCheckpointer(model, str(tmp_path), optimizer=trained).save("opt")
+    path = str(tmp_path / "opt.pth")
+
+    def refused(optimizer_of, finding):
+        loading = _checkpointed_model()
+        before = {key: value.clone() for key, value in loading.state_dict().items()}
+        with pytest.raises(GwdetError, match=rf"^ResilientCheckpointer\.load: the 'optimizer' state in {re.escape(path)} "
+                                             rf"does not fit the optimizer given as 'optimizer': {finding}\. .*nothing "
+                                             r"was loaded\. .*checkpointables=\[\]"):
+            ResilientCheckpointer(loading, optimizer=optimizer_of(loading)).load(path)
+        assert all(torch.equal(value, before[key]) for key, value in loading.state_dict().items())
+
+    refused(lambda m: torch.optim.SGD(m.parameters(), lr=0.1), r"the saved state has 2 parameter group\(s\) of 2, 2 "
+            r"parameter\(s\), this optimizer 1 of 4")
+    refused(lambda m: torch.optim.SGD([{"params": list(m[0].parameters())}, {"params": [m[1].weight]}], lr=0.1),
+            r"the saved state has 2 parameter group\(s\) of 2, 2 parameter\(s\), this optimizer 2 of 2, 1")
+    refused(lambda m: torch.optim.SGD([{"params": [m[0].bias, m[0].weight]}, {"params": list(m[1].parameters())}],
+                                      lr=0.1),
+            r"the saved momentum_buffer of parameter 0 has shape \[16, 3, 3, 3\], but this optimizer's parameter at "
+            r"that place \(0\.bias\) has shape \[16\]")
+    loading = _checkpointed_model()
+    fitting = torch.optim.SGD([{"params": list(loading[0].parameters())}, {"params": list(loading[1].parameters())}],
+                              lr=0.5, momentum=0.9)
+    ResilientCheckpointer(loading, optimizer=fitting).load(path)
+    assert fitting.param_groups[1]["weight_decay"] == 0.0 and fitting.param_groups[0]["lr"] == 0.1
+    other = _checkpointed_model()  # the weights only: the optimizer's state is not read
+    ResilientCheckpointer(other, optimizer=torch.optim.SGD(other.parameters(), lr=0.5)).load(path, checkpointables=[])
+    assert all(torch.equal(value, model.state_dict()[key]) for key, value in other.state_dict().items())
+
+
 # before: require_every_weight='no' and compare_input='no' were read as True
 @pytest.mark.parametrize("flag", ["require_every_weight", "compare_input", "save_to_disk"])
 def test_checkpointer_flags_must_be_true_or_false(flag):

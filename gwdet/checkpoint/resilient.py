@@ -66,6 +66,7 @@ from gwdet.checkpoint.integrity import (
     verify_checksums,
     with_checksums,
 )
+from gwdet.checkpoint.optimizer_state import optimizer_state_problem
 from gwdet.checkpoint.converted_weights import check_conversion_metadata, read_conversion_metadata
 from gwdet.checkpoint.run_identity import RUN_ID_KEY, check_same_run, new_run_id, record_run_id
 from gwdet.layers.settings_state import EXTRA_STATE_KEY
@@ -958,6 +959,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
         self._folder_seen: dict[str, tuple[int, int]] | None = None  # save_dir's checkpoints after resume_or_load
         self._file_keys: set = set()  # the keys of the file _load_file read last
         self._asked_checkpointables: list[str] = []  # the checkpointables load() restores by name
+        self._restoring: list[str] = []  # the checkpointables load() restores (by name, or all the file holds)
         self.run_id: str | None = None  # set by resume_or_load: the run's identity, recorded with each save
 
     @property
@@ -1373,12 +1375,14 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 f"ResilientCheckpointer.load: {path} cannot be loaded into the model: {_on_meta(valueless)}, so no "
                 f"value could be loaded into them; nothing was loaded. {_build_off_meta('load the checkpoint into it')}")
         self._asked_checkpointables = self._checked_checkpointables(checkpointables)
+        self._restoring = list(self.checkpointables) if checkpointables is None else self._asked_checkpointables
         self._loading = path
         try:
             return super().load(path, checkpointables)
         finally:
             self._loading = None
             self._asked_checkpointables = []
+            self._restoring = []
             self._parsed_url_during_load = None  # detectron2's load leaves it set when it raises: every later load failed
 
     def _checked_checkpointables(self, checkpointables: Any) -> list[str]:
@@ -1423,8 +1427,24 @@ class ResilientCheckpointer(DetectionCheckpointer):
             "checkpointer without it; nothing was loaded. Load a checkpoint saved with it, or leave it out "
             f"(checkpointables={rest!r}).")
 
+    def _check_optimizer_states_fit(self, checkpoint: dict) -> None:
+        """Refuse, before any weight is loaded, an optimizer state that the optimizer it would be
+        restored into does not fit (:func:`optimizer_state_problem`): torch would refuse it after
+        the model's weights were replaced, or load another model's buffers."""
+        names = {id(parameter): name for name, parameter in unwrapped(self.model).named_parameters()}
+        for key in self._restoring:
+            problem = optimizer_state_problem(self.checkpointables.get(key), checkpoint.get(key), names)
+            if problem:
+                raise GwdetValueError(
+                    f"ResilientCheckpointer.load: the {key!r} state in {self._loading} does not fit the optimizer given "
+                    f"as {key!r}: {problem}. It was saved for another model or other trainable parameters (a frozen "
+                    "backbone, MODEL.BACKBONE.FREEZE_AT, other SOLVER settings that group the parameters); nothing was "
+                    f"loaded. Build the optimizer as the run that saved it did (gwdet.build_optimizer(cfg, model) with "
+                    f"that run's config), or load the weights only (checkpointables=[]).")
+
     def _load_model(self, checkpoint: dict):
         self._check_asked_checkpointables_held(checkpoint)
+        self._check_optimizer_states_fit(checkpoint)
         self._read_compiled_names(checkpoint)
         self._read_wrapped_records(checkpoint)
         self._check_some_weight_lands(checkpoint)

@@ -34,7 +34,7 @@ from .common import (
     check_hyper_parameters, check_input, check_per_channel, check_running_updatable, check_same_device, check_scripted_settings,
     factory_kwargs, largest_divisor_at_most,
     largest_magnitude,
-    magnitude_scales, per_channel_affine, product, register_affine, reset_affine, reshape_with_samples, scaled_ridge,
+    magnitude_scales, per_channel_affine, product, allocating_channels, register_affine, reset_affine, reshape_with_samples, scaled_ridge,
     statistics_dtype,
 )
 from .settings_state import SettingsInState
@@ -356,9 +356,10 @@ class BatchGroupNorm(SettingsInState):
         self.momentum = float(momentum)
         self.eval_example_weight = float(eval_example_weight)
         self.affine = bool(affine)
-        register_affine(self, self.num_channels, affine, factory)
-        self.register_buffer("running_mean", torch.zeros(self.num_channels, **factory))
-        self.register_buffer("running_var", torch.ones(self.num_channels, **factory))
+        with allocating_channels(owner, self.num_channels):
+            register_affine(self, self.num_channels, affine, factory)
+            self.register_buffer("running_mean", torch.zeros(self.num_channels, **factory))
+            self.register_buffer("running_var", torch.ones(self.num_channels, **factory))
 
     def reset_running_stats(self) -> None:
         """The running mean and variance back to zeros and ones."""

@@ -31,7 +31,7 @@ from .common import (
     autocast_disabled, check_hyper_parameters, check_input, check_per_channel, check_running_updatable, check_same_device,
     check_scripted_settings, check_values_per_group, factory_kwargs,
     largest_divisor_at_most, largest_magnitude, magnitude_scales, per_channel_affine,
-    refuse_differentiating_transforms, register_affine, reset_affine, reshape_with_samples, scaled_ridge, statistics_dtype,
+    refuse_differentiating_transforms, allocating_channels, register_affine, reset_affine, reshape_with_samples, scaled_ridge, statistics_dtype,
 )
 from .itn_whitening_op import CPU_PLAN_ADVICE, itn_whitening_op
 from .plans import plan_name
@@ -232,10 +232,11 @@ class BatchWhitening(SettingsInState):
         self.momentum = float(momentum)
         self.method = method
         self.affine = bool(affine)
-        register_affine(self, self.num_channels, affine, factory)
-        self.register_buffer("running_mean", torch.zeros(self.num_channels, **factory))
-        identity = torch.eye(self.effective_group_size, **factory)
-        self.register_buffer("running_whitening", identity.repeat(self.num_groups, 1, 1))
+        with allocating_channels(owner, self.num_channels):
+            register_affine(self, self.num_channels, affine, factory)
+            self.register_buffer("running_mean", torch.zeros(self.num_channels, **factory))
+            identity = torch.eye(self.effective_group_size, **factory)
+            self.register_buffer("running_whitening", identity.repeat(self.num_groups, 1, 1))
 
     def reset_running_stats(self) -> None:
         """The running mean back to zeros and the running whitening matrices to identities; raises

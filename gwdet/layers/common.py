@@ -10,7 +10,7 @@ import math
 import numbers
 import struct
 import warnings
-from typing import Any, Callable, ContextManager, Dict, List, Mapping, Optional
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Mapping, Optional
 
 import numpy as np
 import torch
@@ -545,6 +545,23 @@ def _check_accelerator_here(owner: str, device: torch.device, shown: str, fix: s
         raise GwdetValueError(
             f"{owner}: device {shown} cannot be used on this machine: torch cannot create a tensor there "
             f"(torch.empty(0, device={str(device)!r}) fails with {type(error).__name__}: {line}); {fix}") from None
+
+
+@contextlib.contextmanager
+def allocating_channels(owner: str, num_channels: int) -> Iterator[None]:
+    """A context for a layer's constructor that creates its per-channel parameters and running
+    statistics: torch's allocator error (a ``num_channels`` too large for the device's memory) is
+    raised as ``GwdetValueError`` naming the argument, with torch's words kept."""
+    try:
+        yield
+    except RuntimeError as error:  # torch.OutOfMemoryError on a GPU; the CPU allocator's enforce failure
+        line = (str(error).splitlines() or [""])[0]
+        if "allocate" not in line and "size calculation overflowed" not in line:
+            raise
+        raise GwdetValueError(
+            f"{owner}(num_channels={num_channels}): its parameters and running statistics do not fit in this device's "
+            f"memory ({line.strip()}): a norm layer has as many channels as the convolution it follows (64 to 2048 in a "
+            "ResNet); check num_channels.") from error
 
 
 def register_affine(module: torch.nn.Module, num_channels: int, affine: bool,

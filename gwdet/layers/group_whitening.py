@@ -26,7 +26,7 @@ from .common import (
     autocast_disabled, check_hyper_parameters, check_input, check_per_channel, check_same_device, check_scripted_settings,
     check_values_per_group, divisor_at_most, factory_kwargs,
     largest_divisor_at_most, largest_magnitude, magnitude_scales, per_channel_affine, product,
-    register_affine, reset_affine, reshape_with_samples, scaled_ridge, statistics_dtype,
+    allocating_channels, register_affine, reset_affine, reshape_with_samples, scaled_ridge, statistics_dtype,
 )
 from .group_whitening_function import fused_group_whitening
 from .precision import float32_matmul
@@ -221,7 +221,8 @@ class GroupWhitening(SettingsInState):
         self.eps = float(eps)
         self.method = method
         self.affine = bool(affine)
-        register_affine(self, self.num_channels, affine, factory)
+        with allocating_channels(owner, self.num_channels):
+            register_affine(self, self.num_channels, affine, factory)
 
     def reset_parameters(self) -> None:
         """The affine weight and bias back to their initial ones and zeros (as torch's norm layers

@@ -29,6 +29,7 @@ from gwdet.config import add_gwdet_config, flatten_config
 from gwdet.config_checks import check_gwdet_config
 from gwdet.errors import GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetValueError, listed
 from gwdet.layers.common import check_flag
+from gwdet.model_zoo.checked_config import checked_frozen
 from gwdet.model_zoo.lazy_loading import check_config_file_exists, check_override_list, is_lazy_config, load_lazy_config
 from gwdet.model_zoo.model_zoo import configs_dir, get_config_file
 from gwdet.norms import add_registered_config_keys, known_norm_names, norm_record, spawned_process_note
@@ -134,8 +135,7 @@ def build_config(config_file: str | os.PathLike, opts: list[str] | None = None) 
     if isinstance(cfg.OUTPUT_DIR, str) and cfg.OUTPUT_DIR.startswith("~"):  # a quoted ~ reaches the config as it is
         cfg.OUTPUT_DIR = os.path.expanduser(cfg.OUTPUT_DIR)
     check_gwdet_config(cfg)
-    cfg.freeze()
-    return cfg
+    return checked_frozen(cfg)
 
 
 _UNKNOWN_KEY = re.compile(r"Non-existent (?:config )?key: (.*)")
