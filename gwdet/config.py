@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 
 from detectron2.config import CfgNode as CN
 
-from gwdet.errors import GwdetKeyError, GwdetTypeError, GwdetValueError, listed
+from gwdet.errors import GwdetKeyError, GwdetTypeError, GwdetValueError, did_you_mean, listed
 from gwdet.layers.common import check_flag, check_int_at_least, check_positive, check_unit_interval
 
 
@@ -243,9 +243,8 @@ def check_config_values(cfg: CN) -> None:
         if name not in _BY_NAME:
             close = ([name.upper()] if name.upper() in _BY_NAME
                      else difflib.get_close_matches(name.upper(), list(_BY_NAME), n=2, cutoff=0.8))
-            hint = f" Did you mean {' or '.join(close)}?" if close else ""
             raise GwdetKeyError(f"{name} is not a key of gwdet's config (set in Python after the config was read?), "
-                                f"so nothing reads it.{hint} gwdet's keys are listed in docs/usage.md.")
+                                f"so nothing reads it.{did_you_mean(close, quote=False)} gwdet's keys are listed in docs/usage.md.")
     for key in CONFIG_KEYS:
         key.check("config", key.name, config_value(cfg, key.name))
 

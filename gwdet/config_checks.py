@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Sequence
 from detectron2.config import CfgNode, get_cfg
 from detectron2.utils import comm
 
-from gwdet.errors import GwdetError, GwdetKeyError, GwdetValueError
+from gwdet.errors import GwdetError, GwdetKeyError, GwdetValueError, did_you_mean
 from gwdet.layers.common import is_finite_number, is_whole_number
 from gwdet.config import (add_gwdet_config, allowed_config_keys, check_config_values, config_default, config_value,
                           flatten_config, require_gwdet_config)
@@ -1161,7 +1161,7 @@ def check_unknown_keys(cfg: CfgNode) -> None:
                 what = "section" if isinstance(value, Mapping) else "key"
                 raise GwdetKeyError(
                     f"{name} is not a {what} of detectron2's or gwdet's config (set in Python after the config was "
-                    f"read?), so nothing reads it. Did you mean {' or '.join(close)}? Set that instead; a {what} a "
+                    f"read?), so nothing reads it.{did_you_mean(close, quote=False)} Set that instead; a {what} a "
                     f"project of yours adds on purpose is declared with gwdet.config.allow_config_keys({name!r}) "
                     "before the config is used.")
 

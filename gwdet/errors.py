@@ -111,6 +111,14 @@ __all__ = [
 ]
 
 
+def did_you_mean(names: Iterable[str], quote: bool = True) -> str:
+    """``" Did you mean 'a' or 'b'?"`` naming ``names`` (the names a misspelt one may mean, each
+    quoted with ``repr`` when ``quote``), or ``""`` when there are none: how gwdet's messages
+    suggest a name, after the sentence that refuses the given one."""
+    shown = [repr(name) if quote else name for name in names]
+    return f" Did you mean {' or '.join(shown)}?" if shown else ""
+
+
 def listed(items: Iterable[str], most: int, separator: str = ", ") -> str:
     """At most ``most`` of ``items`` joined by ``separator``, then how many more there are:
     ``"a, b, ... (3 more)"``. How every message of gwdet names a list that may be long."""

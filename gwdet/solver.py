@@ -34,7 +34,7 @@ from detectron2.solver.build import maybe_add_gradient_clipping, reduce_param_gr
 from torch import nn
 
 from gwdet.config_checks import ensure_checked
-from gwdet.errors import GwdetTypeError, GwdetValueError, listed
+from gwdet.errors import GwdetTypeError, GwdetValueError, did_you_mean, listed
 from gwdet.layers.common import is_finite_number, is_real_number
 from gwdet.norms import COMPUTING_MODULES, DETECTRON2_OPTIMIZER_NORMS, NORM_LAYER_MARK, layer_types
 
@@ -143,11 +143,10 @@ def check_override_values(overrides: Any, setting: str = "get_default_optimizer_
                 f"weight decay, or {{{name!r}: {{'lr': ...}}}} for a learning rate.")
         for key, value in values.items():
             if key not in keys:
-                close = difflib.get_close_matches(str(key), keys, n=3)
-                hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
                 raise GwdetValueError(
                     f"{setting}[{name!r}][{key!r}] is no key of a parameter group of torch's optimizers, so the "
-                    f"optimizer would carry it and ignore it.{hint} The keys they take: "
+                    f"optimizer would carry it and ignore it.{did_you_mean(difflib.get_close_matches(str(key), keys))} "
+                    "The keys they take: "
                     f"{listed([repr(known) for known in keys], 40)}. Use one of them (an optimizer of your own that "
                     "reads other keys: add them to the groups get_default_optimizer_params returns).")
             if key in RATE_KEYS:
@@ -172,8 +171,7 @@ def check_overrides(model: nn.Module, overrides: Mapping[str, Mapping[str, float
         hint = (f" An override names a parameter by its own name within its module, not by its path: {last!r} "
                 f"(which sets every parameter of that name), not {key!r}.")
     else:
-        close = difflib.get_close_matches(str(key), names, n=3)
-        hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+        hint = did_you_mean(difflib.get_close_matches(str(key), names, n=3))
     raise GwdetValueError(
         f"get_default_optimizer_params: overrides key {key!r} is the name of no parameter of the model, so it would "
         f"change nothing (detectron2 matches a key against a parameter's own name within its module).{hint} The "

@@ -75,7 +75,7 @@ from gwdet.checkpoint.safe_load import (UnsafeCheckpointError, cut_within_magic,
                                         numpy_number_globals, valueless_tensors_problem)
 from gwdet.layers.common import check_flag
 from gwdet.errors import (GwdetError, GwdetFileExistsError, GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetRuntimeError, GwdetTypeError,
-                          GwdetValueError, listed)
+                          GwdetValueError, did_you_mean, listed)
 
 logger = logging.getLogger(__name__)  # gwdet's own messages: a run lists its warnings (gwdet.engine.run_log)
 
@@ -1402,11 +1402,10 @@ class ResilientCheckpointer(DetectionCheckpointer):
         if unknown:
             key = unknown[0]
             close = difflib.get_close_matches(str(key), own, n=1) if isinstance(key, str) else []
-            hint = f"Did you mean {close[0]!r}? " if close else ""
             raise GwdetValueError(
                 f"ResilientCheckpointer.load: checkpointables names {key!r}, which is not one of this checkpointer's "
                 f"checkpointables ({listed(map(repr, own), 8) if own else 'it has none'}), so nothing could restore it; "
-                f"nothing was loaded. {hint}Name checkpointables the checkpointer was given "
+                f"nothing was loaded.{did_you_mean(close)} Name checkpointables the checkpointer was given "
                 "(ResilientCheckpointer(model, optimizer=..., scheduler=...)), or None to restore all the file holds.")
         return list(checkpointables)
 

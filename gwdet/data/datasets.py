@@ -18,7 +18,7 @@ from detectron2.config import CfgNode
 from detectron2.data import DatasetCatalog, MetadataCatalog
 
 from gwdet.config import SHAPES_PREFIX
-from gwdet.errors import GwdetFileNotFoundError, GwdetKeyError, GwdetValueError
+from gwdet.errors import GwdetFileNotFoundError, GwdetKeyError, GwdetValueError, did_you_mean
 from gwdet.data.coco_registration import (
     ENVIRONMENT_VARIABLE,
     CocoDataset,
@@ -57,8 +57,7 @@ def config_dataset_names(cfg: CfgNode, trains: bool = True, tests: bool = True) 
 def unregistered_message(name: str) -> str:
     """Why dataset ``name`` cannot be used: it is not registered; the registered name it is closest
     to, and how to register one (a name of gwdet's shapes dataset cannot be: its splits are named)."""
-    close = difflib.get_close_matches(name, DatasetCatalog.list(), n=1)
-    meant = f" Did you mean {close[0]!r}?" if close else ""
+    meant = did_you_mean(difflib.get_close_matches(name, DatasetCatalog.list(), n=1))
     if name.startswith(SHAPES_PREFIX):
         return (f"Dataset {name!r} is not registered.{meant} Names starting with {SHAPES_PREFIX!r} are gwdet's shapes "
                 f"dataset's: its splits are {', '.join(SHAPES_SPLITS)}; give your own data another name "

@@ -13,7 +13,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from gwdet.errors import GwdetFileNotFoundError, GwdetValueError
+from gwdet.errors import GwdetFileNotFoundError, GwdetValueError, did_you_mean
 
 INSTALL_DOC = "docs/install.md"
 
@@ -53,8 +53,8 @@ def detectron2_config_file(config_path: str) -> Path:
         return path
     names = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.py") if "__pycache__" not in p.parts)
     close = difflib.get_close_matches(config_path, names, n=3, cutoff=0.6)
-    hint = f" Did you mean {' or '.join(repr(name) for name in close)}?" if close else ""
-    raise GwdetFileNotFoundError(f"{config_path!r} is not among detectron2's packaged configs ({root}).{hint}")
+    raise GwdetFileNotFoundError(f"{config_path!r} is not among detectron2's packaged configs ({root})."
+                                 f"{did_you_mean(close)}")
 
 
 def detectron2_lazy_config(config_path: str):

@@ -38,7 +38,7 @@ from detectron2.layers import ShapeSpec
 from detectron2.utils.registry import locate
 
 from gwdet.config import ABSENT
-from gwdet.errors import GwdetFileNotFoundError, GwdetTypeError, GwdetValueError
+from gwdet.errors import GwdetFileNotFoundError, GwdetTypeError, GwdetValueError, did_you_mean
 from gwdet.model_zoo.model_zoo import configs_dir
 from gwdet.utils.command_line import warn_of_repeated_overrides
 
@@ -274,8 +274,7 @@ def check_override_key(cfg: DictConfig, key: str, given: Mapping[str, Any] | Non
         raise GwdetValueError(
             f"LazyConfig override {key!r}: the config has no {name!r} under {parent_key!r}, and "
             f"{getattr(target, '__qualname__', target)} passes unknown keywords on (**kwargs), where a misspelt key "
-            f"fails when the model is built. Did you mean {' or '.join(map(repr, meant))}? Write +{key}=... to pass "
-            f"{name!r} on purpose.")
+            f"fails when the model is built.{did_you_mean(meant)} Write +{key}=... to pass {name!r} on purpose.")
     if isinstance(parent, ListConfig) and name.lstrip("-").isdigit():
         raise GwdetValueError(
             f"LazyConfig override {key!r}: {parent_key} is a list of {len(parent)} item(s) (indices 0 to "
@@ -284,8 +283,7 @@ def check_override_key(cfg: DictConfig, key: str, given: Mapping[str, Any] | Non
     deeper = _deeper_keys(parent, name, parent_key) if depth == len(parts) - 1 else []
     close = difflib.get_close_matches(name, sorted(present | arguments), n=3, cutoff=0.6)
     where = f"under {parent_key!r}" if parent_key else "at the top of the config"
-    meant = [*deeper, *('.'.join([*parts[:depth], c]) for c in close)]
-    hint = f" Did you mean {' or '.join(map(repr, meant))}?" if meant else ""
+    hint = did_you_mean([*deeper, *('.'.join([*parts[:depth], c]) for c in close)])
     named = getattr(target, "__qualname__", target)
     takes = f" ({named} takes {', '.join(sorted(arguments))})" if arguments else ""
     # a key added to an L(...) node is passed to its callable, which takes no such argument
@@ -606,7 +604,7 @@ def _target_problem(name: str) -> str:
     if module is None:
         return f"{name!r} cannot be imported."
     close = difflib.get_close_matches(attribute, [n for n in dir(module) if not n.startswith("_")], n=3, cutoff=0.6)
-    hint = f" Did you mean {' or '.join(f'{module_name}.{c}' for c in close)}?" if close else ""
+    hint = did_you_mean([f"{module_name}.{c}" for c in close], quote=False)
     return f"{module_name} has no {attribute!r}, so {name!r} cannot be imported.{hint}"
 
 

@@ -27,7 +27,7 @@ from detectron2.config import CfgNode, get_cfg
 
 from gwdet.config import add_gwdet_config, flatten_config
 from gwdet.config_checks import check_gwdet_config
-from gwdet.errors import GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetValueError, listed
+from gwdet.errors import GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetValueError, did_you_mean, listed
 from gwdet.layers.common import check_flag
 from gwdet.model_zoo.checked_config import checked_frozen
 from gwdet.model_zoo.lazy_loading import check_config_file_exists, check_override_list, is_lazy_config, load_lazy_config
@@ -182,8 +182,7 @@ def merge_problem(cfg: CfgNode, error: BaseException) -> str:
         names |= {name.rsplit(".", depth)[0] for name in names for depth in range(1, name.count(".") + 1)}
         placed = sorted(name for name in names if (name == last or name.endswith("." + last)) and name != key)
         close = [*placed[:2], *(name for name in close if name not in placed)][:3]
-        hint = f" Did you mean {' or '.join(close)}?" if close else ""
-        return (f"{key} is not a key of detectron2's or gwdet's config.{hint} (A project's own keys are added "
+        return (f"{key} is not a key of detectron2's or gwdet's config.{did_you_mean(close, quote=False)} (A project's own keys are added "
                 "by its add_*_config function before the config is read; a norm registered with gwdet.register_norm "
                 "adds its config_keys in the script that registers it: read a config of such a norm, a run's "
                 "config.yaml say, with that script, e.g. its gwdet.cluster.training.run() with --eval-only.)"

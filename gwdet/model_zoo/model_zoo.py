@@ -10,7 +10,7 @@ import sys
 from pathlib import Path, PurePath, PurePosixPath
 from typing import Callable, Sequence
 
-from gwdet.errors import GwdetFileNotFoundError, GwdetTypeError, GwdetValueError
+from gwdet.errors import GwdetFileNotFoundError, GwdetTypeError, GwdetValueError, did_you_mean
 from gwdet.model_zoo.detectron2_configs import detectron2_configs_dir
 
 _HERE = Path(__file__).resolve().parent
@@ -76,7 +76,7 @@ def _suggestion(config_path: str, names: Sequence[str]) -> str:
     wanted = PurePosixPath(str(config_path).replace(os.sep, "/"))
     same_name = [name for name in names if PurePosixPath(name).name == wanted.name]
     close = same_name or difflib.get_close_matches(wanted.as_posix(), names, n=3, cutoff=0.6)
-    return f" Did you mean {' or '.join(repr(name) for name in close)}?" if close else ""
+    return did_you_mean(close)
 
 
 def get_config_file(config_path: str) -> str:
