@@ -1262,6 +1262,18 @@ def test_a_missing_keys_name_found_deeper_under_its_parent_is_suggested_first():
         "weight_decay_norm"] == 0.3
 
 
+def test_the_deeper_keys_walk_passes_missing_values_and_follows_no_reference():
+    from omegaconf import OmegaConf
+
+    from gwdet.model_zoo.lazy_loading import _deeper_keys
+
+    node = OmegaConf.create({"head": {"lr": "???", "inner": {"lr": 1, "rate": "???"}}, "alias": "${head}",
+                             "items": [{"lr": 2}]})
+    assert _deeper_keys(node, "lr", "optimizer") == ["optimizer.head.lr", "optimizer.head.inner.lr",
+                                                     "optimizer.items.0.lr"]  # the shallowest first
+    assert _deeper_keys(node, "rate", "") == ["head.inner.rate"]
+
+
 # "model.backbone.norm: None names no norm ... give None itself where the norm goes", and None was then refused:
 # "model.backbone.norm=None: give '' for no norm"
 @pytest.mark.parametrize("name", ["null", "''"])

@@ -320,8 +320,8 @@ def _deeper_keys(parent: Any, name: str, parent_key: str) -> list[str]:
             here = [*path, shown]
             if shown == name and len(here) > 1:
                 found.append((len(here), ".".join(filter(None, [parent_key, *here]))))
-            child = node._get_node(key)  # the node itself: no interpolation is resolved on the way
-            walk(child if isinstance(child, (DictConfig, ListConfig)) else None, here)
+            if not OmegaConf.is_missing(node, key):  # reading a missing value ('???') raises
+                walk(node[key], here)
 
     walk(parent, [])
     return [key for _, key in sorted(found)[:DEEPER_KEYS_SHOWN]]
