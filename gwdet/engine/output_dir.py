@@ -795,9 +795,8 @@ def resumed_iteration(output_dir: str) -> tuple[str, int] | None:
     if found is None:
         return None
     path, data = found
-    trainer = data.get("trainer")  # the trainer's state holds the iteration too
-    iteration = data.get("iteration", trainer.get("iteration") if isinstance(trainer, dict) else None)
-    return (path, iteration + 1) if type(iteration) is int else None
+    iteration = _checkpoint_iteration(data)
+    return (path, iteration + 1) if iteration is not None else None
 
 
 def recorded_initial_weights(output_dir: str) -> Mapping[str, Any] | None:
@@ -1424,8 +1423,12 @@ def _recorded_iteration(path: str) -> int | None:
         data = load_torch_file(path, allow_unsafe=False, how_to_opt_in="", mmap=True)
     except Exception:  # torch.load reports bad files with many exception types
         return None
-    if not isinstance(data, dict):
-        return None
+    return _checkpoint_iteration(data) if isinstance(data, dict) else None
+
+
+def _checkpoint_iteration(data: dict) -> int | None:
+    """The iteration a checkpoint's contents ``data`` record (detectron2's ``iteration``, or its
+    trainer state's), or ``None`` for none that is an integer."""
     trainer = data.get("trainer")  # the trainer's state holds the iteration too
     iteration = data.get("iteration", trainer.get("iteration") if isinstance(trainer, dict) else None)
     return iteration if type(iteration) is int else None
