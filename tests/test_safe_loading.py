@@ -350,10 +350,19 @@ def _small_model():
     return torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), GroupWhitening(16, num_groups=4))
 
 
+def _tensor_with_a_path() -> torch.Tensor:
+    tensor = torch.zeros(2)
+    tensor.origin = pathlib.Path("/tmp")  # an attribute torch.save keeps with the tensor
+    return tensor
+
+
 # before: save() wrote a pathlib.Path or numpy array extra without a word, and gwdet's own loader then refused the
-# file as unsafe; a lambda raised pickle's bare AttributeError
+# file as unsafe; a lambda raised pickle's bare AttributeError. Plain data is taken without a trial pickling: a
+# value nested in a list or kept on a tensor is still found
 @pytest.mark.parametrize("value, problem, fix", [
     (pathlib.Path("/tmp"), r"\(PosixPath\) needs pathlib\.PosixPath to be read back", r"where=str\(path\)"),
+    ([1, {"p": pathlib.Path("/tmp")}], r"\(list\) needs pathlib\.PosixPath to be read back", r"where=str\(path\)"),
+    (_tensor_with_a_path(), r"\(Tensor\) needs pathlib\.PosixPath to be read back", r"where=str\(path\)"),
     (np.arange(3), r"\(ndarray\) needs .*numpy\.ndarray to be read back", r"where=torch\.from_numpy\(array\)"),
     (lambda: 1, r"\(function\) cannot be pickled \(\w+Error: ", r"Save plain values"),
 ])

@@ -122,11 +122,35 @@ def _check_checkpoint_name(name: Any, save_dir: str | None) -> None:
                               "the folder meant.")
 
 
+# the types whose values weights-only unpickling always reads back (_plainly_loadable)
+_PLAIN_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
+
+
+def _plainly_loadable(value: Any) -> bool:
+    """Whether ``value`` is plain data that weights-only unpickling reads back whatever it holds:
+    values of :data:`_PLAIN_TYPES`, dense tensors without attributes of their own, and lists,
+    tuples and dicts (of str or int keys) of those, each of exactly these types (no subclass)."""
+    kind = type(value)
+    if kind in _PLAIN_TYPES:
+        return True
+    if kind is torch.Tensor:
+        return value.layout == torch.strided and not value.is_quantized and not vars(value)
+    if kind in (list, tuple):
+        return all(_plainly_loadable(item) for item in value)
+    if kind is dict:
+        return all(type(key) in (str, int) and _plainly_loadable(item) for key, item in value.items())
+    return False
+
+
 def _unloadable_value_problem(value: Any) -> str | None:
     """Why gwdet's loader (``torch.load(weights_only=True)`` with numpy's numbers allowed,
     :mod:`gwdet.checkpoint.safe_load`) would refuse a checkpoint holding ``value``, or cannot
     have it written at all; ``None`` when it reads it back: plain values (numbers, str, bytes,
-    None, lists, tuples, sets, dicts of them), tensors, torch dtypes and devices, numpy numbers."""
+    None, lists, tuples, sets, dicts of them), tensors, torch dtypes and devices, numpy numbers.
+    Plain data (:func:`_plainly_loadable`) is taken as it is; anything else is written to memory
+    and read back as the loader reads it."""
+    if _plainly_loadable(value):
+        return None
     buffer = io.BytesIO()
     try:
         torch.save(value, buffer)
