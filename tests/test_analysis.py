@@ -430,3 +430,53 @@ def test_flags_after_the_overrides_are_read_as_flags(tmp_path, capsys):
     with pytest.raises(SystemExit):  # an unknown flag among the overrides is a usage error, not a config key
         main(["constraints", "--config", str(DEMO_CONFIG), "MODEL.GW.NUM_GROUPS", "4", "--outt", str(tmp_path)])
     assert "constraints: error: unknown flag '--outt'" in capsys.readouterr().err
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
+
+
+# before: the refusal came after the finished table.md had been replaced by the "# Unfinished: ..." stub
+def test_a_refused_capacity_run_leaves_the_finished_run_as_it_was(tmp_path, capsys):
+    assert main(["capacity", "--out", str(tmp_path), "--quick"]) == 0
+    finished = _files(tmp_path / "capacity")
+    for flags, message in [
+        (["--batch-norms", "XYZ"], "batch-size sweep: unknown norms ['XYZ']; choose from BN, BW, GN, GW"),
+        (["--random-samples", "8"], "--random-samples 8: the random-label sweep trains on batches of 16 images"),
+    ]:
+        with pytest.raises(SystemExit) as refused:
+            main(["capacity", "--out", str(tmp_path), "--quick", *flags])
+        assert refused.value.code == 2 and message in capsys.readouterr().err
+        assert _files(tmp_path / "capacity") == finished
+
+
+# before: the refusal came after the finished table.md had been replaced by the "# Unfinished: ..." stub
+def test_a_refused_conditioning_run_leaves_the_finished_run_as_it_was(tmp_path, capsys):
+    args = ["--dim", "8", "--samples", "16", "--groups", "1,2", "--depths", "1", "--activations", "linear",
+            "--seeds", "1"]
+    assert main(["conditioning", "--out", str(tmp_path), *args]) == 0
+    finished = _files(tmp_path / "conditioning")
+    with pytest.raises(SystemExit) as refused:
+        main(["conditioning", "--out", str(tmp_path), *[("foo" if value == "linear" else value) for value in args]])
+    assert refused.value.code == 2 and "unknown activation 'foo'; choose from relu, linear, tanh" in capsys.readouterr().err
+    assert _files(tmp_path / "conditioning") == finished
+
+
+# before: each refusal left <out>/<subcommand>/table.md, the "# Unfinished: ..." stub, in an empty --out;
+# --random-samples 8 reported the untrained MLP's accuracy, and --width 50 with BW stopped in make_norm
+@pytest.mark.parametrize("flags, message", [
+    (["capacity", "--quick", "--batch-norms", "XYZ"], "batch-size sweep: unknown norms ['XYZ']"),
+    (["capacity", "--quick", "--random-samples", "8"], "--random-samples 8: the random-label sweep trains on batches "
+                                                       "of 16 images, so with fewer images no batch is drawn"),
+    (["capacity", "--quick", "--width", "50", "--groups", "1,2", "--batch-norms", "BN,BW"],
+     "--width 50: the batch-size sweep's BW whitens groups of about 16 units (BW-C16), 3 groups here, which must "
+     "divide it; give a --width that is a multiple of 16"),
+    (["conditioning", "--dim", "8", "--samples", "16", "--groups", "1,2", "--activations", "foo"],
+     "unknown activation 'foo'; choose from relu, linear, tanh"),
+    (["propagation", "--config", "no_such_config.yaml", "--norms", "GN"], "no_such_config.yaml"),
+])
+def test_a_refused_analysis_writes_nothing_into_an_empty_out(tmp_path, capsys, flags, message):
+    with pytest.raises(SystemExit) as refused:
+        main([*flags, "--out", str(tmp_path / "out")])
+    assert refused.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -494,3 +494,36 @@ def test_the_functional_form_refuses_negative_or_nan_running_variances_in_evalua
     variances[5] = 0.0  # a dead channel's zero variance is legitimate
     assert torch.isfinite(batch_group_norm(x, torch.zeros(16), variances, None, None, False, 4, 2, 1e-5, 0.1,
                                            0.0)).all()
+
+
+# a BatchNorm2d's state loaded strictly into BGN failed with torch's bare "Unexpected key(s) in state_dict:
+# "num_batches_tracked"", which named neither the BatchNorm nor what to do (inside a model, loaded by the model's
+# load_state_dict, torch's message stays: gwdet's checkpointer compares the norm layers first)
+@pytest.mark.parametrize("num_groups, examples_per_group", [(16, 8), (4, 2)])
+def test_a_batch_norms_state_is_refused_by_name_and_loads_without_num_batches_tracked(num_groups, examples_per_group):
+    from gwdet.errors import GwdetValueError
+
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm2d(16)
+    bn(torch.randn(4, 16, 5, 5) * 2 + 1)
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 1.5), bn.bias.uniform_(-1.0, 1.0)
+    layer = BatchGroupNorm(16, num_groups=num_groups, examples_per_group=examples_per_group)
+    with pytest.raises(GwdetValueError, match=r"^BatchGroupNorm: the state is a torch BatchNorm's, not a BatchGroupNorm's: "
+                       r"it holds 'num_batches_tracked', which a BatchGroupNorm does not keep, and no record of a gwdet "
+                       r"layer's settings; nothing was loaded into the layer\. To load its running statistics and "
+                       r"affine into this layer, delete 'num_batches_tracked' from the state dict: in evaluation with "
+                       r"eval_example_weight=0 \(this layer has 0\.0\) .* Or build a torch\.nn\.BatchNorm2d\(16\)"):
+        layer.load_state_dict(bn.state_dict())
+    assert torch.equal(layer.running_var, torch.ones(16)), "nothing loaded"
+    # strict=False: torch's loading, the key reported unexpected
+    loose = BatchGroupNorm(16, num_groups=num_groups, examples_per_group=examples_per_group)
+    assert loose.load_state_dict(bn.state_dict(), strict=False).unexpected_keys == ["num_batches_tracked"]
+    assert torch.equal(loose.running_var, bn.running_var)
+    # the fix the message names: without num_batches_tracked, evaluation with eval_example_weight 0 is the BatchNorm's
+    state = bn.state_dict()
+    del state["num_batches_tracked"]
+    layer.load_state_dict(state)
+    layer.eval(), bn.eval()
+    x = torch.randn(3, 16, 5, 5)
+    assert torch.allclose(layer(x), bn(x), atol=1e-5)

@@ -287,3 +287,27 @@ def test_a_state_whose_running_whitening_is_not_symmetric_is_refused():
     layer.load_state_dict(state)
     half = BatchWhitening(16, group_size=4).half()
     half.load_state_dict({**state, "running_whitening": (symmetric / 3).half().repeat(4, 1, 1)})
+
+
+# the docstring said "With k = 1 this is batch norm", while in evaluation BW differs from BN by sqrt(m / (m - 1))
+@pytest.mark.parametrize("method", ["itn", "zca"])
+def test_group_size_one_trains_as_batch_norm_and_evaluates_with_the_biased_variance(method):
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 2, 2, dtype=torch.float64) * 3
+    m, eps = 2 * 2 * 2, 1e-5
+    layer = BatchWhitening(8, group_size=1, eps=eps, momentum=1.0, method=method, affine=False).double()
+    bn = torch.nn.BatchNorm2d(8, eps=eps, momentum=1.0, affine=False).double()
+    # a batch norm of eps m / (m - 1), whose running_var + eps is m / (m - 1) times BW's biased variance + eps
+    scaled_eps_bn = torch.nn.BatchNorm2d(8, eps=eps * m / (m - 1), momentum=1.0, affine=False).double()
+    assert torch.allclose(layer(x), bn(x), rtol=0, atol=1e-12)  # training: batch norm
+    scaled_eps_bn(x)
+    layer.eval(), bn.eval(), scaled_eps_bn.eval()
+    new = torch.randn(2, 8, 2, 2, dtype=torch.float64)
+    factor = (m / (m - 1)) ** 0.5
+    assert torch.allclose(layer(new), scaled_eps_bn(new) * factor, rtol=0, atol=1e-12)
+    assert not torch.allclose(layer(new), bn(new), rtol=0.05, atol=0)  # 1.069 times BN's output, eps aside
+    # with a smaller momentum the running whitening averages inverse square roots of the biased variance + eps
+    half = BatchWhitening(8, group_size=1, eps=eps, momentum=0.5, method=method, affine=False).double()
+    half(x)
+    biased = x.transpose(0, 1).reshape(8, -1).var(dim=1, unbiased=False)
+    assert torch.allclose(half.running_whitening.flatten(), 0.5 + 0.5 * (biased + eps).rsqrt(), rtol=0, atol=1e-12)

@@ -1570,3 +1570,125 @@ def test_a_gzip_compressed_checkpoint_and_a_git_lfs_pointer_are_named(r50_files,
                                               r"Run git lfs pull in the repository"):
         convert_checkpoint(pointer, tmp_path / "out.pkl")
     assert not (tmp_path / "out.pkl").exists()
+
+
+# OUT '' was ": the output must end with .pkl ... Name it '.pkl'", and OUT '-' was told to be named '-.pkl' (which
+# argparse then reads as a flag)
+@pytest.mark.parametrize("given, said", [
+    ("", "the output path is empty (OUT on the command line, output_path in Python; an unset shell variable, as in "
+         "\"$OUT\"?): give the .pkl file to write, e.g. R-50.pkl; nothing was written."),
+    ("  ", "the output path is blank ('  ') (OUT on the command line, output_path in Python; an unset shell variable, "
+           "as in \"$OUT\"?): give the .pkl file to write, e.g. R-50.pkl; nothing was written."),
+    ("-", "the output path is '-', which many commands read as standard output, but the converter writes a file: "
+          "detectron2 reads converted weights from a .pkl file, not from a stream. Give the .pkl file to write, e.g. "
+          "R-50.pkl; nothing was written."),
+], ids=["empty", "blank", "dash"])
+def test_an_output_that_names_no_file_is_named_with_an_example_name(r50_files, tmp_path, monkeypatch, capsys,
+                                                                     given, said):
+    from gwdet.convert import write_detectron2_pkl
+    from gwdet.convert.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main([str(r50_files["bn"]), given]) == 2
+    assert f"error: {said}\n" in capsys.readouterr().err
+    with pytest.raises(ConversionError, match=f"^{re.escape(said)}$"):
+        convert_checkpoint(r50_files["bn"], given)
+    with pytest.raises(ConversionError, match=f"^{re.escape(said)}$"):
+        write_detectron2_pkl(small_weights(), given, author="me")
+    assert os.listdir(tmp_path) == []
+
+
+# an IN of 'r50.pth ' (a trailing space) was "r50.pth : no such file. Check the input path." while r50.pth was there;
+# an empty IN was ": no such file. Check the input path."
+def test_an_input_path_with_surrounding_whitespace_or_none_at_all_is_named(r50_files, tmp_path, monkeypatch, capsys):
+    from gwdet.convert.cli import main
+
+    monkeypatch.chdir(r50_files["bn"].parent)
+    with pytest.raises(ConversionError, match=re.escape(
+            "'bn.pth ': no such file, but 'bn.pth' exists: the path ends in ' ' (whitespace that a quoted or pasted "
+            "path keeps). Give the path without it.")):
+        convert_checkpoint("bn.pth ", tmp_path / "out.pkl")
+    with pytest.raises(ConversionError, match=re.escape(
+            "' bn.pth\\n': no such file, but 'bn.pth' exists: the path starts with ' ' and ends in '\\n'")):
+        convert_checkpoint(" bn.pth\n", tmp_path / "out.pkl")
+    assert main(["bn.pth ", str(tmp_path / "out.pkl")]) == 2
+    assert "error: 'bn.pth ': no such file, but 'bn.pth' exists" in capsys.readouterr().err
+    assert main(["", str(tmp_path / "out.pkl")]) == 2
+    assert ("error: the input path is empty (IN on the command line, input_path in Python; an unset shell variable, "
+            "as in \"$IN\"?): give the checkpoint file to convert, e.g. resnet50.pth.") in capsys.readouterr().err
+    with pytest.raises(ConversionError, match=r"^missing\.pth : no such file\. Check the input path\.$"):
+        convert_checkpoint("missing.pth ", tmp_path / "out.pkl")  # no file without the space either: as before
+    assert os.listdir(tmp_path) == []
+
+
+# an R-50 with one stray key layer4.3.conv1.weight was "unsupported architecture: the checkpoint has blocks per stage
+# [3, 4, 6, 4] ...", with or without --allow-unexpected
+def test_stray_keys_of_a_block_beyond_the_architecture_are_named_and_dropped_when_allowed():
+    state_dict = _trained_looking_r50()
+    state_dict["layer4.3.conv1.weight"] = torch.zeros(512, 2048, 1, 1)
+    with pytest.raises(ConversionError, match=re.escape(
+            "stray key of a block that the network does not have: layer4.3 holds only ['layer4.3.conv1.weight'] "
+            "(keys of 1 of the 6 modules of a bottleneck block: conv1, bn1, conv2, bn2, conv3, bn3). The other blocks "
+            "are R-50 (blocks per stage [3, 4, 6, 3], conv2 1 group x 64 channels), which has 3 blocks in layer4 "
+            "(layer4.0-layer4.2), so this block is no part of the network (a whole block holds all six modules). Check "
+            "that this is the checkpoint you meant; pass --allow-unexpected (in Python: allow_unexpected=True) to drop "
+            "these keys and convert the rest as R-50; nothing was written.")):
+        convert_state_dict(in_memory(state_dict))
+    expected, _ = convert_state_dict(in_memory({key: value for key, value in state_dict.items()
+                                                if not key.startswith("layer4.3.")}))
+    weights, report = convert_state_dict(in_memory(state_dict), allow_unexpected=True)
+    assert report.arch == "R-50" and report.unexpected == ["layer4.3.conv1.weight"]
+    assert "unexpected    : 1 dropped (--allow-unexpected): ['layer4.3.conv1.weight']" in report.format()
+    assert weights.keys() == expected.keys()
+    # two such blocks, one holding a norm's statistics alone
+    state_dict["layer2.4.bn1.running_mean"] = torch.zeros(128)
+    with pytest.raises(ConversionError, match=r"stray keys of blocks that the network does not have: layer2\.4 holds "
+                                              r"only \['layer2\.4\.bn1\.running_mean'\] .*; layer4\.3 holds only .*"
+                                              r"which has 4 blocks in layer2 \(layer2\.0-layer2\.3\) and 3 blocks in "
+                                              r"layer4 \(layer4\.0-layer4\.2\), so these blocks are no part"):
+        convert_state_dict(in_memory(state_dict))
+    assert convert_state_dict(in_memory(state_dict), allow_unexpected=True)[1].unexpected == [
+        "layer2.4.bn1.running_mean", "layer4.3.conv1.weight"]
+
+
+# a whole 4th block in layer4 (or half of one) is another architecture: refused as before, flag or not
+@pytest.mark.parametrize("modules", [("conv1", "bn1", "conv2", "bn2", "conv3", "bn3"), ("conv1", "bn1", "conv2")],
+                         ids=["whole", "half"])
+def test_a_block_beyond_the_architecture_holding_half_its_modules_or_more_is_another_architecture(modules):
+    state_dict = _trained_looking_r50()
+    state_dict.update({key.replace("layer4.2.", "layer4.3."): value for key, value in list(state_dict.items())
+                       if key.startswith("layer4.2.") and key.split(".")[2] in modules})
+    for allow in (False, True):
+        with pytest.raises(ConversionError, match=r"unsupported architecture: the checkpoint has blocks per stage "
+                                                  r"\[3, 4, 6, 4\]"):
+            convert_state_dict(in_memory(state_dict), allow_unexpected=allow)
+
+
+# SIGTERM while the output was written ended the converter with no word, its 94 MB hidden .partial file left
+def test_sigterm_while_the_output_is_written_removes_the_partial_file_and_says_so(r50_files, tmp_path, monkeypatch,
+                                                                                   capsys):
+    import signal
+    import time
+
+    import gwdet.convert.converter as converter
+    from gwdet.convert.cli import main
+    from gwdet.utils.cli_errors import TERMINATED_STATUS
+
+    written = converter.write_atomically
+
+    def terminated_while_writing(path, write, **kwargs):
+        def write_then_terminate(file):
+            file.write(b"\0" * 4096)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)  # the handler raises at once
+        return written(path, write_then_terminate, **kwargs)
+
+    monkeypatch.setattr(converter, "write_atomically", terminated_while_writing)
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    started = time.monotonic()
+    assert main([str(r50_files["bn"]), str(tmp_path / "out.pkl")]) == TERMINATED_STATUS == 143
+    assert time.monotonic() - started < 30
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # no handler left installed
+    assert ": terminated (SIGTERM) before the conversion finished: no output was written (it appears only once " \
+        "complete, and a partial file of it is removed). Run the command again to convert." in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []

@@ -1538,3 +1538,27 @@ def test_run_onnx_names_an_image_in_hwc_layout_and_the_permute(tmp_path):
                                          r"\(the export takes tensor\(uint8\)\): the export is fixed to the dtype and "
                                          r"size of the sample image"):
         run_onnx(str(path), [torch.zeros(20, 10, 3)])
+
+
+# a Python export_onnx of a layer run on another size was told only the export tool's --sample-image as the way out
+def test_run_onnx_on_another_size_names_export_onnxs_dynamic_axes_too(tmp_path):
+    pytest.importorskip("onnxruntime")
+    module = GroupWhitening(16, num_groups=4).eval()
+    path = tmp_path / "gw_static.onnx"
+    export_onnx(module, (torch.randn(2, 16, 5, 5),), str(path))
+    other = torch.randn(3, 16, 7, 4)
+    with pytest.raises(GwdetValueError, match=r"got tensor\(float\) of shape \[3, 16, 7, 4\]: .* or export again with "
+                                              r"--sample-image of the size you need, or, for an export_onnx\(module, "
+                                              r"\(sample,\), path\) in Python, export again with the sizes that vary left "
+                                              r"free: export_onnx\(module, \(sample,\), path, input_names=\['image'\], "
+                                              r"dynamic_axes=\{'image': \{0: 'batch', 2: 'height', 3: 'width'\}\}\)\.$"):
+        run_onnx(str(path), [other])
+    with pytest.raises(GwdetValueError, match=r"got tensor\(double\) .* in Python, export again with a sample of the "
+                                              r"dtype you need\.$"):
+        run_onnx(str(path), [torch.randn(2, 16, 5, 5).double()])
+    free = tmp_path / "gw_free.onnx"  # the way the message names
+    export_onnx(module, (torch.randn(2, 16, 5, 5),), str(free), input_names=["image"],
+                dynamic_axes={"image": {0: "batch", 2: "height", 3: "width"}})
+    with torch.no_grad():
+        expected = module(other)
+    assert max_abs_difference([expected], run_onnx(str(free), [other])) <= TOLERANCE

@@ -1327,3 +1327,76 @@ def test_optimizer_param_overrides_are_checked_before_anything_is_built(override
     assert message in str(refused.value)
     LazyRun.load(str(LAZY_CONFIG), ["optimizer.params.overrides={bias:{weight_decay:0.0}}"]).check_request(
         eval_only=False, world_size=1)
+
+
+# --eval-only with INPUT.MAX_SIZE_TEST below INPUT.MIN_SIZE_TEST (96 and 64, or 256 and the demo's 128) evaluated at the
+# capped size without a word; only a training run warned
+@pytest.mark.parametrize("overrides, eval_only, asked, capped", [
+    (["INPUT.MIN_SIZE_TEST", "96", "INPUT.MAX_SIZE_TEST", "64"], True, 96, 64),
+    (["INPUT.MIN_SIZE_TEST", "256"], True, 256, 128),
+    (["INPUT.MIN_SIZE_TEST", "96", "INPUT.MAX_SIZE_TEST", "64"], False, 96, 64),
+])
+def test_a_yacs_test_size_capped_by_max_size_test_is_warned_of_once_in_evaluation_and_training(
+        overrides, eval_only, asked, capped):
+    from conftest import logged_warnings
+    from gwdet.engine.trainer import YacsRun
+
+    run = YacsRun.load(str(DEMO_CONFIG), overrides)
+    with logged_warnings("gwdet") as warned:
+        run.check_request(eval_only=eval_only, world_size=1)
+    expected = (f"INPUT.MAX_SIZE_TEST {capped} is below INPUT.MIN_SIZE_TEST {asked}: detectron2's resize caps the "
+                f"longer image side at {capped}, so the test images' shorter side reaches no more than {capped} "
+                f"(square images are evaluated at {capped}x{capped}, not {asked}x{asked}). Set INPUT.MAX_SIZE_TEST to "
+                f"at least {asked} (e.g. {asked * 5 // 3}, detectron2's ratio), or lower INPUT.MIN_SIZE_TEST.")
+    assert warned.count(expected) == 1
+
+
+# a LazyConfig's L(ResizeShortestEdge) max_size below its short_edge_length (test loader: --eval-only and training;
+# training loader: training) read every image at the capped size without a word, and a max_size beside
+# short_edge_length 0 (no resizing) capped nothing without a word either
+@pytest.mark.parametrize("overrides, eval_only, expected", [
+    (["dataloader.test.mapper.augmentations.0.max_size=64"], True,
+     "dataloader.test.mapper.augmentations.0.max_size=64 is below its short_edge_length 128: detectron2's resize caps "
+     "the longer image side at 64, so the test images' shorter side reaches no more than 64 (square images are "
+     "evaluated at 64x64, not 128x128). Set dataloader.test.mapper.augmentations.0.max_size to at least 128 (e.g. 213, "
+     "detectron2's ratio), or lower dataloader.test.mapper.augmentations.0.short_edge_length."),
+    (["dataloader.test.mapper.augmentations.0.max_size=64"], False,
+     "dataloader.test.mapper.augmentations.0.max_size=64 is below its short_edge_length 128: detectron2's resize caps "
+     "the longer image side at 64, so the test images' shorter side reaches no more than 64"),
+    (["dataloader.train.mapper.augmentations.0.max_size=64"], False,
+     "dataloader.train.mapper.augmentations.0.max_size=64 is below its short_edge_length 128: detectron2's resize caps "
+     "the longer image side at 64, so no training image's shorter side reaches more than 64 (square images train at "
+     "64x64, not 128x128). Set dataloader.train.mapper.augmentations.0.max_size to at least 128 (e.g. 213, "
+     "detectron2's ratio), or lower dataloader.train.mapper.augmentations.0.short_edge_length."),
+    (["dataloader.train.mapper.augmentations.0.short_edge_length=[96,160]",
+      "dataloader.train.mapper.augmentations.0.max_size=128"], False,
+     "dataloader.train.mapper.augmentations.0.max_size=128 is below its short_edge_length [96, 160] (largest 160): "
+     "detectron2's resize caps the longer image side at 128"),
+    (["dataloader.test.mapper.augmentations.0.short_edge_length=0"], True,
+     "dataloader.test.mapper.augmentations.0.short_edge_length=0: detectron2 evaluates the images at their own size and "
+     "resizes none, so dataloader.test.mapper.augmentations.0.max_size=128 caps nothing. To cap the image size, give "
+     "short_edge_length a size as well."),
+])
+def test_a_lazy_resize_whose_max_size_caps_its_short_edge_length_is_warned_of(overrides, eval_only, expected):
+    from conftest import logged_warnings
+
+    run = LazyRun.load(str(LAZY_CONFIG), overrides)
+    with logged_warnings("gwdet") as warned:
+        run.check_request(eval_only=eval_only, world_size=1)
+    assert len([message for message in warned if message.startswith(expected)]) == 1, warned
+
+
+# the warnings read the loaders a request reads, and a max_size that caps nothing is no cap: the training loader's
+# resize is not warned of in --eval-only, nor the demo's own sizes, nor a max_size of ResizeShortestEdge's default
+@pytest.mark.parametrize("overrides, eval_only", [
+    (["dataloader.train.mapper.augmentations.0.max_size=64"], True),
+    ([], False),
+    ([f"dataloader.test.mapper.augmentations.0.max_size={sys.maxsize}"], True),
+])
+def test_a_lazy_resize_is_not_warned_of_where_nothing_is_capped(overrides, eval_only):
+    from conftest import logged_warnings
+
+    run = LazyRun.load(str(LAZY_CONFIG), overrides)
+    with logged_warnings("gwdet") as warned:
+        run.check_request(eval_only=eval_only, world_size=1)
+    assert not [message for message in warned if "short_edge_length" in message]

@@ -701,3 +701,62 @@ def test_load_lazy_config_refuses_a_model_flag_that_is_no_bool(tmp_path):
                                               r"which would be read as a truth value whatever it says: give model=True"):
         load_lazy_config(str(config), model="no")
     assert "model" not in load_lazy_config(str(config), model=False)
+
+
+# a numpy number in a .py LazyConfig was taken: the run trained and saved a config.yaml with a numpy tag, which was
+# then refused with "give that value as a node before saving it", a fix that did not apply
+def test_a_numpy_value_in_a_python_lazy_config_is_refused_naming_its_key_and_the_python_value(tmp_path):
+    from gwdet.model_zoo.lazy_loading import numpy_values
+
+    source = (LAZY / "mask_rcnn_R_50_FPN_gw_shapes.py").read_text(encoding="utf-8")
+    (tmp_path / "common").mkdir()
+    (tmp_path / "common" / "shapes.py").write_text((LAZY / "common" / "shapes.py").read_text(encoding="utf-8"))
+    config = tmp_path / "np_gw.py"
+    config.write_text("import numpy as np\n" + source.replace(
+        '_GW = norm("GW", num_groups=16, T=5, eps=1.0e-5)', '_GW = norm("GW", num_groups=np.int64(8), T=5, eps=1.0e-5)'
+    ))
+    with pytest.raises(GwdetValueError, match=r"^Config file '.*np_gw.py' holds numpy values: "
+                                              r"model.backbone.bottom_up.norm.num_groups is np.int64\(8\), to give as 8 "
+                                              r"\(int\(...\)\); model.backbone.norm.num_groups is np.int64\(8\), .*\. "
+                                              r"LazyConfig.save writes them as tags that build Python objects, so "
+                                              r"the config.yaml a run saves could not be read again: give Python values "
+                                              r"\(int\(...\), float\(...\), bool\(...\); of a numpy array: .item\(\) or "
+                                              r".tolist\(\)\).$"):
+        load_lazy_config(str(config))
+    config.write_text(source + "import numpy as np\ntrain.seed = np.array(3)\ntrain.amp.enabled = np.bool_(False)\n")
+    with pytest.raises(GwdetValueError, match=r"holds numpy values: train.amp.enabled is np.False_, to give as False "
+                                              r"\(bool\(...\)\); train.seed is array\(3\), to give as 3 \(.item\(\)\). "):
+        load_lazy_config(str(config))
+    found = dict(numpy_values(LazyConfig.load(str(config))))
+    assert found == {"train.seed": 3, "train.amp.enabled": False}
+    assert numpy_values(OmegaConf.create({"a": [1, {"b": (2.0, np.float32(0.5))}]}, flags={"allow_objects": True})) \
+        == [("a.1.b.1", np.float32(0.5))]
+    from gwdet.engine.lazy import LazyRun
+
+    built = LazyConfig.load(str(LAZY / "mask_rcnn_R_50_FPN_gw_shapes.py"))  # a config changed in Python
+    built.model.backbone.norm = L(gwdet.norm)(name="GW", num_groups=np.int64(8))
+    with pytest.raises(GwdetValueError, match=r"^The LazyConfig holds numpy values: model.backbone.norm.num_groups is "
+                                              r"np.int64\(8\), to give as 8 \(int\(...\)\)"):
+        LazyRun(built).check_request(eval_only=False, world_size=1)
+
+
+# a numpy scalar in a node saved by LazyConfig.save was refused with "give that value as a node before saving it",
+# although it was in such a node; the numpy value and int(...) were not named
+def test_a_saved_lazy_config_with_a_numpy_tag_names_the_numpy_value_and_the_python_one(tmp_path):
+    cfg = LazyConfig.load(str(LAZY / "mask_rcnn_R_50_FPN_gw_shapes.py"))
+    cfg.model.backbone.norm = L(gwdet.norm)(name="GW", num_groups=np.int64(8), eps=np.float32(0.5))
+    saved = tmp_path / "np.yaml"
+    LazyConfig.save(cfg, str(saved))
+    with pytest.raises(GwdetValueError, match=r"^Config file '.*np.yaml' is a LazyConfig saved as YAML, but it holds "
+                                              r"numpy values, which LazyConfig.save writes as tags that would build "
+                                              r"Python objects \(!!python/object/apply:numpy...\): "
+                                              r"model.backbone.norm.eps is np.float32\(0.5\), to give as 0.5 "
+                                              r"\(float\(...\)\); model.backbone.norm.num_groups is np.int64\(8\), to "
+                                              r"give as 8 \(int\(...\)\). A saved LazyConfig holds plain values: in the "
+                                              r"config built in Python, give Python values \(int\(...\), float\(...\), "
+                                              r"bool\(...\); of a numpy array: .item\(\) or .tolist\(\)\) and save it "
+                                              r"again, or write the value in place of its tag in this file.$"):
+        load_lazy_config(str(saved))
+    cfg.model.backbone.norm = L(gwdet.norm)(name="GW", num_groups=int(np.int64(8)), eps=float(np.float32(0.5)))
+    LazyConfig.save(cfg, str(saved))  # the fix the message names
+    assert load_lazy_config(str(saved)).model.backbone.norm.num_groups == 8

@@ -461,3 +461,41 @@ def test_an_lr_factor_func_result_that_is_no_rate_factor_is_refused_naming_the_p
         get_default_optimizer_params(net, base_lr=0.1, lr_factor_func=lambda name: factor if "conv" in name else 1.0)
     groups = get_default_optimizer_params(net, base_lr=0.1, lr_factor_func=lambda name: 0.5)
     assert {g["lr"] for g in groups} == {0.05}
+
+
+# the check given another norm weight decay than gwdet.build_optimizer's optimizer had (SOLVER.WEIGHT_DECAY_NORM 0,
+# weight_decay_norm=0.1) advised building the optimizer with gwdet.build_optimizer, which had built it
+def test_norm_layers_decayed_by_another_norm_weight_decay_name_the_optimizers_value(caplog):
+    cfg = build_config(str(REPO / "configs" / "Study" / "bn_gw_s1b2.yaml"), META)
+    cfg.defrost()
+    cfg.SOLVER.WEIGHT_DECAY_NORM = 0.0
+    cfg.SOLVER.WEIGHT_DECAY_BIAS = 0.5
+    model = Trainer.build_model(cfg)
+    optimizer = gwdet.build_optimizer(cfg, model)
+    with caplog.at_level(logging.WARNING, logger="gwdet.modeling.model_checks"):
+        check_model(model, optimizer=optimizer, weight_decay_norm=0.1, weight_decay_bias=0.5)
+    warned = "\n".join(r.getMessage() for r in caplog.records)
+    assert re.search(r"\d+ norm layer\(s\) are decayed by 0, where the check was told the norm weight decay 0.1 "
+                     r"\(SOLVER.WEIGHT_DECAY_NORM / weight_decay_norm\): backbone.fpn_lateral2.norm \(0\), .*"
+                     r"The optimizer decays every norm layer of the model by 0, a norm weight decay other than the "
+                     r"check's. If 0 is the setting, give it to the check \(check_model\(..., weight_decay_norm=0\), "
+                     r"i.e. cfg.SOLVER.WEIGHT_DECAY_NORM\); else build the optimizer again with 0.1 "
+                     r"\(SOLVER.WEIGHT_DECAY_NORM 0.1; in a LazyConfig optimizer.params.weight_decay_norm=0.1\).$",
+                     warned), warned
+    assert "gwdet.build_optimizer" not in warned
+    # gwdet's layers decayed as the convolutions (detectron2's builder): the builder advice stays, even where they
+    # are the model's only norm layers and all decayed by one value
+    net = nn.Sequential(nn.Conv2d(3, 8, 1), GroupWhitening(8, num_groups=2))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="gwdet.modeling.model_checks"):
+        check_model(net, optimizer=torch.optim.SGD(detectron2_optimizer_params(net, base_lr=0.1, weight_decay=1e-4,
+                                                                               weight_decay_norm=0.0), lr=0.1),
+                    weight_decay_norm=0.0)
+    assert "norm layer(s) are decayed otherwise than the norm weight decay 0 " in caplog.text
+    assert "build the optimizer with gwdet.build_optimizer(cfg, model)" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="gwdet.modeling.model_checks"):
+        check_model(net, optimizer=torch.optim.SGD(get_default_optimizer_params(net, base_lr=0.1, weight_decay=1e-4,
+                                                                                weight_decay_norm=0.0), lr=0.1),
+                    weight_decay_norm=1e-3)
+    assert "1 norm layer(s) are decayed by 0, where the check was told the norm weight decay 0.001 " in caplog.text

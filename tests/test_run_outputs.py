@@ -418,12 +418,13 @@ def test_training_sizes_too_small_to_train_on_are_refused_before_the_model_is_bu
      "Set INPUT.MAX_SIZE_TEST to at least 128 (e.g. 213, detectron2's ratio), or lower INPUT.MIN_SIZE_TEST."),
 ])
 def test_a_max_image_size_below_the_min_image_size_is_warned_of(overrides, warning, caplog):
-    from gwdet.engine.trainer import check_training_image_sizes
+    from gwdet.engine.trainer import check_evaluation_values, check_training_image_sizes
     from gwdet.model_zoo import build_config
 
     cfg = build_config(DEMO_CONFIG, overrides)
     with caplog.at_level(logging.WARNING, logger="gwdet.engine.trainer"):
         check_training_image_sizes(cfg)
+        check_evaluation_values(cfg)  # the test size, on the training and --eval-only paths alike
     assert [warning] == [r.getMessage() for r in caplog.records]
 
 

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
 
 from gwdet.checkpoint.converted_weights import ARCHITECTURES, Architecture, describe_shape
 from gwdet.convert.loading import ConversionError, preview_names
@@ -34,6 +38,55 @@ def check_bottleneck_blocks(layout: SourceLayout) -> None:
             "weights for them: train them from scratch, or convert a BN ResNet-18/34 with detectron2's "
             "tools/convert-torchvision-to-d2.py for a model without GW.)"
         )
+
+
+# a key of a torchvision bottleneck block: stage, block, and the module (None for one a bottleneck has not)
+_SOURCE_BLOCK_KEY = re.compile(r"layer([1-4])\.(\d+)\.(?:(conv[123]|bn[123])\.)?")
+BOTTLENECK_MODULES = ("conv1", "bn1", "conv2", "bn2", "conv3", "bn3")
+
+
+@dataclass(frozen=True)
+class StrayBlocks:
+    """Blocks of a torchvision-layout state dict beyond the blocks of ``arch``, which the rest of it
+    is, each holding fewer than half of a bottleneck block's modules (:func:`stray_blocks`)."""
+
+    arch: Architecture
+    keys: dict[str, list[str]]  # each stray block ("layer4.3") -> its keys
+    modules: dict[str, list[str]]  # each stray block -> the bottleneck modules it holds keys of ("conv1")
+
+
+def stray_blocks(tensors: Mapping[str, object]) -> StrayBlocks | None:
+    """The blocks of ``tensors`` (a torchvision-layout state dict) that are stray keys rather than
+    blocks of the network: blocks beyond a supported architecture's blocks per stage that each hold
+    keys of fewer than half of a bottleneck block's modules (conv1-3, bn1-3), where the blocks below
+    them are all there and ``layer1.0.conv2``'s grouping is that architecture's. A block with more of
+    its modules is a block of another architecture (None here: :func:`infer_architecture` names
+    it); None also when no block lies beyond a supported architecture."""
+    keys: dict[tuple[int, int], list[str]] = defaultdict(list)
+    modules: dict[tuple[int, int], set[str]] = defaultdict(set)
+    for key in tensors:
+        match = _SOURCE_BLOCK_KEY.match(key)
+        if match:
+            block = (int(match.group(1)), int(match.group(2)))
+            keys[block].append(key)
+            if match.group(3):
+                modules[block].add(match.group(3))
+    conv2 = tensors.get("layer1.0.conv2.weight")
+    if not isinstance(conv2, torch.Tensor) or conv2.dim() != 4 or conv2.shape[1] == 0:
+        return None  # no grouping to tell the architecture by: _conv2_grouping names that
+    grouping = (int(conv2.shape[0]) // int(conv2.shape[1]), int(conv2.shape[1]))
+    for arch in ARCHITECTURES.values():
+        if grouping != (arch.num_groups, arch.width_per_group):
+            continue
+        beyond = sorted(block for block in keys if block[1] >= arch.blocks_per_stage[block[0] - 1])
+        below = all((stage, block) in keys for stage in range(1, 5) for block in range(arch.blocks_per_stage[stage - 1]))
+        if beyond and below and all(2 * len(modules[block]) < len(BOTTLENECK_MODULES) for block in beyond):
+            return StrayBlocks(
+                arch=arch,
+                keys={f"layer{stage}.{block}": sorted(keys[(stage, block)]) for stage, block in beyond},
+                modules={f"layer{stage}.{block}": [module for module in BOTTLENECK_MODULES
+                                                   if module in modules[(stage, block)]] for stage, block in beyond})
+    return None
 
 
 def infer_architecture(layout: SourceLayout) -> Architecture:

@@ -4,14 +4,20 @@ torchvision-layout ImageNet checkpoint into detectron2 weights and print the rep
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-from typing import Sequence
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import Iterator, Sequence
 
 from gwdet.errors import GwdetError
 from gwdet.convert.converter import convert_checkpoint
 from gwdet.convert.loading import ConversionError
 from gwdet.convert.architecture import ARCHITECTURES
-from gwdet.utils.cli_errors import EXIT_STATUS, add_verbose_argument, run_tool, unexpanded_variable_problem
+from gwdet.utils.cli_errors import (EXIT_STATUS, TERMINATED_STATUS, add_verbose_argument, run_tool, tool_name,
+                                    unexpanded_variable_problem)
 from gwdet.utils.command_line import dashed_file_names_named, refuse_repeated_flags
 
 
@@ -54,11 +60,52 @@ def argument_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Terminated(BaseException):
+    """Raised by the SIGTERM handler of :func:`_sigterm_stops`; a ``BaseException``, so that no
+    ``except Exception`` on the way turns it into a refusal, and the writing removes its partial file."""
+
+
+@contextlib.contextmanager
+def _sigterm_stops() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`_Terminated` where the conversion is, as Ctrl-C raises
+    ``KeyboardInterrupt``: the output being written is removed on the way out
+    (:func:`gwdet.utils.atomic.write_atomically`). Installed only in the main thread and only over
+    the default action (a handler of the caller's own stays); the handler before is given back when
+    the block ends."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise _Terminated()
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``gwdet-convert`` / ``tools/convert_pretrained.py``: convert, print the report, return 0. A
     refusal (a :class:`~gwdet.convert.ConversionError`, or any other error gwdet raises on purpose) is
     printed by :mod:`gwdet.utils.cli_errors` as ``<tool>: error: <message>`` and a line on
-    ``--verbose``, and returned as status 2; with ``--verbose`` its traceback is shown instead."""
+    ``--verbose``, and returned as status 2; with ``--verbose`` its traceback is shown instead.
+    SIGTERM ends the conversion as Ctrl-C does: the partial output file is removed, one line says so,
+    and the status is 143 (128 + SIGTERM)."""
+    try:
+        with _sigterm_stops():
+            return _main(argv)
+    except _Terminated:
+        sys.stdout.flush()
+        print(f"{tool_name()}: terminated (SIGTERM) before the conversion finished: no output was written (it appears "
+              "only once complete, and a partial file of it is removed). Run the command again to convert.",
+              file=sys.stderr, flush=True)
+        return TERMINATED_STATUS
+
+
+def _main(argv: Sequence[str] | None) -> int:
     refused = []
 
     def convert(args: list[str]) -> int:

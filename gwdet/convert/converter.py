@@ -30,6 +30,7 @@ from gwdet.utils.cli_errors import file_url_path, unexpanded_variable_problem
 from gwdet.checkpoint.integrity import with_checksums
 from gwdet.convert.architecture import (
     ARCHITECTURES,
+    BOTTLENECK_MODULES,
     check_bottleneck_blocks,
     check_gw_told_from_group_norm,
     check_requested_architecture,
@@ -38,6 +39,7 @@ from gwdet.convert.architecture import (
     infer_architecture,
     infer_gw_positions,
     is_gn_style,
+    stray_blocks,
     undetermined_gw_norms,
 )
 from gwdet.convert.loading import (
@@ -221,7 +223,9 @@ def convert_state_dict(
     check_requested_names(arch, gw_positions)
     tensors = _source_tensors(source)
     _check_dense(tensors)
+    tensors, stray = _without_stray_blocks(tensors, allow_unexpected)
     layout = parse_torchvision_layout(tensors)
+    layout.unexpected.extend(stray)
     check_bottleneck_blocks(layout)
     _check_unexpected(layout, allow_unexpected)
     inferred_arch = infer_architecture(layout)
@@ -475,6 +479,37 @@ def _check_unexpected(layout: SourceLayout, allow_unexpected: bool) -> None:
         )
 
 
+def _without_stray_blocks(tensors: dict[str, torch.Tensor],
+                          allow_unexpected: bool) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """``tensors`` without the keys of stray blocks (:func:`~gwdet.convert.architecture.stray_blocks`:
+    blocks beyond the architecture the rest is, each holding keys of fewer than half of a bottleneck's
+    modules), and those keys; a ``ConversionError`` naming the blocks and their keys unless
+    ``allow_unexpected``, which drops them as other keys outside torchvision's ResNet layout."""
+    stray = stray_blocks(tensors)
+    if stray is None:
+        return tensors, []
+    keys = [key for block in stray.keys.values() for key in block]
+    if not allow_unexpected:
+        arch = stray.arch
+        held = "; ".join(
+            f"{block} holds only {preview_names(stray.keys[block], 4)} (keys of {len(stray.modules[block])} of the "
+            f"{len(BOTTLENECK_MODULES)} modules of a bottleneck block: {', '.join(BOTTLENECK_MODULES)})"
+            for block in stray.keys)
+        stages = sorted({block.split(".")[0] for block in stray.keys})
+        counts = " and ".join(f"{count} blocks in {stage} ({stage}.0-{stage}.{count - 1})" for stage in stages
+                              for count in [arch.blocks_per_stage[int(stage[-1]) - 1]])
+        plural = len(stray.keys) > 1
+        raise ConversionError(
+            f"stray key{'s' if len(keys) > 1 else ''} of {'blocks' if plural else 'a block'} that the network does "
+            f"not have: {held}. The other blocks are {arch.describe()}, which has {counts}, so "
+            f"{'these blocks are' if plural else 'this block is'} no part of the network (a whole block holds all "
+            "six modules). Check that this is the checkpoint you meant; pass "
+            f"{UNEXPECTED_FLAG} (in Python: allow_unexpected=True) to drop these keys and convert the rest as "
+            f"{arch.name}; nothing was written.")
+    dropped = set(keys)
+    return {key: value for key, value in tensors.items() if key not in dropped}, sorted(keys)
+
+
 def convert_checkpoint(
     input_path: str | os.PathLike,
     output_path: str | os.PathLike,
@@ -565,8 +600,10 @@ def _check_output_path(input_path: str, output_path: str, overwrite: bool) -> No
 def _check_output_place(output_path: str) -> None:
     """Refuse an output that detectron2 would not read as converted weights (a name not ending in
     :data:`OUTPUT_SUFFIX`) or that cannot be written: below a file, in a missing folder, a folder,
-    a link to nothing or one that loops, or in a folder that is such a link. The one check of the
-    output's name and place for the tool, :func:`convert_checkpoint` and :func:`write_detectron2_pkl`."""
+    a link to nothing or one that loops, or in a folder that is such a link; or that names no file
+    (empty, blank, or ``-``). The one check of the output's name and place for the tool,
+    :func:`convert_checkpoint` and :func:`write_detectron2_pkl`."""
+    _refuse_unnamed_output(output_path)
     _refuse_folder_output(output_path)
     _check_output_suffix(output_path)
     folder = os.path.dirname(os.path.abspath(output_path))
@@ -588,6 +625,25 @@ def _check_output_place(output_path: str) -> None:
     if os.path.islink(output_path) and not os.path.exists(output_path):
         raise ConversionError(f"{output_path} is a link to {os.readlink(output_path)}, which does not exist; nothing "
                               "was converted. Remove the link, or give another output file.")
+
+
+EXAMPLE_OUTPUT = "R-50.pkl"  # a name the refusals of an output that names no file give as an example
+
+
+def _refuse_unnamed_output(output_path: str) -> None:
+    """Refuse an output path that names no file: an empty or blank one (an unset shell variable, as
+    in ``"$OUT"``), or ``-``, which commands read as standard output; the converted weights are a
+    ``.pkl`` file, and the message gives an example name (:data:`EXAMPLE_OUTPUT`)."""
+    if not output_path.strip():
+        what = "is empty" if not output_path else f"is blank ({output_path!r})"
+        raise ConversionError(
+            f"the output path {what} (OUT on the command line, output_path in Python; an unset shell variable, as "
+            f"in \"$OUT\"?): give the {OUTPUT_SUFFIX} file to write, e.g. {EXAMPLE_OUTPUT}; nothing was written.")
+    if output_path == "-":
+        raise ConversionError(
+            "the output path is '-', which many commands read as standard output, but the converter writes a file: "
+            f"detectron2 reads converted weights from a {OUTPUT_SUFFIX} file, not from a stream. Give the "
+            f"{OUTPUT_SUFFIX} file to write, e.g. {EXAMPLE_OUTPUT}; nothing was written.")
 
 
 def _refuse_folder_output(output_path: str) -> None:

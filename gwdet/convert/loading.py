@@ -109,6 +109,11 @@ def local_input_path(path: str) -> str:
 
 
 def _check_readable_file(path: str) -> None:
+    if not path.strip():
+        what = "is empty" if not path else f"is blank ({path!r})"
+        raise ConversionError(
+            f"the input path {what} (IN on the command line, input_path in Python; an unset shell variable, as in "
+            "\"$IN\"?): give the checkpoint file to convert, e.g. resnet50.pth.")
     if "://" in path and not os.path.exists(path):
         raise ConversionError(
             f"{path}: the converter reads a local file, not a URL. Download it first (e.g. wget {path}, or in Python "
@@ -124,6 +129,7 @@ def _check_readable_file(path: str) -> None:
             raise ConversionError(
                 f"{path}: {broken.describe(path)}: it leads to no file to read. Point the link at {meant} "
                 f"{broken.link}), or give the checkpoint's own path.")
+        _check_surrounding_whitespace(path)
         unexpanded = unexpanded_variable_note(path)  # a quoted '$HOME/r50.pth', or '~/r50.pth' in Python
         raise ConversionError(f"{path}: no such file." + (unexpanded or " Check the input path."))
     if not os.path.isfile(path):
@@ -141,6 +147,21 @@ def _check_readable_file(path: str) -> None:
             "checkpoint: its weights are compiled into the model. Convert the torch.save checkpoint (a "
             "state dict) the model was made from."
         )
+
+
+def _check_surrounding_whitespace(path: str) -> None:
+    """A ``ConversionError`` for a ``path`` that does not exist while the same path without its
+    leading or trailing whitespace (a space or newline a quoted or pasted path kept) does, naming
+    that whitespace and the file."""
+    stripped = path.strip()
+    if stripped == path or not os.path.exists(stripped):
+        return
+    leading, trailing = path[:len(path) - len(path.lstrip())], path[len(path.rstrip()):]
+    where = " and ".join([*([f"starts with {leading!r}"] if leading else []),
+                          *([f"ends in {trailing!r}"] if trailing else [])])
+    raise ConversionError(
+        f"{path!r}: no such file, but {stripped!r} exists: the path {where} (whitespace that a quoted or pasted path "
+        "keeps). Give the path without it.")
 
 
 SYMLINK_HOPS = 40  # Linux's limit on the links one path may go through (ELOOP beyond it)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import sys
 from typing import Any, Callable, Iterator, Sequence, cast
 
 import torch
@@ -37,7 +38,7 @@ from gwdet.config_checks import (
 from gwdet.data.coco_registration import DatasetUse, check_datasets_fit, known_class_names
 from gwdet.data.shapes import SPEC_CONFIG_KEYS, ShapesSpec, check_image_size
 from gwdet.errors import GwdetError, GwdetTypeError, GwdetValueError, listed
-from gwdet.model_zoo.lazy_loading import argument_names, callable_of, select
+from gwdet.model_zoo.lazy_loading import argument_names, callable_of, refuse_numpy_values, select
 from gwdet.norms import (UnknownNormError, known_norm_names, no_norm_message, norm, norm_record, norm_records,
                          unknown_params_message)
 from gwdet.modeling.backbone import place_norm
@@ -642,7 +643,9 @@ def check_resize_nodes(cfg: DictConfig, loader: str) -> None:
     """Each ``L(ResizeShortestEdge)`` node of the loader at ``loader`` (``dataloader.train`` or
     ``dataloader.test``) takes sizes detectron2 can resize to: ``short_edge_length`` whole numbers
     >= 0 (0: no resizing; exactly two with ``sample_style="range"``), ``max_size`` as
-    ``INPUT.MAX_SIZE_TRAIN`` (PIL stops at the first image otherwise, detectron2 with a bare assertion)."""
+    ``INPUT.MAX_SIZE_TRAIN`` (PIL stops at the first image otherwise, detectron2 with a bare assertion).
+    Warns of a ``max_size`` that caps the shorter side asked for, or caps nothing
+    (:func:`_warn_of_a_capped_resize`)."""
     node = select(cfg, loader)
     if not isinstance(node, DictConfig):
         return
@@ -661,6 +664,38 @@ def check_resize_nodes(cfg: DictConfig, loader: str) -> None:
                                   f"sample_style='range' give the ends from low to high, [{listed[1]}, {listed[0]}].")
         if "max_size" in resize:
             check_twin(f"{path}.max_size", resize.max_size, "INPUT.MAX_SIZE_TRAIN")
+        if sizes is not None:
+            _warn_of_a_capped_resize(path, sizes, resize.get("max_size", sys.maxsize), loader == "dataloader.test")
+
+
+def _warn_of_a_capped_resize(path: str, sizes: Any, max_size: Any, test: bool) -> None:
+    """Warn of the ``L(ResizeShortestEdge)`` node at ``path`` (of the test loader with ``test``)
+    whose ``max_size`` is below its largest ``short_edge_length`` (``sample_style="choice"``: the
+    largest size, ``"range"``: the upper end), as of ``INPUT.MAX_SIZE_TRAIN`` / ``MAX_SIZE_TEST`` below
+    their ``MIN_SIZE_*`` in a yacs config: detectron2's resize caps the longer image side there, so
+    the images are read smaller than asked. A ``max_size`` given with ``short_edge_length`` 0 (no
+    resizing) caps nothing, and is warned of as ``INPUT.MIN_SIZE_TEST 0`` is."""
+    listed = list(sizes) if isinstance(sizes, ListConfig) else [sizes]
+    if not is_whole_number(max_size) or max_size == sys.maxsize:  # sys.maxsize: ResizeShortestEdge's default
+        return
+    largest = max(listed)
+    if largest == 0:
+        own = "evaluates the images" if test else "trains on the images"
+        logger.warning(
+            f"{path}.short_edge_length={sizes!r}: detectron2 {own} at their own size and resizes none, so "
+            f"{path}.max_size={max_size} caps nothing. To cap the image size, give short_edge_length a size as well.")
+        return
+    if max_size >= largest:
+        return
+    named = f"{listed} (largest {largest})" if isinstance(sizes, ListConfig) else f"{largest}"
+    read = (f"the test images' shorter side reaches no more than {max_size} (square images are evaluated at "
+            f"{max_size}x{max_size}, not {largest}x{largest})") if test else \
+        (f"no training image's shorter side reaches more than {max_size} (square images train at "
+         f"{max_size}x{max_size}, not {largest}x{largest})")
+    logger.warning(
+        f"{path}.max_size={max_size} is below its short_edge_length {named}: detectron2's resize caps the longer "
+        f"image side at {max_size}, so {read}. Set {path}.max_size to at least {largest} (e.g. {largest * 5 // 3}, "
+        f"detectron2's ratio), or lower {path}.short_edge_length.")
 
 
 def check_shapes_specs(cfg: DictConfig) -> None:
@@ -696,7 +731,9 @@ def check_run_values(cfg: DictConfig) -> None:
     a path, :data:`RUN_TWINS`
     (``train.vis_images`` below 0, a test score or NMS threshold outside [0, 1], ..., as their yacs keys), a ``train.init_checkpoint`` of ``None``,
     the shapes dataset's settings (:func:`check_shapes_specs`), ``model.pixel_mean`` and
-    ``model.pixel_std`` (:func:`gwdet.config_checks.check_pixel_normalization`)."""
+    ``model.pixel_std`` (:func:`gwdet.config_checks.check_pixel_normalization`); numpy values, which the
+    run's saved ``config.yaml`` could not hold (:func:`gwdet.model_zoo.lazy_loading.refuse_numpy_values`)."""
+    refuse_numpy_values(cfg, "The LazyConfig")
     check_seed(cfg)
     output_dir = select(cfg, "train.output_dir")
     if output_dir is not ABSENT and not (isinstance(output_dir, str) and output_dir.strip()):

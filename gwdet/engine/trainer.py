@@ -267,7 +267,9 @@ def frozen_stage_norms(cfg: CfgNode) -> dict[str, str]:
 
 def check_evaluation_values(cfg: CfgNode) -> None:
     """Refuse ``TEST.AUG.ENABLED``: detectron2's own ``tools/train_net.py`` adds test-time
-    augmentation results, gwdet's run evaluates the model as it is; the key would be ignored."""
+    augmentation results, gwdet's run evaluates the model as it is; the key would be ignored. Warn
+    of test sizes that are not what they seem (``INPUT.MIN_SIZE_TEST`` 0 beside a maximum, a maximum
+    below it: :func:`_warn_of_capped_test_size`)."""
     if cfg.TEST.AUG.ENABLED:
         raise GwdetValueError(
             "TEST.AUG.ENABLED is True, but gwdet's runs evaluate without test-time augmentation (detectron2's own "
@@ -278,6 +280,7 @@ def check_evaluation_values(cfg: CfgNode) -> None:
             f"INPUT.MIN_SIZE_TEST is 0: detectron2 evaluates the images at their own size and resizes none, so "
             f"INPUT.MAX_SIZE_TEST {cfg.INPUT.MAX_SIZE_TEST} caps nothing (the results list MIN_SIZE_TEST alone). To "
             f"cap the test size, give INPUT.MIN_SIZE_TEST a size as well.")
+    _warn_of_capped_test_size(cfg)
 
 
 def _torch_batch_norm_layers(name: str) -> bool:
@@ -339,6 +342,20 @@ def _warn_of_resized_shapes(cfg: CfgNode) -> None:
                    "sets both).")
 
 
+def _warn_of_capped_test_size(cfg: CfgNode) -> None:
+    """Warn of an ``INPUT.MAX_SIZE_TEST`` below ``INPUT.MIN_SIZE_TEST``: detectron2's resize caps the
+    longer image side there, so the test images are evaluated smaller than the shorter side asked
+    for."""
+    test_size, test_max = cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST
+    if is_whole_number(test_size) and is_whole_number(test_max) and 0 < test_max < test_size:
+        logger.warning(
+            f"INPUT.MAX_SIZE_TEST {test_max} is below INPUT.MIN_SIZE_TEST {test_size}: detectron2's resize caps the "
+            f"longer image side at {test_max}, so the test images' shorter side reaches no more than {test_max} "
+            f"(square images are evaluated at {test_max}x{test_max}, not {test_size}x{test_size}). Set "
+            f"INPUT.MAX_SIZE_TEST to at least {test_size} (e.g. {test_size * 5 // 3}, detectron2's ratio), or lower "
+            "INPUT.MIN_SIZE_TEST.")
+
+
 # The smallest side a training image is resized to that a detector trains on: the stride of ResNet's
 # coarsest stage (res5), to a multiple of which detectron2 pads the images. A smaller side leaves images
 # of less than one position of that stage (a 1-pixel side stops detectron2's dataset mapper after a flip).
@@ -349,8 +366,7 @@ def check_training_image_sizes(cfg: CfgNode) -> None:
     """Refuse training image sizes too small to train on (``INPUT.MIN_SIZE_TRAIN``,
     ``INPUT.MAX_SIZE_TRAIN`` below :data:`MIN_TRAINING_SIDE`); warn of an ``INPUT.MAX_SIZE_TRAIN``
     below the largest ``INPUT.MIN_SIZE_TRAIN`` (detectron2's resize caps the longer side there, so
-    those shorter sides are never reached), of an ``INPUT.MAX_SIZE_TEST`` below
-    ``INPUT.MIN_SIZE_TEST`` alike, and of an absolute ``INPUT.CROP.SIZE`` not smaller than
+    those shorter sides are never reached), and of an absolute ``INPUT.CROP.SIZE`` not smaller than
     the shapes images it is given (the crop, applied before the resize, keeps them whole)."""
     sizes, max_size = tuple(cfg.INPUT.MIN_SIZE_TRAIN), cfg.INPUT.MAX_SIZE_TRAIN
     if not sizes or not all(is_whole_number(size) for size in (*sizes, max_size)):
@@ -371,14 +387,6 @@ def check_training_image_sizes(cfg: CfgNode) -> None:
             f"longer image side at {max_size}, so no training image's shorter side reaches more than {max_size} "
             f"(square images train at {max_size}x{max_size}{test}). Set INPUT.MAX_SIZE_TRAIN to at least {max(sizes)} "
             f"(e.g. {max(max(sizes) * 5 // 3, max(sizes))}, detectron2's ratio), or lower INPUT.MIN_SIZE_TRAIN.")
-    test_size, test_max = cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST
-    if is_whole_number(test_size) and is_whole_number(test_max) and 0 < test_max < test_size:
-        logger.warning(
-            f"INPUT.MAX_SIZE_TEST {test_max} is below INPUT.MIN_SIZE_TEST {test_size}: detectron2's resize caps the "
-            f"longer image side at {test_max}, so the test images' shorter side reaches no more than {test_max} "
-            f"(square images are evaluated at {test_max}x{test_max}, not {test_size}x{test_size}). Set "
-            f"INPUT.MAX_SIZE_TEST to at least {test_size} (e.g. {test_size * 5 // 3}, detectron2's ratio), or lower "
-            "INPUT.MIN_SIZE_TEST.")
     crop = cfg.INPUT.CROP
     shapes = [name for name in cfg.DATASETS.TRAIN if name.startswith(SHAPES_PREFIX)]
     image = cfg.DATASETS.SHAPES.IMAGE_SIZE

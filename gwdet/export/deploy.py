@@ -907,7 +907,8 @@ def run_onnx(path: str | os.PathLike | Any, inputs: Sequence[Any]) -> List[Any]:
                 f"input {index} ({entry.name!r}) of {path} takes {entry.type} of shape {list(entry.shape)}, got "
                 f"{dtype} of shape {list(array.shape)}: the export is fixed to the dtype and size of the sample image "
                 "it was traced with. Give an image of that dtype and size (the test loader's resize, as the export "
-                "tool's sample), or export again with --sample-image of the size you need.")
+                "tool's sample), or export again with --sample-image of the size you need"
+                f"{_python_export_advice(fixed, array.shape, dtype != entry.type)}.")
         feeds[entry.name] = array
     return session.run(None, feeds)
 
@@ -929,12 +930,34 @@ def _refuse_channels_last(index: int, entry: Any, path: str, array: np.ndarray, 
     then = ("" if not still else
             f" After it, the image still differs in {' and '.join(still)}: the export is fixed to the dtype and size "
             "of the sample image it was traced with; give an image of those (the test loader's resize, as the export "
-            "tool's sample), or export again with --sample-image of the size you need.")
+            "tool's sample), or export again with --sample-image of the size you need"
+            f"{_python_export_advice(fixed, permuted, dtype != entry.type)}.")
     raise GwdetValueError(
         f"input {index} ({entry.name!r}) of {path} takes {entry.type} of shape {list(entry.shape)}, got {dtype} of "
         f"shape {list(array.shape)}: an image in (H, W, C) layout, with its {channels} channels last, where the "
         "export takes (C, H, W), as detectron2's models do. Give image.permute(2, 0, 1) (of a numpy array: "
         f"image.transpose(2, 0, 1)).{then}")
+
+
+def _python_export_advice(fixed: list[int | None], shape: Sequence[int], other_dtype: bool) -> str:
+    """The words of :func:`run_onnx`'s refusal of an input of another dtype or size that name the
+    way out for a file :func:`export_onnx` wrote in Python: a sample of the dtype or number of axes
+    needed, and ``input_names`` with ``dynamic_axes`` for the axes whose size differs (each named; of
+    a 4-d input: batch, channels, height, width), as ``", or, for an export_onnx(...) in Python, ..."``."""
+    ways = []
+    if other_dtype:
+        ways.append("a sample of the dtype you need")
+    if len(fixed) != len(shape):  # no axis of the export can take another number of axes
+        ways.append("a sample of the number of axes you need")
+    else:
+        names = {4: ("batch", "channels", "height", "width"), 3: ("channels", "height", "width")}.get(len(fixed))
+        varying = [axis for axis, (size, actual) in enumerate(zip(fixed, shape, strict=True))
+                   if size is not None and size != actual]
+        if varying:
+            axes = ", ".join(f"{axis}: {names[axis] if names else f'dim{axis}'!r}" for axis in varying)
+            ways.append("the sizes that vary left free: export_onnx(module, (sample,), path, input_names=['image'], "
+                        f"dynamic_axes={{'image': {{{axes}}}}})")
+    return f", or, for an export_onnx(module, (sample,), path) in Python, export again with {' and '.join(ways)}"
 
 
 def _is_onnx_session(value: Any) -> bool:

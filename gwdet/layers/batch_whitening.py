@@ -5,9 +5,16 @@ whitened over the batch and spatial positions, every position of every example b
 observation (Sec. 3.3): for a group ``X in R^{k x m}`` with ``m = N * H * W``,
 ``X_hat = Sigma^{-1/2} (X - mu 1^T)`` with ``Sigma = (1/m) X_C X_C^T + eps I`` (Eq. 3). Training
 uses the batch statistics and updates the running mean and running whitening matrix
-(Algorithm 1 lines 10-11); evaluation uses the running ones. With ``k = 1`` this is batch norm.
-``k`` is the largest divisor of ``C`` that is ``<= group_size`` (``group_size >= C`` whitens all
-channels together).
+(Algorithm 1 lines 10-11); evaluation uses the running ones. ``k`` is the largest divisor of ``C``
+that is ``<= group_size`` (``group_size >= C`` whitens all channels together).
+
+With ``k = 1`` training is batch norm. Evaluation is not quite: as DBN's Algorithm 1 does, the running
+whitening matrix averages the batches' whitening matrices ``Sigma^{-1/2}``, of the biased (``1/m``)
+covariance plus ``eps``, where torch's batch norm (and :class:`~.batch_group_norm.BatchGroupNorm`)
+averages the unbiased (``1/(m - 1)``) variances and divides by ``sqrt(running_var + eps)``. With
+momentum 1, BW's evaluation output is that of a batch norm of ``eps m / (m - 1)`` times
+``sqrt(m / (m - 1))`` (1.069 for ``m = 8``, about ``1 + 1/(2m)`` for a large ``m``); with a smaller
+momentum the two also differ by averaging inverse square roots rather than variances.
 
 An empty input returns an empty output and leaves the running statistics untouched. Precision as in
 :mod:`gwdet.layers.group_whitening`. In training, a channel group whose largest magnitude exceeds

@@ -13,14 +13,17 @@ accepts only tensors and arrays, and drops values whose shape differs from the m
 
 A state without the key (e.g. a scripted or traced copy's) loads without a comparison, and strict
 loading does not report the key missing; gwdet's checkpointer compares such a state with the
-settings its checkpoints record beside the weights (:mod:`gwdet.checkpoint.compatibility`).
+settings its checkpoints record beside the weights (:mod:`gwdet.checkpoint.compatibility`). A torch
+batch norm's state (one holding ``num_batches_tracked``) given to a layer's own ``load_state_dict``
+with ``strict=True`` is refused, naming it and what to do with it, in place of torch's bare
+unexpected key.
 """
 import functools
 import json
 import math
 import sys
 import warnings
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
@@ -424,6 +427,16 @@ class SettingsInState(nn.Module):
                 f"function. Build the layer with the saved values ({_WHERE_SET}), or, to load the weights "
                 f"into this layer anyway, delete {key} from the state dict")
 
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False):
+        """torch's ``load_state_dict``; with ``strict=True`` a torch batch norm's state
+        (:func:`_batch_norm_state_problem`) is refused first, naming it and how to load it, where torch
+        would name its ``num_batches_tracked`` an unexpected key (with ``strict=False`` it loads as
+        torch loads it, that key reported unexpected)."""
+        problem = _batch_norm_state_problem(self, state_dict) if strict and isinstance(state_dict, Mapping) else None
+        if problem is not None:
+            raise GwdetValueError(problem)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
     def _load_from_state_dict(self, state_dict: Dict[str, Any], prefix: str, local_metadata: Dict[str, Any],
                               strict: bool, missing_keys: List[str], unexpected_keys: List[str],
                               error_msgs: List[str]) -> None:
@@ -446,6 +459,32 @@ class SettingsInState(nn.Module):
                                       unexpected_keys, error_msgs)
         if key not in state_dict and key in missing_keys:
             missing_keys.remove(key)
+
+
+def _batch_norm_state_problem(layer: SettingsInState, state_dict: Mapping[str, Any]) -> Optional[str]:
+    """Why ``state_dict`` cannot load strictly into ``layer``: it is a torch batch norm's (it holds
+    ``num_batches_tracked``, which no gwdet layer keeps, and no record of a gwdet layer's
+    settings); the refusal says how to load its statistics and affine, where the layer has a batch
+    norm's buffers (:class:`~.batch_group_norm.BatchGroupNorm`), or which layer takes the state.
+    ``None`` for any other state."""
+    tracked = "num_batches_tracked"
+    if tracked not in state_dict or EXTRA_STATE_KEY in state_dict:
+        return None
+    kind = name = layer.layer_kind()
+    channels: int = layer.num_channels  # type: ignore[assignment]
+    found = (f"{name}: the state is a torch BatchNorm's, not a {kind}'s: it holds {tracked!r}, which a {kind} does "
+             "not keep, and no record of a gwdet layer's settings; nothing was loaded into the layer.")
+    build = f"build a torch.nn.BatchNorm2d({channels}) to load the state as it is"
+    if {"running_mean", "running_var"} <= set(layer._buffers):
+        alpha, eps = getattr(layer, "eval_example_weight", None), getattr(layer, "eps", None)
+        return (f"{found} To load its running statistics and affine into this layer, delete {tracked!r} from the "
+                f"state dict: in evaluation with eval_example_weight=0 (this layer has {alpha!r}) and that BatchNorm's "
+                f"eps (this layer has {eps!r}) the layer then computes what the BatchNorm did, while training "
+                f"normalizes over the layer's own groups. Or {build}.")
+    own = ", ".join(buffer for buffer in layer._buffers if buffer.startswith("running_"))
+    kept = own or "none (it normalizes each input by the input's own statistics)"
+    return (f"{found} A {kind}'s running statistics are {kept}, not a BatchNorm's running_mean and running_var: "
+            f"load the state of a {kind}, or {build}.")
 
 
 def _running_whitening_shape_problem(layer: SettingsInState, state_dict: Dict[str, Any],

@@ -159,6 +159,15 @@ def _load_saved_lazy_config(path: str) -> DictConfig:
         with open(path, encoding="utf-8") as f:
             content = yaml.load(f, Loader=_SavedLazyConfigLoader)  # noqa: S506 (a safe loader)
     except yaml.constructor.ConstructorError as error:
+        saved_numpy = _saved_numpy_values(path) if NUMPY_TAG_MARK in str(error.problem) else []
+        if saved_numpy:
+            raise GwdetValueError(
+                f"Config file {path!r} is a LazyConfig saved as YAML, but it holds numpy values, which "
+                "LazyConfig.save writes as tags that would build Python objects (!!python/object/apply:numpy...): "
+                f"{_listed_numpy_values(saved_numpy)}. A saved LazyConfig holds "
+                "plain values: in the config built in Python, give Python values (int(...), float(...), bool(...); "
+                "of a numpy array: .item() or .tolist()) and save it again, or write the value in place of its tag "
+                "in this file.") from None
         raise GwdetValueError(
             f"Config file {path!r} is a LazyConfig saved as YAML, but {error.problem} ({error.problem_mark}); "
             "gwdet builds only the ShapeSpecs, named classes and gwdet.norm(...) objects that LazyConfig.save "
@@ -166,6 +175,102 @@ def _load_saved_lazy_config(path: str) -> DictConfig:
             "built in Python, give that value as a node before saving it (a norm: L(gwdet.norm)(name='GW', "
             "num_groups=...); another object: L(its class)(its arguments)).") from None
     return OmegaConf.create(content, flags={"allow_objects": True})
+
+
+# how the tags of numpy values begin (numpy 2: numpy._core.multiarray.scalar; numpy 1: numpy.core...)
+NUMPY_TAG_MARK = "python/object/apply:numpy."
+
+
+def numpy_values(cfg: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """Every numpy value of the config ``cfg`` (a number, ``np.bool_`` or any other ``np.generic``,
+    and an array, a 0-d one included), in its nodes and lists and in the dicts, lists and tuples
+    they hold, each with its dotted key: ``[("model.backbone.norm.num_groups", np.int64(8))]``.
+    ``LazyConfig.save`` writes such a value as a tag that builds a Python object, which no saved
+    config may hold (:func:`_load_saved_lazy_config`)."""
+    if isinstance(cfg, (DictConfig, ListConfig)):  # references (${...}) and missing values ('???') not read
+        names: list[Any] = list(cfg.keys()) if isinstance(cfg, DictConfig) else list(range(len(cfg)))
+        items: Iterable[tuple[Any, Any]] = [(name, cfg[name]) for name in names if not (
+            OmegaConf.is_interpolation(cfg, name) or OmegaConf.is_missing(cfg, name))]
+    elif isinstance(cfg, Mapping):
+        items = cfg.items()
+    elif isinstance(cfg, (list, tuple)):
+        items = enumerate(cfg)
+    else:
+        return []
+    found = []
+    for name, value in items:
+        key = f"{prefix}.{name}" if prefix else str(name)
+        if isinstance(value, (np.generic, np.ndarray)):
+            found.append((key, value))
+        else:
+            found.extend(numpy_values(value, key))
+    return found
+
+
+def refuse_numpy_values(cfg: Any, what: str) -> None:
+    """Refuse a LazyConfig ``cfg`` (``what``: how the message names it) that holds numpy values
+    (:func:`numpy_values`), naming each key with the Python value to give: the ``config.yaml`` a run
+    saves of it could not be read again."""
+    found = numpy_values(cfg)
+    if found:
+        raise GwdetValueError(
+            f"{what} holds numpy values: {_listed_numpy_values(found)}. LazyConfig.save writes them as tags that build "
+            "Python objects, so the config.yaml a run saves could not be read again: give Python values (int(...), "
+            "float(...), bool(...); of a numpy array: .item() or .tolist()).")
+
+
+def _listed_numpy_values(found: Sequence[tuple[str, Any]], limit: int = 5) -> str:
+    """``key is np.int64(8), to give as 8 (int(...))`` for each of the first ``limit`` numpy values found (a
+    value of None: a numpy array not read back from a saved file), and how many more there are."""
+    shown = []
+    for key, value in found[:limit]:
+        if value is None:
+            shown.append(f"{key} is a numpy array, to give as a list (.tolist()) or a number (.item())")
+        elif isinstance(value, np.ndarray) and value.ndim:
+            shown.append(f"{key} is {value!r}, to give as {value.tolist()!r} (.tolist())")
+        else:
+            plain = value.item()
+            call = ".item()" if isinstance(value, np.ndarray) else f"{type(plain).__name__}(...)"
+            shown.append(f"{key} is {value!r}, to give as {plain!r} ({call})")
+    more = f"; and {len(found) - limit} more" if len(found) > limit else ""
+    return "; ".join(shown) + more
+
+
+def _saved_numpy_values(path: str) -> list[tuple[str, Any]]:
+    """The numpy values ``LazyConfig.save`` wrote to ``path`` as tags (``!!python/object/apply:
+    numpy...``), each with its dotted key and its value: a scalar read back from its tag's dtype and
+    bytes (:func:`_saved_numpy_scalar`), None for another (an array); [] where the file cannot be read."""
+    try:
+        tree = _yaml_as_data(path)
+    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError):
+        return []
+    found: list[tuple[str, Any]] = []
+
+    def visit(node: Any, prefix: str) -> None:
+        if isinstance(node, dict) and set(node) == {"python_tag", "value"}:
+            if f"python/{node['python_tag']}".startswith(NUMPY_TAG_MARK):
+                found.append((prefix, _saved_numpy_scalar(node)))
+            return
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for name, value in items:
+            visit(value, f"{prefix}.{name}" if prefix else str(name))
+
+    visit(tree, "")
+    return found
+
+
+def _saved_numpy_scalar(node: dict) -> Any:
+    """The numpy scalar of a ``!!python/object/apply:numpy...multiarray.scalar`` tag read as data
+    (:class:`_TagsAsDataLoader`: the tag of its dtype and its bytes), built by ``np.frombuffer``
+    only; None for another numpy tag (an array)."""
+    try:
+        dtype_tag, data = node["value"]
+        dtype = np.dtype(dtype_tag["value"]["args"][0])
+        if not isinstance(data, bytes) or dtype.hasobject or len(data) != dtype.itemsize:
+            return None
+        return np.frombuffer(data, dtype=dtype)[0]
+    except (TypeError, KeyError, IndexError, ValueError):
+        return None
 
 
 def callable_of(node: Any) -> Any:
@@ -884,6 +989,7 @@ def load_lazy_config(config_file: str, overrides: Sequence[str] = (), *, model: 
             "or the YAML LazyConfig.save writes).")
     loaded = _load_python_config(config_file) if config_file.endswith(LAZY_SUFFIX) else _load_saved_lazy_config(config_file)
     norms_as_nodes(loaded)
+    refuse_numpy_values(loaded, f"Config file {config_file!r}")
     if model and not isinstance(loaded.get("model"), DictConfig):
         raise GwdetValueError(
             f"Config file {config_file!r} defines no model: a LazyConfig names the model to build in "

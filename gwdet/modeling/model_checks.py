@@ -100,7 +100,10 @@ def check_norm_weight_decay(model: nn.Module, optimizer: torch.optim.Optimizer, 
     the optimizer with :func:`gwdet.build_optimizer` / :func:`gwdet.get_default_optimizer_params`.
     Where ``weight_decay_bias`` is not given and only the layers' biases differ, all by one value
     (an optimizer built with ``SOLVER.WEIGHT_DECAY_BIAS``, which detectron2 gives every bias, a
-    norm's too), the warning says so and names the value to check against."""
+    norm's too), the warning says so and names the value to check against. Where the optimizer
+    decays every norm layer of the model by one other value, and not as the model's other weights
+    (as detectron2's builders decay gwdet's layers), the warning names that value as the optimizer's
+    norm weight decay, to give to the check or to build the optimizer without."""
     layers = misdecayed_norm_layers(model, optimizer, weight_decay_norm, weight_decay_bias)
     if not layers:
         return layers
@@ -114,6 +117,17 @@ def check_norm_weight_decay(model: nn.Module, optimizer: torch.optim.Optimizer, 
             f"the setting, give it to the check (check_model(..., weight_decay_bias={bias_decay:g}), i.e. "
             "cfg.SOLVER.WEIGHT_DECAY_BIAS); else build the optimizer without it.")
         return layers
+    norm_decay = _other_norm_decay(model, optimizer, weight_decay_norm, weight_decay_bias)
+    if norm_decay is not None and not _decayed_as_detectron2_builds(model, optimizer, norm_decay):
+        logging.getLogger(__name__).warning(
+            f"{len(layers)} norm layer(s) are decayed by {norm_decay:g}, where the check was told the norm weight "
+            f"decay {weight_decay_norm:g} (SOLVER.WEIGHT_DECAY_NORM / weight_decay_norm): {listed(layers, 5)}. The "
+            f"optimizer decays every norm layer of the model by {norm_decay:g}, a norm weight decay other than the "
+            f"check's. If {norm_decay:g} is the setting, give it to the check (check_model(..., "
+            f"weight_decay_norm={norm_decay:g}), i.e. cfg.SOLVER.WEIGHT_DECAY_NORM); else build the optimizer again "
+            f"with {weight_decay_norm:g} (SOLVER.WEIGHT_DECAY_NORM {weight_decay_norm:g}; in a LazyConfig "
+            f"optimizer.params.weight_decay_norm={weight_decay_norm:g}).")
+        return layers
     logging.getLogger(__name__).warning(
         f"{len(layers)} norm layer(s) are decayed otherwise than the norm weight decay "
         f"{weight_decay_norm:g} (SOLVER.WEIGHT_DECAY_NORM / weight_decay_norm): "
@@ -121,6 +135,34 @@ def check_norm_weight_decay(model: nn.Module, optimizer: torch.optim.Optimizer, 
         "know only torch's norm classes: build the optimizer with gwdet.build_optimizer(cfg, model), or "
         "in a LazyConfig set optimizer.params._target_ = gwdet.get_default_optimizer_params.")
     return layers
+
+
+def _other_norm_decay(model: nn.Module, optimizer: torch.optim.Optimizer, weight_decay_norm: float,
+                      weight_decay_bias: float | None) -> float | None:
+    """The one weight decay ``optimizer`` gives every parameter of every norm layer of ``model`` (a
+    bias that ``weight_decay_bias`` is given for aside) where it differs from ``weight_decay_norm``
+    and nothing else does: the optimizer has a norm weight decay, another one. None otherwise, and
+    for a value no setting can give (negative, NaN)."""
+    decays = weight_decay_of(optimizer.param_groups, optimizer.defaults)
+    values = {decays[param] for param, (_, param_name) in norm_parameters(model).items()
+              if param in decays and not (param_name == "bias" and weight_decay_bias is not None)}
+    if len(values) != 1:
+        return None
+    (decay,) = values
+    if decay == weight_decay_norm or not is_finite_number(decay) or decay < 0:
+        return None
+    return None if misdecayed_norm_layers(model, optimizer, decay, weight_decay_bias) else decay
+
+
+def _decayed_as_detectron2_builds(model: nn.Module, optimizer: torch.optim.Optimizer, decay: float) -> bool:
+    """Whether the norm layers' one weight decay ``decay`` is also that of the model's other weights
+    (no norm parameter, no bias): the norm layers are decayed as the convolutions, as detectron2's
+    optimizer builders decay a norm layer of a class they do not know (gwdet's), or an optimizer
+    that decays every parameter alike."""
+    decays = weight_decay_of(optimizer.param_groups, optimizer.defaults)
+    norms = norm_parameters(model)
+    return any(decays.get(param) == decay for name, param in model.named_parameters()
+               if param not in norms and not name.endswith("bias"))
 
 
 def _bias_only_decay(model: nn.Module, optimizer: torch.optim.Optimizer, weight_decay_norm: float) -> float | None:

@@ -29,6 +29,7 @@ from gwdet.errors import GwdetError, GwdetValueError
 VERBOSE_FLAG = "--verbose"
 EXIT_STATUS = 2  # argparse's status for a usage error; the tools already return 2 for their refusals
 INTERRUPTED_STATUS = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
+TERMINATED_STATUS = 143  # 128 + SIGTERM, as a shell reports a command SIGTERM ended
 BROKEN_PIPE_STATUS = 141  # 128 + SIGPIPE, as a shell reports a command whose output's reader went away
 VERBOSE_HINT = f"{VERBOSE_FLAG} shows the Python traceback of this error"
 VERBOSE_HELP = ("print the Python traceback of an error; without it an error that gwdet reports on purpose "

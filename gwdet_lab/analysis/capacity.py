@@ -177,14 +177,21 @@ class Experiments:
         return self._done[key]
 
 
-def batch_size_sweep(runs: Experiments) -> Sweep:
-    """Fig. 1 (a): the ``batch_sweep_norms`` against the batch size: BN, BW as BW-C16 (16 features
-    per whitening group), GN and GW with ``batch_sweep_groups`` groups."""
-    s = runs.s
+def batch_sweep_group_numbers(s: CapacitySetting) -> dict[str, int]:
+    """The group number of each of ``s.batch_sweep_norms`` in the batch-size sweep (BN: 1, BW: one
+    whitening group per 16 units, GN and GW: ``s.batch_sweep_groups``); an unknown name is refused."""
     groups_of = {"BN": 1, "BW": max(1, s.width // 16), "GN": s.batch_sweep_groups, "GW": s.batch_sweep_groups}
     unknown = set(s.batch_sweep_norms) - set(groups_of)
     if unknown:
         raise GwdetValueError(f"batch-size sweep: unknown norms {sorted(unknown)}; choose from {', '.join(groups_of)}")
+    return {kind: groups_of[kind] for kind in s.batch_sweep_norms}
+
+
+def batch_size_sweep(runs: Experiments) -> Sweep:
+    """Fig. 1 (a): the ``batch_sweep_norms`` against the batch size: BN, BW as BW-C16 (16 features
+    per whitening group), GN and GW with ``batch_sweep_groups`` groups."""
+    s = runs.s
+    groups_of = batch_sweep_group_numbers(s)
     sweep: Sweep = {}
     for kind in s.batch_sweep_norms:
         groups = groups_of[kind]
@@ -225,8 +232,14 @@ def _table(sweep: Sweep, swept: str, with_validation: bool) -> str:
 
 def run_capacity(out: str | Path, setting: CapacitySetting) -> list[Path]:
     """Run the three sweeps; write ``<out>/capacity/{batch_size,group_number,random_labels}.png``
-    and ``table.md``."""
+    and ``table.md``. Every value is checked and every model trained before the folder is written to,
+    so a run refused or stopped before then leaves an earlier run's files as they were."""
     s = setting
+    batch_sweep_group_numbers(s)  # an unknown norm name, before the data are loaded
+    if s.random_label_samples < s.random_label_batch_size:  # no batch drawn: the untrained MLP's accuracy
+        raise GwdetValueError(f"--random-samples {s.random_label_samples}: the random-label sweep trains on batches of "
+                              f"{s.random_label_batch_size} images, so with fewer images no batch is drawn and the "
+                              f"untrained MLP's accuracy would be reported; give at least {s.random_label_batch_size}.")
     data = load_digits_split(s.seed, s.train_samples)
     images = len(data.x_train)
     too_large = [f"{flag} {value}" for flag, value in (("--batch-sizes", max(s.batch_sizes)),
@@ -235,7 +248,6 @@ def run_capacity(out: str | Path, setting: CapacitySetting) -> list[Path]:
         raise GwdetValueError(f"{' and '.join(too_large)}: the sweeps train on {images} digits images "
                               f"({'--quick' if s.train_samples else 'the training split'}), so a batch or sample of "
                               f"more than {images} cannot be drawn; give at most {images}.")
-    folder = output_folder(out, "capacity")
     runs = Experiments(data, s)
     by_batch, by_groups, random = batch_size_sweep(runs), group_number_sweep(runs), random_label_sweep(runs)
     base = runs.on_random_labels("none", 1)[0]
@@ -271,7 +283,6 @@ def run_capacity(out: str | Path, setting: CapacitySetting) -> list[Path]:
         "group_number.png": "Digits: effect of group number (GW paper Fig. 1b)",
         "random_labels.png": "Digits: fitting random labels (GW paper Fig. 5)",
     }
-    written = [save_figure(folder / name, [panel], titles[name], columns=1) for name, panel in panels.items()]
     sections = [
         (f"Fig. 1a: batch size ({model})", _table(by_batch, "batch size", True)),
         (f"Fig. 1b: group number ({model}, batch {s.group_sweep_batch_size})", _table(by_groups, "groups", True)),
@@ -281,5 +292,7 @@ def run_capacity(out: str | Path, setting: CapacitySetting) -> list[Path]:
         ),
     ]
     title = "Representational capacity on scikit-learn's digits (GW paper Figs. 1, 5)"
+    folder = output_folder(out, "capacity")
+    written = [save_figure(folder / name, [panel], titles[name], columns=1) for name, panel in panels.items()]
     written.append(write_markdown(folder, title, sections))
     return written

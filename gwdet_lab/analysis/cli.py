@@ -270,6 +270,11 @@ def setting_problem(args: argparse.Namespace) -> str | None:
             return (f"{width}: the batch-size sweep's GN and GW use {setting.batch_sweep_groups} groups, one unit per "
                     f"group, which they normalize to 0 for any input; give a --width above {setting.batch_sweep_groups} "
                     "(a multiple of it), or --batch-norms without GN and GW")
+        whitening_groups = max(1, setting.width // 16)  # BW-C16: about 16 units per whitening group
+        if setting.width % whitening_groups and "BW" in setting.batch_sweep_norms:
+            return (f"{width}: the batch-size sweep's BW whitens groups of about 16 units (BW-C16), "
+                    f"{whitening_groups} groups here, which must divide it; give a --width that is a multiple of 16 "
+                    "(or below 32, one group), or --batch-norms without BW")
     return None
 
 

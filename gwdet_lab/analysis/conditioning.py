@@ -163,9 +163,11 @@ def _tables(setting: ConditioningSetting, kappas: Kappas) -> list[tuple[str, str
 
 
 def run_conditioning(out: str | Path, setting: ConditioningSetting) -> list[Path]:
-    """Measure, then write ``<out>/conditioning/kappa_<p>.png`` per p and ``table.md``."""
-    folder = output_folder(out, "conditioning")
+    """Measure, then write ``<out>/conditioning/kappa_<p>.png`` per p and ``table.md``. The folder is
+    written to only once every value is checked and measured, so a run refused or stopped before
+    then leaves an earlier run's files as they were."""
     kappas = measure(setting)
+    folder = output_folder(out, "conditioning")
     written = [_figure(folder, setting, kappas, p) for p in setting.percents]
     title = (
         f"Conditioning of normalized activations (GW paper Fig. 2): d={setting.num_features}, "

@@ -185,21 +185,23 @@ def run_constraints(
 ) -> list[Path]:
     """Write the constraints report; with ``cfg`` (built with ``MODEL.DEVICE cpu`` from ``config``
     and the overrides ``opts``, which the table names) also the cost of its GW layers on a
-    ``input_size`` (H, W) image."""
-    folder = output_folder(out, "constraints")
-    written = [density_figure(folder, setting)]
+    ``input_size`` (H, W) image. Everything is computed (the model built and run) before the folder
+    is written to, so a run refused or stopped before then leaves an earlier run's files as they were."""
     sections = [
         ("Table 1 at the given sizes", table1_section(setting)),
         ("Numerical check: Jacobian rank of the constraint system", numerical_check_section()),
     ]
+    costs: list[GWLayerCost] = []
+    height, width = input_size
     if cfg is not None:
-        height, width = input_size
         model = cost_model(cfg)
         costs = gw_layer_costs(cfg, height, width, model)
         heading = "GW layers of the config: cost relative to a 3x3 convolution"
         sections.append((heading, cost_section(costs, config, height, width, opts, adjusted_groups(model))))
-        if costs:
-            written.append(cost_figure(folder, costs, config, height, width))
+    folder = output_folder(out, "constraints")
+    written = [density_figure(folder, setting)]
+    if costs:
+        written.append(cost_figure(folder, costs, config, height, width))
     title = "Constraint numbers of normalization (GW paper Sec. 4, Table 1)"
     written.append(write_markdown(folder, title, sections))
     return written

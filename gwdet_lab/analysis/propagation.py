@@ -211,13 +211,15 @@ def run_propagation(
     out: str | Path, config: str, norms: Sequence[str], opts: Sequence[str] = (), seed: int = 0
 ) -> list[Path]:
     """Compare ``norms`` on ``config`` (with ``opts`` applied to every variant) and write
-    ``<out>/propagation/{activation_variance,cosine_similarity,gradient_norms}.png`` and ``table.md``."""
+    ``<out>/propagation/{activation_variance,cosine_similarity,gradient_norms}.png`` and ``table.md``.
+    Every config is built and every model measured before the folder is written to, so a run refused
+    or stopped before then leaves an earlier run's files as they were."""
     if not norms:
         raise GwdetValueError("propagation: give at least one norm")
-    folder = output_folder(out, "propagation")
     cfgs = [build_config(config, [*opts, *norm_overrides(norm), "MODEL.DEVICE", "cpu"]) for norm in norms]
     batch = training_batch(cfgs[0], seed)
     results = [measure_propagation(cfg, batch, norm, seed) for cfg, norm in zip(cfgs, norms, strict=True)]
+    folder = output_folder(out, "propagation")
     written = _figures(folder, results)
     title = "Signal propagation at initialization (beyond_batchnorm_lubana2021 Secs. 3-5)"
     written.append(write_markdown(folder, title, _sections(results, config, len(batch), opts, seed)))
