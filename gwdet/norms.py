@@ -639,6 +639,16 @@ def layer_channels(layer: torch.nn.Module) -> int | None:
     return None
 
 
+def unbuilt_group_norms(layer: torch.nn.Module) -> list[str]:
+    """Each torch ``GroupNorm`` in ``layer`` (``layer`` itself included) whose group count torch
+    would refuse at the first forward rather than when built, as ``"<name>: GroupNorm(-2, 64)"``:
+    fewer than 1 group (``GroupNorm(-2, 64)`` is built, 64 being divisible by -2), or a count that
+    does not divide the channels."""
+    return [f"{name + ': ' if name else ''}GroupNorm({module.num_groups!r}, {module.num_channels!r})"
+            for name, module in layer.named_modules() if isinstance(module, torch.nn.GroupNorm)
+            and (module.num_groups < 1 or module.num_channels % module.num_groups != 0)]
+
+
 def layer_types(*, batch_statistics: bool | None = None, detectron2: bool | None = None) -> tuple[type, ...]:
     """The layer classes the catalogue's names build, each once. With ``batch_statistics`` given,
     those of the names that do (True) or do not (False) normalize over several examples; with
@@ -735,12 +745,6 @@ def _hashable(value: Any) -> Any:
     except TypeError:
         return repr(value)
     return value
-
-
-# Layers whose weights are no norm's: a registered norm's build function that returns one among its
-# layers gives them the norms' weight decay
-_WEIGHTED_LAYERS = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.ConvTranspose1d,
-                    torch.nn.ConvTranspose2d, torch.nn.ConvTranspose3d, torch.nn.Linear)
 
 
 def _plain(value: Any) -> Any:
@@ -1014,16 +1018,12 @@ class Norm:
         record = self._record_now()
         try:
             layer = record.build(channels, **self.params)
-        except (TypeError, ValueError) as error:
+        except (TypeError, ValueError, ArithmeticError) as error:  # ArithmeticError: GroupNorm(0, c)'s modulo by zero
             if record.builtin or isinstance(error, GwdetError):
                 raise
-            values = ", ".join(f"{key}={value!r}" for key, value in self.params.items()) or "no values"
-            keys = ", ".join(f"{key} from {config_key}" for key, config_key in record.config_keys.items())
-            source = (" (the values of gwdet.norm)" if not self.read_from_config else
-                      f" ({keys} in a yacs config)" if keys else "")
             raise GwdetValueError(
                 f"The norm {self.name!r} (a registered name) could not build a layer of {channels} channels with "
-                f"{values}{source}: its build function "
+                f"{self._values_given(record)}: its build function "
                 f"{getattr(record.build, '__qualname__', record.build)} raised {type(error).__name__}: {error}. "
                 "Give values it can build with (--verbose shows where it failed).") from error
         if not isinstance(layer, torch.nn.Module):
@@ -1048,21 +1048,20 @@ class Norm:
                     f"{channels} wide is the only one it runs on). For a layer norm over the channels, use gwdet's "
                     "'LN' (detectron2's LayerNorm, gwdet.norm('LN')), or register a function that returns "
                     "torch.nn.GroupNorm(1, channels) (over the channels and the whole map).")
+            broken = unbuilt_group_norms(layer)
+            if broken:
+                raise GwdetValueError(
+                    f"The norm {self.name!r} (a registered name): its build function "
+                    f"{getattr(record.build, '__qualname__', record.build)} returned a {type(layer).__name__} for "
+                    f"{channels} channels with {self._values_given(record)}, holding {listed(broken, 3)}: torch's "
+                    "GroupNorm needs at least 1 group and a group count that divides its channels, which it checks "
+                    "at the first forward (a RuntimeError there), not when built. Give values it can build with.")
             built_for = layer_channels(layer)
             if built_for is not None and built_for != channels:
                 raise GwdetValueError(
                     f"The norm {self.name!r}: its build function {getattr(record.build, '__qualname__', record.build)} "
                     f"returned a {type(layer).__name__} of {built_for} channels where {channels} were asked (its first "
                     "input would fail in torch): build the layer for the channel count the function is given.")
-            weighted = [name or type(layer).__name__ for name, module in layer.named_modules()
-                        if isinstance(module, _WEIGHTED_LAYERS)]
-            if weighted:
-                raise GwdetValueError(
-                    f"The norm {self.name!r}: its build function {getattr(record.build, '__qualname__', record.build)} "
-                    f"returned a {type(layer).__name__} that holds a convolution or linear layer ({listed(weighted, 3)}), "
-                    "whose weights the optimizer would decay as a norm layer's (SOLVER.WEIGHT_DECAY_NORM) and the "
-                    "model checks would take for a norm's. Register the norm layer alone, and put the convolution in "
-                    "the model beside it.")
             _refuse_other_dtype_or_meta(self.name, record.build, layer, channels)
             setattr(layer, NORM_LAYER_MARK, True)
             setattr(layer, NORM_SETTINGS_MARK, dict(self.params))
@@ -1076,6 +1075,15 @@ class Norm:
                                       "MODEL.STRICT_NORM_GROUPS False).")
             log_first_n(logging.WARNING, f"{message}; the layer uses {used}.", key="message", name=__name__)
         return layer
+
+    def _values_given(self, record: NormRecord) -> str:
+        """The values this norm builds with, and where they come from, as a refusal of its build
+        names them: ``"groups=0 (groups from MODEL.MYSEC.GROUPS in a yacs config)"``."""
+        values = ", ".join(f"{key}={value!r}" for key, value in self.params.items()) or "no values"
+        keys = ", ".join(f"{key} from {config_key}" for key, config_key in record.config_keys.items())
+        source = (" (the values of gwdet.norm)" if not self.read_from_config else
+                  f" ({keys} in a yacs config)" if keys else "")
+        return f"{values}{source}"
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Norm):

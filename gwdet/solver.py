@@ -121,12 +121,55 @@ def optimizer_group_keys() -> tuple[str, ...]:
     return tuple(sorted(keys))
 
 
-def check_override_values(overrides: Any, setting: str = "get_default_optimizer_params: overrides") -> None:
+# Well-known short or other names of torch's parameter group keys, suggested before a close spelling.
+GROUP_KEY_ABBREVIATIONS = {
+    "wd": "weight_decay", "decay": "weight_decay", "weightdecay": "weight_decay", "l2": "weight_decay",
+    "mom": "momentum", "learning_rate": "lr", "rate": "lr", "beta": "betas", "epsilon": "eps",
+}
+# The optimizers whose keys are suggested first when the one the overrides are for is not known:
+# detectron2's (SGD, which gwdet's build_optimizer builds) and the LazyConfigs' usual AdamW.
+USUAL_OPTIMIZERS = (torch.optim.SGD, torch.optim.AdamW)
+
+
+def keys_of(optimizer: type) -> tuple[str, ...]:
+    """The parameter group keys ``optimizer`` (a class of torch's optimizers, or of one's own)
+    takes: the arguments of its ``__init__`` but ``params``."""
+    try:
+        parameters = inspect.signature(optimizer.__init__).parameters  # type: ignore[misc]
+    except (TypeError, ValueError):
+        return ()
+    return tuple(argument for argument, parameter in parameters.items() if argument not in ("self", "params")
+                 and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD))
+
+
+def group_key_suggestions(key: Any, optimizer: type | None = None) -> list[str]:
+    """The group keys an unknown ``key`` of an override may mean: the key a well-known
+    abbreviation stands for (:data:`GROUP_KEY_ABBREVIATIONS`, ``wd`` -> ``weight_decay``) or the
+    key spelt in other case (``LR`` -> ``lr``); else the close spellings among the keys of
+    ``optimizer`` (the optimizer the overrides are for; when not known, SGD's and AdamW's), and
+    only when none is close, among those of every optimizer of torch."""
+    text = str(key).strip().lower()
+    every = optimizer_group_keys()
+    preferred = keys_of(optimizer) if optimizer is not None else tuple(
+        dict.fromkeys(name for kind in USUAL_OPTIMIZERS for name in keys_of(kind)))
+    preferred = preferred or every
+    for candidates in (preferred, every):
+        if text in GROUP_KEY_ABBREVIATIONS and GROUP_KEY_ABBREVIATIONS[text] in candidates:
+            return [GROUP_KEY_ABBREVIATIONS[text]]
+        if text in candidates:
+            return [text]
+    return (difflib.get_close_matches(str(key), preferred) or difflib.get_close_matches(str(key), every))
+
+
+def check_override_values(overrides: Any, setting: str = "get_default_optimizer_params: overrides",
+                          optimizer: type | None = None) -> None:
     """Refuse an ``overrides`` of :func:`get_default_optimizer_params` (``setting``, as the message
     names it) that is not a mapping of ``{parameter name: {group key: value}}``, a group key that
     no parameter group of torch's optimizers takes (:func:`optimizer_group_keys`; SGD would carry a
-    misspelt ``weight_decy`` and ignore it), and an ``lr`` or ``weight_decay`` that is not a finite
-    number >= 0 (:func:`check_rate`). The parameter names are checked against a model by
+    misspelt ``weight_decy`` and ignore it; the message suggests the keys it may mean,
+    :func:`group_key_suggestions`, among those of ``optimizer``, the optimizer class the overrides
+    are for, where given), and an ``lr`` or ``weight_decay`` that is not a finite number >= 0
+    (:func:`check_rate`). The parameter names are checked against a model by
     :func:`check_overrides`."""
     example = "{'bias': {'weight_decay': 0.0}}"
     if not isinstance(overrides, Mapping):
@@ -145,7 +188,7 @@ def check_override_values(overrides: Any, setting: str = "get_default_optimizer_
             if key not in keys:
                 raise GwdetValueError(
                     f"{setting}[{name!r}][{key!r}] is no key of a parameter group of torch's optimizers, so the "
-                    f"optimizer would carry it and ignore it.{did_you_mean(difflib.get_close_matches(str(key), keys))} "
+                    f"optimizer would carry it and ignore it.{did_you_mean(group_key_suggestions(key, optimizer))} "
                     "The keys they take: "
                     f"{listed([repr(known) for known in keys], 40)}. Use one of them (an optimizer of your own that "
                     "reads other keys: add them to the groups get_default_optimizer_params returns).")

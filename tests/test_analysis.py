@@ -480,3 +480,19 @@ def test_a_refused_analysis_writes_nothing_into_an_empty_out(tmp_path, capsys, f
         main([*flags, "--out", str(tmp_path / "out")])
     assert refused.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+# Before: "--input-size 64.5 64" got the hint "(a config override: give the width before it)", as any value with a '.'.
+@pytest.mark.parametrize("side, hint", [
+    ("64.5", "(64.5 has a fraction, and an image's sides are whole pixels: give an integer, e.g. 64)"),
+    ("64.0", "(64.0 is a whole number not written as an integer: give it as 64)"),
+    ("MODEL.WEIGHTS", "(a config override: give the width before it)"),
+])
+def test_analyze_models_input_size_names_a_fraction_apart_from_a_config_override(capsys, side, hint):
+    from gwdet.export import analyze_model
+
+    with pytest.raises(SystemExit) as exit_info:
+        analyze_model.argument_parser().parse_args(["--config-file", str(DEMO_CONFIG), "--input-size", side, "64"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and f"got {side!r} {hint}" in err
+    assert side == "MODEL.WEIGHTS" or "config override" not in err

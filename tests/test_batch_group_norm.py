@@ -1,6 +1,7 @@
 """What BatchGroupNorm computes (Summers & Dinneen 2020, Secs. 3.1, 3.2, 3.4), against torch's
 GroupNorm and BatchNorm and statistics taken by hand; what every gwdet layer does is in
 test_layer_contract.py."""
+import pickle
 import warnings
 
 import pytest
@@ -527,3 +528,79 @@ def test_a_batch_norms_state_is_refused_by_name_and_loads_without_num_batches_tr
     layer.eval(), bn.eval()
     x = torch.randn(3, 16, 5, 5)
     assert torch.allclose(layer(x), bn(x), atol=1e-5)
+
+
+# a BatchGroupNorm whose running_var was filled with -1 or whose running_mean was NaN evaluated to NaN everywhere
+# without a word, and so did torch.func.functional_call given negative running variances
+def test_evaluation_refuses_running_statistics_no_training_computes():
+    from gwdet.errors import GwdetValueError
+
+    x = torch.randn(4, 16, 5, 5)
+    layer = BatchGroupNorm(16, num_groups=4).eval()
+    layer.running_var.fill_(-1.0)
+    with pytest.raises(GwdetValueError, match=r"^BatchGroupNorm: running_var holds negative variances \(the smallest "
+                       r"-1, at channel 0\), which no training computes: in evaluation \(eval mode\) the output would "
+                       r"be NaN\. Load the running statistics of a trained layer"):
+        layer(x)
+    layer.reset_running_stats()
+    assert torch.isfinite(layer(x)).all()
+    layer.running_mean[3] = float("nan")
+    with pytest.raises(GwdetValueError, match=r"^BatchGroupNorm: running_mean holds NaN values \(at channel 3\), "
+                                              r"which no training computes"):
+        layer(x)
+    fine = BatchGroupNorm(16, num_groups=4).eval()
+    with pytest.raises(GwdetValueError, match=r"^BatchGroupNorm: running_var holds negative variances"):
+        torch.func.functional_call(fine, {"running_var": -torch.ones(16)}, (x,))
+    assert torch.isfinite(fine(x)).all()  # its own statistics again
+    # the functional form refuses a NaN running mean as well
+    with pytest.raises(GwdetValueError, match=r"^batch_group_norm: running_mean holds NaN values \(at channel 0\), "
+                       r"which no training computes: in evaluation \(training=False\) the output would be NaN\. Pass "
+                       r"the running means of a trained layer"):
+        batch_group_norm(x, torch.full((16,), float("nan")), torch.ones(16), None, None, False, 4, 2, 1e-5, 0.1, 0.0)
+    # eval_example_weight=1 gives the running statistics no weight: nothing to refuse, the output is group norm's
+    own = BatchGroupNorm(16, num_groups=4, eval_example_weight=1.0).eval()
+    own.running_var.fill_(-1.0)
+    assert torch.isfinite(own(x)).all()
+    # training does not read them
+    layer.train()
+    layer(x)
+
+
+def test_evaluation_checks_the_running_statistics_once_until_they_change(monkeypatch):
+    from gwdet.layers import common
+
+    checked = []
+    original = common.running_statistics_problem
+
+    def counting(tensors, infinite_allowed=False):
+        checked.append(sorted(tensors))
+        return original(tensors, infinite_allowed)
+
+    monkeypatch.setattr(common, "running_statistics_problem", counting)
+    x = torch.randn(4, 16, 3, 3)
+    layer = BatchGroupNorm(16, num_groups=4).eval()
+    layer(x)
+    layer(x)
+    assert len(checked) == 1  # the same buffers: checked once
+    layer.running_var.fill_(2.0)  # an in-place write moves the version counter
+    layer(x)
+    layer(x)
+    assert len(checked) == 2
+    layer.train()(x)  # training updates them in place: not checked there, checked at the next evaluation
+    assert len(checked) == 2
+    layer.eval()(x)
+    assert len(checked) == 3
+    given = torch.ones(16)
+    torch.func.functional_call(layer, {"running_var": given}, (x,))  # another tensor in place of its own: checked
+    torch.func.functional_call(layer, {"running_var": given}, (x,))  # the same tensor, unchanged
+    assert len(checked) == 4
+    layer(x)  # its own again: checked
+    assert len(checked) == 5
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's deprecation and tracer warnings
+        torch.jit.trace(layer, (x,))  # a trace keeps no check
+    assert len(checked) == 5
+    copied = pickle.loads(pickle.dumps(layer))  # a copy's buffers are new storage: checked once
+    copied(x)
+    copied(x)
+    assert len(checked) == 6 and torch.equal(copied(x), layer(x))

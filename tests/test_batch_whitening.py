@@ -311,3 +311,37 @@ def test_group_size_one_trains_as_batch_norm_and_evaluates_with_the_biased_varia
     half(x)
     biased = x.transpose(0, 1).reshape(8, -1).var(dim=1, unbiased=False)
     assert torch.allclose(half.running_whitening.flatten(), 0.5 + 0.5 * (biased + eps).rsqrt(), rtol=0, atol=1e-12)
+
+
+# a BatchWhitening whose running_whitening was zeroed evaluated to 0 everywhere, one with a NaN running_mean to NaN, and
+# the functional form in evaluation took NaN or zero running whitening matrices, all without a word
+def test_evaluation_refuses_running_statistics_no_training_computes():
+    x = torch.randn(4, 16, 5, 5)
+    layer = BatchWhitening(16, group_size=4).eval()
+    layer.running_whitening.zero_()
+    with pytest.raises(GwdetValueError, match=re.escape(
+            "BatchWhitening: running_whitening holds a whitening matrix whose diagonal is not positive (in the matrix "
+            "of group 0; an all-zero one maps every input to 0), which no training computes: in evaluation (eval mode) "
+            "the layer's outputs would not be whitened. Load the running statistics of a trained layer")):
+        layer(x)
+    layer.reset_running_stats()
+    layer.running_mean[5] = float("nan")
+    with pytest.raises(GwdetValueError, match=r"^BatchWhitening: running_mean holds NaN values \(at channel 5\), "
+                                              r"which no training computes: in evaluation \(eval mode\) the output "
+                                              r"would be NaN"):
+        layer(x)
+    layer.reset_running_stats()
+    layer.train()(x)  # trained statistics evaluate
+    assert torch.isfinite(layer.eval()(x)).all()
+    with pytest.raises(GwdetValueError, match=re.escape(
+            "batch_whitening: running_whitening holds NaN values (in the matrix of group 0), which no training "
+            "computes: in evaluation (training=False) the output would be NaN. Pass the running whitening matrices of "
+            "a trained layer (e.g. its running_whitening buffer), or torch.eye(k).repeat(C // k, 1, 1) for untrained "
+            "statistics")):
+        batch_whitening(x, torch.zeros(16), torch.full((4, 4, 4), float("nan")), None, None, False, 0.1, 5, 1e-5, "zca")
+    with pytest.raises(GwdetValueError, match=r"^batch_whitening: running_whitening holds a whitening matrix whose "
+                                              r"diagonal is not positive"):
+        batch_whitening(x, torch.zeros(16), torch.zeros(4, 4, 4), None, None, False, 0.1, 5, 1e-5, "zca")
+    identity = torch.eye(4).repeat(4, 1, 1)
+    assert torch.isfinite(batch_whitening(x, torch.zeros(16), identity, None, None, False, 0.1, 5, 1e-5, "zca")).all()
+    batch_whitening(x, torch.zeros(16), torch.zeros(4, 4, 4), None, None, True, 0.1, 5, 1e-5, "zca")  # training

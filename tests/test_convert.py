@@ -1692,3 +1692,24 @@ def test_sigterm_while_the_output_is_written_removes_the_partial_file_and_says_s
     assert ": terminated (SIGTERM) before the conversion finished: no output was written (it appears only once " \
         "complete, and a partial file of it is removed). Run the command again to convert." in capsys.readouterr().err
     assert os.listdir(tmp_path) == []
+
+
+# Before: a BN's running_mean/running_var saved as [1, C, 1, 1] was refused: "1 with a wrong shape:
+# ['res2.0.conv1.norm.running_var [1, 64, 1, 1] (needs [64])']. The file is incomplete or of another architecture."
+def test_bn_running_statistics_saved_as_1c11_are_reshaped_and_reported(r50_files):
+    state_dict = torch.load(r50_files["bn"], weights_only=True)
+    expected, _ = convert_state_dict(in_memory(state_dict))
+    leaves = ("layer1.0.bn1.running_var", "bn1.running_mean", "bn1.running_var")
+    broadcast = {key: value.reshape(1, -1, 1, 1) if key in leaves else value for key, value in state_dict.items()}
+    weights, report = convert_state_dict(in_memory(broadcast))
+    assert report.reshaped_bn_statistics == ["bn1", "layer1.0.bn1"] and report.reshaped_bn == []
+    assert ("  reshaped stats: ['bn1', 'layer1.0.bn1'] kept running_mean/running_var as [1,C,1,1] (or another "
+            "broadcasting shape):\n                  reshaped to [C], the same values") in report.format()
+    assert weights.keys() == expected.keys()
+    assert all((weights[key] == expected[key]).all() and weights[key].shape == expected[key].shape for key in weights)
+    # a BatchNorm2d(affine=False) with such statistics: its weight 1 and bias 0 are written per channel, [C]
+    no_affine = {key: value for key, value in broadcast.items() if key not in ("bn1.weight", "bn1.bias")}
+    weights, report = convert_state_dict(in_memory(no_affine))
+    assert report.identity_affine == ["bn1"] and report.reshaped_bn == []
+    assert weights["stem.conv1.norm.weight"].shape == weights["stem.conv1.norm.running_var"].shape == (64,)
+    assert (weights["stem.conv1.norm.weight"] == 1).all() and (weights["stem.conv1.norm.bias"] == 0).all()

@@ -247,3 +247,31 @@ def test_a_block_reused_whole_is_weighed_with_its_batch_norm():
     model = nn.Sequential(block, block)
     assert apply_example_weighing(model, 0.5) == 1
     assert isinstance(model[0][1], BatchGroupNorm) and model[1][1] is model[0][1]
+
+
+# Before: the second call returned 0 without a word and the layers kept the first weight (0.3).
+def test_a_second_call_sets_its_weight_on_the_layers_already_weighed():
+    model = small_model()
+    x = torch.randn(2, 3, 9, 9)
+    fresh = copy.deepcopy(model)
+    assert apply_example_weighing(fresh, 0.5) == 2
+    assert apply_example_weighing(model, 0.3) == 2
+    assert apply_example_weighing(model, 0.5) == 2
+    assert [m.eval_example_weight for m in model.modules() if isinstance(m, BatchGroupNorm)] == [0.5, 0.5]
+    torch.testing.assert_close(model(x), fresh(x))
+
+
+# Before: 0 returned without a word (FrozenBatchNorm2d, BN without running statistics, no batch norm at all).
+@pytest.mark.parametrize("norm, message", [
+    (FrozenBatchNorm2d(16), r"it has only 1 detectron2 FrozenBatchNorm2d layer\(s\) \(at 1\), whose statistics are "
+                            r"fixed .*which example weighing does not mix\. .*build the model with trainable batch norms"),
+    (nn.BatchNorm2d(16, track_running_stats=False), r"it has only 1 batch norm\(s\) keeping no running statistics "
+                                                    r"\(track_running_stats=False, at 1\).*track_running_stats=True"),
+    (nn.GroupNorm(4, 16), r"it has no batch norm layer at all"),
+], ids=["FrozenBN", "untracked", "GN"])
+def test_a_model_with_nothing_to_weigh_is_refused_saying_why(norm, message):
+    model = nn.Sequential(nn.Conv2d(3, 16, 3), norm)
+    with pytest.raises(GwdetValueError, match=rf"^apply_example_weighing: Sequential has no batch norm to weigh with "
+                                              rf"weight 0.3: {message}.*weighable_norms\(model\).*The model is as it was\.$"):
+        apply_example_weighing(model, 0.3)
+    assert model[1] is norm

@@ -1562,3 +1562,31 @@ def test_run_onnx_on_another_size_names_export_onnxs_dynamic_axes_too(tmp_path):
     with torch.no_grad():
         expected = module(other)
     assert max_abs_difference([expected], run_onnx(str(free), [other])) <= TOLERANCE
+
+
+# Before: a record that was a folder or a link to nothing let a damaged export load unchecked without a word.
+@pytest.mark.parametrize("record_kind", ["folder", "dangling link"])
+def test_an_export_whose_record_is_no_regular_file_is_refused_for_torchscript_and_onnx(tmp_path, record_kind):
+    from gwdet.export import load_export, verify_export
+
+    _, x, onnx_path = exported_gw_layer(tmp_path)
+    ts_path = tmp_path / "layer.ts"
+    torch.jit.save(torch.jit.trace(torch.nn.Conv2d(3, 4, 3).eval(), torch.randn(1, 3, 8, 8)), str(ts_path))
+    _flip_a_byte(onnx_path, position=-20)
+    for path in (ts_path, onnx_path):
+        record = tmp_path / f"{path.name}.sha256"
+        record.unlink(missing_ok=True)
+        if record_kind == "folder":
+            record.mkdir()
+            kind = "a folder"
+        else:
+            record.symlink_to(tmp_path / "gone.sha256")
+            kind = r"a symbolic link to '.*gone.sha256', which does not exist"
+        expected = (rf"{path.name}: its checksum record .*{path.name}.sha256 is {kind}, not a file holding the SHA-256 "
+                    r"written with the export, so the export cannot be checked; nothing was loaded. Remove it .*"
+                    rf"sha256sum {path.name} > {path.name}.sha256")
+        for read in (load_export, verify_export):
+            with pytest.raises(GwdetValueError, match=expected):
+                read(str(path))
+    with pytest.raises(GwdetValueError, match="layer.onnx.sha256 is"):
+        run_onnx(str(onnx_path), [x])

@@ -499,3 +499,22 @@ def test_norm_layers_decayed_by_another_norm_weight_decay_name_the_optimizers_va
                                                                                 weight_decay_norm=0.0), lr=0.1),
                     weight_decay_norm=1e-3)
     assert "1 norm layer(s) are decayed by 0, where the check was told the norm weight decay 0.001 " in caplog.text
+
+
+# overrides={'weight': {'wd': 0.2}} suggested 'd' (a key of Adafactor that SGD does not take), not 'weight_decay'
+@pytest.mark.parametrize("key, meant", [("wd", "weight_decay"), ("mom", "momentum"), ("LR", "lr"),
+                                        ("learning_rate", "lr"), ("momentun", "momentum")])
+def test_an_unknown_override_key_suggests_the_group_key_it_abbreviates_or_one_of_sgds_and_adamws(key, meant):
+    net = _Net(GroupWhitening(8, num_groups=4))
+    with pytest.raises(gwdet.errors.GwdetValueError, match=rf"overrides\['weight'\]\[{key!r}\] is no key of a parameter "
+                                                           rf"group .* Did you mean {meant!r}\? The keys"):
+        get_default_optimizer_params(net, base_lr=0.1, overrides={"weight": {key: 0.2}})
+
+
+# the suggestion for an unknown override key was drawn from every optimizer's keys, whatever the optimizer
+def test_an_unknown_override_key_is_matched_against_the_keys_of_the_optimizer_given_first():
+    from gwdet.solver import check_override_values
+    with pytest.raises(gwdet.errors.GwdetValueError, match=r"Did you mean 'weight_decay'\? The keys"):
+        check_override_values({"bias": {"weight_decy": 0.0}}, optimizer=torch.optim.SGD)
+    with pytest.raises(gwdet.errors.GwdetValueError, match=r"Did you mean 'betas'\? The keys"):
+        check_override_values({"bias": {"beta": 0.0}}, optimizer=torch.optim.AdamW)

@@ -12,7 +12,7 @@ from detectron2.layers import get_norm
 import gwdet
 from gwdet import Norm, UnknownNormError, add_gwdet_config, known_norm_names, norm, norm_from_config, register_norm
 from gwdet.config import CONFIG_KEYS, config_default
-from gwdet.errors import GwdetTypeError
+from gwdet.errors import GwdetTypeError, GwdetValueError
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening
 from gwdet.norms import layer_types, norm_record, unregister_norm
 
@@ -127,15 +127,67 @@ def test_a_non_bool_for_a_flag_of_a_registered_norm_is_refused_where_it_is_given
     assert norm("TestFlagBN", affine=np.False_)(8).weight is None
 
 
-def test_a_registered_norm_that_builds_a_convolution_too_is_refused(registered):
-    # a build returning Sequential(Conv2d(c, c, 1), GroupNorm(1, c)): gwdet.build_optimizer gave the convolution's
-    # weights the norm weight decay (0 instead of SOLVER.WEIGHT_DECAY), without a word
-    registered.append("TestConvNorm")
+# a build returning a conditional norm (a norm holding a Linear) or Sequential(Conv2d, GroupNorm) was refused, saying
+# the optimizer would give the Linear/Conv2d the norm weight decay, which gwdet's and detectron2's builders do not
+def test_a_registered_norm_that_holds_a_convolution_or_linear_layer_builds_and_that_layer_keeps_the_weight_decay(
+        registered):
+    from detectron2.solver.build import get_default_optimizer_params as detectron2_optimizer_params
+
+    from gwdet.solver import get_default_optimizer_params
+
+    class CondNorm(torch.nn.Module):
+        def __init__(self, channels):
+            super().__init__()
+            self.gn = torch.nn.GroupNorm(4, channels, affine=False)
+            self.scale = torch.nn.Linear(channels, channels)
+            self.gamma = torch.nn.Parameter(torch.ones(channels))
+
+        def forward(self, x):
+            return self.gn(x) * self.gamma[:, None, None]
+
+    registered.extend(["TestCondNorm", "TestConvNorm"])
+    register_norm("TestCondNorm", lambda channels: CondNorm(channels), layer_types=(CondNorm,))
     register_norm("TestConvNorm", lambda channels: torch.nn.Sequential(torch.nn.Conv2d(channels, channels, 1),
                                                                      torch.nn.GroupNorm(1, channels)))
-    with pytest.raises(ValueError, match=r"returned a Sequential that holds a convolution or linear layer \(0\), whose "
-                                         r"weights the optimizer would decay as a norm layer's"):
-        norm("TestConvNorm")(8)
+    for name, computing, normalizing in (("TestCondNorm", "scale", "gamma"), ("TestConvNorm", "0", "1.weight")):
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), norm(name)(16))
+        assert model(torch.randn(1, 3, 8, 8)).shape == (1, 16, 6, 6)
+        parameters = dict(model.named_parameters())
+        ours = get_default_optimizer_params(model, base_lr=0.1, weight_decay=1e-4, weight_decay_norm=0.5)
+        detectron2s = detectron2_optimizer_params(model, base_lr=0.1, weight_decay=1e-4, weight_decay_norm=0.5)
+        for groups in (ours, detectron2s):
+            decay = {id(param): group["weight_decay"] for group in groups for param in group["params"]}
+            assert decay[id(parameters[f"1.{computing}.weight"])] == decay[id(parameters[f"1.{computing}.bias"])] == 1e-4
+        assert [group["weight_decay"] for group in ours
+                if any(param is parameters[f"1.{normalizing}"] for param in group["params"])] == [0.5]
+
+
+# groups=0 stopped on torch's bare ZeroDivisionError inside the build; groups=-2 built GroupNorm(-2, 64) without a word,
+# its first forward failing with torch's "Expected num groups to be greater than 0, got -2"
+def test_a_registered_norm_with_a_group_count_torch_takes_only_at_the_forward_is_refused_naming_the_value(registered):
+    registered.append("TestZeroGroups")
+    register_norm("TestZeroGroups", lambda channels, groups=4: torch.nn.GroupNorm(groups, channels),
+                  config_keys={"groups": "MODEL.TEST_ZERO_GROUPS.GROUPS"})
+    with pytest.raises(GwdetValueError, match=r"^The norm 'TestZeroGroups' \(a registered name\) could not build a layer "
+                                              r"of 64 channels with groups=0 \(the values of gwdet.norm\): its build "
+                                              r"function .* raised ZeroDivisionError: integer modulo by zero\. Give "
+                                              r"values it can build with") as refused:
+        norm("TestZeroGroups", groups=0)(64)
+    assert isinstance(refused.value.__cause__, ZeroDivisionError)
+    with pytest.raises(GwdetValueError, match=r"^The norm 'TestZeroGroups' \(a registered name\): its build function "
+                                              r".* returned a GroupNorm for 64 channels with groups=-2 \(the values of "
+                                              r"gwdet.norm\), holding GroupNorm\(-2, 64\): torch's GroupNorm needs at "
+                                              r"least 1 group .* Give values it can build with\."):
+        norm("TestZeroGroups", groups=-2)(64)
+    from gwdet.model_zoo import build_config
+
+    from conftest import DEMO_CONFIG
+
+    cfg = build_config(str(DEMO_CONFIG), ["MODEL.TEST_ZERO_GROUPS.GROUPS", "-2"])  # read from a yacs config: the key
+    with pytest.raises(GwdetValueError, match=r"with groups=-2 \(groups from MODEL.TEST_ZERO_GROUPS.GROUPS in a yacs "
+                                              r"config\), holding GroupNorm\(-2, 64\)"):
+        norm_from_config("TestZeroGroups", cfg)(64)
+    assert norm("TestZeroGroups", groups=2)(64).num_groups == 2
 
 
 def test_users_register_their_own_name_with_config_keys(registered):

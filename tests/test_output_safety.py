@@ -71,6 +71,66 @@ def test_overwrite_refuses_a_users_file_named_as_a_checkpoint_and_deletes_nothin
     check_fresh_start(str(run), overwrite=True)
     assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]
 
+# before: --overwrite deleted these user files (listed among the earlier run's), though no run wrote them
+@pytest.mark.parametrize("name, content, why", [
+    ("config_before_resuming_at_7.yaml", "lr: 0.5\n", "no run's config"),
+    ("results_before_resuming_at_2.md", "my notes\n", "no results table as a run writes it"),
+    ("results_before_resuming_at_2.json", '{"AP": 1}\n', "no results record as a run writes it"),
+    ("events.out.tfevents.mine.txt", "my notes\n", "no TensorBoard event file"),
+])
+def test_overwrite_refuses_a_users_file_named_as_a_runs_kept_results_config_or_events(finished_run, tmp_path, name,
+                                                                                      content, why):
+    from gwdet.utils.atomic import record_checksum
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run, ignore=shutil.ignore_patterns(".gwdet.lock"))
+    (run / name).write_text(content)
+    before = _digest(run)
+    with pytest.raises(FileExistsError, match=re.escape(
+            f"--overwrite would delete {name} ({why}) in OUTPUT_DIR {str(run)!r}: named as a run's files, but no run "
+            f"of gwdet wrote it (no .sha256 record beside it, and not what a run writes under such a name); nothing "
+            f"was changed. Move it out of OUTPUT_DIR, or delete it, then run again (or train into another "
+            f"OUTPUT_DIR).")):
+        check_fresh_start(str(run), overwrite=True)
+    assert _digest(run) == before
+    # the run's own files of these kinds are deleted: TensorBoard's events (a TFRecord), a kept file with its record
+    assert any(p.name.startswith("events.out.tfevents.") and p.name != name for p in run.iterdir())
+    record_checksum(str(run / name))
+    check_fresh_start(str(run), overwrite=True)
+    assert sorted(p.name for p in run.iterdir()) == []
+
+
+# before: each record logged after the disk of log.txt filled printed a "--- Logging error ---" traceback
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a file whose writes fail: disk full)")
+def test_a_full_disk_under_the_runs_log_is_said_once_and_the_console_keeps_the_messages(capfd):
+    from gwdet.engine.run_log import LogFileHandler, guard_log_files, unwritten_log_error
+
+    stream = open("/dev/full", "a")
+    logger = logging.getLogger("gwdet")  # a logger whose log file a run checks (unwritten_log_error)
+    saved = (logger.handlers, logger.propagate, logger.level)
+    console = logging.StreamHandler(sys.stdout)
+    original = logging.StreamHandler(stream)
+    logger.handlers, logger.propagate = [console, original], False
+    logger.setLevel(logging.INFO)
+    try:
+        guard_log_files(("gwdet",))
+        assert logger.handlers[0] is console and isinstance(logger.handlers[1], LogFileHandler)
+        for number in range(5):
+            logger.warning(f"message {number}")
+        out, err = capfd.readouterr()
+        assert "Logging error" not in err and "Traceback" not in err
+        assert err.splitlines() == ["gwdet: the run's log file /dev/full cannot be written (disk full: No space left "
+                                    "on device); later messages go to the console only."]
+        assert out.splitlines() == [f"message {number}" for number in range(5)]
+        assert unwritten_log_error("/dev/full").errno == 28  # the run is still refused as not logged
+    finally:
+        logger.handlers, logger.propagate, logger.level = saved
+        try:
+            stream.close()
+        except OSError:
+            pass
+
+
 @pytest.mark.parametrize("refused", [("MODEL.WEIGHTS", "missing.pth"), ("MODEL.DEVICE", "cuda:7")])
 def test_an_overwrite_whose_new_run_is_refused_before_training_keeps_the_earlier_run(finished_run, tmp_path, refused):
     """--overwrite deleted the earlier run, then refused the new one (weights not there, a device

@@ -351,3 +351,43 @@ def test_a_device_the_batches_would_not_reach_the_layers_on_is_refused_naming_th
         assert update_running_statistics(batches(), model.cuda(), device="cuda") == 3
         assert update_running_statistics(batches(), model, device=torch.cuda.current_device()) == 3
     assert update_running_statistics(batches(), model.cpu(), device="cpu") == 3
+
+
+# Before: it returned 2 without a word, leaving NaN running statistics (which gwdet's own loader refuses).
+# (BW scales huge inputs, so that its running statistics stay finite at 1e30; BGN's running_var overflows)
+@pytest.mark.parametrize("bad, cause, layer", [
+    (float("nan"), "the batch holds NaN or infinite values", lambda: BatchWhitening(16, group_size=4)),
+    (float("nan"), "the batch holds NaN or infinite values", lambda: BatchGroupNorm(16, num_groups=4)),
+    (1e30, "so large that their variance overflows torch.float32", lambda: BatchGroupNorm(16, num_groups=4)),
+], ids=["BW-nan", "BGN-nan", "BGN-huge"])
+def test_a_batch_that_makes_the_running_statistics_non_finite_is_refused_and_they_are_put_back(bad, cause, layer):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3), layer())
+    model[1].running_mean.fill_(0.25)
+    before = {name: buffer.clone() for name, buffer in model.named_buffers()}
+    with pytest.raises(GwdetValueError, match=rf"^update_running_statistics: batch 2 of the loader made the running "
+                                              rf"statistics of 1 layer\(s\) NaN or infinite \(1 \({type(model[1]).__name__}: "
+                                              rf"running_.*\): .*{cause}.* The running statistics are as they were\.$"):
+        update_running_statistics([torch.randn(4, 3, 8, 8), torch.full((4, 3, 8, 8), bad)], model)
+    for name, buffer in model.named_buffers():
+        assert torch.equal(buffer, before[name]), name
+
+
+# Before: torch's raw "Input type (float) and bias type (c10::Half) should be the same" from the model's Conv2d.
+def test_batches_of_another_dtype_than_the_model_are_named_with_both_dtypes():
+    model = nn.Sequential(nn.Conv2d(3, 16, 3), BatchGroupNorm(16, num_groups=4)).half()
+    with pytest.raises(GwdetTypeError, match=r"the batches are torch.float32 and the model's weights torch.float16, "
+                                             r".*forward=lambda m, b: m\(b.to\(torch.float16\)\) \(or the model to the "
+                                             r"batches': model.float\(\)\)\. The running statistics are as they were"):
+        update_running_statistics([torch.randn(4, 3, 8, 8)], model)
+    assert torch.equal(model[1].running_var, torch.ones(16, dtype=torch.float16))
+
+
+# Before: the error named a layer's input shape ([16, 6, 6]), not that the loader was one batch.
+def test_a_single_batch_tensor_given_as_the_loader_is_told_to_give_a_list():
+    model = nn.Sequential(nn.Conv2d(3, 16, 3), BatchWhitening(16, group_size=4))
+    with pytest.raises(GwdetTypeError, match=r"the loader is a single tensor of shape \[4, 3, 8, 8\], iterating over "
+                                             r"which gives its items one by one \(of shape \[3, 8, 8\]\).*for one "
+                                             r"batch give \[batch\]"):
+        update_running_statistics(torch.randn(4, 3, 8, 8), model)
+    assert update_running_statistics([torch.randn(4, 3, 8, 8)], model) == 1

@@ -406,3 +406,27 @@ def test_save_refuses_an_iteration_that_is_no_whole_number(tmp_path, iteration):
     assert list(tmp_path.iterdir()) == []
     checkpointer.save("model_0000004", iteration=np.int64(4))
     assert ResilientCheckpointer(_small_model()).load(str(tmp_path / "model_0000004.pth"))["iteration"] == 4
+
+
+# Before: a model holding NaN was saved with its checksum without a word, and its own load refused the file.
+def test_saving_a_model_holding_nan_warns_that_loading_refuses_it_and_keeps_it_readable(tmp_path):
+    from conftest import logged_warnings
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from gwdet.layers import BatchWhitening
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), BatchWhitening(16, group_size=4))
+    model[1].running_mean.fill_(float("nan"))
+    with logged_warnings("gwdet.checkpoint.resilient") as warned:
+        ResilientCheckpointer(model, save_dir=str(tmp_path)).save("model_0000001")
+    path = tmp_path / "model_0000001.pth"
+    assert len(warned) == 1 and re.search(
+        r"'model_0000001' is saved, but .* NaN or infinite values in 1 tensor\(s\) \(1\.running_mean\).*refuses it.*"
+        r"torch\.load\(.*model_0000001\.pth', weights_only=True\)\['model'\]", warned[0])
+    assert torch.isnan(torch.load(path, weights_only=True)["model"]["1.running_mean"]).all()
+    with pytest.raises(GwdetError, match=r"holds NaN or infinite values in 1 tensor\(s\) \(1\.running_mean\)"):
+        ResilientCheckpointer(torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), BatchWhitening(16, group_size=4))).load(
+            str(path))
+    with logged_warnings("gwdet.checkpoint.resilient") as warned:  # a finite model saves without a word
+        model[1].running_mean.zero_()
+        ResilientCheckpointer(model, save_dir=str(tmp_path)).save("model_0000002")
+    assert warned == []

@@ -451,3 +451,15 @@ def test_a_layer_norm_of_another_eps_is_refused_and_one_of_the_same_loads(kind, 
     with pytest.raises(ValueError, match=r"other norm hyper-parameters .*1 eps 1e-06 -> 10.0"):
         ResilientCheckpointer(net(10.0)).load(str(tmp_path / "ln.pth"))
     ResilientCheckpointer(net(1e-6)).load(str(tmp_path / "ln.pth"))
+
+
+# a 600-character class name made the settings too long for the state, and the refusal said to shorten eps
+def test_settings_too_long_because_of_the_class_name_are_refused_naming_the_class_name():
+    from gwdet.errors import GwdetValueError
+    from gwdet.layers import GroupWhitening
+    long_named = type("G" + "x" * 600, (GroupWhitening,), {})
+    with pytest.raises(GwdetValueError, match=r"^Gx{39}\.\.\.x{12}: its settings take 706 bytes as JSON, more than "
+                                              r"the 512 .* \(the class name, 601 characters, takes 603 of them\): give "
+                                              r"the class a shorter name \(at most 407 characters with these settings\)"):
+        long_named(16, num_groups=4)
+    type("G" + "x" * 406, (GroupWhitening,), {})(16, num_groups=4).state_dict()

@@ -188,7 +188,7 @@ def test_a_report_folder_is_held_while_it_is_checked_and_written(tmp_path, monke
     assert held == [("check", False), ("check", True), ("write", True)]  # checked early, then again when held
 
 
-def test_a_report_stopped_between_its_files_says_it_is_unfinished(tmp_path, monkeypatch):
+def test_a_report_stopped_while_its_files_are_written_leaves_the_earlier_report(tmp_path, monkeypatch):
     # a report killed after table.md left the new table beside the old figures, nothing marking the folder
     from gwdet_lab.study import report as study_report
     from gwdet_lab.study.cli import TITLES
@@ -201,12 +201,12 @@ def test_a_report_stopped_between_its_files_says_it_is_unfinished(tmp_path, monk
     def stopped(results, path):
         raise KeyboardInterrupt
 
+    earlier = {path.name: path.read_bytes() for path in folder.iterdir()}
     monkeypatch.setattr(study_report, "plot_loss_curves", stopped)
     with pytest.raises(KeyboardInterrupt):
         study_report.write_report(TITLES["custom"], [summarize(p) for p in recorded_cells(records, ["gw-b2-s3"])], [],
                                   folder)
-    table = (folder / "table.md").read_text()
-    assert table.startswith(f"# {TITLES['custom']}\n") and study_report.UNFINISHED in table
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == earlier  # no temporary file left either
     monkeypatch.undo()
     assert main(["--records", str(records), "--report-to", str(folder)]) == 0  # the same command writes it again
     assert study_report.UNFINISHED not in (folder / "table.md").read_text()
@@ -661,8 +661,8 @@ def test_a_report_that_fills_the_disk_leaves_no_half_report(tmp_path, capsys, mo
     with pytest.raises(SystemExit):
         main(["--study", "paper", "--records", str(RECORDS / "paper-seeds-3-4"), "--report-to", str(folder)])
     said = capsys.readouterr().err
-    assert (f"cannot write the report into {folder}: No space left on device; its files there are removed, so that "
-            "no report mixes old and new files. Make space (or give another --report-to) and run") in said
+    assert (f"cannot write the report into {folder}: No space left on device; no file of the new report was put "
+            "there, and what was there is kept as it was. Make space (or give another --report-to) and run") in said
     assert list(folder.iterdir()) == []
     # another failure than a full disk is not told to make space
     def denied(results, path):
@@ -671,8 +671,74 @@ def test_a_report_that_fills_the_disk_leaves_no_half_report(tmp_path, capsys, mo
     monkeypatch.setattr(study_report, "plot_loss_curves", denied)
     with pytest.raises(SystemExit):
         main(["--study", "paper", "--records", str(RECORDS / "paper-seeds-3-4"), "--report-to", str(folder)])
-    assert "Permission denied; its files there are removed, so that no report mixes old and new files. Give a " \
-        "--report-to this process may write and run the same command again" in capsys.readouterr().err
+    assert "Permission denied; no file of the new report was put there, and what was there is kept as it was. Give " \
+        "a --report-to this process may write and run the same command again" in capsys.readouterr().err
+
+
+# before: the earlier complete report's files were all deleted when the new one could not be written (a full disk)
+def test_a_report_that_fills_the_disk_keeps_the_earlier_complete_report(tmp_path, capsys, monkeypatch):
+    import errno
+    import os
+
+    from gwdet_lab.study import report as study_report
+
+    folder = tmp_path / "report"
+    records = _record_copy(tmp_path, ("gw-b2-s3", "gn-b2-s3"))
+    assert main(["--records", str(records), "--report-to", str(folder)]) == 0
+    earlier = {path.name: path.read_bytes() for path in folder.iterdir()}
+    assert len(earlier) == 6
+    capsys.readouterr()
+
+    def full_disk(results, path):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(study_report, "plot_loss_curves", full_disk)
+    with pytest.raises(SystemExit):
+        main(["--records", str(records), "--report-to", str(folder)])
+    assert (f"cannot write the report into {folder}: No space left on device; no file of the new report was put "
+            "there, and what was there is kept as it was.") in capsys.readouterr().err
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == earlier
+
+
+def _exported_with_other_results(tmp_path):
+    """Records of gw-b2-s3 exported into tmp_path/exp, then its results.json there (with its record)
+    changed to hold other results of the same config, as another run of the cell would."""
+    import hashlib
+
+    records = _record_copy(tmp_path)
+    exported = tmp_path / "exp"
+    assert main(["--records", str(records), "--report-to", str(tmp_path / "rep"), "--export-records",
+                 str(exported)]) == 0
+    path = exported / "gw-b2-s3" / "results.json"
+    results = json.loads(path.read_text())
+    dataset = next(name for name in results if name != "environment")
+    value = results[dataset]["bbox"]["AP"]
+    results[dataset]["bbox"]["AP"] = value + 0.02
+    text = json.dumps(results)
+    path.write_text(text)
+    (exported / "gw-b2-s3" / "results.json.sha256").write_text(
+        hashlib.sha256(text.encode()).hexdigest() + "  results.json\n")
+    return records, exported, path, f"gw-b2-s3 ({dataset} bbox AP {value + 0.02:.2f} -> {value:.2f})"
+
+
+# before: records of the same cell (same config) with other results were replaced without --overwrite and without a word
+def test_export_refuses_to_replace_a_cells_other_results_without_overwrite(tmp_path, capsys):
+    records, exported, path, named = _exported_with_other_results(tmp_path)
+    kept = path.read_bytes()
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["--records", str(records), "--report-to", str(tmp_path / "rep"), "--export-records", str(exported)])
+    assert (f"--export-records {exported} holds records of {named} with the same config but other results than the "
+            "exported cells (another run of them); exporting would replace them; nothing was copied. Pass --overwrite "
+            "to replace them") in capsys.readouterr().err
+    assert path.read_bytes() == kept
+    assert main(["--records", str(records), "--report-to", str(tmp_path / "rep"), "--export-records", str(exported),
+                 "--overwrite"]) == 0
+    assert (f"--overwrite: replaced the records of 1 cell(s) in {exported} that held other results: {named}"
+            in capsys.readouterr().out)
+    assert path.read_bytes() == (records / "gw-b2-s3" / "results.json").read_bytes()
+    # the same results again: copied without a word, as before
+    assert main(["--records", str(records), "--report-to", str(tmp_path / "rep"), "--export-records", str(exported)]) == 0
 
 
 def test_records_listed_are_listed_not_reported(tmp_path, capsys, monkeypatch):

@@ -381,6 +381,21 @@ def _non_finite_tensors(model: Any) -> list[str]:
             if tensor.is_floating_point() and not tensor.is_meta and not bool(torch.isfinite(tensor).all())]
 
 
+def _warn_non_finite_saved(name: str, path: str, weights: Mapping[str, Any]) -> None:
+    """Warn that checkpoint ``name`` (written to ``path``), whose state dict ``weights`` holds NaN
+    or infinite values, is saved all the same (the state of a model that diverged is worth keeping
+    to debug it) though a gwdet checkpointer refuses to load it. Each tensor is checked where it
+    lies (on the GPU: no copy to the CPU)."""
+    broken = [str(key) for key, value in weights.items() if not _all_finite(value)]
+    if broken:
+        logger.warning(
+            f"Checkpoint {name!r} is saved, but the model's weights hold NaN or infinite values in {len(broken)} "
+            f"tensor(s) ({listed(broken, 3)}): a model built from them computes NaN, and loading the file with gwdet "
+            "(ResilientCheckpointer.load, MODEL.WEIGHTS, --resume) refuses it. It is kept to debug the model; read it "
+            f"with torch.load({path!r}, weights_only=True)['model']. Find what made the values so (a learning "
+            "rate too large, an input that is not finite) before saving again.")
+
+
 def _build_off_meta(then: str) -> str:
     """What a refusal of a model on the meta device says to do, ending with ``then``."""
     return ("Build the model on the CPU or GPU (MODEL.DEVICE cpu or cuda; in Python, outside torch.device('meta')) "
@@ -1033,6 +1048,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
         except UnrecordableSettingError as error:
             raise UnrecordableSettingError(f"Checkpoint {name!r} cannot be saved; nothing was written. {error}") from None
         data = {"model": self.model.state_dict(), NORM_TYPES_KEY: norm_types(self.model), NORM_SETTINGS_KEY: settings}
+        if "trainer" not in self.checkpointables:  # a training's model was checked above; this one is kept to debug
+            _warn_non_finite_saved(name, os.path.join(self.save_dir, f"{name}.pth"), data["model"])
         if self.classes:
             data[CLASSES_KEY] = self.classes
         if self.training_data:

@@ -102,6 +102,8 @@ class ConversionReport:
     identity_affine: list[str] = field(default_factory=list)
     # BNs whose weight/bias were kept as [1, C, 1, 1] (or another broadcasting shape): reshaped to [C], the same values
     reshaped_bn: list[str] = field(default_factory=list)
+    # BNs whose running_mean/running_var were kept as [1, C, 1, 1] (or another broadcasting shape): reshaped to [C]
+    reshaped_bn_statistics: list[str] = field(default_factory=list)
     output: str | None = None
 
     def format(self) -> str:
@@ -130,6 +132,9 @@ class ConversionReport:
             *([f"  reshaped BN   : {preview_names(self.reshaped_bn, 4)} kept weight/bias as [1,C,1,1] (or another "
                "broadcasting shape):",
                "                  reshaped to [C], the same values"] if self.reshaped_bn else []),
+            *([f"  reshaped stats: {preview_names(self.reshaped_bn_statistics, 4)} kept running_mean/running_var as "
+               "[1,C,1,1] (or another broadcasting shape):",
+               "                  reshaped to [C], the same values"] if self.reshaped_bn_statistics else []),
             *([f"  no affine     : {preview_names(self.identity_affine, 4)} had no weight or bias "
                "(BatchNorm2d(affine=False)):",
                "                  written with weight 1, bias 0, which compute the same"] if self.identity_affine
@@ -266,6 +271,7 @@ def convert_state_dict(
         recorded_config=recorded_config([norm.record for norm in layout.norms.values() if norm.record is not None]),
         identity_affine=[norm.source for norm in layout.norms.values() if norm.identity_affine],
         reshaped_bn=reshaped_bn_affine(layout),
+        reshaped_bn_statistics=reshaped_bn_statistics(layout),
     )
 
 
@@ -328,8 +334,9 @@ def recorded_config(records: list[torch.Tensor]) -> dict[str, object]:
 def detectron2_weights(layout: SourceLayout) -> tuple[dict[str, np.ndarray], list[str]]:
     """detectron2-named float32 arrays of the convs and norms, and the shape (``"[1,C,1,1]"``) of
     each affine weight or bias of a norm without statistics that was reshaped to ``[C]``. A batch
-    norm's weight or bias kept in such a broadcasting shape is reshaped to ``[C]`` too (the same
-    values; :func:`reshaped_bn_affine` names those norms for the report)."""
+    norm's weight, bias, running mean or running variance kept in such a broadcasting shape is
+    reshaped to ``[C]`` too (the same values; :func:`reshaped_bn_affine` and
+    :func:`reshaped_bn_statistics` name those norms for the report)."""
     weights = {key: _float_array(key, value) for key, value in layout.convs.items()}
     reshaped = []
     for norm in layout.norms.values():
@@ -337,13 +344,14 @@ def detectron2_weights(layout: SourceLayout) -> tuple[dict[str, np.ndarray], lis
             if norm.affine_only and _is_broadcast_affine(value):
                 reshaped.append(_layout_of(value))
                 value = value.reshape(-1)
-            elif leaf in _AFFINE_LEAVES and _is_broadcast_affine(value):
+            elif leaf in (*_AFFINE_LEAVES, *_STATISTICS_LEAVES) and _is_broadcast_affine(value):
                 value = value.reshape(-1)
             weights[f"{norm.target}.{leaf}"] = _float_array(f"{norm.source}.{leaf}", value)
     return weights, reshaped
 
 
 _AFFINE_LEAVES = ("weight", "bias")
+_STATISTICS_LEAVES = ("running_mean", "running_var")
 
 
 def reshaped_bn_affine(layout: SourceLayout) -> list[str]:
@@ -351,6 +359,13 @@ def reshaped_bn_affine(layout: SourceLayout) -> list[str]:
     shape (``[1, C, 1, 1]``), which :func:`detectron2_weights` reshapes to ``[C]``."""
     return [norm.source for norm in layout.norms.values() if not norm.affine_only
             and any(_is_broadcast_affine(norm.tensors[leaf]) for leaf in _AFFINE_LEAVES if leaf in norm.tensors)]
+
+
+def reshaped_bn_statistics(layout: SourceLayout) -> list[str]:
+    """The batch norms (source names) of ``layout`` whose running mean or variance is kept in a
+    broadcasting shape (``[1, C, 1, 1]``), which :func:`detectron2_weights` reshapes to ``[C]``."""
+    return [norm.source for norm in layout.norms.values() if not norm.affine_only
+            and any(_is_broadcast_affine(norm.tensors[leaf]) for leaf in _STATISTICS_LEAVES if leaf in norm.tensors)]
 
 
 def check_trained(layout: SourceLayout, source_name: str) -> None:

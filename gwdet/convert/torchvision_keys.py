@@ -129,7 +129,8 @@ def give_identity_affine(layout: SourceLayout) -> None:
     plus the bias: with weight 1 and bias 0, the same function."""
     for norm in layout.norms.values():
         if set(norm.tensors) == STATISTICS_LEAVES:
-            channels = norm.tensors["running_mean"].shape
+            mean = norm.tensors["running_mean"]
+            channels = (mean.numel(),) if mean.dim() > 1 else mean.shape  # one per channel, as the [C] it becomes
             norm.tensors["weight"] = torch.ones(channels, dtype=torch.float32)
             norm.tensors["bias"] = torch.zeros(channels, dtype=torch.float32)
             norm.identity_affine = True

@@ -32,6 +32,7 @@ import os
 import re
 import shlex
 import shutil
+import struct
 import sys
 import unicodedata
 from typing import IO, Any, Callable, Iterator, Mapping, NamedTuple, Sequence
@@ -69,6 +70,7 @@ from gwdet.utils.atomic import (
     checksum_findings,
     checksum_path,
     checksum_problem,
+    foreign_record,
     move_checksum_record,
     process_is_gone,
     record_checksum,
@@ -232,6 +234,83 @@ def _not_checkpoints(output_dir: str, names: Sequence[str]) -> list[str]:
             and not _holds_a_checkpoint(os.path.join(output_dir, name))]
 
 
+def _crc32c(data: bytes) -> int:
+    """CRC-32C (Castagnoli) of ``data``, as TensorBoard's event files check their records."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
+    return crc ^ 0xFFFFFFFF
+
+
+def _starts_as_event_file(head: bytes) -> bool:
+    """Whether ``head`` (a file's first bytes) starts as TensorBoard's event files do (TFRecord): an
+    8-byte record length followed by its masked CRC-32C."""
+    if len(head) < 12:
+        return False
+    crc = _crc32c(head[:8])
+    masked = ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
+    return struct.unpack("<I", head[8:12])[0] == masked
+
+
+# The first lines of results.md as gwdet.engine.run.results_markdown writes it (a table's title, then the table)
+_RESULTS_MARKDOWN_START = re.compile(rb"^### [^\n]*\n\n\| ")
+# A config as detectron2 writes it into a run (yacs' dump, or LazyConfig.save): a top-level model section
+_CONFIG_MODEL_SECTION = re.compile(rb"^(MODEL|model):[ \t]*\r?$", re.MULTILINE)
+
+
+def _unlike_what_runs_write(path: str) -> str | None:
+    """Why the file at ``path``, named as a run writes such files (but not a checkpoint's name: see
+    :func:`_holds_a_checkpoint`), holds no such file: words such as "no TensorBoard event file";
+    ``None`` when it may be the run's. An empty file, and a file with its SHA-256 record beside it
+    (a record a run writes with it), may be the run's; else the content decides, by the kind the
+    name gives: a SHA-256 record (``*.sha256``), the results a resume kept (``results.md``'s table,
+    ``results.json``'s object with its environment), the config a resume kept (a config with its
+    model section, as detectron2 writes it) and TensorBoard's event file (a TFRecord). Names of
+    other kinds (the run's :data:`RUN_FILES` and logs, which a run in the folder writes or appends
+    to): ``None``."""
+    name = os.path.basename(path)
+    named = name[:-len(CHECKSUM_SUFFIX)] if name.endswith(CHECKSUM_SUFFIX) else name
+    checked = named.startswith("events.out.tfevents") or bool(EARLIER_RESULTS.match(named))
+    if not checked or not os.path.isfile(path) or os.path.islink(path):
+        return None
+    try:
+        if os.path.getsize(path) == 0:
+            return None
+        if name.endswith(CHECKSUM_SUFFIX):
+            return "no SHA-256 record" if foreign_record(path[:-len(CHECKSUM_SUFFIX)]) else None
+        if os.path.isfile(checksum_path(path)) and foreign_record(path) is None:
+            return None
+        with open(path, "rb") as file:
+            head = file.read(1 << 16)
+    except OSError as error:
+        return f"cannot be read: {error.strerror or error}"
+    if name.startswith("events.out.tfevents"):
+        return None if _starts_as_event_file(head) else "no TensorBoard event file"
+    if name.endswith(".md"):
+        return None if _RESULTS_MARKDOWN_START.match(head) else "no results table as a run writes it"
+    if name.endswith(".yaml"):
+        return None if _CONFIG_MODEL_SECTION.search(head) else "no run's config"
+    try:
+        with open(path, encoding="utf-8") as file:
+            record = json.load(file)
+    except (OSError, ValueError):
+        record = None
+    return None if isinstance(record, dict) and ENVIRONMENT_KEY in record else "no results record as a run writes it"
+
+
+def _not_run_written(output_dir: str, names: Sequence[str]) -> list[str]:
+    """The files among ``names`` of ``output_dir`` that are named as a run's files other than its
+    checkpoints but hold no such file (:func:`_unlike_what_runs_write`), each as ``name (why)``."""
+    found = []
+    for name in names:
+        why = _unlike_what_runs_write(os.path.join(output_dir, name))
+        if why is not None:
+            found.append(f"{name} ({why})")
+    return found
+
+
 def checkpoints_in(output_dir: str) -> list[str]:
     """The checkpoints a run wrote in ``output_dir`` (:func:`is_checkpoint_name`; names, sorted)."""
     tagged = _tagged_checkpoint_name(output_dir) if os.path.isdir(output_dir) else None
@@ -327,6 +406,14 @@ def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_D
             f"--overwrite would delete {listed(unwritten, 5)} in {setting} {output_dir!r}: named as a run's "
             f"checkpoints, but no checkpointer wrote {it} (no torch.save file, no {CHECKSUM_SUFFIX} record beside "
             f"{it}); nothing was changed. Move {it} out of {setting}, or delete {it}, then run again (or train into "
+            f"another {setting}).")
+    unlike = _not_run_written(output_dir, existing)
+    if unlike:  # a file of the user's under the name of a run's events, kept results or kept config
+        it = "it" if len(unlike) == 1 else "them"
+        raise GwdetFileExistsError(
+            f"--overwrite would delete {listed(unlike, 5)} in {setting} {output_dir!r}: named as a run's files, but no "
+            f"run of gwdet wrote {it} (no {CHECKSUM_SUFFIX} record beside {it}, and not what a run writes under such a "
+            f"name); nothing was changed. Move {it} out of {setting}, or delete {it}, then run again (or train into "
             f"another {setting}).")
     if aside:
         os.makedirs(os.path.join(output_dir, SET_ASIDE), exist_ok=True)

@@ -72,7 +72,7 @@ from gwdet.engine.output_dir import (OutputDirLock, check_config_file_kept, chec
 from gwdet.utils.run_file_names import (CONFIG_NAME, EVALUATOR_FILES, FINAL_WEIGHTS, INFERENCE_FOLDER, RESULTS_JSON, RESULTS_MARKDOWN,
                                    VIS_FOLDER, LOG_NAME)
 from gwdet.engine.run_environment import ENVIRONMENT_KEY, annotation_files, run_environment
-from gwdet.engine.run_log import HeldRecords, RunWarnings, unwritten_log_error
+from gwdet.engine.run_log import HeldRecords, RunWarnings, guard_log_files, unwritten_log_error
 from gwdet.engine.training import RunFolderKept, check_torch_state, mark_seeded
 from gwdet.engine.visualize import DRAWN_SCORE, drawings_asked, drawings_in, save_prediction_pngs
 
@@ -626,6 +626,7 @@ def setup(args: argparse.Namespace, run: RunConfig, held: HeldRecords | None = N
         default_setup(run.cfg, args)  # seeds the random generators with the config's seed
     mark_seeded(run.cfg)
     setup_logger(run.output_dir, distributed_rank=comm.get_rank(), name="gwdet")  # gwdet's messages in log.txt too
+    guard_log_files()  # a full disk stops log.txt with one line, not a traceback per record
     if held is not None:
         held.release()
     logger.info(describe_plans())

@@ -7,18 +7,27 @@ logs in the meantime (the ``--resume`` warning about changed config values, say)
 the run's handlers once they exist, so it reaches the console and ``log.txt`` like any later
 message. :class:`RunWarnings` keeps the warnings gwdet logs while a run runs, for its
 ``results.md`` and ``results.json``: a warning that scrolled by among detectron2's lines is still
-part of the run's record. :func:`unwritten_log_error` tells whether ``log.txt`` could be written at
-all: Python's logging reports a failed write on stderr and goes on.
+part of the run's record. :func:`guard_log_files` makes the handlers that write ``log.txt`` say
+once, on one line, that its disk is full, then leave the file alone (the console keeps every
+message), where Python's logging would print a traceback for every record. :func:`unwritten_log_error`
+tells whether ``log.txt`` could be written at all.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import sys
 from types import TracebackType
+from typing import Any
 
 LOGGER = "gwdet"
 # The loggers detectron2's setup_logger gives a handler that writes the run's log file
 LOG_FILE_LOGGERS = ("detectron2", LOGGER)
+# The loggers detectron2's default_setup and gwdet's set-up give a handler that writes the run's log file
+GUARDED_LOGGERS = ("detectron2", "fvcore", LOGGER)
+# The errors of a disk that cannot take more: the log file is left alone after the first
+FULL_DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT)
 
 
 class _Holder(logging.Handler):
@@ -94,14 +103,77 @@ class RunWarnings:
         self._logger.removeHandler(self._collector)
 
 
+class _LogFileState:
+    """What the handlers writing one log file share: the full-disk error that stopped them, if any."""
+
+    def __init__(self) -> None:
+        self.error: OSError | None = None
+
+
+class LogFileHandler(logging.StreamHandler):
+    """A handler writing a run's log file (the stream detectron2's ``setup_logger`` opened) that,
+    when its disk is full, writes one line on stderr naming the file and the error, and from then on
+    leaves the file alone: later records reach the console (the logger's other handler) only.
+    Other errors are reported as Python's logging reports them."""
+
+    def __init__(self, stream: Any, state: _LogFileState) -> None:
+        super().__init__(stream)
+        self.state = state
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.state.error is None:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError) or error.errno not in FULL_DISK_ERRORS:
+            super().handleError(record)
+            return
+        if self.state.error is None:
+            self.state.error = error
+            name = getattr(self.stream, "name", "the run's log file")
+            try:
+                sys.stderr.write(f"gwdet: the run's log file {name} cannot be written (disk full: "
+                                 f"{error.strerror or error}); later messages go to the console only.\n")
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
+
+
+def guard_log_files(names: tuple[str, ...] = GUARDED_LOGGERS) -> None:
+    """Replace each handler of the loggers ``names`` that writes a file (detectron2's ``setup_logger``
+    gives them a ``StreamHandler`` on the file's stream) by a :class:`LogFileHandler` on the same
+    stream, with the same level, formatter and filters, in the same place; the handlers of one file
+    share whether its disk was found full. Console handlers, and handlers already replaced, are kept."""
+    states: dict[int, _LogFileState] = {}
+    for name in names:
+        logger = logging.getLogger(name)
+        for index, handler in enumerate(list(logger.handlers)):
+            stream = getattr(handler, "stream", None)
+            if (type(handler) is not logging.StreamHandler or stream is None
+                    or not isinstance(getattr(stream, "name", None), str) or stream.name.startswith("<")):
+                continue
+            guarded = LogFileHandler(stream, states.setdefault(id(stream), _LogFileState()))
+            guarded.setLevel(handler.level)
+            guarded.setFormatter(handler.formatter)
+            for log_filter in handler.filters:
+                guarded.addFilter(log_filter)
+            logger.handlers[index] = guarded
+
+
 def unwritten_log_error(path: str) -> OSError | None:
     """The error that keeps the run's log file ``path`` from being written (a full disk, say), or
     ``None``: the handlers writing it (on :data:`LOG_FILE_LOGGERS`) are flushed, and a write that
     failed before still fails, its text still buffered (logging printed ``--- Logging error ---``
-    each time and went on)."""
+    each time and went on); a :class:`LogFileHandler` that stopped writing on a full disk gives
+    the error that stopped it."""
     target = os.path.abspath(path)
     for name in LOG_FILE_LOGGERS:
         for handler in logging.getLogger(name).handlers:
+            if isinstance(handler, LogFileHandler) and handler.state.error is not None:
+                written = getattr(handler.stream, "name", None)
+                if isinstance(written, str) and os.path.abspath(written) == target:
+                    return handler.state.error
             stream = getattr(handler, "stream", None)
             written = getattr(stream, "name", None)
             if stream is None or not isinstance(written, str) or os.path.abspath(written) != target:

@@ -17,6 +17,8 @@ import argparse
 import contextlib
 import itertools
 import logging
+import math
+import re
 import statistics
 from collections import Counter
 from typing import Dict, Iterator, List, Optional, Sequence
@@ -66,12 +68,31 @@ def argument_parser() -> argparse.ArgumentParser:
 MAX_INPUT_SIDE = 8192
 
 
+# A config override's key, as detectron2 spells them: MODEL.WEIGHTS, DATASETS.SHAPES.NUM_TRAIN.
+_OVERRIDE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+")
+
+
+def _side_hint(text: str) -> str:
+    """What a side of ``--input-size`` that is no integer was, when that can be told: a number with
+    a fraction (sizes are whole pixels), or a config override's key read as the width."""
+    try:
+        number = float(text)
+    except ValueError:
+        return " (a config override: give the width before it)" if _OVERRIDE_KEY.fullmatch(text.strip()) else ""
+    if not math.isfinite(number):
+        return ""
+    if number == int(number):
+        return f" ({text.strip()} is a whole number not written as an integer: give it as {int(number)})"
+    return (f" ({text.strip()} has a fraction, and an image's sides are whole pixels: give an integer, e.g. "
+            f"{max(1, round(number))})")
+
+
 def input_side(text: str) -> int:
     """A side of ``--input-size``: an integer from 1 to :data:`MAX_INPUT_SIDE`."""
     if not text.strip().lstrip("+-").isdigit():
         raise argparse.ArgumentTypeError(
             f"takes two integers, the height and the width (e.g. --input-size 800 1216), got {text!r}"
-            + (" (a config override: give the width before it)" if "." in text else ""))
+            + _side_hint(text))
     value = at_least(1, "an image side")(text)
     if value > MAX_INPUT_SIDE:
         raise argparse.ArgumentTypeError(

@@ -21,6 +21,7 @@ import io
 import math
 import os
 import re
+import shlex
 import warnings
 import zipfile
 from collections.abc import Mapping
@@ -703,12 +704,14 @@ def verify_export(path: str, *, stacklevel: int = 3) -> bool:
     written: :class:`DamagedExportError` when they differ. Returns whether it was checked: not
     without a record, nor when the record is unreadable or damaged (with a warning, as
     checkpoints are, at ``stacklevel``: by default for the caller of this function's caller). A
-    folder is refused naming the exports in it."""
+    folder is refused naming the exports in it, and so is an export whose record is there but is no
+    regular file (a folder, a link that leads nowhere: :func:`_check_record_is_a_file`)."""
     if os.path.isdir(path):
         raise GwdetIsADirectoryError(f"{path} is a folder, not an export: {_exports_in(path)}")
     if not os.path.isfile(path):
         raise GwdetFileNotFoundError(f"{path}: no such export (a file written by tools/deploy/export_model.py, "
                                      "gwdet.export.export_torchscript or export_model_onnx).")
+    _check_record_is_a_file(path)
     unusable, differs = checksum_findings(path)
     if unusable is not None:
         warnings.warn(f"{path}: {unusable}, so the export is loaded unchecked. Delete "
@@ -720,6 +723,37 @@ def verify_export(path: str, *, stacklevel: int = 3) -> bool:
             f"{path} is damaged ({differs}). {REEXPORT} If you replaced it on purpose (a newer export copied over it), "
             f"copy its {shown_record(path)} with it, or delete the old one.", path)
     return os.path.isfile(reading_record(path))
+
+
+def _record_kind(record: str) -> Optional[str]:
+    """What is at the checksum record's path ``record`` when it is no regular file a reader could
+    check an export against (a folder, a link that leads nowhere or to a folder, a device or pipe);
+    ``None`` for a regular file (or a link to one) and where nothing is."""
+    if not os.path.lexists(record) or os.path.isfile(record):
+        return None
+    if os.path.islink(record):
+        target = os.readlink(record)
+        if not os.path.exists(record):
+            return f"a symbolic link to {target!r}, which does not exist"
+        return f"a symbolic link to {target!r}, a folder" if os.path.isdir(record) else \
+            f"a symbolic link to {target!r}, which is not a regular file"
+    return "a folder" if os.path.isdir(record) else "not a regular file (a device, pipe or socket)"
+
+
+def _check_record_is_a_file(path: str) -> None:
+    """Refuse the export at ``path`` when its checksum record ``path.sha256`` is there but is no
+    regular file (:func:`_record_kind`): the export cannot be checked against it, and loading it
+    unchecked would accept a damaged file without a word."""
+    record = checksum_path(path)
+    kind = _record_kind(record)
+    if kind is not None:
+        name = os.path.basename(path)
+        raise GwdetValueError(
+            f"{path}: its checksum record {record} is {kind}, not a file holding the SHA-256 written with the export, "
+            "so the export cannot be checked; nothing was loaded. Remove it (an export without a record loads "
+            "unchecked, with a warning), export the model again, or, if you know the export is whole, write the "
+            f"record again (rm -r {shlex.quote(record)} && cd {shlex.quote(os.path.dirname(os.path.abspath(path)))} "
+            f"&& sha256sum {shlex.quote(name)} > {shlex.quote(name + CHECKSUM_SUFFIX)}).")
 
 
 def _verify_or_warn(path: str) -> None:

@@ -31,11 +31,11 @@ import torch
 from torch import Tensor
 
 from .common import (
-    check_hyper_parameters, check_input, check_per_channel, check_running_updatable, check_same_device, check_scripted_settings,
-    factory_kwargs, largest_divisor_at_most,
-    largest_magnitude,
-    magnitude_scales, per_channel_affine, product, allocating_channels, register_affine, reset_affine, reshape_with_samples, scaled_ridge,
-    statistics_dtype,
+    allocating_channels, check_evaluation_statistics, check_hyper_parameters, check_input,
+    check_layer_evaluation_statistics, check_per_channel, check_running_updatable, check_same_device,
+    check_scripted_settings, factory_kwargs, largest_divisor_at_most, largest_magnitude, magnitude_scales,
+    per_channel_affine, product, register_affine, reset_affine, reshape_with_samples,
+    scaled_ridge, statistics_dtype,
 )
 from .settings_state import SettingsInState
 
@@ -104,24 +104,9 @@ def _check_arguments(x: Tensor, running_mean: Tensor, running_var: Tensor, weigh
         check_single_values(owner, x, groups, groups, examples_per_group)
     else:
         check_own_single_values(owner, x, groups, eval_example_weight)
-        if not torch.jit.is_tracing():  # a traced graph would keep the check's outcome as a constant
-            check_running_variances(owner, running_var)
-
-
-def check_running_variances(owner: str, running_var: Tensor) -> None:
-    """Raise ``ValueError`` when ``running_var``, which an evaluation divides by (its square root),
-    holds a negative or NaN variance: the output would be NaN, as
-    :class:`BatchGroupNorm`'s ``load_state_dict`` refuses such a state. One reduction over the
-    ``[C]`` values."""
-    if bool((running_var >= 0).all()):
-        return
-    negative = running_var < 0
-    found = (f"negative variances (the smallest {running_var.min().item():.3g}, at channel "
-             f"{int(negative.nonzero()[0, 0])})" if bool(negative.any()) else "NaN variances")
-    raise GwdetValueError(
-        f"{owner}: running_var holds {found}, which no training computes: in evaluation (training=False) the output "
-        "would be NaN. Pass the running variances of a trained layer (e.g. its "
-        "running_var buffer), or torch.ones(C) for untrained statistics")
+        # a traced graph would keep the check's outcome as a constant; alpha = 1 gives the running statistics no weight
+        if not torch.jit.is_tracing() and eval_example_weight < 1.0:
+            check_evaluation_statistics(owner, {"running_mean": running_mean, "running_var": running_var})
 
 
 def check_own_single_values(owner: str, x: Tensor, groups: int, eval_example_weight: float) -> None:
@@ -318,7 +303,10 @@ class BatchGroupNorm(SettingsInState):
 
     Arguments are checked as :class:`~.group_whitening.GroupWhitening`'s, and the state dict
     records the settings (:mod:`~.settings_state`). In training, a batch in which a block holds a
-    single value is refused, as batch norm refuses one (:meth:`validate_input`).
+    single value is refused, as batch norm refuses one (:meth:`validate_input`). In evaluation with
+    ``eval_example_weight < 1``, running statistics no training computes (a NaN, a negative variance)
+    are refused, checked once after each change
+    (:func:`~.common.check_layer_evaluation_statistics`).
     """
 
     HYPER_PARAMETERS = ("num_groups", "examples_per_group", "eps", "momentum", "eval_example_weight")
@@ -391,11 +379,15 @@ class BatchGroupNorm(SettingsInState):
         channel group) block of a single value, which normalizes to 0 whatever it holds (as torch's
         batch norm does): one channel per group, one position and an example group of one example;
         so too in evaluation with ``eval_example_weight=1``, where each example's own statistics are
-        all there is (Eq. 3 with alpha = 1)."""
+        all there is (Eq. 3 with alpha = 1); in evaluation with ``eval_example_weight < 1``, running
+        statistics no training computes."""
         check_input("BatchGroupNorm", x, self.num_channels)
         if not torch.jit.is_scripting():  # a weight.data of another size, or one given to torch.func.functional_call
             check_per_channel("BatchGroupNorm", {"weight": self.weight, "bias": self.bias, "running_mean": self.running_mean,
                                                  "running_var": self.running_var}, self.num_channels)
+            if not self.training and self.eval_example_weight < 1.0:  # alpha = 1: the running statistics have no weight
+                check_layer_evaluation_statistics(self, {"running_mean": self.running_mean,
+                                                         "running_var": self.running_var})
         if not torch.jit.is_scripting() and self.training and torch.jit.is_tracing():
             warnings.warn(
                 f"BatchGroupNorm: traced in training mode, the trace splits every batch into the example groups of "

@@ -35,10 +35,11 @@ from torch import Tensor
 from gwdet.errors import GwdetValueError
 
 from .common import (
-    autocast_disabled, check_hyper_parameters, check_input, check_per_channel, check_running_updatable, check_same_device,
-    check_scripted_settings, check_values_per_group, factory_kwargs,
-    largest_divisor_at_most, largest_magnitude, magnitude_scales, per_channel_affine,
-    refuse_differentiating_transforms, allocating_channels, register_affine, reset_affine, reshape_with_samples, scaled_ridge, statistics_dtype,
+    allocating_channels, autocast_disabled, check_evaluation_statistics, check_hyper_parameters, check_input,
+    check_layer_evaluation_statistics, check_per_channel, check_running_updatable, check_same_device,
+    check_scripted_settings, check_values_per_group, factory_kwargs, largest_divisor_at_most, largest_magnitude,
+    magnitude_scales, per_channel_affine, refuse_differentiating_transforms, register_affine,
+    reset_affine, reshape_with_samples, scaled_ridge, statistics_dtype,
 )
 from .itn_whitening_op import CPU_PLAN_ADVICE, itn_whitening_op
 from .plans import plan_name
@@ -108,6 +109,8 @@ def _check_arguments(x: Tensor, running_mean: Tensor, running_whitening: Tensor,
         check_values_per_group(owner, samples, "channel of the batch")
         if 0 < samples <= running_whitening.shape[1]:  # as the layer warns
             _warn_singular_covariance(samples, running_whitening.shape[1], eps, owner)
+    elif not torch.jit.is_tracing():  # a traced graph would keep the check's outcome as a constant
+        check_evaluation_statistics(owner, {"running_mean": running_mean, "running_whitening": running_whitening})
 
 
 def _batch_whitening(x: Tensor, running_mean: Tensor, running_whitening: Tensor, weight: Optional[Tensor],
@@ -200,7 +203,9 @@ class BatchWhitening(SettingsInState):
     ``[C / k, k, k]`` (starts at the identity).
 
     Arguments are checked as :class:`~.group_whitening.GroupWhitening`'s, and the state dict records
-    the settings (:mod:`~.settings_state`).
+    the settings (:mod:`~.settings_state`). In evaluation, running statistics no training computes (a
+    NaN, a whitening matrix whose diagonal is not positive or that is not symmetric) are refused,
+    checked once after each change (:func:`~.common.check_layer_evaluation_statistics`).
     """
 
     HYPER_PARAMETERS = ("group_size", "T", "eps", "momentum", "method")
@@ -291,12 +296,16 @@ class BatchWhitening(SettingsInState):
 
     def validate_input(self, x: Tensor) -> None:
         """Raise ``ValueError`` for an input :meth:`forward` refuses (wrong shape or dtype; in
-        training, a single value per channel)."""
+        training, a single value per channel), and in evaluation for running statistics no training
+        computes."""
         check_input("BatchWhitening", x, self.num_channels)
         if not torch.jit.is_scripting():  # a weight.data of another size, or one given to torch.func.functional_call
             check_per_channel("BatchWhitening", {"weight": self.weight, "bias": self.bias,
                                                  "running_mean": self.running_mean}, self.num_channels)
             self._check_running_whitening()
+            if not self.training:
+                check_layer_evaluation_statistics(self, {"running_mean": self.running_mean,
+                                                         "running_whitening": self.running_whitening})
         if self.training:
             samples = x.numel() // self.num_channels
             check_values_per_group("BatchWhitening", samples, "channel of the batch")

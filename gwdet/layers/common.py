@@ -10,7 +10,7 @@ import math
 import numbers
 import struct
 import warnings
-from typing import Any, Callable, ContextManager, Dict, Iterator, List, Mapping, Optional
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
@@ -620,3 +620,149 @@ def per_channel_affine(y: Tensor, weight: Optional[Tensor], bias: Optional[Tenso
     if bias is not None:
         y = y + bias.to(y.dtype).reshape(shape)
     return y
+
+
+# what a functional form's refusal of a running statistic suggests in its place: its plural and its untrained value
+_UNTRAINED_STATISTICS = {
+    "running_mean": ("running means", "torch.zeros(C)"),
+    "running_var": ("running variances", "torch.ones(C)"),
+    "running_whitening": ("running whitening matrices", "torch.eye(k).repeat(C // k, 1, 1)"),
+}
+
+
+def whitening_asymmetry(whitening: Tensor) -> Tensor:
+    """The largest difference between entries ``(i, j)`` and ``(j, i)`` of each matrix of
+    ``whitening`` ``[groups, k, k]``, relative to that matrix's largest entry (float32, ``[groups]``)."""
+    value = whitening.detach().float()
+    difference = (value - value.transpose(-1, -2)).abs().amax(dim=(-2, -1))
+    return difference / value.abs().amax(dim=(-2, -1)).clamp_min(torch.finfo(torch.float32).tiny)
+
+
+def asymmetry_tolerance(dtype: torch.dtype) -> float:
+    """The relative asymmetry (:func:`whitening_asymmetry`) rounding can give a symmetric matrix
+    stored in ``dtype``: ``1e-3``, or 8 units of the dtype's precision where that is more (fp16, bf16)."""
+    return max(1e-3, 8 * torch.finfo(dtype).eps)
+
+
+def _is_whitening_stack(name: str, value: Tensor) -> bool:
+    return name == "running_whitening" and value.dim() == 3 and value.shape[-1] == value.shape[-2]
+
+
+def _statistic_acceptable(name: str, value: Tensor, infinite_allowed: bool) -> Tensor:
+    """A 0-dim bool tensor: whether :func:`running_statistics_problem` finds nothing in ``value``
+    (reductions without a device sync)."""
+    acceptable = ~torch.isnan(value).any() if infinite_allowed else torch.isfinite(value).all()
+    if name == "running_var":
+        acceptable = acceptable & (value >= 0).all()
+    elif _is_whitening_stack(name, value):
+        acceptable = (acceptable & (torch.diagonal(value, dim1=-2, dim2=-1) > 0).all()
+                      & ~(whitening_asymmetry(value) > asymmetry_tolerance(value.dtype)).any())
+    return acceptable
+
+
+def _statistic_problem(name: str, value: Tensor, infinite_allowed: bool) -> Optional[Tuple[str, str]]:
+    """``(why, effect)`` for one running statistic (:func:`running_statistics_problem`)."""
+    def where(mask: Tensor) -> str:
+        first = int(mask.nonzero()[0, 0])
+        return f"in the matrix of group {first}" if value.dim() == 3 else f"at channel {first}"
+
+    unusable = torch.isnan(value) if infinite_allowed else ~torch.isfinite(value)
+    if bool(unusable.any()):
+        kind = "NaN " if infinite_allowed else ""
+        what = ("variances" if name == "running_var" else "values") if infinite_allowed else \
+            "values that are not finite (NaN or inf"
+        shown = f"{kind}{what} ({where(unusable)})" if infinite_allowed else f"{what}; the first {where(unusable)})"
+        return shown, "the output would be NaN"
+    if name == "running_var" and bool((value < 0).any()):
+        return (f"negative variances (the smallest {value.min().item():.3g}, {where(value < 0)})",
+                "the output would be NaN")
+    if _is_whitening_stack(name, value):
+        diagonal = torch.diagonal(value, dim1=-2, dim2=-1)
+        if bool((diagonal <= 0).any()):
+            return (f"a whitening matrix whose diagonal is not positive ({where(diagonal <= 0)}; an all-zero one maps "
+                    "every input to 0)", "the layer's outputs would not be whitened")
+        asymmetry = whitening_asymmetry(value)
+        tolerance = asymmetry_tolerance(value.dtype)
+        if bool((asymmetry > tolerance).any()):
+            return (f"a whitening matrix that is not symmetric (entries (i, j) and (j, i) differ by up to "
+                    f"{float(asymmetry.max()):.3g} of its largest entry; training keeps the inverse square root of a "
+                    "covariance plus eps I, Eq. 5, which is symmetric)", "the layer's outputs would not be whitened")
+    return None
+
+
+@torch.jit.unused
+def running_statistics_problem(tensors: Mapping[str, Optional[Tensor]],
+                               infinite_allowed: bool = False) -> Optional[Tuple[str, str, str]]:
+    """``(name, why, effect)`` for the first running statistic of ``tensors`` (``running_mean``,
+    ``running_var``, ``running_whitening``; None, an empty, integer or meta tensor: skipped) that no
+    training computes: a NaN value (with ``infinite_allowed`` false, any value that is not finite), a
+    negative variance, a whitening matrix (``[groups, k, k]``) whose diagonal is not positive (an
+    all-zero one maps every input to 0) or that is not symmetric beyond rounding
+    (:func:`whitening_asymmetry`; training keeps the inverse square root of a covariance plus
+    ``eps I``). ``why`` names the value and where it is, ``effect`` what a layer normalizing with
+    it computes. ``None`` where all are acceptable, found with one device sync.
+
+    ``infinite_allowed``: what evaluation accepts; a running variance of huge inputs overflows to
+    ``inf`` in training, and evaluation then returns NaN (:mod:`~.batch_group_norm`)."""
+    present = [(name, tensor.detach()) for name, tensor in tensors.items()
+               if isinstance(tensor, Tensor) and tensor.is_floating_point() and tensor.numel() and not tensor.is_meta]
+    if not present:
+        return None
+    device = present[0][1].device
+    flags = [_statistic_acceptable(name, value, infinite_allowed).to(device) for name, value in present]
+    if bool(torch.stack(flags).all()):
+        return None
+    for name, value in present:
+        problem = _statistic_problem(name, value, infinite_allowed)
+        if problem is not None:
+            return (name,) + problem
+    return None
+
+
+@torch.jit.unused
+def check_evaluation_statistics(owner: str, tensors: Mapping[str, Optional[Tensor]], fix: str = "",
+                                when: str = "in evaluation (training=False)") -> None:
+    """Raise ``ValueError`` naming ``owner``, the running statistic, what is wrong with it and where
+    (:func:`running_statistics_problem`, infinite values allowed) when an evaluation is to normalize
+    with ``tensors``. The message ends with ``fix``; by default, what a functional form's caller
+    passes in its place (the layer's buffer, or the untrained value)."""
+    problem = running_statistics_problem(tensors, infinite_allowed=True)
+    if problem is None:
+        return
+    name, why, effect = problem
+    if not fix:
+        plural, untrained = _UNTRAINED_STATISTICS.get(name, (name, "the untrained values"))
+        fix = f"Pass the {plural} of a trained layer (e.g. its {name} buffer), or {untrained} for untrained statistics"
+    raise GwdetValueError(f"{owner}: {name} holds {why}, which no training computes: {when} {effect}. {fix}")
+
+
+# the attribute of a layer that holds the running statistics its last evaluation checked
+CHECKED_STATISTICS_ATTRIBUTE = "_checked_statistics"
+
+
+@torch.jit.unused
+def check_layer_evaluation_statistics(layer: torch.nn.Module, tensors: Mapping[str, Tensor]) -> None:
+    """:func:`check_evaluation_statistics` for a layer's evaluation with its running statistics
+    ``tensors``, skipped where the layer's last evaluation checked the very same ones: the layer's
+    own buffers (not tensors given in their place, as by ``torch.func.functional_call``, which are
+    checked at each call), at the same storage (``data_ptr()``) and version counter (``_version``,
+    which every in-place write moves: ``fill_``, ``copy_``, a training update, ``load_state_dict``).
+    The layer keeps the checked tensors with their versions (attribute
+    :data:`CHECKED_STATISTICS_ATTRIBUTE`), so an evaluation syncs with the device for the check
+    once after the statistics change, not at every call. Nothing is checked while ``torch.jit.trace``
+    or ``torch.compile`` / ``torch.export`` records (the check's outcome would be a constant of the graph)."""
+    if torch.jit.is_tracing() or torch.compiler.is_compiling():
+        return
+    own = all(layer._buffers.get(name) is tensor for name, tensor in tensors.items())
+    versions = tuple((tensor.data_ptr(), tensor._version) for tensor in tensors.values())
+    checked = getattr(layer, CHECKED_STATISTICS_ATTRIBUTE, None)
+    if own and checked is not None and checked[1] == versions and all(
+            kept is tensor for kept, tensor in zip(checked[0], tensors.values(), strict=True)):
+        return
+    check_evaluation_statistics(
+        type(layer).__name__, tensors,
+        "Load the running statistics of a trained layer (its load_state_dict refuses such values too), or call "
+        "layer.reset_running_stats() for untrained ones", when="in evaluation (eval mode)")
+    if own:  # the tensors are kept, so that a later tensor cannot take a checked one's place unseen
+        object.__setattr__(layer, CHECKED_STATISTICS_ATTRIBUTE, (tuple(tensors.values()), versions))
+

@@ -23,10 +23,10 @@ import torch
 from torch import Tensor
 
 from .common import (
-    autocast_disabled, check_hyper_parameters, check_input, check_per_channel, check_same_device, check_scripted_settings,
-    check_values_per_group, divisor_at_most, factory_kwargs,
-    largest_divisor_at_most, largest_magnitude, magnitude_scales, per_channel_affine, product,
-    allocating_channels, register_affine, reset_affine, reshape_with_samples, scaled_ridge, statistics_dtype,
+    allocating_channels, autocast_disabled, check_hyper_parameters, check_input, check_per_channel, check_same_device,
+    check_scripted_settings, check_values_per_group, divisor_at_most, factory_kwargs, largest_divisor_at_most,
+    largest_magnitude, magnitude_scales, per_channel_affine, product, register_affine,
+    reset_affine, reshape_with_samples, scaled_ridge, statistics_dtype,
 )
 from .group_whitening_function import fused_group_whitening
 from .precision import float32_matmul

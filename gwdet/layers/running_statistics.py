@@ -178,6 +178,98 @@ def _moved(batch: Any, device: torch.device) -> Any:
     return batch
 
 
+_METHOD_OF_DTYPE = {torch.float16: "half", torch.bfloat16: "bfloat16", torch.float32: "float",
+                    torch.float64: "double"}
+
+
+def _floating_tensors(batch: Any, depth: int = 0) -> list[torch.Tensor]:
+    """The floating-point tensors ``batch`` holds: itself, or in its lists, tuples and mappings."""
+    if isinstance(batch, torch.Tensor):
+        return [batch] if batch.is_floating_point() else []
+    if depth > 3:
+        return []
+    if isinstance(batch, Mapping):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        return [tensor for item in batch[:64] for tensor in _floating_tensors(item, depth + 1)]
+    return []
+
+
+def _explained_failure(error: Exception, loader: Any, batch: Any, model: nn.Module,
+                       forward: Callable[[nn.Module, Any], Any]) -> Exception | None:
+    """The error to raise in place of ``error``, raised by ``forward(model, batch)``, when its cause
+    is one the caller can be told: batches of another floating-point dtype than the model's weights,
+    a single batch given as the loader, or a tuple of inputs and targets run as ``model(batch)``;
+    None otherwise."""
+    kept = "The running statistics are as they were."
+    if isinstance(error, RuntimeError) and "type" in str(error).lower():
+        held = {tensor.dtype for tensor in itertools.chain(model.parameters(), model.buffers())
+                if tensor.is_floating_point()}
+        given = {tensor.dtype for tensor in _floating_tensors(batch)}
+        if len(held) == 1 and given and not given <= held:
+            (own,) = held
+            batches = " and ".join(sorted(str(dtype) for dtype in given))
+            method = _METHOD_OF_DTYPE.get(min(given, key=str))
+            other = f" (or the model to the batches': model.{method}())" if method and len(given) == 1 else ""
+            return GwdetTypeError(
+                f"update_running_statistics: the batches are {batches} and the model's weights {own}, and torch's "
+                f"layers take inputs of their weights' dtype ({type(error).__name__}: {_first_line(error)}). Convert "
+                f"the batches to the model's dtype, e.g. forward=lambda m, b: m(b.to({own})){other}. {kept}")
+    if isinstance(loader, torch.Tensor) and loader.dim() > 0:
+        return GwdetTypeError(
+            f"update_running_statistics: the loader is a single tensor of shape {list(loader.shape)}, iterating over "
+            f"which gives its items one by one (of shape {list(loader.shape[1:])}), and the model failed on the first "
+            f"({type(error).__name__}: {_first_line(error)}): for one batch give [batch]; for several, an iterable "
+            f"of batches (a data loader, a list of batches). {kept}")
+    if (isinstance(error, (TypeError, AttributeError)) and forward is _run_model and isinstance(batch, (list, tuple))
+            and batch and isinstance(batch[0], torch.Tensor)):
+        items = ("tensors" if all(isinstance(item, torch.Tensor) for item in batch) else "items, the first a tensor")
+        return GwdetTypeError(
+            f"update_running_statistics: {type(model).__name__} failed on a batch that is a {type(batch).__name__} "
+            f"of {len(batch)} {items} (as a DataLoader of a TensorDataset gives: inputs and targets), run as "
+            f"model(batch) ({type(error).__name__}: {_first_line(error)}); pass the forward that runs the model on "
+            f"it, e.g. forward=lambda m, b: m(b[0]) for the inputs first. {kept}")
+    return None
+
+
+def _non_finite_statistics(layers: Sequence[nn.Module], names: Mapping[int, str], model: nn.Module, batch: Any,
+                           number: int) -> GwdetValueError | None:
+    """The refusal to raise when the running statistics of ``layers`` hold NaN or infinite values
+    after batch ``number`` (``batch``), with its likely cause; None when they are all finite."""
+    flags: dict[torch.device, list[torch.Tensor]] = {}
+    for layer in layers:
+        for buffer in layer.buffers(recurse=False):
+            if buffer.is_floating_point() and buffer.device.type != "meta":
+                flags.setdefault(buffer.device, []).append(torch.isfinite(buffer).all())
+    if all(bool(torch.stack(found).all()) for found in flags.values()):  # one synchronization per device
+        return None
+    bad: list[str] = []
+    dtype = None
+    for layer in layers:
+        held = [name for name, buffer in layer.named_buffers(recurse=False) if buffer.is_floating_point()
+                and buffer.device.type != "meta" and not bool(torch.isfinite(buffer).all())]
+        if held:
+            bad.append(f"{names.get(id(layer), '?')} ({type(layer).__name__}: {', '.join(held)})")
+            dtype = dtype or layer.get_buffer(held[0]).dtype
+    weights = [name for name, parameter in model.named_parameters()
+               if parameter.is_floating_point() and not bool(torch.isfinite(parameter).all())]
+    given = _floating_tensors(batch)
+    if any(not bool(torch.isfinite(tensor).all()) for tensor in given):
+        cause = ("the batch holds NaN or infinite values (a corrupt image or feature). Leave such batches out of the "
+                 "loader (torch.isfinite(batch).all() tells them), or repair the data")
+    elif weights:
+        cause = (f"the model's weights hold NaN or infinite values ({listed(weights, 3)}), so its layers' inputs do. "
+                 "Load the weights of a run that did not diverge")
+    else:
+        cause = (f"the batch's values, or the features the model makes of them, are so large that their variance "
+                 f"overflows {dtype} (in float32, values beyond about 1e19, whose squares pass its largest value "
+                 f"3.4e38){'' if given else ', or the batch holds NaN or infinite values'}. Give batches of the range "
+                 "the model takes (e.g. normalized images), or leave that batch out")
+    return GwdetValueError(
+        f"update_running_statistics: batch {number} of the loader made the running statistics of {len(bad)} "
+        f"layer(s) NaN or infinite ({listed(bad, 3)}): {cause}. The running statistics are as they were.")
+
+
 def _detectron2_like(model: nn.Module, batch: Mapping) -> bool:
     """Whether ``batch`` looks like one image's record of a detectron2 loader, or ``model`` like a
     model that takes a list of them."""
@@ -197,6 +289,9 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
     stays where it is, so with the default forward a device other than its statistics layers', or
     ``'meta'`` (no values), is refused. ``None`` gives the batches as the loader makes them. The training mode of every module (each
     one's own, as the user set it) and the layers' momenta are restored; when ``forward`` or the loader fails, the running statistics are put back as they were.
+    A batch after which a layer's running statistics hold NaN or infinite values (a batch with such
+    values, or values whose variance overflows the layer's dtype, or diverged weights) is refused
+    with ``GwdetValueError`` naming the layers, the running statistics put back likewise.
     Layers of other classes that keep running statistics with a momentum (a norm of one's own) are
     left as they were, with a warning naming them: how their momentum updates them is theirs to say.
     Returns the number of batches."""
@@ -256,6 +351,7 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
     kept = [{name: buffer.clone() for name, buffer in layer.named_buffers(recurse=False)} for layer in others.values()]
     momenta = [layer.momentum for layer in layers]
     modes = [(module, module.training) for module in model.modules()]
+    names = {id(module): name or "the model" for name, module in model.named_modules()}
     batches = 0
     try:
         for layer in layers:
@@ -282,21 +378,17 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
                         "as they were.")
                 for layer in layers:
                     layer.momentum = 1.0 / batches
+                given = batch if moved_to is None else _moved(batch, moved_to)
                 try:
-                    forward(model, batch if moved_to is None else _moved(batch, moved_to))
-                except (TypeError, AttributeError) as error:
-                    if forward is _run_model and isinstance(batch, (list, tuple)) and batch and isinstance(
-                            batch[0], torch.Tensor):
-                        items = ("tensors" if all(isinstance(item, torch.Tensor) for item in batch) else
-                                 "items, the first a tensor")
-                        raise GwdetTypeError(
-                            f"update_running_statistics: {type(model).__name__} failed on a batch that is a "
-                            f"{type(batch).__name__} of {len(batch)} {items} (as a DataLoader of a TensorDataset "
-                            f"gives: inputs and targets), run as model(batch) ({type(error).__name__}: "
-                            f"{_first_line(error)}); pass the forward that runs the model on it, e.g. "
-                            "forward=lambda m, b: m(b[0]) for the inputs first. The running statistics are as they "
-                            "were.") from error
+                    forward(model, given)
+                except Exception as error:
+                    explained = _explained_failure(error, loader, given, model, forward)
+                    if explained is not None:
+                        raise explained from error
                     raise
+                refused = _non_finite_statistics(layers, names, model, given, batches)
+                if refused is not None:
+                    raise refused
         if batches == 0:
             raise GwdetValueError("update_running_statistics: the loader gave no batch; give it the training "
                                   "batches to average the statistics over.")

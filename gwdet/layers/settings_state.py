@@ -33,7 +33,7 @@ from torch.nn.utils.parametrize import type_before_parametrizations
 
 from gwdet.errors import GwdetAttributeError, GwdetError, GwdetTypeError, GwdetValueError
 
-from .common import check_int_at_least, check_unit_interval, largest_divisor_at_most
+from .common import check_int_at_least, check_unit_interval, largest_divisor_at_most, running_statistics_problem
 
 # torch's suffix for a module's extra state in a state dict (torch.nn.modules.module)
 EXTRA_STATE_KEY = "_extra_state"
@@ -60,10 +60,16 @@ def _as_json(value: Any) -> str:
     return json.dumps(value, default=_json_number)
 
 
+def _shortened(text: str) -> str:
+    """``text`` as a message shows it: whole up to 60 characters, else its start and end."""
+    return text if len(text) <= 60 else f"{text[:40]}...{text[-12:]}"
+
+
 def settings_json(layer: str, settings: Dict[str, Any]) -> bytes:
     """The UTF-8 JSON object ``{"layer": layer, setting: value, ...}`` that records ``settings`` of
     the layer class ``layer`` (numpy numbers as Python numbers). A value JSON cannot hold, or
-    settings longer than :data:`SETTINGS_BYTES`, are refused naming the setting and what to do."""
+    settings longer than :data:`SETTINGS_BYTES`, are refused naming what takes the bytes (the
+    longest setting, or the class name where that is longer) and what to do."""
     for name, value in settings.items():
         try:
             _as_json(value)
@@ -74,12 +80,21 @@ def settings_json(layer: str, settings: Dict[str, Any]) -> bytes:
                 f"or a list or dict of them (e.g. str() of the value), {_LEAVE_OUT}.") from None
     data = _as_json({"layer": layer, **settings}).encode("utf-8")
     if len(data) > SETTINGS_BYTES:
-        longest = max(settings, key=lambda name: len(_as_json(settings[name]).encode("utf-8")))
-        shown = repr(settings[longest])
-        shown = shown if len(shown) <= 60 else f"{shown[:40]}...{shown[-12:]}"
+        name_bytes = len(_as_json(layer).encode("utf-8"))
+        shown_layer = _shortened(layer)
+        longest = max(settings, key=lambda name: len(_as_json(settings[name]).encode("utf-8")), default=None)
+        value_bytes = len(_as_json(settings[longest]).encode("utf-8")) if longest is not None else 0
+        if longest is None or name_bytes >= value_bytes:
+            room = SETTINGS_BYTES - (len(data) - name_bytes) - 2  # the bytes a name may take, less its quotes
+            fits = (f"at most {room} characters" if layer.isascii() else
+                    f"at most {room} bytes as JSON, where a character other than ASCII takes 6")
+            raise GwdetValueError(
+                f"{shown_layer}: its settings take {len(data)} bytes as JSON, more than the {SETTINGS_BYTES} the "
+                f"layer's state records them in (the class name, {len(layer)} characters, takes {name_bytes} of "
+                f"them): give the class a shorter name ({fits} with these settings).")
         raise GwdetValueError(
-            f"{layer}: its settings take {len(data)} bytes as JSON, more than the {SETTINGS_BYTES} the layer's state "
-            f"records them in ({longest}={shown} takes {len(_as_json(settings[longest]).encode('utf-8'))} of them): "
+            f"{shown_layer}: its settings take {len(data)} bytes as JSON, more than the {SETTINGS_BYTES} the layer's "
+            f"state records them in ({longest}={_shortened(repr(settings[longest]))} takes {value_bytes} of them): "
             f"give {longest} a shorter value, {_LEAVE_OUT}.")
     return data
 
@@ -525,50 +540,17 @@ def _running_whitening_shape_problem(layer: SettingsInState, state_dict: Dict[st
 
 def _running_statistics_problem(state_dict: Dict[str, Any], prefix: str, owner: str) -> Optional[str]:
     """Why the running statistics of a state (``running_mean``, ``running_var``, ``running_whitening``
-    under ``prefix``) cannot come from training: a value that is not finite, a negative variance, or
-    a whitening matrix whose diagonal is not positive or that is not symmetric (:func:`_asymmetry`;
-    training keeps the inverse square root of a covariance plus eps I, Eq. 5, which is symmetric with a
-    positive diagonal); ``None`` when they can."""
-    layer = prefix[:-1] or owner
-    for name in ("running_mean", "running_var", "running_whitening"):
-        value = state_dict.get(prefix + name)
-        if not isinstance(value, Tensor) or not value.is_floating_point() or value.numel() == 0:
-            continue
-        effect = "the layer would normalize its inputs to NaN or to constants"
-        if not bool(torch.isfinite(value).all()):
-            why = "values that are not finite (NaN or inf)"
-        elif name == "running_var" and bool((value < 0).any()):
-            why = f"negative variances (the smallest {value.min().item():.3g})"
-        elif name == "running_whitening" and value.dim() == 3 and bool(
-                (torch.diagonal(value, dim1=-2, dim2=-1) <= 0).any()):
-            why = "a whitening matrix whose diagonal is not positive (an all-zero one maps every input to 0)"
-        elif name == "running_whitening" and value.dim() == 3 and value.shape[-1] == value.shape[-2]:
-            asymmetry = _asymmetry(value)
-            if asymmetry is None:
-                continue
-            why = (f"a whitening matrix that is not symmetric (entries (i, j) and (j, i) differ by up to "
-                   f"{asymmetry:.3g} of its largest entry; training keeps the inverse square root of a covariance "
-                   "plus eps I, Eq. 5, which is symmetric)")
-            effect = "the layer's outputs would not be whitened"
-        else:
-            continue
-        return (f"{layer}: the state's {name} holds {why}, which no training computes: {effect}. Load the state "
-                "of a trained layer (the file may be damaged), or leave the running statistics out of the state to "
-                "keep the layer's own")
-    return None
-
-
-def _asymmetry(whitening: Tensor) -> Optional[float]:
-    """The largest difference between entries ``(i, j)`` and ``(j, i)`` of a matrix of ``whitening``
-    ``[groups, k, k]``, relative to that matrix's largest entry, where it is more than rounding can
-    make (``1e-3``, or 8 units of the dtype's precision where that is more: fp16, bf16); ``None``
-    where every matrix is symmetric within that."""
-    value = whitening.detach().float()
-    difference = (value - value.transpose(-1, -2)).abs().amax(dim=(-2, -1))
-    relative = difference / value.abs().amax(dim=(-2, -1)).clamp_min(torch.finfo(torch.float32).tiny)
-    tolerance = max(1e-3, 8 * torch.finfo(whitening.dtype).eps)
-    worst = float(relative.max())
-    return worst if worst > tolerance else None
+    under ``prefix``) cannot come from training (:func:`~.common.running_statistics_problem`: a value
+    that is not finite, a negative variance, a whitening matrix whose diagonal is not positive or
+    that is not symmetric); ``None`` when they can."""
+    problem = running_statistics_problem({name: state_dict.get(prefix + name)
+                                          for name in ("running_mean", "running_var", "running_whitening")})
+    if problem is None:
+        return None
+    name, why, effect = problem
+    return (f"{prefix[:-1] or owner}: the state's {name} holds {why}, which no training computes: {effect}. Load the "
+            "state of a trained layer (the file may be damaged), or leave the running statistics out of the state to "
+            "keep the layer's own")
 
 
 def _unchanged(current: Any, value: Any) -> bool:

@@ -9,7 +9,8 @@ inference, ``alpha = 1`` instance normalization.
 :func:`apply_example_weighing` swaps every layer of :func:`weighable_types` (torch's batch norms:
 the classes of detectron2's "BN" and "SyncBN", BatchNorm1d/3d, subclasses included) that keeps running statistics for a
 :class:`gwdet.layers.BatchGroupNorm` with one channel per group and the same affine parameters,
-running statistics and ``eps``; ``FrozenBatchNorm2d`` is left alone. In ``train()`` mode the
+running statistics and ``eps``; ``FrozenBatchNorm2d`` is left alone (a model with nothing to
+weigh is refused), and the layers an earlier call made get the new weight. In ``train()`` mode the
 replacement normalizes over the whole batch per channel, as batch norm does (a ``momentum=None``
 cumulative average becomes ``momentum=0.1``).
 """
@@ -20,6 +21,7 @@ import sys
 from typing import Callable
 
 import torch
+from detectron2.layers import FrozenBatchNorm2d
 from torch import nn
 
 from gwdet.modeling.module_hooks import move_hooks, state_dict_hooks
@@ -127,22 +129,65 @@ def weighable_norms(model: nn.Module) -> list[tuple[str, nn.modules.batchnorm._B
 
 def apply_example_weighing(model: nn.Module, weight: float) -> int:
     """Replace, in place, every layer :func:`weighable_norms` lists by its example-weighted
-    version (:func:`example_weighted_norm`); return how many were replaced.
+    version (:func:`example_weighted_norm`), and set ``weight`` on the layers an earlier call made
+    (:func:`example_weighted_layers`); return how many layers weigh with ``weight`` now.
 
     Args:
         model: a trained model; evaluate it in ``eval()`` mode afterwards.
         weight: ``alpha`` of Eq. 3; ``ValueError`` unless it is in [0, 1], checked even when
             the model has no batch norm.
 
-    To compare several weights, apply each one to its own copy of the trained model
-    (``copy.deepcopy``): layers already replaced are not batch norms any more.
+    A model with no layer to weigh is refused (``GwdetValueError``), the model left as it is:
+    detectron2's ``FrozenBatchNorm2d`` layers (fixed statistics, which example weighing does not
+    mix), batch norms without running statistics, or no batch norm at all; :func:`weighable_norms`
+    tells beforehand. To compare several weights, apply each one to its own copy of the trained
+    model (``copy.deepcopy``), or apply them one after the other to the same model: each call sets
+    its weight on every weighed layer.
     """
     check_unit_interval("apply_example_weighing", "weight", weight)
     _check_model("apply_example_weighing", model)
     if isinstance(model, weighable_types()):
         raise GwdetValueError("apply_example_weighing replaces layers inside a model; for a single "
                               "batch norm layer use example_weighted_norm(bn, weight)")
-    return replace_weighable_norms(model, lambda bn: example_weighted_norm(bn, weight))
+    weighed = example_weighted_layers(model)
+    if not weighed and not weighable_norms(model):
+        raise GwdetValueError(_nothing_to_weigh(model, weight))
+    replaced = replace_weighable_norms(model, lambda bn: example_weighted_norm(bn, weight))
+    for _, layer in weighed:
+        layer.eval_example_weight = weight
+    return replaced + len(weighed)
+
+
+def example_weighted_layers(model: nn.Module) -> list[tuple[str, BatchGroupNorm]]:
+    """``(name, layer)`` of every layer of ``model`` that :func:`example_weighted_norm` made: a
+    :class:`BatchGroupNorm` with one channel per group whose example groups hold every batch."""
+    return [(name, module) for name, module in model.named_modules()
+            if isinstance(module, BatchGroupNorm) and module.num_groups == module.num_channels
+            and module.examples_per_group == WHOLE_BATCH]
+
+
+def _nothing_to_weigh(model: nn.Module, weight: float) -> str:
+    """Why ``model`` has no layer for :func:`apply_example_weighing` to weigh, and what to do."""
+    frozen = [name or "the model" for name, module in model.named_modules() if isinstance(module, FrozenBatchNorm2d)]
+    untracked = [name or "the model" for name, module in model.named_modules()
+                 if isinstance(module, nn.modules.batchnorm._BatchNorm) and not module.track_running_stats]
+    found = []
+    if frozen:
+        found.append(f"{len(frozen)} detectron2 FrozenBatchNorm2d layer(s) (at {listed(frozen, 3)}), whose statistics "
+                     "are fixed (a frozen affine transform) and which example weighing does not mix")
+    if untracked:
+        found.append(f"{len(untracked)} batch norm(s) keeping no running statistics (track_running_stats=False, at "
+                     f"{listed(untracked, 3)}), which have no inference to weigh")
+    what = (f"only {' and '.join(found)}" if found else
+            "no batch norm layer at all (example weighing blends an example's moments into a batch norm's "
+            "running ones, which other norms do not keep)")
+    fix = ("build the model with trainable batch norms (NORM 'BN' or 'SyncBN', e.g. MODEL.RESNETS.NORM) to weigh them"
+           if frozen else "train the model with batch norms that keep them (track_running_stats=True)" if untracked
+           else "apply it to a model with batch norms")
+    return (f"apply_example_weighing: {type(model).__name__} has no batch norm to weigh with weight {weight!r}: it "
+            f"has {what}. Example weighing replaces torch's batch norms (BatchNorm1d/2d/3d, SyncBatchNorm) that keep "
+            f"running statistics; {fix}, or check with weighable_norms(model) before applying it. The model is as "
+            "it was.")
 
 
 def replace_weighable_norms(model: nn.Module, replacement: Callable[[nn.modules.batchnorm._BatchNorm], nn.Module]) -> int:

@@ -64,7 +64,8 @@ from gwdet_lab.study.record import (ON_MISMATCH, ConfigMismatch, PlannedCell, ch
                                     check_seeds_of_one_configuration_alike, code_versions_note, common_overrides_note,
                                     confounded_note, machine_note, plan, plans_note, processes_note,
                                     resumed_loss_note, threads_note)
-from gwdet_lab.study.records import RecordsIncomplete, export_records, missing_record_files, recorded_cells
+from gwdet_lab.study.records import (RecordsIncomplete, differing_results, export_records, missing_record_files,
+                                    recorded_cells)
 from gwdet_lab.study.report import (few_test_images_note, foreign_report_problem, other_model_note, reported_cells,
                                     write_report)
 from gwdet_lab.study.run_folder import COMPLETE_JSON
@@ -159,6 +160,9 @@ def argument_parser() -> argparse.ArgumentParser:
     records.add_argument("--export-records", metavar="DIR", default=None, type=os.path.expanduser,
                          help="after the report, copy each finished cell's records into DIR/<cell>/ "
                               "(what --records reads back; checkpoints are not copied)")
+    records.add_argument("--overwrite", action="store_true",
+                         help="with --export-records, replace the records kept in DIR of cells with the same config "
+                              "but other results (refused without it)")
     add_verbose_argument(parser)
     add_launcher_arguments(parser, multi_machine=False)
     return parser
@@ -313,6 +317,9 @@ def _run_study(argv: list[str], repo_root: Path) -> int:
         problem = output_path_problem("--export-records", args.export_records, folder=True)
         if problem:
             parser.error(problem)
+    if args.overwrite and not args.export_records:
+        parser.error("--overwrite replaces the records --export-records DIR would otherwise refuse to replace, but no "
+                     "--export-records was given: add --export-records DIR, or leave --overwrite out.")
     if args.report_to is not None:
         problem = (output_path_problem("--report-to", args.report_to, folder=True)
                    or foreign_report_problem("--report-to", Path(args.report_to), list(TITLES.values())))
@@ -586,10 +593,14 @@ def report(args: argparse.Namespace, planned: Sequence[PlannedCell], weights: Se
     echo("wrote " + ", ".join(display_path(str(p)) for p in paths))
     if args.export_records:
         try:
-            exported = export_records(done, Path(args.export_records))
+            replaced = differing_results(done, Path(args.export_records)) if args.overwrite else []
+            exported = export_records(done, Path(args.export_records), overwrite=args.overwrite)
         except ValueError as error:  # the report stands: say so, not "no report written"
             raise RecordsNotExported(f"the report is written ({display_path(str(paths[0].parent))}), the records were "
                                      f"not exported: {error}") from None
+        if replaced:
+            echo(f"--overwrite: replaced the records of {len(replaced)} cell(s) in {display_path(args.export_records)} "
+                 f"that held other results: {'; '.join(replaced)}")
         echo(f"records of {len(exported)} cell(s) copied into {display_path(args.export_records)}")
     return list(paths)
 

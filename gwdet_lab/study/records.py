@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import errno
 import gzip
+import json
+import math
 import os
 import re
 import shutil
@@ -23,6 +25,7 @@ import yaml
 from detectron2.config import CfgNode
 
 from gwdet.errors import GwdetError, GwdetFileNotFoundError, GwdetOSError, GwdetValueError, listed
+from gwdet.engine.run_environment import ENVIRONMENT_KEY
 from gwdet.utils.atomic import CHECKSUM_SUFFIX, checksum_path, record_checksum
 from gwdet.utils.run_file_names import (CONFIG_NAME, FINAL_WEIGHTS, INFERENCE_FOLDER, LAST_CHECKPOINT, METRICS_JSON,
                                         RESULTS_JSON, RESULTS_MARKDOWN)
@@ -61,14 +64,78 @@ def missing_record_files(planned: PlannedCell) -> list[str]:
     return [name for name in needed if not folder.file(name).is_file()]
 
 
-def export_records(planned: Sequence[PlannedCell], destination: Path) -> list[Path]:
+def _result_values(path: Path) -> dict[tuple[str, str, str], float] | None:
+    """The APs of the ``results.json`` at ``path``: (dataset, task, metric) -> value (``null`` read as
+    NaN; the run's environment left out); ``None`` when there is no such file or it cannot be read
+    as results."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    values: dict[tuple[str, str, str], float] = {}
+    for dataset, tasks in data.items():
+        if dataset == ENVIRONMENT_KEY or not isinstance(tasks, dict):
+            continue
+        for task, metrics in tasks.items():
+            if isinstance(metrics, dict):
+                for metric, value in metrics.items():
+                    number = math.nan if value is None else value
+                    values[(dataset, task, metric)] = number if isinstance(number, (int, float)) else math.nan
+    return values
+
+
+def _same_value(first: float | None, second: float | None) -> bool:
+    if first is None or second is None:
+        return first is second
+    return first == second or (math.isnan(first) and math.isnan(second))
+
+
+def _shown_value(value: float | None) -> str:
+    return "none" if value is None else "nan" if math.isnan(value) else f"{value:.2f}"
+
+
+def differing_results(planned: Sequence[PlannedCell], destination: Path) -> list[str]:
+    """The cells among ``planned`` whose records in ``destination/<cell>/`` (an earlier export, a
+    record of ``study_cell.json`` there) hold other results than the cell's own: its ``results.json``
+    with other APs, or one that cannot be read, or results where the cell has none; each as
+    ``cell (dataset task metric kept -> exported)`` naming the first value that differs, and how many
+    more do. Cells whose kept results are the exported ones, or that have none kept, are not listed."""
+    found = []
+    for item in planned:
+        kept_path = destination / item.cell.name / RESULTS_JSON
+        if not (destination / item.cell.name / RECORD_JSON).is_file() or not kept_path.is_file():
+            continue
+        kept = _result_values(kept_path)
+        exported_path = item.folder.file(RESULTS_JSON)
+        exported = _result_values(exported_path) if exported_path.is_file() else {}
+        if kept is None:
+            found.append(f"{item.cell.name} ({kept_path} cannot be read as results)")
+            continue
+        exported = exported or {}
+        keys = list(dict.fromkeys([*kept, *exported]))
+        changed = [key for key in keys if not _same_value(kept.get(key), exported.get(key))]
+        if not changed:
+            continue
+        first = changed[0]
+        more = f" and {len(changed) - 1} more value(s)" if len(changed) > 1 else ""
+        found.append(f"{item.cell.name} ({' '.join(first)} {_shown_value(kept.get(first))} -> "
+                     f"{_shown_value(exported.get(first))}{more})")
+    return found
+
+
+def export_records(planned: Sequence[PlannedCell], destination: Path, overwrite: bool = False) -> list[Path]:
     """Copy the records of the finished cells ``planned`` into ``destination/<cell>/`` (each file
     with its ``.sha256``, recorded for a json record whose run folder lacks it; the report split's detections as
     ``.json.gz``); returns the cell folders written. In a cell folder already there, the record
     files are replaced and anything else is kept; a destination that is where the records are read
     from, that holds a record of the cell with another config, or whose cell folder holds files
     named as records but no ``study_cell.json`` (files no export wrote), is refused before anything
-    is written."""
+    is written; so is one holding records of the cell with the same config but other results
+    (:func:`differing_results`: another run of it), unless ``overwrite``."""
     for item in planned:
         if (destination / item.cell.name).resolve() == item.folder.path.resolve():
             raise GwdetValueError(
@@ -109,6 +176,13 @@ def export_records(planned: Sequence[PlannedCell], destination: Path) -> list[Pa
             f"--export-records {destination} holds records of {listed(other, 4, '; ')} trained with another config "
             "than the exported cells; exporting would replace them; nothing was copied. Export into another folder, "
             "or move those records away first.")
+    changed = [] if overwrite else differing_results(planned, destination)
+    if changed:
+        raise GwdetValueError(
+            f"--export-records {destination} holds records of {listed(changed, 4, '; ')} with the same config but "
+            "other results than the exported cells (another run of them); exporting would replace them; nothing was "
+            "copied. Pass --overwrite to replace them with the exported records, export into another folder, or move "
+            "those records away first.")
     written = []
     for item in planned:
         try:

@@ -22,15 +22,16 @@ import contextlib
 import csv
 import dataclasses
 import errno
+import os
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from matplotlib.figure import Figure
 
 from gwdet.errors import listed
-from gwdet.utils.atomic import WriteError, folder_held, write_atomically
+from gwdet.utils.atomic import WriteError, folder_held, path_written_atomically, remove_stale_partials, write_atomically
 from gwdet_lab.tables import Column, Table
 from gwdet_lab.reporting import format_duration
 from gwdet_lab.study.cells import COMPARISONS, GROUP_LABELS, PAPER_AP, PAPER_GROUPS, PAPER_ORDERINGS
@@ -519,7 +520,7 @@ def reported_cells(folder: Path) -> set[str]:
         return {row["cell"] for row in csv.DictReader(file) if row.get("cell")}
 
 
-# What table.md holds while the other files of a report are written: a report stopped there leaves a
+# What table.md holds while the other files of a report are put in place: a report stopped there leaves a
 # folder that says so (its first line stays the report's title, so the same command writes it again)
 UNFINISHED = ("**Unfinished**: this report stopped before its table was written; the other files here may be of "
               "another report. Run the same command again.")
@@ -530,11 +531,10 @@ def write_report(title: str, results: Sequence[CellResult], pending: Sequence[st
     """Every file of the report into ``out_dir``; returns their paths. ``out_dir`` is held
     (:func:`~gwdet.utils.atomic.folder_held`) while ``check`` (a refusal that writes nothing) runs
     and the files are written, so that two reports into one folder are checked and written one
-    after the other. ``table.md`` says the report is unfinished (:data:`UNFINISHED`) until every
-    other file is written, and is written last; a figure this report does not draw is removed.
-    When a file cannot be written (a full disk), the report's files there are removed, so that no
-    report mixes old and new files, and :class:`~gwdet.utils.atomic.WriteError` names the folder
-    and the fix."""
+    after the other. Each file is written under a temporary name beside its place and put in place
+    only once every one is complete (:func:`_write_report_files`). When a file cannot be written (a
+    full disk), the earlier report there is kept as it was, no file of the new one in place, and
+    :class:`~gwdet.utils.atomic.WriteError` names the folder and the fix."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         with folder_held(str(out_dir)):
@@ -542,33 +542,52 @@ def write_report(title: str, results: Sequence[CellResult], pending: Sequence[st
                 check()
             return _write_report_files(title, results, pending, out_dir, notes)
     except OSError as error:
-        for name in REPORT_FILES:
-            with contextlib.suppress(OSError):
-                (out_dir / name).unlink(missing_ok=True)
+        reason = os.strerror(error.errno) if error.errno else (error.strerror or str(error))
         fix = ("Make space (or give another --report-to)" if error.errno in (errno.ENOSPC, errno.EDQUOT) else
                "Give a --report-to this process may write")
-        raise WriteError(error.errno, f"cannot write the report into {out_dir}: {error.strerror or error}; its "
-                         f"files there are removed, so that no report mixes old and new files. {fix} and run the "
-                         "same command again: the cells' results are kept and nothing trains again.") from None
+        raise WriteError(error.errno, f"cannot write the report into {out_dir}: {reason}; no file of the new report "
+                         f"was put there, and what was there is kept as it was. {fix} and run the same command "
+                         "again: the cells' results are kept and nothing trains again.") from None
+
+
+@contextlib.contextmanager
+def _once_written(action: Callable[[], None]) -> Iterator[None]:
+    """Call ``action`` when the block ends without an error."""
+    yield
+    action()
 
 
 def _write_report_files(title: str, results: Sequence[CellResult], pending: Sequence[str], out_dir: Path,
                         notes: Sequence[str]) -> list[Path]:
-    table = out_dir / TABLE_MD
-    table.write_text(f"# {title}\n\n{UNFINISHED}\n")
+    """The report's files, each written first under a temporary name in ``out_dir``
+    (:func:`~gwdet.utils.atomic.path_written_atomically`); once all are complete they are renamed
+    into place: ``table.md`` saying the report is unfinished (:data:`UNFINISHED`), then the other
+    files, then (a figure this report does not draw removed) ``table.md`` with the report. A file
+    that cannot be written raises before any is renamed, its temporary files removed."""
+    remove_stale_partials(str(out_dir), "report")
     groups = grouped(results)
-    paths = [table, summary_table(groups).write_csv(out_dir / TABLE_CSV),
-             differences_table(differences(groups), paper_numbers(groups)).write_csv(out_dir / DIFFERENCES_CSV),
-             cells_table(results).write_csv(out_dir / CELLS_CSV)]
+    paths = [out_dir / TABLE_MD, out_dir / TABLE_CSV, out_dir / DIFFERENCES_CSV, out_dir / CELLS_CSV]
     if results:
-        plot_ap_bars(results, out_dir / AP_BARS_PNG)
-        plot_loss_curves(results, out_dir / LOSS_PNG)
         paths += [out_dir / AP_BARS_PNG, out_dir / LOSS_PNG]
         if len(batch_sizes(results)) > 1:
-            plot_ap_vs_batch(results, out_dir / AP_BATCH_PNG)
             paths.append(out_dir / AP_BATCH_PNG)
-    for name in (AP_BARS_PNG, LOSS_PNG, AP_BATCH_PNG):
-        if out_dir / name not in paths:
-            (out_dir / name).unlink(missing_ok=True)  # an earlier report's figure
-    table.write_text(markdown(title, results, pending, notes))
+    undrawn = [out_dir / name for name in (AP_BARS_PNG, LOSS_PNG, AP_BATCH_PNG) if out_dir / name not in paths]
+    with contextlib.ExitStack() as stack:  # left in reverse order: the renames happen in that order
+
+        def beside(path: Path) -> Path:
+            return Path(stack.enter_context(path_written_atomically(str(path))))
+
+        def remove_undrawn() -> None:  # an earlier report's figure
+            for path in undrawn:
+                path.unlink(missing_ok=True)
+
+        beside(paths[0]).write_text(markdown(title, results, pending, notes))
+        stack.enter_context(_once_written(remove_undrawn))
+        summary_table(groups).write_csv(beside(paths[1]))
+        differences_table(differences(groups), paper_numbers(groups)).write_csv(beside(paths[2]))
+        cells_table(results).write_csv(beside(paths[3]))
+        drawings = (plot_ap_bars, plot_loss_curves, plot_ap_vs_batch)
+        for draw, path in zip(drawings[:len(paths) - 4], paths[4:], strict=True):
+            draw(results, beside(path))
+        beside(paths[0]).write_text(f"# {title}\n\n{UNFINISHED}\n")
     return paths
