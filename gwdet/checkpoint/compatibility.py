@@ -28,7 +28,7 @@ from gwdet.layers import BatchGroupNorm, GroupWhitening
 from gwdet.layers.settings_state import (EXTRA_STATE_KEY, SettingsInState, cast_record, function_settings,
                                          decode_settings, same_setting)
 from gwdet.modeling.backbone import convs_with_norm
-from gwdet.modeling.example_weighing import WHOLE_BATCH
+from gwdet.modeling.example_weighing import is_example_weighted
 from gwdet.modeling.model_checks import PER_LEVEL_CONTAINERS
 from gwdet.norms import NORM_SETTINGS_MARK, RUNNING_STATISTICS_NORMS, TORCH_NORM_SETTINGS, layer_types, norm_classes
 from gwdet.positions import convs_at_positions, format_gw_positions, parse_gw_positions, positions_with_norm
@@ -288,7 +288,7 @@ def check_norm_types(saved: Mapping[str, str], model: torch.nn.Module, how_to_op
     differing = [f"{name}: {saved[name]} -> {kind}" for name, kind in (present | removed).items()
                  if name in saved and not same_norm_kind(saved[name], kind)]
     weighed = [name for name, kind in present.items() if name in saved and not same_norm_kind(saved[name], kind)
-               and saved[name] in _RUNNING_STATISTICS_NAMES and _example_weighted(modules[name])]
+               and saved[name] in _RUNNING_STATISTICS_NAMES and is_example_weighted(modules[name])]
     if differing and len(weighed) == len(differing):
         raise NormMismatchError(
             f"The checkpoint holds batch norms where this model has example-weighted BatchGroupNorm layers: "
@@ -303,14 +303,6 @@ def check_norm_types(saved: Mapping[str, str], model: torch.nn.Module, how_to_op
             f"({len(differing)} layers, e.g. {'; '.join(differing[:3])})", "Load "
             f"weights trained with this config's NORM values (a LazyConfig's norm nodes), or {how_to_opt_in} to load them anyway."
         )
-
-
-def _example_weighted(module: torch.nn.Module) -> bool:
-    """Whether ``module`` is a batch norm replaced by :func:`gwdet.modeling.apply_example_weighing`:
-    a :class:`BatchGroupNorm` with one channel per group whose example groups hold every batch
-    (:func:`gwdet.modeling.example_weighing.example_weighted_norm`)."""
-    return (isinstance(module, BatchGroupNorm) and module.num_groups == module.num_channels
-            and module.examples_per_group == WHOLE_BATCH)
 
 
 # ---- norm hyper-parameters recorded in gwdet's checkpoints --------------------------------------

@@ -399,22 +399,18 @@ def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_D
             f"--overwrite would delete {listed(foreign, 5)} in the earlier run's folders of {setting} "
             f"{output_dir!r}, which no run of gwdet wrote; nothing was changed. Move them out of {setting}, or "
             f"train into another {setting}.")
-    unwritten = _not_checkpoints(output_dir, existing)
-    if unwritten:  # a file of the user's under a checkpoint's name
-        it = "it" if len(unwritten) == 1 else "them"
-        raise GwdetFileExistsError(
-            f"--overwrite would delete {listed(unwritten, 5)} in {setting} {output_dir!r}: named as a run's "
-            f"checkpoints, but no checkpointer wrote {it} (no torch.save file, no {CHECKSUM_SUFFIX} record beside "
-            f"{it}); nothing was changed. Move {it} out of {setting}, or delete {it}, then run again (or train into "
-            f"another {setting}).")
-    unlike = _not_run_written(output_dir, existing)
-    if unlike:  # a file of the user's under the name of a run's events, kept results or kept config
-        it = "it" if len(unlike) == 1 else "them"
-        raise GwdetFileExistsError(
-            f"--overwrite would delete {listed(unlike, 5)} in {setting} {output_dir!r}: named as a run's files, but no "
-            f"run of gwdet wrote {it} (no {CHECKSUM_SUFFIX} record beside {it}, and not what a run writes under such a "
-            f"name); nothing was changed. Move {it} out of {setting}, or delete {it}, then run again (or train into "
-            f"another {setting}).")
+    # a file of the user's under a checkpoint's name, or under the name of a run's events, kept results or config
+    for users, named_as, not_written in (
+            (_not_checkpoints(output_dir, existing), "a run's checkpoints", "no checkpointer wrote {it} (no torch.save "
+             f"file, no {CHECKSUM_SUFFIX} record beside {{it}})"),
+            (_not_run_written(output_dir, existing), "a run's files", "no run of gwdet wrote {it} (no "
+             f"{CHECKSUM_SUFFIX} record beside {{it}}, and not what a run writes under such a name)")):
+        if users:
+            it = "it" if len(users) == 1 else "them"
+            raise GwdetFileExistsError(
+                f"--overwrite would delete {listed(users, 5)} in {setting} {output_dir!r}: named as {named_as}, but "
+                f"{not_written.format(it=it)}; nothing was changed. Move {it} out of {setting}, or delete {it}, then "
+                f"run again (or train into another {setting}).")
     if aside:
         os.makedirs(os.path.join(output_dir, SET_ASIDE), exist_ok=True)
     for name in existing:

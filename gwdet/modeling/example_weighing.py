@@ -158,12 +158,17 @@ def apply_example_weighing(model: nn.Module, weight: float) -> int:
     return replaced + len(weighed)
 
 
-def example_weighted_layers(model: nn.Module) -> list[tuple[str, BatchGroupNorm]]:
-    """``(name, layer)`` of every layer of ``model`` that :func:`example_weighted_norm` made: a
+def is_example_weighted(module: nn.Module) -> bool:
+    """Whether ``module`` is a batch norm :func:`example_weighted_norm` made: a
     :class:`BatchGroupNorm` with one channel per group whose example groups hold every batch."""
-    return [(name, module) for name, module in model.named_modules()
-            if isinstance(module, BatchGroupNorm) and module.num_groups == module.num_channels
-            and module.examples_per_group == WHOLE_BATCH]
+    return (isinstance(module, BatchGroupNorm) and module.num_groups == module.num_channels
+            and module.examples_per_group == WHOLE_BATCH)
+
+
+def example_weighted_layers(model: nn.Module) -> list[tuple[str, BatchGroupNorm]]:
+    """``(name, layer)`` of every layer of ``model`` that :func:`example_weighted_norm` made
+    (:func:`is_example_weighted`)."""
+    return [(name, module) for name, module in model.named_modules() if is_example_weighted(module)]
 
 
 def _nothing_to_weigh(model: nn.Module, weight: float) -> str:
