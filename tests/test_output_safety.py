@@ -1915,3 +1915,44 @@ def test_an_output_dir_with_a_control_character_is_refused_before_anything_is_wr
     with pytest.raises(OutputDirNameError, match=r"^train.output_dir 'out\\tput' holds a control character \('\\t'"):
         check_output_dir_name("out\tput", setting="train.output_dir")
     check_output_dir_name(str(tmp_path / "plain name"))
+
+
+# a file replaced by a tool (benchmark --out, convert --overwrite) came back with the umask's mode 644 (a private
+# 600 file made readable by all, a read-only one writable), and a hard link of it was broken without a word
+def test_a_replaced_file_keeps_its_mode_and_a_broken_hard_link_is_warned_of(tmp_path, caplog):
+    import logging
+    import stat
+
+    from gwdet.utils.atomic import path_written_atomically, write_atomically
+
+    for mode in (0o600, 0o444, 0o664):
+        path = tmp_path / f"notes_{mode:o}.md"
+        path.write_text("old")
+        path.chmod(mode)
+        write_atomically(str(path), lambda file: file.write(b"new"))
+        assert path.read_text() == "new" and stat.S_IMODE(path.stat().st_mode) == mode
+    torchscript = tmp_path / "model.ts"
+    torchscript.write_bytes(b"old")
+    torchscript.chmod(0o600)
+    with path_written_atomically(str(torchscript)) as temporary:
+        with open(temporary, "wb") as file:
+            file.write(b"new")
+    assert stat.S_IMODE(torchscript.stat().st_mode) == 0o600
+    linked, other = tmp_path / "hl1.md", tmp_path / "hl2.md"
+    linked.write_text("old")
+    os.link(linked, other)
+    with caplog.at_level(logging.WARNING, logger="gwdet.utils.atomic"):
+        write_atomically(str(linked), lambda file: file.write(b"new"))
+    assert linked.read_text() == "new" and other.read_text() == "old"
+    assert [f"{linked} is one of 2 hard links of one file: the new file replaces this name only, and the file's other "
+            "names keep the old content. Link them to the new file again if they are meant to follow it."] == [
+        record.getMessage() for record in caplog.records]
+    fresh = tmp_path / "fresh.md"
+    write_atomically(str(fresh), lambda file: file.write(b"new"))  # a new file: the umask's mode
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current

@@ -391,3 +391,47 @@ def test_a_single_batch_tensor_given_as_the_loader_is_told_to_give_a_list():
                                              r"batch give \[batch\]"):
         update_running_statistics(torch.randn(4, 3, 8, 8), model)
     assert update_running_statistics([torch.randn(4, 3, 8, 8)], model) == 1
+
+
+class _TwoBranches(torch.nn.Module):
+    """A model whose forward reaches one of its two batch norms."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used, self.unused = torch.nn.BatchNorm2d(4), BatchGroupNorm(4, num_groups=4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x)
+
+
+# the momentum was 1/k at the k-th batch whatever the forward did: layers called twice per batch, or on some batches
+# only, ended away from the mean of their batch statistics; a layer the forward never reached, or a forward that ran
+# no layer in training mode (it never called the model, or called model.eval() first), left reset statistics
+@pytest.mark.parametrize("layer", [lambda: torch.nn.BatchNorm2d(4), lambda: BatchWhitening(4, group_size=2),
+                                   lambda: BatchGroupNorm(4, num_groups=4, examples_per_group=8)],
+                         ids=["BN", "BW", "BGN"])
+def test_the_statistics_are_the_mean_over_each_layers_calls_and_uncalled_layers_keep_theirs(layer):
+    torch.manual_seed(0)
+    batches = [torch.randn(8, 4, 5, 5) * 2 + 1 for _ in range(4)]
+    model = torch.nn.Sequential(layer())
+    update_running_statistics(batches, model, forward=lambda m, b: (m(b), m(b)))  # each layer called twice per batch
+    assert torch.allclose(model[0].running_mean, torch.cat(batches).mean(dim=(0, 2, 3)), atol=1e-5)
+    seen = [batches[1], batches[3]]
+    update_running_statistics(enumerate(batches), model, forward=lambda m, b: m(b[1]) if b[0] % 2 else None)
+    assert torch.allclose(model[0].running_mean, torch.cat(seen).mean(dim=(0, 2, 3)), atol=1e-5)
+    before = model[0].running_mean.clone()
+    for forward in (lambda m, b: None, lambda m, b: m.eval()(b)):
+        with pytest.raises(GwdetValueError, match=r"the forward called none of the model's layers with running "
+                                                  r"statistics in training mode over 4 batch\(es\).*as they were\.$"):
+            update_running_statistics(batches, model, forward=forward)
+        assert torch.equal(model[0].running_mean, before)
+
+
+def test_a_layer_the_forward_never_reaches_keeps_its_statistics_with_a_warning():
+    model = _TwoBranches()
+    model.unused.running_mean.fill_(7.0)
+    with pytest.warns(RuntimeWarning, match=r"the forward never called 1 of the layers with running statistics in "
+                                            r"training mode \(unused: a branch the batches do not reach\?\); their "
+                                            r"running statistics are kept as they were\."):
+        update_running_statistics([torch.randn(8, 4, 5, 5)], model)
+    assert torch.equal(model.unused.running_mean, torch.full((4,), 7.0))

@@ -270,6 +270,29 @@ def _non_finite_statistics(layers: Sequence[nn.Module], names: Mapping[int, str]
         f"layer(s) NaN or infinite ({listed(bad, 3)}): {cause}. The running statistics are as they were.")
 
 
+def _keep_uncalled(layers: Sequence[nn.Module], saved: Sequence[Mapping[str, torch.Tensor]], calls: Mapping[int, int],
+                   names: Mapping[int, str], batches: int) -> None:
+    """After the pass of :func:`update_running_statistics`: refuse one in which ``forward`` called no
+    layer in training mode (it never ran the model, or set it to evaluation first), and put back the
+    running statistics (``saved``) of the layers it never called, with a warning naming them."""
+    uncalled = [index for index, layer in enumerate(layers) if calls[id(layer)] == 0]
+    if len(uncalled) == len(layers):
+        raise GwdetValueError(
+            f"update_running_statistics: the forward called none of the model's layers with running statistics in "
+            f"training mode over {batches} batch(es): it does not run the model, or sets it to evaluation first "
+            "(model.eval()), where they compute with their running statistics and update none. Give a forward that "
+            "runs the model as it is (update_running_statistics sets it to training mode). The running statistics are "
+            "as they were.")
+    for index in uncalled:
+        for name, value in saved[index].items():
+            getattr(layers[index], name).copy_(value)
+    if uncalled:
+        shown = [names[id(layers[index])] for index in uncalled]
+        warnings.warn(f"update_running_statistics: the forward never called {len(uncalled)} of the layers with running "
+                      f"statistics in training mode ({listed(shown, 3)}: a branch the batches do not reach?); their "
+                      "running statistics are kept as they were.", RuntimeWarning, stacklevel=3)
+
+
 def _detectron2_like(model: nn.Module, batch: Mapping) -> bool:
     """Whether ``batch`` looks like one image's record of a detectron2 loader, or ``model`` like a
     model that takes a list of them."""
@@ -281,9 +304,11 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
                               forward: Callable[[nn.Module, Any], Any] = _run_model, *,
                               device: torch.device | str | int | None = None) -> int:
     """Recompute the running statistics of every torch batch norm, BW and BGN/GhostBN layer of
-    ``model`` as the mean of their batch statistics over the batches of ``loader``, each given to
-    ``forward(model, batch)`` (default ``model(batch)``; a detectron2 model takes a loader's list of
-    dicts as it is) in training mode without gradients. ``device``, as
+    ``model`` as the mean of their batch statistics over their calls while the batches of ``loader``
+    are each given to ``forward(model, batch)`` (default ``model(batch)``; a detectron2 model takes a
+    loader's list of dicts as it is) in training mode without gradients: a layer called twice per
+    batch, or on some batches only, averages the calls it had; one the forward never calls keeps its
+    statistics, with a warning, and a forward that calls none in training mode is refused. ``device``, as
     ``torch.optim.swa_utils.update_bn``'s: where each batch is moved before it is given to the
     forward (its tensors, and those in its lists, tuples and dicts, with ``.to(device)``); the model
     stays where it is, so with the default forward a device other than its statistics layers', or
@@ -353,6 +378,16 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
     modes = [(module, module.training) for module in model.modules()]
     names = {id(module): name or "the model" for name, module in model.named_modules()}
     batches = 0
+    calls = {id(layer): 0 for layer in layers}  # the calls of each layer in training mode so far
+
+    def average_over_calls(layer: Any, inputs: Any) -> None:
+        """Before a layer's call in training mode: the momentum that makes its running statistics the
+        mean over its calls so far (1/k at the k-th), however often a batch's forward calls it."""
+        if layer.training:
+            calls[id(layer)] += 1
+            layer.momentum = 1.0 / calls[id(layer)]
+
+    hooks = [layer.register_forward_pre_hook(average_over_calls) for layer in layers]
     try:
         for layer in layers:
             layer.reset_running_stats()
@@ -376,8 +411,6 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
                         "generator and heads): give it training batches (gwdet's Trainer.build_train_loader(cfg), or "
                         "detectron2's build_detection_train_loader), not a test loader's. The running statistics are "
                         "as they were.")
-                for layer in layers:
-                    layer.momentum = 1.0 / batches
                 given = batch if moved_to is None else _moved(batch, moved_to)
                 try:
                     forward(model, given)
@@ -392,6 +425,7 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
         if batches == 0:
             raise GwdetValueError("update_running_statistics: the loader gave no batch; give it the training "
                                   "batches to average the statistics over.")
+        _keep_uncalled(layers, saved, calls, names, batches)
     except BaseException as error:
         for layer, buffers in zip(layers, saved, strict=True):
             for name, value in buffers.items():
@@ -403,6 +437,8 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
                 "`with detectron2.utils.events.EventStorage():`. The running statistics are as they were.") from error
         raise
     finally:
+        for hook in hooks:
+            hook.remove()
         for layer, momentum in zip(layers, momenta, strict=True):
             layer.momentum = momentum
         for layer, buffers in zip(others.values(), kept, strict=True):  # their own forward moved them

@@ -20,6 +20,7 @@ import hashlib
 import logging
 import os
 import re
+import stat
 import uuid
 from typing import IO, Any, Callable, Iterator, cast
 
@@ -135,10 +136,29 @@ def path_written_atomically(path: str) -> Iterator[str]:
     temporary = _temporary_name(path)
     try:
         yield temporary
+        _keep_mode_of(path, temporary)
         os.replace(temporary, path)
     finally:
         if os.path.exists(temporary):
             os.unlink(temporary)
+
+
+def _keep_mode_of(path: str, temporary: str) -> None:
+    """Give ``temporary``, the new file about to replace ``path``, the permission bits of the file
+    there (a private ``600`` file stays private, a read-only one read-only; a new file keeps the
+    umask's), and warn where ``path`` is one of several hard links of one file: the new file takes
+    this name only, and the other names keep the old content."""
+    try:
+        there = os.stat(path)
+    except OSError:  # nothing there (or nothing readable): the new file keeps the umask's mode
+        return
+    if not stat.S_ISREG(there.st_mode):
+        return
+    os.chmod(temporary, stat.S_IMODE(there.st_mode))
+    if there.st_nlink > 1:
+        logging.getLogger(__name__).warning(
+            f"{path} is one of {there.st_nlink} hard links of one file: the new file replaces this name only, and "
+            "the file's other names keep the old content. Link them to the new file again if they are meant to follow it.")
 
 
 class OutputExistsError(GwdetError, FileExistsError):
@@ -184,6 +204,7 @@ def _finish(temporary: str, path: str, exclusive: bool, replacing: os.stat_resul
     ``path`` is still that file (:func:`same_file_version`)."""
     taken = OutputExistsError(errno.EEXIST, f"{path} was written by another process while this one wrote it; "
                               "that file is kept and this one's output discarded", path)
+    _keep_mode_of(path, temporary)
     if replacing is not None:
         with folder_held(os.path.dirname(path)):
             if not same_file_version(file_version(path), replacing):
