@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from detectron2.config import LazyConfig, instantiate
+from detectron2.config import CfgNode, LazyConfig, instantiate
 from detectron2.solver import build_optimizer as detectron2_build_optimizer
 from detectron2.solver import get_default_optimizer_params as detectron2_optimizer_params
 from torch import nn
@@ -372,15 +372,21 @@ def test_norm_biases_decayed_by_a_negative_value_are_not_told_to_give_it_to_the_
     assert "weight_decay_bias=-1" not in warned
 
 
-# SOLVER.WEIGHT_DECAY_BIAS set: check_model(m, optimizer=gwdet.build_optimizer(cfg, m), weight_decay_norm=0.0) warned
-# that the norm layers were decayed otherwise and advised gwdet.build_optimizer, which had built the optimizer
-def test_norm_biases_decayed_by_the_bias_weight_decay_are_named_as_such(caplog):
+def _built_with_norm_decay_0_and_bias_decay_0_5() -> tuple[CfgNode, nn.Module, torch.optim.Optimizer]:
+    """The study's BN + GW config with SOLVER.WEIGHT_DECAY_NORM 0 and SOLVER.WEIGHT_DECAY_BIAS 0.5, its model and
+    gwdet.build_optimizer's optimizer."""
     cfg = build_config(str(REPO / "configs" / "Study" / "bn_gw_s1b2.yaml"), META)
     cfg.defrost()
     cfg.SOLVER.WEIGHT_DECAY_NORM = 0.0
     cfg.SOLVER.WEIGHT_DECAY_BIAS = 0.5
     model = Trainer.build_model(cfg)
-    optimizer = gwdet.build_optimizer(cfg, model)
+    return cfg, model, gwdet.build_optimizer(cfg, model)
+
+
+# SOLVER.WEIGHT_DECAY_BIAS set: check_model(m, optimizer=gwdet.build_optimizer(cfg, m), weight_decay_norm=0.0) warned
+# that the norm layers were decayed otherwise and advised gwdet.build_optimizer, which had built the optimizer
+def test_norm_biases_decayed_by_the_bias_weight_decay_are_named_as_such(caplog):
+    cfg, model, optimizer = _built_with_norm_decay_0_and_bias_decay_0_5()
     with caplog.at_level(logging.WARNING, logger="gwdet.modeling.model_checks"):
         check_model(model, optimizer=optimizer, weight_decay_norm=0.0)
     warned = "\n".join(r.getMessage() for r in caplog.records)
@@ -466,12 +472,7 @@ def test_an_lr_factor_func_result_that_is_no_rate_factor_is_refused_naming_the_p
 # the check given another norm weight decay than gwdet.build_optimizer's optimizer had (SOLVER.WEIGHT_DECAY_NORM 0,
 # weight_decay_norm=0.1) advised building the optimizer with gwdet.build_optimizer, which had built it
 def test_norm_layers_decayed_by_another_norm_weight_decay_name_the_optimizers_value(caplog):
-    cfg = build_config(str(REPO / "configs" / "Study" / "bn_gw_s1b2.yaml"), META)
-    cfg.defrost()
-    cfg.SOLVER.WEIGHT_DECAY_NORM = 0.0
-    cfg.SOLVER.WEIGHT_DECAY_BIAS = 0.5
-    model = Trainer.build_model(cfg)
-    optimizer = gwdet.build_optimizer(cfg, model)
+    cfg, model, optimizer = _built_with_norm_decay_0_and_bias_decay_0_5()
     with caplog.at_level(logging.WARNING, logger="gwdet.modeling.model_checks"):
         check_model(model, optimizer=optimizer, weight_decay_norm=0.1, weight_decay_bias=0.5)
     warned = "\n".join(r.getMessage() for r in caplog.records)
