@@ -29,6 +29,7 @@ import difflib
 import functools
 import inspect
 import logging
+import math
 import multiprocessing
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -47,7 +48,7 @@ from gwdet.config import (CONFIG_KEYS, GWDET_RESNETS_PREFIX, GWDET_SECTIONS, add
                           config_default, config_value, flatten_config, refuse_a_mapping_as_a_config,
                           require_gwdet_config)
 from gwdet.layers import BatchGroupNorm, BatchWhitening, GroupWhitening, largest_divisor_at_most
-from gwdet.layers.common import check_flag, check_int_at_least
+from gwdet.layers.common import check_flag, check_int_at_least, is_real_number, is_whole_number
 
 DETECTRON2_GN_GROUPS = 32  # detectron2's get_norm("GN") always has 32 groups
 _CHECKS = {key.name: key.check for key in CONFIG_KEYS}
@@ -788,11 +789,21 @@ def _check_kind_of_default(name: str, param: str, value: Any, default: Any, sour
         raise GwdetTypeError(
             f"{given} is a bool, and the norm's build takes {kind} there (its default is {default!r}), where "
             f"{value!r} would count as {int(value)}: give {param} as {kind} (e.g. {param}={default!r}).")
-    if isinstance(default, int) and isinstance(value, float):
-        instead = f"{int(value)} rather than {value!r}" if value.is_integer() else f"{param}={default!r}"
+    if isinstance(default, int) and is_real_number(value) and not is_whole_number(value):
+        integral = math.isfinite(value) and float(value).is_integer()
+        instead = f"{int(value)} rather than {value!r}" if integral else f"{param}={default!r}"
         raise GwdetTypeError(
-            f"{given} is a float, and the norm's build takes an integer there (its default is {default!r}), which "
-            f"the layer would fail on or round: give {param} as an integer (e.g. {instead}).")
+            f"{given} is a {type(value).__name__}, and the norm's build takes an integer there (its default is "
+            f"{default!r}), which the layer would fail on or round: give {param} as an integer (e.g. {instead}).")
+
+
+def _as_default_kind(value: Any, default: Any) -> Any:
+    """``value`` as a ``float`` where the norm's build takes a float there (its ``default`` is one)
+    and ``value`` is another kind of real number (an ``int``, a ``Fraction``): torch's layers take
+    a float, and a saved record writes a float as YAML does; ``value`` itself otherwise."""
+    if isinstance(default, float) and is_real_number(value) and type(value) is not float:
+        return float(value)
+    return value
 
 
 def _own_copy(value: Any) -> Any:
@@ -891,7 +902,7 @@ class Norm:
             elif param in params:
                 _check_kind_of_default(name, param, value, kind.default(param),
                                        f" (read from {key})" if read_from_config and key is not None else "")
-            values[param] = value
+            values[param] = _as_default_kind(value, kind.default(param))
         _set_norm_fields(self, name, NormParams(values), strict, read_from_config, kind)
 
     def __setattr__(self, attribute: str, value: Any) -> None:

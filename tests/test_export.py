@@ -810,6 +810,20 @@ def test_values_that_are_not_finite_are_differences_not_equalities():
     assert max_abs_difference([torch.tensor([float("inf"), 1.0])], [torch.tensor([float("inf"), 1.5])]) == 0.5
 
 
+# nested outputs (detectron2's are) raised torch's "only one element tensors can be converted to Python scalars"
+def test_max_abs_difference_compares_nested_outputs_item_by_item_and_names_where_they_differ_in_kind():
+    a = torch.ones(2)
+    assert max_abs_difference([[a]], [[a + 1]]) == 1.0
+    assert max_abs_difference([(a, [a])], [(a, [a * 3])]) == 2.0
+    assert max_abs_difference([[1.0, 2.0]], [[1.0, 2.5]]) == 0.5  # a list of numbers: one array
+    with pytest.raises(ValueError, match=r"^output 0: a Tensor, expected a list: give both sides' outputs nested"):
+        max_abs_difference([[a]], [a])
+    with pytest.raises(ValueError, match=r"^2 outputs expected in output 0, got 1$"):
+        max_abs_difference([[a, a]], [[a]])
+    with pytest.raises(ValueError, match=r"^output 0.0: shape \(1, 2\), expected \(2,\)$"):
+        max_abs_difference([[a]], [[a[None]]])
+
+
 def test_an_export_into_a_folder_is_refused_before_tracing(tmp_path):
     with pytest.raises(IsADirectoryError, match=r"is a folder: give the path of the file to write, e.g. .*model.ts"):
         export_torchscript(None, torch.zeros(3, 8, 8), str(tmp_path))  # no model needed: nothing is traced

@@ -1059,6 +1059,28 @@ def test_a_bool_or_float_for_an_integer_of_a_registered_norm_is_refused(register
     assert norm("TestMyGN2", num_groups=np.int64(2), eps=1)(8).num_groups == 2  # an int for a float: a number
 
 
+# a registered norm got eps=Fraction(1, 1000) as it was: torch's forward raised TypeError, and a checkpoint recorded
+# 'Fraction(1, 1000)' and refused a model built with the equal eps=0.001
+def test_a_fraction_for_a_float_of_a_registered_norm_is_a_float_and_for_an_integer_is_refused(registered):
+    from fractions import Fraction
+
+    registered.append("TestFractionGN")
+
+    @register_norm("TestFractionGN")
+    def _fraction_gn(channels, num_groups: int = 4, eps: float = 1e-5):
+        return torch.nn.GroupNorm(num_groups, channels, eps=eps)
+
+    made = norm("TestFractionGN", eps=Fraction(1, 1000))
+    assert type(made.params["eps"]) is float and made == norm("TestFractionGN", eps=0.001)
+    layer = made(8)
+    assert layer.eps == 0.001 and torch.isfinite(layer(torch.randn(2, 8, 3, 3))).all()
+    assert type(norm("TestFractionGN", eps=1).params["eps"]) is float
+    with pytest.raises(gwdet.errors.GwdetTypeError,
+                       match=r"num_groups=Fraction\(2, 1\) is a Fraction, and the norm's build takes an integer there "
+                             r".*\(e.g. 2 rather than Fraction\(2, 1\)\)"):
+        norm("TestFractionGN", num_groups=Fraction(2, 1))
+
+
 # gwdet.norm("GW", num_groups=np.int64(8)) kept the numpy scalar: a LazyConfig saved with it could not be read again
 def test_numpy_scalars_are_kept_as_python_numbers_and_the_config_saves_as_plain_yaml(tmp_path):
     import numpy as np

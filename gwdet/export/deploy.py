@@ -1009,15 +1009,36 @@ def _session_name(session: Any) -> str:
 def max_abs_difference(expected: Sequence[Any], actual: Sequence[Any]) -> float:
     """Largest absolute difference between two equally long sequences of tensors/arrays of equal
     shapes (a shape mismatch raises ``ValueError``); a NaN on either side, or infinities that
-    differ, count as an infinite difference."""
+    differ, count as an infinite difference. An output that is itself a list or tuple of tensors
+    (detectron2's outputs nest) is compared item by item, named by its place (``output 0.1``)."""
+    return _largest_difference(expected, actual, "")
+
+
+def _holds_arrays(value: Any) -> bool:
+    """Whether ``value`` is a list or tuple with a tensor, array, list or tuple in it: a nested
+    output, compared item by item (a list of plain numbers is one array)."""
+    return isinstance(value, (list, tuple)) and any(
+        isinstance(item, (torch.Tensor, np.ndarray, list, tuple)) for item in value)
+
+
+def _largest_difference(expected: Sequence[Any], actual: Sequence[Any], place: str) -> float:
+    """:func:`max_abs_difference` of the outputs at ``place`` (``""`` at the top, ``"0."`` in output 0)."""
     if len(expected) != len(actual):
-        raise GwdetValueError(f"{len(expected)} outputs expected, got {len(actual)}")
+        where = f" in output {place[:-1]}" if place else ""
+        raise GwdetValueError(f"{len(expected)} outputs expected{where}, got {len(actual)}")
     largest = 0.0
     for index, (want, got) in enumerate(zip(expected, actual, strict=True)):
+        if _holds_arrays(want) or _holds_arrays(got):
+            if not (isinstance(want, (list, tuple)) and isinstance(got, (list, tuple))):
+                raise GwdetValueError(
+                    f"output {place}{index}: a {type(got).__name__}, expected a {type(want).__name__}: "
+                    "give both sides' outputs nested alike")
+            largest = max(largest, _largest_difference(want, got, f"{place}{index}."))
+            continue
         want = torch.as_tensor(want).detach().cpu()
         got = torch.as_tensor(got).detach().cpu()
         if want.shape != got.shape:
-            raise GwdetValueError(f"output {index}: shape {tuple(got.shape)}, expected {tuple(want.shape)}")
+            raise GwdetValueError(f"output {place}{index}: shape {tuple(got.shape)}, expected {tuple(want.shape)}")
         if want.numel():
             want, got = want.double(), got.double()
             difference = torch.where(want == got, 0.0, (want - got).abs())  # equal infinities: no difference
