@@ -1329,6 +1329,19 @@ def test_optimizer_param_overrides_are_checked_before_anything_is_built(override
         eval_only=False, world_size=1)
 
 
+def test_a_misspelt_override_key_is_matched_among_the_keys_of_the_config_s_optimizer():
+    from omegaconf import OmegaConf
+    from gwdet.engine.lazy_checks import check_optimizer_values
+
+    def config(optimizer: str):
+        return OmegaConf.create({"optimizer": {"_target_": optimizer, "params": {
+            "_target_": "gwdet.solver.get_default_optimizer_params", "overrides": {"bias": {"momentun": 0.004}}}}})
+
+    for optimizer, meant in (("torch.optim.NAdam", "'momentum_decay'"), ("torch.optim.SGD", "'momentum'")):
+        with pytest.raises(GwdetValueError, match=rf"\['momentun'\] is no key .* Did you mean {meant}\?"):
+            check_optimizer_values(config(optimizer))
+
+
 # --eval-only with INPUT.MAX_SIZE_TEST below INPUT.MIN_SIZE_TEST (96 and 64, or 256 and the demo's 128) evaluated at the
 # capped size without a word; only a training run warned
 @pytest.mark.parametrize("overrides, eval_only, asked, capped", [

@@ -159,8 +159,9 @@ def check_optimizer_values(cfg: DictConfig) -> None:
     ``SOLVER.BASE_LR`` (a warning for 0), an ``optimizer.weight_decay`` below 0, an
     ``optimizer.momentum`` outside [0, 1), ``optimizer.nesterov=True`` without momentum, and an
     ``optimizer.params.overrides`` of gwdet's or detectron2's ``get_default_optimizer_params``
-    that :func:`gwdet.solver.check_override_values` refuses (its parameter names are checked
-    against the model when the optimizer is built)."""
+    that :func:`gwdet.solver.check_override_values` refuses, a misspelt group key with the keys of
+    the config's optimizer class it may mean (its parameter names are checked against the model
+    when the optimizer is built)."""
     optimizer_values: tuple[tuple[str, float | None, float], ...] = (
         ("optimizer.lr", None, 0.02), ("optimizer.weight_decay", None, 1e-4), ("optimizer.momentum", 1.0, 0.9))
     for key, below, example in optimizer_values:  # each at least 0, below ``below`` where given
@@ -183,8 +184,10 @@ def check_optimizer_values(cfg: DictConfig) -> None:
     overrides = select(cfg, "optimizer.params.overrides")
     if overrides not in (ABSENT, None) and callable_of(select(cfg, "optimizer.params")) in (
             get_default_optimizer_params, detectron2_optimizer_params):
+        optimizer = callable_of(select(cfg, "optimizer"))
         check_override_values(OmegaConf.to_container(overrides, resolve=True) if isinstance(
-            overrides, (DictConfig, ListConfig)) else overrides, "optimizer.params.overrides")
+            overrides, (DictConfig, ListConfig)) else overrides, "optimizer.params.overrides",
+            optimizer if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer) else None)
 
 
 def _check_loss_weights(cfg: DictConfig) -> None:
