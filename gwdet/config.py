@@ -175,11 +175,6 @@ def missing_gwdet_keys(cfg: CN) -> list[str]:
     return missing
 
 
-def has_gwdet_config(cfg: CN) -> bool:
-    """Whether ``cfg`` went through :func:`add_gwdet_config` (holds every key of the table)."""
-    return not missing_gwdet_keys(cfg)
-
-
 def refuse_a_mapping_as_a_config(who: str, cfg: Any) -> None:
     """Refuse a mapping that is no yacs CfgNode (a plain dict) given where a yacs config is read,
     naming its type and how to make a config of it; anything else is left to the checks after."""
