@@ -1471,6 +1471,7 @@ def test_checkpointer_arguments_of_another_type_are_refused_by_name(arguments, m
     from gwdet.checkpoint.resilient import ResilientCheckpointer
     from gwdet.errors import GwdetTypeError
 
+    arguments = dict(arguments)  # the parameter's own dict stays whole for a test run again in this process
     model = arguments.pop("model", _checkpointed_model())
     with pytest.raises(GwdetTypeError, match=rf"^ResilientCheckpointer: {message}"):
         ResilientCheckpointer(model, **arguments)
