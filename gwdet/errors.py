@@ -14,6 +14,12 @@ below are for refusals that need nothing beyond their message.
 
 A refusal that names many things names a few of them with :func:`listed`.
 
+The Python warnings gwdet's own code issues (``warnings.warn``) are of a :class:`GwdetWarning`
+category that also derives from the built-in one (:class:`GwdetRuntimeWarning` is a
+``RuntimeWarning``), so that filters and ``pytest.warns`` naming the built-in category still match
+them, and a run (:class:`gwdet.engine.run_log.RunWarnings`) can tell them from other packages'
+warnings and write them to its log.
+
 This module imports nothing of gwdet, so every part of the package can raise these.
 """
 from __future__ import annotations
@@ -96,6 +102,20 @@ class GwdetOSError(GwdetError, OSError):
     """A file could not be written (a full disk, a read-only folder), named with the fix."""
 
 
+class GwdetWarning(Warning):
+    """The category of every Python warning gwdet's own code issues: a run writes them to its log
+    (:class:`gwdet.engine.run_log.RunWarnings`). gwdet warns with the subclasses below, which are
+    also the built-in category of the warning's kind."""
+
+
+class GwdetRuntimeWarning(GwdetWarning, RuntimeWarning):
+    """A gwdet warning about how something runs or will compute (a ``RuntimeWarning`` too)."""
+
+
+class GwdetUserWarning(GwdetWarning, UserWarning):
+    """A gwdet warning about how the user's input will be taken (a ``UserWarning`` too)."""
+
+
 __all__ = [
     "GwdetError",
     "GwdetFileExistsError",
@@ -105,8 +125,11 @@ __all__ = [
     "GwdetKeyError",
     "GwdetOSError",
     "GwdetRuntimeError",
+    "GwdetRuntimeWarning",
     "GwdetTypeError",
+    "GwdetUserWarning",
     "GwdetValueError",
+    "GwdetWarning",
     "listed",
 ]
 

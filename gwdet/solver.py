@@ -371,15 +371,31 @@ def weight_decay_of(param_groups: Iterable[Mapping[str, Any]], defaults: Mapping
             for group in param_groups for param in group["params"]}
 
 
+def expected_norm_decay(param_name: str, weight_decay_norm: float, weight_decay_bias: float | None = None,
+                        overrides: Mapping[str, Mapping[str, Any]] | None = None) -> float:
+    """The weight decay :func:`get_default_optimizer_params` gives a norm layer's parameter named
+    ``param_name`` (within its layer): the ``weight_decay`` of an override by that name
+    (``overrides``), for a bias ``weight_decay_bias`` when that is set (detectron2 makes it the
+    override of ``bias``), else ``weight_decay_norm``: an override takes precedence over it."""
+    if param_name == "bias" and weight_decay_bias is not None:
+        return weight_decay_bias
+    override = (overrides or {}).get(param_name)
+    if isinstance(override, Mapping) and "weight_decay" in override:
+        return override["weight_decay"]
+    return weight_decay_norm
+
+
 def misdecayed_norm_layers(model: nn.Module, optimizer: torch.optim.Optimizer, weight_decay_norm: float,
-                           weight_decay_bias: float | None = None) -> list[str]:
+                           weight_decay_bias: float | None = None,
+                           overrides: Mapping[str, Mapping[str, Any]] | None = None) -> list[str]:
     """The norm layers of ``model`` with a parameter that ``optimizer`` decays by another value than
-    the config's norm setting, each as ``"<layer> (<value>)"``: ``weight_decay_norm``, or for a bias
-    ``weight_decay_bias`` when that is set (detectron2's bias override wins over the norm value)."""
+    the config's norm setting, each as ``"<layer> (<value>)"``: ``weight_decay_norm``, or where an
+    override sets the parameter's weight decay (``overrides`` by parameter name, for a bias
+    ``weight_decay_bias`` when that is set), the override's (:func:`expected_norm_decay`)."""
     decays = weight_decay_of(optimizer.param_groups, optimizer.defaults)
     found: dict[str, float] = {}
     for param, (layer, param_name) in norm_parameters(model).items():
-        expected = weight_decay_bias if param_name == "bias" and weight_decay_bias is not None else weight_decay_norm
+        expected = expected_norm_decay(param_name, weight_decay_norm, weight_decay_bias, overrides)
         decay = decays.get(param)
         if decay is not None and decay != expected:
             found.setdefault(layer, decay)

@@ -1,6 +1,7 @@
 """The analysis tools: the claims they illustrate hold on small sizes, and every subcommand of
 tools/analyze.py (gwdet_lab.analysis.cli) writes its pictures and table."""
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,12 +16,17 @@ from gwdet_lab.analysis.report import TABLE_MARK
 from gwdet_lab.analysis.constraints import (
     METHODS,
     constraint_number,
+    constraint_residuals,
     counting_limit,
+    dataset_constraint_number,
     in_counting_range,
     is_solvable,
     numerical_constraint_number,
+    solvable_limit,
 )
 from gwdet_lab.analysis.cost import relative_cost
+
+from gwdet.errors import GwdetValueError
 
 from conftest import DEMO_CONFIG, REPO, TINY_OPTS
 
@@ -496,3 +502,81 @@ def test_analyze_models_input_size_names_a_fraction_apart_from_a_config_override
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and f"got {side!r} {hint}" in err
     assert side == "MODEL.WEIGHTS" or "config override" not in err
+
+
+# Before: ZeroDivisionError (g=0, d=0, m=0), "math domain error" (d=-5), -56 for m=-4 and True for g=2.5, no word.
+@pytest.mark.parametrize("call, message", [
+    (lambda: constraint_number("GW", 16, 4, g=0), "constraint_number: g must be an integer >= 1, got 0"),
+    (lambda: constraint_number("BN", 0, 4), "constraint_number: d must be an integer >= 1, got 0"),
+    (lambda: constraint_number("GW", 16, -4, g=4), "constraint_number: m must be an integer >= 1, got -4"),
+    (lambda: counting_limit("GW", -5), "counting_limit: d must be an integer >= 1, got -5"),
+    (lambda: dataset_constraint_number("GW", 16, 0, 100, g=4), "dataset_constraint_number: m must be an integer >= 1, "
+                                                               "got 0"),
+    (lambda: dataset_constraint_number("GW", 16, 4, 0, g=4), "dataset_constraint_number: N must be an integer >= 1"),
+    (lambda: is_solvable("GW", 16, 4, g=2.5), "is_solvable: g must be an integer >= 1, got 2.5 (float)"),
+    (lambda: is_solvable("GW", 16, 4, g=3), "is_solvable: g=3 must divide d=16 (the group number of GN/GW: the d "
+                                            "features are split into g equal groups); give a divisor of d such as 2 "
+                                            "or 4"),
+    (lambda: in_counting_range("GN", 16, 4, g=32), "in_counting_range: g=32 must divide d=16 (the group number of "
+                                                   "GN/GW: the d features are split into g equal groups); give a "
+                                                   "divisor of d such as 16,"),
+    (lambda: solvable_limit("BW", 16, k=5), "solvable_limit: k=5 must divide d=16 (the group size of BW: the d "
+                                            "features are whitened in groups of k); give a divisor of d such as 4 or 8"),
+    (lambda: numerical_constraint_number("GN", 6, 0, 2), "numerical_constraint_number: m must be an integer >= 1"),
+    (lambda: constraint_residuals("GW", torch.zeros(4, 16), g=5), "constraint_residuals: g=5 must divide d=16"),
+])
+def test_constraint_functions_refuse_sizes_that_are_not_counts(call, message):
+    with pytest.raises(GwdetValueError, match="^" + re.escape(message)):
+        call()
+
+
+# Before: relative_cost(16, 3, 8, 8, 5) gave 0.02805, the cost at g=2, against its docstring's formula at g=3.
+def test_relative_cost_refuses_a_group_number_that_does_not_divide_d():
+    with pytest.raises(GwdetValueError, match=re.escape("relative_cost: g=3 must divide d=16 (the group number of "
+                                                        "GN/GW: the d features are split into g equal groups); give a "
+                                                        "divisor of d such as 2 or 4, or another d")):
+        relative_cost(16, 3, 8, 8, 5)
+
+
+# Before: conv3x3_macs's message about a shape (1, 0, 8, 8) the caller did not give.
+@pytest.mark.parametrize("args, message", [
+    ((0, 4, 8, 8, 5), "relative_cost: d must be an integer >= 1, got 0"),
+    ((16, 4, 0, 8, 5), "relative_cost: height must be an integer >= 1, got 0"),
+    ((16, 4, 8, 8, 0), "relative_cost: T must be an integer >= 1, got 0"),
+])
+def test_relative_cost_names_its_own_bad_size(args, message):
+    with pytest.raises(GwdetValueError, match="^" + re.escape(message)):
+        relative_cost(*args)
+
+
+# Before: torch's LinAlgError "linalg.eigh: The algorithm failed to converge" on an all-NaN input.
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_condition_number_refuses_values_that_are_not_finite(value):
+    x = torch.randn(100, 8, dtype=torch.float64)
+    x[3, 2] = value
+    with pytest.raises(GwdetValueError, match=re.escape("condition_number: x holds NaN or inf values (1 of 800), so "
+                                                        "its covariance and condition number are undefined")):
+        condition_number(x, 1.0)
+
+
+# Before: train_samples=-5 kept all but the last 5 images (slice(-5)), 2.5 stopped in slicing, and val_fraction 1.0 or
+# -0.5 in sklearn's words about test_size.
+@pytest.mark.parametrize("kwargs, message", [
+    ({"train_samples": -5}, "load_digits_split: train_samples must be an integer >= 1, got -5"),
+    ({"train_samples": 2.5}, "load_digits_split: train_samples must be an integer >= 1, got 2.5 (float)"),
+    ({"val_fraction": 1.0}, "load_digits_split: val_fraction must be a number in (0, 1), the share of the images held "
+                            "out for validation, got 1.0"),
+    ({"val_fraction": -0.5}, "load_digits_split: val_fraction must be a number in (0, 1)"),
+    ({"seed": -1}, "load_digits_split: seed must be an integer >= 0, got -1"),
+])
+def test_load_digits_split_refuses_bad_arguments_before_loading(monkeypatch, kwargs, message):
+    import sklearn.datasets
+
+    from gwdet_lab.analysis.capacity import load_digits_split
+
+    def not_loaded():
+        raise AssertionError("the digits were loaded before the arguments were checked")
+
+    monkeypatch.setattr(sklearn.datasets, "load_digits", not_loaded)
+    with pytest.raises(GwdetValueError, match="^" + re.escape(message)):
+        load_digits_split(**kwargs)

@@ -7,6 +7,7 @@ randomly initialized Mask R-CNNs of tests/tiny_models.py.
 """
 import hashlib
 import json
+import math
 import importlib.util
 import os
 import re
@@ -1604,3 +1605,100 @@ def test_an_export_whose_record_is_no_regular_file_is_refused_for_torchscript_an
                 read(str(path))
     with pytest.raises(GwdetValueError, match="layer.onnx.sha256 is"):
         run_onnx(str(onnx_path), [x])
+
+
+# Before: complex outputs were compared after a cast to float64 (1+1j against 1+5j gave 0.0), and int64 values above
+# 2**53 too (2**53 + 1 against 2**53 gave 0.0).
+def test_max_abs_difference_compares_complex_values_by_modulus_and_integers_exactly():
+    assert max_abs_difference([torch.tensor([1 + 1j])], [torch.tensor([1 + 5j])]) == 4.0
+    assert max_abs_difference([torch.tensor([3 + 0j])], [torch.tensor([0 + 4j])]) == 5.0
+    assert max_abs_difference([torch.tensor([2**53 + 1])], [torch.tensor([2**53])]) == 1.0
+    assert max_abs_difference([torch.tensor([2**62 + 7])], [torch.tensor([2**62 + 2])]) == 5.0
+    assert max_abs_difference([torch.tensor([2**63 - 1])], [torch.tensor([-2**63])]) == float(2**64 - 1)  # no wrap
+    assert max_abs_difference([torch.tensor([2**32])], [torch.tensor([2**32 - 1])]) == 1.0
+    assert max_abs_difference([np.array([2**64 - 1], dtype=np.uint64)], [np.array([2**64 - 2], dtype=np.uint64)]) == 1
+    assert max_abs_difference([torch.tensor([0], dtype=torch.uint8)], [torch.tensor([255], dtype=torch.uint8)]) == 255
+    assert max_abs_difference([torch.tensor([True])], [torch.tensor([False])]) == 1.0
+    assert max_abs_difference([torch.tensor([1, 2])], [torch.tensor([1.5, 2.0])]) == 0.5
+    assert max_abs_difference([0.1], [0.1 + 1e-12]) > 0  # Python floats in float64
+    assert max_abs_difference([torch.tensor([complex(1, math.inf)])], [torch.tensor([complex(2, math.inf)])]) == 1.0
+    assert max_abs_difference([torch.tensor([complex(math.nan, 0)])], [torch.tensor([1 + 0j])]) == math.inf
+
+
+# Before: dict outputs (detectron2's) ended in torch's "RuntimeError: Could not infer dtype of dict", a str output in
+# "TypeError: new(): invalid data type 'str'" and None in "Could not infer dtype of NoneType".
+def test_max_abs_difference_compares_dicts_key_by_key_and_names_outputs_it_cannot_compare():
+    a = torch.ones(3)
+    assert max_abs_difference([{"scores": a}], [{"scores": a + 1}]) == 1.0
+    assert max_abs_difference([{"boxes": [a, {"x": a}]}], [{"boxes": [a, {"x": a * 4}]}]) == 3.0
+    with pytest.raises(GwdetValueError, match=re.escape(
+            "output 0['scores']: shape (2,), expected (3,)")):
+        max_abs_difference([{"scores": a}], [{"scores": a[:2]}])
+    with pytest.raises(GwdetValueError, match=re.escape(
+            "output 0: keys ['score', 'boxes'], expected ['scores', 'boxes'] ('scores' missing and 'score' not "
+            "expected): give both sides' outputs with the same keys")):
+        max_abs_difference([{"scores": a, "boxes": a}], [{"score": a, "boxes": a}])
+    with pytest.raises(GwdetValueError, match=r"^output 0: a Tensor, expected a dict: give both sides' outputs nested"):
+        max_abs_difference([{"scores": a}], [a])
+    for value, shown in (("ab", "'ab' (str)"), (None, "None (NoneType)"),
+                         (np.array(["a"]), r"array(['a'], dtype='<U1') (a numpy array of <U1)")):
+        with pytest.raises(GwdetTypeError, match="^" + re.escape(
+                f"output 0: the expected side is {shown}, which max_abs_difference cannot compare: it compares "
+                "tensors, numpy arrays and numbers, and lists, tuples and dicts of them.")):
+            max_abs_difference([value], [value])
+    with pytest.raises(GwdetTypeError, match=re.escape("output 0['labels'].1: the actual side is None (NoneType)")):
+        max_abs_difference([{"labels": [a, a]}], [{"labels": [a, None]}])
+
+
+# Before: opset=7 ended in torch's "OnnxExporterError: ONNX export failed on where, which is not implemented for
+# opset 7", where opset 99 got gwdet's message naming the opsets its layers need.
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::UserWarning")
+def test_export_onnx_names_an_opset_below_13_as_gwdets_layers_need_it(tmp_path):
+    with pytest.raises(GwdetValueError, match=r"at opset 7 failed: ONNX export failed on where, which is not "
+                                              r"implemented for opset 7.*Export at an opset the exporter and every "
+                                              r"layer support \(the default, 17; gwdet's layers need 13 or newer\); "
+                                              r"nothing was written\.$"):
+        export_onnx(GroupWhitening(16, num_groups=4), torch.randn(2, 16, 8, 8), str(tmp_path / "gw7.onnx"), opset=7)
+    assert os.listdir(tmp_path) == []
+
+
+# Before: a dynamic_axes key naming no input or output ({'y': ...} for input_names=['x']) wrote a file with every size
+# fixed, with only torch's UserWarning among others; dynamic_axes=['x'] ended in "AttributeError: 'list' object has
+# no attribute 'items'".
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::UserWarning")
+def test_export_onnx_refuses_dynamic_axes_of_a_name_the_export_lacks_or_not_in_torchs_form(tmp_path):
+    layer, x = GroupWhitening(16, num_groups=4), torch.randn(2, 16, 8, 8)
+    with pytest.raises(GwdetValueError, match=r"^export_onnx: dynamic_axes names 'y', which is no input or output of "
+                                              r"the export, so the axes meant would stay fixed to the example's sizes\. "
+                                              r"The export's inputs are 'x' and its outputs '\d+' \(named by "
+                                              r"input_names=\['x'\]; the others get the exporter's automatic names\)"
+                                              r".*; nothing was written\.$"):
+        export_onnx(layer, x, str(tmp_path / "gwd.onnx"), input_names=["x"], dynamic_axes={"y": {0: "b"}})
+    with pytest.raises(GwdetTypeError, match=re.escape(
+            "export_onnx takes dynamic_axes as a dict from an input's or output's name to its dynamic axes, as "
+            "torch.onnx.export does, not the list ['x']: give e.g. dynamic_axes={'x': {0: 'batch'}} (axis 0 free, "
+            "named 'batch'), or the free axes as a list, {'x': [0, 1, 2, 3]} for every axis of a 4-d input (named "
+            "automatically); nothing was written.")):
+        export_onnx(layer, x, str(tmp_path / "gwe.onnx"), dynamic_axes=["x"])
+    with pytest.raises(GwdetTypeError, match=r"^export_onnx: dynamic_axes\['x'\] is 0, but the dynamic axes"):
+        export_onnx(layer, x, str(tmp_path / "gwv.onnx"), input_names=["x"], dynamic_axes={"x": 0})
+    assert os.listdir(tmp_path) == []
+    # the exporter's automatic input name and torch's list form of the axes are taken, the given dict left as it is
+    axes = {"x.1": [0]}
+    export_onnx(layer, x, str(tmp_path / "auto.onnx"), dynamic_axes=axes)
+    assert axes == {"x.1": [0]}
+    assert run_onnx(str(tmp_path / "auto.onnx"), [torch.randn(4, 16, 8, 8)])[0].shape == (4, 16, 8, 8)
+
+
+# Before: with dynamo=True, a dynamic_axes key naming no input ended in torch's raw "RuntimeError: # Failed to convert
+# 'dynamic_axes' to 'dynamic_shapes'".
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
+def test_export_onnx_with_dynamo_names_dynamic_axes_it_cannot_convert(tmp_path):
+    pytest.importorskip("onnxscript")
+    layer, x = GroupWhitening(16, num_groups=4), torch.randn(2, 16, 8, 8)
+    with pytest.raises(GwdetValueError, match=r"^export_onnx\(dynamo=True\) of .*gwd\.onnx: torch could not turn "
+                                              r"dynamic_axes \{'y': \{0: 'b'\}\} into torch.export's dynamic shapes "
+                                              r"\(torch: .*\)\. With dynamo=True, key dynamic_axes by the names given "
+                                              r"in input_names .*; nothing was written\.$"):
+        export_onnx(layer, x, str(tmp_path / "gwd.onnx"), dynamo=True, input_names=["x"], dynamic_axes={"y": {0: "b"}})
+    assert os.listdir(tmp_path) == []

@@ -519,3 +519,68 @@ def test_an_unknown_override_key_is_matched_against_the_keys_of_the_optimizer_gi
         check_override_values({"bias": {"weight_decy": 0.0}}, optimizer=torch.optim.SGD)
     with pytest.raises(gwdet.errors.GwdetValueError, match=r"Did you mean 'betas'\? The keys"):
         check_override_values({"bias": {"beta": 0.0}}, optimizer=torch.optim.AdamW)
+
+
+def test_norm_decays_set_by_overrides_are_as_asked_and_not_blamed_on_detectron2s_builders(caplog):
+    # overrides={'weight': {'weight_decay': 0.7}} with weight_decay_norm 0: the warning advised building with
+    # gwdet.get_default_optimizer_params, which had built the optimizer; check_model could not be given the overrides
+    net = _Net(GroupWhitening(8, num_groups=4))
+    overrides = {"weight": {"weight_decay": 0.7}}
+    optimizer = torch.optim.SGD(get_default_optimizer_params(net, base_lr=0.1, weight_decay=1e-4, weight_decay_norm=0.0,
+                                                             overrides=overrides), lr=0.1, weight_decay=1e-4)
+    with caplog.at_level(logging.WARNING, logger="gwdet.modeling.model_checks"):
+        check_model(net, optimizer=optimizer, weight_decay_norm=0.0, overrides=overrides)
+    assert not caplog.records
+    with caplog.at_level(logging.WARNING, logger="gwdet.modeling.model_checks"):
+        check_model(net, optimizer=optimizer, weight_decay_norm=0.0)
+    [warned] = [record.getMessage() for record in caplog.records]
+    assert warned.startswith("1 norm layer(s) are decayed otherwise than the norm weight decay 0 (SOLVER.WEIGHT_DECAY_NORM"
+                             " / weight_decay_norm): norm (0.7). The optimizer decays every parameter named 'weight' "
+                             "of the model alike, as an override by parameter name does: if overrides set these "
+                             "decays (get_default_optimizer_params(..., overrides={'weight': {'weight_decay': 0.7}}), "
+                             "optimizer.params.overrides), that is as asked, an override taking precedence over "
+                             "weight_decay_norm, and the check expects them when given them (check_model(..., "
+                             "overrides=...)). Else detectron2's optimizer builders")
+    # an override the optimizer does not follow is still named; overrides without an optimizer or of another shape
+    caplog.clear()
+    plain = torch.optim.SGD(get_default_optimizer_params(net, base_lr=0.1, weight_decay=1e-4, weight_decay_norm=0.0),
+                            lr=0.1, weight_decay=1e-4)
+    with caplog.at_level(logging.WARNING, logger="gwdet.modeling.model_checks"):
+        check_model(net, optimizer=plain, weight_decay_norm=0.0, overrides=overrides)
+    assert "norm (0)" in caplog.records[0].getMessage()
+    with pytest.raises(gwdet.errors.GwdetTypeError, match=r"check_model: overrides=\{'weight': \{'weight_decay': 0.7\}\} "
+                                                          r"given without an optimizer"):
+        check_model(net, overrides=overrides)
+    with pytest.raises(gwdet.errors.GwdetTypeError, match=r"check_model: overrides must be a dict of"):
+        check_model(net, optimizer=optimizer, weight_decay_norm=0.0, overrides=0.7)
+
+
+def test_the_norm_decay_check_expects_the_decay_the_overrides_give():
+    # check_norm_weight_decay took no overrides (LazyConfig optimizer.params.overrides): the layers were misnamed
+    from gwdet.modeling.model_checks import check_norm_weight_decay
+
+    net = _Net(BatchGroupNorm(8, num_groups=4))
+    overrides = {"weight": {"weight_decay": 0.7}, "bias": {"lr": 0.2}}
+    optimizer = torch.optim.SGD(get_default_optimizer_params(net, base_lr=0.1, weight_decay=1e-4, weight_decay_norm=0.0,
+                                                             overrides=overrides), lr=0.1)
+    assert check_norm_weight_decay(net, optimizer, 0.0, None, overrides) == []
+    assert check_norm_weight_decay(net, optimizer, 0.0, None, {"weight": {"weight_decay": 0.5}}) == ["norm (0.7)"]
+
+
+# a LazyConfig's optimizer.params.overrides={'weight': {'weight_decay': 0.7}} with weight_decay_norm 0: the build warned
+# that detectron2's builders had decayed the norm layers, advising the params target the config already had
+def test_a_lazyconfig_s_overrides_reach_the_norm_decay_check_of_its_optimizer(caplog):
+    from omegaconf import OmegaConf
+    from gwdet.engine import lazy
+    from gwdet.model_zoo.lazy_loading import load_lazy_config
+    from conftest import LAZY_CONFIG
+
+    cfg = load_lazy_config(str(LAZY_CONFIG), ["train.device=cpu"], model=True)
+    cfg.optimizer.params.weight_decay_norm = 0.0
+    cfg.optimizer.params.overrides = OmegaConf.create({"weight": {"weight_decay": 0.7}})
+    model = lazy.build_model(cfg)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="gwdet.modeling.model_checks"):
+        optimizer = lazy.build_optimizer(cfg, model)
+    assert not [record for record in caplog.records if record.levelno >= logging.WARNING]
+    assert 0.7 in {group["weight_decay"] for group in optimizer.param_groups}

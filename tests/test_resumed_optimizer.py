@@ -203,3 +203,55 @@ def test_a_batch_larger_than_the_training_set_is_warned_of():
                                         sampler=TrainingSampler(len(images), seed=3)), seed=3)
         assert any(line.startswith(f"Each process trains on batches of {batch} images, more than the 4 training "
                                    "images: every batch holds images twice or more") for line in warned) == warned_of
+
+
+def test_a_checkpointer_that_loads_an_optimizer_state_names_the_group_values_it_replaced(tmp_path):
+    # ResilientCheckpointer(model, optimizer=...).resume_or_load / load put the checkpoint's weight decay and rate over
+    # the optimizer's without a word
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    from conftest import logged_warnings
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    saved = torch.optim.SGD([{"params": [model.weight]}, {"params": [model.bias], "weight_decay": 0.0}], lr=0.01,
+                            momentum=0.9, weight_decay=1e-4)
+    ResilientCheckpointer(model, save_dir=str(tmp_path), optimizer=saved).save("model_0000003", iteration=3)
+    optimizer = torch.optim.SGD([{"params": [model.weight]}, {"params": [model.bias], "weight_decay": 0.3}], lr=0.05,
+                                momentum=0.9, weight_decay=1e-4)
+    with logged_warnings("gwdet.checkpoint") as logged:
+        ResilientCheckpointer(model, save_dir=str(tmp_path), optimizer=optimizer).resume_or_load("", resume=True)
+    assert [group["weight_decay"] for group in optimizer.param_groups] == [1e-4, 0.0]  # torch's semantics kept
+    assert [group["lr"] for group in optimizer.param_groups] == [0.01, 0.01]
+    assert len(logged) == 1 and logged[0].startswith(
+        f"ResilientCheckpointer.load: the 'optimizer' state of {tmp_path / 'model_0000003.pth'} replaced the "
+        "optimizer's parameter-group values by the checkpoint's, as torch's Optimizer.load_state_dict loads an "
+        "optimizer state: lr of 2 parameter group(s) 0.05 -> 0.01, weight_decay of 1 parameter group(s) 0.3 -> 0.0. ")
+    assert "set them on optimizer.param_groups after the load" in logged[0]
+    assert "resume with gwdet's Trainer / tools/train_net.py" in logged[0]
+    # the same values, or a checkpointer told that its caller sets them again, load without a word
+    with logged_warnings("gwdet.checkpoint") as logged:
+        ResilientCheckpointer(model, optimizer=optimizer).load(str(tmp_path / "model_0000003.pth"))
+        optimizer.param_groups[1]["weight_decay"] = 0.3
+        ResilientCheckpointer(model, optimizer=optimizer, compare_optimizer_values=False).load(
+            str(tmp_path / "model_0000003.pth"))
+    assert logged == []
+    assert optimizer.param_groups[1]["weight_decay"] == 0.0
+
+
+def test_a_checkpointer_loading_an_optimizer_under_a_scheduler_names_the_rate_as_the_schedulers(tmp_path):
+    # the rate a scheduler had set was replaced without a word; the warning says whose rate it is
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    from conftest import logged_warnings
+
+    model = torch.nn.Linear(3, 2)
+    optimizer_state, scheduler_state = trained_states(model)
+    optimizer, scheduler = optimizer_and_scheduler(model, 0.02, 1e-4, 0.9)
+    path = tmp_path / "model_0000006.pth"
+    torch.save({"model": model.state_dict(), "optimizer": optimizer_state, "scheduler": scheduler_state}, path)
+    with logged_warnings("gwdet.checkpoint") as logged:
+        ResilientCheckpointer(model, optimizer=optimizer, scheduler=scheduler).load(path)
+    assert len(logged) == 1 and ": lr of 1 parameter group(s) 0.01 -> 0.002 (lr: the rate the run's LR scheduler had " \
+        "set when the checkpoint was saved; the scheduler sets the next ones from its base_lrs). " in logged[0]
+    assert "initial_lr" not in logged[0] and "momentum of" not in logged[0]

@@ -809,7 +809,8 @@ def test_the_resumed_iteration_is_the_tagged_checkpoints_plus_one_read_from_it_o
     assert resumed_iteration(str(tmp_path)) is None, "no integer iteration: the resume decides"
     with open(path, "wb") as f:
         f.write(b"not a checkpoint")
-    assert resumed_iteration(str(tmp_path)) is None
+    # the resume passes over the unreadable tagged checkpoint and takes the folder's other one
+    assert resumed_iteration(str(tmp_path)) == (os.path.join(tmp_path, "model_0000009.pth"), 10)
 
 
 def test_a_tagged_checkpoint_that_differs_from_its_sha256_record_tells_no_iteration(tmp_path):
@@ -1258,3 +1259,103 @@ def test_overwrite_refuses_users_files_named_like_a_runs_outputs_and_deletes_dra
         os.unlink(tmp_path / name)
     check_fresh_start(str(tmp_path), overwrite=True)  # the drawings and the evaluators' files: the run's
     assert os.listdir(tmp_path) == []
+
+
+# ---- the checkpoint a --resume takes where last_checkpoint cannot be used ---------------------------
+
+UNUSABLE_TAGS = ["", "  \n", "../other_run/model_final.pth", "model_0000500.pth"]
+
+
+@pytest.mark.parametrize("tag", UNUSABLE_TAGS)
+def test_checks_of_a_resume_read_the_checkpoint_it_takes_past_an_unusable_last_checkpoint(tmp_path, tag):
+    # before: an empty last_checkpoint, or one naming a file outside the folder or none there, told no
+    # iteration, so a --resume past SOLVER.MAX_ITER got detectron2's "where in ParamScheduler must be in [0, 1]"
+    from gwdet.engine.output_dir import check_resume_trains, resumed_iteration
+    from gwdet.errors import GwdetValueError
+
+    final = checkpoint_file(tmp_path, "model_final.pth", {"model": {}, "iteration": 99}, tag=False)
+    checkpoint_file(tmp_path, "model_0000049.pth", {"model": {}, "iteration": 49}, tag=False)
+    (tmp_path / "last_checkpoint").write_text(tag)
+    assert resumed_iteration(str(tmp_path)) == (final, 100)
+    with pytest.raises(GwdetValueError, match=re.escape(
+            f"--resume: the run in {str(tmp_path)!r} has trained 100 iterations (model_final.pth), more than "
+            "SOLVER.MAX_ITER 50: resuming would train nothing")):
+        check_resume_trains(str(tmp_path), 50)
+
+
+def test_checks_of_a_resume_pass_over_a_checkpoint_that_differs_from_its_record_as_the_resume_does(tmp_path):
+    # before: a tagged checkpoint that differs from its SHA-256 record told no iteration, though the resume
+    # takes the previous checkpoint
+    from gwdet.engine.output_dir import check_resume_trains, recorded_initial_weights, resumed_iteration
+    from gwdet.checkpoint.resilient import INITIAL_WEIGHTS_KEY
+    from gwdet.errors import GwdetValueError
+    from gwdet.utils.atomic import record_checksum
+
+    weights = {"path": "/weights/R-50.pkl", "sha256": "ab" * 32}
+    earlier = checkpoint_file(tmp_path, "model_0000049.pth",
+                              {"model": {}, "iteration": 49, INITIAL_WEIGHTS_KEY: weights}, tag=False)
+    final = checkpoint_file(tmp_path, "model_final.pth", {"model": {}, "iteration": 99})
+    record_checksum(final)
+    checkpoint_file(tmp_path, "model_final.pth", {"model": {}, "iteration": 98})  # the record is the old file's
+    assert resumed_iteration(str(tmp_path)) == (earlier, 50)
+    assert recorded_initial_weights(str(tmp_path)) == weights
+    with pytest.raises(GwdetValueError, match=r"has trained 50 iterations \(model_0000049.pth\), more than "
+                                              r"SOLVER.MAX_ITER 40"):
+        check_resume_trains(str(tmp_path), 40)
+    (tmp_path / "last_checkpoint").write_text("")  # the same without a name: newest first, the damaged one passed
+    assert resumed_iteration(str(tmp_path)) == (earlier, 50)
+
+
+def test_a_moved_schedule_is_warned_of_with_an_empty_last_checkpoint(tmp_path, caplog):
+    # before: no warning, though the resume starts from the folder's own model_final.pth at iteration 3
+    from gwdet.engine.output_dir import ScheduleAt, warn_of_a_moved_schedule
+
+    checkpoint_file(tmp_path, "model_final.pth", {"model": {}, "iteration": 2})
+    (tmp_path / "last_checkpoint").write_text("")
+    (tmp_path / CONFIG_NAME).write_text("SOLVER:\n  MAX_ITER: 3\n")
+    asked = []
+
+    def factors(path, iteration):
+        asked.append(iteration)
+        return ScheduleAt(3, 5, 1.0, 0.6004)
+
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        warn_of_a_moved_schedule(str(tmp_path), factors, max_iter_setting="SOLVER.MAX_ITER", schedule="the schedule",
+                                 rate_setting="SOLVER.BASE_LR", keep="SOLVER.MAX_ITER {}", alternative=None)
+    assert asked == [3]
+    assert ("at the resumed iteration 3 the learning rate becomes 0.6004 x SOLVER.BASE_LR, where the run had 1 x"
+            in caplog.text)
+
+
+def test_an_empty_last_checkpoint_is_named_when_the_resume_tries_the_checkpoints_newest_first(tmp_path, caplog):
+    # before: an empty (or blank) last_checkpoint was passed over without a word
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    checkpoint_file(tmp_path, "model_0000001.pth", {"model": {}, "iteration": 1}, tag=False)
+    checkpoint_file(tmp_path, "model_0000003.pth", {"model": {}, "iteration": 3}, tag=False)
+    checkpointer = ResilientCheckpointer(torch.nn.Linear(2, 2), save_dir=str(tmp_path))
+    for text in ("", " \n"):
+        (tmp_path / "last_checkpoint").write_text(text)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="gwdet.checkpoint.resilient"):
+            candidates = checkpointer.resume_candidates()
+        assert [os.path.basename(path) for path in candidates] == ["model_0000003.pth", "model_0000001.pth"]
+        assert (f"last_checkpoint in {tmp_path} is empty; trying the checkpoints there newest first."
+                in caplog.messages)
+
+
+def test_a_resume_past_the_schedule_with_an_empty_last_checkpoint_is_gwdets_refusal(finished_run, tmp_path):
+    # before: detectron2's "where in ParamScheduler must be in [0, 1]: got 1.5", not gwdet's refusal
+    import shutil
+
+    from conftest import tiny_run_args
+    from gwdet.engine.run import main
+    from gwdet.errors import GwdetValueError
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    (run / "last_checkpoint").write_text("")
+    with pytest.raises(GwdetValueError, match=re.escape(
+            f"--resume: the run in {str(run)!r} has trained 2 iterations (model_final.pth), more than SOLVER.MAX_ITER "
+            "1: resuming would train nothing")):
+        main(tiny_run_args(run, "--resume", "SOLVER.MAX_ITER", "1"))

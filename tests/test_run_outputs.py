@@ -521,3 +521,61 @@ def test_a_stop_signal_while_drawing_is_logged_and_the_resume_says_how_to_draw(t
         main(tiny_run_args(output, "TEST.VIS_IMAGES", "3", "--resume"))
     evaluated = main(tiny_run_args(output, "TEST.VIS_IMAGES", "3", "--eval-only", "--resume"))  # the way given
     assert evaluated is not None and len(list((output / "eval" / "model_final" / "vis").glob("*.png"))) == 3
+
+
+# BatchWhitening's rank warning of a run training one image per batch was printed on stderr only:
+# log.txt, results.md's Warnings and the last log line's count did not have it
+def test_gwdets_python_warnings_in_a_run_reach_the_gwdet_logger_and_the_runs_warnings():
+    import warnings
+
+    from gwdet.engine.run_log import RunWarnings
+    from gwdet.layers.batch_whitening import BatchWhitening
+
+    layer = BatchWhitening(16, group_size=16).train()
+    hook = warnings.showwarning
+    with warnings.catch_warnings(record=True) as shown, logged_warnings("gwdet") as logged:
+        warnings.simplefilter("always")
+        with RunWarnings() as warned:
+            layer(torch.randn(1, 16, 1, 2))  # 2 samples per group of 16 channels
+            torch.tensor(torch.ones(1))  # torch's own UserWarning: not gwdet's
+    rank = ("BatchWhitening: 2 samples (N x H x W) per group of 16 channels in training: the group covariance has "
+            "rank at most 1, so the running whitening matrix keeps up to eps^-1/2 = 316 along the 15 missing "
+            "directions, and evaluation amplifies them. Train with more than 16 samples per batch, or a group_size "
+            "below 2.")
+    assert warned.messages == [rank] and logged == [rank]
+    assert [str(warning.message) for warning in shown if "BatchWhitening" in str(warning.message)] == []
+    assert [warning.category for warning in shown] == [UserWarning]  # torch's stays a Python warning
+    assert "copy construct from a tensor" in str(shown[0].message)
+    assert warnings.showwarning is hook
+
+
+# gwdet's warnings were plain RuntimeWarnings, which a run could not tell from other packages'
+def test_gwdets_warning_categories_are_the_built_in_ones_too():
+    import warnings
+
+    from gwdet.errors import GwdetRuntimeWarning, GwdetUserWarning, GwdetWarning
+    from gwdet.layers.batch_whitening import BatchWhitening
+
+    assert issubclass(GwdetRuntimeWarning, RuntimeWarning) and issubclass(GwdetRuntimeWarning, GwdetWarning)
+    assert issubclass(GwdetUserWarning, UserWarning) and issubclass(GwdetUserWarning, GwdetWarning)
+    layer = BatchWhitening(16, group_size=16).train()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        with pytest.warns(RuntimeWarning, match=r"BatchWhitening: 2 samples \(N x H x W\) per group of 16") as shown:
+            layer(torch.randn(1, 16, 1, 2))
+    assert [warning.category for warning in shown] == [GwdetRuntimeWarning]
+
+
+# a run training BW on one image per batch printed BatchWhitening's rank warning on stderr only:
+# log.txt and results.md did not have it, and the last log line did not count it
+def test_a_layers_warning_in_a_run_reaches_its_log_and_results(tmp_path):
+    main(tiny_run_args(tmp_path, "MODEL.RESNETS.NORM", "BW", "SOLVER.IMS_PER_BATCH", "1"))
+    rank = "per group of 16 channels in training: the group covariance has rank at most"
+    assert "gwdet WARNING: BatchWhitening: " in (tmp_path / "log.txt").read_text()
+    assert rank in (tmp_path / "log.txt").read_text()
+    warnings = (tmp_path / "results.md").read_text().split("\n## Warnings\n")[1]
+    assert f"- BatchWhitening: 16 samples (N x H x W) {rank} 15" in warnings
+    recorded = json.loads((tmp_path / "results.json").read_text())["environment"]["warnings"]
+    assert any(rank in message for message in recorded)
+    last = (tmp_path / "log.txt").read_text().splitlines()[-1]
+    assert f"gwdet warned {len(recorded)} times in this run" in last

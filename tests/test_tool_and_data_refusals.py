@@ -289,3 +289,26 @@ def test_a_json_key_given_twice_an_ignore_flag_and_a_named_pipe_are_refused_at_r
 
     os.mkfifo(tmp_path / "image.png")
     assert image_file_problem(str(tmp_path / "image.png")).startswith("is not a regular file (a named pipe")
+
+
+def test_an_equals_sign_meant_inside_a_register_coco_name_is_named_beside_the_missing_file(tmp_path, capsys,
+                                                                                          monkeypatch):
+    # before: "dataset 't': the annotation file .../v=/.../ds.json does not exist.", blaming the file alone
+    from gwdet.engine.arguments import parse_args
+
+    json_file, root = write_dataset(tmp_path / "data").split(":")
+    with pytest.raises(DatasetError) as refused:
+        CocoDataset.parse(f"t=v={json_file}:{root}")
+    assert str(refused.value) == (
+        f"dataset 't': the annotation file {os.path.abspath('v=' + json_file)} does not exist: NAME ends at the first "
+        f"'=' of 't=v={json_file}:{root}', so the name is 't' and JSON is 'v={json_file}'. A dataset name cannot hold "
+        f"'=' (use letters, digits, '_', '.' and '-'): if 't=v' was meant as the name, give one without '=', e.g. "
+        f"--register-coco t_v={json_file}:{root}, and the same name in DATASETS.TRAIN or DATASETS.TEST.")
+    with pytest.raises(SystemExit) as stopped:
+        parse_args(["--config-file", str(DEMO_CONFIG), "--register-coco", f"t=v={json_file}:{root}"])
+    assert stopped.value.code == 2
+    assert "A dataset name cannot hold '='" in capsys.readouterr().err
+    # an existing file whose name holds '=' is read as it is
+    (tmp_path / "v=ds.json").write_bytes(open(json_file, "rb").read())
+    monkeypatch.chdir(tmp_path)
+    assert CocoDataset.parse(f"t=v=ds.json:{root}") == CocoDataset("t", str(tmp_path / "v=ds.json"), root)

@@ -38,7 +38,7 @@ from gwdet.config import SHAPES_PREFIX
 from gwdet.utils.fingerprints import split_fingerprints
 from gwdet.utils.cli_errors import (as_override, file_url_path, link_dotdot_problem, unexpanded_variable_note,
                                     unexpanded_variable_problem)
-from gwdet.utils.run_file_names import FINAL_WEIGHTS, LAST_CHECKPOINT
+from gwdet.utils.run_file_names import LAST_CHECKPOINT
 from gwdet.utils.atomic import (cached_sha256, checksum_findings, file_version, same_file_version, shown_record,
                                 write_atomically, write_with_checksum)
 from gwdet.checkpoint.compatibility import (
@@ -68,6 +68,7 @@ from gwdet.checkpoint.integrity import (
 )
 from gwdet.checkpoint.optimizer_state import optimizer_state_problem
 from gwdet.checkpoint.converted_weights import check_conversion_metadata, read_conversion_metadata
+from gwdet.checkpoint.resume_order import CHECKPOINT_NAME, checkpoint_names, resume_order
 from gwdet.checkpoint.run_identity import RUN_ID_KEY, check_same_run, new_run_id, record_run_id
 from gwdet.layers.settings_state import EXTRA_STATE_KEY
 from gwdet.norms import SYNCHRONIZED_NORMS, TORCH_BATCH_NORMS, layer_types
@@ -78,10 +79,6 @@ from gwdet.errors import (GwdetError, GwdetFileExistsError, GwdetFileNotFoundErr
                           GwdetValueError, did_you_mean, listed)
 
 logger = logging.getLogger(__name__)  # gwdet's own messages: a run lists its warnings (gwdet.engine.run_log)
-
-# The checkpoints a run writes: detectron2's PeriodicCheckpointer names them model_{iteration:07d}
-# and model_final, gwdet's signal checkpoints (gwdet.checkpoint.signal_hook) likewise.
-CHECKPOINT_NAME = re.compile(r"^model_(\d{7,}|final)\.pth$")
 
 
 def _check_iteration_of_its_name(path: str, iteration: int, save_dir: str) -> None:
@@ -212,14 +209,6 @@ def _check_extras(name: str, extra: Mapping[str, Any], written: Sequence[str]) -
                 f"{_extra_fix(key, value, problem)}")
 
 
-def checkpoint_names(folder: str) -> list[str]:
-    """The names of the checkpoints in ``folder`` (:data:`CHECKPOINT_NAME`), sorted; none for a
-    folder that is not there (or not local)."""
-    if "://" in folder or not os.path.isdir(folder):
-        return []
-    return sorted(name for name in os.listdir(folder) if CHECKPOINT_NAME.match(name))
-
-
 def checkpoint_files(folder: str) -> dict[str, tuple[int, int]]:
     """The checkpoints in ``folder`` (:func:`checkpoint_names`), each with its size and modification
     time in nanoseconds: what changes when a checkpoint is written again."""
@@ -231,11 +220,6 @@ def checkpoint_files(folder: str) -> dict[str, tuple[int, int]]:
     return files
 
 
-def numbered_iteration(name: str) -> int | None:
-    """The iteration a numbered checkpoint's name gives (``model_0000004.pth``: 4); ``None`` for
-    ``model_final.pth`` and any other name."""
-    match = CHECKPOINT_NAME.match(name)
-    return int(match.group(1)) if match and match.group(1).isdigit() else None
 UNSAFE_PICKLE_ENV = "GWDET_ALLOW_UNSAFE_PICKLE"
 MISMATCH_ENV = "GWDET_ALLOW_NORM_MISMATCH"
 _OPT_IN = f"set the environment variable {UNSAFE_PICKLE_ENV}=1"
@@ -497,21 +481,6 @@ TORCHVISION_RESNET_PREFIXES = ("layer1.", "layer2.", "layer3.", "layer4.", "conv
 
 class WeightsDownloadError(GwdetError, OSError):
     """Initial weights named by a URL that cannot be downloaded here."""
-
-
-
-
-def tagged_name(save_dir: str) -> str:
-    """The file name ``save_dir/last_checkpoint`` holds, stripped (not checked; a path of a file in
-    ``save_dir``, absolute or relative to it as ``./model_0000001.pth``, as its name there); ``OSError``
-    when it cannot be read, ``UnicodeDecodeError`` when it is not text."""
-    with open(os.path.join(save_dir, LAST_CHECKPOINT), "rb") as f:
-        name = f.read(4096).decode("utf-8").strip()
-    if os.path.isabs(name) and os.path.realpath(os.path.dirname(name)) == os.path.realpath(save_dir):
-        return os.path.basename(name)
-    if name and not os.path.isabs(name) and os.path.dirname(os.path.normpath(name)) == "":
-        return os.path.normpath(name)  # ./model_0000001.pth: detectron2 joins it to the folder
-    return name
 
 
 def local_weights_path(path: str, setting: str = "MODEL.WEIGHTS") -> str:
@@ -904,6 +873,48 @@ def numbered_layers_held(unused: Sequence[str], model_keys: Sequence[str], lazy:
 EVALUATION_OUTCOME = "evaluating it would report a partly random model"
 
 
+# The keys of an optimizer's parameter group that are not values it trains with: its parameters (and
+# their names), and the rate an LR scheduler starts from (the scheduler's, set when it is built).
+NOT_GROUP_VALUES = frozenset({"params", "param_names", "initial_lr"})
+
+
+def _group_values(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """The values of each parameter group of ``optimizer`` (``lr``, ``weight_decay``, ``momentum``,
+    ...; not :data:`NOT_GROUP_VALUES`)."""
+    return [{key: value for key, value in group.items() if key not in NOT_GROUP_VALUES}
+            for group in optimizer.param_groups]
+
+
+def _shown_value(value: Any) -> str:
+    """A parameter group's value as a message shows it (a one-number tensor as its number)."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return repr(value.item())
+    return repr(value)
+
+
+def _same_value(old: Any, new: Any) -> bool:
+    """Whether two values of a parameter group are equal (NaN as NaN; a tensor as its number)."""
+    if _shown_value(old) == _shown_value(new):
+        return True
+    try:
+        return bool(old == new)
+    except (RuntimeError, TypeError, ValueError):  # tensors of several numbers, values that do not compare
+        return False
+
+
+def replaced_group_values(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What loading an optimizer state changed of its parameter groups' values (``before`` and
+    ``after``: :func:`_group_values`), one entry per key and change, e.g. ``"weight_decay of 65
+    parameter group(s) 0.3 -> 0.0"``; a key the groups hold on one side only is not compared."""
+    changes: dict[tuple[str, str, str], int] = {}
+    for old_values, new_values in zip(before, after, strict=False):  # torch keeps the number of groups
+        for key, old in old_values.items():
+            if key in new_values and not _same_value(old, new_values[key]):
+                change = (key, _shown_value(old), _shown_value(new_values[key]))
+                changes[change] = changes.get(change, 0) + 1
+    return [f"{key} of {count} parameter group(s) {old} -> {new}" for (key, old, new), count in changes.items()]
+
+
 def _check_checkpointer_arguments(args: Sequence[Any], kwargs: Mapping[str, Any], segment: Any,
                                   training_data: Any) -> None:
     """Refuse :class:`ResilientCheckpointer`'s arguments of a type it cannot use, naming the argument,
@@ -959,17 +970,22 @@ class ResilientCheckpointer(DetectionCheckpointer):
     ``segment``: what this process trains with (versions, threads, ...; or a function giving it
     when a checkpoint is saved), saved with the earlier stretches of a resumed run under
     :data:`RUN_SEGMENTS_KEY` (:meth:`run_segments`).
+    ``compare_optimizer_values``: warn when loading the state of an optimizer among the
+    checkpointables replaces its parameter groups' values (``lr``, ``weight_decay``, ...) by the
+    checkpoint's, as torch's ``Optimizer.load_state_dict`` does (off where the caller sets its own
+    values again after the load).
     """
 
     def __init__(self, *args: Any, require_every_weight: bool = False,
                  incomplete_outcome: str = EVALUATION_OUTCOME,
                  weights_setting: str = "MODEL.WEIGHTS",
                  classes: Sequence[str] | None = None, training_data: Mapping[str, Mapping[str, Any]] | None = None,
-                 compare_input: bool = True,
+                 compare_input: bool = True, compare_optimizer_values: bool = True,
                  segment: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None, **kwargs: Any) -> None:
         _check_checkpointer_arguments(args, kwargs, segment, training_data)
         check_flag("ResilientCheckpointer", "require_every_weight", require_every_weight)
         check_flag("ResilientCheckpointer", "compare_input", compare_input)
+        check_flag("ResilientCheckpointer", "compare_optimizer_values", compare_optimizer_values)
         super().__init__(*args, **kwargs)
         folder: Any = self.save_dir
         if isinstance(folder, (str, os.PathLike)) and os.fspath(folder):  # ~ expanded, as load() expands its path
@@ -977,6 +993,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
         self.require_every_weight = bool(require_every_weight)
         self.incomplete_outcome = incomplete_outcome
         self.compare_input = bool(compare_input)
+        self.compare_optimizer_values = bool(compare_optimizer_values)
         self.weights_setting = weights_setting
         names = list(classes) if classes is not None and not isinstance(classes, str) else classes  # read once
         if names is not None and (isinstance(names, str) or not all(isinstance(name, str) for name in names)):
@@ -1095,40 +1112,15 @@ class ResilientCheckpointer(DetectionCheckpointer):
         write_atomically(path, lambda file: file.write(last_filename_basename.encode("utf-8")))
 
     def resume_candidates(self) -> list[str]:
-        """The checkpoint ``last_checkpoint`` names (when it is a file of the folder), then the other
-        ``model_*.pth`` latest iteration first: a numbered one's from its name, ``model_final.pth``'s
-        as recorded inside it (a finished run resumed to train further writes numbered checkpoints
-        after it; a checkpoint copied back from a backup is as old as its iteration, whenever it was
-        written). One whose iteration cannot be read is tried last."""
-        others = checkpoint_names(self.save_dir)
-
-        def iteration(name: str) -> int:
-            numbered = numbered_iteration(name)
-            if numbered is not None:
-                return numbered
-            try:  # mapped, not read: only the pickled values are loaded
-                recorded = load_torch_file(os.path.join(self.save_dir, name), False, _OPT_IN, mmap=True).get("iteration")
-            except Exception:  # damaged or cut short: its load says so, when it is tried
-                return -1
-            return recorded if isinstance(recorded, int) else -1
-
-        others.sort(key=lambda n: (-iteration(n), n != FINAL_WEIGHTS))
-        try:
-            tagged = tagged_name(self.save_dir) if self.has_checkpoint() else None
-        except (UnicodeDecodeError, OSError) as error:
-            logger.warning(f"last_checkpoint in {self.save_dir} cannot be read ({error}); trying the "
-                           "checkpoints there newest first.")
-            tagged = None
-        if tagged and not tagged.endswith(".pth") and not os.path.lexists(os.path.join(self.save_dir, tagged)):
-            logger.warning(f"last_checkpoint in {self.save_dir} is damaged: it holds {tagged!r}, which is not the file "
-                           "name of a checkpoint; trying the checkpoints there newest first.")
-            tagged = None
-        elif tagged and (os.sep in tagged or not os.path.isfile(os.path.join(self.save_dir, tagged))):
-            logger.warning(f"last_checkpoint names {tagged}, which is not in {self.save_dir}; "
-                           "trying the other checkpoints there.")
-            tagged = None
-        ordered = ([tagged] if tagged else []) + [n for n in others if n != tagged]
-        return [os.path.join(self.save_dir, n) for n in ordered]
+        """The paths of the checkpoints of ``save_dir`` in the order a resume tries them
+        (:func:`~gwdet.checkpoint.resume_order.resume_order`): the one ``last_checkpoint`` names (when
+        it is a file of the folder), then the others latest iteration first. A ``last_checkpoint``
+        that cannot be read, is empty, holds no checkpoint's name or names a file outside the folder
+        is passed over with a warning that says so."""
+        order = resume_order(self.save_dir, tag_expected=self.has_checkpoint())
+        if order.tag_problem is not None:
+            logger.warning(order.tag_problem)
+        return [os.path.join(self.save_dir, n) for n in order.names]
 
     def _recorded_run_ids(self, resumed: str) -> dict[str, Any]:
         """The run identity each other checkpoint of ``save_dir`` than ``resumed`` records (mapped,
@@ -1418,13 +1410,38 @@ class ResilientCheckpointer(DetectionCheckpointer):
         self._asked_checkpointables = self._checked_checkpointables(checkpointables)
         self._restoring = list(self.checkpointables) if checkpointables is None else self._asked_checkpointables
         self._loading = path
+        watched = {key: _group_values(obj) for key, obj in self.checkpointables.items()
+                   if self.compare_optimizer_values and isinstance(obj, torch.optim.Optimizer)}
         try:
-            return super().load(path, checkpointables)
+            loaded = super().load(path, checkpointables)
+            for key, before in watched.items():
+                self._warn_of_replaced_group_values(key, path, before)
+            return loaded
         finally:
             self._loading = None
             self._asked_checkpointables = []
             self._restoring = []
             self._parsed_url_during_load = None  # detectron2's load leaves it set when it raises: every later load failed
+
+    def _warn_of_replaced_group_values(self, key: str, path: str, before: list[dict[str, Any]]) -> None:
+        """Warn when loading ``path`` replaced the parameter groups' values of the optimizer
+        checkpointable ``key`` (``before``: its values before the load) by the checkpoint's."""
+        optimizer = self.checkpointables[key]
+        changes = replaced_group_values(before, _group_values(optimizer))
+        if not changes:
+            return
+        scheduled = any("initial_lr" in group for group in optimizer.param_groups)
+        rate = (" (lr: the rate the run's LR scheduler had set when the checkpoint was saved; the scheduler sets the "
+                "next ones from its base_lrs)" if scheduled and any(change.startswith("lr ") for change in changes)
+                else "")
+        logger.warning(
+            f"ResilientCheckpointer.load: the {key!r} state of {path} replaced the optimizer's parameter-group values "
+            f"by the checkpoint's, as torch's Optimizer.load_state_dict loads an optimizer state: {listed(changes, 6)}"
+            f"{rate}. The optimizer trains on with the checkpoint's values, not those it was built with. To train "
+            "with your own values, set them on optimizer.param_groups after the load (e.g. group['weight_decay'] = "
+            "...; under an LR scheduler, its base_lrs for the rate), or resume with gwdet's Trainer / "
+            "tools/train_net.py (LazyTrainer / tools/lazyconfig_train_net.py for a LazyConfig), which keep the "
+            "config's values; ResilientCheckpointer(..., compare_optimizer_values=False) where your code sets them.")
 
     def _checked_checkpointables(self, checkpointables: Any) -> list[str]:
         """The checkpointables :meth:`load` is asked to restore by name (``None``: whichever the file

@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import re
+import shlex
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -149,7 +150,9 @@ class CocoDataset:
         """``NAME=JSON:IMAGE_ROOT`` with ``~`` expanded and relative paths made absolute; the ``:``
         that separates the paths is the one after which JSON is an existing file (the last ``:``
         when none is, or when several are and only the last leaves an existing folder), so a path may
-        hold ``:`` itself. :class:`DatasetError` for any other form, or for a split that is ambiguous."""
+        hold ``:`` itself. :class:`DatasetError` for any other form, or for a split that is ambiguous;
+        NAME ends at the first ``=``, and a JSON that is not there whose text starts with a name and
+        ``=`` is refused as a name meant to hold ``=``, which no dataset name may."""
         name, equals, paths = text.partition("=")
         json_file, colon, image_root = _split_paths(paths, text)
         name = name.strip()
@@ -158,6 +161,7 @@ class CocoDataset:
         if not NAME_PATTERN.fullmatch(name):
             raise DatasetError(f"dataset name {name!r} (in {text!r}): use letters, digits, '_', '.' and '-', "
                                f"starting with a letter or digit, e.g. {EXAMPLE}")
+        _check_no_equals_in_name(name, json_file, image_root, text)
         for path in (json_file, image_root):
             problem = link_dotdot_problem(f"{FLAG} {name}=...", os.path.expanduser(path.strip()))
             if problem is not None:
@@ -177,6 +181,23 @@ class CocoDataset:
     def read(self) -> CocoContents:
         """:attr:`contents`, or what the JSON file holds, read on first use."""
         return self.contents if self.contents is not None else inspect_coco_file(self)
+
+
+def _check_no_equals_in_name(name: str, json_file: str, image_root: str, text: str) -> None:
+    """Refuse ``text`` (``NAME=JSON:IMAGE_ROOT``) whose JSON, read after the first ``=``, is not there
+    and itself starts with a name and ``=`` (``t=v=ds.json:img``): NAME was meant to hold ``=``,
+    which no dataset name may (detectron2's ``DATASETS`` lists take names of letters, digits, ``_``,
+    ``.`` and ``-``)."""
+    rest, equals, meant_json = json_file.partition("=")
+    if not equals or not NAME_PATTERN.fullmatch(rest.strip()) or os.path.exists(_absolute(json_file)):
+        return
+    meant, renamed = f"{name}={rest.strip()}", f"{name}_{rest.strip()}"
+    raise DatasetError(
+        f"dataset {name!r}: the annotation file {_absolute(json_file)} does not exist: NAME ends at the first '=' of "
+        f"{text!r}, so the name is {name!r} and JSON is {json_file.strip()!r}. A dataset name cannot hold '=' (use "
+        f"letters, digits, '_', '.' and '-'): if {meant!r} was meant as the name, give one without '=', e.g. {FLAG} "
+        f"{shlex.quote(f'{renamed}={meant_json.strip()}:{image_root.strip()}')}, and the same name in DATASETS.TRAIN "
+        "or DATASETS.TEST.")
 
 
 def _absolute(path: str) -> str:

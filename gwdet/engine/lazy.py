@@ -43,7 +43,8 @@ from gwdet.errors import GwdetTypeError, GwdetValueError, listed
 from gwdet.layers.settings_state import TEST_TIME_SETTINGS
 from gwdet.utils.atomic import remove_checksum
 from gwdet.checkpoint.compatibility import unwrapped
-from gwdet.checkpoint.resilient import CLASSES_ATTRIBUTE, absolute_weights_path, numbered_iteration
+from gwdet.checkpoint.resilient import CLASSES_ATTRIBUTE, absolute_weights_path
+from gwdet.checkpoint.resume_order import numbered_iteration
 from gwdet.checkpoint.signal_hook import release_stop_signals
 from gwdet.data.boxes import check_dataset_boxes
 from gwdet.data.coco_registration import (
@@ -258,7 +259,10 @@ def _build_checked_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.o
         else:
             params.model = previous
     if params.get("weight_decay_norm") is not None:
-        check_norm_weight_decay(model, optimizer, params.weight_decay_norm, params.get("weight_decay_bias"))
+        overrides: Any = params.get("overrides")  # checked by check_optimizer_values: a mapping of mappings, or None
+        if isinstance(overrides, DictConfig):
+            overrides = OmegaConf.to_container(overrides)
+        check_norm_weight_decay(model, optimizer, params.weight_decay_norm, params.get("weight_decay_bias"), overrides)
     return optimizer
 
 

@@ -29,6 +29,7 @@ import json
 import logging
 import math
 import os
+import pickle
 import re
 import shlex
 import shutil
@@ -50,9 +51,9 @@ from gwdet.errors import (
     GwdetValueError,
     listed,
 )
-from gwdet.checkpoint.safe_load import load_torch_file, starts_like_torch_save_output
-from gwdet.checkpoint.resilient import (CHECKPOINT_NAME, INITIAL_WEIGHTS_KEY, checkpoint_names, local_weights_path,
-                                        lost_checkpoint_error, numbered_iteration, tagged_name)
+from gwdet.checkpoint.safe_load import UnsafeCheckpointError, load_torch_file, starts_like_torch_save_output
+from gwdet.checkpoint.resilient import INITIAL_WEIGHTS_KEY, local_weights_path, lost_checkpoint_error
+from gwdet.checkpoint.resume_order import CHECKPOINT_NAME, checkpoint_names, numbered_iteration, resume_order, tagged_name
 from gwdet.utils.run_file_names import (LAST_CHECKPOINT, RUN_ID, LOCK_NAME, FINAL_WEIGHTS, CONFIG_NAME, RESULTS_MARKDOWN,
                                    RESULTS_JSON, EVALUATOR_FILES, CONFIG_FILES, RUN_FILES, SET_ASIDE_INFIX,
                                    EARLIER_RESULTS, EVAL_FOLDER, INFERENCE_FOLDER, VIS_FOLDER, RUN_FOLDERS, CONFIG_KEPT,
@@ -850,31 +851,40 @@ def check_config_checksum(path: str, output_dir: str, output_setting: str = "OUT
             "train into another output folder.", record)
 
 
-def _tagged_checkpoint_contents(output_dir: str) -> tuple[str, dict] | None:
-    """``(path, contents)`` of the checkpoint ``output_dir/last_checkpoint`` names, read without
-    loading its tensors; ``None`` when there is no such checkpoint, or it is unreadable or damaged."""
-    from gwdet.checkpoint.safe_load import load_torch_file
-
-    name = _tagged_checkpoint_name(output_dir) if os.path.isdir(output_dir) else None
-    if name is None:
+def _resumed_checkpoint_contents(output_dir: str) -> tuple[str, dict] | None:
+    """``(path, contents)`` of the checkpoint a ``--resume`` in ``output_dir`` takes, read without
+    loading its tensors: the first of the folder's checkpoints in the order the resume tries them
+    (:func:`~gwdet.checkpoint.resume_order.resume_order`: the one ``last_checkpoint`` names, else
+    the others newest first) that the resume does not pass over, as the checkpointer passes over one
+    that differs from its SHA-256 record or cannot be read (damaged, cut short, not a checkpoint).
+    ``None`` when there is no such checkpoint, or the resume refuses the first it would take (one
+    that needs unsafe loading, or holds no dict): the resume itself then says why."""
+    if not os.path.isdir(output_dir):
         return None
-    path = os.path.join(output_dir, name)
-    if checksum_problem(path) is not None:
-        return None
-    try:
-        data = load_torch_file(path, allow_unsafe=False, how_to_opt_in="", mmap=True)
-    except Exception:  # torch.load reports bad files with many exception types; the resume names them
-        return None
-    return (path, data) if isinstance(data, dict) else None
+    for name in resume_order(output_dir).names:
+        path = os.path.join(output_dir, name)
+        try:
+            if checksum_findings(path)[1] is not None:  # differs from its record: the resume takes the previous one
+                continue
+            data = load_torch_file(path, allow_unsafe=False, how_to_opt_in="", mmap=True)
+        except UnsafeCheckpointError:  # the resume refuses it, naming the opt-in
+            return None
+        except (OSError, EOFError, RuntimeError, pickle.UnpicklingError, DamagedFileError):  # as the resume skips
+            continue
+        except Exception:  # torch.load reports bad files with many exception types; the resume names them
+            return None
+        return (path, data) if isinstance(data, dict) else None
+    return None
 
 
 def resumed_iteration(output_dir: str) -> tuple[str, int] | None:
-    """``(checkpoint, iteration)``: the checkpoint ``output_dir/last_checkpoint`` names and the
-    iteration a ``--resume`` starts from (the one recorded in it, + 1, as detectron2's
+    """``(checkpoint, iteration)``: the checkpoint a ``--resume`` in ``output_dir`` takes (the one
+    ``last_checkpoint`` names, else the newest readable one there: :func:`_resumed_checkpoint_contents`)
+    and the iteration the resume starts from (the one recorded in it, + 1, as detectron2's
     ``DefaultTrainer.resume_or_load`` counts), read without loading its tensors. ``None`` when that
-    cannot be told (no such checkpoint; unreadable or damaged, so that the resume takes an older
-    one; no iteration recorded): the resume itself then decides."""
-    found = _tagged_checkpoint_contents(output_dir)
+    cannot be told (no checkpoint the resume takes; no iteration recorded): the resume itself then
+    decides."""
+    found = _resumed_checkpoint_contents(output_dir)
     if found is None:
         return None
     path, data = found
@@ -884,8 +894,9 @@ def resumed_iteration(output_dir: str) -> tuple[str, int] | None:
 
 def recorded_initial_weights(output_dir: str) -> Mapping[str, Any] | None:
     """The initial weights (``{"path", "sha256"}``) the run in ``output_dir`` started from: as its
-    ``results.json`` records them, or before its results as the checkpoint ``last_checkpoint`` names
-    carries them (:data:`~gwdet.checkpoint.resilient.INITIAL_WEIGHTS_KEY`); ``None`` without a record."""
+    ``results.json`` records them, or before its results as the checkpoint a ``--resume`` takes
+    (:func:`_resumed_checkpoint_contents`) carries them
+    (:data:`~gwdet.checkpoint.resilient.INITIAL_WEIGHTS_KEY`); ``None`` without a record."""
     try:
         with open(os.path.join(output_dir, RESULTS_JSON), "rb") as file:
             recorded = json.load(file)[ENVIRONMENT_KEY]["initial_weights"]
@@ -893,7 +904,7 @@ def recorded_initial_weights(output_dir: str) -> Mapping[str, Any] | None:
             return recorded
     except (OSError, ValueError, KeyError, TypeError):  # no results yet, an evaluation's, an older run's
         pass
-    found = _tagged_checkpoint_contents(output_dir)
+    found = _resumed_checkpoint_contents(output_dir)
     recorded = found[1].get(INITIAL_WEIGHTS_KEY) if found is not None else None
     return recorded if isinstance(recorded, dict) else None
 

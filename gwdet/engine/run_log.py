@@ -7,8 +7,9 @@ logs in the meantime (the ``--resume`` warning about changed config values, say)
 the run's handlers once they exist, so it reaches the console and ``log.txt`` like any later
 message. :class:`RunWarnings` keeps the warnings gwdet logs while a run runs, for its
 ``results.md`` and ``results.json``: a warning that scrolled by among detectron2's lines is still
-part of the run's record. :func:`guard_log_files` makes the handlers that write ``log.txt`` say
-once, on one line, that its disk is full, then leave the file alone (the console keeps every
+part of the run's record; the Python warnings gwdet's own code issues meanwhile (its layers'
+:class:`~gwdet.errors.GwdetWarning`) are logged under ``gwdet`` too, so they are among them.
+:func:`guard_log_files` makes the handlers that write ``log.txt`` say once, on one line, that its disk is full, then leave the file alone (the console keeps every
 message), where Python's logging would print a traceback for every record. :func:`unwritten_log_error`
 tells whether ``log.txt`` could be written at all.
 """
@@ -18,8 +19,11 @@ import errno
 import logging
 import os
 import sys
+import warnings
 from types import TracebackType
-from typing import Any
+from typing import Any, Callable, TextIO
+
+from gwdet.errors import GwdetWarning
 
 LOGGER = "gwdet"
 # The loggers detectron2's setup_logger gives a handler that writes the run's log file
@@ -84,15 +88,40 @@ class HeldRecords:
 class RunWarnings:
     """In its ``with`` block, every record logged under ``gwdet`` at WARNING or above is kept
     (beside the logger's other handlers, which handle it as before); :attr:`messages` lists their
-    texts in the order first logged, each once."""
+    texts in the order first logged, each once.
+
+    The Python warnings of category :class:`~gwdet.errors.GwdetWarning` shown in the block (after
+    Python's warning filters, which still decide whether and how often one is shown) are logged
+    under ``gwdet`` at WARNING with their message text instead of being printed on stderr, each
+    text once in the block, so that the run's log, its console and :attr:`messages` have them. The block replaces
+    ``warnings.showwarning`` (the hook Python documents for this) and restores it when it ends;
+    warnings of every other category go to the hook it replaced, unchanged."""
 
     def __init__(self, name: str = LOGGER) -> None:
         self._logger = logging.getLogger(name)
         self._collector = _Holder(logging.WARNING)
+        self._previous_hook: Callable[..., Any] = warnings.showwarning
+        self._routing = False
+        self._routed: set[str] = set()  # the texts of the warnings logged in the block
 
     def __enter__(self) -> "RunWarnings":
         self._logger.addHandler(self._collector)
+        self._previous_hook = warnings.showwarning
+        warnings.showwarning = self._show_warning
+        self._routing = True
         return self
+
+    def _show_warning(self, message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                      file: TextIO | None = None, line: str | None = None) -> None:
+        """Log a :class:`~gwdet.errors.GwdetWarning` shown by ``warnings.warn`` under ``gwdet``;
+        hand any other warning (or one shown to a given ``file``, or any once the block ended) to
+        the hook replaced."""
+        if self._routing and file is None and isinstance(category, type) and issubclass(category, GwdetWarning):
+            if str(message) not in self._routed:
+                self._routed.add(str(message))
+                self._logger.warning("%s", message)
+            return
+        self._previous_hook(message, category, filename, lineno, file, line)
 
     @property
     def messages(self) -> list[str]:
@@ -101,6 +130,9 @@ class RunWarnings:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
         self._logger.removeHandler(self._collector)
+        if self._routing:
+            self._routing = False
+            warnings.showwarning = self._previous_hook
 
 
 class _LogFileState:

@@ -32,7 +32,8 @@ from detectron2.utils import comm
 from detectron2.utils.env import seed_all_rng
 from detectron2.utils.events import CommonMetricPrinter, EventWriter, JSONWriter, TensorboardXWriter
 
-from gwdet.checkpoint.resilient import CONTENTS_KEY, IMAGES_KEY, RandomState, ResilientCheckpointer, checkpoint_names
+from gwdet.checkpoint.resilient import CONTENTS_KEY, IMAGES_KEY, RandomState, ResilientCheckpointer
+from gwdet.checkpoint.resume_order import checkpoint_names
 from gwdet.checkpoint.signal_hook import CheckpointOnSignal
 from gwdet.data.coco_registration import coco_dataset
 from gwdet.data.datasets import dataset_classes

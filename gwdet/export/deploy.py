@@ -36,7 +36,7 @@ from detectron2.modeling import META_ARCH_REGISTRY, GeneralizedRCNN
 from gwdet.layers.common import check_flag, check_int_at_least
 from gwdet.modeling.build import check_device
 from gwdet.errors import (GwdetFileExistsError, GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetOSError,
-                          GwdetTypeError, GwdetValueError)
+                          GwdetTypeError, GwdetUserWarning, GwdetValueError)
 from gwdet.checkpoint.safe_load import is_torchscript_archive
 from gwdet.utils.atomic import (
     CHECKSUM_SUFFIX,
@@ -237,7 +237,7 @@ def export_onnx(
     dynamo: bool = False,
     input_names: Optional[Sequence[str]] = None,
     output_names: Optional[Sequence[str]] = None,
-    dynamic_axes: Optional[Dict[str, Dict[int, str]]] = None,
+    dynamic_axes: Optional[Dict[str, Dict[int, str] | List[int]]] = None,
     overwrite: bool = False,
 ) -> None:
     """``torch.onnx.export`` of ``module(*args)`` into ``path``.
@@ -258,6 +258,12 @@ def export_onnx(
     already at ``path`` is replaced only with ``overwrite``, and a ``path`` that does not end in
     ``.onnx`` is refused. ``module`` is exported in evaluation mode and given back in the modes it
     had, whether the export succeeds or fails (:func:`evaluation_mode`).
+
+    ``dynamic_axes`` is a dict from an input's or output's name to its dynamic axes, as a dict of axis
+    to axis name or a list of axes (:func:`_checked_dynamic_axes`); a key that names no input or
+    output of the exported file (the names given, or the exporter's automatic names of the others) is
+    refused before the file is written (:func:`_check_dynamic_axes_names`). An ``opset`` that a layer
+    or the exporter cannot take (gwdet's layers need 13 or newer) is refused naming the default.
     """
     _check_output_file(path, "model.onnx", overwrite, "export_onnx")
     args = _onnx_args(args)
@@ -266,11 +272,12 @@ def export_onnx(
         check_int_at_least("export_onnx", "opset", opset, 1)
         _check_roi_align_opset(module, opset)
     names, outputs = _checked_onnx_names(module, args, dynamo, input_names, output_names)
+    axes = _checked_dynamic_axes(dynamic_axes)
     folder = os.path.dirname(path)
     if folder:
         os.makedirs(folder, exist_ok=True)
     with path_written_with_checksum(path) as temporary, evaluation_mode(module):
-        write_onnx(module, args, temporary, path, opset, dynamo, names, outputs, dynamic_axes)
+        write_onnx(module, args, temporary, path, opset, dynamo, names, outputs, axes)
 
 
 def _check_roi_align_opset(module: torch.nn.Module, opset: int) -> None:
@@ -450,7 +457,7 @@ def _too_many_names(kind: str, names: Sequence[str], count: int, dynamo: bool) -
 def write_onnx(module: torch.nn.Module, args: Tuple[torch.Tensor, ...], file: str, path: str,
                opset: Optional[int] = None, dynamo: bool = False, input_names: Optional[List[str]] = None,
                output_names: Optional[List[str]] = None,
-               dynamic_axes: Optional[Dict[str, Dict[int, str]]] = None) -> None:
+               dynamic_axes: Optional[Dict[str, Any]] = None) -> None:
     """What :func:`export_onnx` writes, into ``file`` as it is (the caller makes it ``path``, the
     name messages give): the export, its subgraph shapes dropped, checked by ``onnx``'s checker, with
     its SHA-256 recorded beside it (``file.sha256``; :func:`~gwdet.utils.atomic.path_written_with_checksum`
@@ -465,6 +472,17 @@ def write_onnx(module: torch.nn.Module, args: Tuple[torch.Tensor, ...], file: st
             if type(error).__name__ != "TorchExportError":  # torch.export captured it; a later step failed
                 raise
             raise _torch_export_refusal(module, path, error) from error
+        except RuntimeError as error:
+            if not str(error).startswith("# Failed to convert 'dynamic_axes'"):
+                raise
+            cause = error.__cause__
+            first = (str(cause).strip().splitlines() or [type(cause).__name__])[0].rstrip(".") if cause else ""
+            reason = f" (torch: {first})" if cause else ""
+            raise GwdetValueError(
+                f"export_onnx(dynamo=True) of {path}: torch could not turn dynamic_axes {dynamic_axes!r} into "
+                f"torch.export's dynamic shapes{reason}. With dynamo=True, key dynamic_axes by the names given in "
+                "input_names (in the order of the module's inputs) or output_names, or export with dynamo=False "
+                "(the default); nothing was written.") from error
         _check_written_name_counts(file, input_names, output_names)  # the dynamo exporter drops extra names
     else:
         returned: List[Optional[int]] = []  # the output count of each call of the module in the trace
@@ -477,8 +495,8 @@ def write_onnx(module: torch.nn.Module, args: Tuple[torch.Tensor, ...], file: st
             outputs = returned[-1] if returned else None
             if output_names is not None and outputs is not None and len(output_names) > outputs:
                 raise _too_many_names("output", output_names, outputs, dynamo) from None
-            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            if not isinstance(error, torch.onnx.errors.UnsupportedOperatorError) and "opset_version" not in reason:
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0].rstrip(".")
+            if not _names_the_opset(error, reason):
                 raise
             raise GwdetValueError(f"The ONNX export of {path} at opset {opset or ONNX_OPSET} failed: {reason}. Export at "
                                   f"an opset the exporter and every layer support (the default, {ONNX_OPSET}; gwdet's "
@@ -487,8 +505,82 @@ def write_onnx(module: torch.nn.Module, args: Tuple[torch.Tensor, ...], file: st
             if hook is not None:
                 hook.remove()
         drop_subgraph_shapes(file)
+    _check_dynamic_axes_names(file, dynamic_axes, input_names, output_names)
     check_onnx_file(file, path, _float64_tensors(module, args))
     record_checksum(file)
+
+
+def _names_the_opset(error: BaseException, reason: str) -> bool:
+    """Whether the TorchScript-based exporter's ``error`` (its first line ``reason``) is about the
+    opset: an operator it cannot export at that opset (``UnsupportedOperatorError``, or its
+    ``OnnxExporterError`` "ONNX export failed on where, which is not implemented for opset 7") or an
+    opset it does not know (``Unsupported onnx_opset_version``)."""
+    if isinstance(error, torch.onnx.errors.UnsupportedOperatorError) or "opset_version" in reason:
+        return True
+    return isinstance(error, torch.onnx.errors.OnnxExporterError) and "for opset" in reason
+
+
+def _checked_dynamic_axes(dynamic_axes: Any) -> Optional[Dict[str, Any]]:
+    """:func:`export_onnx`'s ``dynamic_axes`` as a new dict (``torch.onnx.export`` rewrites the lists in
+    the dict it is given), refused before anything is traced when it is not ``torch.onnx.export``'s
+    form: a dict from an input's or output's name (a str) to its dynamic axes, a dict of axis (an int)
+    to the axis' name or a list of axes (named automatically). A list of names, which the exporter
+    cannot read, is refused naming the dict form."""
+    if dynamic_axes is None:
+        return None
+    if not isinstance(dynamic_axes, Mapping):
+        names = [item for item in dynamic_axes if isinstance(item, str)] if isinstance(dynamic_axes, (list, tuple)) else []
+        first = names[0] if names else "image"
+        shown = f"the {type(dynamic_axes).__name__} {dynamic_axes!r}"[:120]
+        raise GwdetTypeError(
+            f"export_onnx takes dynamic_axes as a dict from an input's or output's name to its dynamic axes, as "
+            f"torch.onnx.export does, not {shown}: give e.g. dynamic_axes={{{first!r}: {{0: 'batch'}}}} (axis 0 free, "
+            f"named 'batch'), or the free axes as a list, {{{first!r}: [0, 1, 2, 3]}} for every axis of a 4-d input "
+            "(named automatically); nothing was written.")
+    for key, axes in dynamic_axes.items():
+        if not isinstance(key, str):
+            raise GwdetTypeError(
+                f"export_onnx: the dynamic_axes key {key!r} ({type(key).__name__}) is not a string: key each entry "
+                f"by the name of an input or output (input_names, output_names), e.g. {{'image': {{0: 'batch'}}}}; "
+                "nothing was written.")
+        listed = list(axes) if isinstance(axes, (Mapping, list)) else None
+        if listed is None or any(isinstance(axis, bool) or not isinstance(axis, int) for axis in listed):
+            raise GwdetTypeError(
+                f"export_onnx: dynamic_axes[{key!r}] is {axes!r}, but the dynamic axes of an input or output are a "
+                f"dict of axis (an int) to its name, e.g. {{0: 'batch'}}, or a list of axes, e.g. [0, 2]: give "
+                f"dynamic_axes={{{key!r}: {{0: 'batch'}}}}; nothing was written.")
+    return {key: dict(axes) if isinstance(axes, Mapping) else list(axes) for key, axes in dynamic_axes.items()}
+
+
+def _check_dynamic_axes_names(file: str, dynamic_axes: Optional[Dict[str, Any]], input_names: Optional[List[str]],
+                              output_names: Optional[List[str]]) -> None:
+    """Refuse ``dynamic_axes`` (of the ONNX file ``file``, written under a temporary name) that has a key
+    naming no input or output of ``file``: the exporter leaves such a key out with no more than a
+    warning, and the axes it meant stay fixed to the example's sizes. The file's names are those given
+    in ``input_names`` and ``output_names`` and the exporter's automatic names of the others. Without
+    the ``onnx`` package the file's names cannot be read, and the keys are not checked."""
+    if not dynamic_axes:
+        return
+    try:
+        import onnx
+    except ImportError:
+        return
+    graph = onnx.load(file, load_external_data=False).graph
+    inputs = [value.name for value in graph.input]
+    outputs = [value.name for value in graph.output]
+    unknown = [key for key in dynamic_axes if key not in inputs and key not in outputs]
+    if not unknown:
+        return
+    given = [f"{argument}={names!r}" for argument, names in (("input_names", input_names),
+                                                              ("output_names", output_names)) if names]
+    named = f"named by {' and '.join(given)}; " if given else ""
+    raise GwdetValueError(
+        f"export_onnx: dynamic_axes names {', '.join(repr(key) for key in unknown)}, which "
+        f"{'is' if len(unknown) == 1 else 'are'} no input or output of the export, so the axes meant would stay "
+        f"fixed to the example's sizes. The export's inputs are {', '.join(repr(name) for name in inputs) or 'none'} "
+        f"and its outputs {', '.join(repr(name) for name in outputs) or 'none'} ({named}the others get the "
+        "exporter's automatic names): key dynamic_axes by those names, or give input_names/output_names for the "
+        "names you use; nothing was written.")
 
 
 def _check_written_name_counts(file: str, input_names: Optional[List[str]], output_names: Optional[List[str]]) -> None:
@@ -548,7 +640,7 @@ def drop_subgraph_shapes(path: str) -> int:
         import onnx
     except ImportError:
         warnings.warn(f"onnx is not installed: {path} keeps the shapes the exporter guessed for its subgraphs, "
-                      "which onnxruntime may stop on (install gwdet's deploy extra)", stacklevel=2)
+                      "which onnxruntime may stop on (install gwdet's deploy extra)", GwdetUserWarning, stacklevel=2)
         return 0
     verify_export(path)
     recorded = os.path.isfile(checksum_path(path))  # a record (even an unusable one) is written anew with the file
@@ -716,7 +808,7 @@ def verify_export(path: str, *, stacklevel: int = 3) -> bool:
     if unusable is not None:
         warnings.warn(f"{path}: {unusable}, so the export is loaded unchecked. Delete "
                       f"{shown_record(path)} (or export again) to load it without this warning.",
-                      stacklevel=stacklevel)
+                      GwdetUserWarning, stacklevel=stacklevel)
         return False
     if differs is not None:
         raise DamagedExportError(
@@ -761,7 +853,8 @@ def _verify_or_warn(path: str) -> None:
     warning, for the reader's caller, where no checksum record is beside the file (a copy without it)."""
     if not verify_export(path, stacklevel=4) and not os.path.lexists(reading_record(path)):
         warnings.warn(f"{path} has no checksum record ({os.path.basename(checksum_path(path))} beside it), so "
-                      "it is loaded unchecked; gwdet's exports record one when they are written.", stacklevel=3)
+                      "it is loaded unchecked; gwdet's exports record one when they are written.", GwdetUserWarning,
+                      stacklevel=3)
 
 
 def _content_format(path: str) -> Optional[str]:
@@ -1006,19 +1099,32 @@ def _session_name(session: Any) -> str:
     return model_path if isinstance(model_path, str) and model_path else "the ONNX session's model"
 
 
-def max_abs_difference(expected: Sequence[Any], actual: Sequence[Any]) -> float:
-    """Largest absolute difference between two equally long sequences of tensors/arrays of equal
-    shapes (a shape mismatch raises ``ValueError``); a NaN on either side, or infinities that
-    differ, count as an infinite difference. An output that is itself a list or tuple of tensors
-    (detectron2's outputs nest) is compared item by item, named by its place (``output 0.1``)."""
+def max_abs_difference(expected: Any, actual: Any) -> float:
+    """Largest absolute difference between two equally long sequences of outputs: tensors, numpy
+    arrays or numbers of equal shapes (a shape mismatch raises ``ValueError``). An output that is
+    itself a list or tuple (detectron2's outputs nest) is compared item by item, named by its place
+    (``output 0.1``), and a dict (detectron2's outputs are dicts) key by key (``output 0['scores']``;
+    both sides need the same keys). Anything else (a str, ``None``, an ``Instances``) is refused by
+    its place and type (``GwdetTypeError``).
+
+    Integers and bools (as 0 and 1) are compared exactly (an int64 above 2**53 too); complex
+    values by the modulus of their difference; integers against floats, and floats, in float64. A
+    NaN on either side, or infinities that differ, count as an infinite difference."""
+    if isinstance(expected, Mapping) or isinstance(actual, Mapping):
+        return _difference(expected, actual, "")
     return _largest_difference(expected, actual, "")
 
 
+def _is_number(value: Any) -> bool:
+    """Whether ``value`` is one plain number (a Python or numpy bool, int, float or complex)."""
+    return isinstance(value, (bool, int, float, complex, np.number, np.bool_))
+
+
 def _holds_arrays(value: Any) -> bool:
-    """Whether ``value`` is a list or tuple with a tensor, array, list or tuple in it: a nested
-    output, compared item by item (a list of plain numbers is one array)."""
-    return isinstance(value, (list, tuple)) and any(
-        isinstance(item, (torch.Tensor, np.ndarray, list, tuple)) for item in value)
+    """Whether ``value`` is a list or tuple with something else than a number in it (a tensor, an
+    array, a list, a dict, or a value that is no number): a nested output, compared item by item (a
+    list of plain numbers is one array)."""
+    return isinstance(value, (list, tuple)) and not all(_is_number(item) for item in value)
 
 
 def _largest_difference(expected: Sequence[Any], actual: Sequence[Any], place: str) -> float:
@@ -1028,19 +1134,88 @@ def _largest_difference(expected: Sequence[Any], actual: Sequence[Any], place: s
         raise GwdetValueError(f"{len(expected)} outputs expected{where}, got {len(actual)}")
     largest = 0.0
     for index, (want, got) in enumerate(zip(expected, actual, strict=True)):
-        if _holds_arrays(want) or _holds_arrays(got):
-            if not (isinstance(want, (list, tuple)) and isinstance(got, (list, tuple))):
-                raise GwdetValueError(
-                    f"output {place}{index}: a {type(got).__name__}, expected a {type(want).__name__}: "
-                    "give both sides' outputs nested alike")
-            largest = max(largest, _largest_difference(want, got, f"{place}{index}."))
-            continue
-        want = torch.as_tensor(want).detach().cpu()
-        got = torch.as_tensor(got).detach().cpu()
-        if want.shape != got.shape:
-            raise GwdetValueError(f"output {place}{index}: shape {tuple(got.shape)}, expected {tuple(want.shape)}")
-        if want.numel():
-            want, got = want.double(), got.double()
-            difference = torch.where(want == got, 0.0, (want - got).abs())  # equal infinities: no difference
-            largest = max(largest, torch.nan_to_num(difference, nan=math.inf).max().item())
+        largest = max(largest, _difference(want, got, f"{place}{index}"))
     return largest
+
+
+def _difference(want: Any, got: Any, name: str) -> float:
+    """:func:`max_abs_difference` of the expected output ``want`` and the actual ``got`` at the place
+    ``name`` (``"0"``, ``"0.1"``, ``"0['scores']"``; ``""``: the dicts given at the top)."""
+    shown = f"output {name}" if name else "the outputs"
+    if isinstance(want, Mapping) or isinstance(got, Mapping):
+        if not (isinstance(want, Mapping) and isinstance(got, Mapping)):
+            raise GwdetValueError(f"{shown}: a {type(got).__name__}, expected a {type(want).__name__}: give both "
+                                  "sides' outputs nested alike")
+        missing = [key for key in want if key not in got]
+        extra = [key for key in got if key not in want]
+        if missing or extra:
+            differences = [f"{', '.join(map(repr, missing))} missing" if missing else "",
+                           f"{', '.join(map(repr, extra))} not expected" if extra else ""]
+            raise GwdetValueError(
+                f"{shown}: keys {list(got)!r}, expected {list(want)!r} ({' and '.join(filter(None, differences))}): "
+                "give both sides' outputs with the same keys")
+        return max((_difference(want[key], got[key], f"{name}[{key!r}]") for key in want), default=0.0)
+    if _holds_arrays(want) or _holds_arrays(got):
+        if not (isinstance(want, (list, tuple)) and isinstance(got, (list, tuple))):
+            raise GwdetValueError(f"{shown}: a {type(got).__name__}, expected a {type(want).__name__}: give both "
+                                  "sides' outputs nested alike")
+        return _largest_difference(want, got, f"{name}.")
+    expected = _compared_tensor(want, shown, "expected")
+    actual = _compared_tensor(got, shown, "actual")
+    if expected.shape != actual.shape:
+        raise GwdetValueError(f"{shown}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}")
+    if not expected.numel():
+        return 0.0
+    if expected.is_complex() or actual.is_complex():
+        expected, actual = expected.to(torch.complex128), actual.to(torch.complex128)
+        real = _float_difference(expected.real, actual.real)
+        imaginary = _float_difference(expected.imag, actual.imag)
+        return torch.hypot(real, imaginary).max().item()
+    if not (expected.is_floating_point() or actual.is_floating_point()):
+        return _integer_difference(expected, actual)
+    return _float_difference(expected.double(), actual.double()).max().item()
+
+
+def _compared_tensor(value: Any, shown: str, side: str) -> torch.Tensor:
+    """``value`` (a tensor, a numpy array, a number or a list of numbers) as a CPU tensor for
+    :func:`_difference`; a Python float or complex keeps float64 precision. Anything else, or an
+    array of no numbers (strings, objects), is refused naming ``shown``, the place, and ``side``."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    array = None
+    if isinstance(value, (np.ndarray, list, tuple)) or _is_number(value):
+        try:
+            array = np.asarray(value)
+        except (TypeError, ValueError):  # a ragged list
+            array = None
+    if array is not None and array.dtype.kind in "biufc":
+        return torch.from_numpy(np.ascontiguousarray(array))
+    text = repr(value)
+    kind = f"a numpy array of {array.dtype}" if isinstance(value, np.ndarray) and array is not None else \
+        type(value).__name__
+    raise GwdetTypeError(
+        f"{shown}: the {side} side is {text if len(text) <= 80 else text[:77] + '...'} ({kind}), which "
+        "max_abs_difference cannot compare: it compares tensors, numpy arrays and numbers, and lists, tuples and "
+        "dicts of them. Give both sides' numeric outputs (e.g. the tensors of an Instances' fields), or compare "
+        "other values with ==.")
+
+
+def _float_difference(want: torch.Tensor, got: torch.Tensor) -> torch.Tensor:
+    """``|want - got|`` of two float64 tensors, 0 where they are equal (equal infinities) and infinite
+    where either holds NaN."""
+    difference = torch.where(want == got, 0.0, (want - got).abs())
+    return torch.nan_to_num(difference, nan=math.inf)
+
+
+def _integer_difference(want: torch.Tensor, got: torch.Tensor) -> float:
+    """The largest ``|want - got|`` of two integer (or bool) tensors, computed exactly without the
+    wrap-around of an int64 subtraction: each value split into its upper and lower 32 bits, whose
+    differences fit int64 and add up exactly in float64 up to 2**53 (beyond it, the float64 nearest
+    to the true difference). uint64 values are compared as Python integers."""
+    if torch.uint64 in (want.dtype, got.dtype):
+        pairs = zip(want.flatten().tolist(), got.flatten().tolist(), strict=True)
+        return float(max(abs(int(a) - int(b)) for a, b in pairs))
+    want, got = want.to(torch.int64), got.to(torch.int64)
+    upper = (want >> 32) - (got >> 32)
+    lower = (want & 0xFFFFFFFF) - (got & 0xFFFFFFFF)
+    return (upper.double() * 2.0 ** 32 + lower.double()).abs().max().item()

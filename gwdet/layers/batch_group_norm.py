@@ -39,7 +39,7 @@ from .common import (
 )
 from .settings_state import SettingsInState
 
-from gwdet.errors import GwdetValueError
+from gwdet.errors import GwdetRuntimeWarning, GwdetValueError
 
 
 def batch_group_norm(
@@ -393,7 +393,7 @@ class BatchGroupNorm(SettingsInState):
                 f"BatchGroupNorm: traced in training mode, the trace splits every batch into the example groups of "
                 f"this one ({x.shape[0]} examples, {self.examples_per_group} per group) and fails on a batch of "
                 "another size. Trace in evaluation mode (model.eval()), which groups no examples.",
-                RuntimeWarning, stacklevel=2)
+                GwdetRuntimeWarning, stacklevel=2)
         if self.training:
             check_single_values("BatchGroupNorm", x, self.num_groups, self.effective_num_groups,
                                 self.examples_per_group)

@@ -32,7 +32,7 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
-from gwdet.errors import GwdetValueError
+from gwdet.errors import GwdetRuntimeWarning, GwdetValueError
 
 from .common import (
     allocating_channels, autocast_disabled, check_evaluation_statistics, check_hyper_parameters, check_input,
@@ -328,5 +328,5 @@ def _warn_singular_covariance(samples: int, group_size: int, eps: float, owner: 
         f"covariance has rank at most {samples - 1}, so the running whitening matrix keeps up to eps^-1/2 = "
         f"{eps ** -0.5:.3g} along the {group_size - samples + 1} missing directions, and evaluation amplifies them. "
         f"Train with more than {group_size} samples per batch, or a group_size below {samples}.",
-        RuntimeWarning, stacklevel=3)
+        GwdetRuntimeWarning, stacklevel=3)
 

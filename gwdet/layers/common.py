@@ -22,7 +22,7 @@ from torch.masked import MaskedTensor
 
 from .tracing import onnx_exporting
 
-from gwdet.errors import GwdetRuntimeError, GwdetTypeError, GwdetValueError
+from gwdet.errors import GwdetRuntimeError, GwdetRuntimeWarning, GwdetTypeError, GwdetValueError
 
 # float32's smallest positive (subnormal) and largest finite value: the range of eps
 FLOAT32_SMALLEST = 2.0 ** -149
@@ -305,7 +305,7 @@ def _check_input_eagerly(owner: str, x: Tensor) -> None:
             f"{owner}: traced on a {x.dtype} input, the trace holds the casts to and from that dtype as constants "
             f"and returns {x.dtype} whatever dtype it is given later, a float32 input rounded to it. Trace with a "
             "float32 input, the dtype the layers whiten in, and give the traced model float32 inputs.",
-            RuntimeWarning, stacklevel=3)
+            GwdetRuntimeWarning, stacklevel=3)
 
 
 @torch.jit.unused

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 from torch import nn
 
-from gwdet.errors import GwdetRuntimeError, GwdetTypeError, GwdetValueError, listed
+from gwdet.errors import GwdetRuntimeError, GwdetRuntimeWarning, GwdetTypeError, GwdetValueError, listed
 
 from .batch_group_norm import BatchGroupNorm
 from .batch_whitening import BatchWhitening
@@ -290,7 +290,7 @@ def _keep_uncalled(layers: Sequence[nn.Module], saved: Sequence[Mapping[str, tor
         shown = [names[id(layers[index])] for index in uncalled]
         warnings.warn(f"update_running_statistics: the forward never called {len(uncalled)} of the layers with running "
                       f"statistics in training mode ({listed(shown, 3)}: a branch the batches do not reach?); their "
-                      "running statistics are kept as they were.", RuntimeWarning, stacklevel=3)
+                      "running statistics are kept as they were.", GwdetRuntimeWarning, stacklevel=3)
 
 
 def _detectron2_like(model: nn.Module, batch: Mapping) -> bool:
@@ -353,7 +353,7 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
         warnings.warn(f"update_running_statistics: {len(others)} layer(s) of classes it does not know keep running "
                       f"statistics ({listed(named, 3)}): they are left as they were (it recomputes torch's batch "
                       "norms, BW, BGN and GhostBN). Recompute theirs as their class defines its momentum.",
-                      RuntimeWarning, stacklevel=2)
+                      GwdetRuntimeWarning, stacklevel=2)
     if not layers:
         raise GwdetValueError(f"update_running_statistics: {type(model).__name__} has no layer with running statistics "
                               "(torch's batch norms, BW, BGN, GhostBN), so there is nothing to recompute.")

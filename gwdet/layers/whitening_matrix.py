@@ -20,7 +20,7 @@ from .common import check_choice, refuse_differentiating_transforms
 from .precision import float32_matmul
 from .tracing import onnx_exporting, recording_reference_graph
 
-from gwdet.errors import GwdetRuntimeError, GwdetValueError
+from gwdet.errors import GwdetRuntimeError, GwdetRuntimeWarning, GwdetValueError
 
 ZCA_NOT_IN_ONNX = (
     "ZCA whitening cannot be exported to ONNX: it needs an eigendecomposition "
@@ -410,7 +410,7 @@ def _zca_factors(cov: Tensor, min_eigenvalue: Union[float, Tensor]) -> Tuple[Ten
     message = looped_eigh_warning(cov.device, cov.shape[-1])
     if message is not None and (str(cov.device), cov.shape[-1]) not in _warned_eigh_sizes:
         _warned_eigh_sizes.add((str(cov.device), cov.shape[-1]))
-        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        warnings.warn(message, GwdetRuntimeWarning, stacklevel=2)
     eigenvalues, eigenvectors = finite_eigh(cov)
     if isinstance(min_eigenvalue, Tensor):
         min_eigenvalue = min_eigenvalue.squeeze(-1)

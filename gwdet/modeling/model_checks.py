@@ -7,6 +7,7 @@ import math
 
 import logging
 from collections import defaultdict
+from typing import Any, Mapping
 
 from detectron2.modeling.backbone import ResNet
 from detectron2.modeling.meta_arch.retinanet import RetinaNetHead
@@ -27,7 +28,8 @@ from gwdet.norms import (
     layer_types,
 )
 from gwdet.positions import BLOCK_CONV_OF_POSITION, positions_with_norm
-from gwdet.solver import misdecayed_norm_layers, norm_parameters, weight_decay_of
+from gwdet.solver import (check_override_values, expected_norm_decay, misdecayed_norm_layers, norm_parameters,
+                          weight_decay_of)
 
 # The containers that keep one norm per FPN level: gwdet's and detectron2's.
 PER_LEVEL_CONTAINERS: tuple[type[nn.Module], ...] = (PerLevelNorm, *DETECTRON2_PER_LEVEL_NORMS)
@@ -93,21 +95,28 @@ def adjusted_groups(model: nn.Module) -> list[str]:
 
 
 def check_norm_weight_decay(model: nn.Module, optimizer: torch.optim.Optimizer, weight_decay_norm: float,
-                            weight_decay_bias: float | None = None) -> list[str]:
+                            weight_decay_bias: float | None = None,
+                            overrides: Mapping[str, Mapping[str, Any]] | None = None) -> list[str]:
     """Warn, naming them, about the norm layers of ``model`` whose parameters ``optimizer`` decays
     otherwise than ``weight_decay_norm`` (``SOLVER.WEIGHT_DECAY_NORM``; a bias: ``weight_decay_bias``
-    when set); returns them. detectron2's own optimizer builders do this to gwdet's layers: build
+    when set; a parameter whose name ``overrides`` gives a ``weight_decay``, as
+    :func:`gwdet.get_default_optimizer_params` takes them: the override's, which takes precedence);
+    returns them. detectron2's own optimizer builders do this to gwdet's layers: build
     the optimizer with :func:`gwdet.build_optimizer` / :func:`gwdet.get_default_optimizer_params`.
     Where ``weight_decay_bias`` is not given and only the layers' biases differ, all by one value
     (an optimizer built with ``SOLVER.WEIGHT_DECAY_BIAS``, which detectron2 gives every bias, a
     norm's too), the warning says so and names the value to check against. Where the optimizer
     decays every norm layer of the model by one other value, and not as the model's other weights
     (as detectron2's builders decay gwdet's layers), the warning names that value as the optimizer's
-    norm weight decay, to give to the check or to build the optimizer without."""
-    layers = misdecayed_norm_layers(model, optimizer, weight_decay_norm, weight_decay_bias)
+    norm weight decay, to give to the check or to build the optimizer without. Where ``overrides``
+    is not given and the optimizer decays every parameter of the model named as the misdecayed
+    ones alike (as an override by parameter name does), the warning names the overrides that
+    would, to give to the check."""
+    layers = misdecayed_norm_layers(model, optimizer, weight_decay_norm, weight_decay_bias, overrides)
     if not layers:
         return layers
-    bias_decay = _bias_only_decay(model, optimizer, weight_decay_norm) if weight_decay_bias is None else None
+    bias_decay = (_bias_only_decay(model, optimizer, weight_decay_norm, overrides) if weight_decay_bias is None
+                  else None)
     if bias_decay is not None and math.isfinite(bias_decay) and bias_decay >= 0:  # a decay a setting can give
         logging.getLogger(__name__).warning(
             f"{len(layers)} norm layer(s) have their bias decayed by {bias_decay:g}, not by the norm weight decay "
@@ -117,7 +126,7 @@ def check_norm_weight_decay(model: nn.Module, optimizer: torch.optim.Optimizer, 
             f"the setting, give it to the check (check_model(..., weight_decay_bias={bias_decay:g}), i.e. "
             "cfg.SOLVER.WEIGHT_DECAY_BIAS); else build the optimizer without it.")
         return layers
-    norm_decay = _other_norm_decay(model, optimizer, weight_decay_norm, weight_decay_bias)
+    norm_decay = _other_norm_decay(model, optimizer, weight_decay_norm, weight_decay_bias, overrides)
     if norm_decay is not None and not _decayed_as_detectron2_builds(model, optimizer, norm_decay):
         logging.getLogger(__name__).warning(
             f"{len(layers)} norm layer(s) are decayed by {norm_decay:g}, where the check was told the norm weight "
@@ -128,30 +137,67 @@ def check_norm_weight_decay(model: nn.Module, optimizer: torch.optim.Optimizer, 
             f"with {weight_decay_norm:g} (SOLVER.WEIGHT_DECAY_NORM {weight_decay_norm:g}; in a LazyConfig "
             f"optimizer.params.weight_decay_norm={weight_decay_norm:g}).")
         return layers
+    builders = ("detectron2's optimizer builders know only torch's norm classes: build the optimizer with "
+                "gwdet.build_optimizer(cfg, model), or in a LazyConfig set optimizer.params._target_ = "
+                "gwdet.get_default_optimizer_params.")
+    guess = _name_overrides(model, optimizer, weight_decay_norm, weight_decay_bias) if overrides is None else None
+    if guess:
+        named = " and ".join(repr(name) for name in guess)
+        builders = (f"The optimizer decays every parameter named {named} of the model alike, as an override by "
+                    f"parameter name does: if overrides set these decays (get_default_optimizer_params(..., "
+                    f"overrides={guess!r}), optimizer.params.overrides), that is as asked, an override taking "
+                    "precedence over weight_decay_norm, and the check expects them when given them "
+                    f"(check_model(..., overrides=...)). Else {builders}")
     logging.getLogger(__name__).warning(
         f"{len(layers)} norm layer(s) are decayed otherwise than the norm weight decay "
-        f"{weight_decay_norm:g} (SOLVER.WEIGHT_DECAY_NORM / weight_decay_norm): "
-        f"{listed(layers, 5)}. detectron2's optimizer builders "
-        "know only torch's norm classes: build the optimizer with gwdet.build_optimizer(cfg, model), or "
-        "in a LazyConfig set optimizer.params._target_ = gwdet.get_default_optimizer_params.")
+        f"{weight_decay_norm:g} (SOLVER.WEIGHT_DECAY_NORM / weight_decay_norm): {listed(layers, 5)}. {builders}")
     return layers
 
 
+def _name_overrides(model: nn.Module, optimizer: torch.optim.Optimizer, weight_decay_norm: float,
+                    weight_decay_bias: float | None) -> dict[str, dict[str, float]] | None:
+    """The overrides by parameter name (``{name: {"weight_decay": value}}``) that would give the
+    norm parameters ``optimizer`` decays otherwise than ``weight_decay_norm`` their decay: where
+    it decays every trainable parameter of ``model`` of each of their names alike, as an override
+    by that name does (norm layers' and others' alike); None otherwise."""
+    decays = weight_decay_of(optimizer.param_groups, optimizer.defaults)
+    names = sorted({param_name for param, (_, param_name) in norm_parameters(model).items() if param in decays
+                    and decays[param] != expected_norm_decay(param_name, weight_decay_norm, weight_decay_bias)})
+    guess: dict[str, dict[str, float]] = {}
+    for name in names:
+        values = {decays[param] for module in model.modules() for param_name, param in
+                  module.named_parameters(recurse=False) if param_name == name and param in decays}
+        if len(values) != 1:
+            return None
+        guess[name] = {"weight_decay": values.pop()}
+    return guess or None
+
+
 def _other_norm_decay(model: nn.Module, optimizer: torch.optim.Optimizer, weight_decay_norm: float,
-                      weight_decay_bias: float | None) -> float | None:
+                      weight_decay_bias: float | None,
+                      overrides: Mapping[str, Mapping[str, Any]] | None = None) -> float | None:
     """The one weight decay ``optimizer`` gives every parameter of every norm layer of ``model`` (a
     bias that ``weight_decay_bias`` is given for aside) where it differs from ``weight_decay_norm``
     and nothing else does: the optimizer has a norm weight decay, another one. None otherwise, and
-    for a value no setting can give (negative, NaN)."""
+    for a value no setting can give (negative, NaN). Parameters ``overrides`` sets the decay of are
+    left out."""
     decays = weight_decay_of(optimizer.param_groups, optimizer.defaults)
+    overridden = _overridden_names(overrides)
     values = {decays[param] for param, (_, param_name) in norm_parameters(model).items()
-              if param in decays and not (param_name == "bias" and weight_decay_bias is not None)}
+              if param in decays and not (param_name == "bias" and weight_decay_bias is not None)
+              and param_name not in overridden}
     if len(values) != 1:
         return None
     (decay,) = values
     if decay == weight_decay_norm or not is_finite_number(decay) or decay < 0:
         return None
-    return None if misdecayed_norm_layers(model, optimizer, decay, weight_decay_bias) else decay
+    return None if misdecayed_norm_layers(model, optimizer, decay, weight_decay_bias, overrides) else decay
+
+
+def _overridden_names(overrides: Mapping[str, Mapping[str, Any]] | None) -> set[str]:
+    """The parameter names whose weight decay ``overrides`` sets."""
+    return {name for name, values in (overrides or {}).items() if isinstance(values, Mapping)
+            and "weight_decay" in values}
 
 
 def _decayed_as_detectron2_builds(model: nn.Module, optimizer: torch.optim.Optimizer, decay: float) -> bool:
@@ -165,16 +211,20 @@ def _decayed_as_detectron2_builds(model: nn.Module, optimizer: torch.optim.Optim
                if param not in norms and not name.endswith("bias"))
 
 
-def _bias_only_decay(model: nn.Module, optimizer: torch.optim.Optimizer, weight_decay_norm: float) -> float | None:
+def _bias_only_decay(model: nn.Module, optimizer: torch.optim.Optimizer, weight_decay_norm: float,
+                     overrides: Mapping[str, Mapping[str, Any]] | None = None) -> float | None:
     """The one weight decay ``optimizer`` gives the norm layers' biases where that is all that
-    differs from ``weight_decay_norm`` (every other norm parameter has it); None otherwise."""
+    differs from ``weight_decay_norm`` (every other norm parameter has it, or the decay
+    ``overrides`` sets); None otherwise, and where ``overrides`` sets the biases' decay."""
+    if "bias" in _overridden_names(overrides):
+        return None
     decays = weight_decay_of(optimizer.param_groups, optimizer.defaults)
     bias_decays = {decays[param] for param, (_, param_name) in norm_parameters(model).items()
                    if param_name == "bias" and param in decays and decays[param] != weight_decay_norm}
     if len(bias_decays) != 1:
         return None
     (bias_decay,) = bias_decays
-    return None if misdecayed_norm_layers(model, optimizer, weight_decay_norm, bias_decay) else bias_decay
+    return None if misdecayed_norm_layers(model, optimizer, weight_decay_norm, bias_decay, overrides) else bias_decay
 
 
 def check_model_example_groups(model: nn.Module, batch: int, processes: int, batch_setting: str) -> None:
@@ -226,7 +276,8 @@ def check_frozen_batch_statistics(model: nn.Module) -> None:
 
 
 def check_model(model: nn.Module, strict_groups: bool = False, optimizer: torch.optim.Optimizer | None = None,
-                weight_decay_norm: float | None = None, weight_decay_bias: float | None = None) -> nn.Module:
+                weight_decay_norm: float | None = None, weight_decay_bias: float | None = None,
+                overrides: Mapping[str, Mapping[str, Any]] | None = None) -> nn.Module:
     """Check a built model; returns ``model``.
 
     * Raise ``ValueError`` when a head shared by every FPN level holds one norm with batch
@@ -237,10 +288,11 @@ def check_model(model: nn.Module, strict_groups: bool = False, optimizer: torch.
       (:func:`check_untied_norms`; gwdet's backbone builders check theirs too).
     * Log, once, every component whose norm layers could not use the requested group number
       (:func:`adjusted_groups`); with ``strict_groups`` (``MODEL.STRICT_NORM_GROUPS``) raise instead.
-    * With an ``optimizer`` (and the config's ``weight_decay_norm``, ``weight_decay_bias``), raise
-      when it does not hold every trainable parameter of ``model``, and warn about norm layers it
-      decays otherwise (:func:`check_norm_weight_decay`). ``weight_decay_norm`` or
-      ``weight_decay_bias`` without an ``optimizer`` is refused (nothing to check them against).
+    * With an ``optimizer`` (and the config's ``weight_decay_norm``, ``weight_decay_bias``, and the
+      ``overrides`` it was built with by :func:`gwdet.get_default_optimizer_params`), raise when it
+      does not hold every trainable parameter of ``model``, and warn about norm layers it decays
+      otherwise (:func:`check_norm_weight_decay`). ``weight_decay_norm``, ``weight_decay_bias`` or
+      ``overrides`` without an ``optimizer`` is refused (nothing to check them against).
     * Norm layers with batch statistics whose parameters are all frozen
       (:func:`frozen_batch_statistics`, e.g. by detectron2's ``ResNet.freeze``), whose running
       statistics training would go on updating: with an ``optimizer`` (the model is to be trained),
@@ -251,13 +303,16 @@ def check_model(model: nn.Module, strict_groups: bool = False, optimizer: torch.
         raise GwdetTypeError(f"check_model: give the built model (a torch.nn.Module), got {type(model).__name__}")
     check_flag("check_model", "strict_groups", strict_groups)
     unused = [f"{name}={value!r}" for name, value in (("weight_decay_norm", weight_decay_norm),
-                                                      ("weight_decay_bias", weight_decay_bias)) if value is not None]
+                                                      ("weight_decay_bias", weight_decay_bias),
+                                                      ("overrides", overrides)) if value is not None]
     if optimizer is None and unused:
         raise GwdetTypeError(
             f"check_model: {' and '.join(unused)} given without an optimizer: the value is what the optimizer's weight "
             "decay of the norm layers is checked against, and there is no optimizer to check. Give the optimizer too "
             "(check_model(model, optimizer=optimizer, weight_decay_norm=cfg.SOLVER.WEIGHT_DECAY_NORM)), or leave "
             f"{' and '.join(value.split('=')[0] for value in unused)} out.")
+    if overrides is not None:
+        check_override_values(overrides, "check_model: overrides")
     if optimizer is not None:
         if weight_decay_norm is None:
             raise GwdetTypeError("check_model: with an optimizer, give weight_decay_norm (SOLVER.WEIGHT_DECAY_NORM) "
@@ -283,7 +338,7 @@ def check_model(model: nn.Module, strict_groups: bool = False, optimizer: torch.
             raise GwdetValueError(
                 f"check_model: the optimizer does not hold {len(untrained)} trainable parameter(s) of the model (e.g. "
                 f"{listed(untrained, 3)}), so they would not train: {cause} (gwdet.build_optimizer(cfg, model)).")
-        check_norm_weight_decay(model, optimizer, weight_decay_norm, weight_decay_bias)
+        check_norm_weight_decay(model, optimizer, weight_decay_norm, weight_decay_bias, overrides)
     frozen = frozen_batch_statistics(model)
     if frozen and optimizer is not None:
         raise GwdetValueError(f"check_model: {_frozen_batch_statistics_problem(frozen)} Train those layers too (make "

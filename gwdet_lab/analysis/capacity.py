@@ -30,8 +30,10 @@ from gwdet_lab.analysis.plotting import Curve, Panel, save_figure
 from gwdet_lab.analysis.report import markdown_table, output_folder, write_markdown
 
 from gwdet.errors import GwdetValueError
+from gwdet.layers.common import check_int_at_least, is_finite_number
 
 NUM_CLASSES = 10
+SEED_LIMIT = 2**32 - 1
 
 
 @dataclass
@@ -47,11 +49,37 @@ class Digits:
 def load_digits_split(seed: int = 0, train_samples: int | None = None, val_fraction: float = 0.2) -> Digits:
     """scikit-learn's 8x8 digits, split (stratified) and standardized; no download involved.
 
-    ``train_samples`` keeps only the first that many training images (all when ``None``)."""
+    ``seed`` (an integer from 0 to 2**32 - 1) seeds the split; ``val_fraction`` (a number in (0, 1))
+    is the share of the images held out for validation; ``train_samples`` (an integer >= 1, at most
+    the training split's size) keeps only the first that many training images (all when ``None``).
+    Other values are refused (``ValueError``) before any data is loaded, a ``train_samples`` above
+    the training split's size or a split that leaves a class out of either part once the split's
+    sizes are known."""
+    owner = "load_digits_split"
+    check_int_at_least(owner, "seed", seed, 0)
+    if seed > SEED_LIMIT:
+        raise GwdetValueError(f"{owner}: seed must be an integer from 0 to 2**32 - 1 (numpy's seeds), got {seed!r}")
+    if not is_finite_number(val_fraction) or not 0.0 < val_fraction < 1.0:
+        raise GwdetValueError(f"{owner}: val_fraction must be a number in (0, 1), the share of the images held out for "
+                              f"validation, got {val_fraction!r}; e.g. 0.2 (the default)")
+    if train_samples is not None:
+        check_int_at_least(owner, "train_samples", train_samples, 1)
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
     data = load_digits()
+    num_val = math.ceil(val_fraction * len(data.target))  # as train_test_split rounds a fractional test_size
+    num_train = len(data.target) - num_val
+    if min(num_val, num_train) < NUM_CLASSES:
+        raise GwdetValueError(f"{owner}: val_fraction={val_fraction!r} splits the {len(data.target)} digits images "
+                              f"into {num_train} training and {num_val} validation images, and the stratified split "
+                              f"needs at least one image of each of the {NUM_CLASSES} classes in both; give a "
+                              f"val_fraction between {NUM_CLASSES / len(data.target):.3f} and "
+                              f"{1 - NUM_CLASSES / len(data.target):.3f}")
+    if train_samples is not None and train_samples > num_train:
+        raise GwdetValueError(f"{owner}: train_samples={train_samples} is more than the {num_train} training images "
+                              f"of the split (val_fraction={val_fraction!r}); give at most {num_train}, or None for all "
+                              "of them")
     x_train, x_val, y_train, y_val = train_test_split(
         data.data.astype(np.float32), data.target, test_size=val_fraction, random_state=seed, stratify=data.target
     )

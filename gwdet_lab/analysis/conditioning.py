@@ -42,9 +42,20 @@ def condition_number(x: Tensor, p: float) -> float:
 
     ``lambda_p`` is the ``ceil(p d)``-th eigenvalue in descending order (Fig. 2's caption); an
     eigenvalue at rounding-error level (the covariance is rank deficient there) gives ``inf``.
+    ``x`` must hold finite values: one NaN or inf makes every covariance entry of its feature
+    undefined, and the input is refused (``ValueError``).
     """
     if not 0.0 < p <= 1.0:
         raise GwdetValueError(f"condition_number: p must be in (0, 1], got {p}")
+    if x.dim() != 2 or x.numel() == 0:
+        raise GwdetValueError(f"condition_number: x must have shape (m, d), m >= 1 samples of d >= 1 features, got "
+                              f"shape {list(x.shape)}; give the activations as a 2-D tensor, one row per sample")
+    finite = torch.isfinite(x)
+    if not bool(finite.all()):
+        bad = int((~finite).sum())
+        raise GwdetValueError(f"condition_number: x holds NaN or inf values ({bad} of {x.numel()}), so its covariance "
+                              "and condition number are undefined; give finite activations (check the normalizer's "
+                              "output with torch.isfinite(x).all())")
     centred = x - x.mean(dim=0, keepdim=True)
     cov = centred.T @ centred / x.shape[0]
     eigenvalues = torch.linalg.eigvalsh(cov).flip(0)

@@ -25,6 +25,10 @@ be orthogonal to each other and to the all-ones vector in ``R^m`` (``R^c``).
 :func:`numerical_constraint_number` counts the independent equations directly: it writes down all
 equations (the symmetric ``X X^T`` entries twice) and takes the rank of their Jacobian at a point
 that satisfies them, the output of the normalizer itself on Gaussian input.
+
+Every function checks its sizes with :func:`check_sizes`: ``d``, ``m``, ``g``, ``k`` and the data
+set size ``N`` integers >= 1, ``g`` and ``k`` divisors of ``d``; anything else is refused
+(``ValueError``) naming the function, the argument and its value.
 """
 from __future__ import annotations
 
@@ -35,9 +39,35 @@ from torch import Tensor
 
 from gwdet_lab.analysis.normalizers import make_norm
 
-from gwdet.errors import GwdetValueError
+from gwdet.errors import GwdetTypeError, GwdetValueError
+from gwdet.layers.common import check_int_at_least
 
 METHODS = ("BN", "BW", "GN", "GW")
+
+
+def check_sizes(
+    owner: str, d: int, m: int | None = None, g: int | None = None, k: int | None = None, N: int | None = None
+) -> None:
+    """Refuse (``ValueError``, naming ``owner``, the argument and its value) a size that is not an
+    integer >= 1 (``d`` features, batch size ``m``, data set size ``N``, group number ``g`` of GN/GW,
+    group size ``k`` of BW), or a ``g`` or ``k`` that does not divide ``d``; ``None`` skips a size."""
+    check_int_at_least(owner, "d", d, 1)
+    for name, value in (("m", m), ("N", N), ("g", g), ("k", k)):
+        if value is not None:
+            check_int_at_least(owner, name, value, 1)
+    for name, value, what in (("g", g, "the group number of GN/GW: the d features are split into g equal groups"),
+                              ("k", k, "the group size of BW: the d features are whitened in groups of k")):
+        if value is not None and d % value:
+            raise GwdetValueError(f"{owner}: {name}={value} must divide d={d} ({what}); give a divisor of d such as "
+                                  f"{' or '.join(map(str, divisors_near(d, value)))}, or another d")
+
+
+def divisors_near(total: int, value: int) -> list[int]:
+    """The divisors of ``total`` next to ``value``: the largest below it and the smallest above it
+    (one of them where the other does not exist)."""
+    below = [divisor for divisor in range(min(value, total), 0, -1) if total % divisor == 0][:1]
+    above = [divisor for divisor in range(value + 1, total + 1) if total % divisor == 0][:1]
+    return below + above
 
 
 def constraint_number(method: str, d: int, m: int, g: int = 1, k: int | None = None) -> int:
@@ -45,21 +75,22 @@ def constraint_number(method: str, d: int, m: int, g: int = 1, k: int | None = N
 
     ``g`` is the group number of GN/GW; ``k`` the group size of BW (``None``: ``k = d``).
     """
+    check_sizes("constraint_number", d, m, g, k)
     k = d if k is None else k
-    if d % k or d % g:
-        raise GwdetValueError(f"the BW group size k={k} and the group number g={g} must divide d={d}")
     formulas = {"BN": 2 * d, "BW": d * (k + 3) // 2, "GN": 2 * g * m, "GW": m * g * (g + 3) // 2}
     return formulas[_check_method(method)]
 
 
 def dataset_constraint_number(method: str, d: int, m: int, N: int, g: int = 1, k: int | None = None) -> float:
     """``zeta(phi; D)`` of Table 1: ``N / m`` batches of ``zeta(phi; X)`` each."""
+    check_sizes("dataset_constraint_number", d, m, g, k, N)
     return N / m * constraint_number(method, d, m, g, k)
 
 
 def counting_limit(method: str, d: int, k: int | None = None) -> float:
     """Table 1's range from Eq. 12: the least batch size m (BN, BW) or the largest group number g
     (GN, GW) with ``zeta(phi; X) <= md``."""
+    check_sizes("counting_limit", d, k=k)
     k = d if k is None else k
     limits = {"BN": 2.0, "BW": (k + 3) / 2, "GN": d / 2, "GW": (math.sqrt(8 * d + 9) - 3) / 2}
     return limits[_check_method(method)]
@@ -68,6 +99,7 @@ def counting_limit(method: str, d: int, k: int | None = None) -> float:
 def solvable_limit(method: str, d: int, k: int | None = None) -> float:
     """The range in which ``Upsilon_phi(X_hat) = 0`` has a solution at all (module docstring):
     least m for BN (2) and BW (``k + 1``), largest g for GN (``d / 2``) and GW (``g (g+1) <= d``)."""
+    check_sizes("solvable_limit", d, k=k)
     k = d if k is None else k
     limits = {"BN": 2.0, "BW": float(k + 1), "GN": d / 2, "GW": (math.sqrt(4 * d + 1) - 1) / 2}
     return limits[_check_method(method)]
@@ -75,11 +107,13 @@ def solvable_limit(method: str, d: int, k: int | None = None) -> float:
 
 def in_counting_range(method: str, d: int, m: int, g: int = 1, k: int | None = None) -> bool:
     """Whether ``m`` (BN, BW) or ``g`` (GN, GW) lies in Table 1's range."""
+    check_sizes("in_counting_range", d, m, g, k)
     return _inside(method, counting_limit(method, d, k), m, g)
 
 
 def is_solvable(method: str, d: int, m: int, g: int = 1, k: int | None = None) -> bool:
     """Whether ``Upsilon_phi(X_hat) = 0`` has a solution at these sizes (:func:`solvable_limit`)."""
+    check_sizes("is_solvable", d, m, g, k)
     return _inside(method, solvable_limit(method, d, k), m, g)
 
 
@@ -93,7 +127,14 @@ def constraint_residuals(method: str, x_hat: Tensor, g: int = 1, k: int | None =
     Redundant equations are kept (both ``(i, j)`` and ``(j, i)`` entries of ``X X^T - n I``), so the
     number of independent ones has to be found numerically (:func:`numerical_constraint_number`).
     """
+    if not isinstance(x_hat, Tensor):
+        raise GwdetTypeError(f"constraint_residuals: x_hat must be a tensor of shape (m, d), got a "
+                             f"{type(x_hat).__name__}; give the normalizer's output for m examples of d features")
+    if x_hat.dim() != 2:
+        raise GwdetValueError(f"constraint_residuals: x_hat must have shape (m, d), got shape {list(x_hat.shape)}; "
+                              "give the normalizer's output for m examples of d features")
     m, d = x_hat.shape
+    check_sizes("constraint_residuals", d, m, g, k)
     method = _check_method(method)
     if method in ("BN", "BW"):
         size = 1 if method == "BN" else (d if k is None else k)
@@ -117,6 +158,7 @@ def satisfying_point(method: str, d: int, m: int, g: int = 1, k: int | None = No
 
     GW uses ZCA, whose output satisfies Eqs. 27-28 up to eps; ItN with T=5 only approximately.
     """
+    check_sizes("satisfying_point", d, m, g, k)
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(m, d, generator=generator, dtype=torch.float64)
     kind = {"BN": "BN", "BW": "BW", "GN": "GN", "GW": "GW_ZCA"}[_check_method(method)]
@@ -134,6 +176,7 @@ def numerical_constraint_number(
     The residual says whether the point really satisfies the system (it does not outside the
     :func:`solvable_limit` range, where the rank then counts something else).
     """
+    check_sizes("numerical_constraint_number", d, m, g, k)
     point = satisfying_point(method, d, m, g, k, seed)
     jacobian = torch.autograd.functional.jacobian(lambda x: constraint_residuals(method, x, g, k), point)
     rank = int(torch.linalg.matrix_rank(jacobian.reshape(jacobian.shape[0], -1)).item())

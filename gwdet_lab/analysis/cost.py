@@ -21,13 +21,25 @@ from detectron2.structures import BitMasks, Boxes, Instances
 from detectron2.utils.events import EventStorage
 from torch import nn
 
+from gwdet_lab.analysis.constraints import check_sizes
+
 from gwdet.layers import GroupWhitening
+from gwdet.layers.common import check_int_at_least, check_iterations
 from gwdet.layers.cost import group_whitening_macs, group_whitening_relative_cost
 
 
 def relative_cost(d: int, g: int, height: int, width: int, T: int) -> float:
     """``2g / (9d) + T g^3 / (9 HW d^2)``: GW (ItN, T iterations) over a 3x3 d -> d convolution
-    (the plugin's formula, :func:`gwdet.layers.cost.group_whitening_relative_cost`)."""
+    (the plugin's formula, :func:`gwdet.layers.cost.group_whitening_relative_cost`).
+
+    ``d``, ``g``, ``height`` and ``width`` are integers >= 1 and ``g`` divides ``d`` (the groups a
+    layer whitens, e.g. its ``effective_num_groups``), ``T`` an integer from 1 to
+    :data:`gwdet.layers.common.MAX_ITERATIONS`; others are refused (``ValueError``)."""
+    owner = "relative_cost"
+    check_sizes(owner, d, g=g)
+    check_int_at_least(owner, "height", height, 1)
+    check_int_at_least(owner, "width", width, 1)
+    check_iterations(owner, T)
     return group_whitening_relative_cost((1, d, height, width), g, T)
 
 

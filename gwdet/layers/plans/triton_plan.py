@@ -24,6 +24,8 @@ import torch
 from torch import Tensor
 from torch.profiler import record_function
 
+from gwdet.errors import GwdetRuntimeWarning
+
 from .accelerator import AcceleratorPlan, multiprocessors
 
 MAX_BLOCK = 64  # the largest matrices the kernels take
@@ -95,7 +97,7 @@ def _remember(key: Tuple[str, int, str], error: BaseException) -> None:
         f"gwdet: the Triton kernel {kernel} (tile {tile}) cannot run on {device} ({_failures[key]}); "
         "the 'triton' plan computes its calls there by the 'accelerator' plan's operations from now on "
         "(the same results, more kernel launches).",
-        RuntimeWarning,
+        GwdetRuntimeWarning,
         stacklevel=2,
     )
 
