@@ -138,6 +138,9 @@ def add_gwdet_config(cfg: CN) -> CN:
     """Add gwdet's keys (norm hyper-parameters, GW positions, the shapes dataset) to ``cfg``.
 
     Returns ``cfg`` for chaining. Keys already present keep their values, so the call is idempotent.
+    A frozen ``cfg`` (``cfg.freeze()``) takes the keys too, and the sections added to a frozen
+    section are frozen with it, so that gwdet's keys of a frozen config are as immutable as
+    detectron2's (``cfg.defrost()`` makes them all changeable again).
     """
     if not isinstance(cfg, CN):
         kind = type(cfg)
@@ -149,18 +152,23 @@ def add_gwdet_config(cfg: CN) -> CN:
             else ""
         raise GwdetTypeError(f"add_gwdet_config: give a yacs CfgNode of detectron2's (detectron2.config.CfgNode, "
                              f"from detectron2.config.get_cfg()), got {shown}{other_node}")
+    added_to_frozen: list[CN] = []  # sections added to a frozen section, frozen once filled
     for key in CONFIG_KEYS:
         *parents, leaf = key.name.split(".")
         node = cfg
         for depth, part in enumerate(parents):
             if part not in node:
                 node[part] = CN()
+                if node.is_frozen():
+                    added_to_frozen.append(node[part])
             node = node[part]
             if not isinstance(node, CN):
                 raise GwdetTypeError(f"add_gwdet_config: {'.'.join(parents[:depth + 1])} is {node!r}, where gwdet's "
                                      f"keys ({key.name}, ...) need a section; remove that value from the config")
         if leaf not in node:
             node[leaf] = key.default
+    for section in added_to_frozen:
+        section.freeze()
     return cfg
 
 

@@ -302,6 +302,19 @@ def checked_factors(lr_factor_func: Callable[[str], float], base_lr: float | Non
     return factor
 
 
+def check_trainable(model: nn.Module) -> None:
+    """Refuse a ``model`` without a trainable parameter (none, or all frozen), for which torch would
+    stop with "optimizer got an empty parameter list"."""
+    if any(parameter.requires_grad for parameter in model.parameters()):
+        return
+    held = sum(1 for _ in model.parameters())
+    what = f"all {held} of its parameters are frozen (requires_grad False)" if held else "it has no parameters"
+    raise GwdetValueError(
+        f"build_optimizer: the model ({type(model).__name__}) has no trainable parameter: {what}, so an optimizer "
+        "would have nothing to train. Build the optimizer for the model that trains (a model made frozen on "
+        "purpose is evaluated without one), or make its parameters trainable first (model.requires_grad_(True)).")
+
+
 def build_optimizer(cfg: CfgNode, model: nn.Module) -> torch.optim.Optimizer:
     """detectron2's ``build_optimizer`` for a yacs config (SGD with ``SOLVER.*``, gradient clipping
     when ``SOLVER.CLIP_GRADIENTS`` is on) over :func:`get_default_optimizer_params`' groups, after
@@ -322,14 +335,7 @@ def build_optimizer(cfg: CfgNode, model: nn.Module) -> torch.optim.Optimizer:
             "MOMENTUM, NESTEROV, WEIGHT_DECAY), so the optimizer asked for would not be the one trained with. Build "
             "that optimizer over gwdet.get_default_optimizer_params(model, ...) (e.g. torch.optim.AdamW(params, ...)), "
             "which gives the norm layers SOLVER.WEIGHT_DECAY_NORM, or remove SOLVER.OPTIMIZER to train with SGD.")
-    if not any(parameter.requires_grad for parameter in model.parameters()):
-        held = sum(1 for _ in model.parameters())
-        what = (f"all {held} of its parameters are frozen (requires_grad False)" if held else
-                "it has no parameters")
-        raise GwdetValueError(
-            f"build_optimizer: the model ({type(model).__name__}) has no trainable parameter: {what}, so an optimizer "
-            "would have nothing to train. Build the optimizer for the model that trains (a model made frozen on "
-            "purpose is evaluated without one), or make its parameters trainable first (model.requires_grad_(True)).")
+    check_trainable(model)
     warn_of_untrained_parts(model, cfg.MODEL.WEIGHTS, "MODEL.WEIGHTS")
     params = get_default_optimizer_params(
         model,

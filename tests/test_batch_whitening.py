@@ -345,3 +345,39 @@ def test_evaluation_refuses_running_statistics_no_training_computes():
     identity = torch.eye(4).repeat(4, 1, 1)
     assert torch.isfinite(batch_whitening(x, torch.zeros(16), identity, None, None, False, 0.1, 5, 1e-5, "zca")).all()
     batch_whitening(x, torch.zeros(16), torch.zeros(4, 4, 4), None, None, True, 0.1, 5, 1e-5, "zca")  # training
+
+
+@pytest.mark.parametrize("method", ["zca", "itn"])
+def test_a_trace_in_training_mode_warns_that_it_keeps_the_batch_statistics(method):
+    # the trace kept whitening with batch statistics after .eval() and moved the running ones, without a word
+    x = torch.randn(4, 16, 4, 4)
+    layer = BatchWhitening(16, group_size=4, method=method)
+    with pytest.warns(RuntimeWarning, match=re.escape(
+            "BatchWhitening: traced in training mode, the trace whitens every batch with that batch's own statistics, "
+            "whatever .eval() says later, and each run of it moves the layer's running mean and running whitening "
+            "matrix. Trace in evaluation mode (model.eval()), which whitens with the running statistics.")):
+        torch.jit.trace(layer, x)
+    layer.eval()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        traced = torch.jit.trace(layer, x)
+    assert not [w for w in caught if "traced in training mode" in str(w.message)]  # evaluation mode: no warning
+    assert torch.allclose(traced(x + 3), layer(x + 3))
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_the_functional_form_refuses_integer_running_statistics_by_name(training):
+    # training stopped in torch's NotImplementedError "lerp_kernel_scalar" not implemented for 'Long'
+    x = torch.randn(4, 16, 4, 4)
+    identity = torch.eye(4).repeat(4, 1, 1)
+    with pytest.raises(GwdetValueError, match=re.escape(
+            "batch_whitening: running_mean (torch.int64) must be floating-point: it holds a running average, which "
+            "training updates in place; create it as torch.zeros(16), or convert it with .float()")):
+        batch_whitening(x, torch.zeros(16, dtype=torch.long), identity, None, None, training, 0.1, 5, 1e-5, "zca")
+    with pytest.raises(GwdetValueError, match=re.escape(
+            "batch_whitening: running_mean (torch.int32) and running_whitening (torch.int64) must be floating-point: "
+            "they hold running averages, which training updates in place; create them as torch.zeros(16) and "
+            "torch.eye(4).repeat(4, 1, 1), or convert them with .float()")):
+        batch_whitening(x, torch.zeros(16, dtype=torch.int32), identity.long(), None, None, training, 0.1, 5, 1e-5,
+                        "zca")
+    batch_whitening(x, torch.zeros(16), identity, None, None, training, 0.1, 5, 1e-5, "zca")

@@ -5,6 +5,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -889,3 +890,28 @@ def test_gpus_per_node_with_the_local_launcher_is_named_as_unused_first(capsys, 
     assert ("error: --gpus-per-node: --launcher local does not use it (a run here asks SLURM for nothing). Add "
             "--launcher slurm to submit the run as a SLURM job, or leave it out.") in printed
     assert "give the same number to both" not in printed
+
+
+# before: a batch size the schedule did not divide was refused one setting at a time (SOLVER.MAX_ITER, then
+# SOLVER.WARMUP_ITERS, ...), each saying "pick a schedule divisible by both" without the flag that sets it
+def test_a_batch_size_the_schedule_does_not_fit_names_every_count_with_the_values_and_flag_that_fit(tmp_path, capsys):
+    cfg = build_config(str(STUDY / "gn.yaml"), ["SOLVER.MAX_ITER", "4000", "SOLVER.STEPS", "(3200, 3700)",
+                                                "SOLVER.WARMUP_ITERS", "500", "SOLVER.CHECKPOINT_PERIOD", "600"])
+    expected = (
+        "batch size 3: SOLVER.MAX_ITER = 4000 (fits: 3999), SOLVER.WARMUP_ITERS = 500 (fits: 501), SOLVER.STEPS = "
+        "(3200, 3700) (fits: (3201, 3699)): iteration counts of the config's 2 images per batch that are no whole "
+        "number of iterations of 3 images (each must be a multiple of 3 iterations of 2 images). Give counts that fit "
+        "with --opts (in iterations of 2 images; applied to every cell), e.g. --opts SOLVER.MAX_ITER 3999 "
+        "SOLVER.WARMUP_ITERS 501 SOLVER.STEPS '(3201, 3699)', or batch sizes this schedule fits as it is "
+        "(--batch-sizes, up to 32): 1 2 4 5 8 10 20 25.")
+    with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
+        batch_scaling_opts(cfg, 3)
+    fixed = build_config(str(STUDY / "gn.yaml"), ["SOLVER.MAX_ITER", "3999", "SOLVER.STEPS", "(3201, 3699)",
+                                                  "SOLVER.WARMUP_ITERS", "501", "SOLVER.CHECKPOINT_PERIOD", "600"])
+    scaled = dict(zip(*[iter(batch_scaling_opts(fixed, 3))] * 2, strict=True))
+    assert (scaled["SOLVER.MAX_ITER"], scaled["SOLVER.STEPS"]) == ("2666", "(2134, 2466)")
+    with pytest.raises(SystemExit):
+        study_main(["--out", str(tmp_path / "st"), "--study", "batch-sweep", "--list", "--batch-sizes", "3"])
+    err = capsys.readouterr().err
+    assert "SOLVER.MAX_ITER = 4000 (fits: 3999), SOLVER.WARMUP_ITERS = 500 (fits: 501), SOLVER.CHECKPOINT_PERIOD" in err
+    assert "e.g. --opts SOLVER.MAX_ITER 3999" in err

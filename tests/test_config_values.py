@@ -1132,3 +1132,21 @@ def test_a_key_set_on_build_configs_frozen_config_is_refused_naming_the_key_and_
     changed.MODEL.RESNETS.GW_POSITIONS = "S9"
     with pytest.raises(GwdetValueError, match="unknown position 'S9'"):  # the builder checks the changed config
         gwdet.build_model(changed)
+
+
+# before: add_gwdet_config on a frozen config added MODEL.GW, MODEL.BGN, ... unfrozen: cfg.MODEL.GW.T = 3 was accepted
+def test_the_sections_added_to_a_frozen_config_are_frozen_with_it():
+    cfg = get_cfg()
+    cfg.freeze()
+    assert add_gwdet_config(cfg) is cfg and cfg.is_frozen()
+    assert cfg.MODEL.GW.is_frozen() and cfg.MODEL.BGN.is_frozen() and cfg.MODEL.GW.T == add_gwdet_config(get_cfg()).MODEL.GW.T
+    with pytest.raises(AttributeError, match="immutable"):
+        cfg.MODEL.GW.T = 3
+    with pytest.raises(AttributeError, match="immutable"):
+        cfg.MODEL.BGN.EVAL_EXAMPLE_WEIGHT = 0.5
+    cfg.defrost()
+    cfg.MODEL.GW.T = 3
+    assert cfg.MODEL.GW.T == 3
+    unfrozen = add_gwdet_config(get_cfg())
+    unfrozen.MODEL.GW.T = 4  # a config that is not frozen keeps its added sections changeable
+    assert not unfrozen.MODEL.GW.is_frozen() and unfrozen.MODEL.GW.T == 4

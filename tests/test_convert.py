@@ -1713,3 +1713,47 @@ def test_bn_running_statistics_saved_as_1c11_are_reshaped_and_reported(r50_files
     assert report.identity_affine == ["bn1"] and report.reshaped_bn == []
     assert weights["stem.conv1.norm.weight"].shape == weights["stem.conv1.norm.running_var"].shape == (64,)
     assert (weights["stem.conv1.norm.weight"] == 1).all() and (weights["stem.conv1.norm.bias"] == 0).all()
+
+
+# before: norms with no tensor at all (GW built with affine=False) were refused as "68 missing: [...running_mean...]
+# ... The file is incomplete or of another architecture", listing running statistics GW layers never have
+def test_norms_without_any_tensor_are_named_as_parameter_free_with_the_way_to_convert_them():
+    state_dict = _trained_looking_r50()
+    at_s1_b2 = [key for key in state_dict if key.rsplit(".", 1)[0] == "bn1" or
+                (key.startswith("layer") and key.rsplit(".", 1)[0].endswith(".bn2"))]
+    without = {key: value for key, value in state_dict.items() if key not in at_s1_b2}
+    with pytest.raises(ConversionError) as refused:
+        convert_state_dict(in_memory(without))
+    message = str(refused.value)
+    assert re.search(r"does not fit R-50 .*: 17 norms hold no tensor in the file, at S1 \(\['stem\.conv1\.norm'\]\); "
+                     r"B2 \(\['res2\.0\.conv2\.norm', .*\(torchvision's \['bn1', 'layer1\.0\.bn2', .*while every other "
+                     r"key is there\. A norm without affine parameters or running statistics \(a GroupWhitening or "
+                     r"GroupNorm built with affine=False\) keeps nothing in its state dict", message)
+    assert ("e.g. state_dict['bn1.weight'] = torch.ones(64) and state_dict['bn1.bias'] = torch.zeros(64), torch.save "
+            "the state dict and convert that file with --gw-positions 'S1-B2' (in Python: gw_positions='S1-B2')") in message
+    assert "running_mean" not in message and "incomplete or of another architecture" not in message
+    for key in at_s1_b2:  # the way the message gives converts it
+        if key.endswith((".weight", ".bias")):
+            without[key] = torch.ones_like(state_dict[key]) if key.endswith(".weight") else torch.zeros_like(state_dict[key])
+    weights, report = convert_state_dict(in_memory(without), gw_positions="S1-B2")
+    assert report.gw_positions == "S1-B2" and (weights["stem.conv1.norm.weight"] == 1).all()
+    one = {key: value for key, value in state_dict.items() if not key.startswith("layer1.0.bn2.")}
+    with pytest.raises(ConversionError, match=r"1 norm holds no tensor in the file, at B2 \(\['res2\.0\.conv2\.norm'\]\)"
+                                              r".*norms without state at these places alone are not converted"):
+        convert_state_dict(in_memory(one))
+
+
+# before: IN '-' (the checkpoint on standard input) was refused as "-: no such file. Check the input path.",
+# after the output's checks, while OUT '-' got a message naming standard output
+def test_the_input_dash_is_refused_as_standard_input_before_anything_else(tmp_path, capsys):
+    from gwdet.convert.cli import main
+
+    expected = ("the input path is '-', which many commands read as standard input, but the converter reads the "
+                "checkpoint from a file, not from a stream: save the checkpoint to a file (e.g. r50.pth) and give its "
+                "path (a file named '-' is given as ./-); nothing was converted.")
+    (tmp_path / "out.pkl").write_bytes(b"kept")  # an existing output is refused later
+    with pytest.raises(ConversionError, match=f"^{re.escape(expected)}$"):
+        convert_checkpoint("-", tmp_path / "out.pkl")
+    assert main(["-", str(tmp_path / "out.pkl"), "--gw-positions", "S9"]) == 2
+    assert f"error: {expected}" in capsys.readouterr().err
+    assert (tmp_path / "out.pkl").read_bytes() == b"kept"

@@ -275,3 +275,59 @@ def test_a_model_with_nothing_to_weigh_is_refused_saying_why(norm, message):
                                               rf"weight 0.3: {message}.*weighable_norms\(model\).*The model is as it was\.$"):
         apply_example_weighing(model, 0.3)
     assert model[1] is norm
+
+
+class _ScaledBN(nn.BatchNorm2d):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * 2 + 1
+
+
+class _PlainSubclassBN(nn.BatchNorm2d):
+    pass
+
+
+# before: a BatchNorm2d subclass with its own forward was replaced by a plain BatchGroupNorm without a word (3.30 away at weight 0)
+def test_a_batch_norm_subclass_with_its_own_forward_is_refused_and_the_model_left_as_it_was():
+    x = torch.randn(4, 16, 5, 5)
+    model = nn.Sequential(nn.Conv2d(16, 16, 1), _ScaledBN(16), nn.Conv2d(16, 16, 1), _PlainSubclassBN(16))
+    model(x)
+    model.eval()
+    own, plain = model[1], model[3]
+    with pytest.raises(GwdetTypeError, match=r"^the batch norm\(s\) 1 \(_ScaledBN: _ScaledBN\.forward\) have a forward "
+                                             r"of their own, not torch's or detectron2's: .*their own computation would "
+                                             r"be lost\. Apply example weighing to models whose batch norms are torch's "
+                                             r"or detectron2's classes .*convert those layers yourself\. The model is as "
+                                             r"it was\.$"):
+        apply_example_weighing(model, 0.0)
+    assert model[1] is own and model[3] is plain
+    with pytest.raises(GwdetTypeError, match=r"^example_weighted_norm: _ScaledBN has a forward of its own "
+                                             r"\(_ScaledBN\.forward\), .*own computation would be lost"):
+        example_weighted_norm(own, 0.0)
+    bare = trained_bn(16)
+    bare.forward = lambda x: x  # a forward set on the object
+    with pytest.raises(GwdetTypeError, match="has a forward set on the object itself"):
+        example_weighted_norm(bare, 0.0)
+    model[1] = nn.BatchNorm2d(16).eval()  # left: torch's class and a subclass not overriding forward, both converted
+    reference = model(x).detach()
+    assert apply_example_weighing(model, 0.0) == 2
+    assert isinstance(model[1], BatchGroupNorm) and isinstance(model[3], BatchGroupNorm)
+    torch.testing.assert_close(model(x), reference)
+
+
+# before: "has no batch norm layer at all ... which other norms do not keep", though BGN keeps running statistics
+# and weighs examples by its own eval_example_weight
+@pytest.mark.parametrize("name, kwargs", [("BGN", {"num_groups": 4}), ("GhostBN", {})])
+def test_a_model_of_batch_group_norms_is_refused_naming_their_own_example_weight(name, kwargs):
+    from gwdet import norm
+
+    model = nn.Sequential(nn.Conv2d(16, 16, 1), norm(name, **kwargs)(16))
+    model(torch.randn(4, 16, 4, 4))
+    model.eval()
+    layer = model[1]
+    with pytest.raises(GwdetValueError, match=r"^apply_example_weighing: Sequential has no batch norm to weigh with "
+                                              r"weight 0.4: its 1 BatchGroupNorm layer\(s\) \(BGN / GhostBN, at 1\) "
+                                              r"weigh examples by their own eval_example_weight \(now 0.0\): set it "
+                                              r"there, MODEL.BGN.EVAL_EXAMPLE_WEIGHT 0.4 .*layer.eval_example_weight = "
+                                              r"0.4 .*The model is as it was\.$"):
+        apply_example_weighing(model, 0.4)
+    assert model[1] is layer and layer.eval_example_weight == 0.0

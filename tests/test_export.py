@@ -1702,3 +1702,23 @@ def test_export_onnx_with_dynamo_names_dynamic_axes_it_cannot_convert(tmp_path):
                                               r"in input_names .*; nothing was written\.$"):
         export_onnx(layer, x, str(tmp_path / "gwd.onnx"), dynamo=True, input_names=["x"], dynamic_axes={"y": {0: "b"}})
     assert os.listdir(tmp_path) == []
+
+
+def test_an_export_below_a_file_is_refused_before_tracing(tmp_path):
+    # os.makedirs failed with a raw FileExistsError [Errno 17] (export_torchscript after tracing the whole detector)
+    (tmp_path / "notes.txt").write_text("my notes")
+    traced = []
+    model = torch.nn.Conv2d(3, 3, 1)
+    model.register_forward_hook(lambda *_: traced.append(1))
+    below = tmp_path / "notes.txt" / "deeper"
+    for export, name in ((lambda path: export_torchscript(model, torch.zeros(3, 8, 8), path), "model.ts"),
+                         (lambda path: export_onnx(model, (torch.zeros(1, 3, 8, 8),), path), "model.onnx"),
+                         (lambda path: export_model_onnx(model, torch.zeros(3, 8, 8), path), "model.onnx")):
+        path = str(below / name)
+        with pytest.raises(FileExistsError, match=re.escape(
+                f"{path}: {tmp_path / 'notes.txt'} is a file, so no folder can be created below it. Give a file path "
+                "whose parent folders are folders (or do not exist yet); nothing was written.")):
+            export(path)
+    assert not traced and (tmp_path / "notes.txt").read_text() == "my notes"
+    export_onnx(model, (torch.zeros(1, 3, 8, 8),), str(tmp_path / "new" / "folders" / "model.onnx"))  # created
+    assert (tmp_path / "new" / "folders" / "model.onnx").is_file()

@@ -366,3 +366,28 @@ def test_unsupported_ops_as_the_first_query_runs_the_analysis():
     assert first.unsupported_ops("model.0") == {} and first.uncalled_modules() == set()
     after = FlopCountAnalysis(model, (x,)).unsupported_ops_warnings(False)
     assert after.total() == first.total() > 0 and after.unsupported_ops() == first.unsupported_ops()
+
+
+class _OwnGroupWhitening(GroupWhitening):
+    pass
+
+
+class _OwnBatchGroupNorm(BatchGroupNorm):
+    pass
+
+
+# before: gwdet_layer_names matched the layers' exact classes, so a subclass's flops were left out: gwdet_flops 0, share 0.0
+def test_the_flops_of_a_subclass_of_a_gwdet_layer_count_as_the_layer_it_derives_from():
+    def model(gw: type, bgn: type) -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), gw(16, num_groups=4), torch.nn.Conv2d(16, 16, 1),
+                                   bgn(16, num_groups=4)).eval()
+
+    x = torch.randn(2, 3, 12, 12)
+    rows = {}
+    for gw, bgn in ((GroupWhitening, BatchGroupNorm), (_OwnGroupWhitening, _OwnBatchGroupNorm)):
+        net = model(gw, bgn)
+        (rows[gw],) = component_shares(layer_counts(net, x, named_ops=True), net, {"all": ""})
+    plain, own = rows[GroupWhitening], rows[_OwnGroupWhitening]
+    assert own["gwdet_flops"] > 0 and set(own["by_op"]) == {"gwdet::group_whitening", "gwdet::batch_group_norm"}
+    assert own == plain and 0.0 < own["share"] < 1.0

@@ -301,3 +301,26 @@ def test_export_and_analyze_tools_take_a_lazy_config(tmp_path, capsys):
     assert re.search(r"error: train.init_checkpoint file .*missing.pth' does not exist", capsys.readouterr().err)
     with pytest.raises(ValueError, match="is not key=value"):  # --verbose: the exception itself
         analyze([*config, "MODEL.WEIGHTS", "x.pth", "--verbose"])
+
+
+# a model whose parameters were all frozen was warned of, then ended in torch's raw "ValueError: optimizer got an
+# empty parameter list"
+def test_lazy_build_optimizer_refuses_a_model_without_a_trainable_parameter_as_the_yacs_one_does():
+    from gwdet.engine import lazy
+    from gwdet.errors import GwdetValueError
+    from gwdet.model_zoo.lazy_loading import load_lazy_config
+    from conftest import LAZY_CONFIG
+
+    cfg = load_lazy_config(str(LAZY_CONFIG), ["train.device=cpu"], model=True)
+    frozen = torch.nn.Linear(2, 2).requires_grad_(False)
+    with pytest.raises(GwdetValueError, match=re.escape(
+            "build_optimizer: the model (Linear) has no trainable parameter: all 2 of its parameters are frozen "
+            "(requires_grad False), so an optimizer would have nothing to train. Build the optimizer for the model "
+            "that trains (a model made frozen on purpose is evaluated without one), or make its parameters trainable "
+            "first (model.requires_grad_(True)).")):
+        lazy.build_optimizer(cfg, frozen)
+    with pytest.raises(GwdetValueError, match=r"^build_optimizer: the model \(Identity\) has no trainable parameter: "
+                                              r"it has no parameters, so an optimizer"):
+        lazy.build_optimizer(cfg, torch.nn.Identity())
+    optimizer = lazy.build_optimizer(cfg, frozen.requires_grad_(True))
+    assert sum(len(group["params"]) for group in optimizer.param_groups) == 2

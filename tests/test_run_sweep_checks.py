@@ -1199,3 +1199,16 @@ def test_a_killed_loader_or_lost_file_before_the_first_checkpoint_advises_a_new_
     with pytest.raises(GwdetRuntimeError, match=r"The run's checkpoints are kept: continue it with --resume\.$"):
         with named_killed_loader(way_on):
             raise RuntimeError("DataLoader worker (pid 123) is killed by signal: Killed.")
+
+
+# Trainer.test(cfg, model, evaluators=[]) with one test set ended in detectron2's bare "AssertionError: 1 != 0"
+def test_trainer_test_with_another_number_of_evaluators_than_test_sets_names_both():
+    from detectron2.evaluation import DatasetEvaluator
+
+    cfg = build_config(str(DEMO_CONFIG), ["DATASETS.TEST", '("shapes_val", "shapes_train")'])
+    model = torch.nn.Linear(1, 1)  # refused before the model is used
+    with pytest.raises(GwdetError, match=r"^Trainer.test: evaluators holds 0 evaluator\(s\), but DATASETS.TEST names 2 "
+                                         r"test set\(s\) \('shapes_val', 'shapes_train'\): detectron2 evaluates the i-th"):
+        Trainer.test(cfg, model, evaluators=[])
+    with pytest.raises(GwdetError, match=r"evaluators holds 1 evaluator\(s\), but DATASETS.TEST names 2"):
+        Trainer.test(cfg, model, evaluators=DatasetEvaluator())

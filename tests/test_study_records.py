@@ -1015,3 +1015,33 @@ def test_an_empty_records_folder_is_refused_with_where_records_are_kept(tmp_path
     assert (f"--records {tmp_path / 'empty'}: no cell records in it (folders with study_cell.json): give the folder "
             "of a study's records (kept in docs/study/records/<study>/), or one that --export-records wrote") in \
         capsys.readouterr().err
+
+
+# before: a damaged record in the export destination said "Remove it and run the same command again: the cell
+# resumes from its last checkpoint", though no cell trains there, and removing the file alone got the export refused
+def test_a_damaged_record_in_the_export_destination_names_the_exports_own_fix(tmp_path):
+    from gwdet_lab.study.run_folder import DamagedFile
+
+    source = recorded_cells(RECORDS / "paper-seeds-3-4", ["gw-b2-s3"])
+    export_records(source, tmp_path / "exp")
+    cell = tmp_path / "exp" / "gw-b2-s3"
+    record = cell / "study_cell.json"
+    record.write_text(record.read_text().replace('"seed": 3', '"seed": 3 '))
+    with pytest.raises(DamagedFile) as refused:
+        export_records(source, tmp_path / "exp")
+    message = str(refused.value)
+    assert message.startswith(f"{record} is damaged (its SHA-256 differs")
+    assert message.endswith(
+        f"{cell} holds a cell's exported records (its metrics.json has the SHA-256 that an export records, and there "
+        "is no checkpoint), where nothing trains: move that folder away (or remove it) and run the export "
+        "(--export-records) again, which writes the cell's records anew from those it copies; or export into another "
+        "folder.")
+    assert "resumes from its last checkpoint" not in message
+    shutil.move(cell, tmp_path / "damaged")  # the fix the message gives
+    export_records(source, tmp_path / "exp")
+    assert read_record(RunFolder(cell))["cell"] == read_record(source[0].folder)["cell"]
+    run = RunFolder(tmp_path / "run")  # a training run's folder keeps the training advice
+    run.write_json("study_timing.json", {"train": 1.0})
+    (run.path / "study_timing.json").write_text("{")
+    with pytest.raises(DamagedFile, match="the cell resumes from its last checkpoint and writes it anew"):
+        run.read_json("study_timing.json")

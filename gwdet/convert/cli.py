@@ -14,7 +14,7 @@ from typing import Iterator, Sequence
 
 from gwdet.errors import GwdetError
 from gwdet.convert.converter import convert_checkpoint
-from gwdet.convert.loading import ConversionError
+from gwdet.convert.loading import ConversionError, refuse_standard_input
 from gwdet.convert.architecture import ARCHITECTURES
 from gwdet.utils.cli_errors import (EXIT_STATUS, TERMINATED_STATUS, add_verbose_argument, run_tool, tool_name,
                                     unexpanded_variable_problem)
@@ -128,6 +128,7 @@ def _convert(argv: Sequence[str]) -> int:
     refuse_repeated_flags(parser, argv)  # argparse kept the last --arch / --gw-positions without a word
     with dashed_file_names_named(parser, argv):  # "-r50.pth OUT": argparse takes the file for a flag
         args = parser.parse_args(argv)
+    refuse_standard_input(args.input)  # "IN < r50.pth": before any other check, so the stream is what is named
     unexpanded = unexpanded_variable_problem("OUT", args.output)
     if unexpanded is not None:
         raise ConversionError(unexpanded)

@@ -97,9 +97,24 @@ def _numpy_arrays_as_tensors(loaded: Any) -> Any:
                   else as_tensor(value)) for key, value in loaded.items()}
 
 
+STANDARD_STREAM_PATH = "-"  # what many commands read as standard input (or write as standard output)
+
+
+def refuse_standard_input(path: str) -> None:
+    """Refuse the input path ``-``, which many commands read as standard input: the converter reads
+    the checkpoint from a file (torch.load seeks in it), so the message asks for the file's path."""
+    if path == STANDARD_STREAM_PATH:
+        raise ConversionError(
+            "the input path is '-', which many commands read as standard input, but the converter reads the "
+            "checkpoint from a file, not from a stream: save the checkpoint to a file (e.g. r50.pth) and give its "
+            "path (a file named '-' is given as ./-); nothing was converted.")
+
+
 def local_input_path(path: str) -> str:
     """``path`` with a ``file://`` URL of this host turned into its path (detectron2's
-    ``PathManager`` has no handler for ``file://``); any other path as it is."""
+    ``PathManager`` has no handler for ``file://``); any other path as it is. The path ``-``
+    (standard input to many commands) is refused (:func:`refuse_standard_input`)."""
+    refuse_standard_input(path)
     local, host = file_url_path(path)
     if host is not None:
         raise ConversionError(

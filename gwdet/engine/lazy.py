@@ -38,7 +38,7 @@ from detectron2.utils import comm
 from detectron2.utils.logger import setup_logger
 from detectron2.utils.registry import locate
 
-from gwdet.solver import warn_of_untrained_parts
+from gwdet.solver import check_trainable, warn_of_untrained_parts
 from gwdet.errors import GwdetTypeError, GwdetValueError, listed
 from gwdet.layers.settings_state import TEST_TIME_SETTINGS
 from gwdet.utils.atomic import remove_checksum
@@ -245,7 +245,9 @@ def build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Opti
 
 
 def _build_checked_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """:func:`build_optimizer` of a LazyConfig whose values were checked (:meth:`LazyRun.check_request`)."""
+    """:func:`build_optimizer` of a LazyConfig whose values were checked (:meth:`LazyRun.check_request`);
+    a model without a trainable parameter is refused (:func:`gwdet.solver.check_trainable`)."""
+    check_trainable(model)
     warn_of_untrained_parts(model, cfg.train.get("init_checkpoint", "") if "train" in cfg else "",
                             "train.init_checkpoint")
     params = cfg.optimizer.params

@@ -20,7 +20,7 @@ import torch
 
 from detectron2.config import CfgNode, get_cfg
 from detectron2.engine import DefaultTrainer, TrainerBase
-from detectron2.evaluation import COCOEvaluator, verify_results
+from detectron2.evaluation import COCOEvaluator, DatasetEvaluator, verify_results
 from detectron2.solver import build_lr_scheduler
 from detectron2.utils import comm
 from detectron2.utils.logger import setup_logger
@@ -215,7 +215,17 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
         (``TEST.EVAL_PERIOD``) leave the training's random draws as they would be without them. The
         shapes dataset is the one ``cfg`` describes (:func:`~gwdet.data.datasets.register_configured_shapes`); the
         config's class count and the model's classes (:data:`~gwdet.checkpoint.resilient.CLASSES_ATTRIBUTE`)
-        are checked against the test sets, which must be registered, as the tools check them."""
+        are checked against the test sets, which must be registered, as the tools check them. A list
+        of ``evaluators`` holds one evaluator per test set, in their order."""
+        given = 1 if isinstance(evaluators, DatasetEvaluator) else len(evaluators) if isinstance(
+            evaluators, (list, tuple)) else None
+        if given is not None and given != len(cfg.DATASETS.TEST):
+            raise GwdetValueError(
+                f"Trainer.test: evaluators holds {given} evaluator(s), but DATASETS.TEST names "
+                f"{len(cfg.DATASETS.TEST)} test set(s) {tuple(cfg.DATASETS.TEST)!r}: detectron2 evaluates the i-th "
+                "test set with evaluators[i]. Give one evaluator per test set (e.g. [COCOEvaluator(name, "
+                "output_dir=...) for name in cfg.DATASETS.TEST]), one DatasetEvaluator for a single test set, or "
+                "evaluators=None for gwdet's COCOEvaluator of each.")
         register_configured_shapes(cfg, cfg.DATASETS.TEST)
         check_dataset_files(cfg.DATASETS.TEST)  # registered, as the tools check them
         check_config_against_datasets(cfg, trains=False, evaluates=True)

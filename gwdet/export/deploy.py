@@ -25,6 +25,7 @@ import shlex
 import warnings
 import zipfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -161,13 +162,15 @@ def _check_output_file(path: str, example: str, overwrite: bool, writer: str) ->
     that is empty, or that names a file already there unless ``overwrite`` (a user's notes, a
     checkpoint: replaced without a word before); an export inside ``torch.autocast``; and a ``path``
     whose suffix is not ``example``'s, the format ``writer`` writes (:func:`_check_export_suffix`).
-    ``overwrite`` must be True or False (``'no'`` would be read as true and replace the file)."""
+    ``overwrite`` must be True or False (``'no'`` would be read as true and replace the file). A
+    ``path`` below a file is refused too (:func:`_check_parent_folders`)."""
     check_flag(writer, "overwrite", overwrite)
     if not os.fspath(path):
         raise GwdetValueError(f"The export's path is empty: give the file to write, e.g. {example}; nothing was written.")
     if os.path.isdir(path):
         raise GwdetIsADirectoryError(f"{path} is a folder: give the path of the file to write, e.g. "
                                      f"{os.path.join(path, example)}; nothing was written.")
+    _check_parent_folders(path)
     autocast = [device for device in ("cpu", "cuda") if torch.is_autocast_enabled(device)]
     if autocast:  # the traced graph would keep the autocast dtypes and fail when run without it
         raise GwdetValueError(f"The export runs inside torch.autocast ({', '.join(autocast)}): the exported model "
@@ -183,6 +186,19 @@ def _check_output_file(path: str, example: str, overwrite: bool, writer: str) ->
                                    f"replaced, and {os.path.basename(path)}{CHECKSUM_SUFFIX} with it); give another "
                                    "path to keep it. Nothing was written.")
     _check_export_suffix(path, os.path.splitext(example)[1], writer)
+
+
+def _check_parent_folders(path: str) -> None:
+    """Refuse an export ``path`` below a file (``notes.txt/model.ts``): the folders the export
+    creates above the file cannot be made there. Worded as the export tool words ``--output`` below a
+    file (:func:`gwdet.utils.cli_errors.output_path_problem`)."""
+    for above in Path(os.path.abspath(path)).parents:  # ".." resolved, as os.makedirs creates the folders
+        if above.exists():
+            if not above.is_dir():
+                raise GwdetFileExistsError(f"{path}: {above} is a file, so no folder can be created below it. Give a "
+                                           "file path whose parent folders are folders (or do not exist yet); "
+                                           "nothing was written.")
+            return
 
 
 TORCHSCRIPT_SUFFIX = ".ts"

@@ -26,7 +26,7 @@ from detectron2.utils.analysis import FlopCountAnalysis as Detectron2FlopCountAn
 from fvcore.nn.jit_handles import get_shape
 
 from gwdet.errors import GwdetTypeError, GwdetValueError
-from gwdet.export.counting_ops import LAYER_OPS, trace_named_ops
+from gwdet.export.counting_ops import counting_op_of, trace_named_ops
 from gwdet.layers.cost import batch_group_norm_macs, batch_whitening_macs, group_whitening_macs
 
 Handle = Callable[[List[Any], List[Any]], int]
@@ -143,12 +143,13 @@ class FlopCountAnalysis(Detectron2FlopCountAnalysis):
 
 
 def gwdet_layer_names(model: torch.nn.Module) -> Dict[str, str]:
-    """``module name -> op name`` of every gwdet layer in ``model``."""
+    """``module name -> op name`` of every gwdet layer in ``model``, a subclass of one included:
+    the op a trace records it as (:func:`gwdet.export.counting_ops.counting_op_of`), so that its
+    flops count as that op's."""
     return {
-        name: op
+        name: counting.name
         for name, module in model.named_modules()
-        for layer_type, op in LAYER_OPS.items()
-        if type(module) is layer_type
+        if (counting := counting_op_of(module)) is not None
     }
 
 

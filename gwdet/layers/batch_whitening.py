@@ -103,6 +103,7 @@ def _check_arguments(x: Tensor, running_mean: Tensor, running_whitening: Tensor,
                               f"shape [{channels} / k, k, k], got {shape}")
     check_same_device(owner, x, {"running_mean": running_mean, "running_whitening": running_whitening,
                                  "weight": weight, "bias": bias})
+    _check_floating_running(owner, running_mean, running_whitening)
     if training:
         check_running_updatable(owner, {"running_mean": running_mean, "running_whitening": running_whitening})
         samples = x.numel() // channels
@@ -111,6 +112,26 @@ def _check_arguments(x: Tensor, running_mean: Tensor, running_whitening: Tensor,
             _warn_singular_covariance(samples, running_whitening.shape[1], eps, owner)
     elif not torch.jit.is_tracing():  # a traced graph would keep the check's outcome as a constant
         check_evaluation_statistics(owner, {"running_mean": running_mean, "running_whitening": running_whitening})
+
+
+@torch.jit.unused
+def _check_floating_running(owner: str, running_mean: Tensor, running_whitening: Tensor) -> None:
+    """Raise ``ValueError`` for an integer ``running_mean`` or ``running_whitening``: they hold
+    running averages, which training updates in place (as :func:`~.batch_group_norm.batch_group_norm`
+    refuses its own)."""
+    integral = [(name, tensor) for name, tensor in (("running_mean", running_mean),
+                                                    ("running_whitening", running_whitening))
+                if not tensor.is_floating_point()]
+    if not integral:
+        return
+    channels = running_mean.shape[0]
+    groups, k = running_whitening.shape[0], running_whitening.shape[1]
+    initial = {"running_mean": f"torch.zeros({channels})",
+               "running_whitening": f"torch.eye({k}).repeat({groups}, 1, 1)"}
+    named = " and ".join(f"{name} ({tensor.dtype})" for name, tensor in integral)
+    it, they = ("it", "it holds a running average") if len(integral) == 1 else ("them", "they hold running averages")
+    raise GwdetValueError(f"{owner}: {named} must be floating-point: {they}, which training updates in place; create "
+                          f"{it} as {' and '.join(initial[name] for name, _ in integral)}, or convert {it} with .float()")
 
 
 def _batch_whitening(x: Tensor, running_mean: Tensor, running_whitening: Tensor, weight: Optional[Tensor],
@@ -297,7 +318,8 @@ class BatchWhitening(SettingsInState):
     def validate_input(self, x: Tensor) -> None:
         """Raise ``ValueError`` for an input :meth:`forward` refuses (wrong shape or dtype; in
         training, a single value per channel), and in evaluation for running statistics no training
-        computes."""
+        computes; warn when ``torch.jit.trace`` records the layer in training mode (the trace keeps the
+        batch statistics and the running updates whatever mode it is later put in)."""
         check_input("BatchWhitening", x, self.num_channels)
         if not torch.jit.is_scripting():  # a weight.data of another size, or one given to torch.func.functional_call
             check_per_channel("BatchWhitening", {"weight": self.weight, "bias": self.bias,
@@ -306,6 +328,12 @@ class BatchWhitening(SettingsInState):
             if not self.training:
                 check_layer_evaluation_statistics(self, {"running_mean": self.running_mean,
                                                          "running_whitening": self.running_whitening})
+        if not torch.jit.is_scripting() and self.training and torch.jit.is_tracing():
+            warnings.warn(
+                "BatchWhitening: traced in training mode, the trace whitens every batch with that batch's own "
+                "statistics, whatever .eval() says later, and each run of it moves the layer's running mean and "
+                "running whitening matrix. Trace in evaluation mode (model.eval()), which whitens with the running "
+                "statistics.", GwdetRuntimeWarning, stacklevel=2)
         if self.training:
             samples = x.numel() // self.num_channels
             check_values_per_group("BatchWhitening", samples, "channel of the batch")

@@ -10,7 +10,10 @@ inference, ``alpha = 1`` instance normalization.
 the classes of detectron2's "BN" and "SyncBN", BatchNorm1d/3d, subclasses included) that keeps running statistics for a
 :class:`gwdet.layers.BatchGroupNorm` with one channel per group and the same affine parameters,
 running statistics and ``eps``; ``FrozenBatchNorm2d`` is left alone (a model with nothing to
-weigh is refused), and the layers an earlier call made get the new weight. In ``train()`` mode the
+weigh is refused), and the layers an earlier call made get the new weight. A subclass whose class
+(or object) has a ``forward`` of its own, not torch's or detectron2's, is refused, since the
+replacement computes batch norm only. gwdet's own BatchGroupNorm layers (BGN, GhostBN) are not
+replaced: they weigh examples by their own ``eval_example_weight``. In ``train()`` mode the
 replacement normalizes over the whole batch per channel, as batch norm does (a ``momentum=None``
 cumulative average becomes ``momentum=0.1``).
 """
@@ -41,7 +44,8 @@ def example_weighted_norm(bn: nn.modules.batchnorm._BatchNorm, weight: float) ->
     ``weight = 0`` gives ``bn``'s own inference output (same statistics, same formula up to
     float rounding). The result is on ``bn``'s device and in ``bn``'s training mode. A ``bn``
     without a bias (``bias=False``) gives a bias of zeros that does not require grad, so the
-    norm computes and trains as ``bn`` does.
+    norm computes and trains as ``bn`` does. A ``bn`` with a ``forward`` of its own
+    (:func:`own_forward`) is refused (``GwdetTypeError``): the norm would not compute it.
     """
     if not isinstance(bn, nn.modules.batchnorm._BatchNorm):
         raise GwdetTypeError(f"example_weighted_norm: bn must be a torch batch norm (BatchNorm1d/2d/3d, SyncBatchNorm) "
@@ -49,6 +53,12 @@ def example_weighted_norm(bn: nn.modules.batchnorm._BatchNorm, weight: float) ->
                              "an example's moments into a batch norm's running ones, which other norms do not keep. "
                              "For a whole model use apply_example_weighing(model, weight).")
     check_unit_interval("example_weighted_norm", "weight", weight)
+    if own_forward(bn) is not None:
+        raise GwdetTypeError(f"example_weighted_norm: {type(bn).__name__} {_own_forward_words(bn)}, which the "
+                             "example-weighted BatchGroupNorm does not compute: its own computation would be lost. "
+                             "Give it a batch norm of torch's or detectron2's classes (or a subclass that does not "
+                             "override forward) with the same statistics and affine parameters, or weigh this layer's "
+                             "computation yourself.")
     if isinstance(bn, nn.modules.lazy.LazyModuleMixin) and bn.has_uninitialized_params():
         raise GwdetValueError(f"example_weighted_norm: {type(bn).__name__} is a lazy module whose channels are not "
                               "known yet: run the model once on an input (or call its initialize_parameters) first")
@@ -78,6 +88,26 @@ def example_weighted_norm(bn: nn.modules.batchnorm._BatchNorm, weight: float) ->
             else:
                 norm.get_parameter(name).copy_(value)
     return norm.train(bn.training)
+
+
+def own_forward(module: nn.Module) -> str | None:
+    """Where ``module``'s ``forward`` comes from when it is neither torch's nor detectron2's: the
+    class defining it (``"MyBN.forward"``) or ``"the object's forward"`` for one set on the object
+    itself; ``None`` for a forward of torch or detectron2 (BatchNorm2d's, NaiveSyncBatchNorm's, a
+    subclass that does not override it)."""
+    if "forward" in vars(module):
+        return "the object's forward"
+    definer = next(kind for kind in type(module).__mro__ if "forward" in vars(kind))
+    if definer.__module__.partition(".")[0] in ("torch", "detectron2"):
+        return None
+    return f"{definer.__qualname__}.forward"
+
+
+def _own_forward_words(module: nn.Module) -> str:
+    """``module``'s own forward (:func:`own_forward`) in words."""
+    where = own_forward(module)
+    return ("has a forward set on the object itself" if where == "the object's forward"
+            else f"has a forward of its own ({where})")
 
 
 def _shown(value: object) -> str:
@@ -117,7 +147,9 @@ def weighable_types() -> tuple[type[nn.modules.batchnorm._BatchNorm], ...]:
 
 def weighable_norms(model: nn.Module) -> list[tuple[str, nn.modules.batchnorm._BatchNorm]]:
     """``(name, module)`` of every batch norm of ``model`` that example weighing applies to: a
-    layer of :func:`weighable_types` (subclasses too) keeping running statistics."""
+    layer of :func:`weighable_types` (subclasses too) keeping running statistics. A subclass with a
+    ``forward`` of its own (:func:`own_forward`) is listed, and :func:`apply_example_weighing`
+    refuses it."""
     _check_model("weighable_norms", model)
     kinds = weighable_types()
     return [
@@ -140,7 +172,12 @@ def apply_example_weighing(model: nn.Module, weight: float) -> int:
     A model with no layer to weigh is refused (``GwdetValueError``), the model left as it is:
     detectron2's ``FrozenBatchNorm2d`` layers (fixed statistics, which example weighing does not
     mix), batch norms without running statistics, or no batch norm at all; :func:`weighable_norms`
-    tells beforehand. To compare several weights, apply each one to its own copy of the trained
+    tells beforehand. gwdet's BatchGroupNorm layers (BGN, GhostBN) are left as they are: they
+    weigh examples by their own ``eval_example_weight`` (``MODEL.BGN.EVAL_EXAMPLE_WEIGHT``), and a
+    model with no other layer to weigh is refused naming that setting. A batch norm subclass with a
+    ``forward`` of its own (:func:`own_forward`) is refused (``GwdetTypeError``), the model left
+    as it is: the replacement would not compute it; subclasses that do not override ``forward``
+    are replaced as torch's classes are. To compare several weights, apply each one to its own copy of the trained
     model (``copy.deepcopy``), or apply them one after the other to the same model: each call sets
     its weight on every weighed layer.
     """
@@ -176,6 +213,17 @@ def _nothing_to_weigh(model: nn.Module, weight: float) -> str:
     frozen = [name or "the model" for name, module in model.named_modules() if isinstance(module, FrozenBatchNorm2d)]
     untracked = [name or "the model" for name, module in model.named_modules()
                  if isinstance(module, nn.modules.batchnorm._BatchNorm) and not module.track_running_stats]
+    grouped = [(name or "the model", module) for name, module in model.named_modules()
+               if isinstance(module, BatchGroupNorm)]
+    if grouped:
+        weights = sorted({float(module.eval_example_weight) for _, module in grouped})
+        return (f"apply_example_weighing: {type(model).__name__} has no batch norm to weigh with weight {weight!r}: "
+                f"its {len(grouped)} BatchGroupNorm layer(s) (BGN / GhostBN, at {listed([n for n, _ in grouped], 3)}) "
+                f"weigh examples by their own eval_example_weight (now {listed([repr(w) for w in weights], 3)}): set "
+                f"it there, MODEL.BGN.EVAL_EXAMPLE_WEIGHT {weight!r} in the config the model is built from (or "
+                f"gwdet.norm('BGN', eval_example_weight={weight!r}) / ('GhostBN', ...)), or on the built layers: "
+                f"layer.eval_example_weight = {weight!r} for each BatchGroupNorm of model.modules(). Example "
+                "weighing replaces torch's batch norms (BatchNorm1d/2d/3d, SyncBatchNorm) only. The model is as it was.")
     found = []
     if frozen:
         found.append(f"{len(frozen)} detectron2 FrozenBatchNorm2d layer(s) (at {listed(frozen, 3)}), whose statistics "
@@ -202,7 +250,8 @@ def replace_weighable_norms(model: nn.Module, replacement: Callable[[nn.modules.
     move to its replacement (their handles still remove them); a layer with state-dict hooks is
     refused, since its replacement's state dict differs. A layer object at several places of the
     model (``m.a = m.b = bn``, ``Sequential(conv, bn, conv, bn)``) is refused, since replacing it at
-    one place would leave the others a batch norm."""
+    one place would leave the others a batch norm. A layer with a ``forward`` of its own
+    (:func:`own_forward`) is refused, since its replacement would not compute it."""
     targets = weighable_norms(model)
     target_ids = {id(bn) for _, bn in targets}
     tied = [places for places in shared_norm_layers(model) if id(model.get_submodule(places[0])) in target_ids]
@@ -215,6 +264,14 @@ def replace_weighable_norms(model: nn.Module, replacement: Callable[[nn.modules.
             + f": replacing it would put the replacement at one place and leave the {kind} at the others, so the "
             "model would be weighed at some of its norms only. Give each place its own layer (a copy: "
             "copy.deepcopy(layer), which keeps its weights and running statistics) before replacing the layers. "
+            "The model is as it was.")
+    own = [f"{name} ({type(bn).__name__}: {own_forward(bn)})" for name, bn in targets if own_forward(bn) is not None]
+    if own:
+        raise GwdetTypeError(
+            f"the batch norm(s) {listed(own, 3)} have a forward of their own, not torch's or detectron2's: the "
+            "example-weighted replacement (a BatchGroupNorm computing torch's batch norm) would not compute it, so "
+            "their own computation would be lost. Apply example weighing to models whose batch norms are torch's or "
+            "detectron2's classes (or subclasses that do not override forward), or convert those layers yourself. "
             "The model is as it was.")
     hooked = [f"{name} ({', '.join(state_dict_hooks(bn))})" for name, bn in targets if state_dict_hooks(bn)]
     if hooked:

@@ -18,6 +18,7 @@ sets (``--configs``, ``--extra``) are cells too, one per config and seed.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import re
 from collections import Counter
@@ -57,6 +58,7 @@ STUDIES = ("paper", "batch-sweep", "heads")
 STUDY_GROUPS = {"paper": PAPER_GROUPS, "batch-sweep": PAPER_GROUPS, "heads": HEADS_GROUPS}
 DEFAULT_SEEDS = {"paper": (0, 1, 2), "batch-sweep": (0,), "heads": (0, 1, 2, 3, 4)}
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8)
+MAX_SHOWN_BATCH_SIZE = 32  # the largest batch size a refused schedule's message lists as fitting it
 # Solver keys counted in iterations: scaled by (config batch / cell batch) to keep images fixed.
 ITERATION_KEYS = ("MAX_ITER", "WARMUP_ITERS", "CHECKPOINT_PERIOD")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
@@ -132,23 +134,59 @@ def batch_scaling_opts(cfg: CfgNode, batch_size: int) -> tuple[str, ...]:
     if batch_size < 1:
         raise GwdetValueError(f"Batch size must be at least 1, got {batch_size}.")
 
-    def scaled(key: str, iterations: int) -> int:
-        images = iterations * base
-        if images % batch_size:
-            raise GwdetValueError(
-                f"{key} = {iterations} iterations of {base} images is not a whole number of "
-                f"iterations of {batch_size} images; pick a schedule divisible by both."
-            )
-        return images // batch_size
-
+    counts = _schedule_counts(cfg)
+    _check_schedule_scales(counts, base, batch_size)
+    scaled = {key: [iterations * base // batch_size for iterations in values] for key, values in counts.items()}
     opts = ["SOLVER.IMS_PER_BATCH", str(batch_size), "SOLVER.BASE_LR", repr(cfg.SOLVER.BASE_LR * batch_size / base)]
     for key in ITERATION_KEYS:
-        opts += [f"SOLVER.{key}", str(scaled(f"SOLVER.{key}", int(cfg.SOLVER[key])))]
-    steps = tuple(scaled("SOLVER.STEPS", int(step)) for step in cfg.SOLVER.STEPS)
-    opts += ["SOLVER.STEPS", repr(steps)]
+        opts += [f"SOLVER.{key}", str(scaled[f"SOLVER.{key}"][0])]
+    opts += ["SOLVER.STEPS", repr(tuple(scaled["SOLVER.STEPS"]))]
     if cfg.TEST.EVAL_PERIOD:
-        opts += ["TEST.EVAL_PERIOD", str(scaled("TEST.EVAL_PERIOD", int(cfg.TEST.EVAL_PERIOD)))]
+        opts += ["TEST.EVAL_PERIOD", str(scaled["TEST.EVAL_PERIOD"][0])]
     return tuple(opts)
+
+
+def _schedule_counts(cfg: CfgNode) -> dict[str, list[int]]:
+    """The iteration counts :func:`batch_scaling_opts` scales, by key (``SOLVER.STEPS``: each step)."""
+    counts = {f"SOLVER.{key}": [int(cfg.SOLVER[key])] for key in ITERATION_KEYS}
+    counts["SOLVER.STEPS"] = [int(step) for step in cfg.SOLVER.STEPS]
+    if cfg.TEST.EVAL_PERIOD:
+        counts["TEST.EVAL_PERIOD"] = [int(cfg.TEST.EVAL_PERIOD)]
+    return counts
+
+
+def _nearest_multiple(value: int, multiple: int) -> int:
+    """The multiple of ``multiple`` nearest ``value`` (the lower on a tie), at least ``multiple``."""
+    lower = value // multiple * multiple
+    nearest = lower if value - lower <= lower + multiple - value else lower + multiple
+    return max(nearest, multiple)
+
+
+def _check_schedule_scales(counts: dict[str, list[int]], base: int, batch_size: int) -> None:
+    """Refuse, naming every one at once, the iteration counts of ``counts`` (at ``base`` images per
+    batch) that are no whole number of iterations of ``batch_size`` images, each with the nearest
+    count that is, the ``--opts`` that gives them, and the batch sizes the schedule fits as it is."""
+    multiple = batch_size // math.gcd(base, batch_size)  # a count fits when it is a multiple of this
+    unfit = {key: values for key, values in counts.items() if any(value % multiple for value in values)}
+    if not unfit:
+        return
+
+    def shown(key: str, values: list[int]) -> str:
+        return f"({', '.join(map(str, values))}{',' * (len(values) == 1)})" if key == "SOLVER.STEPS" else str(values[0])
+
+    fits = {key: [value if value % multiple == 0 else _nearest_multiple(value, multiple) for value in values]
+            for key, values in unfit.items()}
+    named = ", ".join(f"{key} = {shown(key, values)} (fits: {shown(key, fits[key])})" for key, values in unfit.items())
+    given = " ".join(f"{key} {shown(key, values)!r}" if key == "SOLVER.STEPS" else f"{key} {shown(key, values)}"
+                     for key, values in fits.items())
+    images = math.gcd(*(value * base for values in counts.values() for value in values))
+    sizes = [size for size in range(1, MAX_SHOWN_BATCH_SIZE + 1) if images == 0 or images % size == 0]
+    raise GwdetValueError(
+        f"batch size {batch_size}: {named}: iteration counts of the config's {base} images per batch that are no "
+        f"whole number of iterations of {batch_size} images (each must be a multiple of {multiple} iterations of "
+        f"{base} images). Give counts that fit with --opts (in iterations of {base} images; applied to every cell), "
+        f"e.g. --opts {given}, or batch sizes this schedule fits as it is (--batch-sizes, up to "
+        f"{MAX_SHOWN_BATCH_SIZE}): {' '.join(map(str, sizes))}.")
 
 
 def model_overrides(opts: Sequence[str]) -> tuple[str, ...]:

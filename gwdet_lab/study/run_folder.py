@@ -194,7 +194,18 @@ class RunFolder:
             return ("Records are only read, never trained into: copy the cell's records again from where they came "
                     "from (a study's runs folder, exported with compare_norms.py --records <out>/runs "
                     "--export-records DIR), then run the same command again.")
+        if self.holds_export():
+            return (f"{self.path} holds a cell's exported records (its {METRICS_JSON} has the SHA-256 that an export "
+                    "records, and there is no checkpoint), where nothing trains: move that folder away (or remove it) "
+                    "and run the export (--export-records) again, which writes the cell's records anew from those it "
+                    "copies; or export into another folder.")
         return "Remove it and run the same command again: the cell resumes from its last checkpoint and writes it anew."
+
+    def holds_export(self) -> bool:
+        """Whether the folder holds a cell's exported records (:func:`gwdet_lab.study.records.export_records`)
+        rather than a training run: the SHA-256 of its ``metrics.json`` is recorded beside it, which an
+        export does and training (appending to the file) never does, and it has no checkpoint."""
+        return Path(checksum_path(str(self.file(METRICS_JSON)))).is_file() and not self.has_checkpoint()
 
     def write_json(self, name: str, data: Mapping) -> None:
         """Write ``data`` as strict JSON (NaN as ``null``: :func:`null_for_nan`) through a temporary
