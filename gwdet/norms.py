@@ -33,7 +33,7 @@ import math
 import multiprocessing
 from collections import defaultdict
 from dataclasses import dataclass, field
-from types import MappingProxyType
+from types import GetSetDescriptorType, MappingProxyType, MemberDescriptorType
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -425,39 +425,95 @@ def _reserved_names() -> dict[str, str]:
 
 
 def _same_registration(record: NormRecord, other: NormRecord) -> bool:
-    """Whether ``other`` registers what ``record`` does: the same settings and a build function of
-    the same name and code (a LazyConfig file that registers its norm, read again: its functions
-    are new objects of the same code)."""
-    a, b = record.build, other.build
-    code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
-    same_build = a is b or (
-        code_a is not None and code_b is not None and getattr(a, "__qualname__", None) == getattr(b, "__qualname__", None)
-        and _code(a) == _code(b)
-        and getattr(a, "__defaults__", None) == getattr(b, "__defaults__", None)
-        and getattr(a, "__kwdefaults__", None) == getattr(b, "__kwdefaults__", None)
-        and _read_globals(a) == _read_globals(b))
+    """Whether ``other`` registers what ``record`` does: the same settings and the same build
+    (:func:`_same_value`): the same object, or, for a module read again (a LazyConfig file that
+    registers its norm, ``importlib.reload``), whose functions and classes are new objects, a
+    function of the same name, code, defaults, closure values and read globals, or a class of the
+    same name, bases and attributes. Two builds a factory made with other values (``make(4)``,
+    ``make(8)``) are two registrations."""
+    try:
+        same_build = _same_value(record.build, other.build, set())
+    except RecursionError:  # a value that holds itself: the same only as the same object
+        same_build = record.build is other.build
     return same_build and (dict(record.config_keys), record.batch_statistics, record.layer_types) == (
         dict(other.config_keys), other.batch_statistics, other.layer_types)
 
 
+# attributes of a class that say where it was defined, not what it does (a LazyConfig file read
+# again is a module of another, random name), or that Python makes anew for every class
+_CLASS_BOOKKEEPING = frozenset({"__module__", "__dict__", "__weakref__", "__firstlineno__", "__static_attributes__"})
+# a closure cell with no value yet (a name the enclosing function has not assigned)
+_EMPTY_CELL = object()
+
+
+def _same_value(a: Any, b: Any, comparing: set[tuple[int, int]]) -> bool:
+    """Whether ``a`` and ``b`` are the same as far as a build reads them: the same object; a module
+    of the same name; a function of the same name and code whose defaults, keyword defaults,
+    closure values and read module-level names (:func:`_read_globals`) are the same; a class of the
+    same name whose bases and attributes (``vars``, but for where it was defined) are the same;
+    tuples, lists and dicts of the same values; tensors and arrays of the same shape, dtype and
+    values; anything else of the same type that compares equal with ``==`` (an object without its
+    own ``==`` is then only itself). ``comparing`` holds the pairs of functions and classes being
+    compared (a method's ``__class__`` cell leads back to its class): such a pair is taken as the
+    same while it is."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if inspect.ismodule(a):
+        return bool(a.__name__ == b.__name__)
+    pair = (id(a), id(b))
+    if pair in comparing:
+        return True
+    if inspect.isfunction(a) or inspect.isclass(a):  # kept alive by their owners, so their ids stay theirs
+        comparing.add(pair)
+    if inspect.isfunction(a):
+        return (a.__qualname__ == b.__qualname__ and _code(a) == _code(b)
+                and _same_value(a.__defaults__, b.__defaults__, comparing)
+                and _same_value(a.__kwdefaults__, b.__kwdefaults__, comparing)
+                and _same_value(_cell_values(a), _cell_values(b), comparing)
+                and _same_value(_read_globals(a), _read_globals(b), comparing))
+    if inspect.isclass(a):
+        own_a = {key: value for key, value in vars(a).items() if key not in _CLASS_BOOKKEEPING}
+        own_b = {key: value for key, value in vars(b).items() if key not in _CLASS_BOOKKEEPING}
+        return (a.__qualname__ == b.__qualname__ and _same_value(a.__bases__, b.__bases__, comparing)
+                and _same_value(own_a, own_b, comparing))
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(_same_value(x, y, comparing) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_value(a[key], b[key], comparing) for key in a)
+    if isinstance(a, (staticmethod, classmethod)):
+        return _same_value(a.__func__, b.__func__, comparing)
+    if isinstance(a, property):
+        return all(_same_value(getattr(a, part), getattr(b, part), comparing) for part in ("fget", "fset", "fdel"))
+    if isinstance(a, (MemberDescriptorType, GetSetDescriptorType)):  # a slot of a class made anew
+        return bool(a.__name__ == b.__name__)
+    if isinstance(a, (torch.Tensor, np.ndarray)):
+        return a.shape == b.shape and a.dtype == b.dtype and bool((a == b).all())
+    try:
+        equal = a == b
+        return isinstance(equal, (bool, np.bool_)) and bool(equal)
+    except Exception:  # an == that cannot compare the two: only the same object is the same
+        return False
+
+
+def _cell_values(function: Callable) -> tuple[Any, ...]:
+    """The values of ``function``'s closure cells, in order (:data:`_EMPTY_CELL` for an empty one)."""
+    values = []
+    for cell in getattr(function, "__closure__", None) or ():
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            values.append(_EMPTY_CELL)
+    return tuple(values)
+
+
 def _read_globals(function: Callable) -> dict[str, Any]:
-    """The module-level names ``function``'s code reads, each as a value to compare: data as it is
-    (a constant ``G = 4``), a function by its name and code, a class by its name and its methods'
-    code, a module by its name (a file read again defines them anew, of the same code)."""
+    """The module-level names ``function``'s code reads, each with its value (compared by
+    :func:`_same_value`)."""
     names = getattr(getattr(function, "__code__", None), "co_names", ())
     scope = getattr(function, "__globals__", {})
-    return {name: _comparable(scope[name]) for name in names if name in scope}
-
-
-def _comparable(value: Any) -> Any:
-    """``value`` as :func:`_read_globals` compares it."""
-    if inspect.ismodule(value):
-        return value.__name__
-    if inspect.isclass(value):
-        return value.__qualname__, {key: _code(member) for key, member in vars(value).items() if inspect.isfunction(member)}
-    if callable(value):
-        return getattr(value, "__qualname__", repr(value)), _code(value)
-    return repr(value)
+    return {name: scope[name] for name in names if name in scope}
 
 
 def _code(function: Callable) -> Any:

@@ -472,3 +472,24 @@ def test_markers_inside_a_fenced_code_block_are_the_files_text(tmp_path, fence):
                                          r"appended at the end of the file would be inside it: close the block"):
         write_section(unclosed, "tables", "main")
     assert unclosed.read_text() == f"# Doc\n\n{fence}\nsome code\n"
+
+
+# two hand-written short begin lines with their end lines were counted as "0 begin and 2 end line(s)"
+def test_short_hand_written_begin_lines_are_counted_and_delimit_a_section(tmp_path):
+    from gwdet_lab.benchmark.report import section_file_problem
+
+    short_begin, end = "<!-- benchmark:begin main -->", markers("main")[1]
+    path = tmp_path / "dup.md"
+    text = f"# Two\n{short_begin}\nA\n{end}\nmiddle\n{short_begin}\nB\n{end}\ntail\n"
+    path.write_text(text)
+    assert section_file_problem(path, "main") == (
+        f"--out {path}: the section 'main' has 2 begin and 2 end line(s) of its markers, so the text between them is "
+        "not one section of the benchmark's: make it one begin line, the tables, one end line (or remove its marker "
+        "lines), or give another --section; nothing was measured or changed")
+    path.write_text(f"# One\n{short_begin}\nold\n{end}\ntail\n")  # one hand-written section: replaced in place
+    assert section_file_problem(path, "main") is None
+    write_section(path, "new", "main")
+    assert path.read_text() == f"# One\n{markers('main')[0]}\nnew\n{end}\ntail\n"
+    path.write_text("# Other\n<!-- benchmark:begin main2 -->\nkept\n")  # another section's begin line is text
+    write_section(path, "new", "main")
+    assert path.read_text() == f"# Other\n<!-- benchmark:begin main2 -->\nkept\n\n{markers('main')[0]}\nnew\n{end}\n"

@@ -366,7 +366,9 @@ def test_a_state_of_other_settings_is_refused_naming_the_layer_the_setting_and_b
             assert (f"head.0 ({type(other).__name__}) was saved with {param}={getattr(saved, param)!r}, but this "
                     f"layer has {param}={getattr(other, param)!r}: the weights were trained as another function. Build "
                     "the layer with the saved values") in message, message
-            assert "delete 'head.0._extra_state' from the state dict" in message and "size mismatch" not in message
+            # the way out of loading anyway is offered only where the tensors keep their shapes
+            assert ("delete 'head.0._extra_state' from the state dict" in message) == (param != "group_size")
+            assert "size mismatch" not in message
             assert all(torch.equal(value, before[key]) for key, value in other.state_dict().items()
                        if key != "_extra_state"), "the refused layer keeps its own values"
         without_record = {key: value for key, value in state.items() if not key.endswith("_extra_state")}

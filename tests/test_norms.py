@@ -1385,3 +1385,74 @@ def test_check_gwdet_config_refuses_a_plain_dict_naming_what_it_takes():
                                              r"get_cfg\(\); gwdet.add_gwdet_config\(cfg\).*"
                                              r"gwdet.model_zoo.build_config\(path\)"):
         gwdet.check_gwdet_config({"MODEL": {}})
+
+
+# a build made by a factory with another closure value (make(4), make(8)) silently replaced the first registration
+def test_a_build_of_the_same_code_with_other_closure_values_is_another_registration(registered):
+    def make(groups):
+        def build(channels):
+            return torch.nn.GroupNorm(groups, channels)
+        return build
+
+    registered.append("TestClosure")
+    register_norm("TestClosure", make(4))
+    made = norm("TestClosure")
+    register_norm("TestClosure", make(4))  # the same code and closure values: the same registration
+    with pytest.raises(GwdetValueError, match=r"register_norm: 'TestClosure' is already registered \(by .*make.<locals>"
+                                              r".build\); choose another name, or call "
+                                              r"gwdet.norms.unregister_norm\('TestClosure'\) first"):
+        register_norm("TestClosure", make(8))
+    assert made(32).num_groups == 4
+
+
+# a build reading a class a factory made with another class attribute silently replaced the first registration
+def test_a_build_of_a_factory_class_with_other_attributes_is_another_registration(registered):
+    def make_class(groups):
+        class Layer(torch.nn.GroupNorm):
+            GROUPS = groups
+
+            def __init__(self, channels):
+                super().__init__(self.GROUPS, channels)
+        return Layer
+
+    def build_from(layer):
+        def build(channels):
+            return layer(channels)
+        return build
+
+    registered.extend(["TestFactoryClass", "TestClassItself"])
+    register_norm("TestFactoryClass", build_from(make_class(4)))
+    register_norm("TestFactoryClass", build_from(make_class(4)))  # a class of the same attributes: the same
+    with pytest.raises(GwdetValueError, match="'TestFactoryClass' is already registered"):
+        register_norm("TestFactoryClass", build_from(make_class(8)))
+    assert norm("TestFactoryClass")(32).num_groups == 4
+    register_norm("TestClassItself", make_class(4))  # a class as the build
+    register_norm("TestClassItself", make_class(4))
+    with pytest.raises(GwdetValueError, match="'TestClassItself' is already registered"):
+        register_norm("TestClassItself", make_class(8))
+
+
+# (kept accepted) a module reloaded registers the same build again; reloaded with another closure value it is refused
+def test_a_reloaded_module_registers_the_same_build_again(registered, tmp_path, monkeypatch):
+    import importlib
+    import sys
+
+    registered.append("TestReloaded")
+    source = ("import torch\nimport gwdet\n\nGROUPS = {}\n\n\nclass Own(torch.nn.GroupNorm):\n"
+              "    def forward(self, x):\n        return super().forward(x)\n\n\n"
+              "def make(groups):\n    def build(channels):\n        return Own(groups, channels)\n    return build\n\n\n"
+              "gwdet.register_norm('TestReloaded', make(GROUPS))\n")
+    module = tmp_path / "reloaded_norm_module.py"
+    module.write_text(source.format(4))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "reloaded_norm_module", raising=False)
+    loaded = importlib.import_module("reloaded_norm_module")
+    try:
+        importlib.reload(loaded)  # new function, closure and class objects of the same code and values: taken
+        assert norm("TestReloaded")(32).num_groups == 4
+        module.write_text(source.format(16))  # another length: no cached bytecode of the same size and time
+        importlib.invalidate_caches()
+        with pytest.raises(GwdetValueError, match="'TestReloaded' is already registered"):
+            importlib.reload(loaded)
+    finally:
+        sys.modules.pop("reloaded_norm_module", None)

@@ -1956,3 +1956,34 @@ def _umask() -> int:
     current = os.umask(0)
     os.umask(current)
     return current
+
+
+# a record of two lines was checked on its first line only: a wrong second line passed, swapped lines refused the file
+def test_a_checksum_record_of_several_lines_is_an_unusable_record_not_checked_on_its_first_line(tmp_path):
+    from gwdet.engine.output_dir import check_config_checksum
+    from gwdet.errors import GwdetUserWarning
+    from gwdet.export import verify_export
+    from gwdet.utils.atomic import DamagedFileError, checksum_findings, record_checksum
+
+    export = tmp_path / "t.ts"
+    export.write_bytes(b"an export")
+    record_checksum(str(export))
+    record = tmp_path / "t.ts.sha256"
+    right, wrong = record.read_text(), "0" * 64 + "  t.ts\n"
+    said = ("its checksum record t.ts.sha256 holds 2 lines; gwdet writes one (sha256sum t.ts > t.ts.sha256 writes it "
+            "anew)")
+    for text in (right + wrong, wrong + right, right + "\n" + right):
+        record.write_text(text)
+        assert checksum_findings(str(export)) == (said, None)
+        with pytest.warns(GwdetUserWarning, match=re.escape(f"{export}: {said}, so the export is loaded unchecked.")):
+            assert verify_export(str(export)) is False
+    record.write_text(right + "\n  \n")  # blank lines aside, the one entry checks the file
+    assert checksum_findings(str(export)) == (None, None) and verify_export(str(export)) is True
+    config = tmp_path / "config.yaml"
+    config.write_text("MODEL: {}\n")
+    record_checksum(str(config))
+    (tmp_path / "config.yaml.sha256").write_text((tmp_path / "config.yaml.sha256").read_text() + wrong)
+    with pytest.raises(DamagedFileError, match=re.escape(
+            "its checksum record config.yaml.sha256 holds 2 lines; gwdet writes one (sha256sum config.yaml > "
+            "config.yaml.sha256 writes it anew); nothing was trained.")):
+        check_config_checksum(str(config), str(tmp_path))

@@ -463,3 +463,35 @@ def test_settings_too_long_because_of_the_class_name_are_refused_naming_the_clas
                                               r"the class a shorter name \(at most 407 characters with these settings\)"):
         long_named(16, num_groups=4)
     type("G" + "x" * 406, (GroupWhitening,), {})(16, num_groups=4).state_dict()
+
+
+# a state of other num_channels, affine or BW group_size offered "delete '_extra_state' ... to load anyway", after
+# which torch refused with a size mismatch or missing keys
+def test_a_state_of_other_shapes_is_refused_without_offering_to_load_it_anyway():
+    import re
+
+    from gwdet.errors import GwdetValueError
+    from gwdet.layers import BatchWhitening, GroupWhitening
+
+    cases = [(GroupWhitening(32, 4), GroupWhitening(16, 4), "num_channels=32",
+              "weight: [32] in the state, [16] in this layer; bias: [32] in the state, [16] in this layer"),
+             (GroupWhitening(16, 4, affine=False), GroupWhitening(16, 4), "affine=False",
+              "the state has no weight, bias, which this layer has"),
+             (BatchWhitening(16, 8), BatchWhitening(16, 4), "group_size=8",
+              "running_whitening: [2, 8, 8] in the state, [4, 4, 4] in this layer")]
+    for saved, layer, setting, shapes in cases:
+        expected = (f"was saved with {setting}, but this layer has .*: the weights were trained as another function. "
+                    r"Build the layer with the saved values \(.*\): the state's tensors differ from this layer's too "
+                    rf"\({re.escape(shapes)}\), so the state cannot be loaded into this layer$")
+        with pytest.raises(RuntimeError, match=expected) as refused:
+            layer.load_state_dict(saved.state_dict())
+        assert "_extra_state" not in str(refused.value)
+        with pytest.raises(GwdetValueError, match=expected):  # set_extra_state on its own
+            layer.set_extra_state(saved.state_dict()["_extra_state"])
+    # settings that leave the tensors as they are: the way out is offered, and it loads
+    layer = GroupWhitening(16, 4)
+    for other in (GroupWhitening(16, 4, eps=1e-3), GroupWhitening(16, 4, T=3), GroupWhitening(16, 2)):
+        with pytest.raises(RuntimeError, match=r"or, to load the weights into this layer anyway, delete '_extra_state' "
+                                               r"from the state dict$"):
+            layer.load_state_dict(other.state_dict())
+        layer.load_state_dict({key: value for key, value in other.state_dict().items() if key != "_extra_state"})

@@ -1045,3 +1045,17 @@ def test_a_damaged_record_in_the_export_destination_names_the_exports_own_fix(tm
     (run.path / "study_timing.json").write_text("{")
     with pytest.raises(DamagedFile, match="the cell resumes from its last checkpoint and writes it anew"):
         run.read_json("study_timing.json")
+
+
+# --records (and --runs) given an existing file was refused as "no such folder", though the path exists
+def test_records_given_a_file_is_refused_as_a_file_not_a_folder(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("hi\n")
+    with pytest.raises(SystemExit) as exit_:
+        main(["--dataset", "shapes", "--study", "paper", "--list", "--records", str(afile)])
+    assert exit_.value.code == 2
+    assert (f"--records {afile} is a file, not a folder: give the folder of a study's records (a study's records are "
+            "kept in docs/study/records/<study>/).") in capsys.readouterr().err
+    with pytest.raises(OSError, match=r"^--runs .*afile is a file, not a folder: give a study's folder of run folders "
+                                      r"\(a study's run folders are in <its --out>/runs/\)\.$"):
+        recorded_cells(afile, flag="--runs")

@@ -408,10 +408,17 @@ class SettingsInState(nn.Module):
         if problem is not None:
             raise GwdetValueError(problem)
 
-    def settings_mismatch(self, state: Any, name: str = "") -> Optional[str]:
+    def settings_mismatch(self, state: Any, name: str = "",
+                          tensors: Optional[Mapping[str, Any]] = None) -> Optional[str]:
         """``None`` when ``state`` (a state dict's ``_extra_state`` value) records this layer's
         settings; else the refusal, naming the layer (``name`` in its model, when known), each
-        differing setting with both values, and the fix."""
+        differing setting with both values, and the fix. Loading the weights anyway (without
+        ``_extra_state``) is offered only where the saved settings give the layer's tensors this
+        layer's names and shapes: those of a layer built with them on the meta device, or, where the
+        constructor does not take them by their names, ``tensors`` (the state dict's entries of this
+        layer, by their names in it; when not given either, it is offered for tensors of this layer's
+        names and shapes). Where they differ (``num_channels``, ``affine``, a group size), the
+        refusal says so and that the state cannot load into this layer."""
         kind = self.layer_kind()
         layer = f"{name} ({kind})" if name else kind
         key = f"'{name}.{EXTRA_STATE_KEY}'" if name else f"'{EXTRA_STATE_KEY}'"
@@ -437,10 +444,34 @@ class SettingsInState(nn.Module):
                      and not same_setting(saved_function.get(setting), own_function.get(setting))]
         if not differing:
             return None
-        return (f"{layer} was saved with {_listed([(s, old) for s, old, _ in differing])}, but this layer has "
-                f"{_listed([(s, new) for s, _, new in differing])}: the weights were trained as another "
-                f"function. Build the layer with the saved values ({_WHERE_SET}), or, to load the weights "
-                f"into this layer anyway, delete {key} from the state dict")
+        found = (f"{layer} was saved with {_listed([(s, old) for s, old, _ in differing])}, but this layer has "
+                 f"{_listed([(s, new) for s, _, new in differing])}: the weights were trained as another function. "
+                 f"Build the layer with the saved values ({_WHERE_SET})")
+        built = self._saved_layer_tensors(saved)
+        tensors = built if built is not None else tensors
+        shapes = _tensor_difference(self, tensors) if tensors is not None else None
+        if shapes is not None:
+            return (f"{found}: the state's tensors differ from this layer's too ({shapes}), so the state cannot be "
+                    "loaded into this layer")
+        anyway = "" if tensors is not None else ", if its tensors have this layer's names and shapes"
+        return f"{found}, or, to load the weights into this layer anyway{anyway}, delete {key} from the state dict"
+
+    def _saved_layer_tensors(self, saved: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        """The state tensors of a layer of this kind built with the recorded settings ``saved`` on
+        the meta device (shapes only); ``None`` where the constructor does not take the settings by
+        their names, or where this layer is parametrized (its state names its tensors otherwise)."""
+        if parametrize.is_parametrized(self):
+            return None
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                built = type_before_parametrizations(self)(
+                    **{setting: saved[setting] for setting in self.setting_names() if setting in saved},
+                    device="meta")
+            return {key: value for key, value in built.state_dict().items()
+                    if not key.endswith(EXTRA_STATE_KEY)}
+        except Exception:  # a subclass whose constructor takes other arguments: the shapes are unknown
+            return None
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False):
         """torch's ``load_state_dict``; with ``strict=True`` a torch batch norm's state
@@ -460,7 +491,9 @@ class SettingsInState(nn.Module):
         size mismatches) and load nothing into the layer; a state without the key loads unchecked."""
         key = prefix + EXTRA_STATE_KEY
         if key in state_dict:
-            problem = self.settings_mismatch(state_dict[key], prefix[:-1])
+            tensors = {name[len(prefix):]: value for name, value in state_dict.items()
+                       if isinstance(name, str) and name.startswith(prefix) and name != key}
+            problem = self.settings_mismatch(state_dict[key], prefix[:-1], tensors)
             if problem is not None:
                 error_msgs.append(problem)
                 return
@@ -500,6 +533,23 @@ def _batch_norm_state_problem(layer: SettingsInState, state_dict: Mapping[str, A
     kept = own or "none (it normalizes each input by the input's own statistics)"
     return (f"{found} A {kind}'s running statistics are {kept}, not a BatchNorm's running_mean and running_var: "
             f"load the state of a {kind}, or {build}.")
+
+
+def _tensor_difference(layer: SettingsInState, tensors: Mapping[str, Any]) -> Optional[str]:
+    """How the state's ``tensors`` (by their names in ``layer``'s state dict, without its
+    ``_extra_state``) differ from ``layer``'s own in names or shapes: the names one has and the
+    other lacks, or a shape each (``weight: [32] in the state, [16] in this layer``); ``None`` when
+    they agree."""
+    own = {name: value for name, value in layer.state_dict(keep_vars=True).items()
+           if not name.endswith(EXTRA_STATE_KEY)}
+    lacking = [name for name in own if name not in tensors]
+    extra = [name for name in tensors if name not in own]
+    shapes = [f"{name}: {list(tensors[name].shape)} in the state, {list(own[name].shape)} in this layer"
+              for name in own if name in tensors and isinstance(tensors[name], Tensor)
+              and isinstance(own[name], Tensor) and tensors[name].shape != own[name].shape]
+    parts = shapes + ([f"the state has no {', '.join(lacking)}, which this layer has"] if lacking else []) + (
+        [f"the state has {', '.join(extra)}, which this layer has not"] if extra else [])
+    return "; ".join(parts) if parts else None
 
 
 def _running_whitening_shape_problem(layer: SettingsInState, state_dict: Dict[str, Any],

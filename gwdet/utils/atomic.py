@@ -359,20 +359,41 @@ def remove_checksum(path: str) -> None:
         os.unlink(checksum_path(path))
 
 
+def _entry_lines(file: IO[bytes], start: bytes) -> int:
+    """How many lines that are not blank the open record ``file`` holds, ``start`` being the bytes
+    already read from it; read in blocks, so that a large file is counted without being held."""
+    count, counted, block = 0, False, start
+    while block:
+        for index, part in enumerate(block.split(b"\n")):
+            counted = counted and index == 0  # a part after a newline starts a line
+            if not counted and part.strip():
+                count, counted = count + 1, True
+        block = file.read(1 << 20)
+    return count
+
+
 def _recorded_sha256(path: str) -> tuple[str | None, str | None]:
     """``(SHA-256, None)`` as recorded beside ``path``, ``(None, None)`` when nothing is recorded (or
-    ``path`` is not local), ``(None, why)`` when the record cannot be read or is damaged."""
+    ``path`` is not local), ``(None, why)`` when the record cannot be read, is damaged, or holds
+    other than the one entry gwdet writes (``<hash>  <name>``, as ``sha256sum`` writes it; blank lines
+    aside): a record of several lines is not checked on one of them."""
     record = reading_record(path)
     if "://" in path or not os.path.isfile(record):
         return None, None
     name = shown_record(path)
     try:
         with open(record, "rb") as file:
-            match = _CHECKSUM_RECORD.match(file.read(256))
+            start = file.read(256)
+            match = _CHECKSUM_RECORD.match(start)
+            lines = _entry_lines(file, start) if match is not None else 1
     except OSError as error:
         return None, f"its checksum record {name} cannot be read: {error.strerror or error}"
     if match is None:
         return None, f"its checksum record {name} is damaged"
+    if lines != 1:
+        checked = name[:-len(CHECKSUM_SUFFIX)]
+        return None, (f"its checksum record {name} holds {lines} lines; gwdet writes one (sha256sum {checked} > "
+                      f"{name} writes it anew)")
     return (match.group(1) or match.group(2)).decode("ascii").lower(), None
 
 

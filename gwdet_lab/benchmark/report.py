@@ -145,8 +145,10 @@ class MarkerLines(NamedTuple):
 def marker_lines(text: str, section: str) -> MarkerLines:
     """The marker lines of ``section`` in ``text``: lines that hold a marker and nothing else, outside
     fenced code blocks (a marker shown as an example in a ````` ``` ````` or ``~~~`` block is the user's
-    text, not the benchmark's section)."""
+    text, not the benchmark's section). A begin line is the generated one (:func:`markers`) or its
+    short form, ``<!-- benchmark:begin <section> -->``, as written by hand like the end line."""
     begin, end = markers(section)
+    begins = (begin, f"<!-- benchmark:begin {section} -->")
     found = MarkerLines([], [], 0)
     fence = ""  # the opening fence of the code block the line is in
     offset = 0
@@ -161,9 +163,9 @@ def marker_lines(text: str, section: str) -> MarkerLines:
             fence, found = opening.group(1), found._replace(open_fence=number)
         else:
             stripped = content.strip()
-            if stripped in (begin, end):
+            if stripped in begins or stripped == end:
                 start = offset + content.index(stripped)
-                (found.begins if stripped == begin else found.ends).append((start, start + len(stripped)))
+                (found.begins if stripped in begins else found.ends).append((start, start + len(stripped)))
         offset += len(line)
     return found
 

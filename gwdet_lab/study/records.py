@@ -231,10 +231,14 @@ def recorded_cells(records_dir: Path, only: Sequence[str] | None = None, flag: s
     An entry at any depth that looks like a cell but would not be read (:func:`_unread_cell_entries`:
     cell records below the top level, a cell folder without ``study_cell.json``, an empty folder or a
     link to nothing named like a cell) is refused, naming it and the fix, so that no cell is left
-    out of a report without a word."""
+    out of a report without a word. A path that is no folder is refused: a file there as such
+    (:class:`~gwdet.errors.GwdetOSError`), nothing there as a missing folder."""
     if not records_dir.is_dir():
         kept = ("a study's records are kept in docs/study/records/<study>/" if flag == "--records"
                 else "a study's run folders are in <its --out>/runs/")
+        if records_dir.exists():
+            given = "the folder of a study's records" if flag == "--records" else "a study's folder of run folders"
+            raise GwdetOSError(f"{flag} {records_dir} is a file, not a folder: give {given} ({kept}).")
         raise GwdetFileNotFoundError(f"{flag} {records_dir}: no such folder ({kept})")
     cell_folders = sorted(p for p in records_dir.iterdir() if (p / RECORD_JSON).is_file())
     # with no cell beside them, the sub-folders are looked into for the message only (a folder of studies' records)
