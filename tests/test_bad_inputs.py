@@ -558,9 +558,14 @@ def test_the_functional_forms_check_their_arguments_as_the_layers_do():
                                          r"\[16\], got \[8\]"):
         batch_group_norm(x, torch.zeros(16), torch.ones(8), None, None, True, 4, 2, 1e-5, 0.1, 0.0)
     # torch's "lerp_kernel_scalar" not implemented for 'Long'
-    with pytest.raises(ValueError, match=r"^batch_group_norm: running_var \(torch.int64\) must be floating-point: they "
-                                         r"hold running averages, .* torch.zeros\(16\) and torch.ones\(16\)"):
+    with pytest.raises(ValueError, match=r"^batch_group_norm: running_var \(torch.int64\) must be floating-point: it "
+                                         r"holds a running average, .*; create it as torch.ones\(16\), or convert"):
         batch_group_norm(x, torch.zeros(16), torch.ones(16, dtype=torch.int64), None, None, True, 4, 2, 1e-5, 0.1, 0.0)
+    with pytest.raises(ValueError, match=r"^batch_group_norm: running_mean \(torch.int32\) and running_var "
+                                         r"\(torch.int64\) must be floating-point: they hold running averages, .*; "
+                                         r"create them as torch.zeros\(16\) and torch.ones\(16\), or convert"):
+        batch_group_norm(x, torch.zeros(16, dtype=torch.int32), torch.ones(16, dtype=torch.int64), None, None, False,
+                         4, 2, 1e-5, 0.1, 0.0)
     with pytest.raises(ValueError, match=r"^group_whitening_reference: weight must hold one value per channel, shape "
                                          r"\[16\], got \[8\]"):
         group_whitening_reference(x, 4, 5, 1e-5, "itn", torch.ones(8), torch.zeros(16))

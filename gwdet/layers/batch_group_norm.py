@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from .common import (
-    allocating_channels, check_evaluation_statistics, check_hyper_parameters, check_input,
+    allocating_channels, check_evaluation_statistics, check_floating_running, check_hyper_parameters, check_input,
     check_layer_evaluation_statistics, check_per_channel, check_running_updatable, check_same_device,
     check_scripted_settings, factory_kwargs, largest_divisor_at_most, largest_magnitude, magnitude_scales,
     per_channel_affine, product, register_affine, reset_affine, reshape_with_samples,
@@ -93,12 +93,8 @@ def _check_arguments(x: Tensor, running_mean: Tensor, running_var: Tensor, weigh
                       channels)
     check_same_device(owner, x, {"running_mean": running_mean, "running_var": running_var, "weight": weight,
                                  "bias": bias})
-    integral = [f"{name} ({tensor.dtype})" for name, tensor in (("running_mean", running_mean),
-                                                                ("running_var", running_var)) if not tensor.is_floating_point()]
-    if integral:
-        raise GwdetValueError(f"{owner}: {' and '.join(integral)} must be floating-point: they hold running averages, "
-                              f"which training updates in place; create them as torch.zeros({channels}) and "
-                              f"torch.ones({channels}), or convert them with .float()")
+    check_floating_running(owner, {"running_mean": (running_mean, f"torch.zeros({channels})"),
+                                   "running_var": (running_var, f"torch.ones({channels})")})
     if training:
         check_running_updatable(owner, {"running_mean": running_mean, "running_var": running_var})
         check_single_values(owner, x, groups, groups, examples_per_group)

@@ -35,7 +35,7 @@ from torch import Tensor
 from gwdet.errors import GwdetRuntimeWarning, GwdetValueError
 
 from .common import (
-    allocating_channels, autocast_disabled, check_evaluation_statistics, check_hyper_parameters, check_input,
+    allocating_channels, autocast_disabled, check_evaluation_statistics, check_floating_running, check_hyper_parameters, check_input,
     check_layer_evaluation_statistics, check_per_channel, check_running_updatable, check_same_device,
     check_scripted_settings, check_values_per_group, factory_kwargs, largest_divisor_at_most, largest_magnitude,
     magnitude_scales, per_channel_affine, refuse_differentiating_transforms, register_affine,
@@ -103,7 +103,9 @@ def _check_arguments(x: Tensor, running_mean: Tensor, running_whitening: Tensor,
                               f"shape [{channels} / k, k, k], got {shape}")
     check_same_device(owner, x, {"running_mean": running_mean, "running_whitening": running_whitening,
                                  "weight": weight, "bias": bias})
-    _check_floating_running(owner, running_mean, running_whitening)
+    groups, k = running_whitening.shape[0], running_whitening.shape[1]
+    check_floating_running(owner, {"running_mean": (running_mean, f"torch.zeros({channels})"),
+                                   "running_whitening": (running_whitening, f"torch.eye({k}).repeat({groups}, 1, 1)")})
     if training:
         check_running_updatable(owner, {"running_mean": running_mean, "running_whitening": running_whitening})
         samples = x.numel() // channels
@@ -112,26 +114,6 @@ def _check_arguments(x: Tensor, running_mean: Tensor, running_whitening: Tensor,
             _warn_singular_covariance(samples, running_whitening.shape[1], eps, owner)
     elif not torch.jit.is_tracing():  # a traced graph would keep the check's outcome as a constant
         check_evaluation_statistics(owner, {"running_mean": running_mean, "running_whitening": running_whitening})
-
-
-@torch.jit.unused
-def _check_floating_running(owner: str, running_mean: Tensor, running_whitening: Tensor) -> None:
-    """Raise ``ValueError`` for an integer ``running_mean`` or ``running_whitening``: they hold
-    running averages, which training updates in place (as :func:`~.batch_group_norm.batch_group_norm`
-    refuses its own)."""
-    integral = [(name, tensor) for name, tensor in (("running_mean", running_mean),
-                                                    ("running_whitening", running_whitening))
-                if not tensor.is_floating_point()]
-    if not integral:
-        return
-    channels = running_mean.shape[0]
-    groups, k = running_whitening.shape[0], running_whitening.shape[1]
-    initial = {"running_mean": f"torch.zeros({channels})",
-               "running_whitening": f"torch.eye({k}).repeat({groups}, 1, 1)"}
-    named = " and ".join(f"{name} ({tensor.dtype})" for name, tensor in integral)
-    it, they = ("it", "it holds a running average") if len(integral) == 1 else ("them", "they hold running averages")
-    raise GwdetValueError(f"{owner}: {named} must be floating-point: {they}, which training updates in place; create "
-                          f"{it} as {' and '.join(initial[name] for name, _ in integral)}, or convert {it} with .float()")
 
 
 def _batch_whitening(x: Tensor, running_mean: Tensor, running_whitening: Tensor, weight: Optional[Tensor],

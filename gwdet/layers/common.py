@@ -335,6 +335,21 @@ def check_running_updatable(owner: str, tensors: Mapping[str, Tensor]) -> None:
 
 
 @torch.jit.unused
+def check_floating_running(owner: str, running: Mapping[str, tuple[Tensor, str]]) -> None:
+    """Raise ``ValueError`` naming each integer tensor of ``running`` (name: (tensor, the expression
+    that creates it)): running statistics hold running averages, which training updates in place."""
+    integral = [(name, tensor.dtype, initial) for name, (tensor, initial) in running.items()
+                if not tensor.is_floating_point()]
+    if not integral:
+        return
+    named = " and ".join(f"{name} ({dtype})" for name, dtype, _ in integral)
+    it, they = ("it", "it holds a running average") if len(integral) == 1 else ("them", "they hold running averages")
+    raise GwdetValueError(f"{owner}: {named} must be floating-point: {they}, which training updates in place; create "
+                          f"{it} as {' and '.join(initial for _, _, initial in integral)}, or convert {it} with "
+                          ".float()")
+
+
+@torch.jit.unused
 def check_same_device(owner: str, x: Tensor, tensors: Mapping[str, Optional[Tensor]]) -> None:
     """Raise ``ValueError`` for a tensor of ``tensors`` (None: absent) on another device than the
     input ``x``: a functional form computes with them together."""
