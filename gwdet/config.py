@@ -16,11 +16,15 @@ from typing import Any, Callable, Mapping
 from detectron2.config import CfgNode as CN
 
 from gwdet.errors import GwdetKeyError, GwdetTypeError, GwdetValueError, did_you_mean, listed
-from gwdet.layers.common import check_flag, check_int_at_least, check_positive, check_unit_interval
+from gwdet.layers.common import check_flag, check_int_at_least, check_iterations, check_positive, check_unit_interval
 
 
 def _int_at_least(minimum: int) -> Callable[[str, str, Any], None]:
     return lambda owner, key, value: check_int_at_least(owner, key, value, minimum)
+
+
+def _iterations(owner: str, key: str, value: Any) -> None:
+    check_iterations(owner, value, key)
 
 
 def _string(owner: str, key: str, value: Any) -> None:
@@ -48,14 +52,14 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     # Group whitening (group_whitening_huang2021, Eqs. 8-10): "GW" (ItN, Eqs. 6-7), "GW_ZCA" (Eq. 5).
     ConfigKey("MODEL.GW.NUM_GROUPS", 64, _int_at_least(1),
               "groups g; a layer with fewer channels uses one channel per group (Sec. 5.1.1)"),
-    ConfigKey("MODEL.GW.T", 5, _int_at_least(1), "Newton iterations of ItN (Eq. 7)"),
+    ConfigKey("MODEL.GW.T", 5, _iterations, "Newton iterations of ItN (Eq. 7)"),
     ConfigKey("MODEL.GW.EPS", 1e-5, check_positive, "added to the diagonal of each group covariance"),
     # Group normalization behind the name "GN": detectron2 fixes 32 groups; this makes it a knob so
     # GN and GW compare at the same group number (group_whitening_huang2021, Fig. 6).
     ConfigKey("MODEL.GN.NUM_GROUPS", 32, _int_at_least(1), "groups of the name GN (detectron2: 32)"),
     # Batch whitening (decorrelated_batchnorm_huang2018, Algorithm 1): "BW" (ZCA) and "BW_ItN".
     ConfigKey("MODEL.BW.GROUP_SIZE", 16, _int_at_least(1), "channels whitened together (k_G)"),
-    ConfigKey("MODEL.BW.T", 5, _int_at_least(1), "Newton iterations of BW_ItN"),
+    ConfigKey("MODEL.BW.T", 5, _iterations, "Newton iterations of BW_ItN"),
     ConfigKey("MODEL.BW.EPS", 1e-5, check_positive, "added to the diagonal of each covariance"),
     ConfigKey("MODEL.BW.MOMENTUM", 0.1, check_unit_interval, "running mean / whitening matrix update"),
     # Batch-group normalization (four_things_batchnorm_summers2020, Sec. 3.4): "BGN"; "GhostBN" is

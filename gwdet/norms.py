@@ -134,6 +134,14 @@ def register_norm(name: str, build: Callable[..., torch.nn.Module] | None = None
     as an argument of :func:`norm` itself (:func:`_check_build`), is a ``TypeError``; what ``build``
     returns is checked by :class:`Norm`.
     """
+    if callable(name) and not isinstance(name, str):  # @gwdet.register_norm over a function, without the name
+        shown = build_name(name)
+        function = shown if shown.isidentifier() else "build"
+        suggested = function.upper() if function != "build" else "MY_NORM"
+        raise GwdetTypeError(
+            f"register_norm takes the norm's name first, got {name!r} in its place (@gwdet.register_norm used as a "
+            f"decorator without the name?). Give the name the norm is looked up by: @gwdet.register_norm("
+            f"{suggested!r}) over the function, or gwdet.register_norm({suggested!r}, {function}).")
     if not isinstance(name, str) or not name:
         raise GwdetValueError(f"register_norm: name must be a non-empty string, got {name!r}")
     _refuse_taken(name, again=None)
@@ -1093,43 +1101,8 @@ class Norm:
                 f"{self._values_given(record)}: its build function "
                 f"{getattr(record.build, '__qualname__', record.build)} raised {type(error).__name__}: {error}. "
                 "Give values it can build with (--verbose shows where it failed).") from error
-        if not isinstance(layer, torch.nn.Module):
-            raise GwdetTypeError(
-                f"The norm {self.name!r}: its build function "
-                f"{getattr(record.build, '__qualname__', record.build)} returned {layer!r} "
-                f"({type(layer).__name__}) for {channels} channels, not a torch.nn.Module; make it return the layer")
         if not record.builtin:
-            if isinstance(layer, torch.nn.Identity):  # detectron2 gives a conv with a norm no bias
-                raise GwdetValueError(
-                    f"The norm {self.name!r}: its build function {getattr(record.build, '__qualname__', record.build)} "
-                    f"returned {layer!r} for {channels} channels; detectron2 drops the bias of a conv given a norm, "
-                    "so the layer would have neither normalization nor bias. For no norm, set the NORM key to '' "
-                    "(detectron2's no norm, which keeps the bias; norm='' in a LazyConfig), or make the function "
-                    "return a norm layer.")
-            if (isinstance(layer, torch.nn.LayerNorm) and type(layer).forward is torch.nn.LayerNorm.forward
-                    and tuple(layer.normalized_shape) == (channels,)):
-                raise GwdetValueError(
-                    f"The norm {self.name!r}: its build function {getattr(record.build, '__qualname__', record.build)} "
-                    f"returned torch's {layer!r} for {channels} channels, which normalizes over the last axis of its "
-                    f"input: the width of detectron2's (N, C, H, W) feature maps, not the channels (and a map "
-                    f"{channels} wide is the only one it runs on). For a layer norm over the channels, use gwdet's "
-                    "'LN' (detectron2's LayerNorm, gwdet.norm('LN')), or register a function that returns "
-                    "torch.nn.GroupNorm(1, channels) (over the channels and the whole map).")
-            broken = unbuilt_group_norms(layer)
-            if broken:
-                raise GwdetValueError(
-                    f"The norm {self.name!r} (a registered name): its build function "
-                    f"{getattr(record.build, '__qualname__', record.build)} returned a {type(layer).__name__} for "
-                    f"{channels} channels with {self._values_given(record)}, holding {listed(broken, 3)}: torch's "
-                    "GroupNorm needs at least 1 group and a group count that divides its channels, which it checks "
-                    "at the first forward (a RuntimeError there), not when built. Give values it can build with.")
-            built_for = layer_channels(layer)
-            if built_for is not None and built_for != channels:
-                raise GwdetValueError(
-                    f"The norm {self.name!r}: its build function {getattr(record.build, '__qualname__', record.build)} "
-                    f"returned a {type(layer).__name__} of {built_for} channels where {channels} were asked (its first "
-                    "input would fail in torch): build the layer for the channel count the function is given.")
-            _refuse_other_dtype_or_meta(self.name, record.build, layer, channels)
+            check_norm_layer(layer, channels, record.build, name=self.name, values=self._values_given(record))
             setattr(layer, NORM_LAYER_MARK, True)
             setattr(layer, NORM_SETTINGS_MARK, dict(self.params))
         adjusted = group_adjustment(layer)
@@ -1166,13 +1139,75 @@ class Norm:
         return f"Norm({self.name!r}{args}{', strict=True' if self.strict else ''})"
 
 
-def _refuse_other_dtype_or_meta(name: str, build: Callable, layer: torch.nn.Module, channels: int) -> None:
-    """Refuse the layer a registered norm's ``build`` returned for ``channels`` channels when one of
-    its parameters or buffers is of a floating dtype other than ``torch.get_default_dtype()`` (the
-    dtype the convolution around it is built in; the model's forward would stop at torch's "mixed
-    dtype"), or on the meta device while the default device is not (its values do not exist, and
-    the model cannot be moved off it with ``.to()`` after building)."""
-    shown = f"The norm {name!r}: its build function {getattr(build, '__qualname__', build)}"
+def check_norm_layer(layer: Any, channels: int, build: Callable, *, name: str | None = None,
+                     path: str | None = None, values: str = "") -> None:
+    """Refuse what a norm's callable ``build`` returned for ``channels`` channels where a model built
+    with it would be broken without a word, or fail only at its first input: no torch module (``None``
+    would leave the conv without norm and, detectron2 dropping the bias of a conv given a norm, without
+    bias); torch's ``Identity`` (the same); torch's ``LayerNorm`` over the last axis (the feature map's
+    width); a ``GroupNorm`` torch would refuse at the first forward (:func:`unbuilt_group_norms`); a
+    layer of other channels (:func:`layer_channels`); a tensor of another floating dtype than the
+    default, or on the meta device. One check for both kinds of callable: a registered name's build
+    function (``name``, with the ``values`` it built with; :meth:`Norm.__call__`), and a callable given
+    as a LazyConfig's norm argument at ``path`` (:class:`gwdet.engine.lazy_checks.CheckedNorm`), whose
+    messages name that path and the LazyConfig's fixes."""
+    shown = getattr(build, "__qualname__", build)
+    if path is None:
+        owner, function = f"The norm {name!r}: its build function {shown}", "function"
+        returns = "make it return the layer"
+        no_norm = ("set the NORM key to '' (detectron2's no norm, which keeps the bias; norm='' in a LazyConfig), "
+                   "or make the function return a norm layer")
+        other_layer = "register a function that returns"
+        groups = (f"The norm {name!r} (a registered name): its build function {shown} returned a "
+                  f"{type(layer).__name__} for {channels} channels with {values}")
+        groups_fix = "Give values it can build with."
+    else:
+        owner, function = f"{path}: the callable {shown}", "callable"
+        no_norm_given = f"give {path}='' (detectron2's no norm, which keeps the bias; {path} = '' in Python)"
+        no_norm = f"{no_norm_given}, or make the callable return a norm layer"
+        returns = ("a norm argument takes a name detectron2's get_norm knows, L(gwdet.norm)(name=..., ...), or a "
+                   "callable of the channel count that returns a normalization module of that many channels "
+                   f"(lambda channels: torch.nn.GroupNorm(32, channels)); for no norm, {no_norm_given}.")
+        other_layer = "give a callable that returns"
+        groups = f"{owner} returned a {type(layer).__name__} for {channels} channels"
+        groups_fix = "Make the callable build a group count that divides the channels it is given."
+    if not isinstance(layer, torch.nn.Module):
+        raise GwdetTypeError(
+            f"{owner} returned {layer!r} ({type(layer).__name__}) for {channels} channels, not a torch.nn.Module; "
+            f"{returns}")
+    if isinstance(layer, torch.nn.Identity):  # detectron2 gives a conv with a norm no bias
+        raise GwdetValueError(
+            f"{owner} returned {layer!r} for {channels} channels; detectron2 drops the bias of a conv given a norm, "
+            f"so the layer would have neither normalization nor bias. For no norm, {no_norm}.")
+    if (isinstance(layer, torch.nn.LayerNorm) and type(layer).forward is torch.nn.LayerNorm.forward
+            and tuple(layer.normalized_shape) == (channels,)):
+        raise GwdetValueError(
+            f"{owner} returned torch's {layer!r} for {channels} channels, which normalizes over the last axis of its "
+            f"input: the width of detectron2's (N, C, H, W) feature maps, not the channels (and a map {channels} wide "
+            "is the only one it runs on). For a layer norm over the channels, use gwdet's 'LN' (detectron2's "
+            f"LayerNorm, gwdet.norm('LN')), or {other_layer} torch.nn.GroupNorm(1, channels) (over the channels and "
+            "the whole map).")
+    broken = unbuilt_group_norms(layer)
+    if broken:
+        raise GwdetValueError(
+            f"{groups}, holding {listed(broken, 3)}: torch's GroupNorm needs at least 1 group and a group count that "
+            f"divides its channels, which it checks at the first forward (a RuntimeError there), not when built. "
+            f"{groups_fix}")
+    built_for = layer_channels(layer)
+    if built_for is not None and built_for != channels:
+        raise GwdetValueError(
+            f"{owner} returned a {type(layer).__name__} of {built_for} channels where {channels} were asked (its first "
+            f"input would fail in torch): build the layer for the channel count the {function} is given.")
+    _refuse_other_dtype_or_meta(owner, "build function" if path is None else "callable", layer, channels)
+
+
+def _refuse_other_dtype_or_meta(owner: str, function: str, layer: torch.nn.Module, channels: int) -> None:
+    """Refuse the layer a norm's ``function`` (``owner``: the start of the message, naming it)
+    returned for ``channels`` channels when one of its parameters or buffers is of a floating dtype
+    other than ``torch.get_default_dtype()`` (the dtype the convolution around it is built in; the
+    model's forward would stop at torch's "mixed dtype"), or on the meta device while the default
+    device is not (its values do not exist, and the model cannot be moved off it with ``.to()``
+    after building)."""
     default_dtype = torch.get_default_dtype()
     try:
         meta_default = torch.get_default_device().type == "meta"  # a model built on the meta device as a whole
@@ -1181,18 +1216,18 @@ def _refuse_other_dtype_or_meta(name: str, build: Callable, layer: torch.nn.Modu
     for tensor_name, tensor in [*layer.named_parameters(), *layer.named_buffers()]:
         if tensor.is_floating_point() and tensor.dtype != default_dtype:
             raise GwdetValueError(
-                f"{shown} returned a {type(layer).__name__} for {channels} channels whose {tensor_name} is "
+                f"{owner} returned a {type(layer).__name__} for {channels} channels whose {tensor_name} is "
                 f"{tensor.dtype}, where the model is built in torch's default dtype, {default_dtype} (that of the "
                 f"convolution around the norm): the model's forward would stop at torch's \"mixed dtype\" error. "
                 f"Build the layer in the default dtype (no dtype=, .double(), .half() or .to({tensor.dtype}) in the "
-                f"build function); for a model in {tensor.dtype}, move the whole model after building it "
+                f"{function}); for a model in {tensor.dtype}, move the whole model after building it "
                 f"(model.to({tensor.dtype})).")
         if tensor.device.type == "meta" and not meta_default:
             raise GwdetValueError(
-                f"{shown} returned a {type(layer).__name__} for {channels} channels whose {tensor_name} is on the "
+                f"{owner} returned a {type(layer).__name__} for {channels} channels whose {tensor_name} is on the "
                 "meta device, which holds no values: the model cannot be moved off it (detectron2 moves the model "
                 "to MODEL.DEVICE with .to() after building it). Build the layer on a real device (no device='meta' "
-                "in the build function): the model is moved with .to() after building.")
+                f"in the {function}): the model is moved with .to() after building.")
 
 
 def already_a_norm_message(given: Norm, params: Mapping[str, Any]) -> str:

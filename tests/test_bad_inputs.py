@@ -393,13 +393,21 @@ def test_constant_huge_input_stays_finite(name):
     assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
 
 
-def test_bgn_running_variance_that_overflowed_gives_nan_not_the_bias():
+# an evaluation with a running_var that overflowed to inf returned NaN everywhere without a word
+def test_bgn_running_variance_that_overflowed_is_refused_in_evaluation_naming_the_overflow():
+    from gwdet.errors import GwdetValueError
+
     layer = make_layer("BGN", True)
     x, _ = inputs()
     with torch.no_grad():
         layer(x * 1e20)  # variance 1e40: the float32 buffer holds inf
     assert torch.isinf(layer.running_var).all()
-    assert torch.isnan(layer.eval()(x)).all()
+    with pytest.raises(GwdetValueError, match=r"^BatchGroupNorm: running_var holds inf values \(the first at channel 0\): "
+                                              r"in evaluation \(eval mode\) the output would be NaN\. The likely cause: "
+                                              r"the float32 running statistic overflowed in training.*inputs beyond about "
+                                              r"1\.84e\+19 in magnitude\)\. Scale the layer's inputs down, or keep the "
+                                              r"layer in float64 \(layer\.double\(\)\)"):
+        layer.eval()(x)
 
 
 # ---- the dataset cache folder -----------------------------------------------------------------
@@ -577,3 +585,29 @@ def test_the_functional_forms_check_their_arguments_as_the_layers_do():
         with pytest.raises(ValueError, match=r"^largest_divisor_at_most: total and limit must be integers >= 1"):
             largest_divisor_at_most(total, limit)
     assert batch_group_norm(x, *stats, None, None, True, 4, 2, 1e-5, 0.1, 0.0).shape == x.shape
+
+
+# dict batches with an "image" key for a model whose forward takes a dict were refused as one detectron2 image's
+# record, with no word of forward=
+def test_dict_batches_of_a_model_that_takes_a_dict_name_the_forward_that_runs_it():
+    from gwdet.errors import GwdetTypeError
+    from gwdet.layers import update_running_statistics
+
+    class DictModel(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.n = BatchWhitening(8, 4)
+
+        def forward(self, batch):
+            return self.n(batch["image"])
+
+    torch.manual_seed(0)
+    model = DictModel()
+    loader = [{"image": torch.randn(4, 8, 3, 3)}]
+    with pytest.raises(GwdetTypeError, match=r"^update_running_statistics: the loader gave a dict .*for one whose "
+                                             r"forward takes the dict itself, forward=lambda m, b: m\(b\); .* The "
+                                             r"running statistics are as they were\.$"):
+        update_running_statistics(loader, model)
+    assert torch.equal(model.n.running_mean, torch.zeros(8))
+    assert update_running_statistics(loader, model, forward=lambda m, b: m(b)) == 1
+    assert not torch.equal(model.n.running_mean, torch.zeros(8))

@@ -572,9 +572,9 @@ def test_evaluation_checks_the_running_statistics_once_until_they_change(monkeyp
     checked = []
     original = common.running_statistics_problem
 
-    def counting(tensors, infinite_allowed=False):
+    def counting(tensors):
         checked.append(sorted(tensors))
-        return original(tensors, infinite_allowed)
+        return original(tensors)
 
     monkeypatch.setattr(common, "running_statistics_problem", counting)
     x = torch.randn(4, 16, 3, 3)
@@ -604,3 +604,61 @@ def test_evaluation_checks_the_running_statistics_once_until_they_change(monkeyp
     copied(x)
     copied(x)
     assert len(checked) == 6 and torch.equal(copied(x), layer(x))
+
+
+# a float16 BatchGroupNorm trained on finite inputs beyond 256 in magnitude overflowed running_var to inf, and its
+# evaluation then returned NaN without a word (BatchWhitening with an inf running statistic too)
+def test_evaluation_refuses_running_statistics_that_overflowed_to_inf_naming_the_float16_cause():
+    from gwdet.errors import GwdetValueError
+    from gwdet.layers import BatchWhitening, batch_whitening
+
+    torch.manual_seed(0)
+    x = (torch.randn(4, 8, 4, 4).clamp(-2, 2) * 30000).half()  # finite float16 values
+    layer = BatchGroupNorm(8, 8, dtype=torch.float16)
+    layer(x)
+    assert torch.isinf(layer.running_var).all()
+    layer.eval()
+    with pytest.raises(GwdetValueError, match=r"^BatchGroupNorm: running_var holds inf values \(the first at channel "
+                       r"0\): in evaluation \(eval mode\) the output would be NaN\. The likely cause: the float16 "
+                       r"running statistic overflowed in training, as it does once a batch's variance exceeds 65504, "
+                       r"the largest float16 \(inputs beyond about 256 in magnitude\)\. Keep the layer's buffers in "
+                       r"float32: build it in float32 \(or call layer\.float\(\)\) and give it float16 inputs under "
+                       r"torch\.autocast.*gwdet\.layers\.update_running_statistics\(loader, model\)$"):
+        layer(x)
+    with pytest.raises(GwdetValueError, match=r"^batch_group_norm: running_var holds inf values \(the first at channel "
+                                              r"0\): in evaluation \(training=False\) the output would be NaN\. The likely "
+                                              r"cause: the float16 running statistic overflowed"):
+        batch_group_norm(x, layer.running_mean, layer.running_var, None, None, False, 8, 2, 1e-5, 0.1, 0.0)
+    # the fix the message names: float32 buffers for float16 inputs stay finite, and evaluation returns float16
+    kept = BatchGroupNorm(8, 8)
+    kept(x)
+    assert torch.isfinite(kept.running_var).all()
+    out = kept.eval()(x)
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()
+    # eval_example_weight=1 gives the running statistics no weight: nothing to refuse
+    layer.eval_example_weight = 1.0
+    assert torch.isfinite(layer(x)).all()
+    # a traced graph does not record the check (its outcome would be a constant of the graph)
+    layer.eval_example_weight = 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(layer.float(), (x.float(),), check_trace=False)
+    layer.reset_running_stats()
+    assert torch.isfinite(traced(x.float())).all()
+    # BatchWhitening goes through the same check: an inf running mean (float32, so the fix is another)
+    bw = BatchWhitening(8, group_size=4).eval()
+    bw.running_mean[5] = float("inf")
+    with pytest.raises(GwdetValueError, match=r"^BatchWhitening: running_mean holds inf values \(the first at channel "
+                                              r"5\): in evaluation \(eval mode\) the output would be NaN\. The likely "
+                                              r"cause: the float32 running statistic overflowed in training, as it does "
+                                              r"once a batch's mean exceeds 3\.40282e\+38, the largest float32\. Scale the "
+                                              r"layer's inputs down, or keep the layer in float64"):
+        bw(torch.randn(4, 8, 3, 3))
+    with pytest.raises(GwdetValueError, match=r"^batch_whitening: running_mean holds inf values"):
+        batch_whitening(torch.randn(4, 8, 3, 3), bw.running_mean, bw.running_whitening, None, None, False, 0.1, 5,
+                        1e-5, "zca")
+    # a NaN is still one no training computes
+    bw.running_mean[5] = float("nan")
+    with pytest.raises(GwdetValueError, match=r"^BatchWhitening: running_mean holds NaN values \(at channel 5\), which no "
+                                              r"training computes"):
+        bw(torch.randn(4, 8, 3, 3))

@@ -733,7 +733,37 @@ def test_an_image_the_test_resize_leaves_without_a_pixel_side_is_refused_before_
 def test_a_category_id_of_true_is_no_category_one(tmp_path):
     # True == 1 to Python: the annotation was trained as category 1 without a word
     message = refusal(tmp_path, lambda coco, root: coco["annotations"][2].update(category_id=True))
-    assert "annotation id 3 of " in message and "has category_id True, which is not among its categories (ids 1, 2)" in message
+    assert "annotation id 3 of " in message and message.endswith(
+        "has category_id True, a boolean (JSON true or false), not an integer id: give the integer id of the "
+        "annotation's category, one of the file's categories (ids 1, 2).")
+
+
+# "category_id": "1" was refused as "has category_id '1', which is not among its categories (ids 1, 2): add the
+# category to 'categories' ...", and 1.0 was trained as category 1 without a word
+@pytest.mark.parametrize("category_id, words", [
+    ("1", "'1', a string, not an integer id: write it without quotes, \"category_id\": 1 (category 'a')."),
+    (1.0, "1.0, a number with a decimal point, not an integer id: write it without a decimal point, "
+          "\"category_id\": 1 (category 'a')."),
+    ("b", "'b', a string, not an integer id: 'b' is the name of category 2, and an annotation gives its category "
+          "by id: \"category_id\": 2."),
+    ("7", "'7', a string, not an integer id: give the integer id of the annotation's category, one of the file's "
+          "categories (ids 1, 2)."),
+    (None, "null, not an integer id: give the integer id of the annotation's category, one of the file's "
+           "categories (ids 1, 2).")])
+def test_a_category_id_that_is_no_integer_is_named_as_such(tmp_path, category_id, words):
+    message = refusal(tmp_path, lambda coco, root: coco["annotations"][2].update(category_id=category_id))
+    assert message.endswith(f"annotation id 3 of {tmp_path / 'train.json'} has category_id {words}")
+
+
+# a category's "id": "1" was refused as "needs an integer 'id'" without the fix, and "id": true was taken as id 1
+@pytest.mark.parametrize("category_id, words", [
+    ("1", "'1', a string, not an integer id: write it as the number 1, \"id\": 1, and give"),
+    (True, "True, a boolean (JSON true or false), not an integer id: write it as an integer, e.g. \"id\": 1, and "
+           "give")])
+def test_a_category_whose_id_is_no_integer_is_named_as_such(tmp_path, category_id, words):
+    message = refusal(tmp_path, lambda coco, root: coco["categories"][0].update(id=category_id))
+    assert f"category #0 of {tmp_path / 'train.json'} ({{'id': {category_id!r}, 'name': 'a'}}) has id {words}" in message
+    assert message.endswith("its annotations that number as their category_id.")
 
 
 # ---- the LazyConfig path: the same dataset checks as a yacs config's ------------------------------

@@ -113,6 +113,28 @@ def test_an_integer_for_a_float_key_names_the_decimal_point():
         build_config(str(DEMO_CONFIG), ["SOLVER.BASE_LR", "0"])
 
 
+# SOLVER.MAX_ITER 2.0 (or 2.5, 1e3) was refused as "got 2.0 (a float)." without the way to write it
+@pytest.mark.parametrize("value, fix", [
+    ("2.0", "got 2.0 (a float). Write it as a whole number: SOLVER.MAX_ITER 2."),
+    ("2.5", "got 2.5 (a float). Give a whole number, e.g. SOLVER.MAX_ITER 2 or SOLVER.MAX_ITER 3."),
+    ("1e3", "got 1000.0 (a float). Write it as a whole number: SOLVER.MAX_ITER 1000."),
+    ("1e999", "got inf (a float). Give a whole number, e.g. SOLVER.MAX_ITER 1000.")])
+def test_a_float_for_an_int_key_names_the_whole_number(value, fix):
+    with pytest.raises(GwdetValueError, match=r"SOLVER.MAX_ITER takes a value of type int \(it is 1000 before this "
+                                              r"value\); " + re.escape(fix) + "$"):
+        build_config(str(DEMO_CONFIG), ["SOLVER.MAX_ITER", value])
+
+
+# MAX_ITER: 1e3 in a config file was refused as "got 1000.0 (a float)." without the way to write it
+def test_a_float_for_an_int_key_in_a_file_names_the_whole_number(tmp_path):
+    config = tmp_path / "exponent.yaml"
+    config.write_text(f'_BASE_: "{DEMO_CONFIG}"\nSOLVER:\n  MAX_ITER: 1e3\n', encoding="utf-8")
+    with pytest.raises(GwdetValueError, match=r"\(or a _BASE_ it names\): SOLVER.MAX_ITER takes a value of type int .*"
+                                              r"got 1000.0 \(a float\)\. Write it as a whole number: "
+                                              r"SOLVER.MAX_ITER 1000\.$"):
+        build_config(str(config))
+
+
 def test_a_negative_learning_rate_is_refused():
     message = refusal("SOLVER.BASE_LR", "-0.01")
     assert message.startswith("config: SOLVER.BASE_LR=-0.01 is no learning rate: it must be a finite number >= 0")
@@ -1150,3 +1172,19 @@ def test_the_sections_added_to_a_frozen_config_are_frozen_with_it():
     unfrozen = add_gwdet_config(get_cfg())
     unfrozen.MODEL.GW.T = 4  # a config that is not frozen keeps its added sections changeable
     assert not unfrozen.MODEL.GW.is_frozen() and unfrozen.MODEL.GW.T == 4
+
+
+# MODEL.GW.T 1000000000 and gwdet.norm('GW', T=10**9) passed the config and norm checks; only the layer refused
+# it, when the model was built, naming neither the key nor the norm
+@pytest.mark.parametrize("key, norm_name", [("MODEL.GW.T", "GW"), ("MODEL.BW.T", "BW_ItN")])
+def test_a_newton_iteration_count_above_the_layers_limit_is_refused_by_key_and_by_norm(key, norm_name):
+    import gwdet
+
+    with pytest.raises(GwdetValueError, match=rf"^config: {re.escape(key)} must be an integer from 1 to 1000 "
+                                              r"\(Newton's iterations, Eqs\. 6-7; the default is 5\), got 1001$"):
+        build_config(str(DEMO_CONFIG), [key, "1001"])
+    with pytest.raises(GwdetValueError, match=rf"^gwdet.norm: T of norm '{norm_name}' must be an integer from 1 to "
+                                              r"1000 .*got 1000000000$"):
+        gwdet.norm(norm_name, T=10**9)
+    assert build_config(str(DEMO_CONFIG), [key, "1000"]) is not None
+    assert gwdet.norm(norm_name, T=1000).params["T"] == 1000

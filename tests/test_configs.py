@@ -272,3 +272,33 @@ def test_build_model_refuses_a_plain_dict_naming_its_type_and_the_fix():
                                              r"dict: \{'MODEL': \{\}\}.*get_cfg\(\); gwdet.add_gwdet_config.*"
                                              r"gwdet.model_zoo.get_config\(path\).*CfgNode\(your_dict\)"):
         gwdet.build_model({"MODEL": {}})
+
+
+# a saved LazyConfig's gwdet.norm tag with strict: 'false' (a string) was read as strict=True, its truth value
+@pytest.mark.parametrize("written, shown", [("'false'", "'false' (str)"), ("1", "1 (int)"), ("null", "None (NoneType)")])
+def test_a_saved_lazy_configs_norm_strict_that_is_no_yaml_bool_is_refused_naming_the_file(tmp_path, written, shown):
+    import re
+
+    from detectron2.config import LazyConfig
+
+    import gwdet
+    from conftest import LAZY_CONFIG
+    from gwdet.errors import GwdetValueError
+    from gwdet.model_zoo.lazy_loading import load_lazy_config
+
+    cfg = LazyConfig.load(str(LAZY_CONFIG))
+    cfg.model.backbone.norm = gwdet.norm("GW", num_groups=4, T=3)
+    saved = tmp_path / "config.yaml"
+    LazyConfig.save(cfg, str(saved))
+    text = saved.read_text()
+    assert text.count("strict: false") == 1, text
+    assert load_lazy_config(str(saved), []).model.backbone.norm.get("strict", False) is False
+    saved.write_text(text.replace("strict: false", "strict: true"))
+    assert load_lazy_config(str(saved), []).model.backbone.norm.strict is True
+    saved.write_text(text.replace("strict: false", f"strict: {written}"))
+    line = 1 + text[:text.index("strict: false")].count("\n")
+    with pytest.raises(GwdetValueError, match=rf"^Config file {re.escape(repr(str(saved)))} is a LazyConfig saved as "
+                       rf"YAML, but the 'GW' norm in it \(the tag !!python/object:gwdet\.norms\.Norm, its strict at line "
+                       rf"{line}, column \d+\): strict must be True or False, got {re.escape(shown)}, whose truth value "
+                       rf"would make it strict=.*LazyConfig\.save writes YAML's true or false: write strict: false"):
+        load_lazy_config(str(saved), [])

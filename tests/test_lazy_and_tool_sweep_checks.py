@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 from detectron2.config import LazyCall, LazyConfig, instantiate
 
 from gwdet.cluster import training
@@ -1413,3 +1414,105 @@ def test_a_lazy_resize_is_not_warned_of_where_nothing_is_capped(overrides, eval_
     with logged_warnings("gwdet") as warned:
         run.check_request(eval_only=eval_only, world_size=1)
     assert not [message for message in warned if "short_edge_length" in message]
+
+
+# ---- a plain callable given as a LazyConfig norm argument ------------------------------------------------------------
+
+class _ChannelNorm(torch.nn.Module):
+    """A user's norm class that takes the channel count as its only argument."""
+
+    def __init__(self, channels):
+        super().__init__()
+        self.inner = torch.nn.GroupNorm(1, channels)
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+def _with_norm(key, value):
+    """The demo LazyConfig with ``value`` set as the norm argument at ``model.<key>`` in Python."""
+    cfg = load_lazy_config(str(LAZY_CONFIG), ["train.device=cpu"])
+    *parents, last = key.split(".")
+    node = cfg.model
+    for part in parents:
+        node = node[part]
+    node[last] = value
+    return cfg, node, last
+
+
+# before: None and Identity built the FPN's and the box head's convs with neither norm nor bias without a word; a layer
+# of other channels, of float64 or no module at all failed only at the first forward in torch; a GroupNorm of 32 groups on
+# 16 channels stopped with torch's bare ValueError; torch.nn.GroupNorm gave instantiate's raw "missing 1 required
+# positional argument: 'num_channels'"
+@pytest.mark.parametrize("key, value, error, message", [
+    ("backbone.norm", lambda ch: None, GwdetTypeError,
+     r"^model\.backbone\.norm: the callable .*<lambda> returned None \(NoneType\) for 64 channels, not a "
+     r"torch\.nn\.Module; a norm argument takes a name .* for no norm, give model\.backbone\.norm=''"),
+    ("backbone.norm", lambda ch: torch.nn.Identity(), GwdetValueError,
+     r"^model\.backbone\.norm: the callable .*<lambda> returned Identity\(\) for 64 channels; detectron2 drops the "
+     r"bias of a conv given a norm, so the layer would have neither normalization nor bias\. For no norm, give "
+     r"model\.backbone\.norm=''"),
+    ("roi_heads.box_head.conv_norm", lambda ch: None, GwdetTypeError,
+     r"^model\.roi_heads\.box_head\.conv_norm: the callable .*<lambda> returned None"),
+    ("backbone.bottom_up.resnet.stem.norm", lambda ch: torch.nn.Identity(), GwdetValueError,
+     r"^model\.backbone\.bottom_up\.resnet\.stem\.norm: the callable .*<lambda> returned Identity\(\) for 16 channels"),
+    ("backbone.norm", lambda ch: torch.nn.GroupNorm(2, ch * 2), GwdetValueError,
+     r"^model\.backbone\.norm: the callable .*<lambda> returned a GroupNorm of 128 channels where 64 were asked \(its "
+     r"first input would fail in torch\): build the layer for the channel count the callable is given\."),
+    ("backbone.norm", lambda ch: 5, GwdetTypeError,
+     r"^model\.backbone\.norm: the callable .*<lambda> returned 5 \(int\) for 64 channels, not a torch\.nn\.Module"),
+    ("backbone.norm", lambda ch: torch.nn.GroupNorm(4, ch, dtype=torch.float64), GwdetValueError,
+     r"^model\.backbone\.norm: the callable .*<lambda> returned a GroupNorm for 64 channels whose weight is "
+     r"torch\.float64"),
+    ("backbone.norm", lambda ch: torch.nn.GroupNorm(-2, ch), GwdetValueError,
+     r"^model\.backbone\.norm: the callable .*<lambda> returned a GroupNorm for 64 channels, holding GroupNorm\(-2, 64\)"
+     r": torch's GroupNorm needs at least 1 group"),
+    ("backbone.bottom_up.resnet.stem.norm", lambda ch: torch.nn.GroupNorm(32, ch), GwdetValueError,
+     r"^model\.backbone\.bottom_up\.resnet\.stem\.norm: the callable .*<lambda> could not build a layer of 16 "
+     r"channels: it raised ValueError: num_channels \(16\) must be divisible by num_groups \(32\)\. Make it build"),
+    ("backbone.norm", torch.nn.GroupNorm, GwdetTypeError,
+     r"^model\.backbone\.norm=torch\.nn\.modules\.normalization\.GroupNorm: detectron2's get_norm calls a norm argument "
+     r"with the channel count alone \(GroupNorm\(256\)\), which it cannot take \(missing a required argument: "
+     r"'num_channels'\)\. A norm argument takes .*L\(gwdet\.norm\)\(name='GN', num_groups=32\)"),
+])
+def test_a_plain_callable_lazy_norm_is_checked_as_a_registered_build_is(key, value, error, message):
+    from gwdet.engine.lazy import build_model
+
+    cfg, node, last = _with_norm(key, value)
+    with pytest.raises(error, match=message):
+        build_model(cfg)
+    assert node[last] is value, "the user's config is left as it was (the copy instantiated holds the checks)"
+
+
+# the checks of a plain callable norm leave a working one alone: a user's norm class of the channel count, a callable of
+# it and one set on the stem (the stages interpolate it) build, and an object the config holds is the one the model gets
+def test_a_plain_callable_lazy_norm_that_builds_a_norm_layer_is_accepted():
+    from gwdet.engine.lazy import build_model
+
+    cfg, node, _ = _with_norm("backbone.norm", _ChannelNorm)
+    cfg.model.roi_heads.box_head.conv_norm = lambda channels: torch.nn.GroupNorm(8, channels)
+    cfg.model.backbone.bottom_up.resnet.stem.norm = lambda channels: torch.nn.GroupNorm(1, channels)
+    top_block = instantiate(cfg.model.backbone.top_block)
+    cfg.model.backbone.top_block = top_block
+    model = build_model(cfg)
+    assert isinstance(model.backbone.fpn_lateral2.norm, _ChannelNorm)
+    assert isinstance(model.roi_heads.box_head.conv1.norm, torch.nn.GroupNorm)
+    assert type(model.backbone.bottom_up.res3[0].conv1.norm).__name__ == "GroupNorm"
+    assert model.backbone.top_block is top_block
+    assert node.norm is _ChannelNorm and cfg.model.backbone.top_block is top_block
+
+
+# before: the print function saved as a yaml LazyConfig's FPN norm printed the channel counts and built the FPN without
+# norm and bias
+def test_a_yaml_lazy_configs_callable_norm_is_checked_when_the_model_is_built(tmp_path):
+    from gwdet.engine.lazy import build_model
+
+    LazyConfig.save(load_lazy_config(str(LAZY_CONFIG), ["train.device=cpu"]), str(tmp_path / "saved.yaml"))
+    text = (tmp_path / "saved.yaml").read_text()
+    fpn_norm = "\n    norm: {T: 5, _target_: gwdet.norm, eps: 1.0e-05, name: GW, num_groups: 16}\n"
+    assert text.count(fpn_norm) == 1
+    (tmp_path / "saved.yaml").write_text(text.replace(fpn_norm, "\n    norm: !!python/name:builtins.print ''\n"))
+    cfg = load_lazy_config(str(tmp_path / "saved.yaml"), ["train.device=cpu"])
+    with pytest.raises(GwdetTypeError, match=r"^model\.backbone\.norm: the callable print returned None \(NoneType\) "
+                                             r"for 64 channels, not a torch\.nn\.Module"):
+        build_model(cfg)

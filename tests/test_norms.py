@@ -1456,3 +1456,18 @@ def test_a_reloaded_module_registers_the_same_build_again(registered, tmp_path, 
             importlib.reload(loaded)
     finally:
         sys.modules.pop("reloaded_norm_module", None)
+
+
+# before: "register_norm: name must be a non-empty string, got <function my_gn ...>", naming neither the cause (the
+# decorator used without the name) nor the decorator form with a name
+def test_register_norm_used_as_a_decorator_without_the_name_shows_the_form_with_it():
+    def my_gn(channels, num_groups=16):
+        return torch.nn.GroupNorm(num_groups, channels)
+
+    with pytest.raises(GwdetTypeError, match=r"^register_norm takes the norm's name first, got <function .*my_gn at "
+                                             r"0x[0-9a-f]+> in its place \(@gwdet\.register_norm used as a decorator "
+                                             r"without the name\?\)\. Give the name the norm is looked up by: "
+                                             r"@gwdet\.register_norm\('MY_GN'\) over the function, or "
+                                             r"gwdet\.register_norm\('MY_GN', my_gn\)\.$"):
+        register_norm(my_gn)
+    assert "MY_GN" not in known_norm_names() and "my_gn" not in known_norm_names()

@@ -71,6 +71,29 @@ def test_overwrite_refuses_a_users_file_named_as_a_checkpoint_and_deletes_nothin
     check_fresh_start(str(run), overwrite=True)
     assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]
 
+# before: --overwrite deleted another run's checkpoint copied into the folder as model_0000009.pth with the run's own
+def test_overwrite_refuses_another_runs_checkpoint_copied_into_the_folder_and_deletes_nothing(finished_run, tmp_path):
+    from gwdet.checkpoint.run_identity import folder_run_id
+
+    run = tmp_path / "run"
+    main(tiny_run_args(run))
+    shutil.copy(finished_run / "model_final.pth", run / "model_0000009.pth")  # another run's weights, no .sha256
+    before = _digest(run)
+    other, own = folder_run_id(str(finished_run)), folder_run_id(str(run))
+    assert other and own and other != own
+    with pytest.raises(FileExistsError, match=re.escape(
+            f"--overwrite would delete model_0000009.pth in OUTPUT_DIR {str(run)!r}: named as a run's checkpoints, but "
+            f"saved by another run (it records the run {other[:12]}..., the folder's run_id file the run {own[:12]}...); "
+            f"nothing was changed. Move it out of OUTPUT_DIR, or delete it, then run again (or train into another "
+            f"OUTPUT_DIR).")):
+        main(tiny_run_args(run, "--overwrite"))
+    assert _digest(run) == before
+    # a folder without a run_id file (an older run's) tells no other run's checkpoint apart: deleted with the run
+    (run / "run_id").unlink()
+    check_fresh_start(str(run), overwrite=True)
+    assert sorted(p.name for p in run.iterdir()) == [".gwdet.lock"]
+
+
 # before: --overwrite deleted these user files (listed among the earlier run's), though no run wrote them
 @pytest.mark.parametrize("name, content, why", [
     ("config_before_resuming_at_7.yaml", "lr: 0.5\n", "no run's config"),

@@ -495,3 +495,30 @@ def test_a_state_of_other_shapes_is_refused_without_offering_to_load_it_anyway()
                                                r"from the state dict$"):
             layer.load_state_dict(other.state_dict())
         layer.load_state_dict({key: value for key, value in other.state_dict().items() if key != "_extra_state"})
+
+
+# a float16 BatchGroupNorm's own state_dict, its running_var overflowed to inf in training, was refused as values
+# "which no training computes ... (the file may be damaged)"
+def test_a_state_whose_float16_running_var_overflowed_is_refused_naming_the_overflow():
+    from gwdet.layers import BatchGroupNorm
+
+    torch.manual_seed(0)
+    trained = BatchGroupNorm(8, 8, dtype=torch.float16)
+    trained((torch.randn(4, 8, 4, 4).clamp(-2, 2) * 30000).half())  # finite float16 values, variance beyond 65504
+    assert torch.isinf(trained.running_var).all()
+    layer = BatchGroupNorm(8, 8, dtype=torch.float16)
+    with pytest.raises(RuntimeError) as refused:
+        layer.load_state_dict(trained.state_dict())
+    message = str(refused.value)
+    assert ("BatchGroupNorm: the state's running_var holds inf values (the first at channel 0): the output would be "
+            "NaN. The likely cause: the float16 running statistic overflowed in training, as it does once a batch's "
+            "variance exceeds 65504, the largest float16 (inputs beyond about 256 in magnitude). Keep the layer's "
+            "buffers in float32: build it in float32 (or call layer.float())") in message, message
+    assert "no training computes" not in message and "damaged" not in message
+    assert torch.equal(layer.running_var, torch.ones(8, dtype=torch.float16)), "nothing loaded"
+    # a NaN is still one no training computes
+    state = trained.state_dict()
+    state["running_var"][2] = float("nan")
+    with pytest.raises(RuntimeError, match=r"running_var holds NaN variances \(at channel 2\), which no training "
+                                           r"computes: .*\(the file may be damaged\)"):
+        layer.load_state_dict(state)

@@ -412,6 +412,39 @@ def test_the_same_norm_hyper_parameters_and_unrecorded_ones_pass():
     check_norm_settings({"gw": {"num_groups": 2}, "bn": None, "unknown": {"eps": 1.0}}, Norms(), OPT_IN)
 
 
+# before: a registered norm's layer built by hand (not through gwdet.norm) loaded weights recorded with scale 2.0
+# into its scale 3.0 without a word, while the same layer built with gwdet.norm was refused
+def test_recorded_norm_values_a_hand_built_layer_cannot_compare_are_warned_of(tmp_path, registered):
+    import gwdet
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from conftest import logged_warnings
+
+    class Scaled(nn.GroupNorm):
+        def __init__(self, channels: int, scale: float) -> None:
+            super().__init__(2, channels)
+            self.scale = scale
+
+    registered.append("TestScaledGN")
+    gwdet.register_norm("TestScaledGN", lambda channels, scale=1.0: Scaled(channels, scale), layer_types=(Scaled,))
+    ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 8, 3), gwdet.norm("TestScaledGN", scale=2.0)(8)),
+                          str(tmp_path)).save("w")
+    path = str(tmp_path / "w.pth")
+    with logged_warnings("gwdet.checkpoint.resilient") as messages:
+        ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 8, 3), Scaled(8, 3.0))).load(path)
+    assert messages == [
+        f"{path} records norm values that were not compared for 1 layer(s) of this model (1 (Scaled, of the norm "
+        "'TestScaledGN'): scale 2.0): the model's layer records no settings of its norm (it was built without "
+        "gwdet.norm), so it loads weights trained with other values just as well. To have them compared, build the "
+        "layer with gwdet.norm (e.g. gwdet.norm('TestScaledGN', scale=2.0)(channels), or a config's NORM key naming "
+        "the norm), which records the values it builds with."]
+    # built with gwdet.norm, the values are compared: the same ones load without a word, others are refused
+    with logged_warnings("gwdet.checkpoint.resilient") as messages:
+        ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 8, 3), gwdet.norm("TestScaledGN", scale=2.0)(8))).load(path)
+    assert messages == []
+    with pytest.raises(ValueError, match=r"other norm hyper-parameters .*1 scale 2.0 -> 3.0"):
+        ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 8, 3), gwdet.norm("TestScaledGN", scale=3.0)(8))).load(path)
+
+
 # ---- source files: readable files -------------------------------------------------------------
 
 def test_missing_and_unreadable_paths_are_refused_saying_what_to_do(tmp_path, monkeypatch):

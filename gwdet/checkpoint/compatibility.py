@@ -15,7 +15,7 @@ import enum
 import inspect
 import re
 import types
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -30,7 +30,8 @@ from gwdet.layers.settings_state import (EXTRA_STATE_KEY, SettingsInState, cast_
 from gwdet.modeling.backbone import convs_with_norm
 from gwdet.modeling.example_weighing import is_example_weighted
 from gwdet.modeling.model_checks import PER_LEVEL_CONTAINERS
-from gwdet.norms import NORM_SETTINGS_MARK, RUNNING_STATISTICS_NORMS, TORCH_NORM_SETTINGS, layer_types, norm_classes
+from gwdet.norms import (NORM_SETTINGS_MARK, RUNNING_STATISTICS_NORMS, TORCH_NORM_SETTINGS, layer_types, norm_classes,
+                         norm_records)
 from gwdet.positions import convs_at_positions, format_gw_positions, parse_gw_positions, positions_with_norm
 from gwdet.utils.cli_errors import as_override
 
@@ -439,6 +440,43 @@ def check_norm_settings(saved: Mapping[str, Mapping[str, Any]], model: torch.nn.
         present = {name: values for name, values in present.items()
                    if same_norm_kind(saved_types.get(name, type(modules[name]).__name__), type(modules[name]).__name__)}
     _refuse_other_settings(saved, present, how_to_opt_in, model)
+
+
+class UncomparedSettings(NamedTuple):
+    """A layer whose recorded norm values :func:`uncompared_norm_settings` finds uncompared."""
+
+    layer: str  # the module's name
+    kind: str  # its class name
+    names: tuple[str, ...]  # the registered norm names whose layer it is (layer_types)
+    values: dict[str, Any]  # the recorded values the layer has none of
+
+
+def uncompared_norm_settings(saved: Mapping[str, Mapping[str, Any]], model: torch.nn.Module,
+                             saved_types: Mapping[str, str] | None = None) -> list[UncomparedSettings]:
+    """The layers of ``model`` of a registered norm's ``layer_types`` (:func:`gwdet.norms.register_norm`)
+    built without :func:`gwdet.norm` (no :data:`gwdet.norms.NORM_SETTINGS_MARK`), for which ``saved``
+    records values the layer holds none of (a registered name's own settings, ``scale`` say), so
+    that :func:`check_norm_settings` compares nothing of them; a layer of another kind than
+    ``saved_types`` records is left out (:func:`check_norm_types` names it). The norm names are
+    those whose build takes every such value, else every registered name of the layer's type."""
+    present = norm_settings(model)
+    modules = dict(unwrapped(model).named_modules())
+    records = [record for record in norm_records() if not record.builtin and record.layer_types]
+    found = []
+    for name, recorded in saved.items():
+        layer = modules.get(name) if isinstance(name, str) and name else None
+        if layer is None or not isinstance(recorded, Mapping) or isinstance(getattr(layer, NORM_SETTINGS_MARK, None), dict):
+            continue
+        kind = type_before_parametrizations(layer).__name__
+        if saved_types and not same_norm_kind(saved_types.get(name, kind), kind):
+            continue
+        values = {key: value for key, value in recorded.items() if key not in present.get(name, {})}
+        owners = [record for record in records if isinstance(layer, record.layer_types)]
+        if not values or not owners:
+            continue
+        taking = [record.name for record in owners if set(values) <= set(record.params())]
+        found.append(UncomparedSettings(name, kind, tuple(taking or [record.name for record in owners]), values))
+    return found
 
 
 def _function_of(layer: torch.nn.Module | None, values: Mapping[str, Any]) -> dict[str, Any]:

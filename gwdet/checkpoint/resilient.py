@@ -46,6 +46,7 @@ from gwdet.checkpoint.compatibility import (
     NORM_TYPES_KEY,
     NormMismatchError,
     UnrecordableSettingError,
+    uncompared_norm_settings,
     check_layer_settings,
     check_norm_settings,
     check_norm_types,
@@ -69,7 +70,7 @@ from gwdet.checkpoint.integrity import (
 from gwdet.checkpoint.optimizer_state import optimizer_state_problem
 from gwdet.checkpoint.converted_weights import check_conversion_metadata, read_conversion_metadata
 from gwdet.checkpoint.resume_order import CHECKPOINT_NAME, checkpoint_names, resume_order
-from gwdet.checkpoint.run_identity import RUN_ID_KEY, check_same_run, new_run_id, record_run_id
+from gwdet.checkpoint.run_identity import RUN_ID_KEY, check_same_run, new_run_id, record_run_id, recorded_run_id
 from gwdet.layers.settings_state import EXTRA_STATE_KEY
 from gwdet.norms import SYNCHRONIZED_NORMS, TORCH_BATCH_NORMS, layer_types
 from gwdet.checkpoint.safe_load import (UnsafeCheckpointError, cut_within_magic, load_pickle_file, load_torch_file,
@@ -1122,20 +1123,12 @@ class ResilientCheckpointer(DetectionCheckpointer):
             logger.warning(order.tag_problem)
         return [os.path.join(self.save_dir, n) for n in order.names]
 
-    def _recorded_run_ids(self, resumed: str) -> dict[str, Any]:
-        """The run identity each other checkpoint of ``save_dir`` than ``resumed`` records (mapped,
-        not read: only the pickled values are loaded), by name; ``None`` for one that records none or
-        cannot be read."""
-        recorded: dict[str, Any] = {}
-        for name in checkpoint_names(self.save_dir or ""):
-            if name == os.path.basename(resumed):
-                continue
-            try:
-                data = load_torch_file(os.path.join(self.save_dir, name), False, _OPT_IN, mmap=True)
-            except Exception:  # damaged or cut short: its own load says so, when it is tried
-                data = None
-            recorded[name] = data.get(RUN_ID_KEY) if isinstance(data, dict) else None
-        return recorded
+    def _recorded_run_ids(self, resumed: str) -> dict[str, str | None]:
+        """The run identity each other checkpoint of ``save_dir`` than ``resumed`` records
+        (:func:`~gwdet.checkpoint.run_identity.recorded_run_id`), by name; ``None`` for one that
+        records none or cannot be read."""
+        return {name: recorded_run_id(os.path.join(self.save_dir, name))
+                for name in checkpoint_names(self.save_dir or "") if name != os.path.basename(resumed)}
 
     def _check_same_training_data(self, saved: Any, checkpoint: str) -> None:
         """Refuse to resume the checkpoint ``checkpoint``, whose run trained on the annotation files
@@ -1662,6 +1655,8 @@ class ResilientCheckpointer(DetectionCheckpointer):
                 finding = error.finding if isinstance(error, NormMismatchError) else str(error)
                 logger.warning(f"{MISMATCH_ENV}=1: {self._loading or 'the checkpoint'} is loaded as asked, though "
                                f"its norm layers differ from the model's: {finding}.")
+        if isinstance(checkpoint.get(NORM_SETTINGS_KEY), dict):
+            self._warn_of_uncompared_settings(checkpoint[NORM_SETTINGS_KEY], checkpoint.get(NORM_TYPES_KEY))
         if isinstance(weights, dict) and not isinstance(checkpoint.get(NORM_SETTINGS_KEY), dict):
             # after the checks: weights of other layers (GW's, loaded into GroupNorm) are refused above, not named here
             unchecked = unrecorded_group_norms(weights, self.model)
@@ -1674,6 +1669,26 @@ class ResilientCheckpointer(DetectionCheckpointer):
                     "LazyConfig's num_groups).")
         if allowed and isinstance(weights, dict):
             drop_layer_settings(weights, self.model)
+
+    def _warn_of_uncompared_settings(self, saved: dict, types: Any) -> None:
+        """Warn once, naming the layers, the norm names and the values, of the recorded norm values
+        that no layer of the model holds to compare them with: a registered norm's layer built
+        without :func:`gwdet.norm` (:func:`~gwdet.checkpoint.compatibility.uncompared_norm_settings`),
+        which loads weights trained with any such values."""
+        found = uncompared_norm_settings(saved, self.model, types if isinstance(types, dict) else None)
+        if not found:
+            return
+        shown = [f"{item.layer} ({item.kind}, of the norm {' or '.join(map(repr, item.names))}): "
+                 + ", ".join(f"{key} {value!r}" for key, value in item.values.items()) for item in found]
+        first = found[0]
+        given = ", ".join(f"{key}={value!r}" for key, value in first.values.items())
+        example = f"gwdet.norm({first.names[0]!r}, {given})(channels)"
+        logger.warning(
+            f"{self._loading or 'The checkpoint'} records norm values that were not compared for {len(found)} layer(s) "
+            f"of this model ({listed(shown, 3, '; ')}): the model's layer records no settings of its norm (it was built "
+            "without gwdet.norm), so it loads weights trained with other values just as well. To have them "
+            f"compared, build the layer with gwdet.norm (e.g. {example}, or a config's NORM key naming the "
+            "norm), which records the values it builds with.")
 
     def _read_wrapped_records(self, checkpoint: dict) -> None:
         """gwdet's records of the norm layers (:data:`NORM_TYPES_KEY`, :data:`NORM_SETTINGS_KEY`) of

@@ -17,6 +17,7 @@ import re
 import uuid
 from typing import Mapping
 
+from gwdet.checkpoint.safe_load import load_torch_file
 from gwdet.errors import GwdetValueError, listed
 from gwdet.utils.atomic import write_atomically
 from gwdet.utils.run_file_names import RUN_ID
@@ -49,6 +50,18 @@ def folder_run_id(folder: str) -> str | None:
                        "against it.")
         return None
     return recorded
+
+
+def recorded_run_id(path: str) -> str | None:
+    """The run identity the checkpoint file ``path`` records (:data:`RUN_ID_KEY`), read with its
+    tensors mapped from the file, not read, and without unpickling code; ``None`` for a file that
+    records none, or that cannot be read so (damaged, cut short, not torch.save's zip archive)."""
+    try:
+        data = load_torch_file(path, False, "", mmap=True)
+    except Exception:  # a load of the file itself says what is wrong with it, when one is tried
+        return None
+    recorded = data.get(RUN_ID_KEY) if isinstance(data, dict) else None
+    return recorded if isinstance(recorded, str) and _RUN_ID_FORM.match(recorded) else None
 
 
 def record_run_id(folder: str, run_id: str) -> None:

@@ -78,6 +78,41 @@ def _shown(value: Any) -> str:
     return short_repr(value, 120)
 
 
+def _not_an_integer_id(value: Any) -> str:
+    """``"'1', a string, not an integer id"``: an id (or category_id) of a JSON that is no integer,
+    with its JSON type."""
+    if value is None:
+        return "null, not an integer id"
+    kind = {str: "a string", float: "a number with a decimal point", bool: "a boolean (JSON true or false)",
+            list: "a list", dict: "an object"}.get(type(value), f"a {type(value).__name__}")
+    return f"{_shown(value)}, {kind}, not an integer id"
+
+
+def _integral_id(value: Any) -> int | None:
+    """The integer that ``value`` writes other than as an integer: ``1`` for ``'1'``, ``' 1 '`` or
+    ``1.0``; None for anything else (``'cat'``, ``1.5``, ``true``, ``null``)."""
+    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?[0-9]+\s*", value):
+        return int(value)
+    if type(value) is float and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _category_id_fix(value: Any, names: dict[int, str]) -> str:
+    """What to write for an annotation's ``category_id`` ``value`` that is no integer, given the
+    file's categories ``names`` (id: name)."""
+    ids = f"(ids {listed([str(i) for i in sorted(names)], SHOWN)})"
+    number = _integral_id(value)
+    if number is not None and number in names:
+        how = "without quotes" if isinstance(value, str) else "without a decimal point"
+        return f"write it {how}, \"category_id\": {number} (category {names[number]!r})."
+    by_name = [key for key, name in names.items() if isinstance(value, str) and name == value.strip()]
+    if by_name:
+        return (f"{value!r} is the name of category {by_name[0]}, and an annotation gives its category by id: "
+                f"\"category_id\": {by_name[0]}.")
+    return f"give the integer id of the annotation's category, one of the file's categories {ids}."
+
+
 class DatasetError(GwdetError, ValueError):
     """A dataset given on the command line, or the config's use of it, that cannot train or be
     evaluated on as it is; the message names the dataset, the file or config key, and the fix."""
@@ -477,6 +512,13 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
         raise DatasetError(f"{where} {path} lists no images.")
     names: dict[int, str] = {}
     for index, category in enumerate(coco["categories"]):
+        if isinstance(category, dict) and "id" in category and type(category["id"]) is not int:
+            raise DatasetError(
+                f"{where} category #{index} of {path} ({_shown(category)}) has id "
+                f"{_not_an_integer_id(category['id'])}: write it "
+                + (f"as the number {_integral_id(category['id'])}, \"id\": {_integral_id(category['id'])}, "
+                   if _integral_id(category["id"]) is not None else "as an integer, e.g. \"id\": 1, ")
+                + "and give its annotations that number as their category_id.")
         if not (isinstance(category, dict) and isinstance(category.get("id"), int)
                 and isinstance(category.get("name"), str)):
             raise DatasetError(f"{where} category #{index} of {path} is {_shown(category)}: each category needs "
@@ -540,8 +582,12 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
                 f"{where} annotation id {annotation['id']} of {path} has \"ignore\": {_shown(annotation['ignore'])}, "
                 "which detectron2 does not read (it stops with an assertion): mark a region to ignore as a crowd "
                 "region, \"iscrowd\": 1 (COCO evaluation ignores detections matched to it), and remove \"ignore\".")
-        # a bool is an int to Python (True == 1), not to COCO
-        if isinstance(annotation["category_id"], bool) or annotation["category_id"] not in names:
+        category_id = annotation["category_id"]
+        if type(category_id) is not int:  # '1', 1.0 and true are no category 1 to COCO (1.0 == True == 1 to Python)
+            raise DatasetError(
+                f"{where} annotation id {annotation['id']} of {path} has category_id "
+                f"{_not_an_integer_id(category_id)}: {_category_id_fix(category_id, names)}")
+        if category_id not in names:
             raise DatasetError(
                 f"{where} annotation id {annotation['id']} of {path} has category_id {annotation['category_id']!r}, "
                 f"which is not among its categories (ids {listed([str(i) for i in sorted(names)], SHOWN)}): add the "

@@ -88,6 +88,7 @@ from gwdet.engine.lazy_checks import (
     check_datasets,
     dataset_use,
     check_norm_nodes,
+    norm_checked_model,
     check_loader_values,
     check_resize_nodes,
     check_run_values,
@@ -203,13 +204,14 @@ def build_model(cfg: DictConfig) -> torch.nn.Module:
 
 def _build_checked_model(cfg: DictConfig) -> torch.nn.Module:
     """:func:`build_model` of a LazyConfig whose norm and call nodes were checked
-    (:meth:`LazyRun.load`), so that one run checks them once. detectron2's norm name ``"GN"`` on a
-    layer whose channels its 32 groups do not divide is refused naming the nodes that give it
-    (:func:`~gwdet.modeling.detectron2_failures.detectron2_group_norm_failure`)."""
+    (:meth:`LazyRun.load`), so that one run checks them once. A plain callable given as a norm
+    argument has its layers checked as the model is built (:func:`norm_checked_model`).
+    detectron2's norm name ``"GN"`` on a layer whose channels its 32 groups do not divide is refused
+    naming the nodes that give it (:func:`~gwdet.modeling.detectron2_failures.detectron2_group_norm_failure`)."""
     check_device(cfg.train.device, "train.device", "run with train.device=cpu")
     warn_unused_head_norms(cfg)
     try:
-        built = instantiate(cfg.model)
+        built = instantiate(norm_checked_model(cfg))
     except ValueError as error:  # detectron2's "GN" (32 groups) on channels 32 does not divide
         refusal = detectron2_group_norm_failure(error, _group_norm_nodes(cfg))
         if refusal is None:

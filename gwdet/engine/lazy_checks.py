@@ -8,6 +8,7 @@ twin's check (:func:`check_twin`). Also the dataset names a LazyConfig trains an
 """
 from __future__ import annotations
 
+import copy
 import inspect
 import logging
 import math
@@ -15,7 +16,7 @@ import sys
 from typing import Any, Callable, Iterator, Sequence, cast
 
 import torch
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from detectron2.config import CfgNode, instantiate
@@ -39,8 +40,8 @@ from gwdet.data.coco_registration import DatasetUse, check_datasets_fit, known_c
 from gwdet.data.shapes import SPEC_CONFIG_KEYS, ShapesSpec, check_image_size
 from gwdet.errors import GwdetError, GwdetTypeError, GwdetValueError, listed
 from gwdet.model_zoo.lazy_loading import argument_names, callable_of, refuse_numpy_values, select
-from gwdet.norms import (UnknownNormError, known_norm_names, no_norm_message, norm, norm_record, norm_records,
-                         unknown_params_message)
+from gwdet.norms import (Norm, UnknownNormError, check_norm_layer, known_norm_names, no_norm_message, norm,
+                         norm_record, norm_records, unknown_params_message)
 from gwdet.modeling.backbone import place_norm
 from gwdet.modeling.build import check_mixed_precision, check_run_device, check_scratch_training
 from gwdet.solver import check_override_values, get_default_optimizer_params
@@ -479,7 +480,9 @@ def check_norm_nodes(cfg: DictConfig) -> None:
     name and settings; the error names the node), and a norm that a detectron2 or gwdet component
     takes by name (its ``norm`` or ``conv_norm`` argument) must be one detectron2's ``get_norm``
     builds: gwdet's names need a ``gwdet.norm`` node with their settings. ``None`` is refused
-    (``''`` is no norm)."""
+    (``''`` is no norm). A plain callable given as a norm argument (:func:`bare_norm_callables`)
+    must take the channel count alone (:func:`_check_norm_callable`); its layers are checked as
+    the model is built (:func:`norm_checked_model`)."""
     detectron2_names = ["", *(record.name for record in norm_records() if record.detectron2_values is not None)]
     for path, node, called in lazy_calls(select(cfg, "model"), "model"):
         if called is norm:
@@ -498,7 +501,7 @@ def check_norm_nodes(cfg: DictConfig) -> None:
                 said = _no_norm_said(cfg, path, name) if name is None or name == "" else error.args[0]
                 raise type(error)(f"{path}: {said}") from None
             continue
-        if not getattr(called, "__module__", "").startswith(("detectron2.", "gwdet.")):
+        if not _takes_norms_by_get_norm(called):
             continue  # the user's own component: its arguments are its own
         for argument in NORM_ARGUMENTS:
             given = node.get(argument) if argument in node and not OmegaConf.is_interpolation(node, argument) else ""
@@ -533,6 +536,126 @@ def check_norm_nodes(cfg: DictConfig) -> None:
             raise GwdetValueError(
                 f"{path}.{argument}={name!r}: detectron2's get_norm builds only its own names from a string; give "
                 f"L(gwdet.norm)(name={name!r}, ...) with the settings you want (gwdet.norm({name!r}, ...) in Python).")
+    for path, _, argument, build in bare_norm_callables(select(cfg, "model")):
+        _check_norm_callable(f"{path}.{argument}", build)
+
+
+def _takes_norms_by_get_norm(called: Any) -> bool:
+    """Whether the norm arguments (:data:`NORM_ARGUMENTS`) of a node calling ``called`` go to
+    detectron2's ``get_norm``: a detectron2 or gwdet component's do; a user's own component's
+    arguments are its own."""
+    return getattr(called, "__module__", "").startswith(("detectron2.", "gwdet."))
+
+
+def _is_bare_callable(value: Any) -> bool:
+    """Whether a norm argument's value is a plain callable: neither a name, a node, a :class:`Norm`
+    (which checks its own layers), a layer (refused by :func:`check_norm_nodes`) nor a
+    :class:`CheckedNorm` already."""
+    return callable(value) and not isinstance(value, (str, DictConfig, ListConfig, torch.nn.Module, Norm, CheckedNorm))
+
+
+def bare_norm_callables(model: Any, path: str = "model") -> list[tuple[str, DictConfig, str, Any]]:
+    """Each norm argument of a detectron2 or gwdet component in ``model`` (the LazyConfig's ``model``
+    node, at ``path``) given as a plain callable (``lambda channels: ...``, a class, a yaml
+    ``!!python/name:`` value), as ``(node path, node, argument, callable)``; an interpolated argument
+    (``${...stem.norm}``) by the value it resolves to, at the node that uses it."""
+    if not isinstance(model, (DictConfig, ListConfig)):
+        return []
+    found = []
+    for node_path, node, called in lazy_calls(model, path):
+        if called is norm or not _takes_norms_by_get_norm(called):
+            continue
+        for argument in NORM_ARGUMENTS:
+            if argument not in node or OmegaConf.is_missing(node, argument):
+                continue
+            try:
+                value = node[argument]
+            except OmegaConfBaseException:  # an interpolation that does not resolve: instantiate names it
+                continue
+            if _is_bare_callable(value):
+                found.append((node_path, node, argument, value))
+    return found
+
+
+def _check_norm_callable(path: str, build: Any) -> None:
+    """Refuse a plain callable given as the norm argument at ``path`` that cannot be called with the
+    channel count alone, as detectron2's ``get_norm`` calls it: a class such as ``torch.nn.GroupNorm``
+    that takes its group count first. A callable whose signature Python cannot read is left to the
+    checks of its layers when the model is built (:class:`CheckedNorm`)."""
+    try:
+        inspect.signature(build).bind(256)
+    except ValueError:  # no signature to read
+        return
+    except TypeError as error:
+        shown = f"{getattr(build, '__module__', None) or ''}.{getattr(build, '__qualname__', repr(build))}".lstrip(".")
+        raise GwdetTypeError(
+            f"{path}={shown}: detectron2's get_norm calls a norm argument with the channel count alone "
+            f"({getattr(build, '__qualname__', 'norm')}(256)), which it cannot take ({error}). A norm argument takes a "
+            "name detectron2's get_norm knows, L(gwdet.norm)(name=..., ...) (e.g. L(gwdet.norm)(name='GN', "
+            "num_groups=32) for torch's GroupNorm of 32 groups), or a callable of the channel count that returns a "
+            "normalization module of that many channels (lambda channels: torch.nn.GroupNorm(32, channels)); for no "
+            f"norm, give {path}=''.") from None
+
+
+class CheckedNorm:
+    """A plain callable given as a LazyConfig's norm argument (at ``path``), called as detectron2's
+    ``get_norm`` calls it, with each layer's channel count, and its layer checked as a registered
+    norm's is (:func:`gwdet.norms.check_norm_layer`): ``None``, an ``Identity``, a layer of other
+    channels or of another dtype, or no module at all, refused naming ``path``, as is a ``TypeError``,
+    ``ValueError`` or ``ArithmeticError`` of the callable itself (torch's ``GroupNorm(32, 16)``). Only
+    :func:`norm_checked_model` makes it, in the copy of the config that is instantiated."""
+
+    def __init__(self, path: str, build: Callable[[int], Any]) -> None:
+        self.path, self.build = path, build
+
+    def __call__(self, channels: int) -> torch.nn.Module:
+        try:
+            layer = self.build(channels)
+        except (TypeError, ValueError, ArithmeticError) as error:  # GroupNorm(32, 16): its channels not divided
+            if isinstance(error, GwdetError):
+                raise
+            raise GwdetValueError(
+                f"{self.path}: the callable {getattr(self.build, '__qualname__', self.build)} could not build a layer "
+                f"of {channels} channels: it raised {type(error).__name__}: {error}. Make it build a norm layer for "
+                f"each channel count it is given (here {channels}), e.g. L(gwdet.norm)(name='GN', num_groups=32), "
+                "which takes the largest group count up to 32 that divides the channels.") from error
+        check_norm_layer(layer, channels, self.build, path=self.path)
+        return layer
+
+    def __repr__(self) -> str:  # as the component's own messages name its norm: the callable given
+        return repr(self.build)
+
+
+def norm_checked_model(cfg: DictConfig) -> DictConfig:
+    """``cfg.model`` as gwdet instantiates it: the node itself when no norm argument of a detectron2
+    or gwdet component is a plain callable, else a copy in which each such callable is wrapped in a
+    :class:`CheckedNorm`. The channel counts a norm is built for are known only as the components
+    call it, so its layers are checked then. Only the config's own nodes are copied: every object
+    they hold (a module, the callables themselves) is the same object in the copy, as
+    ``instantiate(cfg.model)`` would use it, and ``cfg`` is left as it was (``LazyConfig.save``
+    writes the callables given)."""
+    model = cfg.model
+    if not bare_norm_callables(model):
+        return model
+    kept = {id(value): value for value in _held_objects(OmegaConf.to_container(model, resolve=False))}
+    copied = copy.deepcopy(model, kept)
+    for node_path, node, argument, build in bare_norm_callables(copied):
+        with read_write(node):
+            node[argument] = CheckedNorm(f"{node_path}.{argument}", build)
+    return copied
+
+
+def _held_objects(value: Any) -> Iterator[Any]:
+    """The objects (rather than plain values) among ``value``, a config node as
+    ``OmegaConf.to_container(node, resolve=False)`` gives it (interpolations as they are written)."""
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from _held_objects(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _held_objects(item)
+    elif not isinstance(value, (str, int, float, bool, type(None))):
+        yield value
 
 
 def _no_norm_said(cfg: DictConfig, path: str, name: Any) -> str:

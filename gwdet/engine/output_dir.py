@@ -16,7 +16,8 @@ detectron2's and gwdet's checkpointers give them (``model_0000099.pth``, ``model
 :data:`CHECKPOINT_NAME`, with their ``.sha256`` records) and the one ``last_checkpoint`` names; any other file, a
 ``model_best_by_me.pth`` of the user's included, is not the run's: it does not make the folder
 hold a run and ``--overwrite`` keeps it (and says so). A file under a checkpoint's name that holds
-no checkpoint (a text of the user's: no torch.save file, no ``.sha256`` record) makes ``--overwrite``
+no checkpoint (a text of the user's: no torch.save file, no ``.sha256`` record), or another run's
+checkpoint (it records another run identity than the folder's ``run_id`` file), makes ``--overwrite``
 refuse before it deletes anything.
 """
 from __future__ import annotations
@@ -53,6 +54,7 @@ from gwdet.errors import (
 )
 from gwdet.checkpoint.safe_load import UnsafeCheckpointError, load_torch_file, starts_like_torch_save_output
 from gwdet.checkpoint.resilient import INITIAL_WEIGHTS_KEY, local_weights_path, lost_checkpoint_error
+from gwdet.checkpoint.run_identity import folder_run_id, recorded_run_id
 from gwdet.checkpoint.resume_order import CHECKPOINT_NAME, checkpoint_names, numbered_iteration, resume_order, tagged_name
 from gwdet.utils.run_file_names import (LAST_CHECKPOINT, RUN_ID, LOCK_NAME, FINAL_WEIGHTS, CONFIG_NAME, RESULTS_MARKDOWN,
                                    RESULTS_JSON, EVALUATOR_FILES, CONFIG_FILES, RUN_FILES, SET_ASIDE_INFIX,
@@ -235,6 +237,28 @@ def _not_checkpoints(output_dir: str, names: Sequence[str]) -> list[str]:
             and not _holds_a_checkpoint(os.path.join(output_dir, name))]
 
 
+def _other_runs_checkpoints(output_dir: str, names: Sequence[str]) -> tuple[str, dict[str, str]]:
+    """The identity of the run in ``output_dir`` (its :data:`RUN_ID` file) and, with the identity
+    each records (:func:`~gwdet.checkpoint.run_identity.recorded_run_id`), the files among ``names``
+    named as its checkpoints (:func:`is_checkpoint_name`, :data:`EARLIER_CHECKPOINT`) that record
+    another run's: another run's checkpoints copied there. Only where both are recorded: a folder
+    without a :data:`RUN_ID` file, or a checkpoint without an identity (older gwdet, detectron2's
+    checkpointer), is no finding; nor are checkpoints that all record one identity (more than one,
+    vouching for each other) when none records the file's: then the file was replaced, and the
+    checkpoints are the run's."""
+    own = folder_run_id(output_dir)
+    if own is None:
+        return "", {}
+    tagged = _tagged_checkpoint_name(output_dir)
+    recorded = {name: recorded_run_id(os.path.join(output_dir, name)) for name in names
+                if not name.endswith(CHECKSUM_SUFFIX) and (is_checkpoint_name(name, tagged) or EARLIER_CHECKPOINT.match(name))
+                and os.path.isfile(os.path.join(output_dir, name))}
+    identities = {value for value in recorded.values() if value is not None}
+    if own not in identities and len(identities) == 1 and sum(value is not None for value in recorded.values()) > 1:
+        return own, {}
+    return own, {name: value for name, value in recorded.items() if value is not None and value != own}
+
+
 def _crc32c(data: bytes) -> int:
     """CRC-32C (Castagnoli) of ``data``, as TensorBoard's event files check their records."""
     crc = 0xFFFFFFFF
@@ -326,7 +350,8 @@ def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_D
     instead (:func:`earlier_run_until_started` deletes or puts them back). The initial ``weights``
     (``weights_setting``) are never among them, nor files that nothing shows a run wrote
     (:func:`_shows_a_run`), nor files under a checkpoint's name that hold no checkpoint
-    (:func:`_holds_a_checkpoint`): an overwrite that would delete them is refused before anything is deleted."""
+    (:func:`_holds_a_checkpoint`) or another run's (:func:`_other_runs_checkpoints`): an overwrite
+    that would delete them is refused before anything is deleted."""
     if not holds_run(output_dir):
         return
     existing = run_files(output_dir)
@@ -412,6 +437,15 @@ def check_fresh_start(output_dir: str, overwrite: bool, setting: str = "OUTPUT_D
                 f"--overwrite would delete {listed(users, 5)} in {setting} {output_dir!r}: named as {named_as}, but "
                 f"{not_written.format(it=it)}; nothing was changed. Move {it} out of {setting}, or delete {it}, then "
                 f"run again (or train into another {setting}).")
+    own, strangers = _other_runs_checkpoints(output_dir, existing)
+    if strangers:
+        it = "it" if len(strangers) == 1 else "them"
+        first = sorted(strangers)[0]
+        raise GwdetFileExistsError(
+            f"--overwrite would delete {listed(sorted(strangers), 5)} in {setting} {output_dir!r}: named as a run's "
+            f"checkpoints, but saved by another run ({'it' if len(strangers) == 1 else first} records the run "
+            f"{strangers[first][:12]}..., the folder's {RUN_ID} file the run {own[:12]}...); nothing was changed. "
+            f"Move {it} out of {setting}, or delete {it}, then run again (or train into another {setting}).")
     if aside:
         os.makedirs(os.path.join(output_dir, SET_ASIDE), exist_ok=True)
     for name in existing:

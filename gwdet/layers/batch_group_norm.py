@@ -20,8 +20,9 @@ examples form one smaller example group. An empty input returns an empty output 
 running statistics untouched. Statistics run in float32 (float64 for float64 input); the output has
 the input dtype. A block whose largest magnitude exceeds ``2**32`` (``2**256`` in float64) is
 standardized as ``x / s`` with the ridge ``eps / s^2`` (:func:`~.common.magnitude_scales`), the
-running moments scaled along in evaluation; a ``running_var`` that overflowed to ``inf`` makes
-evaluation with ``alpha < 1`` return NaN. :mod:`gwdet.export.counting_ops` registers
+running moments scaled along in evaluation; a ``running_var`` that overflowed to ``inf`` (a float16
+one once a batch's variance exceeds 65504) is refused in evaluation with ``alpha < 1``, where the
+output would be NaN. :mod:`gwdet.export.counting_ops` registers
 :func:`batch_group_norm` as the custom op ``gwdet::batch_group_norm`` for flop counting.
 """
 import warnings
@@ -301,7 +302,8 @@ class BatchGroupNorm(SettingsInState):
     records the settings (:mod:`~.settings_state`). In training, a batch in which a block holds a
     single value is refused, as batch norm refuses one (:meth:`validate_input`). In evaluation with
     ``eval_example_weight < 1``, running statistics no training computes (a NaN, a negative variance)
-    are refused, checked once after each change
+    and ones that overflowed to ``inf`` in training (float16 buffers: build the layer in float32 and
+    use autocast) are refused, checked once after each change
     (:func:`~.common.check_layer_evaluation_statistics`).
     """
 
@@ -376,7 +378,7 @@ class BatchGroupNorm(SettingsInState):
         batch norm does): one channel per group, one position and an example group of one example;
         so too in evaluation with ``eval_example_weight=1``, where each example's own statistics are
         all there is (Eq. 3 with alpha = 1); in evaluation with ``eval_example_weight < 1``, running
-        statistics no training computes."""
+        statistics no training computes or that overflowed to ``inf``."""
         check_input("BatchGroupNorm", x, self.num_channels)
         if not torch.jit.is_scripting():  # a weight.data of another size, or one given to torch.func.functional_call
             check_per_channel("BatchGroupNorm", {"weight": self.weight, "bias": self.bias, "running_mean": self.running_mean,

@@ -207,7 +207,8 @@ class BatchWhitening(SettingsInState):
 
     Arguments are checked as :class:`~.group_whitening.GroupWhitening`'s, and the state dict records
     the settings (:mod:`~.settings_state`). In evaluation, running statistics no training computes (a
-    NaN, a whitening matrix whose diagonal is not positive or that is not symmetric) are refused,
+    NaN, a whitening matrix whose diagonal is not positive or that is not symmetric) and ones that
+    overflowed to inf are refused,
     checked once after each change (:func:`~.common.check_layer_evaluation_statistics`).
     """
 

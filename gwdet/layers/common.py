@@ -110,14 +110,15 @@ def check_flag(owner: str, name: str, value: Any) -> None:
         raise GwdetValueError(f"{owner}: {name} must be True or False, got {_shown(value, False)}")
 
 
-def check_iterations(owner: str, T: Any) -> None:
-    """Raise ``ValueError`` unless the Newton iteration count ``T`` is an integer from 1 to
-    :data:`MAX_ITERATIONS`: each iteration is a few products of a group's covariance, so a count
-    in the millions runs for days (and one past int64 cannot reach the op at all)."""
-    check_int_at_least(owner, "T", T, 1)
+def check_iterations(owner: str, T: Any, name: str = "T") -> None:
+    """Raise ``ValueError`` unless the Newton iteration count ``T`` (the setting ``name``) is an
+    integer from 1 to :data:`MAX_ITERATIONS`: each iteration is a few products of a group's
+    covariance, so a count in the millions runs for days (and one past int64 cannot reach the op at
+    all)."""
+    check_int_at_least(owner, name, T, 1)
     if T > MAX_ITERATIONS:
         raise GwdetValueError(
-            f"{owner}: T must be an integer from 1 to {MAX_ITERATIONS} (Newton's iterations, Eqs. 6-7; the "
+            f"{owner}: {name} must be an integer from 1 to {MAX_ITERATIONS} (Newton's iterations, Eqs. 6-7; the "
             f"default is 5), got {T}")
 
 
@@ -663,10 +664,10 @@ def _is_whitening_stack(name: str, value: Tensor) -> bool:
     return name == "running_whitening" and value.dim() == 3 and value.shape[-1] == value.shape[-2]
 
 
-def _statistic_acceptable(name: str, value: Tensor, infinite_allowed: bool) -> Tensor:
+def _statistic_acceptable(name: str, value: Tensor) -> Tensor:
     """A 0-dim bool tensor: whether :func:`running_statistics_problem` finds nothing in ``value``
     (reductions without a device sync)."""
-    acceptable = ~torch.isnan(value).any() if infinite_allowed else torch.isfinite(value).all()
+    acceptable = torch.isfinite(value).all()
     if name == "running_var":
         acceptable = acceptable & (value >= 0).all()
     elif _is_whitening_stack(name, value):
@@ -675,60 +676,81 @@ def _statistic_acceptable(name: str, value: Tensor, infinite_allowed: bool) -> T
     return acceptable
 
 
-def _statistic_problem(name: str, value: Tensor, infinite_allowed: bool) -> Optional[Tuple[str, str]]:
-    """``(why, effect)`` for one running statistic (:func:`running_statistics_problem`)."""
+def _statistic_problem(name: str, value: Tensor) -> Optional[Tuple[str, str, Optional[str]]]:
+    """``(why, effect, overflow)`` for one running statistic (:func:`running_statistics_problem`)."""
     def where(mask: Tensor) -> str:
         first = int(mask.nonzero()[0, 0])
         return f"in the matrix of group {first}" if value.dim() == 3 else f"at channel {first}"
 
-    unusable = torch.isnan(value) if infinite_allowed else ~torch.isfinite(value)
-    if bool(unusable.any()):
-        kind = "NaN " if infinite_allowed else ""
-        what = ("variances" if name == "running_var" else "values") if infinite_allowed else \
-            "values that are not finite (NaN or inf"
-        shown = f"{kind}{what} ({where(unusable)})" if infinite_allowed else f"{what}; the first {where(unusable)})"
-        return shown, "the output would be NaN"
+    nan = torch.isnan(value)
+    if bool(nan.any()):
+        what = "variances" if name == "running_var" else "values"
+        return f"NaN {what} ({where(nan)})", "the output would be NaN", None
+    infinite = torch.isinf(value)
+    if bool(infinite.any()):
+        return f"inf values (the first {where(infinite)})", "the output would be NaN", _overflow_cause(name, value)
     if name == "running_var" and bool((value < 0).any()):
         return (f"negative variances (the smallest {value.min().item():.3g}, {where(value < 0)})",
-                "the output would be NaN")
+                "the output would be NaN", None)
     if _is_whitening_stack(name, value):
         diagonal = torch.diagonal(value, dim1=-2, dim2=-1)
         if bool((diagonal <= 0).any()):
             return (f"a whitening matrix whose diagonal is not positive ({where(diagonal <= 0)}; an all-zero one maps "
-                    "every input to 0)", "the layer's outputs would not be whitened")
+                    "every input to 0)", "the layer's outputs would not be whitened", None)
         asymmetry = whitening_asymmetry(value)
         tolerance = asymmetry_tolerance(value.dtype)
         if bool((asymmetry > tolerance).any()):
             return (f"a whitening matrix that is not symmetric (entries (i, j) and (j, i) differ by up to "
                     f"{float(asymmetry.max()):.3g} of its largest entry; training keeps the inverse square root of a "
-                    "covariance plus eps I, Eq. 5, which is symmetric)", "the layer's outputs would not be whitened")
+                    "covariance plus eps I, Eq. 5, which is symmetric)", "the layer's outputs would not be whitened",
+                    None)
     return None
 
 
-@torch.jit.unused
-def running_statistics_problem(tensors: Mapping[str, Optional[Tensor]],
-                               infinite_allowed: bool = False) -> Optional[Tuple[str, str, str]]:
-    """``(name, why, effect)`` for the first running statistic of ``tensors`` (``running_mean``,
-    ``running_var``, ``running_whitening``; None, an empty, integer or meta tensor: skipped) that no
-    training computes: a NaN value (with ``infinite_allowed`` false, any value that is not finite), a
-    negative variance, a whitening matrix (``[groups, k, k]``) whose diagonal is not positive (an
-    all-zero one maps every input to 0) or that is not symmetric beyond rounding
-    (:func:`whitening_asymmetry`; training keeps the inverse square root of a covariance plus
-    ``eps I``). ``why`` names the value and where it is, ``effect`` what a layer normalizing with
-    it computes. ``None`` where all are acceptable, found with one device sync.
+def _overflow_cause(name: str, value: Tensor) -> str:
+    """The likely cause of an ``inf`` (without a NaN) in the running statistic ``name`` stored as
+    ``value``: training overflowed it (a batch statistic beyond the dtype's largest value); and how
+    to keep it finite (float32 buffers for a float16 one), ending with how to recompute the statistics."""
+    largest = torch.finfo(value.dtype).max
+    dtype = str(value.dtype).replace("torch.", "")
+    follows = {"running_var": "variance", "running_mean": "mean"}.get(name, "statistic")
+    inputs = f" (inputs beyond about {math.sqrt(largest):.3g} in magnitude)" if name == "running_var" else ""
+    cause = (f"The likely cause: the {dtype} running statistic overflowed in training, as it does once a batch's "
+             f"{follows} exceeds {largest:.6g}, the largest {dtype}{inputs}.")
+    if largest < FLOAT32_LARGEST:
+        keep = (f"Keep the layer's buffers in float32: build it in float32 (or call layer.float()) and give it {dtype} "
+                f"inputs under torch.autocast, which computes in {dtype} while the running statistics stay float32")
+    elif value.dtype == torch.float32:
+        keep = "Scale the layer's inputs down, or keep the layer in float64 (layer.double())"
+    else:
+        keep = "Scale the layer's inputs down"
+    return (f"{cause} {keep}; then recompute the running statistics: train again, or "
+            "gwdet.layers.update_running_statistics(loader, model)")
 
-    ``infinite_allowed``: what evaluation accepts; a running variance of huge inputs overflows to
-    ``inf`` in training, and evaluation then returns NaN (:mod:`~.batch_group_norm`)."""
+
+@torch.jit.unused
+def running_statistics_problem(tensors: Mapping[str, Optional[Tensor]]) -> Optional[Tuple[str, str, str, Optional[str]]]:
+    """``(name, why, effect, overflow)`` for the first running statistic of ``tensors``
+    (``running_mean``, ``running_var``, ``running_whitening``; None, an empty, integer or meta tensor:
+    skipped) that a layer cannot normalize with. A NaN value, a negative variance, a whitening matrix
+    (``[groups, k, k]``) whose diagonal is not positive (an all-zero one maps every input to 0) or
+    that is not symmetric beyond rounding (:func:`whitening_asymmetry`; training keeps the inverse
+    square root of a covariance plus ``eps I``) no training computes: ``overflow`` is ``None``. An
+    ``inf`` value is what training leaves when a batch statistic
+    overflows the buffer's dtype (a float16 ``running_var`` once a batch's variance exceeds 65504):
+    ``overflow`` says so and how to keep the statistics finite. ``why`` names the value and where it
+    is, ``effect`` what a layer normalizing with it computes. ``None`` where all are acceptable,
+    found with one device sync."""
     present = [(name, tensor.detach()) for name, tensor in tensors.items()
                if isinstance(tensor, Tensor) and tensor.is_floating_point() and tensor.numel() and not tensor.is_meta]
     if not present:
         return None
     device = present[0][1].device
-    flags = [_statistic_acceptable(name, value, infinite_allowed).to(device) for name, value in present]
+    flags = [_statistic_acceptable(name, value).to(device) for name, value in present]
     if bool(torch.stack(flags).all()):
         return None
     for name, value in present:
-        problem = _statistic_problem(name, value, infinite_allowed)
+        problem = _statistic_problem(name, value)
         if problem is not None:
             return (name,) + problem
     return None
@@ -738,13 +760,17 @@ def running_statistics_problem(tensors: Mapping[str, Optional[Tensor]],
 def check_evaluation_statistics(owner: str, tensors: Mapping[str, Optional[Tensor]], fix: str = "",
                                 when: str = "in evaluation (training=False)") -> None:
     """Raise ``ValueError`` naming ``owner``, the running statistic, what is wrong with it and where
-    (:func:`running_statistics_problem`, infinite values allowed) when an evaluation is to normalize
-    with ``tensors``. The message ends with ``fix``; by default, what a functional form's caller
-    passes in its place (the layer's buffer, or the untrained value)."""
-    problem = running_statistics_problem(tensors, infinite_allowed=True)
+    (:func:`running_statistics_problem`) when an evaluation is to normalize with ``tensors``. For
+    values no training computes the message ends with ``fix``; by default, what a functional form's
+    caller passes in its place (the layer's buffer, or the untrained value). For ``inf`` values,
+    with which the output would be NaN too, it names the likely cause, a running statistic that
+    overflowed its dtype in training, and how to keep it finite."""
+    problem = running_statistics_problem(tensors)
     if problem is None:
         return
-    name, why, effect = problem
+    name, why, effect, overflow = problem
+    if overflow is not None:
+        raise GwdetValueError(f"{owner}: {name} holds {why}: {when} {effect}. {overflow}")
     if not fix:
         plural, untrained = _UNTRAINED_STATISTICS.get(name, (name, "the untrained values"))
         fix = f"Pass the {plural} of a trained layer (e.g. its {name} buffer), or {untrained} for untrained statistics"

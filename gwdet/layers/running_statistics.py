@@ -293,11 +293,11 @@ def _keep_uncalled(layers: Sequence[nn.Module], saved: Sequence[Mapping[str, tor
                       "running statistics are kept as they were.", GwdetRuntimeWarning, stacklevel=3)
 
 
-def _detectron2_like(model: nn.Module, batch: Mapping) -> bool:
-    """Whether ``batch`` looks like one image's record of a detectron2 loader, or ``model`` like a
-    model that takes a list of them."""
-    return ("image" in batch or hasattr(model, "proposal_generator")
-            or type(model).__module__.startswith(("detectron2.", "gwdet.")))
+def _detectron2_like(model: nn.Module) -> bool:
+    """Whether ``model`` looks like a detectron2 model, which takes a list of image records (dicts)
+    and never a single one; a model of one's own may take a dict (whatever its keys, ``"image"``
+    among them)."""
+    return hasattr(model, "proposal_generator") or type(model).__module__.startswith(("detectron2.", "gwdet."))
 
 
 def update_running_statistics(loader: Iterable[Any], model: nn.Module,
@@ -306,7 +306,9 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
     """Recompute the running statistics of every torch batch norm, BW and BGN/GhostBN layer of
     ``model`` as the mean of their batch statistics over their calls while the batches of ``loader``
     are each given to ``forward(model, batch)`` (default ``model(batch)``; a detectron2 model takes a
-    loader's list of dicts as it is) in training mode without gradients: a layer called twice per
+    loader's list of dicts as it is; a dict the loader gives is refused with the default, as iterating
+    over one detectron2 batch gives its images' records: a model whose forward takes a dict is run
+    with ``forward=lambda m, b: m(b)``) in training mode without gradients: a layer called twice per
     batch, or on some batches only, averages the calls it had; one the forward never calls keeps its
     statistics, with a warning, and a forward that calls none in training mode is refused. ``device``, as
     ``torch.optim.swa_utils.update_bn``'s: where each batch is moved before it is given to the
@@ -395,9 +397,10 @@ def update_running_statistics(loader: Iterable[Any], model: nn.Module,
         with torch.no_grad():
             for batches, batch in enumerate(loader, start=1):
                 if forward is _run_model and isinstance(batch, Mapping):  # a detectron2 model takes a list of them
-                    keywords = ("" if _detectron2_like(model, batch) else
+                    keywords = ("" if _detectron2_like(model) else
                                 "for a model whose forward takes the dict's entries as keyword arguments, pass "
-                                "forward=lambda m, b: m(**b); for one that takes a list of such dicts, ")
+                                "forward=lambda m, b: m(**b); for one whose forward takes the dict itself, "
+                                "forward=lambda m, b: m(b); for one that takes a list of such dicts, ")
                     raise GwdetTypeError(
                         "update_running_statistics: the loader gave a dict (one image's record, as iterating over a "
                         f"single batch gives), not a batch: {keywords}give an iterable of batches, each a list of such dicts (a "

@@ -590,17 +590,21 @@ def _running_whitening_shape_problem(layer: SettingsInState, state_dict: Dict[st
 
 def _running_statistics_problem(state_dict: Dict[str, Any], prefix: str, owner: str) -> Optional[str]:
     """Why the running statistics of a state (``running_mean``, ``running_var``, ``running_whitening``
-    under ``prefix``) cannot come from training (:func:`~.common.running_statistics_problem`: a value
-    that is not finite, a negative variance, a whitening matrix whose diagonal is not positive or
-    that is not symmetric); ``None`` when they can."""
+    under ``prefix``) cannot load (:func:`~.common.running_statistics_problem`): a value no training
+    computes (a NaN, a negative variance, a whitening matrix whose diagonal is not positive or that
+    is not symmetric), or an ``inf``, which a training whose running statistic overflowed its dtype
+    leaves (a float16 ``running_var``: told with the cause and how to keep it finite); ``None`` when
+    they can load."""
     problem = running_statistics_problem({name: state_dict.get(prefix + name)
                                           for name in ("running_mean", "running_var", "running_whitening")})
     if problem is None:
         return None
-    name, why, effect = problem
+    name, why, effect, overflow = problem
+    leave = "leave the running statistics out of the state to keep the layer's own"
+    if overflow is not None:
+        return f"{prefix[:-1] or owner}: the state's {name} holds {why}: {effect}. {overflow}; or {leave}"
     return (f"{prefix[:-1] or owner}: the state's {name} holds {why}, which no training computes: {effect}. Load the "
-            "state of a trained layer (the file may be damaged), or leave the running statistics out of the state to "
-            "keep the layer's own")
+            f"state of a trained layer (the file may be damaged), or {leave}")
 
 
 def _unchanged(current: Any, value: Any) -> bool:

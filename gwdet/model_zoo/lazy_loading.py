@@ -127,10 +127,21 @@ def _named(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> Any:
             "inside another, which YAML cannot hold)", node.start_mark) from None
 
 
+class _SavedStrictError(yaml.constructor.ConstructorError):
+    """A ``gwdet.norm(...)`` tag whose ``strict`` is not YAML's ``true`` or ``false``: the norm's
+    name, the value and where it is in the file."""
+
+    def __init__(self, name: str, value: Any, mark: Any) -> None:
+        super().__init__(None, None, f"strict must be True or False, got {value!r} ({type(value).__name__})", mark)
+        self.name, self.value = name, value
+
+
 def _saved_norm(loader: yaml.SafeLoader, node: yaml.Node) -> dict:
     """A ``gwdet.norm(...)`` object as ``LazyConfig.save`` writes it (its name, values and
     strictness), read as the node ``L(gwdet.norm)(...)`` of the same values, which builds the same
-    layers (:func:`norms_as_nodes`)."""
+    layers (:func:`norms_as_nodes`). ``strict`` is YAML's ``true`` or ``false`` (absent: false), as
+    :func:`gwdet.norm` checks it; any other value (``'false'``, ``1``) is refused
+    (:class:`_SavedStrictError`), not read as its truth value."""
     from gwdet.norms import norm
 
     state = loader.construct_mapping(node, deep=True)
@@ -138,7 +149,12 @@ def _saved_norm(loader: yaml.SafeLoader, node: yaml.Node) -> dict:
     if not isinstance(state.get("name"), str) or not isinstance(params, dict):
         raise yaml.constructor.ConstructorError(
             None, None, f"the tag {NORM_TAG} holds no norm name and values ({state!r})", node.start_mark)
-    return {"_target_": norm, "name": state["name"], **params, **({"strict": True} if state.get("strict") else {})}
+    strict = state.get("strict", False)
+    if not isinstance(strict, bool):
+        marks = [value.start_mark for key, value in node.value
+                 if isinstance(key, yaml.ScalarNode) and key.value == "strict"]
+        raise _SavedStrictError(state["name"], strict, marks[0] if marks else node.start_mark)
+    return {"_target_": norm, "name": state["name"], **params, **({"strict": True} if strict else {})}
 
 
 def _other_object(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> Any:
@@ -158,6 +174,15 @@ def _load_saved_lazy_config(path: str) -> DictConfig:
     try:
         with open(path, encoding="utf-8") as f:
             content = yaml.load(f, Loader=_SavedLazyConfigLoader)  # noqa: S506 (a safe loader)
+    except _SavedStrictError as error:
+        mark = error.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "its tag"
+        raise GwdetValueError(
+            f"Config file {path!r} is a LazyConfig saved as YAML, but the {error.name!r} norm in it (the tag "
+            f"{NORM_TAG.replace(PYTHON_TAG, '!!python/')}, its strict at {where}): {error.problem}, whose truth value would make it "
+            f"strict={bool(error.value)}. LazyConfig.save writes YAML's true or false: write strict: false (no "
+            "quotes) to let a layer adjust a group count its channels cannot use, or strict: true to refuse such a "
+            "count.") from None
     except yaml.constructor.ConstructorError as error:
         saved_numpy = _saved_numpy_values(path) if NUMPY_TAG_MARK in str(error.problem) else []
         if saved_numpy:

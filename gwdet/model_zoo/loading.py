@@ -16,6 +16,7 @@ import datetime
 import difflib
 import json
 import logging
+import math
 import os
 import re
 from pathlib import Path
@@ -143,6 +144,20 @@ _WRONG_TYPE = re.compile(r"Type mismatch \(<class '([\w.]+)'> vs\. <class '([\w.
                          r"\((.*) vs\. (.*)\) for config key: (\S+)$", re.DOTALL)
 
 
+def _whole_number_fix(key: str, value: str, default: str) -> str:
+    """The fix for the float ``value`` (as yacs' error shows it) of the int key ``key`` (``default``:
+    its value before)."""
+    try:
+        number = float(value)
+    except ValueError:
+        return ""
+    if not math.isfinite(number):
+        return f" Give a whole number, e.g. {key} {default}."
+    if not number.is_integer():
+        return f" Give a whole number, e.g. {key} {math.floor(number)} or {key} {math.ceil(number)}."
+    return f" Write it as a whole number: {key} {int(number)}."
+
+
 def merge_problem(cfg: CfgNode, error: BaseException) -> str:
     """What yacs' error when merging into ``cfg`` means, with the fix: a key the config does not
     have (and the close ones it has), a value of another type than the key's default, a section
@@ -216,6 +231,8 @@ def merge_problem(cfg: CfgNode, error: BaseException) -> str:
         if (expected.endswith("float") and given.rsplit(".", 1)[-1] == "int"
                 and re.fullmatch(r"[+-]?[0-9_]+", value.strip())):
             quoted = f" Write it with a decimal point: {key} {int(value.strip().replace('_', ''))}.0."
+        if expected.rsplit(".", 1)[-1] == "int" and given.rsplit(".", 1)[-1] == "float":
+            quoted = _whole_number_fix(key, value, default)
         if expected.endswith("float") and value.strip().lstrip("+-").lower() in ("inf", "infinity"):
             quoted = f" yacs reads no inf; a number too large for a float is one: {key} {'-' if '-' in value else ''}1e999."
         return (f"{key} takes a value of type {expected.rsplit('.', 1)[-1]} (it is {default or repr('')} before this "
