@@ -1351,9 +1351,10 @@ def unknown_params_message(name: str, accepted: Sequence[str], unknown: Sequence
         sentences.append(f"No norm takes {', '.join(rest)}: {leave_out(rest)}.")
     if of_others and added:
         settings = "; ".join(f"{key} is a setting of {listed(takers[key], 4)}" for key in of_others)
-        sentences.append(
-            f"{settings}, not of {name!r}: give the node a norm that takes {them(of_others)} "
-            f"({node}.name={takers[of_others[0]][0]}), or leave {them(of_others)} out.")
+        taking_all = [other for other in takers[of_others[0]] if all(other in takers[key] for key in of_others)]
+        switch = (f": give the node a norm that takes {them(of_others)} ({node}.name={taking_all[0]}), or "
+                  if taking_all else ", and no norm takes them all: ")
+        sentences.append(f"{settings}, not of {name!r}{switch}leave {them(of_others)} out.")
     elif of_others and node is not None:
         sentences.append("An override keeps the node's other values; set those the norm does not take to null to "
                          f"leave them out: {' '.join(f'{node}.{key}=null' for key in of_others)}")

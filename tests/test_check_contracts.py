@@ -1,10 +1,14 @@
 """Properties of the checks that no other test pinned: each test here kills a mutation of the code
 that the rest of the suite let pass (docs/reliability.md, "Mutation testing").
 """
+import dataclasses
+import functools
 import logging
 import os
 import pickle
+import types
 
+import numpy as np
 import pytest
 
 from gwdet.norms import OWN_NAMES_NOTE
@@ -354,3 +358,329 @@ def test_the_python_api_names_what_it_was_given_instead_of_a_model_or_a_config()
     cfg.MODEL.GW = 5
     with pytest.raises(TypeError, match="add_gwdet_config: MODEL.GW is 5, where gwdet's keys"):
         gwdet.add_gwdet_config(cfg)
+
+
+# ---- what gwdet.norm and a LazyConfig node say of values a norm does not take -------------------
+
+@pytest.mark.parametrize("name, accepted, unknown, node, added, expected", [
+    # two misspelt settings, in a LazyConfig node: both fixes, with the node's path
+    ("GW", ["num_groups", "T", "eps"], ["num_group", "epss"], "model.backbone.norm", False,
+     "gwdet.norm('GW') takes ['num_groups', 'T', 'eps'], not ['num_group', 'epss']. Did you mean "
+     "model.backbone.norm.num_groups (not num_group), model.backbone.norm.eps (not epss)?"),
+    # a misspelt setting and one no norm takes: one sentence each
+    ("GN", ["num_groups"], ["num_group", "zz"], None, False,
+     "gwdet.norm('GN') takes ['num_groups'], not ['num_group', 'zz']. Did you mean num_groups (not num_group)? "
+     "No norm takes zz: leave zz out."),
+    # values no norm takes, in a node: an override cannot delete them, so each is set to null ...
+    ("GW", ["num_groups", "T", "eps"], ["qq", "zz"], "model.backbone.norm", False,
+     "gwdet.norm('GW') takes ['num_groups', 'T', 'eps'], not ['qq', 'zz']. No norm takes qq, zz: set "
+     "model.backbone.norm.qq=null model.backbone.norm.zz=null (an override cannot delete a value)."),
+    # ... unless overrides are adding them (not in the node yet), or there is no node
+    ("GW", ["num_groups", "T", "eps"], ["qq", "zz"], "model.backbone.norm", True,
+     "gwdet.norm('GW') takes ['num_groups', 'T', 'eps'], not ['qq', 'zz']. No norm takes qq, zz: leave qq, zz out."),
+    ("GW", ["num_groups", "T", "eps"], ["qq", "zz"], None, False,
+     "gwdet.norm('GW') takes ['num_groups', 'T', 'eps'], not ['qq', 'zz']. No norm takes qq, zz: leave qq, zz out."),
+    # 'method' in a node: the node's name chooses the method
+    ("GW", ["num_groups", "T", "eps"], ["method"], "model.backbone.norm", False,
+     "gwdet.norm('GW') takes ['num_groups', 'T', 'eps'], not ['method']. gwdet.norm chooses the whitening method by "
+     "the norm's name: 'GW' whitens by ItN, 'GW_ZCA' by ZCA. Give the name of the method you want "
+     "(model.backbone.norm.name=GW_ZCA), and set model.backbone.norm.method=null (an override cannot delete a "
+     "value)."),
+    # two arguments of the layer class the name does not set
+    ("GN", ["num_groups"], ["affine", "bias"], None, False,
+     "gwdet.norm('GN') takes ['num_groups'], not ['affine', 'bias']. affine, bias are arguments of GroupNorm that "
+     "gwdet.norm('GN') does not set (its layers keep GroupNorm's affine=True, bias=True). For another value, "
+     "register a norm name of your own whose build function sets it (gwdet.register_norm, docs/usage.md), or give, "
+     "where the norm is taken, a function of the channel count that builds the GroupNorm with it; leave affine, "
+     "bias out here."),
+    # settings of other norms added to a node by overrides: who takes each, the first that takes the first
+    ("GN", ["num_groups"], ["T", "group_size"], "model.fpn.norm", True,
+     "gwdet.norm('GN') takes ['num_groups'], not ['T', 'group_size']. T is a setting of BW_ItN, GW; group_size is a "
+     "setting of BW, BW_ItN, not of 'GN': give the node a norm that takes them (model.fpn.norm.name=BW_ItN), or "
+     "leave them out."),
+    # one such setting, taken by more norms than are listed
+    ("GN", ["num_groups"], ["eps"], "model.fpn.norm", True,
+     "gwdet.norm('GN') takes ['num_groups'], not ['eps']. eps is a setting of BGN, BW, BW_ItN, GW, ... (2 more), "
+     "not of 'GN': give the node a norm that takes it (model.fpn.norm.name=BGN), or leave it out."),
+    # settings of other norms kept by a node an override switched: set each to null
+    ("GN", ["num_groups"], ["eps", "group_size"], "model.fpn.norm", False,
+     "gwdet.norm('GN') takes ['num_groups'], not ['eps', 'group_size']. An override keeps the node's other values; "
+     "set those the norm does not take to null to leave them out: model.fpn.norm.eps=null "
+     "model.fpn.norm.group_size=null"),
+    ("GN", ["num_groups"], ["eps", "group_size"], None, False,
+     "gwdet.norm('GN') takes ['num_groups'], not ['eps', 'group_size']. Leave eps, group_size out; in a LazyConfig "
+     "node that an override switched to 'GN', set them to null (<the node's path>.eps=null), as an override cannot "
+     "delete a value."),
+    # a name the catalogue does not know (e.g. unregistered meanwhile): no layer class to name
+    ("TestNotRegistered", ["width"], ["zz"], None, False,
+     "gwdet.norm('TestNotRegistered') takes ['width'], not ['zz']. No norm takes zz: leave zz out."),
+])
+def test_values_a_norm_does_not_take_are_named_with_the_fix_for_each(name, accepted, unknown, node, added, expected):
+    from gwdet.norms import unknown_params_message
+
+    assert unknown_params_message(name, accepted, unknown, node, added=added) == expected
+
+
+def test_gwdet_norm_refuses_a_misspelt_setting_and_one_no_norm_takes_in_one_message():
+    with pytest.raises(TypeError) as err:
+        norm("GN", num_group=8, zz=1)
+    assert str(err.value) == ("gwdet.norm('GN') takes ['num_groups'], not ['num_group', 'zz']. Did you mean num_groups "
+                              "(not num_group)? No norm takes zz: leave zz out.")
+
+
+# ---- no norm: None and '' ---------------------------------------------------------------------------
+
+def no_norm_expected(name, place):
+    none = (" None is no norm only to detectron2's get_norm and Conv2d in Python: its FPN keeps its convolutions' bias "
+            "only for '' (bias = norm == ''), so with None they would have neither norm nor bias, and gwdet refuses "
+            "None as a NORM value of a yacs config and as a LazyConfig's norm argument." if name is None else "")
+    return (f"{name!r} names no norm, so there is nothing to build or look up. For no norm, give '' where the norm "
+            f"goes: {place}.{none} Else give a norm's name: {', '.join(known_norm_names())}.")
+
+
+def test_looking_up_no_norm_says_how_to_give_no_norm():
+    from gwdet.norms import norm_record
+
+    everywhere = ("NORM: \"\" in a yacs config, <the node's path>='' in a LazyConfig (e.g. model.backbone.norm=''), "
+                  "norm='' to detectron2's and gwdet's components in Python, in place of gwdet.norm({})")
+    with pytest.raises(UnknownNormError) as err:
+        norm_record(None)
+    assert str(err.value) == no_norm_expected(None, everywhere.format("None"))
+    with pytest.raises(UnknownNormError) as err:
+        norm("")
+    assert str(err.value) == no_norm_expected("", everywhere.format("''"))
+
+
+@pytest.mark.parametrize("name", [None, ""])
+def test_no_norm_in_a_lazyconfig_node_names_the_node(name):
+    from gwdet.norms import no_norm_message
+
+    place = "model.fpn.norm='' (an override; model.fpn.norm = '' in Python), in place of the gwdet.norm node"
+    assert no_norm_message(name, "model.fpn.norm") == no_norm_expected(name, place)
+
+
+# ---- what a registered build that fails is said to have been given ------------------------------
+
+def test_a_registered_build_that_fails_is_told_the_values_and_the_keys_they_came_from(registered):
+    from gwdet.norms import add_registered_config_keys, norm_from_config, register_norm
+
+    def test_failing_build(channels, groups=3, width=5):
+        raise ValueError(f"{channels} channels cannot take {groups} groups of {width}")
+
+    def test_failing_plain_build(channels):
+        raise ValueError("no layer")
+
+    register_norm("TestFailing", test_failing_build,
+                  config_keys={"groups": "MODEL.TEST_FAILING.GROUPS", "width": "MODEL.TEST_FAILING.WIDTH"})
+    registered.append("TestFailing")
+    register_norm("TestFailingPlain", test_failing_plain_build)
+    registered.append("TestFailingPlain")
+    cfg = add_registered_config_keys(add_gwdet_config(get_cfg()))
+    cases = [
+        (norm_from_config("TestFailing", cfg), "TestFailing", test_failing_build,
+         "groups=3, width=5 (groups from MODEL.TEST_FAILING.GROUPS, width from MODEL.TEST_FAILING.WIDTH in a yacs "
+         "config)", "8 channels cannot take 3 groups of 5"),
+        (norm("TestFailing", groups=2, width=4), "TestFailing", test_failing_build,
+         "groups=2, width=4 (the values of gwdet.norm)", "8 channels cannot take 2 groups of 4"),
+        # a name without settings read from a config: no values, and no keys to name
+        (norm_from_config("TestFailingPlain", cfg), "TestFailingPlain", test_failing_plain_build, "no values",
+         "no layer"),
+    ]
+    for built, name, build, values, why in cases:
+        with pytest.raises(ValueError) as err:
+            built(8)
+        assert str(err.value) == (
+            f"The norm {name!r} (a registered name) could not build a layer of 8 channels with {values}: its build "
+            f"function {build.__qualname__} raised ValueError: {why}. Give values it can build with (--verbose shows "
+            "where it failed).")
+
+
+# ---- the kind of a config value, as register_norm names it -----------------------------------------
+
+@pytest.mark.parametrize("value, kind", [
+    (True, "bool"), (3, "integer"), (0.5, "float"), ("GW", "string"), ([1, 2], "list"), ((1, 2), "list"),
+    ({"a": 1}, "dict"), (None, "NoneType"),
+])
+def test_config_values_are_told_apart_by_kind_as_yacs_does(value, kind):
+    from gwdet.norms import _kind
+
+    assert _kind(value) == kind
+
+
+def test_a_default_of_another_kind_than_detectron2s_key_is_refused_naming_both_kinds(registered):
+    from gwdet.norms import register_norm
+
+    def test_tuple_default_build(channels, sizes=(1, 2)):
+        return torch.nn.GroupNorm(1, channels)
+
+    registered.append("TestTupleDefault")  # unregistered after the test, were it registered
+    with pytest.raises(ValueError) as err:
+        register_norm("TestTupleDefault", test_tuple_default_build, config_keys={"sizes": "MODEL.FPN.NORM"})
+    assert str(err.value) == (
+        "register_norm('TestTupleDefault'): the config key MODEL.FPN.NORM holds string values (its default is ''), and "
+        "'TestTupleDefault' reads its sizes (default (1, 2), list) from it: give sizes a key of list values, or of its "
+        "own, e.g. MODEL.TESTTUPLEDEFAULT.SIZES.")
+
+
+# ---- a norm registered again: the same registration (a LazyConfig file read again) or a taken name ----
+
+class PlainSettings:
+    """Settings a build reads, of a class without its own ``==``."""
+
+
+@dataclasses.dataclass
+class ArraySettings:
+    """Settings holding an array: their ``==`` compares the arrays, whose truth is ambiguous."""
+    weights: np.ndarray
+
+
+def read_as_module(source: str, module_name: str, **names) -> types.ModuleType:
+    """``source`` run as a module file read anew (a LazyConfig file, a reloaded plugin): every function
+    and class in it a new object; ``names`` are the module-level names it finds already there."""
+    module = types.ModuleType(module_name)
+    module.__dict__.update(torch=torch, np=np, **names)
+    exec(compile(source, f"{module_name}.py", "exec"), module.__dict__)
+    return module
+
+
+KEYWORD_ONLY = "def build(channels, *, groups=2):\n    return torch.nn.GroupNorm(groups, channels)\n"
+FLOAT_DEFAULT = "def build(channels, eps=1e-5):\n    return torch.nn.GroupNorm(1, channels, eps=eps)\n"
+RECURSIVE_HELPER = """
+def groups_for(channels, groups):
+    return groups if channels % groups == 0 else groups_for(channels, groups // 2)
+
+def build(channels, groups=8):
+    return torch.nn.GroupNorm(groups_for(channels, groups), channels)
+"""
+LAYER_CLASS = """
+class build(torch.nn.GroupNorm):
+    def __init__(self, channels, groups=2):
+        super().__init__(self.groups_for(channels, groups), channels)
+
+    @staticmethod
+    def groups_for(channels, groups):
+        return groups if channels % groups == 0 else 1
+
+    @classmethod
+    def of(cls, channels):
+        return cls(channels)
+
+    @property
+    def group_count(self):
+        return self.num_groups
+"""
+SLOTS_HELPER = """
+class Groups:
+    __slots__ = ("count",)
+
+    def __init__(self, count):
+        self.count = count
+
+def build(channels):
+    return torch.nn.GroupNorm(Groups(2).count, channels)
+"""
+READS_GLOBAL = "def build(channels):\n    return torch.nn.GroupNorm(int(SCALE.sum()) if SCALE is not None else 1, channels)\n"
+READS_MODULE = "def build(channels):\n    return torch.nn.GroupNorm(helpers.GROUPS, channels)\n"
+
+
+def same_or_taken(registered, first: types.ModuleType, second: types.ModuleType) -> bool:
+    """Register ``first.build`` under a name, then ``second.build``: True if the second is taken as the
+    same registration (it then takes the first's place), False if it is refused as a taken name."""
+    from gwdet.norms import norm_record, register_norm
+
+    registered.append("TestReadAgain")
+    register_norm("TestReadAgain", first.build)
+    try:
+        register_norm("TestReadAgain", second.build)
+    except ValueError as error:
+        assert str(error) == (f"register_norm: 'TestReadAgain' is already registered (by {first.__name__}.build); "
+                              "choose another name, or call gwdet.norms.unregister_norm('TestReadAgain') first")
+        assert norm_record("TestReadAgain").build is first.build
+        return False
+    assert norm_record("TestReadAgain").build is second.build
+    return True
+
+
+@pytest.mark.parametrize("source", [KEYWORD_ONLY, FLOAT_DEFAULT, RECURSIVE_HELPER, LAYER_CLASS, SLOTS_HELPER],
+                         ids=["keyword-only default", "float default", "recursive helper", "layer class",
+                              "class with slots"])
+def test_a_build_read_again_from_the_same_source_is_the_same_registration(registered, source):
+    assert same_or_taken(registered, read_as_module(source, "lazy_first"), read_as_module(source, "lazy_second"))
+
+
+@pytest.mark.parametrize("first, second", [
+    (KEYWORD_ONLY, KEYWORD_ONLY.replace("groups=2", "groups=4")),
+    (FLOAT_DEFAULT, FLOAT_DEFAULT.replace("1e-5", "1e-3")),
+    ("def build(channels, groups=2):\n    return torch.nn.GroupNorm(groups, channels)\n",
+     "def build(channels, groups=2.0):\n    return torch.nn.GroupNorm(groups, channels)\n"),  # 2 == 2.0, another kind
+    (LAYER_CLASS, LAYER_CLASS.replace("else 1", "else 2")),  # another static method
+    (LAYER_CLASS, LAYER_CLASS.replace("return cls(channels)", "return cls(channels, 4)")),  # another class method
+    (LAYER_CLASS, LAYER_CLASS.replace("return self.num_groups", "return self.num_channels")),  # another getter
+    (LAYER_CLASS, LAYER_CLASS + "\n    @group_count.setter\n    def group_count(self, value):\n"
+                                "        self.num_groups = value\n"),  # a setter more
+    (LAYER_CLASS, LAYER_CLASS + "\n    @group_count.deleter\n    def group_count(self):\n"
+                                "        pass\n"),  # a deleter more
+    (SLOTS_HELPER, SLOTS_HELPER.replace('("count",)', '("groups",)').replace("self.count", "self.groups")
+     .replace(").count", ").groups")),
+], ids=["keyword-only default", "float default", "default of another kind", "static method", "class method",
+        "property getter", "property setter", "property deleter", "slot name"])
+def test_a_build_of_another_source_under_a_taken_name_is_refused(registered, first, second):
+    assert not same_or_taken(registered, read_as_module(first, "lazy_first"), read_as_module(second, "lazy_second"))
+
+
+@pytest.mark.parametrize("first, second, same", [
+    (torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0]), True),
+    (torch.tensor([1.0, 2.0]), torch.tensor([1.0, 3.0]), False),
+    (torch.tensor([1.0]), torch.tensor([1.0, 1.0]), False),  # equal where broadcast, of another shape
+    (torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0], dtype=torch.float64), False),
+    (np.array([1.0, 2.0]), np.array([1.0, 2.0]), True),
+    (np.array([1.0, 2.0]), np.array([1.0, 2.0], dtype=np.float32), False),
+    (ArraySettings(np.array([1.0, 2.0])), ArraySettings(np.array([1.0, 2.0])), False),  # == cannot tell: not the same
+    (PlainSettings(), PlainSettings(), False),  # no == of its own: only itself is the same
+])
+def test_a_build_read_again_is_the_same_registration_only_if_the_values_it_reads_are(registered, first, second, same):
+    modules = [read_as_module(READS_GLOBAL, f"lazy_{at}", SCALE=scale) for at, scale in enumerate([first, second])]
+    assert same_or_taken(registered, *modules) is same
+
+
+@pytest.mark.parametrize("second_name, same", [("gwdet_test_helpers", True), ("gwdet_test_others", False)])
+def test_a_module_imported_anew_is_the_same_as_one_of_its_name(registered, second_name, same):
+    first = read_as_module(READS_MODULE, "lazy_first", helpers=types.ModuleType("gwdet_test_helpers"))
+    second = read_as_module(READS_MODULE, "lazy_second", helpers=types.ModuleType(second_name))
+    assert same_or_taken(registered, first, second) is same
+
+
+def test_classes_leading_back_to_themselves_are_the_same_only_if_both_do():
+    from gwdet.norms import _same_value
+
+    def node_class():
+        class Node:
+            pass
+        return Node
+
+    first, second, third, fourth = (node_class() for _ in range(4))
+    first.partner, second.partner, third.partner = first, second, fourth
+    assert _same_value(first, second, set())
+    assert not _same_value(first, third, set())  # first's partner is itself, third's a Node without a partner
+    assert not _same_value(third, first, set())
+
+
+@pytest.mark.parametrize("function", [len, functools.partial(int, base=2)], ids=["builtin", "partial"])
+def test_a_callable_without_python_code_reads_no_module_level_names(function):
+    from gwdet.norms import _read_globals
+
+    assert _read_globals(function) == {}
+
+
+# settings of two other norms added to a GN node: the message named BGN (which takes eps but not
+# group_size) as the norm to switch to
+def test_settings_of_other_norms_added_to_a_node_name_a_norm_that_takes_them_all_or_none():
+    from gwdet.norms import unknown_params_message
+
+    assert unknown_params_message("GN", ["num_groups"], ["eps", "group_size"], "model.fpn.norm", added=True).endswith(
+        "group_size is a setting of BW, BW_ItN, not of 'GN': give the node a norm that takes them "
+        "(model.fpn.norm.name=BW), or leave them out.")
+    assert unknown_params_message("GN", ["num_groups"], ["examples_per_group", "group_size"], "model.fpn.norm",
+                                  added=True).endswith(
+        "examples_per_group is a setting of BGN, GhostBN; group_size is a setting of BW, BW_ItN, not of 'GN', and no "
+        "norm takes them all: leave them out.")

@@ -1359,3 +1359,194 @@ def test_a_resume_past_the_schedule_with_an_empty_last_checkpoint_is_gwdets_refu
             f"--resume: the run in {str(run)!r} has trained 2 iterations (model_final.pth), more than SOLVER.MAX_ITER "
             "1: resuming would train nothing")):
         main(tiny_run_args(run, "--resume", "SOLVER.MAX_ITER", "1"))
+
+
+# ---- a run's recorded config.yaml given as --config-file of another folder --------------------------
+
+def recorded_run(folder):
+    """A run folder as a run leaves it: ``config.yaml`` with its SHA-256 record, and a checkpoint."""
+    from gwdet.utils.atomic import record_checksum
+
+    os.makedirs(folder, exist_ok=True)
+    config = os.path.join(folder, CONFIG_NAME)
+    with open(config, "w") as file:
+        file.write("MODEL:\n  DEVICE: cpu\nOUTPUT_DIR: ./elsewhere\n")
+    record_checksum(config)
+    make(folder, "model_final.pth")
+    return config
+
+
+RECORDS_REFUSALS = {
+    "--resume": ("--resume", "continue the run there", "continue the run beside the config file",
+                 "resume the other folder"),
+    "--eval-only": ("--eval-only", "write the evaluation there", "write it beside the config file",
+                    "write it elsewhere"),
+    "--overwrite": ("--overwrite", "delete the run there and train anew in its place",
+                    "train anew beside the config file (replacing the run there)", "train into another folder"),
+    "": ("A training", "train into that folder",
+         "train anew beside the config file (with --overwrite, replacing the run there)", "train into another folder"),
+    "--something-else": ("A training", "train into that folder",
+                         "train anew beside the config file (with --overwrite, replacing the run there)",
+                         "train into another folder"),
+}
+
+
+@pytest.mark.parametrize("request_flag", [None, *RECORDS_REFUSALS])
+def test_a_runs_recorded_config_of_another_folder_is_refused_with_what_the_request_would_do_and_the_fix(
+        tmp_path, request_flag):
+    """The refusal names the request, the file, both folders, what would happen and the override that
+    keeps the run beside its config; without a request or setting given it is --resume's, of OUTPUT_DIR."""
+    from gwdet.engine.output_dir import check_run_folder_is_the_records
+    from gwdet.errors import GwdetValueError
+
+    config = recorded_run(str(tmp_path / "copy"))
+    folder, other = str(tmp_path / "copy"), str(tmp_path / "original")
+    flag, outcome, beside, fix = RECORDS_REFUSALS["--resume" if request_flag is None else request_flag]
+    setting = "OUTPUT_DIR" if request_flag is None else "MY.OUTPUT"
+    with pytest.raises(GwdetValueError) as refusal:
+        if request_flag is None:
+            check_run_folder_is_the_records(config, other)
+        else:
+            check_run_folder_is_the_records(config, other, setting, request_flag)
+    assert str(refusal.value) == (
+        f"{flag} with --config-file {config}, the record of the run in {folder}, whose {setting} is another "
+        f"folder, {other!r}: that would {outcome}, not beside the config file (a copy of a run keeps the "
+        f"{setting} of the run it was copied from); nothing was changed. Add {setting} {folder} to "
+        f"{beside}, or give {setting} on the command line to {fix}.")
+
+
+def test_a_recorded_config_refuses_another_folder_only_beside_checkpoints_and_under_its_own_name(tmp_path):
+    """No refusal for a recorded config.yaml beside no checkpoint (no run to continue or delete), nor
+    for a recorded file of another name (the user's copy of a config), nor for the run's own folder."""
+    from gwdet.engine.output_dir import check_run_folder_is_the_records
+    from gwdet.utils.atomic import record_checksum
+
+    other = str(tmp_path / "original")
+    config = recorded_run(str(tmp_path / "no_checkpoints"))
+    os.unlink(tmp_path / "no_checkpoints" / "model_final.pth")
+    check_run_folder_is_the_records(config, other, "OUTPUT_DIR", "--overwrite")
+
+    config = recorded_run(str(tmp_path / "renamed"))
+    renamed = str(tmp_path / "renamed" / "my_config.yaml")
+    os.rename(config, renamed)
+    os.rename(config + ".sha256", renamed + ".sha256")
+    record_checksum(renamed)
+    check_run_folder_is_the_records(renamed, other, "OUTPUT_DIR", "--overwrite")
+
+    config = recorded_run(str(tmp_path / "same"))
+    check_run_folder_is_the_records(config, str(tmp_path / "same"), "OUTPUT_DIR", "--overwrite")
+
+
+# ---- which files named as a run's hold what a run writes ---------------------------------------------
+
+def test_a_drawing_below_vis_is_a_runs_file_relative_to_the_current_folder_by_default(tmp_path, monkeypatch):
+    """Without a folder given, the relative path is read from the current folder."""
+    from gwdet.engine.output_dir import _written_by_a_run
+
+    make(tmp_path, "vis/drawing.png")  # empty: a drawing with nothing to lose
+    monkeypatch.chdir(tmp_path)
+    assert _written_by_a_run(["vis", "drawing.png"])
+    assert not _written_by_a_run(["vis", "other.png"])
+
+
+def test_a_file_named_in_last_checkpoint_that_holds_no_checkpoint_is_named(tmp_path):
+    """The checkpoint last_checkpoint names (a checkpointer's own name) is checked as the standard names
+    are: a text of the user's under it is no checkpoint, an empty file or torch.save's output is."""
+    from gwdet.engine.output_dir import _not_checkpoints
+
+    (tmp_path / "last_checkpoint").write_text("my_weights.pth")
+    (tmp_path / "my_weights.pth").write_text("my notes, not weights")
+    (tmp_path / "model_0000009.pth").write_text("my notes too")
+    torch.save({"model": {}}, tmp_path / "model_final.pth")
+    make(tmp_path, "model_0000004.pth", "other.pth")
+    (tmp_path / "other.pth").write_text("not named as a checkpoint")
+    names = sorted(os.listdir(tmp_path))
+    assert _not_checkpoints(str(tmp_path), names) == ["model_0000009.pth", "my_weights.pth"]
+
+
+def unlike(folder, name, content):
+    from gwdet.engine.output_dir import _unlike_what_runs_write
+
+    path = os.path.join(folder, name)
+    with open(path, "wb") as file:
+        file.write(content)
+    return _unlike_what_runs_write(path)
+
+
+@pytest.mark.parametrize("name, content, why", [
+    ("events.out.tfevents.1700000000.host.sha256", b"my notes\n", "no SHA-256 record"),
+    ("results_before_resuming_at_5.json.sha256", b"my notes\n", "no SHA-256 record"),
+    ("results_before_resuming_at_5.md", b"### Results of the model\n\n| AP | AP50 |\n", None),
+    ("results_before_resuming_at_5.md", b"# My results\n\n| AP |\n", "no results table as a run writes it"),
+    ("config_before_resuming_at_5.yaml", b"_BASE_: base.yaml\nMODEL:\n  DEVICE: cpu\n", None),
+    ("config_before_resuming_at_5.yaml", b"model:\n  x: 1\n", None),
+    ("config_before_resuming_at_5.yaml", b"SOLVER:\n  MODEL: 1\n", "no run's config"),
+    # only the first 64 KiB are read: a model section further on is not found
+    ("config_before_resuming_at_5.yaml", b"# padding\n" * 7000 + b"MODEL:\n  DEVICE: cpu\n", "no run's config"),
+    ("results_before_resuming_at_5.json", b'{"environment": {"torch": "2"}, "bbox": {}}', None),
+    ("results_before_resuming_at_5.json", b'{"bbox": {}}', "no results record as a run writes it"),
+    ("results_before_resuming_at_5.json", b'["environment"]', "no results record as a run writes it"),
+    ("results_before_resuming_at_5.json", b'{"environment": ', "no results record as a run writes it"),
+])
+def test_files_named_as_a_runs_results_config_or_records_are_told_by_their_content(tmp_path, name, content, why):
+    assert unlike(str(tmp_path), name, content) == why
+
+
+def test_a_link_named_as_an_event_file_is_left_alone(tmp_path):
+    """A link is never called the run's or not: the file it points to is not the folder's."""
+    from gwdet.engine.output_dir import _unlike_what_runs_write
+
+    (tmp_path / "target").write_bytes(b"not an event file at all")
+    os.symlink(tmp_path / "target", tmp_path / "events.out.tfevents.1700000000.host")
+    assert _unlike_what_runs_write(str(tmp_path / "events.out.tfevents.1700000000.host")) is None
+    assert unlike(str(tmp_path), "events.out.tfevents.1700000001.host", b"not an event file at all") == (
+        "no TensorBoard event file")
+
+
+def test_a_file_that_cannot_be_read_is_named_with_the_systems_reason(tmp_path, monkeypatch):
+    import errno
+
+    from gwdet.engine.output_dir import _unlike_what_runs_write
+
+    path = tmp_path / "results_before_resuming_at_5.json"
+    path.write_bytes(b"{}")
+
+    def failing(_):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os.path, "getsize", failing)
+    assert _unlike_what_runs_write(str(path)) == "cannot be read: Input/output error"
+
+
+def test_the_files_an_interrupted_overwrite_set_aside_are_named_four_then_dots(tmp_path):
+    from gwdet.engine.output_dir import set_aside_problem
+    from gwdet.utils.run_file_names import SET_ASIDE
+
+    assert set_aside_problem(str(tmp_path)) is None
+    aside = tmp_path / SET_ASIDE
+    make(str(aside), "model_final.pth", "last_checkpoint", "metrics.json", "config.yaml", "log.txt")
+    assert set_aside_problem(str(tmp_path)) == (
+        f"an --overwrite run in {tmp_path} was stopped before training and left the earlier run's files set "
+        f"aside in {aside}/ (config.yaml, last_checkpoint, log.txt, metrics.json...): the next run that takes the "
+        "folder (e.g. tools/train_net.py with its config and --resume) puts them back, or name the file there.")
+
+
+RUN_LOG_PREFIX = b"[01/02 03:04:05] detectron2 INFO: Rank of current process: "
+
+
+@pytest.mark.parametrize("length, expected", [(200, True), (201, False)])
+def test_a_runs_log_is_told_by_its_first_200_bytes(tmp_path, length, expected):
+    """The first line is matched within its first 200 bytes: one whose rank runs past them is no run's."""
+    from gwdet.engine.output_dir import is_a_runs_log
+
+    digits = length - len(RUN_LOG_PREFIX) - 2  # the match ends with ". "
+    (tmp_path / "log.txt").write_bytes(RUN_LOG_PREFIX + b"0" * digits + b". World size: 1\n")
+    assert is_a_runs_log(str(tmp_path / "log.txt")) is expected
+
+
+def test_a_log_that_cannot_be_read_is_no_runs_log(tmp_path):
+    from gwdet.engine.output_dir import is_a_runs_log
+
+    assert not is_a_runs_log(str(tmp_path / "missing.txt"))
+    (tmp_path / "log.txt").mkdir()
+    assert not is_a_runs_log(str(tmp_path / "log.txt"))

@@ -8,6 +8,7 @@ compared with the model before anything loads. gwdet.convert.loading: reading a 
 tools/convert_pretrained.py. Everything here is in memory or in small files; the ResNets are built
 once per module (detectron2's builders, FrozenBN: a fraction of a second each).
 """
+import functools
 import os
 import pickle
 import re
@@ -1508,3 +1509,118 @@ def test_checkpointer_arguments_of_another_type_are_refused_by_name(arguments, m
     model = arguments.pop("model", _checkpointed_model())
     with pytest.raises(GwdetTypeError, match=rf"^ResilientCheckpointer: {message}"):
         ResilientCheckpointer(model, **arguments)
+
+
+# ---- what a weight file is, by its first bytes -------------------------------------------------------
+
+def written(folder, name, content):
+    path = os.path.join(folder, name)
+    with open(path, "wb") as file:
+        file.write(content)
+    return path
+
+
+@pytest.mark.parametrize("name, head, expected", [
+    ("model.onnx", b"\x08\x07\x12\x04none", True),
+    ("MODEL.ONNX", b"\x08\x07\x12\x04none", True),
+    ("model.onnx", b"\x0a\x07\x12\x04none", False),  # not ir_version first: no ONNX model
+    ("model.bin", b"\x08\x07\x12\x07pytorch\x1a\x032.1", True),  # PyTorch's exporter, whatever the name
+    ("model.bin", b"\x08\x07\x12\x04none", False),
+    ("PYTORCH.bin", b"\x08\x07\x12\x04none", False),  # the producer is read from the content, not the name
+    # only the first 64 bytes are read: a producer named past them is not seen
+    ("model.bin", b"\x08" + b"\x00" * 57 + b"pytorch", False),
+    ("model.bin", b"\x08" + b"\x00" * 56 + b"pytorch", True),
+])
+def test_an_onnx_model_is_told_by_its_first_field_and_its_name_or_producer(tmp_path, name, head, expected):
+    from gwdet.checkpoint.safe_load import _looks_like_onnx
+
+    assert _looks_like_onnx(written(str(tmp_path), name, head)) is expected
+
+
+def zip_of(folder, name, entries):
+    import zipfile
+
+    path = os.path.join(folder, name)
+    with zipfile.ZipFile(path, "w") as archive:
+        for entry, data in entries.items():
+            archive.writestr(entry, data)
+    return path
+
+
+def test_the_pickle_protocol_of_a_torch_save_archive_is_read_from_its_data_pkl(tmp_path):
+    """torch.save's archive gives its protocol; an archive without data.pkl, or whose data.pkl does not
+    start with pickle's PROTO opcode (or is too short to), and a file that is no zip, give None."""
+    from gwdet.checkpoint.safe_load import zip_pickle_protocol
+
+    torch.save({"weight": torch.zeros(2)}, tmp_path / "saved.pth")
+    assert zip_pickle_protocol(str(tmp_path / "saved.pth")) == 2
+    torch.save({"weight": torch.zeros(2)}, tmp_path / "saved4.pth", pickle_protocol=4)
+    assert zip_pickle_protocol(str(tmp_path / "saved4.pth")) == 4
+    folder = str(tmp_path)
+    assert zip_pickle_protocol(zip_of(folder, "other.zip", {"archive/notes.txt": b"notes"})) is None
+    assert zip_pickle_protocol(zip_of(folder, "text.zip", {"archive/data.pkl": b"ab"})) is None
+    assert zip_pickle_protocol(zip_of(folder, "short.zip", {"archive/data.pkl": b"\x80"})) is None
+    assert zip_pickle_protocol(zip_of(folder, "empty.zip", {"archive/data.pkl": b""})) is None
+    assert zip_pickle_protocol(written(folder, "plain.pth", b"\x80\x02notazip")) is None
+
+
+def test_a_numpy_archive_is_a_zip_of_npy_arrays_only(tmp_path):
+    """np.savez's archive is one; torch.save's, a damaged zip (its directory unreadable) and a file that is
+    no zip are not."""
+    import struct
+
+    from gwdet.checkpoint.safe_load import is_numpy_archive
+
+    np.savez(tmp_path / "arrays.npz", a=np.zeros(2), b=np.ones(3))
+    assert is_numpy_archive(str(tmp_path / "arrays.npz"))
+    torch.save({"weight": torch.zeros(2)}, tmp_path / "saved.pth")
+    assert not is_numpy_archive(str(tmp_path / "saved.pth"))
+    assert not is_numpy_archive(written(str(tmp_path), "text.npz", b"no archive at all"))
+    # an end-of-archive record pointing at a central directory that is not one
+    damaged = b"J" * 46 + struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 1, 1, 46, 0, 0)
+    assert not is_numpy_archive(written(str(tmp_path), "damaged.npz", damaged))
+
+
+@pytest.mark.parametrize("path, recipe", [
+    ("w/model.pth", 'import torch; d = torch.load("w/model.pth", weights_only=True); torch.save({k: v for k, v in '
+                    'd.items() if k not in ("gwdet_checksums", "gwdet_state_checksums")}, "w/model_unchecked.pth")'),
+    ("w/model", 'import torch; d = torch.load("w/model", weights_only=True); torch.save({k: v for k, v in '
+                'd.items() if k not in ("gwdet_checksums", "gwdet_state_checksums")}, "w/model_unchecked.pth")'),
+    ("w/model.pt", 'import torch; d = torch.load("w/model.pt", weights_only=True); torch.save({k: v for k, v in '
+                   'd.items() if k not in ("gwdet_checksums", "gwdet_state_checksums")}, "w/model_unchecked.pt")'),
+    ("w/model.pkl", 'import pickle; d = pickle.load(open("w/model.pkl", "rb")); pickle.dump({k: v for k, v in '
+                    'd.items() if k not in ("gwdet_checksums", "gwdet_state_checksums")}, '
+                    'open("w/model_unchecked.pkl", "wb"))'),
+])
+def test_the_recipe_without_checksums_keeps_the_suffix_and_pickles_converted_weights(path, recipe):
+    from gwdet.checkpoint.integrity import without_checksums_recipe
+
+    assert without_checksums_recipe(path) == recipe
+
+
+class _Named:
+    """An object with a ``__name__`` of its own but no ``__qualname__``."""
+
+    __name__ = "scale"
+
+
+@pytest.mark.parametrize("value, path", [
+    (torch.nn.ReLU, "torch.nn.modules.activation.ReLU"),
+    (torch.nn.Module.to, "torch.nn.modules.module.Module.to"),  # the qualified name, not the bare one
+    (torch.nn.functional, "torch.nn.functional"),
+    (str.upper, "str.upper"),  # no __module__: the qualified name alone
+    ("abc".upper, "str.upper"),  # __module__ None
+    (_Named(), f"{__name__}.scale"),
+    (functools.partial(max, 1), "functools.functools.partial(<built-in function max>, 1)"),
+])
+def test_the_import_path_is_module_and_qualified_name_falling_back_to_name_then_repr(value, path):
+    from gwdet.checkpoint.compatibility import _import_path
+
+    assert _import_path(value) == path
+
+
+def test_a_method_descriptor_setting_is_recorded_by_its_qualified_name():
+    from gwdet.checkpoint.compatibility import plain_setting
+
+    assert plain_setting(str.upper) == "str.upper"
+    assert plain_setting(torch.nn.Module.to) == "torch.nn.modules.module.Module.to"
