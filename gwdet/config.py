@@ -256,6 +256,12 @@ def check_config_values(cfg: CN) -> None:
         key.check("config", key.name, config_value(cfg, key.name))
 
 
+def check_config_value(name: str, value: Any) -> None:
+    """Raise ``ValueError`` naming the key unless ``value`` passes the check of the key ``name`` of
+    gwdet's table."""
+    _BY_NAME[name].check("config", name, value)
+
+
 # Keys a project of the user's adds to detectron2's sections under a name close to one of
 # detectron2's (declared with allow_config_keys), which the config gate would otherwise take for a misspelling.
 _ALLOWED_KEYS: set[str] = set()

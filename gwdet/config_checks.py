@@ -32,8 +32,8 @@ from detectron2.utils import comm
 
 from gwdet.errors import GwdetError, GwdetKeyError, GwdetValueError, did_you_mean
 from gwdet.layers.common import is_finite_number, is_whole_number
-from gwdet.config import (add_gwdet_config, allowed_config_keys, check_config_values, config_default, config_value,
-                          flatten_config, require_gwdet_config)
+from gwdet.config import (CONFIG_KEYS, add_gwdet_config, allowed_config_keys, check_config_value, check_config_values,
+                          config_default, config_value, flatten_config, require_gwdet_config)
 from gwdet.norms import (DETECTRON2_GN_GROUPS, OWN_NAMES_NOTE, UnknownNormError, detectron2_builds_as_configured,
                          known_norm_names, norm_record, norm_records, spawned_process_note)
 from gwdet.positions import BLOCK_CONV_OF_POSITION, backbone_reads_gw_positions, parse_gw_positions
@@ -1176,6 +1176,22 @@ def check_detectron2_values(cfg: CfgNode) -> None:
     for rule in DETECTRON2_VALUE_RULES:
         _check_rule(cfg, rule)
     _check_pixel_normalization(cfg)
+
+
+def value_refusal(cfg: CfgNode, key: str, value: Any) -> str | None:
+    """What the value checks (gwdet's table, :data:`DETECTRON2_VALUE_RULES`) would say of ``key`` set
+    to ``value`` in ``cfg`` (left as it is); ``None`` where they accept it, or check no such key."""
+    try:
+        if key in {config_key.name for config_key in CONFIG_KEYS}:
+            check_config_value(key, value)
+        else:
+            changed = cfg.clone()
+            changed.defrost()
+            changed.merge_from_list([key, value])
+            check_detectron2_value(changed, key)
+    except GwdetError as error:
+        return str(error)
+    return None
 
 
 def check_detectron2_value(cfg: CfgNode, key: str) -> None:

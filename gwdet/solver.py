@@ -36,7 +36,7 @@ from torch import nn
 from gwdet.config_checks import ensure_checked
 from gwdet.errors import GwdetTypeError, GwdetValueError, did_you_mean, listed
 from gwdet.layers.common import is_finite_number, is_real_number
-from gwdet.norms import COMPUTING_MODULES, DETECTRON2_OPTIMIZER_NORMS, NORM_LAYER_MARK, layer_types
+from gwdet.norms import COMPUTING_MODULES, DETECTRON2_OPTIMIZER_NORMS, NORM_LAYER_MARK, layer_types, norm_classes
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +89,75 @@ def norm_parameters(model: nn.Module) -> dict[nn.Parameter, tuple[str, str]]:
     return {param: (module_name, param_name) for param, (module_name, module, param_name) in owners.items()
             if id(module) in norms and param.requires_grad}
 
+
+def scripted_norm_class_names() -> frozenset[str]:
+    """The class names a TorchScript module (``torch.jit.script`` or ``trace`` of a layer) made from
+    a norm layer reports as its ``original_name``: those of :func:`optimizer_norm_types`, of
+    torch's and detectron2's norm classes (:func:`gwdet.norms.norm_classes`: BatchNorm*,
+    InstanceNorm*, GroupNorm, LayerNorm, SyncBatchNorm, FrozenBatchNorm2d, detectron2's
+    LayerNorm, ...) and of their subclasses, torch's private base classes left out."""
+    found: dict[type, None] = {}
+
+    def visit(kind: type) -> None:
+        if kind not in found:
+            found[kind] = None
+            subclasses: list[type] = kind.__subclasses__()
+            for subclass in subclasses:
+                visit(subclass)
+
+    for kind in optimizer_norm_types() + norm_classes():
+        visit(kind)
+    return frozenset(kind.__name__ for kind in found if not kind.__name__.startswith("_"))
+
+
+def scripted_norm_layers(model: nn.Module) -> list[tuple[str, torch.jit.ScriptModule]]:
+    """``(path, module)`` of every TorchScript module of ``model`` (``model`` itself included, path
+    ``""``) whose ``original_name`` is the class name of a norm layer
+    (:func:`scripted_norm_class_names`), the outermost of nested ones. Such a module is no instance
+    of its class, so :func:`is_norm_layer` does not count it, and which class it was made from can
+    be told only by that name."""
+    names = scripted_norm_class_names()
+    found: list[tuple[str, torch.jit.ScriptModule]] = []
+    for path, module in model.named_modules():
+        if any(path == outer or path.startswith(f"{outer}.") or not outer for outer, _ in found):
+            continue
+        if isinstance(module, torch.jit.ScriptModule) and getattr(module, "original_name", None) in names:
+            found.append((path, module))
+    return found
+
+
+def check_scripted_norms(model: nn.Module, decays: Mapping[nn.Parameter, Any], weight_decay_norm: float,
+                         weight_decay_bias: float | None, overrides: Mapping[str, Mapping[str, Any]] | None,
+                         caller: str, decayed: str) -> None:
+    """Refuse a ``model`` holding a scripted norm layer (:func:`scripted_norm_layers`) whose
+    trainable parameters ``decays`` (``{parameter: weight decay}``; None: the optimizer's default)
+    does not decay as :func:`expected_norm_decay` says a norm layer's are (``weight_decay_norm``, or
+    an override's): a scripted module is no instance of its class, so neither detectron2's
+    grouping nor gwdet's can give it ``weight_decay_norm``. ``caller`` begins the message;
+    ``decayed`` says what decays them (``"the groups give"``, ``"the optimizer gives"``)."""
+    wrong: list[tuple[str, torch.jit.ScriptModule, list[str], Any]] = []
+    for path, module in scripted_norm_layers(model):
+        misdecayed = [(name, decays[param]) for name, param in module.named_parameters()
+                      if param.requires_grad and param in decays and decays[param] != expected_norm_decay(
+                          name.rsplit(".", 1)[-1], weight_decay_norm, weight_decay_bias, overrides)]
+        if misdecayed:
+            wrong.append((path, module, [name for name, _ in misdecayed], misdecayed[0][1]))
+    if not wrong:
+        return
+    path, module, params, decay = wrong[0]
+    kind = module.original_name
+    where = f"the model's submodule {path!r}" if path else "the model"
+    shown = f"the ordinary weight decay {decay!r}" if decay is not None else "the optimizer's default weight decay"
+    more = (f" The model holds {len(wrong) - 1} more such scripted norm layer(s): "
+            f"{listed([repr(other) for other, *_ in wrong[1:]], 3)}." if len(wrong) > 1 else "")
+    raise GwdetTypeError(
+        f"{caller}: {where} is a scripted {kind} (a TorchScript {type(module).__name__}, as "
+        f"torch.jit.script makes), so its parameters {listed(params, 5)} cannot be given weight_decay_norm="
+        f"{weight_decay_norm!r}: a scripted module is no instance of its class, and its original_name {kind!r} is "
+        f"a class name only, not the class, so neither detectron2's optimizer grouping nor gwdet's counts it as a "
+        f"norm layer ({decayed} them {shown}).{more} Keep the eager {kind} in the model and script the "
+        "whole model after building the optimizer (the scripted model shares the eager one's parameters), or "
+        "script it for export only.")
 
 # What a rate or decay that torch's optimizers take into a parameter group unchecked would do.
 UNCHECKED_RATE = ("torch's optimizers do not check a parameter group's values: a negative rate or decay climbs the "
@@ -245,7 +314,9 @@ def get_default_optimizer_params(
     ``lr_factor_func`` without the ``base_lr`` they multiply, or ``overrides`` that
     :func:`check_overrides` refuses (not a mapping of mappings, a group key torch's optimizers do
     not take, an ``lr`` or ``weight_decay`` below 0 or not finite, a key that is the name of no
-    parameter of ``model``) is refused.
+    parameter of ``model``) is refused, and so is a ``model`` holding a scripted norm layer
+    (``torch.jit.script`` of one) that would not get ``weight_decay_norm``
+    (:func:`check_scripted_norms`: no instance of its class, it cannot be told to be a norm layer).
     """
     if not isinstance(model, nn.Module):
         raise GwdetTypeError(f"get_default_optimizer_params: model must be a torch module, got {type(model).__name__}")
@@ -271,6 +342,20 @@ def get_default_optimizer_params(
     )
     if weight_decay_norm is None:
         return groups
+    groups = norm_decayed_groups(model, groups, weight_decay_norm, weight_decay_bias, overrides)
+    check_scripted_norms(model, {param: group.get("weight_decay") for group in groups for param in group["params"]},
+                         weight_decay_norm, weight_decay_bias, overrides, "get_default_optimizer_params",
+                         "the groups give")
+    return groups
+
+
+def norm_decayed_groups(model: nn.Module, groups: list[dict[str, Any]], weight_decay_norm: float,
+                        weight_decay_bias: float | None,
+                        overrides: Mapping[str, Mapping[str, float]] | None) -> list[dict[str, Any]]:
+    """detectron2's parameter ``groups`` of ``model`` in which the parameters of every norm layer
+    (:func:`norm_parameters`) have ``weight_decay_norm``, those an override by name (``overrides``,
+    ``weight_decay_bias`` for biases) gives a weight decay aside; ``groups`` as they are where
+    detectron2 already gives every one of them ``weight_decay_norm``."""
     overridden = {name for name, values in (overrides or {}).items() if "weight_decay" in values}
     if weight_decay_bias is not None:
         overridden.add("bias")

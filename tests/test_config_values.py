@@ -1188,3 +1188,17 @@ def test_a_newton_iteration_count_above_the_layers_limit_is_refused_by_key_and_b
         gwdet.norm(norm_name, T=10**9)
     assert build_config(str(DEMO_CONFIG), [key, "1000"]) is not None
     assert gwdet.norm(norm_name, T=1000).params["T"] == 1000
+
+
+# MODEL.GW.EPS 0 was told to be written as MODEL.GW.EPS 0.0, which the range check refused next
+@pytest.mark.parametrize("key, value, refusal", [
+    ("MODEL.GW.EPS", "0", "config: MODEL.GW.EPS must be a finite number > 0, got 0.0"),
+    ("SOLVER.BASE_LR", "-1", "config: SOLVER.BASE_LR=-1.0 is no learning rate: it must be a finite number >= 0")])
+def test_an_int_for_a_float_key_is_not_told_to_become_a_float_the_range_check_refuses(key, value, refusal):
+    with pytest.raises(GwdetValueError) as error:
+        build_config(str(DEMO_CONFIG), [key, value])
+    assert f"got {value} (a int). Written with a decimal point ({key} {value}.0), it is refused too: {refusal}" \
+        in str(error.value)
+    with pytest.raises(GwdetValueError, match=rf"got 1 \(a int\)\. Write it with a decimal point: {re.escape(key)} "
+                                              r"1\.0\.$"):
+        build_config(str(DEMO_CONFIG), [key, "1"])

@@ -642,6 +642,81 @@ def test_a_gwdet_layers_recorded_settings_travel_into_the_converted_weights(tmp_
         ResilientCheckpointer(gwdet_detector("R-50", "S1-B2", gw_groups=64)).load(str(path))
 
 
+def _gw16_resnet() -> nn.Module:
+    """A torchvision ResNet-50 with gwdet's GW layers of 16 groups at S1-B2, BN elsewhere."""
+    import gwdet
+
+    model = torchvision_model("R-50", with_gw=False)
+    model.bn1 = gwdet.norm("GW", num_groups=16)(model.bn1.num_features)
+    for layer in (model.layer1, model.layer2, model.layer3, model.layer4):
+        for block in layer:
+            block.bn2 = gwdet.norm("GW", num_groups=16)(block.bn2.num_features)
+    return model
+
+
+def test_the_tool_writes_gwdet_layers_settings_records_and_the_printed_config_loads_them(tmp_path, capsys):
+    # write_detectron2_pkl refused the records convert_state_dict adds ("dtype uint8 ... dequantized values"), rc 2
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from gwdet.convert.cli import main
+    from gwdet.layers.settings_state import decode_settings
+
+    model = _gw16_resnet()
+    src, out = tmp_path / "gw16.pth", tmp_path / "gw16.pkl"
+    torch.save(model.state_dict(), src)
+    assert main([str(src), str(out), "--arch", "R-50", "--gw-positions", "S1-B2"]) == 0
+    printed = capsys.readouterr().out
+    assert "17 gwdet norm layers' recorded settings carried" in printed and "MODEL.GW.NUM_GROUPS: 16" in printed
+    weights = load_pickle_file(str(out), False, "")["model"]
+    records = {key: decode_settings(value) for key, value in weights.items() if key.endswith("._extra_state")}
+    assert len(records) == 17 and records["stem.conv1.norm._extra_state"]["num_groups"] == 16
+    # the GW config with the printed keys: loads, GW layers of 16 groups holding the source's weights
+    cfg = add_gwdet_config(get_cfg())
+    cfg.merge_from_file(str(REPO / "configs" / "COCO-Detection" / "faster_rcnn_R_50_FPN_1x_gw.yaml"))
+    cfg.MODEL.DEVICE = "cpu"
+    for line in printed.split("Config for these weights:\n")[1].splitlines():
+        key, _, value = line.strip().partition(": ")
+        cfg.merge_from_list([key, value])
+    detector = build_model(cfg).eval()
+    ResilientCheckpointer(detector).load(str(out))
+    stem_norm = detector.backbone.bottom_up.stem.conv1.norm
+    assert stem_norm.num_groups == 16
+    assert torch.equal(stem_norm.weight, model.bn1.weight) and torch.equal(stem_norm.bias, model.bn1.bias)
+    # the records are read back as the weights load: a model of other settings is refused
+    cfg.merge_from_list(["MODEL.GW.NUM_GROUPS", 64])
+    with pytest.raises(GwdetValueError, match=r"The checkpoint was trained with other norm hyper-parameters than this "
+                                              r"config gives its layers \(17 values, e.g. backbone.bottom_up.stem.conv1.norm "
+                                              r"num_groups 16 -> 64"):
+        ResilientCheckpointer(build_model(cfg)).load(str(out))
+    # the same through the library's convert_checkpoint
+    report = convert_checkpoint(src, tmp_path / "api.pkl", arch="R-50", gw_positions="S1-B2")
+    assert report.settings_records == 17 and report.config()["MODEL.GW.NUM_GROUPS"] == 16
+    assert load_pickle_file(str(tmp_path / "api.pkl"), False, "")["model"].keys() == weights.keys()
+
+
+def test_the_writer_refuses_other_integer_arrays_beside_the_settings_records(tmp_path):
+    # an integer array under '._extra_state' that is no settings record was refused as a weight to dequantize
+    import numpy as np
+
+    from gwdet.convert import write_detectron2_pkl
+
+    weights, _ = convert_state_dict(in_memory(_gw16_resnet().state_dict()))
+    out = tmp_path / "out.pkl"
+    for key, value, named in [
+        ("stem.conv1.norm._extra_state", np.zeros(512, np.uint8), r"dtype uint8 and shape \[512\], not the settings "
+                                                                   r"record a gwdet norm layer writes"),
+        ("stem.conv1.norm._extra_state", weights["stem.conv1.norm._extra_state"][:256], r"dtype uint8 and shape \[256\], not the"),
+        ("stem.conv1.norm._extra_state", weights["stem.conv1.norm._extra_state"].astype(np.int64),
+         r"dtype int64 and shape \[512\], not the settings record"),
+        ("res2.0.conv1.weight", weights["res2.0.conv1.weight"].astype(np.uint8), r"dtype uint8, but weights are floating"),
+    ]:
+        with pytest.raises(ConversionError, match=r"^write_detectron2_pkl: weights\[" + re.escape(repr(key)) + r"\] is a "
+                                                  r"numpy array of " + named + r".*nothing was written\.$"):
+            write_detectron2_pkl({**weights, key: value}, out, author="test")
+        assert not out.exists()
+    write_detectron2_pkl(weights, out, author="test")  # the records as convert_state_dict gives them
+    assert out.exists()
+
+
 def test_the_command_lines_paths_expand_a_tilde_the_shell_left(monkeypatch, tmp_path):
     # OUT=~/x.pkl from a script: the advice was to create a folder named ~
     from gwdet.convert.cli import argument_parser

@@ -584,3 +584,72 @@ def test_a_lazyconfig_s_overrides_reach_the_norm_decay_check_of_its_optimizer(ca
         optimizer = lazy.build_optimizer(cfg, model)
     assert not [record for record in caplog.records if record.levelno >= logging.WARNING]
     assert 0.7 in {group["weight_decay"] for group in optimizer.param_groups}
+
+
+def _scripted_norms() -> list:
+    return [
+        pytest.param(lambda: BatchWhitening(16, group_size=4), "BatchWhitening", id="BW"),
+        pytest.param(lambda: GroupWhitening(16, num_groups=4), "GroupWhitening", id="GW"),
+        pytest.param(lambda: BatchGroupNorm(16, num_groups=4), "BatchGroupNorm", id="BGN"),
+        pytest.param(lambda: nn.BatchNorm2d(16), "BatchNorm2d", id="BN"),
+        pytest.param(lambda: nn.GroupNorm(4, 16), "GroupNorm", id="GN"),
+        pytest.param(lambda: nn.LayerNorm(16), "LayerNorm", id="LN"),
+    ]
+
+
+# a scripted norm layer inside an eager model got the ordinary weight decay (1e-4) instead of weight_decay_norm 0,
+# and check_model(m, optimizer=opt, weight_decay_norm=0.0) passed without a word
+@pytest.mark.parametrize("make, kind", _scripted_norms())
+def test_a_scripted_norm_layer_is_refused_where_it_would_not_get_the_norm_weight_decay(make, kind):
+    model = nn.Sequential(nn.Conv2d(3, 16, 3), torch.jit.script(make()))
+    message = (rf"the model's submodule '1' is a scripted {kind} \(a TorchScript RecursiveScriptModule, as "
+               r"torch.jit.script makes\), so its parameters weight, bias cannot be given weight_decay_norm=0.0: a "
+               r"scripted module is no instance of its class.*\(the {} them the ordinary weight decay 0.0001\)\. "
+               rf"Keep the eager {kind} in the model and script the whole model after building the optimizer")
+    with pytest.raises(gwdet.errors.GwdetTypeError, match="get_default_optimizer_params: " + message.format("groups give")):
+        get_default_optimizer_params(model, base_lr=0.1, weight_decay=1e-4, weight_decay_norm=0.0)
+    optimizer = torch.optim.SGD(detectron2_optimizer_params(model, base_lr=0.1, weight_decay=1e-4, weight_decay_norm=0.0),
+                                lr=0.1)
+    with pytest.raises(gwdet.errors.GwdetTypeError, match="check_model: " + message.format("optimizer gives")):
+        check_model(model, optimizer=optimizer, weight_decay_norm=0.0)
+    alone = torch.jit.script(make())
+    with pytest.raises(gwdet.errors.GwdetTypeError, match=rf"get_default_optimizer_params: the model is a scripted {kind}"):
+        get_default_optimizer_params(alone, base_lr=0.1, weight_decay=1e-4, weight_decay_norm=0.0)
+
+
+def test_scripted_layers_that_need_no_norm_weight_decay_are_left_as_detectron2_groups_them(caplog):
+    from detectron2.layers import FrozenBatchNorm2d
+
+    # a scripted conv, and a scripted norm without trainable parameters, beside an eager norm
+    model = nn.Sequential(torch.jit.script(nn.Conv2d(3, 16, 3)), nn.BatchNorm2d(16),
+                          torch.jit.script(FrozenBatchNorm2d(16)), torch.jit.script(nn.BatchNorm2d(16, affine=False)))
+    params = get_default_optimizer_params(model, base_lr=0.1, weight_decay=1e-4, weight_decay_norm=0.0)
+    decays = decay_by_parameter(params, 1e-4)
+    assert decays == decay_by_parameter(
+        detectron2_optimizer_params(model, base_lr=0.1, weight_decay=1e-4, weight_decay_norm=0.0), 1e-4)
+    assert [decays[p] for p in model.parameters()] == [1e-4, 1e-4, 0.0, 0.0]
+    optimizer = torch.optim.SGD(params, lr=0.1)
+    with caplog.at_level(logging.WARNING, logger="gwdet.modeling.model_checks"):
+        check_model(model, optimizer=optimizer, weight_decay_norm=0.0)
+    assert not caplog.records
+    # a scripted norm with no norm weight decay asked for, or given the ordinary decay as its norm decay
+    norm = torch.jit.script(BatchWhitening(16, group_size=4))
+    scripted = nn.Sequential(nn.Conv2d(3, 16, 3), norm)
+    assert {g.get("weight_decay") for g in get_default_optimizer_params(scripted, base_lr=0.1, weight_decay=1e-4)} == {1e-4}
+    same = torch.optim.SGD(get_default_optimizer_params(scripted, base_lr=0.1, weight_decay=1e-4,
+                                                        weight_decay_norm=1e-4), lr=0.1)
+    check_model(scripted, optimizer=same, weight_decay_norm=1e-4)
+
+
+def test_a_whole_model_scripted_after_the_optimizer_is_built_keeps_its_norm_weight_decay(caplog):
+    eager = nn.Sequential(nn.Conv2d(3, 16, 3), BatchWhitening(16, group_size=4))
+    optimizer = torch.optim.SGD(get_default_optimizer_params(eager, base_lr=0.1, weight_decay=1e-4,
+                                                             weight_decay_norm=0.0), lr=0.1)
+    scripted = torch.jit.script(eager)
+    assert scripted[1].weight is eager[1].weight
+    with caplog.at_level(logging.WARNING, logger="gwdet.modeling.model_checks"):
+        check_model(scripted, optimizer=optimizer, weight_decay_norm=0.0)
+    assert not caplog.records
+    with pytest.raises(gwdet.errors.GwdetTypeError, match=r"get_default_optimizer_params: the model's submodule '1' is a "
+                                                          r"scripted BatchWhitening"):
+        get_default_optimizer_params(scripted, base_lr=0.1, weight_decay=1e-4, weight_decay_norm=0.0)

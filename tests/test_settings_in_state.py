@@ -522,3 +522,60 @@ def test_a_state_whose_float16_running_var_overflowed_is_refused_naming_the_over
     with pytest.raises(RuntimeError, match=r"running_var holds NaN variances \(at channel 2\), which no training "
                                            r"computes: .*\(the file may be damaged\)"):
         layer.load_state_dict(state)
+
+
+# a state of a layer pruned with torch.nn.utils.prune, refused by a pruned layer of other settings, was said to hold
+# "weight, which this layer has not" (the tensors of an unpruned layer), so the way out was not offered
+@pytest.mark.parametrize("kind, settings, other, tensor", [
+    ("GroupWhitening", {"num_groups": 4}, {"num_groups": 8}, "weight"),
+    ("GroupWhitening", {"num_groups": 4}, {"num_groups": 8}, "bias"),
+    ("BatchGroupNorm", {"num_groups": 4}, {"num_groups": 8}, "weight"),
+])
+def test_a_pruned_state_refused_for_its_settings_names_the_pruned_tensors_as_they_are(kind, settings, other, tensor):
+    import torch.nn.utils.prune as prune
+
+    import gwdet.layers
+    from gwdet.errors import GwdetValueError
+
+    def built(values, pruned):
+        torch.manual_seed(0)
+        layer = getattr(gwdet.layers, kind)(16, **values)
+        if pruned:
+            prune.l1_unstructured(layer, tensor, 0.5)
+        return layer
+
+    saved = built(settings, True).state_dict()
+    way_out = r"or, to load the weights into this layer anyway, delete '_extra_state' from the state dict$"
+    layer = built(other, True)
+    with pytest.raises(RuntimeError, match=rf"{kind} was saved with num_groups=4, but this layer has num_groups=8: "
+                                           rf"the weights were trained as another function\. .*, {way_out}"):
+        layer.load_state_dict(saved)
+    with pytest.raises(GwdetValueError, match=way_out):  # set_extra_state on its own, the state named as the layer
+        layer.set_extra_state(saved["_extra_state"])
+    layer.load_state_dict({key: value for key, value in saved.items() if key != "_extra_state"})
+    assert torch.equal(getattr(layer, f"{tensor}_mask"), saved[f"{tensor}_mask"])
+    # one pruned, the other not: the tensors differ, and the state cannot be loaded
+    cannot = r"\), so the state cannot be loaded into this layer$"
+    with pytest.raises(RuntimeError, match=rf"the state's tensors differ from this layer's too \(the state has no "
+                                           rf"{tensor}, which this layer has; the state has {tensor}_orig, "
+                                           rf"{tensor}_mask, which this layer has not{cannot}"):
+        built(other, False).load_state_dict(saved)
+    with pytest.raises(RuntimeError, match=rf"the state's tensors differ from this layer's too \(the state has no "
+                                           rf"{tensor}_orig, {tensor}_mask, which this layer has; the state has "
+                                           rf"{tensor}, which this layer has not{cannot}"):
+        layer.load_state_dict(built(settings, False).state_dict())
+
+
+# a pruned BatchWhitening's state of another group_size listed a weight difference beside the running_whitening one
+def test_a_pruned_batch_whitening_state_of_another_group_size_names_only_its_running_whitening():
+    import torch.nn.utils.prune as prune
+
+    from gwdet.layers import BatchWhitening
+
+    saved, layer = BatchWhitening(16, group_size=4), BatchWhitening(16, group_size=8)
+    prune.l1_unstructured(saved, "weight", 0.5)
+    prune.identity(layer, "weight")
+    with pytest.raises(RuntimeError, match=r"the state's tensors differ from this layer's too \(running_whitening: "
+                                           r"\[4, 4, 4\] in the state, \[2, 8, 8\] in this layer\), so the state "
+                                           r"cannot be loaded into this layer$"):
+        layer.load_state_dict(saved.state_dict())

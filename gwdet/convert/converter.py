@@ -66,7 +66,7 @@ from gwdet.convert.target_backbone import check_fits_architecture, expected_shap
 from gwdet.convert.torchvision_keys import RECORD_LEAF, SourceLayout, parse_torchvision_layout
 from gwdet.layers import GroupWhitening
 from gwdet.layers.common import check_flag
-from gwdet.layers.settings_state import decode_settings
+from gwdet.layers.settings_state import SETTINGS_BYTES, decode_settings
 from gwdet.norms import norm_record
 from gwdet.positions import POSITIONS, format_gw_positions, parse_gw_positions
 
@@ -718,7 +718,9 @@ def write_detectron2_pkl(
     every array and of the author and metadata (:mod:`gwdet.checkpoint.integrity`) beside the weights.
 
     ``weights`` must be a non-empty dict of parameter names to numpy arrays (what
-    :func:`convert_state_dict` returns; detectron2 and gwdet read no tensors from a ``.pkl``), and
+    :func:`convert_state_dict` returns; detectron2 and gwdet read no tensors from a ``.pkl``), floating
+    point but for ``num_batches_tracked`` and the settings records (``<layer>._extra_state``, uint8)
+    of gwdet norm layers that :func:`convert_state_dict` carries, and
     ``metadata`` plain data (str, int, float, bool, None, and lists, tuples and dicts of them), which
     the weights-only loading reads back; anything else is refused before a file is written.
     A ``file://`` URL of this host is written to its path like any local path; a URL of another
@@ -773,7 +775,10 @@ def _refuse_url_output(output_path: str) -> None:
 
 def _check_weights(weights: object) -> None:
     """A ``ConversionError`` unless ``weights`` is a non-empty dict of names to numpy arrays of
-    numbers: what detectron2's and gwdet's loading read from a ``.pkl`` as weights."""
+    numbers: what detectron2's and gwdet's loading read from a ``.pkl`` as weights. Arrays are
+    floating point, but for ``num_batches_tracked`` and for the settings records of gwdet norm
+    layers under ``<layer>._extra_state`` (:func:`_is_settings_record`), which those layers check
+    their settings against when the weights load; another array under that key is refused."""
     if not isinstance(weights, Mapping) or not weights:
         what = "an empty dict" if isinstance(weights, Mapping) else f"a {type(weights).__name__}"
         raise ConversionError(
@@ -797,6 +802,15 @@ def _check_weights(weights: object) -> None:
                 f"write_detectron2_pkl: weights[{name!r}] is {what}, not a numpy array of numbers, which is what a "
                 "detectron2 .pkl holds and its loading reads. Give numpy arrays (e.g. numpy.asarray(value, "
                 "dtype=numpy.float32)); nothing was written.")
+        if name.rpartition(".")[2] == RECORD_LEAF and value.dtype.kind not in "fc":
+            if _is_settings_record(value):
+                continue
+            raise ConversionError(
+                f"write_detectron2_pkl: weights[{name!r}] is a numpy array of dtype {value.dtype} and shape "
+                f"{list(value.shape)}, not the settings record a gwdet norm layer writes under {RECORD_LEAF!r} (a "
+                f"uint8 array of {SETTINGS_BYTES} bytes of JSON naming the layer, which convert_state_dict carries "
+                "from the source): loading would refuse it. Give the record as the layer's state_dict() holds it "
+                f"(its numpy()), or leave the key out; nothing was written.")
         if value.dtype.kind not in "fc" and not name.endswith("num_batches_tracked"):
             raise ConversionError(
                 f"write_detectron2_pkl: weights[{name!r}] is a numpy array of dtype {value.dtype}, but weights are "
@@ -804,6 +818,13 @@ def _check_weights(weights: object) -> None:
                 "weights too): loaded into a model, integers would be copied into its float layers as they are "
                 "(quantized values unscaled, or zeros). Give the float weights (e.g. value.astype(numpy.float32) of "
                 "dequantized values); nothing was written.")
+
+
+def _is_settings_record(value: np.ndarray) -> bool:
+    """Whether ``value`` is the record of its settings a gwdet norm layer writes in its state (and
+    :func:`convert_state_dict` carries into the weights): a uint8 array of :data:`SETTINGS_BYTES`
+    bytes holding the JSON object that :func:`~gwdet.layers.settings_state.decode_settings` reads."""
+    return value.dtype == np.uint8 and value.shape == (SETTINGS_BYTES,) and decode_settings(value) is not None
 
 
 _PLAIN_VALUES = (str, int, float, bool, type(None))

@@ -447,7 +447,7 @@ class SettingsInState(nn.Module):
         found = (f"{layer} was saved with {_listed([(s, old) for s, old, _ in differing])}, but this layer has "
                  f"{_listed([(s, new) for s, _, new in differing])}: the weights were trained as another function. "
                  f"Build the layer with the saved values ({_WHERE_SET})")
-        built = self._saved_layer_tensors(saved)
+        built = self._saved_layer_tensors(saved, tensors)
         tensors = built if built is not None else tensors
         shapes = _tensor_difference(self, tensors) if tensors is not None else None
         if shapes is not None:
@@ -456,10 +456,14 @@ class SettingsInState(nn.Module):
         anyway = "" if tensors is not None else ", if its tensors have this layer's names and shapes"
         return f"{found}, or, to load the weights into this layer anyway{anyway}, delete {key} from the state dict"
 
-    def _saved_layer_tensors(self, saved: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    def _saved_layer_tensors(self, saved: Dict[str, Any],
+                             tensors: Optional[Mapping[str, Any]] = None) -> Optional[Dict[str, Any]]:
         """The state tensors of a layer of this kind built with the recorded settings ``saved`` on
-        the meta device (shapes only); ``None`` where the constructor does not take the settings by
-        their names, or where this layer is parametrized (its state names its tensors otherwise)."""
+        the meta device (shapes only), named as the state names them: a tensor pruned with
+        ``torch.nn.utils.prune`` as its ``<name>_orig`` and ``<name>_mask`` (:func:`_pruned_names`:
+        those the state ``tensors`` hold so, or, without them, those pruned in this layer). ``None``
+        where the constructor does not take the settings by their names, or where this layer is
+        parametrized (its state names its tensors otherwise)."""
         if parametrize.is_parametrized(self):
             return None
         try:
@@ -468,10 +472,18 @@ class SettingsInState(nn.Module):
                 built = type_before_parametrizations(self)(
                     **{setting: saved[setting] for setting in self.setting_names() if setting in saved},
                     device="meta")
-            return {key: value for key, value in built.state_dict().items()
-                    if not key.endswith(EXTRA_STATE_KEY)}
+            state = {key: value for key, value in built.state_dict().items() if not key.endswith(EXTRA_STATE_KEY)}
         except Exception:  # a subclass whose constructor takes other arguments: the shapes are unknown
             return None
+        pruned = _pruned_names(self, state, tensors)
+        named: Dict[str, Any] = {}
+        for key, value in state.items():
+            if key in pruned:  # torch's pruning keeps the tensor as <name>_orig and its mask as <name>_mask
+                named[f"{key}_orig"] = value
+                named[f"{key}_mask"] = value
+            else:
+                named[key] = value
+        return named
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False):
         """torch's ``load_state_dict``; with ``strict=True`` a torch batch norm's state
@@ -533,6 +545,15 @@ def _batch_norm_state_problem(layer: SettingsInState, state_dict: Mapping[str, A
     kept = own or "none (it normalizes each input by the input's own statistics)"
     return (f"{found} A {kind}'s running statistics are {kept}, not a BatchNorm's running_mean and running_var: "
             f"load the state of a {kind}, or {build}.")
+
+
+def _pruned_names(layer: SettingsInState, names: Mapping[str, Any],
+                  tensors: Optional[Mapping[str, Any]]) -> List[str]:
+    """Those of ``names`` (a layer's tensors, unpruned) that ``torch.nn.utils.prune`` pruned: in the
+    state ``tensors`` where given, else in ``layer``'s own state: it holds ``<name>_orig`` and
+    ``<name>_mask`` in place of ``<name>``."""
+    held = tensors if tensors is not None else layer.state_dict(keep_vars=True)
+    return [name for name in names if name not in held and f"{name}_orig" in held and f"{name}_mask" in held]
 
 
 def _tensor_difference(layer: SettingsInState, tensors: Mapping[str, Any]) -> Optional[str]:

@@ -27,7 +27,7 @@ import yaml
 from detectron2.config import CfgNode, get_cfg
 
 from gwdet.config import add_gwdet_config, flatten_config
-from gwdet.config_checks import check_gwdet_config
+from gwdet.config_checks import check_gwdet_config, value_refusal
 from gwdet.errors import GwdetFileNotFoundError, GwdetIsADirectoryError, GwdetValueError, did_you_mean, listed
 from gwdet.layers.common import check_flag
 from gwdet.model_zoo.checked_config import checked_frozen
@@ -230,7 +230,10 @@ def merge_problem(cfg: CfgNode, error: BaseException) -> str:
                       f"{key} {int(value.strip().replace('_', ''))}.")
         if (expected.endswith("float") and given.rsplit(".", 1)[-1] == "int"
                 and re.fullmatch(r"[+-]?[0-9_]+", value.strip())):
-            quoted = f" Write it with a decimal point: {key} {int(value.strip().replace('_', ''))}.0."
+            written = f"{int(value.strip().replace('_', ''))}.0"
+            refusal = value_refusal(cfg, key, float(written))
+            quoted = (f" Write it with a decimal point: {key} {written}." if refusal is None else
+                      f" Written with a decimal point ({key} {written}), it is refused too: {refusal}")
         if expected.rsplit(".", 1)[-1] == "int" and given.rsplit(".", 1)[-1] == "float":
             quoted = _whole_number_fix(key, value, default)
         if expected.endswith("float") and value.strip().lstrip("+-").lower() in ("inf", "infinity"):

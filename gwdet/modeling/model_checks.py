@@ -28,8 +28,8 @@ from gwdet.norms import (
     layer_types,
 )
 from gwdet.positions import BLOCK_CONV_OF_POSITION, positions_with_norm
-from gwdet.solver import (check_override_values, expected_norm_decay, misdecayed_norm_layers, norm_parameters,
-                          weight_decay_of)
+from gwdet.solver import (check_override_values, check_scripted_norms, expected_norm_decay, misdecayed_norm_layers,
+                          norm_parameters, weight_decay_of)
 
 # The containers that keep one norm per FPN level: gwdet's and detectron2's.
 PER_LEVEL_CONTAINERS: tuple[type[nn.Module], ...] = (PerLevelNorm, *DETECTRON2_PER_LEVEL_NORMS)
@@ -96,7 +96,8 @@ def adjusted_groups(model: nn.Module) -> list[str]:
 
 def check_norm_weight_decay(model: nn.Module, optimizer: torch.optim.Optimizer, weight_decay_norm: float,
                             weight_decay_bias: float | None = None,
-                            overrides: Mapping[str, Mapping[str, Any]] | None = None) -> list[str]:
+                            overrides: Mapping[str, Mapping[str, Any]] | None = None,
+                            caller: str = "check_norm_weight_decay") -> list[str]:
     """Warn, naming them, about the norm layers of ``model`` whose parameters ``optimizer`` decays
     otherwise than ``weight_decay_norm`` (``SOLVER.WEIGHT_DECAY_NORM``; a bias: ``weight_decay_bias``
     when set; a parameter whose name ``overrides`` gives a ``weight_decay``, as
@@ -111,7 +112,12 @@ def check_norm_weight_decay(model: nn.Module, optimizer: torch.optim.Optimizer, 
     norm weight decay, to give to the check or to build the optimizer without. Where ``overrides``
     is not given and the optimizer decays every parameter of the model named as the misdecayed
     ones alike (as an override by parameter name does), the warning names the overrides that
-    would, to give to the check."""
+    would, to give to the check. A scripted norm layer (``torch.jit.script`` of one inside the
+    model) whose parameters the optimizer decays otherwise is refused with a ``GwdetTypeError``
+    (:func:`gwdet.solver.check_scripted_norms`; ``caller`` begins the message): no optimizer
+    builder can tell it is a norm layer."""
+    check_scripted_norms(model, weight_decay_of(optimizer.param_groups, optimizer.defaults), weight_decay_norm,
+                         weight_decay_bias, overrides, caller, "the optimizer gives")
     layers = misdecayed_norm_layers(model, optimizer, weight_decay_norm, weight_decay_bias, overrides)
     if not layers:
         return layers
@@ -291,8 +297,10 @@ def check_model(model: nn.Module, strict_groups: bool = False, optimizer: torch.
     * With an ``optimizer`` (and the config's ``weight_decay_norm``, ``weight_decay_bias``, and the
       ``overrides`` it was built with by :func:`gwdet.get_default_optimizer_params`), raise when it
       does not hold every trainable parameter of ``model``, and warn about norm layers it decays
-      otherwise (:func:`check_norm_weight_decay`). ``weight_decay_norm``, ``weight_decay_bias`` or
-      ``overrides`` without an ``optimizer`` is refused (nothing to check them against).
+      otherwise (:func:`check_norm_weight_decay`; a scripted norm layer it decays otherwise is
+      refused, no optimizer builder can tell it is a norm layer). ``weight_decay_norm``,
+      ``weight_decay_bias`` or ``overrides`` without an ``optimizer`` is refused (nothing to check
+      them against).
     * Norm layers with batch statistics whose parameters are all frozen
       (:func:`frozen_batch_statistics`, e.g. by detectron2's ``ResNet.freeze``), whose running
       statistics training would go on updating: with an ``optimizer`` (the model is to be trained),
@@ -338,7 +346,7 @@ def check_model(model: nn.Module, strict_groups: bool = False, optimizer: torch.
             raise GwdetValueError(
                 f"check_model: the optimizer does not hold {len(untrained)} trainable parameter(s) of the model (e.g. "
                 f"{listed(untrained, 3)}), so they would not train: {cause} (gwdet.build_optimizer(cfg, model)).")
-        check_norm_weight_decay(model, optimizer, weight_decay_norm, weight_decay_bias, overrides)
+        check_norm_weight_decay(model, optimizer, weight_decay_norm, weight_decay_bias, overrides, caller="check_model")
     frozen = frozen_batch_statistics(model)
     if frozen and optimizer is not None:
         raise GwdetValueError(f"check_model: {_frozen_batch_statistics_problem(frozen)} Train those layers too (make "
