@@ -831,9 +831,10 @@ def _plain(value: Any) -> Any:
 
 def _check_kind_of_default(name: str, param: str, value: Any, default: Any, source: str = "") -> None:
     """Refuse a value given for ``param`` of a registered norm that is of another kind than its
-    ``default``: a string where the build takes a number, a bool or a float where it takes an
-    integer, a bool where it takes a float: the layer would fail at its first forward inside the
-    user's own code, or compute with a truth value. Where the default is a bool, refuse anything but
+    ``default``: a string where the build takes a number, a list or a tuple (whose characters it
+    would iterate), a bool or a float where it takes an integer, a bool where it takes a float: the
+    layer would fail at its first forward inside the user's own code, or compute with a truth value
+    or another sequence. Where the default is a bool, refuse anything but
     a bool (numpy's included), as the built-in names' flags do: ``'no'`` or ``0`` would be read as a
     truth value without a word. ``source``: where the value came from, said after it (a config key)."""
     given = f"gwdet.norm({name!r}): {param}={value!r}{source}"
@@ -844,6 +845,12 @@ def _check_kind_of_default(name: str, param: str, value: Any, default: Any, sour
                 f"there (its default is {default!r}), which would take {value!r} as a truth value whatever it "
                 f"says: give {param}=True or {param}=False (true or false in a LazyConfig override).")
         return
+    if isinstance(default, (list, tuple)) and isinstance(value, (str, bytes)):
+        kind = type(default).__name__
+        raise GwdetTypeError(
+            f"{given} is a string, and the norm's build takes a {kind} there (its default is {default!r}), which "
+            f"would iterate the string's characters: give {param} as a {kind} (e.g. {param}={default!r}; "
+            f"[{value!r}] for a {kind} of that one string).")
     number = isinstance(default, (int, float))
     if number and isinstance(value, str):
         raise GwdetTypeError(f"{given} is a string, and the norm's build takes a "

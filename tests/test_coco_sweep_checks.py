@@ -1132,3 +1132,50 @@ def test_the_shapes_dataset_read_as_polygons_is_refused_before_the_run():
     found = _lazy_refusal("dataloader.train.mapper.instance_mask_format=polygon")
     assert ("'shapes_train' is gwdet's shapes dataset" in found and "dataloader.train.mapper.instance_mask_format is "
             "'polygon': add dataloader.train.mapper.instance_mask_format=bitmask" in found), found
+
+
+# ---- absolute file_names and copied training files ---------------------------------------------
+
+def test_absolute_file_names_outside_image_root_are_refused_and_those_inside_it_kept(tmp_path):
+    # absolute file_names of existing images elsewhere were read as they were, IMAGE_ROOT ignored without a word
+    # (results.json recorded the IMAGE_ROOT given, whose images were never read)
+    old = tmp_path / "old"
+    write_dataset(old)
+
+    def elsewhere(coco, root):
+        for image in coco["images"]:
+            image["file_name"] = str(old / "img" / image["file_name"])
+
+    message = refusal(tmp_path / "new", elsewhere)
+    assert re.search(
+        rf"^dataset 'm': 4 of the 4 images of .*train.json have an absolute file_name outside the image folder "
+        rf"{re.escape(str(tmp_path / 'new' / 'img'))}, the first '{re.escape(str(old / 'img' / '000.png'))}': "
+        r"detectron2 reads an absolute path as it is, so IMAGE_ROOT would not be used .* Write the file names "
+        rf"relative to IMAGE_ROOT .*, or give as IMAGE_ROOT the folder they are in \({re.escape(str(old / 'img'))}\)\.$",
+        message), message
+
+    def inside(coco, root):  # absolute names of the images IMAGE_ROOT holds: read from IMAGE_ROOT
+        for image in coco["images"]:
+            image["file_name"] = str(root / image["file_name"])
+
+    assert CocoDataset.parse(f"m={write_dataset(tmp_path / 'inside', inside)}").inspected().read.images == 4
+
+
+def test_a_copied_training_file_under_another_name_is_refused_as_one_file_twice(tmp_path):
+    # a byte-identical copy of a training json, registered under another name, trained its images twice as often
+    # without a word (only one file under two names was refused)
+    from gwdet.data import prepare_datasets
+
+    spec = write_dataset(tmp_path)
+    shutil.copy(tmp_path / "train.json", tmp_path / "copy.json")
+    register_coco_datasets([CocoDataset.parse(f"orig_tr={spec}"),
+                            CocoDataset.parse(f"copy_tr={tmp_path / 'copy.json'}:{tmp_path / 'img'}")])
+    cfg = build_config(str(DEMO_CONFIG), [*TINY_OPTS, "DATASETS.TRAIN", "('orig_tr', 'copy_tr')", "DATASETS.TEST",
+                                          "()", "MODEL.ROI_HEADS.NUM_CLASSES", "2", "INPUT.MASK_FORMAT", "polygon"])
+    with pytest.raises(DatasetError, match=(
+            rf"DATASETS.TRAIN names 'orig_tr' and 'copy_tr', registered from two annotation files of the same contents "
+            rf"\({re.escape(str(tmp_path / 'train.json'))} and {re.escape(str(tmp_path / 'copy.json'))}, byte for "
+            r"byte\) over the same \d+ image file\(s\): detectron2 would join them .* twice as often as the others'. "
+            r"Give one of them once")):
+        prepare_datasets(cfg)
+    prepare_datasets(cfg, trains=False)  # an evaluation reads no training set

@@ -1832,3 +1832,28 @@ def test_the_input_dash_is_refused_as_standard_input_before_anything_else(tmp_pa
     assert main(["-", str(tmp_path / "out.pkl"), "--gw-positions", "S9"]) == 2
     assert f"error: {expected}" in capsys.readouterr().err
     assert (tmp_path / "out.pkl").read_bytes() == b"kept"
+
+
+# a source whose GW layers whiten by ZCA printed no MODEL.RESNETS.GW_NORM, so the printed config built ItN layers
+# (GW_NORM's default), which then refused the weights (method 'zca' -> 'itn')
+@pytest.mark.parametrize("name", ["GW_ZCA", "GW"])
+def test_the_printed_config_names_the_recorded_whitening_method(tmp_path, name):
+    import gwdet
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    model = torchvision_model("R-50", with_gw=False)
+    model.bn1 = gwdet.norm(name, num_groups=8)(model.bn1.num_features)
+    for layer in (model.layer1, model.layer2, model.layer3, model.layer4):
+        for block in layer:
+            block.bn2 = gwdet.norm(name, num_groups=8)(block.bn2.num_features)
+    weights, report = convert_state_dict(in_memory(model.state_dict()))
+    assert report.config()["MODEL.RESNETS.GW_NORM"] == name and f'MODEL.RESNETS.GW_NORM: "{name}"' in report.format()
+    path = tmp_path / "gw8.pkl"
+    path.write_bytes(pickle.dumps({"model": weights, "__author__": "test", "matching_heuristics": True}))
+    cfg = add_gwdet_config(get_cfg())
+    cfg.merge_from_file(str(REPO / "configs" / "COCO-Detection" / "faster_rcnn_R_50_FPN_1x_gw.yaml"))
+    cfg.MODEL.DEVICE = "cpu"
+    cfg.merge_from_list([item for key, value in report.config().items() for item in (key, value)])
+    detector = build_model(cfg)
+    ResilientCheckpointer(detector).load(str(path))
+    assert detector.backbone.bottom_up.stem.conv1.norm.method == ("zca" if name == "GW_ZCA" else "itn")

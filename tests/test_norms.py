@@ -1471,3 +1471,21 @@ def test_register_norm_used_as_a_decorator_without_the_name_shows_the_form_with_
                                              r"gwdet\.register_norm\('MY_GN', my_gn\)\.$"):
         register_norm(my_gn)
     assert "MY_GN" not in known_norm_names() and "my_gn" not in known_norm_names()
+
+
+# gwdet.norm('ListN', dims='1234') was accepted, and the build made a layer from the string's four characters
+def test_a_string_for_a_registered_norms_list_setting_is_refused(registered):
+    import gwdet
+
+    registered.append("TestListN")
+
+    @gwdet.register_norm("TestListN")
+    def build(channels, dims=[1, 2]):  # noqa: B006 (a default the build only reads)
+        return torch.nn.GroupNorm(len(dims), channels)
+
+    with pytest.raises(GwdetTypeError, match=re.escape(
+            "gwdet.norm('TestListN'): dims='1234' is a string, and the norm's build takes a list there (its default "
+            "is [1, 2]), which would iterate the string's characters: give dims as a list (e.g. dims=[1, 2]; "
+            "['1234'] for a list of that one string).")):
+        gwdet.norm("TestListN", dims="1234")
+    assert gwdet.norm("TestListN", dims=[1, 2, 3, 4])(8).num_groups == 4

@@ -447,21 +447,22 @@ class UncomparedSettings(NamedTuple):
 
     layer: str  # the module's name
     kind: str  # its class name
-    names: tuple[str, ...]  # the registered norm names whose layer it is (layer_types)
+    names: tuple[str, ...]  # the registered norm names that build it (by values or layer_types); may be empty
     values: dict[str, Any]  # the recorded values the layer has none of
 
 
 def uncompared_norm_settings(saved: Mapping[str, Mapping[str, Any]], model: torch.nn.Module,
                              saved_types: Mapping[str, str] | None = None) -> list[UncomparedSettings]:
-    """The layers of ``model`` of a registered norm's ``layer_types`` (:func:`gwdet.norms.register_norm`)
-    built without :func:`gwdet.norm` (no :data:`gwdet.norms.NORM_SETTINGS_MARK`), for which ``saved``
-    records values the layer holds none of (a registered name's own settings, ``scale`` say), so
-    that :func:`check_norm_settings` compares nothing of them; a layer of another kind than
-    ``saved_types`` records is left out (:func:`check_norm_types` names it). The norm names are
-    those whose build takes every such value, else every registered name of the layer's type."""
+    """The layers of ``model`` built without :func:`gwdet.norm` (no
+    :data:`gwdet.norms.NORM_SETTINGS_MARK`) for which ``saved`` records values the layer holds none
+    of (a registered name's own settings, ``scale`` say), so that :func:`check_norm_settings`
+    compares nothing of them; a layer of another kind than ``saved_types`` records is left out
+    (:func:`check_norm_types` names it). The norm names are the registered ones
+    (:func:`gwdet.norms.register_norm`) whose build takes every such value, else those of the
+    layer's type (``layer_types``); none where no registered name fits."""
     present = norm_settings(model)
     modules = dict(unwrapped(model).named_modules())
-    records = [record for record in norm_records() if not record.builtin and record.layer_types]
+    records = [record for record in norm_records() if not record.builtin]
     found = []
     for name, recorded in saved.items():
         layer = modules.get(name) if isinstance(name, str) and name else None
@@ -471,9 +472,10 @@ def uncompared_norm_settings(saved: Mapping[str, Mapping[str, Any]], model: torc
         if saved_types and not same_norm_kind(saved_types.get(name, kind), kind):
             continue
         values = {key: value for key, value in recorded.items() if key not in present.get(name, {})}
-        owners = [record for record in records if isinstance(layer, record.layer_types)]
-        if not values or not owners:
+        if not values:
             continue
+        owners = [record for record in records if isinstance(layer, record.layer_types)
+                  or set(values) <= set(record.params())]
         taking = [record.name for record in owners if set(values) <= set(record.params())]
         found.append(UncomparedSettings(name, kind, tuple(taking or [record.name for record in owners]), values))
     return found

@@ -893,7 +893,7 @@ def _shown_value(value: Any) -> str:
     return repr(value)
 
 
-def _same_value(old: Any, new: Any) -> bool:
+def _same_group_value(old: Any, new: Any) -> bool:
     """Whether two values of a parameter group are equal (NaN as NaN; a tensor as its number)."""
     if _shown_value(old) == _shown_value(new):
         return True
@@ -910,7 +910,7 @@ def replaced_group_values(before: Sequence[Mapping[str, Any]], after: Sequence[M
     changes: dict[tuple[str, str, str], int] = {}
     for old_values, new_values in zip(before, after, strict=False):  # torch keeps the number of groups
         for key, old in old_values.items():
-            if key in new_values and not _same_value(old, new_values[key]):
+            if key in new_values and not _same_group_value(old, new_values[key]):
                 change = (key, _shown_value(old), _shown_value(new_values[key]))
                 changes[change] = changes.get(change, 0) + 1
     return [f"{key} of {count} parameter group(s) {old} -> {new}" for (key, old, new), count in changes.items()]
@@ -1678,11 +1678,12 @@ class ResilientCheckpointer(DetectionCheckpointer):
         found = uncompared_norm_settings(saved, self.model, types if isinstance(types, dict) else None)
         if not found:
             return
-        shown = [f"{item.layer} ({item.kind}, of the norm {' or '.join(map(repr, item.names))}): "
+        shown = [f"{item.layer} ({item.kind}" + (f", of the norm {' or '.join(map(repr, item.names))}" if item.names
+                                                 else "") + "): "
                  + ", ".join(f"{key} {value!r}" for key, value in item.values.items()) for item in found]
         first = found[0]
         given = ", ".join(f"{key}={value!r}" for key, value in first.values.items())
-        example = f"gwdet.norm({first.names[0]!r}, {given})(channels)"
+        example = f"gwdet.norm({first.names[0] if first.names else 'NAME'!r}, {given})(channels)"
         logger.warning(
             f"{self._loading or 'The checkpoint'} records norm values that were not compared for {len(found)} layer(s) "
             f"of this model ({listed(shown, 3, '; ')}): the model's layer records no settings of its norm (it was built "

@@ -317,14 +317,17 @@ def _check_dense(tensors: Mapping[str, torch.Tensor]) -> None:
 
 
 def recorded_config(records: list[torch.Tensor]) -> dict[str, object]:
-    """The config values that gwdet GW layers' recorded settings ``records`` give (``MODEL.GW.*``, from
-    the norm catalogue's keys), each where every record that has it agrees."""
+    """The config values that gwdet GW layers' recorded settings ``records`` give: the norm at the GW
+    positions (``MODEL.RESNETS.GW_NORM``, ``GW`` or ``GW_ZCA`` by the recorded method) and its
+    values (``MODEL.GW.*``, from the norm catalogue's keys), each where every record that has it
+    agrees."""
     values: dict[str, set] = {}
     for record in records:
         settings = decode_settings(record)
         if settings is None or settings.get("layer") != GroupWhitening.__name__:
             continue
         name = "GW_ZCA" if settings.get("method") == "zca" else "GW"
+        values.setdefault("MODEL.RESNETS.GW_NORM", set()).add(name)
         for param, key in norm_record(name).config_keys.items():
             if param in settings:
                 values.setdefault(key, set()).add(settings[param])

@@ -458,6 +458,20 @@ def _file_name_advice(file_name: str, root: str) -> str:
     return "IMAGE_ROOT must be the folder that the JSON's file_name entries are relative to."
 
 
+def _absolute_names_outside(images: Sequence[dict], root: str) -> list[str]:
+    """The absolute file_names of ``images`` that lie outside the image folder ``root`` (neither as
+    written nor as their real paths are): detectron2 reads such a name as it is, without ``root``."""
+    real_root = os.path.realpath(root)
+
+    def inside(path: str, folder: str) -> bool:
+        return os.path.commonpath([path, folder]) == folder
+
+    return [image["file_name"] for image in images
+            if os.path.isabs(image["file_name"])
+            and not inside(os.path.normpath(image["file_name"]), os.path.normpath(root))
+            and not inside(os.path.realpath(image["file_name"]), real_root)]
+
+
 def log_inspection_warnings(dataset: CocoDataset) -> None:
     """Log the warnings of the inspection of ``dataset`` (:attr:`CocoContents.warnings`); called where
     the dataset is registered for a run, whose log holds them."""
@@ -681,6 +695,15 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
     if not os.path.exists(os.path.join(root, first)):  # a folder or other non-file: image_file_problems names it
         raise DatasetError(f"{where} the first image of {path}, {first!r}, is not in the image folder {root}: "
                            f"{_file_name_advice(first, root)}")
+    outside = _absolute_names_outside(coco["images"], root)
+    if outside:
+        folder = os.path.commonpath([os.path.dirname(name) for name in outside])
+        raise DatasetError(
+            f"{where} {len(outside)} of the {len(coco['images'])} images of {path} have an absolute file_name outside "
+            f"the image folder {root}, the first {outside[0]!r}: detectron2 reads an absolute path as it is, so "
+            "IMAGE_ROOT would not be used and those images would be read from elsewhere than the folder given. Write "
+            f"the file names relative to IMAGE_ROOT (e.g. strip their leading folders), or give as IMAGE_ROOT the "
+            f"folder they are in ({folder}).")
     rotations: dict[str, int] = {}
     problems = image_file_problems(coco["images"], root, rotations)
     if problems:
@@ -1285,18 +1308,27 @@ def check_datasets_fit(use: DatasetUse) -> None:
 def _check_no_shared_training_images(use: DatasetUse, ours: Sequence[CocoDataset]) -> None:
     """Refuse two training sets of ``use`` (two annotation files) that list the same image files:
     each image would be trained once per file, with that file's annotations, so an object one file
-    lacks trains as background."""
+    lacks trains as background; where the files are copies of each other (the same bytes), each
+    image would be drawn twice as often as the others'."""
     training = [dataset for dataset in ours if dataset.name in use.train]
     for index, first in enumerate(training):
         for second in training[index + 1:]:
             shared = set(first.read.images_among(frozenset(f for _, f in second.read.image_prints)))
-            if shared and not _same_file(first.json_file, second.json_file):  # one file under two names: refused by its own rule
+            if not shared or os.path.realpath(first.json_file) == os.path.realpath(second.json_file):
+                continue  # one file under two names: refused by its own rule (check_distinct_training_files)
+            if _same_file(first.json_file, second.json_file):  # a copy: the same annotations of the same images
                 raise DatasetError(
-                    f"{use.train_setting} {first.name!r} and {second.name!r} list the same {len(shared)} image "
-                    f"file(s) ({listed(sorted(shared), 2)}) with the annotations of two files ({first.json_file}, "
-                    f"{second.json_file}): each such image would be trained twice, once with each file's objects, "
-                    "and an object one file lacks would train as background. Merge the two files' annotations into "
-                    "one entry per image, or train on one of them.")
+                    f"{use.train_setting} names {first.name!r} and {second.name!r}, registered from two annotation "
+                    f"files of the same contents ({first.json_file} and {second.json_file}, byte for byte) over the "
+                    f"same {len(shared)} image file(s): detectron2 would join them and draw those images twice as "
+                    "often as the others'. Give one of them once (to weigh images, set DATALOADER.SAMPLER_TRAIN "
+                    "RepeatFactorTrainingSampler).")
+            raise DatasetError(
+                f"{use.train_setting} {first.name!r} and {second.name!r} list the same {len(shared)} image "
+                f"file(s) ({listed(sorted(shared), 2)}) with the annotations of two files ({first.json_file}, "
+                f"{second.json_file}): each such image would be trained twice, once with each file's objects, "
+                "and an object one file lacks would train as background. Merge the two files' annotations into "
+                "one entry per image, or train on one of them.")
 
 
 def registered_annotation_file(name: str) -> str | None:
