@@ -413,28 +413,34 @@ def test_the_same_norm_hyper_parameters_and_unrecorded_ones_pass():
     check_norm_settings({"gw": {"num_groups": 2}, "bn": None, "unknown": {"eps": 1.0}}, Norms(), OPT_IN)
 
 
+class _ScaledGroupNorm(nn.GroupNorm):
+    """A GroupNorm with a setting of its own (a registered norm's layer)."""
+
+    def __init__(self, channels: int, scale: float) -> None:
+        super().__init__(2, channels)
+        self.scale = scale
+
+
 # before: a registered norm's layer built by hand (not through gwdet.norm) loaded weights recorded with scale 2.0
-# into its scale 3.0 without a word, while the same layer built with gwdet.norm was refused
-def test_recorded_norm_values_a_hand_built_layer_cannot_compare_are_warned_of(tmp_path, registered):
+# into its scale 3.0 without a word, while the same layer built with gwdet.norm was refused; registered without
+# layer_types, it was not warned of either
+@pytest.mark.parametrize("layer_types", [(_ScaledGroupNorm,), ()])
+def test_recorded_norm_values_a_hand_built_layer_cannot_compare_are_warned_of(tmp_path, registered, layer_types):
     import gwdet
     from gwdet.checkpoint.resilient import ResilientCheckpointer
     from conftest import logged_warnings
 
-    class Scaled(nn.GroupNorm):
-        def __init__(self, channels: int, scale: float) -> None:
-            super().__init__(2, channels)
-            self.scale = scale
-
     registered.append("TestScaledGN")
-    gwdet.register_norm("TestScaledGN", lambda channels, scale=1.0: Scaled(channels, scale), layer_types=(Scaled,))
+    gwdet.register_norm("TestScaledGN", lambda channels, scale=1.0: _ScaledGroupNorm(channels, scale),
+                        layer_types=layer_types)
     ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 8, 3), gwdet.norm("TestScaledGN", scale=2.0)(8)),
                           str(tmp_path)).save("w")
     path = str(tmp_path / "w.pth")
     with logged_warnings("gwdet.checkpoint.resilient") as messages:
-        ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 8, 3), Scaled(8, 3.0))).load(path)
+        ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 8, 3), _ScaledGroupNorm(8, 3.0))).load(path)
     assert messages == [
-        f"{path} records norm values that were not compared for 1 layer(s) of this model (1 (Scaled, of the norm "
-        "'TestScaledGN'): scale 2.0): the model's layer records no settings of its norm (it was built without "
+        f"{path} records norm values that were not compared for 1 layer(s) of this model (1 (_ScaledGroupNorm, of the "
+        "norm 'TestScaledGN'): scale 2.0): the model's layer records no settings of its norm (it was built without "
         "gwdet.norm), so it loads weights trained with other values just as well. To have them compared, build the "
         "layer with gwdet.norm (e.g. gwdet.norm('TestScaledGN', scale=2.0)(channels), or a config's NORM key naming "
         "the norm), which records the values it builds with."]
@@ -444,39 +450,11 @@ def test_recorded_norm_values_a_hand_built_layer_cannot_compare_are_warned_of(tm
     assert messages == []
     with pytest.raises(ValueError, match=r"other norm hyper-parameters .*1 scale 2.0 -> 3.0"):
         ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 8, 3), gwdet.norm("TestScaledGN", scale=3.0)(8))).load(path)
-
-
-
-# a registration without layer_types: the hand-built layer loaded the recorded scale 2.0 without a word
-def test_recorded_norm_values_are_warned_of_for_a_hand_built_layer_of_a_registration_without_layer_types(
-        tmp_path, registered):
-    import gwdet
-    from gwdet.checkpoint.resilient import ResilientCheckpointer
-    from conftest import logged_warnings
-
-    class Scaled(nn.GroupNorm):
-        def __init__(self, channels: int, scale: float) -> None:
-            super().__init__(2, channels)
-            self.scale = scale
-
-    registered.append("TestScaledGN")
-    gwdet.register_norm("TestScaledGN", lambda channels, scale=1.0: Scaled(channels, scale))
-    ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 8, 3), gwdet.norm("TestScaledGN", scale=2.0)(8)),
-                          str(tmp_path)).save("w")
-    path = str(tmp_path / "w.pth")
-    with logged_warnings("gwdet.checkpoint.resilient") as messages:
-        ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 8, 3), Scaled(8, 3.0))).load(path)
-    assert messages == [
-        f"{path} records norm values that were not compared for 1 layer(s) of this model (1 (Scaled, of the norm "
-        "'TestScaledGN'): scale 2.0): the model's layer records no settings of its norm (it was built without "
-        "gwdet.norm), so it loads weights trained with other values just as well. To have them compared, build the "
-        "layer with gwdet.norm (e.g. gwdet.norm('TestScaledGN', scale=2.0)(channels), or a config's NORM key naming "
-        "the norm), which records the values it builds with."]
     gwdet.norms.unregister_norm("TestScaledGN")
     registered.remove("TestScaledGN")
     with logged_warnings("gwdet.checkpoint.resilient") as messages:  # the name is gone: the values alone are named
-        ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 8, 3), Scaled(8, 3.0))).load(path)
-    assert messages == [messages[0]] and "(1 (Scaled): scale 2.0)" in messages[0] \
+        ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 8, 3), _ScaledGroupNorm(8, 3.0))).load(path)
+    assert len(messages) == 1 and "(1 (_ScaledGroupNorm): scale 2.0)" in messages[0] \
         and "gwdet.norm('NAME', scale=2.0)(channels)" in messages[0]
 
 
