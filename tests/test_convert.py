@@ -1857,3 +1857,49 @@ def test_the_printed_config_names_the_recorded_whitening_method(tmp_path, name):
     detector = build_model(cfg)
     ResilientCheckpointer(detector).load(str(path))
     assert detector.backbone.bottom_up.stem.conv1.norm.method == ("zca" if name == "GW_ZCA" else "itn")
+
+
+# a checkpoint stored in float8 stopped in the zero-variance check with torch's bare NotImplementedError
+# ("lt_cpu" not implemented for 'Float8_e5m2'), a traceback in the tool
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_a_float8_checkpoint_converts_to_its_float32_values(dtype):
+    import numpy as np
+
+    model = torchvision_model("R-50", with_gw=False)
+    state = {key: value.to(dtype) if value.is_floating_point() else value for key, value in model.state_dict().items()}
+    weights, report = convert_state_dict(in_memory(state))
+    assert report.arch == "R-50"
+    assert np.array_equal(weights["stem.conv1.weight"], state["conv1.weight"].float().numpy())
+    assert np.array_equal(weights["res2.0.conv1.norm.running_var"], state["layer1.0.bn1.running_var"].float().numpy())
+
+
+# GW at the shortcuts only was refused as "... gwdet's backbone keeps BN at shortcuts." without the way out
+def test_gw_at_the_shortcuts_only_is_refused_naming_what_converts():
+    import gwdet
+
+    model = torchvision_model("R-50", with_gw=False)
+    for layer in (model.layer1, model.layer2, model.layer3, model.layer4):
+        layer[0].downsample[1] = gwdet.norm("GW", num_groups=16)(layer[0].downsample[1].num_features)
+    with pytest.raises(ConversionError, match=re.escape(
+            "while other norms are BN: gwdet's backbone keeps BN at shortcuts, so no model of it computes this "
+            "checkpoint's function; nothing was converted. Convert a ResNet with GW (gwdet.norm('GW') or an authors' "
+            "GW layer) at block positions only and BN at the shortcuts, or one with BN everywhere.")):
+        convert_state_dict(in_memory(model.state_dict()))
+
+
+# an input record whose pixel_std held 2 values was written, and loading then advised MODEL.PIXEL_STD [1.0, 2.0]
+def test_the_writer_refuses_pixel_statistics_of_another_channel_count(tmp_path):
+    import numpy as np
+
+    from gwdet.convert.converter import write_detectron2_pkl
+
+    weights = {"stem.conv1.weight": np.zeros((64, 3, 7, 7), np.float32)}
+    with pytest.raises(ConversionError, match=re.escape(
+            "write_detectron2_pkl: metadata['input']['pixel_std'] is [1.0, 2.0] (list): gwdet's loading reads that "
+            "field of the record to check the weights against the model, and takes a list of 3 numbers, one per "
+            "colour channel of the RGB images there.")):
+        write_detectron2_pkl(weights, tmp_path / "out.pkl", author="test", metadata={
+            "input": {"format": "RGB", "pixel_mean": [1.0, 2.0, 3.0], "pixel_std": [1.0, 2.0]}})
+    assert not (tmp_path / "out.pkl").exists()
+    write_detectron2_pkl(weights, tmp_path / "out.pkl", author="test", metadata={
+        "input": {"format": "RGB", "pixel_mean": [1.0, 2.0, 3.0], "pixel_std": [1.0, 2.0, 3.0]}})

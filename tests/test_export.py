@@ -943,6 +943,12 @@ def test_a_sample_image_of_another_layout_or_a_model_on_meta_is_refused_by_name(
     meta = Trainer.build_model(build_config(str(DEMO_CONFIG), TINY_OPTS + ["MODEL.DEVICE", "meta"]))
     with pytest.raises(ValueError, match="The model is on the meta device"):
         export_torchscript(meta, torch.zeros(3, 64, 64), str(tmp_path / "model.ts"))
+    # a float64 image ended in torch's "expected scalar type Double but found Float" inside the trace
+    with pytest.raises(ValueError, match=re.escape(
+            "The sample image is torch.float64, and the model normalizes it with its torch.float32 pixel mean, so it "
+            "would reach the model's torch.float32 layers as torch.float64 (torch's dtype error inside the trace): "
+            "give it as uint8, as detectron2's test loader does, or as torch.float32 (image.to(torch.float32)).")):
+        export_torchscript(model, torch.zeros(3, 64, 64, dtype=torch.float64), str(tmp_path / "model.ts"))
     assert not (tmp_path / "model.ts").exists()
 
 

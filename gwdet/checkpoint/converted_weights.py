@@ -132,6 +132,13 @@ def malformed_record_field(metadata: Mapping) -> tuple[str, object, str] | None:
         if value is not None and not (isinstance(value, (list, tuple)) and all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
             return f"{INPUT_FIELD}.{name}", value, "a list of numbers, one per colour channel"
+    channels = 3 if fields.get("format") in ("RGB", "BGR") else None
+    lengths = {name: len(fields[name]) for name in ("pixel_mean", "pixel_std") if fields.get(name) is not None}
+    count = channels if channels is not None else lengths.get("pixel_mean")
+    for name, length in lengths.items():
+        if count is not None and length != count:
+            return (f"{INPUT_FIELD}.{name}", fields[name],
+                    f"a list of {count} numbers, one per colour channel of the {fields.get('format') or 'input'} images")
     return None
 
 

@@ -182,7 +182,9 @@ def infer_gw_positions(layout: SourceLayout) -> frozenset[str]:
         if gw and position == SHORTCUT:
             raise ConversionError(
                 f"norms without running statistics at shortcuts ({preview_names(gw, 3)}) "
-                "while other norms are BN: gwdet's backbone keeps BN at shortcuts."
+                "while other norms are BN: gwdet's backbone keeps BN at shortcuts, so no model of it computes "
+                "this checkpoint's function; nothing was converted. Convert a ResNet with GW (gwdet.norm('GW') or "
+                "an authors' GW layer) at block positions only and BN at the shortcuts, or one with BN everywhere."
             )
         if gw and bn:
             raise ConversionError(

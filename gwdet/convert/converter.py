@@ -432,7 +432,8 @@ def _check_zero_variances(layout: SourceLayout, source_name: str) -> None:
     variance after a conv with weights does not come out of training: the checkpoint is damaged or
     its statistics were never gathered."""
     zero = [norm.source for norm in layout.norms.values()
-            if "running_var" in norm.tensors and bool((norm.tensors["running_var"].abs() < ZERO_VARIANCE).all())]
+            if "running_var" in norm.tensors  # as float32: torch has no comparisons of float8 values
+            and bool((norm.tensors["running_var"].float().abs() < ZERO_VARIANCE).all())]
     if zero:
         logger.warning(
             "%d batch norm(s) of %s hold a running variance of zero in every channel: %s. Converted, such a layer "

@@ -94,7 +94,8 @@ def tracing_adapter(model: torch.nn.Module, image: torch.Tensor) -> TracingAdapt
     image tensor and returns a tuple of tensors, running the model in evaluation mode
     (:class:`EvalTracingAdapter`). The model is put in evaluation mode, as ``torch.jit.trace`` of the
     adapter needs it; the export functions give it back in its own modes afterwards. An image of
-    another layout (H, W, C), channel count or a model on the meta device is refused by name."""
+    another layout (H, W, C), channel count or a dtype the model's pixel mean does not take in (float64
+    for a float32 model), or a model on the meta device, is refused by name."""
     channels = len(getattr(model, "pixel_mean", ()))
     if not isinstance(image, torch.Tensor) or image.dim() != 3 or (channels and image.shape[0] != channels):
         shape = list(image.shape) if isinstance(image, torch.Tensor) else type(image).__name__
@@ -102,6 +103,13 @@ def tracing_adapter(model: torch.nn.Module, image: torch.Tensor) -> TracingAdapt
             f"The sample image has shape {shape}; the model takes one image as a (C, H, W) tensor of "
             f"{channels or 'its'} channels (as detectron2's test loader gives it: image.permute(2, 0, 1) turns an "
             "(H, W, C) array into one, in the model's INPUT.FORMAT).")
+    mean = getattr(model, "pixel_mean", None)
+    if isinstance(mean, torch.Tensor) and torch.promote_types(image.dtype, mean.dtype) != mean.dtype:
+        raise GwdetValueError(
+            f"The sample image is {image.dtype}, and the model normalizes it with its {mean.dtype} pixel mean, so it "
+            f"would reach the model's {mean.dtype} layers as {torch.promote_types(image.dtype, mean.dtype)} (torch's "
+            f"dtype error inside the trace): give it as uint8, as detectron2's test loader does, or as {mean.dtype} "
+            f"(image.to({mean.dtype})).")
     if any(parameter.is_meta for parameter in model.parameters()):
         raise GwdetValueError("The model is on the meta device, whose tensors hold no values: build it on the CPU "
                               "(or a GPU) and load its weights before exporting it.")
