@@ -230,11 +230,17 @@ def _not_checkpoints(output_dir: str, names: Sequence[str]) -> list[str]:
     """The files among ``names`` of ``output_dir`` named as checkpoints (:func:`is_checkpoint_name`,
     and as a resume keeps them, :data:`EARLIER_CHECKPOINT`) that hold no checkpoint
     (:func:`_holds_a_checkpoint`)."""
+    return [name for name in _named_as_checkpoints(output_dir, names)
+            if not _holds_a_checkpoint(os.path.join(output_dir, name))]
+
+
+def _named_as_checkpoints(output_dir: str, names: Sequence[str]) -> list[str]:
+    """The files among ``names`` of ``output_dir`` named as checkpoints (:func:`is_checkpoint_name`,
+    and as a resume keeps them, :data:`EARLIER_CHECKPOINT`), their ``.sha256`` records aside."""
     tagged = _tagged_checkpoint_name(output_dir)
     return [name for name in names if not name.endswith(CHECKSUM_SUFFIX)
             and (is_checkpoint_name(name, tagged) or EARLIER_CHECKPOINT.match(name))
-            and os.path.isfile(os.path.join(output_dir, name))
-            and not _holds_a_checkpoint(os.path.join(output_dir, name))]
+            and os.path.isfile(os.path.join(output_dir, name))]
 
 
 def _other_runs_checkpoints(output_dir: str, names: Sequence[str]) -> tuple[str, dict[str, str]]:
@@ -249,10 +255,8 @@ def _other_runs_checkpoints(output_dir: str, names: Sequence[str]) -> tuple[str,
     own = folder_run_id(output_dir)
     if own is None:
         return "", {}
-    tagged = _tagged_checkpoint_name(output_dir)
-    recorded = {name: recorded_run_id(os.path.join(output_dir, name)) for name in names
-                if not name.endswith(CHECKSUM_SUFFIX) and (is_checkpoint_name(name, tagged) or EARLIER_CHECKPOINT.match(name))
-                and os.path.isfile(os.path.join(output_dir, name))}
+    recorded = {name: recorded_run_id(os.path.join(output_dir, name))
+                for name in _named_as_checkpoints(output_dir, names)}
     identities = {value for value in recorded.values() if value is not None}
     if own not in identities and len(identities) == 1 and sum(value is not None for value in recorded.values()) > 1:
         return own, {}
