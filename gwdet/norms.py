@@ -451,7 +451,7 @@ def _same_registration(record: NormRecord, other: NormRecord) -> bool:
 # again is a module of another, random name), or that Python makes anew for every class
 _CLASS_BOOKKEEPING = frozenset({"__module__", "__dict__", "__weakref__", "__firstlineno__", "__static_attributes__"})
 # a closure cell with no value yet (a name the enclosing function has not assigned)
-_EMPTY_CELL = object()
+EMPTY_CELL = object()
 
 
 def _same_value(a: Any, b: Any, comparing: set[tuple[int, int]]) -> bool:
@@ -479,7 +479,7 @@ def _same_value(a: Any, b: Any, comparing: set[tuple[int, int]]) -> bool:
         return (a.__qualname__ == b.__qualname__ and _code(a) == _code(b)
                 and _same_value(a.__defaults__, b.__defaults__, comparing)
                 and _same_value(a.__kwdefaults__, b.__kwdefaults__, comparing)
-                and _same_value(_cell_values(a), _cell_values(b), comparing)
+                and _same_value(cell_values(a), cell_values(b), comparing)
                 and _same_value(_read_globals(a), _read_globals(b), comparing))
     if inspect.isclass(a):
         own_a = {key: value for key, value in vars(a).items() if key not in _CLASS_BOOKKEEPING}
@@ -505,14 +505,14 @@ def _same_value(a: Any, b: Any, comparing: set[tuple[int, int]]) -> bool:
         return False
 
 
-def _cell_values(function: Callable) -> tuple[Any, ...]:
-    """The values of ``function``'s closure cells, in order (:data:`_EMPTY_CELL` for an empty one)."""
+def cell_values(function: Callable) -> tuple[Any, ...]:
+    """The values of ``function``'s closure cells, in order (:data:`EMPTY_CELL` for an empty one)."""
     values = []
     for cell in getattr(function, "__closure__", None) or ():
         try:
             values.append(cell.cell_contents)
         except ValueError:  # an empty cell
-            values.append(_EMPTY_CELL)
+            values.append(EMPTY_CELL)
     return tuple(values)
 
 

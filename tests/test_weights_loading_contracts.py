@@ -1636,3 +1636,68 @@ def test_a_method_descriptor_setting_is_recorded_by_its_qualified_name():
 
     assert plain_setting(str.upper) == "str.upper"
     assert plain_setting(torch.nn.Module.to) == "torch.nn.modules.module.Module.to"
+
+
+def _scaler(factor: float):
+    """A factory of functions: each it makes has the same qualified name, ``_scaler.<locals>.scale``."""
+    def scale(x):
+        return x * factor
+    return scale
+
+
+def _module_level_scale(x):
+    return x * 2
+
+
+class _Scaling:
+    def __init__(self, factor: float):
+        self.factor = factor
+
+    def __repr__(self) -> str:
+        return f"_Scaling({self.factor})"
+
+    def apply(self, x):
+        return x * self.factor
+
+
+@pytest.mark.parametrize("value, record", [
+    (_scaler(0.5), f"{__name__}._scaler.<locals>.scale closure [0.5]"),
+    (lambda x, s=3: x * s, f"{__name__}.<lambda> defaults [3]"),
+    (lambda x, *, s=4: x * s, f"{__name__}.<lambda> keyword defaults {{'s': 4}}"),
+    (lambda x: x, f"{__name__}.<lambda>"),
+    (_module_level_scale, f"{__name__}._module_level_scale"),  # its path names it: no values added
+    (_Scaling(2.0).apply, f"{__name__}._Scaling.apply of '_Scaling(2.0)'"),
+])
+def test_a_function_setting_is_recorded_with_the_values_its_path_does_not_name(value, record):
+    from gwdet.checkpoint.compatibility import plain_setting
+
+    assert plain_setting(value) == record
+
+
+def test_a_bound_method_of_an_object_no_record_can_tell_apart_is_refused():
+    from gwdet.checkpoint.compatibility import UnrecordableSettingError, plain_setting
+
+    class Opaque:
+        def apply(self, x):
+            return x
+
+    with pytest.raises(UnrecordableSettingError, match="repr names where it is in memory"):
+        plain_setting(Opaque().apply)
+
+
+# before: a setting made by a factory (make(0.5) and make(2.0), both `make.<locals>.scale`) was recorded by its
+# name alone, so weights trained with one loaded into a model built with the other without a word
+def test_weights_of_a_norm_built_with_one_factory_made_function_are_refused_for_another(tmp_path, registered):
+    import gwdet
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    registered.append("TestScaledByGN")
+    gwdet.register_norm("TestScaledByGN", lambda channels, by=None: torch.nn.GroupNorm(2, channels))
+    ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 8, 3), gwdet.norm("TestScaledByGN", by=_scaler(0.5))(8)),
+                          str(tmp_path)).save("w")
+    path = str(tmp_path / "w.pth")
+    ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 8, 3),
+                                        gwdet.norm("TestScaledByGN", by=_scaler(0.5))(8))).load(path)
+    with pytest.raises(ValueError, match=r"other norm hyper-parameters .*closure \[0\.5\]' -> '.*closure \[2\.0\]"):
+        ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 8, 3),
+                                            gwdet.norm("TestScaledByGN", by=_scaler(2.0))(8))).load(path)

@@ -30,8 +30,8 @@ from gwdet.layers.settings_state import (EXTRA_STATE_KEY, SettingsInState, cast_
 from gwdet.modeling.backbone import convs_with_norm
 from gwdet.modeling.example_weighing import is_example_weighted
 from gwdet.modeling.model_checks import PER_LEVEL_CONTAINERS
-from gwdet.norms import (NORM_SETTINGS_MARK, RUNNING_STATISTICS_NORMS, TORCH_NORM_SETTINGS, layer_types, norm_classes,
-                         norm_records)
+from gwdet.norms import (EMPTY_CELL, NORM_SETTINGS_MARK, RUNNING_STATISTICS_NORMS, TORCH_NORM_SETTINGS, cell_values,
+                         layer_types, norm_classes, norm_records)
 from gwdet.positions import convs_at_positions, format_gw_positions, parse_gw_positions, positions_with_norm
 from gwdet.utils.cli_errors import as_override
 
@@ -339,6 +339,22 @@ def _import_path(value: Any) -> str:
     return f"{module}.{name}" if module else str(name)
 
 
+def _routine_record(value: Any) -> str:
+    """A class, module or function as its import path; a function its path does not name alone (one
+    defined inside another function, ``make.<locals>.scale``, or a lambda) with the values it holds
+    (closure cells, default arguments: :func:`plain_setting` of each), so that two functions one
+    factory made with other values are recorded apart; a bound method with the object it is bound to."""
+    path = _import_path(value)
+    if isinstance(value, types.MethodType):
+        return f"{path} of {plain_setting(value.__self__)!r}"
+    if not (inspect.isfunction(value) and ("<locals>" in value.__qualname__ or "<lambda>" in value.__qualname__)):
+        return path
+    held = {"closure": [plain_setting(item) for item in cell_values(value) if item is not EMPTY_CELL],
+            "defaults": plain_setting(value.__defaults__ or ()),
+            "keyword defaults": plain_setting(value.__kwdefaults__ or {})}
+    return " ".join([path] + [f"{what} {shown!r}" for what, shown in held.items() if shown])
+
+
 def plain_setting(value: Any) -> Any:
     """A norm setting ``value`` as plain data, what a checkpoint records and torch's weights-only
     loading reads back: numbers, strings, ``True``/``False`` and ``None`` as they are; a list, a tuple
@@ -373,7 +389,7 @@ def plain_setting(value: Any) -> Any:
     if isinstance(value, (set, frozenset)):
         return sorted((plain_setting(item) for item in value), key=repr)
     if isinstance(value, (type, types.ModuleType)) or inspect.isroutine(value):
-        return _import_path(value)
+        return _routine_record(value)
     shown = repr(value)
     if _ADDRESS.search(shown):
         raise UnrecordableSettingError(
