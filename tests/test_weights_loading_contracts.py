@@ -458,6 +458,113 @@ def test_recorded_norm_values_a_hand_built_layer_cannot_compare_are_warned_of(tm
         and "gwdet.norm('NAME', scale=2.0)(channels)" in messages[0]
 
 
+class _Affine(nn.Module):
+    """A user's own norm layer of a class no norm name gives as its layer type: a learned per-channel affine."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.full((channels,), 3.0))
+        self.bias = nn.Parameter(torch.full((channels,), 0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.weight.view(1, -1, 1, 1) + self.bias.view(1, -1, 1, 1)
+
+
+# before: gwdet's own checkpoint of a norm registered without layer_types (or of a bare callable norm) recorded no type
+# at the layer's place, and its weights loaded into a GW layer (gwdet.norm("GW")) there without a word, where the same
+# weights in a plain torch.save file were refused
+@pytest.mark.parametrize("how", ["registered without layer_types", "a bare callable"])
+def test_weights_of_a_norm_whose_type_is_not_recorded_are_refused_for_a_gw_layer(tmp_path, registered, how):
+    import gwdet
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    if how == "a bare callable":
+        norm = _Affine
+    else:
+        registered.append("TestAffine")
+        gwdet.register_norm("TestAffine", lambda channels: _Affine(channels))
+        norm = gwdet.norm("TestAffine")
+    ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 8, 3), norm(8)), str(tmp_path)).save("w")
+    path = str(tmp_path / "w.pth")
+    gw = nn.Sequential(nn.Conv2d(3, 8, 3), gwdet.norm("GW", num_groups=2)(8))
+    with pytest.raises(ValueError) as refused:
+        ResilientCheckpointer(gw, str(tmp_path / "run")).load(path)
+    assert str(refused.value) == (
+        "The checkpoint holds weights for 1 gwdet norm layer(s) of this model (1 (GroupWhitening)) but not the "
+        "settings these layers save with their weights (_extra_state), and the file's record of norm types has no "
+        "norm layer at these places (it records every gwdet layer it holds): they come from layers of another kind "
+        "with the same shapes (a norm registered without layer_types, or given as a callable, records no type: "
+        "register it with layer_types=(TheClass,) to have its layers recorded), so they were not trained as these "
+        "layers; nothing was loaded. Load weights trained with this config (gwdet's checkpoints record their norms), "
+        "or set the environment variable GWDET_ALLOW_NORM_MISMATCH=1 to load them anyway.")
+    assert torch.equal(gw[1].weight, torch.ones(8)), "nothing was loaded"
+
+
+# before: loaded as well; pinned so that the refusal above leaves the same norm, its type recorded nowhere,
+# loading into its own model
+@pytest.mark.parametrize("how", ["registered without layer_types", "a bare callable"])
+def test_weights_of_a_norm_whose_type_is_not_recorded_load_into_the_same_norm(tmp_path, registered, how):
+    import gwdet
+    from conftest import logged_warnings
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    if how == "a bare callable":
+        norm = _Affine
+    else:
+        registered.append("TestAffine")
+        gwdet.register_norm("TestAffine", lambda channels: _Affine(channels))
+        norm = gwdet.norm("TestAffine")
+    ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 8, 3), norm(8)), str(tmp_path)).save("w")
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), norm(8))
+    with torch.no_grad():
+        model[1].weight.fill_(1.0)
+    with logged_warnings("gwdet.checkpoint.resilient") as messages:
+        ResilientCheckpointer(model, str(tmp_path / "run")).load(str(tmp_path / "w.pth"))
+    assert messages == []
+    assert torch.equal(model[1].weight, torch.full((8,), 3.0))
+
+
+class _Scale(nn.Module):
+    """A registered norm's layer with a setting of its own, of a class no norm name gives as its layer type."""
+
+    def __init__(self, channels: int, scale: float) -> None:
+        super().__init__()
+        self.scale = scale
+        self.weight = nn.Parameter(torch.ones(channels))
+        self.bias = nn.Parameter(torch.zeros(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale * self.weight.view(1, -1, 1, 1) + self.bias.view(1, -1, 1, 1)
+
+
+# before: weights of a registered norm 'Scale' (scale 2.0, no layer_types) loaded into a GW, GN or BN layer built
+# with gwdet.norm with only a warning that the model's layer "was built without gwdet.norm", naming neither kind
+@pytest.mark.parametrize("loading, kind", [(("GW", {"num_groups": 2}), "GroupWhitening"),
+                                           (("GN", {"num_groups": 2}), "GroupNorm"),
+                                           (("BN", {}), "BatchNorm2d")])
+def test_a_registered_norms_recorded_values_at_a_place_of_another_norm_are_refused_naming_both(
+        tmp_path, registered, monkeypatch, loading, kind):
+    import gwdet
+    from conftest import logged_warnings
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    registered.append("TestScale")
+    gwdet.register_norm("TestScale", lambda channels, scale=1.0: _Scale(channels, scale))
+    ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 8, 3), gwdet.norm("TestScale", scale=2.0)(8)),
+                          str(tmp_path)).save("w")
+    path = str(tmp_path / "w.pth")
+    name, values = loading
+    finding = (f"The checkpoint was trained with other norm layers than this config builds (1 layers, e.g. 1: a layer "
+               f"of the norm 'TestScale' (scale 2.0), of a class the checkpoint does not record -> {kind})")
+    with pytest.raises(ValueError) as refused:
+        ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 8, 3), gwdet.norm(name, **values)(8))).load(path)
+    assert str(refused.value).startswith(finding + "; nothing was loaded.")
+    monkeypatch.setenv("GWDET_ALLOW_NORM_MISMATCH", "1")  # loaded as asked: no word of a layer built without gwdet.norm
+    with logged_warnings("gwdet.checkpoint.resilient") as messages:
+        ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 8, 3), gwdet.norm(name, **values)(8))).load(path)
+    assert finding in messages[0] and not [line for line in messages if "built without gwdet.norm" in line], messages
+
+
 # ---- source files: readable files -------------------------------------------------------------
 
 def test_missing_and_unreadable_paths_are_refused_saying_what_to_do(tmp_path, monkeypatch):

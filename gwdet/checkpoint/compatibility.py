@@ -254,6 +254,29 @@ def norm_layer_types() -> tuple[type, ...]:
     return norm_classes() + PER_LEVEL_CONTAINERS
 
 
+def _always_recorded_types() -> tuple[type, ...]:
+    """The classes of :func:`norm_layer_types` that every process records, whatever names it
+    registered: the layer types of gwdet's and detectron2's built-in norm names, torch's and
+    detectron2's norm classes, and the per-level containers. A checkpoint's record of norm types
+    without an entry at a place held no layer of these classes there."""
+    built_in = tuple(kind for record in norm_records() if record.builtin for kind in record.layer_types)
+    return built_in + tuple(kind for kind, _ in TORCH_NORM_SETTINGS) + PER_LEVEL_CONTAINERS
+
+
+def _untyped_place(name: str, layer: torch.nn.Module, saved_types: Mapping[str, str]) -> bool:
+    """Whether ``layer`` (the model's module ``name``) is of a class every checkpoint records
+    (:func:`_always_recorded_types`) while ``saved_types``, a checkpoint's record of norm types,
+    has no entry at ``name``: the checkpoint's layer there was of another kind (a registered norm's
+    layer whose class no catalogue names, or a callable norm's)."""
+    return name not in saved_types and isinstance(layer, _always_recorded_types())
+
+
+def _registered_names_taking(values: Mapping[str, Any]) -> list[str]:
+    """The norm names registered with :func:`gwdet.norms.register_norm` (not the built-in ones)
+    whose build takes every one of ``values``' settings."""
+    return [record.name for record in norm_records() if not record.builtin and set(values) <= set(record.params())]
+
+
 def norm_types(model: torch.nn.Module) -> dict[str, str]:
     """``{module name: class name}`` of every norm layer of ``model`` (DDP's ``module.`` dropped; a
     layer with a ``torch.nn.utils.parametrize`` parametrization by its own class, not torch's subclass)."""
@@ -273,12 +296,18 @@ def same_norm_kind(saved: str, present: str) -> bool:
     return saved == present or {saved, present} <= _RUNNING_STATISTICS_NAMES
 
 
-def check_norm_types(saved: Mapping[str, str], model: torch.nn.Module, how_to_opt_in: str) -> None:
+def check_norm_types(saved: Mapping[str, str], model: torch.nn.Module, how_to_opt_in: str,
+                     saved_settings: Mapping[str, Any] | None = None) -> None:
     """Raise ``ValueError`` when a norm layer of ``model``, or the layer at a recorded norm's place,
     had another type in the saved model (:func:`same_norm_kind`), or a layer that had a norm has none
     now: its weights (a GN's affine into a GW, say) would load without a word into the wrong layer,
-    or not at all. Batch norms met by layers that :func:`gwdet.modeling.apply_example_weighing` made
-    are named so, with the order that loads them (the weights first, then the example weighing)."""
+    or not at all. With ``saved_settings`` (the checkpoint's record of norm settings), a place it
+    records values for and ``saved`` no type, where ``model`` has a layer of a class every
+    checkpoint records (:func:`_untyped_place`: a GW layer where a registered norm, ``'Scale'`` with
+    ``scale 2.0``, built a layer of its own class), is refused too, naming the registered norms
+    whose build takes those values. Batch norms met by layers that
+    :func:`gwdet.modeling.apply_example_weighing` made are named so, with the order that loads them
+    (the weights first, then the example weighing)."""
     modules = dict(unwrapped(model).named_modules())  # a recorded norm's place may hold a layer of no known norm now
     present = {name: type_before_parametrizations(modules[name]).__name__ for name in saved if name in modules} | \
         norm_types(model)
@@ -288,6 +317,14 @@ def check_norm_types(saved: Mapping[str, str], model: torch.nn.Module, how_to_op
                and name.rsplit(".", 1)[0] in modules}
     differing = [f"{name}: {saved[name]} -> {kind}" for name, kind in (present | removed).items()
                  if name in saved and not same_norm_kind(saved[name], kind)]
+    for name, values in (saved_settings or {}).items():
+        layer = modules.get(name) if isinstance(name, str) and name else None
+        if layer is None or not isinstance(values, Mapping) or not values or not _untyped_place(name, layer, saved):
+            continue
+        names = " or ".join(map(repr, _registered_names_taking(values)))
+        shown = ", ".join(f"{key} {value!r}" for key, value in values.items())
+        differing.append(f"{name}: a layer {f'of the norm {names} ' if names else ''}({shown}), of a class the "
+                         f"checkpoint does not record -> {type_before_parametrizations(layer).__name__}")
     weighed = [name for name, kind in present.items() if name in saved and not same_norm_kind(saved[name], kind)
                and saved[name] in _RUNNING_STATISTICS_NAMES and is_example_weighted(modules[name])]
     if differing and len(weighed) == len(differing):
@@ -472,8 +509,9 @@ def uncompared_norm_settings(saved: Mapping[str, Mapping[str, Any]], model: torc
     """The layers of ``model`` built without :func:`gwdet.norm` (no
     :data:`gwdet.norms.NORM_SETTINGS_MARK`) for which ``saved`` records values the layer holds none
     of (a registered name's own settings, ``scale`` say), so that :func:`check_norm_settings`
-    compares nothing of them; a layer of another kind than ``saved_types`` records is left out
-    (:func:`check_norm_types` names it). The norm names are the registered ones
+    compares nothing of them; a layer of another kind than ``saved_types`` records, or of a class
+    every checkpoint records at a place ``saved_types`` has no entry for (:func:`_untyped_place`),
+    is left out (:func:`check_norm_types` names it). The norm names are the registered ones
     (:func:`gwdet.norms.register_norm`) whose build takes every such value, else those of the
     layer's type (``layer_types``); none where no registered name fits."""
     present = norm_settings(model)
@@ -485,15 +523,15 @@ def uncompared_norm_settings(saved: Mapping[str, Mapping[str, Any]], model: torc
         if layer is None or not isinstance(recorded, Mapping) or isinstance(getattr(layer, NORM_SETTINGS_MARK, None), dict):
             continue
         kind = type_before_parametrizations(layer).__name__
-        if saved_types and not same_norm_kind(saved_types.get(name, kind), kind):
+        if saved_types is not None and (not same_norm_kind(saved_types.get(name, kind), kind)
+                                        or _untyped_place(name, layer, saved_types)):
             continue
         values = {key: value for key, value in recorded.items() if key not in present.get(name, {})}
         if not values:
             continue
-        owners = [record for record in records if isinstance(layer, record.layer_types)
-                  or set(values) <= set(record.params())]
-        taking = [record.name for record in owners if set(values) <= set(record.params())]
-        found.append(UncomparedSettings(name, kind, tuple(taking or [record.name for record in owners]), values))
+        taking = _registered_names_taking(values)
+        owners = [record.name for record in records if isinstance(layer, record.layer_types) or record.name in taking]
+        found.append(UncomparedSettings(name, kind, tuple(taking or owners), values))
     return found
 
 
@@ -633,25 +671,38 @@ def _module_of_record(name: str, module_names: list[str]) -> str:
 
 
 def check_unrecorded_weights(weights: Mapping[str, Any], model: torch.nn.Module, how_to_opt_in: str,
-                             types_recorded: bool = False) -> None:
+                             types_recorded: bool = False, saved_types: Mapping[str, str] | None = None) -> None:
     """Raise ``ValueError`` before anything is loaded when ``weights`` (a state dict from a file that
     records no norm settings: not written by gwdet's checkpointer or converter, or, with
     ``types_recorded``, by one that recorded the norm types only) hold the affine weights of gwdet
     layers of ``model`` without the settings those layers save in their state: weights of other
     layers with the same shapes (a GN or LN model's, saved by detectron2's own checkpointer), or of
-    these layers with other group numbers, that would load without a word."""
+    these layers with other group numbers, that would load without a word. ``saved_types``: the
+    record of norm types of a file that records the norm settings too; only layers at places it has
+    no entry for are refused (a gwdet layer is recorded wherever a checkpoint holds one, so the
+    weights there come from a layer of another kind: a norm registered without ``layer_types``, or
+    given as a callable, records no type)."""
     layers = []
     for key, layer in _recording_layers(model).items():
         name = key[: -len(EXTRA_STATE_KEY)].rstrip(".")
+        if saved_types is not None and name in saved_types:
+            continue
         if _saved_key(weights, f"{name}.weight" if name else "weight") and _saved_key(weights, key) is None:
             layers.append(f"{name or 'the model'} ({type(layer).__name__})")
     if not layers:
         return
-    why = ("nor gwdet's record of the norm settings (the file records the norm types only), so whether they were "
-           "trained with these layers' settings (their group numbers) cannot be checked" if types_recorded else
-           "nor gwdet's record of the norm types: they come from other layers with the same shapes (a GN model's, "
-           "saved by detectron2's own checkpointer) or from a file gwdet did not write, so whether they were trained "
-           "as these layers cannot be checked")
+    if saved_types is not None:
+        why = ("and the file's record of norm types has no norm layer at these places (it records every gwdet layer "
+               "it holds): they come from layers of another kind with the same shapes (a norm registered without "
+               "layer_types, or given as a callable, records no type: register it with layer_types=(TheClass,) to "
+               "have its layers recorded), so they were not trained as these layers")
+    elif types_recorded:
+        why = ("nor gwdet's record of the norm settings (the file records the norm types only), so whether they were "
+               "trained with these layers' settings (their group numbers) cannot be checked")
+    else:
+        why = ("nor gwdet's record of the norm types: they come from other layers with the same shapes (a GN model's, "
+               "saved by detectron2's own checkpointer) or from a file gwdet did not write, so whether they were "
+               "trained as these layers cannot be checked")
     raise NormMismatchError(
         f"The checkpoint holds weights for {len(layers)} gwdet norm layer(s) of this model ({listed(layers, 3)}) "
         f"but not the settings these layers save with their weights ({EXTRA_STATE_KEY}), {why}",

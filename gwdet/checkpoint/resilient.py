@@ -1623,12 +1623,15 @@ class ResilientCheckpointer(DetectionCheckpointer):
     def _check_norms(self, checkpoint: dict, unconverted: bool) -> None:
         """The checkpoint's norm layers against the model's: their types and settings as gwdet's
         checkpointer records them, the settings gwdet's layers record in the weights, batch norm
-        statistics for layers without any, and (``unconverted`` files without gwdet's records) gwdet
-        layers' weights without settings. A finding is refused; with ``GWDET_ALLOW_NORM_MISMATCH=1``
-        it is logged as a warning (the weights then load, the layers' records dropped)."""
+        statistics for layers without any, and (``unconverted`` files without gwdet's records, or whose
+        record of norm types has no norm layer at their places) gwdet layers' weights without settings.
+        A finding is refused; with ``GWDET_ALLOW_NORM_MISMATCH=1`` it is logged as a warning (the weights
+        then load, the layers' records dropped)."""
         checks: list[Callable[[], None]] = []
         if isinstance(checkpoint.get(NORM_TYPES_KEY), dict):
-            checks.append(lambda: check_norm_types(checkpoint[NORM_TYPES_KEY], self.model, _MISMATCH_OPT_IN))
+            settings = checkpoint.get(NORM_SETTINGS_KEY)
+            checks.append(lambda: check_norm_types(checkpoint[NORM_TYPES_KEY], self.model, _MISMATCH_OPT_IN,
+                                                   settings if isinstance(settings, dict) else None))
         if isinstance(checkpoint.get(NORM_SETTINGS_KEY), dict):
             types = checkpoint.get(NORM_TYPES_KEY)
             checks.append(lambda: check_norm_settings(checkpoint[NORM_SETTINGS_KEY], self.model, _MISMATCH_OPT_IN,
@@ -1645,6 +1648,9 @@ class ResilientCheckpointer(DetectionCheckpointer):
             elif unconverted and not isinstance(checkpoint.get(NORM_SETTINGS_KEY), dict):  # types, no settings
                 checks.append(lambda: check_unrecorded_weights(weights, self.model, _MISMATCH_OPT_IN,
                                                                types_recorded=True))
+            elif unconverted:  # types and settings: gwdet layers at places whose record has no norm layer
+                checks.append(lambda: check_unrecorded_weights(weights, self.model, _MISMATCH_OPT_IN,
+                                                               saved_types=checkpoint[NORM_TYPES_KEY]))
         allowed = mismatch_allowed()
         for check in checks:
             try:
