@@ -34,8 +34,9 @@ from gwdet.errors import GwdetError, GwdetKeyError, GwdetValueError, did_you_mea
 from gwdet.layers.common import is_finite_number, is_whole_number
 from gwdet.config import (CONFIG_KEYS, add_gwdet_config, allowed_config_keys, check_config_value, check_config_values,
                           config_default, config_value, flatten_config, require_gwdet_config)
-from gwdet.norms import (DETECTRON2_GN_GROUPS, OWN_NAMES_NOTE, UnknownNormError, detectron2_builds_as_configured,
-                         known_norm_names, norm_record, norm_records, spawned_process_note)
+from gwdet.norms import (DETECTRON2_GN_GROUPS, OWN_NAMES_NOTE, UnknownNormError, add_registered_config_keys,
+                         detectron2_builds_as_configured, known_norm_names, norm_record, norm_records,
+                         spawned_process_note)
 from gwdet.positions import BLOCK_CONV_OF_POSITION, backbone_reads_gw_positions, parse_gw_positions
 
 # Where a message sends the reader: the section explaining how NORM strings become layers.
@@ -1297,22 +1298,38 @@ def built_norm_names(cfg: CfgNode) -> list[str]:
 
 def norm_keys_read(cfg: CfgNode) -> set[str]:
     """The keys of norm hyper-parameters that the norms the config builds read (their records'
-    ``config_keys``): a key of :data:`NORM_VALUE_SECTIONS` outside it has no effect on the model."""
+    ``config_keys``): a key of :func:`norm_value_defaults` outside it has no effect on the model."""
     return {key for name in built_norm_names(cfg) for key in norm_record(name).config_keys.values()}
 
 
+def norm_value_defaults() -> dict[str, Any]:
+    """``{key: default}`` of the keys that only norms read: gwdet's sections of
+    :data:`NORM_VALUE_SECTIONS`, and the ``config_keys`` of registered names that neither
+    detectron2's nor gwdet's config has (``MODEL.MY_GN.NUM_GROUPS``), with the default their build
+    function gives (:func:`gwdet.norms.add_registered_config_keys`)."""
+    defaults = {key: default for key, default in flatten_config(add_gwdet_config(CfgNode())).items()
+                if key.startswith(NORM_VALUE_SECTIONS)}
+    known, _ = _default_keys()
+    registered = flatten_config(add_registered_config_keys(CfgNode()))
+    return {**defaults, **{key: default for key, default in registered.items() if key not in known}}
+
+
 def warn_unread_norm_values(cfg: CfgNode) -> None:
-    """A warning for each norm hyper-parameter of gwdet's table (``MODEL.GW.*``, ``MODEL.GN.*``,
-    ``MODEL.BW.*``, ``MODEL.BGN.*``) set away from its default that none of the norms the config's
-    NORM keys build reads (``MODEL.BGN.NUM_GROUPS`` with GhostBN only, ``MODEL.GW.T`` with GW_ZCA
-    only, ``MODEL.BW.T`` without a BW layer): the value has no effect. The group numbers of
-    :data:`SHARED_GROUP_KEYS` are named only where a norm of their section is built."""
+    """A warning for each norm hyper-parameter that only norms read (:func:`norm_value_defaults`:
+    ``MODEL.GW.*``, ``MODEL.GN.*``, ``MODEL.BW.*``, ``MODEL.BGN.*`` and registered names' own
+    ``config_keys``) set away from its default that none of the norms the config's NORM keys build
+    reads (``MODEL.BGN.NUM_GROUPS`` with GhostBN only, ``MODEL.GW.T`` with GW_ZCA only, ``MODEL.BW.T``
+    without a BW layer, ``MODEL.MY_GN.NUM_GROUPS`` without a MyGN layer): the value has no effect. The
+    group numbers of :data:`SHARED_GROUP_KEYS` are named only where a norm of their section is built;
+    a registered key the config lacks (registered after the config was made) is set by nothing."""
     built = built_norm_names(cfg)
     read = norm_keys_read(cfg)
-    defaults = flatten_config(add_gwdet_config(CfgNode()))
-    for key, default in defaults.items():
+    present = flatten_config(cfg)
+    for key, default in norm_value_defaults().items():
+        if key in read or key not in present:
+            continue
         value = config_value(cfg, key)
-        if not key.startswith(NORM_VALUE_SECTIONS) or key in read or value == default:
+        if value == default:
             continue
         section_read = any(other.startswith(key.rsplit(".", 1)[0] + ".") for other in read)
         if not section_read and key in SHARED_GROUP_KEYS:

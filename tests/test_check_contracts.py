@@ -21,7 +21,10 @@ from gwdet.config import config_default
 from gwdet.engine.output_dir import check_resume_config
 from gwdet.utils.run_file_names import CONFIG_NAME
 from gwdet.layers import GroupWhitening
+from gwdet.errors import GwdetValueError
 from gwdet.norms import UnknownNormError
+
+from conftest import REPO, logged_warnings
 
 
 def gw_backbone_config():
@@ -493,6 +496,72 @@ def test_a_registered_build_that_fails_is_told_the_values_and_the_keys_they_came
             f"The norm {name!r} (a registered name) could not build a layer of 8 channels with {values}: its build "
             f"function {build.__qualname__} raised ValueError: {why}. Give values it can build with (--verbose shows "
             "where it failed).")
+
+
+# before: MODEL.MY_GN.NUM_GROUPS 4 of a registered MyGN, with no MyGN layer built, was dropped without a word, where
+# MODEL.BW.GROUP_SIZE 4 on the same config was warned of
+def test_a_registered_names_config_key_no_built_norm_reads_is_warned_of_as_gwdets_are(registered):
+    from gwdet.model_zoo import build_config
+    from gwdet.norms import register_norm
+
+    def test_my_gn(channels: int, num_groups: int = 16) -> torch.nn.Module:
+        return torch.nn.GroupNorm(num_groups, channels)
+
+    register_norm("TestMyGN", test_my_gn, config_keys={"num_groups": "MODEL.TEST_MY_GN.NUM_GROUPS"})
+    registered.append("TestMyGN")
+    config = str(REPO / "configs" / "Demo" / "scratch_faster_rcnn_gn_shapes.yaml")
+    with logged_warnings("gwdet.config_checks") as warnings:
+        build_config(config, ["MODEL.TEST_MY_GN.NUM_GROUPS", "4", "MODEL.BW.GROUP_SIZE", "4"])
+    assert [warning for warning in warnings if "reads it" in warning] == [
+        "MODEL.BW.GROUP_SIZE is 4 (default 16), but none of the norms the model builds (GN) reads it; BW and BW_ItN "
+        "do: the value has no effect. Set MODEL.BW.GROUP_SIZE back to 16, or use a norm that reads it.",
+        "MODEL.TEST_MY_GN.NUM_GROUPS is 4 (default 16), but none of the norms the model builds (GN) reads it; "
+        "TestMyGN does: the value has no effect. Set MODEL.TEST_MY_GN.NUM_GROUPS back to 16, or use a norm that "
+        "reads it."]
+    with logged_warnings("gwdet.config_checks") as warnings:  # read where the name is built, at its default unsaid
+        build_config(config, ["MODEL.TEST_MY_GN.NUM_GROUPS", "4", "MODEL.ROI_BOX_HEAD.NORM", "TestMyGN"])
+        build_config(config, [])
+    assert not [warning for warning in warnings if "reads it" in warning], warnings
+
+
+# ---- a number override yacs read as text ----------------------------------------------------------
+
+# before: MODEL.GW.NUM_GROUPS "'16'" gave "got 16 (a str)" (16 for an int key, without its quotes) with no fix, and
+# SOLVER.WEIGHT_DECAY_NORM nan "got nan (a str)" without saying that a finite number is needed
+@pytest.mark.parametrize("opts, told", [
+    (["MODEL.GW.NUM_GROUPS", "'16'"], "MODEL.GW.NUM_GROUPS takes a value of type int (it is 16 before this value); got "
+                                      "'16' (a str). Write it without quotes: MODEL.GW.NUM_GROUPS 16."),
+    (["MODEL.GW.EPS", "'1e-4'"], "got '1e-4' (a str). Write it without quotes: MODEL.GW.EPS 1e-4."),
+    (["MODEL.GW.EPS", "'1'"], "got '1' (a str). Write it without quotes: MODEL.GW.EPS 1.0."),
+    (["MODEL.GW.NUM_GROUPS", "'0'"], "got '0' (a str). Written without quotes (MODEL.GW.NUM_GROUPS 0), it is refused "
+                                     "too: config: MODEL.GW.NUM_GROUPS must be an integer >= 1, got 0"),
+    (["MODEL.GW.NUM_GROUPS", "'16.0'"], "got '16.0' (a str). Write it as a whole number: MODEL.GW.NUM_GROUPS 16."),
+    (["SOLVER.WEIGHT_DECAY_NORM", "nan"],
+     "SOLVER.WEIGHT_DECAY_NORM takes a value of type float (it is 0.0 before this value); got 'nan' (a str). yacs "
+     "reads nan as text, and the number NaN is refused too: config: SOLVER.WEIGHT_DECAY_NORM=nan is no weight decay "
+     "of the norm layers: give a finite number at least 0."),
+    (["MODEL.GW.EPS", "NaN"], "got 'NaN' (a str). yacs reads nan as text, and the number NaN is refused too: config: "
+                              "MODEL.GW.EPS must be a finite number > 0, got nan"),
+    (["MODEL.BW.MOMENTUM", "nan"], "got 'nan' (a str). yacs reads nan as text, and the number NaN is refused too: "
+                                   "config: MODEL.BW.MOMENTUM must be a number in [0, 1], got nan"),
+])
+def test_a_number_override_read_as_text_is_shown_quoted_with_the_fix(opts, told):
+    from gwdet.model_zoo import build_config
+
+    with pytest.raises(GwdetValueError) as err:
+        build_config(str(REPO / "configs" / "Demo" / "scratch_faster_rcnn_gw_shapes.yaml"), opts)
+    assert str(err.value).endswith(told), str(err.value)
+
+
+# before: "got nan (a str)" for a float key that no value check reads, without a fix
+def test_a_nan_for_a_float_key_no_check_reads_asks_for_a_finite_number():
+    from gwdet.model_zoo import build_config
+
+    with pytest.raises(GwdetValueError) as err:
+        build_config(str(REPO / "configs" / "Demo" / "scratch_faster_rcnn_gw_shapes.yaml"),
+                     ["MODEL.RPN.SMOOTH_L1_BETA", "nan"])
+    assert str(err.value).endswith("got 'nan' (a str). yacs reads nan as text: give a finite number, e.g. "
+                                   "MODEL.RPN.SMOOTH_L1_BETA 0.0."), str(err.value)
 
 
 # ---- the kind of a config value, as register_norm names it -----------------------------------------

@@ -11,6 +11,7 @@ the study all call it.
 """
 from __future__ import annotations
 
+import ast
 import codecs
 import datetime
 import difflib
@@ -158,6 +159,30 @@ def _whole_number_fix(key: str, value: str, default: str) -> str:
     return f" Write it as a whole number: {key} {int(number)}."
 
 
+def _quoted_number_fix(cfg: CfgNode, key: str, kind: str, value: str, default: str) -> str:
+    """The fix for the text ``value`` (as yacs' error shows it) of the key ``key`` of numbers of type
+    ``kind`` (``int`` or ``float``; ``default``: its value before): a number in quotes (``KEY "'16'"``),
+    written without them (or refused as that number is); a NaN for a float key, refused as the number
+    NaN is (its range), or told to give a finite number ("" for other text)."""
+    text = value.strip()
+    if kind == "float" and text.lstrip("+-").lower() == "nan":
+        refusal = value_refusal(cfg, key, math.nan)
+        return (f" yacs reads nan as text, and the number NaN is refused too: {refusal}" if refusal is not None else
+                f" yacs reads nan as text: give a finite number, e.g. {key} {default}.")
+    try:
+        number = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return ""
+    if isinstance(number, bool) or not isinstance(number, (int, float)):
+        return ""
+    if kind == "int" and isinstance(number, float):
+        return _whole_number_fix(key, text, default)
+    written = f"{text}.0" if kind == "float" and isinstance(number, int) else text
+    refusal = value_refusal(cfg, key, float(number) if kind == "float" else number)
+    return (f" Write it without quotes: {key} {written}." if refusal is None else
+            f" Written without quotes ({key} {written}), it is refused too: {refusal}")
+
+
 def merge_problem(cfg: CfgNode, error: BaseException) -> str:
     """What yacs' error when merging into ``cfg`` means, with the fix: a key the config does not
     have (and the close ones it has), a value of another type than the key's default, a section
@@ -238,8 +263,13 @@ def merge_problem(cfg: CfgNode, error: BaseException) -> str:
             quoted = _whole_number_fix(key, value, default)
         if expected.endswith("float") and value.strip().lstrip("+-").lower() in ("inf", "infinity"):
             quoted = f" yacs reads no inf; a number too large for a float is one: {key} {'-' if '-' in value else ''}1e999."
+        shown = value
+        if expected.rsplit(".", 1)[-1] in ("int", "float") and given.rsplit(".", 1)[-1] == "str":
+            number_fix = _quoted_number_fix(cfg, key, expected.rsplit(".", 1)[-1], value, default)
+            if number_fix:  # text that reads as a number: shown in quotes, as the text it is
+                quoted, shown = number_fix, repr(value)
         return (f"{key} takes a value of type {expected.rsplit('.', 1)[-1]} (it is {default or repr('')} before this "
-                f"value); got {value} (a {given.rsplit('.', 1)[-1]}).{quoted}")
+                f"value); got {shown} (a {given.rsplit('.', 1)[-1]}).{quoted}")
     if "odd length" in text:
         return f"overrides come in KEY VALUE pairs; {text.split(': ', 1)[-1].split(';')[0]} has a key without its value."
     return text
