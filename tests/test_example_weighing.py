@@ -314,6 +314,41 @@ def test_a_batch_norm_subclass_with_its_own_forward_is_refused_and_the_model_lef
     torch.testing.assert_close(model(x), reference)
 
 
+class _Positive(nn.Module):
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight.abs()
+
+
+# before: a batch norm with a parametrized weight (register_parametrization) was replaced by a BatchGroupNorm without
+# the parametrization, without a word: the constraint was gone in training and the state-dict keys changed
+def test_a_parametrized_batch_norm_is_refused_and_the_model_left_as_it_was():
+    from torch.nn.utils import parametrize
+
+    x = torch.randn(2, 3, 9, 9)
+    model = small_model()
+    parametrize.register_parametrization(model[4], "weight", _Positive())
+    first, parametrized = model[1], model[4]
+    with pytest.raises(GwdetTypeError, match=r"^the batch norm\(s\) 4 \(BatchNorm2d: weight\) are parametrized "
+                                             r"\(torch.nn.utils.parametrize computes those tensors\), .*no longer keep "
+                                             r"the parametrization's constraint, and the state dict would have other "
+                                             r"keys \(weight for parametrizations.weight.original\)\. Apply example "
+                                             r"weighing before registering the parametrizations .*"
+                                             r"remove_parametrizations\(model.get_submodule\('4'\), 'weight'\), "
+                                             r".*The model is as it was\.$"):
+        apply_example_weighing(model, 0.3)
+    assert model[1] is first and model[4] is parametrized and parametrize.is_parametrized(model[4], "weight")
+    assert "4.parametrizations.weight.original" in model.state_dict()
+    with pytest.raises(GwdetTypeError, match=r"^example_weighted_norm: BatchNorm2d is parametrized "
+                                             r"\(torch.nn.utils.parametrize computes its weight\), .*"
+                                             r"remove_parametrizations\(bn, 'weight'\)\.$"):
+        example_weighted_norm(parametrized, 0.3)
+    # the fix the message gives: the parametrization removed, its current values kept, the model is weighed
+    reference = model(x).detach()
+    parametrize.remove_parametrizations(model[4], "weight")
+    assert apply_example_weighing(model, 0.0) == 2
+    torch.testing.assert_close(model(x), reference)
+
+
 # before: "has no batch norm layer at all ... which other norms do not keep", though BGN keeps running statistics
 # and weighs examples by its own eval_example_weight
 @pytest.mark.parametrize("name, kwargs", [("BGN", {"num_groups": 4}), ("GhostBN", {})])

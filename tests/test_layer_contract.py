@@ -484,6 +484,42 @@ def test_a_bad_constructor_argument_is_named(layer_class, argument, value, messa
         layer_class(**arguments)
 
 
+COUNT_ARGUMENTS = [(cls, argument) for cls in LAYER_CLASSES for argument in constructor_arguments(cls)
+                   if BAD_ARGUMENTS.get(argument) is NOT_A_COUNT]
+
+
+# before: BatchGroupNorm(16, num_groups=4, examples_per_group=10**30) was accepted, and torch.jit.script failed with
+# a raw pybind error (Could not cast attribute 'examples_per_group' to type int: ... to C++ type '?'); with
+# examples_per_group=2**63 - 1 the scripted layer failed in training (Stride calculation overflowed)
+@pytest.mark.parametrize("layer_class,argument", COUNT_ARGUMENTS,
+                         ids=lambda value: value.__name__ if isinstance(value, type) else None)
+def test_a_count_past_int64_is_refused_naming_the_largest(layer_class, argument):
+    largest = 2**63 - 1
+    for value in (10**30, largest + 1):
+        with pytest.raises(GwdetValueError, match=re.escape(
+                f"{layer_class.__name__}: {argument} must be an integer from 1 to {largest} (2**63 - 1, the largest "
+                f"integer torch holds: a larger one fails in torch.jit.script and torch's ops), got {value}; give a "
+                f"value of at most {largest}")):
+            layer_class(**{"num_channels": CHANNELS, argument: value})
+    if argument != "num_channels":  # the largest is accepted, and the layer scripts and runs as built
+        layer = layer_class(**{"num_channels": CHANNELS, argument: largest})
+        assert getattr(layer, argument) == largest
+        x = random_batch((4, CHANNELS, 3, 3), torch.float32, seed=3)
+        torch.testing.assert_close(torch.jit.script(copy.deepcopy(layer))(x), layer(x))
+
+
+# before: layer.examples_per_group = 10**30 after the build was taken, and the layer could not be scripted
+def test_a_count_past_int64_set_after_the_build_is_refused():
+    from gwdet.layers import BatchGroupNorm
+
+    layer = BatchGroupNorm(CHANNELS, num_groups=4)
+    with pytest.raises(GwdetValueError, match=re.escape(
+            f"BatchGroupNorm: examples_per_group must be an integer from 1 to {2**63 - 1} (2**63 - 1, the largest "
+            f"integer torch holds: a larger one fails in torch.jit.script and torch's ops), got {10**30}")):
+        layer.examples_per_group = 10**30
+    assert layer.examples_per_group == 2
+
+
 @pytest.mark.parametrize("name", ["GW_ZCA", "BW"])
 def test_zca_whitening_refuses_an_eps_whose_gradient_float32_cannot_hold(name):
     # eps=1e-30 on a group of rank below its size: output and weight gradient finite, the input gradient inf

@@ -209,11 +209,12 @@ def _example_group_moments(
     """:func:`_block_moments` with blocks of ``examples_per_group`` consecutive examples,
     the last ``N mod examples_per_group`` examples forming one smaller block."""
     num_examples = values.shape[0]
+    if examples_per_group >= num_examples:  # one block of the whole batch, before ``%``: TorchScript's int
+        # remainder overflows for a count near int64's maximum (example weighing's whole-batch groups)
+        return _block_moments(values, num_examples, groups)
     grouped_examples = num_examples - num_examples % examples_per_group
     if grouped_examples == num_examples:
         return _block_moments(values, examples_per_group, groups)
-    if grouped_examples == 0:
-        return _block_moments(values, num_examples, groups)
     head = _block_moments(values[:grouped_examples], examples_per_group, groups)
     tail = _block_moments(values[grouped_examples:], num_examples - grouped_examples, groups)
     return (

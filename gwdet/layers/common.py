@@ -30,6 +30,8 @@ FLOAT32_SMALLEST_NORMAL = 2.0 ** -126
 FLOAT32_LARGEST = torch.finfo(torch.float32).max
 # the most Newton iterations (T) a whitening layer takes (the default is 5)
 MAX_ITERATIONS = 1000
+# the largest integer torch holds (int64): its ops, TorchScript and ONNX take no larger count
+INT64_MAX = 2 ** 63 - 1
 
 
 def is_whole_number(value: Any) -> bool:
@@ -55,10 +57,17 @@ def _shown(value: Any, of_right_type: bool) -> str:
 
 def check_int_at_least(owner: str, name: str, value: Any, minimum: int) -> None:
     """Raise ``ValueError`` unless ``value`` is an integer ``>= minimum``: an ``int`` or another
-    integral type (numpy's), never a bool or a string."""
+    integral type (numpy's), never a bool or a string; and at most :data:`INT64_MAX`, the largest
+    integer torch holds (a larger one is kept by Python, then fails where torch reads it:
+    ``torch.jit.script``, a tensor, an op's argument)."""
     if not is_whole_number(value) or value < minimum:
         raise GwdetValueError(
             f"{owner}: {name} must be an integer >= {minimum}, got {_shown(value, is_whole_number(value))}")
+    if int(value) > INT64_MAX:
+        raise GwdetValueError(
+            f"{owner}: {name} must be an integer from {minimum} to {INT64_MAX} (2**63 - 1, the largest integer torch "
+            f"holds: a larger one fails in torch.jit.script and torch's ops), got {value}; give a value of at most "
+            f"{INT64_MAX}")
 
 
 def check_positive(owner: str, name: str, value: Any) -> None:
@@ -115,11 +124,11 @@ def check_iterations(owner: str, T: Any, name: str = "T") -> None:
     integer from 1 to :data:`MAX_ITERATIONS`: each iteration is a few products of a group's
     covariance, so a count in the millions runs for days (and one past int64 cannot reach the op at
     all)."""
-    check_int_at_least(owner, name, T, 1)
-    if T > MAX_ITERATIONS:
+    if is_whole_number(T) and T > MAX_ITERATIONS:  # before check_int_at_least, whose upper bound is int64's
         raise GwdetValueError(
             f"{owner}: {name} must be an integer from 1 to {MAX_ITERATIONS} (Newton's iterations, Eqs. 6-7; the "
             f"default is 5), got {T}")
+    check_int_at_least(owner, name, T, 1)
 
 
 def check_hyper_parameters(
@@ -131,8 +140,8 @@ def check_hyper_parameters(
     iterations: Optional[Mapping[str, Any]] = None,
 ) -> None:
     """A layer's constructor checks, each naming ``owner``, the argument, its value and the range
-    (``ValueError``): every ``counts`` value an integer >= 1, then every ``iterations`` value (the
-    Newton iteration count ``T``) an integer from 1 to :data:`MAX_ITERATIONS`
+    (``ValueError``): every ``counts`` value an integer from 1 to :data:`INT64_MAX`, then every
+    ``iterations`` value (the Newton iteration count ``T``) an integer from 1 to :data:`MAX_ITERATIONS`
     (:func:`check_iterations`), every ``positive`` value finite and > 0 in float32, every
     ``unit_interval`` value in [0, 1], every ``flags`` value a bool."""
     for name, count in counts.items():

@@ -12,30 +12,31 @@ the classes of detectron2's "BN" and "SyncBN", BatchNorm1d/3d, subclasses includ
 running statistics and ``eps``; ``FrozenBatchNorm2d`` is left alone (a model with nothing to
 weigh is refused), and the layers an earlier call made get the new weight. A subclass whose class
 (or object) has a ``forward`` of its own, not torch's or detectron2's, is refused, since the
-replacement computes batch norm only. gwdet's own BatchGroupNorm layers (BGN, GhostBN) are not
-replaced: they weigh examples by their own ``eval_example_weight``. In ``train()`` mode the
-replacement normalizes over the whole batch per channel, as batch norm does (a ``momentum=None``
-cumulative average becomes ``momentum=0.1``).
+replacement computes batch norm only; so is a layer with a ``torch.nn.utils.parametrize``
+parametrization, which the replacement would not keep. gwdet's own BatchGroupNorm layers (BGN,
+GhostBN) are not replaced: they weigh examples by their own ``eval_example_weight``. In
+``train()`` mode the replacement normalizes over the whole batch per channel, as batch norm does
+(a ``momentum=None`` cumulative average becomes ``momentum=0.1``).
 """
 from __future__ import annotations
-
-import sys
 
 from typing import Callable
 
 import torch
 from detectron2.layers import FrozenBatchNorm2d
 from torch import nn
+from torch.nn.utils import parametrize
+from torch.nn.utils.parametrize import type_before_parametrizations
 
 from gwdet.modeling.module_hooks import move_hooks, state_dict_hooks
 from gwdet.errors import GwdetTypeError, GwdetValueError, listed
 from gwdet.layers import BatchGroupNorm
-from gwdet.layers.common import check_unit_interval
+from gwdet.layers.common import INT64_MAX, check_unit_interval
 from gwdet.norms import layer_types, shared_norm_layers
 
 DEFAULT_MOMENTUM = 0.1
 # Example groups this large hold every batch, so BatchGroupNorm trains as batch norm.
-WHOLE_BATCH = sys.maxsize
+WHOLE_BATCH = INT64_MAX
 
 
 def example_weighted_norm(bn: nn.modules.batchnorm._BatchNorm, weight: float) -> BatchGroupNorm:
@@ -45,7 +46,9 @@ def example_weighted_norm(bn: nn.modules.batchnorm._BatchNorm, weight: float) ->
     float rounding). The result is on ``bn``'s device and in ``bn``'s training mode. A ``bn``
     without a bias (``bias=False``) gives a bias of zeros that does not require grad, so the
     norm computes and trains as ``bn`` does. A ``bn`` with a ``forward`` of its own
-    (:func:`own_forward`) is refused (``GwdetTypeError``): the norm would not compute it.
+    (:func:`own_forward`) is refused (``GwdetTypeError``): the norm would not compute it; so is a
+    ``bn`` with a ``torch.nn.utils.parametrize`` parametrization (:func:`parametrized_tensors`),
+    which the norm would not keep.
     """
     if not isinstance(bn, nn.modules.batchnorm._BatchNorm):
         raise GwdetTypeError(f"example_weighted_norm: bn must be a torch batch norm (BatchNorm1d/2d/3d, SyncBatchNorm) "
@@ -59,6 +62,14 @@ def example_weighted_norm(bn: nn.modules.batchnorm._BatchNorm, weight: float) ->
                              "Give it a batch norm of torch's or detectron2's classes (or a subclass that does not "
                              "override forward) with the same statistics and affine parameters, or weigh this layer's "
                              "computation yourself.")
+    tensors = parametrized_tensors(bn)
+    if tensors:
+        raise GwdetTypeError(f"example_weighted_norm: {type_before_parametrizations(bn).__name__} is parametrized "
+                             f"(torch.nn.utils.parametrize computes its {listed(tensors, 4)}), which the "
+                             f"example-weighted BatchGroupNorm would not keep: {_parametrization_lost(tensors[0])}. "
+                             "Apply example weighing before registering the parametrization (then register it on "
+                             "the BatchGroupNorm), or remove it first, keeping its current values: "
+                             f"torch.nn.utils.parametrize.remove_parametrizations(bn, {tensors[0]!r}).")
     if isinstance(bn, nn.modules.lazy.LazyModuleMixin) and bn.has_uninitialized_params():
         raise GwdetValueError(f"example_weighted_norm: {type(bn).__name__} is a lazy module whose channels are not "
                               "known yet: run the model once on an input (or call its initialize_parameters) first")
@@ -101,6 +112,21 @@ def own_forward(module: nn.Module) -> str | None:
     if definer.__module__.partition(".")[0] in ("torch", "detectron2"):
         return None
     return f"{definer.__qualname__}.forward"
+
+
+def parametrized_tensors(module: nn.Module) -> list[str]:
+    """The names of ``module``'s tensors that a ``torch.nn.utils.parametrize`` parametrization
+    computes (``["weight"]``); ``[]`` for a module without one."""
+    if not parametrize.is_parametrized(module):
+        return []
+    return [name for name, _ in module.get_submodule("parametrizations").named_children()]
+
+
+def _parametrization_lost(tensor: str) -> str:
+    """What the replacement of a batch norm whose ``tensor`` is parametrized would lose, in words."""
+    return ("it would copy the values the parametrization computes into plain parameters, so training would no "
+            "longer keep the parametrization's constraint, and the state dict would have other keys "
+            f"({tensor} for parametrizations.{tensor}.original)")
 
 
 def _own_forward_words(module: nn.Module) -> str:
@@ -148,8 +174,8 @@ def weighable_types() -> tuple[type[nn.modules.batchnorm._BatchNorm], ...]:
 def weighable_norms(model: nn.Module) -> list[tuple[str, nn.modules.batchnorm._BatchNorm]]:
     """``(name, module)`` of every batch norm of ``model`` that example weighing applies to: a
     layer of :func:`weighable_types` (subclasses too) keeping running statistics. A subclass with a
-    ``forward`` of its own (:func:`own_forward`) is listed, and :func:`apply_example_weighing`
-    refuses it."""
+    ``forward`` of its own (:func:`own_forward`) or a parametrization (:func:`parametrized_tensors`)
+    is listed, and :func:`apply_example_weighing` refuses it."""
     _check_model("weighable_norms", model)
     kinds = weighable_types()
     return [
@@ -177,9 +203,11 @@ def apply_example_weighing(model: nn.Module, weight: float) -> int:
     model with no other layer to weigh is refused naming that setting. A batch norm subclass with a
     ``forward`` of its own (:func:`own_forward`) is refused (``GwdetTypeError``), the model left
     as it is: the replacement would not compute it; subclasses that do not override ``forward``
-    are replaced as torch's classes are. To compare several weights, apply each one to its own copy of the trained
-    model (``copy.deepcopy``), or apply them one after the other to the same model: each call sets
-    its weight on every weighed layer.
+    are replaced as torch's classes are. So is a batch norm with a ``torch.nn.utils.parametrize``
+    parametrization (:func:`parametrized_tensors`), which the replacement would not keep. To compare
+    several weights, apply each one to its own copy of the trained model (``copy.deepcopy``), or
+    apply them one after the other to the same model: each call sets its weight on every weighed
+    layer.
     """
     check_unit_interval("apply_example_weighing", "weight", weight)
     _check_model("apply_example_weighing", model)
@@ -251,7 +279,8 @@ def replace_weighable_norms(model: nn.Module, replacement: Callable[[nn.modules.
     refused, since its replacement's state dict differs. A layer object at several places of the
     model (``m.a = m.b = bn``, ``Sequential(conv, bn, conv, bn)``) is refused, since replacing it at
     one place would leave the others a batch norm. A layer with a ``forward`` of its own
-    (:func:`own_forward`) is refused, since its replacement would not compute it."""
+    (:func:`own_forward`) is refused, since its replacement would not compute it; so is a layer with
+    a ``torch.nn.utils.parametrize`` parametrization, which its replacement would not keep."""
     targets = weighable_norms(model)
     target_ids = {id(bn) for _, bn in targets}
     tied = [places for places in shared_norm_layers(model) if id(model.get_submodule(places[0])) in target_ids]
@@ -273,6 +302,18 @@ def replace_weighable_norms(model: nn.Module, replacement: Callable[[nn.modules.
             "their own computation would be lost. Apply example weighing to models whose batch norms are torch's or "
             "detectron2's classes (or subclasses that do not override forward), or convert those layers yourself. "
             "The model is as it was.")
+    parametrized = [(name, parametrized_tensors(bn)) for name, bn in targets if parametrized_tensors(bn)]
+    if parametrized:
+        place, tensors = parametrized[0]
+        shown = [f"{name} ({type_before_parametrizations(model.get_submodule(name)).__name__}: {listed(names, 4)})"
+                 for name, names in parametrized]
+        raise GwdetTypeError(
+            f"the batch norm(s) {listed(shown, 3)} are parametrized (torch.nn.utils.parametrize computes those "
+            f"tensors), which the example-weighted replacement (a BatchGroupNorm) would not keep: "
+            f"{_parametrization_lost(tensors[0])}. Apply example weighing before registering the parametrizations "
+            "(then register them on the replacements), or remove them first, keeping their current values: "
+            f"torch.nn.utils.parametrize.remove_parametrizations(model.get_submodule({place!r}), {tensors[0]!r}), "
+            "and so for each parametrized tensor. The model is as it was.")
     hooked = [f"{name} ({', '.join(state_dict_hooks(bn))})" for name, bn in targets if state_dict_hooks(bn)]
     if hooked:
         raise GwdetValueError(f"the batch norm(s) {listed(hooked, 3)} carry state-dict hooks (or a pruning), which are "
