@@ -289,13 +289,27 @@ def test_an_empty_config_file_names_the_file(tmp_path):
         build_config(str(empty))
 
 
-def test_a_finished_run_trained_further_sets_its_earlier_results_aside(finished_run, tmp_path):
+# before: the resumed run wrote its model_final.pth over the finished run's, so the results kept aside scored
+# weights no file held any more (no periodic checkpoint is of the last iteration)
+def test_a_finished_run_trained_further_sets_its_earlier_results_and_final_weights_aside(finished_run, tmp_path):
+    from gwdet.utils.atomic import checksum_problem
+
     run = tmp_path / "run"
     shutil.copytree(finished_run, run, ignore=shutil.ignore_patterns(".gwdet.lock"))
-    earlier = (run / "results.json").read_text()
-    main(tiny_run_args(run, "--resume", "SOLVER.MAX_ITER", "3"))
+    earlier, final = (run / "results.json").read_text(), (run / "model_final.pth").read_bytes()
+    with logged_warnings("gwdet.engine.output_dir") as warnings:
+        main(tiny_run_args(run, "--resume", "SOLVER.MAX_ITER", "3"))
     assert (run / "results_before_resuming_at_2.json").read_text() == earlier
     assert json.loads((run / "results.json").read_text()) != json.loads(earlier)  # the 3-iteration model's
+    kept = run / "model_final_before_resuming_at_2.pth"
+    assert kept.read_bytes() == final != (run / "model_final.pth").read_bytes()
+    assert checksum_problem(str(kept)) is None and (run / "model_final_before_resuming_at_2.pth.sha256").is_file()
+    assert f"{run}: the run's model_final.pth, which this run resumed at iteration 2 writes over when it ends, is " \
+           "kept as model_final_before_resuming_at_2.pth (the weights of the results and evaluations kept as of " \
+           "before this resume)." in warnings
+    main(tiny_run_args(run, "--resume", "SOLVER.MAX_ITER", "4"))  # trained further again: each final is kept once
+    assert sorted(path.name for path in run.glob("model_final_before_*.pth")) == [
+        "model_final_before_resuming_at_2.pth", "model_final_before_resuming_at_3.pth"]
 
 
 def test_a_run_records_the_initial_weights_it_started_from(finished_run, tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ previous good one; a stop signal saves the current iteration, and a stop or an e
 iteration ends the run without the evaluation after training.
 """
 import errno
+import json
 import os
 import re
 import signal
@@ -73,6 +74,22 @@ def test_sigkilled_run_resumes_to_the_same_weights(killed_and_uninterrupted):
     expected, resumed = final_weights(uninterrupted), final_weights(killed)
     for name, tensor in expected["model"].items():
         assert torch.equal(resumed["model"][name], tensor), name
+
+
+def metrics_records(output_dir):
+    """``metrics.json``'s records without the timings (which no two runs share)."""
+    timings = {"time", "data_time", "rank_data_time", "eta_seconds"}
+    return [{key: value for key, value in json.loads(line).items() if key not in timings}
+            for line in (output_dir / "metrics.json").read_text().splitlines()]
+
+
+# before: the resumed run's writers smoothed over the iterations since the resume only, so its metrics.json
+# (and TensorBoard) held other losses than the uninterrupted run's, of the same weights
+def test_sigkilled_run_resumes_to_the_same_metrics(killed_and_uninterrupted):
+    uninterrupted, killed, _ = killed_and_uninterrupted
+    expected = metrics_records(uninterrupted)
+    assert len(expected) == 1 and expected[0]["iteration"] == 7 and "total_loss" in expected[0]
+    assert metrics_records(killed) == expected
 
 
 def trained_four_iterations(output_dir):

@@ -103,6 +103,7 @@ from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.engine.training import (
     EvaluationWriter,
     InnerTrainerState,
+    MetricHistoryKept,
     check_config_kind,
     check_fresh_training,
     check_not_over_another_run,
@@ -428,6 +429,7 @@ class LazyTrainer(InnerTrainerState, TrainerBase):
         main = comm.is_main_process()
         hook_list = [
             hooks.IterationTimer(),
+            MetricHistoryKept(),
             hooks.LRScheduler(),
             RunPeriodicCheckpointer(self.checkpointer, **cfg.train.checkpointer) if main else None,
             hooks.EvalHook(cfg.train.eval_period, test_and_save_results),

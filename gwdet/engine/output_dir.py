@@ -75,6 +75,7 @@ from gwdet.utils.atomic import (
     checksum_problem,
     foreign_record,
     move_checksum_record,
+    path_written_atomically,
     process_is_gone,
     record_checksum,
     remove_checksum,
@@ -1604,6 +1605,39 @@ def set_aside_later_checkpoints(output_dir: str, start_iter: int) -> None:
         logger.warning(f"{output_dir}: this resume starts at iteration {start_iter}, and the run's checkpoints of "
                        f"later iterations, which it would write over, are kept under names no resume continues from: "
                        f"{', '.join(moved)}.")
+
+
+def keep_replaced_final(output_dir: str, start_iter: int) -> None:
+    """Keep a copy of the run's ``model_final.pth`` that a run resumed at iteration ``start_iter``
+    writes over when it ends (a finished run continued to a larger ``SOLVER.MAX_ITER``: it resumes
+    from that file, and the results and evaluations it had are kept as of "before resuming") as
+    ``model_final_before_resuming_at_<start_iter>.pth`` (a free name gets ``_2``, ...), with its
+    SHA-256 record where the file matches its own, and warn, naming it; nothing where a kept copy of
+    the same bytes is there already (the run was resumed before). A copy, not a rename: the file
+    stays the run's checkpoint until the resumed run writes its next one. A final of a later
+    iteration is renamed aside by :func:`set_aside_later_checkpoints` before."""
+    path = os.path.join(output_dir, FINAL_WEIGHTS)
+    if os.path.islink(path) or not os.path.isfile(path):
+        return
+    stem, extension = os.path.splitext(FINAL_WEIGHTS)
+    kept = [name for name in sorted(os.listdir(output_dir)) if EARLIER_CHECKPOINT.match(name)
+            and name.startswith(stem) and not name.endswith(CHECKSUM_SUFFIX)]
+    if any(filecmp.cmp(path, os.path.join(output_dir, name), shallow=False) for name in kept):
+        return
+    target = _free_path(output_dir, f"{stem}{SET_ASIDE_INFIX}{start_iter}", extension)
+    try:
+        with path_written_atomically(target) as temporary:
+            shutil.copyfile(path, temporary)
+    except OSError as error:
+        raise GwdetOSError(
+            f"--resume keeps the run's {FINAL_WEIGHTS}, which the resumed run writes over when it ends, as "
+            f"{os.path.basename(target)}, but it cannot be copied ({error.strerror or error}); nothing was trained. "
+            "Free space or make the run's folder writable, then resume again.") from None
+    if os.path.isfile(checksum_path(path)) and checksum_problem(path) is None:
+        record_checksum(target)
+    logger.warning(f"{output_dir}: the run's {FINAL_WEIGHTS}, which this run resumed at iteration {start_iter} writes "
+                   f"over when it ends, is kept as {os.path.basename(target)} (the weights of the results and "
+                   "evaluations kept as of before this resume).")
 
 
 def trim_metrics(output_dir: str, start_iter: int) -> None:

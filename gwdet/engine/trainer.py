@@ -56,6 +56,7 @@ from gwdet.engine.run import RunConfig, warn_of_uncounted_detections
 from gwdet.data.finite_images import FiniteImageBatches
 from gwdet.engine.training import (
     InnerTrainerState,
+    MetricHistoryKept,
     check_config_kind,
     check_fresh_training,
     check_not_over_another_run,
@@ -170,11 +171,12 @@ class Trainer(*_OPTIMIZER_STATE, DefaultTrainer):  # type: ignore[misc]
         iteration before training stops) after the LR scheduler and the periodic checkpointer, before evaluation and the writers.
         detectron2's PreciseBN passes (``TEST.PRECISE_BN``) run with the random generators kept, as the
         evaluations do (:func:`~gwdet.engine.training.random_streams_kept`), and after a resume draw
-        the batches an uninterrupted run's would (:func:`~gwdet.engine.training.continue_precise_bn`)."""
+        the batches an uninterrupted run's would (:func:`~gwdet.engine.training.continue_precise_bn`). The
+        writers' recent history is checkpointed and resumed (:class:`~gwdet.engine.training.MetricHistoryKept`)."""
         if not isinstance(self.checkpointer, ResilientCheckpointer):
             self.checkpointer = training_checkpointer(self, self.cfg.OUTPUT_DIR, self.cfg.DATASETS.TRAIN)
         hooks = with_signal_checkpoints(precise_bn_streams_kept(super().build_hooks()))
-        return writing_every_evaluation(hooks, self.cfg.TEST.EVAL_PERIOD)
+        return [*writing_every_evaluation(hooks, self.cfg.TEST.EVAL_PERIOD), MetricHistoryKept()]
 
     def build_writers(self) -> list:
         """detectron2's writers (written after every evaluation too:

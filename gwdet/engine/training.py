@@ -24,6 +24,7 @@ import weakref
 from typing import Any, Iterable, Iterator, Sequence
 
 import torch
+from fvcore.common.history_buffer import HistoryBuffer
 
 from detectron2.engine import AMPTrainer, HookBase, SimpleTrainer, TrainerBase, create_ddp_model
 from detectron2.engine.hooks import EvalHook, PeriodicWriter, PreciseBN
@@ -42,7 +43,8 @@ from gwdet.layers.common import is_whole_number
 from gwdet.errors import GwdetFileExistsError, GwdetRuntimeError, GwdetTypeError, GwdetValueError, listed
 from gwdet.utils.cli_errors import output_path_problem
 from gwdet.engine.output_dir import (OutputDirLock, OutputDirNotWritableError, config_differences, lock_holder,
-                                     set_aside_later_checkpoints, set_aside_results, trim_metrics)
+                                     keep_replaced_final, set_aside_later_checkpoints, set_aside_results,
+                                     trim_metrics)
 from gwdet.engine.run_environment import annotation_files, run_segment
 from gwdet.modeling.build import check_build_state
 from gwdet.utils.run_file_names import METRICS_JSON
@@ -398,6 +400,44 @@ class EvaluationWriter(PeriodicWriter):
         super().after_step()
 
 
+# detectron2's writers smooth each scalar over its last 20 samples (CommonMetricPrinter) or over the samples of its
+# last 20 iterations (JSONWriter, TensorboardXWriter: their window_size)
+WRITERS_WINDOW = 20
+
+
+class MetricHistoryKept(HookBase):
+    """Checkpoints the recent history of each scalar of the trainer's event storage (the samples
+    detectron2's writers smooth over, :data:`WRITERS_WINDOW`: the last ones and those of the last
+    iterations, as ``(value, iteration)`` pairs) and puts it back into the storage of a run resumed
+    from that checkpoint before its first iteration: the smoothed values the resumed run writes
+    (``metrics.json``, TensorBoard, the console) are then an uninterrupted run's, where a fresh
+    storage would hold the iterations since the resume only."""
+
+    def __init__(self) -> None:
+        self._resumed: dict[str, list] = {}
+
+    def state_dict(self) -> dict:
+        storage = getattr(self.trainer, "storage", None)
+        if storage is None:  # not training: no history to keep
+            return {}
+        kept = {}
+        for name, history in storage.histories().items():
+            count = max(WRITERS_WINDOW, storage.count_samples(name, WRITERS_WINDOW))
+            kept[name] = [[float(value), int(iteration)] for value, iteration in history.values()[-count:]]
+        return {"histories": kept} if kept else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._resumed = dict(state.get("histories", {}))
+
+    def before_train(self) -> None:
+        histories = self.trainer.storage.histories()
+        for name, samples in self._resumed.items():
+            history = histories.setdefault(name, HistoryBuffer())
+            for value, iteration in samples:
+                history.update(value, iteration)
+        self._resumed = {}
+
+
 def writing_every_evaluation(hooks: list, eval_period: int) -> list:
     """``hooks`` with detectron2's ``PeriodicWriter`` replaced by an :class:`EvaluationWriter` of the
     same writers and period, so that each evaluation every ``eval_period`` iterations (after the
@@ -472,6 +512,7 @@ def continue_after_resume(output_dir: str, start_iter: int, loader: Iterable, im
     """After a resume at iteration ``start_iter`` (nothing at 0): ``metrics.json`` keeps the records
     of the iterations the checkpoint holds, the checkpoints of later iterations, which the run writes
     again (:func:`set_aside_later_checkpoints`), and earlier results are renamed (:func:`set_aside_results`),
+    a finished run's ``model_final.pth`` is copied aside (:func:`keep_replaced_final`),
     and ``loader`` skips the samples those iterations
     consumed (``images_per_process`` each), or a warning says it restarts its stream
     (``loader_origin`` names what built it, e.g. "dataloader.train is not built by ...")."""
@@ -480,6 +521,7 @@ def continue_after_resume(output_dir: str, start_iter: int, loader: Iterable, im
     if comm.is_main_process():
         trim_metrics(output_dir, start_iter)
         set_aside_later_checkpoints(output_dir, start_iter)
+        keep_replaced_final(output_dir, start_iter)
         set_aside_results(output_dir, start_iter)
     if not skip_trained_samples(loader, start_iter * images_per_process):
         logger.warning(f"{loader_origin}: it restarts its sample stream on resume instead of continuing where "
