@@ -791,6 +791,14 @@ def test_a_file_whose_name_starts_with_a_dash_is_named_with_the_way_to_give_it(t
         export_model.main(["--config-file", "-r50.pth", "--output", str(tmp_path / "ex")])
     assert "(-r50.pth is a file, read as a flag because its name starts with '-': give it as ./-r50.pth)" in (
         capsys.readouterr().err)
+    # a name of no file yet (an output) where argparse misses a positional: named too (before: argparse's message
+    # alone, "OUT" being required though it was given)
     with pytest.raises(SystemExit):
-        convert(["-missing.pth", "out/m.pkl"])  # no such file: argparse's message alone
-    assert capsys.readouterr().err.rstrip().endswith("error: the following arguments are required: OUT")
+        convert(["r50.pth", "-x.pkl"])
+    assert capsys.readouterr().err.rstrip().endswith(
+        "error: the following arguments are required: OUT (-x.pkl was read as a flag, of which there is none, because "
+        "it starts with '-'; for a file name, put -- before file names that start with '-' (-- -x.pkl ...), or give "
+        "it as ./-x.pkl)")
+    with pytest.raises(SystemExit):
+        convert(["r50.pth", "out/m.pkl", "--overwirte"])  # a misspelt flag: argparse's message alone
+    assert capsys.readouterr().err.rstrip().endswith("error: unrecognized arguments: --overwirte")

@@ -25,17 +25,24 @@ def dashed_file_hint(parser: argparse.ArgumentParser, argv: Sequence[str], messa
     """What to add to argparse's usage error ``message`` (a missing positional or value, an unknown
     argument) when a word of ``argv`` that starts with ``-`` and is no flag of ``parser`` names an
     existing file: argparse read it as a flag. The hint names the file and the ways to give it
-    (``--`` before the file names where ``double_dash``, or ``./``); else ``""``."""
+    (``--`` before the file names where ``double_dash``, or ``./``); the same for such a word that
+    names no file (an output to write, ``-x.pkl``) where argparse misses a positional, unless it
+    starts with ``--`` (a misspelt flag more likely); else ``""``."""
     if not any(error in message for error in _MISREAD_ARGUMENT_ERRORS):
         return ""
-    dashed = [word for word in argv if word.startswith("-") and word != "--" and not _is_number(word)
-              and _action_of(parser, word.split("=", 1)[0]) is None and os.path.exists(word)]
-    if not dashed:
+    unknown = [word for word in argv if word.startswith("-") and word != "--" and not _is_number(word)
+               and _action_of(parser, word.split("=", 1)[0]) is None]
+    existing = [word for word in unknown if os.path.exists(word)]
+    named = [word for word in unknown if not word.startswith("--")] \
+        if "the following arguments are required" in message else []
+    if not (existing or named):
         return ""
-    word = dashed[0]
+    word = (existing or named)[0]
     ways = f"put -- before file names that start with '-' (-- {word} ...), or give it as ./{word}" if double_dash \
         else f"give it as ./{word}"
-    return (f" ({word} is a file, read as a flag because its name starts with '-': {ways})")
+    if existing:
+        return f" ({word} is a file, read as a flag because its name starts with '-': {ways})"
+    return f" ({word} was read as a flag, of which there is none, because it starts with '-'; for a file name, {ways})"
 
 
 @contextlib.contextmanager
