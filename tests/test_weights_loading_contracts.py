@@ -1767,18 +1767,45 @@ class _Scaling:
         return x * self.factor
 
 
+def _code_of(function) -> str:
+    from gwdet.checkpoint.compatibility import _code_digest
+
+    return f"code {_code_digest(function.__code__)}"
+
+
+_DOUBLE, _TRIPLE = (lambda x: x * 2), (lambda x: x * 3)
+
+
 @pytest.mark.parametrize("value, record", [
-    (_scaler(0.5), f"{__name__}._scaler.<locals>.scale closure [0.5]"),
-    (lambda x, s=3: x * s, f"{__name__}.<lambda> defaults [3]"),
-    (lambda x, *, s=4: x * s, f"{__name__}.<lambda> keyword defaults {{'s': 4}}"),
-    (lambda x: x, f"{__name__}.<lambda>"),
+    (_scaler(0.5), f"{__name__}._scaler.<locals>.scale {_code_of(_scaler(0.5))} closure [0.5]"),
+    (lambda x, s=3: x * s, f"{__name__}.<lambda> {{code}} defaults [3]"),
+    (lambda x, *, s=4: x * s, f"{__name__}.<lambda> {{code}} keyword defaults {{{{'s': 4}}}}"),
+    (_DOUBLE, f"{__name__}.<lambda> {_code_of(_DOUBLE)}"),
     (_module_level_scale, f"{__name__}._module_level_scale"),  # its path names it: no values added
     (_Scaling(2.0).apply, f"{__name__}._Scaling.apply of '_Scaling(2.0)'"),
 ])
 def test_a_function_setting_is_recorded_with_the_values_its_path_does_not_name(value, record):
     from gwdet.checkpoint.compatibility import plain_setting
 
-    assert plain_setting(value) == record
+    assert plain_setting(value) == record.replace("{code}", _code_of(value)).replace("{{", "{").replace("}}", "}")
+
+
+# before: `lambda t: t * 2` and `lambda t: t * 3` (or a script's function edited between saving and loading) were both
+# recorded as `module.<lambda>`, so weights trained with one loaded into a layer built with the other without a word
+def test_two_lambdas_of_other_code_are_recorded_apart_and_one_code_alike_wherever_it_stands():
+    from gwdet.checkpoint.compatibility import _code_digest, plain_setting
+
+    assert plain_setting(_DOUBLE) != plain_setting(_TRIPLE)
+    again = eval(compile("\n\n\n(lambda x: x * 2)", "elsewhere.py", "eval"))  # other file and line, same code
+    assert _code_digest(again.__code__) == _code_digest(_DOUBLE.__code__)
+    nested = [eval(f"lambda x: (lambda y: y * {factor})(x)") for factor in (2, 3)]  # the difference in nested code
+    assert _code_digest(nested[0].__code__) != _code_digest(nested[1].__code__)
+    scripts = []
+    for factor in (2, 3):  # a script's own function (module __main__), edited between two runs
+        scope: dict = {"__name__": "__main__"}
+        exec(f"def act(t):\n    return t * {factor}\n", scope)
+        scripts.append(plain_setting(scope["act"]))
+    assert scripts[0].startswith("__main__.act code ") and scripts[0] != scripts[1]
 
 
 def test_a_bound_method_of_an_object_no_record_can_tell_apart_is_refused():

@@ -12,6 +12,7 @@ settings are removed from the state first (:func:`drop_layer_settings`).
 from __future__ import annotations
 
 import enum
+import hashlib
 import inspect
 import re
 import types
@@ -376,20 +377,39 @@ def _import_path(value: Any) -> str:
     return f"{module}.{name}" if module else str(name)
 
 
+def _code_digest(code: types.CodeType) -> str:
+    """12 hexadecimal digits of the SHA-256 of what ``code`` computes: its bytecode, the names it
+    reads and its constants (a nested function's code by its own digest, a frozenset's members in
+    sorted order), not where it stands in its file. The bytecode is the interpreter's: another
+    Python version gives another digest."""
+    digest = hashlib.sha256(code.co_code)
+    digest.update(repr(code.co_names).encode())
+    for constant in code.co_consts:
+        shown = _code_digest(constant) if isinstance(constant, types.CodeType) else \
+            repr(sorted(map(repr, constant))) if isinstance(constant, frozenset) else repr(constant)
+        digest.update(shown.encode())
+    return digest.hexdigest()[:12]
+
+
 def _routine_record(value: Any) -> str:
-    """A class, module or function as its import path; a function its path does not name alone (one
-    defined inside another function, ``make.<locals>.scale``, or a lambda) with the values it holds
-    (closure cells, default arguments: :func:`plain_setting` of each), so that two functions one
-    factory made with other values are recorded apart; a bound method with the object it is bound to."""
+    """A class, module or function as its import path. A function its path does not name alone (one
+    defined inside another function, ``make.<locals>.scale``, a lambda, or one of the script run as
+    ``__main__``, which no other process imports by that path) with a digest of its code
+    (:func:`_code_digest`) and the values it holds (closure cells, default arguments: :func:`plain_setting`
+    of each), so that two lambdas, a script's function edited between saving and loading, or two
+    functions one factory made with other values are recorded apart; a bound method with the object
+    it is bound to. A module-level function of an importable module is recorded by its path alone."""
     path = _import_path(value)
     if isinstance(value, types.MethodType):
         return f"{path} of {plain_setting(value.__self__)!r}"
-    if not (inspect.isfunction(value) and ("<locals>" in value.__qualname__ or "<lambda>" in value.__qualname__)):
+    if not (inspect.isfunction(value) and ("<locals>" in value.__qualname__ or "<lambda>" in value.__qualname__
+                                           or value.__module__ == "__main__")):
         return path
     held = {"closure": [plain_setting(item) for item in cell_values(value) if item is not EMPTY_CELL],
             "defaults": plain_setting(value.__defaults__ or ()),
             "keyword defaults": plain_setting(value.__kwdefaults__ or {})}
-    return " ".join([path] + [f"{what} {shown!r}" for what, shown in held.items() if shown])
+    return " ".join([path, f"code {_code_digest(value.__code__)}"]
+                    + [f"{what} {shown!r}" for what, shown in held.items() if shown])
 
 
 def plain_setting(value: Any) -> Any:
