@@ -1,5 +1,7 @@
 """Inference example weighing applied to trained batch norms (four_things_batchnorm_summers2020, Eq. 3)."""
 import copy
+import logging
+import warnings
 
 import pytest
 import torch
@@ -9,7 +11,7 @@ from torch import nn
 
 from gwdet.model_zoo import build_config
 from gwdet.layers import BatchGroupNorm
-from gwdet.errors import GwdetTypeError, GwdetValueError
+from gwdet.errors import GwdetRuntimeWarning, GwdetTypeError, GwdetValueError
 from gwdet.modeling.example_weighing import apply_example_weighing, example_weighted_norm, weighable_norms
 
 from conftest import REPO
@@ -109,6 +111,45 @@ def test_training_mode_still_normalizes_over_the_batch():
     torch.testing.assert_close(norm(x), reference(x), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(norm.running_mean, reference.running_mean)
     torch.testing.assert_close(norm.running_var, reference.running_var)
+
+
+# before: momentum=None (the cumulative average) became momentum 0.1 without a word, and the docstrings said the
+# replacement "trains as bn does"
+def test_a_cumulative_average_batch_norm_is_named_in_one_warning(caplog):
+    model = nn.Sequential(*[nn.BatchNorm2d(4, momentum=None) for _ in range(5)], nn.BatchNorm2d(4))
+    with caplog.at_level(logging.WARNING, logger="gwdet.modeling.example_weighing"):
+        assert apply_example_weighing(model, 0.0) == 6
+    assert [record.getMessage() for record in caplog.records] == [
+        "apply_example_weighing: 5 batch norms (0, 1, 2, ... (2 more)) have momentum=None (running statistics kept "
+        "as the cumulative average of every batch); their example-weighted replacements (BatchGroupNorm) continue "
+        "their running statistics as a moving average with momentum 0.1, not the cumulative average, if the model "
+        "trains further (num_batches_tracked is not kept). Inference is not affected. To train further with the "
+        "cumulative average, train the model before applying example weighing; to keep another rate, set "
+        "layer.momentum on the replacements."]
+    assert [layer.momentum for layer in model] == [0.1] * 6
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="gwdet.modeling.example_weighing"):
+        example_weighted_norm(nn.BatchNorm2d(4, momentum=None), 0.5)
+    (record,) = caplog.records
+    assert record.getMessage().startswith(
+        "example_weighted_norm: the BatchNorm2d has momentum=None (running statistics kept as the cumulative average "
+        "of every batch); its example-weighted replacement (BatchGroupNorm) continues its running statistics as a "
+        "moving average with momentum 0.1, not the cumulative average, if the model trains further")
+
+
+# before: no warning for any layer (kept so for layers with a momentum and layers weighed by an earlier call)
+def test_batch_norms_with_a_momentum_give_no_warning(caplog):
+    model = nn.Sequential(nn.BatchNorm2d(4), nn.BatchNorm2d(4, momentum=0.3), nn.BatchNorm2d(4, momentum=None))
+    with caplog.at_level(logging.WARNING, logger="gwdet.modeling.example_weighing"):
+        apply_example_weighing(model, 0.5)
+    assert [record.getMessage()[:70] for record in caplog.records] == [
+        "apply_example_weighing: the batch norm 2 has momentum=None (running st"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="gwdet.modeling.example_weighing"):
+        apply_example_weighing(model, 0.2)
+        example_weighted_norm(nn.BatchNorm2d(4, momentum=0.3), 0.5)
+    assert caplog.records == []
+    assert [layer.momentum for layer in model] == [0.1, 0.3, 0.1]
 
 
 def test_detectron2_bn_model_at_weight_zero_keeps_its_predictions():
@@ -259,6 +300,36 @@ def test_a_second_call_sets_its_weight_on_the_layers_already_weighed():
     assert apply_example_weighing(model, 0.5) == 2
     assert [m.eval_example_weight for m in model.modules() if isinstance(m, BatchGroupNorm)] == [0.5, 0.5]
     torch.testing.assert_close(model(x), fresh(x))
+
+
+# before: torch's bare 'Unexpected key(s) in state_dict: "1.num_batches_tracked"', naming no fix
+def test_a_state_saved_before_weighing_is_named_as_such_when_loaded_after():
+    model = small_model()
+    state = copy.deepcopy(model.state_dict())
+    apply_example_weighing(model, 0.5)
+    with pytest.warns(GwdetRuntimeWarning) as caught, pytest.raises(
+            RuntimeError, match=r'Unexpected key\(s\) in state_dict: "1.num_batches_tracked", "4.num_batches_tracked"'):
+        model.load_state_dict(state)
+    assert [str(warning.message) for warning in caught] == [
+        "1 (BatchGroupNorm): the state's '1.num_batches_tracked' is of the torch batch norm that example weighing "
+        "(apply_example_weighing or example_weighted_norm) replaced with this example-weighted BatchGroupNorm, which "
+        "keeps no num_batches_tracked: the state was saved before example weighing, and torch names that key "
+        "unexpected (an error with strict=True; torch's unexpected keys name every such key). Load the weights into "
+        "the model first, then apply example weighing (model.load_state_dict(state), then "
+        "apply_example_weighing(model, weight)), or delete the num_batches_tracked keys from the state dict; with "
+        "strict=False the rest (running statistics and affine) loads as it is."]
+    with pytest.warns(GwdetRuntimeWarning, match="saved before example weighing"):
+        result = model.load_state_dict(state, strict=False)
+    assert result.unexpected_keys == ["1.num_batches_tracked", "4.num_batches_tracked"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.load_state_dict({key: value for key, value in state.items() if not key.endswith("num_batches_tracked")})
+        model.load_state_dict(model.state_dict())
+    with warnings.catch_warnings():  # a BatchGroupNorm of the user's own is not named as example weighing's
+        warnings.simplefilter("error")
+        grouped = nn.Sequential(nn.Conv2d(3, 6, 3), BatchGroupNorm(6, num_groups=6, examples_per_group=8))
+        with pytest.raises(RuntimeError, match=r'Unexpected key\(s\) in state_dict: "1.num_batches_tracked"'):
+            grouped.load_state_dict({key: value for key, value in state.items() if key.startswith(("0.", "1."))})
 
 
 # Before: 0 returned without a word (FrozenBatchNorm2d, BN without running statistics, no batch norm at all).

@@ -26,7 +26,7 @@ output would be NaN. :mod:`gwdet.export.counting_ops` registers
 :func:`batch_group_norm` as the custom op ``gwdet::batch_group_norm`` for flop counting.
 """
 import warnings
-from typing import Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -34,13 +34,19 @@ from torch import Tensor
 from .common import (
     allocating_channels, check_evaluation_statistics, check_floating_running, check_hyper_parameters, check_input,
     check_layer_evaluation_statistics, check_per_channel, check_running_updatable, check_same_device,
-    check_scripted_settings, factory_kwargs, largest_divisor_at_most, largest_magnitude, magnitude_scales,
+    check_scripted_settings, factory_kwargs, INT64_MAX, largest_divisor_at_most, largest_magnitude, magnitude_scales,
     per_channel_affine, product, register_affine, reset_affine, reshape_with_samples,
     scaled_ridge, statistics_dtype,
 )
-from .settings_state import SettingsInState
+from .settings_state import EXTRA_STATE_KEY, SettingsInState
 
 from gwdet.errors import GwdetRuntimeWarning, GwdetValueError
+
+# Example groups this large hold every batch, so a BatchGroupNorm with one channel per group trains as batch norm
+# (gwdet.modeling.example_weighing builds such layers in place of a model's batch norms).
+WHOLE_BATCH = INT64_MAX
+# the key of a torch batch norm's state that no BatchGroupNorm keeps
+_BATCHES_TRACKED = "num_batches_tracked"
 
 
 def batch_group_norm(
@@ -372,6 +378,37 @@ class BatchGroupNorm(SettingsInState):
             self.effective_num_groups, self.examples_per_group, self.eps, self.momentum,
             self.eval_example_weight,
         )
+
+    def replaces_batch_norm(self) -> bool:
+        """Whether the layer stands in for a torch batch norm: one channel per group and example
+        groups of :data:`WHOLE_BATCH` examples, which hold every batch, so it trains as batch norm
+        (``gwdet.modeling.example_weighing`` builds such layers in place of a model's batch norms)."""
+        return self.num_groups == self.num_channels and self.examples_per_group == WHOLE_BATCH
+
+    def _load_from_state_dict(self, state_dict: Dict[str, Any], prefix: str, local_metadata: Dict[str, Any],
+                              strict: bool, missing_keys: List[str], unexpected_keys: List[str],
+                              error_msgs: List[str]) -> None:
+        """:class:`SettingsInState`'s loading; where the layer replaced a batch norm
+        (:meth:`replaces_batch_norm`) and torch finds that batch norm's ``num_batches_tracked``
+        unexpected (a state saved before example weighing), a ``GwdetRuntimeWarning`` names the layer
+        and the fix, once for the whole load (by the first such layer). A warning, not an error: torch
+        gives a layer no way to tell a strict load, which fails on that key anyway, from a
+        ``strict=False`` one, which loads the rest correctly."""
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        tracked = prefix + _BATCHES_TRACKED
+        first = next((key for key in unexpected_keys if key.rpartition(".")[2] == _BATCHES_TRACKED), None)
+        if first == tracked and prefix + EXTRA_STATE_KEY not in state_dict and self.replaces_batch_norm():
+            warnings.warn(
+                f"{prefix[:-1] or 'the layer'} (BatchGroupNorm): the state's {tracked!r} is of the torch batch norm "
+                "that example weighing (apply_example_weighing or example_weighted_norm) replaced with this "
+                "example-weighted BatchGroupNorm, which keeps no num_batches_tracked: the state was saved before "
+                "example weighing, and torch names that key unexpected (an error with strict=True; torch's "
+                "unexpected keys name every such key). Load the weights into the model first, then apply example "
+                "weighing (model.load_state_dict(state), then apply_example_weighing(model, weight)), or delete the "
+                "num_batches_tracked keys from the state dict; with strict=False the rest (running statistics and "
+                "affine) loads as it is.",
+                GwdetRuntimeWarning, stacklevel=2)
 
     def validate_input(self, x: Tensor) -> None:
         """Raise ``ValueError`` for a wrong shape or dtype or, in training, an (example group x

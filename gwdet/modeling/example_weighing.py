@@ -16,10 +16,11 @@ replacement computes batch norm only; so is a layer with a ``torch.nn.utils.para
 parametrization, which the replacement would not keep. gwdet's own BatchGroupNorm layers (BGN,
 GhostBN) are not replaced: they weigh examples by their own ``eval_example_weight``. In
 ``train()`` mode the replacement normalizes over the whole batch per channel, as batch norm does
-(a ``momentum=None`` cumulative average becomes ``momentum=0.1``).
+(a ``momentum=None`` cumulative average becomes ``momentum=0.1``, with a warning naming the layers).
 """
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import torch
@@ -31,12 +32,13 @@ from torch.nn.utils.parametrize import type_before_parametrizations
 from gwdet.modeling.module_hooks import move_hooks, state_dict_hooks
 from gwdet.errors import GwdetTypeError, GwdetValueError, listed
 from gwdet.layers import BatchGroupNorm
-from gwdet.layers.common import INT64_MAX, check_unit_interval
+from gwdet.layers.batch_group_norm import WHOLE_BATCH
+from gwdet.layers.common import check_unit_interval
 from gwdet.norms import layer_types, shared_norm_layers
 
+logger = logging.getLogger(__name__)
+
 DEFAULT_MOMENTUM = 0.1
-# Example groups this large hold every batch, so BatchGroupNorm trains as batch norm.
-WHOLE_BATCH = INT64_MAX
 
 
 def example_weighted_norm(bn: nn.modules.batchnorm._BatchNorm, weight: float) -> BatchGroupNorm:
@@ -45,11 +47,23 @@ def example_weighted_norm(bn: nn.modules.batchnorm._BatchNorm, weight: float) ->
     ``weight = 0`` gives ``bn``'s own inference output (same statistics, same formula up to
     float rounding). The result is on ``bn``'s device and in ``bn``'s training mode. A ``bn``
     without a bias (``bias=False``) gives a bias of zeros that does not require grad, so the
-    norm computes and trains as ``bn`` does. A ``bn`` with a ``forward`` of its own
-    (:func:`own_forward`) is refused (``GwdetTypeError``): the norm would not compute it; so is a
+    norm computes and trains as ``bn`` does. One difference: a ``bn`` with ``momentum=None`` (a
+    cumulative average of the batch statistics) gives a norm with ``momentum=0.1``, whose running
+    statistics continue as a moving average if it trains further (``num_batches_tracked`` is not
+    kept); a warning says so (gwdet's log). Inference is not affected. A ``bn`` with a ``forward``
+    of its own (:func:`own_forward`) is refused (``GwdetTypeError``): the norm would not compute it; so is a
     ``bn`` with a ``torch.nn.utils.parametrize`` parametrization (:func:`parametrized_tensors`),
     which the norm would not keep.
     """
+    norm = _example_weighted_norm(bn, weight)
+    if bn.momentum is None:
+        logger.warning(_cumulative_average_lost("example_weighted_norm", f"the {type(bn).__name__} has", 1))
+    return norm
+
+
+def _example_weighted_norm(bn: nn.modules.batchnorm._BatchNorm, weight: float) -> BatchGroupNorm:
+    """:func:`example_weighted_norm` without its warning for ``momentum=None`` (which
+    :func:`apply_example_weighing` gives once for all its layers)."""
     if not isinstance(bn, nn.modules.batchnorm._BatchNorm):
         raise GwdetTypeError(f"example_weighted_norm: bn must be a torch batch norm (BatchNorm1d/2d/3d, SyncBatchNorm) "
                              f"with running statistics, got {type(bn).__name__} {_shown(bn)}; example weighing blends "
@@ -99,6 +113,18 @@ def example_weighted_norm(bn: nn.modules.batchnorm._BatchNorm, weight: float) ->
             else:
                 norm.get_parameter(name).copy_(value)
     return norm.train(bn.training)
+
+
+def _cumulative_average_lost(function: str, layers: str, count: int) -> str:
+    """The warning that ``count`` batch norm(s), named in ``layers`` (with their verb), had
+    ``momentum=None`` and that their example-weighted replacements keep a moving average."""
+    one = count == 1
+    return (f"{function}: {layers} momentum=None (running statistics kept as the cumulative average of every batch); "
+            f"{'its' if one else 'their'} example-weighted replacement{'' if one else 's'} (BatchGroupNorm) "
+            f"continue{'s its' if one else ' their'} running statistics as a moving average with momentum "
+            f"{DEFAULT_MOMENTUM}, not the cumulative average, if the model trains further (num_batches_tracked is "
+            "not kept). Inference is not affected. To train further with the cumulative average, train the model "
+            "before applying example weighing; to keep another rate, set layer.momentum on the replacements.")
 
 
 def own_forward(module: nn.Module) -> str | None:
@@ -204,7 +230,11 @@ def apply_example_weighing(model: nn.Module, weight: float) -> int:
     ``forward`` of its own (:func:`own_forward`) is refused (``GwdetTypeError``), the model left
     as it is: the replacement would not compute it; subclasses that do not override ``forward``
     are replaced as torch's classes are. So is a batch norm with a ``torch.nn.utils.parametrize``
-    parametrization (:func:`parametrized_tensors`), which the replacement would not keep. To compare
+    parametrization (:func:`parametrized_tensors`), which the replacement would not keep. A replacement
+    trains as its batch norm does but for one thing: a batch norm with ``momentum=None`` (a cumulative
+    average) is replaced by one with ``momentum=0.1``, whose running statistics continue as a moving
+    average if the model trains further (``num_batches_tracked`` is not kept); one warning (gwdet's
+    log) names those layers. Inference is not affected. To compare
     several weights, apply each one to its own copy of the trained model (``copy.deepcopy``), or
     apply them one after the other to the same model: each call sets its weight on every weighed
     layer.
@@ -217,17 +247,22 @@ def apply_example_weighing(model: nn.Module, weight: float) -> int:
     weighed = example_weighted_layers(model)
     if not weighed and not weighable_norms(model):
         raise GwdetValueError(_nothing_to_weigh(model, weight))
-    replaced = replace_weighable_norms(model, lambda bn: example_weighted_norm(bn, weight))
+    cumulative = [name for name, bn in weighable_norms(model) if bn.momentum is None]
+    replaced = replace_weighable_norms(model, lambda bn: _example_weighted_norm(bn, weight))
     for _, layer in weighed:
         layer.eval_example_weight = weight
+    if cumulative:
+        count = len(cumulative)
+        layers = (f"the batch norm {cumulative[0]} has" if count == 1
+                  else f"{count} batch norms ({listed(cumulative, 3)}) have")
+        logger.warning(_cumulative_average_lost("apply_example_weighing", layers, count))
     return replaced + len(weighed)
 
 
 def is_example_weighted(module: nn.Module) -> bool:
     """Whether ``module`` is a batch norm :func:`example_weighted_norm` made: a
     :class:`BatchGroupNorm` with one channel per group whose example groups hold every batch."""
-    return (isinstance(module, BatchGroupNorm) and module.num_groups == module.num_channels
-            and module.examples_per_group == WHOLE_BATCH)
+    return isinstance(module, BatchGroupNorm) and module.replaces_batch_norm()
 
 
 def example_weighted_layers(model: nn.Module) -> list[tuple[str, BatchGroupNorm]]:
