@@ -856,7 +856,10 @@ def test_a_training_that_diverges_after_its_first_iteration_is_named_with_its_ch
     with pytest.raises(GwdetError) as refused:
         main(args)
     message = str(refused.value)
-    assert message.startswith("Training diverged: ") and "Training has diverged." in message
+    # where the run first meets the divergence depends on the CPU's kernels (AVX2, AVX-512; Intel, AMD): a loss
+    # detectron2 finds non-finite, or weights the checkpoint of that iteration refuses to save
+    assert message.startswith("Training diverged: ") and ("Training has diverged." in message or (
+        "was not saved: the model's weights hold NaN or inf" in message))
     assert message.endswith(f"The checkpoints written before it are kept in {tmp_path}. Lower the learning rate or "
                             "lengthen the warm-up and train again; --resume would continue from the last checkpoint, "
                             "which may diverge the same way.")
