@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from gwdet.checkpoint.resilient import ResilientCheckpointer
+from gwdet.checkpoint.run_identity import new_run_id
 from gwdet.checkpoint.signal_hook import TrainingInterrupted
 from gwdet.data import prepare_datasets
 from gwdet.data.resumable import skip_trained_samples
@@ -697,3 +698,36 @@ def test_a_run_id_file_naming_another_run_than_all_the_checkpoints_is_named_as_t
                                          rf"the run {other.run_id[:12]}\.\.\., the folder's run_id file the run "
                                          rf"{ours.run_id[:12]}\.\.\.; it is another run's checkpoint copied there"):
         resume(folder)
+
+
+# before: a save of another checkpointer into the same folder and name (a model with other norm settings, or another
+# run) replaced the run's checkpoint without a word
+def test_a_save_over_another_models_or_runs_checkpoint_keeps_that_file_aside(tmp_path):
+    from gwdet.layers import GroupWhitening
+    from gwdet.utils.atomic import checksum_problem
+
+    def gw_model(groups):
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 1), GroupWhitening(8, groups))
+
+    run = ResilientCheckpointer(gw_model(4), save_dir=str(tmp_path))
+    run.save("model_final")
+    run.save("model_final")  # its own file again: replaced as it is
+    assert sorted(os.listdir(tmp_path)) == ["last_checkpoint", "model_final.pth", "model_final.pth.sha256"]
+    earlier = (tmp_path / "model_final.pth").read_bytes()
+    with logged_warnings("gwdet.checkpoint.resilient") as warnings:
+        ResilientCheckpointer(gw_model(2), save_dir=str(tmp_path)).save("model_final")
+    kept = tmp_path / "model_final_replaced.pth"
+    assert kept.read_bytes() == earlier and checksum_problem(str(kept)) is None
+    assert torch.load(tmp_path / "model_final.pth", weights_only=True)["gwdet_norm_settings"]["1"]["num_groups"] == 2
+    assert warnings == [
+        f"{tmp_path / 'model_final.pth'} held the checkpoint of a model with other norm settings; it is kept "
+        "as model_final_replaced.pth, and this checkpoint is saved as model_final.pth. Give each model or run its own "
+        "save_dir or checkpoint name to keep them apart."]
+    # the same model saved by another run (other run identities recorded)
+    (tmp_path / "runs").mkdir()
+    first, second = (ResilientCheckpointer(gw_model(2), save_dir=str(tmp_path / "runs")) for _ in range(2))
+    for checkpointer in (first, second):
+        checkpointer.run_id = new_run_id()
+        checkpointer.save("model_final")
+    assert sorted(path.name for path in (tmp_path / "runs").glob("*.pth")) == ["model_final.pth",
+                                                                                "model_final_replaced.pth"]

@@ -39,8 +39,9 @@ from gwdet.utils.fingerprints import split_fingerprints
 from gwdet.utils.cli_errors import (as_override, file_url_path, link_dotdot_problem, unexpanded_variable_note,
                                     unexpanded_variable_problem)
 from gwdet.utils.run_file_names import LAST_CHECKPOINT
-from gwdet.utils.atomic import (cached_sha256, checksum_findings, file_version, same_file_version, shown_record,
-                                write_atomically, write_with_checksum)
+from gwdet.utils.atomic import (cached_sha256, checksum_findings, checksum_path, file_version, free_path,
+                                move_checksum_record, same_file_version, shown_record, write_atomically,
+                                write_with_checksum)
 from gwdet.checkpoint.compatibility import (
     NORM_SETTINGS_KEY,
     NORM_TYPES_KEY,
@@ -955,6 +956,47 @@ def _check_checkpointer_arguments(args: Sequence[Any], kwargs: Mapping[str, Any]
             f"annotation files' records, or None; got {type(training_data).__name__} {training_data!r}.")
 
 
+def _another_models_checkpoint(path: str, data: Mapping[str, Any]) -> str | None:
+    """What makes the checkpoint file ``path`` another run's or another model's than the checkpoint
+    ``data`` about to be saved in its place, in words: another run identity (both recorded), or other
+    norm layers or norm settings (both recorded); ``None`` where neither is so, or where the file
+    cannot be read so (then it is only replaced, as a file of the same run is)."""
+    if "://" in path or os.path.islink(path) or not os.path.isfile(path):
+        return None
+    try:
+        saved = load_torch_file(path, False, "", mmap=True)
+    except Exception:  # a damaged or foreign file: nothing recorded to compare
+        return None
+    if not isinstance(saved, dict):
+        return None
+    theirs, ours = saved.get(RUN_ID_KEY), data.get(RUN_ID_KEY)
+    if isinstance(theirs, str) and isinstance(ours, str) and theirs != ours:
+        return f"another run's checkpoint (run {theirs[:12]}..., this save's {ours[:12]}...)"
+    for key, what in ((NORM_TYPES_KEY, "norm layers"), (NORM_SETTINGS_KEY, "norm settings")):
+        if isinstance(saved.get(key), dict) and saved[key] != data[key]:
+            return f"the checkpoint of a model with other {what}"
+    return None
+
+
+def _keep_another_models_checkpoint(path: str, data: Mapping[str, Any]) -> None:
+    """Before ``data`` is saved as ``path``: a checkpoint there of another run or model
+    (:func:`_another_models_checkpoint`; a ``save`` of another checkpointer into the same folder and
+    name) is renamed to ``<name>_replaced.pth`` (a free name: ``_2``, ...) with its SHA-256 record,
+    and a warning names both, so that the save loses no file of the user's; the save's own earlier
+    file (a periodic name saved again, ``model_final`` of a resumed run) is replaced as it is."""
+    other = _another_models_checkpoint(path, data)
+    if other is None:
+        return
+    stem, extension = os.path.splitext(os.path.basename(path))
+    target = free_path(os.path.dirname(path), f"{stem}_replaced", extension)
+    os.replace(path, target)
+    if os.path.isfile(checksum_path(path)):
+        move_checksum_record(path, target)
+    logger.warning(f"{path} held {other}; it is kept as {os.path.basename(target)}, and this checkpoint is "
+                f"saved as {os.path.basename(path)}. Give each model or run its own save_dir or checkpoint name to keep "
+                "them apart.")
+
+
 class ResilientCheckpointer(DetectionCheckpointer):
     """``DetectionCheckpointer`` with atomic saves, fallback on unreadable files, safe loading,
     and a refusal to load weights trained with other norm layers.
@@ -1086,6 +1128,7 @@ class ResilientCheckpointer(DetectionCheckpointer):
         data = with_checksums(data)
         basename = f"{name}.pth"
         path = os.path.join(self.save_dir, basename)
+        _keep_another_models_checkpoint(path, data)
         self.logger.info(f"Saving checkpoint to {path}")
         # a kill while saving leaves no record or a right one (read unchecked but for the checksums inside)
         write_with_checksum(path, lambda file: torch.save(data, file), self.path_manager)

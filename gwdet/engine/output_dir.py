@@ -74,6 +74,7 @@ from gwdet.utils.atomic import (
     checksum_path,
     checksum_problem,
     foreign_record,
+    free_path,
     move_checksum_record,
     path_written_atomically,
     process_is_gone,
@@ -1396,16 +1397,6 @@ def evaluation_folder(output_dir: str, weights: str, setting: str = "OUTPUT_DIR"
     return candidate
 
 
-def _free_path(folder: str, stem: str, extension: str = "") -> str:
-    """``folder/<stem><extension>``, or where that is taken, the first free of ``<stem>_2<extension>``,
-    ``<stem>_3<extension>``, ...: what a set-aside file or folder of a resumed run is moved to."""
-    target, number = os.path.join(folder, stem + extension), 1
-    while os.path.lexists(target):
-        number += 1
-        target = os.path.join(folder, f"{stem}_{number}{extension}")
-    return target
-
-
 def _set_aside_drawings(output_dir: str, start_iter: int) -> list[str]:
     """Move the prediction drawings in ``vis/`` (:func:`gwdet.engine.visualize.is_prediction_drawing`;
     pictures of the user's stay) of a run resumed at ``start_iter`` (of its earlier model) into
@@ -1416,7 +1407,7 @@ def _set_aside_drawings(output_dir: str, start_iter: int) -> list[str]:
                       if is_prediction_drawing(os.path.join(folder, name))) if os.path.isdir(folder) else []
     if not drawings:
         return []
-    target = _free_path(folder, SET_ASIDE_INFIX.lstrip("_") + str(start_iter))
+    target = free_path(folder, SET_ASIDE_INFIX.lstrip("_") + str(start_iter))
     os.makedirs(target)
     for name in drawings:
         os.replace(os.path.join(folder, name), os.path.join(target, name))
@@ -1473,7 +1464,7 @@ def _set_aside_final_evaluations(output_dir: str, start_iter: int) -> list[str]:
     for name in _final_evaluations(output_dir):
         if lock_holder(os.path.join(folder, name)) is not None:
             continue
-        target = _free_path(folder, name.replace("model_final", f"model_final{SET_ASIDE_INFIX}{start_iter}", 1))
+        target = free_path(folder, name.replace("model_final", f"model_final{SET_ASIDE_INFIX}{start_iter}", 1))
         os.replace(os.path.join(folder, name), target)
         moved.append(os.path.relpath(target, output_dir) + os.sep)
     return moved
@@ -1489,7 +1480,7 @@ def _keep_earlier_config(output_dir: str, start_iter: int) -> None:
     if not os.path.isfile(kept) or not os.path.isfile(current) or filecmp.cmp(kept, current, shallow=False):
         return
     stem, extension = os.path.splitext(CONFIG_NAME)
-    target = _free_path(output_dir, f"{stem}{SET_ASIDE_INFIX}{start_iter}", extension)
+    target = free_path(output_dir, f"{stem}{SET_ASIDE_INFIX}{start_iter}", extension)
     shutil.copyfile(kept, target)
     if os.path.isfile(checksum_path(kept)) and checksum_problem(kept) is None:  # as the run wrote it
         record_checksum(target)
@@ -1499,11 +1490,11 @@ def _keep_earlier_config(output_dir: str, start_iter: int) -> None:
 
 def _rename_aside(output_dir: str, name: str, start_iter: int, what: str) -> str:
     """Rename ``output_dir/name`` to ``<stem>_before_resuming_at_<start_iter><extension>`` (a free
-    name: :func:`_free_path`) and return the new path; a file that cannot be renamed stops the
+    name: :func:`~gwdet.utils.atomic.free_path`) and return the new path; a file that cannot be renamed stops the
     resume, ``what`` (e.g. "the run's earlier results") naming it."""
     path = os.path.join(output_dir, name)
     stem, extension = os.path.splitext(name)
-    target = _free_path(output_dir, f"{stem}{SET_ASIDE_INFIX}{start_iter}", extension)
+    target = free_path(output_dir, f"{stem}{SET_ASIDE_INFIX}{start_iter}", extension)
     try:
         os.replace(path, target)
     except OSError as error:  # a file made read-only or immutable (chattr +i), a folder without write access
@@ -1624,7 +1615,7 @@ def keep_replaced_final(output_dir: str, start_iter: int) -> None:
             and name.startswith(stem) and not name.endswith(CHECKSUM_SUFFIX)]
     if any(filecmp.cmp(path, os.path.join(output_dir, name), shallow=False) for name in kept):
         return
-    target = _free_path(output_dir, f"{stem}{SET_ASIDE_INFIX}{start_iter}", extension)
+    target = free_path(output_dir, f"{stem}{SET_ASIDE_INFIX}{start_iter}", extension)
     try:
         with path_written_atomically(target) as temporary:
             shutil.copyfile(path, temporary)

@@ -331,6 +331,17 @@ def cached_sha256(path: str) -> str:
     return _sha256_of_version(path, status.st_size, status.st_mtime_ns)
 
 
+def free_path(folder: str, stem: str, extension: str = "") -> str:
+    """``folder/<stem><extension>``, or where that is taken, the first free of ``<stem>_2<extension>``,
+    ``<stem>_3<extension>``, ...: what a file or folder set aside is moved to (a resumed run's earlier
+    results, a checkpoint of another run or model that a save would replace)."""
+    target, number = os.path.join(folder, stem + extension), 1
+    while os.path.lexists(target):
+        number += 1
+        target = os.path.join(folder, f"{stem}_{number}{extension}")
+    return target
+
+
 def record_checksum(path: str, digest: str | None = None) -> None:
     """Write ``path.sha256`` (atomically) with ``digest``, the SHA-256 of the bytes the caller wrote
     to ``path``, or else of the file as it is now. Nothing for a non-local path."""
