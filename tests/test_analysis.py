@@ -26,7 +26,7 @@ from gwdet_lab.analysis.constraints import (
 )
 from gwdet_lab.analysis.cost import relative_cost
 
-from gwdet.errors import GwdetValueError
+from gwdet.errors import GwdetTypeError, GwdetValueError
 
 from conftest import DEMO_CONFIG, REPO, TINY_OPTS
 
@@ -557,6 +557,49 @@ def test_condition_number_refuses_values_that_are_not_finite(value):
     with pytest.raises(GwdetValueError, match=re.escape("condition_number: x holds NaN or inf values (1 of 800), so "
                                                         "its covariance and condition number are undefined")):
         condition_number(x, 1.0)
+
+
+# before: "RuntimeError: mean(): could not infer output dtype ... Got: Long" (an integer tensor), and the same
+# from a bool or complex tensor's covariance
+@pytest.mark.parametrize("x, dtype", [(torch.randint(0, 5, (50, 4)), "torch.int64"),
+                                      (torch.ones(50, 4, dtype=torch.bool), "torch.bool"),
+                                      (torch.randn(50, 4, dtype=torch.complex64), "torch.complex64")])
+def test_condition_number_refuses_a_tensor_that_is_not_floating_point(x, dtype):
+    with pytest.raises(GwdetValueError, match="^" + re.escape(
+            f"condition_number: x must be a float16, bfloat16, float32 or float64 tensor, got {dtype}; convert it "
+            "with x.double() (or x.float())")):
+        condition_number(x, 1.0)
+
+
+# before: "AttributeError: 'numpy.ndarray' object has no attribute 'dim'"; p=True was taken as p = 1
+def test_condition_number_refuses_an_array_and_a_bool_p():
+    import numpy as np
+
+    with pytest.raises(GwdetTypeError, match="^" + re.escape(
+            "condition_number: x must be a torch.Tensor of shape (m, d), got a value of type numpy.ndarray; convert it "
+            "with torch.as_tensor(x).double()")):
+        condition_number(np.random.default_rng(0).standard_normal((200, 16)), 1.0)
+    with pytest.raises(GwdetValueError, match="^" + re.escape(
+            "condition_number: p must be a number in (0, 1], the fraction of the eigenvalues up to lambda_p, got "
+            "True (bool)")):
+        condition_number(torch.randn(200, 16, dtype=torch.float64), True)
+
+
+# before: "NotImplementedError: "linalg_eigh_cpu" not implemented for 'Half'" (and 'BFloat16')
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_condition_number_of_half_precision_activations_is_numpys_on_the_same_values(dtype):
+    import numpy as np
+
+    x = simulate_activations(1, 64, 256, "relu", torch.Generator().manual_seed(0)).to(dtype)
+    values = x.double().numpy()
+    centred = values - values.mean(axis=0)
+    eigenvalues = np.linalg.eigvalsh(centred.T @ centred / values.shape[0])[::-1]
+    for p in (1.0, 0.9, 0.5):
+        assert condition_number(x, p) == pytest.approx(eigenvalues[0] / eigenvalues[math.ceil(p * 64) - 1], rel=1e-9)
+    # GN's output has rank d - g: rounded to half precision, the g zero eigenvalues stay within the rounding
+    y = normalized(simulate_activations(1, 64, 256, "relu", torch.Generator().manual_seed(0)), "GN", 8, T=5)
+    assert condition_number(y.to(dtype), 0.9) == condition_number(y, 0.9) == float("inf")
+    assert condition_number(y.to(dtype), 0.8) == pytest.approx(condition_number(y, 0.8), rel=2e-3)
 
 
 # Before: train_samples=-5 kept all but the last 5 images (slice(-5)), 2.5 stopped in slicing, and val_fraction 1.0 or

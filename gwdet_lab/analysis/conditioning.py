@@ -28,7 +28,8 @@ from gwdet_lab.analysis.normalizers import GROUPED_KINDS, make_norm
 from gwdet_lab.analysis.plotting import Curve, Panel, save_figure
 from gwdet_lab.analysis.report import markdown_table, output_folder, percent_label, write_markdown
 
-from gwdet.errors import GwdetValueError
+from gwdet.errors import GwdetTypeError, GwdetValueError
+from gwdet.layers.common import is_real_number
 
 ACTIVATIONS = {"relu": torch.relu, "linear": lambda x: x, "tanh": torch.tanh}
 REFERENCE_KINDS = ("none", "BN", "BW")
@@ -41,12 +42,27 @@ def condition_number(x: Tensor, p: float) -> float:
     """``kappa_p = lambda_max / lambda_p`` of the covariance of the rows of ``x`` (shape (m, d)).
 
     ``lambda_p`` is the ``ceil(p d)``-th eigenvalue in descending order (Fig. 2's caption); an
-    eigenvalue at rounding-error level (the covariance is rank deficient there) gives ``inf``.
-    ``x`` must hold finite values: one NaN or inf makes every covariance entry of its feature
-    undefined, and the input is refused (``ValueError``).
+    eigenvalue at rounding-error level (the covariance is rank deficient there) gives ``inf``: at most
+    ``d eps lambda_max`` (``eps`` of the dtype computed in), or within the rounding of ``x``'s own values
+    (``(eps_x / 2)^2 sum(x^2) / m``, which bounds how far rounding moves a zero eigenvalue).
+    ``x`` must be a float16, bfloat16, float32 or float64 tensor (anything else is refused, naming the
+    conversion); float32 and float64 are computed in their own dtype, float16 and bfloat16 in float64
+    (their values are exact there; torch has no eigenvalue solver for them). ``x`` must hold finite
+    values: one NaN or inf makes every covariance entry of its feature undefined, and the input is
+    refused (``ValueError``).
     """
-    if not 0.0 < p <= 1.0:
-        raise GwdetValueError(f"condition_number: p must be in (0, 1], got {p}")
+    if not is_real_number(p) or not 0.0 < p <= 1.0:
+        shown = f"{p!r} ({type(p).__name__})" if not is_real_number(p) else str(p)
+        raise GwdetValueError(f"condition_number: p must be a number in (0, 1], the fraction of the eigenvalues up "
+                              f"to lambda_p, got {shown}")
+    if not isinstance(x, Tensor):
+        module = type(x).__module__
+        kind = type(x).__name__ if module == "builtins" else f"{module}.{type(x).__name__}"
+        raise GwdetTypeError(f"condition_number: x must be a torch.Tensor of shape (m, d), got a value of type {kind}; "
+                             "convert it with torch.as_tensor(x).double()")
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise GwdetValueError(f"condition_number: x must be a float16, bfloat16, float32 or float64 tensor, got "
+                              f"{x.dtype}; convert it with x.double() (or x.float())")
     if x.dim() != 2 or x.numel() == 0:
         raise GwdetValueError(f"condition_number: x must have shape (m, d), m >= 1 samples of d >= 1 features, got "
                               f"shape {list(x.shape)}; give the activations as a 2-D tensor, one row per sample")
@@ -56,12 +72,15 @@ def condition_number(x: Tensor, p: float) -> float:
         raise GwdetValueError(f"condition_number: x holds NaN or inf values ({bad} of {x.numel()}), so its covariance "
                               "and condition number are undefined; give finite activations (check the normalizer's "
                               "output with torch.isfinite(x).all())")
-    centred = x - x.mean(dim=0, keepdim=True)
+    values = x.double() if x.dtype in (torch.float16, torch.bfloat16) else x
+    centred = values - values.mean(dim=0, keepdim=True)
     cov = centred.T @ centred / x.shape[0]
     eigenvalues = torch.linalg.eigvalsh(cov).flip(0)
     largest = eigenvalues[0].item()
     at_p = eigenvalues[math.ceil(p * x.shape[1]) - 1].item()
-    if at_p <= largest * x.shape[1] * torch.finfo(x.dtype).eps:
+    computing = largest * x.shape[1] * torch.finfo(values.dtype).eps
+    rounding = (torch.finfo(x.dtype).eps / 2) ** 2 * float(x.double().square().sum()) / x.shape[0]
+    if at_p <= max(computing, rounding):
         return math.inf
     return largest / at_p
 
