@@ -1562,10 +1562,13 @@ TORCH_BATCH_NORMS: tuple[type[torch.nn.Module], ...] = (torch.nn.modules.batchno
 # torch's and detectron2's norm classes, each with the attributes that make such a layer the
 # function it is (the first class a layer is an instance of counts; gwdet's layers name theirs in
 # HYPER_PARAMETERS). gwdet's checkpoints record the class of every such layer, whoever built it,
-# and these values (gwdet.checkpoint.compatibility). _NormBase: torch's batch and instance norms.
+# and these values (gwdet.checkpoint.compatibility). _NormBase: torch's batch and instance norms. affine (whether
+# the layer has weight and bias) and track_running_stats (whether it normalizes with running statistics at
+# evaluation) are recorded too: a checkpoint's weights or statistics would otherwise be dropped without a refusal.
+# FrozenBatchNorm2d has neither attribute (gwdet.checkpoint.compatibility compares it as the batch norm it is).
 TORCH_NORM_SETTINGS: tuple[tuple[type[torch.nn.Module], tuple[str, ...]], ...] = (
-    (torch.nn.GroupNorm, ("num_groups", "eps")),
-    (torch.nn.modules.batchnorm._NormBase, ("eps", "momentum")),
+    (torch.nn.GroupNorm, ("num_groups", "eps", "affine")),
+    (torch.nn.modules.batchnorm._NormBase, ("eps", "momentum", "affine", "track_running_stats")),
     (detectron2_batch_norm.FrozenBatchNorm2d, ("eps",)),
     (torch.nn.LayerNorm, ("normalized_shape", "eps", "elementwise_affine")),
     *(((_DETECTRON2_LN, ("eps",)),) if _DETECTRON2_LN is not torch.nn.LayerNorm else ()),

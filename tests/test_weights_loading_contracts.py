@@ -332,17 +332,17 @@ def test_norm_types_records_detectron2s_per_level_batch_norms():
 
 def test_norm_settings_records_the_values_that_make_each_layer_its_function():
     assert norm_settings(nn.DataParallel(Norms())) == {
-        "bn": {"eps": 1e-5, "momentum": 0.1},
-        "gn": {"num_groups": 2, "eps": 1e-5},
+        "bn": {"eps": 1e-5, "momentum": 0.1, "affine": True, "track_running_stats": True},
+        "gn": {"num_groups": 2, "eps": 1e-5, "affine": True},
         "gw": {"num_groups": 2, "T": 5, "eps": 1e-5, "method": "itn"},
         "bw": {"group_size": 2, "T": 5, "eps": 1e-5, "momentum": 0.1, "method": "zca"},
         "bgn": {"num_groups": 2, "examples_per_group": 2, "eps": 1e-5, "momentum": 0.1, "eval_example_weight": 0.0},
         "frozen": {"eps": 1e-5},
-        "instance": {"eps": 1e-5, "momentum": 0.1},
+        "instance": {"eps": 1e-5, "momentum": 0.1, "affine": False, "track_running_stats": False},
         "ln": {"normalized_shape": [4], "eps": 1e-5, "elementwise_affine": True},
         "d2_ln": {"eps": 1e-6},
-        "per_level.levels.0": {"eps": 1e-5, "momentum": 0.1},
-        "per_level.levels.1": {"eps": 1e-5, "momentum": 0.1},
+        "per_level.levels.0": {"eps": 1e-5, "momentum": 0.1, "affine": True, "track_running_stats": True},
+        "per_level.levels.1": {"eps": 1e-5, "momentum": 0.1, "affine": True, "track_running_stats": True},
     }
     assert norm_settings(GroupWhitening(4)) == {}, "the model itself is no named layer"
 
@@ -411,6 +411,86 @@ def test_the_same_norm_hyper_parameters_and_unrecorded_ones_pass():
     check_norm_settings(norm_settings(Norms()), Norms(), OPT_IN)
     # a layer or a value the checkpoint did not record (an older gwdet's) is not compared
     check_norm_settings({"gw": {"num_groups": 2}, "bn": None, "unknown": {"eps": 1.0}}, Norms(), OPT_IN)
+
+
+# before: a BN checkpoint loaded into BatchNorm2d(affine=False) or (track_running_stats=False), and a GN one into
+# GroupNorm(affine=False), with only detectron2's "keys not used" log: the weights or statistics were dropped
+@pytest.mark.parametrize("trained, built, finding", [
+    (lambda: nn.BatchNorm2d(8), lambda: nn.BatchNorm2d(8, affine=False), "1 affine True -> False"),
+    (lambda: nn.BatchNorm2d(8, affine=False), lambda: nn.BatchNorm2d(8), "1 affine False -> True"),
+    (lambda: nn.BatchNorm2d(8), lambda: nn.BatchNorm2d(8, track_running_stats=False),
+     "1 track_running_stats True -> False"),
+    (lambda: nn.GroupNorm(4, 8), lambda: nn.GroupNorm(4, 8, affine=False), "1 affine True -> False"),
+    # a FrozenBN normalizes with running statistics, which a batch norm without them did not save
+    (lambda: nn.BatchNorm2d(8, track_running_stats=False), lambda: FrozenBatchNorm2d(8),
+     "1 track_running_stats False -> True"),
+], ids=["BN affine", "BN not affine", "BN running statistics", "GN affine", "BN without statistics into FrozenBN"])
+def test_batch_and_group_norms_without_the_trained_affine_or_statistics_are_refused(tmp_path, trained, built,
+                                                                                      finding):
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 8, 1), trained()), str(tmp_path)).save("w")
+    model = nn.Sequential(nn.Conv2d(3, 8, 1), built())
+    before = {key: value.clone() for key, value in model.state_dict().items()}
+    with pytest.raises(ValueError, match=rf"other norm hyper-parameters .*\(1 values, e\.g\. {finding}\); nothing "
+                                         r"was loaded\. .*GWDET_ALLOW_NORM_MISMATCH=1"):
+        ResilientCheckpointer(model).load(str(tmp_path / "w.pth"))
+    assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
+
+
+# before: these loaded too (affine and track_running_stats were not recorded); kept so now that they are: a
+# checkpoint of an older gwdet, and BN-trained weights into FrozenBN (which has neither attribute)
+def test_records_without_affine_and_batch_norm_weights_into_frozen_batch_norm_still_load(tmp_path):
+    from gwdet.checkpoint.compatibility import NORM_SETTINGS_KEY
+    from gwdet.checkpoint.integrity import CHECKSUMS_KEY, STATE_CHECKSUMS_KEY
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    torch.manual_seed(0)
+    trained = nn.Sequential(nn.Conv2d(3, 8, 1), nn.BatchNorm2d(8), nn.GroupNorm(4, 8))
+    trained.train()
+    trained(torch.randn(4, 3, 4, 4) * 5 + 2)
+    ResilientCheckpointer(trained, str(tmp_path)).save("w")
+    path = str(tmp_path / "w.pth")
+    checkpoint = torch.load(path, weights_only=False)
+    assert checkpoint[NORM_SETTINGS_KEY]["1"] == {"eps": 1e-5, "momentum": 0.1, "affine": True,
+                                                  "track_running_stats": True}
+    # a checkpoint of an older gwdet records neither affine nor track_running_stats: not compared
+    checkpoint[NORM_SETTINGS_KEY] = {"1": {"eps": 1e-5, "momentum": 0.1}, "2": {"num_groups": 4, "eps": 1e-5}}
+    for key in (CHECKSUMS_KEY, STATE_CHECKSUMS_KEY):  # an older file without checksums of the records
+        checkpoint.pop(key, None)
+    torch.save(checkpoint, str(tmp_path / "old.pth"))
+    ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 8, 1), nn.BatchNorm2d(8, affine=False), nn.GroupNorm(4, 8))).load(
+        str(tmp_path / "old.pth"))
+    # BN-trained weights (with or without affine) into FrozenBN load, its statistics and weights the trained ones
+    frozen = nn.Sequential(nn.Conv2d(3, 8, 1), FrozenBatchNorm2d(8), nn.GroupNorm(4, 8))
+    ResilientCheckpointer(frozen).load(path)
+    assert torch.equal(frozen[1].running_var, trained[1].running_var)
+    trained.eval()
+    x = torch.randn(2, 3, 4, 4)
+    assert torch.allclose(frozen(x), trained(x), atol=1e-5)
+    ResilientCheckpointer(nn.Sequential(nn.BatchNorm2d(3, affine=False)), str(tmp_path)).save("no_affine")
+    ResilientCheckpointer(nn.Sequential(FrozenBatchNorm2d(3))).load(str(tmp_path / "no_affine.pth"))
+
+
+# before: a BN checkpoint loaded into FrozenBN (detectron2's FREEZE_AT) warned that momentum 0.1 was not compared and
+# proposed gwdet.norm('NAME', momentum=0.1), which gwdet refuses for BN: a frozen batch norm has no momentum
+def test_batch_norm_weights_into_frozen_batch_norm_warn_of_no_uncompared_values(tmp_path):
+    from gwdet.checkpoint.compatibility import uncompared_norm_settings
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+    from conftest import logged_warnings
+
+    ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 8, 1), nn.BatchNorm2d(8, momentum=0.3)), str(tmp_path)).save("w")
+    with logged_warnings("gwdet.checkpoint.resilient") as messages:
+        ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 8, 1), FrozenBatchNorm2d(8))).load(str(tmp_path / "w.pth"))
+    assert messages == []
+    saved = {"bn": {"eps": 1e-5, "momentum": 0.3, "affine": False, "track_running_stats": True}}
+    assert uncompared_norm_settings(saved, nn.Module(), {"bn": "BatchNorm2d"}) == []
+    model = nn.Sequential()
+    model.add_module("bn", FrozenBatchNorm2d(4))
+    assert uncompared_norm_settings(saved, model, {"bn": "BatchNorm2d"}) == []
+    # a value of a registered norm a FrozenBN does not hold is still named
+    found = uncompared_norm_settings({"bn": {**saved["bn"], "scale": 2.0}}, model, {"bn": "BatchNorm2d"})
+    assert [(item.layer, item.kind, item.values) for item in found] == [("bn", "FrozenBatchNorm2d", {"scale": 2.0})]
 
 
 class _ScaledGroupNorm(nn.GroupNorm):

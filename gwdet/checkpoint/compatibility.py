@@ -297,6 +297,23 @@ def same_norm_kind(saved: str, present: str) -> bool:
     return saved == present or {saved, present} <= _RUNNING_STATISTICS_NAMES
 
 
+# A layer of RUNNING_STATISTICS_NORMS without a batch norm's attribute (FrozenBatchNorm2d) as the function of
+# that setting: it normalizes with its running statistics (track_running_stats True). It keeps a weight of 1 and
+# a bias of 0 where a batch norm without them (affine False) saved none, and does not train (momentum): a
+# recorded affine or momentum makes no difference to it.
+FROZEN_BATCH_NORM_SETTINGS: Mapping[str, Any] = types.MappingProxyType({"track_running_stats": True})
+_FROZEN_INDIFFERENT_SETTINGS = ("affine", "momentum")
+
+
+def _with_frozen_settings(layer: torch.nn.Module | None, values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` (a layer's :func:`norm_settings`) with, for a ``layer`` of
+    :data:`gwdet.norms.RUNNING_STATISTICS_NORMS` that lacks them, the batch norm settings it has as
+    a function (:data:`FROZEN_BATCH_NORM_SETTINGS`); any other layer's as they are."""
+    if not isinstance(layer, RUNNING_STATISTICS_NORMS):
+        return dict(values)
+    return {**{key: value for key, value in FROZEN_BATCH_NORM_SETTINGS.items() if key not in values}, **values}
+
+
 def check_norm_types(saved: Mapping[str, str], model: torch.nn.Module, how_to_opt_in: str,
                      saved_settings: Mapping[str, Any] | None = None) -> None:
     """Raise ``ValueError`` when a norm layer of ``model``, or the layer at a recorded norm's place,
@@ -506,10 +523,12 @@ def check_norm_settings(saved: Mapping[str, Mapping[str, Any]], model: torch.nn.
     """Raise ``ValueError`` naming the layers and values when a norm layer of ``model`` has other
     hyper-parameters than the saved model had (the weights load, but into another function); a
     layer of another kind than ``saved_types`` records (:func:`check_norm_types` names it) is
-    not compared."""
-    present = norm_settings(model)
+    not compared. A FrozenBatchNorm2d is compared as the batch norm it computes as
+    (:data:`FROZEN_BATCH_NORM_SETTINGS`: weights of a batch norm without running statistics are
+    refused)."""
+    modules = dict(unwrapped(model).named_modules())
+    present = {name: _with_frozen_settings(modules.get(name), values) for name, values in norm_settings(model).items()}
     if saved_types:
-        modules = dict(unwrapped(model).named_modules())
         present = {name: values for name, values in present.items()
                    if same_norm_kind(saved_types.get(name, type(modules[name]).__name__), type(modules[name]).__name__)}
     _refuse_other_settings(saved, present, how_to_opt_in, model)
@@ -533,7 +552,9 @@ def uncompared_norm_settings(saved: Mapping[str, Mapping[str, Any]], model: torc
     every checkpoint records at a place ``saved_types`` has no entry for (:func:`_untyped_place`),
     is left out (:func:`check_norm_types` names it). The norm names are the registered ones
     (:func:`gwdet.norms.register_norm`) whose build takes every such value, else those of the
-    layer's type (``layer_types``); none where no registered name fits."""
+    layer's type (``layer_types``); none where no registered name fits. A batch norm's values that
+    make no difference to a FrozenBatchNorm2d (:data:`FROZEN_BATCH_NORM_SETTINGS`) are no
+    uncompared values of it."""
     present = norm_settings(model)
     modules = dict(unwrapped(model).named_modules())
     records = [record for record in norm_records() if not record.builtin]
@@ -546,7 +567,9 @@ def uncompared_norm_settings(saved: Mapping[str, Mapping[str, Any]], model: torc
         if saved_types is not None and (not same_norm_kind(saved_types.get(name, kind), kind)
                                         or _untyped_place(name, layer, saved_types)):
             continue
-        values = {key: value for key, value in recorded.items() if key not in present.get(name, {})}
+        compared = _with_frozen_settings(layer, present.get(name, {}))
+        indifferent = _FROZEN_INDIFFERENT_SETTINGS if isinstance(layer, RUNNING_STATISTICS_NORMS) else ()
+        values = {key: value for key, value in recorded.items() if key not in compared and key not in indifferent}
         if not values:
             continue
         taking = _registered_names_taking(values)
