@@ -485,6 +485,23 @@ def test_data_that_would_train_wrong_or_fail_late_is_refused_naming_the_id_the_f
         assert fragment in line, (case, line)
 
 
+# before: with RLE masks, a width the JSON stated wrong (80 for a 64-pixel PNG) was refused as masks that do not fit
+# "its image is 64x80", and the fix offered was to correct or remove the (right) masks; a width stated too small
+# was refused as boxes outside the image
+@pytest.mark.parametrize("split, width", [("rle", 80), ("train", 50)])
+def test_an_image_size_stated_wrong_is_named_before_the_boxes_and_masks_checked_against_it(data, tmp_path, capsys,
+                                                                                           split, width):
+    coco, json_file, root = _copy(data[split], tmp_path)
+    coco["images"][0]["width"] = width
+    json_file.write_text(json.dumps(coco))
+    line = _parse_error(capsys, ["--register-coco", f"m={json_file}:{root}"])
+    assert line.endswith(
+        f"1 of the {len(coco['images'])} images of {json_file} cannot be read as it states (under {root}): image id 1 (000.png) is 64x64 "
+        f"pixels (width x height), but the JSON states {width}x64: correct the image's width and height in the JSON (or "
+        "the file). Fix or replace those files, or remove them and their annotations from the JSON."), line
+    assert "mask" not in line and "box" not in line, line
+
+
 def test_an_image_root_holding_a_colon_is_split_where_the_json_file_is(data, tmp_path):
     coco, _, root = _copy(data["train"], tmp_path / "c:d")
     json_file = tmp_path / "a:b.json"  # a ':' in both paths

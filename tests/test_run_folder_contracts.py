@@ -857,6 +857,47 @@ def test_a_resume_of_a_finished_run_is_refused_and_one_stopped_before_its_result
         check_resume_trains(str(tmp_path), 50)
 
 
+# before: a finished run whose model_final.pth (named by last_checkpoint) was damaged was refused saying that
+# last_checkpoint names the earlier model_0000049.pth, and the damage went unnamed
+def test_a_resume_of_a_finished_run_whose_final_weights_are_damaged_names_the_damage_and_the_tagged_file(tmp_path):
+    from gwdet.engine.output_dir import check_resume_trains
+    from gwdet.utils.atomic import record_checksum, write_text_with_checksum
+
+    earlier = checkpoint_file(tmp_path, "model_0000049.pth", {"model": {}, "iteration": 49})
+    final = checkpoint_file(tmp_path, "model_final.pth", {"model": {}, "iteration": 49})
+    for path in (earlier, final):
+        record_checksum(path)
+    write_text_with_checksum(str(tmp_path / "results.json"), '{"shapes_val": {"bbox": {"AP": 50.0}}}')
+    os.utime(earlier, (1, 1))
+    os.utime(final, (2, 2))
+    with pytest.raises(ValueError, match=r"is finished: it trained its 50 iterations \(model_final.pth\)"):
+        check_resume_trains(str(tmp_path), 50)
+    with open(final, "r+b") as f:
+        f.truncate(100)  # cut short
+    os.utime(final, (2, 2))
+    before = {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)}
+    with pytest.raises(ValueError) as refused:
+        check_resume_trains(str(tmp_path), 50)
+    assert str(refused.value) == (
+        f"--resume: the run in {str(tmp_path)!r} is finished, and its last_checkpoint names model_final.pth, which is "
+        "damaged (its SHA-256 differs from the one recorded in model_final.pth.sha256 when it was written), so the "
+        "resume would take its newest readable checkpoint, model_0000049.pth (iteration 50), an earlier checkpoint "
+        "than the model_final.pth whose results results.json holds; resuming would train nothing and write its "
+        "config.yaml, metrics and results again; nothing was changed. Restore model_final.pth from a copy (if you "
+        "replaced it on purpose, delete model_final.pth.sha256); to train on from model_0000049.pth, resume with "
+        "SOLVER.MAX_ITER above 50; to evaluate model_0000049.pth, give it as the weights of an --eval-only into "
+        "another folder.")
+    assert {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)} == before
+    os.remove(final + ".sha256")  # no record: its load names the damage
+    with pytest.raises(ValueError, match=r"its last_checkpoint names model_final.pth, which is damaged \(reading it "
+                                         r"fails with \w+: .*\), so the resume would take .* Restore model_final.pth "
+                                         r"from a copy; to train on"):
+        check_resume_trains(str(tmp_path), 50)
+    (tmp_path / "last_checkpoint").unlink()  # nothing tagged: the damage is the final weights'
+    with pytest.raises(ValueError, match=r"is finished, and its model_final.pth is damaged \(reading it fails"):
+        check_resume_trains(str(tmp_path), 50)
+
+
 def test_results_of_the_model_before_a_resume_are_kept_under_names_that_say_so(tmp_path, caplog):
     # a kill during a resumed run's final evaluation left the earlier model's results.json (whole,
     # by its record) beside the new model_final.pth, as its results

@@ -659,31 +659,8 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
             f"category and bbox: {listed_problems(tally.repeated)}. Each copy counts as one more object: COCO "
             "evaluation scores it as one no detection can match (a lower AP), and training weighs the object twice. "
             "Remove the copies (a merge of two annotation files leaves such twins).")
-    degenerate = tally.degenerate
-    if degenerate:
-        raise DatasetError(
-            f"{where} {len(degenerate)} box(es) of {path} cannot be trained on (detectron2 would drop them or learn "
-            f"nothing from them, without a word): {listed(degenerate, 3, '; ')}. "
-            "Correct or remove those annotations (bbox is [x, y, width, height] in pixels, inside the image).")
-    if tally.instances and len(tally.below_a_pixel) == tally.instances:
-        raise DatasetError(
-            f"{where} every box of {path} is smaller than one pixel in both sides ({tally.instances} boxes, e.g. "
-            f"{listed_problems(tally.below_a_pixel)}): the boxes (and masks) look normalized to 0..1, but COCO's are in "
-            "pixels of the image, and detectron2 would learn nothing from them (loss_box_reg 0). Multiply x and width "
-            "by the image's width, y and height by its height (the polygons' x and y the same way).")
-    problems = mask_problems(coco["annotations"], sizes)
-    if problems:
-        raise DatasetError(
-            f"{where} {len(problems)} mask(s) of {path} cannot be used: {listed_problems(problems)}. Correct or remove "
-            "those masks (polygons: [[x1, y1, x2, y2, x3, y3, ...]] in pixels; RLE: {\"size\": [height, width], "
-            "\"counts\": ...} as pycocotools.mask.encode writes it), or the 'segmentation' key to train boxes only.")
-    corners, masked = corner_boxes(coco["annotations"], sizes)
-    if corners and 2 * len(corners) >= masked:
-        raise DatasetError(
-            f"{where} the bboxes of {len(corners)} of the {masked} annotation(s) with a mask in {path} read as "
-            f"[x1, y1, x2, y2], the corners of their masks, but COCO's bbox is [x, y, width, height]: "
-            f"{listed_problems(corners)}. detectron2 would train and evaluate boxes that reach beyond their objects by "
-            "x and y, without a word. Write each bbox as [x1, y1, x2 - x1, y2 - y1].")
+    # the image files' sizes before the boxes and masks, which are checked against the sizes the JSON states: a
+    # wrong width or height there is named as such, not as boxes or masks that do not fit
     root = dataset.image_root
     if not os.path.exists(root):
         raise DatasetError(f"{where} the image folder {root} does not exist. Give the folder that the JSON's "
@@ -711,6 +688,31 @@ def inspect_coco_file(dataset: CocoDataset) -> CocoContents:
             f"{where} {len(problems)} of the {len(coco['images'])} images of {path} cannot be read as it states (under "
             f"{root}): {listed_problems(problems)}. Fix or replace those files, or remove them and their annotations "
             "from the JSON.")
+    degenerate = tally.degenerate
+    if degenerate:
+        raise DatasetError(
+            f"{where} {len(degenerate)} box(es) of {path} cannot be trained on (detectron2 would drop them or learn "
+            f"nothing from them, without a word): {listed(degenerate, 3, '; ')}. "
+            "Correct or remove those annotations (bbox is [x, y, width, height] in pixels, inside the image).")
+    if tally.instances and len(tally.below_a_pixel) == tally.instances:
+        raise DatasetError(
+            f"{where} every box of {path} is smaller than one pixel in both sides ({tally.instances} boxes, e.g. "
+            f"{listed_problems(tally.below_a_pixel)}): the boxes (and masks) look normalized to 0..1, but COCO's are in "
+            "pixels of the image, and detectron2 would learn nothing from them (loss_box_reg 0). Multiply x and width "
+            "by the image's width, y and height by its height (the polygons' x and y the same way).")
+    problems = mask_problems(coco["annotations"], sizes)
+    if problems:
+        raise DatasetError(
+            f"{where} {len(problems)} mask(s) of {path} cannot be used: {listed_problems(problems)}. Correct or remove "
+            "those masks (polygons: [[x1, y1, x2, y2, x3, y3, ...]] in pixels; RLE: {\"size\": [height, width], "
+            "\"counts\": ...} as pycocotools.mask.encode writes it), or the 'segmentation' key to train boxes only.")
+    corners, masked = corner_boxes(coco["annotations"], sizes)
+    if corners and 2 * len(corners) >= masked:
+        raise DatasetError(
+            f"{where} the bboxes of {len(corners)} of the {masked} annotation(s) with a mask in {path} read as "
+            f"[x1, y1, x2, y2], the corners of their masks, but COCO's bbox is [x, y, width, height]: "
+            f"{listed_problems(corners)}. detectron2 would train and evaluate boxes that reach beyond their objects by "
+            "x and y, without a word. Write each bbox as [x1, y1, x2 - x1, y2 - y1].")
     problems = linked_files(coco["images"], root)
     if problems:
         raise DatasetError(

@@ -81,6 +81,7 @@ from gwdet.utils.atomic import (
     record_checksum,
     remove_checksum,
     remove_stale_partials,
+    shown_record,
     write_text_atomically,
 )
 from gwdet.utils.cli_errors import (as_override, edge_whitespace_problem, link_dotdot_problem, output_path_problem,
@@ -903,18 +904,39 @@ def _resumed_checkpoint_contents(output_dir: str) -> tuple[str, dict] | None:
         return None
     for name in resume_order(output_dir).names:
         path = os.path.join(output_dir, name)
-        try:
-            if checksum_findings(path)[1] is not None:  # differs from its record: the resume takes the previous one
-                continue
-            data = load_torch_file(path, allow_unsafe=False, how_to_opt_in="", mmap=True)
-        except UnsafeCheckpointError:  # the resume refuses it, naming the opt-in
-            return None
-        except (OSError, EOFError, RuntimeError, pickle.UnpicklingError, DamagedFileError):  # as the resume skips
-            continue
-        except Exception:  # torch.load reports bad files with many exception types; the resume names them
-            return None
-        return (path, data) if isinstance(data, dict) else None
+        reading = _read_for_resume(path)
+        if reading.passed_over is None:
+            return (path, reading.contents) if isinstance(reading.contents, dict) else None
     return None
+
+
+class _ResumeReading(NamedTuple):
+    """A checkpoint read as ``--resume`` reads it (:func:`_read_for_resume`): its ``contents`` (``None``
+    where the resume refuses it or passes it over), and why the resume passes it over (words to put in a
+    message; ``None`` where it does not), and whether that is its SHA-256 record's difference."""
+
+    contents: Any
+    passed_over: str | None
+    differs_from_record: bool = False
+
+
+def _read_for_resume(path: str) -> _ResumeReading:
+    """The checkpoint at ``path`` read without loading its tensors, as the checkpointer's ``--resume``
+    reads it: passed over where it differs from its SHA-256 record or cannot be read (damaged, cut
+    short, not a checkpoint), with the reason; no contents and no reason where the resume refuses it
+    (one that needs unsafe loading, an error the resume names)."""
+    try:
+        differs = checksum_findings(path)[1]
+        if differs is not None:  # the resume takes the previous checkpoint
+            return _ResumeReading(None, differs, differs_from_record=True)
+        return _ResumeReading(load_torch_file(path, allow_unsafe=False, how_to_opt_in="", mmap=True), None)
+    except UnsafeCheckpointError:  # the resume refuses it, naming the opt-in
+        return _ResumeReading(None, None)
+    except (OSError, EOFError, RuntimeError, pickle.UnpicklingError, DamagedFileError) as error:  # as the resume skips
+        reason = str(error).split(". ")[0].splitlines()[0] if str(error).strip() else "no details"
+        return _ResumeReading(None, f"reading it fails with {type(error).__name__}: {reason}")
+    except Exception:  # torch.load reports bad files with many exception types; the resume names them
+        return _ResumeReading(None, None)
 
 
 def resumed_iteration(output_dir: str) -> tuple[str, int] | None:
@@ -968,6 +990,7 @@ def check_resume_trains(output_dir: str, max_iter: int, setting: str = "SOLVER.M
     if max_iter == start and _results_written_after(output_dir, path):
         name, final = os.path.basename(path), os.path.join(output_dir, FINAL_WEIGHTS)
         if name != FINAL_WEIGHTS and os.path.isfile(final) and os.path.getmtime(final) > os.path.getmtime(path):
+            _check_final_weights_readable(output_dir, name, start, setting)
             raise GwdetValueError(
                 f"--resume: the run in {output_dir!r} is finished, and its {LAST_CHECKPOINT} names {name} (iteration "
                 f"{start}), an earlier checkpoint than its {FINAL_WEIGHTS}, whose results {RESULTS_JSON} holds; "
@@ -985,6 +1008,31 @@ def check_resume_trains(output_dir: str, max_iter: int, setting: str = "SOLVER.M
             f"than {setting} {max_iter}: resuming would train nothing and write the run's {CONFIG_NAME} and results "
             f"again with a schedule its weights did not have; nothing was changed. To train it further, resume with "
             f"{setting} above {start}; to evaluate it, use --eval-only --resume.")
+
+
+def _check_final_weights_readable(output_dir: str, name: str, start: int, setting: str) -> None:
+    """Refuse the ``--resume`` of a finished run whose ``model_final.pth`` (its results' weights) the
+    resume passes over as damaged (:func:`_read_for_resume`), so that it would take ``name``, an earlier
+    checkpoint (resumed at ``start``, the run's ``setting``): naming the damage, the file that
+    ``last_checkpoint`` names, and the fixes (restore the file, or train on from ``name``)."""
+    final = os.path.join(output_dir, FINAL_WEIGHTS)
+    reading = _read_for_resume(final)
+    if reading.passed_over is None:
+        return
+    try:
+        tagged = tagged_name(output_dir)
+    except (OSError, UnicodeDecodeError):  # no last_checkpoint, or one the resume passed over
+        tagged = None
+    deliberate = f" (if you replaced it on purpose, delete {shown_record(final)})" if reading.differs_from_record else ""
+    which = (f"its {LAST_CHECKPOINT} names {FINAL_WEIGHTS}, which is damaged" if tagged == FINAL_WEIGHTS else
+             f"its {FINAL_WEIGHTS} is damaged")
+    raise GwdetValueError(
+        f"--resume: the run in {output_dir!r} is finished, and {which} ({reading.passed_over}), so the resume would take its newest "
+        f"readable checkpoint, {name} (iteration {start}), an earlier checkpoint than the {FINAL_WEIGHTS} whose "
+        f"results {RESULTS_JSON} holds; resuming would train nothing and write its {CONFIG_NAME}, metrics and results "
+        f"again; nothing was changed. Restore {FINAL_WEIGHTS} from a copy{deliberate}; to train on from {name}, resume "
+        f"with {setting} above {start}; to evaluate {name}, give it as the weights of an --eval-only into another "
+        "folder.")
 
 
 def _several_names_problem(output_dir: str, name: str) -> str | None:
