@@ -550,11 +550,9 @@ class _Affine(nn.Module):
         return x * self.weight.view(1, -1, 1, 1) + self.bias.view(1, -1, 1, 1)
 
 
-# before: gwdet's own checkpoint of a norm registered without layer_types (or of a bare callable norm) recorded no type
-# at the layer's place, and its weights loaded into a GW layer (gwdet.norm("GW")) there without a word, where the same
-# weights in a plain torch.save file were refused
-@pytest.mark.parametrize("how", ["registered without layer_types", "a bare callable"])
-def test_weights_of_a_norm_whose_type_is_not_recorded_are_refused_for_a_gw_layer(tmp_path, registered, how):
+def _untyped_affine_saved(tmp_path, registered: list, how: str):
+    """The norm of :class:`_Affine` layers, registered without ``layer_types`` or given as a bare
+    callable (``how``), with a model of it saved by gwdet's checkpointer as ``tmp_path/w.pth``."""
     import gwdet
     from gwdet.checkpoint.resilient import ResilientCheckpointer
 
@@ -565,6 +563,18 @@ def test_weights_of_a_norm_whose_type_is_not_recorded_are_refused_for_a_gw_layer
         gwdet.register_norm("TestAffine", lambda channels: _Affine(channels))
         norm = gwdet.norm("TestAffine")
     ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 8, 3), norm(8)), str(tmp_path)).save("w")
+    return norm
+
+
+# before: gwdet's own checkpoint of a norm registered without layer_types (or of a bare callable norm) recorded no type
+# at the layer's place, and its weights loaded into a GW layer (gwdet.norm("GW")) there without a word, where the same
+# weights in a plain torch.save file were refused
+@pytest.mark.parametrize("how", ["registered without layer_types", "a bare callable"])
+def test_weights_of_a_norm_whose_type_is_not_recorded_are_refused_for_a_gw_layer(tmp_path, registered, how):
+    import gwdet
+    from gwdet.checkpoint.resilient import ResilientCheckpointer
+
+    _untyped_affine_saved(tmp_path, registered, how)
     path = str(tmp_path / "w.pth")
     gw = nn.Sequential(nn.Conv2d(3, 8, 3), gwdet.norm("GW", num_groups=2)(8))
     with pytest.raises(ValueError) as refused:
@@ -584,17 +594,10 @@ def test_weights_of_a_norm_whose_type_is_not_recorded_are_refused_for_a_gw_layer
 # loading into its own model
 @pytest.mark.parametrize("how", ["registered without layer_types", "a bare callable"])
 def test_weights_of_a_norm_whose_type_is_not_recorded_load_into_the_same_norm(tmp_path, registered, how):
-    import gwdet
     from conftest import logged_warnings
     from gwdet.checkpoint.resilient import ResilientCheckpointer
 
-    if how == "a bare callable":
-        norm = _Affine
-    else:
-        registered.append("TestAffine")
-        gwdet.register_norm("TestAffine", lambda channels: _Affine(channels))
-        norm = gwdet.norm("TestAffine")
-    ResilientCheckpointer(nn.Sequential(nn.Conv2d(3, 8, 3), norm(8)), str(tmp_path)).save("w")
+    norm = _untyped_affine_saved(tmp_path, registered, how)
     model = nn.Sequential(nn.Conv2d(3, 8, 3), norm(8))
     with torch.no_grad():
         model[1].weight.fill_(1.0)
