@@ -993,8 +993,8 @@ def _keep_another_models_checkpoint(path: str, data: Mapping[str, Any]) -> None:
     if os.path.isfile(checksum_path(path)):
         move_checksum_record(path, target)
     logger.warning(f"{path} held {other}; it is kept as {os.path.basename(target)}, and this checkpoint is "
-                f"saved as {os.path.basename(path)}. Give each model or run its own save_dir or checkpoint name to keep "
-                "them apart.")
+                   f"saved as {os.path.basename(path)}. Give each model or run its own save_dir or checkpoint name to "
+                   "keep them apart.")
 
 
 class ResilientCheckpointer(DetectionCheckpointer):

@@ -244,10 +244,10 @@ def apply_example_weighing(model: nn.Module, weight: float) -> int:
     if isinstance(model, weighable_types()):
         raise GwdetValueError("apply_example_weighing replaces layers inside a model; for a single "
                               "batch norm layer use example_weighted_norm(bn, weight)")
-    weighed = example_weighted_layers(model)
-    if not weighed and not weighable_norms(model):
+    weighed, weighable = example_weighted_layers(model), weighable_norms(model)
+    if not weighed and not weighable:
         raise GwdetValueError(_nothing_to_weigh(model, weight))
-    cumulative = [name for name, bn in weighable_norms(model) if bn.momentum is None]
+    cumulative = [name for name, bn in weighable if bn.momentum is None]
     replaced = replace_weighable_norms(model, lambda bn: _example_weighted_norm(bn, weight))
     for _, layer in weighed:
         layer.eval_example_weight = weight
@@ -337,7 +337,7 @@ def replace_weighable_norms(model: nn.Module, replacement: Callable[[nn.modules.
             "their own computation would be lost. Apply example weighing to models whose batch norms are torch's or "
             "detectron2's classes (or subclasses that do not override forward), or convert those layers yourself. "
             "The model is as it was.")
-    parametrized = [(name, parametrized_tensors(bn)) for name, bn in targets if parametrized_tensors(bn)]
+    parametrized = [(name, tensors) for name, bn in targets if (tensors := parametrized_tensors(bn))]
     if parametrized:
         place, tensors = parametrized[0]
         shown = [f"{name} ({type_before_parametrizations(model.get_submodule(name)).__name__}: {listed(names, 4)})"

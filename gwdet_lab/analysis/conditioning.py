@@ -79,7 +79,7 @@ def condition_number(x: Tensor, p: float) -> float:
     largest = eigenvalues[0].item()
     at_p = eigenvalues[math.ceil(p * x.shape[1]) - 1].item()
     computing = largest * x.shape[1] * torch.finfo(values.dtype).eps
-    rounding = (torch.finfo(x.dtype).eps / 2) ** 2 * float(x.double().square().sum()) / x.shape[0]
+    rounding = (torch.finfo(x.dtype).eps / 2) ** 2 * float(values.double().square().sum()) / x.shape[0]
     if at_p <= max(computing, rounding):
         return math.inf
     return largest / at_p
